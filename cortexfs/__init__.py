@@ -1,0 +1,3 @@
+"""CortexFS: a filesystem-shaped operating surface for AI agents and their humans."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,87 @@
+"""What every ``ctx`` command shares: the storage option, error rendering, JSON output.
+
+Commands are thin (CONVENTIONS): parse, call one library function, render.  Exit statuses
+(SPEC §2.4): 0 success, 1 operation refused or conflict found, 2 usage error, 3 nothing to do.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from cortexfs import storage
+from cortexfs.errors import CtxError
+
+EXIT_OK = 0
+EXIT_REFUSED = 1
+EXIT_USAGE = 2
+EXIT_NOTHING = 3
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class UsageProblem(CtxError):
+    """A malformed command line (a bad name, a bad number): exit status 2, not 1."""
+
+
+def usage_problem(error: CtxError) -> UsageProblem:
+    return UsageProblem(error.errno, error.message)
+
+
+def storage_option(fn: F) -> F:
+    """``--storage DIR`` on a subcommand; overrides the group's and ``$CTX_STORAGE``."""
+    return click.option(
+        "--storage",
+        "storage_dir",
+        type=click.Path(file_okay=False, path_type=Path),
+        default=None,
+        help="Storage root (default: $CTX_STORAGE, else the embedded default root).",
+    )(fn)
+
+
+def json_option(fn: F) -> F:
+    return click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")(fn)
+
+
+def resolve_storage(storage_dir: Path | None) -> Path:
+    """The storage root for this command: subcommand option, then the group's, then R-1."""
+    if storage_dir is None:
+        ctx = click.get_current_context(silent=True)
+        root_ctx = ctx.find_root() if ctx else None
+        if root_ctx is not None and root_ctx.obj:
+            storage_dir = root_ctx.obj.get("storage")
+    return storage.resolve_root(storage_dir)
+
+
+def emit_json(obj: object) -> None:
+    click.echo(json.dumps(obj, indent=None, sort_keys=False, default=str))
+
+
+def fail(error: CtxError, *, as_json: bool = False) -> None:
+    """Render a refusal (stderr text; also the JSON object on stdout with --json) and exit."""
+    click.echo(f"ctx: {error}", err=True)
+    if as_json:
+        emit_json(error.to_json())
+    sys.exit(EXIT_USAGE if isinstance(error, UsageProblem) else EXIT_REFUSED)
+
+
+def handles_errors(fn: F) -> F:
+    """Turn a :class:`CtxError` (or an OSError the library did not expect) into an exit status."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        as_json = bool(kwargs.get("as_json"))
+        try:
+            return fn(*args, **kwargs)
+        except CtxError as exc:
+            fail(exc, as_json=as_json)
+        except OSError as exc:
+            fail(CtxError(exc.errno or 5, f"{exc.filename or ''}: {exc.strerror}"), as_json=as_json)
+
+    return wrapper  # type: ignore[return-value]

@@ -1,0 +1,359 @@
+"""The fsync discipline: every filesystem mutation CortexFS makes durable goes through here.
+
+Two layers:
+
+* :class:`FsOps` — one method per system call that changes the filesystem (``mkdir``,
+  ``link``, ``rename``, ``fsync``…).  Every caller receives an instance instead of calling
+  :mod:`os` directly, so the crash harness (``tests/crash``) can substitute a recorder that sees
+  exactly what the protocol does, and a reader can audit every mutation in one place.
+* A few named primitives built on it — :func:`write_file_synced`, :func:`move_noreplace`,
+  :func:`replace_synced`, :func:`sync_dir`, :func:`sync_filesystem` — whose docstrings say what
+  they guarantee and where that guarantee ends.
+
+What "durable" means here.  POSIX promises nothing about power failure; what we rely on is
+what Linux filesystems document and what ALICE (Pillai et al., OSDI 2014) measured:
+
+* ``fsync(file)`` makes the file's data and size durable, not its name;
+* ``fsync(dir)`` makes the entries created, removed or renamed in that directory durable, not
+  the directory's own entry in its parent;
+* ``rename`` is atomic on ext4, xfs, btrfs and tmpfs; on other filesystems a crash in the
+  middle of a rename may leave neither name.  :func:`move_noreplace` therefore has two
+  strategies, chosen per filesystem (:func:`default_move_strategy`).
+
+Everything works on directory file descriptors opened with ``O_NOFOLLOW`` (SPEC Q-8): a
+symlink swapped into a tree can never redirect an operation outside it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import errno
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from cortexfs.errors import CtxError
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_NEW_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+_RENAME_NOREPLACE = 1
+
+MOVE_RENAME = "rename"
+MOVE_LINK = "link"
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code), what)
+
+
+class FsOps:
+    """Every mutating filesystem call of the protocol, one method per system call.
+
+    ``move_strategy`` selects how :func:`move_noreplace` moves a name: ``"rename"`` uses
+    ``renameat2(RENAME_NOREPLACE)`` (atomic on the filesystems listed in
+    :data:`ATOMIC_RENAME_FILESYSTEMS`); ``"link"`` uses ``link`` + fsync + ``unlink``, which is
+    safe wherever ``link`` is atomic (NFS included) at the price of one more barrier.
+    ``None`` means: decide per directory with :func:`default_move_strategy`.
+    """
+
+    def __init__(self, move_strategy: str | None = None) -> None:
+        if move_strategy not in (None, MOVE_RENAME, MOVE_LINK):
+            raise ValueError(f"unknown move strategy {move_strategy!r}")
+        self.move_strategy = move_strategy
+
+    # Crash points: named protocol steps.  Real runs ignore them; the crash harness and the
+    # kill tests substitute an FsOps whose step() records the name or kills the process.
+    def step(self, name: str) -> None:
+        """Mark that the protocol has reached the named step."""
+
+    def open_dir(self, name: str, dir_fd: int | None = None) -> int:
+        return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+
+    def close(self, fd: int) -> None:
+        os.close(fd)
+
+    def mkdir(self, name: str, dir_fd: int, mode: int = 0o777) -> None:
+        os.mkdir(name, mode, dir_fd=dir_fd)
+
+    def rmdir(self, name: str, dir_fd: int) -> None:
+        os.rmdir(name, dir_fd=dir_fd)
+
+    def unlink(self, name: str, dir_fd: int) -> None:
+        os.unlink(name, dir_fd=dir_fd)
+
+    def create_file(self, name: str, dir_fd: int, mode: int = 0o666) -> int:
+        """Create a new regular file (never an existing one, never through a symlink)."""
+        return os.open(name, _NEW_FILE_FLAGS, mode, dir_fd=dir_fd)
+
+    def open_append(self, name: str, dir_fd: int, mode: int = 0o666) -> int:
+        """Open (creating if needed) a regular file for appends, never through a symlink."""
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+        return os.open(name, flags, mode, dir_fd=dir_fd)
+
+    def write(self, fd: int, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+
+    def truncate(self, fd: int, size: int) -> None:
+        os.ftruncate(fd, size)
+
+    def fsync(self, fd: int) -> None:
+        os.fsync(fd)
+
+    def syncfs(self, fd: int) -> None:
+        _check(_libc.syncfs(fd), "syncfs")
+
+    def link(self, src: str, src_dir_fd: int, dst: str, dst_dir_fd: int) -> None:
+        os.link(src, dst, src_dir_fd=src_dir_fd, dst_dir_fd=dst_dir_fd, follow_symlinks=False)
+
+    def rename(self, src: str, src_dir_fd: int, dst: str, dst_dir_fd: int) -> None:
+        """Rename, replacing ``dst`` if it exists (atomic replace)."""
+        os.rename(src, dst, src_dir_fd=src_dir_fd, dst_dir_fd=dst_dir_fd)
+
+    def rename_noreplace(self, src: str, src_dir_fd: int, dst: str, dst_dir_fd: int) -> None:
+        """``renameat2(RENAME_NOREPLACE)``: EEXIST when ``dst`` exists; EINVAL where unsupported."""
+        result = _libc.renameat2(
+            src_dir_fd, os.fsencode(src), dst_dir_fd, os.fsencode(dst), _RENAME_NOREPLACE
+        )
+        _check(result, f"renameat2 {src} -> {dst}")
+
+
+_DEFAULT_OPS = FsOps()
+
+
+def default_ops() -> FsOps:
+    """The process-wide real operations object (tests may substitute their own per call)."""
+    return _DEFAULT_OPS
+
+
+# statfs(2) magic numbers of filesystems whose rename is atomic across a crash.
+ATOMIC_RENAME_FILESYSTEMS = {
+    0xEF53: "ext2/3/4",
+    0x58465342: "xfs",
+    0x9123683E: "btrfs",
+    0x01021994: "tmpfs",
+    0xF2F52010: "f2fs",
+}
+
+
+class _StatFs(ctypes.Structure):
+    _fields_ = [("f_type", ctypes.c_long), ("rest", ctypes.c_byte * 112)]
+
+
+def filesystem_type(dir_fd: int) -> int:
+    """The statfs(2) ``f_type`` of the filesystem holding ``dir_fd``."""
+    buf = _StatFs()
+    _check(_libc.fstatfs(dir_fd, ctypes.byref(buf)), "fstatfs")
+    return buf.f_type & 0xFFFFFFFF
+
+
+def default_move_strategy(dir_fd: int) -> str:
+    """``rename`` where the filesystem renames atomically, ``link`` everywhere else."""
+    try:
+        fs_type = filesystem_type(dir_fd)
+    except OSError:
+        return MOVE_LINK
+    return MOVE_RENAME if fs_type in ATOMIC_RENAME_FILESYSTEMS else MOVE_LINK
+
+
+# ----------------------------------------------------------------------------- primitives
+
+
+def sync_dir(ops: FsOps, dir_fd: int) -> None:
+    """Make the entries created, removed or renamed in this directory durable.
+
+    Not the directory's own entry in its parent: sync the parent for that.  EINVAL is
+    tolerated because some network filesystems refuse fsync on directories (and make entry
+    operations durable on their own); every other error propagates.
+    """
+    try:
+        ops.fsync(dir_fd)
+    except OSError as exc:
+        if exc.errno != errno.EINVAL:
+            raise
+
+
+def sync_dirs(ops: FsOps, dir_fds: Iterable[int]) -> None:
+    """:func:`sync_dir` each directory once, in the given order."""
+    seen: set[int] = set()
+    for fd in dir_fds:
+        if fd not in seen:
+            seen.add(fd)
+            sync_dir(ops, fd)
+
+
+def sync_filesystem(ops: FsOps, fd: int) -> None:
+    """One barrier for everything written to the filesystem holding ``fd`` (``syncfs(2)``).
+
+    Used for group commits: N files written, one flush.  Linux waits for the writeback and,
+    since 5.8, reports its errors.  It also flushes unrelated dirty data on that filesystem,
+    so it is only worth it for batches.
+    """
+    ops.syncfs(fd)
+
+
+def write_file_synced(ops: FsOps, dir_fd: int, name: str, data: bytes, mode: int = 0o644) -> None:
+    """Create ``name`` (which must not exist) holding ``data``, and fsync it.
+
+    On return the file's data and size are durable; its *name* is not, until ``dir_fd`` is
+    synced.  On failure the partial file is removed.
+    """
+    fd = ops.create_file(name, dir_fd, mode)
+    try:
+        ops.write(fd, data)
+        ops.fsync(fd)
+    except BaseException:
+        ops.close(fd)
+        _unlink_quietly(ops, dir_fd, name)
+        raise
+    ops.close(fd)
+
+
+def write_file_unsynced(ops: FsOps, dir_fd: int, name: str, data: bytes, mode: int = 0o644) -> None:
+    """Create ``name`` holding ``data`` without fsync; a later barrier must cover it."""
+    fd = ops.create_file(name, dir_fd, mode)
+    try:
+        ops.write(fd, data)
+    except BaseException:
+        ops.close(fd)
+        _unlink_quietly(ops, dir_fd, name)
+        raise
+    ops.close(fd)
+
+
+@dataclass(frozen=True)
+class Move:
+    """One name to move: ``src_dir/src`` → ``dst_dir/dst``."""
+
+    src_dir: int
+    src: str
+    dst_dir: int
+    dst: str
+
+
+def move_strategy_for(ops: FsOps, dir_fd: int) -> str:
+    return ops.move_strategy or default_move_strategy(dir_fd)
+
+
+def move_noreplace(
+    ops: FsOps,
+    src_dir: int,
+    src: str,
+    dst_dir: int,
+    dst: str,
+    *,
+    sync_with_dst: Sequence[int] = (),
+) -> None:
+    """Move ``src`` to ``dst`` without ever replacing ``dst`` (EEXIST if it exists), durably.
+
+    On return both names' directories are synced: ``dst`` exists, ``src`` does not, and no
+    crash can undo that.  ``sync_with_dst`` lists directories whose entries must be durable
+    before the source name may disappear (e.g. a directory just created to hold ``dst``).
+
+    What a crash *during* the call can leave depends on the strategy:
+
+    * ``rename`` (atomic-rename filesystems): exactly one of the two names;
+    * ``link``: ``dst`` is synced before ``src`` is unlinked, so at least one name survives,
+      possibly both (two links to one inode), never neither.
+    """
+    move_noreplace_batch(ops, [Move(src_dir, src, dst_dir, dst)], sync_with_dst=sync_with_dst)
+
+
+def move_noreplace_batch(
+    ops: FsOps, moves: Sequence[Move], *, sync_with_dst: Sequence[int] = ()
+) -> list[OSError | None]:
+    """:func:`move_noreplace` for many names with one barrier per directory (group commit).
+
+    Returns one entry per move: None when it moved, the OSError otherwise (EEXIST when the
+    destination exists, ENOENT when the source vanished).  For a single move the error is
+    raised instead of returned.
+    """
+    if not moves:
+        return []
+    strategy = move_strategy_for(ops, moves[0].dst_dir)
+    outcomes: list[OSError | None] = []
+    for move in moves:
+        try:
+            if strategy == MOVE_RENAME:
+                try:
+                    ops.rename_noreplace(move.src, move.src_dir, move.dst, move.dst_dir)
+                except OSError as exc:
+                    if exc.errno not in (errno.EINVAL, errno.ENOSYS):
+                        raise
+                    # renameat2 unsupported here: degrade to the link strategy for the batch.
+                    strategy = MOVE_LINK
+                    ops.link(move.src, move.src_dir, move.dst, move.dst_dir)
+            else:
+                ops.link(move.src, move.src_dir, move.dst, move.dst_dir)
+            outcomes.append(None)
+        except OSError as exc:
+            if len(moves) == 1:
+                raise
+            outcomes.append(exc)
+    done = [m for m, outcome in zip(moves, outcomes, strict=True) if outcome is None]
+    sync_dirs(ops, [*(m.dst_dir for m in done), *sync_with_dst])
+    if strategy == MOVE_LINK:
+        # The new names are durable; only now may the old ones go.
+        for move in done:
+            ops.unlink(move.src, move.src_dir)
+    sync_dirs(ops, [m.src_dir for m in done])
+    return outcomes
+
+
+def replace_synced(ops: FsOps, src_dir: int, src: str, dst_dir: int, dst: str) -> None:
+    """Atomically replace ``dst`` by ``src`` (a file already fsynced) and sync both parents.
+
+    Readers see the old or the new file, never a mixture; only for files the caller owns
+    (a worker's own lease), never for evidence another process could have written.
+    """
+    ops.rename(src, src_dir, dst, dst_dir)
+    sync_dirs(ops, [dst_dir, src_dir])
+
+
+def make_dir_synced(ops: FsOps, parent_fd: int, name: str, mode: int = 0o777) -> bool:
+    """``mkdir`` + sync the parent; False (and nothing changed) when it already exists."""
+    try:
+        ops.mkdir(name, parent_fd, mode)
+    except FileExistsError:
+        return False
+    sync_dir(ops, parent_fd)
+    return True
+
+
+def remove_entries(ops: FsOps, removals: Sequence[tuple[int, str, bool]]) -> None:
+    """Remove ``(dir_fd, name, is_dir)`` entries in order; names already gone are skipped.
+
+    Removal is the last step of a transition and may be repeated after a crash, hence the
+    tolerance.  Not durable by itself: the caller syncs the parents that still exist (a
+    removed directory's own contents need no sync, its entry in the parent is what counts).
+    """
+    for dir_fd, name, is_dir in removals:
+        try:
+            if is_dir:
+                ops.rmdir(name, dir_fd)
+            else:
+                ops.unlink(name, dir_fd)
+        except FileNotFoundError:
+            continue
+
+
+def _unlink_quietly(ops: FsOps, dir_fd: int, name: str) -> None:
+    with contextlib.suppress(OSError):
+        ops.unlink(name, dir_fd)
+
+
+def open_dir_path(ops: FsOps, path: str) -> int:
+    """Open a directory by path; the last component must not be a symlink."""
+    try:
+        return ops.open_dir(path)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise CtxError(errno.ELOOP, f"{path} is a symlink; refusing to follow it") from exc
+        raise

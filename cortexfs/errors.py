@@ -1,0 +1,60 @@
+"""One exception family for everything CortexFS refuses.
+
+Every refusal carries an errno (the kernel's vocabulary, so a user and a test can match on it)
+and one sentence the user can act on.  The rendering is always ``NAME: sentence``, e.g.
+``EEXIST: job build-42.req.json is already done; publish under another name``.
+"""
+
+from __future__ import annotations
+
+import errno as _errno
+
+
+class CtxError(Exception):
+    """A refusal with an errno and an actionable sentence."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(code, message)
+        self.errno = code
+        self.message = message
+
+    @property
+    def code_name(self) -> str:
+        return _errno.errorcode.get(self.errno, f"E{self.errno}")
+
+    def __str__(self) -> str:
+        return f"{self.code_name}: {self.message}"
+
+    def to_json(self) -> dict[str, object]:
+        return {"error": self.code_name, "errno": self.errno, "message": self.message}
+
+
+def invalid(message: str) -> CtxError:
+    """EINVAL: the input is malformed."""
+    return CtxError(_errno.EINVAL, message)
+
+
+def exists(message: str) -> CtxError:
+    """EEXIST: the name already has evidence and must not be overwritten."""
+    return CtxError(_errno.EEXIST, message)
+
+
+def not_found(message: str) -> CtxError:
+    """ENOENT: the object does not exist."""
+    return CtxError(_errno.ENOENT, message)
+
+
+def denied(message: str) -> CtxError:
+    """EACCES: the caller is not allowed to do this."""
+    return CtxError(_errno.EACCES, message)
+
+
+def too_big(message: str) -> CtxError:
+    """EFBIG: the data exceeds a configured limit."""
+    return CtxError(_errno.EFBIG, message)
+
+
+def from_os_error(exc: OSError, what: str) -> CtxError:
+    """Wrap an unexpected OSError so the user sees which object it was about."""
+    reason = exc.strerror or str(exc)
+    return CtxError(exc.errno or _errno.EIO, f"{what}: {reason}")

@@ -1,0 +1,101 @@
+"""Object-name syntax (SPEC R-3).
+
+Tools, agents, shared spaces, sessions and queue job base names share one syntax: 1 to 64
+bytes of ASCII ``[A-Za-z0-9._-]``, first byte alphanumeric, not ``.``/``..``, not ending in
+``.d`` (that suffix belongs to control directories).  Model names are ``<provider>/<model>``
+with each part an object name.  Queue jobs additionally end in ``.req.json`` (SPEC §2.1).
+"""
+
+from __future__ import annotations
+
+import re
+
+from cortexfs.errors import invalid
+
+MAX_NAME_BYTES = 64
+JOB_SUFFIX = ".req.json"
+
+_OBJECT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def object_name_problem(name: object) -> str | None:
+    """Why ``name`` is not a legal object name, or None when it is."""
+    if not isinstance(name, str):
+        return "a name must be a string"
+    if not name:
+        return "a name must not be empty"
+    if not name.isascii():
+        return f"{name!r} contains non-ASCII characters"
+    if len(name) > MAX_NAME_BYTES:
+        return f"{name[:20]!r}… is {len(name)} bytes long; at most {MAX_NAME_BYTES} are allowed"
+    if _OBJECT_NAME.fullmatch(name) is None:
+        return (
+            f"{name!r} must start with a letter or digit and hold only letters, digits, "
+            "'.', '_' and '-'"
+        )
+    if name.endswith(".d"):
+        return f"{name!r} ends in '.d', which is reserved for control directories"
+    return None
+
+
+def is_object_name(name: object) -> bool:
+    return object_name_problem(name) is None
+
+
+def check_object_name(name: object, kind: str = "object") -> str:
+    """Return ``name`` when legal, else raise EINVAL naming the rule it breaks."""
+    problem = object_name_problem(name)
+    if problem is not None:
+        raise invalid(f"illegal {kind} name: {problem}")
+    assert isinstance(name, str)
+    return name
+
+
+def job_name_problem(name: object) -> str | None:
+    """Why ``name`` is not a queue job name (an object name ending in ``.req.json``)."""
+    problem = object_name_problem(name)
+    if problem is not None:
+        return problem
+    assert isinstance(name, str)
+    if not name.endswith(JOB_SUFFIX) or name == JOB_SUFFIX:
+        return f"{name!r} does not end in {JOB_SUFFIX!r}"
+    return None
+
+
+def is_job_name(name: object) -> bool:
+    return job_name_problem(name) is None
+
+
+def job_name(name: str) -> str:
+    """Normalise a user-supplied job name: add ``.req.json`` when absent, then validate."""
+    if isinstance(name, str) and not name.endswith(JOB_SUFFIX):
+        name = name + JOB_SUFFIX
+    problem = job_name_problem(name)
+    if problem is not None:
+        raise invalid(f"illegal job name: {problem}")
+    return name
+
+
+def check_model_name(name: object) -> str:
+    """A model is ``<provider>/<model>``, each part an object name (R-3)."""
+    if not isinstance(name, str) or name.count("/") != 1:
+        raise invalid(f"illegal model name {name!r}: expected <provider>/<model>")
+    provider, model = name.split("/")
+    for part in (provider, model):
+        problem = object_name_problem(part)
+        if problem is not None:
+            raise invalid(f"illegal model name {name!r}: {problem}")
+    return name
+
+
+__all__ = [
+    "JOB_SUFFIX",
+    "MAX_NAME_BYTES",
+    "check_model_name",
+    "check_object_name",
+    "is_job_name",
+    "is_object_name",
+    "job_name",
+    "job_name_problem",
+    "object_name_problem",
+]

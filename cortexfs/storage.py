@@ -1,0 +1,138 @@
+"""The storage root and its root ABI (SPEC R-1, R-2).
+
+A storage root is an ordinary directory tree holding every durable object.  Which one a
+command uses (R-1): ``--storage DIR``, else ``$CTX_STORAGE``, else the embedded default —
+``/var/lib/cortexfs/storage/current`` for root, ``$XDG_DATA_HOME/cortexfs/storage/current``
+(``~/.local/share/…``) for everyone else.
+
+The root holds exactly :data:`ROOT_ENTRIES` (R-2).  Nothing else is ever created at the root:
+no ``mcp/``, no ``audit/``, no ``queue/``, no registry.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cortexfs import durable
+from cortexfs.errors import CtxError, not_found
+
+ROOT_ENTRIES = ("bin", "tool", "agent", "model", "home", "shared")
+SYSTEM_DEFAULT_ROOT = Path("/var/lib/cortexfs/storage/current")
+STORAGE_ENV = "CTX_STORAGE"
+
+
+def default_root(euid: int | None = None, environ: dict[str, str] | None = None) -> Path:
+    """The embedded default storage root for this user (R-1)."""
+    env = os.environ if environ is None else environ
+    if (os.geteuid() if euid is None else euid) == 0:
+        return SYSTEM_DEFAULT_ROOT
+    home = Path(env.get("HOME", "~")).expanduser()
+    data_home = env.get("XDG_DATA_HOME") or str(home / ".local" / "share")
+    return Path(data_home) / "cortexfs" / "storage" / "current"
+
+
+def resolve_root(explicit: str | os.PathLike[str] | None = None) -> Path:
+    """``--storage`` beats ``$CTX_STORAGE`` beats the embedded default; always absolute."""
+    if explicit:
+        return Path(explicit).absolute()
+    from_env = os.environ.get(STORAGE_ENV)
+    if from_env:
+        return Path(from_env).absolute()
+    return default_root()
+
+
+def require_root(root: Path) -> Path:
+    """ENOENT with the fix when ``root`` is not an initialised storage root."""
+    if not root.is_dir():
+        raise not_found(f"storage root {root} does not exist; create it with 'ctx bootstrap'")
+    return root
+
+
+@dataclass
+class BootstrapReport:
+    """What ``ctx bootstrap`` did: every path it created or repaired, and problems it left alone."""
+
+    root: Path
+    created: list[str] = field(default_factory=list)
+    repaired: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "root": str(self.root),
+            "created": self.created,
+            "repaired": self.repaired,
+            "problems": self.problems,
+        }
+
+
+def ensure_root_abi(root: Path, ops: durable.FsOps | None = None) -> BootstrapReport:
+    """Create the storage root and its six root entries where missing; never touch anything else.
+
+    A root entry that exists but is not a directory (a file, a symlink) is reported as a problem
+    and left alone: bootstrap never destroys user data.
+    """
+    ops = ops or durable.default_ops()
+    report = BootstrapReport(root=root)
+    missing_parents = []
+    probe = root
+    while not probe.exists() and probe != probe.parent:
+        missing_parents.append(probe)
+        probe = probe.parent
+    for path in reversed(missing_parents):
+        parent_fd = ops.open_dir(str(path.parent))
+        try:
+            if durable.make_dir_synced(ops, parent_fd, path.name, 0o755):
+                report.created.append(str(path))
+        finally:
+            ops.close(parent_fd)
+    try:
+        root_fd = durable.open_dir_path(ops, str(root))
+    except NotADirectoryError as exc:
+        raise CtxError(errno.ENOTDIR, f"storage root {root} is not a directory") from exc
+    try:
+        for name in ROOT_ENTRIES:
+            st = _lstat_at(root_fd, name)
+            if st is None:
+                durable.make_dir_synced(ops, root_fd, name, 0o755)
+                report.created.append(name)
+            elif not _is_dir(st):
+                report.problems.append(f"{name}: exists but is not a directory; left untouched")
+    finally:
+        ops.close(root_fd)
+    return report
+
+
+# Later layers add their own bootstrap steps (core tools, docs bundle…) by registering a
+# function here; bootstrap runs them in registration order after the root ABI exists.
+BootstrapStep = Callable[[Path, Path | None, BootstrapReport], None]
+_BOOTSTRAP_STEPS: list[BootstrapStep] = []
+
+
+def register_bootstrap_step(step: BootstrapStep) -> BootstrapStep:
+    _BOOTSTRAP_STEPS.append(step)
+    return step
+
+
+def bootstrap(root: Path, source: Path | None = None) -> BootstrapReport:
+    """Create or repair a storage root (R-5).  Idempotent; never destroys user data."""
+    report = ensure_root_abi(root)
+    for step in _BOOTSTRAP_STEPS:
+        step(root, source, report)
+    return report
+
+
+def _lstat_at(dir_fd: int, name: str) -> os.stat_result | None:
+    try:
+        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+
+
+def _is_dir(st: os.stat_result) -> bool:
+    return stat.S_ISDIR(st.st_mode)
