@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from cortexfs.cli import queue as queue_commands
 from cortexfs.cli import storage as storage_commands
 
 
@@ -29,3 +30,4 @@ def main(ctx: click.Context, storage: Path | None) -> None:
 
 
 main.add_command(storage_commands.bootstrap)
+main.add_command(queue_commands.queue)

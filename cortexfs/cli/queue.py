@@ -1,0 +1,392 @@
+"""``ctx queue …``: the queue command line of SPEC §2.4, thin over :mod:`cortexfs.queue`.
+
+Exit statuses: 0 success, 1 operation refused or conflict found, 2 usage error, 3 nothing
+to claim.  In text mode ``publish`` and ``claim`` print the job name alone on stdout.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from cortexfs.cli.common import (
+    EXIT_NOTHING,
+    EXIT_REFUSED,
+    emit_json,
+    handles_errors,
+    resolve_storage,
+    usage_problem,
+)
+from cortexfs.errors import CtxError, invalid
+from cortexfs.names import job_name
+from cortexfs.queue import inspect, layout, protocol, recovery
+from cortexfs.queue.holder import Holder
+from cortexfs.queue.requests import parse_request_bytes
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def queue_options(fn: F) -> F:
+    """``--storage``, ``--project`` / ``--queue`` and ``--json``, resolved to ``queue_dir``."""
+
+    @click.option(
+        "--storage",
+        "storage_dir",
+        type=click.Path(file_okay=False, path_type=Path),
+        help="Storage root (default: $CTX_STORAGE, else the embedded default root).",
+    )
+    @click.option("--project", "-p", help="Project name: the queue is shared/PROJECT/queue.")
+    @click.option(
+        "--queue",
+        "queue_arg",
+        type=click.Path(file_okay=False, path_type=Path),
+        help="Path of a queue directory, instead of --project.",
+    )
+    @click.option("--json", "as_json", is_flag=True, help="Machine-readable output on stdout.")
+    @functools.wraps(fn)
+    def wrapper(
+        storage_dir: Path | None, project: str | None, queue_arg: Path | None, **kwargs: Any
+    ) -> Any:
+        kwargs["queue_dir"] = _queue_dir(storage_dir, project, queue_arg)
+        return fn(**kwargs)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _queue_dir(storage_dir: Path | None, project: str | None, queue_arg: Path | None) -> Path:
+    if queue_arg is not None and project is not None:
+        raise click.UsageError("give either --project or --queue, not both")
+    if queue_arg is not None:
+        return queue_arg.absolute()
+    if project is None:
+        project = os.environ.get("CTX_PROJECT")
+    if not project:
+        raise click.UsageError("missing --project NAME (or --queue PATH, or $CTX_PROJECT)")
+    try:
+        return layout.queue_path(resolve_storage(storage_dir), project)
+    except CtxError as exc:
+        raise usage_problem(exc) from None
+
+
+def _job_argument(name: str) -> str:
+    try:
+        return job_name(name)
+    except CtxError as exc:
+        raise usage_problem(exc) from None
+
+
+def _read_input(source: str) -> bytes:
+    if source == "-":
+        return sys.stdin.buffer.read()
+    try:
+        with open(source, "rb") as f:
+            return f.read()
+    except OSError as exc:
+        raise CtxError(exc.errno or 5, f"cannot read {source}: {exc.strerror}") from None
+
+
+def _holder(pid: int | None, worker: str | None) -> Holder:
+    """The lease holder of a shell command: the calling process (our parent) unless --pid."""
+    try:
+        return Holder.for_process(os.getppid() if pid is None else pid, worker)
+    except CtxError as exc:
+        raise usage_problem(exc) from None
+
+
+@click.group()
+def queue() -> None:
+    """The crash-safe job queue of a project (shared/PROJECT/queue).
+
+    Jobs move pending -> claimed (+ lease) -> done | failed.  Exit statuses:
+    0 success, 1 refused or conflict found, 2 usage error, 3 nothing to claim.
+    """
+
+
+@queue.command()
+@handles_errors
+@queue_options
+def init(queue_dir: Path, as_json: bool) -> None:
+    """Create the queue directories (inbox, pending, lease, claimed, done, failed)."""
+    root = queue_dir.parent.parent.parent
+    if queue_dir.parent.parent.name == "shared" and queue_dir.name == "queue":
+        created = layout.init_project_queue(root, queue_dir.parent.name)
+    else:
+        created = layout.init_queue(queue_dir)
+    if as_json:
+        emit_json({"queue": str(queue_dir), "created": created})
+        return
+    click.echo(
+        f"queue {queue_dir} ready" + (f" ({len(created)} entries created)" if created else "")
+    )
+
+
+@queue.command()
+@handles_errors
+@queue_options
+@click.option("--name", help="Job name (the .req.json suffix is added when missing).")
+@click.option("--batch", is_flag=True, help="SOURCE is JSONL: one request per line, one commit.")
+@click.argument("source", required=False, metavar="(FILE | -)")
+def publish(
+    queue_dir: Path, as_json: bool, name: str | None, batch: bool, source: str | None
+) -> None:
+    """Publish a request (a JSON object with 'tool' and 'input') as a pending job.
+
+    Prints the job name.  With --batch every line of SOURCE is one request, published as a
+    group commit (one barrier for the whole batch); one bad line refuses the whole batch.
+    Refused with EEXIST when the name already has evidence anywhere in the queue.
+    """
+    if source is None:
+        if sys.stdin.isatty():
+            raise click.UsageError("give a request FILE, or - to read it from stdin")
+        source = "-"
+    if name is not None:
+        if batch:
+            raise click.UsageError("--name cannot be used with --batch")
+        name = _job_argument(name)
+    data = _read_input(source)
+    with layout.Queue.open(queue_dir) as q:
+        if batch:
+            requests = _parse_batch(data, q.config.max_request_bytes)
+            jobs = protocol.publish_batch(q, requests)
+        else:
+            request = parse_request_bytes(data, q.config.max_request_bytes)
+            jobs = [protocol.publish(q, request, name)]
+    if as_json:
+        emit_json({"names": jobs} if batch else {"name": jobs[0]})
+        return
+    for job in jobs:
+        click.echo(job)
+
+
+def _parse_batch(data: bytes, limit: int) -> list[dict[str, Any]]:
+    requests, problems = [], []
+    for lineno, line in enumerate(data.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            requests.append(parse_request_bytes(line, limit, f"line {lineno}"))
+        except CtxError as exc:
+            problems.append(exc.message)
+    if problems:
+        raise invalid("batch refused, nothing published: " + "; ".join(problems))
+    if not requests:
+        raise invalid("the batch holds no requests")
+    return requests
+
+
+@queue.command()
+@handles_errors
+@queue_options
+@click.option("--worker", help="Worker id recorded in the lease (default: HOST:PID).")
+@click.option("--pid", type=int, help="Lease holder pid (default: the calling process).")
+@click.option("--ttl", type=float, help="Lease lifetime in seconds (default: lease_ttl).")
+def claim(
+    queue_dir: Path, as_json: bool, worker: str | None, pid: int | None, ttl: float | None
+) -> None:
+    """Claim the oldest pending job and lease it; prints its name (exit 3 when none).
+
+    The lease holder is the process that ran this command (its parent, e.g. your shell)
+    unless --pid names another; recover requeues the job once that process is gone.
+    """
+    holder = _holder(pid, worker)
+    if ttl is not None and ttl <= 0:
+        raise usage_problem(invalid(f"--ttl must be positive, not {ttl:g}"))
+    with layout.Queue.open(queue_dir) as q:
+        won = protocol.claim(q, holder, ttl)
+    if won is None:
+        if as_json:
+            emit_json({"name": None})
+        sys.exit(EXIT_NOTHING)
+    if as_json:
+        emit_json(won.to_json())
+    else:
+        click.echo(won.job)
+
+
+@queue.command()
+@handles_errors
+@queue_options
+@click.argument("job")
+@click.option("--pid", type=int, help="Lease holder pid (default: the calling process).")
+@click.option("--ttl", type=float, help="New lifetime in seconds from now (default: lease_ttl).")
+def renew(queue_dir: Path, as_json: bool, job: str, pid: int | None, ttl: float | None) -> None:
+    """Extend the caller's own lease on JOB (EACCES when another process holds it)."""
+    job = _job_argument(job)
+    holder = _holder(pid, None)
+    if ttl is not None and ttl <= 0:
+        raise usage_problem(invalid(f"--ttl must be positive, not {ttl:g}"))
+    with layout.Queue.open(queue_dir) as q:
+        lease = protocol.renew(q, job, holder, ttl)
+    if as_json:
+        emit_json(lease.to_json())
+    else:
+        click.echo(f"{job} leased until {lease.to_json()['expires_at']}")
+
+
+@queue.command()
+@handles_errors
+@queue_options
+@click.argument("job")
+@click.option("--ok", "outcome", flag_value="ok", help="The job succeeded: move it to done/.")
+@click.option("--error", "outcome", flag_value="error", help="The job failed: move it to failed/.")
+@click.argument("result_source", required=False, metavar="[RESULT_FILE | -]")
+def finish(
+    queue_dir: Path, as_json: bool, job: str, outcome: str | None, result_source: str | None
+) -> None:
+    """Finish a claimed JOB in done/ (--ok) or failed/ (--error).
+
+    RESULT_FILE (or - for stdin) becomes the result's output: parsed as JSON when it is
+    JSON, kept as text otherwise.  Returns only once the terminal pair is durable.
+    """
+    if outcome is None:
+        raise click.UsageError("say how the job ended: --ok or --error")
+    job = _job_argument(job)
+    output: Any = None
+    if result_source is not None:
+        raw = _read_input(result_source)
+        try:
+            output = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            output = raw.decode("utf-8", "replace")
+    with layout.Queue.open(queue_dir) as q:
+        result = protocol.finish(q, job, outcome == "ok", output)
+    if as_json:
+        emit_json({"name": job, "state": "done" if outcome == "ok" else "failed", "result": result})
+    else:
+        click.echo(job)
+
+
+@queue.command()
+@handles_errors
+@queue_options
+def status(queue_dir: Path, as_json: bool) -> None:
+    """Counts per state, ignored entries, incomplete pairs and conflicts."""
+    with layout.Queue.open(queue_dir) as q:
+        report = inspect.status(q)
+    if as_json:
+        emit_json(report.to_json())
+        return
+    click.echo(f"queue: {report.path}")
+    for state, count in report.counts.items():
+        click.echo(f"{state:<11}{count:>8}")
+    for item in report.incomplete:
+        click.echo(
+            f"incomplete {item['job']}: {item['detail']} (recover --reconcile: {item['repair']})"
+        )
+    for item in report.conflicts:
+        click.echo(
+            f"conflict   {item['job']}: {item['detail']}; evidence: {', '.join(item['evidence'])}"
+        )
+    for entry in report.ignored:
+        click.echo(f"ignored    {entry.path}: {entry.reason}")
+    for temp in report.temps:
+        click.echo(f"temp       {temp['path']} ({temp['age_seconds']:.0f}s old)")
+
+
+@queue.command(name="list")
+@handles_errors
+@queue_options
+@click.option(
+    "--state",
+    type=click.Choice(["pending", "claimed", "done", "failed", "incomplete", "conflict"]),
+    help="Only jobs in this state (pending ones in claim order).",
+)
+def list_command(queue_dir: Path, as_json: bool, state: str | None) -> None:
+    """List jobs: one name per line with --state, else 'STATE NAME' lines."""
+    with layout.Queue.open(queue_dir) as q:
+        jobs = inspect.list_jobs(q, state)
+    if as_json:
+        emit_json(jobs)
+        return
+    for job in jobs:
+        click.echo(job["name"] if state else f"{job['state']:<11}{job['name']}")
+
+
+@queue.command()
+@handles_errors
+@queue_options
+@click.argument("job")
+def show(queue_dir: Path, as_json: bool, job: str) -> None:
+    """Every piece of evidence for JOB, with its request, lease and result."""
+    job = _job_argument(job)
+    with layout.Queue.open(queue_dir) as q:
+        detail = inspect.show(q, job)
+    if as_json:
+        emit_json(detail)
+        return
+    click.echo(f"job:    {detail['name']}")
+    click.echo(f"state:  {detail['state']} ({detail['detail']})")
+    if detail.get("repair"):
+        click.echo(f"repair: recover --reconcile would apply {detail['repair']}")
+    for item in detail["evidence"]:
+        extra = f"{item.get('size', '?')} bytes, {item.get('mtime', '?')}" if "size" in item else ""
+        click.echo(f"  {item['path']:<40} {item['kind']:<13} {extra}")
+    for temp in detail["temps"]:
+        click.echo(f"  {temp['path']:<40} temp file, {temp['age_seconds']:.0f}s old")
+    for key in ("request", "lease", "result"):
+        if key in detail:
+            click.echo(f"{key}: {json.dumps(detail[key], ensure_ascii=False)}")
+
+
+@queue.command()
+@handles_errors
+@queue_options
+@click.option("--reconcile", is_flag=True, help="Also complete incomplete pairs (Q-6).")
+@click.option("--dry-run", is_flag=True, help="Report what would be done; change nothing.")
+@click.option(
+    "--grace",
+    type=click.FloatRange(min=0),
+    help="Minimum age in seconds of inbox temp files before they count as stray "
+    "(default: grace in queue/config, 60).",
+)
+def recover(
+    queue_dir: Path, as_json: bool, reconcile: bool, dry_run: bool, grace: float | None
+) -> None:
+    """Requeue claimed jobs whose lease holder is provably gone; report everything else.
+
+    With --reconcile, also complete the incomplete pairs a crash leaves (a claim without a
+    lease goes back to pending, a result with its request still claimed rolls forward,
+    orphan claim/lease directories and stray temp files are removed).  Conflicts are only
+    reported.  Jobs whose holder is alive are never touched.  Exit 0 when the queue is
+    consistent afterwards, 1 when incomplete pairs or conflicts remain.
+    """
+    with layout.Queue.open(queue_dir) as q:
+        report = recovery.recover(q, reconcile=reconcile, dry_run=dry_run, grace=grace)
+    if as_json:
+        emit_json(report.to_json())
+    else:
+        _render_recover(report)
+    if not report.consistent:
+        sys.exit(EXIT_REFUSED)
+
+
+def _render_recover(report: recovery.RecoverReport) -> None:
+    verb = "would " if report.dry_run else ""
+    for f in report.requeued:
+        click.echo(f"{verb}requeue  {f.job}: {f.detail}")
+    for f in report.repaired:
+        click.echo(f"{verb}repair   {f.job}: {f.action}: {f.detail}")
+    for f in report.untouched:
+        click.echo(f"untouched {f.job}: {f.detail}")
+    for f in report.incomplete:
+        click.echo(f"incomplete {f.job}: {f.detail} (run with --reconcile: {f.action})")
+    for f in report.conflicts:
+        click.echo(f"conflict {f.job}: {f.detail}; evidence: {', '.join(f.evidence)}")
+    for path in report.removed_temps:
+        click.echo(f"{verb}remove   {path}")
+    for path in report.stale_temps:
+        click.echo(f"stale    {path} (run with --reconcile to remove)")
+    for entry in report.ignored:
+        click.echo(f"ignored  {entry.path}: {entry.reason}")
+    state = "consistent" if report.consistent else "NOT consistent"
+    click.echo(
+        f"{len(report.requeued)} requeued, {len(report.repaired)} repaired, "
+        f"{len(report.incomplete)} incomplete, {len(report.conflicts)} conflicts: queue {state}"
+    )

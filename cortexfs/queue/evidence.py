@@ -1,0 +1,360 @@
+"""What is on disk for each job, and what state that evidence means (SPEC §2.1, Q-6, Q-8).
+
+:func:`scan` walks the six directories once (``scandir`` on the open descriptors, nothing
+followed) and gathers, per job name, which pieces of evidence exist; everything that is not
+evidence — illegal names, dot-files, symlinks, FIFOs, directories where files belong — is
+listed as *ignored* with the reason (Q-8).  :func:`assess` turns one job's evidence into its
+state: one of the four durable states, an *incomplete pair* that ``recover --reconcile`` may
+complete without losing or duplicating work, or a *conflict* left to a human.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+from dataclasses import dataclass, field
+
+from cortexfs.names import is_job_name, job_name_problem
+from cortexfs.queue.layout import LEASE_FILE, RESULT_SUFFIX, Queue, lstat_at
+
+# The states a job can be in, in the order status reports them.
+STATES = ("pending", "claimed", "done", "failed", "incomplete", "conflict")
+
+# Repairs that `recover --reconcile` may apply to an incomplete pair (Q-6).
+REQUEUE_UNLEASED = "requeue-unleased"  # claimed/J/J without a lease: execution never started
+ROLL_FORWARD = "roll-forward"  # a result with the request still in claimed/: the job ran
+DROP_CLAIM_COPY = "drop-claim-copy"  # claimed/J/J is a second link of pending/J or the terminal J
+REMOVE_ORPHANS = "remove-orphans"  # an empty claimed/J, a lease/J with no claimed request
+
+
+@dataclass
+class Ignored:
+    path: str
+    reason: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"path": self.path, "reason": self.reason}
+
+
+@dataclass
+class Temp:
+    name: str
+    age: float
+
+    @property
+    def job(self) -> str | None:
+        head = self.name.split(".req.json.", 1)[0] + ".req.json"
+        return head if is_job_name(head) else None
+
+
+@dataclass
+class JobEvidence:
+    """Which pieces of evidence exist for one job (inode numbers where links may be shared)."""
+
+    job: str
+    pending: int | None = None
+    claim_dir: bool = False
+    claim_request: int | None = None
+    lease_dir: bool = False
+    lease_file: bool = False
+    done_request: int | None = None
+    done_result: bool = False
+    failed_request: int | None = None
+    failed_result: bool = False
+    bad: list[str] = field(default_factory=list)
+
+    def paths(self) -> list[str]:
+        """Every piece of evidence, as paths relative to the queue."""
+        j = self.job
+        found = [
+            (self.pending is not None, f"pending/{j}"),
+            (self.claim_dir, f"claimed/{j}/"),
+            (self.claim_request is not None, f"claimed/{j}/{j}"),
+            (self.lease_dir, f"lease/{j}/"),
+            (self.lease_file, f"lease/{j}/{LEASE_FILE}"),
+            (self.done_request is not None, f"done/{j}"),
+            (self.done_result, f"done/{j}{RESULT_SUFFIX}"),
+            (self.failed_request is not None, f"failed/{j}"),
+            (self.failed_result, f"failed/{j}{RESULT_SUFFIX}"),
+        ]
+        return [path for present, path in found if present] + self.bad
+
+
+@dataclass(frozen=True)
+class Assessment:
+    """A job's state; for incomplete pairs, the repair that completes them."""
+
+    state: str
+    detail: str
+    repair: str | None = None
+
+    def to_json(self) -> dict[str, str | None]:
+        return {"state": self.state, "detail": self.detail, "repair": self.repair}
+
+
+@dataclass
+class Scan:
+    jobs: dict[str, JobEvidence] = field(default_factory=dict)
+    ignored: list[Ignored] = field(default_factory=list)
+    temps: list[Temp] = field(default_factory=list)
+
+    def job(self, name: str) -> JobEvidence:
+        evidence = self.jobs.get(name)
+        if evidence is None:
+            evidence = self.jobs[name] = JobEvidence(name)
+        return evidence
+
+
+def _kind(entry: os.DirEntry[str]) -> str:
+    if entry.is_symlink():
+        return "symlink"
+    if entry.is_dir(follow_symlinks=False):
+        return "directory"
+    if entry.is_file(follow_symlinks=False):
+        return "regular file"
+    mode = entry.stat(follow_symlinks=False).st_mode
+    if stat.S_ISFIFO(mode):
+        return "FIFO"
+    if stat.S_ISSOCK(mode):
+        return "socket"
+    return "special file"
+
+
+def _name_reason(name: str) -> str:
+    if name.startswith("."):
+        return "dot-file"
+    return f"illegal job name: {job_name_problem(name)}"
+
+
+def scan(queue: Queue, only: str | None = None) -> Scan:
+    """Gather the evidence of every job (or of the job ``only``) in one pass."""
+    result = Scan()
+    _scan_pending(queue, result, only)
+    _scan_job_dirs(queue, result, "claimed", only)
+    _scan_job_dirs(queue, result, "lease", only)
+    _scan_terminal(queue, result, "done", only)
+    _scan_terminal(queue, result, "failed", only)
+    _scan_inbox(queue, result, only)
+    return result
+
+
+def _entries(dir_fd: int) -> list[os.DirEntry[str]]:
+    with os.scandir(dir_fd) as it:
+        return list(it)
+
+
+def _scan_pending(queue: Queue, result: Scan, only: str | None) -> None:
+    for entry in _entries(queue.pending):
+        if only is not None and entry.name != only:
+            continue
+        if not is_job_name(entry.name):
+            result.ignored.append(Ignored(f"pending/{entry.name}", _name_reason(entry.name)))
+        elif not entry.is_file(follow_symlinks=False):
+            result.ignored.append(
+                Ignored(f"pending/{entry.name}", f"a {_kind(entry)}, not a request file")
+            )
+        else:
+            result.job(entry.name).pending = entry.inode()
+
+
+def _scan_job_dirs(queue: Queue, result: Scan, state: str, only: str | None) -> None:
+    """``claimed/J/J`` or ``lease/J/worker``: a directory per job holding one regular file."""
+    inner_expected = LEASE_FILE if state == "lease" else None
+    for entry in _entries(queue.dirs[state]):
+        if only is not None and entry.name != only:
+            continue
+        path = f"{state}/{entry.name}"
+        if not is_job_name(entry.name):
+            result.ignored.append(Ignored(path, _name_reason(entry.name)))
+            continue
+        if not entry.is_dir(follow_symlinks=False):
+            result.ignored.append(Ignored(path, f"a {_kind(entry)}, not a {state} directory"))
+            continue
+        evidence = result.job(entry.name)
+        if state == "claimed":
+            evidence.claim_dir = True
+        else:
+            evidence.lease_dir = True
+        expected = inner_expected or entry.name
+        try:
+            job_fd = queue.open_job_dir(state, entry.name)
+        except OSError:
+            continue  # removed while we looked
+        try:
+            for inner in _entries(job_fd):
+                inner_path = f"{path}/{inner.name}"
+                if inner.name != expected:
+                    result.ignored.append(Ignored(inner_path, f"unexpected entry in {path}/"))
+                    evidence.bad.append(inner_path)
+                elif not inner.is_file(follow_symlinks=False):
+                    result.ignored.append(
+                        Ignored(inner_path, f"a {_kind(inner)}, not a regular file")
+                    )
+                    evidence.bad.append(inner_path)
+                elif state == "claimed":
+                    evidence.claim_request = inner.inode()
+                else:
+                    evidence.lease_file = True
+        finally:
+            os.close(job_fd)
+
+
+def _scan_terminal(queue: Queue, result: Scan, state: str, only: str | None) -> None:
+    for entry in _entries(queue.dirs[state]):
+        name = entry.name
+        is_result = name.endswith(RESULT_SUFFIX)
+        job = name[: -len(RESULT_SUFFIX)] if is_result else name
+        if only is not None and job != only:
+            continue
+        path = f"{state}/{name}"
+        if not is_job_name(job):
+            result.ignored.append(Ignored(path, _name_reason(name)))
+        elif not entry.is_file(follow_symlinks=False):
+            result.ignored.append(Ignored(path, f"a {_kind(entry)}, not a regular file"))
+            result.job(job).bad.append(path)
+        elif is_result:
+            setattr(result.job(job), f"{state}_result", True)
+        else:
+            setattr(result.job(job), f"{state}_request", entry.inode())
+
+
+def scan_inbox(queue: Queue) -> list[Temp]:
+    """The temp files in ``inbox/`` with their ages."""
+    result = Scan()
+    _scan_inbox(queue, result, None)
+    return result.temps
+
+
+def _scan_inbox(queue: Queue, result: Scan, only: str | None) -> None:
+    now = time.time()
+    for entry in _entries(queue.inbox):
+        path = f"inbox/{entry.name}"
+        if not entry.is_file(follow_symlinks=False):
+            result.ignored.append(Ignored(path, f"a {_kind(entry)} in the staging directory"))
+            continue
+        try:
+            age = now - entry.stat(follow_symlinks=False).st_mtime
+        except FileNotFoundError:
+            continue
+        temp = Temp(entry.name, age)
+        if only is None or temp.job == only:
+            result.temps.append(temp)
+
+
+def evidence_of(queue: Queue, job: str) -> JobEvidence:
+    """The evidence of one job by direct lookups (no directory listing)."""
+    evidence = JobEvidence(job)
+
+    def regular(dir_fd: int, name: str, path: str) -> int | None:
+        st = lstat_at(dir_fd, name)
+        if st is None:
+            return None
+        if not stat.S_ISREG(st.st_mode):
+            evidence.bad.append(path)
+            return None
+        return st.st_ino
+
+    def directory(state: str) -> int | None:
+        st = lstat_at(queue.dirs[state], job)
+        if st is None:
+            return None
+        if not stat.S_ISDIR(st.st_mode):
+            return None
+        try:
+            return queue.open_job_dir(state, job)
+        except OSError:
+            return None
+
+    evidence.pending = regular(queue.pending, job, f"pending/{job}")
+    claim_fd = directory("claimed")
+    if claim_fd is not None:
+        evidence.claim_dir = True
+        try:
+            evidence.claim_request = regular(claim_fd, job, f"claimed/{job}/{job}")
+        finally:
+            os.close(claim_fd)
+    lease_fd = directory("lease")
+    if lease_fd is not None:
+        evidence.lease_dir = True
+        try:
+            path = f"lease/{job}/{LEASE_FILE}"
+            evidence.lease_file = regular(lease_fd, LEASE_FILE, path) is not None
+        finally:
+            os.close(lease_fd)
+    for state in ("done", "failed"):
+        dir_fd = queue.dirs[state]
+        setattr(evidence, f"{state}_request", regular(dir_fd, job, f"{state}/{job}"))
+        has_result = regular(dir_fd, job + RESULT_SUFFIX, f"{state}/{job}{RESULT_SUFFIX}")
+        setattr(evidence, f"{state}_result", has_result is not None)
+    return evidence
+
+
+def assess(e: JobEvidence) -> Assessment:
+    """The state of one job from its evidence (SPEC §2.1 and the Q-6 reconciliation table)."""
+    has_claim = e.claim_request is not None
+    orphans = (e.claim_dir or e.lease_dir or e.lease_file) and not has_claim
+    done = e.done_request is not None or e.done_result
+    failed = e.failed_request is not None or e.failed_result
+    if e.bad:
+        return Assessment("conflict", "evidence that is not a regular file: " + ", ".join(e.bad))
+    if done and failed:
+        return Assessment("conflict", "both done and failed evidence")
+    if done or failed:
+        return _assess_terminal(e, "done" if done else "failed", has_claim, orphans)
+    if e.pending is not None:
+        if has_claim:
+            if e.claim_request == e.pending:
+                return Assessment(
+                    "incomplete",
+                    "claimed/J/J is a second link of pending/J (a move was interrupted)",
+                    DROP_CLAIM_COPY,
+                )
+            return Assessment("conflict", "both pending and claimed, as different files")
+        if orphans:
+            return Assessment(
+                "incomplete", "pending, with a leftover claim or lease", REMOVE_ORPHANS
+            )
+        return Assessment("pending", "waiting to be claimed")
+    if has_claim:
+        if e.lease_file:
+            return Assessment("claimed", "claimed and leased")
+        return Assessment(
+            "incomplete", "claimed without a lease: execution never started", REQUEUE_UNLEASED
+        )
+    if orphans:
+        return Assessment(
+            "incomplete", "an empty claim directory or a lease with no request", REMOVE_ORPHANS
+        )
+    return Assessment("conflict", "no evidence")
+
+
+def _assess_terminal(e: JobEvidence, state: str, has_claim: bool, orphans: bool) -> Assessment:
+    request = e.done_request if state == "done" else e.failed_request
+    result = e.done_result if state == "done" else e.failed_result
+    if e.pending is not None:
+        return Assessment("conflict", f"both pending and {state}")
+    if request is not None and result:
+        if has_claim:
+            if e.claim_request == request:
+                return Assessment(
+                    "incomplete",
+                    f"claimed/J/J is a second link of {state}/J (finish was interrupted)",
+                    DROP_CLAIM_COPY,
+                )
+            return Assessment("conflict", f"both claimed and {state}, as different files")
+        if orphans:
+            return Assessment(
+                "incomplete", f"{state}, with a leftover claim or lease", REMOVE_ORPHANS
+            )
+        return Assessment(state, "finished")
+    if result and has_claim:
+        return Assessment(
+            "incomplete",
+            f"{state}/J{RESULT_SUFFIX} exists but the request is still in claimed/ "
+            "(finish was interrupted after the result)",
+            ROLL_FORWARD,
+        )
+    if result:
+        return Assessment("conflict", f"{state}/J{RESULT_SUFFIX} exists but the request is nowhere")
+    return Assessment("conflict", f"{state}/J exists without its result")

@@ -1,0 +1,218 @@
+"""Who holds a lease, and whether that holder is provably gone (SPEC Q-3, Q-5, N-1).
+
+A lease names its holder precisely enough to survive the ways a bare pid lies: the pid may be
+reused (so we keep the process start time), the machine may have rebooted (``boot_id``), the
+holder may sit in another pid namespace (``pid_ns``: containers share the host's boot id but not
+its pids), or on another host altogether (``host`` and ``machine_id``).  A pid alone is never
+proof across any of these; only the lease's expiry speaks for a holder we cannot see.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from dataclasses import asdict, dataclass, replace
+from functools import cache
+from typing import Any
+
+import psutil
+
+from cortexfs.errors import invalid
+from cortexfs.timefmt import parse_rfc3339, rfc3339
+
+# psutil derives create_time from boot time + clock ticks; two readings of the same process
+# agree to well within this, while a reused pid starts at least a tick later.
+_START_TIME_TOLERANCE = 0.05
+
+ALIVE = "alive"
+GONE = "gone"
+UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True)
+class LocalSystem:
+    """The identity of the machine and pid namespace this process runs in."""
+
+    host: str
+    machine_id: str | None
+    boot_id: str
+    pid_ns: int
+
+    @classmethod
+    @cache
+    def current(cls) -> LocalSystem:
+        return cls(
+            host=socket.gethostname(),
+            machine_id=_read_first_line("/etc/machine-id"),
+            boot_id=_read_first_line("/proc/sys/kernel/random/boot_id") or "unknown",
+            pid_ns=os.stat("/proc/self/ns/pid").st_ino,
+        )
+
+
+def _read_first_line(path: str) -> str | None:
+    try:
+        with open(path, encoding="ascii") as f:
+            return f.readline().strip() or None
+    except OSError:
+        return None
+
+
+@dataclass(frozen=True)
+class Holder:
+    """A process that holds (or will hold) leases, as seen from its own pid namespace."""
+
+    worker: str
+    host: str
+    machine_id: str | None
+    boot_id: str
+    pid_ns: int
+    pid: int
+    start_time: float
+
+    @classmethod
+    def for_process(cls, pid: int | None = None, worker: str | None = None) -> Holder:
+        """The holder identity of ``pid`` (default: this process).  ESRCH-style EINVAL if dead."""
+        pid = os.getpid() if pid is None else pid
+        try:
+            start_time = psutil.Process(pid).create_time()
+        except psutil.Error as exc:
+            raise invalid(f"process {pid} does not exist; a lease needs a live holder") from exc
+        here = LocalSystem.current()
+        return cls(
+            worker=worker or f"{here.host}:{pid}",
+            host=here.host,
+            machine_id=here.machine_id,
+            boot_id=here.boot_id,
+            pid_ns=here.pid_ns,
+            pid=pid,
+            start_time=start_time,
+        )
+
+    def is_same_process(self, other: Holder) -> bool:
+        return (
+            self.boot_id == other.boot_id
+            and self.pid_ns == other.pid_ns
+            and self.pid == other.pid
+            and abs(self.start_time - other.start_time) < _START_TIME_TOLERANCE
+        )
+
+
+@dataclass(frozen=True)
+class Lease:
+    """The content of ``lease/J/worker``: a holder, the job, and the lease's lifetime."""
+
+    job: str
+    holder: Holder
+    claimed_at: float
+    expires_at: float
+    renewed_at: float | None = None
+
+    @classmethod
+    def new(cls, job: str, holder: Holder, ttl: float) -> Lease:
+        now = time.time()
+        return cls(job=job, holder=holder, claimed_at=now, expires_at=now + ttl)
+
+    def renewed(self, ttl: float) -> Lease:
+        now = time.time()
+        return replace(self, expires_at=now + ttl, renewed_at=now)
+
+    def to_json(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {"job": self.job, **asdict(self.holder)}
+        doc["claimed_at"] = rfc3339(self.claimed_at)
+        doc["expires_at"] = rfc3339(self.expires_at)
+        if self.renewed_at is not None:
+            doc["renewed_at"] = rfc3339(self.renewed_at)
+        return doc
+
+    def encode(self) -> bytes:
+        return (json.dumps(self.to_json()) + "\n").encode()
+
+    @classmethod
+    def decode(cls, data: bytes) -> Lease:
+        """Parse a lease file; EINVAL naming the first missing or malformed field."""
+        try:
+            doc = json.loads(data.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise invalid(f"lease is not a JSON object: {exc}") from exc
+        if not isinstance(doc, dict):
+            raise invalid("lease is not a JSON object")
+        try:
+            holder = Holder(
+                worker=_field(doc, "worker", str),
+                host=_field(doc, "host", str),
+                machine_id=doc.get("machine_id")
+                if isinstance(doc.get("machine_id"), str)
+                else None,
+                boot_id=_field(doc, "boot_id", str),
+                pid_ns=_field(doc, "pid_ns", int),
+                pid=_field(doc, "pid", int),
+                start_time=float(_field(doc, "start_time", (int, float))),
+            )
+            renewed = doc.get("renewed_at")
+            return cls(
+                job=_field(doc, "job", str),
+                holder=holder,
+                claimed_at=parse_rfc3339(doc.get("claimed_at")),
+                expires_at=parse_rfc3339(doc.get("expires_at")),
+                renewed_at=parse_rfc3339(renewed) if renewed is not None else None,
+            )
+        except KeyError as exc:
+            raise invalid(f"lease has no valid field {exc.args[0]!r}") from exc
+
+
+def _field(doc: dict[str, Any], key: str, kind: type | tuple[type, ...]) -> Any:
+    value = doc.get(key)
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise KeyError(key)
+    return value
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Whether a lease's holder is alive, provably gone, or beyond our sight (treated alive)."""
+
+    state: str
+    reason: str
+
+    @property
+    def gone(self) -> bool:
+        return self.state == GONE
+
+
+def judge(lease: Lease, here: LocalSystem | None = None, now: float | None = None) -> Verdict:
+    """Apply the liveness rules of Q-5 to a lease, from the point of view of ``here``."""
+    here = here or LocalSystem.current()
+    now = time.time() if now is None else now
+    holder = lease.holder
+    where = f"pid {holder.pid} on {holder.host}"
+    if holder.boot_id == here.boot_id and holder.pid_ns == here.pid_ns:
+        try:
+            process = psutil.Process(holder.pid)
+            start_time = process.create_time()
+            zombie = process.status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return Verdict(GONE, f"{where} has exited")
+        except psutil.Error:
+            return Verdict(ALIVE, f"{where} exists but cannot be inspected")
+        if abs(start_time - holder.start_time) >= _START_TIME_TOLERANCE:
+            return Verdict(GONE, f"{where} has exited; the pid now belongs to another process")
+        if zombie:
+            return Verdict(GONE, f"{where} has exited (zombie)")
+        return Verdict(ALIVE, f"{where} is running")
+    if _same_machine(holder, here) and holder.boot_id != here.boot_id:
+        return Verdict(GONE, f"{holder.host} rebooted since {where} took the lease")
+    if now > lease.expires_at:
+        return Verdict(GONE, f"lease of {where} expired at {rfc3339(lease.expires_at)}")
+    return Verdict(
+        UNKNOWN,
+        f"{where} is outside this pid namespace or host; the lease is valid until "
+        f"{rfc3339(lease.expires_at)}",
+    )
+
+
+def _same_machine(holder: Holder, here: LocalSystem) -> bool:
+    if holder.machine_id and here.machine_id:
+        return holder.machine_id == here.machine_id and holder.host == here.host
+    return holder.host == here.host

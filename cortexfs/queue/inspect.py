@@ -1,0 +1,157 @@
+"""The reading side of the queue: status, list, show.  Nothing here changes the disk."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from cortexfs.errors import CtxError, invalid, not_found
+from cortexfs.names import job_name
+from cortexfs.queue import evidence as ev
+from cortexfs.queue.claim_order import scan_pending
+from cortexfs.queue.layout import LEASE_FILE, RESULT_SUFFIX, Queue, kind_of, read_regular_file
+from cortexfs.timefmt import rfc3339
+
+
+@dataclass
+class QueueStatus:
+    path: str
+    counts: dict[str, int]
+    ignored: list[ev.Ignored] = field(default_factory=list)
+    incomplete: list[dict[str, Any]] = field(default_factory=list)
+    conflicts: list[dict[str, Any]] = field(default_factory=list)
+    temps: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "queue": self.path,
+            "counts": self.counts,
+            "ignored": [i.to_json() for i in self.ignored],
+            "incomplete": self.incomplete,
+            "conflicts": self.conflicts,
+            "temps": self.temps,
+        }
+
+
+def status(queue: Queue) -> QueueStatus:
+    """Counts per state, ignored entries, incomplete pairs and conflicts."""
+    found = ev.scan(queue)
+    counts: Counter[str] = Counter({state: 0 for state in ev.STATES})
+    result = QueueStatus(path=str(queue.path), counts={})
+    for job in sorted(found.jobs):
+        evidence = found.jobs[job]
+        assessment = ev.assess(evidence)
+        counts[assessment.state] += 1
+        if assessment.state in ("incomplete", "conflict"):
+            entry = {"job": job, **assessment.to_json(), "evidence": evidence.paths()}
+            (result.incomplete if assessment.state == "incomplete" else result.conflicts).append(
+                entry
+            )
+    result.counts = {state: counts[state] for state in ev.STATES}
+    result.counts["ignored"] = len(found.ignored)
+    result.ignored = found.ignored
+    result.temps = [
+        {"path": f"inbox/{t.name}", "age_seconds": round(t.age, 3), "job": t.job}
+        for t in found.temps
+    ]
+    return result
+
+
+def list_jobs(queue: Queue, state: str | None = None) -> list[dict[str, str]]:
+    """Jobs with their state; pending ones in claim order, the rest by name."""
+    if state is not None and state not in ev.STATES:
+        raise invalid(f"unknown state {state!r}; choose one of {', '.join(ev.STATES)}")
+    if state == "pending":
+        # The claim order is exactly what a worker would take next.
+        jobs = []
+        for name in scan_pending(queue.pending):
+            assessment = ev.assess(ev.evidence_of(queue, name))
+            if assessment.state == "pending":
+                jobs.append({"name": name, "state": "pending"})
+        return jobs
+    found = ev.scan(queue)
+    listed = []
+    for name in sorted(found.jobs):
+        assessment = ev.assess(found.jobs[name])
+        if state is None or assessment.state == state:
+            listed.append({"name": name, "state": assessment.state})
+    return listed
+
+
+def show(queue: Queue, job: str) -> dict[str, Any]:
+    """Every piece of evidence for J, with the documents it holds."""
+    job = job_name(job)
+    evidence = ev.evidence_of(queue, job)
+    temps = [t for t in ev.scan_inbox(queue) if t.job == job]
+    paths = evidence.paths()
+    if not paths and not temps:
+        raise not_found(f"job {job} has no evidence in {queue.path}")
+    assessment = ev.assess(evidence) if paths else ev.Assessment("none", "only temp files")
+    detail: dict[str, Any] = {
+        "name": job,
+        **assessment.to_json(),
+        "evidence": [_describe(queue, path) for path in paths],
+        "temps": [{"path": f"inbox/{t.name}", "age_seconds": round(t.age, 3)} for t in temps],
+    }
+    for key, path in _documents(queue, evidence):
+        detail[key] = _read_document(queue, path)
+    return detail
+
+
+def _documents(queue: Queue, e: ev.JobEvidence) -> list[tuple[str, str]]:
+    j = e.job
+    docs = []
+    for present, key, path in (
+        (e.pending is not None, "request", f"pending/{j}"),
+        (e.claim_request is not None, "request", f"claimed/{j}/{j}"),
+        (e.done_request is not None, "request", f"done/{j}"),
+        (e.failed_request is not None, "request", f"failed/{j}"),
+        (e.lease_file, "lease", f"lease/{j}/{LEASE_FILE}"),
+        (e.done_result, "result", f"done/{j}{RESULT_SUFFIX}"),
+        (e.failed_result, "result", f"failed/{j}{RESULT_SUFFIX}"),
+    ):
+        if present and key not in {k for k, _ in docs}:
+            docs.append((key, path))
+    return docs
+
+
+def _open_parent(queue: Queue, path: str) -> tuple[int, str, bool]:
+    """The directory descriptor holding ``path`` (relative to the queue) and its last name."""
+    parts = path.rstrip("/").split("/")
+    state_fd = queue.dirs[parts[0]]
+    if len(parts) == 2:
+        return state_fd, parts[1], False
+    return queue.open_job_dir(parts[0], parts[1]), parts[2], True
+
+
+def _read_document(queue: Queue, path: str) -> Any:
+    dir_fd, name, owned = _open_parent(queue, path)
+    try:
+        data = read_regular_file(dir_fd, name, queue.config.max_result_bytes)
+        return json.loads(data.decode("utf-8"))
+    except (CtxError, OSError, ValueError) as exc:
+        return {"unreadable": str(exc)}
+    finally:
+        if owned:
+            os.close(dir_fd)
+
+
+def _describe(queue: Queue, path: str) -> dict[str, Any]:
+    dir_fd, name, owned = _open_parent(queue, path)
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except OSError:
+        return {"path": path, "kind": "vanished"}
+    finally:
+        if owned:
+            os.close(dir_fd)
+    return {
+        "path": path,
+        "kind": kind_of(st),
+        "size": st.st_size,
+        "mtime": rfc3339(st.st_mtime),
+        "inode": st.st_ino,
+    }

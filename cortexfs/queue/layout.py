@@ -1,0 +1,337 @@
+"""Where a queue lives and how it is opened: the six directories, the config, safe reads.
+
+A queue is ``shared/<project>/queue/`` with exactly the directories of :data:`STATE_DIRS`
+(SPEC §2).  :class:`Queue` holds one ``O_NOFOLLOW`` descriptor per directory for its lifetime,
+so every later operation is relative to those descriptors (SPEC Q-8): a symlink swapped into
+the tree cannot redirect anything outside it.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import secrets
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cortexfs import durable, storage
+from cortexfs.errors import CtxError, invalid, not_found
+from cortexfs.names import check_object_name
+from cortexfs.queue.claim_order import ClaimOrder
+
+STATE_DIRS = ("inbox", "pending", "lease", "claimed", "done", "failed")
+CONFIG_NAME = "config"
+LEASE_FILE = "worker"
+RESULT_SUFFIX = ".result"
+TEMP_SUFFIX = ".tmp"
+
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+@dataclass(frozen=True)
+class QueueConfig:
+    """``queue/config``: a key=value data file (blank lines and ``#`` comments allowed)."""
+
+    max_request_bytes: int = 1024 * 1024
+    max_result_bytes: int = 16 * 1024 * 1024
+    lease_ttl: float = 300.0
+    grace: float = 60.0
+    move: str | None = None
+
+    @classmethod
+    def parse(cls, text: str, origin: str = CONFIG_NAME) -> QueueConfig:
+        values: dict[str, object] = {}
+        for lineno, raw in enumerate(text.splitlines(), start=1):
+            line = raw.strip()
+            if not line or line.startswith("#"):
+                continue
+            key, sep, value = (part.strip() for part in line.partition("="))
+            where = f"{origin}:{lineno}"
+            if not sep or not key:
+                raise invalid(f"{where}: expected key=value, got {raw!r}")
+            if key in ("max_request_bytes", "max_result_bytes"):
+                values[key] = _positive_int(value, where, key)
+            elif key in ("lease_ttl", "grace"):
+                values[key] = _non_negative_float(value, where, key)
+            elif key == "move":
+                if value not in (durable.MOVE_RENAME, durable.MOVE_LINK):
+                    raise invalid(f"{where}: move must be 'rename' or 'link', not {value!r}")
+                values[key] = value
+            else:
+                known = "max_request_bytes, max_result_bytes, lease_ttl, grace, move"
+                raise invalid(f"{where}: unknown key {key!r} (known keys: {known})")
+        return cls(**values)  # type: ignore[arg-type]
+
+    def render(self) -> str:
+        return (
+            "# CortexFS queue configuration (key=value; see docs/queue.md)\n"
+            f"max_request_bytes={self.max_request_bytes}\n"
+            f"max_result_bytes={self.max_result_bytes}\n"
+            f"lease_ttl={self.lease_ttl:g}\n"
+            f"grace={self.grace:g}\n"
+        )
+
+
+def _positive_int(value: str, where: str, key: str) -> int:
+    if not value.isdigit() or int(value) <= 0:
+        raise invalid(f"{where}: {key} must be a positive integer, not {value!r}")
+    return int(value)
+
+
+def _non_negative_float(value: str, where: str, key: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        number = -1.0
+    if not number >= 0 or number == float("inf"):
+        raise invalid(f"{where}: {key} must be a non-negative number of seconds, not {value!r}")
+    return number
+
+
+def queue_path(root: Path, project: str) -> Path:
+    """``<root>/shared/<project>/queue``; the project must be a legal object name (R-3)."""
+    check_object_name(project, "project")
+    return root / "shared" / project / "queue"
+
+
+@dataclass
+class Queue:
+    """An opened queue: one descriptor per state directory, the config, the operations object."""
+
+    path: Path
+    ops: durable.FsOps
+    config: QueueConfig
+    root_fd: int
+    dirs: dict[str, int] = field(default_factory=dict)
+    claim_order: ClaimOrder = field(default_factory=ClaimOrder)
+
+    # ------------------------------------------------------------------ opening and closing
+
+    @classmethod
+    def open(cls, path: Path, ops: durable.FsOps | None = None) -> Queue:
+        ops = ops or durable.default_ops()
+        try:
+            root_fd = durable.open_dir_path(ops, str(path))
+        except FileNotFoundError as exc:
+            raise not_found(f"no queue at {path}; create it with 'ctx queue init'") from exc
+        queue = cls(path=path, ops=ops, config=QueueConfig(), root_fd=root_fd)
+        try:
+            for name in STATE_DIRS:
+                queue.dirs[name] = queue._open_state_dir(name)
+            queue.config = queue._read_config()
+        except BaseException:
+            queue.close()
+            raise
+        if queue.config.move and ops.move_strategy is None:
+            queue.ops = _with_move_strategy(ops, queue.config.move)
+        return queue
+
+    def _open_state_dir(self, name: str) -> int:
+        try:
+            return self.ops.open_dir(name, self.root_fd)
+        except FileNotFoundError as exc:
+            raise not_found(
+                f"queue {self.path} has no {name}/ directory; repair it with 'ctx queue init'"
+            ) from exc
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                raise CtxError(
+                    exc.errno, f"{self.path}/{name} is not a real directory; refusing to use it"
+                ) from exc
+            raise
+
+    def _read_config(self) -> QueueConfig:
+        try:
+            data = read_regular_file(self.root_fd, CONFIG_NAME, 64 * 1024)
+        except FileNotFoundError:
+            return QueueConfig()
+        return QueueConfig.parse(data.decode("utf-8", "replace"), f"{self.path}/{CONFIG_NAME}")
+
+    def close(self) -> None:
+        for fd in self.dirs.values():
+            os.close(fd)
+        self.dirs.clear()
+        if self.root_fd >= 0:
+            os.close(self.root_fd)
+            self.root_fd = -1
+
+    def __enter__(self) -> Queue:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ directories
+
+    @property
+    def inbox(self) -> int:
+        return self.dirs["inbox"]
+
+    @property
+    def pending(self) -> int:
+        return self.dirs["pending"]
+
+    @property
+    def lease(self) -> int:
+        return self.dirs["lease"]
+
+    @property
+    def claimed(self) -> int:
+        return self.dirs["claimed"]
+
+    @property
+    def done(self) -> int:
+        return self.dirs["done"]
+
+    @property
+    def failed(self) -> int:
+        return self.dirs["failed"]
+
+    def terminal(self, ok: bool) -> int:
+        return self.done if ok else self.failed
+
+    def open_job_dir(self, state: str, job: str) -> int:
+        """Open ``claimed/J`` or ``lease/J`` (never through a symlink)."""
+        return self.ops.open_dir(job, self.dirs[state])
+
+    def temp_name(self, job: str, purpose: str) -> str:
+        """A fresh staging name in ``inbox/`` that says which job and step it belongs to."""
+        return f"{job}.{purpose}.{secrets.token_hex(6)}{TEMP_SUFFIX}"
+
+
+def _with_move_strategy(ops: durable.FsOps, strategy: str) -> durable.FsOps:
+    """A copy of ``ops`` (same class, same hooks) that always uses ``strategy``."""
+    clone = object.__new__(type(ops))
+    clone.__dict__.update(ops.__dict__)
+    clone.move_strategy = strategy
+    return clone
+
+
+def init_queue(path: Path, ops: durable.FsOps | None = None) -> list[str]:
+    """Create the queue directories (and missing parents) durably; return what was created.
+
+    Idempotent.  A default ``config`` is written when none exists, so the knobs are
+    discoverable.
+    """
+    ops = ops or durable.default_ops()
+    created: list[str] = []
+    missing: list[Path] = []
+    probe = path
+    while not os.path.lexists(probe):
+        missing.append(probe)
+        probe = probe.parent
+    for directory in reversed(missing):
+        parent_fd = durable.open_dir_path(ops, str(directory.parent))
+        try:
+            if durable.make_dir_synced(ops, parent_fd, directory.name, 0o775):
+                created.append(str(directory))
+        finally:
+            ops.close(parent_fd)
+    root_fd = durable.open_dir_path(ops, str(path))
+    try:
+        for name in STATE_DIRS:
+            if durable.make_dir_synced(ops, root_fd, name, 0o775):
+                created.append(f"{path}/{name}")
+        if _lstat(root_fd, CONFIG_NAME) is None:
+            tmp = f".{CONFIG_NAME}.{secrets.token_hex(6)}{TEMP_SUFFIX}"
+            durable.write_file_synced(ops, root_fd, tmp, QueueConfig().render().encode())
+            try:
+                durable.move_noreplace(ops, root_fd, tmp, root_fd, CONFIG_NAME)
+                created.append(f"{path}/{CONFIG_NAME}")
+            except FileExistsError:
+                durable.remove_entries(ops, [(root_fd, tmp, False)])
+    finally:
+        ops.close(root_fd)
+    return created
+
+
+def init_project_queue(root: Path, project: str, ops: durable.FsOps | None = None) -> list[str]:
+    """``ctx queue init``: the root ABI if missing, then ``shared/<project>/queue``."""
+    path = queue_path(root, project)
+    report = storage.ensure_root_abi(root, ops)
+    return [*report.created, *init_queue(path, ops)]
+
+
+# --------------------------------------------------------------------------- safe reads
+
+
+def _lstat(dir_fd: int, name: str) -> os.stat_result | None:
+    try:
+        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+
+
+lstat_at = _lstat
+
+
+def kind_of(st: os.stat_result) -> str:
+    """A word for what a directory entry is, for 'ignored' reasons."""
+    mode = st.st_mode
+    for test, word in (
+        (stat.S_ISREG, "regular file"),
+        (stat.S_ISDIR, "directory"),
+        (stat.S_ISLNK, "symlink"),
+        (stat.S_ISFIFO, "FIFO"),
+        (stat.S_ISSOCK, "socket"),
+        (stat.S_ISCHR, "character device"),
+        (stat.S_ISBLK, "block device"),
+    ):
+        if test(mode):
+            return word
+    return "special file"
+
+
+def read_regular_file(dir_fd: int, name: str, limit: int) -> bytes:
+    """Read a regular file without following a symlink or blocking on a FIFO.
+
+    ELOOP for a symlink, EINVAL for anything that is not a regular file, EFBIG above ``limit``.
+    """
+    try:
+        fd = os.open(name, _READ_FLAGS, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise CtxError(errno.ELOOP, f"{name} is a symlink; it is never followed") from exc
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise invalid(f"{name} is a {kind_of(st)}, not a regular file")
+        if st.st_size > limit:
+            raise CtxError(errno.EFBIG, f"{name} is {st.st_size} bytes; the limit is {limit}")
+        chunks = []
+        remaining = limit + 1
+        while remaining > 0:
+            chunk = os.read(fd, min(remaining, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            remaining -= len(chunk)
+        data = b"".join(chunks)
+        if len(data) > limit:
+            raise CtxError(errno.EFBIG, f"{name} grew beyond the limit of {limit} bytes")
+        return data
+    finally:
+        os.close(fd)
+
+
+def lock_dir(fd: int, *, wait: bool) -> bool:
+    """Take an exclusive ``flock`` on a directory descriptor; False if busy and not waiting.
+
+    Used on ``claimed/J`` by whoever is in the middle of a transition of J (a claimer before
+    its lease exists, a finisher, recover) so that recover never acts on a half-done step of
+    a live process.  The kernel drops the lock when the holder dies.  Filesystems without
+    flock on directories (some NFS setups) report the lock as taken by us and rely on the
+    liveness rules alone.
+    """
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+    except BlockingIOError:
+        return False
+    except OSError as exc:
+        if exc.errno in (errno.EBADF, errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL):
+            return True
+        raise
+    return True

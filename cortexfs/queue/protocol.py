@@ -1,0 +1,478 @@
+"""The shared queue protocol: publish, claim, lease, renew, finish (SPEC §2.1, §2.2).
+
+The directory layout is the state machine.  For a job ``J`` (an object name ending in
+``.req.json``) the durable states are::
+
+    state     evidence on disk
+    -------   ------------------------------------------
+    pending   pending/J
+    claimed   claimed/J/J   and  lease/J/worker
+    done      done/J        and  done/J.result
+    failed    failed/J      and  failed/J.result
+
+``inbox/`` only ever holds temp files on their way to a final name.  Every transition is a
+sequence of named steps; every step that changes a name is followed by a sync of the
+directories it touched before the next step may depend on it (Q-7)::
+
+    publish   write inbox/tmp, fsync it            a name never shows half a request (I-2)
+              move inbox/tmp -> pending/J          no-replace: never overwrite evidence (Q-1)
+              sync pending/, inbox/                then, and only then, report success
+    claim     mkdir claimed/J                      the one arbitration point; EEXIST = lost (Q-2)
+              move pending/J -> claimed/J/J
+              sync claimed/J, claimed/, pending/   the claim is durable ...
+    lease     mkdir lease/J, move inbox/tmp -> lease/J/worker
+              sync lease/J, lease/, inbox/         ... before the lease exists (Q-3); execution
+                                                   may start only now (I-4)
+    finish    write inbox/tmp, fsync; move -> done/J.result; sync   result first (Q-4) ...
+              move claimed/J/J -> done/J; sync     ... then the request: the terminal pair
+              remove lease/J/worker, lease/J, claimed/J; sync parents
+    (failed/ instead of done/ when the job failed)
+
+Why this order survives a crash at any point is spelled out in ``docs/queue.md``; what
+``recover`` does with each leftover is in :mod:`cortexfs.queue.recovery`.  Each step is marked
+with ``ops.step(name)``, the crash points the fault-injection tests stop at.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import secrets
+import stat
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from cortexfs import durable
+from cortexfs.errors import CtxError, exists, invalid, not_found
+from cortexfs.names import job_name
+from cortexfs.queue import requests
+from cortexfs.queue.claim_order import candidates
+from cortexfs.queue.holder import Holder, Lease
+from cortexfs.queue.layout import (
+    LEASE_FILE,
+    RESULT_SUFFIX,
+    Queue,
+    lock_dir,
+    lstat_at,
+    read_regular_file,
+)
+from cortexfs.timefmt import rfc3339
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A job this process now holds: its name, its request and its lease."""
+
+    job: str
+    request: dict[str, Any]
+    lease: Lease
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.job, "request": self.request, "lease": self.lease.to_json()}
+
+
+def new_job_name() -> str:
+    """A fresh job name that sorts by publish time: ``job-<UTC time>-<random>.req.json``."""
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+    return f"job-{stamp}-{secrets.token_hex(5)}.req.json"
+
+
+# ------------------------------------------------------------------------------- publish
+
+
+def publish(
+    queue: Queue, request: Mapping[str, Any], name: str | None = None, publisher: str | None = None
+) -> str:
+    """Publish one request as ``pending/J`` (Q-1); returns J once it is durable.
+
+    EEXIST when J already has evidence anywhere; EINVAL/EFBIG for an invalid request.  Nothing
+    is left behind on refusal.
+    """
+    job = job_name(name) if name is not None else new_job_name()
+    data = requests.encode_request(request, queue.config.max_request_bytes, publisher)
+    refuse_known_job(queue, job)
+    ops = queue.ops
+    temp = queue.temp_name(job, "publish")
+    ops.step("publish.write")
+    durable.write_file_synced(ops, queue.inbox, temp, data)
+    ops.step("publish.move")
+    try:
+        durable.move_noreplace(ops, queue.inbox, temp, queue.pending, job)
+    except FileExistsError:
+        _discard_temp(queue, temp)
+        raise exists(f"job {job} is already pending; publish under another name") from None
+    ops.step("publish.done")
+    return job
+
+
+def publish_batch(
+    queue: Queue,
+    batch: Sequence[Mapping[str, Any]],
+    names: Sequence[str | None] | None = None,
+    publisher: str | None = None,
+) -> list[str]:
+    """Publish many requests as one group commit: one barrier for all their data, one sync
+    per directory for all their names.  Returns the job names in input order.
+
+    Every request is validated first; one invalid request refuses the whole batch (EINVAL
+    listing each bad entry by its 1-based position) and nothing is written.  A crash during
+    the call may publish a prefix of the batch — the batch is durable, not atomic.
+    """
+    names = list(names) if names is not None else [None] * len(batch)
+    if len(names) != len(batch):
+        raise invalid("publish_batch needs exactly one name (or None) per request")
+    jobs = [job_name(n) if n is not None else new_job_name() for n in names]
+    if len(set(jobs)) != len(jobs):
+        raise invalid("the batch names the same job twice")
+    encoded, problems = [], []
+    for position, request in enumerate(batch, start=1):
+        try:
+            encoded.append(
+                requests.encode_request(request, queue.config.max_request_bytes, publisher)
+            )
+        except CtxError as exc:
+            problems.append(f"request {position}: {exc.message}")
+    if problems:
+        raise CtxError(errno.EINVAL, "batch refused, nothing published: " + "; ".join(problems))
+    for job in jobs:
+        refuse_known_job(queue, job)
+    if not jobs:
+        return []
+    ops = queue.ops
+    temps = [queue.temp_name(job, "publish") for job in jobs]
+    ops.step("publish_batch.write")
+    try:
+        for temp, data in zip(temps, encoded, strict=True):
+            durable.write_file_unsynced(ops, queue.inbox, temp, data)
+        # One barrier makes every temp file's data durable (Q-7: data before names).
+        durable.sync_filesystem(ops, queue.inbox)
+    except BaseException:
+        _discard_temps(queue, temps)
+        raise
+    ops.step("publish_batch.move")
+    moves = [
+        durable.Move(queue.inbox, t, queue.pending, j) for t, j in zip(temps, jobs, strict=True)
+    ]
+    outcomes = durable.move_noreplace_batch(ops, moves)
+    clashes = [job for job, outcome in zip(jobs, outcomes, strict=True) if outcome is not None]
+    if clashes:
+        _discard_temps(
+            queue, [m.src for m, o in zip(moves, outcomes, strict=True) if o is not None]
+        )
+        published = [job for job in jobs if job not in clashes]
+        raise exists(
+            f"{', '.join(clashes)} appeared while the batch was being published and were "
+            f"left alone; published: {', '.join(published) or 'none'}"
+        )
+    ops.step("publish_batch.done")
+    return jobs
+
+
+def refuse_known_job(queue: Queue, job: str) -> None:
+    """EEXIST when J has evidence anywhere (Q-1).
+
+    The states are checked in the direction jobs move (pending → claimed → terminal), so a
+    job advancing while we look is still seen in the state it moves into.
+    """
+    places = [
+        (queue.pending, job, "pending"),
+        (queue.claimed, job, "claimed"),
+        (queue.lease, job, "leased"),
+        (queue.done, job + RESULT_SUFFIX, "done"),
+        (queue.done, job, "done"),
+        (queue.failed, job + RESULT_SUFFIX, "failed"),
+        (queue.failed, job, "failed"),
+    ]
+    for dir_fd, name, state in places:
+        if lstat_at(dir_fd, name) is not None:
+            raise exists(f"job {job} is already {state}; publish under another name")
+
+
+# --------------------------------------------------------------------------- claim, lease
+
+
+def claim(queue: Queue, holder: Holder, ttl: float | None = None) -> Claim | None:
+    """Claim the oldest pending job we can win (Q-2, Q-9) and lease it to ``holder`` (Q-3).
+
+    Returns None when there is nothing to claim.  Losing a race is not an error: the next
+    candidate is tried.
+    """
+    for job in candidates(queue):
+        won = claim_job(queue, job, holder, ttl)
+        if won is not None:
+            return won
+    return None
+
+
+def claim_job(queue: Queue, job: str, holder: Holder, ttl: float | None = None) -> Claim | None:
+    """Try to claim and lease one named job; None when it is gone or someone else won."""
+    ops = queue.ops
+    ttl = queue.config.lease_ttl if ttl is None else ttl
+    if ttl <= 0:
+        raise invalid(f"lease ttl must be positive, not {ttl:g}")
+    if not _is_regular(lstat_at(queue.pending, job)):
+        return None
+    ops.step("claim.mkdir")
+    try:
+        ops.mkdir(job, queue.claimed, 0o775)
+    except FileExistsError:
+        return None
+    claim_fd = queue.open_job_dir("claimed", job)
+    try:
+        # Held until the lease is durable: recover must not mistake our half-done claim
+        # (a request in claimed/J and no lease yet) for the leftovers of a crash.
+        lock_dir(claim_fd, wait=True)
+        if not _still_linked(queue.claimed, job, claim_fd):
+            # recover removed our empty claim directory before we locked it: we lost.
+            return None
+        if lstat_at(queue.lease, job) is not None:
+            # Lease evidence from an earlier crash: leave the whole job to recover.
+            _abandon_claim_dir(queue, job)
+            return None
+        ops.step("claim.move")
+        try:
+            durable.move_noreplace(
+                ops, queue.pending, job, claim_fd, job, sync_with_dst=[queue.claimed]
+            )
+        except FileNotFoundError:
+            _abandon_claim_dir(queue, job)
+            return None
+        request = _read_claimed_request(queue, claim_fd, job)
+        if request is None:
+            durable.move_noreplace(ops, claim_fd, job, queue.pending, job)
+            _abandon_claim_dir(queue, job)
+            return None
+        lease = Lease.new(job, holder, ttl)
+        _write_lease(queue, job, lease)
+        ops.step("lease.done")
+        return Claim(job=job, request=request, lease=lease)
+    finally:
+        ops.close(claim_fd)
+
+
+def _write_lease(queue: Queue, job: str, lease: Lease) -> None:
+    """Create ``lease/J/worker`` temp+fsync+move, parents synced (Q-3)."""
+    ops = queue.ops
+    temp = queue.temp_name(job, "lease")
+    ops.step("lease.write")
+    durable.write_file_synced(ops, queue.inbox, temp, lease.encode())
+    ops.step("lease.mkdir")
+    try:
+        ops.mkdir(job, queue.lease, 0o775)
+    except FileExistsError:
+        _discard_temp(queue, temp)
+        raise CtxError(
+            errno.EEXIST, f"lease/{job} appeared during the claim; run 'ctx queue recover'"
+        ) from None
+    lease_fd = queue.open_job_dir("lease", job)
+    try:
+        ops.step("lease.move")
+        durable.move_noreplace(
+            ops, queue.inbox, temp, lease_fd, LEASE_FILE, sync_with_dst=[queue.lease]
+        )
+    finally:
+        ops.close(lease_fd)
+
+
+def _read_claimed_request(queue: Queue, claim_fd: int, job: str) -> dict[str, Any] | None:
+    """The request we just moved into claimed/J/J, or None when it is not a regular file.
+
+    A malformed but regular request is still claimed: the worker finishes it as failed with
+    the reason, which is more useful than leaving it pending forever.
+    """
+    try:
+        data = read_regular_file(claim_fd, job, queue.config.max_request_bytes)
+    except CtxError as exc:
+        if exc.errno in (errno.ELOOP, errno.EINVAL):
+            return None
+        return {"tool": None, "input": {}, "invalid": exc.message}
+    try:
+        return requests.decode_stored_request(data)
+    except CtxError as exc:
+        return {"tool": None, "input": {}, "invalid": exc.message}
+
+
+def _abandon_claim_dir(queue: Queue, job: str) -> None:
+    """Undo our ``mkdir claimed/J`` after losing the job."""
+    durable.remove_entries(queue.ops, [(queue.claimed, job, True)])
+    durable.sync_dir(queue.ops, queue.claimed)
+
+
+# --------------------------------------------------------------------------------- renew
+
+
+def read_lease(queue: Queue, job: str) -> Lease:
+    """The lease of J; ENOENT when J has none."""
+    try:
+        lease_fd = queue.open_job_dir("lease", job)
+    except FileNotFoundError:
+        raise not_found(f"job {job} has no lease; it is not claimed") from None
+    try:
+        data = read_regular_file(lease_fd, LEASE_FILE, 64 * 1024)
+    except FileNotFoundError:
+        raise not_found(f"job {job} has no lease file; run 'ctx queue recover'") from None
+    finally:
+        queue.ops.close(lease_fd)
+    return Lease.decode(data)
+
+
+def renew(queue: Queue, job: str, holder: Holder, ttl: float | None = None) -> Lease:
+    """Extend the caller's own lease on J (Q-3); EACCES when someone else holds it."""
+    job = job_name(job)
+    ttl = queue.config.lease_ttl if ttl is None else ttl
+    if ttl <= 0:
+        raise invalid(f"lease ttl must be positive, not {ttl:g}")
+    current = read_lease(queue, job)
+    if not current.holder.is_same_process(holder):
+        raise CtxError(
+            errno.EACCES,
+            f"job {job} is leased to pid {current.holder.pid} on {current.holder.host} "
+            f"(worker {current.holder.worker}); only the holder renews its lease",
+        )
+    renewed = current.renewed(ttl)
+    ops = queue.ops
+    temp = queue.temp_name(job, "renew")
+    lease_fd = queue.open_job_dir("lease", job)
+    try:
+        ops.step("renew.write")
+        durable.write_file_synced(ops, queue.inbox, temp, renewed.encode())
+        ops.step("renew.replace")
+        durable.replace_synced(ops, queue.inbox, temp, lease_fd, LEASE_FILE)
+    finally:
+        ops.close(lease_fd)
+    return renewed
+
+
+# -------------------------------------------------------------------------------- finish
+
+
+def finish(
+    queue: Queue,
+    job: str,
+    ok: bool,
+    output: Any = None,
+    *,
+    worker: Mapping[str, Any] | None = None,
+    started: float | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Finish a claimed job in ``done/`` (ok) or ``failed/`` (Q-4); returns the result.
+
+    Success is reported only once the terminal pair is durable and the claim is cleaned up.
+    EEXIST when J is already finished, ENOENT when it is not claimed.
+    """
+    job = job_name(job)
+    ops = queue.ops
+    try:
+        claim_fd = queue.open_job_dir("claimed", job)
+    except FileNotFoundError:
+        raise _not_claimed(queue, job) from None
+    try:
+        lock_dir(claim_fd, wait=True)
+        if not _is_regular(lstat_at(claim_fd, job)):
+            raise _not_claimed(queue, job)
+        if started is None:
+            started = _lease_claimed_at(queue, job)
+        result: dict[str, Any] = {
+            **(extra or {}),
+            "status": "ok" if ok else "error",
+            "output": output,
+            "worker": dict(worker) if worker is not None else None,
+            "started": rfc3339(started) if started is not None else None,
+            "finished": rfc3339(),
+        }
+        data = requests.encode_result(result, queue.config.max_result_bytes)
+        terminal = queue.terminal(ok)
+        state = "done" if ok else "failed"
+        temp = queue.temp_name(job, "result")
+        ops.step("finish.write")
+        durable.write_file_synced(ops, queue.inbox, temp, data)
+        ops.step("finish.result")
+        try:
+            durable.move_noreplace(ops, queue.inbox, temp, terminal, job + RESULT_SUFFIX)
+        except FileExistsError:
+            _discard_temp(queue, temp)
+            raise exists(
+                f"{state}/{job}{RESULT_SUFFIX} already exists; run 'ctx queue recover' "
+                "to reconcile this job"
+            ) from None
+        ops.step("finish.request")
+        durable.move_noreplace(ops, claim_fd, job, terminal, job)
+        ops.step("finish.cleanup")
+        remove_claim_and_lease(queue, job)
+        ops.step("finish.done")
+        return result
+    finally:
+        ops.close(claim_fd)
+
+
+def remove_claim_and_lease(queue: Queue, job: str) -> None:
+    """Remove ``lease/J/worker``, ``lease/J``, ``claimed/J`` and sync their parents.
+
+    The lease goes before the claim directory: while ``claimed/J`` exists nobody can claim J
+    again (mkdir fails), so no new lease can meet a stale one.
+    """
+    ops = queue.ops
+    removals: list[tuple[int, str, bool]] = []
+    lease_fd = None
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+        lease_fd = queue.open_job_dir("lease", job)
+    try:
+        if lease_fd is not None:
+            removals.append((lease_fd, LEASE_FILE, False))
+        removals += [(queue.lease, job, True), (queue.claimed, job, True)]
+        durable.remove_entries(ops, removals)
+        durable.sync_dirs(ops, [queue.lease, queue.claimed])
+    finally:
+        if lease_fd is not None:
+            ops.close(lease_fd)
+
+
+def _lease_claimed_at(queue: Queue, job: str) -> float | None:
+    try:
+        return read_lease(queue, job).claimed_at
+    except CtxError:
+        return None
+
+
+def _not_claimed(queue: Queue, job: str) -> CtxError:
+    for dir_fd, state in ((queue.done, "done"), (queue.failed, "failed")):
+        if lstat_at(dir_fd, job) is not None:
+            return exists(f"job {job} is already {state}")
+    if lstat_at(queue.pending, job) is not None:
+        return not_found(f"job {job} is pending, not claimed; claim it before finishing it")
+    return not_found(f"job {job} is not claimed")
+
+
+# ------------------------------------------------------------------------------ helpers
+
+
+def _is_regular(st: os.stat_result | None) -> bool:
+    return st is not None and stat.S_ISREG(st.st_mode)
+
+
+def _still_linked(parent_fd: int, name: str, fd: int) -> bool:
+    """Whether ``parent/name`` is still the directory we hold open as ``fd``."""
+    st = lstat_at(parent_fd, name)
+    return st is not None and st.st_ino == os.fstat(fd).st_ino
+
+
+def _discard_temp(queue: Queue, temp: str) -> None:
+    _discard_temps(queue, [temp])
+
+
+def _discard_temps(queue: Queue, temps: Sequence[str]) -> None:
+    durable.remove_entries(queue.ops, [(queue.inbox, t, False) for t in temps])
+    durable.sync_dir(queue.ops, queue.inbox)
+
+
+def iter_claims(queue: Queue, holder: Holder, ttl: float | None = None) -> Iterator[Claim]:
+    """Claim jobs one after another until the queue is empty."""
+    while True:
+        won = claim(queue, holder, ttl)
+        if won is None:
+            return
+        yield won

@@ -1,0 +1,251 @@
+"""``ctx queue recover``: put abandoned work back, explicitly (SPEC Q-5, Q-6, I-5).
+
+Plain ``recover`` does one thing: a job that is claimed *and* leased, whose lease holder is
+provably gone (:func:`cortexfs.queue.holder.judge`), goes back to ``pending/``.  Everything
+else it only reports.  ``recover --reconcile`` also completes the incomplete pairs a crash can
+leave, each with the one transition that can neither lose nor duplicate work:
+
+    leftover                                   transition
+    ----------------------------------------   ------------------------------------------
+    claimed/J/J, no lease                       back to pending (execution never started, Q-3)
+    a result, request still in claimed/J/       roll forward to the terminal pair (the job ran)
+    claimed/J/J a second link of pending/J      drop the claim link (a move was interrupted)
+      or of done|failed/J
+    an empty claimed/J, a lease with no         removed
+      request in claimed/
+    inbox temp files older than the grace       removed
+
+Conflicts (two results, pending and done at once, …) are reported with every piece of
+evidence and never resolved automatically.  Neither mode touches a job whose lease holder is
+alive (or cannot be judged from here), nor a job another process is in the middle of moving
+(its ``claimed/J`` is locked).  Every change goes through :mod:`cortexfs.durable` with the
+same no-replace moves and syncs as the protocol, so a crash in the middle of ``recover`` leaves
+a state the next run handles, and a second run changes nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from cortexfs import durable
+from cortexfs.errors import CtxError
+from cortexfs.queue import evidence as ev
+from cortexfs.queue.holder import ALIVE, GONE, Lease, Verdict, judge
+from cortexfs.queue.layout import (
+    LEASE_FILE,
+    RESULT_SUFFIX,
+    Queue,
+    lock_dir,
+    lstat_at,
+    read_regular_file,
+)
+from cortexfs.queue.protocol import remove_claim_and_lease
+
+
+@dataclass
+class Finding:
+    """One job (or temp file) recover looked at: what it found and what it did about it."""
+
+    job: str
+    state: str
+    detail: str
+    action: str | None = None
+    applied: bool = False
+    evidence: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "job": self.job,
+            "state": self.state,
+            "detail": self.detail,
+            "action": self.action,
+            "applied": self.applied,
+            "evidence": self.evidence,
+        }
+
+
+@dataclass
+class RecoverReport:
+    reconcile: bool
+    dry_run: bool
+    requeued: list[Finding] = field(default_factory=list)
+    repaired: list[Finding] = field(default_factory=list)
+    untouched: list[Finding] = field(default_factory=list)
+    incomplete: list[Finding] = field(default_factory=list)
+    conflicts: list[Finding] = field(default_factory=list)
+    removed_temps: list[str] = field(default_factory=list)
+    stale_temps: list[str] = field(default_factory=list)
+    ignored: list[ev.Ignored] = field(default_factory=list)
+
+    @property
+    def consistent(self) -> bool:
+        """True when nothing incomplete or conflicting remains (exit status 0)."""
+        return not (self.incomplete or self.conflicts or self.stale_temps)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "reconcile": self.reconcile,
+            "dry_run": self.dry_run,
+            "consistent": self.consistent,
+            "requeued": [f.to_json() for f in self.requeued],
+            "repaired": [f.to_json() for f in self.repaired],
+            "untouched": [f.to_json() for f in self.untouched],
+            "incomplete": [f.to_json() for f in self.incomplete],
+            "conflicts": [f.to_json() for f in self.conflicts],
+            "removed_temps": self.removed_temps,
+            "stale_temps": self.stale_temps,
+            "ignored": [i.to_json() for i in self.ignored],
+        }
+
+
+def recover(
+    queue: Queue, *, reconcile: bool = False, dry_run: bool = False, grace: float | None = None
+) -> RecoverReport:
+    """Scan the queue once and apply (or, with ``dry_run``, only plan) the transitions above."""
+    grace = queue.config.grace if grace is None else grace
+    report = RecoverReport(reconcile=reconcile, dry_run=dry_run)
+    found = ev.scan(queue)
+    report.ignored = found.ignored
+    for job in sorted(found.jobs):
+        _recover_job(queue, found.jobs[job], report, reconcile=reconcile, dry_run=dry_run)
+    for temp in found.temps:
+        if temp.age < grace:
+            continue  # a publish, lease or finish may still be writing it
+        if not reconcile:
+            report.stale_temps.append(f"inbox/{temp.name}")
+            continue
+        if not dry_run:
+            durable.remove_entries(queue.ops, [(queue.inbox, temp.name, False)])
+        report.removed_temps.append(f"inbox/{temp.name}")
+    if report.removed_temps and not dry_run:
+        durable.sync_dir(queue.ops, queue.inbox)
+    return report
+
+
+def _recover_job(
+    queue: Queue, evidence: ev.JobEvidence, report: RecoverReport, *, reconcile: bool, dry_run: bool
+) -> None:
+    assessment = ev.assess(evidence)
+    finding = Finding(evidence.job, assessment.state, assessment.detail, evidence=evidence.paths())
+    if assessment.state == "conflict":
+        report.conflicts.append(finding)
+        return
+    if assessment.state == "claimed":
+        verdict = _lease_verdict(queue, evidence.job)
+        if not verdict.gone:
+            finding.detail = f"lease holder {verdict.state}: {verdict.reason}"
+            report.untouched.append(finding)
+            return
+        finding.action = "requeue"
+        finding.detail = f"lease holder gone: {verdict.reason}"
+        finding.applied = dry_run or _apply(queue, evidence.job, _requeue, finding)
+        (report.requeued if finding.applied else report.untouched).append(finding)
+        return
+    if assessment.state != "incomplete":
+        return
+    if not reconcile:
+        finding.action = assessment.repair
+        report.incomplete.append(finding)
+        return
+    if evidence.lease_file:
+        verdict = _lease_verdict(queue, evidence.job)
+        if verdict.state != GONE:
+            finding.detail += f"; left alone, lease holder {verdict.state}: {verdict.reason}"
+            report.untouched.append(finding)
+            return
+    finding.action = assessment.repair
+    repair = _REPAIRS[assessment.repair or ""]
+    finding.applied = dry_run or _apply(queue, evidence.job, repair, finding)
+    (report.repaired if finding.applied else report.untouched).append(finding)
+
+
+def _lease_verdict(queue: Queue, job: str) -> Verdict:
+    try:
+        lease_fd = queue.open_job_dir("lease", job)
+        try:
+            lease = Lease.decode(read_regular_file(lease_fd, LEASE_FILE, 64 * 1024))
+        finally:
+            queue.ops.close(lease_fd)
+    except (OSError, CtxError) as exc:
+        # An unreadable lease proves nothing about its holder: never act on it.
+        return Verdict(ALIVE, f"the lease cannot be read ({exc})")
+    return judge(lease)
+
+
+def _apply(queue: Queue, job: str, transition: Any, finding: Finding) -> bool:
+    """Run a transition while holding ``claimed/J``'s lock; False when someone else holds it."""
+    try:
+        claim_fd = queue.open_job_dir("claimed", job)
+    except FileNotFoundError:
+        claim_fd = None
+    try:
+        if claim_fd is not None and not lock_dir(claim_fd, wait=False):
+            finding.detail += "; left alone, another process is moving this job"
+            return False
+        # Re-check under the lock: the job may have moved since the scan.
+        current = ev.assess(ev.evidence_of(queue, job))
+        if current.state not in ("claimed", "incomplete"):
+            finding.detail += f"; left alone, it is now {current.state}"
+            return False
+        transition(queue, job, claim_fd)
+        return True
+    finally:
+        if claim_fd is not None:
+            queue.ops.close(claim_fd)
+
+
+def _move_claim_to(queue: Queue, job: str, claim_fd: int, dst_dir: int) -> None:
+    """Move ``claimed/J/J`` to ``dst_dir/J``; if J is already there as the same file, drop
+    the claim's link instead (an interrupted link-strategy move)."""
+    try:
+        durable.move_noreplace(queue.ops, claim_fd, job, dst_dir, job)
+    except FileExistsError:
+        claim_st = lstat_at(claim_fd, job)
+        dst_st = lstat_at(dst_dir, job)
+        if claim_st is None or dst_st is None or claim_st.st_ino != dst_st.st_ino:
+            raise
+        durable.remove_entries(queue.ops, [(claim_fd, job, False)])
+        durable.sync_dir(queue.ops, claim_fd)
+
+
+def _requeue(queue: Queue, job: str, claim_fd: int | None) -> None:
+    """Q-5 and the unleased case of Q-6: the request goes back to pending, then the claim
+    and lease are cleaned up (lease first, so no new claim can meet the stale lease)."""
+    assert claim_fd is not None
+    queue.ops.step("recover.requeue")
+    _move_claim_to(queue, job, claim_fd, queue.pending)
+    queue.ops.step("recover.cleanup")
+    remove_claim_and_lease(queue, job)
+
+
+def _roll_forward(queue: Queue, job: str, claim_fd: int | None) -> None:
+    """The result is durable proof the job ran: finish the move of the request."""
+    assert claim_fd is not None
+    terminal = queue.done if lstat_at(queue.done, job + RESULT_SUFFIX) else queue.failed
+    queue.ops.step("recover.roll_forward")
+    _move_claim_to(queue, job, claim_fd, terminal)
+    queue.ops.step("recover.cleanup")
+    remove_claim_and_lease(queue, job)
+
+
+def _drop_claim_copy(queue: Queue, job: str, claim_fd: int | None) -> None:
+    assert claim_fd is not None
+    queue.ops.step("recover.drop_copy")
+    durable.remove_entries(queue.ops, [(claim_fd, job, False)])
+    durable.sync_dir(queue.ops, claim_fd)
+    queue.ops.step("recover.cleanup")
+    remove_claim_and_lease(queue, job)
+
+
+def _remove_orphans(queue: Queue, job: str, claim_fd: int | None) -> None:
+    queue.ops.step("recover.orphans")
+    remove_claim_and_lease(queue, job)
+
+
+_REPAIRS = {
+    ev.REQUEUE_UNLEASED: _requeue,
+    ev.ROLL_FORWARD: _roll_forward,
+    ev.DROP_CLAIM_COPY: _drop_claim_copy,
+    ev.REMOVE_ORPHANS: _remove_orphans,
+}

@@ -1,0 +1,114 @@
+"""Request and result documents (SPEC §2.1).
+
+A request is one JSON object, UTF-8: ``{"tool": "<tool name>", "input": {...}, "from":
+"<agent or user>", "created": "<RFC 3339>"}`` plus any extra fields the publisher adds.  A
+result is ``{"status": "ok"|"error", "output": ..., "worker": {...}, "started": ...,
+"finished": ...}``.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from cortexfs.errors import invalid, too_big
+from cortexfs.names import object_name_problem
+from cortexfs.timefmt import rfc3339
+
+
+def default_publisher() -> str:
+    """Who publishes when nobody says: the agent this process runs as, else the user."""
+    agent = os.environ.get("CTX_AGENT")
+    if agent:
+        return agent
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return f"uid:{os.geteuid()}"
+
+
+def request_problems(request: object) -> list[str]:
+    """Every reason ``request`` is not a valid request (empty when it is)."""
+    if not isinstance(request, Mapping):
+        return [f"a request must be one JSON object, not {type(request).__name__}"]
+    problems = []
+    tool = request.get("tool")
+    if not isinstance(tool, str):
+        problems.append("field 'tool' must be a string naming the tool to run")
+    else:
+        problem = object_name_problem(tool)
+        if problem:
+            problems.append(f"field 'tool': {problem}")
+    if not isinstance(request.get("input"), Mapping):
+        problems.append("field 'input' must be a JSON object (use {} for no input)")
+    if "from" in request and not isinstance(request["from"], str):
+        problems.append("field 'from' must be a string")
+    if "created" in request and not isinstance(request["created"], str):
+        problems.append("field 'created' must be an RFC 3339 string")
+    return problems
+
+
+def complete_request(request: Mapping[str, Any], publisher: str | None = None) -> dict[str, Any]:
+    """Validate and fill in ``from`` and ``created`` when the publisher left them out."""
+    problems = request_problems(request)
+    if problems:
+        raise invalid("invalid request: " + "; ".join(problems))
+    completed = dict(request)
+    completed.setdefault("from", publisher or default_publisher())
+    completed.setdefault("created", rfc3339())
+    return completed
+
+
+def encode_request(request: Mapping[str, Any], limit: int, publisher: str | None = None) -> bytes:
+    """The bytes of a complete, valid request; EFBIG above ``limit``."""
+    data = (json.dumps(complete_request(request, publisher), ensure_ascii=False) + "\n").encode()
+    if len(data) > limit:
+        raise too_big(
+            f"request is {len(data)} bytes; this queue accepts at most {limit} "
+            "(max_request_bytes in queue/config)"
+        )
+    return data
+
+
+def parse_request_bytes(data: bytes, limit: int, where: str = "request") -> dict[str, Any]:
+    """Parse a request given as raw bytes (a file or stdin): one JSON object, UTF-8."""
+    if len(data) > limit:
+        raise too_big(
+            f"{where} is {len(data)} bytes; this queue accepts at most {limit} "
+            "(max_request_bytes in queue/config)"
+        )
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise invalid(f"{where} is not UTF-8: {exc.reason} at byte {exc.start}") from exc
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise invalid(
+            f"{where} is not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+        ) from exc
+    if not isinstance(value, dict):
+        raise invalid(f"{where} must be one JSON object, not {type(value).__name__}")
+    return value
+
+
+def decode_stored_request(data: bytes) -> dict[str, Any]:
+    """A request read back from the queue; EINVAL when someone put a malformed file there."""
+    value = parse_request_bytes(data, len(data), "stored request")
+    problems = request_problems(value)
+    if problems:
+        raise invalid("stored request is malformed: " + "; ".join(problems))
+    return value
+
+
+def encode_result(result: Mapping[str, Any], limit: int) -> bytes:
+    data = (json.dumps(result, ensure_ascii=False, default=str) + "\n").encode()
+    if len(data) > limit:
+        raise too_big(
+            f"result is {len(data)} bytes; this queue accepts at most {limit} "
+            "(max_result_bytes in queue/config)"
+        )
+    return data
