@@ -1,0 +1,5 @@
+"""``python -m cortexfs`` is the ``ctx`` command."""
+
+from cortexfs.cli import main
+
+main()
