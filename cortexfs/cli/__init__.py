@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from cortexfs.cli import policy as policy_commands
 from cortexfs.cli import queue as queue_commands
 from cortexfs.cli import storage as storage_commands
 
@@ -31,3 +32,4 @@ def main(ctx: click.Context, storage: Path | None) -> None:
 
 main.add_command(storage_commands.bootstrap)
 main.add_command(queue_commands.queue)
+main.add_command(policy_commands.policy)

@@ -1,0 +1,226 @@
+"""``ctx policy``: check policy files, query them, explain a decision (SPEC P-8, P-5, P-6)."""
+
+from __future__ import annotations
+
+import errno
+import sys
+from pathlib import Path
+from typing import NoReturn
+
+import click
+
+from cortexfs.cli.common import (
+    EXIT_OK,
+    EXIT_REFUSED,
+    EXIT_USAGE,
+    emit_json,
+    handles_errors,
+    json_option,
+    resolve_storage,
+    storage_option,
+    usage_problem,
+)
+from cortexfs.errors import CtxError, invalid
+from cortexfs.policy import (
+    AuthorityRequest,
+    Credentials,
+    Decision,
+    Policy,
+    PolicySyntaxError,
+    all_allow,
+    check_authority,
+    make_rule,
+)
+from cortexfs.policy.grammar import check_object, split_object_ref
+
+STDIN = "-"
+
+
+@click.group()
+def policy() -> None:
+    """Policy v0: check policy files, answer queries, explain decisions.
+
+    \b
+    A policy holds one rule per line; blank lines and # comment lines are ignored:
+        allow SUBJECT_t CLASS:NAME PERMISSION
+        allow coder_t tool:fs.read execute
+        allow coder_t model:openai/gpt-5.6 use
+    Anything not allowed is denied.  Classes and their permissions:
+        tool: execute        model: use          shared: read write
+        session: read write resume               mount: read write
+        agent: create start stop read write      network: connect (object 'default')
+    See docs/policy.md for the grammar and the six-step authority chain.
+    """
+
+
+@policy.command()
+@click.argument("files", nargs=-1, required=True, metavar="FILE...")
+def check(files: tuple[str, ...]) -> None:
+    """Validate policy FILEs ('-' reads standard input).
+
+    Exit 0 when every file is valid.  Otherwise exit 1 and print one line per invalid line on
+    standard error, every one of them, as  FILE:LINE: EINVAL: <reason>.  A file with any
+    invalid line is invalid as a whole.
+    """
+    all_valid = True
+    for name in files:
+        try:
+            Policy.from_bytes(_read_input(name), source=name)
+        except PolicySyntaxError as exc:
+            all_valid = False
+            for problem in exc.problems:
+                click.echo(str(problem), err=True)
+        except CtxError as exc:
+            all_valid = False
+            click.echo(f"{name}: {exc}", err=True)
+    sys.exit(EXIT_OK if all_valid else EXIT_REFUSED)
+
+
+@policy.command()
+@click.option(
+    "--policy",
+    "policy_files",
+    multiple=True,
+    required=True,
+    metavar="FILE",
+    help="A policy to consult; repeat it to require several layers, e.g. agent and tool.",
+)
+@click.argument("subject")
+@click.argument("object_ref", metavar="CLASS:NAME")
+@click.argument("permission", metavar="PERM")
+def query(policy_files: tuple[str, ...], subject: str, object_ref: str, permission: str) -> None:
+    """Does every --policy allow SUBJECT to PERM on CLASS:NAME?
+
+    Prints 'allow' (exit 0) when every given policy holds the rule
+    'allow SUBJECT CLASS:NAME PERM', else 'deny' (exit 1): the two-layer rule of P-6 when
+    given the agent's and the tool's policy.  A malformed query or policy exits 2 with
+    EINVAL on standard error.
+
+    \b
+    Example:
+        ctx policy query --policy agent/coder.d/policy --policy tool/fs.read.d/policy \\
+            coder_t tool:fs.read execute
+    """
+    try:
+        rule = make_rule(subject, object_ref, permission)
+    except CtxError as exc:
+        _exit_usage(f"ctx: {exc}")
+    layers = []
+    for name in policy_files:
+        try:
+            layers.append(Policy.from_bytes(_read_input(name), source=name))
+        except PolicySyntaxError as exc:
+            _exit_usage(*(str(problem) for problem in exc.problems))
+        except CtxError as exc:
+            _exit_usage(f"ctx: {exc}")
+    allowed = all_allow(layers, rule)
+    click.echo("allow" if allowed else "deny")
+    sys.exit(EXIT_OK if allowed else EXIT_REFUSED)
+
+
+@policy.command()
+@click.argument("agent")
+@click.argument("object_ref", metavar="CLASS:NAME")
+@click.argument("permission", metavar="PERM")
+@click.option(
+    "--location",
+    metavar="DIR",
+    help="Storage directory holding a tool (default: tool; or home/UID/tool, "
+    "shared/SPACE/tool) or a session (home/UID/agent/AGENT/session, "
+    "shared/SPACE/agent/AGENT/session; required for sessions).",
+)
+@click.option(
+    "--peer",
+    metavar="UID:GID",
+    help="Explain a request from a process with these credentials "
+    "(default: the agent's own identity).",
+)
+@storage_option
+@json_option
+@handles_errors
+def explain(
+    agent: str,
+    object_ref: str,
+    permission: str,
+    location: str | None,
+    peer: str | None,
+    storage_dir: Path | None,
+    as_json: bool,
+) -> None:
+    """Why may AGENT (not) PERM on CLASS:NAME?  Walks the six steps of the authority chain.
+
+    \b
+    Reads the storage root and prints each step and its result:
+        1 peer credentials   the caller's uid/gid are the agent's identity
+        2 mode bits          Linux owner/group/other bits of the object
+        3 mount visibility   the object lies under one of the agent's mounts
+        4 agent label        the agent's subject type; its controls are host-owned
+        5 object policy      agent/AGENT.d/policy allows the rule
+        6 tool/model policy  the tool's or model's own policy allows it too
+    The first denial decides.  Exit 0 when allowed, 1 when denied, 2 for a malformed request.
+
+    \b
+    Example:
+        ctx policy explain coder tool:fs.read execute
+    """
+    try:
+        object_class, object_name = split_object_ref(object_ref)
+        check_object(object_class, object_name, permission)
+        caller = None if peer is None else _parse_peer(peer)
+        request = AuthorityRequest(
+            resolve_storage(storage_dir),
+            agent,
+            object_class,
+            object_name,
+            permission,
+            caller=caller,
+            location=location,
+        )
+        decision = check_authority(request)
+    except CtxError as exc:
+        if exc.errno == errno.EINVAL:
+            raise usage_problem(exc) from None
+        raise
+    if as_json:
+        emit_json(
+            {"agent": agent, "object": object_ref, "permission": permission, **decision.to_json()}
+        )
+    else:
+        _render(agent, object_ref, permission, decision)
+    sys.exit(EXIT_OK if decision.allowed else EXIT_REFUSED)
+
+
+def _render(agent: str, object_ref: str, permission: str, decision: Decision) -> None:
+    click.echo(f"agent {agent}: {object_ref} {permission}")
+    for result in decision.steps:
+        verdict = str(result.outcome)
+        if result.errno:
+            verdict += f" {errno.errorcode.get(result.errno, result.errno)}"
+        click.echo(f"  {int(result.step)} {result.step.title:<18} {verdict:<12} {result.detail}")
+    if decision.allowed:
+        click.echo("allow")
+    else:
+        code = errno.errorcode.get(decision.errno, str(decision.errno))
+        click.echo(f"deny: {code}: {decision.reason}")
+
+
+def _read_input(name: str) -> bytes:
+    if name == STDIN:
+        return sys.stdin.buffer.read()
+    try:
+        return Path(name).read_bytes()
+    except OSError as exc:
+        raise CtxError(exc.errno or errno.EIO, f"cannot read: {exc.strerror}") from None
+
+
+def _parse_peer(peer: str) -> Credentials:
+    uid, colon, gid = peer.partition(":")
+    if not (colon and uid.isascii() and uid.isdigit() and gid.isascii() and gid.isdigit()):
+        raise invalid(f"--peer {peer!r} must be UID:GID, e.g. 1000:1000")
+    return Credentials(int(uid), int(gid))
+
+
+def _exit_usage(*lines: str) -> NoReturn:
+    for line in lines:
+        click.echo(line, err=True)
+    sys.exit(EXIT_USAGE)

@@ -1,0 +1,58 @@
+"""Policy v0 and the authority chain (SPEC §5, P-1..P-8).
+
+* :mod:`~cortexfs.policy.grammar` — the language: one ``allow`` rule per line (P-1..P-4).
+* :mod:`~cortexfs.policy.decision` — :class:`Policy`, a rule set: default deny, one set lookup
+  per decision, no I/O (P-2, P-6).
+* :mod:`~cortexfs.policy.chain` — :func:`check_authority`, the six steps of P-5 over a storage
+  root, and :func:`check_tool_execute`, the tool runner's two-layer question (P-6).
+
+The chain's helpers: :mod:`~cortexfs.policy.objects` (where each object lives and which mode
+bits each permission needs), :mod:`~cortexfs.policy.linux` (credentials and mode bits),
+:mod:`~cortexfs.policy.mounts` (mount visibility), :mod:`~cortexfs.policy.controls` (the
+agent's host-owned controls) and :mod:`~cortexfs.policy.beneath` (walking without links).
+"""
+
+from cortexfs.policy.chain import (
+    AuthorityRequest,
+    Decision,
+    Outcome,
+    Step,
+    StepResult,
+    check_authority,
+    check_tool_execute,
+)
+from cortexfs.policy.decision import Policy, all_allow, tool_execute_allowed
+from cortexfs.policy.grammar import (
+    CLASS_PERMISSIONS,
+    PolicyProblem,
+    PolicySyntaxError,
+    Rule,
+    make_rule,
+    parse_rule,
+    parse_rules,
+    parse_rules_bytes,
+)
+from cortexfs.policy.linux import Credentials, Identity
+
+__all__ = [
+    "CLASS_PERMISSIONS",
+    "AuthorityRequest",
+    "Credentials",
+    "Decision",
+    "Identity",
+    "Outcome",
+    "Policy",
+    "PolicyProblem",
+    "PolicySyntaxError",
+    "Rule",
+    "Step",
+    "StepResult",
+    "all_allow",
+    "check_authority",
+    "check_tool_execute",
+    "make_rule",
+    "parse_rule",
+    "parse_rules",
+    "parse_rules_bytes",
+    "tool_execute_allowed",
+]

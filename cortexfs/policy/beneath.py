@@ -1,0 +1,97 @@
+"""Looking at a tree from its top down, never through a symbolic link (SPEC P-5, Q-8 style).
+
+The authority chain must judge the object an agent would reach, not wherever a link swapped
+into the storage root points.  So every path is walked one component at a time from a
+directory descriptor opened with ``O_NOFOLLOW``: a link is reported as a link and never
+followed, and a component replaced during the walk makes the walk fail rather than wander.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+# O_PATH: a descriptor that only names a place; it needs no permission on the entry itself.
+_PLACE_FLAGS = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One step of a walk: the path shown to a reader and its ``lstat``, None when missing."""
+
+    shown: str
+    status: os.stat_result | None
+
+    @property
+    def is_directory(self) -> bool:
+        return self.status is not None and stat.S_ISDIR(self.status.st_mode)
+
+    @property
+    def is_link(self) -> bool:
+        return self.status is not None and stat.S_ISLNK(self.status.st_mode)
+
+
+def walk(top: Path, relative: PurePosixPath) -> list[Entry]:
+    """``lstat`` of ``top``, of each directory below it on the way, and of ``top/relative``.
+
+    The list stops early at the first entry that is missing, a link or not a directory, so its
+    last element is where the walk ended.  An empty ``relative`` makes ``top`` the object.
+    """
+    try:
+        fd = os.open(top, _PLACE_FLAGS)
+    except FileNotFoundError:
+        return [Entry(str(top), None)]
+    entries = [Entry(str(top), None)]
+    try:
+        entries[0] = Entry(str(top), os.fstat(fd))
+        parts = relative.parts
+        for depth, name in enumerate(parts):
+            if not entries[-1].is_directory:
+                break
+            shown = "/".join(parts[: depth + 1])
+            try:
+                status = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            except FileNotFoundError:
+                entries.append(Entry(shown, None))
+                break
+            entries.append(Entry(shown, status))
+            if depth + 1 < len(parts) and stat.S_ISDIR(status.st_mode):
+                inner = os.open(name, _PLACE_FLAGS, dir_fd=fd)
+                os.close(fd)
+                fd = inner
+    finally:
+        os.close(fd)
+    return entries
+
+
+def lstat(top: Path, relative: PurePosixPath) -> os.stat_result | None:
+    """``lstat`` of ``top/relative``, or None when the walk cannot reach it."""
+    entries = walk(top, relative)
+    if len(entries) != len(relative.parts) + 1:
+        return None
+    return entries[-1].status
+
+
+def read_file(top: Path, relative: PurePosixPath) -> bytes:
+    """The contents of the regular file ``top/relative``, reached without following links.
+
+    Raises FileNotFoundError when it is missing, and OSError (ELOOP, ENOTDIR, EINVAL) when a
+    component is a link, a non-directory, or the file is not a regular file.
+    """
+    *directories, name = relative.parts
+    fd = os.open(top, _PLACE_FLAGS | os.O_DIRECTORY)
+    try:
+        for directory in directories:
+            inner = os.open(directory, _PLACE_FLAGS | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+        file_fd = os.open(name, _READ_FLAGS, dir_fd=fd)
+    finally:
+        os.close(fd)
+    with os.fdopen(file_fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+            raise OSError(22, "not a regular file", str(relative))
+        return handle.read()

@@ -1,0 +1,327 @@
+"""The authority chain (SPEC P-5, P-6): six steps in a fixed order; the first denial decides.
+
+1. **peer credentials** — the asking process is the agent: the uid/gid the kernel reports for
+   it (socket peer, FUSE request, exec) are the agent's identity, and that identity is not
+   root (root would void step 2).  A missing agent is ENOENT.
+2. **mode bits** — the agent's uid, gid and groups may reach the object and use it, by the
+   Linux owner/group/other rule, through no symbolic link (:mod:`cortexfs.policy.objects` has
+   the object and the bits of every class and permission).  A missing object is ENOENT.
+3. **mount visibility** — the object lies under one of the agent's mounts, read-write when the
+   permission writes (:mod:`cortexfs.policy.mounts`).
+4. **agent label** — the agent has a valid subject type, and none of the controls its grants
+   come from (identity, mount, label, policy) is within its own reach to rewrite.
+5. **object policy** — the agent's policy allows ``<label> <class>:<name> <perm>``.
+6. **tool/model policy** — a tool's or model's own policy allows the same rule: the second
+   layer of P-6.  Other classes have no policy of their own.
+
+A request names an agent, an object and a permission, nothing more: the label and every rule
+come from host-owned files, so a prompt or a model's output has no way in (P-6).  Every step
+fails closed: a control that cannot be read denies with EACCES.
+"""
+
+from __future__ import annotations
+
+import errno
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import IntEnum, StrEnum
+from pathlib import Path, PurePosixPath
+
+from cortexfs.errors import CtxError, denied, not_found
+from cortexfs.names import check_object_name
+from cortexfs.policy import controls
+from cortexfs.policy.grammar import Rule, check_object
+from cortexfs.policy.linux import WRITE, Credentials, Identity, Kind, check_access, first_writable
+from cortexfs.policy.mounts import Mount, mounts_named, views_of
+from cortexfs.policy.objects import NEEDED_ACCESS, Site, storage_site
+from cortexfs.storage import require_root
+
+
+class Step(IntEnum):
+    CREDENTIALS = 1
+    MODE_BITS = 2
+    VISIBILITY = 3
+    LABEL = 4
+    OBJECT_POLICY = 5
+    OWN_POLICY = 6
+
+    @property
+    def title(self) -> str:
+        return _TITLES[self]
+
+
+_TITLES = {
+    Step.CREDENTIALS: "peer credentials",
+    Step.MODE_BITS: "mode bits",
+    Step.VISIBILITY: "mount visibility",
+    Step.LABEL: "agent label",
+    Step.OBJECT_POLICY: "object policy",
+    Step.OWN_POLICY: "tool/model policy",
+}
+
+
+class Outcome(StrEnum):
+    PASS = "pass"
+    DENY = "deny"
+    NOT_APPLICABLE = "n/a"
+    NOT_REACHED = "not reached"
+
+
+@dataclass(frozen=True)
+class StepResult:
+    step: Step
+    outcome: Outcome
+    detail: str
+    errno: int = 0
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "step": int(self.step),
+            "name": self.step.title,
+            "result": str(self.outcome),
+            "errno": errno.errorcode.get(self.errno) if self.errno else None,
+            "detail": self.detail,
+        }
+
+
+@dataclass(frozen=True)
+class AuthorityRequest:
+    """May ``agent`` have ``permission`` on ``object_class:object_name`` in storage ``root``?
+
+    ``caller`` holds the credentials the kernel reported for the asking process; None asks
+    on the agent's own behalf (explanations, filtered listings), never for a request that
+    arrived from a process.  ``location`` is the directory holding a tool (where CTX_PATH
+    found it; default ``tool``) or a session (required); see :mod:`cortexfs.policy.objects`.
+    """
+
+    root: Path
+    agent: str
+    object_class: str
+    object_name: str
+    permission: str
+    caller: Credentials | None = None
+    location: str | None = None
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The answer: all six steps in order; the first denial, if any, decides."""
+
+    steps: tuple[StepResult, ...]
+
+    @property
+    def denial(self) -> StepResult | None:
+        return next((result for result in self.steps if result.outcome is Outcome.DENY), None)
+
+    @property
+    def allowed(self) -> bool:
+        return self.denial is None
+
+    @property
+    def step(self) -> Step | None:
+        """The denying step (its number and :attr:`Step.title`), None when allowed."""
+        return None if self.denial is None else self.denial.step
+
+    @property
+    def errno(self) -> int:
+        """EACCES, or ENOENT for a missing agent or object; 0 when allowed."""
+        return 0 if self.denial is None else self.denial.errno
+
+    @property
+    def reason(self) -> str:
+        if self.denial is None:
+            return "allowed: all six steps of the authority chain pass"
+        return f"step {int(self.denial.step)} ({self.denial.step.title}): {self.denial.detail}"
+
+    def raise_if_denied(self) -> None:
+        if self.denial is not None:
+            raise CtxError(self.errno, self.reason)
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "allowed": self.allowed,
+            "step": None if self.step is None else int(self.step),
+            "step_name": None if self.step is None else self.step.title,
+            "errno": errno.errorcode.get(self.errno) if self.errno else None,
+            "reason": self.reason,
+            "steps": [result.to_json() for result in self.steps],
+        }
+
+
+def check_authority(request: AuthorityRequest) -> Decision:
+    """Run the six steps for ``request`` (P-5).
+
+    Raises EINVAL for a malformed request (unknown class, a permission of another class, an
+    illegal name or location) and ENOENT when the storage root is missing; every other
+    answer, including a missing agent or object, is a :class:`Decision`.
+    """
+    evaluation = _Evaluation(request)
+    results: list[StepResult] = []
+    for step, run in _STEPS:
+        if results and results[-1].outcome in (Outcome.DENY, Outcome.NOT_REACHED):
+            results.append(StepResult(step, Outcome.NOT_REACHED, "an earlier step denied"))
+            continue
+        try:
+            outcome, detail = run(evaluation)
+        except CtxError as exc:
+            results.append(StepResult(step, Outcome.DENY, exc.message, exc.errno))
+        except OSError as exc:
+            reason = f"cannot be checked, so it is denied: {exc.strerror or exc}"
+            results.append(StepResult(step, Outcome.DENY, reason, errno.EACCES))
+        else:
+            results.append(StepResult(step, outcome, detail))
+    return Decision(tuple(results))
+
+
+def check_tool_execute(
+    root: Path,
+    agent: str,
+    tool: str,
+    caller: Credentials,
+    location: str | None = None,
+) -> Decision:
+    """May the process ``caller`` run ``tool`` as ``agent``?  The tool runner's question.
+
+    Both layers of P-6 must allow ``tool:<tool> execute``: the agent's policy (step 5) and the
+    tool's own ``<location>/<tool>.d/policy`` (step 6); the Linux steps come first.
+    """
+    return check_authority(AuthorityRequest(root, agent, "tool", tool, "execute", caller, location))
+
+
+_StepOutcome = tuple[Outcome, str]
+
+
+class _Evaluation:
+    """The facts of one request, gathered step by step so that each is read at most once."""
+
+    def __init__(self, request: AuthorityRequest) -> None:
+        check_object_name(request.agent, "agent")
+        check_object(request.object_class, request.object_name, request.permission)
+        self.request = request
+        self.root = require_root(Path(request.root)).resolve()
+        self.agent = request.agent
+        self.object_class = request.object_class
+        self.object_name = request.object_name
+        self.permission = request.permission
+        self.site: Site | None = storage_site(
+            request.object_class, request.object_name, request.permission, request.location
+        )
+        self.access = NEEDED_ACCESS.get((request.object_class, request.permission), 0)
+        self._identity: Identity | None = None
+        self._mounts: tuple[Mount, ...] | None = None
+        self._label = ""
+
+    @property
+    def object_ref(self) -> str:
+        return f"{self.object_class}:{self.object_name}"
+
+    def peer_credentials(self) -> _StepOutcome:
+        controls.require_agent(self.root, self.agent)
+        identity = controls.read_identity(self.root, self.agent)
+        if identity.uid == 0:
+            raise denied(
+                f"agent {self.agent!r} has uid 0; an agent never runs as root, which would "
+                "void the mode bits of step 2"
+            )
+        self._identity = identity
+        caller = self.request.caller
+        if caller is None:
+            return Outcome.PASS, f"asked as agent {self.agent!r} itself ({identity.credentials})"
+        if caller != identity.credentials:
+            raise denied(
+                f"the caller is {caller}, but agent {self.agent!r} is {identity.credentials}"
+            )
+        return Outcome.PASS, f"{caller} is agent {self.agent!r}"
+
+    def mode_bits(self) -> _StepOutcome:
+        if self.object_class == "mount":
+            source = Path(self._named_mount().source)
+            verdict = check_access(source, PurePosixPath(), self.identity, self.access, Kind.ANY)
+        elif self.site is not None:
+            site = self.site
+            verdict = check_access(self.root, site.path, self.identity, site.access, site.kind)
+        else:
+            return Outcome.NOT_APPLICABLE, f"{self.object_ref} is no file"
+        if not verdict.allowed:
+            raise CtxError(verdict.errno, verdict.detail)
+        return Outcome.PASS, verdict.detail
+
+    def visibility(self) -> _StepOutcome:
+        if self.object_class == "mount":
+            mount = self._named_mount()
+            if self.access & WRITE and not mount.writable:
+                raise denied(f"mount {mount.name!r} is read-only: {mount}")
+            return Outcome.PASS, f"the agent has mount {mount}"
+        if self.site is None:
+            return Outcome.NOT_APPLICABLE, f"{self.object_ref} is no file"
+        views = views_of(self.mounts, PurePosixPath(self.root, self.site.path))
+        if not views:
+            raise denied(f"{self.site.path} is under none of agent {self.agent!r}'s mounts")
+        if self.access & WRITE:
+            views = [view for view in views if view.mount.writable]
+            if not views:
+                raise denied(f"{self.site.path} is visible to the agent only read-only")
+        view = views[0]
+        return Outcome.PASS, f"{self.site.path} appears at {view.path} through {view.mount}"
+
+    def label(self) -> _StepOutcome:
+        self._label = controls.read_label(self.root, self.agent)
+        for control in controls.HOST_OWNED_CONTROLS:
+            self._require_host_owned(controls.control_path(self.agent, control))
+        return Outcome.PASS, f"{self._label} (the agent cannot rewrite its own controls)"
+
+    def object_policy(self) -> _StepOutcome:
+        return self._allowed_by(controls.control_path(self.agent, "policy"))
+
+    def own_policy(self) -> _StepOutcome:
+        if self.site is None or self.site.own_policy is None:
+            return Outcome.NOT_APPLICABLE, f"{self.object_class} objects have no own policy"
+        self._require_host_owned(self.site.own_policy)
+        return self._allowed_by(self.site.own_policy)
+
+    @property
+    def identity(self) -> Identity:
+        assert self._identity is not None, "step 1 records the identity before later steps run"
+        return self._identity
+
+    @property
+    def mounts(self) -> tuple[Mount, ...]:
+        if self._mounts is None:
+            self._mounts = controls.read_mounts(self.root, self.agent)
+        return self._mounts
+
+    def _named_mount(self) -> Mount:
+        matches = mounts_named(self.mounts, self.object_name)
+        if not matches:
+            raise not_found(f"agent {self.agent!r} has no mount named {self.object_name!r}")
+        if len(matches) > 1:
+            raise denied(f"{len(matches)} mounts are named {self.object_name!r}; ambiguous")
+        return matches[0]
+
+    def _allowed_by(self, path: PurePosixPath) -> _StepOutcome:
+        rule = Rule(self._label, self.object_class, self.object_name, self.permission)
+        if rule not in controls.read_policy(self.root, path):
+            raise denied(f"{path} has no rule '{rule}'")
+        return Outcome.PASS, f"{path}: {rule}"
+
+    def _require_host_owned(self, path: PurePosixPath) -> None:
+        """A grant the agent could rewrite is no grant (P-6): deny if it can reach ``path``."""
+        reachable = first_writable(self.root, path, self.identity)
+        if reachable is None:
+            return
+        for view in views_of(self.mounts, PurePosixPath(self.root, reachable)):
+            if view.mount.writable:
+                raise denied(
+                    f"{path} is not host-owned: the agent may change {reachable} "
+                    f"(as uid {self.identity.uid}, at {view.path} through {view.mount})"
+                )
+
+
+_STEPS: tuple[tuple[Step, Callable[[_Evaluation], _StepOutcome]], ...] = (
+    (Step.CREDENTIALS, _Evaluation.peer_credentials),
+    (Step.MODE_BITS, _Evaluation.mode_bits),
+    (Step.VISIBILITY, _Evaluation.visibility),
+    (Step.LABEL, _Evaluation.label),
+    (Step.OBJECT_POLICY, _Evaluation.object_policy),
+    (Step.OWN_POLICY, _Evaluation.own_policy),
+)

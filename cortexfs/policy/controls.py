@@ -1,0 +1,132 @@
+"""An agent's host-owned controls and the objects' own policies, read from a storage root.
+
+::
+
+    agent/<name>              the agent's executable entry: the agent exists
+    agent/<name>.d/identity   {"uid": int, "gid": int, "groups": [int, ...]}  (step 1)
+    agent/<name>.d/mount      [[source, target, "ro"|"rw"], ...]              (step 3)
+    agent/<name>.d/label      one line: the agent's subject type, e.g. coder_t (step 4)
+    agent/<name>.d/policy     policy v0: what the agent may do               (step 5)
+    <object>.d/policy         a tool's or model's own policy                 (step 6)
+
+These files are the only source of grants (P-6: prompts, system prompts and model output
+never grant anything).  Every control is read without following links, and every failure to
+read one fails closed with EACCES; only a missing agent is ENOENT.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import stat
+from pathlib import Path, PurePosixPath
+
+from cortexfs.errors import CtxError, denied, invalid, not_found
+from cortexfs.policy import beneath
+from cortexfs.policy.decision import Policy
+from cortexfs.policy.grammar import PolicySyntaxError, check_subject_type
+from cortexfs.policy.linux import Identity
+from cortexfs.policy.mounts import Mount, parse_mount_table
+
+AGENTS = PurePosixPath("agent")
+HOST_OWNED_CONTROLS = ("identity", "mount", "label", "policy")
+_IDENTITY_KEYS = {"uid", "gid", "groups"}
+_MAX_ID = 2**32 - 2  # (uid_t)-1 means "no id" to the kernel
+_NOT_A_FILE = {errno.ELOOP, errno.ENOTDIR, errno.EINVAL, errno.EISDIR}
+
+
+def agent_entry(agent: str) -> PurePosixPath:
+    return AGENTS / agent
+
+
+def control_path(agent: str, control: str) -> PurePosixPath:
+    return AGENTS / f"{agent}.d" / control
+
+
+def require_agent(root: Path, agent: str) -> None:
+    """ENOENT unless ``agent/<name>`` exists (as any entry other than a link)."""
+    status = beneath.lstat(root, agent_entry(agent))
+    if status is None or stat.S_ISLNK(status.st_mode):
+        raise not_found(f"there is no agent {agent!r} ({agent_entry(agent)} does not exist)")
+
+
+def read_identity(root: Path, agent: str) -> Identity:
+    data = _read_control(root, control_path(agent, "identity"), f"agent {agent!r} has no identity")
+    try:
+        return parse_identity(data)
+    except CtxError as exc:
+        raise denied(f"{control_path(agent, 'identity')} is invalid: {exc.message}") from None
+
+
+def read_mounts(root: Path, agent: str) -> tuple[Mount, ...]:
+    """The agent's mounts, sources resolved to real host paths; none when the control is absent."""
+    path = control_path(agent, "mount")
+    data = _read_optional(root, path)
+    if data is None:
+        return ()
+    try:
+        mounts = parse_mount_table(data)
+    except CtxError as exc:
+        raise denied(f"{path} is invalid: {exc.message}") from None
+    return tuple(
+        Mount(PurePosixPath(os.path.realpath(mount.source)), mount.target, mount.writable)
+        for mount in mounts
+    )
+
+
+def read_label(root: Path, agent: str) -> str:
+    path = control_path(agent, "label")
+    data = _read_control(root, path, f"agent {agent!r} has no label, so it has no subject type")
+    try:
+        return check_subject_type(data.decode("ascii").strip())
+    except (UnicodeDecodeError, CtxError) as exc:
+        reason = exc.message if isinstance(exc, CtxError) else "it is not ASCII"
+        raise denied(f"{path} is invalid: {reason}") from None
+
+
+def read_policy(root: Path, path: PurePosixPath) -> Policy:
+    """The policy at ``path``; a missing or invalid policy grants nothing (EACCES)."""
+    data = _read_control(root, path, "no policy, so nothing is allowed")
+    try:
+        return Policy.from_bytes(data, source=str(path))
+    except PolicySyntaxError as exc:
+        raise denied(f"{exc.message}; an invalid policy grants nothing") from None
+
+
+def parse_identity(data: bytes) -> Identity:
+    """An identity control; EINVAL naming what is wrong."""
+    try:
+        fields = json.loads(data)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise invalid(f"not JSON: {exc}") from None
+    if not isinstance(fields, dict) or set(fields) != _IDENTITY_KEYS:
+        raise invalid('expected exactly {"uid": N, "gid": N, "groups": [N, ...]}')
+    uid, gid, groups = fields["uid"], fields["gid"], fields["groups"]
+    if not isinstance(groups, list):
+        raise invalid("groups must be a list of group ids")
+    for value in (uid, gid, *groups):
+        if not _is_id(value):
+            raise invalid(f"{value!r} is not a uid or gid (an integer from 0 to {_MAX_ID})")
+    return Identity(uid, gid, frozenset(groups))
+
+
+def _is_id(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= _MAX_ID
+
+
+def _read_control(root: Path, path: PurePosixPath, when_missing: str) -> bytes:
+    data = _read_optional(root, path)
+    if data is None:
+        raise denied(f"{when_missing} ({path} is missing)")
+    return data
+
+
+def _read_optional(root: Path, path: PurePosixPath) -> bytes | None:
+    try:
+        return beneath.read_file(root, path)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        reason = "a link or not a regular file" if exc.errno in _NOT_A_FILE else exc.strerror
+        raise denied(f"{path} cannot be read safely: {reason}") from None

@@ -1,0 +1,276 @@
+"""The policy v0 language (SPEC P-1..P-4, P-7): one ``allow`` rule per line, nothing else.
+
+::
+
+    allow <subject_type> <object_class>:<object_name> <permission>
+
+* Blank lines and lines whose first non-blank character is ``#`` are ignored (P-1).  Blanks are
+  spaces and tabs; words are separated by them.  A rule line holds printable ASCII only.
+* There is no ``deny``, glob, priority, inheritance, variable, path or template (P-2): such a
+  line is not a rule, it is ``EINVAL``.  Comments go on their own line; trailing text is
+  ``EINVAL`` too, so a rule can never carry more meaning than its four words.
+* The classes and their permissions are fixed (P-3, :data:`CLASS_PERMISSIONS`).
+* A subject type is an object name (R-3) ending in ``_t``: ``coder_t``, ``review-1_t``.  Agent
+  names may hold ``.`` and ``-``, and the type of agent ``<a>`` is conventionally ``<a>_t``
+  (A-5), so the subject syntax is the object-name syntax plus the suffix.
+* Object names are concrete (P-7): an object name (R-3) for ``tool``, ``shared``, ``session``,
+  ``mount`` and ``agent``; ``<provider>/<model>`` for ``model``; exactly ``default`` for
+  ``network`` (P-4).
+
+A policy with any invalid line is invalid as a whole; :func:`parse_rules` reports every bad
+line, each as ``SOURCE:LINE: EINVAL: <reason>``.  Nothing here touches the filesystem.
+"""
+
+from __future__ import annotations
+
+import errno
+import re
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import NamedTuple
+
+from cortexfs.errors import CtxError, invalid
+from cortexfs.names import MAX_NAME_BYTES, object_name_problem
+
+CLASS_PERMISSIONS = MappingProxyType(
+    {
+        "tool": ("execute",),
+        "model": ("use",),
+        "shared": ("read", "write"),
+        "session": ("read", "write", "resume"),
+        "mount": ("read", "write"),
+        "agent": ("create", "start", "stop", "read", "write"),
+        "network": ("connect",),
+    }
+)
+NETWORK_OBJECT = "default"
+SUBJECT_SUFFIX = "_t"
+RULE_VERB = "allow"
+
+# A rule line: tabs and printable ASCII.  Checked before splitting so that no other whitespace
+# (form feed, NBSP, U+3000…) can act as a word separator the reader does not see.
+_RULE_CHARACTERS = re.compile(r"[\t\x20-\x7e]*")
+_SUBJECT_TYPE = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._-]{{0,{MAX_NAME_BYTES - 3}}}{SUBJECT_SUFFIX}")
+_BLANKS = " \t"
+
+# P-2 forbids these constructs outright; naming them in the error beats "illegal character".
+_FORBIDDEN_CONSTRUCTS = (
+    ("*?[]", "globs are not supported (P-2); name each object"),
+    ("$%", "variables are not supported (P-2); write the concrete name"),
+    ("{}<>", "templates are not supported (P-2); write the concrete name"),
+)
+
+
+class Rule(NamedTuple):
+    """One ``allow`` rule.  A plain 4-tuple, so a decision is a single set lookup."""
+
+    subject: str
+    object_class: str
+    object_name: str
+    permission: str
+
+    def __str__(self) -> str:
+        return (
+            f"{RULE_VERB} {self.subject} {self.object_class}:{self.object_name} {self.permission}"
+        )
+
+
+@dataclass(frozen=True)
+class PolicyProblem:
+    """One invalid line of one policy source."""
+
+    source: str
+    line: int
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.source}:{self.line}: EINVAL: {self.reason}"
+
+
+class PolicySyntaxError(CtxError):
+    """EINVAL for a policy holding invalid lines; :attr:`problems` lists every one of them."""
+
+    def __init__(self, problems: Sequence[PolicyProblem]) -> None:
+        first = problems[0]
+        more = f" (and {len(problems) - 1} more invalid lines)" if len(problems) > 1 else ""
+        super().__init__(errno.EINVAL, f"{first.source}:{first.line}: {first.reason}{more}")
+        self.problems = tuple(problems)
+
+
+def parse_rules(text: str, source: str = "<policy>") -> list[Rule]:
+    """Every rule of a policy text, in order; :class:`PolicySyntaxError` if any line is bad."""
+    return _collect(source, enumerate(text.split("\n"), start=1))
+
+
+def parse_rules_bytes(data: bytes, source: str = "<policy>") -> list[Rule]:
+    """:func:`parse_rules` for raw file contents.
+
+    Comment lines are ignored whatever bytes they hold (P-1), so a comment may be written in
+    any language; a rule line must be ASCII.
+    """
+    return _collect(source, _decoded_lines(data))
+
+
+def parse_rule(line: str) -> Rule | None:
+    """The rule on one line, or None for a blank or comment line; EINVAL for anything else."""
+    if _is_blank_or_comment(line):
+        return None
+    if _RULE_CHARACTERS.fullmatch(line) is None:
+        raise invalid(_character_problem(line))
+    verb, *words = line.split()
+    if verb != RULE_VERB:
+        raise invalid(_verb_problem(verb))
+    if len(words) < 3:
+        missing = ("subject type", "CLASS:NAME object", "permission")[len(words)]
+        raise invalid(f"incomplete rule: the {missing} is missing; expected {_SHAPE}")
+    if len(words) > 3:
+        raise invalid(
+            f"unexpected text after the permission: {' '.join(words[3:])!r}; a rule has "
+            "exactly four words and a comment needs a line of its own"
+        )
+    return make_rule(*words)
+
+
+def make_rule(subject: str, object_ref: str, permission: str) -> Rule:
+    """Validate the three words of a rule (or of a query) and build it; EINVAL names the fault."""
+    check_subject_type(subject)
+    object_class, object_name = split_object_ref(object_ref)
+    check_object(object_class, object_name, permission)
+    return Rule(subject, object_class, object_name, permission)
+
+
+def check_object(object_class: str, object_name: str, permission: str) -> None:
+    """EINVAL unless ``CLASS:NAME PERM`` names a class, a permission of it and a legal name."""
+    if object_class not in CLASS_PERMISSIONS:
+        raise invalid(
+            f"unknown class {object_class!r}; the classes are {_listing(CLASS_PERMISSIONS)}"
+        )
+    check_permission(object_class, permission)
+    check_policy_object_name(object_class, object_name)
+
+
+def check_subject_type(subject: str) -> str:
+    if _SUBJECT_TYPE.fullmatch(subject) is None:
+        raise invalid(_subject_problem(subject))
+    return subject
+
+
+def split_object_ref(object_ref: str) -> tuple[str, str]:
+    """``CLASS:NAME`` → ``(class, name)``; :func:`check_object` judges the parts."""
+    object_class, colon, object_name = object_ref.partition(":")
+    if not colon:
+        raise invalid(f"{object_ref!r} is not an object; expected CLASS:NAME, e.g. tool:fs.read")
+    return object_class, object_name
+
+
+def check_permission(object_class: str, permission: str) -> str:
+    allowed = CLASS_PERMISSIONS[object_class]
+    if permission in allowed:
+        return permission
+    owners = [name for name, perms in CLASS_PERMISSIONS.items() if permission in perms]
+    if owners:
+        raise invalid(
+            f"{permission!r} is a permission of {_listing(owners)}, not of {object_class}; "
+            f"{object_class} has {_listing(allowed)}"
+        )
+    raise invalid(f"unknown permission {permission!r}; {object_class} has {_listing(allowed)}")
+
+
+def check_policy_object_name(object_class: str, object_name: str) -> str:
+    """The name rule of each class (P-4, P-7, R-3); EINVAL with the rule it breaks."""
+    problem = policy_object_name_problem(object_class, object_name)
+    if problem is not None:
+        raise invalid(problem)
+    return object_name
+
+
+def policy_object_name_problem(object_class: str, object_name: str) -> str | None:
+    what = f"{object_class}:{object_name}"
+    if object_class == "network":
+        if object_name == NETWORK_OBJECT:
+            return None
+        return f"{what}: the only network object is {NETWORK_OBJECT!r} (P-4)"
+    parts = object_name.split("/") if object_class == "model" else [object_name]
+    if object_class == "model" and len(parts) != 2:
+        construct = _forbidden_construct(object_name)
+        return f"{what}: {construct or 'a model name is <provider>/<model>'}"
+    for part in parts:
+        problem = object_name_problem(part)
+        if problem is not None:
+            if "/" in part:
+                return f"{what}: paths are not supported (P-2); name the object, not its path"
+            return f"{what}: {_forbidden_construct(part) or problem}"
+    return None
+
+
+def _collect(source: str, lines: Iterator[tuple[int, str | None]]) -> list[Rule]:
+    rules: list[Rule] = []
+    problems: list[PolicyProblem] = []
+    for number, line in lines:
+        if line is None:
+            problems.append(PolicyProblem(source, number, "a rule line must be ASCII text"))
+            continue
+        try:
+            rule = parse_rule(line)
+        except CtxError as exc:
+            problems.append(PolicyProblem(source, number, exc.message))
+            continue
+        if rule is not None:
+            rules.append(rule)
+    if problems:
+        raise PolicySyntaxError(problems)
+    return rules
+
+
+def _decoded_lines(data: bytes) -> Iterator[tuple[int, str | None]]:
+    """Number each line; None marks a rule line that is not ASCII.  Comments are not decoded."""
+    for number, raw in enumerate(data.split(b"\n"), start=1):
+        if raw.lstrip(b" \t").startswith(b"#"):
+            continue
+        try:
+            yield number, raw.decode("ascii")
+        except UnicodeDecodeError:
+            yield number, None
+
+
+def _is_blank_or_comment(line: str) -> bool:
+    stripped = line.lstrip(_BLANKS)
+    return not stripped or stripped.startswith("#")
+
+
+_SHAPE = "'allow SUBJECT_t CLASS:NAME PERMISSION'"
+
+
+def _character_problem(line: str) -> str:
+    offender = next(ch for ch in line if _RULE_CHARACTERS.fullmatch(ch) is None)
+    if offender == "\r":
+        return "carriage return in a rule line; save the policy with Unix line endings"
+    return f"character {offender!r} is not allowed in a rule; rules are printable ASCII"
+
+
+def _verb_problem(verb: str) -> str:
+    if verb == "deny":
+        return "there is no 'deny' (P-2): policy v0 denies whatever no rule allows"
+    return f"unknown statement {verb!r}; every rule has the form {_SHAPE}"
+
+
+def _subject_problem(subject: str) -> str:
+    construct = _forbidden_construct(subject)
+    if construct:
+        return f"subject {subject!r}: {construct}"
+    problem = object_name_problem(subject)
+    if problem is not None:
+        return f"illegal subject type: {problem}"
+    return f"subject type {subject!r} must end in {SUBJECT_SUFFIX!r}, e.g. coder_t"
+
+
+def _forbidden_construct(word: str) -> str | None:
+    for characters, reason in _FORBIDDEN_CONSTRUCTS:
+        if any(ch in word for ch in characters):
+            return reason
+    return None
+
+
+def _listing(words: Iterable[str]) -> str:
+    return ", ".join(words)

@@ -1,0 +1,153 @@
+"""Linux credentials and mode bits, judged the way the kernel judges them (SPEC P-5 steps 1-2).
+
+The kernel picks exactly one class for a process — owner if its uid owns the entry, else group
+if its gid or a supplementary group owns it, else other — and grants what that class's three
+bits grant; reaching an entry needs search (``x``) on every directory above it.  POSIX ACLs and
+capabilities are not modelled: agents never run as root (step 1 refuses uid 0), and a storage
+root carries no ACLs.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path, PurePosixPath
+
+from cortexfs.policy.beneath import Entry, walk
+
+READ, WRITE, EXECUTE = os.R_OK, os.W_OK, os.X_OK  # 4, 2, 1: the layout of one rwx triplet
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """A uid/gid as the kernel reports it: a socket peer, a FUSE request, or an exec."""
+
+    uid: int
+    gid: int
+
+    def __str__(self) -> str:
+        return f"uid {self.uid} gid {self.gid}"
+
+
+@dataclass(frozen=True)
+class Identity:
+    """An agent's Linux identity, from its host-owned ``agent/<name>.d/identity``."""
+
+    uid: int
+    gid: int
+    groups: frozenset[int] = frozenset()
+
+    @property
+    def credentials(self) -> Credentials:
+        return Credentials(self.uid, self.gid)
+
+
+class Kind(Enum):
+    """What an object must be on disk."""
+
+    FILE = "a regular file"
+    DIRECTORY = "a directory"
+    ANY = "an entry"
+
+
+@dataclass(frozen=True)
+class PathVerdict:
+    """The mode-bit answer for one object: granted, or the errno and the reason why not."""
+
+    allowed: bool
+    errno: int
+    detail: str
+
+
+def granted_bits(status: os.stat_result, identity: Identity) -> int:
+    """The rwx triplet of the one class (owner, group, other) the kernel applies to ``identity``."""
+    if status.st_uid == identity.uid:
+        return (status.st_mode >> 6) & 7
+    if status.st_gid == identity.gid or status.st_gid in identity.groups:
+        return (status.st_mode >> 3) & 7
+    return status.st_mode & 7
+
+
+def permits(status: os.stat_result, identity: Identity, access: int) -> bool:
+    return granted_bits(status, identity) & access == access
+
+
+def rwx(bits: int) -> str:
+    return "".join(
+        letter if bits & bit else "-" for letter, bit in zip("rwx", (4, 2, 1), strict=True)
+    )
+
+
+def check_access(
+    top: Path, relative: PurePosixPath, identity: Identity, access: int, kind: Kind
+) -> PathVerdict:
+    """Could ``identity`` reach ``top/relative`` and use it with ``access`` (rwx bits)?
+
+    Reading or writing a directory also needs its ``x`` (listing it, creating in it).  A link
+    anywhere on the way is refused, never followed.
+    """
+    entries = walk(top, relative)
+    *above, last = entries
+    for directory in above:
+        if not permits(_status(directory), identity, EXECUTE):
+            return _refused(f"search (x) on {directory.shown} is denied to {_who(identity)}")
+    if last.status is None:
+        return PathVerdict(False, errno.ENOENT, f"{last.shown} does not exist")
+    if last.is_link:
+        return _refused(f"{last.shown} is a symbolic link; links are never followed")
+    if len(entries) < len(relative.parts) + 1:
+        return PathVerdict(False, errno.ENOENT, f"{last.shown} is not a directory")
+    if not _is_kind(last.status, kind):
+        return _refused(f"{last.shown} is not {kind.value}")
+    if stat.S_ISDIR(last.status.st_mode) and access & (READ | WRITE):
+        access |= EXECUTE
+    granted = granted_bits(last.status, identity)
+    mode = f"mode {stat.S_IMODE(last.status.st_mode):04o}, owner {_owner(last.status)}"
+    if granted & access != access:
+        return _refused(
+            f"{last.shown} needs {rwx(access)} but {mode} grants {rwx(granted)} to {_who(identity)}"
+        )
+    return PathVerdict(True, 0, f"{last.shown}: {rwx(access)} granted to {_who(identity)} ({mode})")
+
+
+def first_writable(top: Path, relative: PurePosixPath, identity: Identity) -> str | None:
+    """The first entry from ``top`` down to ``top/relative`` that ``identity`` could change.
+
+    A directory it may write and search lets it replace any name inside; a file it may write
+    lets it rewrite the contents.  None when the whole path is out of its reach.
+    """
+    for entry in walk(top, relative):
+        if entry.status is None:
+            return None
+        needed = WRITE | EXECUTE if entry.is_directory else WRITE
+        if not entry.is_link and permits(entry.status, identity, needed):
+            return entry.shown
+    return None
+
+
+def _status(entry: Entry) -> os.stat_result:
+    assert entry.status is not None, "walk() only continues through existing directories"
+    return entry.status
+
+
+def _is_kind(status: os.stat_result, kind: Kind) -> bool:
+    if kind is Kind.FILE:
+        return stat.S_ISREG(status.st_mode)
+    if kind is Kind.DIRECTORY:
+        return stat.S_ISDIR(status.st_mode)
+    return True
+
+
+def _refused(detail: str) -> PathVerdict:
+    return PathVerdict(False, errno.EACCES, detail)
+
+
+def _who(identity: Identity) -> str:
+    return f"uid {identity.uid}"
+
+
+def _owner(status: os.stat_result) -> str:
+    return f"{status.st_uid}:{status.st_gid}"
