@@ -1,0 +1,33 @@
+"""Fixtures for the queue tests: a real storage root in a temp dir, opened queues."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cortexfs.queue import Holder, Queue, init_project_queue, queue_path
+from tests.queue.helpers import PROJECT
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    return tmp_path / "storage"
+
+
+@pytest.fixture
+def queue_dir(root: Path) -> Path:
+    init_project_queue(root, PROJECT)
+    return queue_path(root, PROJECT)
+
+
+@pytest.fixture
+def queue(queue_dir: Path) -> Iterator[Queue]:
+    with Queue.open(queue_dir) as q:
+        yield q
+
+
+@pytest.fixture
+def me() -> Holder:
+    return Holder.for_process(worker="test")

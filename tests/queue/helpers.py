@@ -1,0 +1,59 @@
+"""Helpers shared by the queue tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+from cortexfs.durable import FsOps
+
+PROJECT = "proj"
+
+
+def request(n: int = 0, **extra: object) -> dict[str, object]:
+    return {"tool": "fs.stat", "input": {"n": n}, **extra}
+
+
+def dead_pid() -> int:
+    """The pid of a process that has exited (and been reaped) in this pid namespace."""
+    child = subprocess.Popen(["true"])
+    child.wait()
+    return child.pid
+
+
+def ctx(root: Path, *args: str, stdin: str | None = None, env: dict[str, str] | None = None):
+    """Run the real ``ctx`` command line against ``root``."""
+    full_env = {**os.environ, "CTX_STORAGE": str(root), **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "cortexfs", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=60,
+    )
+
+
+def write_json(path: Path, obj: object) -> Path:
+    path.write_text(json.dumps(obj))
+    return path
+
+
+class CountingOps(FsOps):
+    """Real operations that count how often each system call is made."""
+
+    def __init__(self, move_strategy: str | None = None) -> None:
+        super().__init__(move_strategy)
+        self.counts: Counter[str] = Counter()
+
+    def fsync(self, fd: int) -> None:
+        self.counts["fsync"] += 1
+        super().fsync(fd)
+
+    def syncfs(self, fd: int) -> None:
+        self.counts["syncfs"] += 1
+        super().syncfs(fd)

@@ -1,0 +1,296 @@
+"""The protocol verbs on a real queue directory: publish, batch, claim, lease, renew, finish."""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from cortexfs.errors import CtxError
+from cortexfs.queue import (
+    Holder,
+    Lease,
+    Queue,
+    claim,
+    claim_job,
+    finish,
+    publish,
+    publish_batch,
+    renew,
+)
+from cortexfs.queue.holder import LocalSystem
+from cortexfs.queue.layout import STATE_DIRS
+from tests.queue.helpers import request
+
+
+def entries(queue_dir: Path, state: str) -> list[str]:
+    return sorted(os.listdir(queue_dir / state))
+
+
+def test_init_creates_exactly_the_six_directories_and_a_config(queue_dir: Path) -> None:
+    assert sorted(os.listdir(queue_dir)) == sorted([*STATE_DIRS, "config"])
+    assert "max_request_bytes=1048576" in (queue_dir / "config").read_text()
+
+
+def test_publish_puts_a_complete_request_in_pending(queue: Queue, queue_dir: Path) -> None:
+    job = publish(queue, request(1), name="build-1")
+    assert job == "build-1.req.json"
+    assert entries(queue_dir, "pending") == [job]
+    assert entries(queue_dir, "inbox") == []
+    stored = json.loads((queue_dir / "pending" / job).read_text())
+    assert stored["tool"] == "fs.stat" and stored["input"] == {"n": 1}
+    assert stored["from"] and stored["created"].endswith("Z")
+
+
+def test_publish_keeps_from_and_created_when_given(queue: Queue, queue_dir: Path) -> None:
+    job = publish(queue, {**request(), "from": "coder", "created": "2026-01-01T00:00:00Z"})
+    stored = json.loads((queue_dir / "pending" / job).read_text())
+    assert stored["from"] == "coder" and stored["created"] == "2026-01-01T00:00:00Z"
+
+
+def test_generated_names_are_legal_and_unique(queue: Queue) -> None:
+    names = {publish(queue, request(n)) for n in range(20)}
+    assert len(names) == 20
+    assert all(n.startswith("job-") and n.endswith(".req.json") and len(n) <= 64 for n in names)
+
+
+@pytest.mark.parametrize("state", ["pending", "claimed", "done", "failed"])
+def test_publish_refuses_a_name_with_evidence_anywhere(
+    queue: Queue, me: Holder, queue_dir: Path, state: str
+) -> None:
+    job = publish(queue, request(), name="dup")
+    if state != "pending":
+        assert claim_job(queue, job, me) is not None
+    if state in ("done", "failed"):
+        finish(queue, job, ok=state == "done")
+    before = {s: entries(queue_dir, s) for s in STATE_DIRS}
+    with pytest.raises(CtxError) as caught:
+        publish(queue, request(2), name="dup")
+    assert caught.value.errno == errno.EEXIST
+    assert state in caught.value.message
+    assert {s: entries(queue_dir, s) for s in STATE_DIRS} == before
+
+
+@pytest.mark.parametrize(
+    ("bad", "reason"),
+    [
+        ({"input": {}}, "'tool'"),
+        ({"tool": 3, "input": {}}, "'tool'"),
+        ({"tool": "../etc", "input": {}}, "'tool'"),
+        ({"tool": "fs.stat"}, "'input'"),
+        ({"tool": "fs.stat", "input": [1]}, "'input'"),
+        ({"tool": "fs.stat", "input": {}, "from": 5}, "'from'"),
+        ([1, 2], "one JSON object"),
+    ],
+)
+def test_publish_refuses_invalid_requests_and_leaves_nothing(
+    queue: Queue, queue_dir: Path, bad: object, reason: str
+) -> None:
+    with pytest.raises(CtxError) as caught:
+        publish(queue, bad)  # type: ignore[arg-type]
+    assert caught.value.errno == errno.EINVAL and reason in caught.value.message
+    assert entries(queue_dir, "pending") == [] and entries(queue_dir, "inbox") == []
+
+
+@pytest.mark.parametrize("name", ["", ".hidden", "a/b", "é", "a" * 70, "..", "-lead"])
+def test_publish_refuses_illegal_names(queue: Queue, name: str) -> None:
+    with pytest.raises(CtxError) as caught:
+        publish(queue, request(), name=name)
+    assert caught.value.errno == errno.EINVAL
+
+
+def test_publish_refuses_oversize_requests_by_config(queue_dir: Path) -> None:
+    (queue_dir / "config").write_text("max_request_bytes=200\n")
+    with Queue.open(queue_dir) as q:
+        publish(q, request(0, pad="x" * 50))
+        with pytest.raises(CtxError) as caught:
+            publish(q, request(0, pad="x" * 300))
+    assert caught.value.errno == errno.EFBIG
+    assert "max_request_bytes" in caught.value.message
+    assert len(entries(queue_dir, "pending")) == 1 and entries(queue_dir, "inbox") == []
+
+
+def test_batch_publishes_every_request_in_order(queue: Queue, queue_dir: Path) -> None:
+    jobs = publish_batch(queue, [request(n) for n in range(50)])
+    assert len(jobs) == 50 and sorted(jobs) == entries(queue_dir, "pending")
+    assert [
+        json.loads((queue_dir / "pending" / j).read_text())["input"]["n"] for j in jobs
+    ] == list(range(50))
+    assert entries(queue_dir, "inbox") == []
+
+
+def test_batch_with_one_bad_request_publishes_nothing(queue: Queue, queue_dir: Path) -> None:
+    batch = [request(0), {"tool": "x"}, request(2), "nope"]
+    with pytest.raises(CtxError) as caught:
+        publish_batch(queue, batch)  # type: ignore[arg-type]
+    assert "request 2" in caught.value.message and "request 4" in caught.value.message
+    assert entries(queue_dir, "pending") == [] and entries(queue_dir, "inbox") == []
+
+
+def test_batch_issues_one_barrier_for_all_data(queue_dir: Path) -> None:
+    from tests.queue.helpers import CountingOps
+
+    ops = CountingOps()
+    with Queue.open(queue_dir, ops) as q:
+        publish_batch(q, [request(n) for n in range(40)])
+    assert ops.counts["syncfs"] == 1
+    assert ops.counts["fsync"] <= 2  # pending/ and inbox/, once each for the whole batch
+
+
+def test_claim_moves_the_job_and_writes_the_lease(
+    queue: Queue, me: Holder, queue_dir: Path
+) -> None:
+    job = publish(queue, request(7), name="c1")
+    won = claim(queue, me, ttl=30)
+    assert won is not None and won.job == job and won.request["input"] == {"n": 7}
+    assert entries(queue_dir, "pending") == []
+    assert entries(queue_dir / "claimed", job) == [job]
+    lease = json.loads((queue_dir / "lease" / job / "worker").read_text())
+    here = LocalSystem.current()
+    assert lease["pid"] == os.getpid() and lease["boot_id"] == here.boot_id
+    assert lease["pid_ns"] == here.pid_ns and lease["host"] == here.host
+    assert lease["start_time"] == pytest.approx(me.start_time)
+    decoded = Lease.decode((queue_dir / "lease" / job / "worker").read_bytes())
+    assert 29 < decoded.expires_at - decoded.claimed_at < 31
+    assert entries(queue_dir, "inbox") == []
+
+
+def test_claim_returns_none_on_an_empty_queue(queue: Queue, me: Holder) -> None:
+    assert claim(queue, me) is None
+
+
+def test_claim_takes_the_oldest_first(queue: Queue, me: Holder, queue_dir: Path) -> None:
+    for n, name in enumerate(["c", "a", "b"]):
+        publish(queue, request(n), name=name)
+        stamp = 1_700_000_000 + n
+        os.utime(queue_dir / "pending" / f"{name}.req.json", (stamp, stamp))
+    order = [claim(queue, me).job for _ in range(3)]  # type: ignore[union-attr]
+    assert order == ["c.req.json", "a.req.json", "b.req.json"]
+
+
+def test_losing_the_mkdir_race_is_not_an_error(queue: Queue, me: Holder, queue_dir: Path) -> None:
+    job = publish(queue, request(), name="raced")
+    os.mkdir(queue_dir / "claimed" / job)  # another worker won the mkdir
+    assert claim_job(queue, job, me) is None
+    assert entries(queue_dir, "pending") == [job]
+
+
+def test_claim_skips_a_job_with_stale_lease_evidence(
+    queue: Queue, me: Holder, queue_dir: Path
+) -> None:
+    job = publish(queue, request(), name="stale")
+    os.mkdir(queue_dir / "lease" / job)
+    assert claim(queue, me) is None
+    assert entries(queue_dir, "pending") == [job] and entries(queue_dir, "claimed") == []
+
+
+def test_renew_extends_only_the_holders_lease(queue: Queue, me: Holder, queue_dir: Path) -> None:
+    publish(queue, request(), name="r")
+    won = claim(queue, me, ttl=5)
+    assert won is not None
+    renewed = renew(queue, won.job, me, ttl=500)
+    assert renewed.expires_at > won.lease.expires_at + 400
+    stored = Lease.decode((queue_dir / "lease" / won.job / "worker").read_bytes())
+    assert stored.expires_at == pytest.approx(renewed.expires_at, abs=1e-3)
+    stranger = dataclasses.replace(me, pid=1)
+    with pytest.raises(CtxError) as caught:
+        renew(queue, won.job, stranger)
+    assert caught.value.errno == errno.EACCES
+    with pytest.raises(CtxError) as caught:
+        renew(queue, "nothing", me)
+    assert caught.value.errno == errno.ENOENT
+
+
+@pytest.mark.parametrize("ok", [True, False])
+def test_finish_writes_the_terminal_pair_and_cleans_up(
+    queue: Queue, me: Holder, queue_dir: Path, ok: bool
+) -> None:
+    publish(queue, request(), name="f")
+    won = claim(queue, me)
+    assert won is not None
+    result = finish(queue, won.job, ok, {"answer": 42}, worker={"id": "w"})
+    state = "done" if ok else "failed"
+    assert entries(queue_dir, state) == [won.job, won.job + ".result"]
+    stored = json.loads((queue_dir / state / (won.job + ".result")).read_text())
+    assert stored == result
+    assert stored["status"] == ("ok" if ok else "error") and stored["output"] == {"answer": 42}
+    assert stored["started"] and stored["finished"] and stored["worker"] == {"id": "w"}
+    for leftover in ("claimed", "lease", "pending", "inbox"):
+        assert entries(queue_dir, leftover) == []
+
+
+def test_finish_refuses_what_is_not_claimed(queue: Queue, me: Holder) -> None:
+    job = publish(queue, request(), name="nf")
+    with pytest.raises(CtxError) as caught:
+        finish(queue, job, True)
+    assert caught.value.errno == errno.ENOENT and "pending" in caught.value.message
+    claim(queue, me)
+    finish(queue, job, True)
+    with pytest.raises(CtxError) as caught:
+        finish(queue, job, False)
+    assert caught.value.errno == errno.EEXIST and "done" in caught.value.message
+
+
+def test_finish_never_overwrites_an_existing_result(
+    queue: Queue, me: Holder, queue_dir: Path
+) -> None:
+    publish(queue, request(), name="twice")
+    won = claim(queue, me)
+    assert won is not None
+    (queue_dir / "done" / (won.job + ".result")).write_text('{"status": "ok", "output": "first"}')
+    with pytest.raises(CtxError) as caught:
+        finish(queue, won.job, True, "second")
+    assert caught.value.errno == errno.EEXIST
+    assert "first" in (queue_dir / "done" / (won.job + ".result")).read_text()
+    assert entries(queue_dir / "claimed", won.job) == [won.job]
+    assert entries(queue_dir, "inbox") == []
+
+
+def test_a_full_lifecycle_leaves_only_the_terminal_pair(
+    queue: Queue, me: Holder, queue_dir: Path
+) -> None:
+    jobs = publish_batch(queue, [request(n) for n in range(10)])
+    finished = []
+    while (won := claim(queue, me)) is not None:
+        finish(queue, won.job, won.request["input"]["n"] % 3 != 0)
+        finished.append(won.job)
+    assert sorted(finished) == sorted(jobs)
+    assert len(entries(queue_dir, "done")) + len(entries(queue_dir, "failed")) == 20
+    assert all(entries(queue_dir, s) == [] for s in ("inbox", "pending", "lease", "claimed"))
+
+
+def test_link_strategy_gives_the_same_results(queue_dir: Path, me: Holder) -> None:
+    (queue_dir / "config").write_text("move=link\n")
+    with Queue.open(queue_dir) as q:
+        assert q.ops.move_strategy == "link"
+        publish_batch(q, [request(n) for n in range(3)])
+        while (won := claim(q, me)) is not None:
+            finish(q, won.job, True)
+    assert len(entries(queue_dir, "done")) == 6
+    assert all(entries(queue_dir, s) == [] for s in ("inbox", "pending", "lease", "claimed"))
+
+
+def test_lease_expiry_follows_the_configured_ttl(queue_dir: Path, me: Holder) -> None:
+    (queue_dir / "config").write_text("lease_ttl=7\n")
+    with Queue.open(queue_dir) as q:
+        publish(q, request())
+        won = claim(q, me)
+    assert won is not None
+    assert won.lease.expires_at - won.lease.claimed_at == pytest.approx(7)
+    assert won.lease.claimed_at == pytest.approx(time.time(), abs=5)
+
+
+@pytest.mark.parametrize(
+    "config",
+    ["max_request_bytes=0", "lease_ttl=soon", "colour=blue", "grace=-1", "move=copy", "novalue"],
+)
+def test_a_malformed_config_is_refused_with_its_line(queue_dir: Path, config: str) -> None:
+    (queue_dir / "config").write_text(f"# comment\n\n{config}\n")
+    with pytest.raises(CtxError) as caught:
+        Queue.open(queue_dir)
+    assert caught.value.errno == errno.EINVAL and "config:3" in caught.value.message

@@ -1,0 +1,267 @@
+"""recover and recover --reconcile: liveness (Q-5), incomplete pairs and conflicts (Q-6), I-5."""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from cortexfs.queue import Holder, Queue, claim, finish, publish, recover
+from cortexfs.queue.evidence import assess, evidence_of
+from tests.queue.helpers import dead_pid, request
+
+
+def state_of(queue: Queue, job: str) -> str:
+    return assess(evidence_of(queue, job)).state
+
+
+def claimed_by(queue: Queue, holder: Holder, name: str = "j", ttl: float = 300) -> str:
+    job = publish(queue, request(), name=name)
+    won = claim(queue, holder, ttl=ttl)
+    assert won is not None and won.job == job
+    return job
+
+
+def test_a_job_whose_holder_died_goes_back_to_pending(queue: Queue, me: Holder) -> None:
+    gone = dataclasses.replace(me, pid=dead_pid())
+    job = claimed_by(queue, gone)
+    report = recover(queue)
+    assert [f.job for f in report.requeued] == [job] and report.consistent
+    assert "exited" in report.requeued[0].detail
+    assert state_of(queue, job) == "pending"
+    assert recover(queue).requeued == []  # converges (I-5)
+
+
+def test_a_reused_pid_with_another_start_time_counts_as_gone(queue: Queue, me: Holder) -> None:
+    impostor = dataclasses.replace(me, start_time=me.start_time - 1000)
+    job = claimed_by(queue, impostor)
+    report = recover(queue)
+    assert [f.job for f in report.requeued] == [job]
+    assert "another process" in report.requeued[0].detail
+
+
+def test_a_live_holder_is_never_touched(queue: Queue, me: Holder) -> None:
+    job = claimed_by(queue, me, ttl=0.01)
+    time.sleep(0.05)  # expired, but we can see the holder is alive
+    for reconcile in (False, True):
+        report = recover(queue, reconcile=reconcile)
+        assert report.requeued == [] and report.consistent
+        assert [f.job for f in report.untouched] == [job]
+    assert state_of(queue, job) == "claimed"
+
+
+def test_a_holder_in_another_pid_namespace_is_judged_by_expiry(queue: Queue, me: Holder) -> None:
+    # Same pid number as a dead local process: a pid alone must not prove anything (Q-5).
+    elsewhere = dataclasses.replace(me, pid=dead_pid(), pid_ns=me.pid_ns + 1)
+    job = claimed_by(queue, elsewhere, ttl=0.5)
+    report = recover(queue)
+    assert report.requeued == [] and "namespace" in report.untouched[0].detail
+    time.sleep(0.6)
+    report = recover(queue)
+    assert [f.job for f in report.requeued] == [job] and "expired" in report.requeued[0].detail
+
+
+def test_another_host_is_judged_by_expiry(queue: Queue, me: Holder) -> None:
+    remote = dataclasses.replace(
+        me, host="elsewhere", machine_id="0" * 32, boot_id="other-boot", pid=dead_pid()
+    )
+    job = claimed_by(queue, remote, ttl=300)
+    assert recover(queue).requeued == []
+    assert state_of(queue, job) == "claimed"
+
+
+def test_the_same_host_after_a_reboot_counts_as_gone(queue: Queue, me: Holder) -> None:
+    before_reboot = dataclasses.replace(me, boot_id="an-earlier-boot")
+    job = claimed_by(queue, before_reboot, ttl=300)
+    report = recover(queue)
+    assert [f.job for f in report.requeued] == [job] and "rebooted" in report.requeued[0].detail
+
+
+def test_dry_run_changes_nothing(queue: Queue, me: Holder, queue_dir: Path) -> None:
+    job = claimed_by(queue, dataclasses.replace(me, pid=dead_pid()))
+    report = recover(queue, dry_run=True)
+    assert [f.job for f in report.requeued] == [job]
+    assert state_of(queue, job) == "claimed"
+
+
+# ---------------------------------------------------------------- incomplete pairs (Q-6)
+
+
+def crash_after_claim_before_lease(queue_dir: Path, job: str) -> None:
+    os.mkdir(queue_dir / "claimed" / job)
+    os.rename(queue_dir / "pending" / job, queue_dir / "claimed" / job / job)
+
+
+def test_a_claim_without_lease_is_reported_then_requeued(
+    queue: Queue, me: Holder, queue_dir: Path
+) -> None:
+    job = publish(queue, request(), name="nolease")
+    crash_after_claim_before_lease(queue_dir, job)
+    plain = recover(queue)
+    assert not plain.consistent and [f.job for f in plain.incomplete] == [job]
+    assert state_of(queue, job) == "incomplete"
+    fixed = recover(queue, reconcile=True)
+    assert fixed.consistent and [f.action for f in fixed.repaired] == ["requeue-unleased"]
+    assert state_of(queue, job) == "pending"
+    assert os.listdir(queue_dir / "claimed") == []
+    assert recover(queue, reconcile=True).repaired == []
+
+
+def wait_for_lock(path: Path, *, held: bool) -> None:
+    """Wait until another process holds (or no longer holds) the flock on ``path``."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for _ in range(1000):
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                if held:
+                    return
+            else:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+                if not held:
+                    return
+            time.sleep(0.01)
+    finally:
+        os.close(fd)
+    raise AssertionError(f"the lock on {path} never became {'held' if held else 'free'}")
+
+
+def test_a_claim_in_progress_is_left_alone(queue: Queue, queue_dir: Path) -> None:
+    """A claimer holds claimed/J's lock until its lease is durable: reconcile must wait."""
+    job = publish(queue, request(), name="inflight")
+    crash_after_claim_before_lease(queue_dir, job)
+    locker = subprocess.Popen(
+        ["flock", str(queue_dir / "claimed" / job), "sleep", "30"], start_new_session=True
+    )
+    try:
+        wait_for_lock(queue_dir / "claimed" / job, held=True)
+        report = recover(queue, reconcile=True)
+        assert [f.job for f in report.untouched] == [job]
+        assert "another process" in report.untouched[0].detail
+        assert state_of(queue, job) == "incomplete"
+    finally:
+        os.killpg(locker.pid, signal.SIGKILL)  # flock's child holds the lock too
+        locker.wait()
+    wait_for_lock(queue_dir / "claimed" / job, held=False)
+    assert recover(queue, reconcile=True).consistent
+    assert state_of(queue, job) == "pending"
+
+
+@pytest.mark.parametrize("ok", [True, False])
+def test_a_result_with_its_request_still_claimed_rolls_forward(
+    queue: Queue, me: Holder, queue_dir: Path, ok: bool
+) -> None:
+    gone = dataclasses.replace(me, pid=dead_pid())
+    job = claimed_by(queue, gone)
+    state = "done" if ok else "failed"
+    (queue_dir / state / f"{job}.result").write_text(json.dumps({"status": "ok"}))
+    assert not recover(queue).consistent
+    fixed = recover(queue, reconcile=True)
+    assert [f.action for f in fixed.repaired] == ["roll-forward"]
+    assert state_of(queue, job) == state
+    assert os.listdir(queue_dir / "lease") == [] and os.listdir(queue_dir / "claimed") == []
+
+
+def test_roll_forward_waits_for_a_live_finisher(queue: Queue, me: Holder, queue_dir: Path) -> None:
+    job = claimed_by(queue, me)
+    (queue_dir / "done" / f"{job}.result").write_text("{}")
+    report = recover(queue, reconcile=True)
+    assert report.repaired == [] and "alive" in report.untouched[0].detail
+
+
+def test_orphans_are_removed(queue: Queue, queue_dir: Path) -> None:
+    os.mkdir(queue_dir / "claimed" / "empty.req.json")
+    os.mkdir(queue_dir / "lease" / "lonely.req.json")
+    pending_job = publish(queue, request(), name="p")
+    os.mkdir(queue_dir / "claimed" / pending_job)
+    report = recover(queue, reconcile=True)
+    assert sorted(f.job for f in report.repaired) == sorted(
+        ["empty.req.json", "lonely.req.json", pending_job]
+    )
+    assert os.listdir(queue_dir / "claimed") == [] and os.listdir(queue_dir / "lease") == []
+    assert state_of(queue, pending_job) == "pending"
+
+
+def test_an_orphan_lease_of_a_dead_holder_is_removed(
+    queue: Queue, me: Holder, queue_dir: Path
+) -> None:
+    job = claimed_by(queue, dataclasses.replace(me, pid=dead_pid()))
+    shutil.rmtree(queue_dir / "claimed" / job)
+    assert recover(queue, reconcile=True).consistent
+    assert os.listdir(queue_dir / "lease") == []
+
+
+def test_an_interrupted_link_move_is_completed(queue: Queue, queue_dir: Path) -> None:
+    job = publish(queue, request(), name="linked")
+    os.mkdir(queue_dir / "claimed" / job)
+    os.link(queue_dir / "pending" / job, queue_dir / "claimed" / job / job)
+    assert state_of(queue, job) == "incomplete"
+    fixed = recover(queue, reconcile=True)
+    assert [f.action for f in fixed.repaired] == ["drop-claim-copy"]
+    assert state_of(queue, job) == "pending" and os.listdir(queue_dir / "claimed") == []
+
+
+def test_stale_temp_files_are_removed_after_the_grace_period(queue: Queue, queue_dir: Path) -> None:
+    stale = queue_dir / "inbox" / "x.req.json.publish.abc.tmp"
+    stale.write_text("{")
+    assert recover(queue, reconcile=True).removed_temps == []  # younger than the default grace
+    old = time.time() - 3600
+    os.utime(stale, (old, old))
+    plain = recover(queue)
+    assert not plain.consistent and plain.stale_temps == [f"inbox/{stale.name}"]
+    assert recover(queue, reconcile=True, grace=10).removed_temps == [f"inbox/{stale.name}"]
+    assert not stale.exists()
+
+
+# ------------------------------------------------------------------------ conflicts
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        "pending+done",
+        "done+failed",
+        "result-without-request",
+        "done-without-result",
+        "pending+claimed-different",
+    ],
+)
+def test_conflicts_are_reported_with_evidence_and_never_resolved(
+    queue: Queue, me: Holder, queue_dir: Path, make: str
+) -> None:
+    job = "k.req.json"
+    body = json.dumps(request())
+    paths = {
+        "pending+done": ["pending/k.req.json", "done/k.req.json", "done/k.req.json.result"],
+        "done+failed": ["done/k.req.json", "done/k.req.json.result", "failed/k.req.json.result"],
+        "result-without-request": ["done/k.req.json.result"],
+        "done-without-result": ["failed/k.req.json"],
+        "pending+claimed-different": ["pending/k.req.json", "claimed/k.req.json/k.req.json"],
+    }[make]
+    for rel in paths:
+        (queue_dir / rel).parent.mkdir(exist_ok=True)
+        (queue_dir / rel).write_text(body)
+    before = sorted(str(p) for p in queue_dir.rglob("*"))
+    for reconcile in (False, True):
+        report = recover(queue, reconcile=reconcile)
+        assert not report.consistent and [f.job for f in report.conflicts] == [job]
+        assert set(paths) <= set(report.conflicts[0].evidence)
+    assert sorted(str(p) for p in queue_dir.rglob("*")) == before
+
+
+def test_recover_after_finish_changes_nothing(queue: Queue, me: Holder, queue_dir: Path) -> None:
+    job = claimed_by(queue, me)
+    finish(queue, job, True)
+    before = sorted(str(p) for p in queue_dir.rglob("*"))
+    report = recover(queue, reconcile=True)
+    assert report.consistent and not (report.requeued or report.repaired)
+    assert sorted(str(p) for p in queue_dir.rglob("*")) == before
