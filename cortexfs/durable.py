@@ -350,10 +350,12 @@ def _unlink_quietly(ops: FsOps, dir_fd: int, name: str) -> None:
 
 
 def open_dir_path(ops: FsOps, path: str) -> int:
-    """Open a directory by path; the last component must not be a symlink."""
+    """Open a directory by path; the last component must not be a symlink (ELOOP)."""
     try:
         return ops.open_dir(path)
     except OSError as exc:
-        if exc.errno == errno.ELOOP:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR) and os.path.islink(path):
             raise CtxError(errno.ELOOP, f"{path} is a symlink; refusing to follow it") from exc
+        if exc.errno == errno.ENOTDIR:
+            raise CtxError(errno.ENOTDIR, f"{path} is not a directory") from exc
         raise

@@ -1,0 +1,153 @@
+"""What is not a job (Q-8): never followed, opened through a link, executed or moved."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from cortexfs.errors import CtxError
+from cortexfs.queue import Holder, Queue, claim, publish, recover
+from cortexfs.queue.inspect import status
+from tests.queue.helpers import request
+
+
+@pytest.fixture
+def outside(tmp_path: Path) -> Path:
+    """A valid-looking request outside the queue that nothing may read or move."""
+    target = tmp_path / "outside.json"
+    target.write_text(json.dumps(request(99)))
+    old = time.time() - 10_000
+    os.utime(target, (old, old))
+    return target
+
+
+def untouched(path: Path) -> bool:
+    st = path.stat()
+    return st.st_atime < time.time() - 9_000 and json.loads(path.read_text())["input"] == {"n": 99}
+
+
+def ignored_reasons(queue: Queue) -> dict[str, str]:
+    return {entry.path: entry.reason for entry in status(queue).ignored}
+
+
+def test_a_symlink_in_pending_is_ignored_and_never_followed(
+    queue: Queue, me: Holder, queue_dir: Path, outside: Path
+) -> None:
+    link = queue_dir / "pending" / "evil.req.json"
+    link.symlink_to(outside)
+    assert claim(queue, me) is None
+    assert ignored_reasons(queue) == {"pending/evil.req.json": "a symlink, not a request file"}
+    assert recover(queue, reconcile=True, grace=0).consistent
+    assert link.is_symlink() and untouched(outside)
+
+
+def test_a_fifo_in_pending_never_blocks_a_claim(queue: Queue, me: Holder, queue_dir: Path) -> None:
+    os.mkfifo(queue_dir / "pending" / "pipe.req.json")
+    real = publish(queue, request(), name="real")
+    won = claim(queue, me)
+    assert won is not None and won.job == real
+    assert claim(queue, me) is None
+    assert ignored_reasons(queue)["pending/pipe.req.json"] == "a FIFO, not a request file"
+
+
+@pytest.mark.parametrize(
+    ("name", "reason"),
+    [
+        (".hidden.req.json", "dot-file"),
+        ("no suffix", "illegal job name"),
+        ("notes.txt", "illegal job name"),
+    ],
+)
+def test_dot_files_and_illegal_names_are_ignored(
+    queue: Queue, me: Holder, queue_dir: Path, name: str, reason: str
+) -> None:
+    (queue_dir / "pending" / name).write_text(json.dumps(request()))
+    assert claim(queue, me) is None
+    assert ignored_reasons(queue)[f"pending/{name}"].startswith(reason)
+    assert (queue_dir / "pending" / name).exists()
+
+
+def test_a_directory_where_a_request_belongs_is_ignored(
+    queue: Queue, me: Holder, queue_dir: Path
+) -> None:
+    (queue_dir / "pending" / "dir.req.json").mkdir()
+    assert claim(queue, me) is None
+    assert ignored_reasons(queue)["pending/dir.req.json"] == "a directory, not a request file"
+
+
+def test_a_symlinked_lease_is_a_conflict_and_never_read(
+    queue: Queue, queue_dir: Path, outside: Path
+) -> None:
+    job = publish(queue, request(), name="sl")
+    os.mkdir(queue_dir / "claimed" / job)
+    os.rename(queue_dir / "pending" / job, queue_dir / "claimed" / job / job)
+    os.mkdir(queue_dir / "lease" / job)
+    (queue_dir / "lease" / job / "worker").symlink_to(outside)
+    for reconcile in (False, True):
+        report = recover(queue, reconcile=reconcile)
+        assert [f.job for f in report.conflicts] == [job]
+    assert (queue_dir / "claimed" / job / job).exists() and untouched(outside)
+    assert f"lease/{job}/worker" in ignored_reasons(queue)
+
+
+def test_a_symlinked_claim_is_never_moved(queue: Queue, queue_dir: Path, outside: Path) -> None:
+    job = "sc.req.json"
+    os.mkdir(queue_dir / "claimed" / job)
+    (queue_dir / "claimed" / job / job).symlink_to(outside)
+    report = recover(queue, reconcile=True)
+    assert [f.job for f in report.conflicts] == [job]
+    assert (queue_dir / "claimed" / job / job).is_symlink() and untouched(outside)
+    assert not (queue_dir / "pending" / job).exists()
+
+
+def test_a_symlink_in_the_inbox_is_never_removed(
+    queue: Queue, queue_dir: Path, outside: Path
+) -> None:
+    link = queue_dir / "inbox" / "x.tmp"
+    link.symlink_to(outside)
+    report = recover(queue, reconcile=True, grace=0)
+    assert report.removed_temps == [] and link.is_symlink() and untouched(outside)
+    assert ignored_reasons(queue)["inbox/x.tmp"].startswith("a symlink")
+
+
+@pytest.mark.parametrize("state", ["pending", "claimed", "done"])
+def test_a_state_directory_replaced_by_a_symlink_is_refused(
+    queue_dir: Path, tmp_path: Path, state: str
+) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    os.rmdir(queue_dir / state)
+    (queue_dir / state).symlink_to(elsewhere)
+    with pytest.raises(CtxError) as caught:
+        Queue.open(queue_dir)
+    assert caught.value.errno in (errno.ELOOP, errno.ENOTDIR)
+    assert "not a real directory" in caught.value.message
+
+
+def test_a_queue_path_that_is_a_symlink_is_refused(queue_dir: Path, tmp_path: Path) -> None:
+    alias = tmp_path / "alias"
+    alias.symlink_to(queue_dir)
+    with pytest.raises(CtxError) as caught:
+        Queue.open(alias)
+    assert caught.value.errno == errno.ELOOP
+
+
+def test_a_malformed_request_dropped_in_pending_is_claimed_with_the_reason(
+    queue: Queue, me: Holder, queue_dir: Path
+) -> None:
+    (queue_dir / "pending" / "junk.req.json").write_text("not json at all")
+    won = claim(queue, me)
+    assert won is not None and won.request["tool"] is None
+    assert "not JSON" in won.request["invalid"]
+
+
+def test_a_result_that_is_a_directory_is_a_conflict(queue: Queue, queue_dir: Path) -> None:
+    (queue_dir / "done" / "d.req.json").write_text("{}")
+    (queue_dir / "done" / "d.req.json.result").mkdir()
+    report = recover(queue, reconcile=True)
+    assert [f.job for f in report.conflicts] == ["d.req.json"]
