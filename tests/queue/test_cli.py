@@ -1,0 +1,270 @@
+"""The queue command line of SPEC §2.4, through real subprocesses: outputs and exit statuses."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.queue.helpers import PROJECT, ctx, dead_pid, request, write_json
+
+P = ("--project", PROJECT)
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    root = tmp_path / "storage"
+    assert ctx(root, "queue", "init", *P).returncode == 0
+    return root
+
+
+@pytest.fixture
+def req(tmp_path: Path) -> Path:
+    return write_json(tmp_path / "req.json", request(1))
+
+
+def qdir(root: Path) -> Path:
+    return root / "shared" / PROJECT / "queue"
+
+
+def test_init_makes_the_root_abi_and_the_queue(tmp_path: Path) -> None:
+    root = tmp_path / "fresh"
+    done = ctx(root, "queue", "init", *P)
+    assert done.returncode == 0, done.stderr
+    assert sorted(os.listdir(root)) == ["agent", "bin", "home", "model", "shared", "tool"]
+    assert sorted(os.listdir(qdir(root))) == sorted(
+        ["config", "inbox", "pending", "lease", "claimed", "done", "failed"]
+    )
+    assert ctx(root, "queue", "init", *P).returncode == 0  # idempotent
+
+
+def test_publish_prints_the_name_alone(root: Path, req: Path) -> None:
+    done = ctx(root, "queue", "publish", *P, "--name", "build-1", str(req))
+    assert (done.returncode, done.stdout) == (0, "build-1.req.json\n")
+    done = ctx(
+        root, "queue", "publish", *P, "--name", "build-2.req.json", "-", stdin=req.read_text()
+    )
+    assert (done.returncode, done.stdout) == (0, "build-2.req.json\n")
+    auto = ctx(root, "queue", "publish", *P, str(req))
+    assert auto.returncode == 0 and auto.stdout.strip().endswith(".req.json")
+    assert len(auto.stdout.splitlines()) == 1
+    assert sorted(os.listdir(qdir(root) / "pending")) == sorted(
+        ["build-1.req.json", "build-2.req.json", auto.stdout.strip()]
+    )
+
+
+def test_publish_json_output(root: Path, req: Path) -> None:
+    done = ctx(root, "queue", "publish", *P, "--name", "j", "--json", str(req))
+    assert json.loads(done.stdout) == {"name": "j.req.json"}
+
+
+def test_publishing_a_known_name_is_refused_with_eexist(root: Path, req: Path) -> None:
+    ctx(root, "queue", "publish", *P, "--name", "dup", str(req))
+    done = ctx(root, "queue", "publish", *P, "--name", "dup", str(req))
+    assert done.returncode == 1 and done.stdout == ""
+    assert "EEXIST" in done.stderr and "dup.req.json" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("body", "needle"),
+    [
+        ("not json", "not JSON"),
+        ("[1]", "one JSON object"),
+        ('{"tool": "x"}', "'input'"),
+        ('{"input": {}}', "'tool'"),
+        (b"\xff\xfe".decode("latin-1"), "JSON"),
+    ],
+)
+def test_invalid_requests_are_refused_and_leave_nothing(root: Path, body: str, needle: str) -> None:
+    done = ctx(root, "queue", "publish", *P, "-", stdin=body)
+    assert done.returncode == 1 and "EINVAL" in done.stderr and needle in done.stderr
+    assert done.stdout == ""
+    assert os.listdir(qdir(root) / "pending") == [] and os.listdir(qdir(root) / "inbox") == []
+
+
+def test_an_oversize_request_is_refused(root: Path, tmp_path: Path) -> None:
+    big = write_json(tmp_path / "big.json", request(pad="x" * (1024 * 1024)))
+    done = ctx(root, "queue", "publish", *P, str(big))
+    assert done.returncode == 1 and "EFBIG" in done.stderr
+    assert os.listdir(qdir(root) / "pending") == []
+
+
+def test_an_illegal_name_is_a_usage_error(root: Path, req: Path) -> None:
+    done = ctx(root, "queue", "publish", *P, "--name", "../escape", str(req))
+    assert done.returncode == 2 and "EINVAL" in done.stderr
+
+
+def test_a_missing_request_file_is_refused(root: Path, tmp_path: Path) -> None:
+    done = ctx(root, "queue", "publish", *P, str(tmp_path / "nope.json"))
+    assert done.returncode == 1 and "ENOENT" in done.stderr
+
+
+def test_batch_prints_each_name(root: Path, tmp_path: Path) -> None:
+    lines = [json.dumps(request(n)) for n in range(5)]
+    batch = tmp_path / "b.jsonl"
+    batch.write_text("\n".join(lines) + "\n\n")
+    done = ctx(root, "queue", "publish", *P, "--batch", str(batch))
+    assert done.returncode == 0
+    names = done.stdout.split()
+    assert len(names) == 5 and sorted(names) == sorted(os.listdir(qdir(root) / "pending"))
+
+
+def test_a_batch_with_a_bad_line_publishes_nothing(root: Path) -> None:
+    body = json.dumps(request(0)) + "\n{broken\n" + json.dumps(request(2)) + "\n"
+    done = ctx(root, "queue", "publish", *P, "--batch", "-", stdin=body)
+    assert done.returncode == 1 and "line 2" in done.stderr and done.stdout == ""
+    assert os.listdir(qdir(root) / "pending") == []
+
+
+def test_claim_prints_the_name_and_leases_to_the_calling_process(root: Path, req: Path) -> None:
+    ctx(root, "queue", "publish", *P, "--name", "c", str(req))
+    script = f'{sys.executable} -m cortexfs queue claim --project {PROJECT}; echo "shell=$$"'
+    done = subprocess.run(
+        ["sh", "-c", script],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "CTX_STORAGE": str(root)},
+    )
+    job, shell = done.stdout.split()
+    assert job == "c.req.json"
+    lease = json.loads((qdir(root) / "lease" / job / "worker").read_text())
+    assert lease["pid"] == int(shell.removeprefix("shell="))
+
+
+def test_claim_json_and_options(root: Path, req: Path) -> None:
+    ctx(root, "queue", "publish", *P, "--name", "cj", str(req))
+    done = ctx(root, "queue", "claim", *P, "--json", "--pid", str(os.getpid()), "--ttl", "42",
+               "--worker", "w-1")  # fmt: skip
+    claimed = json.loads(done.stdout)
+    assert claimed["name"] == "cj.req.json" and claimed["request"]["input"] == {"n": 1}
+    assert claimed["lease"]["pid"] == os.getpid() and claimed["lease"]["worker"] == "w-1"
+
+
+def test_claim_on_an_empty_queue_exits_3_silently(root: Path) -> None:
+    done = ctx(root, "queue", "claim", *P)
+    assert (done.returncode, done.stdout) == (3, "")
+
+
+def test_claim_for_a_dead_pid_is_a_usage_error(root: Path, req: Path) -> None:
+    ctx(root, "queue", "publish", *P, str(req))
+    done = ctx(root, "queue", "claim", *P, "--pid", str(dead_pid()))
+    assert done.returncode == 2 and "EINVAL" in done.stderr
+    assert len(os.listdir(qdir(root) / "pending")) == 1
+
+
+def test_renew_is_for_the_holder_only(root: Path, req: Path) -> None:
+    ctx(root, "queue", "publish", *P, "--name", "r", str(req))
+    me = str(os.getpid())
+    ctx(root, "queue", "claim", *P, "--pid", me, "--ttl", "5")
+    done = ctx(root, "queue", "renew", *P, "r", "--pid", me, "--ttl", "600", "--json")
+    assert done.returncode == 0 and json.loads(done.stdout)["pid"] == os.getpid()
+    other = ctx(root, "queue", "renew", *P, "r")  # the holder would be pytest's ctx parent: us?
+    assert other.returncode == 0  # ctx's parent is this test process, the holder
+    stranger = subprocess.run(
+        ["sh", "-c", f"{sys.executable} -m cortexfs queue renew --project {PROJECT} r"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "CTX_STORAGE": str(root)},
+    )
+    assert stranger.returncode == 1 and "EACCES" in stranger.stderr
+
+
+def test_finish_ok_with_a_json_result(root: Path, req: Path, tmp_path: Path) -> None:
+    ctx(root, "queue", "publish", *P, "--name", "f", str(req))
+    ctx(root, "queue", "claim", *P)
+    result = write_json(tmp_path / "result.json", {"lines": 3})
+    done = ctx(root, "queue", "finish", *P, "f", "--ok", str(result))
+    assert (done.returncode, done.stdout) == (0, "f.req.json\n")
+    stored = json.loads((qdir(root) / "done" / "f.req.json.result").read_text())
+    assert stored["status"] == "ok" and stored["output"] == {"lines": 3}
+
+
+def test_finish_error_with_text_on_stdin(root: Path, req: Path) -> None:
+    ctx(root, "queue", "publish", *P, "--name", "e", str(req))
+    ctx(root, "queue", "claim", *P)
+    done = ctx(root, "queue", "finish", *P, "e.req.json", "--error", "-", stdin="it broke\n")
+    assert done.returncode == 0
+    stored = json.loads((qdir(root) / "failed" / "e.req.json.result").read_text())
+    assert stored["status"] == "error" and stored["output"] == "it broke\n"
+
+
+def test_finish_needs_an_outcome_and_a_claim(root: Path, req: Path) -> None:
+    ctx(root, "queue", "publish", *P, "--name", "n", str(req))
+    assert ctx(root, "queue", "finish", *P, "n").returncode == 2
+    done = ctx(root, "queue", "finish", *P, "n", "--ok")
+    assert done.returncode == 1 and "ENOENT" in done.stderr
+
+
+def test_status_list_and_show(root: Path, req: Path) -> None:
+    for name in ("a", "b", "c"):
+        ctx(root, "queue", "publish", *P, "--name", name, str(req))
+    ctx(root, "queue", "claim", *P)
+    (qdir(root) / "pending" / ".dot").write_text("x")
+    status = json.loads(ctx(root, "queue", "status", *P, "--json").stdout)
+    assert status["counts"]["pending"] == 2 and status["counts"]["claimed"] == 1
+    assert status["counts"]["ignored"] == 1 and status["ignored"][0]["reason"] == "dot-file"
+    text = ctx(root, "queue", "status", *P).stdout
+    assert "pending" in text and "ignored" in text and "pending/.dot" in text
+    listed = ctx(root, "queue", "list", *P, "--state", "pending").stdout.split()
+    assert len(listed) == 2 and all(n.endswith(".req.json") for n in listed)
+    every = json.loads(ctx(root, "queue", "list", *P, "--json").stdout)
+    assert sorted(j["state"] for j in every) == ["claimed", "pending", "pending"]
+    claimed = next(j["name"] for j in every if j["state"] == "claimed")
+    shown = json.loads(ctx(root, "queue", "show", *P, claimed, "--json").stdout)
+    assert shown["state"] == "claimed" and shown["request"]["input"] == {"n": 1}
+    assert {e["path"] for e in shown["evidence"]} >= {
+        f"claimed/{claimed}/{claimed}",
+        f"lease/{claimed}/worker",
+    }
+    assert shown["lease"]["job"] == claimed
+    assert ctx(root, "queue", "show", *P, "ghost").returncode == 1
+
+
+def test_recover_exit_statuses_and_json(root: Path, req: Path) -> None:
+    ctx(root, "queue", "publish", *P, "--name", "x", str(req))
+    ctx(root, "queue", "claim", *P, "--pid", str(os.getpid()))
+    lease = qdir(root) / "lease" / "x.req.json" / "worker"
+    held = json.loads(lease.read_text())
+    lease.write_text(json.dumps({**held, "pid": dead_pid()}))
+    dry = ctx(root, "queue", "recover", *P, "--dry-run", "--json")
+    assert dry.returncode == 0 and json.loads(dry.stdout)["requeued"][0]["job"] == "x.req.json"
+    assert (qdir(root) / "claimed" / "x.req.json").exists()
+    done = ctx(root, "queue", "recover", *P)
+    assert done.returncode == 0 and "requeue" in done.stdout
+    assert (qdir(root) / "pending" / "x.req.json").exists()
+    os.mkdir(qdir(root) / "claimed" / "y.req.json")
+    (qdir(root) / "claimed" / "y.req.json" / "y.req.json").write_text(json.dumps(request()))
+    assert ctx(root, "queue", "recover", *P).returncode == 1
+    fixed = ctx(root, "queue", "recover", *P, "--reconcile", "--grace", "0", "--json")
+    assert fixed.returncode == 0 and json.loads(fixed.stdout)["consistent"]
+
+
+def test_storage_and_queue_options(tmp_path: Path, req: Path) -> None:
+    root = tmp_path / "opt"
+    assert ctx(tmp_path / "ignored", "--storage", str(root), "queue", "init", *P).returncode == 0
+    assert ctx(tmp_path / "ignored", "queue", "status", "--storage", str(root), *P).returncode == 0
+    done = ctx(tmp_path / "ignored", "queue", "publish", "--queue", str(qdir(root)), str(req))
+    assert done.returncode == 0 and (qdir(root) / "pending" / done.stdout.strip()).exists()
+
+
+def test_an_uninitialised_queue_is_explained(tmp_path: Path) -> None:
+    done = ctx(tmp_path / "none", "queue", "status", *P)
+    assert done.returncode == 1 and "ENOENT" in done.stderr and "ctx queue init" in done.stderr
+
+
+def test_usage_errors_exit_2(root: Path) -> None:
+    assert ctx(root, "queue", "claim", *P, "--bogus").returncode == 2
+    assert ctx(root, "queue", "status").returncode == 2  # no --project
+    assert ctx(root, "queue", "list", *P, "--state", "lost").returncode == 2
+    assert ctx(root, "queue", "claim", *P, "--ttl", "0").returncode == 2
+
+
+def test_every_command_has_help(root: Path) -> None:
+    for command in ("init", "publish", "claim", "renew", "finish", "status", "list", "show",
+                    "recover"):  # fmt: skip
+        done = ctx(root, "queue", command, "--help")
+        assert done.returncode == 0 and "--project" in done.stdout and "--json" in done.stdout
