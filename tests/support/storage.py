@@ -1,0 +1,90 @@
+"""Real storage roots laid out the way the authority chain reads them (SPEC A-3, T-1, P-5).
+
+Everything is an ordinary file or directory with an explicit mode, written as the host
+(root) would write it: the controls an agent must not change are root-owned and ``0644``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pytest
+
+from cortexfs.storage import ensure_root_abi
+
+EXECUTABLE = 0o755
+CONTROL = 0o644
+AGENT_ENTRY = "#!/bin/sh\nexit 0\n"
+
+
+@pytest.fixture
+def traversable_tmp() -> Iterator[Path]:
+    """A temporary directory every user may search (``tmp_path`` is private to root)."""
+    path = Path(tempfile.mkdtemp(prefix="cortexfs-test-", dir="/tmp"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path)
+
+
+def make_root(parent: Path) -> Path:
+    """A storage root with the six root entries (R-2), each ``0755``."""
+    root = parent / "storage"
+    ensure_root_abi(root)
+    for entry in (root, *root.iterdir()):
+        entry.chmod(0o755)
+    return root
+
+
+def write(path: Path, text: str, mode: int = CONTROL) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(mode)
+    return path
+
+
+def add_agent(
+    root: Path,
+    name: str,
+    *,
+    uid: int,
+    gid: int,
+    groups: Sequence[int] = (),
+    label: str | None = None,
+    policy: str = "",
+    mounts: Sequence[Sequence[str]] | None = None,
+) -> Path:
+    """``agent/<name>`` and its controls; returns the control directory ``agent/<name>.d``.
+
+    The label defaults to ``<name>_t`` and the mounts to the whole storage root, read-only,
+    at ``/ctx``.
+    """
+    write(root / "agent" / name, AGENT_ENTRY, EXECUTABLE)
+    controls = root / "agent" / f"{name}.d"
+    controls.mkdir(mode=EXECUTABLE)
+    controls.chmod(EXECUTABLE)
+    identity = {"uid": uid, "gid": gid, "groups": list(groups)}
+    write(controls / "identity", json.dumps(identity))
+    write(controls / "label", f"{label or name + '_t'}\n")
+    write(controls / "policy", policy)
+    table = [[str(root), "/ctx", "ro"]] if mounts is None else [list(m) for m in mounts]
+    write(controls / "mount", json.dumps(table))
+    return controls
+
+
+def add_tool(
+    root: Path, name: str, *, policy: str, location: str = "tool", mode: int = EXECUTABLE
+) -> Path:
+    """``<location>/<name>`` (a shell script printing its input) and its ``.d/policy``."""
+    directory = root / location
+    tool = write(directory / name, "#!/bin/sh\ncat\n", mode)
+    write(directory / f"{name}.d" / "policy", policy)
+    for parent in (directory, *directory.parents):
+        if parent == root:
+            break
+        parent.chmod(EXECUTABLE)
+    (directory / f"{name}.d").chmod(EXECUTABLE)
+    return tool

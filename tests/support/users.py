@@ -1,0 +1,122 @@
+"""A real unprivileged user, for tests in which the kernel must judge a non-root uid.
+
+The test machine runs the suite as root, and root passes every mode-bit check, so a test
+that wants the kernel's opinion of an ordinary uid needs one: :func:`unprivileged_user`
+creates the system user ``ctxtest`` (no home, no login shell) when running as root and it is
+absent, and reuses it when present.  Without root and without that user, the test is skipped
+with the reason.  Use the fixture in a suite's ``conftest.py``::
+
+    from tests.support.users import unprivileged_user as unprivileged_user
+
+:func:`run_as` to run a real process under that user's credentials, and :func:`access_as` to
+ask the kernel what that user may do with a list of paths.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pytest
+
+TEST_USER = "ctxtest"
+_USERADD_CANDIDATES = ("useradd", "/usr/sbin/useradd", "/sbin/useradd")
+# Parallel test workers race to create the user; useradd then fails on the passwd lock.
+_CREATE_ATTEMPTS = 10
+
+
+@dataclass(frozen=True)
+class UnprivilegedUser:
+    name: str
+    uid: int
+    gid: int
+
+
+def find_or_create_user(name: str = TEST_USER) -> UnprivilegedUser:
+    """The user ``name``, created first when running as root; ``pytest.skip`` when impossible."""
+    entry = _lookup(name)
+    if entry is not None:
+        return _checked(entry)
+    if os.geteuid() != 0:
+        pytest.skip(f"needs root to create the test user {name!r}, or that user to exist")
+    useradd = next(filter(None, map(shutil.which, _USERADD_CANDIDATES)), None)
+    if useradd is None:
+        pytest.skip(f"cannot create the test user {name!r}: useradd is not installed")
+    failure = ""
+    for _ in range(_CREATE_ATTEMPTS):
+        created = subprocess.run(
+            [useradd, "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        entry = _lookup(name)
+        if entry is not None:
+            return _checked(entry)
+        failure = created.stderr.strip()
+        time.sleep(0.2)
+    pytest.skip(f"cannot create the test user {name!r}: {failure}")
+
+
+@pytest.fixture(scope="session")
+def unprivileged_user() -> UnprivilegedUser:
+    """The real non-root test user (uid, gid), created on first use when running as root."""
+    return find_or_create_user()
+
+
+def run_as(
+    user: UnprivilegedUser, argv: Sequence[str], groups: Sequence[int] = ()
+) -> subprocess.CompletedProcess[str]:
+    """Run ``argv`` as ``user`` with exactly ``groups`` as supplementary groups (needs root)."""
+    return subprocess.run(
+        list(argv),
+        user=user.uid,
+        group=user.gid,
+        extra_groups=list(groups),
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+
+
+# faccessat(2) through sh's test: the kernel's own answer, with no interpreter the test user
+# might be unable to run.
+_ACCESS_SCRIPT = """
+for question; do
+    wanted=${question%%:*}; path=${question#*:}; granted=1
+    case $wanted in *r*) test -r "$path" || granted=0;; esac
+    case $wanted in *w*) test -w "$path" || granted=0;; esac
+    case $wanted in *x*) test -x "$path" || granted=0;; esac
+    echo $granted
+done
+"""
+
+
+def access_as(
+    user: UnprivilegedUser, questions: Sequence[tuple[str, str]], groups: Sequence[int] = ()
+) -> list[bool]:
+    """Ask the kernel, as ``user`` with supplementary ``groups``, for each ``(path, "rwx")``."""
+    argv = ["/bin/sh", "-c", _ACCESS_SCRIPT, "sh", *(f"{rwx}:{path}" for path, rwx in questions)]
+    done = run_as(user, argv, groups)
+    if done.returncode != 0:
+        raise RuntimeError(f"asking the kernel as {user.name} failed: {done.stderr.strip()}")
+    return [line == "1" for line in done.stdout.split()]
+
+
+def _lookup(name: str) -> pwd.struct_passwd | None:
+    try:
+        return pwd.getpwnam(name)
+    except KeyError:
+        return None
+
+
+def _checked(entry: pwd.struct_passwd) -> UnprivilegedUser:
+    if entry.pw_uid == 0:
+        pytest.skip(f"the test user {entry.pw_name!r} has uid 0; it must be unprivileged")
+    return UnprivilegedUser(entry.pw_name, entry.pw_uid, entry.pw_gid)
