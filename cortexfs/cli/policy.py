@@ -58,9 +58,11 @@ def policy() -> None:
 def check(files: tuple[str, ...]) -> None:
     """Validate policy FILEs ('-' reads standard input).
 
-    Exit 0 when every file is valid.  Otherwise exit 1 and print one line per invalid line on
-    standard error, every one of them, as  FILE:LINE: EINVAL: <reason>.  A file with any
-    invalid line is invalid as a whole.
+    Exit 0 when every file is valid.  Otherwise exit 1 and print on standard error one line
+    for every invalid line of every file (a file with any invalid line is invalid as a whole):
+
+    \b
+        FILE:LINE: EINVAL: <reason>
     """
     all_valid = True
     for name in files:

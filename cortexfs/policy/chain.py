@@ -241,7 +241,7 @@ class _Evaluation:
             site = self.site
             verdict = check_access(self.root, site.path, self.identity, site.access, site.kind)
         else:
-            return Outcome.NOT_APPLICABLE, f"{self.object_ref} is no file"
+            return Outcome.NOT_APPLICABLE, f"{self.object_ref} has no file on disk"
         if not verdict.allowed:
             raise CtxError(verdict.errno, verdict.detail)
         return Outcome.PASS, verdict.detail
@@ -253,7 +253,7 @@ class _Evaluation:
                 raise denied(f"mount {mount.name!r} is read-only: {mount}")
             return Outcome.PASS, f"the agent has mount {mount}"
         if self.site is None:
-            return Outcome.NOT_APPLICABLE, f"{self.object_ref} is no file"
+            return Outcome.NOT_APPLICABLE, f"{self.object_ref} has no file on disk"
         views = views_of(self.mounts, PurePosixPath(self.root, self.site.path))
         if not views:
             raise denied(f"{self.site.path} is under none of agent {self.agent!r}'s mounts")

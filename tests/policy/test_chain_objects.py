@@ -1,0 +1,154 @@
+"""The chain for every class of object and every tool tier (SPEC P-3..P-7, T-4, S-6, X-1)."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from cortexfs.policy import AuthorityRequest, Credentials, Decision, Outcome, Step, check_authority
+from tests.support.storage import add_tool, write
+from tests.support.users import UnprivilegedUser
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to set owners and uids")
+
+
+def ask(root: Path, object_ref: str, permission: str, location: str | None = None) -> Decision:
+    object_class, _, name = object_ref.partition(":")
+    return check_authority(
+        AuthorityRequest(root, "coder", object_class, name, permission, location=location)
+    )
+
+
+def grant(controls: Path, *rules: str) -> None:
+    write(controls / "policy", "".join(f"allow coder_t {rule}\n" for rule in rules))
+
+
+def mount(controls: Path, *triples: list[str]) -> None:
+    write(controls / "mount", json.dumps(list(triples)))
+
+
+def outcomes(decision: Decision) -> list[Outcome]:
+    return [result.outcome for result in decision.steps]
+
+
+def test_the_network_is_off_unless_allowed(root: Path, coder: Path) -> None:
+    decision = ask(root, "network:default", "connect")
+    assert (decision.step, decision.errno) == (Step.OBJECT_POLICY, errno.EACCES)
+    grant(coder, "network:default connect")
+    decision = ask(root, "network:default", "connect")
+    assert decision.allowed
+    na, ok = Outcome.NOT_APPLICABLE, Outcome.PASS
+    assert outcomes(decision) == [ok, na, na, ok, ok, na]
+
+
+def test_a_model_needs_its_own_policy_too(root: Path, coder: Path) -> None:
+    model = write(root / "model" / "openai" / "gpt-5.6", "{}\n")
+    model.parent.chmod(0o755)
+    own_policy = root / "model" / "openai" / "gpt-5.6.d" / "policy"
+    write(own_policy, "")
+    own_policy.parent.chmod(0o755)
+    assert ask(root, "model:openai/gpt-5.6", "use").step == Step.OWN_POLICY
+    write(own_policy, "allow coder_t model:openai/gpt-5.6 use\n")
+    assert ask(root, "model:openai/gpt-5.6", "use").allowed
+    model.chmod(0o640)
+    assert ask(root, "model:openai/gpt-5.6", "use").step == Step.MODE_BITS
+    assert ask(root, "model:openai/gpt-9", "use").errno == errno.ENOENT
+
+
+def test_a_shared_space_needs_mode_bits_a_mount_and_policy(
+    root: Path, coder: Path, user: UnprivilegedUser
+) -> None:
+    space = root / "shared" / "project-a"
+    space.mkdir(mode=0o755)
+    space.chmod(0o755)
+    grant(coder, "shared:project-a read", "shared:project-a write")
+    assert ask(root, "shared:project-a", "read").allowed
+    write_decision = ask(root, "shared:project-a", "write")
+    assert write_decision.step == Step.MODE_BITS
+    assert "needs -wx" in write_decision.reason
+
+    os.chown(space, 0, 61006)
+    space.chmod(0o775)
+    identity = {"uid": user.uid, "gid": user.gid, "groups": [61006]}
+    write(coder / "identity", json.dumps(identity))
+    assert ask(root, "shared:project-a", "write").step == Step.VISIBILITY
+    mount(coder, [str(root), "/ctx", "ro"], [str(space), "/shared/project-a", "rw"])
+    assert ask(root, "shared:project-a", "write").allowed
+    assert ask(root, "shared:project-b", "read").errno == errno.ENOENT
+
+
+def test_a_session_is_found_through_its_location(root: Path, coder: Path) -> None:
+    sessions = root / "shared" / "project-a" / "agent" / "reviewer" / "session"
+    (sessions / "design-review").mkdir(parents=True)
+    for directory in (sessions / "design-review", *sessions.parents):
+        if directory == root:
+            break
+        directory.chmod(0o755)
+    location = "shared/project-a/agent/reviewer/session"
+    grant(coder, "session:design-review read", "session:design-review resume")
+    assert ask(root, "session:design-review", "read", location).allowed
+    resume = ask(root, "session:design-review", "resume", location)
+    assert (resume.step, resume.errno) == (Step.MODE_BITS, errno.EACCES)
+    elsewhere = ask(root, "session:design-review", "read", "home/1000/agent/coder/session")
+    assert elsewhere.errno == errno.ENOENT
+
+
+def test_creating_an_agent_is_granted_per_child_name(root: Path, coder: Path) -> None:
+    grant(coder, "agent:review-1 create")
+    assert ask(root, "agent:review-1", "create").allowed
+    denied = ask(root, "agent:review-2", "create")
+    assert (denied.step, denied.errno) == (Step.OBJECT_POLICY, errno.EACCES)
+    assert "has no rule 'allow coder_t agent:review-2 create'" in denied.reason
+
+
+def test_starting_an_agent_needs_its_entry(root: Path, coder: Path) -> None:
+    grant(coder, "agent:coder start", "agent:reviewer start")
+    assert ask(root, "agent:coder", "start").allowed
+    assert ask(root, "agent:reviewer", "start").errno == errno.ENOENT
+
+
+def test_a_mount_is_named_by_its_target(
+    root: Path, coder: Path, traversable_tmp: Path, user: UnprivilegedUser
+) -> None:
+    project = traversable_tmp / "project"
+    project.mkdir(mode=0o755)
+    project.chmod(0o755)
+    mount(coder, [str(root), "/ctx", "ro"], [str(project), "/workspace", "ro"])
+    grant(coder, "mount:workspace read", "mount:workspace write")
+    assert ask(root, "mount:workspace", "read").allowed
+    assert ask(root, "mount:home", "read").errno == errno.ENOENT
+    assert ask(root, "mount:workspace", "write").step == Step.MODE_BITS
+
+    os.chown(project, user.uid, user.gid)
+    write_decision = ask(root, "mount:workspace", "write")
+    assert write_decision.step == Step.VISIBILITY
+    assert "read-only" in write_decision.reason
+    mount(coder, [str(root), "/ctx", "ro"], [str(project), "/workspace", "rw"])
+    assert ask(root, "mount:workspace", "write").allowed
+
+
+@pytest.mark.parametrize("tier", ["home/{uid}/tool", "shared/project-a/tool"])
+def test_tools_in_other_tiers_are_judged_where_they_live(
+    root: Path, coder: Path, user: UnprivilegedUser, tier: str
+) -> None:
+    location = tier.format(uid=user.uid)
+    add_tool(root, "lint", policy="allow coder_t tool:lint execute\n", location=location)
+    grant(coder, "tool:lint execute")
+    assert ask(root, "tool:lint", "execute").errno == errno.ENOENT
+    decision = check_authority(
+        AuthorityRequest(
+            root,
+            "coder",
+            "tool",
+            "lint",
+            "execute",
+            caller=Credentials(user.uid, user.gid),
+            location=location,
+        )
+    )
+    assert decision.allowed, decision.reason
+    assert f"{location}/lint.d/policy" in decision.steps[Step.OWN_POLICY - 1].detail

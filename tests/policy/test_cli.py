@@ -1,0 +1,194 @@
+"""``ctx policy`` through real processes: outputs and exit statuses to the letter (SPEC P-8)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.storage import add_tool, write
+from tests.support.users import UnprivilegedUser
+
+CTX = str(Path(sys.executable).with_name("ctx"))
+CODER = "allow coder_t tool:fs.read execute\nallow coder_t network:default connect\n"
+FS_READ = "# fs.read serves coder only\nallow coder_t tool:fs.read execute\n"
+
+
+def ctx(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [CTX, "policy", *args], input=stdin, capture_output=True, text=True, check=False
+    )
+
+
+@pytest.fixture
+def policies(tmp_path: Path) -> Path:
+    write(tmp_path / "coder.policy", CODER)
+    write(tmp_path / "fs.read.policy", FS_READ)
+    return tmp_path
+
+
+def test_check_accepts_valid_files_silently(policies: Path) -> None:
+    done = ctx("check", str(policies / "coder.policy"), str(policies / "fs.read.policy"))
+    assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
+
+
+def test_check_reports_every_bad_line_of_every_file(policies: Path) -> None:
+    bad = write(
+        policies / "bad.policy",
+        "allow coder_t tool:fs.read execute\n"
+        "allow coder_t agent:* create\n"
+        "# fine\n"
+        "deny coder_t tool:fs.write execute\n"
+        "allow coder_t tool:fs.read read\n",
+    )
+    worse = write(policies / "worse.policy", "allow coder tool:fs.read execute\n")
+    done = ctx("check", str(bad), str(policies / "coder.policy"), str(worse))
+    assert done.returncode == 1
+    assert done.stdout == ""
+    assert done.stderr.splitlines() == [
+        f"{bad}:2: EINVAL: agent:*: globs are not supported (P-2); name each object",
+        f"{bad}:4: EINVAL: there is no 'deny' (P-2): policy v0 denies whatever no rule allows",
+        f"{bad}:5: EINVAL: 'read' is a permission of shared, session, mount, agent, not of "
+        "tool; tool has execute",
+        f"{worse}:1: EINVAL: subject type 'coder' must end in '_t', e.g. coder_t",
+    ]
+
+
+def test_check_reads_standard_input() -> None:
+    assert ctx("check", "-", stdin=CODER).returncode == 0
+    done = ctx("check", "-", stdin="allow coder_t tool:* execute\n")
+    assert (done.returncode, done.stderr.split(":", 2)[:2]) == (1, ["-", "1"])
+
+
+def test_check_fails_on_an_unreadable_file(tmp_path: Path) -> None:
+    done = ctx("check", str(tmp_path / "missing"))
+    assert done.returncode == 1
+    assert "ENOENT" in done.stderr
+
+
+def test_query_prints_allow_or_deny(policies: Path) -> None:
+    coder = str(policies / "coder.policy")
+    allowed = ctx("query", "--policy", coder, "coder_t", "tool:fs.read", "execute")
+    assert (allowed.returncode, allowed.stdout, allowed.stderr) == (0, "allow\n", "")
+    denied = ctx("query", "--policy", coder, "coder_t", "tool:fs.write", "execute")
+    assert (denied.returncode, denied.stdout, denied.stderr) == (1, "deny\n", "")
+    other_subject = ctx("query", "--policy", coder, "reviewer_t", "tool:fs.read", "execute")
+    assert (other_subject.returncode, other_subject.stdout) == (1, "deny\n")
+
+
+def test_query_requires_every_policy_to_allow(policies: Path) -> None:
+    layers = [
+        "--policy",
+        str(policies / "coder.policy"),
+        "--policy",
+        str(policies / "fs.read.policy"),
+    ]
+    assert ctx("query", *layers, "coder_t", "tool:fs.read", "execute").stdout == "allow\n"
+    network = ctx("query", *layers, "coder_t", "network:default", "connect")
+    assert (network.returncode, network.stdout) == (1, "deny\n")
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        ["coder", "tool:fs.read", "execute"],
+        ["coder_t", "file:README", "read"],
+        ["coder_t", "tool:fs.read", "read"],
+        ["coder_t", "tool:*", "execute"],
+        ["coder_t", "fs.read", "execute"],
+        ["coder_t", "network:internet", "connect"],
+    ],
+)
+def test_a_malformed_query_exits_2_with_einval(policies: Path, query: list[str]) -> None:
+    done = ctx("query", "--policy", str(policies / "coder.policy"), *query)
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr.startswith("ctx: EINVAL: ")
+
+
+def test_a_malformed_policy_exits_2_with_every_bad_line(policies: Path) -> None:
+    bad = write(policies / "bad.policy", "allow coder_t tool:* execute\nallow x tool:y execute\n")
+    done = ctx("query", "--policy", str(bad), "coder_t", "tool:fs.read", "execute")
+    assert (done.returncode, done.stdout) == (2, "")
+    assert [line.split(": ")[:2] for line in done.stderr.splitlines()] == [
+        [f"{bad}:1", "EINVAL"],
+        [f"{bad}:2", "EINVAL"],
+    ]
+
+
+def test_query_needs_a_policy(policies: Path) -> None:
+    assert ctx("query", "coder_t", "tool:fs.read", "execute").returncode == 2
+    missing = ctx("query", "--policy", str(policies / "nope"), "coder_t", "tool:x", "execute")
+    assert missing.returncode == 2
+    assert "ENOENT" in missing.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to set owners and uids")
+def test_explain_walks_the_six_steps(root: Path, coder: Path, user: UnprivilegedUser) -> None:
+    add_tool(root, "fs.read", policy="# nobody yet\n")
+    request = ["explain", "--storage", str(root), "coder", "tool:fs.read", "execute"]
+    done = ctx(*request)
+    assert done.returncode == 1, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "agent coder: tool:fs.read execute"
+    assert [line.split()[:2] for line in lines[1:7]] == [
+        ["1", "peer"],
+        ["2", "mode"],
+        ["3", "mount"],
+        ["4", "agent"],
+        ["5", "object"],
+        ["6", "tool/model"],
+    ]
+    assert "deny EACCES" in lines[6]
+    assert lines[7].startswith("deny: EACCES: step 6 (tool/model policy): tool/fs.read.d/policy")
+
+    write(root / "tool" / "fs.read.d" / "policy", FS_READ)
+    allowed = ctx(*request, "--json")
+    assert allowed.returncode == 0, allowed.stderr
+    verdict = json.loads(allowed.stdout)
+    assert (verdict["allowed"], verdict["step"], verdict["errno"]) == (True, None, None)
+    assert [step["result"] for step in verdict["steps"]] == ["pass"] * 6
+
+    peer = ctx(*request, "--peer", f"{user.uid + 1}:{user.gid}", "--json")
+    assert peer.returncode == 1
+    assert json.loads(peer.stdout)["step_name"] == "peer credentials"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to set owners and uids")
+def test_explain_a_malformed_request_exits_2(root: Path, coder: Path) -> None:
+    for request in (
+        ["coder", "tool:*", "execute"],
+        ["coder", "session:review", "read"],
+        ["coder", "tool:fs.read", "execute", "--peer", "me"],
+        ["../coder", "tool:fs.read", "execute"],
+    ):
+        done = ctx("explain", "--storage", str(root), *request)
+        assert done.returncode == 2, request
+        assert "EINVAL" in done.stderr
+
+
+def test_explain_without_a_storage_root_fails(tmp_path: Path) -> None:
+    done = ctx(
+        "explain", "--storage", str(tmp_path / "none"), "coder", "network:default", "connect"
+    )
+    assert done.returncode == 1
+    assert "ENOENT" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("command", "mentions"),
+    [
+        ([], ["allow SUBJECT_t CLASS:NAME PERMISSION", "network: connect"]),
+        (["check"], ["FILE:LINE: EINVAL: <reason>"]),
+        (["query"], ["--policy", "'allow'", "'deny'"]),
+        (["explain"], ["--location", "--peer", "tool/model policy", "--json"]),
+    ],
+)
+def test_every_command_explains_itself(command: list[str], mentions: list[str]) -> None:
+    done = ctx(*command, "--help")
+    assert done.returncode == 0
+    for words in mentions:
+        assert words in done.stdout
