@@ -1,0 +1,287 @@
+"""Queue lifecycle benchmark: our throughput against this disk's fsync floor and peer queues.
+
+Everything is measured in one run on one filesystem and reported as ratios:
+
+(a) the fsync floor — the measured latency of a file fsync and of a directory fsync, times the
+    number of each that the protocol issues per job (counted through ``durable.FsOps``);
+(b) our lifecycle (publish → claim → finish, library API, one process) and batch publish;
+(c) peers at equal durability: persist-queue ``SQLiteAckQueue`` (WAL, synchronous=FULL, checked)
+    and litequeue (WAL, switched to synchronous=FULL), plus python-dirq ``QueueSimple``, which
+    never fsyncs, as a non-durable upper bound;
+(d) the cost of a claim with 1 000 and with 100 000 jobs pending.
+
+Usage: python bench/queue_lifecycle.py [--jobs N] [--big N] [--dir DIR] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import stat
+import statistics
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+from cortexfs.durable import FsOps
+from cortexfs.queue import Holder, Queue, claim, finish, init_queue, publish, publish_batch
+
+REQUEST = {"tool": "fs.stat", "input": {"path": "/srv/data/report.csv"}}
+
+
+class CountingOps(FsOps):
+    """Real operations that count file fsyncs, directory fsyncs and syncfs calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: Counter[str] = Counter()
+
+    def fsync(self, fd: int) -> None:
+        self.counts["dir_fsync" if stat.S_ISDIR(os.fstat(fd).st_mode) else "file_fsync"] += 1
+        super().fsync(fd)
+
+    def syncfs(self, fd: int) -> None:
+        self.counts["syncfs"] += 1
+        super().syncfs(fd)
+
+
+def fresh_queue(base: Path, name: str, ops: FsOps | None = None) -> Queue:
+    path = base / name
+    shutil.rmtree(path, ignore_errors=True)
+    init_queue(path)
+    return Queue.open(path, ops)
+
+
+# ----------------------------------------------------------------------------- (a) floor
+
+
+def fsync_latencies(base: Path, samples: int) -> tuple[float, float]:
+    """Median seconds of a file fsync (fresh small file) and of a dir fsync after a rename."""
+    probe = base / "fsync-probe"
+    probe.mkdir()
+    dir_fd = os.open(probe, os.O_RDONLY | os.O_DIRECTORY)
+    file_times, dir_times = [], []
+    try:
+        for n in range(samples):
+            fd = os.open(f"f{n}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644, dir_fd=dir_fd)
+            os.write(fd, json.dumps(REQUEST).encode())
+            start = time.perf_counter()
+            os.fsync(fd)
+            file_times.append(time.perf_counter() - start)
+            os.close(fd)
+            os.rename(f"f{n}", f"g{n}", src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            start = time.perf_counter()
+            os.fsync(dir_fd)
+            dir_times.append(time.perf_counter() - start)
+    finally:
+        os.close(dir_fd)
+        shutil.rmtree(probe)
+    return statistics.median(file_times), statistics.median(dir_times)
+
+
+def fsyncs_per_job(base: Path, holder: Holder) -> Counter[str]:
+    ops = CountingOps()
+    with fresh_queue(base, "count", ops) as q:
+        for _ in range(10):
+            publish(q, REQUEST)
+            won = claim(q, holder)
+            assert won is not None
+            finish(q, won.job, True, {"size": 1})
+    return Counter({k: v // 10 for k, v in ops.counts.items()})
+
+
+# --------------------------------------------------------------------------- (b) ours
+
+
+def timed(action: Callable[[], None]) -> float:
+    start = time.perf_counter()
+    action()
+    return time.perf_counter() - start
+
+
+def our_lifecycle(base: Path, holder: Holder, jobs: int) -> float:
+    with fresh_queue(base, "lifecycle") as q:
+
+        def run() -> None:
+            for _ in range(jobs):
+                publish(q, REQUEST)
+                won = claim(q, holder)
+                assert won is not None
+                finish(q, won.job, True, {"size": 1})
+
+        return jobs / timed(run)
+
+
+def single_and_batch_publish(base: Path, jobs: int) -> tuple[float, float]:
+    with fresh_queue(base, "single") as q:
+        single = jobs / timed(lambda: [publish(q, REQUEST) for _ in range(jobs)])
+    with fresh_queue(base, "batch") as q:
+        batch = jobs / timed(lambda: publish_batch(q, [REQUEST] * jobs))
+    return single, batch
+
+
+# -------------------------------------------------------------------------- (c) peers
+
+
+def persist_queue_lifecycle(base: Path, jobs: int) -> tuple[float, str]:
+    from persistqueue import SQLiteAckQueue
+
+    q = SQLiteAckQueue(str(base / "persistqueue"), auto_commit=True, multithreading=True)
+    mode = q._getter.execute("PRAGMA journal_mode").fetchone()[0]
+    sync = q._getter.execute("PRAGMA synchronous").fetchone()[0]
+    if (mode, sync) != ("wal", 2):
+        raise SystemExit(f"persist-queue is not at equal durability: {mode}, synchronous={sync}")
+
+    def run() -> None:
+        for _ in range(jobs):
+            q.put(REQUEST)
+            item = q.get(block=False)
+            q.ack(item)
+
+    return jobs / timed(run), f"journal_mode={mode}, synchronous={sync} (FULL)"
+
+
+def litequeue_lifecycle(base: Path, jobs: int) -> tuple[float, str]:
+    from litequeue import LiteQueue
+
+    q = LiteQueue(str(base / "litequeue.db"))
+    q.conn.execute("PRAGMA synchronous = FULL;")  # its default NORMAL does not sync each commit
+    mode = q.conn.execute("PRAGMA journal_mode").fetchone()[0]
+    sync = q.conn.execute("PRAGMA synchronous").fetchone()[0]
+    payload = json.dumps(REQUEST)
+
+    def run() -> None:
+        for _ in range(jobs):
+            q.put(payload)
+            message = q.pop()
+            q.done(message.message_id)
+
+    return jobs / timed(run), f"journal_mode={mode}, synchronous={sync} (FULL)"
+
+
+def dirq_lifecycle(base: Path, jobs: int) -> tuple[float, str]:
+    from dirq.QueueSimple import QueueSimple
+
+    q = QueueSimple(str(base / "dirq"))
+    payload = json.dumps(REQUEST)
+
+    def run() -> None:
+        for _ in range(jobs):
+            name = q.add(payload)
+            assert q.lock(name)
+            q.get(name)
+            q.remove(name)
+
+    return jobs / timed(run), "no fsync at all (non-durable upper bound)"
+
+
+# ------------------------------------------------------------------------ (d) Q-10
+
+
+def claim_cost(base: Path, holder: Holder, pending: int, claims: int) -> tuple[float, float]:
+    """Mean seconds per claim over ``claims`` claims, first included / steady state."""
+    path = base / f"scale-{pending}"
+    shutil.rmtree(path, ignore_errors=True)
+    init_queue(path)
+    with Queue.open(path) as q:
+        chunk = 20_000
+        for start in range(0, pending, chunk):
+            publish_batch(q, [REQUEST] * min(chunk, pending - start))
+    with Queue.open(path) as q:
+        first = timed(lambda: claim(q, holder))
+        rest = timed(lambda: [claim(q, holder) for _ in range(claims - 1)])
+    shutil.rmtree(path)
+    return (first + rest) / claims, rest / (claims - 1)
+
+
+# ------------------------------------------------------------------------------ report
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=300, help="jobs per lifecycle measurement")
+    parser.add_argument("--big", type=int, default=100_000, help="pending jobs for the Q-10 run")
+    parser.add_argument("--claims", type=int, default=1000, help="claims timed per Q-10 run")
+    parser.add_argument(
+        "--dir", type=Path, default=None, help="where to measure (default: /var/tmp)"
+    )
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    args = parser.parse_args()
+
+    base = Path(tempfile.mkdtemp(prefix="cortexfs-bench-", dir=args.dir or "/var/tmp"))
+    holder = Holder.for_process(worker="bench")
+    try:
+        t_file, t_dir = fsync_latencies(base, 200)
+        per_job = fsyncs_per_job(base, holder)
+        floor_seconds = per_job["file_fsync"] * t_file + per_job["dir_fsync"] * t_dir
+        floor = 1 / floor_seconds
+        ours = our_lifecycle(base, holder, args.jobs)
+        single, batch = single_and_batch_publish(base, args.jobs)
+        pq, pq_mode = persist_queue_lifecycle(base, args.jobs)
+        lq, lq_mode = litequeue_lifecycle(base, args.jobs)
+        dq, dq_mode = dirq_lifecycle(base, args.jobs)
+        small_first, small_steady = claim_cost(base, holder, 1000, min(args.claims, 900))
+        big_first, big_steady = claim_cost(base, holder, args.big, args.claims)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+    figures = {
+        "file_fsync_us": t_file * 1e6,
+        "dir_fsync_us": t_dir * 1e6,
+        "fsyncs_per_job": dict(per_job),
+        "floor_jobs_per_s": floor,
+        "lifecycle_jobs_per_s": ours,
+        "lifecycle_vs_floor": ours / floor,
+        "persist_queue_jobs_per_s": pq,
+        "lifecycle_vs_persist_queue": ours / pq,
+        "litequeue_jobs_per_s": lq,
+        "lifecycle_vs_litequeue": ours / lq,
+        "dirq_jobs_per_s": dq,
+        "lifecycle_vs_dirq": ours / dq,
+        "single_publish_per_s": single,
+        "batch_publish_per_s": batch,
+        "batch_vs_single_publish": batch / single,
+        "claim_ms_1k": small_first * 1e3,
+        "claim_ms_big": big_first * 1e3,
+        "claim_big_vs_1k": big_first / small_first,
+        "claim_steady_ms_1k": small_steady * 1e3,
+        "claim_steady_ms_big": big_steady * 1e3,
+        "claim_steady_big_vs_1k": big_steady / small_steady,
+        "big": args.big,
+        "jobs": args.jobs,
+    }
+    if args.json:
+        print(json.dumps(figures, indent=2))
+        return 0
+    print(f"queue lifecycle benchmark, {args.jobs} jobs per run, on {args.dir or '/var/tmp'}")
+    print(f"  fsync latency: file {t_file * 1e6:.0f} us, directory {t_dir * 1e6:.0f} us")
+    print(f"  fsyncs per job (publish+claim+lease+finish): {per_job['file_fsync']} file, "
+          f"{per_job['dir_fsync']} directory")  # fmt: skip
+    rows = [
+        ("(a) fsync floor of this disk", floor, "1.00"),
+        ("(b) cortexfs lifecycle", ours, f"{ours / floor:.2f} x floor"),
+        ("(c) persist-queue SQLiteAckQueue", pq, f"ours {ours / pq:.2f} x  [{pq_mode}]"),
+        ("(c) litequeue", lq, f"ours {ours / lq:.2f} x  [{lq_mode}]"),
+        ("(c) python-dirq QueueSimple", dq, f"ours {ours / dq:.2f} x  [{dq_mode}]"),
+        ("(b) single publish", single, "1.00"),
+        ("(b) batch publish", batch, f"{batch / single:.1f} x single"),
+    ]
+    print(f"  {'':<36}{'jobs/s':>10}   ratio")
+    for label, rate, ratio in rows:
+        print(f"  {label:<36}{rate:>10.0f}   {ratio}")
+    print(f"  (d) claim, mean over {args.claims} claims incl. the first scan: "
+          f"{small_first * 1e3:.3f} ms at 1 000 pending, {big_first * 1e3:.3f} ms at "
+          f"{args.big:,} pending: {big_first / small_first:.2f} x")  # fmt: skip
+    print(f"  (d) claim, steady state: {small_steady * 1e3:.3f} ms vs {big_steady * 1e3:.3f} ms: "
+          f"{big_steady / small_steady:.2f} x")  # fmt: skip
+    print(f"  command: {' '.join([os.path.basename(sys.executable), *sys.argv])}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
