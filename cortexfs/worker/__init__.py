@@ -1,0 +1,1 @@
+"""Queue workers (SPEC §3): claim a job, run it, finish it, exactly once whatever crashes."""

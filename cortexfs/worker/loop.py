@@ -1,0 +1,277 @@
+"""The worker: claim, lease, execute, finish — N jobs at a time (SPEC §3, W-1..W-4).
+
+One worker process holds every lease it takes (the lease names this process) and is the only
+process that renews them (Q-3): a :class:`LeaseKeeper` thread rewrites the leases of running
+jobs every third of their lifetime.  What "execute" means is the :class:`Executor`'s business
+(running a tool through the authority chain, a shell command…); the loop only guarantees the
+queue discipline around it:
+
+* execution starts only after :func:`~cortexfs.queue.claim` returned, i.e. after the claim and
+  the lease are durable (I-4);
+* every claimed job is finished, in ``done/`` or ``failed/`` — an executor that raises fails
+  the job with the reason rather than leaving it claimed;
+* SIGTERM (or a first SIGINT) stops claiming; running jobs finish or time out; then the worker
+  exits 0.  A second SIGINT aborts: running executions are cancelled and the worker exits 130
+  without finishing them — their leases name a dead process, so ``recover`` requeues them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from cortexfs.errors import CtxError
+from cortexfs.queue import Claim, Holder, Queue, claim, finish, renew
+from cortexfs.worker.inotify import PendingWatch, Wakeup
+
+EXIT_ABORTED = 130
+
+
+@dataclass
+class Outcome:
+    """What an execution produced: success, the output, and facts for the result file."""
+
+    ok: bool
+    output: Any = None
+    reason: str | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+class JobControl:
+    """Handed to the executor: the job's deadline and the worker's abort signal."""
+
+    def __init__(self, timeout: float, abort: threading.Event) -> None:
+        self.timeout = timeout
+        self.abort = abort
+
+
+class Executor(Protocol):
+    def __call__(self, job: Claim, control: JobControl) -> Outcome: ...
+
+
+@dataclass
+class WorkerOptions:
+    drain: bool = False
+    max_jobs: int | None = None
+    concurrency: int = 1
+    lease_ttl: float | None = None
+    job_timeout: float = 300.0
+    worker_id: str | None = None
+    max_wait: float = 2.0
+
+
+@dataclass
+class JobRecord:
+    """One finished job, as the worker reports it."""
+
+    job: str
+    ok: bool
+    reason: str | None
+    seconds: float
+    tool: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "job": self.job,
+            "state": "done" if self.ok else "failed",
+            "reason": self.reason,
+            "seconds": round(self.seconds, 6),
+            "tool": self.tool,
+        }
+
+
+@dataclass
+class WorkerSummary:
+    done: int = 0
+    failed: int = 0
+    started_at: float = field(default_factory=time.time)
+    aborted: bool = False
+    stopped_by: str | None = None
+
+    @property
+    def rate(self) -> float:
+        elapsed = max(time.time() - self.started_at, 1e-9)
+        return (self.done + self.failed) / elapsed
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "done": self.done,
+            "failed": self.failed,
+            "seconds": round(time.time() - self.started_at, 3),
+            "rate": round(self.rate, 3),
+            "aborted": self.aborted,
+            "stopped_by": self.stopped_by,
+        }
+
+
+Listener = Callable[[str, dict[str, Any]], None]
+
+
+class LeaseKeeper(threading.Thread):
+    """Renews this worker's leases of running jobs every third of their lifetime."""
+
+    def __init__(self, queue: Queue, holder: Holder, ttl: float) -> None:
+        super().__init__(name="lease-keeper", daemon=True)
+        self.queue, self.holder, self.ttl = queue, holder, ttl
+        self.jobs: set[str] = set()
+        self.lock = threading.Lock()
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopped.wait(self.ttl / 3):
+            with self.lock:
+                running = sorted(self.jobs)
+            for job in running:
+                with contextlib.suppress(CtxError):  # finished meanwhile: nothing to renew
+                    renew(self.queue, job, self.holder, self.ttl)
+
+
+class Worker:
+    """A claim/execute/finish loop over one queue, ``concurrency`` jobs at a time."""
+
+    def __init__(
+        self,
+        queue_dir: Path,
+        executor: Executor,
+        options: WorkerOptions | None = None,
+        listener: Listener | None = None,
+    ) -> None:
+        self.queue_dir = queue_dir
+        self.executor = executor
+        self.options = options or WorkerOptions()
+        self.listener = listener or (lambda event, fields: None)
+        self.summary = WorkerSummary()
+        self.stopping = threading.Event()
+        self.abort = threading.Event()
+        self.wakeup = Wakeup()
+        self._claimed = 0
+        self._count_lock = threading.Lock()
+        self._claim_lock = threading.Lock()
+
+    # ---------------------------------------------------------------- signals
+
+    def stop(self, why: str = "request") -> None:
+        """Stop claiming; running jobs finish."""
+        if not self.stopping.is_set():
+            self.summary.stopped_by = why
+            self.stopping.set()
+            self.wakeup.ring()
+
+    def install_signal_handlers(self) -> None:
+        def on_term(signum: int, frame: object) -> None:
+            self.stop("SIGTERM")
+
+        def on_int(signum: int, frame: object) -> None:
+            if self.stopping.is_set():
+                self.summary.aborted = True
+                self.abort.set()
+            else:
+                self.listener("interrupt", {"message": "finishing running jobs; ^C again aborts"})
+                self.stop("SIGINT")
+
+        signal.signal(signal.SIGTERM, on_term)
+        signal.signal(signal.SIGINT, on_int)
+
+    # ---------------------------------------------------------------- the loop
+
+    def run(self) -> WorkerSummary:
+        holder = Holder.for_process(worker=self.options.worker_id)
+        with Queue.open(self.queue_dir) as queue:
+            ttl = self.options.lease_ttl or queue.config.lease_ttl
+            keeper = LeaseKeeper(queue, holder, ttl)
+            keeper.start()
+            watch = PendingWatch(self.queue_dir / "pending", max_wait=self.options.max_wait)
+            self.listener(
+                "start", {"worker": holder.worker, "pid": holder.pid, "wait": watch.reason}
+            )
+            threads = [
+                threading.Thread(
+                    target=self._slot, args=(queue, holder, ttl, keeper, watch), name=f"slot-{n}"
+                )
+                for n in range(max(1, self.options.concurrency))
+            ]
+            for thread in threads:
+                thread.start()
+            try:
+                # Join with a timeout so the main thread keeps handling signals.
+                while any(t.is_alive() for t in threads) and not self.abort.is_set():
+                    for thread in threads:
+                        thread.join(0.1)
+            finally:
+                keeper.stopped.set()
+                watch.close()
+        self.listener("stop", self.summary.to_json())
+        return self.summary
+
+    def _take_ticket(self) -> bool:
+        """Reserve one of the ``--max-jobs`` claims; False when none are left."""
+        with self._count_lock:
+            if self.options.max_jobs is not None and self._claimed >= self.options.max_jobs:
+                return False
+            self._claimed += 1
+            return True
+
+    def _return_ticket(self) -> None:
+        with self._count_lock:
+            self._claimed -= 1
+
+    def _slot(
+        self, queue: Queue, holder: Holder, ttl: float, keeper: LeaseKeeper, watch: PendingWatch
+    ) -> None:
+        while not self.stopping.is_set():
+            if not self._take_ticket():
+                return
+            with self._claim_lock:
+                won = claim(queue, holder, ttl)
+            if won is None:
+                self._return_ticket()
+                if self.options.drain:
+                    return
+                watch.wait(self.wakeup)
+                continue
+            watch.found_work()
+            with keeper.lock:
+                keeper.jobs.add(won.job)
+            try:
+                record = self._execute_and_finish(queue, holder, won)
+            finally:
+                with keeper.lock:
+                    keeper.jobs.discard(won.job)
+            if record is None:
+                return  # aborted: the job stays claimed for recover
+            with self._count_lock:
+                if record.ok:
+                    self.summary.done += 1
+                else:
+                    self.summary.failed += 1
+            self.listener("finish", record.to_json())
+
+    def _execute_and_finish(self, queue: Queue, holder: Holder, won: Claim) -> JobRecord | None:
+        tool = won.request.get("tool")
+        self.listener("claim", {"job": won.job, "tool": tool})
+        started = time.time()
+        control = JobControl(self.options.job_timeout, self.abort)
+        try:
+            outcome = self.executor(won, control)
+        except Exception as exc:  # the job fails; the worker goes on
+            outcome = Outcome(False, None, f"executor error: {type(exc).__name__}: {exc}")
+        if self.abort.is_set():
+            return None
+        worker = {
+            "id": holder.worker,
+            "host": holder.host,
+            "pid": holder.pid,
+            "boot_id": holder.boot_id,
+            "pid_ns": holder.pid_ns,
+        }
+        extra = {"reason": outcome.reason, **outcome.details}
+        finish(
+            queue, won.job, outcome.ok, outcome.output, worker=worker, started=started, extra=extra
+        )
+        return JobRecord(won.job, outcome.ok, outcome.reason, time.time() - started, tool)
