@@ -54,6 +54,21 @@ _RULE_CHARACTERS = re.compile(r"[\t\x20-\x7e]*")
 _SUBJECT_TYPE = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._-]{{0,{MAX_NAME_BYTES - 3}}}{SUBJECT_SUFFIX}")
 _BLANKS = " \t"
 
+# The fast path (a 10 000-rule policy must parse in < 100 ms): one regular expression that
+# matches only well-formed rules, then the per-class checks.  It accepts nothing the
+# word-by-word parser would refuse; every line it does not accept goes through that parser,
+# which has the last word and says what is wrong.
+_NAME_PATTERN = rf"[A-Za-z0-9][A-Za-z0-9._-]{{0,{MAX_NAME_BYTES - 1}}}"
+_WELL_FORMED_RULE = re.compile(
+    rf"[ \t]*{RULE_VERB}[ \t]+({_SUBJECT_TYPE.pattern})[ \t]+([a-z]+):"
+    rf"({_NAME_PATTERN}(?:/{_NAME_PATTERN})?)[ \t]+([a-z]+)[ \t]*"
+)
+_PERMITTED = frozenset(
+    (object_class, permission)
+    for object_class, permissions in CLASS_PERMISSIONS.items()
+    for permission in permissions
+)
+
 # P-2 forbids these constructs outright; naming them in the error beats "illegal character".
 _FORBIDDEN_CONSTRUCTS = (
     ("*?[]", "globs are not supported (P-2); name each object"),
@@ -114,6 +129,16 @@ def parse_rules_bytes(data: bytes, source: str = "<policy>") -> list[Rule]:
 
 def parse_rule(line: str) -> Rule | None:
     """The rule on one line, or None for a blank or comment line; EINVAL for anything else."""
+    well_formed = _WELL_FORMED_RULE.fullmatch(line)
+    if well_formed is not None:
+        rule = Rule(*well_formed.groups())
+        if _passes_class_checks(rule):
+            return rule
+    return _parse_rule_word_by_word(line)
+
+
+def _parse_rule_word_by_word(line: str) -> Rule | None:
+    """:func:`parse_rule` without the fast path: the authority, and the explanation of faults."""
     if _is_blank_or_comment(line):
         return None
     if _RULE_CHARACTERS.fullmatch(line) is None:
@@ -232,6 +257,18 @@ def _decoded_lines(data: bytes) -> Iterator[tuple[int, str | None]]:
             yield number, raw.decode("ascii")
         except UnicodeDecodeError:
             yield number, None
+
+
+def _passes_class_checks(rule: Rule) -> bool:
+    """What :data:`_WELL_FORMED_RULE` leaves to check: the permission and name rule of a class."""
+    if (rule.object_class, rule.permission) not in _PERMITTED:
+        return False
+    name = rule.object_name
+    if rule.object_class == "network":
+        return name == NETWORK_OBJECT
+    if rule.object_class == "model":
+        return name.count("/") == 1 and not name.endswith(".d") and ".d/" not in name
+    return "/" not in name and not name.endswith(".d")
 
 
 def _is_blank_or_comment(line: str) -> bool:

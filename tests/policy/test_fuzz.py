@@ -6,13 +6,16 @@ import errno
 from collections.abc import Callable
 from typing import Any
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from cortexfs.errors import CtxError
 from cortexfs.policy import (
     CLASS_PERMISSIONS,
     PolicySyntaxError,
     Rule,
+    grammar,
+    parse_rule,
     parse_rules,
     parse_rules_bytes,
 )
@@ -104,3 +107,32 @@ def test_one_bad_line_makes_the_whole_policy_invalid(
         assert [problem.line for problem in exc.problems] == [position + 1]
     else:
         raise AssertionError("a policy with an invalid line was accepted")
+
+
+def outcome_of(parse: Callable[[str], Rule | None], line: str) -> Rule | str | None:
+    try:
+        return parse(line)
+    except CtxError as exc:
+        return errno.errorcode[exc.errno]
+
+
+@settings(max_examples=1000)
+@given(
+    st.one_of(
+        near_misses,
+        rules().map(str),
+        st.tuples(rules().map(str), st.integers(0, 60), st.sampled_from("*/.d_:\t -$xT")).map(
+            lambda mutation: mutation[0][: mutation[1]] + mutation[2] + mutation[0][mutation[1] :]
+        ),
+    )
+)
+@example("allow a_t model:openai.d/gpt use")
+@example("allow a_t model:openai/gpt.d use")
+@example("allow a_t tool:fs/read execute")
+@example("allow a_t tool:fs.d execute")
+@example("allow a_t network:defaults connect")
+@example("allow a_t tool:fs.read read")
+@example("allow a_t tooling:fs.read execute")
+def test_the_fast_path_agrees_with_the_word_by_word_parser(line: str) -> None:
+    # The fast path is an optimisation only: it must accept exactly what the full parser does.
+    assert outcome_of(parse_rule, line) == outcome_of(grammar._parse_rule_word_by_word, line)

@@ -109,6 +109,8 @@ def test_every_class_with_every_permission(object_class: str, permission: str) -
         ("allow coder_t model:gpt-5.6 use", "a model name is <provider>/<model>"),
         ("allow coder_t model:a/b/c use", "a model name is <provider>/<model>"),
         ("allow coder_t model:openai/ use", "must not be empty"),
+        ("allow coder_t model:openai.d/gpt-5.6 use", "reserved for control directories"),
+        ("allow coder_t model:openai/gpt-5.6.d use", "reserved for control directories"),
         ("allow coder_t model:openai/* use", "globs are not supported"),
         ("allow coder_t network:internet connect", "the only network object is 'default'"),
         ("allow coder_t network:Default connect", "the only network object is 'default'"),
