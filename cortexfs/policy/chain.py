@@ -256,7 +256,7 @@ class _Evaluation:
             return Outcome.NOT_APPLICABLE, f"{self.object_ref} has no file on disk"
         views = views_of(self.mounts, PurePosixPath(self.root, self.site.path))
         if not views:
-            raise denied(f"{self.site.path} is under none of agent {self.agent!r}'s mounts")
+            raise denied(f"{self.site.path} is under none of the mounts of agent {self.agent!r}")
         if self.access & WRITE:
             views = [view for view in views if view.mount.writable]
             if not views:

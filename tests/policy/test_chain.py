@@ -196,7 +196,10 @@ def test_an_object_under_no_mount_is_invisible(
     add_tool(root, "fs.read", policy=FS_READ_RULE)
     write(coder / "mount", json.dumps([[str(root / "shared"), "/shared", "rw"]]))
     assert_denied_at(
-        run_fs_read(root, user), Step.VISIBILITY, errno.EACCES, "under none of agent 'coder'"
+        run_fs_read(root, user),
+        Step.VISIBILITY,
+        errno.EACCES,
+        "under none of the mounts of agent 'coder'",
     )
     (coder / "mount").unlink()
     assert run_fs_read(root, user).step == Step.VISIBILITY
