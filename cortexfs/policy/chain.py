@@ -31,7 +31,7 @@ from cortexfs.errors import CtxError, denied, not_found
 from cortexfs.names import check_object_name
 from cortexfs.policy import controls
 from cortexfs.policy.grammar import Rule, check_object
-from cortexfs.policy.linux import WRITE, Credentials, Identity, Kind, check_access, first_writable
+from cortexfs.policy.linux import WRITE, Credentials, Identity, Kind, check_access, writable_entries
 from cortexfs.policy.mounts import Mount, mounts_named, views_of
 from cortexfs.policy.objects import NEEDED_ACCESS, Site, storage_site
 from cortexfs.storage import require_root
@@ -305,16 +305,18 @@ class _Evaluation:
         return Outcome.PASS, f"{path}: {rule}"
 
     def _require_host_owned(self, path: PurePosixPath) -> None:
-        """A grant the agent could rewrite is no grant (P-6): deny if it can reach ``path``."""
-        reachable = first_writable(self.root, path, self.identity)
-        if reachable is None:
-            return
-        for view in views_of(self.mounts, PurePosixPath(self.root, reachable)):
-            if view.mount.writable:
-                raise denied(
-                    f"{path} is not host-owned: the agent may change {reachable} "
-                    f"(as uid {self.identity.uid}, at {view.path} through {view.mount})"
-                )
+        """A grant the agent could rewrite is no grant (P-6): deny if it can change ``path``.
+
+        It can when it may write the file or a directory above it (mode bits) and sees that
+        entry through a read-write mount.
+        """
+        for entry in writable_entries(self.root, path, self.identity):
+            for view in views_of(self.mounts, PurePosixPath(self.root, entry)):
+                if view.mount.writable:
+                    raise denied(
+                        f"{path} is not host-owned: the agent may change {entry} "
+                        f"(as uid {self.identity.uid}, at {view.path} through {view.mount})"
+                    )
 
 
 _STEPS: tuple[tuple[Step, Callable[[_Evaluation], _StepOutcome]], ...] = (

@@ -47,6 +47,7 @@ CLASS_PERMISSIONS = MappingProxyType(
 NETWORK_OBJECT = "default"
 SUBJECT_SUFFIX = "_t"
 RULE_VERB = "allow"
+_SHAPE = "'allow SUBJECT_t CLASS:NAME PERMISSION'"
 
 # A rule line: tabs and printable ASCII.  Checked before splitting so that no other whitespace
 # (form feed, NBSP, U+3000…) can act as a word separator the reader does not see.
@@ -274,9 +275,6 @@ def _passes_class_checks(rule: Rule) -> bool:
 def _is_blank_or_comment(line: str) -> bool:
     stripped = line.lstrip(_BLANKS)
     return not stripped or stripped.startswith("#")
-
-
-_SHAPE = "'allow SUBJECT_t CLASS:NAME PERMISSION'"
 
 
 def _character_problem(line: str) -> str:

@@ -113,19 +113,20 @@ def check_access(
     return PathVerdict(True, 0, f"{last.shown}: {rwx(access)} granted to {_who(identity)} ({mode})")
 
 
-def first_writable(top: Path, relative: PurePosixPath, identity: Identity) -> str | None:
-    """The first entry from ``top`` down to ``top/relative`` that ``identity`` could change.
+def writable_entries(top: Path, relative: PurePosixPath, identity: Identity) -> list[str]:
+    """Every entry from ``top`` down to ``top/relative`` that ``identity`` could change.
 
     A directory it may write and search lets it replace any name inside; a file it may write
-    lets it rewrite the contents.  None when the whole path is out of its reach.
+    lets it rewrite the contents.  Empty when the whole path is out of its reach.
     """
+    writable = []
     for entry in walk(top, relative):
-        if entry.status is None:
-            return None
+        if entry.status is None or entry.is_link:
+            break
         needed = WRITE | EXECUTE if entry.is_directory else WRITE
-        if not entry.is_link and permits(entry.status, identity, needed):
-            return entry.shown
-    return None
+        if permits(entry.status, identity, needed):
+            writable.append(entry.shown)
+    return writable
 
 
 def _status(entry: Entry) -> os.stat_result:

@@ -272,6 +272,17 @@ def test_a_control_directory_the_agent_owns_grants_nothing(
 # Steps 5 and 6: the agent's policy, then the tool's own.
 
 
+def test_a_writable_control_behind_a_read_only_view_of_its_parents_still_counts(
+    root: Path, coder: Path, user: UnprivilegedUser
+) -> None:
+    add_tool(root, "fs.read", policy=FS_READ_RULE)
+    os.chown(root / "agent", user.uid, user.gid)
+    assert run_fs_read(root, user).allowed  # agent/ is the agent's, but only seen read-only
+    (coder / "policy").chmod(0o666)
+    write(coder / "mount", json.dumps([[str(root), "/ctx", "ro"], [str(coder), "/me", "rw"]]))
+    assert_denied_at(run_fs_read(root, user), Step.LABEL, errno.EACCES, "at /me/policy")
+
+
 def test_an_invalid_agent_policy_grants_nothing(
     root: Path, coder: Path, user: UnprivilegedUser
 ) -> None:

@@ -16,8 +16,8 @@ from cortexfs.policy.linux import (
     Identity,
     Kind,
     check_access,
-    first_writable,
     rwx,
+    writable_entries,
 )
 from tests.support.users import UnprivilegedUser, access_as
 
@@ -149,23 +149,21 @@ def test_the_object_must_be_of_its_kind(
     assert (verdict.allowed, verdict.errno) == (False, errno.ENOENT)
 
 
-def test_first_writable_finds_the_entry_the_agent_could_change(
+def test_writable_entries_are_those_the_agent_could_change(
     traversable_tmp: Path, unprivileged_user: UnprivilegedUser
 ) -> None:
     identity = identity_of(unprivileged_user)
     controls = traversable_tmp / "agent" / "coder.d"
     controls.mkdir(parents=True)
+    policy = PurePosixPath("agent/coder.d/policy")
     (controls / "policy").write_text("")
     (controls / "policy").chmod(0o644)
-    assert first_writable(traversable_tmp, PurePosixPath("agent/coder.d/policy"), identity) is None
+    assert writable_entries(traversable_tmp, policy, identity) == []
     (controls / "policy").chmod(0o646)
-    assert (
-        first_writable(traversable_tmp, PurePosixPath("agent/coder.d/policy"), identity)
-        == "agent/coder.d/policy"
-    )
+    assert writable_entries(traversable_tmp, policy, identity) == ["agent/coder.d/policy"]
     os.chown(controls, 0, SUPPLEMENTARY_GID)
     controls.chmod(0o775)
-    assert (
-        first_writable(traversable_tmp, PurePosixPath("agent/coder.d/policy"), identity)
-        == "agent/coder.d"
-    )
+    assert writable_entries(traversable_tmp, policy, identity) == [
+        "agent/coder.d",
+        "agent/coder.d/policy",
+    ]
