@@ -6,8 +6,13 @@ from pathlib import Path
 
 import click
 
+from cortexfs.cli import agent as agent_commands
+from cortexfs.cli import object as object_commands
 from cortexfs.cli import policy as policy_commands
 from cortexfs.cli import queue as queue_commands
+from cortexfs.cli import run as run_commands
+from cortexfs.cli import session as session_commands
+from cortexfs.cli import shared as shared_commands
 from cortexfs.cli import storage as storage_commands
 
 
@@ -33,3 +38,8 @@ def main(ctx: click.Context, storage: Path | None) -> None:
 main.add_command(storage_commands.bootstrap)
 main.add_command(queue_commands.queue)
 main.add_command(policy_commands.policy)
+main.add_command(object_commands.object_group)
+main.add_command(run_commands.run)
+main.add_command(agent_commands.agent)
+main.add_command(session_commands.session)
+main.add_command(shared_commands.shared)

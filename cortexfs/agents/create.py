@@ -1,0 +1,130 @@
+"""``ctx agent create``: an agent as an ordinary ``agent/<name>`` entry and its controls (A-3).
+
+::
+
+    agent/<name>                     the executable entry: runs ``ctx agent start <name>``
+    agent/<name>.d/label             its subject type, one line (policy v0)
+    agent/<name>.d/policy            the rules generated from the request (P-1, P-7)
+    agent/<name>.d/identity          {"uid": N, "gid": N, "groups": [N, ...]}
+    agent/<name>.d/mount             [[source, target, "ro"|"rw"], ...], with /ctx
+    agent/<name>.d/model             one model name per line
+    agent/<name>.d/system.md         its system prompt (grants nothing, P-6)
+    agent/<name>.d/prompt.template.md
+    agent/<name>.d/log               the agent's own log (S-3)
+
+Only the host administrator — root or the owner of the storage root — creates agents, and
+the controls belong to them: the agent's uid must not be able to rewrite a grant (step 4 of the
+authority chain checks that on every decision).  The identity defaults to the creating user,
+except that an agent never runs as root (P-5 step 1): root must name a user.  No new root
+namespace is created; the pair appears atomically (:mod:`cortexfs.tools.pairs`), and an
+existing agent is never overwritten (EEXIST).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from cortexfs import durable, storage
+from cortexfs.agents.host import require_host_administrator
+from cortexfs.agents.request import AgentRequest
+from cortexfs.errors import invalid
+from cortexfs.policy import Identity
+from cortexfs.tools.pairs import PairKind, install_pair
+
+CONTROLS = (
+    "label",
+    "policy",
+    "identity",
+    "mount",
+    "model",
+    "system.md",
+    "prompt.template.md",
+)
+AGENT_KIND = PairKind(defined=frozenset(CONTROLS), defaults={"log": b""}, modes={"log": 0o640})
+
+
+@dataclass(frozen=True)
+class CreatedAgent:
+    name: str
+    entry: Path
+    controls: Path
+    identity: Identity
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "name": self.name,
+            "entry": str(self.entry),
+            "controls": str(self.controls),
+            "identity": identity_json(self.identity),
+        }
+
+
+def identity_json(identity: Identity) -> dict[str, object]:
+    return {"uid": identity.uid, "gid": identity.gid, "groups": sorted(identity.groups)}
+
+
+def creating_user() -> Identity:
+    """The identity an agent gets by default: the user creating it."""
+    return Identity(os.getuid(), os.getgid(), frozenset(os.getgroups()))
+
+
+def create_agent(
+    root: Path,
+    request: AgentRequest,
+    identity: Identity | None = None,
+    *,
+    ops: durable.FsOps | None = None,
+) -> CreatedAgent:
+    """Create ``request``'s agent in ``root``; EEXIST when it exists, EACCES for non-admins."""
+    storage.require_root(root)
+    require_host_administrator(root, "create agents")
+    identity = identity or creating_user()
+    if identity.uid == 0:
+        raise invalid("an agent never runs as root (SPEC P-5 step 1); give it a user with --user")
+    controls = {
+        "label": f"{request.label}\n".encode(),
+        "policy": request.policy_text().encode(),
+        "identity": (json.dumps(identity_json(identity)) + "\n").encode(),
+        "mount": (json.dumps(request.mount_table(), indent=1) + "\n").encode(),
+        "model": "".join(f"{model}\n" for model in request.models).encode(),
+        "system.md": _system_prompt(request).encode(),
+        "prompt.template.md": b"{{input}}\n",
+    }
+    directory = root / "agent"
+    install_pair(
+        directory,
+        request.name,
+        AGENT_KIND,
+        entry=_entry_program(root, request.name),
+        controls=controls,
+        replace=False,
+        ops=ops,
+    )
+    return CreatedAgent(
+        request.name, directory / request.name, directory / f"{request.name}.d", identity
+    )
+
+
+def _entry_program(root: Path, name: str) -> bytes:
+    """The agent's executable entry, run by the host: ``ctx agent start <name>`` (A-1)."""
+    arguments = ["--storage", str(root), "agent", "start", name]
+    return (
+        f"#!{sys.executable} -I\n"
+        f'"""Agent {name}: its executable entry (SPEC A-3), written by ctx agent create."""\n'
+        "import sys\n"
+        "from cortexfs.cli import main\n"
+        f"main([*{arguments!r}, *sys.argv[1:]], prog_name='ctx')\n"
+    ).encode()
+
+
+def _system_prompt(request: AgentRequest) -> str:
+    tools = ", ".join(request.tools) or "none"
+    return (
+        f"# {request.name}\n\n"
+        f"You are the agent {request.name}.  Your tools: {tools}.\n"
+        "Nothing written here grants a permission; your policy does (SPEC P-6).\n"
+    )

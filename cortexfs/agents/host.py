@@ -1,0 +1,22 @@
+"""Who acts for the host: the host administrator (SPEC A-3, T-5, H-2).
+
+Agents are created, and tools are run *as* an agent, only by the host administrator — root,
+or the owner of the storage root (a personal root under ``~/.local/share``).  Nobody else can
+claim an agent identity: a process that is neither is refused before anything is read.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from cortexfs.errors import denied
+
+
+def require_host_administrator(root: Path, action: str) -> None:
+    """EACCES unless this process is root or owns the storage root; ``action`` says what for."""
+    owner = os.stat(root).st_uid
+    if os.geteuid() not in (0, owner):
+        raise denied(
+            f"only the host administrator (root, or uid {owner} who owns {root}) may {action}"
+        )

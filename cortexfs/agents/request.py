@@ -1,0 +1,211 @@
+"""The agent request of SPEC A-3 and the controls it becomes.
+
+::
+
+    {
+      "name": "reviewer",
+      "label": "reviewer_t",
+      "model": ["openai/gpt-5.6"],
+      "tools": ["fs.read"],
+      "shared": {"project-a": ["read"]},
+      "mount": [["/work", "/work", "ro"], ["/shared/project-a", "/shared/project-a", "ro"]]
+    }
+
+Only ``name`` and ``label`` are required.  :func:`parse_request` lists *every* problem.  The
+policy the host writes grants exactly what the request lists, as concrete ``allow`` rules
+(P-7), and nothing else:
+
+* ``tools`` → ``allow <label> tool:<t> execute``;
+* ``model`` → ``allow <label> model:<m> use``;
+* ``shared`` → ``allow <label> shared:<space> read|write``;
+* ``mount`` → ``allow <label> mount:<name> read`` for each mount, plus ``write`` for ``rw``
+  ones; a mount is named by the last component of its target, so those names must differ.
+
+Every agent also sees the storage root read-only at ``/ctx`` (its CortexFS view, T-5): the
+tools on its ``CTX_PATH`` must be visible through a mount for step 3 of the authority chain.
+A request that mounts something at ``/ctx`` itself keeps its own mount instead.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import jsonschema
+
+from cortexfs.errors import CtxError, invalid
+from cortexfs.names import object_name_problem
+from cortexfs.policy import Policy
+from cortexfs.policy.grammar import check_subject_type, policy_object_name_problem
+from cortexfs.policy.mounts import parse_mount_table
+from cortexfs.tools.ctxpath import CTX_MOUNT
+
+MAX_REQUEST_BYTES = 256 * 1024
+
+REQUEST_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["name", "label"],
+    "additionalProperties": False,
+    "properties": {
+        "name": {"type": "string"},
+        "label": {"type": "string"},
+        "model": {"type": "array", "items": {"type": "string"}, "uniqueItems": True},
+        "tools": {"type": "array", "items": {"type": "string"}, "uniqueItems": True},
+        "shared": {
+            "type": "object",
+            "additionalProperties": {
+                "type": "array",
+                "items": {"enum": ["read", "write"]},
+                "uniqueItems": True,
+            },
+        },
+        "mount": {
+            "type": "array",
+            "items": {
+                "type": "array",
+                "prefixItems": [{"type": "string"}, {"type": "string"}, {"enum": ["ro", "rw"]}],
+                "minItems": 3,
+                "maxItems": 3,
+            },
+        },
+    },
+}
+
+
+class RequestError(CtxError):
+    """EINVAL for an invalid agent request; :attr:`problems` holds every reason."""
+
+    def __init__(self, source: str, problems: list[str]) -> None:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        super().__init__(errno.EINVAL, f"{source}: {problems[0]}{more}")
+        self.problems = tuple(problems)
+
+
+@dataclass(frozen=True)
+class AgentRequest:
+    name: str
+    label: str
+    models: tuple[str, ...] = ()
+    tools: tuple[str, ...] = ()
+    shared: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    mounts: tuple[tuple[str, str, str], ...] = ()
+
+    def policy_text(self) -> str:
+        """The agent's ``policy`` control: one concrete rule per grant (P-1, P-7)."""
+        rules = [f"allow {self.label} tool:{tool} execute" for tool in self.tools]
+        rules += [f"allow {self.label} model:{model} use" for model in self.models]
+        rules += [
+            f"allow {self.label} shared:{space} {permission}"
+            for space, permissions in self.shared
+            for permission in permissions
+        ]
+        for _, target, mode in self.mounts:
+            name = PurePosixPath(target).name
+            rules.append(f"allow {self.label} mount:{name} read")
+            if mode == "rw":
+                rules.append(f"allow {self.label} mount:{name} write")
+        text = (
+            f"# Policy v0 of agent {self.name}, written by 'ctx agent create' (SPEC A-3).\n"
+            "# Host-owned.  It grants exactly what the request listed; default deny (P-2).\n"
+            + "".join(rule + "\n" for rule in rules)
+        )
+        Policy.from_text(text, source="generated policy")  # a generated rule must be a rule
+        return text
+
+    def mount_table(self) -> list[list[str]]:
+        return [list(mount) for mount in self.mounts]
+
+
+def load_request(path: Path, storage_root: Path) -> AgentRequest:
+    """Read and validate a request file; ``-`` is not accepted here (the CLI reads stdin)."""
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_REQUEST_BYTES + 1)
+    except OSError as exc:
+        raise CtxError(exc.errno or errno.EIO, f"{path}: {exc.strerror}") from None
+    return parse_request_bytes(data, str(path), storage_root)
+
+
+def parse_request_bytes(data: bytes, source: str, storage_root: Path) -> AgentRequest:
+    if len(data) > MAX_REQUEST_BYTES:
+        raise invalid(f"{source}: a request is at most {MAX_REQUEST_BYTES} bytes")
+    try:
+        document = json.loads(data)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise RequestError(source, [f"not JSON: {exc}"]) from None
+    return parse_request(document, source, storage_root)
+
+
+def parse_request(document: object, source: str, storage_root: Path) -> AgentRequest:
+    """Validate a decoded request and add the ``/ctx`` view of ``storage_root``."""
+    validator = jsonschema.Draft202012Validator(REQUEST_SCHEMA)
+    problems = [_describe(error) for error in validator.iter_errors(document)]
+    if problems or not isinstance(document, dict):
+        raise RequestError(source, problems or ["a request is a JSON object"])
+    problems += _name_problems(document)
+    problems += _mount_problems(document.get("mount", []))
+    if problems:
+        raise RequestError(source, problems)
+    mounts = [tuple(mount) for mount in document.get("mount", [])]
+    if not any(PurePosixPath(target) == CTX_MOUNT for _, target, _ in mounts):
+        mounts.append((str(storage_root.resolve()), str(CTX_MOUNT), "ro"))
+    return AgentRequest(
+        name=document["name"],
+        label=document["label"],
+        models=tuple(document.get("model", [])),
+        tools=tuple(document.get("tools", [])),
+        shared=tuple((space, tuple(perms)) for space, perms in document.get("shared", {}).items()),
+        mounts=tuple(mounts),  # type: ignore[arg-type]
+    )
+
+
+def _name_problems(document: dict[str, Any]) -> list[str]:
+    problems = []
+    name_problem = object_name_problem(document["name"])
+    if name_problem:
+        problems.append(f"name: {name_problem}")
+    try:
+        check_subject_type(document["label"])
+    except CtxError as exc:
+        problems.append(f"label: {exc.message}")
+    checks = [("model", model) for model in document.get("model", [])]
+    checks += [("tool", tool) for tool in document.get("tools", [])]
+    checks += [("shared", space) for space in document.get("shared", {})]
+    for object_class, name in checks:
+        problem = policy_object_name_problem(object_class, name)
+        if problem:
+            problems.append(problem)
+    return problems
+
+
+def _mount_problems(mounts: list[list[str]]) -> list[str]:
+    try:
+        table = parse_mount_table(json.dumps(mounts).encode())
+    except CtxError as exc:
+        return [f"mount: {exc.message}"]
+    problems = []
+    seen: dict[str, PurePosixPath] = {}
+    for mount in table:
+        problem = object_name_problem(mount.name)
+        if problem:
+            problems.append(f"mount target {mount.target}: its name {problem}")
+        elif mount.name == CTX_MOUNT.name and mount.target != CTX_MOUNT:
+            problems.append(
+                f"mount target {mount.target}: the name {CTX_MOUNT.name!r} belongs to the "
+                f"storage view at {CTX_MOUNT}"
+            )
+        elif mount.name in seen:
+            problems.append(
+                f"mount targets {seen[mount.name]} and {mount.target} share the name "
+                f"{mount.name!r}; policy names a mount by the last part of its target"
+            )
+        seen.setdefault(mount.name, mount.target)
+    return problems
+
+
+def _describe(error: jsonschema.ValidationError) -> str:
+    path = "/".join(str(part) for part in error.absolute_path)
+    return f"{path or 'request'}: {error.message}"

@@ -1,0 +1,134 @@
+"""An agent as the tool runtime sees it: identity, label, policy, mounts, CTX_PATH (A-3, T-4, T-5).
+
+Everything here comes from the agent's host-owned controls (``agent/<name>.d/``), read through
+:mod:`cortexfs.policy.controls`; nothing comes from a request, a prompt or a model (P-6).  The
+view derives what the runtime injects into a tool process:
+
+* ``CTX_PATH`` — ``/ctx/tool``, ``/ctx/home/<uid>/tool``, then ``/ctx/shared/<space>/tool`` for
+  every space its policy lets it read (``shared:<space> read``), in name order;
+* ``CTX_MOUNTS`` — the mounts its policy lets it use: a mount is visible with ``mount:<name>
+  read`` and writable only when it is ``rw`` *and* the policy holds ``mount:<name> write``.
+  Two mounts sharing a name are both withheld (a policy rule could not tell them apart);
+* ``CTX_CWD`` — ``/workspace`` when visible (A-1), else the first visible mount other than
+  ``/ctx``, else ``/``.
+
+A malformed label, policy or mount control yields an empty view here; the authority chain,
+which every call goes through, denies such an agent and says why.
+"""
+
+from __future__ import annotations
+
+import json
+import pwd
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from cortexfs.errors import CtxError
+from cortexfs.names import check_object_name
+from cortexfs.policy import Identity, Policy
+from cortexfs.policy import controls as agent_controls
+from cortexfs.policy.mounts import Mount
+from cortexfs.tools.ctxpath import CTX_MOUNT, search_path
+
+WORKSPACE = PurePosixPath("/workspace")
+TOOL_SEARCH_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+
+@dataclass(frozen=True)
+class AgentView:
+    root: Path
+    name: str
+    identity: Identity
+    label: str
+    policy: Policy
+    mounts: tuple[Mount, ...]
+
+    @classmethod
+    def load(cls, root: Path, name: str) -> AgentView:
+        """ENOENT when the agent does not exist, EACCES when its identity is unusable."""
+        check_object_name(name, "agent")
+        agent_controls.require_agent(root, name)
+        identity = agent_controls.read_identity(root, name)
+        try:
+            label = agent_controls.read_label(root, name)
+            policy = agent_controls.read_policy(root, agent_controls.control_path(name, "policy"))
+        except CtxError:
+            label, policy = "", Policy()
+        try:
+            mounts = agent_controls.read_mounts(root, name)
+        except CtxError:
+            mounts = ()
+        return cls(root, name, identity, label, policy, mounts)
+
+    def allows(self, object_class: str, object_name: str, permission: str) -> bool:
+        return bool(self.label) and self.policy.allows(
+            self.label, object_class, object_name, permission
+        )
+
+    def readable_spaces(self) -> list[str]:
+        return sorted(
+            rule.object_name
+            for rule in self.policy
+            if rule.subject == self.label
+            and rule.object_class == "shared"
+            and rule.permission == "read"
+        )
+
+    def ctx_path(self) -> str:
+        """The runtime-injected ``CTX_PATH`` of this agent, in view terms (T-4)."""
+        entries = [f"{CTX_MOUNT}/tool", f"{CTX_MOUNT}/home/{self.identity.uid}/tool"]
+        entries += [f"{CTX_MOUNT}/shared/{space}/tool" for space in self.readable_spaces()]
+        return ":".join(entries)
+
+    def tool_directories(self) -> tuple[Path, ...]:
+        return search_path(self.root, self.ctx_path(), "agent").directories
+
+    def visible_mounts(self) -> list[Mount]:
+        """The mounts a tool of this agent may use, writable only where the policy says so."""
+        names = Counter(mount.name for mount in self.mounts)
+        visible = []
+        for mount in self.mounts:
+            if names[mount.name] > 1 or not self.allows("mount", mount.name, "read"):
+                continue
+            writable = mount.writable and self.allows("mount", mount.name, "write")
+            visible.append(Mount(mount.source, mount.target, writable))
+        return visible
+
+    def working_directory(self) -> tuple[PurePosixPath, Path]:
+        """The view path a tool starts in and the host directory behind it."""
+        visible = self.visible_mounts()
+        chosen = next((m for m in visible if m.target == WORKSPACE), None) or next(
+            (m for m in visible if m.target != CTX_MOUNT), None
+        )
+        if chosen is None:
+            return PurePosixPath("/"), Path("/")
+        return chosen.target, Path(chosen.source)
+
+    def tool_environment(self, *, tool: str, session: str, call: str, mode: str) -> dict[str, str]:
+        """The whole environment of a tool process: nothing leaks in from the host's."""
+        cwd, _ = self.working_directory()
+        mounts = [
+            [str(m.source), str(m.target), "rw" if m.writable else "ro"]
+            for m in self.visible_mounts()
+        ]
+        return {
+            "PATH": TOOL_SEARCH_PATH,
+            "HOME": _home_of(self.identity.uid),
+            "LANG": "C.UTF-8",
+            "CTX_AGENT": self.name,
+            "CTX_SESSION": session,
+            "CTX_CALL": call,
+            "CTX_TOOL": tool,
+            "CTX_MODE": mode,
+            "CTX_PATH": self.ctx_path(),
+            "CTX_MOUNTS": json.dumps(mounts),
+            "CTX_CWD": str(cwd),
+        }
+
+
+def _home_of(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_dir
+    except KeyError:
+        return "/"

@@ -1,0 +1,160 @@
+"""``ctx object``: check and install v2 manifests, resolve and list tools (SPEC T-8, T-8a, T-4)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import click
+
+# Importing the core tools' bootstrap step makes ``ctx bootstrap`` install them (R-5).
+import cortexfs.tools.core.bootstrap  # noqa: F401
+from cortexfs.cli.common import (
+    EXIT_OK,
+    EXIT_REFUSED,
+    emit_json,
+    fail,
+    handles_errors,
+    json_option,
+    resolve_storage,
+    storage_option,
+)
+from cortexfs.errors import CtxError, not_found
+from cortexfs.tools.ctxpath import human_search_path, which
+from cortexfs.tools.install import all_tiers, install_manifest, list_tools, parse_tier
+from cortexfs.tools.manifest import ManifestError, load_manifest
+
+
+@click.group("object")
+def object_group() -> None:
+    """Tool objects: check and install v2 manifests, resolve names, list what is installed.
+
+    \b
+    A v2 manifest is one JSON object:
+        {"manifest": 2, "kind": "tool", "name": "fs.read", "description": "...",
+         "schema": {...input JSON Schema...}, "cap": {"side_effects": false, "network": false},
+         "exec": "path/to/program"}          (or "mcp": {...}; optional "program": {...})
+    Installing grants nothing: a tool runs only when both the agent's and the tool's own
+    policy allow it.  See docs/tools.md.
+    """
+
+
+@object_group.command()
+@click.argument("manifests", nargs=-1, required=True, type=click.Path(path_type=Path))
+@json_option
+def check(manifests: tuple[Path, ...], as_json: bool) -> None:
+    """Validate MANIFEST files (SPEC T-8).
+
+    Exit 0 when every manifest is valid.  Otherwise exit 1 and print every reason, one line
+    each, on standard error as  MANIFEST: EINVAL: <reason>.
+    """
+    reports = []
+    for path in manifests:
+        try:
+            manifest = load_manifest(path)
+        except ManifestError as exc:
+            reports.append({"manifest": str(path), "valid": False, "problems": exc.problems})
+        except CtxError as exc:
+            reports.append({"manifest": str(path), "valid": False, "problems": [str(exc)]})
+        else:
+            reports.append({"manifest": str(path), "valid": True, "name": manifest.name})
+    for report in reports:
+        for problem in report.get("problems", []):
+            click.echo(f"{report['manifest']}: EINVAL: {problem}", err=True)
+    if as_json:
+        emit_json(reports)
+    else:
+        for report in reports:
+            if report["valid"]:
+                click.echo(f"{report['manifest']}: valid ({report['name']})")
+    sys.exit(EXIT_OK if all(report["valid"] for report in reports) else EXIT_REFUSED)
+
+
+@object_group.command()
+@click.argument("manifest", type=click.Path(path_type=Path))
+@click.option(
+    "--tier",
+    required=True,
+    metavar="TIER",
+    help="system (tool/), user (home/<uid>/tool/) or shared:<name> (shared/<name>/tool/).",
+)
+@click.option(
+    "--source",
+    "source_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="The storage root to install into (same as --storage).",
+)
+@storage_option
+@json_option
+@handles_errors
+def install(
+    manifest: Path,
+    tier: str,
+    source_dir: Path | None,
+    storage_dir: Path | None,
+    as_json: bool,
+) -> None:
+    """Install MANIFEST's tool into a tier of the storage root (SPEC T-8).
+
+    The executable and its complete control directory appear together; a reinstall replaces
+    the previous version atomically and keeps its policy, status, log and hooks.  Installing
+    grants no agent any permission.
+    """
+    root = resolve_storage(source_dir or storage_dir)
+    try:
+        loaded = load_manifest(manifest)
+    except ManifestError as exc:
+        for problem in exc.problems:
+            click.echo(f"{manifest}: EINVAL: {problem}", err=True)
+        fail(exc, as_json=as_json)
+    installed = install_manifest(root, loaded, parse_tier(root, tier))
+    if as_json:
+        emit_json(installed.to_json())
+    else:
+        verb = "replaced" if installed.replaced else "installed"
+        click.echo(f"{verb} {installed.name} in tier {installed.tier}: {installed.path}")
+
+
+@object_group.command("which")
+@click.argument("name")
+@storage_option
+@json_option
+@handles_errors
+def which_command(name: str, storage_dir: Path | None, as_json: bool) -> None:
+    """Print the path CTX_PATH resolves NAME to; exit 1 when there is none (SPEC T-8a).
+
+    The search path is CTX_PATH= from $CTX_HOME/.tshrc, else $CTX_PATH, else
+    /ctx/tool:/ctx/home/<uid>/tool (/ctx maps onto the storage root when not mounted).
+    Only executable regular files count; --json also lists the non-executable hits skipped.
+    """
+    root = resolve_storage(storage_dir)
+    path = human_search_path(root, uid=os.getuid(), environ=os.environ)
+    found = which(name, path.directories)
+    if found is None:
+        raise not_found(f"{name} is not on CTX_PATH ({':'.join(path.entries)})")
+    if as_json:
+        emit_json({**found.to_json(), "search_path": path.to_json()})
+    else:
+        click.echo(found.executable)
+
+
+@object_group.command("list")
+@click.option("--tier", metavar="TIER", help="Only this tier: system, user or shared:<name>.")
+@storage_option
+@json_option
+@handles_errors
+def list_command(tier: str | None, storage_dir: Path | None, as_json: bool) -> None:
+    """List installed tools: name, tier, status and description (SPEC T-8a).
+
+    Without --tier: the system tier, your user tier and every shared space's tier.
+    """
+    root = resolve_storage(storage_dir)
+    tiers = [parse_tier(root, tier)] if tier else all_tiers(root, os.getuid())
+    listings = list_tools(tiers)
+    if as_json:
+        emit_json([listing.to_json() for listing in listings])
+        return
+    for listing in listings:
+        status = "damaged" if listing.problems else listing.status
+        click.echo(f"{listing.name:<24} {listing.tier:<16} {status:<12} {listing.description}")

@@ -1,0 +1,204 @@
+"""``ctx session``: read a session as a timeline, follow it, repair it (SPEC S-1..S-5)."""
+
+from __future__ import annotations
+
+import errno
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+
+from cortexfs.cli.common import (
+    emit_json,
+    handles_errors,
+    json_option,
+    resolve_storage,
+    storage_option,
+    usage_problem,
+)
+from cortexfs.errors import CtxError, invalid, not_found
+from cortexfs.policy.controls import read_identity
+from cortexfs.shared import events
+from cortexfs.shared.sessions import DEFAULT_SESSION, SessionRef, list_sessions
+
+_S2_KEYS = ("ts", "type", "agent", "session", "object", "status")
+
+
+def session_options(fn: Any) -> Any:
+    for decorator in reversed(
+        [
+            click.argument("agent"),
+            click.argument("session", default=DEFAULT_SESSION),
+            click.option("--project", help="A session in shared/PROJECT/ instead of the home."),
+            click.option("--uid", type=int, help="The home's uid (default: the agent's)."),
+            storage_option,
+            json_option,
+            handles_errors,
+        ]
+    ):
+        fn = decorator(fn)
+    return fn
+
+
+@click.group()
+def session() -> None:
+    """Sessions: home/<uid>/agent/<agent>/session/<s>/ and shared/<p>/agent/<agent>/session/<s>/.
+
+    Each holds events.jsonl, one JSON event per line, appended crash-safely (SPEC S-5).
+    """
+
+
+@session.command()
+@session_options
+def show(
+    agent: str,
+    session: str,
+    project: str | None,
+    uid: int | None,
+    storage_dir: Path | None,
+    as_json: bool,
+) -> None:
+    """Print SESSION (default: default) of AGENT as a timeline, oldest first.
+
+    A torn last line (a crash in the middle of an append) is skipped and mentioned.
+    """
+    ref = _session_ref(storage_dir, agent, session, project, uid)
+    scan = _read(ref)
+    _render(scan.events, as_json)
+    _warn(ref, scan)
+
+
+@session.command()
+@session_options
+@click.option("-n", "lines", type=click.IntRange(min=0), default=10, show_default=True)
+@click.option("--follow", "-f", is_flag=True, help="Keep printing events as they are appended.")
+def tail(
+    agent: str,
+    session: str,
+    project: str | None,
+    uid: int | None,
+    storage_dir: Path | None,
+    as_json: bool,
+    lines: int,
+    follow: bool,
+) -> None:
+    """Print the last events of SESSION; with --follow, keep printing new ones (Ctrl-C stops)."""
+    ref = _session_ref(storage_dir, agent, session, project, uid)
+    scan = _read(ref)
+    _render(scan.events[len(scan.events) - lines :] if lines else [], as_json)
+    _warn(ref, scan)
+    if follow:
+        try:
+            for event in events.follow_events(ref.events_path, offset=scan.end):
+                _render([event], as_json)
+        except KeyboardInterrupt:
+            return
+
+
+@session.command()
+@session_options
+def repair(
+    agent: str,
+    session: str,
+    project: str | None,
+    uid: int | None,
+    storage_dir: Path | None,
+    as_json: bool,
+) -> None:
+    """Truncate a torn last line of SESSION's events.jsonl (SPEC S-5).
+
+    Waits for appends in flight; complete lines are never touched.
+    """
+    ref = _session_ref(storage_dir, agent, session, project, uid)
+    if not ref.events_path.exists():
+        raise not_found(f"session {ref} has no events.jsonl")
+    removed = events.repair(ref.events_path)
+    if as_json:
+        emit_json({"session": str(ref), "truncated_bytes": removed})
+    elif removed:
+        click.echo(f"truncated a torn last line of {removed} bytes from {ref.events_path}")
+    else:
+        click.echo(f"nothing to do: {ref.events_path} ends with a complete line")
+
+
+@session.command("list")
+@click.argument("agent")
+@click.option("--project", help="Sessions in shared/PROJECT/ instead of the home.")
+@click.option("--uid", type=int, help="The home's uid (default: the agent's).")
+@storage_option
+@json_option
+@handles_errors
+def list_command(
+    agent: str, project: str | None, uid: int | None, storage_dir: Path | None, as_json: bool
+) -> None:
+    """List AGENT's sessions (in its home, or in shared space PROJECT)."""
+    ref = _session_ref(storage_dir, agent, DEFAULT_SESSION, project, uid)
+    names = list_sessions(ref.path.parent)
+    if as_json:
+        emit_json([str(ref.path.parent / name) for name in names])
+    else:
+        for name in names:
+            click.echo(name)
+
+
+def _session_ref(
+    storage_dir: Path | None, agent: str, session: str, project: str | None, uid: int | None
+) -> SessionRef:
+    root = resolve_storage(storage_dir)
+    try:
+        if project is not None:
+            return SessionRef.shared(root, project, agent, session)
+        if uid is None:
+            uid = _agent_uid(root, agent)
+        return SessionRef.home(root, uid, agent, session)
+    except CtxError as exc:
+        if exc.errno == errno.EINVAL:
+            raise usage_problem(exc) from None
+        raise
+
+
+def _agent_uid(root: Path, agent: str) -> int:
+    try:
+        return read_identity(root, agent).uid
+    except CtxError:
+        raise invalid(
+            f"cannot tell agent {agent!r}'s uid from its identity control; give --uid"
+        ) from None
+
+
+def _read(ref: SessionRef) -> events.EventScan:
+    if not ref.events_path.exists():
+        raise not_found(f"session {ref} has no events.jsonl")
+    return events.read_events(ref.events_path)
+
+
+def _render(selected: list[dict[str, Any]], as_json: bool) -> None:
+    for event in selected:
+        if as_json:
+            click.echo(json.dumps(event, ensure_ascii=False))
+            continue
+        rest = {key: value for key, value in event.items() if key not in _S2_KEYS}
+        details = " ".join(
+            f"{key}={json.dumps(value, ensure_ascii=False)}" for key, value in rest.items()
+        )
+        click.echo(
+            f"{event.get('ts', '?')}  {event.get('type', '?'):<12} {event.get('object', '-'):<24} "
+            f"{event.get('status', '-'):<10} {details}".rstrip()
+        )
+
+
+def _compact(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def _warn(ref: SessionRef, scan: events.EventScan) -> None:
+    if scan.torn_tail:
+        click.echo(
+            f"ctx: note: {ref.events_path} ends with a torn line of {scan.torn_tail} bytes "
+            "(skipped; 'ctx session repair' truncates it)",
+            err=True,
+        )
+    if scan.damaged:
+        lines = ", ".join(str(number) for number in scan.damaged[:10])
+        click.echo(f"ctx: note: skipped damaged lines {lines} of {ref.events_path}", err=True)

@@ -1,0 +1,57 @@
+"""``ctx shared``: shared spaces (SPEC X-1)."""
+
+from __future__ import annotations
+
+import grp
+from pathlib import Path
+
+import click
+
+from cortexfs.cli.common import (
+    emit_json,
+    handles_errors,
+    json_option,
+    resolve_storage,
+    storage_option,
+    usage_problem,
+)
+from cortexfs.errors import invalid
+from cortexfs.shared.spaces import create_shared_space
+
+
+@click.group()
+def shared() -> None:
+    """Shared spaces: shared/<name>/ with tool/, data/, queue/ and agent/ (SPEC X-1)."""
+
+
+@shared.command()
+@click.argument("name")
+@click.option("--group", help="The space's group (name or gid); default: your group.")
+@storage_option
+@json_option
+@handles_errors
+def create(name: str, group: str | None, storage_dir: Path | None, as_json: bool) -> None:
+    """Create shared space NAME, or complete it where parts are missing.
+
+    Its directories belong to the group, are group-writable and setgid (mode 2770), so
+    everything created inside belongs to the group and nobody else sees in.  Which agents
+    may use it is then up to their uid/gid, mounts and policy (shared:NAME read|write).
+    Existing parts are left exactly as they are.
+    """
+    report = create_shared_space(
+        resolve_storage(storage_dir), name, gid=None if group is None else _gid(group)
+    )
+    if as_json:
+        emit_json(report.to_json())
+        return
+    for path in report.created:
+        click.echo(f"created   {path}")
+    if not report.created:
+        click.echo(f"nothing to do: {report.path} is complete")
+
+
+def _gid(group: str) -> int:
+    try:
+        return int(group) if group.isdigit() else grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise usage_problem(invalid(f"no such group: {group!r}")) from None

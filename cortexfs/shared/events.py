@@ -1,0 +1,268 @@
+"""Append-only event logs: a session's ``events.jsonl`` and an object's ``log`` (SPEC S-2..S-5).
+
+One event is one JSON object on one line, and its first key is always ``ts``::
+
+    {"ts":"2026-06-22T12:00:00.000000Z","type":"tool_call","agent":"coder","session":"default","object":"tool/fs.read","status":"requested"}
+
+Writing (S-5).  :meth:`EventLog.append` writes the whole line with one ``write`` on an
+``O_APPEND`` descriptor, so the kernel places it at the end of the file in one piece and
+concurrent appenders — threads, processes, workers — never interleave inside a line.  Each
+append holds a shared ``flock`` for its write (and fsync), so ``ctx session repair``, which takes
+the exclusive lock, can never cut a line that is being written.  A durable append is fsynced
+before it returns: tool results and queue transitions are recorded that way, so an action
+reported done has its event on disk.
+
+Reading.  A crash in the middle of a write can leave the last line torn (no newline).  Readers
+ignore it and :func:`repair` truncates it.  If nobody repaired and a later append glued a whole
+event to the torn fragment, readers resynchronise on the ``{"ts":`` that starts every event,
+so the later event is not lost with the fragment.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import stat
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cortexfs import durable
+from cortexfs.errors import invalid, too_big
+from cortexfs.shared.tree import Ownership
+from cortexfs.timefmt import rfc3339
+
+EVENTS_FILE = "events.jsonl"
+# An event is a summary of facts (S-4), never a payload; a line this long is a bug upstream.
+MAX_EVENT_BYTES = 64 * 1024
+EVENT_START = b'{"ts":'
+_READ_CHUNK = 64 * 1024
+
+
+def make_event(
+    event_type: str, *, agent: str, session: str, object: str, status: str, **facts: Any
+) -> dict[str, Any]:
+    """An event of the minimal shape of S-2 (in that key order) plus extra facts."""
+    event = {
+        "ts": rfc3339(),
+        "type": event_type,
+        "agent": agent,
+        "session": session,
+        "object": object,
+        "status": status,
+    }
+    event.update(facts)
+    return event
+
+
+def encode_event(event: Mapping[str, Any]) -> bytes:
+    """One compact JSON line; EINVAL unless ``ts`` comes first, EFBIG when it is too long."""
+    if next(iter(event), None) != "ts":
+        raise invalid("an event's first key must be 'ts' (readers resynchronise on it)")
+    line = json.dumps(event, ensure_ascii=False, separators=(",", ":"), default=str).encode()
+    if len(line) >= MAX_EVENT_BYTES:
+        raise too_big(f"an event of {len(line)} bytes exceeds {MAX_EVENT_BYTES}; summarise it")
+    return line + b"\n"
+
+
+class EventLog:
+    """An event log opened for appending; keep it open to append many events cheaply.
+
+    Creating the file also makes its name durable (the parent directory is synced), so the
+    first durable event of a new session survives a crash together with the file holding it.
+    A file created by root is given to ``owner`` (the agent whose session or home it is in).
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        mode: int = 0o640,
+        owner: Ownership | None = None,
+        ops: durable.FsOps | None = None,
+    ) -> None:
+        self.path = path
+        self._ops = ops or durable.default_ops()
+        dir_fd = durable.open_dir_path(self._ops, str(path.parent))
+        try:
+            existing = _lstat_at(dir_fd, path.name)
+            if existing is not None and not stat.S_ISREG(existing.st_mode):
+                raise invalid(f"{path} is not a regular file; refusing to append to it")
+            self._fd = self._ops.open_append(path.name, dir_fd, mode)
+            if not stat.S_ISREG(os.fstat(self._fd).st_mode):
+                self._ops.close(self._fd)
+                raise invalid(f"{path} is not a regular file; refusing to append to it")
+            if existing is None:
+                if owner is not None and os.geteuid() == 0:
+                    os.fchown(self._fd, owner.uid, owner.gid)
+                os.fchmod(self._fd, mode)  # open() applied the umask; the mode is the contract
+                durable.sync_dir(self._ops, dir_fd)
+        finally:
+            self._ops.close(dir_fd)
+
+    def append(self, event: Mapping[str, Any], *, durable_event: bool = False) -> None:
+        """Append one event as one line; with ``durable_event`` it is on disk when this returns."""
+        line = encode_event(event)
+        fcntl.flock(self._fd, fcntl.LOCK_SH)
+        try:
+            self._ops.write(self._fd, line)
+            if durable_event:
+                self._ops.fsync(self._fd)
+        finally:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            self._ops.close(self._fd)
+            self._fd = -1
+
+    def __enter__(self) -> EventLog:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def append_event(
+    path: Path,
+    event: Mapping[str, Any],
+    *,
+    durable_event: bool = False,
+    mode: int = 0o640,
+    ops: durable.FsOps | None = None,
+) -> None:
+    """Open, append one event, close: for a single event (hold an :class:`EventLog` for many)."""
+    with EventLog(path, mode=mode, ops=ops) as log:
+        log.append(event, durable_event=durable_event)
+
+
+# ------------------------------------------------------------------------------- reading
+
+
+@dataclass
+class EventScan:
+    """What a read found: the events in order, and what it had to skip.
+
+    ``end`` is the offset just past the last complete line: resume reading there.
+    ``damaged`` holds the numbers of complete lines that held no event; ``torn_tail`` the byte
+    count of an unterminated last line (a torn write, or one still being written).
+    """
+
+    events: list[dict[str, Any]] = field(default_factory=list)
+    damaged: list[int] = field(default_factory=list)
+    torn_tail: int = 0
+    end: int = 0
+
+
+def read_events(path: Path, *, offset: int = 0, first_line: int = 1) -> EventScan:
+    """The events of ``path`` from byte ``offset`` (the start of a line) to the last full line."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise invalid(f"{path} is a symbolic link; refusing to read it") from None
+        raise
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise invalid(f"{path} is not a regular file")
+        handle.seek(offset)
+        data = handle.read()
+    return scan_lines(data, offset=offset, first_line=first_line)
+
+
+def scan_lines(data: bytes, *, offset: int = 0, first_line: int = 1) -> EventScan:
+    """Parse event lines; see :class:`EventScan` for what is skipped and reported."""
+    scan = EventScan(end=offset)
+    complete, _, tail = data.rpartition(b"\n")
+    scan.torn_tail = len(tail)
+    if not complete and not data.endswith(b"\n"):
+        return scan
+    for number, raw in enumerate(complete.split(b"\n"), start=first_line):
+        event = parse_event_line(raw)
+        if event is None:
+            scan.damaged.append(number)
+        else:
+            scan.events.append(event)
+    scan.end = offset + len(complete) + 1
+    return scan
+
+
+def parse_event_line(raw: bytes) -> dict[str, Any] | None:
+    """The event on one line, resynchronising past a torn fragment glued in front of it."""
+    start = 0
+    while start != -1:
+        try:
+            event = json.loads(raw[start:])
+        except ValueError:
+            event = None
+        if isinstance(event, dict):
+            return event
+        # A nested object that happens to start with "ts" parses but does not reach the end
+        # of the line ("extra data"), so only a whole event can be accepted here.
+        start = raw.find(EVENT_START, start + 1)
+    return None
+
+
+def follow_events(
+    path: Path, *, offset: int = 0, poll_interval: float = 0.2
+) -> Iterator[dict[str, Any]]:
+    """Yield events as they are appended (``tail --follow``); runs until the caller stops."""
+    line = 1
+    while True:
+        scan = read_events(path, offset=offset, first_line=line)
+        yield from scan.events
+        line += len(scan.events) + len(scan.damaged)
+        if scan.end == offset:
+            time.sleep(poll_interval)
+        offset = scan.end
+
+
+def repair(path: Path, ops: durable.FsOps | None = None) -> int:
+    """Truncate a torn last line (S-5); return the number of bytes removed (0: nothing torn).
+
+    Holds the exclusive lock, which waits for every append in flight (they hold it shared).
+    """
+    ops = ops or durable.default_ops()
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise invalid(f"{path} is a symbolic link; refusing to repair it") from None
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise invalid(f"{path} is not a regular file")
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        size = os.fstat(fd).st_size
+        keep = _end_of_last_line(fd, size)
+        if keep == size:
+            return 0
+        ops.truncate(fd, keep)
+        ops.fsync(fd)
+        return size - keep
+    finally:
+        ops.close(fd)
+
+
+def _end_of_last_line(fd: int, size: int) -> int:
+    """The offset just past the last newline of the file (0 when it holds none)."""
+    position = size
+    while position > 0:
+        start = max(0, position - _READ_CHUNK)
+        chunk = os.pread(fd, position - start, start)
+        newline = chunk.rfind(b"\n")
+        if newline != -1:
+            return start + newline + 1
+        position = start
+    return 0
+
+
+def _lstat_at(dir_fd: int, name: str) -> os.stat_result | None:
+    try:
+        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None

@@ -1,0 +1,171 @@
+"""Sessions: ordinary directories holding an ``events.jsonl`` timeline (SPEC S-1, S-2, S-6).
+
+::
+
+    home/<uid>/agent/<agent>/session/<session>/events.jsonl        the agent's own session
+    shared/<space>/agent/<agent>/session/<session>/events.jsonl    a session in a shared space
+
+A session in the agent's home belongs to the agent's uid and gid (mode 0750, events 0640): it
+is that user's tier (R-4).  A session in a shared space is group-writable and setgid (02770,
+events 0660) so that everyone the space's group admits can read it; whether a given agent may
+use it is decided by the authority chain (``session:<name> read|write|resume``, S-6), which
+the tool runner asks before it records anything there.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from cortexfs import durable
+from cortexfs.errors import CtxError, invalid, not_found
+from cortexfs.names import check_object_name, is_object_name
+from cortexfs.shared.events import EVENTS_FILE, EventLog, make_event
+from cortexfs.shared.tree import Ownership, ensure_directories, ensure_home
+
+DEFAULT_SESSION = "default"
+HOME_SESSION_MODE = 0o750
+HOME_EVENTS_MODE = 0o640
+SHARED_MODE = 0o2770
+SHARED_EVENTS_MODE = 0o660
+
+
+@dataclass(frozen=True)
+class SessionRef:
+    """Where one session lives: in an agent's home (``uid``) or in a shared ``space``."""
+
+    root: Path
+    agent: str
+    name: str = DEFAULT_SESSION
+    uid: int | None = None
+    space: str | None = None
+
+    def __post_init__(self) -> None:
+        check_object_name(self.agent, "agent")
+        check_object_name(self.name, "session")
+        if (self.uid is None) == (self.space is None):
+            raise invalid("a session lives either in a home (uid) or in a shared space")
+        if self.space is not None:
+            check_object_name(self.space, "shared space")
+        if self.uid is not None and self.uid < 0:
+            raise invalid(f"{self.uid} is not a uid")
+
+    @classmethod
+    def home(cls, root: Path, uid: int, agent: str, name: str = DEFAULT_SESSION) -> SessionRef:
+        return cls(root, agent, name, uid=uid)
+
+    @classmethod
+    def shared(cls, root: Path, space: str, agent: str, name: str = DEFAULT_SESSION) -> SessionRef:
+        return cls(root, agent, name, space=space)
+
+    @property
+    def location(self) -> str:
+        """The directory holding the session, relative to the root (the chain's location)."""
+        if self.space is not None:
+            return f"shared/{self.space}/agent/{self.agent}/session"
+        return f"home/{self.uid}/agent/{self.agent}/session"
+
+    @property
+    def relative(self) -> PurePosixPath:
+        return PurePosixPath(self.location, self.name)
+
+    @property
+    def path(self) -> Path:
+        return self.root / self.relative
+
+    @property
+    def events_path(self) -> Path:
+        return self.path / EVENTS_FILE
+
+    def __str__(self) -> str:
+        return str(self.relative)
+
+
+class Session:
+    """A session opened for recording; one descriptor serves every event."""
+
+    def __init__(self, ref: SessionRef, log: EventLog) -> None:
+        self.ref = ref
+        self._log = log
+
+    def record(
+        self,
+        event_type: str,
+        *,
+        object: str,
+        status: str,
+        durable_event: bool = False,
+        **facts: Any,
+    ) -> dict[str, Any]:
+        """Append one event (S-2 shape plus ``facts``); durable ones are on disk on return."""
+        event = make_event(
+            event_type,
+            agent=self.ref.agent,
+            session=self.ref.name,
+            object=object,
+            status=status,
+            **facts,
+        )
+        self._log.append(event, durable_event=durable_event)
+        return event
+
+    def close(self) -> None:
+        self._log.close()
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def open_session(
+    ref: SessionRef,
+    *,
+    owner: Ownership | None = None,
+    ops: durable.FsOps | None = None,
+) -> Session:
+    """Open ``ref`` for recording, creating its directories and ``events.jsonl`` if missing.
+
+    ``owner`` is the agent's uid and gid, given to what is created in its home (as root).  A
+    shared session needs its space to exist already (``ctx shared create``): ENOENT otherwise.
+    """
+    ops = ops or durable.default_ops()
+    if ref.space is not None:
+        top = ref.root / "shared" / ref.space
+        if not top.is_dir():
+            raise not_found(
+                f"there is no shared space {ref.space!r}; create it with 'ctx shared create'"
+            )
+        parts = ["agent", ref.agent, "session", ref.name]
+        mode, events_mode = SHARED_MODE, SHARED_EVENTS_MODE
+        owner = Ownership(owner.uid, -1) if owner else None
+    else:
+        assert ref.uid is not None
+        top = ensure_home(ops, ref.root, owner or Ownership(ref.uid, -1))
+        parts = ["agent", ref.agent, "session", ref.name]
+        mode, events_mode = HOME_SESSION_MODE, HOME_EVENTS_MODE
+    ensure_directories(ops, top, parts, mode=mode, owner=owner)
+    return Session(ref, EventLog(ref.events_path, mode=events_mode, owner=owner, ops=ops))
+
+
+def list_sessions(parent: Path) -> list[str]:
+    """The session names under a ``…/agent/<agent>/session`` directory (none when missing)."""
+    try:
+        names = os.listdir(parent)
+    except FileNotFoundError:
+        return []
+    except NotADirectoryError:
+        raise CtxError(errno.ENOTDIR, f"{parent} is not a directory") from None
+    return sorted(name for name in names if is_object_name(name) and _is_dir(parent / name))
+
+
+def _is_dir(path: Path) -> bool:
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        return False

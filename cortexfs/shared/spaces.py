@@ -1,0 +1,63 @@
+"""Shared spaces: ``shared/<name>/`` with ``tool/``, ``data/``, ``queue/``, ``agent/`` (SPEC X-1).
+
+A shared space is a Linux-permission space, nothing more: its directories belong to one group
+and are group-writable and setgid (mode 02770), so that every file created inside belongs to
+the space's group and its members can work with each other's files, while everyone else sees
+nothing.  Whether an agent may use the space is decided by its uid, gid and groups (the mode
+bits), its mounts and policy v0 (``shared:<name> read|write``), through the authority chain;
+the space itself carries no collaboration rules.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cortexfs import durable, storage
+from cortexfs.names import check_object_name
+from cortexfs.queue.layout import init_queue
+from cortexfs.shared.tree import Ownership, apply_mode, ensure_directories
+
+SPACE_DIRS = ("tool", "data", "agent")
+QUEUE_DIR = "queue"
+SPACE_MODE = 0o2770
+
+
+@dataclass
+class SpaceReport:
+    """What ``ctx shared create`` did: the space, its group and every path it created."""
+
+    path: Path
+    gid: int
+    created: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, object]:
+        return {"path": str(self.path), "gid": self.gid, "created": self.created}
+
+
+def space_path(root: Path, name: str) -> Path:
+    return root / "shared" / check_object_name(name, "shared space")
+
+
+def create_shared_space(
+    root: Path, name: str, *, gid: int | None = None, ops: durable.FsOps | None = None
+) -> SpaceReport:
+    """Create ``shared/<name>`` and its four directories where missing, owned by group ``gid``.
+
+    Idempotent: what exists is left as it is (including its group and mode), what is missing
+    is created, so a space whose queue came first (``ctx queue init``) is completed.  ``gid``
+    defaults to the caller's effective group.
+    """
+    ops = ops or durable.default_ops()
+    path = space_path(root, name)
+    owner = Ownership(-1, os.getegid() if gid is None else gid)
+    created = storage.ensure_root_abi(root, ops).created
+    created += ensure_directories(ops, root / "shared", [name], mode=SPACE_MODE, owner=owner)
+    for directory in SPACE_DIRS:
+        created += ensure_directories(ops, path, [directory], mode=SPACE_MODE, owner=owner)
+    queue_created = init_queue(path / QUEUE_DIR, ops)
+    for entry in queue_created:
+        if Path(entry).is_dir():
+            apply_mode(ops, Path(entry), SPACE_MODE, owner)
+    return SpaceReport(path, os.stat(path).st_gid, created + queue_created)

@@ -1,0 +1,112 @@
+"""Creating directory paths under the storage root durably, with the owner and mode they need.
+
+Sessions (S-1) and shared spaces (X-1) create several levels of directories whose ownership
+and mode bits are part of the security model: a shared space is group-writable and setgid so
+that everything created inside belongs to the space's group; a user's tier belongs to that
+user.  ``mkdir`` applies the umask, so the mode is set explicitly afterwards.  Every level is
+opened with ``O_NOFOLLOW`` relative to the previous one (Q-8 style): a symlink planted in the
+tree is refused, never followed.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import pwd
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from cortexfs import durable
+from cortexfs.errors import CtxError
+
+
+@dataclass(frozen=True)
+class Ownership:
+    """Who a created directory belongs to; ``-1`` leaves that id as the kernel chose it."""
+
+    uid: int = -1
+    gid: int = -1
+
+
+def ensure_directories(
+    ops: durable.FsOps,
+    top: Path,
+    parts: Sequence[str],
+    *,
+    mode: int,
+    owner: Ownership | None = None,
+) -> list[str]:
+    """Create ``top/parts[0]/…/parts[-1]`` where missing; return the created paths.
+
+    ``top`` must exist.  Directories that already exist are left exactly as they are.  The
+    mode is applied to every new directory, and so is the owner where the kernel lets us (see
+    :func:`_apply`).  Each new directory's entry is durable when this returns.
+    """
+    created: list[str] = []
+    fd = durable.open_dir_path(ops, str(top))
+    try:
+        for depth, name in enumerate(parts):
+            if durable.make_dir_synced(ops, fd, name, mode):
+                created.append(str(top.joinpath(*parts[: depth + 1])))
+                inner = _open_level(ops, fd, top, parts[: depth + 1])
+                _apply(ops, inner, mode, owner)
+            else:
+                inner = _open_level(ops, fd, top, parts[: depth + 1])
+            ops.close(fd)
+            fd = inner
+    finally:
+        ops.close(fd)
+    return created
+
+
+def apply_mode(ops: durable.FsOps, path: Path, mode: int, owner: Ownership | None = None) -> None:
+    """Set the mode (and, as root, the owner) of an existing directory, durably."""
+    fd = durable.open_dir_path(ops, str(path))
+    try:
+        _apply(ops, fd, mode, owner)
+    finally:
+        ops.close(fd)
+
+
+def _apply(ops: durable.FsOps, fd: int, mode: int, owner: Ownership | None) -> None:
+    """Owner and mode of an open directory; its own fsync makes the inode change durable.
+
+    Only root may give a file away; anyone may change the group of their own file to one of
+    their groups, so a non-root owner's request is passed on when it keeps the uid (and the
+    kernel refuses a group the caller is not in with EPERM).
+    """
+    if owner is not None and (os.geteuid() == 0 or owner.uid in (-1, os.geteuid())):
+        os.fchown(fd, owner.uid, owner.gid)
+    # After chown: changing the owner clears the setgid bit on some filesystems.
+    os.fchmod(fd, mode)
+    durable.sync_dir(ops, fd)
+
+
+def _open_level(ops: durable.FsOps, parent_fd: int, top: Path, parts: Sequence[str]) -> int:
+    try:
+        return ops.open_dir(parts[-1], parent_fd)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            where = top.joinpath(*parts)
+            raise CtxError(
+                exc.errno, f"{where} is not a directory (or is a symlink); left untouched"
+            ) from None
+        raise
+
+
+HOME_MODE = 0o755
+
+
+def user_ownership(uid: int) -> Ownership:
+    """``uid`` and its primary group (from the password database; kept as is when unknown)."""
+    try:
+        return Ownership(uid, pwd.getpwuid(uid).pw_gid)
+    except KeyError:
+        return Ownership(uid, -1)
+
+
+def ensure_home(ops: durable.FsOps, root: Path, owner: Ownership) -> Path:
+    """``home/<uid>/``, a user's tier (R-4): created owned by that user (as root), mode 0755."""
+    ensure_directories(ops, root / "home", [str(owner.uid)], mode=HOME_MODE, owner=owner)
+    return root / "home" / str(owner.uid)

@@ -1,0 +1,193 @@
+"""A tool object: the executable ``<dir>/<name>`` and its control directory (SPEC T-1, C-2).
+
+::
+
+    <name>                  the executable endpoint; stdin/stdout is its interface (T-2)
+    <name>.d/name           the tool's name, one line
+    <name>.d/description    what it does, for people and models
+    <name>.d/schema         the JSON Schema of its input; grants nothing, describes no output
+    <name>.d/cap            declared facts, e.g. {"side_effects": false, "network": false}
+    <name>.d/policy         the tool's own policy v0, the second layer of P-6 (host-owned)
+    <name>.d/status         available | disabled | unavailable: <reason>
+    <name>.d/log            one line per call (T-7)
+    <name>.d/hooks/pre.d/   executables run before each call, in name order; non-zero vetoes
+    <name>.d/hooks/post.d/  executables run after each call; they see the result (T-6)
+    <name>.d/origin         optional, diagnostic only: where the installed version came from
+    <name>.d/mcp            optional: the stdio locator of an MCP-backed tool (M-4)
+    <name>.d/program        optional: a success-result JSON Schema, reserved (C-1, C-2)
+
+``<dir>`` is a tier: ``tool/``, ``home/<uid>/tool/`` or ``shared/<space>/tool/``.  Controls
+are read without following links (:mod:`cortexfs.policy.beneath`).  A control that is missing
+or malformed makes the tool unusable (ENOEXEC, "damaged"); a malformed ``program`` makes it
+*unavailable* (C-2); ``status`` other than ``available`` refuses every call.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from cortexfs.errors import CtxError, denied
+from cortexfs.names import check_object_name
+from cortexfs.policy import beneath
+from cortexfs.tools.schemas import schema_problems
+
+REQUIRED_FILES = ("name", "description", "schema", "cap", "policy", "status", "log")
+HOOK_DIRS = ("hooks", "hooks/pre.d", "hooks/post.d")
+PRE_HOOKS = "hooks/pre.d"
+POST_HOOKS = "hooks/post.d"
+
+STATUS_AVAILABLE = "available"
+STATUS_DISABLED = "disabled"
+STATUS_UNAVAILABLE = "unavailable"
+
+
+@dataclass(frozen=True)
+class ToolObject:
+    """Where one tool lives: its name and the tier directory holding its executable."""
+
+    name: str
+    directory: Path
+
+    def __post_init__(self) -> None:
+        check_object_name(self.name, "tool")
+
+    @property
+    def executable(self) -> Path:
+        return self.directory / self.name
+
+    @property
+    def control_dir(self) -> Path:
+        return self.directory / f"{self.name}.d"
+
+    def control(self, name: str) -> Path:
+        return self.control_dir / name
+
+    def relative_control(self, name: str) -> PurePosixPath:
+        return PurePosixPath(f"{self.name}.d", *name.split("/"))
+
+
+@dataclass(frozen=True)
+class ToolControls:
+    """What the runner needs from one installed version of a tool."""
+
+    schema: dict[str, Any]
+    cap: dict[str, Any]
+    status: str
+    program: dict[str, Any] | None
+
+
+def damaged(tool: ToolObject, reason: str) -> CtxError:
+    return CtxError(
+        errno.ENOEXEC,
+        f"tool {tool.name} in {tool.directory} is damaged: {reason}; reinstall it "
+        "('ctx object install') or repair the storage root ('ctx bootstrap')",
+    )
+
+
+def read_control(tool: ToolObject, name: str) -> bytes | None:
+    """The bytes of one control, None when it is absent; links are never followed."""
+    try:
+        return beneath.read_file(tool.directory, tool.relative_control(name))
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise damaged(tool, f"{name} cannot be read safely ({exc.strerror})") from None
+
+
+def parse_status(data: bytes) -> str:
+    """The status line: ``available``, ``disabled`` or ``unavailable: <reason>``."""
+    return data.decode("utf-8", "replace").strip().splitlines()[0] if data.strip() else ""
+
+
+def read_controls(tool: ToolObject) -> ToolControls:
+    """Read and check the controls a call depends on; ENOEXEC when one is damaged."""
+    schema = _read_json(tool, "schema")
+    cap = _read_json(tool, "cap")
+    status_data = read_control(tool, "status")
+    if status_data is None:
+        raise damaged(tool, "the status control is missing")
+    program_data = read_control(tool, "program")
+    program = None
+    status = parse_status(status_data)
+    if program_data is not None:
+        program, problem = _parse_program(program_data)
+        if problem:
+            status = f"{STATUS_UNAVAILABLE}: {problem}"
+    problems = schema_problems(schema, "schema")
+    if problems:
+        raise damaged(tool, problems[0])
+    return ToolControls(schema, cap, status, program)
+
+
+def require_available(tool: ToolObject, status: str) -> None:
+    """EACCES unless the status is ``available`` (an administrator's ``disabled``, or C-2)."""
+    if status != STATUS_AVAILABLE:
+        raise denied(f"tool {tool.name} is not available (status: {status or 'empty'})")
+
+
+def layout_problems(tool: ToolObject) -> list[str]:
+    """Everything wrong with the on-disk shape of ``tool``; empty when it is complete."""
+    problems = []
+    try:
+        status = os.lstat(tool.executable)
+        if not stat.S_ISREG(status.st_mode) or not status.st_mode & 0o111:
+            problems.append(f"{tool.name} is not an executable regular file")
+    except FileNotFoundError:
+        problems.append(f"{tool.name} is missing")
+    for name in REQUIRED_FILES:
+        if not _is_regular(tool.control(name)):
+            problems.append(f"{tool.name}.d/{name} is missing or not a regular file")
+    for name in HOOK_DIRS:
+        if not _is_directory(tool.control(name)):
+            problems.append(f"{tool.name}.d/{name}/ is missing or not a directory")
+    if not problems:
+        try:
+            controls = read_controls(tool)
+        except CtxError as exc:
+            problems.append(exc.message)
+        else:
+            if controls.status.startswith(STATUS_UNAVAILABLE):
+                problems.append(f"{tool.name}.d/status: {controls.status}")
+    return problems
+
+
+def _read_json(tool: ToolObject, name: str) -> Any:
+    data = read_control(tool, name)
+    if data is None:
+        raise damaged(tool, f"the {name} control is missing")
+    try:
+        return json.loads(data)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise damaged(tool, f"the {name} control is not JSON ({exc})") from None
+
+
+def _parse_program(data: bytes) -> tuple[dict[str, Any] | None, str]:
+    """C-2: a program control is a JSON Schema object; anything else makes the tool unavailable."""
+    try:
+        program = json.loads(data)
+    except (UnicodeDecodeError, ValueError):
+        return None, "the program control is not JSON (C-2)"
+    problems = schema_problems(program, "the program control")
+    if problems:
+        return None, f"{problems[0]} (C-2)"
+    return program, ""
+
+
+def _is_regular(path: Path) -> bool:
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        return False
+
+
+def _is_directory(path: Path) -> bool:
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        return False

@@ -1,0 +1,17 @@
+"""The core tools every storage root has: ``fs.read``, ``fs.list``, ``fs.stat``, ``fs.write``,
+``shell.exec`` (SPEC R-5).
+
+Each is a module with a ``run()`` entry point, installed by ``ctx bootstrap`` as a small
+executable script in ``tool/`` (:mod:`cortexfs.tools.core.bootstrap`) from the v2 manifests in
+``manifests/``.  The programs import only the standard library and the light parts of
+CortexFS (:mod:`~cortexfs.tools.core.toolio`, :mod:`~cortexfs.tools.core.confine`,
+:mod:`cortexfs.durable`), so a call pays for little more than the interpreter's start.
+"""
+
+CORE_TOOLS = {
+    "fs.read": "fs_read",
+    "fs.list": "fs_list",
+    "fs.stat": "fs_stat",
+    "fs.write": "fs_write",
+    "shell.exec": "shell_exec",
+}

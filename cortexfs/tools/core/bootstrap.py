@@ -1,0 +1,193 @@
+"""``ctx bootstrap`` for tools: the core tools, ``tool/tsh.d/config``, interrupted installs (R-5).
+
+Each core tool is installed through the ordinary lifecycle (:func:`cortexfs.tools.install.
+install_tool`) from its manifest in ``manifests/`` and a generated launcher::
+
+    #!<python> -I
+    import sys
+    sys.path.insert(0, "<directory holding the cortexfs package>")
+    from cortexfs.tools.core.fs_read import run
+    sys.exit(run())
+
+``-I`` keeps the environment (``PYTHONPATH``, user site-packages) out of the tool.  The
+interpreter must be one every agent uid can execute: this one when its whole path is
+world-executable, else the first world-executable ``python3`` (>= 3.11) on the system path.
+
+A core tool is reinstalled when it is missing, damaged, or differs from what this version
+would install; its policy, status, log and hooks are kept (:mod:`cortexfs.tools.pairs`).
+``tool/tsh.d/config`` is created with the defaults of H-4 when missing and never overwritten.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import cortexfs
+from cortexfs import durable, storage
+from cortexfs.errors import CtxError
+from cortexfs.tools.controls import ToolObject, layout_problems, read_control
+from cortexfs.tools.core import CORE_TOOLS
+from cortexfs.tools.install import Tier, all_tiers, install_tool, parse_tier, repair_tier
+from cortexfs.tools.manifest import Manifest, parse_manifest
+
+MANIFESTS = Path(__file__).parent / "manifests"
+TSH_CONFIG = "# tsh configuration (SPEC H-4): data, never code.\n" + (
+    "max_loaded_tools=64\ncache_capacity=32\nwindow_percent=1\n"
+)
+TSH_KEYS = ("max_loaded_tools", "cache_capacity", "window_percent")
+_SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"
+_MINIMUM_PYTHON = (3, 11)
+
+
+def bootstrap_tools(root: Path, source: Path | None, report: storage.BootstrapReport) -> None:
+    """The bootstrap step: finish interrupted installs, then the core tools and tsh config."""
+    for tier in all_tiers(root, os.getuid()):
+        report.repaired += repair_tier(tier)
+    interpreter, problem = core_interpreter()
+    if problem:
+        report.problems.append(problem)
+    package_parent = Path(cortexfs.__file__).resolve().parent.parent
+    if not _world_reachable(package_parent / "cortexfs"):
+        report.problems.append(
+            f"{package_parent / 'cortexfs'} is not readable by every user, so agents with "
+            "another uid cannot run the core tools"
+        )
+    system = parse_tier(root, "system")
+    for name, module in CORE_TOOLS.items():
+        launcher = render_launcher(interpreter, package_parent, module)
+        _install_core_tool(system, name, launcher, report)
+    _ensure_tsh_config(root, report)
+
+
+def core_manifest(name: str, exec_path: Path) -> Manifest:
+    """The packaged manifest of a core tool, with ``exec`` naming its rendered launcher."""
+    path = MANIFESTS / f"{name}.json"
+    document = json.loads(path.read_text())
+    document["exec"] = str(exec_path)
+    return parse_manifest(document, source=path)
+
+
+def render_launcher(interpreter: str, package_parent: Path, module: str) -> bytes:
+    return (
+        f"#!{interpreter} -I\n"
+        f'"""CortexFS core tool launcher, written by ctx bootstrap (SPEC R-5)."""\n'
+        "import sys\n"
+        f"sys.path.insert(0, {str(package_parent)!r})\n"
+        f"from cortexfs.tools.core.{module} import run\n"
+        "sys.exit(run())\n"
+    ).encode()
+
+
+def core_interpreter() -> tuple[str, str]:
+    """A Python every uid can execute, and a problem sentence when there is none."""
+    own = os.path.realpath(sys.executable)
+    if _world_reachable(Path(own)):
+        return own, ""
+    for directory in _SYSTEM_PATH.split(":"):
+        candidate = shutil.which("python3", path=directory)
+        if candidate and _world_reachable(Path(candidate)) and _recent_enough(candidate):
+            return os.path.realpath(candidate), ""
+    return own, (
+        f"{own} is not executable by every user and no other python3 >= 3.11 was found; "
+        "core tools run only for users who can reach it"
+    )
+
+
+def _install_core_tool(
+    tier: Tier, name: str, launcher: bytes, report: storage.BootstrapReport
+) -> None:
+    with tempfile.TemporaryDirectory(prefix="cortexfs-core-") as scratch:
+        exec_path = Path(scratch) / name
+        exec_path.write_bytes(launcher)
+        manifest = core_manifest(name, exec_path)
+        tool = tier.tool(name)
+        present = os.path.lexists(tool.executable)
+        if present and _is_current(tool, manifest, launcher):
+            return
+        install_tool(tier, manifest, launcher)
+    (report.repaired if present else report.created).append(f"tool/{name}")
+
+
+def _is_current(tool: ToolObject, manifest: Manifest, launcher: bytes) -> bool:
+    if layout_problems(tool):
+        return False
+    try:
+        if tool.executable.read_bytes() != launcher:
+            return False
+        wanted = manifest.controls()
+        return all(read_control(tool, control) == data for control, data in wanted.items())
+    except (OSError, CtxError):
+        return False
+
+
+def _ensure_tsh_config(root: Path, report: storage.BootstrapReport) -> None:
+    """H-4: ``tool/tsh.d/config`` with its defaults; an existing one is only checked."""
+    ops = durable.default_ops()
+    tool_fd = durable.open_dir_path(ops, str(root / "tool"))
+    try:
+        if durable.make_dir_synced(ops, tool_fd, "tsh.d", 0o755):
+            report.created.append("tool/tsh.d")
+        config_dir = ops.open_dir("tsh.d", tool_fd)
+    finally:
+        ops.close(tool_fd)
+    try:
+        try:
+            existing = os.stat("config", dir_fd=config_dir, follow_symlinks=False)
+        except FileNotFoundError:
+            existing = None
+        if existing is None:
+            temporary = f".config.{secrets.token_hex(6)}.tmp"
+            durable.write_file_synced(ops, config_dir, temporary, TSH_CONFIG.encode())
+            durable.move_noreplace(ops, config_dir, temporary, config_dir, "config")
+            report.created.append("tool/tsh.d/config")
+        elif not stat.S_ISREG(existing.st_mode):
+            report.problems.append("tool/tsh.d/config is not a regular file; left untouched")
+        else:
+            report.problems += tsh_config_problems((root / "tool/tsh.d/config").read_text())
+    finally:
+        ops.close(config_dir)
+
+
+def tsh_config_problems(text: str) -> list[str]:
+    """What is wrong with a tsh config (H-4): key=value lines of positive integers."""
+    problems = []
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, equals, value = (part.strip() for part in line.partition("="))
+        where = f"tool/tsh.d/config:{number}"
+        if not equals or key not in TSH_KEYS:
+            problems.append(f"{where}: expected one of {', '.join(TSH_KEYS)} as key=value")
+        elif not value.isdigit() or int(value) <= 0:
+            problems.append(f"{where}: {key} must be a positive integer, not {value!r}")
+    return problems
+
+
+def _world_reachable(path: Path) -> bool:
+    """Every directory above ``path`` is searchable and ``path`` readable/executable by others."""
+    try:
+        for directory in path.parents:
+            if not os.stat(directory).st_mode & stat.S_IXOTH:
+                return False
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return bool(mode & (stat.S_IXOTH if stat.S_ISREG(mode) else stat.S_IROTH | stat.S_IXOTH))
+
+
+def _recent_enough(interpreter: str) -> bool:
+    check = f"import sys; sys.exit(sys.version_info < {_MINIMUM_PYTHON!r})"
+    completed = subprocess.run([interpreter, "-I", "-c", check], check=False, timeout=30)
+    return completed.returncode == 0
+
+
+storage.register_bootstrap_step(bootstrap_tools)

@@ -1,0 +1,185 @@
+"""Paths as an agent sees them, confined to its visible mounts (SPEC T-5; the ``fs.*`` tools).
+
+A path names a place in the agent's view: absolute, or relative to ``CTX_CWD``.  The tools
+resolve it themselves, never letting the kernel follow anything:
+
+* ``..`` is refused outright (EINVAL), never normalised away; so are empty paths and NULs;
+* the view path must lie under the target of a visible mount — the deepest target wins, the
+  later mount on a tie, as in the kernel — or it is refused (EACCES);
+* the host path is walked from the mount's source one component at a time with
+  ``O_NOFOLLOW``: a symbolic link on the way or at the end is refused (ELOOP), so nothing is
+  ever followed out of a mount;
+* writing needs a writable mount (EROFS otherwise).
+
+The kernel still judges every step with the tool's uid and gid (the agent's): mode bits apply.
+
+The mounts come from ``CTX_MOUNTS``, which the runner derives from the agent's mount control
+and policy.  Without it — a person running the tool directly — the view is the host's own
+filesystem: one writable mount of ``/`` on ``/``, relative paths from the current directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import stat
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+
+from cortexfs.tools.core.toolio import ToolFailure
+
+_PLACE = os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY | os.O_CLOEXEC
+_LISTABLE = os.O_RDONLY | os.O_NOFOLLOW | os.O_DIRECTORY | os.O_CLOEXEC
+
+
+@dataclass(frozen=True)
+class Mount:
+    source: str
+    target: PurePosixPath
+    writable: bool
+
+
+@dataclass(frozen=True)
+class Place:
+    """A resolved path: how the agent names it, its mount, and the components below the source."""
+
+    view: PurePosixPath
+    mount: Mount
+    parts: tuple[str, ...]
+
+    @property
+    def name(self) -> str:
+        return self.parts[-1] if self.parts else ""
+
+
+class View:
+    """The agent's view: its visible mounts and its working directory."""
+
+    def __init__(self, mounts: Sequence[Mount], cwd: PurePosixPath) -> None:
+        self.mounts = list(mounts)
+        self.cwd = cwd
+
+    @classmethod
+    def from_environment(cls, environ: Mapping[str, str]) -> View:
+        if "CTX_MOUNTS" not in environ:
+            return cls([Mount("/", PurePosixPath("/"), True)], PurePosixPath(os.getcwd()))
+        try:
+            table = json.loads(environ["CTX_MOUNTS"])
+            mounts = [
+                Mount(source, PurePosixPath(target), mode == "rw") for source, target, mode in table
+            ]
+        except (ValueError, TypeError) as exc:
+            raise ToolFailure(errno.EINVAL, f"CTX_MOUNTS is malformed: {exc}") from None
+        return cls(mounts, PurePosixPath(environ.get("CTX_CWD", "/")))
+
+    def locate(self, path: object, *, write: bool = False) -> Place:
+        """Where ``path`` is, or the refusal that explains why it may not be used."""
+        parts = _components(path)
+        base = PurePosixPath("/") if str(path).startswith("/") else self.cwd
+        view = base.joinpath(*parts)
+        mount = self._topmost(view)
+        if mount is None:
+            raise ToolFailure(errno.EACCES, f"{view} is outside every mount visible to the agent")
+        if write and not mount.writable:
+            raise ToolFailure(errno.EROFS, f"{view} is on a read-only mount ({mount.target})")
+        return Place(view, mount, view.relative_to(mount.target).parts)
+
+    def _topmost(self, view: PurePosixPath) -> Mount | None:
+        chosen = None
+        for mount in self.mounts:
+            if view != mount.target and mount.target not in view.parents:
+                continue
+            if chosen is None or len(mount.target.parts) >= len(chosen.target.parts):
+                chosen = mount
+        return chosen
+
+
+def open_directory(place: Place, *, listable: bool = False) -> int:
+    """A descriptor of the directory at ``place`` (``O_PATH`` unless it must be read)."""
+    fd = _walk(place, place.parts)
+    if listable:
+        try:
+            with reporting(place):
+                reopened = os.open(".", _LISTABLE, dir_fd=fd)
+        finally:
+            os.close(fd)
+        return reopened
+    return fd
+
+
+def open_parent(place: Place, *, writable: bool = False) -> int:
+    """A descriptor of the directory holding ``place`` (readable, for fsync, when writing)."""
+    if not place.parts:
+        raise ToolFailure(errno.EISDIR, f"{place.view} is the top of a mount")
+    return open_directory(
+        Place(place.view.parent, place.mount, place.parts[:-1]), listable=writable
+    )
+
+
+@contextlib.contextmanager
+def reporting(place: Place) -> Iterator[None]:
+    """Turn the kernel's refusals (EACCES for the agent's uid…) into failures naming the path."""
+    try:
+        yield
+    except OSError as exc:
+        raise _failure(exc, place.view) from None
+
+
+def lstat_at(dir_fd: int, name: str) -> os.stat_result | None:
+    try:
+        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+
+
+def refuse_link(place: Place, status: os.stat_result | None) -> None:
+    if status is not None and stat.S_ISLNK(status.st_mode):
+        raise ToolFailure(errno.ELOOP, f"{place.view} is a symbolic link; never followed")
+
+
+def _walk(place: Place, parts: Sequence[str]) -> int:
+    try:
+        fd = os.open(place.mount.source, _PLACE)
+    except OSError as exc:
+        raise _failure(exc, place.mount.target) from None
+    shown = place.mount.target
+    try:
+        for part in parts:
+            shown = shown / part
+            status = lstat_at(fd, part)
+            if status is None:
+                raise ToolFailure(errno.ENOENT, f"{shown} does not exist")
+            if stat.S_ISLNK(status.st_mode):
+                raise ToolFailure(
+                    errno.ELOOP, f"{shown} is a symbolic link; links are never followed"
+                )
+            if not stat.S_ISDIR(status.st_mode):
+                raise ToolFailure(errno.ENOTDIR, f"{shown} is not a directory")
+            inner = os.open(part, _PLACE, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+    except OSError as exc:
+        os.close(fd)
+        raise _failure(exc, shown) from None
+    except ToolFailure:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _components(path: object) -> list[str]:
+    if not isinstance(path, str) or not path:
+        raise ToolFailure(errno.EINVAL, "a path must be a non-empty string", usage=True)
+    if "\0" in path:
+        raise ToolFailure(errno.EINVAL, "a path must not contain NUL", usage=True)
+    parts = [part for part in path.split("/") if part not in ("", ".")]
+    if ".." in parts:
+        raise ToolFailure(errno.EINVAL, f"{path!r}: '..' is not allowed in a path", usage=True)
+    return parts
+
+
+def _failure(exc: OSError, shown: PurePosixPath) -> ToolFailure:
+    return ToolFailure(exc.errno or errno.EIO, f"{shown}: {exc.strerror}")

@@ -1,0 +1,47 @@
+"""``fs.list``: the entries of a directory inside the agent's visible mounts (SPEC R-5, T-2).
+
+Input ``{"path": str = "."}``.  Native output ``{"path", "entries": [{"name", "type", "size"}]}``
+in name order; ``type`` is ``file``, ``directory``, ``symlink`` or ``other`` (links are shown,
+never followed).  Terminal output: one name per line, ``/`` after directories, ``@`` after links.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+from cortexfs.tools.core import confine
+from cortexfs.tools.core.toolio import Reply, main, require
+
+_MARKS = {"directory": "/", "symlink": "@"}
+
+
+def entry_type(status: os.stat_result) -> str:
+    if stat.S_ISREG(status.st_mode):
+        return "file"
+    if stat.S_ISDIR(status.st_mode):
+        return "directory"
+    if stat.S_ISLNK(status.st_mode):
+        return "symlink"
+    return "other"
+
+
+def list_directory(request: dict[str, object], native: bool) -> Reply:
+    place = confine.View.from_environment(os.environ).locate(require(request, "path", str, "."))
+    fd = confine.open_directory(place, listable=True)
+    try:
+        entries = []
+        with confine.reporting(place):
+            names = sorted(os.listdir(fd))
+        for name in names:
+            status = confine.lstat_at(fd, name)
+            if status is not None:
+                entries.append({"name": name, "type": entry_type(status), "size": status.st_size})
+    finally:
+        os.close(fd)
+    text = "".join(f"{entry['name']}{_MARKS.get(entry['type'], '')}\n" for entry in entries)
+    return Reply({"path": str(place.view), "entries": entries}, text=text.encode())
+
+
+def run() -> int:
+    return main("fs.list", "path", list_directory)

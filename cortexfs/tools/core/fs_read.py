@@ -1,0 +1,63 @@
+"""``fs.read``: the contents of a file inside the agent's visible mounts (SPEC R-5, T-2).
+
+Input ``{"path": str, "offset": int = 0, "length": int = 1 MiB}``.  Native output
+``{"path", "size", "offset", "content", "encoding", "truncated"}`` — ``encoding`` is ``utf-8``,
+or ``base64`` when the bytes are not UTF-8.  Terminal output: the bytes themselves.
+"""
+
+from __future__ import annotations
+
+import base64
+import errno
+import os
+import stat
+
+from cortexfs.tools.core import confine
+from cortexfs.tools.core.toolio import Reply, ToolFailure, main, require
+
+MAX_LENGTH = 1024 * 1024
+_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+def read(request: dict[str, object], native: bool) -> Reply:
+    place = confine.View.from_environment(os.environ).locate(require(request, "path", str))
+    offset = require(request, "offset", int, 0)
+    length = require(request, "length", int, MAX_LENGTH)
+    if offset < 0 or not 0 <= length <= MAX_LENGTH:
+        raise ToolFailure(
+            errno.EINVAL, f"offset must be >= 0 and length from 0 to {MAX_LENGTH}", usage=True
+        )
+    parent = confine.open_parent(place)
+    try:
+        confine.refuse_link(place, confine.lstat_at(parent, place.name))
+        with confine.reporting(place):
+            fd = os.open(place.name, _READ, dir_fd=parent)
+    finally:
+        os.close(parent)
+    try:
+        status = os.fstat(fd)
+        if not stat.S_ISREG(status.st_mode):
+            raise ToolFailure(errno.EINVAL, f"{place.view} is not a regular file")
+        data = os.pread(fd, length, offset)
+    finally:
+        os.close(fd)
+    truncated = offset + len(data) < status.st_size
+    try:
+        content, encoding = data.decode("utf-8"), "utf-8"
+    except UnicodeDecodeError:
+        content, encoding = base64.b64encode(data).decode("ascii"), "base64"
+    return Reply(
+        {
+            "path": str(place.view),
+            "size": status.st_size,
+            "offset": offset,
+            "content": content,
+            "encoding": encoding,
+            "truncated": truncated,
+        },
+        text=data,
+    )
+
+
+def run() -> int:
+    return main("fs.read", "path", read)

@@ -1,0 +1,50 @@
+"""``fs.stat``: facts about one entry inside the agent's visible mounts (SPEC R-5, T-2).
+
+Input ``{"path": str}``.  Native output ``{"path", "type", "size", "mode", "uid", "gid",
+"mtime"}``; a symbolic link is described as a link, never followed.  Terminal output: one
+``key: value`` line per fact.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+
+from cortexfs.timefmt import rfc3339
+from cortexfs.tools.core import confine
+from cortexfs.tools.core.fs_list import entry_type
+from cortexfs.tools.core.toolio import Reply, ToolFailure, main, require
+
+
+def stat_entry(request: dict[str, object], native: bool) -> Reply:
+    place = confine.View.from_environment(os.environ).locate(require(request, "path", str))
+    if place.parts:
+        parent = confine.open_parent(place)
+        try:
+            status = confine.lstat_at(parent, place.name)
+        finally:
+            os.close(parent)
+    else:
+        fd = confine.open_directory(place)
+        try:
+            status = os.fstat(fd)
+        finally:
+            os.close(fd)
+    if status is None:
+        raise ToolFailure(errno.ENOENT, f"{place.view} does not exist")
+    facts = {
+        "path": str(place.view),
+        "type": entry_type(status),
+        "size": status.st_size,
+        "mode": f"{stat.S_IMODE(status.st_mode):04o}",
+        "uid": status.st_uid,
+        "gid": status.st_gid,
+        "mtime": rfc3339(status.st_mtime),
+    }
+    text = "".join(f"{key}: {value}\n" for key, value in facts.items())
+    return Reply(facts, text=text.encode())
+
+
+def run() -> int:
+    return main("fs.stat", "path", stat_entry)

@@ -1,0 +1,87 @@
+"""``fs.write``: write a whole file inside the agent's writable mounts, atomically (SPEC R-5).
+
+Input ``{"path": str, "content": str, "encoding": "utf-8"|"base64" = "utf-8",
+"overwrite": bool = true}``.  The new contents go to a hidden temporary file in the same
+directory, are fsynced, and replace the file in one rename (or, with ``overwrite`` false, are
+moved in without replacing anything: EEXIST when the file exists); the directory is synced
+before the tool answers, through :mod:`cortexfs.durable`.  A replaced file keeps its mode; a new
+one gets 0644 (less the umask).  Native output ``{"path", "bytes", "created"}``.  In terminal
+mode without ``content`` the contents are read from stdin: ``fs.write notes.txt < draft.txt``.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import errno
+import os
+import secrets
+import stat
+import sys
+
+from cortexfs import durable
+from cortexfs.tools.core import confine
+from cortexfs.tools.core.toolio import Reply, ToolFailure, main, require
+
+MAX_CONTENT_BYTES = 16 * 1024 * 1024
+
+
+def write(request: dict[str, object], native: bool) -> Reply:
+    view = confine.View.from_environment(os.environ)
+    place = view.locate(require(request, "path", str), write=True)
+    data = _content(request, native)
+    overwrite = require(request, "overwrite", bool, True)
+    ops = durable.default_ops()
+    parent = confine.open_parent(place, writable=True)
+    try:
+        existing = confine.lstat_at(parent, place.name)
+        confine.refuse_link(place, existing)
+        if existing is not None and not stat.S_ISREG(existing.st_mode):
+            raise ToolFailure(errno.EISDIR, f"{place.view} exists and is not a regular file")
+        if existing is not None and not overwrite:
+            raise ToolFailure(errno.EEXIST, f"{place.view} exists and overwrite is false")
+        mode = stat.S_IMODE(existing.st_mode) if existing else 0o644
+        temporary = f".{place.name}.{secrets.token_hex(6)}.tmp"
+        with confine.reporting(place):
+            durable.write_file_synced(ops, parent, temporary, data, mode)
+            try:
+                if existing is None:
+                    durable.move_noreplace(ops, parent, temporary, parent, place.name)
+                else:
+                    durable.replace_synced(ops, parent, temporary, parent, place.name)
+            except BaseException:
+                durable.remove_entries(ops, [(parent, temporary, False)])
+                raise
+    finally:
+        os.close(parent)
+    text = f"wrote {len(data)} bytes to {place.view}\n".encode()
+    return Reply(
+        {"path": str(place.view), "bytes": len(data), "created": existing is None}, text=text
+    )
+
+
+def _content(request: dict[str, object], native: bool) -> bytes:
+    if "content" not in request and not native:
+        # Terminal mode: `fs.write notes.txt < draft.txt` writes what arrives on stdin.
+        data = sys.stdin.buffer.read(MAX_CONTENT_BYTES + 1)
+        if len(data) > MAX_CONTENT_BYTES:
+            raise ToolFailure(errno.EFBIG, f"content is larger than {MAX_CONTENT_BYTES} bytes")
+        return data
+    content = require(request, "content", str)
+    encoding = require(request, "encoding", str, "utf-8")
+    if encoding == "utf-8":
+        data = content.encode()
+    elif encoding == "base64":
+        try:
+            data = base64.b64decode(content, validate=True)
+        except binascii.Error as exc:
+            raise ToolFailure(errno.EINVAL, f"content is not base64: {exc}", usage=True) from None
+    else:
+        raise ToolFailure(errno.EINVAL, "encoding must be 'utf-8' or 'base64'", usage=True)
+    if len(data) > MAX_CONTENT_BYTES:
+        raise ToolFailure(errno.EFBIG, f"content is larger than {MAX_CONTENT_BYTES} bytes")
+    return data
+
+
+def run() -> int:
+    return main("fs.write", "path", write)

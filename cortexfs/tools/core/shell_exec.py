@@ -1,0 +1,54 @@
+"""``shell.exec``: run one ``/bin/sh -c`` command as the agent (SPEC R-5, T-2).
+
+Input ``{"cmd": str, "cwd": str = CTX_CWD, "stdin": str}``.  ``cwd`` is a directory inside the
+agent's visible mounts, resolved like every ``fs.*`` path.  The tool then *becomes* the shell:
+the command's stdout is the call's output (its JSON value when it prints one), its stderr the
+call's stderr, its exit status the call's; the runner's timeout and output bound apply to it and
+everything it starts, all in the call's process group.  ``stdin`` is fed to the command when
+given; otherwise the command reads nothing (native mode) or the caller's terminal (terminal
+CLI mode).
+
+The command runs with the agent's uid, gid and groups and the tool's environment, so the
+kernel's mode bits bound what it can touch; it is not confined to the mounts (only a sandbox,
+SPEC A-1, can do that), which is why ``shell.exec`` is a permission-bearing tool (H-3).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import NoReturn
+
+from cortexfs.tools.core import confine
+from cortexfs.tools.core.toolio import main, require
+
+SHELL = "/bin/sh"
+
+
+def execute(request: dict[str, object], native: bool) -> NoReturn:
+    command = require(request, "cmd", str)
+    view = confine.View.from_environment(os.environ)
+    directory = confine.open_directory(view.locate(require(request, "cwd", str, str(view.cwd))))
+    try:
+        os.fchdir(directory)
+    finally:
+        os.close(directory)
+    if "stdin" in request:
+        _feed_stdin(require(request, "stdin", str).encode())
+    elif native:
+        _feed_stdin(b"")
+    os.execv(SHELL, [SHELL, "-c", command])
+
+
+def _feed_stdin(data: bytes) -> None:
+    """Make ``data`` the command's whole stdin (an anonymous in-memory file, any size)."""
+    memory = os.memfd_create("shell.exec-stdin")
+    view = memoryview(data)
+    while view:
+        view = view[os.write(memory, view) :]
+    os.lseek(memory, 0, os.SEEK_SET)
+    os.dup2(memory, 0)
+    os.close(memory)
+
+
+def run() -> int:
+    return main("shell.exec", "cmd", execute)

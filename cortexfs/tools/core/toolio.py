@@ -1,0 +1,119 @@
+"""What every core tool program shares: its input, its output, its failures (SPEC T-2, T-3).
+
+Input is one JSON object, taken from the first argument when there is one
+(``fs.read '{"path":"README.md"}'``) and from stdin otherwise
+(``echo '{"cmd":"pwd"}' | shell.exec``).  A first argument that is not a JSON object is the
+tool's main parameter: ``fs.read README.md`` means ``{"path": "README.md"}``.
+
+Output depends on the mode the runner sets in ``CTX_MODE``: ``native`` prints one JSON object
+on stdout; anything else (terminal CLI mode, or a person running the tool directly) prints
+plain text.  A failure prints ``<tool>: <ERRNO>: <sentence>`` on stderr — in native mode also
+``{"error": "<ERRNO>", "errno": N, "message": …}`` on stdout — and exits 1, or 2 when the
+input itself was wrong.
+"""
+
+from __future__ import annotations
+
+import errno as errno_names
+import json
+import os
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+NATIVE = "native"
+MAX_INPUT_BYTES = 16 * 1024 * 1024
+REQUIRED = object()
+
+
+class ToolFailure(Exception):
+    """A refusal with an errno; ``usage`` marks a problem with the input (exit status 2)."""
+
+    def __init__(self, code: int, message: str, *, usage: bool = False) -> None:
+        super().__init__(message)
+        self.errno = code
+        self.message = message
+        self.usage = usage
+
+
+@dataclass
+class Reply:
+    """What a tool answers: ``data`` in native mode, ``text`` (bytes) in terminal mode."""
+
+    data: dict[str, Any]
+    text: bytes = b""
+    exit_status: int = 0
+    stderr: bytes = field(default=b"")
+
+
+Handler = Callable[[dict[str, Any], bool], Reply]
+
+
+def main(tool: str, primary: str, handler: Handler, argv: list[str] | None = None) -> int:
+    """Parse the input, call ``handler(request, native)``, render its reply or failure."""
+    arguments = sys.argv[1:] if argv is None else argv
+    native = os.environ.get("CTX_MODE") == NATIVE
+    try:
+        request = read_request(arguments, primary)
+        reply = handler(request, native)
+    except ToolFailure as failure:
+        return _fail(tool, failure, native)
+    except OSError as exc:
+        return _fail(tool, ToolFailure(exc.errno or errno_names.EIO, str(exc)), native)
+    if native:
+        sys.stdout.write(json.dumps(reply.data, ensure_ascii=False) + "\n")
+    else:
+        sys.stdout.buffer.write(reply.text)
+        sys.stderr.buffer.write(reply.stderr)
+    sys.stdout.flush()
+    return reply.exit_status
+
+
+def read_request(arguments: list[str], primary: str) -> dict[str, Any]:
+    if arguments:
+        first = arguments[0]
+        if len(arguments) > 1:
+            raise ToolFailure(
+                errno_names.EINVAL, "expected one argument (a JSON object or a value)", usage=True
+            )
+        if not first.lstrip().startswith("{"):
+            return {primary: first}
+        return _parse_object(first)
+    data = sys.stdin.buffer.read(MAX_INPUT_BYTES + 1)
+    if len(data) > MAX_INPUT_BYTES:
+        raise ToolFailure(errno_names.EFBIG, f"input is larger than {MAX_INPUT_BYTES} bytes")
+    return _parse_object(data.decode("utf-8", "replace"))
+
+
+def require(request: Mapping[str, Any], key: str, kind: type, default: Any = REQUIRED) -> Any:
+    """``request[key]`` when it has the right type (or the default when absent); else EINVAL."""
+    if key not in request:
+        if default is REQUIRED:
+            raise ToolFailure(errno_names.EINVAL, f"{key!r} is required", usage=True)
+        return default
+    value = request[key]
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise ToolFailure(
+            errno_names.EINVAL, f"{key!r} must be of type {kind.__name__}", usage=True
+        )
+    return value
+
+
+def _parse_object(text: str) -> dict[str, Any]:
+    try:
+        request = json.loads(text)
+    except ValueError as exc:
+        raise ToolFailure(errno_names.EINVAL, f"input is not JSON: {exc}", usage=True) from None
+    if not isinstance(request, dict):
+        raise ToolFailure(errno_names.EINVAL, "input must be a JSON object", usage=True)
+    return request
+
+
+def _fail(tool: str, failure: ToolFailure, native: bool) -> int:
+    name = errno_names.errorcode.get(failure.errno, f"E{failure.errno}")
+    sys.stderr.write(f"{tool}: {name}: {failure.message}\n")
+    if native:
+        report = {"error": name, "errno": failure.errno, "message": failure.message}
+        sys.stdout.write(json.dumps(report) + "\n")
+    return 2 if failure.usage else 1

@@ -1,0 +1,184 @@
+"""``CTX_PATH``: how a tool name becomes a tool object (SPEC T-4).
+
+The search goes left to right; the first directory holding an *executable regular file* of
+that name wins.  A file that is not executable, a directory, a symlink or anything else of that
+name is not a hit and the search goes on.  The control directory is ``<that directory>/
+<name>.d/``: never one found in another directory of the path.
+
+Where the path comes from:
+
+* a standalone human (``ctx object which``, a human ``tsh``): ``CTX_PATH=`` in
+  ``$CTX_HOME/.tshrc`` when present (a ``key=value`` data file, never executed), else the
+  process's ``CTX_PATH``, else ``/ctx/tool:/ctx/home/<uid>/tool``.  ``CTX_HOME`` defaults to
+  ``/ctx/home/<uid>``.
+* an agent: the runtime derives it from the agent's uid and policy
+  (:meth:`cortexfs.agents.view.AgentView.search_path`) and it is authoritative.
+
+Entries are absolute paths; empty and relative entries are ignored (an empty ``PATH`` entry
+meaning "the current directory" is a classic way to run the wrong program).  ``/ctx/…`` names
+the CortexFS view: when ``/ctx`` is not a mount point on this host, it is mapped onto the
+storage root, so ``/ctx/tool`` is ``<root>/tool``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+from cortexfs.errors import invalid
+from cortexfs.names import check_object_name
+
+CTX_MOUNT = PurePosixPath("/ctx")
+DEFAULT_CTX_PATH = "/ctx/tool:/ctx/home/{uid}/tool"
+TSHRC = ".tshrc"
+_MAX_TSHRC_BYTES = 64 * 1024
+_TIER_LOCATION = re.compile(r"tool|home/[0-9]+/tool|shared/[^/]+/tool")
+
+IsExecutable = Callable[[Path, os.stat_result], bool]
+
+
+@dataclass(frozen=True)
+class SearchPath:
+    """A search path as written (``entries``), where it came from, and its directories."""
+
+    entries: tuple[str, ...]
+    source: str
+    directories: tuple[Path, ...]
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "ctx_path": ":".join(self.entries),
+            "source": self.source,
+            "directories": [str(directory) for directory in self.directories],
+        }
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """Where a name resolved: the winning directory, and the earlier non-hits with reasons."""
+
+    name: str
+    directory: Path
+    skipped: list[str] = field(default_factory=list)
+
+    @property
+    def executable(self) -> Path:
+        return self.directory / self.name
+
+    @property
+    def control_dir(self) -> Path:
+        return self.directory / f"{self.name}.d"
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "name": self.name,
+            "path": str(self.executable),
+            "controls": str(self.control_dir),
+            "skipped": self.skipped,
+        }
+
+
+def human_search_path(root: Path, *, uid: int, environ: Mapping[str, str]) -> SearchPath:
+    """The search path of a standalone human (T-4 sources 1 to 3)."""
+    home = environ.get("CTX_HOME") or f"/ctx/home/{uid}"
+    from_tshrc = read_tshrc(view_to_storage(root, home) / TSHRC)
+    if from_tshrc is not None:
+        text, source = from_tshrc, f"{home}/{TSHRC}"
+    elif environ.get("CTX_PATH"):
+        text, source = environ["CTX_PATH"], "CTX_PATH"
+    else:
+        text, source = DEFAULT_CTX_PATH.format(uid=uid), "default"
+    return search_path(root, text, source)
+
+
+def search_path(root: Path, text: str, source: str) -> SearchPath:
+    entries = tuple(text.split(":"))
+    directories = tuple(view_to_storage(root, entry) for entry in entries if entry.startswith("/"))
+    return SearchPath(entries, source, directories)
+
+
+def read_tshrc(path: Path) -> str | None:
+    """``CTX_PATH`` from a ``.tshrc`` data file; None when the file or the key is absent.
+
+    The file holds ``key=value`` lines, blank lines and ``#`` comments; keys other than
+    ``CTX_PATH`` belong to tsh and are ignored here.  It is read, never executed.
+    """
+    try:
+        with open(path, "rb") as handle:
+            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+                raise invalid(f"{path} is not a regular file")
+            data = handle.read(_MAX_TSHRC_BYTES + 1)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    if len(data) > _MAX_TSHRC_BYTES:
+        raise invalid(f"{path} is larger than {_MAX_TSHRC_BYTES} bytes")
+    value = None
+    for number, raw in enumerate(data.decode("utf-8", "replace").splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, equals, text = line.partition("=")
+        if not equals or not key.strip():
+            raise invalid(f"{path}:{number}: expected key=value, got {raw!r}")
+        if key.strip() == "CTX_PATH":
+            value = text.strip()
+    return value
+
+
+def view_to_storage(root: Path, path: str) -> Path:
+    """A ``/ctx/…`` path as the storage path it names when ``/ctx`` is not mounted here."""
+    pure = PurePosixPath(path)
+    if (pure == CTX_MOUNT or CTX_MOUNT in pure.parents) and not os.path.ismount(CTX_MOUNT):
+        return root.joinpath(*pure.relative_to(CTX_MOUNT).parts)
+    return Path(pure)
+
+
+def which(
+    name: str, directories: Iterable[Path], *, is_executable: IsExecutable | None = None
+) -> Resolution | None:
+    """The first directory holding an executable regular file ``name``; None when none does."""
+    check_object_name(name, "tool")
+    executable = is_executable or caller_may_execute
+    skipped = []
+    for directory in directories:
+        candidate = directory / name
+        try:
+            status = os.lstat(candidate)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        except OSError as exc:
+            skipped.append(f"{candidate}: {exc.strerror}")
+            continue
+        if not stat.S_ISREG(status.st_mode):
+            skipped.append(f"{candidate}: {_kind(status)}, not a regular file")
+        elif not executable(candidate, status):
+            skipped.append(f"{candidate}: not executable")
+        else:
+            return Resolution(name, directory, skipped)
+    return None
+
+
+def caller_may_execute(path: Path, status: os.stat_result) -> bool:
+    """The kernel's answer for this process (root needs at least one ``x`` bit)."""
+    return os.access(path, os.X_OK)
+
+
+def tier_location(root: Path, directory: Path) -> str | None:
+    """``tool``, ``home/<uid>/tool`` or ``shared/<space>/tool`` when ``directory`` is a tier."""
+    try:
+        relative = directory.relative_to(root).as_posix()
+    except ValueError:
+        return None
+    return relative if _TIER_LOCATION.fullmatch(relative) else None
+
+
+def _kind(status: os.stat_result) -> str:
+    if stat.S_ISLNK(status.st_mode):
+        return "a symbolic link"
+    if stat.S_ISDIR(status.st_mode):
+        return "a directory"
+    return "a special file"

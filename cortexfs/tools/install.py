@@ -1,0 +1,209 @@
+"""Tiers and the tool lifecycle: install, list, repair (SPEC T-8, T-8a, R-4, X-1).
+
+========================  ================================  ==================================
+tier                      directory (under the root)        who it is for
+========================  ================================  ==================================
+``system``                ``tool/``                         everyone (the default CTX_PATH)
+``user``                  ``home/<uid>/tool/``              the installing user (R-4)
+``shared:<name>``         ``shared/<name>/tool/``           a shared space's members (X-1)
+========================  ================================  ==================================
+
+An install writes the manifest's controls (``name``, ``description``, ``schema``, ``cap``,
+``program``, ``mcp``, ``origin``) and the program as the executable, atomically
+(:mod:`cortexfs.tools.pairs`).  It grants nothing: a new tool's ``policy`` holds no rule, and a
+reinstall keeps the previous version's policy, status, log and hooks exactly as they were.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from cortexfs import durable, storage
+from cortexfs.errors import invalid, not_found
+from cortexfs.names import check_object_name, is_object_name
+from cortexfs.shared.tree import ensure_directories, ensure_home, user_ownership
+from cortexfs.timefmt import rfc3339
+from cortexfs.tools.controls import (
+    HOOK_DIRS,
+    STATUS_AVAILABLE,
+    ToolObject,
+    layout_problems,
+    parse_status,
+    read_control,
+)
+from cortexfs.tools.manifest import Manifest
+from cortexfs.tools.pairs import PairKind, install_pair, repair_staged
+
+POLICY_TEMPLATE = (
+    b"# This tool's own policy v0, the second layer of SPEC P-6.  A call needs\n"
+    b"#     allow <label> tool:<name> execute\n"
+    b"# here and in the calling agent's policy.  Installing granted nothing.\n"
+)
+TOOL_KIND = PairKind(
+    defined=frozenset({"name", "description", "schema", "cap", "program", "mcp", "origin"}),
+    defaults={"policy": POLICY_TEMPLATE, "status": f"{STATUS_AVAILABLE}\n".encode(), "log": b""},
+    directories=HOOK_DIRS[1:],
+    modes={"log": 0o640},
+)
+
+
+@dataclass(frozen=True)
+class Tier:
+    """A directory tools are installed into; ``location`` is relative to the storage root."""
+
+    name: str
+    root: Path
+    location: str
+
+    @property
+    def directory(self) -> Path:
+        return self.root / self.location
+
+    def tool(self, name: str) -> ToolObject:
+        return ToolObject(name, self.directory)
+
+
+@dataclass(frozen=True)
+class Installed:
+    name: str
+    tier: str
+    path: Path
+    replaced: bool
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "name": self.name,
+            "tier": self.tier,
+            "path": str(self.path),
+            "replaced": self.replaced,
+        }
+
+
+@dataclass(frozen=True)
+class Listing:
+    """One installed tool as ``ctx object list`` shows it."""
+
+    name: str
+    tier: str
+    path: Path
+    status: str
+    description: str
+    problems: list[str]
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "name": self.name,
+            "tier": self.tier,
+            "path": str(self.path),
+            "status": self.status,
+            "description": self.description,
+            "problems": self.problems,
+        }
+
+
+def parse_tier(root: Path, text: str, *, uid: int | None = None) -> Tier:
+    """``system``, ``user`` (the caller's home, or ``uid``'s) or ``shared:<name>``; else EINVAL."""
+    if text == "system":
+        return Tier("system", root, "tool")
+    if text == "user":
+        owner = os.getuid() if uid is None else uid
+        return Tier("user", root, f"home/{owner}/tool")
+    kind, colon, space = text.partition(":")
+    if kind == "shared" and colon:
+        check_object_name(space, "shared space")
+        return Tier(text, root, f"shared/{space}/tool")
+    raise invalid(f"unknown tier {text!r}; use system, user or shared:<name>")
+
+
+def all_tiers(root: Path, uid: int) -> list[Tier]:
+    """The system tier, ``uid``'s user tier and every shared space's tier, in that order."""
+    tiers = [parse_tier(root, "system"), parse_tier(root, "user", uid=uid)]
+    try:
+        spaces = sorted(os.listdir(root / "shared"))
+    except FileNotFoundError:
+        spaces = []
+    tiers += [parse_tier(root, f"shared:{space}") for space in spaces if is_object_name(space)]
+    return tiers
+
+
+def install_manifest(
+    root: Path, manifest: Manifest, tier: Tier, *, ops: durable.FsOps | None = None
+) -> Installed:
+    """``ctx object install``: the manifest's tool, into ``tier``, replacing an older version."""
+    return install_tool(tier, manifest, manifest.read_program(), ops=ops)
+
+
+def install_tool(
+    tier: Tier, manifest: Manifest, program: bytes, *, ops: durable.FsOps | None = None
+) -> Installed:
+    """Install ``program`` as the executable of ``manifest``'s tool in ``tier``."""
+    ops = ops or durable.default_ops()
+    _ensure_tier(tier, ops)
+    origin = {
+        "manifest": str(manifest.source),
+        "installed": rfc3339(),
+        "uid": os.getuid(),
+        "sha256": hashlib.sha256(program).hexdigest(),
+    }
+    controls = manifest.controls()
+    controls["origin"] = (json.dumps(origin, indent=2) + "\n").encode()
+    replaced = install_pair(
+        tier.directory,
+        manifest.name,
+        TOOL_KIND,
+        entry=program,
+        controls=controls,
+        replace=True,
+        ops=ops,
+    )
+    return Installed(manifest.name, tier.name, tier.directory / manifest.name, replaced)
+
+
+def list_tools(tiers: list[Tier]) -> list[Listing]:
+    """Every installed tool of ``tiers`` (hidden staging names and strays are not tools)."""
+    found = []
+    for tier in tiers:
+        try:
+            names = sorted(os.listdir(tier.directory))
+        except (FileNotFoundError, NotADirectoryError, PermissionError):
+            continue
+        for name in names:
+            if not is_object_name(name) or not os.path.isfile(tier.directory / name):
+                continue
+            tool = tier.tool(name)
+            description = (read_control(tool, "description") or b"").decode("utf-8", "replace")
+            status = parse_status(read_control(tool, "status") or b"")
+            found.append(
+                Listing(
+                    name,
+                    tier.name,
+                    tool.executable,
+                    status,
+                    description.strip().splitlines()[0] if description.strip() else "",
+                    layout_problems(tool),
+                )
+            )
+    return found
+
+
+def repair_tier(tier: Tier, ops: durable.FsOps | None = None) -> list[str]:
+    """Finish or discard interrupted installs in ``tier`` (for ``ctx bootstrap``)."""
+    if not tier.directory.is_dir():
+        return []
+    return repair_staged(tier.directory, TOOL_KIND, ops)
+
+
+def _ensure_tier(tier: Tier, ops: durable.FsOps) -> None:
+    storage.require_root(tier.root)
+    if tier.name == "user":
+        owner = user_ownership(int(tier.location.split("/")[1]))
+        home = ensure_home(ops, tier.root, owner)
+        ensure_directories(ops, home, ["tool"], mode=0o755, owner=owner)
+    elif not tier.directory.is_dir():
+        space = tier.location.split("/")[1] if tier.name != "system" else None
+        fix = f"create it with 'ctx shared create {space}'" if space else "run 'ctx bootstrap'"
+        raise not_found(f"tier {tier.name} has no directory {tier.directory}; {fix}")

@@ -1,0 +1,229 @@
+"""Object manifests, version 2 (SPEC T-8): what ``ctx object check`` validates and installs.
+
+A v2 manifest is one JSON object::
+
+    {
+      "manifest": 2,
+      "kind": "tool",
+      "name": "fs.read",                          an object name (R-3)
+      "description": "Read a file …",
+      "schema": {"type": "object", …},            the input JSON Schema; must be a valid schema
+      "cap": {"side_effects": false, "network": false},
+      "exec": "bin/fs-read",                      the program, relative to the manifest …
+      "mcp": {"transport": "stdio", …},           … or the locator of an MCP-backed tool (M-4)
+      "program": {"type": "object", …}            optional success-result schema (C-2)
+    }
+
+Exactly one of ``exec`` and ``mcp``.  Nothing in a manifest grants anything: there is no
+policy field, and the installed ``policy`` control starts empty (default deny, P-2).
+:func:`check_manifest` lists *every* reason a manifest is invalid, not just the first.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import stat
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+
+from cortexfs.errors import CtxError
+from cortexfs.names import object_name_problem
+from cortexfs.tools.schemas import schema_problems
+
+MANIFEST_VERSION = 2
+MAX_MANIFEST_BYTES = 1024 * 1024
+MAX_PROGRAM_BYTES = 64 * 1024 * 1024
+
+# The shape of a manifest; names, embedded schemas and the exec file are checked in code so
+# that each problem gets a sentence of its own.
+MANIFEST_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["manifest", "kind", "name", "description", "schema", "cap"],
+    "additionalProperties": False,
+    "properties": {
+        "manifest": {"const": MANIFEST_VERSION},
+        "kind": {"const": "tool"},
+        "name": {"type": "string"},
+        "description": {"type": "string", "minLength": 1, "maxLength": 8192},
+        "schema": {"type": "object"},
+        "cap": {
+            "type": "object",
+            "required": ["side_effects", "network"],
+            "additionalProperties": {"type": "boolean"},
+        },
+        "exec": {"type": "string", "minLength": 1},
+        "mcp": {
+            "type": "object",
+            "required": ["transport", "config", "server", "tool"],
+            "additionalProperties": False,
+            "properties": {
+                "transport": {"const": "stdio"},
+                "config": {"type": "string", "pattern": "^/"},
+                "server": {"type": "string"},
+                "tool": {"type": "string"},
+            },
+        },
+        "program": {"type": "object"},
+    },
+}
+
+
+class ManifestError(CtxError):
+    """EINVAL for an invalid manifest; :attr:`problems` holds every reason."""
+
+    def __init__(self, source: str, problems: Sequence[str]) -> None:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        super().__init__(errno.EINVAL, f"{source}: {problems[0]}{more}")
+        self.source = source
+        self.problems = tuple(problems)
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A valid v2 manifest."""
+
+    source: Path
+    name: str
+    description: str
+    schema: dict[str, Any]
+    cap: dict[str, bool]
+    exec_path: Path | None
+    mcp: dict[str, str] | None
+    program: dict[str, Any] | None
+
+    def controls(self) -> dict[str, bytes]:
+        """The controls this manifest defines, as files of the installed ``<name>.d/``."""
+        files = {
+            "name": f"{self.name}\n".encode(),
+            "description": f"{self.description.rstrip()}\n".encode(),
+            "schema": _json_file(self.schema),
+            "cap": _json_file(self.cap),
+        }
+        if self.program is not None:
+            files["program"] = _json_file(self.program)
+        if self.mcp is not None:
+            files["mcp"] = _json_file(self.mcp)
+        return files
+
+    def read_program(self) -> bytes:
+        """The bytes of the ``exec`` program (ENOSYS for an MCP-backed tool)."""
+        if self.exec_path is None:
+            raise CtxError(
+                errno.ENOSYS,
+                f"{self.name} is MCP-backed; installing it needs the ctxmcp bridge (SPEC §10), "
+                "which this version does not have",
+            )
+        return self.exec_path.read_bytes()
+
+
+def load_manifest(path: Path) -> Manifest:
+    """Read and validate the manifest at ``path``; :class:`ManifestError` lists every problem."""
+    source = str(path)
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_MANIFEST_BYTES + 1)
+    except OSError as exc:
+        raise CtxError(exc.errno or errno.EIO, f"{source}: {exc.strerror}") from None
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise ManifestError(source, [f"a manifest is at most {MAX_MANIFEST_BYTES} bytes"])
+    try:
+        document = json.loads(data)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ManifestError(source, [f"not JSON: {exc}"]) from None
+    return parse_manifest(document, source=path)
+
+
+def parse_manifest(document: object, *, source: Path) -> Manifest:
+    """Validate a decoded manifest; ``exec`` is resolved against ``source``'s directory."""
+    problems = manifest_problems(document, source.parent)
+    if problems:
+        raise ManifestError(str(source), problems)
+    assert isinstance(document, dict)
+    exec_value = document.get("exec")
+    return Manifest(
+        source=source,
+        name=document["name"],
+        description=document["description"],
+        schema=document["schema"],
+        cap=document["cap"],
+        exec_path=None if exec_value is None else _exec_path(exec_value, source.parent),
+        mcp=document.get("mcp"),
+        program=document.get("program"),
+    )
+
+
+def manifest_problems(document: object, base: Path) -> list[str]:
+    """Every reason ``document`` is not a valid v2 manifest; empty when it is one."""
+    validator = jsonschema.Draft202012Validator(MANIFEST_SCHEMA)
+    problems = [_describe(error) for error in validator.iter_errors(document)]
+    if not isinstance(document, dict):
+        return problems
+    name = document.get("name")
+    if isinstance(name, str):
+        problem = object_name_problem(name)
+        if problem:
+            problems.append(f"name: {problem}")
+    if isinstance(document.get("schema"), dict):
+        problems += schema_problems(document["schema"], "schema")
+    if isinstance(document.get("program"), dict):
+        problems += schema_problems(document["program"], "program")
+    has_exec, has_mcp = "exec" in document, "mcp" in document
+    if has_exec == has_mcp:
+        problems.append("a manifest names exactly one of 'exec' (a program) and 'mcp'")
+    if isinstance(document.get("exec"), str) and document["exec"]:
+        problems += _exec_problems(_exec_path(document["exec"], base))
+    if isinstance(document.get("mcp"), dict):
+        problems += _mcp_problems(document["mcp"], name)
+    return problems
+
+
+def _describe(error: jsonschema.ValidationError) -> str:
+    path = "/".join(str(part) for part in error.absolute_path)
+    if error.validator == "additionalProperties" and not path:
+        return f"{error.message}; a v2 manifest has no such field"
+    return f"{path or 'manifest'}: {error.message}"
+
+
+def _exec_path(value: str, base: Path) -> Path:
+    return Path(value) if os.path.isabs(value) else base / value
+
+
+def _exec_problems(path: Path) -> list[str]:
+    try:
+        status = os.stat(path)
+    except OSError as exc:
+        return [f"exec: {path}: {exc.strerror}"]
+    if not stat.S_ISREG(status.st_mode):
+        return [f"exec: {path} is not a regular file"]
+    if status.st_size > MAX_PROGRAM_BYTES:
+        return [f"exec: {path} is larger than {MAX_PROGRAM_BYTES} bytes"]
+    if not os.access(path, os.R_OK):
+        return [f"exec: {path} is not readable"]
+    return []
+
+
+def _mcp_problems(locator: dict[str, Any], name: object) -> list[str]:
+    """M-3: an MCP-backed tool is named exactly ``<server>.<remote_tool>``."""
+    server, remote = locator.get("server"), locator.get("tool")
+    if not (isinstance(server, str) and isinstance(remote, str)):
+        return []
+    problems = []
+    for role, value in (("mcp/server", server), ("mcp/tool", remote)):
+        problem = object_name_problem(value)
+        if problem:
+            problems.append(f"{role}: {problem}")
+    if name != f"{server}.{remote}":
+        problems.append(
+            f"name: an MCP-backed tool is named '{server}.{remote}' (M-3), not {name!r}"
+        )
+    return problems
+
+
+def _json_file(value: object) -> bytes:
+    return (json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode()

@@ -1,0 +1,313 @@
+"""Installing an object as a pair: the entry ``<name>`` and its control directory ``<name>.d/``.
+
+Tools (T-1, T-8) and agents (A-3) are both an executable entry plus controls.  Readers find
+an object by its entry (CTX_PATH looks for the executable, T-4), so the entry is what
+publishes a version: it appears only after its complete control directory is in place, and a
+reinstall removes it first, so no reader ever finds an entry without complete controls or a
+half-written control.  (A reader that already holds the old entry may see the new controls;
+the runner detects that by comparing the entry before and after it reads them.)
+
+Staged names are hidden — a leading dot is not a legal object name (R-3) — and carry a token::
+
+    .<name>~<token>~controls      the new control directory, written and synced
+    .<name>~<token>~entry-tmp     the new entry while it is written
+    .<name>~<token>~entry         the new entry, complete and synced: the commit may begin
+    .<name>~<token>~old-entry     the previous entry, moved aside
+    .<name>~<token>~old-controls  the previous control directory, moved aside
+
+The commit; every move is durable (both directories synced) before the next step::
+
+    1. stage ~controls, write ~entry-tmp, move it to ~entry      old version visible
+    2. <name>   -> ~old-entry                                    nothing visible
+    3. <name>.d -> ~old-controls; carry the old version's local
+       state (policy, log, hooks, …) into ~controls as hard links;
+       ~controls -> <name>.d                                     nothing visible
+    4. ~entry   -> <name>                                        new version visible
+    5. remove ~old-entry and ~old-controls
+
+After a crash, :func:`repair_staged` decides from what is left: ``~entry`` without ``<name>``
+means the commit had begun, so it rolls forward (3-5); ``~entry`` beside ``<name>`` means it had
+not, so the staging is discarded; without ``~entry`` only leftovers remain, which are removed.
+Installs and repairs of one directory hold an exclusive ``flock`` on it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import re
+import secrets
+import stat
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cortexfs import durable
+from cortexfs.errors import exists
+
+CONTROLS_SUFFIX = ".d"
+_STAGED = re.compile(
+    r"\.(?P<name>[^~/]+)~(?P<token>[0-9a-f]{12})~"
+    r"(?P<role>controls|entry-tmp|entry|old-entry|old-controls)"
+)
+
+
+@dataclass(frozen=True)
+class PairKind:
+    """What every object of one kind shares, so that a repair can finish any install of it.
+
+    ``defined`` names the controls each version brings (they always replace the previous
+    version's); every other entry of the previous control directory — its local state, such
+    as a tool's policy, log and hooks — carries over.  ``defaults`` fill what is still missing
+    after that, ``directories`` are created when missing, ``modes`` gives a control's mode
+    (0644 otherwise).
+    """
+
+    defined: frozenset[str]
+    defaults: Mapping[str, bytes] = field(default_factory=dict)
+    directories: Sequence[str] = ()
+    modes: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Staging:
+    """The hidden names of one install of ``name``."""
+
+    name: str
+    token: str
+
+    def role(self, role: str) -> str:
+        return f".{self.name}~{self.token}~{role}"
+
+    @property
+    def controls(self) -> str:
+        return self.role("controls")
+
+    @property
+    def entry_tmp(self) -> str:
+        return self.role("entry-tmp")
+
+    @property
+    def entry(self) -> str:
+        return self.role("entry")
+
+    @property
+    def old_entry(self) -> str:
+        return self.role("old-entry")
+
+    @property
+    def old_controls(self) -> str:
+        return self.role("old-controls")
+
+
+def install_pair(
+    directory: Path,
+    name: str,
+    kind: PairKind,
+    *,
+    entry: bytes,
+    controls: Mapping[str, bytes],
+    replace: bool,
+    entry_mode: int = 0o755,
+    ops: durable.FsOps | None = None,
+) -> bool:
+    """Install ``name`` in ``directory``; True when it replaced a previous version.
+
+    ``controls`` must define exactly the controls of ``kind.defined`` this version has.
+    Without ``replace``, an existing ``name`` or ``name.d`` is EEXIST and nothing changes.
+    """
+    ops = ops or durable.default_ops()
+    dir_fd = durable.open_dir_path(ops, str(directory))
+    try:
+        with _exclusive(dir_fd):
+            _repair_locked(ops, dir_fd, kind)
+            had_entry = _lstat(dir_fd, name) is not None
+            if not replace and (had_entry or _lstat(dir_fd, name + CONTROLS_SUFFIX)):
+                raise exists(f"{directory / name} already exists; it is never overwritten")
+            staging = _Staging(name, secrets.token_hex(6))
+            try:
+                _stage(ops, dir_fd, staging, kind, entry, entry_mode, controls)
+                if had_entry:
+                    durable.move_noreplace(ops, dir_fd, name, dir_fd, staging.old_entry)
+                _publish(ops, dir_fd, staging, kind)
+            except BaseException:
+                # Before step 2 this discards the staging; after it, it finishes the commit
+                # rather than leave the object invisible.
+                _repair_locked(ops, dir_fd, kind)
+                raise
+        return had_entry
+    finally:
+        ops.close(dir_fd)
+
+
+def repair_staged(directory: Path, kind: PairKind, ops: durable.FsOps | None = None) -> list[str]:
+    """Finish or discard what interrupted installs left in ``directory``; say what was done."""
+    ops = ops or durable.default_ops()
+    dir_fd = durable.open_dir_path(ops, str(directory))
+    try:
+        with _exclusive(dir_fd):
+            return [f"{directory}/{line}" for line in _repair_locked(ops, dir_fd, kind)]
+    finally:
+        ops.close(dir_fd)
+
+
+# ------------------------------------------------------------------------------- steps
+
+
+def _stage(
+    ops: durable.FsOps,
+    dir_fd: int,
+    staging: _Staging,
+    kind: PairKind,
+    entry: bytes,
+    entry_mode: int,
+    controls: Mapping[str, bytes],
+) -> None:
+    """Step 1: the new version's controls, then its entry; both durable."""
+    ops.mkdir(staging.controls, dir_fd, 0o755)
+    controls_fd = ops.open_dir(staging.controls, dir_fd)
+    try:
+        os.fchmod(controls_fd, 0o755)
+        for control, data in controls.items():
+            _write_file(ops, controls_fd, control, data, kind.modes.get(control, 0o644))
+        durable.sync_dir(ops, controls_fd)
+    finally:
+        ops.close(controls_fd)
+    _write_file(ops, dir_fd, staging.entry_tmp, entry, entry_mode)
+    durable.move_noreplace(ops, dir_fd, staging.entry_tmp, dir_fd, staging.entry)
+
+
+def _publish(ops: durable.FsOps, dir_fd: int, staging: _Staging, kind: PairKind) -> None:
+    """Steps 3 to 5; each is skipped when a crash had already completed it."""
+    controls = staging.name + CONTROLS_SUFFIX
+    if _lstat(dir_fd, staging.controls) is not None:
+        if _lstat(dir_fd, controls) is not None:
+            durable.move_noreplace(ops, dir_fd, controls, dir_fd, staging.old_controls)
+        _complete_controls(ops, dir_fd, staging, kind)
+        durable.move_noreplace(ops, dir_fd, staging.controls, dir_fd, controls)
+    durable.move_noreplace(ops, dir_fd, staging.entry, dir_fd, staging.name)
+    _remove(ops, dir_fd, [staging.old_entry, staging.old_controls])
+
+
+def _complete_controls(ops: durable.FsOps, dir_fd: int, staging: _Staging, kind: PairKind) -> None:
+    """Step 3: carry the previous version's local state over, then fill in defaults."""
+    new_fd = ops.open_dir(staging.controls, dir_fd)
+    try:
+        if _lstat(dir_fd, staging.old_controls) is not None:
+            old_fd = ops.open_dir(staging.old_controls, dir_fd)
+            try:
+                _carry_over(ops, old_fd, new_fd, skip=kind.defined)
+            finally:
+                ops.close(old_fd)
+        for directory in kind.directories:
+            _make_dirs(ops, new_fd, directory)
+        for control, data in kind.defaults.items():
+            if _lstat(new_fd, control) is None:
+                _write_file(ops, new_fd, control, data, kind.modes.get(control, 0o644))
+        durable.sync_dir(ops, new_fd)
+    finally:
+        ops.close(new_fd)
+
+
+def _carry_over(ops: durable.FsOps, old_fd: int, new_fd: int, skip: frozenset[str]) -> None:
+    """Hard-link every entry of ``old_fd`` missing from ``new_fd``, recursing into directories.
+
+    Hard links keep the very same files: a log being appended to or a policy being edited
+    through an open descriptor lands in the new version too.
+    """
+    for child in sorted(os.listdir(old_fd)):
+        if child in skip:
+            continue
+        status = _lstat(old_fd, child)
+        if status is None:
+            continue
+        if stat.S_ISDIR(status.st_mode):
+            if _lstat(new_fd, child) is None:
+                ops.mkdir(child, new_fd, stat.S_IMODE(status.st_mode))
+            old_child, new_child = ops.open_dir(child, old_fd), ops.open_dir(child, new_fd)
+            try:
+                _carry_over(ops, old_child, new_child, frozenset())
+                durable.sync_dir(ops, new_child)
+            finally:
+                ops.close(old_child)
+                ops.close(new_child)
+        elif _lstat(new_fd, child) is None:
+            ops.link(child, old_fd, child, new_fd)
+
+
+def _repair_locked(ops: durable.FsOps, dir_fd: int, kind: PairKind) -> list[str]:
+    groups: dict[tuple[str, str], set[str]] = {}
+    for entry in os.listdir(dir_fd):
+        match = _STAGED.fullmatch(entry)
+        if match:
+            groups.setdefault((match["name"], match["token"]), set()).add(match["role"])
+    done = []
+    for (name, token), roles in sorted(groups.items()):
+        staging = _Staging(name, token)
+        if "entry" in roles and _lstat(dir_fd, name) is None:
+            _publish(ops, dir_fd, staging, kind)
+            done.append(f"{name}: finished an interrupted install")
+        else:
+            _remove(ops, dir_fd, [staging.role(role) for role in sorted(roles)])
+            done.append(f"{name}: removed what an interrupted install left behind")
+    return done
+
+
+# --------------------------------------------------------------------------- primitives
+
+
+@contextlib.contextmanager
+def _exclusive(dir_fd: int) -> Iterator[None]:
+    fcntl.flock(dir_fd, fcntl.LOCK_EX)
+    try:
+        yield
+    finally:
+        fcntl.flock(dir_fd, fcntl.LOCK_UN)
+
+
+def _write_file(ops: durable.FsOps, dir_fd: int, name: str, data: bytes, mode: int) -> None:
+    """:func:`durable.write_file_synced` with an exact mode (``open`` applies the umask)."""
+    durable.write_file_synced(ops, dir_fd, name, data, mode)
+    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    try:
+        if stat.S_IMODE(os.fstat(fd).st_mode) != mode:
+            os.fchmod(fd, mode)
+            ops.fsync(fd)
+    finally:
+        ops.close(fd)
+
+
+def _make_dirs(ops: durable.FsOps, top_fd: int, relative: str) -> None:
+    fd = os.dup(top_fd)
+    try:
+        for part in relative.split("/"):
+            durable.make_dir_synced(ops, fd, part, 0o755)
+            inner = ops.open_dir(part, fd)
+            ops.close(fd)
+            fd = inner
+    finally:
+        ops.close(fd)
+
+
+def _remove(ops: durable.FsOps, dir_fd: int, names: Sequence[str]) -> None:
+    """Remove files and whole trees (never following links), then sync ``dir_fd``."""
+    for name in names:
+        status = _lstat(dir_fd, name)
+        if status is None:
+            continue
+        if stat.S_ISDIR(status.st_mode):
+            fd = ops.open_dir(name, dir_fd)
+            try:
+                _remove(ops, fd, os.listdir(fd))
+            finally:
+                ops.close(fd)
+        durable.remove_entries(ops, [(dir_fd, name, stat.S_ISDIR(status.st_mode))])
+    durable.sync_dir(ops, dir_fd)
+
+
+def _lstat(dir_fd: int, name: str) -> os.stat_result | None:
+    try:
+        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None

@@ -1,0 +1,91 @@
+"""Recording a tool call: session events and the tool's own log (SPEC S-2..S-5, T-7).
+
+Every call that gets as far as its session leaves two events in the session's
+``events.jsonl``:
+
+* ``tool_call`` (status ``requested``) when the call is received, with the input — or the
+  argv in terminal mode — summarised by the log rule (:mod:`cortexfs.shared.redact`);
+* ``tool_result`` (status ``ok`` or ``error``) when it is over: exit status, errno, the stage
+  and chain step that refused it, duration, and a summary of the output.  It is fsynced before
+  the call is reported done (S-5).
+
+The same result, with the input summary, is one fsynced line of ``<tier>/<name>.d/log``
+(T-7), so a tool's history can be audited without knowing the sessions that used it.  A call
+refused before its tool was found has no tool log to go to; one refused before its session
+was opened (an unknown agent, a caller who is not the host administrator) is reported to the
+caller only.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from cortexfs.shared.events import EventLog, make_event
+from cortexfs.shared.redact import summarize, summarize_argv
+from cortexfs.shared.sessions import Session
+from cortexfs.tools.result import ToolResult
+
+TOOL_LOG_MODE = 0o640
+
+
+def request_facts(
+    call: str, mode: str, input_value: Any = None, argv: list[str] | None = None
+) -> dict[str, Any]:
+    """The facts of a request that may be logged (S-4)."""
+    facts: dict[str, Any] = {"call": call, "mode": mode}
+    if argv is not None:
+        facts["argv"] = summarize_argv(argv)
+    else:
+        facts["input"] = summarize(input_value)
+    return facts
+
+
+def result_facts(result: ToolResult) -> dict[str, Any]:
+    facts: dict[str, Any] = {
+        "call": result.call,
+        "exit_status": result.exit_status,
+        "duration_ms": result.timings.get("total"),
+    }
+    if result.error is not None:
+        facts.update(
+            errno=result.error.code_name,
+            stage=result.error.stage,
+            step=result.error.step,
+            message=summarize(result.error.message),
+        )
+    if result.output is not None:
+        facts["output"] = summarize(result.output)
+    if result.post_hooks:
+        facts["post_hooks"] = result.post_hooks
+    return facts
+
+
+def record_requested(session: Session, object_ref: str, facts: dict[str, Any]) -> None:
+    session.record("tool_call", object=object_ref, status="requested", **facts)
+
+
+def record_result(
+    session: Session | None,
+    tool_log: Path | None,
+    object_ref: str,
+    result: ToolResult,
+    request: dict[str, Any],
+) -> None:
+    """``tool_result`` in the session and a line in the tool's log, both durable."""
+    facts = result_facts(result)
+    if session is not None:
+        session.record(
+            "tool_result", object=object_ref, status=result.status, durable_event=True, **facts
+        )
+    if tool_log is not None:
+        line = make_event(
+            "tool_result",
+            agent=result.agent,
+            session=result.session,
+            object=object_ref,
+            status=result.status,
+            **{**request, **facts},
+        )
+        with EventLog(tool_log, mode=TOOL_LOG_MODE) as log:
+            log.append(line, durable_event=True)

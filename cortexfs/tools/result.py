@@ -1,0 +1,92 @@
+"""What a tool call returns: :class:`ToolResult`, and :class:`ToolError` when it did not succeed.
+
+The shape is stable; workers store it in queue results (SPEC W-1) and ``ctx run --native``
+prints it as its final ``result`` frame (docs/tools.md lists every field).
+"""
+
+from __future__ import annotations
+
+import errno as errno_names
+from dataclasses import dataclass, field
+from typing import Any
+
+OK, ERROR = "ok", "error"
+
+# Where a call can stop, in the order the runner goes through them.
+STAGES = ("caller", "resolve", "session", "schema", "authorize", "hook", "run", "exit")
+
+
+@dataclass(frozen=True)
+class ToolError:
+    """Why a call failed: an errno, the stage that stopped it and a sentence.
+
+    ``step`` and ``step_name`` name the denying step of the authority chain (P-5) when the
+    stage is ``authorize``.  A tool that ran and failed has stage ``exit`` (errno taken from its
+    JSON output when it reports one, else 0), ``run`` with ETIMEDOUT after a timeout, or
+    EFBIG when its output was too large.
+    """
+
+    errno: int
+    stage: str
+    message: str
+    step: int | None = None
+    step_name: str | None = None
+
+    @property
+    def code_name(self) -> str | None:
+        return errno_names.errorcode.get(self.errno) if self.errno else None
+
+    def __str__(self) -> str:
+        return f"{self.code_name or 'error'}: {self.message}"
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "error": self.code_name,
+            "errno": self.errno,
+            "stage": self.stage,
+            "step": self.step,
+            "step_name": self.step_name,
+            "message": self.message,
+        }
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    """The outcome of one call.  ``exit_status`` is None when the tool never ran."""
+
+    status: str
+    tool: str
+    agent: str
+    session: str
+    call: str
+    mode: str
+    started: str
+    finished: str
+    output: Any = None
+    exit_status: int | None = None
+    error: ToolError | None = None
+    stderr: str = ""
+    post_hooks: list[dict[str, object]] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == OK
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "status": self.status,
+            "tool": self.tool,
+            "agent": self.agent,
+            "session": self.session,
+            "call": self.call,
+            "mode": self.mode,
+            "output": self.output,
+            "exit_status": self.exit_status,
+            "error": None if self.error is None else self.error.to_json(),
+            "stderr": self.stderr,
+            "post_hooks": self.post_hooks,
+            "started": self.started,
+            "finished": self.finished,
+            "timings_ms": self.timings,
+        }

@@ -1,0 +1,414 @@
+"""The tool runner: one call of one tool by one agent, through the whole chain (SPEC T-3..T-7).
+
+A call passes these stages in order; the first that refuses ends it, and the result names
+that stage (and, for the authority chain, the denying step):
+
+=========  ===================================================================================
+caller     only the host administrator — root, or the owner of the storage root — may run a
+           tool as an agent: nobody else can claim an agent identity
+resolve    the agent exists and has an identity; the tool is on the agent's ``CTX_PATH``
+           (T-4) as a file the agent may execute; its controls are intact; its status is
+           ``available``
+session    the session is opened (a shared one only in a space the agent may read,
+           ``shared:<space> read``); ``tool_call`` is recorded
+schema     native mode: the input satisfies the tool's ``schema`` (EINVAL otherwise)
+authorize  the six-step authority chain for ``tool:<name> execute`` (P-5, P-6)
+hook       ``hooks/pre.d/*`` in name order; a non-zero exit vetoes (T-6)
+run        the tool runs under the agent's uid, gid and groups in a process group of its own,
+           bounded by a timeout; then ``hooks/post.d/*`` see the result, and ``tool_result``
+           is recorded durably in the session and in ``<tool>.d/log`` (S-5, T-7)
+=========  ===================================================================================
+
+Two modes, one chain (T-3): :func:`run_native` feeds the input as JSON on stdin, captures the
+output and reports progress as frames; :func:`run_terminal` keeps the argv and lends the
+tool the caller's stdin, stdout and stderr.  Terminal mode validates no schema: an argv is
+not JSON, and the tool judges its own arguments (tsh never rejects an empty argv for it).
+
+The runner reads a tool's controls between two looks at its executable; if a reinstall
+replaced the executable in between, it reads again (:mod:`cortexfs.tools.pairs` never shows an
+executable without complete controls).  What is executed is the file the name holds at exec
+time: a version installed by the same lifecycle, governed by the same policy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import secrets
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from cortexfs.agents.host import require_host_administrator
+from cortexfs.agents.view import AgentView
+from cortexfs.errors import CtxError, denied, invalid, not_found
+from cortexfs.policy import Credentials, Identity, check_authority, check_tool_execute
+from cortexfs.policy.chain import AuthorityRequest, Decision
+from cortexfs.policy.linux import EXECUTE, permits
+from cortexfs.shared.sessions import Session, SessionRef, open_session
+from cortexfs.shared.tree import Ownership
+from cortexfs.timefmt import rfc3339
+from cortexfs.tools import hooks, record
+from cortexfs.tools.controls import ToolControls, ToolObject, read_controls, require_available
+from cortexfs.tools.ctxpath import tier_location, which
+from cortexfs.tools.result import ERROR, OK, ToolError, ToolResult
+from cortexfs.tools.schemas import validate_input
+from cortexfs.tools.spawn import Finished, ProcessSpec, run_attached, run_captured
+
+NATIVE, TERMINAL = "native", "terminal"
+DEFAULT_TIMEOUT = 60.0
+_CONSISTENT_READ_ATTEMPTS = 5
+
+Frame = dict[str, Any]
+Observer = Callable[[Frame], None]
+
+
+def run_native(
+    root: Path,
+    agent: str,
+    tool: str,
+    input_value: Any,
+    *,
+    session: SessionRef | str | None = None,
+    timeout: float | None = DEFAULT_TIMEOUT,
+    observer: Observer | None = None,
+) -> ToolResult:
+    """Run ``tool`` as ``agent`` with ``input_value`` as its JSON input (agent native mode).
+
+    Never raises for a refused or failed call: the :class:`ToolResult` says what happened.
+    ``session`` is a :class:`SessionRef`, the name of a session in the agent's home, or None
+    for its home session ``default``.  ``observer`` receives the frames of docs/tools.md as
+    they happen: ``call`` when the tool starts, ``stderr`` per line, ``result`` at the end.
+    """
+    return _Call(root, agent, tool, NATIVE, session, timeout, observer).execute(input_value, None)
+
+
+def run_terminal(
+    root: Path,
+    agent: str,
+    tool: str,
+    argv: list[str],
+    *,
+    session: SessionRef | str | None = None,
+    timeout: float | None = None,
+) -> ToolResult:
+    """Run ``tool`` as ``agent`` with ``argv``, on the caller's stdin/stdout/stderr (T-3)."""
+    return _Call(root, agent, tool, TERMINAL, session, timeout, None).execute(None, argv)
+
+
+class _Refused(Exception):
+    def __init__(self, error: ToolError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class _Call:
+    """The state of one call as it goes through the stages."""
+
+    def __init__(
+        self,
+        root: Path,
+        agent: str,
+        tool: str,
+        mode: str,
+        session: SessionRef | str | None,
+        timeout: float | None,
+        observer: Observer | None,
+    ) -> None:
+        self.root, self.agent, self.tool_name, self.mode = root, agent, tool, mode
+        self.requested_session, self.timeout, self.observer = session, timeout, observer
+        self.call = secrets.token_hex(8)
+        self.started = rfc3339()
+        self.clock = time.monotonic()
+        self.timings: dict[str, float] = {}
+        self.view: AgentView | None = None
+        self.session_ref: SessionRef | None = None
+        self.session: Session | None = None
+        self.tool: ToolObject | None = None
+        self.location = "tool"
+        self.controls: ToolControls | None = None
+        self.hook_names: dict[str, list[str]] = {}
+        self.request: dict[str, Any] = {}
+
+    @property
+    def object_ref(self) -> str:
+        return f"{self.location}/{self.tool_name}"
+
+    def execute(self, input_value: Any, argv: list[str] | None) -> ToolResult:
+        self.request = record.request_facts(self.call, self.mode, input_value, argv)
+        try:
+            try:
+                self._admit(input_value)
+                result = self._run(input_value, argv or [])
+            except _Refused as refusal:
+                result = self._result(ERROR, error=refusal.error)
+            with self._timed("record"):
+                record.record_result(
+                    self.session,
+                    None if self.tool is None else self.tool.control("log"),
+                    self.object_ref,
+                    result,
+                    self.request,
+                )
+            self._emit({"type": "result", **result.to_json()})
+            return result
+        finally:
+            if self.session is not None:
+                self.session.close()
+
+    # ---------------------------------------------------------------------------- stages
+
+    def _admit(self, input_value: Any) -> None:
+        with self._stage("caller"):
+            require_host_administrator(self.root, "run a tool as an agent")
+        with self._stage("resolve"):
+            self.view = AgentView.load(self.root, self.agent)
+            self._resolve_tool(self.view.identity)
+        with self._stage("session"):
+            self._open_session()
+        if self.mode == NATIVE:
+            with self._stage("schema"):
+                assert self.controls is not None
+                validate_input(self.controls.schema, input_value, self.tool_name)
+        with self._stage("authorize"):
+            decision = check_tool_execute(
+                self.root, self.agent, self.tool_name, self._caller(), self.location
+            )
+            self._require(decision, "authorize")
+        with self._stage("hook"):
+            runs = self._hooks(hooks.PRE, {})
+            if runs and not runs[-1].passed:
+                veto = runs[-1]
+                raise denied(
+                    f"hooks/pre.d/{veto.name} vetoed the call (exit {veto.exit_status})"
+                    + (f": {veto.message}" if veto.message else "")
+                )
+
+    def _resolve_tool(self, identity: Identity) -> None:
+        assert self.view is not None
+        directories = self.view.tool_directories()
+        found = which(
+            self.tool_name,
+            directories,
+            is_executable=lambda _path, status: permits(status, identity, EXECUTE),
+        )
+        if found is None:
+            raise not_found(
+                f"no tool {self.tool_name!r} that agent {self.agent!r} may execute on its "
+                f"CTX_PATH {self.view.ctx_path()}"
+            )
+        self.tool = ToolObject(self.tool_name, found.directory)
+        self.location = tier_location(self.root, found.directory) or "tool"
+        self.controls = self._read_controls_consistently(self.tool)
+        require_available(self.tool, self.controls.status)
+
+    def _read_controls_consistently(self, tool: ToolObject) -> ToolControls:
+        """The controls of the version whose executable is in place before and after reading."""
+        for attempt in range(_CONSISTENT_READ_ATTEMPTS):
+            before = _file_identity(tool.executable)
+            controls = read_controls(tool)
+            self.hook_names = {phase: hooks.hook_names(tool, phase) for phase in hooks.PHASES}
+            if before is not None and before == _file_identity(tool.executable):
+                return controls
+            time.sleep(0.01 * (attempt + 1))
+        raise CtxError(errno.EAGAIN, f"tool {tool.name} kept changing while it was read; retry")
+
+    def _open_session(self) -> None:
+        assert self.view is not None
+        ref = _session_ref(self.root, self.view, self.requested_session)
+        if ref.space is not None:
+            # An agent's session may live only in a space the agent may read (S-6, X-1).
+            request = AuthorityRequest(
+                self.root, self.agent, "shared", ref.space, "read", self._caller()
+            )
+            self._require(check_authority(request), "session")
+        identity = self.view.identity
+        self.session_ref = ref
+        self.session = open_session(ref, owner=Ownership(identity.uid, identity.gid))
+        record.record_requested(self.session, self.object_ref, self.request)
+
+    def _run(self, input_value: Any, argv: list[str]) -> ToolResult:
+        assert self.view is not None and self.tool is not None
+        spec = self._process_spec([str(self.tool.executable), *argv], self.timeout)
+        with self._stage("run"), self._timed("run"):
+            try:
+                if self.mode == NATIVE:
+                    finished = run_captured(
+                        spec,
+                        json.dumps(input_value).encode() + b"\n",
+                        on_start=self._started,
+                        on_stderr_line=self._stderr_line,
+                    )
+                else:
+                    finished = run_attached(spec)
+            except OSError as exc:
+                raise CtxError(
+                    exc.errno or errno.EIO, f"cannot start {spec.argv[0]}: {exc.strerror}"
+                ) from None
+        result = self._finished_result(finished)
+        with self._timed("post_hooks"):
+            runs = self._hooks(hooks.POST, {"result": result.to_json()})
+        failed = [run.to_json() for run in runs if not run.passed]
+        return self._result(
+            result.status,
+            output=result.output,
+            exit_status=result.exit_status,
+            error=result.error,
+            stderr=result.stderr,
+            post_hooks=failed,
+        )
+
+    def _finished_result(self, finished: Finished) -> ToolResult:
+        output = _decode_output(finished.stdout) if self.mode == NATIVE else None
+        stderr = finished.stderr_tail.decode("utf-8", "replace")
+        error = None
+        if finished.timed_out:
+            error = ToolError(
+                errno.ETIMEDOUT,
+                "run",
+                f"timed out after {self.timeout:g}s; its process group was killed",
+            )
+        elif finished.output_overflow:
+            error = ToolError(errno.EFBIG, "run", "its output exceeded the limit; it was killed")
+        elif finished.exit_status != 0:
+            error = _exit_error(self.tool_name, finished.exit_status, output, stderr)
+        status = OK if error is None else ERROR
+        return self._result(
+            status, output=output, exit_status=finished.exit_status, error=error, stderr=stderr
+        )
+
+    # --------------------------------------------------------------------------- helpers
+
+    def _hooks(self, phase: str, extra: dict[str, Any]) -> list[hooks.HookRun]:
+        assert self.tool is not None
+        names = self.hook_names.get(phase, [])
+        if not names:
+            return []
+        context = {
+            "tool": self.tool_name,
+            "agent": self.agent,
+            "session": str(self.session_ref),
+            **self.request,
+            **extra,
+        }
+        return hooks.run_hooks(self.tool, phase, names, context, self._process_spec([], None))
+
+    def _process_spec(self, argv: list[str], timeout: float | None) -> ProcessSpec:
+        assert self.view is not None and self.session_ref is not None
+        env = self.view.tool_environment(
+            tool=self.tool_name, session=self.session_ref.name, call=self.call, mode=self.mode
+        )
+        _, cwd = self.view.working_directory()
+        return ProcessSpec(argv, env, str(cwd), self.view.identity, timeout)
+
+    def _caller(self) -> Credentials:
+        """The credentials the tool will run with: the agent's as root, ours otherwise (P-5 1)."""
+        assert self.view is not None
+        if os.geteuid() == 0:
+            return self.view.identity.credentials
+        return Credentials(os.geteuid(), os.getegid())
+
+    def _require(self, decision: Decision, stage: str) -> None:
+        if decision.denial is not None:
+            step = decision.denial.step
+            raise _Refused(ToolError(decision.errno, stage, decision.reason, int(step), step.title))
+
+    @contextlib.contextmanager
+    def _stage(self, stage: str) -> Iterator[None]:
+        started = time.monotonic()
+        try:
+            yield
+        except CtxError as exc:
+            raise _Refused(ToolError(exc.errno, stage, exc.message)) from None
+        finally:
+            self.timings[stage] = _milliseconds(time.monotonic() - started)
+
+    @contextlib.contextmanager
+    def _timed(self, name: str) -> Iterator[None]:
+        started = time.monotonic()
+        try:
+            yield
+        finally:
+            self.timings[name] = _milliseconds(time.monotonic() - started)
+
+    def _result(self, status: str, **fields: Any) -> ToolResult:
+        self.timings["total"] = _milliseconds(time.monotonic() - self.clock)
+        return ToolResult(
+            status=status,
+            tool=self.tool_name,
+            agent=self.agent,
+            session="" if self.session_ref is None else str(self.session_ref),
+            call=self.call,
+            mode=self.mode,
+            started=self.started,
+            finished=rfc3339(),
+            timings=self.timings,
+            **fields,
+        )
+
+    def _started(self, pid: int) -> None:
+        self._emit(
+            {
+                "type": "call",
+                "call": self.call,
+                "tool": self.tool_name,
+                "agent": self.agent,
+                "session": str(self.session_ref),
+                "pid": pid,
+                "ts": rfc3339(),
+            }
+        )
+
+    def _stderr_line(self, line: str) -> None:
+        self._emit({"type": "stderr", "call": self.call, "text": line})
+
+    def _emit(self, frame: Frame) -> None:
+        if self.observer is not None:
+            self.observer(frame)
+
+
+def _session_ref(root: Path, view: AgentView, requested: SessionRef | str | None) -> SessionRef:
+    if isinstance(requested, SessionRef):
+        if requested.agent != view.name:
+            raise invalid(
+                f"session {requested} belongs to agent {requested.agent!r}, not {view.name!r}"
+            )
+        return requested
+    if requested is None:
+        return SessionRef.home(root, view.identity.uid, view.name)
+    return SessionRef.home(root, view.identity.uid, view.name, requested)
+
+
+def _file_identity(path: Path) -> tuple[int, int, int] | None:
+    try:
+        status = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    return status.st_dev, status.st_ino, status.st_ctime_ns
+
+
+def _decode_output(stdout: bytes) -> Any:
+    """The tool's stdout: its JSON value when it printed one, else its text."""
+    text = stdout.decode("utf-8", "replace")
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def _exit_error(tool: str, exit_status: int, output: Any, stderr: str) -> ToolError:
+    """A failed run; a tool reporting ``{"errno": N, "message": …}`` keeps its errno."""
+    code, message = 0, ""
+    if isinstance(output, dict) and isinstance(output.get("errno"), int):
+        code, message = output["errno"], str(output.get("message", ""))
+    detail = message or (stderr.strip().splitlines() or [""])[-1]
+    return ToolError(
+        code, "exit", f"{tool} exited with status {exit_status}" + (f": {detail}" if detail else "")
+    )
+
+
+def _milliseconds(seconds: float) -> float:
+    return round(seconds * 1000, 3)

@@ -1,0 +1,67 @@
+"""JSON Schema checks shared by manifests, tool controls and the runner (SPEC T-1, T-8, C-2).
+
+Two questions: *is this a JSON Schema?* (a tool's ``schema`` and ``program`` controls must be)
+and *does this input satisfy it?* (before every native call).  Validators are compiled once
+per distinct schema and kept, because a worker validates thousands of calls against a handful
+of schemas.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import jsonschema
+from jsonschema.exceptions import ValidationError
+from jsonschema.protocols import Validator
+
+from cortexfs.errors import invalid
+
+_CACHED_VALIDATORS = 256
+
+
+def schema_problems(schema: object, what: str) -> list[str]:
+    """Why ``schema`` is not a usable JSON Schema object; empty when it is one."""
+    if not isinstance(schema, dict):
+        return [f"{what} must be a JSON Schema object, not {type(schema).__name__}"]
+    validator_class = jsonschema.validators.validator_for(schema)
+    return [
+        f"{what} is not a valid JSON Schema: {_where(error)}{error.message}"
+        for error in validator_class(validator_class.META_SCHEMA).iter_errors(schema)
+    ]
+
+
+def instance_problems(schema: Mapping[str, Any], instance: object) -> list[str]:
+    """Every reason ``instance`` fails ``schema``, in document order; empty when it passes."""
+    errors = _validator(_canonical(schema)).iter_errors(instance)
+    return [f"{_where(error)}{error.message}" for error in sorted(errors, key=_document_order)]
+
+
+def validate_input(schema: Mapping[str, Any], instance: object, tool: str) -> None:
+    """EINVAL naming the first violation when ``instance`` is not a valid input of ``tool``."""
+    problems = instance_problems(schema, instance)
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise invalid(f"input does not match the schema of {tool}: {problems[0]}{more}")
+
+
+@functools.lru_cache(maxsize=_CACHED_VALIDATORS)
+def _validator(schema_text: str) -> Validator:
+    schema = json.loads(schema_text)
+    validator_class = jsonschema.validators.validator_for(schema)
+    return validator_class(schema)  # type: ignore[no-any-return]
+
+
+def _canonical(schema: Mapping[str, Any]) -> str:
+    return json.dumps(schema, sort_keys=True, separators=(",", ":"))
+
+
+def _where(error: ValidationError) -> str:
+    path = "/".join(str(part) for part in error.absolute_path)
+    return f"at /{path}: " if path else ""
+
+
+def _document_order(error: ValidationError) -> list[str]:
+    return [str(part) for part in error.absolute_path]

@@ -1,0 +1,287 @@
+"""Starting tool and hook processes under an agent's identity, and bounding them (T-3, T-5).
+
+* **Identity.**  When the host runs as root, the process runs with the agent's uid, gid and
+  exactly its supplementary groups, so the kernel enforces Linux mode bits on everything the
+  tool touches.  Otherwise it runs as the host user, which the authority chain has already
+  checked is the agent's identity (P-5 step 1).
+* **Process group.**  Every call gets a process group of its own; a timeout kills the whole
+  group with SIGKILL, and so does the end of a captured call: a tool's stragglers get
+  :data:`STRAGGLER_GRACE` seconds after the tool exits, then the group is killed, so no process
+  of a call outlives it.
+* **Bounds.**  Captured output is limited (:data:`MAX_OUTPUT_BYTES`); a tool that writes more
+  is killed.  The environment is exactly the one given: nothing leaks in from the host's.
+
+Captured calls (native mode, hooks) detach from the terminal (a new session).  Attached calls
+(terminal CLI mode) inherit stdin, stdout and stderr and, on a terminal, become its foreground
+process group, as a shell's job would, so Ctrl-C and job control reach the tool.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import selectors
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import IO
+
+from cortexfs.policy import Identity
+
+MAX_OUTPUT_BYTES = 16 * 1024 * 1024
+MAX_STDERR_TAIL = 64 * 1024
+STRAGGLER_GRACE = 1.0
+_CHUNK = 64 * 1024
+_FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+
+
+@dataclass(frozen=True)
+class ProcessSpec:
+    """What to run: ``argv[0]`` is the executable's path; ``identity`` None means the host's."""
+
+    argv: Sequence[str]
+    env: Mapping[str, str]
+    cwd: str
+    identity: Identity | None
+    timeout: float | None
+
+
+@dataclass(frozen=True)
+class Finished:
+    """How a process ended.  ``exit_status`` follows the shell: 128 + N after signal N."""
+
+    pid: int
+    exit_status: int
+    stdout: bytes
+    stderr_tail: bytes
+    timed_out: bool
+    output_overflow: bool
+    seconds: float
+
+
+def run_captured(
+    spec: ProcessSpec,
+    stdin_data: bytes,
+    *,
+    max_output: int = MAX_OUTPUT_BYTES,
+    on_start: Callable[[int], None] | None = None,
+    on_stderr_line: Callable[[str], None] | None = None,
+) -> Finished:
+    """Run with pipes: feed ``stdin_data``, capture stdout (bounded) and stderr (its tail)."""
+    started = time.monotonic()
+    process = subprocess.Popen(
+        list(spec.argv),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=dict(spec.env),
+        cwd=spec.cwd,
+        start_new_session=True,
+        close_fds=True,
+        **_credentials(spec.identity),
+    )
+    if on_start:
+        on_start(process.pid)
+    pump = _Pump(process, stdin_data, max_output, on_stderr_line)
+    deadline = None if spec.timeout is None else started + spec.timeout
+    timed_out = pump.run(deadline)
+    if not (timed_out or pump.overflow):
+        # Its output is closed, but the tool may still be running: it keeps its deadline.
+        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+        try:
+            process.wait(timeout=remaining)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+    _kill_group(process.pid)
+    exit_status = _exit_status(process.wait())
+    return Finished(
+        process.pid,
+        exit_status,
+        bytes(pump.stdout),
+        bytes(pump.stderr[-MAX_STDERR_TAIL:]),
+        timed_out,
+        pump.overflow,
+        time.monotonic() - started,
+    )
+
+
+def run_attached(spec: ProcessSpec) -> Finished:
+    """Run with the caller's stdin, stdout and stderr (terminal CLI mode, T-3)."""
+    started = time.monotonic()
+    process = subprocess.Popen(
+        list(spec.argv),
+        env=dict(spec.env),
+        cwd=spec.cwd,
+        process_group=0,
+        close_fds=True,
+        **_credentials(spec.identity),
+    )
+    timed_out = False
+    with _foreground(process.pid), _forwarding_signals(process.pid):
+        try:
+            process.wait(timeout=spec.timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            _kill_group(process.pid)
+        exit_status = _exit_status(process.wait())
+    return Finished(
+        process.pid, exit_status, b"", b"", timed_out, False, time.monotonic() - started
+    )
+
+
+class _Pump:
+    """Moves bytes between the call and its pipes without blocking on any one of them."""
+
+    def __init__(
+        self,
+        process: subprocess.Popen[bytes],
+        stdin_data: bytes,
+        max_output: int,
+        on_stderr_line: Callable[[str], None] | None,
+    ) -> None:
+        assert process.stdin and process.stdout and process.stderr
+        self.stdin, self.stdout_fd, self.stderr_fd = (
+            process.stdin.fileno(),
+            process.stdout.fileno(),
+            process.stderr.fileno(),
+        )
+        self.pipes: dict[int, IO[bytes]] = {
+            self.stdin: process.stdin,
+            self.stdout_fd: process.stdout,
+            self.stderr_fd: process.stderr,
+        }
+        self.process = process
+        self.pending = memoryview(stdin_data)
+        self.max_output = max_output
+        self.on_stderr_line = on_stderr_line
+        self.stdout = bytearray()
+        self.stderr = bytearray()
+        self.partial_line = b""
+        self.overflow = False
+        self.selector = selectors.DefaultSelector()
+        for fd in self.pipes:
+            os.set_blocking(fd, False)
+        if stdin_data:
+            self.selector.register(self.stdin, selectors.EVENT_WRITE)
+        else:
+            self.pipes.pop(self.stdin).close()
+        self.selector.register(self.stdout_fd, selectors.EVENT_READ)
+        self.selector.register(self.stderr_fd, selectors.EVENT_READ)
+
+    def run(self, deadline: float | None) -> bool:
+        """Pump until both output pipes close; True when the deadline passed first."""
+        exited_at: float | None = None
+        try:
+            while self.pipes and not self.overflow:
+                now = time.monotonic()
+                if exited_at is None and self.process.poll() is not None:
+                    exited_at = now
+                if exited_at is not None and now - exited_at > STRAGGLER_GRACE:
+                    return False
+                if deadline is not None and now >= deadline:
+                    return True
+                wait = 0.1 if deadline is None else min(0.1, deadline - now)
+                for key, _ in self.selector.select(wait):
+                    self._serve(key.fd)
+            return False
+        finally:
+            self._flush_partial_line()
+            for fd in list(self.pipes):
+                self._close(fd)
+            self.selector.close()
+
+    def _serve(self, fd: int) -> None:
+        if fd == self.stdin:
+            try:
+                written = os.write(fd, self.pending[:_CHUNK])
+            except BrokenPipeError:
+                written = len(self.pending)  # the tool stopped reading; that is its business
+            self.pending = self.pending[written:]
+            if not self.pending:
+                self._close(fd)
+            return
+        data = os.read(fd, _CHUNK)
+        if not data:
+            self._close(fd)
+        elif fd == self.stdout_fd:
+            self.stdout += data
+            self.overflow = len(self.stdout) > self.max_output
+        else:
+            self.stderr += data
+            del self.stderr[: -2 * MAX_STDERR_TAIL]
+            self._emit_lines(data)
+
+    def _emit_lines(self, data: bytes) -> None:
+        if self.on_stderr_line is None:
+            return
+        *lines, self.partial_line = (self.partial_line + data).split(b"\n")
+        for line in lines:
+            self.on_stderr_line(line.decode("utf-8", "replace"))
+
+    def _flush_partial_line(self) -> None:
+        if self.on_stderr_line and self.partial_line:
+            self.on_stderr_line(self.partial_line.decode("utf-8", "replace"))
+            self.partial_line = b""
+
+    def _close(self, fd: int) -> None:
+        self.selector.unregister(fd)
+        self.pipes.pop(fd).close()
+
+
+def _credentials(identity: Identity | None) -> dict[str, object]:
+    if identity is None or os.geteuid() != 0:
+        return {}
+    return {"user": identity.uid, "group": identity.gid, "extra_groups": sorted(identity.groups)}
+
+
+def _kill_group(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def _exit_status(returncode: int) -> int:
+    return 128 - returncode if returncode < 0 else returncode
+
+
+@contextlib.contextmanager
+def _foreground(pgid: int) -> Iterator[None]:
+    """Make ``pgid`` the terminal's foreground group while it runs, as a shell does."""
+    try:
+        terminal = os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError:
+        yield
+        return
+    previous_handler = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+    try:
+        own = os.tcgetpgrp(terminal)
+        if own != os.getpgrp():
+            yield  # we are not in the foreground ourselves; leave the terminal alone
+            return
+        os.tcsetpgrp(terminal, pgid)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGCONT)  # in case it touched the terminal before it was its
+        try:
+            yield
+        finally:
+            os.tcsetpgrp(terminal, own)
+    finally:
+        signal.signal(signal.SIGTTOU, previous_handler)
+        os.close(terminal)
+
+
+@contextlib.contextmanager
+def _forwarding_signals(pgid: int) -> Iterator[None]:
+    """Pass termination signals sent to the runner on to the tool's process group."""
+
+    def forward(signum: int, _frame: object) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signum)
+
+    previous = {signum: signal.signal(signum, forward) for signum in _FORWARDED_SIGNALS}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
