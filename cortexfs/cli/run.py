@@ -33,7 +33,7 @@ EXIT_CANNOT_RUN = 126
 @click.option("--session", default=DEFAULT_SESSION, show_default=True, help="Session to record in.")
 @click.option("--project", help="Record in shared/PROJECT/agent/AGENT/session/SESSION instead.")
 @click.option(
-    "--native", is_flag=True, help="Agent native mode: JSON in on stdin, JSONL frames out."
+    "--native", is_flag=True, help="Agent native mode: JSON on stdin, JSONL frames out."
 )
 @click.option(
     "--timeout",

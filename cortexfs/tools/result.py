@@ -12,13 +12,13 @@ from typing import Any
 
 OK, ERROR = "ok", "error"
 
-# Where a call can stop, in the order the runner goes through them.
-STAGES = ("caller", "resolve", "session", "schema", "authorize", "hook", "run", "exit")
-
 
 @dataclass(frozen=True)
 class ToolError:
     """Why a call failed: an errno, the stage that stopped it and a sentence.
+
+    The stages, in the order a call goes through them: ``caller``, ``agent``, ``session``,
+    ``resolve``, ``schema``, ``authorize``, ``hook``, ``run``, ``exit`` (docs/tools.md).
 
     ``step`` and ``step_name`` name the denying step of the authority chain (P-5) when the
     stage is ``authorize``.  A tool that ran and failed has stage ``exit`` (errno taken from its

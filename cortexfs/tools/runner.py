@@ -6,11 +6,11 @@ that stage (and, for the authority chain, the denying step):
 =========  ===================================================================================
 caller     only the host administrator — root, or the owner of the storage root — may run a
            tool as an agent: nobody else can claim an agent identity
-resolve    the agent exists and has an identity; the tool is on the agent's ``CTX_PATH``
-           (T-4) as a file the agent may execute; its controls are intact; its status is
-           ``available``
+agent      the agent exists and has an identity
 session    the session is opened (a shared one only in a space the agent may read,
            ``shared:<space> read``); ``tool_call`` is recorded
+resolve    the tool is on the agent's ``CTX_PATH`` (T-4) as a file the agent may execute;
+           its controls are intact; its status is ``available``
 schema     native mode: the input satisfies the tool's ``schema`` (EINVAL otherwise)
 authorize  the six-step authority chain for ``tool:<name> execute`` (P-5, P-6)
 hook       ``hooks/pre.d/*`` in name order; a non-zero exit vetoes (T-6)
@@ -164,11 +164,12 @@ class _Call:
     def _admit(self, input_value: Any) -> None:
         with self._stage("caller"):
             require_host_administrator(self.root, "run a tool as an agent")
-        with self._stage("resolve"):
+        with self._stage("agent"):
             self.view = AgentView.load(self.root, self.agent)
-            self._resolve_tool(self.view.identity)
         with self._stage("session"):
             self._open_session()
+        with self._stage("resolve"):
+            self._resolve_tool(self.view.identity)
         if self.mode == NATIVE:
             with self._stage("schema"):
                 assert self.controls is not None

@@ -1,0 +1,138 @@
+"""A real CortexFS world for tests: a bootstrapped storage root, a real unprivileged agent user,
+its workspace, and helpers that go through the same library calls as ``ctx``."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import cortexfs.tools.core.bootstrap  # noqa: F401  (registers the core tools' bootstrap step)
+from cortexfs import storage
+from cortexfs.agents.create import CreatedAgent, create_agent
+from cortexfs.agents.request import parse_request
+from cortexfs.policy import Identity
+from cortexfs.shared.events import read_events
+from cortexfs.shared.sessions import SessionRef
+from cortexfs.tools.install import Installed, install_manifest, parse_tier
+from cortexfs.tools.manifest import parse_manifest
+from cortexfs.tools.result import ToolResult
+from cortexfs.tools.runner import run_native
+from tests.support.users import UnprivilegedUser
+
+ANY_INPUT = {"type": "object"}
+
+
+@dataclass
+class World:
+    root: Path
+    user: UnprivilegedUser
+    workspace: Path
+    scratch: Path
+
+    def agent(
+        self,
+        name: str = "coder",
+        *,
+        tools: Sequence[str] = (),
+        shared: dict[str, list[str]] | None = None,
+        mounts: Sequence[Sequence[str]] | None = None,
+        groups: Sequence[int] = (),
+        uid: int | None = None,
+    ) -> CreatedAgent:
+        """An agent made by ``ctx agent create``'s library call, as the test user."""
+        request: dict[str, Any] = {"name": name, "label": f"{name}_t", "tools": list(tools)}
+        if shared:
+            request["shared"] = shared
+        request["mount"] = (
+            [[str(self.workspace), "/workspace", "rw"]] if mounts is None else list(mounts)
+        )
+        identity = Identity(self.user.uid if uid is None else uid, self.user.gid, frozenset(groups))
+        return create_agent(self.root, parse_request(request, "test", self.root), identity)
+
+    def allow_tool(self, tool: str, label: str = "coder_t", location: str = "tool") -> None:
+        """Add the tool's own half of P-6 (the agent's half comes from its request)."""
+        with open(self.root / location / f"{tool}.d" / "policy", "a") as policy:
+            policy.write(f"allow {label} tool:{tool} execute\n")
+
+    def install(
+        self,
+        name: str,
+        program: str,
+        *,
+        schema: dict[str, Any] | None = None,
+        tier: str = "system",
+        extra: dict[str, Any] | None = None,
+    ) -> Installed:
+        """Install a tool from a manifest and a program, as ``ctx object install`` does.
+
+        The ``user`` tier is the test user's (``home/<uid>/tool``), as if they installed it.
+        """
+        source = self.scratch / f"{name}.program"
+        source.write_text(program)
+        document = {
+            "manifest": 2,
+            "kind": "tool",
+            "name": name,
+            "description": f"test tool {name}",
+            "schema": ANY_INPUT if schema is None else schema,
+            "cap": {"side_effects": False, "network": False},
+            "exec": str(source),
+            **(extra or {}),
+        }
+        manifest_path = self.scratch / f"{name}.manifest.json"
+        manifest_path.write_text(json.dumps(document))
+        manifest = parse_manifest(document, source=manifest_path)
+        target = parse_tier(self.root, tier, uid=self.user.uid)
+        return install_manifest(self.root, manifest, target)
+
+    def run(
+        self, tool: str, input_value: Any = None, agent: str = "coder", **kwargs: Any
+    ) -> ToolResult:
+        return run_native(
+            self.root, agent, tool, {} if input_value is None else input_value, **kwargs
+        )
+
+    def events(self, agent: str = "coder", session: str = "default") -> list[dict[str, Any]]:
+        ref = SessionRef.home(self.root, self.user.uid, agent, session)
+        return read_events(ref.events_path).events
+
+    def tool_log(self, tool: str, location: str = "tool") -> list[dict[str, Any]]:
+        return read_events(self.root / location / f"{tool}.d" / "log").events
+
+
+@contextlib.contextmanager
+def effective_user(user: UnprivilegedUser) -> Iterator[None]:
+    """Act as ``user`` (effective uid and gid) inside this process, then become root again.
+
+    The venv's interpreter may live where another uid cannot execute it, so a test of "not
+    the host administrator" switches this process's effective ids instead of spawning one.
+    """
+    os.setegid(user.gid)
+    os.seteuid(user.uid)
+    try:
+        yield
+    finally:
+        os.seteuid(0)
+        os.setegid(0)
+
+
+@pytest.fixture
+def world(traversable_tmp: Path, unprivileged_user: UnprivilegedUser) -> Iterator[World]:
+    root = traversable_tmp / "storage"
+    report = storage.bootstrap(root)
+    assert not report.problems, report.problems
+    for entry in (root, *root.iterdir()):
+        entry.chmod(0o755)
+    workspace = traversable_tmp / "work"
+    workspace.mkdir()
+    os.chown(workspace, unprivileged_user.uid, unprivileged_user.gid)
+    scratch = traversable_tmp / "scratch"
+    scratch.mkdir()
+    yield World(root, unprivileged_user, workspace, scratch)

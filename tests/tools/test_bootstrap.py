@@ -1,0 +1,110 @@
+"""``ctx bootstrap`` for tools: core tools, tsh config, repairs that keep user data (SPEC R-5)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cortexfs import storage
+from cortexfs.tools.controls import ToolObject, layout_problems
+from cortexfs.tools.core import CORE_TOOLS
+from cortexfs.tools.core.bootstrap import TSH_CONFIG, tsh_config_problems
+
+CTX = [sys.executable, "-c", "from cortexfs.cli import main; main()"]
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    path = tmp_path / "storage"
+    storage.bootstrap(path)
+    return path
+
+
+def test_bootstrap_installs_every_core_tool_complete_and_the_tsh_config(root: Path) -> None:
+    for name in CORE_TOOLS:
+        tool = ToolObject(name, root / "tool")
+        assert layout_problems(tool) == [], name
+        assert tool.control("policy").read_text().startswith("#"), "installing granted nothing"
+    assert (root / "tool/tsh.d/config").read_text() == TSH_CONFIG
+    assert tsh_config_problems(TSH_CONFIG) == []
+    assert sorted(os.listdir(root)) == sorted(storage.ROOT_ENTRIES)
+
+
+def test_bootstrap_is_idempotent(root: Path) -> None:
+    before = {path: path.stat().st_mtime_ns for path in root.rglob("*")}
+
+    report = storage.bootstrap(root)
+
+    assert (report.created, report.repaired, report.problems) == ([], [], [])
+    assert {path: path.stat().st_mtime_ns for path in root.rglob("*")} == before
+
+
+def test_bootstrap_repairs_damaged_core_tools_and_keeps_local_state(root: Path) -> None:
+    read = ToolObject("fs.read", root / "tool")
+    read.control("policy").write_text("allow coder_t tool:fs.read execute\n")
+    read.control("log").write_text('{"ts":"kept"}\n')
+    read.control("schema").write_text("{ not json")
+    (root / "tool/fs.stat.d/description").unlink()
+    (root / "tool/fs.list").chmod(0o644)
+    (root / "tool/shell.exec").unlink()
+    (root / "tool/tsh.d/config").write_text("max_loaded_tools=8\n")
+
+    report = storage.bootstrap(root)
+
+    assert sorted(report.repaired) == ["tool/fs.list", "tool/fs.read", "tool/fs.stat"]
+    assert report.created == ["tool/shell.exec"]
+    for name in CORE_TOOLS:
+        assert layout_problems(ToolObject(name, root / "tool")) == [], name
+    assert read.control("policy").read_text() == "allow coder_t tool:fs.read execute\n"
+    assert read.control("log").read_text() == '{"ts":"kept"}\n'
+    assert (root / "tool/tsh.d/config").read_text() == "max_loaded_tools=8\n"
+
+
+def test_bootstrap_finishes_an_interrupted_install(root: Path) -> None:
+    # What a crash between steps 2 and 4 of a reinstall leaves: the entry moved aside, the
+    # new one staged, the old controls still in place.
+    entry = root / "tool/fs.read"
+    os.rename(entry, root / "tool/.fs.read~0123456789ab~old-entry")
+    (root / "tool/.fs.read~0123456789ab~entry").write_text("#!/bin/sh\necho new\n")
+    (root / "tool/.fs.read~0123456789ab~entry").chmod(0o755)
+    staged = root / "tool/.fs.read~0123456789ab~controls"
+    staged.mkdir()
+    for control in ("name", "description", "schema", "cap"):
+        (staged / control).write_bytes((root / "tool/fs.read.d" / control).read_bytes())
+
+    report = storage.bootstrap(root)
+
+    assert f"{root}/tool/fs.read: finished an interrupted install" in report.repaired
+    assert not [name for name in os.listdir(root / "tool") if name.startswith(".")]
+    assert layout_problems(ToolObject("fs.read", root / "tool")) == []
+
+
+def test_bootstrap_reports_a_bad_tsh_config_and_leaves_it(root: Path) -> None:
+    (root / "tool/tsh.d/config").write_text("max_loaded_tools=-1\nrm -rf /\n")
+
+    report = storage.bootstrap(root)
+
+    assert report.problems == [
+        "tool/tsh.d/config:1: max_loaded_tools must be a positive integer, not '-1'",
+        "tool/tsh.d/config:2: expected one of max_loaded_tools, cache_capacity, "
+        "window_percent as key=value",
+    ]
+    assert (root / "tool/tsh.d/config").read_text() == "max_loaded_tools=-1\nrm -rf /\n"
+
+
+def test_ctx_bootstrap_json(tmp_path: Path) -> None:
+    root = tmp_path / "fresh"
+
+    completed = subprocess.run(
+        [*CTX, "bootstrap", "--storage", str(root), "--json"], capture_output=True, text=True
+    )
+
+    report = json.loads(completed.stdout)
+    assert completed.returncode == 0
+    assert {f"tool/{name}" for name in CORE_TOOLS} <= set(report["created"])
+    assert "tool/tsh.d/config" in report["created"]

@@ -1,0 +1,176 @@
+"""The core tools: paths confined to the agent's mounts, no `..`, no links (SPEC R-5, T-5)."""
+
+from __future__ import annotations
+
+import base64
+import errno
+import json
+import os
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from cortexfs.tools.core import fs_read
+from cortexfs.tools.core.toolio import ToolFailure
+from tests.tools.support import World
+
+CORE = ["fs.read", "fs.list", "fs.stat", "fs.write", "shell.exec"]
+SECRET = "the secret outside every mount\n"
+
+
+@pytest.fixture
+def agent(world: World) -> World:
+    """Agent coder: the workspace read-write at /workspace, a reference dir read-only at /ref."""
+    reference = world.scratch.parent / "reference"
+    reference.mkdir()
+    (reference / "manual.txt").write_text("read me\n")
+    outside = world.scratch.parent / "outside"
+    outside.mkdir()
+    (outside / "secret.txt").write_text(SECRET)
+    work = world.workspace
+    (work / "a.txt").write_text("inside\n")
+    (work / "sub").mkdir()
+    (work / "sub" / "b.txt").write_text("deeper\n")
+    (work / "link-out").symlink_to(outside / "secret.txt")
+    (work / "link-in").symlink_to(work / "a.txt")
+    (work / "dir-link").symlink_to(outside)
+    for path in (work / "sub", work / "sub/b.txt", work / "a.txt"):
+        os.chown(path, world.user.uid, world.user.gid, follow_symlinks=False)
+    mounts = [[str(work), "/workspace", "rw"], [str(reference), "/ref", "ro"]]
+    world.agent("coder", tools=CORE, mounts=mounts)
+    for tool in CORE:
+        world.allow_tool(tool)
+    return world
+
+
+def failure(world: World, tool: str, request: dict[str, object]) -> tuple[int, str]:
+    result = world.run(tool, request)
+    assert result.status == "error" and result.error.stage == "exit", result
+    return result.error.errno, result.error.message
+
+
+@pytest.mark.parametrize(
+    ("tool", "path", "code"),
+    [
+        ("fs.read", "../outside/secret.txt", errno.EINVAL),
+        ("fs.read", "/workspace/../outside/secret.txt", errno.EINVAL),
+        ("fs.read", "sub/../../outside/secret.txt", errno.EINVAL),
+        ("fs.read", str(Path("/etc/passwd")), errno.EACCES),
+        ("fs.read", "link-out", errno.ELOOP),
+        ("fs.read", "link-in", errno.ELOOP),
+        ("fs.read", "dir-link/secret.txt", errno.ELOOP),
+        ("fs.list", "dir-link", errno.ELOOP),
+        ("fs.list", "/", errno.EACCES),
+        ("fs.stat", "dir-link/secret.txt", errno.ELOOP),
+        ("fs.write", "link-out", errno.ELOOP),
+        ("fs.write", "dir-link/new.txt", errno.ELOOP),
+        ("fs.write", "/ref/manual.txt", errno.EROFS),
+        ("fs.write", "/ctx/tool/fs.read", errno.EROFS),
+        ("shell.exec", "dir-link", errno.ELOOP),
+    ],
+)
+def test_escapes_are_refused(agent: World, tool: str, path: str, code: int) -> None:
+    request: dict[str, object] = {"path": path}
+    if tool == "fs.write":
+        request["content"] = "overwritten"
+    if tool == "shell.exec":
+        request = {"cmd": "cat secret.txt", "cwd": path}
+
+    refused, message = failure(agent, tool, request)
+
+    assert refused == code, message
+    outside = agent.scratch.parent / "outside" / "secret.txt"
+    assert outside.read_text() == SECRET
+    assert not (agent.scratch.parent / "outside" / "new.txt").exists()
+
+
+def test_reads_lists_and_stats_inside_the_mounts(agent: World) -> None:
+    read = agent.run("fs.read", {"path": "sub/b.txt"})
+    binary = agent.workspace / "blob"
+    binary.write_bytes(b"\xff\x00\xfe")
+    read_binary = agent.run("fs.read", {"path": "/workspace/blob", "offset": 1, "length": 1})
+    listing = agent.run("fs.list", {})
+    stat = agent.run("fs.stat", {"path": "link-out"})
+    reference = agent.run("fs.read", {"path": "/ref/manual.txt"})
+
+    assert read.output["content"] == "deeper\n" and read.output["path"] == "/workspace/sub/b.txt"
+    assert read_binary.output["encoding"] == "utf-8" and read_binary.output["content"] == "\x00"
+    assert read_binary.output["truncated"] is True
+    entries = {entry["name"]: entry["type"] for entry in listing.output["entries"]}
+    assert entries["a.txt"] == "file" and entries["sub"] == "directory"
+    assert entries["link-out"] == "symlink"
+    assert stat.output["type"] == "symlink"
+    assert reference.output["content"] == "read me\n"
+
+
+def test_fs_write_is_atomic_owned_by_the_agent_and_never_replaces_when_told_not_to(
+    agent: World,
+) -> None:
+    payload = base64.b64encode(b"\x01\x02").decode()
+
+    created = agent.run(
+        "fs.write", {"path": "sub/new.bin", "content": payload, "encoding": "base64"}
+    )
+    replaced = agent.run("fs.write", {"path": "sub/new.bin", "content": "text"})
+    kept = agent.run("fs.write", {"path": "sub/new.bin", "content": "no", "overwrite": False})
+
+    target = agent.workspace / "sub" / "new.bin"
+    assert created.output == {"path": "/workspace/sub/new.bin", "bytes": 2, "created": True}
+    assert replaced.ok and replaced.output["created"] is False
+    assert kept.error.errno == errno.EEXIST
+    assert target.read_text() == "text"
+    assert os.stat(target).st_uid == agent.user.uid
+    assert sorted(os.listdir(target.parent)) == ["b.txt", "new.bin"], "no temporary file left"
+
+
+def test_fs_write_is_refused_by_the_kernel_where_the_agent_may_not_write(agent: World) -> None:
+    locked = agent.workspace / "locked"
+    locked.mkdir()
+    locked.chmod(0o755)  # owned by root: the agent may enter but not create
+
+    code, _ = failure(agent, "fs.write", {"path": "locked/x", "content": "no"})
+
+    assert code == errno.EACCES and not (locked / "x").exists()
+
+
+def test_shell_exec_runs_as_the_agent_in_a_confined_directory(agent: World) -> None:
+    here = agent.run("shell.exec", {"cmd": "pwd; id -u"})
+    sub = agent.run("shell.exec", {"cmd": "cat b.txt; cat", "cwd": "sub", "stdin": "fed\n"})
+    failing = agent.run("shell.exec", {"cmd": "echo nope >&2; exit 4"})
+    as_json = agent.run("shell.exec", {"cmd": "echo '{\"n\": 1}'"})
+
+    assert here.output == f"{agent.workspace}\n{agent.user.uid}\n"
+    assert sub.output == "deeper\nfed\n"
+    assert failing.exit_status == 4 and failing.error.message.endswith("nope")
+    assert failing.stderr == "nope\n"
+    assert as_json.output == {"n": 1}
+
+
+@settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    absolute=st.booleans(),
+    parts=st.lists(
+        st.sampled_from(["a.txt", "sub", "b.txt", "link-out", "dir-link", "..", ".", "", "x"]),
+        min_size=1,
+        max_size=6,
+    ),
+)
+def test_no_path_whatsoever_reaches_outside(
+    agent: World, monkeypatch: pytest.MonkeyPatch, absolute: bool, parts: list[str]
+) -> None:
+    """In-process fs.read over random paths: a refusal, or a file inside the mounts."""
+    mounts = [[str(agent.workspace), "/workspace", "rw"]]
+    monkeypatch.setenv("CTX_MOUNTS", json.dumps(mounts))
+    monkeypatch.setenv("CTX_CWD", "/workspace")
+    path = ("/workspace/" if absolute else "") + "/".join(parts)
+
+    try:
+        reply = fs_read.read({"path": path}, True)
+    except (ToolFailure, OSError):
+        return
+    assert reply.data["content"] in ("inside\n", "deeper\n")
+    assert ".." not in path.split("/")

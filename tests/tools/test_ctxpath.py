@@ -1,0 +1,175 @@
+"""CTX_PATH: left to right, executables only, controls from the winning directory (SPEC T-4)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cortexfs.errors import CtxError
+from cortexfs.policy import Identity
+from cortexfs.policy.linux import EXECUTE, permits
+from cortexfs.tools.ctxpath import human_search_path, read_tshrc, view_to_storage, which
+from tests.support.users import UnprivilegedUser
+from tests.tools.support import World
+
+CTX = [sys.executable, "-c", "from cortexfs.cli import main; main()"]
+
+
+def place(directory: Path, name: str, mode: int, *, controls: str | None = None) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / name
+    path.write_text(f"#!/bin/sh\necho {directory.name}\n")
+    path.chmod(mode)
+    if controls is not None:
+        (directory / f"{name}.d").mkdir()
+        (directory / f"{name}.d" / "description").write_text(controls)
+    return path
+
+
+def test_the_first_directory_holding_an_executable_wins(tmp_path: Path) -> None:
+    first, second = tmp_path / "first", tmp_path / "second"
+    place(first, "tool.x", 0o755)
+    place(second, "tool.x", 0o755)
+
+    found = which("tool.x", [first, second])
+
+    assert found is not None and found.directory == first
+
+
+def test_a_non_executable_earlier_file_is_not_a_hit(tmp_path: Path) -> None:
+    first, second = tmp_path / "first", tmp_path / "second"
+    place(first, "tool.x", 0o644)
+    place(second, "tool.x", 0o755)
+
+    found = which("tool.x", [first, second])
+
+    assert found is not None and found.directory == second
+    assert found.skipped == [f"{first / 'tool.x'}: not executable"]
+
+
+def test_controls_come_from_the_directory_that_held_the_executable(tmp_path: Path) -> None:
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    (first / "tool.x.d").mkdir()  # a .d in the wrong directory: it has no executable
+    place(second, "tool.x", 0o755, controls="the right one")
+
+    found = which("tool.x", [first, second])
+
+    assert found is not None and found.control_dir == second / "tool.x.d"
+    assert (found.control_dir / "description").read_text() == "the right one"
+
+
+@pytest.mark.parametrize("kind", ["symlink", "directory", "fifo"])
+def test_links_directories_and_special_files_are_not_hits(tmp_path: Path, kind: str) -> None:
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    real = place(second, "tool.x", 0o755)
+    if kind == "symlink":
+        (first / "tool.x").symlink_to(real)
+    elif kind == "directory":
+        (first / "tool.x").mkdir()
+    else:
+        os.mkfifo(first / "tool.x")
+
+    found = which("tool.x", [first, second])
+
+    assert found is not None and found.directory == second
+    assert "not a regular file" in found.skipped[0]
+
+
+def test_nothing_found_is_none_and_an_illegal_name_is_einval(tmp_path: Path) -> None:
+    assert which("tool.x", [tmp_path / "missing", tmp_path]) is None
+    with pytest.raises(CtxError) as refused:
+        which("../etc/passwd", [tmp_path])
+    assert refused.value.errno == 22
+
+
+def test_executable_means_executable_for_the_asking_identity(
+    tmp_path: Path, unprivileged_user: UnprivilegedUser
+) -> None:
+    first, second = tmp_path / "first", tmp_path / "second"
+    place(first, "tool.x", 0o700)  # root's alone
+    place(second, "tool.x", 0o755)
+    agent = Identity(unprivileged_user.uid, unprivileged_user.gid)
+
+    found = which(
+        "tool.x", [first, second], is_executable=lambda _p, st: permits(st, agent, EXECUTE)
+    )
+
+    assert found is not None and found.directory == second
+
+
+def test_search_path_sources_tshrc_then_environment_then_default(tmp_path: Path) -> None:
+    root = tmp_path / "storage"
+    home = root / "home" / "1000"
+    home.mkdir(parents=True)
+    default = human_search_path(root, uid=1000, environ={})
+    from_env = human_search_path(root, uid=1000, environ={"CTX_PATH": "/opt/a:/opt/b"})
+    (home / ".tshrc").write_text("# my tools first\nCTX_PATH=/ctx/home/1000/tool:/ctx/tool\n")
+    from_tshrc = human_search_path(root, uid=1000, environ={"CTX_PATH": "/opt/a"})
+
+    assert default.source == "default"
+    assert default.directories == (root / "tool", root / "home/1000/tool")
+    assert from_env.source == "CTX_PATH"
+    assert from_env.directories == (Path("/opt/a"), Path("/opt/b"))
+    assert from_tshrc.source == "/ctx/home/1000/.tshrc"
+    assert from_tshrc.directories == (root / "home/1000/tool", root / "tool")
+
+
+def test_ctx_home_moves_the_tshrc(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / ".tshrc").write_text("CTX_PATH=/opt/mine\n")
+
+    path = human_search_path(tmp_path, uid=1, environ={"CTX_HOME": str(elsewhere)})
+
+    assert path.directories == (Path("/opt/mine"),)
+
+
+def test_tshrc_is_data_never_code(tmp_path: Path) -> None:
+    witness = tmp_path / "witness"
+    rc = tmp_path / ".tshrc"
+    rc.write_text(f"CTX_PATH=/opt/x:$(touch {witness})\nSHELL_THING=`touch {witness}`\n")
+
+    value = read_tshrc(rc)
+
+    assert value == f"/opt/x:$(touch {witness})"
+    assert not witness.exists()
+    rc.write_text("this line has no equals sign\n")
+    with pytest.raises(CtxError, match=r"\.tshrc:1: expected key=value"):
+        read_tshrc(rc)
+
+
+def test_empty_and_relative_entries_are_ignored(tmp_path: Path) -> None:
+    path = human_search_path(tmp_path, uid=1, environ={"CTX_PATH": ":relative:/abs::."})
+
+    assert path.directories == (Path("/abs"),)
+
+
+def test_ctx_paths_map_onto_the_storage_root_when_ctx_is_not_mounted(tmp_path: Path) -> None:
+    if os.path.ismount("/ctx"):
+        pytest.skip("/ctx is mounted on this host")
+
+    assert view_to_storage(tmp_path, "/ctx/shared/p/tool") == tmp_path / "shared/p/tool"
+    assert view_to_storage(tmp_path, "/ctxother/tool") == Path("/ctxother/tool")
+
+
+def test_ctx_object_which(world: World, tmp_path: Path) -> None:
+    env = {**os.environ, "CTX_STORAGE": str(world.root), "CTX_HOME": str(tmp_path)}
+    env.pop("CTX_PATH", None)
+
+    found = subprocess.run([*CTX, "object", "which", "fs.read"], env=env, capture_output=True)
+    missing = subprocess.run([*CTX, "object", "which", "no.such"], env=env, capture_output=True)
+    detail = subprocess.run(
+        [*CTX, "object", "which", "--json", "fs.read"], env=env, capture_output=True
+    )
+
+    assert found.returncode == 0
+    assert found.stdout.decode().strip() == str(world.root / "tool/fs.read")
+    assert missing.returncode == 1 and b"ENOENT" in missing.stderr
+    assert json.loads(detail.stdout)["search_path"]["source"] == "default"

@@ -1,0 +1,242 @@
+"""Installing tools: complete pairs, atomic replacement, crash points, local state kept (T-8)."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cortexfs import durable, storage
+from cortexfs.policy import Policy
+from cortexfs.tools.controls import REQUIRED_FILES, ToolObject, layout_problems
+from cortexfs.tools.install import Tier, install_tool, list_tools, parse_tier, repair_tier
+from cortexfs.tools.manifest import Manifest, parse_manifest
+
+CTX = [sys.executable, "-c", "from cortexfs.cli import main; main()"]
+
+
+def version(scratch: Path, number: int, *, program: bool = False) -> tuple[Manifest, bytes]:
+    """Version ``number`` of tool ``probe``: its program and schema both name the version."""
+    document = probe_manifest(scratch, number)
+    if program:
+        document["program"] = {"type": "object"}
+    manifest = parse_manifest(document, source=scratch / f"probe-v{number}.json")
+    return manifest, Path(document["exec"]).read_bytes()
+
+
+def probe_manifest(scratch: Path, number: int) -> dict[str, Any]:
+    source = scratch / f"probe-v{number}"
+    source.write_text(f"#!/bin/sh\necho v{number}\n")
+    return {
+        "manifest": 2,
+        "kind": "tool",
+        "name": "probe",
+        "description": f"probe version {number}",
+        "schema": {"type": "object", "title": f"v{number}"},
+        "cap": {"side_effects": False, "network": False},
+        "exec": str(source),
+    }
+
+
+def installed_version(tool: ToolObject) -> str:
+    """The version of a complete pair; fails when the entry and the controls disagree."""
+    program = tool.executable.read_text().split()[-1]
+    schema = json.loads(tool.control("schema").read_text())["title"]
+    assert program == schema, f"entry {program} with controls {schema}"
+    return program
+
+
+@pytest.fixture
+def tier(tmp_path: Path) -> Tier:
+    root = tmp_path / "storage"
+    storage.ensure_root_abi(root)
+    return parse_tier(root, "system")
+
+
+def test_install_makes_a_complete_pair_that_grants_nothing(tier: Tier, tmp_path: Path) -> None:
+    manifest, program = version(tmp_path, 1)
+
+    installed = install_tool(tier, manifest, program)
+
+    tool = tier.tool("probe")
+    assert not installed.replaced and installed.path == tool.executable
+    assert layout_problems(tool) == []
+    assert os.stat(tool.executable).st_mode & 0o777 == 0o755
+    assert len(Policy.from_bytes(tool.control("policy").read_bytes())) == 0
+    assert tool.control("status").read_text() == "available\n"
+    assert json.loads(tool.control("origin").read_text())["manifest"].endswith("probe-v1.json")
+    assert sorted(os.listdir(tier.directory)) == ["probe", "probe.d"]
+
+
+def test_reinstall_replaces_the_version_and_keeps_local_state(tier: Tier, tmp_path: Path) -> None:
+    install_tool(tier, *version(tmp_path, 1, program=True))
+    tool = tier.tool("probe")
+    tool.control("policy").write_text("allow coder_t tool:probe execute\n")
+    tool.control("status").write_text("disabled\n")
+    tool.control("log").write_text('{"ts":"then"}\n')
+    (tool.control("hooks/pre.d") / "10-guard").write_text("#!/bin/sh\nexit 0\n")
+    (tool.control("notes")).write_text("the administrator's own file\n")
+
+    replaced = install_tool(tier, *version(tmp_path, 2))
+
+    assert replaced.replaced and installed_version(tool) == "v2"
+    assert tool.control("policy").read_text() == "allow coder_t tool:probe execute\n"
+    assert tool.control("status").read_text() == "disabled\n"
+    assert tool.control("log").read_text() == '{"ts":"then"}\n'
+    assert (tool.control("hooks/pre.d") / "10-guard").exists()
+    assert tool.control("notes").exists()
+    assert not tool.control("program").exists(), "v2 has no program control; v1's must go"
+    assert sorted(os.listdir(tier.directory)) == ["probe", "probe.d"]
+
+
+def test_a_reader_never_sees_an_entry_without_its_complete_controls(
+    tier: Tier, tmp_path: Path
+) -> None:
+    versions = [version(tmp_path, 1), version(tmp_path, 2)]
+    install_tool(tier, *versions[0])
+    stop = multiprocessing.Event()
+    violations = multiprocessing.Queue()
+    reader = multiprocessing.Process(
+        target=_read_until_stopped, args=(tier.tool("probe"), stop, violations)
+    )
+    reader.start()
+    try:
+        for round_number in range(60):
+            install_tool(tier, *versions[round_number % 2])
+    finally:
+        stop.set()
+        reader.join(30)
+    checked = violations.get(timeout=5)
+    assert checked == "ok", checked
+
+
+def _read_until_stopped(tool: ToolObject, stop: Any, violations: Any) -> None:
+    """Read as the runner does: controls between two looks at the same entry."""
+    consistent_reads = 0
+    while not stop.is_set() or consistent_reads == 0:
+        before = _identity(tool.executable)
+        problems = layout_problems(tool) if before else []
+        try:
+            program = tool.executable.read_text().split()[-1] if before else ""
+            schema = json.loads(tool.control("schema").read_text())["title"] if before else ""
+        except (OSError, ValueError) as exc:
+            program, schema = "?", str(exc)
+        if before is not None and before == _identity(tool.executable):
+            consistent_reads += 1
+            if problems or program != schema:
+                violations.put(f"entry {program} with controls {schema}: {problems}")
+                return
+    violations.put("ok")
+
+
+def _identity(path: Path) -> tuple[int, int, int] | None:
+    try:
+        status = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    return status.st_dev, status.st_ino, status.st_ctime_ns
+
+
+class _CrashAt(durable.FsOps):
+    """Real operations that kill the process just before the ``crash_at``-th mutation."""
+
+    MUTATIONS = ("mkdir", "rmdir", "unlink", "create_file", "write", "fsync", "link", "rename")
+
+    def __init__(self, crash_at: int) -> None:
+        super().__init__()
+        self.crash_at, self.count = crash_at, 0
+        for name in (*self.MUTATIONS, "rename_noreplace"):
+            setattr(self, name, self._counted(getattr(super(), name)))
+
+    def _counted(self, operation: Callable[..., Any]) -> Callable[..., Any]:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            self.count += 1
+            if self.count == self.crash_at:
+                os._exit(0)
+            return operation(*args, **kwargs)
+
+        return run
+
+
+def _mutations_of_an_install(tier: Tier, tmp_path: Path) -> int:
+    counter = _CrashAt(crash_at=0)
+    install_tool(tier, *version(tmp_path, 1))
+    install_tool(tier, *version(tmp_path, 2), ops=counter)
+    return counter.count
+
+
+def test_a_crash_at_any_point_of_a_reinstall_is_repaired_to_one_whole_version(
+    tmp_path: Path,
+) -> None:
+    first = parse_tier(_fresh_root(tmp_path, 0), "system")
+    crash_points = _mutations_of_an_install(first, tmp_path)
+    assert crash_points > 20
+    seen = set()
+    for crash_at in range(1, crash_points + 1):
+        tier = parse_tier(_fresh_root(tmp_path, crash_at), "system")
+        install_tool(tier, *version(tmp_path, 1))
+        tool = tier.tool("probe")
+        tool.control("policy").write_text("allow coder_t tool:probe execute\n")
+        tool.control("log").write_text("line\n")
+
+        pid = os.fork()
+        if pid == 0:  # the installer, killed in the middle
+            install_tool(tier, *version(tmp_path, 2), ops=_CrashAt(crash_at))
+            os._exit(3)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0, f"no crash at point {crash_at}"
+        if tool.executable.exists():
+            installed_version(tool)  # whatever a reader finds is one whole version
+
+        repair_tier(tier)
+
+        seen.add(installed_version(tool))
+        assert layout_problems(tool) == [], crash_at
+        assert tool.control("policy").read_text() == "allow coder_t tool:probe execute\n"
+        assert tool.control("log").read_text() == "line\n"
+        assert sorted(os.listdir(tier.directory)) == ["probe", "probe.d"], crash_at
+    assert seen == {"v1", "v2"}
+
+
+def _fresh_root(tmp_path: Path, number: int) -> Path:
+    root = tmp_path / f"root-{number}"
+    storage.ensure_root_abi(root)
+    return root
+
+
+def test_ctx_object_install_list_and_tiers(tmp_path: Path) -> None:
+    root = tmp_path / "storage"
+    storage.ensure_root_abi(root)
+    manifest_path = tmp_path / "probe.json"
+    manifest_path.write_text(json.dumps(probe_manifest(tmp_path, 1)))
+    install = [*CTX, "object", "install", str(manifest_path), "--tier"]
+
+    system = _run([*install, "system", "--source", str(root)])
+    user = _run([*install, "user", "--storage", str(root)])
+    shared = _run([*install, "shared:nope", "--storage", str(root)])
+    bad_tier = _run([*install, "moon", "--storage", str(root)])
+    listed = _run([*CTX, "object", "list", "--storage", str(root), "--json"])
+
+    assert system.returncode == 0 and "installed probe in tier system" in system.stdout
+    assert user.returncode == 0 and (root / f"home/{os.getuid()}/tool/probe.d/schema").exists()
+    assert shared.returncode == 1 and "ENOENT" in shared.stderr
+    assert "ctx shared create" in shared.stderr
+    assert bad_tier.returncode == 1 and "EINVAL: unknown tier" in bad_tier.stderr
+    rows = json.loads(listed.stdout)
+    assert [(row["name"], row["tier"], row["status"]) for row in rows] == [
+        ("probe", "system", "available"),
+        ("probe", "user", "available"),
+    ]
+    assert [listing.name for listing in list_tools([parse_tier(root, "system")])] == ["probe"]
+    assert set(REQUIRED_FILES) <= set(os.listdir(root / "tool/probe.d"))
+
+
+def _run(command: list[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(command, capture_output=True, text=True)

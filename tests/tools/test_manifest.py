@@ -1,0 +1,137 @@
+"""v2 manifests: valid ones load, invalid ones are refused with every reason (SPEC T-8, M-3)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cortexfs.tools.manifest import ManifestError, load_manifest
+
+CTX = [sys.executable, "-c", "from cortexfs.cli import main; main()"]
+
+
+def manifest(tmp_path: Path, **fields: Any) -> Path:
+    program = tmp_path / "program"
+    program.write_text("#!/bin/sh\ncat\n")
+    document = {
+        "manifest": 2,
+        "kind": "tool",
+        "name": "text.upper",
+        "description": "Upper-cases its input.",
+        "schema": {"type": "object", "properties": {"text": {"type": "string"}}},
+        "cap": {"side_effects": False, "network": False},
+        "exec": "program",
+    }
+    document.update(fields)
+    for key in [key for key, value in document.items() if value is None]:
+        del document[key]
+    path = tmp_path / "text.upper.manifest.json"
+    path.write_text(json.dumps(document))
+    return path
+
+
+def problems_of(path: Path) -> tuple[str, ...]:
+    with pytest.raises(ManifestError) as refused:
+        load_manifest(path)
+    assert refused.value.errno == 22
+    return refused.value.problems
+
+
+def test_a_valid_manifest_loads_with_exec_relative_to_the_manifest(tmp_path: Path) -> None:
+    loaded = load_manifest(manifest(tmp_path, program={"type": "object"}))
+
+    assert loaded.name == "text.upper"
+    assert loaded.exec_path == tmp_path / "program"
+    assert set(loaded.controls()) == {"name", "description", "schema", "cap", "program"}
+    assert "policy" not in loaded.controls()
+
+
+def test_every_problem_is_listed_not_just_the_first(tmp_path: Path) -> None:
+    path = manifest(
+        tmp_path,
+        manifest=1,
+        name="../escape",
+        description="",
+        schema={"type": "no-such-type"},
+        cap={"side_effects": "yes"},
+        exec="missing-program",
+        policy="allow x_t tool:y execute",
+    )
+
+    problems = problems_of(path)
+
+    joined = "\n".join(problems)
+    for expected in (
+        "manifest: 2 was expected",
+        "policy' was unexpected",
+        "description",
+        "side_effects",
+        "network' is a required property",
+        "name: '../escape'",
+        "schema is not a valid JSON Schema",
+        "missing-program: No such file or directory",
+    ):
+        assert expected in joined, f"{expected!r} not in {problems}"
+    assert len(problems) >= 8
+
+
+@pytest.mark.parametrize(
+    ("fields", "fragment"),
+    [
+        ({"exec": None}, "exactly one of 'exec'"),
+        (
+            {"mcp": {"transport": "stdio", "config": "/c.json", "server": "gh", "tool": "x"}},
+            "exactly one of 'exec'",
+        ),
+        ({"program": {"type": 5}}, "program is not a valid JSON Schema"),
+        ({"schema": ["not", "an", "object"]}, "schema: ['not', 'an', 'object'] is not of type"),
+        ({"name": "tool.d"}, "reserved for control directories"),
+        ({"kind": "agent"}, "kind: 'tool' was expected"),
+    ],
+)
+def test_one_problem_each(tmp_path: Path, fields: dict[str, Any], fragment: str) -> None:
+    assert any(fragment in problem for problem in problems_of(manifest(tmp_path, **fields)))
+
+
+def test_an_mcp_backed_tool_is_named_server_dot_tool(tmp_path: Path) -> None:
+    locator = {"transport": "stdio", "config": "/etc/m.json", "server": "github", "tool": "search"}
+
+    wrong = problems_of(manifest(tmp_path, exec=None, mcp=locator, name="search"))
+    right = load_manifest(manifest(tmp_path, exec=None, mcp=locator, name="github.search"))
+
+    assert any("'github.search' (M-3)" in problem for problem in wrong)
+    assert right.mcp == locator and right.exec_path is None
+
+
+def test_a_file_that_is_not_json_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "broken.json"
+    path.write_text("{not json")
+
+    assert problems_of(path)[0].startswith("not JSON")
+
+
+def test_ctx_object_check_exit_status_and_one_line_per_problem(tmp_path: Path) -> None:
+    good = manifest(tmp_path)
+    bad_dir = tmp_path / "bad"
+    bad_dir.mkdir()
+    bad = manifest(bad_dir, name="", exec="nope")
+
+    passed = subprocess.run([*CTX, "object", "check", str(good)], capture_output=True, text=True)
+    failed = subprocess.run(
+        [*CTX, "object", "check", str(good), str(bad)], capture_output=True, text=True
+    )
+    as_json = subprocess.run(
+        [*CTX, "object", "check", "--json", str(bad)], capture_output=True, text=True
+    )
+
+    assert passed.returncode == 0 and "valid (text.upper)" in passed.stdout
+    assert failed.returncode == 1
+    lines = failed.stderr.splitlines()
+    assert len(lines) >= 2 and all(line.startswith(f"{bad}: EINVAL: ") for line in lines)
+    report = json.loads(as_json.stdout)
+    assert report[0]["valid"] is False and len(report[0]["problems"]) == len(lines)

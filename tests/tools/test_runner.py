@@ -1,0 +1,277 @@
+"""The tool runner end to end: real executables, a real second uid, real process groups."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from cortexfs.shared.sessions import SessionRef
+from cortexfs.shared.spaces import create_shared_space
+from cortexfs.tools.runner import run_native, run_terminal
+from tests.tools.support import World, effective_user
+
+CTX = [sys.executable, "-c", "from cortexfs.cli import main; main()"]
+
+WHOAMI = """#!/bin/sh
+# Reports who it runs as, what it was given, and where.
+read -r input
+printf '{"uid": %s, "gid": %s, "groups": "%s", "input": %s, "cwd": "%s", "argc": %s}\\n' \
+    "$(id -u)" "$(id -g)" "$(id -G)" "$input" "$(pwd)" "$#"
+"""
+
+ARGV = """#!/bin/sh
+# Terminal mode: prints its argv one per line, then copies stdin.
+for word in "$@"; do printf '[%s]\\n' "$word"; done
+cat
+exit 7
+"""
+
+
+@pytest.fixture
+def coder(world: World) -> World:
+    world.install("whoami", WHOAMI)
+    world.install("argv", ARGV)
+    world.agent("coder", tools=["whoami", "argv", "fs.read"])
+    for tool in ("whoami", "argv", "fs.read"):
+        world.allow_tool(tool)
+    return world
+
+
+def test_native_call_runs_as_the_agents_uid_gid_and_groups(coder: World) -> None:
+    extra_group = 4242
+    coder.agent("grouped", tools=["whoami"], groups=[extra_group])
+    coder.allow_tool("whoami", "grouped_t")
+
+    result = coder.run("whoami", {"n": 1}, agent="grouped")
+
+    assert result.ok, result.error
+    assert result.output["uid"] == coder.user.uid != os.geteuid()
+    assert result.output["gid"] == coder.user.gid
+    assert result.output["groups"].split() == [str(coder.user.gid), str(extra_group)]
+    assert result.output["input"] == {"n": 1}
+    assert result.output["cwd"] == str(coder.workspace)
+    assert result.output["argc"] == 0
+
+
+def test_the_kernel_enforces_mode_bits_for_the_agent(coder: World) -> None:
+    secret = coder.workspace / "secret.txt"
+    secret.write_text("root only\n")
+    os.chown(secret, 0, 0)
+    secret.chmod(0o600)
+    (coder.workspace / "open.txt").write_text("anyone\n")
+
+    denied = coder.run("fs.read", {"path": "secret.txt"})
+    allowed = coder.run("fs.read", {"path": "/workspace/open.txt"})
+
+    assert denied.status == "error" and denied.error.errno == errno.EACCES
+    assert denied.error.stage == "exit" and denied.exit_status == 1
+    assert allowed.ok and allowed.output["content"] == "anyone\n"
+
+
+def test_every_call_is_recorded_as_tool_call_and_tool_result(coder: World) -> None:
+    result = coder.run("whoami", {"password": "hunter2", "note": "x" * 500})
+
+    events = [event for event in coder.events() if event["call"] == result.call]
+    assert [event["type"] for event in events] == ["tool_call", "tool_result"]
+    for event in events:
+        assert list(event)[:6] == ["ts", "type", "agent", "session", "object", "status"]
+        assert event["agent"] == "coder" and event["session"] == "default"
+        assert event["object"] == "tool/whoami"
+    assert events[0]["status"] == "requested"
+    assert events[0]["input"]["password"] == "[redacted]"
+    assert len(events[0]["input"]["note"]) < 300
+    assert events[1]["status"] == "ok" and events[1]["exit_status"] == 0
+    log = [line for line in coder.tool_log("whoami") if line["call"] == result.call]
+    assert len(log) == 1 and log[0]["status"] == "ok" and log[0]["agent"] == "coder"
+    assert "hunter2" not in (coder.root / "tool/whoami.d/log").read_text()
+
+
+def test_native_input_is_validated_against_the_schema(coder: World) -> None:
+    result = coder.run("fs.read", {"path": 42})
+
+    assert result.status == "error" and result.exit_status is None
+    assert result.error.errno == errno.EINVAL and result.error.stage == "schema"
+    assert "/path" in result.error.message
+    assert coder.events()[-1]["stage"] == "schema"
+
+
+def test_observer_receives_call_stderr_and_result_frames(coder: World) -> None:
+    coder.install("noisy", "#!/bin/sh\necho one >&2\necho two >&2\necho '{\"done\": true}'\n")
+    coder.agent("loud", tools=["noisy"])
+    coder.allow_tool("noisy", "loud_t")
+    frames: list[dict[str, object]] = []
+
+    result = coder.run("noisy", {}, agent="loud", observer=frames.append)
+
+    assert [frame["type"] for frame in frames] == ["call", "stderr", "stderr", "result"]
+    assert [frame.get("text") for frame in frames[1:3]] == ["one", "two"]
+    assert frames[-1]["output"] == {"done": True} == result.output
+    assert frames[0]["pid"] > 0
+
+
+def test_a_timeout_kills_the_whole_process_group(coder: World) -> None:
+    pid_file = coder.workspace / "grandchild.pid"
+    coder.install("sleeper", f"#!/bin/sh\nsleep 300 &\necho $! > {pid_file}\nwait\n", schema={})
+    coder.agent("slow", tools=["sleeper"])
+    coder.allow_tool("sleeper", "slow_t")
+
+    started = time.monotonic()
+    result = coder.run("sleeper", {}, agent="slow", timeout=1.0)
+
+    assert time.monotonic() - started < 10
+    assert result.error.errno == errno.ETIMEDOUT and result.error.stage == "run"
+    grandchild = int(pid_file.read_text())
+    assert _gone(grandchild), "the tool's background child outlived the call"
+
+
+def test_a_tool_exiting_with_a_straggler_still_returns_and_the_straggler_is_killed(
+    coder: World,
+) -> None:
+    pid_file = coder.workspace / "straggler.pid"
+    coder.install("quitter", f"#!/bin/sh\nsleep 300 &\necho $! > {pid_file}\necho '{{}}'\n")
+    coder.agent("quick", tools=["quitter"])
+    coder.allow_tool("quitter", "quick_t")
+
+    result = coder.run("quitter", {}, agent="quick", timeout=60)
+
+    assert result.ok and result.timings["run"] < 10_000
+    assert _gone(int(pid_file.read_text()))
+
+
+def test_terminal_mode_keeps_argv_inherits_stdio_and_returns_the_exit_status(
+    coder: World,
+) -> None:
+    probe = (
+        "from pathlib import Path; from cortexfs.tools.runner import run_terminal; "
+        f"r = run_terminal(Path({str(coder.root)!r}), 'coder', 'argv', ['a b', '', '-x']); "
+        "print('exit', r.exit_status)"
+    )
+    completed = subprocess.run(
+        [sys.executable, "-c", probe], input="from stdin\n", capture_output=True, text=True
+    )
+
+    assert completed.stdout == "[a b]\n[]\n[-x]\nfrom stdin\nexit 7\n", completed.stderr
+    result_event = coder.events()[-1]
+    assert result_event["status"] == "error" and result_event["exit_status"] == 7
+    assert coder.events()[-2]["argv"] == ["a b", "", "-x"]
+
+
+def test_terminal_mode_accepts_an_empty_argv(coder: World) -> None:
+    result = run_terminal(coder.root, "coder", "argv", [], timeout=30)
+
+    assert result.exit_status == 7 and result.error.stage == "exit"
+
+
+def test_ctx_run_terminal_exit_statuses(coder: World) -> None:
+    base = [*CTX, "--storage", str(coder.root), "run", "--agent", "coder"]
+
+    found = subprocess.run([*base, "argv", "--flag"], capture_output=True, text=True, input="")
+    missing = subprocess.run([*base, "nosuch"], capture_output=True, text=True)
+    refused = subprocess.run([*base, "fs.stat", "x"], capture_output=True, text=True)
+
+    assert (found.returncode, found.stdout) == (7, "[--flag]\n")
+    assert missing.returncode == 127 and "ENOENT" in missing.stderr
+    assert refused.returncode == 126 and "step 5 (object policy)" in refused.stderr
+
+
+def test_ctx_run_native_prints_jsonl_frames(coder: World) -> None:
+    command = [*CTX, "--storage", str(coder.root), "run", "--agent", "coder", "--native"]
+
+    ok = subprocess.run([*command, "whoami"], input='{"k": 2}', capture_output=True, text=True)
+    bad = subprocess.run([*command, "whoami"], input="not json", capture_output=True, text=True)
+
+    frames = [json.loads(line) for line in ok.stdout.splitlines()]
+    assert ok.returncode == 0
+    assert [frame["type"] for frame in frames] == ["call", "result"]
+    assert frames[-1]["status"] == "ok" and frames[-1]["output"]["input"] == {"k": 2}
+    assert bad.returncode == 2 and "EINVAL" in bad.stderr
+
+
+def test_only_the_host_administrator_may_run_a_tool_as_an_agent(coder: World) -> None:
+    before = (coder.root / "tool/whoami.d/log").read_bytes()
+
+    with effective_user(coder.user):
+        result = coder.run("whoami", {})
+
+    assert result.error.errno == errno.EACCES and result.error.stage == "caller"
+    assert "host administrator" in result.error.message
+    assert result.exit_status is None
+    assert (coder.root / "tool/whoami.d/log").read_bytes() == before
+
+
+def test_an_unknown_agent_or_tool_is_enoent(coder: World) -> None:
+    no_agent = coder.run("whoami", {}, agent="ghost")
+    no_tool = coder.run("ghost", {})
+
+    assert (no_agent.error.errno, no_agent.error.stage) == (errno.ENOENT, "agent")
+    assert (no_tool.error.errno, no_tool.error.stage) == (errno.ENOENT, "resolve")
+    assert coder.events()[-1]["object"] == "tool/ghost"
+
+
+def test_a_disabled_tool_is_refused(coder: World) -> None:
+    (coder.root / "tool/whoami.d/status").write_text("disabled\n")
+
+    result = coder.run("whoami", {})
+
+    assert result.error.errno == errno.EACCES and "disabled" in result.error.message
+
+
+def test_a_malformed_program_control_makes_the_tool_unavailable(coder: World) -> None:
+    (coder.root / "tool/whoami.d/program").write_text('{"type": 12}')
+
+    result = coder.run("whoami", {})
+
+    assert result.error.errno == errno.EACCES and "unavailable" in result.error.message
+
+
+def test_calls_in_a_shared_space_session_need_the_space_to_be_readable(world: World) -> None:
+    create_shared_space(world.root, "proj", gid=world.user.gid)
+    world.agent("member", tools=["fs.list"], shared={"proj": ["read"]})
+    world.agent("outsider", tools=["fs.list"])
+    world.allow_tool("fs.list", "member_t")
+    world.allow_tool("fs.list", "outsider_t")
+
+    member = run_native(
+        world.root, "member", "fs.list", {}, session=SessionRef.shared(world.root, "proj", "member")
+    )
+    outsider = run_native(
+        world.root,
+        "outsider",
+        "fs.list",
+        {},
+        session=SessionRef.shared(world.root, "proj", "outsider"),
+    )
+
+    assert member.ok, member.error
+    events = world.root / "shared/proj/agent/member/session/default/events.jsonl"
+    assert [json.loads(line)["type"] for line in events.read_text().splitlines()] == [
+        "tool_call",
+        "tool_result",
+    ]
+    assert outsider.error.stage == "session" and outsider.error.step == 5
+    assert not (world.root / "shared/proj/agent/outsider").exists()
+
+
+def test_a_session_of_another_agent_is_refused(coder: World) -> None:
+    result = coder.run("whoami", {}, session=SessionRef.home(coder.root, 1, "other"))
+
+    assert result.error.errno == errno.EINVAL
+
+
+def _gone(pid: int) -> bool:
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.05)
+    return False
