@@ -242,20 +242,13 @@ def move_strategy_for(ops: FsOps, dir_fd: int) -> str:
     return ops.move_strategy or default_move_strategy(dir_fd)
 
 
-def move_noreplace(
-    ops: FsOps,
-    src_dir: int,
-    src: str,
-    dst_dir: int,
-    dst: str,
-    *,
-    sync_with_dst: Sequence[int] = (),
-) -> None:
+def move_noreplace(ops: FsOps, src_dir: int, src: str, dst_dir: int, dst: str) -> None:
     """Move ``src`` to ``dst`` without ever replacing ``dst`` (EEXIST if it exists), durably.
 
     On return both names' directories are synced: ``dst`` exists, ``src`` does not, and no
-    crash can undo that.  ``sync_with_dst`` lists directories whose entries must be durable
-    before the source name may disappear (e.g. a directory just created to hold ``dst``).
+    crash can undo that.  A directory made to hold ``dst`` must already be durable
+    (:func:`make_dir_synced`): a rename may reach the disk before the ``mkdir`` of its
+    destination, which would leave the file in a directory no name leads to.
 
     What a crash *during* the call can leave depends on the strategy:
 
@@ -263,12 +256,10 @@ def move_noreplace(
     * ``link``: ``dst`` is synced before ``src`` is unlinked, so at least one name survives,
       possibly both (two links to one inode), never neither.
     """
-    move_noreplace_batch(ops, [Move(src_dir, src, dst_dir, dst)], sync_with_dst=sync_with_dst)
+    move_noreplace_batch(ops, [Move(src_dir, src, dst_dir, dst)])
 
 
-def move_noreplace_batch(
-    ops: FsOps, moves: Sequence[Move], *, sync_with_dst: Sequence[int] = ()
-) -> list[OSError | None]:
+def move_noreplace_batch(ops: FsOps, moves: Sequence[Move]) -> list[OSError | None]:
     """:func:`move_noreplace` for many names with one barrier per directory (group commit).
 
     Returns one entry per move: None when it moved, the OSError otherwise (EEXIST when the
@@ -298,7 +289,7 @@ def move_noreplace_batch(
                 raise
             outcomes.append(exc)
     done = [m for m, outcome in zip(moves, outcomes, strict=True) if outcome is None]
-    sync_dirs(ops, [*(m.dst_dir for m in done), *sync_with_dst])
+    sync_dirs(ops, [m.dst_dir for m in done])
     if strategy == MOVE_LINK:
         # The new names are durable; only now may the old ones go.
         for move in done:

@@ -17,11 +17,12 @@ directories it touched before the next step may depend on it (Q-7)::
     publish   write inbox/tmp, fsync it            a name never shows half a request (I-2)
               move inbox/tmp -> pending/J          no-replace: never overwrite evidence (Q-1)
               sync pending/, inbox/                then, and only then, report success
-    claim     mkdir claimed/J                      the one arbitration point; EEXIST = lost (Q-2)
+    claim     mkdir claimed/J, sync claimed/       the one arbitration point; EEXIST = lost (Q-2)
               move pending/J -> claimed/J/J
-              sync claimed/J, claimed/, pending/   the claim is durable ...
-    lease     mkdir lease/J, move inbox/tmp -> lease/J/worker
-              sync lease/J, lease/, inbox/         ... before the lease exists (Q-3); execution
+              sync claimed/J, pending/             the claim is durable ...
+    lease     mkdir lease/J, sync lease/
+              move inbox/tmp -> lease/J/worker
+              sync lease/J, inbox/                 ... before the lease exists (Q-3); execution
                                                    may start only now (I-4)
     finish    write inbox/tmp, fsync; move -> done/J.result; sync   result first (Q-4) ...
               move claimed/J/J -> done/J; sync     ... then the request: the terminal pair
@@ -216,9 +217,9 @@ def claim_job(queue: Queue, job: str, holder: Holder, ttl: float | None = None) 
     if not _is_regular(lstat_at(queue.pending, job)):
         return None
     ops.step("claim.mkdir")
-    try:
-        ops.mkdir(job, queue.claimed, 0o775)
-    except FileExistsError:
+    # Durable before anything moves into it: a rename may reach the disk ahead of the
+    # mkdir of its destination directory, and the request would then be unreachable (I-1).
+    if not durable.make_dir_synced(ops, queue.claimed, job, 0o775):
         return None
     claim_fd = queue.open_job_dir("claimed", job)
     try:
@@ -234,9 +235,7 @@ def claim_job(queue: Queue, job: str, holder: Holder, ttl: float | None = None) 
             return None
         ops.step("claim.move")
         try:
-            durable.move_noreplace(
-                ops, queue.pending, job, claim_fd, job, sync_with_dst=[queue.claimed]
-            )
+            durable.move_noreplace(ops, queue.pending, job, claim_fd, job)
         except FileNotFoundError:
             _abandon_claim_dir(queue, job)
             return None
@@ -260,9 +259,7 @@ def _write_lease(queue: Queue, job: str, lease: Lease) -> None:
     ops.step("lease.write")
     durable.write_file_synced(ops, queue.inbox, temp, lease.encode())
     ops.step("lease.mkdir")
-    try:
-        ops.mkdir(job, queue.lease, 0o775)
-    except FileExistsError:
+    if not durable.make_dir_synced(ops, queue.lease, job, 0o775):
         _discard_temp(queue, temp)
         raise CtxError(
             errno.EEXIST, f"lease/{job} appeared during the claim; run 'ctx queue recover'"
@@ -270,9 +267,7 @@ def _write_lease(queue: Queue, job: str, lease: Lease) -> None:
     lease_fd = queue.open_job_dir("lease", job)
     try:
         ops.step("lease.move")
-        durable.move_noreplace(
-            ops, queue.inbox, temp, lease_fd, LEASE_FILE, sync_with_dst=[queue.lease]
-        )
+        durable.move_noreplace(ops, queue.inbox, temp, lease_fd, LEASE_FILE)
     finally:
         ops.close(lease_fd)
 
