@@ -13,7 +13,9 @@ or an object's ``log`` (docs/sessions.md states it for users):
   secret-naming option (``--password X``) is redacted;
 * a string longer than :data:`MAX_TEXT` characters keeps its first :data:`MAX_TEXT` and says
   how many it dropped; a list keeps :data:`MAX_ITEMS` items; nesting deeper than
-  :data:`MAX_DEPTH` is elided.
+  :data:`MAX_DEPTH` is elided;
+* a summary whose JSON is still longer than :data:`MAX_SUMMARY_BYTES` is replaced by a note
+  of its size, so one event stays one short line.
 
 Policy v0 has no class for logging, so this rule holds for every caller; a tool that needs
 the whole payload recorded writes it to a file of its own.
@@ -21,6 +23,7 @@ the whole payload recorded writes it to a file of its own.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -29,6 +32,7 @@ REDACTED = "[redacted]"
 MAX_TEXT = 200
 MAX_ITEMS = 20
 MAX_DEPTH = 6
+MAX_SUMMARY_BYTES = 8 * 1024
 
 _SECRET_WORDS = (
     "password",
@@ -51,6 +55,13 @@ _KEY_CHARACTERS = re.compile(r"[^a-z0-9]")
 def is_secret_key(key: str) -> bool:
     normalised = _KEY_CHARACTERS.sub("", key.lower())
     return any(word in normalised for word in _SECRET_WORDS)
+
+
+def bounded_summary(value: Any) -> Any:
+    """:func:`summarize`, then a size note instead when even that is too long."""
+    summary = summarize(value)
+    size = len(json.dumps(summary, ensure_ascii=False))
+    return summary if size <= MAX_SUMMARY_BYTES else f"[summary of {size} bytes elided]"
 
 
 def summarize(value: Any, depth: int = 0) -> Any:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from cortexfs.shared.events import EventLog, make_event
-from cortexfs.shared.redact import summarize, summarize_argv
+from cortexfs.shared.redact import bounded_summary, summarize, summarize_argv
 from cortexfs.shared.sessions import Session
 from cortexfs.tools.result import ToolResult
 
@@ -37,7 +37,7 @@ def request_facts(
     if argv is not None:
         facts["argv"] = summarize_argv(argv)
     else:
-        facts["input"] = summarize(input_value)
+        facts["input"] = bounded_summary(input_value)
     return facts
 
 
@@ -55,7 +55,7 @@ def result_facts(result: ToolResult) -> dict[str, Any]:
             message=summarize(result.error.message),
         )
     if result.output is not None:
-        facts["output"] = summarize(result.output)
+        facts["output"] = bounded_summary(result.output)
     if result.post_hooks:
         facts["post_hooks"] = result.post_hooks
     return facts

@@ -1,0 +1,238 @@
+"""events.jsonl: one line per event, concurrent appenders, torn lines, repair (SPEC S-2, S-5)."""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import multiprocessing
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from cortexfs import durable
+from cortexfs.errors import CtxError
+from cortexfs.shared.events import (
+    MAX_EVENT_BYTES,
+    EventLog,
+    append_event,
+    encode_event,
+    make_event,
+    read_events,
+    repair,
+    scan_lines,
+)
+
+WRITERS = 8
+EVENTS_PER_WRITER = 10_000
+
+
+def _append_many(path: Path, writer: int, count: int, durable_events: bool) -> None:
+    with EventLog(path) as log:
+        for sequence in range(count):
+            # Sizes vary from tens of bytes to several pages, so a torn or interleaved
+            # write would show up as a line that does not parse.
+            padding = "x" * ((sequence * 7919 + writer * 104729) % 2500)
+            event = make_event(
+                "probe",
+                agent="a",
+                session="s",
+                object="tool/t",
+                status="ok",
+                writer=writer,
+                sequence=sequence,
+                padding=padding,
+            )
+            log.append(event, durable_event=durable_events)
+
+
+def _run_writers(path: Path, count: int, durable_events: bool) -> None:
+    context = multiprocessing.get_context("fork")
+    writers = [
+        context.Process(target=_append_many, args=(path, writer, count, durable_events))
+        for writer in range(WRITERS)
+    ]
+    for process in writers:
+        process.start()
+    for process in writers:
+        process.join(300)
+        assert process.exitcode == 0
+
+
+def _assert_every_line_whole_and_in_order(path: Path, count: int) -> None:
+    lines = path.read_bytes().split(b"\n")
+    assert lines[-1] == b"", "the file ends with a complete line"
+    seen: dict[int, list[int]] = {writer: [] for writer in range(WRITERS)}
+    for line in lines[:-1]:
+        event = json.loads(line)  # every line is exactly one whole event
+        assert len(event["padding"]) == (event["sequence"] * 7919 + event["writer"] * 104729) % 2500
+        seen[event["writer"]].append(event["sequence"])
+    for writer, sequences in seen.items():
+        assert sequences == list(range(count)), f"writer {writer} lost or reordered events"
+
+
+def test_eight_processes_appending_ten_thousand_events_each(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+
+    _run_writers(path, EVENTS_PER_WRITER, durable_events=False)
+
+    _assert_every_line_whole_and_in_order(path, EVENTS_PER_WRITER)
+    assert len(read_events(path).events) == WRITERS * EVENTS_PER_WRITER
+
+
+def test_durable_concurrent_appends(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+
+    _run_writers(path, 250, durable_events=True)
+
+    _assert_every_line_whole_and_in_order(path, 250)
+
+
+class _CountingOps(durable.FsOps):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fsyncs: list[int] = []
+
+    def fsync(self, fd: int) -> None:
+        self.fsyncs.append(fd)
+        super().fsync(fd)
+
+
+def test_a_durable_event_is_fsynced_before_append_returns(tmp_path: Path) -> None:
+    ops = _CountingOps()
+    log = EventLog(tmp_path / "events.jsonl", ops=ops)
+    created_syncs = len(ops.fsyncs)  # the new file's name is made durable too
+
+    log.append(make_event("a", agent="x", session="s", object="o", status="ok"))
+    after_plain = len(ops.fsyncs)
+    log.append(make_event("b", agent="x", session="s", object="o", status="ok"), durable_event=True)
+    log.close()
+
+    assert created_syncs == 1
+    assert after_plain == created_syncs
+    assert len(ops.fsyncs) == created_syncs + 1
+
+
+def test_the_minimal_event_shape_of_s2(tmp_path: Path) -> None:
+    event = make_event(
+        "tool_call", agent="coder", session="default", object="tool/fs.read", status="ok", n=1
+    )
+
+    line = encode_event(event)
+
+    assert list(json.loads(line)) == ["ts", "type", "agent", "session", "object", "status", "n"]
+    assert line.startswith(b'{"ts":"') and line.endswith(b"\n") and line.count(b"\n") == 1
+    assert json.loads(line)["ts"].endswith("Z")
+
+
+def test_events_must_start_with_ts_and_stay_small() -> None:
+    with pytest.raises(CtxError) as no_ts:
+        encode_event({"type": "x", "ts": "later"})
+    huge = make_event(
+        "x", agent="a", session="s", object="o", status="ok", blob="y" * MAX_EVENT_BYTES
+    )
+    with pytest.raises(CtxError) as too_big:
+        encode_event(huge)
+
+    assert no_ts.value.errno == errno.EINVAL
+    assert too_big.value.errno == errno.EFBIG
+
+
+def test_a_torn_last_line_is_ignored_by_readers_and_truncated_by_repair(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    for number in range(3):
+        append_event(path, make_event("e", agent="a", session="s", object="o", status=str(number)))
+    whole = path.read_bytes()
+    with open(path, "ab") as handle:
+        handle.write(b'{"ts":"2026-01-01T00:00:00Z","type":"torn","ag')
+
+    scan = read_events(path)
+    removed = repair(path)
+
+    assert [event["status"] for event in scan.events] == ["0", "1", "2"]
+    assert scan.torn_tail == len(b'{"ts":"2026-01-01T00:00:00Z","type":"torn","ag')
+    assert scan.end == len(whole)
+    assert removed == scan.torn_tail
+    assert path.read_bytes() == whole
+    assert repair(path) == 0
+
+
+def test_an_event_glued_to_an_unrepaired_torn_line_is_still_read(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    append_event(path, make_event("e", agent="a", session="s", object="o", status="before"))
+    with open(path, "ab") as handle:
+        handle.write(b'{"ts":"2026-01-01T00:00:00Z","type":"to')  # the crash
+    append_event(path, make_event("e", agent="a", session="s", object="o", status="after"))
+
+    scan = read_events(path)
+
+    assert [event["status"] for event in scan.events] == ["before", "after"]
+    assert scan.damaged == [] and scan.torn_tail == 0
+
+
+def test_repair_waits_for_an_append_in_flight(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    path.write_bytes(b'{"ts":"x","type":"half')
+    appender = os.open(path, os.O_WRONLY | os.O_APPEND)
+    fcntl.flock(appender, fcntl.LOCK_SH)  # an appender between its flock and its write
+    finished = threading.Event()
+    repairing = threading.Thread(target=lambda: (repair(path), finished.set()))
+
+    repairing.start()
+    time.sleep(0.3)
+    blocked = not finished.is_set()
+    os.write(appender, b'"}\n')  # the append completes the line
+    fcntl.flock(appender, fcntl.LOCK_UN)
+    repairing.join(10)
+    os.close(appender)
+
+    assert blocked, "repair must wait for appends holding the shared lock"
+    assert path.read_bytes() == b'{"ts":"x","type":"half"}\n'
+
+
+@pytest.mark.parametrize("kind", ["symlink", "fifo"])
+def test_appending_to_something_other_than_a_regular_file_is_refused(
+    tmp_path: Path, kind: str
+) -> None:
+    path = tmp_path / "events.jsonl"
+    if kind == "symlink":
+        (tmp_path / "elsewhere").write_text("")
+        path.symlink_to(tmp_path / "elsewhere")
+    else:
+        os.mkfifo(path)
+
+    with pytest.raises(CtxError) as refused:
+        EventLog(path)
+
+    assert refused.value.errno == errno.EINVAL
+    assert not (tmp_path / "elsewhere").exists() or (tmp_path / "elsewhere").read_text() == ""
+
+
+_EVENTS = st.lists(
+    st.fixed_dictionaries({"status": st.text(max_size=30), "n": st.integers()}),
+    min_size=1,
+    max_size=8,
+)
+
+
+@given(events=_EVENTS, glue_before=st.integers(min_value=0), cut=st.integers(min_value=1))
+def test_readers_recover_every_whole_event_around_a_torn_fragment(
+    events: list[dict[str, object]], glue_before: int, cut: int
+) -> None:
+    lines = [
+        encode_event(make_event("e", agent="a", session="s", object="o", **event))
+        for event in events
+    ]
+    victim = lines[glue_before % len(lines)]
+    fragment = victim[: 1 + cut % (len(victim) - 1)]  # a strict prefix: no newline
+    position = glue_before % len(lines)
+    data = b"".join(lines[:position]) + fragment + b"".join(lines[position:])
+
+    recovered = scan_lines(data).events
+
+    assert [event["n"] for event in recovered] == [event["n"] for event in events]

@@ -1,0 +1,141 @@
+"""Session directories and the ``ctx session`` commands (SPEC S-1, S-5, S-6)."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import stat
+import subprocess
+import sys
+import time
+
+import pytest
+
+from cortexfs.errors import CtxError
+from cortexfs.shared.sessions import SessionRef, list_sessions, open_session
+from cortexfs.shared.spaces import create_shared_space
+from cortexfs.shared.tree import Ownership
+from tests.tools.support import World
+
+CTX = [sys.executable, "-c", "from cortexfs.cli import main; main()"]
+
+
+def test_a_home_session_belongs_to_the_agents_user(world: World) -> None:
+    ref = SessionRef.home(world.root, world.user.uid, "coder", "review")
+
+    with open_session(ref, owner=Ownership(world.user.uid, world.user.gid)) as session:
+        session.record("note", object="agent/coder", status="ok", durable_event=True)
+
+    for path in (ref.path, ref.events_path, world.root / "home" / str(world.user.uid)):
+        status = os.stat(path)
+        assert (status.st_uid, status.st_gid) == (world.user.uid, world.user.gid), path
+    assert stat.S_IMODE(os.stat(ref.path).st_mode) == 0o750
+    assert stat.S_IMODE(os.stat(ref.events_path).st_mode) == 0o640
+    assert ref.relative.as_posix() == f"home/{world.user.uid}/agent/coder/session/review"
+    assert list_sessions(ref.path.parent) == ["review"]
+
+
+def test_a_shared_session_is_group_shared_and_needs_its_space(world: World) -> None:
+    ref = SessionRef.shared(world.root, "proj", "coder", "design")
+    with pytest.raises(CtxError) as missing:
+        open_session(ref)
+    create_shared_space(world.root, "proj", gid=world.user.gid)
+
+    with open_session(ref, owner=Ownership(world.user.uid, world.user.gid)) as session:
+        session.record("note", object="shared/proj", status="ok")
+
+    assert missing.value.errno == errno.ENOENT and "ctx shared create" in missing.value.message
+    status = os.stat(ref.path)
+    assert stat.S_IMODE(status.st_mode) == 0o2770 and status.st_gid == world.user.gid
+    assert stat.S_IMODE(os.stat(ref.events_path).st_mode) == 0o660
+
+
+@pytest.mark.parametrize("bad", [{"agent": "../x"}, {"name": "a/b"}, {"name": "ok.d"}])
+def test_session_names_follow_r3(world: World, bad: dict[str, str]) -> None:
+    fields = {"agent": "coder", "name": "default", **bad}
+    with pytest.raises(CtxError) as refused:
+        SessionRef.home(world.root, 1000, fields["agent"], fields["name"])
+    assert refused.value.errno == errno.EINVAL
+
+
+@pytest.fixture
+def recorded(world: World) -> World:
+    world.agent("coder", tools=["fs.stat"])
+    world.allow_tool("fs.stat")
+    for path in ("/workspace", "/nowhere", "/workspace"):
+        world.run("fs.stat", {"path": path})
+    return world
+
+
+def ctx(world: World, *arguments: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*CTX, "--storage", str(world.root), "session", *arguments],
+        capture_output=True,
+        text=True,
+    )
+
+
+def test_ctx_session_show_prints_a_timeline(recorded: World) -> None:
+    text = ctx(recorded, "show", "coder")
+    as_json = ctx(recorded, "show", "coder", "--json")
+
+    lines = text.stdout.splitlines()
+    assert text.returncode == 0 and len(lines) == 6
+    assert "tool_call" in lines[0] and "tool/fs.stat" in lines[0] and "requested" in lines[0]
+    assert "tool_result" in lines[3] and "EACCES" in lines[3]
+    events = [json.loads(line) for line in as_json.stdout.splitlines()]
+    assert [event["type"] for event in events] == ["tool_call", "tool_result"] * 3
+    assert [event["status"] for event in events[1::2]] == ["ok", "error", "ok"]
+
+
+def test_ctx_session_tail_list_and_repair(recorded: World) -> None:
+    events_path = SessionRef.home(recorded.root, recorded.user.uid, "coder").events_path
+    torn = b'{"ts":"2026-01-01T00:00:00Z","ty'
+    with open(events_path, "ab") as handle:
+        handle.write(torn)
+
+    tail = ctx(recorded, "tail", "coder", "-n", "2", "--json")
+    listed = ctx(recorded, "list", "coder")
+    repaired = ctx(recorded, "repair", "coder", "default", "--json")
+    again = ctx(recorded, "repair", "coder")
+
+    assert [json.loads(line)["type"] for line in tail.stdout.splitlines()] == [
+        "tool_call",
+        "tool_result",
+    ]
+    assert "torn line" in tail.stderr
+    assert listed.stdout == "default\n"
+    assert json.loads(repaired.stdout)["truncated_bytes"] == len(torn)
+    assert "nothing to do" in again.stdout
+    assert events_path.read_bytes().endswith(b"}\n")
+
+
+def test_ctx_session_tail_follow_prints_new_events(recorded: World) -> None:
+    follower = subprocess.Popen(
+        [*CTX, "--storage", str(recorded.root), "session", "tail", "coder", "-n", "0", "-f"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        time.sleep(1.0)
+        recorded.run("fs.stat", {"path": "/workspace"})
+        deadline = time.monotonic() + 20
+        lines: list[str] = []
+        while len(lines) < 2 and time.monotonic() < deadline:
+            lines.append(follower.stdout.readline())
+    finally:
+        follower.kill()
+        follower.wait()
+
+    assert "tool_call" in lines[0] and "tool_result" in lines[1]
+
+
+def test_ctx_session_errors(recorded: World) -> None:
+    unknown = ctx(recorded, "show", "ghost")
+    no_session = ctx(recorded, "show", "coder", "never")
+    bad_name = ctx(recorded, "show", "coder", "../x", "--uid", "1")
+
+    assert unknown.returncode == 2 and "give --uid" in unknown.stderr
+    assert no_session.returncode == 1 and "ENOENT" in no_session.stderr
+    assert bad_name.returncode == 2 and "EINVAL" in bad_name.stderr
