@@ -1,0 +1,168 @@
+"""``ctx agent create``: an ordinary entry plus host-owned controls, nothing else (SPEC A-3)."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cortexfs import storage
+from cortexfs.agents.create import create_agent
+from cortexfs.agents.request import RequestError, parse_request
+from cortexfs.errors import CtxError
+from cortexfs.policy import Identity, Policy
+from cortexfs.policy.mounts import parse_mount_table
+from tests.tools.support import World, effective_user
+
+CTX = [sys.executable, "-c", "from cortexfs.cli import main; main()"]
+
+REVIEWER = {
+    "name": "reviewer",
+    "label": "reviewer_t",
+    "model": ["openai/gpt-5.6"],
+    "tools": ["fs.read"],
+    "shared": {"project-a": ["read"]},
+    "mount": [["/work", "/work", "ro"], ["/srv/project-a", "/shared/project-a", "rw"]],
+}
+
+
+def test_create_makes_the_entry_and_every_control(world: World) -> None:
+    identity = Identity(world.user.uid, world.user.gid, frozenset({world.user.gid}))
+    request = parse_request(REVIEWER, "request", world.root)
+
+    created = create_agent(world.root, request, identity)
+
+    controls = world.root / "agent/reviewer.d"
+    assert created.entry == world.root / "agent/reviewer" and os.access(created.entry, os.X_OK)
+    assert sorted(os.listdir(controls)) == sorted(
+        ["label", "policy", "identity", "mount", "model", "system.md", "prompt.template.md", "log"]
+    )
+    assert (controls / "label").read_text() == "reviewer_t\n"
+    assert json.loads((controls / "identity").read_text()) == {
+        "uid": world.user.uid,
+        "gid": world.user.gid,
+        "groups": [world.user.gid],
+    }
+    assert (controls / "model").read_text() == "openai/gpt-5.6\n"
+    assert [str(rule) for rule in Policy.from_bytes((controls / "policy").read_bytes())] == sorted(
+        [
+            "allow reviewer_t tool:fs.read execute",
+            "allow reviewer_t model:openai/gpt-5.6 use",
+            "allow reviewer_t shared:project-a read",
+            "allow reviewer_t mount:work read",
+            "allow reviewer_t mount:project-a read",
+            "allow reviewer_t mount:project-a write",
+            "allow reviewer_t mount:ctx read",
+        ]
+    )
+    mounts = parse_mount_table((controls / "mount").read_bytes())
+    assert [(str(m.target), m.writable) for m in mounts] == [
+        ("/work", False),
+        ("/shared/project-a", True),
+        ("/ctx", False),
+    ]
+    assert str(mounts[-1].source) == str(world.root.resolve())
+    for control in os.listdir(controls):
+        status = os.stat(controls / control)
+        assert status.st_uid == 0, "controls belong to the host, not the agent"
+        assert not status.st_mode & stat.S_IWOTH and not status.st_mode & stat.S_IWGRP
+    assert sorted(os.listdir(world.root)) == sorted(storage.ROOT_ENTRIES)
+    assert sorted(os.listdir(world.root / "agent")) == ["reviewer", "reviewer.d"]
+
+
+def test_an_existing_agent_is_never_overwritten(world: World) -> None:
+    world.agent("coder", tools=["fs.read"])
+    before = (world.root / "agent/coder.d/policy").read_bytes()
+
+    with pytest.raises(CtxError) as refused:
+        world.agent("coder", tools=["shell.exec"])
+
+    assert refused.value.errno == errno.EEXIST
+    assert (world.root / "agent/coder.d/policy").read_bytes() == before
+
+
+def test_an_agent_never_runs_as_root(world: World) -> None:
+    request = parse_request({"name": "a", "label": "a_t"}, "request", world.root)
+
+    with pytest.raises(CtxError) as refused:
+        create_agent(world.root, request)  # the creating user is root
+
+    assert refused.value.errno == errno.EINVAL and "never runs as root" in refused.value.message
+    assert not (world.root / "agent/a").exists()
+
+
+def test_only_the_host_administrator_creates_agents(world: World) -> None:
+    request = parse_request({"name": "sneaky", "label": "sneaky_t"}, "request", world.root)
+
+    with effective_user(world.user), pytest.raises(CtxError) as refused:
+        create_agent(world.root, request, Identity(world.user.uid, world.user.gid))
+
+    assert refused.value.errno == errno.EACCES
+    assert not (world.root / "agent/sneaky").exists()
+
+
+@pytest.mark.parametrize(
+    ("change", "fragment"),
+    [
+        ({"name": "../escape"}, "name: '../escape'"),
+        ({"label": "reviewer"}, "label:"),
+        ({"tools": ["fs.*"]}, "globs are not supported"),
+        ({"model": ["gpt"]}, "model:gpt"),
+        ({"shared": {"p": ["execute"]}}, "'execute' is not one of"),
+        ({"mount": [["relative", "/x", "ro"]]}, "must be an absolute path"),
+        ({"mount": [["/a", "/one/work", "ro"], ["/b", "/two/work", "ro"]]}, "share the name"),
+        ({"mount": [["/a", "/other/ctx", "ro"]]}, "belongs to the storage view"),
+        ({"identity": {"uid": 0}}, "'identity' was unexpected"),
+    ],
+)
+def test_invalid_requests_are_refused(world: World, change: dict[str, Any], fragment: str) -> None:
+    with pytest.raises(RequestError) as refused:
+        parse_request({**REVIEWER, **change}, "request", world.root)
+
+    assert any(fragment in problem for problem in refused.value.problems), refused.value.problems
+
+
+def test_every_problem_of_a_request_is_listed(world: World) -> None:
+    bad = {"name": "", "label": "x", "tools": ["a/b"], "shared": {"..": ["read"]}}
+
+    with pytest.raises(RequestError) as refused:
+        parse_request(bad, "request", world.root)
+
+    assert len(refused.value.problems) == 4
+
+
+def test_ctx_agent_create_and_show(world: World, tmp_path: Path) -> None:
+    request_file = tmp_path / "coder.json"
+    request_file.write_text(json.dumps({"name": "coder", "label": "coder_t", "tools": ["fs.read"]}))
+    base = [*CTX, "--storage", str(world.root), "agent"]
+
+    created = subprocess.run(
+        [*base, "create", str(request_file), "--user", world.user.name, "--json"],
+        capture_output=True,
+        text=True,
+    )
+    again = subprocess.run(
+        [*base, "create", str(request_file), "--user", world.user.name],
+        capture_output=True,
+        text=True,
+    )
+    shown = subprocess.run([*base, "show", "coder", "--json"], capture_output=True, text=True)
+    invalid = subprocess.run(
+        [*base, "create", "-"], input='{"name": 1}', capture_output=True, text=True
+    )
+
+    assert created.returncode == 0, created.stderr
+    assert json.loads(created.stdout)["identity"]["uid"] == world.user.uid
+    assert again.returncode == 1 and "EEXIST" in again.stderr
+    facts = json.loads(shown.stdout)
+    assert facts["ctx_path"] == f"/ctx/tool:/ctx/home/{world.user.uid}/tool"
+    assert facts["mounts"] == [[str(world.root.resolve()), "/ctx", "ro"]]
+    assert invalid.returncode == 1
+    assert len([line for line in invalid.stderr.splitlines() if "EINVAL" in line]) >= 2

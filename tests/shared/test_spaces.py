@@ -1,0 +1,109 @@
+"""Shared spaces: group-owned setgid directories; visibility by Linux bits plus policy (X-1)."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import stat
+import subprocess
+import sys
+
+import pytest
+
+from cortexfs.errors import CtxError
+from cortexfs.queue.layout import STATE_DIRS, init_project_queue
+from cortexfs.shared.spaces import SPACE_DIRS, create_shared_space
+from tests.tools.support import World
+
+CTX = [sys.executable, "-c", "from cortexfs.cli import main; main()"]
+SPACE_GROUP = 4343
+
+
+def test_create_makes_the_four_directories_group_owned_and_setgid(world: World) -> None:
+    report = create_shared_space(world.root, "proj", gid=SPACE_GROUP)
+
+    space = world.root / "shared/proj"
+    directories = [space, *(space / name for name in (*SPACE_DIRS, "queue"))]
+    directories += [space / "queue" / state for state in STATE_DIRS]
+    for directory in directories:
+        status = os.stat(directory)
+        assert status.st_gid == SPACE_GROUP, directory
+        assert stat.S_IMODE(status.st_mode) == 0o2770, directory
+    assert sorted(os.listdir(space)) == ["agent", "data", "queue", "tool"]
+    (space / "data" / "notes.txt").write_text("x")
+    assert os.stat(space / "data" / "notes.txt").st_gid == SPACE_GROUP, "setgid inheritance"
+    assert str(space) in report.created and report.gid == SPACE_GROUP
+
+
+def test_create_is_idempotent_and_completes_a_space_whose_queue_came_first(world: World) -> None:
+    init_project_queue(world.root, "early")
+    (world.root / "shared/early").chmod(0o755)
+
+    first = create_shared_space(world.root, "early", gid=SPACE_GROUP)
+    second = create_shared_space(world.root, "early", gid=SPACE_GROUP)
+
+    assert sorted(os.listdir(world.root / "shared/early")) == ["agent", "data", "queue", "tool"]
+    assert {os.path.basename(path) for path in first.created} == {"tool", "data", "agent"}
+    assert second.created == []
+    assert stat.S_IMODE(os.stat(world.root / "shared/early").st_mode) == 0o755, "left as it was"
+
+
+def test_an_illegal_space_name_is_refused(world: World) -> None:
+    with pytest.raises(CtxError) as refused:
+        create_shared_space(world.root, "../escape")
+
+    assert refused.value.errno == errno.EINVAL
+
+
+@pytest.fixture
+def space_tool(world: World) -> World:
+    """Tool ``proj.echo`` in shared space ``proj`` (group = the test user's group)."""
+    create_shared_space(world.root, "proj", gid=world.user.gid)
+    world.install("proj.echo", "#!/bin/sh\ncat\n", tier="shared:proj")
+    return world
+
+
+def test_a_member_with_shared_read_may_run_the_spaces_tools(space_tool: World) -> None:
+    space_tool.agent("member", tools=["proj.echo"], shared={"proj": ["read"]})
+    space_tool.allow_tool("proj.echo", "member_t", location="shared/proj/tool")
+
+    result = space_tool.run("proj.echo", {"hi": 1}, agent="member")
+
+    assert result.ok, result.error
+    assert space_tool.events("member")[-1]["object"] == "shared/proj/tool/proj.echo"
+
+
+def test_without_shared_read_the_spaces_tools_are_not_on_ctx_path(space_tool: World) -> None:
+    space_tool.agent("stranger", tools=["proj.echo"])
+    space_tool.allow_tool("proj.echo", "stranger_t", location="shared/proj/tool")
+
+    result = space_tool.run("proj.echo", {}, agent="stranger")
+
+    assert (result.error.errno, result.error.stage) == (errno.ENOENT, "resolve")
+
+
+def test_linux_permissions_keep_a_non_member_out(space_tool: World) -> None:
+    os.chown(space_tool.root / "shared/proj", -1, SPACE_GROUP)
+    space_tool.agent("outsider", tools=["proj.echo"], shared={"proj": ["read"]})
+    space_tool.allow_tool("proj.echo", "outsider_t", location="shared/proj/tool")
+
+    result = space_tool.run("proj.echo", {}, agent="outsider")
+
+    assert (result.error.errno, result.error.step) == (errno.EACCES, 2)
+
+
+def test_ctx_shared_create(world: World) -> None:
+    base = [*CTX, "--storage", str(world.root), "shared", "create"]
+
+    made = subprocess.run(
+        [*base, "team", "--group", str(SPACE_GROUP), "--json"], capture_output=True, text=True
+    )
+    again = subprocess.run([*base, "team"], capture_output=True, text=True)
+    no_group = subprocess.run(
+        [*base, "other", "--group", "no-such-group-xyz"], capture_output=True, text=True
+    )
+
+    assert made.returncode == 0 and json.loads(made.stdout)["gid"] == SPACE_GROUP
+    assert again.returncode == 0 and "nothing to do" in again.stdout
+    assert no_group.returncode == 2 and "no such group" in no_group.stderr
