@@ -14,6 +14,7 @@ from cortexfs.cli import run as run_commands
 from cortexfs.cli import session as session_commands
 from cortexfs.cli import shared as shared_commands
 from cortexfs.cli import storage as storage_commands
+from cortexfs.cli import work as work_commands
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -37,6 +38,7 @@ def main(ctx: click.Context, storage: Path | None) -> None:
 
 main.add_command(storage_commands.bootstrap)
 main.add_command(queue_commands.queue)
+queue_commands.queue.add_command(work_commands.work)
 main.add_command(policy_commands.policy)
 main.add_command(object_commands.object_group)
 main.add_command(run_commands.run)

@@ -60,7 +60,12 @@ def queue_options(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+STORAGE_ROOT_KEY = "cortexfs.storage_root"
+
+
 def _queue_dir(storage_dir: Path | None, project: str | None, queue_arg: Path | None) -> Path:
+    # Commands that need the storage root too (the worker runs tools) find it here.
+    click.get_current_context().meta[STORAGE_ROOT_KEY] = resolve_storage(storage_dir)
     if queue_arg is not None and project is not None:
         raise click.UsageError("give either --project or --queue, not both")
     if queue_arg is not None:

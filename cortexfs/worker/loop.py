@@ -52,7 +52,13 @@ class JobControl:
 
 
 class Executor(Protocol):
+    """Runs claimed jobs, records queue transitions in its session, can kill what it runs."""
+
     def __call__(self, job: Claim, control: JobControl) -> Outcome: ...
+
+    def record(self, event: str, job: str, status: str, **facts: Any) -> None: ...
+
+    def abort_running(self) -> None: ...
 
 
 @dataclass
@@ -171,6 +177,7 @@ class Worker:
             if self.stopping.is_set():
                 self.summary.aborted = True
                 self.abort.set()
+                self.executor.abort_running()
             else:
                 self.listener("interrupt", {"message": "finishing running jobs; ^C again aborts"})
                 self.stop("SIGINT")
@@ -254,6 +261,7 @@ class Worker:
 
     def _execute_and_finish(self, queue: Queue, holder: Holder, won: Claim) -> JobRecord | None:
         tool = won.request.get("tool")
+        self.executor.record("queue.claim", won.job, "ok", tool=tool, lease=won.lease.to_json())
         self.listener("claim", {"job": won.job, "tool": tool})
         started = time.time()
         control = JobControl(self.options.job_timeout, self.abort)
@@ -274,4 +282,6 @@ class Worker:
         finish(
             queue, won.job, outcome.ok, outcome.output, worker=worker, started=started, extra=extra
         )
+        state = "done" if outcome.ok else "failed"
+        self.executor.record("queue.finish", won.job, "ok" if outcome.ok else "error", state=state)
         return JobRecord(won.job, outcome.ok, outcome.reason, time.time() - started, tool)

@@ -1,0 +1,125 @@
+"""``ctx queue work``: the worker (SPEC §3), thin over :mod:`cortexfs.worker`."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from cortexfs.cli.common import handles_errors
+from cortexfs.cli.queue import STORAGE_ROOT_KEY, queue_options
+from cortexfs.worker.executors import executor_for
+from cortexfs.worker.loop import EXIT_ABORTED, Worker, WorkerOptions
+
+
+class Progress:
+    """What the worker shows: a live line on a terminal, plain lines otherwise, or JSON lines."""
+
+    def __init__(self, as_json: bool) -> None:
+        self.as_json = as_json
+        self.live = not as_json and sys.stderr.isatty()
+        self.done = self.failed = 0
+        self.started = time.time()
+
+    def __call__(self, event: str, fields: dict[str, Any]) -> None:
+        if self.as_json:
+            click.echo(json.dumps({"event": event, **fields}, default=str))
+            return
+        if event == "finish":
+            if fields["state"] == "done":
+                self.done += 1
+            else:
+                self.failed += 1
+            if self.live:
+                rate = (self.done + self.failed) / max(time.time() - self.started, 1e-9)
+                line = f"done {self.done}  failed {self.failed}  {rate:.1f} jobs/s"
+                click.echo(f"\r\033[K{line}  last: {fields['job']}", nl=False, err=True)
+            elif fields["state"] == "done":
+                click.echo(f"done    {fields['job']} ({fields['seconds']:.3f}s)")
+            else:
+                click.echo(f"failed  {fields['job']}: {fields['reason']}")
+        elif event == "start" and not self.live:
+            click.echo(f"worker {fields['worker']} started (waiting with {fields['wait']})")
+        elif event in ("interrupt", "stop"):
+            if self.live:
+                click.echo("", err=True)
+            if event == "interrupt":
+                click.echo(fields["message"], err=True)
+            else:
+                click.echo(
+                    f"worker stopped: {fields['done']} done, {fields['failed']} failed, "
+                    f"{fields['rate']:.1f} jobs/s" + (" (aborted)" if fields["aborted"] else "")
+                )
+
+
+@click.command()
+@handles_errors
+@queue_options
+@click.option("--agent", required=True, help="Run every job's tool as this agent (its policy).")
+@click.option(
+    "--kind",
+    type=click.Choice(["tool", "shell"]),
+    default="tool",
+    show_default=True,
+    help="tool: run any requested tool; shell: only shell.exec jobs.",
+)
+@click.option("--session", default="worker", show_default=True, help="Session recording the jobs.")
+@click.option("--drain", is_flag=True, help="Exit as soon as the queue is empty.")
+@click.option("--max-jobs", type=click.IntRange(min=1), help="Exit after claiming N jobs.")
+@click.option(
+    "--concurrency", type=click.IntRange(min=1), default=1, show_default=True, help="Jobs at once."
+)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=300.0,
+    show_default=True,
+    help="Per-job timeout in seconds; the tool's process group is killed after it.",
+)
+@click.option("--ttl", type=click.FloatRange(min=0, min_open=True), help="Lease lifetime (s).")
+@click.option("--worker", "worker_id", help="Worker id recorded in leases (default: HOST:PID).")
+def work(
+    queue_dir: Path,
+    as_json: bool,
+    agent: str,
+    kind: str,
+    session: str,
+    drain: bool,
+    max_jobs: int | None,
+    concurrency: int,
+    timeout: float,
+    ttl: float | None,
+    worker_id: str | None,
+) -> None:
+    """Claim jobs and run their tools as AGENT until stopped (or the queue is empty, --drain).
+
+    Each job's tool runs with its input through the full authorization chain, under the
+    agent's identity, bounded by --timeout; the job is finished in done/ or failed/ with the
+    output, exit status and, when denied, the denying step.  While waiting for work the
+    worker sleeps on an inotify watch of pending/ (re-checking at least every 2 s).
+
+    SIGTERM or ^C: stop claiming, let running jobs finish, exit 0.  ^C twice: abort running
+    jobs (recover requeues them) and exit 130.
+    """
+    root = click.get_current_context().meta[STORAGE_ROOT_KEY]
+    executor = executor_for(kind, root, agent, session)
+    options = WorkerOptions(
+        drain=drain,
+        max_jobs=max_jobs,
+        concurrency=concurrency,
+        lease_ttl=ttl,
+        job_timeout=timeout,
+        worker_id=worker_id,
+    )
+    worker = Worker(queue_dir, executor, options, Progress(as_json))
+    worker.install_signal_handlers()
+    try:
+        summary = worker.run()
+    finally:
+        executor.close()
+    if summary.aborted:
+        sys.exit(EXIT_ABORTED)

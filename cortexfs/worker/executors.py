@@ -1,0 +1,123 @@
+"""What a worker does with a claimed job: run its tool as the worker's agent (SPEC W-1).
+
+:class:`ToolExecutor` runs the request's ``tool`` with its ``input`` through the tool runner in
+native mode — schema validation, the six-step authority chain, hooks, the agent's uid/gid, a
+per-job timeout that kills the tool's process group — and turns the :class:`ToolResult` into
+the job's outcome: ``done/`` when the tool succeeded, ``failed/`` with the reason (the errno,
+the stage, and for a denial the denying step) otherwise.
+
+:class:`ShellExecutor` is the same, restricted to ``shell.exec`` jobs: a worker for shell
+commands whose request format is documented in ``workers/README.md``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+from cortexfs.agents.view import AgentView
+from cortexfs.errors import CtxError
+from cortexfs.queue import Claim
+from cortexfs.shared.sessions import Session, SessionRef, open_session
+from cortexfs.shared.tree import Ownership
+from cortexfs.tools.runner import run_native
+from cortexfs.worker.loop import JobControl, Outcome
+
+
+class ToolExecutor:
+    """Run each job's tool as ``agent``, recording the job in the agent's session."""
+
+    def __init__(self, root: Path, agent: str, session: str = "worker") -> None:
+        view = AgentView.load(root, agent)
+        self.root = root
+        self.agent = agent
+        self.session_ref = SessionRef.home(root, view.identity.uid, agent, session)
+        owner = Ownership(view.identity.uid, view.identity.gid)
+        self.session: Session = open_session(self.session_ref, owner=owner)
+        self._running: dict[str, int] = {}
+
+    def close(self) -> None:
+        self.session.close()
+
+    def record(self, event: str, job: str, status: str, **facts: Any) -> None:
+        """A queue transition in the worker's session (durable: S-5 queue transitions)."""
+        self.session.record(
+            event, object=f"queue/{job}", status=status, durable_event=True, **facts
+        )
+
+    def abort_running(self) -> None:
+        """Kill the process group of every tool still running (a second SIGINT)."""
+        for pgid in list(self._running.values()):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, signal.SIGKILL)
+
+    def admissible(self, job: Claim) -> str | None:
+        """Why this executor refuses the job before running anything, or None."""
+        if job.request.get("invalid"):
+            return f"EINVAL: the stored request is malformed: {job.request['invalid']}"
+        return None
+
+    def __call__(self, job: Claim, control: JobControl) -> Outcome:
+        tool, input_value = job.request.get("tool"), job.request.get("input", {})
+        refusal = self.admissible(job)
+        if refusal is not None:
+            self.record("queue.refuse", job.job, "error", tool=tool, reason=refusal)
+            return Outcome(False, None, refusal, {"error": {"error": "EINVAL", "stage": "request"}})
+        self.record("queue.start", job.job, "ok", tool=tool)
+
+        def observe(frame: dict[str, Any]) -> None:
+            if frame.get("type") == "call":
+                # The tool leads a process group of its own: its pid is the group id.
+                self._running[job.job] = int(frame["pid"])
+                if control.abort.is_set():
+                    self.abort_running()
+
+        try:
+            result = run_native(
+                self.root,
+                self.agent,
+                str(tool),
+                input_value,
+                session=self.session_ref,
+                timeout=control.timeout,
+                observer=observe,
+            )
+        finally:
+            self._running.pop(job.job, None)
+        details: dict[str, Any] = {
+            "tool": result.tool,
+            "agent": result.agent,
+            "session": result.session,
+            "call": result.call,
+            "exit_status": result.exit_status,
+            "error": None if result.error is None else result.error.to_json(),
+            "stderr": result.stderr[-4096:],
+            "timings_ms": result.timings,
+        }
+        reason = None if result.error is None else _describe(result.error.to_json())
+        return Outcome(result.ok, result.output, reason, details)
+
+
+class ShellExecutor(ToolExecutor):
+    """Only ``shell.exec`` jobs: ``{"tool": "shell.exec", "input": {"cmd": "..."}}``."""
+
+    def admissible(self, job: Claim) -> str | None:
+        if job.request.get("tool") != "shell.exec":
+            return f"EINVAL: this worker runs shell.exec jobs only, not {job.request.get('tool')!r}"
+        return super().admissible(job)
+
+
+def _describe(error: dict[str, Any]) -> str:
+    """``EACCES: step 6 (tool/model policy): … [authorize]``: the errno, the message, the stage."""
+    return f"{error.get('error') or 'error'}: {error.get('message')} [{error.get('stage')}]"
+
+
+def executor_for(kind: str, root: Path, agent: str, session: str) -> ToolExecutor:
+    """The executor of a worker kind: ``tool`` (any tool) or ``shell`` (shell.exec only)."""
+    kinds = {"tool": ToolExecutor, "shell": ShellExecutor}
+    if kind not in kinds:
+        raise CtxError(22, f"unknown worker kind {kind!r}; choose one of {', '.join(kinds)}")
+    return kinds[kind](root, agent, session)
