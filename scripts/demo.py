@@ -1,0 +1,185 @@
+"""The main job: two real workers running a real tool, one killed in the middle of a job.
+
+On the embedded default storage root (or $CTX_STORAGE), with the real command line:
+
+1. ``ctx bootstrap``; an agent ``demo-runner`` that may run ``shell.exec`` (its policy and the
+   tool's own policy both say so — the two layers of P-6);
+2. ``ctx queue init`` and ``ctx queue publish --batch`` of shell.exec jobs, each recording
+   when it starts, sleeping a little and printing its number;
+3. two ``ctx queue work`` processes; one is SIGKILLed while its tool runs;
+4. ``ctx queue recover`` requeues the killed worker's job, a last ``ctx queue work --drain``
+   finishes the rest;
+5. a summary checked against the disk: every job has exactly one terminal pair, the one
+   interrupted job ran again, none ran after its finish was acknowledged, none was lost.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from cortexfs import storage
+from cortexfs.timefmt import parse_rfc3339
+
+PROJECT = "demo"
+AGENT = "demo-runner"
+LABEL = "demo_runner_t"
+JOBS = 20
+FAILING = {7}  # this job exits non-zero, to show the failed/ path
+CTX = [sys.executable, "-m", "cortexfs"]
+
+
+def ctx(*args: str, check: bool = True, quiet: bool = False) -> subprocess.CompletedProcess[str]:
+    """Run the real command line, echoing it the way a user would type it."""
+    print(f"$ ctx {' '.join(args)}", flush=True)
+    done = subprocess.run([*CTX, *args], capture_output=True, text=True)
+    if not quiet:
+        for line in (done.stdout + done.stderr).splitlines()[:10]:
+            print(f"  {line}")
+    if check and done.returncode != 0:
+        print(done.stderr, file=sys.stderr)
+        raise SystemExit(f"demo: ctx {' '.join(args)} failed with exit status {done.returncode}")
+    return done
+
+
+def agent_user() -> str:
+    """Agents never run as root: as root the demo agent runs as 'nobody'."""
+    return "nobody" if os.geteuid() == 0 else pwd.getpwuid(os.geteuid()).pw_name
+
+
+def prepare_agent(root: Path, scratch: Path) -> None:
+    """Create the demo agent once; grant shell.exec in the tool's own policy once."""
+    if not (root / "agent" / AGENT).exists():
+        request = scratch / "agent.json"
+        request.write_text(
+            json.dumps(
+                {
+                    "name": AGENT,
+                    "label": LABEL,
+                    "model": [],
+                    "tools": ["shell.exec"],
+                    "shared": {PROJECT: ["read", "write"]},
+                    "mount": [["/tmp", "/tmp", "rw"]],
+                }
+            )
+        )
+        ctx("agent", "create", "--user", agent_user(), str(request))
+    tool_policy = root / "tool" / "shell.exec.d" / "policy"
+    rule = f"allow {LABEL} tool:shell.exec execute"
+    if rule not in tool_policy.read_text().splitlines():
+        print(f"$ echo '{rule}' >> {tool_policy}   # the tool's own policy (P-6)")
+        with open(tool_policy, "a", encoding="utf-8") as f:
+            f.write(rule + "\n")
+
+
+def job_command(n: int, starts: Path) -> str:
+    status = 3 if n in FAILING else 0
+    return f"echo {n} $(date +%s.%N) >> {starts}; sleep 0.4; echo job {n}; exit {status}"
+
+
+def spawn_worker(*extra: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [*CTX, "queue", "work", "--project", PROJECT, "--agent", AGENT, "--json", *extra],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
+def main() -> int:
+    root = storage.resolve_root(None)
+    print(f"CortexFS demo on storage root {root}\n")
+    ctx("bootstrap", quiet=True)
+    with tempfile.TemporaryDirectory(prefix="cortexfs-demo-") as scratch_name:
+        scratch = Path(scratch_name)
+        os.chmod(scratch, 0o777)  # the agent's uid records job starts here
+        starts = scratch / "starts.log"
+        starts.touch(mode=0o666)
+        os.chmod(starts, 0o666)
+        prepare_agent(root, scratch)
+        ctx("queue", "init", "--project", PROJECT)
+        batch = scratch / "jobs.jsonl"
+        batch.write_text(
+            "".join(
+                json.dumps({"tool": "shell.exec", "input": {"cmd": job_command(n, starts)}}) + "\n"
+                for n in range(JOBS)
+            )
+        )
+        names = ctx("queue", "publish", "--project", PROJECT, "--batch", str(batch), quiet=True)
+        jobs = names.stdout.split()
+        print(f"  published {len(jobs)} shell.exec jobs\n")
+
+        print("two workers start; one is killed with SIGKILL while its tool runs")
+        victim, survivor = spawn_worker(), spawn_worker("--drain")
+        claimed = 0
+        assert victim.stdout is not None
+        for line in victim.stdout:
+            if json.loads(line).get("event") == "claim":
+                claimed += 1
+                if claimed == 3:
+                    break
+        time.sleep(0.15)  # inside the 0.4 s the job's tool runs
+        os.kill(victim.pid, signal.SIGKILL)
+        victim.wait()
+        print(f"  killed worker {victim.pid} during its third job")
+        survivor.communicate()
+        print(f"  worker {survivor.pid} drained what it could and exited\n")
+
+        ctx("queue", "status", "--project", PROJECT)
+        ctx("queue", "recover", "--project", PROJECT)
+        print()
+        ctx("queue", "work", "--project", PROJECT, "--agent", AGENT, "--drain")
+        ctx("queue", "recover", "--project", PROJECT)
+        time.sleep(0.5)  # let the killed worker's orphaned tool finish its sleep
+        return summarise(root / "shared" / PROJECT / "queue", jobs, starts)
+
+
+def has_terminal_pair(state_dir: Path, job: str) -> bool:
+    return (state_dir / job).exists() and (state_dir / f"{job}.result").exists()
+
+
+def summarise(queue_dir: Path, jobs: list[str], starts: Path) -> int:
+    started: dict[str, list[float]] = {}
+    for line in starts.read_text().splitlines():
+        n, when = line.split()
+        started.setdefault(jobs[int(n)], []).append(float(when))  # --batch keeps input order
+    terminal = {}
+    for job in jobs:
+        pairs = [s for s in ("done", "failed") if has_terminal_pair(queue_dir / s, job)]
+        if len(pairs) == 1:
+            terminal[job] = pairs[0]
+    after_ack = 0
+    for job, state in terminal.items():
+        finished = json.loads((queue_dir / state / f"{job}.result").read_text())["finished"]
+        acknowledged = parse_rfc3339(finished)
+        after_ack += sum(1 for t in started.get(job, []) if t > acknowledged)
+    rerun = sorted(j for j, times in started.items() if len(times) > 1)
+    done = sum(1 for s in terminal.values() if s == "done")
+    failed = sum(1 for s in terminal.values() if s == "failed")
+    lost = len(jobs) - len(terminal)
+    rows = [
+        ("published", len(jobs)),
+        ("done", done),
+        ("failed (the job that exits 3)", failed),
+        ("re-run after recovery", len(rerun)),
+        ("executed after their finish was acknowledged", after_ack),
+        ("lost", lost),
+    ]
+    print("\nsummary")
+    print("  " + "-" * 58)
+    for label, value in rows:
+        print(f"  {label:<48}{value:>10}")
+    print("  " + "-" * 58)
+    healthy = lost == 0 and after_ack == 0 and failed == len(FAILING) and len(rerun) == 1
+    print("  every published job finished exactly once" if healthy else "  FAILED")
+    return 0 if healthy else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
