@@ -1,0 +1,188 @@
+"""ctx queue work end to end: real tools as a real agent user, failures, timeouts, signals."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+from tests.workers.conftest import AGENT, PROJECT, Farm
+
+
+def events_of(farm: Farm, session: str = "worker") -> list[dict[str, object]]:
+    path = farm.root / "home" / str(farm.user.uid) / "agent" / AGENT / "session" / session
+    return [json.loads(line) for line in (path / "events.jsonl").read_text().splitlines()]
+
+
+def lines_of(stdout: str) -> list[dict[str, object]]:
+    return [json.loads(line) for line in stdout.splitlines() if line.strip()]
+
+
+def test_a_worker_runs_each_jobs_tool_as_the_agent(farm: Farm) -> None:
+    stat_job = farm.publish("fs.stat", {"path": str(farm.scratch)})
+    shell_job = farm.publish("shell.exec", {"cmd": "id -u; echo hello"})
+    done = farm.ctx("queue", "work", "--project", PROJECT, "--agent", AGENT, "--drain")
+    assert done.returncode == 0, done.stderr
+    state, result = farm.result(stat_job)
+    assert state == "done" and result["status"] == "ok"
+    assert result["output"]["type"] == "directory"
+    state, result = farm.result(shell_job)
+    assert state == "done"
+    assert f"{farm.user.uid}\nhello" in json.dumps(result["output"]).replace("\\n", "\n")
+    assert result["worker"]["pid"] > 0 and result["started"] and result["finished"]
+    assert result["exit_status"] == 0 and result["timings_ms"]["run"] > 0
+    for leftover in ("pending", "claimed", "lease", "inbox"):
+        assert os.listdir(farm.queue / leftover) == []
+
+
+def test_the_worker_session_records_claim_start_finish_and_the_tool_calls(farm: Farm) -> None:
+    job = farm.publish("fs.stat", {"path": str(farm.scratch)})
+    farm.ctx("queue", "work", "--project", PROJECT, "--agent", AGENT, "--drain")
+    kinds = [(e["type"], e["object"]) for e in events_of(farm)]
+    queue_events = [k for k, o in kinds if o == f"queue/{job}"]
+    assert queue_events == ["queue.claim", "queue.start", "queue.finish"]
+    assert ("tool_call", "tool/fs.stat") in kinds and ("tool_result", "tool/fs.stat") in kinds
+    claim_at = kinds.index(("queue.claim", f"queue/{job}"))
+    assert kinds.index(("tool_call", "tool/fs.stat")) > claim_at
+
+
+def test_a_denied_tool_fails_with_eacces_and_the_denying_step(farm: Farm) -> None:
+    job = farm.publish("fs.write", {"path": str(farm.scratch / "x"), "content": "no"})
+    farm.ctx("queue", "work", "--project", PROJECT, "--agent", AGENT, "--drain")
+    state, result = farm.result(job)
+    assert state == "failed" and result["status"] == "error"
+    assert result["error"]["error"] == "EACCES" and result["error"]["step"] == 5
+    assert result["error"]["step_name"] == "object policy"
+    assert "EACCES" in result["reason"] and not (farm.scratch / "x").exists()
+
+
+def test_a_tool_the_agent_may_not_reach_in_its_own_policy_fails_at_step_6(farm: Farm) -> None:
+    policy = farm.root / "tool" / "fs.stat.d" / "policy"
+    policy.write_text("")
+    job = farm.publish("fs.stat", {"path": str(farm.scratch)})
+    farm.ctx("queue", "work", "--project", PROJECT, "--agent", AGENT, "--drain")
+    state, result = farm.result(job)
+    assert state == "failed" and result["error"]["step"] == 6
+
+
+def test_a_schema_error_fails_the_job_with_einval(farm: Farm) -> None:
+    job = farm.publish("fs.stat", {"no_path": 1})
+    farm.ctx("queue", "work", "--project", PROJECT, "--agent", AGENT, "--drain")
+    state, result = farm.result(job)
+    assert state == "failed" and result["error"]["error"] == "EINVAL"
+    assert result["error"]["stage"] == "schema"
+
+
+def test_a_non_zero_exit_fails_the_job(farm: Farm) -> None:
+    job = farm.publish("shell.exec", {"cmd": "echo broken >&2; exit 3"})
+    farm.ctx("queue", "work", "--project", PROJECT, "--agent", AGENT, "--drain")
+    state, result = farm.result(job)
+    assert state == "failed" and result["exit_status"] == 3
+    assert "broken" in result["stderr"]
+
+
+def test_a_job_past_its_timeout_is_killed_with_its_process_group(farm: Farm) -> None:
+    pid_file = farm.scratch / "logs" / "child.pid"
+    job = farm.publish("shell.exec", {"cmd": f"sleep 60 & echo $! > {pid_file}; wait"})
+    started = time.monotonic()
+    done = farm.ctx(
+        "queue", "work", "--project", PROJECT, "--agent", AGENT, "--drain", "--timeout", "1"
+    )
+    assert done.returncode == 0 and time.monotonic() - started < 30
+    state, result = farm.result(job)
+    assert state == "failed" and result["error"]["error"] == "ETIMEDOUT"
+    child = int(pid_file.read_text())
+    for _ in range(100):
+        if not Path(f"/proc/{child}").exists():
+            break
+        time.sleep(0.05)
+    assert not Path(f"/proc/{child}").exists(), "the tool's background child survived"
+
+
+def test_a_malformed_request_in_pending_fails_with_the_reason(farm: Farm) -> None:
+    (farm.queue / "pending" / "junk.req.json").write_text("{not json")
+    farm.ctx("queue", "work", "--project", PROJECT, "--agent", AGENT, "--drain")
+    state, result = farm.result("junk.req.json")
+    assert state == "failed" and "EINVAL" in result["reason"]
+
+
+def test_sigterm_lets_the_running_job_finish_and_claims_no_more(farm: Farm) -> None:
+    jobs = [farm.publish("shell.exec", {"cmd": "sleep 1; echo slow"}) for _ in range(3)]
+    worker = farm.worker()
+    assert worker.stdout is not None
+    for line in worker.stdout:
+        if json.loads(line)["event"] == "claim":
+            break
+    worker.send_signal(signal.SIGTERM)
+    out, err = worker.communicate(timeout=60)
+    assert worker.returncode == 0, err
+    finished = [e for e in lines_of(out) if e["event"] == "finish"]
+    assert len(finished) == 1 and finished[0]["state"] == "done"
+    states = [farm.result(j)[0] if (farm.queue / "done" / j).exists() else "pending" for j in jobs]
+    assert sorted(states) == ["done", "pending", "pending"]
+    stop = next(e for e in lines_of(out) if e["event"] == "stop")
+    assert stop["stopped_by"] == "SIGTERM"
+
+
+def test_sigint_twice_aborts_and_recover_requeues(farm: Farm) -> None:
+    pid_file = farm.scratch / "logs" / "tool.pid"
+    job = farm.publish("shell.exec", {"cmd": f"echo $$ > {pid_file}; sleep 60"})
+    worker = farm.worker()
+    assert worker.stdout is not None
+    for line in worker.stdout:
+        if json.loads(line)["event"] == "claim":
+            break
+    while not pid_file.exists() or not pid_file.read_text().strip():
+        time.sleep(0.05)
+    worker.send_signal(signal.SIGINT)
+    time.sleep(0.2)
+    worker.send_signal(signal.SIGINT)
+    worker.communicate(timeout=60)
+    assert worker.returncode == 130
+    tool_pid = int(pid_file.read_text())
+    for _ in range(100):
+        if not Path(f"/proc/{tool_pid}").exists():
+            break
+        time.sleep(0.05)
+    assert not Path(f"/proc/{tool_pid}").exists()
+    assert (farm.queue / "claimed" / job / job).exists()
+    recovered = farm.ctx("queue", "recover", "--project", PROJECT, "--json")
+    assert json.loads(recovered.stdout)["requeued"][0]["job"] == job
+    assert (farm.queue / "pending" / job).exists()
+
+
+def test_max_jobs_and_concurrency(farm: Farm) -> None:
+    log = farm.scratch / "logs" / "spans.log"
+    cmd = f"echo start $(date +%s.%N) >> {log}; sleep 0.6; echo end $(date +%s.%N) >> {log}"
+    jobs = [farm.publish("shell.exec", {"cmd": cmd}) for _ in range(6)]
+    done = farm.ctx(
+        "queue", "work", "--project", PROJECT, "--agent", AGENT, "--drain",
+        "--concurrency", "3", "--max-jobs", "4",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    finished = [j for j in jobs if (farm.queue / "done" / j).exists()]
+    assert len(finished) == 4 and len(os.listdir(farm.queue / "pending")) == 2
+    events = [line.split() for line in log.read_text().splitlines()]
+    running, peak = 0, 0
+    for kind, _ in sorted(events, key=lambda e: float(e[1])):
+        running += 1 if kind == "start" else -1
+        peak = max(peak, running)
+    assert peak >= 2, "no two jobs ever ran at the same time"
+
+
+def test_a_waiting_worker_wakes_up_for_new_jobs(farm: Farm) -> None:
+    worker = farm.worker("--max-jobs", "1")
+    assert worker.stdout is not None
+    first = json.loads(worker.stdout.readline())
+    assert first["event"] == "start" and first["wait"] == "inotify"
+    time.sleep(0.5)
+    job = farm.publish("fs.stat", {"path": str(farm.scratch)})
+    worker.communicate(timeout=60)
+    assert worker.returncode == 0 and farm.result(job)[0] == "done"
+
+
+def test_work_needs_an_existing_agent(farm: Farm) -> None:
+    done = farm.ctx("queue", "work", "--project", PROJECT, "--agent", "ghost", "--drain")
+    assert done.returncode == 1 and "ENOENT" in done.stderr
