@@ -25,8 +25,8 @@ directories it touched before the next step may depend on it (Q-7)::
               sync lease/J, inbox/                 ... before the lease exists (Q-3); execution
                                                    may start only now (I-4)
     finish    write inbox/tmp, fsync; move -> done/J.result; sync   result first (Q-4) ...
-              move claimed/J/J -> done/J; sync     ... then the request: the terminal pair
-              remove lease/J/worker, lease/J, claimed/J; sync parents
+              move claimed/J/J -> done/J; sync done/  ... then the request: the terminal pair
+              remove lease/J/worker, lease/J, claimed/J; sync lease/, claimed/
     (failed/ instead of done/ when the job failed)
 
 Why this order survives a crash at any point is spelled out in ``docs/queue.md``; what
@@ -395,7 +395,8 @@ def finish(
                 "to reconcile this job"
             ) from None
         ops.step("finish.request")
-        durable.move_noreplace(ops, claim_fd, job, terminal, job)
+        # No sync of claimed/J: the cleanup removes it and syncs claimed/.
+        durable.move_noreplace(ops, claim_fd, job, terminal, job, sync_src=False)
         ops.step("finish.cleanup")
         remove_claim_and_lease(queue, job)
         ops.step("finish.done")
