@@ -26,11 +26,19 @@ def schema_problems(schema: object, what: str) -> list[str]:
     """Why ``schema`` is not a usable JSON Schema object; empty when it is one."""
     if not isinstance(schema, dict):
         return [f"{what} must be a JSON Schema object, not {type(schema).__name__}"]
-    validator_class = jsonschema.validators.validator_for(schema)
     return [
-        f"{what} is not a valid JSON Schema: {_where(error)}{error.message}"
-        for error in validator_class(validator_class.META_SCHEMA).iter_errors(schema)
+        f"{what} is not a valid JSON Schema: {problem}"
+        for problem in _meta_problems(_canonical(schema))
     ]
+
+
+@functools.lru_cache(maxsize=_CACHED_VALIDATORS)
+def _meta_problems(schema_text: str) -> tuple[str, ...]:
+    """Checking a schema against its meta-schema costs milliseconds; each text is checked once."""
+    schema = json.loads(schema_text)
+    validator_class = jsonschema.validators.validator_for(schema)
+    meta_validator = validator_class(validator_class.META_SCHEMA)
+    return tuple(f"{_where(error)}{error.message}" for error in meta_validator.iter_errors(schema))
 
 
 def instance_problems(schema: Mapping[str, Any], instance: object) -> list[str]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import selectors
 import signal
 import subprocess
@@ -86,15 +87,10 @@ def run_captured(
         on_start(process.pid)
     pump = _Pump(process, stdin_data, max_output, on_stderr_line)
     deadline = None if spec.timeout is None else started + spec.timeout
-    timed_out = pump.run(deadline)
-    if not (timed_out or pump.overflow):
-        # Its output is closed, but the tool may still be running: it keeps its deadline.
-        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-        try:
-            process.wait(timeout=remaining)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-    _kill_group(process.pid)
+    try:
+        timed_out = pump.run(deadline)
+    finally:
+        _kill_group(process.pid)
     exit_status = _exit_status(process.wait())
     return Finished(
         process.pid,
@@ -118,12 +114,9 @@ def run_attached(spec: ProcessSpec) -> Finished:
         close_fds=True,
         **_credentials(spec.identity),
     )
-    timed_out = False
     with _foreground(process.pid), _forwarding_signals(process.pid):
-        try:
-            process.wait(timeout=spec.timeout)
-        except subprocess.TimeoutExpired:
-            timed_out = True
+        timed_out = not _exits_within(process.pid, spec.timeout)
+        if timed_out:
             _kill_group(process.pid)
         exit_status = _exit_status(process.wait())
     return Finished(
@@ -169,28 +162,40 @@ class _Pump:
             self.pipes.pop(self.stdin).close()
         self.selector.register(self.stdout_fd, selectors.EVENT_READ)
         self.selector.register(self.stderr_fd, selectors.EVENT_READ)
+        # Readable once the process has exited (Linux >= 5.3); it is not reaped until waited.
+        self.exit_fd = os.pidfd_open(process.pid)
+        self.selector.register(self.exit_fd, selectors.EVENT_READ)
 
     def run(self, deadline: float | None) -> bool:
-        """Pump until both output pipes close; True when the deadline passed first."""
+        """Pump until the tool has exited and closed its output; True if the deadline came first.
+
+        The tool's exit is watched through a pidfd, so nothing polls: the pump sleeps until a
+        pipe has bytes, the tool exits, a straggler's grace ends or the deadline passes.
+        """
         exited_at: float | None = None
         try:
-            while self.pipes and not self.overflow:
+            while not self.overflow:
                 now = time.monotonic()
-                if exited_at is None and self.process.poll() is not None:
-                    exited_at = now
-                if exited_at is not None and now - exited_at > STRAGGLER_GRACE:
+                if exited_at is not None and (not self.pipes or now - exited_at > STRAGGLER_GRACE):
                     return False
                 if deadline is not None and now >= deadline:
                     return True
-                wait = 0.1 if deadline is None else min(0.1, deadline - now)
-                for key, _ in self.selector.select(wait):
-                    self._serve(key.fd)
+                limits = [] if deadline is None else [deadline - now]
+                if exited_at is not None:
+                    limits.append(exited_at + STRAGGLER_GRACE - now)
+                for key, _ in self.selector.select(min(limits) if limits else None):
+                    if key.fd == self.exit_fd:
+                        exited_at = time.monotonic()
+                        self.selector.unregister(self.exit_fd)
+                    else:
+                        self._serve(key.fd)
             return False
         finally:
             self._flush_partial_line()
             for fd in list(self.pipes):
                 self._close(fd)
             self.selector.close()
+            os.close(self.exit_fd)
 
     def _serve(self, fd: int) -> None:
         if fd == self.stdin:
@@ -228,6 +233,16 @@ class _Pump:
     def _close(self, fd: int) -> None:
         self.selector.unregister(fd)
         self.pipes.pop(fd).close()
+
+
+def _exits_within(pid: int, timeout: float | None) -> bool:
+    """Wait for ``pid`` to exit (without reaping it); False when ``timeout`` passes first."""
+    exit_fd = os.pidfd_open(pid)
+    try:
+        readable, _, _ = select.select([exit_fd], [], [], timeout)
+    finally:
+        os.close(exit_fd)
+    return bool(readable)
 
 
 def _credentials(identity: Identity | None) -> dict[str, object]:

@@ -1,0 +1,245 @@
+"""Tool runner benchmark: what a call through the whole chain costs over a direct exec.
+
+Targets (issue "Tools as files, objects and manifests, CTX_PATH, agent identities, sessions
+and events"): the runner on a trivial tool takes at most 2 x a direct exec of that tool, and
+events are appended with fsync at 0.7 x the fsync floor of the disk or better.  Every ratio is
+against a baseline measured in the same run, on the same filesystem:
+
+* **direct exec** — the tool's own executable started with ``subprocess`` under the same uid,
+  gid and environment, with its JSON input on stdin: what a call costs without CortexFS;
+* **run_native** — :func:`cortexfs.tools.runner.run_native` in process (what a queue worker
+  does): resolution, controls, schema, the six-step chain, hooks, the process, and two durable
+  records (the session's ``tool_result`` and the tool's log);
+* **ctx run --native** — the command line, which adds an interpreter start and its imports;
+* **authority chain** — :func:`cortexfs.policy.check_tool_execute` alone, per call;
+* **fsync floor** — ``write`` + ``fsync`` of one event-sized line on an ``O_APPEND`` file,
+  against :meth:`cortexfs.shared.events.EventLog.append` with ``durable_event=True``.
+
+Two trivial tools: ``sh.cat`` (``#!/bin/sh`` + ``cat``) and the core ``fs.stat`` (Python).
+Figures are medians.  The agent runs as ``--uid`` (default: nobody), so run this as root.
+
+Usage: python bench/tools.py [--calls N] [--cli-calls N] [--events N] [--dir DIR] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pwd
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import cortexfs.tools.core.bootstrap  # noqa: F401  (registers the core tools' bootstrap step)
+from cortexfs import storage
+from cortexfs.agents.create import create_agent
+from cortexfs.agents.request import parse_request
+from cortexfs.agents.view import AgentView
+from cortexfs.policy import Credentials, Identity, check_tool_execute
+from cortexfs.shared.events import EventLog, encode_event, make_event
+from cortexfs.tools.install import install_tool, parse_tier
+from cortexfs.tools.manifest import parse_manifest
+from cortexfs.tools.runner import run_native
+
+RUNNER_TARGET = 2.0
+EVENTS_TARGET = 0.7
+TRIVIAL_SHELL_TOOL = "#!/bin/sh\ncat\n"
+
+
+def median_seconds(run: Callable[[], object], count: int) -> float:
+    timings = []
+    for _ in range(count):
+        started = time.perf_counter()
+        run()
+        timings.append(time.perf_counter() - started)
+    return statistics.median(timings)
+
+
+def build(workdir: Path, uid: int, gid: int) -> tuple[Path, Path]:
+    """A bootstrapped root, tool ``sh.cat``, and agent ``bench`` allowed to run both tools."""
+    root = workdir / "storage"
+    storage.bootstrap(root)
+    for entry in (workdir, root, *root.iterdir()):
+        entry.chmod(0o755)
+    program = workdir / "sh.cat"
+    program.write_text(TRIVIAL_SHELL_TOOL)
+    document = {
+        "manifest": 2,
+        "kind": "tool",
+        "name": "sh.cat",
+        "description": "Echoes its input.",
+        "schema": {"type": "object"},
+        "cap": {"side_effects": False, "network": False},
+        "exec": str(program),
+    }
+    manifest = parse_manifest(document, source=workdir / "sh.cat.json")
+    install_tool(parse_tier(root, "system"), manifest, program.read_bytes())
+    workspace = workdir / "work"
+    workspace.mkdir()
+    os.chown(workspace, uid, gid)
+    request = {
+        "name": "bench",
+        "label": "bench_t",
+        "tools": ["sh.cat", "fs.stat"],
+        "mount": [[str(workspace), "/workspace", "rw"]],
+    }
+    create_agent(root, parse_request(request, "bench", root), Identity(uid, gid))
+    for tool in ("sh.cat", "fs.stat"):
+        with open(root / "tool" / f"{tool}.d" / "policy", "a") as policy:
+            policy.write(f"allow bench_t tool:{tool} execute\n")
+    return root, workspace
+
+
+def direct_exec(root: Path, tool: str, payload: bytes, view: AgentView) -> Callable[[], object]:
+    env = view.tool_environment(tool=tool, session="default", call="direct", mode="native")
+    _, cwd = view.working_directory()
+    identity = view.identity
+
+    def run() -> object:
+        completed = subprocess.run(
+            [str(root / "tool" / tool)],
+            input=payload,
+            capture_output=True,
+            env=env,
+            cwd=cwd,
+            user=identity.uid,
+            group=identity.gid,
+            extra_groups=sorted(identity.groups),
+            start_new_session=True,
+            check=True,
+        )
+        return completed.stdout
+
+    return run
+
+
+def measure_tool(
+    root: Path, tool: str, request: dict[str, Any], calls: int, cli_calls: int
+) -> dict[str, float]:
+    view = AgentView.load(root, "bench")
+    payload = json.dumps(request).encode() + b"\n"
+
+    def library() -> object:
+        result = run_native(root, "bench", tool, request)
+        assert result.ok, result.error
+        return result
+
+    cli = [sys.executable, "-c", "from cortexfs.cli import main; main()"]
+    command = [*cli, "--storage", str(root), "run", "--agent", "bench", "--native", tool]
+
+    def command_line() -> object:
+        return subprocess.run(command, input=payload, capture_output=True, check=True)
+
+    direct_exec(root, tool, payload, view)()  # warm the page cache for both sides
+    library()
+    direct = median_seconds(direct_exec(root, tool, payload, view), calls)
+    runner = median_seconds(library, calls)
+    through_cli = median_seconds(command_line, cli_calls)
+    return {
+        "direct_exec_ms": direct * 1000,
+        "run_native_ms": runner * 1000,
+        "run_native_ratio": runner / direct,
+        "ctx_run_native_ms": through_cli * 1000,
+        "ctx_run_native_ratio": through_cli / direct,
+    }
+
+
+def measure_chain(root: Path, uid: int, gid: int, calls: int) -> float:
+    caller = Credentials(uid, gid)
+
+    def decide() -> object:
+        decision = check_tool_execute(root, "bench", "sh.cat", caller)
+        assert decision.allowed, decision.reason
+        return decision
+
+    return median_seconds(decide, calls)
+
+
+def measure_events(directory: Path, count: int) -> dict[str, float]:
+    line = encode_event(
+        make_event(
+            "tool_result",
+            agent="bench",
+            session="default",
+            object="tool/sh.cat",
+            status="ok",
+            call="0123456789abcdef",
+            exit_status=0,
+            duration_ms=12.5,
+        )
+    )
+    floor_path = directory / "floor.jsonl"
+    fd = os.open(floor_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    started = time.perf_counter()
+    for _ in range(count):
+        os.write(fd, line)
+        os.fsync(fd)
+    floor = count / (time.perf_counter() - started)
+    os.close(fd)
+    event = json.loads(line)
+    with EventLog(directory / "events.jsonl") as log:
+        started = time.perf_counter()
+        for _ in range(count):
+            log.append(event, durable_event=True)
+        appended = count / (time.perf_counter() - started)
+    return {"fsync_floor_per_s": floor, "durable_events_per_s": appended, "ratio": appended / floor}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=100, help="calls per in-process figure")
+    parser.add_argument("--cli-calls", type=int, default=30, help="calls through ctx run")
+    parser.add_argument("--events", type=int, default=2000, help="durable events to append")
+    parser.add_argument("--uid", type=int, default=pwd.getpwnam("nobody").pw_uid)
+    parser.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()))
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    options = parser.parse_args()
+    if os.geteuid() != 0:
+        parser.error("run as root: the tools run under the agent's uid (--uid)")
+    gid = pwd.getpwuid(options.uid).pw_gid
+    print("command:", " ".join([sys.executable, *sys.argv]), flush=True)
+    workdir = Path(tempfile.mkdtemp(prefix="cortexfs-bench-", dir=options.dir))
+    try:
+        root, workspace = build(workdir, options.uid, gid)
+        figures = {
+            "sh.cat": measure_tool(root, "sh.cat", {"n": 1}, options.calls, options.cli_calls),
+            "fs.stat": measure_tool(
+                root, "fs.stat", {"path": "/workspace"}, options.calls, options.cli_calls
+            ),
+            "chain_us": measure_chain(root, options.uid, gid, options.calls * 10) * 1e6,
+            "events": measure_events(workspace, options.events),
+        }
+    finally:
+        shutil.rmtree(workdir)
+    if options.json:
+        print(json.dumps(figures, indent=2))
+        return 0
+    for tool in ("sh.cat", "fs.stat"):
+        row = figures[tool]
+        verdict = "meets" if row["run_native_ratio"] <= RUNNER_TARGET else "misses"
+        print(
+            f"{tool:8} direct exec {row['direct_exec_ms']:7.2f} ms | run_native "
+            f"{row['run_native_ms']:7.2f} ms = {row['run_native_ratio']:.2f} x ({verdict} "
+            f"<= {RUNNER_TARGET:g} x) | ctx run --native {row['ctx_run_native_ms']:7.2f} ms "
+            f"= {row['ctx_run_native_ratio']:.2f} x"
+        )
+    print(f"authority chain (check_tool_execute): {figures['chain_us']:.0f} us per call")
+    events = figures["events"]
+    verdict = "meets" if events["ratio"] >= EVENTS_TARGET else "misses"
+    print(
+        f"durable events: {events['durable_events_per_s']:.0f}/s vs fsync floor "
+        f"{events['fsync_floor_per_s']:.0f}/s = {events['ratio']:.2f} x ({verdict} "
+        f">= {EVENTS_TARGET:g} x)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
