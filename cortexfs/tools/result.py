@@ -7,6 +7,7 @@ prints it as its final ``result`` frame (docs/tools.md lists every field).
 from __future__ import annotations
 
 import errno as errno_names
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -90,3 +91,23 @@ class ToolResult:
             "finished": self.finished,
             "timings_ms": self.timings,
         }
+
+
+def decode_output(stdout: bytes) -> Any:
+    """The tool's stdout: its JSON value when it printed one, else its text."""
+    text = stdout.decode("utf-8", "replace")
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def exit_error(tool: str, exit_status: int, output: Any, stderr: str) -> ToolError:
+    """A failed run; a tool reporting ``{"errno": N, "message": …}`` keeps its errno."""
+    code, message = 0, ""
+    if isinstance(output, dict) and isinstance(output.get("errno"), int):
+        code, message = output["errno"], str(output.get("message", ""))
+    detail = message or (stderr.strip().splitlines() or [""])[-1]
+    return ToolError(
+        code, "exit", f"{tool} exited with status {exit_status}" + (f": {detail}" if detail else "")
+    )

@@ -54,7 +54,7 @@ from cortexfs.timefmt import rfc3339
 from cortexfs.tools import hooks, record
 from cortexfs.tools.controls import ToolControls, ToolObject, read_controls, require_available
 from cortexfs.tools.ctxpath import tier_location, which
-from cortexfs.tools.result import ERROR, OK, ToolError, ToolResult
+from cortexfs.tools.result import ERROR, OK, ToolError, ToolResult, decode_output, exit_error
 from cortexfs.tools.schemas import validate_input
 from cortexfs.tools.spawn import Finished, ProcessSpec, run_attached, run_captured
 
@@ -79,6 +79,7 @@ def run_native(
     """Run ``tool`` as ``agent`` with ``input_value`` as its JSON input (agent native mode).
 
     Never raises for a refused or failed call: the :class:`ToolResult` says what happened.
+    Only a result that cannot be recorded durably (a full disk…) raises, as an OSError.
     ``session`` is a :class:`SessionRef`, the name of a session in the agent's home, or None
     for its home session ``default``.  ``observer`` receives the frames of docs/tools.md as
     they happen: ``call`` when the tool starts, ``stderr`` per line, ``result`` at the end.
@@ -234,7 +235,7 @@ class _Call:
     def _run(self, input_value: Any, argv: list[str]) -> ToolResult:
         assert self.view is not None and self.tool is not None
         spec = self._process_spec([str(self.tool.executable), *argv], self.timeout)
-        with self._stage("run"), self._timed("run"):
+        with self._stage("run"):
             try:
                 if self.mode == NATIVE:
                     finished = run_captured(
@@ -263,7 +264,7 @@ class _Call:
         )
 
     def _finished_result(self, finished: Finished) -> ToolResult:
-        output = _decode_output(finished.stdout) if self.mode == NATIVE else None
+        output = decode_output(finished.stdout) if self.mode == NATIVE else None
         stderr = finished.stderr_tail.decode("utf-8", "replace")
         error = None
         if finished.timed_out:
@@ -275,7 +276,7 @@ class _Call:
         elif finished.output_overflow:
             error = ToolError(errno.EFBIG, "run", "its output exceeded the limit; it was killed")
         elif finished.exit_status != 0:
-            error = _exit_error(self.tool_name, finished.exit_status, output, stderr)
+            error = exit_error(self.tool_name, finished.exit_status, output, stderr)
         status = OK if error is None else ERROR
         return self._result(
             status, output=output, exit_status=finished.exit_status, error=error, stderr=stderr
@@ -324,6 +325,9 @@ class _Call:
             yield
         except CtxError as exc:
             raise _Refused(ToolError(exc.errno, stage, exc.message)) from None
+        except OSError as exc:
+            message = f"{exc.filename}: {exc.strerror}" if exc.filename else str(exc.strerror)
+            raise _Refused(ToolError(exc.errno or errno.EIO, stage, message)) from None
         finally:
             self.timings[stage] = _milliseconds(time.monotonic() - started)
 
@@ -389,26 +393,6 @@ def _file_identity(path: Path) -> tuple[int, int, int] | None:
     except FileNotFoundError:
         return None
     return status.st_dev, status.st_ino, status.st_ctime_ns
-
-
-def _decode_output(stdout: bytes) -> Any:
-    """The tool's stdout: its JSON value when it printed one, else its text."""
-    text = stdout.decode("utf-8", "replace")
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text
-
-
-def _exit_error(tool: str, exit_status: int, output: Any, stderr: str) -> ToolError:
-    """A failed run; a tool reporting ``{"errno": N, "message": …}`` keeps its errno."""
-    code, message = 0, ""
-    if isinstance(output, dict) and isinstance(output.get("errno"), int):
-        code, message = output["errno"], str(output.get("message", ""))
-    detail = message or (stderr.strip().splitlines() or [""])[-1]
-    return ToolError(
-        code, "exit", f"{tool} exited with status {exit_status}" + (f": {detail}" if detail else "")
-    )
 
 
 def _milliseconds(seconds: float) -> float:

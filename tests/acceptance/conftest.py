@@ -1,0 +1,47 @@
+"""Fixtures for the acceptance tests: a bootstrapped storage root and an initialised project
+queue in a temp dir, made once per test process with ``ctx`` itself and copied per test."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.acceptance.ctxcli import QueueCLI, clean_env, ctx_run
+
+
+@pytest.fixture(scope="session")
+def _template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("template") / "storage"
+    r = ctx_run("bootstrap", "--storage", root)
+    assert r.rc == 0, r
+    r = ctx_run("queue", "init", "--project", "proj", env=clean_env(CTX_STORAGE=str(root)))
+    assert r.rc == 0, r
+    return root
+
+
+@pytest.fixture
+def storage(_template: Path, tmp_path: Path) -> Path:
+    """A storage root made by ``ctx bootstrap``, holding the queue of project ``proj``."""
+    root = tmp_path / "storage"
+    shutil.copytree(_template, root, symlinks=True)
+    return root
+
+
+@pytest.fixture
+def queue(storage: Path) -> QueueCLI:
+    """The queue ``shared/proj/queue`` made by ``ctx queue init --project proj``."""
+    return QueueCLI(storage, "proj")
+
+
+@pytest.fixture
+def child() -> Iterator[subprocess.Popen]:
+    """A live process that can stand in as a lease holder; killed at teardown."""
+    proc = subprocess.Popen(["sleep", "600"])
+    yield proc
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()

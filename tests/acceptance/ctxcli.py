@@ -1,0 +1,216 @@
+"""Black-box helpers: run the installed ``ctx`` command in a subprocess and look at the files
+it leaves behind.  Nothing here imports the product."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+CTX_ARGV = [str(REPO / ".venv" / "bin" / "ctx")]
+
+ROOT_ENTRIES = {"bin", "tool", "agent", "model", "home", "shared"}
+QUEUE_SUBDIRS = {"inbox", "pending", "lease", "claimed", "done", "failed"}
+SUFFIX = ".req.json"
+OBJECT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """The caller's environment without any CortexFS setting, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CTX_")}
+    env.update(extra)
+    return env
+
+
+@dataclass(repr=False)
+class Run:
+    """What one ``ctx`` command did: argv after ``ctx``, exit status, stdout, stderr."""
+
+    argv: list[str]
+    rc: int
+    out: str
+    err: str
+
+    def json(self):
+        return json.loads(self.out)
+
+    def lines(self) -> list[str]:
+        return self.out.splitlines()
+
+    def __repr__(self) -> str:  # shown by pytest when an assertion on a Run fails
+        command = " ".join(self.argv)
+        return f"$ ctx {command}\nexit {self.rc}\nstdout: {self.out!r}\nstderr: {self.err!r}"
+
+
+def ctx_run(
+    *args: str | os.PathLike,
+    input: str | bytes | None = None,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+    timeout: float = 60,
+) -> Run:
+    """Run ``ctx ARGS...`` directly (no shell): its parent process is this test process."""
+    argv = [*CTX_ARGV, *map(str, args)]
+    if isinstance(input, str):
+        input = input.encode()
+    proc = subprocess.run(
+        argv,
+        input=input if input is not None else b"",
+        capture_output=True,
+        env=env if env is not None else clean_env(),
+        cwd=cwd,
+        timeout=timeout,
+    )
+    return Run(
+        argv[len(CTX_ARGV) :],
+        proc.returncode,
+        proc.stdout.decode("utf-8", "replace"),
+        proc.stderr.decode("utf-8", "replace"),
+    )
+
+
+def request(tool: str = "fs.read", **extra) -> dict:
+    """A request object with the §2.1 fields."""
+    req = {
+        "tool": tool,
+        "input": {"path": "README.md"},
+        "from": "tester",
+        "created": "2026-06-22T12:00:00Z",
+    }
+    req.update(extra)
+    return req
+
+
+def result(state: str = "done", output=None) -> dict:
+    """A result object with the §2.1 fields."""
+    return {
+        "status": "ok" if state == "done" else "error",
+        "output": output if output is not None else {"answer": 42},
+        "worker": {"worker": "tester"},
+        "started": "2026-06-22T12:00:00Z",
+        "finished": "2026-06-22T12:00:01Z",
+    }
+
+
+def snapshot(top: Path) -> dict[str, tuple]:
+    """Every entry under ``top`` (never following links): kind plus content or target."""
+    tree: dict[str, tuple] = {}
+    for dirpath, dirnames, filenames in os.walk(top, followlinks=False):
+        for name in dirnames + filenames:
+            p = Path(dirpath, name)
+            rel = str(p.relative_to(top))
+            if p.is_symlink():
+                tree[rel] = ("link", os.readlink(p))
+            elif p.is_dir():
+                tree[rel] = ("dir",)
+            elif p.is_file():
+                tree[rel] = ("file", p.read_bytes())
+            else:
+                tree[rel] = ("other",)
+    return tree
+
+
+def find_values(obj, key: str) -> list:
+    """Every value stored under ``key`` anywhere in a parsed JSON document."""
+    found = []
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            if k == key:
+                found.append(v)
+            found.extend(find_values(v, key))
+    elif isinstance(obj, list):
+        for v in obj:
+            found.extend(find_values(v, key))
+    return found
+
+
+class QueueCLI:
+    """One project queue, driven only through ``ctx queue ...``."""
+
+    def __init__(self, storage: Path, project: str) -> None:
+        self.storage = storage
+        self.project = project
+        self.dir = storage / "shared" / project / "queue"
+
+    def run(self, command: str, *args, **kw) -> Run:
+        kw.setdefault("env", clean_env(CTX_STORAGE=str(self.storage)))
+        return ctx_run("queue", command, "--project", self.project, *args, **kw)
+
+    def publish(self, req: dict | None = None, name: str | None = None) -> str:
+        args = ["--name", name] if name else []
+        r = self.run("publish", *args, "-", input=json.dumps(req or request()))
+        assert r.rc == 0, r
+        return r.out.strip()
+
+    def drop(self, name: str, req: dict | None = None) -> str:
+        """Put a request straight into ``pending/`` (its only evidence, §2.1); returns J."""
+        job = name if name.endswith(SUFFIX) else name + SUFFIX
+        (self.dir / "pending" / job).write_text(json.dumps(req or request(tag=name)))
+        return job
+
+    def terminal(self, name: str, state: str = "done") -> str:
+        """Write a finished job's pair ``STATE/J`` and ``STATE/J.result`` straight to disk."""
+        job = name if name.endswith(SUFFIX) else name + SUFFIX
+        (self.dir / state / job).write_text(json.dumps(request(tag=name)))
+        (self.dir / state / f"{job}.result").write_text(json.dumps(result(state)))
+        return job
+
+    def claim(self, *args) -> str:
+        r = self.run("claim", *args)
+        assert r.rc == 0, r
+        return r.out.strip()
+
+    def finish(self, job: str, flag: str = "--ok", output: dict | None = None) -> Run:
+        r = self.run("finish", job, flag, "-", input=json.dumps(output or {"answer": 42}))
+        assert r.rc == 0, r
+        return r
+
+    def lease(self, job: str) -> dict:
+        return json.loads((self.dir / "lease" / job / "worker").read_text())
+
+    def write_lease(self, job: str, lease: dict) -> None:
+        (self.dir / "lease" / job / "worker").write_text(json.dumps(lease))
+
+    def state(self, job: str) -> str | None:
+        """The §2.1 state whose complete evidence is on disk, else None."""
+        d = self.dir
+        if (d / "pending" / job).is_file():
+            return "pending"
+        if (d / "claimed" / job / job).is_file() and (d / "lease" / job / "worker").is_file():
+            return "claimed"
+        for terminal in ("done", "failed"):
+            if (d / terminal / job).is_file() and (d / terminal / f"{job}.result").is_file():
+                return terminal
+        return None
+
+    def entries(self, sub: str) -> set[str]:
+        return set(os.listdir(self.dir / sub))
+
+
+def kill(proc: subprocess.Popen) -> None:
+    proc.kill()
+    proc.wait()
+
+
+def is_object_name(name: str) -> bool:
+    """R-3: 1..64 bytes of [A-Za-z0-9._-], first byte alphanumeric, not ending in ``.d``."""
+    return bool(OBJECT_NAME.fullmatch(name)) and not name.endswith(".d")
+
+
+def rfc3339(stamp: str) -> datetime:
+    """Parse an RFC 3339 timestamp (with ``Z`` or an offset) to an aware datetime."""
+    parsed = datetime.fromisoformat(stamp)
+    assert parsed.tzinfo is not None, f"{stamp!r} has no time zone"
+    return parsed
+
+
+def age(path: Path, seconds: float) -> None:
+    """Make ``path`` look ``seconds`` old."""
+    then = time.time() - seconds
+    os.utime(path, (then, then), follow_symlinks=False)
