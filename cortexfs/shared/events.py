@@ -84,10 +84,14 @@ class EventLog:
         mode: int = 0o640,
         owner: Ownership | None = None,
         ops: durable.FsOps | None = None,
+        dir_fd: int | None = None,
     ) -> None:
+        """Open ``path``; with ``dir_fd`` (which stays the caller's), its name in that directory."""
         self.path = path
         self._ops = ops or durable.default_ops()
-        dir_fd = durable.open_dir_path(self._ops, str(path.parent))
+        own_dir_fd = dir_fd is None
+        if dir_fd is None:
+            dir_fd = durable.open_dir_path(self._ops, str(path.parent))
         try:
             existing = _lstat_at(dir_fd, path.name)
             if existing is not None and not stat.S_ISREG(existing.st_mode):
@@ -102,7 +106,8 @@ class EventLog:
                 os.fchmod(self._fd, mode)  # open() applied the umask; the mode is the contract
                 durable.sync_dir(self._ops, dir_fd)
         finally:
-            self._ops.close(dir_fd)
+            if own_dir_fd:
+                self._ops.close(dir_fd)
 
     def append(self, event: Mapping[str, Any], *, durable_event: bool = False) -> None:
         """Append one event as one line; with ``durable_event`` it is on disk when this returns."""

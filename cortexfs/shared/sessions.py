@@ -25,7 +25,7 @@ from cortexfs import durable
 from cortexfs.errors import CtxError, invalid, not_found
 from cortexfs.names import check_object_name, is_object_name
 from cortexfs.shared.events import EVENTS_FILE, EventLog, make_event
-from cortexfs.shared.tree import Ownership, ensure_directories, ensure_home
+from cortexfs.shared.tree import Ownership, ensure_directories, ensure_home, open_beneath
 
 DEFAULT_SESSION = "default"
 HOME_SESSION_MODE = 0o750
@@ -136,21 +136,36 @@ def open_session(
     """
     ops = ops or durable.default_ops()
     if ref.space is not None:
+        mode, events_mode = SHARED_MODE, SHARED_EVENTS_MODE
+        owner = Ownership(owner.uid, -1) if owner else None
+    else:
+        mode, events_mode = HOME_SESSION_MODE, HOME_EVENTS_MODE
+    # Walked without following links: a home or a space belongs to users who could plant one.
+    try:
+        dir_fd = open_beneath(ops, ref.root, ref.relative.parts)
+    except FileNotFoundError:
+        _create_session_directories(ref, mode, owner, ops)
+        dir_fd = open_beneath(ops, ref.root, ref.relative.parts)
+    try:
+        log = EventLog(ref.events_path, mode=events_mode, owner=owner, ops=ops, dir_fd=dir_fd)
+    finally:
+        ops.close(dir_fd)
+    return Session(ref, log)
+
+
+def _create_session_directories(
+    ref: SessionRef, mode: int, owner: Ownership | None, ops: durable.FsOps
+) -> None:
+    if ref.space is not None:
         top = ref.root / "shared" / ref.space
         if not top.is_dir():
             raise not_found(
                 f"there is no shared space {ref.space!r}; create it with 'ctx shared create'"
             )
-        parts = ["agent", ref.agent, "session", ref.name]
-        mode, events_mode = SHARED_MODE, SHARED_EVENTS_MODE
-        owner = Ownership(owner.uid, -1) if owner else None
     else:
         assert ref.uid is not None
         top = ensure_home(ops, ref.root, owner or Ownership(ref.uid, -1))
-        parts = ["agent", ref.agent, "session", ref.name]
-        mode, events_mode = HOME_SESSION_MODE, HOME_EVENTS_MODE
-    ensure_directories(ops, top, parts, mode=mode, owner=owner)
-    return Session(ref, EventLog(ref.events_path, mode=events_mode, owner=owner, ops=ops))
+    ensure_directories(ops, top, list(ref.relative.parts[2:]), mode=mode, owner=owner)
 
 
 def list_sessions(parent: Path) -> list[str]:

@@ -60,6 +60,25 @@ def ensure_directories(
     return created
 
 
+def open_beneath(ops: durable.FsOps, top: Path, parts: Sequence[str]) -> int:
+    """A descriptor of the directory ``top/parts…``, reached without following any link.
+
+    For a writer running as root inside a tree a user may change (a home, a shared space): a
+    component swapped for a symlink makes this fail (ELOOP/ENOTDIR) instead of redirecting the
+    write.  FileNotFoundError when a component is missing.
+    """
+    fd = durable.open_dir_path(ops, str(top))
+    try:
+        for depth in range(len(parts)):
+            inner = _open_level(ops, fd, top, parts[: depth + 1])
+            ops.close(fd)
+            fd = inner
+    except BaseException:
+        ops.close(fd)
+        raise
+    return fd
+
+
 def apply_mode(ops: durable.FsOps, path: Path, mode: int, owner: Ownership | None = None) -> None:
     """Set the mode (and, as root, the owner) of an existing directory, durably."""
     fd = durable.open_dir_path(ops, str(path))
@@ -86,6 +105,8 @@ def _apply(ops: durable.FsOps, fd: int, mode: int, owner: Ownership | None) -> N
 def _open_level(ops: durable.FsOps, parent_fd: int, top: Path, parts: Sequence[str]) -> int:
     try:
         return ops.open_dir(parts[-1], parent_fd)
+    except FileNotFoundError:
+        raise
     except OSError as exc:
         if exc.errno in (errno.ELOOP, errno.ENOTDIR):
             where = top.joinpath(*parts)

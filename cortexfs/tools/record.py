@@ -18,12 +18,15 @@ caller only.
 
 from __future__ import annotations
 
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
+from cortexfs import durable
+from cortexfs.errors import CtxError
 from cortexfs.shared.events import EventLog, make_event
 from cortexfs.shared.redact import bounded_summary, summarize, summarize_argv
 from cortexfs.shared.sessions import Session
+from cortexfs.shared.tree import open_beneath
 from cortexfs.tools.result import ToolResult
 
 TOOL_LOG_MODE = 0o640
@@ -67,7 +70,8 @@ def record_requested(session: Session, object_ref: str, facts: dict[str, Any]) -
 
 def record_result(
     session: Session | None,
-    tool_log: Path | None,
+    root: Path,
+    tool_log: PurePosixPath | None,
     object_ref: str,
     result: ToolResult,
     request: dict[str, Any],
@@ -87,5 +91,26 @@ def record_result(
             status=result.status,
             **{**request, **facts},
         )
-        with EventLog(tool_log, mode=TOOL_LOG_MODE) as log:
+        try:
+            log = _open_beneath(root, tool_log)
+        except CtxError:
+            # A link in the tier (a user's own tier can hold one): the chain has refused the
+            # call at step 2 already, and root writes nothing through a link.  The session
+            # holds the result.
+            return
+        with log:
             log.append(line, durable_event=True)
+
+
+def _open_beneath(root: Path, relative: PurePosixPath) -> EventLog:
+    """The log at ``root/relative``, its directories walked without following links.
+
+    A user tier belongs to a user who could swap a directory for a link to redirect a write
+    made by root.
+    """
+    ops = durable.default_ops()
+    dir_fd = open_beneath(ops, root, relative.parent.parts)
+    try:
+        return EventLog(root / relative, mode=TOOL_LOG_MODE, ops=ops, dir_fd=dir_fd)
+    finally:
+        ops.close(dir_fd)

@@ -39,7 +39,7 @@ import os
 import secrets
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from cortexfs.agents.host import require_host_administrator
@@ -147,12 +147,9 @@ class _Call:
             except _Refused as refusal:
                 result = self._result(ERROR, error=refusal.error)
             with self._timed("record"):
+                tool_log = None if self.tool is None else PurePosixPath(self.object_ref + ".d/log")
                 record.record_result(
-                    self.session,
-                    None if self.tool is None else self.tool.control("log"),
-                    self.object_ref,
-                    result,
-                    self.request,
+                    self.session, self.root, tool_log, self.object_ref, result, self.request
                 )
             self._emit({"type": "result", **result.to_json()})
             return result

@@ -275,3 +275,34 @@ def _gone(pid: int) -> bool:
             return True
         time.sleep(0.05)
     return False
+
+
+def test_links_planted_in_a_users_home_never_redirect_roots_writes(coder: World) -> None:
+    elsewhere = coder.scratch / "elsewhere"
+    (elsewhere / "coder" / "session" / "default").mkdir(parents=True)
+    home_agents = coder.root / "home" / str(coder.user.uid) / "agent"
+    coder.run("whoami", {})  # the home exists, owned by the agent's user
+    os.rename(home_agents, coder.scratch / "moved-away")
+    home_agents.symlink_to(elsewhere)  # what that user could do to their own home
+
+    result = coder.run("whoami", {})
+
+    assert result.error.stage == "session" and result.error.errno in (errno.ELOOP, errno.ENOTDIR)
+    assert not (elsewhere / "coder" / "session" / "default" / "events.jsonl").exists()
+
+
+def test_a_linked_user_tier_is_refused_and_its_log_never_written(coder: World) -> None:
+    coder.install("mine", "#!/bin/sh\ncat\n", tier="user")
+    coder.agent("owner", tools=["mine"])
+    tier = coder.root / "home" / str(coder.user.uid) / "tool"
+    coder.allow_tool("mine", "owner_t", location=f"home/{coder.user.uid}/tool")
+    os.rename(tier, coder.scratch / "real-tier")
+    tier.symlink_to(coder.scratch / "real-tier")
+    log = coder.scratch / "real-tier" / "mine.d" / "log"
+    before = log.read_bytes()
+
+    result = coder.run("mine", {}, agent="owner")
+
+    assert result.exit_status is None, "the tool never ran"
+    assert result.error.errno in (errno.ENOEXEC, errno.EACCES)  # its controls are out of reach
+    assert log.read_bytes() == before
