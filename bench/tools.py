@@ -16,7 +16,8 @@ against a baseline measured in the same run, on the same filesystem:
   against :meth:`cortexfs.shared.events.EventLog.append` with ``durable_event=True``.
 
 Two trivial tools: ``sh.cat`` (``#!/bin/sh`` + ``cat``) and the core ``fs.stat`` (Python).
-Figures are medians.  The agent runs as ``--uid`` (default: nobody), so run this as root.
+Figures are medians; a figure and its baseline are sampled in turns, so that both see the same
+load on a shared machine.  The agent runs as ``--uid`` (default: nobody), so run this as root.
 
 Usage: python bench/tools.py [--calls N] [--cli-calls N] [--events N] [--dir DIR] [--json]
 """
@@ -54,12 +55,19 @@ TRIVIAL_SHELL_TOOL = "#!/bin/sh\ncat\n"
 
 
 def median_seconds(run: Callable[[], object], count: int) -> float:
-    timings = []
+    return interleaved_medians([run], count)[0]
+
+
+def interleaved_medians(runs: list[Callable[[], object]], count: int) -> list[float]:
+    """The median time of each function, the functions taking turns so that they share
+    whatever else the machine is doing at the time."""
+    timings: list[list[float]] = [[] for _ in runs]
     for _ in range(count):
-        started = time.perf_counter()
-        run()
-        timings.append(time.perf_counter() - started)
-    return statistics.median(timings)
+        for run, samples in zip(runs, timings, strict=True):
+            started = time.perf_counter()
+            run()
+            samples.append(time.perf_counter() - started)
+    return [statistics.median(samples) for samples in timings]
 
 
 def build(workdir: Path, uid: int, gid: int) -> tuple[Path, Path]:
@@ -137,17 +145,18 @@ def measure_tool(
     def command_line() -> object:
         return subprocess.run(command, input=payload, capture_output=True, check=True)
 
-    direct_exec(root, tool, payload, view)()  # warm the page cache for both sides
+    direct_call = direct_exec(root, tool, payload, view)
+    direct_call()  # warm the page cache for both sides
     library()
-    direct = median_seconds(direct_exec(root, tool, payload, view), calls)
-    runner = median_seconds(library, calls)
-    through_cli = median_seconds(command_line, cli_calls)
+    direct, runner = interleaved_medians([direct_call, library], calls)
+    direct_again, through_cli = interleaved_medians([direct_call, command_line], cli_calls)
     return {
         "direct_exec_ms": direct * 1000,
         "run_native_ms": runner * 1000,
+        "run_native_overhead_ms": (runner - direct) * 1000,
         "run_native_ratio": runner / direct,
         "ctx_run_native_ms": through_cli * 1000,
-        "ctx_run_native_ratio": through_cli / direct,
+        "ctx_run_native_ratio": through_cli / direct_again,
     }
 
 
@@ -226,9 +235,10 @@ def main() -> int:
         verdict = "meets" if row["run_native_ratio"] <= RUNNER_TARGET else "misses"
         print(
             f"{tool:8} direct exec {row['direct_exec_ms']:7.2f} ms | run_native "
-            f"{row['run_native_ms']:7.2f} ms = {row['run_native_ratio']:.2f} x ({verdict} "
-            f"<= {RUNNER_TARGET:g} x) | ctx run --native {row['ctx_run_native_ms']:7.2f} ms "
-            f"= {row['ctx_run_native_ratio']:.2f} x"
+            f"{row['run_native_ms']:7.2f} ms (+{row['run_native_overhead_ms']:.2f} ms) = "
+            f"{row['run_native_ratio']:.2f} x ({verdict} <= {RUNNER_TARGET:g} x) | "
+            f"ctx run --native {row['ctx_run_native_ms']:7.2f} ms = "
+            f"{row['ctx_run_native_ratio']:.2f} x"
         )
     print(f"authority chain (check_tool_execute): {figures['chain_us']:.0f} us per call")
     events = figures["events"]
