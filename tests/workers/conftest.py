@@ -52,8 +52,9 @@ class Farm:
         assert done.returncode == 0, done.stderr
         return done.stdout.strip()
 
-    def worker(self, *extra: str) -> subprocess.Popen[str]:
-        """A ``ctx queue work`` process with JSON-lines output."""
+    def worker(self, *extra: str, output: Path | None = None) -> subprocess.Popen[str]:
+        """A ``ctx queue work`` process with JSON-lines output (piped, or appended to a file)."""
+        sink = open(output, "a") if output is not None else subprocess.PIPE  # noqa: SIM115
         return subprocess.Popen(
             [
                 sys.executable,
@@ -68,8 +69,8 @@ class Farm:
                 "--json",
                 *extra,
             ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            stdout=sink,
+            stderr=sink,
             text=True,
             env={**os.environ, "CTX_STORAGE": str(self.root)},
             cwd=REPO,
