@@ -1,0 +1,17 @@
+#!/usr/bin/env python3
+"""A ready worker for shell commands: runs ``shell.exec`` jobs only, as an agent (SPEC W-5).
+
+    workers/shell_worker.py --project ci --agent builder [--drain] [--timeout 600]
+
+A job is ``{"tool": "shell.exec", "input": {"cmd": "make test"}}`` (see workers/README.md for
+every input field).  Any other tool is refused: the job fails with EINVAL and the reason.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from cortexfs.worker.program import run_worker
+
+if __name__ == "__main__":
+    sys.exit(run_worker("shell", __doc__ or ""))
