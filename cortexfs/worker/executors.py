@@ -43,9 +43,18 @@ class ToolExecutor:
         self.session.close()
 
     def record(self, event: str, job: str, status: str, **facts: Any) -> None:
-        """A queue transition in the worker's session (durable: S-5 queue transitions)."""
+        """A queue transition in the worker's session.
+
+        Only ``queue.finish`` is fsynced (S-5): one fsync of the file also makes the job's
+        earlier ``queue.claim`` and ``queue.start`` lines durable, and until the finish those
+        two only repeat what the claim and lease already hold durably in the queue.
+        """
         self.session.record(
-            event, object=f"queue/{job}", status=status, durable_event=True, **facts
+            event,
+            object=f"queue/{job}",
+            status=status,
+            durable_event=event == "queue.finish",
+            **facts,
         )
 
     def abort_running(self) -> None:
