@@ -17,7 +17,7 @@ directories it touched before the next step may depend on it (Q-7)::
     publish   write inbox/tmp, fsync it            a name never shows half a request (I-2)
               move inbox/tmp -> pending/J          no-replace: never overwrite evidence (Q-1)
               sync pending/, inbox/                then, and only then, report success
-    claim     mkdir claimed/J, sync claimed/       the one arbitration point; EEXIST = lost (Q-2)
+    claim     mkdir claimed/J, lock it, sync claimed/   the arbitration point; EEXIST = lost (Q-2)
               move pending/J -> claimed/J/J
               sync claimed/J, pending/             the claim is durable ...
     lease     mkdir lease/J, sync lease/
@@ -217,11 +217,14 @@ def claim_job(queue: Queue, job: str, holder: Holder, ttl: float | None = None) 
     if not _is_regular(lstat_at(queue.pending, job)):
         return None
     ops.step("claim.mkdir")
-    # Durable before anything moves into it: a rename may reach the disk ahead of the
-    # mkdir of its destination directory, and the request would then be unreachable (I-1).
-    if not durable.make_dir_synced(ops, queue.claimed, job, 0o775):
+    try:
+        ops.mkdir(job, queue.claimed, 0o775)
+    except FileExistsError:
         return None
-    claim_fd = queue.open_job_dir("claimed", job)
+    try:
+        claim_fd = queue.open_job_dir("claimed", job)
+    except FileNotFoundError:
+        return None  # recover took our empty claim directory for a crash's leftover: lost
     try:
         # Held until the lease is durable: recover must not mistake our half-done claim
         # (a request in claimed/J and no lease yet) for the leftovers of a crash.
@@ -229,6 +232,9 @@ def claim_job(queue: Queue, job: str, holder: Holder, ttl: float | None = None) 
         if not _still_linked(queue.claimed, job, claim_fd):
             # recover removed our empty claim directory before we locked it: we lost.
             return None
+        # Durable before anything moves into it: a rename may reach the disk ahead of the
+        # mkdir of its destination directory, and the request would then be unreachable (I-1).
+        durable.sync_dir(ops, queue.claimed)
         if lstat_at(queue.lease, job) is not None:
             # Lease evidence from an earlier crash: leave the whole job to recover.
             _abandon_claim_dir(queue, job)
@@ -291,8 +297,18 @@ def _read_claimed_request(queue: Queue, claim_fd: int, job: str) -> dict[str, An
 
 
 def _abandon_claim_dir(queue: Queue, job: str) -> None:
-    """Undo our ``mkdir claimed/J`` after losing the job."""
-    durable.remove_entries(queue.ops, [(queue.claimed, job, True)])
+    """Undo our ``mkdir claimed/J`` after losing the job.
+
+    ENOTEMPTY: the directory is another claimer's.  recover took ours for a crash's empty
+    leftover before we opened it (Q-6), the winner made a new one, and that is the one we
+    opened: it holds the winner's request now, and stays.
+    """
+    try:
+        durable.remove_entries(queue.ops, [(queue.claimed, job, True)])
+    except OSError as exc:
+        if exc.errno != errno.ENOTEMPTY:
+            raise
+        return
     durable.sync_dir(queue.ops, queue.claimed)
 
 
