@@ -139,7 +139,7 @@ def _recover_job(
             return
         finding.action = "requeue"
         finding.detail = f"lease holder gone: {verdict.reason}"
-        finding.applied = dry_run or _apply(queue, evidence.job, _requeue, finding)
+        finding.applied = dry_run or _apply(queue, evidence.job, _requeue, finding, assessment)
         (report.requeued if finding.applied else report.untouched).append(finding)
         return
     if assessment.state != "incomplete":
@@ -156,7 +156,7 @@ def _recover_job(
             return
     finding.action = assessment.repair
     repair = _REPAIRS[assessment.repair or ""]
-    finding.applied = dry_run or _apply(queue, evidence.job, repair, finding)
+    finding.applied = dry_run or _apply(queue, evidence.job, repair, finding, assessment)
     (report.repaired if finding.applied else report.untouched).append(finding)
 
 
@@ -173,8 +173,11 @@ def _lease_verdict(queue: Queue, job: str) -> Verdict:
     return judge(lease)
 
 
-def _apply(queue: Queue, job: str, transition: Any, finding: Finding) -> bool:
-    """Run a transition while holding ``claimed/J``'s lock; False when someone else holds it."""
+def _apply(
+    queue: Queue, job: str, transition: Any, finding: Finding, scanned: ev.Assessment
+) -> bool:
+    """Run a transition while holding ``claimed/J``'s lock; False when someone else holds it
+    or the job is no longer what the scan saw."""
     try:
         claim_fd = queue.open_job_dir("claimed", job)
     except FileNotFoundError:
@@ -183,10 +186,16 @@ def _apply(queue: Queue, job: str, transition: Any, finding: Finding) -> bool:
         if claim_fd is not None and not lock_dir(claim_fd, wait=False):
             finding.detail += "; left alone, another process is moving this job"
             return False
-        # Re-check under the lock: the job may have moved since the scan.
-        current = ev.assess(ev.evidence_of(queue, job))
-        if current.state not in ("claimed", "incomplete"):
+        # Re-check under the lock: the job may have moved since the scan.  The scan reads
+        # claimed/ before lease/, so a claim that completed in between looked unleased; and
+        # a requeued job may have a new, live holder by now (Q-5, Q-6).
+        evidence = ev.evidence_of(queue, job)
+        current = ev.assess(evidence)
+        if (current.state, current.repair) != (scanned.state, scanned.repair):
             finding.detail += f"; left alone, it is now {current.state}"
+            return False
+        if evidence.lease_file and (verdict := _lease_verdict(queue, job)).state != GONE:
+            finding.detail += f"; left alone, lease holder {verdict.state}: {verdict.reason}"
             return False
         transition(queue, job, claim_fd)
         return True
