@@ -105,6 +105,11 @@ def _holder(pid: int | None, worker: str | None) -> Holder:
         raise usage_problem(exc) from None
 
 
+def _finisher() -> dict[str, Any]:
+    """The worker a shell ``finish`` records: the calling process, as a lease names it."""
+    return Holder.for_process(os.getppid()).summary()
+
+
 @click.group()
 def queue() -> None:
     """The crash-safe job queue of a project (shared/PROJECT/queue).
@@ -148,9 +153,7 @@ def publish(
     Refused with EEXIST when the name already has evidence anywhere in the queue.
     """
     if source is None:
-        if sys.stdin.isatty():
-            raise click.UsageError("give a request FILE, or - to read it from stdin")
-        source = "-"
+        raise click.UsageError("give a request FILE, or - to read it from stdin")
     if name is not None:
         if batch:
             raise click.UsageError("--name cannot be used with --batch")
@@ -239,19 +242,19 @@ def renew(queue_dir: Path, as_json: bool, job: str, pid: int | None, ttl: float 
 @handles_errors
 @queue_options
 @click.argument("job")
-@click.option("--ok", "outcome", flag_value="ok", help="The job succeeded: move it to done/.")
-@click.option("--error", "outcome", flag_value="error", help="The job failed: move it to failed/.")
+@click.option("--ok", "ok", is_flag=True, help="The job succeeded: move it to done/.")
+@click.option("--error", "error", is_flag=True, help="The job failed: move it to failed/.")
 @click.argument("result_source", required=False, metavar="[RESULT_FILE | -]")
 def finish(
-    queue_dir: Path, as_json: bool, job: str, outcome: str | None, result_source: str | None
+    queue_dir: Path, as_json: bool, job: str, ok: bool, error: bool, result_source: str | None
 ) -> None:
     """Finish a claimed JOB in done/ (--ok) or failed/ (--error).
 
     RESULT_FILE (or - for stdin) becomes the result's output: parsed as JSON when it is
     JSON, kept as text otherwise.  Returns only once the terminal pair is durable.
     """
-    if outcome is None:
-        raise click.UsageError("say how the job ended: --ok or --error")
+    if ok == error:
+        raise click.UsageError("say how the job ended: exactly one of --ok or --error")
     job = _job_argument(job)
     output: Any = None
     if result_source is not None:
@@ -261,9 +264,9 @@ def finish(
         except (UnicodeDecodeError, json.JSONDecodeError):
             output = raw.decode("utf-8", "replace")
     with layout.Queue.open(queue_dir) as q:
-        result = protocol.finish(q, job, outcome == "ok", output)
+        result = protocol.finish(q, job, ok, output, worker=_finisher())
     if as_json:
-        emit_json({"name": job, "state": "done" if outcome == "ok" else "failed", "result": result})
+        emit_json({"name": job, "state": "done" if ok else "failed", "result": result})
     else:
         click.echo(job)
 

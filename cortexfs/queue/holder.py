@@ -90,6 +90,16 @@ class Holder:
             start_time=start_time,
         )
 
+    def summary(self) -> dict[str, Any]:
+        """Who did the work, as a result file records it (SPEC §2.1 ``worker``)."""
+        return {
+            "id": self.worker,
+            "host": self.host,
+            "pid": self.pid,
+            "boot_id": self.boot_id,
+            "pid_ns": self.pid_ns,
+        }
+
     def is_same_process(self, other: Holder) -> bool:
         return (
             self.boot_id == other.boot_id

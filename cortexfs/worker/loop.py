@@ -271,13 +271,7 @@ class Worker:
             outcome = Outcome(False, None, f"executor error: {type(exc).__name__}: {exc}")
         if self.abort.is_set():
             return None
-        worker = {
-            "id": holder.worker,
-            "host": holder.host,
-            "pid": holder.pid,
-            "boot_id": holder.boot_id,
-            "pid_ns": holder.pid_ns,
-        }
+        worker = holder.summary()
         extra = {"reason": outcome.reason, **outcome.details}
         finish(
             queue, won.job, outcome.ok, outcome.output, worker=worker, started=started, extra=extra

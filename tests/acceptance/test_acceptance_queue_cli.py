@@ -404,10 +404,6 @@ def test_finish_makes_the_terminal_pair_and_clears_claim_and_lease(queue, flag, 
     assert queue.entries("pending") == set()
 
 
-@pytest.mark.xfail(
-    reason='finish writes "worker": null in the result; §2.1 shows it as an object',
-    strict=True,
-)
 def test_finish_result_names_the_worker_as_an_object(queue):
     """§2.1: a result file is ``{"status", "output", "worker": {...}, "started", "finished"}``."""
     job = queue.drop("worker")
@@ -461,10 +457,6 @@ def test_finish_without_ok_or_error_is_a_usage_error(queue):
     assert queue.state(job) == "pending"
 
 
-@pytest.mark.xfail(
-    reason="finish accepts both --ok and --error (the last one wins) instead of a usage error",
-    strict=True,
-)
 def test_finish_with_both_ok_and_error_is_a_usage_error(queue):
     """§2.4: ``(--ok | --error)`` are alternatives; giving both is exit 2 and changes nothing."""
     job = queue.drop("both-flags")
@@ -608,10 +600,6 @@ def test_usage_errors_exit_2(storage, args):
     assert snapshot(storage) == before
 
 
-@pytest.mark.xfail(
-    reason="publish with neither FILE nor - reads standard input instead of a usage error",
-    strict=True,
-)
 def test_publish_without_a_source_is_a_usage_error(queue):
     """§2.4: ``publish --project P [--name J] (FILE | -)``: the source is required; omitting it
     is a usage error (exit 2) and publishes nothing."""
