@@ -6,18 +6,21 @@ from pathlib import Path
 
 import click
 
-from cortexfs.cli import agent as agent_commands
-from cortexfs.cli import object as object_commands
-from cortexfs.cli import policy as policy_commands
-from cortexfs.cli import queue as queue_commands
-from cortexfs.cli import run as run_commands
-from cortexfs.cli import session as session_commands
-from cortexfs.cli import shared as shared_commands
-from cortexfs.cli import storage as storage_commands
-from cortexfs.cli import work as work_commands
+from cortexfs.cli.lazy import LazyGroup
+
+COMMANDS = {
+    "bootstrap": "cortexfs.cli.storage:bootstrap",
+    "queue": "cortexfs.cli.queue:queue",
+    "policy": "cortexfs.cli.policy:policy",
+    "object": "cortexfs.cli.object:object_group",
+    "run": "cortexfs.cli.run:run",
+    "agent": "cortexfs.cli.agent:agent",
+    "session": "cortexfs.cli.session:session",
+    "shared": "cortexfs.cli.shared:shared",
+}
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=LazyGroup, lazy=COMMANDS, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option(
     "--storage",
     type=click.Path(file_okay=False, path_type=Path),
@@ -34,14 +37,3 @@ def main(ctx: click.Context, storage: Path | None) -> None:
     $XDG_DATA_HOME/cortexfs/storage/current for other users.
     """
     ctx.obj = {"storage": storage}
-
-
-main.add_command(storage_commands.bootstrap)
-main.add_command(queue_commands.queue)
-queue_commands.queue.add_command(work_commands.work)
-main.add_command(policy_commands.policy)
-main.add_command(object_commands.object_group)
-main.add_command(run_commands.run)
-main.add_command(agent_commands.agent)
-main.add_command(session_commands.session)
-main.add_command(shared_commands.shared)

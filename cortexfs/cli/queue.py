@@ -24,6 +24,7 @@ from cortexfs.cli.common import (
     resolve_storage,
     usage_problem,
 )
+from cortexfs.cli.lazy import LazyGroup
 from cortexfs.errors import CtxError, invalid
 from cortexfs.names import job_name
 from cortexfs.queue import inspect, layout, protocol, recovery
@@ -110,7 +111,7 @@ def _finisher() -> dict[str, Any]:
     return Holder.for_process(os.getppid()).summary()
 
 
-@click.group()
+@click.group(cls=LazyGroup, lazy={"work": "cortexfs.cli.work:work"})
 def queue() -> None:
     """The crash-safe job queue of a project (shared/PROJECT/queue).
 
