@@ -8,8 +8,6 @@ from pathlib import Path
 
 import click
 
-# Importing the core tools' bootstrap step makes ``ctx bootstrap`` install them (R-5).
-import cortexfs.tools.core.bootstrap  # noqa: F401
 from cortexfs.cli.common import (
     EXIT_OK,
     EXIT_REFUSED,

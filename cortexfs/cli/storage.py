@@ -6,6 +6,9 @@ from pathlib import Path
 
 import click
 
+# The layers that add bootstrap steps register them when imported; this command is where they
+# are composed (the core tools and tool/tsh.d/config, R-5).
+import cortexfs.tools.core.bootstrap  # noqa: F401
 from cortexfs import storage
 from cortexfs.cli.common import (
     emit_json,
