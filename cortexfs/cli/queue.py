@@ -28,6 +28,7 @@ from cortexfs.cli.lazy import LazyGroup
 from cortexfs.errors import CtxError, invalid
 from cortexfs.names import job_name
 from cortexfs.queue import inspect, layout, protocol, recovery
+from cortexfs.queue.claim_order import HintedClaimOrder
 from cortexfs.queue.holder import Holder
 from cortexfs.queue.requests import parse_request_bytes
 
@@ -208,6 +209,8 @@ def claim(
     if ttl is not None and ttl <= 0:
         raise usage_problem(invalid(f"--ttl must be positive, not {ttl:g}"))
     with layout.Queue.open(queue_dir) as q:
+        # One process per claim: keep the claim order between processes.
+        q.claim_order = HintedClaimOrder(q.path)
         won = protocol.claim(q, holder, ttl)
     if won is None:
         if as_json:

@@ -19,7 +19,7 @@ from pathlib import Path
 from cortexfs import durable, storage
 from cortexfs.errors import CtxError, invalid, not_found
 from cortexfs.names import check_object_name
-from cortexfs.queue.claim_order import ClaimOrder
+from cortexfs.queue.claim_order import ClaimOrder, start_hint
 
 STATE_DIRS = ("inbox", "pending", "lease", "claimed", "done", "failed")
 CONFIG_NAME = "config"
@@ -234,6 +234,8 @@ def init_queue(path: Path, ops: durable.FsOps | None = None) -> list[str]:
         for name in STATE_DIRS:
             if durable.make_dir_synced(ops, root_fd, name, 0o775):
                 created.append(f"{path}/{name}")
+                if name == "pending":
+                    start_hint(path)  # an empty pending/ is completely described by no names
         if _lstat(root_fd, CONFIG_NAME) is None:
             tmp = f".{CONFIG_NAME}.{secrets.token_hex(6)}{TEMP_SUFFIX}"
             durable.write_file_synced(ops, root_fd, tmp, QueueConfig().render().encode())

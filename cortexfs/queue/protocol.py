@@ -50,7 +50,7 @@ from cortexfs import durable
 from cortexfs.errors import CtxError, exists, invalid, not_found
 from cortexfs.names import job_name
 from cortexfs.queue import requests
-from cortexfs.queue.claim_order import candidates
+from cortexfs.queue.claim_order import candidates, note_published
 from cortexfs.queue.holder import Holder, Lease
 from cortexfs.queue.layout import (
     LEASE_FILE,
@@ -106,6 +106,7 @@ def publish(
         _discard_temp(queue, temp)
         raise exists(f"job {job} is already pending; publish under another name") from None
     ops.step("publish.done")
+    note_published(queue.path, [job])
     return job
 
 
@@ -169,6 +170,7 @@ def publish_batch(
             f"left alone; published: {', '.join(published) or 'none'}"
         )
     ops.step("publish_batch.done")
+    note_published(queue.path, jobs)
     return jobs
 
 

@@ -31,6 +31,7 @@ from typing import Any
 from cortexfs import durable
 from cortexfs.errors import CtxError
 from cortexfs.queue import evidence as ev
+from cortexfs.queue.claim_order import note_published
 from cortexfs.queue.holder import ALIVE, GONE, Lease, Verdict, judge
 from cortexfs.queue.layout import (
     LEASE_FILE,
@@ -228,6 +229,7 @@ def _requeue(queue: Queue, job: str, claim_fd: int | None) -> None:
     _move_claim_to(queue, job, claim_fd, queue.pending)
     queue.ops.step("recover.cleanup")
     remove_claim_and_lease(queue, job)
+    note_published(queue.path, [job])
 
 
 def _roll_forward(queue: Queue, job: str, claim_fd: int | None) -> None:
