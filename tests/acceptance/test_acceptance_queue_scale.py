@@ -26,10 +26,6 @@ def claim_cost(queue: QueueCLI) -> tuple[float, float]:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    reason="each ctx queue claim lists and sorts all of pending/: ~1 s more CPU at 100 000 jobs",
-    strict=True,
-)
 def test_one_claim_costs_about_the_same_with_100000_pending_jobs(storage, tmp_path):
     """Q-10: no full listdir + sort per claim: one claim from a queue of 100 000 published jobs
     costs (in CPU time) no more than a quarter of a second above a claim from a tiny queue.
