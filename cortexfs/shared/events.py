@@ -120,6 +120,10 @@ class EventLog:
         finally:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
 
+    def sync(self) -> None:
+        """Make every event appended so far durable (one fsync for several appends)."""
+        self._ops.fsync(self._fd)
+
     def close(self) -> None:
         if self._fd >= 0:
             self._ops.close(self._fd)

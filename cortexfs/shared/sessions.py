@@ -113,6 +113,10 @@ class Session:
         self._log.append(event, durable_event=durable_event)
         return event
 
+    def sync(self) -> None:
+        """Make every event recorded so far durable."""
+        self._log.sync()
+
     def close(self) -> None:
         self._log.close()
 

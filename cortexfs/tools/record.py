@@ -76,40 +76,46 @@ def record_result(
     result: ToolResult,
     request: dict[str, Any],
 ) -> None:
-    """``tool_result`` in the session and a line in the tool's log, both durable."""
+    """``tool_result`` in the session and a line in the tool's log, both durable on return.
+
+    Both lines are written before either is synced: on a journaling filesystem the first
+    fsync then commits the second file's append too, and the second fsync finds little left.
+    """
     facts = result_facts(result)
-    if session is not None:
-        session.record(
-            "tool_result", object=object_ref, status=result.status, durable_event=True, **facts
-        )
-    if tool_log is not None:
-        line = make_event(
-            "tool_result",
-            agent=result.agent,
-            session=result.session,
-            object=object_ref,
-            status=result.status,
-            **{**request, **facts},
-        )
-        try:
-            log = _open_beneath(root, tool_log)
-        except CtxError:
-            # A link in the tier (a user's own tier can hold one): the chain has refused the
-            # call at step 2 already, and root writes nothing through a link.  The session
-            # holds the result.
-            return
-        with log:
-            log.append(line, durable_event=True)
+    log = None if tool_log is None else _open_tool_log(root, tool_log)
+    try:
+        if log is not None:
+            line = make_event(
+                "tool_result",
+                agent=result.agent,
+                session=result.session,
+                object=object_ref,
+                status=result.status,
+                **{**request, **facts},
+            )
+            log.append(line)
+        if session is not None:
+            session.record("tool_result", object=object_ref, status=result.status, **facts)
+            session.sync()
+        if log is not None:
+            log.sync()
+    finally:
+        if log is not None:
+            log.close()
 
 
-def _open_beneath(root: Path, relative: PurePosixPath) -> EventLog:
-    """The log at ``root/relative``, its directories walked without following links.
+def _open_tool_log(root: Path, relative: PurePosixPath) -> EventLog | None:
+    """The tool's log, its directories walked without following links; None if one is a link.
 
     A user tier belongs to a user who could swap a directory for a link to redirect a write
-    made by root.
+    made by root.  The chain has refused such a call at step 2 already; the session holds its
+    result.
     """
     ops = durable.default_ops()
-    dir_fd = open_beneath(ops, root, relative.parent.parts)
+    try:
+        dir_fd = open_beneath(ops, root, relative.parent.parts)
+    except CtxError:
+        return None
     try:
         return EventLog(root / relative, mode=TOOL_LOG_MODE, ops=ops, dir_fd=dir_fd)
     finally:
