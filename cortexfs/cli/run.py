@@ -32,9 +32,7 @@ EXIT_CANNOT_RUN = 126
 @click.option("--agent", required=True, help="The agent whose identity, mounts and policy apply.")
 @click.option("--session", default=DEFAULT_SESSION, show_default=True, help="Session to record in.")
 @click.option("--project", help="Record in shared/PROJECT/agent/AGENT/session/SESSION instead.")
-@click.option(
-    "--native", is_flag=True, help="Agent native mode: JSON on stdin, JSONL frames out."
-)
+@click.option("--native", is_flag=True, help="Agent native mode: JSON on stdin, JSONL frames out.")
 @click.option(
     "--timeout",
     type=click.FloatRange(min=0, min_open=True),
