@@ -1,13 +1,12 @@
 """``ctx bootstrap`` for tools: the core tools, ``tool/tsh.d/config``, interrupted installs (R-5).
 
 Each core tool is installed through the ordinary lifecycle (:func:`cortexfs.tools.install.
-install_tool`) from its manifest in ``manifests/`` and a generated launcher::
-
-    #!<python> -I
-    import sys
-    sys.path.insert(0, "<directory holding the cortexfs package>")
-    from cortexfs.tools.core.fs_read import run
-    sys.exit(run())
+install_tool`) from its manifest in ``manifests/`` and a generated executable: a Python zip
+application (``#!<python> -I`` followed by a zip archive) that carries the few modules the
+tool imports (:data:`BUNDLED`) and a ``__main__`` calling its ``run()``.  The tool is thus one
+self-contained file of the storage root: an agent uid needs to read nothing of the installed
+package, wherever (and however privately) it lives.  The archive is byte-for-byte the same for
+the same sources, so an unchanged tool is recognised as current.
 
 ``-I`` keeps the environment (``PYTHONPATH``, user site-packages) out of the tool.  The
 interpreter must be one every agent uid can execute: this one when its whole path is
@@ -20,6 +19,7 @@ would install; its policy, status, log and hooks are kept (:mod:`cortexfs.tools.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import secrets
@@ -28,6 +28,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import zipfile
 from pathlib import Path
 
 import cortexfs
@@ -55,11 +56,6 @@ def bootstrap_tools(root: Path, source: Path | None, report: storage.BootstrapRe
     if problem:
         report.problems.append(problem)
     package_parent = Path(cortexfs.__file__).resolve().parent.parent
-    if not _world_reachable(package_parent / "cortexfs"):
-        report.problems.append(
-            f"{package_parent / 'cortexfs'} is not readable by every user, so agents with "
-            "another uid cannot run the core tools"
-        )
     system = parse_tier(root, "system")
     for name, module in CORE_TOOLS.items():
         launcher = render_launcher(interpreter, package_parent, module)
@@ -75,15 +71,36 @@ def core_manifest(name: str, exec_path: Path) -> Manifest:
     return parse_manifest(document, source=path)
 
 
+# What a core tool imports: the standard library and these modules, nothing else.
+BUNDLED = (
+    "cortexfs/__init__.py",
+    "cortexfs/durable.py",
+    "cortexfs/errors.py",
+    "cortexfs/timefmt.py",
+    "cortexfs/tools/__init__.py",
+    "cortexfs/tools/core/__init__.py",
+    "cortexfs/tools/core/confine.py",
+    "cortexfs/tools/core/toolio.py",
+    *(f"cortexfs/tools/core/{module}.py" for module in sorted(set(CORE_TOOLS.values()))),
+)
+_ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)  # fixed entry times: the same sources, the same bytes
+
+
 def render_launcher(interpreter: str, package_parent: Path, module: str) -> bytes:
-    return (
-        f"#!{interpreter} -I\n"
-        f'"""CortexFS core tool launcher, written by ctx bootstrap (SPEC R-5)."""\n'
-        "import sys\n"
-        f"sys.path.insert(0, {str(package_parent)!r})\n"
-        f"from cortexfs.tools.core.{module} import run\n"
-        "sys.exit(run())\n"
-    ).encode()
+    """A core tool as a self-contained zip application for ``interpreter``."""
+    archive = io.BytesIO()
+    with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as bundle:
+        main = (
+            '"""CortexFS core tool, written by ctx bootstrap (SPEC R-5)."""\n'
+            f"import sys\nfrom cortexfs.tools.core.{module} import run\nsys.exit(run())\n"
+        )
+        entries = [(name, (package_parent / name).read_bytes()) for name in BUNDLED]
+        for name, data in [("__main__.py", main.encode()), *entries]:
+            info = zipfile.ZipInfo(name, date_time=_ZIP_EPOCH)
+            info.external_attr = 0o644 << 16
+            info.compress_type = zipfile.ZIP_DEFLATED
+            bundle.writestr(info, data)
+    return f"#!{interpreter} -I\n".encode() + archive.getvalue()
 
 
 def core_interpreter() -> tuple[str, str]:
