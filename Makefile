@@ -19,3 +19,8 @@ lint:
 
 bench: install
 	$(PY) bench/queue_lifecycle.py
+
+# The whole crash harness of docs/crash-model.md (every crash state, the full mutation check,
+# 600-SIGKILL fuzzes in both move strategies), ending with the result table.
+crash: install
+	$(PY) -m pytest tests/crash -m "slow or not slow" -n 2 -p no:cacheprovider -q

@@ -127,7 +127,8 @@ def returns_not_durable(explorer: Explorer, journal: Journal) -> list[str]:
             began[actor] = index
         elif isinstance(op, Returned) and actor in began:
             start = began.pop(actor)
-            what = records[start].op
+            call = records[start].op
+            assert isinstance(call, Attempt)
             for unit in explorer.units:
                 if (
                     start < unit.index < index
@@ -136,7 +137,7 @@ def returns_not_durable(explorer: Explorer, journal: Journal) -> list[str]:
                     and unit not in durable[index + 1]
                 ):
                     problems.append(
-                        f"Q-7: {what} returned before {unit.describe()} "
+                        f"Q-7: {call.what} {call.job} returned before {unit.describe()} "
                         f"({entry_paths(journal, unit)}) was durable"
                     )
     return problems

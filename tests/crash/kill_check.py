@@ -1,4 +1,4 @@
-"""What a kill -9 run must show once recover and a drain have run (issue 3, item 7).
+"""What a kill -9 run must show once recover and a drain have run (docs/crash-model.md §6).
 
 The logs written by :mod:`tests.crash.kill_runner` are the oracle: every job whose publish
 returned ends in ``done/`` or ``failed/`` (I-1: none lost), no job runs after its finish was

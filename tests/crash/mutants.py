@@ -1,5 +1,5 @@
 """The mutation check: disable one sync or no-replace guard of the protocol at a time and
-show that the harness then reports a violation (issue 3, item 6).
+show that the harness then reports a violation (docs/crash-model.md §5).
 
 A call site is named by the chain of ``cortexfs`` frames that led to the system call plus
 the directory or file it acted on, e.g. ``fsync pending/ @ protocol.publish:102 >
@@ -44,8 +44,8 @@ _FRESH_LEASE = (
 )
 _RESULT_ARBITRATES = (
     "the result move just before is the arbiter between finishers: a second finisher is "
-    "refused there (EEXIST) and never reaches the request move; done/J can exist here only "
-    "if that arbiter was bypassed"
+    "refused there (EEXIST) and never reaches the request move; the request's terminal name "
+    "can exist here only if that arbiter was bypassed"
 )
 _SAME_FILE = (
     "roll-forward runs only when the re-check under the claimed/J lock found no done/J; the "

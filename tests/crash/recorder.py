@@ -45,7 +45,7 @@ from tests.crash.microops import (
 )
 
 _PACKAGE_DIR = str(Path(durable.__file__).parent) + os.sep
-_DURABLE = durable.__file__.removesuffix("c")  # durable.py, even when loaded from bytecode
+_DURABLE = durable.__file__
 _JOB_COMPONENT = re.compile(r"[^/]*\.req\.json(?=/|$|\.result$)")
 _TEMP_COMPONENT = re.compile(r"[^/]*\.tmp(?=/|$)")
 

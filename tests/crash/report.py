@@ -76,22 +76,24 @@ def render_mutants(rows: list[dict[str, Any]]) -> Iterator[str]:
                 yield f"      justified: {r['justified']}"
 
 
+KILL_COUNTS = ("sigkills", "published", "executions", "reexecutions", "lost", "after_ack")
+
+
 def render_kills(rows: list[dict[str, Any]]) -> Iterator[str]:
+    """One line per kind of run (the step kills of one strategy add up to one line)."""
+    runs: defaultdict[str, defaultdict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for r in rows:
+        for key in KILL_COUNTS:
+            runs[r["run"]][key] += r[key]
+            runs["total"][key] += r[key]
     yield "kill -9 runs (real processes, then recover --reconcile and a drain)"
     yield (
-        f"  {'run':<34}{'SIGKILLs':>9}{'published':>10}{'runs':>7}{'re-runs':>8}"
+        f"  {'run':<46}{'SIGKILLs':>9}{'published':>10}{'runs':>7}{'re-runs':>8}"
         f"{'lost':>6}{'run after ack':>14}"
     )
-    totals = defaultdict(int)
-    for r in rows:
+    for name in [*sorted(n for n in runs if n != "total"), "total"]:
+        c = runs[name]
         yield (
-            f"  {r['run']:<34}{r['sigkills']:>9}{r['published']:>10}{r['executions']:>7}"
-            f"{r['reexecutions']:>8}{r['lost']:>6}{r['after_ack']:>14}"
+            f"  {name:<46}{c['sigkills']:>9}{c['published']:>10}{c['executions']:>7}"
+            f"{c['reexecutions']:>8}{c['lost']:>6}{c['after_ack']:>14}"
         )
-        for key in ("sigkills", "published", "executions", "reexecutions", "lost", "after_ack"):
-            totals[key] += r[key]
-    yield (
-        f"  {'total':<34}{totals['sigkills']:>9}{totals['published']:>10}"
-        f"{totals['executions']:>7}{totals['reexecutions']:>8}{totals['lost']:>6}"
-        f"{totals['after_ack']:>14}"
-    )

@@ -1,4 +1,4 @@
-"""Every crash state of every workload, judged with the real recover (issue 3, items 2-5).
+"""Every crash state of every workload, judged with the real recover (docs/crash-model.md §2-§4).
 
 Exhaustive per workload under the configurations that must be clean — atomic rename with
 the rename strategy, pessimistic rename with the link strategy (what the product picks where

@@ -1,4 +1,4 @@
-"""Real processes, SIGKILLed (issue 3, item 7): at every named step of the protocol, and at
+"""Real processes, SIGKILLed (docs/crash-model.md §6): at every named step of the protocol, and at
 random moments in a fuzz of four workers and a recover loop.  After each run: recover
 --reconcile through the real ``ctx`` command, a drain, and the checks of
 :mod:`tests.crash.kill_check` — 0 jobs lost, 0 executed after their finish was acknowledged.
@@ -13,6 +13,7 @@ import ast
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -65,7 +66,7 @@ class Run:
         expected = -signal.SIGKILL if killed else 0
         assert done.returncode == expected, f"{mode} {args}: {done.returncode}\n{done.stderr}"
 
-    def recover_and_drain(self, table, name: str) -> None:
+    def recover_and_drain(self, table: Callable[..., None], name: str) -> None:
         recovered = ctx_recover(self.queue)
         assert recovered.returncode == 0, recovered.stdout + recovered.stderr
         self("work")
@@ -115,7 +116,7 @@ def test_a_process_killed_at_each_named_step(tmp_path, step, strategy, table):
     else:
         run("publish", "k1", "k2")
         run("work", "--renew", "--die-at", step, killed=True)
-    run.recover_and_drain(table, f"killed at {step} ({strategy})")
+    run.recover_and_drain(table, f"killed once at each named step ({strategy})")
 
 
 @pytest.mark.parametrize(
@@ -131,5 +132,5 @@ def test_random_sigkills_lose_nothing_and_repeat_nothing_acknowledged(
 ):
     run = Run(tmp_path, strategy)
     run("fuzz", "--kills", str(kills), "--seed", str(kills))
-    run.recover_and_drain(table, f"fuzz, 4 workers + recover ({strategy})")
+    run.recover_and_drain(table, f"fuzz: 4 workers + recover, {kills} kills ({strategy})")
     assert check_run(run.queue, run.logs)[0].sigkills >= kills

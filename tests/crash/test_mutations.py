@@ -1,6 +1,6 @@
-"""Disable one sync or one no-replace guard at a time: the harness must notice (issue 3,
-item 6).  The kill ratio is in the result table; every survivor is a guard that cannot fire,
-named with its reason in :data:`tests.crash.mutants.JUSTIFIED` and docs/crash-model.md §5.
+"""Disable one sync or one no-replace guard at a time: the harness must notice
+(docs/crash-model.md §5).  The kill ratio is in the result table; every survivor is a guard
+that cannot fire, named with its reason in :data:`tests.crash.mutants.JUSTIFIED`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The recorder sees every change the protocol makes to a queue (issue 3, item 1).
+"""The recorder sees every change the protocol makes to a queue (docs/crash-model.md §1).
 
 Each verb runs once under ``strace -f``; every system call that changed something under the
 queue directory must be, in the same order, a micro-operation the recorder journalled.  Code

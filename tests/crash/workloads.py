@@ -1,5 +1,6 @@
-"""The workloads whose crash states the harness explores (issue: each verb alone, a full
-lifecycle, two workers contending, and recover itself crashing midway).
+"""The workloads whose crash states the harness explores: each verb alone, a full lifecycle,
+two workers contending, same-name publishers, two finishers without flock, and recover
+itself crashing midway (docs/crash-model.md §4).
 
 A workload has an unrecorded ``setup`` that builds its durable starting state and a
 recorded ``run``.  Every lease is held by the stage's holder: a process that has exited (so
@@ -218,7 +219,7 @@ def workloads() -> list[Workload]:
 
         return run
 
-    found = [
+    return [
         Workload("publish", run_in("publisher", lambda s, q: s.publish(q, "a", pad=1200))),
         Workload(
             "publish --batch", run_in("publisher", lambda s, q: s.publish_batch(q, ["b", "c"]))
@@ -267,7 +268,6 @@ def workloads() -> list[Workload]:
             leftovers,
         ),
     ]
-    return found
 
 
 def crowded_workloads() -> list[Workload]:
@@ -277,4 +277,4 @@ def crowded_workloads() -> list[Workload]:
         with stage.queue("publisher") as q:
             stage.publish_batch(q, [f"j{n}" for n in range(8)])
 
-    return [Workload("publish --batch of 8", batch_of_eight, group="publish --batch of 8")]
+    return [Workload("publish --batch of 8", batch_of_eight)]
