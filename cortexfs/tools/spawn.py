@@ -22,6 +22,7 @@ import contextlib
 import os
 import select
 import selectors
+import shutil
 import signal
 import subprocess
 import time
@@ -73,7 +74,7 @@ def run_captured(
     """Run with pipes: feed ``stdin_data``, capture stdout (bounded) and stderr (its tail)."""
     started = time.monotonic()
     process = subprocess.Popen(
-        list(spec.argv),
+        _dies_with_caller(spec.argv),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -107,7 +108,7 @@ def run_attached(spec: ProcessSpec) -> Finished:
     """Run with the caller's stdin, stdout and stderr (terminal CLI mode, T-3)."""
     started = time.monotonic()
     process = subprocess.Popen(
-        list(spec.argv),
+        _dies_with_caller(spec.argv),
         env=dict(spec.env),
         cwd=spec.cwd,
         process_group=0,
@@ -243,6 +244,19 @@ def _exits_within(pid: int, timeout: float | None) -> bool:
     finally:
         os.close(exit_fd)
     return bool(readable)
+
+
+# A tool must not outlive the process running it: when a worker is killed, recover puts the
+# job back and another worker runs it; the first execution must not go on beside the second
+# (I-3).  setpriv(1) sets the parent-death signal and execs the tool, which keeps it.
+_SETPRIV = shutil.which("setpriv")
+
+
+def _dies_with_caller(argv: Sequence[str]) -> list[str]:
+    """``argv`` prefixed so that the kernel SIGKILLs the tool if its caller dies first."""
+    if _SETPRIV is None:
+        return list(argv)
+    return [_SETPRIV, "--pdeathsig", "KILL", "--", *argv]
 
 
 def _credentials(identity: Identity | None) -> dict[str, object]:

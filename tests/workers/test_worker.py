@@ -186,3 +186,20 @@ def test_a_waiting_worker_wakes_up_for_new_jobs(farm: Farm) -> None:
 def test_work_needs_an_existing_agent(farm: Farm) -> None:
     done = farm.ctx("queue", "work", "--project", PROJECT, "--agent", "ghost", "--drain")
     assert done.returncode == 1 and "ENOENT" in done.stderr
+
+
+def test_a_killed_workers_tool_does_not_run_on(farm: Farm) -> None:
+    """The job will run again elsewhere: the first execution must not go on beside it."""
+    pid_file = farm.scratch / "logs" / "sh.pid"
+    farm.publish("shell.exec", {"cmd": f"echo $$ > {pid_file}; sleep 60; echo too late"})
+    worker = farm.worker()
+    while not pid_file.exists() or not pid_file.read_text().strip():
+        time.sleep(0.05)
+    worker.kill()
+    worker.communicate()
+    shell = int(pid_file.read_text())
+    for _ in range(100):
+        if not Path(f"/proc/{shell}").exists():
+            break
+        time.sleep(0.05)
+    assert not Path(f"/proc/{shell}").exists(), "the tool outlived its killed worker"
