@@ -28,9 +28,9 @@ class Node:
     entries: dict[str, int] = field(default_factory=dict)
 
 
-# One reachable entry as compared between images: (path, "dir") or
-# (path, "file", data, first path of the same node) — the last field tells hard links apart.
-Entry = tuple[str, ...] | tuple[str, str, bytes, str]
+# One reachable entry as compared between images: (path, kind, data, first path of the same
+# node) — the last field tells hard links apart; directories have no data and no first path.
+Entry = tuple[str, str, bytes, str]
 
 
 class Image:
@@ -94,7 +94,7 @@ class Image:
             if node is None:
                 continue
             if node.kind == DIR:
-                entries.add((path, DIR))
+                entries.add((path, DIR, b"", ""))
             else:
                 entries.add((path, FILE, node.data, first_path.setdefault(ident, path)))
         return frozenset(entries)

@@ -6,9 +6,9 @@
     python -m tests.crash.kill_runner fuzz    QUEUE LOGS --kills N --seed S
 
 ``--die-at POINT`` installs an :class:`cortexfs.durable.FsOps` that SIGKILLs the process when
-the protocol reaches that named step, or right after a successful ``link`` or
-``rename_noreplace`` (``link`` is the middle of a link-strategy move); ``--occurrence`` picks
-the n-th time.  That hook exists only here: the product has no way to enable it.
+the protocol reaches that named step, or right after a successful ``link`` (the middle of a
+link-strategy move); ``--occurrence`` picks the n-th time.  That hook exists only here: the
+product has no way to enable it.
 
 Every event the checks need is one line written with one ``write`` on an ``O_APPEND`` file
 in LOGS: the subject, the process (``pid@start-time``: unlike a pid, never reused) and
@@ -57,10 +57,6 @@ class DyingOps(durable.FsOps):
         super().link(src, src_dir_fd, dst, dst_dir_fd)
         self._reached("link")
 
-    def rename_noreplace(self, src: str, src_dir_fd: int, dst: str, dst_dir_fd: int) -> None:
-        super().rename_noreplace(src, src_dir_fd, dst, dst_dir_fd)
-        self._reached("rename_noreplace")
-
 
 def identity(pid: int | None = None) -> str:
     """``pid@start-time`` of a process (default: this one)."""
@@ -90,7 +86,9 @@ def outcome_of(job: str) -> bool:
     return sum(job.encode()) % 4 != 0
 
 
-def work(queue_dir: Path, logs: Path, ops: durable.FsOps, *, forever: bool, renew_too: bool):
+def work(
+    queue_dir: Path, logs: Path, ops: durable.FsOps, *, forever: bool, renew_too: bool
+) -> None:
     """Claim, execute (log it), optionally renew, finish (log the ack); until the queue is
     empty, or forever (the fuzz kills us)."""
     holder = Holder.for_process(worker=f"worker-{os.getpid()}")
@@ -110,7 +108,9 @@ def work(queue_dir: Path, logs: Path, ops: durable.FsOps, *, forever: bool, rene
             acked.write(won.job)
 
 
-def publish_jobs(queue_dir: Path, logs: Path, ops: durable.FsOps, names: list[str], batch: bool):
+def publish_jobs(
+    queue_dir: Path, logs: Path, ops: durable.FsOps, names: list[str], batch: bool
+) -> None:
     published = Log(logs, "published")
     with Queue.open(queue_dir, ops=ops) as queue:
         requests = [request_for(name) for name in names]

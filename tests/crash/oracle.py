@@ -48,7 +48,7 @@ def tree(path: Path) -> Tree:
 
 
 def files(t: Tree) -> dict[str, bytes]:
-    return {e[0]: e[2] for e in t if e[1] == FILE}  # type: ignore[misc]
+    return {path: data for path, kind, data, _ in t if kind == FILE}
 
 
 def owner(path: str) -> str:

@@ -120,8 +120,9 @@ class Unit:
             assert isinstance(op, Rename) and op.replaced is not None
             remove_entry(image, op.parent, op.name, op.replaced)
         elif self.part == "add":
+            assert isinstance(op, Rename)
             image.file(op.node)
-            image.directory(op.parent).entries[op.name] = op.node  # type: ignore[union-attr]
+            image.directory(op.parent).entries[op.name] = op.node
         elif self.part == "remove":
             assert isinstance(op, Rename)
             remove_entry(image, op.src_parent, op.src_name, op.node)

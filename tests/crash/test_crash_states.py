@@ -10,10 +10,13 @@ the seed in ``CTX_CRASH_SEED`` (default below), which the result table prints.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
 from cortexfs.durable import MOVE_LINK, MOVE_RENAME
+from cortexfs.queue import Holder
 from tests.crash.harness import Outcome, explore
 from tests.crash.persistence import Mode
 from tests.crash.workloads import Workload, crowded_workloads, workloads
@@ -33,7 +36,15 @@ def by_name(names: tuple[str, ...]) -> list[Workload]:
     return [w for w in ALL if w.name in names]
 
 
-def run(workload, mode, strategy, holder, drainer, table, **options) -> Outcome:
+def run(
+    workload: Workload,
+    mode: Mode,
+    strategy: str,
+    holder: Holder,
+    drainer: Holder,
+    table: Callable[..., None],
+    **options: Any,
+) -> Outcome:
     outcome = explore(workload, mode, strategy, holder, drainer, seed=SEED, **options)
     rows = [w.row for w in ALL]
     table(
