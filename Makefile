@@ -17,8 +17,17 @@ lint:
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
+# Every benchmark, each against a baseline measured in the same run, reported as ratios.
 bench: install
 	$(PY) bench/queue_lifecycle.py
+	$(PY) bench/policy.py
+	$(PY) bench/tools.py
+	$(PY) bench/workers.py
+
+# The long runs the default suite only samples: every test marked slow (the 8 x 1000 worker
+# kill fuzz, the 100 000-job claim, the exhaustive crash sweep).
+soak: install
+	$(PY) -m pytest -m slow -n 2 -p no:cacheprovider -q
 
 # The whole crash harness of docs/crash-model.md (every crash state, the full mutation check,
 # 600-SIGKILL fuzzes in both move strategies), ending with the result table.
