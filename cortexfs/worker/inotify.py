@@ -42,12 +42,15 @@ class Wakeup:
         self.read_fd, self.write_fd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
 
     def ring(self) -> None:
-        with contextlib.suppress(BlockingIOError):  # full pipe: already ringing
+        # A full pipe is already ringing; a closed one has nobody left to wake.
+        with contextlib.suppress(OSError):
             os.write(self.write_fd, b"!")
 
     def close(self) -> None:
-        os.close(self.read_fd)
-        os.close(self.write_fd)
+        for fd in (self.read_fd, self.write_fd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.read_fd = self.write_fd = -1
 
 
 class PendingWatch:

@@ -213,6 +213,7 @@ class Worker:
             finally:
                 keeper.stopped.set()
                 watch.close()
+                self.wakeup.close()
         self.listener("stop", self.summary.to_json())
         return self.summary
 
