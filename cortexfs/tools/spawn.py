@@ -73,8 +73,9 @@ def run_captured(
 ) -> Finished:
     """Run with pipes: feed ``stdin_data``, capture stdout (bounded) and stderr (its tail)."""
     started = time.monotonic()
+    argv, credentials = _launch(spec)
     process = subprocess.Popen(
-        _dies_with_caller(spec.argv),
+        argv,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -82,7 +83,7 @@ def run_captured(
         cwd=spec.cwd,
         start_new_session=True,
         close_fds=True,
-        **_credentials(spec.identity),
+        **credentials,
     )
     if on_start:
         on_start(process.pid)
@@ -107,13 +108,14 @@ def run_captured(
 def run_attached(spec: ProcessSpec) -> Finished:
     """Run with the caller's stdin, stdout and stderr (terminal CLI mode, T-3)."""
     started = time.monotonic()
+    argv, credentials = _launch(spec)
     process = subprocess.Popen(
-        _dies_with_caller(spec.argv),
+        argv,
         env=dict(spec.env),
         cwd=spec.cwd,
         process_group=0,
         close_fds=True,
-        **_credentials(spec.identity),
+        **credentials,
     )
     with _foreground(process.pid), _forwarding_signals(process.pid):
         timed_out = not _exits_within(process.pid, spec.timeout)
@@ -246,23 +248,36 @@ def _exits_within(pid: int, timeout: float | None) -> bool:
     return bool(readable)
 
 
-# A tool must not outlive the process running it: when a worker is killed, recover puts the
-# job back and another worker runs it; the first execution must not go on beside the second
-# (I-3).  setpriv(1) sets the parent-death signal and execs the tool, which keeps it.
+# How a tool process starts (T-5, I-3).  Two things must hold before the tool's first
+# instruction: it runs under the agent's uid, gid and groups (when the host is root), and it
+# dies if the process that started it dies — when a worker is killed, recover puts the job
+# back and another worker runs it, and the first execution must not go on beside the second.
+# setpriv(1) does both and then execs the tool: it switches the credentials and sets the
+# parent-death signal after them (a credential change would clear it).  Letting setpriv switch
+# the credentials also lets Python start the child with vfork instead of copying the whole
+# caller, which for a worker saves more than setpriv costs.  Without setpriv, the credentials
+# are switched by subprocess and the tool does not die with its caller.
 _SETPRIV = shutil.which("setpriv")
 
 
-def _dies_with_caller(argv: Sequence[str]) -> list[str]:
-    """``argv`` prefixed so that the kernel SIGKILLs the tool if its caller dies first."""
+def _launch(spec: ProcessSpec) -> tuple[list[str], dict[str, object]]:
+    """The argv to start and the credential arguments for :class:`subprocess.Popen`."""
+    identity = spec.identity if os.geteuid() == 0 else None
     if _SETPRIV is None:
-        return list(argv)
-    return [_SETPRIV, "--pdeathsig", "KILL", "--", *argv]
-
-
-def _credentials(identity: Identity | None) -> dict[str, object]:
-    if identity is None or os.geteuid() != 0:
-        return {}
-    return {"user": identity.uid, "group": identity.gid, "extra_groups": sorted(identity.groups)}
+        if identity is None:
+            return list(spec.argv), {}
+        groups = sorted(identity.groups)
+        return list(spec.argv), {
+            "user": identity.uid,
+            "group": identity.gid,
+            "extra_groups": groups,
+        }
+    prefix = [_SETPRIV]
+    if identity is not None:
+        groups = ",".join(str(g) for g in sorted(identity.groups))
+        prefix += [f"--reuid={identity.uid}", f"--regid={identity.gid}"]
+        prefix += [f"--groups={groups}"] if groups else ["--clear-groups"]
+    return [*prefix, "--pdeathsig=KILL", "--", *spec.argv], {}
 
 
 def _kill_group(pgid: int) -> None:
