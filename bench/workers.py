@@ -2,8 +2,8 @@
 
 All in one run, on one storage root, with a trivial tool (a shell script printing ``{}``):
 
-* throughput of ``ctx queue work --drain`` with 1, 2 and 4 worker processes on the same
-  number of jobs (ratios against one worker);
+* throughput of 1, 2 and 4 running ``ctx queue work`` processes on the same batch of jobs,
+  from its publication to its last job done (ratios against one worker);
 * per job, one worker's time against its baseline: the bare queue lifecycle of the same jobs
   (claim + finish, library API, no tool) plus one direct exec of the same tool program.
 
@@ -18,6 +18,7 @@ import json
 import os
 import pwd
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -82,28 +83,48 @@ def fresh_queue(root: Path, jobs: int) -> Path:
 
 
 def workers_throughput(root: Path, jobs: int, processes: int) -> float:
-    fresh_queue(root, jobs)
+    """Jobs/s of ``processes`` running workers, from the publish of a batch to its last job.
+
+    The workers are started (and have reported ``start``) before the batch is published, so
+    the figure is their steady throughput, not their start-up (given separately).
+    """
+    path = fresh_queue(root, 0)
     env = {**os.environ, "CTX_STORAGE": str(root)}
-    command = [*CTX, "queue", "work", "--project", PROJECT, "--agent", AGENT, "--drain"]
+    command = [*CTX, "queue", "work", "--project", PROJECT, "--agent", AGENT, "--json"]
+    logs = [root.parent / f"worker-{processes}-{n}.jsonl" for n in range(processes)]
+    pool = [
+        subprocess.Popen(command, env=env, stdout=open(log, "w"))  # noqa: SIM115
+        for log in logs
+    ]
+    while not all(log.exists() and '"start"' in log.read_text() for log in logs):
+        time.sleep(0.01)
+    done_dir = path / "done"
     start = time.perf_counter()
-    pool = [subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL) for _ in range(processes)]
-    if any(p.wait() != 0 for p in pool):
-        raise SystemExit("a worker failed")
+    with Queue.open(path) as q:
+        publish_batch(q, [REQUEST] * jobs)
+    while len(os.listdir(done_dir)) < 2 * jobs:
+        time.sleep(0.02)
     elapsed = time.perf_counter() - start
-    done = len([n for n in os.listdir(queue_path(root, PROJECT) / "done") if n.endswith(".result")])
-    if done != jobs:
-        raise SystemExit(f"only {done} of {jobs} jobs are done")
+    for worker in pool:
+        worker.send_signal(signal.SIGTERM)
+    for worker in pool:
+        worker.wait()
     return jobs / elapsed
 
 
-def worker_startup(root: Path) -> float:
-    """Seconds a worker takes to start and find an empty queue (subtracted from per-job time)."""
-    fresh_queue(root, 0)
+def one_worker_drain(root: Path, jobs: int) -> tuple[float, float]:
+    """Seconds per job of one ``ctx queue work --drain`` on a full queue, start-up excluded,
+    and the start-up (a worker finding an empty queue)."""
     env = {**os.environ, "CTX_STORAGE": str(root)}
     command = [*CTX, "queue", "work", "--project", PROJECT, "--agent", AGENT, "--drain"]
+    fresh_queue(root, 0)
     start = time.perf_counter()
     subprocess.run(command, env=env, stdout=subprocess.DEVNULL, check=True)
-    return time.perf_counter() - start
+    startup = time.perf_counter() - start
+    fresh_queue(root, jobs)
+    start = time.perf_counter()
+    subprocess.run(command, env=env, stdout=subprocess.DEVNULL, check=True)
+    return (time.perf_counter() - start - startup) / jobs, startup
 
 
 def bare_lifecycle(root: Path, jobs: int) -> float:
@@ -134,12 +155,11 @@ def main() -> int:
     try:
         root, program = prepare(base)
         rates = {n: workers_throughput(root, args.jobs, n) for n in (1, 2, 4)}
-        startup = worker_startup(root)
+        per_job, startup = one_worker_drain(root, args.jobs)
         lifecycle = bare_lifecycle(root, args.jobs)
         exec_once = direct_exec(program, 100)
     finally:
         shutil.rmtree(base, ignore_errors=True)
-    per_job = (args.jobs / rates[1] - startup) / args.jobs
     baseline = lifecycle + exec_once
     figures = {
         "jobs": args.jobs,
