@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import shutil
 import signal
 import subprocess
 import sys
@@ -54,8 +55,17 @@ def agent_user() -> str:
     return "nobody" if os.geteuid() == 0 else pwd.getpwuid(os.geteuid()).pw_name
 
 
+MOUNT = ["/tmp", "/tmp", "rw"]
+
+
 def prepare_agent(root: Path, scratch: Path) -> None:
     """Create the demo agent once; grant shell.exec in the tool's own policy once."""
+    controls = root / "agent" / f"{AGENT}.d"
+    if controls.is_dir() and MOUNT not in json.loads((controls / "mount").read_text()):
+        # An agent of an older demo that worked elsewhere: this demo owns it, so replace it.
+        print(f"$ rm -r {root}/agent/{AGENT} {controls}   # a demo agent of an older version")
+        (root / "agent" / AGENT).unlink(missing_ok=True)
+        shutil.rmtree(controls)
     if not (root / "agent" / AGENT).exists():
         request = scratch / "agent.json"
         request.write_text(
@@ -66,7 +76,7 @@ def prepare_agent(root: Path, scratch: Path) -> None:
                     "model": [],
                     "tools": ["shell.exec"],
                     "shared": {PROJECT: ["read", "write"]},
-                    "mount": [["/tmp", "/tmp", "rw"]],
+                    "mount": [MOUNT],
                 }
             )
         )

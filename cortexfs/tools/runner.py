@@ -233,6 +233,12 @@ class _Call:
         assert self.view is not None and self.tool is not None
         spec = self._process_spec([str(self.tool.executable), *argv], self.timeout)
         with self._stage("run"):
+            if not os.path.isdir(spec.cwd):
+                # Say which: an exec failing on its working directory also reports ENOENT.
+                raise not_found(
+                    f"agent {self.agent}'s working directory {spec.cwd} does not exist; "
+                    f"fix the first mount in agent/{self.agent}.d/mount"
+                )
             try:
                 if self.mode == NATIVE:
                     finished = run_captured(

@@ -203,3 +203,25 @@ def test_a_killed_workers_tool_does_not_run_on(farm: Farm) -> None:
             break
         time.sleep(0.05)
     assert not Path(f"/proc/{shell}").exists(), "the tool outlived its killed worker"
+
+
+def test_a_vanished_working_directory_is_named_in_the_failure(farm: Farm) -> None:
+    workspace = farm.scratch / "workspace"
+    workspace.mkdir()
+    request = farm.scratch / "drifter.json"
+    request.write_text(
+        json.dumps(
+            {"name": "drifter", "label": "drifter_t", "tools": ["shell.exec"],
+             "mount": [[str(workspace), str(workspace), "rw"]]}
+        )
+    )  # fmt: skip
+    created = farm.ctx("agent", "create", "--user", farm.user.name, str(request))
+    assert created.returncode == 0, created.stderr
+    with open(farm.root / "tool" / "shell.exec.d" / "policy", "a") as policy:
+        policy.write("allow drifter_t tool:shell.exec execute\n")
+    workspace.rmdir()
+    job = farm.publish("shell.exec", {"cmd": "true"})
+    farm.ctx("queue", "work", "--project", PROJECT, "--agent", "drifter", "--drain")
+    state, result = farm.result(job)
+    assert state == "failed" and result["error"]["error"] == "ENOENT"
+    assert "working directory" in result["reason"]
