@@ -349,6 +349,17 @@ def _unlink_quietly(ops: FsOps, dir_fd: int, name: str) -> None:
         ops.unlink(name, dir_fd)
 
 
+def lstat_at(dir_fd: int, name: str) -> os.stat_result | None:
+    """``name``'s status in ``dir_fd``, never following a symlink; None when it is absent.
+
+    A read, not a mutation: it is here because every ``*at`` caller of this module needs it.
+    """
+    try:
+        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+
+
 def open_dir_path(ops: FsOps, path: str) -> int:
     """Open a directory by path; the last component must not be a symlink (ELOOP)."""
     try:

@@ -52,9 +52,3 @@ def denied(message: str) -> CtxError:
 def too_big(message: str) -> CtxError:
     """EFBIG: the data exceeds a configured limit."""
     return CtxError(_errno.EFBIG, message)
-
-
-def from_os_error(exc: OSError, what: str) -> CtxError:
-    """Wrap an unexpected OSError so the user sees which object it was about."""
-    reason = exc.strerror or str(exc)
-    return CtxError(exc.errno or _errno.EIO, f"{what}: {reason}")

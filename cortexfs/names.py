@@ -76,22 +76,9 @@ def job_name(name: str) -> str:
     return name
 
 
-def check_model_name(name: object) -> str:
-    """A model is ``<provider>/<model>``, each part an object name (R-3)."""
-    if not isinstance(name, str) or name.count("/") != 1:
-        raise invalid(f"illegal model name {name!r}: expected <provider>/<model>")
-    provider, model = name.split("/")
-    for part in (provider, model):
-        problem = object_name_problem(part)
-        if problem is not None:
-            raise invalid(f"illegal model name {name!r}: {problem}")
-    return name
-
-
 __all__ = [
     "JOB_SUFFIX",
     "MAX_NAME_BYTES",
-    "check_model_name",
     "check_object_name",
     "is_job_name",
     "is_object_name",

@@ -97,7 +97,7 @@ def ensure_root_abi(root: Path, ops: durable.FsOps | None = None) -> BootstrapRe
         raise CtxError(errno.ENOTDIR, f"storage root {root} is not a directory") from exc
     try:
         for name in ROOT_ENTRIES:
-            st = _lstat_at(root_fd, name)
+            st = durable.lstat_at(root_fd, name)
             if st is None:
                 durable.make_dir_synced(ops, root_fd, name, 0o755)
                 report.created.append(name)
@@ -125,13 +125,6 @@ def bootstrap(root: Path, source: Path | None = None) -> BootstrapReport:
     for step in _BOOTSTRAP_STEPS:
         step(root, source, report)
     return report
-
-
-def _lstat_at(dir_fd: int, name: str) -> os.stat_result | None:
-    try:
-        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-    except FileNotFoundError:
-        return None
 
 
 def _is_dir(st: os.stat_result) -> bool:

@@ -127,15 +127,15 @@ def _name_reason(name: str) -> str:
     return f"illegal job name: {job_name_problem(name)}"
 
 
-def scan(queue: Queue, only: str | None = None) -> Scan:
-    """Gather the evidence of every job (or of the job ``only``) in one pass."""
+def scan(queue: Queue) -> Scan:
+    """Gather the evidence of every job in one pass."""
     result = Scan()
-    _scan_pending(queue, result, only)
-    _scan_job_dirs(queue, result, "claimed", only)
-    _scan_job_dirs(queue, result, "lease", only)
-    _scan_terminal(queue, result, "done", only)
-    _scan_terminal(queue, result, "failed", only)
-    _scan_inbox(queue, result, only)
+    _scan_pending(queue, result)
+    _scan_job_dirs(queue, result, "claimed")
+    _scan_job_dirs(queue, result, "lease")
+    _scan_terminal(queue, result, "done")
+    _scan_terminal(queue, result, "failed")
+    _scan_inbox(queue, result)
     return result
 
 
@@ -144,10 +144,8 @@ def _entries(dir_fd: int) -> list[os.DirEntry[str]]:
         return list(it)
 
 
-def _scan_pending(queue: Queue, result: Scan, only: str | None) -> None:
+def _scan_pending(queue: Queue, result: Scan) -> None:
     for entry in _entries(queue.pending):
-        if only is not None and entry.name != only:
-            continue
         if not is_job_name(entry.name):
             result.ignored.append(Ignored(f"pending/{entry.name}", _name_reason(entry.name)))
         elif not entry.is_file(follow_symlinks=False):
@@ -158,12 +156,10 @@ def _scan_pending(queue: Queue, result: Scan, only: str | None) -> None:
             result.job(entry.name).pending = entry.inode()
 
 
-def _scan_job_dirs(queue: Queue, result: Scan, state: str, only: str | None) -> None:
+def _scan_job_dirs(queue: Queue, result: Scan, state: str) -> None:
     """``claimed/J/J`` or ``lease/J/worker``: a directory per job holding one regular file."""
     inner_expected = LEASE_FILE if state == "lease" else None
     for entry in _entries(queue.dirs[state]):
-        if only is not None and entry.name != only:
-            continue
         path = f"{state}/{entry.name}"
         if not is_job_name(entry.name):
             result.ignored.append(Ignored(path, _name_reason(entry.name)))
@@ -200,13 +196,11 @@ def _scan_job_dirs(queue: Queue, result: Scan, state: str, only: str | None) -> 
             os.close(job_fd)
 
 
-def _scan_terminal(queue: Queue, result: Scan, state: str, only: str | None) -> None:
+def _scan_terminal(queue: Queue, result: Scan, state: str) -> None:
     for entry in _entries(queue.dirs[state]):
         name = entry.name
         is_result = name.endswith(RESULT_SUFFIX)
         job = name[: -len(RESULT_SUFFIX)] if is_result else name
-        if only is not None and job != only:
-            continue
         path = f"{state}/{name}"
         if not is_job_name(job):
             result.ignored.append(Ignored(path, _name_reason(name)))
@@ -222,11 +216,11 @@ def _scan_terminal(queue: Queue, result: Scan, state: str, only: str | None) -> 
 def scan_inbox(queue: Queue) -> list[Temp]:
     """The temp files in ``inbox/`` with their ages."""
     result = Scan()
-    _scan_inbox(queue, result, None)
+    _scan_inbox(queue, result)
     return result.temps
 
 
-def _scan_inbox(queue: Queue, result: Scan, only: str | None) -> None:
+def _scan_inbox(queue: Queue, result: Scan) -> None:
     now = time.time()
     for entry in _entries(queue.inbox):
         path = f"inbox/{entry.name}"
@@ -238,8 +232,7 @@ def _scan_inbox(queue: Queue, result: Scan, only: str | None) -> None:
         except FileNotFoundError:
             continue
         temp = Temp(entry.name, age)
-        if only is None or temp.job == only:
-            result.temps.append(temp)
+        result.temps.append(temp)
 
 
 def evidence_of(queue: Queue, job: str) -> JobEvidence:

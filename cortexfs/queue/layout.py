@@ -236,7 +236,7 @@ def init_queue(path: Path, ops: durable.FsOps | None = None) -> list[str]:
                 created.append(f"{path}/{name}")
                 if name == "pending":
                     start_hint(path)  # an empty pending/ is completely described by no names
-        if _lstat(root_fd, CONFIG_NAME) is None:
+        if lstat_at(root_fd, CONFIG_NAME) is None:
             tmp = f".{CONFIG_NAME}.{secrets.token_hex(6)}{TEMP_SUFFIX}"
             durable.write_file_synced(ops, root_fd, tmp, QueueConfig().render().encode())
             try:
@@ -258,15 +258,7 @@ def init_project_queue(root: Path, project: str, ops: durable.FsOps | None = Non
 
 # --------------------------------------------------------------------------- safe reads
 
-
-def _lstat(dir_fd: int, name: str) -> os.stat_result | None:
-    try:
-        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-    except FileNotFoundError:
-        return None
-
-
-lstat_at = _lstat
+lstat_at = durable.lstat_at
 
 
 def kind_of(st: os.stat_result) -> str:

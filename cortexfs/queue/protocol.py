@@ -42,7 +42,7 @@ import os
 import secrets
 import stat
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -481,12 +481,3 @@ def _discard_temp(queue: Queue, temp: str) -> None:
 def _discard_temps(queue: Queue, temps: Sequence[str]) -> None:
     durable.remove_entries(queue.ops, [(queue.inbox, t, False) for t in temps])
     durable.sync_dir(queue.ops, queue.inbox)
-
-
-def iter_claims(queue: Queue, holder: Holder, ttl: float | None = None) -> Iterator[Claim]:
-    """Claim jobs one after another until the queue is empty."""
-    while True:
-        won = claim(queue, holder, ttl)
-        if won is None:
-            return
-        yield won

@@ -93,7 +93,7 @@ class EventLog:
         if dir_fd is None:
             dir_fd = durable.open_dir_path(self._ops, str(path.parent))
         try:
-            existing = _lstat_at(dir_fd, path.name)
+            existing = durable.lstat_at(dir_fd, path.name)
             if existing is not None and not stat.S_ISREG(existing.st_mode):
                 raise invalid(f"{path} is not a regular file; refusing to append to it")
             self._fd = self._ops.open_append(path.name, dir_fd, mode)
@@ -268,10 +268,3 @@ def _end_of_last_line(fd: int, size: int) -> int:
             return start + newline + 1
         position = start
     return 0
-
-
-def _lstat_at(dir_fd: int, name: str) -> os.stat_result | None:
-    try:
-        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-    except FileNotFoundError:
-        return None

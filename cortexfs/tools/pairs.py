@@ -122,8 +122,8 @@ def install_pair(
     try:
         with _exclusive(dir_fd):
             _repair_locked(ops, dir_fd, kind)
-            had_entry = _lstat(dir_fd, name) is not None
-            if not replace and (had_entry or _lstat(dir_fd, name + CONTROLS_SUFFIX)):
+            had_entry = durable.lstat_at(dir_fd, name) is not None
+            if not replace and (had_entry or durable.lstat_at(dir_fd, name + CONTROLS_SUFFIX)):
                 raise exists(f"{directory / name} already exists; it is never overwritten")
             staging = _Staging(name, secrets.token_hex(6))
             try:
@@ -181,8 +181,8 @@ def _stage(
 def _publish(ops: durable.FsOps, dir_fd: int, staging: _Staging, kind: PairKind) -> None:
     """Steps 3 to 5; each is skipped when a crash had already completed it."""
     controls = staging.name + CONTROLS_SUFFIX
-    if _lstat(dir_fd, staging.controls) is not None:
-        if _lstat(dir_fd, controls) is not None:
+    if durable.lstat_at(dir_fd, staging.controls) is not None:
+        if durable.lstat_at(dir_fd, controls) is not None:
             durable.move_noreplace(ops, dir_fd, controls, dir_fd, staging.old_controls)
         _complete_controls(ops, dir_fd, staging, kind)
         durable.move_noreplace(ops, dir_fd, staging.controls, dir_fd, controls)
@@ -194,7 +194,7 @@ def _complete_controls(ops: durable.FsOps, dir_fd: int, staging: _Staging, kind:
     """Step 3: carry the previous version's local state over, then fill in defaults."""
     new_fd = ops.open_dir(staging.controls, dir_fd)
     try:
-        if _lstat(dir_fd, staging.old_controls) is not None:
+        if durable.lstat_at(dir_fd, staging.old_controls) is not None:
             old_fd = ops.open_dir(staging.old_controls, dir_fd)
             try:
                 _carry_over(ops, old_fd, new_fd, skip=kind.defined)
@@ -203,7 +203,7 @@ def _complete_controls(ops: durable.FsOps, dir_fd: int, staging: _Staging, kind:
         for directory in kind.directories:
             _make_dirs(ops, new_fd, directory)
         for control, data in kind.defaults.items():
-            if _lstat(new_fd, control) is None:
+            if durable.lstat_at(new_fd, control) is None:
                 _write_file(ops, new_fd, control, data, kind.modes.get(control, 0o644))
         durable.sync_dir(ops, new_fd)
     finally:
@@ -219,11 +219,11 @@ def _carry_over(ops: durable.FsOps, old_fd: int, new_fd: int, skip: frozenset[st
     for child in sorted(os.listdir(old_fd)):
         if child in skip:
             continue
-        status = _lstat(old_fd, child)
+        status = durable.lstat_at(old_fd, child)
         if status is None:
             continue
         if stat.S_ISDIR(status.st_mode):
-            if _lstat(new_fd, child) is None:
+            if durable.lstat_at(new_fd, child) is None:
                 ops.mkdir(child, new_fd, stat.S_IMODE(status.st_mode))
             old_child, new_child = ops.open_dir(child, old_fd), ops.open_dir(child, new_fd)
             try:
@@ -232,7 +232,7 @@ def _carry_over(ops: durable.FsOps, old_fd: int, new_fd: int, skip: frozenset[st
             finally:
                 ops.close(old_child)
                 ops.close(new_child)
-        elif _lstat(new_fd, child) is None:
+        elif durable.lstat_at(new_fd, child) is None:
             ops.link(child, old_fd, child, new_fd)
 
 
@@ -245,7 +245,7 @@ def _repair_locked(ops: durable.FsOps, dir_fd: int, kind: PairKind) -> list[str]
     done = []
     for (name, token), roles in sorted(groups.items()):
         staging = _Staging(name, token)
-        if "entry" in roles and _lstat(dir_fd, name) is None:
+        if "entry" in roles and durable.lstat_at(dir_fd, name) is None:
             _publish(ops, dir_fd, staging, kind)
             done.append(f"{name}: finished an interrupted install")
         else:
@@ -293,7 +293,7 @@ def _make_dirs(ops: durable.FsOps, top_fd: int, relative: str) -> None:
 def _remove(ops: durable.FsOps, dir_fd: int, names: Sequence[str]) -> None:
     """Remove files and whole trees (never following links), then sync ``dir_fd``."""
     for name in names:
-        status = _lstat(dir_fd, name)
+        status = durable.lstat_at(dir_fd, name)
         if status is None:
             continue
         if stat.S_ISDIR(status.st_mode):
@@ -304,10 +304,3 @@ def _remove(ops: durable.FsOps, dir_fd: int, names: Sequence[str]) -> None:
                 ops.close(fd)
         durable.remove_entries(ops, [(dir_fd, name, stat.S_ISDIR(status.st_mode))])
     durable.sync_dir(ops, dir_fd)
-
-
-def _lstat(dir_fd: int, name: str) -> os.stat_result | None:
-    try:
-        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-    except FileNotFoundError:
-        return None
