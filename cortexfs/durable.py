@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import errno
 import os
 from collections.abc import Iterable, Sequence
@@ -43,7 +42,9 @@ _RENAME_NOREPLACE = 1
 MOVE_RENAME = "rename"
 MOVE_LINK = "link"
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+# The C library through the interpreter's own symbols: find_library("c") would run ldconfig,
+# tens of milliseconds on every start of ctx.
+_libc = ctypes.CDLL(None, use_errno=True)
 
 
 def _check(result: int, what: str) -> None:

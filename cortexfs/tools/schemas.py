@@ -1,7 +1,9 @@
 """JSON Schema checks shared by manifests, tool controls and the runner (SPEC T-1, T-8, C-2).
 
 Two questions: *is this a JSON Schema?* (a tool's ``schema`` and ``program`` controls must be)
-and *does this input satisfy it?* (before every native call).  Validators are compiled once
+and *does this input satisfy it?* (before every native call).  The second is answered by
+:mod:`cortexfs.tools.schema_subset` when the schema keeps to the common keywords, so that a
+call does not import jsonschema; otherwise by jsonschema, whose validators are compiled once
 per distinct schema and kept, because a worker validates thousands of calls against a handful
 of schemas.
 """
@@ -11,13 +13,14 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Mapping
-from typing import Any
-
-import jsonschema
-from jsonschema.exceptions import ValidationError
-from jsonschema.protocols import Validator
+from typing import TYPE_CHECKING, Any
 
 from cortexfs.errors import invalid
+from cortexfs.tools import schema_subset
+
+if TYPE_CHECKING:
+    from jsonschema.exceptions import ValidationError
+    from jsonschema.protocols import Validator
 
 _CACHED_VALIDATORS = 256
 
@@ -26,6 +29,8 @@ def schema_problems(schema: object, what: str) -> list[str]:
     """Why ``schema`` is not a usable JSON Schema object; empty when it is one."""
     if not isinstance(schema, dict):
         return [f"{what} must be a JSON Schema object, not {type(schema).__name__}"]
+    if schema_subset.well_formed(schema):
+        return []
     return [
         f"{what} is not a valid JSON Schema: {problem}"
         for problem in _meta_problems(_canonical(schema))
@@ -35,16 +40,27 @@ def schema_problems(schema: object, what: str) -> list[str]:
 @functools.lru_cache(maxsize=_CACHED_VALIDATORS)
 def _meta_problems(schema_text: str) -> tuple[str, ...]:
     """Checking a schema against its meta-schema costs milliseconds; each text is checked once."""
+    import jsonschema  # here, not above: about 100 ms that a plain input check does not need
+
     schema = json.loads(schema_text)
     validator_class = jsonschema.validators.validator_for(schema)
     meta_validator = validator_class(validator_class.META_SCHEMA)
-    return tuple(f"{_where(error)}{error.message}" for error in meta_validator.iter_errors(schema))
+    return tuple(
+        f"{_where(tuple(error.absolute_path))}{error.message}"
+        for error in meta_validator.iter_errors(schema)
+    )
 
 
 def instance_problems(schema: Mapping[str, Any], instance: object) -> list[str]:
     """Every reason ``instance`` fails ``schema``, in document order; empty when it passes."""
+    common = schema_subset.problems(schema, instance)
+    if common is not None:
+        return [f"{_where(path)}{message}" for path, message in common]
     errors = _validator(_canonical(schema)).iter_errors(instance)
-    return [f"{_where(error)}{error.message}" for error in sorted(errors, key=_document_order)]
+    return [
+        f"{_where(tuple(error.absolute_path))}{error.message}"
+        for error in sorted(errors, key=_document_order)
+    ]
 
 
 def validate_input(schema: Mapping[str, Any], instance: object, tool: str) -> None:
@@ -57,6 +73,8 @@ def validate_input(schema: Mapping[str, Any], instance: object, tool: str) -> No
 
 @functools.lru_cache(maxsize=_CACHED_VALIDATORS)
 def _validator(schema_text: str) -> Validator:
+    import jsonschema
+
     schema = json.loads(schema_text)
     validator_class = jsonschema.validators.validator_for(schema)
     return validator_class(schema)  # type: ignore[no-any-return]
@@ -66,8 +84,8 @@ def _canonical(schema: Mapping[str, Any]) -> str:
     return json.dumps(schema, sort_keys=True, separators=(",", ":"))
 
 
-def _where(error: ValidationError) -> str:
-    path = "/".join(str(part) for part in error.absolute_path)
+def _where(where: schema_subset.Path) -> str:
+    path = "/".join(str(part) for part in where)
     return f"at /{path}: " if path else ""
 
 
