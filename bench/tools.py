@@ -139,8 +139,8 @@ def measure_tool(
         assert result.ok, result.error
         return result
 
-    cli = [sys.executable, "-c", "from cortexfs.cli import main; main()"]
-    command = [*cli, "--storage", str(root), "run", "--agent", "bench", "--native", tool]
+    ctx = str(Path(sys.executable).with_name("ctx"))  # the console script users run
+    command = [ctx, "run", "--storage", str(root), "--agent", "bench", "--native", tool]
 
     def command_line() -> object:
         return subprocess.run(command, input=payload, capture_output=True, check=True)

@@ -16,22 +16,17 @@ from typing import Any, TypeVar
 import click
 
 from cortexfs import storage
+from cortexfs.cli.exits import (  # noqa: F401  (re-exported: every command takes them from here)
+    EXIT_NOTHING,
+    EXIT_OK,
+    EXIT_REFUSED,
+    EXIT_USAGE,
+    exit_status,
+    usage_problem,
+)
 from cortexfs.errors import CtxError
 
-EXIT_OK = 0
-EXIT_REFUSED = 1
-EXIT_USAGE = 2
-EXIT_NOTHING = 3
-
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-class UsageProblem(CtxError):
-    """A malformed command line (a bad name, a bad number): exit status 2, not 1."""
-
-
-def usage_problem(error: CtxError) -> UsageProblem:
-    return UsageProblem(error.errno, error.message)
 
 
 def storage_option(fn: F) -> F:
@@ -68,7 +63,7 @@ def fail(error: CtxError, *, as_json: bool = False) -> None:
     click.echo(f"ctx: {error}", err=True)
     if as_json:
         emit_json(error.to_json())
-    sys.exit(EXIT_USAGE if isinstance(error, UsageProblem) else EXIT_REFUSED)
+    sys.exit(exit_status(error))
 
 
 def handles_errors(fn: F) -> F:

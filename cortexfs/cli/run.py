@@ -1,23 +1,21 @@
-"""``ctx run``: run one tool as an agent, in terminal CLI or agent native mode (SPEC T-3)."""
+"""``ctx run``: run one tool as an agent, in terminal CLI or agent native mode (SPEC T-3).
+
+This command parses with argparse, not click (see :mod:`cortexfs.cli`): it imports only
+what a call needs, because it is started once per tool call.
+"""
 
 from __future__ import annotations
 
+import argparse
 import errno
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
-import click
-
-from cortexfs.cli.common import (
-    EXIT_OK,
-    EXIT_REFUSED,
-    EXIT_USAGE,
-    handles_errors,
-    resolve_storage,
-    storage_option,
-)
+from cortexfs import storage
+from cortexfs.cli.exits import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, exit_status, usage_problem
+from cortexfs.errors import CtxError
 from cortexfs.names import check_object_name
 from cortexfs.shared.sessions import DEFAULT_SESSION, SessionRef
 from cortexfs.tools.result import ToolResult
@@ -27,85 +25,107 @@ from cortexfs.tools.runner import DEFAULT_TIMEOUT, run_native, run_terminal
 EXIT_NOT_FOUND = 127
 EXIT_CANNOT_RUN = 126
 
+SUMMARY = "Run TOOL as AGENT through the whole authority chain (SPEC T-3, P-5, P-6)."
+DESCRIPTION = f"""{SUMMARY}
 
-@click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
-@click.option("--agent", required=True, help="The agent whose identity, mounts and policy apply.")
-@click.option("--session", default=DEFAULT_SESSION, show_default=True, help="Session to record in.")
-@click.option("--project", help="Record in shared/PROJECT/agent/AGENT/session/SESSION instead.")
-@click.option("--native", is_flag=True, help="Agent native mode: JSON on stdin, JSONL frames out.")
-@click.option(
-    "--timeout",
-    type=click.FloatRange(min=0, min_open=True),
-    help=f"Kill the tool's process group after this many seconds (native default "
-    f"{DEFAULT_TIMEOUT:g}; terminal default: none).",
-)
-@storage_option
-@click.argument("tool")
-@click.argument("args", nargs=-1, type=click.UNPROCESSED)
-@handles_errors
-def run(
-    agent: str,
-    session: str,
-    project: str | None,
-    native: bool,
-    timeout: float | None,
-    storage_dir: Path | None,
-    tool: str,
-    args: tuple[str, ...],
-) -> None:
-    """Run TOOL as AGENT through the whole authority chain (SPEC T-3, P-5, P-6).
+Terminal CLI mode (default): ARGs are passed as they are, stdin/stdout/stderr are the
+tool's; the exit status is the tool's (126: refused, 127: not found).
 
-    \b
-    Terminal CLI mode (default): ARGs are passed as they are, stdin/stdout/stderr are the
-    tool's; the exit status is the tool's (126: refused, 127: not found).
-    Native mode (--native): the tool's JSON input is read from stdin and checked against
-    its schema; stdout carries JSONL frames, one object per line:
-      {"type": "call", ...}    the tool started (call id, pid)
-      {"type": "stderr", ...}  one line of the tool's stderr
-      {"type": "result", ...}  the outcome: status, output, exit_status, error (errno,
-                               stage, denying chain step), timings; always the last frame
-    Exit 0 when the result is ok, 1 otherwise, 2 for unusable input.
+Native mode (--native): the tool's JSON input is read from stdin and checked against its
+schema; stdout carries JSONL frames, one object per line:
+  {{"type": "call", ...}}    the tool started (call id, pid)
+  {{"type": "stderr", ...}}  one line of the tool's stderr
+  {{"type": "result", ...}}  the outcome: status, output, exit_status, error (errno,
+                           stage, denying chain step), timings; always the last frame
+Exit 0 when the result is ok, 1 otherwise, 2 for unusable input.
 
-    Only the host administrator (root, or the owner of the storage root) may run tools as
-    an agent.  Every call is recorded in the session's events.jsonl and the tool's log.
-    """
-    root = resolve_storage(storage_dir)
-    where = _session(root, agent, session, project)
-    if native:
-        sys.exit(_run_native(root, agent, tool, args, where, timeout))
-    result = run_terminal(root, agent, tool, list(args), session=where, timeout=timeout)
+Only the host administrator (root, or the owner of the storage root) may run tools as an
+agent.  Every call is recorded in the session's events.jsonl and the tool's log."""
+
+
+def parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ctx run",
+        usage="ctx run [OPTIONS] TOOL [ARGS]...",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--agent", required=True, help="the agent whose identity, mounts and policy apply"
+    )
+    parser.add_argument(
+        "--session",
+        default=DEFAULT_SESSION,
+        help=f"session to record in (default: {DEFAULT_SESSION})",
+    )
+    parser.add_argument(
+        "--project", help="record in shared/PROJECT/agent/AGENT/session/SESSION instead"
+    )
+    parser.add_argument(
+        "--native", action="store_true", help="agent native mode: JSON on stdin, JSONL frames out"
+    )
+    parser.add_argument(
+        "--timeout",
+        type=_positive_seconds,
+        help=f"kill the tool's process group after this many seconds (native default "
+        f"{DEFAULT_TIMEOUT:g}; terminal default: none)",
+    )
+    parser.add_argument(
+        "--storage",
+        type=Path,
+        help="storage root (default: $CTX_STORAGE, else the embedded default root)",
+    )
+    parser.add_argument("tool", metavar="TOOL")
+    parser.add_argument("args", metavar="ARGS", nargs=argparse.REMAINDER)
+    return parser
+
+
+def main(argv: list[str], storage_dir: Path | None = None) -> int:
+    """Run ``ctx run ARGV``; ``storage_dir`` is the group's ``--storage``, if one was given."""
+    options = parser().parse_args(argv)
+    try:
+        root = storage.resolve_root(options.storage or storage_dir)
+        where = _session(root, options.agent, options.session, options.project)
+        if options.native:
+            return _run_native(root, options, where)
+        return _run_terminal(root, options, where)
+    except CtxError as error:
+        _say(str(error))
+        return exit_status(error)
+    except OSError as error:
+        _say(f"{error.filename or ''}: {error.strerror}")
+        return EXIT_REFUSED
+
+
+def _run_terminal(root: Path, options: argparse.Namespace, where: SessionRef | str) -> int:
+    result = run_terminal(
+        root, options.agent, options.tool, options.args, session=where, timeout=options.timeout
+    )
     if result.exit_status is None and result.error is not None:
-        click.echo(f"ctx: {result.error}", err=True)
+        _say(str(result.error))
         missing = result.error.errno == errno.ENOENT and result.error.stage == "resolve"
-        sys.exit(EXIT_NOT_FOUND if missing else EXIT_CANNOT_RUN)
+        return EXIT_NOT_FOUND if missing else EXIT_CANNOT_RUN
     if result.error is not None and result.error.stage == "run":
-        click.echo(f"ctx: {result.error}", err=True)
-    sys.exit(result.exit_status)
+        _say(str(result.error))
+    return result.exit_status or 0
 
 
-def _run_native(
-    root: Path,
-    agent: str,
-    tool: str,
-    args: tuple[str, ...],
-    where: SessionRef | str,
-    timeout: float | None,
-) -> int:
-    if args:
-        click.echo("ctx: EINVAL: native mode takes its input on stdin, not as arguments", err=True)
+def _run_native(root: Path, options: argparse.Namespace, where: SessionRef | str) -> int:
+    if options.args:
+        _say("EINVAL: native mode takes its input on stdin, not as arguments")
         return EXIT_USAGE
     try:
         input_value: Any = json.loads(sys.stdin.buffer.read())
     except ValueError as exc:
-        click.echo(f"ctx: EINVAL: the input on stdin is not JSON: {exc}", err=True)
+        _say(f"EINVAL: the input on stdin is not JSON: {exc}")
         return EXIT_USAGE
     result = run_native(
         root,
-        agent,
-        tool,
+        options.agent,
+        options.tool,
         input_value,
         session=where,
-        timeout=DEFAULT_TIMEOUT if timeout is None else timeout,
+        timeout=DEFAULT_TIMEOUT if options.timeout is None else options.timeout,
         observer=_print_frame,
     )
     return _native_exit(result)
@@ -125,7 +145,24 @@ def _print_frame(frame: dict[str, Any]) -> None:
 
 
 def _session(root: Path, agent: str, session: str, project: str | None) -> SessionRef | str:
-    check_object_name(session, "session")
+    try:
+        check_object_name(session, "session")
+    except CtxError as error:
+        raise usage_problem(error) from None
     if project is None:
         return session
     return SessionRef.shared(root, project, agent, session)
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not seconds > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
+    return seconds
+
+
+def _say(message: str) -> None:
+    print(f"ctx: {message}", file=sys.stderr)
