@@ -31,7 +31,7 @@ import ctypes
 import errno
 import os
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from cortexfs.errors import CtxError
 
@@ -229,8 +229,7 @@ def write_file_unsynced(ops: FsOps, dir_fd: int, name: str, data: bytes, mode: i
     ops.close(fd)
 
 
-@dataclass(frozen=True)
-class Move:
+class Move(NamedTuple):
     """One name to move: ``src_dir/src`` → ``dst_dir/dst``."""
 
     src_dir: int

@@ -15,7 +15,6 @@ import errno
 import os
 import stat
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from cortexfs import durable
@@ -53,14 +52,17 @@ def require_root(root: Path) -> Path:
     return root
 
 
-@dataclass
 class BootstrapReport:
     """What ``ctx bootstrap`` did: every path it created or repaired, and problems it left alone."""
 
-    root: Path
-    created: list[str] = field(default_factory=list)
-    repaired: list[str] = field(default_factory=list)
-    problems: list[str] = field(default_factory=list)
+    # A plain class, not a dataclass: ``ctx run`` imports this module (see cortexfs.tools.result).
+    __slots__ = ("created", "problems", "repaired", "root")
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.created: list[str] = []
+        self.repaired: list[str] = []
+        self.problems: list[str] = []
 
     def to_json(self) -> dict[str, object]:
         return {

@@ -21,8 +21,8 @@ from __future__ import annotations
 import json
 import pwd
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import NamedTuple
 
 from cortexfs.errors import CtxError
 from cortexfs.names import check_object_name
@@ -35,8 +35,7 @@ WORKSPACE = PurePosixPath("/workspace")
 TOOL_SEARCH_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 
-@dataclass(frozen=True)
-class AgentView:
+class AgentView(NamedTuple):
     root: Path
     name: str
     identity: Identity

@@ -10,16 +10,15 @@ from __future__ import annotations
 
 import os
 import stat
-from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import NamedTuple
 
 # O_PATH: a descriptor that only names a place; it needs no permission on the entry itself.
 _PLACE_FLAGS = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
-@dataclass(frozen=True)
-class Entry:
+class Entry(NamedTuple):
     """One step of a walk: the path shown to a reader and its ``lstat``, None when missing."""
 
     shown: str

@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import errno
 from collections.abc import Callable
-from dataclasses import dataclass
 from enum import IntEnum, StrEnum
 from pathlib import Path, PurePosixPath
+from typing import NamedTuple
 
 from cortexfs.errors import CtxError, denied, not_found
 from cortexfs.names import check_object_name
@@ -67,8 +67,7 @@ class Outcome(StrEnum):
     NOT_REACHED = "not reached"
 
 
-@dataclass(frozen=True)
-class StepResult:
+class StepResult(NamedTuple):
     step: Step
     outcome: Outcome
     detail: str
@@ -84,8 +83,7 @@ class StepResult:
         }
 
 
-@dataclass(frozen=True)
-class AuthorityRequest:
+class AuthorityRequest(NamedTuple):
     """May ``agent`` have ``permission`` on ``object_class:object_name`` in storage ``root``?
 
     ``caller`` holds the credentials the kernel reported for the asking process; None asks
@@ -103,8 +101,7 @@ class AuthorityRequest:
     location: str | None = None
 
 
-@dataclass(frozen=True)
-class Decision:
+class Decision(NamedTuple):
     """The answer: all six steps in order; the first denial, if any, decides."""
 
     steps: tuple[StepResult, ...]

@@ -26,7 +26,6 @@ from __future__ import annotations
 import errno
 import re
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from types import MappingProxyType
 from typing import NamedTuple
 
@@ -92,8 +91,7 @@ class Rule(NamedTuple):
         )
 
 
-@dataclass(frozen=True)
-class PolicyProblem:
+class PolicyProblem(NamedTuple):
     """One invalid line of one policy source."""
 
     source: str

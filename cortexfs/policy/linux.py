@@ -12,17 +12,16 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path, PurePosixPath
+from typing import NamedTuple
 
 from cortexfs.policy.beneath import Entry, walk
 
 READ, WRITE, EXECUTE = os.R_OK, os.W_OK, os.X_OK  # 4, 2, 1: the layout of one rwx triplet
 
 
-@dataclass(frozen=True)
-class Credentials:
+class Credentials(NamedTuple):
     """A uid/gid as the kernel reports it: a socket peer, a FUSE request, or an exec."""
 
     uid: int
@@ -32,8 +31,7 @@ class Credentials:
         return f"uid {self.uid} gid {self.gid}"
 
 
-@dataclass(frozen=True)
-class Identity:
+class Identity(NamedTuple):
     """An agent's Linux identity, from its host-owned ``agent/<name>.d/identity``."""
 
     uid: int
@@ -53,8 +51,7 @@ class Kind(Enum):
     ANY = "an entry"
 
 
-@dataclass(frozen=True)
-class PathVerdict:
+class PathVerdict(NamedTuple):
     """The mode-bit answer for one object: granted, or the errno and the reason why not."""
 
     allowed: bool

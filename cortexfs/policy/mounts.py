@@ -15,16 +15,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import PurePosixPath
+from typing import NamedTuple
 
 from cortexfs.errors import invalid
 
 MOUNT_MODES = ("ro", "rw")
 
 
-@dataclass(frozen=True)
-class Mount:
+class Mount(NamedTuple):
     source: PurePosixPath
     target: PurePosixPath
     writable: bool
@@ -37,8 +36,7 @@ class Mount:
         return f"{self.source} -> {self.target} ({'rw' if self.writable else 'ro'})"
 
 
-@dataclass(frozen=True)
-class View:
+class View(NamedTuple):
     """Where the agent sees a host path, and through which mount."""
 
     path: PurePosixPath

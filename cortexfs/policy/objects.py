@@ -30,9 +30,9 @@ Tools and models carry their own policy in ``<object>.d/policy`` (step 6, P-6).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from pathlib import PurePosixPath
 from types import MappingProxyType
+from typing import NamedTuple
 
 from cortexfs.errors import invalid
 from cortexfs.names import is_object_name
@@ -66,8 +66,7 @@ _SESSION_LOCATION = re.compile(
 _LOCATED_CLASSES = {"tool": _TOOL_LOCATION, "session": _SESSION_LOCATION}
 
 
-@dataclass(frozen=True)
-class Site:
+class Site(NamedTuple):
     """The entry the Linux steps judge (2 and 3) and the object's own policy (step 6)."""
 
     path: PurePosixPath

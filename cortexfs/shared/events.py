@@ -27,7 +27,6 @@ import os
 import stat
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -152,7 +151,6 @@ def append_event(
 # ------------------------------------------------------------------------------- reading
 
 
-@dataclass
 class EventScan:
     """What a read found: the events in order, and what it had to skip.
 
@@ -161,10 +159,14 @@ class EventScan:
     count of an unterminated last line (a torn write, or one still being written).
     """
 
-    events: list[dict[str, Any]] = field(default_factory=list)
-    damaged: list[int] = field(default_factory=list)
-    torn_tail: int = 0
-    end: int = 0
+    # A plain class, not a dataclass: ``ctx run`` imports this module (see cortexfs.tools.result).
+    __slots__ = ("damaged", "end", "events", "torn_tail")
+
+    def __init__(self, *, end: int = 0) -> None:
+        self.events: list[dict[str, Any]] = []
+        self.damaged: list[int] = []
+        self.torn_tail = 0
+        self.end = end
 
 
 def read_events(path: Path, *, offset: int = 0, first_line: int = 1) -> EventScan:

@@ -17,9 +17,8 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, NamedTuple
 
 from cortexfs import durable
 from cortexfs.errors import CtxError, invalid, not_found
@@ -34,25 +33,38 @@ SHARED_MODE = 0o2770
 SHARED_EVENTS_MODE = 0o660
 
 
-@dataclass(frozen=True)
-class SessionRef:
-    """Where one session lives: in an agent's home (``uid``) or in a shared ``space``."""
-
+# A NamedTuple, not a dataclass (see cortexfs.tools.result); SessionRef checks its fields on
+# construction, since they become a path: hence the fields in a base class.
+class _SessionPlace(NamedTuple):
     root: Path
     agent: str
-    name: str = DEFAULT_SESSION
-    uid: int | None = None
-    space: str | None = None
+    name: str
+    uid: int | None
+    space: str | None
 
-    def __post_init__(self) -> None:
-        check_object_name(self.agent, "agent")
-        check_object_name(self.name, "session")
-        if (self.uid is None) == (self.space is None):
+
+class SessionRef(_SessionPlace):
+    """Where one session lives: in an agent's home (``uid``) or in a shared ``space``."""
+
+    __slots__ = ()
+
+    def __new__(
+        cls,
+        root: Path,
+        agent: str,
+        name: str = DEFAULT_SESSION,
+        uid: int | None = None,
+        space: str | None = None,
+    ) -> SessionRef:
+        check_object_name(agent, "agent")
+        check_object_name(name, "session")
+        if (uid is None) == (space is None):
             raise invalid("a session lives either in a home (uid) or in a shared space")
-        if self.space is not None:
-            check_object_name(self.space, "shared space")
-        if self.uid is not None and self.uid < 0:
-            raise invalid(f"{self.uid} is not a uid")
+        if space is not None:
+            check_object_name(space, "shared space")
+        if uid is not None and uid < 0:
+            raise invalid(f"{uid} is not a uid")
+        return super().__new__(cls, root, agent, name, uid, space)
 
     @classmethod
     def home(cls, root: Path, uid: int, agent: str, name: str = DEFAULT_SESSION) -> SessionRef:

@@ -14,15 +14,14 @@ import errno
 import os
 import pwd
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from cortexfs import durable
 from cortexfs.errors import CtxError
 
 
-@dataclass(frozen=True)
-class Ownership:
+class Ownership(NamedTuple):
     """Who a created directory belongs to; ``-1`` leaves that id as the kernel chose it."""
 
     uid: int = -1

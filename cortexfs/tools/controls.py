@@ -28,9 +28,8 @@ import errno
 import json
 import os
 import stat
-from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, NamedTuple
 
 from cortexfs.errors import CtxError, denied
 from cortexfs.names import check_object_name
@@ -47,15 +46,21 @@ STATUS_DISABLED = "disabled"
 STATUS_UNAVAILABLE = "unavailable"
 
 
-@dataclass(frozen=True)
-class ToolObject:
-    """Where one tool lives: its name and the tier directory holding its executable."""
-
+# NamedTuple records, not dataclasses (see cortexfs.tools.result).  ToolObject checks its
+# fields on construction, since the name becomes a path: hence the fields in a base class.
+class _ToolPlace(NamedTuple):
     name: str
     directory: Path
 
-    def __post_init__(self) -> None:
-        check_object_name(self.name, "tool")
+
+class ToolObject(_ToolPlace):
+    """Where one tool lives: its name and the tier directory holding its executable."""
+
+    __slots__ = ()
+
+    def __new__(cls, name: str, directory: Path) -> ToolObject:
+        check_object_name(name, "tool")
+        return super().__new__(cls, name, directory)
 
     @property
     def executable(self) -> Path:
@@ -72,8 +77,7 @@ class ToolObject:
         return PurePosixPath(f"{self.name}.d", *name.split("/"))
 
 
-@dataclass(frozen=True)
-class ToolControls:
+class ToolControls(NamedTuple):
     """What the runner needs from one installed version of a tool."""
 
     schema: dict[str, Any]

@@ -25,9 +25,9 @@ from __future__ import annotations
 import os
 import re
 import stat
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path, PurePosixPath
+from typing import NamedTuple
 
 from cortexfs.errors import invalid
 from cortexfs.names import check_object_name
@@ -41,8 +41,7 @@ _TIER_LOCATION = re.compile(r"tool|home/[0-9]+/tool|shared/[^/]+/tool")
 IsExecutable = Callable[[Path, os.stat_result], bool]
 
 
-@dataclass(frozen=True)
-class SearchPath:
+class SearchPath(NamedTuple):
     """A search path as written (``entries``), where it came from, and its directories."""
 
     entries: tuple[str, ...]
@@ -57,13 +56,12 @@ class SearchPath:
         }
 
 
-@dataclass(frozen=True)
-class Resolution:
+class Resolution(NamedTuple):
     """Where a name resolved: the winning directory, and the earlier non-hits with reasons."""
 
     name: str
     directory: Path
-    skipped: list[str] = field(default_factory=list)
+    skipped: Sequence[str] = ()
 
     @property
     def executable(self) -> Path:
@@ -78,7 +76,7 @@ class Resolution:
             "name": self.name,
             "path": str(self.executable),
             "controls": str(self.control_dir),
-            "skipped": self.skipped,
+            "skipped": list(self.skipped),
         }
 
 

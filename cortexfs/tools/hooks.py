@@ -19,8 +19,7 @@ from __future__ import annotations
 import json
 import os
 import stat
-from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from cortexfs.tools.controls import POST_HOOKS, PRE_HOOKS, ToolObject
 from cortexfs.tools.spawn import ProcessSpec, run_captured
@@ -32,8 +31,7 @@ PHASES = (PRE, POST)
 _PHASE_DIRECTORIES = {PRE: PRE_HOOKS, POST: POST_HOOKS}
 
 
-@dataclass(frozen=True)
-class HookRun:
+class HookRun(NamedTuple):
     """One hook's outcome: exit status 0 passes; ``message`` says why it did not."""
 
     phase: str
@@ -75,8 +73,8 @@ def run_hooks(
         if problem:
             run = HookRun(phase, name, 126, problem)
         else:
-            spec = replace(
-                base, argv=[str(path)], env={**base.env, "CTX_HOOK": phase}, timeout=HOOK_TIMEOUT
+            spec = base._replace(
+                argv=[str(path)], env={**base.env, "CTX_HOOK": phase}, timeout=HOOK_TIMEOUT
             )
             run = _run_one(phase, name, spec, stdin_data)
         runs.append(run)

@@ -2,20 +2,26 @@
 
 The shape is stable; workers store it in queue results (SPEC W-1) and ``ctx run --native``
 prints it as its final ``result`` frame (docs/tools.md lists every field).
+
+The records here, and those of every module ``ctx run`` imports, are ``NamedTuple`` classes
+(or small plain classes where a record is filled in place), not dataclasses: ``ctx run`` starts
+once per tool call, importing :mod:`dataclasses` costs it about 25 ms (it imports
+:mod:`inspect`), and each frozen dataclass almost 1 ms more for the code it generates.
+A record is then a tuple: it serialises only through its ``to_json``, never on its own.
 """
 
 from __future__ import annotations
 
 import errno as errno_names
 import json
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
+from typing import Any, NamedTuple
 
 OK, ERROR = "ok", "error"
 
 
-@dataclass(frozen=True)
-class ToolError:
+class ToolError(NamedTuple):
     """Why a call failed: an errno, the stage that stopped it and a sentence.
 
     The stages, in the order a call goes through them: ``caller``, ``agent``, ``session``,
@@ -51,8 +57,7 @@ class ToolError:
         }
 
 
-@dataclass(frozen=True)
-class ToolResult:
+class ToolResult(NamedTuple):
     """The outcome of one call.  ``exit_status`` is None when the tool never ran."""
 
     status: str
@@ -67,8 +72,8 @@ class ToolResult:
     exit_status: int | None = None
     error: ToolError | None = None
     stderr: str = ""
-    post_hooks: list[dict[str, object]] = field(default_factory=list)
-    timings: dict[str, float] = field(default_factory=dict)
+    post_hooks: Sequence[dict[str, object]] = ()
+    timings: Mapping[str, float] = MappingProxyType({})
 
     @property
     def ok(self) -> bool:
@@ -86,10 +91,10 @@ class ToolResult:
             "exit_status": self.exit_status,
             "error": None if self.error is None else self.error.to_json(),
             "stderr": self.stderr,
-            "post_hooks": self.post_hooks,
+            "post_hooks": list(self.post_hooks),
             "started": self.started,
             "finished": self.finished,
-            "timings_ms": self.timings,
+            "timings_ms": dict(self.timings),
         }
 
 

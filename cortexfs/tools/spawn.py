@@ -27,8 +27,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
-from typing import IO
+from typing import IO, NamedTuple
 
 from cortexfs.policy import Identity
 
@@ -39,8 +38,7 @@ _CHUNK = 64 * 1024
 _FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
 
-@dataclass(frozen=True)
-class ProcessSpec:
+class ProcessSpec(NamedTuple):
     """What to run: ``argv[0]`` is the executable's path; ``identity`` None means the host's."""
 
     argv: Sequence[str]
@@ -50,8 +48,7 @@ class ProcessSpec:
     timeout: float | None
 
 
-@dataclass(frozen=True)
-class Finished:
+class Finished(NamedTuple):
     """How a process ended.  ``exit_status`` follows the shell: 128 + N after signal N."""
 
     pid: int

@@ -1,0 +1,60 @@
+"""``ctx run`` starts once per tool call, so what it imports is part of every call's cost.
+
+Neither its import nor a whole native call may load click (the one command started per call
+parses with argparse), jsonschema (common schemas are checked without it), or dataclasses
+and the inspect module it imports (records on this path are NamedTuples).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tests.tools.support import World
+
+HEAVY_MODULES = ("click", "jsonschema", "dataclasses", "inspect")
+
+_LOADED = f"sorted(name for name in {HEAVY_MODULES!r} if name in sys.modules)"
+
+# ``ctx ARGS…`` as the console script runs it; the heavy modules it loaded, last on stderr.
+_CTX_THEN_REPORT = f"""
+import sys
+from cortexfs.cli import main
+try:
+    main(sys.argv[1:])
+except SystemExit:
+    pass
+print(" ".join({_LOADED}), file=sys.stderr)
+"""
+
+
+def test_importing_ctx_run_loads_no_heavy_module() -> None:
+    loaded = subprocess.run(
+        [sys.executable, "-c", f"import sys, cortexfs.cli.run; print(' '.join({_LOADED}))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+
+    assert loaded.stdout.split() == []
+
+
+def test_a_native_call_loads_no_heavy_module(world: World) -> None:
+    world.install("sh.cat", "#!/bin/sh\ncat\n")
+    world.agent("coder", tools=["sh.cat"])
+    world.allow_tool("sh.cat")
+    command = ["run", "--storage", str(world.root), "--agent", "coder", "--native", "sh.cat"]
+
+    call = subprocess.run(
+        [sys.executable, "-c", _CTX_THEN_REPORT, *command],
+        input='{"n": 1}\n',
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+
+    result = json.loads(call.stdout.splitlines()[-1])
+    assert result["type"] == "result" and result["status"] == "ok", result
+    assert result["output"] == {"n": 1}
+    assert call.stderr.splitlines()[-1].split() == []
