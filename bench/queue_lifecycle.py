@@ -35,15 +35,21 @@ REQUEST = {"tool": "fs.stat", "input": {"path": "/srv/data/report.csv"}}
 
 
 class CountingOps(FsOps):
-    """Real operations that count file fsyncs, directory fsyncs and syncfs calls."""
+    """Real operations that count file fsyncs, directory fsyncs and syncfs calls, and time
+    each fsync with the queue-relative name of what it made durable (``J`` for the job)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.counts: Counter[str] = Counter()
+        self.barriers: list[tuple[str, float]] = []
 
     def fsync(self, fd: int) -> None:
-        self.counts["dir_fsync" if stat.S_ISDIR(os.fstat(fd).st_mode) else "file_fsync"] += 1
+        kind = "dir" if stat.S_ISDIR(os.fstat(fd).st_mode) else "file"
+        self.counts[f"{kind}_fsync"] += 1
+        target = os.readlink(f"/proc/self/fd/{fd}").rsplit("/count/", 1)[-1]
+        start = time.perf_counter()
         super().fsync(fd)
+        self.barriers.append((f"{kind} {target}", time.perf_counter() - start))
 
     def syncfs(self, fd: int) -> None:
         self.counts["syncfs"] += 1
@@ -84,15 +90,27 @@ def fsync_latencies(base: Path, samples: int) -> tuple[float, float]:
     return statistics.median(file_times), statistics.median(dir_times)
 
 
-def fsyncs_per_job(base: Path, holder: Holder) -> Counter[str]:
+def fsyncs_per_job(
+    base: Path, holder: Holder, jobs: int = 50
+) -> tuple[Counter[str], list[tuple[str, float]]]:
+    """The fsyncs of one lifecycle: counts per kind, and each barrier in order with its
+    median latency (what it made durable, seconds)."""
     ops = CountingOps()
+    rounds: list[list[tuple[str, float]]] = []
     with fresh_queue(base, "count", ops) as q:
-        for _ in range(10):
+        for _ in range(jobs):
+            ops.barriers.clear()
             publish(q, REQUEST)
             won = claim(q, holder)
             assert won is not None
             finish(q, won.job, True, {"size": 1})
-    return Counter({k: v // 10 for k, v in ops.counts.items()})
+            rounds.append([(what.replace(won.job, "J"), took) for what, took in ops.barriers])
+    counts = Counter({k: v // jobs for k, v in ops.counts.items()})
+    trace = [
+        (steps[0][0], statistics.median(took for _, took in steps))
+        for steps in zip(*rounds, strict=True)
+    ]
+    return counts, trace
 
 
 # --------------------------------------------------------------------------- (b) ours
@@ -217,7 +235,7 @@ def main() -> int:
     holder = Holder.for_process(worker="bench")
     try:
         t_file, t_dir = fsync_latencies(base, 200)
-        per_job = fsyncs_per_job(base, holder)
+        per_job, barriers = fsyncs_per_job(base, holder)
         floor_seconds = per_job["file_fsync"] * t_file + per_job["dir_fsync"] * t_dir
         floor = 1 / floor_seconds
         ours = our_lifecycle(base, holder, args.jobs)
@@ -234,6 +252,7 @@ def main() -> int:
         "file_fsync_us": t_file * 1e6,
         "dir_fsync_us": t_dir * 1e6,
         "fsyncs_per_job": dict(per_job),
+        "barriers_us": [[what, took * 1e6] for what, took in barriers],
         "floor_jobs_per_s": floor,
         "lifecycle_jobs_per_s": ours,
         "lifecycle_vs_floor": ours / floor,
@@ -262,6 +281,12 @@ def main() -> int:
     print(f"  fsync latency: file {t_file * 1e6:.0f} us, directory {t_dir * 1e6:.0f} us")
     print(f"  fsyncs per job (publish+claim+lease+finish): {per_job['file_fsync']} file, "
           f"{per_job['dir_fsync']} directory")  # fmt: skip
+    # No barrier is free: each fsync waits for a device cache flush, even one whose journal
+    # transaction an earlier fsync already committed.
+    print("  each barrier of one lifecycle, in order (median latency):")
+    for step, (what, took) in enumerate(barriers, 1):
+        print(f"    {step:2} {what:<44}{took * 1e6:6.0f} us")
+    print(f"    sum {sum(took for _, took in barriers) * 1e6:.0f} us per job")
     rows = [
         ("(a) fsync floor of this disk", floor, "1.00"),
         ("(b) cortexfs lifecycle", ours, f"{ours / floor:.2f} x floor"),

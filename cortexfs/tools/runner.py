@@ -36,7 +36,6 @@ import contextlib
 import errno
 import json
 import os
-import secrets
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
@@ -121,7 +120,7 @@ class _Call:
     ) -> None:
         self.root, self.agent, self.tool_name, self.mode = root, agent, tool, mode
         self.requested_session, self.timeout, self.observer = session, timeout, observer
-        self.call = secrets.token_hex(8)
+        self.call = os.urandom(8).hex()  # what secrets.token_hex does, without its imports
         self.started = rfc3339()
         self.clock = time.monotonic()
         self.timings: dict[str, float] = {}

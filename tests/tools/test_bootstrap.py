@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import zipimport
 from pathlib import Path
 
 import pytest
@@ -33,6 +34,20 @@ def test_bootstrap_installs_every_core_tool_complete_and_the_tsh_config(root: Pa
     assert (root / "tool/tsh.d/config").read_text() == TSH_CONFIG
     assert tsh_config_problems(TSH_CONFIG) == []
     assert sorted(os.listdir(root)) == sorted(storage.ROOT_ENTRIES)
+
+
+def test_core_tools_carry_bytecode_their_interpreter_loads(root: Path) -> None:
+    """Each module comes from its bundled .pyc, not compiled again from source on each call:
+    bytecode keeps the name it was compiled under, source compiled by zipimport the archive's.
+    """
+    shebang = (root / "tool/fs.stat").read_bytes().split(b"\n", 1)[0].decode()
+    assert shebang.endswith(" -IS")
+    if os.path.realpath(shebang[2:].split()[0]) != os.path.realpath(sys.executable):
+        pytest.skip("the core tools run on another interpreter, which gets source only")
+    for module in ("cortexfs.durable", "cortexfs.tools.core.fs_stat"):
+        package, _, name = module.rpartition(".")
+        importer = zipimport.zipimporter(str(root / "tool/fs.stat" / package.replace(".", "/")))
+        assert importer.get_code(name).co_filename == module.replace(".", "/") + ".py"
 
 
 def test_bootstrap_is_idempotent(root: Path) -> None:

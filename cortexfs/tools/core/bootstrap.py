@@ -2,15 +2,15 @@
 
 Each core tool is installed through the ordinary lifecycle (:func:`cortexfs.tools.install.
 install_tool`) from its manifest in ``manifests/`` and a generated executable: a Python zip
-application (``#!<python> -I`` followed by a zip archive) that carries the few modules the
+application (``#!<python> -IS`` followed by a zip archive) that carries the few modules the
 tool imports (:data:`BUNDLED`) and a ``__main__`` calling its ``run()``.  The tool is thus one
 self-contained file of the storage root: an agent uid needs to read nothing of the installed
 package, wherever (and however privately) it lives.  The archive is byte-for-byte the same for
 the same sources, so an unchanged tool is recognised as current.
 
-``-I`` keeps the environment (``PYTHONPATH``, user site-packages) out of the tool.  The
-interpreter must be one every agent uid can execute: this one when its whole path is
-world-executable, else the first world-executable ``python3`` (>= 3.11) on the system path.
+``-IS`` keeps the environment (``PYTHONPATH``, user site-packages) and site-packages out of the
+tool.  The interpreter must be one every agent uid can execute: this one when its whole path
+is world-executable, else the first world-executable ``python3`` (>= 3.11) on the system path.
 
 A core tool is reinstalled when it is missing, damaged, or differs from what this version
 would install; its policy, status, log and hooks are kept (:mod:`cortexfs.tools.pairs`).
@@ -19,8 +19,10 @@ would install; its policy, status, log and hooks are kept (:mod:`cortexfs.tools.
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import json
+import marshal
 import os
 import secrets
 import shutil
@@ -87,20 +89,47 @@ _ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)  # fixed entry times: the same sources, the s
 
 
 def render_launcher(interpreter: str, package_parent: Path, module: str) -> bytes:
-    """A core tool as a self-contained zip application for ``interpreter``."""
+    """A core tool as a self-contained zip application for ``interpreter``.
+
+    Next to each module's source goes its bytecode when ``interpreter`` is the one running
+    now (it compiles for its own version only): zipimport never writes bytecode, so without
+    it every call would compile every module again (tens of milliseconds).  The bytecode is
+    hash-based and unchecked (PEP 552) so that the archive stays the same bytes for the same
+    sources; an interpreter of another version ignores it and reads the source.
+    """
+    with_bytecode = os.path.realpath(interpreter) == os.path.realpath(sys.executable)
     archive = io.BytesIO()
     with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as bundle:
         main = (
             '"""CortexFS core tool, written by ctx bootstrap (SPEC R-5)."""\n'
             f"import sys\nfrom cortexfs.tools.core.{module} import run\nsys.exit(run())\n"
         )
-        entries = [(name, (package_parent / name).read_bytes()) for name in BUNDLED]
-        for name, data in [("__main__.py", main.encode()), *entries]:
+        entries = [("__main__.py", main.encode())]
+        for name in BUNDLED:
+            source = (package_parent / name).read_bytes()
+            entries.append((name, source))
+            if with_bytecode:
+                entries.append((name + "c", _unchecked_bytecode(source, name)))
+        for name, data in entries:
             info = zipfile.ZipInfo(name, date_time=_ZIP_EPOCH)
             info.external_attr = 0o644 << 16
             info.compress_type = zipfile.ZIP_DEFLATED
             bundle.writestr(info, data)
-    return f"#!{interpreter} -I\n".encode() + archive.getvalue()
+    # -I: nothing from the environment (PYTHONPATH, user site); -S: no site-packages, whose
+    # .pth files would run code in every tool process.  One argument: a shebang passes one.
+    return f"#!{interpreter} -IS\n".encode() + archive.getvalue()
+
+
+def _unchecked_bytecode(source: bytes, name: str) -> bytes:
+    """A PEP 552 .pyc: magic, flags (hash-based, not checked), source hash, code."""
+    code = compile(source, name, "exec", dont_inherit=True)
+    flags = (0b01).to_bytes(4, "little")
+    return (
+        importlib.util.MAGIC_NUMBER
+        + flags
+        + importlib.util.source_hash(source)
+        + marshal.dumps(code)
+    )
 
 
 def core_interpreter() -> tuple[str, str]:
