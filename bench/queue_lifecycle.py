@@ -10,7 +10,10 @@ Everything is measured in one run on one filesystem and reported as ratios:
     never fsyncs, as a non-durable upper bound;
 (d) the cost of a claim with 1 000 and with 100 000 jobs pending.
 
-Usage: python bench/queue_lifecycle.py [--jobs N] [--big N] [--dir DIR] [--json]
+The contenders of (b) and (c) and the fsync probe of (a) take turns (``--rounds``), so that a
+disk whose speed drifts during the run affects each of them alike.
+
+Usage: python bench/queue_lifecycle.py [--jobs N] [--rounds N] [--big N] [--dir DIR] [--json]
 """
 
 from __future__ import annotations
@@ -66,8 +69,8 @@ def fresh_queue(base: Path, name: str, ops: FsOps | None = None) -> Queue:
 # ----------------------------------------------------------------------------- (a) floor
 
 
-def fsync_latencies(base: Path, samples: int) -> tuple[float, float]:
-    """Median seconds of a file fsync (fresh small file) and of a dir fsync after a rename."""
+def fsync_latencies(base: Path, samples: int) -> tuple[list[float], list[float]]:
+    """Seconds of file fsyncs (fresh small files) and of dir fsyncs after a rename."""
     probe = base / "fsync-probe"
     probe.mkdir()
     dir_fd = os.open(probe, os.O_RDONLY | os.O_DIRECTORY)
@@ -87,7 +90,7 @@ def fsync_latencies(base: Path, samples: int) -> tuple[float, float]:
     finally:
         os.close(dir_fd)
         shutil.rmtree(probe)
-    return statistics.median(file_times), statistics.median(dir_times)
+    return file_times, dir_times
 
 
 def fsyncs_per_job(
@@ -113,40 +116,41 @@ def fsyncs_per_job(
     return counts, trace
 
 
-# --------------------------------------------------------------------------- (b) ours
+# ------------------------------------------------------------------- (b) ours, (c) peers
+#
+# Each contender is set up once and then runs ``n`` lifecycles (or publishes) per call; the
+# contenders take turns round after round, so that a disk whose latency drifts during the
+# run (a shared or virtual disk does) weighs on all of them alike.
+
+Run = Callable[[int], object]
 
 
-def timed(action: Callable[[], None]) -> float:
+def timed(action: Callable[[], object]) -> float:
     start = time.perf_counter()
     action()
     return time.perf_counter() - start
 
 
-def our_lifecycle(base: Path, holder: Holder, jobs: int) -> float:
-    with fresh_queue(base, "lifecycle") as q:
+def our_lifecycle(q: Queue, holder: Holder) -> Run:
+    def run(jobs: int) -> None:
+        for _ in range(jobs):
+            publish(q, REQUEST)
+            won = claim(q, holder)
+            assert won is not None
+            finish(q, won.job, True, {"size": 1})
 
-        def run() -> None:
-            for _ in range(jobs):
-                publish(q, REQUEST)
-                won = claim(q, holder)
-                assert won is not None
-                finish(q, won.job, True, {"size": 1})
-
-        return jobs / timed(run)
+    return run
 
 
-def single_and_batch_publish(base: Path, jobs: int) -> tuple[float, float]:
-    with fresh_queue(base, "single") as q:
-        single = jobs / timed(lambda: [publish(q, REQUEST) for _ in range(jobs)])
-    with fresh_queue(base, "batch") as q:
-        batch = jobs / timed(lambda: publish_batch(q, [REQUEST] * jobs))
-    return single, batch
+def single_publish(q: Queue) -> Run:
+    return lambda jobs: [publish(q, REQUEST) for _ in range(jobs)]
 
 
-# -------------------------------------------------------------------------- (c) peers
+def batch_publish(q: Queue) -> Run:
+    return lambda jobs: publish_batch(q, [REQUEST] * jobs)
 
 
-def persist_queue_lifecycle(base: Path, jobs: int) -> tuple[float, str]:
+def persist_queue_lifecycle(base: Path) -> tuple[Run, str]:
     from persistqueue import SQLiteAckQueue
 
     q = SQLiteAckQueue(str(base / "persistqueue"), auto_commit=True, multithreading=True)
@@ -155,16 +159,16 @@ def persist_queue_lifecycle(base: Path, jobs: int) -> tuple[float, str]:
     if (mode, sync) != ("wal", 2):
         raise SystemExit(f"persist-queue is not at equal durability: {mode}, synchronous={sync}")
 
-    def run() -> None:
+    def run(jobs: int) -> None:
         for _ in range(jobs):
             q.put(REQUEST)
             item = q.get(block=False)
             q.ack(item)
 
-    return jobs / timed(run), f"journal_mode={mode}, synchronous={sync} (FULL)"
+    return run, f"journal_mode={mode}, synchronous={sync} (FULL)"
 
 
-def litequeue_lifecycle(base: Path, jobs: int) -> tuple[float, str]:
+def litequeue_lifecycle(base: Path) -> tuple[Run, str]:
     from litequeue import LiteQueue
 
     q = LiteQueue(str(base / "litequeue.db"))
@@ -173,29 +177,47 @@ def litequeue_lifecycle(base: Path, jobs: int) -> tuple[float, str]:
     sync = q.conn.execute("PRAGMA synchronous").fetchone()[0]
     payload = json.dumps(REQUEST)
 
-    def run() -> None:
+    def run(jobs: int) -> None:
         for _ in range(jobs):
             q.put(payload)
             message = q.pop()
             q.done(message.message_id)
 
-    return jobs / timed(run), f"journal_mode={mode}, synchronous={sync} (FULL)"
+    return run, f"journal_mode={mode}, synchronous={sync} (FULL)"
 
 
-def dirq_lifecycle(base: Path, jobs: int) -> tuple[float, str]:
+def dirq_lifecycle(base: Path) -> tuple[Run, str]:
     from dirq.QueueSimple import QueueSimple
 
     q = QueueSimple(str(base / "dirq"))
     payload = json.dumps(REQUEST)
 
-    def run() -> None:
+    def run(jobs: int) -> None:
         for _ in range(jobs):
             name = q.add(payload)
             assert q.lock(name)
             q.get(name)
             q.remove(name)
 
-    return jobs / timed(run), "no fsync at all (non-durable upper bound)"
+    return run, "no fsync at all (non-durable upper bound)"
+
+
+def rates_in_turns(
+    contenders: dict[str, tuple[Run, int]], base: Path, rounds: int
+) -> tuple[dict[str, float], float, float]:
+    """Items per second of each contender (``run``, items per turn), and the median file and
+    directory fsync latencies sampled between the turns."""
+    seconds = dict.fromkeys(contenders, 0.0)
+    file_times: list[float] = []
+    dir_times: list[float] = []
+    for _ in range(rounds):
+        file_round, dir_round = fsync_latencies(base, 20)
+        file_times += file_round
+        dir_times += dir_round
+        for name, (run, items) in contenders.items():
+            seconds[name] += timed(lambda run=run, items=items: run(items))
+    rates = {name: contenders[name][1] * rounds / took for name, took in seconds.items()}
+    return rates, statistics.median(file_times), statistics.median(dir_times)
 
 
 # ------------------------------------------------------------------------ (d) Q-10
@@ -223,6 +245,9 @@ def claim_cost(base: Path, holder: Holder, pending: int, claims: int) -> tuple[f
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=300, help="jobs per lifecycle measurement")
+    parser.add_argument(
+        "--rounds", type=int, default=10, help="turns the contenders take (--jobs split among them)"
+    )
     parser.add_argument("--big", type=int, default=100_000, help="pending jobs for the Q-10 run")
     parser.add_argument("--claims", type=int, default=1000, help="claims timed per Q-10 run")
     parser.add_argument(
@@ -233,20 +258,37 @@ def main() -> int:
 
     base = Path(tempfile.mkdtemp(prefix="cortexfs-bench-", dir=args.dir or "/var/tmp"))
     holder = Holder.for_process(worker="bench")
+    per_turn = max(1, args.jobs // args.rounds)
     try:
-        t_file, t_dir = fsync_latencies(base, 200)
         per_job, barriers = fsyncs_per_job(base, holder)
-        floor_seconds = per_job["file_fsync"] * t_file + per_job["dir_fsync"] * t_dir
-        floor = 1 / floor_seconds
-        ours = our_lifecycle(base, holder, args.jobs)
-        single, batch = single_and_batch_publish(base, args.jobs)
-        pq, pq_mode = persist_queue_lifecycle(base, args.jobs)
-        lq, lq_mode = litequeue_lifecycle(base, args.jobs)
-        dq, dq_mode = dirq_lifecycle(base, args.jobs)
+        pq_run, pq_mode = persist_queue_lifecycle(base)
+        lq_run, lq_mode = litequeue_lifecycle(base)
+        dq_run, dq_mode = dirq_lifecycle(base)
+        with (
+            fresh_queue(base, "lifecycle") as lifecycle_q,
+            fresh_queue(base, "single") as single_q,
+            fresh_queue(base, "batch") as batch_q,
+        ):
+            rates, t_file, t_dir = rates_in_turns(
+                {
+                    "ours": (our_lifecycle(lifecycle_q, holder), per_turn),
+                    "persist_queue": (pq_run, per_turn),
+                    "litequeue": (lq_run, per_turn),
+                    "dirq": (dq_run, per_turn),
+                    "single": (single_publish(single_q), per_turn),
+                    "batch": (batch_publish(batch_q), args.jobs),  # one batch of --jobs a turn
+                },
+                base,
+                args.rounds,
+            )
         small_first, small_steady = claim_cost(base, holder, 1000, min(args.claims, 900))
         big_first, big_steady = claim_cost(base, holder, args.big, args.claims)
     finally:
         shutil.rmtree(base, ignore_errors=True)
+    floor_seconds = per_job["file_fsync"] * t_file + per_job["dir_fsync"] * t_dir
+    floor = 1 / floor_seconds
+    ours, single, batch = rates["ours"], rates["single"], rates["batch"]
+    pq, lq, dq = rates["persist_queue"], rates["litequeue"], rates["dirq"]
 
     figures = {
         "file_fsync_us": t_file * 1e6,
@@ -277,7 +319,10 @@ def main() -> int:
     if args.json:
         print(json.dumps(figures, indent=2))
         return 0
-    print(f"queue lifecycle benchmark, {args.jobs} jobs per run, on {args.dir or '/var/tmp'}")
+    print(
+        f"queue lifecycle benchmark, {per_turn * args.rounds} jobs per contender in "
+        f"{args.rounds} turns, on {args.dir or '/var/tmp'}"
+    )
     print(f"  fsync latency: file {t_file * 1e6:.0f} us, directory {t_dir * 1e6:.0f} us")
     print(f"  fsyncs per job (publish+claim+lease+finish): {per_job['file_fsync']} file, "
           f"{per_job['dir_fsync']} directory")  # fmt: skip

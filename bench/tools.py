@@ -11,6 +11,10 @@ against a baseline measured in the same run, on the same filesystem:
   does): resolution, controls, schema, the six-step chain, hooks, the process, and two durable
   records (the session's ``tool_result`` and the tool's log);
 * **ctx run --native** — the command line, which adds an interpreter start and its imports;
+* **interpreter floor** — the console script's interpreter starting and exiting
+  (``python -c pass`` with its site-packages): what any Python command line costs before it
+  does anything, so ``floor + direct exec`` over ``direct exec`` bounds what ``ctx run`` could
+  reach;
 * **authority chain** — :func:`cortexfs.policy.check_tool_execute` alone, per call;
 * **fsync floor** — ``write`` + ``fsync`` of one event-sized line on an ``O_APPEND`` file,
   against :meth:`cortexfs.shared.events.EventLog.append` with ``durable_event=True``.
@@ -145,11 +149,16 @@ def measure_tool(
     def command_line() -> object:
         return subprocess.run(command, input=payload, capture_output=True, check=True)
 
+    def interpreter_floor() -> object:
+        return subprocess.run([sys.executable, "-c", "pass"], capture_output=True, check=True)
+
     direct_call = direct_exec(root, tool, payload, view)
     direct_call()  # warm the page cache for both sides
     library()
     direct, runner = interleaved_medians([direct_call, library], calls)
-    direct_again, through_cli = interleaved_medians([direct_call, command_line], cli_calls)
+    direct_again, through_cli, floor = interleaved_medians(
+        [direct_call, command_line, interpreter_floor], cli_calls
+    )
     return {
         "direct_exec_ms": direct * 1000,
         "run_native_ms": runner * 1000,
@@ -157,6 +166,9 @@ def measure_tool(
         "run_native_ratio": runner / direct,
         "ctx_run_native_ms": through_cli * 1000,
         "ctx_run_native_ratio": through_cli / direct_again,
+        "ctx_run_native_overhead_ms": (through_cli - direct_again) * 1000,
+        "interpreter_floor_ms": floor * 1000,
+        "best_possible_cli_ratio": (floor + direct_again) / direct_again,
     }
 
 
@@ -247,6 +259,11 @@ def main() -> int:
             f"{row['run_native_ratio']:.2f} x ({verdict} <= {RUNNER_TARGET:g} x) | "
             f"ctx run --native {row['ctx_run_native_ms']:7.2f} ms = "
             f"{row['ctx_run_native_ratio']:.2f} x"
+        )
+        print(
+            f"{'':8} a Python start alone: {row['interpreter_floor_ms']:.2f} ms, so no Python "
+            f"command line can do better than {row['best_possible_cli_ratio']:.2f} x; "
+            f"ctx run adds {row['ctx_run_native_overhead_ms']:.2f} ms"
         )
     print(f"authority chain (check_tool_execute): {figures['chain_us']:.0f} us per call")
     events = figures["events"]
