@@ -16,6 +16,10 @@ MAX_NAME_BYTES = 64
 JOB_SUFFIX = ".req.json"
 
 _OBJECT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+# Every rule of job_name_problem in one pattern (64 bytes at most, .req.json included): the
+# test a scan of pending/ makes for each of its entries, up to 100 000 of them.
+_JOB_STEM_MAX = MAX_NAME_BYTES - 1 - len(JOB_SUFFIX)
+_JOB_NAME = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._-]{{0,{_JOB_STEM_MAX}}}{re.escape(JOB_SUFFIX)}")
 
 
 def object_name_problem(name: object) -> str | None:
@@ -63,7 +67,7 @@ def job_name_problem(name: object) -> str | None:
 
 
 def is_job_name(name: object) -> bool:
-    return job_name_problem(name) is None
+    return isinstance(name, str) and _JOB_NAME.fullmatch(name) is not None
 
 
 def job_name(name: str) -> str:
