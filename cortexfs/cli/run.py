@@ -11,7 +11,7 @@ import errno
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from cortexfs import storage
 from cortexfs.cli.exits import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, exit_status, usage_problem
@@ -43,8 +43,15 @@ Only the host administrator (root, or the owner of the storage root) may run too
 agent.  Every call is recorded in the session's events.jsonl and the tool's log."""
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        """A malformed command line: the usage, then the reason as every ctx error reads."""
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"ctx run: EINVAL: {message}\n")
+
+
 def parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="ctx run",
         usage="ctx run [OPTIONS] TOOL [ARGS]...",
         description=DESCRIPTION,
@@ -76,7 +83,8 @@ def parser() -> argparse.ArgumentParser:
         help="storage root (default: $CTX_STORAGE, else the embedded default root)",
     )
     parser.add_argument("tool", metavar="TOOL")
-    parser.add_argument("args", metavar="ARGS", nargs=argparse.REMAINDER)
+    arguments = parser.add_argument("args", metavar="ARGS", nargs=argparse.REMAINDER)
+    arguments.required = False  # argparse marks a REMAINDER required; an empty argv is legal
     return parser
 
 

@@ -194,6 +194,24 @@ def test_ctx_run_native_prints_jsonl_frames(coder: World) -> None:
     assert bad.returncode == 2 and "EINVAL" in bad.stderr
 
 
+def test_ctx_run_reads_the_same_arguments_before_and_after_the_group(coder: World) -> None:
+    """``ctx run …`` starts without the click group; ``ctx --storage D run …`` goes through it.
+    Both reach one parser, and a malformed command line is exit 2 with EINVAL either way."""
+    direct = [*CTX, "run", "--storage", str(coder.root), "--agent", "coder", "argv", "-x"]
+    grouped = [*CTX, "--storage", str(coder.root), "run", "--agent", "coder", "argv", "-x"]
+    for command in (direct, grouped):
+        completed = subprocess.run(command, capture_output=True, text=True, input="")
+        assert (completed.returncode, completed.stdout) == (7, "[-x]\n"), completed.stderr
+    for malformed in (["run"], ["run", "--agent"], ["run", "--agent", "a", "--timeout", "0", "t"]):
+        completed = subprocess.run([*CTX, *malformed], capture_output=True, text=True)
+        assert completed.returncode == 2 and "ctx run: EINVAL:" in completed.stderr
+        assert "ARGS" not in completed.stderr.splitlines()[-1]  # an empty argv is legal (T-3)
+    helped = subprocess.run(
+        [*CTX, "--storage", str(coder.root), "run", "--help"], capture_output=True, text=True
+    )
+    assert helped.returncode == 0 and "JSONL frames" in helped.stdout
+
+
 def test_only_the_host_administrator_may_run_a_tool_as_an_agent(coder: World) -> None:
     before = (coder.root / "tool/whoami.d/log").read_bytes()
 
