@@ -93,7 +93,7 @@ _TYPE_TESTS: dict[str, Callable[[object], bool]] = {
 
 
 def _properties(
-    properties: object, instance: object, path: Path, found: list[Problem], _: Any
+    properties: Mapping[str, Any], instance: object, path: Path, found: list[Problem], _: Any
 ) -> None:
     if isinstance(instance, dict):
         for name, subschema in properties.items():
@@ -117,7 +117,7 @@ def _additional(
             _check(extra, instance[name], (*path, name), found)
 
 
-def _required(names: object, instance: object, path: Path, found: list[Problem], _: Any) -> None:
+def _required(names: list[str], instance: object, path: Path, found: list[Problem], _: Any) -> None:
     if isinstance(instance, dict):
         for name in names:
             if name not in instance:
@@ -125,14 +125,16 @@ def _required(names: object, instance: object, path: Path, found: list[Problem],
 
 
 def _items(items: object, instance: object, path: Path, found: list[Problem], _: Any) -> None:
-    if isinstance(instance, list) and items is False and instance:
+    if not isinstance(instance, list):
+        return
+    if items is False and instance:  # one violation for the array, as jsonschema reports it
         found.append((path, f"{_show(instance)} has items, but none are allowed"))
-    elif isinstance(instance, list):
-        for index, item in enumerate(instance):
-            _check(items, item, (*path, index), found)
+        return
+    for index, item in enumerate(instance):
+        _check(items, item, (*path, index), found)
 
 
-def _enum(choices: object, instance: object, path: Path, found: list[Problem], _: Any) -> None:
+def _enum(choices: list[Any], instance: object, path: Path, found: list[Problem], _: Any) -> None:
     if not any(_json_equal(choice, instance) for choice in choices):
         found.append((path, f"{_show(instance)} is not one of {choices!r}"))
 
@@ -160,7 +162,7 @@ def _bound(
     return rule
 
 
-def _pattern(pattern: object, instance: object, path: Path, found: list[Problem], _: Any) -> None:
+def _pattern(pattern: str, instance: object, path: Path, found: list[Problem], _: Any) -> None:
     if isinstance(instance, str) and re.search(pattern, instance) is None:
         found.append((path, f"{_show(instance)} does not match {pattern!r}"))
 
@@ -211,10 +213,6 @@ _RULES: dict[str, Rule] = {
 }
 
 
-def _schemas(value: object) -> bool:
-    return well_formed(value)
-
-
 def _schema_map(value: object) -> bool:
     return isinstance(value, dict) and all(map(well_formed, value.values()))
 
@@ -223,7 +221,8 @@ def _type_names(value: object) -> bool:
     if isinstance(value, str):
         return value in _TYPE_TESTS
     names = value if isinstance(value, list) else []
-    return bool(names) and len(set(names)) == len(names) and all(n in _TYPE_TESTS for n in names)
+    known = all(isinstance(name, str) and name in _TYPE_TESTS for name in names)
+    return bool(names) and known and len(set(names)) == len(names)
 
 
 def _unique_strings(value: object) -> bool:
@@ -281,9 +280,9 @@ _SHAPES: dict[str, Callable[[object], bool]] = {
     "format": _string,
     "type": _type_names,
     "properties": _schema_map,
-    "additionalProperties": _schemas,
+    "additionalProperties": well_formed,
     "required": _unique_strings,
-    "items": _schemas,  # a schema; the tuple form of draft 7 (a list) is not known here
+    "items": well_formed,  # a schema; the tuple form of draft 7 (a list) is not known here
     "enum": lambda value: isinstance(value, list),
     "const": _anything,
     "minimum": _is_number,

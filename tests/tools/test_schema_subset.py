@@ -109,6 +109,13 @@ def test_a_well_formed_schema_is_valid_against_the_meta_schema(schema: object) -
         {"pattern": "("},
         {"properties": {"a": {"type": 3}}},
         ["not", "an", "object"],
+        {"type": [{}]},
+        {"type": []},
+        {"required": [1]},
+        {"enum": 3},
+        {"properties": ["a"]},
+        {"minimum": True},
+        {"items": [True]},
     ],
 )
 def test_anything_else_is_left_to_jsonschema(schema: object) -> None:
