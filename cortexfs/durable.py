@@ -27,11 +27,11 @@ symlink swapped into a tree can never redirect an operation outside it.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
+import functools
 import os
 from collections.abc import Iterable, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from cortexfs.errors import CtxError
 
@@ -42,13 +42,21 @@ _RENAME_NOREPLACE = 1
 MOVE_RENAME = "rename"
 MOVE_LINK = "link"
 
-# The C library through the interpreter's own symbols: find_library("c") would run ldconfig,
-# tens of milliseconds on every start of ctx.
-_libc = ctypes.CDLL(None, use_errno=True)
+
+@functools.cache
+def _libc() -> Any:
+    """The C library, for the calls ``os`` lacks (renameat2, syncfs, fstatfs): through the
+    interpreter's own symbols, since find_library("c") runs ldconfig, and loaded on first use,
+    since ctypes costs each start of ctx a few milliseconds that ``ctx run`` never needs."""
+    import ctypes
+
+    return ctypes.CDLL(None, use_errno=True)
 
 
 def _check(result: int, what: str) -> None:
     if result != 0:
+        import ctypes
+
         code = ctypes.get_errno()
         raise OSError(code, os.strerror(code), what)
 
@@ -109,7 +117,7 @@ class FsOps:
         os.fsync(fd)
 
     def syncfs(self, fd: int) -> None:
-        _check(_libc.syncfs(fd), "syncfs")
+        _check(_libc().syncfs(fd), "syncfs")
 
     def link(self, src: str, src_dir_fd: int, dst: str, dst_dir_fd: int) -> None:
         os.link(src, dst, src_dir_fd=src_dir_fd, dst_dir_fd=dst_dir_fd, follow_symlinks=False)
@@ -120,7 +128,7 @@ class FsOps:
 
     def rename_noreplace(self, src: str, src_dir_fd: int, dst: str, dst_dir_fd: int) -> None:
         """``renameat2(RENAME_NOREPLACE)``: EEXIST when ``dst`` exists; EINVAL where unsupported."""
-        result = _libc.renameat2(
+        result = _libc().renameat2(
             src_dir_fd, os.fsencode(src), dst_dir_fd, os.fsencode(dst), _RENAME_NOREPLACE
         )
         _check(result, f"renameat2 {src} -> {dst}")
@@ -144,14 +152,23 @@ ATOMIC_RENAME_FILESYSTEMS = {
 }
 
 
-class _StatFs(ctypes.Structure):
-    _fields_ = [("f_type", ctypes.c_long), ("rest", ctypes.c_byte * 112)]
+@functools.cache
+def _statfs_buffer() -> Any:
+    """A ctypes struct statfs, as far as ``f_type`` (the rest is room for what follows)."""
+    import ctypes
+
+    class StatFs(ctypes.Structure):
+        _fields_ = [("f_type", ctypes.c_long), ("rest", ctypes.c_byte * 112)]
+
+    return StatFs
 
 
 def filesystem_type(dir_fd: int) -> int:
     """The statfs(2) ``f_type`` of the filesystem holding ``dir_fd``."""
-    buf = _StatFs()
-    _check(_libc.fstatfs(dir_fd, ctypes.byref(buf)), "fstatfs")
+    import ctypes
+
+    buf = _statfs_buffer()()
+    _check(_libc().fstatfs(dir_fd, ctypes.byref(buf)), "fstatfs")
     return buf.f_type & 0xFFFFFFFF
 
 

@@ -1,8 +1,9 @@
 """``ctx run`` starts once per tool call, so what it imports is part of every call's cost.
 
 Neither its import nor a whole native call may load click (the one command started per call
-parses with argparse), jsonschema (common schemas are checked without it), or dataclasses
-and the inspect module it imports (records on this path are NamedTuples).
+parses with argparse), jsonschema (common schemas are checked without it), dataclasses and
+the inspect module it imports (records on this path are NamedTuples), or ctypes (loaded only
+by the queue calls that need it).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import sys
 
 from tests.tools.support import World
 
-HEAVY_MODULES = ("click", "jsonschema", "dataclasses", "inspect")
+HEAVY_MODULES = ("click", "jsonschema", "dataclasses", "inspect", "ctypes")
 
 _LOADED = f"sorted(name for name in {HEAVY_MODULES!r} if name in sys.modules)"
 
