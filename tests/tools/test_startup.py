@@ -11,7 +11,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
+from cortexfs import storage
 from tests.tools.support import World
 
 HEAVY_MODULES = ("click", "jsonschema", "dataclasses", "inspect", "ctypes")
@@ -59,3 +61,23 @@ def test_a_native_call_loads_no_heavy_module(world: World) -> None:
     assert result["type"] == "result" and result["status"] == "ok", result
     assert result["output"] == {"n": 1}
     assert call.stderr.splitlines()[-1].split() == []
+
+
+def test_a_core_tool_loads_no_heavy_module(tmp_path: Path) -> None:
+    """Every call of a core tool is a process of its own, started from its zip application."""
+    root = tmp_path / "storage"
+    storage.bootstrap(root)
+    tool = root / "tool" / "fs.stat"
+    interpreter = tool.read_bytes().split(b"\n", 1)[0][2:].decode().split()[0]
+
+    call = subprocess.run(
+        [interpreter, "-IS", "-X", "importtime", str(tool), json.dumps({"path": str(tmp_path)})],
+        capture_output=True,
+        text=True,
+        env={"CTX_MODE": "native", "CTX_MOUNTS": json.dumps([["/", "/", "ro"]]), "CTX_CWD": "/"},
+        check=True,
+    )
+
+    assert json.loads(call.stdout)["type"] == "directory"
+    imported = {line.rsplit("|", 1)[-1].strip() for line in call.stderr.splitlines()}
+    assert imported.isdisjoint(HEAVY_MODULES), sorted(imported & set(HEAVY_MODULES))

@@ -26,8 +26,8 @@ import json
 import os
 import stat
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import PurePosixPath
+from typing import NamedTuple
 
 from cortexfs.tools.core.toolio import ToolFailure
 
@@ -35,15 +35,13 @@ _PLACE = os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY | os.O_CLOEXEC
 _LISTABLE = os.O_RDONLY | os.O_NOFOLLOW | os.O_DIRECTORY | os.O_CLOEXEC
 
 
-@dataclass(frozen=True)
-class Mount:
+class Mount(NamedTuple):
     source: str
     target: PurePosixPath
     writable: bool
 
 
-@dataclass(frozen=True)
-class Place:
+class Place(NamedTuple):
     """A resolved path: how the agent names it, its mount, and the components below the source."""
 
     view: PurePosixPath

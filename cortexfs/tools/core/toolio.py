@@ -10,6 +10,10 @@ on stdout; anything else (terminal CLI mode, or a person running the tool direct
 plain text.  A failure prints ``<tool>: <ERRNO>: <sentence>`` on stderr — in native mode also
 ``{"error": "<ERRNO>", "errno": N, "message": …}`` on stdout — and exits 1, or 2 when the
 input itself was wrong.
+
+Every call of a core tool is a process of its own, so the records here and in
+:mod:`~cortexfs.tools.core.confine` are ``NamedTuple``s: a dataclass would import
+:mod:`inspect`, which takes longer than a whole ``fs.stat``'s work.
 """
 
 from __future__ import annotations
@@ -19,8 +23,7 @@ import json
 import os
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 NATIVE = "native"
 MAX_INPUT_BYTES = 16 * 1024 * 1024
@@ -37,14 +40,13 @@ class ToolFailure(Exception):
         self.usage = usage
 
 
-@dataclass
-class Reply:
+class Reply(NamedTuple):
     """What a tool answers: ``data`` in native mode, ``text`` (bytes) in terminal mode."""
 
     data: dict[str, Any]
     text: bytes = b""
     exit_status: int = 0
-    stderr: bytes = field(default=b"")
+    stderr: bytes = b""
 
 
 Handler = Callable[[dict[str, Any], bool], Reply]
