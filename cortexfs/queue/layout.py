@@ -200,6 +200,12 @@ class Queue:
         """A fresh staging name in ``inbox/`` that says which job and step it belongs to."""
         return f"{job}.{purpose}.{secrets.token_hex(6)}{TEMP_SUFFIX}"
 
+    def publish_temp_name(self, job: str) -> str:
+        """The one staging name of a publish of ``job``: creating it (``O_EXCL``) is the
+        arbitration between publishers of the same name (Q-1), as ``mkdir claimed/J`` is
+        between claimers; the move into ``pending/`` releases it."""
+        return f"{job}.publish{TEMP_SUFFIX}"
+
 
 def _with_move_strategy(ops: durable.FsOps, strategy: str) -> durable.FsOps:
     """A copy of ``ops`` (same class, same hooks) that always uses ``strategy``."""

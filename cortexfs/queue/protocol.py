@@ -94,11 +94,21 @@ def publish(
     """
     job = job_name(name) if name is not None else new_job_name()
     data = requests.encode_request(request, queue.config.max_request_bytes, publisher)
-    refuse_known_job(queue, job)
+    refuse_known_job(queue, job)  # early and cheap; the check that counts comes below
     ops = queue.ops
-    temp = queue.temp_name(job, "publish")
+    temp = queue.publish_temp_name(job)
     ops.step("publish.write")
-    durable.write_file_synced(ops, queue.inbox, temp, data)
+    try:
+        durable.write_file_synced(ops, queue.inbox, temp, data)
+    except FileExistsError:
+        raise _publish_in_progress(job, temp) from None
+    # Holding the staging name, look again: a publisher of J that got past the early check
+    # before J's first lifecycle moved J out of pending/ is refused here, not acknowledged.
+    try:
+        refuse_known_job(queue, job)
+    except CtxError:
+        _discard_temp(queue, temp)
+        raise
     ops.step("publish.move")
     try:
         durable.move_noreplace(ops, queue.inbox, temp, queue.pending, job)
@@ -140,15 +150,22 @@ def publish_batch(
     if problems:
         raise CtxError(errno.EINVAL, "batch refused, nothing published: " + "; ".join(problems))
     for job in jobs:
-        refuse_known_job(queue, job)
+        refuse_known_job(queue, job)  # early and cheap; the check that counts comes below
     if not jobs:
         return []
     ops = queue.ops
-    temps = [queue.temp_name(job, "publish") for job in jobs]
+    temps: list[str] = []
     ops.step("publish_batch.write")
     try:
-        for temp, data in zip(temps, encoded, strict=True):
-            durable.write_file_unsynced(ops, queue.inbox, temp, data)
+        for job, data in zip(jobs, encoded, strict=True):
+            temp = queue.publish_temp_name(job)
+            try:
+                durable.write_file_unsynced(ops, queue.inbox, temp, data)
+            except FileExistsError:
+                raise _publish_in_progress(job, temp, batch=True) from None
+            temps.append(temp)
+        for job in jobs:  # holding every staging name (see publish)
+            refuse_known_job(queue, job)
         # One barrier makes every temp file's data durable (Q-7: data before names).
         durable.sync_filesystem(ops, queue.inbox)
     except BaseException:
@@ -172,6 +189,15 @@ def publish_batch(
     ops.step("publish_batch.done")
     note_published(queue.path, jobs)
     return jobs
+
+
+def _publish_in_progress(job: str, temp: str, *, batch: bool = False) -> CtxError:
+    refused = "batch refused, nothing published: " if batch else ""
+    return exists(
+        f"{refused}job {job} is being published by another process, or its publisher died "
+        f"midway (inbox/{temp}; 'ctx queue recover' removes it once the grace period has "
+        "passed)"
+    )
 
 
 def refuse_known_job(queue: Queue, job: str) -> None:
@@ -239,6 +265,10 @@ def claim_job(queue: Queue, job: str, holder: Holder, ttl: float | None = None) 
         durable.sync_dir(ops, queue.claimed)
         if lstat_at(queue.lease, job) is not None:
             # Lease evidence from an earlier crash: leave the whole job to recover.
+            _abandon_claim_dir(queue, job)
+            return None
+        if _terminal_evidence(queue, job):
+            # J is both pending and finished: a conflict (Q-6), reported and never run again.
             _abandon_claim_dir(queue, job)
             return None
         ops.step("claim.move")
@@ -400,6 +430,13 @@ def finish(
         data = requests.encode_result(result, queue.config.max_result_bytes)
         terminal = queue.terminal(ok)
         state = "done" if ok else "failed"
+        finished_as = _terminal_evidence(queue, job)
+        if finished_as:
+            # An interrupted finish left its result: a second outcome would be a conflict (Q-6).
+            raise exists(
+                f"{finished_as[0]} already exists; run 'ctx queue recover --reconcile' to "
+                "complete that finish"
+            )
         temp = queue.temp_name(job, "result")
         ops.step("finish.write")
         durable.write_file_synced(ops, queue.inbox, temp, data)
@@ -462,6 +499,16 @@ def _not_claimed(queue: Queue, job: str) -> CtxError:
 
 
 # ------------------------------------------------------------------------------ helpers
+
+
+def _terminal_evidence(queue: Queue, job: str) -> list[str]:
+    """What of J is in ``done/`` or ``failed/`` (its result or its request), as paths."""
+    return [
+        f"{state}/{name}"
+        for state, dir_fd in (("done", queue.done), ("failed", queue.failed))
+        for name in (job + RESULT_SUFFIX, job)
+        if lstat_at(dir_fd, name) is not None
+    ]
 
 
 def _is_regular(st: os.stat_result | None) -> bool:

@@ -53,8 +53,15 @@ _SAME_FILE = (
     "finds its source gone (ENOENT) before it could replace anything"
 )
 _PUBLISH_RACE = (
-    "pending/J can exist here only through a second publish of the same name racing the "
-    "first one's lifecycle (docs/crash-model.md §6): a race the protocol loses anyway"
+    "pending/J can exist here only if a publish of the same name got past its checks while J "
+    "was claimed, which the staging-name arbitration and the look taken under it prevent "
+    "(docs/crash-model.md §9); the guard stays as the last line"
+)
+_PUBLISHERS_ARBITRATED = (
+    "publishers of J are serialised by creating inbox/J.publish.tmp (O_EXCL) and look again "
+    "for J while they hold it, so no other publish and no forward move can put pending/J "
+    "here; only recover requeueing an earlier J between that look's pending/ and claimed/ "
+    "checks could, and the harness never runs recover beside a publish: the guard stays for it"
 )
 JUSTIFIED = {
     ("rename_noreplace", "claimed/J/J", "protocol.claim_job"): _FRESH_CLAIM,
@@ -81,6 +88,10 @@ JUSTIFIED = {
         for call in ("rename_noreplace", "link")
         for state in ("done", "failed")
     },
+    ("rename_noreplace", "pending/J", "protocol.publish"): _PUBLISHERS_ARBITRATED,
+    ("link", "pending/J", "protocol.publish"): _PUBLISHERS_ARBITRATED,
+    ("rename_noreplace", "pending/J", "protocol.publish_batch"): _PUBLISHERS_ARBITRATED,
+    ("link", "pending/J", "protocol.publish_batch"): _PUBLISHERS_ARBITRATED,
     ("rename_noreplace", "pending/J", "recovery._move_claim_to"): _PUBLISH_RACE,
     ("link", "pending/J", "recovery._move_claim_to"): _PUBLISH_RACE,
 }

@@ -7,10 +7,12 @@ import errno
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from cortexfs.durable import FsOps
 from cortexfs.errors import CtxError
 from cortexfs.queue import (
     Holder,
@@ -294,3 +296,82 @@ def test_a_malformed_config_is_refused_with_its_line(queue_dir: Path, config: st
     with pytest.raises(CtxError) as caught:
         Queue.open(queue_dir)
     assert caught.value.errno == errno.EINVAL and "config:3" in caught.value.message
+
+
+class _Preempted(FsOps):
+    """Real operations that run ``meanwhile`` once when the protocol reaches ``at``."""
+
+    def __init__(self, at: str, meanwhile: Callable[[], object]) -> None:
+        super().__init__()
+        self.at, self.meanwhile = at, meanwhile
+
+    def step(self, name: str) -> None:
+        if name == self.at:
+            self.at = ""
+            self.meanwhile()
+
+
+def test_a_publisher_overtaken_by_a_whole_publish_and_claim_of_its_name_is_refused(
+    queue: Queue, queue_dir: Path, me: Holder
+) -> None:
+    """A's early check passes; before A holds the name, B publishes the same name and a worker
+    claims it, so pending/ is empty again when A moves.  A must be refused, not acknowledged
+    beside B (Q-1): it looks again once it holds inbox/J.publish.tmp."""
+
+    def b_publishes_and_a_worker_claims() -> None:
+        assert publish(queue, request(2), name="same") == "same.req.json"
+        assert claim(queue, me) is not None
+
+    overtaken = _Preempted("publish.write", b_publishes_and_a_worker_claims)
+    with Queue.open(queue_dir, overtaken) as a, pytest.raises(CtxError) as refused:
+        publish(a, request(1), name="same")
+
+    assert refused.value.errno == errno.EEXIST and "claimed" in refused.value.message
+    assert entries(queue_dir, "pending") == [] and entries(queue_dir, "inbox") == []
+    assert entries(queue_dir, "claimed") == ["same.req.json"]
+
+
+def test_a_publish_in_progress_holds_its_name(queue: Queue, queue_dir: Path) -> None:
+    def b_publishes_the_same_name() -> None:
+        with pytest.raises(CtxError) as refused:
+            publish(queue, request(2), name="same")
+        assert refused.value.errno == errno.EEXIST
+        assert "being published by another process" in refused.value.message
+        with pytest.raises(CtxError):
+            publish_batch(queue, [request(3), request(4)], names=["other", "same"])
+
+    with Queue.open(queue_dir, _Preempted("publish.move", b_publishes_the_same_name)) as a:
+        assert publish(a, request(1), name="same") == "same.req.json"
+
+    assert entries(queue_dir, "pending") == ["same.req.json"]
+    assert entries(queue_dir, "inbox") == []  # the refused batch left nothing behind
+    assert json.loads((queue_dir / "pending/same.req.json").read_text())["input"] == {"n": 1}
+
+
+def test_a_job_both_pending_and_finished_is_never_claimed(
+    queue: Queue, queue_dir: Path, me: Holder
+) -> None:
+    publish(queue, request(1), name="twice")
+    finish(queue, claim(queue, me).job, True, {"ran": 1})
+    (queue_dir / "pending/twice.req.json").write_bytes(
+        (queue_dir / "done/twice.req.json").read_bytes()
+    )
+
+    assert claim(queue, me) is None  # a conflict (Q-6): reported by status, never run again
+    assert entries(queue_dir, "pending") == ["twice.req.json"]
+    assert entries(queue_dir, "claimed") == []
+
+
+def test_an_interrupted_finish_is_not_finished_again_the_other_way(
+    queue: Queue, queue_dir: Path, me: Holder
+) -> None:
+    publish(queue, request(1), name="half")
+    claim(queue, me)
+    (queue_dir / "done/half.req.json.result").write_text('{"status": "ok", "output": 1}')
+
+    with pytest.raises(CtxError) as refused:
+        finish(queue, "half", False, "too late")
+
+    assert refused.value.errno == errno.EEXIST and "done/half.req.json.result" in str(refused.value)
+    assert entries(queue_dir, "failed") == []
+    assert entries(queue_dir, "claimed") == ["half.req.json"]  # for recover --reconcile
