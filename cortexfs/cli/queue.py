@@ -125,10 +125,16 @@ def queue() -> None:
 @handles_errors
 @queue_options
 def init(queue_dir: Path, as_json: bool) -> None:
-    """Create the queue directories (inbox, pending, lease, claimed, done, failed)."""
-    root = queue_dir.parent.parent.parent
+    """Create the queue directories (inbox, pending, lease, claimed, done, failed).
+
+    With --project, the queue is that of shared space PROJECT: a missing space is created
+    whole, as 'ctx shared create' does (SPEC X-1: tool/, data/, queue/, agent/, setgid).
+    """
     if queue_dir.parent.parent.name == "shared" and queue_dir.name == "queue":
-        created = layout.init_project_queue(root, queue_dir.parent.name)
+        from cortexfs.shared.spaces import create_shared_space  # only init needs it
+
+        root = queue_dir.parent.parent.parent
+        created = create_shared_space(root, queue_dir.parent.name).created
     else:
         created = layout.init_queue(queue_dir)
     if as_json:
@@ -279,12 +285,15 @@ def finish(
 @handles_errors
 @queue_options
 def status(queue_dir: Path, as_json: bool) -> None:
-    """Counts per state, ignored entries, incomplete pairs and conflicts."""
+    """Counts per state, ignored entries, incomplete pairs and conflicts.
+
+    Exit 1 when a conflict is found (SPEC §2.4), else 0.
+    """
     with layout.Queue.open(queue_dir) as q:
         report = inspect.status(q)
     if as_json:
         emit_json(report.to_json())
-        return
+        sys.exit(EXIT_REFUSED if report.conflicts else 0)
     click.echo(f"queue: {report.path}")
     for state, count in report.counts.items():
         click.echo(f"{state:<11}{count:>8}")
@@ -300,6 +309,8 @@ def status(queue_dir: Path, as_json: bool) -> None:
         click.echo(f"ignored    {entry.path}: {entry.reason}")
     for temp in report.temps:
         click.echo(f"temp       {temp['path']} ({temp['age_seconds']:.0f}s old)")
+    if report.conflicts:
+        sys.exit(EXIT_REFUSED)  # §2.4: a conflict found is exit status 1
 
 
 @queue.command(name="list")
@@ -326,13 +337,17 @@ def list_command(queue_dir: Path, as_json: bool, state: str | None) -> None:
 @queue_options
 @click.argument("job")
 def show(queue_dir: Path, as_json: bool, job: str) -> None:
-    """Every piece of evidence for JOB, with its request, lease and result."""
+    """Every piece of evidence for JOB, with its request, lease and result.
+
+    Exit 1 when JOB is a conflict (SPEC §2.4), else 0.
+    """
     job = _job_argument(job)
     with layout.Queue.open(queue_dir) as q:
         detail = inspect.show(q, job)
+    conflict = EXIT_REFUSED if detail["state"] == "conflict" else 0  # §2.4
     if as_json:
         emit_json(detail)
-        return
+        sys.exit(conflict)
     click.echo(f"job:    {detail['name']}")
     click.echo(f"state:  {detail['state']} ({detail['detail']})")
     if detail.get("repair"):
@@ -345,6 +360,7 @@ def show(queue_dir: Path, as_json: bool, job: str) -> None:
     for key in ("request", "lease", "result"):
         if key in detail:
             click.echo(f"{key}: {json.dumps(detail[key], ensure_ascii=False)}")
+    sys.exit(conflict)
 
 
 @queue.command()
@@ -398,7 +414,9 @@ def _render_recover(report: recovery.RecoverReport) -> None:
     for entry in report.ignored:
         click.echo(f"ignored  {entry.path}: {entry.reason}")
     state = "consistent" if report.consistent else "NOT consistent"
+    alive = f" ({len(report.untouched)} left alone: holder alive)" if report.untouched else ""
     click.echo(
         f"{len(report.requeued)} requeued, {len(report.repaired)} repaired, "
-        f"{len(report.incomplete)} incomplete, {len(report.conflicts)} conflicts: queue {state}"
+        f"{len(report.incomplete)} incomplete, {len(report.conflicts)} conflicts, "
+        f"{len(report.stale_temps)} stale temps: queue {state}{alive}"
     )

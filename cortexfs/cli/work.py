@@ -59,7 +59,12 @@ class Progress:
 @click.command()
 @handles_errors
 @queue_options
-@click.option("--agent", required=True, help="Run every job's tool as this agent (its policy).")
+@click.option(
+    "--agent",
+    envvar="CTX_AGENT",
+    required=True,
+    help="Run every job's tool as this agent, its identity and policy (W-1; default: $CTX_AGENT).",
+)
 @click.option(
     "--kind",
     type=click.Choice(["tool", "shell"]),

@@ -39,6 +39,9 @@ def test_init_makes_the_root_abi_and_the_queue(tmp_path: Path) -> None:
     assert sorted(os.listdir(qdir(root))) == sorted(
         ["config", "inbox", "pending", "lease", "claimed", "done", "failed"]
     )
+    space = root / "shared" / PROJECT  # a whole shared space, as ctx shared create makes
+    assert sorted(os.listdir(space)) == ["agent", "data", "queue", "tool"]
+    assert all(os.stat(space / d).st_mode & 0o7777 == 0o2770 for d in ("", *os.listdir(space)))
     assert ctx(root, "queue", "init", *P).returncode == 0  # idempotent
 
 
@@ -241,6 +244,23 @@ def test_recover_exit_statuses_and_json(root: Path, req: Path) -> None:
     assert ctx(root, "queue", "recover", *P).returncode == 1
     fixed = ctx(root, "queue", "recover", *P, "--reconcile", "--grace", "0", "--json")
     assert fixed.returncode == 0 and json.loads(fixed.stdout)["consistent"]
+
+
+def test_a_conflict_found_is_exit_status_1(root: Path, req: Path) -> None:
+    ctx(root, "queue", "publish", *P, "--name", "x", str(req))
+    assert ctx(root, "queue", "status", *P).returncode == 0
+    name = ctx(root, "queue", "claim", *P).stdout.strip()
+    assert ctx(root, "queue", "finish", *P, name, "--ok", stdin="1").returncode == 0
+    (qdir(root) / "pending" / name).write_text(json.dumps(request(1)))  # J pending and done
+
+    status = ctx(root, "queue", "status", *P)
+    status_json = ctx(root, "queue", "status", *P, "--json")
+    show = ctx(root, "queue", "show", *P, "x")
+
+    assert status.returncode == 1 and "conflict" in status.stdout
+    assert status_json.returncode == 1 and json.loads(status_json.stdout)["conflicts"]
+    assert show.returncode == 1 and "conflict" in show.stdout
+    assert ctx(root, "queue", "claim", *P).returncode == 3  # never run a second time
 
 
 def test_storage_and_queue_options(tmp_path: Path, req: Path) -> None:

@@ -33,14 +33,20 @@ class Farm:
     def queue(self) -> Path:
         return self.root / "shared" / PROJECT / "queue"
 
-    def ctx(self, *args: str, stdin: str | None = None, timeout: float = 120):
+    def ctx(
+        self,
+        *args: str,
+        stdin: str | None = None,
+        timeout: float = 120,
+        env: dict[str, str] | None = None,
+    ):
         return subprocess.run(
             [sys.executable, "-m", "cortexfs", *args],
             input=stdin,
             capture_output=True,
             text=True,
             timeout=timeout,
-            env={**os.environ, "CTX_STORAGE": str(self.root)},
+            env={**os.environ, "CTX_STORAGE": str(self.root), **(env or {})},
             cwd=REPO,
         )
 

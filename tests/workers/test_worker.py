@@ -37,6 +37,17 @@ def test_a_worker_runs_each_jobs_tool_as_the_agent(farm: Farm) -> None:
         assert os.listdir(farm.queue / leftover) == []
 
 
+def test_the_synopsis_of_section_2_4_works_with_the_agent_in_ctx_agent(farm: Farm) -> None:
+    job = farm.publish("fs.stat", {"path": str(farm.scratch)})
+
+    nameless = farm.ctx("queue", "work", "--project", PROJECT, "--drain")
+    done = farm.ctx("queue", "work", "--project", PROJECT, "--drain", env={"CTX_AGENT": AGENT})
+
+    assert nameless.returncode == 2 and "--agent" in nameless.stderr
+    assert done.returncode == 0, done.stderr
+    assert farm.result(job)[0] == "done"
+
+
 def test_the_worker_session_records_claim_start_finish_and_the_tool_calls(farm: Farm) -> None:
     job = farm.publish("fs.stat", {"path": str(farm.scratch)})
     farm.ctx("queue", "work", "--project", PROJECT, "--agent", AGENT, "--drain")
