@@ -14,7 +14,7 @@ from cortexfs.agents.request import RequestError, load_request, parse_request_by
 from cortexfs.agents.view import AgentView
 from cortexfs.cli.common import (
     emit_json,
-    fail,
+    fail_with_problems,
     handles_errors,
     json_option,
     resolve_storage,
@@ -40,7 +40,11 @@ def agent() -> None:
 
 @agent.command()
 @click.argument("request", type=click.Path(path_type=Path))
-@click.option("--user", help="Run the agent as this user (name or uid); default: you.")
+@click.option(
+    "--user",
+    help="Run the agent as this user (name or uid); default: you, so root must name one "
+    "(an agent never runs as root).",
+)
 @click.option("--gid", type=int, help="Its primary group (default: the user's).")
 @click.option(
     "--groups", help="Its supplementary groups, comma-separated ids (default: the user's)."
@@ -74,9 +78,7 @@ def create(
         else:
             parsed = load_request(request, root)
     except RequestError as exc:
-        for problem in exc.problems:
-            click.echo(f"{request}: EINVAL: {problem}", err=True)
-        fail(exc, as_json=as_json)
+        fail_with_problems(request, exc, exc.problems, as_json)
     created = create_agent(root, parsed, _identity(user, gid, groups))
     if as_json:
         emit_json(created.to_json())

@@ -25,6 +25,7 @@ from cortexfs.cli.exits import (  # noqa: F401  (re-exported: every command take
     usage_problem,
 )
 from cortexfs.errors import CtxError
+from cortexfs.names import check_object_name
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -64,6 +65,24 @@ def fail(error: CtxError, *, as_json: bool = False) -> None:
     if as_json:
         emit_json(error.to_json())
     sys.exit(exit_status(error))
+
+
+def fail_with_problems(source: object, error: CtxError, problems: list[str], as_json: bool) -> None:
+    """Refuse a file with every reason listed, one ``SOURCE: EINVAL: <reason>`` line each on
+    standard error (and the error object on stdout with --json), then exit 1."""
+    for problem in problems:
+        click.echo(f"{source}: EINVAL: {problem}", err=True)
+    if as_json:
+        emit_json(error.to_json())
+    sys.exit(exit_status(error))
+
+
+def object_name_argument(name: str, kind: str) -> str:
+    """A command-line object name (R-3); a malformed one is a usage error (exit 2)."""
+    try:
+        return check_object_name(name, kind)
+    except CtxError as exc:
+        raise usage_problem(exc) from None
 
 
 def handles_errors(fn: F) -> F:

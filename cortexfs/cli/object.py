@@ -12,9 +12,10 @@ from cortexfs.cli.common import (
     EXIT_OK,
     EXIT_REFUSED,
     emit_json,
-    fail,
+    fail_with_problems,
     handles_errors,
     json_option,
+    object_name_argument,
     resolve_storage,
     storage_option,
 )
@@ -53,8 +54,9 @@ def check(manifests: tuple[Path, ...], as_json: bool) -> None:
             manifest = load_manifest(path)
         except ManifestError as exc:
             reports.append({"manifest": str(path), "valid": False, "problems": exc.problems})
-        except CtxError as exc:
-            reports.append({"manifest": str(path), "valid": False, "problems": [str(exc)]})
+        except CtxError as exc:  # unreadable: its own errno, not EINVAL
+            reports.append({"manifest": str(path), "valid": False, "error": exc.to_json()})
+            click.echo(f"{path}: {exc}", err=True)
         else:
             reports.append({"manifest": str(path), "valid": True, "name": manifest.name})
     for report in reports:
@@ -103,9 +105,7 @@ def install(
     try:
         loaded = load_manifest(manifest)
     except ManifestError as exc:
-        for problem in exc.problems:
-            click.echo(f"{manifest}: EINVAL: {problem}", err=True)
-        fail(exc, as_json=as_json)
+        fail_with_problems(manifest, exc, exc.problems, as_json)
     installed = install_manifest(root, loaded, parse_tier(root, tier))
     if as_json:
         emit_json(installed.to_json())
@@ -126,6 +126,7 @@ def which_command(name: str, storage_dir: Path | None, as_json: bool) -> None:
     /ctx/tool:/ctx/home/<uid>/tool (/ctx maps onto the storage root when not mounted).
     Only executable regular files count; --json also lists the non-executable hits skipped.
     """
+    name = object_name_argument(name, "tool")
     root = resolve_storage(storage_dir)
     path = human_search_path(root, uid=os.getuid(), environ=os.environ)
     found = which(name, path.directories)

@@ -212,7 +212,7 @@ def _read_input(name: str) -> bytes:
     try:
         return Path(name).read_bytes()
     except OSError as exc:
-        raise CtxError(exc.errno or errno.EIO, f"cannot read: {exc.strerror}") from None
+        raise CtxError(exc.errno or errno.EIO, f"cannot read {name}: {exc.strerror}") from None
 
 
 def _parse_peer(peer: str) -> Credentials:

@@ -11,6 +11,7 @@ from cortexfs.cli.common import (
     emit_json,
     handles_errors,
     json_option,
+    object_name_argument,
     resolve_storage,
     storage_option,
     usage_problem,
@@ -38,6 +39,7 @@ def create(name: str, group: str | None, storage_dir: Path | None, as_json: bool
     may use it is then up to their uid/gid, mounts and policy (shared:NAME read|write).
     Existing parts are left exactly as they are.
     """
+    name = object_name_argument(name, "shared space")
     report = create_shared_space(
         resolve_storage(storage_dir), name, gid=None if group is None else _gid(group)
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import click
@@ -11,6 +12,8 @@ import click
 import cortexfs.tools.core.bootstrap  # noqa: F401
 from cortexfs import storage
 from cortexfs.cli.common import (
+    EXIT_OK,
+    EXIT_REFUSED,
     emit_json,
     handles_errors,
     json_option,
@@ -20,21 +23,25 @@ from cortexfs.cli.common import (
 
 
 @click.command()
-@click.argument("source", required=False, type=click.Path(path_type=Path))
+@click.argument(
+    "source", required=False, type=click.Path(exists=True, file_okay=False, path_type=Path)
+)
 @storage_option
 @json_option
 @handles_errors
 def bootstrap(source: Path | None, storage_dir: Path | None, as_json: bool) -> None:
     """Create or repair the storage root: the root ABI and its core objects.
 
-    Idempotent; never destroys user data.  SOURCE optionally names a source tree whose
-    docs bundle is installed.  Prints what was created or repaired.
+    Idempotent; never destroys user data.  Prints what was created or repaired, and every
+    problem it left alone (something in the way that is not ours to remove); exit 1 when
+    there is one.  SOURCE (R-5) names the source tree of the docs bundle of SPEC §12, which
+    this version does not install yet: it must be a directory, and is otherwise unused.
     """
     root = resolve_storage(storage_dir)
     report = storage.bootstrap(root, source)
     if as_json:
         emit_json(report.to_json())
-        return
+        sys.exit(EXIT_REFUSED if report.problems else EXIT_OK)
     click.echo(f"storage root: {root}")
     for path in report.created:
         click.echo(f"created   {path}")
@@ -44,3 +51,4 @@ def bootstrap(source: Path | None, storage_dir: Path | None, as_json: bool) -> N
         click.echo(f"problem   {problem}")
     if not (report.created or report.repaired or report.problems):
         click.echo("nothing to do: the storage root is complete")
+    sys.exit(EXIT_REFUSED if report.problems else EXIT_OK)

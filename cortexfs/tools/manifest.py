@@ -129,7 +129,7 @@ def load_manifest(path: Path) -> Manifest:
         with open(path, "rb") as handle:
             data = handle.read(MAX_MANIFEST_BYTES + 1)
     except OSError as exc:
-        raise CtxError(exc.errno or errno.EIO, f"{source}: {exc.strerror}") from None
+        raise CtxError(exc.errno or errno.EIO, f"cannot read {source}: {exc.strerror}") from None
     if len(data) > MAX_MANIFEST_BYTES:
         raise ManifestError(source, [f"a manifest is at most {MAX_MANIFEST_BYTES} bytes"])
     try:

@@ -1,0 +1,70 @@
+"""Exit statuses and error lines the command groups share (SPEC §2.4 convention, R-5, T-8)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def ctx(storage: Path, *args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "cortexfs", "--storage", str(storage), *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.fixture
+def storage(tmp_path: Path) -> Path:
+    root = tmp_path / "storage"
+    assert ctx(root, "bootstrap").returncode == 0
+    return root
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("shared", "create", "bad/x"),
+        ("object", "which", "bad/name"),
+        ("queue", "init", "--project", "a b"),
+    ],
+)
+def test_a_malformed_name_on_the_command_line_is_a_usage_error(
+    storage: Path, args: tuple[str, ...]
+) -> None:
+    refused = ctx(storage, *args)
+
+    assert refused.returncode == 2 and "EINVAL" in refused.stderr
+
+
+def test_bootstrap_exits_1_when_it_leaves_a_problem(storage: Path, tmp_path: Path) -> None:
+    (storage / "model").rmdir()
+    (storage / "model").write_text("in the way")
+
+    refused = ctx(storage, "bootstrap")
+
+    assert refused.returncode == 1 and "problem   model" in refused.stdout
+    assert (storage / "model").read_text() == "in the way"  # never destroys user data
+    assert ctx(storage, "bootstrap", str(tmp_path / "no-such-source")).returncode == 2
+
+
+def test_a_refused_file_lists_each_reason_once_with_its_own_errno(
+    storage: Path, tmp_path: Path
+) -> None:
+    missing = ctx(storage, "object", "check", str(tmp_path / "none.json"))
+    invalid = ctx(storage, "agent", "create", "--user", "nobody", "-", stdin='{"name": "a"}')
+
+    assert missing.returncode == 1
+    assert missing.stderr.strip().splitlines() == [
+        f"{tmp_path / 'none.json'}: ENOENT: cannot read {tmp_path / 'none.json'}: "
+        "No such file or directory"
+    ]
+    assert invalid.returncode == 1
+    assert invalid.stderr.strip().splitlines() == [
+        "-: EINVAL: request: 'label' is a required property"
+    ]
