@@ -20,6 +20,7 @@ from cortexfs.queue.layout import LEASE_FILE, RESULT_SUFFIX, Queue, lstat_at
 
 # The states a job can be in, in the order status reports them.
 STATES = ("pending", "claimed", "done", "failed", "incomplete", "conflict")
+IGNORED = "ignored"  # what assess() says of a name whose only entries are not queue files
 
 # Repairs that `recover --reconcile` may apply to an incomplete pair.
 REQUEUE_UNLEASED = "requeue-unleased"  # claimed/J/J without a lease: execution never started
@@ -290,6 +291,9 @@ def assess(e: JobEvidence) -> Assessment:
     done = e.done_request is not None or e.done_result
     failed = e.failed_request is not None or e.failed_result
     if e.bad:
+        if not (e.pending is not None or e.claim_dir or e.lease_dir or done or failed):
+            # Nothing of J but entries that are not queue files: not a job at all.
+            return Assessment(IGNORED, "not a job: not a regular file: " + ", ".join(e.bad))
         return Assessment("conflict", "evidence that is not a regular file: " + ", ".join(e.bad))
     if done and failed:
         return Assessment("conflict", "both done and failed evidence")

@@ -76,6 +76,8 @@ def list_jobs(queue: Queue, state: str | None = None) -> list[dict[str, str]]:
     listed = []
     for name in sorted(found.jobs):
         assessment = ev.assess(found.jobs[name])
+        if assessment.state == ev.IGNORED:
+            continue  # not a job; status lists it among the ignored entries
         if state is None or assessment.state == state:
             listed.append({"name": name, "state": assessment.state})
     return listed

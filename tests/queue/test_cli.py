@@ -263,6 +263,29 @@ def test_a_conflict_found_is_exit_status_1(root: Path, req: Path) -> None:
     assert ctx(root, "queue", "claim", *P).returncode == 3  # never run a second time
 
 
+def test_status_show_and_list_agree_on_what_is_not_a_job(root: Path, req: Path) -> None:
+    """Q-8: a name whose only entries are symlinks is ignored by every command alike; a real
+    job with a symlink among its evidence is a conflict."""
+    (qdir(root) / "pending" / "lone.req.json").symlink_to("/etc/passwd")
+    ctx(root, "queue", "publish", *P, "--name", "real", str(req))
+    ctx(root, "queue", "claim", *P)
+    worker = qdir(root) / "lease" / "real.req.json" / "worker"
+    worker.unlink()
+    worker.symlink_to("/etc/passwd")
+
+    status = json.loads(ctx(root, "queue", "status", *P, "--json").stdout)
+    lone = ctx(root, "queue", "show", *P, "lone")
+    listed = json.loads(ctx(root, "queue", "list", *P, "--json").stdout)
+
+    assert {i["path"] for i in status["ignored"]} == {
+        "pending/lone.req.json",
+        "lease/real.req.json/worker",
+    }
+    assert [c["job"] for c in status["conflicts"]] == ["real.req.json"]
+    assert lone.returncode == 0 and "state:  ignored (not a job" in lone.stdout
+    assert listed == [{"name": "real.req.json", "state": "conflict"}]
+
+
 def test_storage_and_queue_options(tmp_path: Path, req: Path) -> None:
     root = tmp_path / "opt"
     assert ctx(tmp_path / "ignored", "--storage", str(root), "queue", "init", *P).returncode == 0
