@@ -14,9 +14,9 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from cortexfs.errors import invalid, too_big
+from cortexfs.errors import CtxError, invalid, too_big
 from cortexfs.names import object_name_problem
-from cortexfs.timefmt import rfc3339
+from cortexfs.timefmt import parse_rfc3339, rfc3339
 
 
 def default_publisher() -> str:
@@ -46,8 +46,11 @@ def request_problems(request: object) -> list[str]:
         problems.append("field 'input' must be a JSON object (use {} for no input)")
     if "from" in request and not isinstance(request["from"], str):
         problems.append("field 'from' must be a string")
-    if "created" in request and not isinstance(request["created"], str):
-        problems.append("field 'created' must be an RFC 3339 string")
+    if "created" in request:
+        try:
+            parse_rfc3339(request["created"])
+        except CtxError as exc:
+            problems.append(f"field 'created': {exc.message}")
     return problems
 
 

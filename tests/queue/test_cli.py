@@ -80,6 +80,8 @@ def test_publishing_a_known_name_is_refused_with_eexist(root: Path, req: Path) -
         ('{"tool": "x"}', "'input'"),
         ('{"input": {}}', "'tool'"),
         (b"\xff\xfe".decode("latin-1"), "JSON"),
+        ('{"tool": "x", "input": {}, "created": "yesterday"}', "RFC 3339"),
+        ('{"tool": "x", "input": {}, "from": 7}', "'from'"),
     ],
 )
 def test_invalid_requests_are_refused_and_leave_nothing(root: Path, body: str, needle: str) -> None:
