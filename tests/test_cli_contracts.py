@@ -68,3 +68,13 @@ def test_a_refused_file_lists_each_reason_once_with_its_own_errno(
     assert invalid.stderr.strip().splitlines() == [
         "-: EINVAL: request: 'label' is a required property"
     ]
+
+
+def test_the_manual_bundle_is_not_a_shared_space(storage: Path) -> None:
+    for args in (
+        ("shared", "create", "cortexfs-docs"),
+        ("queue", "init", "--project", "cortexfs-docs"),
+    ):
+        refused = ctx(storage, *args)
+        assert refused.returncode == 1 and "manual bundle (X-2)" in refused.stderr
+    assert not (storage / "shared" / "cortexfs-docs").exists()
