@@ -195,8 +195,8 @@ def _publish_in_progress(job: str, temp: str, *, batch: bool = False) -> CtxErro
     refused = "batch refused, nothing published: " if batch else ""
     return exists(
         f"{refused}job {job} is being published by another process, or its publisher died "
-        f"midway (inbox/{temp}; 'ctx queue recover' removes it once the grace period has "
-        "passed)"
+        f"midway (inbox/{temp}; 'ctx queue recover --reconcile' removes it once the grace "
+        "period has passed)"
     )
 
 
