@@ -288,6 +288,23 @@ def test_status_show_and_list_agree_on_what_is_not_a_job(root: Path, req: Path) 
     assert listed == [{"name": "real.req.json", "state": "conflict"}]
 
 
+def test_a_dead_publishers_staging_file_holds_its_name_until_reconciled(
+    root: Path, req: Path
+) -> None:
+    (qdir(root) / "inbox" / "x.req.json.publish.tmp").write_text('{"tool": "t", "inp')
+
+    blocked = ctx(root, "queue", "publish", *P, "--name", "x", str(req))
+    other = ctx(root, "queue", "publish", *P, "--name", "y", str(req))
+    reconciled = ctx(root, "queue", "recover", *P, "--reconcile", "--grace", "0")
+    again = ctx(root, "queue", "publish", *P, "--name", "x", str(req))
+
+    assert blocked.returncode == 1 and "being published by another process" in blocked.stderr
+    assert "recover --reconcile" in blocked.stderr
+    assert other.returncode == 0  # only the name is held, not the queue
+    assert reconciled.returncode == 0 and "inbox/x.req.json.publish.tmp" in reconciled.stdout
+    assert (again.returncode, again.stdout) == (0, "x.req.json\n")
+
+
 def test_storage_and_queue_options(tmp_path: Path, req: Path) -> None:
     root = tmp_path / "opt"
     assert ctx(tmp_path / "ignored", "--storage", str(root), "queue", "init", *P).returncode == 0
