@@ -16,6 +16,7 @@ import contextlib
 import fcntl
 import hashlib
 import os
+import time
 from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
@@ -188,7 +189,24 @@ def note_published(queue_path: Path, names: list[str]) -> None:
         HintFile(hint_path(queue_path)).append(names)
 
 
+_UNUSED_HINT_SECONDS = 30 * 24 * 3600
+
+
 def start_hint(queue_path: Path) -> None:
-    """A new, empty queue's hint is complete: start it so that no claim needs a listing."""
+    """A new, empty queue's hint is complete: start it so that no claim needs a listing.
+
+    Hints of queues nobody has published to or claimed from for a month (deleted queues,
+    test runs) are removed on the way: each costs its next claim one listing at most.
+    """
     with contextlib.suppress(OSError):
-        HintFile(hint_path(queue_path)).reset([])
+        hint = HintFile(hint_path(queue_path))
+        hint.reset([])
+        _remove_unused_hints(hint.path.parent, time.time() - _UNUSED_HINT_SECONDS)
+
+
+def _remove_unused_hints(directory: Path, before: float) -> None:
+    with os.scandir(directory) as entries:
+        for entry in entries:
+            with contextlib.suppress(OSError):
+                if entry.is_file(follow_symlinks=False) and entry.stat().st_mtime < before:
+                    os.unlink(entry.path)
