@@ -1,7 +1,7 @@
 """JSON Schema checks shared by manifests, tool controls and the runner (SPEC T-1, T-8, C-2).
 
 Two questions: *is this a JSON Schema?* (a tool's ``schema`` and ``program`` controls must be)
-and *does this input satisfy it?* (before every native call).  The second is answered by
+and *does this input satisfy it?* (before every native call).  Both are answered by
 :mod:`cortexfs.tools.schema_subset` when the schema keeps to the common keywords, so that a
 call does not import jsonschema; otherwise by jsonschema, whose validators are compiled once
 per distinct schema and kept, because a worker validates thousands of calls against a handful
