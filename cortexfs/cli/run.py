@@ -50,7 +50,7 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"ctx run: EINVAL: {message}\n")
 
 
-def parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="ctx run",
         usage="ctx run [OPTIONS] TOOL [ARGS]...",
@@ -90,7 +90,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str], storage_dir: Path | None = None) -> int:
     """Run ``ctx run ARGV``; ``storage_dir`` is the group's ``--storage``, if one was given."""
-    options = parser().parse_args(argv)
+    options = build_parser().parse_args(argv)
     try:
         root = storage.resolve_root(options.storage or storage_dir)
         where = _session(root, options.agent, options.session, options.project)
