@@ -206,18 +206,11 @@ def refuse_known_job(queue: Queue, job: str) -> None:
     The states are checked in the direction jobs move (pending → claimed → terminal), so a
     job advancing while we look is still seen in the state it moves into.
     """
-    places = [
-        (queue.pending, job, "pending"),
-        (queue.claimed, job, "claimed"),
-        (queue.lease, job, "leased"),
-        (queue.done, job + RESULT_SUFFIX, "done"),
-        (queue.done, job, "done"),
-        (queue.failed, job + RESULT_SUFFIX, "failed"),
-        (queue.failed, job, "failed"),
-    ]
-    for dir_fd, name, state in places:
-        if lstat_at(dir_fd, name) is not None:
-            raise exists(f"job {job} is already {state}; publish under another name")
+    live = ((queue.pending, "pending"), (queue.claimed, "claimed"), (queue.lease, "leased"))
+    states = [state for dir_fd, state in live if lstat_at(dir_fd, job) is not None]
+    states += [state for state, _ in _terminal_evidence(queue, job)]
+    if states:
+        raise exists(f"job {job} is already {states[0]}; publish under another name")
 
 
 # --------------------------------------------------------------------------- claim, lease
@@ -417,6 +410,14 @@ def finish(
         lock_dir(claim_fd, wait=True)
         if not _is_regular(lstat_at(claim_fd, job)):
             raise _not_claimed(queue, job)
+        finished_as = _terminal_evidence(queue, job)
+        if finished_as:
+            # An interrupted finish left its result: a second outcome would be a conflict (Q-6).
+            finished_in, name = finished_as[0]
+            raise exists(
+                f"{finished_in}/{name} already exists; run 'ctx queue recover --reconcile' to "
+                "complete that finish"
+            )
         if started is None:
             started = _lease_claimed_at(queue, job)
         result: dict[str, Any] = {
@@ -430,13 +431,6 @@ def finish(
         data = requests.encode_result(result, queue.config.max_result_bytes)
         terminal = queue.terminal(ok)
         state = "done" if ok else "failed"
-        finished_as = _terminal_evidence(queue, job)
-        if finished_as:
-            # An interrupted finish left its result: a second outcome would be a conflict (Q-6).
-            raise exists(
-                f"{finished_as[0]} already exists; run 'ctx queue recover --reconcile' to "
-                "complete that finish"
-            )
         temp = queue.temp_name(job, "result")
         ops.step("finish.write")
         durable.write_file_synced(ops, queue.inbox, temp, data)
@@ -501,10 +495,10 @@ def _not_claimed(queue: Queue, job: str) -> CtxError:
 # ------------------------------------------------------------------------------ helpers
 
 
-def _terminal_evidence(queue: Queue, job: str) -> list[str]:
-    """What of J is in ``done/`` or ``failed/`` (its result or its request), as paths."""
+def _terminal_evidence(queue: Queue, job: str) -> list[tuple[str, str]]:
+    """What of J is in ``done/`` or ``failed/`` (its result, then its request): (state, name)."""
     return [
-        f"{state}/{name}"
+        (state, name)
         for state, dir_fd in (("done", queue.done), ("failed", queue.failed))
         for name in (job + RESULT_SUFFIX, job)
         if lstat_at(dir_fd, name) is not None
