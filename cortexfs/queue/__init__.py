@@ -2,11 +2,12 @@
 
 The protocol verbs live in :mod:`cortexfs.queue.protocol`, recovery in
 :mod:`cortexfs.queue.recovery`, the reading side (status, list, show) in
-:mod:`cortexfs.queue.inspect`.
+:mod:`cortexfs.queue.inspect`.  A project's queue is part of its shared space, which
+:func:`cortexfs.shared.spaces.create_shared_space` makes (with the queue) when it is missing.
 """
 
 from cortexfs.queue.holder import Holder, Lease
-from cortexfs.queue.layout import Queue, QueueConfig, init_project_queue, init_queue, queue_path
+from cortexfs.queue.layout import Queue, QueueConfig, init_queue, queue_path
 from cortexfs.queue.protocol import Claim, claim, claim_job, finish, publish, publish_batch, renew
 from cortexfs.queue.recovery import RecoverReport, recover
 
@@ -20,7 +21,6 @@ __all__ = [
     "claim",
     "claim_job",
     "finish",
-    "init_project_queue",
     "init_queue",
     "publish",
     "publish_batch",

@@ -16,7 +16,7 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cortexfs import durable, storage
+from cortexfs import durable
 from cortexfs.errors import CtxError, invalid, not_found
 from cortexfs.names import check_object_name
 from cortexfs.queue.claim_order import ClaimOrder, start_hint
@@ -253,13 +253,6 @@ def init_queue(path: Path, ops: durable.FsOps | None = None) -> list[str]:
     finally:
         ops.close(root_fd)
     return created
-
-
-def init_project_queue(root: Path, project: str, ops: durable.FsOps | None = None) -> list[str]:
-    """``ctx queue init``: the root ABI if missing, then ``shared/<project>/queue``."""
-    path = queue_path(root, project)
-    report = storage.ensure_root_abi(root, ops)
-    return [*report.created, *init_queue(path, ops)]
 
 
 # --------------------------------------------------------------------------- safe reads

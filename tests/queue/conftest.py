@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from cortexfs.queue import Holder, Queue, init_project_queue, queue_path
+from cortexfs.queue import Holder, Queue, queue_path
+from cortexfs.shared.spaces import create_shared_space
 from tests.queue.helpers import PROJECT
 
 
@@ -18,7 +19,7 @@ def root(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def queue_dir(root: Path) -> Path:
-    init_project_queue(root, PROJECT)
+    create_shared_space(root, PROJECT)
     return queue_path(root, PROJECT)
 
 

@@ -11,8 +11,9 @@ import sys
 
 import pytest
 
+from cortexfs import storage
 from cortexfs.errors import CtxError
-from cortexfs.queue.layout import STATE_DIRS, init_project_queue
+from cortexfs.queue.layout import STATE_DIRS, init_queue, queue_path
 from cortexfs.shared.spaces import SPACE_DIRS, create_shared_space
 from tests.tools.support import World
 
@@ -37,7 +38,8 @@ def test_create_makes_the_four_directories_group_owned_and_setgid(world: World) 
 
 
 def test_create_is_idempotent_and_completes_a_space_whose_queue_came_first(world: World) -> None:
-    init_project_queue(world.root, "early")
+    storage.ensure_root_abi(world.root)  # the layout older versions' queue init left
+    init_queue(queue_path(world.root, "early"))
     (world.root / "shared/early").chmod(0o755)
 
     first = create_shared_space(world.root, "early", gid=SPACE_GROUP)
