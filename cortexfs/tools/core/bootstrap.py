@@ -58,9 +58,10 @@ def bootstrap_tools(root: Path, source: Path | None, report: storage.BootstrapRe
     if problem:
         report.problems.append(problem)
     package_parent = Path(cortexfs.__file__).resolve().parent.parent
+    modules = bundled_modules(interpreter, package_parent)  # shared by every core tool
     system = parse_tier(root, "system")
     for name, module in CORE_TOOLS.items():
-        launcher = render_launcher(interpreter, package_parent, module)
+        launcher = render_launcher(interpreter, modules, module)
         _install_core_tool(system, name, launcher, report)
     _ensure_tsh_config(root, report)
 
@@ -88,29 +89,33 @@ BUNDLED = (
 _ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)  # fixed entry times: the same sources, the same bytes
 
 
-def render_launcher(interpreter: str, package_parent: Path, module: str) -> bytes:
-    """A core tool as a self-contained zip application for ``interpreter``.
-
-    Next to each module's source goes its bytecode when ``interpreter`` is the one running
-    now (it compiles for its own version only): zipimport never writes bytecode, so without
-    it every call would compile every module again (tens of milliseconds).  The bytecode is
-    hash-based and unchecked (PEP 552) so that the archive stays the same bytes for the same
-    sources; an interpreter of another version ignores it and reads the source.
-    """
+def bundled_modules(interpreter: str, package_parent: Path) -> list[tuple[str, bytes]]:
+    """The archive entries of :data:`BUNDLED`: each module's source, and next to it its
+    bytecode when ``interpreter`` is the one running now (it compiles for its own version
+    only).  zipimport never writes bytecode, so without it every call would compile every
+    module again (tens of milliseconds).  The bytecode is hash-based and unchecked (PEP 552)
+    so that the archive stays the same bytes for the same sources; an interpreter of another
+    version ignores it and reads the source."""
     with_bytecode = os.path.realpath(interpreter) == os.path.realpath(sys.executable)
+    entries = []
+    for name in BUNDLED:
+        source = (package_parent / name).read_bytes()
+        entries.append((name, source))
+        if with_bytecode:
+            entries.append((name + "c", _unchecked_bytecode(source, name)))
+    return entries
+
+
+def render_launcher(interpreter: str, modules: list[tuple[str, bytes]], module: str) -> bytes:
+    """A core tool as a self-contained zip application for ``interpreter``: the bundled
+    ``modules`` (:func:`bundled_modules`) and a ``__main__`` calling ``module``'s ``run()``."""
     archive = io.BytesIO()
     with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as bundle:
         main = (
             '"""CortexFS core tool, written by ctx bootstrap (SPEC R-5)."""\n'
             f"import sys\nfrom cortexfs.tools.core.{module} import run\nsys.exit(run())\n"
         )
-        entries = [("__main__.py", main.encode())]
-        for name in BUNDLED:
-            source = (package_parent / name).read_bytes()
-            entries.append((name, source))
-            if with_bytecode:
-                entries.append((name + "c", _unchecked_bytecode(source, name)))
-        for name, data in entries:
+        for name, data in [("__main__.py", main.encode()), *modules]:
             info = zipfile.ZipInfo(name, date_time=_ZIP_EPOCH)
             info.external_attr = 0o644 << 16
             info.compress_type = zipfile.ZIP_DEFLATED
