@@ -18,6 +18,7 @@ import click
 
 from cortexfs.cli.common import (
     EXIT_NOTHING,
+    EXIT_OK,
     EXIT_REFUSED,
     emit_json,
     handles_errors,
@@ -291,9 +292,10 @@ def status(queue_dir: Path, as_json: bool) -> None:
     """
     with layout.Queue.open(queue_dir) as q:
         report = inspect.status(q)
+    found_conflict = EXIT_REFUSED if report.conflicts else EXIT_OK  # §2.4
     if as_json:
         emit_json(report.to_json())
-        sys.exit(EXIT_REFUSED if report.conflicts else 0)
+        sys.exit(found_conflict)
     click.echo(f"queue: {report.path}")
     for state, count in report.counts.items():
         click.echo(f"{state:<11}{count:>8}")
@@ -309,8 +311,7 @@ def status(queue_dir: Path, as_json: bool) -> None:
         click.echo(f"ignored    {entry.path}: {entry.reason}")
     for temp in report.temps:
         click.echo(f"temp       {temp['path']} ({temp['age_seconds']:.0f}s old)")
-    if report.conflicts:
-        sys.exit(EXIT_REFUSED)  # §2.4: a conflict found is exit status 1
+    sys.exit(found_conflict)
 
 
 @queue.command(name="list")
@@ -344,7 +345,7 @@ def show(queue_dir: Path, as_json: bool, job: str) -> None:
     job = _job_argument(job)
     with layout.Queue.open(queue_dir) as q:
         detail = inspect.show(q, job)
-    conflict = EXIT_REFUSED if detail["state"] == "conflict" else 0  # §2.4
+    conflict = EXIT_REFUSED if detail["state"] == "conflict" else EXIT_OK  # §2.4
     if as_json:
         emit_json(detail)
         sys.exit(conflict)
