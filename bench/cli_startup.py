@@ -49,7 +49,10 @@ def commands(project: str) -> dict[str, tuple[list[str], bytes]]:
         "ctx queue list": ([*queue, "list", "--project", project], b""),
         "ctx queue publish": ([*queue, "publish", "--project", project, "-"], REQUEST),
         "ctx queue claim": ([*queue, "claim", "--project", project], b""),
-        "ctx queue recover --dry-run": ([*queue, "recover", "--project", project, "--dry-run"], b""),
+        "ctx queue recover --dry-run": (
+            [*queue, "recover", "--project", project, "--dry-run"],
+            b"",
+        ),
     }
 
 
@@ -81,12 +84,16 @@ def measure(runs: int, workdir: Path) -> dict[str, dict[str, float]]:
             capture_output=True,
             check=True,
         )
-        job = subprocess.run(
-            [CTX, "queue", "claim", "--project", project, "--pid", str(os.getpid())],
-            env=env,
-            capture_output=True,
-            check=True,
-        ).stdout.decode().strip()
+        job = (
+            subprocess.run(
+                [CTX, "queue", "claim", "--project", project, "--pid", str(os.getpid())],
+                env=env,
+                capture_output=True,
+                check=True,
+            )
+            .stdout.decode()
+            .strip()
+        )
         finish = [CTX, "queue", "finish", "--project", project, job, "--ok", "-"]
         samples["ctx queue finish"].append(timed(finish, env, b'{"status": "ok"}'))
     medians = {name: statistics.median(values) for name, values in samples.items()}

@@ -11,13 +11,10 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import time
 from dataclasses import asdict, dataclass, replace
 from functools import cache
 from typing import Any
-
-import psutil
 
 from cortexfs.errors import invalid
 from cortexfs.timefmt import parse_rfc3339, rfc3339
@@ -44,7 +41,7 @@ class LocalSystem:
     @cache
     def current(cls) -> LocalSystem:
         return cls(
-            host=socket.gethostname(),
+            host=os.uname().nodename,
             machine_id=_read_first_line("/etc/machine-id"),
             boot_id=_read_first_line("/proc/sys/kernel/random/boot_id") or "unknown",
             pid_ns=os.stat("/proc/self/ns/pid").st_ino,
@@ -74,6 +71,8 @@ class Holder:
     @classmethod
     def for_process(cls, pid: int | None = None, worker: str | None = None) -> Holder:
         """The holder identity of ``pid`` (default: this process).  ESRCH-style EINVAL if dead."""
+        import psutil  # here: publish, finish and list look at no process, and it costs ~40 ms
+
         pid = os.getpid() if pid is None else pid
         try:
             start_time = psutil.Process(pid).create_time()
@@ -193,6 +192,8 @@ class Verdict:
 
 def judge(lease: Lease, here: LocalSystem | None = None, now: float | None = None) -> Verdict:
     """Apply the liveness rules of Q-5 to a lease, from the point of view of ``here``."""
+    import psutil  # see Holder.for_process
+
     here = here or LocalSystem.current()
     now = time.time() if now is None else now
     holder = lease.holder

@@ -11,7 +11,6 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
-import secrets
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -198,7 +197,7 @@ class Queue:
 
     def temp_name(self, job: str, purpose: str) -> str:
         """A fresh staging name in ``inbox/`` that says which job and step it belongs to."""
-        return f"{job}.{purpose}.{secrets.token_hex(6)}{TEMP_SUFFIX}"
+        return f"{job}.{purpose}.{os.urandom(6).hex()}{TEMP_SUFFIX}"
 
     def publish_temp_name(self, job: str) -> str:
         """The one staging name of a publish of ``job``: creating it (``O_EXCL``) is the
@@ -243,7 +242,7 @@ def init_queue(path: Path, ops: durable.FsOps | None = None) -> list[str]:
                 if name == "pending":
                     start_hint(path)  # an empty pending/ is completely described by no names
         if lstat_at(root_fd, CONFIG_NAME) is None:
-            tmp = f".{CONFIG_NAME}.{secrets.token_hex(6)}{TEMP_SUFFIX}"
+            tmp = f".{CONFIG_NAME}.{os.urandom(6).hex()}{TEMP_SUFFIX}"
             durable.write_file_synced(ops, root_fd, tmp, QueueConfig().render().encode())
             try:
                 durable.move_noreplace(ops, root_fd, tmp, root_fd, CONFIG_NAME)

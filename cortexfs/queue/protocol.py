@@ -39,7 +39,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import secrets
 import stat
 import time
 from collections.abc import Mapping, Sequence
@@ -78,7 +77,7 @@ class Claim:
 def new_job_name() -> str:
     """A fresh job name that sorts by publish time: ``job-<UTC time>-<random>.req.json``."""
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
-    return f"job-{stamp}-{secrets.token_hex(5)}.req.json"
+    return f"job-{stamp}-{os.urandom(5).hex()}.req.json"
 
 
 # ------------------------------------------------------------------------------- publish

@@ -37,7 +37,6 @@ import contextlib
 import fcntl
 import os
 import re
-import secrets
 import stat
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -125,7 +124,7 @@ def install_pair(
             had_entry = durable.lstat_at(dir_fd, name) is not None
             if not replace and (had_entry or durable.lstat_at(dir_fd, name + CONTROLS_SUFFIX)):
                 raise exists(f"{directory / name} already exists; it is never overwritten")
-            staging = _Staging(name, secrets.token_hex(6))
+            staging = _Staging(name, os.urandom(6).hex())
             try:
                 _stage(ops, dir_fd, staging, kind, entry, entry_mode, controls)
                 if had_entry:

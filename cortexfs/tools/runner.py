@@ -120,7 +120,7 @@ class _Call:
     ) -> None:
         self.root, self.agent, self.tool_name, self.mode = root, agent, tool, mode
         self.requested_session, self.timeout, self.observer = session, timeout, observer
-        self.call = os.urandom(8).hex()  # what secrets.token_hex does, without its imports
+        self.call = os.urandom(8).hex()
         self.started = rfc3339()
         self.clock = time.monotonic()
         self.timings: dict[str, float] = {}

@@ -14,22 +14,12 @@ import sys
 from pathlib import Path
 
 from cortexfs import storage
+from tests.support.startup import run_ctx_watching
 from tests.tools.support import World
 
 HEAVY_MODULES = ("click", "jsonschema", "dataclasses", "inspect", "ctypes")
 
 _LOADED = f"sorted(name for name in {HEAVY_MODULES!r} if name in sys.modules)"
-
-# ``ctx ARGS…`` as the console script runs it; the heavy modules it loaded, last on stderr.
-_CTX_THEN_REPORT = f"""
-import sys
-from cortexfs.cli import main
-try:
-    main(sys.argv[1:])
-except SystemExit:
-    pass
-print(" ".join({_LOADED}), file=sys.stderr)
-"""
 
 
 def test_importing_ctx_run_loads_no_heavy_module() -> None:
@@ -49,18 +39,12 @@ def test_a_native_call_loads_no_heavy_module(world: World) -> None:
     world.allow_tool("sh.cat")
     command = ["run", "--storage", str(world.root), "--agent", "coder", "--native", "sh.cat"]
 
-    call = subprocess.run(
-        [sys.executable, "-c", _CTX_THEN_REPORT, *command],
-        input='{"n": 1}\n',
-        capture_output=True,
-        text=True,
-        check=True,
-    )
+    call, loaded = run_ctx_watching(HEAVY_MODULES, command, stdin='{"n": 1}\n')
 
     result = json.loads(call.stdout.splitlines()[-1])
     assert result["type"] == "result" and result["status"] == "ok", result
     assert result["output"] == {"n": 1}
-    assert call.stderr.splitlines()[-1].split() == []
+    assert loaded == []
 
 
 def test_a_core_tool_loads_no_heavy_module(tmp_path: Path) -> None:

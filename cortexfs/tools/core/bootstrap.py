@@ -24,7 +24,6 @@ import io
 import json
 import marshal
 import os
-import secrets
 import shutil
 import stat
 import subprocess
@@ -195,7 +194,7 @@ def _ensure_tsh_config(root: Path, report: storage.BootstrapReport) -> None:
         except FileNotFoundError:
             existing = None
         if existing is None:
-            temporary = f".config.{secrets.token_hex(6)}.tmp"
+            temporary = f".config.{os.urandom(6).hex()}.tmp"
             durable.write_file_synced(ops, config_dir, temporary, TSH_CONFIG.encode())
             durable.move_noreplace(ops, config_dir, temporary, config_dir, "config")
             report.created.append("tool/tsh.d/config")

@@ -15,7 +15,6 @@ import base64
 import binascii
 import errno
 import os
-import secrets
 import stat
 import sys
 
@@ -41,7 +40,7 @@ def write(request: dict[str, object], native: bool) -> Reply:
         if existing is not None and not overwrite:
             raise ToolFailure(errno.EEXIST, f"{place.view} exists and overwrite is false")
         mode = stat.S_IMODE(existing.st_mode) if existing else 0o644
-        temporary = f".{place.name}.{secrets.token_hex(6)}.tmp"
+        temporary = f".{place.name}.{os.urandom(6).hex()}.tmp"
         with confine.reporting(place):
             durable.write_file_synced(ops, parent, temporary, data, mode)
             try:

@@ -1,0 +1,56 @@
+"""What the click commands load: a shell worker starts ``ctx queue`` once or twice per job.
+
+jsonschema (about 100 ms) is for manifests and agent requests, psutil (about 40 ms) for the
+commands that judge or name a lease holder, secrets never (it loads OpenSSL for a token that
+``os.urandom`` gives).  ``bench/cli_startup.py`` has the figures.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.support.startup import run_ctx_watching
+
+WATCHED = ("jsonschema", "psutil", "secrets")
+REQUEST = '{"tool": "fs.stat", "input": {"path": "/"}}'
+
+
+@pytest.fixture
+def storage(tmp_path: Path) -> dict[str, str]:
+    env = {"CTX_STORAGE": str(tmp_path / "storage")}
+    run_ctx_watching(WATCHED, ["queue", "init", "--project", "p"], env=env)
+    return env
+
+
+def test_the_command_list_loads_no_command_library(storage: dict[str, str]) -> None:
+    call, loaded = run_ctx_watching(WATCHED, ["--help"], env=storage)
+
+    assert "queue" in call.stdout and "object" in call.stdout
+    assert loaded == []
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["queue", "publish", "--project", "p", "-"],
+        ["queue", "status", "--project", "p"],
+        ["queue", "list", "--project", "p"],
+    ],
+)
+def test_publish_and_reading_an_unleased_queue_load_no_heavy_module(
+    storage: dict[str, str], argv: list[str]
+) -> None:
+    _, loaded = run_ctx_watching(WATCHED, argv, stdin=REQUEST, env=storage)
+
+    assert loaded == []
+
+
+def test_claim_loads_psutil_for_the_holder_and_nothing_else_heavy(storage: dict[str, str]) -> None:
+    run_ctx_watching(WATCHED, ["queue", "publish", "--project", "p", "-"], REQUEST, storage)
+
+    call, loaded = run_ctx_watching(WATCHED, ["queue", "claim", "--project", "p"], env=storage)
+
+    assert call.stdout.strip().endswith(".req.json")
+    assert loaded == ["psutil"]
