@@ -23,6 +23,7 @@ bench: install
 	$(PY) bench/policy.py
 	$(PY) bench/tools.py
 	$(PY) bench/workers.py
+	$(PY) bench/cli_startup.py
 
 # The long runs the default suite only samples: every test marked slow (the 8 x 1000 worker
 # kill fuzz, the 100 000-job claim, the exhaustive crash sweep).

@@ -54,3 +54,16 @@ def test_claim_loads_psutil_for_the_holder_and_nothing_else_heavy(storage: dict[
 
     assert call.stdout.strip().endswith(".req.json")
     assert loaded == ["psutil"]
+
+
+def test_finish_names_its_worker_without_psutil(storage: dict[str, str]) -> None:
+    run_ctx_watching(WATCHED, ["queue", "publish", "--project", "p", "-"], REQUEST, storage)
+    claim, _ = run_ctx_watching(WATCHED, ["queue", "claim", "--project", "p"], env=storage)
+    job = claim.stdout.strip()
+
+    finish = ["queue", "finish", "--project", "p", job, "--ok", "-", "--json"]
+    _, loaded = run_ctx_watching(WATCHED, finish, stdin='{"answer": 42}', env=storage)
+
+    assert loaded == []
+    result = Path(storage["CTX_STORAGE"], "shared", "p", "queue", "done", f"{job}.result")
+    assert '"pid_ns"' in result.read_text(), "the result still names the finishing worker"

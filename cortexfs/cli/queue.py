@@ -30,7 +30,7 @@ from cortexfs.errors import CtxError, invalid
 from cortexfs.names import job_name
 from cortexfs.queue import inspect, layout, protocol, recovery
 from cortexfs.queue.claim_order import HintedClaimOrder
-from cortexfs.queue.holder import Holder
+from cortexfs.queue.holder import Holder, LocalSystem
 from cortexfs.queue.requests import parse_request_bytes
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -110,7 +110,7 @@ def _holder(pid: int | None, worker: str | None) -> Holder:
 
 def _finisher() -> dict[str, Any]:
     """The worker a shell ``finish`` records: the calling process, as a lease names it."""
-    return Holder.for_process(os.getppid()).summary()
+    return LocalSystem.current().worker_summary(os.getppid())
 
 
 @click.group(cls=LazyGroup, lazy={"work": "cortexfs.cli.work:work"})
