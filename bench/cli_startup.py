@@ -114,7 +114,8 @@ def main() -> int:
     parser.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()))
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     options = parser.parse_args()
-    print("command:", " ".join([sys.executable, *sys.argv]), flush=True)
+    if not options.json:  # the JSON output is one object, for programs to read
+        print("command:", " ".join([sys.executable, *sys.argv]), flush=True)
     workdir = Path(tempfile.mkdtemp(prefix="cortexfs-bench-", dir=options.dir))
     try:
         figures = measure(options.runs, workdir)

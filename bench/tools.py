@@ -233,7 +233,8 @@ def main() -> int:
     if os.geteuid() != 0:
         parser.error("run as root: the tools run under the agent's uid (--uid)")
     gid = pwd.getpwuid(options.uid).pw_gid
-    print("command:", " ".join([sys.executable, *sys.argv]), flush=True)
+    if not options.json:  # the JSON output is one object, for programs to read
+        print("command:", " ".join([sys.executable, *sys.argv]), flush=True)
     workdir = Path(tempfile.mkdtemp(prefix="cortexfs-bench-", dir=options.dir))
     try:
         root, workspace = build(workdir, options.uid, gid)
