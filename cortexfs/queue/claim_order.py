@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
 import os
 import time
@@ -97,8 +98,15 @@ def hint_path(queue_path: Path) -> Path:
         cache = Path("/var/cache/cortexfs")
     else:
         cache = Path(os.environ.get("HOME", "~")).expanduser() / ".cache" / "cortexfs"
-    key = hashlib.sha256(os.fsencode(os.path.realpath(queue_path))).hexdigest()[:32]
-    return cache / "claim-order" / key
+    return cache / "claim-order" / _hint_key(queue_path)
+
+
+@functools.lru_cache(maxsize=64)
+def _hint_key(queue_path: Path) -> str:
+    """The queue's real path, hashed: once per process and queue, because every publish
+    asks and ``realpath`` costs a ``lstat`` per component.  Should the path be re-pointed
+    meanwhile, the hint goes to the old queue's file, which costs a listing, nothing more."""
+    return hashlib.sha256(os.fsencode(os.path.realpath(queue_path))).hexdigest()[:32]
 
 
 class HintFile:
