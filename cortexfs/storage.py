@@ -21,6 +21,8 @@ from cortexfs import durable
 from cortexfs.errors import CtxError, not_found
 
 ROOT_ENTRIES = ("bin", "tool", "agent", "model", "home", "shared")
+# The one name under shared/ that is not a shared space: the system's manual bundle (X-2).
+DOCS_BUNDLE = "cortexfs-docs"
 SYSTEM_DEFAULT_ROOT = Path("/var/lib/cortexfs/storage/current")
 STORAGE_ENV = "CTX_STORAGE"
 
@@ -111,18 +113,28 @@ def ensure_root_abi(root: Path, ops: durable.FsOps | None = None) -> BootstrapRe
 
 
 # Later layers add their own bootstrap steps (core tools, docs bundle…) by registering a
-# function here; bootstrap runs them in registration order after the root ABI exists.
+# function here; bootstrap runs them in registration order after the root ABI exists.  A step
+# that reads SOURCE registers a check too: every check runs before anything is made, so a
+# bad SOURCE leaves the root as it was.
 BootstrapStep = Callable[[Path, Path | None, BootstrapReport], None]
+SourceCheck = Callable[[Path | None], None]
 _BOOTSTRAP_STEPS: list[BootstrapStep] = []
+_SOURCE_CHECKS: list[SourceCheck] = []
 
 
-def register_bootstrap_step(step: BootstrapStep) -> BootstrapStep:
+def register_bootstrap_step(
+    step: BootstrapStep, check_source: SourceCheck | None = None
+) -> BootstrapStep:
     _BOOTSTRAP_STEPS.append(step)
+    if check_source is not None:
+        _SOURCE_CHECKS.append(check_source)
     return step
 
 
 def bootstrap(root: Path, source: Path | None = None) -> BootstrapReport:
     """Create or repair a storage root (R-5).  Idempotent; never destroys user data."""
+    for check in _SOURCE_CHECKS:
+        check(source)
     report = ensure_root_abi(root)
     for step in _BOOTSTRAP_STEPS:
         step(root, source, report)

@@ -16,6 +16,7 @@ COMMANDS = {
     "agent": "cortexfs.cli.agent:agent",
     "session": "cortexfs.cli.session:session",
     "shared": "cortexfs.cli.shared:shared",
+    "man": "cortexfs.cli.man:man",
 }
 
 

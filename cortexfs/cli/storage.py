@@ -8,8 +8,9 @@ from pathlib import Path
 import click
 
 # The layers that add bootstrap steps register them when imported; this command is where they
-# are composed (the core tools and tool/tsh.d/config, R-5).
-import cortexfs.tools.core.bootstrap  # noqa: F401
+# are composed (R-5: the manual bundle; the core tools and tool/tsh.d/config).
+import cortexfs.manual
+import cortexfs.tools.core.bootstrap
 from cortexfs import storage
 from cortexfs.cli.common import (
     EXIT_OK,
@@ -20,6 +21,8 @@ from cortexfs.cli.common import (
     resolve_storage,
     storage_option,
 )
+from cortexfs.cli.exits import usage_problem
+from cortexfs.errors import CtxError
 
 
 @click.command()
@@ -34,10 +37,19 @@ def bootstrap(source: Path | None, storage_dir: Path | None, as_json: bool) -> N
 
     Idempotent; never destroys user data.  Prints what was created or repaired, and every
     problem it left alone (something in the way that is not ours to remove); exit 1 when
-    there is one.  SOURCE (R-5) names the source tree of the docs bundle of SPEC §12, which
-    this version does not install yet: it must be a directory, and is otherwise unused.
+    there is one.
+
+    \b
+    The manual bundle shared/cortexfs-docs/ (read with 'ctx man') is installed from the
+    copy built into ctx, or from SOURCE/docs/spec/ when SOURCE, a CortexFS source tree of
+    the matching version, is given; stale pages are replaced.  A SOURCE without the pages
+    is refused (EINVAL, exit 2) before anything is changed.
     """
     root = resolve_storage(storage_dir)
+    try:
+        cortexfs.manual.check_source(source)
+    except CtxError as error:
+        raise usage_problem(error) from None
     report = storage.bootstrap(root, source)
     if as_json:
         emit_json(report.to_json())

@@ -37,9 +37,6 @@ class SpaceReport:
         return {"path": str(self.path), "gid": self.gid, "created": self.created}
 
 
-DOCS_BUNDLE = "cortexfs-docs"  # shared/cortexfs-docs/ is the system's manual bundle (X-2)
-
-
 def space_path(root: Path, name: str) -> Path:
     return root / "shared" / check_object_name(name, "shared space")
 
@@ -55,8 +52,8 @@ def create_shared_space(
     """
     ops = ops or durable.default_ops()
     path = space_path(root, name)
-    if name == DOCS_BUNDLE:
-        raise invalid(f"{DOCS_BUNDLE} is the system-maintained manual bundle (X-2), not a space")
+    if name == storage.DOCS_BUNDLE:
+        raise invalid(f"{name} is the system-maintained manual bundle (X-2), not a space")
     owner = Ownership(-1, os.getegid() if gid is None else gid)
     created = storage.ensure_root_abi(root, ops).created
     created += ensure_directories(ops, root / "shared", [name], mode=SPACE_MODE, owner=owner)

@@ -115,6 +115,8 @@ def parse_tier(root: Path, text: str, *, uid: int | None = None) -> Tier:
     kind, colon, space = text.partition(":")
     if kind == "shared" and colon:
         check_object_name(space, "shared space")
+        if space == storage.DOCS_BUNDLE:
+            raise invalid(f"shared/{space} is the manual bundle (X-2), not a shared space")
         return Tier(text, root, f"shared/{space}/tool")
     raise invalid(f"unknown tier {text!r}; use system, user or shared:<name>")
 
@@ -126,7 +128,11 @@ def all_tiers(root: Path, uid: int) -> list[Tier]:
         spaces = sorted(os.listdir(root / "shared"))
     except FileNotFoundError:
         spaces = []
-    tiers += [parse_tier(root, f"shared:{space}") for space in spaces if is_object_name(space)]
+    tiers += [
+        parse_tier(root, f"shared:{space}")
+        for space in spaces
+        if is_object_name(space) and space != storage.DOCS_BUNDLE
+    ]
     return tiers
 
 

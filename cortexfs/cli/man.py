@@ -1,0 +1,71 @@
+"""``ctx man``: the manual pages of shared/cortexfs-docs (SPEC §12 D-1)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from cortexfs import manual
+from cortexfs.cli.common import (
+    emit_json,
+    handles_errors,
+    json_option,
+    resolve_storage,
+    storage_option,
+)
+
+
+@click.command("man")
+@click.argument("topic", required=False)
+@storage_option
+@json_option
+@handles_errors
+def man(topic: str | None, storage_dir: Path | None, as_json: bool) -> None:
+    """Print the manual page of TOPIC, or list the topics.
+
+    \b
+    Topics: agent, tool, model, coreutils, root-abi, session, provider (also accepted
+    as ctx.agent or ctx.agent.md, the page's file name).  The page is read from the
+    storage root's bundle, shared/cortexfs-docs/man/ctx.TOPIC.md; where none is
+    installed, from the copy built into ctx (a note on stderr says so; 'ctx bootstrap'
+    installs the bundle).  Exit 1 (ENOENT) for an unknown topic.
+    """
+    root = resolve_storage(storage_dir)
+    if topic is None:
+        _list_topics(root, as_json)
+        return
+    page = manual.read_manual(root, topic)
+    _note_built_in(page, root)
+    if as_json:
+        emit_json(_describe(page) | {"text": page.text})
+        return
+    click.echo(page.text, nl=not page.text.endswith("\n"))
+
+
+def _list_topics(root: Path, as_json: bool) -> None:
+    pages = [manual.read_manual(root, topic) for topic in manual.TOPICS]
+    if as_json:
+        emit_json([_describe(page) for page in pages])
+        return
+    for page in pages:
+        click.echo(f"{page.topic:<10} {manual.summary(page.text)}  [{page.origin}]")
+
+
+def _describe(page: manual.Manual) -> dict[str, object]:
+    return {
+        "topic": page.topic,
+        "page": manual.page_name(page.topic),
+        "summary": manual.summary(page.text),
+        "origin": page.origin,
+        "path": None if page.path is None else str(page.path),
+    }
+
+
+def _note_built_in(page: manual.Manual, root: Path) -> None:
+    if page.path is None:
+        click.echo(
+            f"ctx man: no page installed at {manual.installed_page(root, page.topic)}; this is "
+            "the copy built into ctx ('ctx bootstrap' installs the bundle)",
+            err=True,
+        )

@@ -1,0 +1,221 @@
+"""The manual bundle ``shared/cortexfs-docs/`` and ``ctx man`` (SPEC R-5, X-2, §12 D-1).
+
+The pages ship with the package in ``pages/`` (``README.md`` and one ``ctx.<topic>.md`` per
+topic): that is the built-in copy, and the repository's ``docs/spec/`` is the same directory.
+``ctx bootstrap`` installs them as ``shared/cortexfs-docs/README.md`` and
+``shared/cortexfs-docs/man/ctx.<topic>.md``, read-only (0444), from the built-in copy or, with
+``ctx bootstrap SOURCE``, from ``SOURCE/docs/spec/`` of a source tree.  A page whose bytes
+differ from its source is stale and replaced, atomically: a reader sees the old page or the
+new one, never a mixture.  Anything else in the bundle is left alone.
+
+``ctx man TOPIC`` reads the installed page and falls back to the built-in copy when there is
+none.  Topics are short aliases (``agent``) of the page names (``ctx.agent.md``), which keep
+the ``ctx.*.md`` namespace on disk.  The pages are documents: reading them grants nothing.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from pathlib import Path
+from typing import NamedTuple
+
+from cortexfs import durable, storage
+from cortexfs.errors import CtxError, invalid, not_found
+
+BUNDLE = storage.DOCS_BUNDLE
+README = "README.md"
+TOPICS = ("agent", "tool", "model", "coreutils", "root-abi", "session", "provider")
+PAGE_MODE = 0o444
+DIRECTORY_MODE = 0o755
+BUILT_IN = Path(__file__).parent / "pages"
+SOURCE_PAGES = Path("docs") / "spec"  # where a source tree keeps the pages
+_MAX_PAGE_BYTES = 1024 * 1024
+
+
+def page_name(topic: str) -> str:
+    return f"ctx.{topic}.md"
+
+
+def topic_of(name: str) -> str:
+    """The topic a user names: ``agent``, ``ctx.agent`` or ``ctx.agent.md``."""
+    topic = name.removesuffix(".md").removeprefix("ctx.")
+    if topic not in TOPICS:
+        raise not_found(f"no manual page {name!r}; the topics are {', '.join(TOPICS)}")
+    return topic
+
+
+class Pages(NamedTuple):
+    """The contents of a bundle: its README and each topic's page."""
+
+    readme: bytes
+    man: dict[str, bytes]  # topic -> page
+
+    @classmethod
+    def load(cls, directory: Path) -> Pages:
+        """The pages in ``directory`` (flat: ``README.md`` and ``ctx.<topic>.md``)."""
+        return cls(
+            _read_page(directory / README),
+            {topic: _read_page(directory / page_name(topic)) for topic in TOPICS},
+        )
+
+
+def built_in_pages() -> Pages:
+    return Pages.load(BUILT_IN)
+
+
+def source_pages(source: Path) -> Pages:
+    """The pages of source tree ``source``; EINVAL naming the first one it lacks."""
+    try:
+        return Pages.load(source / SOURCE_PAGES)
+    except OSError as exc:
+        raise invalid(
+            f"{source} is not a CortexFS source tree: cannot read {exc.filename} "
+            f"({exc.strerror}); SOURCE must hold the manual pages in {SOURCE_PAGES}/"
+        ) from None
+
+
+def _read_page(path: Path) -> bytes:
+    with open(path, "rb") as page:
+        return page.read(_MAX_PAGE_BYTES)
+
+
+# ---------------------------------------------------------------------------------- install
+
+
+def check_source(source: Path | None) -> None:
+    """Refuse an unusable SOURCE before bootstrap changes anything."""
+    if source is not None:
+        source_pages(source)
+
+
+def install_bundle(root: Path, source: Path | None, report: storage.BootstrapReport) -> None:
+    """The bootstrap step: create the bundle, replace its stale pages, report what changed."""
+    pages = built_in_pages() if source is None else source_pages(source)
+    ops = durable.default_ops()
+    try:
+        shared_fd = durable.open_dir_path(ops, str(root / "shared"))
+    except OSError:
+        return  # ensure_root_abi has reported what is in the way of shared/
+    try:
+        bundle_fd = _open_bundle_dir(ops, shared_fd, BUNDLE, f"shared/{BUNDLE}", report)
+    finally:
+        ops.close(shared_fd)
+    if bundle_fd is None:
+        return
+    try:
+        _install_page(ops, bundle_fd, README, pages.readme, f"shared/{BUNDLE}", report)
+        man_fd = _open_bundle_dir(ops, bundle_fd, "man", f"shared/{BUNDLE}/man", report)
+        if man_fd is None:
+            return
+        try:
+            for topic, page in pages.man.items():
+                _install_page(ops, man_fd, page_name(topic), page, f"shared/{BUNDLE}/man", report)
+        finally:
+            ops.close(man_fd)
+    finally:
+        ops.close(bundle_fd)
+
+
+def _open_bundle_dir(
+    ops: durable.FsOps, parent_fd: int, name: str, where: str, report: storage.BootstrapReport
+) -> int | None:
+    """The bundle directory ``name``, made when missing; None (and a problem) when something
+    other than a directory holds its name."""
+    if durable.make_dir_synced(ops, parent_fd, name, DIRECTORY_MODE):
+        os.chmod(name, DIRECTORY_MODE, dir_fd=parent_fd)  # every agent reads it, whatever the umask
+        report.created.append(where)
+    try:
+        return ops.open_dir(name, parent_fd)
+    except OSError:
+        report.problems.append(f"{where}: exists but is not a directory; left untouched")
+        return None
+
+
+def _install_page(
+    ops: durable.FsOps,
+    dir_fd: int,
+    name: str,
+    page: bytes,
+    where: str,
+    report: storage.BootstrapReport,
+) -> None:
+    existing = durable.lstat_at(dir_fd, name)
+    if existing is not None:
+        if not stat.S_ISREG(existing.st_mode):
+            report.problems.append(f"{where}/{name}: not a regular file; left untouched")
+            return
+        if stat.S_IMODE(existing.st_mode) == PAGE_MODE and _read_at(dir_fd, name) == page:
+            return
+    temporary = f".{name}.{os.urandom(6).hex()}.tmp"
+    durable.write_file_synced(ops, dir_fd, temporary, page, PAGE_MODE)
+    os.chmod(temporary, PAGE_MODE, dir_fd=dir_fd)  # whatever the umask
+    durable.replace_synced(ops, dir_fd, temporary, dir_fd, name)
+    (report.created if existing is None else report.repaired).append(f"{where}/{name}")
+
+
+def _read_at(dir_fd: int, name: str) -> bytes | None:
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError:
+        return None
+    with open(fd, "rb") as page:
+        return page.read(_MAX_PAGE_BYTES + 1)
+
+
+storage.register_bootstrap_step(install_bundle, check_source=check_source)
+
+
+# ------------------------------------------------------------------------------------- read
+
+
+class Manual(NamedTuple):
+    """One page as ``ctx man`` shows it, and where it came from."""
+
+    topic: str
+    text: str
+    path: Path | None  # the installed page read; None for the built-in copy
+
+    @property
+    def origin(self) -> str:
+        return "built-in" if self.path is None else "installed"
+
+
+def installed_page(root: Path, topic: str) -> Path:
+    return root / "shared" / BUNDLE / "man" / page_name(topic)
+
+
+def read_manual(root: Path | None, name: str) -> Manual:
+    """Topic ``name``'s page: the installed one when there is one, else the built-in copy.
+
+    The installed page is opened without following a symlink and must be a regular file;
+    anything else there is passed over for the built-in copy.
+    """
+    topic = topic_of(name)
+    if root is not None:
+        path = installed_page(root, topic)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            pass
+        else:
+            with open(fd, "rb") as page:
+                if stat.S_ISREG(os.fstat(page.fileno()).st_mode):
+                    return Manual(topic, _decode(page.read(_MAX_PAGE_BYTES), path), path)
+    return Manual(topic, _decode(built_in_pages().man[topic], BUILT_IN), None)
+
+
+def _decode(data: bytes, where: Path) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise CtxError(errno.EILSEQ, f"{where}: the manual page is not UTF-8 ({exc})") from None
+
+
+def summary(page: str) -> str:
+    """A page's one-line summary: its first heading, without the ``#``."""
+    for line in page.splitlines():
+        if line.startswith("# "):
+            return line[2:].strip()
+    return ""

@@ -1,0 +1,253 @@
+"""The manual bundle shared/cortexfs-docs and ``ctx man`` (SPEC R-5, X-2, §12 D-1)."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cortexfs import manual, storage
+from cortexfs.errors import CtxError
+
+REPOSITORY = Path(__file__).resolve().parent.parent
+PAGES = [manual.README] + [manual.page_name(topic) for topic in manual.TOPICS]
+
+
+def ctx(root: Path, *args: str, umask: int | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "cortexfs", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "CTX_STORAGE": str(root)},
+        preexec_fn=None if umask is None else (lambda: os.umask(umask)),
+        timeout=60,
+    )
+
+
+def bundle(root: Path) -> Path:
+    return root / "shared" / "cortexfs-docs"
+
+
+def installed(root: Path) -> dict[str, bytes]:
+    """The bundle's files, by page name (README.md and man/ctx.*.md flattened)."""
+    files = {manual.README: (bundle(root) / manual.README).read_bytes()}
+    for page in (bundle(root) / "man").iterdir():
+        files[page.name] = page.read_bytes()
+    return files
+
+
+def built_in() -> dict[str, bytes]:
+    return {name: (manual.BUILT_IN / name).read_bytes() for name in PAGES}
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    root = tmp_path / "storage"
+    done = ctx(root, "bootstrap")
+    assert done.returncode == 0, done.stderr
+    return root
+
+
+# ------------------------------------------------------------------------------ the pages
+
+
+def test_docs_spec_is_the_built_in_copy() -> None:
+    """D-1: the bundle mirrors docs/spec/*.md; the repository keeps one copy of each page."""
+    mirrored = sorted(path.name for path in (REPOSITORY / "docs" / "spec").glob("*.md"))
+
+    assert mirrored == sorted(PAGES)
+    for name in PAGES:
+        assert (REPOSITORY / "docs" / "spec" / name).read_bytes() == built_in()[name]
+
+
+@pytest.mark.parametrize("topic", manual.TOPICS)
+def test_every_page_names_its_topic_and_the_readme_lists_it(topic: str) -> None:
+    page = built_in()[manual.page_name(topic)].decode()
+
+    assert manual.summary(page).startswith(f"ctx.{topic} — ")
+    assert manual.page_name(topic) in built_in()[manual.README].decode()
+
+
+# -------------------------------------------------------------------------------- install
+
+
+def test_bootstrap_installs_the_bundle_read_only(root: Path) -> None:
+    assert installed(root) == built_in()
+    for directory in (bundle(root), bundle(root) / "man"):
+        assert stat.S_IMODE(directory.stat().st_mode) == 0o755
+    for name in PAGES:
+        path = bundle(root) / (name if name == manual.README else f"man/{name}")
+        assert stat.S_IMODE(path.stat().st_mode) == 0o444, name
+
+
+def test_the_bundle_is_readable_by_everyone_whatever_the_umask(tmp_path: Path) -> None:
+    root = tmp_path / "storage"
+    assert ctx(root, "bootstrap", umask=0o077).returncode == 0
+
+    assert stat.S_IMODE((bundle(root) / "man").stat().st_mode) == 0o755
+    page = bundle(root) / "man" / "ctx.tool.md"
+    assert stat.S_IMODE(page.stat().st_mode) == 0o444
+
+
+def test_a_second_bootstrap_leaves_a_current_bundle_alone(root: Path) -> None:
+    before = {p: p.stat().st_ino for p in (bundle(root) / "man").iterdir()}
+
+    again = ctx(root, "bootstrap", "--json")
+
+    assert again.returncode == 0, again.stderr
+    report = json.loads(again.stdout)
+    assert not [p for p in report["created"] + report["repaired"] if "cortexfs-docs" in p]
+    assert {p: p.stat().st_ino for p in (bundle(root) / "man").iterdir()} == before
+
+
+def test_bootstrap_replaces_a_stale_page_and_restores_a_missing_one(root: Path) -> None:
+    stale = bundle(root) / "man" / "ctx.session.md"
+    stale.chmod(0o644)
+    stale.write_text("# an older page\n")
+    (bundle(root) / "man" / "ctx.agent.md").unlink()
+
+    done = ctx(root, "bootstrap", "--json")
+
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert "shared/cortexfs-docs/man/ctx.session.md" in report["repaired"]
+    assert "shared/cortexfs-docs/man/ctx.agent.md" in report["created"]
+    assert installed(root) == built_in()
+    assert stat.S_IMODE(stale.stat().st_mode) == 0o444
+
+
+def test_a_page_made_writable_is_stale_even_with_the_right_text(root: Path) -> None:
+    page = bundle(root) / "man" / "ctx.tool.md"
+    page.chmod(0o666)
+
+    report = storage.bootstrap(root)
+
+    assert "shared/cortexfs-docs/man/ctx.tool.md" in report.repaired
+    assert stat.S_IMODE(page.stat().st_mode) == 0o444
+
+
+def test_bootstrap_never_follows_or_replaces_what_is_not_a_page(root: Path, tmp_path: Path) -> None:
+    secret = tmp_path / "secret.md"
+    secret.write_text("not for agents\n")
+    page = bundle(root) / "man" / "ctx.model.md"
+    page.unlink()
+    page.symlink_to(secret)
+    note = bundle(root) / "man" / "notes.md"
+    note.write_text("a local note\n")
+
+    done = ctx(root, "bootstrap")
+
+    assert done.returncode == 1
+    assert "ctx.model.md: not a regular file; left untouched" in done.stdout
+    assert page.is_symlink() and secret.read_text() == "not for agents\n"
+    assert note.read_text() == "a local note\n"
+    # ... and ctx man shows the built-in page, not what the link points to.
+    shown = ctx(root, "man", "model")
+    assert shown.returncode == 0
+    assert shown.stdout == built_in()["ctx.model.md"].decode()
+    assert "built into ctx" in shown.stderr
+
+
+def test_something_else_in_the_bundles_place_is_a_problem_left_alone(tmp_path: Path) -> None:
+    root = tmp_path / "storage"
+    storage.ensure_root_abi(root)
+    (root / "shared" / "cortexfs-docs").write_text("in the way\n")
+
+    done = ctx(root, "bootstrap")
+
+    assert done.returncode == 1
+    assert "shared/cortexfs-docs: exists but is not a directory; left untouched" in done.stdout
+    assert (root / "shared" / "cortexfs-docs").read_text() == "in the way\n"
+
+
+def test_bootstrap_source_installs_the_pages_of_that_tree(root: Path, tmp_path: Path) -> None:
+    source = tmp_path / "checkout"
+    (source / "docs" / "spec").mkdir(parents=True)
+    for name, data in built_in().items():
+        (source / "docs" / "spec" / name).write_bytes(data)
+    newer = b"# ctx.tool \xe2\x80\x94 the next version's page\n"
+    (source / "docs" / "spec" / "ctx.tool.md").write_bytes(newer)
+
+    done = ctx(root, "bootstrap", str(source), "--json")
+
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["repaired"] == ["shared/cortexfs-docs/man/ctx.tool.md"]
+    assert (bundle(root) / "man" / "ctx.tool.md").read_bytes() == newer
+    assert ctx(root, "man", "tool").stdout == newer.decode()
+
+
+def test_a_source_without_the_pages_is_refused_before_anything_is_made(tmp_path: Path) -> None:
+    source = tmp_path / "not-a-checkout"
+    (source / "docs" / "spec").mkdir(parents=True)
+    (source / "docs" / "spec" / manual.README).write_text("# CortexFS manuals\n")
+    root = tmp_path / "storage"
+
+    done = ctx(root, "bootstrap", str(source))
+
+    assert done.returncode == 2
+    assert "EINVAL" in done.stderr and "ctx.agent.md" in done.stderr
+    assert not root.exists()
+    with pytest.raises(CtxError):
+        storage.bootstrap(root, source)
+    assert not root.exists()
+
+
+def test_the_bundle_is_not_a_shared_space(root: Path) -> None:
+    refused = ctx(root, "object", "list", "--tier", "shared:cortexfs-docs")
+    assert refused.returncode != 0 and "manual bundle" in refused.stderr
+    listed = ctx(root, "object", "list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert "cortexfs-docs" not in listed.stdout
+
+
+# ---------------------------------------------------------------------------------- ctx man
+
+
+@pytest.mark.parametrize("name", ["session", "ctx.session", "ctx.session.md"])
+def test_man_prints_the_installed_page_by_topic_or_page_name(root: Path, name: str) -> None:
+    page = bundle(root) / "man" / "ctx.session.md"
+    page.chmod(0o644)
+    page.write_text("# ctx.session — as installed here\n")
+
+    shown = ctx(root, "man", name)
+
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout == "# ctx.session — as installed here\n"
+    assert shown.stderr == ""
+
+
+def test_man_without_a_bundle_falls_back_to_the_built_in_copy(tmp_path: Path) -> None:
+    nowhere = tmp_path / "no-storage"
+
+    shown = ctx(nowhere, "man", "coreutils", "--json")
+
+    assert shown.returncode == 0, shown.stderr
+    page = json.loads(shown.stdout)
+    assert page["origin"] == "built-in" and page["path"] is None
+    assert page["text"] == built_in()["ctx.coreutils.md"].decode()
+    assert "ctx bootstrap" in shown.stderr
+    assert not nowhere.exists(), "reading a manual creates nothing"
+
+
+def test_man_lists_every_topic(root: Path) -> None:
+    listed = ctx(root, "man", "--json")
+
+    assert listed.returncode == 0, listed.stderr
+    topics = json.loads(listed.stdout)
+    assert [entry["topic"] for entry in topics] == list(manual.TOPICS)
+    assert {entry["origin"] for entry in topics} == {"installed"}
+    text = ctx(root, "man").stdout.splitlines()
+    assert [line.split()[0] for line in text] == list(manual.TOPICS)
+
+
+def test_an_unknown_topic_is_enoent_with_the_topics_listed(root: Path) -> None:
+    shown = ctx(root, "man", "queue")
+
+    assert shown.returncode == 1
+    assert "ENOENT" in shown.stderr and "root-abi" in shown.stderr
+    assert shown.stdout == ""
