@@ -17,6 +17,7 @@ COMMANDS = {
     "session": "cortexfs.cli.session:session",
     "shared": "cortexfs.cli.shared:shared",
     "man": "cortexfs.cli.man:man",
+    "tool": "cortexfs.cli.tool:tool",
 }
 
 

@@ -13,8 +13,7 @@ import pytest
 
 from cortexfs import storage
 from cortexfs.tools.controls import ToolObject, layout_problems
-from cortexfs.tools.core import CORE_TOOLS
-from cortexfs.tools.core.bootstrap import TSH_CONFIG, tsh_config_problems
+from cortexfs.tools.core import CORE_TOOLS, tsh_config
 
 CTX = [sys.executable, "-c", "from cortexfs.cli import main; main()"]
 
@@ -31,8 +30,8 @@ def test_bootstrap_installs_every_core_tool_complete_and_the_tsh_config(root: Pa
         tool = ToolObject(name, root / "tool")
         assert layout_problems(tool) == [], name
         assert tool.control("policy").read_text().startswith("#"), "installing granted nothing"
-    assert (root / "tool/tsh.d/config").read_text() == TSH_CONFIG
-    assert tsh_config_problems(TSH_CONFIG) == []
+    assert (root / "tool/tsh.d/config").read_text() == tsh_config.DEFAULT_TEXT
+    assert tsh_config.problems(tsh_config.DEFAULT_TEXT) == []
     assert sorted(os.listdir(root)) == sorted(storage.ROOT_ENTRIES)
 
 

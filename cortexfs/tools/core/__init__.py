@@ -1,5 +1,5 @@
 """The core tools every storage root has: ``fs.read``, ``fs.list``, ``fs.stat``, ``fs.write``,
-``shell.exec`` (SPEC R-5).
+``shell.exec`` and ``tsh.config`` (SPEC R-5).
 
 Each is a module with a ``run()`` entry point, installed by ``ctx bootstrap`` as a small
 executable script in ``tool/`` (:mod:`cortexfs.tools.core.bootstrap`) from the v2 manifests in
@@ -14,4 +14,5 @@ CORE_TOOLS = {
     "fs.stat": "fs_stat",
     "fs.write": "fs_write",
     "shell.exec": "shell_exec",
+    "tsh.config": "tsh_config",
 }

@@ -36,15 +36,11 @@ import cortexfs
 from cortexfs import durable, storage
 from cortexfs.errors import CtxError
 from cortexfs.tools.controls import ToolObject, layout_problems, read_control
-from cortexfs.tools.core import CORE_TOOLS
+from cortexfs.tools.core import CORE_TOOLS, tsh_config
 from cortexfs.tools.install import Tier, all_tiers, install_tool, parse_tier, repair_tier
 from cortexfs.tools.manifest import Manifest, parse_manifest
 
 MANIFESTS = Path(__file__).parent / "manifests"
-TSH_CONFIG = "# tsh configuration (SPEC H-4): data, never code.\n" + (
-    "max_loaded_tools=64\ncache_capacity=32\nwindow_percent=1\n"
-)
-TSH_KEYS = ("max_loaded_tools", "cache_capacity", "window_percent")
 _SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"
 _MINIMUM_PYTHON = (3, 11)
 
@@ -195,31 +191,16 @@ def _ensure_tsh_config(root: Path, report: storage.BootstrapReport) -> None:
             existing = None
         if existing is None:
             temporary = f".config.{os.urandom(6).hex()}.tmp"
-            durable.write_file_synced(ops, config_dir, temporary, TSH_CONFIG.encode())
+            durable.write_file_synced(ops, config_dir, temporary, tsh_config.DEFAULT_TEXT.encode())
             durable.move_noreplace(ops, config_dir, temporary, config_dir, "config")
             report.created.append("tool/tsh.d/config")
         elif not stat.S_ISREG(existing.st_mode):
             report.problems.append("tool/tsh.d/config is not a regular file; left untouched")
         else:
-            report.problems += tsh_config_problems((root / "tool/tsh.d/config").read_text())
+            text = (root / "tool/tsh.d/config").read_text()
+            report.problems += [f"tool/{problem}" for problem in tsh_config.problems(text)]
     finally:
         ops.close(config_dir)
-
-
-def tsh_config_problems(text: str) -> list[str]:
-    """What is wrong with a tsh config (H-4): key=value lines of positive integers."""
-    problems = []
-    for number, raw in enumerate(text.splitlines(), start=1):
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        key, equals, value = (part.strip() for part in line.partition("="))
-        where = f"tool/tsh.d/config:{number}"
-        if not equals or key not in TSH_KEYS:
-            problems.append(f"{where}: expected one of {', '.join(TSH_KEYS)} as key=value")
-        elif not value.isdigit() or int(value) <= 0:
-            problems.append(f"{where}: {key} must be a positive integer, not {value!r}")
-    return problems
 
 
 def _world_reachable(path: Path) -> bool:

@@ -3,7 +3,9 @@
 Input is one JSON object, taken from the first argument when there is one
 (``fs.read '{"path":"README.md"}'``) and from stdin otherwise
 (``echo '{"cmd":"pwd"}' | shell.exec``).  A first argument that is not a JSON object is the
-tool's main parameter: ``fs.read README.md`` means ``{"path": "README.md"}``.
+tool's main parameter: ``fs.read README.md`` means ``{"path": "README.md"}``.  No argument and
+nothing on stdin (empty, or a terminal) is the empty object: ``tsh.config`` alone shows the
+configuration, ``fs.read`` alone says that ``path`` is required.
 
 Output depends on the mode the runner sets in ``CTX_MODE``: ``native`` prints one JSON object
 on stdout; anything else (terminal CLI mode, or a person running the tool directly) prints
@@ -82,9 +84,13 @@ def read_request(arguments: list[str], primary: str) -> dict[str, Any]:
         if not first.lstrip().startswith("{"):
             return {primary: first}
         return _parse_object(first)
+    if sys.stdin is None or sys.stdin.isatty():
+        return {}  # nothing piped in: a person typed the bare command
     data = sys.stdin.buffer.read(MAX_INPUT_BYTES + 1)
     if len(data) > MAX_INPUT_BYTES:
         raise ToolFailure(errno_names.EFBIG, f"input is larger than {MAX_INPUT_BYTES} bytes")
+    if not data.strip():
+        return {}
     return _parse_object(data.decode("utf-8", "replace"))
 
 

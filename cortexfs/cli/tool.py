@@ -1,0 +1,91 @@
+"""``ctx tool NAME [ARG…]``: the safe core CLIs, run inside ctx as the caller (SPEC H-3).
+
+A tool found on ``CTX_PATH`` is an executable anyone could start; running it *as an agent*
+goes through the authority chain (``ctx run``).  ``ctx tool`` is the other way in, for the
+few core CLIs that carry no permission of their own and are implemented inside ctx: it runs
+their code in this process, as the caller, on the core tool that ``CTX_PATH`` shows.  Every
+other name is refused, ordinary tools and the core tools that act with an agent's
+permissions (``fs.*``, ``shell.exec``) alike, because starting them here would bypass the
+agent and tool policies.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import click
+
+from cortexfs.cli.common import (
+    handles_errors,
+    object_name_argument,
+    resolve_storage,
+    storage_option,
+)
+from cortexfs.errors import denied, not_found
+from cortexfs.tools.core import CORE_TOOLS, tsh_config
+from cortexfs.tools.core.toolio import NATIVE
+from cortexfs.tools.ctxpath import human_search_path, which
+
+# name -> the CLI: (the executable CTX_PATH resolved, its arguments) -> exit status
+SAFE_CORE_CLIS: dict[str, Callable[[Path, list[str]], int]] = {
+    "tsh.config": lambda executable, argv: tsh_config.run_configure(
+        tsh_config.config_path(str(executable)), argv
+    ),
+}
+
+
+@click.command(
+    "tool",
+    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+)
+@click.argument("name")
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+@click.option("--json", "as_json", is_flag=True, help="Native output: one JSON object.")
+@storage_option
+@handles_errors
+def tool(name: str, args: tuple[str, ...], as_json: bool, storage_dir: Path | None) -> None:
+    """Run NAME, a safe core CLI implemented inside ctx (tsh.config), as you.
+
+    \b
+    NAME must be visible on CTX_PATH ($CTX_HOME/.tshrc, else $CTX_PATH, else
+    /ctx/tool:/ctx/home/<uid>/tool), and what it resolves to must be the core tool of
+    the storage root's tool/ directory.  Ordinary tools and the core tools that act
+    with an agent's permissions (fs.read, fs.write, shell.exec, ...) are refused with
+    EACCES: run them as an agent with 'ctx run --agent AGENT NAME'.  Options of ctx
+    tool go before NAME; everything after NAME is the CLI's.  The exit status is the
+    CLI's (0 done, 1 refused, 2 bad input); ENOENT (exit 1) when NAME is not visible.
+
+    \b
+    Example:  ctx tool tsh.config                  print the tsh configuration
+              ctx tool tsh.config cache_capacity=64
+    """
+    name = object_name_argument(name, "tool")
+    root = resolve_storage(storage_dir)
+    search_path = human_search_path(root, uid=os.getuid(), environ=os.environ)
+    found = which(name, search_path.directories)
+    if found is None:
+        raise not_found(f"{name} is not on CTX_PATH ({':'.join(search_path.entries)})")
+    cli = SAFE_CORE_CLIS.get(name)
+    if cli is None:
+        kind = (
+            "a core tool that acts with an agent's permissions"
+            if name in CORE_TOOLS
+            else ("an ordinary tool")
+        )
+        raise denied(
+            f"{name} is {kind}; ctx tool runs only the safe core CLIs "
+            f"({', '.join(SAFE_CORE_CLIS)}): run it as an agent with "
+            f"'ctx run --agent AGENT {name}'"
+        )
+    core = root / "tool" / name
+    if found.executable != core:
+        raise denied(
+            f"{name} on CTX_PATH is {found.executable}, not the core tool {core}; "
+            "ctx tool runs only the core CLIs"
+        )
+    if as_json:
+        os.environ["CTX_MODE"] = NATIVE
+    sys.exit(cli(found.executable, list(args)))

@@ -1,0 +1,176 @@
+"""``tsh.config``: read or update tsh's configuration, ``tsh.d/config`` (SPEC H-4, R-5).
+
+The configuration is data, never code: blank lines, ``#`` comments and ``key=value`` lines
+for the keys of :data:`DEFAULTS`, each a positive integer (``window_percent`` at most 100).
+It lives in the control directory ``tsh.d/`` beside this tool's executable, so the tool
+always edits the configuration of its own tier.
+
+Input ``{"set": {"key": value, ...}}`` updates those keys; without ``set`` the configuration
+is only read.  In terminal mode the one argument may be ``key=value``:
+``tsh.config cache_capacity=64``.  Native output ``{"path", "config", "changed"}``; terminal
+output the effective ``key=value`` lines.  An update rewrites the file in one rename, keeping
+its comments and the order of its lines; a key that was absent is appended.  The kernel
+decides who may write: the file belongs to the storage root's owner, so an agent can read
+the configuration but not change it unless it was given write access.
+
+``ctx tool tsh.config …`` runs this same code inside ``ctx``, as the host user (SPEC H-3).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import sys
+from pathlib import Path
+from typing import Any
+
+from cortexfs import durable
+from cortexfs.tools.core.toolio import Reply, ToolFailure, main
+
+TOOL = "tsh.config"
+DEFAULTS = {"max_loaded_tools": 64, "cache_capacity": 32, "window_percent": 1}
+_LIMITS = {"window_percent": 100}  # a percentage; the others need only be positive
+DEFAULT_TEXT = "# tsh configuration (SPEC H-4): data, never code.\n" + "".join(
+    f"{key}={value}\n" for key, value in DEFAULTS.items()
+)
+CONFIG_NAME = "config"
+_MAX_CONFIG_BYTES = 64 * 1024
+
+
+def config_path(executable: str) -> Path:
+    """``tsh.d/config`` in the directory that holds the ``tsh.config`` executable."""
+    return Path(os.path.abspath(executable)).parent / "tsh.d" / CONFIG_NAME
+
+
+def problems(text: str) -> list[str]:
+    """What is wrong with a configuration's text, one sentence per line at fault."""
+    found = []
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, equals, value = (part.strip() for part in line.partition("="))
+        where = f"tsh.d/config:{number}"
+        if not equals or key not in DEFAULTS:
+            found.append(f"{where}: expected one of {', '.join(DEFAULTS)} as key=value")
+        else:
+            problem = value_problem(key, value)
+            if problem:
+                found.append(f"{where}: {problem}")
+    return found
+
+
+def value_problem(key: str, value: object) -> str | None:
+    """Why ``value`` (an int, or its text) is not a valid setting of ``key``; None if it is."""
+    if isinstance(value, str):
+        value = int(value) if value.isdigit() else value
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        return f"{key} must be a positive integer, not {value!r}"
+    limit = _LIMITS.get(key)
+    if limit is not None and value > limit:
+        return f"{key} must be at most {limit}, not {value}"
+    return None
+
+
+def effective(text: str) -> dict[str, int]:
+    """The settings ``text`` gives, the defaults for keys it leaves out (the last line wins)."""
+    settings = dict(DEFAULTS)
+    for raw in text.splitlines():
+        key, equals, value = (part.strip() for part in raw.strip().partition("="))
+        if equals and key in DEFAULTS and value_problem(key, value) is None:
+            settings[key] = int(value)
+    return settings
+
+
+def updated(text: str, changes: dict[str, int]) -> str:
+    """``text`` with each changed key's lines rewritten in place (or appended)."""
+    lines = text.splitlines(keepends=True)
+    pending = dict(changes)
+    for index, raw in enumerate(lines):
+        key, equals, _ = (part.strip() for part in raw.strip().partition("="))
+        if equals and key in changes:
+            lines[index] = f"{key}={changes[key]}\n"
+            pending.pop(key, None)
+    if lines and not lines[-1].endswith("\n"):
+        lines[-1] += "\n"
+    lines += [f"{key}={value}\n" for key, value in pending.items()]
+    return "".join(lines)
+
+
+def configure(path: Path, request: dict[str, Any], native: bool) -> Reply:
+    """Read ``path``'s configuration and apply the request's ``set``, if any."""
+    changes = _changes(request.get("set"))
+    text = _read(path)
+    if changes:
+        bad = problems(text)
+        if bad:
+            raise ToolFailure(errno.EINVAL, f"{path} must be fixed by hand first: {bad[0]}")
+        text = updated(text, changes)
+        _replace(path, text)
+    settings = effective(text)
+    data = {"path": str(path), "config": settings, "changed": sorted(changes)}
+    return Reply(data, text="".join(f"{k}={v}\n" for k, v in settings.items()).encode())
+
+
+def _changes(requested: object) -> dict[str, int]:
+    if requested is None:
+        return {}
+    if isinstance(requested, str):  # terminal mode: tsh.config key=value
+        key, equals, value = (part.strip() for part in requested.partition("="))
+        if not equals:
+            raise ToolFailure(errno.EINVAL, f"expected key=value, not {requested!r}", usage=True)
+        requested = {key: int(value) if value.isdigit() else value}
+    if not isinstance(requested, dict):
+        raise ToolFailure(errno.EINVAL, "'set' must be an object of settings", usage=True)
+    for key, value in requested.items():
+        if key not in DEFAULTS:
+            known = ", ".join(DEFAULTS)
+            raise ToolFailure(errno.EINVAL, f"unknown setting {key!r}; known: {known}", usage=True)
+        problem = value_problem(key, value)
+        if problem:
+            raise ToolFailure(errno.EINVAL, problem, usage=True)
+    return dict(requested)
+
+
+def _read(path: Path) -> str:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise ToolFailure(
+            errno.ENOENT, f"{path} does not exist; ctx bootstrap creates it"
+        ) from None
+    with open(fd, "rb") as config:
+        if not stat.S_ISREG(os.fstat(config.fileno()).st_mode):
+            raise ToolFailure(errno.EINVAL, f"{path} is not a regular file")
+        data = config.read(_MAX_CONFIG_BYTES + 1)
+    if len(data) > _MAX_CONFIG_BYTES:
+        raise ToolFailure(errno.EFBIG, f"{path} is larger than {_MAX_CONFIG_BYTES} bytes")
+    return data.decode("utf-8", "replace")
+
+
+def _replace(path: Path, text: str) -> None:
+    """Write the new text beside the old and rename it into place: readers see one or the
+    other, and a crash leaves one or the other (plus, at worst, a temporary file)."""
+    ops = durable.default_ops()
+    directory = durable.open_dir_path(ops, str(path.parent))
+    try:
+        mode = stat.S_IMODE(os.stat(path.name, dir_fd=directory, follow_symlinks=False).st_mode)
+        temporary = f".{path.name}.{os.urandom(6).hex()}.tmp"
+        durable.write_file_synced(ops, directory, temporary, text.encode(), mode)
+        try:
+            durable.replace_synced(ops, directory, temporary, directory, path.name)
+        except BaseException:
+            os.unlink(temporary, dir_fd=directory)
+            raise
+    finally:
+        ops.close(directory)
+
+
+def run_configure(path: Path, argv: list[str]) -> int:
+    """The tool's command line on the configuration at ``path``."""
+    return main(TOOL, "set", lambda request, native: configure(path, request, native), argv)
+
+
+def run() -> int:
+    return run_configure(config_path(sys.argv[0]), sys.argv[1:])

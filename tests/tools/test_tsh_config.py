@@ -1,0 +1,145 @@
+"""The core tool ``tsh.config`` (SPEC H-4, R-5) and ``ctx tool`` (H-3), through real processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cortexfs import storage
+from cortexfs.tools.core import tsh_config
+from tests.tools.support import World
+
+CONFIG = Path("tool") / "tsh.d" / "config"
+
+
+def ctx(root: Path, *args: str, env: dict[str, str] | None = None, stdin: str = ""):
+    return subprocess.run(
+        [sys.executable, "-m", "cortexfs", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "CTX_STORAGE": str(root), **(env or {})},
+        timeout=60,
+    )
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    root = tmp_path / "storage"
+    assert ctx(root, "bootstrap").returncode == 0
+    return root
+
+
+def test_bootstrap_installs_tsh_config_as_a_core_tool(root: Path) -> None:
+    tool = root / "tool" / "tsh.config"
+    assert os.access(tool, os.X_OK)
+    assert (root / "tool" / "tsh.config.d" / "schema").is_file()
+    assert (root / CONFIG).read_text() == tsh_config.DEFAULT_TEXT
+
+
+def test_ctx_tool_shows_the_configuration(root: Path) -> None:
+    shown = ctx(root, "tool", "tsh.config")
+
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout == "max_loaded_tools=64\ncache_capacity=32\nwindow_percent=1\n"
+    as_json = json.loads(ctx(root, "tool", "--json", "tsh.config").stdout)
+    assert as_json == {
+        "path": str(root / CONFIG),
+        "config": tsh_config.DEFAULTS,
+        "changed": [],
+    }
+
+
+def test_an_update_keeps_comments_and_order_and_replaces_the_file_whole(root: Path) -> None:
+    config = root / CONFIG
+    config.write_text("# ours\nwindow_percent=2\n\n# more\nmax_loaded_tools=10\n")
+    config.chmod(0o640)
+    with open(config) as old:  # a reader of the old file keeps the old text: a replacement
+        done = ctx(root, "tool", "tsh.config", "max_loaded_tools=20")
+        assert old.read() == "# ours\nwindow_percent=2\n\n# more\nmax_loaded_tools=10\n"
+    again = ctx(root, "tool", "--json", "tsh.config", '{"set": {"cache_capacity": 8}}')
+
+    assert done.returncode == 0 and again.returncode == 0, done.stderr + again.stderr
+    assert config.read_text() == (
+        "# ours\nwindow_percent=2\n\n# more\nmax_loaded_tools=20\ncache_capacity=8\n"
+    )
+    assert stat.S_IMODE(config.stat().st_mode) == 0o640
+    assert json.loads(again.stdout)["changed"] == ["cache_capacity"]
+    assert [p.name for p in config.parent.iterdir()] == ["config"], "no temporary left"
+
+
+@pytest.mark.parametrize(
+    "argument",
+    ["max_loaded_tools=0", "window_percent=101", "cache_capacity=many", "colour=red", "plain"],
+)
+def test_a_bad_setting_is_a_usage_error_and_changes_nothing(root: Path, argument: str) -> None:
+    refused = ctx(root, "tool", "tsh.config", argument)
+
+    assert refused.returncode == 2
+    assert refused.stderr.startswith("tsh.config: EINVAL: ")
+    assert (root / CONFIG).read_text() == tsh_config.DEFAULT_TEXT
+
+
+def test_a_config_with_a_bad_line_is_read_but_not_rewritten(root: Path) -> None:
+    (root / CONFIG).write_text("max_loaded_tools=12\nrm -rf /\n")
+
+    shown = ctx(root, "tool", "tsh.config")
+    refused = ctx(root, "tool", "tsh.config", "cache_capacity=5")
+
+    assert shown.stdout.startswith("max_loaded_tools=12\n")
+    assert refused.returncode == 1 and "fixed by hand" in refused.stderr
+    assert (root / CONFIG).read_text() == "max_loaded_tools=12\nrm -rf /\n"
+    assert storage.bootstrap(root).problems == [
+        "tool/tsh.d/config:2: expected one of max_loaded_tools, cache_capacity, "
+        "window_percent as key=value"
+    ]
+
+
+@pytest.mark.parametrize("name", ["fs.write", "shell.exec", "fs.read"])
+def test_ctx_tool_refuses_the_core_tools_that_act_with_permissions(root: Path, name: str) -> None:
+    target = root.parent / "written"
+
+    refused = ctx(root, "tool", name, json.dumps({"path": str(target), "content": "x"}))
+
+    assert refused.returncode == 1
+    assert "EACCES" in refused.stderr and f"ctx run --agent AGENT {name}" in refused.stderr
+    assert not target.exists()
+
+
+def test_ctx_tool_refuses_an_ordinary_tool_and_a_name_not_on_ctx_path(
+    root: Path, tmp_path: Path
+) -> None:
+    own = tmp_path / "mine"
+    own.mkdir()
+    tool = own / "tsh.config"
+    tool.write_text("#!/bin/sh\necho not the core tool\n")
+    tool.chmod(0o755)
+
+    shadowed = ctx(root, "tool", "tsh.config", env={"CTX_PATH": f"{own}:/ctx/tool"})
+    missing = ctx(root, "tool", "tsh.config", env={"CTX_PATH": str(tmp_path / "empty")})
+
+    assert shadowed.returncode == 1 and "not the core tool" in shadowed.stderr
+    assert "not the core tool" not in shadowed.stdout
+    assert missing.returncode == 1 and "ENOENT" in missing.stderr
+
+
+def test_an_agent_reads_the_configuration_but_the_kernel_keeps_it_from_writing(
+    world: World,
+) -> None:
+    world.agent("coder", tools=["tsh.config"])
+    world.allow_tool("tsh.config")
+
+    shown = world.run("tsh.config", {})
+    refused = world.run("tsh.config", {"set": {"cache_capacity": 1}})
+
+    assert shown.ok, shown.error
+    assert shown.output["config"] == tsh_config.DEFAULTS
+    assert not refused.ok
+    assert refused.output["error"] == "EACCES", refused.output
+    assert (world.root / CONFIG).read_text() == tsh_config.DEFAULT_TEXT
