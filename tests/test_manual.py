@@ -251,3 +251,16 @@ def test_an_unknown_topic_is_enoent_with_the_topics_listed(root: Path) -> None:
     assert shown.returncode == 1
     assert "ENOENT" in shown.stderr and "root-abi" in shown.stderr
     assert shown.stdout == ""
+
+
+def test_a_fifo_in_a_pages_place_is_neither_waited_on_nor_replaced(root: Path) -> None:
+    page = bundle(root) / "man" / "ctx.provider.md"
+    page.unlink()
+    os.mkfifo(page)
+
+    shown = ctx(root, "man", "provider")  # would hang on open() without O_NONBLOCK
+    again = ctx(root, "bootstrap")
+
+    assert shown.returncode == 0 and shown.stdout == built_in()["ctx.provider.md"].decode()
+    assert again.returncode == 1 and "ctx.provider.md: not a regular file" in again.stdout
+    assert stat.S_ISFIFO(page.lstat().st_mode)

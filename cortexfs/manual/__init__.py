@@ -32,6 +32,9 @@ DIRECTORY_MODE = 0o755
 BUILT_IN = Path(__file__).parent / "pages"
 SOURCE_PAGES = Path("docs") / "spec"  # where a source tree keeps the pages
 _MAX_PAGE_BYTES = 1024 * 1024
+# Never through a symlink, and never waiting on a FIFO someone put in a page's place: what is
+# opened is checked to be a regular file before it is read.
+_READ_PAGE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 def page_name(topic: str) -> str:
@@ -77,8 +80,7 @@ def source_pages(source: Path) -> Pages:
 
 
 def _read_page(path: Path) -> bytes:
-    with open(path, "rb") as page:
-        return page.read(_MAX_PAGE_BYTES)
+    return path.read_bytes()
 
 
 # ---------------------------------------------------------------------------------- install
@@ -146,7 +148,7 @@ def _install_page(
         if not stat.S_ISREG(existing.st_mode):
             report.problems.append(f"{where}/{name}: not a regular file; left untouched")
             return
-        if stat.S_IMODE(existing.st_mode) == PAGE_MODE and _read_at(dir_fd, name) == page:
+        if stat.S_IMODE(existing.st_mode) == PAGE_MODE and _read_at(dir_fd, name, page) == page:
             return
     temporary = f".{name}.{os.urandom(6).hex()}.tmp"
     durable.write_file_synced(ops, dir_fd, temporary, page, PAGE_MODE)
@@ -155,13 +157,14 @@ def _install_page(
     (report.created if existing is None else report.repaired).append(f"{where}/{name}")
 
 
-def _read_at(dir_fd: int, name: str) -> bytes | None:
+def _read_at(dir_fd: int, name: str, expected: bytes) -> bytes | None:
+    """The installed page, as far as it could equal ``expected``; None when unreadable."""
     try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+        fd = os.open(name, _READ_PAGE, dir_fd=dir_fd)
     except OSError:
         return None
     with open(fd, "rb") as page:
-        return page.read(_MAX_PAGE_BYTES + 1)
+        return page.read(len(expected) + 1)
 
 
 storage.register_bootstrap_step(install_bundle, check_source=check_source)
@@ -196,7 +199,7 @@ def read_manual(root: Path | None, name: str) -> Manual:
     if root is not None:
         path = installed_page(root, topic)
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            fd = os.open(path, _READ_PAGE)
         except OSError:
             pass
         else:

@@ -143,3 +143,12 @@ def test_an_agent_reads_the_configuration_but_the_kernel_keeps_it_from_writing(
     assert not refused.ok
     assert refused.output["error"] == "EACCES", refused.output
     assert (world.root / CONFIG).read_text() == tsh_config.DEFAULT_TEXT
+
+
+def test_a_config_that_is_not_a_regular_file_is_refused_without_waiting(root: Path) -> None:
+    (root / CONFIG).unlink()
+    os.mkfifo(root / CONFIG)
+
+    refused = ctx(root, "tool", "tsh.config")
+
+    assert refused.returncode == 1 and "not a regular file" in refused.stderr

@@ -135,7 +135,8 @@ def _changes(requested: object) -> dict[str, int]:
 
 def _read(path: Path) -> str:
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        # No symlink is followed and no FIFO waited on: a regular file is checked for below.
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         raise ToolFailure(
             errno.ENOENT, f"{path} does not exist; ctx bootstrap creates it"
