@@ -28,6 +28,7 @@ from typing import Any, Protocol
 
 from cortexfs.errors import CtxError
 from cortexfs.queue import Claim, Holder, Queue, claim, finish, renew
+from cortexfs.queue.claim_order import HintedClaimOrder
 from cortexfs.worker.inotify import PendingWatch, Wakeup
 
 EXIT_ABORTED = 130
@@ -190,6 +191,10 @@ class Worker:
     def run(self) -> WorkerSummary:
         holder = Holder.for_process(worker=self.options.worker_id)
         with Queue.open(self.queue_dir) as queue:
+            # The claim order this user's other claimers on this host share (ctx queue claim,
+            # other workers): the first claim reads a name instead of listing pending/, and
+            # workers started side by side are handed different jobs instead of racing for one.
+            queue.claim_order = HintedClaimOrder(queue.path)
             ttl = self.options.lease_ttl or queue.config.lease_ttl
             keeper = LeaseKeeper(queue, holder, ttl)
             keeper.start()

@@ -8,6 +8,9 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
+
+from cortexfs.queue.claim_order import HintFile, hint_path
 from tests.workers.conftest import AGENT, PROJECT, Farm
 
 
@@ -236,3 +239,21 @@ def test_a_vanished_working_directory_is_named_in_the_failure(farm: Farm) -> Non
     state, result = farm.result(job)
     assert state == "failed" and result["error"]["error"] == "ENOENT"
     assert "working directory" in result["reason"]
+
+
+def test_the_worker_takes_the_claim_order_this_user_shares_on_this_host(
+    farm: Farm, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hint is only a hint, but the worker consults it: given one that puts the newer job
+    first, the worker claims that one, where a listing of pending/ would give the older."""
+    older = farm.publish("fs.stat", {"path": str(farm.scratch)})
+    newer = farm.publish("fs.stat", {"path": str(farm.scratch)})
+    os.utime(farm.queue / "pending" / older, (1_000_000_000, 1_000_000_000))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(farm.scratch / "cache"))  # ctx inherits it
+    HintFile(hint_path(farm.queue)).reset([newer, older])
+
+    done = farm.ctx("queue", "work", "--project", PROJECT, "--agent", AGENT, "--max-jobs", "1")
+
+    assert done.returncode == 0, done.stderr
+    assert farm.result(newer)[0] == "done"
+    assert (farm.queue / "pending" / older).exists()
