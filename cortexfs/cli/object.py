@@ -19,8 +19,8 @@ from cortexfs.cli.common import (
     resolve_storage,
     storage_option,
 )
-from cortexfs.errors import CtxError, not_found
-from cortexfs.tools.ctxpath import human_search_path, which
+from cortexfs.errors import CtxError
+from cortexfs.tools.ctxpath import which_on_user_path
 from cortexfs.tools.install import all_tiers, install_manifest, list_tools, parse_tier
 from cortexfs.tools.manifest import ManifestError, load_manifest
 
@@ -128,10 +128,7 @@ def which_command(name: str, storage_dir: Path | None, as_json: bool) -> None:
     """
     name = object_name_argument(name, "tool")
     root = resolve_storage(storage_dir)
-    path = human_search_path(root, uid=os.getuid(), environ=os.environ)
-    found = which(name, path.directories)
-    if found is None:
-        raise not_found(f"{name} is not on CTX_PATH ({':'.join(path.entries)})")
+    found, path = which_on_user_path(root, name, uid=os.getuid(), environ=os.environ)
     if as_json:
         emit_json({**found.to_json(), "search_path": path.to_json()})
     else:

@@ -24,10 +24,10 @@ from cortexfs.cli.common import (
     resolve_storage,
     storage_option,
 )
-from cortexfs.errors import denied, not_found
+from cortexfs.errors import denied
 from cortexfs.tools.core import CORE_TOOLS, tsh_config
 from cortexfs.tools.core.toolio import NATIVE
-from cortexfs.tools.ctxpath import human_search_path, which
+from cortexfs.tools.ctxpath import which_on_user_path
 
 # name -> the CLI: (the executable CTX_PATH resolved, its arguments) -> exit status
 SAFE_CORE_CLIS: dict[str, Callable[[Path, list[str]], int]] = {
@@ -64,10 +64,7 @@ def tool(name: str, args: tuple[str, ...], as_json: bool, storage_dir: Path | No
     """
     name = object_name_argument(name, "tool")
     root = resolve_storage(storage_dir)
-    search_path = human_search_path(root, uid=os.getuid(), environ=os.environ)
-    found = which(name, search_path.directories)
-    if found is None:
-        raise not_found(f"{name} is not on CTX_PATH ({':'.join(search_path.entries)})")
+    found, _ = which_on_user_path(root, name, uid=os.getuid(), environ=os.environ)
     cli = SAFE_CORE_CLIS.get(name)
     if cli is None:
         kind = (

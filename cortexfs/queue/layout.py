@@ -15,7 +15,7 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cortexfs import durable
+from cortexfs import durable, keyvalue
 from cortexfs.errors import CtxError, invalid, not_found
 from cortexfs.names import check_object_name
 from cortexfs.queue.claim_order import ClaimOrder, start_hint
@@ -42,14 +42,10 @@ class QueueConfig:
     @classmethod
     def parse(cls, text: str, origin: str = CONFIG_NAME) -> QueueConfig:
         values: dict[str, object] = {}
-        for lineno, raw in enumerate(text.splitlines(), start=1):
-            line = raw.strip()
-            if not line or line.startswith("#"):
-                continue
-            key, sep, value = (part.strip() for part in line.partition("="))
-            where = f"{origin}:{lineno}"
-            if not sep or not key:
-                raise invalid(f"{where}: expected key=value, got {raw!r}")
+        for line in keyvalue.lines(text):
+            key, value, where = line.key, line.value, f"{origin}:{line.number}"
+            if key is None:
+                raise invalid(f"{where}: expected key=value, got {line.raw!r}")
             if key in ("max_request_bytes", "max_result_bytes"):
                 values[key] = _positive_int(value, where, key)
             elif key in ("lease_ttl", "grace"):

@@ -29,7 +29,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import NamedTuple
 
-from cortexfs.errors import invalid
+from cortexfs import keyvalue
+from cortexfs.errors import invalid, not_found
 from cortexfs.names import check_object_name
 
 CTX_MOUNT = PurePosixPath("/ctx")
@@ -106,24 +107,22 @@ def read_tshrc(path: Path) -> str | None:
     ``CTX_PATH`` belong to tsh and are ignored here.  It is read, never executed.
     """
     try:
-        with open(path, "rb") as handle:
-            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
-                raise invalid(f"{path} is not a regular file")
-            data = handle.read(_MAX_TSHRC_BYTES + 1)
+        # O_NONBLOCK: a FIFO in its place is refused below, not waited on.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except (FileNotFoundError, NotADirectoryError):
         return None
+    with open(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+            raise invalid(f"{path} is not a regular file")
+        data = handle.read(_MAX_TSHRC_BYTES + 1)
     if len(data) > _MAX_TSHRC_BYTES:
         raise invalid(f"{path} is larger than {_MAX_TSHRC_BYTES} bytes")
     value = None
-    for number, raw in enumerate(data.decode("utf-8", "replace").splitlines(), start=1):
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        key, equals, text = line.partition("=")
-        if not equals or not key.strip():
-            raise invalid(f"{path}:{number}: expected key=value, got {raw!r}")
-        if key.strip() == "CTX_PATH":
-            value = text.strip()
+    for line in keyvalue.lines(data.decode("utf-8", "replace")):
+        if line.key is None:
+            raise invalid(f"{path}:{line.number}: expected key=value, got {line.raw!r}")
+        if line.key == "CTX_PATH":
+            value = line.value
     return value
 
 
@@ -158,6 +157,18 @@ def which(
         else:
             return Resolution(name, directory, skipped)
     return None
+
+
+def which_on_user_path(
+    root: Path, name: str, *, uid: int, environ: Mapping[str, str]
+) -> tuple[Resolution, SearchPath]:
+    """``name`` on the search path of a user outside any agent terminal, and that path;
+    ENOENT naming the path when no directory on it holds an executable ``name``."""
+    search_path = human_search_path(root, uid=uid, environ=environ)
+    found = which(name, search_path.directories)
+    if found is None:
+        raise not_found(f"{name} is not on CTX_PATH ({':'.join(search_path.entries)})")
+    return found, search_path
 
 
 def caller_may_execute(path: Path, status: os.stat_result) -> bool:

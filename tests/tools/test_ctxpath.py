@@ -145,6 +145,14 @@ def test_tshrc_is_data_never_code(tmp_path: Path) -> None:
         read_tshrc(rc)
 
 
+def test_a_tshrc_that_is_not_a_regular_file_is_refused_not_waited_on(tmp_path: Path) -> None:
+    rc = tmp_path / ".tshrc"
+    os.mkfifo(rc)
+
+    with pytest.raises(CtxError, match="not a regular file"):
+        read_tshrc(rc)
+
+
 def test_empty_and_relative_entries_are_ignored(tmp_path: Path) -> None:
     path = human_search_path(tmp_path, uid=1, environ={"CTX_PATH": ":relative:/abs::."})
 

@@ -74,6 +74,7 @@ BUNDLED = (
     "cortexfs/__init__.py",
     "cortexfs/durable.py",
     "cortexfs/errors.py",
+    "cortexfs/keyvalue.py",
     "cortexfs/timefmt.py",
     "cortexfs/tools/__init__.py",
     "cortexfs/tools/core/__init__.py",

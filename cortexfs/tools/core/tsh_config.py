@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from cortexfs import durable
+from cortexfs import durable, keyvalue
 from cortexfs.tools.core.toolio import Reply, ToolFailure, main
 
 TOOL = "tsh.config"
@@ -46,16 +46,12 @@ def config_path(executable: str) -> Path:
 def problems(text: str) -> list[str]:
     """What is wrong with a configuration's text, one sentence per line at fault."""
     found = []
-    for number, raw in enumerate(text.splitlines(), start=1):
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        key, equals, value = (part.strip() for part in line.partition("="))
-        where = f"tsh.d/config:{number}"
-        if not equals or key not in DEFAULTS:
+    for line in keyvalue.lines(text):
+        where = f"tsh.d/config:{line.number}"
+        if line.key not in DEFAULTS:
             found.append(f"{where}: expected one of {', '.join(DEFAULTS)} as key=value")
         else:
-            problem = value_problem(key, value)
+            problem = value_problem(line.key, line.value)
             if problem:
                 found.append(f"{where}: {problem}")
     return found
@@ -76,26 +72,24 @@ def value_problem(key: str, value: object) -> str | None:
 def effective(text: str) -> dict[str, int]:
     """The settings ``text`` gives, the defaults for keys it leaves out (the last line wins)."""
     settings = dict(DEFAULTS)
-    for raw in text.splitlines():
-        key, equals, value = (part.strip() for part in raw.strip().partition("="))
-        if equals and key in DEFAULTS and value_problem(key, value) is None:
-            settings[key] = int(value)
+    for line in keyvalue.lines(text):
+        if line.key in DEFAULTS and value_problem(line.key, line.value) is None:
+            settings[line.key] = int(line.value)
     return settings
 
 
 def updated(text: str, changes: dict[str, int]) -> str:
     """``text`` with each changed key's lines rewritten in place (or appended)."""
-    lines = text.splitlines(keepends=True)
+    rows = text.splitlines(keepends=True)
     pending = dict(changes)
-    for index, raw in enumerate(lines):
-        key, equals, _ = (part.strip() for part in raw.strip().partition("="))
-        if equals and key in changes:
-            lines[index] = f"{key}={changes[key]}\n"
-            pending.pop(key, None)
-    if lines and not lines[-1].endswith("\n"):
-        lines[-1] += "\n"
-    lines += [f"{key}={value}\n" for key, value in pending.items()]
-    return "".join(lines)
+    for line in keyvalue.lines(text):
+        if line.key in changes:
+            rows[line.number - 1] = f"{line.key}={changes[line.key]}\n"
+            pending.pop(line.key, None)
+    if rows and not rows[-1].endswith("\n"):
+        rows[-1] += "\n"
+    rows += [f"{key}={value}\n" for key, value in pending.items()]
+    return "".join(rows)
 
 
 def configure(path: Path, request: dict[str, Any], native: bool) -> Reply:
