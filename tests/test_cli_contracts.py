@@ -3,21 +3,11 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-
-def ctx(storage: Path, *args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "cortexfs", "--storage", str(storage), *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+from tests.support.cli import ctx
 
 
 @pytest.fixture

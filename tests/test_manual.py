@@ -5,28 +5,16 @@ from __future__ import annotations
 import json
 import os
 import stat
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from cortexfs import manual, storage
 from cortexfs.errors import CtxError
+from tests.support.cli import ctx
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 PAGES = [manual.README] + [manual.page_name(topic) for topic in manual.TOPICS]
-
-
-def ctx(root: Path, *args: str, umask: int | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "cortexfs", *args],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "CTX_STORAGE": str(root)},
-        preexec_fn=None if umask is None else (lambda: os.umask(umask)),
-        timeout=60,
-    )
 
 
 def bundle(root: Path) -> Path:

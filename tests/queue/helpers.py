@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -23,19 +21,6 @@ def dead_pid() -> int:
     child = subprocess.Popen(["true"])
     child.wait()
     return child.pid
-
-
-def ctx(root: Path, *args: str, stdin: str | None = None, env: dict[str, str] | None = None):
-    """Run the real ``ctx`` command line against ``root``."""
-    full_env = {**os.environ, "CTX_STORAGE": str(root), **(env or {})}
-    return subprocess.run(
-        [sys.executable, "-m", "cortexfs", *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        env=full_env,
-        timeout=60,
-    )
 
 
 def write_json(path: Path, obj: object) -> Path:

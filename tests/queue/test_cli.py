@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.queue.helpers import PROJECT, ctx, dead_pid, request, write_json
+from tests.queue.helpers import PROJECT, dead_pid, request, write_json
+from tests.support.cli import ctx
 
 P = ("--project", PROJECT)
 

@@ -5,28 +5,16 @@ from __future__ import annotations
 import json
 import os
 import stat
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from cortexfs import storage
 from cortexfs.tools.core import tsh_config
+from tests.support.cli import ctx
 from tests.tools.support import World
 
 CONFIG = Path("tool") / "tsh.d" / "config"
-
-
-def ctx(root: Path, *args: str, env: dict[str, str] | None = None, stdin: str = ""):
-    return subprocess.run(
-        [sys.executable, "-m", "cortexfs", *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "CTX_STORAGE": str(root), **(env or {})},
-        timeout=60,
-    )
 
 
 @pytest.fixture
