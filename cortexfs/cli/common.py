@@ -61,10 +61,16 @@ def emit_json(obj: object) -> None:
 
 def fail(error: CtxError, *, as_json: bool = False) -> None:
     """Render a refusal (stderr text; also the JSON object on stdout with --json) and exit."""
-    click.echo(f"ctx: {error}", err=True)
+    click.echo(f"{_program()}: {error}", err=True)
     if as_json:
         emit_json(error.to_json())
     sys.exit(exit_status(error))
+
+
+def _program() -> str:
+    """The command the user typed (``ctx``, ``ctxmcp``), to start an error line with."""
+    ctx = click.get_current_context(silent=True)
+    return (ctx.find_root().info_name if ctx else None) or "ctx"
 
 
 def fail_with_problems(source: object, error: CtxError, problems: list[str], as_json: bool) -> None:

@@ -1,0 +1,144 @@
+"""``ctxmcp``: list an MCP stdio server's tools, or project them into manifest candidates (§10)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from cortexfs.cli.common import emit_json, handles_errors, json_option, usage_problem
+from cortexfs.errors import CtxError
+from cortexfs.mcp.client import DEFAULT_TIMEOUT, StdioClient
+from cortexfs.mcp.config import ServerSpec, load_server
+from cortexfs.mcp.project import check_runtime_config, project_tools, write_candidates
+
+_CONFIG = click.option(
+    "--config",
+    "config_path",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="The MCP client configuration to read (an mcpServers object).",
+)
+_SERVER = click.option("--server", required=True, help="The stdio server to start.")
+_TIMEOUT = click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=DEFAULT_TIMEOUT,
+    show_default=True,
+    help="Seconds to wait for each answer of the server.",
+)
+
+
+def main(args: list[str] | None = None) -> None:
+    """The ``ctxmcp`` console script."""
+    ctxmcp(args=args, prog_name="ctxmcp")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="cortexfs")
+def ctxmcp() -> None:
+    """Project the tools of an external MCP stdio server into v2 manifest candidates.
+
+    ctxmcp installs nothing, grants nothing and writes nothing under the storage root: a
+    candidate is installed, like any manifest, with 'ctx object install', and an agent
+    runs it only when its policy and the tool's allow it.  Each tool is named exactly
+    SERVER.TOOL (M-3).  The protocol version announced is 2025-11-25; a server that
+    negotiates anything but 2025-11-25, 2025-06-18, 2025-03-26 or 2024-11-05 is refused
+    (M-2).  Exit 0 success, 1 the server failed or was refused, 2 usage error.
+    """
+
+
+@ctxmcp.command("list")
+@_CONFIG
+@_SERVER
+@_TIMEOUT
+@json_option
+@handles_errors
+def list_command(config_path: Path, server: str, timeout: float, as_json: bool) -> None:
+    """List SERVER's tools with the name each would be projected as, or why it would not."""
+    spec = _server(config_path, server)
+    with StdioClient(spec, timeout=timeout) as client:
+        projections = project_tools(server, client.list_tools(), "/")
+        if as_json:
+            emit_json(_session(client) | {"tools": [p.to_json() for p in projections]})
+            return
+    for projection in projections:
+        if projection.manifest is None:
+            click.echo(f"{projection.remote}\t(not projectable: {projection.problem})")
+        else:
+            click.echo(f"{projection.name}\t{_first_line(projection.description)}")
+
+
+@ctxmcp.command("project")
+@_CONFIG
+@click.option(
+    "--runtime-config",
+    required=True,
+    help="The configuration's absolute path as agents will see it (the locator names it).",
+)
+@_SERVER
+@click.option(
+    "--out",
+    required=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Directory for the candidates, SERVER.TOOL.manifest.json (made if missing).",
+)
+@_TIMEOUT
+@json_option
+@handles_errors
+def project_command(
+    config_path: Path, runtime_config: str, server: str, out: Path, timeout: float, as_json: bool
+) -> None:
+    """Write a manifest candidate for each of SERVER's tools into OUT.
+
+    \b
+    A candidate's mcp locator holds the transport (stdio), --runtime-config, the server and
+    the tool; the configuration's command, arguments and environment are never copied.
+    Tools whose projected name is illegal (R-3) or whose input schema is not a valid JSON
+    Schema are reported on stderr and skipped.  Next:
+      ctx object check OUT/SERVER.TOOL.manifest.json
+      ctx object install --source STORAGE OUT/SERVER.TOOL.manifest.json --tier system
+    """
+    spec = _server(config_path, server)
+    try:
+        check_runtime_config(runtime_config)
+    except CtxError as error:
+        raise usage_problem(error) from None
+    with StdioClient(spec, timeout=timeout) as client:
+        projections = project_tools(server, client.list_tools(), runtime_config)
+        session = _session(client)
+    written = write_candidates(projections, out)
+    skipped = [p for p in projections if p.manifest is None]
+    if as_json:
+        emit_json(
+            session
+            | {
+                "written": [str(path) for path in written],
+                "skipped": [p.to_json() for p in skipped],
+            }
+        )
+        return
+    for path in written:
+        click.echo(str(path))
+    for projection in skipped:
+        click.echo(f"ctxmcp: skipped {projection.remote}: {projection.problem}", err=True)
+
+
+def _server(config_path: Path, name: str) -> ServerSpec:
+    """The configuration entry; a configuration or name that cannot be used is exit 2."""
+    try:
+        return load_server(config_path, name)
+    except CtxError as error:
+        raise usage_problem(error) from None
+
+
+def _session(client: StdioClient) -> dict[str, object]:
+    return {
+        "server": client.spec.name,
+        "protocolVersion": client.protocol_version,
+        "serverInfo": client.server_info,
+    }
+
+
+def _first_line(text: str) -> str:
+    return text.splitlines()[0] if text else ""

@@ -1,0 +1,227 @@
+"""A minimal MCP client for one stdio server: initialise, list tools, call one (M-1, M-2).
+
+The server is started with the command, arguments and environment of its configuration
+entry, in a process group of its own, and spoken to in newline-delimited JSON-RPC 2.0 on its
+stdin and stdout; its stderr is kept (the tail) for error messages.  The client announces
+:data:`~cortexfs.mcp.ANNOUNCED_VERSION` and refuses any negotiated version outside
+:data:`~cortexfs.mcp.ACCEPTED_VERSIONS` — a draft, unknown or future version ends the session
+before anything else is asked.  Requests the server makes of us (``ping``; sampling or roots,
+which this client does not offer) are answered; notifications are read and dropped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import select
+import signal
+import subprocess
+import tempfile
+import time
+from typing import Any
+
+import cortexfs
+from cortexfs.errors import CtxError
+from cortexfs.mcp import ACCEPTED_VERSIONS, ANNOUNCED_VERSION
+from cortexfs.mcp.config import ServerSpec
+
+DEFAULT_TIMEOUT = 30.0
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+_STDERR_TAIL = 2000
+_METHOD_NOT_FOUND = -32601
+
+
+class McpError(CtxError):
+    """The server failed, answered with an error, or broke the protocol."""
+
+
+class StdioClient:
+    """One session with a stdio server, as a context manager: started and initialised on
+    entry; on exit its stdin is closed, then its process group is killed."""
+
+    def __init__(self, spec: ServerSpec, *, timeout: float = DEFAULT_TIMEOUT) -> None:
+        self.spec = spec
+        self.timeout = timeout
+        self.protocol_version = ""
+        self.server_info: dict[str, Any] = {}
+        self._ids = 0
+        self._buffer = b""
+        self._process: subprocess.Popen[bytes] | None = None
+        # Closed in __exit__ (or by __enter__ when the server cannot start).
+        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115
+
+    def __enter__(self) -> StdioClient:
+        try:
+            self._process = subprocess.Popen(
+                [self.spec.command, *self.spec.args],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=self._stderr,
+                env={**os.environ, **self.spec.env},
+                cwd=self.spec.cwd,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            self._stderr.close()
+            raise McpError(
+                exc.errno or errno.ENOEXEC,
+                f"cannot start server {self.spec.name!r} ({self.spec.command}): {exc.strerror}",
+            ) from None
+        try:
+            self._initialize()
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        process = self._process
+        if process is not None:
+            with contextlib.suppress(OSError):
+                assert process.stdin is not None
+                process.stdin.close()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=2)  # a server may exit by itself at the end of its input
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            assert process.stdout is not None
+            process.stdout.close()
+        self._stderr.close()
+
+    # ---------------------------------------------------------------- the protocol
+
+    def _initialize(self) -> None:
+        result = self.request(
+            "initialize",
+            {
+                "protocolVersion": ANNOUNCED_VERSION,
+                "capabilities": {},
+                "clientInfo": {"name": "ctxmcp", "version": cortexfs.__version__},
+            },
+        )
+        version = result.get("protocolVersion") if isinstance(result, dict) else None
+        if version not in ACCEPTED_VERSIONS:
+            raise McpError(
+                errno.EPROTO,
+                f"server {self.spec.name!r} negotiated protocol version {version!r}; ctxmcp "
+                f"accepts only {', '.join(ACCEPTED_VERSIONS)} (M-2)",
+            )
+        self.protocol_version = version
+        info = result.get("serverInfo")
+        self.server_info = info if isinstance(info, dict) else {}
+        self.notify("notifications/initialized")
+
+    def list_tools(self) -> list[dict[str, Any]]:
+        """Every tool the server offers, across pages."""
+        tools: list[dict[str, Any]] = []
+        cursor = None
+        while True:
+            result = self.request("tools/list", {} if cursor is None else {"cursor": cursor})
+            page = result.get("tools") if isinstance(result, dict) else None
+            if not isinstance(page, list):
+                raise self._broken("its tools/list result has no 'tools' list")
+            tools += [tool for tool in page if isinstance(tool, dict)]
+            cursor = result.get("nextCursor")
+            if not cursor:
+                return tools
+
+    def call_tool(self, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        result = self.request("tools/call", {"name": name, "arguments": arguments})
+        if not isinstance(result, dict):
+            raise self._broken("its tools/call result is not an object")
+        return result
+
+    def notify(self, method: str, params: dict[str, Any] | None = None) -> None:
+        message: dict[str, Any] = {"jsonrpc": "2.0", "method": method}
+        if params is not None:
+            message["params"] = params
+        self._send(message)
+
+    def request(self, method: str, params: dict[str, Any]) -> Any:
+        """Send a request and wait for its response, answering the server meanwhile."""
+        self._ids += 1
+        ident = self._ids
+        self._send({"jsonrpc": "2.0", "id": ident, "method": method, "params": params})
+        deadline = time.monotonic() + self.timeout
+        while True:
+            message = self._receive(method, deadline)
+            if "method" in message:
+                self._answer(message)
+            elif message.get("id") == ident:
+                if "error" in message:
+                    error = message["error"] if isinstance(message["error"], dict) else {}
+                    raise McpError(
+                        errno.EREMOTEIO,
+                        f"server {self.spec.name!r} refused {method}: "
+                        f"{error.get('message', 'no message')} (code {error.get('code')})",
+                    )
+                return message.get("result")
+
+    def _answer(self, message: dict[str, Any]) -> None:
+        if "id" not in message:
+            return  # a notification: progress, logging, list_changed
+        if message["method"] == "ping":
+            self._send({"jsonrpc": "2.0", "id": message["id"], "result": {}})
+        else:
+            error = {"code": _METHOD_NOT_FOUND, "message": "not offered by ctxmcp"}
+            self._send({"jsonrpc": "2.0", "id": message["id"], "error": error})
+
+    # ------------------------------------------------------------------ the wire
+
+    def _send(self, message: dict[str, Any]) -> None:
+        assert self._process is not None and self._process.stdin is not None
+        try:
+            self._process.stdin.write(json.dumps(message).encode() + b"\n")
+            self._process.stdin.flush()
+        except BrokenPipeError:
+            raise self._exited(str(message.get("method", "a response"))) from None
+
+    def _receive(self, method: str, deadline: float) -> dict[str, Any]:
+        while b"\n" not in self._buffer:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise McpError(
+                    errno.ETIMEDOUT,
+                    f"server {self.spec.name!r} did not answer {method} within "
+                    f"{self.timeout:g} s{self._stderr_tail()}",
+                )
+            assert self._process is not None and self._process.stdout is not None
+            stdout = self._process.stdout.fileno()
+            if not select.select([stdout], [], [], remaining)[0]:
+                continue
+            chunk = os.read(stdout, 65536)
+            if not chunk:
+                raise self._exited(method)
+            self._buffer += chunk
+            if len(self._buffer) > MAX_MESSAGE_BYTES:
+                raise self._broken(f"a message is larger than {MAX_MESSAGE_BYTES} bytes")
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        try:
+            message = json.loads(line)
+        except (UnicodeDecodeError, ValueError):
+            raise self._broken(f"it wrote a line that is not JSON: {line[:80]!r}") from None
+        if not isinstance(message, dict) or message.get("jsonrpc") != "2.0":
+            raise self._broken(f"it wrote a line that is not JSON-RPC 2.0: {line[:80]!r}")
+        return message
+
+    def _exited(self, method: str) -> McpError:
+        assert self._process is not None
+        status = self._process.wait()
+        return McpError(
+            errno.EIO,
+            f"server {self.spec.name!r} exited (status {status}) before answering {method}"
+            f"{self._stderr_tail()}",
+        )
+
+    def _broken(self, what: str) -> McpError:
+        return McpError(errno.EPROTO, f"server {self.spec.name!r} broke the protocol: {what}")
+
+    def _stderr_tail(self) -> str:
+        self._stderr.seek(0, os.SEEK_END)
+        size = self._stderr.tell()
+        self._stderr.seek(max(0, size - _STDERR_TAIL))
+        tail = self._stderr.read().decode("utf-8", "replace").strip()
+        return f"; its stderr ends: {tail}" if tail else ""

@@ -1,0 +1,84 @@
+"""Which stdio server to start: one entry of an MCP client configuration file.
+
+CortexFS defines no configuration format of its own (§10): it reads the one MCP clients
+share, a JSON object whose ``mcpServers`` (or ``servers``) maps a server name to
+``{"command": str, "args": [str], "env": {str: str}, "cwd": str}``.  Only stdio servers —
+entries with a ``command`` — can be projected (M-1); an entry with a ``url`` or another
+``type`` is refused.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from cortexfs.errors import invalid, not_found
+from cortexfs.names import object_name_problem
+
+MAX_CONFIG_BYTES = 1024 * 1024
+
+
+class ServerSpec(NamedTuple):
+    """How to start one stdio server."""
+
+    name: str
+    command: str
+    args: tuple[str, ...]
+    env: Mapping[str, str]
+    cwd: str | None
+
+
+def load_server(config_path: Path, name: str) -> ServerSpec:
+    """Server ``name`` of the configuration at ``config_path``; EINVAL or ENOENT saying why
+    it cannot be started."""
+    problem = object_name_problem(name)
+    if problem:
+        raise invalid(f"server name {name!r}: {problem}; a projected tool is named <server>.<tool>")
+    servers = _servers(_read(config_path), config_path)
+    if name not in servers:
+        known = ", ".join(sorted(servers)) or "none"
+        raise not_found(f"{config_path} has no server {name!r} (servers: {known})")
+    return _spec(name, servers[name], config_path)
+
+
+def _read(config_path: Path) -> Any:
+    try:
+        with open(config_path, "rb") as config:
+            data = config.read(MAX_CONFIG_BYTES + 1)
+    except OSError as exc:
+        raise invalid(f"cannot read {config_path}: {exc.strerror}") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise invalid(f"{config_path} is larger than {MAX_CONFIG_BYTES} bytes")
+    try:
+        return json.loads(data)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise invalid(f"{config_path} is not JSON: {exc}") from None
+
+
+def _servers(document: Any, where: Path) -> dict[str, Any]:
+    if isinstance(document, dict):
+        for key in ("mcpServers", "servers"):
+            if isinstance(document.get(key), dict):
+                return document[key]
+    raise invalid(f"{where} has no 'mcpServers' object mapping server names to their commands")
+
+
+def _spec(name: str, entry: Any, where: Path) -> ServerSpec:
+    place = f"{where}: server {name!r}"
+    if not isinstance(entry, dict):
+        raise invalid(f"{place} is not an object")
+    if "url" in entry or entry.get("type", "stdio") != "stdio":
+        raise invalid(f"{place} is not a stdio server; ctxmcp projects stdio servers only (M-1)")
+    command, args = entry.get("command"), entry.get("args", [])
+    env, cwd = entry.get("env", {}), entry.get("cwd")
+    if not isinstance(command, str) or not command:
+        raise invalid(f"{place}: 'command' must be a non-empty string")
+    if not (isinstance(args, list) and all(isinstance(arg, str) for arg in args)):
+        raise invalid(f"{place}: 'args' must be a list of strings")
+    if not (isinstance(env, dict) and all(isinstance(v, str) for v in env.values())):
+        raise invalid(f"{place}: 'env' must map names to strings")
+    if cwd is not None and not isinstance(cwd, str):
+        raise invalid(f"{place}: 'cwd' must be a string")
+    return ServerSpec(name, command, tuple(args), dict(env), cwd)

@@ -1,0 +1,58 @@
+"""A stdio MCP server whose answers a test scripts, for what no published server does:
+negotiate a draft or future version, offer tools with illegal names, crash, fall silent.
+
+Usage: python scripted_server.py SCRIPT.json — the script's keys:
+  version    the protocolVersion to answer initialize with (absent: echo the client's)
+  tools      the tools, served in pages of ``page`` (default: all in one page)
+  record     a file to append every message received to, one JSON line each
+  behaviour  "normal", "exit" (exit 3 at once, after a line on stderr) or "silent"
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+
+def main() -> int:
+    with open(sys.argv[1]) as f:
+        script = json.load(f)
+    behaviour = script.get("behaviour", "normal")
+    if behaviour == "exit":
+        print("scripted failure: no such API key", file=sys.stderr)
+        return 3
+    tools = script.get("tools", [])
+    page = script.get("page") or max(1, len(tools))
+    for line in sys.stdin:
+        message = json.loads(line)
+        if script.get("record"):
+            with open(script["record"], "a") as record:
+                record.write(json.dumps(message) + "\n")
+        if behaviour == "silent":
+            time.sleep(3600)
+        if "id" not in message:
+            continue
+        method, params = message["method"], message.get("params", {})
+        if method == "initialize":
+            version = script.get("version", params.get("protocolVersion"))
+            result = {"protocolVersion": version, "capabilities": {"tools": {}}}
+            result["serverInfo"] = {"name": "scripted", "version": "1"}
+            if version is None:
+                del result["protocolVersion"]
+        elif method == "tools/list":
+            start = int(params.get("cursor", 0))
+            result = {"tools": tools[start : start + page]}
+            if start + page < len(tools):
+                result["nextCursor"] = str(start + page)
+        else:
+            reply = {"jsonrpc": "2.0", "id": message["id"]}
+            reply["error"] = {"code": -32601, "message": f"no method {method}"}
+            print(json.dumps(reply), flush=True)
+            continue
+        print(json.dumps({"jsonrpc": "2.0", "id": message["id"], "result": result}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,287 @@
+"""``ctxmcp list`` and ``ctxmcp project`` against real stdio servers (SPEC §10, M-1..M-4).
+
+The main path runs the published ``mcp-server-time`` (PyPI); what no published server does —
+negotiating a draft version, offering illegal names, crashing, falling silent — is played by
+``scripted_server.py``, a real process speaking the same protocol.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cortexfs.mcp import ACCEPTED_VERSIONS, ANNOUNCED_VERSION
+from tests.support.cli import ctx
+
+TIME_SERVER = Path(sys.executable).with_name("mcp-server-time")
+SCRIPTED = Path(__file__).with_name("scripted_server.py")
+SECRET = "s3cret-token-never-copied"
+RUNTIME_CONFIG = "/workspace/.mcp.json"
+
+
+def ctxmcp(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", "from cortexfs.cli.ctxmcp import main; main()", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=cwd,
+    )
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> Path:
+    """A client configuration with the real time server, a scripted one and a remote one."""
+    path = tmp_path / "mcp.json"
+    path.write_text(
+        json.dumps(
+            {
+                "mcpServers": {
+                    "time": {
+                        "command": str(TIME_SERVER),
+                        "args": ["--local-timezone", "Etc/UTC"],
+                        "env": {"API_TOKEN": SECRET},
+                    },
+                    "remote": {"type": "http", "url": "https://mcp.example.com/"},
+                }
+            }
+        )
+    )
+    return path
+
+
+def scripted(tmp_path: Path, name: str = "fake", **script: Any) -> Path:
+    """A configuration whose server ``name`` follows ``script``."""
+    script_path = tmp_path / f"{name}.script.json"
+    script_path.write_text(json.dumps(script))
+    path = tmp_path / f"{name}.mcp.json"
+    entry = {"command": sys.executable, "args": [str(SCRIPTED), str(script_path)]}
+    path.write_text(json.dumps({"mcpServers": {name: entry}}))
+    return path
+
+
+def tool(name: str, schema: object = None) -> dict[str, Any]:
+    return {
+        "name": name,
+        "description": f"does {name}",
+        "inputSchema": {"type": "object"} if schema is None else schema,
+    }
+
+
+# ------------------------------------------------------------------- a published server
+
+
+def test_list_names_each_tool_as_server_dot_tool(config: Path) -> None:
+    listed = ctxmcp("list", "--config", str(config), "--server", "time")
+
+    assert listed.returncode == 0, listed.stderr
+    names = [line.split("\t")[0] for line in listed.stdout.splitlines()]
+    assert names == ["time.get_current_time", "time.convert_time"]
+
+
+def test_list_json_reports_the_negotiated_session(config: Path) -> None:
+    listed = ctxmcp("list", "--config", str(config), "--server", "time", "--json")
+
+    report = json.loads(listed.stdout)
+    assert report["protocolVersion"] in ACCEPTED_VERSIONS
+    assert report["serverInfo"]["name"]
+    assert {entry["name"] for entry in report["tools"]} == {
+        "time.get_current_time",
+        "time.convert_time",
+    }
+
+
+def test_project_writes_candidates_that_ctx_object_check_accepts(
+    config: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "candidates"
+    storage = tmp_path / "storage"
+
+    done = ctxmcp(
+        "project", "--config", str(config), "--runtime-config", RUNTIME_CONFIG,
+        "--server", "time", "--out", str(out),
+    )  # fmt: skip
+
+    assert done.returncode == 0, done.stderr
+    files = sorted(path.name for path in out.iterdir())
+    assert files == ["time.convert_time.manifest.json", "time.get_current_time.manifest.json"]
+    manifest = json.loads((out / "time.get_current_time.manifest.json").read_text())
+    assert manifest["mcp"] == {
+        "transport": "stdio",
+        "config": RUNTIME_CONFIG,
+        "server": "time",
+        "tool": "get_current_time",
+    }
+    assert manifest["cap"] == {"side_effects": False, "network": False}  # readOnly, closed world
+    assert manifest["schema"]["required"] == ["timezone"]
+    for path in out.iterdir():
+        checked = ctx(storage, "object", "check", str(path))
+        assert checked.returncode == 0, checked.stderr
+        text = path.read_text()
+        assert SECRET not in text and str(TIME_SERVER) not in text, "config copied (M-4)"
+    assert not storage.exists(), "ctxmcp and object check write nothing under the root"
+
+
+# --------------------------------------------------------------------------- refusals
+
+
+def test_only_stdio_servers_are_projected(config: Path) -> None:
+    refused = ctxmcp("list", "--config", str(config), "--server", "remote")
+
+    assert refused.returncode == 2
+    assert "ctxmcp: EINVAL" in refused.stderr and "stdio" in refused.stderr
+
+
+@pytest.mark.parametrize(
+    ("server", "config_text", "reason"),
+    [
+        ("absent", None, "ENOENT"),
+        ("time", "not json", "EINVAL"),
+        ("time", '{"servers": []}', "EINVAL"),
+        ("bad name", None, "EINVAL"),
+    ],
+)
+def test_an_unusable_configuration_or_server_name_is_a_usage_error(
+    config: Path, server: str, config_text: str | None, reason: str
+) -> None:
+    if config_text is not None:
+        config.write_text(config_text)
+
+    refused = ctxmcp("list", "--config", str(config), "--server", server)
+
+    assert refused.returncode == 2 and reason in refused.stderr
+
+
+def test_a_relative_runtime_config_is_refused_before_the_server_starts(tmp_path: Path) -> None:
+    record = tmp_path / "record.jsonl"
+    config = scripted(tmp_path, record=str(record), tools=[tool("t")])
+    out = tmp_path / "out"
+
+    refused = ctxmcp(
+        "project", "--config", str(config), "--runtime-config", ".mcp.json",
+        "--server", "fake", "--out", str(out),
+    )  # fmt: skip
+
+    assert refused.returncode == 2 and "absolute" in refused.stderr
+    assert not record.exists() and not out.exists()
+
+
+# ----------------------------------------------------------------- protocol versions (M-2)
+
+
+def test_the_client_announces_2025_11_25_and_then_says_it_is_initialised(tmp_path: Path) -> None:
+    record = tmp_path / "record.jsonl"
+    config = scripted(tmp_path, record=str(record), tools=[tool("t")])
+
+    assert ctxmcp("list", "--config", str(config), "--server", "fake").returncode == 0
+
+    messages = [json.loads(line) for line in record.read_text().splitlines()]
+    assert messages[0]["method"] == "initialize"
+    assert messages[0]["params"]["protocolVersion"] == ANNOUNCED_VERSION == "2025-11-25"
+    assert [m["method"] for m in messages[1:]] == ["notifications/initialized", "tools/list"]
+
+
+@pytest.mark.parametrize("version", ACCEPTED_VERSIONS)
+def test_every_stable_version_is_accepted(tmp_path: Path, version: str) -> None:
+    config = scripted(tmp_path, version=version, tools=[tool("t")])
+
+    listed = ctxmcp("list", "--config", str(config), "--server", "fake", "--json")
+
+    assert listed.returncode == 0, listed.stderr
+    assert json.loads(listed.stdout)["protocolVersion"] == version
+
+
+@pytest.mark.parametrize("version", ["2026-06-30", "DRAFT-2026-v1", "2024-10-07", "", None])
+def test_a_draft_unknown_or_future_version_is_refused(tmp_path: Path, version: str | None) -> None:
+    config = scripted(tmp_path, version=version, tools=[tool("t")])
+    out = tmp_path / "out"
+
+    refused = ctxmcp(
+        "project", "--config", str(config), "--runtime-config", RUNTIME_CONFIG,
+        "--server", "fake", "--out", str(out),
+    )  # fmt: skip
+
+    assert refused.returncode == 1
+    assert "EPROTO" in refused.stderr and "M-2" in refused.stderr
+    assert not out.exists()
+
+
+# ---------------------------------------------------------------------- names (M-3)
+
+
+def test_illegal_names_and_schemas_are_reported_and_skipped(tmp_path: Path) -> None:
+    tools = [
+        tool("search_issues"),
+        tool("has space"),
+        tool("a/b"),
+        tool("x" * 60),  # fake.xxx… is longer than 64 bytes
+        tool("bad_schema", {"type": "no-such-type"}),
+    ]
+    config = scripted(tmp_path, tools=tools, page=2)  # three pages
+    out = tmp_path / "out"
+
+    done = ctxmcp(
+        "project", "--config", str(config), "--runtime-config", RUNTIME_CONFIG,
+        "--server", "fake", "--out", str(out), "--json",
+    )  # fmt: skip
+
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["written"] == [str(out / "fake.search_issues.manifest.json")]
+    skipped = {entry["tool"]: entry["problem"] for entry in report["skipped"]}
+    assert set(skipped) == {"has space", "a/b", "x" * 60, "bad_schema"}
+    assert "M-3" in skipped["has space"] and "64" in skipped["x" * 60]
+    assert "JSON Schema" in skipped["bad_schema"]
+    assert [p.name for p in out.iterdir()] == ["fake.search_issues.manifest.json"]
+
+
+# ------------------------------------------------------------------ failing servers
+
+
+def test_a_server_that_exits_is_reported_with_its_stderr(tmp_path: Path) -> None:
+    config = scripted(tmp_path, behaviour="exit")
+
+    refused = ctxmcp("list", "--config", str(config), "--server", "fake")
+
+    assert refused.returncode == 1
+    assert "EIO" in refused.stderr and "no such API key" in refused.stderr
+
+
+def test_a_silent_server_times_out_and_is_killed(tmp_path: Path) -> None:
+    config = scripted(tmp_path, behaviour="silent")
+
+    refused = ctxmcp("list", "--config", str(config), "--server", "fake", "--timeout", "1")
+
+    assert refused.returncode == 1 and "ETIMEDOUT" in refused.stderr
+    leftover = subprocess.run(
+        ["pgrep", "-f", str(tmp_path / "fake.script.json")], capture_output=True, text=True
+    )
+    assert leftover.stdout == "", "the server's process group outlived ctxmcp"
+
+
+def test_a_command_that_cannot_start_is_named(tmp_path: Path) -> None:
+    config = tmp_path / "mcp.json"
+    config.write_text(json.dumps({"mcpServers": {"gone": {"command": "/nonexistent/server"}}}))
+
+    refused = ctxmcp("list", "--config", str(config), "--server", "gone")
+
+    assert refused.returncode == 1 and "/nonexistent/server" in refused.stderr
+
+
+def test_ctxmcp_writes_nothing_but_the_candidates(config: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    before = set(os.listdir(tmp_path))
+
+    ctxmcp(
+        "project", "--config", str(config), "--runtime-config", RUNTIME_CONFIG,
+        "--server", "time", "--out", str(out),
+    )  # fmt: skip
+
+    assert set(os.listdir(tmp_path)) - before == {"out"}
+    assert all(p.name.endswith(".manifest.json") for p in out.iterdir())
