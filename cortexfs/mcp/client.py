@@ -41,9 +41,18 @@ class StdioClient:
     """One session with a stdio server, as a context manager: started and initialised on
     entry; on exit its stdin is closed, then its process group is killed."""
 
-    def __init__(self, spec: ServerSpec, *, timeout: float = DEFAULT_TIMEOUT) -> None:
+    def __init__(
+        self,
+        spec: ServerSpec,
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        own_process_group: bool = True,
+    ) -> None:
         self.spec = spec
         self.timeout = timeout
+        # A session of its own for the server, killed whole at the end (ctxmcp); or a child
+        # in the caller's group, which whoever bounds the caller kills with it (a tool call).
+        self.own_process_group = own_process_group
         self.protocol_version = ""
         self.server_info: dict[str, Any] = {}
         self._ids = 0
@@ -61,7 +70,7 @@ class StdioClient:
                 stderr=self._stderr,
                 env={**os.environ, **self.spec.env},
                 cwd=self.spec.cwd,
-                start_new_session=True,
+                start_new_session=self.own_process_group,
             )
         except OSError as exc:
             self._stderr.close()
@@ -85,7 +94,10 @@ class StdioClient:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(timeout=2)  # a server may exit by itself at the end of its input
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(process.pid, signal.SIGKILL)
+                if self.own_process_group:
+                    os.killpg(process.pid, signal.SIGKILL)
+                else:
+                    process.kill()
             process.wait()
             assert process.stdout is not None
             process.stdout.close()

@@ -31,33 +31,35 @@ class ServerSpec(NamedTuple):
 
 
 def load_server(config_path: Path, name: str) -> ServerSpec:
-    """Server ``name`` of the configuration at ``config_path``; EINVAL or ENOENT saying why
-    it cannot be started."""
-    problem = object_name_problem(name)
-    if problem:
-        raise invalid(f"server name {name!r}: {problem}; a projected tool is named <server>.<tool>")
-    servers = _servers(_read(config_path), config_path)
-    if name not in servers:
-        known = ", ".join(sorted(servers)) or "none"
-        raise not_found(f"{config_path} has no server {name!r} (servers: {known})")
-    return _spec(name, servers[name], config_path)
-
-
-def _read(config_path: Path) -> Any:
+    """Server ``name`` of the configuration file at ``config_path``; EINVAL or ENOENT saying
+    why it cannot be started."""
     try:
         with open(config_path, "rb") as config:
             data = config.read(MAX_CONFIG_BYTES + 1)
     except OSError as exc:
         raise invalid(f"cannot read {config_path}: {exc.strerror}") from None
+    return parse_server(data, str(config_path), name)
+
+
+def parse_server(data: bytes, where: str, name: str) -> ServerSpec:
+    """Server ``name`` of the configuration ``data`` (read from ``where``)."""
+    problem = object_name_problem(name)
+    if problem:
+        raise invalid(f"server name {name!r}: {problem}; a projected tool is named <server>.<tool>")
     if len(data) > MAX_CONFIG_BYTES:
-        raise invalid(f"{config_path} is larger than {MAX_CONFIG_BYTES} bytes")
+        raise invalid(f"{where} is larger than {MAX_CONFIG_BYTES} bytes")
     try:
-        return json.loads(data)
+        document = json.loads(data)
     except (UnicodeDecodeError, ValueError) as exc:
-        raise invalid(f"{config_path} is not JSON: {exc}") from None
+        raise invalid(f"{where} is not JSON: {exc}") from None
+    servers = _servers(document, where)
+    if name not in servers:
+        known = ", ".join(sorted(servers)) or "none"
+        raise not_found(f"{where} has no server {name!r} (servers: {known})")
+    return _spec(name, servers[name], where)
 
 
-def _servers(document: Any, where: Path) -> dict[str, Any]:
+def _servers(document: Any, where: str) -> dict[str, Any]:
     if isinstance(document, dict):
         for key in ("mcpServers", "servers"):
             if isinstance(document.get(key), dict):
@@ -65,7 +67,7 @@ def _servers(document: Any, where: Path) -> dict[str, Any]:
     raise invalid(f"{where} has no 'mcpServers' object mapping server names to their commands")
 
 
-def _spec(name: str, entry: Any, where: Path) -> ServerSpec:
+def _spec(name: str, entry: Any, where: str) -> ServerSpec:
     place = f"{where}: server {name!r}"
     if not isinstance(entry, dict):
         raise invalid(f"{place} is not an object")

@@ -139,7 +139,15 @@ def all_tiers(root: Path, uid: int) -> list[Tier]:
 def install_manifest(
     root: Path, manifest: Manifest, tier: Tier, *, ops: durable.FsOps | None = None
 ) -> Installed:
-    """``ctx object install``: the manifest's tool, into ``tier``, replacing an older version."""
+    """``ctx object install``: the manifest's tool, into ``tier``, replacing an older version.
+
+    An MCP-backed tool's executable is the bridge built into ctx, which calls the tool its
+    ``mcp`` control locates (:mod:`cortexfs.tools.core.mcp_bridge`)."""
+    if manifest.mcp is not None:
+        from cortexfs.tools.core import launcher  # renders programs: only this case needs it
+
+        program, _ = launcher.program("mcp_bridge")
+        return install_tool(tier, manifest, program, ops=ops)
     return install_tool(tier, manifest, manifest.read_program(), ops=ops)
 
 

@@ -113,13 +113,10 @@ class Manifest:
         return files
 
     def read_program(self) -> bytes:
-        """The bytes of the ``exec`` program (ENOSYS for an MCP-backed tool)."""
+        """The bytes of the ``exec`` program; an MCP-backed tool has none (ENOSYS: it is
+        installed with the bridge built into ctx, see ``install_manifest``)."""
         if self.exec_path is None:
-            raise CtxError(
-                errno.ENOSYS,
-                f"{self.name} is MCP-backed; installing it needs the ctxmcp bridge (SPEC §10), "
-                "which this version does not have",
-            )
+            raise CtxError(errno.ENOSYS, f"{self.name} is MCP-backed: it has no program of its own")
         return self.exec_path.read_bytes()
 
 

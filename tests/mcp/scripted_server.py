@@ -6,11 +6,15 @@ Usage: python scripted_server.py SCRIPT.json — the script's keys:
   tools      the tools, served in pages of ``page`` (default: all in one page)
   record     a file to append every message received to, one JSON line each
   behaviour  "normal", "exit" (exit 3 at once, after a line on stderr) or "silent"
+
+tools/call echoes its arguments (and the uid it runs as); the tool named "fail" reports an
+error result.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 
@@ -40,6 +44,16 @@ def main() -> int:
             result["serverInfo"] = {"name": "scripted", "version": "1"}
             if version is None:
                 del result["protocolVersion"]
+        elif method == "tools/call" and params.get("name") == "fail":
+            text = "the remote tool failed on purpose"
+            result = {"content": [{"type": "text", "text": text}], "isError": True}
+        elif method == "tools/call":
+            arguments = params.get("arguments", {})
+            result = {
+                "content": [{"type": "text", "text": json.dumps(arguments)}],
+                "structuredContent": {"echo": arguments, "uid": os.getuid()},
+                "isError": False,
+            }
         elif method == "tools/list":
             start = int(params.get("cursor", 0))
             result = {"tools": tools[start : start + page]}

@@ -1,48 +1,35 @@
 """``ctx bootstrap`` for tools: the core tools, ``tool/tsh.d/config``, interrupted installs (R-5).
 
 Each core tool is installed through the ordinary lifecycle (:func:`cortexfs.tools.install.
-install_tool`) from its manifest in ``manifests/`` and a generated executable: a Python zip
-application (``#!<python> -IS`` followed by a zip archive) that carries the few modules the
-tool imports (:data:`BUNDLED`) and a ``__main__`` calling its ``run()``.  The tool is thus one
-self-contained file of the storage root: an agent uid needs to read nothing of the installed
-package, wherever (and however privately) it lives.  The archive is byte-for-byte the same for
-the same sources, so an unchanged tool is recognised as current.
-
-``-IS`` keeps the environment (``PYTHONPATH``, user site-packages) and site-packages out of the
-tool.  The interpreter must be one every agent uid can execute: this one when its whole path
-is world-executable, else the first world-executable ``python3`` (>= 3.11) on the system path.
-
-A core tool is reinstalled when it is missing, damaged, or differs from what this version
-would install; its policy, status, log and hooks are kept (:mod:`cortexfs.tools.pairs`).
-``tool/tsh.d/config`` is created with the defaults of H-4 when missing and never overwritten.
+install_tool`) from its manifest in ``manifests/`` and the self-contained launcher that
+:mod:`cortexfs.tools.core.launcher` renders.  A core tool is reinstalled when it is missing,
+damaged, or differs from what this version would install; its policy, status, log and hooks
+are kept (:mod:`cortexfs.tools.pairs`).  ``tool/tsh.d/config`` is created with the defaults of
+H-4 when missing and never overwritten.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import io
 import json
-import marshal
 import os
-import shutil
 import stat
-import subprocess
-import sys
 import tempfile
-import zipfile
 from pathlib import Path
 
-import cortexfs
 from cortexfs import durable, storage
 from cortexfs.errors import CtxError
 from cortexfs.tools.controls import ToolObject, layout_problems, read_control
 from cortexfs.tools.core import CORE_TOOLS, tsh_config
+from cortexfs.tools.core.launcher import (
+    bundled_modules,
+    core_interpreter,
+    package_parent,
+    render_launcher,
+)
 from cortexfs.tools.install import Tier, all_tiers, install_tool, parse_tier, repair_tier
 from cortexfs.tools.manifest import Manifest, parse_manifest
 
 MANIFESTS = Path(__file__).parent / "manifests"
-_SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"
-_MINIMUM_PYTHON = (3, 11)
 
 
 def bootstrap_tools(root: Path, source: Path | None, report: storage.BootstrapReport) -> None:
@@ -52,8 +39,7 @@ def bootstrap_tools(root: Path, source: Path | None, report: storage.BootstrapRe
     interpreter, problem = core_interpreter()
     if problem:
         report.problems.append(problem)
-    package_parent = Path(cortexfs.__file__).resolve().parent.parent
-    modules = bundled_modules(interpreter, package_parent)  # shared by every core tool
+    modules = bundled_modules(interpreter, package_parent())  # shared by every core tool
     system = parse_tier(root, "system")
     for name, module in CORE_TOOLS.items():
         launcher = render_launcher(interpreter, modules, module)
@@ -67,85 +53,6 @@ def core_manifest(name: str, exec_path: Path) -> Manifest:
     document = json.loads(path.read_text())
     document["exec"] = str(exec_path)
     return parse_manifest(document, source=path)
-
-
-# What a core tool imports: the standard library and these modules, nothing else.
-BUNDLED = (
-    "cortexfs/__init__.py",
-    "cortexfs/durable.py",
-    "cortexfs/errors.py",
-    "cortexfs/keyvalue.py",
-    "cortexfs/timefmt.py",
-    "cortexfs/tools/__init__.py",
-    "cortexfs/tools/core/__init__.py",
-    "cortexfs/tools/core/confine.py",
-    "cortexfs/tools/core/toolio.py",
-    *(f"cortexfs/tools/core/{module}.py" for module in sorted(set(CORE_TOOLS.values()))),
-)
-_ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)  # fixed entry times: the same sources, the same bytes
-
-
-def bundled_modules(interpreter: str, package_parent: Path) -> list[tuple[str, bytes]]:
-    """The archive entries of :data:`BUNDLED`: each module's source, and next to it its
-    bytecode when ``interpreter`` is the one running now (it compiles for its own version
-    only).  zipimport never writes bytecode, so without it every call would compile every
-    module again (tens of milliseconds).  The bytecode is hash-based and unchecked (PEP 552)
-    so that the archive stays the same bytes for the same sources; an interpreter of another
-    version ignores it and reads the source."""
-    with_bytecode = os.path.realpath(interpreter) == os.path.realpath(sys.executable)
-    entries = []
-    for name in BUNDLED:
-        source = (package_parent / name).read_bytes()
-        entries.append((name, source))
-        if with_bytecode:
-            entries.append((name + "c", _unchecked_bytecode(source, name)))
-    return entries
-
-
-def render_launcher(interpreter: str, modules: list[tuple[str, bytes]], module: str) -> bytes:
-    """A core tool as a self-contained zip application for ``interpreter``: the bundled
-    ``modules`` (:func:`bundled_modules`) and a ``__main__`` calling ``module``'s ``run()``."""
-    archive = io.BytesIO()
-    with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as bundle:
-        main = (
-            '"""CortexFS core tool, written by ctx bootstrap (SPEC R-5)."""\n'
-            f"import sys\nfrom cortexfs.tools.core.{module} import run\nsys.exit(run())\n"
-        )
-        for name, data in [("__main__.py", main.encode()), *modules]:
-            info = zipfile.ZipInfo(name, date_time=_ZIP_EPOCH)
-            info.external_attr = 0o644 << 16
-            info.compress_type = zipfile.ZIP_DEFLATED
-            bundle.writestr(info, data)
-    # -I: nothing from the environment (PYTHONPATH, user site); -S: no site-packages, whose
-    # .pth files would run code in every tool process.  One argument: a shebang passes one.
-    return f"#!{interpreter} -IS\n".encode() + archive.getvalue()
-
-
-def _unchecked_bytecode(source: bytes, name: str) -> bytes:
-    """A PEP 552 .pyc: magic, flags (hash-based, not checked), source hash, code."""
-    code = compile(source, name, "exec", dont_inherit=True)
-    flags = (0b01).to_bytes(4, "little")
-    return (
-        importlib.util.MAGIC_NUMBER
-        + flags
-        + importlib.util.source_hash(source)
-        + marshal.dumps(code)
-    )
-
-
-def core_interpreter() -> tuple[str, str]:
-    """A Python every uid can execute, and a problem sentence when there is none."""
-    own = os.path.realpath(sys.executable)
-    if _world_reachable(Path(own)):
-        return own, ""
-    for directory in _SYSTEM_PATH.split(":"):
-        candidate = shutil.which("python3", path=directory)
-        if candidate and _world_reachable(Path(candidate)) and _recent_enough(candidate):
-            return os.path.realpath(candidate), ""
-    return own, (
-        f"{own} is not executable by every user and no other python3 >= 3.11 was found; "
-        "core tools run only for users who can reach it"
-    )
 
 
 def _install_core_tool(
@@ -202,24 +109,6 @@ def _ensure_tsh_config(root: Path, report: storage.BootstrapReport) -> None:
             report.problems += [f"tool/{problem}" for problem in tsh_config.problems(text)]
     finally:
         ops.close(config_dir)
-
-
-def _world_reachable(path: Path) -> bool:
-    """Every directory above ``path`` is searchable and ``path`` readable/executable by others."""
-    try:
-        for directory in path.parents:
-            if not os.stat(directory).st_mode & stat.S_IXOTH:
-                return False
-        mode = os.stat(path).st_mode
-    except OSError:
-        return False
-    return bool(mode & (stat.S_IXOTH if stat.S_ISREG(mode) else stat.S_IROTH | stat.S_IXOTH))
-
-
-def _recent_enough(interpreter: str) -> bool:
-    check = f"import sys; sys.exit(sys.version_info < {_MINIMUM_PYTHON!r})"
-    completed = subprocess.run([interpreter, "-I", "-c", check], check=False, timeout=30)
-    return completed.returncode == 0
 
 
 storage.register_bootstrap_step(bootstrap_tools)

@@ -1,0 +1,158 @@
+"""MCP-backed tools installed and run like any tool, as a real agent (SPEC §10 M-4, T-3, P-6).
+
+``ctxmcp project`` writes the candidate, ``ctx object install`` installs it with the bridge,
+and the agent calls it through the whole authority chain.  The server runs as the agent: its
+configuration is read in the agent's view, so the agent must be able to read it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from cortexfs import storage
+from cortexfs.tools.install import install_manifest, parse_tier
+from cortexfs.tools.manifest import load_manifest
+from tests.mcp.test_ctxmcp import SCRIPTED, TIME_SERVER, ctxmcp, tool
+from tests.tools.support import World
+
+SYSTEM_PYTHON = "/usr/bin/python3"  # world-executable, unlike a venv under a private home
+
+
+def serve(world: World, *, config_dir: Path | None = None, **script: object) -> Path:
+    """A configuration in the agent's workspace (or ``config_dir``) whose server ``fake``
+    follows ``script``; the server's files are readable by the agent."""
+    directory = config_dir or world.workspace
+    shutil.copy(SCRIPTED, directory / "server.py")
+    (directory / "script.json").write_text(json.dumps(script))
+    config = directory / "mcp.json"
+    entry = {
+        "command": SYSTEM_PYTHON,
+        "args": [str(directory / "server.py"), str(directory / "script.json")],
+    }
+    config.write_text(json.dumps({"mcpServers": {"fake": entry}}))
+    for path in (directory / "server.py", directory / "script.json", config):
+        path.chmod(0o644)
+    return config
+
+
+def install_projected(world: World, config: Path, runtime_config: str, name: str) -> None:
+    out = world.scratch / "candidates"
+    done = ctxmcp(
+        "project", "--config", str(config), "--runtime-config", runtime_config,
+        "--server", "fake", "--out", str(out),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    manifest = load_manifest(out / f"{name}.manifest.json")
+    install_manifest(world.root, manifest, parse_tier(world.root, "system"))
+    world.allow_tool(name)
+
+
+@pytest.fixture
+def echo(world: World) -> World:
+    config = serve(world, tools=[tool("echo"), tool("fail")])
+    install_projected(world, config, "/workspace/mcp.json", "fake.echo")
+    install_projected(world, config, "/workspace/mcp.json", "fake.fail")
+    world.agent("coder", tools=["fake.echo", "fake.fail"])
+    return world
+
+
+def test_an_agent_calls_an_mcp_backed_tool_through_the_chain(echo: World) -> None:
+    result = echo.run("fake.echo", {"question": 42})
+
+    assert result.ok, result.error
+    assert result.output["structuredContent"]["echo"] == {"question": 42}
+    assert result.output["structuredContent"]["uid"] == echo.user.uid, "runs as the agent"
+    assert result.output["isError"] is False
+    assert [e["type"] for e in echo.events()][-2:] == ["tool_call", "tool_result"]
+
+
+def test_an_error_result_fails_the_call(echo: World) -> None:
+    result = echo.run("fake.fail", {})
+
+    assert not result.ok
+    assert result.output["error"] == "EREMOTEIO"
+    assert "failed on purpose" in result.output["message"]
+
+
+def test_the_tool_is_refused_without_the_agents_grant(echo: World) -> None:
+    echo.agent("other", tools=[])
+
+    result = echo.run("fake.echo", {}, agent="other")
+
+    assert not result.ok and result.error is not None and result.error.errno == 13  # EACCES
+
+
+def test_a_configuration_outside_the_agents_mounts_is_not_read(world: World) -> None:
+    elsewhere = world.scratch / "host-config"
+    elsewhere.mkdir()
+    config = serve(world, config_dir=elsewhere, tools=[tool("echo")])
+    install_projected(world, config, str(config), "fake.echo")
+    world.agent("coder", tools=["fake.echo"])
+
+    result = world.run("fake.echo", {})
+
+    assert not result.ok and result.output["error"] == "EACCES", result.output
+
+
+def test_a_symlinked_configuration_is_never_followed(world: World) -> None:
+    config = serve(world, tools=[tool("echo")])
+    (world.workspace / "link.json").symlink_to(config)
+    install_projected(world, config, "/workspace/link.json", "fake.echo")
+    world.agent("coder", tools=["fake.echo"])
+
+    result = world.run("fake.echo", {})
+
+    assert not result.ok and result.output["error"] == "ELOOP", result.output
+
+
+def test_a_timeout_kills_the_bridge_and_its_server(world: World) -> None:
+    config = serve(world, tools=[tool("echo")])
+    install_projected(world, config, "/workspace/mcp.json", "fake.echo")
+    (world.workspace / "script.json").write_text(json.dumps({"behaviour": "silent"}))
+    world.agent("coder", tools=["fake.echo"])
+
+    result = world.run("fake.echo", {}, timeout=2)
+
+    assert not result.ok and result.error is not None and "timed out" in str(result.error)
+    leftover = subprocess.run(
+        ["pgrep", "-f", str(world.workspace / "script.json")], capture_output=True, text=True
+    )
+    assert leftover.stdout == "", "the server outlived the call"
+
+
+def test_the_published_server_through_the_installed_bridge(tmp_path: Path) -> None:
+    """The real time server, called by the installed executable as a person would run it."""
+    root = tmp_path / "storage"
+    config = tmp_path / "mcp.json"
+    config.write_text(json.dumps({"mcpServers": {"time": {"command": str(TIME_SERVER)}}}))
+    out = tmp_path / "out"
+    done = ctxmcp(
+        "project", "--config", str(config), "--runtime-config", str(config),
+        "--server", "time", "--out", str(out),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    storage.bootstrap(root)
+    install_manifest(
+        root, load_manifest(out / "time.get_current_time.manifest.json"), parse_tier(root, "system")
+    )
+    executable = root / "tool" / "time.get_current_time"
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("CTX_")}
+
+    native = subprocess.run(
+        [str(executable), '{"timezone": "Asia/Tokyo"}'],
+        capture_output=True, text=True, env={**environment, "CTX_MODE": "native"}, timeout=60,
+    )  # fmt: skip
+    text = subprocess.run(
+        [str(executable), '{"timezone": "Etc/UTC"}'],
+        capture_output=True, text=True, env=environment, timeout=60,
+    )  # fmt: skip
+
+    assert native.returncode == 0, native.stderr
+    assert json.loads(native.stdout)["structuredContent"]["timezone"] == "Asia/Tokyo"
+    assert text.returncode == 0 and '"timezone": "Etc/UTC"' in text.stdout
