@@ -18,7 +18,7 @@ import pytest
 from cortexfs import storage
 from cortexfs.tools.install import install_manifest, parse_tier
 from cortexfs.tools.manifest import load_manifest
-from tests.mcp.test_ctxmcp import SCRIPTED, TIME_SERVER, ctxmcp, tool
+from tests.mcp.test_ctxmcp import SCRIPTED, TIME_SERVER, ctxmcp, processes_running, tool
 from tests.tools.support import World
 
 SYSTEM_PYTHON = "/usr/bin/python3"  # world-executable, unlike a venv under a private home
@@ -120,10 +120,7 @@ def test_a_timeout_kills_the_bridge_and_its_server(world: World) -> None:
     result = world.run("fake.echo", {}, timeout=2)
 
     assert not result.ok and result.error is not None and "timed out" in str(result.error)
-    leftover = subprocess.run(
-        ["pgrep", "-f", str(world.workspace / "script.json")], capture_output=True, text=True
-    )
-    assert leftover.stdout == "", "the server outlived the call"
+    assert processes_running(world.workspace / "script.json") == [], "the server outlived the call"
 
 
 def test_the_published_server_through_the_installed_bridge(tmp_path: Path) -> None:

@@ -66,6 +66,22 @@ def scripted(tmp_path: Path, name: str = "fake", **script: Any) -> Path:
     return path
 
 
+def processes_running(argument: Path) -> list[int]:
+    """The live processes whose command line holds ``argument`` (zombies are not running)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if not entry.name.isdigit() or str(argument).encode() not in (
+                (entry / "cmdline").read_bytes()
+            ):
+                continue
+            if (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
 def tool(name: str, schema: object = None) -> dict[str, Any]:
     return {
         "name": name,
@@ -259,10 +275,7 @@ def test_a_silent_server_times_out_and_is_killed(tmp_path: Path) -> None:
     refused = ctxmcp("list", "--config", str(config), "--server", "fake", "--timeout", "1")
 
     assert refused.returncode == 1 and "ETIMEDOUT" in refused.stderr
-    leftover = subprocess.run(
-        ["pgrep", "-f", str(tmp_path / "fake.script.json")], capture_output=True, text=True
-    )
-    assert leftover.stdout == "", "the server's process group outlived ctxmcp"
+    assert processes_running(tmp_path / "fake.script.json") == [], "the server outlived ctxmcp"
 
 
 def test_a_command_that_cannot_start_is_named(tmp_path: Path) -> None:

@@ -28,11 +28,10 @@ from typing import Any
 
 from cortexfs.errors import CtxError
 from cortexfs.mcp.client import StdioClient
-from cortexfs.mcp.config import ServerSpec, parse_server
+from cortexfs.mcp.config import MAX_CONFIG_BYTES, ServerSpec, parse_server
 from cortexfs.tools.core import confine
 from cortexfs.tools.core.toolio import Reply, ToolFailure, main
 
-MAX_CONFIG_BYTES = 1024 * 1024
 LOCATOR_KEYS = ("transport", "config", "server", "tool")
 
 
@@ -87,8 +86,6 @@ def call(locator: dict[str, str], request: dict[str, Any], native: bool) -> Repl
 
 def _server(locator: dict[str, str]) -> ServerSpec:
     data = read_config(locator["config"])
-    if len(data) > MAX_CONFIG_BYTES:
-        raise ToolFailure(errno.EFBIG, f"{locator['config']} is larger than {MAX_CONFIG_BYTES}")
     try:
         return parse_server(data, locator["config"], locator["server"])
     except CtxError as exc:
