@@ -9,12 +9,13 @@ entries with a ``command`` — can be projected (M-1); an entry with a ``url`` o
 
 from __future__ import annotations
 
+import errno
 import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from cortexfs.errors import invalid, not_found
+from cortexfs.errors import CtxError, invalid, not_found
 from cortexfs.names import object_name_problem
 
 MAX_CONFIG_BYTES = 1024 * 1024
@@ -37,7 +38,8 @@ def load_server(config_path: Path, name: str) -> ServerSpec:
         with open(config_path, "rb") as config:
             data = config.read(MAX_CONFIG_BYTES + 1)
     except OSError as exc:
-        raise invalid(f"cannot read {config_path}: {exc.strerror}") from None
+        reason = f"cannot read {config_path}: {exc.strerror}"
+        raise CtxError(exc.errno or errno.EIO, reason) from None
     return parse_server(data, str(config_path), name)
 
 
