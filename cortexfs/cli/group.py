@@ -18,6 +18,8 @@ COMMANDS = {
     "shared": "cortexfs.cli.shared:shared",
     "man": "cortexfs.cli.man:man",
     "tool": "cortexfs.cli.tool:tool",
+    "mount": "cortexfs.cli.mount:mount",
+    "umount": "cortexfs.cli.mount:umount",
 }
 
 

@@ -1,0 +1,74 @@
+"""``ctx mount`` and ``ctx umount``: the storage root at a mount point, with FUSE (SPEC F-1)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import click
+
+from cortexfs.cli.common import (
+    handles_errors,
+    object_name_argument,
+    resolve_storage,
+    storage_option,
+)
+from cortexfs.errors import CtxError, invalid
+
+
+@click.command("mount")
+@click.argument("mountpoint", type=click.Path(file_okay=False, path_type=Path))
+@click.option(
+    "--as", "agent", metavar="AGENT", help="Show the view of AGENT (T-5), not the host's."
+)
+@storage_option
+@handles_errors
+def mount(mountpoint: Path, agent: str | None, storage_dir: Path | None) -> None:
+    """Mount the storage root at MOUNTPOINT (an empty directory) as the root ABI.
+
+    \\b
+    Runs in the foreground until SIGTERM or SIGINT ('ctx mount /ctx &' to go on), or until
+    'ctx umount MOUNTPOINT'; either way it unmounts cleanly.  Without --as it shows the
+    storage root as it is.  With --as AGENT it shows what AGENT's effective authority lets
+    it see: only the tools the whole chain lets it execute, its own agent entry and home,
+    the shared spaces its policy lets it read (and the manual bundle), the models it may
+    use; writes only in its home and in spaces it may write.  The kernel applies the mode
+    bits to each calling process on top.  fsync through the mount is fsync of the file
+    behind it.  Needs the 'fuse' extra (pyfuse3) and /dev/fuse.
+    """
+    from cortexfs.fuse.projection import AgentProjection, Projection
+
+    root = resolve_storage(storage_dir)
+    if not (root / "tool").is_dir():
+        raise invalid(f"{root} is not a storage root; create it with 'ctx bootstrap'")
+    if not mountpoint.is_dir() or any(mountpoint.iterdir()):
+        raise invalid(f"{mountpoint} must be an existing, empty directory")
+    projection = (
+        Projection()
+        if agent is None
+        else AgentProjection(root, object_name_argument(agent, "agent"))
+    )
+    try:
+        from cortexfs.fuse.mount import serve
+    except ImportError as exc:
+        reason = f"FUSE support is not installed (the 'fuse' extra): {exc}"
+        raise CtxError(errno.ENOSYS, reason) from None
+    serve(root, mountpoint, projection, allow_other=os.geteuid() == 0)
+
+
+@click.command("umount")
+@click.argument("mountpoint", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@handles_errors
+def umount(mountpoint: Path) -> None:
+    """Unmount a storage root mounted with 'ctx mount'; its process then exits."""
+    if not os.path.ismount(mountpoint):
+        raise invalid(f"{mountpoint} is not a mount point")
+    command = ["fusermount3", "-u", str(mountpoint)]
+    if shutil.which("fusermount3") is None:
+        command = ["umount", str(mountpoint)]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise CtxError(errno.EBUSY, f"cannot unmount {mountpoint}: {done.stderr.strip()}")

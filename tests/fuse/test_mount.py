@@ -1,0 +1,202 @@
+"""``ctx mount`` and ``ctx umount`` on a real FUSE mount (SPEC F-1, T-5, R-2).
+
+Needs root (the mount serves other uids), /dev/fuse and pyfuse3 (the 'fuse' extra); the
+suite says which is missing when it skips.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from tests.support.users import UnprivilegedUser
+from tests.tools.support import World
+
+try:
+    import pyfuse3
+except ImportError:  # pragma: no cover - depends on the machine
+    pyfuse3 = None
+
+pytestmark = [
+    pytest.mark.skipif(os.geteuid() != 0, reason="a mount for other uids needs root"),
+    pytest.mark.skipif(not os.path.exists("/dev/fuse"), reason="no /dev/fuse on this machine"),
+    pytest.mark.skipif(pyfuse3 is None, reason="pyfuse3 (the 'fuse' extra) is not installed"),
+]
+
+ROOT_ABI = ["agent", "bin", "home", "model", "shared", "tool"]
+DOCS = "cortexfs-docs"  # the manual bundle: every agent sees it
+
+
+@contextmanager
+def mounted(root: Path, mountpoint: Path, *args: str) -> Iterator[subprocess.Popen[str]]:
+    """``ctx mount`` running in the background until the block ends (then SIGTERM)."""
+    mountpoint.mkdir(exist_ok=True)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "cortexfs", "--storage", str(root), "mount", *args, str(mountpoint)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 30
+    while not os.path.ismount(mountpoint):
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline, "the mount did not appear"
+        time.sleep(0.05)
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+        process.communicate(timeout=30)
+        assert not os.path.ismount(mountpoint), "still mounted after the process ended"
+
+
+def as_user(user: UnprivilegedUser, script: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["setpriv", f"--reuid={user.uid}", f"--regid={user.gid}", "--clear-groups",
+         "sh", "-c", script],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+
+
+def tree(root: Path) -> dict[str, int]:
+    return {str(p): p.lstat().st_mtime_ns for p in root.rglob("*")}
+
+
+# ------------------------------------------------------------------------- the host view
+
+
+def test_the_host_view_is_the_root_abi_and_passes_writes_through(world: World) -> None:
+    mountpoint = world.scratch / "ctx"
+    home = world.root / "home" / "0"
+    home.mkdir(exist_ok=True)
+    with mounted(world.root, mountpoint) as process:
+        assert sorted(os.listdir(mountpoint)) == ROOT_ABI
+        assert (mountpoint / "tool" / "tsh.d" / "config").read_text().startswith("# tsh")
+        target = mountpoint / "home" / "0" / "notes.txt"
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o640)
+        os.write(fd, b"through the mount\n")
+        os.fsync(fd)  # durable behind the mount once this returns (F-1)
+        os.close(fd)
+        assert (home / "notes.txt").read_text() == "through the mount\n"
+        os.rename(target, mountpoint / "home" / "0" / "renamed.txt")
+        (mountpoint / "home" / "0" / "dir").mkdir()
+        (mountpoint / "home" / "0" / "dir").rmdir()
+        assert sorted(os.listdir(home)) == ["renamed.txt"]
+        (mountpoint / "home" / "0" / "renamed.txt").unlink()
+        assert os.listdir(home) == []
+    assert process.returncode == 0, process.stderr
+
+
+def test_ctx_umount_ends_the_mount_cleanly(world: World) -> None:
+    mountpoint = world.scratch / "ctx"
+    with mounted(world.root, mountpoint) as process:
+        done = subprocess.run(
+            [sys.executable, "-m", "cortexfs", "umount", str(mountpoint)],
+            capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        process.wait(timeout=30)
+        assert process.returncode == 0, process.stderr
+
+
+def test_a_mount_point_in_use_is_refused(world: World) -> None:
+    busy = world.scratch / "busy"
+    busy.mkdir()
+    (busy / "file").write_text("x")
+
+    refused = subprocess.run(
+        [sys.executable, "-m", "cortexfs", "--storage", str(world.root), "mount", str(busy)],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+
+    assert refused.returncode == 1 and "empty directory" in refused.stderr
+
+
+# ------------------------------------------------------------------------ an agent's view
+
+
+@pytest.fixture
+def coder(world: World) -> World:
+    world.agent("coder", tools=["fs.stat"], shared={"team": ["read", "write"], "audit": ["read"]})
+    world.allow_tool("fs.stat")
+    # (the bundle exists already when this process has registered its bootstrap step)
+    for space, mode in (("team", 0o777), ("audit", 0o777), ("secret", 0o777), (DOCS, 0o755)):
+        (world.root / "shared" / space).mkdir(mode=mode, exist_ok=True)
+        (world.root / "shared" / space).chmod(mode)
+    (world.root / "home" / str(world.user.uid)).mkdir(mode=0o700)
+    os.chown(world.root / "home" / str(world.user.uid), world.user.uid, world.user.gid)
+    return world
+
+
+def test_an_agent_sees_only_what_its_authority_lets_it(coder: World) -> None:
+    mountpoint = coder.scratch / "ctx"
+    before = tree(coder.root)
+    with mounted(coder.root, mountpoint, "--as", "coder"):
+        assert sorted(os.listdir(mountpoint)) == ROOT_ABI
+        assert sorted(os.listdir(mountpoint / "tool")) == ["fs.stat", "fs.stat.d", "tsh.d"]
+        assert sorted(os.listdir(mountpoint / "agent")) == ["coder", "coder.d"]
+        assert os.listdir(mountpoint / "home") == [str(coder.user.uid)]
+        assert sorted(os.listdir(mountpoint / "shared")) == ["audit", "cortexfs-docs", "team"]
+        with pytest.raises(FileNotFoundError):
+            (mountpoint / "tool" / "shell.exec").stat()
+        with pytest.raises(FileNotFoundError):
+            (mountpoint / "shared" / "secret").stat()
+    assert tree(coder.root) == before, "authorisation wrote nothing (T-5)"
+
+
+def test_an_agent_writes_only_where_its_policy_and_the_modes_allow(coder: World) -> None:
+    mountpoint = coder.scratch / "ctx"
+    uid = coder.user.uid
+    with mounted(coder.root, mountpoint, "--as", "coder"):
+        wrote = as_user(
+            coder.user,
+            f"echo mine > {mountpoint}/home/{uid}/a && echo ours > {mountpoint}/shared/team/b",
+        )
+        assert wrote.returncode == 0, wrote.stderr
+        for forbidden in ("shared/audit/c", "tool/new-tool", "agent/coder.d/policy"):
+            refused = as_user(coder.user, f"echo x >> {mountpoint}/{forbidden}")
+            assert refused.returncode != 0, forbidden
+            assert "Permission denied" in refused.stderr, refused.stderr
+    created = coder.root / "home" / str(uid) / "a"
+    assert created.read_text() == "mine\n"
+    assert (created.stat().st_uid, created.stat().st_gid) == (uid, coder.user.gid)
+    assert (coder.root / "shared" / "team" / "b").read_text() == "ours\n"
+    assert not (coder.root / "shared" / "audit" / "c").exists()
+    assert not (coder.root / "tool" / "new-tool").exists()
+
+
+def test_a_revoked_tool_disappears_from_the_view(coder: World) -> None:
+    mountpoint = coder.scratch / "ctx"
+    policy = coder.root / "tool" / "fs.stat.d" / "policy"
+    with mounted(coder.root, mountpoint, "--as", "coder"):
+        assert "fs.stat" in os.listdir(mountpoint / "tool")
+        policy.write_text("")  # the tool's own half of P-6 is gone
+        time.sleep(1.5)  # the kernel keeps an answer for a second at most
+        assert "fs.stat" not in os.listdir(mountpoint / "tool")
+        with pytest.raises(OSError) as gone:
+            (mountpoint / "tool" / "fs.stat").stat()
+        assert gone.value.errno == errno.ENOENT
+
+
+def test_an_unknown_agent_is_refused_before_anything_is_mounted(world: World) -> None:
+    mountpoint = world.scratch / "ctx"
+    mountpoint.mkdir()
+
+    refused = subprocess.run(
+        [sys.executable, "-m", "cortexfs", "--storage", str(world.root), "mount",
+         "--as", "ghost", str(mountpoint)],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+
+    assert refused.returncode == 1 and "ENOENT" in refused.stderr
+    assert not os.path.ismount(mountpoint)
