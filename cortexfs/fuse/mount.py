@@ -9,15 +9,17 @@ the mount is ``fsync`` on the file or directory behind it: once it returns, a wr
 mount is as durable as the same write made directly.
 
 Inodes are the storage root's own numbers (the root is :data:`pyfuse3.ROOT_INODE`); each is
-remembered with the path it was last looked up by.
+remembered with the path it was last looked up by.  Paths are never given to the kernel whole:
+see :meth:`StorageFS._parent`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pyfuse3
@@ -36,12 +38,52 @@ class StorageFS(pyfuse3.Operations):
         super().__init__()
         self.root = root
         self.projection = projection
+        self._root_fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         self._parts: dict[int, tuple[str, ...]] = {pyfuse3.ROOT_INODE: ()}
 
     # ------------------------------------------------------------------------- names
+    #
+    # The daemon runs as root for every viewer, so no path is ever handed to the kernel
+    # whole: each is walked one component at a time from the root's descriptor with
+    # O_NOFOLLOW, and the last component is used through its parent's descriptor.  A
+    # directory swapped for a symbolic link between two requests cannot redirect the daemon
+    # outside the storage root (ELOOP/ENOTDIR instead).
 
-    def _path(self, parts: Sequence[str]) -> str:
-        return os.path.join(self.root, *parts)
+    @contextlib.contextmanager
+    def _parent(self, parts: Sequence[str]) -> Iterator[int]:
+        """A descriptor of the directory holding ``parts[-1]``, walked without links."""
+        fd = os.open(".", _WALK, dir_fd=self._root_fd)
+        try:
+            for name in parts[:-1]:
+                child = _call(os.open, name, _WALK | os.O_NOFOLLOW, dir_fd=fd)
+                os.close(fd)
+                fd = child
+            yield fd
+        finally:
+            os.close(fd)
+
+    @contextlib.contextmanager
+    def _opened(self, parts: Sequence[str], flags: int, mode: int = 0o777) -> Iterator[int]:
+        """``parts`` opened with ``flags`` (never through a link), closed at the end."""
+        fd = self._open(parts, flags, mode)
+        try:
+            yield fd
+        finally:
+            os.close(fd)
+
+    def _open(self, parts: Sequence[str], flags: int, mode: int = 0o777) -> int:
+        if not parts:
+            return _call(os.open, ".", flags, dir_fd=self._root_fd)
+        with self._parent(parts) as parent:
+            return _call(
+                os.open, parts[-1], flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=parent
+            )
+
+    def _lstat(self, parts: Sequence[str]) -> os.stat_result:
+        if not parts:
+            return _call(os.fstat, self._root_fd)
+        with self._parent(parts) as parent:
+            return _call(os.stat, parts[-1], dir_fd=parent, follow_symlinks=False)
 
     def _parts_of(self, inode: int) -> tuple[str, ...]:
         try:
@@ -63,10 +105,7 @@ class StorageFS(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EACCES)
 
     def _attributes(self, parts: tuple[str, ...]) -> pyfuse3.EntryAttributes:
-        try:
-            status = os.lstat(self._path(parts))
-        except OSError as exc:
-            raise pyfuse3.FUSEError(exc.errno or errno.EIO) from None
+        status = self._lstat(parts)
         inode = pyfuse3.ROOT_INODE if not parts else status.st_ino
         self._parts[inode] = parts
         attributes = pyfuse3.EntryAttributes()
@@ -92,17 +131,19 @@ class StorageFS(pyfuse3.Operations):
         return self._attributes(self._parts_of(inode))
 
     async def readlink(self, inode, ctx):  # type: ignore[no-untyped-def]
-        return _call(os.readlink, os.fsencode(self._path(self._parts_of(inode))))
+        parts = self._parts_of(inode)
+        with self._parent(parts) as parent:
+            return os.fsencode(_call(os.readlink, parts[-1], dir_fd=parent))
 
     async def opendir(self, inode, ctx):  # type: ignore[no-untyped-def]
-        parts = self._parts_of(inode)
-        if not stat.S_ISDIR(_call(os.lstat, self._path(parts)).st_mode):
+        if not stat.S_ISDIR(self._lstat(self._parts_of(inode)).st_mode):
             raise pyfuse3.FUSEError(errno.ENOTDIR)
         return inode
 
     async def readdir(self, fh, start_id, token):  # type: ignore[no-untyped-def]
         parts = self._parts_of(fh)
-        names = sorted(_call(os.listdir, self._path(parts)))
+        with self._opened(parts, _LIST) as directory:
+            names = sorted(_call(os.listdir, directory))
         for index, name in enumerate(names[start_id:], start=start_id):
             child = (*parts, name)
             if not self.projection.visible(child):
@@ -121,14 +162,13 @@ class StorageFS(pyfuse3.Operations):
         parts = self._parts_of(inode)
         if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND):
             self._writable(parts)
-        fd = _call(os.open, self._path(parts), (flags & ~os.O_CREAT) | os.O_NOFOLLOW)
-        return pyfuse3.FileInfo(fh=fd)
+        return pyfuse3.FileInfo(fh=self._open(parts, flags & ~os.O_CREAT))
 
     async def read(self, fh, off, size):  # type: ignore[no-untyped-def]
         return _call(os.pread, fh, size, off)
 
     async def statfs(self, ctx):  # type: ignore[no-untyped-def]
-        status = _call(os.statvfs, self.root)
+        status = _call(os.statvfs, self._root_fd)
         data = pyfuse3.StatvfsData()
         for field in ("f_bsize", "f_frsize", "f_blocks", "f_bfree", "f_bavail"):
             setattr(data, field, getattr(status, field))
@@ -145,11 +185,8 @@ class StorageFS(pyfuse3.Operations):
         _call(os.fdatasync if datasync else os.fsync, fh)
 
     async def fsyncdir(self, fh, datasync):  # type: ignore[no-untyped-def]
-        fd = _call(os.open, self._path(self._parts_of(fh)), os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            _call(os.fsync, fd)
-        finally:
-            os.close(fd)
+        with self._opened(self._parts_of(fh), _LIST) as directory:
+            _call(os.fsync, directory)
 
     async def flush(self, fh):  # type: ignore[no-untyped-def]
         return None
@@ -159,29 +196,29 @@ class StorageFS(pyfuse3.Operations):
 
     async def create(self, parent_inode, name, mode, flags, ctx):  # type: ignore[no-untyped-def]
         parts = self._child_to_make(parent_inode, name)
-        fd = _call(os.open, self._path(parts), flags | os.O_CREAT | os.O_NOFOLLOW, mode)
+        fd = self._open(parts, flags | os.O_CREAT, mode)
         self._give(fd, ctx)
         return pyfuse3.FileInfo(fh=fd), self._attributes(parts)
 
     async def mkdir(self, parent_inode, name, mode, ctx):  # type: ignore[no-untyped-def]
         parts = self._child_to_make(parent_inode, name)
-        _call(os.mkdir, self._path(parts), mode)
-        fd = _call(os.open, self._path(parts), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-        try:
-            self._give(fd, ctx)
-        finally:
-            os.close(fd)
+        with self._parent(parts) as parent:
+            _call(os.mkdir, parts[-1], mode, dir_fd=parent)
+        with self._opened(parts, _LIST) as directory:
+            self._give(directory, ctx)
         return self._attributes(parts)
 
     async def unlink(self, parent_inode, name, ctx):  # type: ignore[no-untyped-def]
         parts = self._child(parent_inode, name)
         self._writable(parts)
-        _call(os.unlink, self._path(parts))
+        with self._parent(parts) as parent:
+            _call(os.unlink, parts[-1], dir_fd=parent)
 
     async def rmdir(self, parent_inode, name, ctx):  # type: ignore[no-untyped-def]
         parts = self._child(parent_inode, name)
         self._writable(parts)
-        _call(os.rmdir, self._path(parts))
+        with self._parent(parts) as parent:
+            _call(os.rmdir, parts[-1], dir_fd=parent)
 
     async def rename(  # type: ignore[no-untyped-def]
         self, parent_old, name_old, parent_new, name_new, flags, ctx
@@ -191,38 +228,48 @@ class StorageFS(pyfuse3.Operations):
         self._writable(old)
         if flags & pyfuse3.RENAME_EXCHANGE:
             raise pyfuse3.FUSEError(errno.EINVAL)
-        if flags & pyfuse3.RENAME_NOREPLACE and os.path.lexists(self._path(new)):
-            raise pyfuse3.FUSEError(errno.EEXIST)
-        _call(os.rename, self._path(old), self._path(new))
+        with self._parent(old) as source, self._parent(new) as target:
+            if flags & pyfuse3.RENAME_NOREPLACE and _exists(target, new[-1]):
+                raise pyfuse3.FUSEError(errno.EEXIST)
+            _call(os.rename, old[-1], new[-1], src_dir_fd=source, dst_dir_fd=target)
 
     async def setattr(self, inode, attr, fields, fh, ctx):  # type: ignore[no-untyped-def]
         parts = self._parts_of(inode)
         self._writable(parts)
-        path = self._path(parts)
         if fields.update_size:
-            _call(os.truncate, path if fh is None else fh, attr.st_size)
+            if fh is not None:
+                _call(os.truncate, fh, attr.st_size)
+            else:
+                with self._opened(parts, os.O_WRONLY | os.O_NONBLOCK) as file:
+                    _call(os.truncate, file, attr.st_size)
         if fields.update_mode:
-            _call(os.chmod, path, stat.S_IMODE(attr.st_mode), follow_symlinks=False)
-        if fields.update_uid or fields.update_gid:
-            uid = attr.st_uid if fields.update_uid else -1
-            gid = attr.st_gid if fields.update_gid else -1
-            _call(os.chown, path, uid, gid, follow_symlinks=False)
-        if fields.update_atime or fields.update_mtime:
-            status = _call(os.lstat, path)
-            atime = attr.st_atime_ns if fields.update_atime else status.st_atime_ns
-            mtime = attr.st_mtime_ns if fields.update_mtime else status.st_mtime_ns
-            _call(os.utime, path, ns=(atime, mtime), follow_symlinks=False)
+            # chmod has no "do not follow" on Linux: change the inode the descriptor holds.
+            with self._opened(parts, os.O_PATH) as handle:
+                _call(os.chmod, f"/proc/self/fd/{handle}", stat.S_IMODE(attr.st_mode))
+        with self._parent(parts) as parent:
+            if fields.update_uid or fields.update_gid:
+                uid = attr.st_uid if fields.update_uid else -1
+                gid = attr.st_gid if fields.update_gid else -1
+                _call(os.chown, parts[-1], uid, gid, dir_fd=parent, follow_symlinks=False)
+            if fields.update_atime or fields.update_mtime:
+                status = self._lstat(parts)
+                atime = attr.st_atime_ns if fields.update_atime else status.st_atime_ns
+                mtime = attr.st_mtime_ns if fields.update_mtime else status.st_mtime_ns
+                _call(os.utime, parts[-1], ns=(atime, mtime), dir_fd=parent, follow_symlinks=False)
         return self._attributes(parts)
 
     def _child_to_make(
         self, parent: int, name: bytes, *, existing_ok: bool = False
     ) -> tuple[str, ...]:
-        parts = (*self._parts_of(parent), os.fsdecode(name))
-        if os.fsdecode(name) in (".", "..") or not self.projection.visible(parts):
+        text = os.fsdecode(name)
+        parts = (*self._parts_of(parent), text)
+        if text in (".", "..") or "/" in text or not self.projection.visible(parts):
             raise pyfuse3.FUSEError(errno.EACCES)
         self._writable(parts)
-        if not existing_ok and os.path.lexists(self._path(parts)):
-            raise pyfuse3.FUSEError(errno.EEXIST)
+        if not existing_ok:
+            with self._parent(parts) as directory:
+                if _exists(directory, text):
+                    raise pyfuse3.FUSEError(errno.EEXIST)
         return parts
 
     def _give(self, fd: int, ctx: pyfuse3.RequestContext) -> None:
@@ -231,12 +278,24 @@ class StorageFS(pyfuse3.Operations):
             _call(os.fchown, fd, ctx.uid, ctx.gid)
 
 
+_WALK = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
+_LIST = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
 def _call(function, *args, **kwargs):  # type: ignore[no-untyped-def]
     """An OS call whose failure the kernel should see as the same errno."""
     try:
         return function(*args, **kwargs)
     except OSError as exc:
         raise pyfuse3.FUSEError(exc.errno or errno.EIO) from None
+
+
+def _exists(directory: int, name: str) -> bool:
+    try:
+        os.stat(name, dir_fd=directory, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def serve(root: Path, mountpoint: Path, projection: Projection, *, allow_other: bool) -> None:
