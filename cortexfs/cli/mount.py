@@ -29,7 +29,7 @@ from cortexfs.errors import CtxError, invalid
 def mount(mountpoint: Path, agent: str | None, storage_dir: Path | None) -> None:
     """Mount the storage root at MOUNTPOINT (an empty directory) as the root ABI.
 
-    \\b
+    \b
     Runs in the foreground until SIGTERM or SIGINT ('ctx mount /ctx &' to go on), or until
     'ctx umount MOUNTPOINT'; either way it unmounts cleanly.  Without --as it shows the
     storage root as it is.  With --as AGENT it shows what AGENT's effective authority lets

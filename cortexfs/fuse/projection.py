@@ -23,6 +23,7 @@ are the host's.  The kernel then applies the mode bits to the agent's uid on top
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -32,6 +33,7 @@ from cortexfs.policy import check_tool_execute
 from cortexfs.storage import DOCS_BUNDLE, ROOT_ENTRIES
 
 Parts = Sequence[str]
+FRESH_SECONDS = 1.0  # as long as the kernel may keep an answer (mount.ENTRY_TIMEOUT)
 
 
 class Projection:
@@ -49,8 +51,18 @@ class AgentProjection(Projection):
 
     def __init__(self, root: Path, agent: str) -> None:
         self.root = root
-        self.view = AgentView.load(root, agent)
-        self._uid = str(self.view.identity.uid)
+        self.agent = agent
+        self._view = AgentView.load(root, agent)  # ENOENT now, not at the first lookup
+        self._loaded_at = time.monotonic()
+
+    @property
+    def view(self) -> AgentView:
+        """The agent's controls, read again once they are a second old: a rule added to or
+        removed from its policy shows in the view as soon as the kernel asks again."""
+        if time.monotonic() - self._loaded_at >= FRESH_SECONDS:
+            self._view = AgentView.load(self.root, self.agent)
+            self._loaded_at = time.monotonic()
+        return self._view
 
     def visible(self, parts: Parts) -> bool:
         if not super().visible(parts):
@@ -63,9 +75,9 @@ class AgentProjection(Projection):
         if top == "tool":
             return name == "tsh.d" or self._may_execute(name.removesuffix(".d"))
         if top == "agent":
-            return name.removesuffix(".d") == self.view.name
+            return name.removesuffix(".d") == self.agent
         if top == "home":
-            return name == self._uid
+            return name == str(self.view.identity.uid)
         if top == "shared":
             return name == DOCS_BUNDLE or self.view.allows("shared", name, "read")
         if top == "model":
@@ -86,7 +98,7 @@ class AgentProjection(Projection):
         removed from a policy hides the tool at once, not at the next mount."""
         if not is_object_name(tool):
             return False
-        return check_tool_execute(self.root, self.view.name, tool, None).allowed
+        return check_tool_execute(self.root, self.agent, tool, None).allowed
 
     def _may_use(self, provider: str, model: str) -> bool:
         return self.view.allows("model", f"{provider}/{model}", "use")

@@ -188,6 +188,17 @@ def test_a_revoked_tool_disappears_from_the_view(coder: World) -> None:
         assert gone.value.errno == errno.ENOENT
 
 
+def test_a_space_dropped_from_the_agents_policy_disappears_from_the_view(coder: World) -> None:
+    mountpoint = coder.scratch / "ctx"
+    policy = coder.root / "agent" / "coder.d" / "policy"
+    with mounted(coder.root, mountpoint, "--as", "coder"):
+        assert "audit" in os.listdir(mountpoint / "shared")
+        kept = [line for line in policy.read_text().splitlines() if "shared:audit" not in line]
+        policy.write_text("\n".join(kept) + "\n")
+        time.sleep(1.5)  # the agent's controls are read again once a second old
+        assert sorted(os.listdir(mountpoint / "shared")) == ["cortexfs-docs", "team"]
+
+
 def test_an_unknown_agent_is_refused_before_anything_is_mounted(world: World) -> None:
     mountpoint = world.scratch / "ctx"
     mountpoint.mkdir()
