@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import pwd
+import select
+import signal
+import socket
 import sys
+import termios
+import time
+import tty
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -17,14 +27,19 @@ from cortexfs.cli.common import (
     fail_with_problems,
     handles_errors,
     json_option,
+    object_name_argument,
     resolve_storage,
     storage_option,
     usage_problem,
 )
-from cortexfs.errors import invalid
+from cortexfs.errors import CtxError, invalid, not_found
 from cortexfs.policy import Identity
+from cortexfs.shared.sessions import DEFAULT_SESSION
 
 STDIN = "-"
+
+if TYPE_CHECKING:
+    from cortexfs.agents.terminal import Terminal
 
 
 @click.group()
@@ -150,3 +165,178 @@ def _lookup_user(user: str) -> pwd.struct_passwd | None:
         if user.isdigit():
             return None
         raise usage_problem(invalid(f"no such user: {user!r}")) from None
+
+
+# ------------------------------------------------------------------------ the terminal (§8)
+
+_SESSION = click.option(
+    "--session", default=DEFAULT_SESSION, show_default=True, help="The terminal's session."
+)
+_DETACH = b"\x1d"  # Ctrl-]
+
+
+@agent.command()
+@click.argument("name")
+@_SESSION
+@storage_option
+@json_option
+@handles_errors
+def start(name: str, session: str, storage_dir: Path | None, as_json: bool) -> None:
+    """Start NAME's terminal: tsh in a sandbox, on a PTY that ctxterm owns (SPEC A-1).
+
+    \b
+    The sandbox (bubblewrap) shows /ctx as NAME's view of the storage root (ctx mount
+    --as NAME), NAME's visible mounts at their targets, and the system's /usr read-only;
+    tsh runs there as NAME's uid and runs only CortexFS tools, each through the whole
+    authority chain and recorded in the session.  Prints the terminal socket; watch with
+    'ctx agent watch NAME --session S', join with 'ctx agent attach', end with 'exit' in
+    tsh or 'ctx agent stop'.  Needs root, bubblewrap and the 'fuse' extra.
+    """
+    from cortexfs.agents.host import require_host_administrator
+    from cortexfs.agents.terminal import Terminal, terminal_link
+
+    root = resolve_storage(storage_dir)
+    name = object_name_argument(name, "agent")
+    session = object_name_argument(session, "session")
+    require_host_administrator(root, "start an agent")
+    terminal = Terminal(root, name, session)
+    terminal.prepare()
+    _daemonize(terminal)
+    facts = {
+        "agent": name,
+        "session": session,
+        "socket": str(terminal_link(terminal.session)),
+        "run_socket": str(terminal.main_socket),
+    }
+    if as_json:
+        emit_json(facts)
+        return
+    click.echo(f"started {name}, session {session}: {facts['socket']}")
+    click.echo(f"watch: ctx agent watch {name} --session {session}   join: ctx agent attach …")
+
+
+@agent.command()
+@click.argument("name")
+@_SESSION
+@storage_option
+@handles_errors
+def stop(name: str, session: str, storage_dir: Path | None) -> None:
+    """End NAME's terminal: tsh is killed, the view unmounted, the sockets removed."""
+    run_dir = _run_dir(resolve_storage(storage_dir), name, session)
+    try:
+        pid = int((run_dir / "pid").read_text())
+    except (OSError, ValueError):
+        raise not_found(f"no terminal of {name} in session {session} is running") from None
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 30
+    while run_dir.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if run_dir.exists():
+        raise CtxError(errno.EBUSY, f"the terminal of {name} (pid {pid}) did not stop")
+
+
+@agent.command()
+@click.argument("name")
+@_SESSION
+@storage_option
+@handles_errors
+def watch(name: str, session: str, storage_dir: Path | None) -> None:
+    """Watch NAME's terminal: its output, read-only (A-2, the observe-first default).
+
+    Ctrl-C stops watching; the terminal goes on."""
+    with (
+        _connect(resolve_storage(storage_dir), name, session, b"watch") as connection,
+        contextlib.suppress(KeyboardInterrupt),
+    ):
+        _relay(connection, write=False)
+
+
+@agent.command()
+@click.argument("name")
+@_SESSION
+@storage_option
+@handles_errors
+def attach(name: str, session: str, storage_dir: Path | None) -> None:
+    """Join NAME's terminal: see its output and type into it (A-2).
+
+    What you type reaches tsh as if the agent typed it.  Ctrl-] detaches; the terminal
+    goes on."""
+    with _connect(resolve_storage(storage_dir), name, session, b"attach") as connection:
+        _relay(connection, write=True)
+
+
+def _run_dir(root: Path, name: str, session: str) -> Path:
+    from cortexfs.agents.terminal import run_directory
+
+    view = AgentView.load(root, object_name_argument(name, "agent"))
+    return run_directory(view.identity.uid, view.name, object_name_argument(session, "session"))
+
+
+@contextlib.contextmanager
+def _connect(root: Path, name: str, session: str, mode: bytes) -> Iterator[socket.socket]:
+    path = _run_dir(root, name, session) / "main.sock"
+    connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        connection.connect(str(path))
+    except OSError:
+        connection.close()
+        raise not_found(f"no terminal of {name} in session {session} is running") from None
+    with connection:
+        connection.sendall(mode + b"\n")
+        yield connection
+
+
+def _relay(connection: socket.socket, *, write: bool) -> None:
+    """Terminal output to stdout; with ``write``, stdin to the terminal (raw on a tty)."""
+    stdin = sys.stdin.fileno()
+    raw = write and os.isatty(stdin)
+    saved = termios.tcgetattr(stdin) if raw else None
+    if raw:
+        tty.setraw(stdin)
+    try:
+        while True:
+            readable = [connection] + ([stdin] if write else [])
+            ready, _, _ = select.select(readable, [], [])
+            if connection in ready:
+                data = connection.recv(65536)
+                if not data:
+                    return
+                os.write(sys.stdout.fileno(), data)
+            if stdin in ready:
+                data = os.read(stdin, 4096)
+                if not data or _DETACH in data:
+                    return
+                connection.sendall(data)
+    finally:
+        if saved is not None:
+            termios.tcsetattr(stdin, termios.TCSADRAIN, saved)
+
+
+def _daemonize(terminal: Terminal) -> None:
+    """Leave ``terminal`` running in a process of its own; return once it listens."""
+    ready_read, ready_write = os.pipe()
+    child = os.fork()
+    if child == 0:
+        os.close(ready_read)
+        os.setsid()
+        if os.fork() != 0:
+            os._exit(0)
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(devnull, fd)
+        try:
+            terminal.start()
+            (terminal.run_dir / "pid").write_text(str(os.getpid()))
+        except BaseException as exc:  # reported to the parent, then this process ends
+            os.write(ready_write, f"{exc}".encode() or b"failed")
+            terminal.close()
+            os._exit(1)
+        os.write(ready_write, b"")
+        os.close(ready_write)
+        os._exit(terminal.serve())
+    os.close(ready_write)
+    os.waitpid(child, 0)
+    with os.fdopen(ready_read, "rb") as ready:
+        answer = ready.read()
+    if answer:
+        raise CtxError(errno.EIO, f"the terminal did not start: {answer.decode(errors='replace')}")

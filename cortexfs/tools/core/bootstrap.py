@@ -45,6 +45,33 @@ def bootstrap_tools(root: Path, source: Path | None, report: storage.BootstrapRe
         launcher = render_launcher(interpreter, modules, module)
         _install_core_tool(system, name, launcher, report)
     _ensure_tsh_config(root, report)
+    _install_program(root, "bin/tsh", render_launcher(interpreter, modules, "tsh"), report)
+
+
+def _install_program(
+    root: Path, where: str, program: bytes, report: storage.BootstrapReport
+) -> None:
+    """``bin/<name>``: a program of the root ABI (H-1), replaced whole when it differs."""
+    path = root / where
+    try:
+        current = path.read_bytes() if not path.is_symlink() else None
+    except FileNotFoundError:
+        current = None
+    if current == program and os.access(path, os.X_OK):
+        return
+    if path.is_symlink() or (path.exists() and not path.is_file()):
+        report.problems.append(f"{where}: not a regular file; left untouched")
+        return
+    ops = durable.default_ops()
+    directory = durable.open_dir_path(ops, str(path.parent))
+    try:
+        temporary = f".{path.name}.{os.urandom(6).hex()}.tmp"
+        durable.write_file_synced(ops, directory, temporary, program, 0o755)
+        os.chmod(temporary, 0o755, dir_fd=directory)
+        durable.replace_synced(ops, directory, temporary, directory, path.name)
+    finally:
+        ops.close(directory)
+    (report.created if current is None else report.repaired).append(where)
 
 
 def core_manifest(name: str, exec_path: Path) -> Manifest:

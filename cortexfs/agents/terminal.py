@@ -1,0 +1,370 @@
+"""The agent terminal: ``ctxterm`` owns a PTY, runs ``tsh`` in a sandbox, and lets the host
+watch or join it (SPEC A-1, A-2, H-1, T-5).
+
+:class:`Terminal` is the process ``ctx agent start`` leaves running, as root:
+
+* **The view.**  The agent's ``/ctx`` is ``ctx mount --as AGENT`` (the projection of T-5),
+  mounted privately; the sandbox (bubblewrap) sees it at ``/ctx``, the agent's visible mounts
+  at their targets, the system's ``/usr`` read-only, and nothing else of the host.
+* **The shell.**  ``/ctx/bin/tsh`` runs there as the agent's uid, gid and groups, with the PTY
+  as its controlling terminal, ``CTX_PATH`` from the agent's policy and mounts, and the run
+  socket at ``/run/ctx/run.sock``.
+* **The run socket.**  tsh hands each command line over it with its stdin, stdout and stderr
+  (``SCM_RIGHTS``); the terminal checks the peer is the agent's uid and runs the tool with
+  :func:`~cortexfs.tools.runner.run_terminal` in a child process — the whole authority chain,
+  hooks, the tool's log and the session's events, as ``ctx run`` — then answers with the
+  exit status.
+* **The terminal socket** (A-2).  A client sends one mode line, then raw PTY bytes flow:
+  ``watch`` reads the output only, ``attach`` also writes its input to the PTY.  A new client
+  first gets the last :data:`SCROLLBACK` bytes.  The socket lives in
+  ``/run/cortexfs/terminal/<uid>/<agent>/<session>/main.sock`` (root's, mode 0700 directories)
+  and the session directory's ``terminal/main.sock`` is a symlink to it.
+
+When tsh exits, or on SIGTERM, the terminal closes its clients, unmounts the view and removes
+its sockets.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import selectors
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import termios
+import time
+from pathlib import Path
+
+from cortexfs.agents.view import AgentView
+from cortexfs.errors import CtxError, invalid
+from cortexfs.shared.sessions import SessionRef
+
+RUN_BASE = Path("/run/cortexfs/terminal")
+SCROLLBACK = 64 * 1024
+SANDBOX_RUN_SOCKET = "/run/ctx/run.sock"
+MODES = (b"watch", b"attach")
+_MAX_REQUEST = 1024 * 1024
+_SYSTEM_DIRS = ("/usr", "/etc")
+
+
+def run_directory(uid: int, agent: str, session: str) -> Path:
+    return RUN_BASE / str(uid) / agent / session
+
+
+def terminal_link(session: SessionRef) -> Path:
+    return session.path / "terminal" / "main.sock"
+
+
+class Terminal:
+    """One agent terminal, from start to cleanup."""
+
+    def __init__(self, root: Path, agent: str, session: str) -> None:
+        self.root = root
+        self.view = AgentView.load(root, agent)
+        self.session = SessionRef.home(root, self.view.identity.uid, agent, session)
+        self.run_dir = run_directory(self.view.identity.uid, agent, session)
+        self.main_socket = self.run_dir / "main.sock"
+        self.run_socket = self.run_dir / "run.sock"
+        self.view_dir = self.run_dir / "ctx"
+        self.selector = selectors.DefaultSelector()
+        self.clients: dict[socket.socket, bytes | None] = {}  # mode, None until its line
+        self.scrollback = b""
+        self.master = -1
+        self.shell: subprocess.Popen[bytes] | None = None
+        self.mount: subprocess.Popen[bytes] | None = None
+        self.stopping = False
+        self.calls: set[int] = set()  # children running a tool for tsh
+
+    # ------------------------------------------------------------------- starting
+
+    def prepare(self) -> None:
+        """Everything that can fail, before anything is left running: EINVAL/EEXIST."""
+        if os.geteuid() != 0:
+            raise CtxError(1, "an agent terminal is started by root (it sets up a sandbox)")
+        if shutil.which("bwrap") is None:
+            raise invalid("bubblewrap (bwrap) is not installed; the terminal runs in its sandbox")
+        if not os.access(self.root / "bin" / "tsh", os.X_OK):
+            raise invalid(f"{self.root}/bin/tsh is missing; run 'ctx bootstrap'")
+        if self.main_socket.exists():
+            raise CtxError(17, f"session {self.session.name} of {self.view.name} is running")
+        self.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        for parent in self.run_dir.parents:
+            if parent == RUN_BASE.parent:
+                break
+            parent.chmod(0o700)
+        self.session.path.mkdir(parents=True, exist_ok=True)
+
+    def start(self) -> None:
+        self._mount_view()
+        self._listen()
+        self._spawn_shell()
+        link = terminal_link(self.session)
+        link.parent.mkdir(exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            link.unlink()
+        link.symlink_to(self.main_socket)
+
+    def _mount_view(self) -> None:
+        self.view_dir.mkdir(mode=0o700, exist_ok=True)
+        self.mount = subprocess.Popen(
+            [sys.executable, "-m", "cortexfs", "--storage", str(self.root), "mount",
+             "--as", self.view.name, str(self.view_dir)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        deadline = time.monotonic() + 30
+        while not os.path.ismount(self.view_dir):
+            if self.mount.poll() is not None or time.monotonic() > deadline:
+                raise CtxError(5, f"the view of {self.view.name} could not be mounted")
+            time.sleep(0.05)
+
+    def _listen(self) -> None:
+        for path, handler in (
+            (self.main_socket, self._accept_client),
+            (self.run_socket, self._run),
+        ):
+            listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            listener.bind(str(path))
+            listener.listen(16)
+            listener.setblocking(False)
+            self.selector.register(listener, selectors.EVENT_READ, handler)
+        self.run_socket.chmod(0o666)  # reached only from the sandbox; the peer uid is checked
+        self.main_socket.chmod(0o600)
+
+    def _spawn_shell(self) -> None:
+        self.master, slave = os.openpty()
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
+        identity = self.view.identity
+        groups = ",".join(str(g) for g in sorted(identity.groups))
+        environment = {
+            "PATH": "/usr/bin:/bin",
+            "HOME": "/workspace" if self._workspace() else "/",
+            "TERM": os.environ.get("TERM", "xterm-256color"),
+            "LANG": "C.UTF-8",
+            "CTX_AGENT": self.view.name,
+            "CTX_SESSION": self.session.name,
+            "CTX_PATH": self.view.ctx_path(),
+            "CTX_RUN_SOCKET": SANDBOX_RUN_SOCKET,
+        }
+        command = [
+            "bwrap", "--die-with-parent", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
+            "--hostname", f"{self.view.name}", "--proc", "/proc", "--dev", "/dev",
+            "--tmpfs", "/tmp", "--tmpfs", "/run",
+            *_system_binds(),
+            "--bind", str(self.view_dir), "/ctx",
+            "--perms", "0755", "--dir", os.path.dirname(SANDBOX_RUN_SOCKET),
+            "--bind", str(self.run_socket), SANDBOX_RUN_SOCKET,
+            *self._mount_binds(),
+            "--chdir", "/workspace" if self._workspace() else "/",
+            "setpriv", f"--reuid={identity.uid}", f"--regid={identity.gid}",
+            f"--groups={groups}" if groups else "--clear-groups",
+            "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs",
+            "--", "/ctx/bin/tsh",
+        ]  # fmt: skip
+        self.shell = subprocess.Popen(
+            command,
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            env=environment,
+            start_new_session=True,
+            preexec_fn=_take_terminal,
+        )
+        os.close(slave)
+        os.set_blocking(self.master, False)
+        self.selector.register(self.master, selectors.EVENT_READ, self._shell_output)
+
+    def _workspace(self) -> bool:
+        return any(str(m.target) == "/workspace" for m in self.view.visible_mounts())
+
+    def _mount_binds(self) -> list[str]:
+        binds = []
+        for mount in self.view.visible_mounts():
+            if str(mount.target) == "/ctx":
+                continue  # the projection, not the raw root
+            binds += [
+                "--bind" if mount.writable else "--ro-bind",
+                str(mount.source),
+                str(mount.target),
+            ]
+        return binds
+
+    # ------------------------------------------------------------------- serving
+
+    def serve(self) -> int:
+        """Relay until tsh exits or SIGTERM; then clean up.  tsh's exit status."""
+        signal.signal(signal.SIGTERM, lambda *_: setattr(self, "stopping", True))
+        signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes select() to reap
+        try:
+            while not self.stopping:
+                for key, _ in self.selector.select(timeout=0.2):
+                    key.data(key.fileobj)
+                self._reap()
+                assert self.shell is not None
+                if self.shell.poll() is not None:
+                    self._drain()
+                    break
+        finally:
+            self.close()
+        assert self.shell is not None
+        return self.shell.returncode or 0
+
+    def _shell_output(self, _: object) -> None:
+        try:
+            data = os.read(self.master, 65536)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:  # EIO: the shell side is closed
+            self.selector.unregister(self.master)
+            return
+        if data:
+            self.scrollback = (self.scrollback + data)[-SCROLLBACK:]
+            for client, mode in list(self.clients.items()):
+                if mode is not None:
+                    self._send(client, data)
+
+    def _drain(self) -> None:
+        with contextlib.suppress(OSError, KeyError, ValueError):
+            self._shell_output(None)
+
+    def _accept_client(self, listener: socket.socket) -> None:
+        client, _ = listener.accept()
+        client.setblocking(False)
+        self.clients[client] = None
+        self.selector.register(client, selectors.EVENT_READ, self._client_input)
+
+    def _client_input(self, client: socket.socket) -> None:
+        try:
+            data = client.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._drop(client)
+            return
+        mode = self.clients[client]
+        if mode is None:
+            line, _, rest = data.partition(b"\n")
+            if line.strip() not in MODES:
+                self._send(client, b"ctxterm: expected 'watch' or 'attach' on the first line\n")
+                self._drop(client)
+                return
+            self.clients[client] = mode = line.strip()
+            self._send(client, self.scrollback)
+            data = rest
+        if mode == b"attach" and data:
+            with contextlib.suppress(OSError):
+                os.write(self.master, data)
+
+    def _send(self, client: socket.socket, data: bytes) -> None:
+        try:
+            client.setblocking(True)
+            client.settimeout(2)
+            client.sendall(data)
+            client.setblocking(False)
+        except OSError:
+            self._drop(client)
+
+    def _drop(self, client: socket.socket) -> None:
+        with contextlib.suppress(KeyError, ValueError):
+            self.selector.unregister(client)
+        self.clients.pop(client, None)
+        client.close()
+
+    def _run(self, listener: socket.socket) -> None:
+        """One command line from tsh: run it as the agent in a child, answer its status."""
+        connection, _ = listener.accept()
+        connection.setblocking(True)
+        descriptors: list[int] = []
+        try:
+            peer_uid = struct.unpack("3i", connection.getsockopt(
+                socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))[1]  # fmt: skip
+            message, ancillary, _, _ = connection.recvmsg(_MAX_REQUEST, socket.CMSG_SPACE(12))
+            for level, kind, data in ancillary:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    descriptors += list(struct.unpack(f"{len(data) // 4}i", data))
+            if peer_uid != self.view.identity.uid or len(descriptors) != 3:
+                raise invalid("a run request comes from the agent's tsh, with its three streams")
+            request = json.loads(message)
+            tool, argv = request["tool"], [str(arg) for arg in request["argv"]]
+        except (OSError, ValueError, KeyError, TypeError, CtxError):
+            for fd in descriptors:
+                os.close(fd)
+            connection.close()
+            return
+        pid = os.fork()
+        if pid == 0:  # the child: this call only
+            try:
+                status = self._run_tool(tool, argv, descriptors)
+                connection.sendall(json.dumps({"exit_status": status}).encode() + b"\n")
+            finally:
+                os._exit(0)
+        self.calls.add(pid)
+        for fd in descriptors:
+            os.close(fd)
+        connection.close()
+
+    def _run_tool(self, tool: str, argv: list[str], descriptors: list[int]) -> int:
+        from cortexfs.tools.runner import run_terminal
+
+        for target, fd in enumerate(descriptors):
+            os.dup2(fd, target)
+            os.close(fd)
+        sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115 (the child's own streams)
+        sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        result = run_terminal(self.root, self.view.name, tool, argv, session=self.session)
+        if result.exit_status is None and result.error is not None:
+            print(f"tsh: {tool}: {result.error}", file=sys.stderr, flush=True)
+            return 126
+        return result.exit_status or 0
+
+    def _reap(self) -> None:
+        """Collect the calls that have ended (the shell and the view are Popen's to reap)."""
+        for pid in list(self.calls):
+            with contextlib.suppress(ChildProcessError):
+                if os.waitpid(pid, os.WNOHANG)[0] == 0:
+                    continue
+            self.calls.discard(pid)
+
+    # ------------------------------------------------------------------- stopping
+
+    def close(self) -> None:
+        for client in list(self.clients):
+            self._drop(client)
+        if self.shell is not None and self.shell.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.shell.pid, signal.SIGKILL)
+            self.shell.wait()
+        if self.mount is not None and self.mount.poll() is None:
+            self.mount.send_signal(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.mount.wait(timeout=10)
+        with contextlib.suppress(FileNotFoundError):
+            terminal_link(self.session).unlink()
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+
+
+def _system_binds() -> list[str]:
+    binds = []
+    for directory in _SYSTEM_DIRS:
+        binds += ["--ro-bind", directory, directory]
+    for link in ("bin", "lib", "lib64", "sbin"):
+        target = f"/{link}"
+        if os.path.islink(target):
+            binds += ["--symlink", os.readlink(target), target]
+        elif os.path.isdir(target):
+            binds += ["--ro-bind", target, target]
+    return binds
+
+
+def _take_terminal() -> None:
+    """In the shell's process, before exec: the PTY becomes its controlling terminal."""
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)

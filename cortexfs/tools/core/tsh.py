@@ -1,0 +1,125 @@
+"""``tsh``: the agent's terminal shell, which runs CortexFS tools and nothing else (SPEC H-1, T-3).
+
+tsh is not a host shell.  A command line is a tool name and its arguments (split like a POSIX
+shell's words, without expansions); the name must be an executable on ``CTX_PATH``, the path
+the runtime injected from the agent's policy, mounts and uid (T-4).  tsh does not start the
+tool itself: it hands the command line, with its own stdin, stdout and stderr, to the host
+over the run socket (``CTX_RUN_SOCKET``), which runs it as this agent through the whole
+authority chain, its hooks and its records, exactly as ``ctx run`` does, and answers with the
+exit status.  So the agent's terminal can do what its tools can, and no more.
+
+Built-ins: ``exit [N]``, ``help``, ``which NAME``, ``tools``.  An empty argument list is passed
+to the tool as it is (T-3).
+"""
+
+from __future__ import annotations
+
+import array
+import json
+import os
+import shlex
+import socket
+import stat
+import sys
+
+HELP = """tsh runs CortexFS tools: NAME [ARG...], NAME found on CTX_PATH.
+Built-ins: exit [N], help, which NAME, tools.  There are no host commands here.
+"""
+NOT_FOUND = 127
+CANNOT_RUN = 126
+
+
+def search_path() -> list[str]:
+    return [entry for entry in os.environ.get("CTX_PATH", "").split(":") if entry.startswith("/")]
+
+
+def which(name: str) -> str | None:
+    """The first executable regular file ``name`` on CTX_PATH (T-4)."""
+    if "/" in name or name in ("", ".", ".."):
+        return None
+    for directory in search_path():
+        candidate = os.path.join(directory, name)
+        try:
+            status = os.stat(candidate, follow_symlinks=False)
+        except OSError:
+            continue
+        if stat.S_ISREG(status.st_mode) and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def tools() -> list[str]:
+    found: dict[str, None] = {}
+    for directory in search_path():
+        try:
+            names = sorted(os.listdir(directory))
+        except OSError:
+            continue
+        for name in names:
+            if not name.endswith(".d") and which(name) is not None:
+                found.setdefault(name)
+    return list(found)
+
+
+def call(name: str, argv: list[str]) -> int:
+    """Have the host run ``name`` with ``argv`` on this terminal; its exit status."""
+    request = json.dumps({"tool": name, "argv": argv}).encode() + b"\n"
+    descriptors = array.array("i", [0, 1, 2])
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
+            connection.connect(os.environ["CTX_RUN_SOCKET"])
+            connection.sendmsg([request], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, descriptors)])
+            answer = connection.makefile("rb").readline()
+        return int(json.loads(answer)["exit_status"])
+    except (OSError, KeyError, ValueError) as exc:
+        print(f"tsh: {name}: the host did not run it: {exc}", file=sys.stderr)
+        return CANNOT_RUN
+
+
+def execute(line: str, status: int) -> tuple[int, bool]:
+    """Run one command line; the new ``$?`` and whether tsh should exit."""
+    try:
+        words = shlex.split(line)
+    except ValueError as exc:
+        print(f"tsh: {exc}", file=sys.stderr)
+        return 2, False
+    if not words:
+        return status, False
+    name, argv = words[0], words[1:]
+    if name == "exit":
+        return (int(argv[0]) if argv and argv[0].isdigit() else status), True
+    if name == "help":
+        sys.stdout.write(HELP)
+        return 0, False
+    if name == "which":
+        found = [which(word) for word in argv]
+        for word, path in zip(argv, found, strict=True):
+            print(path or f"tsh: {word}: not on CTX_PATH", file=sys.stdout if path else sys.stderr)
+        return (0 if all(found) else 1), False
+    if name == "tools":
+        print("\n".join(tools()))
+        return 0, False
+    if which(name) is None:
+        print(
+            f"tsh: {name}: not a tool on CTX_PATH (tsh runs CortexFS tools only)", file=sys.stderr
+        )
+        return NOT_FOUND, False
+    sys.stdout.flush()
+    return call(name, argv), False
+
+
+def run() -> int:
+    prompt = f"{os.environ.get('CTX_AGENT', 'agent')}$ "
+    status = 0
+    while True:
+        try:
+            line = input(prompt)
+        except EOFError:
+            print()
+            return status
+        except KeyboardInterrupt:
+            print()
+            continue
+        status, done = execute(line, status)
+        if done:
+            return status

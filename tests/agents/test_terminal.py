@@ -1,0 +1,173 @@
+"""The agent terminal end to end: ``ctx agent start``, the terminal socket, tsh (SPEC A-1, A-2,
+H-1, T-3, T-5).
+
+A real sandbox (bubblewrap), a real FUSE view, a real PTY and a real second uid.  The tests
+speak the socket protocol of A-2 directly: one mode line, then raw bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.tools.support import World
+
+try:
+    import pyfuse3
+except ImportError:  # pragma: no cover - depends on the machine
+    pyfuse3 = None
+
+pytestmark = [
+    pytest.mark.skipif(os.geteuid() != 0, reason="a sandboxed terminal needs root"),
+    pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed"),
+    pytest.mark.skipif(not os.path.exists("/dev/fuse"), reason="no /dev/fuse on this machine"),
+    pytest.mark.skipif(pyfuse3 is None, reason="pyfuse3 (the 'fuse' extra) is not installed"),
+]
+
+
+def ctx(world: World, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "cortexfs", "--storage", str(world.root), *args],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
+class Client:
+    """One connection to the terminal socket, in ``watch`` or ``attach`` mode."""
+
+    def __init__(self, path: str, mode: str) -> None:
+        self.socket = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.socket.connect(path)
+        self.socket.sendall(mode.encode() + b"\n")
+        self.seen = b""
+
+    def expect(self, pattern: str, timeout: float = 20) -> str:
+        """Read until ``pattern`` (a regular expression) appears; the text read so far."""
+        deadline = time.monotonic() + timeout
+        while not re.search(pattern.encode(), self.seen):
+            remaining = deadline - time.monotonic()
+            assert remaining > 0, f"{pattern!r} never came; got {self.seen[-500:]!r}"
+            self.socket.settimeout(remaining)
+            data = self.socket.recv(65536)
+            assert data, f"the terminal closed before {pattern!r}; got {self.seen[-500:]!r}"
+            self.seen += data
+        return self.seen.decode(errors="replace")
+
+    def type(self, line: str) -> None:
+        self.socket.sendall(line.encode() + b"\r")
+
+    def close(self) -> None:
+        self.socket.close()
+
+
+@pytest.fixture
+def terminal(world: World) -> Iterator[dict[str, str]]:
+    world.agent("coder", tools=["fs.stat"])
+    world.allow_tool("fs.stat")
+    started = ctx(world, "agent", "start", "coder", "--session", "t1", "--json")
+    assert started.returncode == 0, started.stderr
+    facts = json.loads(started.stdout)
+    try:
+        yield facts
+    finally:
+        ctx(world, "agent", "stop", "coder", "--session", "t1")
+
+
+def test_tsh_runs_a_tool_through_the_chain_and_records_it(
+    world: World, terminal: dict[str, str]
+) -> None:
+    client = Client(terminal["run_socket"], "attach")
+    client.expect(r"coder\$ ")
+
+    client.type("fs.stat /workspace")
+
+    assert "type: directory" in client.expect(r"type: directory[\s\S]*coder\$ ")
+    events = world.events("coder", "t1")
+    assert [e["type"] for e in events][-2:] == ["tool_call", "tool_result"]
+    assert events[-2]["mode"] == "terminal" and events[-2]["argv"] == ["/workspace"]
+    client.close()
+
+
+def test_tsh_runs_no_host_command_and_no_tool_outside_the_agents_view(
+    terminal: dict[str, str],
+) -> None:
+    client = Client(terminal["run_socket"], "attach")
+    client.expect(r"coder\$ ")
+
+    client.type("ls /")
+    client.expect(r"tsh: ls: not a tool on CTX_PATH")
+    client.type("shell.exec 'id'")
+    client.expect(r"tsh: shell.exec: not a tool on CTX_PATH")
+    client.type("tools")
+
+    listed = client.expect(r"tools\r?\n[\s\S]*coder\$ ").rsplit("tools", 1)[1]
+    assert [line.strip() for line in listed.splitlines() if line.strip()][:-1] == ["fs.stat"]
+    client.close()
+
+
+def test_a_watcher_sees_the_output_and_cannot_type(world: World, terminal: dict[str, str]) -> None:
+    watcher = Client(terminal["run_socket"], "watch")
+    watcher.expect(r"coder\$ ")
+    watcher.type("fs.stat /etc")  # ignored: watch is read-only
+    time.sleep(1)
+    user = Client(terminal["run_socket"], "attach")
+    user.expect(r"coder\$ ")
+
+    user.type("fs.stat /workspace")
+
+    watcher.expect(r"type: directory")
+    calls = [e for e in world.events("coder", "t1") if e["type"] == "tool_call"]
+    assert [e["argv"] for e in calls] == [["/workspace"]]
+    watcher.close()
+    user.close()
+
+
+def test_exit_ends_the_terminal_and_leaves_nothing_behind(
+    world: World, terminal: dict[str, str]
+) -> None:
+    run_dir = Path(terminal["run_socket"]).parent
+    client = Client(terminal["run_socket"], "attach")
+    client.expect(r"coder\$ ")
+
+    client.type("exit")
+
+    deadline = time.monotonic() + 30
+    while run_dir.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not run_dir.exists(), "sockets and the view's mount point are removed"
+    assert not Path(terminal["socket"]).is_symlink()
+    mounts = Path("/proc/self/mounts").read_text()
+    assert str(run_dir) not in mounts, "the agent's view is unmounted"
+
+
+def test_stop_ends_a_running_terminal(world: World, terminal: dict[str, str]) -> None:
+    stopped = ctx(world, "agent", "stop", "coder", "--session", "t1")
+
+    assert stopped.returncode == 0, stopped.stderr
+    assert not Path(terminal["run_socket"]).exists()
+    again = ctx(world, "agent", "stop", "coder", "--session", "t1")
+    assert again.returncode == 1 and "ENOENT" in again.stderr
+
+
+def test_a_session_runs_once(world: World, terminal: dict[str, str]) -> None:
+    twice = ctx(world, "agent", "start", "coder", "--session", "t1")
+
+    assert twice.returncode == 1 and "EEXIST" in twice.stderr
+
+
+def test_watch_and_attach_need_a_running_terminal(world: World) -> None:
+    world.agent("coder", tools=["fs.stat"])
+
+    refused = ctx(world, "agent", "watch", "coder", "--session", "none")
+
+    assert refused.returncode == 1 and "ENOENT" in refused.stderr
