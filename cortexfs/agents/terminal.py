@@ -27,6 +27,7 @@ its sockets.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -51,6 +52,7 @@ SANDBOX_RUN_SOCKET = "/run/ctx/run.sock"
 MODES = (b"watch", b"attach")
 _MAX_REQUEST = 1024 * 1024
 _SYSTEM_DIRS = ("/usr", "/etc")
+Request = dict[str, object]
 
 
 def run_directory(uid: int, agent: str, session: str) -> Path:
@@ -86,13 +88,15 @@ class Terminal:
     def prepare(self) -> None:
         """Everything that can fail, before anything is left running: EINVAL/EEXIST."""
         if os.geteuid() != 0:
-            raise CtxError(1, "an agent terminal is started by root (it sets up a sandbox)")
+            reason = "an agent terminal is started by root (it sets up a sandbox)"
+            raise CtxError(errno.EPERM, reason)
         if shutil.which("bwrap") is None:
             raise invalid("bubblewrap (bwrap) is not installed; the terminal runs in its sandbox")
         if not os.access(self.root / "bin" / "tsh", os.X_OK):
             raise invalid(f"{self.root}/bin/tsh is missing; run 'ctx bootstrap'")
         if self.main_socket.exists():
-            raise CtxError(17, f"session {self.session.name} of {self.view.name} is running")
+            running = f"session {self.session.name} of {self.view.name} is running"
+            raise CtxError(errno.EEXIST, running)
         self.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         for parent in self.run_dir.parents:
             if parent == RUN_BASE.parent:
@@ -120,7 +124,7 @@ class Terminal:
         deadline = time.monotonic() + 30
         while not os.path.ismount(self.view_dir):
             if self.mount.poll() is not None or time.monotonic() > deadline:
-                raise CtxError(5, f"the view of {self.view.name} could not be mounted")
+                raise CtxError(errno.EIO, f"the view of {self.view.name} could not be mounted")
             time.sleep(0.05)
 
     def _listen(self) -> None:
@@ -278,37 +282,60 @@ class Terminal:
         client.close()
 
     def _run(self, listener: socket.socket) -> None:
-        """One command line from tsh: run it as the agent in a child, answer its status."""
+        """One message from tsh: a command line to run as the agent in a child process, which
+        answers with its exit status; or an interrupt for the running call."""
         connection, _ = listener.accept()
         connection.setblocking(True)
+        with connection:
+            request, descriptors = self._read_request(connection)
+            try:
+                if request is None:
+                    return
+                if request.get("interrupt") is True:
+                    self._interrupt_calls()
+                    return
+                tool, argv = request.get("tool"), request.get("argv")
+                if not isinstance(tool, str) or not isinstance(argv, list) or len(descriptors) != 3:
+                    return
+                pid = os.fork()
+                if pid == 0:  # the child: this call only, then gone
+                    try:
+                        status = self._run_tool(tool, [str(arg) for arg in argv], descriptors)
+                        connection.sendall(json.dumps({"exit_status": status}).encode() + b"\n")
+                    finally:
+                        os._exit(0)
+                self.calls.add(pid)
+            finally:
+                for fd in descriptors:
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
+
+    def _read_request(
+        self, connection: socket.socket
+    ) -> tuple[dict[str, object] | None, list[int]]:
+        """The JSON request and the descriptors passed with it; None unless it comes from the
+        agent's uid (the only process that can reach this socket is tsh, in the sandbox)."""
         descriptors: list[int] = []
         try:
-            peer_uid = struct.unpack("3i", connection.getsockopt(
-                socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))[1]  # fmt: skip
+            credentials = connection.getsockopt(
+                socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")
+            )
             message, ancillary, _, _ = connection.recvmsg(_MAX_REQUEST, socket.CMSG_SPACE(12))
             for level, kind, data in ancillary:
                 if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                     descriptors += list(struct.unpack(f"{len(data) // 4}i", data))
-            if peer_uid != self.view.identity.uid or len(descriptors) != 3:
-                raise invalid("a run request comes from the agent's tsh, with its three streams")
+            if struct.unpack("3i", credentials)[1] != self.view.identity.uid:
+                return None, descriptors
             request = json.loads(message)
-            tool, argv = request["tool"], [str(arg) for arg in request["argv"]]
-        except (OSError, ValueError, KeyError, TypeError, CtxError):
-            for fd in descriptors:
-                os.close(fd)
-            connection.close()
-            return
-        pid = os.fork()
-        if pid == 0:  # the child: this call only
-            try:
-                status = self._run_tool(tool, argv, descriptors)
-                connection.sendall(json.dumps({"exit_status": status}).encode() + b"\n")
-            finally:
-                os._exit(0)
-        self.calls.add(pid)
-        for fd in descriptors:
-            os.close(fd)
-        connection.close()
+        except (OSError, ValueError):
+            return None, descriptors
+        return (request if isinstance(request, dict) else None), descriptors
+
+    def _interrupt_calls(self) -> None:
+        """SIGINT to each running call; the runner passes it on to the tool's group."""
+        for pid in self.calls:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGINT)
 
     def _run_tool(self, tool: str, argv: list[str], descriptors: list[int]) -> int:
         from cortexfs.tools.runner import run_terminal
@@ -320,6 +347,7 @@ class Terminal:
         sys.stderr = open(2, "w", closefd=False)  # noqa: SIM115
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # forwarded to the tool
         result = run_terminal(self.root, self.view.name, tool, argv, session=self.session)
         if result.exit_status is None and result.error is not None:
             print(f"tsh: {tool}: {result.error}", file=sys.stderr, flush=True)
@@ -366,5 +394,9 @@ def _system_binds() -> list[str]:
 
 
 def _take_terminal() -> None:
-    """In the shell's process, before exec: the PTY becomes its controlling terminal."""
+    """In the shell's process, before exec: the PTY becomes its controlling terminal, and
+    Ctrl-C on it no longer ends the sandbox's own processes (the signal reaches the whole
+    foreground group); tsh asks for SIGINT back for itself."""
     fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGQUIT, signal.SIG_IGN)

@@ -171,3 +171,28 @@ def test_watch_and_attach_need_a_running_terminal(world: World) -> None:
     refused = ctx(world, "agent", "watch", "coder", "--session", "none")
 
     assert refused.returncode == 1 and "ENOENT" in refused.stderr
+
+
+def test_ctrl_c_interrupts_the_running_tool_not_the_terminal(world: World) -> None:
+    world.install("sh.sleep", "#!/bin/sh\nsleep 60\n")
+    world.agent("sleeper", tools=["sh.sleep"])
+    world.allow_tool("sh.sleep", label="sleeper_t")
+    started = ctx(world, "agent", "start", "sleeper", "--session", "t2", "--json")
+    assert started.returncode == 0, started.stderr
+    try:
+        client = Client(json.loads(started.stdout)["run_socket"], "attach")
+        client.expect(r"sleeper\$ ")
+        client.type("sh.sleep")
+        time.sleep(2)
+        began = time.monotonic()
+
+        client.socket.sendall(b"\x03")  # Ctrl-C, through the PTY's line discipline
+
+        client.expect(r"sh\.sleep\r?\n[\s\S]*sleeper\$ ")
+        assert time.monotonic() - began < 20, "the tool was interrupted, not waited for"
+        result = [e for e in world.events("sleeper", "t2") if e["type"] == "tool_result"][-1]
+        assert result["exit_status"] == 130  # 128 + SIGINT
+        client.type("help")
+        client.expect(r"tsh runs CortexFS tools")  # the terminal goes on
+    finally:
+        ctx(world, "agent", "stop", "sleeper", "--session", "t2")

@@ -18,6 +18,7 @@ import array
 import json
 import os
 import shlex
+import signal
 import socket
 import stat
 import sys
@@ -62,18 +63,33 @@ def tools() -> list[str]:
 
 
 def call(name: str, argv: list[str]) -> int:
-    """Have the host run ``name`` with ``argv`` on this terminal; its exit status."""
+    """Have the host run ``name`` with ``argv`` on this terminal; its exit status.
+
+    Ctrl-C reaches tsh, not the tool (which the host runs): tsh asks the host to interrupt
+    the running call, then waits for its status as usual."""
     request = json.dumps({"tool": name, "argv": argv}).encode() + b"\n"
     descriptors = array.array("i", [0, 1, 2])
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
             connection.connect(os.environ["CTX_RUN_SOCKET"])
             connection.sendmsg([request], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, descriptors)])
-            answer = connection.makefile("rb").readline()
+            answers = connection.makefile("rb")
+            while True:
+                try:
+                    answer = answers.readline()
+                    break
+                except KeyboardInterrupt:
+                    _interrupt()
         return int(json.loads(answer)["exit_status"])
     except (OSError, KeyError, ValueError) as exc:
         print(f"tsh: {name}: the host did not run it: {exc}", file=sys.stderr)
         return CANNOT_RUN
+
+
+def _interrupt() -> None:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
+        connection.connect(os.environ["CTX_RUN_SOCKET"])
+        connection.sendall(b'{"interrupt": true}\n')
 
 
 def execute(line: str, status: int) -> tuple[int, bool]:
@@ -109,6 +125,8 @@ def execute(line: str, status: int) -> tuple[int, bool]:
 
 
 def run() -> int:
+    # Started with SIGINT ignored (so that Ctrl-C spares the sandbox around it): take it back.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     prompt = f"{os.environ.get('CTX_AGENT', 'agent')}$ "
     status = 0
     while True:
