@@ -377,7 +377,14 @@ class Terminal:
                 self.mount.wait(timeout=10)
         with contextlib.suppress(FileNotFoundError):
             terminal_link(self.session).unlink()
-        shutil.rmtree(self.run_dir, ignore_errors=True)
+        # Never a recursive removal: the view's mount point may still be mounted (an unmount
+        # that failed), and removing through it would remove the agent's files.
+        for name in ("main.sock", "run.sock", "pid"):
+            with contextlib.suppress(FileNotFoundError):
+                (self.run_dir / name).unlink()
+        for directory in (self.view_dir, self.run_dir):
+            with contextlib.suppress(OSError):
+                directory.rmdir()
 
 
 def _system_binds() -> list[str]:
