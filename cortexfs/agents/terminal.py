@@ -40,11 +40,14 @@ import subprocess
 import sys
 import termios
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
+from cortexfs import durable
 from cortexfs.agents.view import AgentView
 from cortexfs.errors import CtxError, invalid
-from cortexfs.shared.sessions import SessionRef
+from cortexfs.shared.sessions import SessionRef, open_session
+from cortexfs.shared.tree import Ownership, open_beneath
 
 RUN_BASE = Path("/run/cortexfs/terminal")
 SCROLLBACK = 64 * 1024
@@ -53,6 +56,8 @@ MODES = (b"watch", b"attach")
 _MAX_REQUEST = 1024 * 1024
 _SYSTEM_DIRS = ("/usr", "/etc")
 Request = dict[str, object]
+LINK_NAME = "main.sock"
+_NO_LINK_DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def run_directory(uid: int, agent: str, session: str) -> Path:
@@ -60,7 +65,8 @@ def run_directory(uid: int, agent: str, session: str) -> Path:
 
 
 def terminal_link(session: SessionRef) -> Path:
-    return session.path / "terminal" / "main.sock"
+    """The ABI path of a session's terminal socket (A-2): a symlink to the real one."""
+    return session.path / "terminal" / LINK_NAME
 
 
 class Terminal:
@@ -95,24 +101,49 @@ class Terminal:
         if not os.access(self.root / "bin" / "tsh", os.X_OK):
             raise invalid(f"{self.root}/bin/tsh is missing; run 'ctx bootstrap'")
         if self.main_socket.exists():
-            running = f"session {self.session.name} of {self.view.name} is running"
-            raise CtxError(errno.EEXIST, running)
+            if _listening(self.main_socket):
+                running = f"session {self.session.name} of {self.view.name} is running"
+                raise CtxError(errno.EEXIST, running)
+            self._remove_run_files()  # left by a terminal that did not end cleanly
         self.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         for parent in self.run_dir.parents:
             if parent == RUN_BASE.parent:
                 break
             parent.chmod(0o700)
-        self.session.path.mkdir(parents=True, exist_ok=True)
+        identity = self.view.identity
+        open_session(self.session, owner=Ownership(identity.uid, identity.gid)).close()
 
     def start(self) -> None:
         self._mount_view()
         self._listen()
         self._spawn_shell()
-        link = terminal_link(self.session)
-        link.parent.mkdir(exist_ok=True)
-        with contextlib.suppress(FileNotFoundError):
-            link.unlink()
-        link.symlink_to(self.main_socket)
+        with self._terminal_directory() as directory:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(LINK_NAME, dir_fd=directory)
+            os.symlink(self.main_socket, LINK_NAME, dir_fd=directory)
+
+    @contextlib.contextmanager
+    def _terminal_directory(self) -> Iterator[int]:
+        """``session/<s>/terminal/``, made if missing.  The session belongs to the agent's uid,
+        which could plant a link there: it is reached, and used, without following any."""
+        ops = durable.default_ops()
+        session = open_beneath(ops, self.root, self.session.relative.parts)
+        try:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir("terminal", 0o755, dir_fd=session)
+            directory = os.open("terminal", _NO_LINK_DIRECTORY, dir_fd=session)
+        except OSError as exc:
+            raise CtxError(
+                errno.ELOOP,
+                f"{self.session.path}/terminal is not a directory of its own "
+                f"({exc.strerror}): the terminal socket is never put through a link",
+            ) from None
+        finally:
+            os.close(session)
+        try:
+            yield directory
+        finally:
+            os.close(directory)
 
     def _mount_view(self) -> None:
         self.view_dir.mkdir(mode=0o700, exist_ok=True)
@@ -375,16 +406,29 @@ class Terminal:
             self.mount.send_signal(signal.SIGTERM)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.mount.wait(timeout=10)
-        with contextlib.suppress(FileNotFoundError):
-            terminal_link(self.session).unlink()
-        # Never a recursive removal: the view's mount point may still be mounted (an unmount
-        # that failed), and removing through it would remove the agent's files.
+        with contextlib.suppress(OSError, CtxError), self._terminal_directory() as directory:
+            os.unlink(LINK_NAME, dir_fd=directory)
+        self._remove_run_files()
+
+    def _remove_run_files(self) -> None:
+        """Never a recursive removal: the view's mount point may still be mounted (an unmount
+        that failed), and removing through it would remove the agent's files."""
         for name in ("main.sock", "run.sock", "pid"):
             with contextlib.suppress(FileNotFoundError):
                 (self.run_dir / name).unlink()
         for directory in (self.view_dir, self.run_dir):
             with contextlib.suppress(OSError):
                 directory.rmdir()
+
+
+def _listening(path: Path) -> bool:
+    """Whether a terminal answers on ``path`` (a socket left by a crash refuses)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(str(path))
+        except OSError:
+            return False
+    return True
 
 
 def _system_binds() -> list[str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import pwd
 import select
@@ -328,7 +329,8 @@ def _daemonize(terminal: Terminal) -> None:
             terminal.start()
             (terminal.run_dir / "pid").write_text(str(os.getpid()))
         except BaseException as exc:  # reported to the parent, then this process ends
-            os.write(ready_write, f"{exc}".encode() or b"failed")
+            failure = exc if isinstance(exc, CtxError) else CtxError(errno.EIO, str(exc))
+            os.write(ready_write, json.dumps([failure.errno, failure.message]).encode())
             terminal.close()
             os._exit(1)
         os.write(ready_write, b"")
@@ -339,4 +341,5 @@ def _daemonize(terminal: Terminal) -> None:
     with os.fdopen(ready_read, "rb") as ready:
         answer = ready.read()
     if answer:
-        raise CtxError(errno.EIO, f"the terminal did not start: {answer.decode(errors='replace')}")
+        code, message = json.loads(answer)
+        raise CtxError(code, f"the terminal did not start: {message}")

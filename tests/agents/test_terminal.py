@@ -196,3 +196,24 @@ def test_ctrl_c_interrupts_the_running_tool_not_the_terminal(world: World) -> No
         client.expect(r"tsh runs CortexFS tools")  # the terminal goes on
     finally:
         ctx(world, "agent", "stop", "sleeper", "--session", "t2")
+
+
+def test_a_link_planted_in_the_session_does_not_redirect_the_socket(world: World) -> None:
+    """The session directory belongs to the agent's uid; root never writes through its links."""
+    world.agent("coder", tools=["fs.stat"])
+    session = world.root / "home" / str(world.user.uid) / "agent" / "coder" / "session" / "t3"
+    session.mkdir(parents=True)
+    elsewhere = world.scratch / "elsewhere"
+    elsewhere.mkdir()
+    (session / "terminal").symlink_to(elsewhere)
+
+    started = ctx(world, "agent", "start", "coder", "--session", "t3")
+
+    try:
+        assert started.returncode == 1, started.stdout
+        assert "ELOOP" in started.stderr
+        assert os.listdir(elsewhere) == []
+        leftovers = Path("/run/cortexfs/terminal", str(world.user.uid), "coder", "t3")
+        assert not leftovers.exists(), "a failed start cleans up after itself"
+    finally:
+        ctx(world, "agent", "stop", "coder", "--session", "t3")
