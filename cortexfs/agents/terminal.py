@@ -101,7 +101,7 @@ class Terminal:
         if not os.access(self.root / "bin" / "tsh", os.X_OK):
             raise invalid(f"{self.root}/bin/tsh is missing; run 'ctx bootstrap'")
         if self.main_socket.exists():
-            if _listening(self.main_socket):
+            if listening(self.main_socket):
                 running = f"session {self.session.name} of {self.view.name} is running"
                 raise CtxError(errno.EEXIST, running)
             self._remove_run_files()  # left by a terminal that did not end cleanly
@@ -421,7 +421,7 @@ class Terminal:
                 directory.rmdir()
 
 
-def _listening(path: Path) -> bool:
+def listening(path: Path) -> bool:
     """Whether a terminal answers on ``path`` (a socket left by a crash refuses)."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
         try:

@@ -187,7 +187,7 @@ def start(name: str, session: str, storage_dir: Path | None, as_json: bool) -> N
 
     \b
     The sandbox (bubblewrap) shows /ctx as NAME's view of the storage root (ctx mount
-    --as NAME), NAME's visible mounts at their targets, and the system's /usr read-only;
+    --as NAME), NAME's visible mounts at their targets, /usr and /etc read-only;
     tsh runs there as NAME's uid and runs only CortexFS tools, each through the whole
     authority chain and recorded in the session.  Prints the terminal socket; watch with
     'ctx agent watch NAME --session S', join with 'ctx agent attach', end with 'exit' in
@@ -207,7 +207,7 @@ def start(name: str, session: str, storage_dir: Path | None, as_json: bool) -> N
         "agent": name,
         "session": session,
         "socket": str(terminal_link(terminal.session)),
-        "run_socket": str(terminal.main_socket),
+        "listening_at": str(terminal.main_socket),
     }
     if as_json:
         emit_json(facts)
@@ -223,11 +223,15 @@ def start(name: str, session: str, storage_dir: Path | None, as_json: bool) -> N
 @handles_errors
 def stop(name: str, session: str, storage_dir: Path | None) -> None:
     """End NAME's terminal: tsh is killed, the view unmounted, the sockets removed."""
+    from cortexfs.agents.terminal import listening
+
     run_dir = _run_dir(resolve_storage(storage_dir), name, session)
     try:
         pid = int((run_dir / "pid").read_text())
     except (OSError, ValueError):
-        raise not_found(f"no terminal of {name} in session {session} is running") from None
+        pid = 0
+    if not pid or not listening(run_dir / "main.sock"):  # a pid file alone may be stale
+        raise not_found(f"no terminal of {name} in session {session} is running")
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + 30
     while run_dir.exists() and time.monotonic() < deadline:

@@ -86,7 +86,7 @@ def terminal(world: World) -> Iterator[dict[str, str]]:
 def test_tsh_runs_a_tool_through_the_chain_and_records_it(
     world: World, terminal: dict[str, str]
 ) -> None:
-    client = Client(terminal["run_socket"], "attach")
+    client = Client(terminal["listening_at"], "attach")
     client.expect(r"coder\$ ")
 
     client.type("fs.stat /workspace")
@@ -101,7 +101,7 @@ def test_tsh_runs_a_tool_through_the_chain_and_records_it(
 def test_tsh_runs_no_host_command_and_no_tool_outside_the_agents_view(
     terminal: dict[str, str],
 ) -> None:
-    client = Client(terminal["run_socket"], "attach")
+    client = Client(terminal["listening_at"], "attach")
     client.expect(r"coder\$ ")
 
     client.type("ls /")
@@ -116,11 +116,11 @@ def test_tsh_runs_no_host_command_and_no_tool_outside_the_agents_view(
 
 
 def test_a_watcher_sees_the_output_and_cannot_type(world: World, terminal: dict[str, str]) -> None:
-    watcher = Client(terminal["run_socket"], "watch")
+    watcher = Client(terminal["listening_at"], "watch")
     watcher.expect(r"coder\$ ")
     watcher.type("fs.stat /etc")  # ignored: watch is read-only
     time.sleep(1)
-    user = Client(terminal["run_socket"], "attach")
+    user = Client(terminal["listening_at"], "attach")
     user.expect(r"coder\$ ")
 
     user.type("fs.stat /workspace")
@@ -135,8 +135,8 @@ def test_a_watcher_sees_the_output_and_cannot_type(world: World, terminal: dict[
 def test_exit_ends_the_terminal_and_leaves_nothing_behind(
     world: World, terminal: dict[str, str]
 ) -> None:
-    run_dir = Path(terminal["run_socket"]).parent
-    client = Client(terminal["run_socket"], "attach")
+    run_dir = Path(terminal["listening_at"]).parent
+    client = Client(terminal["listening_at"], "attach")
     client.expect(r"coder\$ ")
 
     client.type("exit")
@@ -154,7 +154,7 @@ def test_stop_ends_a_running_terminal(world: World, terminal: dict[str, str]) ->
     stopped = ctx(world, "agent", "stop", "coder", "--session", "t1")
 
     assert stopped.returncode == 0, stopped.stderr
-    assert not Path(terminal["run_socket"]).exists()
+    assert not Path(terminal["listening_at"]).exists()
     again = ctx(world, "agent", "stop", "coder", "--session", "t1")
     assert again.returncode == 1 and "ENOENT" in again.stderr
 
@@ -180,7 +180,7 @@ def test_ctrl_c_interrupts_the_running_tool_not_the_terminal(world: World) -> No
     started = ctx(world, "agent", "start", "sleeper", "--session", "t2", "--json")
     assert started.returncode == 0, started.stderr
     try:
-        client = Client(json.loads(started.stdout)["run_socket"], "attach")
+        client = Client(json.loads(started.stdout)["listening_at"], "attach")
         client.expect(r"sleeper\$ ")
         client.type("sh.sleep")
         time.sleep(2)
