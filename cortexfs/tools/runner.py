@@ -230,7 +230,29 @@ class _Call:
 
     def _run(self, input_value: Any, argv: list[str]) -> ToolResult:
         assert self.view is not None and self.tool is not None
-        spec = self._process_spec([str(self.tool.executable), *argv], self.timeout)
+        with self._capability() as capability:
+            spec = self._process_spec([str(self.tool.executable), *argv], self.timeout)
+            if capability is not None:
+                descriptor = capability.tool_descriptor
+                env = {**spec.env, "CTX_RUN_CAPABILITY": str(descriptor)}
+                spec = spec._replace(env=env, pass_fds=(descriptor,))
+            return self._run_process(spec, input_value)
+
+    @contextlib.contextmanager
+    def _capability(self) -> Iterator[Any]:
+        """The run capability of A-5, for the core tools that need the host to act for them
+        (bound to this call's agent), served while the tool runs; None for every other tool."""
+        from cortexfs.tools.core import NEEDS_CAPABILITY
+
+        if self.tool_name not in NEEDS_CAPABILITY or self.location != "tool":
+            yield None
+            return
+        from cortexfs.agents.capability import Capability
+
+        with Capability(self.root, self.agent).serving() as capability:
+            yield capability
+
+    def _run_process(self, spec: ProcessSpec, input_value: Any) -> ToolResult:
         with self._stage("run"):
             if not os.path.isdir(spec.cwd):
                 # Say which: an exec failing on its working directory also reports ENOENT.

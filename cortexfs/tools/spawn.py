@@ -46,6 +46,7 @@ class ProcessSpec(NamedTuple):
     cwd: str
     identity: Identity | None
     timeout: float | None
+    pass_fds: tuple[int, ...] = ()  # descriptors the process inherits (a capability channel)
 
 
 class Finished(NamedTuple):
@@ -80,6 +81,7 @@ def run_captured(
         cwd=spec.cwd,
         start_new_session=True,
         close_fds=True,
+        pass_fds=spec.pass_fds,
         **credentials,
     )
     if on_start:
@@ -112,6 +114,7 @@ def run_attached(spec: ProcessSpec) -> Finished:
         cwd=spec.cwd,
         process_group=0,
         close_fds=True,
+        pass_fds=spec.pass_fds,
         **credentials,
     )
     with _foreground(process.pid), _forwarding_signals(process.pid):

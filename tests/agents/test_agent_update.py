@@ -1,0 +1,93 @@
+"""``agent.update`` over the run capability (SPEC A-5), as a real agent through the runner."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import stat
+import subprocess
+
+from cortexfs.agents.capability import Capability
+from tests.tools.support import World
+
+
+def system_md(world: World, agent: str = "coder") -> str:
+    return (world.root / "agent" / f"{agent}.d" / "system.md").read_text()
+
+
+def granted(world: World) -> World:
+    world.agent("coder", tools=["agent.update"])
+    world.allow_tool("agent.update")
+    return world
+
+
+def test_an_agent_replaces_its_own_system_md(world: World) -> None:
+    granted(world)
+
+    result = world.run("agent.update", {"control": "system.md", "content": "Be brief.\n"})
+
+    assert result.ok, result.error
+    assert result.output == {"agent": "coder", "control": "system.md", "bytes": 10}
+    assert system_md(world) == "Be brief.\n"
+    status = (world.root / "agent" / "coder.d" / "system.md").stat()
+    assert (status.st_uid, stat.S_IMODE(status.st_mode)) == (os.geteuid(), 0o644)
+    assert [e["type"] for e in world.events()][-2:] == ["tool_call", "tool_result"]
+
+
+def test_the_prompt_template_is_the_only_other_control_it_may_change(world: World) -> None:
+    granted(world)
+    policy = (world.root / "agent" / "coder.d" / "policy").read_text()
+
+    template = world.run("agent.update", {"control": "prompt.template.md", "content": "{task}"})
+    refused = world.run("agent.update", {"control": "policy", "content": "allow coder_t x:y z"})
+
+    assert template.ok, template.error
+    assert not refused.ok and refused.error is not None
+    assert refused.error.errno == errno.EINVAL
+    assert (world.root / "agent" / "coder.d" / "policy").read_text() == policy
+
+
+def test_more_than_8_kib_is_refused(world: World) -> None:
+    granted(world)
+    before = system_md(world)
+
+    too_long = world.run("agent.update", {"control": "system.md", "content": "x" * 9000})
+    too_many_bytes = world.run("agent.update", {"control": "system.md", "content": "é" * 5000})
+
+    assert not too_long.ok and too_long.error.errno == errno.EINVAL  # type: ignore[union-attr]
+    assert not too_many_bytes.ok
+    assert too_many_bytes.output["error"] == "EFBIG", too_many_bytes.output
+    assert system_md(world) == before
+
+
+def test_the_capability_is_bound_to_the_calling_agent(world: World) -> None:
+    granted(world)
+    world.agent("other")
+    others = system_md(world, "other")
+    request = {"op": "agent.update", "control": "system.md", "content": "mine", "agent": "other"}
+
+    answer = Capability(world.root, "coder").answer(json.dumps(request).encode())
+
+    assert answer["ok"] and answer["agent"] == "coder"
+    assert system_md(world) == "mine" and system_md(world, "other") == others
+
+
+def test_both_policies_must_allow_it(world: World) -> None:
+    world.agent("coder", tools=["agent.update"])  # the tool's own policy does not allow it
+
+    result = world.run("agent.update", {"control": "system.md", "content": "x"})
+
+    assert not result.ok and result.error is not None
+    assert result.error.errno == errno.EACCES and result.error.step == 6
+
+
+def test_without_the_runner_there_is_no_capability(world: World) -> None:
+    tool = world.root / "tool" / "agent.update"
+
+    direct = subprocess.run(
+        [str(tool), json.dumps({"control": "system.md", "content": "x"})],
+        capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+
+    assert direct.returncode == 1 and "EPERM" in direct.stderr
