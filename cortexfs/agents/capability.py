@@ -1,11 +1,11 @@
-"""The run capability: what the host does, during one call, for the tool it runs (SPEC A-5).
+"""The run capability: what the host does, during one call, for the tool it runs (SPEC A-4, A-5).
 
 Some core tools need the host to act for them: ``agent.update`` rewrites a control of the
-calling agent, which the agent's uid may not write.  For such a call the runner hands the tool
-one end of a socket pair (:class:`Capability`), bound to that call's agent; the tool sends one
-JSON request per line, the host answers each with one JSON line.  The binding is the receipt:
-the tool never names the agent, so an agent can change only its own controls, and only while
-its own call runs.
+calling agent, ``agent.create`` makes a child agent, and the agent's uid may write neither. For
+such a call the runner hands the tool one end of a socket pair (:class:`Capability`), bound to
+that call's agent; the tool sends one JSON request per line, the host answers each with one JSON
+line. The binding is the receipt: the tool never names the agent, so an agent can change only
+its own controls, and only while its own call runs.
 
 ``agent.update`` replaces exactly one of the caller's ``system.md`` or ``prompt.template.md``
 with at most :data:`MAX_UPDATE_BYTES` of UTF-8 text, atomically; any other control is EINVAL.
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from cortexfs import durable
-from cortexfs.errors import CtxError, invalid, too_big
+from cortexfs.errors import CtxError, denied, invalid, too_big
 
 ENVIRONMENT = "CTX_RUN_CAPABILITY"  # the descriptor number, in the tool's environment
 UPDATABLE = ("system.md", "prompt.template.md")
@@ -69,9 +69,10 @@ class Capability:
     def answer(self, line: bytes) -> dict[str, Any]:
         try:
             request = json.loads(line)
-            if not isinstance(request, dict) or request.get("op") != "agent.update":
-                raise invalid("the capability answers one request: agent.update")
-            return {"ok": True, **update_control(self.root, self.agent, request)}
+            operation = OPERATIONS.get(request.get("op")) if isinstance(request, dict) else None
+            if operation is None:
+                raise invalid(f"the capability answers {' and '.join(OPERATIONS)} only")
+            return {"ok": True, **operation(self.root, self.agent, request)}
         except CtxError as error:
             return error.to_json()
         except ValueError as exc:
@@ -104,3 +105,51 @@ def update_control(root: Path, agent: str, request: dict[str, Any]) -> dict[str,
     finally:
         ops.close(directory)
     return {"agent": agent, "control": control, "bytes": len(data)}
+
+
+def create_child(root: Path, parent: str, request: dict[str, Any]) -> dict[str, Any]:
+    """A-4: ``parent`` creates the agent its request describes, attenuated.
+
+    The parent must hold ``agent:<child> create``; every grant of the child (tools, models,
+    shared spaces) must be one the parent holds; every mount must lie inside one of the
+    parent's visible mounts, read-write only where the parent's is; the child runs as the
+    parent's uid, gid and groups.  Nothing is inherited that the request does not name.
+    """
+    from cortexfs.agents.create import create_agent
+    from cortexfs.agents.request import parse_request
+    from cortexfs.agents.view import AgentView
+
+    view = AgentView.load(root, parent)
+    child = parse_request(request.get("request"), f"agent.create by {parent}", root)
+    if not view.allows("agent", child.name, "create"):
+        raise denied(f"agent {parent} holds no agent:{child.name} create (A-4)")
+    missing = [
+        f"tool:{tool} execute" for tool in child.tools if not view.allows("tool", tool, "execute")
+    ]
+    missing += [
+        f"model:{model} use" for model in child.models if not view.allows("model", model, "use")
+    ]
+    missing += [
+        f"shared:{space} {permission}"
+        for space, permissions in child.shared
+        for permission in permissions
+        if not view.allows("shared", space, permission)
+    ]
+    visible = view.visible_mounts()
+    missing += [
+        f"mount {source} ({mode})"
+        for source, _, mode in child.mounts
+        if not any(_inside(source, str(m.source)) and (mode == "ro" or m.writable) for m in visible)
+    ]
+    if missing:
+        raise denied(f"agent.create attenuates (A-4): {parent} does not hold {', '.join(missing)}")
+    created = create_agent(root, child, view.identity)
+    return {"agent": created.name, "label": child.label, "uid": created.identity.uid}
+
+
+def _inside(path: str, directory: str) -> bool:
+    real, top = os.path.realpath(path), os.path.realpath(directory)
+    return real == top or real.startswith(top.rstrip("/") + "/")
+
+
+OPERATIONS = {"agent.update": update_control, "agent.create": create_child}

@@ -1,5 +1,5 @@
 """The core tools every storage root has: ``fs.read``, ``fs.list``, ``fs.stat``, ``fs.write``,
-``shell.exec``, ``tsh.config`` and ``agent.update`` (SPEC R-5, A-5).
+``shell.exec``, ``tsh.config``, ``agent.update`` and ``agent.create`` (SPEC R-5, A-4, A-5).
 
 Each is a module with a ``run()`` entry point, installed by ``ctx bootstrap`` as a small
 executable script in ``tool/`` (:mod:`cortexfs.tools.core.bootstrap`) from the v2 manifests in
@@ -16,6 +16,7 @@ CORE_TOOLS = {
     "shell.exec": "shell_exec",
     "tsh.config": "tsh_config",
     "agent.update": "agent_update",
+    "agent.create": "agent_create",
 }
 # The core tools for which the runner serves a run capability (cortexfs.agents.capability).
-NEEDS_CAPABILITY = ("agent.update",)
+NEEDS_CAPABILITY = ("agent.update", "agent.create")

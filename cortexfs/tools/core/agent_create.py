@@ -1,0 +1,39 @@
+"""``agent.create``: the calling agent creates a child agent with less than it holds (SPEC A-4).
+
+Input: an agent request (A-3) — ``name``, ``label``, ``tools``, ``model``, ``shared``,
+``mount``.  The tool asks the host over the run capability (``CTX_RUN_CAPABILITY``), which
+attenuates: the caller must hold ``agent:<child> create``, every grant of the child must be
+one the caller holds, every mount must lie inside one of the caller's visible mounts (``rw``
+only where the caller's is), and the child runs as the caller's uid and groups.  Native
+output ``{"agent", "label", "uid"}``.  Without the runner it refuses (EPERM).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import socket
+
+from cortexfs.tools.core.toolio import Reply, ToolFailure, main
+
+
+def create(request: dict[str, object], native: bool) -> Reply:
+    descriptor = os.environ.get("CTX_RUN_CAPABILITY", "")
+    if not descriptor.isdigit():
+        raise ToolFailure(
+            errno.EPERM, "agent.create runs through the runner, which gives it the capability"
+        )
+    message = {"op": "agent.create", "request": request}
+    with socket.socket(fileno=int(descriptor)) as capability:
+        capability.sendall(json.dumps(message).encode() + b"\n")
+        answer = json.loads(capability.makefile("rb").readline() or b"{}")
+    if not answer.get("ok"):
+        code = answer.get("errno", errno.EIO)
+        raise ToolFailure(code, answer.get("message", "the host gave no answer"))
+    answer.pop("ok")
+    return Reply(answer, text=f"created agent {answer['agent']}\n".encode())
+
+
+def run() -> int:
+    return main("agent.create", "name", create)
