@@ -45,6 +45,10 @@ class Capability:
     def tool_descriptor(self) -> int:
         return self._tool.fileno()
 
+    def environment(self) -> dict[str, str]:
+        """What the tool's environment says about its capability."""
+        return {ENVIRONMENT: str(self.tool_descriptor)}
+
     @contextlib.contextmanager
     def serving(self) -> Iterator[Capability]:
         """Served while the block runs (the tool's process); closed at its end."""
@@ -60,9 +64,9 @@ class Capability:
 
     def _serve(self) -> None:
         with contextlib.suppress(OSError), self._host.makefile("rwb") as channel:
-            for line in channel:
+            while line := channel.readline(_MAX_LINE + 1):
                 if len(line) > _MAX_LINE:
-                    return
+                    return  # not a request this capability answers: the tool is cut off
                 channel.write(json.dumps(self.answer(line)).encode() + b"\n")
                 channel.flush()
 

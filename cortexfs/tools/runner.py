@@ -233,9 +233,8 @@ class _Call:
         with self._capability() as capability:
             spec = self._process_spec([str(self.tool.executable), *argv], self.timeout)
             if capability is not None:
-                descriptor = capability.tool_descriptor
-                env = {**spec.env, "CTX_RUN_CAPABILITY": str(descriptor)}
-                spec = spec._replace(env=env, pass_fds=(descriptor,))
+                env = {**spec.env, **capability.environment()}
+                spec = spec._replace(env=env, pass_fds=(capability.tool_descriptor,))
             return self._run_process(spec, input_value)
 
     @contextlib.contextmanager
