@@ -334,6 +334,24 @@ def replace_synced(ops: FsOps, src_dir: int, src: str, dst_dir: int, dst: str) -
     sync_dirs(ops, [dst_dir, src_dir])
 
 
+def replace_file_synced(ops: FsOps, dir_fd: int, name: str, data: bytes, mode: int) -> None:
+    """Replace ``name`` in ``dir_fd`` by a file holding ``data``, whole and durably.
+
+    The data is written beside it under a fresh temporary name, fsynced, given exactly
+    ``mode`` (whatever the umask), renamed over ``name``, and the directory synced: readers
+    see the old file or the new one.  On failure the temporary file is removed.  For files the
+    caller owns (controls, pages, programs), like :func:`replace_synced`.
+    """
+    temporary = f".{name}.{os.urandom(6).hex()}.tmp"
+    write_file_synced(ops, dir_fd, temporary, data, mode)
+    try:
+        os.chmod(temporary, mode, dir_fd=dir_fd)
+        replace_synced(ops, dir_fd, temporary, dir_fd, name)
+    except BaseException:
+        _unlink_quietly(ops, dir_fd, temporary)
+        raise
+
+
 def make_dir_synced(ops: FsOps, parent_fd: int, name: str, mode: int = 0o777) -> bool:
     """``mkdir`` + sync the parent; False (and nothing changed) when it already exists."""
     try:

@@ -99,10 +99,7 @@ def update_control(root: Path, agent: str, request: dict[str, Any]) -> dict[str,
     ops = durable.default_ops()
     directory = durable.open_dir_path(ops, str(root / "agent" / f"{agent}.d"))
     try:
-        temporary = f".{control}.{os.urandom(6).hex()}.tmp"
-        durable.write_file_synced(ops, directory, temporary, data, 0o644)
-        os.chmod(temporary, 0o644, dir_fd=directory)
-        durable.replace_synced(ops, directory, temporary, directory, control)
+        durable.replace_file_synced(ops, directory, control, data, 0o644)
     except OSError as exc:
         reason = f"cannot replace {control}: {exc.strerror}"
         raise CtxError(exc.errno or errno.EIO, reason) from None

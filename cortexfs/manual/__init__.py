@@ -150,10 +150,7 @@ def _install_page(
             return
         if stat.S_IMODE(existing.st_mode) == PAGE_MODE and _read_at(dir_fd, name, page) == page:
             return
-    temporary = f".{name}.{os.urandom(6).hex()}.tmp"
-    durable.write_file_synced(ops, dir_fd, temporary, page, PAGE_MODE)
-    os.chmod(temporary, PAGE_MODE, dir_fd=dir_fd)  # whatever the umask
-    durable.replace_synced(ops, dir_fd, temporary, dir_fd, name)
+    durable.replace_file_synced(ops, dir_fd, name, page, PAGE_MODE)
     (report.created if existing is None else report.repaired).append(f"{where}/{name}")
 
 

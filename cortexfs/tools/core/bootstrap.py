@@ -65,10 +65,7 @@ def _install_program(
     ops = durable.default_ops()
     directory = durable.open_dir_path(ops, str(path.parent))
     try:
-        temporary = f".{path.name}.{os.urandom(6).hex()}.tmp"
-        durable.write_file_synced(ops, directory, temporary, program, 0o755)
-        os.chmod(temporary, 0o755, dir_fd=directory)
-        durable.replace_synced(ops, directory, temporary, directory, path.name)
+        durable.replace_file_synced(ops, directory, path.name, program, 0o755)
     finally:
         ops.close(directory)
     (report.created if current is None else report.repaired).append(where)

@@ -151,13 +151,7 @@ def _replace(path: Path, text: str) -> None:
     directory = durable.open_dir_path(ops, str(path.parent))
     try:
         mode = stat.S_IMODE(os.stat(path.name, dir_fd=directory, follow_symlinks=False).st_mode)
-        temporary = f".{path.name}.{os.urandom(6).hex()}.tmp"
-        durable.write_file_synced(ops, directory, temporary, text.encode(), mode)
-        try:
-            durable.replace_synced(ops, directory, temporary, directory, path.name)
-        except BaseException:
-            os.unlink(temporary, dir_fd=directory)
-            raise
+        durable.replace_file_synced(ops, directory, path.name, text.encode(), mode)
     finally:
         ops.close(directory)
 
