@@ -26,8 +26,8 @@ from typing import Any
 
 from cortexfs import durable
 from cortexfs.errors import CtxError, denied, invalid, too_big
+from cortexfs.tools.core.hostcall import ENVIRONMENT
 
-ENVIRONMENT = "CTX_RUN_CAPABILITY"  # the descriptor number, in the tool's environment
 UPDATABLE = ("system.md", "prompt.template.md")
 MAX_UPDATE_BYTES = 8 * 1024
 _MAX_LINE = 64 * 1024

@@ -10,28 +10,12 @@ output ``{"agent", "label", "uid"}``.  Without the runner it refuses (EPERM).
 
 from __future__ import annotations
 
-import errno
-import json
-import os
-import socket
-
-from cortexfs.tools.core.toolio import Reply, ToolFailure, main
+from cortexfs.tools.core.hostcall import ask_host
+from cortexfs.tools.core.toolio import Reply, main
 
 
 def create(request: dict[str, object], native: bool) -> Reply:
-    descriptor = os.environ.get("CTX_RUN_CAPABILITY", "")
-    if not descriptor.isdigit():
-        raise ToolFailure(
-            errno.EPERM, "agent.create runs through the runner, which gives it the capability"
-        )
-    message = {"op": "agent.create", "request": request}
-    with socket.socket(fileno=int(descriptor)) as capability:
-        capability.sendall(json.dumps(message).encode() + b"\n")
-        answer = json.loads(capability.makefile("rb").readline() or b"{}")
-    if not answer.get("ok"):
-        code = answer.get("errno", errno.EIO)
-        raise ToolFailure(code, answer.get("message", "the host gave no answer"))
-    answer.pop("ok")
+    answer = ask_host("agent.create", {"op": "agent.create", "request": request})
     return Reply(answer, text=f"created agent {answer['agent']}\n".encode())
 
 

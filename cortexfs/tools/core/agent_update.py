@@ -11,30 +11,15 @@ and refuses (EPERM).
 
 from __future__ import annotations
 
-import errno
-import json
-import os
-import socket
-
-from cortexfs.tools.core.toolio import Reply, ToolFailure, main, require
+from cortexfs.tools.core.hostcall import ask_host
+from cortexfs.tools.core.toolio import Reply, main, require
 
 
 def update(request: dict[str, object], native: bool) -> Reply:
     control = require(request, "control", str)
     content = require(request, "content", str)
-    descriptor = os.environ.get("CTX_RUN_CAPABILITY", "")
-    if not descriptor.isdigit():
-        raise ToolFailure(
-            errno.EPERM, "agent.update runs through the runner, which gives it the capability"
-        )
     message = {"op": "agent.update", "control": control, "content": content}
-    with socket.socket(fileno=int(descriptor)) as capability:
-        capability.sendall(json.dumps(message).encode() + b"\n")
-        answer = json.loads(capability.makefile("rb").readline() or b"{}")
-    if not answer.get("ok"):
-        code = answer.get("errno", errno.EIO)
-        raise ToolFailure(code, answer.get("message", "the host gave no answer"))
-    answer.pop("ok")
+    answer = ask_host("agent.update", message)
     return Reply(answer, text=f"{control} of agent {answer['agent']} updated\n".encode())
 
 

@@ -60,6 +60,7 @@ BUNDLED = (
     "cortexfs/tools/__init__.py",
     "cortexfs/tools/core/__init__.py",
     "cortexfs/tools/core/confine.py",
+    "cortexfs/tools/core/hostcall.py",
     "cortexfs/tools/core/mcp_bridge.py",
     "cortexfs/tools/core/toolio.py",
     "cortexfs/tools/core/tsh.py",

@@ -1,0 +1,34 @@
+"""Asking the host over the run capability, from a core tool (SPEC A-4, A-5).
+
+The runner gives the tools of ``cortexfs.tools.core.NEEDS_CAPABILITY`` one end of a socket
+pair, named by ``CTX_RUN_CAPABILITY`` (:mod:`cortexfs.agents.capability` serves the other).
+One request, one answer, each one JSON line.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import socket
+from typing import Any
+
+from cortexfs.tools.core.toolio import ToolFailure
+
+ENVIRONMENT = "CTX_RUN_CAPABILITY"
+
+
+def ask_host(tool: str, request: dict[str, Any]) -> dict[str, Any]:
+    """The host's answer to ``request``; its refusal (or no capability: EPERM) as a failure."""
+    descriptor = os.environ.get(ENVIRONMENT, "")
+    if not descriptor.isdigit():
+        raise ToolFailure(
+            errno.EPERM, f"{tool} runs through the runner, which gives it the capability"
+        )
+    with socket.socket(fileno=int(descriptor)) as capability:
+        capability.sendall(json.dumps(request).encode() + b"\n")
+        answer = json.loads(capability.makefile("rb").readline() or b"{}")
+    if not answer.pop("ok", False):
+        message = answer.get("message", "the host gave no answer")
+        raise ToolFailure(answer.get("errno", errno.EIO), message)
+    return answer
