@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -40,6 +41,12 @@ def ctx(world: World, *args: str) -> subprocess.CompletedProcess[str]:
         [sys.executable, "-m", "cortexfs", "--storage", str(world.root), *args],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
+
+
+def fresh_session() -> str:
+    """A session name no other test uses: the terminal's sockets live under /run, keyed by
+    uid, agent and session, whatever the storage root, and tests may run side by side."""
+    return f"t{uuid.uuid4().hex[:12]}"
 
 
 class Client:
@@ -74,13 +81,14 @@ class Client:
 def terminal(world: World) -> Iterator[dict[str, str]]:
     world.agent("coder", tools=["fs.stat"])
     world.allow_tool("fs.stat")
-    started = ctx(world, "agent", "start", "coder", "--session", "t1", "--json")
+    session = fresh_session()
+    started = ctx(world, "agent", "start", "coder", "--session", session, "--json")
     assert started.returncode == 0, started.stderr
     facts = json.loads(started.stdout)
     try:
         yield facts
     finally:
-        ctx(world, "agent", "stop", "coder", "--session", "t1")
+        ctx(world, "agent", "stop", "coder", "--session", session)
 
 
 def test_tsh_runs_a_tool_through_the_chain_and_records_it(
@@ -92,7 +100,7 @@ def test_tsh_runs_a_tool_through_the_chain_and_records_it(
     client.type("fs.stat /workspace")
 
     assert "type: directory" in client.expect(r"type: directory[\s\S]*coder\$ ")
-    events = world.events("coder", "t1")
+    events = world.events("coder", terminal["session"])
     assert [e["type"] for e in events][-2:] == ["tool_call", "tool_result"]
     assert events[-2]["mode"] == "terminal" and events[-2]["argv"] == ["/workspace"]
     client.close()
@@ -126,7 +134,7 @@ def test_a_watcher_sees_the_output_and_cannot_type(world: World, terminal: dict[
     user.type("fs.stat /workspace")
 
     watcher.expect(r"type: directory")
-    calls = [e for e in world.events("coder", "t1") if e["type"] == "tool_call"]
+    calls = [e for e in world.events("coder", terminal["session"]) if e["type"] == "tool_call"]
     assert [e["argv"] for e in calls] == [["/workspace"]]
     watcher.close()
     user.close()
@@ -151,16 +159,16 @@ def test_exit_ends_the_terminal_and_leaves_nothing_behind(
 
 
 def test_stop_ends_a_running_terminal(world: World, terminal: dict[str, str]) -> None:
-    stopped = ctx(world, "agent", "stop", "coder", "--session", "t1")
+    stopped = ctx(world, "agent", "stop", "coder", "--session", terminal["session"])
 
     assert stopped.returncode == 0, stopped.stderr
     assert not Path(terminal["listening_at"]).exists()
-    again = ctx(world, "agent", "stop", "coder", "--session", "t1")
+    again = ctx(world, "agent", "stop", "coder", "--session", terminal["session"])
     assert again.returncode == 1 and "ENOENT" in again.stderr
 
 
 def test_a_session_runs_once(world: World, terminal: dict[str, str]) -> None:
-    twice = ctx(world, "agent", "start", "coder", "--session", "t1")
+    twice = ctx(world, "agent", "start", "coder", "--session", terminal["session"])
 
     assert twice.returncode == 1 and "EEXIST" in twice.stderr
 
@@ -177,7 +185,8 @@ def test_ctrl_c_interrupts_the_running_tool_not_the_terminal(world: World) -> No
     world.install("sh.sleep", "#!/bin/sh\nsleep 60\n")
     world.agent("sleeper", tools=["sh.sleep"])
     world.allow_tool("sh.sleep", label="sleeper_t")
-    started = ctx(world, "agent", "start", "sleeper", "--session", "t2", "--json")
+    session = fresh_session()
+    started = ctx(world, "agent", "start", "sleeper", "--session", session, "--json")
     assert started.returncode == 0, started.stderr
     try:
         client = Client(json.loads(started.stdout)["listening_at"], "attach")
@@ -190,30 +199,31 @@ def test_ctrl_c_interrupts_the_running_tool_not_the_terminal(world: World) -> No
 
         client.expect(r"sh\.sleep\r?\n[\s\S]*sleeper\$ ")
         assert time.monotonic() - began < 20, "the tool was interrupted, not waited for"
-        result = [e for e in world.events("sleeper", "t2") if e["type"] == "tool_result"][-1]
+        result = [e for e in world.events("sleeper", session) if e["type"] == "tool_result"][-1]
         assert result["exit_status"] == 130  # 128 + SIGINT
         client.type("help")
         client.expect(r"tsh runs CortexFS tools")  # the terminal goes on
     finally:
-        ctx(world, "agent", "stop", "sleeper", "--session", "t2")
+        ctx(world, "agent", "stop", "sleeper", "--session", session)
 
 
 def test_a_link_planted_in_the_session_does_not_redirect_the_socket(world: World) -> None:
     """The session directory belongs to the agent's uid; root never writes through its links."""
     world.agent("coder", tools=["fs.stat"])
-    session = world.root / "home" / str(world.user.uid) / "agent" / "coder" / "session" / "t3"
+    name = fresh_session()
+    session = world.root / "home" / str(world.user.uid) / "agent" / "coder" / "session" / name
     session.mkdir(parents=True)
     elsewhere = world.scratch / "elsewhere"
     elsewhere.mkdir()
     (session / "terminal").symlink_to(elsewhere)
 
-    started = ctx(world, "agent", "start", "coder", "--session", "t3")
+    started = ctx(world, "agent", "start", "coder", "--session", name)
 
     try:
         assert started.returncode == 1, started.stdout
         assert "ELOOP" in started.stderr
         assert os.listdir(elsewhere) == []
-        leftovers = Path("/run/cortexfs/terminal", str(world.user.uid), "coder", "t3")
+        leftovers = Path("/run/cortexfs/terminal", str(world.user.uid), "coder", name)
         assert not leftovers.exists(), "a failed start cleans up after itself"
     finally:
-        ctx(world, "agent", "stop", "coder", "--session", "t3")
+        ctx(world, "agent", "stop", "coder", "--session", name)
