@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pyfuse3
 
+from cortexfs import durable
 from cortexfs.fuse.projection import Projection
 
 ENTRY_TIMEOUT = 1.0  # seconds the kernel may keep a name's answer: how late a policy change shows
@@ -229,7 +230,7 @@ class StorageFS(pyfuse3.Operations):
         if flags & pyfuse3.RENAME_EXCHANGE:
             raise pyfuse3.FUSEError(errno.EINVAL)
         with self._parent(old) as source, self._parent(new) as target:
-            if flags & pyfuse3.RENAME_NOREPLACE and _exists(target, new[-1]):
+            if flags & pyfuse3.RENAME_NOREPLACE and durable.lstat_at(target, new[-1]) is not None:
                 raise pyfuse3.FUSEError(errno.EEXIST)
             _call(os.rename, old[-1], new[-1], src_dir_fd=source, dst_dir_fd=target)
 
@@ -268,7 +269,7 @@ class StorageFS(pyfuse3.Operations):
         self._writable(parts)
         if not existing_ok:
             with self._parent(parts) as directory:
-                if _exists(directory, text):
+                if durable.lstat_at(directory, text) is not None:
                     raise pyfuse3.FUSEError(errno.EEXIST)
         return parts
 
@@ -288,14 +289,6 @@ def _call(function, *args, **kwargs):  # type: ignore[no-untyped-def]
         return function(*args, **kwargs)
     except OSError as exc:
         raise pyfuse3.FUSEError(exc.errno or errno.EIO) from None
-
-
-def _exists(directory: int, name: str) -> bool:
-    try:
-        os.stat(name, dir_fd=directory, follow_symlinks=False)
-    except FileNotFoundError:
-        return False
-    return True
 
 
 def serve(root: Path, mountpoint: Path, projection: Projection, *, allow_other: bool) -> None:
