@@ -33,6 +33,7 @@ from cortexfs.tools.core.toolio import ToolFailure
 
 _PLACE = os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY | os.O_CLOEXEC
 _LISTABLE = os.O_RDONLY | os.O_NOFOLLOW | os.O_DIRECTORY | os.O_CLOEXEC
+_READABLE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 class Mount(NamedTuple):
@@ -124,6 +125,23 @@ def reporting(place: Place) -> Iterator[None]:
         yield
     except OSError as exc:
         raise _failure(exc, place.view) from None
+
+
+def open_regular_file(place: Place) -> tuple[int, os.stat_result]:
+    """``place`` opened for reading, with its status: never through a link, never waiting on
+    a FIFO, and only a regular file (EINVAL otherwise)."""
+    parent = open_parent(place)
+    try:
+        refuse_link(place, lstat_at(parent, place.name))
+        with reporting(place):
+            fd = os.open(place.name, _READABLE, dir_fd=parent)
+    finally:
+        os.close(parent)
+    status = os.fstat(fd)
+    if not stat.S_ISREG(status.st_mode):
+        os.close(fd)
+        raise ToolFailure(errno.EINVAL, f"{place.view} is not a regular file")
+    return fd, status
 
 
 def lstat_at(dir_fd: int, name: str) -> os.stat_result | None:

@@ -10,13 +10,11 @@ from __future__ import annotations
 import base64
 import errno
 import os
-import stat
 
 from cortexfs.tools.core import confine
 from cortexfs.tools.core.toolio import Reply, ToolFailure, main, require
 
 MAX_LENGTH = 1024 * 1024
-_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 def read(request: dict[str, object], native: bool) -> Reply:
@@ -27,17 +25,8 @@ def read(request: dict[str, object], native: bool) -> Reply:
         raise ToolFailure(
             errno.EINVAL, f"offset must be >= 0 and length from 0 to {MAX_LENGTH}", usage=True
         )
-    parent = confine.open_parent(place)
+    fd, status = confine.open_regular_file(place)
     try:
-        confine.refuse_link(place, confine.lstat_at(parent, place.name))
-        with confine.reporting(place):
-            fd = os.open(place.name, _READ, dir_fd=parent)
-    finally:
-        os.close(parent)
-    try:
-        status = os.fstat(fd)
-        if not stat.S_ISREG(status.st_mode):
-            raise ToolFailure(errno.EINVAL, f"{place.view} is not a regular file")
         data = os.pread(fd, length, offset)
     finally:
         os.close(fd)

@@ -21,7 +21,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import stat
 import sys
 from pathlib import Path
 from typing import Any
@@ -52,17 +51,9 @@ def read_locator(executable: str) -> dict[str, str]:
 def read_config(view_path: str) -> bytes:
     """The configuration file at ``view_path`` in the agent's view."""
     place = confine.View.from_environment(os.environ).locate(view_path)
-    parent = confine.open_parent(place)
-    try:
-        confine.refuse_link(place, confine.lstat_at(parent, place.name))
-        with confine.reporting(place):
-            fd = os.open(place.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=parent)
-        with open(fd, "rb") as config:
-            if not stat.S_ISREG(os.fstat(config.fileno()).st_mode):
-                raise ToolFailure(errno.EINVAL, f"{place.view} is not a regular file")
-            return config.read(MAX_CONFIG_BYTES + 1)
-    finally:
-        os.close(parent)
+    fd, _ = confine.open_regular_file(place)
+    with open(fd, "rb") as config:
+        return config.read(MAX_CONFIG_BYTES + 1)
 
 
 def call(locator: dict[str, str], request: dict[str, Any], native: bool) -> Reply:
