@@ -12,8 +12,6 @@ import os
 import re
 import shutil
 import socket
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -21,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.cli import ctx
 from tests.tools.support import World
 
 try:
@@ -34,13 +33,6 @@ pytestmark = [
     pytest.mark.skipif(not os.path.exists("/dev/fuse"), reason="no /dev/fuse on this machine"),
     pytest.mark.skipif(pyfuse3 is None, reason="pyfuse3 (the 'fuse' extra) is not installed"),
 ]
-
-
-def ctx(world: World, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "cortexfs", "--storage", str(world.root), *args],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
 
 
 def fresh_session() -> str:
@@ -82,13 +74,13 @@ def terminal(world: World) -> Iterator[dict[str, str]]:
     world.agent("coder", tools=["fs.stat"])
     world.allow_tool("fs.stat")
     session = fresh_session()
-    started = ctx(world, "agent", "start", "coder", "--session", session, "--json")
+    started = ctx(world.root, "agent", "start", "coder", "--session", session, "--json")
     assert started.returncode == 0, started.stderr
     facts = json.loads(started.stdout)
     try:
         yield facts
     finally:
-        ctx(world, "agent", "stop", "coder", "--session", session)
+        ctx(world.root, "agent", "stop", "coder", "--session", session)
 
 
 def test_tsh_runs_a_tool_through_the_chain_and_records_it(
@@ -159,16 +151,16 @@ def test_exit_ends_the_terminal_and_leaves_nothing_behind(
 
 
 def test_stop_ends_a_running_terminal(world: World, terminal: dict[str, str]) -> None:
-    stopped = ctx(world, "agent", "stop", "coder", "--session", terminal["session"])
+    stopped = ctx(world.root, "agent", "stop", "coder", "--session", terminal["session"])
 
     assert stopped.returncode == 0, stopped.stderr
     assert not Path(terminal["listening_at"]).exists()
-    again = ctx(world, "agent", "stop", "coder", "--session", terminal["session"])
+    again = ctx(world.root, "agent", "stop", "coder", "--session", terminal["session"])
     assert again.returncode == 1 and "ENOENT" in again.stderr
 
 
 def test_a_session_runs_once(world: World, terminal: dict[str, str]) -> None:
-    twice = ctx(world, "agent", "start", "coder", "--session", terminal["session"])
+    twice = ctx(world.root, "agent", "start", "coder", "--session", terminal["session"])
 
     assert twice.returncode == 1 and "EEXIST" in twice.stderr
 
@@ -176,7 +168,7 @@ def test_a_session_runs_once(world: World, terminal: dict[str, str]) -> None:
 def test_watch_and_attach_need_a_running_terminal(world: World) -> None:
     world.agent("coder", tools=["fs.stat"])
 
-    refused = ctx(world, "agent", "watch", "coder", "--session", "none")
+    refused = ctx(world.root, "agent", "watch", "coder", "--session", "none")
 
     assert refused.returncode == 1 and "ENOENT" in refused.stderr
 
@@ -186,7 +178,7 @@ def test_ctrl_c_interrupts_the_running_tool_not_the_terminal(world: World) -> No
     world.agent("sleeper", tools=["sh.sleep"])
     world.allow_tool("sh.sleep", label="sleeper_t")
     session = fresh_session()
-    started = ctx(world, "agent", "start", "sleeper", "--session", session, "--json")
+    started = ctx(world.root, "agent", "start", "sleeper", "--session", session, "--json")
     assert started.returncode == 0, started.stderr
     try:
         client = Client(json.loads(started.stdout)["listening_at"], "attach")
@@ -204,7 +196,7 @@ def test_ctrl_c_interrupts_the_running_tool_not_the_terminal(world: World) -> No
         client.type("help")
         client.expect(r"tsh runs CortexFS tools")  # the terminal goes on
     finally:
-        ctx(world, "agent", "stop", "sleeper", "--session", session)
+        ctx(world.root, "agent", "stop", "sleeper", "--session", session)
 
 
 def test_a_link_planted_in_the_session_does_not_redirect_the_socket(world: World) -> None:
@@ -217,7 +209,7 @@ def test_a_link_planted_in_the_session_does_not_redirect_the_socket(world: World
     elsewhere.mkdir()
     (session / "terminal").symlink_to(elsewhere)
 
-    started = ctx(world, "agent", "start", "coder", "--session", name)
+    started = ctx(world.root, "agent", "start", "coder", "--session", name)
 
     try:
         assert started.returncode == 1, started.stdout
@@ -226,4 +218,4 @@ def test_a_link_planted_in_the_session_does_not_redirect_the_socket(world: World
         leftovers = Path("/run/cortexfs/terminal", str(world.user.uid), "coder", name)
         assert not leftovers.exists(), "a failed start cleans up after itself"
     finally:
-        ctx(world, "agent", "stop", "coder", "--session", name)
+        ctx(world.root, "agent", "stop", "coder", "--session", name)
