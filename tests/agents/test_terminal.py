@@ -104,10 +104,12 @@ def test_tsh_runs_no_host_command_and_no_tool_outside_the_agents_view(
     client = Client(terminal["listening_at"], "attach")
     client.expect(r"coder\$ ")
 
+    # Each refusal is followed by its prompt before the next line is typed: the terminal
+    # echoes typed input at once, which could otherwise land before the previous prompt.
     client.type("ls /")
-    client.expect(r"tsh: ls: not a tool on CTX_PATH")
+    client.expect(r"tsh: ls: not a tool on CTX_PATH[^\n]*\n[\s\S]*coder\$ ")
     client.type("shell.exec 'id'")
-    client.expect(r"tsh: shell.exec: not a tool on CTX_PATH")
+    client.expect(r"tsh: shell.exec: not a tool on CTX_PATH[^\n]*\n[\s\S]*coder\$ ")
     client.type("tools")
 
     listed = client.expect(r"tools\r?\n[\s\S]*coder\$ ").rsplit("tools", 1)[1]
