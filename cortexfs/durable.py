@@ -34,6 +34,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
 from cortexfs.errors import CtxError
+from cortexfs.libc import check, libc
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _NEW_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -41,24 +42,6 @@ _RENAME_NOREPLACE = 1
 
 MOVE_RENAME = "rename"
 MOVE_LINK = "link"
-
-
-@functools.cache
-def _libc() -> Any:
-    """The C library, for the calls ``os`` lacks (renameat2, syncfs, fstatfs): through the
-    interpreter's own symbols, since find_library("c") runs ldconfig, and loaded on first use,
-    since ctypes costs each start of ctx a few milliseconds that ``ctx run`` never needs."""
-    import ctypes
-
-    return ctypes.CDLL(None, use_errno=True)
-
-
-def _check(result: int, what: str) -> None:
-    if result != 0:
-        import ctypes
-
-        code = ctypes.get_errno()
-        raise OSError(code, os.strerror(code), what)
 
 
 class FsOps:
@@ -117,7 +100,7 @@ class FsOps:
         os.fsync(fd)
 
     def syncfs(self, fd: int) -> None:
-        _check(_libc().syncfs(fd), "syncfs")
+        check(libc().syncfs(fd), "syncfs")
 
     def link(self, src: str, src_dir_fd: int, dst: str, dst_dir_fd: int) -> None:
         os.link(src, dst, src_dir_fd=src_dir_fd, dst_dir_fd=dst_dir_fd, follow_symlinks=False)
@@ -128,10 +111,10 @@ class FsOps:
 
     def rename_noreplace(self, src: str, src_dir_fd: int, dst: str, dst_dir_fd: int) -> None:
         """``renameat2(RENAME_NOREPLACE)``: EEXIST when ``dst`` exists; EINVAL where unsupported."""
-        result = _libc().renameat2(
+        result = libc().renameat2(
             src_dir_fd, os.fsencode(src), dst_dir_fd, os.fsencode(dst), _RENAME_NOREPLACE
         )
-        _check(result, f"renameat2 {src} -> {dst}")
+        check(result, f"renameat2 {src} -> {dst}")
 
 
 _DEFAULT_OPS = FsOps()
@@ -168,7 +151,7 @@ def filesystem_type(dir_fd: int) -> int:
     import ctypes
 
     buf = _statfs_buffer()()
-    _check(_libc().fstatfs(dir_fd, ctypes.byref(buf)), "fstatfs")
+    check(libc().fstatfs(dir_fd, ctypes.byref(buf)), "fstatfs")
     return buf.f_type & 0xFFFFFFFF
 
 

@@ -188,6 +188,7 @@ class Terminal:
         }
         command = [
             "bwrap", "--die-with-parent", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
+            *self._network_isolation(),
             "--hostname", f"{self.view.name}", "--proc", "/proc", "--dev", "/dev",
             "--tmpfs", "/tmp", "--tmpfs", "/run",
             *_system_binds(),
@@ -213,6 +214,11 @@ class Terminal:
         os.close(slave)
         os.set_blocking(self.master, False)
         self.selector.register(self.master, selectors.EVENT_READ, self._shell_output)
+
+    def _network_isolation(self) -> list[str]:
+        """No network in the terminal without ``network:default connect`` (P-4).  tsh reaches
+        the host through the run socket, a path, which works from any network namespace."""
+        return [] if self.view.allows("network", "default", "connect") else ["--unshare-net"]
 
     def _workspace(self) -> bool:
         return any(str(m.target) == "/workspace" for m in self.view.visible_mounts())

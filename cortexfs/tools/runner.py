@@ -327,7 +327,8 @@ class _Call:
             tool=self.tool_name, session=self.session_ref.name, call=self.call, mode=self.mode
         )
         _, cwd = self.view.working_directory()
-        return ProcessSpec(argv, env, str(cwd), self.view.identity, timeout)
+        may_connect = self.view.allows("network", "default", "connect")
+        return ProcessSpec(argv, env, str(cwd), self.view.identity, timeout, network=may_connect)
 
     def _caller(self) -> Credentials:
         """The credentials the tool will run with: the agent's as root, ours otherwise (P-5 1)."""

@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import IO, NamedTuple
 
 from cortexfs.policy import Identity
+from cortexfs.tools import offline
 
 MAX_OUTPUT_BYTES = 16 * 1024 * 1024
 MAX_STDERR_TAIL = 64 * 1024
@@ -47,6 +48,7 @@ class ProcessSpec(NamedTuple):
     identity: Identity | None
     timeout: float | None
     pass_fds: tuple[int, ...] = ()  # descriptors the process inherits (a capability channel)
+    network: bool = False  # may it reach the network (P-4)? see cortexfs.tools.offline
 
 
 class Finished(NamedTuple):
@@ -72,18 +74,19 @@ def run_captured(
     """Run with pipes: feed ``stdin_data``, capture stdout (bounded) and stderr (its tail)."""
     started = time.monotonic()
     argv, credentials = _launch(spec)
-    process = subprocess.Popen(
-        argv,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=dict(spec.env),
-        cwd=spec.cwd,
-        start_new_session=True,
-        close_fds=True,
-        pass_fds=spec.pass_fds,
-        **credentials,
-    )
+    with _network(spec):
+        process = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=dict(spec.env),
+            cwd=spec.cwd,
+            start_new_session=True,
+            close_fds=True,
+            pass_fds=spec.pass_fds,
+            **credentials,
+        )
     if on_start:
         on_start(process.pid)
     pump = _Pump(process, stdin_data, max_output, on_stderr_line)
@@ -108,15 +111,16 @@ def run_attached(spec: ProcessSpec) -> Finished:
     """Run with the caller's stdin, stdout and stderr (terminal CLI mode, T-3)."""
     started = time.monotonic()
     argv, credentials = _launch(spec)
-    process = subprocess.Popen(
-        argv,
-        env=dict(spec.env),
-        cwd=spec.cwd,
-        process_group=0,
-        close_fds=True,
-        pass_fds=spec.pass_fds,
-        **credentials,
-    )
+    with _network(spec):
+        process = subprocess.Popen(
+            argv,
+            env=dict(spec.env),
+            cwd=spec.cwd,
+            process_group=0,
+            close_fds=True,
+            pass_fds=spec.pass_fds,
+            **credentials,
+        )
     with _foreground(process.pid), _forwarding_signals(process.pid):
         timed_out = not _exits_within(process.pid, spec.timeout)
         if timed_out:
@@ -262,12 +266,16 @@ _SETPRIV = shutil.which("setpriv")
 
 def _launch(spec: ProcessSpec) -> tuple[list[str], dict[str, object]]:
     """The argv to start and the credential arguments for :class:`subprocess.Popen`."""
-    identity = spec.identity if os.geteuid() == 0 else None
+    as_root = os.geteuid() == 0
+    identity = spec.identity if as_root else None
+    # Without root the network namespace needs a user namespace of the tool's own (see
+    # cortexfs.tools.offline); as root the caller's thread carries the namespace instead.
+    isolation = [] if spec.network or as_root else offline.argv_prefix()
     if _SETPRIV is None:
         if identity is None:
-            return list(spec.argv), {}
+            return [*isolation, *spec.argv], {}
         groups = sorted(identity.groups)
-        return list(spec.argv), {
+        return [*isolation, *spec.argv], {
             "user": identity.uid,
             "group": identity.gid,
             "extra_groups": groups,
@@ -277,7 +285,14 @@ def _launch(spec: ProcessSpec) -> tuple[list[str], dict[str, object]]:
         groups = ",".join(str(g) for g in sorted(identity.groups))
         prefix += [f"--reuid={identity.uid}", f"--regid={identity.gid}"]
         prefix += [f"--groups={groups}"] if groups else ["--clear-groups"]
-    return [*prefix, "--pdeathsig=KILL", "--", *spec.argv], {}
+    return [*isolation, *prefix, "--pdeathsig=KILL", "--", *spec.argv], {}
+
+
+def _network(spec: ProcessSpec) -> contextlib.AbstractContextManager[None]:
+    """Where a root host starts the process: in the offline namespace unless it may connect."""
+    if spec.network or os.geteuid() != 0:
+        return contextlib.nullcontext()
+    return offline.this_thread()
 
 
 def _kill_group(pgid: int) -> None:

@@ -221,3 +221,48 @@ def test_a_link_planted_in_the_session_does_not_redirect_the_socket(world: World
         assert not leftovers.exists(), "a failed start cleans up after itself"
     finally:
         ctx(world.root, "agent", "stop", "coder", "--session", name)
+
+
+def tsh_process(session: str, timeout: float = 20) -> int:
+    """The pid of the tsh serving ``session``, found by the environment ctxterm gave it (and
+    not bubblewrap's, which was given the same)."""
+    marker = f"CTX_SESSION={session}".encode()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                environment = Path("/proc", entry, "environ").read_bytes().split(b"\0")
+                command = Path("/proc", entry, "cmdline").read_bytes()
+            except OSError:
+                continue
+            program = os.path.basename(command.split(b"\0")[0])
+            if marker in environment and b"/ctx/bin/tsh" in command and program != b"bwrap":
+                return int(entry)
+        time.sleep(0.1)
+    raise AssertionError(f"no tsh for session {session}")
+
+
+@pytest.mark.parametrize("may_connect", [False, True])
+def test_the_terminal_has_a_network_only_with_the_grant(world: World, may_connect: bool) -> None:
+    world.agent("coder", tools=["fs.stat"])
+    if may_connect:
+        with open(world.root / "agent" / "coder.d" / "policy", "a") as policy:
+            policy.write("allow coder_t network:default connect\n")
+    session = fresh_session()
+    started = ctx(world.root, "agent", "start", "coder", "--session", session)
+    assert started.returncode == 0, started.stderr
+    try:
+        tsh = tsh_process(session)
+
+        same_network = os.readlink(f"/proc/{tsh}/ns/net") == os.readlink("/proc/self/ns/net")
+        interfaces = [
+            line.split(":")[0].strip()
+            for line in Path(f"/proc/{tsh}/net/dev").read_text().splitlines()[2:]
+        ]
+
+        assert same_network is may_connect
+        assert (interfaces == ["lo"]) is not may_connect
+    finally:
+        ctx(world.root, "agent", "stop", "coder", "--session", session)

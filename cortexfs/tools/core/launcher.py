@@ -52,6 +52,7 @@ BUNDLED = (
     "cortexfs/durable.py",
     "cortexfs/errors.py",
     "cortexfs/keyvalue.py",
+    "cortexfs/libc.py",
     "cortexfs/mcp/__init__.py",
     "cortexfs/mcp/client.py",
     "cortexfs/mcp/config.py",

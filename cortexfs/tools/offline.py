@@ -1,0 +1,120 @@
+"""Tool processes without network access, unless the agent's policy grants it (P-4).
+
+``allow <label> network:default connect`` is the only way to the network.  Without it a tool
+(and its hooks) runs in a network namespace of its own that holds nothing but a loopback device
+that is down: every ``connect``, even to ``127.0.0.1`` of the host, fails with ``ENETUNREACH``.
+
+How the namespace is entered depends on who the host is:
+
+* **root** — the process keeps one such namespace for all its calls (created on the first
+  one, kept alive by a descriptor).  The calling thread joins it with ``setns`` just while it
+  starts the tool, which inherits it, and returns at once.  A worker pays for the namespace
+  once instead of once per job, and nothing extra is executed.
+* **anyone else** — ``unshare --user --map-current-user --net`` is put in front of the tool:
+  an unprivileged process may make a network namespace only inside a user namespace of its
+  own, and cannot come back out of one, so the new namespaces belong to the tool alone.  The
+  tool keeps its uid (mapped onto itself), its groups and its pid.
+
+When a namespace cannot be made (no ``CAP_SYS_ADMIN``, user namespaces switched off) the call
+is refused with ``EACCES`` rather than run with the network: default deny (P-2).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import functools
+import os
+import shutil
+import subprocess
+import threading
+from collections.abc import Iterator
+
+from cortexfs.errors import CtxError
+from cortexfs.libc import check, libc
+
+_CLONE_NEWNET = 0x40000000
+_OWN_NAMESPACE = "/proc/thread-self/ns/net"
+_UNSHARE = shutil.which("unshare")
+
+_offline_namespace: int | None = None
+_creating = threading.Lock()
+
+
+def argv_prefix() -> list[str]:
+    """What a non-root host puts in front of a tool's argv to start it offline."""
+    if _UNSHARE is None:
+        raise _cannot_isolate("unshare(1) from util-linux is not installed")
+    prefix = [_UNSHARE, "--user", "--map-current-user", "--net", "--"]
+    _require_working(tuple(prefix))
+    return prefix
+
+
+@functools.cache
+def _require_working(prefix: tuple[str, ...]) -> None:
+    """Try the prefix once per process, so that a host without user namespaces refuses the
+    call with a reason instead of reporting unshare's failure as the tool's."""
+    probe = subprocess.run(
+        [*prefix, "true"], stdin=subprocess.DEVNULL, capture_output=True, text=True
+    )
+    if probe.returncode != 0:
+        message = probe.stderr.strip().splitlines()[-1:] or [f"exit {probe.returncode}"]
+        raise _cannot_isolate(message[0])
+
+
+@contextlib.contextmanager
+def this_thread() -> Iterator[None]:
+    """Run the block with the calling thread in the offline namespace (root only): processes
+    started inside it stay there; the thread itself is back in its own namespace afterwards."""
+    offline = _offline()
+    own = os.open(_OWN_NAMESPACE, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        _setns(offline)
+        try:
+            yield
+        finally:
+            _setns(own)  # namespaces are per thread: only this thread ever moved
+    finally:
+        os.close(own)
+
+
+def _offline() -> int:
+    """The descriptor of this process's offline namespace, made on first use."""
+    global _offline_namespace
+    with _creating:
+        if _offline_namespace is None:
+            own = os.open(_OWN_NAMESPACE, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                _unshare_network()
+                try:
+                    _offline_namespace = os.open(_OWN_NAMESPACE, os.O_RDONLY | os.O_CLOEXEC)
+                finally:
+                    _setns(own)
+            finally:
+                os.close(own)
+        return _offline_namespace
+
+
+def _unshare_network() -> None:
+    try:
+        if hasattr(os, "unshare"):  # Python 3.12+
+            os.unshare(_CLONE_NEWNET)
+        else:
+            check(libc().unshare(_CLONE_NEWNET), "unshare(CLONE_NEWNET)")
+    except OSError as error:
+        raise _cannot_isolate(f"unshare(CLONE_NEWNET): {error.strerror}") from None
+
+
+def _setns(descriptor: int) -> None:
+    if hasattr(os, "setns"):  # Python 3.12+
+        os.setns(descriptor, _CLONE_NEWNET)
+    else:
+        check(libc().setns(descriptor, _CLONE_NEWNET), "setns(CLONE_NEWNET)")
+
+
+def _cannot_isolate(reason: str) -> CtxError:
+    return CtxError(
+        errno.EACCES,
+        f"the agent may not use the network (no 'network:default connect' in its policy, "
+        f"SPEC P-4) and this host cannot start a process without it: {reason}",
+    )
