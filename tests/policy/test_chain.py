@@ -224,7 +224,11 @@ def test_a_malformed_mount_table_denies(root: Path, coder: Path, user: Unprivile
 
 @pytest.mark.parametrize(
     ("label", "reason"),
-    [(None, "has no label"), ("coder\n", "must end in '_t'"), ("coder_t reviewer_t\n", "label")],
+    [
+        (None, "has no label"),
+        ("coder.d\n", "illegal subject type"),
+        ("coder_t reviewer_t\n", "label"),
+    ],
 )
 def test_an_agent_needs_a_valid_label(
     root: Path, coder: Path, user: UnprivilegedUser, label: str | None, reason: str

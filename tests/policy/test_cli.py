@@ -45,7 +45,7 @@ def test_check_reports_every_bad_line_of_every_file(policies: Path) -> None:
         "deny coder_t tool:fs.write execute\n"
         "allow coder_t tool:fs.read read\n",
     )
-    worse = write(policies / "worse.policy", "allow coder tool:fs.read execute\n")
+    worse = write(policies / "worse.policy", "allow coder.d tool:fs.read execute\n")
     done = ctx("check", str(bad), str(policies / "coder.policy"), str(worse))
     assert done.returncode == 1
     assert done.stdout == ""
@@ -54,7 +54,8 @@ def test_check_reports_every_bad_line_of_every_file(policies: Path) -> None:
         f"{bad}:4: EINVAL: there is no 'deny' (P-2): policy v0 denies whatever no rule allows",
         f"{bad}:5: EINVAL: 'read' is a permission of shared, session, mount, agent, not of "
         "tool; tool has execute",
-        f"{worse}:1: EINVAL: subject type 'coder' must end in '_t', e.g. coder_t",
+        f"{worse}:1: EINVAL: illegal subject type: 'coder.d' ends in '.d', which is reserved "
+        "for control directories",
     ]
 
 
@@ -95,7 +96,7 @@ def test_query_requires_every_policy_to_allow(policies: Path) -> None:
 @pytest.mark.parametrize(
     "query",
     [
-        ["coder", "tool:fs.read", "execute"],
+        ["coder.d", "tool:fs.read", "execute"],
         ["coder_t", "file:README", "read"],
         ["coder_t", "tool:fs.read", "read"],
         ["coder_t", "tool:*", "execute"],
@@ -110,7 +111,7 @@ def test_a_malformed_query_exits_2_with_einval(policies: Path, query: list[str])
 
 
 def test_a_malformed_policy_exits_2_with_every_bad_line(policies: Path) -> None:
-    bad = write(policies / "bad.policy", "allow coder_t tool:* execute\nallow x tool:y execute\n")
+    bad = write(policies / "bad.policy", "allow coder_t tool:* execute\nallow x.d tool:y execute\n")
     done = ctx("query", "--policy", str(bad), "coder_t", "tool:fs.read", "execute")
     assert (done.returncode, done.stdout) == (2, "")
     assert [line.split(": ")[:2] for line in done.stderr.splitlines()] == [

@@ -96,8 +96,8 @@ def test_every_class_with_every_permission(object_class: str, permission: str) -
         ("allow coder_t tool: execute", "must not be empty"),
         ("allow coder_t tool:a:b execute", "must start with a letter or digit"),
         ("Allow coder_t tool:fs.read execute", "unknown statement 'Allow'"),
-        # Subject types (an object name ending in _t).
-        ("allow coder tool:fs.read execute", "must end in '_t'"),
+        # Subject types (an object name; the _t suffix is a convention, not a rule).
+        ("allow coder.d tool:fs.read execute", "reserved for control directories"),
         ("allow _t tool:fs.read execute", "illegal subject type"),
         ("allow -coder_t tool:fs.read execute", "illegal subject type"),
         (f"allow {'c' * 63}_t tool:fs.read execute", "at most 64 are allowed"),
@@ -212,3 +212,14 @@ def test_a_rule_line_in_bytes_must_be_ascii() -> None:
         parse_rules_bytes(b"allow coder_t tool:fs.read execute\nallow coder_t tool:\xff execute\n")
     (problem,) = raised.value.problems
     assert (problem.line, problem.reason) == (2, "a rule line must be ASCII text")
+
+
+def test_a_subject_type_is_any_object_name() -> None:
+    """SPEC P-1 writes ``<subject_type>`` and ``allow X network:default connect``; ``_t`` is
+    the convention of the examples, not part of the syntax."""
+    text = "allow X network:default connect\nallow coder tool:fs.read execute\n"
+
+    assert parse_rules(text) == [
+        Rule("X", "network", "default", "connect"),
+        Rule("coder", "tool", "fs.read", "execute"),
+    ]
