@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -101,6 +102,11 @@ def handles_errors(fn: F) -> F:
             return fn(*args, **kwargs)
         except CtxError as exc:
             fail(exc, as_json=as_json)
+        except BrokenPipeError:
+            # The reader of our output left (`ctx queue status | head -1`): end quietly, and
+            # point stdout at /dev/null so the interpreter's last flush cannot complain either.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            sys.exit(EXIT_REFUSED)
         except OSError as exc:
             fail(CtxError(exc.errno or 5, f"{exc.filename or ''}: {exc.strerror}"), as_json=as_json)
 

@@ -331,3 +331,19 @@ def test_every_command_has_help(root: Path) -> None:
                     "recover"):  # fmt: skip
         done = ctx(root, "queue", command, "--help")
         assert done.returncode == 0 and "--project" in done.stdout and "--json" in done.stdout
+
+
+def test_a_closed_output_pipe_ends_the_command_quietly(root: Path, req: Path) -> None:
+    """``ctx queue status | head -1``: the reader leaves; no error line, no traceback."""
+    ctx(root, "queue", "publish", *P, str(req))
+    reader_gone = subprocess.Popen(
+        [sys.executable, "-m", "cortexfs", "queue", "status", *P],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "CTX_STORAGE": str(root)},
+    )
+    assert reader_gone.stdout is not None
+    reader_gone.stdout.close()  # before the command writes anything: its first write fails
+    _, stderr = reader_gone.communicate(timeout=60)
+    assert stderr == b""
+    assert reader_gone.returncode == 1
