@@ -45,7 +45,12 @@ def queue_options(fn: F) -> F:
         type=click.Path(file_okay=False, path_type=Path),
         help="Storage root (default: $CTX_STORAGE, else the embedded default root).",
     )
-    @click.option("--project", "-p", help="Project name: the queue is shared/PROJECT/queue.")
+    @click.option(
+        "--project",
+        "-p",
+        help="Project name: the queue is shared/PROJECT/queue.  A value with a '/' in it is "
+        "the path of a queue directory (names never contain '/').",
+    )
     @click.option(
         "--queue",
         "queue_arg",
@@ -77,6 +82,9 @@ def _queue_dir(storage_dir: Path | None, project: str | None, queue_arg: Path | 
         project = os.environ.get("CTX_PROJECT")
     if not project:
         raise click.UsageError("missing --project NAME (or --queue PATH, or $CTX_PROJECT)")
+    if "/" in project:
+        # SPEC §2.4: "--project NAME (or a queue path)"; a name never contains '/'.
+        return Path(project).absolute()
     try:
         return layout.queue_path(resolve_storage(storage_dir), project)
     except CtxError as exc:
@@ -220,9 +228,7 @@ def claim(
         q.claim_order = HintedClaimOrder(q.path)
         won = protocol.claim(q, holder, ttl)
     if won is None:
-        if as_json:
-            emit_json({"name": None})
-        sys.exit(EXIT_NOTHING)
+        sys.exit(EXIT_NOTHING)  # §2.4: nothing on stdout, with or without --json
     if as_json:
         emit_json(won.to_json())
     else:

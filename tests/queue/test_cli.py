@@ -153,6 +153,8 @@ def test_claim_json_and_options(root: Path, req: Path) -> None:
 def test_claim_on_an_empty_queue_exits_3_silently(root: Path) -> None:
     done = ctx(root, "queue", "claim", *P)
     assert (done.returncode, done.stdout) == (3, "")
+    as_json = ctx(root, "queue", "claim", *P, "--json")  # §2.4: "or nothing with exit 3"
+    assert (as_json.returncode, as_json.stdout, as_json.stderr) == (3, "", "")
 
 
 def test_claim_for_a_dead_pid_is_a_usage_error(root: Path, req: Path) -> None:
@@ -312,6 +314,29 @@ def test_storage_and_queue_options(tmp_path: Path, req: Path) -> None:
     assert ctx(tmp_path / "ignored", "queue", "status", "--storage", str(root), *P).returncode == 0
     done = ctx(tmp_path / "ignored", "queue", "publish", "--queue", str(qdir(root)), str(req))
     assert done.returncode == 0 and (qdir(root) / "pending" / done.stdout.strip()).exists()
+
+
+def test_project_takes_a_queue_path(tmp_path: Path, root: Path, req: Path) -> None:
+    """SPEC §2.4: "--project NAME (or a queue path)"; a value with a '/' is a path."""
+    elsewhere = tmp_path / "elsewhere"  # CTX_STORAGE points at a root without the queue
+    path = str(qdir(root))
+    published = ctx(elsewhere, "queue", "publish", "--project", path, "--name", "q", str(req))
+    status = ctx(elsewhere, "queue", "status", "--project", path, "--json")
+    claimed = ctx(elsewhere, "queue", "claim", "--project", path)
+    relative = subprocess.run(
+        [sys.executable, "-m", "cortexfs", "queue", "list", "--project", "./queue"],
+        capture_output=True,
+        text=True,
+        cwd=qdir(root).parent,
+        env={**os.environ, "CTX_STORAGE": str(elsewhere)},
+    )
+
+    assert (published.returncode, published.stdout) == (0, "q.req.json\n")
+    assert status.returncode == 0, status.stderr
+    assert json.loads(status.stdout)["counts"]["pending"] == 1
+    assert (claimed.returncode, claimed.stdout) == (0, "q.req.json\n")
+    assert (relative.returncode, relative.stdout) == (0, "claimed    q.req.json\n")
+    assert not elsewhere.exists()
 
 
 def test_an_uninitialised_queue_is_explained(tmp_path: Path) -> None:
