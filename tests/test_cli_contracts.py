@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -70,3 +72,36 @@ def test_the_manual_bundle_is_not_a_shared_space(storage: Path) -> None:
         assert refused.returncode == 1 and "manual bundle (X-2)" in refused.stderr
     # Bootstrap installed the bundle; neither command added a space's parts to it.
     assert sorted(os.listdir(storage / "shared" / "cortexfs-docs")) == ["README.md", "man"]
+
+
+@pytest.mark.parametrize(
+    ("args", "reason"),
+    [
+        (
+            ("policy", "query", "--policy", "p", "coder_t", "tool:fs.read"),
+            "Missing argument 'PERM'",
+        ),
+        (("queue", "claim", "--project", "p", "--bogus"), "No such option '--bogus'"),
+        (("queue", "claim", "--project", "p", "--ttl", "soon"), "'soon' is not a valid float"),
+        (("no-such-command",), "No such command 'no-such-command'"),
+    ],
+)
+def test_a_malformed_command_line_exits_2_with_einval(
+    storage: Path, args: tuple[str, ...], reason: str
+) -> None:
+    refused = ctx(storage, *args)
+
+    assert refused.returncode == 2 and refused.stdout == ""
+    last = refused.stderr.splitlines()[-1]
+    assert last.startswith("ctx: EINVAL: ") and reason in last, refused.stderr
+
+
+def test_ctxmcp_reports_a_malformed_command_line_the_same_way() -> None:
+    refused = subprocess.run(
+        [sys.executable, "-c", "from cortexfs.cli.ctxmcp import main; main()", "list"],
+        capture_output=True,
+        text=True,
+    )
+
+    assert refused.returncode == 2
+    assert refused.stderr.splitlines()[-1] == "ctxmcp: EINVAL: Missing option '--config'."

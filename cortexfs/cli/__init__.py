@@ -19,5 +19,6 @@ def main(args: list[str] | None = None, prog_name: str | None = None) -> None:
 
         sys.exit(run_main(argv[1:]))
     from cortexfs.cli.group import main as group_main
+    from cortexfs.cli.usage import run_click
 
-    group_main(args=argv, prog_name=prog_name or "ctx")
+    run_click(group_main, argv, prog_name or "ctx")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import click
@@ -31,7 +32,9 @@ _TIMEOUT = click.option(
 
 def main(args: list[str] | None = None) -> None:
     """The ``ctxmcp`` console script."""
-    ctxmcp(args=args, prog_name="ctxmcp")
+    from cortexfs.cli.usage import run_click
+
+    run_click(ctxmcp, sys.argv[1:] if args is None else list(args), "ctxmcp")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

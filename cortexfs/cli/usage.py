@@ -1,0 +1,50 @@
+"""Running a click command line so that a malformed one reads like every other refusal.
+
+click reports a usage error as ``Error: Missing argument 'PERM'.`` and exits 2.  CortexFS says
+why in errno terms everywhere (SPEC P-8: "a malformed query … is exit 2 with EINVAL"), so the
+same error ends here as ``ctx: EINVAL: Missing argument 'PERM'.`` after click's usage lines,
+still with exit status 2.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import NoReturn
+
+import click
+
+from cortexfs.cli.exits import EXIT_OK, EXIT_REFUSED, EXIT_USAGE
+
+# click 8.2 raises this usage error, carrying the help text, for a group run without a command.
+_NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
+
+
+def run_click(command: click.Command, args: list[str], prog_name: str) -> NoReturn:
+    try:
+        status = command.main(args=args, prog_name=prog_name, standalone_mode=False)
+    except _NO_ARGS_IS_HELP as error:
+        error.show()  # a bare group: its help, which is no error to explain
+        sys.exit(EXIT_USAGE)
+    except click.UsageError as error:
+        _show_usage_error(error, prog_name)
+        sys.exit(EXIT_USAGE)
+    except click.ClickException as error:
+        error.show()
+        sys.exit(error.exit_code)
+    except click.Abort:
+        click.echo("Aborted!", err=True)
+        sys.exit(EXIT_REFUSED)
+    # Without standalone mode click returns what ctx.exit() was given, or the command's
+    # return value (None for every ctx command).
+    sys.exit(status if isinstance(status, int) else EXIT_OK)
+
+
+def _show_usage_error(error: click.UsageError, prog_name: str) -> None:
+    context = error.ctx
+    if context is not None:
+        hint = ""
+        if context.command.get_help_option(context) is not None:
+            longest = max(context.command.get_help_option_names(context), key=len)
+            hint = f"Try '{context.command_path} {longest}' for help.\n"
+        click.echo(f"{context.get_usage()}\n{hint}", err=True)
+    click.echo(f"{prog_name}: EINVAL: {error.format_message()}", err=True)
