@@ -12,6 +12,9 @@ An install writes the manifest's controls (``name``, ``description``, ``schema``
 ``program``, ``mcp``, ``origin``) and the program as the executable, atomically
 (:mod:`cortexfs.tools.pairs`).  It grants nothing: a new tool's ``policy`` holds no rule, and a
 reinstall keeps the previous version's policy, status, log and hooks exactly as they were.
+A reinstall replaces only what an install wrote: a directory where the executable belongs, a
+file where the control directory belongs, and the like, are refused (EISDIR, ENOTDIR, EEXIST)
+with nothing changed (:func:`tool_obstacles`).
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from cortexfs.tools.controls import (
     read_control,
 )
 from cortexfs.tools.manifest import Manifest
-from cortexfs.tools.pairs import PairKind, install_pair, repair_staged
+from cortexfs.tools.pairs import Obstacle, PairKind, install_pair, obstacles, repair_staged
 
 POLICY_TEMPLATE = (
     b"# This tool's own policy v0, the second layer of SPEC P-6.  A call needs\n"
@@ -175,6 +178,11 @@ def install_tool(
         ops=ops,
     )
     return Installed(manifest.name, tier.name, tier.directory / manifest.name, replaced)
+
+
+def tool_obstacles(tier: Tier, name: str) -> list[Obstacle]:
+    """What stands in ``tier`` where an install of ``name`` would write and is not ours."""
+    return obstacles(tier.directory, name, TOOL_KIND)
 
 
 def list_tools(tiers: list[Tier]) -> list[Listing]:

@@ -122,3 +122,22 @@ def test_ctx_bootstrap_json(tmp_path: Path) -> None:
     assert completed.returncode == 0
     assert {f"tool/{name}" for name in CORE_TOOLS} <= set(report["created"])
     assert "tool/tsh.d/config" in report["created"]
+
+
+def test_bootstrap_leaves_a_users_directory_at_a_core_tools_path(tmp_path: Path) -> None:
+    root = tmp_path / "storage"
+    storage.bootstrap(root)
+    (root / "tool/fs.list").unlink()
+    (root / "tool/fs.list").mkdir()
+    (root / "tool/fs.list/data").write_text("precious\n")
+
+    completed = subprocess.run(
+        [*CTX, "--storage", str(root), "bootstrap"], capture_output=True, text=True
+    )
+
+    assert completed.returncode == 1, completed.stdout
+    assert "repaired  tool/fs.list" not in completed.stdout
+    assert "problem   tool/fs.list is a directory" in completed.stdout
+    assert "left untouched" in completed.stdout
+    assert (root / "tool/fs.list/data").read_text() == "precious\n"
+    assert layout_problems(ToolObject("fs.read", root / "tool")) == []

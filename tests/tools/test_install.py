@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -240,3 +241,40 @@ def test_ctx_object_install_list_and_tiers(tmp_path: Path) -> None:
 
 def _run(command: list[str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(command, capture_output=True, text=True)
+
+
+@pytest.mark.parametrize(
+    ("place", "errno_name"),
+    [("probe", "EISDIR"), ("probe.d/schema", "EISDIR"), ("probe.d/hooks", "ENOTDIR")],
+)
+def test_install_refuses_to_replace_what_an_install_did_not_write(
+    tier: Tier, tmp_path: Path, place: str, errno_name: str
+) -> None:
+    install_tool(tier, *version(tmp_path, 1))
+    in_the_way = tier.directory / place
+    if in_the_way.is_dir():
+        shutil.rmtree(in_the_way)
+        in_the_way.write_text("the user's file\n")
+    else:
+        in_the_way.unlink()
+        in_the_way.mkdir()
+        (in_the_way / "data").write_text("precious\n")
+    before = _tree(tier.directory)
+    manifest_path = tmp_path / "probe.json"
+    manifest_path.write_text(json.dumps(probe_manifest(tmp_path, 2)))
+
+    install = [*CTX, "object", "install", str(manifest_path), "--tier", "system"]
+
+    completed = _run([*install, "--storage", str(tier.root)])
+
+    assert completed.returncode == 1
+    assert completed.stderr.startswith(f"ctx: {errno_name}: {in_the_way} is a ")
+    assert "nothing was changed" in completed.stderr
+    assert _tree(tier.directory) == before
+
+
+def _tree(directory: Path) -> dict[str, bytes | None]:
+    return {
+        str(path.relative_to(directory)): None if path.is_dir() else path.read_bytes()
+        for path in sorted(directory.rglob("*"))
+    }

@@ -4,8 +4,10 @@ Each core tool is installed through the ordinary lifecycle (:func:`cortexfs.tool
 install_tool`) from its manifest in ``manifests/`` and the self-contained launcher that
 :mod:`cortexfs.tools.core.launcher` renders.  A core tool is reinstalled when it is missing,
 damaged, or differs from what this version would install; its policy, status, log and hooks
-are kept (:mod:`cortexfs.tools.pairs`).  ``tool/tsh.d/config`` is created with the defaults of
-H-4 when missing and never overwritten.
+are kept (:mod:`cortexfs.tools.pairs`).  Whatever stands in its place and was not written by
+an install (a directory at ``tool/<name>``, a file at ``tool/<name>.d``…) is the user's: it is
+reported as a problem and left untouched.  ``tool/tsh.d/config`` is created with the defaults
+of H-4 when missing and never overwritten.
 """
 
 from __future__ import annotations
@@ -26,7 +28,14 @@ from cortexfs.tools.core.launcher import (
     package_parent,
     render_launcher,
 )
-from cortexfs.tools.install import Tier, all_tiers, install_tool, parse_tier, repair_tier
+from cortexfs.tools.install import (
+    Tier,
+    all_tiers,
+    install_tool,
+    parse_tier,
+    repair_tier,
+    tool_obstacles,
+)
 from cortexfs.tools.manifest import Manifest, parse_manifest
 
 MANIFESTS = Path(__file__).parent / "manifests"
@@ -82,6 +91,12 @@ def core_manifest(name: str, exec_path: Path) -> Manifest:
 def _install_core_tool(
     tier: Tier, name: str, launcher: bytes, report: storage.BootstrapReport
 ) -> None:
+    in_the_way = tool_obstacles(tier, name)
+    if in_the_way:
+        report.problems += [
+            f"{tier.location}/{obstacle.sentence()}; left untouched" for obstacle in in_the_way
+        ]
+        return
     with tempfile.TemporaryDirectory(prefix="cortexfs-core-") as scratch:
         exec_path = Path(scratch) / name
         exec_path.write_bytes(launcher)
