@@ -84,8 +84,10 @@ class FsOps:
         return os.open(name, _NEW_FILE_FLAGS, mode, dir_fd=dir_fd)
 
     def open_append(self, name: str, dir_fd: int, mode: int = 0o666) -> int:
-        """Open (creating if needed) a regular file for appends, never through a symlink."""
-        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+        """Open (creating if needed) a regular file for appends, never through a symlink.
+
+        Readable too, so that an appender can look at the file's last byte (a torn line)."""
+        flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
         return os.open(name, flags, mode, dir_fd=dir_fd)
 
     def write(self, fd: int, data: bytes) -> None:

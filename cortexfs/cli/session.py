@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from cortexfs.cli.common import (
     usage_problem,
 )
 from cortexfs.errors import CtxError, invalid, not_found
-from cortexfs.policy.controls import read_identity
+from cortexfs.policy.controls import read_identity, require_agent
 from cortexfs.shared import events
 from cortexfs.shared.sessions import DEFAULT_SESSION, SessionRef, list_sessions
 
@@ -26,10 +27,17 @@ _S2_KEYS = ("ts", "type", "agent", "session", "object", "status")
 
 
 def session_options(fn: Any) -> Any:
+    fn = _one_session(fn)
     for decorator in reversed(
         [
             click.argument("agent"),
-            click.argument("session", default=DEFAULT_SESSION),
+            click.argument("session", required=False),
+            click.option(
+                "--session",
+                "session_option",
+                metavar="SESSION",
+                help=f"The session, as ctx run and ctx agent name it (default: {DEFAULT_SESSION}).",
+            ),
             click.option("--project", help="A session in shared/PROJECT/ instead of the home."),
             click.option("--uid", type=int, help="The home's uid (default: the agent's)."),
             storage_option,
@@ -39,6 +47,20 @@ def session_options(fn: Any) -> Any:
     ):
         fn = decorator(fn)
     return fn
+
+
+def _one_session(fn: Any) -> Any:
+    """SESSION may be given as an argument or as ``--session``, not as two different names."""
+
+    @functools.wraps(fn)
+    def wrapper(*, session: str | None, session_option: str | None, **rest: Any) -> Any:
+        if session is not None and session_option is not None and session != session_option:
+            raise usage_problem(
+                invalid(f"two sessions given: {session!r} and --session {session_option!r}")
+            )
+        return fn(session=session or session_option or DEFAULT_SESSION, **rest)
+
+    return wrapper
 
 
 @click.group()
@@ -159,6 +181,7 @@ def _session_ref(
 
 
 def _agent_uid(root: Path, agent: str) -> int:
+    require_agent(root, agent)  # ENOENT, exit 1: not a malformed command line
     try:
         return read_identity(root, agent).uid
     except CtxError:

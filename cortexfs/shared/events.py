@@ -104,9 +104,29 @@ class EventLog:
                     os.fchown(self._fd, owner.uid, owner.gid)
                 os.fchmod(self._fd, mode)  # open() applied the umask; the mode is the contract
                 durable.sync_dir(self._ops, dir_fd)
+            else:
+                self._cut_torn_line()
         finally:
             if own_dir_fd:
                 self._ops.close(dir_fd)
+
+    def _cut_torn_line(self) -> None:
+        """Truncate a torn last line before the first append, which would otherwise be glued
+        onto it, making one unreadable line of a torn fragment and a whole event (S-5).
+
+        Checked under the exclusive lock: appends in flight hold it shared, so a last line
+        without its newline seen then is a crash's leftover, not someone's append."""
+        if not _ends_torn(self._fd):
+            return
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        try:
+            size = os.fstat(self._fd).st_size
+            keep = _end_of_last_line(self._fd, size)
+            if keep != size:
+                self._ops.truncate(self._fd, keep)
+                self._ops.fsync(self._fd)
+        finally:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
 
     def append(self, event: Mapping[str, Any], *, durable_event: bool = False) -> None:
         """Append one event as one line; with ``durable_event`` it is on disk when this returns."""
@@ -257,6 +277,11 @@ def repair(path: Path, ops: durable.FsOps | None = None) -> int:
         return size - keep
     finally:
         ops.close(fd)
+
+
+def _ends_torn(fd: int) -> bool:
+    size = os.fstat(fd).st_size
+    return size > 0 and os.pread(fd, 1, size - 1) != b"\n"
 
 
 def _end_of_last_line(fd: int, size: int) -> int:

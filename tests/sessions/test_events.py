@@ -162,15 +162,20 @@ def test_a_torn_last_line_is_ignored_by_readers_and_truncated_by_repair(tmp_path
     assert repair(path) == 0
 
 
-def test_an_event_glued_to_an_unrepaired_torn_line_is_still_read(tmp_path: Path) -> None:
+def test_the_first_append_after_a_crash_cuts_the_torn_line_instead_of_gluing_onto_it(
+    tmp_path: Path,
+) -> None:
     path = tmp_path / "events.jsonl"
-    append_event(path, make_event("e", agent="a", session="s", object="o", status="before"))
+    before = make_event("e", agent="a", session="s", object="o", status="before")
+    after = make_event("e", agent="a", session="s", object="o", status="after")
+    append_event(path, before)
     with open(path, "ab") as handle:
         handle.write(b'{"ts":"2026-01-01T00:00:00Z","type":"to')  # the crash
-    append_event(path, make_event("e", agent="a", session="s", object="o", status="after"))
 
+    append_event(path, after)
+
+    assert path.read_bytes() == encode_event(before) + encode_event(after)
     scan = read_events(path)
-
     assert [event["status"] for event in scan.events] == ["before", "after"]
     assert scan.damaged == [] and scan.torn_tail == 0
 

@@ -132,6 +132,21 @@ def test_ctx_session_errors(recorded: World) -> None:
     no_session = ctx(recorded, "show", "coder", "never")
     bad_name = ctx(recorded, "show", "coder", "../x", "--uid", "1")
 
-    assert unknown.returncode == 2 and "give --uid" in unknown.stderr
+    assert unknown.returncode == 1 and "ENOENT: there is no agent 'ghost'" in unknown.stderr
     assert no_session.returncode == 1 and "ENOENT" in no_session.stderr
     assert bad_name.returncode == 2 and "EINVAL" in bad_name.stderr
+
+
+def test_ctx_session_takes_the_session_as_ctx_run_names_it(recorded: World) -> None:
+    """``--session S`` as in ``ctx run`` and ``ctx agent watch``, or a second argument."""
+    by_option = ctx(recorded, "show", "coder", "--session", "default", "--json")
+    by_argument = ctx(recorded, "show", "coder", "default", "--json")
+    other = ctx(recorded, "show", "coder", "--session", "never")
+    both = ctx(recorded, "show", "coder", "default", "--session", "never")
+
+    assert by_option.returncode == 0 and by_option.stdout == by_argument.stdout
+    assert [json.loads(line)["type"] for line in by_option.stdout.splitlines()][-1] == (
+        "tool_result"
+    )
+    assert other.returncode == 1 and "ENOENT" in other.stderr
+    assert both.returncode == 2 and "EINVAL: two sessions given" in both.stderr
