@@ -15,7 +15,8 @@
 Only the host administrator — root or the owner of the storage root — creates agents, and
 the controls belong to them: the agent's uid must not be able to rewrite a grant (step 4 of the
 authority chain checks that on every decision).  The identity defaults to the creating user,
-except that an agent never runs as root (P-5 step 1): root must name a user.  No new root
+except that an agent never runs as root (P-5 step 1): root's default is the unprivileged user
+:data:`ROOT_DEFAULT_USER` (``nobody``), and an identity with uid 0 is refused.  No new root
 namespace is created; the pair appears atomically (:mod:`cortexfs.tools.pairs`), and an
 existing agent is never overwritten (EEXIST).
 """
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +46,8 @@ CONTROLS = (
     "system.md",
     "prompt.template.md",
 )
+# Root creating an agent without naming a user gets this one: unprivileged by definition.
+ROOT_DEFAULT_USER = "nobody"
 AGENT_KIND = PairKind(defined=frozenset(CONTROLS), defaults={"log": b""}, modes={"log": 0o640})
 
 
@@ -53,6 +57,7 @@ class CreatedAgent:
     entry: Path
     controls: Path
     identity: Identity
+    default_user: str | None = None  # the user chosen because none was named, if any
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -60,6 +65,7 @@ class CreatedAgent:
             "entry": str(self.entry),
             "controls": str(self.controls),
             "identity": identity_json(self.identity),
+            "default_user": self.default_user,
         }
 
 
@@ -67,9 +73,25 @@ def identity_json(identity: Identity) -> dict[str, object]:
     return {"uid": identity.uid, "gid": identity.gid, "groups": sorted(identity.groups)}
 
 
-def creating_user() -> Identity:
-    """The identity an agent gets by default: the user creating it."""
-    return Identity(os.getuid(), os.getgid(), frozenset(os.getgroups()))
+def default_identity() -> tuple[Identity, str | None]:
+    """The identity an agent gets when none is named, and the user name it was chosen by.
+
+    The creating user's own; for root, :data:`ROOT_DEFAULT_USER` from the password database,
+    since an agent never runs as root (P-5 step 1).  EINVAL when root has no such user.
+    """
+    if os.geteuid() != 0:
+        return Identity(os.geteuid(), os.getegid(), frozenset(os.getgroups())), None
+    try:
+        entry = pwd.getpwnam(ROOT_DEFAULT_USER)
+    except KeyError:
+        entry = None
+    if entry is None or entry.pw_uid == 0:
+        raise invalid(
+            "an agent never runs as root (SPEC P-5 step 1) and this host has no unprivileged "
+            f"user {ROOT_DEFAULT_USER!r} to default to; give it a user with --user"
+        )
+    groups = frozenset(os.getgrouplist(entry.pw_name, entry.pw_gid))
+    return Identity(entry.pw_uid, entry.pw_gid, groups), entry.pw_name
 
 
 def create_agent(
@@ -79,12 +101,17 @@ def create_agent(
     *,
     ops: durable.FsOps | None = None,
 ) -> CreatedAgent:
-    """Create ``request``'s agent in ``root``; EEXIST when it exists, EACCES for non-admins."""
+    """Create ``request``'s agent in ``root``; EEXIST when it exists, EACCES for non-admins.
+
+    ``identity`` None means :func:`default_identity`; an identity with uid 0 is EINVAL.
+    """
     storage.require_root(root)
     require_host_administrator(root, "create agents")
-    identity = identity or creating_user()
+    default_user = None
+    if identity is None:
+        identity, default_user = default_identity()
     if identity.uid == 0:
-        raise invalid("an agent never runs as root (SPEC P-5 step 1); give it a user with --user")
+        raise invalid("an agent never runs as root (SPEC P-5 step 1); give it an unprivileged user")
     controls = {
         "label": f"{request.label}\n".encode(),
         "policy": request.policy_text().encode(),
@@ -105,7 +132,11 @@ def create_agent(
         ops=ops,
     )
     return CreatedAgent(
-        request.name, directory / request.name, directory / f"{request.name}.d", identity
+        request.name,
+        directory / request.name,
+        directory / f"{request.name}.d",
+        identity,
+        default_user,
     )
 
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from cortexfs.agents.create import create_agent, identity_json
+from cortexfs.agents.create import ROOT_DEFAULT_USER, create_agent, default_identity, identity_json
 from cortexfs.agents.request import RequestError, load_request, parse_request_bytes
 from cortexfs.agents.view import AgentView
 from cortexfs.cli.common import (
@@ -58,8 +58,8 @@ def agent() -> None:
 @click.argument("request", type=click.Path(path_type=Path))
 @click.option(
     "--user",
-    help="Run the agent as this user (name or uid); default: you, so root must name one "
-    "(an agent never runs as root).",
+    help=f"Run the agent as this user (name or uid); default: you, or for root the user "
+    f"{ROOT_DEFAULT_USER!r} (an agent never runs as root; root and uid 0 are refused).",
 )
 @click.option("--gid", type=int, help="Its primary group (default: the user's).")
 @click.option(
@@ -85,7 +85,13 @@ def create(
        "mount": [["/work", "/work", "ro"]]}
     The policy grants exactly the listed tools, models, shared spaces and mounts; the
     storage root is mounted read-only at /ctx.  Only root or the owner of the storage root
-    may create agents; an existing agent is never overwritten.  An agent never runs as root.
+    may create agents; an existing agent is never overwritten.
+
+    \b
+    The agent runs as you by default.  An agent never runs as root (SPEC P-5):
+    when root creates one without --user, it runs as the unprivileged user
+    'nobody' (its uid and gid from the password database), and the output says so;
+    --user root (or uid 0) is refused.
     """
     root = resolve_storage(storage_dir)
     try:
@@ -101,6 +107,11 @@ def create(
     else:
         ids = created.identity
         click.echo(f"created agent {created.name}: {created.entry} (uid {ids.uid}, gid {ids.gid})")
+        if created.default_user is not None:
+            click.echo(
+                f"it runs as user {created.default_user}: an agent never runs as root, so that "
+                "is root's default; choose another with --user"
+            )
 
 
 @agent.command()
@@ -138,7 +149,8 @@ def _identity(user: str | None, gid: int | None, groups: str | None) -> Identity
     if user is None and gid is None and groups is None:
         return None
     if user is None:
-        uid, primary, extra = os.getuid(), os.getgid(), frozenset(os.getgroups())
+        default, _ = default_identity()
+        uid, primary, extra = default.uid, default.gid, default.groups
     else:
         entry = _lookup_user(user)
         if entry is None:

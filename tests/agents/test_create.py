@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import pwd
 import stat
 import subprocess
 import sys
@@ -14,11 +15,15 @@ from typing import Any
 import pytest
 
 from cortexfs import storage
-from cortexfs.agents.create import create_agent
+from cortexfs.agents import create as create_module
+from cortexfs.agents.create import ROOT_DEFAULT_USER, create_agent
 from cortexfs.agents.request import RequestError, parse_request
 from cortexfs.errors import CtxError
 from cortexfs.policy import Identity, Policy
 from cortexfs.policy.mounts import parse_mount_table
+from tests.support.cli import ctx
+from tests.support.storage import make_root
+from tests.support.users import UnprivilegedUser, run_as
 from tests.tools.support import World, effective_user
 
 CTX = [sys.executable, "-c", "from cortexfs.cli import main; main()"]
@@ -88,13 +93,39 @@ def test_an_existing_agent_is_never_overwritten(world: World) -> None:
     assert (world.root / "agent/coder.d/policy").read_bytes() == before
 
 
+def test_root_creates_an_agent_as_nobody_by_default(world: World) -> None:
+    """An agent never runs as root (P-5 step 1): root's default identity is ``nobody``."""
+    nobody = pwd.getpwnam(ROOT_DEFAULT_USER)
+    request = parse_request({"name": "a", "label": "a_t"}, "request", world.root)
+
+    created = create_agent(world.root, request)  # the creating user is root
+
+    assert created.identity.uid == nobody.pw_uid != 0
+    assert created.identity.gid == nobody.pw_gid and created.default_user == "nobody"
+    identity = json.loads((world.root / "agent/a.d/identity").read_text())
+    assert (identity["uid"], identity["gid"]) == (nobody.pw_uid, nobody.pw_gid)
+
+
 def test_an_agent_never_runs_as_root(world: World) -> None:
     request = parse_request({"name": "a", "label": "a_t"}, "request", world.root)
 
     with pytest.raises(CtxError) as refused:
-        create_agent(world.root, request)  # the creating user is root
+        create_agent(world.root, request, Identity(0, 0))
 
     assert refused.value.errno == errno.EINVAL and "never runs as root" in refused.value.message
+    assert not (world.root / "agent/a").exists()
+
+
+def test_without_a_default_user_root_must_name_one(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(create_module, "ROOT_DEFAULT_USER", "no-such-user-for-ctx")
+    request = parse_request({"name": "a", "label": "a_t"}, "request", world.root)
+
+    with pytest.raises(CtxError) as refused:
+        create_agent(world.root, request)
+
+    assert refused.value.errno == errno.EINVAL and "--user" in refused.value.message
     assert not (world.root / "agent/a").exists()
 
 
@@ -112,7 +143,7 @@ def test_only_the_host_administrator_creates_agents(world: World) -> None:
     ("change", "fragment"),
     [
         ({"name": "../escape"}, "name: '../escape'"),
-        ({"label": "reviewer"}, "label:"),
+        ({"label": "review er"}, "label:"),
         ({"tools": ["fs.*"]}, "globs are not supported"),
         ({"model": ["gpt"]}, "model:gpt"),
         ({"shared": {"p": ["execute"]}}, "'execute' is not one of"),
@@ -130,12 +161,12 @@ def test_invalid_requests_are_refused(world: World, change: dict[str, Any], frag
 
 
 def test_every_problem_of_a_request_is_listed(world: World) -> None:
-    bad = {"name": "", "label": "x", "tools": ["a/b"], "shared": {"..": ["read"]}}
+    bad = {"name": "", "label": "x y", "tools": ["a/b"], "shared": {"..": ["read"]}}
 
     with pytest.raises(RequestError) as refused:
         parse_request(bad, "request", world.root)
 
-    assert len(refused.value.problems) == 4
+    assert len(refused.value.problems) == 4, refused.value.problems
 
 
 def test_ctx_agent_create_and_show(world: World, tmp_path: Path) -> None:
@@ -166,3 +197,57 @@ def test_ctx_agent_create_and_show(world: World, tmp_path: Path) -> None:
     assert facts["mounts"] == [[str(world.root.resolve()), "/ctx", "ro"]]
     assert invalid.returncode == 1
     assert len([line for line in invalid.stderr.splitlines() if "EINVAL" in line]) >= 2
+
+
+def test_ctx_agent_create_as_root_without_user_runs_as_nobody(world: World, tmp_path: Path) -> None:
+    nobody = pwd.getpwnam(ROOT_DEFAULT_USER)
+    request_file = tmp_path / "plain.json"
+    request_file.write_text(json.dumps({"name": "plain", "label": "plain_t"}))
+
+    created = ctx(world.root, "agent", "create", str(request_file))
+
+    assert created.returncode == 0, created.stderr
+    assert f"uid {nobody.pw_uid}, gid {nobody.pw_gid}" in created.stdout
+    assert "runs as user nobody" in created.stdout and "--user" in created.stdout
+    identity = json.loads((world.root / "agent/plain.d/identity").read_text())
+    assert identity["uid"] == nobody.pw_uid
+    assert "nobody" in ctx(world.root, "agent", "create", "--help").stdout
+
+
+@pytest.mark.parametrize("user", ["root", "0"])
+def test_ctx_agent_create_refuses_an_explicit_root(world: World, tmp_path: Path, user: str) -> None:
+    request_file = tmp_path / "rooted.json"
+    request_file.write_text(json.dumps({"name": "rooted", "label": "rooted_t"}))
+
+    refused = ctx(world.root, "agent", "create", str(request_file), "--user", user)
+
+    assert refused.returncode == 1 and "EINVAL" in refused.stderr, refused.stderr
+    assert "never runs as root" in refused.stderr
+    assert not (world.root / "agent/rooted").exists()
+
+
+def test_a_non_root_creator_keeps_their_own_identity(
+    traversable_tmp: Path, unprivileged_user: UnprivilegedUser
+) -> None:
+    """The owner of a personal storage root, a real process of their uid, creates an agent
+    that runs as them (the default applies to root only)."""
+    home = traversable_tmp / "personal"
+    home.mkdir()
+    root = make_root(home)
+    for directory, _, files in os.walk(home):
+        for entry in (directory, *(os.path.join(directory, f) for f in files)):
+            os.chown(entry, unprivileged_user.uid, unprivileged_user.gid)
+    request_file = home / "mine.json"
+    request_file.write_text(json.dumps({"name": "mine", "label": "mine_t"}))
+    os.chmod(request_file, 0o644)
+
+    created = run_as(
+        unprivileged_user,
+        [*CTX, "--storage", str(root), "agent", "create", str(request_file), "--json"],
+    )
+
+    assert created.returncode == 0, created.stderr
+    facts = json.loads(created.stdout)
+    assert facts["identity"]["uid"] == unprivileged_user.uid
+    assert facts["identity"]["gid"] == unprivileged_user.gid
+    assert facts["default_user"] is None
