@@ -411,7 +411,8 @@ def _render_recover(report: recovery.RecoverReport) -> None:
     for f in report.untouched:
         click.echo(f"untouched {f.job}: {f.detail}")
     for f in report.incomplete:
-        click.echo(f"incomplete {f.job}: {f.detail} (run with --reconcile: {f.action})")
+        hint = "" if report.reconcile else f" (run with --reconcile: {f.action})"
+        click.echo(f"incomplete {f.job}: {f.detail}{hint}")
     for f in report.conflicts:
         click.echo(f"conflict {f.job}: {f.detail}; evidence: {', '.join(f.evidence)}")
     for path in report.removed_temps:

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from dataclasses import asdict, dataclass, replace
+from datetime import UTC, datetime
 from functools import cache
 from typing import Any
 
 from cortexfs.errors import invalid
-from cortexfs.timefmt import parse_rfc3339, rfc3339
+from cortexfs.timefmt import rfc3339
 
 # psutil derives create_time from boot time + clock ticks; two readings of the same process
 # agree to well within this, while a reused pid starts at least a tick later.
@@ -81,7 +83,7 @@ class Holder:
     boot_id: str
     pid_ns: int
     pid: int
-    start_time: float
+    start_time: float | None  # None: not known (a hand-written lease, a pid that had exited)
 
     @classmethod
     def for_process(cls, pid: int | None = None, worker: str | None = None) -> Holder:
@@ -109,12 +111,18 @@ class Holder:
         return _worker_record(self.worker, self.host, self.pid, self.boot_id, self.pid_ns)
 
     def is_same_process(self, other: Holder) -> bool:
+        """Same boot, pid namespace and pid, and the same start time where both know it."""
         return (
             self.boot_id == other.boot_id
             and self.pid_ns == other.pid_ns
             and self.pid == other.pid
-            and abs(self.start_time - other.start_time) < _START_TIME_TOLERANCE
+            and not _started_apart(self.start_time, other.start_time)
         )
+
+
+def _started_apart(one: float | None, other: float | None) -> bool:
+    """Whether two start times prove two different processes (unknown proves nothing)."""
+    return one is not None and other is not None and abs(one - other) >= _START_TIME_TOLERANCE
 
 
 @dataclass(frozen=True)
@@ -148,43 +156,78 @@ class Lease:
         return (json.dumps(self.to_json()) + "\n").encode()
 
     @classmethod
-    def decode(cls, data: bytes) -> Lease:
-        """Parse a lease file; EINVAL naming the first missing or malformed field."""
+    def decode(cls, data: bytes, job: str | None = None) -> Lease:
+        """Parse ``lease/J/worker``; EINVAL naming the first missing or malformed field.
+
+        We write every field of :meth:`to_json`, but read what Q-3 asks of a lease and no
+        more, so that a lease written by another tool or by hand is judged, not mistaken for
+        an unreadable one (which recover must leave alone):
+
+        * ``job`` may be absent (the lease's directory names it); present, it must be ``job``;
+        * the start time is ``start_time`` or ``create_time`` (psutil's name), or absent;
+        * timestamps are RFC 3339, with or without a zone (none means UTC), or epoch seconds.
+        """
         try:
             doc = json.loads(data.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise invalid(f"lease is not a JSON object: {exc}") from exc
         if not isinstance(doc, dict):
             raise invalid("lease is not a JSON object")
-        try:
-            holder = Holder(
-                worker=_field(doc, "worker", str),
-                host=_field(doc, "host", str),
-                machine_id=doc.get("machine_id")
-                if isinstance(doc.get("machine_id"), str)
-                else None,
-                boot_id=_field(doc, "boot_id", str),
-                pid_ns=_field(doc, "pid_ns", int),
-                pid=_field(doc, "pid", int),
-                start_time=float(_field(doc, "start_time", (int, float))),
-            )
-            renewed = doc.get("renewed_at")
-            return cls(
-                job=_field(doc, "job", str),
-                holder=holder,
-                claimed_at=parse_rfc3339(doc.get("claimed_at")),
-                expires_at=parse_rfc3339(doc.get("expires_at")),
-                renewed_at=parse_rfc3339(renewed) if renewed is not None else None,
-            )
-        except KeyError as exc:
-            raise invalid(f"lease has no valid field {exc.args[0]!r}") from exc
+        named = doc.get("job")
+        if named is not None and (not isinstance(named, str) or (job and named != job)):
+            raise invalid(f"lease names job {named!r}, not {job}")
+        if not (named or job):
+            raise invalid("lease has no valid field 'job'")
+        start_key = "start_time" if "start_time" in doc else "create_time"
+        start = doc.get(start_key)
+        machine_id = doc.get("machine_id")
+        holder = Holder(
+            worker=_field(doc, "worker", str),
+            host=_field(doc, "host", str),
+            machine_id=machine_id if isinstance(machine_id, str) else None,
+            boot_id=_field(doc, "boot_id", str),
+            pid_ns=_pid_ns(doc.get("pid_ns")),
+            pid=_field(doc, "pid", int),
+            start_time=None if start is None else _time(start, start_key),
+        )
+        renewed = doc.get("renewed_at")
+        return cls(
+            job=named or job or "",
+            holder=holder,
+            claimed_at=_time(doc.get("claimed_at"), "claimed_at"),
+            expires_at=_time(doc.get("expires_at"), "expires_at"),
+            renewed_at=None if renewed is None else _time(renewed, "renewed_at"),
+        )
 
 
-def _field(doc: dict[str, Any], key: str, kind: type | tuple[type, ...]) -> Any:
+def _field(doc: dict[str, Any], key: str, kind: type) -> Any:
     value = doc.get(key)
     if not isinstance(value, kind) or isinstance(value, bool):
-        raise KeyError(key)
+        raise invalid(f"lease has no valid field {key!r}")
     return value
+
+
+def _pid_ns(value: object) -> int:
+    """The pid namespace inode: a number, or the ``pid:[N]`` that readlink shows."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and (found := re.fullmatch(r"(?:pid:\[)?(\d+)\]?", value)):
+        return int(found.group(1))
+    raise invalid("lease has no valid field 'pid_ns'")
+
+
+def _time(value: object, key: str) -> float:
+    """Epoch seconds of a lease timestamp: RFC 3339 (no zone: UTC) or a number of seconds."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            moment = datetime.fromisoformat(value.strip().upper().replace("Z", "+00:00"))
+        except ValueError:
+            pass
+        else:
+            return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
+    raise invalid(f"lease field {key!r} is not a time (RFC 3339 or epoch seconds): {value!r}")
 
 
 @dataclass(frozen=True)
@@ -216,10 +259,14 @@ def judge(lease: Lease, here: LocalSystem | None = None, now: float | None = Non
             return Verdict(GONE, f"{where} has exited")
         except psutil.Error:
             return Verdict(ALIVE, f"{where} exists but cannot be inspected")
-        if abs(start_time - holder.start_time) >= _START_TIME_TOLERANCE:
+        if _started_apart(start_time, holder.start_time):
             return Verdict(GONE, f"{where} has exited; the pid now belongs to another process")
         if zombie:
             return Verdict(GONE, f"{where} has exited (zombie)")
+        if holder.start_time is None:
+            return Verdict(
+                ALIVE, f"{where} is running (the lease records no start time to tell a reused pid)"
+            )
         return Verdict(ALIVE, f"{where} is running")
     if _same_machine(holder, here) and holder.boot_id != here.boot_id:
         return Verdict(GONE, f"{holder.host} rebooted since {where} took the lease")

@@ -351,7 +351,7 @@ def read_lease(queue: Queue, job: str) -> Lease:
         raise not_found(f"job {job} has no lease file; run 'ctx queue recover'") from None
     finally:
         queue.ops.close(lease_fd)
-    return Lease.decode(data)
+    return Lease.decode(data, job)
 
 
 def renew(queue: Queue, job: str, holder: Holder, ttl: float | None = None) -> Lease:

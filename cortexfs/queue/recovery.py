@@ -32,7 +32,7 @@ from cortexfs import durable
 from cortexfs.errors import CtxError
 from cortexfs.queue import evidence as ev
 from cortexfs.queue.claim_order import note_published
-from cortexfs.queue.holder import ALIVE, GONE, Lease, Verdict, judge
+from cortexfs.queue.holder import GONE, Lease, Verdict, judge
 from cortexfs.queue.layout import (
     LEASE_FILE,
     RESULT_SUFFIX,
@@ -134,51 +134,86 @@ def _recover_job(
         return
     if assessment.state == "claimed":
         verdict = _lease_verdict(queue, evidence.job)
+        if verdict.state == UNREADABLE:
+            # Nobody can tell whether its holder runs: a human decides (a conflict, Q-6).
+            finding.detail = (
+                f"claimed, but {verdict.reason}; recover cannot tell whether its holder is "
+                "alive: repair or remove the lease by hand"
+            )
+            report.conflicts.append(finding)
+            return
         if not verdict.gone:
             finding.detail = f"lease holder {verdict.state}: {verdict.reason}"
             report.untouched.append(finding)
             return
         finding.action = "requeue"
         finding.detail = f"lease holder gone: {verdict.reason}"
-        finding.applied = dry_run or _apply(queue, evidence.job, _requeue, finding, assessment)
+        outcome = None if dry_run else _apply(queue, evidence.job, _requeue, finding, assessment)
+        finding.applied = outcome is None
         (report.requeued if finding.applied else report.untouched).append(finding)
         return
     if assessment.state != "incomplete":
         return
+    finding.action = assessment.repair
     if not reconcile:
-        finding.action = assessment.repair
         report.incomplete.append(finding)
         return
-    if evidence.lease_file:
+    if _holder_matters(evidence, assessment):
         verdict = _lease_verdict(queue, evidence.job)
         if verdict.state != GONE:
+            # Left as it is, and still incomplete: the run does not end "consistent" (Q-6).
             finding.detail += f"; left alone, lease holder {verdict.state}: {verdict.reason}"
-            report.untouched.append(finding)
+            report.incomplete.append(finding)
             return
-    finding.action = assessment.repair
     repair = _REPAIRS[assessment.repair or ""]
-    finding.applied = dry_run or _apply(queue, evidence.job, repair, finding, assessment)
-    (report.repaired if finding.applied else report.untouched).append(finding)
+    outcome = None if dry_run else _apply(queue, evidence.job, repair, finding, assessment)
+    finding.applied = outcome is None
+    if finding.applied:
+        report.repaired.append(finding)
+    elif outcome == HELD:
+        report.incomplete.append(finding)
+    else:
+        report.untouched.append(finding)  # another process is completing it right now
+
+
+def _holder_matters(evidence: ev.JobEvidence, assessment: ev.Assessment) -> bool:
+    """Whether the lease holder's liveness guards this repair.
+
+    An orphan lease with no request anywhere in ``claimed/`` names no running job: a holder
+    is mid-job only while its request is in ``claimed/J/`` (Q-3 puts the claim before the
+    lease, Q-4 the request's departure before the lease's removal), and a claim or finish
+    in progress holds ``claimed/J`` locked.  Q-6 removes such a lease whatever it says,
+    even when it is empty or unreadable.
+    """
+    if not evidence.lease_file:
+        return False
+    return not (assessment.repair == ev.REMOVE_ORPHANS and evidence.claim_request is None)
+
+
+UNREADABLE = "unreadable"  # a lease file that cannot be parsed: no verdict on its holder
+HELD = "held"  # _apply left the job alone because its lease holder is not provably gone
+BUSY = "busy"  # _apply left the job alone because it is being moved or has moved
 
 
 def _lease_verdict(queue: Queue, job: str) -> Verdict:
     try:
         lease_fd = queue.open_job_dir("lease", job)
         try:
-            lease = Lease.decode(read_regular_file(lease_fd, LEASE_FILE, 64 * 1024))
+            lease = Lease.decode(read_regular_file(lease_fd, LEASE_FILE, 64 * 1024), job)
         finally:
             queue.ops.close(lease_fd)
     except (OSError, CtxError) as exc:
         # An unreadable lease proves nothing about its holder: never act on it.
-        return Verdict(ALIVE, f"the lease cannot be read ({exc})")
+        return Verdict(UNREADABLE, f"lease/{job}/{LEASE_FILE} cannot be read ({exc})")
     return judge(lease)
 
 
 def _apply(
     queue: Queue, job: str, transition: Any, finding: Finding, scanned: ev.Assessment
-) -> bool:
-    """Run a transition while holding ``claimed/J``'s lock; False when someone else holds it
-    or the job is no longer what the scan saw."""
+) -> str | None:
+    """Run a transition while holding ``claimed/J``'s lock: None once applied, else why not
+    (BUSY: someone else holds the lock, or the job is no longer what the scan saw; HELD:
+    its lease holder is not provably gone)."""
     try:
         claim_fd = queue.open_job_dir("claimed", job)
     except FileNotFoundError:
@@ -186,7 +221,7 @@ def _apply(
     try:
         if claim_fd is not None and not lock_dir(claim_fd, wait=False):
             finding.detail += "; left alone, another process is moving this job"
-            return False
+            return BUSY
         # Re-check under the lock: the job may have moved since the scan.  The scan reads
         # claimed/ before lease/, so a claim that completed in between looked unleased; and
         # a requeued job may have a new, live holder by now (Q-5, Q-6).
@@ -194,12 +229,15 @@ def _apply(
         current = ev.assess(evidence)
         if (current.state, current.repair) != (scanned.state, scanned.repair):
             finding.detail += f"; left alone, it is now {current.state}"
-            return False
-        if evidence.lease_file and (verdict := _lease_verdict(queue, job)).state != GONE:
+            return BUSY
+        if (
+            _holder_matters(evidence, current)
+            and (verdict := _lease_verdict(queue, job)).state != GONE
+        ):
             finding.detail += f"; left alone, lease holder {verdict.state}: {verdict.reason}"
-            return False
+            return HELD
         transition(queue, job, claim_fd)
-        return True
+        return None
     finally:
         if claim_fd is not None:
             queue.ops.close(claim_fd)

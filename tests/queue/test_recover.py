@@ -16,7 +16,9 @@ import pytest
 
 from cortexfs.queue import Holder, Queue, claim, finish, publish, recover
 from cortexfs.queue.evidence import assess, evidence_of
-from tests.queue.helpers import dead_pid, request
+from cortexfs.queue.holder import LocalSystem
+from tests.queue.helpers import PROJECT, dead_pid, request
+from tests.support.cli import ctx
 
 
 def state_of(queue: Queue, job: str) -> str:
@@ -175,7 +177,9 @@ def test_roll_forward_waits_for_a_live_finisher(queue: Queue, me: Holder, queue_
     job = claimed_by(queue, me)
     (queue_dir / "done" / f"{job}.result").write_text("{}")
     report = recover(queue, reconcile=True)
-    assert report.repaired == [] and "alive" in report.untouched[0].detail
+    assert report.repaired == [] and "alive" in report.incomplete[0].detail
+    assert not report.consistent  # the pair is still incomplete: never "consistent" (Q-6)
+    assert state_of(queue, job) == "incomplete"
 
 
 def test_orphans_are_removed(queue: Queue, queue_dir: Path) -> None:
@@ -265,3 +269,118 @@ def test_recover_after_finish_changes_nothing(queue: Queue, me: Holder, queue_di
     report = recover(queue, reconcile=True)
     assert report.consistent and not (report.requeued or report.repaired)
     assert sorted(str(p) for p in queue_dir.rglob("*")) == before
+
+
+# ---------------------------------------------------- leases written by hand or by other tools
+
+
+def q3_lease(pid: int, **fields: object) -> dict[str, object]:
+    """A lease with only the fields Q-3 lists, as psutil and a human would name them."""
+    here = LocalSystem.current()
+    return {
+        "worker": "by-hand",
+        "host": here.host,
+        "boot_id": here.boot_id,
+        "pid_ns": here.pid_ns,
+        "pid": pid,
+        "create_time": 1_700_000_000.5,
+        "claimed_at": "2026-01-01T00:00:00",  # no zone: UTC
+        "expires_at": "2999-01-01T00:00:00",
+        **fields,
+    }
+
+
+def hand_claimed(queue: Queue, queue_dir: Path, name: str, lease: object) -> str:
+    """J claimed and leased by hand: claimed/J/J and lease/J/worker written directly."""
+    job = publish(queue, request(), name=name)
+    crash_after_claim_before_lease(queue_dir, job)
+    os.mkdir(queue_dir / "lease" / job)
+    body = lease if isinstance(lease, str) else json.dumps(lease)
+    (queue_dir / "lease" / job / "worker").write_text(body)
+    return job
+
+
+def test_a_hand_written_lease_of_a_dead_holder_is_requeued(
+    queue: Queue, queue_dir: Path, root: Path
+) -> None:
+    job = hand_claimed(queue, queue_dir, "byhand", q3_lease(dead_pid()))
+    done = ctx(root, "queue", "recover", "--project", PROJECT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"requeue  {job}" in done.stdout and "has exited" in done.stdout
+    assert state_of(queue, job) == "pending"
+
+
+@pytest.mark.parametrize(
+    "times",
+    [
+        {"claimed_at": 1_767_225_600, "expires_at": 32_503_680_000.0},  # epoch seconds
+        {"claimed_at": "2026-01-01T00:00:00+01:00", "expires_at": "2999-01-01T00:00:00Z"},
+        {"start_time": 1_700_000_000.5},  # our own name for the start time
+        {"job": "tolerant.req.json"},
+        {"pid_ns": f"pid:[{LocalSystem.current().pid_ns}]"},  # as readlink shows it
+    ],
+)
+def test_lease_fields_are_read_in_every_form_q3_allows(
+    queue: Queue, queue_dir: Path, times: dict[str, object]
+) -> None:
+    job = hand_claimed(queue, queue_dir, "tolerant", q3_lease(dead_pid(), **times))
+    report = recover(queue)
+    assert [f.job for f in report.requeued] == [job] and report.consistent
+
+
+def test_a_live_pid_with_no_start_time_is_alive(queue: Queue, queue_dir: Path) -> None:
+    lease = q3_lease(os.getpid())
+    del lease["create_time"]
+    job = hand_claimed(queue, queue_dir, "nostart", lease)
+    report = recover(queue)
+    assert report.requeued == [] and report.consistent
+    assert "no start time" in report.untouched[0].detail
+    assert state_of(queue, job) == "claimed"
+
+
+def test_a_lease_naming_another_job_is_a_conflict(queue: Queue, queue_dir: Path) -> None:
+    job = hand_claimed(queue, queue_dir, "mine", q3_lease(dead_pid(), job="theirs.req.json"))
+    for reconcile in (False, True):
+        report = recover(queue, reconcile=reconcile)
+        assert not report.consistent and [f.job for f in report.conflicts] == [job]
+        assert "theirs.req.json" in report.conflicts[0].detail
+    assert state_of(queue, job) == "claimed"
+
+
+@pytest.mark.parametrize("body", ["", "{}", "not json", '{"pid": "x"}'])
+def test_an_unreadable_lease_on_a_claimed_job_is_never_called_consistent(
+    queue: Queue, queue_dir: Path, root: Path, body: str
+) -> None:
+    job = hand_claimed(queue, queue_dir, "garbled", body)
+    for args in ((), ("--reconcile",)):
+        done = ctx(root, "queue", "recover", "--project", PROJECT, *args)
+        assert done.returncode == 1 and "cannot be read" in done.stdout
+        assert "NOT consistent" in done.stdout
+    assert state_of(queue, job) == "claimed"  # never acted on: nobody knows its holder
+
+
+@pytest.mark.parametrize("body", ["", "{}", "not json"])
+def test_an_orphan_lease_is_removed_whatever_it_holds(
+    queue_dir: Path, root: Path, body: str
+) -> None:
+    """Q-6: a lease/J with no request anywhere in claimed/ names no running job (Q-3 order)."""
+    job = "orphan.req.json"
+    os.mkdir(queue_dir / "lease" / job)
+    (queue_dir / "lease" / job / "worker").write_text(body)
+    plain = ctx(root, "queue", "recover", "--project", PROJECT)
+    assert plain.returncode == 1 and f"incomplete {job}" in plain.stdout
+    assert (queue_dir / "lease" / job / "worker").exists()
+    fixed = ctx(root, "queue", "recover", "--project", PROJECT, "--reconcile")
+    assert fixed.returncode == 0, fixed.stdout
+    assert f"repair   {job}: remove-orphans" in fixed.stdout
+    assert os.listdir(queue_dir / "lease") == []
+
+
+def test_an_orphan_lease_of_a_live_holder_is_removed(
+    queue: Queue, me: Holder, queue_dir: Path
+) -> None:
+    job = claimed_by(queue, me)
+    shutil.rmtree(queue_dir / "claimed" / job)
+    report = recover(queue, reconcile=True)
+    assert report.consistent and [f.action for f in report.repaired] == ["remove-orphans"]
+    assert os.listdir(queue_dir / "lease") == []
