@@ -87,14 +87,20 @@ class Holder:
 
     @classmethod
     def for_process(cls, pid: int | None = None, worker: str | None = None) -> Holder:
-        """The holder identity of ``pid`` (default: this process).  ESRCH-style EINVAL if dead."""
+        """The holder identity of ``pid`` (default: this process) in this pid namespace.
+
+        A pid that names no process (``ctx queue claim --pid``) is taken as it is, with no
+        start time: its lease names a holder that :func:`judge` finds gone.
+        """
         import psutil  # here: publish, finish and list look at no process, and it costs ~40 ms
 
         pid = os.getpid() if pid is None else pid
+        if pid <= 0:
+            raise invalid(f"{pid} is not a process id")
         try:
-            start_time = psutil.Process(pid).create_time()
-        except psutil.Error as exc:
-            raise invalid(f"process {pid} does not exist; a lease needs a live holder") from exc
+            start_time: float | None = psutil.Process(pid).create_time()
+        except psutil.Error:
+            start_time = None
         here = LocalSystem.current()
         return cls(
             worker=worker or _default_worker_id(here.host, pid),

@@ -157,9 +157,27 @@ def test_claim_on_an_empty_queue_exits_3_silently(root: Path) -> None:
     assert (as_json.returncode, as_json.stdout, as_json.stderr) == (3, "", "")
 
 
-def test_claim_for_a_dead_pid_is_a_usage_error(root: Path, req: Path) -> None:
+@pytest.mark.parametrize("pid", ["999999", "dead"])
+def test_claim_for_a_pid_that_does_not_exist_builds_a_dead_holder(
+    root: Path, req: Path, pid: str
+) -> None:
+    """§2.4 puts no restriction on --pid: the lease names that pid, with no start time, and
+    recover finds its holder gone."""
+    pid = str(dead_pid()) if pid == "dead" else pid
+    assert not Path(f"/proc/{pid}").exists()
+    ctx(root, "queue", "publish", *P, "--name", "d", str(req))
+    done = ctx(root, "queue", "claim", *P, "--pid", pid)
+    assert (done.returncode, done.stdout, done.stderr) == (0, "d.req.json\n", "")
+    lease = json.loads((qdir(root) / "lease" / "d.req.json" / "worker").read_text())
+    assert lease["pid"] == int(pid) and lease["start_time"] is None
+    recovered = ctx(root, "queue", "recover", *P)
+    assert recovered.returncode == 0 and "requeue  d.req.json" in recovered.stdout
+    assert os.listdir(qdir(root) / "pending") == ["d.req.json"]
+
+
+def test_claim_for_a_pid_that_cannot_be_one_is_a_usage_error(root: Path, req: Path) -> None:
     ctx(root, "queue", "publish", *P, str(req))
-    done = ctx(root, "queue", "claim", *P, "--pid", str(dead_pid()))
+    done = ctx(root, "queue", "claim", *P, "--pid", "0")
     assert done.returncode == 2 and "EINVAL" in done.stderr
     assert len(os.listdir(qdir(root) / "pending")) == 1
 
