@@ -11,7 +11,12 @@ from cortexfs.cli.common import emit_json, handles_errors, json_option, usage_pr
 from cortexfs.errors import CtxError
 from cortexfs.mcp.client import DEFAULT_TIMEOUT, StdioClient
 from cortexfs.mcp.config import ServerSpec, load_server
-from cortexfs.mcp.project import check_runtime_config, project_tools, write_candidates
+from cortexfs.mcp.project import (
+    check_out_directory,
+    check_runtime_config,
+    project_tools,
+    write_candidates,
+)
 
 _CONFIG = click.option(
     "--config",
@@ -105,6 +110,7 @@ def project_command(
     spec = _server(config_path, server)
     try:
         check_runtime_config(runtime_config)
+        check_out_directory(out)
     except CtxError as error:
         raise usage_problem(error) from None
     with StdioClient(spec, timeout=timeout) as client:

@@ -102,6 +102,22 @@ def _description(tool: dict[str, Any], name: str) -> str:
     return f"{name} (no description given by the server)"
 
 
+def check_out_directory(out: Path) -> None:
+    """EINVAL when ``out`` is under ``/ctx`` or the storage root: ctxmcp writes candidates
+    only, never into the tree agents see (M-1); ``ctx object install`` puts them there."""
+    from cortexfs.storage import resolve_root
+
+    where = Path(os.path.realpath(out))
+    for forbidden in (Path("/ctx"), resolve_root()):
+        resolved = Path(os.path.realpath(forbidden))
+        if where == resolved or resolved in where.parents:
+            raise invalid(
+                f"--out {out} is inside {forbidden}: ctxmcp writes nothing under /ctx or the "
+                "storage root (M-1); write the candidates elsewhere and install them with "
+                "'ctx object install'"
+            )
+
+
 def write_candidates(projections: list[Projection], out: Path) -> list[Path]:
     """Write each candidate to ``out/<name>.manifest.json`` (the directory is made if
     missing), each in one rename: a reader sees a whole candidate or none."""

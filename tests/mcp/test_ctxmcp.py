@@ -25,13 +25,16 @@ SECRET = "s3cret-token-never-copied"
 RUNTIME_CONFIG = "/workspace/.mcp.json"
 
 
-def ctxmcp(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+def ctxmcp(
+    *args: str, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-c", "from cortexfs.cli.ctxmcp import main; main()", *args],
         capture_output=True,
         text=True,
         timeout=120,
         cwd=cwd,
+        env={**os.environ, **(env or {})},
     )
 
 
@@ -238,6 +241,7 @@ def test_illegal_names_and_schemas_are_reported_and_skipped(tmp_path: Path) -> N
         tool("a/b"),
         tool("x" * 60),  # fake.xxx… is longer than 64 bytes
         tool("bad_schema", {"type": "no-such-type"}),
+        tool("ends.d"),
     ]
     config = scripted(tmp_path, tools=tools, page=2)  # three pages
     out = tmp_path / "out"
@@ -249,12 +253,30 @@ def test_illegal_names_and_schemas_are_reported_and_skipped(tmp_path: Path) -> N
 
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
-    assert report["written"] == [str(out / "fake.search_issues.manifest.json")]
+    written = ["fake.search_issues.manifest.json"]
+    assert report["written"] == [str(out / name) for name in written]
     skipped = {entry["tool"]: entry["problem"] for entry in report["skipped"]}
-    assert set(skipped) == {"has space", "a/b", "x" * 60, "bad_schema"}
+    assert set(skipped) == {"has space", "a/b", "x" * 60, "bad_schema", "ends.d"}
     assert "M-3" in skipped["has space"] and "64" in skipped["x" * 60]
     assert "JSON Schema" in skipped["bad_schema"]
-    assert [p.name for p in out.iterdir()] == ["fake.search_issues.manifest.json"]
+    assert sorted(p.name for p in out.iterdir()) == sorted(written)
+
+
+@pytest.mark.parametrize("inside", ["storage", "storage/tool"])
+def test_candidates_are_never_written_into_the_storage_root(
+    config: Path, tmp_path: Path, inside: str
+) -> None:
+    root = tmp_path / "storage"
+    root.mkdir()
+    out = tmp_path / inside
+
+    refused = ctxmcp(
+        "project", "--config", str(config), "--runtime-config", RUNTIME_CONFIG,
+        "--server", "time", "--out", str(out), env={"CTX_STORAGE": str(root)},
+    )  # fmt: skip
+
+    assert refused.returncode == 2 and "EINVAL" in refused.stderr and "M-1" in refused.stderr
+    assert os.listdir(root) == []
 
 
 # ------------------------------------------------------------------ failing servers
