@@ -67,6 +67,16 @@ def call(name: str, argv: list[str]) -> int:
 
     Ctrl-C reaches tsh, not the tool (which the host runs): tsh asks the host to interrupt
     the running call, then waits for its status as usual."""
+    if "CTX_RUN_SOCKET" not in os.environ:
+        # H-2: a standalone tsh may find tools and read their metadata, never run one as an
+        # agent; only ctxterm, which runs the call under the agent's identity, can.
+        print(
+            f"tsh: {name}: EACCES: this tsh is not an agent terminal, so it cannot run tools "
+            "(H-2); start one with 'ctx agent start AGENT', or run a safe core CLI with "
+            "'ctx tool NAME'",
+            file=sys.stderr,
+        )
+        return CANNOT_RUN
     request = json.dumps({"tool": name, "argv": argv}).encode() + b"\n"
     descriptors = array.array("i", [0, 1, 2])
     try:
