@@ -11,10 +11,11 @@ no ``mcp/``, no ``audit/``, no ``queue/``, no registry.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from cortexfs import durable
@@ -65,6 +66,17 @@ class BootstrapReport:
         self.created: list[str] = []
         self.repaired: list[str] = []
         self.problems: list[str] = []
+
+    @contextlib.contextmanager
+    def step(self, where: str) -> Iterator[None]:
+        """One step of bootstrap that does not depend on the others: an error in it becomes a
+        problem on ``where`` and bootstrap goes on with the next step (R-5 repairs all it can)."""
+        try:
+            yield
+        except CtxError as exc:
+            self.problems.append(f"{where}: {exc}; left as it was")
+        except OSError as exc:
+            self.problems.append(f"{where}: {exc.strerror} ({exc.filename}); left as it was")
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -137,7 +149,8 @@ def bootstrap(root: Path, source: Path | None = None) -> BootstrapReport:
         check(source)
     report = ensure_root_abi(root)
     for step in _BOOTSTRAP_STEPS:
-        step(root, source, report)
+        with report.step(step.__module__):
+            step(root, source, report)
     return report
 
 

@@ -22,11 +22,19 @@ import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cortexfs import durable
 from cortexfs.errors import CtxError, denied, invalid, too_big
+from cortexfs.names import is_object_name
+from cortexfs.policy import AuthorityRequest, check_authority
+from cortexfs.policy import controls as agent_controls
+from cortexfs.policy.linux import EXECUTE, permits
 from cortexfs.tools.core.hostcall import ENVIRONMENT
+from cortexfs.tools.ctxpath import tier_location, which
+
+if TYPE_CHECKING:
+    from cortexfs.agents.view import AgentView
 
 UPDATABLE = ("system.md", "prompt.template.md")
 MAX_UPDATE_BYTES = 8 * 1024
@@ -111,8 +119,13 @@ def update_control(root: Path, agent: str, request: dict[str, Any]) -> dict[str,
 def create_child(root: Path, parent: str, request: dict[str, Any]) -> dict[str, Any]:
     """A-4: ``parent`` creates the agent its request describes, attenuated.
 
-    The parent must hold ``agent:<child> create``; every grant of the child (tools, models,
-    shared spaces) must be one the parent holds; every mount must lie inside one of the
+    The parent must hold ``agent:<child> create``.  Every grant of the child must be one the
+    parent may use itself through the whole authority chain (P-5, both layers of P-6), for its
+    own label: a tool on the parent's ``CTX_PATH`` that its policy *and* the tool's own policy
+    let it execute, a model both policies let it use, a shared space it may read or write —
+    being named in the parent's policy is not enough.  The child's label is its own or its
+    parent's, never another agent's: tool and model policies grant by label, so taking another
+    agent's label would take that agent's grants.  Every mount must lie inside one of the
     parent's visible mounts, read-write only where the parent's is; the child runs as the
     parent's uid, gid and groups.  Nothing is inherited that the request does not name.
     """
@@ -124,17 +137,27 @@ def create_child(root: Path, parent: str, request: dict[str, Any]) -> dict[str, 
     child = parse_request(request.get("request"), f"agent.create by {parent}", root)
     if not view.allows("agent", child.name, "create"):
         raise denied(f"agent {parent} holds no agent:{child.name} create (A-4)")
+    owner = _label_owner(root, child.label, parent)
+    if owner is not None and child.label != view.label:
+        raise denied(
+            f"label {child.label} is agent {owner}'s: a child takes a label of its own or its "
+            "parent's, since tool and model policies grant by label (A-4)"
+        )
     missing = [
-        f"tool:{tool} execute" for tool in child.tools if not view.allows("tool", tool, "execute")
+        f"tool:{tool} execute ({reason})"
+        for tool in child.tools
+        if (reason := _parent_may_not_execute(view, tool))
     ]
     missing += [
-        f"model:{model} use" for model in child.models if not view.allows("model", model, "use")
+        f"model:{model} use ({reason})"
+        for model in child.models
+        if (reason := _parent_denied(view, "model", model, "use"))
     ]
     missing += [
-        f"shared:{space} {permission}"
+        f"shared:{space} {permission} ({reason})"
         for space, permissions in child.shared
         for permission in permissions
-        if not view.allows("shared", space, permission)
+        if (reason := _parent_denied(view, "shared", space, permission))
     ]
     visible = view.visible_mounts()
     missing += [
@@ -143,9 +166,44 @@ def create_child(root: Path, parent: str, request: dict[str, Any]) -> dict[str, 
         if not any(_inside(source, str(m.source)) and (mode == "ro" or m.writable) for m in visible)
     ]
     if missing:
-        raise denied(f"agent.create attenuates (A-4): {parent} does not hold {', '.join(missing)}")
+        raise denied(f"agent.create attenuates (A-4): {parent} does not hold {'; '.join(missing)}")
     created = create_agent(root, child, view.identity)
     return {"agent": created.name, "label": child.label, "uid": created.identity.uid}
+
+
+def _parent_may_not_execute(view: AgentView, tool: str) -> str:
+    """Why the parent may not run ``tool`` as it would find it on its ``CTX_PATH``; "" if it may."""
+    found = which(
+        tool,
+        view.tool_directories(),
+        is_executable=lambda _path, status: permits(status, view.identity, EXECUTE),
+    )
+    if found is None:
+        return f"no such tool on its CTX_PATH {view.ctx_path()}"
+    location = tier_location(view.root, found.directory) or "tool"
+    return _parent_denied(view, "tool", tool, "execute", location)
+
+
+def _parent_denied(
+    view: AgentView, object_class: str, name: str, permission: str, location: str | None = None
+) -> str:
+    """The authority chain's refusal of the parent's own use of an object; "" when allowed."""
+    request = AuthorityRequest(view.root, view.name, object_class, name, permission, None, location)
+    decision = check_authority(request)
+    return "" if decision.allowed else decision.reason
+
+
+def _label_owner(root: Path, label: str, parent: str) -> str | None:
+    """An existing agent other than ``parent`` whose label is ``label``, if there is one."""
+    for entry in sorted(os.listdir(root / "agent")):
+        if entry == parent or entry.endswith(".d") or not is_object_name(entry):
+            continue
+        try:
+            if agent_controls.read_label(root, entry) == label:
+                return entry
+        except CtxError:
+            continue
+    return None
 
 
 def _inside(path: str, directory: str) -> bool:

@@ -98,7 +98,7 @@ def install_bundle(root: Path, source: Path | None, report: storage.BootstrapRep
     ops = durable.default_ops()
     try:
         shared_fd = durable.open_dir_path(ops, str(root / "shared"))
-    except OSError:
+    except (OSError, CtxError):
         return  # ensure_root_abi has reported what is in the way of shared/
     try:
         bundle_fd = _open_bundle_dir(ops, shared_fd, BUNDLE, f"shared/{BUNDLE}", report)

@@ -142,7 +142,7 @@ def layout_problems(tool: ToolObject) -> list[str]:
         status = os.lstat(tool.executable)
         if not stat.S_ISREG(status.st_mode) or not status.st_mode & 0o111:
             problems.append(f"{tool.name} is not an executable regular file")
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         problems.append(f"{tool.name} is missing")
     for name in REQUIRED_FILES:
         if not _is_regular(tool.control(name)):
@@ -186,12 +186,12 @@ def _parse_program(data: bytes) -> tuple[dict[str, Any] | None, str]:
 def _is_regular(path: Path) -> bool:
     try:
         return stat.S_ISREG(os.lstat(path).st_mode)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # e.g. a file where <name>.d/ belongs
         return False
 
 
 def _is_directory(path: Path) -> bool:
     try:
         return stat.S_ISDIR(os.lstat(path).st_mode)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return False

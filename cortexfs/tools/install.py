@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cortexfs import durable, storage
-from cortexfs.errors import invalid, not_found
+from cortexfs.errors import CtxError, invalid, not_found
 from cortexfs.names import check_object_name, is_object_name
 from cortexfs.shared.tree import ensure_directories, ensure_home, user_ownership
 from cortexfs.timefmt import rfc3339
@@ -129,7 +129,7 @@ def all_tiers(root: Path, uid: int) -> list[Tier]:
     tiers = [parse_tier(root, "system"), parse_tier(root, "user", uid=uid)]
     try:
         spaces = sorted(os.listdir(root / "shared"))
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         spaces = []
     tiers += [
         parse_tier(root, f"shared:{space}")
@@ -197,8 +197,11 @@ def list_tools(tiers: list[Tier]) -> list[Listing]:
             if not is_object_name(name) or not os.path.isfile(tier.directory / name):
                 continue
             tool = tier.tool(name)
-            description = (read_control(tool, "description") or b"").decode("utf-8", "replace")
-            status = parse_status(read_control(tool, "status") or b"")
+            try:
+                description = (read_control(tool, "description") or b"").decode("utf-8", "replace")
+                status = parse_status(read_control(tool, "status") or b"")
+            except CtxError:  # a damaged control directory: layout_problems says what is wrong
+                description, status = "", ""
             found.append(
                 Listing(
                     name,

@@ -84,3 +84,72 @@ def test_a_malformed_request_is_einval(lead: World) -> None:
 
     assert not result.ok and result.error is not None
     assert result.error.errno == errno.EINVAL
+
+
+@pytest.fixture
+def borrowed(world: World) -> World:
+    """``lead`` names fs.stat in its own policy, but fs.stat's policy grants only ``rev3_t``,
+    the label of agent ``rev3``: lead cannot run fs.stat (step 6 of the chain)."""
+    world.agent("lead", tools=["fs.stat", "agent.create"])
+    world.allow_tool("agent.create", label="lead_t")
+    world.agent("rev3", tools=["fs.stat"])
+    world.allow_tool("fs.stat", label="rev3_t")
+    with open(world.root / "agent" / "lead.d" / "policy", "a") as policy:
+        policy.write("allow lead_t agent:kid2 create\n")
+    return world
+
+
+def test_a_child_cannot_take_another_agents_label(borrowed: World) -> None:
+    assert not borrowed.run("fs.stat", {"path": "/workspace"}, agent="lead").ok
+
+    result = create(borrowed, {"name": "kid2", "label": "rev3_t", "tools": ["fs.stat"]})
+
+    assert not result.ok and result.output["error"] == "EACCES", result.output
+    assert "label rev3_t is agent rev3's" in result.output["message"]
+    assert not (borrowed.root / "agent" / "kid2").exists()
+    assert borrowed.run("fs.stat", {"path": "/workspace"}, agent="kid2").error.errno == (
+        errno.ENOENT
+    )
+
+
+def test_a_child_gets_no_tool_its_parent_is_denied_by_the_tools_own_policy(
+    borrowed: World,
+) -> None:
+    result = create(borrowed, {"name": "kid2", "label": "kid2_t", "tools": ["fs.stat"]})
+
+    assert not result.ok and result.output["error"] == "EACCES", result.output
+    message = result.output["message"]
+    assert "tool:fs.stat execute" in message and "step 6 (tool/model policy)" in message
+    assert not (borrowed.root / "agent" / "kid2").exists()
+
+
+def test_a_child_may_share_its_parents_label_and_run_what_the_parent_runs(lead: World) -> None:
+    result = create(lead, helper(lead, label="lead_t", tools=["fs.stat"]))
+
+    assert result.ok, result.output
+    ran = lead.run("fs.stat", {"path": "/ctx/tool"}, agent="helper")
+    assert ran.ok, ran.error
+    denied = lead.run("agent.create", {"name": "x", "label": "x_t"}, agent="helper")
+    assert denied.error.stage == "authorize" and denied.error.step == 5  # not in its policy
+
+
+def test_a_child_gets_no_model_its_parent_may_not_use(lead: World) -> None:
+    models = lead.root / "model" / "openai"
+    models.mkdir(mode=0o755)
+    (models / "gpt-5.6").write_text("")
+    (models / "gpt-5.6").chmod(0o644)
+    (models / "gpt-5.6.d").mkdir(mode=0o755)
+    own_policy = models / "gpt-5.6.d" / "policy"
+    own_policy.write_text("allow other_t model:openai/gpt-5.6 use\n")
+    own_policy.chmod(0o644)
+    with open(lead.root / "agent" / "lead.d" / "policy", "a") as policy:
+        policy.write("allow lead_t model:openai/gpt-5.6 use\n")
+
+    refused = create(lead, helper(lead, model=["openai/gpt-5.6"]))
+    with open(own_policy, "a") as policy:
+        policy.write("allow lead_t model:openai/gpt-5.6 use\n")
+    granted = create(lead, helper(lead, model=["openai/gpt-5.6"]))
+
+    assert not refused.ok and "model:openai/gpt-5.6 use (step 6" in refused.output["message"]
+    assert granted.ok, granted.output
+    assert (lead.root / "agent" / "helper.d" / "model").read_text() == "openai/gpt-5.6\n"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import zipimport
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+import cortexfs.manual  # noqa: F401  (registers the manual bundle's bootstrap step)
 from cortexfs import storage
 from cortexfs.tools.controls import ToolObject, layout_problems
 from cortexfs.tools.core import CORE_TOOLS, tsh_config
@@ -141,3 +143,52 @@ def test_bootstrap_leaves_a_users_directory_at_a_core_tools_path(tmp_path: Path)
     assert "left untouched" in completed.stdout
     assert (root / "tool/fs.list/data").read_text() == "precious\n"
     assert layout_problems(ToolObject("fs.read", root / "tool")) == []
+
+
+@pytest.mark.parametrize("control_path", ["fs.stat.d", "fs.read.d/hooks"])
+def test_bootstrap_reports_a_file_in_a_control_directorys_place_and_runs_every_other_step(
+    root: Path, control_path: str
+) -> None:
+    shutil.rmtree(root / "tool" / control_path)
+    (root / "tool" / control_path).write_text("x\n")
+    shutil.rmtree(root / "tool/tsh.d")
+    (root / "tool/fs.list").unlink()
+    (root / "bin/tsh").unlink()
+
+    completed = subprocess.run(
+        [*CTX, "--storage", str(root), "bootstrap"], capture_output=True, text=True
+    )
+
+    assert completed.returncode == 1, completed.stderr
+    assert completed.stderr == ""
+    problems = [line for line in completed.stdout.splitlines() if line.startswith("problem")]
+    assert problems == [
+        f"problem   tool/{control_path} is a file, not a "
+        f"{'control directory' if control_path.endswith('.d') else 'directory'}"
+        "; left untouched"
+    ]
+    assert (root / "tool" / control_path).read_text() == "x\n"
+    for later in ("tool/fs.list", "tool/tsh.d/config", "bin/tsh"):
+        assert f"created   {later}" in completed.stdout
+        assert (root / later).is_file()
+    listed = subprocess.run(
+        [*CTX, "--storage", str(root), "object", "list", "--json"], capture_output=True, text=True
+    )
+    damaged = {row["name"]: row["problems"] for row in json.loads(listed.stdout)}
+    assert listed.returncode == 0 and damaged[control_path.split(".d")[0]]
+
+
+@pytest.mark.parametrize("entry", ["tool", "bin", "shared"])
+def test_bootstrap_goes_on_past_a_file_at_a_root_entry(tmp_path: Path, entry: str) -> None:
+    root = tmp_path / "storage"
+    root.mkdir()
+    (root / entry).write_text("mine\n")
+
+    report = storage.bootstrap(root)
+
+    assert report.problems == [f"{entry}: exists but is not a directory; left untouched"]
+    assert (root / entry).read_text() == "mine\n"
+    if entry != "tool":
+        assert layout_problems(ToolObject("fs.read", root / "tool")) == []
+    if entry != "shared":
+        assert (root / "shared/cortexfs-docs/README.md").is_file()

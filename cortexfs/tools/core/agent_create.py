@@ -3,8 +3,10 @@
 Input: an agent request (A-3) — ``name``, ``label``, ``tools``, ``model``, ``shared``,
 ``mount``.  The tool asks the host over the run capability (``CTX_RUN_CAPABILITY``), which
 attenuates: the caller must hold ``agent:<child> create``, every grant of the child must be
-one the caller holds, every mount must lie inside one of the caller's visible mounts (``rw``
-only where the caller's is), and the child runs as the caller's uid and groups.  Native
+one the caller may use itself through the whole authority chain (both layers of P-6), the
+child's label is never another existing agent's, every mount must lie inside one of the
+caller's visible mounts (``rw`` only where the caller's is), and the child runs as the
+caller's uid and groups.  Native
 output ``{"agent", "label", "uid"}``.  Without the runner it refuses (EPERM).
 """
 

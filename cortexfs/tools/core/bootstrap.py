@@ -42,19 +42,33 @@ MANIFESTS = Path(__file__).parent / "manifests"
 
 
 def bootstrap_tools(root: Path, source: Path | None, report: storage.BootstrapReport) -> None:
-    """The bootstrap step: finish interrupted installs, then the core tools and tsh config."""
+    """The bootstrap step: finish interrupted installs, then the core tools and tsh config.
+
+    Each part stands alone: a problem in one (reported, its cause left untouched) does not keep
+    bootstrap from the others."""
     for tier in all_tiers(root, os.getuid()):
-        report.repaired += repair_tier(tier)
+        with report.step(tier.location):
+            report.repaired += repair_tier(tier)
     interpreter, problem = core_interpreter()
     if problem:
         report.problems.append(problem)
     modules = bundled_modules(interpreter, package_parent())  # shared by every core tool
     system = parse_tier(root, "system")
-    for name, module in CORE_TOOLS.items():
-        launcher = render_launcher(interpreter, modules, module)
-        _install_core_tool(system, name, launcher, report)
-    _ensure_tsh_config(root, report)
-    _install_program(root, "bin/tsh", render_launcher(interpreter, modules, "tsh"), report)
+    if _is_real_directory(system.directory):  # else ensure_root_abi reported what is there
+        for name, module in CORE_TOOLS.items():
+            with report.step(f"tool/{name}"):
+                launcher = render_launcher(interpreter, modules, module)
+                _install_core_tool(system, name, launcher, report)
+        with report.step("tool/tsh.d/config"):
+            _ensure_tsh_config(root, report)
+    if _is_real_directory(root / "bin"):
+        with report.step("bin/tsh"):
+            launcher = render_launcher(interpreter, modules, "tsh")
+            _install_program(root, "bin/tsh", launcher, report)
+
+
+def _is_real_directory(path: Path) -> bool:
+    return path.is_dir() and not path.is_symlink()
 
 
 def _install_program(
@@ -63,13 +77,14 @@ def _install_program(
     """``bin/<name>``: a program of the root ABI (H-1), replaced whole when it differs."""
     path = root / where
     try:
-        current = path.read_bytes() if not path.is_symlink() else None
+        status = os.lstat(path)
     except FileNotFoundError:
-        current = None
-    if current == program and os.access(path, os.X_OK):
-        return
-    if path.is_symlink() or (path.exists() and not path.is_file()):
+        status = None
+    if status is not None and not stat.S_ISREG(status.st_mode):
         report.problems.append(f"{where}: not a regular file; left untouched")
+        return
+    current = None if status is None else path.read_bytes()
+    if current == program and os.access(path, os.X_OK):
         return
     ops = durable.default_ops()
     directory = durable.open_dir_path(ops, str(path.parent))
@@ -128,14 +143,15 @@ def _ensure_tsh_config(root: Path, report: storage.BootstrapReport) -> None:
     try:
         if durable.make_dir_synced(ops, tool_fd, "tsh.d", 0o755):
             report.created.append("tool/tsh.d")
+        controls = durable.lstat_at(tool_fd, "tsh.d")
+        if controls is None or not stat.S_ISDIR(controls.st_mode):
+            report.problems.append("tool/tsh.d is not a directory; left untouched")
+            return
         config_dir = ops.open_dir("tsh.d", tool_fd)
     finally:
         ops.close(tool_fd)
     try:
-        try:
-            existing = os.stat("config", dir_fd=config_dir, follow_symlinks=False)
-        except FileNotFoundError:
-            existing = None
+        existing = durable.lstat_at(config_dir, "config")
         if existing is None:
             temporary = f".config.{os.urandom(6).hex()}.tmp"
             durable.write_file_synced(ops, config_dir, temporary, tsh_config.DEFAULT_TEXT.encode())
