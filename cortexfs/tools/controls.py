@@ -136,7 +136,11 @@ def require_available(tool: ToolObject, status: str) -> None:
 
 
 def layout_problems(tool: ToolObject) -> list[str]:
-    """Everything wrong with the on-disk shape of ``tool``; empty when it is complete."""
+    """Everything wrong with the on-disk shape of ``tool``; empty when it is complete.
+
+    The ``status`` an administrator wrote (``disabled``, ``unavailable: <reason>``) is a
+    setting, not damage, and a ``program`` control that fails C-2 makes the tool unavailable,
+    not damaged: neither is a layout problem (see :func:`read_controls`'s status)."""
     problems = []
     try:
         status = os.lstat(tool.executable)
@@ -152,12 +156,9 @@ def layout_problems(tool: ToolObject) -> list[str]:
             problems.append(f"{tool.name}.d/{name}/ is missing or not a directory")
     if not problems:
         try:
-            controls = read_controls(tool)
+            read_controls(tool)
         except CtxError as exc:
             problems.append(exc.message)
-        else:
-            if controls.status.startswith(STATUS_UNAVAILABLE):
-                problems.append(f"{tool.name}.d/status: {controls.status}")
     return problems
 
 

@@ -192,3 +192,27 @@ def test_bootstrap_goes_on_past_a_file_at_a_root_entry(tmp_path: Path, entry: st
         assert layout_problems(ToolObject("fs.read", root / "tool")) == []
     if entry != "shared":
         assert (root / "shared/cortexfs-docs/README.md").is_file()
+
+
+@pytest.mark.parametrize("status", ["unavailable\n", "unavailable: maintenance\n", "disabled\n"])
+def test_a_status_the_administrator_set_is_not_damage(root: Path, status: str) -> None:
+    (root / "tool/fs.stat.d/status").write_text(status)
+
+    first = subprocess.run(
+        [*CTX, "--storage", str(root), "bootstrap"], capture_output=True, text=True
+    )
+    second = storage.bootstrap(root)
+
+    assert first.returncode == 0
+    assert first.stdout.splitlines()[1:] == ["nothing to do: the storage root is complete"]
+    assert (second.created, second.repaired, second.problems) == ([], [], [])
+    assert (root / "tool/fs.stat.d/status").read_text() == status
+
+
+def test_bootstrap_removes_a_control_its_manifest_does_not_define(root: Path) -> None:
+    (root / "tool/fs.read.d/program").write_text("{ not json")
+
+    report = storage.bootstrap(root)
+
+    assert report.repaired == ["tool/fs.read"]
+    assert not (root / "tool/fs.read.d/program").exists()

@@ -29,6 +29,7 @@ from cortexfs.tools.core.launcher import (
     render_launcher,
 )
 from cortexfs.tools.install import (
+    TOOL_KIND,
     Tier,
     all_tiers,
     install_tool,
@@ -125,13 +126,18 @@ def _install_core_tool(
 
 
 def _is_current(tool: ToolObject, manifest: Manifest, launcher: bytes) -> bool:
+    """Complete, and the executable and every control the manifest defines are this version's.
+    What the administrator sets (policy, status, hooks) is not compared: it is not damage."""
     if layout_problems(tool):
         return False
     try:
         if tool.executable.read_bytes() != launcher:
             return False
         wanted = manifest.controls()
-        return all(read_control(tool, control) == data for control, data in wanted.items())
+        unwanted = TOOL_KIND.defined - wanted.keys() - {"origin"}
+        return all(read_control(tool, control) == data for control, data in wanted.items()) and all(
+            read_control(tool, control) is None for control in unwanted
+        )
     except (OSError, CtxError):
         return False
 
