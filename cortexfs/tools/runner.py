@@ -7,8 +7,9 @@ that stage (and, for the authority chain, the denying step):
 caller     only the host administrator — root, or the owner of the storage root — may run a
            tool as an agent: nobody else can claim an agent identity
 agent      the agent exists and has an identity
-session    the session is opened (a shared one only in a space the agent may read,
-           ``shared:<space> read``); ``tool_call`` is recorded
+session    the session is opened; ``tool_call`` is recorded.  The call writes its events
+           there, so a session in a shared space needs ``shared:<space> write`` through the
+           whole authority chain (S-6, X-1), checked before anything is created
 resolve    the tool is on the agent's ``CTX_PATH`` (T-4) as a file the agent may execute;
            its controls are intact; its status is ``available``
 schema     native mode: the input satisfies the tool's ``schema`` (EINVAL otherwise)
@@ -218,9 +219,9 @@ class _Call:
         assert self.view is not None
         ref = _session_ref(self.root, self.view, self.requested_session)
         if ref.space is not None:
-            # An agent's session may live only in a space the agent may read (S-6, X-1).
+            # The call appends its events to the session: writing in the space (S-6, X-1).
             request = AuthorityRequest(
-                self.root, self.agent, "shared", ref.space, "read", self._caller()
+                self.root, self.agent, "shared", ref.space, "write", self._caller()
             )
             self._require(check_authority(request), "session")
         identity = self.view.identity

@@ -14,7 +14,9 @@ import pytest
 
 from cortexfs.shared.sessions import SessionRef
 from cortexfs.shared.spaces import create_shared_space
+from cortexfs.tools.result import ToolResult
 from cortexfs.tools.runner import run_native, run_terminal
+from tests.support.cli import ctx
 from tests.tools.support import World, effective_user
 
 CTX = [sys.executable, "-c", "from cortexfs.cli import main; main()"]
@@ -249,32 +251,54 @@ def test_a_malformed_program_control_makes_the_tool_unavailable(coder: World) ->
     assert result.error.errno == errno.EACCES and "unavailable" in result.error.message
 
 
-def test_calls_in_a_shared_space_session_need_the_space_to_be_readable(world: World) -> None:
-    create_shared_space(world.root, "proj", gid=world.user.gid)
-    world.agent("member", tools=["fs.list"], shared={"proj": ["read"]})
-    world.agent("outsider", tools=["fs.list"])
-    world.allow_tool("fs.list", "member_t")
-    world.allow_tool("fs.list", "outsider_t")
+def _member(world: World, name: str, permissions: list[str], *, mounted: bool = True) -> None:
+    """An agent of space ``proj`` with ``permissions`` on it, the space mounted read-write
+    (or not at all): writing in a space needs a writable view of it (P-5 step 3)."""
+    mounts = [[str(world.workspace), "/workspace", "rw"]]
+    if mounted:
+        mounts.append([str(world.root / "shared" / "proj"), "/shared/proj", "rw"])
+    world.agent(name, tools=["fs.list"], shared={"proj": permissions}, mounts=mounts)
+    world.allow_tool("fs.list", f"{name}_t")
 
-    member = run_native(
-        world.root, "member", "fs.list", {}, session=SessionRef.shared(world.root, "proj", "member")
-    )
-    outsider = run_native(
-        world.root,
-        "outsider",
-        "fs.list",
-        {},
-        session=SessionRef.shared(world.root, "proj", "outsider"),
-    )
+
+def test_a_shared_session_is_written_only_with_shared_write(world: World) -> None:
+    create_shared_space(world.root, "proj", gid=world.user.gid)
+    _member(world, "member", ["read", "write"])
+    _member(world, "reader", ["read"])
+    _member(world, "unmounted", ["read", "write"], mounted=False)
+    _member(world, "outsider", [])
+
+    def run(agent: str) -> ToolResult:
+        where = SessionRef.shared(world.root, "proj", agent, "s9")
+        return run_native(world.root, agent, "fs.list", {}, session=where)
+
+    member, reader, unmounted, outsider = map(run, ["member", "reader", "unmounted", "outsider"])
 
     assert member.ok, member.error
-    events = world.root / "shared/proj/agent/member/session/default/events.jsonl"
+    events = world.root / "shared/proj/agent/member/session/s9/events.jsonl"
     assert [json.loads(line)["type"] for line in events.read_text().splitlines()] == [
         "tool_call",
         "tool_result",
     ]
+    assert reader.error.errno == errno.EACCES and reader.error.stage == "session"
+    assert reader.error.step == 5 and "shared:proj write" in reader.error.message
+    assert unmounted.error.stage == "session" and unmounted.error.step == 3
     assert outsider.error.stage == "session" and outsider.error.step == 5
-    assert not (world.root / "shared/proj/agent/outsider").exists()
+    for refused in ("reader", "unmounted", "outsider"):
+        assert not (world.root / "shared/proj/agent" / refused).exists(), refused
+
+
+def test_ctx_run_in_a_shared_session_needs_shared_write(world: World) -> None:
+    create_shared_space(world.root, "proj", gid=world.user.gid)
+    _member(world, "reader", ["read"])
+
+    refused = ctx(
+        world.root, "run", "--agent", "reader", "--project", "proj", "--session", "s9", "fs.list"
+    )
+
+    assert refused.returncode != 0
+    assert "EACCES" in refused.stderr and "step 5" in refused.stderr, refused.stderr
+    assert not (world.root / "shared/proj/agent/reader").exists()
 
 
 def test_a_session_of_another_agent_is_refused(coder: World) -> None:
