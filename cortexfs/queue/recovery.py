@@ -158,13 +158,12 @@ def _recover_job(
     if not reconcile:
         report.incomplete.append(finding)
         return
-    if _holder_matters(evidence, assessment):
-        verdict = _lease_verdict(queue, evidence.job)
-        if verdict.state != GONE:
-            # Left as it is, and still incomplete: the run does not end "consistent" (Q-6).
-            finding.detail += f"; left alone, lease holder {verdict.state}: {verdict.reason}"
-            report.incomplete.append(finding)
-            return
+    verdict = _holder_verdict(queue, evidence, assessment)
+    if verdict is not None:
+        # Left as it is, and still incomplete: the run does not end "consistent" (Q-6).
+        finding.detail += f"; left alone, lease holder {verdict.state}: {verdict.reason}"
+        report.incomplete.append(finding)
+        return
     repair = _REPAIRS[assessment.repair or ""]
     outcome = None if dry_run else _apply(queue, evidence.job, repair, finding, assessment)
     finding.applied = outcome is None
@@ -176,18 +175,27 @@ def _recover_job(
         report.untouched.append(finding)  # another process is completing it right now
 
 
-def _holder_matters(evidence: ev.JobEvidence, assessment: ev.Assessment) -> bool:
-    """Whether the lease holder's liveness guards this repair.
+def _holder_verdict(
+    queue: Queue, evidence: ev.JobEvidence, assessment: ev.Assessment
+) -> Verdict | None:
+    """The verdict on J's lease holder that forbids repairing J, or None when J may be repaired.
 
-    An orphan lease with no request anywhere in ``claimed/`` names no running job: a holder
-    is mid-job only while its request is in ``claimed/J/`` (Q-3 puts the claim before the
-    lease, Q-4 the request's departure before the lease's removal), and a claim or finish
-    in progress holds ``claimed/J`` locked.  Q-6 removes such a lease whatever it says,
-    even when it is empty or unreadable.
+    A holder that is provably gone, or no lease at all, forbids nothing.  Nor does an orphan
+    lease that cannot be read: with no request anywhere in ``claimed/`` it names no running
+    job (Q-3 puts the claim before the lease, Q-4 the request's departure before the lease's
+    removal, and a claim or finish in progress holds ``claimed/J`` locked), and being
+    unreadable it names no holder either, so Q-6's "an orphan lease/J ... removed" applies.
+    A readable lease whose holder is alive is left alone, orphan or not (Q-6).
     """
     if not evidence.lease_file:
-        return False
-    return not (assessment.repair == ev.REMOVE_ORPHANS and evidence.claim_request is None)
+        return None
+    verdict = _lease_verdict(queue, evidence.job)
+    if verdict.state == GONE:
+        return None
+    orphan = assessment.repair == ev.REMOVE_ORPHANS and evidence.claim_request is None
+    if orphan and verdict.state == UNREADABLE:
+        return None
+    return verdict
 
 
 UNREADABLE = "unreadable"  # a lease file that cannot be parsed: no verdict on its holder
@@ -230,10 +238,7 @@ def _apply(
         if (current.state, current.repair) != (scanned.state, scanned.repair):
             finding.detail += f"; left alone, it is now {current.state}"
             return BUSY
-        if (
-            _holder_matters(evidence, current)
-            and (verdict := _lease_verdict(queue, job)).state != GONE
-        ):
+        if (verdict := _holder_verdict(queue, evidence, current)) is not None:
             finding.detail += f"; left alone, lease holder {verdict.state}: {verdict.reason}"
             return HELD
         transition(queue, job, claim_fd)

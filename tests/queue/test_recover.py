@@ -376,11 +376,12 @@ def test_an_orphan_lease_is_removed_whatever_it_holds(
     assert os.listdir(queue_dir / "lease") == []
 
 
-def test_an_orphan_lease_of_a_live_holder_is_removed(
+def test_an_orphan_lease_of_a_live_holder_is_left_but_never_called_consistent(
     queue: Queue, me: Holder, queue_dir: Path
 ) -> None:
     job = claimed_by(queue, me)
     shutil.rmtree(queue_dir / "claimed" / job)
     report = recover(queue, reconcile=True)
-    assert report.consistent and [f.action for f in report.repaired] == ["remove-orphans"]
-    assert os.listdir(queue_dir / "lease") == []
+    assert report.repaired == [] and [f.job for f in report.incomplete] == [job]
+    assert "alive" in report.incomplete[0].detail and not report.consistent
+    assert os.listdir(queue_dir / "lease") == [job]
