@@ -34,6 +34,8 @@ def object_group() -> None:
         {"manifest": 2, "kind": "tool", "name": "fs.read", "description": "...",
          "schema": {...input JSON Schema...}, "cap": {"side_effects": false, "network": false},
          "exec": "path/to/program"}          (or "mcp": {...}; optional "program": {...})
+    cap is any JSON object of declared facts; side_effects and network, when present, are
+    booleans, and one left out counts as true (the cautious value).
     Installing grants nothing: a tool runs only when both the agent's and the tool's own
     policy allow it.  See docs/tools.md.
     """

@@ -7,6 +7,7 @@
     <name>.d/description    what it does, for people and models
     <name>.d/schema         the JSON Schema of its input; grants nothing, describes no output
     <name>.d/cap            declared facts, e.g. {"side_effects": false, "network": false}
+                            (a fact left out counts as its cautious value, see cap_fact)
     <name>.d/policy         the tool's own policy v0, the second layer of P-6 (host-owned)
     <name>.d/status         available | disabled | unavailable: <reason>
     <name>.d/log            one line per call (T-7)
@@ -28,6 +29,7 @@ import errno
 import json
 import os
 import stat
+from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any, NamedTuple
 
@@ -86,6 +88,17 @@ class ToolControls(NamedTuple):
     program: dict[str, Any] | None
 
 
+# What a fact a ``cap`` leaves out counts as (T-8): the cautious value, never the convenient one.
+CAUTIOUS_CAP = {"side_effects": True, "network": True}
+
+
+def cap_fact(cap: Mapping[str, Any], fact: str) -> bool:
+    """The declared ``fact`` of a tool's ``cap``; a fact that is absent (or not a boolean, in a
+    control someone edited by hand) counts as :data:`CAUTIOUS_CAP` says."""
+    value = cap.get(fact)
+    return value if isinstance(value, bool) else CAUTIOUS_CAP[fact]
+
+
 def damaged(tool: ToolObject, reason: str) -> CtxError:
     return CtxError(
         errno.ENOEXEC,
@@ -113,6 +126,8 @@ def read_controls(tool: ToolObject) -> ToolControls:
     """Read and check the controls a call depends on; ENOEXEC when one is damaged."""
     schema = _read_json(tool, "schema")
     cap = _read_json(tool, "cap")
+    if not isinstance(cap, dict):
+        raise damaged(tool, "the cap control is not a JSON object")
     status_data = read_control(tool, "status")
     if status_data is None:
         raise damaged(tool, "the status control is missing")

@@ -8,11 +8,15 @@ A v2 manifest is one JSON object::
       "name": "fs.read",                          an object name (R-3)
       "description": "Read a file …",
       "schema": {"type": "object", …},            the input JSON Schema; must be a valid schema
-      "cap": {"side_effects": false, "network": false},
+      "cap": {"side_effects": false, "network": false},   declared facts (see below)
       "exec": "bin/fs-read",                      the program, relative to the manifest …
       "mcp": {"transport": "stdio", …},           … or the locator of an MCP-backed tool (M-4)
       "program": {"type": "object", …}            optional success-result schema (C-2)
     }
+
+``cap`` is any JSON object of declared facts.  ``side_effects`` and ``network``, when present,
+are booleans; a fact left out counts as the cautious value (side effects possible, network
+possible: :func:`cortexfs.tools.controls.cap_fact`).  Facts describe; they grant nothing.
 
 Exactly one of ``exec`` and ``mcp``.  Nothing in a manifest grants anything: there is no
 policy field, and the installed ``policy`` control starts empty (default deny, P-2).
@@ -55,8 +59,7 @@ MANIFEST_SCHEMA: dict[str, Any] = {
         "schema": {"type": "object"},
         "cap": {
             "type": "object",
-            "required": ["side_effects", "network"],
-            "additionalProperties": {"type": "boolean"},
+            "properties": {"side_effects": {"type": "boolean"}, "network": {"type": "boolean"}},
         },
         "exec": {"type": "string", "minLength": 1},
         "mcp": {
@@ -93,7 +96,7 @@ class Manifest:
     name: str
     description: str
     schema: dict[str, Any]
-    cap: dict[str, bool]
+    cap: dict[str, Any]
     exec_path: Path | None
     mcp: dict[str, str] | None
     program: dict[str, Any] | None

@@ -23,8 +23,10 @@ Two decisions, both failing closed:
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
-from typing import NamedTuple
+from collections.abc import Iterable, Mapping
+from typing import Any, NamedTuple
+
+from cortexfs.tools.controls import cap_fact
 
 HOST_ENABLES = False  # C-1: this host never advertises programmatic tool calling
 
@@ -43,7 +45,13 @@ class Candidate(NamedTuple):
     authorized: bool  # the effective authority chain allows the call (P-5, P-6)
     approval_auto: bool  # the run's approval mode is auto
     needs_ask: bool  # a call of this tool would ask for approval
-    side_effects: bool  # cap.side_effects, or any external write
+    side_effects: bool  # has_side_effects(cap), or any external write
+
+
+def has_side_effects(cap: Mapping[str, Any]) -> bool:
+    """``cap.side_effects`` as a gate reads it: a ``cap`` that does not say counts as having
+    side effects (T-8), so the gate fails closed."""
+    return cap_fact(cap, "side_effects")
 
 
 class Verdict(NamedTuple):

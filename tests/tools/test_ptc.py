@@ -124,3 +124,20 @@ def test_only_a_clean_call_emits_output(
 def test_duplicates_are_found_among_the_ids_of_a_turn() -> None:
     assert ptc.duplicates(["a", "b", "a", "c", "b", "a"]) == {"a", "b"}
     assert ptc.duplicates(["a", "b"]) == set()
+
+
+@pytest.mark.parametrize("cap", [{}, {"network": False}, {"side_effects": True}])
+def test_a_cap_that_does_not_rule_out_side_effects_closes_the_gate(cap: dict[str, bool]) -> None:
+    candidate = EVERY_GATE_HOLDS._replace(side_effects=ptc.has_side_effects(cap))
+
+    verdict = ptc.may_advertise(candidate, host_enables=True)
+
+    assert not verdict.allowed and "side effects" in verdict.reason
+
+
+def test_a_cap_that_declares_no_side_effects_opens_the_gate() -> None:
+    candidate = EVERY_GATE_HOLDS._replace(
+        side_effects=ptc.has_side_effects({"side_effects": False})
+    )
+
+    assert ptc.may_advertise(candidate, host_enables=True).allowed
