@@ -9,7 +9,8 @@ its own controls, and only while its own call runs.
 
 ``agent.update`` replaces exactly one of the caller's ``system.md`` or ``prompt.template.md``
 with at most :data:`MAX_UPDATE_BYTES` of UTF-8 text, atomically; any other control is EINVAL.
-It changes what the next run's prompt is rendered from, nothing else.
+It changes what the next run's prompt is rendered from, nothing else.  Both operations leave
+a fact in the agent's ``log`` (:mod:`cortexfs.agents.log`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cortexfs import durable
+from cortexfs.agents import log as agent_log
 from cortexfs.errors import CtxError, denied, invalid, too_big
 from cortexfs.names import is_object_name
 from cortexfs.policy import AuthorityRequest, check_authority
@@ -44,8 +46,8 @@ _MAX_LINE = 64 * 1024
 class Capability:
     """One call's capability: the tool's end to pass on, the host's end served meanwhile."""
 
-    def __init__(self, root: Path, agent: str) -> None:
-        self.root, self.agent = root, agent
+    def __init__(self, root: Path, agent: str, session: str = "") -> None:
+        self.root, self.agent, self.session = root, agent, session
         self._host, self._tool = socket.socketpair()
         self._thread = threading.Thread(target=self._serve, name="capability", daemon=True)
 
@@ -84,15 +86,17 @@ class Capability:
             operation = OPERATIONS.get(request.get("op")) if isinstance(request, dict) else None
             if operation is None:
                 raise invalid(f"the capability answers {' and '.join(OPERATIONS)} only")
-            return {"ok": True, **operation(self.root, self.agent, request)}
+            return {"ok": True, **operation(self, request)}
         except CtxError as error:
             return error.to_json()
         except ValueError as exc:
             return invalid(f"the request is not JSON: {exc}").to_json()
 
 
-def update_control(root: Path, agent: str, request: dict[str, Any]) -> dict[str, Any]:
-    """A-5: replace ``agent``'s ``system.md`` or ``prompt.template.md``, atomically."""
+def update_control(call: Capability, request: dict[str, Any]) -> dict[str, Any]:
+    """A-5: replace the calling agent's ``system.md`` or ``prompt.template.md``, atomically;
+    the fact (never the content, S-4) goes to its log."""
+    root, agent = call.root, call.agent
     control, content = request.get("control"), request.get("content")
     if control not in UPDATABLE:
         raise invalid(
@@ -113,10 +117,13 @@ def update_control(root: Path, agent: str, request: dict[str, Any]) -> dict[str,
         raise CtxError(exc.errno or errno.EIO, reason) from None
     finally:
         ops.close(directory)
+    agent_log.record(
+        root, agent, agent_log.UPDATED, session=call.session, control=control, bytes=len(data)
+    )
     return {"agent": agent, "control": control, "bytes": len(data)}
 
 
-def create_child(root: Path, parent: str, request: dict[str, Any]) -> dict[str, Any]:
+def create_child(call: Capability, request: dict[str, Any]) -> dict[str, Any]:
     """A-4: ``parent`` creates the agent its request describes, attenuated.
 
     The parent must hold ``agent:<child> create``.  Every grant of the child must be one the
@@ -132,6 +139,8 @@ def create_child(root: Path, parent: str, request: dict[str, Any]) -> dict[str, 
     from cortexfs.agents.create import create_agent
     from cortexfs.agents.request import parse_request
     from cortexfs.agents.view import AgentView
+
+    root, parent = call.root, call.agent
 
     view = AgentView.load(root, parent)
     child = parse_request(request.get("request"), f"agent.create by {parent}", root)
@@ -167,7 +176,7 @@ def create_child(root: Path, parent: str, request: dict[str, Any]) -> dict[str, 
     ]
     if missing:
         raise denied(f"agent.create attenuates (A-4): {parent} does not hold {'; '.join(missing)}")
-    created = create_agent(root, child, view.identity)
+    created = create_agent(root, child, view.identity, parent=parent, session=call.session)
     return {"agent": created.name, "label": child.label, "uid": created.identity.uid}
 
 

@@ -10,7 +10,7 @@
     agent/<name>.d/model             one model name per line
     agent/<name>.d/system.md         its system prompt (grants nothing, P-6)
     agent/<name>.d/prompt.template.md
-    agent/<name>.d/log               the agent's own log (S-3)
+    agent/<name>.d/log               the agent's own log (S-3): :mod:`cortexfs.agents.log`
 
 Only the host administrator — root or the owner of the storage root — creates agents, and
 the controls belong to them: the agent's uid must not be able to rewrite a grant (step 4 of the
@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cortexfs import durable, storage
+from cortexfs.agents import log as agent_log
 from cortexfs.agents.host import require_host_administrator
 from cortexfs.agents.request import AgentRequest
 from cortexfs.errors import invalid
@@ -99,11 +100,15 @@ def create_agent(
     request: AgentRequest,
     identity: Identity | None = None,
     *,
+    parent: str | None = None,
+    session: str = "",
     ops: durable.FsOps | None = None,
 ) -> CreatedAgent:
     """Create ``request``'s agent in ``root``; EEXIST when it exists, EACCES for non-admins.
 
-    ``identity`` None means :func:`default_identity`; an identity with uid 0 is EINVAL.
+    ``identity`` None means :func:`default_identity`; an identity with uid 0 is EINVAL.  The
+    creation is recorded in the agent's log and, for a child made by agent ``parent`` (A-4)
+    during a call in ``session``, in the parent's log too.
     """
     storage.require_root(root)
     require_host_administrator(root, "create agents")
@@ -131,6 +136,27 @@ def create_agent(
         replace=False,
         ops=ops,
     )
+    facts: dict[str, object] = {
+        "by": "ctx agent create" if parent is None else "agent.create",
+        "label": request.label,
+        "uid": identity.uid,
+        "gid": identity.gid,
+    }
+    if parent is None:
+        agent_log.record(root, request.name, agent_log.CREATED, session=session, **facts)
+    else:
+        agent_log.record(
+            root, request.name, agent_log.CREATED, session=session, parent=parent, **facts
+        )
+        agent_log.record(
+            root,
+            parent,
+            agent_log.CREATED,
+            session=session,
+            about=request.name,
+            child=request.name,
+            **facts,
+        )
     return CreatedAgent(
         request.name,
         directory / request.name,

@@ -21,7 +21,7 @@ watch or join it (SPEC A-1, A-2, H-1, T-5).
   and the session directory's ``terminal/main.sock`` is a symlink to it.
 
 When tsh exits, or on SIGTERM, the terminal closes its clients, unmounts the view and removes
-its sockets.
+its sockets.  Its start and its end are facts in the agent's log (:mod:`cortexfs.agents.log`).
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from cortexfs import durable
+from cortexfs.agents import log as agent_log
 from cortexfs.agents.view import AgentView
 from cortexfs.errors import CtxError, invalid
 from cortexfs.shared.sessions import SessionRef, open_session
@@ -121,6 +122,13 @@ class Terminal:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(LINK_NAME, dir_fd=directory)
             os.symlink(self.main_socket, LINK_NAME, dir_fd=directory)
+        agent_log.record(
+            self.root,
+            self.view.name,
+            agent_log.TERMINAL_STARTED,
+            session=self.session.name,
+            pid=os.getpid(),
+        )
 
     @contextlib.contextmanager
     def _terminal_directory(self) -> Iterator[int]:
@@ -251,9 +259,26 @@ class Terminal:
                     self._drain()
                     break
         finally:
+            self._record_stopped()
             self.close()
         assert self.shell is not None
         return self.shell.returncode or 0
+
+    def _record_stopped(self) -> None:
+        """The end, in the agent's log before the sockets go (``ctx agent stop`` waits for
+        them to go); a log that cannot be written does not keep the terminal from ending."""
+        exit_status = None if self.shell is None else self.shell.poll()
+        facts: dict[str, object] = {"reason": "stop" if self.stopping else "exit"}
+        if exit_status is not None:
+            facts["exit_status"] = exit_status
+        with contextlib.suppress(OSError, CtxError):
+            agent_log.record(
+                self.root,
+                self.view.name,
+                agent_log.TERMINAL_STOPPED,
+                session=self.session.name,
+                **facts,
+            )
 
     def _shell_output(self, _: object) -> None:
         try:

@@ -249,7 +249,8 @@ class _Call:
             return
         from cortexfs.agents.capability import Capability
 
-        with Capability(self.root, self.agent).serving() as capability:
+        assert self.session_ref is not None
+        with Capability(self.root, self.agent, self.session_ref.name).serving() as capability:
             yield capability
 
     def _run_process(self, spec: ProcessSpec, input_value: Any) -> ToolResult:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from cortexfs.shared.events import read_events
 from tests.support.cli import ctx
 from tests.tools.support import World
 
@@ -39,6 +40,12 @@ def fresh_session() -> str:
     """A session name no other test uses: the terminal's sockets live under /run, keyed by
     uid, agent and session, whatever the storage root, and tests may run side by side."""
     return f"t{uuid.uuid4().hex[:12]}"
+
+
+def lifecycle(world: World, session: str, agent: str = "coder") -> list[dict[str, object]]:
+    """The terminal's facts in the agent's log (S-3), for ``session``."""
+    events = read_events(world.root / "agent" / f"{agent}.d" / "log").events
+    return [e for e in events if e["type"].startswith("terminal.") and e["session"] == session]
 
 
 class Client:
@@ -150,6 +157,9 @@ def test_exit_ends_the_terminal_and_leaves_nothing_behind(
     assert not Path(terminal["socket"]).is_symlink()
     mounts = Path("/proc/self/mounts").read_text()
     assert str(run_dir) not in mounts, "the agent's view is unmounted"
+    stopped = lifecycle(world, terminal["session"])[-1]
+    assert stopped["type"] == "terminal.stopped"
+    assert (stopped["reason"], stopped["exit_status"]) == ("exit", 0)
 
 
 def test_stop_ends_a_running_terminal(world: World, terminal: dict[str, str]) -> None:
@@ -157,6 +167,14 @@ def test_stop_ends_a_running_terminal(world: World, terminal: dict[str, str]) ->
 
     assert stopped.returncode == 0, stopped.stderr
     assert not Path(terminal["listening_at"]).exists()
+    started, ended = lifecycle(world, terminal["session"])
+    assert (started["type"], started["agent"], started["status"]) == (
+        "terminal.started",
+        "coder",
+        "ok",
+    )
+    assert started["pid"] > 1
+    assert (ended["type"], ended["reason"]) == ("terminal.stopped", "stop")
     again = ctx(world.root, "agent", "stop", "coder", "--session", terminal["session"])
     assert again.returncode == 1 and "ENOENT" in again.stderr
 

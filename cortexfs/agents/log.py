@@ -1,0 +1,66 @@
+"""An agent's own log, ``agent/<name>.d/log``: what happened to the agent, as facts (SPEC S-3).
+
+One event per line, with the shape of S-2 and written as a session's events are
+(:mod:`cortexfs.shared.events`): one ``write`` on an ``O_APPEND`` descriptor, fsynced before
+the action is reported done (S-5).  The ``agent`` key names whose log it is, ``object`` what
+the fact is about:
+
+====================  ==========================================================================
+``agent.created``     the agent was made: ``by`` (``ctx agent create`` or ``agent.create``),
+                      ``label``, ``uid``, ``gid``, and for a child its ``parent``.  A parent's log
+                      gets the same type with ``object`` ``agent/<child>`` and ``child``
+``terminal.started``  ``ctx agent start``: ``pid`` of ctxterm
+``terminal.stopped``  the terminal ended: ``reason`` ``stop`` (SIGTERM, ``ctx agent stop``) or
+                      ``exit`` (tsh exited, ``exit_status``)
+``agent.updated``     ``agent.update`` replaced ``control`` with ``bytes`` bytes (A-5)
+====================  ==========================================================================
+
+Facts only (S-4): never a prompt, a control's content or a policy's text.  The log belongs to
+the host like the other controls (root's, mode 0640); its directory is reached without
+following a link.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from cortexfs import durable
+from cortexfs.shared.events import EventLog, make_event
+from cortexfs.shared.tree import open_beneath
+
+LOG = "log"
+LOG_MODE = 0o640
+CREATED = "agent.created"
+TERMINAL_STARTED = "terminal.started"
+TERMINAL_STOPPED = "terminal.stopped"
+UPDATED = "agent.updated"
+
+
+def record(
+    root: Path,
+    agent: str,
+    event_type: str,
+    *,
+    session: str = "",
+    about: str | None = None,
+    status: str = "ok",
+    **facts: Any,
+) -> None:
+    """Append one fact to ``agent``'s log, durably; ``about`` names another agent it concerns."""
+    event = make_event(
+        event_type,
+        agent=agent,
+        session=session,
+        object=f"agent/{about or agent}",
+        status=status,
+        **facts,
+    )
+    ops = durable.default_ops()
+    directory = open_beneath(ops, root, ("agent", f"{agent}.d"))
+    try:
+        path = root / "agent" / f"{agent}.d" / LOG
+        with EventLog(path, mode=LOG_MODE, ops=ops, dir_fd=directory) as log:
+            log.append(event, durable_event=True)
+    finally:
+        ops.close(directory)
