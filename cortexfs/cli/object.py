@@ -145,7 +145,10 @@ def which_command(name: str, storage_dir: Path | None, as_json: bool) -> None:
 def list_command(tier: str | None, storage_dir: Path | None, as_json: bool) -> None:
     """List installed tools: name, tier, status and description (SPEC T-8a).
 
-    Without --tier: the system tier, your user tier and every shared space's tier.
+    Without --tier: the system tier, your user tier and every shared space's tier.  The status
+    is available, disabled, unavailable (with its reason; a malformed program control makes a
+    tool unavailable, SPEC C-2) or damaged (a control missing or malformed; see --json's
+    problems).
     """
     root = resolve_storage(storage_dir)
     tiers = [parse_tier(root, tier)] if tier else all_tiers(root, os.getuid())
@@ -154,5 +157,5 @@ def list_command(tier: str | None, storage_dir: Path | None, as_json: bool) -> N
         emit_json([listing.to_json() for listing in listings])
         return
     for listing in listings:
-        status = "damaged" if listing.problems else listing.status
-        click.echo(f"{listing.name:<24} {listing.tier:<16} {status:<12} {listing.description}")
+        about = listing.description + (f"  ({listing.reason})" if listing.reason else "")
+        click.echo(f"{listing.name:<24} {listing.tier:<16} {listing.status:<12} {about}")

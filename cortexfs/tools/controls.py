@@ -131,13 +131,8 @@ def read_controls(tool: ToolObject) -> ToolControls:
     status_data = read_control(tool, "status")
     if status_data is None:
         raise damaged(tool, "the status control is missing")
-    program_data = read_control(tool, "program")
-    program = None
-    status = parse_status(status_data)
-    if program_data is not None:
-        program, problem = _parse_program(program_data)
-        if problem:
-            status = f"{STATUS_UNAVAILABLE}: {problem}"
+    program, problem = _read_program(tool)
+    status = f"{STATUS_UNAVAILABLE}: {problem}" if problem else parse_status(status_data)
     problems = schema_problems(schema, "schema")
     if problems:
         raise damaged(tool, problems[0])
@@ -185,6 +180,17 @@ def _read_json(tool: ToolObject, name: str) -> Any:
         return json.loads(data)
     except (UnicodeDecodeError, ValueError) as exc:
         raise damaged(tool, f"the {name} control is not JSON ({exc})") from None
+
+
+def program_problem(tool: ToolObject) -> str:
+    """Why ``tool``'s ``program`` control makes it unavailable (C-2); empty when it is valid or
+    absent."""
+    return _read_program(tool)[1]
+
+
+def _read_program(tool: ToolObject) -> tuple[dict[str, Any] | None, str]:
+    data = read_control(tool, "program")
+    return (None, "") if data is None else _parse_program(data)
 
 
 def _parse_program(data: bytes) -> tuple[dict[str, Any] | None, str]:

@@ -35,8 +35,9 @@ from cortexfs.tools.controls import (
     STATUS_AVAILABLE,
     ToolObject,
     layout_problems,
-    parse_status,
+    program_problem,
     read_control,
+    read_controls,
 )
 from cortexfs.tools.manifest import Manifest
 from cortexfs.tools.pairs import Obstacle, PairKind, install_pair, obstacles, repair_staged
@@ -86,14 +87,24 @@ class Installed:
         }
 
 
+STATUS_DAMAGED = "damaged"
+
+
 @dataclass(frozen=True)
 class Listing:
-    """One installed tool as ``ctx object list`` shows it."""
+    """One installed tool as ``ctx object list`` shows it.
+
+    ``status`` is what a call would meet: ``damaged`` (a control missing or malformed, see
+    ``problems``), else the status control's word (``available``, ``disabled``,
+    ``unavailable``), except that a ``program`` control failing C-2 makes it ``unavailable``
+    whatever the control says.  ``reason`` is the text after ``unavailable:`` (the C-2 reason,
+    or the administrator's)."""
 
     name: str
     tier: str
     path: Path
     status: str
+    reason: str
     description: str
     problems: list[str]
 
@@ -103,6 +114,7 @@ class Listing:
             "tier": self.tier,
             "path": str(self.path),
             "status": self.status,
+            "reason": self.reason,
             "description": self.description,
             "problems": self.problems,
         }
@@ -196,23 +208,25 @@ def list_tools(tiers: list[Tier]) -> list[Listing]:
         for name in names:
             if not is_object_name(name) or not os.path.isfile(tier.directory / name):
                 continue
-            tool = tier.tool(name)
-            try:
-                description = (read_control(tool, "description") or b"").decode("utf-8", "replace")
-                status = parse_status(read_control(tool, "status") or b"")
-            except CtxError:  # a damaged control directory: layout_problems says what is wrong
-                description, status = "", ""
-            found.append(
-                Listing(
-                    name,
-                    tier.name,
-                    tool.executable,
-                    status,
-                    description.strip().splitlines()[0] if description.strip() else "",
-                    layout_problems(tool),
-                )
-            )
+            found.append(_listing(tier, tier.tool(name)))
     return found
+
+
+def _listing(tier: Tier, tool: ToolObject) -> Listing:
+    try:
+        description = (read_control(tool, "description") or b"").decode("utf-8", "replace")
+    except CtxError:  # a damaged control directory: layout_problems says what is wrong
+        description = ""
+    summary = description.strip().splitlines()[0] if description.strip() else ""
+    problems = layout_problems(tool)
+    if problems:
+        status, reason = STATUS_DAMAGED, ""
+    else:
+        word, _, reason = read_controls(tool).status.partition(":")
+        status, reason = word.strip(), reason.strip()
+        if program_problem(tool):
+            problems = [f"{tool.name}.d/program: {reason}"]
+    return Listing(tool.name, tier.name, tool.executable, status, reason, summary, problems)
 
 
 def repair_tier(tier: Tier, ops: durable.FsOps | None = None) -> list[str]:

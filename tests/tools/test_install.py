@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import multiprocessing
 import os
@@ -278,3 +279,51 @@ def _tree(directory: Path) -> dict[str, bytes | None]:
         str(path.relative_to(directory)): None if path.is_dir() else path.read_bytes()
         for path in sorted(directory.rglob("*"))
     }
+
+
+@pytest.mark.parametrize("program", ["{ not json", "[1, 2]", '{"type": 5}'])
+def test_a_malformed_program_makes_the_tool_unavailable_in_list_and_bootstrap(
+    tmp_path: Path, program: str
+) -> None:
+    root = tmp_path / "storage"
+    assert _run([*CTX, "--storage", str(root), "bootstrap"]).returncode == 0
+    manifest_path = tmp_path / "probe.json"
+    manifest_path.write_text(json.dumps(probe_manifest(tmp_path, 1)))
+    install = [*CTX, "--storage", str(root), "object", "install", str(manifest_path)]
+    assert _run([*install, "--tier", "system"]).returncode == 0
+    (root / "tool/probe.d/program").write_text(program)
+
+    as_json = _run([*CTX, "--storage", str(root), "object", "list", "--json"])
+    as_text = _run([*CTX, "--storage", str(root), "object", "list"])
+    bootstrapped = _run([*CTX, "--storage", str(root), "bootstrap"])
+
+    (row,) = [row for row in json.loads(as_json.stdout) if row["name"] == "probe"]
+    assert row["status"] == "unavailable" and row["reason"].endswith("(C-2)")
+    assert row["problems"] == [f"probe.d/program: {row['reason']}"]
+    (line,) = [line for line in as_text.stdout.splitlines() if line.startswith("probe ")]
+    assert line.split()[2] == "unavailable" and line.endswith(f"({row['reason']})")
+    assert bootstrapped.returncode == 1
+    assert (
+        f"problem   tool/probe: unavailable: {row['reason']}; left untouched"
+        in bootstrapped.stdout.splitlines()
+    )
+    assert (root / "tool/probe.d/program").read_text() == program
+
+
+def test_list_tells_damaged_from_disabled_and_unavailable(tier: Tier, tmp_path: Path) -> None:
+    for number, status in enumerate(["disabled\n", "unavailable: maintenance\n", None], 1):
+        manifest, program = version(tmp_path, number)
+        manifest = dataclasses.replace(manifest, name=f"probe{number}")
+        install_tool(tier, manifest, program)
+        if status is None:
+            (tier.directory / f"probe{number}.d/schema").write_text("{ not json")
+        else:
+            (tier.directory / f"probe{number}.d/status").write_text(status)
+
+    rows = [(row.name, row.status, row.reason, bool(row.problems)) for row in list_tools([tier])]
+
+    assert rows == [
+        ("probe1", "disabled", "", False),
+        ("probe2", "unavailable", "maintenance", False),
+        ("probe3", "damaged", "", True),
+    ]

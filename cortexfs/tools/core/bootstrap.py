@@ -20,7 +20,12 @@ from pathlib import Path
 
 from cortexfs import durable, storage
 from cortexfs.errors import CtxError
-from cortexfs.tools.controls import ToolObject, layout_problems, read_control
+from cortexfs.tools.controls import (
+    STATUS_UNAVAILABLE,
+    ToolObject,
+    layout_problems,
+    read_control,
+)
 from cortexfs.tools.core import CORE_TOOLS, tsh_config
 from cortexfs.tools.core.launcher import (
     bundled_modules,
@@ -33,6 +38,7 @@ from cortexfs.tools.install import (
     Tier,
     all_tiers,
     install_tool,
+    list_tools,
     parse_tier,
     repair_tier,
     tool_obstacles,
@@ -43,7 +49,8 @@ MANIFESTS = Path(__file__).parent / "manifests"
 
 
 def bootstrap_tools(root: Path, source: Path | None, report: storage.BootstrapReport) -> None:
-    """The bootstrap step: finish interrupted installs, then the core tools and tsh config.
+    """The bootstrap step: finish interrupted installs, then the core tools, the tsh config
+    and bin/tsh; last, report every tool of every tier that C-2 makes unavailable.
 
     Each part stands alone: a problem in one (reported, its cause left untouched) does not keep
     bootstrap from the others."""
@@ -66,6 +73,19 @@ def bootstrap_tools(root: Path, source: Path | None, report: storage.BootstrapRe
         with report.step("bin/tsh"):
             launcher = render_launcher(interpreter, modules, "tsh")
             _install_program(root, "bin/tsh", launcher, report)
+    for tier in all_tiers(root, os.getuid()):
+        with report.step(tier.location):
+            _report_unavailable_programs(tier, report)
+
+
+def _report_unavailable_programs(tier: Tier, report: storage.BootstrapReport) -> None:
+    """C-2: a tool whose ``program`` control is malformed is unavailable.  The control is the
+    author's declaration, so it is reported, not rewritten; reinstalling the tool fixes it."""
+    for listing in list_tools([tier]):
+        if listing.problems and listing.status == STATUS_UNAVAILABLE:
+            report.problems.append(
+                f"{tier.location}/{listing.name}: unavailable: {listing.reason}; left untouched"
+            )
 
 
 def _is_real_directory(path: Path) -> bool:
