@@ -11,7 +11,9 @@
       "mount": [["/work", "/work", "ro"], ["/shared/project-a", "/shared/project-a", "ro"]]
     }
 
-Only ``name`` and ``label`` are required.  :func:`parse_request` lists *every* problem.  The
+Only ``name`` and ``label`` are required.  A space's permissions in ``shared`` are a list or
+a string — one permission, or several separated by spaces (``"read write"``).
+:func:`parse_request` lists *every* problem.  The
 policy the host writes grants exactly what the request lists, as concrete ``allow`` rules
 (P-7), and nothing else:
 
@@ -23,7 +25,7 @@ policy the host writes grants exactly what the request lists, as concrete ``allo
 
 Every agent also sees the storage root read-only at ``/ctx`` (its CortexFS view, T-5): the
 tools on its ``CTX_PATH`` must be visible through a mount for step 3 of the authority chain.
-A request that mounts something at ``/ctx`` itself keeps its own mount instead.
+``/ctx`` is that view's place: a request mounting anything at or under it is EINVAL.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ if TYPE_CHECKING:
     from jsonschema import ValidationError
 
 MAX_REQUEST_BYTES = 256 * 1024
+SHARED_PERMISSIONS = ("read", "write")
 
 REQUEST_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -58,8 +61,8 @@ REQUEST_SCHEMA: dict[str, Any] = {
         "shared": {
             "type": "object",
             "additionalProperties": {
-                "type": "array",
-                "items": {"enum": ["read", "write"]},
+                "type": ["array", "string"],
+                "items": {"type": "string"},
                 "uniqueItems": True,
             },
         },
@@ -148,21 +151,41 @@ def parse_request(document: object, source: str, storage_root: Path) -> AgentReq
     problems = [_describe(error) for error in validator.iter_errors(document)]
     if problems or not isinstance(document, dict):
         raise RequestError(source, problems or ["a request is a JSON object"])
+    shared = {
+        space: _permission_list(permissions)
+        for space, permissions in document.get("shared", {}).items()
+    }
     problems += _name_problems(document)
+    problems += _shared_problems(shared)
     problems += _mount_problems(document.get("mount", []))
     if problems:
         raise RequestError(source, problems)
     mounts = [tuple(mount) for mount in document.get("mount", [])]
-    if not any(PurePosixPath(target) == CTX_MOUNT for _, target, _ in mounts):
-        mounts.append((str(storage_root.resolve()), str(CTX_MOUNT), "ro"))
+    mounts.append((str(storage_root.resolve()), str(CTX_MOUNT), "ro"))
     return AgentRequest(
         name=document["name"],
         label=document["label"],
         models=tuple(document.get("model", [])),
         tools=tuple(document.get("tools", [])),
-        shared=tuple((space, tuple(perms)) for space, perms in document.get("shared", {}).items()),
+        shared=tuple((space, tuple(permissions)) for space, permissions in shared.items()),
         mounts=tuple(mounts),  # type: ignore[arg-type]
     )
+
+
+def _permission_list(permissions: str | list[str]) -> list[str]:
+    """A space's permissions as a list: a string holds one, or several separated by spaces."""
+    if isinstance(permissions, str):
+        return list(dict.fromkeys(permissions.split()))
+    return permissions
+
+
+def _shared_problems(shared: dict[str, list[str]]) -> list[str]:
+    return [
+        f"shared/{space}: {permission!r} is not one of {list(SHARED_PERMISSIONS)}"
+        for space, permissions in shared.items()
+        for permission in permissions
+        if permission not in SHARED_PERMISSIONS
+    ]
 
 
 def _name_problems(document: dict[str, Any]) -> list[str]:
@@ -193,7 +216,12 @@ def _mount_problems(mounts: list[list[str]]) -> list[str]:
     seen: dict[str, PurePosixPath] = {}
     for mount in table:
         problem = object_name_problem(mount.name)
-        if problem:
+        if mount.target == CTX_MOUNT or CTX_MOUNT in mount.target.parents:
+            problems.append(
+                f"mount target {mount.target}: {CTX_MOUNT} is the storage root's place (the "
+                "agent's CortexFS view, mounted by the host); mount elsewhere"
+            )
+        elif problem:
             problems.append(f"mount target {mount.target}: its name {problem}")
         elif mount.name == CTX_MOUNT.name and mount.target != CTX_MOUNT:
             problems.append(

@@ -83,9 +83,10 @@ def create(
       {"name": "reviewer", "label": "reviewer_t", "model": ["openai/gpt-5.6"],
        "tools": ["fs.read"], "shared": {"project-a": ["read"]},
        "mount": [["/work", "/work", "ro"]]}
-    The policy grants exactly the listed tools, models, shared spaces and mounts; the
-    storage root is mounted read-only at /ctx.  Only root or the owner of the storage root
-    may create agents; an existing agent is never overwritten.
+    A space's permissions are a list or a string ("read write").  The policy grants
+    exactly the listed tools, models, shared spaces and mounts; the storage root is
+    mounted read-only at /ctx (no mount may target /ctx).  Only root or the owner of the
+    storage root may create agents; an existing agent is never overwritten.
 
     \b
     The agent runs as you by default.  An agent never runs as root (SPEC P-5):

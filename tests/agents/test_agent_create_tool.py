@@ -153,3 +153,11 @@ def test_a_child_gets_no_model_its_parent_may_not_use(lead: World) -> None:
     assert not refused.ok and "model:openai/gpt-5.6 use (step 6" in refused.output["message"]
     assert granted.ok, granted.output
     assert (lead.root / "agent" / "helper.d" / "model").read_text() == "openai/gpt-5.6\n"
+
+
+def test_a_child_may_not_mount_over_ctx(lead: World) -> None:
+    result = create(lead, helper(lead, mount=[[str(lead.workspace), "/ctx", "ro"]]))
+
+    assert not result.ok and result.error.errno == errno.EINVAL, result.output
+    assert "/ctx is the storage root's place" in result.error.message
+    assert not (lead.root / "agent" / "helper").exists()

@@ -150,6 +150,11 @@ def test_only_the_host_administrator_creates_agents(world: World) -> None:
         ({"mount": [["relative", "/x", "ro"]]}, "must be an absolute path"),
         ({"mount": [["/a", "/one/work", "ro"], ["/b", "/two/work", "ro"]]}, "share the name"),
         ({"mount": [["/a", "/other/ctx", "ro"]]}, "belongs to the storage view"),
+        ({"mount": [["/a", "/ctx", "ro"]]}, "/ctx is the storage root's place"),
+        ({"mount": [["/a", "/ctx/", "rw"]]}, "/ctx is the storage root's place"),
+        ({"mount": [["/a", "/ctx/tool", "ro"]]}, "/ctx is the storage root's place"),
+        ({"shared": {"p": "read execute"}}, "'execute' is not one of"),
+        ({"shared": {"p": 3}}, "is not of type"),
         ({"identity": {"uid": 0}}, "'identity' was unexpected"),
     ],
 )
@@ -251,3 +256,47 @@ def test_a_non_root_creator_keeps_their_own_identity(
     assert facts["identity"]["uid"] == unprivileged_user.uid
     assert facts["identity"]["gid"] == unprivileged_user.gid
     assert facts["default_user"] is None
+
+
+@pytest.mark.parametrize(
+    ("permissions", "granted"),
+    [
+        ("read", ["read"]),
+        ("read write", ["read", "write"]),
+        ("write  read", ["write", "read"]),
+        (["read", "write"], ["read", "write"]),
+    ],
+)
+def test_shared_permissions_are_a_list_or_a_string(
+    world: World, permissions: str | list[str], granted: list[str]
+) -> None:
+    request = parse_request(
+        {"name": "a", "label": "a_t", "shared": {"project-a": permissions}}, "request", world.root
+    )
+
+    assert request.shared == (("project-a", tuple(granted)),)
+    for permission in granted:
+        assert f"allow a_t shared:project-a {permission}\n" in request.policy_text()
+
+
+def test_ctx_agent_create_takes_a_permission_string_and_refuses_a_ctx_mount(
+    world: World, tmp_path: Path
+) -> None:
+    reader = tmp_path / "reader.json"
+    reader.write_text(
+        json.dumps({"name": "reader", "label": "reader_t", "shared": {"project-a": "read"}})
+    )
+    shadow = tmp_path / "shadow.json"
+    shadow.write_text(
+        json.dumps({"name": "shadow", "label": "shadow_t", "mount": [["/srv", "/ctx", "ro"]]})
+    )
+
+    created = ctx(world.root, "agent", "create", str(reader), "--user", world.user.name)
+    refused = ctx(world.root, "agent", "create", str(shadow), "--user", world.user.name)
+
+    assert created.returncode == 0, created.stderr
+    policy = (world.root / "agent/reader.d/policy").read_text()
+    assert "allow reader_t shared:project-a read\n" in policy
+    assert refused.returncode == 1 and "EINVAL" in refused.stderr, refused.stderr
+    assert "/ctx is the storage root's place" in refused.stderr
+    assert not (world.root / "agent/shadow").exists()
