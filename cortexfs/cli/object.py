@@ -18,10 +18,18 @@ from cortexfs.cli.common import (
     object_name_argument,
     resolve_storage,
     storage_option,
+    usage_problem,
 )
 from cortexfs.errors import CtxError
 from cortexfs.tools.ctxpath import which_on_user_path
-from cortexfs.tools.install import all_tiers, install_manifest, list_tools, parse_tier
+from cortexfs.tools.install import (
+    Tier,
+    all_tiers,
+    install_manifest,
+    list_tools,
+    parse_tier,
+    require_tier,
+)
 from cortexfs.tools.manifest import ManifestError, load_manifest
 
 
@@ -104,16 +112,25 @@ def install(
     grants no agent any permission.
     """
     root = resolve_storage(source_dir or storage_dir)
+    target = _tier_option(root, tier)
     try:
         loaded = load_manifest(manifest)
     except ManifestError as exc:
         fail_with_problems(manifest, exc, exc.problems, as_json)
-    installed = install_manifest(root, loaded, parse_tier(root, tier))
+    installed = install_manifest(root, loaded, target)
     if as_json:
         emit_json(installed.to_json())
     else:
         verb = "replaced" if installed.replaced else "installed"
         click.echo(f"{verb} {installed.name} in tier {installed.tier}: {installed.path}")
+
+
+def _tier_option(root: Path, text: str) -> Tier:
+    """``--tier``: a malformed one is a usage error (EINVAL, exit 2)."""
+    try:
+        return parse_tier(root, text)
+    except CtxError as exc:
+        raise usage_problem(exc) from None
 
 
 @object_group.command("which")
@@ -145,13 +162,17 @@ def which_command(name: str, storage_dir: Path | None, as_json: bool) -> None:
 def list_command(tier: str | None, storage_dir: Path | None, as_json: bool) -> None:
     """List installed tools: name, tier, status and description (SPEC T-8a).
 
+    ENOENT (exit 1) when the storage root, or the tier named with --tier (a shared space, the
+    system tier), does not exist; a malformed --tier is a usage error (EINVAL, exit 2).
+
     Without --tier: the system tier, your user tier and every shared space's tier.  The status
     is available, disabled, unavailable (with its reason; a malformed program control makes a
     tool unavailable, SPEC C-2) or damaged (a control missing or malformed; see --json's
     problems).
     """
     root = resolve_storage(storage_dir)
-    tiers = [parse_tier(root, tier)] if tier else all_tiers(root, os.getuid())
+    tiers = [_tier_option(root, tier)] if tier else all_tiers(root, os.getuid())
+    require_tier(tiers[0])  # a missing root or named tier is ENOENT, not an empty listing
     listings = list_tools(tiers)
     if as_json:
         emit_json([listing.to_json() for listing in listings])

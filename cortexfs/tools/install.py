@@ -236,13 +236,20 @@ def repair_tier(tier: Tier, ops: durable.FsOps | None = None) -> list[str]:
     return repair_staged(tier.directory, TOOL_KIND, ops)
 
 
-def _ensure_tier(tier: Tier, ops: durable.FsOps) -> None:
+def require_tier(tier: Tier) -> None:
+    """ENOENT, with the fix, when the storage root or the directory of a system or shared
+    tier does not exist.  A user tier is made by the first install into it: before that it
+    simply holds no tool."""
     storage.require_root(tier.root)
+    if tier.name != "user" and not tier.directory.is_dir():
+        space = tier.location.split("/")[1] if tier.name != "system" else None
+        fix = f"create it with 'ctx shared create {space}'" if space else "run 'ctx bootstrap'"
+        raise not_found(f"tier {tier.name} has no directory {tier.directory}; {fix}")
+
+
+def _ensure_tier(tier: Tier, ops: durable.FsOps) -> None:
+    require_tier(tier)
     if tier.name == "user":
         owner = user_ownership(int(tier.location.split("/")[1]))
         home = ensure_home(ops, tier.root, owner)
         ensure_directories(ops, home, ["tool"], mode=0o755, owner=owner)
-    elif not tier.directory.is_dir():
-        space = tier.location.split("/")[1] if tier.name != "system" else None
-        fix = f"create it with 'ctx shared create {space}'" if space else "run 'ctx bootstrap'"
-        raise not_found(f"tier {tier.name} has no directory {tier.directory}; {fix}")

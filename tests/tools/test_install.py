@@ -230,7 +230,7 @@ def test_ctx_object_install_list_and_tiers(tmp_path: Path) -> None:
     assert user.returncode == 0 and (root / f"home/{os.getuid()}/tool/probe.d/schema").exists()
     assert shared.returncode == 1 and "ENOENT" in shared.stderr
     assert "ctx shared create" in shared.stderr
-    assert bad_tier.returncode == 1 and "EINVAL: unknown tier" in bad_tier.stderr
+    assert bad_tier.returncode == 2 and "EINVAL: unknown tier" in bad_tier.stderr
     rows = json.loads(listed.stdout)
     assert [(row["name"], row["tier"], row["status"]) for row in rows] == [
         ("probe", "system", "available"),
@@ -327,3 +327,52 @@ def test_list_tells_damaged_from_disabled_and_unavailable(tier: Tier, tmp_path: 
         ("probe2", "unavailable", "maintenance", False),
         ("probe3", "damaged", "", True),
     ]
+
+
+@pytest.mark.parametrize("tier_text", ["bogus", "shared:.bad", "shared:", "shared:cortexfs-docs"])
+@pytest.mark.parametrize("command", ["install", "list"])
+def test_a_malformed_tier_is_a_usage_error(tmp_path: Path, tier_text: str, command: str) -> None:
+    root = tmp_path / "storage"
+    storage.ensure_root_abi(root)
+    manifest_path = tmp_path / "probe.json"
+    manifest_path.write_text(json.dumps(probe_manifest(tmp_path, 1)))
+    arguments = [str(manifest_path)] if command == "install" else []
+
+    completed = _run(
+        [*CTX, "--storage", str(root), "object", command, *arguments, "--tier", tier_text]
+    )
+
+    assert completed.returncode == 2, completed.stderr
+    assert completed.stderr.startswith("ctx: EINVAL: ")
+    assert os.listdir(root / "tool") == []
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ([], "storage root"),
+        (["--tier", "system"], "storage root"),
+        (["--tier", "shared:nosuch"], "ctx shared create nosuch"),
+    ],
+)
+def test_listing_what_does_not_exist_is_enoent(
+    tmp_path: Path, arguments: list[str], message: str
+) -> None:
+    root = tmp_path / "storage"
+    if "shared:nosuch" in arguments:
+        storage.ensure_root_abi(root)
+
+    completed = _run([*CTX, "--storage", str(root), "object", "list", *arguments])
+
+    assert completed.returncode == 1
+    assert completed.stdout == ""
+    assert completed.stderr.startswith("ctx: ENOENT: ") and message in completed.stderr
+
+
+def test_listing_a_user_tier_nobody_installed_into_is_empty(tmp_path: Path) -> None:
+    root = tmp_path / "storage"
+    storage.ensure_root_abi(root)
+
+    completed = _run([*CTX, "--storage", str(root), "object", "list", "--tier", "user", "--json"])
+
+    assert (completed.returncode, json.loads(completed.stdout)) == (0, [])
