@@ -8,8 +8,9 @@ name is not a hit and the search goes on.  The control directory is ``<that dire
 Where the path comes from:
 
 * a standalone human (``ctx object which``, a human ``tsh``): ``CTX_PATH=`` in
-  ``$CTX_HOME/.tshrc`` when present (a ``key=value`` data file, never executed), else the
-  process's ``CTX_PATH``, else ``/ctx/tool:/ctx/home/<uid>/tool``.  ``CTX_HOME`` defaults to
+  ``$CTX_HOME/.tshrc`` when present and not empty (a ``KEY=VALUE`` data file, never executed;
+  other lines are ignored with a warning), else the process's ``CTX_PATH``, else
+  ``/ctx/tool:/ctx/home/<uid>/tool``.  ``CTX_HOME`` defaults to
   ``/ctx/home/<uid>``.
 * an agent: the runtime derives it from the agent's uid and policy
   (:meth:`cortexfs.agents.view.AgentView.search_path`) and it is authoritative.
@@ -25,6 +26,7 @@ from __future__ import annotations
 import os
 import re
 import stat
+import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import NamedTuple
@@ -39,7 +41,10 @@ TSHRC = ".tshrc"
 _MAX_TSHRC_BYTES = 64 * 1024
 _TIER_LOCATION = re.compile(r"tool|home/[0-9]+/tool|shared/[^/]+/tool")
 
+_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
 IsExecutable = Callable[[Path, os.stat_result], bool]
+Warn = Callable[[str], None]
 
 
 class SearchPath(NamedTuple):
@@ -81,10 +86,12 @@ class Resolution(NamedTuple):
         }
 
 
-def human_search_path(root: Path, *, uid: int, environ: Mapping[str, str]) -> SearchPath:
+def human_search_path(
+    root: Path, *, uid: int, environ: Mapping[str, str], warn: Warn | None = None
+) -> SearchPath:
     """The search path of a standalone human (T-4 sources 1 to 3)."""
     home = environ.get("CTX_HOME") or f"/ctx/home/{uid}"
-    from_tshrc = read_tshrc(view_to_storage(root, home) / TSHRC)
+    from_tshrc = read_tshrc(view_to_storage(root, home) / TSHRC, warn=warn)
     if from_tshrc is not None:
         text, source = from_tshrc, f"{home}/{TSHRC}"
     elif environ.get("CTX_PATH"):
@@ -100,11 +107,14 @@ def search_path(root: Path, text: str, source: str) -> SearchPath:
     return SearchPath(entries, source, directories)
 
 
-def read_tshrc(path: Path) -> str | None:
-    """``CTX_PATH`` from a ``.tshrc`` data file; None when the file or the key is absent.
+def read_tshrc(path: Path, *, warn: Warn | None = None) -> str | None:
+    """``CTX_PATH`` from a ``.tshrc`` data file; None when the file or the key is absent, or
+    the last ``CTX_PATH=`` line gives it no value.
 
-    The file holds ``key=value`` lines, blank lines and ``#`` comments; keys other than
-    ``CTX_PATH`` belong to tsh and are ignored here.  It is read, never executed.
+    The file holds ``KEY=VALUE`` lines, blank lines and ``#`` comments; keys other than
+    ``CTX_PATH`` belong to tsh and are ignored here.  It is read, never executed: a line that
+    is not ``KEY=VALUE`` (``echo hi``, ``export CTX_PATH=…``) is ignored, with one warning
+    naming the file and the line (to ``warn``, by default standard error).
     """
     try:
         # O_NONBLOCK: a FIFO in its place is refused below, not waited on.
@@ -119,11 +129,18 @@ def read_tshrc(path: Path) -> str | None:
         raise invalid(f"{path} is larger than {_MAX_TSHRC_BYTES} bytes")
     value = None
     for line in keyvalue.lines(data.decode("utf-8", "replace")):
-        if line.key is None:
-            raise invalid(f"{path}:{line.number}: expected key=value, got {line.raw!r}")
-        if line.key == "CTX_PATH":
+        if line.key is None or not _KEY.fullmatch(line.key):
+            (warn or _warn_on_stderr)(
+                f"{path}:{line.number}: ignored, not KEY=VALUE (.tshrc is data, never run): "
+                f"{line.raw.strip()!r}"
+            )
+        elif line.key == "CTX_PATH":
             value = line.value
-    return value
+    return value or None  # CTX_PATH= with nothing after it: not set here
+
+
+def _warn_on_stderr(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr)
 
 
 def view_to_storage(root: Path, path: str) -> Path:
@@ -160,11 +177,11 @@ def which(
 
 
 def which_on_user_path(
-    root: Path, name: str, *, uid: int, environ: Mapping[str, str]
+    root: Path, name: str, *, uid: int, environ: Mapping[str, str], warn: Warn | None = None
 ) -> tuple[Resolution, SearchPath]:
     """``name`` on the search path of a user outside any agent terminal, and that path;
     ENOENT naming the path when no directory on it holds an executable ``name``."""
-    search_path = human_search_path(root, uid=uid, environ=environ)
+    search_path = human_search_path(root, uid=uid, environ=environ, warn=warn)
     found = which(name, search_path.directories)
     if found is None:
         raise not_found(f"{name} is not on CTX_PATH ({':'.join(search_path.entries)})")

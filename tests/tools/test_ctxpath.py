@@ -140,9 +140,61 @@ def test_tshrc_is_data_never_code(tmp_path: Path) -> None:
 
     assert value == f"/opt/x:$(touch {witness})"
     assert not witness.exists()
-    rc.write_text("this line has no equals sign\n")
-    with pytest.raises(CtxError, match=r"\.tshrc:1: expected key=value"):
-        read_tshrc(rc)
+
+
+def test_lines_that_are_not_key_value_are_ignored_with_one_warning_each(tmp_path: Path) -> None:
+    witness = tmp_path / "witness"
+    rc = tmp_path / ".tshrc"
+    rc.write_text(
+        f"touch {witness}\n# a comment\n\nexport CTX_PATH=/p2\nCTX_PATH=/opt/a\n=/nothing\n"
+    )
+    warnings: list[str] = []
+
+    value = read_tshrc(rc, warn=warnings.append)
+
+    assert value == "/opt/a"
+    assert [warning.split(": ignored")[0] for warning in warnings] == [
+        f"{rc}:1",
+        f"{rc}:4",
+        f"{rc}:6",
+    ]
+    assert "'export CTX_PATH=/p2'" in warnings[1]
+    assert not witness.exists()
+
+
+@pytest.mark.parametrize("text", ["CTX_PATH=\n", "CTX_PATH=/opt/a\nCTX_PATH=  \n", "# none\n"])
+def test_an_empty_ctx_path_in_the_tshrc_falls_through_to_the_environment(
+    tmp_path: Path, text: str
+) -> None:
+    (tmp_path / ".tshrc").write_text(text)
+
+    path = human_search_path(
+        tmp_path, uid=1, environ={"CTX_HOME": str(tmp_path), "CTX_PATH": "/opt/env"}
+    )
+
+    assert (path.source, path.directories) == ("CTX_PATH", (Path("/opt/env"),))
+
+
+def test_ctx_object_which_reads_a_tshrc_with_shell_lines_as_data(
+    world: World, tmp_path: Path
+) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".tshrc").write_text(f"echo hi\nexport CTX_PATH=/p2\nCTX_PATH={world.root}/tool\n")
+    env = {**os.environ, "CTX_STORAGE": str(world.root), "CTX_HOME": str(home)}
+    env.pop("CTX_PATH", None)
+
+    completed = subprocess.run(
+        [*CTX, "object", "which", "fs.read"], env=env, capture_output=True, text=True
+    )
+
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout == f"{world.root}/tool/fs.read\n"
+    assert completed.stderr.splitlines() == [
+        f"warning: {home}/.tshrc:1: ignored, not KEY=VALUE (.tshrc is data, never run): 'echo hi'",
+        f"warning: {home}/.tshrc:2: ignored, not KEY=VALUE (.tshrc is data, never run): "
+        "'export CTX_PATH=/p2'",
+    ]
 
 
 def test_a_tshrc_that_is_not_a_regular_file_is_refused_not_waited_on(tmp_path: Path) -> None:
