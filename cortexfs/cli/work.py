@@ -42,6 +42,10 @@ class Progress:
                 click.echo(f"done    {fields['job']} ({fields['seconds']:.3f}s)")
             else:
                 click.echo(f"failed  {fields['job']}: {fields['reason']}")
+        elif event == "lost":
+            if self.live:
+                click.echo("", err=True)
+            click.echo(f"lost    {fields['job']}: {fields['reason']}", err=True)
         elif event == "start" and not self.live:
             click.echo(f"worker {fields['worker']} started (waiting with {fields['wait']})")
         elif event in ("interrupt", "stop"):
@@ -52,7 +56,9 @@ class Progress:
             else:
                 click.echo(
                     f"worker stopped: {fields['done']} done, {fields['failed']} failed, "
-                    f"{fields['rate']:.1f} jobs/s" + (" (aborted)" if fields["aborted"] else "")
+                    + (f"{fields['lost']} lost, " if fields["lost"] else "")
+                    + f"{fields['rate']:.1f} jobs/s"
+                    + (" (aborted)" if fields["aborted"] else "")
                 )
 
 

@@ -4,7 +4,8 @@ A lease names its holder precisely enough to survive the ways a bare pid lies: t
 reused (so we keep the process start time), the machine may have rebooted (``boot_id``), the
 holder may sit in another pid namespace (``pid_ns``: containers share the host's boot id but not
 its pids), or on another host altogether (``host`` and ``machine_id``).  A pid alone is never
-proof across any of these; only the lease's expiry speaks for a holder we cannot see.
+proof across any of these.  An expired lease is proof everywhere (Q-5): a holder that wants to
+keep its job renews its lease before it expires.
 """
 
 from __future__ import annotations
@@ -256,6 +257,10 @@ def judge(lease: Lease, here: LocalSystem | None = None, now: float | None = Non
     now = time.time() if now is None else now
     holder = lease.holder
     where = f"pid {holder.pid} on {holder.host}"
+    if now > lease.expires_at:
+        # Q-5 lists an expired lease as proof, wherever the holder runs: a holder keeps its
+        # job by renewing its lease (Q-3), as our worker does while a job runs.
+        return Verdict(GONE, f"lease of {where} expired at {rfc3339(lease.expires_at)}")
     if holder.boot_id == here.boot_id and holder.pid_ns == here.pid_ns:
         try:
             process = psutil.Process(holder.pid)
@@ -276,8 +281,6 @@ def judge(lease: Lease, here: LocalSystem | None = None, now: float | None = Non
         return Verdict(ALIVE, f"{where} is running")
     if _same_machine(holder, here) and holder.boot_id != here.boot_id:
         return Verdict(GONE, f"{holder.host} rebooted since {where} took the lease")
-    if now > lease.expires_at:
-        return Verdict(GONE, f"lease of {where} expired at {rfc3339(lease.expires_at)}")
     return Verdict(
         UNKNOWN,
         f"{where} is outside this pid namespace or host; the lease is valid until "

@@ -355,30 +355,51 @@ def read_lease(queue: Queue, job: str) -> Lease:
 
 
 def renew(queue: Queue, job: str, holder: Holder, ttl: float | None = None) -> Lease:
-    """Extend the caller's own lease on J (Q-3); EACCES when someone else holds it."""
+    """Extend the caller's own lease on J (Q-3); EACCES when someone else holds it.
+
+    Done under ``claimed/J``'s lock, which recover takes before it requeues J: a renewal
+    either lands before recover looks at the lease, or finds J no longer claimed (ENOENT)
+    and never writes a lease for a job that went back to pending.
+    """
     job = job_name(job)
     ttl = queue.config.lease_ttl if ttl is None else ttl
     if ttl <= 0:
         raise invalid(f"lease ttl must be positive, not {ttl:g}")
-    current = read_lease(queue, job)
-    if not current.holder.is_same_process(holder):
+    try:
+        claim_fd = queue.open_job_dir("claimed", job)
+    except FileNotFoundError:
+        raise _not_claimed(queue, job) from None
+    try:
+        lock_dir(claim_fd, wait=True)
+        if not _is_regular(lstat_at(claim_fd, job)):
+            raise _not_claimed(queue, job)
+        current = read_lease(queue, job)
+        _refuse_other_holder(job, current, holder, "renews its lease")
+        renewed = current.renewed(ttl)
+        ops = queue.ops
+        temp = queue.temp_name(job, "renew")
+        lease_fd = queue.open_job_dir("lease", job)
+        try:
+            ops.step("renew.write")
+            durable.write_file_synced(ops, queue.inbox, temp, renewed.encode())
+            ops.step("renew.replace")
+            durable.replace_synced(ops, queue.inbox, temp, lease_fd, LEASE_FILE)
+        finally:
+            ops.close(lease_fd)
+        return renewed
+    finally:
+        queue.ops.close(claim_fd)
+
+
+def _refuse_other_holder(job: str, lease: Lease, holder: Holder, verb: str) -> None:
+    """EACCES unless ``holder`` is the process ``lease`` names."""
+    if not lease.holder.is_same_process(holder):
+        theirs = lease.holder
         raise CtxError(
             errno.EACCES,
-            f"job {job} is leased to pid {current.holder.pid} on {current.holder.host} "
-            f"(worker {current.holder.worker}); only the holder renews its lease",
+            f"job {job} is leased to pid {theirs.pid} on {theirs.host} (worker "
+            f"{theirs.worker}), not to pid {holder.pid}; only the holder {verb}",
         )
-    renewed = current.renewed(ttl)
-    ops = queue.ops
-    temp = queue.temp_name(job, "renew")
-    lease_fd = queue.open_job_dir("lease", job)
-    try:
-        ops.step("renew.write")
-        durable.write_file_synced(ops, queue.inbox, temp, renewed.encode())
-        ops.step("renew.replace")
-        durable.replace_synced(ops, queue.inbox, temp, lease_fd, LEASE_FILE)
-    finally:
-        ops.close(lease_fd)
-    return renewed
 
 
 # -------------------------------------------------------------------------------- finish
@@ -393,11 +414,18 @@ def finish(
     worker: Mapping[str, Any] | None = None,
     started: float | None = None,
     extra: Mapping[str, Any] | None = None,
+    holder: Holder | None = None,
 ) -> dict[str, Any]:
     """Finish a claimed job in ``done/`` (ok) or ``failed/`` (Q-4); returns the result.
 
     Success is reported only once the terminal pair is durable and the claim is cleaned up.
-    EEXIST when J is already finished, ENOENT when it is not claimed.
+    EEXIST when J is already finished, ENOENT when it is not claimed, EFBIG when the result
+    is larger than ``max_result_bytes``.  Nothing is written on refusal.
+
+    ``holder``: finish only if this process still holds J's lease, EACCES otherwise.  A
+    worker passes itself: once its lease expired and recover requeued J (Q-5), J may be
+    claimed again by another worker, and the stale holder must not finish (or clean up)
+    the new holder's claim.
     """
     job = job_name(job)
     ops = queue.ops
@@ -409,6 +437,14 @@ def finish(
         lock_dir(claim_fd, wait=True)
         if not _is_regular(lstat_at(claim_fd, job)):
             raise _not_claimed(queue, job)
+        if holder is not None:
+            try:
+                current = read_lease(queue, job)
+            except CtxError as exc:
+                raise CtxError(
+                    errno.EACCES, f"job {job} is not leased to pid {holder.pid}: {exc.message}"
+                ) from None
+            _refuse_other_holder(job, current, holder, "finishes the job")
         finished_as = _terminal_evidence(queue, job)
         if finished_as:
             # An interrupted finish left its result: a second outcome would be a conflict (Q-6).

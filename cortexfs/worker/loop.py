@@ -82,11 +82,12 @@ class JobRecord:
     reason: str | None
     seconds: float
     tool: str | None
+    lost: bool = False  # ran, but this worker could not finish it
 
     def to_json(self) -> dict[str, Any]:
         return {
             "job": self.job,
-            "state": "done" if self.ok else "failed",
+            "state": "lost" if self.lost else "done" if self.ok else "failed",
             "reason": self.reason,
             "seconds": round(self.seconds, 6),
             "tool": self.tool,
@@ -97,6 +98,7 @@ class JobRecord:
 class WorkerSummary:
     done: int = 0
     failed: int = 0
+    lost: int = 0  # ran, but could not be finished by this worker (see Worker._finish)
     started_at: float = field(default_factory=time.time)
     aborted: bool = False
     stopped_by: str | None = None
@@ -110,6 +112,7 @@ class WorkerSummary:
         return {
             "done": self.done,
             "failed": self.failed,
+            "lost": self.lost,
             "seconds": round(time.time() - self.started_at, 3),
             "rate": round(self.rate, 3),
             "aborted": self.aborted,
@@ -121,7 +124,13 @@ Listener = Callable[[str, dict[str, Any]], None]
 
 
 class LeaseKeeper(threading.Thread):
-    """Renews this worker's leases of running jobs every third of their lifetime."""
+    """Renews this worker's leases of running jobs every third of their lifetime.
+
+    A job claimed just after a round is renewed at the next one, a third of the lifetime
+    later: every lease is renewed with at least two thirds of its lifetime left.  An expired
+    lease is proof that its holder is gone (Q-5), so a lease must never get that far while
+    its job runs.
+    """
 
     def __init__(self, queue: Queue, holder: Holder, ttl: float) -> None:
         super().__init__(name="lease-keeper", daemon=True)
@@ -135,7 +144,9 @@ class LeaseKeeper(threading.Thread):
             with self.lock:
                 running = sorted(self.jobs)
             for job in running:
-                with contextlib.suppress(CtxError):  # finished meanwhile: nothing to renew
+                # Finished meanwhile, or the lease was taken away (expired and requeued, Q-5):
+                # nothing to renew; finish will find out and say so.
+                with contextlib.suppress(CtxError, OSError):
                     renew(self.queue, job, self.holder, self.ttl)
 
 
@@ -259,11 +270,13 @@ class Worker:
             if record is None:
                 return  # aborted: the job stays claimed for recover
             with self._count_lock:
-                if record.ok:
+                if record.lost:
+                    self.summary.lost += 1
+                elif record.ok:
                     self.summary.done += 1
                 else:
                     self.summary.failed += 1
-            self.listener("finish", record.to_json())
+            self.listener("lost" if record.lost else "finish", record.to_json())
 
     def _execute_and_finish(self, queue: Queue, holder: Holder, won: Claim) -> JobRecord | None:
         tool = won.request.get("tool")
@@ -277,11 +290,36 @@ class Worker:
             outcome = Outcome(False, None, f"executor error: {type(exc).__name__}: {exc}")
         if self.abort.is_set():
             return None
-        worker = holder.summary()
-        extra = {"reason": outcome.reason, **outcome.details}
-        finish(
-            queue, won.job, outcome.ok, outcome.output, worker=worker, started=started, extra=extra
-        )
+        try:
+            outcome = self._finish(queue, holder, won.job, outcome, started)
+        except (CtxError, OSError) as exc:
+            reason = (
+                f"not finished by this worker: {exc}; its outcome is discarded (if its lease "
+                "expired and recover requeued the job, the job runs again)"
+            )
+            self.executor.record("queue.lost", won.job, "error", reason=reason)
+            return JobRecord(won.job, False, reason, time.time() - started, tool, lost=True)
         state = "done" if outcome.ok else "failed"
         self.executor.record("queue.finish", won.job, "ok" if outcome.ok else "error", state=state)
         return JobRecord(won.job, outcome.ok, outcome.reason, time.time() - started, tool)
+
+    def _finish(
+        self, queue: Queue, holder: Holder, job: str, outcome: Outcome, started: float
+    ) -> Outcome:
+        """Finish J with ``outcome``, as its lease holder; returns the outcome recorded.
+
+        Finishing as someone who no longer holds J's lease (EACCES), or a J that is no
+        longer claimed, raises: the job is another holder's now, or back in pending.
+        """
+        extra = {"reason": outcome.reason, **outcome.details}
+        finish(
+            queue,
+            job,
+            outcome.ok,
+            outcome.output,
+            worker=holder.summary(),
+            started=started,
+            extra=extra,
+            holder=holder,
+        )
+        return outcome

@@ -16,7 +16,7 @@ from cortexfs.worker.loop import EXIT_ABORTED, Worker, WorkerOptions
 
 
 def _print_event(event: str, fields: dict[str, Any]) -> None:
-    if event in ("finish", "stop"):
+    if event in ("finish", "lost", "stop"):
         print(json.dumps({"event": event, **fields}), flush=True)
 
 

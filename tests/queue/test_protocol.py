@@ -23,11 +23,12 @@ from cortexfs.queue import (
     finish,
     publish,
     publish_batch,
+    recover,
     renew,
 )
 from cortexfs.queue.holder import LocalSystem
 from cortexfs.queue.layout import STATE_DIRS
-from tests.queue.helpers import request
+from tests.queue.helpers import dead_pid, request
 
 
 def entries(queue_dir: Path, state: str) -> list[str]:
@@ -375,3 +376,32 @@ def test_an_interrupted_finish_is_not_finished_again_the_other_way(
     assert refused.value.errno == errno.EEXIST and "done/half.req.json.result" in str(refused.value)
     assert entries(queue_dir, "failed") == []
     assert entries(queue_dir, "claimed") == ["half.req.json"]  # for recover --reconcile
+
+
+def test_a_holder_whose_lease_was_taken_away_cannot_finish(queue: Queue, me: Holder) -> None:
+    """Q-5: an expired lease is proof the holder is gone; the job is requeued and claimed
+    again.  The first holder, still running, must not finish the second holder's claim."""
+    job = publish(queue, request(), name="stolen")
+    first = claim(queue, me, ttl=0.1)
+    assert first is not None
+    time.sleep(0.2)
+    assert [f.job for f in recover(queue).requeued] == [job]
+    with pytest.raises(CtxError) as late_renewal:
+        renew(queue, job, me, ttl=300)
+    assert late_renewal.value.errno == errno.ENOENT and "pending" in late_renewal.value.message
+    second_holder = dataclasses.replace(me, pid=dead_pid(), worker="second")
+    second = claim(queue, second_holder, ttl=300)
+    assert second is not None and second.job == job
+    before = sorted(str(p.relative_to(queue.path)) for p in queue.path.rglob("*"))
+
+    with pytest.raises(CtxError) as refused:
+        finish(queue, job, True, "first", holder=me)
+
+    assert refused.value.errno == errno.EACCES and "second" in refused.value.message
+    assert sorted(str(p.relative_to(queue.path)) for p in queue.path.rglob("*")) == before
+    finish(queue, job, True, "second", holder=second_holder)
+    with pytest.raises(CtxError) as again:
+        finish(queue, job, True, "first", holder=me)
+    assert again.value.errno == errno.EEXIST
+    result = json.loads((queue.path / "done" / f"{job}.result").read_text())
+    assert result["output"] == "second"

@@ -9,6 +9,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -51,13 +52,45 @@ def test_a_reused_pid_with_another_start_time_counts_as_gone(queue: Queue, me: H
 
 
 def test_a_live_holder_is_never_touched(queue: Queue, me: Holder) -> None:
-    job = claimed_by(queue, me, ttl=0.01)
-    time.sleep(0.05)  # expired, but we can see the holder is alive
+    job = claimed_by(queue, me, ttl=300)
     for reconcile in (False, True):
         report = recover(queue, reconcile=reconcile)
         assert report.requeued == [] and report.consistent
         assert [f.job for f in report.untouched] == [job]
     assert state_of(queue, job) == "claimed"
+
+
+def test_an_expired_lease_is_proof_even_of_a_live_local_holder(
+    queue: Queue, me: Holder, root: Path
+) -> None:
+    """Q-5 lists "or the lease expired" as proof, wherever the holder runs: to keep a job,
+    a holder renews its lease."""
+    job = claimed_by(queue, me, ttl=0.2)
+    assert recover(queue).requeued == []
+    time.sleep(0.3)
+    done = ctx(root, "queue", "recover", "--project", PROJECT)
+    assert done.returncode == 0 and f"requeue  {job}" in done.stdout and "expired" in done.stdout
+    assert state_of(queue, job) == "pending"
+
+
+def test_claim_ttl_then_recover_from_a_shell_requeues(root: Path, queue_dir: Path) -> None:
+    """The command line of §2.4: claim with a 1 s lease, let it lapse, recover."""
+    (queue_dir.parent / "req.json").write_text(json.dumps(request()))
+    script = (
+        f'ctx() {{ {sys.executable} -m cortexfs "$@"; }}; '
+        f"ctx queue publish --project {PROJECT} --name t {queue_dir.parent / 'req.json'} && "
+        f"ctx queue claim --project {PROJECT} --ttl 1 && sleep 2 && "
+        f"ctx queue recover --project {PROJECT}"
+    )
+    done = subprocess.run(
+        ["sh", "-c", script],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "CTX_STORAGE": str(root)},
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "requeue  t.req.json" in done.stdout
+    assert os.listdir(queue_dir / "pending") == ["t.req.json"]
 
 
 def test_a_holder_in_another_pid_namespace_is_judged_by_expiry(queue: Queue, me: Holder) -> None:
