@@ -227,10 +227,32 @@ def test_man_lists_every_topic(root: Path) -> None:
 
     assert listed.returncode == 0, listed.stderr
     topics = json.loads(listed.stdout)
-    assert [entry["topic"] for entry in topics] == list(manual.TOPICS)
+    assert [entry["topic"] for entry in topics] == ["README", *manual.TOPICS]
     assert {entry["origin"] for entry in topics} == {"installed"}
     text = ctx(root, "man").stdout.splitlines()
-    assert [line.split()[0] for line in text] == list(manual.TOPICS)
+    assert [line.split()[0] for line in text] == ["README", *manual.TOPICS]
+
+
+@pytest.mark.parametrize("name", ["README", "readme", "README.md"])
+def test_man_readme_prints_the_bundles_readme(root: Path, name: str) -> None:
+    readme = bundle(root) / manual.README
+    readme.chmod(0o644)
+    readme.write_text("# CortexFS manuals, as installed here\n")
+
+    shown = ctx(root, "man", name)
+
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout == "# CortexFS manuals, as installed here\n"
+    assert shown.stderr == ""
+
+
+def test_man_readme_without_a_bundle_is_the_built_in_readme(tmp_path: Path) -> None:
+    shown = ctx(tmp_path / "no-storage", "man", "README", "--json")
+
+    assert shown.returncode == 0, shown.stderr
+    page = json.loads(shown.stdout)
+    assert (page["topic"], page["page"], page["origin"]) == ("README", "README.md", "built-in")
+    assert page["text"] == built_in()[manual.README].decode()
 
 
 def test_an_unknown_topic_is_enoent_with_the_topics_listed(root: Path) -> None:

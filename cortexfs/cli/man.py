@@ -25,9 +25,10 @@ def man(topic: str | None, storage_dir: Path | None, as_json: bool) -> None:
     """Print the manual page of TOPIC, or list the topics.
 
     \b
-    Topics: agent, tool, model, coreutils, root-abi, session, provider (also accepted
-    as ctx.agent or ctx.agent.md, the page's file name).  The page is read from the
-    storage root's bundle, shared/cortexfs-docs/man/ctx.TOPIC.md; where none is
+    Topics: README (the bundle's overview; also readme, README.md), agent, tool, model,
+    coreutils, root-abi, session, provider (also accepted as ctx.agent or ctx.agent.md,
+    the page's file name).  The page is read from the storage root's bundle,
+    shared/cortexfs-docs/README.md or shared/cortexfs-docs/man/ctx.TOPIC.md; where none is
     installed, from the copy built into ctx (a note on stderr says so; 'ctx bootstrap'
     installs the bundle).  Exit 1 (ENOENT) for an unknown topic.
     """
@@ -44,7 +45,7 @@ def man(topic: str | None, storage_dir: Path | None, as_json: bool) -> None:
 
 
 def _list_topics(root: Path, as_json: bool) -> None:
-    pages = [manual.read_manual(root, topic) for topic in manual.TOPICS]
+    pages = [manual.read_manual(root, topic) for topic in manual.ALL_TOPICS]
     if as_json:
         emit_json([_describe(page) for page in pages])
         return

@@ -10,7 +10,8 @@ new one, never a mixture.  Anything else in the bundle is left alone.
 
 ``ctx man TOPIC`` reads the installed page and falls back to the built-in copy when there is
 none.  Topics are short aliases (``agent``) of the page names (``ctx.agent.md``), which keep
-the ``ctx.*.md`` namespace on disk.  The pages are documents: reading them grants nothing.
+the ``ctx.*.md`` namespace on disk; ``README`` (also ``readme``, ``README.md``) is the bundle's
+``README.md``.  The pages are documents: reading them grants nothing.
 """
 
 from __future__ import annotations
@@ -37,15 +38,23 @@ _MAX_PAGE_BYTES = 1024 * 1024
 _READ_PAGE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
+# The bundle's README.md is a topic too: ``ctx man README`` (or ``readme``, ``README.md``).
+README_TOPIC = "README"
+ALL_TOPICS = (README_TOPIC, *TOPICS)
+
+
 def page_name(topic: str) -> str:
-    return f"ctx.{topic}.md"
+    return README if topic == README_TOPIC else f"ctx.{topic}.md"
 
 
 def topic_of(name: str) -> str:
-    """The topic a user names: ``agent``, ``ctx.agent`` or ``ctx.agent.md``."""
+    """The topic a user names: ``agent``, ``ctx.agent`` or ``ctx.agent.md``; ``README``,
+    ``readme`` or ``README.md`` for the bundle's README."""
+    if name.lower() in (README_TOPIC.lower(), README.lower()):
+        return README_TOPIC
     topic = name.removesuffix(".md").removeprefix("ctx.")
     if topic not in TOPICS:
-        raise not_found(f"no manual page {name!r}; the topics are {', '.join(TOPICS)}")
+        raise not_found(f"no manual page {name!r}; the topics are {', '.join(ALL_TOPICS)}")
     return topic
 
 
@@ -183,6 +192,8 @@ class Manual(NamedTuple):
 
 
 def installed_page(root: Path, topic: str) -> Path:
+    if topic == README_TOPIC:
+        return root / "shared" / BUNDLE / README
     return root / "shared" / BUNDLE / "man" / page_name(topic)
 
 
@@ -203,7 +214,9 @@ def read_manual(root: Path | None, name: str) -> Manual:
             with open(fd, "rb") as page:
                 if stat.S_ISREG(os.fstat(page.fileno()).st_mode):
                     return Manual(topic, _decode(page.read(_MAX_PAGE_BYTES), path), path)
-    return Manual(topic, _decode(built_in_pages().man[topic], BUILT_IN), None)
+    pages = built_in_pages()
+    built_in = pages.readme if topic == README_TOPIC else pages.man[topic]
+    return Manual(topic, _decode(built_in, BUILT_IN), None)
 
 
 def _decode(data: bytes, where: Path) -> str:
