@@ -415,6 +415,7 @@ def finish(
     started: float | None = None,
     extra: Mapping[str, Any] | None = None,
     holder: Holder | None = None,
+    enforce_limit: bool = True,
 ) -> dict[str, Any]:
     """Finish a claimed job in ``done/`` (ok) or ``failed/`` (Q-4); returns the result.
 
@@ -425,7 +426,9 @@ def finish(
     ``holder``: finish only if this process still holds J's lease, EACCES otherwise.  A
     worker passes itself: once its lease expired and recover requeued J (Q-5), J may be
     claimed again by another worker, and the stale holder must not finish (or clean up)
-    the new holder's claim.
+    the new holder's claim.  ``enforce_limit=False`` is for the small failure record that
+    replaces a result refused for its size: a job is never left claimed for want of room
+    to say why it failed.
     """
     job = job_name(job)
     ops = queue.ops
@@ -463,7 +466,8 @@ def finish(
             "started": rfc3339(started) if started is not None else None,
             "finished": rfc3339(),
         }
-        data = requests.encode_result(result, queue.config.max_result_bytes)
+        limit = queue.config.max_result_bytes if enforce_limit else None
+        data = requests.encode_result(result, limit)
         terminal = queue.terminal(ok)
         state = "done" if ok else "failed"
         temp = queue.temp_name(job, "result")

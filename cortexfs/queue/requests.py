@@ -107,9 +107,10 @@ def decode_stored_request(data: bytes) -> dict[str, Any]:
     return value
 
 
-def encode_result(result: Mapping[str, Any], limit: int) -> bytes:
+def encode_result(result: Mapping[str, Any], limit: int | None) -> bytes:
+    """The bytes of a result; EFBIG above ``limit`` (None: no limit)."""
     data = (json.dumps(result, ensure_ascii=False, default=str) + "\n").encode()
-    if len(data) > limit:
+    if limit is not None and len(data) > limit:
         raise too_big(
             f"result is {len(data)} bytes; this queue accepts at most {limit} "
             "(max_result_bytes in queue/config)"

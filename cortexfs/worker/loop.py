@@ -18,6 +18,7 @@ queue discipline around it:
 from __future__ import annotations
 
 import contextlib
+import errno
 import signal
 import threading
 import time
@@ -308,18 +309,52 @@ class Worker:
     ) -> Outcome:
         """Finish J with ``outcome``, as its lease holder; returns the outcome recorded.
 
-        Finishing as someone who no longer holds J's lease (EACCES), or a J that is no
-        longer claimed, raises: the job is another holder's now, or back in pending.
+        A result over the queue's ``max_result_bytes`` fails the job instead (EFBIG), with
+        the output omitted: the job is finished either way, never left claimed.  Finishing
+        as someone who no longer holds J's lease (EACCES), or a J that is no longer claimed,
+        raises: the job is another holder's now, or back in pending.
         """
+        worker = holder.summary()
         extra = {"reason": outcome.reason, **outcome.details}
+        try:
+            finish(
+                queue,
+                job,
+                outcome.ok,
+                outcome.output,
+                worker=worker,
+                started=started,
+                extra=extra,
+                holder=holder,
+            )
+            return outcome
+        except CtxError as exc:
+            if exc.errno != errno.EFBIG:
+                raise
+            too_big = exc
+        reason = f"EFBIG: {too_big.message}; the output is omitted"
+        omitted = Outcome(
+            False,
+            None,
+            reason,
+            {
+                **outcome.details,
+                "error": {"error": "EFBIG", "message": too_big.message, "stage": "finish"},
+                "output_omitted": True,
+            },
+        )
+        extra = {"reason": reason, **omitted.details}
+        # The record of why is small and bounded: written even when a tiny max_result_bytes
+        # would refuse it, rather than leave the job claimed.
         finish(
             queue,
             job,
-            outcome.ok,
-            outcome.output,
-            worker=holder.summary(),
+            False,
+            None,
+            worker=worker,
             started=started,
             extra=extra,
             holder=holder,
+            enforce_limit=False,
         )
-        return outcome
+        return omitted

@@ -257,3 +257,33 @@ def test_the_worker_takes_the_claim_order_this_user_shares_on_this_host(
     assert done.returncode == 0, done.stderr
     assert farm.result(newer)[0] == "done"
     assert (farm.queue / "pending" / older).exists()
+
+
+@pytest.mark.parametrize(
+    ("limit", "tool", "tool_input"),
+    [
+        (100, "fs.stat", {"path": "."}),  # even the failure record is bigger than this
+        (65536, "shell.exec", {"cmd": "head -c 300000 /dev/zero | tr '\\0' x"}),
+    ],
+)
+def test_a_result_over_the_queue_limit_fails_the_job_with_efbig(
+    farm: Farm, limit: int, tool: str, tool_input: dict[str, object]
+) -> None:
+    """Never a traceback, never a job left claimed to run again after recover."""
+    config = farm.queue / "config"
+    config.write_text(config.read_text() + f"max_result_bytes={limit}\n")
+    if tool == "fs.stat":
+        tool_input = {"path": str(farm.scratch)}
+    job = farm.publish(tool, tool_input)
+
+    done = farm.ctx("queue", "work", "--project", PROJECT, "--agent", AGENT, "--drain", "--json")
+
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    state, result = farm.result(job)
+    assert state == "failed" and result["status"] == "error"
+    assert result["reason"].startswith("EFBIG") and result["error"]["error"] == "EFBIG"
+    assert result["output"] is None and result["output_omitted"] is True
+    stop = lines_of(done.stdout)[-1]
+    assert (stop["event"], stop["done"], stop["failed"]) == ("stop", 0, 1)
+    for leftover in ("pending", "claimed", "lease"):
+        assert os.listdir(farm.queue / leftover) == []
