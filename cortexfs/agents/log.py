@@ -9,7 +9,8 @@ the fact is about:
 ``agent.created``     the agent was made: ``by`` (``ctx agent create`` or ``agent.create``),
                       ``label``, ``uid``, ``gid``, and for a child its ``parent``.  A parent's log
                       gets the same type with ``object`` ``agent/<child>`` and ``child``
-``terminal.started``  ``ctx agent start``: ``pid`` of ctxterm
+``terminal.started``  ``ctx agent start``: ``pid`` of ctxterm, ``workspace`` (the host
+                      directory at ``/workspace``, or null)
 ``terminal.stopped``  the terminal ended: ``reason`` ``stop`` (SIGTERM, ``ctx agent stop``) or
                       ``exit`` (tsh exited, ``exit_status``)
 ``agent.updated``     ``agent.update`` replaced ``control`` with ``bytes`` bytes (A-5)

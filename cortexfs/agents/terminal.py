@@ -6,6 +6,11 @@ watch or join it (SPEC A-1, A-2, H-1, T-5).
 * **The view.**  The agent's ``/ctx`` is ``ctx mount --as AGENT`` (the projection of T-5),
   mounted privately; the sandbox (bubblewrap) sees it at ``/ctx``, the agent's visible mounts
   at their targets, the system's ``/usr`` read-only, and nothing else of the host.
+* **The workspace** (A-1).  When the agent's mounts have no ``/workspace``, the directory
+  ``ctx agent start`` ran in (or ``--workspace DIR``) is bound there read-write — as far as
+  Linux lets the agent's uid write — and tsh starts there.  The host administrator starting
+  the terminal grants it, for this terminal only: the tools tsh runs see the same mount, and
+  the agent's controls are not changed.
 * **The shell.**  ``/ctx/bin/tsh`` runs there as the agent's uid, gid and groups, with the PTY
   as its controlling terminal, ``CTX_PATH`` from the agent's policy and mounts, and the run
   socket at ``/run/ctx/run.sock``.
@@ -45,7 +50,7 @@ from pathlib import Path
 
 from cortexfs import durable
 from cortexfs.agents import log as agent_log
-from cortexfs.agents.view import AgentView
+from cortexfs.agents.view import WORKSPACE, AgentView
 from cortexfs.errors import CtxError, invalid
 from cortexfs.shared.sessions import SessionRef, open_session
 from cortexfs.shared.tree import Ownership, open_beneath
@@ -73,9 +78,11 @@ def terminal_link(session: SessionRef) -> Path:
 class Terminal:
     """One agent terminal, from start to cleanup."""
 
-    def __init__(self, root: Path, agent: str, session: str) -> None:
+    def __init__(self, root: Path, agent: str, session: str, workspace: Path | None = None) -> None:
+        """``workspace``: the directory for ``/workspace`` when the agent's mounts have none."""
         self.root = root
-        self.view = AgentView.load(root, agent)
+        self.workspace = None if workspace is None else Path(os.path.realpath(workspace))
+        self.view = AgentView.load(root, agent).with_workspace(self.workspace)
         self.session = SessionRef.home(root, self.view.identity.uid, agent, session)
         self.run_dir = run_directory(self.view.identity.uid, agent, session)
         self.main_socket = self.run_dir / "main.sock"
@@ -101,6 +108,10 @@ class Terminal:
             raise invalid("bubblewrap (bwrap) is not installed; the terminal runs in its sandbox")
         if not os.access(self.root / "bin" / "tsh", os.X_OK):
             raise invalid(f"{self.root}/bin/tsh is missing; run 'ctx bootstrap'")
+        if self.view.workspace is not None and not os.path.isdir(self.view.workspace.source):
+            raise CtxError(
+                errno.ENOTDIR, f"the workspace {self.view.workspace.source} is not a directory"
+            )
         if self.main_socket.exists():
             if listening(self.main_socket):
                 running = f"session {self.session.name} of {self.view.name} is running"
@@ -122,12 +133,16 @@ class Terminal:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(LINK_NAME, dir_fd=directory)
             os.symlink(self.main_socket, LINK_NAME, dir_fd=directory)
+        workspace = next(
+            (m.source for m in self.view.visible_mounts() if m.target == WORKSPACE), None
+        )
         agent_log.record(
             self.root,
             self.view.name,
             agent_log.TERMINAL_STARTED,
             session=self.session.name,
             pid=os.getpid(),
+            workspace=None if workspace is None else str(workspace),
         )
 
     @contextlib.contextmanager
@@ -229,11 +244,13 @@ class Terminal:
         return [] if self.view.allows("network", "default", "connect") else ["--unshare-net"]
 
     def _workspace(self) -> bool:
-        return any(str(m.target) == "/workspace" for m in self.view.visible_mounts())
+        return any(m.target == WORKSPACE for m in self.view.visible_mounts())
 
     def _mount_binds(self) -> list[str]:
         binds = []
-        for mount in self.view.visible_mounts():
+        # A mount below another's target is bound after it, or the outer one would hide it.
+        by_depth = sorted(self.view.visible_mounts(), key=lambda mount: len(mount.target.parts))
+        for mount in by_depth:
             if str(mount.target) == "/ctx":
                 continue  # the projection, not the raw root
             binds += [
@@ -410,7 +427,9 @@ class Terminal:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)  # forwarded to the tool
-        result = run_terminal(self.root, self.view.name, tool, argv, session=self.session)
+        result = run_terminal(
+            self.root, self.view.name, tool, argv, session=self.session, workspace=self.workspace
+        )
         if result.exit_status is None and result.error is not None:
             print(f"tsh: {tool}: {result.error}", file=sys.stderr, flush=True)
             return 126

@@ -12,6 +12,12 @@ view derives what the runtime injects into a tool process:
 * ``CTX_CWD`` — ``/workspace`` when visible (A-1), else the first visible mount other than
   ``/ctx``, else ``/``.
 
+One thing comes from the host administrator instead, for one terminal only: the directory
+``ctx agent start`` was run from (or ``--workspace DIR``) is the agent's read-write
+``/workspace`` (A-1), unless the mount control lists a ``/workspace`` of its own, which wins.
+:meth:`AgentView.with_workspace` adds it to the view of that terminal and of the tools it runs;
+it is never written to the agent's controls.
+
 A malformed label, policy or mount control yields an empty view here; the authority chain,
 which every call goes through, denies such an agent and says why.
 """
@@ -19,6 +25,7 @@ which every call goes through, denies such an agent and says why.
 from __future__ import annotations
 
 import json
+import os
 import pwd
 from collections import Counter
 from pathlib import Path, PurePosixPath
@@ -42,6 +49,7 @@ class AgentView(NamedTuple):
     label: str
     policy: Policy
     mounts: tuple[Mount, ...]
+    workspace: Mount | None = None  # the terminal's default /workspace (A-1), not a control
 
     @classmethod
     def load(cls, root: Path, name: str) -> AgentView:
@@ -59,6 +67,14 @@ class AgentView(NamedTuple):
         except CtxError:
             mounts = ()
         return cls(root, name, identity, label, policy, mounts)
+
+    def with_workspace(self, directory: Path | None) -> AgentView:
+        """This view with ``directory`` as its read-write ``/workspace`` (A-1's default), or
+        unchanged when there is none or the mount control lists a ``/workspace`` itself."""
+        if directory is None or any(mount.target == WORKSPACE for mount in self.mounts):
+            return self
+        source = PurePosixPath(os.path.realpath(directory))
+        return self._replace(workspace=Mount(source, WORKSPACE, True))
 
     def allows(self, object_class: str, object_name: str, permission: str) -> bool:
         return bool(self.label) and self.policy.allows(
@@ -92,6 +108,8 @@ class AgentView(NamedTuple):
                 continue
             writable = mount.writable and self.allows("mount", mount.name, "write")
             visible.append(Mount(mount.source, mount.target, writable))
+        if self.workspace is not None:
+            visible.append(self.workspace)  # granted by the host starting the terminal
         return visible
 
     def working_directory(self) -> tuple[PurePosixPath, Path]:

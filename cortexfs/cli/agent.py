@@ -192,10 +192,26 @@ _DETACH = b"\x1d"  # Ctrl-]
 @agent.command()
 @click.argument("name")
 @_SESSION
+@click.option(
+    "--workspace",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="The directory mounted read-write at /workspace when NAME's mounts have none "
+    "(default: the current directory).",
+)
+@click.option(
+    "--no-workspace", is_flag=True, help="Mount no default /workspace; start in '/' instead."
+)
 @storage_option
 @json_option
 @handles_errors
-def start(name: str, session: str, storage_dir: Path | None, as_json: bool) -> None:
+def start(
+    name: str,
+    session: str,
+    workspace: Path | None,
+    no_workspace: bool,
+    storage_dir: Path | None,
+    as_json: bool,
+) -> None:
     """Start NAME's terminal: tsh in a sandbox, on a PTY that ctxterm owns (SPEC A-1).
 
     \b
@@ -205,6 +221,13 @@ def start(name: str, session: str, storage_dir: Path | None, as_json: bool) -> N
     authority chain and recorded in the session.  Prints the terminal socket; watch with
     'ctx agent watch NAME --session S', join with 'ctx agent attach', end with 'exit' in
     tsh or 'ctx agent stop'.  Needs root, bubblewrap and the 'fuse' extra.
+
+    \b
+    By default the current directory is mounted at /workspace, read-write as far as
+    Linux lets NAME's uid write, and the terminal (and each tool it runs) starts there;
+    --workspace DIR mounts DIR instead, --no-workspace nothing.  This grant is for this
+    terminal only and is not written to NAME's controls; a /workspace in NAME's mount
+    control wins over it.
     """
     from cortexfs.agents.host import require_host_administrator
     from cortexfs.agents.terminal import Terminal, terminal_link
@@ -212,20 +235,27 @@ def start(name: str, session: str, storage_dir: Path | None, as_json: bool) -> N
     root = resolve_storage(storage_dir)
     name = object_name_argument(name, "agent")
     session = object_name_argument(session, "session")
+    if workspace is not None and no_workspace:
+        raise usage_problem(invalid("give --workspace DIR or --no-workspace, not both"))
+    directory = None if no_workspace else (workspace or Path.cwd())
     require_host_administrator(root, "start an agent")
-    terminal = Terminal(root, name, session)
+    terminal = Terminal(root, name, session, directory)
     terminal.prepare()
     _daemonize(terminal)
+    workspace_mount = terminal.view.workspace
     facts = {
         "agent": name,
         "session": session,
         "socket": str(terminal_link(terminal.session)),
         "listening_at": str(terminal.main_socket),
+        "workspace": None if workspace_mount is None else str(workspace_mount.source),
     }
     if as_json:
         emit_json(facts)
         return
     click.echo(f"started {name}, session {session}: {facts['socket']}")
+    if workspace_mount is not None:
+        click.echo(f"/workspace is {workspace_mount.source} (read-write, this terminal only)")
     click.echo(f"watch: ctx agent watch {name} --session {session}   join: ctx agent attach …")
 
 

@@ -95,9 +95,16 @@ def run_terminal(
     *,
     session: SessionRef | str | None = None,
     timeout: float | None = None,
+    workspace: Path | None = None,
 ) -> ToolResult:
-    """Run ``tool`` as ``agent`` with ``argv``, on the caller's stdin/stdout/stderr (T-3)."""
-    return _Call(root, agent, tool, TERMINAL, session, timeout, None).execute(None, argv)
+    """Run ``tool`` as ``agent`` with ``argv``, on the caller's stdin/stdout/stderr (T-3).
+
+    ``workspace`` is the directory an agent terminal shows at ``/workspace`` when the agent's
+    mounts have none (A-1): the tool sees it there too, read-write.
+    """
+    call = _Call(root, agent, tool, TERMINAL, session, timeout, None)
+    call.workspace = workspace
+    return call.execute(None, argv)
 
 
 class _Refused(Exception):
@@ -133,6 +140,7 @@ class _Call:
         self.controls: ToolControls | None = None
         self.hook_names: dict[str, list[str]] = {}
         self.request: dict[str, Any] = {}
+        self.workspace: Path | None = None
 
     @property
     def object_ref(self) -> str:
@@ -163,7 +171,7 @@ class _Call:
         with self._stage("caller"):
             require_host_administrator(self.root, "run a tool as an agent")
         with self._stage("agent"):
-            self.view = AgentView.load(self.root, self.agent)
+            self.view = AgentView.load(self.root, self.agent).with_workspace(self.workspace)
         with self._stage("session"):
             self._open_session()
         with self._stage("resolve"):

@@ -12,6 +12,8 @@ import os
 import re
 import shutil
 import socket
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -284,3 +286,109 @@ def test_the_terminal_has_a_network_only_with_the_grant(world: World, may_connec
         assert (interfaces == ["lo"]) is not may_connect
     finally:
         ctx(world.root, "agent", "stop", "coder", "--session", session)
+
+
+@pytest.fixture
+def project(traversable_tmp: Path, world: World) -> Path:
+    """A directory a person starts a terminal from, holding a file, the agent's to write."""
+    directory = traversable_tmp / "project"
+    directory.mkdir()
+    (directory / "notes.txt").write_text("found in the project\n")
+    os.chown(directory, world.user.uid, world.user.gid)
+    return directory
+
+
+def start_in(world: World, directory: Path, agent: str, session: str, *options: str) -> dict:
+    """``ctx agent start`` run from ``directory``, as a person at a shell there would."""
+    started = subprocess.run(
+        [sys.executable, "-m", "cortexfs", "agent", "start", agent, "--session", session,
+         "--json", *options],
+        cwd=directory, capture_output=True, text=True, timeout=60,
+        env={**os.environ, "CTX_STORAGE": str(world.root)},
+    )  # fmt: skip
+    assert started.returncode == 0, started.stderr
+    return json.loads(started.stdout)
+
+
+def unmounted_agent(world: World, name: str = "coder") -> None:
+    """An agent whose mount control has no /workspace (only the /ctx view)."""
+    world.agent(name, tools=["fs.read", "fs.write"], mounts=[])
+    for tool in ("fs.read", "fs.write"):
+        world.allow_tool(tool, label=f"{name}_t")
+
+
+def test_the_current_directory_is_the_terminals_workspace(world: World, project: Path) -> None:
+    unmounted_agent(world)
+    session = fresh_session()
+    facts = start_in(world, project, "coder", session)
+    try:
+        tsh = tsh_process(session)
+        client = Client(facts["listening_at"], "attach")
+        client.expect(r"coder\$ ")
+
+        client.type("fs.read notes.txt")
+        client.expect(r"found in the project[\s\S]*coder\$ ")
+        client.seen = b""
+        client.type("fs.read /workspace/notes.txt")
+        client.expect(r"found in the project[\s\S]*coder\$ ")
+        client.type("""fs.write '{"path": "made.txt", "content": "written by the agent"}'""")
+        client.expect(r"made\.txt[\s\S]*coder\$ ")
+
+        assert facts["workspace"] == str(project)
+        assert os.readlink(f"/proc/{tsh}/cwd") == "/workspace"
+        assert os.stat(f"/proc/{tsh}/cwd").st_ino == project.stat().st_ino
+        made = project / "made.txt"
+        assert made.read_text() == "written by the agent"
+        assert made.stat().st_uid == world.user.uid, "written as the agent's uid"
+        results = [e for e in world.events("coder", session) if e["type"] == "tool_result"]
+        assert [e["status"] for e in results] == ["ok", "ok", "ok"]
+        started = lifecycle(world, session)[0]
+        assert started["workspace"] == str(project)
+        mounts = json.loads((world.root / "agent/coder.d/mount").read_text())
+        assert [target for _, target, _ in mounts] == ["/ctx"], "the grant is not persisted"
+        client.close()
+    finally:
+        ctx(world.root, "agent", "stop", "coder", "--session", session)
+
+
+def test_workspace_option_no_workspace_and_the_agents_own_workspace(
+    world: World, project: Path
+) -> None:
+    unmounted_agent(world)
+    world.agent("mounted", tools=["fs.read"])  # its mount control has /workspace
+    world.allow_tool("fs.read", label="mounted_t")
+    (world.workspace / "notes.txt").write_text("the agent's own workspace\n")
+    chosen, bare, own = fresh_session(), fresh_session(), fresh_session()
+    try:
+        by_option = start_in(world, world.scratch, "coder", chosen, "--workspace", str(project))
+        without = start_in(world, project, "coder", bare, "--no-workspace")
+        mounted = start_in(world, project, "mounted", own)
+
+        assert by_option["workspace"] == str(project)
+        assert os.stat(f"/proc/{tsh_process(chosen)}/cwd").st_ino == project.stat().st_ino
+        assert without["workspace"] is None
+        assert os.readlink(f"/proc/{tsh_process(bare)}/cwd") == "/"
+        client = Client(without["listening_at"], "attach")
+        client.expect(r"coder\$ ")
+        client.type("fs.read /workspace/notes.txt")
+        client.expect(r"outside every mount[\s\S]*coder\$ ")
+        client.close()
+        assert mounted["workspace"] is None
+        assert os.stat(f"/proc/{tsh_process(own)}/cwd").st_ino == world.workspace.stat().st_ino
+        client = Client(mounted["listening_at"], "attach")
+        client.expect(r"mounted\$ ")
+        client.type("fs.read notes.txt")
+        client.expect(r"the agent's own workspace[\s\S]*mounted\$ ")
+        client.close()
+    finally:
+        ctx(world.root, "agent", "stop", "coder", "--session", chosen)
+        ctx(world.root, "agent", "stop", "coder", "--session", bare)
+        ctx(world.root, "agent", "stop", "mounted", "--session", own)
+
+
+def test_workspace_and_no_workspace_exclude_each_other(world: World, project: Path) -> None:
+    unmounted_agent(world)
+
+    both = ctx(world.root, "agent", "start", "coder", "--workspace", str(project), "--no-workspace")
+
+    assert both.returncode == 2 and "EINVAL" in both.stderr, both.stderr
