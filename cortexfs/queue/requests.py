@@ -65,13 +65,42 @@ def complete_request(request: Mapping[str, Any], publisher: str | None = None) -
     return completed
 
 
-def encode_request(request: Mapping[str, Any], limit: int, publisher: str | None = None) -> bytes:
-    """The bytes of a complete, valid request; EFBIG above ``limit``."""
-    data = (json.dumps(complete_request(request, publisher), ensure_ascii=False) + "\n").encode()
-    if len(data) > limit:
+# What storing adds to a request the publisher gave: "from" and "created" when absent, and
+# JSON re-encoding.  A stored request may be this much larger than the limit the publisher's
+# bytes were held to; readers of stored requests allow for it (stored_request_limit).
+STORED_OVERHEAD = 64 * 1024
+
+
+def stored_request_limit(limit: int) -> int:
+    """The size a stored request may reach when the request given was at most ``limit``."""
+    return limit + STORED_OVERHEAD
+
+
+def encode_request(
+    request: Mapping[str, Any],
+    limit: int,
+    publisher: str | None = None,
+    given_size: int | None = None,
+) -> bytes:
+    """The bytes of a complete, valid request; EFBIG when the request given is over ``limit``.
+
+    The limit applies to what the publisher gave (SPEC §2.1: larger requests are refused):
+    ``given_size``, the bytes of the file or line it came from, else the size of ``request``
+    as compact JSON.  What is stored (with ``from`` and ``created``) may be a little larger.
+    """
+    if given_size is None:
+        given_size = len(json.dumps(request, ensure_ascii=False, separators=(",", ":")).encode())
+    if given_size > limit:
         raise too_big(
-            f"request is {len(data)} bytes; this queue accepts at most {limit} "
+            f"request is {given_size} bytes; this queue accepts at most {limit} "
             "(max_request_bytes in queue/config)"
+        )
+    data = (json.dumps(complete_request(request, publisher), ensure_ascii=False) + "\n").encode()
+    if len(data) > stored_request_limit(limit):
+        raise too_big(
+            f"request is {len(data)} bytes once stored (JSON re-encoded, 'from' and 'created' "
+            f"added); this queue stores at most {stored_request_limit(limit)} "
+            "(max_request_bytes in queue/config, plus room for those fields)"
         )
     return data
 

@@ -99,6 +99,48 @@ def test_an_oversize_request_is_refused(root: Path, tmp_path: Path) -> None:
     assert os.listdir(qdir(root) / "pending") == []
 
 
+def request_of_size(size: int, newline: bool = True) -> bytes:
+    """A valid request of exactly ``size`` bytes, as a file holds it (with a final newline)."""
+    end = b"\n" if newline else b""
+    empty = json.dumps(request(1, pad="")).encode() + end
+    data = json.dumps(request(1, pad="x" * (size - len(empty)))).encode() + end
+    assert len(data) == size
+    return data
+
+
+def test_a_request_of_exactly_the_limit_is_accepted_stored_and_claimed(
+    root: Path, tmp_path: Path
+) -> None:
+    """§2.1: requests *larger* than the limit (1 MiB) are refused; the size is that of the
+    bytes given, although the stored request gains 'from' and 'created'."""
+    exact = tmp_path / "exact.json"
+    exact.write_bytes(request_of_size(1024 * 1024))
+    over = tmp_path / "over.json"
+    over.write_bytes(request_of_size(1024 * 1024 + 1))
+
+    refused = ctx(root, "queue", "publish", *P, "--name", "over", str(over))
+    published = ctx(root, "queue", "publish", *P, "--name", "exact", str(exact))
+    claimed = ctx(root, "queue", "claim", *P, "--json")
+
+    assert refused.returncode == 1 and "EFBIG" in refused.stderr
+    assert "1048577 bytes" in refused.stderr and "at most 1048576" in refused.stderr
+    assert published.returncode == 0, published.stderr
+    stored = qdir(root) / "claimed" / "exact.req.json" / "exact.req.json"
+    assert stored.stat().st_size > 1024 * 1024  # 'from' and 'created' were added
+    got = json.loads(claimed.stdout)["request"]
+    assert "invalid" not in got and len(got["pad"]) > 1_000_000 and got["from"]
+
+
+def test_a_batch_line_of_exactly_the_limit_is_accepted(root: Path) -> None:
+    line = request_of_size(1024 * 1024, newline=False).decode()
+    big = request_of_size(1024 * 1024 + 1, newline=False).decode()
+    done = ctx(root, "queue", "publish", *P, "--batch", "-", stdin=line + "\n" + line + "\n")
+    refused = ctx(root, "queue", "publish", *P, "--batch", "-", stdin=big + "\n")
+    assert done.returncode == 0, done.stderr
+    assert len(done.stdout.split()) == 2
+    assert refused.returncode == 1 and "1048577 bytes" in refused.stderr
+
+
 def test_an_illegal_name_is_a_usage_error(root: Path, req: Path) -> None:
     done = ctx(root, "queue", "publish", *P, "--name", "../escape", str(req))
     assert done.returncode == 2 and "EINVAL" in done.stderr

@@ -107,6 +107,20 @@ def test_publish_refuses_illegal_names(queue: Queue, name: str) -> None:
     assert caught.value.errno == errno.EINVAL
 
 
+def test_the_request_limit_is_inclusive_and_on_what_the_publisher_gave(queue_dir: Path) -> None:
+    (queue_dir / "config").write_text("max_request_bytes=200\n")
+    compact = len(json.dumps(request(0, pad=""), separators=(",", ":")))
+    exact = request(0, pad="x" * (200 - compact))
+    with Queue.open(queue_dir) as q:
+        job = publish(q, exact)  # exactly 200 bytes given; more once 'from'/'created' join
+        with pytest.raises(CtxError) as caught:
+            publish(q, request(0, pad="x" * (201 - compact)))
+        won = claim(q, Holder.for_process(worker="t"))
+    assert caught.value.errno == errno.EFBIG and "201 bytes" in caught.value.message
+    assert (queue_dir / "claimed" / job / job).stat().st_size > 200
+    assert won is not None and "invalid" not in won.request and won.request["from"]
+
+
 def test_publish_refuses_oversize_requests_by_config(queue_dir: Path) -> None:
     (queue_dir / "config").write_text("max_request_bytes=200\n")
     with Queue.open(queue_dir) as q:
