@@ -12,7 +12,7 @@ import click
 
 from cortexfs.cli.common import handles_errors
 from cortexfs.cli.queue import STORAGE_ROOT_KEY, queue_options
-from cortexfs.worker.executors import executor_for
+from cortexfs.worker.executors import NO_AGENT, executor_for
 from cortexfs.worker.loop import EXIT_ABORTED, Worker, WorkerOptions
 
 
@@ -68,8 +68,8 @@ class Progress:
 @click.option(
     "--agent",
     envvar="CTX_AGENT",
-    required=True,
-    help="Run every job's tool as this agent, its identity and policy (W-1; default: $CTX_AGENT).",
+    help="Run every job's tool as this agent, its identity and policy (W-1; default: "
+    "$CTX_AGENT).  Without one, every job claimed is finished in failed/ with EACCES.",
 )
 @click.option(
     "--kind",
@@ -96,7 +96,7 @@ class Progress:
 def work(
     queue_dir: Path,
     as_json: bool,
-    agent: str,
+    agent: str | None,
     kind: str,
     session: str,
     drain: bool,
@@ -108,6 +108,10 @@ def work(
 ) -> None:
     """Claim jobs and run their tools as AGENT until stopped (or the queue is empty, --drain).
 
+    Without --agent (or $CTX_AGENT) the worker has no agent identity: it warns once on
+    stderr, and every job it claims is refused (EACCES) and finished in failed/ with the
+    reason.
+
     Each job's tool runs with its input through the full authorization chain, under the
     agent's identity, bounded by --timeout; the job is finished in done/ or failed/ with the
     output, exit status and, when denied, the denying step.  While waiting for work the
@@ -117,6 +121,9 @@ def work(
     jobs (recover requeues them) and exit 130.
     """
     root = click.get_current_context().meta[STORAGE_ROOT_KEY]
+    if not agent:
+        agent = None
+        click.echo(f"ctx: warning: {NO_AGENT}; every job claimed fails with EACCES", err=True)
     executor = executor_for(kind, root, agent, session)
     options = WorkerOptions(
         drain=drain,

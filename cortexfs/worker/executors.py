@@ -119,14 +119,48 @@ class ShellExecutor(ToolExecutor):
         return super().admissible(job)
 
 
+NO_AGENT = (
+    "this worker was started without --agent or CTX_AGENT, so it has no agent identity; "
+    "a job's tool runs only as an agent, under that agent's policy (W-1); start the worker "
+    "with --agent NAME"
+)
+
+
+class AgentlessExecutor:
+    """A worker with no agent identity: every job it claims is refused by the authority
+    chain's first question, *as whom?*, and finished in ``failed/`` with EACCES (W-1).
+
+    Nothing runs and there is no agent session to record in; the job's result holds the
+    reason.
+    """
+
+    def close(self) -> None:
+        pass
+
+    def record(self, event: str, job: str, status: str, **facts: Any) -> None:
+        pass
+
+    def abort_running(self) -> None:
+        pass
+
+    def __call__(self, job: Claim, control: JobControl) -> Outcome:
+        error = {"error": "EACCES", "message": NO_AGENT, "stage": "authorize"}
+        return Outcome(False, None, f"EACCES: {NO_AGENT} [authorize]", {"error": error})
+
+
 def _describe(error: dict[str, Any]) -> str:
     """``EACCES: step 6 (tool/model policy): … [authorize]``: the errno, the message, the stage."""
     return f"{error.get('error') or 'error'}: {error.get('message')} [{error.get('stage')}]"
 
 
-def executor_for(kind: str, root: Path, agent: str, session: str) -> ToolExecutor:
-    """The executor of a worker kind: ``tool`` (any tool) or ``shell`` (shell.exec only)."""
+def executor_for(
+    kind: str, root: Path, agent: str | None, session: str
+) -> ToolExecutor | AgentlessExecutor:
+    """The executor of a worker kind: ``tool`` (any tool) or ``shell`` (shell.exec only);
+    with no agent, one that refuses every job (:class:`AgentlessExecutor`)."""
     kinds = {"tool": ToolExecutor, "shell": ShellExecutor}
     if kind not in kinds:
         raise CtxError(22, f"unknown worker kind {kind!r}; choose one of {', '.join(kinds)}")
+    if agent is None:
+        return AgentlessExecutor()
     return kinds[kind](root, agent, session)

@@ -42,13 +42,35 @@ def test_a_worker_runs_each_jobs_tool_as_the_agent(farm: Farm) -> None:
 
 def test_the_synopsis_of_section_2_4_works_with_the_agent_in_ctx_agent(farm: Farm) -> None:
     job = farm.publish("fs.stat", {"path": str(farm.scratch)})
-
-    nameless = farm.ctx("queue", "work", "--project", PROJECT, "--drain")
     done = farm.ctx("queue", "work", "--project", PROJECT, "--drain", env={"CTX_AGENT": AGENT})
-
-    assert nameless.returncode == 2 and "--agent" in nameless.stderr
     assert done.returncode == 0, done.stderr
     assert farm.result(job)[0] == "done"
+
+
+def test_the_synopsis_of_section_2_4_drains_an_empty_queue_without_an_agent(farm: Farm) -> None:
+    done = farm.ctx("queue", "work", "--project", PROJECT, "--drain", env={"CTX_AGENT": ""})
+    assert done.returncode == 0, done.stderr
+    warnings = done.stderr.splitlines()
+    assert len(warnings) == 1 and "warning" in warnings[0] and "--agent" in warnings[0]
+
+
+def test_a_worker_without_an_agent_fails_every_job_with_eacces(farm: Farm) -> None:
+    """W-1: the tool runs as the worker's agent; with none, the authority chain refuses
+    ("authorization denied"): each job is finished in failed/ with the reason, none runs."""
+    marker = farm.scratch / "logs" / "ran"
+    jobs = [farm.publish("shell.exec", {"cmd": f"touch {marker}"}) for _ in range(2)]
+
+    done = farm.ctx("queue", "work", "--project", PROJECT, "--drain", env={"CTX_AGENT": ""})
+
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count("warning") == 1 and "Traceback" not in done.stderr
+    for job in jobs:
+        state, result = farm.result(job)
+        assert state == "failed" and result["status"] == "error"
+        assert result["error"]["error"] == "EACCES" and result["reason"].startswith("EACCES")
+        assert "--agent" in result["reason"] and "CTX_AGENT" in result["reason"]
+    assert not marker.exists()
+    assert "0 done, 2 failed" in done.stdout
 
 
 def test_the_worker_session_records_claim_start_finish_and_the_tool_calls(farm: Farm) -> None:
