@@ -14,6 +14,7 @@ import pytest
 
 import cortexfs.manual  # noqa: F401  (registers the manual bundle's bootstrap step)
 from cortexfs import storage
+from cortexfs.policy import Policy
 from cortexfs.tools.controls import ToolObject, layout_problems
 from cortexfs.tools.core import CORE_TOOLS, tsh_config
 
@@ -216,3 +217,46 @@ def test_bootstrap_removes_a_control_its_manifest_does_not_define(root: Path) ->
 
     assert report.repaired == ["tool/fs.read"]
     assert not (root / "tool/fs.read.d/program").exists()
+
+
+def test_tsh_is_a_tool_object_with_bin_tsh_and_bin_ctxterm_beside_it(root: Path) -> None:
+    """H-1 names /ctx/bin/ctxterm, /ctx/bin/tsh and /ctx/tool/tsh."""
+    tsh = ToolObject("tsh", root / "tool")
+
+    assert layout_problems(tsh) == []
+    assert tsh.executable.read_bytes() == (root / "bin/tsh").read_bytes()
+    assert len(Policy.from_bytes(tsh.control("policy").read_bytes())) == 0
+    assert tsh.control("config").read_text() == tsh_config.DEFAULT_TEXT
+    ctxterm = root / "bin/ctxterm"
+    assert os.access(ctxterm, os.X_OK)
+    usage = subprocess.run([ctxterm, "--help"], capture_output=True, text=True, cwd="/")
+    assert usage.returncode == 0 and "Usage: ctxterm [OPTIONS] AGENT" in usage.stdout
+
+
+def test_tool_tsh_joins_an_existing_tsh_d_and_keeps_its_config(root: Path) -> None:
+    """A root bootstrapped before tool/tsh existed: tsh.d/ held only config."""
+    (root / "tool/tsh").unlink()
+    for entry in (root / "tool/tsh.d").iterdir():
+        if entry.is_dir():
+            shutil.rmtree(entry)
+        elif entry.name != "config":
+            entry.unlink()
+    (root / "tool/tsh.d/config").write_text("# mine\ncache_capacity=8\n")
+
+    first = storage.bootstrap(root)
+    second = storage.bootstrap(root)
+
+    assert (first.created, first.repaired, first.problems) == (["tool/tsh"], [], [])
+    assert (second.created, second.repaired, second.problems) == ([], [], [])
+    assert (root / "tool/tsh.d/config").read_text() == "# mine\ncache_capacity=8\n"
+    assert layout_problems(ToolObject("tsh", root / "tool")) == []
+
+
+def test_a_users_file_at_bin_ctxterm_is_left_alone(root: Path) -> None:
+    (root / "bin/ctxterm").unlink()
+    (root / "bin/ctxterm").mkdir()
+
+    report = storage.bootstrap(root)
+
+    assert report.problems == ["bin/ctxterm: not a regular file; left untouched"]
+    assert (root / "bin/ctxterm").is_dir()

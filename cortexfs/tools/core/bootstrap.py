@@ -1,4 +1,5 @@
-"""``ctx bootstrap`` for tools: the core tools, ``tool/tsh.d/config``, interrupted installs (R-5).
+"""``ctx bootstrap`` for tools: the core tools, tsh and ctxterm, ``tool/tsh.d/config``,
+interrupted installs (R-5, H-1).
 
 Each core tool is installed through the ordinary lifecycle (:func:`cortexfs.tools.install.
 install_tool`) from its manifest in ``manifests/`` and the self-contained launcher that
@@ -8,6 +9,11 @@ are kept (:mod:`cortexfs.tools.pairs`).  Whatever stands in its place and was no
 an install (a directory at ``tool/<name>``, a file at ``tool/<name>.d``…) is the user's: it is
 reported as a problem and left untouched.  ``tool/tsh.d/config`` is created with the defaults
 of H-4 when missing and never overwritten.
+
+H-1 names ``/ctx/bin/ctxterm``, ``/ctx/bin/tsh`` and ``/ctx/tool/tsh``: ``tool/tsh`` is an
+ordinary tool object (its manifest ``manifests/tsh.json``, its policy granting nothing, its
+controls in ``tool/tsh.d/`` beside ``config``) whose program is ``bin/tsh``'s, and
+``bin/ctxterm`` starts an agent terminal in the foreground (:mod:`cortexfs.cli.ctxterm`).
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from cortexfs.tools.core.launcher import (
     bundled_modules,
     core_interpreter,
     package_parent,
+    render_ctxterm,
     render_launcher,
 )
 from cortexfs.tools.install import (
@@ -62,17 +69,21 @@ def bootstrap_tools(root: Path, source: Path | None, report: storage.BootstrapRe
         report.problems.append(problem)
     modules = bundled_modules(interpreter, package_parent())  # shared by every core tool
     system = parse_tier(root, "system")
+    tsh = render_launcher(interpreter, modules, "tsh")
     if _is_real_directory(system.directory):  # else ensure_root_abi reported what is there
         for name, module in CORE_TOOLS.items():
             with report.step(f"tool/{name}"):
                 launcher = render_launcher(interpreter, modules, module)
                 _install_core_tool(system, name, launcher, report)
+        with report.step("tool/tsh"):  # H-1: tsh is a tool object too; tsh.d/ its controls
+            _install_core_tool(system, "tsh", tsh, report)
         with report.step("tool/tsh.d/config"):
             _ensure_tsh_config(root, report)
     if _is_real_directory(root / "bin"):
         with report.step("bin/tsh"):
-            launcher = render_launcher(interpreter, modules, "tsh")
-            _install_program(root, "bin/tsh", launcher, report)
+            _install_program(root, "bin/tsh", tsh, report)
+        with report.step("bin/ctxterm"):
+            _install_program(root, "bin/ctxterm", render_ctxterm(root), report)
     for tier in all_tiers(root, os.getuid()):
         with report.step(tier.location):
             _report_unavailable_programs(tier, report)

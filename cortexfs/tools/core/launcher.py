@@ -106,6 +106,23 @@ def render_launcher(interpreter: str, modules: list[tuple[str, bytes]], module: 
     return f"#!{interpreter} -IS\n".encode() + archive.getvalue()
 
 
+def render_ctxterm(root: Path) -> bytes:
+    """``bin/ctxterm`` (H-1): the host's program that starts an agent terminal in the
+    foreground (:mod:`cortexfs.cli.ctxterm`).  Unlike a core tool it runs as the host
+    administrator with the whole installed package (the terminal mounts a FUSE view), so it is
+    a short script for this very interpreter — a virtual environment's, unresolved, keeps its
+    site-packages — not a self-contained archive.  ``root`` is its default storage root."""
+    return (
+        f"#!{sys.executable} -I\n"
+        '"""CortexFS ctxterm, written by ctx bootstrap (SPEC H-1): '
+        'ctxterm AGENT [--session S]."""\n'
+        "import sys\n\n"
+        f"sys.path.insert(0, {str(package_parent())!r})\n"
+        "from cortexfs.cli.ctxterm import main\n\n"
+        f"main(storage={str(root)!r})\n"
+    ).encode()
+
+
 def _unchecked_bytecode(source: bytes, name: str) -> bytes:
     """A PEP 552 .pyc: magic, flags (hash-based, not checked), source hash, code."""
     code = compile(source, name, "exec", dont_inherit=True)

@@ -1,0 +1,40 @@
+"""``ctxterm`` in the foreground: one agent terminal, served by the calling process (SPEC H-1,
+A-1).
+
+``ctx agent start`` leaves the terminal running in a daemon of its own; ``bin/ctxterm`` (written
+by ``ctx bootstrap``) is the same terminal for a host that wants it in the foreground — under a
+service manager, in a host terminal — and ends when the terminal ends.  Everything the terminal
+does is :class:`~cortexfs.agents.terminal.Terminal`'s; this module only runs it here instead of
+in a forked daemon.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+from cortexfs.agents.host import require_host_administrator
+from cortexfs.agents.terminal import Terminal
+
+
+def start_terminal(root: Path, agent: str, session: str, workspace: Path | None) -> Terminal:
+    """The checks and the start of ``ctx agent start``, in this process: a terminal that
+    listens and runs tsh, with its pid recorded for ``ctx agent stop``."""
+    require_host_administrator(root, "start an agent")
+    terminal = Terminal(root, agent, session, workspace)
+    terminal.prepare()
+    try:
+        terminal.start()
+        (terminal.run_dir / "pid").write_text(str(os.getpid()))
+    except BaseException:
+        terminal.close()
+        raise
+    return terminal
+
+
+def serve_in_foreground(terminal: Terminal) -> int:
+    """Serve ``terminal`` until tsh exits or it is stopped (``ctx agent stop``, SIGTERM, or
+    Ctrl-C in the host's terminal, which stops it the same way); tsh's exit status."""
+    signal.signal(signal.SIGINT, lambda *_: os.kill(os.getpid(), signal.SIGTERM))
+    return terminal.serve()

@@ -1,0 +1,88 @@
+"""``bin/ctxterm``: start an agent terminal and stay in the foreground until it ends (SPEC H-1,
+A-1).  The program ``ctx bootstrap`` writes to ``bin/ctxterm`` calls :func:`main`."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import click
+
+from cortexfs.cli.common import (
+    emit_json,
+    handles_errors,
+    json_option,
+    object_name_argument,
+    usage_problem,
+)
+from cortexfs.errors import invalid
+from cortexfs.shared.sessions import DEFAULT_SESSION
+from cortexfs.storage import STORAGE_ENV, resolve_root
+
+
+@click.command("ctxterm")
+@click.argument("agent")
+@click.option("--session", default=DEFAULT_SESSION, show_default=True, help="The session.")
+@click.option(
+    "--workspace",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="The directory mounted read-write at /workspace when AGENT's mounts have none "
+    "(default: the current directory).",
+)
+@click.option(
+    "--no-workspace", is_flag=True, help="Mount no default /workspace; start in '/' instead."
+)
+@click.option(
+    "--storage",
+    "storage_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Storage root (default: $CTX_STORAGE, else the root this ctxterm belongs to).",
+)
+@json_option
+@click.pass_obj
+@handles_errors
+def ctxterm(
+    home_root: str | None,
+    agent: str,
+    session: str,
+    workspace: Path | None,
+    no_workspace: bool,
+    storage_dir: Path | None,
+    as_json: bool,
+) -> None:
+    """Start AGENT's terminal, as 'ctx agent start' does, and serve it in the foreground.
+
+    \b
+    tsh runs in AGENT's sandbox on a PTY this process owns; watch it with
+    'ctx agent watch AGENT --session S', join with 'ctx agent attach'.  ctxterm returns
+    when the terminal ends ('exit' in tsh, 'ctx agent stop', SIGTERM or Ctrl-C here),
+    with tsh's exit status.  Needs root, bubblewrap and the 'fuse' extra.
+    """
+    from cortexfs.agents.ctxterm import serve_in_foreground, start_terminal
+    from cortexfs.agents.terminal import terminal_link
+
+    explicit = storage_dir or os.environ.get(STORAGE_ENV) or home_root
+    root = resolve_root(explicit)
+    agent = object_name_argument(agent, "agent")
+    session = object_name_argument(session, "session")
+    if workspace is not None and no_workspace:
+        raise usage_problem(invalid("give --workspace DIR or --no-workspace, not both"))
+    directory = None if no_workspace else (workspace or Path.cwd())
+    terminal = start_terminal(root, agent, session, directory)
+    facts = {
+        "agent": agent,
+        "session": session,
+        "socket": str(terminal_link(terminal.session)),
+        "listening_at": str(terminal.main_socket),
+        "pid": os.getpid(),
+    }
+    if as_json:
+        emit_json(facts)
+    else:
+        click.echo(f"ctxterm: {agent}, session {session}: {facts['socket']} (pid {os.getpid()})")
+    raise SystemExit(serve_in_foreground(terminal))
+
+
+def main(storage: str | None = None) -> None:
+    """Entry point of ``bin/ctxterm``; ``storage``: the root the program was written into."""
+    ctxterm.main(prog_name="ctxterm", obj=storage)
