@@ -379,11 +379,11 @@ def renew(queue: Queue, job: str, holder: Holder, ttl: float | None = None) -> L
     try:
         claim_fd = queue.open_job_dir("claimed", job)
     except FileNotFoundError:
-        raise _not_claimed(queue, job) from None
+        raise _no_lease_to_renew(queue, job) from None
     try:
         lock_dir(claim_fd, wait=True)
         if not _is_regular(lstat_at(claim_fd, job)):
-            raise _not_claimed(queue, job)
+            raise _no_lease_to_renew(queue, job)
         current = read_lease(queue, job)
         _refuse_other_holder(job, current, holder, "renews its lease")
         renewed = current.renewed(ttl)
@@ -400,6 +400,11 @@ def renew(queue: Queue, job: str, holder: Holder, ttl: float | None = None) -> L
         return renewed
     finally:
         queue.ops.close(claim_fd)
+
+
+def _no_lease_to_renew(queue: Queue, job: str) -> CtxError:
+    """ENOENT, saying where J is instead (pending, done, failed, nowhere)."""
+    return not_found(f"there is no lease to renew: {_not_claimed(queue, job).message}")
 
 
 def _refuse_other_holder(job: str, lease: Lease, holder: Holder, verb: str) -> None:
