@@ -82,13 +82,19 @@ def _queue_dir(storage_dir: Path | None, project: str | None, queue_arg: Path | 
         project = os.environ.get("CTX_PROJECT")
     if not project:
         raise click.UsageError("missing --project NAME (or --queue PATH, or $CTX_PROJECT)")
-    if "/" in project:
-        # SPEC §2.4: "--project NAME (or a queue path)"; a name never contains '/' (R-3).
+    if "/" in project and _is_queue_directory(Path(project)):
+        # SPEC §2.4: "--project NAME (or a queue path)".  Only an existing queue counts as a
+        # path: anything else with a '/' is an illegal name (R-3), so that '--project
+        # ../escape' is refused, never a queue made outside the storage root.
         return Path(project).absolute()
     try:
         return layout.queue_path(resolve_storage(storage_dir), project)
     except CtxError as exc:
         raise usage_problem(exc) from None
+
+
+def _is_queue_directory(path: Path) -> bool:
+    return all((path / state).is_dir() for state in layout.STATE_DIRS)
 
 
 def _job_argument(name: str) -> str:

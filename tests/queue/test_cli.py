@@ -377,7 +377,7 @@ def test_storage_and_queue_options(tmp_path: Path, req: Path) -> None:
 
 
 def test_project_takes_a_queue_path(tmp_path: Path, root: Path, req: Path) -> None:
-    """SPEC §2.4: "--project NAME (or a queue path)"; a value with a '/' is a path."""
+    """SPEC §2.4: "--project NAME (or a queue path)"; an existing queue's path is a path."""
     elsewhere = tmp_path / "elsewhere"  # CTX_STORAGE points at a root without the queue
     path = str(qdir(root))
     published = ctx(elsewhere, "queue", "publish", "--project", path, "--name", "q", str(req))
@@ -397,6 +397,24 @@ def test_project_takes_a_queue_path(tmp_path: Path, root: Path, req: Path) -> No
     assert (claimed.returncode, claimed.stdout) == (0, "q.req.json\n")
     assert (relative.returncode, relative.stdout) == (0, "claimed    q.req.json\n")
     assert not elsewhere.exists()
+
+
+@pytest.mark.parametrize("project", ["../escape", "a/b", "nowhere/queue"])
+def test_a_project_with_a_slash_that_is_no_queue_is_an_illegal_name(
+    tmp_path: Path, root: Path, project: str
+) -> None:
+    before = set(tmp_path.rglob("*"))
+
+    refused = subprocess.run(
+        [sys.executable, "-m", "cortexfs", "queue", "init", "--project", project],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        env={**os.environ, "CTX_STORAGE": str(root)},
+    )
+
+    assert refused.returncode == 2 and "EINVAL" in refused.stderr
+    assert set(tmp_path.rglob("*")) == before, "nothing was created"
 
 
 def test_an_uninitialised_queue_is_explained(tmp_path: Path) -> None:
