@@ -24,6 +24,7 @@ from cortexfs.agents.create import ROOT_DEFAULT_USER, create_agent, default_iden
 from cortexfs.agents.request import RequestError, load_request, parse_request_bytes
 from cortexfs.agents.view import AgentView
 from cortexfs.cli.common import (
+    F,
     emit_json,
     fail_with_problems,
     handles_errors,
@@ -189,18 +190,44 @@ _SESSION = click.option(
 _DETACH = b"\x1d"  # Ctrl-]
 
 
+def workspace_options(fn: F) -> F:
+    """``--workspace DIR`` / ``--no-workspace``, for every command that starts a terminal."""
+    fn = click.option(
+        "--no-workspace", is_flag=True, help="Mount no default /workspace; start in '/' instead."
+    )(fn)
+    return click.option(
+        "--workspace",
+        type=click.Path(exists=True, file_okay=False, path_type=Path),
+        help="The directory mounted read-write at /workspace when the agent's mounts have "
+        "none (default: the current directory).",
+    )(fn)
+
+
+def workspace_directory(workspace: Path | None, no_workspace: bool) -> Path | None:
+    """The directory to mount at /workspace by default (A-1), or None for none."""
+    if workspace is not None and no_workspace:
+        raise usage_problem(invalid("give --workspace DIR or --no-workspace, not both"))
+    return None if no_workspace else (workspace or Path.cwd())
+
+
+def terminal_facts(terminal: Terminal) -> dict[str, str | None]:
+    """What a started terminal tells its starter (``--json``)."""
+    from cortexfs.agents.terminal import terminal_link
+
+    workspace_mount = terminal.view.workspace
+    return {
+        "agent": terminal.view.name,
+        "session": terminal.session.name,
+        "socket": str(terminal_link(terminal.session)),
+        "listening_at": str(terminal.main_socket),
+        "workspace": None if workspace_mount is None else str(workspace_mount.source),
+    }
+
+
 @agent.command()
 @click.argument("name")
 @_SESSION
-@click.option(
-    "--workspace",
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
-    help="The directory mounted read-write at /workspace when NAME's mounts have none "
-    "(default: the current directory).",
-)
-@click.option(
-    "--no-workspace", is_flag=True, help="Mount no default /workspace; start in '/' instead."
-)
+@workspace_options
 @storage_option
 @json_option
 @handles_errors
@@ -230,32 +257,23 @@ def start(
     control wins over it.
     """
     from cortexfs.agents.host import require_host_administrator
-    from cortexfs.agents.terminal import Terminal, terminal_link
+    from cortexfs.agents.terminal import Terminal
 
     root = resolve_storage(storage_dir)
     name = object_name_argument(name, "agent")
     session = object_name_argument(session, "session")
-    if workspace is not None and no_workspace:
-        raise usage_problem(invalid("give --workspace DIR or --no-workspace, not both"))
-    directory = None if no_workspace else (workspace or Path.cwd())
+    directory = workspace_directory(workspace, no_workspace)
     require_host_administrator(root, "start an agent")
     terminal = Terminal(root, name, session, directory)
     terminal.prepare()
     _daemonize(terminal)
-    workspace_mount = terminal.view.workspace
-    facts = {
-        "agent": name,
-        "session": session,
-        "socket": str(terminal_link(terminal.session)),
-        "listening_at": str(terminal.main_socket),
-        "workspace": None if workspace_mount is None else str(workspace_mount.source),
-    }
+    facts = terminal_facts(terminal)
     if as_json:
         emit_json(facts)
         return
     click.echo(f"started {name}, session {session}: {facts['socket']}")
-    if workspace_mount is not None:
-        click.echo(f"/workspace is {workspace_mount.source} (read-write, this terminal only)")
+    if facts["workspace"] is not None:
+        click.echo(f"/workspace is {facts['workspace']} (read-write, this terminal only)")
     click.echo(f"watch: ctx agent watch {name} --session {session}   join: ctx agent attach …")
 
 

@@ -8,14 +8,8 @@ from pathlib import Path
 
 import click
 
-from cortexfs.cli.common import (
-    emit_json,
-    handles_errors,
-    json_option,
-    object_name_argument,
-    usage_problem,
-)
-from cortexfs.errors import invalid
+from cortexfs.cli.agent import terminal_facts, workspace_directory, workspace_options
+from cortexfs.cli.common import emit_json, handles_errors, json_option, object_name_argument
 from cortexfs.shared.sessions import DEFAULT_SESSION
 from cortexfs.storage import STORAGE_ENV, resolve_root
 
@@ -23,15 +17,7 @@ from cortexfs.storage import STORAGE_ENV, resolve_root
 @click.command("ctxterm")
 @click.argument("agent")
 @click.option("--session", default=DEFAULT_SESSION, show_default=True, help="The session.")
-@click.option(
-    "--workspace",
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
-    help="The directory mounted read-write at /workspace when AGENT's mounts have none "
-    "(default: the current directory).",
-)
-@click.option(
-    "--no-workspace", is_flag=True, help="Mount no default /workspace; start in '/' instead."
-)
+@workspace_options
 @click.option(
     "--storage",
     "storage_dir",
@@ -59,23 +45,12 @@ def ctxterm(
     with tsh's exit status.  Needs root, bubblewrap and the 'fuse' extra.
     """
     from cortexfs.agents.ctxterm import serve_in_foreground, start_terminal
-    from cortexfs.agents.terminal import terminal_link
 
-    explicit = storage_dir or os.environ.get(STORAGE_ENV) or home_root
-    root = resolve_root(explicit)
+    root = resolve_root(storage_dir or os.environ.get(STORAGE_ENV) or home_root)
     agent = object_name_argument(agent, "agent")
     session = object_name_argument(session, "session")
-    if workspace is not None and no_workspace:
-        raise usage_problem(invalid("give --workspace DIR or --no-workspace, not both"))
-    directory = None if no_workspace else (workspace or Path.cwd())
-    terminal = start_terminal(root, agent, session, directory)
-    facts = {
-        "agent": agent,
-        "session": session,
-        "socket": str(terminal_link(terminal.session)),
-        "listening_at": str(terminal.main_socket),
-        "pid": os.getpid(),
-    }
+    terminal = start_terminal(root, agent, session, workspace_directory(workspace, no_workspace))
+    facts = {**terminal_facts(terminal), "pid": os.getpid()}
     if as_json:
         emit_json(facts)
     else:
