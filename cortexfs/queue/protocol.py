@@ -41,7 +41,7 @@ import errno
 import os
 import stat
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -376,14 +376,7 @@ def renew(queue: Queue, job: str, holder: Holder, ttl: float | None = None) -> L
     ttl = queue.config.lease_ttl if ttl is None else ttl
     if ttl <= 0:
         raise invalid(f"lease ttl must be positive, not {ttl:g}")
-    try:
-        claim_fd = queue.open_job_dir("claimed", job)
-    except FileNotFoundError:
-        raise _no_lease_to_renew(queue, job) from None
-    try:
-        lock_dir(claim_fd, wait=True)
-        if not _is_regular(lstat_at(claim_fd, job)):
-            raise _no_lease_to_renew(queue, job)
+    with _locked_claim(queue, job, _no_lease_to_renew):
         current = read_lease(queue, job)
         _refuse_other_holder(job, current, holder, "renews its lease")
         renewed = current.renewed(ttl)
@@ -398,8 +391,6 @@ def renew(queue: Queue, job: str, holder: Holder, ttl: float | None = None) -> L
         finally:
             ops.close(lease_fd)
         return renewed
-    finally:
-        queue.ops.close(claim_fd)
 
 
 def _no_lease_to_renew(queue: Queue, job: str) -> CtxError:
@@ -448,14 +439,7 @@ def finish(
     """
     job = job_name(job)
     ops = queue.ops
-    try:
-        claim_fd = queue.open_job_dir("claimed", job)
-    except FileNotFoundError:
-        raise _not_claimed(queue, job) from None
-    try:
-        lock_dir(claim_fd, wait=True)
-        if not _is_regular(lstat_at(claim_fd, job)):
-            raise _not_claimed(queue, job)
+    with _locked_claim(queue, job, _not_claimed) as claim_fd:
         if holder is not None:
             try:
                 current = read_lease(queue, job)
@@ -505,8 +489,25 @@ def finish(
         remove_claim_and_lease(queue, job)
         ops.step("finish.done")
         return result
+
+
+@contextlib.contextmanager
+def _locked_claim(
+    queue: Queue, job: str, not_claimed: Callable[[Queue, str], CtxError]
+) -> Iterator[int]:
+    """``claimed/J`` opened and locked (recover takes the same lock before it requeues J), J's
+    request checked to be in it; ``not_claimed(queue, job)`` is the error when it is not."""
+    try:
+        claim_fd = queue.open_job_dir("claimed", job)
+    except FileNotFoundError:
+        raise not_claimed(queue, job) from None
+    try:
+        lock_dir(claim_fd, wait=True)
+        if not _is_regular(lstat_at(claim_fd, job)):
+            raise not_claimed(queue, job)
+        yield claim_fd
     finally:
-        ops.close(claim_fd)
+        queue.ops.close(claim_fd)
 
 
 def remove_claim_and_lease(queue: Queue, job: str) -> None:
