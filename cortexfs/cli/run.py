@@ -19,7 +19,7 @@ from cortexfs.errors import CtxError
 from cortexfs.names import check_object_name
 from cortexfs.shared.sessions import DEFAULT_SESSION, SessionRef
 from cortexfs.tools.result import ToolResult
-from cortexfs.tools.runner import DEFAULT_TIMEOUT, run_native, run_terminal
+from cortexfs.tools.runner import DEFAULT_TIMEOUT, UnreadableInput, run_native, run_terminal
 
 # The shell's convention for a command that was not found / could not be run (terminal mode).
 EXIT_NOT_FOUND = 127
@@ -122,11 +122,13 @@ def _run_native(root: Path, options: argparse.Namespace, where: SessionRef | str
     if options.args:
         _say("EINVAL: native mode takes its input on stdin, not as arguments")
         return EXIT_USAGE
+    data = sys.stdin.buffer.read()
     try:
-        input_value: Any = json.loads(sys.stdin.buffer.read())
+        input_value: Any = json.loads(data)
     except ValueError as exc:
-        _say(f"EINVAL: the input on stdin is not JSON: {exc}")
-        return EXIT_USAGE
+        # Refused by the runner, so that the caller still gets its result frame and the
+        # session its tool_call/tool_result (exit 2, as for an input its schema refuses).
+        input_value = UnreadableInput(data.decode("utf-8", "replace"), str(exc))
     result = run_native(
         root,
         options.agent,

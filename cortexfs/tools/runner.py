@@ -40,7 +40,7 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, NamedTuple
 
 from cortexfs.agents.host import require_host_administrator
 from cortexfs.agents.view import AgentView
@@ -64,6 +64,14 @@ _CONSISTENT_READ_ATTEMPTS = 5
 
 Frame = dict[str, Any]
 Observer = Callable[[Frame], None]
+
+
+class UnreadableInput(NamedTuple):
+    """A native input that is not JSON: refused at the ``schema`` stage with EINVAL, and
+    recorded like any other refused call (its text summarised as an input is)."""
+
+    text: str
+    problem: str
 
 
 def run_native(
@@ -147,7 +155,8 @@ class _Call:
         return f"{self.location}/{self.tool_name}"
 
     def execute(self, input_value: Any, argv: list[str] | None) -> ToolResult:
-        self.request = record.request_facts(self.call, self.mode, input_value, argv)
+        logged = input_value.text if isinstance(input_value, UnreadableInput) else input_value
+        self.request = record.request_facts(self.call, self.mode, logged, argv)
         try:
             try:
                 self._admit(input_value)
@@ -179,6 +188,8 @@ class _Call:
         if self.mode == NATIVE:
             with self._stage("schema"):
                 assert self.controls is not None
+                if isinstance(input_value, UnreadableInput):
+                    raise invalid(f"the input is not JSON: {input_value.problem}")
                 validate_input(self.controls.schema, input_value, self.tool_name)
         with self._stage("authorize"):
             decision = check_tool_execute(

@@ -193,7 +193,16 @@ def test_ctx_run_native_prints_jsonl_frames(coder: World) -> None:
     assert ok.returncode == 0
     assert [frame["type"] for frame in frames] == ["call", "result"]
     assert frames[-1]["status"] == "ok" and frames[-1]["output"]["input"] == {"k": 2}
-    assert bad.returncode == 2 and "EINVAL" in bad.stderr
+    # Input that is not JSON is refused like input its schema refuses: exit 2, a result
+    # frame saying why, and the refused call in the session.
+    assert bad.returncode == 2
+    refusal = json.loads(bad.stdout.splitlines()[-1])
+    assert (refusal["type"], refusal["status"]) == ("result", "error")
+    assert (refusal["error"]["error"], refusal["error"]["stage"]) == ("EINVAL", "schema")
+    assert "the input is not JSON" in refusal["error"]["message"]
+    recorded = coder.events()[-2:]
+    assert [event["type"] for event in recorded] == ["tool_call", "tool_result"]
+    assert recorded[0]["input"] == "not json" and recorded[1]["errno"] == "EINVAL"
 
 
 def test_ctx_run_reads_the_same_arguments_before_and_after_the_group(coder: World) -> None:
