@@ -10,12 +10,13 @@ the space itself carries no collaboration rules.
 
 from __future__ import annotations
 
+import errno
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from cortexfs import durable, storage
-from cortexfs.errors import invalid
+from cortexfs.errors import CtxError, invalid
 from cortexfs.names import check_object_name
 from cortexfs.queue.layout import init_queue
 from cortexfs.shared.tree import Ownership, apply_mode, ensure_directories
@@ -55,6 +56,7 @@ def create_shared_space(
     if name == storage.DOCS_BUNDLE:
         raise invalid(f"{name} is the system-maintained manual bundle (X-2), not a space")
     owner = Ownership(-1, os.getegid() if gid is None else gid)
+    _require_group_of_caller(owner.gid)
     created = storage.ensure_root_abi(root, ops).created
     created += ensure_directories(ops, root / "shared", [name], mode=SPACE_MODE, owner=owner)
     for directory in SPACE_DIRS:
@@ -64,3 +66,16 @@ def create_shared_space(
         if Path(entry).is_dir():
             apply_mode(ops, Path(entry), SPACE_MODE, owner)
     return SpaceReport(path, os.stat(path).st_gid, created + queue_created)
+
+
+def _require_group_of_caller(gid: int) -> None:
+    """EPERM, before anything is made, unless the caller may give its files group ``gid``:
+    the kernel lets only root chown to a group the caller is not a member of, and would
+    refuse it after the space's directory was already made."""
+    if os.geteuid() == 0 or gid == os.getegid() or gid in os.getgroups():
+        return
+    raise CtxError(
+        errno.EPERM,
+        f"you are not a member of group {gid}, so you cannot give a shared space that group; "
+        "join the group, or have root create the space",
+    )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import pwd
 import stat
 import subprocess
 import sys
@@ -15,7 +16,7 @@ from cortexfs import storage
 from cortexfs.errors import CtxError
 from cortexfs.queue.layout import STATE_DIRS, init_queue, queue_path
 from cortexfs.shared.spaces import SPACE_DIRS, create_shared_space
-from tests.tools.support import World
+from tests.tools.support import World, effective_user
 
 CTX = [sys.executable, "-c", "from cortexfs.cli import main; main()"]
 SPACE_GROUP = 4343
@@ -109,3 +110,20 @@ def test_ctx_shared_create(world: World) -> None:
     assert made.returncode == 0 and json.loads(made.stdout)["gid"] == SPACE_GROUP
     assert again.returncode == 0 and "nothing to do" in again.stdout
     assert no_group.returncode == 2 and "no such group" in no_group.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as the test user")
+def test_a_group_the_creator_is_not_in_is_refused_before_anything_is_made(world: World) -> None:
+    name = pwd.getpwuid(world.user.uid).pw_name
+    if SPACE_GROUP in os.getgrouplist(name, world.user.gid):
+        pytest.skip(f"the test user is in group {SPACE_GROUP}")
+    os.chown(world.root / "shared", world.user.uid, world.user.gid)
+
+    with effective_user(world.user), pytest.raises(CtxError) as refused:
+        create_shared_space(world.root, "theirs", gid=SPACE_GROUP)
+    with effective_user(world.user):
+        own = create_shared_space(world.root, "mine", gid=world.user.gid)
+
+    assert refused.value.errno == errno.EPERM and "not a member" in refused.value.message
+    assert not (world.root / "shared" / "theirs").exists(), "nothing half-made"
+    assert own.gid == world.user.gid
