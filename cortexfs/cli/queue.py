@@ -30,7 +30,7 @@ from cortexfs.errors import CtxError, invalid
 from cortexfs.names import job_name
 from cortexfs.queue import inspect, layout, protocol, recovery
 from cortexfs.queue.claim_order import HintedClaimOrder
-from cortexfs.queue.holder import Holder, LocalSystem
+from cortexfs.queue.holder import Holder, LocalSystem, check_ttl
 from cortexfs.queue.requests import parse_request_bytes
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -82,11 +82,19 @@ def _queue_dir(storage_dir: Path | None, project: str | None, queue_arg: Path | 
         project = os.environ.get("CTX_PROJECT")
     if not project:
         raise click.UsageError("missing --project NAME (or --queue PATH, or $CTX_PROJECT)")
-    if "/" in project and _is_queue_directory(Path(project)):
+    if "/" in project:
         # SPEC §2.4: "--project NAME (or a queue path)".  Only an existing queue counts as a
-        # path: anything else with a '/' is an illegal name (R-3), so that '--project
-        # ../escape' is refused, never a queue made outside the storage root.
-        return Path(project).absolute()
+        # path: anything else with a '/' is refused, so that '--project ../escape' never
+        # makes a queue outside the storage root.
+        if _is_queue_directory(Path(project)):
+            return Path(project).absolute()
+        raise usage_problem(
+            invalid(
+                f"--project {project!r} is neither a project name (a name holds no '/', R-3) "
+                f"nor a queue directory (with {', '.join(layout.STATE_DIRS)}); make a queue "
+                "elsewhere with 'ctx queue init --queue DIR'"
+            )
+        )
     try:
         return layout.queue_path(resolve_storage(storage_dir), project)
     except CtxError as exc:
@@ -95,6 +103,13 @@ def _queue_dir(storage_dir: Path | None, project: str | None, queue_arg: Path | 
 
 def _is_queue_directory(path: Path) -> bool:
     return all((path / state).is_dir() for state in layout.STATE_DIRS)
+
+
+def ttl_argument(ttl: float | None) -> float | None:
+    try:
+        return None if ttl is None else check_ttl(ttl)
+    except CtxError as exc:
+        raise usage_problem(invalid(f"--ttl: {exc.message}")) from None
 
 
 def _job_argument(name: str) -> str:
@@ -230,8 +245,7 @@ def claim(
     unless --pid names another; recover requeues the job once that process is gone.
     """
     holder = _holder(pid, worker)
-    if ttl is not None and ttl <= 0:
-        raise usage_problem(invalid(f"--ttl must be positive, not {ttl:g}"))
+    ttl = ttl_argument(ttl)
     with layout.Queue.open(queue_dir) as q:
         # One process per claim: keep the claim order between processes (Q-10).
         q.claim_order = HintedClaimOrder(q.path)
@@ -254,8 +268,7 @@ def renew(queue_dir: Path, as_json: bool, job: str, pid: int | None, ttl: float 
     """Extend the caller's own lease on JOB (EACCES when another process holds it)."""
     job = _job_argument(job)
     holder = _holder(pid, None)
-    if ttl is not None and ttl <= 0:
-        raise usage_problem(invalid(f"--ttl must be positive, not {ttl:g}"))
+    ttl = ttl_argument(ttl)
     with layout.Queue.open(queue_dir) as q:
         lease = protocol.renew(q, job, holder, ttl)
     if as_json:

@@ -11,6 +11,7 @@ keep its job renews its lease before it expires.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import time
@@ -25,6 +26,10 @@ from cortexfs.timefmt import rfc3339
 # psutil derives create_time from boot time + clock ticks; two readings of the same process
 # agree to well within this, while a reused pid starts at least a tick later.
 _START_TIME_TOLERANCE = 0.05
+_WHOLE_SECOND_TOLERANCE = 1.0
+# The longest lease a claim or renewal may take: long enough for any job, short enough that
+# expires_at stays a date (a float of seconds past year 9999 is not one).
+MAX_LEASE_TTL = 366 * 24 * 3600.0
 
 ALIVE = "alive"
 GONE = "gone"
@@ -128,8 +133,15 @@ class Holder:
 
 
 def _started_apart(one: float | None, other: float | None) -> bool:
-    """Whether two start times prove two different processes (unknown proves nothing)."""
-    return one is not None and other is not None and abs(one - other) >= _START_TIME_TOLERANCE
+    """Whether two start times prove two different processes (unknown proves nothing).
+
+    A whole number of seconds is a start time written to the second (by hand, or from an
+    RFC 3339 time without a fraction): the process started within that second, so only a
+    second or more apart proves another process."""
+    if one is None or other is None:
+        return False
+    coarse = float(one).is_integer() or float(other).is_integer()
+    return abs(one - other) >= (_WHOLE_SECOND_TOLERANCE if coarse else _START_TIME_TOLERANCE)
 
 
 @dataclass(frozen=True)
@@ -292,3 +304,13 @@ def _same_machine(holder: Holder, here: LocalSystem) -> bool:
     if holder.machine_id and here.machine_id:
         return holder.machine_id == here.machine_id and holder.host == here.host
     return holder.host == here.host
+
+
+def check_ttl(ttl: float) -> float:
+    """``ttl`` if it is a usable lease lifetime in seconds, else EINVAL (before any claim)."""
+    if not (isinstance(ttl, int | float) and math.isfinite(ttl) and 0 < ttl <= MAX_LEASE_TTL):
+        raise invalid(
+            f"a lease lifetime is a number of seconds above 0 and at most {MAX_LEASE_TTL:.0f} "
+            f"(366 days), not {ttl!r}"
+        )
+    return float(ttl)

@@ -13,6 +13,7 @@ from cortexfs.names import job_name
 from cortexfs.queue import evidence as ev
 from cortexfs.queue.claim_order import scan_pending
 from cortexfs.queue.layout import LEASE_FILE, RESULT_SUFFIX, Queue, kind_of, read_regular_file
+from cortexfs.queue.protocol import read_lease
 from cortexfs.timefmt import rfc3339
 
 
@@ -43,7 +44,7 @@ def status(queue: Queue) -> QueueStatus:
     result = QueueStatus(path=str(queue.path), counts={})
     for job in sorted(found.jobs):
         evidence = found.jobs[job]
-        assessment = ev.assess(evidence)
+        assessment = _assess(queue, job, evidence)
         counts[assessment.state] += 1
         if assessment.state in ("incomplete", "conflict"):
             entry = {"job": job, **assessment.to_json(), "evidence": evidence.paths()}
@@ -75,7 +76,7 @@ def list_jobs(queue: Queue, state: str | None = None) -> list[dict[str, str]]:
     found = ev.scan(queue)
     listed = []
     for name in sorted(found.jobs):
-        assessment = ev.assess(found.jobs[name])
+        assessment = _assess(queue, name, found.jobs[name])
         if assessment.state == ev.IGNORED:
             continue  # not a job; status lists it among the ignored entries
         if state is None or assessment.state == state:
@@ -91,7 +92,10 @@ def show(queue: Queue, job: str) -> dict[str, Any]:
     paths = evidence.paths()
     if not paths and not temps:
         raise not_found(f"job {job} has no evidence in {queue.path}")
-    assessment = ev.assess(evidence) if paths else ev.Assessment("none", "only temp files")
+    if paths:
+        assessment = _assess(queue, job, evidence)
+    else:
+        assessment = ev.Assessment("none", "only temp files")
     detail: dict[str, Any] = {
         "name": job,
         **assessment.to_json(),
@@ -101,6 +105,22 @@ def show(queue: Queue, job: str) -> dict[str, Any]:
     for key, path in _documents(queue, evidence):
         detail[key] = _read_document(queue, path)
     return detail
+
+
+def _assess(queue: Queue, job: str, evidence: ev.JobEvidence) -> ev.Assessment:
+    """The evidence's assessment, as recover would judge it: a claim whose lease cannot be
+    read is a conflict, since nobody can tell whether its holder runs (Q-6)."""
+    assessment = ev.assess(evidence)
+    if assessment.state == "claimed":
+        try:
+            read_lease(queue, job)
+        except (OSError, CtxError) as exc:
+            return ev.Assessment(
+                "conflict",
+                f"claimed, but lease/{job}/{LEASE_FILE} cannot be read ({exc}); nobody can "
+                "tell whether its holder is alive: fix or remove it by hand",
+            )
+    return assessment
 
 
 def _documents(queue: Queue, e: ev.JobEvidence) -> list[tuple[str, str]]:

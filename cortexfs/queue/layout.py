@@ -19,6 +19,7 @@ from cortexfs import durable, keyvalue
 from cortexfs.errors import CtxError, invalid, not_found
 from cortexfs.names import check_object_name
 from cortexfs.queue.claim_order import ClaimOrder, start_hint
+from cortexfs.queue.holder import check_ttl
 
 STATE_DIRS = ("inbox", "pending", "lease", "claimed", "done", "failed")
 CONFIG_NAME = "config"
@@ -48,7 +49,12 @@ class QueueConfig:
                 raise invalid(f"{where}: expected key=value, got {line.raw!r}")
             if key in ("max_request_bytes", "max_result_bytes"):
                 values[key] = _positive_int(value, where, key)
-            elif key in ("lease_ttl", "grace"):
+            elif key == "lease_ttl":
+                try:
+                    values[key] = check_ttl(_non_negative_float(value, where, key))
+                except CtxError as exc:
+                    raise invalid(f"{where}: lease_ttl: {exc.message}") from None
+            elif key == "grace":
                 values[key] = _non_negative_float(value, where, key)
             elif key == "move":
                 if value not in (durable.MOVE_RENAME, durable.MOVE_LINK):

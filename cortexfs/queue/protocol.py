@@ -50,7 +50,7 @@ from cortexfs.errors import CtxError, exists, invalid, not_found
 from cortexfs.names import job_name
 from cortexfs.queue import requests
 from cortexfs.queue.claim_order import candidates, note_published
-from cortexfs.queue.holder import Holder, Lease
+from cortexfs.queue.holder import Holder, Lease, check_ttl
 from cortexfs.queue.layout import (
     LEASE_FILE,
     RESULT_SUFFIX,
@@ -240,9 +240,7 @@ def claim(queue: Queue, holder: Holder, ttl: float | None = None) -> Claim | Non
 def claim_job(queue: Queue, job: str, holder: Holder, ttl: float | None = None) -> Claim | None:
     """Try to claim and lease one named job; None when it is gone or someone else won."""
     ops = queue.ops
-    ttl = queue.config.lease_ttl if ttl is None else ttl
-    if ttl <= 0:
-        raise invalid(f"lease ttl must be positive, not {ttl:g}")
+    ttl = check_ttl(queue.config.lease_ttl if ttl is None else ttl)
     if not _is_regular(lstat_at(queue.pending, job)):
         return None
     ops.step("claim.mkdir")
@@ -373,9 +371,7 @@ def renew(queue: Queue, job: str, holder: Holder, ttl: float | None = None) -> L
     and never writes a lease for a job that went back to pending.
     """
     job = job_name(job)
-    ttl = queue.config.lease_ttl if ttl is None else ttl
-    if ttl <= 0:
-        raise invalid(f"lease ttl must be positive, not {ttl:g}")
+    ttl = check_ttl(queue.config.lease_ttl if ttl is None else ttl)
     with _locked_claim(queue, job, _no_lease_to_renew):
         current = read_lease(queue, job)
         _refuse_other_holder(job, current, holder, "renews its lease")

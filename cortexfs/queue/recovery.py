@@ -32,16 +32,15 @@ from cortexfs import durable
 from cortexfs.errors import CtxError
 from cortexfs.queue import evidence as ev
 from cortexfs.queue.claim_order import note_published
-from cortexfs.queue.holder import GONE, Lease, Verdict, judge
+from cortexfs.queue.holder import GONE, Verdict, judge
 from cortexfs.queue.layout import (
     LEASE_FILE,
     RESULT_SUFFIX,
     Queue,
     lock_dir,
     lstat_at,
-    read_regular_file,
 )
-from cortexfs.queue.protocol import remove_claim_and_lease
+from cortexfs.queue.protocol import read_lease, remove_claim_and_lease
 
 
 @dataclass
@@ -205,11 +204,7 @@ BUSY = "busy"  # _apply left the job alone because it is being moved or has move
 
 def _lease_verdict(queue: Queue, job: str) -> Verdict:
     try:
-        lease_fd = queue.open_job_dir("lease", job)
-        try:
-            lease = Lease.decode(read_regular_file(lease_fd, LEASE_FILE, 64 * 1024), job)
-        finally:
-            queue.ops.close(lease_fd)
+        lease = read_lease(queue, job)
     except (OSError, CtxError) as exc:
         # An unreadable lease proves nothing about its holder: never act on it.
         return Verdict(UNREADABLE, f"lease/{job}/{LEASE_FILE} cannot be read ({exc})")

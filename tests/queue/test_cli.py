@@ -429,6 +429,24 @@ def test_usage_errors_exit_2(root: Path) -> None:
     assert ctx(root, "queue", "claim", *P, "--ttl", "0").returncode == 2
 
 
+@pytest.mark.parametrize("ttl", ["0", "-1", "nan", "inf", "1e12"])
+def test_an_unusable_ttl_is_refused_before_anything_moves(root: Path, req: Path, ttl: str) -> None:
+    """A lease lifetime must make an expires_at that is a date: checked before the claim
+    move, so a refused claim never strands a job claimed without its lease."""
+    job = ctx(root, "queue", "publish", *P, "--name", "t", str(req)).stdout.strip()
+    before = sorted(p.relative_to(qdir(root)) for p in qdir(root).rglob("*"))
+
+    claimed = ctx(root, "queue", "claim", *P, "--ttl", ttl)
+    worked = ctx(root, "queue", "work", *P, "--drain", "--ttl", ttl)
+
+    for done in (claimed, worked):
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.splitlines()[-1].startswith("ctx: EINVAL: ")
+        assert "Traceback" not in done.stderr
+    assert sorted(p.relative_to(qdir(root)) for p in qdir(root).rglob("*")) == before
+    assert (qdir(root) / "pending" / job).exists()
+
+
 def test_every_command_has_help(root: Path) -> None:
     for command in ("init", "publish", "claim", "renew", "finish", "status", "list", "show",
                     "recover"):  # fmt: skip

@@ -392,6 +392,45 @@ def test_an_unreadable_lease_on_a_claimed_job_is_never_called_consistent(
     assert state_of(queue, job) == "claimed"  # never acted on: nobody knows its holder
 
 
+@pytest.mark.parametrize("command", ["status", "list", "show"])
+def test_status_list_and_show_call_an_unreadable_lease_a_conflict_as_recover_does(
+    queue: Queue, queue_dir: Path, root: Path, command: str
+) -> None:
+    job = hand_claimed(queue, queue_dir, "garbled", "not json")
+    arguments = {"status": (), "list": ("--state", "conflict"), "show": (job,)}[command]
+
+    done = ctx(root, "queue", command, "--project", PROJECT, "--json", *arguments)
+
+    if command == "list":
+        assert done.returncode == 0 and json.loads(done.stdout) == [
+            {"name": job, "state": "conflict"}
+        ]
+    else:
+        assert done.returncode == 1, "a conflict was found (SPEC §2.4)"
+        assert "cannot be read" in done.stdout
+
+
+def test_a_start_time_written_to_the_second_still_names_the_live_holder(
+    queue: Queue, queue_dir: Path
+) -> None:
+    """psutil's create_time has a fraction; a human or an RFC 3339 time without one does not:
+    the process started within that second, which proves no reuse of its pid."""
+    import psutil
+
+    started = psutil.Process(os.getpid()).create_time()
+    for name, start in (("int", int(started)), ("text", time.strftime(
+        "%Y-%m-%dT%H:%M:%SZ", time.gmtime(int(started))
+    ))):  # fmt: skip
+        job = hand_claimed(queue, queue_dir, name, q3_lease(os.getpid(), create_time=start))
+        report = recover(queue)
+        assert report.requeued == [], report.requeued[0].detail
+        assert state_of(queue, job) == "claimed"
+    other = hand_claimed(
+        queue, queue_dir, "reused", q3_lease(os.getpid(), create_time=int(started) - 5)
+    )
+    assert [f.job for f in recover(queue).requeued] == [other], "seconds apart: another process"
+
+
 @pytest.mark.parametrize("body", ["", "{}", "not json"])
 def test_an_orphan_lease_is_removed_whatever_it_holds(
     queue_dir: Path, root: Path, body: str
