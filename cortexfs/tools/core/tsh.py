@@ -22,6 +22,7 @@ import signal
 import socket
 import stat
 import sys
+from pathlib import Path
 
 HELP = """tsh runs CortexFS tools: NAME [ARG...], NAME found on CTX_PATH.
 Built-ins: exit [N], help, which NAME, tools.  There are no host commands here.
@@ -31,7 +32,29 @@ CANNOT_RUN = 126
 
 
 def search_path() -> list[str]:
-    return [entry for entry in os.environ.get("CTX_PATH", "").split(":") if entry.startswith("/")]
+    """The directories tsh looks in, in order (T-4).
+
+    In an agent terminal (ctxterm gave it ``CTX_RUN_SOCKET``) the runtime-injected
+    ``CTX_PATH`` is authoritative.  A standalone human tsh takes ``CTX_PATH=`` from
+    ``$CTX_HOME/.tshrc``, else the process ``CTX_PATH``, else ``/ctx/tool:/ctx/home/<uid>/tool``,
+    with ``/ctx/…`` read in the storage root this tsh belongs to when ``/ctx`` is not mounted.
+    """
+    if _in_agent_terminal():
+        entries = os.environ.get("CTX_PATH", "").split(":")
+        return [entry for entry in entries if entry.startswith("/")]
+    from cortexfs.tools.ctxpath import human_search_path
+
+    found = human_search_path(_own_storage_root(), uid=os.getuid(), environ=os.environ)
+    return [str(directory) for directory in found.directories]
+
+
+def _in_agent_terminal() -> bool:
+    return "CTX_RUN_SOCKET" in os.environ
+
+
+def _own_storage_root() -> Path:
+    """The storage root holding this program (``bin/tsh`` or ``tool/tsh``)."""
+    return Path(os.path.realpath(sys.argv[0])).parent.parent
 
 
 def which(name: str) -> str | None:
@@ -137,7 +160,7 @@ def execute(line: str, status: int) -> tuple[int, bool]:
 def run() -> int:
     # Started with SIGINT ignored (so that Ctrl-C spares the sandbox around it): take it back.
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    prompt = f"{os.environ.get('CTX_AGENT', 'agent')}$ "
+    prompt = f"{os.environ.get('CTX_AGENT', 'agent')}$ " if _in_agent_terminal() else "tsh$ "
     status = 0
     while True:
         try:
