@@ -7,7 +7,14 @@ from pathlib import Path
 
 import click
 
-from cortexfs.cli.common import emit_json, handles_errors, json_option, usage_problem
+from cortexfs.cli.common import (
+    emit_json,
+    handles_errors,
+    json_option,
+    resolve_storage,
+    storage_option,
+    usage_problem,
+)
 from cortexfs.errors import CtxError
 from cortexfs.mcp.client import DEFAULT_TIMEOUT, StdioClient
 from cortexfs.mcp.config import ServerSpec, load_server
@@ -92,10 +99,17 @@ def list_command(config_path: Path, server: str, timeout: float, as_json: bool) 
     help="Directory for the candidates, SERVER.TOOL.manifest.json (made if missing).",
 )
 @_TIMEOUT
+@storage_option
 @json_option
 @handles_errors
 def project_command(
-    config_path: Path, runtime_config: str, server: str, out: Path, timeout: float, as_json: bool
+    config_path: Path,
+    runtime_config: str,
+    server: str,
+    out: Path,
+    timeout: float,
+    storage_dir: Path | None,
+    as_json: bool,
 ) -> None:
     """Write a manifest candidate for each of SERVER's tools into OUT.
 
@@ -110,7 +124,7 @@ def project_command(
     spec = _server(config_path, server)
     try:
         check_runtime_config(runtime_config)
-        check_out_directory(out)
+        check_out_directory(out, resolve_storage(storage_dir))
     except CtxError as error:
         raise usage_problem(error) from None
     with StdioClient(spec, timeout=timeout) as client:

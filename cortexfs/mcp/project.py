@@ -102,13 +102,12 @@ def _description(tool: dict[str, Any], name: str) -> str:
     return f"{name} (no description given by the server)"
 
 
-def check_out_directory(out: Path) -> None:
-    """EINVAL when ``out`` is under ``/ctx`` or the storage root: ctxmcp writes candidates
-    only, never into the tree agents see (M-1); ``ctx object install`` puts them there."""
-    from cortexfs.storage import resolve_root
-
+def check_out_directory(out: Path, root: Path) -> None:
+    """EINVAL when ``out`` is under ``/ctx`` or the storage root ``root``: ctxmcp writes
+    candidates only, never into the tree agents see (M-1); ``ctx object install`` puts them
+    there."""
     where = Path(os.path.realpath(out))
-    for forbidden in (Path("/ctx"), resolve_root()):
+    for forbidden in (Path("/ctx"), root):
         resolved = Path(os.path.realpath(forbidden))
         if where == resolved or resolved in where.parents:
             raise invalid(

@@ -263,16 +263,19 @@ def test_illegal_names_and_schemas_are_reported_and_skipped(tmp_path: Path) -> N
 
 
 @pytest.mark.parametrize("inside", ["storage", "storage/tool"])
+@pytest.mark.parametrize("named_by", ["CTX_STORAGE", "--storage"])
 def test_candidates_are_never_written_into_the_storage_root(
-    config: Path, tmp_path: Path, inside: str
+    config: Path, tmp_path: Path, inside: str, named_by: str
 ) -> None:
     root = tmp_path / "storage"
     root.mkdir()
     out = tmp_path / inside
+    environment = {"CTX_STORAGE": str(root)} if named_by == "CTX_STORAGE" else {}
+    option = ["--storage", str(root)] if named_by == "--storage" else []
 
     refused = ctxmcp(
         "project", "--config", str(config), "--runtime-config", RUNTIME_CONFIG,
-        "--server", "time", "--out", str(out), env={"CTX_STORAGE": str(root)},
+        "--server", "time", "--out", str(out), *option, env=environment,
     )  # fmt: skip
 
     assert refused.returncode == 2 and "EINVAL" in refused.stderr and "M-1" in refused.stderr
