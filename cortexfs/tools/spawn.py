@@ -126,9 +126,25 @@ def run_attached(spec: ProcessSpec) -> Finished:
         if timed_out:
             _kill_group(process.pid)
         exit_status = _exit_status(process.wait())
+    _end_stragglers(process.pid)
     return Finished(
         process.pid, exit_status, b"", b"", timed_out, False, time.monotonic() - started
     )
+
+
+def _end_stragglers(pgid: int) -> None:
+    """Give what the tool left running in its group :data:`STRAGGLER_GRACE` seconds, then
+    kill the group: no process of a call outlives it."""
+    deadline = time.monotonic() + STRAGGLER_GRACE
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return  # the group is empty
+        except PermissionError:
+            break  # members we may not signal: the kill below says the same
+        time.sleep(0.02)
+    _kill_group(pgid)
 
 
 class _Pump:

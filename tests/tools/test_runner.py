@@ -147,6 +147,19 @@ def test_a_tool_exiting_with_a_straggler_still_returns_and_the_straggler_is_kill
     assert _gone(int(pid_file.read_text()))
 
 
+def test_a_terminal_mode_straggler_is_killed_after_the_grace_too(coder: World) -> None:
+    pid_file = coder.workspace / "straggler.pid"
+    coder.install("quitter", f"#!/bin/sh\nsleep 300 &\necho $! > {pid_file}\n")
+    coder.agent("quick", tools=["quitter"])
+    coder.allow_tool("quitter", "quick_t")
+
+    started = time.monotonic()
+    result = run_terminal(coder.root, "quick", "quitter", [])
+
+    assert result.exit_status == 0 and time.monotonic() - started < 10
+    assert _gone(int(pid_file.read_text())), "the tool's background child outlived the call"
+
+
 def test_terminal_mode_keeps_argv_inherits_stdio_and_returns_the_exit_status(
     coder: World,
 ) -> None:
