@@ -27,11 +27,12 @@ from typing import TYPE_CHECKING, Any
 
 from cortexfs import durable
 from cortexfs.agents import log as agent_log
-from cortexfs.errors import CtxError, denied, invalid, too_big
+from cortexfs.errors import CtxError, denied, exists, invalid, too_big
 from cortexfs.names import is_object_name
 from cortexfs.policy import AuthorityRequest, check_authority
 from cortexfs.policy import controls as agent_controls
 from cortexfs.policy.linux import EXECUTE, permits
+from cortexfs.tools.controls import ToolObject, read_controls, require_available
 from cortexfs.tools.core.hostcall import ENVIRONMENT
 from cortexfs.tools.ctxpath import tier_location, which
 
@@ -146,6 +147,10 @@ def create_child(call: Capability, request: dict[str, Any]) -> dict[str, Any]:
     child = parse_request(request.get("request"), f"agent.create by {parent}", root)
     if not view.allows("agent", child.name, "create"):
         raise denied(f"agent {parent} holds no agent:{child.name} create (A-4)")
+    if _agent_exists(root, child.name):
+        # Before the label check, which would otherwise name the existing child as the
+        # label's owner.
+        raise exists(f"agent/{child.name} already exists; an agent is never overwritten")
     owner = _label_owner(root, child.label, parent)
     if owner is not None and child.label != view.label:
         raise denied(
@@ -180,6 +185,14 @@ def create_child(call: Capability, request: dict[str, Any]) -> dict[str, Any]:
     return {"agent": created.name, "label": child.label, "uid": created.identity.uid}
 
 
+def _agent_exists(root: Path, name: str) -> bool:
+    try:
+        agent_controls.require_agent(root, name)
+    except CtxError:
+        return False
+    return True
+
+
 def _parent_may_not_execute(view: AgentView, tool: str) -> str:
     """Why the parent may not run ``tool`` as it would find it on its ``CTX_PATH``; "" if it may."""
     found = which(
@@ -189,6 +202,11 @@ def _parent_may_not_execute(view: AgentView, tool: str) -> str:
     )
     if found is None:
         return f"no such tool on its CTX_PATH {view.ctx_path()}"
+    tool_object = ToolObject(tool, found.directory)
+    try:
+        require_available(tool_object, read_controls(tool_object).status)
+    except CtxError as exc:
+        return exc.message  # a disabled, unavailable or damaged tool runs for nobody
     location = tier_location(view.root, found.directory) or "tool"
     return _parent_denied(view, "tool", tool, "execute", location)
 

@@ -161,3 +161,24 @@ def test_a_child_may_not_mount_over_ctx(lead: World) -> None:
     assert not result.ok and result.error.errno == errno.EINVAL, result.output
     assert "/ctx is the storage root's place" in result.error.message
     assert not (lead.root / "agent" / "helper").exists()
+
+
+def test_creating_an_existing_child_again_is_eexist_and_changes_nothing(lead: World) -> None:
+    assert create(lead, helper(lead, tools=["fs.stat"])).ok
+    policy = (lead.root / "agent" / "helper.d" / "policy").read_bytes()
+
+    again = create(lead, helper(lead, tools=["fs.stat"]))
+
+    assert not again.ok and again.output["error"] == "EEXIST", again.output
+    assert (lead.root / "agent" / "helper.d" / "policy").read_bytes() == policy
+
+
+def test_a_child_gets_no_tool_that_is_disabled(lead: World) -> None:
+    (lead.root / "tool" / "fs.stat.d" / "status").write_text("disabled\n")
+
+    result = create(lead, helper(lead, tools=["fs.stat"]))
+
+    assert not result.ok and result.output["error"] == "EACCES", result.output
+    assert "tool:fs.stat execute" in result.output["message"]
+    assert "disabled" in result.output["message"]
+    assert not (lead.root / "agent" / "helper").exists()
