@@ -221,8 +221,15 @@ def _mount_problems(mounts: list[list[str]]) -> list[str]:
                 f"mount target {mount.target}: {CTX_MOUNT} is the storage root's place (the "
                 "agent's CortexFS view, mounted by the host); mount elsewhere"
             )
+        elif mount.target == PurePosixPath("/"):
+            problems.append(
+                "mount target /: a mount needs a directory below /, whose last part names it "
+                "in policy (mount:<name>)"
+            )
         elif problem:
-            problems.append(f"mount target {mount.target}: its name {problem}")
+            problems.append(
+                f"mount target {mount.target}: its last part names it in policy, and {problem}"
+            )
         elif mount.name == CTX_MOUNT.name and mount.target != CTX_MOUNT:
             problems.append(
                 f"mount target {mount.target}: the name {CTX_MOUNT.name!r} belongs to the "

@@ -151,6 +151,7 @@ def test_only_the_host_administrator_creates_agents(world: World) -> None:
         ({"mount": [["/a", "/one/work", "ro"], ["/b", "/two/work", "ro"]]}, "share the name"),
         ({"mount": [["/a", "/other/ctx", "ro"]]}, "belongs to the storage view"),
         ({"mount": [["/a", "/ctx", "ro"]]}, "/ctx is the storage root's place"),
+        ({"mount": [["/a", "/", "ro"]]}, "a mount needs a directory below /"),
         ({"mount": [["/a", "/ctx/", "rw"]]}, "/ctx is the storage root's place"),
         ({"mount": [["/a", "/ctx/tool", "ro"]]}, "/ctx is the storage root's place"),
         ({"shared": {"p": "read execute"}}, "'execute' is not one of"),
