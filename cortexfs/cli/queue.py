@@ -105,6 +105,20 @@ def _is_queue_directory(path: Path) -> bool:
     return all((path / state).is_dir() for state in layout.STATE_DIRS)
 
 
+def _is_whole_result(document: Any) -> bool:
+    """A result object of SPEC §2.1 rather than an output: status and output, nothing else
+    but the fields the finisher fills in."""
+    return (
+        isinstance(document, dict)
+        and document.get("status") in ("ok", "error")
+        and "output" in document
+        and set(document) <= _RESULT_FIELDS
+    )
+
+
+_RESULT_FIELDS = frozenset({"status", "output", "worker", "started", "finished"})
+
+
 def ttl_argument(ttl: float | None) -> float | None:
     try:
         return None if ttl is None else check_ttl(ttl)
@@ -290,7 +304,10 @@ def finish(
     """Finish a claimed JOB in done/ (--ok) or failed/ (--error).
 
     RESULT_FILE (or - for stdin) becomes the result's output: parsed as JSON when it is
-    JSON, kept as text otherwise.  Returns only once the terminal pair is durable.
+    JSON, kept as text otherwise.  A whole result object as SPEC §2.1 shapes it
+    ({"status": "ok"|"error", "output": ..., and at most worker, started, finished}) gives
+    its output; its status must agree with --ok or --error.  The worker and the times are
+    always the finisher's own.  Returns only once the terminal pair is durable.
     """
     if ok == error:
         raise click.UsageError("say how the job ended: exactly one of --ok or --error")
@@ -302,6 +319,15 @@ def finish(
             output = json.loads(raw.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError):
             output = raw.decode("utf-8", "replace")
+        if _is_whole_result(output):
+            if output["status"] != ("ok" if ok else "error"):
+                raise usage_problem(
+                    invalid(
+                        f"the result file says status {output['status']!r}, but the job is "
+                        f"finished with {'--ok' if ok else '--error'}"
+                    )
+                )
+            output = output["output"]
     with layout.Queue.open(queue_dir) as q:
         result = protocol.finish(q, job, ok, output, worker=_finisher())
     if as_json:

@@ -260,6 +260,24 @@ def test_finish_error_with_text_on_stdin(root: Path, req: Path) -> None:
     assert stored["status"] == "error" and stored["output"] == "it broke\n"
 
 
+def test_finish_takes_a_whole_result_object_too(root: Path, req: Path, tmp_path: Path) -> None:
+    """SPEC §2.1's result shape as RESULT_FILE: its output is taken, its status must agree."""
+    for name in ("w", "x"):
+        ctx(root, "queue", "publish", *P, "--name", name, str(req))
+    ctx(root, "queue", "claim", *P)
+    whole = write_json(tmp_path / "whole.json", {"status": "ok", "output": {"lines": 3}})
+
+    done = ctx(root, "queue", "finish", *P, "w", "--ok", str(whole))
+    ctx(root, "queue", "claim", *P)
+    disagrees = ctx(root, "queue", "finish", *P, "x", "--error", str(whole))
+
+    assert done.returncode == 0, done.stderr
+    stored = json.loads((qdir(root) / "done" / "w.req.json.result").read_text())
+    assert stored["status"] == "ok" and stored["output"] == {"lines": 3}
+    assert disagrees.returncode == 2 and "says status 'ok'" in disagrees.stderr
+    assert (qdir(root) / "claimed" / "x.req.json" / "x.req.json").exists(), "still claimed"
+
+
 def test_finish_needs_an_outcome_and_a_claim(root: Path, req: Path) -> None:
     ctx(root, "queue", "publish", *P, "--name", "n", str(req))
     assert ctx(root, "queue", "finish", *P, "n").returncode == 2
