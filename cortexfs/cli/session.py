@@ -156,6 +156,8 @@ def list_command(
 ) -> None:
     """List AGENT's sessions (in its home, or in shared space PROJECT)."""
     ref = _session_ref(storage_dir, agent, DEFAULT_SESSION, project, uid)
+    if project is not None and not ref.path.parents[3].is_dir():  # shared/<project>
+        raise not_found(f"there is no shared space {project!r}; make it with 'ctx shared create'")
     names = list_sessions(ref.path.parent)
     if as_json:
         emit_json([str(ref.path.parent / name) for name in names])

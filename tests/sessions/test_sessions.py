@@ -132,7 +132,10 @@ def test_ctx_session_errors(recorded: World) -> None:
     no_session = ctx(recorded, "show", "coder", "never")
     bad_name = ctx(recorded, "show", "coder", "../x", "--uid", "1")
 
+    no_space = ctx(recorded, "list", "coder", "--project", "nospace")
+
     assert unknown.returncode == 1 and "ENOENT: there is no agent 'ghost'" in unknown.stderr
+    assert no_space.returncode == 1 and "no shared space 'nospace'" in no_space.stderr
     assert no_session.returncode == 1 and "ENOENT" in no_session.stderr
     assert bad_name.returncode == 2 and "EINVAL" in bad_name.stderr
 
