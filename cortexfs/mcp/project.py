@@ -68,7 +68,7 @@ def _project(server: str, tool: dict[str, Any], runtime_config: str) -> Projecti
         return Projection(repr(remote), "", "", None, "the server gave a tool without a name")
     name = f"{server}.{remote}"
     description = _description(tool, name)
-    problem = object_name_problem(remote) or object_name_problem(name)
+    problem = object_name_problem(name)  # the whole name is the object name (M-3)
     if problem:
         return Projection(remote, name, description, None, f"{name!r}: {problem} (M-3)")
     schema = tool.get("inputSchema")

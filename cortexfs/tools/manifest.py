@@ -212,15 +212,20 @@ def _exec_problems(path: Path) -> list[str]:
 
 
 def _mcp_problems(locator: dict[str, Any], name: object) -> list[str]:
-    """M-3: an MCP-backed tool is named exactly ``<server>.<remote_tool>``."""
+    """M-3: an MCP-backed tool is named exactly ``<server>.<remote_tool>``.
+
+    The server is an object name of its own (a key of the configuration, named in tool
+    names); the remote tool's name need only make that whole name legal (R-3), so a server's
+    ``-dash`` is projected as ``srv.-dash``."""
     server, remote = locator.get("server"), locator.get("tool")
     if not (isinstance(server, str) and isinstance(remote, str)):
         return []
     problems = []
-    for role, value in (("mcp/server", server), ("mcp/tool", remote)):
-        problem = object_name_problem(value)
-        if problem:
-            problems.append(f"{role}: {problem}")
+    problem = object_name_problem(server)
+    if problem:
+        problems.append(f"mcp/server: {problem}")
+    if not remote:
+        problems.append("mcp/tool: the remote tool's name must not be empty")
     if name != f"{server}.{remote}":
         problems.append(
             f"name: an MCP-backed tool is named '{server}.{remote}' (M-3), not {name!r}"

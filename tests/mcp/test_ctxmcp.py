@@ -241,6 +241,7 @@ def test_illegal_names_and_schemas_are_reported_and_skipped(tmp_path: Path) -> N
         tool("a/b"),
         tool("x" * 60),  # fake.xxx… is longer than 64 bytes
         tool("bad_schema", {"type": "no-such-type"}),
+        tool("-dash"),  # not a name alone, but fake.-dash is one: only the whole name counts
         tool("ends.d"),
     ]
     config = scripted(tmp_path, tools=tools, page=2)  # three pages
@@ -253,7 +254,7 @@ def test_illegal_names_and_schemas_are_reported_and_skipped(tmp_path: Path) -> N
 
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
-    written = ["fake.search_issues.manifest.json"]
+    written = ["fake.search_issues.manifest.json", "fake.-dash.manifest.json"]
     assert report["written"] == [str(out / name) for name in written]
     skipped = {entry["tool"]: entry["problem"] for entry in report["skipped"]}
     assert set(skipped) == {"has space", "a/b", "x" * 60, "bad_schema", "ends.d"}
