@@ -110,8 +110,7 @@ def run_terminal(
     ``workspace`` is the directory an agent terminal shows at ``/workspace`` when the agent's
     mounts have none (A-1): the tool sees it there too, read-write.
     """
-    call = _Call(root, agent, tool, TERMINAL, session, timeout, None)
-    call.workspace = workspace
+    call = _Call(root, agent, tool, TERMINAL, session, timeout, None, workspace=workspace)
     return call.execute(None, argv)
 
 
@@ -133,6 +132,8 @@ class _Call:
         session: SessionRef | str | None,
         timeout: float | None,
         observer: Observer | None,
+        *,
+        workspace: Path | None = None,
     ) -> None:
         self.root, self.agent, self.tool_name, self.mode = root, agent, tool, mode
         self.requested_session, self.timeout, self.observer = session, timeout, observer
@@ -148,7 +149,7 @@ class _Call:
         self.controls: ToolControls | None = None
         self.hook_names: dict[str, list[str]] = {}
         self.request: dict[str, Any] = {}
-        self.workspace: Path | None = None
+        self.workspace = workspace
 
     @property
     def object_ref(self) -> str:
