@@ -3,8 +3,9 @@
 The test machine runs the suite as root, and root passes every mode-bit check, so a test
 that wants the kernel's opinion of an ordinary uid needs one: :func:`unprivileged_user`
 creates the system user ``ctxtest`` (no home, no login shell) when running as root and it is
-absent, and reuses it when present.  Without root and without that user, the test is skipped
-with the reason.  Use the fixture in a suite's ``conftest.py``::
+absent, and reuses it when present.  Without root the test is skipped with the reason, even
+when that user exists (a root run made it): such a test acts as the second uid (chown, seteuid,
+an agent running as it), which only root can.  Use the fixture in a suite's ``conftest.py``::
 
     from tests.support.users import unprivileged_user as unprivileged_user
 
@@ -39,11 +40,11 @@ class UnprivilegedUser:
 
 def find_or_create_user(name: str = TEST_USER) -> UnprivilegedUser:
     """The user ``name``, created first when running as root; ``pytest.skip`` when impossible."""
+    if os.geteuid() != 0:
+        pytest.skip(f"needs root to act as the test user {name!r}")
     entry = _lookup(name)
     if entry is not None:
         return _checked(entry)
-    if os.geteuid() != 0:
-        pytest.skip(f"needs root to create the test user {name!r}, or that user to exist")
     useradd = next(filter(None, map(shutil.which, _USERADD_CANDIDATES)), None)
     if useradd is None:
         pytest.skip(f"cannot create the test user {name!r}: useradd is not installed")
