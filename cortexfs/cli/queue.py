@@ -119,11 +119,17 @@ def _is_whole_result(document: Any) -> bool:
 _RESULT_FIELDS = frozenset({"status", "output", "worker", "started", "finished"})
 
 
-def ttl_argument(ttl: float | None) -> float | None:
-    try:
-        return None if ttl is None else check_ttl(ttl)
-    except CtxError as exc:
-        raise usage_problem(invalid(f"--ttl: {exc.message}")) from None
+def ttl_option(help_text: str) -> Callable[[F], F]:
+    """``--ttl SECONDS``, checked while click parses (:func:`check_ttl`): a lease lifetime
+    that cannot make a date is a usage error before any job moves."""
+
+    def checked(_ctx: click.Context, _param: click.Parameter, ttl: float | None) -> float | None:
+        try:
+            return None if ttl is None else check_ttl(ttl)
+        except CtxError as exc:
+            raise click.BadParameter(exc.message) from None
+
+    return click.option("--ttl", type=float, callback=checked, help=help_text)
 
 
 def _job_argument(name: str) -> str:
@@ -249,7 +255,7 @@ def _parse_batch(data: bytes, limit: int) -> tuple[list[dict[str, Any]], list[in
 @queue_options
 @click.option("--worker", help="Worker id recorded in the lease (default: HOST:PID).")
 @click.option("--pid", type=int, help="Lease holder pid (default: the calling process).")
-@click.option("--ttl", type=float, help="Lease lifetime in seconds (default: lease_ttl).")
+@ttl_option("Lease lifetime in seconds (default: lease_ttl).")
 def claim(
     queue_dir: Path, as_json: bool, worker: str | None, pid: int | None, ttl: float | None
 ) -> None:
@@ -259,7 +265,6 @@ def claim(
     unless --pid names another; recover requeues the job once that process is gone.
     """
     holder = _holder(pid, worker)
-    ttl = ttl_argument(ttl)
     with layout.Queue.open(queue_dir) as q:
         # One process per claim: keep the claim order between processes (Q-10).
         q.claim_order = HintedClaimOrder(q.path)
@@ -277,12 +282,11 @@ def claim(
 @queue_options
 @click.argument("job")
 @click.option("--pid", type=int, help="Lease holder pid (default: the calling process).")
-@click.option("--ttl", type=float, help="New lifetime in seconds from now (default: lease_ttl).")
+@ttl_option("New lifetime in seconds from now (default: lease_ttl).")
 def renew(queue_dir: Path, as_json: bool, job: str, pid: int | None, ttl: float | None) -> None:
     """Extend the caller's own lease on JOB (EACCES when another process holds it)."""
     job = _job_argument(job)
     holder = _holder(pid, None)
-    ttl = ttl_argument(ttl)
     with layout.Queue.open(queue_dir) as q:
         lease = protocol.renew(q, job, holder, ttl)
     if as_json:

@@ -11,8 +11,7 @@ from typing import Any
 import click
 
 from cortexfs.cli.common import handles_errors
-from cortexfs.cli.queue import STORAGE_ROOT_KEY, queue_options, ttl_argument
-from cortexfs.errors import CtxError
+from cortexfs.cli.queue import STORAGE_ROOT_KEY, queue_options, ttl_option
 from cortexfs.worker.executors import NO_AGENT, executor_for
 from cortexfs.worker.loop import EXIT_ABORTED, Worker, WorkerOptions
 
@@ -92,12 +91,7 @@ class Progress:
     show_default=True,
     help="Per-job timeout in seconds; the tool's process group is killed after it.",
 )
-@click.option(
-    "--ttl",
-    type=float,
-    callback=lambda _ctx, _param, ttl: _ttl_option(ttl),
-    help="Lease lifetime in seconds (default: the queue's lease_ttl).",
-)
+@ttl_option("Lease lifetime in seconds (default: the queue's lease_ttl).")
 @click.option("--worker", "worker_id", help="Worker id recorded in leases (default: HOST:PID).")
 def work(
     queue_dir: Path,
@@ -147,11 +141,3 @@ def work(
         executor.close()
     if summary.aborted:
         sys.exit(EXIT_ABORTED)
-
-
-def _ttl_option(ttl: float | None) -> float | None:
-    """``--ttl`` checked while click parses, as click reports a bad option value."""
-    try:
-        return ttl_argument(ttl)
-    except CtxError as exc:
-        raise click.BadParameter(exc.message.removeprefix("--ttl: ")) from None
