@@ -147,7 +147,7 @@ def create_child(call: Capability, request: dict[str, Any]) -> dict[str, Any]:
     child = parse_request(request.get("request"), f"agent.create by {parent}", root)
     if not view.allows("agent", child.name, "create"):
         raise denied(f"agent {parent} holds no agent:{child.name} create (A-4)")
-    if _agent_exists(root, child.name):
+    if agent_controls.agent_exists(root, child.name):
         # Before the label check, which would otherwise name the existing child as the
         # label's owner.
         raise exists(f"agent/{child.name} already exists; an agent is never overwritten")
@@ -183,14 +183,6 @@ def create_child(call: Capability, request: dict[str, Any]) -> dict[str, Any]:
         raise denied(f"agent.create attenuates (A-4): {parent} does not hold {'; '.join(missing)}")
     created = create_agent(root, child, view.identity, parent=parent, session=call.session)
     return {"agent": created.name, "label": child.label, "uid": created.identity.uid}
-
-
-def _agent_exists(root: Path, name: str) -> bool:
-    try:
-        agent_controls.require_agent(root, name)
-    except CtxError:
-        return False
-    return True
 
 
 def _parent_may_not_execute(view: AgentView, tool: str) -> str:

@@ -44,10 +44,15 @@ def control_path(agent: str, control: str) -> PurePosixPath:
     return AGENTS / f"{agent}.d" / control
 
 
-def require_agent(root: Path, agent: str) -> None:
-    """ENOENT unless ``agent/<name>`` exists (as any entry other than a link)."""
+def agent_exists(root: Path, agent: str) -> bool:
+    """Whether ``agent/<name>`` exists (as any entry other than a link)."""
     status = beneath.lstat(root, agent_entry(agent))
-    if status is None or stat.S_ISLNK(status.st_mode):
+    return status is not None and not stat.S_ISLNK(status.st_mode)
+
+
+def require_agent(root: Path, agent: str) -> None:
+    """ENOENT unless :func:`agent_exists`."""
+    if not agent_exists(root, agent):
         raise not_found(f"there is no agent {agent!r} ({agent_entry(agent)} does not exist)")
 
 
