@@ -73,8 +73,8 @@ def run_captured(
 ) -> Finished:
     """Run with pipes: feed ``stdin_data``, capture stdout (bounded) and stderr (its tail)."""
     started = time.monotonic()
-    argv, credentials = _launch(spec)
-    with _network(spec):
+    argv, credentials, network_namespace = _launch(spec)
+    with network_namespace:
         process = subprocess.Popen(
             argv,
             stdin=subprocess.PIPE,
@@ -110,8 +110,8 @@ def run_captured(
 def run_attached(spec: ProcessSpec) -> Finished:
     """Run with the caller's stdin, stdout and stderr (terminal CLI mode, T-3)."""
     started = time.monotonic()
-    argv, credentials = _launch(spec)
-    with _network(spec):
+    argv, credentials, network_namespace = _launch(spec)
+    with network_namespace:
         process = subprocess.Popen(
             argv,
             env=dict(spec.env),
@@ -280,35 +280,34 @@ def _exits_within(pid: int, timeout: float | None) -> bool:
 _SETPRIV = shutil.which("setpriv")
 
 
-def _launch(spec: ProcessSpec) -> tuple[list[str], dict[str, object]]:
-    """The argv to start and the credential arguments for :class:`subprocess.Popen`."""
+def _launch(
+    spec: ProcessSpec,
+) -> tuple[list[str], dict[str, object], contextlib.AbstractContextManager[None]]:
+    """The argv to start, the credential arguments for :class:`subprocess.Popen`, and what to
+    start it in: without network, a root host's thread joins the offline namespace for the
+    start, and anyone else puts a user and network namespace of the tool's own in its argv
+    (see :mod:`cortexfs.tools.offline`)."""
     as_root = os.geteuid() == 0
     identity = spec.identity if as_root else None
-    # Without root the network namespace needs a user namespace of the tool's own (see
-    # cortexfs.tools.offline); as root the caller's thread carries the namespace instead.
-    isolation = [] if spec.network or as_root else offline.argv_prefix()
+    isolation: list[str] = []
+    network_namespace: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+    if not spec.network:
+        if as_root:
+            network_namespace = offline.this_thread()
+        else:
+            isolation = offline.argv_prefix()
     if _SETPRIV is None:
         if identity is None:
-            return [*isolation, *spec.argv], {}
+            return [*isolation, *spec.argv], {}, network_namespace
         groups = sorted(identity.groups)
-        return [*isolation, *spec.argv], {
-            "user": identity.uid,
-            "group": identity.gid,
-            "extra_groups": groups,
-        }
+        credentials = {"user": identity.uid, "group": identity.gid, "extra_groups": groups}
+        return [*isolation, *spec.argv], credentials, network_namespace
     prefix = [_SETPRIV]
     if identity is not None:
         groups = ",".join(str(g) for g in sorted(identity.groups))
         prefix += [f"--reuid={identity.uid}", f"--regid={identity.gid}"]
         prefix += [f"--groups={groups}"] if groups else ["--clear-groups"]
-    return [*isolation, *prefix, "--pdeathsig=KILL", "--", *spec.argv], {}
-
-
-def _network(spec: ProcessSpec) -> contextlib.AbstractContextManager[None]:
-    """Where a root host starts the process: in the offline namespace unless it may connect."""
-    if spec.network or os.geteuid() != 0:
-        return contextlib.nullcontext()
-    return offline.this_thread()
+    return [*isolation, *prefix, "--pdeathsig=KILL", "--", *spec.argv], {}, network_namespace
 
 
 def _kill_group(pgid: int) -> None:
