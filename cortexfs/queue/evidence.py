@@ -94,6 +94,16 @@ class Assessment:
         return {"state": self.state, "detail": self.detail, "repair": self.repair}
 
 
+def unreadable_lease(reason: str) -> Assessment:
+    """A claimed job whose lease cannot be read (``reason`` says why): a conflict, since nobody
+    can tell whether its holder runs (Q-6).  ``status`` and ``recover`` both say so."""
+    return Assessment(
+        "conflict",
+        f"claimed, but {reason}; nobody can tell whether its holder is alive: repair or "
+        "remove the lease by hand",
+    )
+
+
 @dataclass
 class Scan:
     jobs: dict[str, JobEvidence] = field(default_factory=dict)

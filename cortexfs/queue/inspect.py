@@ -115,11 +115,7 @@ def _assess(queue: Queue, job: str, evidence: ev.JobEvidence) -> ev.Assessment:
         try:
             read_lease(queue, job)
         except (OSError, CtxError) as exc:
-            return ev.Assessment(
-                "conflict",
-                f"claimed, but lease/{job}/{LEASE_FILE} cannot be read ({exc}); nobody can "
-                "tell whether its holder is alive: fix or remove it by hand",
-            )
+            return ev.unreadable_lease(f"lease/{job}/{LEASE_FILE} cannot be read ({exc})")
     return assessment
 
 

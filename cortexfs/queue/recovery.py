@@ -133,12 +133,8 @@ def _recover_job(
         return
     if assessment.state == "claimed":
         verdict = _lease_verdict(queue, evidence.job)
-        if verdict.state == UNREADABLE:
-            # Nobody can tell whether its holder runs: a human decides (a conflict, Q-6).
-            finding.detail = (
-                f"claimed, but {verdict.reason}; recover cannot tell whether its holder is "
-                "alive: repair or remove the lease by hand"
-            )
+        if verdict.state == UNREADABLE:  # a human decides
+            finding.detail = ev.unreadable_lease(verdict.reason).detail
             report.conflicts.append(finding)
             return
         if not verdict.gone:
