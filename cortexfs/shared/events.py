@@ -118,13 +118,8 @@ class EventLog:
         without its newline seen then is a crash's leftover, not someone's append."""
         if not _ends_torn(self._fd):
             return
-        fcntl.flock(self._fd, fcntl.LOCK_EX)
         try:
-            size = os.fstat(self._fd).st_size
-            keep = _end_of_last_line(self._fd, size)
-            if keep != size:
-                self._ops.truncate(self._fd, keep)
-                self._ops.fsync(self._fd)
+            _truncate_torn_line(self._ops, self._fd)
         finally:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
 
@@ -267,16 +262,23 @@ def repair(path: Path, ops: durable.FsOps | None = None) -> int:
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise invalid(f"{path} is not a regular file")
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        size = os.fstat(fd).st_size
-        keep = _end_of_last_line(fd, size)
-        if keep == size:
-            return 0
-        ops.truncate(fd, keep)
-        ops.fsync(fd)
-        return size - keep
+        return _truncate_torn_line(ops, fd)
     finally:
         ops.close(fd)
+
+
+def _truncate_torn_line(ops: durable.FsOps, fd: int) -> int:
+    """Take the exclusive lock (held on return; closing or unlocking ``fd`` releases it),
+    which waits for every append in flight, then cut a torn last line durably.  The number
+    of bytes removed (0: nothing torn)."""
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    size = os.fstat(fd).st_size
+    keep = _end_of_last_line(fd, size)
+    if keep == size:
+        return 0
+    ops.truncate(fd, keep)
+    ops.fsync(fd)
+    return size - keep
 
 
 def _ends_torn(fd: int) -> bool:
