@@ -9,8 +9,10 @@ the mount is ``fsync`` on the file or directory behind it: once it returns, a wr
 mount is as durable as the same write made directly.
 
 Inodes are the storage root's own numbers (the root is :data:`pyfuse3.ROOT_INODE`); each is
-remembered with the path it was last looked up by.  Paths are never given to the kernel whole:
-see :meth:`StorageFS._parent`.
+remembered with the names it was looked up, created or linked by, and a rename, link, unlink or
+rmdir through the mount changes those names at once (:mod:`cortexfs.fuse.inodes`): the kernel
+goes on using an inode it knows under its new name without asking again.  Paths are never given
+to the kernel whole: see :meth:`StorageFS._parent`.
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ from pathlib import Path
 import pyfuse3
 
 from cortexfs import durable
+from cortexfs.fuse.inodes import InodeNames
 from cortexfs.fuse.projection import Projection
+from cortexfs.libc import check, libc
 
 ENTRY_TIMEOUT = 1.0  # seconds the kernel may keep a name's answer: how late a policy change shows
 
@@ -40,7 +44,7 @@ class StorageFS(pyfuse3.Operations):
         self.root = root
         self.projection = projection
         self._root_fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-        self._parts: dict[int, tuple[str, ...]] = {pyfuse3.ROOT_INODE: ()}
+        self._names = InodeNames(pyfuse3.ROOT_INODE)
 
     # ------------------------------------------------------------------------- names
     #
@@ -88,7 +92,7 @@ class StorageFS(pyfuse3.Operations):
 
     def _parts_of(self, inode: int) -> tuple[str, ...]:
         try:
-            return self._parts[inode]
+            return self._names.path(inode)
         except KeyError:
             raise pyfuse3.FUSEError(errno.ESTALE) from None
 
@@ -105,10 +109,15 @@ class StorageFS(pyfuse3.Operations):
         if not self.projection.writable(parts):
             raise pyfuse3.FUSEError(errno.EACCES)
 
+    def _entry(self, parts: tuple[str, ...]) -> pyfuse3.EntryAttributes:
+        """The attributes of ``parts``, whose inode the kernel now knows by that name."""
+        attributes = self._attributes(parts)
+        self._names.remember(attributes.st_ino, tuple(parts))
+        return attributes
+
     def _attributes(self, parts: tuple[str, ...]) -> pyfuse3.EntryAttributes:
         status = self._lstat(parts)
         inode = pyfuse3.ROOT_INODE if not parts else status.st_ino
-        self._parts[inode] = parts
         attributes = pyfuse3.EntryAttributes()
         attributes.st_ino = inode
         attributes.generation = 0
@@ -126,10 +135,13 @@ class StorageFS(pyfuse3.Operations):
     # ---------------------------------------------------------------------- reading
 
     async def lookup(self, parent_inode, name, ctx=None):  # type: ignore[no-untyped-def]
-        return self._attributes(self._child(parent_inode, name))
+        return self._entry(self._child(parent_inode, name))
 
     async def getattr(self, inode, ctx=None):  # type: ignore[no-untyped-def]
-        return self._attributes(self._parts_of(inode))
+        attributes = self._attributes(self._parts_of(inode))
+        if attributes.st_ino != inode:  # its name now leads to another file (changed outside)
+            raise pyfuse3.FUSEError(errno.ESTALE)
+        return attributes
 
     async def readlink(self, inode, ctx):  # type: ignore[no-untyped-def]
         parts = self._parts_of(inode)
@@ -150,7 +162,7 @@ class StorageFS(pyfuse3.Operations):
             if not self.projection.visible(child):
                 continue
             try:
-                attributes = self._attributes(child)
+                attributes = self._entry(child)
             except pyfuse3.FUSEError:
                 continue  # removed meanwhile
             if not pyfuse3.readdir_reply(token, os.fsencode(name), attributes, index + 1):
@@ -199,7 +211,7 @@ class StorageFS(pyfuse3.Operations):
         parts = self._child_to_make(parent_inode, name)
         fd = self._open(parts, flags | os.O_CREAT, mode)
         self._give(fd, ctx)
-        return pyfuse3.FileInfo(fh=fd), self._attributes(parts)
+        return pyfuse3.FileInfo(fh=fd), self._entry(parts)
 
     async def mkdir(self, parent_inode, name, mode, ctx):  # type: ignore[no-untyped-def]
         parts = self._child_to_make(parent_inode, name)
@@ -207,32 +219,43 @@ class StorageFS(pyfuse3.Operations):
             _call(os.mkdir, parts[-1], mode, dir_fd=parent)
         with self._opened(parts, _LIST) as directory:
             self._give(directory, ctx)
-        return self._attributes(parts)
+        return self._entry(parts)
 
     async def unlink(self, parent_inode, name, ctx):  # type: ignore[no-untyped-def]
         parts = self._child(parent_inode, name)
         self._writable(parts)
         with self._parent(parts) as parent:
             _call(os.unlink, parts[-1], dir_fd=parent)
+        self._names.removed(parts)  # other names of the file (hard links) stay
 
     async def rmdir(self, parent_inode, name, ctx):  # type: ignore[no-untyped-def]
         parts = self._child(parent_inode, name)
         self._writable(parts)
         with self._parent(parts) as parent:
             _call(os.rmdir, parts[-1], dir_fd=parent)
+        self._names.removed(parts)
 
     async def rename(  # type: ignore[no-untyped-def]
         self, parent_old, name_old, parent_new, name_new, flags, ctx
     ):
         old = self._child(parent_old, name_old)
-        new = self._child_to_make(parent_new, name_new, existing_ok=True)
         self._writable(old)
         if flags & pyfuse3.RENAME_EXCHANGE:
-            raise pyfuse3.FUSEError(errno.EINVAL)
+            new = self._child(parent_new, name_new)  # both exist; both change
+            self._writable(new)
+        else:
+            new = self._child_to_make(parent_new, name_new, existing_ok=True)
         with self._parent(old) as source, self._parent(new) as target:
-            if flags & pyfuse3.RENAME_NOREPLACE and durable.lstat_at(target, new[-1]) is not None:
-                raise pyfuse3.FUSEError(errno.EEXIST)
-            _call(os.rename, old[-1], new[-1], src_dir_fd=source, dst_dir_fd=target)
+            replaced = durable.lstat_at(target, new[-1])
+            moving = durable.lstat_at(source, old[-1])
+            if flags & (pyfuse3.RENAME_EXCHANGE | pyfuse3.RENAME_NOREPLACE):
+                _renameat2(source, old[-1], target, new[-1], flags)
+            else:
+                _call(os.rename, old[-1], new[-1], src_dir_fd=source, dst_dir_fd=target)
+        if flags & pyfuse3.RENAME_EXCHANGE:
+            self._names.exchanged(old, new)
+        elif not _same_file(replaced, moving):  # two names of one file: rename does nothing
+            self._names.moved(old, new)
 
     async def setattr(self, inode, attr, fields, fh, ctx):  # type: ignore[no-untyped-def]
         parts = self._parts_of(inode)
@@ -277,6 +300,24 @@ class StorageFS(pyfuse3.Operations):
         """What a caller creates is the caller's, as it would be on a local filesystem."""
         if os.geteuid() == 0:
             _call(os.fchown, fd, ctx.uid, ctx.gid)
+
+
+def _renameat2(source: int, old: str, target: int, new: str, flags: int) -> None:
+    """``renameat2`` with the kernel's flags (``RENAME_NOREPLACE``, ``RENAME_EXCHANGE``, the
+    same values as pyfuse3's), on the storage root: as atomic there as the caller through the
+    mount was promised, never a test followed by a plain rename."""
+    try:
+        check(libc().renameat2(source, os.fsencode(old), target, os.fsencode(new), flags), old)
+    except OSError as exc:
+        raise pyfuse3.FUSEError(exc.errno or errno.EIO) from None
+
+
+def _same_file(first: os.stat_result | None, second: os.stat_result | None) -> bool:
+    return (
+        first is not None
+        and second is not None
+        and (first.st_dev, first.st_ino) == (second.st_dev, second.st_ino)
+    )
 
 
 _WALK = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
