@@ -257,6 +257,26 @@ class StorageFS(pyfuse3.Operations):
         elif not _same_file(replaced, moving):  # two names of one file: rename does nothing
             self._names.moved(old, new)
 
+    async def link(self, inode, new_parent_inode, new_name, ctx):  # type: ignore[no-untyped-def]
+        """A second name for a file (the queue's no-replace move, Q-1, N-1): both the file and
+        the directory the name is made in must be writable in this view, as for a rename —
+        a name in a writable place must not open a file of a read-only one to writes."""
+        source = self._parts_of(inode)
+        if not self.projection.visible(source):
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        self._writable(source)
+        new = self._child_to_make(new_parent_inode, new_name)
+        with self._parent(source) as directory, self._parent(new) as target:
+            _call(
+                os.link,
+                source[-1],
+                new[-1],
+                src_dir_fd=directory,
+                dst_dir_fd=target,
+                follow_symlinks=False,
+            )
+        return self._entry(new)
+
     async def setattr(self, inode, attr, fields, fh, ctx):  # type: ignore[no-untyped-def]
         parts = self._parts_of(inode)
         self._writable(parts)

@@ -1,4 +1,5 @@
-"""Names changed through a real mount: rename (with its flags), unlink, rmdir (SPEC F-1).
+"""Names changed through a real mount: rename (with its flags), link, unlink, rmdir (SPEC F-1),
+and the queue, whose no-replace move is a link, used through the mount (Q-1, N-1).
 
 The kernel goes on using an inode it knows under a new name without looking the name up
 again, so each test uses the new name at once, in the same process that changed it.
@@ -8,12 +9,14 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import json
 import os
 from pathlib import Path
 
 import pytest
 
-from tests.fuse.support import NEEDS_A_MOUNT, mounted
+from tests.fuse.support import NEEDS_A_MOUNT, as_user, mounted
+from tests.support.cli import ctx
 from tests.tools.support import World
 
 pytestmark = NEEDS_A_MOUNT
@@ -109,3 +112,80 @@ def test_rename_noreplace_and_exchange_are_atomic_and_keep_the_names(
         assert (here / "dir").read_text() == "A\n"
         assert (here / "b" / "inside").read_text() == "I\n"
     assert (data / "b" / "inside").read_text() == "I\n"
+
+
+def test_link_makes_a_second_name_and_unlink_keeps_the_other(world: World, data: Path) -> None:
+    mountpoint = world.scratch / "ctx"
+    with mounted(world.root, mountpoint):
+        here = mountpoint / "shared" / "x" / "data"
+        (here / "first").write_text("one file\n")
+
+        os.link(here / "first", here / "second")
+        assert (here / "second").stat().st_nlink == 2
+        os.unlink(here / "first")
+
+        assert (here / "second").read_text() == "one file\n"
+        assert (here / "second").stat().st_nlink == 1
+        with pytest.raises(FileExistsError):
+            os.link(here / "second", here / "second")
+    assert os.listdir(data) == ["second"]
+
+
+def test_the_queue_works_through_the_mount(world: World) -> None:
+    """init, publish, claim, finish and recover, with the storage root's path being the
+    mount: the queue's no-replace move is link + unlink on a filesystem it does not know."""
+    mountpoint = world.scratch / "ctx"
+    request = json.dumps({"tool": "fs.stat", "input": {"path": "/"}})
+    with mounted(world.root, mountpoint):
+        queue = ["--project", "qp"]
+        done = ctx(mountpoint, "queue", "init", *queue)
+        assert done.returncode == 0, done.stderr
+        published = ctx(
+            mountpoint, "queue", "publish", *queue, "--name", "job-1", "-", stdin=request
+        )
+        assert published.returncode == 0, published.stderr
+        job = published.stdout.strip()
+        claimed = ctx(mountpoint, "queue", "claim", *queue)
+        assert (claimed.returncode, claimed.stdout.strip()) == (0, job), claimed.stderr
+        finished = ctx(mountpoint, "queue", "finish", *queue, job, "--ok", "-", stdin="{}")
+        assert finished.returncode == 0, finished.stderr
+        recovered = ctx(mountpoint, "queue", "recover", *queue, "--json")
+        assert recovered.returncode == 0, recovered.stderr
+        status = ctx(mountpoint, "queue", "status", *queue, "--json")
+        assert status.returncode == 0, status.stderr
+    behind = world.root / "shared" / "qp" / "queue"
+    assert os.listdir(behind / "done") and job in os.listdir(behind / "done")
+    for state in ("inbox", "pending", "claimed", "lease"):
+        assert os.listdir(behind / state) == [], f"{state} left {os.listdir(behind / state)}"
+    assert not [name for name in os.listdir(behind) if name.endswith(".tmp")]
+
+
+@pytest.fixture
+def team(world: World) -> World:
+    """Agent ``coder`` may write ``shared/team`` and only read ``shared/audit``."""
+    world.agent("coder", shared={"team": ["read", "write"], "audit": ["read"]})
+    for space in ("team", "audit"):
+        (world.root / "shared" / space).mkdir(mode=0o777)
+        (world.root / "shared" / space).chmod(0o777)
+    (world.root / "shared" / "audit" / "report").write_text("the auditors'\n")
+    (world.root / "shared" / "audit" / "report").chmod(0o666)
+    return world
+
+
+def test_an_agent_links_only_where_it_may_write(team: World) -> None:
+    mountpoint = team.scratch / "ctx"
+    shared = mountpoint / "shared"
+    with mounted(team.root, mountpoint, "--as", "coder"):
+        made = as_user(
+            team.user,
+            f"echo mine > {shared}/team/a && ln {shared}/team/a {shared}/team/b && "
+            f"rm {shared}/team/a && cat {shared}/team/b",
+        )
+        assert made.returncode == 0 and made.stdout == "mine\n", made.stderr
+        # A name in a writable place must not open a read-only space's file to writes.
+        refused = as_user(team.user, f"ln {shared}/audit/report {shared}/team/report")
+        assert refused.returncode != 0 and "Permission denied" in refused.stderr, refused.stderr
+        refused = as_user(team.user, f"ln {shared}/team/b {shared}/audit/b")
+        assert refused.returncode != 0 and "Permission denied" in refused.stderr, refused.stderr
+    assert sorted(os.listdir(team.root / "shared" / "team")) == ["b"]
+    assert os.listdir(team.root / "shared" / "audit") == ["report"]

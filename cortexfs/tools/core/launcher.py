@@ -65,7 +65,9 @@ BUNDLED = (
     "cortexfs/tools/core/mcp_bridge.py",
     "cortexfs/tools/core/toolio.py",
     "cortexfs/tools/core/tsh.py",
+    "cortexfs/tools/core/tsh_context.py",
     "cortexfs/tools/ctxpath.py",
+    "cortexfs/tools/tinylfu.py",
     *(f"cortexfs/tools/core/{module}.py" for module in sorted(set(CORE_TOOLS.values()))),
 )
 _ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)  # fixed entry times: the same sources, the same bytes

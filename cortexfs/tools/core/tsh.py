@@ -8,8 +8,14 @@ over the run socket (``CTX_RUN_SOCKET``), which runs it as this agent through th
 authority chain, its hooks and its records, exactly as ``ctx run`` does, and answers with the
 exit status.  So the agent's terminal can do what its tools can, and no more.
 
-Built-ins: ``exit [N]``, ``help``, ``which NAME``, ``tools``.  An empty argument list is passed
-to the tool as it is (T-3).
+``tsh`` reads command lines from its stdin; ``tsh NAME [ARG...]`` runs that one command line,
+its arguments kept exactly as given (T-3), and exits with its status.
+
+Built-ins: ``exit [N]``, ``help``, ``which NAME...``, ``tools``, and for the context of loaded
+tool metadata and the tool-path cache of H-4 (:mod:`cortexfs.tools.core.tsh_context`, sized
+by ``tool/tsh.d/config``): ``load NAME...``, ``describe NAME``, ``pin NAME...``,
+``unpin NAME...``, ``unload NAME...``, ``loaded``, ``rehash``.  An empty argument list is
+passed to the tool as it is (T-3).
 """
 
 from __future__ import annotations
@@ -20,12 +26,26 @@ import os
 import shlex
 import signal
 import socket
-import stat
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
-HELP = """tsh runs CortexFS tools: NAME [ARG...], NAME found on CTX_PATH.
-Built-ins: exit [N], help, which NAME, tools.  There are no host commands here.
+from cortexfs.tools.core.tsh_context import TshContext, read_settings
+
+HELP = """tsh runs CortexFS tools: NAME [ARG...], NAME found on CTX_PATH.  There are no host
+commands here.  Built-ins:
+  exit [N]          leave tsh
+  which NAME...     where CTX_PATH resolves NAME
+  tools             the tools on CTX_PATH
+  load NAME...      load tools' metadata into this tsh's context (running a tool loads it too)
+  describe NAME     load NAME and show its description, input schema and cap
+  pin NAME...       load and keep: exempt from unload and from the path cache's eviction
+  unpin NAME...     make pinned tools ordinary again
+  unload NAME...    drop tools' metadata from the context
+  loaded            the context: pinned tools, then the rest, most recently used first
+  rehash            forget the cached paths of unpinned tools
+The context holds max_loaded_tools unpinned tools, the path cache cache_capacity names
+(tool/tsh.d/config, 'tsh.config' shows and changes them).
 """
 NOT_FOUND = 127
 CANNOT_RUN = 126
@@ -57,22 +77,20 @@ def _own_storage_root() -> Path:
     return Path(os.path.realpath(sys.argv[0])).parent.parent
 
 
-def which(name: str) -> str | None:
-    """The first executable regular file ``name`` on CTX_PATH (T-4)."""
-    if "/" in name or name in ("", ".", ".."):
-        return None
-    for directory in search_path():
-        candidate = os.path.join(directory, name)
-        try:
-            status = os.stat(candidate, follow_symlinks=False)
-        except OSError:
-            continue
-        if stat.S_ISREG(status.st_mode) and os.access(candidate, os.X_OK):
-            return candidate
-    return None
+def config_path() -> str:
+    """``tool/tsh.d/config`` of this tsh's storage root (H-4): in an agent terminal the root
+    is the agent's view of ``/ctx``, where ``tool/tsh.d/`` is always visible."""
+    return str(_own_storage_root() / "tool" / "tsh.d" / "config")
 
 
-def tools() -> list[str]:
+def new_context() -> TshContext:
+    settings, problems = read_settings(config_path())
+    for problem in problems:
+        print(f"tsh: {problem} (ignored; the default applies)", file=sys.stderr)
+    return TshContext(settings, search_path)
+
+
+def tools(context: TshContext) -> list[str]:
     found: dict[str, None] = {}
     for directory in search_path():
         try:
@@ -80,7 +98,7 @@ def tools() -> list[str]:
         except OSError:
             continue
         for name in names:
-            if not name.endswith(".d") and which(name) is not None:
+            if not name.endswith(".d") and context.which(name) is not None:
                 found.setdefault(name)
     return list(found)
 
@@ -125,7 +143,7 @@ def _interrupt() -> None:
         connection.sendall(b'{"interrupt": true}\n')
 
 
-def execute(line: str, status: int) -> tuple[int, bool]:
+def execute(context: TshContext, line: str, status: int) -> tuple[int, bool]:
     """Run one command line; the new ``$?`` and whether tsh should exit."""
     try:
         words = shlex.split(line)
@@ -134,30 +152,158 @@ def execute(line: str, status: int) -> tuple[int, bool]:
         return 2, False
     if not words:
         return status, False
-    name, argv = words[0], words[1:]
+    return execute_words(context, words[0], words[1:], status)
+
+
+def execute_words(context: TshContext, name: str, argv: list[str], status: int) -> tuple[int, bool]:
+    """Run built-in or tool ``name`` with ``argv``; the new ``$?`` and whether to exit."""
     if name == "exit":
         return (int(argv[0]) if argv and argv[0].isdigit() else status), True
-    if name == "help":
-        sys.stdout.write(HELP)
-        return 0, False
-    if name == "which":
-        found = [which(word) for word in argv]
-        for word, path in zip(argv, found, strict=True):
-            print(path or f"tsh: {word}: not on CTX_PATH", file=sys.stdout if path else sys.stderr)
-        return (0 if all(found) else 1), False
-    if name == "tools":
-        print("\n".join(tools()))
-        return 0, False
-    if which(name) is None:
+    builtin = BUILTINS.get(name)
+    if builtin is not None:
+        return builtin(context, argv), False
+    if context.which(name) is None:
         print(
             f"tsh: {name}: not a tool on CTX_PATH (tsh runs CortexFS tools only)", file=sys.stderr
         )
         return NOT_FOUND, False
     sys.stdout.flush()
+    if _in_agent_terminal():
+        _report_unloaded(context.load(name)[1])  # a tool in use is in the context
     return call(name, argv), False
 
 
+def _help(context: TshContext, argv: list[str]) -> int:
+    sys.stdout.write(HELP)
+    return 0
+
+
+def _which(context: TshContext, argv: list[str]) -> int:
+    found = [context.which(word) for word in argv]
+    for word, path in zip(argv, found, strict=True):
+        print(path or f"tsh: {word}: not on CTX_PATH", file=sys.stdout if path else sys.stderr)
+    return 0 if all(found) else 1
+
+
+def _tools(context: TshContext, argv: list[str]) -> int:
+    print("\n".join(tools(context)))
+    return 0
+
+
+def _each_tool(argv: list[str], verb: str, action: Callable[[str], str | None]) -> int:
+    """``action`` on each name, which answers what went wrong or None; 1 when something did,
+    2 without names."""
+    if not argv:
+        print(f"tsh: {verb}: a tool name is needed ({verb} NAME...)", file=sys.stderr)
+        return 2
+    status = 0
+    for name in argv:
+        problem = action(name)
+        if problem:
+            print(f"tsh: {verb}: {name}: {problem}", file=sys.stderr)
+            status = 1
+    return status
+
+
+NOT_ON_PATH = "not a tool on CTX_PATH"
+
+
+def _load(context: TshContext, argv: list[str]) -> int:
+    def load(name: str) -> str | None:
+        try:
+            info, unloaded = context.load(name)
+        except LookupError:
+            return NOT_ON_PATH
+        print(info.summary())
+        _report_unloaded(unloaded)
+        return None
+
+    return _each_tool(argv, "load", load)
+
+
+def _describe(context: TshContext, argv: list[str]) -> int:
+    def describe(name: str) -> str | None:
+        try:
+            info, unloaded = context.load(name)
+        except LookupError:
+            return NOT_ON_PATH
+        print(json.dumps(info.to_json(), indent=2))
+        _report_unloaded(unloaded)
+        return None
+
+    return _each_tool(argv, "describe", describe)
+
+
+def _pin(context: TshContext, argv: list[str]) -> int:
+    def pin(name: str) -> str | None:
+        try:
+            print(f"{context.pin(name).summary()}  (pinned)")
+        except LookupError:
+            return NOT_ON_PATH
+        return None
+
+    return _each_tool(argv, "pin", pin)
+
+
+def _unpin(context: TshContext, argv: list[str]) -> int:
+    def unpin(name: str) -> str | None:
+        try:
+            _report_unloaded(context.unpin(name))
+        except KeyError:
+            return "not pinned"
+        return None
+
+    return _each_tool(argv, "unpin", unpin)
+
+
+def _unload(context: TshContext, argv: list[str]) -> int:
+    def unload(name: str) -> str | None:
+        try:
+            context.unload(name)
+        except KeyError:
+            return "not loaded"
+        except ValueError:
+            return f"pinned; 'unpin {name}' first"
+        return None
+
+    return _each_tool(argv, "unload", unload)
+
+
+def _loaded(context: TshContext, argv: list[str]) -> int:
+    for info, pinned in context.loaded():
+        print(f"{info.summary()}{'  (pinned)' if pinned else ''}")
+    return 0
+
+
+def _rehash(context: TshContext, argv: list[str]) -> int:
+    context.rehash()
+    return 0
+
+
+def _report_unloaded(names: list[str]) -> None:
+    for name in names:
+        print(f"tsh: unloaded {name} (max_loaded_tools reached)", file=sys.stderr)
+
+
+BUILTINS: dict[str, Callable[[TshContext, list[str]], int]] = {
+    "help": _help,
+    "which": _which,
+    "tools": _tools,
+    "load": _load,
+    "describe": _describe,
+    "pin": _pin,
+    "unpin": _unpin,
+    "unload": _unload,
+    "loaded": _loaded,
+    "rehash": _rehash,
+}
+
+
 def run() -> int:
+    context = new_context()
+    if len(sys.argv) > 1:  # tsh NAME [ARG...]: one command line, its words as given (T-3)
+        status, _ = execute_words(context, sys.argv[1], sys.argv[2:], 0)
+        return status
     # Started with SIGINT ignored (so that Ctrl-C spares the sandbox around it): take it back.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     prompt = f"{os.environ.get('CTX_AGENT', 'agent')}$ " if _in_agent_terminal() else "tsh$ "
@@ -171,6 +317,6 @@ def run() -> int:
         except KeyboardInterrupt:
             print()
             continue
-        status, done = execute(line, status)
+        status, done = execute(context, line, status)
         if done:
             return status

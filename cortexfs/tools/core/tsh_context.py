@@ -1,0 +1,232 @@
+"""What tsh keeps in memory about tools: loaded metadata and the tool-path cache (SPEC H-4).
+
+* **The context** — the metadata (``description``, ``schema``, ``cap``) of the tools loaded
+  into this tsh: by ``load`` and ``pin``, and by running a tool.  It holds at most
+  ``max_loaded_tools`` unpinned tools; loading one more unloads the least recently used.
+* **The tool-path cache** — NAME → the path ``CTX_PATH`` resolved it to, at most
+  ``cache_capacity`` unpinned names under W-TinyLFU (:mod:`cortexfs.tools.tinylfu`), whose
+  admission window is ``window_percent`` % of it.
+
+Pinned tools are exempt from both: never unloaded, never evicted.  Neither part grants or
+loads anything executable; they only spare lookups and keep descriptions at hand.
+
+A cached path is a hint that is checked before use, so the cache never changes what T-4
+resolves: every search directory up to and including the one that held the tool must be
+unchanged (same inode and modification time, so no name was added, removed or renamed in
+it), and the tool must still be an executable regular file.  Otherwise the name is looked up
+again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+from cortexfs.tools.core.tsh_config import DEFAULTS, effective, problems
+from cortexfs.tools.tinylfu import WTinyLFU
+
+_MAX_CONTROL_BYTES = 64 * 1024  # a description or schema larger than this is not shown
+_DirStamp = tuple[str, int, int, int] | tuple[str, None, None, None]
+
+
+class Resolution(NamedTuple):
+    """Where a name resolved, and what must not change for that to stay true."""
+
+    path: str
+    directories: tuple[_DirStamp, ...]  # the search path up to the hit, as it was
+
+
+class ToolInfo(NamedTuple):
+    """A tool's metadata, from the ``.d/`` beside the executable that resolved (T-4)."""
+
+    name: str
+    path: str
+    description: str
+    schema: Any
+    cap: Any
+
+    def summary(self) -> str:
+        first_line = self.description.strip().splitlines()[:1]
+        return f"{self.name}: {first_line[0] if first_line else '(no description)'}"
+
+    def to_json(self) -> dict[str, Any]:
+        return self._asdict()
+
+
+def read_settings(config: str) -> tuple[dict[str, int], list[str]]:
+    """The effective settings of the config file at ``config`` and what is wrong with it;
+    the defaults when it cannot be read (a standalone tsh may have no root around it)."""
+    try:
+        with open(config, "rb") as file:
+            text = file.read(_MAX_CONTROL_BYTES).decode("utf-8", "replace")
+    except OSError:
+        return dict(DEFAULTS), []
+    return effective(text), problems(text)
+
+
+class TshContext:
+    """The loaded metadata and the tool-path cache of one tsh."""
+
+    def __init__(self, settings: dict[str, int], search_path: Callable[[], list[str]]) -> None:
+        self.max_loaded_tools = settings["max_loaded_tools"]
+        self.paths: WTinyLFU[str, Resolution] = WTinyLFU(
+            settings["cache_capacity"], settings["window_percent"]
+        )
+        self._search_path = search_path
+        self._loaded: OrderedDict[str, ToolInfo] = OrderedDict()  # last = most recently used
+        self._pinned: dict[str, ToolInfo] = {}
+
+    # ------------------------------------------------------------------ the path cache
+
+    def which(self, name: str) -> str | None:
+        """The first executable regular file ``name`` on CTX_PATH (T-4), through the cache."""
+        if "/" in name or name in ("", ".", ".."):
+            return None
+        directories = self._search_path()
+        cached = self.paths.get(name)
+        if cached is not None and _still_resolves(cached, directories):
+            return cached.path
+        found = _resolve(name, directories)
+        if found is None:
+            self.paths.discard(name)
+        else:
+            self.paths.put(name, found)  # a pinned name stays pinned, with its new path
+        return None if found is None else found.path
+
+    def rehash(self) -> None:
+        """Forget every unpinned path (like a POSIX shell's ``hash -r``)."""
+        self.paths.clear()
+
+    # ------------------------------------------------------------------- the context
+
+    def load(self, name: str) -> tuple[ToolInfo, list[str]]:
+        """Load ``name``'s metadata (again, if it changed); it and the names this unloaded.
+
+        LookupError when ``name`` is not a tool on CTX_PATH."""
+        path = self.which(name)
+        if path is None:
+            raise LookupError(name)
+        info = read_tool_info(name, path)
+        if name in self._pinned:
+            self._pinned[name] = info
+            return info, []
+        self._loaded[name] = info
+        self._loaded.move_to_end(name)
+        unloaded = []
+        while len(self._loaded) > self.max_loaded_tools:
+            oldest, _ = self._loaded.popitem(last=False)
+            unloaded.append(oldest)
+        return info, unloaded
+
+    def pin(self, name: str) -> ToolInfo:
+        """Load ``name`` and exempt it, and its path, from unload and eviction."""
+        info, _ = self.load(name)
+        self._loaded.pop(name, None)
+        self._pinned[name] = info
+        resolution = self.paths.get(name)
+        if resolution is not None:
+            self.paths.pin(name, resolution)
+        return info
+
+    def unpin(self, name: str) -> list[str]:
+        """Make ``name`` an ordinary loaded tool again; the names that unloads (KeyError when
+        it was not pinned)."""
+        info = self._pinned.pop(name)
+        self.paths.unpin(name)
+        self._loaded[name] = info
+        unloaded = []
+        while len(self._loaded) > self.max_loaded_tools:
+            oldest, _ = self._loaded.popitem(last=False)
+            unloaded.append(oldest)
+        return unloaded
+
+    def unload(self, name: str) -> None:
+        """Drop ``name``'s metadata (KeyError when it is not loaded, ValueError when pinned)."""
+        if name in self._pinned:
+            raise ValueError(name)
+        del self._loaded[name]
+
+    def loaded(self) -> list[tuple[ToolInfo, bool]]:
+        """The context: pinned tools first, then the rest from the most recently used."""
+        return [(info, True) for info in self._pinned.values()] + [
+            (info, False) for info in reversed(self._loaded.values())
+        ]
+
+
+def _stamp(directory: str) -> _DirStamp:
+    try:
+        status = os.stat(directory)
+    except OSError:
+        return (directory, None, None, None)
+    return (directory, status.st_dev, status.st_ino, status.st_mtime_ns)
+
+
+def _is_executable_file(path: str) -> bool:
+    try:
+        status = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return False
+    return stat.S_ISREG(status.st_mode) and os.access(path, os.X_OK)
+
+
+def _resolve(name: str, directories: list[str]) -> Resolution | None:
+    stamps = []
+    for directory in directories:
+        stamps.append(_stamp(directory))
+        candidate = os.path.join(directory, name)
+        if _is_executable_file(candidate):
+            return Resolution(candidate, tuple(stamps))
+    return None
+
+
+def _still_resolves(cached: Resolution, directories: list[str]) -> bool:
+    stamps = cached.directories
+    if [stamp[0] for stamp in stamps] != directories[: len(stamps)]:
+        return False  # CTX_PATH itself changed
+    return all(_stamp(stamp[0]) == stamp for stamp in stamps) and _is_executable_file(cached.path)
+
+
+def read_tool_info(name: str, path: str) -> ToolInfo:
+    """``description``, ``schema`` and ``cap`` from ``<dir>/<name>.d/`` (T-4): what a human
+    may read of a tool (H-2).  A missing or unreadable control reads as empty."""
+    controls = os.path.join(os.path.dirname(path), f"{name}.d")
+    return ToolInfo(
+        name=name,
+        path=path,
+        description=_read_control(controls, "description") or "",
+        schema=_json_control(controls, "schema"),
+        cap=_json_control(controls, "cap"),
+    )
+
+
+def _read_control(controls: str, control: str) -> str | None:
+    try:
+        # A control is a regular file in the tool's own .d/: no symlink is followed, no FIFO
+        # waited on.
+        fd = os.open(
+            os.path.join(controls, control),
+            os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+        )
+    except OSError:
+        return None
+    with open(fd, "rb") as file:
+        if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
+            return None
+        data = file.read(_MAX_CONTROL_BYTES + 1)
+    if len(data) > _MAX_CONTROL_BYTES:
+        return None
+    return data.decode("utf-8", "replace")
+
+
+def _json_control(controls: str, control: str) -> Any:
+    text = _read_control(controls, control)
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
