@@ -143,7 +143,9 @@ def which_command(name: str, storage_dir: Path | None, as_json: bool) -> None:
 
     The search path is CTX_PATH= from $CTX_HOME/.tshrc, else $CTX_PATH, else
     /ctx/tool:/ctx/home/<uid>/tool (/ctx maps onto the storage root when not mounted).
-    Only executable regular files count; --json also lists the non-executable hits skipped.
+    Only regular files with an execute bit count (whose bit it is does not matter: whether an
+    agent may run the file is step 2 of the authority chain, see ctx policy explain); --json
+    also lists what was skipped and why.
     """
     name = object_name_argument(name, "tool")
     root = resolve_storage(storage_dir)

@@ -1,9 +1,13 @@
 """``CTX_PATH``: how a tool name becomes a tool object (SPEC T-4).
 
 The search goes left to right; the first directory holding an *executable regular file* of
-that name wins.  A file that is not executable, a directory, a symlink or anything else of that
-name is not a hit and the search goes on.  The control directory is ``<that directory>/
-<name>.d/``: never one found in another directory of the path.
+that name wins.  "Executable" means the file has an execute bit at all (owner, group or other):
+a file with none, a directory, a symlink or anything else of that name is not a hit and the
+search goes on.  Whether a given agent may execute the hit is not the search's question: the
+authority chain answers it at step 2 (mode bits, EACCES), so a tool an agent may not run is
+refused with the reason instead of being reported missing, and ``ctx object which``, the
+runner and ``ctx policy explain`` all name the same file.  The control directory is ``<that
+directory>/<name>.d/``: never one found in another directory of the path.
 
 Where the path comes from:
 
@@ -154,9 +158,12 @@ def view_to_storage(root: Path, path: str) -> Path:
 def which(
     name: str, directories: Iterable[Path], *, is_executable: IsExecutable | None = None
 ) -> Resolution | None:
-    """The first directory holding an executable regular file ``name``; None when none does."""
+    """The first directory holding an executable regular file ``name``; None when none does.
+
+    ``is_executable`` narrows what counts as executable (default :func:`has_execute_bit`).
+    """
     check_object_name(name, "tool")
-    executable = is_executable or caller_may_execute
+    executable = is_executable or has_execute_bit
     skipped = []
     for directory in directories:
         candidate = directory / name
@@ -188,9 +195,9 @@ def which_on_user_path(
     return found, search_path
 
 
-def caller_may_execute(path: Path, status: os.stat_result) -> bool:
-    """The kernel's answer for this process (root needs at least one ``x`` bit)."""
-    return os.access(path, os.X_OK)
+def has_execute_bit(path: Path, status: os.stat_result) -> bool:
+    """T-4's "executable": any of the three ``x`` bits.  Who may execute it is step 2's question."""
+    return bool(status.st_mode & 0o111)
 
 
 def tier_location(root: Path, directory: Path) -> str | None:

@@ -10,8 +10,9 @@ agent      the agent exists and has an identity
 session    the session is opened; ``tool_call`` is recorded.  The call writes its events
            there, so a session in a shared space needs ``shared:<space> write`` through the
            whole authority chain (S-6, X-1), checked before anything is created
-resolve    the tool is on the agent's ``CTX_PATH`` (T-4) as a file the agent may execute;
-           its controls are intact; its status is ``available``
+resolve    the tool is on the agent's ``CTX_PATH`` (T-4) as an executable file (an ``x`` bit
+           at all: whether it is the agent's is step 2 of the chain); its controls are
+           intact; its status is ``available``
 schema     native mode: the input satisfies the tool's ``schema`` (EINVAL otherwise)
 authorize  the six-step authority chain for ``tool:<name> execute`` (P-5, P-6)
 hook       ``hooks/pre.d/*`` in name order; a non-zero exit vetoes (T-6)
@@ -45,9 +46,8 @@ from typing import Any, NamedTuple
 from cortexfs.agents.host import require_host_administrator
 from cortexfs.agents.view import AgentView
 from cortexfs.errors import CtxError, denied, invalid, not_found
-from cortexfs.policy import Credentials, Identity, check_authority, check_tool_execute
+from cortexfs.policy import Credentials, check_authority, check_tool_execute
 from cortexfs.policy.chain import AuthorityRequest, Decision
-from cortexfs.policy.linux import EXECUTE, permits
 from cortexfs.shared.sessions import Session, SessionRef, open_session
 from cortexfs.shared.tree import Ownership
 from cortexfs.timefmt import rfc3339
@@ -185,7 +185,7 @@ class _Call:
         with self._stage("session"):
             self._open_session()
         with self._stage("resolve"):
-            self._resolve_tool(self.view.identity)
+            self._resolve_tool()
         if self.mode == NATIVE:
             with self._stage("schema"):
                 assert self.controls is not None
@@ -206,18 +206,15 @@ class _Call:
                     + (f": {veto.message}" if veto.message else "")
                 )
 
-    def _resolve_tool(self, identity: Identity) -> None:
+    def _resolve_tool(self) -> None:
         assert self.view is not None
-        directories = self.view.tool_directories()
-        found = which(
-            self.tool_name,
-            directories,
-            is_executable=lambda _path, status: permits(status, identity, EXECUTE),
-        )
+        # Any execute bit makes a hit (T-4); a file whose bits are not the agent's is refused
+        # by step 2 of the chain with EACCES, as `ctx policy explain` reports it.
+        found = which(self.tool_name, self.view.tool_directories())
         if found is None:
             raise not_found(
-                f"no tool {self.tool_name!r} that agent {self.agent!r} may execute on its "
-                f"CTX_PATH {self.view.ctx_path()}"
+                f"no tool {self.tool_name!r} on the CTX_PATH of agent {self.agent!r} "
+                f"({self.view.ctx_path()})"
             )
         self.tool = ToolObject(self.tool_name, found.directory)
         self.location = tier_location(self.root, found.directory) or "tool"

@@ -104,6 +104,19 @@ def test_executable_means_executable_for_the_asking_identity(
     assert found is not None and found.directory == second
 
 
+def test_any_execute_bit_is_a_hit_whoever_it_is_for(tmp_path: Path) -> None:
+    """T-4: only a file with no execute bit at all is skipped; whose bits they are is step 2's
+    question, so the search never depends on who asks."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    place(first, "tool.x", 0o640)  # no execute bit: not a hit
+    place(second, "tool.x", 0o710)  # the owner's and the group's only: a hit
+
+    found = which("tool.x", [first, second])
+
+    assert found is not None and found.directory == second
+    assert found.skipped == [f"{first / 'tool.x'}: not executable"]
+
+
 def test_search_path_sources_tshrc_then_environment_then_default(tmp_path: Path) -> None:
     root = tmp_path / "storage"
     home = root / "home" / "1000"
