@@ -21,12 +21,14 @@ import contextlib
 import errno
 import os
 import stat
+import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pyfuse3
 
 from cortexfs import durable
+from cortexfs.errors import CtxError
 from cortexfs.fuse.inodes import InodeNames
 from cortexfs.fuse.projection import Projection
 from cortexfs.libc import check, libc
@@ -361,7 +363,7 @@ def serve(root: Path, mountpoint: Path, projection: Projection, *, allow_other: 
     options = set(pyfuse3.default_options) | {"fsname=cortexfs", "subtype=cortexfs"}
     if allow_other:
         options.add("allow_other")
-    pyfuse3.init(StorageFS(root, projection), str(mountpoint), options)
+    _mount(StorageFS(root, projection), mountpoint, options)
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
@@ -382,3 +384,48 @@ def serve(root: Path, mountpoint: Path, projection: Projection, *, allow_other: 
         pyfuse3.close(unmount=True)
         raise
     pyfuse3.close(unmount=True)
+
+
+def _mount(operations: StorageFS, mountpoint: Path, options: set[str]) -> None:
+    """``pyfuse3.init``, whose failure is a :class:`CtxError` with the errno libfuse met.
+
+    libfuse says why on standard error (``fuse: failed to open /dev/fuse: Permission
+    denied``) and pyfuse3 only raises ``RuntimeError``: the message is caught on its way out
+    and becomes the reason, its errno the one it names.  Nothing is mounted then.
+    """
+    import tempfile
+
+    with tempfile.TemporaryFile() as said:
+        saved = os.dup(2)
+        os.dup2(said.fileno(), 2)
+        try:
+            pyfuse3.init(operations, str(mountpoint), options)
+            failure = None
+        except RuntimeError as exc:
+            failure = exc
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        said.seek(0)
+        message = " ".join(said.read().decode(errors="replace").split())
+    if failure is None:
+        if message:
+            print(message, file=sys.stderr)  # a warning of libfuse's, on a mount that works
+        return
+    with contextlib.suppress(Exception):
+        pyfuse3.close(unmount=False)  # the session libfuse made for the mount that failed
+    reason = message or str(failure)
+    raise CtxError(_errno_named_in(reason), f"cannot mount {mountpoint}: {reason}")
+
+
+def _errno_named_in(message: str) -> int:
+    """The errno whose text (``Permission denied``) ``message`` holds; EIO when none."""
+    if "device not found" in message:  # libfuse's words for a missing /dev/fuse
+        return errno.ENODEV
+    for code in (errno.EACCES, errno.EPERM, errno.ENOENT, errno.ENOTDIR):
+        if os.strerror(code) in message:
+            return code
+    for code in sorted(errno.errorcode):
+        if os.strerror(code) in message:
+            return code
+    return errno.EIO

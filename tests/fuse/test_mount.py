@@ -78,6 +78,34 @@ def test_a_mount_point_in_use_is_refused(world: World) -> None:
     assert refused.returncode == 1 and "empty directory" in refused.stderr
 
 
+def ctx_mount(root: Path, mountpoint: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``ctx mount`` expected to refuse (it would otherwise stay in the foreground)."""
+    return subprocess.run(
+        [sys.executable, "-m", "cortexfs", "--storage", str(root), "mount", *args,
+         str(mountpoint)],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+
+
+def test_a_mount_the_kernel_refuses_is_an_errno_not_a_traceback(world: World) -> None:
+    """libfuse cannot open /dev/fuse for an ordinary uid when only root may (mode 0600)."""
+    if os.stat("/dev/fuse").st_mode & 0o006:
+        pytest.skip("/dev/fuse is open to every user on this machine")
+    mountpoint = world.scratch / "mine"
+    mountpoint.mkdir()
+    os.chown(mountpoint, world.user.uid, world.user.gid)
+
+    refused = as_user(
+        world.user, f"{sys.executable} -m cortexfs --storage {world.root} mount {mountpoint}"
+    )
+
+    assert refused.returncode == 1, refused.stderr
+    assert refused.stderr.startswith("ctx: EACCES: "), refused.stderr
+    assert "/dev/fuse" in refused.stderr and "Traceback" not in refused.stderr
+    assert len(refused.stderr.splitlines()) == 1, refused.stderr
+    assert not os.path.ismount(mountpoint)
+
+
 # ------------------------------------------------------------------------ an agent's view
 
 
