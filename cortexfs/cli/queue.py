@@ -473,10 +473,13 @@ def _render_recover(report: recovery.RecoverReport) -> None:
         click.echo(f"stale    {path} (run with --reconcile to remove)")
     for entry in report.ignored:
         click.echo(f"ignored  {entry.path}: {entry.reason}")
+    for f in report.errors:
+        click.echo(f"error    {f.job}: {f.detail}")
     state = "consistent" if report.consistent else "NOT consistent"
     alive = f" ({len(report.untouched)} left alone: holder alive)" if report.untouched else ""
+    failed = f", {len(report.errors)} errors" if report.errors else ""
     click.echo(
         f"{len(report.requeued)} requeued, {len(report.repaired)} repaired, "
         f"{len(report.incomplete)} incomplete, {len(report.conflicts)} conflicts, "
-        f"{len(report.stale_temps)} stale temps: queue {state}{alive}"
+        f"{len(report.stale_temps)} stale temps{failed}: queue {state}{alive}"
     )

@@ -10,6 +10,7 @@ complete without losing or duplicating work, or a *conflict* left to a human.
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import time
@@ -160,9 +161,9 @@ def _scan_pending(queue: Queue, result: Scan) -> None:
         if not is_job_name(entry.name):
             result.ignored.append(Ignored(f"pending/{entry.name}", _name_reason(entry.name)))
         elif not entry.is_file(follow_symlinks=False):
-            result.ignored.append(
-                Ignored(f"pending/{entry.name}", f"a {_kind(entry)}, not a request file")
-            )
+            path = f"pending/{entry.name}"
+            result.ignored.append(Ignored(path, f"a {_kind(entry)}, not a request file"))
+            result.job(entry.name).bad.append(path)
         else:
             result.job(entry.name).pending = entry.inode()
 
@@ -175,36 +176,54 @@ def _scan_job_dirs(queue: Queue, result: Scan, state: str) -> None:
         if not is_job_name(entry.name):
             result.ignored.append(Ignored(path, _name_reason(entry.name)))
             continue
-        if not entry.is_dir(follow_symlinks=False):
-            result.ignored.append(Ignored(path, f"a {_kind(entry)}, not a {state} directory"))
-            continue
         evidence = result.job(entry.name)
+        if not entry.is_dir(follow_symlinks=False):
+            # Never followed; and J's other evidence cannot be judged without this piece, so
+            # J is a conflict rather than a candidate for a repair (Q-6, Q-8).
+            result.ignored.append(Ignored(path, f"a {_kind(entry)}, not a {state} directory"))
+            evidence.bad.append(path)
+            continue
         if state == "claimed":
             evidence.claim_dir = True
         else:
             evidence.lease_dir = True
         expected = inner_expected or entry.name
         try:
-            job_fd = queue.open_job_dir(state, entry.name)
-        except OSError:
+            inners = _job_dir_entries(queue, state, entry.name)
+        except FileNotFoundError:
             continue  # removed while we looked
-        try:
-            for inner in _entries(job_fd):
-                inner_path = f"{path}/{inner.name}"
-                if inner.name != expected:
-                    result.ignored.append(Ignored(inner_path, f"unexpected entry in {path}/"))
-                    evidence.bad.append(inner_path)
-                elif not inner.is_file(follow_symlinks=False):
-                    result.ignored.append(
-                        Ignored(inner_path, f"a {_kind(inner)}, not a regular file")
-                    )
-                    evidence.bad.append(inner_path)
-                elif state == "claimed":
-                    evidence.claim_request = inner.inode()
-                else:
-                    evidence.lease_file = True
-        finally:
-            os.close(job_fd)
+        except OSError as exc:
+            # Swapped for a symlink since the listing (ELOOP, ENOTDIR), or not ours to read
+            # (EACCES): what it holds is unknown, so nothing about J may be decided from it.
+            result.ignored.append(Ignored(path, f"cannot be read: {errno_text(exc)}"))
+            evidence.bad.append(path)
+            continue
+        for inner in inners:
+            inner_path = f"{path}/{inner.name}"
+            if inner.name != expected:
+                result.ignored.append(Ignored(inner_path, f"unexpected entry in {path}/"))
+                evidence.bad.append(inner_path)
+            elif not inner.is_file(follow_symlinks=False):
+                result.ignored.append(Ignored(inner_path, f"a {_kind(inner)}, not a regular file"))
+                evidence.bad.append(inner_path)
+            elif state == "claimed":
+                evidence.claim_request = inner.inode()
+            else:
+                evidence.lease_file = True
+
+
+def _job_dir_entries(queue: Queue, state: str, job: str) -> list[os.DirEntry[str]]:
+    job_fd = queue.open_job_dir(state, job)
+    try:
+        return _entries(job_fd)
+    finally:
+        os.close(job_fd)
+
+
+def errno_text(exc: OSError) -> str:
+    """``EACCES: Permission denied``: an OSError as a report line shows it."""
+    name = errno.errorcode.get(exc.errno or 0, "EIO")
+    return f"{name}: {exc.strerror or exc}"
 
 
 def _scan_terminal(queue: Queue, result: Scan, state: str) -> None:
@@ -264,10 +283,14 @@ def evidence_of(queue: Queue, job: str) -> JobEvidence:
         if st is None:
             return None
         if not stat.S_ISDIR(st.st_mode):
+            evidence.bad.append(f"{state}/{job}")  # as scan() sees it: never followed
             return None
         try:
             return queue.open_job_dir(state, job)
+        except FileNotFoundError:
+            return None
         except OSError:
+            evidence.bad.append(f"{state}/{job}")  # swapped for a symlink, or unreadable
             return None
 
     evidence.pending = regular(queue.pending, job, f"pending/{job}")
@@ -303,8 +326,11 @@ def assess(e: JobEvidence) -> Assessment:
     if e.bad:
         if not (e.pending is not None or e.claim_dir or e.lease_dir or done or failed):
             # Nothing of J but entries that are not queue files: not a job at all (Q-8).
-            return Assessment(IGNORED, "not a job: not a regular file: " + ", ".join(e.bad))
-        return Assessment("conflict", "evidence that is not a regular file: " + ", ".join(e.bad))
+            return Assessment(IGNORED, "not a job: wrong kind of entry: " + ", ".join(e.bad))
+        return Assessment(
+            "conflict",
+            "evidence of the wrong kind, ignored and never followed or moved: " + ", ".join(e.bad),
+        )
     if done and failed:
         return Assessment("conflict", "both done and failed evidence")
     if done or failed:

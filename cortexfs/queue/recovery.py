@@ -25,6 +25,7 @@ a state the next run handles, and a second run changes nothing.
 
 from __future__ import annotations
 
+import errno
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,9 +54,10 @@ class Finding:
     action: str | None = None
     applied: bool = False
     evidence: list[str] = field(default_factory=list)
+    error: str | None = None  # the errno name, for what recover failed to do
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        found = {
             "job": self.job,
             "state": self.state,
             "detail": self.detail,
@@ -63,6 +65,9 @@ class Finding:
             "applied": self.applied,
             "evidence": self.evidence,
         }
+        if self.error is not None:
+            found["error"] = self.error
+        return found
 
 
 @dataclass
@@ -77,11 +82,12 @@ class RecoverReport:
     removed_temps: list[str] = field(default_factory=list)
     stale_temps: list[str] = field(default_factory=list)
     ignored: list[ev.Ignored] = field(default_factory=list)
+    errors: list[Finding] = field(default_factory=list)
 
     @property
     def consistent(self) -> bool:
         """True when nothing incomplete or conflicting remains (exit status 0)."""
-        return not (self.incomplete or self.conflicts or self.stale_temps)
+        return not (self.incomplete or self.conflicts or self.stale_temps or self.errors)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -96,6 +102,7 @@ class RecoverReport:
             "removed_temps": self.removed_temps,
             "stale_temps": self.stale_temps,
             "ignored": [i.to_json() for i in self.ignored],
+            "errors": [f.to_json() for f in self.errors],
         }
 
 
@@ -108,7 +115,13 @@ def recover(
     found = ev.scan(queue)
     report.ignored = found.ignored
     for job in sorted(found.jobs):
-        _recover_job(queue, found.jobs[job], report, reconcile=reconcile, dry_run=dry_run)
+        try:
+            _recover_job(queue, found.jobs[job], report, reconcile=reconcile, dry_run=dry_run)
+        except (OSError, CtxError) as exc:
+            # One job we cannot repair (EACCES in a directory another user made, a symlink
+            # swapped in since the scan) must not cost every other job its repair: say what
+            # failed and carry on; the run then ends inconsistent (exit 1).
+            report.errors.append(_failure(found.jobs[job], exc))
     for temp in found.temps:
         if temp.age < grace:
             continue  # a publish, lease or finish may still be writing it
@@ -116,11 +129,36 @@ def recover(
             report.stale_temps.append(f"inbox/{temp.name}")
             continue
         if not dry_run:
-            durable.remove_entries(queue.ops, [(queue.inbox, temp.name, False)])
+            try:
+                durable.remove_entries(queue.ops, [(queue.inbox, temp.name, False)])
+            except OSError as exc:
+                report.errors.append(_temp_failure(temp, exc))
+                continue
         report.removed_temps.append(f"inbox/{temp.name}")
     if report.removed_temps and not dry_run:
         durable.sync_dir(queue.ops, queue.inbox)
     return report
+
+
+def _failure(evidence: ev.JobEvidence, exc: OSError | CtxError) -> Finding:
+    """What recover could not do for a job, with the errno that stopped it."""
+    if isinstance(exc, CtxError):
+        code, reason = exc.code_name, str(exc)
+    else:
+        code, reason = errno.errorcode.get(exc.errno or 0, "EIO"), ev.errno_text(exc)
+    return Finding(
+        evidence.job,
+        "error",
+        f"{reason}; left as it is",
+        evidence=evidence.paths(),
+        error=code,
+    )
+
+
+def _temp_failure(temp: ev.Temp, exc: OSError) -> Finding:
+    path = f"inbox/{temp.name}"
+    code = errno.errorcode.get(exc.errno or 0, "EIO")
+    return Finding(path, "error", f"{ev.errno_text(exc)}; not removed", evidence=[path], error=code)
 
 
 def _recover_job(

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -195,3 +197,71 @@ def test_a_symlink_swapped_in_for_a_queue_directory_cannot_redirect_an_operation
         assert (queue.dir / "claimed" / job / job).is_file()
     assert snapshot(elsewhere) == elsewhere_before
     assert os.readlink(real) == str(elsewhere)
+
+
+def dead_lease(job: str) -> dict:
+    """A lease whose holder has exited: the same host and boot, a pid that is gone."""
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    now = time.time()
+    return {
+        "worker": "gone",
+        "host": os.uname().nodename,
+        "boot_id": Path("/proc/sys/kernel/random/boot_id").read_text().strip(),
+        "pid_ns": os.stat("/proc/self/ns/pid").st_ino,
+        "pid": proc.pid,
+        "start_time": now - 5,
+        "claimed_at": now - 5,
+        "expires_at": now + 600,
+        "job": job,
+    }
+
+
+def test_reconcile_reports_a_symlinked_lease_directory_and_moves_nothing(queue, outside):
+    """Q-8, Q-6, I-5: ``lease/J`` a symlink to a directory outside the queue (holding a
+    ``worker`` file) beside a real ``claimed/J/J``: the link is ignored with its reason, J is a
+    conflict (its lease evidence is unusable), nothing moves, the run ends with exit 1 and a
+    report, and a second run says the same."""
+    job = queue.drop("held")
+    (queue.dir / "claimed" / job).mkdir()
+    os.rename(queue.dir / "pending" / job, queue.dir / "claimed" / job / job)
+    (outside / "worker").write_text(json.dumps(dead_lease(job)))
+    os.symlink(outside, queue.dir / "lease" / job)
+    before, outside_before = snapshot(queue.dir), snapshot(outside)
+
+    for _ in range(2):
+        r = queue.run("recover", "--reconcile", "--grace", "0")
+        assert r.rc == 1 and "Traceback" not in r.err and r.err == "", r
+        assert f"conflict {job}" in r.out and f"ignored  lease/{job}: a symlink" in r.out, r
+        assert snapshot(queue.dir) == before and snapshot(outside) == outside_before
+
+    report = queue.run("recover", "--reconcile", "--json").json()
+    assert [c["job"] for c in report["conflicts"]] == [job]
+    assert f"lease/{job}" in report["conflicts"][0]["evidence"]
+    assert {i["path"] for i in report["ignored"]} == {f"lease/{job}"}
+
+
+def test_reconcile_carries_on_past_a_symlinked_claim_directory(queue, outside):
+    """Q-8, Q-6: ``claimed/J`` a symlink plus a dead holder's ``lease/J/worker`` is a reported
+    conflict, not a crash, and the other jobs of the same run are still repaired."""
+    job = "linked.req.json"
+    os.symlink(outside, queue.dir / "claimed" / job)
+    (queue.dir / "lease" / job).mkdir()
+    queue.write_lease(job, dead_lease(job))
+    other = queue.drop("unleased")
+    (queue.dir / "claimed" / other).mkdir()
+    os.rename(queue.dir / "pending" / other, queue.dir / "claimed" / other / other)
+    outside_before = snapshot(outside)
+
+    r = queue.run("recover", "--reconcile", "--json")
+
+    assert r.rc == 1 and r.err == "", r
+    report = r.json()
+    assert [c["job"] for c in report["conflicts"]] == [job]
+    assert [(f["job"], f["applied"]) for f in report["repaired"]] == [(other, True)]
+    assert queue.state(other) == "pending"
+    assert os.readlink(queue.dir / "claimed" / job) == str(outside)
+    assert (queue.dir / "lease" / job / "worker").is_file()
+    assert snapshot(outside) == outside_before
+    again = queue.run("recover", "--reconcile", "--json")
+    assert again.rc == 1 and again.json()["repaired"] == [], again
