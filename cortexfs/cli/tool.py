@@ -32,7 +32,7 @@ from cortexfs.tools.ctxpath import which_on_user_path
 # name -> the CLI: (the executable CTX_PATH resolved, its arguments) -> exit status
 SAFE_CORE_CLIS: dict[str, Callable[[Path, list[str]], int]] = {
     "tsh.config": lambda executable, argv: tsh_config.run_configure(
-        tsh_config.config_path(str(executable)), argv
+        tsh_config.config_path(str(executable)), argv, program="ctx"
     ),
 }
 

@@ -54,17 +54,28 @@ class Reply(NamedTuple):
 Handler = Callable[[dict[str, Any], bool], Reply]
 
 
-def main(tool: str, primary: str, handler: Handler, argv: list[str] | None = None) -> int:
-    """Parse the input, call ``handler(request, native)``, render its reply or failure."""
+def main(
+    tool: str,
+    primary: str,
+    handler: Handler,
+    argv: list[str] | None = None,
+    program: str | None = None,
+) -> int:
+    """Parse the input, call ``handler(request, native)``, render its reply or failure.
+
+    ``program`` is the command this tool's code runs inside, if any (``ctx`` for
+    ``ctx tool``): its errors then read as that command's do, ``ctx: EINVAL: tsh.config: …``.
+    """
     arguments = sys.argv[1:] if argv is None else argv
     native = os.environ.get("CTX_MODE") == NATIVE
     try:
         request = read_request(arguments, primary)
         reply = handler(request, native)
     except ToolFailure as failure:
-        return _fail(tool, failure, native)
+        return _fail(tool, failure, native, program)
     except OSError as exc:
-        return _fail(tool, ToolFailure(exc.errno or errno_names.EIO, str(exc)), native)
+        reason = f"{exc.filename}: {exc.strerror}" if exc.filename else exc.strerror or str(exc)
+        return _fail(tool, ToolFailure(exc.errno or errno_names.EIO, reason), native, program)
     if native:
         sys.stdout.write(json.dumps(reply.data, ensure_ascii=False) + "\n")
     else:
@@ -118,9 +129,12 @@ def _parse_object(text: str) -> dict[str, Any]:
     return request
 
 
-def _fail(tool: str, failure: ToolFailure, native: bool) -> int:
+def _fail(tool: str, failure: ToolFailure, native: bool, program: str | None) -> int:
     name = errno_names.errorcode.get(failure.errno, f"E{failure.errno}")
-    sys.stderr.write(f"{tool}: {name}: {failure.message}\n")
+    if program:
+        sys.stderr.write(f"{program}: {name}: {tool}: {failure.message}\n")
+    else:
+        sys.stderr.write(f"{tool}: {name}: {failure.message}\n")
     if native:
         report = {"error": name, "errno": failure.errno, "message": failure.message}
         sys.stdout.write(json.dumps(report) + "\n")

@@ -156,9 +156,12 @@ def _replace(path: Path, text: str) -> None:
         ops.close(directory)
 
 
-def run_configure(path: Path, argv: list[str]) -> int:
-    """The tool's command line on the configuration at ``path``."""
-    return main(TOOL, "set", lambda request, native: configure(path, request, native), argv)
+def run_configure(path: Path, argv: list[str], program: str | None = None) -> int:
+    """The tool's command line on the configuration at ``path`` (inside ``program``, if any:
+    see :func:`toolio.main`)."""
+    return main(
+        TOOL, "set", lambda request, native: configure(path, request, native), argv, program
+    )
 
 
 def run() -> int:
