@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import stat
 import subprocess
 from pathlib import Path
 
@@ -16,11 +17,11 @@ from cortexfs.cli.common import (
     resolve_storage,
     storage_option,
 )
-from cortexfs.errors import CtxError, invalid
+from cortexfs.errors import CtxError, invalid, not_found
 
 
 @click.command("mount")
-@click.argument("mountpoint", type=click.Path(file_okay=False, path_type=Path))
+@click.argument("mountpoint", type=click.Path(path_type=Path))
 @click.option(
     "--as", "agent", metavar="AGENT", help="Show the view of AGENT (T-5), not the host's."
 )
@@ -44,8 +45,7 @@ def mount(mountpoint: Path, agent: str | None, storage_dir: Path | None) -> None
     root = resolve_storage(storage_dir)
     if not (root / "tool").is_dir():
         raise invalid(f"{root} is not a storage root; create it with 'ctx bootstrap'")
-    if not mountpoint.is_dir() or any(mountpoint.iterdir()):
-        raise invalid(f"{mountpoint} must be an existing, empty directory")
+    require_empty_directory(mountpoint)
     projection = (
         Projection()
         if agent is None
@@ -57,6 +57,30 @@ def mount(mountpoint: Path, agent: str | None, storage_dir: Path | None) -> None
         reason = f"FUSE support is not installed (the 'fuse' extra): {exc}"
         raise CtxError(errno.ENOSYS, reason) from None
     serve(root, mountpoint, projection, allow_other=os.geteuid() == 0)
+
+
+def require_empty_directory(mountpoint: Path) -> None:
+    """A mount point is an existing, empty directory: ENOENT, ENOTDIR, ENOTEMPTY (or the
+    errno of what kept it from being read) otherwise, before anything is mounted."""
+    try:
+        is_directory = stat.S_ISDIR(os.stat(mountpoint).st_mode)
+        if is_directory and os.listdir(mountpoint):
+            raise CtxError(
+                errno.ENOTEMPTY,
+                f"the mount point {mountpoint} is not empty; mount on an empty directory",
+            )
+    except FileNotFoundError:
+        raise not_found(
+            f"the mount point {mountpoint} does not exist; create an empty directory there"
+        ) from None
+    except OSError as exc:
+        raise CtxError(
+            exc.errno or errno.EIO, f"the mount point {mountpoint}: {exc.strerror}"
+        ) from None
+    if not is_directory:
+        raise CtxError(
+            errno.ENOTDIR, f"the mount point {mountpoint} is not a directory; give an empty one"
+        )
 
 
 @click.command("umount")

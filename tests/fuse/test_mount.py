@@ -65,19 +65,6 @@ def test_ctx_umount_ends_the_mount_cleanly(world: World) -> None:
         assert process.returncode == 0, process.stderr
 
 
-def test_a_mount_point_in_use_is_refused(world: World) -> None:
-    busy = world.scratch / "busy"
-    busy.mkdir()
-    (busy / "file").write_text("x")
-
-    refused = subprocess.run(
-        [sys.executable, "-m", "cortexfs", "--storage", str(world.root), "mount", str(busy)],
-        capture_output=True, text=True, timeout=30,
-    )  # fmt: skip
-
-    assert refused.returncode == 1 and "empty directory" in refused.stderr
-
-
 def ctx_mount(root: Path, mountpoint: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """``ctx mount`` expected to refuse (it would otherwise stay in the foreground)."""
     return subprocess.run(
@@ -85,6 +72,28 @@ def ctx_mount(root: Path, mountpoint: Path, *args: str) -> subprocess.CompletedP
          str(mountpoint)],
         capture_output=True, text=True, timeout=30,
     )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("kind", "code"),
+    [("missing", "ENOENT"), ("not empty", "ENOTEMPTY"), ("a file", "ENOTDIR")],
+)
+def test_an_unusable_mount_point_is_refused_with_its_errno(
+    world: World, kind: str, code: str
+) -> None:
+    mountpoint = world.scratch / "mountpoint"
+    if kind == "not empty":
+        mountpoint.mkdir()
+        (mountpoint / "file").write_text("x")
+    elif kind == "a file":
+        mountpoint.write_text("x")
+
+    refused = ctx_mount(world.root, mountpoint)
+
+    assert refused.returncode == 1, refused.stderr
+    assert refused.stderr.startswith(f"ctx: {code}: "), refused.stderr
+    assert str(mountpoint) in refused.stderr
+    assert not os.path.ismount(mountpoint)
 
 
 def test_a_mount_the_kernel_refuses_is_an_errno_not_a_traceback(world: World) -> None:
