@@ -6,8 +6,9 @@ written to build it (T-5: no persistent copy as a side effect of authorisation):
 
 ==========================  ==========================================================
 ``bin/``                    as it is
-``tool/<t>``, ``<t>.d/``    only tools the whole chain lets the agent execute (P-5, P-6);
-                            ``tsh.d/`` (tsh's configuration) always
+``tool/<t>``, ``<t>.d/``    only tools the agent may run: available (intact controls, status
+                            ``available``, a valid ``program``: C-2) and executable for it
+                            through the whole chain (P-5, P-6); ``tsh.d/`` always
 ``agent/<a>``, ``<a>.d/``   only the agent itself
 ``home/<uid>/``             only the agent's own uid
 ``shared/<s>/``             spaces its policy lets it read (``shared:<s> read``), and the
@@ -28,9 +29,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from cortexfs.agents.view import AgentView
+from cortexfs.errors import CtxError
 from cortexfs.names import is_object_name
 from cortexfs.policy import check_tool_execute
 from cortexfs.storage import DOCS_BUNDLE, ROOT_ENTRIES
+from cortexfs.tools.controls import ToolObject, read_controls, require_available
 
 Parts = Sequence[str]
 FRESH_SECONDS = 1.0  # as long as the kernel may keep an answer (mount.ENTRY_TIMEOUT)
@@ -54,6 +57,7 @@ class AgentProjection(Projection):
         self.agent = agent
         self._view = AgentView.load(root, agent)  # ENOENT now, not at the first lookup
         self._loaded_at = time.monotonic()
+        self._tools: dict[str, tuple[float, bool]] = {}  # tool -> (when decided, may run)
 
     @property
     def view(self) -> AgentView:
@@ -94,10 +98,29 @@ class AgentProjection(Projection):
         return parts[0] == "shared" and self.view.allows("shared", parts[1], "write")
 
     def _may_execute(self, tool: str) -> bool:
-        """Decided afresh each time (the kernel caches an answer for about a second): a rule
-        removed from a policy hides the tool at once, not at the next mount."""
+        """Decided again once the answer is a second old, as long as the kernel keeps its
+        own: a rule removed from a policy, or a tool made unavailable, hides the tool then,
+        not at the next mount.  (Every control of ``<t>.d/`` looked up asks the same.)"""
         if not is_object_name(tool):
             return False
+        now = time.monotonic()
+        decided = self._tools.get(tool)
+        if decided is None or now - decided[0] >= FRESH_SECONDS:
+            decided = (now, self._available(tool) and self._allowed(tool))
+            self._tools[tool] = decided
+        return decided[1]
+
+    def _available(self, tool: str) -> bool:
+        """The runner's test (``cortexfs.tools.runner``): controls intact and status
+        ``available`` — a ``program`` control failing C-2 makes it ``unavailable``."""
+        candidate = ToolObject(tool, self.root / "tool")
+        try:
+            require_available(candidate, read_controls(candidate).status)
+        except CtxError:
+            return False
+        return True
+
+    def _allowed(self, tool: str) -> bool:
         return check_tool_execute(self.root, self.agent, tool, None).allowed
 
     def _may_use(self, provider: str, model: str) -> bool:

@@ -168,6 +168,24 @@ def test_an_agent_writes_only_where_its_policy_and_the_modes_allow(coder: World)
     assert not (coder.root / "tool" / "new-tool").exists()
 
 
+def test_an_unavailable_tool_is_not_listed(coder: World) -> None:
+    """C-2: a malformed program control makes the tool unavailable; the runner refuses it,
+    and the view lists only what passes the same test (T-5)."""
+    (coder.root / "tool" / "fs.stat.d" / "program").write_text("{not json")
+    refused = subprocess.run(
+        [sys.executable, "-m", "cortexfs", "--storage", str(coder.root), "run",
+         "--agent", "coder", "fs.stat", "/"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert refused.returncode == 126 and "not available" in refused.stderr, refused.stderr
+    mountpoint = coder.scratch / "ctx"
+    with mounted(coder.root, mountpoint, "--as", "coder"):
+        assert sorted(os.listdir(mountpoint / "tool")) == ["tsh.d"]
+        for name in ("fs.stat", "fs.stat.d", "fs.stat.d/program"):
+            with pytest.raises(FileNotFoundError):
+                (mountpoint / "tool" / name).stat()
+
+
 def test_a_revoked_tool_disappears_from_the_view(coder: World) -> None:
     mountpoint = coder.scratch / "ctx"
     policy = coder.root / "tool" / "fs.stat.d" / "policy"
