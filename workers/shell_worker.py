@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import sys
 
-from cortexfs.worker.program import run_worker
+from interpreter import ensure_cortexfs
 
 if __name__ == "__main__":
+    ensure_cortexfs()
+    from cortexfs.worker.program import run_worker
+
     sys.exit(run_worker("shell", __doc__ or ""))
