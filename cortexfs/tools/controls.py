@@ -124,6 +124,9 @@ def parse_status(data: bytes) -> str:
 
 def read_controls(tool: ToolObject) -> ToolControls:
     """Read and check the controls a call depends on; ENOEXEC when one is damaged."""
+    if not _is_directory(tool.control_dir):
+        # Said once for the whole directory, rather than as its first missing control.
+        raise damaged(tool, f"its control directory {tool.name}.d/ is missing or not a directory")
     schema = _read_json(tool, "schema")
     cap = _read_json(tool, "cap")
     if not isinstance(cap, dict):

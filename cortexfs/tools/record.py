@@ -78,10 +78,14 @@ def record_result(
 ) -> None:
     """``tool_result`` in the session and a line in the tool's log, both durable on return.
 
-    Both lines are written before either is synced: on a journaling filesystem the first
-    fsync then commits the second file's append too, and the second fsync finds little left.
+    The session's line comes first, so that a ``tool_call`` is never left without its
+    ``tool_result`` because of the tool's log (a damaged tool may have none).  Both lines are
+    written before either is synced: on a journaling filesystem the first fsync then commits
+    the second file's append too, and the second fsync finds little left.
     """
     facts = result_facts(result)
+    if session is not None:
+        session.record("tool_result", object=object_ref, status=result.status, **facts)
     log = None if tool_log is None else _open_tool_log(root, tool_log)
     try:
         if log is not None:
@@ -95,7 +99,6 @@ def record_result(
             )
             log.append(line)
         if session is not None:
-            session.record("tool_result", object=object_ref, status=result.status, **facts)
             session.sync()
         if log is not None:
             log.sync()
@@ -105,18 +108,21 @@ def record_result(
 
 
 def _open_tool_log(root: Path, relative: PurePosixPath) -> EventLog | None:
-    """The tool's log, its directories walked without following links; None if one is a link.
+    """The tool's log, its directories walked without following links; None when it cannot be
+    opened that way (the session holds the result either way).
 
     A user tier belongs to a user who could swap a directory for a link to redirect a write
-    made by root.  The chain has refused such a call at step 2 already; the session holds its
-    result.
+    made by root: the chain has refused such a call at step 2 already.  A damaged tool may have
+    no control directory at all (ENOEXEC at stage ``resolve``); a log is never created for it.
     """
     ops = durable.default_ops()
     try:
         dir_fd = open_beneath(ops, root, relative.parent.parts)
-    except CtxError:
+    except (CtxError, OSError):
         return None
     try:
         return EventLog(root / relative, mode=TOOL_LOG_MODE, ops=ops, dir_fd=dir_fd)
+    except (CtxError, OSError):
+        return None
     finally:
         ops.close(dir_fd)

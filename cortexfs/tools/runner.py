@@ -87,7 +87,8 @@ def run_native(
     """Run ``tool`` as ``agent`` with ``input_value`` as its JSON input (agent native mode).
 
     Never raises for a refused or failed call: the :class:`ToolResult` says what happened.
-    Only a result that cannot be recorded durably (a full disk…) raises, as an OSError.
+    Only a result that cannot be recorded durably (a full disk…) raises, as an OSError, and an
+    interrupt (KeyboardInterrupt) goes on once the call's ``tool_result`` is recorded.
     ``session`` is a :class:`SessionRef`, the name of a session in the agent's home, or None
     for its home session ``default``.  ``observer`` receives the frames of docs/tools.md as
     they happen: ``call`` when the tool starts, ``stderr`` per line, ``result`` at the end.
@@ -150,6 +151,7 @@ class _Call:
         self.hook_names: dict[str, list[str]] = {}
         self.request: dict[str, Any] = {}
         self.workspace = workspace
+        self.stage = "caller"  # the stage in progress, for a failure no stage anticipated
 
     @property
     def object_ref(self) -> str:
@@ -160,20 +162,44 @@ class _Call:
         self.request = record.request_facts(self.call, self.mode, logged, argv)
         try:
             try:
-                self._admit(input_value)
-                result = self._run(input_value, argv or [])
-            except _Refused as refusal:
-                result = self._result(ERROR, error=refusal.error)
-            with self._timed("record"):
-                tool_log = None if self.tool is None else PurePosixPath(self.object_ref + ".d/log")
-                record.record_result(
-                    self.session, self.root, tool_log, self.object_ref, result, self.request
-                )
-            self._emit({"type": "result", **result.to_json()})
-            return result
+                result = self._outcome(input_value, argv or [])
+            except BaseException as interruption:
+                # KeyboardInterrupt, SystemExit: the caller goes on unwinding, but a recorded
+                # tool_call still gets its tool_result, and a native caller its result frame.
+                self._finish(self._result(ERROR, error=self._unexpected(interruption)))
+                raise
+            return self._finish(result)
         finally:
             if self.session is not None:
                 self.session.close()
+
+    def _outcome(self, input_value: Any, argv: list[str]) -> ToolResult:
+        try:
+            self._admit(input_value)
+            return self._run(input_value, argv)
+        except _Refused as refusal:
+            return self._result(ERROR, error=refusal.error)
+        except Exception as exc:
+            # Whatever else goes wrong once tool_call is recorded is still this call's result
+            # (S-2: every tool_call has its tool_result), never an exception for the caller.
+            return self._result(ERROR, error=self._unexpected(exc))
+
+    def _finish(self, result: ToolResult) -> ToolResult:
+        """Record ``result`` durably (session, then the tool's log) and emit its frame."""
+        with self._timed("record"):
+            tool_log = None if self.tool is None else PurePosixPath(self.object_ref + ".d/log")
+            record.record_result(
+                self.session, self.root, tool_log, self.object_ref, result, self.request
+            )
+        self._emit({"type": "result", **result.to_json()})
+        return result
+
+    def _unexpected(self, exc: BaseException) -> ToolError:
+        if isinstance(exc, KeyboardInterrupt):
+            return ToolError(errno.EINTR, self.stage, "interrupted")
+        code = exc.errno if isinstance(exc, CtxError | OSError) and exc.errno else errno.EIO
+        message = str(exc) if isinstance(exc, CtxError) else f"{type(exc).__name__}: {exc}"
+        return ToolError(code, self.stage, message)
 
     # ---------------------------------------------------------------------------- stages
 
@@ -364,6 +390,7 @@ class _Call:
     @contextlib.contextmanager
     def _stage(self, stage: str) -> Iterator[None]:
         started = time.monotonic()
+        self.stage = stage
         try:
             yield
         except CtxError as exc:

@@ -87,14 +87,19 @@ def run_captured(
             pass_fds=spec.pass_fds,
             **credentials,
         )
-    if on_start:
-        on_start(process.pid)
-    pump = _Pump(process, stdin_data, max_output, on_stderr_line)
-    deadline = None if spec.timeout is None else started + spec.timeout
     try:
+        if on_start:
+            on_start(process.pid)
+        pump = _Pump(process, stdin_data, max_output, on_stderr_line)
+        deadline = None if spec.timeout is None else started + spec.timeout
         timed_out = pump.run(deadline)
-    finally:
+    except BaseException:
+        # The caller's on_start or the pump failed: no process of a call outlives it either.
         _kill_group(process.pid)
+        with process:  # closes the pipes the pump may never have taken, and reaps
+            pass
+        raise
+    _kill_group(process.pid)
     exit_status = _exit_status(process.wait())
     return Finished(
         process.pid,

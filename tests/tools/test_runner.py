@@ -370,3 +370,53 @@ def test_a_linked_user_tier_is_refused_and_its_log_never_written(coder: World) -
     assert result.exit_status is None, "the tool never ran"
     assert result.error.errno in (errno.ENOEXEC, errno.EACCES)  # its controls are out of reach
     assert log.read_bytes() == before
+
+
+def test_a_tool_whose_control_directory_is_missing_is_damaged_everywhere(coder: World) -> None:
+    """T-4, S-2: ENOEXEC at stage resolve, a result frame, and every tool_call its result."""
+    os.rename(coder.root / "tool/whoami.d", coder.scratch / "whoami.d")
+
+    terminal = ctx(coder.root, "run", "--agent", "coder", "whoami")
+    native = ctx(coder.root, "run", "--agent", "coder", "--native", "whoami", stdin="{}")
+
+    assert terminal.returncode == 126
+    assert terminal.stderr.startswith("ctx: ENOEXEC: tool whoami in ")
+    assert "its control directory whoami.d/ is missing" in terminal.stderr
+    assert native.returncode == 1
+    result = json.loads(native.stdout.splitlines()[-1])
+    assert (result["type"], result["error"]["error"], result["error"]["stage"]) == (
+        "result",
+        "ENOEXEC",
+        "resolve",
+    )
+    recorded = coder.events()
+    assert [event["type"] for event in recorded] == ["tool_call", "tool_result"] * 2
+    assert {event["errno"] for event in recorded[1::2]} == {"ENOEXEC"}
+    assert not (coder.root / "tool/whoami.d").exists(), "no control directory is made up"
+
+
+def test_whatever_fails_after_tool_call_still_records_tool_result(coder: World) -> None:
+    """A caller's observer that fails, or an interrupt, cannot leave a tool_call alone in the
+    session, nor the tool's process running."""
+    started: list[int] = []
+
+    def failing(frame: dict[str, object]) -> None:
+        if frame["type"] == "call":
+            started.append(int(frame["pid"]))
+            raise RuntimeError("the observer broke")
+
+    def interrupting(frame: dict[str, object]) -> None:
+        if frame["type"] == "call":
+            started.append(int(frame["pid"]))
+            raise KeyboardInterrupt
+
+    failed = coder.run("whoami", {}, observer=failing)
+    with pytest.raises(KeyboardInterrupt):
+        coder.run("whoami", {}, observer=interrupting)
+
+    assert (failed.error.errno, failed.error.stage) == (errno.EIO, "run")
+    assert "RuntimeError: the observer broke" in failed.error.message
+    recorded = coder.events()
+    assert [event["type"] for event in recorded] == ["tool_call", "tool_result"] * 2
+    assert [event["errno"] for event in recorded[1::2]] == ["EIO", "EINTR"]
+    assert all(_gone(pid) for pid in started)
