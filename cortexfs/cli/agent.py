@@ -26,7 +26,7 @@ from cortexfs.agents.view import AgentView
 from cortexfs.cli.common import (
     F,
     emit_json,
-    fail_with_problems,
+    exit_status,
     handles_errors,
     json_option,
     object_name_argument,
@@ -39,6 +39,7 @@ from cortexfs.policy import Identity
 from cortexfs.shared.sessions import DEFAULT_SESSION
 
 STDIN = "-"
+STDIN_NAME = "<stdin>"  # how a request read from standard input is named in its errors
 
 if TYPE_CHECKING:
     from cortexfs.agents.terminal import Terminal
@@ -98,11 +99,11 @@ def create(
     root = resolve_storage(storage_dir)
     try:
         if str(request) == STDIN:
-            parsed = parse_request_bytes(sys.stdin.buffer.read(), "<stdin>", root)
+            parsed = parse_request_bytes(sys.stdin.buffer.read(), STDIN_NAME, root)
         else:
             parsed = load_request(request, root)
     except RequestError as exc:
-        fail_with_problems(request, exc, exc.problems, as_json)
+        _refuse_request(STDIN_NAME if str(request) == STDIN else str(request), exc, as_json)
     created = create_agent(root, parsed, _identity(user, gid, groups))
     if as_json:
         emit_json(created.to_json())
@@ -144,6 +145,16 @@ def show(name: str, storage_dir: Path | None, as_json: bool) -> None:
         return
     for key, value in facts.items():
         click.echo(f"{key}: {value}")
+
+
+def _refuse_request(source: str, error: RequestError, as_json: bool) -> None:
+    """Every problem of a request, each as ``ctx: EINVAL: SOURCE: <problem>`` (the form of
+    every ctx error), and the error object on stdout with --json; exit 1."""
+    for problem in error.problems:
+        click.echo(f"ctx: {error.code_name}: {source}: {problem}", err=True)
+    if as_json:
+        emit_json(error.to_json())
+    sys.exit(exit_status(error))
 
 
 def _identity(user: str | None, gid: int | None, groups: str | None) -> Identity | None:

@@ -205,6 +205,30 @@ def test_ctx_agent_create_and_show(world: World, tmp_path: Path) -> None:
     assert len([line for line in invalid.stderr.splitlines() if "EINVAL" in line]) >= 2
 
 
+def test_each_problem_of_a_request_reads_like_every_ctx_error(world: World, tmp_path: Path) -> None:
+    """``ctx: EINVAL: SOURCE: <problem>``, one line each, for a file and for stdin."""
+    request_file = tmp_path / "bad.json"
+    request_file.write_text(json.dumps({"name": "bad name", "label": "bad_t", "tools": ["a/b"]}))
+
+    from_file = ctx(world.root, "agent", "create", "--user", world.user.name, str(request_file))
+    from_stdin = ctx(
+        world.root, "agent", "create", "--user", world.user.name, "-", "--json",
+        stdin='{"name": "a"}',
+    )  # fmt: skip
+
+    assert from_file.returncode == 1
+    lines = from_file.stderr.strip().splitlines()
+    assert len(lines) == 2, lines
+    assert lines[0].startswith(f"ctx: EINVAL: {request_file}: name: 'bad name' "), lines
+    assert all(line.startswith(f"ctx: EINVAL: {request_file}: ") for line in lines), lines
+    assert from_stdin.returncode == 1
+    assert from_stdin.stderr.strip().splitlines() == [
+        "ctx: EINVAL: <stdin>: request: 'label' is a required property"
+    ]
+    assert json.loads(from_stdin.stdout)["error"] == "EINVAL"
+    assert not (world.root / "agent" / "a").exists()
+
+
 def test_ctx_agent_create_as_root_without_user_runs_as_nobody(world: World, tmp_path: Path) -> None:
     nobody = pwd.getpwnam(ROOT_DEFAULT_USER)
     request_file = tmp_path / "plain.json"
