@@ -30,7 +30,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from cortexfs.tools.core.tsh_context import TshContext, read_settings
+from cortexfs.tools.core.tsh_context import ToolInfo, TshContext, read_settings
 
 HELP = """tsh runs CortexFS tools: NAME [ARG...], NAME found on CTX_PATH.  There are no host
 commands here.  Built-ins:
@@ -49,6 +49,8 @@ The context holds max_loaded_tools unpinned tools, the path cache cache_capacity
 """
 NOT_FOUND = 127
 CANNOT_RUN = 126
+
+Builtin = Callable[[TshContext, list[str]], int]
 
 
 def search_path() -> list[str]:
@@ -208,30 +210,22 @@ def _each_tool(argv: list[str], verb: str, action: Callable[[str], str | None]) 
 NOT_ON_PATH = "not a tool on CTX_PATH"
 
 
-def _load(context: TshContext, argv: list[str]) -> int:
-    def load(name: str) -> str | None:
-        try:
-            info, unloaded = context.load(name)
-        except LookupError:
-            return NOT_ON_PATH
-        print(info.summary())
-        _report_unloaded(unloaded)
-        return None
+def _loading(verb: str, show: Callable[[ToolInfo], str]) -> Builtin:
+    """A built-in that loads each named tool into the context and prints ``show(info)``."""
 
-    return _each_tool(argv, "load", load)
+    def builtin(context: TshContext, argv: list[str]) -> int:
+        def load(name: str) -> str | None:
+            try:
+                info, unloaded = context.load(name)
+            except LookupError:
+                return NOT_ON_PATH
+            print(show(info))
+            _report_unloaded(unloaded)
+            return None
 
+        return _each_tool(argv, verb, load)
 
-def _describe(context: TshContext, argv: list[str]) -> int:
-    def describe(name: str) -> str | None:
-        try:
-            info, unloaded = context.load(name)
-        except LookupError:
-            return NOT_ON_PATH
-        print(json.dumps(info.to_json(), indent=2))
-        _report_unloaded(unloaded)
-        return None
-
-    return _each_tool(argv, "describe", describe)
+    return builtin
 
 
 def _pin(context: TshContext, argv: list[str]) -> int:
@@ -285,12 +279,12 @@ def _report_unloaded(names: list[str]) -> None:
         print(f"tsh: unloaded {name} (max_loaded_tools reached)", file=sys.stderr)
 
 
-BUILTINS: dict[str, Callable[[TshContext, list[str]], int]] = {
+BUILTINS: dict[str, Builtin] = {
     "help": _help,
     "which": _which,
     "tools": _tools,
-    "load": _load,
-    "describe": _describe,
+    "load": _loading("load", ToolInfo.summary),
+    "describe": _loading("describe", lambda info: json.dumps(info.to_json(), indent=2)),
     "pin": _pin,
     "unpin": _unpin,
     "unload": _unload,
