@@ -30,6 +30,7 @@ import contextlib
 import errno
 import functools
 import os
+import stat
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
@@ -97,6 +98,9 @@ class FsOps:
 
     def truncate(self, fd: int, size: int) -> None:
         os.ftruncate(fd, size)
+
+    def fchmod(self, fd: int, mode: int) -> None:
+        os.fchmod(fd, mode)
 
     def fsync(self, fd: int) -> None:
         os.fsync(fd)
@@ -202,14 +206,38 @@ def sync_filesystem(ops: FsOps, fd: int) -> None:
     ops.syncfs(fd)
 
 
-def write_file_synced(ops: FsOps, dir_fd: int, name: str, data: bytes, mode: int = 0o644) -> None:
+def grant_group_access(ops: FsOps, fd: int, group_bits: int) -> None:
+    """Give the file or directory open as ``fd`` at least ``group_bits`` (``0o070`` at most)
+    for its group, whatever the umask took away at creation.
+
+    For trees shared by a group (a setgid, group-writable directory): an entry one member
+    creates must stay usable by the others, and the creating process's umask (022, typically)
+    would otherwise leave it writable by its owner alone.  Works on the descriptor, so a
+    symlink swapped in for the name cannot redirect it.  No fchmod when nothing is missing.
+    Not durable by itself: the mode reaches the disk with the next fsync of the entry (or of
+    the filesystem's journal), like any inode change.
+    """
+    if not group_bits:
+        return
+    st = os.fstat(fd)
+    current = stat.S_IMODE(st.st_mode)
+    if current & group_bits == group_bits or st.st_uid != os.geteuid():
+        return  # only the owner may change the mode: an entry of another member is theirs
+    ops.fchmod(fd, current | group_bits)
+
+
+def write_file_synced(
+    ops: FsOps, dir_fd: int, name: str, data: bytes, mode: int = 0o644, *, group: int = 0
+) -> None:
     """Create ``name`` (which must not exist) holding ``data``, and fsync it.
 
     On return the file's data and size are durable; its *name* is not, until ``dir_fd`` is
-    synced.  On failure the partial file is removed.
+    synced.  ``group``: access bits the file's group gets whatever the umask
+    (:func:`grant_group_access`).  On failure the partial file is removed.
     """
     fd = ops.create_file(name, dir_fd, mode)
     try:
+        grant_group_access(ops, fd, group)
         ops.write(fd, data)
         ops.fsync(fd)
     except BaseException:
@@ -219,10 +247,13 @@ def write_file_synced(ops: FsOps, dir_fd: int, name: str, data: bytes, mode: int
     ops.close(fd)
 
 
-def write_file_unsynced(ops: FsOps, dir_fd: int, name: str, data: bytes, mode: int = 0o644) -> None:
+def write_file_unsynced(
+    ops: FsOps, dir_fd: int, name: str, data: bytes, mode: int = 0o644, *, group: int = 0
+) -> None:
     """Create ``name`` holding ``data`` without fsync; a later barrier must cover it."""
     fd = ops.create_file(name, dir_fd, mode)
     try:
+        grant_group_access(ops, fd, group)
         ops.write(fd, data)
     except BaseException:
         ops.close(fd)

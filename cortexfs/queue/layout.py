@@ -107,6 +107,11 @@ class Queue:
     root_fd: int
     dirs: dict[str, int] = field(default_factory=dict)
     claim_order: ClaimOrder = field(default_factory=ClaimOrder)
+    # The access the queue directory grants its group (0o070 in a shared space, X-1): every
+    # directory the protocol makes in the queue gets it, every file its read and write bits,
+    # whatever the creating process's umask, so that another member of the group can recover
+    # or finish a claim this process leaves behind (Q-5).
+    group_access: int = 0
 
     # ------------------------------------------------------------------ opening and closing
 
@@ -118,6 +123,7 @@ class Queue:
         except FileNotFoundError as exc:
             raise not_found(f"no queue at {path}; create it with 'ctx queue init'") from exc
         queue = cls(path=path, ops=ops, config=QueueConfig(), root_fd=root_fd)
+        queue.group_access = stat.S_IMODE(os.fstat(root_fd).st_mode) & 0o070
         try:
             for name in STATE_DIRS:
                 queue.dirs[name] = queue._open_state_dir(name)
@@ -189,6 +195,11 @@ class Queue:
     @property
     def failed(self) -> int:
         return self.dirs["failed"]
+
+    @property
+    def file_group(self) -> int:
+        """The group bits a file the protocol creates gets (read and write, never execute)."""
+        return self.group_access & 0o060
 
     def terminal(self, ok: bool) -> int:
         return self.done if ok else self.failed

@@ -104,7 +104,7 @@ def publish(
     temp = queue.publish_temp_name(job)
     ops.step("publish.write")
     try:
-        durable.write_file_synced(ops, queue.inbox, temp, data)
+        durable.write_file_synced(ops, queue.inbox, temp, data, group=queue.file_group)
     except FileExistsError:
         raise _publish_in_progress(job, temp) from None
     # Holding the staging name, look again: a publisher of J that got past the early check
@@ -168,7 +168,7 @@ def publish_batch(
         for job, data in zip(jobs, encoded, strict=True):
             temp = queue.publish_temp_name(job)
             try:
-                durable.write_file_unsynced(ops, queue.inbox, temp, data)
+                durable.write_file_unsynced(ops, queue.inbox, temp, data, group=queue.file_group)
             except FileExistsError:
                 raise _publish_in_progress(job, temp, batch=True) from None
             temps.append(temp)
@@ -259,6 +259,9 @@ def claim_job(queue: Queue, job: str, holder: Holder, ttl: float | None = None) 
         if not _still_linked(queue.claimed, job, claim_fd):
             # recover removed our empty claim directory before we locked it: we lost.
             return None
+        # Before the request moves in: whoever recovers or finishes the job may be another
+        # member of the queue's group, and must be able to move it out again.
+        durable.grant_group_access(ops, claim_fd, queue.group_access)
         # Durable before anything moves into it: a rename may reach the disk ahead of the
         # mkdir of its destination directory, and the request would then be unreachable (I-1).
         durable.sync_dir(ops, queue.claimed)
@@ -294,7 +297,7 @@ def _write_lease(queue: Queue, job: str, lease: Lease) -> None:
     ops = queue.ops
     temp = queue.temp_name(job, "lease")
     ops.step("lease.write")
-    durable.write_file_synced(ops, queue.inbox, temp, lease.encode())
+    durable.write_file_synced(ops, queue.inbox, temp, lease.encode(), group=queue.file_group)
     ops.step("lease.mkdir")
     if not durable.make_dir_synced(ops, queue.lease, job, 0o775):
         _discard_temp(queue, temp)
@@ -303,6 +306,7 @@ def _write_lease(queue: Queue, job: str, lease: Lease) -> None:
         ) from None
     lease_fd = queue.open_job_dir("lease", job)
     try:
+        durable.grant_group_access(ops, lease_fd, queue.group_access)  # as for claimed/J
         ops.step("lease.move")
         durable.move_noreplace(ops, queue.inbox, temp, lease_fd, LEASE_FILE)
     finally:
@@ -381,7 +385,9 @@ def renew(queue: Queue, job: str, holder: Holder, ttl: float | None = None) -> L
         lease_fd = queue.open_job_dir("lease", job)
         try:
             ops.step("renew.write")
-            durable.write_file_synced(ops, queue.inbox, temp, renewed.encode())
+            durable.write_file_synced(
+                ops, queue.inbox, temp, renewed.encode(), group=queue.file_group
+            )
             ops.step("renew.replace")
             durable.replace_synced(ops, queue.inbox, temp, lease_fd, LEASE_FILE)
         finally:
@@ -468,7 +474,7 @@ def finish(
         state = "done" if ok else "failed"
         temp = queue.temp_name(job, "result")
         ops.step("finish.write")
-        durable.write_file_synced(ops, queue.inbox, temp, data)
+        durable.write_file_synced(ops, queue.inbox, temp, data, group=queue.file_group)
         ops.step("finish.result")
         try:
             durable.move_noreplace(ops, queue.inbox, temp, terminal, job + RESULT_SUFFIX)

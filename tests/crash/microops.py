@@ -84,6 +84,15 @@ class Truncate:
 
 
 @dataclass(frozen=True)
+class Chmod:
+    """``fchmod(2)``: the node's permission bits.  Names and contents, which are all the crash
+    model reasons about, stay as they were; recorded so that the journal and strace agree."""
+
+    node: int
+    mode: int
+
+
+@dataclass(frozen=True)
 class Fsync:
     node: int
     directory: bool
@@ -130,9 +139,10 @@ class Executed:
 
 EntryOp = Create | MakeDir | RemoveDir | Unlink | Link | Rename
 DataOp = Write | Truncate
+ModeOp = Chmod
 SyncOp = Fsync | SyncFs
 Marker = Step | Attempt | Returned | Ack | Executed
-Op = EntryOp | DataOp | SyncOp | Marker
+Op = EntryOp | DataOp | ModeOp | SyncOp | Marker
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from cortexfs import durable
 from tests.crash.fsimage import DIR, Image, snapshot
 from tests.crash.microops import (
     Ack,
+    Chmod,
     Create,
     Executed,
     Fsync,
@@ -230,6 +231,14 @@ class RecordingOps(durable.FsOps):
             node = journal.node_of(fd)
             if node is not None:
                 journal.record(self.actor, Truncate(node, size))
+
+    def fchmod(self, fd: int, mode: int) -> None:
+        journal = self.journal
+        with journal.lock:
+            super().fchmod(fd, mode)
+            node = journal.node_of(fd)
+            if node is not None:
+                journal.record(self.actor, Chmod(node, mode))
 
     def fsync(self, fd: int) -> None:
         journal = self.journal

@@ -20,6 +20,7 @@ from cortexfs.queue import Holder, Queue, claim_job, finish, publish, publish_ba
 from cortexfs.queue import renew as renew_lease
 from tests.crash.fsimage import Image
 from tests.crash.microops import (
+    Chmod,
     Create,
     Fsync,
     Link,
@@ -102,7 +103,7 @@ def calls(journal: Journal, start: int, end: int, image: Image) -> list[Call]:
     return found
 
 
-_FS_OPS = (Create, MakeDir, RemoveDir, Unlink, Link, Rename, Write, Truncate, Fsync, SyncFs)
+_FS_OPS = (Create, MakeDir, RemoveDir, Unlink, Link, Rename, Write, Truncate, Chmod, Fsync, SyncFs)
 
 
 def call(op: Op, at: Callable[[int, str], str], image: Image) -> Call:
@@ -123,6 +124,8 @@ def call(op: Op, at: Callable[[int, str], str], image: Image) -> Call:
             return ["write", image.path_of(node) or "?", len(data)]
         case Truncate(node, _):
             return ["truncate", image.path_of(node) or "?"]
+        case Chmod(node, _):
+            return ["fchmod", image.path_of(node) or "?"]
         case Fsync(node, _):
             return ["fsync", image.path_of(node) or "?"]
         case _:

@@ -117,9 +117,13 @@ class Trace:
         return None if path is None else [kind, path]
 
 
-def trace_verbs(tmp_path: Path, strategy: str, *extra: str) -> tuple[list, list]:
+def trace_verbs(
+    tmp_path: Path, strategy: str, *extra: str, group_writable: bool = False
+) -> tuple[list, list]:
     queue = tmp_path / "queue"
     init_queue(queue)
+    if group_writable:
+        queue.chmod(0o2770)  # as in a shared space: what the protocol creates gets fchmod'ed
     out, log = tmp_path / "recorded.json", tmp_path / "strace.txt"
     target = [sys.executable, "-m", "tests.crash.strace_target", str(queue), str(out), strategy]
     strace = ["strace", "-f", "-y", "-qq", "-s", "256", "-e", f"trace={MUTATING}", "-o", str(log)]
@@ -128,6 +132,7 @@ def trace_verbs(tmp_path: Path, strategy: str, *extra: str) -> tuple[list, list]
         cwd=REPO,
         check=True,
         timeout=120,
+        umask=0o022 if group_writable else -1,  # a umask that takes the group's write bit
     )
     traced = Trace(log.read_text(), queue.resolve(), out.with_suffix(".marks").resolve())
     return traced.verbs, [(name, calls) for name, calls in json.loads(out.read_text())]
@@ -140,6 +145,12 @@ def test_every_system_call_that_changed_the_queue_was_recorded(tmp_path, strateg
     for (verb, seen), (_, journalled) in zip(traced, recorded, strict=True):
         assert seen, f"strace saw nothing of {verb}: the comparison would prove nothing"
         assert seen == journalled, f"{verb}: strace and the recorder disagree"
+
+
+def test_the_group_access_given_in_a_shared_queue_is_recorded(tmp_path):
+    traced, recorded = trace_verbs(tmp_path, MOVE_RENAME, group_writable=True)
+    assert any(call[0] == "fchmod" for _, seen in traced for call in seen)
+    assert traced == [(name, calls) for name, calls in recorded]
 
 
 def test_a_change_that_bypasses_fsops_is_caught(tmp_path):
