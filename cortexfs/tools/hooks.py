@@ -6,9 +6,16 @@ stdin: the call (tool, agent, session, call id, mode, input or argv) and, after 
 result.
 
 * A pre-hook may veto the call: a non-zero exit or a timeout refuses it with EACCES, naming
-  the hook and quoting the last line of its stderr.  An entry of ``pre.d`` that is not an
-  executable regular file vetoes too: a guard that cannot run must not let calls through.
+  the hook and quoting the last line of its stderr.
 * A post-hook sees the result; its exit status is recorded with the call and changes nothing.
+
+Only executables are hooks (T-6): a regular file without any execute bit (a README) and a
+subdirectory are skipped, as ``run-parts`` skips them.  What looks like a hook but cannot be
+run is a failed hook, and in ``pre.d`` a veto — a guard that cannot run must not let calls
+through: a symbolic link (never followed, so a hook is never taken from outside the
+directory), a special file, a hook that vanished after it was listed, one whose execute bits
+are not the agent's.  The hook directories themselves are opened without following links: a
+link in their place makes the tool damaged (ENOEXEC), as :func:`layout_problems` reports it.
 
 Hooks run as the tool does — under the agent's identity, with the tool's environment plus
 ``CTX_HOOK=pre|post``, in the same working directory — each bounded by :data:`HOOK_TIMEOUT`.
@@ -16,12 +23,13 @@ Hooks run as the tool does — under the agent's identity, with the tool's envir
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat
 from typing import Any, NamedTuple
 
-from cortexfs.tools.controls import POST_HOOKS, PRE_HOOKS, ToolObject
+from cortexfs.tools.controls import POST_HOOKS, PRE_HOOKS, ToolObject, damaged
 from cortexfs.tools.spawn import ProcessSpec, run_captured
 
 HOOK_TIMEOUT = 10.0
@@ -29,6 +37,7 @@ MAX_HOOK_OUTPUT = 64 * 1024
 PRE, POST = "pre", "post"
 PHASES = (PRE, POST)
 _PHASE_DIRECTORIES = {PRE: PRE_HOOKS, POST: POST_HOOKS}
+_DIRECTORY_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class HookRun(NamedTuple):
@@ -52,12 +61,41 @@ class HookRun(NamedTuple):
 
 
 def hook_names(tool: ToolObject, phase: str) -> list[str]:
-    """The hooks of one phase, in the order they run (none when the directory is missing)."""
-    try:
-        names = os.listdir(tool.control(_PHASE_DIRECTORIES[phase]))
-    except (FileNotFoundError, NotADirectoryError):
+    """The entries of one phase's directory, in the order they run (none when it is missing).
+
+    The directory is reached from the tool's tier without following links; ENOEXEC (the tool
+    is damaged) when ``<name>.d``, ``hooks`` or the phase's directory is a link or a file.
+    """
+    fd = _open_hook_directory(tool, _PHASE_DIRECTORIES[phase])
+    if fd is None:
         return []
+    try:
+        names = os.listdir(fd)
+    finally:
+        os.close(fd)
     return sorted((name for name in names if not name.startswith(".")), key=os.fsencode)
+
+
+def _open_hook_directory(tool: ToolObject, relative: str) -> int | None:
+    """A descriptor of ``<tier>/<name>.d/<relative>``, every component opened without following
+    a link (as the tool's controls are read); None when one is missing."""
+    fd = None
+    try:
+        fd = os.open(tool.directory, _DIRECTORY_FLAGS)
+        for part in tool.relative_control(relative).parts:
+            inner = os.open(part, _DIRECTORY_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+    except OSError as exc:
+        if fd is not None:
+            os.close(fd)
+        if isinstance(exc, FileNotFoundError):
+            return None
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            reason = f"{relative}/ is not a directory (links are not followed)"
+            raise damaged(tool, reason) from None
+        raise
+    return fd
 
 
 def run_hooks(
@@ -70,6 +108,8 @@ def run_hooks(
     for name in names:
         path = directory / name
         problem = _not_runnable(path)
+        if problem is None:
+            continue  # a directory or a file with no execute bit: not a hook (T-6)
         if problem:
             run = HookRun(phase, name, 126, problem)
         else:
@@ -94,13 +134,18 @@ def _run_one(phase: str, name: str, spec: ProcessSpec, stdin_data: bytes) -> Hoo
     return HookRun(phase, name, finished.exit_status, last_line[0] if last_line else "")
 
 
-def _not_runnable(path: os.PathLike[str]) -> str:
+def _not_runnable(path: os.PathLike[str]) -> str | None:
+    """Why ``path`` cannot run as a hook, "" when it can, None when it is no hook at all."""
     try:
         status = os.lstat(path)
     except FileNotFoundError:
         return "vanished before it could run"
+    if stat.S_ISDIR(status.st_mode):
+        return None
+    if stat.S_ISLNK(status.st_mode):
+        return "is a symbolic link (links are not followed)"
     if not stat.S_ISREG(status.st_mode):
-        return "is not a regular file (links are not followed)"
+        return "is not a regular file"
     if not status.st_mode & 0o111:
-        return "is not executable"
+        return None
     return ""

@@ -8,6 +8,7 @@ import os
 
 import pytest
 
+from tests.support.cli import ctx
 from tests.tools.support import World
 
 TRACE = """#!/bin/sh
@@ -69,12 +70,58 @@ def test_a_failing_pre_hook_vetoes_the_call_and_stops_the_others(hooked: World) 
     assert hooked.events()[-1]["stage"] == "hook"
 
 
-def test_a_pre_hook_that_cannot_run_vetoes(hooked: World) -> None:
-    add_hook(hooked, "pre", "10-not-executable", mode=0o644)
+def test_non_executables_and_directories_in_the_hook_directories_are_skipped(
+    hooked: World,
+) -> None:
+    """T-6: only executables run; a README or a subdirectory neither runs nor vetoes."""
+    for phase in ("pre", "post"):
+        hooks = hooked.root / "tool/echo.d/hooks" / f"{phase}.d"
+        (hooks / "README").write_text("10-* run first\n")
+        (hooks / "README").chmod(0o644)
+        (hooks / "05-old").mkdir()
+        add_hook(hooked, phase, "20-real")
+
+    completed = ctx(hooked.root, "run", "--agent", "coder", "--native", "echo", stdin='{"a": 1}')
+
+    result = json.loads(completed.stdout.splitlines()[-1])
+    assert completed.returncode == 0, completed.stdout
+    assert result["status"] == "ok" and result["post_hooks"] == []
+    uid = hooked.user.uid
+    assert trace(hooked) == [f"20-real {uid} pre", f"20-real {uid} post"]
+
+
+def test_a_pre_hook_that_looks_like_one_but_cannot_run_vetoes(hooked: World) -> None:
+    hooks = hooked.root / "tool/echo.d/hooks/pre.d"
+    add_hook(hooked, "pre", "10-roots-only", mode=0o700)  # execute bits, not the agent's
+    refused_by_mode = hooked.run("echo", {})
+    (hooks / "10-roots-only").unlink()
+    outside = hooked.scratch / "outside-hook"
+    outside.write_text("#!/bin/sh\nexit 0\n")
+    outside.chmod(0o755)
+    (hooks / "10-link").symlink_to(outside)
+    refused_as_link = hooked.run("echo", {})
+
+    assert refused_by_mode.error.stage == "hook"
+    assert "10-roots-only vetoed the call" in refused_by_mode.error.message
+    assert refused_as_link.error.stage == "hook"
+    assert "10-link vetoed the call (exit 126): is a symbolic link" in refused_as_link.error.message
+
+
+def test_a_linked_hook_directory_makes_the_tool_damaged_and_is_never_followed(
+    hooked: World,
+) -> None:
+    elsewhere = hooked.scratch / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "10-permissive").write_text("#!/bin/sh\nexit 0\n")
+    (elsewhere / "10-permissive").chmod(0o755)
+    pre = hooked.root / "tool/echo.d/hooks/pre.d"
+    pre.rmdir()
+    pre.symlink_to(elsewhere)
 
     result = hooked.run("echo", {})
 
-    assert result.error.stage == "hook" and "is not executable" in result.error.message
+    assert (result.error.errno, result.error.stage) == (errno.ENOEXEC, "resolve")
+    assert "hooks/pre.d/ is not a directory (links are not followed)" in result.error.message
 
 
 def test_post_hooks_see_the_result_and_cannot_change_it(hooked: World) -> None:
