@@ -28,6 +28,10 @@ EXIT_CANNOT_RUN = 126
 SUMMARY = "Run TOOL as AGENT through the whole authority chain (SPEC T-3, P-5, P-6)."
 DESCRIPTION = f"""{SUMMARY}
 
+Options of ctx run come before TOOL; every word after TOOL is the tool's, passed exactly
+as given ('--' and words that look like options included).  A '--' before TOOL ends the
+options, for a TOOL that starts with '-'.
+
 Terminal CLI mode (default): ARGs are passed as they are, stdin/stdout/stderr are the
 tool's; the exit status is the tool's (126: refused, 127: not found).
 
@@ -50,47 +54,94 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"ctx run: EINVAL: {message}\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _parser() -> tuple[argparse.ArgumentParser, dict[str, bool]]:
+    """The parser, and whether each of its option strings takes a value."""
     parser = _Parser(
         prog="ctx run",
         usage="ctx run [OPTIONS] TOOL [ARGS]...",
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument(
-        "--agent", required=True, help="the agent whose identity, mounts and policy apply"
-    )
-    parser.add_argument(
-        "--session",
-        default=DEFAULT_SESSION,
-        help=f"session to record in (default: {DEFAULT_SESSION})",
-    )
-    parser.add_argument(
-        "--project", help="record in shared/PROJECT/agent/AGENT/session/SESSION instead"
-    )
-    parser.add_argument(
-        "--native", action="store_true", help="agent native mode: JSON on stdin, JSONL frames out"
-    )
-    parser.add_argument(
-        "--timeout",
-        type=_positive_seconds,
-        help=f"kill the tool's process group after this many seconds (native default "
-        f"{DEFAULT_TIMEOUT:g}; terminal default: none)",
-    )
-    parser.add_argument(
-        "--storage",
-        type=Path,
-        help="storage root (default: $CTX_STORAGE, else the embedded default root)",
-    )
+    options = [
+        parser.add_argument(
+            "--agent", required=True, help="the agent whose identity, mounts and policy apply"
+        ),
+        parser.add_argument(
+            "--session",
+            default=DEFAULT_SESSION,
+            help=f"session to record in (default: {DEFAULT_SESSION})",
+        ),
+        parser.add_argument(
+            "--project", help="record in shared/PROJECT/agent/AGENT/session/SESSION instead"
+        ),
+        parser.add_argument(
+            "--native",
+            action="store_true",
+            help="agent native mode: JSON on stdin, JSONL frames out",
+        ),
+        parser.add_argument(
+            "--timeout",
+            type=_positive_seconds,
+            help=f"kill the tool's process group after this many seconds (native default "
+            f"{DEFAULT_TIMEOUT:g}; terminal default: none)",
+        ),
+        parser.add_argument(
+            "--storage",
+            type=Path,
+            help="storage root (default: $CTX_STORAGE, else the embedded default root)",
+        ),
+    ]
     parser.add_argument("tool", metavar="TOOL")
-    arguments = parser.add_argument("args", metavar="ARGS", nargs=argparse.REMAINDER)
-    arguments.required = False  # argparse marks a REMAINDER required; an empty argv is legal
-    return parser
+    # Shown in the usage only: the words after TOOL never reach argparse (see _split).
+    parser.add_argument(
+        "args", metavar="ARGS", nargs="*", default=[], help="the tool's argv, exactly"
+    )
+    takes_value = {"-h": False, "--help": False}
+    for action in options:
+        takes_value.update(dict.fromkeys(action.option_strings, action.nargs != 0))
+    return parser, takes_value
+
+
+def parse_command_line(argv: list[str]) -> argparse.Namespace:
+    """``ctx run``'s options and TOOL, and the tool's argv: every word after TOOL, exactly.
+
+    argparse would take a ``--`` right after TOOL as its own (``demo.echo -- a`` gave the
+    tool ``[a]``, ``-- -- b`` gave ``[--] [b]``), so the words after TOOL never reach it (T-3:
+    the argv is kept).
+    """
+    parser, takes_value = _parser()
+    own, tool, tool_argv = _split(argv, takes_value)
+    options = parser.parse_args([*own, "--", *tool] if tool else own)
+    options.args = tool_argv
+    return options
+
+
+def _split(argv: list[str], takes_value: dict[str, bool]) -> tuple[list[str], list[str], list[str]]:
+    """``argv`` as ctx run's options, ``[TOOL]`` (empty when absent), and the tool's words."""
+    index = 0
+    while index < len(argv):
+        word = argv[index]
+        if word == "--":  # the end of ctx run's options: TOOL may then start with '-'
+            return argv[:index], argv[index + 1 : index + 2], argv[index + 2 :]
+        if not word.startswith("-") or word == "-":
+            return argv[:index], [word], argv[index + 1 :]
+        name, equals, _ = word.partition("=")
+        index += 2 if not equals and _option_takes_value(name, takes_value) else 1
+    return argv, [], []
+
+
+def _option_takes_value(name: str, takes_value: dict[str, bool]) -> bool:
+    """As argparse reads ``name``: exactly, or as the unambiguous prefix of a long option.
+    An unknown or ambiguous option is argparse's to refuse; it takes no value here."""
+    if name in takes_value:
+        return takes_value[name]
+    matches = [option for option in takes_value if option.startswith(name) and name[:2] == "--"]
+    return len(matches) == 1 and takes_value[matches[0]]
 
 
 def main(argv: list[str], storage_dir: Path | None = None) -> int:
     """Run ``ctx run ARGV``; ``storage_dir`` is the group's ``--storage``, if one was given."""
-    options = build_parser().parse_args(argv)
+    options = parse_command_line(argv)
     try:
         root = storage.resolve_root(options.storage or storage_dir)
         where = _session(root, options.agent, options.session, options.project)

@@ -196,6 +196,35 @@ def test_ctx_run_terminal_exit_statuses(coder: World) -> None:
     assert refused.returncode == 126 and "step 5 (object policy)" in refused.stderr
 
 
+@pytest.mark.parametrize(
+    ("words", "seen"),
+    [
+        (["--", "a"], "[--]\n[a]\n"),
+        (["--", "--", "b"], "[--]\n[--]\n[b]\n"),
+        (["--agent", "other", "--native", "-x"], "[--agent]\n[other]\n[--native]\n[-x]\n"),
+        (["--help"], "[--help]\n"),
+    ],
+)
+def test_every_word_after_tool_reaches_the_tool_exactly(
+    coder: World, words: list[str], seen: str
+) -> None:
+    """T-3 "argv kept": options of ctx run come before TOOL; after it, nothing is ctx's."""
+    direct = ctx(coder.root, "run", "--agent", "coder", "argv", *words)
+    grouped = ctx(
+        coder.root, "--storage", str(coder.root), "run", "--agent", "coder", "argv", *words
+    )
+
+    assert (direct.returncode, direct.stdout) == (7, seen), direct.stderr
+    assert (grouped.returncode, grouped.stdout) == (7, seen), grouped.stderr
+    assert coder.events()[-2]["argv"] == words
+
+
+def test_a_double_dash_before_tool_ends_ctx_runs_options(coder: World) -> None:
+    completed = ctx(coder.root, "run", "--agent", "coder", "--", "argv", "-x")
+
+    assert (completed.returncode, completed.stdout) == (7, "[-x]\n"), completed.stderr
+
+
 def test_ctx_run_native_prints_jsonl_frames(coder: World) -> None:
     command = [*CTX, "--storage", str(coder.root), "run", "--agent", "coder", "--native"]
 
