@@ -51,7 +51,7 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         """A malformed command line: the usage, then the reason as every ctx error reads."""
         self.print_usage(sys.stderr)
-        self.exit(EXIT_USAGE, f"ctx run: EINVAL: {message}\n")
+        self.exit(EXIT_USAGE, f"ctx: EINVAL: {message}\n")
 
 
 def _parser() -> tuple[argparse.ArgumentParser, dict[str, bool]]:
@@ -112,6 +112,8 @@ def parse_command_line(argv: list[str]) -> argparse.Namespace:
     parser, takes_value = _parser()
     own, tool, tool_argv = _split(argv, takes_value)
     options = parser.parse_args([*own, "--", *tool] if tool else own)
+    if options.native and tool_argv:
+        parser.error("native mode takes its input on stdin, not as arguments")
     options.args = tool_argv
     return options
 
@@ -170,9 +172,6 @@ def _run_terminal(root: Path, options: argparse.Namespace, where: SessionRef | s
 
 
 def _run_native(root: Path, options: argparse.Namespace, where: SessionRef | str) -> int:
-    if options.args:
-        _say("EINVAL: native mode takes its input on stdin, not as arguments")
-        return EXIT_USAGE
     data = sys.stdin.buffer.read()
     try:
         input_value: Any = json.loads(data)

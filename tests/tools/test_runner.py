@@ -255,9 +255,16 @@ def test_ctx_run_reads_the_same_arguments_before_and_after_the_group(coder: Worl
     for command in (direct, grouped):
         completed = subprocess.run(command, capture_output=True, text=True, input="")
         assert (completed.returncode, completed.stdout) == (7, "[-x]\n"), completed.stderr
-    for malformed in (["run"], ["run", "--agent"], ["run", "--agent", "a", "--timeout", "0", "t"]):
+    for malformed in (
+        ["run"],
+        ["run", "--agent"],
+        ["run", "--agent", "a", "--timeout", "0", "t"],
+        ["run", "--agent", "a", "--native", "t", "x"],
+    ):
         completed = subprocess.run([*CTX, *malformed], capture_output=True, text=True)
-        assert completed.returncode == 2 and "ctx run: EINVAL:" in completed.stderr
+        assert completed.returncode == 2, completed.stderr
+        assert completed.stderr.startswith("usage: ctx run [OPTIONS] TOOL [ARGS]...\n")
+        assert completed.stderr.splitlines()[-1].startswith("ctx: EINVAL: ")
         assert "ARGS" not in completed.stderr.splitlines()[-1]  # an empty argv is legal (T-3)
     helped = subprocess.run(
         [*CTX, "--storage", str(coder.root), "run", "--help"], capture_output=True, text=True
