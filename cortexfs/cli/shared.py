@@ -11,13 +11,12 @@ from cortexfs.cli.common import (
     emit_json,
     handles_errors,
     json_option,
-    object_name_argument,
     resolve_storage,
     storage_option,
     usage_problem,
 )
-from cortexfs.errors import invalid
-from cortexfs.shared.spaces import create_shared_space
+from cortexfs.errors import CtxError, invalid
+from cortexfs.shared.spaces import check_space_name, create_shared_space
 
 
 @click.group()
@@ -37,9 +36,13 @@ def create(name: str, group: str | None, storage_dir: Path | None, as_json: bool
     Its directories belong to the group, are group-writable and setgid (mode 2770), so
     everything created inside belongs to the group and nobody else sees in.  Which agents
     may use it is then up to their uid/gid, mounts and policy (shared:NAME read|write).
-    Existing parts are left exactly as they are.
+    Existing parts are left exactly as they are.  An illegal NAME, or cortexfs-docs (the
+    manual bundle), is a usage error (EINVAL, exit 2).
     """
-    name = object_name_argument(name, "shared space")
+    try:
+        check_space_name(name)
+    except CtxError as exc:  # an illegal or reserved name is a malformed command line
+        raise usage_problem(exc) from None
     report = create_shared_space(
         resolve_storage(storage_dir), name, gid=None if group is None else _gid(group)
     )

@@ -38,6 +38,15 @@ class SpaceReport:
         return {"path": str(self.path), "gid": self.gid, "created": self.created}
 
 
+def check_space_name(name: str) -> str:
+    """``name`` when it may name a shared space: an object name (R-3) other than the manual
+    bundle's (X-2); EINVAL otherwise."""
+    check_object_name(name, "shared space")
+    if name == storage.DOCS_BUNDLE:
+        raise invalid(f"{name} is the system-maintained manual bundle (X-2), not a space")
+    return name
+
+
 def space_path(root: Path, name: str) -> Path:
     return root / "shared" / check_object_name(name, "shared space")
 
@@ -52,9 +61,7 @@ def create_shared_space(
     defaults to the caller's effective group.
     """
     ops = ops or durable.default_ops()
-    path = space_path(root, name)
-    if name == storage.DOCS_BUNDLE:
-        raise invalid(f"{name} is the system-maintained manual bundle (X-2), not a space")
+    path = space_path(root, check_space_name(name))
     owner = Ownership(-1, os.getegid() if gid is None else gid)
     _require_group_of_caller(owner.gid)
     created = storage.ensure_root_abi(root, ops).created

@@ -112,6 +112,21 @@ def test_ctx_shared_create(world: World) -> None:
     assert no_group.returncode == 2 and "no such group" in no_group.stderr
 
 
+@pytest.mark.parametrize("name", ["cortexfs-docs", ".hidden", "x.d", "a/b"])
+def test_ctx_shared_create_refuses_a_reserved_or_illegal_name_as_a_usage_error(
+    world: World, name: str
+) -> None:
+    completed = subprocess.run(
+        [*CTX, "--storage", str(world.root), "shared", "create", name],
+        capture_output=True,
+        text=True,
+    )
+
+    assert completed.returncode == 2, completed.stderr
+    assert completed.stderr.startswith("ctx: EINVAL: ")
+    assert not (world.root / "shared" / name / "queue").exists(), "nothing is made"
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as the test user")
 def test_a_group_the_creator_is_not_in_is_refused_before_anything_is_made(world: World) -> None:
     name = pwd.getpwuid(world.user.uid).pw_name
