@@ -442,7 +442,8 @@ def recover(
     lease goes back to pending, a result with its request still claimed rolls forward,
     orphan claim/lease directories and stray temp files are removed).  Conflicts are only
     reported.  Jobs whose holder is alive are never touched.  Exit 0 when the queue is
-    consistent afterwards, 1 when incomplete pairs or conflicts remain.
+    consistent afterwards, 1 when incomplete pairs or conflicts remain; --dry-run changes
+    nothing, so it exits as the queue stands.
     """
     with layout.Queue.open(queue_dir) as q:
         report = recovery.recover(q, reconcile=reconcile, dry_run=dry_run, grace=grace)
@@ -455,7 +456,8 @@ def recover(
 
 
 def _render_recover(report: recovery.RecoverReport) -> None:
-    verb = "would " if report.dry_run else ""
+    dry = report.dry_run
+    verb = "would " if dry else ""
     for f in report.requeued:
         click.echo(f"{verb}requeue  {f.job}: {f.detail}")
     for f in report.repaired:
@@ -468,9 +470,12 @@ def _render_recover(report: recovery.RecoverReport) -> None:
     for f in report.conflicts:
         click.echo(f"conflict {f.job}: {f.detail}; evidence: {', '.join(f.evidence)}")
     for path in report.removed_temps:
-        click.echo(f"{verb}remove   {path}")
+        click.echo(f"remove   {path}")
     for path in report.stale_temps:
-        click.echo(f"stale    {path} (run with --reconcile to remove)")
+        if report.reconcile:  # only a dry run leaves them
+            click.echo(f"would remove {path}")
+        else:
+            click.echo(f"stale    {path} (run with --reconcile to remove)")
     for entry in report.ignored:
         click.echo(f"ignored  {entry.path}: {entry.reason}")
     for f in report.errors:
@@ -478,8 +483,11 @@ def _render_recover(report: recovery.RecoverReport) -> None:
     state = "consistent" if report.consistent else "NOT consistent"
     alive = f" ({len(report.untouched)} left alone: holder alive)" if report.untouched else ""
     failed = f", {len(report.errors)} errors" if report.errors else ""
+    requeued, repaired = ("would requeue", "would repair") if dry else ("requeued", "repaired")
     click.echo(
-        f"{len(report.requeued)} requeued, {len(report.repaired)} repaired, "
+        f"{len(report.requeued)} {requeued}, {len(report.repaired)} {repaired}, "
         f"{len(report.incomplete)} incomplete, {len(report.conflicts)} conflicts, "
-        f"{len(report.stale_temps)} stale temps{failed}: queue {state}{alive}"
+        f"{len(report.stale_temps)} stale temps{failed}: queue {state}"
+        + (" (nothing changed: dry run)" if dry else "")
+        + alive
     )

@@ -86,8 +86,15 @@ class RecoverReport:
 
     @property
     def consistent(self) -> bool:
-        """True when nothing incomplete or conflicting remains (exit status 0)."""
-        return not (self.incomplete or self.conflicts or self.stale_temps or self.errors)
+        """True when no incomplete pair, conflict or failure remains after the run (exit 0).
+
+        Judged on the queue as the run leaves it: a repair a dry run only plans leaves its
+        incomplete pair in place.
+        """
+        unrepaired = any(not f.applied for f in self.repaired)
+        return not (
+            self.incomplete or self.conflicts or self.stale_temps or self.errors or unrepaired
+        )
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -125,17 +132,16 @@ def recover(
     for temp in found.temps:
         if temp.age < grace:
             continue  # a publish, lease or finish may still be writing it
-        if not reconcile:
-            report.stale_temps.append(f"inbox/{temp.name}")
+        if not reconcile or dry_run:
+            report.stale_temps.append(f"inbox/{temp.name}")  # still there after the run
             continue
-        if not dry_run:
-            try:
-                durable.remove_entries(queue.ops, [(queue.inbox, temp.name, False)])
-            except OSError as exc:
-                report.errors.append(_temp_failure(temp, exc))
-                continue
+        try:
+            durable.remove_entries(queue.ops, [(queue.inbox, temp.name, False)])
+        except OSError as exc:
+            report.errors.append(_temp_failure(temp, exc))
+            continue
         report.removed_temps.append(f"inbox/{temp.name}")
-    if report.removed_temps and not dry_run:
+    if report.removed_temps:
         durable.sync_dir(queue.ops, queue.inbox)
     return report
 
@@ -181,8 +187,10 @@ def _recover_job(
             return
         finding.action = "requeue"
         finding.detail = f"lease holder gone: {verdict.reason}"
-        outcome = None if dry_run else _apply(queue, evidence.job, _requeue, finding, assessment)
-        finding.applied = outcome is None
+        if dry_run:
+            report.requeued.append(finding)  # planned, not applied
+            return
+        finding.applied = _apply(queue, evidence.job, _requeue, finding, assessment) is None
         (report.requeued if finding.applied else report.untouched).append(finding)
         return
     if assessment.state != "incomplete":
@@ -197,8 +205,11 @@ def _recover_job(
         finding.detail += f"; left alone, lease holder {verdict.state}: {verdict.reason}"
         report.incomplete.append(finding)
         return
+    if dry_run:
+        report.repaired.append(finding)  # planned, not applied: the pair stays incomplete
+        return
     repair = _REPAIRS[assessment.repair or ""]
-    outcome = None if dry_run else _apply(queue, evidence.job, repair, finding, assessment)
+    outcome = _apply(queue, evidence.job, repair, finding, assessment)
     finding.applied = outcome is None
     if finding.applied:
         report.repaired.append(finding)

@@ -382,3 +382,33 @@ def test_recover_never_returns_a_finished_job_to_pending(queue):
     assert r.rc == 0, r
     assert snapshot(queue.dir) == before
     assert queue.state(job) == "done"
+
+
+def test_a_dry_run_reports_what_it_would_do_and_exits_as_the_queue_stays(queue):
+    """Q-6, §2.4: ``recover --reconcile --dry-run`` changes nothing, so its exit status is that
+    of the queue as it leaves it: 1 while an incomplete pair remains.  Its report says what it
+    would do (``applied`` false, "would repair"), and removes no temp file, even on paper."""
+    job = "half-claimed.req.json"
+    (queue.dir / "claimed" / job).mkdir()
+    request = json.dumps({"tool": "fs.read", "input": {}, "from": "t", "created": PAST})
+    (queue.dir / "claimed" / job / job).write_text(request)
+    (queue.dir / "inbox" / "crashed.tmp").write_text('{"tool"')
+    left_by_a_crash_long_ago(queue)
+    before = snapshot(queue.dir)
+
+    dry = queue.run("recover", "--reconcile", "--dry-run", "--grace", "0", "--json")
+    assert dry.rc == 1, dry
+    report = dry.json()
+    assert [(f["job"], f["applied"]) for f in report["repaired"]] == [(job, False)]
+    assert report["removed_temps"] == [] and report["consistent"] is False
+    text = queue.run("recover", "--reconcile", "--dry-run", "--grace", "0")
+    assert text.rc == 1, text
+    assert f"would repair   {job}" in text.out and "would remove inbox/" in text.out, text
+    assert "1 would repair" in text.out and "queue NOT consistent" in text.out, text
+    assert " 1 repaired" not in text.out and "queue consistent" not in text.out, text
+    assert snapshot(queue.dir) == before
+
+    fixed = queue.run("recover", "--reconcile", "--grace", "0", "--json")
+    assert fixed.rc == 0 and fixed.json()["repaired"][0]["applied"] is True, fixed
+    clean = queue.run("recover", "--reconcile", "--dry-run", "--grace", "0")
+    assert clean.rc == 0 and "queue consistent" in clean.out, clean

@@ -123,7 +123,7 @@ def test_the_same_host_after_a_reboot_counts_as_gone(queue: Queue, me: Holder) -
 def test_dry_run_changes_nothing(queue: Queue, me: Holder, queue_dir: Path) -> None:
     job = claimed_by(queue, dataclasses.replace(me, pid=dead_pid()))
     report = recover(queue, dry_run=True)
-    assert [f.job for f in report.requeued] == [job]
+    assert [(f.job, f.applied) for f in report.requeued] == [(job, False)]
     assert state_of(queue, job) == "claimed"
 
 
