@@ -442,8 +442,8 @@ def recover(
     lease goes back to pending, a result with its request still claimed rolls forward,
     orphan claim/lease directories and stray temp files are removed).  Conflicts are only
     reported.  Jobs whose holder is alive are never touched.  Exit 0 when the queue is
-    consistent afterwards, 1 when incomplete pairs or conflicts remain; --dry-run changes
-    nothing, so it exits as the queue stands.
+    consistent afterwards, 1 when incomplete pairs or conflicts remain (stray temp files
+    count as neither); --dry-run changes nothing, so it exits as the queue stands.
     """
     with layout.Queue.open(queue_dir) as q:
         report = recovery.recover(q, reconcile=reconcile, dry_run=dry_run, grace=grace)

@@ -89,12 +89,11 @@ class RecoverReport:
         """True when no incomplete pair, conflict or failure remains after the run (exit 0).
 
         Judged on the queue as the run leaves it: a repair a dry run only plans leaves its
-        incomplete pair in place.
+        incomplete pair in place.  Stray temp files are neither incomplete pairs nor
+        conflicts (Q-6): they are reported, not counted.
         """
         unrepaired = any(not f.applied for f in self.repaired)
-        return not (
-            self.incomplete or self.conflicts or self.stale_temps or self.errors or unrepaired
-        )
+        return not (self.incomplete or self.conflicts or self.errors or unrepaired)
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -412,3 +412,13 @@ def test_a_dry_run_reports_what_it_would_do_and_exits_as_the_queue_stays(queue):
     assert fixed.rc == 0 and fixed.json()["repaired"][0]["applied"] is True, fixed
     clean = queue.run("recover", "--reconcile", "--dry-run", "--grace", "0")
     assert clean.rc == 0 and "queue consistent" in clean.out, clean
+
+
+def test_a_stray_temp_file_alone_leaves_the_queue_consistent(queue):
+    """Q-6: exit 1 only while incomplete pairs (plain recover) or conflicts remain; a stray
+    temp file in ``inbox/`` is neither: plain recover reports it and exits 0."""
+    (queue.dir / "inbox" / "tmpx").write_text("x\n")
+    r = queue.run("recover", "--grace", "0")
+    assert r.rc == 0, r
+    assert "stale    inbox/tmpx" in r.out and "queue consistent" in r.out, r
+    assert queue.run("recover", "--grace", "0", "--json").json()["stale_temps"] == ["inbox/tmpx"]
