@@ -26,7 +26,16 @@ from cortexfs.shared.sessions import DEFAULT_SESSION, SessionRef, list_sessions
 _S2_KEYS = ("ts", "type", "agent", "session", "object", "status")
 
 
-def session_options(fn: Any) -> Any:
+# show and tail print events, one JSON object per line (JSON Lines), not one JSON document.
+jsonl_option = click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="JSON Lines: each event as it is stored, one JSON object per line.",
+)
+
+
+def session_options(fn: Any, *, output: Any = json_option) -> Any:
     fn = _one_session(fn)
     for decorator in reversed(
         [
@@ -41,12 +50,17 @@ def session_options(fn: Any) -> Any:
             click.option("--project", help="A session in shared/PROJECT/ instead of the home."),
             click.option("--uid", type=int, help="The home's uid (default: the agent's)."),
             storage_option,
-            json_option,
+            output,
             handles_errors,
         ]
     ):
         fn = decorator(fn)
     return fn
+
+
+def event_session_options(fn: Any) -> Any:
+    """:func:`session_options` for the commands that print events (``--json``: JSON Lines)."""
+    return session_options(fn, output=jsonl_option)
 
 
 def _one_session(fn: Any) -> Any:
@@ -72,7 +86,7 @@ def session() -> None:
 
 
 @session.command()
-@session_options
+@event_session_options
 def show(
     agent: str,
     session: str,
@@ -92,7 +106,7 @@ def show(
 
 
 @session.command()
-@session_options
+@event_session_options
 @click.option("-n", "lines", type=click.IntRange(min=0), default=10, show_default=True)
 @click.option("--follow", "-f", is_flag=True, help="Keep printing events as they are appended.")
 def tail(
@@ -154,13 +168,17 @@ def repair(
 def list_command(
     agent: str, project: str | None, uid: int | None, storage_dir: Path | None, as_json: bool
 ) -> None:
-    """List AGENT's sessions (in its home, or in shared space PROJECT)."""
+    """List AGENT's sessions (in its home, or in shared space PROJECT), one name a line.
+
+    With --json, one JSON array of {"name", "path"} objects, path being the session's
+    directory.
+    """
     ref = _session_ref(storage_dir, agent, DEFAULT_SESSION, project, uid)
     if project is not None and not ref.path.parents[3].is_dir():  # shared/<project>
         raise not_found(f"there is no shared space {project!r}; make it with 'ctx shared create'")
     names = list_sessions(ref.path.parent)
     if as_json:
-        emit_json([str(ref.path.parent / name) for name in names])
+        emit_json([{"name": name, "path": str(ref.path.parent / name)} for name in names])
     else:
         for name in names:
             click.echo(name)

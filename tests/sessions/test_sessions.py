@@ -110,6 +110,26 @@ def test_ctx_session_tail_list_and_repair(recorded: World) -> None:
     assert events_path.read_bytes().endswith(b"}\n")
 
 
+def test_ctx_session_list_json_gives_names_as_the_text_does(recorded: World) -> None:
+    recorded.run("fs.stat", {"path": "/workspace"}, session="review")
+    parent = SessionRef.home(recorded.root, recorded.user.uid, "coder").path.parent
+
+    text = ctx(recorded, "list", "coder")
+    as_json = ctx(recorded, "list", "coder", "--json")
+
+    assert text.stdout == "default\nreview\n"
+    assert json.loads(as_json.stdout) == [
+        {"name": "default", "path": str(parent / "default")},
+        {"name": "review", "path": str(parent / "review")},
+    ]
+
+
+def test_ctx_session_show_and_tail_help_say_json_lines(recorded: World) -> None:
+    for command in ("show", "tail"):
+        helped = ctx(recorded, command, "--help")
+        assert "JSON Lines" in " ".join(helped.stdout.split()), command
+
+
 def test_ctx_session_tail_follow_prints_new_events(recorded: World) -> None:
     follower = subprocess.Popen(
         [*CTX, "--storage", str(recorded.root), "session", "tail", "coder", "-n", "1", "-f"],
