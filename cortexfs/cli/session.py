@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import functools
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +20,15 @@ from cortexfs.cli.common import (
     usage_problem,
 )
 from cortexfs.errors import CtxError, invalid, not_found
-from cortexfs.policy.controls import read_identity, require_agent
+from cortexfs.names import check_object_name
+from cortexfs.policy.controls import agent_entry, agent_exists, read_identity
 from cortexfs.shared import events
-from cortexfs.shared.sessions import DEFAULT_SESSION, SessionRef, list_sessions
+from cortexfs.shared.sessions import (
+    DEFAULT_SESSION,
+    SessionRef,
+    homes_with_sessions,
+    list_sessions,
+)
 
 _S2_KEYS = ("ts", "type", "agent", "session", "object", "status")
 
@@ -192,7 +199,7 @@ def _session_ref(
         if project is not None:
             return SessionRef.shared(root, project, agent, session)
         if uid is None:
-            uid = _agent_uid(root, agent)
+            uid = _home_uid(root, agent)
         return SessionRef.home(root, uid, agent, session)
     except CtxError as exc:
         if exc.errno == errno.EINVAL:
@@ -200,14 +207,34 @@ def _session_ref(
         raise
 
 
-def _agent_uid(root: Path, agent: str) -> int:
-    require_agent(root, agent)  # ENOENT, exit 1: not a malformed command line
-    try:
-        return read_identity(root, agent).uid
-    except CtxError:
-        raise invalid(
-            f"cannot tell agent {agent!r}'s uid from its identity control; give --uid"
-        ) from None
+def _home_uid(root: Path, agent: str) -> int:
+    """Whose home holds AGENT's sessions: the agent's uid while it exists; once it is gone,
+    the home that still holds its sessions (S-1: they are ordinary directories), the
+    caller's own first."""
+    check_object_name(agent, "agent")
+    if agent_exists(root, agent):
+        try:
+            return read_identity(root, agent).uid
+        except CtxError:
+            raise invalid(
+                f"cannot tell agent {agent!r}'s uid from its identity control; give --uid"
+            ) from None
+    homes = homes_with_sessions(root, agent)
+    if os.getuid() in homes:
+        return os.getuid()
+    if len(homes) == 1:
+        return homes[0]
+    if not homes:  # ENOENT, exit 1: not a malformed command line
+        raise not_found(
+            f"there is no agent {agent!r} ({agent_entry(agent)} does not exist), "
+            f"and no home holds sessions of it"
+        )
+    raise usage_problem(
+        invalid(
+            f"there is no agent {agent!r}, and the homes of uids "
+            f"{', '.join(map(str, homes))} hold sessions of it; give --uid"
+        )
+    )
 
 
 def _read(ref: SessionRef) -> events.EventScan:

@@ -184,6 +184,21 @@ def _create_session_directories(
     ensure_directories(ops, top, list(ref.relative.parts[2:]), mode=mode, owner=owner)
 
 
+def homes_with_sessions(root: Path, agent: str) -> list[int]:
+    """The uids whose home holds a session directory of ``agent``, in numeric order.
+
+    Sessions are ordinary directories (S-1): they outlive the agent that wrote them, so they
+    are found by looking, not through ``agent/<name>``.
+    """
+    check_object_name(agent, "agent")
+    try:
+        names = os.listdir(root / "home")
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    uids = sorted(int(name) for name in names if name.isascii() and name.isdigit())
+    return [uid for uid in uids if _is_dir(SessionRef.home(root, uid, agent).path.parent)]
+
+
 def list_sessions(parent: Path) -> list[str]:
     """The session names under a ``…/agent/<agent>/session`` directory (none when missing)."""
     try:
@@ -198,5 +213,5 @@ def list_sessions(parent: Path) -> list[str]:
 def _is_dir(path: Path) -> bool:
     try:
         return stat.S_ISDIR(os.lstat(path).st_mode)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError, PermissionError):
         return False

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from cortexfs.errors import CtxError
 from cortexfs.shared.sessions import SessionRef, list_sessions, open_session
 from cortexfs.shared.spaces import create_shared_space
 from cortexfs.shared.tree import Ownership
+from tests.support.users import run_as
 from tests.tools.support import World
 
 CTX = [sys.executable, "-c", "from cortexfs.cli import main; main()"]
@@ -158,6 +160,48 @@ def test_ctx_session_errors(recorded: World) -> None:
     assert no_space.returncode == 1 and "no shared space 'nospace'" in no_space.stderr
     assert no_session.returncode == 1 and "ENOENT" in no_session.stderr
     assert bad_name.returncode == 2 and "EINVAL" in bad_name.stderr
+
+
+def _forget_agent(world: World, agent: str) -> None:
+    (world.root / "agent" / agent).unlink()
+    shutil.rmtree(world.root / "agent" / f"{agent}.d")
+
+
+def test_a_session_outlives_its_agent(recorded: World) -> None:
+    """S-1: sessions are ordinary directories; reading one needs no agent entry."""
+    recorded.run("fs.stat", {"path": "/workspace"}, session="s1")
+    _forget_agent(recorded, "coder")
+    storage = ["--storage", str(recorded.root), "session"]
+
+    as_root = ctx(recorded, "show", "coder", "s1", "--json")
+    listed = ctx(recorded, "list", "coder")
+    as_its_user = run_as(recorded.user, [*CTX, *storage, "show", "coder", "s1", "--json"])
+    listed_by_its_user = run_as(recorded.user, [*CTX, *storage, "list", "coder"])
+    ghost = ctx(recorded, "list", "ghost")
+
+    assert as_root.returncode == 0, as_root.stderr
+    assert [json.loads(line)["type"] for line in as_root.stdout.splitlines()] == [
+        "tool_call",
+        "tool_result",
+    ]
+    assert (listed.returncode, listed.stdout) == (0, "default\ns1\n")
+    assert (as_its_user.returncode, as_its_user.stdout) == (0, as_root.stdout), as_its_user.stderr
+    assert (listed_by_its_user.returncode, listed_by_its_user.stdout) == (0, listed.stdout)
+    assert ghost.returncode == 1 and "ENOENT: there is no agent 'ghost'" in ghost.stderr
+
+
+def test_sessions_of_a_gone_agent_in_several_homes_need_uid(recorded: World) -> None:
+    other_uid = recorded.user.uid + 1
+    with open_session(SessionRef.home(recorded.root, other_uid, "coder", "elsewhere")) as session:
+        session.record("note", object="agent/coder", status="ok")
+    _forget_agent(recorded, "coder")
+
+    ambiguous = ctx(recorded, "list", "coder")
+    chosen = ctx(recorded, "list", "coder", "--uid", str(other_uid))
+
+    assert ambiguous.returncode == 2 and "give --uid" in ambiguous.stderr
+    assert ambiguous.stderr.startswith("ctx: EINVAL: there is no agent 'coder'")
+    assert (chosen.returncode, chosen.stdout) == (0, "elsewhere\n")
 
 
 def test_ctx_session_takes_the_session_as_ctx_run_names_it(recorded: World) -> None:
