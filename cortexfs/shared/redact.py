@@ -9,8 +9,15 @@ or an object's ``log`` (docs/sessions.md states it for users):
   replaced by ``"[redacted]"``;
 * a string that looks like a credential whatever its key (``Bearer …``/``Basic …``
   authorisation values, PEM private keys) is replaced by ``"[redacted]"``;
-* in an argv, ``--token=X`` / ``TOKEN=X`` keep the key and lose the value, and the word after a
-  secret-naming option (``--password X``) is redacted;
+* inside any other text — an output that is not JSON, a message, an argv word — the same
+  facts are found and only their values replaced: a header line ``Authorization: …`` or
+  ``Cookie: …`` whose name names a secret loses everything after the colon, ``key=value``,
+  ``key: value`` and ``"key": "value"`` lose the value when the key names a secret,
+  ``Bearer``/``Basic`` credentials lose the credential, and a PEM private key block goes
+  whole;
+* in an argv, ``--token=X`` / ``TOKEN=X`` keep the key and lose the value, the word after a
+  secret-naming option (``--password X``) or header name (``Authorization:``) is redacted,
+  and so is the word after ``Bearer`` or ``Basic``;
 * a string longer than :data:`MAX_TEXT` characters keeps its first :data:`MAX_TEXT` and says
   how many it dropped; a list keeps :data:`MAX_ITEMS` items; nesting deeper than
   :data:`MAX_DEPTH` is elided;
@@ -34,7 +41,7 @@ MAX_ITEMS = 20
 MAX_DEPTH = 6
 MAX_SUMMARY_BYTES = 8 * 1024
 
-_SECRET_WORDS = (
+SECRET_WORDS = (
     "password",
     "passwd",
     "passphrase",
@@ -50,11 +57,23 @@ _CREDENTIAL_VALUE = re.compile(
     r"\s*(?:(?:bearer|basic)\s+\S+|-----BEGIN [A-Z ]*PRIVATE KEY-----)", re.IGNORECASE
 )
 _KEY_CHARACTERS = re.compile(r"[^a-z0-9]")
+_AUTH_SCHEMES = ("bearer", "basic")
+
+# What a secret looks like inside free text (see the module's rule).  Each pattern keeps what
+# names the secret and replaces what follows it.
+_PEM_BLOCK = re.compile(
+    r"-----BEGIN [A-Z ]*PRIVATE KEY-----.*?(?:-----END [A-Z ]*PRIVATE KEY-----|\Z)", re.DOTALL
+)
+_HEADER_LINE = re.compile(r"^(?P<name>[ \t]*[A-Za-z0-9_-]+:)(?P<value>[ \t]*\S[^\r\n]*)", re.M)
+_AUTH_CREDENTIAL = re.compile(r"\b(?P<scheme>bearer|basic)(?P<gap>\s+)[^\s,;\"']+", re.IGNORECASE)
+_SECRET_KEY_SEPARATOR = re.compile(r"""(?P<key>["']?[A-Za-z0-9_.-]+["']?)[ \t]*[:=][ \t]*""")
+_VALUE = re.compile(r"""(?!\[redacted\])(?:"(?:[^"\\]|\\.)*"|'[^']*'|[^\s,;&"'}\])]+)""")
+_ARGV_KEY = re.compile(r"-*[A-Za-z0-9_.]+(?:-[A-Za-z0-9_.]+)*")
 
 
 def is_secret_key(key: str) -> bool:
     normalised = _KEY_CHARACTERS.sub("", key.lower())
-    return any(word in normalised for word in _SECRET_WORDS)
+    return any(word in normalised for word in SECRET_WORDS)
 
 
 def bounded_summary(value: Any) -> Any:
@@ -93,13 +112,15 @@ def summarize_argv(argv: Sequence[str]) -> list[str]:
     hide_next = False
     for word in argv[:MAX_ITEMS]:
         if hide_next:
-            kept.append(REDACTED)
-            hide_next = False
+            # `Authorization: Bearer xyz` as three words: the scheme stays, the credential goes.
+            scheme = word.lower() in _AUTH_SCHEMES
+            kept.append(word if scheme else REDACTED)
+            hide_next = scheme
             continue
         key, equals, _ = word.partition("=")
-        if equals and is_secret_key(key):
+        if equals and _ARGV_KEY.fullmatch(key) and is_secret_key(key):
             kept.append(f"{key}={REDACTED}")
-        elif word.startswith("-") and is_secret_key(word):
+        elif _introduces_a_secret(word):
             kept.append(word)
             hide_next = True
         else:
@@ -109,9 +130,56 @@ def summarize_argv(argv: Sequence[str]) -> list[str]:
     return kept
 
 
+def _introduces_a_secret(word: str) -> bool:
+    """A secret-naming option (``--password``), header name (``Authorization:``) or
+    authorisation scheme (``Bearer``): the next word is the secret."""
+    if word.lower() in _AUTH_SCHEMES:
+        return True
+    return (word.startswith("-") or word.endswith(":")) and is_secret_key(word)
+
+
+def redact_text(text: str) -> str:
+    """``text`` with the values of the secrets it names replaced (the free-text rule)."""
+    text = _PEM_BLOCK.sub(REDACTED, text)
+    text = _HEADER_LINE.sub(_redact_header, text)
+    text = _AUTH_CREDENTIAL.sub(lambda m: f"{m['scheme']}{m['gap']}{REDACTED}", text)
+    return _redact_key_values(text)
+
+
+def _redact_header(match: re.Match[str]) -> str:
+    if not is_secret_key(match["name"]):
+        return match[0]
+    return f"{match['name']} {REDACTED}"
+
+
+def _redact_key_values(text: str) -> str:
+    """``key=value``, ``key: value``, ``"key": "value"``: the value goes when the key names a
+    secret.  A key that names none consumes nothing, so ``https://h/?api_key=…`` is still read
+    as far as its ``api_key``."""
+    pieces, kept_up_to, position = [], 0, 0
+    while (found := _SECRET_KEY_SEPARATOR.search(text, position)) is not None:
+        position = found.end()
+        if not is_secret_key(found["key"]):
+            position = found.start() + len(found["key"])
+            continue
+        value = _VALUE.match(text, found.end())
+        if value is None:
+            continue
+        quote = value[0][0] if value[0][0] in "\"'" else ""
+        pieces += [text[kept_up_to : found.end()], f"{quote}{REDACTED}{quote}"]
+        kept_up_to = position = value.end()
+    return "".join(pieces) + text[kept_up_to:]
+
+
+# Text beyond what is kept is still read this far for secrets, so that a cut never leaves the
+# first characters of a credential that started before it.
+_REDACTION_WINDOW = 4 * MAX_TEXT
+
+
 def _short_text(text: str) -> str:
     if _CREDENTIAL_VALUE.match(text):
         return REDACTED
-    if len(text) <= MAX_TEXT:
-        return text
-    return f"{text[:MAX_TEXT]}…[+{len(text) - MAX_TEXT} chars]"
+    redacted = redact_text(text[:_REDACTION_WINDOW])
+    if len(text) <= MAX_TEXT and len(redacted) <= MAX_TEXT:
+        return redacted
+    return f"{redacted[:MAX_TEXT]}…[+{max(len(text) - MAX_TEXT, 1)} chars]"

@@ -456,3 +456,46 @@ def test_whatever_fails_after_tool_call_still_records_tool_result(coder: World) 
     assert [event["type"] for event in recorded] == ["tool_call", "tool_result"] * 2
     assert [event["errno"] for event in recorded[1::2]] == ["EIO", "EINTR"]
     assert all(_gone(pid) for pid in started)
+
+
+def test_logs_never_keep_a_secret_a_tool_printed_or_was_given(coder: World) -> None:
+    """S-4: outputs and header-style argv follow the same redaction rule as inputs."""
+    coder.install("say", '#!/bin/sh\necho \'login ok: password=hunter2 {"password":"hunter2"}\'\n')
+    coder.install("json.say", '#!/bin/sh\necho \'{"password":"hunter2","user":"ana"}\'\n')
+    coder.agent("talker", tools=["say", "json.say", "argv"])
+    for tool in ("say", "json.say", "argv"):
+        coder.allow_tool(tool, "talker_t")
+
+    said = ctx(coder.root, "run", "--agent", "talker", "--native", "say", stdin="{}")
+    said_json = ctx(coder.root, "run", "--agent", "talker", "--native", "json.say", stdin="{}")
+    headers = ctx(
+        coder.root,
+        "run",
+        "--agent",
+        "talker",
+        "argv",
+        "-H",
+        "Authorization: Bearer xyz",
+        "Cookie: sid=s3cr3t",
+    )
+
+    assert json.loads(said.stdout.splitlines()[-1])["output"].count("hunter2") == 2, "the caller's"
+    assert json.loads(said_json.stdout.splitlines()[-1])["output"]["password"] == "hunter2"
+    assert headers.returncode == 7
+    logged = [
+        coder.root / f"home/{coder.user.uid}/agent/talker/session/default/events.jsonl",
+        coder.root / "tool/say.d/log",
+        coder.root / "tool/json.say.d/log",
+        coder.root / "tool/argv.d/log",
+    ]
+    for path in logged:
+        text = path.read_text()
+        for secret in ("hunter2", "xyz", "s3cr3t"):
+            assert secret not in text, (path, secret)
+    outputs = [event.get("output") for event in coder.events("talker") if "output" in event]
+    assert outputs[:2] == [
+        'login ok: password=[redacted] {"password":"[redacted]"}\n',
+        {"password": "[redacted]", "user": "ana"},
+    ]
+    argv = [event["argv"] for event in coder.events("talker") if "argv" in event]
+    assert argv == [["-H", "Authorization: [redacted]", "Cookie: [redacted]"]]
