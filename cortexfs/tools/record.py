@@ -10,7 +10,9 @@ Every call that gets as far as its session leaves two events in the session's
   the call is reported done (S-5).
 
 The same result, with the input summary, is one fsynced line of ``<tier>/<name>.d/log``
-(T-7), so a tool's history can be audited without knowing the sessions that used it.  A call
+(T-7), so a tool's history can be audited without knowing the sessions that used it.  Its
+``session`` is the session's name, as in ``events.jsonl`` (S-2), and ``session_dir`` says
+where that session is (home or shared space), relative to the storage root.  A call
 refused before its tool was found has no tool log to go to; one refused before its session
 was opened (an unknown agent, a caller who is not the host administrator) is reported to the
 caller only.
@@ -92,9 +94,10 @@ def record_result(
             line = make_event(
                 "tool_result",
                 agent=result.agent,
-                session=result.session,
+                session="" if session is None else session.ref.name,
                 object=object_ref,
                 status=result.status,
+                session_dir=result.session,
                 **{**request, **facts},
             )
             log.append(line)

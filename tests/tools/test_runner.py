@@ -499,3 +499,20 @@ def test_logs_never_keep_a_secret_a_tool_printed_or_was_given(coder: World) -> N
     ]
     argv = [event["argv"] for event in coder.events("talker") if "argv" in event]
     assert argv == [["-H", "Authorization: [redacted]", "Cookie: [redacted]"]]
+
+
+def test_the_tool_log_and_the_session_name_the_session_alike(world: World) -> None:
+    """S-3, T-7: ``session`` is the session's name in both logs; the log also says where."""
+    create_shared_space(world.root, "proj", gid=world.user.gid)
+    _member(world, "member", ["read", "write"])
+
+    ctx(world.root, "run", "--agent", "member", "--session", "s1", "fs.list")
+    ctx(world.root, "run", "--agent", "member", "--project", "proj", "--session", "s2", "fs.list")
+
+    home, shared = world.tool_log("fs.list")[-2:]
+    in_home = world.events("member", "s1")[-1]
+    assert (home["session"], in_home["session"]) == ("s1", "s1")
+    assert home["session_dir"] == f"home/{world.user.uid}/agent/member/session/s1"
+    assert shared["session"] == "s2"
+    assert shared["session_dir"] == "shared/proj/agent/member/session/s2"
+    assert home["call"] == in_home["call"]
