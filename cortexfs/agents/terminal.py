@@ -25,8 +25,11 @@ watch or join it (SPEC A-1, A-2, H-1, T-5).
   ``/run/cortexfs/terminal/<uid>/<agent>/<session>/main.sock`` (root's, mode 0700 directories)
   and the session directory's ``terminal/main.sock`` is a symlink to it.
 
-When tsh exits, or on SIGTERM, the terminal closes its clients, unmounts the view and removes
-its sockets.  Its start and its end are facts in the agent's log (:mod:`cortexfs.agents.log`).
+:meth:`Terminal.start` returns once tsh runs in the sandbox and has printed its prompt; a
+sandbox that ends first (bubblewrap cannot bind a mount, say) makes the start fail with what
+it said, and nothing is left running.  When tsh exits, or on SIGTERM, the terminal closes its
+clients, unmounts the view and removes its sockets.  Its start and its end are facts in the
+agent's log (:mod:`cortexfs.agents.log`).
 """
 
 from __future__ import annotations
@@ -51,14 +54,17 @@ from pathlib import Path
 from cortexfs import durable
 from cortexfs.agents import log as agent_log
 from cortexfs.agents.view import WORKSPACE, AgentView
-from cortexfs.errors import CtxError, invalid
+from cortexfs.errors import CtxError, invalid, not_found
 from cortexfs.shared.sessions import SessionRef, open_session
 from cortexfs.shared.tree import Ownership, open_beneath
 
 RUN_BASE = Path("/run/cortexfs/terminal")
 SCROLLBACK = 64 * 1024
 SANDBOX_RUN_SOCKET = "/run/ctx/run.sock"
+SANDBOX_TSH = "/ctx/bin/tsh"
 MODES = (b"watch", b"attach")
+STARTUP_SECONDS = 30.0  # for tsh to come up in its sandbox before the start is a failure
+_SANDBOX_PROGRAMS = (b"bwrap", b"setpriv")  # what runs before tsh in the shell's session
 _MAX_REQUEST = 1024 * 1024
 _SYSTEM_DIRS = ("/usr", "/etc")
 Request = dict[str, object]
@@ -92,6 +98,7 @@ class Terminal:
         self.clients: dict[socket.socket, bytes | None] = {}  # mode, None until its line
         self.scrollback = b""
         self.master = -1
+        self.pty_closed = False  # every process on the shell side has let go of it
         self.shell: subprocess.Popen[bytes] | None = None
         self.mount: subprocess.Popen[bytes] | None = None
         self.stopping = False
@@ -112,6 +119,7 @@ class Terminal:
             raise CtxError(
                 errno.ENOTDIR, f"the workspace {self.view.workspace.source} is not a directory"
             )
+        self._require_mount_sources()
         if self.main_socket.exists():
             if listening(self.main_socket):
                 running = f"session {self.session.name} of {self.view.name} is running"
@@ -125,10 +133,24 @@ class Terminal:
         identity = self.view.identity
         open_session(self.session, owner=Ownership(identity.uid, identity.gid)).close()
 
+    def _require_mount_sources(self) -> None:
+        """ENOENT for a mount whose source is missing, before anything is started: the
+        sandbox could not bind it and tsh would never run."""
+        for mount in self.view.visible_mounts():
+            if str(mount.target) == "/ctx":
+                continue  # the projection, mounted from the storage root
+            if not os.path.exists(mount.source):
+                raise not_found(
+                    f"the source {mount.source} of agent {self.view.name}'s mount at "
+                    f"{mount.target} does not exist; create it or change agent/"
+                    f"{self.view.name}.d/mount"
+                )
+
     def start(self) -> None:
         self._mount_view()
         self._listen()
         self._spawn_shell()
+        self._await_tsh()
         with self._terminal_directory() as directory:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(LINK_NAME, dir_fd=directory)
@@ -223,7 +245,7 @@ class Terminal:
             "setpriv", f"--reuid={identity.uid}", f"--regid={identity.gid}",
             f"--groups={groups}" if groups else "--clear-groups",
             "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs",
-            "--", "/ctx/bin/tsh",
+            "--", SANDBOX_TSH,
         ]  # fmt: skip
         self.shell = subprocess.Popen(
             command,
@@ -237,6 +259,52 @@ class Terminal:
         os.close(slave)
         os.set_blocking(self.master, False)
         self.selector.register(self.master, selectors.EVENT_READ, self._shell_output)
+
+    def _await_tsh(self) -> None:
+        """Return once tsh runs in the sandbox and has printed something (its prompt).
+
+        bubblewrap and setpriv print only to fail, then end: whatever the sandbox says
+        before it ends is the reason the start fails with (EIO unless it names an errno's
+        text, as bubblewrap's "Can't find source path /x: No such file or directory").
+        """
+        assert self.shell is not None
+        deadline = time.monotonic() + STARTUP_SECONDS
+        while not (self.scrollback and self._tsh_runs()):
+            if self.shell.poll() is not None:
+                self._drain()
+                said = " ".join(self.scrollback.decode(errors="replace").split())
+                status = self.shell.returncode
+                raise CtxError(
+                    _errno_named_in(said),
+                    f"the sandbox of {self.view.name} ended before tsh ran (exit {status})"
+                    + (f": {said}" if said else ""),
+                )
+            if time.monotonic() > deadline:
+                raise CtxError(
+                    errno.ETIMEDOUT,
+                    f"tsh did not come up in the sandbox of {self.view.name} within "
+                    f"{STARTUP_SECONDS:.0f} s",
+                )
+            if self.pty_closed:
+                time.sleep(0.05)  # the sandbox is ending: wait for its exit status
+            elif select_readable(self.master, 0.05):
+                self._shell_output(None)
+
+    def _tsh_runs(self) -> bool:
+        """Whether tsh itself (not bubblewrap or setpriv before it) runs in the shell's session."""
+        assert self.shell is not None
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                if os.getsid(int(entry)) != self.shell.pid:
+                    continue
+                argv = Path("/proc", entry, "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue  # gone meanwhile
+            if os.path.basename(argv[0]) not in _SANDBOX_PROGRAMS and SANDBOX_TSH.encode() in argv:
+                return True
+        return False
 
     def _network_isolation(self) -> list[str]:
         """No network in the terminal without ``network:default connect`` (P-4).  tsh reaches
@@ -303,7 +371,9 @@ class Terminal:
         except (BlockingIOError, InterruptedError):
             return
         except OSError:  # EIO: the shell side is closed
-            self.selector.unregister(self.master)
+            if not self.pty_closed:
+                self.pty_closed = True
+                self.selector.unregister(self.master)
             return
         if data:
             self.scrollback = (self.scrollback + data)[-SCROLLBACK:]
@@ -479,6 +549,21 @@ def listening(path: Path) -> bool:
         except OSError:
             return False
     return True
+
+
+def select_readable(fd: int, timeout: float) -> bool:
+    """Whether ``fd`` has something to read within ``timeout`` seconds."""
+    with selectors.DefaultSelector() as selector:
+        selector.register(fd, selectors.EVENT_READ)
+        return bool(selector.select(timeout))
+
+
+def _errno_named_in(message: str) -> int:
+    """The errno whose text (``No such file or directory``) ``message`` holds; EIO when none."""
+    for code in (errno.ENOENT, errno.EACCES, errno.EPERM, errno.ENOTDIR):
+        if os.strerror(code) in message:
+            return code
+    return errno.EIO
 
 
 def _system_binds() -> list[str]:
