@@ -13,10 +13,15 @@ from pathlib import Path
 from cortexfs.errors import denied
 
 
+def is_host_administrator(root: Path, uid: int) -> bool:
+    """Whether ``uid`` is root or owns the storage root ``root``."""
+    return uid == 0 or uid == os.stat(root).st_uid
+
+
 def require_host_administrator(root: Path, action: str) -> None:
     """EACCES unless this process is root or owns the storage root; ``action`` says what for."""
-    owner = os.stat(root).st_uid
-    if os.geteuid() not in (0, owner):
+    if not is_host_administrator(root, os.geteuid()):
+        owner = os.stat(root).st_uid
         raise denied(
             f"only the host administrator (root, or uid {owner} who owns {root}) may {action}"
         )

@@ -22,14 +22,17 @@ watch or join it (SPEC A-1, A-2, H-1, T-5).
 * **The terminal socket** (A-2).  A client sends one mode line, then raw PTY bytes flow:
   ``watch`` reads the output only, ``attach`` also writes its input to the PTY.  A new client
   first gets the last :data:`SCROLLBACK` bytes.  The socket lives in
-  ``/run/cortexfs/terminal/<uid>/<agent>/<session>/main.sock`` (root's, mode 0700 directories)
-  and the session directory's ``terminal/main.sock`` is a symlink to it.
+  ``/run/cortexfs/terminal/<uid>/<agent>/<session>/main.sock`` and the session directory's
+  ``terminal/main.sock`` is a symlink to it.  Whoever may use it is decided by the peer's uid
+  (``SO_PEERCRED``), as for the run socket, so the directories are root's and searchable
+  (0711) and the socket is 0666: :func:`refusal` says who may watch and who may attach.  The
+  view's mount point is in ``private/`` (0700) beside it, out of everyone else's reach.
 
 :meth:`Terminal.start` returns once tsh runs in the sandbox and has printed its prompt; a
 sandbox that ends first (bubblewrap cannot bind a mount, say) makes the start fail with what
 it said, and nothing is left running.  When tsh exits, or on SIGTERM, the terminal closes its
-clients, unmounts the view and removes its sockets.  Its start and its end are facts in the
-agent's log (:mod:`cortexfs.agents.log`).
+clients, unmounts the view and removes its sockets and the directories its start made.  Its
+start and its end are facts in the agent's log (:mod:`cortexfs.agents.log`).
 """
 
 from __future__ import annotations
@@ -53,8 +56,9 @@ from pathlib import Path
 
 from cortexfs import durable
 from cortexfs.agents import log as agent_log
+from cortexfs.agents.host import is_host_administrator
 from cortexfs.agents.view import WORKSPACE, AgentView
-from cortexfs.errors import CtxError, invalid, not_found
+from cortexfs.errors import CtxError, denied, invalid, not_found
 from cortexfs.shared.sessions import SessionRef, open_session
 from cortexfs.shared.tree import Ownership, open_beneath
 
@@ -64,6 +68,7 @@ SANDBOX_RUN_SOCKET = "/run/ctx/run.sock"
 SANDBOX_TSH = "/ctx/bin/tsh"
 MODES = (b"watch", b"attach")
 STARTUP_SECONDS = 30.0  # for tsh to come up in its sandbox before the start is a failure
+_SEARCHABLE = 0o711  # others may pass through to a socket they know the name of, not list
 _SANDBOX_PROGRAMS = (b"bwrap", b"setpriv")  # what runs before tsh in the shell's session
 _MAX_REQUEST = 1024 * 1024
 _SYSTEM_DIRS = ("/usr", "/etc")
@@ -81,6 +86,28 @@ def terminal_link(session: SessionRef) -> Path:
     return session.path / "terminal" / LINK_NAME
 
 
+def refusal(root: Path, agent: AgentView, uid: int, mode: bytes) -> str:
+    """Why ``uid`` may not use ``agent``'s terminal in ``mode``; empty when it may.
+
+    The host administrators (root, the owner of the storage root) may watch and attach;
+    the agent's own uid may watch.  Attaching types into tsh as the agent, which only those
+    who may start it may do (:func:`~cortexfs.agents.host.require_host_administrator`).
+    """
+    if is_host_administrator(root, uid):
+        return ""
+    if mode == b"watch" and uid == agent.identity.uid:
+        return ""
+    if mode == b"watch":
+        return (
+            f"uid {uid} may not watch agent {agent.name}'s terminal: only root, the owner of "
+            f"{root} and the agent's uid {agent.identity.uid} may"
+        )
+    return (
+        f"uid {uid} may not attach to agent {agent.name}'s terminal: only root and the owner "
+        f"of {root} may (watch it instead)"
+    )
+
+
 class Terminal:
     """One agent terminal, from start to cleanup."""
 
@@ -93,9 +120,11 @@ class Terminal:
         self.run_dir = run_directory(self.view.identity.uid, agent, session)
         self.main_socket = self.run_dir / "main.sock"
         self.run_socket = self.run_dir / "run.sock"
-        self.view_dir = self.run_dir / "ctx"
+        self.view_dir = self.run_dir / "private" / "ctx"
+        self.made: list[Path] = []  # the directories prepare() made, removed at the end
         self.selector = selectors.DefaultSelector()
         self.clients: dict[socket.socket, bytes | None] = {}  # mode, None until its line
+        self.peers: dict[socket.socket, int] = {}  # each client's uid
         self.scrollback = b""
         self.master = -1
         self.pty_closed = False  # every process on the shell side has let go of it
@@ -125,11 +154,7 @@ class Terminal:
                 running = f"session {self.session.name} of {self.view.name} is running"
                 raise CtxError(errno.EEXIST, running)
             self._remove_run_files()  # left by a terminal that did not end cleanly
-        self.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        for parent in self.run_dir.parents:
-            if parent == RUN_BASE.parent:
-                break
-            parent.chmod(0o700)
+        self._make_run_directory()
         identity = self.view.identity
         open_session(self.session, owner=Ownership(identity.uid, identity.gid)).close()
 
@@ -145,6 +170,28 @@ class Terminal:
                     f"{mount.target} does not exist; create it or change agent/"
                     f"{self.view.name}.d/mount"
                 )
+
+    def _make_run_directory(self) -> None:
+        """``RUN_BASE/<uid>/<agent>/<session>/private/``, each directory made here remembered
+        in ``made``.  One that another terminal's end removes between two steps is made
+        again."""
+        agent_dir = self.run_dir.parent
+        chain = [RUN_BASE, agent_dir.parent, agent_dir, self.run_dir, self.view_dir.parent]
+        RUN_BASE.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+        for _ in range(5):
+            try:
+                for directory in chain:
+                    mode = 0o700 if directory == self.view_dir.parent else _SEARCHABLE
+                    try:
+                        directory.mkdir(mode=mode)
+                        self.made.append(directory)
+                    except FileExistsError:
+                        pass
+                    directory.chmod(mode)
+                return
+            except FileNotFoundError:
+                continue
+        raise CtxError(errno.EAGAIN, f"{self.run_dir} kept disappearing while it was made")
 
     def start(self) -> None:
         self._mount_view()
@@ -213,8 +260,9 @@ class Terminal:
             listener.listen(16)
             listener.setblocking(False)
             self.selector.register(listener, selectors.EVENT_READ, handler)
-        self.run_socket.chmod(0o666)  # reached only from the sandbox; the peer uid is checked
-        self.main_socket.chmod(0o600)
+        # Both are reached by whoever the peer uid check lets in (refusal(), _read_request).
+        self.run_socket.chmod(0o666)
+        self.main_socket.chmod(0o666)
 
     def _spawn_shell(self) -> None:
         self.master, slave = os.openpty()
@@ -388,6 +436,14 @@ class Terminal:
     def _accept_client(self, listener: socket.socket) -> None:
         client, _ = listener.accept()
         client.setblocking(False)
+        try:
+            credentials = client.getsockopt(
+                socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")
+            )
+        except OSError:
+            client.close()
+            return
+        self.peers[client] = struct.unpack("3i", credentials)[1]
         self.clients[client] = None
         self.selector.register(client, selectors.EVENT_READ, self._client_input)
 
@@ -406,6 +462,11 @@ class Terminal:
             line, _, rest = data.partition(b"\n")
             if line.strip() not in MODES:
                 self._send(client, b"ctxterm: expected 'watch' or 'attach' on the first line\n")
+                self._drop(client)
+                return
+            reason = refusal(self.root, self.view, self.peers[client], line.strip())
+            if reason:
+                self._send(client, f"ctxterm: {denied(reason)}\n".encode())
                 self._drop(client)
                 return
             self.clients[client] = mode = line.strip()
@@ -428,6 +489,7 @@ class Terminal:
         with contextlib.suppress(KeyError, ValueError):
             self.selector.unregister(client)
         self.clients.pop(client, None)
+        self.peers.pop(client, None)
         client.close()
 
     def _run(self, listener: socket.socket) -> None:
@@ -532,13 +594,19 @@ class Terminal:
 
     def _remove_run_files(self) -> None:
         """Never a recursive removal: the view's mount point may still be mounted (an unmount
-        that failed), and removing through it would remove the agent's files."""
+        that failed), and removing through it would remove the agent's files.  The session's
+        directory goes, and those above it that this terminal made, when nothing else (another
+        session's terminal) is in them."""
         for name in ("main.sock", "run.sock", "pid"):
             with contextlib.suppress(FileNotFoundError):
                 (self.run_dir / name).unlink()
-        for directory in (self.view_dir, self.run_dir):
+        for directory in (self.view_dir, self.view_dir.parent, self.run_dir):
             with contextlib.suppress(OSError):
                 directory.rmdir()
+        for directory in sorted(self.made, key=lambda path: len(path.parts), reverse=True):
+            if directory in self.run_dir.parents:
+                with contextlib.suppress(OSError):
+                    directory.rmdir()
 
 
 def listening(path: Path) -> bool:

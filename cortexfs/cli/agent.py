@@ -34,7 +34,7 @@ from cortexfs.cli.common import (
     storage_option,
     usage_problem,
 )
-from cortexfs.errors import CtxError, invalid, not_found
+from cortexfs.errors import CtxError, denied, invalid, not_found
 from cortexfs.policy import Identity
 from cortexfs.shared.sessions import DEFAULT_SESSION
 
@@ -304,7 +304,14 @@ def stop(name: str, session: str, storage_dir: Path | None) -> None:
         pid = 0
     if not pid or not listening(run_dir / "main.sock"):  # a pid file alone may be stale
         raise not_found(f"no terminal of {name} in session {session} is running")
-    os.kill(pid, signal.SIGTERM)
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except PermissionError:
+        raise CtxError(
+            errno.EPERM,
+            f"the terminal of {name} (pid {pid}) runs as another user, who started it; "
+            "stop it as that user or as root",
+        ) from None
     deadline = time.monotonic() + 30
     while run_dir.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -351,12 +358,27 @@ def _run_dir(root: Path, name: str, session: str) -> Path:
 
 @contextlib.contextmanager
 def _connect(root: Path, name: str, session: str, mode: bytes) -> Iterator[socket.socket]:
-    path = _run_dir(root, name, session) / "main.sock"
+    """The terminal socket, connected in ``mode``: EACCES when this uid may not use it
+    (the terminal refuses it too), ENOENT when no terminal answers there."""
+    from cortexfs.agents.terminal import refusal, run_directory
+
+    view = AgentView.load(root, object_name_argument(name, "agent"))
+    path = run_directory(view.identity.uid, view.name, object_name_argument(session, "session"))
+    path = path / "main.sock"
+    reason = refusal(root, view, os.geteuid(), mode)
+    if reason:
+        raise denied(reason)
     connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         connection.connect(str(path))
-    except OSError:
+    except OSError as exc:
         connection.close()
+        if exc.errno in (errno.EACCES, errno.EPERM):
+            raise denied(
+                f"the terminal socket {path} of {name}, session {session}, is not open to "
+                f"uid {os.geteuid()} ({exc.strerror}); a terminal started by an older ctx "
+                "keeps it root's: restart it, or watch as root"
+            ) from None
         raise not_found(f"no terminal of {name} in session {session} is running") from None
     with connection:
         connection.sendall(mode + b"\n")
