@@ -9,7 +9,11 @@
 3. **mount visibility** — the object lies under one of the agent's mounts, read-write when the
    permission writes (:mod:`cortexfs.policy.mounts`).
 4. **agent label** — the agent has a valid subject type, and none of the controls its grants
-   come from (identity, mount, label, policy) is within its own reach to rewrite.
+   come from (identity, mount, label, policy) is within its own reach to rewrite: like ssh's
+   StrictModes, neither the control nor a directory above it (``agent/<name>.d``, ``agent``,
+   the storage root) belongs to the agent's uid (unless that uid is the host administrator's,
+   who owns the storage root) or is writable by its group or by others; and none is writable
+   by the agent through a read-write mount.
 5. **object policy** — the agent's policy allows ``<label> <class>:<name> <perm>``.
 6. **tool/model policy** — a tool's or model's own policy allows the same rule: the second
    layer of P-6.  Other classes have no policy of their own.
@@ -22,6 +26,7 @@ fails closed: a control that cannot be read denies with EACCES.
 from __future__ import annotations
 
 import errno
+import stat
 from collections.abc import Callable
 from enum import IntEnum, StrEnum
 from pathlib import Path, PurePosixPath
@@ -30,6 +35,7 @@ from typing import NamedTuple
 from cortexfs.errors import CtxError, denied, not_found
 from cortexfs.names import check_object_name
 from cortexfs.policy import controls
+from cortexfs.policy.beneath import walk
 from cortexfs.policy.grammar import Rule, check_object
 from cortexfs.policy.linux import WRITE, Credentials, Identity, Kind, check_access, writable_entries
 from cortexfs.policy.mounts import Mount, mounts_named, views_of
@@ -264,7 +270,9 @@ class _Evaluation:
     def label(self) -> _StepOutcome:
         self._label = controls.read_label(self.root, self.agent)
         for control in controls.HOST_OWNED_CONTROLS:
-            self._require_host_owned(controls.control_path(self.agent, control))
+            path = controls.control_path(self.agent, control)
+            self._require_strict_modes(path)
+            self._require_host_owned(path)
         return Outcome.PASS, f"{self._label} (the agent cannot rewrite its own controls)"
 
     def object_policy(self) -> _StepOutcome:
@@ -300,6 +308,34 @@ class _Evaluation:
         if rule not in controls.read_policy(self.root, path):
             raise denied(f"{path} has no rule '{rule}'")
         return Outcome.PASS, f"{path}: {rule}"
+
+    def _require_strict_modes(self, path: PurePosixPath) -> None:
+        """Deny unless ``path`` and every directory above it belong to the host: not to the
+        agent's uid (unless the agent runs as the host administrator, the storage root's
+        owner) and not writable by a group or by others.
+
+        As ssh's StrictModes does, whoever could get the write access: the mode bits of the
+        agent's own uid, a group it may join later, a process running outside its mounts
+        (``shell.exec`` is not confined to them) — a grant is only as safe as its file.
+        """
+        entries = walk(self.root, path)
+        host = entries[0].status.st_uid if entries[0].status is not None else 0
+        for entry in entries:
+            if entry.status is None or entry.is_link:
+                break  # a missing or linked control is refused when it is read
+            mode = stat.S_IMODE(entry.status.st_mode)
+            if entry.status.st_uid == self.identity.uid != host:
+                raise denied(
+                    f"{path} is not host-owned: {entry.shown} belongs to uid "
+                    f"{self.identity.uid}, the agent's own, so the agent could rewrite it "
+                    f"(give it to the host administrator, uid {host})"
+                )
+            if mode & (stat.S_IWGRP | stat.S_IWOTH):
+                raise denied(
+                    f"{path} is not host-owned: {entry.shown} is writable by its group or by "
+                    f"others (mode {mode:04o}); the agent's controls and their directories "
+                    "must be writable by their owner alone (chmod go-w)"
+                )
 
     def _require_host_owned(self, path: PurePosixPath) -> None:
         """A grant the agent could rewrite is no grant (P-6): deny if it can change ``path``.

@@ -252,39 +252,64 @@ def test_the_label_decides_which_rules_apply(
 
 
 @pytest.mark.parametrize("control", ["policy", "label", "identity", "mount"])
+@pytest.mark.parametrize(
+    ("loosen", "reason"),
+    [
+        ("world-writable", "is writable by its group or by others (mode 0666)"),
+        ("group-writable", "is writable by its group or by others (mode 0664)"),
+        ("the agent's", "belongs to uid {uid}, the agent's own"),
+    ],
+)
 def test_a_control_the_agent_could_rewrite_grants_nothing(
-    root: Path, coder: Path, user: UnprivilegedUser, control: str
+    root: Path, coder: Path, user: UnprivilegedUser, control: str, loosen: str, reason: str
+) -> None:
+    """Step 4, like ssh's StrictModes: whether or not a mount shows the file writable."""
+    add_tool(root, "fs.read", policy=FS_READ_RULE)
+    assert run_fs_read(root, user).allowed
+    if loosen == "the agent's":
+        os.chown(coder / control, user.uid, user.gid)
+    else:
+        (coder / control).chmod(0o666 if loosen == "world-writable" else 0o664)
+
+    decision = run_fs_read(root, user)
+
+    assert_denied_at(
+        decision, Step.LABEL, errno.EACCES, f"agent/coder.d/{control}", reason.format(uid=user.uid)
+    )
+    assert decision.reason.startswith(f"step 4 (agent label): agent/coder.d/{control} is not")
+
+
+@pytest.mark.parametrize("directory", ["agent/coder.d", "agent", ""])
+def test_a_control_directory_the_agent_could_change_grants_nothing(
+    root: Path, coder: Path, user: UnprivilegedUser, directory: str
 ) -> None:
     add_tool(root, "fs.read", policy=FS_READ_RULE)
-    (coder / control).chmod(0o666)
-    # Writable by mode bits, but only seen through a read-only mount: still host-owned.
-    assert run_fs_read(root, user).allowed
-    write(coder / "mount", json.dumps([[str(root), "/ctx", "rw"]]))
-    (coder / control).chmod(0o666)
-    assert_denied_at(run_fs_read(root, user), Step.LABEL, errno.EACCES, f"agent/coder.d/{control}")
+    (root / directory).chmod(0o777)
+    world_writable = run_fs_read(root, user)
+    (root / directory).chmod(0o755)
+    if directory:  # the storage root's owner is the host administrator by definition
+        os.chown(root / directory, user.uid, user.gid)
+        assert_denied_at(run_fs_read(root, user), Step.LABEL, errno.EACCES, "the agent's own")
+
+    shown = directory or str(root)
+    assert_denied_at(world_writable, Step.LABEL, errno.EACCES, f"{shown} is writable by")
 
 
-def test_a_control_directory_the_agent_owns_grants_nothing(
+def test_an_agent_running_as_the_host_administrator_may_own_its_controls(
     root: Path, coder: Path, user: UnprivilegedUser
 ) -> None:
+    """A non-root storage owner runs agents as its own uid; its controls are its own files.
+    What still counts is whether the agent sees them through a read-write mount."""
     add_tool(root, "fs.read", policy=FS_READ_RULE)
-    write(coder / "mount", json.dumps([[str(root), "/ctx", "rw"]]))
-    os.chown(coder, user.uid, user.gid)
+    for entry in (root, root / "agent", coder, *coder.iterdir()):
+        os.chown(entry, user.uid, user.gid)
+    assert run_fs_read(root, user).allowed
+    write(coder / "mount", json.dumps([[str(root), "/ctx", "ro"], [str(coder), "/me", "rw"]]))
+    os.chown(coder / "mount", user.uid, user.gid)
     assert_denied_at(run_fs_read(root, user), Step.LABEL, errno.EACCES, "may change agent/coder.d")
 
 
 # Steps 5 and 6: the agent's policy, then the tool's own.
-
-
-def test_a_writable_control_behind_a_read_only_view_of_its_parents_still_counts(
-    root: Path, coder: Path, user: UnprivilegedUser
-) -> None:
-    add_tool(root, "fs.read", policy=FS_READ_RULE)
-    os.chown(root / "agent", user.uid, user.gid)
-    assert run_fs_read(root, user).allowed  # agent/ is the agent's, but only seen read-only
-    (coder / "policy").chmod(0o666)
-    write(coder / "mount", json.dumps([[str(root), "/ctx", "ro"], [str(coder), "/me", "rw"]]))
-    assert_denied_at(run_fs_read(root, user), Step.LABEL, errno.EACCES, "at /me/policy")
 
 
 def test_an_invalid_agent_policy_grants_nothing(

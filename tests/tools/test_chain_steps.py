@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 from collections.abc import Callable
 
 import pytest
@@ -131,3 +132,27 @@ def test_a_tool_whose_execute_bits_are_not_the_agents_is_refused_at_step_2_every
     assert (which.returncode, which.stdout) == (0, f"{tool}\n")
     recorded = world.events()[-1]
     assert (recorded["type"], recorded["errno"], recorded["step"]) == ("tool_result", "EACCES", 2)
+
+
+@pytest.mark.parametrize("control", ["policy", "label"])
+@pytest.mark.parametrize("loosen", ["chmod 0666", "chown to the agent"])
+def test_controls_the_agent_could_rewrite_are_refused_at_step_4(
+    allowed: World, control: str, loosen: str
+) -> None:
+    """ "The agent cannot rewrite its own controls" holds: ctx run and ctx policy explain refuse
+    a label or policy the agent could write, naming the step and the file."""
+    path = allowed.root / "agent/coder.d" / control
+    if loosen == "chmod 0666":
+        path.chmod(0o666)
+    else:
+        os.chown(path, allowed.user.uid, allowed.user.gid)
+
+    run = ctx(allowed.root, "run", "--agent", "coder", "echo")
+    explain = ctx(allowed.root, "policy", "explain", "coder", "tool:echo", "execute")
+
+    assert run.returncode == 126
+    assert run.stderr.startswith(f"ctx: EACCES: step 4 (agent label): agent/coder.d/{control} ")
+    assert explain.returncode == 1
+    assert f"deny: EACCES: step 4 (agent label): agent/coder.d/{control} is not host-owned" in (
+        explain.stdout
+    )
