@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from cortexfs.cli.common import (
+    EXIT_REFUSED,
     emit_json,
     handles_errors,
     json_option,
@@ -59,7 +60,8 @@ def ctxmcp() -> None:
     runs it only when its policy and the tool's allow it.  Each tool is named exactly
     SERVER.TOOL (M-3).  The protocol version announced is 2025-11-25; a server that
     negotiates anything but 2025-11-25, 2025-06-18, 2025-03-26 or 2024-11-05 is refused
-    (M-2).  Exit 0 success, 1 the server failed or was refused, 2 usage error.
+    (M-2).  Exit 0 success; 1 the server failed or was refused, or 'project' skipped a
+    tool or found earlier candidates in the way; 2 usage error.
     """
 
 
@@ -98,6 +100,12 @@ def list_command(config_path: Path, server: str, timeout: float, as_json: bool) 
     type=click.Path(file_okay=False, path_type=Path),
     help="Directory for the candidates, SERVER.TOOL.manifest.json (made if missing).",
 )
+@click.option(
+    "--replace",
+    is_flag=True,
+    help="Overwrite candidates already in OUT (each is reported as replaced); without it an "
+    "earlier candidate of the same name refuses the projection (EEXIST).",
+)
 @_TIMEOUT
 @storage_option
 @json_option
@@ -107,6 +115,7 @@ def project_command(
     runtime_config: str,
     server: str,
     out: Path,
+    replace: bool,
     timeout: float,
     storage_dir: Path | None,
     as_json: bool,
@@ -116,8 +125,11 @@ def project_command(
     \b
     A candidate's mcp locator holds the transport (stdio), --runtime-config, the server and
     the tool; the configuration's command, arguments and environment are never copied.
-    Tools whose projected name is illegal (R-3) or whose input schema is not a valid JSON
-    Schema are reported on stderr and skipped.  Next:
+    Tools whose projected name is illegal (R-3), that the server lists more than once
+    (neither copy is written), or whose input schema is not a valid JSON Schema are
+    reported on stderr and skipped, and the exit status is then 1; the others are written.
+    A candidate already in OUT is never overwritten silently: the projection is refused
+    with EEXIST before anything is written, unless --replace is given.  Next:
       ctx object check OUT/SERVER.TOOL.manifest.json
       ctx object install --source STORAGE OUT/SERVER.TOOL.manifest.json --tier system
     """
@@ -130,21 +142,26 @@ def project_command(
     with StdioClient(spec, timeout=timeout) as client:
         projections = project_tools(server, client.list_tools(), runtime_config)
         session = _session(client)
-    written = write_candidates(projections, out)
+    written = write_candidates(projections, out, replace=replace)
     skipped = [p for p in projections if p.manifest is None]
     if as_json:
         emit_json(
             session
             | {
-                "written": [str(path) for path in written],
+                "written": [str(entry.path) for entry in written],
+                "replaced": [str(entry.path) for entry in written if entry.replaced],
                 "skipped": [p.to_json() for p in skipped],
             }
         )
-        return
-    for path in written:
-        click.echo(str(path))
-    for projection in skipped:
-        click.echo(f"ctxmcp: skipped {projection.remote}: {projection.problem}", err=True)
+    else:
+        for entry in written:
+            click.echo(str(entry.path))
+            if entry.replaced:
+                click.echo(f"ctxmcp: replaced {entry.path}", err=True)
+        for projection in skipped:
+            click.echo(f"ctxmcp: skipped {projection.remote}: {projection.problem}", err=True)
+    if skipped:
+        sys.exit(EXIT_REFUSED)  # written as asked, except what was skipped
 
 
 def _server(config_path: Path, name: str) -> ServerSpec:

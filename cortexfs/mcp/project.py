@@ -2,7 +2,9 @@
 
 A remote tool ``t`` of server ``s`` becomes the candidate ``s.t`` — exactly that name, no
 ``mcp.`` prefix — when ``s.t`` is a legal object name (R-3) and its input schema is a valid
-JSON Schema; otherwise it is reported with the reason and skipped.  The candidate's ``mcp``
+JSON Schema; otherwise it is reported with the reason and skipped.  A server that lists two
+tools under one name gets neither projected: which of them ``s.t`` would run cannot be told,
+so each copy is reported and skipped.  The candidate's ``mcp``
 control locates the tool and nothing more: transport, the configuration file's path *as the
 agent will see it* (``--runtime-config``), server and tool.  Command, arguments and
 environment stay in that file; nothing of it is copied.
@@ -14,12 +16,14 @@ false (both MCP defaults).  Like every ``cap``, this describes; it grants nothin
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+from collections import Counter
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from cortexfs.errors import invalid
+from cortexfs.errors import exists, invalid
 from cortexfs.names import object_name_problem
 from cortexfs.tools.manifest import MANIFEST_VERSION, manifest_problems
 from cortexfs.tools.schemas import schema_problems
@@ -59,7 +63,19 @@ def project_tools(
 ) -> list[Projection]:
     """The candidates of ``server``'s ``tools``, in the server's order."""
     check_runtime_config(runtime_config)
-    return [_project(server, tool, runtime_config) for tool in tools]
+    copies = Counter(tool.get("name") for tool in tools if isinstance(tool.get("name"), str))
+    projections = []
+    for tool in tools:
+        projection = _project(server, tool, runtime_config)
+        count = copies.get(tool.get("name"), 0)
+        if count > 1 and projection.problem is None:
+            projection = projection._replace(
+                manifest=None,
+                problem=f"the server lists {count} tools named {projection.remote!r}, so "
+                f"{projection.name!r} could name any of them; none is projected (M-3)",
+            )
+        projections.append(projection)
+    return projections
 
 
 def _project(server: str, tool: dict[str, Any], runtime_config: str) -> Projection:
@@ -117,17 +133,50 @@ def check_out_directory(out: Path, root: Path) -> None:
             )
 
 
-def write_candidates(projections: list[Projection], out: Path) -> list[Path]:
+class Written(NamedTuple):
+    path: Path
+    replaced: bool  # an earlier candidate of that name was there (only with ``replace``)
+
+
+def candidate_path(out: Path, projection: Projection) -> Path:
+    return out / f"{projection.name}{MANIFEST_SUFFIX}"
+
+
+def write_candidates(
+    projections: list[Projection], out: Path, *, replace: bool = False
+) -> list[Written]:
     """Write each candidate to ``out/<name>.manifest.json`` (the directory is made if
-    missing), each in one rename: a reader sees a whole candidate or none."""
+    missing), each in one step: a reader sees a whole candidate or none.
+
+    A candidate already in ``out`` is never overwritten silently: without ``replace`` the
+    whole projection is refused with EEXIST, naming them, before anything is written (and a
+    file that appears meanwhile is EEXIST too); with it, each is replaced and said so.
+    """
+    wanted = [p for p in projections if p.manifest is not None]
+    if not replace:
+        present = [str(path) for p in wanted if (path := candidate_path(out, p)).exists()]
+        if present:
+            raise exists(
+                f"{', '.join(present)} already "
+                f"{'exists' if len(present) == 1 else 'exist'}; give --replace to overwrite "
+                "earlier candidates, or another --out"
+            )
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    for projection in projections:
-        if projection.manifest is None:
-            continue
-        path = out / f"{projection.name}{MANIFEST_SUFFIX}"
+    for projection in wanted:
+        path = candidate_path(out, projection)
         temporary = out / f".{path.name}.{os.urandom(6).hex()}.tmp"
         temporary.write_text(json.dumps(projection.manifest, indent=2, ensure_ascii=False) + "\n")
-        os.replace(temporary, path)
-        written.append(path)
+        try:
+            replaced = replace and path.exists()
+            if replace:
+                os.replace(temporary, path)
+            else:
+                os.link(temporary, path)  # never over a file that appeared meanwhile
+        except FileExistsError:
+            raise exists(f"{path} appeared while ctxmcp wrote it; it was left as it is") from None
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                temporary.unlink()
+        written.append(Written(path, replaced))
     return written

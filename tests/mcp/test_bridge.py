@@ -42,7 +42,7 @@ def serve(world: World, *, config_dir: Path | None = None, **script: object) -> 
 
 
 def install_projected(world: World, config: Path, runtime_config: str, name: str) -> None:
-    out = world.scratch / "candidates"
+    out = world.scratch / "candidates" / name  # one projection each: earlier ones stay
     done = ctxmcp(
         "project", "--config", str(config), "--runtime-config", runtime_config,
         "--server", "fake", "--out", str(out),

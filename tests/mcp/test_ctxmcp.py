@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -252,7 +253,7 @@ def test_illegal_names_and_schemas_are_reported_and_skipped(tmp_path: Path) -> N
         "--server", "fake", "--out", str(out), "--json",
     )  # fmt: skip
 
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 1, done.stderr  # the rest is written; the status says skipped
     report = json.loads(done.stdout)
     written = ["fake.search_issues.manifest.json", "fake.-dash.manifest.json"]
     assert report["written"] == [str(out / name) for name in written]
@@ -261,6 +262,65 @@ def test_illegal_names_and_schemas_are_reported_and_skipped(tmp_path: Path) -> N
     assert "M-3" in skipped["has space"] and "64" in skipped["x" * 60]
     assert "JSON Schema" in skipped["bad_schema"]
     assert sorted(p.name for p in out.iterdir()) == sorted(written)
+
+
+def project(config: Path, out: Path, *options: str) -> subprocess.CompletedProcess[str]:
+    return ctxmcp(
+        "project", "--config", str(config), "--runtime-config", RUNTIME_CONFIG,
+        "--server", "fake", "--out", str(out), *options,
+    )  # fmt: skip
+
+
+def test_a_name_the_server_lists_twice_is_reported_and_neither_copy_written(
+    tmp_path: Path,
+) -> None:
+    first = {**tool("search"), "description": "the first search"}
+    second = {**tool("search"), "description": "the second search"}
+    config = scripted(tmp_path, tools=[first, tool("other"), second])
+    out = tmp_path / "out"
+
+    as_text = project(config, out)
+    listed = ctxmcp("list", "--config", str(config), "--server", "fake")
+    shutil.rmtree(out)
+    as_json = project(config, out, "--json")
+
+    assert as_text.returncode == 1, as_text.stderr
+    assert as_text.stdout.splitlines() == [str(out / "fake.other.manifest.json")]
+    skips = [line for line in as_text.stderr.splitlines() if "skipped search" in line]
+    assert len(skips) == 2 and all("2 tools named 'search'" in line for line in skips), skips
+    assert "not projectable" in listed.stdout and listed.returncode == 0
+    assert as_json.returncode == 1, as_json.stderr
+    report = json.loads(as_json.stdout)
+    assert report["written"] == [str(out / "fake.other.manifest.json")]
+    assert [entry["tool"] for entry in report["skipped"]] == ["search", "search"]
+    assert all("M-3" in entry["problem"] for entry in report["skipped"])
+    assert sorted(p.name for p in out.iterdir()) == ["fake.other.manifest.json"]
+
+
+def test_an_earlier_candidate_is_never_overwritten_without_replace(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    assert project(scripted(tmp_path, tools=[tool("t")]), out).returncode == 0
+    earlier = out / "fake.t.manifest.json"
+    earlier.write_text('{"edited": "by hand"}\n')
+    config = scripted(tmp_path, tools=[tool("t"), tool("new")])
+
+    refused = project(config, out)
+
+    assert refused.returncode == 1
+    assert refused.stderr.startswith("ctxmcp: EEXIST: ") and str(earlier) in refused.stderr
+    assert "--replace" in refused.stderr
+    assert earlier.read_text() == '{"edited": "by hand"}\n'
+    assert sorted(p.name for p in out.iterdir()) == ["fake.t.manifest.json"], "nothing written"
+
+    replaced = project(config, out, "--replace", "--json")
+
+    assert replaced.returncode == 0, replaced.stderr
+    report = json.loads(replaced.stdout)
+    assert report["replaced"] == [str(earlier)]
+    assert sorted(report["written"]) == sorted([str(earlier), str(out / "fake.new.manifest.json")])
+    assert json.loads(earlier.read_text())["name"] == "fake.t"
+    again = project(config, out, "--replace")
+    assert again.returncode == 0 and f"ctxmcp: replaced {earlier}" in again.stderr
 
 
 @pytest.mark.parametrize("inside", ["storage", "storage/tool"])
