@@ -26,7 +26,7 @@ from cortexfs.agents.view import AgentView
 from cortexfs.cli.common import (
     F,
     emit_json,
-    exit_status,
+    fail_with_problems,
     handles_errors,
     json_option,
     object_name_argument,
@@ -103,7 +103,8 @@ def create(
         else:
             parsed = load_request(request, root)
     except RequestError as exc:
-        _refuse_request(STDIN_NAME if str(request) == STDIN else str(request), exc, as_json)
+        source = STDIN_NAME if str(request) == STDIN else request
+        fail_with_problems(source, exc, exc.problems, as_json)
     created = create_agent(root, parsed, _identity(user, gid, groups))
     if as_json:
         emit_json(created.to_json())
@@ -145,16 +146,6 @@ def show(name: str, storage_dir: Path | None, as_json: bool) -> None:
         return
     for key, value in facts.items():
         click.echo(f"{key}: {value}")
-
-
-def _refuse_request(source: str, error: RequestError, as_json: bool) -> None:
-    """Every problem of a request, each as ``ctx: EINVAL: SOURCE: <problem>`` (the form of
-    every ctx error), and the error object on stdout with --json; exit 1."""
-    for problem in error.problems:
-        click.echo(f"ctx: {error.code_name}: {source}: {problem}", err=True)
-    if as_json:
-        emit_json(error.to_json())
-    sys.exit(exit_status(error))
 
 
 def _identity(user: str | None, gid: int | None, groups: str | None) -> Identity | None:

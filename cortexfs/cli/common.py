@@ -75,10 +75,12 @@ def _program() -> str:
 
 
 def fail_with_problems(source: object, error: CtxError, problems: list[str], as_json: bool) -> None:
-    """Refuse a file with every reason listed, one ``SOURCE: EINVAL: <reason>`` line each on
-    standard error (and the error object on stdout with --json), then exit 1."""
+    """Refuse a file with every reason listed, one ``ctx: EINVAL: SOURCE: <reason>`` line each
+    on standard error (the form of every ctx error; the error object on stdout with --json),
+    then exit 1.  (``ctx policy check`` and ``ctx object check``, which report on files rather
+    than refuse them, print ``SOURCE: EINVAL: <reason>`` lines as a linter does: P-8.)"""
     for problem in problems:
-        click.echo(f"{source}: EINVAL: {problem}", err=True)
+        click.echo(f"{_program()}: {error.code_name}: {source}: {problem}", err=True)
     if as_json:
         emit_json(error.to_json())
     sys.exit(exit_status(error))
