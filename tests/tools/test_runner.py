@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -516,3 +517,26 @@ def test_the_tool_log_and_the_session_name_the_session_alike(world: World) -> No
     assert shared["session"] == "s2"
     assert shared["session_dir"] == "shared/proj/agent/member/session/s2"
     assert home["call"] == in_home["call"]
+
+
+PDEATHSIG = """#!/usr/bin/python3
+# Reports its uid and its parent-death signal (prctl PR_GET_PDEATHSIG).
+import ctypes, json, os
+signal = ctypes.c_int()
+ctypes.CDLL(None).prctl(2, ctypes.byref(signal))
+print(json.dumps({"uid": os.getuid(), "pdeathsig": signal.value}))
+"""
+
+
+def test_a_tool_dies_with_its_caller_signal_set_after_the_uid_switch(coder: World) -> None:
+    """I-4: the parent-death signal survives the switch to the agent's uid (a credential change
+    clears it, so it is set after), in both modes."""
+    coder.install("pdeathsig", PDEATHSIG)
+    coder.agent("dying", tools=["pdeathsig"])
+    coder.allow_tool("pdeathsig", "dying_t")
+
+    native = coder.run("pdeathsig", {}, agent="dying")
+    terminal = ctx(coder.root, "run", "--agent", "dying", "pdeathsig")
+
+    assert native.output == {"uid": coder.user.uid, "pdeathsig": signal.SIGKILL}, native.error
+    assert json.loads(terminal.stdout) == native.output, terminal.stderr

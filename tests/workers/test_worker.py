@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from cortexfs.queue.claim_order import HintFile, hint_path
@@ -239,6 +241,37 @@ def test_a_killed_workers_tool_does_not_run_on(farm: Farm) -> None:
             break
         time.sleep(0.05)
     assert not Path(f"/proc/{shell}").exists(), "the tool outlived its killed worker"
+
+
+def _dead(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_a_sigkilled_workers_tool_processes_are_gone_within_a_second(farm: Farm) -> None:
+    """I-4, W-3: after a worker is SIGKILLed, recover may run the job again; nothing of the
+    first run may still be running then, not even what the tool started (dash forks
+    ``sleep``)."""
+    farm.publish("shell.exec", {"cmd": "sleep 30"})
+    worker = farm.worker()
+    deadline = time.monotonic() + 30
+    tool_processes: list[psutil.Process] = []
+    while not any(p.cmdline() == ["sleep", "30"] for p in tool_processes):
+        assert time.monotonic() < deadline, "the tool never started"
+        time.sleep(0.05)
+        with contextlib.suppress(psutil.NoSuchProcess):
+            tool_processes = psutil.Process(worker.pid).children(recursive=True)
+
+    worker.kill()
+    worker.communicate()
+    killed_at = time.monotonic()
+    while time.monotonic() - killed_at < 1 and not all(_dead(p.pid) for p in tool_processes):
+        time.sleep(0.02)
+
+    running = [p.cmdline() for p in tool_processes if not _dead(p.pid)]
+    assert not running, f"still running a second after the worker was killed: {running}"
 
 
 def test_a_vanished_working_directory_is_named_in_the_failure(farm: Farm) -> None:
