@@ -2,12 +2,30 @@
 
 Claims take the oldest pending job first — by publish time (the request file's mtime, which
 a rename keeps), name as tie-break — on a best-effort basis.  Listing and sorting ``pending/``
-costs O(n), so a :class:`Queue` keeps the sorted names of its last scan and hands them out one
-by one; it scans again only when they are used up.  A claim therefore costs O(1) amortised,
-however many jobs are pending.  Names handed out may since have been claimed by another
-worker; the claim itself finds that out cheaply (the file is gone, or ``mkdir`` loses).
-Jobs published after the scan are newer than everything in it, so they lose nothing by
-waiting for the next one.
+costs O(n), so the claim order keeps the sorted names of its last listing and hands them out
+one by one.  Names handed out may since have been claimed by another worker; the claim itself
+finds that out cheaply (the file is gone, or ``mkdir`` loses).
+
+What the order knows must follow what ``pending/`` holds.  Every change the protocol makes to
+``pending/`` tells the order about it (:meth:`ClaimOrder.changed`): a publish appends its names
+(they are the newest), recover puts a requeued job *first* (it keeps its old publish time), a
+claim only removes.  Changes made by others — another user, another host, a file put there by
+hand — are noticed by the directory's *stamp* (its inode and mtime): the order records
+the stamp of ``pending/`` as of the last change it accounted for, a change that moved the stamp
+from the recorded value is absorbed, and a stamp found to differ from the record at a claim
+means someone changed ``pending/`` unseen, so the order lists it again.
+
+Q-10 bounds how often: a listing of n names is paid for by n / :data:`SCAN_BUDGET` claims
+served from the order before the next listing an unseen change may cause (up to
+:data:`SCAN_BUDGET` pending jobs, every claim may list).  A claim therefore lists, on
+average, at most about :data:`SCAN_BUDGET` entries, however many jobs are pending.  An order
+that is used up always lists again.
+
+Where this is best effort: a stamp has the filesystem's timestamp granularity (a clock tick on
+Linux), so a change made by someone else in the same tick as one we recorded, or between the
+two ``fstat`` calls around one of our own moves, can go unnoticed; the job is then found by a
+later listing (the next unseen change, or the order used up).  Nothing is ever lost: every
+listing is complete, and every name handed out is checked against ``pending/``.
 """
 
 from __future__ import annotations
@@ -17,9 +35,12 @@ import fcntl
 import functools
 import hashlib
 import os
+import re
+import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -28,22 +49,17 @@ from cortexfs.names import is_job_name
 if TYPE_CHECKING:
     from cortexfs.queue.layout import Queue
 
+# Entries of pending/ one claim may list on average to notice changes made by others (Q-10).
+SCAN_BUDGET = 1000
 
-class ClaimOrder:
-    """The pending jobs of one scan, oldest first, not yet handed out."""
 
-    def __init__(self) -> None:
-        self._next: deque[str] = deque()
-        self.scans = 0
-
-    def take(self, pending_fd: int) -> Iterator[str]:
-        """Candidates to try: what is left of the last scan, then (once) a fresh scan."""
-        while self._next:
-            yield self._next.popleft()
-        self._next.extend(scan_pending(pending_fd))
-        self.scans += 1
-        while self._next:
-            yield self._next.popleft()
+def pending_stamp(pending_fd: int) -> str:
+    """What changes whenever an entry of ``pending/`` is added, removed or renamed: the
+    directory's mtime (and inode, should it be made anew).  Not its ctime, which a chmod of
+    the directory changes too (``ctx shared create`` gives the queue's directories their
+    mode after ``queue init`` started the hint)."""
+    st = os.fstat(pending_fd)
+    return f"{st.st_ino}:{st.st_mtime_ns}"
 
 
 def scan_pending(pending_fd: int) -> list[str]:
@@ -62,8 +78,79 @@ def scan_pending(pending_fd: int) -> list[str]:
     return [name for _, name in stamped]
 
 
+def _unseen_change(stamp: str | None, now: str, served: int, listed: int) -> bool:
+    """Whether ``pending/`` changed in a way the order did not account for, and the claims
+    served since the last listing have paid for another one (Q-10).  No recorded stamp: a
+    hint written by hand or by an older version, trusted until it is used up."""
+    return stamp is not None and stamp != now and served >= listed // SCAN_BUDGET
+
+
+class ClaimOrder:
+    """The claim order of one process, in memory: the names not handed out yet, oldest first."""
+
+    def __init__(self) -> None:
+        self._next: deque[str] = deque()
+        self._stamp: str | None = None
+        self._listed = 0
+        self._served = 0
+        self._started = False  # until the first listing the order knows nothing to add to
+        self._lock = threading.Lock()
+        self.scans = 0
+
+    def take(self, pending_fd: int) -> Iterator[str]:
+        """Candidates to try, oldest first; ``pending/`` is listed at most once per call."""
+        listed = False
+        while True:
+            with self._lock:
+                if not listed and (
+                    not self._next
+                    or _unseen_change(
+                        self._stamp, pending_stamp(pending_fd), self._served, self._listed
+                    )
+                ):
+                    self._list(pending_fd)
+                    listed = True
+                if not self._next:
+                    return
+                name = self._next.popleft()
+                self._served += 1
+            yield name
+
+    def _list(self, pending_fd: int) -> None:
+        stamp = pending_stamp(pending_fd)  # before: a change during the listing shows later
+        self._next = deque(scan_pending(pending_fd))
+        self._stamp, self._listed, self._served = stamp, len(self._next), 0
+        self._started = True
+        self.scans += 1
+
+    def changed(
+        self, queue_path: Path, before: str, after: str, added: Sequence[str], *, first: bool
+    ) -> None:
+        """This process changed ``pending/`` from stamp ``before`` to ``after``, adding
+        ``added`` (first in line when ``first``: a requeued job keeps its publish time)."""
+        with self._lock:
+            if self._started:
+                if first:
+                    self._next.extendleft(reversed(added))
+                else:
+                    self._next.extend(added)
+                self._listed += len(added)
+                if self._stamp == before:
+                    self._stamp = after
+        note_changed(queue_path, before, after, added, first=first)
+
+
 def candidates(queue: Queue) -> Iterator[str]:
     return queue.claim_order.take(queue.pending)
+
+
+def pending_changed(
+    queue: Queue, before: str, added: Sequence[str] = (), *, first: bool = False
+) -> None:
+    """Tell the queue's claim order (and this user's hint) what we just did to ``pending/``,
+    whose stamp was ``before`` just before we did it."""
+    after = pending_stamp(queue.pending)
+    queue.claim_order.changed(queue.path, before, after, added, first=first)
 
 
 # ----------------------------------------------------------------------------------------
@@ -71,19 +158,19 @@ def candidates(queue: Queue) -> Iterator[str]:
 #
 # A shell script runs one ``ctx queue claim`` per job, a new process each time, so the order
 # kept in memory dies with every claim.  :class:`HintedClaimOrder` keeps it in a small cache
-# file instead: the names in claim order and a cursor, advanced under an flock by every claim
-# of this user on this host.  ``queue init`` starts the file empty and every publish appends
-# its names (in publish order: oldest first), so a claim reads one name at the cursor instead
-# of listing 100 000; when the file is used up (jobs published by other users or hosts, jobs
-# put back by recover) the claim lists ``pending/`` once and writes the file anew.
+# file instead, shared by every claim of this user on this host: a header (the cursor, the
+# stamp of pending/ it accounts for, the names listed and served since the last listing),
+# then the names in claim order.  ``queue init`` starts the file empty, every publish appends
+# its names, recover puts requeued names before the cursor, so a claim reads one name instead
+# of listing 100 000; the file is listed anew when it is used up or pending/ changed unseen.
 #
 # The file is a hint, not evidence: it lives outside the queue (the user's cache directory),
 # is never fsynced, and every name it offers is checked against ``pending/`` by the claim.
-# Losing it, or finding it stale, costs one listing.  Any error with it falls back to the
+# Losing it, or finding it garbled, costs one listing.  Any error with it falls back to the
 # in-memory order.
 
-_CURSOR_DIGITS = 20  # the byte offset of the next name, in decimal
-_HEADER = _CURSOR_DIGITS + 1  # ... and a newline
+_HEADER = 128  # "cursor served listed stamp\n", fixed width so that it is rewritten in place
+_HEADER_FORMAT = re.compile(rb"(\d{20}) (\d{20}) (\d{20}) (-|\d+:\d+) *\n")
 _READ = 4096
 _COMPACT_AFTER = 1 << 20
 
@@ -109,57 +196,146 @@ def _hint_key(queue_path: Path) -> str:
     return hashlib.sha256(os.fsencode(os.path.realpath(queue_path))).hexdigest()[:32]
 
 
+@dataclass
+class _Header:
+    cursor: int  # byte offset of the next name
+    served: int  # names handed out since the last listing
+    listed: int  # names the file received since the last listing (listed, published, requeued)
+    stamp: str | None  # the stamp of pending/ the names account for; None: trusted as is
+
+    def encode(self) -> bytes:
+        line = f"{self.cursor:020d} {self.served:020d} {self.listed:020d} {self.stamp or '-'}"
+        return line.ljust(_HEADER - 1).encode() + b"\n"
+
+    @classmethod
+    def decode(cls, data: bytes) -> _Header | None:
+        """None for a header that is not ours (garbled, truncated, another format)."""
+        match = _HEADER_FORMAT.fullmatch(data)
+        if match is None or len(data) != _HEADER or int(match[1]) < _HEADER:
+            return None
+        stamp = match[4].decode()
+        return cls(int(match[1]), int(match[2]), int(match[3]), None if stamp == "-" else stamp)
+
+
 class HintFile:
-    """The cache file: a cursor line, then job names one per line."""
+    """The cache file: a header line, then job names one per line."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
 
-    def reset(self, names: list[str]) -> None:
-        """Replace the file with ``names`` (atomically; readers see the old or the new one)."""
+    def reset(self, names: Sequence[str], stamp: str | None = None) -> None:
+        """Replace the file with ``names``, as a fresh listing.  ``stamp``: the stamp of
+        pending/ they account for; None makes a hint trusted until it is used up."""
+        self._write(names, stamp, handed_out=0, served=0, listed=len(names))
+
+    def _write(
+        self, names: Sequence[str], stamp: str | None, *, handed_out: int, served: int, listed: int
+    ) -> None:
+        """Replace the file (atomically: readers see the old or the new one) with ``names``,
+        the first ``handed_out`` of them behind the cursor."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        temp = self.path.with_name(f".{self.path.name}.{os.getpid()}")
-        body = "".join(f"{name}\n" for name in names).encode()
-        temp.write_bytes(_cursor_line(_HEADER) + body)
+        temp = self.path.with_name(f".{self.path.name}.{os.getpid()}.{threading.get_ident()}")
+        body = [f"{name}\n".encode() for name in names]
+        cursor = _HEADER + sum(len(line) for line in body[:handed_out])
+        temp.write_bytes(_Header(cursor, served, listed, stamp).encode() + b"".join(body))
         os.replace(temp, self.path)
 
-    def append(self, names: list[str]) -> None:
-        """Add newly published names at the end, if the file exists (never create it here:
-        a file that did not see the jobs already pending would hide them)."""
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[int]:
+        """The file open and flocked; FileNotFoundError when there is none.  A file replaced
+        (by :meth:`reset`) while we waited for the lock is opened again."""
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                try:
+                    current = os.stat(self.path, follow_symlinks=False).st_ino
+                except FileNotFoundError:
+                    current = None
+                if current == os.fstat(fd).st_ino:
+                    yield fd
+                    return
+            finally:
+                os.close(fd)
+
+    def next_name(self, pending_fd: int, may_list: bool) -> tuple[str | None, bool]:
+        """Hand out the next name (None when there is none) and whether ``pending/`` was
+        listed for it: when ``may_list`` and the file is used up, missing or garbled, or
+        pending/ changed unseen (and listings are paid for, Q-10)."""
         try:
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
+            with self._locked() as fd:
+                header = _Header.decode(os.pread(fd, _HEADER, 0))
+                if header is not None:
+                    stale = _unseen_change(
+                        header.stamp, pending_stamp(pending_fd), header.served, header.listed
+                    )
+                    if not (stale and may_list):
+                        name = self._pop(fd, header)
+                        if name is not None or not may_list:
+                            return name, False
+                elif not may_list:
+                    return None, False
+                # Listed under the lock: the claimers waiting for it then read the new file
+                # instead of each listing pending/ again.
+                return self._list(pending_fd), True
         except FileNotFoundError:
-            return
-        try:
-            os.write(fd, "".join(f"{name}\n" for name in names).encode())
-        finally:
-            os.close(fd)
+            if not may_list:
+                return None, False
+            return self._list(pending_fd), True
 
-    def next_name(self) -> str | None:
-        """Hand out the name at the cursor and advance it; None when the file is used up."""
-        fd = os.open(self.path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            cursor = int(os.pread(fd, _CURSOR_DIGITS, 0) or b"0")
-            chunk = os.pread(fd, _READ, cursor)
-            end = chunk.find(b"\n")
-            if end < 0:
-                return None
-            os.pwrite(fd, _cursor_line(cursor + end + 1), 0)
-            if cursor > _COMPACT_AFTER and cursor * 2 > os.fstat(fd).st_size:
-                self._compact(fd, cursor + end + 1)
-            return chunk[:end].decode("ascii", "replace")
-        finally:
-            os.close(fd)
+    def _pop(self, fd: int, header: _Header) -> str | None:
+        chunk = os.pread(fd, _READ, header.cursor)
+        end = chunk.find(b"\n")
+        if end < 0:
+            return None
+        header.cursor += end + 1
+        header.served += 1
+        os.pwrite(fd, header.encode(), 0)
+        if header.cursor > _COMPACT_AFTER and header.cursor * 2 > os.fstat(fd).st_size:
+            self._compact(fd, header)
+        return chunk[:end].decode("ascii", "replace")
 
-    def _compact(self, fd: int, cursor: int) -> None:
-        """Drop the names already handed out, once they are most of the file."""
+    def _list(self, pending_fd: int) -> str | None:
+        """List pending/, write the names anew, hand out the first."""
+        stamp = pending_stamp(pending_fd)  # before: a change during the listing shows later
+        names = scan_pending(pending_fd)
+        first = min(1, len(names))
+        self._write(names, stamp, handed_out=first, served=first, listed=len(names))
+        return names[0] if names else None
+
+    def _rest(self, fd: int, cursor: int) -> list[str]:
         rest = os.pread(fd, os.fstat(fd).st_size - cursor, cursor)
-        self.reset([line for line in rest.decode("ascii", "replace").splitlines() if line])
+        return [line for line in rest.decode("ascii", "replace").splitlines() if line]
 
+    def _compact(self, fd: int, header: _Header) -> None:
+        """Drop the names already handed out, once they are most of the file."""
+        self._rewrite(self._rest(fd, header.cursor), header)
 
-def _cursor_line(offset: int) -> bytes:
-    return f"{offset:0{_CURSOR_DIGITS}d}\n".encode()
+    def _rewrite(self, names: Sequence[str], header: _Header) -> None:
+        """The file anew with ``names`` ahead; the stamp and the counts that pay for the next
+        listing (Q-10) carry over."""
+        self._write(names, header.stamp, handed_out=0, served=header.served, listed=header.listed)
+
+    def changed(self, before: str, after: str, added: Sequence[str], *, first: bool) -> None:
+        """Account for a change we made to pending/ (see :meth:`ClaimOrder.changed`).  Never
+        creates the file: one that did not see the jobs already pending would hide them."""
+        with self._locked() as fd:
+            header = _Header.decode(os.pread(fd, _HEADER, 0))
+            if header is None:
+                return  # garbled: the next claim lists pending/ anyway
+            if header.stamp == before:
+                header.stamp = after
+            header.listed += len(added)
+            data = "".join(f"{name}\n" for name in added).encode()
+            if not first:
+                os.pwrite(fd, data, os.fstat(fd).st_size)
+            elif header.cursor - _HEADER >= len(data):
+                header.cursor -= len(data)  # into the room of names already handed out
+                os.pwrite(fd, data, header.cursor)
+            else:
+                self._rewrite([*added, *self._rest(fd, header.cursor)], header)
+                return
+            os.pwrite(fd, header.encode(), 0)
 
 
 class HintedClaimOrder(ClaimOrder):
@@ -171,30 +347,32 @@ class HintedClaimOrder(ClaimOrder):
 
     def take(self, pending_fd: int) -> Iterator[str]:
         try:
-            yield from self._from_hint()
-            names = scan_pending(pending_fd)
-            self.scans += 1
-            self.hint.reset(names)
-            yield from self._from_hint()
+            may_list = True
+            while True:
+                name, listed = self.hint.next_name(pending_fd, may_list)
+                if listed:
+                    self.scans += 1
+                    may_list = False
+                if name is None:
+                    return
+                if is_job_name(name):  # the file is only a hint: never trust a name from it
+                    yield name
         except (OSError, ValueError):
             yield from super().take(pending_fd)
 
-    def _from_hint(self) -> Iterator[str]:
-        while True:
-            try:
-                name = self.hint.next_name()
-            except FileNotFoundError:
-                return
-            if name is None:
-                return
-            if is_job_name(name):  # the file is only a hint: never trust a name from it
-                yield name
+    def changed(
+        self, queue_path: Path, before: str, after: str, added: Sequence[str], *, first: bool
+    ) -> None:
+        note_changed(queue_path, before, after, added, first=first)
 
 
-def note_published(queue_path: Path, names: list[str]) -> None:
-    """Tell this user's hint (if any) about names now pending; a lost hint costs nothing."""
+def note_changed(
+    queue_path: Path, before: str, after: str, added: Sequence[str], *, first: bool = False
+) -> None:
+    """Tell this user's hint (if any) about a change we made to pending/; a lost hint costs
+    nothing but a listing."""
     with contextlib.suppress(OSError):
-        HintFile(hint_path(queue_path)).append(names)
+        HintFile(hint_path(queue_path)).changed(before, after, added, first=first)
 
 
 _UNUSED_HINT_SECONDS = 30 * 24 * 3600
@@ -207,8 +385,13 @@ def start_hint(queue_path: Path) -> None:
     test runs) are removed on the way: each costs its next claim one listing at most.
     """
     with contextlib.suppress(OSError):
+        fd = os.open(queue_path / "pending", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        try:
+            stamp = pending_stamp(fd)
+        finally:
+            os.close(fd)
         hint = HintFile(hint_path(queue_path))
-        hint.reset([])
+        hint.reset([], stamp)
         _remove_unused_hints(hint.path.parent, time.time() - _UNUSED_HINT_SECONDS)
 
 

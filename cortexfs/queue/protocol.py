@@ -49,7 +49,7 @@ from cortexfs import durable
 from cortexfs.errors import CtxError, exists, invalid, not_found
 from cortexfs.names import job_name
 from cortexfs.queue import requests
-from cortexfs.queue.claim_order import candidates, note_published
+from cortexfs.queue.claim_order import candidates, pending_changed, pending_stamp
 from cortexfs.queue.holder import Holder, Lease, check_ttl
 from cortexfs.queue.layout import (
     LEASE_FILE,
@@ -115,13 +115,14 @@ def publish(
         _discard_temp(queue, temp)
         raise
     ops.step("publish.move")
+    before = pending_stamp(queue.pending)
     try:
         durable.move_noreplace(ops, queue.inbox, temp, queue.pending, job)
     except FileExistsError:
         _discard_temp(queue, temp)
         raise exists(f"job {job} is already pending; publish under another name") from None
+    pending_changed(queue, before, [job])
     ops.step("publish.done")
-    note_published(queue.path, [job])
     return job
 
 
@@ -183,8 +184,10 @@ def publish_batch(
     moves = [
         durable.Move(queue.inbox, t, queue.pending, j) for t, j in zip(temps, jobs, strict=True)
     ]
+    before = pending_stamp(queue.pending)
     outcomes = durable.move_noreplace_batch(ops, moves)
     clashes = [job for job, outcome in zip(jobs, outcomes, strict=True) if outcome is not None]
+    pending_changed(queue, before, [job for job in jobs if job not in clashes])
     if clashes:
         _discard_temps(
             queue, [m.src for m, o in zip(moves, outcomes, strict=True) if o is not None]
@@ -195,7 +198,6 @@ def publish_batch(
             f"left alone; published: {', '.join(published) or 'none'}"
         )
     ops.step("publish_batch.done")
-    note_published(queue.path, jobs)
     return jobs
 
 
@@ -274,14 +276,18 @@ def claim_job(queue: Queue, job: str, holder: Holder, ttl: float | None = None) 
             _abandon_claim_dir(queue, job)
             return None
         ops.step("claim.move")
+        before = pending_stamp(queue.pending)
         try:
             durable.move_noreplace(ops, queue.pending, job, claim_fd, job)
         except FileNotFoundError:
             _abandon_claim_dir(queue, job)
             return None
+        pending_changed(queue, before)  # ours: the order need not list pending/ for it
         request = _read_claimed_request(queue, claim_fd, job)
         if request is None:
+            before = pending_stamp(queue.pending)
             durable.move_noreplace(ops, claim_fd, job, queue.pending, job)
+            pending_changed(queue, before)  # not a job: nothing to hand out
             _abandon_claim_dir(queue, job)
             return None
         lease = Lease.new(job, holder, ttl)

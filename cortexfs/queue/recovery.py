@@ -32,7 +32,7 @@ from typing import Any
 from cortexfs import durable
 from cortexfs.errors import CtxError
 from cortexfs.queue import evidence as ev
-from cortexfs.queue.claim_order import note_published
+from cortexfs.queue.claim_order import pending_changed, pending_stamp
 from cortexfs.queue.holder import GONE, Verdict, judge
 from cortexfs.queue.layout import (
     LEASE_FILE,
@@ -308,10 +308,13 @@ def _requeue(queue: Queue, job: str, claim_fd: int | None) -> None:
     and lease are cleaned up (lease first, so no new claim can meet the stale lease)."""
     assert claim_fd is not None
     queue.ops.step("recover.requeue")
+    before = pending_stamp(queue.pending)
     _move_claim_to(queue, job, claim_fd, queue.pending)
+    # First in line: J keeps the publish time it had, older than anything still pending that
+    # was published after it (Q-9).
+    pending_changed(queue, before, [job], first=True)
     queue.ops.step("recover.cleanup")
     remove_claim_and_lease(queue, job)
-    note_published(queue.path, [job])
 
 
 def _roll_forward(queue: Queue, job: str, claim_fd: int | None) -> None:

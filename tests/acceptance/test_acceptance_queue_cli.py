@@ -17,6 +17,7 @@ from tests.acceptance.ctxcli import (
     QUEUE_SUBDIRS,
     SUFFIX,
     QueueCLI,
+    age,
     clean_env,
     ctx_run,
     find_values,
@@ -307,6 +308,74 @@ def test_claims_take_the_oldest_pending_job_first(queue):
     """
     order = [queue.publish(name=n) for n in ("zeta", "alpha")]
     assert [queue.claim() for _ in order] == order
+
+
+@pytest.fixture
+def caches(tmp_path):
+    """Two users' cache directories (the claim-order hint lives there): ``mine``, whose
+    ``ctx`` claims, and ``theirs``, for what another user does to the same queue."""
+    return {who: str(tmp_path / f"cache-{who}") for who in ("mine", "theirs")}
+
+
+def as_user(queue, caches, who, command, *args, **kw):
+    env = clean_env(CTX_STORAGE=str(queue.storage), XDG_CACHE_HOME=caches[who])
+    return queue.run(command, *args, env=env, **kw)
+
+
+def claim_from_a_shell_that_exits(queue, caches):
+    """``ctx queue claim`` run by a shell that exits right after: its lease holder is gone."""
+    env = clean_env(CTX_STORAGE=str(queue.storage), XDG_CACHE_HOME=caches["mine"])
+    argv = [*CTX_ARGV, "queue", "claim", "--project", queue.project]
+    done = subprocess.run(["/bin/sh", "-c", '"$@"', "sh", *argv], env=env, capture_output=True)
+    assert done.returncode == 0, done
+    return done.stdout.decode().strip()
+
+
+@pytest.mark.parametrize("recovered_by", ["mine", "theirs"])
+def test_a_requeued_job_is_claimed_before_younger_ones(queue, caches, recovered_by):
+    """Q-9, Q-5: a job recover puts back keeps its publish time, so it is the oldest pending
+    job again: the next claim takes it, as ``list --state pending`` (claim order) shows,
+    whoever ran recover."""
+    jobs = [queue.publish(name=n) for n in ("a", "b", "c")]
+    assert claim_from_a_shell_that_exits(queue, caches) == jobs[0]
+
+    recovered = as_user(queue, caches, recovered_by, "recover")
+    assert recovered.rc == 0 and jobs[0] in recovered.out, recovered
+
+    listed = as_user(queue, caches, "mine", "list", "--state", "pending").lines()
+    assert listed == jobs
+    assert [as_user(queue, caches, "mine", "claim").out.strip() for _ in jobs] == jobs
+
+
+def test_jobs_another_user_published_are_claimed_oldest_first(queue, caches):
+    """Q-9: pending jobs published by another user (whose claim-order hint is not ours)
+    before ours are claimed before ours."""
+    assert as_user(queue, caches, "mine", "claim").rc == 3  # our order: an empty queue
+    theirs = [
+        as_user(queue, caches, "theirs", "publish", "--name", n, "-", input=json.dumps(request()))
+        for n in ("n1", "n2")
+    ]
+    mine = as_user(
+        queue, caches, "mine", "publish", "--name", "r1", "-", input=json.dumps(request())
+    )
+    order = [r.out.strip() for r in [*theirs, mine]]
+    assert [as_user(queue, caches, "mine", "claim").out.strip() for _ in order] == order
+
+
+def test_a_job_put_in_pending_by_hand_is_claimed_by_its_age(queue, caches):
+    """Q-9: a request file placed in ``pending/`` by hand (an older mtime) is claimed before
+    the newer jobs published through ``ctx``."""
+    assert as_user(queue, caches, "mine", "claim").rc == 3
+    published = [
+        as_user(
+            queue, caches, "mine", "publish", "--name", n, "-", input=json.dumps(request())
+        ).out.strip()
+        for n in ("p1", "p2")
+    ]
+    placed = queue.drop("placed")
+    age(queue.dir / "pending" / placed, 3600)
+    order = [placed, *published]
+    assert [as_user(queue, caches, "mine", "claim").out.strip() for _ in order] == order
 
 
 def test_concurrent_claimers_never_share_a_job(queue):

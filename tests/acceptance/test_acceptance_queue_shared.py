@@ -24,7 +24,13 @@ NOBODY = 65534
 
 
 def ctx_as(
-    uid: int, gid: int, groups: list[int], storage: Path, *args: str, via_shell: bool = False
+    uid: int,
+    gid: int,
+    groups: list[int],
+    storage: Path,
+    *args: str,
+    via_shell: bool = False,
+    stdin: str = "",
 ) -> subprocess.CompletedProcess[str]:
     """``ctx ARGS`` as another user with umask 022; ``via_shell``: from a shell that exits
     right after it (the lease holder of a shell ``claim``)."""
@@ -35,6 +41,7 @@ def ctx_as(
     env.pop("XDG_CACHE_HOME", None)
     return subprocess.run(
         argv,
+        input=stdin,
         user=uid,
         group=gid,
         extra_groups=groups,
@@ -145,3 +152,27 @@ def test_recover_reports_a_job_it_may_not_move_and_carries_on(
     report = json.loads(ctx_as(*member, storage, "queue", "recover", "-p", "mp", "--json").stdout)
     assert [(e["job"], e["error"]) for e in report["errors"]] == [("a-locked.req.json", "EACCES")]
     assert report["consistent"] is False
+
+
+def test_jobs_other_members_published_first_are_claimed_first(
+    shared_queue: tuple[Path, Path], traversable_tmp: Path
+) -> None:
+    """Q-9: uid 65534 publishes n1 and n2, then root publishes r1; root's claims take n1, n2,
+    r1, although root's claim-order hint saw only its own publish."""
+    storage, _queue = shared_queue
+    env = clean_env(CTX_STORAGE=str(storage), XDG_CACHE_HOME=str(traversable_tmp / "cache"))
+
+    def root(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+        argv = [*CTX_ARGV, "queue", *args, "-p", "mp"]
+        return subprocess.run(argv, input=stdin, env=env, capture_output=True, text=True)
+
+    assert root("claim").returncode == 3  # root's order of this queue: nothing pending
+    for name in ("n1", "n2"):
+        published = ctx_as(
+            NOBODY, NOBODY, [], storage, "queue", "publish", "-p", "mp", "--name", name,
+            "-", stdin=json.dumps(request()),
+        )  # fmt: skip
+        assert published.returncode == 0, published.stderr
+    assert root("publish", "--name", "r1", "-", stdin=json.dumps(request())).returncode == 0
+    claims = [root("claim").stdout.strip() for _ in range(3)]
+    assert claims == ["n1.req.json", "n2.req.json", "r1.req.json"]

@@ -3,13 +3,23 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import time
 from pathlib import Path
 
 import pytest
 
-from cortexfs.queue import Holder, Queue, claim, init_queue, publish, publish_batch, recover
+from cortexfs.queue import (
+    Holder,
+    Queue,
+    claim,
+    claim_order,
+    init_queue,
+    publish,
+    publish_batch,
+    recover,
+)
 from cortexfs.queue.claim_order import HintedClaimOrder, hint_path
 from tests.queue.helpers import dead_pid, request
 
@@ -80,16 +90,49 @@ def test_jobs_the_hint_never_saw_are_found_by_one_listing(
     assert sum(scans for _, scans in found) == 1 and hint.exists()
 
 
-def test_a_requeued_job_is_handed_out_without_a_listing(
+def test_a_requeued_job_is_handed_out_first_without_a_listing(
     cache: Path, queue_dir: Path, me: Holder
 ) -> None:
+    """Q-9: recover puts J back with its old publish time, so J goes before the jobs
+    published after it, and the hint says so without a listing (Q-10)."""
     with Queue.open(queue_dir) as q:
         publish(q, request(), name="again")
+        publish_batch(q, [request(1), request(2)], names=["later-1", "later-2"])
     gone = dataclasses.replace(me, pid=dead_pid())
-    assert one_shot_claim(queue_dir, gone)[0] == "again.req.json"
+    assert one_shot_claim(queue_dir, gone) == ("again.req.json", 0)
     with Queue.open(queue_dir) as q:
         assert [f.job for f in recover(q).requeued] == ["again.req.json"]
-    assert one_shot_claim(queue_dir, me) == ("again.req.json", 0)
+    claims = [one_shot_claim(queue_dir, me) for _ in range(3)]
+    assert claims == [("again.req.json", 0), ("later-1.req.json", 0), ("later-2.req.json", 0)]
+
+
+def test_changes_nobody_told_the_hint_about_are_seen_as_often_as_q10_allows(
+    cache: Path, tmp_path: Path, me: Holder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Q-9, Q-10: a job put in pending/ by hand (or by another user, another host) with an
+    older publish time is claimed before newer ones once the claims since the last listing
+    have paid for a listing: one per SCAN_BUDGET pending entries, never one per claim."""
+    monkeypatch.setattr(claim_order, "SCAN_BUDGET", 10)
+    queue_dir = tmp_path / "q"
+    init_queue(queue_dir)
+    with Queue.open(queue_dir) as q:
+        publish_batch(q, [request(n) for n in range(100)])
+    claimed: list[str | None] = []
+    placed: dict[str, int] = {}
+    scans = 0
+    for turn in range(40):
+        if turn % 10 == 0:
+            job = f"by-hand-{turn}.req.json"
+            (queue_dir / "pending" / job).write_text(json.dumps(request()))
+            os.utime(queue_dir / "pending" / job, (1_000_000_000, 1_000_000_000))
+            placed[job] = turn
+        job, listed = one_shot_claim(queue_dir, me)
+        claimed.append(job)
+        scans += listed
+    for job, turn in placed.items():
+        assert claimed.index(job) - turn <= 100 // 10, (job, claimed)
+    # One listing per change once 9 or 10 claims paid for it; one per claim would be 40.
+    assert 3 <= scans <= 5, scans
 
 
 def test_a_garbled_hint_is_never_trusted(cache: Path, queue_dir: Path, me: Holder) -> None:
