@@ -218,13 +218,14 @@ def publish(
         name = _job_argument(name)
     data = _read_input(source)
     with layout.Queue.open(queue_dir) as q:
-        # The size limit is on the bytes given: the file, or each line of a batch (§2.1).
+        # The size limit is on the bytes given, which are stored as given: the file, or each
+        # line of a batch (§2.1).
         if batch:
-            requests, sizes = _parse_batch(data, q.config.max_request_bytes)
-            jobs = protocol.publish_batch(q, requests, given_sizes=sizes)
+            requests, lines = _parse_batch(data, q.config.max_request_bytes)
+            jobs = protocol.publish_batch(q, requests, given=lines)
         else:
             request = parse_request_bytes(data, q.config.max_request_bytes)
-            jobs = [protocol.publish(q, request, name, given_size=len(data))]
+            jobs = [protocol.publish(q, request, name, given=data)]
     if as_json:
         emit_json({"names": jobs} if batch else {"name": jobs[0]})
         return
@@ -232,22 +233,22 @@ def publish(
         click.echo(job)
 
 
-def _parse_batch(data: bytes, limit: int) -> tuple[list[dict[str, Any]], list[int]]:
-    """The requests of a JSONL batch, and the size of each line (without its newline)."""
-    requests, sizes, problems = [], [], []
+def _parse_batch(data: bytes, limit: int) -> tuple[list[dict[str, Any]], list[bytes]]:
+    """The requests of a JSONL batch, and the line each came from (without its newline)."""
+    requests, lines, problems = [], [], []
     for lineno, line in enumerate(data.splitlines(), start=1):
         if not line.strip():
             continue
         try:
             requests.append(parse_request_bytes(line, limit, f"line {lineno}"))
-            sizes.append(len(line))
+            lines.append(line)
         except CtxError as exc:
             problems.append(exc.message)
     if problems:
         raise invalid("batch refused, nothing published: " + "; ".join(problems))
     if not requests:
         raise invalid("the batch holds no requests")
-    return requests, sizes
+    return requests, lines
 
 
 @queue.command()

@@ -88,17 +88,18 @@ def publish(
     request: Mapping[str, Any],
     name: str | None = None,
     publisher: str | None = None,
-    given_size: int | None = None,
+    given: bytes | None = None,
 ) -> str:
     """Publish one request as ``pending/J`` (Q-1); returns J once it is durable.
 
-    EEXIST when J already has evidence anywhere; EINVAL/EFBIG for an invalid request (the size
-    limit applies to ``given_size``, the bytes the request came as, when known; see
-    :func:`requests.encode_request`).  Nothing is left behind on refusal.
+    EEXIST when J already has evidence anywhere; EINVAL/EFBIG for an invalid request.
+    ``given``: the bytes ``request`` was parsed from, when there were any: the size limit
+    applies to them and they are what is stored (see :func:`requests.encode_request`).
+    Nothing is left behind on refusal.
     """
     job = job_name(name) if name is not None else new_job_name()
     limit = queue.config.max_request_bytes
-    data = requests.encode_request(request, limit, publisher, given_size)
+    data = requests.encode_request(request, limit, publisher, given)
     refuse_known_job(queue, job)  # early and cheap; the check that counts comes below
     ops = queue.ops
     temp = queue.publish_temp_name(job)
@@ -131,7 +132,7 @@ def publish_batch(
     batch: Sequence[Mapping[str, Any]],
     names: Sequence[str | None] | None = None,
     publisher: str | None = None,
-    given_sizes: Sequence[int] | None = None,
+    given: Sequence[bytes] | None = None,
 ) -> list[str]:
     """Publish many requests as one group commit: one barrier for all their data, one sync
     per directory for all their names.  Returns the job names in input order.
@@ -143,17 +144,17 @@ def publish_batch(
     names = list(names) if names is not None else [None] * len(batch)
     if len(names) != len(batch):
         raise invalid("publish_batch needs exactly one name (or None) per request")
-    sizes = list(given_sizes) if given_sizes is not None else [None] * len(batch)
-    if len(sizes) != len(batch):
-        raise invalid("publish_batch needs exactly one given size per request")
+    sources: list[bytes | None] = list(given) if given is not None else [None] * len(batch)
+    if len(sources) != len(batch):
+        raise invalid("publish_batch needs exactly one given source per request")
     jobs = [job_name(n) if n is not None else new_job_name() for n in names]
     if len(set(jobs)) != len(jobs):
         raise invalid("the batch names the same job twice")
     encoded, problems = [], []
     limit = queue.config.max_request_bytes
-    for position, (request, size) in enumerate(zip(batch, sizes, strict=True), start=1):
+    for position, (request, source) in enumerate(zip(batch, sources, strict=True), start=1):
         try:
-            encoded.append(requests.encode_request(request, limit, publisher, size))
+            encoded.append(requests.encode_request(request, limit, publisher, source))
         except CtxError as exc:
             problems.append(f"request {position}: {exc.message}")
     if problems:

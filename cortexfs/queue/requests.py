@@ -65,10 +65,12 @@ def complete_request(request: Mapping[str, Any], publisher: str | None = None) -
     return completed
 
 
-# What storing adds to a request the publisher gave: "from" and "created" when absent, and
-# JSON re-encoding.  A stored request may be this much larger than the limit the publisher's
-# bytes were held to; readers of stored requests allow for it (stored_request_limit).
+# What storing adds to a request the publisher gave: "from" and "created" when absent.  A
+# stored request may be this much larger than the limit the publisher's bytes were held to;
+# readers of stored requests allow for it (stored_request_limit).
 STORED_OVERHEAD = 64 * 1024
+
+_JSON_WHITESPACE = b" \t\n\r"
 
 
 def stored_request_limit(limit: int) -> int:
@@ -80,29 +82,58 @@ def encode_request(
     request: Mapping[str, Any],
     limit: int,
     publisher: str | None = None,
-    given_size: int | None = None,
+    given: bytes | None = None,
 ) -> bytes:
-    """The bytes of a complete, valid request; EFBIG when the request given is over ``limit``.
+    """The bytes to store for a complete, valid request; EFBIG when the request given is over
+    ``limit``.
 
     The limit applies to what the publisher gave (SPEC §2.1: larger requests are refused):
-    ``given_size``, the bytes of the file or line it came from, else the size of ``request``
-    as compact JSON.  What is stored (with ``from`` and ``created``) may be a little larger.
+    ``given``, the bytes of the file or line ``request`` was parsed from, else ``request`` as
+    compact JSON.  Given bytes are stored as they are, with only the ``from`` and ``created``
+    the publisher left out put in front: re-encoding could make them larger (separators,
+    escapes, number spellings) and refuse a request that was within the limit.
     """
-    if given_size is None:
-        given_size = len(json.dumps(request, ensure_ascii=False, separators=(",", ":")).encode())
+    given_size = len(_compact_json(request) if given is None else given)
     if given_size > limit:
         raise too_big(
             f"request is {given_size} bytes; this queue accepts at most {limit} "
             "(max_request_bytes in queue/config)"
         )
-    data = (json.dumps(complete_request(request, publisher), ensure_ascii=False) + "\n").encode()
-    if len(data) > stored_request_limit(limit):
+    completed = complete_request(request, publisher)
+    if given is None:
+        data = _compact_json(completed) + b"\n"
+    else:
+        added = {key: completed[key] for key in ("from", "created") if key not in request}
+        data = _with_fields_first(given.strip(_JSON_WHITESPACE), added) + b"\n"
+    if len(data) > stored_request_limit(limit):  # only a 'from' of more than 64 KiB gets here
         raise too_big(
-            f"request is {len(data)} bytes once stored (JSON re-encoded, 'from' and 'created' "
-            f"added); this queue stores at most {stored_request_limit(limit)} "
-            "(max_request_bytes in queue/config, plus room for those fields)"
+            f"request is {len(data)} bytes once stored ('from' and 'created' added); this "
+            f"queue stores at most {stored_request_limit(limit)}"
         )
     return data
+
+
+def _compact_json(value: Any) -> bytes:
+    """``value`` as compact JSON in UTF-8; a lone surrogate (which UTF-8 cannot hold) is kept
+    as the ``\\uXXXX`` escape it came as, by escaping every non-ASCII character."""
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    try:
+        return text.encode()
+    except UnicodeEncodeError:
+        return json.dumps(value, separators=(",", ":")).encode()
+
+
+def _with_fields_first(document: bytes, fields: Mapping[str, Any]) -> bytes:
+    """The JSON object ``document`` (stripped, already parsed as an object) with ``fields``
+    inserted as its first members, the rest byte for byte as given."""
+    if not fields:
+        return document
+    members = b",".join(
+        _compact_json(key) + b":" + _compact_json(value) for key, value in fields.items()
+    )
+    rest = document[1:]  # after the opening brace
+    empty = rest.lstrip(_JSON_WHITESPACE).startswith(b"}")
+    return b"{" + members + (b"" if empty else b",") + rest
 
 
 def parse_request_bytes(data: bytes, limit: int, where: str = "request") -> dict[str, Any]:
@@ -138,7 +169,11 @@ def decode_stored_request(data: bytes) -> dict[str, Any]:
 
 def encode_result(result: Mapping[str, Any], limit: int | None) -> bytes:
     """The bytes of a result; EFBIG above ``limit`` (None: no limit)."""
-    data = (json.dumps(result, ensure_ascii=False, default=str) + "\n").encode()
+    text = json.dumps(result, ensure_ascii=False, default=str)
+    try:
+        data = (text + "\n").encode()
+    except UnicodeEncodeError:  # a lone surrogate in the output: kept as its escape
+        data = (json.dumps(result, default=str) + "\n").encode()
     if limit is not None and len(data) > limit:
         raise too_big(
             f"result is {len(data)} bytes; this queue accepts at most {limit} "

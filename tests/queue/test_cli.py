@@ -141,6 +141,39 @@ def test_a_batch_line_of_exactly_the_limit_is_accepted(root: Path) -> None:
     assert refused.returncode == 1 and "1048577 bytes" in refused.stderr
 
 
+def compact_request_of_size(size: int) -> bytes:
+    """A compact request of exactly ``size`` bytes that JSON re-encoding would make larger:
+    a long list of small numbers ("0,0,…", where the default separator is ", ") and escapes
+    that stand for characters ("\\u00e9"), as a program writing compact JSON gives them."""
+    head, tail = b'{"tool":"fs.list","input":{"s":"\\u00e9\\ud800","n":[', b"]}}"
+    count = (size - len(head) - len(tail) + 1) // 2
+    data = head + b",".join([b"0"] * count) + tail
+    return data + b" " * (size - len(data))
+
+
+@pytest.mark.parametrize("batch", [False, True])
+def test_a_compact_request_under_the_limit_is_stored_no_larger_than_given(
+    root: Path, tmp_path: Path, batch: bool
+) -> None:
+    """§2.1: the 1 MiB limit is on the request as given, and what is stored is the request
+    as given ('from' and 'created' put in front), not a re-encoding of it that may be larger
+    than the limit allows."""
+    given = compact_request_of_size(1_027_852)
+    source = tmp_path / "compact.json"
+    source.write_bytes(given + b"\n")
+    args = ("--batch",) if batch else ("--name", "compact")
+    done = ctx(root, "queue", "publish", *P, *args, str(source))
+    assert done.returncode == 0, done.stderr
+    job = done.stdout.strip()
+    stored = (qdir(root) / "pending" / job).read_bytes()
+    assert len(stored) <= len(given) + 200  # 'from' and 'created'
+    assert stored.rstrip(b"\n").endswith(given.rstrip()[1:])  # the rest byte for byte
+    claimed = ctx(root, "queue", "claim", *P, "--json")
+    got = json.loads(claimed.stdout)["request"]
+    assert "invalid" not in got and got["input"]["s"] == "\u00e9\ud800" and got["from"]
+    assert got["input"]["n"] == json.loads(given)["input"]["n"]
+
+
 def test_an_illegal_name_is_a_usage_error(root: Path, req: Path) -> None:
     done = ctx(root, "queue", "publish", *P, "--name", "../escape", str(req))
     assert done.returncode == 2 and "EINVAL" in done.stderr
