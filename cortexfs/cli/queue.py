@@ -31,7 +31,12 @@ from cortexfs.names import job_name
 from cortexfs.queue import inspect, layout, protocol, recovery
 from cortexfs.queue.claim_order import HintedClaimOrder
 from cortexfs.queue.holder import Holder, LocalSystem, check_ttl
-from cortexfs.queue.requests import parse_request_bytes
+from cortexfs.queue.requests import (
+    NOT_A_JSON_NUMBER,
+    NotAJsonNumber,
+    loads_json,
+    parse_request_bytes,
+)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -321,7 +326,10 @@ def finish(
     if result_source is not None:
         raw = _read_input(result_source)
         try:
-            output = json.loads(raw.decode("utf-8"))
+            output = loads_json(raw.decode("utf-8"))
+        except NotAJsonNumber as exc:
+            # It parses as JSON only by Python's leave: stored, the result would not be JSON.
+            raise invalid(NOT_A_JSON_NUMBER.format("the result file", exc)) from None
         except (UnicodeDecodeError, json.JSONDecodeError):
             output = raw.decode("utf-8", "replace")
         if _is_whole_result(output):

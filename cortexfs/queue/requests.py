@@ -115,8 +115,12 @@ def encode_request(
 
 def _compact_json(value: Any) -> bytes:
     """``value`` as compact JSON in UTF-8; a lone surrogate (which UTF-8 cannot hold) is kept
-    as the ``\\uXXXX`` escape it came as, by escaping every non-ASCII character."""
-    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    as the ``\\uXXXX`` escape it came as, by escaping every non-ASCII character.  EINVAL for
+    NaN and the infinities, which JSON has no spelling for."""
+    try:
+        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    except ValueError:
+        raise invalid(NOT_A_JSON_NUMBER.format("request", "a NaN or infinite number")) from None
     try:
         return text.encode()
     except UnicodeEncodeError:
@@ -136,6 +140,24 @@ def _with_fields_first(document: bytes, fields: Mapping[str, Any]) -> bytes:
     return b"{" + members + (b"" if empty else b",") + rest
 
 
+NOT_A_JSON_NUMBER = "{} is not JSON: it holds {}, which JSON has no number for"
+
+
+class NotAJsonNumber(ValueError):
+    """``NaN``, ``Infinity`` or ``-Infinity``: Python's json reads them, JSON has none."""
+
+
+def _refuse_constant(name: str) -> Any:
+    raise NotAJsonNumber(name)
+
+
+def loads_json(text: str) -> Any:
+    """``json.loads``, refusing what only Python's reader takes for numbers (NaN, Infinity,
+    -Infinity) with :class:`NotAJsonNumber`: stored as such, a request or result would be no
+    JSON document any other reader accepts (§2.1)."""
+    return json.loads(text, parse_constant=_refuse_constant)
+
+
 def parse_request_bytes(data: bytes, limit: int, where: str = "request") -> dict[str, Any]:
     """Parse a request given as raw bytes (a file or stdin): one JSON object, UTF-8."""
     if len(data) > limit:
@@ -148,7 +170,9 @@ def parse_request_bytes(data: bytes, limit: int, where: str = "request") -> dict
     except UnicodeDecodeError as exc:
         raise invalid(f"{where} is not UTF-8: {exc.reason} at byte {exc.start}") from exc
     try:
-        value = json.loads(text)
+        value = loads_json(text)
+    except NotAJsonNumber as exc:
+        raise invalid(NOT_A_JSON_NUMBER.format(where, exc)) from None
     except json.JSONDecodeError as exc:
         raise invalid(
             f"{where} is not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"

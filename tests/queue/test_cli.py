@@ -284,6 +284,42 @@ def test_finish_ok_with_a_json_result(root: Path, req: Path, tmp_path: Path) -> 
     assert stored["status"] == "ok" and stored["output"] == {"lines": 3}
 
 
+NOT_JSON_NUMBERS = ["NaN", "Infinity", "-Infinity"]
+
+
+@pytest.mark.parametrize("number", NOT_JSON_NUMBERS)
+def test_a_request_holding_nan_or_infinity_is_refused(root: Path, number: str) -> None:
+    """§2.1: a request is one JSON object, and JSON has no NaN or infinities (Python's reader
+    takes them): publish and publish --batch refuse them with EINVAL and store nothing."""
+    body = '{"tool":"fs.list","input":{"n":' + number + "}}"
+    good = json.dumps(request(1))
+    single = ctx(root, "queue", "publish", *P, "-", stdin=body)
+    batch = ctx(root, "queue", "publish", *P, "--batch", "-", stdin=f"{good}\n{body}\n")
+    for done in (single, batch):
+        assert done.returncode == 1 and done.stdout == "", done
+        assert "EINVAL" in done.stderr and number in done.stderr, done.stderr
+    assert "line 2" in batch.stderr
+    assert os.listdir(qdir(root) / "pending") == [] and os.listdir(qdir(root) / "inbox") == []
+
+
+@pytest.mark.parametrize("number", NOT_JSON_NUMBERS)
+def test_a_result_file_holding_nan_or_infinity_is_refused(
+    root: Path, req: Path, tmp_path: Path, number: str
+) -> None:
+    """§2.1: a result file that parses as JSON only by Python's leave (NaN, ±Infinity) would
+    make a result that is no JSON: EINVAL, and the job stays claimed."""
+    ctx(root, "queue", "publish", *P, "--name", "nan", str(req))
+    ctx(root, "queue", "claim", *P)
+    result = tmp_path / "result.json"
+    result.write_text('{"ratio": ' + number + "}")
+    done = ctx(root, "queue", "finish", *P, "nan", "--ok", str(result))
+    assert done.returncode == 1 and "EINVAL" in done.stderr and number in done.stderr, done
+    assert os.listdir(qdir(root) / "done") == []
+    assert os.listdir(qdir(root) / "claimed") == ["nan.req.json"]
+    text = ctx(root, "queue", "finish", *P, "nan", "--ok", "-", stdin=f"ratio: {number}\n")
+    assert text.returncode == 0, text.stderr  # not JSON at all: kept as text, as ever
+
+
 def test_finish_error_with_text_on_stdin(root: Path, req: Path) -> None:
     ctx(root, "queue", "publish", *P, "--name", "e", str(req))
     ctx(root, "queue", "claim", *P)
