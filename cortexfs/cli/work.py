@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from cortexfs.cli.common import handles_errors
+from cortexfs.cli.common import handles_errors, object_name_argument
 from cortexfs.cli.queue import STORAGE_ROOT_KEY, queue_options, ttl_option
 from cortexfs.worker.executors import NO_AGENT, executor_for
 from cortexfs.worker.loop import EXIT_ABORTED, Worker, WorkerOptions
@@ -121,9 +121,13 @@ def work(
     jobs (recover requeues them) and exit 130.
     """
     root = click.get_current_context().meta[STORAGE_ROOT_KEY]
+    # A malformed name is a malformed command line (exit 2), found before any job is claimed.
+    session = object_name_argument(session, "session")
     if not agent:
         agent = None
         click.echo(f"ctx: warning: {NO_AGENT}; every job claimed fails with EACCES", err=True)
+    else:
+        agent = object_name_argument(agent, "agent")
     executor = executor_for(kind, root, agent, session)
     options = WorkerOptions(
         drain=drain,

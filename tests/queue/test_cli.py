@@ -555,3 +555,19 @@ def test_a_closed_output_pipe_ends_the_command_quietly(root: Path, req: Path) ->
     _, stderr = reader_gone.communicate(timeout=60)
     assert stderr == b""
     assert reader_gone.returncode == 1
+
+
+@pytest.mark.parametrize(
+    ("option", "value"), [("--agent", "bad name"), ("--agent", "a/b"), ("--session", "../s")]
+)
+def test_work_with_a_malformed_name_is_a_usage_error(
+    root: Path, req: Path, option: str, value: str
+) -> None:
+    """§2.4: a malformed option value is a usage error (exit 2, ``ctx: EINVAL: …``), found
+    before the worker claims anything."""
+    job = ctx(root, "queue", "publish", *P, str(req)).stdout.strip()
+    args = ["--agent", "somebody"] if option == "--session" else []
+    done = ctx(root, "queue", "work", *P, *args, option, value, "--drain")
+    assert done.returncode == 2, done
+    assert done.stderr.startswith("ctx: EINVAL: illegal ") and repr(value) in done.stderr
+    assert done.stdout == "" and os.listdir(qdir(root) / "pending") == [job]
