@@ -10,10 +10,11 @@ What the order knows must follow what ``pending/`` holds.  Every change the prot
 ``pending/`` tells the order about it (:meth:`ClaimOrder.changed`): a publish appends its names
 (they are the newest), recover puts a requeued job *first* (it keeps its old publish time), a
 claim only removes.  Changes made by others — another user, another host, a file put there by
-hand — are noticed by the directory's *stamp* (its inode and mtime): the order records
-the stamp of ``pending/`` as of the last change it accounted for, a change that moved the stamp
-from the recorded value is absorbed, and a stamp found to differ from the record at a claim
-means someone changed ``pending/`` unseen, so the order lists it again.
+hand — are noticed by the directory's *stamp* (its inode and mtime): the order records the
+stamp of ``pending/`` as of the last change it accounted for; one of our own changes that
+started from the recorded stamp moves the record to the stamp it left; and a stamp found to
+differ from the record at a claim means someone changed ``pending/`` unseen, so the order
+lists it again.
 
 Q-10 bounds how often: a listing of n names is paid for by n / :data:`SCAN_BUDGET` claims
 served from the order before the next listing an unseen change may cause (up to
