@@ -19,11 +19,23 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from cortexfs import durable
-from cortexfs.errors import CtxError, not_found
+from cortexfs.errors import CtxError, invalid, not_found
+from cortexfs.names import check_object_name
 
 ROOT_ENTRIES = ("bin", "tool", "agent", "model", "home", "shared")
 # The one name under shared/ that is not a shared space: the system's manual bundle (X-2).
 DOCS_BUNDLE = "cortexfs-docs"
+
+
+def check_space_name(name: str, kind: str = "shared space") -> str:
+    """``name`` when it may name a shared space (``kind``: what the caller calls it): an object
+    name (R-3) other than the manual bundle's (X-2); EINVAL otherwise."""
+    check_object_name(name, kind)
+    if name == DOCS_BUNDLE:
+        raise invalid(f"{name} is the system-maintained manual bundle (X-2), not a space")
+    return name
+
+
 SYSTEM_DEFAULT_ROOT = Path("/var/lib/cortexfs/storage/current")
 STORAGE_ENV = "CTX_STORAGE"
 

@@ -59,7 +59,26 @@ def test_a_refused_file_lists_each_reason_once_with_its_own_errno(
     ]
     assert invalid.returncode == 1
     assert invalid.stderr.strip().splitlines() == [
-        "-: EINVAL: request: 'label' is a required property"
+        "ctx: EINVAL: <stdin>: request: 'label' is a required property"
+    ]
+
+
+def test_install_lists_each_problem_of_a_manifest_in_the_ctx_form(
+    storage: Path, tmp_path: Path
+) -> None:
+    manifest = tmp_path / "bad.json"
+    manifest.write_text('{"manifest": 2, "kind": "tool", "name": "x.d"}')
+
+    refused = ctx(storage, "object", "install", str(manifest), "--tier", "system")
+    checked = ctx(storage, "object", "check", str(manifest))
+
+    assert refused.returncode == 1
+    lines = refused.stderr.strip().splitlines()
+    assert len(lines) > 1  # every problem, not the first one only
+    assert all(line.startswith(f"ctx: EINVAL: {manifest}: ") for line in lines), lines
+    # a check reports on files as a linter does, like 'ctx policy check' (P-8)
+    assert checked.stderr.strip().splitlines() == [
+        line.replace("ctx: EINVAL: ", "").replace(": ", ": EINVAL: ", 1) for line in lines
     ]
 
 
@@ -69,7 +88,10 @@ def test_the_manual_bundle_is_not_a_shared_space(storage: Path) -> None:
         ("queue", "init", "--project", "cortexfs-docs"),
     ):
         refused = ctx(storage, *args)
-        assert refused.returncode == 1 and "manual bundle (X-2)" in refused.stderr
+        # a name no space may take is a malformed argument, like an illegal one: exit 2
+        assert refused.returncode == 2, refused.stderr
+        assert refused.stderr.startswith("ctx: EINVAL: ")
+        assert "manual bundle (X-2)" in refused.stderr
     # Bootstrap installed the bundle; neither command added a space's parts to it.
     assert sorted(os.listdir(storage / "shared" / "cortexfs-docs")) == ["README.md", "man"]
 

@@ -17,9 +17,9 @@ from pathlib import Path
 
 from cortexfs import durable, keyvalue
 from cortexfs.errors import CtxError, invalid, not_found
-from cortexfs.names import check_object_name
 from cortexfs.queue.claim_order import ClaimOrder, start_hint
 from cortexfs.queue.holder import check_ttl
+from cortexfs.storage import check_space_name
 
 STATE_DIRS = ("inbox", "pending", "lease", "claimed", "done", "failed")
 CONFIG_NAME = "config"
@@ -92,9 +92,9 @@ def _non_negative_float(value: str, where: str, key: str) -> float:
 
 
 def queue_path(root: Path, project: str) -> Path:
-    """``<root>/shared/<project>/queue``; the project must be a legal object name (R-3)."""
-    check_object_name(project, "project")
-    return root / "shared" / project / "queue"
+    """``<root>/shared/<project>/queue``; the project must be a legal object name (R-3) and a
+    possible space: not the manual bundle (X-2)."""
+    return root / "shared" / check_space_name(project, "project") / "queue"
 
 
 @dataclass

@@ -16,10 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cortexfs import durable, storage
-from cortexfs.errors import CtxError, invalid
+from cortexfs.errors import CtxError
 from cortexfs.names import check_object_name
 from cortexfs.queue.layout import init_queue
 from cortexfs.shared.tree import Ownership, apply_mode, ensure_directories
+from cortexfs.storage import check_space_name
 
 SPACE_DIRS = ("tool", "data", "agent")
 QUEUE_DIR = "queue"
@@ -36,15 +37,6 @@ class SpaceReport:
 
     def to_json(self) -> dict[str, object]:
         return {"path": str(self.path), "gid": self.gid, "created": self.created}
-
-
-def check_space_name(name: str) -> str:
-    """``name`` when it may name a shared space: an object name (R-3) other than the manual
-    bundle's (X-2); EINVAL otherwise."""
-    check_object_name(name, "shared space")
-    if name == storage.DOCS_BUNDLE:
-        raise invalid(f"{name} is the system-maintained manual bundle (X-2), not a space")
-    return name
 
 
 def space_path(root: Path, name: str) -> Path:
