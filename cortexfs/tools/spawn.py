@@ -13,7 +13,7 @@
 * **No orphans.**  A call's processes die with the process that started them, even when it is
   SIGKILLed (a worker whose job recover will hand to another worker, I-4): the tool's first
   process by its parent-death signal, everything it started by the orphan guard, which kills
-  the call's whole process group (see :func:`_launch` and :class:`_OrphanGuard`).
+  the call's whole process group (see :mod:`cortexfs.tools.orphans`).
 
 Captured calls (native mode, hooks) detach from the terminal (a new session).  Attached calls
 (terminal CLI mode) inherit stdin, stdout and stderr and, on a terminal, become its foreground
@@ -23,20 +23,17 @@ process group, as a shell's job would, so Ctrl-C and job control reach the tool.
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import select
 import selectors
 import signal
 import subprocess
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import IO, Any, NamedTuple
 
-from cortexfs.libc import libc
 from cortexfs.policy import Identity
-from cortexfs.tools import offline
+from cortexfs.tools import offline, orphans
 
 MAX_OUTPUT_BYTES = 16 * 1024 * 1024
 MAX_STDERR_TAIL = 64 * 1024
@@ -93,7 +90,7 @@ def run_captured(
             pass_fds=spec.pass_fds,
             **options,
         )
-    with _ORPHAN_GUARD.watching(process.pid):
+    with orphans.GUARD.watching(process.pid):
         try:
             if on_start:
                 on_start(process.pid)
@@ -133,7 +130,7 @@ def run_attached(spec: ProcessSpec) -> Finished:
             pass_fds=spec.pass_fds,
             **options,
         )
-    with _ORPHAN_GUARD.watching(process.pid):
+    with orphans.GUARD.watching(process.pid):
         with _foreground(process.pid), _forwarding_signals(process.pid):
             timed_out = not _exits_within(process.pid, spec.timeout)
             if timed_out:
@@ -285,23 +282,17 @@ def _exits_within(pid: int, timeout: float | None) -> bool:
 # instruction: it runs under the agent's uid, gid and groups (when the host is root), and it
 # dies if the process that started it dies — when a worker is killed, recover puts the job
 # back and another worker runs it, and the first execution must not go on beside the second.
-# subprocess switches the credentials in the child and then calls _die_with_parent, which sets
-# the parent-death signal: after the switch, since a credential change clears it.
-#
-# The parent-death signal follows the *thread* that started the child, not the process: every
-# caller starts a tool from a thread that then waits for it to end (the runner's caller, a
-# worker's job slot, the child a terminal forks for each call), so the signal comes only when
-# the caller is gone.  Never start a tool from a thread that may end before it.
-_PR_SET_PDEATHSIG = 1
-_ORPHANED = 127  # the exit status of a child whose parent died before it could be told
+# subprocess switches the credentials in the child and then runs orphans.die_with_parent, which
+# sets the parent-death signal: after the switch, since a credential change clears it.  What
+# the tool starts in turn is killed by the orphan guard (:mod:`cortexfs.tools.orphans`).
 
 
 def _launch(
     spec: ProcessSpec,
 ) -> tuple[list[str], dict[str, Any], contextlib.AbstractContextManager[None]]:
     """The argv to start, the keyword arguments for :class:`subprocess.Popen` (credentials,
-    :func:`_die_with_parent`), and what to start it in: without network, a root host's thread
-    joins the offline namespace for the start, and anyone else puts a user and network
+    :func:`orphans.die_with_parent`), and what to start it in: without network, a root host's
+    thread joins the offline namespace for the start, and anyone else puts a user and network
     namespace of the tool's own in its argv (see :mod:`cortexfs.tools.offline`)."""
     as_root = os.geteuid() == 0
     isolation: list[str] = []
@@ -313,144 +304,11 @@ def _launch(
             # unshare(1) execs the tool in place, and entering the tool's own user namespace
             # with the same uid mapped keeps the parent-death signal.
             isolation = offline.argv_prefix()
-    options: dict[str, Any] = {"preexec_fn": _die_with_parent(os.getpid(), _prctl())}
+    options: dict[str, Any] = {"preexec_fn": orphans.die_with_parent(os.getpid())}
     if as_root and spec.identity is not None:
         identity = spec.identity
         options.update(user=identity.uid, group=identity.gid, extra_groups=sorted(identity.groups))
     return [*isolation, *spec.argv], options, network_namespace
-
-
-def _die_with_parent(parent: int, prctl: Any) -> Callable[[], None]:
-    """What the child runs between fork and exec, once subprocess has switched its uid, gid and
-    groups: the parent-death signal, then a check that the parent is still there — if it died
-    before the signal was set, the child is an orphan already and no signal will ever come.
-
-    It runs in a child forked from a process that may have threads, so it does nothing but two
-    system calls through a function looked up before the fork.
-    """
-
-    def die_with_parent() -> None:
-        if prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-            os._exit(_ORPHANED)  # fail closed: a tool that could outlive its caller never runs
-        if os.getppid() != parent:
-            os._exit(_ORPHANED)
-
-    return die_with_parent
-
-
-@functools.cache
-def _prctl() -> Any:
-    import ctypes
-
-    prctl = libc().prctl
-    prctl.argtypes = [ctypes.c_int, *[ctypes.c_ulong] * 4]
-    prctl.restype = ctypes.c_int
-    return prctl
-
-
-class _OrphanGuard:
-    """Kills the process groups of this process's running calls once this process is gone.
-
-    The parent-death signal reaches a call's first process only; what that process started (a
-    shell forks its commands) would be reparented and run on.  The guard is a small shell,
-    started on first use and left in a session of its own (so that no terminal signal and no
-    kill of our group reaches it), that reads ``+PGID`` and ``-PGID`` lines from a pipe only
-    this process holds.  When this process ends, however it ends, the kernel closes the pipe,
-    the guard reads end-of-file and SIGKILLs every group still registered, then exits.
-
-    A registration is sent right after the call's process starts (its pid is its group's id);
-    the first process cannot have started anything of its own before its parent-death signal
-    was set.  Writes never block: a guard that is gone is started again with every group
-    still running.
-    """
-
-    _SCRIPT = """
-trap '' HUP INT QUIT TERM PIPE
-groups=' '
-while read -r line; do
-    case $line in
-    +*) groups="$groups${line#+} " ;;
-    -*) group=${line#-}
-        case $groups in *" $group "*) groups="${groups%% $group *} ${groups#* $group }" ;; esac ;;
-    esac
-done
-for group in $groups; do kill -s KILL -- "-$group" 2>/dev/null; done
-"""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._groups: set[int] = set()
-        self._fd: int | None = None
-        self._guard: subprocess.Popen[bytes] | None = None
-        os.register_at_fork(after_in_child=self._forget)
-
-    @contextlib.contextmanager
-    def watching(self, pgid: int) -> Iterator[None]:
-        """Guard ``pgid`` while the block runs: the block ends with the group killed."""
-        with self._lock:
-            self._groups.add(pgid)
-            self._send(f"+{pgid}\n")
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._groups.discard(pgid)
-                self._send(f"-{pgid}\n")
-
-    def _send(self, line: str) -> None:
-        if self._fd is None:
-            self._start()  # it learns every registered group, this one included
-            return
-        try:
-            os.write(self._fd, line.encode())
-        except BlockingIOError:
-            pass  # a guard stopped for a long while: losing one line beats hanging a call
-        except OSError:  # it was killed: a new one, told about every running call
-            self._stop()
-            self._start()
-
-    def _start(self) -> None:
-        read_end, write_end = os.pipe()
-        try:
-            self._guard = subprocess.Popen(
-                ["/bin/sh", "-c", self._SCRIPT],
-                stdin=read_end,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                start_new_session=True,
-                close_fds=True,
-            )
-        except OSError:
-            os.close(write_end)
-            return  # without /bin/sh the parent-death signal is what is left
-        finally:
-            os.close(read_end)
-        os.set_blocking(write_end, False)
-        self._fd = write_end
-        with contextlib.suppress(OSError):
-            os.write(write_end, "".join(f"+{g}\n" for g in sorted(self._groups)).encode())
-
-    def _stop(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-        if self._guard is not None:
-            self._guard.poll()  # reap it if it is gone
-            self._guard = None
-
-    def _forget(self) -> None:
-        """In a forked child: the parent's guard and calls are the parent's, and its lock may
-        have been held by another thread at the fork."""
-        self._lock = threading.Lock()
-        self._groups = set()
-        if self._fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(self._fd)
-        self._fd = None
-        self._guard = None
-
-
-_ORPHAN_GUARD = _OrphanGuard()
 
 
 def _kill_group(pgid: int) -> None:

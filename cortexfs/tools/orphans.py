@@ -1,0 +1,165 @@
+"""No process of a tool call outlives the process that started it (SPEC I-4, W-3, W-4).
+
+When a queue worker is SIGKILLed, recover hands its job to another worker; the first run must
+not go on beside the second.  Two mechanisms, because one is not enough:
+
+* the **parent-death signal** (:func:`die_with_parent`): the tool's first process gets
+  SIGKILL when the thread that started it ends.  It is set in the child after subprocess has
+  switched the uid, gid and groups, since a credential change clears it.  It follows the
+  *thread*, not the process: every caller starts a tool from a thread that then waits for it
+  to end (the runner's caller, a worker's job slot, the child a terminal forks for each
+  call).  Never start a tool from a thread that may end before it.
+* the **orphan guard** (:class:`OrphanGuard`): what the first process started (a shell forks
+  its commands) would be reparented to init and run on; the guard kills the call's whole
+  process group once the caller is gone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import signal
+import subprocess
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from cortexfs.libc import libc
+
+_PR_SET_PDEATHSIG = 1
+_ORPHANED = 127  # the exit status of a child whose parent died before it could be told
+
+
+def die_with_parent(parent: int) -> Callable[[], None]:
+    """What the child runs between fork and exec, once subprocess has switched its uid, gid and
+    groups: the parent-death signal, then a check that the parent is still there — if it died
+    before the signal was set, the child is an orphan already and no signal will ever come.
+
+    It runs in a child forked from a process that may have threads, so it does nothing but two
+    system calls through a function looked up before the fork.
+    """
+    prctl = _prctl()
+
+    def in_child() -> None:
+        if prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            os._exit(_ORPHANED)  # fail closed: a tool that could outlive its caller never runs
+        if os.getppid() != parent:
+            os._exit(_ORPHANED)
+
+    return in_child
+
+
+@functools.cache
+def _prctl() -> Any:
+    import ctypes
+
+    prctl = libc().prctl
+    prctl.argtypes = [ctypes.c_int, *[ctypes.c_ulong] * 4]
+    prctl.restype = ctypes.c_int
+    return prctl
+
+
+class OrphanGuard:
+    """Kills the process groups of this process's running calls once this process is gone.
+
+    The parent-death signal reaches a call's first process only; what that process started (a
+    shell forks its commands) would be reparented and run on.  The guard is a small shell,
+    started on first use and left in a session of its own (so that no terminal signal and no
+    kill of our group reaches it), that reads ``+PGID`` and ``-PGID`` lines from a pipe only
+    this process holds.  When this process ends, however it ends, the kernel closes the pipe,
+    the guard reads end-of-file and SIGKILLs every group still registered, then exits.
+
+    A registration is sent right after the call's process starts (its pid is its group's id);
+    the first process cannot have started anything of its own before its parent-death signal
+    was set.  Writes never block: a guard that is gone is started again with every group
+    still running.
+    """
+
+    _SCRIPT = """
+trap '' HUP INT QUIT TERM PIPE
+groups=' '
+while read -r line; do
+    case $line in
+    +*) groups="$groups${line#+} " ;;
+    -*) group=${line#-}
+        case $groups in *" $group "*) groups="${groups%% $group *} ${groups#* $group }" ;; esac ;;
+    esac
+done
+for group in $groups; do kill -s KILL -- "-$group" 2>/dev/null; done
+"""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._groups: set[int] = set()
+        self._fd: int | None = None
+        self._guard: subprocess.Popen[bytes] | None = None
+        os.register_at_fork(after_in_child=self._forget)
+
+    @contextlib.contextmanager
+    def watching(self, pgid: int) -> Iterator[None]:
+        """Guard ``pgid`` while the block runs: the block ends with the group killed."""
+        with self._lock:
+            self._groups.add(pgid)
+            self._send(f"+{pgid}\n")
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._groups.discard(pgid)
+                self._send(f"-{pgid}\n")
+
+    def _send(self, line: str) -> None:
+        if self._fd is None:
+            self._start()  # it learns every registered group, this one included
+            return
+        try:
+            os.write(self._fd, line.encode())
+        except BlockingIOError:
+            pass  # a guard stopped for a long while: losing one line beats hanging a call
+        except OSError:  # it was killed: a new one, told about every running call
+            self._stop()
+            self._start()
+
+    def _start(self) -> None:
+        read_end, write_end = os.pipe()
+        try:
+            self._guard = subprocess.Popen(
+                ["/bin/sh", "-c", self._SCRIPT],
+                stdin=read_end,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+                close_fds=True,
+            )
+        except OSError:
+            os.close(write_end)
+            return  # without /bin/sh the parent-death signal is what is left
+        finally:
+            os.close(read_end)
+        os.set_blocking(write_end, False)
+        self._fd = write_end
+        with contextlib.suppress(OSError):
+            os.write(write_end, "".join(f"+{g}\n" for g in sorted(self._groups)).encode())
+
+    def _stop(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        if self._guard is not None:
+            self._guard.poll()  # reap it if it is gone
+            self._guard = None
+
+    def _forget(self) -> None:
+        """In a forked child: the parent's guard and calls are the parent's, and its lock may
+        have been held by another thread at the fork."""
+        self._lock = threading.Lock()
+        self._groups = set()
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+        self._fd = None
+        self._guard = None
+
+
+GUARD = OrphanGuard()  # one per process: every call this process starts registers with it
