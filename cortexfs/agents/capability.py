@@ -31,7 +31,6 @@ from cortexfs.errors import CtxError, denied, exists, invalid, too_big
 from cortexfs.names import is_object_name
 from cortexfs.policy import AuthorityRequest, check_authority
 from cortexfs.policy import controls as agent_controls
-from cortexfs.policy.linux import EXECUTE, permits
 from cortexfs.tools.controls import ToolObject, read_controls, require_available
 from cortexfs.tools.core.hostcall import ENVIRONMENT
 from cortexfs.tools.ctxpath import tier_location, which
@@ -187,11 +186,8 @@ def create_child(call: Capability, request: dict[str, Any]) -> dict[str, Any]:
 
 def _parent_may_not_execute(view: AgentView, tool: str) -> str:
     """Why the parent may not run ``tool`` as it would find it on its ``CTX_PATH``; "" if it may."""
-    found = which(
-        tool,
-        view.tool_directories(),
-        is_executable=lambda _path, status: permits(status, view.identity, EXECUTE),
-    )
+    # Any execute bit makes a hit (T-4); whether they are the parent's is the chain's step 2.
+    found = which(tool, view.tool_directories())
     if found is None:
         return f"no such tool on its CTX_PATH {view.ctx_path()}"
     tool_object = ToolObject(tool, found.directory)

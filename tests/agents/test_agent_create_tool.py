@@ -182,3 +182,17 @@ def test_a_child_gets_no_tool_that_is_disabled(lead: World) -> None:
     assert "tool:fs.stat execute" in result.output["message"]
     assert "disabled" in result.output["message"]
     assert not (lead.root / "agent" / "helper").exists()
+
+
+def test_a_tool_the_parent_cannot_execute_is_refused_by_the_mode_bits_step(lead: World) -> None:
+    """T-4 finds a file with any execute bit; P-5's step 2 says the bits are not the parent's
+    (not "no such tool", which would hide where the refusal comes from)."""
+    (lead.root / "tool" / "fs.stat").chmod(0o750)  # root's, and lead runs as another uid
+
+    result = create(lead, helper(lead, tools=["fs.stat"]))
+
+    assert not result.ok and result.output["error"] == "EACCES", result.output
+    assert "tool:fs.stat execute" in result.output["message"]
+    assert "no such tool" not in result.output["message"]
+    assert "step 2" in result.output["message"], result.output["message"]
+    assert not (lead.root / "agent" / "helper").exists()
