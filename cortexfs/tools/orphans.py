@@ -3,9 +3,10 @@
 When a queue worker is SIGKILLed, recover hands its job to another worker; the first run must
 not go on beside the second.  Two mechanisms, because one is not enough:
 
-* the **parent-death signal** (:func:`die_with_parent`): the tool's first process gets
-  SIGKILL when the thread that started it ends.  It is set in the child after subprocess has
-  switched the uid, gid and groups, since a credential change clears it.  It follows the
+* the **parent-death signal**: the tool's first process gets SIGKILL when the thread that
+  started it ends.  It is set after the switch to the agent's uid, gid and groups, since a
+  credential change clears it: by ``setpriv --pdeathsig`` where there is setpriv (see
+  :mod:`cortexfs.tools.spawn`), else in the child by :func:`die_with_parent`.  It follows the
   *thread*, not the process: every caller starts a tool from a thread that then waits for it
   to end (the runner's caller, a worker's job slot, the child a terminal forks for each
   call).  Never start a tool from a thread that may end before it.

@@ -26,6 +26,7 @@ import contextlib
 import os
 import select
 import selectors
+import shutil
 import signal
 import subprocess
 import time
@@ -282,33 +283,46 @@ def _exits_within(pid: int, timeout: float | None) -> bool:
 # instruction: it runs under the agent's uid, gid and groups (when the host is root), and it
 # dies if the process that started it dies — when a worker is killed, recover puts the job
 # back and another worker runs it, and the first execution must not go on beside the second.
-# subprocess switches the credentials in the child and then runs orphans.die_with_parent, which
-# sets the parent-death signal: after the switch, since a credential change clears it.  What
-# the tool starts in turn is killed by the orphan guard (:mod:`cortexfs.tools.orphans`).
+# setpriv(1) does both and then execs the tool: it switches the credentials and sets the
+# parent-death signal after them (a credential change would clear it).  Leaving both to setpriv
+# lets Python start the child with vfork: with credentials or a preexec_fn to apply it must
+# fork, copying the page tables of the whole caller, which in a worker or a terminal costs more
+# than setpriv's exec (bench/tools.py).  Without setpriv, subprocess switches the credentials
+# and orphans.die_with_parent sets the signal.  Either way, what the tool starts in turn is
+# killed by the orphan guard (:mod:`cortexfs.tools.orphans`) once the caller is gone.
+_SETPRIV = shutil.which("setpriv")
 
 
 def _launch(
     spec: ProcessSpec,
 ) -> tuple[list[str], dict[str, Any], contextlib.AbstractContextManager[None]]:
-    """The argv to start, the keyword arguments for :class:`subprocess.Popen` (credentials,
-    :func:`orphans.die_with_parent`), and what to start it in: without network, a root host's
-    thread joins the offline namespace for the start, and anyone else puts a user and network
-    namespace of the tool's own in its argv (see :mod:`cortexfs.tools.offline`)."""
+    """The argv to start, the keyword arguments for :class:`subprocess.Popen`, and what to
+    start it in: without network, a root host's thread joins the offline namespace for the
+    start, and anyone else puts a user and network namespace of the tool's own in its argv
+    (see :mod:`cortexfs.tools.offline`)."""
     as_root = os.geteuid() == 0
+    identity = spec.identity if as_root else None
     isolation: list[str] = []
     network_namespace: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
     if not spec.network:
         if as_root:
             network_namespace = offline.this_thread()
         else:
-            # unshare(1) execs the tool in place, and entering the tool's own user namespace
-            # with the same uid mapped keeps the parent-death signal.
+            # unshare(1) execs what follows in place, in a user namespace of its own with the
+            # same uid mapped, which keeps the parent-death signal set after it.
             isolation = offline.argv_prefix()
-    options: dict[str, Any] = {"preexec_fn": orphans.die_with_parent(os.getpid())}
-    if as_root and spec.identity is not None:
-        identity = spec.identity
-        options.update(user=identity.uid, group=identity.gid, extra_groups=sorted(identity.groups))
-    return [*isolation, *spec.argv], options, network_namespace
+    if _SETPRIV is None:
+        options: dict[str, Any] = {"preexec_fn": orphans.die_with_parent(os.getpid())}
+        if identity is not None:
+            groups = sorted(identity.groups)
+            options.update(user=identity.uid, group=identity.gid, extra_groups=groups)
+        return [*isolation, *spec.argv], options, network_namespace
+    prefix = [_SETPRIV]
+    if identity is not None:
+        groups = ",".join(str(g) for g in sorted(identity.groups))
+        prefix += [f"--reuid={identity.uid}", f"--regid={identity.gid}"]
+        prefix += [f"--groups={groups}"] if groups else ["--clear-groups"]
+    return [*isolation, *prefix, "--pdeathsig=KILL", "--", *spec.argv], {}, network_namespace
 
 
 def _kill_group(pgid: int) -> None:

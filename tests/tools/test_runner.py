@@ -15,6 +15,7 @@ import pytest
 
 from cortexfs.shared.sessions import SessionRef
 from cortexfs.shared.spaces import create_shared_space
+from cortexfs.tools import spawn
 from cortexfs.tools.result import ToolResult
 from cortexfs.tools.runner import run_native, run_terminal
 from tests.support.cli import ctx
@@ -540,3 +541,18 @@ def test_a_tool_dies_with_its_caller_signal_set_after_the_uid_switch(coder: Worl
 
     assert native.output == {"uid": coder.user.uid, "pdeathsig": signal.SIGKILL}, native.error
     assert json.loads(terminal.stdout) == native.output, terminal.stderr
+
+
+def test_without_setpriv_the_child_sets_the_signal_itself(
+    coder: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fallback where setpriv(1) is missing: subprocess switches the credentials and the
+    child sets the parent-death signal after them."""
+    monkeypatch.setattr(spawn, "_SETPRIV", None)
+    coder.install("pdeathsig", PDEATHSIG)
+    coder.agent("dying", tools=["pdeathsig"])
+    coder.allow_tool("pdeathsig", "dying_t")
+
+    native = coder.run("pdeathsig", {}, agent="dying")
+
+    assert native.output == {"uid": coder.user.uid, "pdeathsig": signal.SIGKILL}, native.error
