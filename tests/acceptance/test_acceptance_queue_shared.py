@@ -22,6 +22,9 @@ from tests.support.users import unprivileged_user as unprivileged_user
 GROUP = 65534  # nogroup: the space's group; uid 65534 (nobody) is a member by its own gid
 NOBODY = 65534
 
+# Giving a space a group one is not a member of, and acting as its members, takes root.
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as other users")
+
 
 def ctx_as(
     uid: int,
