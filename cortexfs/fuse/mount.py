@@ -212,7 +212,7 @@ class StorageFS(pyfuse3.Operations):
     async def create(self, parent_inode, name, mode, flags, ctx):  # type: ignore[no-untyped-def]
         parts = self._child_to_make(parent_inode, name)
         fd = self._open(parts, flags | os.O_CREAT, mode)
-        self._give(fd, ctx)
+        self._give(fd, ctx, parts)
         return pyfuse3.FileInfo(fh=fd), self._entry(parts)
 
     async def mkdir(self, parent_inode, name, mode, ctx):  # type: ignore[no-untyped-def]
@@ -220,7 +220,7 @@ class StorageFS(pyfuse3.Operations):
         with self._parent(parts) as parent:
             _call(os.mkdir, parts[-1], mode, dir_fd=parent)
         with self._opened(parts, _LIST) as directory:
-            self._give(directory, ctx)
+            self._give(directory, ctx, parts)
         return self._entry(parts)
 
     async def unlink(self, parent_inode, name, ctx):  # type: ignore[no-untyped-def]
@@ -318,10 +318,14 @@ class StorageFS(pyfuse3.Operations):
                     raise pyfuse3.FUSEError(errno.EEXIST)
         return parts
 
-    def _give(self, fd: int, ctx: pyfuse3.RequestContext) -> None:
-        """What a caller creates is the caller's, as it would be on a local filesystem."""
+    def _give(self, fd: int, ctx: pyfuse3.RequestContext, parts: tuple[str, ...]) -> None:
+        """What a caller creates is the caller's, as it would be on a local filesystem: its
+        uid, and its gid unless the directory is setgid, whose group the entry keeps (a
+        shared space, X-1, stays usable by its group through the mount too)."""
         if os.geteuid() == 0:
-            _call(os.fchown, fd, ctx.uid, ctx.gid)
+            with self._parent(parts) as parent:
+                setgid = os.fstat(parent).st_mode & stat.S_ISGID
+            _call(os.fchown, fd, ctx.uid, -1 if setgid else ctx.gid)
 
 
 def _renameat2(source: int, old: str, target: int, new: str, flags: int) -> None:

@@ -53,6 +53,26 @@ def test_the_host_view_is_the_root_abi_and_passes_writes_through(world: World) -
     assert process.returncode == 0, process.stderr
 
 
+def test_what_is_made_in_a_setgid_space_through_the_mount_keeps_the_spaces_group(
+    world: World,
+) -> None:
+    """X-1 through F-1: a shared space is setgid so that its group can work what any member
+    made; a file or directory made through the mount must keep that group, as it does when
+    made directly, and a directory its setgid bit."""
+    space = world.root / "shared" / "team"
+    space.mkdir()
+    os.chown(space, 0, 65534)
+    space.chmod(0o2770)
+    mountpoint = world.scratch / "ctx"
+    with mounted(world.root, mountpoint):
+        (mountpoint / "shared" / "team" / "made.txt").write_text("x\n")
+        (mountpoint / "shared" / "team" / "sub").mkdir()
+    assert (space / "made.txt").stat().st_gid == 65534
+    assert (space / "sub").stat().st_gid == 65534
+    assert (space / "sub").stat().st_mode & 0o2000
+    assert (space / "made.txt").stat().st_uid == 0  # still the caller's
+
+
 def test_ctx_umount_ends_the_mount_cleanly(world: World) -> None:
     mountpoint = world.scratch / "ctx"
     with mounted(world.root, mountpoint) as process:
