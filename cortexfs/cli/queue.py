@@ -88,16 +88,18 @@ def _queue_dir(storage_dir: Path | None, project: str | None, queue_arg: Path | 
     if not project:
         raise click.UsageError("missing --project NAME (or --queue PATH, or $CTX_PROJECT)")
     if "/" in project:
-        # SPEC §2.4: "--project NAME (or a queue path)".  Only an existing queue counts as a
-        # path: anything else with a '/' is refused, so that '--project ../escape' never
-        # makes a queue outside the storage root.
-        if _is_queue_directory(Path(project)):
+        # SPEC §2.4: "--project NAME (or a queue path)".  An absolute path is a queue path
+        # (ctx queue init makes the queue there, as with --queue); a relative value with a '/'
+        # counts only when it names an existing queue, so that a mistyped name such as
+        # '--project ../escape' never makes a queue outside the storage root.
+        if os.path.isabs(project) or _is_queue_directory(Path(project)):
             return Path(project).absolute()
         raise usage_problem(
             invalid(
                 f"--project {project!r} is neither a project name (a name holds no '/', R-3) "
-                f"nor a queue directory (with {', '.join(layout.STATE_DIRS)}); make a queue "
-                "elsewhere with 'ctx queue init --queue DIR'"
+                f"nor an absolute queue path nor a queue directory (with "
+                f"{', '.join(layout.STATE_DIRS)}); make a queue elsewhere with "
+                "'ctx queue init --project /ABSOLUTE/PATH' or '--queue DIR'"
             )
         )
     try:

@@ -571,3 +571,22 @@ def test_work_with_a_malformed_name_is_a_usage_error(
     assert done.returncode == 2, done
     assert done.stderr.startswith("ctx: EINVAL: illegal ") and repr(value) in done.stderr
     assert done.stdout == "" and os.listdir(qdir(root) / "pending") == [job]
+
+
+def test_an_absolute_project_path_is_a_queue_path(tmp_path: Path, root: Path, req: Path) -> None:
+    """§2.4 "--project NAME (or a queue path)": init makes the queue at an absolute path, new
+    or an empty directory, and every command then uses it; a path with no queue is ENOENT."""
+    fresh, empty = tmp_path / "queues" / "fresh", tmp_path / "empty"
+    (tmp_path / "queues").mkdir()
+    empty.mkdir()
+
+    made = [ctx(root, "queue", "init", "--project", str(path)) for path in (fresh, empty)]
+    published = ctx(root, "queue", "publish", "--project", str(fresh), "--name", "a", str(req))
+    claimed = ctx(root, "queue", "claim", "--project", str(fresh))
+    missing = ctx(root, "queue", "status", "--project", str(tmp_path / "nowhere"))
+
+    assert [done.returncode for done in made] == [0, 0], [done.stderr for done in made]
+    assert all((path / "pending").is_dir() for path in (fresh, empty))
+    assert (published.stdout, claimed.stdout) == ("a.req.json\n", "a.req.json\n")
+    assert missing.returncode == 1 and "ENOENT" in missing.stderr
+    assert not (tmp_path / "nowhere").exists()
