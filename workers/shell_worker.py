@@ -4,7 +4,8 @@
     workers/shell_worker.py --project ci --agent builder [--drain] [--timeout 600]
 
 A job is ``{"tool": "shell.exec", "input": {"cmd": "make test"}}`` (see workers/README.md for
-every input field).  Any other tool is refused: the job fails with EINVAL and the reason.
+every input field).  Jobs of any other tool are left pending for the workers that run them:
+this worker does not claim them.
 """
 
 from __future__ import annotations

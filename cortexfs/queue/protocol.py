@@ -227,17 +227,35 @@ def refuse_known_job(queue: Queue, job: str) -> None:
 # --------------------------------------------------------------------------- claim, lease
 
 
-def claim(queue: Queue, holder: Holder, ttl: float | None = None) -> Claim | None:
+def claim(
+    queue: Queue,
+    holder: Holder,
+    ttl: float | None = None,
+    accepts: Callable[[Mapping[str, Any]], bool] | None = None,
+) -> Claim | None:
     """Claim the oldest pending job we can win (Q-2, Q-9) and lease it to ``holder`` (Q-3).
 
     Returns None when there is nothing to claim.  Losing a race is not an error: the next
-    candidate is tried.
+    candidate is tried.  ``accepts``: a claimer that runs only some kinds of job (a shell
+    worker) looks at each pending request first and leaves those it declines pending, for
+    the claimers they are meant for; an unreadable request is not declined.
     """
     for job in candidates(queue):
+        if accepts is not None and not _accepted(queue, job, accepts):
+            continue
         won = claim_job(queue, job, holder, ttl)
         if won is not None:
             return won
     return None
+
+
+def _accepted(queue: Queue, job: str, accepts: Callable[[Mapping[str, Any]], bool]) -> bool:
+    limit = requests.stored_request_limit(queue.config.max_request_bytes)
+    try:
+        request = requests.decode_stored_request(read_regular_file(queue.pending, job, limit))
+    except (OSError, CtxError):
+        return True  # gone (claim_job sees it) or unusable (whoever claims it fails it)
+    return accepts(request)
 
 
 def claim_job(queue: Queue, job: str, holder: Holder, ttl: float | None = None) -> Claim | None:

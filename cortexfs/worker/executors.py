@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,10 @@ class ToolExecutor:
         for pgid in list(self._running.values()):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pgid, signal.SIGKILL)
+
+    def accepts(self, request: Mapping[str, Any]) -> bool:
+        """Every job is this executor's to claim (and to fail, when it cannot run it)."""
+        return True
 
     def admissible(self, job: Claim) -> str | None:
         """Why this executor refuses the job before running anything, or None."""
@@ -111,7 +116,11 @@ class ToolExecutor:
 
 
 class ShellExecutor(ToolExecutor):
-    """Only ``shell.exec`` jobs: ``{"tool": "shell.exec", "input": {"cmd": "..."}}``."""
+    """Only ``shell.exec`` jobs: ``{"tool": "shell.exec", "input": {"cmd": "..."}}``.  Jobs of
+    other tools stay pending for the workers that run them (a project's queue is shared)."""
+
+    def accepts(self, request: Mapping[str, Any]) -> bool:
+        return request.get("tool") == "shell.exec"
 
     def admissible(self, job: Claim) -> str | None:
         if job.request.get("tool") != "shell.exec":
@@ -139,6 +148,9 @@ class AgentlessExecutor:
 
     def record(self, event: str, job: str, status: str, **facts: Any) -> None:
         pass
+
+    def accepts(self, request: Mapping[str, Any]) -> bool:
+        return True  # claimed to be refused: W-1's reason is recorded in each result
 
     def abort_running(self) -> None:
         pass

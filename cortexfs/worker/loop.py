@@ -22,7 +22,7 @@ import errno
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -61,6 +61,10 @@ class Executor(Protocol):
     def record(self, event: str, job: str, status: str, **facts: Any) -> None: ...
 
     def abort_running(self) -> None: ...
+
+    def accepts(self, request: Mapping[str, Any]) -> bool:
+        """Whether to claim a pending job with this request at all (others stay pending)."""
+        ...
 
 
 @dataclass
@@ -253,7 +257,7 @@ class Worker:
             if not self._take_ticket():
                 return
             with self._claim_lock:
-                won = claim(queue, holder, ttl)
+                won = claim(queue, holder, ttl, self.executor.accepts)
             if won is None:
                 self._return_ticket()
                 if self.options.drain:
