@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -127,3 +128,76 @@ def test_ctxmcp_reports_a_malformed_command_line_the_same_way() -> None:
 
     assert refused.returncode == 2
     assert refused.stderr.splitlines()[-1] == "ctxmcp: EINVAL: Missing option '--config'."
+
+
+def _in(directory: Path, *argv: str, stdin: int | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*argv],
+        cwd=directory,
+        stdin=stdin,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={k: v for k, v in os.environ.items() if k != "CTX_STORAGE"},
+    )
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("--storage", "", "bootstrap"),
+        ("queue", "init", "--queue", ""),
+        ("run", "--storage", "", "--agent", "a", "fs.read"),
+        ("queue", "recover", "--project", "p", "--grace", "nan"),
+        ("queue", "work", "--project", "p", "--agent", "a", "--timeout", "inf"),
+        ("run", "--agent", "a", "--timeout", "inf", "fs.read"),
+        ("agent", "show", "bad/x"),
+        ("shared", "create", "s8", "--group", "4294967296"),
+    ],
+)
+def test_an_empty_path_an_endless_duration_or_a_bad_id_is_a_usage_error(
+    storage: Path, tmp_path: Path, args: tuple[str, ...]
+) -> None:
+    """An empty string would be the current directory; nan and inf are no durations; a gid of
+    2**32 overflows.  Each is EINVAL (exit 2) with nothing made, here or in the root."""
+    here = tmp_path / "here"
+    here.mkdir()
+    before = sorted(p.name for p in storage.rglob("*"))
+
+    refused = _in(here, sys.executable, "-m", "cortexfs", "--storage", str(storage), *args)
+    if args[0] == "--storage":  # the group's own --storage: give it alone
+        refused = _in(here, sys.executable, "-m", "cortexfs", *args)
+
+    assert refused.returncode == 2, refused.stderr
+    assert "ctx: EINVAL: " in refused.stderr and "Traceback" not in refused.stderr
+    assert os.listdir(here) == []
+    assert sorted(p.name for p in storage.rglob("*")) == before
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("queue", "publish", "--project", "p", "-"),
+        ("agent", "create", "-"),
+        ("run", "--agent", "a", "--native", "fs.read"),
+    ],
+)
+def test_a_closed_stdin_reads_as_empty_not_as_a_crash(
+    storage: Path, tmp_path: Path, args: tuple[str, ...]
+) -> None:
+    assert ctx(storage, "queue", "init", "--project", "p").returncode == 0
+    argv = [sys.executable, "-m", "cortexfs", "--storage", str(storage), *args]
+    if args[0] == "run":
+        argv = [sys.executable, "-m", "cortexfs", *args[:1], "--storage", str(storage), *args[1:]]
+    # fd 0 closed in the child: sh's '<&-', here through a shell
+    refused = subprocess.run(
+        ["/bin/sh", "-c", '"$@" <&-', "sh", *argv], capture_output=True, text=True, timeout=60
+    )
+
+    assert refused.returncode in (1, 2), refused.stderr
+    assert "Traceback" not in refused.stderr
+    said = refused.stderr.splitlines() + [  # native mode answers in its result frame
+        f"ctx: {frame['error']['error']}" for frame in map(json.loads, refused.stdout.splitlines())
+    ]
+    assert any(line.startswith("ctx: E") for line in said), said
+    assert os.listdir(storage / "shared" / "p" / "queue" / "pending") == []

@@ -13,6 +13,9 @@ import sys
 
 
 def main(args: list[str] | None = None, prog_name: str | None = None) -> None:
+    from cortexfs.cli.streams import reopen_closed_standard_streams
+
+    reopen_closed_standard_streams()
     argv = sys.argv[1:] if args is None else list(args)
     if argv[:1] == ["run"]:
         from cortexfs.cli.run import main as run_main

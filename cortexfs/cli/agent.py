@@ -34,6 +34,7 @@ from cortexfs.cli.common import (
     storage_option,
     usage_problem,
 )
+from cortexfs.cli.params import NonEmptyPath
 from cortexfs.errors import CtxError, denied, invalid, not_found
 from cortexfs.policy import Identity
 from cortexfs.shared.sessions import DEFAULT_SESSION
@@ -57,7 +58,7 @@ def agent() -> None:
 
 
 @agent.command()
-@click.argument("request", type=click.Path(path_type=Path))
+@click.argument("request", type=NonEmptyPath(path_type=Path))
 @click.option(
     "--user",
     help=f"Run the agent as this user (name or uid); default: you, or for root the user "
@@ -128,6 +129,7 @@ def show(name: str, storage_dir: Path | None, as_json: bool) -> None:
 
     Its identity, label, CTX_PATH, the mounts its tools may use, and its working directory.
     """
+    name = object_name_argument(name, "agent")
     view = AgentView.load(resolve_storage(storage_dir), name)
     cwd, _ = view.working_directory()
     facts = {
@@ -199,7 +201,7 @@ def workspace_options(fn: F) -> F:
     )(fn)
     return click.option(
         "--workspace",
-        type=click.Path(exists=True, file_okay=False, path_type=Path),
+        type=NonEmptyPath(exists=True, file_okay=False, path_type=Path),
         help="The directory mounted read-write at /workspace when the agent's mounts have "
         "none (default: the current directory).",
     )(fn)

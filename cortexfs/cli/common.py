@@ -25,6 +25,7 @@ from cortexfs.cli.exits import (  # noqa: F401  (re-exported: every command take
     exit_status,
     usage_problem,
 )
+from cortexfs.cli.params import NonEmptyPath
 from cortexfs.errors import CtxError
 from cortexfs.names import check_object_name
 
@@ -36,7 +37,7 @@ def storage_option(fn: F) -> F:
     return click.option(
         "--storage",
         "storage_dir",
-        type=click.Path(file_okay=False, path_type=Path),
+        type=NonEmptyPath(file_okay=False, path_type=Path),
         default=None,
         help="Storage root (default: $CTX_STORAGE, else the embedded default root).",
     )(fn)

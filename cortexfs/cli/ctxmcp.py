@@ -16,6 +16,7 @@ from cortexfs.cli.common import (
     storage_option,
     usage_problem,
 )
+from cortexfs.cli.params import NonEmptyPath, Seconds
 from cortexfs.errors import CtxError
 from cortexfs.mcp.client import DEFAULT_TIMEOUT, StdioClient
 from cortexfs.mcp.config import ServerSpec, load_server
@@ -30,13 +31,13 @@ _CONFIG = click.option(
     "--config",
     "config_path",
     required=True,
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=NonEmptyPath(dir_okay=False, path_type=Path),
     help="The MCP client configuration to read (an mcpServers object).",
 )
 _SERVER = click.option("--server", required=True, help="The stdio server to start.")
 _TIMEOUT = click.option(
     "--timeout",
-    type=click.FloatRange(min=0, min_open=True),
+    type=Seconds(min=0, min_open=True),
     default=DEFAULT_TIMEOUT,
     show_default=True,
     help="Seconds to wait for each answer of the server.",
@@ -45,8 +46,10 @@ _TIMEOUT = click.option(
 
 def main(args: list[str] | None = None) -> None:
     """The ``ctxmcp`` console script."""
+    from cortexfs.cli.streams import reopen_closed_standard_streams
     from cortexfs.cli.usage import run_click
 
+    reopen_closed_standard_streams()
     run_click(ctxmcp, sys.argv[1:] if args is None else list(args), "ctxmcp")
 
 
@@ -97,7 +100,7 @@ def list_command(config_path: Path, server: str, timeout: float, as_json: bool) 
 @click.option(
     "--out",
     required=True,
-    type=click.Path(file_okay=False, path_type=Path),
+    type=NonEmptyPath(file_okay=False, path_type=Path),
     help="Directory for the candidates, SERVER.TOOL.manifest.json (made if missing).",
 )
 @click.option(

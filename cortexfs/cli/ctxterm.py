@@ -10,6 +10,7 @@ import click
 
 from cortexfs.cli.agent import terminal_facts, workspace_directory, workspace_options
 from cortexfs.cli.common import emit_json, handles_errors, json_option, object_name_argument
+from cortexfs.cli.params import NonEmptyPath
 from cortexfs.shared.sessions import DEFAULT_SESSION
 from cortexfs.storage import STORAGE_ENV, resolve_root
 
@@ -21,7 +22,7 @@ from cortexfs.storage import STORAGE_ENV, resolve_root
 @click.option(
     "--storage",
     "storage_dir",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=NonEmptyPath(file_okay=False, path_type=Path),
     help="Storage root (default: $CTX_STORAGE, else the root this ctxterm belongs to).",
 )
 @json_option

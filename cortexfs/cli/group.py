@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from cortexfs.cli.lazy import LazyGroup
+from cortexfs.cli.params import NonEmptyPath
 
 COMMANDS = {
     "bootstrap": "cortexfs.cli.storage:bootstrap",
@@ -26,7 +27,7 @@ COMMANDS = {
 @click.group(cls=LazyGroup, lazy=COMMANDS, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option(
     "--storage",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=NonEmptyPath(file_okay=False, path_type=Path),
     default=None,
     help="Storage root for every subcommand (default: $CTX_STORAGE, else the embedded default).",
 )

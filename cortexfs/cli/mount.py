@@ -17,11 +17,12 @@ from cortexfs.cli.common import (
     resolve_storage,
     storage_option,
 )
+from cortexfs.cli.params import NonEmptyPath
 from cortexfs.errors import CtxError, invalid, not_found
 
 
 @click.command("mount")
-@click.argument("mountpoint", type=click.Path(path_type=Path))
+@click.argument("mountpoint", type=NonEmptyPath(path_type=Path))
 @click.option(
     "--as", "agent", metavar="AGENT", help="Show the view of AGENT (T-5), not the host's."
 )
@@ -84,7 +85,7 @@ def require_empty_directory(mountpoint: Path) -> None:
 
 
 @click.command("umount")
-@click.argument("mountpoint", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("mountpoint", type=NonEmptyPath(exists=True, file_okay=False, path_type=Path))
 @handles_errors
 def umount(mountpoint: Path) -> None:
     """Unmount a storage root mounted with 'ctx mount'; its process then exits."""

@@ -20,6 +20,7 @@ from cortexfs.cli.common import (
     storage_option,
     usage_problem,
 )
+from cortexfs.cli.params import NonEmptyPath
 from cortexfs.errors import CtxError
 from cortexfs.tools.ctxpath import which_on_user_path
 from cortexfs.tools.install import (
@@ -50,7 +51,7 @@ def object_group() -> None:
 
 
 @object_group.command()
-@click.argument("manifests", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.argument("manifests", nargs=-1, required=True, type=NonEmptyPath(path_type=Path))
 @json_option
 def check(manifests: tuple[Path, ...], as_json: bool) -> None:
     """Validate MANIFEST files (SPEC T-8).
@@ -82,7 +83,7 @@ def check(manifests: tuple[Path, ...], as_json: bool) -> None:
 
 
 @object_group.command()
-@click.argument("manifest", type=click.Path(path_type=Path))
+@click.argument("manifest", type=NonEmptyPath(path_type=Path))
 @click.option(
     "--tier",
     required=True,
@@ -92,7 +93,7 @@ def check(manifests: tuple[Path, ...], as_json: bool) -> None:
 @click.option(
     "--source",
     "source_dir",
-    type=click.Path(file_okay=False, path_type=Path),
+    type=NonEmptyPath(file_okay=False, path_type=Path),
     help="The storage root to install into (same as --storage).",
 )
 @storage_option

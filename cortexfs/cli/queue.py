@@ -26,6 +26,7 @@ from cortexfs.cli.common import (
     usage_problem,
 )
 from cortexfs.cli.lazy import LazyGroup
+from cortexfs.cli.params import NonEmptyPath, Seconds
 from cortexfs.errors import CtxError, invalid
 from cortexfs.names import job_name
 from cortexfs.queue import inspect, layout, protocol, recovery
@@ -47,7 +48,7 @@ def queue_options(fn: F) -> F:
     @click.option(
         "--storage",
         "storage_dir",
-        type=click.Path(file_okay=False, path_type=Path),
+        type=NonEmptyPath(file_okay=False, path_type=Path),
         help="Storage root (default: $CTX_STORAGE, else the embedded default root).",
     )
     @click.option(
@@ -59,7 +60,7 @@ def queue_options(fn: F) -> F:
     @click.option(
         "--queue",
         "queue_arg",
-        type=click.Path(file_okay=False, path_type=Path),
+        type=NonEmptyPath(file_okay=False, path_type=Path),
         help="Path of a queue directory, instead of --project.",
     )
     @click.option("--json", "as_json", is_flag=True, help="Machine-readable output on stdout.")
@@ -440,7 +441,7 @@ def show(queue_dir: Path, as_json: bool, job: str) -> None:
 @click.option("--dry-run", is_flag=True, help="Report what would be done; change nothing.")
 @click.option(
     "--grace",
-    type=click.FloatRange(min=0),
+    type=Seconds(min=0),
     help="Minimum age in seconds of inbox temp files before they count as stray "
     "(default: grace in queue/config, 60).",
 )

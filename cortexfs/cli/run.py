@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import errno
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any, NoReturn
@@ -87,7 +88,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, bool]]:
         ),
         parser.add_argument(
             "--storage",
-            type=Path,
+            type=_path,
             help="storage root (default: $CTX_STORAGE, else the embedded default root)",
         ),
     ]
@@ -219,9 +220,16 @@ def _positive_seconds(text: str) -> float:
         seconds = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not seconds > 0:
+    if not (seconds > 0 and math.isfinite(seconds)):
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
     return seconds
+
+
+def _path(text: str) -> Path:
+    """A path; an empty string is none (``Path("")`` would be the current directory)."""
+    if not text:
+        raise argparse.ArgumentTypeError("an empty string names no path")
+    return Path(text)
 
 
 def _say(message: str) -> None:

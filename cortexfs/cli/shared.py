@@ -55,8 +55,14 @@ def create(name: str, group: str | None, storage_dir: Path | None, as_json: bool
         click.echo(f"nothing to do: {report.path} is complete")
 
 
+_NO_GID = 2**32 - 1  # (gid_t) -1: "leave the group as it is" to chown, never a group
+
+
 def _gid(group: str) -> int:
     try:
-        return int(group) if group.isdigit() else grp.getgrnam(group).gr_gid
+        gid = int(group) if group.isdigit() else grp.getgrnam(group).gr_gid
     except KeyError:
         raise usage_problem(invalid(f"no such group: {group!r}")) from None
+    if gid >= _NO_GID:
+        raise usage_problem(invalid(f"{group} is not a group id (at most {_NO_GID - 1})"))
+    return gid

@@ -22,12 +22,13 @@ from cortexfs.cli.common import (
     storage_option,
 )
 from cortexfs.cli.exits import usage_problem
+from cortexfs.cli.params import NonEmptyPath
 from cortexfs.errors import CtxError
 
 
 @click.command()
 @click.argument(
-    "source", required=False, type=click.Path(exists=True, file_okay=False, path_type=Path)
+    "source", required=False, type=NonEmptyPath(exists=True, file_okay=False, path_type=Path)
 )
 @storage_option
 @json_option

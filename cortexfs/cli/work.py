@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from cortexfs.cli.common import handles_errors, object_name_argument
+from cortexfs.cli.params import Seconds
 from cortexfs.cli.queue import STORAGE_ROOT_KEY, queue_options, ttl_option
 from cortexfs.worker.executors import NO_AGENT, executor_for
 from cortexfs.worker.loop import EXIT_ABORTED, Worker, WorkerOptions
@@ -86,7 +87,7 @@ class Progress:
 )
 @click.option(
     "--timeout",
-    type=click.FloatRange(min=0, min_open=True),
+    type=Seconds(min=0, min_open=True),
     default=300.0,
     show_default=True,
     help="Per-job timeout in seconds; the tool's process group is killed after it.",

@@ -1,0 +1,32 @@
+"""Standard streams a command line was started without (``ctx … <&-``, ``>&-``).
+
+A closed descriptor 0, 1 or 2 is the lowest free number, so the next file the command opens
+would take it: a request file read as standard input, a lease written where stdout goes, a
+tool started with that file as its own stdin.  And Python leaves ``sys.stdin`` None, which the
+first ``-`` argument trips over.  Every such descriptor is opened on /dev/null first: a closed
+stdin reads as empty (an empty request is refused with its reason), closed output is dropped,
+as the caller asked.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+_STREAMS = ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w"))
+
+
+def reopen_closed_standard_streams() -> None:
+    for fd, name, mode in _STREAMS:
+        try:
+            os.fstat(fd)
+            continue
+        except OSError:
+            pass
+        null = os.open(os.devnull, os.O_RDWR)
+        if null != fd:
+            os.dup2(null, fd)
+            os.close(null)
+        if getattr(sys, name) is None:  # the stream lives as long as the process
+            stream = open(fd, mode, closefd=False, errors="surrogateescape")  # noqa: SIM115
+            setattr(sys, name, stream)
