@@ -111,6 +111,9 @@ def handles_errors(fn: F) -> F:
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             sys.exit(EXIT_REFUSED)
         except OSError as exc:
-            fail(CtxError(exc.errno or 5, f"{exc.filename or ''}: {exc.strerror}"), as_json=as_json)
+            # A descriptor's number (os.read on an fd) names nothing the user gave.
+            where = exc.filename if isinstance(exc.filename, str | bytes | os.PathLike) else ""
+            reason = f"{os.fsdecode(where)}: {exc.strerror}" if where else str(exc.strerror)
+            fail(CtxError(exc.errno or 5, reason), as_json=as_json)
 
     return wrapper  # type: ignore[return-value]

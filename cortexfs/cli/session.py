@@ -114,7 +114,14 @@ def show(
 
 @session.command()
 @event_session_options
-@click.option("-n", "lines", type=click.IntRange(min=0), default=10, show_default=True)
+@click.option(
+    "-n",
+    "lines",
+    type=click.IntRange(min=0),
+    default=10,
+    show_default=True,
+    help="How many of the last events to print first.",
+)
 @click.option("--follow", "-f", is_flag=True, help="Keep printing events as they are appended.")
 def tail(
     agent: str,

@@ -120,6 +120,9 @@ def work(
 
     SIGTERM or ^C: stop claiming, let running jobs finish, exit 0.  ^C twice: abort running
     jobs (recover requeues them) and exit 130.
+
+    With --json, each event (claim, finish, stop, ...) is one JSON object on its own line of
+    stdout (JSON Lines), as it happens.
     """
     root = click.get_current_context().meta[STORAGE_ROOT_KEY]
     # A malformed name is a malformed command line (exit 2), found before any job is claimed.
