@@ -10,8 +10,10 @@ the space itself carries no collaboration rules.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -56,6 +58,7 @@ def create_shared_space(
     path = space_path(root, check_space_name(name))
     owner = Ownership(-1, os.getegid() if gid is None else gid)
     _require_group_of_caller(owner.gid)
+    _require_no_obstacle(path)
     created = storage.ensure_root_abi(root, ops).created
     created += ensure_directories(ops, root / "shared", [name], mode=SPACE_MODE, owner=owner)
     for directory in SPACE_DIRS:
@@ -65,6 +68,20 @@ def create_shared_space(
         if Path(entry).is_dir():
             apply_mode(ops, Path(entry), SPACE_MODE, owner)
     return SpaceReport(path, os.stat(path).st_gid, created + queue_created)
+
+
+def _require_no_obstacle(path: Path) -> None:
+    """ENOTDIR, before anything is made, when the space or one of its directories is in the
+    way as something else (a file, a symlink): creating the others first would leave a
+    half-made space behind the refusal."""
+    for entry in (path, *(path / d for d in (*SPACE_DIRS, QUEUE_DIR))):
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+            if not stat.S_ISDIR(os.lstat(entry).st_mode):
+                raise CtxError(
+                    errno.ENOTDIR,
+                    f"{entry} is in the way: it should be a directory of the shared space; "
+                    "move it aside, nothing was changed",
+                )
 
 
 def _require_group_of_caller(gid: int) -> None:

@@ -67,6 +67,23 @@ def space_tool(world: World) -> World:
     return world
 
 
+@pytest.mark.parametrize("obstacle", ["queue", "data"])
+def test_something_in_the_way_refuses_the_space_before_anything_is_made(
+    world: World, obstacle: str
+) -> None:
+    """A file where a directory of the space belongs is ENOTDIR, and the refusal leaves the
+    space as it found it: not the other directories made first."""
+    space = world.root / "shared" / "partial"
+    space.mkdir()
+    (space / obstacle).write_text("in the way")
+
+    with pytest.raises(CtxError) as refused:
+        create_shared_space(world.root, "partial")
+
+    assert refused.value.errno == errno.ENOTDIR
+    assert os.listdir(space) == [obstacle]
+
+
 def test_a_member_with_shared_read_may_run_the_spaces_tools(space_tool: World) -> None:
     space_tool.agent("member", tools=["proj.echo"], shared={"proj": ["read"]})
     space_tool.allow_tool("proj.echo", "member_t", location="shared/proj/tool")
