@@ -207,7 +207,9 @@ def _obstacles(dir_fd: int, name: str, kind: PairKind) -> list[Obstacle]:
         return [*found, _obstacle(controls, status, "a control directory")]
     controls_fd = os.open(controls, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dir_fd)
     try:
-        for control in sorted(kind.defined):
+        # The controls a version brings, and those carried over from the previous one (a
+        # policy that is a directory would be carried over as it is, damaged for good).
+        for control in sorted(kind.defined | kind.defaults.keys()):
             status = durable.lstat_at(controls_fd, control)
             if status is not None and not stat.S_ISREG(status.st_mode):
                 where = f"{controls}/{control}"

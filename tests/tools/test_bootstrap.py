@@ -179,6 +179,26 @@ def test_bootstrap_reports_a_file_in_a_control_directorys_place_and_runs_every_o
     assert listed.returncode == 0 and damaged[control_path.split(".d")[0]]
 
 
+def test_a_carried_over_control_in_the_way_is_a_problem_every_run_not_a_repair(
+    root: Path,
+) -> None:
+    """A policy that is a directory would be carried over by a reinstall as it is: reporting
+    it repaired would repeat on every run while the tool stays damaged."""
+    (root / "tool" / "fs.read.d" / "policy").unlink()
+    (root / "tool" / "fs.read.d" / "policy").mkdir()
+
+    runs = [
+        subprocess.run([*CTX, "--storage", str(root), "bootstrap"], capture_output=True, text=True)
+        for _ in range(2)
+    ]
+
+    for run in runs:
+        assert run.returncode == 1, run.stdout
+        assert "problem   tool/fs.read.d/policy is a directory" in run.stdout
+        assert "repaired  tool/fs.read" not in run.stdout
+    assert (root / "tool" / "fs.read.d" / "policy").is_dir()  # never destroys user data
+
+
 @pytest.mark.parametrize("entry", ["tool", "bin", "shared"])
 def test_bootstrap_goes_on_past_a_file_at_a_root_entry(tmp_path: Path, entry: str) -> None:
     root = tmp_path / "storage"
