@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.cli import ctx
+from tests.support.storage import traversable_tmp as traversable_tmp
 
 
 @pytest.fixture
@@ -201,3 +202,21 @@ def test_a_closed_stdin_reads_as_empty_not_as_a_crash(
     ]
     assert any(line.startswith("ctx: E") for line in said), said
     assert os.listdir(storage / "shared" / "p" / "queue" / "pending") == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to read as another uid")
+@pytest.mark.parametrize("command", [("object", "check"), ("agent", "create")])
+def test_an_unreadable_file_is_eacces_exit_1_like_a_missing_one_is_enoent(
+    storage: Path, traversable_tmp: Path, command: tuple[str, ...]
+) -> None:
+    unreadable = traversable_tmp / "unreadable.json"  # reachable, so only its mode refuses
+    unreadable.write_text("{}")
+    unreadable.chmod(0)
+    argv = [sys.executable, "-m", "cortexfs", "--storage", str(storage), *command]
+
+    refused = subprocess.run(
+        [*argv, str(unreadable)], capture_output=True, text=True, user=65534, group=65534
+    )
+
+    assert refused.returncode == 1, refused.stderr
+    assert "EACCES" in refused.stderr and "Traceback" not in refused.stderr

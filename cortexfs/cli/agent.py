@@ -58,7 +58,7 @@ def agent() -> None:
 
 
 @agent.command()
-@click.argument("request", type=NonEmptyPath(path_type=Path))
+@click.argument("request", type=NonEmptyPath(path_type=Path, readable=False))
 @click.option(
     "--user",
     help=f"Run the agent as this user (name or uid); default: you, or for root the user "

@@ -51,7 +51,9 @@ def object_group() -> None:
 
 
 @object_group.command()
-@click.argument("manifests", nargs=-1, required=True, type=NonEmptyPath(path_type=Path))
+@click.argument(
+    "manifests", nargs=-1, required=True, type=NonEmptyPath(path_type=Path, readable=False)
+)
 @json_option
 def check(manifests: tuple[Path, ...], as_json: bool) -> None:
     """Validate MANIFEST files (SPEC T-8).
@@ -83,7 +85,7 @@ def check(manifests: tuple[Path, ...], as_json: bool) -> None:
 
 
 @object_group.command()
-@click.argument("manifest", type=NonEmptyPath(path_type=Path))
+@click.argument("manifest", type=NonEmptyPath(path_type=Path, readable=False))
 @click.option(
     "--tier",
     required=True,
