@@ -107,24 +107,17 @@ class TshContext:
         """Load ``name``'s metadata (again, if it changed); it and the names this unloaded.
 
         LookupError when ``name`` is not a tool on CTX_PATH."""
-        path = self.which(name)
-        if path is None:
-            raise LookupError(name)
-        info = read_tool_info(name, path)
+        info = self._read(name)
         if name in self._pinned:
             self._pinned[name] = info
             return info, []
         self._loaded[name] = info
         self._loaded.move_to_end(name)
-        unloaded = []
-        while len(self._loaded) > self.max_loaded_tools:
-            oldest, _ = self._loaded.popitem(last=False)
-            unloaded.append(oldest)
-        return info, unloaded
+        return info, self._unload_beyond_limit()
 
     def pin(self, name: str) -> ToolInfo:
         """Load ``name`` and exempt it, and its path, from unload and eviction."""
-        info, _ = self.load(name)
+        info = self._read(name)
         self._loaded.pop(name, None)
         self._pinned[name] = info
         resolution = self.paths.get(name)
@@ -135,9 +128,18 @@ class TshContext:
     def unpin(self, name: str) -> list[str]:
         """Make ``name`` an ordinary loaded tool again; the names that unloads (KeyError when
         it was not pinned)."""
-        info = self._pinned.pop(name)
+        self._loaded[name] = self._pinned.pop(name)
         self.paths.unpin(name)
-        self._loaded[name] = info
+        return self._unload_beyond_limit()
+
+    def _read(self, name: str) -> ToolInfo:
+        path = self.which(name)
+        if path is None:
+            raise LookupError(name)
+        return read_tool_info(name, path)
+
+    def _unload_beyond_limit(self) -> list[str]:
+        """Unload the least recently used unpinned tools past ``max_loaded_tools``."""
         unloaded = []
         while len(self._loaded) > self.max_loaded_tools:
             oldest, _ = self._loaded.popitem(last=False)
@@ -166,11 +168,13 @@ def _stamp(directory: str) -> _DirStamp:
 
 
 def _is_executable_file(path: str) -> bool:
+    """A hit of T-4: a regular file with an execute bit, whoever's (whether it is this user's
+    is the authority chain's step 2, as for ``ctx object which`` and the runner)."""
     try:
         status = os.stat(path, follow_symlinks=False)
     except OSError:
         return False
-    return stat.S_ISREG(status.st_mode) and os.access(path, os.X_OK)
+    return stat.S_ISREG(status.st_mode) and bool(status.st_mode & 0o111)
 
 
 def _resolve(name: str, directories: list[str]) -> Resolution | None:
