@@ -140,6 +140,27 @@ def ttl_option(help_text: str) -> Callable[[F], F]:
     return click.option("--ttl", type=float, callback=checked, help=help_text)
 
 
+# A pid Linux can give: 1 to PID_MAX_LIMIT (2**22); a larger number names no process, ever.
+PID = click.IntRange(min=1, max=2**22)
+
+
+def worker_id_option(help_text: str, dest: str = "worker_id") -> Callable[[F], F]:
+    """``--worker ID``: recorded in leases and results, so printable text (UTF-8), not empty."""
+
+    def checked(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+        if value is None:
+            return None
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise click.BadParameter("a worker id must be UTF-8 text") from None
+        if not value.strip() or not value.isprintable():
+            raise click.BadParameter(f"{value!r} is not a printable, non-empty worker id")
+        return value
+
+    return click.option("--worker", dest, callback=checked, help=help_text)
+
+
 def _job_argument(name: str) -> str:
     try:
         return job_name(name)
@@ -262,8 +283,8 @@ def _parse_batch(data: bytes, limit: int) -> tuple[list[dict[str, Any]], list[by
 @queue.command()
 @handles_errors
 @queue_options
-@click.option("--worker", help="Worker id recorded in the lease (default: HOST:PID).")
-@click.option("--pid", type=int, help="Lease holder pid (default: the calling process).")
+@worker_id_option("Worker id recorded in the lease (default: HOST:PID).", "worker")
+@click.option("--pid", type=PID, help="Lease holder pid (default: the calling process).")
 @ttl_option("Lease lifetime in seconds (default: lease_ttl).")
 def claim(
     queue_dir: Path, as_json: bool, worker: str | None, pid: int | None, ttl: float | None
@@ -290,7 +311,7 @@ def claim(
 @handles_errors
 @queue_options
 @click.argument("job")
-@click.option("--pid", type=int, help="Lease holder pid (default: the calling process).")
+@click.option("--pid", type=PID, help="Lease holder pid (default: the calling process).")
 @ttl_option("New lifetime in seconds from now (default: lease_ttl).")
 def renew(queue_dir: Path, as_json: bool, job: str, pid: int | None, ttl: float | None) -> None:
     """Extend the caller's own lease on JOB (EACCES when another process holds it)."""

@@ -12,7 +12,7 @@ import click
 
 from cortexfs.cli.common import handles_errors, object_name_argument
 from cortexfs.cli.params import Seconds
-from cortexfs.cli.queue import STORAGE_ROOT_KEY, queue_options, ttl_option
+from cortexfs.cli.queue import STORAGE_ROOT_KEY, queue_options, ttl_option, worker_id_option
 from cortexfs.worker.executors import NO_AGENT, executor_for
 from cortexfs.worker.loop import EXIT_ABORTED, Worker, WorkerOptions
 
@@ -93,7 +93,7 @@ class Progress:
     help="Per-job timeout in seconds; the tool's process group is killed after it.",
 )
 @ttl_option("Lease lifetime in seconds (default: the queue's lease_ttl).")
-@click.option("--worker", "worker_id", help="Worker id recorded in leases (default: HOST:PID).")
+@worker_id_option("Worker id recorded in leases (default: HOST:PID).")
 def work(
     queue_dir: Path,
     as_json: bool,

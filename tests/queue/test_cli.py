@@ -590,3 +590,18 @@ def test_an_absolute_project_path_is_a_queue_path(tmp_path: Path, root: Path, re
     assert (published.stdout, claimed.stdout) == ("a.req.json\n", "a.req.json\n")
     assert missing.returncode == 1 and "ENOENT" in missing.stderr
     assert not (tmp_path / "nowhere").exists()
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [("--pid", str(2**22 + 1)), ("--worker", ""), ("--worker", " \t")],
+)
+def test_a_pid_no_process_can_have_or_an_empty_worker_id_is_a_usage_error(
+    root: Path, req: Path, option: str, value: str
+) -> None:
+    assert ctx(root, "queue", "publish", *P, str(req)).returncode == 0
+
+    refused = ctx(root, "queue", "claim", *P, option, value)
+
+    assert refused.returncode == 2 and "ctx: EINVAL: " in refused.stderr
+    assert len(os.listdir(root / "shared" / PROJECT / "queue" / "pending")) == 1
