@@ -221,6 +221,10 @@ def rates_in_turns(
         file_times += file_round
         dir_times += dir_round
         for name, (run, items) in contenders.items():
+            # Each turn starts with nothing dirty on the filesystem: what a contender that never
+            # syncs (dirq, the unsynced lifecycle) leaves behind would otherwise be written out
+            # by the next one's barrier (a group commit's syncfs flushes the whole filesystem).
+            os.sync()
             seconds[name] += timed(lambda run=run, items=items: run(items))
     rates = {name: contenders[name][1] * rounds / took for name, took in seconds.items()}
     return rates, statistics.median(file_times), statistics.median(dir_times)
