@@ -24,8 +24,11 @@ import os
 import stat
 from collections import OrderedDict
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, NamedTuple
 
+from cortexfs.errors import CtxError
+from cortexfs.tools import ctxpath
 from cortexfs.tools.core.tsh_config import DEFAULTS, effective, problems
 from cortexfs.tools.tinylfu import WTinyLFU
 
@@ -167,31 +170,30 @@ def _stamp(directory: str) -> _DirStamp:
     return (directory, status.st_dev, status.st_ino, status.st_mtime_ns)
 
 
-def _is_executable_file(path: str) -> bool:
-    """A hit of T-4: a regular file with an execute bit, whoever's (whether it is this user's
-    is the authority chain's step 2, as for ``ctx object which`` and the runner)."""
-    try:
-        status = os.stat(path, follow_symlinks=False)
-    except OSError:
-        return False
-    return stat.S_ISREG(status.st_mode) and bool(status.st_mode & 0o111)
-
-
 def _resolve(name: str, directories: list[str]) -> Resolution | None:
-    stamps = []
-    for directory in directories:
-        stamps.append(_stamp(directory))
-        candidate = os.path.join(directory, name)
-        if _is_executable_file(candidate):
-            return Resolution(candidate, tuple(stamps))
-    return None
+    """T-4's lookup (:func:`ctxpath.which`), with the directories it looked in stamped first:
+    a change made during the lookup then shows as a stale stamp."""
+    stamps = [_stamp(directory) for directory in directories]
+    paths = [Path(directory) for directory in directories]
+    try:
+        found = ctxpath.which(name, paths)
+    except CtxError:
+        return None  # not an object name: no tool can have it
+    if found is None:
+        return None
+    upto = paths.index(found.directory) + 1
+    return Resolution(str(found.directory / name), tuple(stamps[:upto]))
 
 
 def _still_resolves(cached: Resolution, directories: list[str]) -> bool:
     stamps = cached.directories
     if [stamp[0] for stamp in stamps] != directories[: len(stamps)]:
         return False  # CTX_PATH itself changed
-    return all(_stamp(stamp[0]) == stamp for stamp in stamps) and _is_executable_file(cached.path)
+    # No earlier directory changed, so only the hit itself can have stopped being one.
+    hit = Path(cached.path)
+    return all(_stamp(stamp[0]) == stamp for stamp in stamps) and (
+        ctxpath.which(hit.name, [hit.parent]) is not None
+    )
 
 
 def read_tool_info(name: str, path: str) -> ToolInfo:
