@@ -11,7 +11,6 @@ import json
 import os
 import pwd
 import select
-import shutil
 import socket
 import subprocess
 import sys
@@ -23,22 +22,12 @@ from pathlib import Path
 import pytest
 
 from cortexfs.agents.terminal import RUN_BASE
-from tests.agents.test_terminal import fresh_session, lifecycle
+from tests.agents.test_terminal import fresh_session, lifecycle, pytestmark
 from tests.support.cli import ctx
 from tests.support.users import run_as
 from tests.tools.support import World
 
-try:
-    import pyfuse3
-except ImportError:  # pragma: no cover - depends on the machine
-    pyfuse3 = None
-
-pytestmark = [
-    pytest.mark.skipif(os.geteuid() != 0, reason="a sandboxed terminal needs root"),
-    pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed"),
-    pytest.mark.skipif(not os.path.exists("/dev/fuse"), reason="no /dev/fuse on this machine"),
-    pytest.mark.skipif(pyfuse3 is None, reason="pyfuse3 (the 'fuse' extra) is not installed"),
-]
+__all__ = ["pytestmark"]  # the terminal tests' conditions: root, bubblewrap, FUSE
 
 
 def fresh_agent() -> str:
