@@ -250,12 +250,17 @@ def claim(
 
 
 def _accepted(queue: Queue, job: str, accepts: Callable[[Mapping[str, Any]], bool]) -> bool:
-    limit = requests.stored_request_limit(queue.config.max_request_bytes)
     try:
-        request = requests.decode_stored_request(read_regular_file(queue.pending, job, limit))
+        request = requests.decode_stored_request(_read_stored_request(queue, queue.pending, job))
     except (OSError, CtxError):
         return True  # gone (claim_job sees it) or unusable (whoever claims it fails it)
     return accepts(request)
+
+
+def _read_stored_request(queue: Queue, dir_fd: int, job: str) -> bytes:
+    """The bytes of request ``job`` in ``dir_fd``, at most what this queue may have stored."""
+    limit = requests.stored_request_limit(queue.config.max_request_bytes)
+    return read_regular_file(dir_fd, job, limit)
 
 
 def claim_job(queue: Queue, job: str, holder: Holder, ttl: float | None = None) -> Claim | None:
@@ -345,9 +350,7 @@ def _read_claimed_request(queue: Queue, claim_fd: int, job: str) -> dict[str, An
     the reason, which is more useful than leaving it pending forever.
     """
     try:
-        data = read_regular_file(
-            claim_fd, job, requests.stored_request_limit(queue.config.max_request_bytes)
-        )
+        data = _read_stored_request(queue, claim_fd, job)
     except CtxError as exc:
         if exc.errno in (errno.ELOOP, errno.EINVAL):
             return None
