@@ -62,11 +62,10 @@ class ToolInfo(NamedTuple):
 
 def read_settings(config: str) -> tuple[dict[str, int], list[str]]:
     """The effective settings of the config file at ``config`` and what is wrong with it;
-    the defaults when it cannot be read (a standalone tsh may have no root around it)."""
-    try:
-        with open(config, "rb") as file:
-            text = file.read(_MAX_CONTROL_BYTES).decode("utf-8", "replace")
-    except OSError:
+    the defaults when it cannot be read (a standalone tsh may have no root around it).
+    Read as a control is: never through a symlink, never waiting on a FIFO."""
+    text = _read_control(os.path.dirname(config), os.path.basename(config))
+    if text is None:
         return dict(DEFAULTS), []
     return effective(text), problems(text)
 
