@@ -60,13 +60,21 @@ def problems(text: str) -> list[str]:
 def value_problem(key: str, value: object) -> str | None:
     """Why ``value`` (an int, or its text) is not a valid setting of ``key``; None if it is."""
     if isinstance(value, str):
-        value = int(value) if value.isdigit() else value
+        value = _decimal(value)
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         return f"{key} must be a positive integer, not {value!r}"
     limit = _LIMITS.get(key)
     if limit is not None and value > limit:
         return f"{key} must be at most {limit}, not {value}"
     return None
+
+
+def _decimal(text: str) -> int | str:
+    """``text`` as an int when it is written in ASCII decimal digits, else ``text`` itself.
+
+    ``str.isdigit`` alone would let through digits of other scripts (``٣``), which ``int``
+    reads, and superscripts (``²``), which it cannot read at all."""
+    return int(text) if text.isascii() and text.isdigit() else text
 
 
 def effective(text: str) -> dict[str, int]:
@@ -114,7 +122,7 @@ def _changes(requested: object) -> dict[str, int]:
         key, equals, value = (part.strip() for part in requested.partition("="))
         if not equals:
             raise ToolFailure(errno.EINVAL, f"expected key=value, not {requested!r}", usage=True)
-        requested = {key: int(value) if value.isdigit() else value}
+        requested = {key: _decimal(value)}
     if not isinstance(requested, dict):
         raise ToolFailure(errno.EINVAL, "'set' must be an object of settings", usage=True)
     for key, value in requested.items():
@@ -124,7 +132,7 @@ def _changes(requested: object) -> dict[str, int]:
         problem = value_problem(key, value)
         if problem:
             raise ToolFailure(errno.EINVAL, problem, usage=True)
-    return dict(requested)
+    return {key: int(value) for key, value in requested.items()}  # "64" is written as 64
 
 
 def _read(path: Path) -> str:
