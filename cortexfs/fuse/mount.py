@@ -47,6 +47,9 @@ class StorageFS(pyfuse3.Operations):
         self.projection = projection
         self._root_fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         self._names = InodeNames(pyfuse3.ROOT_INODE)
+        # Each open descriptor → the inode and the name it was opened by: a file unlinked
+        # while open has no name left, and is reached through one of these until released.
+        self._open_files: dict[int, tuple[int, tuple[str, ...]]] = {}
 
     # ------------------------------------------------------------------------- names
     #
@@ -119,20 +122,22 @@ class StorageFS(pyfuse3.Operations):
 
     def _attributes(self, parts: tuple[str, ...]) -> pyfuse3.EntryAttributes:
         status = self._lstat(parts)
-        inode = pyfuse3.ROOT_INODE if not parts else status.st_ino
-        attributes = pyfuse3.EntryAttributes()
-        attributes.st_ino = inode
-        attributes.generation = 0
-        attributes.entry_timeout = ENTRY_TIMEOUT
-        attributes.attr_timeout = ENTRY_TIMEOUT
-        for field in ("st_mode", "st_nlink", "st_uid", "st_gid", "st_rdev", "st_size"):
-            setattr(attributes, field, getattr(status, field))
-        attributes.st_blksize = status.st_blksize
-        attributes.st_blocks = status.st_blocks
-        attributes.st_atime_ns = status.st_atime_ns
-        attributes.st_mtime_ns = status.st_mtime_ns
-        attributes.st_ctime_ns = status.st_ctime_ns
-        return attributes
+        return _described(status, pyfuse3.ROOT_INODE if not parts else status.st_ino)
+
+    def _is_open(self, inode: int) -> bool:
+        return any(held == inode for held, _ in self._open_files.values())
+
+    def _open_file(self, inode: int) -> tuple[int, tuple[str, ...]]:
+        """A descriptor the kernel opened ``inode`` by, and the name it was opened by;
+        ESTALE when none is open."""
+        for descriptor, (held, parts) in self._open_files.items():
+            if held == inode:
+                return descriptor, parts
+        raise pyfuse3.FUSEError(errno.ESTALE)
+
+    def _opened_file(self, inode: int, fd: int, parts: tuple[str, ...]) -> pyfuse3.FileInfo:
+        self._open_files[fd] = (inode, parts)
+        return pyfuse3.FileInfo(fh=fd)
 
     # ---------------------------------------------------------------------- reading
 
@@ -140,10 +145,21 @@ class StorageFS(pyfuse3.Operations):
         return self._entry(self._child(parent_inode, name))
 
     async def getattr(self, inode, ctx=None):  # type: ignore[no-untyped-def]
-        attributes = self._attributes(self._parts_of(inode))
-        if attributes.st_ino != inode:  # its name now leads to another file (changed outside)
-            raise pyfuse3.FUSEError(errno.ESTALE)
-        return attributes
+        try:
+            attributes = self._attributes(self._parts_of(inode))
+        except pyfuse3.FUSEError:
+            if not self._is_open(inode):
+                raise
+        else:
+            if attributes.st_ino == inode:
+                return attributes
+        # No name leads to it any more (unlinked while open, or changed outside the mount).
+        descriptor, _ = self._open_file(inode)
+        return _described(_call(os.fstat, descriptor), inode)
+
+    async def forget(self, inode_list):  # type: ignore[no-untyped-def]
+        for inode, count in inode_list:
+            self._names.forget(inode, count)
 
     async def readlink(self, inode, ctx):  # type: ignore[no-untyped-def]
         parts = self._parts_of(inode)
@@ -164,20 +180,28 @@ class StorageFS(pyfuse3.Operations):
             if not self.projection.visible(child):
                 continue
             try:
-                attributes = self._entry(child)
+                attributes = self._attributes(child)
             except pyfuse3.FUSEError:
                 continue  # removed meanwhile
             if not pyfuse3.readdir_reply(token, os.fsencode(name), attributes, index + 1):
                 return
+            self._names.remember(attributes.st_ino, child)  # an entry the kernel now holds
 
     async def releasedir(self, fh):  # type: ignore[no-untyped-def]
         return None
 
     async def open(self, inode, flags, ctx):  # type: ignore[no-untyped-def]
-        parts = self._parts_of(inode)
-        if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND):
+        try:
+            parts = self._parts_of(inode)
+        except pyfuse3.FUSEError:  # reopened by descriptor (/proc/PID/fd/N) once unlinked
+            descriptor, parts = self._open_file(inode)
+            if flags & _WRITING:
+                self._writable(parts)
+            reopened = _call(os.open, f"/proc/self/fd/{descriptor}", flags & ~os.O_CREAT)
+            return self._opened_file(inode, reopened, parts)
+        if flags & _WRITING:
             self._writable(parts)
-        return pyfuse3.FileInfo(fh=self._open(parts, flags & ~os.O_CREAT))
+        return self._opened_file(inode, self._open(parts, flags & ~os.O_CREAT), parts)
 
     async def read(self, fh, off, size):  # type: ignore[no-untyped-def]
         return _call(os.pread, fh, size, off)
@@ -207,13 +231,15 @@ class StorageFS(pyfuse3.Operations):
         return None
 
     async def release(self, fh):  # type: ignore[no-untyped-def]
+        self._open_files.pop(fh, None)
         os.close(fh)
 
     async def create(self, parent_inode, name, mode, flags, ctx):  # type: ignore[no-untyped-def]
         parts = self._child_to_make(parent_inode, name)
         fd = self._open(parts, flags | os.O_CREAT, mode)
         self._give(fd, ctx, parts)
-        return pyfuse3.FileInfo(fh=fd), self._entry(parts)
+        attributes = self._entry(parts)
+        return self._opened_file(attributes.st_ino, fd, parts), attributes
 
     async def mkdir(self, parent_inode, name, mode, ctx):  # type: ignore[no-untyped-def]
         parts = self._child_to_make(parent_inode, name)
@@ -280,7 +306,10 @@ class StorageFS(pyfuse3.Operations):
         return self._entry(new)
 
     async def setattr(self, inode, attr, fields, fh, ctx):  # type: ignore[no-untyped-def]
-        parts = self._parts_of(inode)
+        try:
+            parts = self._parts_of(inode)
+        except pyfuse3.FUSEError:
+            return self._set_by_descriptor(inode, attr, fields, fh)
         self._writable(parts)
         if fields.update_size:
             if fh is not None:
@@ -303,6 +332,29 @@ class StorageFS(pyfuse3.Operations):
                 mtime = attr.st_mtime_ns if fields.update_mtime else status.st_mtime_ns
                 _call(os.utime, parts[-1], ns=(atime, mtime), dir_fd=parent, follow_symlinks=False)
         return self._attributes(parts)
+
+    def _set_by_descriptor(self, inode, attr, fields, fh):  # type: ignore[no-untyped-def]
+        """``setattr`` on a file no name leads to any more, through a descriptor it is open
+        by (``ftruncate``, ``fchmod``… after an unlink), as writable as its name was."""
+        descriptor, parts = self._open_file(inode)
+        self._writable(parts)
+        if fields.update_size:
+            if fh is not None:
+                _call(os.truncate, fh, attr.st_size)
+            else:
+                _call(os.truncate, f"/proc/self/fd/{descriptor}", attr.st_size)
+        if fields.update_mode:
+            _call(os.chmod, descriptor, stat.S_IMODE(attr.st_mode))
+        if fields.update_uid or fields.update_gid:
+            uid = attr.st_uid if fields.update_uid else -1
+            gid = attr.st_gid if fields.update_gid else -1
+            _call(os.chown, descriptor, uid, gid)
+        if fields.update_atime or fields.update_mtime:
+            status = _call(os.fstat, descriptor)
+            atime = attr.st_atime_ns if fields.update_atime else status.st_atime_ns
+            mtime = attr.st_mtime_ns if fields.update_mtime else status.st_mtime_ns
+            _call(os.utime, descriptor, ns=(atime, mtime))
+        return _described(_call(os.fstat, descriptor), inode)
 
     def _child_to_make(
         self, parent: int, name: bytes, *, existing_ok: bool = False
@@ -338,6 +390,23 @@ def _renameat2(source: int, old: str, target: int, new: str, flags: int) -> None
         raise pyfuse3.FUSEError(exc.errno or errno.EIO) from None
 
 
+def _described(status: os.stat_result, inode: int) -> pyfuse3.EntryAttributes:
+    """``status`` as the kernel is given it, under ``inode``."""
+    attributes = pyfuse3.EntryAttributes()
+    attributes.st_ino = inode
+    attributes.generation = 0
+    attributes.entry_timeout = ENTRY_TIMEOUT
+    attributes.attr_timeout = ENTRY_TIMEOUT
+    for field in ("st_mode", "st_nlink", "st_uid", "st_gid", "st_rdev", "st_size"):
+        setattr(attributes, field, getattr(status, field))
+    attributes.st_blksize = status.st_blksize
+    attributes.st_blocks = status.st_blocks
+    attributes.st_atime_ns = status.st_atime_ns
+    attributes.st_mtime_ns = status.st_mtime_ns
+    attributes.st_ctime_ns = status.st_ctime_ns
+    return attributes
+
+
 def _same_file(first: os.stat_result | None, second: os.stat_result | None) -> bool:
     return (
         first is not None
@@ -346,6 +415,7 @@ def _same_file(first: os.stat_result | None, second: os.stat_result | None) -> b
     )
 
 
+_WRITING = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND
 _WALK = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
 _LIST = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 

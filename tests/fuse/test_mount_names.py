@@ -131,6 +131,50 @@ def test_link_makes_a_second_name_and_unlink_keeps_the_other(world: World, data:
     assert os.listdir(data) == ["second"]
 
 
+def test_a_file_unlinked_while_open_stays_usable_until_closed(world: World, data: Path) -> None:
+    """The temporary-file idiom (open, unlink, go on using the descriptor) through the mount."""
+    mountpoint = world.scratch / "ctx"
+    with mounted(world.root, mountpoint):
+        name = mountpoint / "shared" / "x" / "data" / "scratch"
+        fd = os.open(name, os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            os.write(fd, b"hello")
+            os.unlink(name)
+
+            assert (os.fstat(fd).st_size, os.fstat(fd).st_nlink) == (5, 0)
+            os.ftruncate(fd, 2)
+            os.fchmod(fd, 0o600)
+            assert os.fstat(fd).st_mode & 0o777 == 0o600
+            assert os.pread(fd, 10, 0) == b"he"
+            with open(f"/proc/self/fd/{fd}", "rb") as again:
+                assert again.read() == b"he"
+        finally:
+            os.close(fd)
+        assert os.listdir(name.parent) == []
+    assert os.listdir(data) == []
+
+
+def test_names_still_work_after_the_kernel_forgets_its_inodes(world: World, data: Path) -> None:
+    """Dropping the kernel's dentry and inode caches makes it ``forget`` what it held; the
+    daemon forgets too, and every name is found again by the next lookup."""
+    mountpoint = world.scratch / "ctx"
+    with mounted(world.root, mountpoint):
+        here = mountpoint / "shared" / "x" / "data"
+        (here / "d" / "sub").mkdir(parents=True)
+        for number in range(200):
+            (here / "d" / "sub" / f"f{number}").write_text(f"{number}\n")
+
+        Path("/proc/sys/vm/drop_caches").write_text("2\n")
+
+        assert len(os.listdir(here / "d" / "sub")) == 200
+        os.rename(here / "d", here / "e")
+        assert (here / "e" / "sub" / "f7").read_text() == "7\n"
+        os.rename(here / "e" / "sub" / "f7", here / "e" / "f7")
+        assert (here / "e" / "f7").read_text() == "7\n"
+    assert (data / "e" / "f7").read_text() == "7\n"
+    assert len(os.listdir(data / "e" / "sub")) == 199
+
+
 def test_the_queue_works_through_the_mount(world: World) -> None:
     """init, publish, claim, finish and recover, with the storage root's path being the
     mount: the queue's no-replace move is link + unlink on a filesystem it does not know."""

@@ -69,3 +69,57 @@ def test_a_link_is_described_never_followed(fs: tuple[StorageFS, Path]) -> None:
     with pytest.raises(pyfuse3.FUSEError) as refused:
         run(storage.open, attributes.st_ino, os.O_RDONLY, None)
     assert refused.value.errno == errno.ELOOP
+
+
+class Caller:
+    """The part of a request's context the daemon reads: who asks."""
+
+    uid, gid, pid, umask = os.getuid(), os.getgid(), os.getpid(), 0o022
+
+
+class Fields:
+    """Which attributes a ``setattr`` changes (the kernel's ``SetattrFields`` cannot be made)."""
+
+    def __init__(self, **changed: bool) -> None:
+        for field in ("size", "mode", "uid", "gid", "atime", "mtime", "ctime"):
+            setattr(self, f"update_{field}", changed.get(f"update_{field}", False))
+
+
+def test_a_file_unlinked_while_open_is_still_reached_through_its_descriptor(
+    fs: tuple[StorageFS, Path],
+) -> None:
+    storage, _ = fs
+    home = run(storage.lookup, pyfuse3.ROOT_INODE, b"home").st_ino
+    zero = run(storage.lookup, home, b"0").st_ino
+    opened, attributes = run(storage.create, zero, b"scratch", 0o644, os.O_RDWR, Caller())
+    run(storage.write, opened.fh, 0, b"hello")
+    run(storage.unlink, zero, b"scratch", Caller())
+
+    assert run(storage.getattr, attributes.st_ino).st_size == len("hello")
+    fields = Fields(update_size=True, update_mode=True)
+    wanted = pyfuse3.EntryAttributes()
+    wanted.st_size, wanted.st_mode = 2, 0o100600
+    changed = run(storage.setattr, attributes.st_ino, wanted, fields, None, Caller())
+    assert (changed.st_size, changed.st_mode & 0o777) == (2, 0o600)
+    assert run(storage.read, opened.fh, 0, 10) == b"he"
+
+    run(storage.release, opened.fh)
+    with pytest.raises(pyfuse3.FUSEError) as stale:
+        run(storage.getattr, attributes.st_ino)
+    assert stale.value.errno == errno.ESTALE
+
+
+def test_an_inode_the_kernel_forgets_is_forgotten(fs: tuple[StorageFS, Path]) -> None:
+    storage, _ = fs
+    home = run(storage.lookup, pyfuse3.ROOT_INODE, b"home").st_ino
+    zero = run(storage.lookup, home, b"0").st_ino
+    d = run(storage.lookup, zero, b"d").st_ino
+    run(storage.lookup, zero, b"d")
+
+    run(storage.forget, [(d, 1)])
+    assert run(storage.getattr, d).st_ino == d  # one entry is still held
+    run(storage.forget, [(d, 1)])
+    with pytest.raises(pyfuse3.FUSEError) as stale:
+        run(storage.getattr, d)
+    assert stale.value.errno == errno.ESTALE
+    assert run(storage.lookup, zero, b"d").st_ino == d  # a new lookup finds it again
