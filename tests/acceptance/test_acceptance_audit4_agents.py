@@ -72,3 +72,67 @@ def test_a_numeric_string_in_set_is_written_as_a_number(storage):
     assert r.json()["config"]["cache_capacity"] == 48
     assert r.json()["changed"] == ["cache_capacity"]
     assert "cache_capacity=48" in config_of(storage).read_text().splitlines()
+
+
+# ------------------------------------------------------------------ H-1, T-3: tsh itself
+
+
+def tsh(storage: Path, *args: str, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE):
+    """The storage root's ``bin/tsh``, run as a standalone human tsh (H-2)."""
+    return subprocess.run(
+        [storage / "bin" / "tsh", *args], stdin=stdin, stdout=stdout, stderr=subprocess.PIPE,
+        env=tool_env(storage), timeout=60, text=True,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("argv", "status"),
+    [(["7"], 7), (["256"], 0), (["-1"], 255), (["²"], 2), (["foo"], 2), ([], 0)],
+)
+def test_tsh_exit_takes_a_decimal_status_as_a_shell_does(storage, argv, status):
+    r = tsh(storage, "exit", *argv)
+    assert r.returncode == status, r
+    assert "Traceback" not in r.stderr
+    if status == 2:
+        assert r.stderr == f"tsh: exit: {argv[0]}: a decimal number is needed (exit [N])\n"
+
+
+def test_tsh_exit_with_two_arguments_does_not_leave(storage):
+    r = subprocess.run(
+        [storage / "bin" / "tsh"], input="exit 1 2\nexit 5\n", capture_output=True,
+        env=tool_env(storage), timeout=60, text=True,
+    )  # fmt: skip
+    assert r.returncode == 5, r
+    assert r.stderr == "tsh: exit: too many arguments (exit [N])\n"
+
+
+@pytest.mark.parametrize("option", ["--help", "-h"])
+def test_tsh_help_option_prints_usage(storage, option):
+    r = tsh(storage, option)
+    assert r.returncode == 0, r
+    assert r.stdout.startswith("usage: tsh [NAME [ARG...]]\n")
+    assert "which NAME..." in r.stdout
+    assert r.stderr == ""
+
+
+def test_tsh_with_closed_standard_streams_is_no_traceback(storage):
+    """A closed stdin reads as end of input (tsh leaves with status 0); closed output is dropped."""
+    closed_stdin = subprocess.run(
+        f"exec {storage}/bin/tsh <&-", shell=True, capture_output=True, text=True,
+        env=tool_env(storage), timeout=60,
+    )  # fmt: skip
+    assert closed_stdin.returncode == 0, closed_stdin
+    assert closed_stdin.stderr == ""
+    for command in ("help", "describe fs.read", "which fs.read"):
+        closed_stdout = subprocess.run(
+            f"exec {storage}/bin/tsh {command} >&-", shell=True, capture_output=True, text=True,
+            env=tool_env(storage), timeout=60,
+        )  # fmt: skip
+        assert closed_stdout.returncode == 0, closed_stdout
+        assert closed_stdout.stderr == ""
+    closed_stderr = subprocess.run(
+        f"exec {storage}/bin/tsh which nope 2>&-", shell=True, capture_output=True, text=True,
+        env=tool_env(storage), timeout=60,
+    )  # fmt: skip
+    assert closed_stderr.returncode == 1
+    assert closed_stderr.stdout == ""  # the complaint is not moved to stdout

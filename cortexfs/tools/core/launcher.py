@@ -49,6 +49,8 @@ def package_parent() -> Path:
 # What a program built into ctx imports: the standard library and these modules, nothing else.
 BUNDLED = (
     "cortexfs/__init__.py",
+    "cortexfs/cli/__init__.py",
+    "cortexfs/cli/streams.py",
     "cortexfs/durable.py",
     "cortexfs/errors.py",
     "cortexfs/keyvalue.py",

@@ -160,7 +160,7 @@ def execute(context: TshContext, line: str, status: int) -> tuple[int, bool]:
 def execute_words(context: TshContext, name: str, argv: list[str], status: int) -> tuple[int, bool]:
     """Run built-in or tool ``name`` with ``argv``; the new ``$?`` and whether to exit."""
     if name == "exit":
-        return (int(argv[0]) if argv and argv[0].isdigit() else status), True
+        return _exit(argv, status)
     builtin = BUILTINS.get(name)
     if builtin is not None:
         return builtin(context, argv), False
@@ -173,6 +173,21 @@ def execute_words(context: TshContext, name: str, argv: list[str], status: int) 
     if _in_agent_terminal():
         _report_unloaded(context.load(name)[1])  # a tool in use is in the context
     return call(name, argv), False
+
+
+def _exit(argv: list[str], status: int) -> tuple[int, bool]:
+    """``exit [N]``, as a POSIX shell reads it: N modulo 256, the last status without N;
+    N that is not a decimal number leaves with 2, two or more arguments do not leave."""
+    if not argv:
+        return status, True
+    if len(argv) > 1:
+        print("tsh: exit: too many arguments (exit [N])", file=sys.stderr)
+        return 1, False
+    number = argv[0].removeprefix("-")
+    if not (number.isascii() and number.isdigit()):
+        print(f"tsh: exit: {argv[0]}: a decimal number is needed (exit [N])", file=sys.stderr)
+        return 2, True
+    return int(argv[0]) % 256, True
 
 
 def _help(context: TshContext, argv: list[str]) -> int:
@@ -294,6 +309,12 @@ BUILTINS: dict[str, Builtin] = {
 
 
 def run() -> int:
+    from cortexfs.cli.streams import reopen_closed_standard_streams
+
+    reopen_closed_standard_streams()  # tsh <&- reads nothing, tsh >&- prints nowhere
+    if sys.argv[1:] in (["--help"], ["-h"]):  # never a tool: a name starts with a letter or digit
+        sys.stdout.write(f"usage: tsh [NAME [ARG...]]\n{HELP}")
+        return 0
     context = new_context()
     if len(sys.argv) > 1:  # tsh NAME [ARG...]: one command line, its words as given (T-3)
         status, _ = execute_words(context, sys.argv[1], sys.argv[2:], 0)
