@@ -174,8 +174,13 @@ class StorageFS(pyfuse3.Operations):
     async def readdir(self, fh, start_id, token):  # type: ignore[no-untyped-def]
         parts = self._parts_of(fh)
         with self._opened(parts, _LIST) as directory:
-            names = sorted(_call(os.listdir, directory))
+            names = [".", "..", *sorted(_call(os.listdir, directory))]
         for index, name in enumerate(names[start_id:], start=start_id):
+            if name in (".", ".."):  # the kernel holds no entry for either: not remembered
+                itself = self._attributes(parts if name == "." else parts[:-1])
+                if not pyfuse3.readdir_reply(token, os.fsencode(name), itself, index + 1):
+                    return
+                continue
             child = (*parts, name)
             if not self.projection.visible(child):
                 continue

@@ -11,6 +11,7 @@ import ctypes
 import errno
 import json
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -152,6 +153,29 @@ def test_a_file_unlinked_while_open_stays_usable_until_closed(world: World, data
             os.close(fd)
         assert os.listdir(name.parent) == []
     assert os.listdir(data) == []
+
+
+def test_a_listing_holds_dot_and_dot_dot_as_on_any_posix_directory(
+    world: World, data: Path
+) -> None:
+    def listed(directory: Path) -> list[str]:
+        environment = {"LC_ALL": "C", "PATH": "/usr/bin:/bin"}
+        shown = subprocess.run(
+            ["ls", "-a", str(directory)],
+            capture_output=True,
+            text=True,
+            check=True,
+            env=environment,
+        )
+        return shown.stdout.split()
+
+    mountpoint = world.scratch / "ctx"
+    with mounted(world.root, mountpoint):
+        (mountpoint / "shared" / "x" / "data" / "f").write_text("f\n")
+
+        assert listed(mountpoint) == [".", "..", "agent", "bin", "home", "model", "shared", "tool"]
+        assert listed(mountpoint / "shared" / "x" / "data") == [".", "..", "f"]
+        assert os.listdir(mountpoint / "shared" / "x" / "data") == ["f"]
 
 
 def test_names_still_work_after_the_kernel_forgets_its_inodes(world: World, data: Path) -> None:
