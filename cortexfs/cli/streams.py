@@ -5,7 +5,9 @@ would take it: a request file read as standard input, a lease written where stdo
 tool started with that file as its own stdin.  And Python leaves ``sys.stdin`` None, which the
 first ``-`` argument trips over.  Every such descriptor is opened on /dev/null first: a closed
 stdin reads as empty (an empty request is refused with its reason), closed output is dropped,
-as the caller asked.
+as the caller asked.  The descriptor stays inheritable, as a standard stream is: a tool that
+``ctx run`` starts on the caller's streams (T-3) gets /dev/null too, not a descriptor closed
+at its exec that the next file it opens would take.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ def reopen_closed_standard_streams() -> None:
         if null != fd:
             os.dup2(null, fd)
             os.close(null)
+        else:  # os.open made it close-on-exec (PEP 446); dup2 does not
+            os.set_inheritable(fd, True)
         if getattr(sys, name) is None:  # the stream lives as long as the process
             stream = open(fd, mode, closefd=False, errors="surrogateescape")  # noqa: SIM115
             setattr(sys, name, stream)

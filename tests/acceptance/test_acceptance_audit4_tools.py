@@ -1,0 +1,106 @@
+"""Acceptance tests of §4 (sessions and their events), §5 (policy), §6 (tools as files,
+``ctx object``, ``ctx run``) and §9 (``ctx shared create``), run against the installed ``ctx``:
+unusual but legal inputs, closed streams, names at their limits and the exact shape of what
+the commands print."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.acceptance.ctxcli import CTX_ARGV, clean_env, ctx_run
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="runs tools as another uid")
+
+PROBE = """\
+#!/bin/sh
+# What the tool was started with: where its standard streams lead.
+for fd in 0 1 2; do
+  printf '%s=%s\\n' "$fd" "$(readlink /proc/$$/fd/$fd || echo closed)" >&2
+done
+"""
+
+
+def manifest(directory: Path, name: str, program: str) -> Path:
+    """A v2 manifest of tool ``name`` whose executable is ``program`` (T-8)."""
+    (directory / f"{name}.sh").write_text(program)
+    path = directory / f"{name}.json"
+    path.write_text(
+        json.dumps(
+            {
+                "manifest": 2,
+                "kind": "tool",
+                "name": name,
+                "description": f"The {name} test tool.",
+                "schema": {"type": "object"},
+                "cap": {"side_effects": False, "network": False},
+                "exec": f"{name}.sh",
+            }
+        )
+    )
+    return path
+
+
+@pytest.fixture
+def world() -> Iterator[Path]:
+    """A storage root every uid may search, an agent ``coder`` (run as root's default user,
+    nobody) and the tool ``demo.probe`` both policies let it run (P-6)."""
+    top = Path(tempfile.mkdtemp(prefix="cortexfs-audit4-", dir="/tmp"))
+    top.chmod(0o755)
+    storage = top / "storage"
+    env = clean_env(CTX_STORAGE=str(storage))
+    try:
+        assert ctx_run("bootstrap", "--storage", storage).rc == 0
+        request = {"name": "coder", "label": "coder_t", "tools": ["demo.probe"], "mount": []}
+        (top / "coder.json").write_text(json.dumps(request))
+        assert ctx_run("agent", "create", top / "coder.json", env=env).rc == 0
+        r = ctx_run("object", "install", manifest(top, "demo.probe", PROBE), "--tier", "system",
+                    env=env)  # fmt: skip
+        assert r.rc == 0, r
+        with (storage / "tool" / "demo.probe.d" / "policy").open("a") as policy:
+            policy.write("allow coder_t tool:demo.probe execute\n")
+        yield storage
+    finally:
+        shutil.rmtree(top)
+
+
+def run_closed(storage: Path, fd: int, *args: str) -> subprocess.CompletedProcess:
+    """``ctx ARGS`` started with descriptor ``fd`` closed (the shell's ``N<&-``)."""
+    return subprocess.run(
+        ["/bin/sh", "-c", f'"$@" {fd}<&-', "sh", *CTX_ARGV, *args],
+        capture_output=True,
+        text=True,
+        env=clean_env(CTX_STORAGE=str(storage)),
+        timeout=60,
+    )
+
+
+# ------------------------------------------------------------------ T-3: ctx run, terminal
+
+
+@needs_root
+def test_a_tool_run_with_stdin_closed_reads_dev_null(world):
+    """T-3: in terminal mode the tool's stdin is the caller's; a caller that closed it gives
+    the tool an empty stdin (/dev/null), never a descriptor that is closed, or that is
+    whatever the tool's first open() got."""
+    r = run_closed(world, 0, "run", "--agent", "coder", "demo.probe")
+    assert r.returncode == 0, r.stderr
+    assert "0=/dev/null" in r.stderr.splitlines(), r.stderr
+
+
+@needs_root
+def test_a_tool_run_with_stdout_closed_writes_to_dev_null(world):
+    """T-3: likewise for a closed stdout."""
+    r = subprocess.run(
+        ["/bin/sh", "-c", '"$@" >&-', "sh", *CTX_ARGV, "run", "--agent", "coder", "demo.probe"],
+        capture_output=True, text=True, env=clean_env(CTX_STORAGE=str(world)), timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "1=/dev/null" in r.stderr.splitlines(), r.stderr
