@@ -67,6 +67,7 @@ SCROLLBACK = 64 * 1024
 SANDBOX_RUN_SOCKET = "/run/ctx/run.sock"
 SANDBOX_TSH = "/ctx/bin/tsh"
 MODES = (b"watch", b"attach")
+_MAX_MODE_LINE = 64  # bytes a client may send before the newline that ends its mode line
 STARTUP_SECONDS = 30.0  # for tsh to come up in its sandbox before the start is a failure
 _SEARCHABLE = 0o711  # others may pass through to a socket they know the name of, not list
 _SANDBOX_PROGRAMS = (b"bwrap", b"setpriv")  # what runs before tsh in the shell's session
@@ -125,6 +126,7 @@ class Terminal:
         self.selector = selectors.DefaultSelector()
         self.clients: dict[socket.socket, bytes | None] = {}  # mode, None until its line
         self.peers: dict[socket.socket, int] = {}  # each client's uid
+        self.first_lines: dict[socket.socket, bytes] = {}  # a mode line still arriving
         self.scrollback = b""
         self.master = -1
         self.pty_closed = False  # every process on the shell side has let go of it
@@ -459,7 +461,12 @@ class Terminal:
             return
         mode = self.clients[client]
         if mode is None:
-            line, _, rest = data.partition(b"\n")
+            # A stream keeps no message boundaries: the mode line may come in pieces.
+            data = self.first_lines.pop(client, b"") + data
+            line, newline, rest = data.partition(b"\n")
+            if not newline and len(data) <= _MAX_MODE_LINE:
+                self.first_lines[client] = data
+                return
             if line.strip() not in MODES:
                 self._send(client, b"ctxterm: expected 'watch' or 'attach' on the first line\n")
                 self._drop(client)
@@ -490,6 +497,7 @@ class Terminal:
             self.selector.unregister(client)
         self.clients.pop(client, None)
         self.peers.pop(client, None)
+        self.first_lines.pop(client, None)
         client.close()
 
     def _run(self, listener: socket.socket) -> None:

@@ -143,6 +143,34 @@ def test_a_watcher_sees_the_output_and_cannot_type(world: World, terminal: dict[
     user.close()
 
 
+def test_a_mode_line_that_arrives_in_pieces_is_one_line(terminal: dict[str, str]) -> None:
+    """A-2: a stream keeps no write boundaries; the mode line ends at its newline."""
+    client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    client.connect(terminal["listening_at"])
+    for piece in (b"att", b"ach", b"\n"):
+        client.sendall(piece)
+        time.sleep(0.3)  # each piece its own read on the terminal's side
+    client.sendall(b"fs.stat /workspace\r")
+    seen = b""
+    client.settimeout(20)
+    while b"type: directory" not in seen:
+        data = client.recv(65536)
+        assert data, f"the terminal closed the connection; got {seen!r}"
+        seen += data
+    assert b"ctxterm: expected" not in seen
+    client.close()
+
+
+def test_a_mode_line_that_never_ends_is_refused(terminal: dict[str, str]) -> None:
+    client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    client.connect(terminal["listening_at"])
+    client.sendall(b"w" * 100)
+    client.settimeout(20)
+    assert client.recv(65536) == b"ctxterm: expected 'watch' or 'attach' on the first line\n"
+    assert client.recv(65536) == b""
+    client.close()
+
+
 def test_exit_ends_the_terminal_and_leaves_nothing_behind(
     world: World, terminal: dict[str, str]
 ) -> None:
