@@ -259,10 +259,16 @@ def _render(selected: list[dict[str, Any]], as_json: bool) -> None:
         details = " ".join(
             f"{key}={json.dumps(value, ensure_ascii=False)}" for key, value in rest.items()
         )
-        click.echo(
-            f"{event.get('ts', '?')}  {event.get('type', '?'):<12} {event.get('object', '-'):<24} "
-            f"{event.get('status', '-'):<10} {details}".rstrip()
-        )
+        ts, kind = _column(event, "ts", "?"), _column(event, "type", "?")
+        thing, status = _column(event, "object", "-"), _column(event, "status", "-")
+        click.echo(f"{ts}  {kind:<12} {thing:<24} {status:<10} {details}".rstrip())
+
+
+def _column(event: dict[str, Any], key: str, missing: str) -> str:
+    """One of the S-2 columns as text: a file someone else wrote may hold any JSON value
+    there (``"status": null``), which is shown as JSON rather than refused."""
+    value = event.get(key, missing)
+    return value if isinstance(value, str) else _compact(value)
 
 
 def _compact(value: Any) -> str:

@@ -104,3 +104,32 @@ def test_a_tool_run_with_stdout_closed_writes_to_dev_null(world):
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert "1=/dev/null" in r.stderr.splitlines(), r.stderr
+
+
+# ------------------------------------------------------------------ S-1, S-2: ctx session
+
+
+def home_session(storage: Path, name: str = "default", agent: str = "coder") -> Path:
+    """A session directory of ``agent`` in the home of root's default agent user (nobody)."""
+    uid = json.loads((storage / "agent" / f"{agent}.d" / "identity").read_text())["uid"]
+    path = storage / "home" / str(uid) / "agent" / agent / "session" / name
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def test_show_prints_an_event_whose_s2_fields_are_not_strings(storage):
+    """S-2, S-5: events.jsonl is an ordinary file anyone with access may append to; an event
+    whose type, object or status is null, a number or a list is still shown, one line, its
+    value as JSON, never a traceback."""
+    env = clean_env(CTX_STORAGE=str(storage))
+    session = storage / "home" / str(os.getuid()) / "agent" / "gone" / "session" / "default"
+    session.mkdir(parents=True)
+    event = {"ts": "2026-06-22T12:00:00Z", "type": 5, "agent": "gone", "session": "default",
+             "object": None, "status": ["ok"]}  # fmt: skip
+    (session / "events.jsonl").write_text(json.dumps(event) + "\n")
+    for command in ("show", "tail"):
+        r = ctx_run("session", command, "gone", env=env)
+        assert r.rc == 0, r
+        assert "Traceback" not in r.err
+        line = '2026-06-22T12:00:00Z  5            null                     ["ok"]'
+        assert r.lines() == [line], r
