@@ -79,7 +79,9 @@ def _one_session(fn: Any) -> Any:
             raise usage_problem(
                 invalid(f"two sessions given: {session!r} and --session {session_option!r}")
             )
-        return fn(session=session or session_option or DEFAULT_SESSION, **rest)
+        # An empty SESSION is a name R-3 refuses, not a way to say "the default".
+        given = session if session is not None else session_option
+        return fn(session=DEFAULT_SESSION if given is None else given, **rest)
 
     return wrapper
 

@@ -109,14 +109,6 @@ def test_a_tool_run_with_stdout_closed_writes_to_dev_null(world):
 # ------------------------------------------------------------------ S-1, S-2: ctx session
 
 
-def home_session(storage: Path, name: str = "default", agent: str = "coder") -> Path:
-    """A session directory of ``agent`` in the home of root's default agent user (nobody)."""
-    uid = json.loads((storage / "agent" / f"{agent}.d" / "identity").read_text())["uid"]
-    path = storage / "home" / str(uid) / "agent" / agent / "session" / name
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
 def test_show_prints_an_event_whose_s2_fields_are_not_strings(storage):
     """S-2, S-5: events.jsonl is an ordinary file anyone with access may append to; an event
     whose type, object or status is null, a number or a list is still shown, one line, its
@@ -133,3 +125,19 @@ def test_show_prints_an_event_whose_s2_fields_are_not_strings(storage):
         assert "Traceback" not in r.err
         line = '2026-06-22T12:00:00Z  5            null                     ["ok"]'
         assert r.lines() == [line], r
+
+
+@pytest.mark.parametrize("command", ["show", "tail", "repair"])
+@pytest.mark.parametrize("how", [("",), ("--session", "")])
+def test_an_empty_session_name_is_refused_not_read_as_the_default(storage, command, how):
+    """R-3, S-1: a session name is 1 to 64 bytes; an empty one is EINVAL (exit 2), the same
+    as from ctx run, rather than a command on the session ``default``."""
+    env = clean_env(CTX_STORAGE=str(storage))
+    session = storage / "home" / str(os.getuid()) / "agent" / "gone" / "session" / "default"
+    session.mkdir(parents=True)
+    (session / "events.jsonl").write_text('{"ts":"2026-06-22T12:00:00Z","type":"x"}\n{"ts":')
+    r = ctx_run("session", command, "gone", *how, env=env)
+    assert r.rc == 2, r
+    assert r.err.startswith("ctx: EINVAL: illegal session name"), r
+    assert r.out == ""
+    assert (session / "events.jsonl").read_text().endswith('{"ts":')  # repair did nothing
