@@ -6,13 +6,14 @@ to claim.  In text mode ``publish`` and ``claim`` print the job name alone on st
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
 import click
 
@@ -36,7 +37,9 @@ from cortexfs.queue.requests import (
     NOT_A_JSON_NUMBER,
     NotAJsonNumber,
     loads_json,
+    parse_batch,
     parse_request_bytes,
+    read_at_most,
 )
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -168,14 +171,18 @@ def _job_argument(name: str) -> str:
         raise usage_problem(exc) from None
 
 
-def _read_input(source: str) -> bytes:
+@contextlib.contextmanager
+def _opened_input(source: str) -> Iterator[BinaryIO]:
+    """FILE, or standard input for ``-``; read it with a limit (:func:`read_at_most`)."""
     if source == "-":
-        return sys.stdin.buffer.read()
+        yield sys.stdin.buffer
+        return
     try:
-        with open(source, "rb") as f:
-            return f.read()
+        stream = open(source, "rb")  # noqa: SIM115  (closed below)
     except OSError as exc:
         raise CtxError(exc.errno or 5, f"cannot read {source}: {exc.strerror}") from None
+    with stream:
+        yield stream
 
 
 def _holder(pid: int | None, worker: str | None) -> Holder:
@@ -245,39 +252,22 @@ def publish(
         if batch:
             raise click.UsageError("--name cannot be used with --batch")
         name = _job_argument(name)
-    data = _read_input(source)
-    with layout.Queue.open(queue_dir) as q:
+    with _opened_input(source) as stream, layout.Queue.open(queue_dir) as q:
         # The size limit is on the bytes given, which are stored as given: the file, or each
-        # line of a batch (§2.1).
+        # line of a batch (§2.1).  Nothing beyond it is read.
+        limit = q.config.max_request_bytes
         if batch:
-            requests, lines = _parse_batch(data, q.config.max_request_bytes)
+            requests, lines = parse_batch(stream, limit)
             jobs = protocol.publish_batch(q, requests, given=lines)
         else:
-            request = parse_request_bytes(data, q.config.max_request_bytes)
+            data = read_at_most(stream, limit, "request", "max_request_bytes")
+            request = parse_request_bytes(data, limit)
             jobs = [protocol.publish(q, request, name, given=data)]
     if as_json:
         emit_json({"names": jobs} if batch else {"name": jobs[0]})
         return
     for job in jobs:
         click.echo(job)
-
-
-def _parse_batch(data: bytes, limit: int) -> tuple[list[dict[str, Any]], list[bytes]]:
-    """The requests of a JSONL batch, and the line each came from (without its newline)."""
-    requests, lines, problems = [], [], []
-    for lineno, line in enumerate(data.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            requests.append(parse_request_bytes(line, limit, f"line {lineno}"))
-            lines.append(line)
-        except CtxError as exc:
-            problems.append(exc.message)
-    if problems:
-        raise invalid("batch refused, nothing published: " + "; ".join(problems))
-    if not requests:
-        raise invalid("the batch holds no requests")
-    return requests, lines
 
 
 @queue.command()
@@ -346,9 +336,23 @@ def finish(
     if ok == error:
         raise click.UsageError("say how the job ended: exactly one of --ok or --error")
     job = _job_argument(job)
+    with layout.Queue.open(queue_dir) as q:
+        output = _result_output(q, result_source, ok)
+        result = protocol.finish(q, job, ok, output, worker=_finisher())
+    if as_json:
+        emit_json({"name": job, "state": "done" if ok else "failed", "result": result})
+    else:
+        click.echo(job)
+
+
+def _result_output(q: layout.Queue, result_source: str | None, ok: bool) -> Any:
+    """The output a shell's ``finish`` records: RESULT_FILE (or stdin) as JSON when it parses,
+    as text otherwise; a whole result object gives its output (its status must agree)."""
     output: Any = None
     if result_source is not None:
-        raw = _read_input(result_source)
+        with _opened_input(result_source) as stream:
+            limit = q.config.max_result_bytes
+            raw = read_at_most(stream, limit, "the result file", "max_result_bytes")
         try:
             output = loads_json(raw.decode("utf-8"))
         except NotAJsonNumber as exc:
@@ -365,12 +369,7 @@ def finish(
                     )
                 )
             output = output["output"]
-    with layout.Queue.open(queue_dir) as q:
-        result = protocol.finish(q, job, ok, output, worker=_finisher())
-    if as_json:
-        emit_json({"name": job, "state": "done" if ok else "failed", "result": result})
-    else:
-        click.echo(job)
+    return output
 
 
 @queue.command()

@@ -11,8 +11,9 @@ from __future__ import annotations
 import getpass
 import json
 import os
-from collections.abc import Mapping
-from typing import Any
+import stat
+from collections.abc import Iterator, Mapping
+from typing import Any, BinaryIO
 
 from cortexfs.errors import CtxError, invalid, too_big
 from cortexfs.names import object_name_problem
@@ -180,6 +181,103 @@ def parse_request_bytes(data: bytes, limit: int, where: str = "request") -> dict
     if not isinstance(value, dict):
         raise invalid(f"{where} must be one JSON object, not {type(value).__name__}")
     return value
+
+
+def read_at_most(stream: BinaryIO, limit: int, what: str, setting: str) -> bytes:
+    """Everything ``stream`` holds when that is at most ``limit`` bytes; EFBIG otherwise.
+
+    Never reads more than ``limit + 1`` bytes: a source that does not end (``/dev/zero``, a
+    runaway pipe) is refused once it passed the limit instead of filling memory.  ``what``
+    names the source in the message, ``setting`` the ``queue/config`` key of the limit.
+    """
+    chunks, size = [], 0
+    while size <= limit:
+        chunk = stream.read(min(limit + 1 - size, _CHUNK))
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+        size += len(chunk)
+    raise too_big(
+        f"{what} is {_size_of(stream, limit)} bytes; this queue accepts at most {limit} "
+        f"({setting} in queue/config)"
+    )
+
+
+_CHUNK = 1 << 16
+
+
+def _size_of(stream: BinaryIO, limit: int) -> str:
+    """The size of an oversize source: exact for a regular file, else 'more than LIMIT'."""
+    try:
+        st = os.fstat(stream.fileno())
+    except (OSError, ValueError, AttributeError):
+        st = None
+    if st is not None and stat.S_ISREG(st.st_mode) and st.st_size > limit:
+        return str(st.st_size)
+    return f"more than {limit}"
+
+
+def parse_batch(stream: BinaryIO, limit: int) -> tuple[list[dict[str, Any]], list[bytes]]:
+    """The requests of a JSON Lines batch and the line each came from (without its line end).
+
+    Every line is held to ``limit`` (max_request_bytes); blank lines are skipped; lines are
+    numbered as ``bytes.splitlines`` splits them.  EINVAL listing every bad line, and nothing
+    returned, when one is bad.  A line that grows past the limit ends the reading: the rest
+    of the source is never read or held, whatever its size.
+    """
+    requests, lines, problems = [], [], []
+    for lineno, line in _lines_within(stream, limit):
+        if line is None:
+            problems.append(
+                f"line {lineno} is more than {limit} bytes; this queue accepts at most "
+                f"{limit} (max_request_bytes in queue/config)"
+            )
+            break
+        if not line.strip():
+            continue
+        try:
+            requests.append(parse_request_bytes(line, limit, f"line {lineno}"))
+            lines.append(line)
+        except CtxError as exc:
+            problems.append(exc.message)
+    if problems:
+        raise invalid("batch refused, nothing published: " + "; ".join(problems))
+    if not requests:
+        raise invalid("the batch holds no requests")
+    return requests, lines
+
+
+def _lines_within(stream: BinaryIO, limit: int) -> Iterator[tuple[int, bytes | None]]:
+    """(number, line) for each line of ``stream``, split at \\n, \\r\\n or \\r as
+    ``bytes.splitlines`` splits; the line is None, and the last, for one that grew past
+    ``limit`` before its end was read."""
+    partial = bytearray()
+    number = 0
+    while chunk := stream.read(_CHUNK):
+        for piece in chunk.splitlines(keepends=True):
+            if partial.endswith(b"\r"):  # ended, unless this piece makes it '\r\n'
+                if piece == b"\n":
+                    partial += piece
+                    piece = b""
+                number += 1
+                yield number, _without_line_end(bytes(partial))
+                partial.clear()
+            partial += piece
+            if partial.endswith(b"\n"):
+                number += 1
+                yield number, _without_line_end(bytes(partial))
+                partial.clear()
+            elif len(partial) - partial.endswith(b"\r") > limit:
+                yield number + 1, None
+                return
+    if partial:
+        yield number + 1, _without_line_end(bytes(partial))
+
+
+def _without_line_end(line: bytes) -> bytes:
+    if line.endswith(b"\r\n"):
+        return line[:-2]
+    return line[:-1] if line.endswith((b"\n", b"\r")) else line
 
 
 def decode_stored_request(data: bytes) -> dict[str, Any]:

@@ -1,0 +1,86 @@
+"""§1-§3 as a demanding user meets them: sources that never end, outputs that go away, queue
+paths in unusual places, names at their limits.  Black box: only the installed ``ctx``."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+
+from tests.acceptance.ctxcli import CTX_ARGV, QueueCLI, clean_env
+
+MIB = 1 << 20
+
+
+def _feed_endlessly(queue: QueueCLI, *args: str, cap: int = 64 * MIB) -> tuple[int, str, int]:
+    """Run ``ctx queue ARGS`` with a standard input that holds zeros and no line end, for as
+    long as ctx reads it (at most ``cap`` bytes); returns exit status, stderr, bytes taken."""
+    proc = subprocess.Popen(
+        [*CTX_ARGV, "queue", args[0], "--project", queue.project, *args[1:]],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=clean_env(CTX_STORAGE=str(queue.storage)),
+    )
+    written = 0
+
+    def feed() -> None:
+        nonlocal written
+        block = b"0" * (64 * 1024)
+        try:
+            while written < cap:
+                proc.stdin.write(block)
+                written += len(block)
+            proc.stdin.close()
+        except (BrokenPipeError, ValueError):
+            pass
+
+    feeder = threading.Thread(target=feed, daemon=True)
+    feeder.start()
+    err = proc.stderr.read()  # until ctx exits
+    proc.wait(timeout=120)
+    feeder.join(timeout=120)
+    return proc.returncode, err.decode(), written
+
+
+# --- §2.1 size limit: a source that does not end ------------------------------------------------
+
+
+def test_publish_refuses_an_endless_stdin_once_past_the_limit(queue):
+    """§2.1 "larger requests are refused with a clear error": without reading the rest."""
+    rc, err, taken = _feed_endlessly(queue, "publish", "-")
+
+    assert rc == 1 and err.startswith("ctx: EFBIG: request is more than 1048576 bytes"), err
+    assert taken < 8 * MIB
+    assert queue.entries("pending") == set() and queue.entries("inbox") == set()
+
+
+def test_publish_batch_refuses_an_endless_line_once_past_the_limit(queue):
+    rc, err, taken = _feed_endlessly(queue, "publish", "--batch", "-")
+
+    assert rc == 1 and "EINVAL: batch refused, nothing published: line 1 is more than" in err
+    assert taken < 8 * MIB
+    assert queue.entries("pending") == set() and queue.entries("inbox") == set()
+
+
+def test_finish_refuses_an_endless_result_once_past_max_result_bytes(queue):
+    config = queue.dir / "config"
+    config.write_text(config.read_text() + "max_result_bytes=4096\n")
+    job = queue.publish()
+    assert queue.claim() == job
+
+    rc, err, taken = _feed_endlessly(queue, "finish", job, "--ok", "-")
+
+    assert rc == 1 and "EFBIG: the result file is more than 4096 bytes" in err, err
+    assert taken < 8 * MIB
+    assert queue.state(job) == "claimed"  # nothing was finished
+
+
+def test_a_batch_splits_lines_as_before_at_any_line_end(queue):
+    """A JSONL batch with \\r\\n, \\r and blank lines: every request, numbered per line."""
+    line = json.dumps({"tool": "fs.read", "input": {}})
+    r = queue.run("publish", "--batch", "-", input=f"{line}\r\n\n{line}\r{line}")
+    bad = queue.run("publish", "--batch", "-", input=f"{line}\r\n\nnope\r\n")
+
+    assert r.rc == 0 and len(r.lines()) == 3, r
+    assert bad.rc == 1 and "line 3 is not JSON" in bad.err and "line 1 is" not in bad.err, bad
