@@ -67,6 +67,7 @@ SCROLLBACK = 64 * 1024
 SANDBOX_RUN_SOCKET = "/run/ctx/run.sock"
 SANDBOX_TSH = "/ctx/bin/tsh"
 MODES = (b"watch", b"attach")
+_MAX_SOCKET_ADDRESS = 107  # bytes of a UNIX socket's path, sun_path less its NUL
 _MAX_MODE_LINE = 64  # bytes a client may send before the newline that ends its mode line
 STARTUP_SECONDS = 30.0  # for tsh to come up in its sandbox before the start is a failure
 _SEARCHABLE = 0o711  # others may pass through to a socket they know the name of, not list
@@ -258,7 +259,8 @@ class Terminal:
             (self.run_socket, self._run),
         ):
             listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            listener.bind(str(path))
+            with socket_address(path) as address:
+                listener.bind(address)
             listener.listen(16)
             listener.setblocking(False)
             self.selector.register(listener, selectors.EVENT_READ, handler)
@@ -617,11 +619,29 @@ class Terminal:
                     directory.rmdir()
 
 
+@contextlib.contextmanager
+def socket_address(path: Path) -> Iterator[str]:
+    """An address that names the UNIX socket ``path`` for ``bind`` or ``connect``.
+
+    An address holds at most 107 bytes, and the run directory of an agent and a session with
+    names of legal length (R-3: 64 bytes each) is longer.  A longer ``path`` is named
+    through its directory, opened here: ``/proc/self/fd/N/main.sock``."""
+    if len(os.fsencode(path)) <= _MAX_SOCKET_ADDRESS:
+        yield str(path)
+        return
+    directory = os.open(path.parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        yield f"/proc/self/fd/{directory}/{path.name}"
+    finally:
+        os.close(directory)
+
+
 def listening(path: Path) -> bool:
     """Whether a terminal answers on ``path`` (a socket left by a crash refuses)."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
         try:
-            probe.connect(str(path))
+            with socket_address(path) as address:
+                probe.connect(address)
         except OSError:
             return False
     return True

@@ -353,7 +353,7 @@ def _run_dir(root: Path, name: str, session: str) -> Path:
 def _connect(root: Path, name: str, session: str, mode: bytes) -> Iterator[socket.socket]:
     """The terminal socket, connected in ``mode``: EACCES when this uid may not use it
     (the terminal refuses it too), ENOENT when no terminal answers there."""
-    from cortexfs.agents.terminal import refusal, run_directory
+    from cortexfs.agents.terminal import refusal, run_directory, socket_address
 
     view = AgentView.load(root, object_name_argument(name, "agent"))
     path = run_directory(view.identity.uid, view.name, object_name_argument(session, "session"))
@@ -363,7 +363,8 @@ def _connect(root: Path, name: str, session: str, mode: bytes) -> Iterator[socke
         raise denied(reason)
     connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        connection.connect(str(path))
+        with socket_address(path) as address:
+            connection.connect(address)
     except OSError as exc:
         connection.close()
         if exc.errno in (errno.EACCES, errno.EPERM):

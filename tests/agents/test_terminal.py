@@ -215,6 +215,35 @@ def test_a_session_runs_once(world: World, terminal: dict[str, str]) -> None:
     assert twice.returncode == 1 and "EEXIST" in twice.stderr
 
 
+def test_names_of_the_longest_legal_length_make_a_terminal(world: World) -> None:
+    """R-3 names may be 64 bytes: the run directory's socket is then longer than a UNIX
+    socket address holds, and the terminal still starts, answers, and stops."""
+    agent = "a" * 52 + uuid.uuid4().hex[:10]  # 62 bytes: its label, agent_t, is 64
+    world.agent(agent, tools=["fs.stat"])
+    session = "s" * 64
+    started = ctx(world.root, "agent", "start", agent, "--session", session, "--json")
+    try:
+        assert started.returncode == 0, started.stderr
+        listening_at = json.loads(started.stdout)["listening_at"]
+        assert len(listening_at.encode()) > 107
+        twice = ctx(world.root, "agent", "start", agent, "--session", session)
+        assert twice.returncode == 1 and "EEXIST" in twice.stderr, twice.stderr
+        watch = ["agent", "watch", agent, "--session", session]
+        watcher = subprocess.Popen(
+            [sys.executable, "-m", "cortexfs", "--storage", str(world.root), *watch],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        prompt = watcher.stdout.read(len(agent) + 2)  # the scrollback: tsh's prompt
+        watcher.kill()
+        watcher.wait()
+        assert prompt == f"{agent}$ ".encode()
+    finally:
+        stopped = ctx(world.root, "agent", "stop", agent, "--session", session)
+    assert stopped.returncode == 0, stopped.stderr
+    assert not Path(listening_at).parent.exists()
+
+
 def test_watch_and_attach_need_a_running_terminal(world: World) -> None:
     world.agent("coder", tools=["fs.stat"])
 
