@@ -71,15 +71,16 @@ def create_shared_space(
 
 
 def _require_no_obstacle(path: Path) -> None:
-    """ENOTDIR, before anything is made, when the space or one of its directories is in the
-    way as something else (a file, a symlink): creating the others first would leave a
-    half-made space behind the refusal."""
-    for entry in (path, *(path / d for d in (*SPACE_DIRS, QUEUE_DIR))):
+    """ENOTDIR, before anything is made, when the root entry ``shared/``, the space or one of
+    its directories is in the way as something else (a file, a symlink): creating the others
+    first (the root ABI included) would leave a half-made space behind the refusal."""
+    for entry in (path.parent, path, *(path / d for d in (*SPACE_DIRS, QUEUE_DIR))):
         with contextlib.suppress(FileNotFoundError, NotADirectoryError):
             if not stat.S_ISDIR(os.lstat(entry).st_mode):
+                what = "the root entry shared/" if entry == path.parent else "a directory"
                 raise CtxError(
                     errno.ENOTDIR,
-                    f"{entry} is in the way: it should be a directory of the shared space; "
+                    f"{entry} is in the way: it should be {what} of the shared space; "
                     "move it aside, nothing was changed",
                 )
 

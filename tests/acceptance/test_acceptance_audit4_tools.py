@@ -141,3 +141,26 @@ def test_an_empty_session_name_is_refused_not_read_as_the_default(storage, comma
     assert r.err.startswith("ctx: EINVAL: illegal session name"), r
     assert r.out == ""
     assert (session / "events.jsonl").read_text().endswith('{"ts":')  # repair did nothing
+
+
+# ------------------------------------------------------------------ X-1: ctx shared create
+
+
+@pytest.mark.parametrize("obstacle", ["file", "symlink"])
+def test_a_root_entry_shared_in_the_way_refuses_before_anything_is_made(tmp_path, obstacle):
+    """X-1, R-2: with a file (or a symlink) where the root entry ``shared/`` belongs, the space
+    is refused with ENOTDIR naming it, and the storage root is left exactly as it was: not
+    given the other root entries first."""
+    root = tmp_path / "storage"
+    root.mkdir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    if obstacle == "file":
+        (root / "shared").write_text("in the way")
+    else:
+        (root / "shared").symlink_to(elsewhere)
+    r = ctx_run("shared", "create", "proj", "--storage", root)
+    assert r.rc == 1, r
+    assert r.err.startswith(f"ctx: ENOTDIR: {root / 'shared'} is in the way"), r
+    assert os.listdir(root) == ["shared"]
+    assert os.listdir(elsewhere) == []
