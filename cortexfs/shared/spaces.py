@@ -59,7 +59,8 @@ def create_shared_space(
     owner = Ownership(-1, os.getegid() if gid is None else gid)
     _require_group_of_caller(owner.gid)
     _require_no_obstacle(path)
-    created = storage.ensure_root_abi(root, ops).created
+    # The root ABI reports its entries relative to the root; the space reports full paths.
+    created = [str(root / entry) for entry in storage.ensure_root_abi(root, ops).created]
     created += ensure_directories(ops, root / "shared", [name], mode=SPACE_MODE, owner=owner)
     for directory in SPACE_DIRS:
         created += ensure_directories(ops, path, [directory], mode=SPACE_MODE, owner=owner)

@@ -164,3 +164,17 @@ def test_a_root_entry_shared_in_the_way_refuses_before_anything_is_made(tmp_path
     assert r.err.startswith(f"ctx: ENOTDIR: {root / 'shared'} is in the way"), r
     assert os.listdir(root) == ["shared"]
     assert os.listdir(elsewhere) == []
+
+
+def test_create_in_a_new_storage_root_names_every_path_it_made_in_full(tmp_path):
+    """X-1: what ``ctx shared create`` made is listed as full paths, the root entries it had
+    to make first (R-2) included, in the text and the --json output alike."""
+    root = tmp_path / "storage"
+    r = ctx_run("shared", "create", "proj", "--storage", root)
+    assert r.rc == 0, r
+    made = [line.removeprefix("created   ") for line in r.lines()]
+    assert all(line.startswith("created   /") for line in r.lines()), r
+    assert {str(root / entry) for entry in ("bin", "tool", "shared", "shared/proj")} <= set(made)
+    r = ctx_run("shared", "create", "other", "--storage", tmp_path / "second", "--json")
+    assert r.rc == 0, r
+    assert all(os.path.isabs(path) for path in r.json()["created"]), r
