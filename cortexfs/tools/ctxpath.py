@@ -125,9 +125,12 @@ def read_tshrc(path: Path, *, warn: Warn | None = None) -> str | None:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except (FileNotFoundError, NotADirectoryError):
         return None
+    # Checked before the descriptor becomes a file object, which refuses a directory with a
+    # bare EISDIR naming nothing.
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise invalid(f"{path} is not a regular file")
     with open(fd, "rb") as handle:
-        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
-            raise invalid(f"{path} is not a regular file")
         data = handle.read(_MAX_TSHRC_BYTES + 1)
     if len(data) > _MAX_TSHRC_BYTES:
         raise invalid(f"{path} is larger than {_MAX_TSHRC_BYTES} bytes")

@@ -178,3 +178,23 @@ def test_create_in_a_new_storage_root_names_every_path_it_made_in_full(tmp_path)
     r = ctx_run("shared", "create", "other", "--storage", tmp_path / "second", "--json")
     assert r.rc == 0, r
     assert all(os.path.isabs(path) for path in r.json()["created"]), r
+
+
+# ------------------------------------------------------------------ T-4, T-8a: ctx object which
+
+
+@pytest.mark.parametrize("kind", ["directory", "fifo"])
+def test_a_tshrc_that_is_not_a_regular_file_is_named_in_the_refusal(storage, tmp_path, kind):
+    """T-4: ``$CTX_HOME/.tshrc`` is a data file; a directory or a FIFO in its place is refused
+    the same way, EINVAL naming the file (exit 1), never waited on, never a bare errno."""
+    home = tmp_path / "home"
+    home.mkdir()
+    tshrc = home / ".tshrc"
+    if kind == "directory":
+        tshrc.mkdir()
+    else:
+        os.mkfifo(tshrc)
+    env = clean_env(CTX_STORAGE=str(storage), CTX_HOME=str(home))
+    r = ctx_run("object", "which", "fs.read", env=env, timeout=20)
+    assert r.rc == 1, r
+    assert r.err == f"ctx: EINVAL: {tshrc} is not a regular file\n", r
