@@ -4,6 +4,7 @@ A-1).  The program ``ctx bootstrap`` writes to ``bin/ctxterm`` calls :func:`main
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import click
@@ -15,7 +16,7 @@ from cortexfs.shared.sessions import DEFAULT_SESSION
 from cortexfs.storage import STORAGE_ENV, resolve_root
 
 
-@click.command("ctxterm")
+@click.command("ctxterm", context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("agent")
 @click.option("--session", default=DEFAULT_SESSION, show_default=True, help="The session.")
 @workspace_options
@@ -26,6 +27,7 @@ from cortexfs.storage import STORAGE_ENV, resolve_root
     help="Storage root (default: $CTX_STORAGE, else the root this ctxterm belongs to).",
 )
 @json_option
+@click.version_option(package_name="cortexfs")
 @click.pass_obj
 @handles_errors
 def ctxterm(
@@ -60,5 +62,10 @@ def ctxterm(
 
 
 def main(storage: str | None = None) -> None:
-    """Entry point of ``bin/ctxterm``; ``storage``: the root the program was written into."""
-    ctxterm.main(prog_name="ctxterm", obj=storage)
+    """Entry point of ``bin/ctxterm``; ``storage``: the root the program was written into.
+    Its refusals read as ``ctx``'s do: ``ctxterm: EINVAL: …`` for a malformed command line."""
+    from cortexfs.cli.streams import reopen_closed_standard_streams
+    from cortexfs.cli.usage import run_click
+
+    reopen_closed_standard_streams()
+    run_click(ctxterm, sys.argv[1:], "ctxterm", obj=storage)

@@ -19,9 +19,12 @@ from cortexfs.cli.exits import EXIT_OK, EXIT_REFUSED, EXIT_USAGE
 _NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
 
 
-def run_click(command: click.Command, args: list[str], prog_name: str) -> NoReturn:
+def run_click(
+    command: click.Command, args: list[str], prog_name: str, obj: object = None
+) -> NoReturn:
+    """Run ``command`` on ``args`` and exit; ``obj`` is its context's object."""
     try:
-        status = command.main(args=args, prog_name=prog_name, standalone_mode=False)
+        status = command.main(args=args, prog_name=prog_name, standalone_mode=False, obj=obj)
     except _NO_ARGS_IS_HELP as error:
         error.show()  # a bare group: its help, which is no error to explain
         sys.exit(EXIT_USAGE)

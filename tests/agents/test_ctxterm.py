@@ -111,3 +111,24 @@ def test_ctxterm_refuses_what_ctx_agent_start_refuses(world: World) -> None:
 
     assert twice.returncode == 1 and twice.stderr.startswith("ctxterm: EEXIST: ")
     assert unknown.returncode == 1 and unknown.stderr.startswith("ctxterm: ENOENT: ")
+
+
+def test_ctxterm_command_line_reads_as_ctxs_does(world: World) -> None:
+    """-h is help as for ctx and ctxmcp; a malformed command line is EINVAL, exit 2."""
+
+    def ctxterm(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [world.root / "bin/ctxterm", *args], capture_output=True, text=True, cwd="/"
+        )
+
+    short_help = ctxterm("-h")
+    assert short_help.returncode == 0, short_help.stderr
+    assert short_help.stdout.startswith("Usage: ctxterm [OPTIONS] AGENT")
+    assert ctxterm("--version").returncode == 0
+    for args, message in (
+        ((), "Missing argument 'AGENT'."),
+        (("coder", "--bogus"), "No such option '--bogus'."),
+    ):
+        refused = ctxterm(*args)
+        assert refused.returncode == 2, refused.stderr
+        assert refused.stderr.endswith(f"ctxterm: EINVAL: {message}\n"), refused.stderr
