@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
+import os
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -13,22 +18,53 @@ import click
 from cortexfs.cli.common import handles_errors, object_name_argument
 from cortexfs.cli.params import Seconds
 from cortexfs.cli.queue import STORAGE_ROOT_KEY, queue_options, ttl_option, worker_id_option
+from cortexfs.errors import CtxError
 from cortexfs.worker.executors import NO_AGENT, executor_for
 from cortexfs.worker.loop import EXIT_ABORTED, Worker, WorkerOptions
 
 
 class Progress:
-    """What the worker shows: a live line on a terminal, plain lines otherwise, or JSON lines."""
+    """What the worker shows: a live line on a terminal, plain lines otherwise, or JSON lines.
 
-    def __init__(self, as_json: bool) -> None:
+    Output that can no longer be written (the reader of a pipe left, a full disk) stops the
+    worker as SIGTERM does: no more claims, running jobs are finished.  :attr:`lost_output`
+    is then the error, for the command to end with once the worker stopped.
+    """
+
+    def __init__(self, as_json: bool, on_lost_output: Callable[[], None]) -> None:
         self.as_json = as_json
         self.live = not as_json and sys.stderr.isatty()
         self.done = self.failed = 0
         self.started = time.time()
+        self.on_lost_output = on_lost_output
+        self.lost_output: OSError | None = None
+        # Reentrant: the main thread's signal handlers report too (an interrupt).
+        self._lock = threading.RLock()
 
     def __call__(self, event: str, fields: dict[str, Any]) -> None:
+        # Called from every job slot's thread: one event's lines are written together.
+        with self._lock:
+            if self.lost_output is not None:
+                return
+            try:
+                self._show(event, fields)
+            except OSError as exc:
+                self.lost_output = exc
+                self.on_lost_output()
+
+    def _echo(self, text: str, *, err: bool = False, nl: bool = True) -> None:
+        try:
+            click.echo(text, nl=nl, err=err)
+        except OSError:
+            # What is still buffered for that stream can go nowhere either: drop it quietly.
+            stream = sys.stderr if err else sys.stdout
+            with contextlib.suppress(OSError, ValueError):
+                os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
+            raise
+
+    def _show(self, event: str, fields: dict[str, Any]) -> None:
         if self.as_json:
-            click.echo(json.dumps({"event": event, **fields}, default=str))
+            self._echo(json.dumps({"event": event, **fields}, default=str))
             return
         if event == "finish":
             if fields["state"] == "done":
@@ -38,24 +74,24 @@ class Progress:
             if self.live:
                 rate = (self.done + self.failed) / max(time.time() - self.started, 1e-9)
                 line = f"done {self.done}  failed {self.failed}  {rate:.1f} jobs/s"
-                click.echo(f"\r\033[K{line}  last: {fields['job']}", nl=False, err=True)
+                self._echo(f"\r\033[K{line}  last: {fields['job']}", nl=False, err=True)
             elif fields["state"] == "done":
-                click.echo(f"done    {fields['job']} ({fields['seconds']:.3f}s)")
+                self._echo(f"done    {fields['job']} ({fields['seconds']:.3f}s)")
             else:
-                click.echo(f"failed  {fields['job']}: {fields['reason']}")
+                self._echo(f"failed  {fields['job']}: {fields['reason']}")
         elif event == "lost":
             if self.live:
-                click.echo("", err=True)
-            click.echo(f"lost    {fields['job']}: {fields['reason']}", err=True)
+                self._echo("", err=True)
+            self._echo(f"lost    {fields['job']}: {fields['reason']}", err=True)
         elif event == "start" and not self.live:
-            click.echo(f"worker {fields['worker']} started (waiting with {fields['wait']})")
+            self._echo(f"worker {fields['worker']} started (waiting with {fields['wait']})")
         elif event in ("interrupt", "stop"):
             if self.live:
-                click.echo("", err=True)
+                self._echo("", err=True)
             if event == "interrupt":
-                click.echo(fields["message"], err=True)
+                self._echo(fields["message"], err=True)
             else:
-                click.echo(
+                self._echo(
                     f"worker stopped: {fields['done']} done, {fields['failed']} failed, "
                     + (f"{fields['lost']} lost, " if fields["lost"] else "")
                     + f"{fields['rate']:.1f} jobs/s"
@@ -141,11 +177,21 @@ def work(
         job_timeout=timeout,
         worker_id=worker_id,
     )
-    worker = Worker(queue_dir, executor, options, Progress(as_json))
+    progress = Progress(as_json, lambda: worker.stop("output closed"))
+    worker = Worker(queue_dir, executor, options, progress)
     worker.install_signal_handlers()
     try:
         summary = worker.run()
     finally:
         executor.close()
+    lost = progress.lost_output
+    if isinstance(lost, BrokenPipeError):
+        raise lost  # the reader left: ended quietly, as every command is
+    if lost is not None:
+        raise CtxError(
+            lost.errno or errno.EIO,
+            f"cannot write the worker's output ({lost.strerror}); it stopped claiming jobs "
+            "once its running jobs were finished",
+        )
     if summary.aborted:
         sys.exit(EXIT_ABORTED)

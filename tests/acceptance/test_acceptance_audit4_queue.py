@@ -84,3 +84,29 @@ def test_a_batch_splits_lines_as_before_at_any_line_end(queue):
 
     assert r.rc == 0 and len(r.lines()) == 3, r
     assert bad.rc == 1 and "line 3 is not JSON" in bad.err and "line 1 is" not in bad.err, bad
+
+
+# --- §3 the worker's output going away ------------------------------------------------------------
+
+
+def test_a_worker_whose_output_reader_left_stops_quietly_and_leaves_nothing_claimed(queue):
+    """``ctx queue work --drain --json | head -1``: the worker stops claiming, finishes what it
+    runs and exits 1 without a traceback, as every command whose reader left (docs/queue.md)."""
+    line = json.dumps({"tool": "fs.read", "input": {}})
+    assert queue.run("publish", "--batch", "-", input="\n".join([line] * 50)).rc == 0
+    proc = subprocess.Popen(
+        [*CTX_ARGV, "queue", "work", "--project", queue.project, "--drain", "--json"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=clean_env(CTX_STORAGE=str(queue.storage)),
+    )
+    first = proc.stdout.readline()
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    rc = proc.wait(timeout=120)
+
+    assert json.loads(first)["event"] == "start"
+    assert rc == 1 and "Traceback" not in err and "Exception" not in err, err
+    assert queue.entries("claimed") == set() and queue.entries("lease") == set()
+    assert queue.entries("pending"), "the worker went on claiming with nowhere to report"
