@@ -33,6 +33,8 @@ from cortexfs.timefmt import rfc3339
 from cortexfs.tools.controls import (
     HOOK_DIRS,
     STATUS_AVAILABLE,
+    STATUS_DISABLED,
+    STATUS_UNAVAILABLE,
     ToolObject,
     layout_problems,
     program_problem,
@@ -222,11 +224,26 @@ def _listing(tier: Tier, tool: ToolObject) -> Listing:
     if problems:
         status, reason = STATUS_DAMAGED, ""
     else:
-        word, _, reason = read_controls(tool).status.partition(":")
-        status, reason = word.strip(), reason.strip()
+        status, reason = _status_and_reason(read_controls(tool).status)
         if program_problem(tool):
             problems = [f"{tool.name}.d/program: {reason}"]
     return Listing(tool.name, tier.name, tool.executable, status, reason, summary, problems)
+
+
+def _status_and_reason(text: str) -> tuple[str, str]:
+    """The status column for a status control reading ``text``: what a call would meet.
+
+    Only ``available`` itself lets a call through (``require_available``); text that is none
+    of the three settings (``Available``, ``available: x``, an empty control) refuses calls
+    too, so it is listed as ``unavailable``, the reason quoting it."""
+    word, _, reason = text.partition(":")
+    word, reason = word.strip(), reason.strip()
+    if text == STATUS_AVAILABLE or word in (STATUS_DISABLED, STATUS_UNAVAILABLE):
+        return word, reason
+    return STATUS_UNAVAILABLE, (
+        f"the status control reads {text!r}, which is not {STATUS_AVAILABLE}, "
+        f"{STATUS_DISABLED} or {STATUS_UNAVAILABLE}: <reason>"
+    )
 
 
 def repair_tier(tier: Tier, ops: durable.FsOps | None = None) -> list[str]:

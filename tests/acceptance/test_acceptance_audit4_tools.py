@@ -198,3 +198,35 @@ def test_a_tshrc_that_is_not_a_regular_file_is_named_in_the_refusal(storage, tmp
     r = ctx_run("object", "which", "fs.read", env=env, timeout=20)
     assert r.rc == 1, r
     assert r.err == f"ctx: EINVAL: {tshrc} is not a regular file\n", r
+
+
+def listed(storage: Path, name: str) -> dict:
+    r = ctx_run(
+        "object", "list", "--tier", "system", "--json", env=clean_env(CTX_STORAGE=str(storage))
+    )
+    assert r.rc == 0, r
+    [entry] = [entry for entry in r.json() if entry["name"] == name]
+    return entry
+
+
+@pytest.mark.parametrize(
+    ("text", "status", "reason"),
+    [
+        ("available\n", "available", ""),
+        ("disabled\n", "disabled", ""),
+        ("unavailable: moving to a new host\n", "unavailable", "moving to a new host"),
+        ("Available\n", "unavailable", "the status control reads 'Available'"),
+        ("available: soon\n", "unavailable", "the status control reads 'available: soon'"),
+        ("\n", "unavailable", "the status control reads ''"),
+    ],
+)
+def test_the_status_column_is_one_of_the_four_a_call_would_meet(storage, text, status, reason):
+    """T-8a (docs/tools.md): ``ctx object list`` shows available, disabled, unavailable or
+    damaged, what a call would meet; a status control that says none of the three settings
+    refuses every call, so it is listed as unavailable with the text it holds, not as a
+    fifth status of its own (or an empty column)."""
+    (storage / "tool" / "fs.read.d" / "status").write_text(text)
+    entry = listed(storage, "fs.read")
+    assert entry["status"] == status, entry
+    assert entry["reason"].startswith(reason), entry
+    assert entry["problems"] == []
