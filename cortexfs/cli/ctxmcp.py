@@ -21,6 +21,7 @@ from cortexfs.errors import CtxError
 from cortexfs.mcp.client import DEFAULT_TIMEOUT, StdioClient
 from cortexfs.mcp.config import ServerSpec, load_server
 from cortexfs.mcp.project import (
+    LISTING_CONFIG,
     check_out_directory,
     check_runtime_config,
     project_tools,
@@ -78,7 +79,7 @@ def list_command(config_path: Path, server: str, timeout: float, as_json: bool) 
     """List SERVER's tools with the name each would be projected as, or why it would not."""
     spec = _server(config_path, server)
     with StdioClient(spec, timeout=timeout) as client:
-        projections = project_tools(server, client.list_tools(), "/")
+        projections = project_tools(server, client.list_tools(), LISTING_CONFIG)
         if as_json:
             emit_json(_session(client) | {"tools": [p.to_json() for p in projections]})
             return

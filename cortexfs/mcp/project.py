@@ -29,6 +29,8 @@ from cortexfs.tools.manifest import MANIFEST_VERSION, manifest_problems
 from cortexfs.tools.schemas import schema_problems
 
 MANIFEST_SUFFIX = ".manifest.json"
+# 'ctxmcp list' writes no locator: the candidates it judges name this stand-in configuration.
+LISTING_CONFIG = "/.mcp.json"
 
 
 class Projection(NamedTuple):
@@ -50,10 +52,22 @@ class Projection(NamedTuple):
 
 
 def check_runtime_config(runtime_config: str) -> str:
-    """The locator's configuration path: absolute, as the agent sees it (M-4); else EINVAL."""
+    """The locator's configuration path: an absolute path of a file, as the agent sees it
+    (M-4); else EINVAL.  The bridge reads it in the agent's view, where ``..`` is refused
+    (never normalised away): a locator holding one would name a tool that can never run."""
     if not os.path.isabs(runtime_config):
         raise invalid(
             f"--runtime-config {runtime_config!r} must be an absolute path, as the agent sees it"
+        )
+    if ".." in runtime_config.split("/"):
+        raise invalid(
+            f"--runtime-config {runtime_config!r}: '..' is not allowed; the agent's view "
+            "resolves no '..', so give the path without it"
+        )
+    if runtime_config.endswith("/"):
+        raise invalid(
+            f"--runtime-config {runtime_config!r} ends in '/'; it must name the configuration "
+            "file itself"
         )
     return runtime_config
 

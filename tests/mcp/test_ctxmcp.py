@@ -192,6 +192,35 @@ def test_a_relative_runtime_config_is_refused_before_the_server_starts(tmp_path:
     assert not record.exists() and not out.exists()
 
 
+@pytest.mark.parametrize(
+    ("runtime_config", "reason"),
+    [
+        ("/workspace/../etc/.mcp.json", "'..' is not allowed"),
+        ("/workspace/..", "'..' is not allowed"),
+        ("/workspace/.mcp.json/", "must name the configuration file itself"),
+        ("/", "must name the configuration file itself"),
+    ],
+)
+def test_a_runtime_config_the_bridge_could_never_read_is_refused(
+    tmp_path: Path, runtime_config: str, reason: str
+) -> None:
+    """M-4: the bridge reads the locator's path in the agent's view, which refuses '..' and
+    opens a file: such a locator would make a tool that can never run."""
+    record = tmp_path / "record.jsonl"
+    config = scripted(tmp_path, record=str(record), tools=[tool("t")])
+    out = tmp_path / "out"
+
+    refused = ctxmcp(
+        "project", "--config", str(config), "--runtime-config", runtime_config,
+        "--server", "fake", "--out", str(out),
+    )  # fmt: skip
+
+    assert refused.returncode == 2, refused.stderr
+    assert refused.stderr.startswith("ctxmcp: EINVAL: --runtime-config"), refused.stderr
+    assert reason in refused.stderr
+    assert not record.exists() and not out.exists()
+
+
 # ----------------------------------------------------------------- protocol versions (M-2)
 
 
