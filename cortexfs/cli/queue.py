@@ -112,6 +112,14 @@ def _queue_dir(storage_dir: Path | None, project: str | None, queue_arg: Path | 
         raise usage_problem(exc) from None
 
 
+def _is_project_queue(root: Path, queue_dir: Path) -> bool:
+    """Whether ``queue_dir`` is the queue of a project in storage root ``root``."""
+    space = queue_dir.parent
+    if queue_dir.name != "queue" or space.parent.name != "shared":
+        return False
+    return os.path.realpath(space.parent.parent) == os.path.realpath(root)
+
+
 def _is_queue_directory(path: Path) -> bool:
     return all((path / state).is_dir() for state in layout.STATE_DIRS)
 
@@ -216,12 +224,14 @@ def init(queue_dir: Path, as_json: bool) -> None:
     With --project, the queue is that of shared space PROJECT: a missing space is created
     whole, as 'ctx shared create' does (SPEC X-1: tool/, data/, queue/, agent/, setgid).
     """
-    if queue_dir.parent.parent.name == "shared" and queue_dir.name == "queue":
+    root = click.get_current_context().meta[STORAGE_ROOT_KEY]
+    if _is_project_queue(root, queue_dir):
         from cortexfs.shared.spaces import create_shared_space  # only init needs it
 
-        root = queue_dir.parent.parent.parent
         created = create_shared_space(root, queue_dir.parent.name).created
     else:
+        # A queue directory anywhere else (--queue DIR, an absolute --project path) is only
+        # a queue: a path that merely looks like X/shared/N/queue does not make X a root.
         created = layout.init_queue(queue_dir)
     if as_json:
         emit_json({"queue": str(queue_dir), "created": created})

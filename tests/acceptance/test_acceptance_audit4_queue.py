@@ -7,7 +7,7 @@ import json
 import subprocess
 import threading
 
-from tests.acceptance.ctxcli import CTX_ARGV, QueueCLI, clean_env
+from tests.acceptance.ctxcli import CTX_ARGV, QueueCLI, clean_env, ctx_run
 
 MIB = 1 << 20
 
@@ -110,3 +110,41 @@ def test_a_worker_whose_output_reader_left_stops_quietly_and_leaves_nothing_clai
     assert rc == 1 and "Traceback" not in err and "Exception" not in err, err
     assert queue.entries("claimed") == set() and queue.entries("lease") == set()
     assert queue.entries("pending"), "the worker went on claiming with nowhere to report"
+
+
+# --- §1 R-2, §2.4 init of a queue path outside the storage root ----------------------------------
+
+
+def test_init_of_a_queue_path_shaped_like_a_space_makes_only_the_queue(storage, tmp_path):
+    """``--queue DIR`` makes a queue anywhere (docs/queue.md); a DIR that happens to read
+    X/shared/N/queue must not turn X into a storage root (R-2) nor judge N as a space name."""
+    env = clean_env(CTX_STORAGE=str(storage))
+    elsewhere = tmp_path / "srv"
+    made = [
+        ctx_run("queue", "init", "--queue", elsewhere / "shared" / name / "queue", env=env)
+        for name in ("build", "nightly.d")
+    ]
+
+    assert [r.rc for r in made] == [0, 0], made
+    assert sorted(p.name for p in elsewhere.iterdir()) == ["shared"]
+    for name in ("build", "nightly.d"):
+        assert sorted(p.name for p in (elsewhere / "shared" / name).iterdir()) == ["queue"]
+        assert {"inbox", "pending", "lease", "claimed", "done", "failed"} <= {
+            p.name for p in (elsewhere / "shared" / name / "queue").iterdir()
+        }
+
+
+def test_init_of_the_storage_roots_own_queue_path_makes_the_whole_space(storage):
+    """The same path inside the storage root is project N's queue: the space is made (X-1)."""
+    r = ctx_run(
+        "queue",
+        "init",
+        "--queue",
+        storage / "shared" / "other" / "queue",
+        env=clean_env(CTX_STORAGE=str(storage)),
+    )
+
+    assert r.rc == 0, r
+    assert {"tool", "data", "queue", "agent"} <= {
+        p.name for p in (storage / "shared" / "other").iterdir()
+    }
