@@ -29,6 +29,7 @@ from cortexfs.shared.sessions import (
     homes_with_sessions,
     list_sessions,
 )
+from cortexfs.storage import require_root
 
 _S2_KEYS = ("ts", "type", "agent", "session", "object", "status")
 
@@ -206,10 +207,14 @@ def _session_ref(
     root = resolve_storage(storage_dir)
     try:
         if project is not None:
-            return SessionRef.shared(root, project, agent, session)
+            ref = SessionRef.shared(root, project, agent, session)
+            require_root(root)
+            return ref
         if uid is None:
             uid = _home_uid(root, agent)
-        return SessionRef.home(root, uid, agent, session)
+        ref = SessionRef.home(root, uid, agent, session)
+        require_root(root)
+        return ref
     except CtxError as exc:
         if exc.errno == errno.EINVAL:
             raise usage_problem(exc) from None
@@ -221,6 +226,7 @@ def _home_uid(root: Path, agent: str) -> int:
     the home that still holds its sessions (S-1: they are ordinary directories), the
     caller's own first."""
     check_object_name(agent, "agent")
+    require_root(root)
     if agent_exists(root, agent):
         try:
             return read_identity(root, agent).uid

@@ -28,6 +28,7 @@ from cortexfs.policy.decision import Policy
 from cortexfs.policy.grammar import PolicySyntaxError, check_subject_type
 from cortexfs.policy.linux import Identity
 from cortexfs.policy.mounts import Mount, parse_mount_table
+from cortexfs.storage import require_root
 
 AGENTS = PurePosixPath("agent")
 HOST_OWNED_CONTROLS = ("identity", "mount", "label", "policy")
@@ -51,8 +52,10 @@ def agent_exists(root: Path, agent: str) -> bool:
 
 
 def require_agent(root: Path, agent: str) -> None:
-    """ENOENT unless :func:`agent_exists`."""
+    """ENOENT unless :func:`agent_exists`; a storage root that is not there is said first,
+    since that, not the agent, is what the caller has to fix (a mistyped --storage)."""
     if not agent_exists(root, agent):
+        require_root(root)
         raise not_found(f"there is no agent {agent!r} ({agent_entry(agent)} does not exist)")
 
 

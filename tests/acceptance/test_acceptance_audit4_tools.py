@@ -230,3 +230,28 @@ def test_the_status_column_is_one_of_the_four_a_call_would_meet(storage, text, s
     assert entry["status"] == status, entry
     assert entry["reason"].startswith(reason), entry
     assert entry["problems"] == []
+
+
+# ------------------------------------------------------------------ R-1 through §4 and §6
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("session", "show", "coder"),
+        ("session", "show", "coder", "--uid", "1000"),
+        ("session", "tail", "coder", "--project", "proj"),
+        ("session", "repair", "coder"),
+        ("session", "list", "coder"),
+        ("run", "--agent", "coder", "fs.read"),
+        ("policy", "explain", "coder", "tool:fs.read", "execute"),
+    ],
+)
+def test_a_storage_root_that_does_not_exist_is_what_the_refusal_names(tmp_path, args):
+    """R-1: with CTX_STORAGE naming no directory (a typo), the commands that look up an agent
+    or its sessions say that the storage root does not exist, not that the agent is missing."""
+    missing = tmp_path / "no-such-root"
+    r = ctx_run(*args, env=clean_env(CTX_STORAGE=str(missing)))
+    assert r.rc in (1, 126), r
+    assert f"ENOENT: storage root {missing} does not exist" in r.err + r.out, r
+    assert not missing.exists()
