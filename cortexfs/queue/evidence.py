@@ -46,7 +46,9 @@ class Temp:
 
     @property
     def job(self) -> str | None:
-        head = self.name.split(".req.json.", 1)[0] + ".req.json"
+        # Temp names are J.<step>[.<random>].tmp, and J itself may hold ".req.json.": the
+        # job's name ends at the last one.
+        head = self.name.rsplit(".req.json.", 1)[0] + ".req.json"
         return head if is_job_name(head) else None
 
 

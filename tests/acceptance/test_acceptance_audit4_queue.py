@@ -148,3 +148,22 @@ def test_init_of_the_storage_roots_own_queue_path_makes_the_whole_space(storage)
     assert {"tool", "data", "queue", "agent"} <= {
         p.name for p in (storage / "shared" / "other").iterdir()
     }
+
+
+# --- §2.4 show: temp files of a job whose name holds ".req.json." -------------------------------
+
+
+def test_show_attributes_a_temp_file_to_the_job_whose_name_holds_req_json(queue):
+    """``a.req.json.req.json`` is a legal job name (R-3, §2.1); the temp file its publisher
+    left (a crash mid-publish) belongs to it, not to ``a.req.json``."""
+    job = "a.req.json.req.json"
+    (queue.dir / "inbox" / f"{job}.publish.tmp").write_text("{}")
+
+    mine = queue.run("show", job, "--json")
+    other = queue.run("show", "a", "--json")
+    status = queue.run("status", "--json")
+
+    assert mine.rc == 0, mine
+    assert [t["path"] for t in mine.json()["temps"]] == [f"inbox/{job}.publish.tmp"]
+    assert other.rc == 1 and "ENOENT" in other.err, other
+    assert [t["job"] for t in status.json()["temps"]] == [job]
