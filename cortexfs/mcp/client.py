@@ -74,9 +74,13 @@ class StdioClient:
             )
         except OSError as exc:
             self._stderr.close()
+            # subprocess names what failed: the command, or the cwd it could not enter.
+            failed = self.spec.command
+            if self.spec.cwd is not None and exc.filename == self.spec.cwd:
+                failed = f"its cwd {self.spec.cwd}"
             raise McpError(
                 exc.errno or errno.ENOEXEC,
-                f"cannot start server {self.spec.name!r} ({self.spec.command}): {exc.strerror}",
+                f"cannot start server {self.spec.name!r} ({failed}): {exc.strerror}",
             ) from None
         try:
             self._initialize()

@@ -402,6 +402,20 @@ def test_a_command_that_cannot_start_is_named(tmp_path: Path) -> None:
     assert refused.returncode == 1 and "/nonexistent/server" in refused.stderr
 
 
+def test_a_cwd_the_server_cannot_enter_is_named_not_its_command(tmp_path: Path) -> None:
+    gone = tmp_path / "gone"
+    entry = {"command": str(TIME_SERVER), "cwd": str(gone)}
+    config = tmp_path / "mcp.json"
+    config.write_text(json.dumps({"mcpServers": {"time": entry}}))
+
+    refused = ctxmcp("list", "--config", str(config), "--server", "time")
+
+    assert refused.returncode == 1
+    assert refused.stderr == (
+        f"ctxmcp: ENOENT: cannot start server 'time' (its cwd {gone}): No such file or directory\n"
+    )
+
+
 def test_ctxmcp_writes_nothing_but_the_candidates(config: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     before = set(os.listdir(tmp_path))
