@@ -218,14 +218,17 @@ def scan_lines(data: bytes, *, offset: int = 0, first_line: int = 1) -> EventSca
 
 
 def parse_event_line(raw: bytes) -> dict[str, Any] | None:
-    """The event on one line, resynchronising past a torn fragment glued in front of it."""
+    """The event on one line, resynchronising past a torn fragment glued in front of it.
+
+    An event is a JSON object with a ``ts`` (S-2): any other JSON value on a line (``{}``,
+    ``[1]``, ``"x"``) holds no event and the line is damaged."""
     start = 0
     while start != -1:
         try:
             event = json.loads(raw[start:])
         except ValueError:
             event = None
-        if isinstance(event, dict):
+        if isinstance(event, dict) and "ts" in event:
             return event
         # A nested object that happens to start with "ts" parses but does not reach the end
         # of the line ("extra data"), so only a whole event can be accepted here.

@@ -255,3 +255,17 @@ def test_a_storage_root_that_does_not_exist_is_what_the_refusal_names(tmp_path, 
     assert r.rc in (1, 126), r
     assert f"ENOENT: storage root {missing} does not exist" in r.err + r.out, r
     assert not missing.exists()
+
+
+def test_a_json_object_without_ts_is_a_damaged_line_not_an_event(storage):
+    """S-2, S-5 (docs/sessions.md): a complete line that holds no event is reported as
+    damaged and skipped; ``{}`` is JSON but no event (every event has its ``ts``)."""
+    env = clean_env(CTX_STORAGE=str(storage))
+    session = storage / "home" / str(os.getuid()) / "agent" / "gone" / "session" / "default"
+    session.mkdir(parents=True)
+    event = '{"ts":"2026-06-22T12:00:00Z","type":"x","agent":"gone","session":"default"}'
+    (session / "events.jsonl").write_text("{}\n" + event + "\n" + '{"type":"y"}\n')
+    r = ctx_run("session", "show", "gone", "--json", env=env)
+    assert r.rc == 0, r
+    assert r.lines() == [json.dumps(json.loads(event))], r
+    assert "skipped damaged lines 1, 3 of" in r.err, r
