@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import functools
 import sys
 from pathlib import Path
 from typing import NoReturn
@@ -208,11 +209,18 @@ def _render(agent: str, object_ref: str, permission: str, decision: Decision) ->
 
 def _read_input(name: str) -> bytes:
     if name == STDIN:
-        return sys.stdin.buffer.read()
+        return _standard_input()
     try:
         return Path(name).read_bytes()
     except OSError as exc:
         raise CtxError(exc.errno or errno.EIO, f"cannot read {name}: {exc.strerror}") from None
+
+
+@functools.cache
+def _standard_input() -> bytes:
+    """Standard input, read once: '-' given twice names the same policy twice, not the
+    policy and then an empty one (which, as a layer, would deny everything)."""
+    return sys.stdin.buffer.read()
 
 
 def _parse_peer(peer: str) -> Credentials:

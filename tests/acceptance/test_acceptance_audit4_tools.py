@@ -269,3 +269,21 @@ def test_a_json_object_without_ts_is_a_damaged_line_not_an_event(storage):
     assert r.rc == 0, r
     assert r.lines() == [json.dumps(json.loads(event))], r
     assert "skipped damaged lines 1, 3 of" in r.err, r
+
+
+# ------------------------------------------------------------------ P-8: ctx policy
+
+
+def test_standard_input_given_twice_is_the_same_policy_twice(tmp_path):
+    """P-8, P-6: every ``--policy`` must allow; ``-`` twice names standard input twice, the
+    same policy, not that policy and then an empty one that denies everything."""
+    rule = "allow coder_t tool:fs.read execute\n"
+    args = ("policy", "query", "--policy", "-", "--policy", "-")
+    r = ctx_run(*args, "coder_t", "tool:fs.read", "execute", input=rule)
+    assert (r.rc, r.out) == (0, "allow\n"), r
+    r = ctx_run("policy", "check", "-", "-", input="allow coder_t tool:* execute\n")
+    assert r.rc == 1, r
+    assert (
+        r.err.splitlines()
+        == ["-:1: EINVAL: tool:*: globs are not supported (P-2); name each object"] * 2
+    ), r
