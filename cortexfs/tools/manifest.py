@@ -172,6 +172,10 @@ def manifest_problems(document: object, base: Path) -> list[str]:
         problem = object_name_problem(name)
         if problem:
             problems.append(f"name: {problem}")
+    description = document.get("description")
+    if isinstance(description, str) and description and not description.strip():
+        # Installed with its trailing blanks cut, it would be an empty control (T-1).
+        problems.append("description: only blanks; say what the tool does")
     if isinstance(document.get("schema"), dict):
         problems += schema_problems(document["schema"], "schema")
     if isinstance(document.get("program"), dict):

@@ -287,3 +287,24 @@ def test_standard_input_given_twice_is_the_same_policy_twice(tmp_path):
         r.err.splitlines()
         == ["-:1: EINVAL: tool:*: globs are not supported (P-2); name each object"] * 2
     ), r
+
+
+# ------------------------------------------------------------------ T-8: ctx object check
+
+
+@pytest.mark.parametrize("blank", [" ", "\n", " \t\n "])
+def test_a_description_of_blanks_only_is_invalid(tmp_path, blank):
+    """T-1, T-8 (docs/tools.md: ``description`` is non-empty text): a description of blanks
+    only would be installed as an empty control, so the manifest is invalid (exit 1, one
+    ``FILE: EINVAL: description: …`` line), and install refuses it with nothing made."""
+    path = manifest(tmp_path, "demo.blank", "#!/bin/sh\n")
+    document = json.loads(path.read_text())
+    path.write_text(json.dumps({**document, "description": blank}))
+    r = ctx_run("object", "check", path)
+    assert r.rc == 1, r
+    assert r.err == f"{path}: EINVAL: description: only blanks; say what the tool does\n", r
+    storage = tmp_path / "storage"
+    assert ctx_run("bootstrap", "--storage", storage).rc == 0
+    r = ctx_run("object", "install", "--source", storage, path, "--tier", "system")
+    assert r.rc == 1, r
+    assert not (storage / "tool" / "demo.blank").exists()
