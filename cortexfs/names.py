@@ -71,11 +71,24 @@ def is_job_name(name: object) -> bool:
 
 
 def job_name(name: str) -> str:
-    """Normalise a user-supplied job name: add ``.req.json`` when absent, then validate."""
+    """Normalise a user-supplied job name: add ``.req.json`` when absent, then validate.
+
+    The reason for a refusal speaks of the name the user gave: an empty name is empty (not
+    ``'.req.json'``), and one too long for the suffix says how long it may be without it.
+    """
+    given = name
     if isinstance(name, str) and not name.endswith(JOB_SUFFIX):
+        if not name:
+            raise invalid("illegal job name: a name must not be empty")
         name = name + JOB_SUFFIX
     problem = job_name_problem(name)
     if problem is not None:
+        if given != name and name.isascii() and len(name) > MAX_NAME_BYTES:
+            problem = (
+                f"{given[:20]!r}… is {len(given)} bytes long, {len(name)} with the "
+                f"{JOB_SUFFIX!r} suffix added; at most {MAX_NAME_BYTES} are allowed "
+                f"({_JOB_STEM_MAX + 1} before the suffix)"
+            )
         raise invalid(f"illegal job name: {problem}")
     return name
 

@@ -167,3 +167,20 @@ def test_show_attributes_a_temp_file_to_the_job_whose_name_holds_req_json(queue)
     assert [t["path"] for t in mine.json()["temps"]] == [f"inbox/{job}.publish.tmp"]
     assert other.rc == 1 and "ENOENT" in other.err, other
     assert [t["job"] for t in status.json()["temps"]] == [job]
+
+
+# --- §2.4 the --name suffix rule at its limits ----------------------------------------------------
+
+
+def test_name_refusals_speak_of_the_name_given(queue):
+    """``--name J`` may omit ``.req.json`` (§2.4): an empty J is refused as empty, and a J
+    that only the added suffix makes too long (R-3: 64 bytes) says how long it may be."""
+    body = json.dumps({"tool": "fs.read", "input": {}})
+    empty = queue.run("publish", "--name", "", "-", input=body)
+    long = queue.run("publish", "--name", "a" * 56, "-", input=body)
+    fits = queue.run("publish", "--name", "a" * 55, "-", input=body)
+
+    assert empty.rc == 2 and "EINVAL" in empty.err and "empty" in empty.err, empty
+    assert "'.req.json' must start" not in empty.err
+    assert long.rc == 2 and "56 bytes long" in long.err and "55 before the suffix" in long.err
+    assert fits.rc == 0 and fits.out == "a" * 55 + ".req.json\n", fits
