@@ -134,6 +134,7 @@ class StdioClient:
         """Every tool the server offers, across pages."""
         tools: list[dict[str, Any]] = []
         cursor = None
+        seen: set[str] = set()
         while True:
             result = self.request("tools/list", {} if cursor is None else {"cursor": cursor})
             page = result.get("tools") if isinstance(result, dict) else None
@@ -143,6 +144,11 @@ class StdioClient:
             cursor = result.get("nextCursor")
             if not cursor:
                 return tools
+            if not isinstance(cursor, str):
+                raise self._broken(f"its tools/list nextCursor {cursor!r} is not a string")
+            if cursor in seen:  # the same page again: it would never end
+                raise self._broken(f"its tools/list gave the cursor {cursor!r} twice")
+            seen.add(cursor)
 
     def call_tool(self, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
         result = self.request("tools/call", {"name": name, "arguments": arguments})

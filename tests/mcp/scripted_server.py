@@ -5,7 +5,8 @@ Usage: python scripted_server.py SCRIPT.json — the script's keys:
   version    the protocolVersion to answer initialize with (absent: echo the client's)
   tools      the tools, served in pages of ``page`` (default: all in one page)
   record     a file to append every message received to, one JSON line each
-  behaviour  "normal", "exit" (exit 3 at once, after a line on stderr) or "silent"
+  behaviour  "normal", "exit" (exit 3 at once, after a line on stderr), "silent", or
+             "same-cursor" (every tools/list page names the first page as the next)
 
 tools/call echoes its arguments (and the uid it runs as); the tool named "fail" reports an
 error result.
@@ -59,6 +60,8 @@ def main() -> int:
             result = {"tools": tools[start : start + page]}
             if start + page < len(tools):
                 result["nextCursor"] = str(start + page)
+            if behaviour == "same-cursor":
+                result["nextCursor"] = "0"
         else:
             reply = {"jsonrpc": "2.0", "id": message["id"]}
             reply["error"] = {"code": -32601, "message": f"no method {method}"}

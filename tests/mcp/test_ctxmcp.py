@@ -393,6 +393,17 @@ def test_a_silent_server_times_out_and_is_killed(tmp_path: Path) -> None:
     assert processes_running(tmp_path / "fake.script.json") == [], "the server outlived ctxmcp"
 
 
+def test_a_server_whose_pages_never_end_is_refused(tmp_path: Path) -> None:
+    config = scripted(tmp_path, tools=[tool("a"), tool("b")], page=1, behaviour="same-cursor")
+
+    refused = ctxmcp("list", "--config", str(config), "--server", "fake", "--timeout", "5")
+
+    assert refused.returncode == 1
+    assert refused.stderr.startswith("ctxmcp: EPROTO: server 'fake' broke the protocol: its ")
+    assert "cursor '0' twice" in refused.stderr
+    assert processes_running(tmp_path / "fake.script.json") == [], "the server outlived ctxmcp"
+
+
 def test_a_command_that_cannot_start_is_named(tmp_path: Path) -> None:
     config = tmp_path / "mcp.json"
     config.write_text(json.dumps({"mcpServers": {"gone": {"command": "/nonexistent/server"}}}))
