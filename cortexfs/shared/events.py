@@ -192,9 +192,11 @@ def read_events(path: Path, *, offset: int = 0, first_line: int = 1) -> EventSca
         if exc.errno == errno.ELOOP:
             raise invalid(f"{path} is a symbolic link; refusing to read it") from None
         raise
+    # Checked before fdopen, which refuses a directory with a bare EISDIR naming nothing.
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise invalid(f"{path} is not a regular file")
     with os.fdopen(fd, "rb") as handle:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise invalid(f"{path} is not a regular file")
         handle.seek(offset)
         data = handle.read()
     return scan_lines(data, offset=offset, first_line=first_line)
@@ -261,6 +263,8 @@ def repair(path: Path, ops: durable.FsOps | None = None) -> int:
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise invalid(f"{path} is a symbolic link; refusing to repair it") from None
+        if exc.errno == errno.EISDIR:
+            raise invalid(f"{path} is not a regular file") from None
         raise
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):

@@ -308,3 +308,21 @@ def test_a_description_of_blanks_only_is_invalid(tmp_path, blank):
     r = ctx_run("object", "install", "--source", storage, path, "--tier", "system")
     assert r.rc == 1, r
     assert not (storage / "tool" / "demo.blank").exists()
+
+
+@pytest.mark.parametrize("command", ["show", "tail", "repair"])
+@pytest.mark.parametrize("kind", ["directory", "fifo"])
+def test_an_events_file_that_is_not_a_regular_file_is_named(storage, command, kind):
+    """S-5 (docs/sessions.md): events.jsonl must be a regular file; a directory in its place is
+    refused like a FIFO is, EINVAL naming the file (exit 1), never waited on or a bare errno."""
+    env = clean_env(CTX_STORAGE=str(storage))
+    session = storage / "home" / str(os.getuid()) / "agent" / "gone" / "session" / "default"
+    session.mkdir(parents=True)
+    events = session / "events.jsonl"
+    if kind == "directory":
+        events.mkdir()
+    else:
+        os.mkfifo(events)
+    r = ctx_run("session", command, "gone", env=env, timeout=20)
+    assert r.rc == 1, r
+    assert r.err == f"ctx: EINVAL: {events} is not a regular file\n", r
