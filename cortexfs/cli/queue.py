@@ -7,6 +7,7 @@ to claim.  In text mode ``publish`` and ``claim`` print the job name alone on st
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import json
 import os
@@ -193,6 +194,22 @@ def _opened_input(source: str) -> Iterator[BinaryIO]:
         yield stream
 
 
+@contextlib.contextmanager
+def _acknowledging(done: str) -> Iterator[None]:
+    """Print the acknowledgement of something already done and durable: when it cannot be
+    written, the error says what was done (``done``), so that nobody does it twice.  A reader
+    that left (a closed pipe) ends the command quietly, as everywhere."""
+    try:
+        yield
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        raise CtxError(
+            exc.errno or errno.EIO,
+            f"{done} standard output could not be written ({exc.strerror})",
+        ) from None
+
+
 def _holder(pid: int | None, worker: str | None) -> Holder:
     """The lease holder of a shell command: the calling process (our parent) unless --pid."""
     try:
@@ -273,11 +290,13 @@ def publish(
             data = read_at_most(stream, limit, "request", "max_request_bytes")
             request = parse_request_bytes(data, limit)
             jobs = [protocol.publish(q, request, name, given=data)]
-    if as_json:
-        emit_json({"names": jobs} if batch else {"name": jobs[0]})
-        return
-    for job in jobs:
-        click.echo(job)
+    published = ", ".join(jobs)
+    with _acknowledging(f"{published} published and pending (do not publish again), but"):
+        if as_json:
+            emit_json({"names": jobs} if batch else {"name": jobs[0]})
+            return
+        for job in jobs:
+            click.echo(job)
 
 
 @queue.command()
@@ -301,10 +320,15 @@ def claim(
         won = protocol.claim(q, holder, ttl)
     if won is None:
         sys.exit(EXIT_NOTHING)  # §2.4: nothing on stdout, with or without --json
-    if as_json:
-        emit_json(won.to_json())
-    else:
-        click.echo(won.job)
+    pid = won.lease.holder.pid
+    with _acknowledging(
+        f"job {won.job} is claimed and leased to pid {pid} (finish it, or 'ctx queue recover' "
+        f"requeues it once pid {pid} is gone), but"
+    ):
+        if as_json:
+            emit_json(won.to_json())
+        else:
+            click.echo(won.job)
 
 
 @queue.command()

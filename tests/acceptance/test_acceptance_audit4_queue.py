@@ -184,3 +184,40 @@ def test_name_refusals_speak_of_the_name_given(queue):
     assert "'.req.json' must start" not in empty.err
     assert long.rc == 2 and "56 bytes long" in long.err and "55 before the suffix" in long.err
     assert fits.rc == 0 and fits.out == "a" * 55 + ".req.json\n", fits
+
+
+# --- §2.4 an acknowledgement that cannot be printed ----------------------------------------------
+
+
+def _to_full_disk(queue: QueueCLI, *args: str, input: bytes = b"") -> subprocess.CompletedProcess:
+    with open("/dev/full", "wb") as full:
+        return subprocess.run(
+            [*CTX_ARGV, "queue", args[0], "--project", queue.project, *args[1:]],
+            input=input,
+            stdout=full,
+            stderr=subprocess.PIPE,
+            env=clean_env(CTX_STORAGE=str(queue.storage)),
+            timeout=60,
+        )
+
+
+def test_publish_whose_name_cannot_be_printed_says_the_job_is_published(queue):
+    """Publish is acknowledged by printing J (§2.4); when that fails the job is pending all
+    the same, and a bare 'No space left on device' would have the user publish it twice."""
+    body = json.dumps({"tool": "fs.read", "input": {}}).encode()
+    done = _to_full_disk(queue, "publish", "--name", "once", "-", input=body)
+
+    err = done.stderr.decode()
+    assert done.returncode == 1 and err.startswith("ctx: ENOSPC: "), err
+    assert "once.req.json published and pending" in err
+    assert queue.state("once.req.json") == "pending"
+
+
+def test_claim_whose_name_cannot_be_printed_names_the_job_it_leased(queue):
+    job = queue.publish()
+    done = _to_full_disk(queue, "claim")
+
+    err = done.stderr.decode()
+    assert done.returncode == 1 and err.startswith("ctx: ENOSPC: "), err
+    assert f"job {job} is claimed and leased to pid" in err
+    assert queue.state(job) == "claimed"
