@@ -274,3 +274,36 @@ def test_a_fifo_in_a_pages_place_is_neither_waited_on_nor_replaced(root: Path) -
     assert shown.returncode == 0 and shown.stdout == built_in()["ctx.provider.md"].decode()
     assert again.returncode == 1 and "ctx.provider.md: not a regular file" in again.stdout
     assert stat.S_ISFIFO(page.lstat().st_mode)
+
+
+def test_a_page_that_is_not_utf8_falls_back_and_the_listing_still_lists(root: Path) -> None:
+    """D-1: one damaged page does not take 'ctx man' down; the note says what is wrong with
+    it, and bootstrap replaces it."""
+    page = bundle(root) / "man" / "ctx.model.md"
+    page.chmod(0o644)
+    page.write_bytes(b"# ctx.model \xff\xfe damaged\n")
+
+    shown = ctx(root, "man", "model")
+    listed = ctx(root, "man", "--json")
+
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout == built_in()["ctx.model.md"].decode()
+    assert f"ctx man: {page} is not UTF-8 text ('ctx bootstrap' replaces it)" in shown.stderr
+    assert listed.returncode == 0, listed.stderr
+    origins = {entry["topic"]: entry["origin"] for entry in json.loads(listed.stdout)}
+    assert origins["model"] == "built-in" and origins["agent"] == "installed"
+    assert ctx(root, "bootstrap").returncode == 0
+    assert page.read_bytes() == built_in()["ctx.model.md"]
+
+
+def test_a_symlink_in_a_pages_place_is_named_as_such(root: Path) -> None:
+    page = bundle(root) / "man" / "ctx.tool.md"
+    page.unlink()
+    page.symlink_to("/etc/passwd")
+
+    shown = ctx(root, "man", "tool")
+
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout == built_in()["ctx.tool.md"].decode()
+    assert f"{page} is a symbolic link, never followed" in shown.stderr
+    assert "no page is installed" not in shown.stderr

@@ -37,7 +37,7 @@ def man(topic: str | None, storage_dir: Path | None, as_json: bool) -> None:
         _list_topics(root, as_json)
         return
     page = manual.read_manual(root, topic)
-    _note_built_in(page, root)
+    _note_built_in(page)
     if as_json:
         emit_json(_describe(page) | {"text": page.text})
         return
@@ -63,10 +63,9 @@ def _describe(page: manual.Manual) -> dict[str, object]:
     }
 
 
-def _note_built_in(page: manual.Manual, root: Path) -> None:
+def _note_built_in(page: manual.Manual) -> None:
     if page.path is None:
         click.echo(
-            f"ctx man: no page installed at {manual.installed_page(root, page.topic)}; this is "
-            "the copy built into ctx ('ctx bootstrap' installs the bundle)",
+            f"ctx man: {page.why_built_in}; this is the copy built into ctx",
             err=True,
         )

@@ -185,6 +185,7 @@ class Manual(NamedTuple):
     topic: str
     text: str
     path: Path | None  # the installed page read; None for the built-in copy
+    why_built_in: str = ""  # for the built-in copy: why no installed page was read
 
     @property
     def origin(self) -> str:
@@ -200,23 +201,43 @@ def installed_page(root: Path, topic: str) -> Path:
 def read_manual(root: Path | None, name: str) -> Manual:
     """Topic ``name``'s page: the installed one when there is one, else the built-in copy.
 
-    The installed page is opened without following a symlink and must be a regular file;
-    anything else there is passed over for the built-in copy.
+    The installed page is opened without following a symlink and must be a regular file of
+    UTF-8 text; anything else there is passed over for the built-in copy, and
+    ``why_built_in`` says what was found.
     """
     topic = topic_of(name)
+    why = "there is no storage root"
     if root is not None:
         path = installed_page(root, topic)
-        try:
-            fd = os.open(path, _READ_PAGE)
-        except OSError:
-            pass
-        else:
-            with open(fd, "rb") as page:
-                if stat.S_ISREG(os.fstat(page.fileno()).st_mode):
-                    return Manual(topic, _decode(page.read(_MAX_PAGE_BYTES), path), path)
+        text, why = _read_installed(path)
+        if text is not None:
+            return Manual(topic, text, path)
     pages = built_in_pages()
     built_in = pages.readme if topic == README_TOPIC else pages.man[topic]
-    return Manual(topic, _decode(built_in, BUILT_IN), None)
+    return Manual(topic, _decode(built_in, BUILT_IN), None, why)
+
+
+_MOVE_IT = "move it away; 'ctx bootstrap' then installs the page"
+
+
+def _read_installed(path: Path) -> tuple[str | None, str]:
+    """The text of the installed page at ``path``, or None and why it cannot be shown."""
+    try:
+        fd = os.open(path, _READ_PAGE)
+    except FileNotFoundError:
+        return None, f"no page is installed at {path} ('ctx bootstrap' installs the bundle)"
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return None, f"{path} is a symbolic link, never followed ({_MOVE_IT})"
+        return None, f"{path} cannot be read ({exc.strerror})"
+    with open(fd, "rb") as page:
+        if not stat.S_ISREG(os.fstat(page.fileno()).st_mode):
+            return None, f"{path} is not a regular file ({_MOVE_IT})"
+        data = page.read(_MAX_PAGE_BYTES)
+    try:
+        return data.decode("utf-8"), ""
+    except UnicodeDecodeError:
+        return None, f"{path} is not UTF-8 text ('ctx bootstrap' replaces it)"
 
 
 def _decode(data: bytes, where: Path) -> str:
