@@ -120,7 +120,10 @@ def ensure_root_abi(root: Path, ops: durable.FsOps | None = None) -> BootstrapRe
         finally:
             ops.close(parent_fd)
     try:
-        root_fd = durable.open_dir_path(ops, str(root))
+        # The root is what the administrator named, and may be a symlink to the directory
+        # (storage/current -> a release): every command reaches it through the link, so
+        # bootstrap does too.  Below the root nothing is followed.
+        root_fd = durable.open_dir_path(ops, os.path.realpath(root))
     except NotADirectoryError as exc:
         raise CtxError(errno.ENOTDIR, f"storage root {root} is not a directory") from exc
     try:

@@ -221,3 +221,29 @@ def test_claim_whose_name_cannot_be_printed_names_the_job_it_leased(queue):
     assert done.returncode == 1 and err.startswith("ctx: ENOSPC: "), err
     assert f"job {job} is claimed and leased to pid" in err
     assert queue.state(job) == "claimed"
+
+
+# --- §1 R-1, R-5 a storage root reached through a symlink -----------------------------------------
+
+
+def test_a_storage_root_that_is_a_symlink_is_bootstrapped_like_every_command_uses_it(tmp_path):
+    """``…/storage/current`` as a link to a release directory: the queue commands already
+    work through it, so ``ctx bootstrap`` and ``ctx queue init`` must too (R-1, R-5)."""
+    release = tmp_path / "release-1"
+    release.mkdir()
+    current = tmp_path / "current"
+    current.symlink_to(release.name)
+    env = clean_env(CTX_STORAGE=str(current))
+
+    boot = ctx_run("bootstrap", env=env)
+    again = ctx_run("bootstrap", env=env)
+    init = ctx_run("queue", "init", "--project", "proj", env=env)
+
+    assert boot.rc == 0 and again.rc == 0, (boot, again)
+    assert "nothing to do" in again.out
+    assert init.rc == 0, init
+    assert {"bin", "tool", "agent", "model", "home", "shared"} == {
+        p.name for p in release.iterdir()
+    }
+    assert (release / "shared" / "proj" / "queue" / "pending").is_dir()
+    assert current.is_symlink()
