@@ -34,8 +34,9 @@ from cortexfs import durable, storage
 from cortexfs.agents import log as agent_log
 from cortexfs.agents.host import require_host_administrator
 from cortexfs.agents.request import AgentRequest
-from cortexfs.errors import invalid
+from cortexfs.errors import CtxError, invalid
 from cortexfs.policy import Identity
+from cortexfs.policy.controls import parse_identity
 from cortexfs.tools.pairs import PairKind, install_pair
 
 CONTROLS = (
@@ -117,10 +118,15 @@ def create_agent(
         identity, default_user = default_identity()
     if identity.uid == 0:
         raise invalid("an agent never runs as root (SPEC P-5 step 1); give it an unprivileged user")
+    identity_control = (json.dumps(identity_json(identity)) + "\n").encode()
+    try:
+        parse_identity(identity_control)  # what every later use of the agent reads it with
+    except CtxError as exc:
+        raise invalid(f"the agent's identity: {exc.message}") from None
     controls = {
         "label": f"{request.label}\n".encode(),
         "policy": request.policy_text().encode(),
-        "identity": (json.dumps(identity_json(identity)) + "\n").encode(),
+        "identity": identity_control,
         "mount": (json.dumps(request.mount_table(), indent=1) + "\n").encode(),
         "model": "".join(f"{model}\n" for model in request.models).encode(),
         "system.md": _system_prompt(request).encode(),

@@ -40,6 +40,7 @@ from cortexfs.policy import Identity
 from cortexfs.shared.sessions import DEFAULT_SESSION
 
 STDIN = "-"
+MAX_ID = 2**32 - 2  # (uid_t)-1 means "no id" to the kernel
 STDIN_NAME = "<stdin>"  # how a request read from standard input is named in its errors
 
 if TYPE_CHECKING:
@@ -162,26 +163,37 @@ def _identity(user: str | None, gid: int | None, groups: str | None) -> Identity
         if entry is None:
             if gid is None:
                 raise usage_problem(invalid(f"uid {user} is not a known user; give --gid too"))
-            uid, primary, extra = int(user), gid, frozenset()
+            uid, primary, extra = _id(user, "--user"), gid, frozenset()
         else:
             uid, primary = entry.pw_uid, entry.pw_gid
             extra = frozenset(os.getgrouplist(entry.pw_name, entry.pw_gid))
     if gid is not None:
-        primary = gid
+        primary = _id(str(gid), "--gid")
     if groups is not None:
-        try:
-            extra = frozenset(int(group) for group in groups.split(",") if group)
-        except ValueError:
-            raise usage_problem(invalid(f"--groups takes group ids: {groups!r}")) from None
+        extra = frozenset(_id(group, "--groups") for group in groups.split(",") if group)
     return Identity(uid, primary, extra)
+
+
+def _id(text: str, option: str) -> int:
+    """A uid or gid given as ``option``: decimal, from 0 to 2**32 - 2 ((uid_t)-1 is no id)."""
+    number = int(text) if _is_decimal(text) else -1
+    if not 0 <= number <= MAX_ID:
+        raise usage_problem(
+            invalid(f"{option} takes ids, integers from 0 to {MAX_ID}: {text!r} is not one")
+        )
+    return number
+
+
+def _is_decimal(text: str) -> bool:
+    return text.isascii() and text.isdigit()
 
 
 def _lookup_user(user: str) -> pwd.struct_passwd | None:
     """The user database entry of a name or uid; None for a uid it does not know."""
     try:
-        return pwd.getpwuid(int(user)) if user.isdigit() else pwd.getpwnam(user)
+        return pwd.getpwuid(_id(user, "--user")) if _is_decimal(user) else pwd.getpwnam(user)
     except KeyError:
-        if user.isdigit():
+        if _is_decimal(user):
             return None
         raise usage_problem(invalid(f"no such user: {user!r}")) from None
 

@@ -5,6 +5,7 @@ legal inputs, closed streams, repeated commands and the exact shape of what they
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -136,3 +137,43 @@ def test_tsh_with_closed_standard_streams_is_no_traceback(storage):
     )  # fmt: skip
     assert closed_stderr.returncode == 1
     assert closed_stderr.stdout == ""  # the complaint is not moved to stdout
+
+
+# ------------------------------------------------------------------ A-3: ctx agent create
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="agents with other uids need root")
+
+
+@needs_root
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--user", "nobody", "--gid", "-5"], "--gid takes ids"),
+        (["--user", "nobody", "--gid", "4294967295"], "--gid takes ids"),
+        (["--user", "nobody", "--groups", "10,-1"], "--groups takes ids"),
+        (["--user", "4294967296", "--gid", "1"], "--user takes ids"),
+        (["--user", "²"], "no such user: '²'"),
+    ],
+)
+def test_agent_create_refuses_an_identity_no_kernel_has(storage, options, message):
+    """A-3, P-5 step 1: ids are integers from 0 to 2**32 - 2; anything else is a usage error
+    (EINVAL, exit 2) and nothing is created — not an agent that every later use refuses."""
+    request = json.dumps({"name": "helper", "label": "helper_t"})
+    r = ctx_run("agent", "create", "-", *options, "--storage", storage, input=request)
+    assert r.rc == 2, r
+    assert r.err.startswith("ctx: EINVAL: ") and message in r.err, r
+    assert "Traceback" not in r.err
+    assert not (storage / "agent" / "helper").exists()
+    assert not (storage / "agent" / "helper.d").exists()
+
+
+@needs_root
+def test_agent_create_takes_the_largest_gid(storage):
+    request = json.dumps({"name": "helper", "label": "helper_t"})
+    options = ["--user", "nobody", "--gid", "4294967294", "--groups", "1,,2"]
+    r = ctx_run("agent", "create", "-", *options, "--json", "--storage", storage, input=request)
+    assert r.rc == 0, r
+    assert r.json()["identity"]["gid"] == 4294967294
+    assert r.json()["identity"]["groups"] == [1, 2]
+    shown = ctx_run("agent", "show", "helper", "--json", "--storage", storage)
+    assert shown.rc == 0, shown

@@ -116,6 +116,20 @@ def test_an_agent_never_runs_as_root(world: World) -> None:
     assert not (world.root / "agent/a").exists()
 
 
+@pytest.mark.parametrize(
+    "identity", [Identity(1000, -5), Identity(1000, 2**32 - 1), Identity(2**32, 1000)]
+)
+def test_an_identity_no_kernel_has_is_refused(world: World, identity: Identity) -> None:
+    """An id is an integer from 0 to 2**32 - 2, as the identity control is read later."""
+    request = parse_request({"name": "a", "label": "a_t"}, "request", world.root)
+
+    with pytest.raises(CtxError) as refused:
+        create_agent(world.root, request, identity)
+
+    assert refused.value.errno == errno.EINVAL and "is not a uid or gid" in refused.value.message
+    assert not (world.root / "agent/a").exists()
+
+
 def test_without_a_default_user_root_must_name_one(
     world: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
