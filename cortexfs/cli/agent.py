@@ -133,22 +133,29 @@ def show(name: str, storage_dir: Path | None, as_json: bool) -> None:
     name = object_name_argument(name, "agent")
     view = AgentView.load(resolve_storage(storage_dir), name)
     cwd, _ = view.working_directory()
+    mounts = [
+        [str(m.source), str(m.target), "rw" if m.writable else "ro"] for m in view.visible_mounts()
+    ]
     facts = {
         "name": view.name,
         "label": view.label or None,
         "identity": identity_json(view.identity),
         "ctx_path": view.ctx_path(),
-        "mounts": [
-            [str(m.source), str(m.target), "rw" if m.writable else "ro"]
-            for m in view.visible_mounts()
-        ],
+        "mounts": mounts,
         "cwd": str(cwd),
     }
     if as_json:
         emit_json(facts)
         return
-    for key, value in facts.items():
-        click.echo(f"{key}: {value}")
+    ids = view.identity
+    click.echo(f"name: {view.name}")
+    click.echo(f"label: {view.label or '(none)'}")
+    groups = ",".join(str(group) for group in sorted(ids.groups)) or "(none)"
+    click.echo(f"identity: uid {ids.uid}, gid {ids.gid}, groups {groups}")
+    click.echo(f"ctx_path: {facts['ctx_path']}")
+    for source, target, access in mounts:
+        click.echo(f"mount: {source} at {target} ({access})")
+    click.echo(f"cwd: {cwd}")
 
 
 def _identity(user: str | None, gid: int | None, groups: str | None) -> Identity | None:

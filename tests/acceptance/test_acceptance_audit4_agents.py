@@ -177,3 +177,22 @@ def test_agent_create_takes_the_largest_gid(storage):
     assert r.json()["identity"]["groups"] == [1, 2]
     shown = ctx_run("agent", "show", "helper", "--json", "--storage", storage)
     assert shown.rc == 0, shown
+
+
+@needs_root
+def test_agent_show_text_is_for_people_not_python_reprs(storage):
+    request = json.dumps({"name": "helper", "label": "helper_t"})
+    options = ["--user", "nobody", "--gid", "7", "--groups", "20,10"]
+    r = ctx_run("agent", "create", "-", *options, "--storage", storage, input=request)
+    assert r.rc == 0, r
+    shown = ctx_run("agent", "show", "helper", "--storage", storage)
+    assert shown.rc == 0, shown
+    uid = ctx_run("agent", "show", "helper", "--json", "--storage", storage).json()["identity"]
+    assert shown.lines() == [
+        "name: helper",
+        "label: helper_t",
+        f"identity: uid {uid['uid']}, gid 7, groups 10,20",
+        f"ctx_path: /ctx/tool:/ctx/home/{uid['uid']}/tool",
+        f"mount: {storage} at /ctx (ro)",
+        "cwd: /",
+    ]
