@@ -230,7 +230,15 @@ def workspace_directory(workspace: Path | None, no_workspace: bool) -> Path | No
     """The directory to mount at /workspace by default (A-1), or None for none."""
     if workspace is not None and no_workspace:
         raise usage_problem(invalid("give --workspace DIR or --no-workspace, not both"))
-    return None if no_workspace else (workspace or Path.cwd())
+    if no_workspace or workspace is not None:
+        return workspace
+    try:
+        return Path.cwd()
+    except FileNotFoundError:
+        raise not_found(
+            "the current directory, the terminal's default /workspace, no longer exists: "
+            "change to another, or give --workspace DIR or --no-workspace"
+        ) from None
 
 
 def terminal_facts(terminal: Terminal) -> dict[str, str | None]:

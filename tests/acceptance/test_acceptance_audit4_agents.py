@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.acceptance.ctxcli import clean_env, ctx_run
+from tests.acceptance.ctxcli import CTX_ARGV, clean_env, ctx_run
 
 
 def tool_env(storage: Path, **extra: str) -> dict[str, str]:
@@ -196,3 +196,22 @@ def test_agent_show_text_is_for_people_not_python_reprs(storage):
         f"mount: {storage} at /ctx (ro)",
         "cwd: /",
     ]
+
+
+# ------------------------------------------------------------------ A-1: the workspace
+
+
+def test_start_from_a_removed_directory_says_which_directory(storage, tmp_path):
+    """A-1: the current directory is the default /workspace; when it is gone the refusal
+    says so (ENOENT, exit 1) instead of a bare 'No such file or directory'."""
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    ctx = Path(CTX_ARGV[0])
+    for command in (f"{ctx} agent start coder", f"{storage}/bin/ctxterm coder"):
+        r = subprocess.run(
+            f"cd {gone} && rmdir {gone} && exec {command} --storage {storage}",
+            shell=True, capture_output=True, text=True, env=clean_env(), timeout=60,
+        )  # fmt: skip
+        assert r.returncode == 1, r
+        assert "ENOENT: the current directory, the terminal's default /workspace" in r.stderr
+        gone.mkdir()
