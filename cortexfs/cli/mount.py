@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
-import shutil
 import stat
-import subprocess
 from pathlib import Path
 
 import click
@@ -75,9 +73,10 @@ def require_empty_directory(mountpoint: Path) -> None:
             f"the mount point {mountpoint} does not exist; create an empty directory there"
         ) from None
     except OSError as exc:
-        raise CtxError(
-            exc.errno or errno.EIO, f"the mount point {mountpoint}: {exc.strerror}"
-        ) from None
+        reason = f"the mount point {mountpoint}: {exc.strerror}"
+        if exc.errno == errno.ENOTCONN:  # a mount whose process died is still in the way
+            reason += f"; remove the dead mount with 'ctx umount {mountpoint}'"
+        raise CtxError(exc.errno or errno.EIO, reason) from None
     if not is_directory:
         raise CtxError(
             errno.ENOTDIR, f"the mount point {mountpoint} is not a directory; give an empty one"
@@ -85,15 +84,14 @@ def require_empty_directory(mountpoint: Path) -> None:
 
 
 @click.command("umount")
-@click.argument("mountpoint", type=NonEmptyPath(exists=True, file_okay=False, path_type=Path))
+@click.argument("mountpoint", type=NonEmptyPath(path_type=Path))
 @handles_errors
 def umount(mountpoint: Path) -> None:
-    """Unmount a storage root mounted with 'ctx mount'; its process then exits."""
-    if not os.path.ismount(mountpoint):
-        raise invalid(f"{mountpoint} is not a mount point")
-    command = ["fusermount3", "-u", str(mountpoint)]
-    if shutil.which("fusermount3") is None:
-        command = ["umount", str(mountpoint)]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise CtxError(errno.EBUSY, f"cannot unmount {mountpoint}: {done.stderr.strip()}")
+    """Unmount a storage root mounted with 'ctx mount'; its process then exits.
+
+    Also removes a mount whose process was killed ('Transport endpoint is not connected').
+    Anything at MOUNTPOINT that 'ctx mount' did not make is refused (EINVAL).
+    """
+    from cortexfs.fuse.mounts import unmount
+
+    unmount(mountpoint)

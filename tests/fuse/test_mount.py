@@ -85,6 +85,50 @@ def test_ctx_umount_ends_the_mount_cleanly(world: World) -> None:
         assert process.returncode == 0, process.stderr
 
 
+def ctx_umount(mountpoint: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "cortexfs", "umount", str(mountpoint)],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+
+
+def test_ctx_umount_removes_a_mount_whose_process_was_killed(world: World) -> None:
+    mountpoint = world.scratch / "ctx"
+    with mounted(world.root, mountpoint) as process:
+        process.kill()
+        process.wait(timeout=30)
+        with pytest.raises(OSError) as dead:
+            os.listdir(mountpoint)
+        assert dead.value.errno == errno.ENOTCONN
+
+        again = ctx_mount(world.root, mountpoint)
+        assert again.returncode == 1
+        assert "ENOTCONN" in again.stderr and "ctx umount" in again.stderr, again.stderr
+
+        done = ctx_umount(mountpoint)
+        assert done.returncode == 0, done.stderr
+        assert not os.path.ismount(mountpoint) and os.listdir(mountpoint) == []
+
+
+def test_ctx_umount_refuses_what_ctx_mount_did_not_make(world: World) -> None:
+    other = world.scratch / "tmpfs"
+    other.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "none", str(other)], check=True)
+    try:
+        refused = ctx_umount(other)
+        assert refused.returncode == 1
+        assert refused.stderr.startswith("ctx: EINVAL:") and "tmpfs" in refused.stderr
+        assert os.path.ismount(other)
+    finally:
+        subprocess.run(["umount", str(other)], check=True)
+
+    for path, code in ((other, "EINVAL"), (world.scratch / "missing", "ENOENT")):
+        refused = ctx_umount(path)
+        assert refused.returncode == 1 and refused.stderr.startswith(f"ctx: {code}:"), (
+            refused.stderr
+        )
+
+
 def ctx_mount(root: Path, mountpoint: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """``ctx mount`` expected to refuse (it would otherwise stay in the foreground)."""
     return subprocess.run(

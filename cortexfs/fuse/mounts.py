@@ -1,0 +1,68 @@
+"""``ctx umount``: find a CortexFS mount in the mount table and unmount it (SPEC F-1).
+
+The mount table, not ``stat``, says what is mounted where: a mount whose daemon was killed
+answers every ``stat`` with ``ENOTCONN``, and is exactly the one a user most needs to remove.
+Only a mount that ``ctx mount`` made (type ``fuse.cortexfs``) is unmounted; anything else at
+that path is refused, so a mistyped path cannot unmount another filesystem, even as root.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+from cortexfs.errors import CtxError, invalid, not_found
+
+FILESYSTEM_TYPE = "fuse.cortexfs"  # what ``subtype=cortexfs`` makes the kernel call it
+MOUNT_TABLE = Path("/proc/self/mountinfo")
+
+
+def unmount(mountpoint: Path) -> None:
+    """Unmount the CortexFS mount at ``mountpoint``, live or with its daemon gone; its
+    process then exits.  ENOENT, EINVAL (not a mount point, or another filesystem's) or
+    EBUSY (still in use, with the system's reason) otherwise, with nothing changed."""
+    where = _absolute(mountpoint)
+    kind = mounted_type(where)
+    if kind is None:
+        if not os.path.lexists(where):
+            raise not_found(f"{mountpoint} does not exist")
+        raise invalid(f"{mountpoint} is not a mount point")
+    if kind != FILESYSTEM_TYPE:
+        raise invalid(
+            f"{mountpoint} is a {kind} mount, not one of 'ctx mount'; unmount it with umount(8)"
+        )
+    command = ["fusermount3", "-u", str(where)]
+    if shutil.which("fusermount3") is None:
+        command = ["umount", str(where)]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        reason = " ".join(done.stderr.split()) or f"{command[0]} exited {done.returncode}"
+        raise CtxError(errno.EBUSY, f"cannot unmount {mountpoint}: {reason}")
+
+
+def mounted_type(mountpoint: Path) -> str | None:
+    """The filesystem type of the topmost mount at ``mountpoint`` (absolute, normalised);
+    None when nothing is mounted there."""
+    found = None
+    for line in MOUNT_TABLE.read_text().splitlines():
+        fields = line.split(" ")
+        separator = fields.index("-")
+        if _unescaped(fields[4]) == str(mountpoint):
+            found = fields[separator + 1]  # a later line is mounted over an earlier one
+    return found
+
+
+def _absolute(path: Path) -> Path:
+    """``path`` made absolute without touching it: only its parent's links are resolved,
+    since ``stat`` of a mount whose daemon died fails."""
+    absolute = Path(os.path.abspath(path))
+    return absolute.parent.resolve() / absolute.name if absolute.name else absolute
+
+
+def _unescaped(field: str) -> str:
+    """A mountinfo path field, whose space, tab, newline and backslash are octal escapes."""
+    return re.sub(r"\\([0-7]{3})", lambda octal: chr(int(octal.group(1), 8)), field)
