@@ -17,13 +17,15 @@ false (both MCP defaults).  Like every ``cap``, this describes; it grants nothin
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
+import stat
 from collections import Counter
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from cortexfs.errors import exists, invalid
+from cortexfs.errors import CtxError, exists, invalid
 from cortexfs.names import object_name_problem
 from cortexfs.tools.manifest import MANIFEST_VERSION, manifest_problems
 from cortexfs.tools.schemas import schema_problems
@@ -156,6 +158,12 @@ def candidate_path(out: Path, projection: Projection) -> Path:
     return out / f"{projection.name}{MANIFEST_SUFFIX}"
 
 
+def _is_directory(path: Path) -> bool:
+    with contextlib.suppress(FileNotFoundError):
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    return False
+
+
 def write_candidates(
     projections: list[Projection], out: Path, *, replace: bool = False
 ) -> list[Written]:
@@ -167,6 +175,13 @@ def write_candidates(
     file that appears meanwhile is EEXIST too); with it, each is replaced and said so.
     """
     wanted = [p for p in projections if p.manifest is not None]
+    directories = [str(path) for p in wanted if _is_directory(path := candidate_path(out, p))]
+    if directories:  # never replaceable: refused before anything is written
+        raise CtxError(
+            errno.EISDIR,
+            f"{', '.join(directories)}: a directory where a candidate goes; move it away "
+            "(--replace overwrites only files)",
+        )
     if not replace:
         present = [str(path) for p in wanted if (path := candidate_path(out, p)).exists()]
         if present:

@@ -326,6 +326,26 @@ def test_a_name_the_server_lists_twice_is_reported_and_neither_copy_written(
     assert sorted(p.name for p in out.iterdir()) == ["fake.other.manifest.json"]
 
 
+@pytest.mark.parametrize("replace", [[], ["--replace"]])
+def test_a_directory_in_a_candidates_place_refuses_before_anything_is_written(
+    config: Path, tmp_path: Path, replace: list[str]
+) -> None:
+    out = tmp_path / "out"
+    (out / "time.convert_time.manifest.json").mkdir(parents=True)
+
+    refused = ctxmcp(
+        "project", "--config", str(config), "--runtime-config", RUNTIME_CONFIG,
+        "--server", "time", "--out", str(out), *replace,
+    )  # fmt: skip
+
+    assert refused.returncode == 1
+    assert refused.stderr == (
+        f"ctxmcp: EISDIR: {out}/time.convert_time.manifest.json: a directory where a candidate "
+        "goes; move it away (--replace overwrites only files)\n"
+    )
+    assert sorted(os.listdir(out)) == ["time.convert_time.manifest.json"], "nothing written"
+
+
 def test_an_earlier_candidate_is_never_overwritten_without_replace(tmp_path: Path) -> None:
     out = tmp_path / "out"
     assert project(scripted(tmp_path, tools=[tool("t")]), out).returncode == 0
