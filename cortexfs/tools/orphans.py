@@ -74,7 +74,10 @@ class OrphanGuard:
     A registration is sent right after the call's process starts (its pid is its group's id);
     the first process cannot have started anything of its own before its parent-death signal
     was set.  Writes never block: a guard that is gone is started again with every group
-    still running.
+    still running, and a line the pipe has no room for (a guard stopped for a long while)
+    waits for the next one, in order — a lost ``-PGID`` would have the guard kill, one day,
+    whatever group has that number then.  A call that ends before its ``+PGID`` was sent
+    cancels it instead.
     """
 
     _SCRIPT = """
@@ -95,6 +98,7 @@ for group in $groups; do kill -s KILL -- "-$group" 2>/dev/null; done
         self._groups: set[int] = set()
         self._fd: int | None = None
         self._guard: subprocess.Popen[bytes] | None = None
+        self._unsent: list[str] = []  # lines the pipe had no room for yet, oldest first
         os.register_at_fork(after_in_child=self._forget)
 
     @contextlib.contextmanager
@@ -114,15 +118,23 @@ for group in $groups; do kill -s KILL -- "-$group" 2>/dev/null; done
         if self._fd is None:
             self._start()  # it learns every registered group, this one included
             return
+        registration = "+" + line[1:]
+        if line.startswith("-") and registration in self._unsent:
+            self._unsent.remove(registration)  # the guard never heard of this group
+        else:
+            self._unsent.append(line)
         try:
-            os.write(self._fd, line.encode())
+            while self._unsent:
+                os.write(self._fd, self._unsent[0].encode())  # a line: all of it or nothing
+                del self._unsent[0]
         except BlockingIOError:
-            pass  # a guard stopped for a long while: losing one line beats hanging a call
+            pass  # the guard is stopped: the rest goes with the next line, never blocking
         except OSError:  # it was killed: a new one, told about every running call
             self._stop()
             self._start()
 
     def _start(self) -> None:
+        self._unsent = []  # the new guard is told the running groups, all at once
         read_end, write_end = os.pipe()
         try:
             self._guard = subprocess.Popen(
@@ -156,6 +168,7 @@ for group in $groups; do kill -s KILL -- "-$group" 2>/dev/null; done
         have been held by another thread at the fork."""
         self._lock = threading.Lock()
         self._groups = set()
+        self._unsent = []
         if self._fd is not None:
             with contextlib.suppress(OSError):
                 os.close(self._fd)

@@ -1,0 +1,53 @@
+"""The orphan guard (cortexfs.tools.orphans): what it kills when its process is gone."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+
+BEYOND_PID_MAX = 2**22 + 1  # no process group can have this number: safe for a guard to kill
+
+STALLED_GUARD = f"""
+import os, signal, subprocess, time
+from cortexfs.tools.orphans import GUARD
+
+finished = subprocess.Popen(
+    ["sleep", "120"], start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+)
+print(finished.pid, flush=True)
+with GUARD.watching({BEYOND_PID_MAX}):
+    pass  # starts the guard
+guard = GUARD._guard.pid
+os.kill(guard, signal.SIGSTOP)
+with GUARD.watching(finished.pid):  # a call whose group the guard was told of
+    for _ in range(20_000):  # far more lines than the pipe holds while the guard is stopped
+        with GUARD.watching({BEYOND_PID_MAX + 1}):
+            pass
+os.kill(guard, signal.SIGCONT)
+deadline = time.monotonic() + 60
+while GUARD._unsent and time.monotonic() < deadline:  # the guard reads a byte at a time
+    time.sleep(0.1)
+    with GUARD.watching({BEYOND_PID_MAX + 2}):
+        pass  # each later call's lines carry those that waited
+assert not GUARD._unsent, "the guard never caught up"
+"""
+
+
+def test_a_group_whose_call_ended_while_the_guard_was_stopped_is_never_killed() -> None:
+    """Had ``-PGID`` been dropped for want of room in the pipe, the guard would kill that
+    group when its process ends: by then, any group that has the number."""
+    done = subprocess.run(
+        [sys.executable, "-c", STALLED_GUARD], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    group = int(done.stdout)
+    try:
+        time.sleep(1.0)  # the guard has read end-of-file and killed what it still held
+        assert psutil.pid_exists(group) and psutil.Process(group).status() != "zombie"
+    finally:
+        os.killpg(group, signal.SIGKILL)
