@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 
 from cortexfs.errors import CtxError, exists, invalid
 from cortexfs.names import object_name_problem
-from cortexfs.tools.manifest import MANIFEST_VERSION, manifest_problems
+from cortexfs.tools.manifest import MANIFEST_VERSION, config_path_problem, manifest_problems
 from cortexfs.tools.schemas import schema_problems
 
 MANIFEST_SUFFIX = ".manifest.json"
@@ -54,23 +54,11 @@ class Projection(NamedTuple):
 
 
 def check_runtime_config(runtime_config: str) -> str:
-    """The locator's configuration path: an absolute path of a file, as the agent sees it
-    (M-4); else EINVAL.  The bridge reads it in the agent's view, where ``..`` is refused
-    (never normalised away): a locator holding one would name a tool that can never run."""
-    if not os.path.isabs(runtime_config):
-        raise invalid(
-            f"--runtime-config {runtime_config!r} must be an absolute path, as the agent sees it"
-        )
-    if ".." in runtime_config.split("/"):
-        raise invalid(
-            f"--runtime-config {runtime_config!r}: '..' is not allowed; the agent's view "
-            "resolves no '..', so give the path without it"
-        )
-    if runtime_config.endswith("/"):
-        raise invalid(
-            f"--runtime-config {runtime_config!r} ends in '/'; it must name the configuration "
-            "file itself"
-        )
+    """The locator's configuration path, as :func:`config_path_problem` wants it (M-4);
+    else EINVAL, before any server is started."""
+    problem = config_path_problem(runtime_config)
+    if problem:
+        raise invalid(f"--runtime-config {runtime_config!r}: {problem}")
     return runtime_config
 
 

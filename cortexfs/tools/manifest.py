@@ -215,16 +215,35 @@ def _exec_problems(path: Path) -> list[str]:
     return []
 
 
+def config_path_problem(config: str) -> str | None:
+    """What keeps ``config`` from being an MCP locator's configuration path (M-4): an
+    absolute path of a file, as the agent sees it.  The bridge reads it in the agent's view,
+    where ``..`` is refused (never normalised away): a locator holding one would name a tool
+    that can never run.  None when it is one."""
+    if not config.startswith("/"):
+        return "not an absolute path; give it as the agent sees it"
+    if ".." in config.split("/"):
+        return "'..' is not allowed; the agent's view resolves no '..', so give the path without it"
+    if config.endswith("/"):
+        return "ends in '/'; it must name the configuration file itself"
+    return None
+
+
 def _mcp_problems(locator: dict[str, Any], name: object) -> list[str]:
     """M-3: an MCP-backed tool is named exactly ``<server>.<remote_tool>``.
 
     The server is an object name of its own (a key of the configuration, named in tool
     names); the remote tool's name need only make that whole name legal (R-3), so a server's
     ``-dash`` is projected as ``srv.-dash``."""
+    problems = []
+    config = locator.get("config")
+    if isinstance(config, str) and config.startswith("/"):  # the schema wants the '/'
+        problem = config_path_problem(config)
+        if problem:
+            problems.append(f"mcp/config: {problem}")
     server, remote = locator.get("server"), locator.get("tool")
     if not (isinstance(server, str) and isinstance(remote, str)):
-        return []
-    problems = []
+        return problems
     problem = object_name_problem(server)
     if problem:
         problems.append(f"mcp/server: {problem}")

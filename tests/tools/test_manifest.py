@@ -110,6 +110,22 @@ def test_an_mcp_backed_tool_is_named_server_dot_tool(tmp_path: Path) -> None:
     assert right.mcp == locator and right.exec_path is None
 
 
+@pytest.mark.parametrize(
+    ("config", "reason"),
+    [("/workspace/../etc/m.json", "'..' is not allowed"), ("/etc/", "ends in '/'")],
+)
+def test_an_mcp_locator_the_bridge_could_never_read_is_refused(
+    tmp_path: Path, config: str, reason: str
+) -> None:
+    """M-4: the bridge reads the configuration in the agent's view, which resolves no '..'
+    and opens a file; ctxmcp refuses such a path, and so does the manifest check."""
+    locator = {"transport": "stdio", "config": config, "server": "github", "tool": "search"}
+
+    problems = problems_of(manifest(tmp_path, exec=None, mcp=locator, name="github.search"))
+
+    assert any(problem.startswith(f"mcp/config: {reason}") for problem in problems), problems
+
+
 def test_a_file_that_is_not_json_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "broken.json"
     path.write_text("{not json")
