@@ -136,6 +136,23 @@ class Terminal:
         self.stopping = False
         self.calls: set[int] = set()  # children running a tool for tsh
 
+    def workspace_warning(self) -> str | None:
+        """Why the default ``/workspace`` may grant more than its starter meant: a workspace
+        holding the storage root (started in ``/`` or in the root itself) shows the agent the
+        root past its filtered view (T-5) — the mode bits still apply to its uid.  None when
+        it does not."""
+        workspace = self.view.workspace
+        if workspace is None:
+            return None
+        root = Path(os.path.realpath(self.root))
+        if not root.is_relative_to(workspace.source):
+            return None
+        return (
+            f"/workspace is {workspace.source}, which holds the storage root {root}: "
+            f"{self.view.name} reaches it there past its view of /ctx (as far as the mode "
+            "bits let its uid); give --workspace DIR or --no-workspace to grant less"
+        )
+
     # ------------------------------------------------------------------- starting
 
     def prepare(self) -> None:

@@ -298,6 +298,9 @@ def start(
     terminal = Terminal(root, name, session, directory)
     terminal.prepare()
     _daemonize(terminal)
+    warning = terminal.workspace_warning()
+    if warning is not None:
+        click.echo(f"ctx: warning: {warning}", err=True)
     facts = terminal_facts(terminal)
     if as_json:
         emit_json(facts)

@@ -443,6 +443,32 @@ def test_workspace_option_no_workspace_and_the_agents_own_workspace(
         ctx(world.root, "agent", "stop", "mounted", "--session", own)
 
 
+def test_a_workspace_holding_the_storage_root_is_warned_of(world: World, project: Path) -> None:
+    """Started in the storage root (or above it), the default /workspace shows the agent the
+    root past its view of /ctx: the start says so, and how to grant less."""
+    unmounted_agent(world)
+    above, narrow = fresh_session(), fresh_session()
+
+    def start(directory: Path, session: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "cortexfs", "agent", "start", "coder", "--session", session],
+            cwd=directory, capture_output=True, text=True, timeout=60,
+            env={**os.environ, "CTX_STORAGE": str(world.root)},
+        )  # fmt: skip
+
+    try:
+        warned = start(world.root, above)
+        quiet = start(project, narrow)
+
+        assert warned.returncode == 0, warned.stderr
+        assert warned.stderr.startswith("ctx: warning: /workspace is ")
+        assert "holds the storage root" in warned.stderr and "--no-workspace" in warned.stderr
+        assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr
+    finally:
+        ctx(world.root, "agent", "stop", "coder", "--session", above)
+        ctx(world.root, "agent", "stop", "coder", "--session", narrow)
+
+
 def test_workspace_and_no_workspace_exclude_each_other(world: World, project: Path) -> None:
     unmounted_agent(world)
 
