@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import pwd
 import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -43,11 +44,27 @@ STORAGE_ENV = "CTX_STORAGE"
 def default_root(euid: int | None = None, environ: dict[str, str] | None = None) -> Path:
     """The embedded default storage root for this user (R-1)."""
     env = os.environ if environ is None else environ
-    if (os.geteuid() if euid is None else euid) == 0:
+    euid = os.geteuid() if euid is None else euid
+    if euid == 0:
         return SYSTEM_DEFAULT_ROOT
-    home = Path(env.get("HOME", "~")).expanduser()
-    data_home = env.get("XDG_DATA_HOME") or str(home / ".local" / "share")
+    # Only absolute paths count: the XDG base directory specification calls a relative
+    # XDG_DATA_HOME invalid, to be ignored, and a relative (or empty) HOME is no better; either
+    # would put the root wherever ctx happened to be started.
+    data_home = env.get("XDG_DATA_HOME", "")
+    if not os.path.isabs(data_home):
+        home = env.get("HOME", "")
+        if not os.path.isabs(home):
+            home = _password_home(euid)
+        data_home = os.path.join(home, ".local", "share")
     return Path(data_home) / "cortexfs" / "storage" / "current"
+
+
+def _password_home(uid: int) -> str:
+    """``uid``'s home directory in the password database ("/" when it has none)."""
+    try:
+        return pwd.getpwuid(uid).pw_dir or "/"
+    except KeyError:
+        return "/"
 
 
 def resolve_root(explicit: str | os.PathLike[str] | None = None) -> Path:
