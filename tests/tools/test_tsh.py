@@ -176,3 +176,11 @@ def test_the_path_cache_is_bounded_and_never_changes_what_ctx_path_resolves(
     (late / "t9").unlink()
     assert context.which("t9") is None
     assert context.paths.is_pinned("t0") and len(context.paths) <= 3
+
+
+def test_help_names_every_built_in() -> None:
+    """tsh's help is the only list of its built-ins an agent sees: none may be missing."""
+    from cortexfs.tools.core.tsh import BUILTINS, HELP
+
+    listed = {line.split()[0] for line in HELP.splitlines() if line.startswith("  ")}
+    assert set(BUILTINS) | {"exit"} <= listed

@@ -35,6 +35,7 @@ from cortexfs.tools.core.tsh_context import ToolInfo, TshContext, read_settings
 HELP = """tsh runs CortexFS tools: NAME [ARG...], NAME found on CTX_PATH.  There are no host
 commands here.  Built-ins:
   exit [N]          leave tsh
+  help              this text
   which NAME...     where CTX_PATH resolves NAME
   tools             the tools on CTX_PATH
   load NAME...      load tools' metadata into this tsh's context (running a tool loads it too)
