@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import stat
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -147,3 +149,34 @@ def test_a_config_that_is_not_a_regular_file_is_refused_without_waiting(root: Pa
     refused = ctx(root, "tool", "tsh.config")
 
     assert refused.returncode == 1 and "not a regular file" in refused.stderr
+
+
+ROUNDS = 15
+
+
+def test_concurrent_updates_of_different_keys_are_never_lost(root: Path) -> None:
+    """Each round, one process per key sets it at the same moment; all three updates stay."""
+    config = root / CONFIG
+    start = multiprocessing.Barrier(len(tsh_config.DEFAULTS))
+    updaters = [
+        multiprocessing.Process(target=_set_every_round, args=(config, key, start))
+        for key in tsh_config.DEFAULTS
+    ]
+    for updater in updaters:
+        updater.start()
+    for updater in updaters:
+        updater.join(60)
+    assert [updater.exitcode for updater in updaters] == [0] * len(updaters)
+    final = {key: ROUNDS for key in tsh_config.DEFAULTS}
+    assert tsh_config.effective(config.read_text()) == final
+    assert not [p.name for p in config.parent.iterdir() if p.name.startswith(".")]
+
+
+def _set_every_round(config: Path, key: str, start: Any) -> None:
+    for value in range(1, ROUNDS + 1):
+        start.wait(10)
+        tsh_config.configure(config, {"set": {key: value}}, native=True)
+        start.wait(10)
+        if tsh_config.effective(config.read_text())[key] != value:
+            start.abort()  # the others stop at once instead of waiting out the barrier
+            raise SystemExit(f"{key}={value} was lost")

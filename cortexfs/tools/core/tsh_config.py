@@ -9,7 +9,8 @@ Input ``{"set": {"key": value, ...}}`` updates those keys; without ``set`` the c
 is only read.  In terminal mode the one argument may be ``key=value``:
 ``tsh.config cache_capacity=64``.  Native output ``{"path", "config", "changed"}``; terminal
 output the effective ``key=value`` lines.  An update rewrites the file in one rename, keeping
-its comments and the order of its lines; a key that was absent is appended.  The kernel
+its comments and the order of its lines; a key that was absent is appended; concurrent
+updates take turns under a lock, so none is lost.  The kernel
 decides who may write: the file belongs to the storage root's owner, so an agent can read
 the configuration but not change it unless it was given write access.
 
@@ -19,6 +20,7 @@ the configuration but not change it unless it was given write access.
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import stat
 import sys
@@ -103,13 +105,7 @@ def updated(text: str, changes: dict[str, int]) -> str:
 def configure(path: Path, request: dict[str, Any], native: bool) -> Reply:
     """Read ``path``'s configuration and apply the request's ``set``, if any."""
     changes = _changes(request.get("set"))
-    text = _read(path)
-    if changes:
-        bad = problems(text)
-        if bad:
-            raise ToolFailure(errno.EINVAL, f"{path} must be fixed by hand first: {bad[0]}")
-        text = updated(text, changes)
-        _replace(path, text)
+    text = _update(path, changes) if changes else _read(path)
     settings = effective(text)
     data = {"path": str(path), "config": settings, "changed": sorted(changes)}
     return Reply(data, text="".join(f"{k}={v}\n" for k, v in settings.items()).encode())
@@ -152,16 +148,33 @@ def _read(path: Path) -> str:
     return data.decode("utf-8", "replace")
 
 
-def _replace(path: Path, text: str) -> None:
-    """Write the new text beside the old and rename it into place: readers see one or the
+def _update(path: Path, changes: dict[str, int]) -> str:
+    """Apply ``changes`` to the configuration and return the new text.
+
+    Read, update and replace happen under an exclusive ``flock`` on ``tsh.d/``, so that two
+    updates at once (of different keys, say) are applied one after the other and neither is
+    lost.  The lock is on the directory, not on the file, whose inode every update replaces.
+    The new text is written beside the old and renamed into place: readers see one or the
     other, and a crash leaves one or the other (plus, at worst, a temporary file)."""
     ops = durable.default_ops()
-    directory = durable.open_dir_path(ops, str(path.parent))
     try:
+        directory = durable.open_dir_path(ops, str(path.parent))
+    except FileNotFoundError:
+        raise ToolFailure(
+            errno.ENOENT, f"{path} does not exist; ctx bootstrap creates it"
+        ) from None
+    try:
+        fcntl.flock(directory, fcntl.LOCK_EX)
+        text = _read(path)
+        bad = problems(text)
+        if bad:
+            raise ToolFailure(errno.EINVAL, f"{path} must be fixed by hand first: {bad[0]}")
+        text = updated(text, changes)
         mode = stat.S_IMODE(os.stat(path.name, dir_fd=directory, follow_symlinks=False).st_mode)
         durable.replace_file_synced(ops, directory, path.name, text.encode(), mode)
+        return text
     finally:
-        ops.close(directory)
+        ops.close(directory)  # closing the last descriptor releases the lock
 
 
 def run_configure(path: Path, argv: list[str], program: str | None = None) -> int:
