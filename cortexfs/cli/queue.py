@@ -262,15 +262,16 @@ def init(queue_dir: Path, as_json: bool) -> None:
 @handles_errors
 @queue_options
 @click.option("--name", help="Job name (the .req.json suffix is added when missing).")
-@click.option("--batch", is_flag=True, help="SOURCE is JSONL: one request per line, one commit.")
+@click.option("--batch", is_flag=True, help="FILE is JSONL: one request per line, one commit.")
 @click.argument("source", required=False, metavar="(FILE | -)")
 def publish(
     queue_dir: Path, as_json: bool, name: str | None, batch: bool, source: str | None
 ) -> None:
     """Publish a request (a JSON object with 'tool' and 'input') as a pending job.
 
-    Prints the job name.  With --batch every line of SOURCE is one request, published as a
-    group commit (one barrier for the whole batch); one bad line refuses the whole batch.
+    FILE, or - for stdin, holds the request; prints the job name.  With --batch every line of
+    FILE is one request, published as a group commit (one barrier for the whole batch); one
+    bad line refuses the whole batch.
     Refused with EEXIST when the name already has evidence anywhere in the queue.
     """
     if source is None:
