@@ -15,11 +15,13 @@ On the embedded default storage root (or $CTX_STORAGE), with the real command li
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pwd
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -55,13 +57,27 @@ def agent_user() -> str:
     return "nobody" if os.geteuid() == 0 else pwd.getpwuid(os.geteuid()).pw_name
 
 
-MOUNT = ["/tmp", "/tmp", "rw"]
+def scratch_base() -> Path:
+    """The one directory the demo agent may write, its only mount: each run makes its scratch
+    directory below it.  A directory of this user's own, not all of /tmp: an agent that can
+    write the storage root (a root under /tmp, a HOME there) could rewrite its own controls, and
+    step 4 of the authority chain refuses every call such an agent makes."""
+    base = Path(tempfile.gettempdir()) / f"cortexfs-demo-{os.geteuid()}"
+    with contextlib.suppress(FileExistsError):
+        base.mkdir(mode=0o755)
+    found = base.lstat()
+    if not stat.S_ISDIR(found.st_mode) or found.st_uid != os.geteuid():
+        raise SystemExit(
+            f"demo: EEXIST: {base} is not a directory of uid {os.geteuid()}; remove it, or set "
+            "TMPDIR to a directory of your own"
+        )
+    return base
 
 
-def prepare_agent(root: Path, scratch: Path) -> None:
+def prepare_agent(root: Path, scratch: Path, mount: list[str]) -> None:
     """Create the demo agent once; grant shell.exec in the tool's own policy once."""
     controls = root / "agent" / f"{AGENT}.d"
-    if controls.is_dir() and MOUNT not in json.loads((controls / "mount").read_text()):
+    if controls.is_dir() and mount not in json.loads((controls / "mount").read_text()):
         # An agent of an older demo that worked elsewhere: this demo owns it, so replace it.
         print(f"$ rm -r {root}/agent/{AGENT} {controls}   # a demo agent of an older version")
         (root / "agent" / AGENT).unlink(missing_ok=True)
@@ -76,7 +92,7 @@ def prepare_agent(root: Path, scratch: Path) -> None:
                     "model": [],
                     "tools": ["shell.exec"],
                     "shared": {PROJECT: ["read", "write"]},
-                    "mount": [MOUNT],
+                    "mount": [mount],
                 }
             )
         )
@@ -106,13 +122,14 @@ def main() -> int:
     root = storage.resolve_root(None)
     print(f"CortexFS demo on storage root {root}\n")
     ctx("bootstrap", quiet=True)
-    with tempfile.TemporaryDirectory(prefix="cortexfs-demo-") as scratch_name:
+    base = scratch_base()
+    with tempfile.TemporaryDirectory(prefix="run-", dir=base) as scratch_name:
         scratch = Path(scratch_name)
         os.chmod(scratch, 0o777)  # the agent's uid records job starts here
         starts = scratch / "starts.log"
         starts.touch(mode=0o666)
         os.chmod(starts, 0o666)
-        prepare_agent(root, scratch)
+        prepare_agent(root, scratch, [str(base), str(base), "rw"])
         ctx("queue", "init", "--project", PROJECT)
         batch = scratch / "jobs.jsonl"
         batch.write_text(
