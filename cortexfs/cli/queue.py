@@ -58,8 +58,8 @@ def queue_options(fn: F) -> F:
     @click.option(
         "--project",
         "-p",
-        help="Project name: the queue is shared/PROJECT/queue.  A value with a '/' in it is "
-        "the path of a queue directory (names never contain '/').",
+        help="Project name: the queue is shared/PROJECT/queue (default: $CTX_PROJECT).  A "
+        "value with a '/' in it is the path of a queue directory (names never contain '/').",
     )
     @click.option(
         "--queue",
