@@ -415,13 +415,19 @@ class Terminal:
         finally:
             self._record_stopped()
             self.close()
-        assert self.shell is not None
-        return self.shell.returncode or 0
+        return self._shell_status() or 0
+
+    def _shell_status(self) -> int | None:
+        """tsh's exit status as a shell reports it (128 + N after signal N, as a stop's
+        SIGKILL leaves it); None while it runs.  A negative return code would reach the
+        caller of ctxterm as its low byte (247 for SIGKILL)."""
+        status = None if self.shell is None else self.shell.poll()
+        return status if status is None or status >= 0 else 128 - status
 
     def _record_stopped(self) -> None:
         """The end, in the agent's log before the sockets go (``ctx agent stop`` waits for
         them to go); a log that cannot be written does not keep the terminal from ending."""
-        exit_status = None if self.shell is None else self.shell.poll()
+        exit_status = self._shell_status()
         facts: dict[str, object] = {"reason": "stop" if self.stopping else "exit"}
         if exit_status is not None:
             facts["exit_status"] = exit_status

@@ -45,7 +45,8 @@ def ctxterm(
     tsh runs in AGENT's sandbox on a PTY this process owns; watch it with
     'ctx agent watch AGENT --session S', join with 'ctx agent attach'.  ctxterm returns
     when the terminal ends ('exit' in tsh, 'ctx agent stop', SIGTERM or Ctrl-C here),
-    with tsh's exit status.  Needs root, bubblewrap and the 'fuse' extra.
+    with tsh's exit status (137 when a stop killed it).  Needs root, bubblewrap and the
+    'fuse' extra.
     """
     from cortexfs.agents.ctxterm import serve_in_foreground, start_terminal
 

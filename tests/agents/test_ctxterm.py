@@ -79,7 +79,9 @@ def test_ctx_agent_stop_and_ctrl_c_end_a_foreground_ctxterm(world: World) -> Non
             else:
                 stopped = ctx(world.root, "agent", "stop", "coder", "--session", session)
                 assert stopped.returncode == 0, stopped.stderr
-            process.wait(timeout=30)
+            # The stop kills tsh: its status as a shell reports it, 128 + SIGKILL, not the
+            # low byte of a negative return code (247).
+            assert process.wait(timeout=30) == 128 + signal.SIGKILL, stop
         finally:
             if process.poll() is None:
                 process.kill()
