@@ -227,16 +227,27 @@ def grant_group_access(ops: FsOps, fd: int, group_bits: int) -> None:
 
 
 def write_file_synced(
-    ops: FsOps, dir_fd: int, name: str, data: bytes, mode: int = 0o644, *, group: int = 0
+    ops: FsOps,
+    dir_fd: int,
+    name: str,
+    data: bytes,
+    mode: int = 0o644,
+    *,
+    group: int = 0,
+    exact_mode: bool = False,
 ) -> None:
     """Create ``name`` (which must not exist) holding ``data``, and fsync it.
 
     On return the file's data and size are durable; its *name* is not, until ``dir_fd`` is
     synced.  ``group``: access bits the file's group gets whatever the umask
-    (:func:`grant_group_access`).  On failure the partial file is removed.
+    (:func:`grant_group_access`).  ``exact_mode``: the file gets ``mode`` itself, not ``mode``
+    less the umask (a replacement that keeps the bits of the file it replaces).  On failure
+    the partial file is removed.
     """
     fd = ops.create_file(name, dir_fd, mode)
     try:
+        if exact_mode and stat.S_IMODE(os.fstat(fd).st_mode) != mode:
+            ops.fchmod(fd, mode)
         grant_group_access(ops, fd, group)
         ops.write(fd, data)
         ops.fsync(fd)

@@ -125,6 +125,25 @@ def test_fs_write_is_atomic_owned_by_the_agent_and_never_replaces_when_told_not_
     assert sorted(os.listdir(target.parent)) == ["b.txt", "new.bin"], "no temporary file left"
 
 
+def test_fs_write_keeps_the_permission_bits_of_the_file_it_replaces(agent: World) -> None:
+    """Whatever the tool's umask (022) would take away: a group-writable file in a shared
+    place stays group-writable after an agent rewrites it.  Special bits are not carried over
+    to content the agent wrote."""
+    shared = agent.workspace / "sub" / "b.txt"
+    shared.chmod(0o660)
+    special = agent.workspace / "sub" / "tool"
+    special.write_text("#!/bin/sh\n")
+    os.chown(special, agent.user.uid, agent.user.gid)
+    special.chmod(0o2775)
+
+    assert agent.run("fs.write", {"path": "sub/b.txt", "content": "rewritten"}).ok
+    assert agent.run("fs.write", {"path": "sub/tool", "content": "#!/bin/sh\ntrue\n"}).ok
+
+    assert shared.read_text() == "rewritten"
+    assert oct(shared.stat().st_mode & 0o7777) == oct(0o660)
+    assert oct(special.stat().st_mode & 0o7777) == oct(0o775)
+
+
 def test_fs_write_is_refused_by_the_kernel_where_the_agent_may_not_write(agent: World) -> None:
     locked = agent.workspace / "locked"
     locked.mkdir()

@@ -4,9 +4,10 @@ Input ``{"path": str, "content": str, "encoding": "utf-8"|"base64" = "utf-8",
 "overwrite": bool = true}``.  The new contents go to a hidden temporary file in the same
 directory, are fsynced, and replace the file in one rename (or, with ``overwrite`` false, are
 moved in without replacing anything: EEXIST when the file exists); the directory is synced
-before the tool answers, through :mod:`cortexfs.durable`.  A replaced file keeps its mode; a new
-one gets 0644 (less the umask).  Native output ``{"path", "bytes", "created"}``.  In terminal
-mode without ``content`` the contents are read from stdin: ``fs.write notes.txt < draft.txt``.
+before the tool answers, through :mod:`cortexfs.durable`.  A replaced file keeps its permission
+bits whatever the umask (never setuid, setgid or sticky bits); a new one gets 0644 less the
+umask.  Native output ``{"path", "bytes", "created"}``.  In terminal mode without ``content``
+the contents are read from stdin: ``fs.write notes.txt < draft.txt``.
 """
 
 from __future__ import annotations
@@ -39,10 +40,15 @@ def write(request: dict[str, object], native: bool) -> Reply:
             raise ToolFailure(errno.EISDIR, f"{place.view} exists and is not a regular file")
         if existing is not None and not overwrite:
             raise ToolFailure(errno.EEXIST, f"{place.view} exists and overwrite is false")
-        mode = stat.S_IMODE(existing.st_mode) if existing else 0o644
+        # A replacement keeps the permission bits it replaces, whatever this process's umask
+        # (a group-writable file in a shared space stays so); never setuid, setgid or sticky
+        # bits on content the agent wrote.
+        mode = existing.st_mode & 0o777 if existing else 0o644
         temporary = f".{place.name}.{os.urandom(6).hex()}.tmp"
         with confine.reporting(place):
-            durable.write_file_synced(ops, parent, temporary, data, mode)
+            durable.write_file_synced(
+                ops, parent, temporary, data, mode, exact_mode=existing is not None
+            )
             try:
                 if existing is None:
                     durable.move_noreplace(ops, parent, temporary, parent, place.name)
