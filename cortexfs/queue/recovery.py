@@ -170,14 +170,23 @@ def _recover_job(
     queue: Queue, evidence: ev.JobEvidence, report: RecoverReport, *, reconcile: bool, dry_run: bool
 ) -> None:
     assessment = ev.assess(evidence)
+    if assessment.state in ("conflict", "incomplete"):
+        evidence, assessment = _settled(queue, evidence, assessment)
     finding = Finding(evidence.job, assessment.state, assessment.detail, evidence=evidence.paths())
     if assessment.state == "conflict":
         report.conflicts.append(finding)
         return
     if assessment.state == "claimed":
         verdict = _lease_verdict(queue, evidence.job)
-        if verdict.state == UNREADABLE:  # a human decides (Q-6)
-            finding.detail = ev.unreadable_lease(verdict.reason).detail
+        if verdict.state == UNREADABLE:
+            now = ev.assess(ev.evidence_of(queue, evidence.job)).state
+            if now not in ("claimed", "conflict"):
+                # Finished (or requeued) since the scan: its lease was removed on the way, which
+                # is the protocol at work, not damage a human must look at.
+                finding.detail = f"{verdict.reason}; left alone, it is now {now}"
+                report.untouched.append(finding)
+                return
+            finding.detail = ev.unreadable_lease(verdict.reason).detail  # a human decides (Q-6)
             report.conflicts.append(finding)
             return
         if not verdict.gone:
@@ -216,6 +225,31 @@ def _recover_job(
         report.incomplete.append(finding)
     else:
         report.untouched.append(finding)  # another process is completing it right now
+
+
+_SETTLE_LOOKS = 5
+
+
+def _settled(
+    queue: Queue, scanned: ev.JobEvidence, assessment: ev.Assessment
+) -> tuple[ev.JobEvidence, ev.Assessment]:
+    """J's evidence looked at again, until two looks agree.
+
+    The scan lists one directory after another while live workers move jobs between them, so
+    a job claimed or finished during the scan can look both pending and done, or claimed while
+    still pending: a conflict or an incomplete pair that never existed.  Reported, it would
+    send a human after nothing (and make the run exit 1).  Evidence a crash left behind does
+    not move, so the first two looks agree and it is judged as before; a job in motion is
+    judged on where it has settled, or on the last look if it is still moving."""
+    previous = scanned
+    for _ in range(_SETTLE_LOOKS):
+        current = ev.evidence_of(queue, scanned.job)
+        if current == previous:
+            break
+        previous = current
+    else:
+        return previous, ev.assess(previous)
+    return current, (assessment if current == scanned else ev.assess(current))
 
 
 def _holder_verdict(

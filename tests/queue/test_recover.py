@@ -458,3 +458,33 @@ def test_an_orphan_lease_of_a_live_holder_is_left_but_never_called_consistent(
     assert report.repaired == [] and [f.job for f in report.incomplete] == [job]
     assert "alive" in report.incomplete[0].detail and not report.consistent
     assert os.listdir(queue_dir / "lease") == [job]
+
+
+def test_recover_beside_live_workers_reports_no_conflict_that_never_existed(
+    queue: Queue, queue_dir: Path, tmp_path: Path
+) -> None:
+    """Jobs claimed and finished while recover scans can look both pending and done, or lose
+    their lease between the scan and the look at it: recover looks again instead of calling
+    them conflicts, and never touches a job of a live worker."""
+    jobs = [publish(queue, request(n), name=f"j{n}") for n in range(120)]
+    workers = [
+        subprocess.Popen(
+            [sys.executable, "-m", "tests.queue.claim_loop", str(queue_dir), str(log)],
+            cwd=Path(__file__).resolve().parents[2],
+        )
+        for log in (tmp_path / "w0", tmp_path / "w1")
+    ]
+    reports = []
+    try:
+        while any(worker.poll() is None for worker in workers):
+            reports.append(recover(queue, reconcile=True))
+    finally:
+        for worker in workers:
+            worker.wait(60)
+    assert [worker.returncode for worker in workers] == [0, 0]
+    assert [f.detail for report in reports for f in report.conflicts + report.errors] == []
+    # (An empty claimed/J a claim has just made may be removed: the claimer then loses, Q-2.)
+    assert [f.detail for report in reports for f in report.requeued] == []
+    claims = (tmp_path / "w0").read_text().split() + (tmp_path / "w1").read_text().split()
+    assert sorted(claims) == sorted(jobs)  # each job ran once: none was requeued
+    assert recover(queue, reconcile=True).consistent
