@@ -84,6 +84,32 @@ def require_root(root: Path) -> Path:
     return root
 
 
+def require_writable(directory: Path, action: str, fix: str | None = None) -> None:
+    """EACCES unless this process may create entries in ``directory`` (write and search it),
+    saying who may and what to do (``fix``, else: be root or the owner, or use a root of your
+    own).  Checked before anything is made: otherwise the first mkdir or temporary file of the
+    action is refused naming only itself, after what came before it was made."""
+    if os.access(directory, os.W_OK | os.X_OK, effective_ids=True):
+        return
+    try:
+        st = os.stat(directory)
+    except OSError:
+        return  # nothing to judge: the action meets what is there and says so
+    if fix is None:
+        who = "as root or as that owner"
+        if st.st_mode & stat.S_IWGRP:
+            who = f"as root, as that owner or as a member of group {st.st_gid}"
+        fix = (
+            f"run it {who}, or use a storage root of your own (--storage DIR or CTX_STORAGE; "
+            f"without them yours is {default_root()})"
+        )
+    raise CtxError(
+        errno.EACCES,
+        f"cannot {action}: uid {os.geteuid()} may not write in {directory} (owner uid "
+        f"{st.st_uid}, group {st.st_gid}, mode {stat.S_IMODE(st.st_mode):04o}); {fix}",
+    )
+
+
 class BootstrapReport:
     """What ``ctx bootstrap`` did: every path it created or repaired, and problems it left alone."""
 
@@ -130,12 +156,22 @@ def ensure_root_abi(root: Path, ops: durable.FsOps | None = None) -> BootstrapRe
         missing_parents.append(probe)
         probe = probe.parent
     for path in reversed(missing_parents):
-        parent_fd = ops.open_dir(str(path.parent))
         try:
-            if durable.make_dir_synced(ops, parent_fd, path.name, 0o755):
-                report.created.append(str(path))
-        finally:
-            ops.close(parent_fd)
+            parent_fd = ops.open_dir(str(path.parent))
+            try:
+                if durable.make_dir_synced(ops, parent_fd, path.name, 0o755):
+                    report.created.append(str(path))
+            finally:
+                ops.close(parent_fd)
+        except OSError as exc:
+            # The storage root's own directories are made here; a kernel's refusal names only
+            # the last component, which says nothing of which root or what to do.
+            raise CtxError(
+                exc.errno or errno.EIO,
+                f"cannot create {path} for the storage root {root}: {exc.strerror}; create "
+                "it yourself, or choose a storage root you may create (--storage DIR or "
+                "CTX_STORAGE)",
+            ) from None
     try:
         # The root is what the administrator named, and may be a symlink to the directory
         # (storage/current -> a release): every command reaches it through the link, so
@@ -179,6 +215,8 @@ def bootstrap(root: Path, source: Path | None = None) -> BootstrapReport:
     """Create or repair a storage root (R-5).  Idempotent; never destroys user data."""
     for check in _SOURCE_CHECKS:
         check(source)
+    if os.path.isdir(root):
+        require_writable(root, f"bootstrap the storage root {root}")
     report = ensure_root_abi(root)
     for step in _BOOTSTRAP_STEPS:
         with report.step(step.__module__):

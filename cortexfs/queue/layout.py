@@ -19,7 +19,7 @@ from cortexfs import durable, keyvalue
 from cortexfs.errors import CtxError, invalid, not_found
 from cortexfs.queue.claim_order import ClaimOrder, start_hint
 from cortexfs.queue.holder import check_ttl
-from cortexfs.storage import check_space_name
+from cortexfs.storage import check_space_name, require_writable
 
 STATE_DIRS = ("inbox", "pending", "lease", "claimed", "done", "failed")
 CONFIG_NAME = "config"
@@ -207,6 +207,21 @@ class Queue:
     def open_job_dir(self, state: str, job: str) -> int:
         """Open ``claimed/J`` or ``lease/J`` (never through a symlink)."""
         return self.ops.open_dir(job, self.dirs[state])
+
+    def require_writable(self, action: str) -> None:
+        """EACCES, saying who may write there and what to do, unless this process may write
+        every state directory, as a worker does (``action``: what for)."""
+        for state in STATE_DIRS:
+            require_writable(self.path / state, f"{action} in queue {self.path}")
+
+    def not_writable(self, action: str, state: str) -> CtxError:
+        """The error for ``action`` refused by the kernel in the state directory ``state``:
+        EACCES saying who may write there and what to do, not only the entry refused."""
+        try:
+            require_writable(self.path / state, f"{action} in queue {self.path}")
+        except CtxError as exc:
+            return exc
+        return CtxError(errno.EACCES, f"cannot {action} in queue {self.path}: {state}/ refused")
 
     def temp_name(self, job: str, purpose: str) -> str:
         """A fresh staging name in ``inbox/`` that says which job and step it belongs to."""

@@ -108,6 +108,8 @@ def publish(
         durable.write_file_synced(ops, queue.inbox, temp, data, group=queue.file_group)
     except FileExistsError:
         raise _publish_in_progress(job, temp) from None
+    except PermissionError:
+        raise queue.not_writable("publish", "inbox") from None
     # Holding the staging name, look again: a publisher of J that got past the early check
     # before J's first lifecycle moved J out of pending/ is refused here, not acknowledged.
     try:
@@ -173,6 +175,8 @@ def publish_batch(
                 durable.write_file_unsynced(ops, queue.inbox, temp, data, group=queue.file_group)
             except FileExistsError:
                 raise _publish_in_progress(job, temp, batch=True) from None
+            except PermissionError:
+                raise queue.not_writable("publish", "inbox") from None
             temps.append(temp)
         for job in jobs:  # holding every staging name (see publish)
             refuse_known_job(queue, job)
@@ -274,6 +278,8 @@ def claim_job(queue: Queue, job: str, holder: Holder, ttl: float | None = None) 
         ops.mkdir(job, queue.claimed, 0o775)
     except FileExistsError:
         return None
+    except PermissionError:
+        raise queue.not_writable("claim", "claimed") from None
     try:
         claim_fd = queue.open_job_dir("claimed", job)
     except FileNotFoundError:

@@ -59,6 +59,7 @@ def create_shared_space(
     owner = Ownership(-1, os.getegid() if gid is None else gid)
     _require_group_of_caller(owner.gid)
     _require_no_obstacle(path)
+    _require_writable_where_missing(path, name)
     # The root ABI reports its entries relative to the root; the space reports full paths.
     created = [str(root / entry) for entry in storage.ensure_root_abi(root, ops).created]
     created += ensure_directories(ops, root / "shared", [name], mode=SPACE_MODE, owner=owner)
@@ -84,6 +85,17 @@ def _require_no_obstacle(path: Path) -> None:
                     f"{entry} is in the way: it should be {what} of the shared space; "
                     "move it aside, nothing was changed",
                 )
+
+
+def _require_writable_where_missing(path: Path, name: str) -> None:
+    """EACCES, saying who may write there and what to do, before anything is made, when the
+    first missing directory of the space is to be made where the caller may not write (a
+    space of the system's storage root, made by root)."""
+    for entry in (path, *(path / d for d in (*SPACE_DIRS, QUEUE_DIR))):
+        if not entry.is_dir():
+            if entry.parent.is_dir():
+                storage.require_writable(entry.parent, f"create shared space {name}")
+            return
 
 
 def _require_group_of_caller(gid: int) -> None:

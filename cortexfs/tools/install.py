@@ -264,8 +264,28 @@ def require_tier(tier: Tier) -> None:
         raise not_found(f"tier {tier.name} has no directory {tier.directory}; {fix}")
 
 
+def _require_writable_tier(tier: Tier) -> None:
+    """EACCES, saying who may write there and what to do, before anything of the install is
+    made: the tier's directory, or where a user tier's missing directories would be made."""
+    action = f"install into tier {tier.name}"
+    directory = tier.directory
+    while not directory.is_dir() and directory != tier.root:
+        directory = directory.parent
+    if tier.name == "user" and directory == tier.root / "home":
+        home = tier.directory.parent
+        fix = (
+            f"ask an administrator to create {home} owned by you (install -d -o "
+            f"{os.geteuid()} -g {os.getegid()} -m 0755 {home}), or use a storage root of your "
+            f"own (--storage DIR or CTX_STORAGE; without them yours is {storage.default_root()})"
+        )
+        storage.require_writable(directory, action, fix)
+    else:
+        storage.require_writable(directory, action)
+
+
 def _ensure_tier(tier: Tier, ops: durable.FsOps) -> None:
     require_tier(tier)
+    _require_writable_tier(tier)
     if tier.name == "user":
         owner = user_ownership(int(tier.location.split("/")[1]))
         home = ensure_home(ops, tier.root, owner)

@@ -207,6 +207,8 @@ class Worker:
     def run(self) -> WorkerSummary:
         holder = Holder.for_process(worker=self.options.worker_id)
         with Queue.open(self.queue_dir) as queue:
+            # Refused before the first claim, not by the kernel inside a job slot's thread.
+            queue.require_writable("work")
             # The claim order this user's other claimers on this host share (ctx queue claim,
             # other workers): the first claim reads a name instead of listing pending/, and
             # workers started side by side are handed different jobs instead of racing for one.
