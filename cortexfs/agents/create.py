@@ -23,6 +23,7 @@ existing agent is never overwritten (EEXIST).
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import pwd
@@ -118,6 +119,7 @@ def create_agent(
         identity, default_user = default_identity()
     if identity.uid == 0:
         raise invalid("an agent never runs as root (SPEC P-5 step 1); give it an unprivileged user")
+    _require_identity_of_creator(identity)
     identity_control = (json.dumps(identity_json(identity)) + "\n").encode()
     try:
         parse_identity(identity_control)  # what every later use of the agent reads it with
@@ -170,6 +172,29 @@ def create_agent(
         identity,
         default_user,
     )
+
+
+def _require_identity_of_creator(identity: Identity) -> None:
+    """EPERM, before anything is made, when a creator other than root gives the agent a uid or
+    a group it does not hold itself.  Only root can start processes with another's
+    credentials, so nobody else could ever run such an agent (its calls fail at step 1 of the
+    chain, or when the kernel refuses the group), and a root that did would hand out
+    credentials the creator never had."""
+    if os.geteuid() == 0:
+        return
+    own_groups = {os.getegid(), *os.getgroups()}
+    foreign = []
+    if identity.uid != os.geteuid():
+        foreign.append(f"uid {identity.uid}")
+    foreign += [f"group {gid}" for gid in sorted({identity.gid, *identity.groups} - own_groups)]
+    if foreign:
+        mine = ", ".join(str(gid) for gid in sorted(own_groups))
+        raise CtxError(
+            errno.EPERM,
+            f"only root can create an agent that runs as {', '.join(foreign)}: you (uid "
+            f"{os.geteuid()}, groups {mine}) can give an agent only your own uid and groups; "
+            "leave out --user, --gid and --groups, or have root create the agent",
+        )
 
 
 def _entry_program(root: Path, name: str) -> bytes:

@@ -96,7 +96,8 @@ def create(
     The agent runs as you by default.  An agent never runs as root (SPEC P-5):
     when root creates one without --user, it runs as the unprivileged user
     'nobody' (its uid and gid from the password database), and the output says so;
-    --user root (or uid 0) is refused.
+    --user root (or uid 0) is refused.  Anyone but root can give an agent only their
+    own uid and groups (EPERM otherwise): only root can run processes as another.
     """
     root = resolve_storage(storage_dir)
     try:

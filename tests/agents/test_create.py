@@ -298,6 +298,40 @@ def test_a_non_root_creator_keeps_their_own_identity(
 
 
 @pytest.mark.parametrize(
+    ("options", "foreign"),
+    [
+        (["--user", ROOT_DEFAULT_USER], "uid "),
+        (["--gid", "0"], "group 0"),
+        (["--groups", "0"], "group 0"),
+    ],
+)
+def test_a_non_root_creator_cannot_give_an_identity_it_does_not_hold(
+    traversable_tmp: Path, unprivileged_user: UnprivilegedUser, options: list[str], foreign: str
+) -> None:
+    """Only root starts processes with another's credentials: an agent of another uid or group
+    made by the owner of a personal root could never run, and is refused, nothing made."""
+    home = traversable_tmp / "personal"
+    home.mkdir()
+    root = make_root(home)
+    for directory, _, files in os.walk(home):
+        for entry in (directory, *(os.path.join(directory, f) for f in files)):
+            os.chown(entry, unprivileged_user.uid, unprivileged_user.gid)
+    request_file = home / "other.json"
+    request_file.write_text(json.dumps({"name": "other", "label": "other_t"}))
+    os.chmod(request_file, 0o644)
+
+    refused = run_as(
+        unprivileged_user,
+        [*CTX, "--storage", str(root), "agent", "create", str(request_file), *options],
+    )
+
+    assert refused.returncode == 1, refused.stdout
+    assert refused.stderr.startswith("ctx: EPERM: only root can create an agent that runs as ")
+    assert foreign in refused.stderr and "have root create the agent" in refused.stderr
+    assert os.listdir(root / "agent") == []
+
+
+@pytest.mark.parametrize(
     ("permissions", "granted"),
     [
         ("read", ["read"]),
