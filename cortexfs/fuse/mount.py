@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import shutil
 import stat
 import sys
 from collections.abc import Iterator, Sequence
@@ -494,7 +495,31 @@ def _mount(operations: StorageFS, mountpoint: Path, options: set[str]) -> None:
     with contextlib.suppress(Exception):
         pyfuse3.close(unmount=False)  # the session libfuse made for the mount that failed
     reason = message or str(failure)
-    raise CtxError(_errno_named_in(reason), f"cannot mount {mountpoint}: {reason}")
+    code = _errno_named_in(reason)
+    raise CtxError(code, f"cannot mount {mountpoint}: {reason}{_what_mounting_needs(code)}")
+
+
+def _what_mounting_needs(code: int) -> str:
+    """What to do when the kernel refused the mount for want of privilege ('' otherwise): as
+    root libfuse opens /dev/fuse itself; anyone else needs /dev/fuse open to them (mode 0666,
+    as most distributions ship it) and the setuid fusermount3 that makes the mount for them."""
+    if code not in (errno.EACCES, errno.EPERM) or os.geteuid() == 0:
+        return ""
+    try:
+        device = os.stat("/dev/fuse")
+        found = f"/dev/fuse is mode {stat.S_IMODE(device.st_mode):04o}, owner uid {device.st_uid}"
+    except OSError as exc:
+        found = f"/dev/fuse: {exc.strerror}"
+    helper = shutil.which("fusermount3")
+    if helper is None:
+        found += "; fusermount3 is not installed (package fuse3)"
+    elif not os.stat(helper).st_mode & stat.S_ISUID:
+        found += f"; {helper} is not setuid root"
+    return (
+        f"; a user other than root mounts with read-write access to /dev/fuse and a setuid-root "
+        f"fusermount3 ({found}): run 'ctx mount' as root, or ask an administrator to make "
+        "/dev/fuse mode 0666 and fusermount3 setuid root (apt-get install fuse3)"
+    )
 
 
 def _errno_named_in(message: str) -> int:

@@ -176,6 +176,9 @@ def test_a_mount_the_kernel_refuses_is_an_errno_not_a_traceback(world: World) ->
     assert refused.stderr.startswith("ctx: EACCES: "), refused.stderr
     assert "/dev/fuse" in refused.stderr and "Traceback" not in refused.stderr
     assert len(refused.stderr.splitlines()) == 1, refused.stderr
+    # What the user lacks and what to do, not only what libfuse met.
+    assert "/dev/fuse is mode 0600" in refused.stderr, refused.stderr
+    assert "run 'ctx mount' as root, or ask an administrator" in refused.stderr
     assert not os.path.ismount(mountpoint)
 
 
