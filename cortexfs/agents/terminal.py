@@ -158,7 +158,13 @@ class Terminal:
     def prepare(self) -> None:
         """Everything that can fail, before anything is left running: EINVAL/EEXIST."""
         if os.geteuid() != 0:
-            reason = "an agent terminal is started by root (it sets up a sandbox)"
+            agent = self.view.name
+            reason = (
+                "an agent terminal is started by root: its sandbox (bubblewrap) and the switch "
+                f"to the agent's identity need root; have root run 'ctx --storage {self.root} "
+                f"agent start {agent}', or run one tool call at a time with 'ctx run --agent "
+                f"{agent} TOOL'"
+            )
             raise CtxError(errno.EPERM, reason)
         if shutil.which("bwrap") is None:
             raise invalid("bubblewrap (bwrap) is not installed; the terminal runs in its sandbox")

@@ -373,3 +373,30 @@ def test_ctx_agent_create_takes_a_permission_string_and_refuses_a_ctx_mount(
     assert refused.returncode == 1 and "EINVAL" in refused.stderr, refused.stderr
     assert "/ctx is the storage root's place" in refused.stderr
     assert not (world.root / "agent/shadow").exists()
+
+
+def test_an_agent_terminal_started_by_its_non_root_creator_says_who_may(
+    traversable_tmp: Path, unprivileged_user: UnprivilegedUser
+) -> None:
+    """ctx agent start needs root (the sandbox, the identity switch): the owner of a personal
+    root is told so, with the command root runs and what the owner may do meanwhile."""
+    home = traversable_tmp / "personal"
+    home.mkdir()
+    root = make_root(home)
+    for directory, _, files in os.walk(home):
+        for entry in (directory, *(os.path.join(directory, f) for f in files)):
+            os.chown(entry, unprivileged_user.uid, unprivileged_user.gid)
+    request_file = home / "mine.json"
+    request_file.write_text(json.dumps({"name": "mine", "label": "mine_t"}))
+    os.chmod(request_file, 0o644)
+    base = [*CTX, "--storage", str(root), "agent"]
+    assert run_as(unprivileged_user, [*base, "create", str(request_file)]).returncode == 0
+
+    refused = run_as(unprivileged_user, [*base, "start", "mine"])
+
+    assert refused.returncode == 1, refused.stdout
+    assert refused.stderr.startswith("ctx: EPERM: an agent terminal is started by root"), (
+        refused.stderr
+    )
+    assert f"have root run 'ctx --storage {root} agent start mine'" in refused.stderr
+    assert "'ctx run --agent mine TOOL'" in refused.stderr
