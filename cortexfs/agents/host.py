@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 from cortexfs.errors import denied
+from cortexfs.storage import default_root
 
 
 def is_host_administrator(root: Path, uid: int) -> bool:
@@ -23,5 +24,7 @@ def require_host_administrator(root: Path, action: str) -> None:
     if not is_host_administrator(root, os.geteuid()):
         owner = os.stat(root).st_uid
         raise denied(
-            f"only the host administrator (root, or uid {owner} who owns {root}) may {action}"
+            f"only the host administrator (root, or uid {owner} who owns {root}) may {action}; "
+            "run it as one of them, or use a storage root of your own (--storage DIR or "
+            f"CTX_STORAGE; without them yours is {default_root()})"
         )
