@@ -16,7 +16,7 @@ import errno
 import os
 import pwd
 import stat
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 from cortexfs import durable
@@ -41,22 +41,36 @@ SYSTEM_DEFAULT_ROOT = Path("/var/lib/cortexfs/storage/current")
 STORAGE_ENV = "CTX_STORAGE"
 
 
-def default_root(euid: int | None = None, environ: dict[str, str] | None = None) -> Path:
+def default_root(euid: int | None = None, environ: Mapping[str, str] | None = None) -> Path:
     """The embedded default storage root for this user (R-1)."""
     env = os.environ if environ is None else environ
     euid = os.geteuid() if euid is None else euid
     if euid == 0:
         return SYSTEM_DEFAULT_ROOT
-    # Only absolute paths count: the XDG base directory specification calls a relative
-    # XDG_DATA_HOME invalid, to be ignored, and a relative (or empty) HOME is no better; either
-    # would put the root wherever ctx happened to be started.
-    data_home = env.get("XDG_DATA_HOME", "")
-    if not os.path.isabs(data_home):
-        home = env.get("HOME", "")
-        if not os.path.isabs(home):
-            home = _password_home(euid)
-        data_home = os.path.join(home, ".local", "share")
-    return Path(data_home) / "cortexfs" / "storage" / "current"
+    return user_directory("XDG_DATA_HOME", ".local/share", euid, env) / "cortexfs/storage/current"
+
+
+def user_directory(
+    variable: str,
+    under_home: str,
+    euid: int | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Path:
+    """An XDG base directory of this user: ``$variable`` (``XDG_DATA_HOME``, ``XDG_CACHE_HOME``)
+    when it holds an absolute path, else ``under_home`` in the home directory.
+
+    Only absolute paths count: the XDG base directory specification calls a relative one
+    invalid, to be ignored, and a relative (or empty) HOME is no better, so the password
+    database names the home then; either would put our files wherever ctx was started.
+    """
+    env = os.environ if environ is None else environ
+    chosen = env.get(variable, "")
+    if os.path.isabs(chosen):
+        return Path(chosen)
+    home = env.get("HOME", "")
+    if not os.path.isabs(home):
+        home = _password_home(os.geteuid() if euid is None else euid)
+    return Path(home) / under_home
 
 
 def _password_home(uid: int) -> str:

@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cortexfs.names import is_job_name
+from cortexfs.storage import user_directory
 
 if TYPE_CHECKING:
     from cortexfs.queue.layout import Queue
@@ -178,14 +179,12 @@ _COMPACT_AFTER = 1 << 20
 
 def hint_path(queue_path: Path) -> Path:
     """This user's claim-order hint for the queue at ``queue_path`` (a cache file):
-    under ``$XDG_CACHE_HOME/cortexfs``, else ``/var/cache/cortexfs`` for root and
-    ``~/.cache/cortexfs`` for everyone else."""
-    if os.environ.get("XDG_CACHE_HOME"):
-        cache = Path(os.environ["XDG_CACHE_HOME"]) / "cortexfs"
-    elif os.geteuid() == 0:
+    under ``$XDG_CACHE_HOME/cortexfs`` (when that is an absolute path), else
+    ``/var/cache/cortexfs`` for root and ``~/.cache/cortexfs`` for everyone else."""
+    if os.geteuid() == 0 and not os.path.isabs(os.environ.get("XDG_CACHE_HOME", "")):
         cache = Path("/var/cache/cortexfs")
     else:
-        cache = Path(os.environ.get("HOME", "~")).expanduser() / ".cache" / "cortexfs"
+        cache = user_directory("XDG_CACHE_HOME", ".cache") / "cortexfs"
     return cache / "claim-order" / _hint_key(queue_path)
 
 
