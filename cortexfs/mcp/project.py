@@ -152,6 +152,24 @@ def _is_directory(path: Path) -> bool:
     return False
 
 
+def _require_writable_out(out: Path) -> None:
+    """Make ``out`` when missing; EACCES (or the errno met) naming it and what to do when it
+    cannot be made or written, before any candidate is, instead of naming a temporary file."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        if os.access(out, os.W_OK | os.X_OK, effective_ids=True):
+            return
+        reason = os.strerror(errno.EACCES)
+        code = errno.EACCES
+    except OSError as exc:
+        reason, code = exc.strerror or str(exc), exc.errno or errno.EIO
+    raise CtxError(
+        code,
+        f"cannot write candidates in --out {out}: {reason}; give a directory you may write "
+        "(nothing was written)",
+    )
+
+
 def write_candidates(
     projections: list[Projection], out: Path, *, replace: bool = False
 ) -> list[Written]:
@@ -178,7 +196,7 @@ def write_candidates(
                 f"{'exists' if len(present) == 1 else 'exist'}; give --replace to overwrite "
                 "earlier candidates, or another --out"
             )
-    out.mkdir(parents=True, exist_ok=True)
+    _require_writable_out(out)
     written = []
     for projection in wanted:
         path = candidate_path(out, projection)

@@ -7,6 +7,7 @@ negotiating a draft version, offering illegal names, crashing, falling silent â€
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -17,8 +18,12 @@ from typing import Any
 
 import pytest
 
+from cortexfs.errors import CtxError
 from cortexfs.mcp import ACCEPTED_VERSIONS, ANNOUNCED_VERSION
+from cortexfs.mcp.project import Projection, write_candidates
 from tests.support.cli import ctx
+from tests.support.users import UnprivilegedUser
+from tests.tools.support import effective_user
 
 TIME_SERVER = Path(sys.executable).with_name("mcp-server-time")
 SCRIPTED = Path(__file__).with_name("scripted_server.py")
@@ -458,3 +463,20 @@ def test_ctxmcp_writes_nothing_but_the_candidates(config: Path, tmp_path: Path) 
 
     assert set(os.listdir(tmp_path)) - before == {"out"}
     assert all(p.name.endswith(".manifest.json") for p in out.iterdir())
+
+
+def test_an_out_directory_the_user_may_not_write_is_refused_naming_it(
+    traversable_tmp: Path, unprivileged_user: UnprivilegedUser
+) -> None:
+    """Not with the name of a temporary file the kernel refused, and before any is made."""
+    out = traversable_tmp / "out"
+    out.mkdir(mode=0o755)
+    candidate = Projection("t", "fake.t", "a tool", {"manifest": 2}, None)
+
+    with effective_user(unprivileged_user), pytest.raises(CtxError) as refused:
+        write_candidates([candidate], out)
+
+    assert refused.value.errno == errno.EACCES
+    assert refused.value.message.startswith(f"cannot write candidates in --out {out}: ")
+    assert "give a directory you may write" in refused.value.message
+    assert os.listdir(out) == []
