@@ -22,6 +22,7 @@ from cortexfs.queue.holder import check_ttl
 from cortexfs.storage import check_space_name, require_writable
 
 STATE_DIRS = ("inbox", "pending", "lease", "claimed", "done", "failed")
+CONFIG_MODE = 0o644
 CONFIG_NAME = "config"
 LEASE_FILE = "worker"
 RESULT_SUFFIX = ".result"
@@ -271,7 +272,10 @@ def init_queue(path: Path, ops: durable.FsOps | None = None) -> list[str]:
                     start_hint(path)  # an empty pending/ is completely described by no names
         if lstat_at(root_fd, CONFIG_NAME) is None:
             tmp = f".{CONFIG_NAME}.{os.urandom(6).hex()}{TEMP_SUFFIX}"
-            durable.write_file_synced(ops, root_fd, tmp, QueueConfig().render().encode())
+            # Readable by everyone who may reach the queue whatever the creator's umask: every
+            # member of a shared space's group opens the queue through it.
+            config = QueueConfig().render().encode()
+            durable.write_file_synced(ops, root_fd, tmp, config, CONFIG_MODE, exact_mode=True)
             try:
                 durable.move_noreplace(ops, root_fd, tmp, root_fd, CONFIG_NAME)
                 created.append(f"{path}/{CONFIG_NAME}")

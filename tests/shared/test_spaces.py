@@ -38,6 +38,22 @@ def test_create_makes_the_four_directories_group_owned_and_setgid(world: World) 
     assert str(space) in report.created and report.gid == SPACE_GROUP
 
 
+def test_a_creator_s_umask_077_leaves_the_queue_config_readable_by_the_group(
+    world: World,
+) -> None:
+    """Every member opens the queue through queue/config: a 0600 config locked the group out
+    of a space made by a user with umask 077 ('EACCES: config: Permission denied')."""
+    previous = os.umask(0o077)
+    try:
+        create_shared_space(world.root, "private", gid=SPACE_GROUP)
+    finally:
+        os.umask(previous)
+
+    config = os.stat(world.root / "shared/private/queue/config")
+    assert stat.S_IMODE(config.st_mode) & 0o040, oct(config.st_mode)
+    assert config.st_gid == SPACE_GROUP
+
+
 def test_create_is_idempotent_and_completes_a_space_whose_queue_came_first(world: World) -> None:
     storage.ensure_root_abi(world.root)  # the layout older versions' queue init left
     init_queue(queue_path(world.root, "early"))
