@@ -7,8 +7,8 @@ Two layers:
   :mod:`os` directly, so the crash harness (``tests/crash``) can substitute a recorder that sees
   exactly what the protocol does, and a reader can audit every mutation in one place.
 * A few named primitives built on it — :func:`write_file_synced`, :func:`move_noreplace`,
-  :func:`replace_synced`, :func:`sync_dir`, :func:`sync_filesystem` — whose docstrings say what
-  they guarantee and where that guarantee ends.
+  :func:`replace_synced`, :func:`exchange_synced`, :func:`sync_dir`, :func:`sync_filesystem` —
+  whose docstrings say what they guarantee and where that guarantee ends.
 
 What "durable" means here.  POSIX promises nothing about power failure; what we rely on is
 what Linux filesystems document and what ALICE (Pillai et al., OSDI 2014) measured:
@@ -40,6 +40,7 @@ from cortexfs.libc import check, libc
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _NEW_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _RENAME_NOREPLACE = 1
+_RENAME_EXCHANGE = 2
 
 MOVE_RENAME = "rename"
 MOVE_LINK = "link"
@@ -121,6 +122,13 @@ class FsOps:
             src_dir_fd, os.fsencode(src), dst_dir_fd, os.fsencode(dst), _RENAME_NOREPLACE
         )
         check(result, f"renameat2 {src} -> {dst}")
+
+    def rename_exchange(self, src: str, src_dir_fd: int, dst: str, dst_dir_fd: int) -> None:
+        """``renameat2(RENAME_EXCHANGE)``: swap two existing names; EINVAL where unsupported."""
+        result = libc().renameat2(
+            src_dir_fd, os.fsencode(src), dst_dir_fd, os.fsencode(dst), _RENAME_EXCHANGE
+        )
+        check(result, f"renameat2 exchange {src} <-> {dst}")
 
 
 _DEFAULT_OPS = FsOps()
@@ -359,6 +367,20 @@ def replace_synced(ops: FsOps, src_dir: int, src: str, dst_dir: int, dst: str) -
     """
     ops.rename(src, src_dir, dst, dst_dir)
     sync_dirs(ops, [dst_dir, src_dir])
+
+
+def exchange_synced(ops: FsOps, dir_fd: int, first: str, second: str) -> None:
+    """Swap the two existing names ``first`` and ``second`` of ``dir_fd`` in one step, and
+    sync the directory.
+
+    For replacing a whole directory, which ``rename`` cannot do over a non-empty one: readers
+    of either name see the old or the new entry, never none.  A crash leaves the swap done
+    or not done; only the caller can tell which (by an inode it recorded, say).  EINVAL
+    (or ENOSYS) where the filesystem cannot exchange (NFS, among others): nothing changed,
+    and the caller must fall back on moves.
+    """
+    ops.rename_exchange(first, dir_fd, second, dir_fd)
+    sync_dir(ops, dir_fd)
 
 
 def replace_file_synced(ops: FsOps, dir_fd: int, name: str, data: bytes, mode: int) -> None:

@@ -1,33 +1,38 @@
 """Installing an object as a pair: the entry ``<name>`` and its control directory ``<name>.d/``.
 
 Tools (T-1, T-8) and agents (A-3) are both an executable entry plus controls.  Readers find
-an object by its entry (CTX_PATH looks for the executable, T-4), so the entry is what
-publishes a version: it appears only after its complete control directory is in place, and a
-reinstall removes it first, so no reader ever finds an entry without complete controls or a
-half-written control.  (A reader that already holds the old entry may see the new controls;
-the runner detects that by comparing the entry before and after it reads them.)
+an object by its entry (CTX_PATH looks for the executable, T-4), so the entry must never be
+missing, nor its control directory, nor a control be half-written: a reinstall swaps in the
+new control directory whole (``renameat2(RENAME_EXCHANGE)``) and then the new entry (an atomic
+``rename`` over the old one).  Between the two swaps the old entry stands beside the new
+controls; the commit marker ``.<name>~commit`` exists for exactly that long (and no longer),
+so a reader that reads controls between two looks at the entry and at the marker
+(:mod:`cortexfs.tools.commit_marker`) reads one whole version, and every reader finds one.
 
 Staged names are hidden — a leading dot is not a legal object name (R-3) — and carry a token::
 
-    .<name>~<token>~controls      the new control directory, written and synced
+    .<name>~<token>~controls      the new control directory, written and synced, carrying
+                                  the previous version's local state (policy, log, hooks, …)
+                                  as hard links; after the swap, the previous directory
     .<name>~<token>~entry-tmp     the new entry while it is written
-    .<name>~<token>~entry         the new entry, complete and synced: the commit may begin
-    .<name>~<token>~old-entry     the previous entry, moved aside
-    .<name>~<token>~old-controls  the previous control directory, moved aside
+    .<name>~<token>~entry         the new entry, complete and synced
+    .<name>~<token>~old-entry     (older versions of this module: the previous entry)
+    .<name>~<token>~old-controls  the previous control directory, moved aside where the
+                                  filesystem cannot exchange names
+    .<name>~commit                the commit marker: the token and the inode number of the
+                                  new control directory
 
-The commit; every move is durable (both directories synced) before the next step::
+The commit; every step is durable (its directory synced) before the next::
 
-    1. stage ~controls, write ~entry-tmp, move it to ~entry      old version visible
-    2. <name>   -> ~old-entry                                    nothing visible
-    3. <name>.d -> ~old-controls; carry the old version's local
-       state (policy, log, hooks, …) into ~controls as hard links;
-       ~controls -> <name>.d                                     nothing visible
-    4. ~entry   -> <name>                                        new version visible
-    5. remove ~old-entry and ~old-controls
+    1. stage ~controls (carrying the local state over), write ~entry-tmp, move it to ~entry
+    2. write .<name>~commit                                   old version visible
+    3. exchange ~controls and <name>.d                        old entry, new controls
+    4. rename ~entry over <name>                              new version visible
+    5. remove ~controls (now the previous directory), then .<name>~commit
 
-After a crash, :func:`repair_staged` decides from what is left: ``~entry`` without ``<name>``
-means the commit had begun, so it rolls forward (3-5); ``~entry`` beside ``<name>`` means it had
-not, so the staging is discarded; without ``~entry`` only leftovers remain, which are removed.
+After a crash, :func:`repair_staged` decides from what is left: with a commit marker it rolls
+forward (the marker's inode number tells whether step 3 was done), without one the staging is
+discarded (an older version's ``~entry`` without ``<name>`` is rolled forward as it was).
 Installs and repairs of one directory hold an exclusive ``flock`` on it.
 
 A reinstall replaces only what an install wrote: the entry (a regular file), the control
@@ -53,12 +58,14 @@ from typing import NamedTuple
 
 from cortexfs import durable
 from cortexfs.errors import CtxError, exists
+from cortexfs.tools.commit_marker import commit_marker
 
 CONTROLS_SUFFIX = ".d"
 _STAGED = re.compile(
     r"\.(?P<name>[^~/]+)~(?P<token>[0-9a-f]{12})~"
     r"(?P<role>controls|entry-tmp|entry|old-entry|old-controls)"
 )
+_COMMIT = re.compile(r"\.(?P<name>[^~/]+)~commit")
 
 
 @dataclass(frozen=True)
@@ -158,12 +165,11 @@ def install_pair(
             staging = _Staging(name, os.urandom(6).hex())
             try:
                 _stage(ops, dir_fd, staging, kind, entry, entry_mode, controls)
-                if had_entry:
-                    durable.move_noreplace(ops, dir_fd, name, dir_fd, staging.old_entry)
-                _publish(ops, dir_fd, staging, kind)
+                _complete_controls(ops, dir_fd, staging, kind, name + CONTROLS_SUFFIX)
+                _commit(ops, dir_fd, staging)
             except BaseException:
-                # Before step 2 this discards the staging; after it, it finishes the commit
-                # rather than leave the object invisible.
+                # Before the commit marker this discards the staging; after it, it finishes
+                # the commit rather than leave two versions side by side.
                 _repair_locked(ops, dir_fd, kind)
                 raise
         return had_entry
@@ -281,24 +287,70 @@ def _stage(
     durable.move_noreplace(ops, dir_fd, staging.entry_tmp, dir_fd, staging.entry)
 
 
-def _publish(ops: durable.FsOps, dir_fd: int, staging: _Staging, kind: PairKind) -> None:
-    """Steps 3 to 5; each is skipped when a crash had already completed it."""
+def _commit(ops: durable.FsOps, dir_fd: int, staging: _Staging) -> None:
+    """Steps 2 to 5: the marker, then the two swaps."""
+    new_controls = os.stat(staging.controls, dir_fd=dir_fd, follow_symlinks=False).st_ino
+    marker = f"{staging.token} {new_controls}\n".encode()
+    durable.write_file_synced(ops, dir_fd, commit_marker(staging.name), marker)
+    durable.sync_dir(ops, dir_fd)
+    _finish_commit(ops, dir_fd, staging, new_controls)
+
+
+def _finish_commit(ops: durable.FsOps, dir_fd: int, staging: _Staging, new_controls: int) -> None:
+    """Steps 3 to 5; each is skipped when a crash had already completed it.  ``new_controls``
+    (the inode number of the new control directory) tells whether the swap of step 3 was done.
+    """
+    controls = staging.name + CONTROLS_SUFFIX
+    staged = durable.lstat_at(dir_fd, staging.controls)
+    if staged is not None and staged.st_ino == new_controls:
+        if durable.lstat_at(dir_fd, controls) is None:
+            durable.move_noreplace(ops, dir_fd, staging.controls, dir_fd, controls)
+        else:
+            _swap_controls(ops, dir_fd, staging, controls)
+    if durable.lstat_at(dir_fd, staging.entry) is not None:
+        durable.replace_synced(ops, dir_fd, staging.entry, dir_fd, staging.name)
+    _remove(ops, dir_fd, [staging.controls, staging.old_controls])
+    _remove(ops, dir_fd, [commit_marker(staging.name)])
+
+
+def _swap_controls(ops: durable.FsOps, dir_fd: int, staging: _Staging, controls: str) -> None:
+    """Step 3: the new control directory takes the place of the previous one in one step;
+    where the filesystem cannot exchange names, the previous one is moved aside first (the
+    commit marker tells readers to wait for the end of the commit)."""
+    try:
+        durable.exchange_synced(ops, dir_fd, staging.controls, controls)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.ENOSYS):
+            raise
+        durable.move_noreplace(ops, dir_fd, controls, dir_fd, staging.old_controls)
+        durable.move_noreplace(ops, dir_fd, staging.controls, dir_fd, controls)
+
+
+def _publish_interrupted(
+    ops: durable.FsOps, dir_fd: int, staging: _Staging, kind: PairKind
+) -> None:
+    """Roll forward an install that older versions of this module interrupted after they had
+    moved the previous entry aside (``~old-entry``): nothing is visible until it is done."""
     controls = staging.name + CONTROLS_SUFFIX
     if durable.lstat_at(dir_fd, staging.controls) is not None:
         if durable.lstat_at(dir_fd, controls) is not None:
             durable.move_noreplace(ops, dir_fd, controls, dir_fd, staging.old_controls)
-        _complete_controls(ops, dir_fd, staging, kind)
+        _complete_controls(ops, dir_fd, staging, kind, staging.old_controls)
         durable.move_noreplace(ops, dir_fd, staging.controls, dir_fd, controls)
     durable.move_noreplace(ops, dir_fd, staging.entry, dir_fd, staging.name)
     _remove(ops, dir_fd, [staging.old_entry, staging.old_controls])
 
 
-def _complete_controls(ops: durable.FsOps, dir_fd: int, staging: _Staging, kind: PairKind) -> None:
-    """Step 3: carry the previous version's local state over, then fill in defaults."""
+def _complete_controls(
+    ops: durable.FsOps, dir_fd: int, staging: _Staging, kind: PairKind, previous: str
+) -> None:
+    """Carry the local state of the ``previous`` control directory (if any) over into the
+    staged one, then fill in defaults."""
     new_fd = ops.open_dir(staging.controls, dir_fd)
     try:
-        if durable.lstat_at(dir_fd, staging.old_controls) is not None:
-            old_fd = ops.open_dir(staging.old_controls, dir_fd)
+        status = durable.lstat_at(dir_fd, previous)
+        if status is not None and stat.S_ISDIR(status.st_mode):
+            old_fd = ops.open_dir(previous, dir_fd)
             try:
                 _carry_over(ops, old_fd, new_fd, skip=kind.defined)
             finally:
@@ -340,21 +392,50 @@ def _carry_over(ops: durable.FsOps, old_fd: int, new_fd: int, skip: frozenset[st
 
 
 def _repair_locked(ops: durable.FsOps, dir_fd: int, kind: PairKind) -> list[str]:
+    done = []
+    for entry in sorted(os.listdir(dir_fd)):
+        match = _COMMIT.fullmatch(entry)
+        if match:
+            done.append(_finish_interrupted_commit(ops, dir_fd, match["name"]))
     groups: dict[tuple[str, str], set[str]] = {}
     for entry in os.listdir(dir_fd):
         match = _STAGED.fullmatch(entry)
         if match:
             groups.setdefault((match["name"], match["token"]), set()).add(match["role"])
-    done = []
     for (name, token), roles in sorted(groups.items()):
         staging = _Staging(name, token)
         if "entry" in roles and durable.lstat_at(dir_fd, name) is None:
-            _publish(ops, dir_fd, staging, kind)
+            _publish_interrupted(ops, dir_fd, staging, kind)
             done.append(f"{name}: finished an interrupted install")
         else:
             _remove(ops, dir_fd, [staging.role(role) for role in sorted(roles)])
             done.append(f"{name}: removed what an interrupted install left behind")
     return done
+
+
+def _finish_interrupted_commit(ops: durable.FsOps, dir_fd: int, name: str) -> str:
+    marker = commit_marker(name)
+    text = _read_marker(dir_fd, marker)
+    try:
+        if not text.endswith("\n"):  # the newline is written last
+            raise ValueError(text)
+        token, inode = text.split()
+        staging, new_controls = _Staging(name, token), int(inode)
+    except ValueError:
+        # A marker cut short by a crash: it is durable before any swap, so none was made.
+        _remove(ops, dir_fd, [marker])
+        return f"{name}: removed the unfinished commit marker of an interrupted install"
+    _finish_commit(ops, dir_fd, staging, new_controls)
+    return f"{name}: finished an interrupted install"
+
+
+def _read_marker(dir_fd: int, name: str) -> str:
+    """The text of a small file of ``dir_fd``, never through a symlink."""
+    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    try:
+        return os.read(fd, 4096).decode("ascii", "replace")
+    finally:
+        os.close(fd)
 
 
 # --------------------------------------------------------------------------- primitives

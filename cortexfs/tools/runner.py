@@ -26,10 +26,12 @@ output and reports progress as frames; :func:`run_terminal` keeps the argv and l
 tool the caller's stdin, stdout and stderr.  Terminal mode validates no schema: an argv is
 not JSON, and the tool judges its own arguments (tsh never rejects an empty argv for it).
 
-The runner reads a tool's controls between two looks at its executable; if a reinstall
-replaced the executable in between, it reads again (:mod:`cortexfs.tools.pairs` never shows an
-executable without complete controls).  What is executed is the file the name holds at exec
-time: a version installed by the same lifecycle, governed by the same policy.
+The runner reads a tool's controls between two looks at its executable and at its commit
+marker; if a reinstall replaced the executable in between, or was between its two swaps, it
+reads again (:mod:`cortexfs.tools.pairs` never shows an executable without complete controls,
+and marks the moment the two may be of different versions).  What is executed is the file the
+name holds at exec time: a version installed by the same lifecycle, governed by the same
+policy.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from cortexfs.shared.sessions import Session, SessionRef, open_session
 from cortexfs.shared.tree import Ownership
 from cortexfs.timefmt import rfc3339
 from cortexfs.tools import hooks, record
+from cortexfs.tools.commit_marker import commit_in_progress
 from cortexfs.tools.controls import ToolControls, ToolObject, read_controls, require_available
 from cortexfs.tools.ctxpath import tier_location, which
 from cortexfs.tools.result import ERROR, OK, ToolError, ToolResult, decode_output, exit_error
@@ -60,7 +63,7 @@ from cortexfs.tools.spawn import Finished, ProcessSpec, run_attached, run_captur
 
 NATIVE, TERMINAL = "native", "terminal"
 DEFAULT_TIMEOUT = 60.0
-_CONSISTENT_READ_ATTEMPTS = 5
+_CONSISTENT_READ_SECONDS = 2.0  # reinstalls back to back may keep a reader waiting
 
 Frame = dict[str, Any]
 Observer = Callable[[Frame], None]
@@ -248,15 +251,25 @@ class _Call:
         require_available(self.tool, self.controls.status)
 
     def _read_controls_consistently(self, tool: ToolObject) -> ToolControls:
-        """The controls of the version whose executable is in place before and after reading."""
-        for attempt in range(_CONSISTENT_READ_ATTEMPTS):
+        """The controls of the version whose executable is in place before and after reading,
+        read while no reinstall is between its two swaps (:mod:`cortexfs.tools.pairs`)."""
+        deadline = time.monotonic() + _CONSISTENT_READ_SECONDS
+        attempt = 0
+        while attempt == 0 or time.monotonic() < deadline:
+            attempt += 1
             before = _file_identity(tool.executable)
+            swapping = commit_in_progress(tool.directory, tool.name)
             controls = read_controls(tool)
             self.hook_names = {phase: hooks.hook_names(tool, phase) for phase in hooks.PHASES}
-            if before is not None and before == _file_identity(tool.executable):
+            swapping = swapping or commit_in_progress(tool.directory, tool.name)
+            if not swapping and before is not None and before == _file_identity(tool.executable):
                 return controls
-            time.sleep(0.01 * (attempt + 1))
-        raise CtxError(errno.EAGAIN, f"tool {tool.name} kept changing while it was read; retry")
+            time.sleep(min(0.005 * attempt, 0.05))
+        raise CtxError(
+            errno.EAGAIN,
+            f"tool {tool.name} kept changing while it was read: an install of it is in "
+            "progress; retry, and run 'ctx bootstrap' if an interrupted install left it so",
+        )
 
     def _open_session(self) -> None:
         assert self.view is not None

@@ -17,6 +17,7 @@ import pytest
 
 from cortexfs import durable, storage
 from cortexfs.policy import Policy
+from cortexfs.tools.commit_marker import commit_in_progress
 from cortexfs.tools.controls import REQUIRED_FILES, ToolObject, layout_problems
 from cortexfs.tools.install import Tier, install_tool, list_tools, parse_tier, repair_tier
 from cortexfs.tools.manifest import Manifest, parse_manifest
@@ -101,6 +102,8 @@ def test_reinstall_replaces_the_version_and_keeps_local_state(tier: Tier, tmp_pa
 def test_a_reader_never_sees_an_entry_without_its_complete_controls(
     tier: Tier, tmp_path: Path
 ) -> None:
+    """While another process reinstalls, the entry and its control directory are always there,
+    and controls read as the runner reads them are the entry's own version."""
     versions = [version(tmp_path, 1), version(tmp_path, 2)]
     install_tool(tier, *versions[0])
     stop = multiprocessing.Event()
@@ -120,17 +123,24 @@ def test_a_reader_never_sees_an_entry_without_its_complete_controls(
 
 
 def _read_until_stopped(tool: ToolObject, stop: Any, violations: Any) -> None:
-    """Read as the runner does: controls between two looks at the same entry."""
+    """Read as the runner does: controls between two looks at the same entry, while no commit
+    is between its two swaps."""
     consistent_reads = 0
     while not stop.is_set() or consistent_reads == 0:
         before = _identity(tool.executable)
-        problems = layout_problems(tool) if before else []
+        swapping = commit_in_progress(tool.directory, tool.name)
+        if before is None or not tool.control_dir.is_dir():
+            violations.put("the entry or its control directory was missing")
+            return
+        problems = layout_problems(tool)
         try:
-            program = tool.executable.read_text().split()[-1] if before else ""
-            schema = json.loads(tool.control("schema").read_text())["title"] if before else ""
+            program = tool.executable.read_text().split()[-1]
+            schema = json.loads(tool.control("schema").read_text())["title"]
         except (OSError, ValueError) as exc:
-            program, schema = "?", str(exc)
-        if before is not None and before == _identity(tool.executable):
+            violations.put(f"a reader failed: {exc!r}")
+            return
+        swapping = swapping or commit_in_progress(tool.directory, tool.name)
+        if not swapping and before == _identity(tool.executable):
             consistent_reads += 1
             if problems or program != schema:
                 violations.put(f"entry {program} with controls {schema}: {problems}")
@@ -154,7 +164,7 @@ class _CrashAt(durable.FsOps):
     def __init__(self, crash_at: int) -> None:
         super().__init__()
         self.crash_at, self.count = crash_at, 0
-        for name in (*self.MUTATIONS, "rename_noreplace"):
+        for name in (*self.MUTATIONS, "rename_noreplace", "rename_exchange"):
             setattr(self, name, self._counted(getattr(super(), name)))
 
     def _counted(self, operation: Callable[..., Any]) -> Callable[..., Any]:
@@ -194,8 +204,9 @@ def test_a_crash_at_any_point_of_a_reinstall_is_repaired_to_one_whole_version(
             os._exit(3)
         _, status = os.waitpid(pid, 0)
         assert os.waitstatus_to_exitcode(status) == 0, f"no crash at point {crash_at}"
-        if tool.executable.exists():
-            installed_version(tool)  # whatever a reader finds is one whole version
+        assert tool.executable.exists(), f"no version visible after a crash at {crash_at}"
+        if not commit_in_progress(tier.directory, "probe"):
+            installed_version(tool)  # what a reader may take is one whole version
 
         repair_tier(tier)
 

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import errno
 import json
+import multiprocessing
 import os
 import signal
 import subprocess
 import sys
 import time
+from typing import Any
 
 import psutil
 import pytest
@@ -557,3 +559,42 @@ def test_without_setpriv_the_child_sets_the_signal_itself(
     native = coder.run("pdeathsig", {}, agent="dying")
 
     assert native.output == {"uid": coder.user.uid, "pdeathsig": signal.SIGKILL}, native.error
+
+
+def test_calls_during_reinstalls_each_run_one_whole_version(world: World) -> None:
+    """T-8a: while a tool is reinstalled again and again, calls from other processes always
+    find it, with its controls and policy, and run the old or the new version; none fails."""
+    programs = [f"#!/bin/sh\necho '{{\"version\": {n}}}'\n" for n in (1, 2)]
+    world.install("probe", programs[0])
+    world.agent("coder", tools=["probe"])
+    world.allow_tool("probe")
+    stop = multiprocessing.Event()
+    outcomes: Any = multiprocessing.Queue()
+    callers = [
+        multiprocessing.Process(target=_call_until_stopped, args=(world, stop, outcomes))
+        for _ in range(2)
+    ]
+    for caller in callers:
+        caller.start()
+    try:
+        for round_number in range(1, 25):
+            world.install("probe", programs[round_number % 2])
+    finally:
+        stop.set()
+        seen = [outcomes.get(timeout=60) for _ in callers]
+        for caller in callers:
+            caller.join(30)
+    assert all(set(outcome) <= {"version 1", "version 2"} for outcome in seen), seen
+
+
+def _call_until_stopped(world: World, stop: Any, outcomes: Any) -> None:
+    seen: dict[str, int] = {}
+    while not stop.is_set() or not seen:
+        result = world.run("probe")
+        if result.ok:
+            outcome = f"version {result.output['version']}"
+        else:
+            assert result.error is not None
+            outcome = f"{result.error.stage}: {result.error.message}"
+        seen[outcome] = seen.get(outcome, 0) + 1
+    outcomes.put(seen)
