@@ -169,11 +169,13 @@ def ensure_root_abi(root: Path, ops: durable.FsOps | None = None) -> BootstrapRe
     while not probe.exists() and probe != probe.parent:
         missing_parents.append(probe)
         probe = probe.parent
+    private = _xdg_data_home_and_above()
     for path in reversed(missing_parents):
         try:
             parent_fd = ops.open_dir(str(path.parent))
             try:
-                if durable.make_dir_synced(ops, parent_fd, path.name, 0o755):
+                mode = 0o700 if path in private else 0o755
+                if durable.make_dir_synced(ops, parent_fd, path.name, mode):
                     report.created.append(str(path))
             finally:
                 ops.close(parent_fd)
@@ -236,6 +238,16 @@ def bootstrap(root: Path, source: Path | None = None) -> BootstrapReport:
         with report.step(step.__module__):
             step(root, source, report)
     return report
+
+
+def _xdg_data_home_and_above() -> set[Path]:
+    """For a user other than root: the XDG data home and the directories above it, which the
+    XDG base directory specification has made mode 0700 when they do not exist (a missing
+    ~/.local, ~/.local/share); the storage root below them is made as any other."""
+    if os.geteuid() == 0:
+        return set()
+    data_home = user_directory("XDG_DATA_HOME", ".local/share")
+    return {data_home, *data_home.parents}
 
 
 def _is_dir(st: os.stat_result) -> bool:

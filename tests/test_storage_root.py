@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import os
 import pwd
+import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from cortexfs.queue.claim_order import hint_path
 from cortexfs.storage import SYSTEM_DEFAULT_ROOT, default_root
+from tests.support.storage import traversable_tmp as traversable_tmp
+from tests.support.users import UnprivilegedUser
+from tests.support.users import unprivileged_user as unprivileged_user
 
 TAIL = Path("cortexfs/storage/current")
 
@@ -69,3 +75,37 @@ def test_an_absolute_xdg_cache_home_holds_the_hint(
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
 
     assert hint_path(tmp_path / "queue").is_relative_to(tmp_path / "cache" / "cortexfs")
+
+
+def test_a_user_s_missing_data_home_is_made_private(
+    traversable_tmp: Path, unprivileged_user: UnprivilegedUser
+) -> None:
+    """The XDG base directory specification: a missing ~/.local/share (and ~/.local) is made
+    mode 0700; the storage root below it is made as any other."""
+    home = traversable_tmp / "home"
+    home.mkdir()
+    os.chown(home, unprivileged_user.uid, unprivileged_user.gid)
+
+    made = subprocess.run(
+        [sys.executable, "-m", "cortexfs", "bootstrap"],
+        user=unprivileged_user.uid,
+        group=unprivileged_user.gid,
+        extra_groups=[],
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home)},
+        cwd=home,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+    assert made.returncode == 0, made.stderr
+    modes = {
+        name: stat.S_IMODE(os.stat(home / name).st_mode)
+        for name in (".local", ".local/share", ".local/share/cortexfs/storage/current")
+    }
+    assert modes == {
+        ".local": 0o700,
+        ".local/share": 0o700,
+        ".local/share/cortexfs/storage/current": 0o755,
+    }
