@@ -165,8 +165,9 @@ def install_pair(
             staging = _Staging(name, os.urandom(6).hex())
             try:
                 _stage(ops, dir_fd, staging, kind, entry, entry_mode, controls)
-                _complete_controls(ops, dir_fd, staging, kind, name + CONTROLS_SUFFIX)
-                _commit(ops, dir_fd, staging)
+                with _previous_controls_locked(ops, dir_fd, name + CONTROLS_SUFFIX):
+                    _complete_controls(ops, dir_fd, staging, kind, name + CONTROLS_SUFFIX)
+                    _commit(ops, dir_fd, staging)
             except BaseException:
                 # Before the commit marker this discards the staging; after it, it finishes
                 # the commit rather than leave two versions side by side.
@@ -448,6 +449,24 @@ def _exclusive(dir_fd: int) -> Iterator[None]:
         yield
     finally:
         fcntl.flock(dir_fd, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def _previous_controls_locked(ops: durable.FsOps, dir_fd: int, controls: str) -> Iterator[None]:
+    """Hold the previous control directory's exclusive ``flock`` from the carry-over of its
+    local state to the swap, so that a writer of local state that takes it (``tsh.config``
+    updating ``tsh.d/config``) writes before the carry-over or into the new directory, and
+    its update is never left behind in the directory the swap retires."""
+    status = durable.lstat_at(dir_fd, controls)
+    if status is None or not stat.S_ISDIR(status.st_mode):
+        yield
+        return
+    fd = ops.open_dir(controls, dir_fd)
+    try:
+        with _exclusive(fd):
+            yield
+    finally:
+        ops.close(fd)
 
 
 def _write_file(ops: durable.FsOps, dir_fd: int, name: str, data: bytes, mode: int) -> None:

@@ -180,3 +180,35 @@ def _set_every_round(config: Path, key: str, start: Any) -> None:
         if tsh_config.effective(config.read_text())[key] != value:
             start.abort()  # the others stop at once instead of waiting out the barrier
             raise SystemExit(f"{key}={value} was lost")
+
+
+def test_an_update_during_a_reinstall_of_tsh_is_not_left_in_the_retired_directory(
+    root: Path, tmp_path: Path
+) -> None:
+    """tsh.d/ is also tool/tsh's control directory: a reinstall of tsh swaps in a new one,
+    carrying config over.  An update made meanwhile must land in the directory in place."""
+    stop = multiprocessing.Event()
+    installer = multiprocessing.Process(target=_reinstall_tsh_until_stopped, args=(root, stop))
+    installer.start()
+    try:
+        for value in range(1, 120):
+            tsh_config.configure(root / CONFIG, {"set": {"cache_capacity": value}}, native=True)
+            settings = tsh_config.effective((root / CONFIG).read_text())
+            assert settings["cache_capacity"] == value, f"cache_capacity={value} was lost"
+    finally:
+        stop.set()
+        installer.join(60)
+    assert installer.exitcode == 0
+
+
+def _reinstall_tsh_until_stopped(root: Path, stop: Any) -> None:
+    from cortexfs.tools.core.bootstrap import core_manifest
+    from cortexfs.tools.install import install_tool, parse_tier
+
+    program = root / "tool" / "tsh"
+    manifest = core_manifest("tsh", program)
+    launcher = program.read_bytes()
+    rounds = 0
+    while not stop.is_set() or rounds == 0:
+        install_tool(parse_tier(root, "system"), manifest, launcher + b"#" * (rounds % 2))
+        rounds += 1

@@ -157,14 +157,8 @@ def _update(path: Path, changes: dict[str, int]) -> str:
     The new text is written beside the old and renamed into place: readers see one or the
     other, and a crash leaves one or the other (plus, at worst, a temporary file)."""
     ops = durable.default_ops()
+    directory = _locked_directory(ops, path)
     try:
-        directory = durable.open_dir_path(ops, str(path.parent))
-    except FileNotFoundError:
-        raise ToolFailure(
-            errno.ENOENT, f"{path} does not exist; ctx bootstrap creates it"
-        ) from None
-    try:
-        fcntl.flock(directory, fcntl.LOCK_EX)
         text = _read(path)
         bad = problems(text)
         if bad:
@@ -175,6 +169,29 @@ def _update(path: Path, changes: dict[str, int]) -> str:
         return text
     finally:
         ops.close(directory)  # closing the last descriptor releases the lock
+
+
+def _locked_directory(ops: durable.FsOps, path: Path) -> int:
+    """``tsh.d/`` opened and locked exclusively, and still the directory its path names: a
+    reinstall of tsh swaps in a new ``tsh.d/`` (carrying the configuration over) while it holds
+    the old one's lock, so an update that waited for that lock must not write into the old one.
+    """
+    while True:
+        try:
+            directory = durable.open_dir_path(ops, str(path.parent))
+        except FileNotFoundError:
+            raise ToolFailure(
+                errno.ENOENT, f"{path} does not exist; ctx bootstrap creates it"
+            ) from None
+        fcntl.flock(directory, fcntl.LOCK_EX)
+        try:
+            current = os.stat(path.parent, follow_symlinks=False)
+        except FileNotFoundError:
+            current = None
+        held = os.fstat(directory)
+        if current is not None and (current.st_dev, current.st_ino) == (held.st_dev, held.st_ino):
+            return directory
+        ops.close(directory)  # replaced while we waited: lock the one now in place
 
 
 def run_configure(path: Path, argv: list[str], program: str | None = None) -> int:
