@@ -1,5 +1,6 @@
 """Suite-wide setup: keep the claim-order hints of the tests' throwaway queues out of the
-machine's cache directory (``ctx queue claim`` keeps one per queue, see docs/queue.md)."""
+machine's cache directory (``ctx queue claim`` keeps one per queue, see docs/queue.md), and
+run every command with the standard streams a user's shell gives it."""
 
 from __future__ import annotations
 
@@ -15,6 +16,10 @@ def pytest_configure(config: pytest.Config) -> None:
     os.chmod(cache, 0o1777)  # processes of the test users keep their hints here too
     config.stash[_CACHE] = cache
     os.environ["XDG_CACHE_HOME"] = cache
+    # Buffered output, as users have it: a command that forgets to flush, or fails at the
+    # interpreter's last flush (``> /dev/full``), must not pass because the machine running
+    # the tests happens to set PYTHONUNBUFFERED.
+    os.environ.pop("PYTHONUNBUFFERED", None)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -104,16 +104,32 @@ def handles_errors(fn: F) -> F:
         try:
             return fn(*args, **kwargs)
         except CtxError as exc:
+            _settle_stdout()
             fail(exc, as_json=as_json)
         except BrokenPipeError:
             # The reader of our output left (`ctx queue status | head -1`): end quietly, and
             # point stdout at /dev/null so the interpreter's last flush cannot complain either.
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            _discard_stdout()
             sys.exit(EXIT_REFUSED)
         except OSError as exc:
+            _settle_stdout()
             # A descriptor's number (os.read on an fd) names nothing the user gave.
             where = exc.filename if isinstance(exc.filename, str | bytes | os.PathLike) else ""
             reason = f"{os.fsdecode(where)}: {exc.strerror}" if where else str(exc.strerror)
             fail(CtxError(exc.errno or 5, reason), as_json=as_json)
 
     return wrapper  # type: ignore[return-value]
+
+
+def _settle_stdout() -> None:
+    """Write out what standard output still holds before an error is reported; when it
+    cannot be written (a full disk, ``> /dev/full``), drop it, so that the interpreter's last
+    flush does not fail again and turn the command's exit status into 120."""
+    try:
+        sys.stdout.flush()
+    except OSError:
+        _discard_stdout()
+
+
+def _discard_stdout() -> None:
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
