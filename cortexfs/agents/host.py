@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 from cortexfs.errors import denied
-from cortexfs.storage import default_root
+from cortexfs.storage import default_root, require_root
 
 
 def is_host_administrator(root: Path, uid: int) -> bool:
@@ -20,7 +20,10 @@ def is_host_administrator(root: Path, uid: int) -> bool:
 
 
 def require_host_administrator(root: Path, action: str) -> None:
-    """EACCES unless this process is root or owns the storage root; ``action`` says what for."""
+    """EACCES unless this process is root or owns the storage root; ``action`` says what for.
+    A storage root that is not there is ENOENT, saying so (a mistyped ``--storage``)."""
+    if os.geteuid() != 0:
+        require_root(root)
     if not is_host_administrator(root, os.geteuid()):
         owner = os.stat(root).st_uid
         raise denied(
