@@ -23,6 +23,7 @@ print(finished.pid, flush=True)
 with GUARD.watching({BEYOND_PID_MAX}):
     pass  # starts the guard
 guard = GUARD._guard.pid
+print(guard, flush=True)
 os.kill(guard, signal.SIGSTOP)
 with GUARD.watching(finished.pid):  # a call whose group the guard was told of
     for _ in range(20_000):  # far more lines than the pipe holds while the guard is stopped
@@ -45,9 +46,21 @@ def test_a_group_whose_call_ended_while_the_guard_was_stopped_is_never_killed() 
         [sys.executable, "-c", STALLED_GUARD], capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stderr
-    group = int(done.stdout)
+    group, guard = map(int, done.stdout.split())
     try:
-        time.sleep(1.0)  # the guard has read end-of-file and killed what it still held
-        assert psutil.pid_exists(group) and psutil.Process(group).status() != "zombie"
+        # The guard kills what it still holds when it reads end-of-file, then exits: once it is
+        # gone, whatever it was going to kill is dead.
+        deadline = time.monotonic() + 30
+        while is_running(guard):
+            assert time.monotonic() < deadline, "the guard outlived its process"
+            time.sleep(0.05)
+        assert is_running(group), "the guard killed a group whose call had ended"
     finally:
         os.killpg(group, signal.SIGKILL)
+
+
+def is_running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
