@@ -50,7 +50,7 @@ def test_a_creator_s_umask_077_leaves_the_queue_config_readable_by_the_group(
         os.umask(previous)
 
     config = os.stat(world.root / "shared/private/queue/config")
-    assert stat.S_IMODE(config.st_mode) & 0o040, oct(config.st_mode)
+    assert stat.S_IMODE(config.st_mode) == 0o644, oct(config.st_mode)
     assert config.st_gid == SPACE_GROUP
 
 
