@@ -475,11 +475,15 @@ def test_recover_beside_live_workers_reports_no_conflict_that_never_existed(
         for log in (tmp_path / "w0", tmp_path / "w1")
     ]
     reports = []
+    deadline = time.monotonic() + 120
     try:
         while any(worker.poll() is None for worker in workers):
+            assert time.monotonic() < deadline, "the workers did not drain the queue"
             reports.append(recover(queue, reconcile=True))
     finally:
         for worker in workers:
+            if worker.poll() is None:
+                worker.kill()
             worker.wait(60)
     assert [worker.returncode for worker in workers] == [0, 0]
     assert [f.detail for report in reports for f in report.conflicts + report.errors] == []
