@@ -13,7 +13,7 @@ import sys
 
 
 def main(args: list[str] | None = None, prog_name: str | None = None) -> None:
-    from cortexfs.cli.streams import reopen_closed_standard_streams
+    from cortexfs.standard_streams import reopen_closed_standard_streams
 
     reopen_closed_standard_streams()
     argv = sys.argv[1:] if args is None else list(args)

@@ -47,7 +47,7 @@ _TIMEOUT = click.option(
 
 def main(args: list[str] | None = None) -> None:
     """The ``ctxmcp`` console script."""
-    from cortexfs.cli.streams import reopen_closed_standard_streams
+    from cortexfs.standard_streams import reopen_closed_standard_streams
     from cortexfs.cli.usage import run_click
 
     reopen_closed_standard_streams()

@@ -49,8 +49,6 @@ def package_parent() -> Path:
 # What a program built into ctx imports: the standard library and these modules, nothing else.
 BUNDLED = (
     "cortexfs/__init__.py",
-    "cortexfs/cli/__init__.py",
-    "cortexfs/cli/streams.py",
     "cortexfs/durable.py",
     "cortexfs/errors.py",
     "cortexfs/keyvalue.py",
@@ -59,6 +57,7 @@ BUNDLED = (
     "cortexfs/mcp/client.py",
     "cortexfs/mcp/config.py",
     "cortexfs/names.py",
+    "cortexfs/standard_streams.py",
     "cortexfs/timefmt.py",
     "cortexfs/tools/__init__.py",
     "cortexfs/tools/core/__init__.py",

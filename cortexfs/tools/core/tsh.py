@@ -310,7 +310,7 @@ BUILTINS: dict[str, Builtin] = {
 
 
 def run() -> int:
-    from cortexfs.cli.streams import reopen_closed_standard_streams
+    from cortexfs.standard_streams import reopen_closed_standard_streams
 
     reopen_closed_standard_streams()  # tsh <&- reads nothing, tsh >&- prints nowhere
     if sys.argv[1:] in (["--help"], ["-h"]):  # never a tool: a name starts with a letter or digit
