@@ -47,8 +47,8 @@ _TIMEOUT = click.option(
 
 def main(args: list[str] | None = None) -> None:
     """The ``ctxmcp`` console script."""
-    from cortexfs.standard_streams import reopen_closed_standard_streams
     from cortexfs.cli.usage import run_click
+    from cortexfs.standard_streams import reopen_closed_standard_streams
 
     reopen_closed_standard_streams()
     run_click(ctxmcp, sys.argv[1:] if args is None else list(args), "ctxmcp")

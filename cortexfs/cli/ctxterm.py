@@ -68,8 +68,8 @@ def ctxterm(
 def main(storage: str | None = None) -> None:
     """Entry point of ``bin/ctxterm``; ``storage``: the root the program was written into.
     Its refusals read as ``ctx``'s do: ``ctxterm: EINVAL: …`` for a malformed command line."""
-    from cortexfs.standard_streams import reopen_closed_standard_streams
     from cortexfs.cli.usage import run_click
+    from cortexfs.standard_streams import reopen_closed_standard_streams
 
     reopen_closed_standard_streams()
     run_click(ctxterm, sys.argv[1:], "ctxterm", obj=storage)
