@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import select
 import shutil
 import socket
 import subprocess
@@ -234,14 +235,31 @@ def test_names_of_the_longest_legal_length_make_a_terminal(world: World) -> None
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
         )
-        prompt = watcher.stdout.read(len(agent) + 2)  # the scrollback: tsh's prompt
-        watcher.kill()
-        watcher.wait()
+        try:
+            prompt = read_at_most(watcher, len(agent) + 2)  # the scrollback: tsh's prompt
+        finally:
+            watcher.kill()
+            watcher.wait()
         assert prompt == f"{agent}$ ".encode()
     finally:
         stopped = ctx(world.root, "agent", "stop", agent, "--session", session)
     assert stopped.returncode == 0, stopped.stderr
     assert not Path(listening_at).parent.exists()
+
+
+def read_at_most(process: subprocess.Popen[bytes], size: int, timeout: float = 20) -> bytes:
+    """Up to ``size`` bytes of ``process``'s standard output: what came within ``timeout``."""
+    deadline, seen = time.monotonic() + timeout, b""
+    while len(seen) < size:
+        remaining = deadline - time.monotonic()
+        ready, _, _ = select.select([process.stdout], [], [], max(remaining, 0))
+        if not ready:
+            break
+        data = os.read(process.stdout.fileno(), size - len(seen))
+        if not data:
+            break
+        seen += data
+    return seen
 
 
 def test_watch_and_attach_need_a_running_terminal(world: World) -> None:
