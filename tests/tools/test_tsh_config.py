@@ -164,12 +164,24 @@ def test_concurrent_updates_of_different_keys_are_never_lost(root: Path) -> None
     ]
     for updater in updaters:
         updater.start()
-    for updater in updaters:
-        updater.join(60)
+    try:
+        for updater in updaters:
+            updater.join(60)
+    finally:
+        ended(updaters)
     assert [updater.exitcode for updater in updaters] == [0] * len(updaters)
     final = {key: ROUNDS for key in tsh_config.DEFAULTS}
     assert tsh_config.effective(config.read_text()) == final
     assert not [p.name for p in config.parent.iterdir() if p.name.startswith(".")]
+
+
+def ended(processes: list[multiprocessing.Process]) -> None:
+    """Kill what is still running after its join timed out: a hung helper fails the test, it
+    does not outlive it."""
+    for process in processes:
+        if process.is_alive():
+            process.kill()
+            process.join(10)
 
 
 def _set_every_round(config: Path, key: str, start: Any) -> None:
@@ -198,6 +210,7 @@ def test_an_update_during_a_reinstall_of_tsh_is_not_left_in_the_retired_director
     finally:
         stop.set()
         installer.join(60)
+        ended([installer])
     assert installer.exitcode == 0
 
 
