@@ -581,9 +581,14 @@ def test_calls_during_reinstalls_each_run_one_whole_version(world: World) -> Non
             world.install("probe", programs[round_number % 2])
     finally:
         stop.set()
-        seen = [outcomes.get(timeout=60) for _ in callers]
-        for caller in callers:
-            caller.join(30)
+        try:
+            seen = [outcomes.get(timeout=60) for _ in callers]
+        finally:
+            for caller in callers:
+                caller.join(30)
+                if caller.is_alive():  # hung: it fails the test, it does not outlive it
+                    caller.kill()
+                    caller.join(10)
     assert all(set(outcome) <= {"version 1", "version 2"} for outcome in seen), seen
 
 
