@@ -98,6 +98,15 @@ def require_root(root: Path) -> Path:
     return root
 
 
+def use_own_root() -> str:
+    """The way out of a refusal in a storage root that is not this user's: a root of their
+    own, and where their default one is."""
+    return (
+        "use a storage root of your own (--storage DIR or CTX_STORAGE; without them yours is "
+        f"{default_root()})"
+    )
+
+
 def require_writable(directory: Path, action: str, fix: str | None = None) -> None:
     """EACCES unless this process may create entries in ``directory`` (write and search it),
     saying who may and what to do (``fix``, else: be root or the owner, or use a root of your
@@ -113,10 +122,7 @@ def require_writable(directory: Path, action: str, fix: str | None = None) -> No
         who = "as root or as that owner"
         if st.st_mode & stat.S_IWGRP:
             who = f"as root, as that owner or as a member of group {st.st_gid}"
-        fix = (
-            f"run it {who}, or use a storage root of your own (--storage DIR or CTX_STORAGE; "
-            f"without them yours is {default_root()})"
-        )
+        fix = f"run it {who}, or {use_own_root()}"
     raise CtxError(
         errno.EACCES,
         f"cannot {action}: uid {os.geteuid()} may not write in {directory} (owner uid "

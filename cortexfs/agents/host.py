@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 from cortexfs.errors import denied
-from cortexfs.storage import default_root, require_root
+from cortexfs.storage import require_root, use_own_root
 
 
 def is_host_administrator(root: Path, uid: int) -> bool:
@@ -28,6 +28,5 @@ def require_host_administrator(root: Path, action: str) -> None:
         owner = os.stat(root).st_uid
         raise denied(
             f"only the host administrator (root, or uid {owner} who owns {root}) may {action}; "
-            "run it as one of them, or use a storage root of your own (--storage DIR or "
-            f"CTX_STORAGE; without them yours is {default_root()})"
+            f"run it as one of them, or {use_own_root()}"
         )

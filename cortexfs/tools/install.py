@@ -275,8 +275,7 @@ def _require_writable_tier(tier: Tier) -> None:
         home = tier.directory.parent
         fix = (
             f"ask an administrator to create {home} owned by you (install -d -o "
-            f"{os.geteuid()} -g {os.getegid()} -m 0755 {home}), or use a storage root of your "
-            f"own (--storage DIR or CTX_STORAGE; without them yours is {storage.default_root()})"
+            f"{os.geteuid()} -g {os.getegid()} -m 0755 {home}), or {storage.use_own_root()}"
         )
         storage.require_writable(directory, action, fix)
     else:
