@@ -280,11 +280,13 @@ def _stage(
     try:
         os.fchmod(controls_fd, 0o755)
         for control, data in controls.items():
-            _write_file(ops, controls_fd, control, data, kind.modes.get(control, 0o644))
+            durable.write_file_synced(
+                ops, controls_fd, control, data, kind.modes.get(control, 0o644), exact_mode=True
+            )
         durable.sync_dir(ops, controls_fd)
     finally:
         ops.close(controls_fd)
-    _write_file(ops, dir_fd, staging.entry_tmp, entry, entry_mode)
+    durable.write_file_synced(ops, dir_fd, staging.entry_tmp, entry, entry_mode, exact_mode=True)
     durable.move_noreplace(ops, dir_fd, staging.entry_tmp, dir_fd, staging.entry)
 
 
@@ -360,7 +362,9 @@ def _complete_controls(
             _make_dirs(ops, new_fd, directory)
         for control, data in kind.defaults.items():
             if durable.lstat_at(new_fd, control) is None:
-                _write_file(ops, new_fd, control, data, kind.modes.get(control, 0o644))
+                durable.write_file_synced(
+                    ops, new_fd, control, data, kind.modes.get(control, 0o644), exact_mode=True
+                )
         durable.sync_dir(ops, new_fd)
     finally:
         ops.close(new_fd)
@@ -465,18 +469,6 @@ def _previous_controls_locked(ops: durable.FsOps, dir_fd: int, controls: str) ->
     try:
         with _exclusive(fd):
             yield
-    finally:
-        ops.close(fd)
-
-
-def _write_file(ops: durable.FsOps, dir_fd: int, name: str, data: bytes, mode: int) -> None:
-    """:func:`durable.write_file_synced` with an exact mode (``open`` applies the umask)."""
-    durable.write_file_synced(ops, dir_fd, name, data, mode)
-    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
-    try:
-        if stat.S_IMODE(os.fstat(fd).st_mode) != mode:
-            os.fchmod(fd, mode)
-            ops.fsync(fd)
     finally:
         ops.close(fd)
 
