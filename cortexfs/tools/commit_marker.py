@@ -11,10 +11,20 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+_SUFFIX = "~commit"
+
 
 def commit_marker(name: str) -> str:
     """The name of ``name``'s commit marker, present while a reinstall swaps its version."""
-    return f".{name}~commit"
+    return f".{name}{_SUFFIX}"
+
+
+def marked_object(entry: str) -> str | None:
+    """The name of the object whose commit marker ``entry`` is; None when it is none."""
+    if not (entry.startswith(".") and entry.endswith(_SUFFIX)):
+        return None
+    name = entry[1 : -len(_SUFFIX)]
+    return name if name and "~" not in name and "/" not in name else None
 
 
 def commit_in_progress(directory: Path, name: str) -> bool:

@@ -58,14 +58,13 @@ from typing import NamedTuple
 
 from cortexfs import durable
 from cortexfs.errors import CtxError, exists
-from cortexfs.tools.commit_marker import commit_marker
+from cortexfs.tools.commit_marker import commit_marker, marked_object
 
 CONTROLS_SUFFIX = ".d"
 _STAGED = re.compile(
     r"\.(?P<name>[^~/]+)~(?P<token>[0-9a-f]{12})~"
     r"(?P<role>controls|entry-tmp|entry|old-entry|old-controls)"
 )
-_COMMIT = re.compile(r"\.(?P<name>[^~/]+)~commit")
 
 
 @dataclass(frozen=True)
@@ -399,9 +398,9 @@ def _carry_over(ops: durable.FsOps, old_fd: int, new_fd: int, skip: frozenset[st
 def _repair_locked(ops: durable.FsOps, dir_fd: int, kind: PairKind) -> list[str]:
     done = []
     for entry in sorted(os.listdir(dir_fd)):
-        match = _COMMIT.fullmatch(entry)
-        if match:
-            done.append(_finish_interrupted_commit(ops, dir_fd, match["name"]))
+        name = marked_object(entry)
+        if name is not None:
+            done.append(_finish_interrupted_commit(ops, dir_fd, name))
     groups: dict[tuple[str, str], set[str]] = {}
     for entry in os.listdir(dir_fd):
         match = _STAGED.fullmatch(entry)
