@@ -76,7 +76,7 @@ def _require_no_obstacle(path: Path) -> None:
     """ENOTDIR, before anything is made, when the root entry ``shared/``, the space or one of
     its directories is in the way as something else (a file, a symlink): creating the others
     first (the root ABI included) would leave a half-made space behind the refusal."""
-    for entry in (path.parent, path, *(path / d for d in (*SPACE_DIRS, QUEUE_DIR))):
+    for entry in (path.parent, *_space_directories(path)):
         with contextlib.suppress(FileNotFoundError, NotADirectoryError):
             if not stat.S_ISDIR(os.lstat(entry).st_mode):
                 what = "the root entry shared/" if entry == path.parent else "a directory"
@@ -91,11 +91,16 @@ def _require_writable_where_missing(path: Path, name: str) -> None:
     """EACCES, saying who may write there and what to do, before anything is made, when the
     first missing directory of the space is to be made where the caller may not write (a
     space of the system's storage root, made by root)."""
-    for entry in (path, *(path / d for d in (*SPACE_DIRS, QUEUE_DIR))):
+    for entry in _space_directories(path):
         if not entry.is_dir():
             if entry.parent.is_dir():
                 storage.require_writable(entry.parent, f"create shared space {name}")
             return
+
+
+def _space_directories(path: Path) -> tuple[Path, ...]:
+    """The space at ``path`` and its directories, in the order they are made."""
+    return (path, *(path / directory for directory in (*SPACE_DIRS, QUEUE_DIR)))
 
 
 def _require_group_of_caller(gid: int) -> None:
