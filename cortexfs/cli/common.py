@@ -12,7 +12,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TextIO, TypeVar
 
 import click
 
@@ -109,7 +109,7 @@ def handles_errors(fn: F) -> F:
         except BrokenPipeError:
             # The reader of our output left (`ctx queue status | head -1`): end quietly, and
             # point stdout at /dev/null so the interpreter's last flush cannot complain either.
-            _discard_stdout()
+            discard_output(sys.stdout)
             sys.exit(EXIT_REFUSED)
         except OSError as exc:
             _settle_stdout()
@@ -128,8 +128,10 @@ def _settle_stdout() -> None:
     try:
         sys.stdout.flush()
     except OSError:
-        _discard_stdout()
+        discard_output(sys.stdout)
 
 
-def _discard_stdout() -> None:
-    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+def discard_output(stream: TextIO) -> None:
+    """Point ``stream``'s descriptor at /dev/null: what it still buffers, and whatever is
+    written to it later, goes nowhere instead of failing again."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
-import os
 import sys
 import threading
 import time
@@ -15,7 +14,7 @@ from typing import Any
 
 import click
 
-from cortexfs.cli.common import handles_errors, object_name_argument
+from cortexfs.cli.common import discard_output, handles_errors, object_name_argument
 from cortexfs.cli.params import Seconds
 from cortexfs.cli.queue import STORAGE_ROOT_KEY, queue_options, ttl_option, worker_id_option
 from cortexfs.errors import CtxError
@@ -59,7 +58,7 @@ class Progress:
             # What is still buffered for that stream can go nowhere either: drop it quietly.
             stream = sys.stderr if err else sys.stdout
             with contextlib.suppress(OSError, ValueError):
-                os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
+                discard_output(stream)
             raise
 
     def _show(self, event: str, fields: dict[str, Any]) -> None:
