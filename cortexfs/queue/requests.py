@@ -19,6 +19,8 @@ from cortexfs.errors import CtxError, invalid, too_big
 from cortexfs.names import object_name_problem
 from cortexfs.timefmt import parse_rfc3339, rfc3339
 
+_CHUNK = 1 << 16  # how much of a request or result source is read at a time
+
 
 def default_publisher() -> str:
     """Who publishes when nobody says: the agent this process runs as, else the user."""
@@ -96,10 +98,7 @@ def encode_request(
     """
     given_size = len(_compact_json(request) if given is None else given)
     if given_size > limit:
-        raise too_big(
-            f"request is {given_size} bytes; this queue accepts at most {limit} "
-            "(max_request_bytes in queue/config)"
-        )
+        raise too_big(_over_limit("request", given_size, limit, "max_request_bytes"))
     completed = complete_request(request, publisher)
     if given is None:
         data = _compact_json(completed) + b"\n"
@@ -162,10 +161,7 @@ def loads_json(text: str) -> Any:
 def parse_request_bytes(data: bytes, limit: int, where: str = "request") -> dict[str, Any]:
     """Parse a request given as raw bytes (a file or stdin): one JSON object, UTF-8."""
     if len(data) > limit:
-        raise too_big(
-            f"{where} is {len(data)} bytes; this queue accepts at most {limit} "
-            "(max_request_bytes in queue/config)"
-        )
+        raise too_big(_over_limit(where, len(data), limit, "max_request_bytes"))
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -197,13 +193,13 @@ def read_at_most(stream: BinaryIO, limit: int, what: str, setting: str) -> bytes
             return b"".join(chunks)
         chunks.append(chunk)
         size += len(chunk)
-    raise too_big(
-        f"{what} is {_size_of(stream, limit)} bytes; this queue accepts at most {limit} "
-        f"({setting} in queue/config)"
-    )
+    raise too_big(_over_limit(what, _size_of(stream, limit), limit, setting))
 
 
-_CHUNK = 1 << 16
+def _over_limit(what: str, size: int | str, limit: int, setting: str) -> str:
+    """Why ``what``, ``size`` bytes long, is refused: more than the ``setting`` of this queue's
+    ``queue/config`` allows."""
+    return f"{what} is {size} bytes; this queue accepts at most {limit} ({setting} in queue/config)"
 
 
 def _size_of(stream: BinaryIO, limit: int) -> str:
@@ -229,8 +225,7 @@ def parse_batch(stream: BinaryIO, limit: int) -> tuple[list[dict[str, Any]], lis
     for lineno, line in _lines_within(stream, limit):
         if line is None:
             problems.append(
-                f"line {lineno} is more than {limit} bytes; this queue accepts at most "
-                f"{limit} (max_request_bytes in queue/config)"
+                _over_limit(f"line {lineno}", f"more than {limit}", limit, "max_request_bytes")
             )
             break
         if not line.strip():
@@ -297,8 +292,5 @@ def encode_result(result: Mapping[str, Any], limit: int | None) -> bytes:
     except UnicodeEncodeError:  # a lone surrogate in the output: kept as its escape
         data = (json.dumps(result, default=str) + "\n").encode()
     if limit is not None and len(data) > limit:
-        raise too_big(
-            f"result is {len(data)} bytes; this queue accepts at most {limit} "
-            "(max_result_bytes in queue/config)"
-        )
+        raise too_big(_over_limit("result", len(data), limit, "max_result_bytes"))
     return data
