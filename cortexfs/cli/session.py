@@ -208,11 +208,11 @@ def _session_ref(
     try:
         if project is not None:
             ref = SessionRef.shared(root, project, agent, session)
-            require_root(root)
-            return ref
-        if uid is None:
-            uid = _home_uid(root, agent)
-        ref = SessionRef.home(root, uid, agent, session)
+        else:
+            if uid is None:
+                uid = _home_uid(root, agent)
+            ref = SessionRef.home(root, uid, agent, session)
+        # After the names are checked: a malformed one is a usage error whatever the root.
         require_root(root)
         return ref
     except CtxError as exc:
