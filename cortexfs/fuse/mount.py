@@ -329,14 +329,11 @@ class StorageFS(pyfuse3.Operations):
                 _call(os.chmod, f"/proc/self/fd/{handle}", stat.S_IMODE(attr.st_mode))
         with self._parent(parts) as parent:
             if fields.update_uid or fields.update_gid:
-                uid = attr.st_uid if fields.update_uid else -1
-                gid = attr.st_gid if fields.update_gid else -1
+                uid, gid = _owner_asked(attr, fields)
                 _call(os.chown, parts[-1], uid, gid, dir_fd=parent, follow_symlinks=False)
             if fields.update_atime or fields.update_mtime:
-                status = self._lstat(parts)
-                atime = attr.st_atime_ns if fields.update_atime else status.st_atime_ns
-                mtime = attr.st_mtime_ns if fields.update_mtime else status.st_mtime_ns
-                _call(os.utime, parts[-1], ns=(atime, mtime), dir_fd=parent, follow_symlinks=False)
+                times = _times_asked(attr, fields, self._lstat(parts))
+                _call(os.utime, parts[-1], ns=times, dir_fd=parent, follow_symlinks=False)
         return self._attributes(parts)
 
     def _set_by_descriptor(self, inode, attr, fields, fh):  # type: ignore[no-untyped-def]
@@ -352,14 +349,10 @@ class StorageFS(pyfuse3.Operations):
         if fields.update_mode:
             _call(os.chmod, descriptor, stat.S_IMODE(attr.st_mode))
         if fields.update_uid or fields.update_gid:
-            uid = attr.st_uid if fields.update_uid else -1
-            gid = attr.st_gid if fields.update_gid else -1
-            _call(os.chown, descriptor, uid, gid)
+            _call(os.chown, descriptor, *_owner_asked(attr, fields))
         if fields.update_atime or fields.update_mtime:
-            status = _call(os.fstat, descriptor)
-            atime = attr.st_atime_ns if fields.update_atime else status.st_atime_ns
-            mtime = attr.st_mtime_ns if fields.update_mtime else status.st_mtime_ns
-            _call(os.utime, descriptor, ns=(atime, mtime))
+            times = _times_asked(attr, fields, _call(os.fstat, descriptor))
+            _call(os.utime, descriptor, ns=times)
         return _described(_call(os.fstat, descriptor), inode)
 
     def _child_to_make(
@@ -394,6 +387,26 @@ def _renameat2(source: int, old: str, target: int, new: str, flags: int) -> None
         check(libc().renameat2(source, os.fsencode(old), target, os.fsencode(new), flags), old)
     except OSError as exc:
         raise pyfuse3.FUSEError(exc.errno or errno.EIO) from None
+
+
+def _owner_asked(attr: pyfuse3.EntryAttributes, fields: pyfuse3.SetattrFields) -> tuple[int, int]:
+    """The uid and gid a ``setattr`` sets: -1, which ``chown`` leaves alone, for one it does
+    not."""
+    return (
+        attr.st_uid if fields.update_uid else -1,
+        attr.st_gid if fields.update_gid else -1,
+    )
+
+
+def _times_asked(
+    attr: pyfuse3.EntryAttributes, fields: pyfuse3.SetattrFields, status: os.stat_result
+) -> tuple[int, int]:
+    """The atime and mtime (ns) a ``setattr`` sets: ``status``'s own for one it does not,
+    since ``utime`` sets both."""
+    return (
+        attr.st_atime_ns if fields.update_atime else status.st_atime_ns,
+        attr.st_mtime_ns if fields.update_mtime else status.st_mtime_ns,
+    )
 
 
 def _described(status: os.stat_result, inode: int) -> pyfuse3.EntryAttributes:
