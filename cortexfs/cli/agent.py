@@ -40,8 +40,8 @@ from cortexfs.policy import Identity
 from cortexfs.shared.sessions import DEFAULT_SESSION
 
 STDIN = "-"
-MAX_ID = 2**32 - 2  # (uid_t)-1 means "no id" to the kernel
 STDIN_NAME = "<stdin>"  # how a request read from standard input is named in its errors
+MAX_ID = 2**32 - 2  # (uid_t)-1 means "no id" to the kernel
 
 if TYPE_CHECKING:
     from cortexfs.agents.terminal import Terminal
@@ -171,18 +171,18 @@ def _identity(user: str | None, gid: int | None, groups: str | None) -> Identity
         if entry is None:
             if gid is None:
                 raise usage_problem(invalid(f"uid {user} is not a known user; give --gid too"))
-            uid, primary, extra = _id(user, "--user"), gid, frozenset()
+            uid, primary, extra = _parse_id(user, "--user"), gid, frozenset()
         else:
             uid, primary = entry.pw_uid, entry.pw_gid
             extra = frozenset(os.getgrouplist(entry.pw_name, entry.pw_gid))
     if gid is not None:
-        primary = _id(str(gid), "--gid")
+        primary = _parse_id(str(gid), "--gid")
     if groups is not None:
-        extra = frozenset(_id(group, "--groups") for group in groups.split(",") if group)
+        extra = frozenset(_parse_id(group, "--groups") for group in groups.split(",") if group)
     return Identity(uid, primary, extra)
 
 
-def _id(text: str, option: str) -> int:
+def _parse_id(text: str, option: str) -> int:
     """A uid or gid given as ``option``: decimal, from 0 to 2**32 - 2 ((uid_t)-1 is no id)."""
     number = int(text) if _is_decimal(text) else -1
     if not 0 <= number <= MAX_ID:
@@ -199,7 +199,7 @@ def _is_decimal(text: str) -> bool:
 def _lookup_user(user: str) -> pwd.struct_passwd | None:
     """The user database entry of a name or uid; None for a uid it does not know."""
     try:
-        return pwd.getpwuid(_id(user, "--user")) if _is_decimal(user) else pwd.getpwnam(user)
+        return pwd.getpwuid(_parse_id(user, "--user")) if _is_decimal(user) else pwd.getpwnam(user)
     except KeyError:
         if _is_decimal(user):
             return None
