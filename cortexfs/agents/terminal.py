@@ -127,7 +127,7 @@ class Terminal:
         self.selector = selectors.DefaultSelector()
         self.clients: dict[socket.socket, bytes | None] = {}  # mode, None until its line
         self.peers: dict[socket.socket, int] = {}  # each client's uid
-        self.first_lines: dict[socket.socket, bytes] = {}  # a mode line still arriving
+        self.partial_mode_lines: dict[socket.socket, bytes] = {}  # a mode line still arriving
         self.scrollback = b""
         self.master = -1
         self.pty_closed = False  # every process on the shell side has let go of it
@@ -493,10 +493,10 @@ class Terminal:
         mode = self.clients[client]
         if mode is None:
             # A stream keeps no message boundaries: the mode line may come in pieces.
-            data = self.first_lines.pop(client, b"") + data
+            data = self.partial_mode_lines.pop(client, b"") + data
             line, newline, rest = data.partition(b"\n")
             if not newline and len(data) <= _MAX_MODE_LINE:
-                self.first_lines[client] = data
+                self.partial_mode_lines[client] = data
                 return
             if line.strip() not in MODES:
                 self._send(client, b"ctxterm: expected 'watch' or 'attach' on the first line\n")
@@ -528,7 +528,7 @@ class Terminal:
             self.selector.unregister(client)
         self.clients.pop(client, None)
         self.peers.pop(client, None)
-        self.first_lines.pop(client, None)
+        self.partial_mode_lines.pop(client, None)
         client.close()
 
     def _run(self, listener: socket.socket) -> None:
