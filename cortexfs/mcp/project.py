@@ -152,7 +152,7 @@ def _is_directory(path: Path) -> bool:
     return False
 
 
-def _require_writable_out(out: Path) -> None:
+def _ensure_writable_out(out: Path) -> None:
     """Make ``out`` when missing; EACCES (or the errno met) naming it and what to do when it
     cannot be made or written, before any candidate is, instead of naming a temporary file."""
     try:
@@ -196,7 +196,7 @@ def write_candidates(
                 f"{'exists' if len(present) == 1 else 'exist'}; give --replace to overwrite "
                 "earlier candidates, or another --out"
             )
-    _require_writable_out(out)
+    _ensure_writable_out(out)
     written = []
     for projection in wanted:
         path = candidate_path(out, projection)
