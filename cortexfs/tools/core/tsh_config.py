@@ -131,14 +131,16 @@ def _changes(requested: object) -> dict[str, int]:
     return {key: int(value) for key, value in requested.items()}  # "64" is written as 64
 
 
+def _missing(path: Path) -> ToolFailure:
+    return ToolFailure(errno.ENOENT, f"{path} does not exist; ctx bootstrap creates it")
+
+
 def _read(path: Path) -> str:
     try:
         # No symlink is followed and no FIFO waited on: a regular file is checked for below.
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
-        raise ToolFailure(
-            errno.ENOENT, f"{path} does not exist; ctx bootstrap creates it"
-        ) from None
+        raise _missing(path) from None
     with open(fd, "rb") as config:
         if not stat.S_ISREG(os.fstat(config.fileno()).st_mode):
             raise ToolFailure(errno.EINVAL, f"{path} is not a regular file")
@@ -180,9 +182,7 @@ def _locked_directory(ops: durable.FsOps, path: Path) -> int:
         try:
             directory = durable.open_dir_path(ops, str(path.parent))
         except FileNotFoundError:
-            raise ToolFailure(
-                errno.ENOENT, f"{path} does not exist; ctx bootstrap creates it"
-            ) from None
+            raise _missing(path) from None
         fcntl.flock(directory, fcntl.LOCK_EX)
         try:
             current = os.stat(path.parent, follow_symlinks=False)
