@@ -51,7 +51,7 @@ def mount(mountpoint: Path, agent: str | None, storage_dir: Path | None) -> None
         else AgentProjection(root, object_name_argument(agent, "agent"))
     )
     try:
-        from cortexfs.fuse.mount import serve
+        from cortexfs.fuse.daemon import serve
     except ImportError as exc:
         reason = f"FUSE support is not installed (the 'fuse' extra): {exc}"
         raise CtxError(errno.ENOSYS, reason) from None
