@@ -123,7 +123,7 @@ class Terminal:
         self.main_socket = self.run_dir / "main.sock"
         self.run_socket = self.run_dir / "run.sock"
         self.view_dir = self.run_dir / "private" / "ctx"
-        self.made: list[Path] = []  # the directories prepare() made, removed at the end
+        self.made: list[Path] = []  # the run directories prepare() made (the base among them?)
         self.selector = selectors.DefaultSelector()
         self.clients: dict[socket.socket, bytes | None] = {}  # mode, None until its line
         self.peers: dict[socket.socket, int] = {}  # each client's uid
@@ -634,18 +634,21 @@ class Terminal:
     def _remove_run_files(self) -> None:
         """Never a recursive removal: the view's mount point may still be mounted (an unmount
         that failed), and removing through it would remove the agent's files.  The session's
-        directory goes, and those above it that this terminal made, when nothing else (another
-        session's terminal) is in them."""
+        directory goes, and the agent's and the uid's above it when nothing else (another
+        session's terminal) is in them, whichever terminal made them: the one that made the
+        agent's may have ended while this session's was in it.  (A terminal starting meanwhile
+        makes them again: :meth:`_make_run_directory`.)  The base goes only if this one made it.
+        """
         for name in ("main.sock", "run.sock", "pid"):
             with contextlib.suppress(FileNotFoundError):
                 (self.run_dir / name).unlink()
-        for directory in (self.view_dir, self.view_dir.parent, self.run_dir):
+        agent_dir = self.run_dir.parent
+        emptied = [self.view_dir, self.view_dir.parent, self.run_dir, agent_dir, agent_dir.parent]
+        if RUN_BASE in self.made:
+            emptied.append(RUN_BASE)
+        for directory in emptied:
             with contextlib.suppress(OSError):
                 directory.rmdir()
-        for directory in sorted(self.made, key=lambda path: len(path.parts), reverse=True):
-            if directory in self.run_dir.parents:
-                with contextlib.suppress(OSError):
-                    directory.rmdir()
 
 
 @contextlib.contextmanager

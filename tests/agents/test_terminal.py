@@ -193,6 +193,30 @@ def test_exit_ends_the_terminal_and_leaves_nothing_behind(
     assert (stopped["reason"], stopped["exit_status"]) == ("exit", 0)
 
 
+def test_the_last_terminal_of_an_agent_to_end_removes_the_agents_run_directory(
+    world: World,
+) -> None:
+    """The first session's terminal makes the agent's run directory; ended while a second
+    session's is in it, it must leave it, and the second, ending last, removes it."""
+    agent = f"a{uuid.uuid4().hex[:12]}"  # no other test's terminal shares its run directory
+    world.agent(agent, tools=["fs.stat"])
+    world.allow_tool("fs.stat", label=f"{agent}_t")
+    first, second = fresh_session(), fresh_session()
+    try:
+        started = [
+            ctx(world.root, "agent", "start", agent, "--session", session, "--json")
+            for session in (first, second)
+        ]
+        assert all(done.returncode == 0 for done in started), [d.stderr for d in started]
+        agent_dir = Path(json.loads(started[0].stdout)["listening_at"]).parent.parent
+        assert sorted(os.listdir(agent_dir)) == sorted([first, second])
+    finally:
+        for session in (first, second):
+            ctx(world.root, "agent", "stop", agent, "--session", session)
+
+    assert not agent_dir.exists(), f"left behind: {agent_dir}"
+
+
 def test_stop_ends_a_running_terminal(world: World, terminal: dict[str, str]) -> None:
     stopped = ctx(world.root, "agent", "stop", "coder", "--session", terminal["session"])
 
