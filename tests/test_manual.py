@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -263,17 +264,21 @@ def test_an_unknown_topic_is_enoent_with_the_topics_listed(root: Path) -> None:
     assert shown.stdout == ""
 
 
-def test_a_fifo_in_a_pages_place_is_neither_waited_on_nor_replaced(root: Path) -> None:
+@pytest.mark.parametrize("make", [os.mkfifo, os.mkdir], ids=["fifo", "directory"])
+def test_what_is_not_a_file_in_a_pages_place_is_neither_waited_on_nor_replaced(
+    root: Path, make: Callable[[Path], None]
+) -> None:
     page = bundle(root) / "man" / "ctx.provider.md"
     page.unlink()
-    os.mkfifo(page)
+    make(page)
+    kind = stat.S_IFMT(page.lstat().st_mode)
 
     shown = ctx(root, "man", "provider")  # would hang on open() without O_NONBLOCK
     again = ctx(root, "bootstrap")
 
     assert shown.returncode == 0 and shown.stdout == built_in()["ctx.provider.md"].decode()
     assert again.returncode == 1 and "ctx.provider.md: not a regular file" in again.stdout
-    assert stat.S_ISFIFO(page.lstat().st_mode)
+    assert stat.S_IFMT(page.lstat().st_mode) == kind
 
 
 def test_a_page_that_is_not_utf8_falls_back_and_the_listing_still_lists(root: Path) -> None:

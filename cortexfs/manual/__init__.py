@@ -230,9 +230,11 @@ def _read_installed(path: Path) -> tuple[str | None, str]:
         if exc.errno == errno.ELOOP:
             return None, f"{path} is a symbolic link, never followed ({_MOVE_IT})"
         return None, f"{path} cannot be read ({exc.strerror})"
+    # Checked on the descriptor: a file object refuses a directory with a bare EISDIR.
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None, f"{path} is not a regular file ({_MOVE_IT})"
     with open(fd, "rb") as page:
-        if not stat.S_ISREG(os.fstat(page.fileno()).st_mode):
-            return None, f"{path} is not a regular file ({_MOVE_IT})"
         data = page.read(_MAX_PAGE_BYTES)
     try:
         return data.decode("utf-8"), ""

@@ -7,6 +7,7 @@ import multiprocessing
 import os
 import stat
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -142,13 +143,17 @@ def test_an_agent_reads_the_configuration_but_the_kernel_keeps_it_from_writing(
     assert (world.root / CONFIG).read_text() == tsh_config.DEFAULT_TEXT
 
 
-def test_a_config_that_is_not_a_regular_file_is_refused_without_waiting(root: Path) -> None:
+@pytest.mark.parametrize("make", [os.mkfifo, os.mkdir], ids=["fifo", "directory"])
+def test_a_config_that_is_not_a_regular_file_is_refused_without_waiting(
+    root: Path, make: Callable[[Path], None]
+) -> None:
     (root / CONFIG).unlink()
-    os.mkfifo(root / CONFIG)
+    make(root / CONFIG)
 
     refused = ctx(root, "tool", "tsh.config")
 
-    assert refused.returncode == 1 and "not a regular file" in refused.stderr
+    assert refused.returncode == 1
+    assert refused.stderr == f"ctx: EINVAL: tsh.config: {root / CONFIG} is not a regular file\n"
 
 
 ROUNDS = 15

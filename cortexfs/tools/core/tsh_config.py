@@ -141,9 +141,11 @@ def _read(path: Path) -> str:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         raise _missing(path) from None
+    # Checked on the descriptor: a file object refuses a directory with a bare EISDIR.
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ToolFailure(errno.EINVAL, f"{path} is not a regular file")
     with open(fd, "rb") as config:
-        if not stat.S_ISREG(os.fstat(config.fileno()).st_mode):
-            raise ToolFailure(errno.EINVAL, f"{path} is not a regular file")
         data = config.read(_MAX_CONFIG_BYTES + 1)
     if len(data) > _MAX_CONFIG_BYTES:
         raise ToolFailure(errno.EFBIG, f"{path} is larger than {_MAX_CONFIG_BYTES} bytes")
