@@ -421,7 +421,7 @@ def test_a_silent_server_times_out_and_is_killed(tmp_path: Path) -> None:
 def test_a_server_whose_pages_never_end_is_refused(tmp_path: Path) -> None:
     config = scripted(tmp_path, tools=[tool("a"), tool("b")], page=1, behaviour="same-cursor")
 
-    refused = ctxmcp("list", "--config", str(config), "--server", "fake", "--timeout", "5")
+    refused = ctxmcp("list", "--config", str(config), "--server", "fake", "--timeout", "30")
 
     assert refused.returncode == 1
     assert refused.stderr.startswith("ctxmcp: EPROTO: server 'fake' broke the protocol: its ")
