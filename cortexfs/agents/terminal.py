@@ -59,6 +59,7 @@ from cortexfs.agents import log as agent_log
 from cortexfs.agents.host import is_host_administrator
 from cortexfs.agents.view import WORKSPACE, AgentView
 from cortexfs.errors import CtxError, denied, invalid, not_found
+from cortexfs.shared.events import EVENTS_FILE
 from cortexfs.shared.sessions import SessionRef, open_session
 from cortexfs.shared.tree import Ownership, open_beneath
 
@@ -134,6 +135,8 @@ class Terminal:
         self.shell: subprocess.Popen[bytes] | None = None
         self.mount: subprocess.Popen[bytes] | None = None
         self.stopping = False
+        self.started = False  # tsh runs and the start is recorded
+        self.session_made = False  # prepare() made the session's directory
         self.calls: set[int] = set()  # children running a tool for tsh
 
     def workspace_warning(self) -> str | None:
@@ -182,6 +185,7 @@ class Terminal:
             self._remove_run_files()  # left by a terminal that did not end cleanly
         self._make_run_directory()
         identity = self.view.identity
+        self.session_made = not os.path.lexists(self.session.path)
         open_session(self.session, owner=Ownership(identity.uid, identity.gid)).close()
 
     def _require_mount_sources(self) -> None:
@@ -239,6 +243,7 @@ class Terminal:
             pid=os.getpid(),
             workspace=None if workspace is None else str(workspace),
         )
+        self.started = True
 
     @contextlib.contextmanager
     def _terminal_directory(self) -> Iterator[int]:
@@ -630,6 +635,28 @@ class Terminal:
         with contextlib.suppress(OSError, CtxError), self._terminal_directory() as directory:
             os.unlink(LINK_NAME, dir_fd=directory)
         self._remove_run_files()
+        if self.session_made and not self.started:
+            self._remove_unused_session()
+
+    def _remove_unused_session(self) -> None:
+        """A start that failed leaves no session of its own making behind: the directory goes
+        when it holds nothing but the empty ``events.jsonl`` (and ``terminal/``) it was given.
+        It is the agent's uid's to write, so it is reached without following any link."""
+        ops = durable.default_ops()
+        with contextlib.suppress(OSError, CtxError):
+            sessions = open_beneath(ops, self.root, self.session.relative.parent.parts)
+            try:
+                session = os.open(self.session.name, _NO_LINK_DIRECTORY, dir_fd=sessions)
+                try:
+                    if os.stat(EVENTS_FILE, dir_fd=session, follow_symlinks=False).st_size == 0:
+                        os.unlink(EVENTS_FILE, dir_fd=session)
+                    with contextlib.suppress(OSError):
+                        os.rmdir("terminal", dir_fd=session)
+                finally:
+                    os.close(session)
+                os.rmdir(self.session.name, dir_fd=sessions)
+            finally:
+                os.close(sessions)
 
     def _remove_run_files(self) -> None:
         """Never a recursive removal: the view's mount point may still be mounted (an unmount

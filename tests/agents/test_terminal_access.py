@@ -40,6 +40,8 @@ def nothing_left(world: World, agent: str, session: str) -> None:
     assert not run_dir.parent.exists(), f"{run_dir.parent} was left behind"
     assert str(run_dir) not in Path("/proc/self/mounts").read_text(), "the view is mounted"
     assert not [e for e in lifecycle(world, session, agent) if e["type"] == "terminal.started"]
+    made = world.root / "home" / str(world.user.uid) / "agent" / agent / "session" / session
+    assert not made.exists(), "a start that failed leaves no session of its own behind"
 
 
 # ------------------------------------------------------------------ a start that cannot run
