@@ -52,7 +52,7 @@ def manifest(directory: Path, name: str, program: str) -> Path:
 def world() -> Iterator[Path]:
     """A storage root every uid may search, an agent ``coder`` (run as root's default user,
     nobody) and the tool ``demo.probe`` both policies let it run (P-6)."""
-    top = Path(tempfile.mkdtemp(prefix="cortexfs-audit4-", dir="/tmp"))
+    top = Path(tempfile.mkdtemp(prefix="cortexfs-edges-", dir="/tmp"))
     top.chmod(0o755)
     storage = top / "storage"
     env = clean_env(CTX_STORAGE=str(storage))
