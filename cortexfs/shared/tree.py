@@ -95,7 +95,16 @@ def _apply(ops: durable.FsOps, fd: int, mode: int, owner: Ownership | None) -> N
     kernel refuses a group the caller is not in with EPERM).
     """
     if owner is not None and (os.geteuid() == 0 or owner.uid in (-1, os.geteuid())):
-        os.fchown(fd, owner.uid, owner.gid)
+        try:
+            os.fchown(fd, owner.uid, owner.gid)
+        except PermissionError:
+            where = os.readlink(f"/proc/self/fd/{fd}")
+            raise CtxError(
+                errno.EPERM,
+                f"cannot give {where} to group {owner.gid}: only root may give a directory "
+                "to a group its owner is not in; run as root, or give the agent a gid you "
+                "hold (its identity control)",
+            ) from None
     # After chown: changing the owner clears the setgid bit on some filesystems.
     os.fchmod(fd, mode)
     durable.sync_dir(ops, fd)
