@@ -27,6 +27,7 @@ storage root, so ``/ctx/tool`` is ``<root>/tool``.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import stat
@@ -38,6 +39,7 @@ from typing import NamedTuple
 from cortexfs import keyvalue
 from cortexfs.errors import invalid, not_found
 from cortexfs.names import check_object_name
+from cortexfs.regular_file import read_regular_file
 
 CTX_MOUNT = PurePosixPath("/ctx")
 DEFAULT_CTX_PATH = "/ctx/tool:/ctx/home/{uid}/tool"
@@ -121,19 +123,16 @@ def read_tshrc(path: Path, *, warn: Warn | None = None) -> str | None:
     naming the file and the line (to ``warn``, by default standard error).
     """
     try:
-        # O_NONBLOCK: a FIFO in its place is refused below, not waited on.
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        # The user's own file: a link to it is followed; a FIFO is refused, not waited on.
+        data = read_regular_file(path, _MAX_TSHRC_BYTES, follow_link=True)
     except (FileNotFoundError, NotADirectoryError):
         return None
-    # Checked before the descriptor becomes a file object, which refuses a directory with a
-    # bare EISDIR naming nothing.
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise invalid(f"{path} is not a regular file")
-    with open(fd, "rb") as handle:
-        data = handle.read(_MAX_TSHRC_BYTES + 1)
-    if len(data) > _MAX_TSHRC_BYTES:
-        raise invalid(f"{path} is larger than {_MAX_TSHRC_BYTES} bytes")
+    except OSError as exc:
+        if exc.errno == errno.EINVAL:
+            raise invalid(f"{path} is not a regular file") from None
+        if exc.errno == errno.EFBIG:
+            raise invalid(f"{path} is larger than {_MAX_TSHRC_BYTES} bytes") from None
+        raise
     value = None
     for line in keyvalue.lines(data.decode("utf-8", "replace")):
         if line.key is None or not _KEY.fullmatch(line.key):

@@ -137,6 +137,22 @@ def test_describe_shows_the_metadata_of_the_directory_that_held_the_tool(tmp_pat
     assert missing.returncode == 1 and "describe: nope: not a tool on CTX_PATH" in missing.stderr
 
 
+def test_describe_leaves_out_a_control_that_is_a_directory(tmp_path: Path) -> None:
+    """A control that is not a regular file (here a directory) is not metadata: left out,
+    not a traceback."""
+    root = tmp_path / "storage"
+    storage.bootstrap(root)
+    description = root / "tool" / "fs.stat.d" / "description"
+    description.unlink()
+    description.mkdir()
+
+    shown = run_tsh(root, "describe", "fs.stat")
+
+    assert shown.returncode == 0, shown.stderr
+    info = json.loads(shown.stdout)
+    assert info["description"] == "" and info["schema"]["required"] == ["path"]
+
+
 def test_a_bad_config_line_is_reported_and_the_default_applies(tmp_path: Path) -> None:
     root = tmp_path / "storage"
     storage.bootstrap(root)

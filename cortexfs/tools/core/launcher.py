@@ -57,6 +57,7 @@ BUNDLED = (
     "cortexfs/mcp/client.py",
     "cortexfs/mcp/config.py",
     "cortexfs/names.py",
+    "cortexfs/regular_file.py",
     "cortexfs/standard_streams.py",
     "cortexfs/timefmt.py",
     "cortexfs/tools/__init__.py",

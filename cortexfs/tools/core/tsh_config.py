@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from cortexfs import durable, keyvalue
+from cortexfs.regular_file import read_regular_file
 from cortexfs.tools.core.toolio import Reply, ToolFailure, main
 
 TOOL = "tsh.config"
@@ -137,18 +138,16 @@ def _missing(path: Path) -> ToolFailure:
 
 def _read(path: Path) -> str:
     try:
-        # No symlink is followed and no FIFO waited on: a regular file is checked for below.
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        data = read_regular_file(path, _MAX_CONFIG_BYTES)
     except FileNotFoundError:
         raise _missing(path) from None
-    # Checked on the descriptor: a file object refuses a directory with a bare EISDIR.
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise ToolFailure(errno.EINVAL, f"{path} is not a regular file")
-    with open(fd, "rb") as config:
-        data = config.read(_MAX_CONFIG_BYTES + 1)
-    if len(data) > _MAX_CONFIG_BYTES:
-        raise ToolFailure(errno.EFBIG, f"{path} is larger than {_MAX_CONFIG_BYTES} bytes")
+    except OSError as exc:
+        if exc.errno == errno.EINVAL:
+            raise ToolFailure(errno.EINVAL, f"{path} is not a regular file") from None
+        if exc.errno == errno.EFBIG:
+            too_large = f"{path} is larger than {_MAX_CONFIG_BYTES} bytes"
+            raise ToolFailure(errno.EFBIG, too_large) from None
+        raise
     return data.decode("utf-8", "replace")
 
 

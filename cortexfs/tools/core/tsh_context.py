@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from cortexfs.errors import CtxError
+from cortexfs.regular_file import read_regular_file
 from cortexfs.tools import ctxpath
 from cortexfs.tools.core.tsh_config import DEFAULTS, effective, problems
 from cortexfs.tools.tinylfu import WTinyLFU
@@ -209,20 +209,11 @@ def read_tool_info(name: str, path: str) -> ToolInfo:
 
 
 def _read_control(controls: str, control: str) -> str | None:
+    """A control's text; None when it is not a regular file of the tool's own ``.d/`` (a
+    link, a FIFO, a directory), cannot be read, or is too large."""
     try:
-        # A control is a regular file in the tool's own .d/: no symlink is followed, no FIFO
-        # waited on.
-        fd = os.open(
-            os.path.join(controls, control),
-            os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
-        )
+        data = read_regular_file(os.path.join(controls, control), _MAX_CONTROL_BYTES)
     except OSError:
-        return None
-    with open(fd, "rb") as file:
-        if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
-            return None
-        data = file.read(_MAX_CONTROL_BYTES + 1)
-    if len(data) > _MAX_CONTROL_BYTES:
         return None
     return data.decode("utf-8", "replace")
 

@@ -1,0 +1,42 @@
+"""Reading a small regular file the way CortexFS reads controls and settings.
+
+Never waiting on a FIFO put in the file's place (``O_NONBLOCK``), never following a final
+symbolic link unless asked, never reading past a limit, and the type checked on the
+descriptor itself: a file object made from a descriptor of a directory refuses it with a bare
+``EISDIR`` naming nothing, before any check of ours could run.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+
+
+def read_regular_file(
+    path: str | os.PathLike[str], limit: int, *, follow_link: bool = False
+) -> bytes:
+    """The contents of the regular file at ``path``, at most ``limit`` bytes.
+
+    OSError as ``open`` raises it (ENOENT, EACCES; ELOOP for a symbolic link unless
+    ``follow_link``); EINVAL when it is not a regular file; EFBIG when it holds more than
+    ``limit`` bytes.  Callers turn these into their own sentences.
+    """
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_link else os.O_NOFOLLOW)
+    fd = os.open(path, flags)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", os.fspath(path))
+        chunks, remaining = [], limit + 1
+        while remaining > 0:
+            chunk = os.read(fd, remaining)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            remaining -= len(chunk)
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    if len(data) > limit:
+        raise OSError(errno.EFBIG, f"larger than {limit} bytes", os.fspath(path))
+    return data
