@@ -270,20 +270,27 @@ def test_ctx_agent_create_refuses_an_explicit_root(world: World, tmp_path: Path,
     assert not (world.root / "agent/rooted").exists()
 
 
+def personal_root(top: Path, user: UnprivilegedUser, agent: str) -> tuple[Path, Path]:
+    """A storage root ``user`` owns (a personal one) under ``top``, and a request for
+    ``agent`` they may read."""
+    home = top / "personal"
+    home.mkdir()
+    root = make_root(home)
+    for directory, _, files in os.walk(home):
+        for entry in (directory, *(os.path.join(directory, f) for f in files)):
+            os.chown(entry, user.uid, user.gid)
+    request_file = home / f"{agent}.json"
+    request_file.write_text(json.dumps({"name": agent, "label": f"{agent}_t"}))
+    os.chmod(request_file, 0o644)
+    return root, request_file
+
+
 def test_a_non_root_creator_keeps_their_own_identity(
     traversable_tmp: Path, unprivileged_user: UnprivilegedUser
 ) -> None:
     """The owner of a personal storage root, a real process of their uid, creates an agent
     that runs as them (the default applies to root only)."""
-    home = traversable_tmp / "personal"
-    home.mkdir()
-    root = make_root(home)
-    for directory, _, files in os.walk(home):
-        for entry in (directory, *(os.path.join(directory, f) for f in files)):
-            os.chown(entry, unprivileged_user.uid, unprivileged_user.gid)
-    request_file = home / "mine.json"
-    request_file.write_text(json.dumps({"name": "mine", "label": "mine_t"}))
-    os.chmod(request_file, 0o644)
+    root, request_file = personal_root(traversable_tmp, unprivileged_user, "mine")
 
     created = run_as(
         unprivileged_user,
@@ -310,15 +317,7 @@ def test_a_non_root_creator_cannot_give_an_identity_it_does_not_hold(
 ) -> None:
     """Only root starts processes with another's credentials: an agent of another uid or group
     made by the owner of a personal root could never run, and is refused, nothing made."""
-    home = traversable_tmp / "personal"
-    home.mkdir()
-    root = make_root(home)
-    for directory, _, files in os.walk(home):
-        for entry in (directory, *(os.path.join(directory, f) for f in files)):
-            os.chown(entry, unprivileged_user.uid, unprivileged_user.gid)
-    request_file = home / "other.json"
-    request_file.write_text(json.dumps({"name": "other", "label": "other_t"}))
-    os.chmod(request_file, 0o644)
+    root, request_file = personal_root(traversable_tmp, unprivileged_user, "other")
 
     refused = run_as(
         unprivileged_user,
@@ -380,15 +379,7 @@ def test_an_agent_terminal_started_by_its_non_root_creator_says_who_may(
 ) -> None:
     """ctx agent start needs root (the sandbox, the identity switch): the owner of a personal
     root is told so, with the command root runs and what the owner may do meanwhile."""
-    home = traversable_tmp / "personal"
-    home.mkdir()
-    root = make_root(home)
-    for directory, _, files in os.walk(home):
-        for entry in (directory, *(os.path.join(directory, f) for f in files)):
-            os.chown(entry, unprivileged_user.uid, unprivileged_user.gid)
-    request_file = home / "mine.json"
-    request_file.write_text(json.dumps({"name": "mine", "label": "mine_t"}))
-    os.chmod(request_file, 0o644)
+    root, request_file = personal_root(traversable_tmp, unprivileged_user, "mine")
     base = [*CTX, "--storage", str(root), "agent"]
     assert run_as(unprivileged_user, [*base, "create", str(request_file)]).returncode == 0
 
