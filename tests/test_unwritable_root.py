@@ -15,7 +15,7 @@ import pytest
 
 from tests.support.cli import ctx
 from tests.support.storage import traversable_tmp as traversable_tmp
-from tests.support.users import UnprivilegedUser
+from tests.support.users import UnprivilegedUser, run_as
 from tests.support.users import unprivileged_user as unprivileged_user
 
 MANIFEST = {
@@ -49,18 +49,12 @@ def system_root(traversable_tmp: Path) -> Path:
 def as_user(
     user: UnprivilegedUser, root: Path, *args: str, stdin: str = ""
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+    return run_as(
+        user,
         [sys.executable, "-m", "cortexfs", "--storage", str(root), *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        user=user.uid,
-        group=user.gid,
-        extra_groups=[],
         env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(root.parent)},
         cwd=root.parent,
-        timeout=60,
-        check=False,
+        stdin=stdin,
     )
 
 

@@ -12,24 +12,19 @@ from pathlib import Path
 import pytest
 
 from tests.support.storage import traversable_tmp as traversable_tmp
-from tests.support.users import UnprivilegedUser
+from tests.support.users import UnprivilegedUser, run_as
 from tests.support.users import unprivileged_user as unprivileged_user
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="a second uid needs root")
 
 
 def as_user(user: UnprivilegedUser, home: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+    """``ctx`` with the storage root ``home/root``, run by ``user`` from ``home``."""
+    return run_as(
+        user,
         [sys.executable, "-m", "cortexfs", "--storage", str(home / "root"), *args],
-        capture_output=True,
-        text=True,
-        user=user.uid,
-        group=user.gid,
-        extra_groups=[],
         env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home)},
         cwd=home,
-        timeout=60,
-        check=False,
     )
 
 

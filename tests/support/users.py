@@ -20,8 +20,9 @@ import pwd
 import shutil
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -71,14 +72,24 @@ def unprivileged_user() -> UnprivilegedUser:
 
 
 def run_as(
-    user: UnprivilegedUser, argv: Sequence[str], groups: Sequence[int] = ()
+    user: UnprivilegedUser,
+    argv: Sequence[str],
+    groups: Sequence[int] = (),
+    *,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+    stdin: str | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``argv`` as ``user`` with exactly ``groups`` as supplementary groups (needs root)."""
+    """Run ``argv`` as ``user`` with exactly ``groups`` as supplementary groups (needs root),
+    in ``env`` (default: ours) and ``cwd``, with ``stdin`` as its input (default: ours)."""
     return subprocess.run(
         list(argv),
+        input=stdin,
         user=user.uid,
         group=user.gid,
         extra_groups=list(groups),
+        env=None if env is None else dict(env),
+        cwd=cwd,
         capture_output=True,
         text=True,
         check=False,
