@@ -25,6 +25,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from cortexfs import durable
 from cortexfs.errors import CtxError, exists, invalid
 from cortexfs.names import object_name_problem
 from cortexfs.tools.manifest import MANIFEST_VERSION, config_path_problem, manifest_problems
@@ -33,6 +34,7 @@ from cortexfs.tools.schemas import schema_problems
 MANIFEST_SUFFIX = ".manifest.json"
 # 'ctxmcp list' writes no locator: the candidates it judges name this stand-in configuration.
 LISTING_CONFIG = "/.mcp.json"
+_CANDIDATE_MODE = 0o644
 
 
 class Projection(NamedTuple):
@@ -171,7 +173,11 @@ def _ensure_writable_out(out: Path) -> None:
 
 
 def write_candidates(
-    projections: list[Projection], out: Path, *, replace: bool = False
+    projections: list[Projection],
+    out: Path,
+    *,
+    replace: bool = False,
+    ops: durable.FsOps | None = None,
 ) -> list[Written]:
     """Write each candidate to ``out/<name>.manifest.json`` (the directory is made if
     missing), each in one step: a reader sees a whole candidate or none.
@@ -179,6 +185,7 @@ def write_candidates(
     A candidate already in ``out`` is never overwritten silently: without ``replace`` the
     whole projection is refused with EEXIST, naming them, before anything is written (and a
     file that appears meanwhile is EEXIST too); with it, each is replaced and said so.
+    ``ops``: the filesystem operations (:mod:`cortexfs.durable`) to write through.
     """
     wanted = [p for p in projections if p.manifest is not None]
     directories = [str(path) for p in wanted if _is_directory(path := candidate_path(out, p))]
@@ -197,21 +204,32 @@ def write_candidates(
                 "earlier candidates, or another --out"
             )
     _ensure_writable_out(out)
-    written = []
-    for projection in wanted:
-        path = candidate_path(out, projection)
-        temporary = out / f".{path.name}.{os.urandom(6).hex()}.tmp"
-        temporary.write_text(json.dumps(projection.manifest, indent=2, ensure_ascii=False) + "\n")
-        try:
-            replaced = replace and path.exists()
-            if replace:
-                os.replace(temporary, path)
-            else:
-                os.link(temporary, path)  # never over a file that appeared meanwhile
-        except FileExistsError:
-            raise exists(f"{path} appeared while ctxmcp wrote it; it was left as it is") from None
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                temporary.unlink()
-        written.append(Written(path, replaced))
-    return written
+    ops = ops or durable.default_ops()
+    out_fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)  # --out may be a link
+    try:
+        return [_write_candidate(ops, out_fd, out, p, replace=replace) for p in wanted]
+    finally:
+        os.close(out_fd)
+
+
+def _write_candidate(
+    ops: durable.FsOps, out_fd: int, out: Path, projection: Projection, *, replace: bool
+) -> Written:
+    """One candidate, whole and durable before it is reported written: a crash leaves the
+    earlier file or the new one, never an empty candidate."""
+    path = candidate_path(out, projection)
+    data = (json.dumps(projection.manifest, indent=2, ensure_ascii=False) + "\n").encode()
+    if replace:
+        replaced = path.exists()
+        durable.replace_file_synced(ops, out_fd, path.name, data, _CANDIDATE_MODE)
+        return Written(path, replaced)
+    temporary = f".{path.name}.{os.urandom(6).hex()}.tmp"
+    durable.write_file_synced(ops, out_fd, temporary, data, _CANDIDATE_MODE)
+    try:
+        durable.move_noreplace(ops, out_fd, temporary, out_fd, path.name)
+    except FileExistsError:
+        raise exists(f"{path} appeared while ctxmcp wrote it; it was left as it is") from None
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary, dir_fd=out_fd)
+    return Written(path, False)

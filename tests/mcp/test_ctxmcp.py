@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from cortexfs import durable
 from cortexfs.errors import CtxError
 from cortexfs.mcp import ACCEPTED_VERSIONS, ANNOUNCED_VERSION
 from cortexfs.mcp.project import Projection, write_candidates
@@ -480,3 +481,37 @@ def test_an_out_directory_the_user_may_not_write_is_refused_naming_it(
     assert refused.value.message.startswith(f"cannot write candidates in --out {out}: ")
     assert "give a directory you may write" in refused.value.message
     assert os.listdir(out) == []
+
+
+class _RecordingOps(durable.FsOps):
+    """Real operations that note each call's name and its first argument."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[str, object]] = []
+        for name in ("create_file", "write", "fsync", "rename", "rename_noreplace", "link"):
+            setattr(self, name, self._noted(name, getattr(super(), name)))
+
+    def _noted(self, name: str, operation: Any) -> Any:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            self.calls.append((name, args[0]))
+            return operation(*args, **kwargs)
+
+        return run
+
+
+@pytest.mark.parametrize("replace", [False, True])
+def test_a_candidate_is_durable_before_its_name_appears(tmp_path: Path, replace: bool) -> None:
+    """A crash never leaves an empty or partial candidate under the final name."""
+    candidate = Projection("t", "fake.t", "a tool", {"manifest": 2, "name": "fake.t"}, None)
+    ops = _RecordingOps()
+
+    (written,) = write_candidates([candidate], tmp_path, replace=replace, ops=ops)
+
+    names = [name for name, _ in ops.calls]
+    publish = next(i for i, name in enumerate(names) if name.startswith(("rename", "link")))
+    assert names[:3] == ["create_file", "write", "fsync"]
+    assert ops.calls[publish][0] in ("rename", "rename_noreplace", "link")
+    assert "fsync" in names[publish + 1 :]  # the directory holding the new name
+    assert json.loads(written.path.read_text())["name"] == "fake.t"
+    assert [p.name for p in tmp_path.iterdir()] == ["fake.t.manifest.json"]
