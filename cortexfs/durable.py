@@ -106,6 +106,9 @@ class FsOps:
     def fsync(self, fd: int) -> None:
         os.fsync(fd)
 
+    def fdatasync(self, fd: int) -> None:
+        os.fdatasync(fd)
+
     def syncfs(self, fd: int) -> None:
         check(libc().syncfs(fd), "syncfs")
 
@@ -202,6 +205,18 @@ def sync_dirs(ops: FsOps, dir_fds: Iterable[int]) -> None:
         if fd not in seen:
             seen.add(fd)
             sync_dir(ops, fd)
+
+
+def sync_file(ops: FsOps, fd: int, *, data_only: bool = False) -> None:
+    """Make what was written through ``fd`` durable: its data and size, and with them its
+    other metadata unless ``data_only`` (``fdatasync``, which may leave a timestamp behind).
+
+    Like every fsync, not the file's name: sync its directory for that.
+    """
+    if data_only:
+        ops.fdatasync(fd)
+    else:
+        ops.fsync(fd)
 
 
 def sync_filesystem(ops: FsOps, fd: int) -> None:

@@ -225,11 +225,11 @@ class StorageFS(pyfuse3.Operations):
         return _call(os.pwrite, fh, buf, off)
 
     async def fsync(self, fh, datasync):  # type: ignore[no-untyped-def]
-        _call(os.fdatasync if datasync else os.fsync, fh)
+        _call(durable.sync_file, durable.default_ops(), fh, data_only=bool(datasync))
 
     async def fsyncdir(self, fh, datasync):  # type: ignore[no-untyped-def]
         with self._opened(self._parts_of(fh), _LIST) as directory:
-            _call(os.fsync, directory)
+            _call(durable.sync_dir, durable.default_ops(), directory)
 
     async def flush(self, fh):  # type: ignore[no-untyped-def]
         return None

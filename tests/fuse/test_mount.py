@@ -42,7 +42,13 @@ def test_the_host_view_is_the_root_abi_and_passes_writes_through(world: World) -
         fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o640)
         os.write(fd, b"through the mount\n")
         os.fsync(fd)  # durable behind the mount once this returns (F-1)
+        os.fdatasync(fd)
         os.close(fd)
+        directory = os.open(mountpoint / "home" / "0", os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(directory)  # the new name, durable behind the mount
+        finally:
+            os.close(directory)
         assert (home / "notes.txt").read_text() == "through the mount\n"
         os.rename(target, mountpoint / "home" / "0" / "renamed.txt")
         (mountpoint / "home" / "0" / "dir").mkdir()
