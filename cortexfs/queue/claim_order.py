@@ -218,7 +218,14 @@ class _Header:
 
 
 class HintFile:
-    """The cache file: a header line, then job names one per line."""
+    """The cache file: a header line, then job names one per line.
+
+    A hint, not state, which is why it is written with plain ``os`` calls and not through
+    :mod:`cortexfs.durable`: nothing in it is fsynced, and a crash may leave it stale, empty
+    or garbled.  Each of those costs one listing of ``pending/`` (a header that does not
+    decode, a stamp that does not match), never a job: every name handed out is checked
+    against ``pending/`` by the claim.
+    """
 
     def __init__(self, path: Path) -> None:
         self.path = path
