@@ -120,6 +120,25 @@ def test_a_malformed_command_line_exits_2_with_einval(
     assert last.startswith("ctx: EINVAL: ") and reason in last, refused.stderr
 
 
+def test_a_malformed_command_line_asking_for_json_also_gets_the_error_object(
+    storage: Path,
+) -> None:
+    """A --json caller reads stdout: a usage error is an object there too, as a refusal is."""
+    refused = ctx(storage, "queue", "list", "--project", "p", "--state", "nowhere", "--json")
+
+    assert refused.returncode == 2
+    error = json.loads(refused.stdout)
+    assert error["error"] == "EINVAL" and error["errno"] == 22
+    assert "--state" in error["message"]
+    assert refused.stderr.splitlines()[-1] == f"ctx: EINVAL: {error['message']}"
+
+
+def test_json_after_a_double_dash_is_an_operand_not_the_option(storage: Path) -> None:
+    refused = ctx(storage, "queue", "show", "--project", "p", "--bogus", "--", "--json")
+
+    assert refused.returncode == 2 and refused.stdout == ""
+
+
 def test_ctxmcp_reports_a_malformed_command_line_the_same_way() -> None:
     refused = subprocess.run(
         [sys.executable, "-c", "from cortexfs.cli.ctxmcp import main; main()", "list"],

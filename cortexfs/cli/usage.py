@@ -3,17 +3,21 @@
 click reports a usage error as ``Error: Missing argument 'PERM'.`` and exits 2.  CortexFS says
 why in errno terms everywhere (SPEC P-8: "a malformed query … is exit 2 with EINVAL"), so the
 same error ends here as ``ctx: EINVAL: Missing argument 'PERM'.`` after click's usage lines,
-still with exit status 2.
+still with exit status 2.  A command line that asked for ``--json`` also gets the error
+object on standard output, as every other refusal of a ``--json`` command does.
 """
 
 from __future__ import annotations
 
+import errno
+import json
 import sys
 from typing import NoReturn
 
 import click
 
 from cortexfs.cli.exits import EXIT_OK, EXIT_REFUSED, EXIT_USAGE
+from cortexfs.errors import CtxError
 
 # click 8.2 raises this usage error, carrying the help text, for a group run without a command.
 _NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
@@ -30,6 +34,8 @@ def run_click(
         sys.exit(EXIT_USAGE)
     except click.UsageError as error:
         _show_usage_error(error, prog_name)
+        if _asks_for_json(args):
+            click.echo(json.dumps(CtxError(errno.EINVAL, error.format_message()).to_json()))
         sys.exit(EXIT_USAGE)
     except click.ClickException as error:
         error.show()
@@ -40,6 +46,12 @@ def run_click(
     # Without standalone mode click returns what ctx.exit() was given, or the command's
     # return value (None for every ctx command).
     sys.exit(status if isinstance(status, int) else EXIT_OK)
+
+
+def _asks_for_json(args: list[str]) -> bool:
+    """``--json`` among the options (not an operand after ``--``)."""
+    options = args[: args.index("--")] if "--" in args else args
+    return "--json" in options
 
 
 def _show_usage_error(error: click.UsageError, prog_name: str) -> None:
