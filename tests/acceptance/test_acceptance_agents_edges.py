@@ -75,6 +75,32 @@ def test_a_numeric_string_in_set_is_written_as_a_number(storage):
     assert "cache_capacity=48" in config_of(storage).read_text().splitlines()
 
 
+def test_cache_capacity_has_a_ceiling_tsh_can_start_with(storage):
+    """H-4: tsh sizes its path cache by cache_capacity when it starts, so a capacity beyond
+    65536 is refused (EINVAL, exit 2, the file unchanged), and such a line written by hand
+    is a problem tsh reports while it starts with the default."""
+    before = config_of(storage).read_bytes()
+    for value in ("65537", "99999999999999999999999"):
+        r = ctx_run("tool", "tsh.config", f"cache_capacity={value}", env=tool_env(storage))
+        assert r.rc == 2, r
+        refusal = f"cache_capacity must be at most 65536, not {value}"
+        assert r.err == f"ctx: EINVAL: tsh.config: {refusal}\n", r
+    assert config_of(storage).read_bytes() == before
+    r = ctx_run("tool", "tsh.config", "cache_capacity=65536", env=tool_env(storage))
+    assert r.rc == 0 and "cache_capacity=65536" in r.lines(), r
+    config_of(storage).write_text("cache_capacity=99999999999999999999999\n")
+    tsh = subprocess.run(
+        [storage / "bin" / "tsh", "which", "fs.read"], capture_output=True, text=True,
+        env=tool_env(storage), timeout=60,
+    )  # fmt: skip
+    assert tsh.returncode == 0, tsh
+    assert tsh.stdout == f"{storage}/tool/fs.read\n"
+    assert tsh.stderr == (
+        "tsh: tsh.d/config:1: cache_capacity must be at most 65536, not 99999999999999999999999 "
+        "(ignored; the default applies)\n"
+    )
+
+
 # ------------------------------------------------------------------ H-1, T-3: tsh itself
 
 

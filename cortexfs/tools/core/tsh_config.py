@@ -1,7 +1,8 @@
 """``tsh.config``: read or update tsh's configuration, ``tsh.d/config`` (SPEC H-4, R-5).
 
 The configuration is data, never code: blank lines, ``#`` comments and ``key=value`` lines
-for the keys of :data:`DEFAULTS`, each a positive integer (``window_percent`` at most 100).
+for the keys of :data:`DEFAULTS`, each a positive integer (``window_percent`` at most 100,
+``cache_capacity`` at most 65536).
 It lives in the control directory ``tsh.d/`` beside this tool's executable, so the tool
 always edits the configuration of its own tier.
 
@@ -33,7 +34,10 @@ from cortexfs.tools.core.toolio import Reply, ToolFailure, main
 
 TOOL = "tsh.config"
 DEFAULTS = {"max_loaded_tools": 64, "cache_capacity": 32, "window_percent": 1}
-_LIMITS = {"window_percent": 100}  # a percentage; the others need only be positive
+# window_percent is a percentage.  tsh sizes the frequency sketch of its path cache by
+# cache_capacity when it starts: 2**16 names take it tens of MB and a tenth of a second, while
+# a capacity in the millions would hold tsh for minutes or exhaust its memory.
+_LIMITS = {"window_percent": 100, "cache_capacity": 65536}
 DEFAULT_TEXT = "# tsh configuration (SPEC H-4): data, never code.\n" + "".join(
     f"{key}={value}\n" for key, value in DEFAULTS.items()
 )
