@@ -154,6 +154,32 @@ def test_fs_write_is_refused_by_the_kernel_where_the_agent_may_not_write(agent: 
     assert code == errno.EACCES and not (locked / "x").exists()
 
 
+@pytest.mark.parametrize(
+    ("tool", "request_", "code"),
+    [
+        ("fs.read", {"path": "a.txt/"}, errno.ENOTDIR),
+        ("fs.read", {"path": "/workspace/a.txt/."}, errno.ENOTDIR),
+        ("fs.read", {"path": "sub"}, errno.EISDIR),
+        ("fs.read", {"path": "sub/"}, errno.EISDIR),
+        ("fs.stat", {"path": "a.txt/"}, errno.ENOTDIR),
+        ("fs.stat", {"path": "link-in/"}, errno.ELOOP),
+        ("fs.write", {"path": "a.txt/", "content": "replaced"}, errno.ENOTDIR),
+        ("fs.write", {"path": "fresh/", "content": "made"}, errno.EISDIR),
+        ("fs.write", {"path": "sub/", "content": "made"}, errno.EISDIR),
+    ],
+)
+def test_a_trailing_slash_names_a_directory_as_it_does_to_the_kernel(
+    agent: World, tool: str, request_: dict[str, object], code: int
+) -> None:
+    """`cat a.txt/` is ENOTDIR; dropping the slash would read, replace or create a file."""
+    refused, message = failure(agent, tool, request_)
+
+    assert refused == code, message
+    assert (agent.workspace / "a.txt").read_text() == "inside\n"
+    assert not (agent.workspace / "fresh").exists()
+    assert agent.run("fs.stat", {"path": "sub/"}).output["type"] == "directory"
+
+
 def test_shell_exec_runs_as_the_agent_in_a_confined_directory(agent: World) -> None:
     here = agent.run("shell.exec", {"cmd": "pwd; id -u"})
     sub = agent.run("shell.exec", {"cmd": "cat b.txt; cat", "cwd": "sub", "stdin": "fed\n"})

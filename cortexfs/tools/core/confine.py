@@ -4,6 +4,9 @@ A path names a place in the agent's view: absolute, or relative to ``CTX_CWD``. 
 resolve it themselves, never letting the kernel follow anything:
 
 * ``..`` is refused outright (EINVAL), never normalised away; so are empty paths and NULs;
+* a path ending in ``/`` (or ``/.``) names a directory, as it does to the kernel: a file there
+  is ENOTDIR, and a tool that reads or writes files refuses it (EISDIR), never dropping the
+  slash to act on a file of that name;
 * the view path must lie under the target of a visible mount — the deepest target wins, the
   later mount on a tie, as in the kernel — or it is refused (EACCES);
 * the host path is walked from the mount's source one component at a time with
@@ -43,11 +46,16 @@ class Mount(NamedTuple):
 
 
 class Place(NamedTuple):
-    """A resolved path: how the agent names it, its mount, and the components below the source."""
+    """A resolved path: how the agent names it, its mount, and the components below the source.
+
+    ``names_directory`` is true when the path ended in ``/`` or ``/.``: only a directory may be
+    there.
+    """
 
     view: PurePosixPath
     mount: Mount
     parts: tuple[str, ...]
+    names_directory: bool = False
 
     @property
     def name(self) -> str:
@@ -84,7 +92,8 @@ class View:
             raise ToolFailure(errno.EACCES, f"{view} is outside every mount visible to the agent")
         if write and not mount.writable:
             raise ToolFailure(errno.EROFS, f"{view} is on a read-only mount ({mount.target})")
-        return Place(view, mount, view.relative_to(mount.target).parts)
+        names_directory = str(path).rsplit("/", 1)[-1] in ("", ".")
+        return Place(view, mount, view.relative_to(mount.target).parts, names_directory)
 
     def _topmost(self, view: PurePosixPath) -> Mount | None:
         chosen = None
@@ -114,7 +123,7 @@ def open_parent(place: Place, *, writable: bool = False) -> int:
     if not place.parts:
         raise ToolFailure(errno.EISDIR, f"{place.view} is the top of a mount")
     return open_directory(
-        Place(place.view.parent, place.mount, place.parts[:-1]), listable=writable
+        Place(place.view.parent, place.mount, place.parts[:-1], True), listable=writable
     )
 
 
@@ -129,7 +138,7 @@ def reporting(place: Place) -> Iterator[None]:
 
 def open_regular_file(place: Place) -> tuple[int, os.stat_result]:
     """``place`` opened for reading, with its status: never through a link, never waiting on
-    a FIFO, and only a regular file (EINVAL otherwise)."""
+    a FIFO, and only a regular file (EISDIR for a directory, EINVAL for anything else)."""
     parent = open_parent(place)
     try:
         refuse_link(place, lstat_at(parent, place.name))
@@ -138,10 +147,29 @@ def open_regular_file(place: Place) -> tuple[int, os.stat_result]:
     finally:
         os.close(parent)
     status = os.fstat(fd)
-    if not stat.S_ISREG(status.st_mode):
+    try:
+        refuse_file_named_as_directory(place, status)
+        if stat.S_ISDIR(status.st_mode):
+            raise ToolFailure(errno.EISDIR, f"{place.view} is a directory, not a file")
+        if not stat.S_ISREG(status.st_mode):
+            raise ToolFailure(errno.EINVAL, f"{place.view} is not a regular file")
+    except ToolFailure:
         os.close(fd)
-        raise ToolFailure(errno.EINVAL, f"{place.view} is not a regular file")
+        raise
     return fd, status
+
+
+def refuse_file_named_as_directory(place: Place, status: os.stat_result | None) -> None:
+    """ENOTDIR for ``a.txt/``: the trailing slash asks for a directory, and what is there is not
+    one (the kernel's answer; dropping the slash would act on the file).  A link there would
+    have to be followed to tell, so it is refused as every link is (ELOOP)."""
+    if not place.names_directory or status is None:
+        return
+    refuse_link(place, status)
+    if not stat.S_ISDIR(status.st_mode):
+        raise ToolFailure(
+            errno.ENOTDIR, f"{place.view} is not a directory, but the path ends in '/'"
+        )
 
 
 def lstat_at(dir_fd: int, name: str) -> os.stat_result | None:

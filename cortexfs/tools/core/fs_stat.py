@@ -33,6 +33,7 @@ def stat_entry(request: dict[str, object], native: bool) -> Reply:
             os.close(fd)
     if status is None:
         raise ToolFailure(errno.ENOENT, f"{place.view} does not exist")
+    confine.refuse_file_named_as_directory(place, status)
     facts = {
         "path": str(place.view),
         "type": entry_type(status),

@@ -36,8 +36,13 @@ def write(request: dict[str, object], native: bool) -> Reply:
     try:
         existing = confine.lstat_at(parent, place.name)
         confine.refuse_link(place, existing)
+        confine.refuse_file_named_as_directory(place, existing)
         if existing is not None and not stat.S_ISREG(existing.st_mode):
             raise ToolFailure(errno.EISDIR, f"{place.view} exists and is not a regular file")
+        if place.names_directory:
+            raise ToolFailure(
+                errno.EISDIR, f"{place.view}/ names a directory; fs.write writes a file"
+            )
         if existing is not None and not overwrite:
             raise ToolFailure(errno.EEXIST, f"{place.view} exists and overwrite is false")
         # A replacement keeps the permission bits it replaces, whatever this process's umask
