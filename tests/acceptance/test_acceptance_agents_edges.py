@@ -12,6 +12,9 @@ from pathlib import Path
 import pytest
 
 from tests.acceptance.ctxcli import CTX_ARGV, clean_env, ctx_run
+from tests.support.storage import traversable_tmp as traversable_tmp
+from tests.support.users import UnprivilegedUser, run_as
+from tests.support.users import unprivileged_user as unprivileged_user
 
 
 def tool_env(storage: Path, **extra: str) -> dict[str, str]:
@@ -99,6 +102,32 @@ def test_cache_capacity_has_a_ceiling_tsh_can_start_with(storage):
         "tsh: tsh.d/config:1: cache_capacity must be at most 65536, not 99999999999999999999999 "
         "(ignored; the default applies)\n"
     )
+
+
+def test_a_user_who_may_not_write_the_config_is_told_whose_it_is(
+    traversable_tmp: Path, unprivileged_user: UnprivilegedUser
+):
+    """H-4: the configuration is the storage root owner's; anyone else running tsh.config
+    reads it, and an update is EACCES naming the file and how its owner changes it — not the
+    name of a temporary file the reader never heard of."""
+    storage = traversable_tmp / "storage"
+    assert ctx_run("bootstrap", "--storage", storage).rc == 0
+    before = config_of(storage).read_bytes()
+    tool = str(storage / "tool" / "tsh.config")
+    shown = run_as(unprivileged_user, [tool], env=tool_env(storage), cwd=Path("/"))
+    assert shown.returncode == 0, shown
+    assert shown.stdout == "max_loaded_tools=64\ncache_capacity=32\nwindow_percent=1\n"
+    refused = run_as(
+        unprivileged_user, [tool, "cache_capacity=5"], env=tool_env(storage), cwd=Path("/")
+    )
+    assert refused.returncode == 1, refused
+    assert refused.stderr == (
+        f"tsh.config: EACCES: {config_of(storage)} cannot be changed by uid "
+        f"{unprivileged_user.uid} (Permission denied): the configuration belongs to the "
+        "storage root's owner, who changes it with 'ctx tool tsh.config KEY=VALUE'\n"
+    )
+    assert config_of(storage).read_bytes() == before
+    assert not [p.name for p in config_of(storage).parent.iterdir() if p.name.startswith(".")]
 
 
 # ------------------------------------------------------------------ H-1, T-3: tsh itself

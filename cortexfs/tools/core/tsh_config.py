@@ -172,7 +172,19 @@ def _update(path: Path, changes: dict[str, int]) -> str:
             raise ToolFailure(errno.EINVAL, f"{path} must be fixed by hand first: {bad[0]}")
         text = updated(text, changes)
         mode = stat.S_IMODE(os.stat(path.name, dir_fd=directory, follow_symlinks=False).st_mode)
-        durable.replace_file_synced(ops, directory, path.name, text.encode(), mode)
+        try:
+            durable.replace_file_synced(ops, directory, path.name, text.encode(), mode)
+        except OSError as exc:
+            if exc.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+                raise
+            # The replacement is written beside the file first: the OSError names that
+            # temporary, which tells the caller nothing about what was refused and why.
+            raise ToolFailure(
+                exc.errno,
+                f"{path} cannot be changed by uid {os.getuid()} ({exc.strerror}): the "
+                "configuration belongs to the storage root's owner, who changes it with "
+                f"'ctx tool {TOOL} KEY=VALUE'",
+            ) from None
         return text
     finally:
         ops.close(directory)  # closing the last descriptor releases the lock
