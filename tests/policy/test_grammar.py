@@ -183,6 +183,32 @@ def test_every_bad_line_is_reported_with_its_number() -> None:
     assert "(and 2 more invalid lines)" in raised.value.message
 
 
+LONG = "x" * 100_000
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        LONG,
+        f"allow {LONG} tool:fs.read execute",
+        f"allow coder_t {LONG}:fs.read execute",
+        f"allow coder_t tool:{LONG} execute",
+        f"allow coder_t tool:fs.*{LONG} execute",
+        f"allow coder_t model:openai/{LONG}/x use",
+        f"allow coder_t tool:fs.read {LONG}",
+        f"allow coder_t tool:fs.read execute {LONG}",
+        f"allow coder_t {LONG} execute",
+    ],
+)
+def test_an_error_quotes_a_long_word_only_in_part(line: str) -> None:
+    """A megabyte-long line gets a one-line reason, not the megabyte back on stderr."""
+    with pytest.raises(PolicySyntaxError) as raised:
+        parse_rules(line, source="p")
+
+    (problem,) = raised.value.problems
+    assert len(str(problem)) < 300, str(problem)
+
+
 def test_a_valid_policy_yields_its_rules_in_order() -> None:
     text = (
         "allow coder_t tool:fs.read execute\n"
