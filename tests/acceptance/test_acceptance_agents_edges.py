@@ -162,6 +162,44 @@ def test_tsh_exit_with_two_arguments_does_not_leave(storage):
     assert r.stderr == "tsh: exit: too many arguments (exit [N])\n"
 
 
+@pytest.mark.parametrize(
+    ("argv", "complaint"),
+    [
+        (["which"], "tsh: which: a tool name is needed (which NAME...)"),
+        (["describe"], "tsh: describe: a tool name is needed (describe NAME...)"),
+        (["tools", "fs.read"], "tsh: tools: takes no arguments (tools)"),
+        (["loaded", "fs.read"], "tsh: loaded: takes no arguments (loaded)"),
+        (["rehash", "now"], "tsh: rehash: takes no arguments (rehash)"),
+        (["help", "which"], "tsh: help: takes no arguments (help)"),
+    ],
+)
+def test_a_built_in_used_wrongly_is_a_usage_error(storage, argv, complaint):
+    """A built-in given no names where it needs some, or words where it takes none, says its
+    form and exits 2, as its sibling built-ins do, instead of quietly doing nothing."""
+    r = tsh(storage, *argv)
+    assert r.returncode == 2, r
+    assert (r.stdout, r.stderr) == ("", complaint + "\n")
+
+
+def test_describe_takes_several_names(storage):
+    r = tsh(storage, "describe", "fs.read", "fs.list")
+    assert r.returncode == 0, r
+    decoder, text, names = json.JSONDecoder(), r.stdout, []
+    while text.strip():
+        described, end = decoder.raw_decode(text.lstrip())
+        names.append(described["name"])
+        text = text.lstrip()[end:]
+    assert names == ["fs.read", "fs.list"]
+
+
+def test_tools_prints_nothing_when_ctx_path_holds_none(storage, tmp_path):
+    r = subprocess.run(
+        [storage / "bin" / "tsh", "tools"], capture_output=True, text=True, timeout=60,
+        env=clean_env(CTX_STORAGE=str(storage), CTX_PATH=str(tmp_path)),
+    )  # fmt: skip
+    assert (r.returncode, r.stdout, r.stderr) == (0, "", "")
+
+
 @pytest.mark.parametrize("option", ["--help", "-h"])
 def test_tsh_help_option_prints_usage(storage, option):
     r = tsh(storage, option)

@@ -13,7 +13,7 @@ its arguments kept exactly as given (T-3), and exits with its status.
 
 Built-ins: ``exit [N]``, ``help``, ``which NAME...``, ``tools``, and for the context of loaded
 tool metadata and the tool-path cache of H-4 (:mod:`cortexfs.tools.core.tsh_context`, sized
-by ``tool/tsh.d/config``): ``load NAME...``, ``describe NAME``, ``pin NAME...``,
+by ``tool/tsh.d/config``): ``load NAME...``, ``describe NAME...``, ``pin NAME...``,
 ``unpin NAME...``, ``unload NAME...``, ``loaded``, ``rehash``.  An empty argument list is
 passed to the tool as it is (T-3).
 """
@@ -39,7 +39,7 @@ commands here.  Built-ins:
   which NAME...     where CTX_PATH resolves NAME
   tools             the tools on CTX_PATH
   load NAME...      load tools' metadata into this tsh's context (running a tool loads it too)
-  describe NAME     load NAME and show its description, input schema and cap
+  describe NAME...  load tools and show their description, input schema and cap
   pin NAME...       load and keep: exempt from unload and from the path cache's eviction
   unpin NAME...     make pinned tools ordinary again
   unload NAME...    drop tools' metadata from the context
@@ -197,6 +197,8 @@ def _help(context: TshContext, argv: list[str]) -> int:
 
 
 def _which(context: TshContext, argv: list[str]) -> int:
+    if not argv:
+        return _needs_names("which")
     found = [context.which(word) for word in argv]
     for word, path in zip(argv, found, strict=True):
         print(path or f"tsh: {word}: not on CTX_PATH", file=sys.stdout if path else sys.stderr)
@@ -204,7 +206,8 @@ def _which(context: TshContext, argv: list[str]) -> int:
 
 
 def _tools(context: TshContext, argv: list[str]) -> int:
-    print("\n".join(tools(context)))
+    for name in tools(context):
+        print(name)
     return 0
 
 
@@ -212,8 +215,7 @@ def _each_tool(argv: list[str], verb: str, action: Callable[[str], str | None]) 
     """``action`` on each name, which answers what went wrong or None; 1 when something did,
     2 without names."""
     if not argv:
-        print(f"tsh: {verb}: a tool name is needed ({verb} NAME...)", file=sys.stderr)
-        return 2
+        return _needs_names(verb)
     status = 0
     for name in argv:
         problem = action(name)
@@ -221,6 +223,24 @@ def _each_tool(argv: list[str], verb: str, action: Callable[[str], str | None]) 
             print(f"tsh: {verb}: {name}: {problem}", file=sys.stderr)
             status = 1
     return status
+
+
+def _needs_names(verb: str) -> int:
+    print(f"tsh: {verb}: a tool name is needed ({verb} NAME...)", file=sys.stderr)
+    return 2
+
+
+def _without_arguments(verb: str, builtin: Builtin) -> Builtin:
+    """``builtin``, refusing arguments as a usage error (2) rather than ignoring them: a word
+    after ``tools`` or ``loaded`` is more likely a mistake than something to drop unread."""
+
+    def checked(context: TshContext, argv: list[str]) -> int:
+        if argv:
+            print(f"tsh: {verb}: takes no arguments ({verb})", file=sys.stderr)
+            return 2
+        return builtin(context, argv)
+
+    return checked
 
 
 NOT_ON_PATH = "not a tool on CTX_PATH"
@@ -296,16 +316,16 @@ def _report_unloaded(names: list[str]) -> None:
 
 
 BUILTINS: dict[str, Builtin] = {
-    "help": _help,
+    "help": _without_arguments("help", _help),
     "which": _which,
-    "tools": _tools,
+    "tools": _without_arguments("tools", _tools),
     "load": _loading("load", ToolInfo.summary),
     "describe": _loading("describe", lambda info: json.dumps(info.to_json(), indent=2)),
     "pin": _pin,
     "unpin": _unpin,
     "unload": _unload,
-    "loaded": _loaded,
-    "rehash": _rehash,
+    "loaded": _without_arguments("loaded", _loaded),
+    "rehash": _without_arguments("rehash", _rehash),
 }
 
 
