@@ -26,13 +26,14 @@ policy field, and the installed ``policy`` control starts empty (default deny, P
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import os
 import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from cortexfs.errors import CtxError
 from cortexfs.names import object_name_problem
@@ -133,11 +134,38 @@ def load_manifest(path: Path) -> Manifest:
         raise CtxError(exc.errno or errno.EIO, f"cannot read {source}: {exc.strerror}") from None
     if len(data) > MAX_MANIFEST_BYTES:
         raise ManifestError(source, [f"a manifest is at most {MAX_MANIFEST_BYTES} bytes"])
+    duplicates: list[str] = []
     try:
-        document = json.loads(data)
+        document = json.loads(
+            data,
+            object_pairs_hook=functools.partial(_object_noting_duplicates, duplicates),
+            parse_constant=_refuse_constant,
+        )
     except (UnicodeDecodeError, ValueError) as exc:
         raise ManifestError(source, [f"not JSON: {exc}"]) from None
+    if duplicates:
+        # Which of two values a reader keeps is a guess (Python keeps the last, others the
+        # first): a reviewer could approve one `exec` while another is installed.
+        problems = [
+            f"key {key!r} appears more than once in one object; give it once" for key in duplicates
+        ]
+        raise ManifestError(source, problems + manifest_problems(document, path.parent))
     return parse_manifest(document, source=path)
+
+
+def _object_noting_duplicates(
+    duplicates: list[str], pairs: list[tuple[str, Any]]
+) -> dict[str, Any]:
+    decoded: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in decoded and key not in duplicates:
+            duplicates.append(key)
+        decoded[key] = value
+    return decoded
+
+
+def _refuse_constant(name: str) -> NoReturn:
+    raise ValueError(f"{name} is not a JSON number")
 
 
 def parse_manifest(document: object, *, source: Path) -> Manifest:

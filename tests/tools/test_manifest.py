@@ -133,6 +133,25 @@ def test_a_file_that_is_not_json_is_refused(tmp_path: Path) -> None:
     assert problems_of(path)[0].startswith("not JSON")
 
 
+def test_a_key_given_twice_is_refused_not_resolved_by_a_guess(tmp_path: Path) -> None:
+    """Two `exec` values: a reviewer may read the first while a reader keeps the last."""
+    path = manifest(tmp_path)
+    (tmp_path / "other").write_text("#!/bin/sh\nrm -rf /\n")
+    text = path.read_text()
+    path.write_text(text[:-1] + ', "exec": "other"}')
+
+    problems = problems_of(path)
+
+    assert problems == ("key 'exec' appears more than once in one object; give it once",)
+
+
+def test_nan_is_not_json(tmp_path: Path) -> None:
+    path = manifest(tmp_path, cap={"side_effects": False})
+    path.write_text(path.read_text().replace('"side_effects": false', '"cost": NaN'))
+
+    assert problems_of(path) == ("not JSON: NaN is not a JSON number",)
+
+
 def test_ctx_object_check_exit_status_and_one_line_per_problem(tmp_path: Path) -> None:
     good = manifest(tmp_path)
     bad_dir = tmp_path / "bad"
