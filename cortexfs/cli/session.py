@@ -110,7 +110,7 @@ def show(
     A torn last line (a crash in the middle of an append) is skipped and mentioned.
     """
     ref = _session_ref(storage_dir, agent, session, project, uid)
-    scan = _read(ref)
+    scan = _read(ref, _listing(agent, project, uid))
     _render(scan.events, as_json)
     _warn(ref, scan)
 
@@ -138,7 +138,7 @@ def tail(
 ) -> None:
     """Print the last events of SESSION; with --follow, keep printing new ones (Ctrl-C stops)."""
     ref = _session_ref(storage_dir, agent, session, project, uid)
-    scan = _read(ref)
+    scan = _read(ref, _listing(agent, project, uid))
     _render(scan.events[len(scan.events) - lines :] if lines else [], as_json)
     _warn(ref, scan)
     if follow:
@@ -164,8 +164,7 @@ def repair(
     Waits for appends in flight; complete lines are never touched.
     """
     ref = _session_ref(storage_dir, agent, session, project, uid)
-    if not ref.events_path.exists():
-        raise not_found(f"session {ref} has no events.jsonl")
+    _require_events(ref, _listing(agent, project, uid))
     removed = events.repair(ref.events_path)
     if as_json:
         emit_json({"session": str(ref), "truncated_bytes": removed})
@@ -191,8 +190,7 @@ def list_command(
     directory.
     """
     ref = _session_ref(storage_dir, agent, DEFAULT_SESSION, project, uid)
-    if project is not None and not ref.path.parents[3].is_dir():  # shared/<project>
-        raise not_found(f"there is no shared space {project!r}; make it with 'ctx shared create'")
+    _require_space(ref, project)
     names = list_sessions(ref.path.parent)
     if as_json:
         emit_json([{"name": name, "path": str(ref.path.parent / name)} for name in names])
@@ -252,10 +250,33 @@ def _home_uid(root: Path, agent: str) -> int:
     )
 
 
-def _read(ref: SessionRef) -> events.EventScan:
-    if not ref.events_path.exists():
-        raise not_found(f"session {ref} has no events.jsonl")
+def _read(ref: SessionRef, listing: str) -> events.EventScan:
+    _require_events(ref, listing)
     return events.read_events(ref.events_path)
+
+
+def _require_space(ref: SessionRef, project: str | None) -> None:
+    if project is not None and not ref.path.parents[3].is_dir():  # shared/<project>
+        raise not_found(f"there is no shared space {project!r}; make it with 'ctx shared create'")
+
+
+def _listing(agent: str, project: str | None, uid: int | None) -> str:
+    """The command that lists the sessions beside the one asked for."""
+    where = f" --project {project}" if project is not None else ""
+    if project is None and uid is not None:
+        where = f" --uid {uid}"
+    return f"ctx session list {agent}{where}"
+
+
+def _require_events(ref: SessionRef, listing: str) -> None:
+    """ENOENT saying what is missing — the space, the session, or only its events — and how
+    to find the sessions there are (``listing``)."""
+    _require_space(ref, ref.space)
+    if ref.events_path.exists():
+        return
+    if not ref.path.is_dir():
+        raise not_found(f"there is no session {ref}; '{listing}' lists the sessions there are")
+    raise not_found(f"session {ref} has no events.jsonl: nothing was recorded in it yet")
 
 
 def _render(selected: list[dict[str, Any]], as_json: bool) -> None:

@@ -162,6 +162,30 @@ def test_ctx_session_errors(recorded: World) -> None:
     assert bad_name.returncode == 2 and "EINVAL" in bad_name.stderr
 
 
+def test_a_missing_session_says_what_is_missing_and_how_to_list_the_others(
+    recorded: World,
+) -> None:
+    uid = recorded.user.uid
+    (recorded.root / f"home/{uid}/agent/coder/session/quiet").mkdir()
+    create_shared_space(recorded.root, "proj", gid=recorded.user.gid)
+
+    never = ctx(recorded, "show", "coder", "never")
+    elsewhere = ctx(recorded, "tail", "coder", "never", "--uid", "7")
+    in_space = ctx(recorded, "repair", "coder", "never", "--project", "proj")
+    no_space = ctx(recorded, "show", "coder", "--project", "nospace")
+    quiet = ctx(recorded, "show", "coder", "quiet")
+
+    assert never.returncode == 1 and never.stderr == (
+        f"ctx: ENOENT: there is no session home/{uid}/agent/coder/session/never; "
+        "'ctx session list coder' lists the sessions there are\n"
+    )
+    assert "'ctx session list coder --uid 7'" in elsewhere.stderr
+    assert in_space.returncode == 1
+    assert "'ctx session list coder --project proj'" in in_space.stderr
+    assert no_space.returncode == 1 and "no shared space 'nospace'" in no_space.stderr
+    assert quiet.returncode == 1 and "nothing was recorded in it yet" in quiet.stderr
+
+
 def _forget_agent(world: World, agent: str) -> None:
     (world.root / "agent" / agent).unlink()
     shutil.rmtree(world.root / "agent" / f"{agent}.d")
