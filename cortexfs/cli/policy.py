@@ -10,6 +10,7 @@ from typing import NoReturn
 
 import click
 
+from cortexfs.agents.view import AgentView
 from cortexfs.cli.common import (
     EXIT_OK,
     EXIT_REFUSED,
@@ -33,6 +34,7 @@ from cortexfs.policy import (
     make_rule,
 )
 from cortexfs.policy.grammar import check_object, split_object_ref
+from cortexfs.tools.ctxpath import tier_location, which
 
 STDIN = "-"
 
@@ -128,8 +130,8 @@ def query(policy_files: tuple[str, ...], subject: str, object_ref: str, permissi
 @click.option(
     "--location",
     metavar="DIR",
-    help="Storage directory holding a tool (default: tool; or home/UID/tool, "
-    "shared/SPACE/tool) or a session (home/UID/agent/AGENT/session, "
+    help="Storage directory holding a tool (default: where the agent's CTX_PATH finds it, "
+    "else tool; or home/UID/tool, shared/SPACE/tool) or a session (home/UID/agent/AGENT/session, "
     "shared/SPACE/agent/AGENT/session; required for sessions).",
 )
 @click.option(
@@ -170,8 +172,11 @@ def explain(
         object_class, object_name = split_object_ref(object_ref)
         check_object(object_class, object_name, permission)
         caller = None if peer is None else _parse_peer(peer)
+        root = resolve_storage(storage_dir)
+        if object_class == "tool" and location is None:
+            location = _tool_location(root, agent, object_name)
         request = AuthorityRequest(
-            resolve_storage(storage_dir),
+            root,
             agent,
             object_class,
             object_name,
@@ -205,6 +210,18 @@ def _render(agent: str, object_ref: str, permission: str, decision: Decision) ->
     else:
         code = errno.errorcode.get(decision.errno, str(decision.errno))
         click.echo(f"deny: {code}: {decision.reason}")
+
+
+def _tool_location(root: Path, agent: str, tool: str) -> str | None:
+    """The tier where AGENT's CTX_PATH finds TOOL (T-4), as ``ctx run`` finds it, so that the
+    explanation judges the file a call would run; None (the system tier) when the agent or
+    the tool is not found, which the chain then reports."""
+    try:
+        view = AgentView.load(root, agent)
+    except CtxError:
+        return None
+    found = which(tool, view.tool_directories())
+    return None if found is None else tier_location(root, found.directory)
 
 
 def _read_input(name: str) -> bytes:

@@ -159,6 +159,27 @@ def test_explain_walks_the_six_steps(root: Path, coder: Path, user: Unprivileged
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to set owners and uids")
+def test_explain_judges_the_tool_the_agents_ctx_path_finds(
+    root: Path, coder: Path, user: UnprivilegedUser
+) -> None:
+    """A tool of the agent's user tier is the one `ctx run` would call (T-4): the explanation
+    judges it, not a missing tool/fs.read, unless --location asks about another tier."""
+    home_tier = f"home/{user.uid}/tool"
+    add_tool(root, "fs.read", policy=FS_READ, location=home_tier)
+    request = ["explain", "--storage", str(root), "coder", "tool:fs.read", "execute"]
+
+    found = ctx(*request, "--json")
+    elsewhere = ctx(*request, "--location", "tool")
+
+    assert found.returncode == 0, found.stdout
+    steps = json.loads(found.stdout)["steps"]
+    assert steps[1]["detail"].startswith(f"{home_tier}/fs.read: --x granted")
+    assert steps[5]["detail"] == f"{home_tier}/fs.read.d/policy: allow coder_t tool:fs.read execute"
+    assert elsewhere.returncode == 1
+    assert "ENOENT: step 2 (mode bits): tool/fs.read does not exist" in elsewhere.stdout
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to set owners and uids")
 def test_explain_a_malformed_request_exits_2(root: Path, coder: Path) -> None:
     for request in (
         ["coder", "tool:*", "execute"],
