@@ -180,8 +180,14 @@ class Terminal:
         self._require_mount_sources()
         if self.main_socket.exists():
             if listening(self.main_socket):
-                running = f"session {self.session.name} of {self.view.name} is running"
-                raise CtxError(errno.EEXIST, running)
+                agent, session = self.view.name, self.session.name
+                raise CtxError(
+                    errno.EEXIST,
+                    f"the terminal of {agent} in session {session} is already running: watch "
+                    f"it with 'ctx agent watch {agent} --session {session}', end it with "
+                    f"'ctx agent stop {agent} --session {session}', or start another "
+                    "session with --session",
+                )
             self._remove_run_files()  # left by a terminal that did not end cleanly
         self._make_run_directory()
         identity = self.view.identity

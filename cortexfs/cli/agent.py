@@ -316,9 +316,12 @@ def start(
 @click.argument("name")
 @_SESSION
 @storage_option
+@json_option
 @handles_errors
-def stop(name: str, session: str, storage_dir: Path | None) -> None:
-    """End NAME's terminal: tsh is killed, the view unmounted, the sockets removed."""
+def stop(name: str, session: str, storage_dir: Path | None, as_json: bool) -> None:
+    """End NAME's terminal: tsh is killed, the view unmounted, the sockets removed.
+
+    Returns once it has ended; ENOENT (exit 1) when it is not running."""
     from cortexfs.agents.terminal import listening
 
     run_dir = _run_dir(resolve_storage(storage_dir), name, session)
@@ -327,7 +330,7 @@ def stop(name: str, session: str, storage_dir: Path | None) -> None:
     except (OSError, ValueError):
         pid = 0
     if not pid or not listening(run_dir / "main.sock"):  # a pid file alone may be stale
-        raise not_found(f"no terminal of {name} in session {session} is running")
+        raise _not_running(name, session)
     try:
         os.kill(pid, signal.SIGTERM)
     except PermissionError:
@@ -341,6 +344,17 @@ def stop(name: str, session: str, storage_dir: Path | None) -> None:
         time.sleep(0.05)
     if run_dir.exists():
         raise CtxError(errno.EBUSY, f"the terminal of {name} (pid {pid}) did not stop")
+    if as_json:
+        emit_json({"agent": name, "session": session, "pid": pid})
+    else:
+        click.echo(f"stopped {name}, session {session} (pid {pid})")
+
+
+def _not_running(name: str, session: str) -> CtxError:
+    return not_found(
+        f"no terminal of {name} in session {session} is running; start one with "
+        f"'ctx agent start {name} --session {session}'"
+    )
 
 
 @agent.command()
@@ -404,7 +418,7 @@ def _connect(root: Path, name: str, session: str, mode: bytes) -> Iterator[socke
                 f"uid {os.geteuid()} ({exc.strerror}); a terminal started by an older ctx "
                 "keeps it root's: restart it, or watch as root"
             ) from None
-        raise not_found(f"no terminal of {name} in session {session} is running") from None
+        raise _not_running(name, session) from None
     with connection:
         connection.sendall(mode + b"\n")
         yield connection

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
+import uuid
 from pathlib import Path
 
 import pytest
@@ -308,3 +310,63 @@ def test_start_from_a_removed_directory_says_which_directory(storage, tmp_path):
         assert r.returncode == 1, r
         assert "ENOENT: the current directory, the terminal's default /workspace" in r.stderr
         gone.mkdir()
+
+
+# ------------------------------------------------------------------ A-1, A-2: start and stop
+
+needs_terminal = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("bwrap") is None or not os.path.exists("/dev/fuse"),
+    reason="an agent terminal needs root, bubblewrap and /dev/fuse",
+)
+
+
+@needs_terminal
+def test_start_stop_and_their_refusals_say_what_to_do(storage):
+    """Starting a running terminal is EEXIST, stopping or watching one that is not running
+    ENOENT; each says which command does what the user wanted.  A stop prints what it
+    stopped, as a start prints what it started, and --json gives the same facts."""
+    request = json.dumps({"name": "helper", "label": "helper_t"})
+    assert ctx_run("agent", "create", "-", "--storage", storage, input=request).rc == 0
+    session = f"s{uuid.uuid4().hex[:12]}"  # the sockets under /run are shared by all roots
+    where = ["helper", "--session", session, "--storage", storage]
+    started = ctx_run("agent", "start", *where, "--no-workspace", "--json")
+    assert started.rc == 0, started
+    try:
+        again = ctx_run("agent", "start", *where, "--no-workspace")
+        assert again.rc == 1, again
+        assert again.err == (
+            f"ctx: EEXIST: the terminal of helper in session {session} is already running: "
+            f"watch it with 'ctx agent watch helper --session {session}', end it with "
+            f"'ctx agent stop helper --session {session}', or start another session with "
+            "--session\n"
+        )
+        pid = int(Path(started.json()["listening_at"]).with_name("pid").read_text())
+    finally:
+        stopped = ctx_run("agent", "stop", *where, "--json")
+        if stopped.rc != 0:  # leave no terminal running whatever went wrong
+            ctx_run("agent", "stop", *where)
+    assert stopped.rc == 0, stopped
+    assert stopped.json() == {"agent": "helper", "session": session, "pid": pid}
+    assert not Path(started.json()["listening_at"]).exists()
+    not_running = (
+        f"ctx: ENOENT: no terminal of helper in session {session} is running; start one with "
+        f"'ctx agent start helper --session {session}'\n"
+    )
+    for command in ("stop", "watch", "attach"):
+        r = ctx_run("agent", command, *where)
+        assert (r.rc, r.out, r.err) == (1, "", not_running), r
+    r = ctx_run("agent", "stop", *where, "--json")
+    assert r.rc == 1 and r.json()["error"] == "ENOENT", r
+
+
+@needs_terminal
+def test_a_stop_says_what_it_stopped(storage):
+    request = json.dumps({"name": "helper", "label": "helper_t"})
+    assert ctx_run("agent", "create", "-", "--storage", storage, input=request).rc == 0
+    session = f"s{uuid.uuid4().hex[:12]}"
+    where = ["helper", "--session", session, "--storage", storage]
+    started = ctx_run("agent", "start", *where, "--no-workspace", "--json")
+    assert started.rc == 0, started
+    pid = Path(started.json()["listening_at"]).with_name("pid").read_text()
+    stopped = ctx_run("agent", "stop", *where)
+    assert (stopped.rc, stopped.out) == (0, f"stopped helper, session {session} (pid {pid})\n")
