@@ -70,6 +70,26 @@ def test_a_config_line_with_a_superscript_is_reported_not_a_crash(storage):
     assert "Traceback" not in tsh.stderr
 
 
+def test_reading_a_config_with_a_line_tsh_cannot_use_warns_of_it(storage):
+    """H-4: the settings shown for a config with a bad line are partly the defaults; a read
+    says so on stderr (exit 0), through ctx tool and when the tool runs directly."""
+    config_of(storage).write_text("max_loaded_tools=12\ncache_capacity=lots\n")
+    warning = (
+        "tsh.d/config:2: cache_capacity must be a positive integer, not 'lots' "
+        "(ignored; the default applies)\n"
+    )
+    r = ctx_run("tool", "tsh.config", env=tool_env(storage))
+    assert r.rc == 0, r
+    assert r.out == "max_loaded_tools=12\ncache_capacity=32\nwindow_percent=1\n"
+    assert r.err == f"ctx: warning: tsh.config: {warning}"
+    direct = subprocess.run(
+        [storage / "tool" / "tsh.config"], capture_output=True, text=True, timeout=60,
+        stdin=subprocess.DEVNULL, env=tool_env(storage),
+    )  # fmt: skip
+    assert (direct.returncode, direct.stdout) == (0, r.out), direct
+    assert direct.stderr == f"tsh.config: warning: {warning}"
+
+
 def test_a_numeric_string_in_set_is_written_as_a_number(storage):
     r = ctx_run(
         "tool", "--json", "tsh.config", '{"set": {"cache_capacity": "48"}}', env=tool_env(storage)

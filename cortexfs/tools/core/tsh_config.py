@@ -107,13 +107,27 @@ def updated(text: str, changes: dict[str, int]) -> str:
     return "".join(rows)
 
 
-def configure(path: Path, request: dict[str, Any], native: bool) -> Reply:
-    """Read ``path``'s configuration and apply the request's ``set``, if any."""
+def configure(
+    path: Path, request: dict[str, Any], native: bool, program: str | None = None
+) -> Reply:
+    """Read ``path``'s configuration and apply the request's ``set``, if any.
+
+    In terminal mode a read also warns of each line tsh cannot use (on stderr, as ``program``
+    when it runs inside one): the settings shown are then the defaults for those keys, and
+    without the warning they would pass for what the file says."""
     changes = _changes(request.get("set"))
     text = _update(path, changes) if changes else _read(path)
     settings = effective(text)
     data = {"path": str(path), "config": settings, "changed": sorted(changes)}
-    return Reply(data, text="".join(f"{k}={v}\n" for k, v in settings.items()).encode())
+    speaker = f"{program}: warning: {TOOL}" if program else f"{TOOL}: warning"
+    warnings = "".join(
+        f"{speaker}: {problem} (ignored; the default applies)\n" for problem in problems(text)
+    )
+    return Reply(
+        data,
+        text="".join(f"{k}={v}\n" for k, v in settings.items()).encode(),
+        stderr=warnings.encode(),
+    )
 
 
 def _changes(requested: object) -> dict[str, int]:
@@ -215,7 +229,11 @@ def run_configure(path: Path, argv: list[str], program: str | None = None) -> in
     """The tool's command line on the configuration at ``path`` (inside ``program``, if any:
     see :func:`toolio.main`)."""
     return main(
-        TOOL, "set", lambda request, native: configure(path, request, native), argv, program
+        TOOL,
+        "set",
+        lambda request, native: configure(path, request, native, program),
+        argv,
+        program,
     )
 
 
