@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,7 @@ from cortexfs.shared.sessions import (
     SessionRef,
     homes_with_sessions,
     list_sessions,
+    open_session_directory,
 )
 from cortexfs.storage import require_root
 
@@ -110,7 +113,8 @@ def show(
     A torn last line (a crash in the middle of an append) is skipped and mentioned.
     """
     ref = _session_ref(storage_dir, agent, session, project, uid)
-    scan = _read(ref, _listing(agent, project, uid))
+    with _session_directory(ref, _listing(agent, project, uid)) as directory:
+        scan = events.read_events(ref.events_path, dir_fd=directory)
     _render(scan.events, as_json)
     _warn(ref, scan)
 
@@ -138,12 +142,15 @@ def tail(
 ) -> None:
     """Print the last events of SESSION; with --follow, keep printing new ones (Ctrl-C stops)."""
     ref = _session_ref(storage_dir, agent, session, project, uid)
-    scan = _read(ref, _listing(agent, project, uid))
-    _render(scan.events[len(scan.events) - lines :] if lines else [], as_json)
-    _warn(ref, scan)
-    if follow:
+    with _session_directory(ref, _listing(agent, project, uid)) as directory:
+        scan = events.read_events(ref.events_path, dir_fd=directory)
+        _render(scan.events[len(scan.events) - lines :] if lines else [], as_json)
+        _warn(ref, scan)
+        if not follow:
+            return
         try:
-            for event in events.follow_events(ref.events_path, offset=scan.end):
+            followed = events.follow_events(ref.events_path, offset=scan.end, dir_fd=directory)
+            for event in followed:
                 _render([event], as_json)
         except KeyboardInterrupt:
             return
@@ -164,8 +171,8 @@ def repair(
     Waits for appends in flight; complete lines are never touched.
     """
     ref = _session_ref(storage_dir, agent, session, project, uid)
-    _require_events(ref, _listing(agent, project, uid))
-    removed = events.repair(ref.events_path)
+    with _session_directory(ref, _listing(agent, project, uid)) as directory:
+        removed = events.repair(ref.events_path, dir_fd=directory)
     if as_json:
         emit_json({"session": str(ref), "truncated_bytes": removed})
     elif removed:
@@ -250,11 +257,6 @@ def _home_uid(root: Path, agent: str) -> int:
     )
 
 
-def _read(ref: SessionRef, listing: str) -> events.EventScan:
-    _require_events(ref, listing)
-    return events.read_events(ref.events_path)
-
-
 def _require_space(ref: SessionRef, project: str | None) -> None:
     if project is not None and not ref.path.parents[3].is_dir():  # shared/<project>
         raise not_found(f"there is no shared space {project!r}; make it with 'ctx shared create'")
@@ -268,15 +270,28 @@ def _listing(agent: str, project: str | None, uid: int | None) -> str:
     return f"ctx session list {agent}{where}"
 
 
-def _require_events(ref: SessionRef, listing: str) -> None:
-    """ENOENT saying what is missing — the space, the session, or only its events — and how
-    to find the sessions there are (``listing``)."""
+@contextlib.contextmanager
+def _session_directory(ref: SessionRef, listing: str) -> Iterator[int]:
+    """The session's directory, reached without following links (a home or a space is its
+    users' to change), holding ``events.jsonl``; else ENOENT saying what is missing — the
+    space, the session, or only its events — and how to find the sessions there are."""
     _require_space(ref, ref.space)
-    if ref.events_path.exists():
-        return
-    if not ref.path.is_dir():
-        raise not_found(f"there is no session {ref}; '{listing}' lists the sessions there are")
-    raise not_found(f"session {ref} has no events.jsonl: nothing was recorded in it yet")
+    try:
+        directory = open_session_directory(ref)
+    except FileNotFoundError:
+        raise not_found(
+            f"there is no session {ref}; '{listing}' lists the sessions there are"
+        ) from None
+    try:
+        try:
+            os.stat(events.EVENTS_FILE, dir_fd=directory, follow_symlinks=False)
+        except FileNotFoundError:
+            raise not_found(
+                f"session {ref} has no events.jsonl: nothing was recorded in it yet"
+            ) from None
+        yield directory
+    finally:
+        os.close(directory)
 
 
 def _render(selected: list[dict[str, Any]], as_json: bool) -> None:

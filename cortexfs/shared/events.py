@@ -184,10 +184,16 @@ class EventScan:
         self.end = end
 
 
-def read_events(path: Path, *, offset: int = 0, first_line: int = 1) -> EventScan:
-    """The events of ``path`` from byte ``offset`` (the start of a line) to the last full line."""
+def read_events(
+    path: Path, *, offset: int = 0, first_line: int = 1, dir_fd: int | None = None
+) -> EventScan:
+    """The events of ``path`` from byte ``offset`` (the start of a line) to the last full line.
+
+    With ``dir_fd`` (which stays the caller's), ``path``'s name in that directory: a directory
+    reached without following links, for a file inside a tree its users may change.
+    """
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = _open_file(path, os.O_RDONLY, dir_fd)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise invalid(f"{path} is a symbolic link; refusing to read it") from None
@@ -239,12 +245,14 @@ def parse_event_line(raw: bytes) -> dict[str, Any] | None:
 
 
 def follow_events(
-    path: Path, *, offset: int = 0, poll_interval: float = 0.2
+    path: Path, *, offset: int = 0, poll_interval: float = 0.2, dir_fd: int | None = None
 ) -> Iterator[dict[str, Any]]:
-    """Yield events as they are appended (``tail --follow``); runs until the caller stops."""
+    """Yield events as they are appended (``tail --follow``); runs until the caller stops.
+
+    ``dir_fd`` as for :func:`read_events`."""
     line = 1
     while True:
-        scan = read_events(path, offset=offset, first_line=line)
+        scan = read_events(path, offset=offset, first_line=line, dir_fd=dir_fd)
         yield from scan.events
         line += len(scan.events) + len(scan.damaged)
         if scan.end == offset:
@@ -252,14 +260,15 @@ def follow_events(
         offset = scan.end
 
 
-def repair(path: Path, ops: durable.FsOps | None = None) -> int:
+def repair(path: Path, ops: durable.FsOps | None = None, *, dir_fd: int | None = None) -> int:
     """Truncate a torn last line (S-5); return the number of bytes removed (0: nothing torn).
 
     Holds the exclusive lock, which waits for every append in flight (they hold it shared).
+    ``dir_fd`` as for :func:`read_events`.
     """
     ops = ops or durable.default_ops()
     try:
-        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = _open_file(path, os.O_RDWR, dir_fd)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise invalid(f"{path} is a symbolic link; refusing to repair it") from None
@@ -272,6 +281,13 @@ def repair(path: Path, ops: durable.FsOps | None = None) -> int:
         return _truncate_torn_line(ops, fd)
     finally:
         ops.close(fd)
+
+
+def _open_file(path: Path, access: int, dir_fd: int | None) -> int:
+    flags = access | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    if dir_fd is None:
+        return os.open(path, flags)
+    return os.open(path.name, flags, dir_fd=dir_fd)
 
 
 def _truncate_torn_line(ops: durable.FsOps, fd: int) -> int:

@@ -169,6 +169,17 @@ def open_session(
     return Session(ref, log)
 
 
+def open_session_directory(ref: SessionRef, ops: durable.FsOps | None = None) -> int:
+    """A descriptor of ``ref``'s directory for reading it, reached from the storage root
+    without following any link: a home or a space belongs to users who could plant one, and
+    the host reading or repairing a session (often as root) must never be led outside.
+
+    FileNotFoundError when a component is missing; ELOOP/ENOTDIR (a CtxError) when one is a
+    link or not a directory.
+    """
+    return open_beneath(ops or durable.default_ops(), ref.root, ref.relative.parts)
+
+
 def _create_session_directories(
     ref: SessionRef, mode: int, owner: Ownership | None, ops: durable.FsOps
 ) -> None:

@@ -186,6 +186,34 @@ def test_a_missing_session_says_what_is_missing_and_how_to_list_the_others(
     assert quiet.returncode == 1 and "nothing was recorded in it yet" in quiet.stderr
 
 
+@pytest.mark.parametrize("planted", ["session/planted", "session"])
+def test_a_link_planted_in_a_home_is_never_followed_by_a_reader(
+    recorded: World, tmp_path_factory: pytest.TempPathFactory, planted: str
+) -> None:
+    """The home is the agent's: a link it plants must not lead `ctx session` (often root) to
+    read or truncate a file elsewhere."""
+    outside = tmp_path_factory.mktemp("outside")
+    secret = b'{"ts":"2026-01-01T00:00:00Z","type":"secret","agent":"x","session":"x"}\n{"ts'
+    (outside / "planted").mkdir()
+    for directory in (outside, outside / "planted"):
+        (directory / "events.jsonl").write_bytes(secret)
+    agent_dir = recorded.root / f"home/{recorded.user.uid}/agent/coder"
+    link = agent_dir / planted
+    if link.exists():
+        link.rename(agent_dir / "moved-away")
+    link.symlink_to(outside / "planted" if planted.endswith("planted") else outside)
+    name = "planted" if planted.endswith("planted") else "default"
+
+    answers = [ctx(recorded, command, "coder", name) for command in ("show", "tail", "repair")]
+
+    for answer in answers:
+        assert answer.returncode == 1, answer
+        assert "ENOTDIR" in answer.stderr and "symlink" in answer.stderr, answer.stderr
+        assert "secret" not in answer.stdout
+    for directory in (outside, outside / "planted"):
+        assert (directory / "events.jsonl").read_bytes() == secret
+
+
 def _forget_agent(world: World, agent: str) -> None:
     (world.root / "agent" / agent).unlink()
     shutil.rmtree(world.root / "agent" / f"{agent}.d")
