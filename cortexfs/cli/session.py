@@ -198,7 +198,7 @@ def list_command(
     """
     ref = _session_ref(storage_dir, agent, DEFAULT_SESSION, project, uid)
     _require_space(ref, project)
-    names = list_sessions(ref.path.parent)
+    names = list_sessions(ref.path.parent, root=ref.root)
     if as_json:
         emit_json([{"name": name, "path": str(ref.path.parent / name)} for name in names])
     else:

@@ -210,15 +210,33 @@ def homes_with_sessions(root: Path, agent: str) -> list[int]:
     return [uid for uid in uids if _is_dir(SessionRef.home(root, uid, agent).path.parent)]
 
 
-def list_sessions(parent: Path) -> list[str]:
-    """The session names under a ``…/agent/<agent>/session`` directory (none when missing)."""
+def list_sessions(parent: Path, *, root: Path | None = None) -> list[str]:
+    """The session names under a ``…/agent/<agent>/session`` directory (none when missing).
+
+    With ``root``, the storage root ``parent`` lies in, the directory is reached from it
+    without following links (:func:`open_session_directory`'s reason).
+    """
     try:
-        names = os.listdir(parent)
+        if root is None:
+            fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        else:
+            fd = open_beneath(durable.default_ops(), root, parent.relative_to(root).parts)
     except FileNotFoundError:
         return []
     except NotADirectoryError:
         raise CtxError(errno.ENOTDIR, f"{parent} is not a directory") from None
-    return sorted(name for name in names if is_object_name(name) and _is_dir(parent / name))
+    try:
+        names = os.listdir(fd)
+        return sorted(name for name in names if is_object_name(name) and _is_dir_at(fd, name))
+    finally:
+        os.close(fd)
+
+
+def _is_dir_at(dir_fd: int, name: str) -> bool:
+    try:
+        return stat.S_ISDIR(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+    except (FileNotFoundError, NotADirectoryError, PermissionError):
+        return False
 
 
 def _is_dir(path: Path) -> bool:
