@@ -442,9 +442,13 @@ def _relay(connection: socket.socket, *, write: bool) -> None:
                 os.write(sys.stdout.fileno(), data)
             if stdin in ready:
                 data = os.read(stdin, 4096)
-                if not data or _DETACH in data:
+                # What came before Ctrl-] in the same read (a paste, a script) is the user's
+                # input all the same: it reaches the terminal before detaching.
+                typed, detach, _ = data.partition(_DETACH)
+                if typed:
+                    connection.sendall(typed)
+                if not data or detach:
                     return
-                connection.sendall(data)
     finally:
         if saved is not None:
             termios.tcsetattr(stdin, termios.TCSADRAIN, saved)

@@ -6,8 +6,13 @@ from __future__ import annotations
 
 import json
 import os
+import pty
+import select
 import shutil
+import signal
+import socket
 import subprocess
+import time
 import uuid
 from pathlib import Path
 
@@ -390,3 +395,51 @@ def test_a_stop_says_what_it_stopped(storage):
     pid = Path(started.json()["listening_at"]).with_name("pid").read_text()
     stopped = ctx_run("agent", "stop", *where)
     assert (stopped.rc, stopped.out) == (0, f"stopped helper, session {session} (pid {pid})\n")
+
+
+@needs_terminal
+def test_what_is_typed_before_ctrl_close_bracket_reaches_the_terminal(storage):
+    """A-2: attach writes its input to the PTY; Ctrl-] detaches.  Input that arrives in the
+    same read as the Ctrl-] (pasted, or written by a script) is still delivered."""
+    request = json.dumps({"name": "helper", "label": "helper_t"})
+    assert ctx_run("agent", "create", "-", "--storage", storage, input=request).rc == 0
+    session = f"s{uuid.uuid4().hex[:12]}"
+    where = ["helper", "--session", session, "--storage", storage]
+    started = ctx_run("agent", "start", *where, "--no-workspace", "--json")
+    assert started.rc == 0, started
+    try:
+        pid, terminal = pty.fork()
+        if pid == 0:
+            try:
+                os.execve(CTX_ARGV[0], [*CTX_ARGV, "agent", "attach", *where], clean_env())
+            finally:
+                os._exit(127)
+        shown, deadline = b"", time.monotonic() + 20
+        while b"helper$ " not in shown and time.monotonic() < deadline:
+            # the prompt, relayed: attach has connected and put its pty in raw mode
+            if select.select([terminal], [], [], 0.5)[0]:
+                shown += os.read(terminal, 65536)
+        assert b"helper$ " in shown, shown
+        os.write(terminal, b"help\r\x1d")
+        status, deadline = None, time.monotonic() + 20
+        while status is None and time.monotonic() < deadline:
+            reaped, code = os.waitpid(pid, os.WNOHANG)
+            if reaped:
+                status = code
+            else:
+                time.sleep(0.05)
+        if status is None:  # never detached: end it rather than hang the suite
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        os.close(terminal)
+        assert status is not None and os.waitstatus_to_exitcode(status) == 0, status
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as watcher:
+            watcher.connect(started.json()["listening_at"])
+            watcher.sendall(b"watch\n")
+            seen, deadline = b"", time.monotonic() + 20
+            while b"tsh runs CortexFS tools" not in seen and time.monotonic() < deadline:
+                watcher.settimeout(max(deadline - time.monotonic(), 0.1))
+                seen += watcher.recv(65536)
+        assert b"tsh runs CortexFS tools" in seen, seen
+    finally:
+        ctx_run("agent", "stop", *where)
