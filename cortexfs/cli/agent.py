@@ -309,7 +309,10 @@ def start(
     click.echo(f"started {name}, session {session}: {facts['socket']}")
     if facts["workspace"] is not None:
         click.echo(f"/workspace is {facts['workspace']} (read-write, this terminal only)")
-    click.echo(f"watch: ctx agent watch {name} --session {session}   join: ctx agent attach …")
+    click.echo(
+        f"watch: ctx agent watch {name} --session {session}   "
+        f"join: ctx agent attach {name} --session {session}"
+    )
 
 
 @agent.command()

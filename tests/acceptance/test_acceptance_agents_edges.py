@@ -385,7 +385,7 @@ def test_start_stop_and_their_refusals_say_what_to_do(storage):
 
 
 @needs_terminal
-def test_a_stop_says_what_it_stopped(storage):
+def test_start_and_stop_say_what_they_did(storage):
     request = json.dumps({"name": "helper", "label": "helper_t"})
     assert ctx_run("agent", "create", "-", "--storage", storage, input=request).rc == 0
     session = f"s{uuid.uuid4().hex[:12]}"
@@ -395,6 +395,17 @@ def test_a_stop_says_what_it_stopped(storage):
     pid = Path(started.json()["listening_at"]).with_name("pid").read_text()
     stopped = ctx_run("agent", "stop", *where)
     assert (stopped.rc, stopped.out) == (0, f"stopped helper, session {session} (pid {pid})\n")
+    started = ctx_run("agent", "start", *where, "--no-workspace")
+    stopped = ctx_run("agent", "stop", *where)
+    uid = ctx_run("agent", "show", "helper", "--json", "--storage", storage).json()["identity"]
+    home = storage / "home" / str(uid["uid"]) / "agent" / "helper"
+    link = home / "session" / session / "terminal"
+    assert started.lines() == [
+        f"started helper, session {session}: {link / 'main.sock'}",
+        f"watch: ctx agent watch helper --session {session}   "
+        f"join: ctx agent attach helper --session {session}",
+    ], started
+    assert stopped.rc == 0, stopped
 
 
 @needs_terminal
