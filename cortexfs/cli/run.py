@@ -147,7 +147,7 @@ def main(argv: list[str], storage_dir: Path | None = None) -> int:
     options = parse_command_line(argv)
     try:
         root = storage.resolve_root(options.storage or storage_dir)
-        where = _session(root, options.agent, options.session, options.project)
+        where = _session(root, options.agent, options.tool, options.session, options.project)
         if options.native:
             return _run_native(root, options, where)
         return _run_terminal(root, options, where)
@@ -205,14 +205,22 @@ def _print_frame(frame: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
-def _session(root: Path, agent: str, session: str, project: str | None) -> SessionRef | str:
+def _session(
+    root: Path, agent: str, tool: str, session: str, project: str | None
+) -> SessionRef | str:
+    """Where the call is recorded.  Every name on the command line is checked first (R-3): an
+    illegal one is a malformed command line (EINVAL, exit 2), in either mode, before
+    anything is run or recorded."""
     try:
-        check_object_name(session, "session")
+        for name, kind in ((agent, "agent"), (tool, "tool"), (session, "session")):
+            check_object_name(name, kind)
+        if project is None:
+            return session
+        return SessionRef.shared(root, project, agent, session)
     except CtxError as error:
-        raise usage_problem(error) from None
-    if project is None:
-        return session
-    return SessionRef.shared(root, project, agent, session)
+        if error.errno == errno.EINVAL:
+            raise usage_problem(error) from None
+        raise
 
 
 def _positive_seconds(text: str) -> float:

@@ -106,6 +106,28 @@ def test_a_tool_run_with_stdout_closed_writes_to_dev_null(world):
     assert "1=/dev/null" in r.stderr.splitlines(), r.stderr
 
 
+@needs_root
+@pytest.mark.parametrize("native", [False, True])
+@pytest.mark.parametrize(
+    ("names", "kind"),
+    [
+        (("--agent", "../coder", "demo.probe"), "agent"),
+        (("--agent", "coder", "../demo.probe"), "tool"),
+        (("--agent", "coder", "--project", "../x", "demo.probe"), "shared space"),
+        (("--agent", "coder", "--session", "a/b", "demo.probe"), "session"),
+    ],
+)
+def test_an_illegal_name_given_to_ctx_run_is_a_usage_error(world, names, kind, native):
+    """R-3, T-3: an agent, tool, space or session name that is not an object name is a
+    malformed command line — EINVAL, exit 2, in either mode — not a refused call (126)."""
+    mode = ("--native",) if native else ()
+    r = ctx_run("run", *mode, *names, input="{}", env=clean_env(CTX_STORAGE=str(world)))
+    assert r.rc == 2, r
+    assert r.err.startswith(f"ctx: EINVAL: illegal {kind} name"), r
+    assert r.out == ""
+    assert not (world / "home" / "65534").exists(), "nothing recorded"
+
+
 # ------------------------------------------------------------------ S-1, S-2: ctx session
 
 
