@@ -56,7 +56,7 @@ from cortexfs.timefmt import rfc3339
 from cortexfs.tools import hooks, record
 from cortexfs.tools.commit_marker import commit_in_progress
 from cortexfs.tools.controls import ToolControls, ToolObject, read_controls, require_available
-from cortexfs.tools.ctxpath import tier_location, which
+from cortexfs.tools.ctxpath import Resolution, tier_location, which
 from cortexfs.tools.result import ERROR, OK, ToolError, ToolResult, decode_output, exit_error
 from cortexfs.tools.schemas import validate_input
 from cortexfs.tools.spawn import Finished, ProcessSpec, run_attached, run_captured
@@ -149,6 +149,7 @@ class _Call:
         self.session_ref: SessionRef | None = None
         self.session: Session | None = None
         self.tool: ToolObject | None = None
+        self.found: Resolution | None = None
         self.location = "tool"
         self.controls: ToolControls | None = None
         self.hook_names: dict[str, list[str]] = {}
@@ -239,7 +240,9 @@ class _Call:
         assert self.view is not None
         # Any execute bit makes a hit (T-4); a file whose bits are not the agent's is refused
         # by step 2 of the chain with EACCES, as `ctx policy explain` reports it.
-        found = which(self.tool_name, self.view.tool_directories())
+        found = self.found
+        if found is None:
+            found = which(self.tool_name, self.view.tool_directories())
         if found is None:
             raise not_found(
                 f"no tool {self.tool_name!r} on the CTX_PATH of agent {self.agent!r} "
@@ -283,7 +286,20 @@ class _Call:
         identity = self.view.identity
         self.session_ref = ref
         self.session = open_session(ref, owner=Ownership(identity.uid, identity.gid))
+        # Looked up before tool_call is recorded, so that it names the object its tool_result
+        # will name (shared/<space>/tool/<name> for a space's tool); stage resolve judges it.
+        self.found = self._lookup()
         record.record_requested(self.session, self.object_ref, self.request)
+
+    def _lookup(self) -> Resolution | None:
+        assert self.view is not None
+        try:
+            found = which(self.tool_name, self.view.tool_directories())
+        except CtxError:
+            return None  # an illegal name: stage resolve says so
+        if found is not None:
+            self.location = tier_location(self.root, found.directory) or "tool"
+        return found
 
     def _run(self, input_value: Any, argv: list[str]) -> ToolResult:
         assert self.view is not None and self.tool is not None

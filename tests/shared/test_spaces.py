@@ -107,7 +107,10 @@ def test_a_member_with_shared_read_may_run_the_spaces_tools(space_tool: World) -
     result = space_tool.run("proj.echo", {"hi": 1}, agent="member")
 
     assert result.ok, result.error
-    assert space_tool.events("member")[-1]["object"] == "shared/proj/tool/proj.echo"
+    call, outcome = space_tool.events("member")[-2:]
+    assert (call["type"], outcome["type"]) == ("tool_call", "tool_result")
+    # Both events of the call name the same object: the tool where CTX_PATH found it.
+    assert call["object"] == outcome["object"] == "shared/proj/tool/proj.echo"
 
 
 def test_without_shared_read_the_spaces_tools_are_not_on_ctx_path(space_tool: World) -> None:
