@@ -4,6 +4,7 @@ legal inputs, closed streams, repeated commands and the exact shape of what they
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pty
@@ -225,6 +226,36 @@ def test_tools_prints_nothing_when_ctx_path_holds_none(storage, tmp_path):
         env=clean_env(CTX_STORAGE=str(storage), CTX_PATH=str(tmp_path)),
     )  # fmt: skip
     assert (r.returncode, r.stdout, r.stderr) == (0, "", "")
+
+
+def test_tsh_reading_a_script_prints_no_prompts(storage):
+    """Commands piped into tsh answer with their output alone, as a POSIX shell's do; the
+    prompt is for a person at a terminal."""
+    r = subprocess.run(
+        [storage / "bin" / "tsh"], input="which fs.read\nwhich fs.list\n", capture_output=True,
+        env=tool_env(storage), timeout=60, text=True,
+    )  # fmt: skip
+    assert r.returncode == 0, r
+    assert r.stdout == f"{storage}/tool/fs.read\n{storage}/tool/fs.list\n"
+    assert r.stderr == ""
+    pid, terminal = pty.fork()
+    if pid == 0:
+        try:
+            os.execve(storage / "bin" / "tsh", [str(storage / "bin" / "tsh")], tool_env(storage))
+        finally:
+            os._exit(127)
+    os.write(terminal, b"exit 3\n")
+    shown, deadline = b"", time.monotonic() + 30
+    with contextlib.suppress(OSError):  # EIO once tsh has left
+        while time.monotonic() < deadline and select.select([terminal], [], [], 1)[0]:
+            chunk = os.read(terminal, 65536)
+            if not chunk:
+                break
+            shown += chunk
+    _, status = os.waitpid(pid, 0)
+    os.close(terminal)
+    assert os.waitstatus_to_exitcode(status) == 3
+    assert b"tsh$ " in shown
 
 
 @pytest.mark.parametrize("option", ["--help", "-h"])

@@ -8,8 +8,9 @@ over the run socket (``CTX_RUN_SOCKET``), which runs it as this agent through th
 authority chain, its hooks and its records, exactly as ``ctx run`` does, and answers with the
 exit status.  So the agent's terminal can do what its tools can, and no more.
 
-``tsh`` reads command lines from its stdin; ``tsh NAME [ARG...]`` runs that one command line,
-its arguments kept exactly as given (T-3), and exits with its status.
+``tsh`` reads command lines from its stdin, with a prompt when stdin is a terminal;
+``tsh NAME [ARG...]`` runs that one command line, its arguments kept exactly as given (T-3),
+and exits with its status.
 
 Built-ins: ``exit [N]``, ``help``, ``which NAME...``, ``tools``, and for the context of loaded
 tool metadata and the tool-path cache of H-4 (:mod:`cortexfs.tools.core.tsh_context`, sized
@@ -342,13 +343,17 @@ def run() -> int:
         return status
     # Started with SIGINT ignored (so that Ctrl-C spares the sandbox around it): take it back.
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    # As a POSIX shell does, prompt only a person at a terminal: commands piped in from a
+    # script answer with their output alone, which the script can read.
+    interactive = sys.stdin.isatty()
     prompt = f"{os.environ.get('CTX_AGENT', 'agent')}$ " if _in_agent_terminal() else "tsh$ "
     status = 0
     while True:
         try:
-            line = input(prompt)
+            line = input(prompt if interactive else "")
         except EOFError:
-            print()
+            if interactive:
+                print()  # end the line the prompt is on
             return status
         except KeyboardInterrupt:
             print()
