@@ -24,35 +24,45 @@ from cortexfs.fuse.projection import Projection
 
 
 def serve(root: Path, mountpoint: Path, projection: Projection, *, allow_other: bool) -> None:
-    """Mount, answer until SIGTERM, SIGINT or an unmount, then unmount cleanly."""
+    """Mount, answer until SIGTERM, SIGINT, SIGHUP or an unmount, then unmount cleanly.
+
+    SIGHUP too: a mount started from a terminal ('ctx mount /ctx &') gets it when the terminal
+    closes.  The three are held back from the moment the mount exists until they can be
+    answered: dying of one in between would leave a dead mount that fails every access with
+    ENOTCONN."""
     import signal as signals
 
     import trio
 
+    stops = {signals.SIGTERM, signals.SIGINT, signals.SIGHUP}
     options = set(pyfuse3.default_options) | {"fsname=cortexfs", "subtype=cortexfs"}
     if allow_other:
         options.add("allow_other")
-    _mount(StorageFS(root, projection), mountpoint, options)
-
-    async def main() -> None:
-        async with trio.open_nursery() as nursery:
-
-            async def on_signal() -> None:
-                with trio.open_signal_receiver(signals.SIGTERM, signals.SIGINT) as received:
-                    async for _ in received:
-                        pyfuse3.terminate()
-                        return
-
-            nursery.start_soon(on_signal)
-            await pyfuse3.main()
-            nursery.cancel_scope.cancel()
-
+    operations = StorageFS(root, projection)
+    signals.pthread_sigmask(signals.SIG_BLOCK, stops)
     try:
-        trio.run(main)
-    except BaseException:
-        pyfuse3.close(unmount=True)
-        raise
-    pyfuse3.close(unmount=True)
+        _mount(operations, mountpoint, options)
+
+        async def main() -> None:
+            async with trio.open_nursery() as nursery:
+
+                async def on_signal() -> None:
+                    with trio.open_signal_receiver(*stops) as received:
+                        signals.pthread_sigmask(signals.SIG_UNBLOCK, stops)
+                        async for _ in received:
+                            pyfuse3.terminate()
+                            return
+
+                nursery.start_soon(on_signal)
+                await pyfuse3.main()
+                nursery.cancel_scope.cancel()
+
+        try:
+            trio.run(main)
+        finally:
+            pyfuse3.close(unmount=True)
+    finally:
+        signals.pthread_sigmask(signals.SIG_UNBLOCK, stops)
 
 
 def _mount(operations: StorageFS, mountpoint: Path, options: set[str]) -> None:
