@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import errno
 import os
-import stat
 from pathlib import Path
 
 import click
@@ -16,7 +15,7 @@ from cortexfs.cli.common import (
     storage_option,
 )
 from cortexfs.cli.params import NonEmptyPath
-from cortexfs.errors import CtxError, invalid, not_found
+from cortexfs.errors import CtxError
 
 
 @click.command("mount")
@@ -30,8 +29,9 @@ def mount(mountpoint: Path, agent: str | None, storage_dir: Path | None) -> None
     """Mount the storage root at MOUNTPOINT (an empty directory) as the root ABI.
 
     \b
-    Runs in the foreground until SIGTERM or SIGINT ('ctx mount /ctx &' to go on), or until
-    'ctx umount MOUNTPOINT'; either way it unmounts cleanly.  Without --as it shows the
+    Runs in the foreground until SIGTERM, SIGINT or SIGHUP ('ctx mount /ctx &' to go on),
+    or until 'ctx umount MOUNTPOINT'; either way it unmounts cleanly.  MOUNTPOINT must be
+    outside the storage root, and not already a CortexFS mount (EBUSY).  Without --as it shows the
     storage root as it is.  With --as AGENT it shows what AGENT's effective authority lets
     it see: only the tools the whole chain lets it execute, its own agent entry and home,
     the shared spaces its policy lets it read (and the manual bundle), the models it may
@@ -39,12 +39,11 @@ def mount(mountpoint: Path, agent: str | None, storage_dir: Path | None) -> None
     bits to each calling process on top.  fsync through the mount is fsync of the file
     behind it.  Needs the 'fuse' extra (pyfuse3) and /dev/fuse.
     """
+    from cortexfs.fuse.mounts import check_mount_point
     from cortexfs.fuse.projection import AgentProjection, Projection
 
     root = resolve_storage(storage_dir)
-    if not (root / "tool").is_dir():
-        raise invalid(f"{root} is not a storage root; create it with 'ctx bootstrap'")
-    require_empty_directory(mountpoint)
+    check_mount_point(root, mountpoint)
     projection = (
         Projection()
         if agent is None
@@ -56,31 +55,6 @@ def mount(mountpoint: Path, agent: str | None, storage_dir: Path | None) -> None
         reason = f"FUSE support is not installed (the 'fuse' extra): {exc}"
         raise CtxError(errno.ENOSYS, reason) from None
     serve(root, mountpoint, projection, allow_other=os.geteuid() == 0)
-
-
-def require_empty_directory(mountpoint: Path) -> None:
-    """A mount point is an existing, empty directory: ENOENT, ENOTDIR, ENOTEMPTY (or the
-    errno of what kept it from being read) otherwise, before anything is mounted."""
-    try:
-        is_directory = stat.S_ISDIR(os.stat(mountpoint).st_mode)
-        if is_directory and os.listdir(mountpoint):
-            raise CtxError(
-                errno.ENOTEMPTY,
-                f"the mount point {mountpoint} is not empty; mount on an empty directory",
-            )
-    except FileNotFoundError:
-        raise not_found(
-            f"the mount point {mountpoint} does not exist; create an empty directory there"
-        ) from None
-    except OSError as exc:
-        reason = f"the mount point {mountpoint}: {exc.strerror}"
-        if exc.errno == errno.ENOTCONN:  # a mount whose process died is still in the way
-            reason += f"; remove the dead mount with 'ctx umount {mountpoint}'"
-        raise CtxError(exc.errno or errno.EIO, reason) from None
-    if not is_directory:
-        raise CtxError(
-            errno.ENOTDIR, f"the mount point {mountpoint} is not a directory; give an empty one"
-        )
 
 
 @click.command("umount")

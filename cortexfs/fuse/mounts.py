@@ -1,4 +1,8 @@
-"""``ctx umount``: find a CortexFS mount in the mount table and unmount it (SPEC F-1).
+"""Where ``ctx mount`` may mount, and ``ctx umount`` (SPEC F-1).
+
+:func:`check_mount_point` refuses, before anything is mounted, a mount point that is not an
+empty directory, one that is already a CortexFS mount, and one inside the storage root: the
+daemon walks the storage root itself, so a mount inside it would wait on its own answers.
 
 The mount table, not ``stat``, says what is mounted where: a mount whose daemon was killed
 answers every ``stat`` with ``ENOTCONN``, and is exactly the one a user most needs to remove.
@@ -12,13 +16,61 @@ import errno
 import os
 import re
 import shutil
+import stat
 import subprocess
 from pathlib import Path
 
+from cortexfs import storage
 from cortexfs.errors import CtxError, invalid, not_found
 
 FILESYSTEM_TYPE = "fuse.cortexfs"  # what ``subtype=cortexfs`` makes the kernel call it
 MOUNT_TABLE = Path("/proc/self/mountinfo")
+
+
+def check_mount_point(root: Path, mountpoint: Path) -> None:
+    """Refuse what ``ctx mount`` must not mount, with nothing mounted: a storage root that is
+    missing (ENOENT) or not one (EINVAL); a mount point that is missing (ENOENT), not a
+    directory (ENOTDIR), a dead mount (ENOTCONN), already a CortexFS mount (EBUSY), not
+    empty (ENOTEMPTY), or inside the storage root (EINVAL)."""
+    storage.require_root(root)
+    if not (root / "tool").is_dir():
+        raise invalid(f"{root} is not a storage root; create it with 'ctx bootstrap'")
+    _require_empty_directory(mountpoint)
+    served, where = Path(os.path.realpath(root)), Path(os.path.realpath(mountpoint))
+    if where == served or served in where.parents:
+        raise invalid(
+            f"the mount point {mountpoint} is inside the storage root {root}, which the mount "
+            "serves from: it would wait on itself; mount it outside the storage root"
+        )
+
+
+def _require_empty_directory(mountpoint: Path) -> None:
+    try:
+        is_directory = stat.S_ISDIR(os.stat(mountpoint).st_mode)
+        if is_directory and os.listdir(mountpoint):
+            if mounted_type(_absolute(mountpoint)) == FILESYSTEM_TYPE:
+                raise CtxError(
+                    errno.EBUSY,
+                    f"{mountpoint} is already a CortexFS mount; unmount it with "
+                    f"'ctx umount {mountpoint}' first, or mount on another empty directory",
+                )
+            raise CtxError(
+                errno.ENOTEMPTY,
+                f"the mount point {mountpoint} is not empty; mount on an empty directory",
+            )
+    except FileNotFoundError:
+        raise not_found(
+            f"the mount point {mountpoint} does not exist; create an empty directory there"
+        ) from None
+    except OSError as exc:
+        reason = f"the mount point {mountpoint}: {exc.strerror}"
+        if exc.errno == errno.ENOTCONN:  # a mount whose process died is still in the way
+            reason += f"; remove the dead mount with 'ctx umount {mountpoint}'"
+        raise CtxError(exc.errno or errno.EIO, reason) from None
+    if not is_directory:
+        raise CtxError(
+            errno.ENOTDIR, f"the mount point {mountpoint} is not a directory; give an empty one"
+        )
 
 
 def unmount(mountpoint: Path) -> None:
