@@ -46,6 +46,8 @@ POST_HOOKS = "hooks/post.d"
 STATUS_AVAILABLE = "available"
 STATUS_DISABLED = "disabled"
 STATUS_UNAVAILABLE = "unavailable"
+# How a C-2 problem starts, so that a refusal can tell it from an administrator's setting.
+_PROGRAM_CONTROL = "the program control"
 
 
 # NamedTuple records, not dataclasses (see cortexfs.tools.result).  ToolObject checks its
@@ -143,9 +145,15 @@ def read_controls(tool: ToolObject) -> ToolControls:
 
 
 def require_available(tool: ToolObject, status: str) -> None:
-    """EACCES unless the status is ``available`` (an administrator's ``disabled``, or C-2)."""
-    if status != STATUS_AVAILABLE:
-        raise denied(f"tool {tool.name} is not available (status: {status or 'empty'})")
+    """EACCES unless the status is ``available`` (an administrator's ``disabled``, or C-2),
+    saying what makes the tool available again."""
+    if status == STATUS_AVAILABLE:
+        return
+    if status.startswith(f"{STATUS_UNAVAILABLE}: {_PROGRAM_CONTROL}"):
+        remedy = "reinstall it with a valid program control, or without one"
+    else:
+        remedy = f"it runs again once its status control {tool.name}.d/status reads 'available'"
+    raise denied(f"tool {tool.name} is not available (status: {status or 'empty'}); {remedy}")
 
 
 def layout_problems(tool: ToolObject) -> list[str]:
@@ -201,8 +209,8 @@ def _parse_program(data: bytes) -> tuple[dict[str, Any] | None, str]:
     try:
         program = json.loads(data)
     except (UnicodeDecodeError, ValueError):
-        return None, "the program control is not JSON (C-2)"
-    problems = schema_problems(program, "the program control")
+        return None, f"{_PROGRAM_CONTROL} is not JSON (C-2)"
+    problems = schema_problems(program, _PROGRAM_CONTROL)
     if problems:
         return None, f"{problems[0]} (C-2)"
     return program, ""

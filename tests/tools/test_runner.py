@@ -304,6 +304,9 @@ def test_a_disabled_tool_is_refused(coder: World) -> None:
     result = coder.run("whoami", {})
 
     assert result.error.errno == errno.EACCES and "disabled" in result.error.message
+    assert result.error.message.endswith(
+        "it runs again once its status control whoami.d/status reads 'available'"
+    )
 
 
 def test_a_malformed_program_control_makes_the_tool_unavailable(coder: World) -> None:
@@ -312,6 +315,9 @@ def test_a_malformed_program_control_makes_the_tool_unavailable(coder: World) ->
     result = coder.run("whoami", {})
 
     assert result.error.errno == errno.EACCES and "unavailable" in result.error.message
+    assert result.error.message.endswith(
+        "reinstall it with a valid program control, or without one"
+    )
 
 
 def _member(world: World, name: str, permissions: list[str], *, mounted: bool = True) -> None:
