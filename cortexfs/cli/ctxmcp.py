@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 from pathlib import Path
 
@@ -45,13 +47,33 @@ _TIMEOUT = click.option(
 )
 
 
+class _Stopped(BaseException):
+    """SIGTERM or SIGHUP arrived: unwound like ^C, so that the server's process group, a
+    session of its own that no signal of ours reaches, is killed on the way out."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _stop(signum: int, _frame: object) -> None:
+    raise _Stopped(signum)
+
+
 def main(args: list[str] | None = None) -> None:
     """The ``ctxmcp`` console script."""
     from cortexfs.cli.usage import run_click
     from cortexfs.standard_streams import reopen_closed_standard_streams
 
     reopen_closed_standard_streams()
-    run_click(ctxmcp, sys.argv[1:] if args is None else list(args), "ctxmcp")
+    for stop in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(stop, _stop)
+    try:
+        run_click(ctxmcp, sys.argv[1:] if args is None else list(args), "ctxmcp")
+    except _Stopped as stopped:
+        # The server is gone; now end as the signal would have ended us.
+        signal.signal(stopped.signum, signal.SIG_DFL)
+        os.kill(os.getpid(), stopped.signum)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

@@ -11,8 +11,10 @@ import errno
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -417,6 +419,33 @@ def test_a_silent_server_times_out_and_is_killed(tmp_path: Path) -> None:
 
     assert refused.returncode == 1 and "ETIMEDOUT" in refused.stderr
     assert processes_running(tmp_path / "fake.script.json") == [], "the server outlived ctxmcp"
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGHUP])
+def test_a_stopped_ctxmcp_takes_its_server_with_it(tmp_path: Path, stop: signal.Signals) -> None:
+    """``timeout 10 ctxmcp list …`` or a closed terminal: the server runs in a session of
+    its own, which the signal never reaches, so ctxmcp must end it on the way out."""
+    record = tmp_path / "received.jsonl"
+    config = scripted(tmp_path, behaviour="silent", record=str(record))
+    running = subprocess.Popen(
+        [sys.executable, "-c", "from cortexfs.cli.ctxmcp import main; main()",
+         "list", "--config", str(config), "--server", "fake"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not (record.exists() and record.read_text()):  # the server read initialize
+        assert running.poll() is None, running.communicate()
+        assert time.monotonic() < deadline, "the server never received initialize"
+        time.sleep(0.05)
+
+    running.send_signal(stop)
+    running.communicate(timeout=60)
+
+    left = processes_running(tmp_path / "fake.script.json")
+    for pid in left:  # a silent server would otherwise sleep for an hour
+        os.kill(pid, signal.SIGKILL)
+    assert left == [], "the server outlived ctxmcp"
+    assert running.returncode == -stop, "ends as the signal would have ended it"
 
 
 def test_a_server_whose_pages_never_end_is_refused(tmp_path: Path) -> None:
