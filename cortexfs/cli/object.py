@@ -21,7 +21,7 @@ from cortexfs.cli.common import (
     usage_problem,
 )
 from cortexfs.cli.params import NonEmptyPath
-from cortexfs.errors import CtxError
+from cortexfs.errors import CtxError, invalid
 from cortexfs.tools.ctxpath import which_on_user_path
 from cortexfs.tools.install import (
     Tier,
@@ -114,6 +114,14 @@ def install(
     the previous version atomically and keeps its policy, status, log and hooks.  Installing
     grants no agent any permission.
     """
+    if source_dir is not None and storage_dir is not None and source_dir != storage_dir:
+        # Both name the storage root (T-8 says --source, the other commands --storage).
+        raise usage_problem(
+            invalid(
+                f"--source {source_dir} and --storage {storage_dir} name two storage roots; "
+                "give one of them"
+            )
+        )
     root = resolve_storage(source_dir or storage_dir)
     target = _tier_option(root, tier)
     try:

@@ -128,6 +128,25 @@ def test_an_illegal_name_given_to_ctx_run_is_a_usage_error(world, names, kind, n
     assert not (world / "home" / "65534").exists(), "nothing recorded"
 
 
+def test_install_refuses_source_and_storage_naming_two_roots(tmp_path):
+    """T-8: --source names the storage root as --storage does; given both, differently, the
+    command cannot know which is meant: EINVAL, exit 2, nothing installed in either."""
+    roots = [tmp_path / "a", tmp_path / "b"]
+    for root in roots:
+        assert ctx_run("bootstrap", "--storage", root).rc == 0
+    path = manifest(tmp_path, "demo.twice", "#!/bin/sh\n")
+
+    r = ctx_run("object", "install", "--source", roots[0], "--storage", roots[1], path,
+                "--tier", "system")  # fmt: skip
+    same = ctx_run("object", "install", "--source", roots[0], "--storage", roots[0], path,
+                   "--tier", "system")  # fmt: skip
+
+    assert r.rc == 2 and r.err.startswith("ctx: EINVAL: --source"), r
+    assert not (roots[1] / "tool" / "demo.twice").exists()
+    assert same.rc == 0, same
+    assert (roots[0] / "tool" / "demo.twice").exists()
+
+
 # ------------------------------------------------------------------ S-1, S-2: ctx session
 
 
