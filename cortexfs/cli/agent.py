@@ -7,14 +7,7 @@ import errno
 import json
 import os
 import pwd
-import select
-import signal
-import socket
 import sys
-import termios
-import time
-import tty
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -35,7 +28,7 @@ from cortexfs.cli.common import (
     usage_problem,
 )
 from cortexfs.cli.params import NonEmptyPath
-from cortexfs.errors import CtxError, denied, invalid, not_found
+from cortexfs.errors import CtxError, invalid, not_found
 from cortexfs.policy import Identity
 from cortexfs.shared.sessions import DEFAULT_SESSION
 
@@ -211,7 +204,6 @@ def _lookup_user(user: str) -> pwd.struct_passwd | None:
 _SESSION = click.option(
     "--session", default=DEFAULT_SESSION, show_default=True, help="The terminal's session."
 )
-_DETACH = b"\x1d"  # Ctrl-]
 
 
 def workspace_options(fn: F) -> F:
@@ -244,7 +236,7 @@ def workspace_directory(workspace: Path | None, no_workspace: bool) -> Path | No
 
 def terminal_facts(terminal: Terminal) -> dict[str, str | None]:
     """What a started terminal tells its starter (``--json``)."""
-    from cortexfs.agents.terminal import terminal_link
+    from cortexfs.agents.terminal_socket import terminal_link
 
     workspace_mount = terminal.view.workspace
     return {
@@ -325,39 +317,14 @@ def stop(name: str, session: str, storage_dir: Path | None, as_json: bool) -> No
     """End NAME's terminal: tsh is killed, the view unmounted, the sockets removed.
 
     Returns once it has ended; ENOENT (exit 1) when it is not running."""
-    from cortexfs.agents.terminal import listening
+    from cortexfs.agents import terminal_socket
 
-    run_dir = _run_dir(resolve_storage(storage_dir), name, session)
-    try:
-        pid = int((run_dir / "pid").read_text())
-    except (OSError, ValueError):
-        pid = 0
-    if not pid or not listening(run_dir / "main.sock"):  # a pid file alone may be stale
-        raise _not_running(name, session)
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except PermissionError:
-        raise CtxError(
-            errno.EPERM,
-            f"the terminal of {name} (pid {pid}) runs as another user, who started it; "
-            "stop it as that user or as root",
-        ) from None
-    deadline = time.monotonic() + 30
-    while run_dir.exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    if run_dir.exists():
-        raise CtxError(errno.EBUSY, f"the terminal of {name} (pid {pid}) did not stop")
+    view, session = _terminal_of(resolve_storage(storage_dir), name, session)
+    pid = terminal_socket.stop(view, session)
     if as_json:
-        emit_json({"agent": name, "session": session, "pid": pid})
+        emit_json({"agent": view.name, "session": session, "pid": pid})
     else:
-        click.echo(f"stopped {name}, session {session} (pid {pid})")
-
-
-def _not_running(name: str, session: str) -> CtxError:
-    return not_found(
-        f"no terminal of {name} in session {session} is running; start one with "
-        f"'ctx agent start {name} --session {session}'"
-    )
+        click.echo(f"stopped {view.name}, session {session} (pid {pid})")
 
 
 @agent.command()
@@ -369,11 +336,15 @@ def watch(name: str, session: str, storage_dir: Path | None) -> None:
     """Watch NAME's terminal: its output, read-only (A-2, the observe-first default).
 
     Ctrl-C stops watching; the terminal goes on."""
+    from cortexfs.agents import terminal_socket
+
+    root = resolve_storage(storage_dir)
+    view, session = _terminal_of(root, name, session)
     with (
-        _connect(resolve_storage(storage_dir), name, session, b"watch") as connection,
+        terminal_socket.connect(root, view, session, b"watch") as connection,
         contextlib.suppress(KeyboardInterrupt),
     ):
-        _relay(connection, write=False)
+        terminal_socket.relay(connection, write=False)
 
 
 @agent.command()
@@ -386,75 +357,18 @@ def attach(name: str, session: str, storage_dir: Path | None) -> None:
 
     What you type reaches tsh as if the agent typed it.  Ctrl-] detaches; the terminal
     goes on."""
-    with _connect(resolve_storage(storage_dir), name, session, b"attach") as connection:
-        _relay(connection, write=True)
+    from cortexfs.agents import terminal_socket
+
+    root = resolve_storage(storage_dir)
+    view, session = _terminal_of(root, name, session)
+    with terminal_socket.connect(root, view, session, b"attach") as connection:
+        terminal_socket.relay(connection, write=True)
 
 
-def _run_dir(root: Path, name: str, session: str) -> Path:
-    from cortexfs.agents.terminal import run_directory
-
+def _terminal_of(root: Path, name: str, session: str) -> tuple[AgentView, str]:
+    """The agent NAME and the session, both names checked (EINVAL)."""
     view = AgentView.load(root, object_name_argument(name, "agent"))
-    return run_directory(view.identity.uid, view.name, object_name_argument(session, "session"))
-
-
-@contextlib.contextmanager
-def _connect(root: Path, name: str, session: str, mode: bytes) -> Iterator[socket.socket]:
-    """The terminal socket, connected in ``mode``: EACCES when this uid may not use it
-    (the terminal refuses it too), ENOENT when no terminal answers there."""
-    from cortexfs.agents.terminal import refusal, run_directory, socket_address
-
-    view = AgentView.load(root, object_name_argument(name, "agent"))
-    path = run_directory(view.identity.uid, view.name, object_name_argument(session, "session"))
-    path = path / "main.sock"
-    reason = refusal(root, view, os.geteuid(), mode)
-    if reason:
-        raise denied(reason)
-    connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        with socket_address(path) as address:
-            connection.connect(address)
-    except OSError as exc:
-        connection.close()
-        if exc.errno in (errno.EACCES, errno.EPERM):
-            raise denied(
-                f"the terminal socket {path} of {name}, session {session}, is not open to "
-                f"uid {os.geteuid()} ({exc.strerror}); a terminal started by an older ctx "
-                "keeps it root's: restart it, or watch as root"
-            ) from None
-        raise _not_running(name, session) from None
-    with connection:
-        connection.sendall(mode + b"\n")
-        yield connection
-
-
-def _relay(connection: socket.socket, *, write: bool) -> None:
-    """Terminal output to stdout; with ``write``, stdin to the terminal (raw on a tty)."""
-    stdin = sys.stdin.fileno()
-    raw = write and os.isatty(stdin)
-    saved = termios.tcgetattr(stdin) if raw else None
-    if raw:
-        tty.setraw(stdin)
-    try:
-        while True:
-            readable = [connection] + ([stdin] if write else [])
-            ready, _, _ = select.select(readable, [], [])
-            if connection in ready:
-                data = connection.recv(65536)
-                if not data:
-                    return
-                os.write(sys.stdout.fileno(), data)
-            if stdin in ready:
-                data = os.read(stdin, 4096)
-                # What came before Ctrl-] in the same read (a paste, a script) is the user's
-                # input all the same: it reaches the terminal before detaching.
-                typed, detach, _ = data.partition(_DETACH)
-                if typed:
-                    connection.sendall(typed)
-                if not data or detach:
-                    return
-    finally:
-        if saved is not None:
-            termios.tcsetattr(stdin, termios.TCSADRAIN, saved)
+    return view, object_name_argument(session, "session")
 
 
 def _daemonize(terminal: Terminal) -> None:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from cortexfs.agents.terminal import RUN_BASE
+from cortexfs.agents.terminal_socket import RUN_BASE
 from tests.agents.test_terminal import fresh_session, lifecycle, pytestmark
 from tests.support.cli import ctx
 from tests.support.users import run_as

@@ -1,0 +1,140 @@
+"""The sandbox an agent terminal's shell runs in (SPEC A-1, P-4, T-5).
+
+bubblewrap, then setpriv, then ``/ctx/bin/tsh``.  The sandbox sees:
+
+* ``/ctx``: the agent's view of the storage root (``ctx mount --as AGENT``, the projection of
+  T-5), mounted by the terminal and bound here;
+* the agent's visible mounts at their targets, read-write or read-only as the mount control
+  says — ``/workspace`` among them (A-1);
+* the system's ``/usr`` and ``/etc`` read-only, a private ``/proc``, ``/dev``, ``/tmp`` and
+  ``/run``, and nothing else of the host;
+* ``/run/ctx/run.sock``: the terminal's run socket, through which tsh hands each command line
+  to the host (tools run there, through the whole authority chain);
+* no network, unless the agent's policy allows ``network:default connect`` (P-4).
+
+tsh runs as the agent's uid, gid and exactly its groups, with no capabilities and
+``no_new_privs``, in pid, IPC and UTS namespaces of its own.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import signal
+import termios
+from pathlib import Path
+
+from cortexfs.agents.view import WORKSPACE, AgentView
+
+SANDBOX_RUN_SOCKET = "/run/ctx/run.sock"
+SANDBOX_TSH = "/ctx/bin/tsh"
+_SANDBOX_PROGRAMS = (b"bwrap", b"setpriv")  # what runs before tsh in the shell's session
+_SYSTEM_DIRS = ("/usr", "/etc")
+
+
+def has_workspace(view: AgentView) -> bool:
+    return any(m.target == WORKSPACE for m in view.visible_mounts())
+
+
+def shell_environment(view: AgentView, session: str) -> dict[str, str]:
+    """tsh's whole environment: nothing of the host's but ``TERM``."""
+    return {
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(WORKSPACE) if has_workspace(view) else "/",
+        "TERM": os.environ.get("TERM", "xterm-256color"),
+        "LANG": "C.UTF-8",
+        "CTX_AGENT": view.name,
+        "CTX_SESSION": session,
+        "CTX_PATH": view.ctx_path(),
+        "CTX_RUN_SOCKET": SANDBOX_RUN_SOCKET,
+    }
+
+
+def shell_command(view: AgentView, view_dir: Path, run_socket: Path) -> list[str]:
+    """The command line that starts tsh in the sandbox: ``view_dir`` is where the agent's
+    view is mounted on the host, ``run_socket`` the terminal's run socket."""
+    identity = view.identity
+    groups = ",".join(str(g) for g in sorted(identity.groups))
+    return [
+        "bwrap", "--die-with-parent", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
+        *_network_isolation(view),
+        "--hostname", view.name, "--proc", "/proc", "--dev", "/dev",
+        "--tmpfs", "/tmp", "--tmpfs", "/run",
+        *_system_binds(),
+        "--bind", str(view_dir), "/ctx",
+        "--perms", "0755", "--dir", os.path.dirname(SANDBOX_RUN_SOCKET),
+        "--bind", str(run_socket), SANDBOX_RUN_SOCKET,
+        *_mount_binds(view),
+        "--chdir", str(WORKSPACE) if has_workspace(view) else "/",
+        "setpriv", f"--reuid={identity.uid}", f"--regid={identity.gid}",
+        f"--groups={groups}" if groups else "--clear-groups",
+        "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs",
+        "--", SANDBOX_TSH,
+    ]  # fmt: skip
+
+
+def take_terminal() -> None:
+    """In the shell's process, before exec: the PTY on stdin becomes its controlling terminal,
+    and Ctrl-C on it no longer ends the sandbox's own processes (the signal reaches the whole
+    foreground group); tsh asks for SIGINT back for itself."""
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGQUIT, signal.SIG_IGN)
+
+
+def tsh_runs(session_id: int) -> bool:
+    """Whether tsh itself (not bubblewrap or setpriv before it) runs in the session
+    ``session_id`` (the shell's: it was started as a session leader)."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            if os.getsid(int(entry)) != session_id:
+                continue
+            argv = Path("/proc", entry, "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue  # gone meanwhile
+        if os.path.basename(argv[0]) not in _SANDBOX_PROGRAMS and SANDBOX_TSH.encode() in argv:
+            return True
+    return False
+
+
+def errno_named_in(message: str) -> int:
+    """The errno whose text (``No such file or directory``) a failing sandbox's ``message``
+    holds, as bubblewrap's "Can't find source path /x: No such file or directory"; EIO when
+    none."""
+    for code in (errno.ENOENT, errno.EACCES, errno.EPERM, errno.ENOTDIR):
+        if os.strerror(code) in message:
+            return code
+    return errno.EIO
+
+
+def _network_isolation(view: AgentView) -> list[str]:
+    """No network in the terminal without ``network:default connect`` (P-4).  tsh reaches
+    the host through the run socket, a path, which works from any network namespace."""
+    return [] if view.allows("network", "default", "connect") else ["--unshare-net"]
+
+
+def _mount_binds(view: AgentView) -> list[str]:
+    binds = []
+    # A mount below another's target is bound after it, or the outer one would hide it.
+    by_depth = sorted(view.visible_mounts(), key=lambda mount: len(mount.target.parts))
+    for mount in by_depth:
+        if str(mount.target) == "/ctx":
+            continue  # the projection, not the raw root
+        binds += ["--bind" if mount.writable else "--ro-bind", str(mount.source), str(mount.target)]
+    return binds
+
+
+def _system_binds() -> list[str]:
+    binds = []
+    for directory in _SYSTEM_DIRS:
+        binds += ["--ro-bind", directory, directory]
+    for link in ("bin", "lib", "lib64", "sbin"):
+        target = f"/{link}"
+        if os.path.islink(target):
+            binds += ["--symlink", os.readlink(target), target]
+        elif os.path.isdir(target):
+            binds += ["--ro-bind", target, target]
+    return binds
