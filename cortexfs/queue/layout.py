@@ -209,11 +209,15 @@ class Queue:
         """Open ``claimed/J`` or ``lease/J`` (never through a symlink)."""
         return self.ops.open_dir(job, self.dirs[state])
 
-    def require_writable(self, action: str) -> None:
+    def require_writable(self, action: str, places: tuple[str, ...] = STATE_DIRS) -> None:
         """EACCES, saying who may write there and what to do, unless this process may write
-        every state directory, as a worker does (``action``: what for)."""
-        for state in STATE_DIRS:
-            require_writable(self.path / state, f"{action} in queue {self.path}")
+        every directory of ``places`` (paths in the queue: ``pending``, ``claimed/J``; by
+        default every state directory, as a worker needs; ``action``: what for).
+
+        Checked before a transition's first step: a step the kernel refuses midway would
+        leave the job half-moved (a claim without its lease, a result without its request)."""
+        for place in places:
+            require_writable(self.path / place, f"{action} in queue {self.path}")
 
     def not_writable(self, action: str, state: str) -> CtxError:
         """The error for ``action`` refused by the kernel in the state directory ``state``:

@@ -101,6 +101,7 @@ def publish(
     limit = queue.config.max_request_bytes
     data = requests.encode_request(request, limit, publisher, given)
     refuse_known_job(queue, job)  # early and cheap; the check that counts comes below
+    queue.require_writable("publish", PUBLISH_PLACES)
     ops = queue.ops
     temp = queue.publish_temp_name(job)
     ops.step("publish.write")
@@ -124,6 +125,9 @@ def publish(
     except FileExistsError:
         _discard_temp(queue, temp)
         raise exists(f"job {job} is already pending; publish under another name") from None
+    except OSError as exc:
+        _discard_temp(queue, temp)
+        raise _refused_in(queue, exc, "publish", "pending") from None
     pending_changed(queue, before, [job])
     ops.step("publish.done")
     return job
@@ -165,6 +169,7 @@ def publish_batch(
         refuse_known_job(queue, job)  # early and cheap; the check that counts comes below
     if not jobs:
         return []
+    queue.require_writable("publish", PUBLISH_PLACES)
     ops = queue.ops
     temps: list[str] = []
     ops.step("publish_batch.write")
@@ -190,7 +195,13 @@ def publish_batch(
         durable.Move(queue.inbox, t, queue.pending, j) for t, j in zip(temps, jobs, strict=True)
     ]
     before = pending_stamp(queue.pending)
-    outcomes = durable.move_noreplace_batch(ops, moves)
+    try:
+        outcomes: list[OSError | None] = durable.move_noreplace_batch(ops, moves)
+    except FileExistsError as exc:  # a batch of one raises what it would return
+        outcomes = [exc]
+    except OSError:
+        _discard_temps(queue, temps)
+        raise
     clashes = [job for job, outcome in zip(jobs, outcomes, strict=True) if outcome is not None]
     pending_changed(queue, before, [job for job in jobs if job not in clashes])
     if clashes:
@@ -198,12 +209,34 @@ def publish_batch(
             queue, [m.src for m, o in zip(moves, outcomes, strict=True) if o is not None]
         )
         published = [job for job in jobs if job not in clashes]
+        others = [o for o in outcomes if o is not None and not isinstance(o, FileExistsError)]
+        if others:
+            raise CtxError(
+                others[0].errno or errno.EIO,
+                f"{', '.join(clashes)} could not be moved into pending/ "
+                f"({others[0].strerror}) and were not published; published: "
+                f"{', '.join(published) or 'none'}",
+            )
         raise exists(
             f"{', '.join(clashes)} appeared while the batch was being published and were "
             f"left alone; published: {', '.join(published) or 'none'}"
         )
     ops.step("publish_batch.done")
     return jobs
+
+
+# The directories each transition writes in, checked before its first step (see
+# Queue.require_writable); finish and renew add the job's own claimed/J and lease/J.
+PUBLISH_PLACES = ("inbox", "pending")
+CLAIM_PLACES = ("pending", "claimed", "inbox", "lease")
+
+
+def _refused_in(queue: Queue, exc: OSError, action: str, state: str) -> OSError | CtxError:
+    """What to raise for ``exc``, met while ``action`` wrote in ``state``: EACCES saying who
+    may write there, or ``exc`` itself."""
+    if isinstance(exc, PermissionError):
+        return queue.not_writable(action, state)
+    return exc
 
 
 def _publish_in_progress(job: str, temp: str, *, batch: bool = False) -> CtxError:
@@ -273,6 +306,7 @@ def claim_job(queue: Queue, job: str, holder: Holder, ttl: float | None = None) 
     ttl = check_ttl(queue.config.lease_ttl if ttl is None else ttl)
     if not _is_regular(lstat_at(queue.pending, job)):
         return None
+    queue.require_writable("claim", CLAIM_PLACES)
     ops.step("claim.mkdir")
     try:
         ops.mkdir(job, queue.claimed, 0o775)
@@ -312,41 +346,62 @@ def claim_job(queue: Queue, job: str, holder: Holder, ttl: float | None = None) 
         except FileNotFoundError:
             _abandon_claim_dir(queue, job)
             return None
+        except OSError as exc:
+            _abandon_claim_dir(queue, job)
+            raise _refused_in(queue, exc, "claim", "pending") from None
         pending_changed(queue, before)  # ours: the order need not list pending/ for it
         request = _read_claimed_request(queue, claim_fd, job)
-        if request is None:
-            before = pending_stamp(queue.pending)
-            durable.move_noreplace(ops, claim_fd, job, queue.pending, job)
-            pending_changed(queue, before)  # not a job (Q-8): nothing to hand out
-            _abandon_claim_dir(queue, job)
-            return None
-        lease = Lease.new(job, holder, ttl)
-        _write_lease(queue, job, lease)
-        ops.step("lease.done")
-        return Claim(job=job, request=request, lease=lease)
+        refusal: OSError | CtxError | None = None
+        if request is not None:
+            lease = Lease.new(job, holder, ttl)
+            try:
+                _write_lease(queue, job, lease)
+            except OSError as exc:
+                refusal = _refused_in(queue, exc, "claim", "lease")
+            else:
+                ops.step("lease.done")
+                return Claim(job=job, request=request, lease=lease)
+        # Not a job (Q-8), or a lease the kernel refused (not a crash): J goes back as it was
+        # rather than stay claimed without a lease until someone reconciles it.  A job stays
+        # first in the claim order (Q-9), as recover requeues; what is not a job is not offered.
+        before = pending_stamp(queue.pending)
+        durable.move_noreplace(ops, claim_fd, job, queue.pending, job)
+        offered = [job] if refusal is not None else []
+        pending_changed(queue, before, offered, first=bool(offered))
+        if refusal is not None:
+            remove_claim_and_lease(queue, job)  # with the empty lease/J the refusal left
+            raise refusal
+        _abandon_claim_dir(queue, job)
+        return None
     finally:
         ops.close(claim_fd)
 
 
 def _write_lease(queue: Queue, job: str, lease: Lease) -> None:
-    """Create ``lease/J/worker`` temp+fsync+move, parents synced (Q-3)."""
+    """Create ``lease/J/worker`` temp+fsync+move, parents synced (Q-3).
+
+    Refused (EEXIST, or an OSError from the kernel), it removes its temp file and raises; an
+    empty ``lease/J`` it made is the caller's to remove, with the claim."""
     ops = queue.ops
     temp = queue.temp_name(job, "lease")
     ops.step("lease.write")
     durable.write_file_synced(ops, queue.inbox, temp, lease.encode(), group=queue.file_group)
-    ops.step("lease.mkdir")
-    if not durable.make_dir_synced(ops, queue.lease, job, 0o775):
-        _discard_temp(queue, temp)
-        raise CtxError(
-            errno.EEXIST, f"lease/{job} appeared during the claim; run 'ctx queue recover'"
-        ) from None
-    lease_fd = queue.open_job_dir("lease", job)
     try:
-        durable.grant_group_access(ops, lease_fd, queue.group_access)  # as for claimed/J
-        ops.step("lease.move")
-        durable.move_noreplace(ops, queue.inbox, temp, lease_fd, LEASE_FILE)
-    finally:
-        ops.close(lease_fd)
+        ops.step("lease.mkdir")
+        if not durable.make_dir_synced(ops, queue.lease, job, 0o775):
+            raise CtxError(
+                errno.EEXIST, f"lease/{job} appeared during the claim; run 'ctx queue recover'"
+            )
+        lease_fd = queue.open_job_dir("lease", job)
+        try:
+            durable.grant_group_access(ops, lease_fd, queue.group_access)  # as for claimed/J
+            ops.step("lease.move")
+            durable.move_noreplace(ops, queue.inbox, temp, lease_fd, LEASE_FILE)
+        finally:
+            ops.close(lease_fd)
+    except (OSError, CtxError):
+        _discard_temp(queue, temp)
+        raise
 
 
 def _read_claimed_request(queue: Queue, claim_fd: int, job: str) -> dict[str, Any] | None:
@@ -414,6 +469,7 @@ def renew(queue: Queue, job: str, holder: Holder, ttl: float | None = None) -> L
         current = read_lease(queue, job)
         _refuse_other_holder(job, current, holder, "renews its lease")
         renewed = current.renewed(ttl)
+        queue.require_writable("renew a lease", ("inbox", f"lease/{job}"))
         ops = queue.ops
         temp = queue.temp_name(job, "renew")
         lease_fd = queue.open_job_dir("lease", job)
@@ -423,7 +479,11 @@ def renew(queue: Queue, job: str, holder: Holder, ttl: float | None = None) -> L
                 ops, queue.inbox, temp, renewed.encode(), group=queue.file_group
             )
             ops.step("renew.replace")
-            durable.replace_synced(ops, queue.inbox, temp, lease_fd, LEASE_FILE)
+            try:
+                durable.replace_synced(ops, queue.inbox, temp, lease_fd, LEASE_FILE)
+            except OSError as exc:
+                _discard_temp(queue, temp)
+                raise _refused_in(queue, exc, "renew a lease", f"lease/{job}") from None
         finally:
             ops.close(lease_fd)
         return renewed
@@ -506,6 +566,11 @@ def finish(
         data = requests.encode_result(result, limit)
         terminal = queue.terminal(ok)
         state = "done" if ok else "failed"
+        # Every directory the finish changes, before the result is written: refused after
+        # the result moved in, the request would stay claimed beside it (Q-6).
+        queue.require_writable(
+            "finish", ("inbox", state, "claimed", f"claimed/{job}", "lease", f"lease/{job}")
+        )
         temp = queue.temp_name(job, "result")
         ops.step("finish.write")
         durable.write_file_synced(ops, queue.inbox, temp, data, group=queue.file_group)
@@ -518,6 +583,9 @@ def finish(
                 f"{state}/{job}{RESULT_SUFFIX} already exists; run 'ctx queue recover' "
                 "to reconcile this job"
             ) from None
+        except OSError as exc:
+            _discard_temp(queue, temp)
+            raise _refused_in(queue, exc, "finish", state) from None
         ops.step("finish.request")
         # No sync of claimed/J: the cleanup removes it and syncs claimed/.
         durable.move_noreplace(ops, claim_fd, job, terminal, job, sync_src=False)

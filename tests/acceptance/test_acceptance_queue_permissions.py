@@ -1,0 +1,98 @@
+"""§2.2 and §2.4: a user who may write only part of a queue is refused with EACCES saying which
+directory and what to do, before anything moves: no claim left without its lease (Q-3), no
+result beside a request still claimed (Q-6), no temp file in inbox/, exit 1."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.acceptance.ctxcli import CTX_ARGV, clean_env, ctx_run, request
+from tests.support.storage import traversable_tmp as traversable_tmp
+from tests.support.users import UnprivilegedUser, run_as
+from tests.support.users import unprivileged_user as unprivileged_user
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
+
+STATES = ("inbox", "pending", "claimed", "lease", "done", "failed")
+
+
+@pytest.fixture
+def queue(traversable_tmp: Path) -> Path:
+    """A queue made by root (directories 0755), every state directory opened to all but one
+    the test closes."""
+    queue = traversable_tmp / "q"
+    assert ctx_run("queue", "init", "--queue", queue).rc == 0
+    queue.chmod(0o755)
+    (queue / "config").chmod(0o644)
+    for state in STATES:
+        (queue / state).chmod(0o777)
+    return queue
+
+
+def as_user(user: UnprivilegedUser, queue: Path, *args: str, stdin: str = ""):
+    env = clean_env(HOME="/nonexistent")
+    return run_as(user, [*CTX_ARGV, "queue", *args, "--queue", str(queue)], env=env, stdin=stdin)
+
+
+def tree(queue: Path) -> dict[str, list[str]]:
+    return {state: sorted(os.listdir(queue / state)) for state in STATES}
+
+
+def publish_as_root(queue: Path, name: str) -> str:
+    published = ctx_run("queue", "publish", "--queue", queue, "--name", name, "-",
+                        input=json.dumps(request()))  # fmt: skip
+    assert published.rc == 0, published
+    return published.out.strip()
+
+
+@pytest.mark.parametrize("closed", ["lease", "pending", "claimed", "inbox"])
+def test_a_claim_the_user_cannot_complete_moves_nothing(
+    queue: Path, unprivileged_user: UnprivilegedUser, closed: str
+) -> None:
+    job = publish_as_root(queue, "a")
+    (queue / closed).chmod(0o755)
+    before = tree(queue)
+    refused = as_user(unprivileged_user, queue, "claim")
+    assert refused.returncode == 1, refused
+    assert refused.stdout == ""
+    assert refused.stderr.startswith("ctx: EACCES: cannot claim in queue"), refused.stderr
+    assert f"{queue / closed}" in refused.stderr
+    assert tree(queue) == before == {**{s: [] for s in STATES}, "pending": [job]}
+
+
+def test_a_publish_into_a_pending_directory_the_user_cannot_write_leaves_no_temp_file(
+    queue: Path, unprivileged_user: UnprivilegedUser
+) -> None:
+    (queue / "pending").chmod(0o755)
+    for args in (["--name", "a", "-"], ["--batch", "-"]):
+        refused = as_user(unprivileged_user, queue, "publish", *args,
+                          stdin=json.dumps(request()) + "\n")  # fmt: skip
+        assert refused.returncode == 1, refused
+        assert refused.stderr.startswith("ctx: EACCES: cannot publish in queue"), refused.stderr
+        assert f"{queue / 'pending'}" in refused.stderr
+        assert tree(queue) == {s: [] for s in STATES}
+
+
+@pytest.mark.parametrize("flag,closed", [("--ok", "done"), ("--error", "failed")])
+def test_a_finish_the_user_cannot_complete_leaves_the_job_claimed(
+    queue: Path, unprivileged_user: UnprivilegedUser, flag: str, closed: str
+) -> None:
+    job = publish_as_root(queue, "a")
+    claimed = ctx_run("queue", "claim", "--queue", queue)
+    assert claimed.rc == 0 and claimed.out.strip() == job, claimed
+    for entry in (queue / "claimed" / job, queue / "lease" / job):
+        entry.chmod(0o777)
+    (queue / closed).chmod(0o755)
+    before = tree(queue)
+    refused = as_user(unprivileged_user, queue, "finish", job, flag, "-", stdin='{"x": 1}')
+    assert refused.returncode == 1, refused
+    assert refused.stderr.startswith("ctx: EACCES: cannot finish in queue"), refused.stderr
+    assert f"{queue / closed}" in refused.stderr
+    assert tree(queue) == before
+    status = ctx_run("queue", "status", "--queue", queue, "--json")
+    assert status.rc == 0 and status.json()["counts"]["claimed"] == 1, status
+    assert status.json()["temps"] == [] and status.json()["incomplete"] == []

@@ -1,0 +1,131 @@
+"""A transition the kernel refuses midway (ENOSPC, EACCES…) is undone, not left half-done:
+no claim without its lease, no temp file in inbox/, nothing a user must reconcile by hand."""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+import pytest
+
+from cortexfs.durable import FsOps
+from cortexfs.errors import CtxError
+from cortexfs.queue import Holder, Queue, claim, finish, publish, renew
+from tests.queue.helpers import request
+
+
+class RefusesIn(FsOps):
+    """Real operations, except that the first mkdir, rename or link into the directory
+    ``refused`` (an open descriptor, set once the queue is open) fails with ``code``."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__()
+        self.code = code
+        self.refused: int | None = None
+
+    def _check(self, dir_fd: int) -> None:
+        if self.refused is not None and os.path.samestat(os.fstat(dir_fd), os.fstat(self.refused)):
+            raise OSError(self.code, os.strerror(self.code))
+
+    def mkdir(self, name: str, dir_fd: int, mode: int = 0o777) -> None:
+        self._check(dir_fd)
+        super().mkdir(name, dir_fd, mode)
+
+    def rename_noreplace(self, src: str, src_dir_fd: int, dst: str, dst_dir_fd: int) -> None:
+        self._check(dst_dir_fd)
+        super().rename_noreplace(src, src_dir_fd, dst, dst_dir_fd)
+
+    def link(self, src: str, src_dir_fd: int, dst: str, dst_dir_fd: int) -> None:
+        self._check(dst_dir_fd)
+        super().link(src, src_dir_fd, dst, dst_dir_fd)
+
+    def rename(self, src: str, src_dir_fd: int, dst: str, dst_dir_fd: int) -> None:
+        self._check(dst_dir_fd)
+        super().rename(src, src_dir_fd, dst, dst_dir_fd)
+
+
+def tree(queue_dir: Path) -> dict[str, list[str]]:
+    return {
+        state: sorted(os.listdir(queue_dir / state))
+        for state in ("inbox", "pending", "claimed", "lease", "done", "failed")
+    }
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EACCES])
+def test_a_claim_whose_lease_cannot_be_made_puts_the_job_back(
+    queue: Queue, queue_dir: Path, me: Holder, code: int
+) -> None:
+    job = publish(queue, request(), "a")
+    ops = RefusesIn(code)
+    with Queue.open(queue_dir, ops) as q:
+        ops.refused = q.lease
+        with pytest.raises((OSError, CtxError)) as refused:
+            claim(q, me)
+    assert refused.value.errno == code
+    assert tree(queue_dir) == {
+        "inbox": [], "pending": [job], "claimed": [], "lease": [], "done": [], "failed": []
+    }  # fmt: skip
+    assert claim(queue, me).job == job  # nobody has to run recover first
+
+
+def test_a_claim_whose_lease_file_cannot_be_moved_in_leaves_no_lease_directory(
+    queue: Queue, queue_dir: Path, me: Holder
+) -> None:
+    job = publish(queue, request(), "a")
+
+    class RefusesTheLeaseFile(FsOps):
+        def rename_noreplace(self, src: str, src_dir_fd: int, dst: str, dst_dir_fd: int) -> None:
+            if dst == "worker":
+                raise OSError(errno.EIO, os.strerror(errno.EIO))
+            super().rename_noreplace(src, src_dir_fd, dst, dst_dir_fd)
+
+    with Queue.open(queue_dir, RefusesTheLeaseFile()) as q, pytest.raises(OSError):
+        claim(q, me)
+    assert tree(queue_dir)["pending"] == [job]
+    assert tree(queue_dir)["claimed"] == tree(queue_dir)["lease"] == tree(queue_dir)["inbox"] == []
+
+
+def test_a_publish_refused_by_pending_leaves_no_temp_file(queue_dir: Path) -> None:
+    ops = RefusesIn(errno.ENOSPC)
+    with Queue.open(queue_dir, ops) as q:
+        ops.refused = q.pending
+        with pytest.raises(OSError):
+            publish(q, request(), "a")
+    assert tree(queue_dir)["inbox"] == tree(queue_dir)["pending"] == []
+
+
+def test_a_finish_refused_by_done_leaves_the_job_claimed_and_no_temp_file(
+    queue: Queue, queue_dir: Path, me: Holder
+) -> None:
+    publish(queue, request(), "a")
+    job = claim(queue, me)
+    assert job is not None
+    ops = RefusesIn(errno.ENOSPC)
+    with Queue.open(queue_dir, ops) as q:
+        ops.refused = q.done
+        with pytest.raises(OSError):
+            finish(q, job.job, True, {"x": 1})
+    assert tree(queue_dir)["inbox"] == tree(queue_dir)["done"] == []
+    assert tree(queue_dir)["claimed"] == tree(queue_dir)["lease"] == [job.job]
+    finish(queue, job.job, True, {"x": 1})
+    assert tree(queue_dir)["done"] == [job.job, f"{job.job}.result"]
+
+
+def test_a_renewal_refused_leaves_the_old_lease_and_no_temp_file(
+    queue: Queue, queue_dir: Path, me: Holder
+) -> None:
+    publish(queue, request(), "a")
+    won = claim(queue, me)
+    assert won is not None
+    before = (queue_dir / "lease" / won.job / "worker").read_bytes()
+    ops = RefusesIn(errno.ENOSPC)
+    with Queue.open(queue_dir, ops) as q:
+        ops.refused = q.open_job_dir("lease", won.job)
+        try:
+            with pytest.raises(OSError):
+                renew(q, won.job, me, 600)
+        finally:
+            os.close(ops.refused)
+    assert (queue_dir / "lease" / won.job / "worker").read_bytes() == before
+    assert tree(queue_dir)["inbox"] == []
