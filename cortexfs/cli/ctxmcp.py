@@ -152,8 +152,9 @@ def project_command(
     A candidate's mcp locator holds the transport (stdio), --runtime-config, the server and
     the tool; the configuration's command, arguments and environment are never copied.
     Tools whose projected name is illegal (R-3), that the server lists more than once
-    (neither copy is written), or whose input schema is not a valid JSON Schema are
-    reported on stderr and skipped, and the exit status is then 1; the others are written.
+    (neither copy is written), or whose input schema is missing, not a valid JSON Schema
+    or of a type that admits no arguments object are reported on stderr and skipped, and
+    the exit status is then 1; the others are written.
     A candidate already in OUT is never overwritten silently: the projection is refused
     with EEXIST before anything is written, unless --replace is given.  Next:
       ctx object check OUT/SERVER.TOOL.manifest.json

@@ -2,12 +2,12 @@
 
 A remote tool ``t`` of server ``s`` becomes the candidate ``s.t`` — exactly that name, no
 ``mcp.`` prefix — when ``s.t`` is a legal object name (R-3) and its input schema is a valid
-JSON Schema; otherwise it is reported with the reason and skipped.  A server that lists two
-tools under one name gets neither projected: which of them ``s.t`` would run cannot be told,
-so each copy is reported and skipped.  The candidate's ``mcp``
-control locates the tool and nothing more: transport, the configuration file's path *as the
-agent will see it* (``--runtime-config``), server and tool.  Command, arguments and
-environment stay in that file; nothing of it is copied.
+JSON Schema that admits an object (MCP passes arguments as one); otherwise it is reported with
+the reason and skipped.  A server that lists two tools under one name gets neither projected:
+which of them ``s.t`` would run cannot be told, so each copy is reported and skipped.  The
+candidate's ``mcp`` control locates the tool and nothing more: transport, the configuration
+file's path *as the agent will see it* (``--runtime-config``), server and tool.  Command,
+arguments and environment stay in that file; nothing of it is copied.
 
 ``cap`` is taken from the tool's annotations, conservatively: a tool has side effects unless
 it declares ``readOnlyHint``, and may reach the network unless it declares ``openWorldHint``
@@ -93,8 +93,11 @@ def _project(server: str, tool: dict[str, Any], runtime_config: str) -> Projecti
     problem = object_name_problem(name)  # the whole name is the object name (M-3)
     if problem:
         return Projection(remote, name, description, None, f"{name!r}: {problem} (M-3)")
-    schema = tool.get("inputSchema")
-    problems = schema_problems(schema, "its inputSchema")
+    if "inputSchema" not in tool:
+        problem = "the server gave no inputSchema; MCP requires one"
+        return Projection(remote, name, description, None, problem)
+    schema = tool["inputSchema"]
+    problems = schema_problems(schema, "its inputSchema") or _arguments_problems(schema)
     if problems:
         return Projection(remote, name, description, None, problems[0])
     annotations = tool.get("annotations") if isinstance(tool.get("annotations"), dict) else {}
@@ -114,6 +117,20 @@ def _project(server: str, tool: dict[str, Any], runtime_config: str) -> Projecti
     if problems:
         return Projection(remote, name, description, None, problems[0])
     return Projection(remote, name, description, document, None)
+
+
+def _arguments_problems(schema: dict[str, Any]) -> list[str]:
+    """A tools/call carries its arguments as an object: a schema whose type admits no object
+    would make a tool no input can call (every object fails it, anything else the server
+    refuses)."""
+    declared = schema.get("type", "object")
+    types = declared if isinstance(declared, list) else [declared]
+    if "object" in types:
+        return []
+    return [
+        f"its inputSchema has type {declared!r}, but MCP passes a tool's arguments as an "
+        "object: no call could satisfy it"
+    ]
 
 
 def _description(tool: dict[str, Any], name: str) -> str:

@@ -301,6 +301,34 @@ def test_illegal_names_and_schemas_are_reported_and_skipped(tmp_path: Path) -> N
     assert sorted(p.name for p in out.iterdir()) == sorted(written)
 
 
+def test_a_schema_that_admits_no_arguments_object_is_skipped(tmp_path: Path) -> None:
+    """tools/call sends the arguments as an object: a schema of another type names a tool no
+    call could reach, so it is not projected; a schema without a type, or one that lists
+    "object" among its types, is."""
+    tools = [
+        tool("text_only", {"type": "string"}),
+        tool("numbers", {"type": ["number", "array"]}),
+        tool("untyped", {"properties": {"q": {"type": "string"}}}),
+        tool("nullable", {"type": ["object", "null"]}),
+        {"name": "no_schema", "description": "gives no inputSchema"},
+    ]
+    config = scripted(tmp_path, tools=tools)
+    out = tmp_path / "out"
+
+    done = project(config, out, "--json")
+
+    assert done.returncode == 1, done.stderr
+    report = json.loads(done.stdout)
+    assert report["written"] == [
+        str(out / f"fake.{n}.manifest.json") for n in ("untyped", "nullable")
+    ]
+    skipped = {entry["tool"]: entry["problem"] for entry in report["skipped"]}
+    assert set(skipped) == {"text_only", "numbers", "no_schema"}
+    assert "as an object" in skipped["text_only"] and "'string'" in skipped["text_only"]
+    assert "as an object" in skipped["numbers"]
+    assert skipped["no_schema"] == "the server gave no inputSchema; MCP requires one"
+
+
 def project(config: Path, out: Path, *options: str) -> subprocess.CompletedProcess[str]:
     return ctxmcp(
         "project", "--config", str(config), "--runtime-config", RUNTIME_CONFIG,
