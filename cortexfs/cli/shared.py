@@ -43,9 +43,15 @@ def create(name: str, group: str | None, storage_dir: Path | None, as_json: bool
         check_space_name(name)
     except CtxError as exc:  # an illegal or reserved name is a malformed command line
         raise usage_problem(exc) from None
-    report = create_shared_space(
-        resolve_storage(storage_dir), name, gid=None if group is None else _gid(group)
-    )
+    gid = None if group is None else _gid(group)
+    report = create_shared_space(resolve_storage(storage_dir), name, gid=gid)
+    if gid is not None and report.gid != gid:
+        # The space existed with another group, which the command leaves as it is.
+        click.echo(
+            f"ctx: note: {report.path} already belongs to group {report.gid}, not {group}; "
+            f"left as it is ('chgrp -R {group} {report.path}' changes it)",
+            err=True,
+        )
     if as_json:
         emit_json(report.to_json())
         return

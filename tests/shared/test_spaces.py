@@ -132,6 +132,26 @@ def test_linux_permissions_keep_a_non_member_out(space_tool: World) -> None:
     assert (result.error.errno, result.error.step) == (errno.EACCES, 2)
 
 
+def test_ctx_shared_create_says_it_kept_the_group_of_an_existing_space(world: World) -> None:
+    """Asked for another group, an existing space keeps its own (what exists is left as it
+    is), and the command says so rather than reporting the space complete as asked."""
+    base = [*CTX, "--storage", str(world.root), "shared", "create", "team"]
+    subprocess.run([*base, "--group", str(SPACE_GROUP)], check=True, capture_output=True)
+    other = SPACE_GROUP + 1
+
+    again = subprocess.run([*base, "--group", str(other)], capture_output=True, text=True)
+    same = subprocess.run([*base, "--group", str(SPACE_GROUP)], capture_output=True, text=True)
+
+    space = world.root / "shared" / "team"
+    assert again.returncode == 0 and "nothing to do" in again.stdout
+    assert again.stderr == (
+        f"ctx: note: {space} already belongs to group {SPACE_GROUP}, not {other}; left as it is "
+        f"('chgrp -R {other} {space}' changes it)\n"
+    )
+    assert os.stat(space).st_gid == SPACE_GROUP
+    assert same.returncode == 0 and same.stderr == ""
+
+
 def test_ctx_shared_create(world: World) -> None:
     base = [*CTX, "--storage", str(world.root), "shared", "create"]
 
