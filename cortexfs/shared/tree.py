@@ -116,10 +116,17 @@ def _open_level(ops: durable.FsOps, parent_fd: int, top: Path, parts: Sequence[s
     except FileNotFoundError:
         raise
     except OSError as exc:
+        where = top.joinpath(*parts)
         if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-            where = top.joinpath(*parts)
             raise CtxError(
                 exc.errno, f"{where} is not a directory (or is a symlink); left untouched"
+            ) from None
+        if exc.errno == errno.EACCES:
+            # The bare OSError names only the last component ("agent: Permission denied").
+            raise CtxError(
+                errno.EACCES,
+                f"{where}: permission denied to uid {os.geteuid()}; run this as a user who "
+                "may read it (its owner, a member of its group, or root)",
             ) from None
         raise
 

@@ -16,7 +16,7 @@ from cortexfs.errors import CtxError
 from cortexfs.shared.sessions import SessionRef, list_sessions, open_session
 from cortexfs.shared.spaces import create_shared_space
 from cortexfs.shared.tree import Ownership
-from tests.support.users import run_as
+from tests.support.users import UnprivilegedUser, run_as
 from tests.tools.support import World
 
 CTX = [sys.executable, "-c", "from cortexfs.cli import main; main()"]
@@ -214,6 +214,26 @@ def test_a_link_planted_in_a_home_is_never_followed_by_a_reader(
         assert "secret" not in answer.stdout and "planted" not in answer.stdout
     for directory in (outside, outside / "planted"):
         assert (directory / "events.jsonl").read_bytes() == secret
+
+
+def test_a_session_another_user_may_not_read_is_eacces_naming_the_directory(
+    recorded: World,
+) -> None:
+    """Not the kernel's bare 'agent: Permission denied', which names no path."""
+    stranger = UnprivilegedUser("stranger", recorded.user.uid + 1000, recorded.user.gid + 1000)
+    storage = ["--storage", str(recorded.root), "session"]
+    closed = recorded.root / f"home/{recorded.user.uid}/agent"
+
+    answers = [
+        run_as(stranger, [*CTX, *storage, command, "coder", "--uid", str(recorded.user.uid)])
+        for command in ("show", "list")
+    ]
+
+    for answer in answers:
+        assert answer.returncode == 1, answer
+        assert answer.stderr.startswith(
+            f"ctx: EACCES: {closed}: permission denied to uid {stranger.uid}; "
+        ), answer.stderr
 
 
 def _forget_agent(world: World, agent: str) -> None:
