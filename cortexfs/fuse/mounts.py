@@ -108,6 +108,28 @@ def mounted_type(mountpoint: Path) -> str | None:
     return found
 
 
+def cortexfs_mount_holding(path: Path) -> Path | None:
+    """The mount point of the CortexFS mount that ``path`` (or, when it does not exist yet,
+    the nearest directory above it that does) lies on; None when it lies on none."""
+    existing = Path(os.path.abspath(path))
+    while True:
+        try:
+            device = os.stat(existing).st_dev
+            break
+        except FileNotFoundError:
+            if existing.parent == existing:
+                return None
+            existing = existing.parent
+        except OSError:
+            return None  # what cannot be looked at is refused by whoever writes there
+    wanted = f"{os.major(device)}:{os.minor(device)}"
+    for line in MOUNT_TABLE.read_text().splitlines():
+        fields = line.split(" ")
+        if fields[2] == wanted and fields[fields.index("-") + 1] == FILESYSTEM_TYPE:
+            return Path(_unescaped(fields[4]))
+    return None
+
+
 def _absolute(path: Path) -> Path:
     """``path`` made absolute without touching it: only its parent's links are resolved,
     since ``stat`` of a mount whose daemon died fails."""

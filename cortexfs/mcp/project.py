@@ -27,6 +27,7 @@ from typing import Any, NamedTuple
 
 from cortexfs import durable
 from cortexfs.errors import CtxError, exists, invalid
+from cortexfs.fuse.mounts import cortexfs_mount_holding
 from cortexfs.names import object_name_problem
 from cortexfs.tools.manifest import MANIFEST_VERSION, config_path_problem, manifest_problems
 from cortexfs.tools.schemas import schema_problems
@@ -142,9 +143,16 @@ def _description(tool: dict[str, Any], name: str) -> str:
 
 
 def check_out_directory(out: Path, root: Path) -> None:
-    """EINVAL when ``out`` is under ``/ctx`` or the storage root ``root``: ctxmcp writes
-    candidates only, never into the tree agents see (M-1); ``ctx object install`` puts them
-    there."""
+    """EINVAL when ``out`` is under ``/ctx``, the storage root ``root`` or any mount of a
+    storage root, wherever it is mounted: ctxmcp writes candidates only, never into the tree
+    agents see (M-1); ``ctx object install`` puts them there."""
+    mount = cortexfs_mount_holding(out)
+    if mount is not None:
+        raise invalid(
+            f"--out {out} is inside {mount}, a mount of a storage root (ctx mount): ctxmcp "
+            "writes nothing under /ctx or the storage root (M-1); write the candidates "
+            "elsewhere and install them with 'ctx object install'"
+        )
     where = Path(os.path.realpath(out))
     for forbidden in (Path("/ctx"), root):
         resolved = Path(os.path.realpath(forbidden))

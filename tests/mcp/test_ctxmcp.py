@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +25,10 @@ from cortexfs import durable
 from cortexfs.errors import CtxError
 from cortexfs.mcp import ACCEPTED_VERSIONS, ANNOUNCED_VERSION
 from cortexfs.mcp.project import Projection, write_candidates
+from tests.fuse.support import NEEDS_A_MOUNT, mounted
 from tests.support.cli import ctx
 from tests.support.users import UnprivilegedUser
-from tests.tools.support import effective_user
+from tests.tools.support import World, effective_user
 
 TIME_SERVER = Path(sys.executable).with_name("mcp-server-time")
 SCRIPTED = Path(__file__).with_name("scripted_server.py")
@@ -426,6 +428,32 @@ def test_candidates_are_never_written_into_the_storage_root(
 
     assert refused.returncode == 2 and "EINVAL" in refused.stderr and "M-1" in refused.stderr
     assert os.listdir(root) == []
+
+
+def needs_a_mount(test: Callable[..., None]) -> Callable[..., None]:
+    for mark in NEEDS_A_MOUNT:
+        test = mark(test)
+    return test
+
+
+@needs_a_mount
+def test_candidates_are_never_written_through_a_mount_of_the_storage_root(
+    config: Path, world: World, tmp_path: Path
+) -> None:
+    """M-1: a storage root mounted anywhere, not only at /ctx, is the tree agents see."""
+    (world.root / "home" / "0").mkdir(exist_ok=True)
+    mountpoint = world.scratch / "elsewhere"
+    with mounted(world.root, mountpoint):
+        for out in (mountpoint / "home" / "0" / "candidates", mountpoint):
+            refused = ctxmcp(
+                "project", "--config", str(config), "--runtime-config", RUNTIME_CONFIG,
+                "--server", "time", "--out", str(out), env={"CTX_STORAGE": str(tmp_path)},
+            )  # fmt: skip
+
+            assert refused.returncode == 2, refused.stderr
+            assert refused.stderr.startswith("ctxmcp: EINVAL: --out "), refused.stderr
+            assert f"inside {mountpoint}" in refused.stderr and "M-1" in refused.stderr
+    assert os.listdir(world.root / "home" / "0") == []
 
 
 # ------------------------------------------------------------------ failing servers
