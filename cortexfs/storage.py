@@ -118,15 +118,40 @@ def require_writable(directory: Path, action: str, fix: str | None = None) -> No
         st = os.stat(directory)
     except OSError:
         return  # nothing to judge: the action meets what is there and says so
+    raise _refusal(action, f"write in {directory}", st, stat.S_IWGRP, fix)
+
+
+def not_readable(path: Path, action: str) -> CtxError:
+    """The EACCES for ``action`` when the kernel refused to open ``path``: it names the
+    directory on the way this process may not enter, or else ``path`` itself, who owns it and
+    its mode, and what to do (be root, the owner or of the group, or use a root of your own)
+    — not only the name that was refused."""
+    blocked, verb = path, "read"
+    for ancestor in reversed(path.absolute().parents):
+        if not os.access(ancestor, os.X_OK, effective_ids=True):
+            blocked, verb = ancestor, "enter"
+            break
+    try:
+        st = os.stat(blocked)
+    except OSError as exc:
+        return CtxError(errno.EACCES, f"cannot {action}: {blocked}: {exc.strerror}")
+    wanted = stat.S_IXGRP if verb == "enter" else stat.S_IRGRP
+    return _refusal(action, f"{verb} {blocked}", st, wanted, None)
+
+
+def _refusal(
+    action: str, what: str, st: os.stat_result, group_bit: int, fix: str | None
+) -> CtxError:
+    """``cannot ACTION: uid U may not WHAT (owner, group, mode); FIX``."""
     if fix is None:
         who = "as root or as that owner"
-        if st.st_mode & stat.S_IWGRP:
+        if st.st_mode & group_bit:
             who = f"as root, as that owner or as a member of group {st.st_gid}"
         fix = f"run it {who}, or {use_own_root()}"
-    raise CtxError(
+    return CtxError(
         errno.EACCES,
-        f"cannot {action}: uid {os.geteuid()} may not write in {directory} (owner uid "
-        f"{st.st_uid}, group {st.st_gid}, mode {stat.S_IMODE(st.st_mode):04o}); {fix}",
+        f"cannot {action}: uid {os.geteuid()} may not {what} (owner uid {st.st_uid}, group "
+        f"{st.st_gid}, mode {stat.S_IMODE(st.st_mode):04o}); {fix}",
     )
 
 

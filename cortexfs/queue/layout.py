@@ -19,7 +19,7 @@ from cortexfs import durable, keyvalue
 from cortexfs.errors import CtxError, invalid, not_found
 from cortexfs.queue.claim_order import ClaimOrder, start_hint
 from cortexfs.queue.holder import check_ttl
-from cortexfs.storage import check_space_name, require_writable
+from cortexfs.storage import check_space_name, not_readable, require_writable
 
 STATE_DIRS = ("inbox", "pending", "lease", "claimed", "done", "failed")
 CONFIG_MODE = 0o644
@@ -123,6 +123,8 @@ class Queue:
             root_fd = durable.open_dir_path(ops, str(path))
         except FileNotFoundError as exc:
             raise not_found(f"no queue at {path}; create it with 'ctx queue init'") from exc
+        except PermissionError:
+            raise not_readable(Path(path), f"open queue {path}") from None
         queue = cls(path=path, ops=ops, config=QueueConfig(), root_fd=root_fd)
         queue.group_access = stat.S_IMODE(os.fstat(root_fd).st_mode) & 0o070
         try:
@@ -143,6 +145,8 @@ class Queue:
             raise not_found(
                 f"queue {self.path} has no {name}/ directory; repair it with 'ctx queue init'"
             ) from exc
+        except PermissionError:
+            raise not_readable(self.path / name, f"open queue {self.path}") from None
         except OSError as exc:
             if exc.errno in (errno.ELOOP, errno.ENOTDIR):
                 raise CtxError(
@@ -155,6 +159,9 @@ class Queue:
             data = read_regular_file(self.root_fd, CONFIG_NAME, 64 * 1024)
         except FileNotFoundError:
             return QueueConfig()
+        except PermissionError:
+            # Never the defaults instead: the queue's limits are what its config says.
+            raise not_readable(self.path / CONFIG_NAME, f"open queue {self.path}") from None
         return QueueConfig.parse(data.decode("utf-8", "replace"), f"{self.path}/{CONFIG_NAME}")
 
     def close(self) -> None:

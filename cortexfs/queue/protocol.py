@@ -228,7 +228,7 @@ def publish_batch(
 # The directories each transition writes in, checked before its first step (see
 # Queue.require_writable); finish and renew add the job's own claimed/J and lease/J.
 PUBLISH_PLACES = ("inbox", "pending")
-CLAIM_PLACES = ("pending", "claimed", "inbox", "lease")
+CLAIM_PLACES = ("claimed", "pending", "inbox", "lease")
 
 
 def _refused_in(queue: Queue, exc: OSError, action: str, state: str) -> OSError | CtxError:

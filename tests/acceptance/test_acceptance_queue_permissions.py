@@ -96,3 +96,32 @@ def test_a_finish_the_user_cannot_complete_leaves_the_job_claimed(
     status = ctx_run("queue", "status", "--queue", queue, "--json")
     assert status.rc == 0 and status.json()["counts"]["claimed"] == 1, status
     assert status.json()["temps"] == [] and status.json()["incomplete"] == []
+
+
+def test_a_queue_the_user_may_not_enter_is_refused_naming_the_closed_directory(
+    traversable_tmp: Path, unprivileged_user: UnprivilegedUser
+) -> None:
+    storage = traversable_tmp / "storage"
+    env = clean_env(CTX_STORAGE=str(storage))
+    assert ctx_run("bootstrap", env=env).rc == 0
+    assert ctx_run("shared", "create", "--group", "0", "team", env=env).rc == 0
+    outsider_env = clean_env(CTX_STORAGE=str(storage), HOME="/nonexistent")
+    for verb in ("status", "list", "claim"):
+        refused = run_as(unprivileged_user, [*CTX_ARGV, "queue", verb, "-p", "team", "--json"],
+                         env=outsider_env)  # fmt: skip
+        assert refused.returncode == 1, refused
+        space = storage / "shared" / "team"
+        expected = f"cannot open queue {space / 'queue'}: uid {unprivileged_user.uid} may not "
+        assert refused.stderr.startswith(f"ctx: EACCES: {expected}enter {space} "), refused
+        assert json.loads(refused.stdout)["error"] == "EACCES"
+
+
+def test_a_config_the_user_may_not_read_is_refused_never_replaced_by_the_defaults(
+    queue: Path, unprivileged_user: UnprivilegedUser
+) -> None:
+    (queue / "config").chmod(0o600)
+    refused = as_user(unprivileged_user, queue, "publish", "-", stdin=json.dumps(request()))
+    assert refused.returncode == 1, refused
+    assert f"may not read {queue / 'config'} (owner uid 0" in refused.stderr, refused.stderr
+    assert refused.stderr.startswith("ctx: EACCES: cannot open queue"), refused.stderr
+    assert tree(queue) == {s: [] for s in STATES}
