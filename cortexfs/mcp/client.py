@@ -150,8 +150,14 @@ class StdioClient:
                 raise self._broken(f"its tools/list gave the cursor {cursor!r} twice")
             seen.add(cursor)
 
-    def call_tool(self, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
-        result = self.request("tools/call", {"name": name, "arguments": arguments})
+    def call_tool(
+        self, name: str, arguments: dict[str, Any], *, unbounded: bool = False
+    ) -> dict[str, Any]:
+        """One ``tools/call``.  ``unbounded``: no deadline of the client's own, for a caller that
+        is bounded already (a tool call, which the runner's timeout kills): a remote tool
+        may take as long as the call was given, not the client's timeout."""
+        params = {"name": name, "arguments": arguments}
+        result = self.request("tools/call", params, unbounded=unbounded)
         if not isinstance(result, dict):
             raise self._broken("its tools/call result is not an object")
         return result
@@ -162,14 +168,15 @@ class StdioClient:
             message["params"] = params
         self._send(message)
 
-    def request(self, method: str, params: dict[str, Any]) -> Any:
-        """Send a request and wait for its response, answering the server meanwhile."""
+    def request(self, method: str, params: dict[str, Any], *, unbounded: bool = False) -> Any:
+        """Send a request and wait for its response, answering the server meanwhile: for at
+        most the client's timeout, or as long as it takes when ``unbounded``."""
         self._ids += 1
         ident = self._ids
         self._send({"jsonrpc": "2.0", "id": ident, "method": method, "params": params})
-        deadline = time.monotonic() + self.timeout
+        until = None if unbounded else time.monotonic() + self.timeout
         while True:
-            message = self._receive(method, deadline)
+            message = self._receive(method, until)
             if "method" in message:
                 self._answer(message)
             elif message.get("id") == ident:
@@ -201,10 +208,10 @@ class StdioClient:
         except BrokenPipeError:
             raise self._exited(str(message.get("method", "a response"))) from None
 
-    def _receive(self, method: str, deadline: float) -> dict[str, Any]:
+    def _receive(self, method: str, until: float | None) -> dict[str, Any]:
         while b"\n" not in self._buffer:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            remaining = None if until is None else until - time.monotonic()
+            if remaining is not None and remaining <= 0:
                 raise McpError(
                     errno.ETIMEDOUT,
                     f"server {self.spec.name!r} did not answer {method} within "

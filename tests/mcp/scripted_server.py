@@ -5,6 +5,7 @@ Usage: python scripted_server.py SCRIPT.json — the script's keys:
   version    the protocolVersion to answer initialize with (absent: echo the client's)
   tools      the tools, served in pages of ``page`` (default: all in one page)
   record     a file to append every message received to, one JSON line each
+  call_seconds  how long each tools/call takes before it is answered (default 0)
   behaviour  "normal", "exit" (exit 3 at once, after a line on stderr), "silent", or
              "same-cursor" (every tools/list page names the first page as the next)
 
@@ -39,6 +40,8 @@ def main() -> int:
         if "id" not in message:
             continue
         method, params = message["method"], message.get("params", {})
+        if method == "tools/call":
+            time.sleep(script.get("call_seconds", 0))
         if method == "initialize":
             version = script.get("version", params.get("protocolVersion"))
             result = {"protocolVersion": version, "capabilities": {"tools": {}}}

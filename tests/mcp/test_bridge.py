@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from cortexfs import storage
+from cortexfs.mcp.client import DEFAULT_TIMEOUT
 from cortexfs.tools.install import install_manifest, parse_tier
 from cortexfs.tools.manifest import load_manifest
 from tests.mcp.test_ctxmcp import SCRIPTED, TIME_SERVER, ctxmcp, processes_running, tool
@@ -121,6 +122,23 @@ def test_a_timeout_kills_the_bridge_and_its_server(world: World) -> None:
 
     assert not result.ok and result.error is not None and "timed out" in str(result.error)
     assert processes_running(world.workspace / "script.json") == [], "the server outlived the call"
+
+
+def test_a_remote_tool_may_take_as_long_as_the_call_was_given(world: World) -> None:
+    """The runner's timeout bounds a tool call; the MCP client's own default (ctxmcp
+    --timeout) must not cut a slow remote tool shorter."""
+    config = serve(world, tools=[tool("echo")])
+    install_projected(world, config, "/workspace/mcp.json", "fake.echo")
+    slower = DEFAULT_TIMEOUT + 2
+    (world.workspace / "script.json").write_text(
+        json.dumps({"tools": [tool("echo")], "call_seconds": slower})
+    )
+    world.agent("coder", tools=["fake.echo"])
+
+    result = world.run("fake.echo", {"slow": True}, timeout=slower + 30)
+
+    assert result.ok, result.output
+    assert result.output["structuredContent"]["echo"] == {"slow": True}
 
 
 def test_the_published_server_through_the_installed_bridge(tmp_path: Path) -> None:

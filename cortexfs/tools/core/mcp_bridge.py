@@ -10,7 +10,8 @@ authority chain, in terminal or native mode — and:
    (:mod:`~cortexfs.tools.core.confine`), so a tool can start only a server the agent could
    itself read the configuration of;
 3. starts that stdio server in the tool's own process group (a timeout of the call kills it
-   too), negotiates a version of M-2, and calls the remote tool with the call's input;
+   too), negotiates a version of M-2, and calls the remote tool with the call's input, waiting
+   for its answer as long as the call's own timeout lets it run;
 4. answers with the result: in native mode the MCP result object (``content``,
    ``structuredContent`` when given, ``isError``); in terminal mode the text of its content.
    A result marked ``isError`` makes the call fail (exit 1).
@@ -60,7 +61,7 @@ def call(locator: dict[str, str], request: dict[str, Any], native: bool) -> Repl
     spec = _server(locator)
     try:
         with StdioClient(spec, own_process_group=False) as client:
-            result = client.call_tool(locator["tool"], request)
+            result = client.call_tool(locator["tool"], request, unbounded=True)
     except CtxError as exc:
         raise ToolFailure(exc.errno, exc.message) from None
     content = result.get("content") if isinstance(result.get("content"), list) else []
