@@ -150,7 +150,14 @@ def scan(queue: Queue) -> Scan:
     _scan_terminal(queue, result, "done")
     _scan_terminal(queue, result, "failed")
     _scan_inbox(queue, result)
+    # Listed in a stable order, not the directory's: state by state, then by path.
+    order = {state: n for n, state in enumerate(_SCAN_ORDER)}
+    result.ignored.sort(key=lambda i: (order.get(i.path.split("/", 1)[0], len(order)), i.path))
+    result.temps.sort(key=lambda t: t.name)
     return result
+
+
+_SCAN_ORDER = ("pending", "claimed", "lease", "done", "failed", "inbox")
 
 
 def _entries(dir_fd: int) -> list[os.DirEntry[str]]:
@@ -246,10 +253,10 @@ def _scan_terminal(queue: Queue, result: Scan, state: str) -> None:
 
 
 def scan_inbox(queue: Queue) -> list[Temp]:
-    """The temp files in ``inbox/`` with their ages."""
+    """The temp files in ``inbox/`` with their ages, by name."""
     result = Scan()
     _scan_inbox(queue, result)
-    return result.temps
+    return sorted(result.temps, key=lambda t: t.name)
 
 
 def _scan_inbox(queue: Queue, result: Scan) -> None:

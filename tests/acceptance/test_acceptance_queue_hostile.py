@@ -265,3 +265,23 @@ def test_reconcile_carries_on_past_a_symlinked_claim_directory(queue, outside):
     assert snapshot(outside) == outside_before
     again = queue.run("recover", "--reconcile", "--json")
     assert again.rc == 1 and again.json()["repaired"] == [], again
+
+
+def test_status_and_recover_list_ignored_entries_and_temps_in_a_stable_order(queue):
+    """Directory by directory, then by path: not in the order the directory happens to hold."""
+    for n in range(24):
+        os.mkfifo(queue.dir / "pending" / f"f{n:02}.req.json")
+        (queue.dir / "done" / f".dot{n:02}").write_text("")
+        (queue.dir / "inbox" / f"t{n:02}.req.json.publish.tmp").write_text("")
+    status = queue.run("status", "--json")
+    assert status.rc == 0, status
+    ignored = [entry["path"] for entry in status.json()["ignored"]]
+    assert ignored == [f"pending/f{n:02}.req.json" for n in range(24)] + [
+        f"done/.dot{n:02}" for n in range(24)
+    ]
+    temps = [temp["path"] for temp in status.json()["temps"]]
+    assert temps == [f"inbox/t{n:02}.req.json.publish.tmp" for n in range(24)]
+    recovered = queue.run("recover", "--json")
+    assert [entry["path"] for entry in recovered.json()["ignored"]] == ignored
+    listed = [line.split()[1] for line in queue.run("status").lines() if line.startswith("ignored")]
+    assert listed == [str(len(ignored))] + [path + ":" for path in ignored]
