@@ -6,6 +6,8 @@ import base64
 import errno
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -219,3 +221,37 @@ def test_no_path_whatsoever_reaches_outside(
         return
     assert reply.data["content"] in ("inside\n", "deeper\n")
     assert ".." not in path.split("/")
+
+
+def test_a_lone_surrogate_in_the_input_is_einval_and_the_call_is_still_recorded(
+    agent: World,
+) -> None:
+    """JSON can spell "\\ud800"; no file name or text can hold it: EINVAL, no traceback."""
+    refused, message = failure(agent, "fs.stat", {"path": "\ud800"})
+
+    assert refused == errno.EINVAL and "lone surrogate" in message, message
+    assert "Traceback" not in message
+    call, result = agent.events()[-2:]
+    assert call["type"] == "tool_call" and call["input"] == {"path": "\ud800"}
+    assert result["type"] == "tool_result" and result["status"] == "error"
+
+
+def test_a_file_name_that_is_not_utf8_comes_back_to_a_tool_as_it_went_out(
+    agent: World,
+) -> None:
+    """A listing names it with the surrogate escape of its bytes; that name reaches it."""
+    odd = os.fsdecode(b"caf\xe9.txt")
+    (agent.workspace / odd).write_text("latin-1\n")
+
+    listing = agent.run("fs.list", {})
+    (name,) = [e["name"] for e in listing.output["entries"] if e["name"].startswith("caf")]
+    stat = agent.run("fs.stat", {"path": name})
+    command = ["run", "--agent", "coder", "fs.list", "/workspace"]
+    text = subprocess.run(
+        [sys.executable, "-m", "cortexfs", "--storage", str(agent.root), *command],
+        capture_output=True,
+        check=True,
+    )
+
+    assert name == odd and stat.status == "ok" and stat.output["type"] == "file"
+    assert b"caf\xe9.txt\n" in text.stdout.splitlines(keepends=True)

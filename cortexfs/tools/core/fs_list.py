@@ -40,7 +40,7 @@ def list_directory(request: dict[str, object], native: bool) -> Reply:
     finally:
         os.close(fd)
     text = "".join(f"{entry['name']}{_MARKS.get(entry['type'], '')}\n" for entry in entries)
-    return Reply({"path": str(place.view), "entries": entries}, text=text.encode())
+    return Reply({"path": str(place.view), "entries": entries}, text=os.fsencode(text))
 
 
 def run() -> int:

@@ -44,7 +44,7 @@ def stat_entry(request: dict[str, object], native: bool) -> Reply:
         "mtime": rfc3339(status.st_mtime),
     }
     text = "".join(f"{key}: {value}\n" for key, value in facts.items())
-    return Reply(facts, text=text.encode())
+    return Reply(facts, text=os.fsencode(text))
 
 
 def run() -> int:

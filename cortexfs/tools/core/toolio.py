@@ -76,13 +76,28 @@ def main(
     except OSError as exc:
         reason = f"{exc.filename}: {exc.strerror}" if exc.filename else exc.strerror or str(exc)
         return _fail(tool, ToolFailure(exc.errno or errno_names.EIO, reason), native, program)
+    except UnicodeEncodeError as exc:  # JSON can spell "\ud800"; no name or text holds it
+        character = exc.object[exc.start : exc.end]
+        reason = f"the input holds {character!r}, a lone surrogate, which is not a character"
+        return _fail(tool, ToolFailure(errno_names.EINVAL, reason), native, program)
     if native:
-        sys.stdout.write(json.dumps(reply.data, ensure_ascii=False) + "\n")
+        sys.stdout.buffer.write(json_line(reply.data))
     else:
         sys.stdout.buffer.write(reply.text)
         sys.stderr.buffer.write(reply.stderr)
     sys.stdout.flush()
     return reply.exit_status
+
+
+def json_line(data: Any) -> bytes:
+    """``data`` as one line of JSON in UTF-8.  A file name that is not UTF-8 reaches Python as
+    lone surrogates (``\udcff`` for the byte 0xff), which UTF-8 cannot hold: a reply holding
+    one is written all escaped, so that the name comes back to a tool as it went out."""
+    text = json.dumps(data, ensure_ascii=False)
+    try:
+        return text.encode() + b"\n"
+    except UnicodeEncodeError:
+        return json.dumps(data).encode() + b"\n"
 
 
 def read_request(arguments: list[str], primary: str) -> dict[str, Any]:
