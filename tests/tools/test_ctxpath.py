@@ -204,8 +204,9 @@ def test_ctx_object_which_reads_a_tshrc_with_shell_lines_as_data(
     assert completed.returncode == 0, completed.stderr
     assert completed.stdout == f"{world.root}/tool/fs.read\n"
     assert completed.stderr.splitlines() == [
-        f"warning: {home}/.tshrc:1: ignored, not KEY=VALUE (.tshrc is data, never run): 'echo hi'",
-        f"warning: {home}/.tshrc:2: ignored, not KEY=VALUE (.tshrc is data, never run): "
+        f"ctx: warning: {home}/.tshrc:1: ignored, not KEY=VALUE (.tshrc is data, never run): "
+        "'echo hi'",
+        f"ctx: warning: {home}/.tshrc:2: ignored, not KEY=VALUE (.tshrc is data, never run): "
         "'export CTX_PATH=/p2'",
     ]
 
