@@ -38,7 +38,8 @@ from cortexfs.agents.request import AgentRequest
 from cortexfs.errors import CtxError, invalid
 from cortexfs.policy import Identity
 from cortexfs.policy.controls import parse_identity
-from cortexfs.tools.pairs import PairKind, install_pair
+from cortexfs.tools.pair_layout import PairKind
+from cortexfs.tools.pairs import install_pair
 
 CONTROLS = (
     "label",

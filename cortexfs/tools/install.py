@@ -42,7 +42,8 @@ from cortexfs.tools.controls import (
     read_controls,
 )
 from cortexfs.tools.manifest import Manifest
-from cortexfs.tools.pairs import Obstacle, PairKind, install_pair, obstacles, repair_staged
+from cortexfs.tools.pair_layout import Obstacle, PairKind, obstacles
+from cortexfs.tools.pairs import install_pair, repair_staged
 
 POLICY_TEMPLATE = (
     b"# This tool's own policy v0, the second layer of SPEC P-6.  A call needs\n"

@@ -39,8 +39,8 @@ A reinstall replaces only what an install wrote: the entry (a regular file), the
 directory and, inside it, the controls of ``kind.defined`` (regular files) and the directories
 of ``kind.directories``.  Anything else found in one of those places — a directory where the
 entry belongs, a file where the control directory belongs — is not ours: it is an
-*obstacle* (:func:`obstacles`), and the install is refused with nothing changed (R-5, never
-destroy user data).
+*obstacle* (:mod:`cortexfs.tools.pair_layout`), and the install is refused with nothing
+changed (R-5, never destroy user data).
 """
 
 from __future__ import annotations
@@ -52,49 +52,18 @@ import os
 import re
 import stat
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
 
 from cortexfs import durable
 from cortexfs.errors import CtxError, exists
 from cortexfs.tools.commit_marker import commit_marker, marked_object
+from cortexfs.tools.pair_layout import CONTROLS_SUFFIX, PairKind, obstacles_at
 
-CONTROLS_SUFFIX = ".d"
 _STAGED = re.compile(
     r"\.(?P<name>[^~/]+)~(?P<token>[0-9a-f]{12})~"
     r"(?P<role>controls|entry-tmp|entry|old-entry|old-controls)"
 )
-
-
-@dataclass(frozen=True)
-class PairKind:
-    """What every object of one kind shares, so that a repair can finish any install of it.
-
-    ``defined`` names the controls each version brings (they always replace the previous
-    version's); every other entry of the previous control directory — its local state, such
-    as a tool's policy, log and hooks — carries over.  ``defaults`` fill what is still missing
-    after that, ``directories`` are created when missing, ``modes`` gives a control's mode
-    (0644 otherwise).
-    """
-
-    defined: frozenset[str]
-    defaults: Mapping[str, bytes] = field(default_factory=dict)
-    directories: Sequence[str] = ()
-    modes: Mapping[str, int] = field(default_factory=dict)
-
-
-class Obstacle(NamedTuple):
-    """Something that is not ours where an install would write: ``path`` (relative to the
-    tier directory) is ``found``, where ``expected`` belongs."""
-
-    errno: int
-    path: str
-    found: str
-    expected: str
-
-    def sentence(self) -> str:
-        return f"{self.path} is {self.found}, not {self.expected}"
 
 
 @dataclass(frozen=True)
@@ -143,8 +112,8 @@ def install_pair(
 
     ``controls`` must define exactly the controls of ``kind.defined`` this version has.
     Without ``replace``, an existing ``name`` or ``name.d`` is EEXIST and nothing changes.
-    With it, an :class:`Obstacle` is refused with its errno (EISDIR, ENOTDIR, EEXIST) and
-    nothing changes either.
+    With it, an :class:`~cortexfs.tools.pair_layout.Obstacle` is refused with its errno
+    (EISDIR, ENOTDIR, EEXIST) and nothing changes either.
     """
     ops = ops or durable.default_ops()
     dir_fd = durable.open_dir_path(ops, str(directory))
@@ -154,7 +123,7 @@ def install_pair(
             had_entry = durable.lstat_at(dir_fd, name) is not None
             if not replace and (had_entry or durable.lstat_at(dir_fd, name + CONTROLS_SUFFIX)):
                 raise exists(f"{directory / name} already exists; it is never overwritten")
-            found = _obstacles(dir_fd, name, kind)
+            found = obstacles_at(dir_fd, name, kind)
             if found:
                 raise CtxError(
                     found[0].errno,
@@ -186,79 +155,6 @@ def repair_staged(directory: Path, kind: PairKind, ops: durable.FsOps | None = N
             return [f"{directory}/{line}" for line in _repair_locked(ops, dir_fd, kind)]
     finally:
         ops.close(dir_fd)
-
-
-def obstacles(directory: Path, name: str, kind: PairKind) -> list[Obstacle]:
-    """What stands where an install of ``name`` would write and is not ours to replace."""
-    try:
-        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except (FileNotFoundError, NotADirectoryError):
-        return []
-    try:
-        return _obstacles(dir_fd, name, kind)
-    finally:
-        os.close(dir_fd)
-
-
-def _obstacles(dir_fd: int, name: str, kind: PairKind) -> list[Obstacle]:
-    controls = name + CONTROLS_SUFFIX
-    found = []
-    entry = durable.lstat_at(dir_fd, name)
-    if entry is not None and not stat.S_ISREG(entry.st_mode):
-        found.append(_obstacle(name, entry, "an executable file"))
-    status = durable.lstat_at(dir_fd, controls)
-    if status is None:
-        return found
-    if not stat.S_ISDIR(status.st_mode):
-        return [*found, _obstacle(controls, status, "a control directory")]
-    controls_fd = os.open(controls, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dir_fd)
-    try:
-        # The controls a version brings, and those carried over from the previous one (a
-        # policy that is a directory would be carried over as it is, damaged for good).
-        for control in sorted(kind.defined | kind.defaults.keys()):
-            status = durable.lstat_at(controls_fd, control)
-            if status is not None and not stat.S_ISREG(status.st_mode):
-                where = f"{controls}/{control}"
-                found.append(_obstacle(where, status, "a control file"))
-        for directory in _with_parents(kind.directories):
-            status = _lstat_path(controls_fd, directory)
-            if status is not None and not stat.S_ISDIR(status.st_mode):
-                where = f"{controls}/{directory}"
-                found.append(_obstacle(where, status, "a directory"))
-    finally:
-        os.close(controls_fd)
-    return found
-
-
-def _obstacle(path: str, status: os.stat_result, expected: str) -> Obstacle:
-    """EISDIR for a directory where a file belongs, ENOTDIR for a file where a directory
-    belongs, EEXIST for a symlink or a special file in either place."""
-    if stat.S_ISDIR(status.st_mode):
-        return Obstacle(errno.EISDIR, path, "a directory", expected)
-    if stat.S_ISLNK(status.st_mode):
-        return Obstacle(errno.EEXIST, path, "a symbolic link", expected)
-    if stat.S_ISREG(status.st_mode):
-        return Obstacle(errno.ENOTDIR, path, "a file", expected)
-    return Obstacle(errno.EEXIST, path, "a special file", expected)
-
-
-def _with_parents(directories: Sequence[str]) -> list[str]:
-    """``hooks/pre.d`` and its parent ``hooks``, parents first, each once."""
-    every: dict[str, None] = {}
-    for directory in directories:
-        parts = directory.split("/")
-        for depth in range(1, len(parts) + 1):
-            every["/".join(parts[:depth])] = None
-    return list(every)
-
-
-def _lstat_path(dir_fd: int, relative: str) -> os.stat_result | None:
-    """The status of ``relative`` under ``dir_fd``; None when it (or a parent) is absent or a
-    parent is not a directory (that parent is reported on its own)."""
-    try:
-        return os.stat(relative, dir_fd=dir_fd, follow_symlinks=False)
-    except (FileNotFoundError, NotADirectoryError):
-        return None
 
 
 # ------------------------------------------------------------------------------- steps
