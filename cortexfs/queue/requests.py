@@ -158,8 +158,25 @@ def loads_json(text: str) -> Any:
     return json.loads(text, parse_constant=_refuse_constant)
 
 
+class DuplicateName(ValueError):
+    """A name given twice in one JSON object: readers disagree on which of the two counts."""
+
+
+def _unique_names(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    document: dict[str, Any] = {}
+    for name, value in pairs:
+        if name in document:
+            raise DuplicateName(name)
+        document[name] = value
+    return document
+
+
 def parse_request_bytes(data: bytes, limit: int, where: str = "request") -> dict[str, Any]:
-    """Parse a request given as raw bytes (a file or stdin): one JSON object, UTF-8."""
+    """Parse a request given as raw bytes (a file or stdin): one JSON object, UTF-8.
+
+    A name given twice in one object is refused: the bytes are stored as given, and another
+    reader (a worker in another language, jq) may take the first of the two where we validated
+    the last — a request that names one tool here and another there."""
     if len(data) > limit:
         raise too_big(_over_limit(where, len(data), limit, "max_request_bytes"))
     try:
@@ -167,9 +184,14 @@ def parse_request_bytes(data: bytes, limit: int, where: str = "request") -> dict
     except UnicodeDecodeError as exc:
         raise invalid(f"{where} is not UTF-8: {exc.reason} at byte {exc.start}") from exc
     try:
-        value = loads_json(text)
+        value = json.loads(text, parse_constant=_refuse_constant, object_pairs_hook=_unique_names)
     except NotAJsonNumber as exc:
         raise invalid(NOT_A_JSON_NUMBER.format(where, exc)) from None
+    except DuplicateName as exc:
+        raise invalid(
+            f"{where} gives the name {exc.args[0]!r} twice in one object; JSON readers disagree "
+            "on which one counts, so give each name once"
+        ) from None
     except json.JSONDecodeError as exc:
         raise invalid(
             f"{where} is not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"

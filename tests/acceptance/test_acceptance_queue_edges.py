@@ -247,3 +247,21 @@ def test_a_storage_root_that_is_a_symlink_is_bootstrapped_like_every_command_use
     }
     assert (release / "shared" / "proj" / "queue" / "pending").is_dir()
     assert current.is_symlink()
+
+
+def test_a_request_that_gives_a_name_twice_is_refused_and_nothing_is_published(queue):
+    """Stored as given, it would name one tool to a reader that takes the first of two names
+    and another to one that takes the last."""
+    twice = '{"tool": "fs.read", "input": {}, "tool": "shell.exec"}'
+    nested = '{"tool": "fs.read", "input": {"path": "a", "path": "/etc/shadow"}}'
+    for args, text in (
+        (["--name", "twice", "-"], twice),
+        (["-"], nested),
+        (["--batch", "-"], json.dumps({"tool": "fs.read", "input": {}}) + "\n" + twice + "\n"),
+    ):
+        refused = queue.run("publish", *args, "--json", input=text)
+        assert refused.rc == 1, refused
+        assert refused.json()["error"] == "EINVAL"
+        assert refused.err.startswith("ctx: EINVAL: "), refused
+        assert "twice in one object" in refused.err, refused
+        assert queue.entries("pending") == queue.entries("inbox") == set()
