@@ -361,9 +361,10 @@ def claim_job(queue: Queue, job: str, holder: Holder, ttl: float | None = None) 
             else:
                 ops.step("lease.done")
                 return Claim(job=job, request=request, lease=lease)
-        # Not a job (Q-8), or a lease the kernel refused (not a crash): J goes back as it was
-        # rather than stay claimed without a lease until someone reconciles it.  A job stays
-        # first in the claim order (Q-9), as recover requeues; what is not a job is not offered.
+        # Not a job (Q-8) or not ours to read, or a lease the kernel refused (not a crash): J
+        # goes back as it was rather than stay claimed without a lease until someone
+        # reconciles it.  A refused lease keeps J first in the claim order (Q-9), as recover
+        # requeues; what this claimer cannot take is not offered to it again.
         before = pending_stamp(queue.pending)
         durable.move_noreplace(ops, claim_fd, job, queue.pending, job)
         offered = [job] if refusal is not None else []
@@ -405,10 +406,13 @@ def _write_lease(queue: Queue, job: str, lease: Lease) -> None:
 
 
 def _read_claimed_request(queue: Queue, claim_fd: int, job: str) -> dict[str, Any] | None:
-    """The request we just moved into claimed/J/J, or None when it is not a regular file.
+    """The request we just moved into claimed/J/J, or None when it is not a regular file or
+    not ours to read.
 
     A malformed but regular request is still claimed: the worker finishes it as failed with
-    the reason, which is more useful than leaving it pending forever.
+    the reason, which is more useful than leaving it pending forever.  One this process may
+    not open (a member's request left mode 0600) is no reason to fail it: it goes back to
+    pending for a claimer who may read it.
     """
     try:
         data = _read_stored_request(queue, claim_fd, job)
@@ -416,6 +420,8 @@ def _read_claimed_request(queue: Queue, claim_fd: int, job: str) -> dict[str, An
         if exc.errno in (errno.ELOOP, errno.EINVAL):
             return None
         return {"tool": None, "input": {}, "invalid": exc.message}
+    except OSError:
+        return None
     try:
         return requests.decode_stored_request(data)
     except CtxError as exc:

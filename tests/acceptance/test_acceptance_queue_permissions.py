@@ -125,3 +125,21 @@ def test_a_config_the_user_may_not_read_is_refused_never_replaced_by_the_default
     assert f"may not read {queue / 'config'} (owner uid 0" in refused.stderr, refused.stderr
     assert refused.stderr.startswith("ctx: EACCES: cannot open queue"), refused.stderr
     assert tree(queue) == {s: [] for s in STATES}
+
+
+def test_a_request_the_claimer_may_not_read_stays_pending_for_one_who_may(
+    queue: Path, unprivileged_user: UnprivilegedUser
+) -> None:
+    private = publish_as_root(queue, "private")
+    readable = publish_as_root(queue, "readable")
+    (queue / "pending" / private).chmod(0o600)
+    claimed = as_user(unprivileged_user, queue, "claim", "--pid", "1")
+    assert claimed.returncode == 0, claimed
+    assert claimed.stdout == f"{readable}\n"
+    nothing = as_user(unprivileged_user, queue, "claim", "--pid", "1")
+    assert (nothing.returncode, nothing.stdout, nothing.stderr) == (3, "", "")
+    assert tree(queue)["pending"] == [private]
+    assert tree(queue)["claimed"] == tree(queue)["lease"] == [readable]
+    assert tree(queue)["inbox"] == []
+    by_root = ctx_run("queue", "claim", "--queue", queue, "--pid", "1")
+    assert (by_root.rc, by_root.out) == (0, f"{private}\n"), by_root
