@@ -116,8 +116,16 @@ def require_writable(directory: Path, action: str, fix: str | None = None) -> No
         return
     try:
         st = os.stat(directory)
+        read_only = bool(os.statvfs(directory).f_flag & os.ST_RDONLY)
     except OSError:
         return  # nothing to judge: the action meets what is there and says so
+    if read_only:
+        # No owner, group or mode would let anyone write there: say what does.
+        raise CtxError(
+            errno.EROFS,
+            f"cannot {action}: {directory} is on a read-only filesystem; remount it "
+            "read-write, or use a storage root on a writable one",
+        )
     raise _refusal(action, f"write in {directory}", st, stat.S_IWGRP, fix)
 
 

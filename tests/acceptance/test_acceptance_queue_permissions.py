@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -143,3 +144,31 @@ def test_a_request_the_claimer_may_not_read_stays_pending_for_one_who_may(
     assert tree(queue)["inbox"] == []
     by_root = ctx_run("queue", "claim", "--queue", queue, "--pid", "1")
     assert (by_root.rc, by_root.out) == (0, f"{private}\n"), by_root
+
+
+def test_a_queue_on_a_read_only_filesystem_is_erofs_not_a_question_of_owners(
+    traversable_tmp: Path,
+) -> None:
+    mountpoint = traversable_tmp / "ro"
+    mountpoint.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mountpoint)])
+    if mounted.returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        queue = mountpoint / "q"
+        assert ctx_run("queue", "init", "--queue", queue).rc == 0
+        job = publish_as_root(queue, "a")
+        subprocess.run(["mount", "-o", "remount,ro", str(mountpoint)], check=True)
+        for args, action, where in (
+            (["publish", "-"], "publish", "inbox"),
+            (["claim"], "claim", "claimed"),
+        ):
+            refused = ctx_run("queue", *args, "--queue", queue, input=json.dumps(request()))
+            assert refused.rc == 1, refused
+            assert refused.err.startswith(
+                f"ctx: EROFS: cannot {action} in queue {queue}: {queue / where} is on a "
+                "read-only filesystem"
+            ), refused
+        assert tree(queue) == {**{s: [] for s in STATES}, "pending": [job]}
+    finally:
+        subprocess.run(["umount", str(mountpoint)], check=False)
