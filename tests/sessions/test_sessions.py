@@ -126,6 +126,22 @@ def test_ctx_session_list_json_gives_names_as_the_text_does(recorded: World) -> 
     ]
 
 
+def test_an_event_holding_a_lone_surrogate_is_shown_escaped(recorded: World) -> None:
+    """The recorder keeps such an input as it came, escaped; the readers print it so too."""
+    recorded.run("fs.stat", {"path": "/workspace/\ud800"})
+
+    shown = ctx(recorded, "show", "coder")
+    as_json = ctx(recorded, "show", "coder", "--json")
+    tail = ctx(recorded, "tail", "coder", "-n", "2", "--json")
+
+    assert shown.returncode == 0 and "Traceback" not in shown.stderr, shown.stderr
+    assert '"/workspace/\\ud800"' in shown.stdout.splitlines()[-2]
+    assert as_json.returncode == 0 and tail.returncode == 0, as_json.stderr + tail.stderr
+    call = json.loads(as_json.stdout.splitlines()[-2])
+    assert call["type"] == "tool_call" and call["input"] == {"path": "/workspace/\ud800"}
+    assert json.loads(tail.stdout.splitlines()[0]) == call
+
+
 def test_ctx_session_show_and_tail_help_say_json_lines(recorded: World) -> None:
     for command in ("show", "tail"):
         helped = ctx(recorded, command, "--help")
