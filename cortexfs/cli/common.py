@@ -61,6 +61,23 @@ def emit_json(obj: object) -> None:
     click.echo(json.dumps(obj, indent=None, sort_keys=False, default=str))
 
 
+def readable_json(value: Any, separators: tuple[str, str] | None = None) -> str:
+    """``value`` as JSON in readable UTF-8, or all escaped when it holds a lone surrogate:
+    JSON can spell ``"\\ud800"``, requests and events keep it as it came (escaped), but no
+    UTF-8 output can hold the character itself."""
+    text = json.dumps(value, ensure_ascii=False, separators=separators)
+    return text if is_utf8_text(text) else json.dumps(value, separators=separators)
+
+
+def is_utf8_text(text: str) -> bool:
+    """Whether ``text`` can be written as UTF-8 (it holds no lone surrogate)."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def fail(error: CtxError, *, as_json: bool = False) -> None:
     """Render a refusal (stderr text; also the JSON object on stdout with --json) and exit."""
     click.echo(f"{_program()}: {error}", err=True)

@@ -24,6 +24,7 @@ from cortexfs.cli.common import (
     EXIT_REFUSED,
     emit_json,
     handles_errors,
+    readable_json,
     resolve_storage,
     usage_problem,
 )
@@ -485,7 +486,7 @@ def show(queue_dir: Path, as_json: bool, job: str) -> None:
         click.echo(f"  {temp['path']:<40} temp file, {temp['age_seconds']:.0f}s old")
     for key in ("request", "lease", "result"):
         if key in detail:
-            click.echo(f"{key}: {json.dumps(detail[key], ensure_ascii=False)}")
+            click.echo(f"{key}: {readable_json(detail[key])}")
     sys.exit(conflict)
 
 

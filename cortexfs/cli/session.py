@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
-import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +15,9 @@ import click
 from cortexfs.cli.common import (
     emit_json,
     handles_errors,
+    is_utf8_text,
     json_option,
+    readable_json,
     resolve_storage,
     storage_option,
     usage_problem,
@@ -297,10 +298,10 @@ def _session_directory(ref: SessionRef, listing: str) -> Iterator[int]:
 def _render(selected: list[dict[str, Any]], as_json: bool) -> None:
     for event in selected:
         if as_json:
-            click.echo(_json(event))
+            click.echo(readable_json(event))
             continue
         rest = {key: value for key, value in event.items() if key not in _S2_KEYS}
-        details = " ".join(f"{key}={_json(value)}" for key, value in rest.items())
+        details = " ".join(f"{key}={readable_json(value)}" for key, value in rest.items())
         ts, kind = _column(event, "ts", "?"), _column(event, "type", "?")
         thing, status = _column(event, "object", "-"), _column(event, "status", "-")
         click.echo(f"{ts}  {kind:<12} {thing:<24} {status:<10} {details}".rstrip())
@@ -310,27 +311,11 @@ def _column(event: dict[str, Any], key: str, missing: str) -> str:
     """One of the S-2 columns as text: a file someone else wrote may hold any JSON value
     there (``"status": null``), which is shown as JSON rather than refused."""
     value = event.get(key, missing)
-    return value if isinstance(value, str) and _is_text(value) else _compact(value)
+    return value if isinstance(value, str) and is_utf8_text(value) else _compact(value)
 
 
 def _compact(value: Any) -> str:
-    return _json(value, separators=(",", ":"))
-
-
-def _json(value: Any, separators: tuple[str, str] | None = None) -> str:
-    """``value`` as JSON in readable UTF-8, or all escaped when it holds a lone surrogate:
-    JSON can spell ``"\\ud800"`` and the recorder keeps such an event as it came (escaped),
-    but no UTF-8 output can hold the character itself."""
-    text = json.dumps(value, ensure_ascii=False, separators=separators)
-    return text if _is_text(text) else json.dumps(value, separators=separators)
-
-
-def _is_text(text: str) -> bool:
-    try:
-        text.encode()
-    except UnicodeEncodeError:
-        return False
-    return True
+    return readable_json(value, separators=(",", ":"))
 
 
 def _warn(ref: SessionRef, scan: events.EventScan) -> None:

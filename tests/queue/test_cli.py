@@ -379,6 +379,19 @@ def test_status_list_and_show(root: Path, req: Path) -> None:
     assert ctx(root, "queue", "show", *P, "ghost").returncode == 1
 
 
+def test_show_prints_a_request_holding_a_lone_surrogate_escaped(root: Path) -> None:
+    """JSON can spell "\\ud800"; publish keeps it as it came, and show prints it so."""
+    spelled = '{"tool": "fs.stat", "input": {"path": "\\ud800"}}'
+    ctx(root, "queue", "publish", *P, "--name", "odd", "-", stdin=spelled)
+
+    text = ctx(root, "queue", "show", *P, "odd")
+    as_json = ctx(root, "queue", "show", *P, "odd", "--json")
+
+    assert text.returncode == 0 and "Traceback" not in text.stderr, text.stderr
+    assert '"input": {"path": "\\ud800"}' in text.stdout
+    assert json.loads(as_json.stdout)["request"]["input"] == {"path": "\ud800"}
+
+
 def test_recover_exit_statuses_and_json(root: Path, req: Path) -> None:
     ctx(root, "queue", "publish", *P, "--name", "x", str(req))
     ctx(root, "queue", "claim", *P, "--pid", str(os.getpid()))
