@@ -226,7 +226,8 @@ def test_no_path_whatsoever_reaches_outside(
 def test_a_lone_surrogate_in_the_input_is_einval_and_the_call_is_still_recorded(
     agent: World,
 ) -> None:
-    """JSON can spell "\\ud800"; no file name or text can hold it: EINVAL, no traceback."""
+    """JSON can spell "\\ud800"; no file name or text can hold it: EINVAL, no traceback, and
+    exit 2 as for any other input that is wrong."""
     refused, message = failure(agent, "fs.stat", {"path": "\ud800"})
 
     assert refused == errno.EINVAL and "lone surrogate" in message, message
@@ -234,6 +235,7 @@ def test_a_lone_surrogate_in_the_input_is_einval_and_the_call_is_still_recorded(
     call, result = agent.events()[-2:]
     assert call["type"] == "tool_call" and call["input"] == {"path": "\ud800"}
     assert result["type"] == "tool_result" and result["status"] == "error"
+    assert agent.run("fs.write", {"path": "x.txt", "content": "\ud800"}).exit_status == 2
 
 
 def test_a_file_name_that_is_not_utf8_comes_back_to_a_tool_as_it_went_out(

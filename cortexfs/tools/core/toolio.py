@@ -79,7 +79,8 @@ def main(
     except UnicodeEncodeError as exc:  # JSON can spell "\ud800"; no name or text holds it
         character = exc.object[exc.start : exc.end]
         reason = f"the input holds {character!r}, a lone surrogate, which is not a character"
-        return _fail(tool, ToolFailure(errno_names.EINVAL, reason), native, program)
+        failure = ToolFailure(errno_names.EINVAL, reason, usage=True)  # the input is wrong
+        return _fail(tool, failure, native, program)
     if native:
         sys.stdout.buffer.write(json_line(reply.data))
     else:
