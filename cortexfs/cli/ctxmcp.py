@@ -155,6 +155,8 @@ def project_command(
     (neither copy is written), or whose input schema is missing, not a valid JSON Schema
     or of a type that admits no arguments object are reported on stderr and skipped, and
     the exit status is then 1; the others are written.
+    An OUT inside /ctx, inside any other 'ctx mount' or inside the storage root is refused
+    (EINVAL, exit 2) before the server starts: ctxmcp writes nothing there (M-1).
     A candidate already in OUT is never overwritten silently: the projection is refused
     with EEXIST before anything is written, unless --replace is given.  Next:
       ctx object check OUT/SERVER.TOOL.manifest.json
