@@ -316,7 +316,8 @@ def start(
 def stop(name: str, session: str, storage_dir: Path | None, as_json: bool) -> None:
     """End NAME's terminal: tsh is killed, the view unmounted, the sockets removed.
 
-    Returns once it has ended; ENOENT (exit 1) when it is not running."""
+    Returns once it has ended and prints 'stopped NAME, session S (pid N)' (--json:
+    {"agent", "session", "pid"}); ENOENT (exit 1) when it is not running."""
     from cortexfs.agents import terminal_socket
 
     view, session = _terminal_of(resolve_storage(storage_dir), name, session)
