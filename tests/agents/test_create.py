@@ -17,7 +17,7 @@ import pytest
 from cortexfs import storage
 from cortexfs.agents import create as create_module
 from cortexfs.agents.create import ROOT_DEFAULT_USER, create_agent
-from cortexfs.agents.request import RequestError, parse_request
+from cortexfs.agents.request import RequestError, parse_request, parse_request_bytes
 from cortexfs.errors import CtxError
 from cortexfs.policy import Identity, Policy
 from cortexfs.policy.mounts import parse_mount_table
@@ -187,6 +187,21 @@ def test_every_problem_of_a_request_is_listed(world: World) -> None:
         parse_request(bad, "request", world.root)
 
     assert len(refused.value.problems) == 4, refused.value.problems
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ('{"name": "a", "label": "a_t", "label": "root_t"}', "'label' appears more than once"),
+        ('{"name": "a", "label": "a_t", "shared": {"p": "read", "p": "write"}}', "'p' appears"),
+        ('{"name": "a", "label": "a_t", "tools": [], "x": NaN}', "NaN is not a JSON number"),
+    ],
+)
+def test_a_request_is_strict_json(world: World, text: str, fragment: str) -> None:
+    """A key given twice would grant what one reader sees and not what another does."""
+    with pytest.raises(RequestError) as refused:
+        parse_request_bytes(text.encode(), "request", world.root)
+    assert refused.value.errno == errno.EINVAL and fragment in str(refused.value)
 
 
 def test_ctx_agent_create_and_show(world: World, tmp_path: Path) -> None:
