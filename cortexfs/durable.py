@@ -329,7 +329,9 @@ def move_noreplace(
     * ``link``: ``dst`` is synced before ``src`` is unlinked, so at least one name survives,
       possibly both (two links to one inode), never neither.
     """
-    move_noreplace_batch(ops, [Move(src_dir, src, dst_dir, dst)], sync_src=sync_src)
+    (refused,) = move_noreplace_batch(ops, [Move(src_dir, src, dst_dir, dst)], sync_src=sync_src)
+    if refused is not None:
+        raise refused
 
 
 def move_noreplace_batch(
@@ -337,9 +339,9 @@ def move_noreplace_batch(
 ) -> list[OSError | None]:
     """:func:`move_noreplace` for many names with one barrier per directory (group commit).
 
-    Returns one entry per move: None when it moved, the OSError otherwise (EEXIST when the
-    destination exists, ENOENT when the source vanished).  For a single move the error is
-    raised instead of returned.
+    Returns one entry per move: None when it moved, the OSError that refused it otherwise
+    (EEXIST when the destination exists, ENOENT when the source vanished, EACCES…).  A barrier
+    that fails is raised: what moved is then not known to be durable.
     """
     if not moves:
         return []
@@ -360,8 +362,6 @@ def move_noreplace_batch(
                 ops.link(move.src, move.src_dir, move.dst, move.dst_dir)
             outcomes.append(None)
         except OSError as exc:
-            if len(moves) == 1:
-                raise
             outcomes.append(exc)
     done = [m for m, outcome in zip(moves, outcomes, strict=True) if outcome is None]
     sync_dirs(ops, [m.dst_dir for m in done])

@@ -217,23 +217,26 @@ class Queue:
         return self.ops.open_dir(job, self.dirs[state])
 
     def require_writable(self, action: str, places: tuple[str, ...] = STATE_DIRS) -> None:
-        """EACCES, saying who may write there and what to do, unless this process may write
-        every directory of ``places`` (paths in the queue: ``pending``, ``claimed/J``; by
-        default every state directory, as a worker needs; ``action``: what for).
-
-        Checked before a transition's first step: a step the kernel refuses midway would
-        leave the job half-moved (a claim without its lease, a result without its request)."""
+        """EACCES (EROFS on a read-only filesystem), saying who may write there and what to
+        do, unless this process may write every directory of ``places`` (paths in the queue:
+        ``pending``, ``claimed/J``; by default every state directory, as a worker needs;
+        ``action``: what for).  For a transition that cannot undo its later steps (finish)."""
         for place in places:
             require_writable(self.path / place, f"{action} in queue {self.path}")
 
-    def not_writable(self, action: str, state: str) -> CtxError:
-        """The error for ``action`` refused by the kernel in the state directory ``state``:
-        EACCES saying who may write there and what to do, not only the entry refused."""
+    def not_writable(self, action: str, state: str, refused: OSError) -> CtxError:
+        """The error for ``action`` refused by the kernel (``refused``) in the directory
+        ``state``: EACCES or EROFS saying who may write there and what to do, not only the
+        entry refused."""
         try:
             require_writable(self.path / state, f"{action} in queue {self.path}")
         except CtxError as exc:
             return exc
-        return CtxError(errno.EACCES, f"cannot {action} in queue {self.path}: {state}/ refused")
+        return CtxError(
+            refused.errno or errno.EACCES,
+            f"cannot {action} in queue {self.path}: {state}/ refused: {refused.strerror}; "
+            "run 'ctx queue status'",
+        )
 
     def temp_name(self, job: str, purpose: str) -> str:
         """A fresh staging name in ``inbox/`` that says which job and step it belongs to."""

@@ -29,6 +29,12 @@ directories it touched before the next step may depend on it (Q-7)::
               remove lease/J/worker, lease/J, claimed/J; sync lease/, claimed/
     (failed/ instead of done/ when the job failed)
 
+A step the kernel refuses (EACCES, EROFS, ENOSPC…) is not a crash: the transition is undone
+as far as it got, and the refusal says which directory refused.  A claim refused after its
+move puts the request back (move claimed/J/J -> pending/J, first in the claim order; remove
+lease/J, claimed/J; sync); ``finish`` checks every directory it will change before its first
+step instead, because once the result is in place there is no going back.
+
 Why this order survives a crash at any point is spelled out in ``docs/queue.md``; what
 ``recover`` does with each leftover is in :mod:`cortexfs.queue.recovery`.  Each step is marked
 with ``ops.step(name)``, the crash points the fault-injection tests stop at.
@@ -101,7 +107,6 @@ def publish(
     limit = queue.config.max_request_bytes
     data = requests.encode_request(request, limit, publisher, given)
     refuse_known_job(queue, job)  # early and cheap; the check that counts comes below
-    queue.require_writable("publish", PUBLISH_PLACES)
     ops = queue.ops
     temp = queue.publish_temp_name(job)
     ops.step("publish.write")
@@ -109,8 +114,8 @@ def publish(
         durable.write_file_synced(ops, queue.inbox, temp, data, group=queue.file_group)
     except FileExistsError:
         raise _publish_in_progress(job, temp) from None
-    except PermissionError:
-        raise queue.not_writable("publish", "inbox") from None
+    except OSError as exc:
+        raise _refused_in(queue, exc, "publish", "inbox") from None
     # Holding the staging name, look again: a publisher of J that got past the early check
     # before J's first lifecycle moved J out of pending/ is refused here, not acknowledged.
     try:
@@ -169,7 +174,6 @@ def publish_batch(
         refuse_known_job(queue, job)  # early and cheap; the check that counts comes below
     if not jobs:
         return []
-    queue.require_writable("publish", PUBLISH_PLACES)
     ops = queue.ops
     temps: list[str] = []
     ops.step("publish_batch.write")
@@ -180,8 +184,8 @@ def publish_batch(
                 durable.write_file_unsynced(ops, queue.inbox, temp, data, group=queue.file_group)
             except FileExistsError:
                 raise _publish_in_progress(job, temp, batch=True) from None
-            except PermissionError:
-                raise queue.not_writable("publish", "inbox") from None
+            except OSError as exc:
+                raise _refused_in(queue, exc, "publish", "inbox") from None
             temps.append(temp)
         for job in jobs:  # holding every staging name (see publish)
             refuse_known_job(queue, job)
@@ -196,46 +200,48 @@ def publish_batch(
     ]
     before = pending_stamp(queue.pending)
     try:
-        outcomes: list[OSError | None] = durable.move_noreplace_batch(ops, moves)
-    except FileExistsError as exc:  # a batch of one raises what it would return
-        outcomes = [exc]
-    except OSError:
+        outcomes = durable.move_noreplace_batch(ops, moves)
+    except OSError:  # a barrier failed: what moved is not known to be durable
         _discard_temps(queue, temps)
         raise
-    clashes = [job for job, outcome in zip(jobs, outcomes, strict=True) if outcome is not None]
-    pending_changed(queue, before, [job for job in jobs if job not in clashes])
-    if clashes:
-        _discard_temps(
-            queue, [m.src for m, o in zip(moves, outcomes, strict=True) if o is not None]
-        )
-        published = [job for job in jobs if job not in clashes]
-        others = [o for o in outcomes if o is not None and not isinstance(o, FileExistsError)]
-        if others:
-            raise CtxError(
-                others[0].errno or errno.EIO,
-                f"{', '.join(clashes)} could not be moved into pending/ "
-                f"({others[0].strerror}) and were not published; published: "
-                f"{', '.join(published) or 'none'}",
-            )
-        raise exists(
-            f"{', '.join(clashes)} appeared while the batch was being published and were "
-            f"left alone; published: {', '.join(published) or 'none'}"
-        )
+    failed = {job: o for job, o in zip(jobs, outcomes, strict=True) if o is not None}
+    published = [job for job in jobs if job not in failed]
+    pending_changed(queue, before, published)
+    if failed:
+        _discard_temps(queue, [m.src for m, o in zip(moves, outcomes, strict=True) if o])
+        raise _batch_refusal(queue, failed, published)
     ops.step("publish_batch.done")
     return jobs
 
 
-# The directories each transition writes in, checked before its first step (see
-# Queue.require_writable); finish and renew add the job's own claimed/J and lease/J.
-PUBLISH_PLACES = ("inbox", "pending")
-CLAIM_PLACES = ("claimed", "pending", "inbox", "lease")
+def _batch_refusal(
+    queue: Queue, failed: Mapping[str, OSError], published: Sequence[str]
+) -> OSError | CtxError:
+    """EEXIST for names that appeared in pending/ meanwhile, else what refused the others."""
+    outcome = f"published: {', '.join(published) or 'none'}"
+    refused = [job for job, exc in failed.items() if not isinstance(exc, FileExistsError)]
+    if refused:
+        cause = _refused_in(queue, failed[refused[0]], "publish", "pending")
+        reason = cause.message if isinstance(cause, CtxError) else cause.strerror
+        return CtxError(
+            cause.errno or errno.EIO,
+            f"{reason}; not published: {', '.join(refused)}; {outcome}",
+        )
+    return exists(
+        f"{', '.join(failed)} appeared while the batch was being published and were left "
+        f"alone; {outcome}"
+    )
+
+
+_REFUSALS = (errno.EACCES, errno.EPERM, errno.EROFS)
 
 
 def _refused_in(queue: Queue, exc: OSError, action: str, state: str) -> OSError | CtxError:
-    """What to raise for ``exc``, met while ``action`` wrote in ``state``: EACCES saying who
-    may write there, or ``exc`` itself."""
-    if isinstance(exc, PermissionError):
-        return queue.not_writable(action, state)
+    """What to raise for ``exc``, met while ``action`` wrote in ``state``: for a refusal of
+    the kernel, EACCES (or EROFS) saying who may write there and what to do; anything else
+    (ENOSPC, EIO…) as it is."""
+    if exc.errno in _REFUSALS:
+        return queue.not_writable(action, state, exc)
     return exc
 
 
@@ -301,19 +307,23 @@ def _read_stored_request(queue: Queue, dir_fd: int, job: str) -> bytes:
 
 
 def claim_job(queue: Queue, job: str, holder: Holder, ttl: float | None = None) -> Claim | None:
-    """Try to claim and lease one named job; None when it is gone or someone else won."""
+    """Try to claim and lease one named job; None when it is gone, someone else won, or its
+    request is not a job (Q-8) or not ours to read (it goes back to pending).
+
+    A step the kernel refuses (EACCES, EROFS, ENOSPC…) raises, with J back in ``pending/``
+    as it was: refused in the middle, the claim is undone rather than left without a lease.
+    """
     ops = queue.ops
     ttl = check_ttl(queue.config.lease_ttl if ttl is None else ttl)
     if not _is_regular(lstat_at(queue.pending, job)):
         return None
-    queue.require_writable("claim", CLAIM_PLACES)
     ops.step("claim.mkdir")
     try:
         ops.mkdir(job, queue.claimed, 0o775)
     except FileExistsError:
         return None
-    except PermissionError:
-        raise queue.not_writable("claim", "claimed") from None
+    except OSError as exc:
+        raise _refused_in(queue, exc, "claim", "claimed") from None
     try:
         claim_fd = queue.open_job_dir("claimed", job)
     except FileNotFoundError:
@@ -347,23 +357,30 @@ def claim_job(queue: Queue, job: str, holder: Holder, ttl: float | None = None) 
             _abandon_claim_dir(queue, job)
             return None
         except OSError as exc:
+            if lstat_at(queue.pending, job) is None:
+                raise  # moved, and a barrier after it failed: a crash's state, for recover
             _abandon_claim_dir(queue, job)
             raise _refused_in(queue, exc, "claim", "pending") from None
         pending_changed(queue, before)  # ours: the order need not list pending/ for it
-        request = _read_claimed_request(queue, claim_fd, job)
         refusal: OSError | CtxError | None = None
+        try:
+            request = _read_claimed_request(queue, claim_fd, job)
+        except OSError as exc:
+            request, refusal = None, exc
         if request is not None:
             lease = Lease.new(job, holder, ttl)
             try:
                 _write_lease(queue, job, lease)
             except OSError as exc:
                 refusal = _refused_in(queue, exc, "claim", "lease")
+            except CtxError as exc:
+                refusal = exc  # named where it was refused, by _write_lease
             else:
                 ops.step("lease.done")
                 return Claim(job=job, request=request, lease=lease)
-        # Not a job (Q-8) or not ours to read, or a lease the kernel refused (not a crash): J
+        # Not a job (Q-8) or not ours to read, or a step the kernel refused (not a crash): J
         # goes back as it was rather than stay claimed without a lease until someone
-        # reconciles it.  A refused lease keeps J first in the claim order (Q-9), as recover
+        # reconciles it.  A refusal keeps J first in the claim order (Q-9), as recover
         # requeues; what this claimer cannot take is not offered to it again.
         before = pending_stamp(queue.pending)
         durable.move_noreplace(ops, claim_fd, job, queue.pending, job)
@@ -381,12 +398,16 @@ def claim_job(queue: Queue, job: str, holder: Holder, ttl: float | None = None) 
 def _write_lease(queue: Queue, job: str, lease: Lease) -> None:
     """Create ``lease/J/worker`` temp+fsync+move, parents synced (Q-3).
 
-    Refused (EEXIST, or an OSError from the kernel), it removes its temp file and raises; an
-    empty ``lease/J`` it made is the caller's to remove, with the claim."""
+    Refused (EEXIST, the temp file refused in ``inbox/`` as a :class:`CtxError` naming it, or
+    an OSError from the kernel in ``lease/``), it removes its temp file and raises; an empty
+    ``lease/J`` it made is the caller's to remove, with the claim."""
     ops = queue.ops
     temp = queue.temp_name(job, "lease")
     ops.step("lease.write")
-    durable.write_file_synced(ops, queue.inbox, temp, lease.encode(), group=queue.file_group)
+    try:
+        durable.write_file_synced(ops, queue.inbox, temp, lease.encode(), group=queue.file_group)
+    except OSError as exc:
+        raise _refused_in(queue, exc, "claim", "inbox") from None
     try:
         ops.step("lease.mkdir")
         if not durable.make_dir_synced(ops, queue.lease, job, 0o775):
@@ -412,7 +433,7 @@ def _read_claimed_request(queue: Queue, claim_fd: int, job: str) -> dict[str, An
     A malformed but regular request is still claimed: the worker finishes it as failed with
     the reason, which is more useful than leaving it pending forever.  One this process may
     not open (a member's request left mode 0600) is no reason to fail it: it goes back to
-    pending for a claimer who may read it.
+    pending for a claimer who may read it.  Any other error reading it (EIO) is raised.
     """
     try:
         data = _read_stored_request(queue, claim_fd, job)
@@ -420,7 +441,7 @@ def _read_claimed_request(queue: Queue, claim_fd: int, job: str) -> dict[str, An
         if exc.errno in (errno.ELOOP, errno.EINVAL):
             return None
         return {"tool": None, "input": {}, "invalid": exc.message}
-    except OSError:
+    except PermissionError:
         return None
     try:
         return requests.decode_stored_request(data)
@@ -475,15 +496,17 @@ def renew(queue: Queue, job: str, holder: Holder, ttl: float | None = None) -> L
         current = read_lease(queue, job)
         _refuse_other_holder(job, current, holder, "renews its lease")
         renewed = current.renewed(ttl)
-        queue.require_writable("renew a lease", ("inbox", f"lease/{job}"))
         ops = queue.ops
         temp = queue.temp_name(job, "renew")
         lease_fd = queue.open_job_dir("lease", job)
         try:
             ops.step("renew.write")
-            durable.write_file_synced(
-                ops, queue.inbox, temp, renewed.encode(), group=queue.file_group
-            )
+            try:
+                durable.write_file_synced(
+                    ops, queue.inbox, temp, renewed.encode(), group=queue.file_group
+                )
+            except OSError as exc:
+                raise _refused_in(queue, exc, "renew a lease", "inbox") from None
             ops.step("renew.replace")
             try:
                 durable.replace_synced(ops, queue.inbox, temp, lease_fd, LEASE_FILE)
@@ -530,7 +553,8 @@ def finish(
 
     Success is reported only once the terminal pair is durable and the claim is cleaned up.
     EEXIST when J is already finished, ENOENT when it is not claimed, EFBIG when the result
-    is larger than ``max_result_bytes``.  Nothing is written on refusal.
+    is larger than ``max_result_bytes``, EACCES or EROFS when a directory it would change
+    cannot be written (checked before the first step).  Nothing is written on refusal.
 
     ``holder``: finish only if this process still holds J's lease, EACCES otherwise.  A
     worker passes itself: once its lease expired and recover requeued J (Q-5), J may be

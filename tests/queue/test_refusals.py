@@ -11,7 +11,7 @@ import pytest
 
 from cortexfs.durable import FsOps
 from cortexfs.errors import CtxError
-from cortexfs.queue import Holder, Queue, claim, finish, publish, renew
+from cortexfs.queue import Holder, Queue, claim, finish, protocol, publish, renew
 from tests.queue.helpers import request
 
 
@@ -129,3 +129,43 @@ def test_a_renewal_refused_leaves_the_old_lease_and_no_temp_file(
             os.close(ops.refused)
     assert (queue_dir / "lease" / won.job / "worker").read_bytes() == before
     assert tree(queue_dir)["inbox"] == []
+
+
+def test_a_claim_whose_lease_temp_file_is_refused_names_inbox_and_puts_the_job_back(
+    queue: Queue, queue_dir: Path, me: Holder
+) -> None:
+    job = publish(queue, request(), "a")
+
+    class RefusesTheLeaseTemp(FsOps):
+        def create_file(self, name: str, dir_fd: int, mode: int = 0o666) -> int:
+            if ".lease." in name:
+                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), name)
+            return super().create_file(name, dir_fd, mode)
+
+    with Queue.open(queue_dir, RefusesTheLeaseTemp()) as q, pytest.raises(CtxError) as refused:
+        claim(q, me)
+    assert refused.value.errno == errno.EACCES
+    assert "inbox/ refused" in refused.value.message, refused.value.message
+    assert tree(queue_dir)["pending"] == [job]
+    assert tree(queue_dir)["claimed"] == tree(queue_dir)["lease"] == tree(queue_dir)["inbox"] == []
+
+
+def test_a_claimed_request_that_cannot_be_read_is_put_back_and_the_error_raised(
+    queue: Queue, queue_dir: Path, me: Holder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An I/O error is not "nothing to claim": the claimer hears of it, and J waits."""
+    job = publish(queue, request(), "a")
+    claimed = os.fstat(queue.claimed)
+
+    def failing_read(q: Queue, dir_fd: int, name: str) -> bytes:
+        if os.path.samestat(os.stat("..", dir_fd=dir_fd), claimed):
+            raise OSError(errno.EIO, os.strerror(errno.EIO), name)
+        return protocol_read(q, dir_fd, name)
+
+    protocol_read = protocol._read_stored_request
+    monkeypatch.setattr(protocol, "_read_stored_request", failing_read)
+    with pytest.raises(OSError) as refused:
+        claim(queue, me)
+    assert refused.value.errno == errno.EIO
+    assert tree(queue_dir)["pending"] == [job]
+    assert tree(queue_dir)["claimed"] == tree(queue_dir)["lease"] == []
