@@ -34,8 +34,9 @@ import errno
 import json
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
+from cortexfs import jsontext
 from cortexfs.errors import CtxError, invalid
 from cortexfs.names import object_name_problem
 from cortexfs.policy import Policy
@@ -136,41 +137,17 @@ def load_request(path: Path, storage_root: Path) -> AgentRequest:
 def parse_request_bytes(data: bytes, source: str, storage_root: Path) -> AgentRequest:
     if len(data) > MAX_REQUEST_BYTES:
         raise invalid(f"{source}: a request is at most {MAX_REQUEST_BYTES} bytes")
-    duplicates: list[str] = []
     try:
-        document = json.loads(
-            data,
-            object_pairs_hook=lambda pairs: _object_noting_duplicates(duplicates, pairs),
-            parse_constant=_refuse_constant,
-        )
+        document = jsontext.loads_strict(data)
+    except jsontext.DuplicateNames as exc:
+        # A reviewer could approve one label or tool list while the agent gets the other.
+        problem = f"the request {jsontext.duplicate_names_problem(exc.names)}"
+        raise RequestError(source, [problem]) from None
+    except jsontext.NotAJsonNumber as exc:
+        raise RequestError(source, [f"not JSON: {exc} is not a JSON number"]) from None
     except (UnicodeDecodeError, ValueError) as exc:
         raise RequestError(source, [f"not JSON: {exc}"]) from None
-    if duplicates:
-        # Which of two values counts is a guess (Python keeps the last, others the first): a
-        # reviewer could approve one label or tool list while the agent gets the other.
-        raise RequestError(
-            source,
-            [
-                f"key {key!r} appears more than once in one object; give it once"
-                for key in duplicates
-            ],
-        )
     return parse_request(document, source, storage_root)
-
-
-def _object_noting_duplicates(
-    duplicates: list[str], pairs: list[tuple[str, Any]]
-) -> dict[str, Any]:
-    decoded: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in decoded and key not in duplicates:
-            duplicates.append(key)
-        decoded[key] = value
-    return decoded
-
-
-def _refuse_constant(name: str) -> NoReturn:
-    raise ValueError(f"{name} is not a JSON number")
 
 
 def parse_request(document: object, source: str, storage_root: Path) -> AgentRequest:

@@ -16,7 +16,7 @@ from typing import Any, TextIO, TypeVar
 
 import click
 
-from cortexfs import storage
+from cortexfs import jsontext, storage
 from cortexfs.cli.exits import (  # noqa: F401  (re-exported: every command takes them from here)
     EXIT_NOTHING,
     EXIT_OK,
@@ -65,8 +65,7 @@ def readable_json(value: Any, separators: tuple[str, str] | None = None) -> str:
     """``value`` as JSON in readable UTF-8, or all escaped when it holds a lone surrogate:
     JSON can spell ``"\\ud800"``, requests and events keep it as it came (escaped), but no
     UTF-8 output can hold the character itself."""
-    text = json.dumps(value, ensure_ascii=False, separators=separators)
-    return text if is_utf8_text(text) else json.dumps(value, separators=separators)
+    return jsontext.dumps_utf8(value, separators=separators).decode()
 
 
 def is_utf8_text(text: str) -> bool:

@@ -31,13 +31,13 @@ from cortexfs.cli.common import (
 from cortexfs.cli.lazy import LazyGroup
 from cortexfs.cli.params import NonEmptyPath, Seconds
 from cortexfs.errors import CtxError, invalid
+from cortexfs.jsontext import NotAJsonNumber
 from cortexfs.names import job_name
 from cortexfs.queue import inspect, layout, protocol, recovery
 from cortexfs.queue.claim_order import HintedClaimOrder
 from cortexfs.queue.holder import Holder, LocalSystem, check_ttl
 from cortexfs.queue.requests import (
     NOT_A_JSON_NUMBER,
-    NotAJsonNumber,
     loads_json,
     parse_batch,
     parse_request_bytes,

@@ -15,6 +15,7 @@ import stat
 from collections.abc import Iterator, Mapping
 from typing import Any, BinaryIO
 
+from cortexfs import jsontext
 from cortexfs.errors import CtxError, invalid, too_big
 from cortexfs.names import object_name_problem
 from cortexfs.timefmt import parse_rfc3339, rfc3339
@@ -118,13 +119,9 @@ def _compact_json(value: Any) -> bytes:
     as the ``\\uXXXX`` escape it came as, by escaping every non-ASCII character.  EINVAL for
     NaN and the infinities, which JSON has no spelling for."""
     try:
-        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        return jsontext.dumps_utf8(value, separators=(",", ":"), allow_nan=False)
     except ValueError:
         raise invalid(NOT_A_JSON_NUMBER.format("request", "a NaN or infinite number")) from None
-    try:
-        return text.encode()
-    except UnicodeEncodeError:
-        return json.dumps(value, separators=(",", ":")).encode()
 
 
 def _with_fields_first(document: bytes, fields: Mapping[str, Any]) -> bytes:
@@ -143,32 +140,11 @@ def _with_fields_first(document: bytes, fields: Mapping[str, Any]) -> bytes:
 NOT_A_JSON_NUMBER = "{} is not JSON: it holds {}, which JSON has no number for"
 
 
-class NotAJsonNumber(ValueError):
-    """``NaN``, ``Infinity`` or ``-Infinity``: Python's json reads them, JSON has none."""
-
-
-def _refuse_constant(name: str) -> Any:
-    raise NotAJsonNumber(name)
-
-
 def loads_json(text: str) -> Any:
     """``json.loads``, refusing what only Python's reader takes for numbers (NaN, Infinity,
-    -Infinity) with :class:`NotAJsonNumber`: stored as such, a request or result would be no
-    JSON document any other reader accepts (§2.1)."""
-    return json.loads(text, parse_constant=_refuse_constant)
-
-
-class DuplicateName(ValueError):
-    """A name given twice in one JSON object: readers disagree on which of the two counts."""
-
-
-def _unique_names(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    document: dict[str, Any] = {}
-    for name, value in pairs:
-        if name in document:
-            raise DuplicateName(name)
-        document[name] = value
-    return document
+    -Infinity) with :class:`~cortexfs.jsontext.NotAJsonNumber`: stored as such, a request or
+    result would be no JSON document any other reader accepts (§2.1)."""
+    return jsontext.loads_strict(text, unique_names=False)
 
 
 def parse_request_bytes(data: bytes, limit: int, where: str = "request") -> dict[str, Any]:
@@ -184,14 +160,11 @@ def parse_request_bytes(data: bytes, limit: int, where: str = "request") -> dict
     except UnicodeDecodeError as exc:
         raise invalid(f"{where} is not UTF-8: {exc.reason} at byte {exc.start}") from exc
     try:
-        value = json.loads(text, parse_constant=_refuse_constant, object_pairs_hook=_unique_names)
-    except NotAJsonNumber as exc:
+        value = jsontext.loads_strict(text)
+    except jsontext.NotAJsonNumber as exc:
         raise invalid(NOT_A_JSON_NUMBER.format(where, exc)) from None
-    except DuplicateName as exc:
-        raise invalid(
-            f"{where} gives the name {exc.args[0]!r} twice in one object; JSON readers disagree "
-            "on which one counts, so give each name once"
-        ) from None
+    except jsontext.DuplicateNames as exc:
+        raise invalid(f"{where} {jsontext.duplicate_names_problem(exc.names)}") from None
     except json.JSONDecodeError as exc:
         raise invalid(
             f"{where} is not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
@@ -308,11 +281,7 @@ def decode_stored_request(data: bytes) -> dict[str, Any]:
 
 def encode_result(result: Mapping[str, Any], limit: int | None) -> bytes:
     """The bytes of a result; EFBIG above ``limit`` (None: no limit)."""
-    text = json.dumps(result, ensure_ascii=False, default=str)
-    try:
-        data = (text + "\n").encode()
-    except UnicodeEncodeError:  # a lone surrogate in the output: kept as its escape
-        data = (json.dumps(result, default=str) + "\n").encode()
+    data = jsontext.dumps_utf8(result, default=str) + b"\n"
     if limit is not None and len(data) > limit:
         raise too_big(_over_limit("result", len(data), limit, "max_result_bytes"))
     return data

@@ -30,7 +30,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from cortexfs import durable
+from cortexfs import durable, jsontext
 from cortexfs.errors import invalid, too_big
 from cortexfs.shared.tree import Ownership
 from cortexfs.timefmt import rfc3339
@@ -61,17 +61,12 @@ def make_event(
 def encode_event(event: Mapping[str, Any]) -> bytes:
     """One compact JSON line; EINVAL unless ``ts`` comes first, EFBIG when it is too long.
 
-    Text is written as UTF-8, except in an event holding a lone surrogate (valid in JSON as
-    an escape, which UTF-8 cannot hold): that one is written all escaped, so it is recorded as
-    it came rather than refused.
+    An event holding a lone surrogate is written all escaped, so it is recorded as it came
+    rather than refused (:func:`cortexfs.jsontext.dumps_utf8`).
     """
     if next(iter(event), None) != "ts":
         raise invalid("an event's first key must be 'ts' (readers resynchronise on it)")
-    text = json.dumps(event, ensure_ascii=False, separators=(",", ":"), default=str)
-    try:
-        line = text.encode()
-    except UnicodeEncodeError:
-        line = json.dumps(event, separators=(",", ":"), default=str).encode()
+    line = jsontext.dumps_utf8(event, separators=(",", ":"), default=str)
     if len(line) >= MAX_EVENT_BYTES:
         raise too_big(f"an event of {len(line)} bytes exceeds {MAX_EVENT_BYTES}; summarise it")
     return line + b"\n"

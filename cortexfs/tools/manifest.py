@@ -26,15 +26,15 @@ policy field, and the installed ``policy`` control starts empty (default deny, P
 from __future__ import annotations
 
 import errno
-import functools
 import json
 import os
 import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
+from cortexfs import jsontext
 from cortexfs.errors import CtxError
 from cortexfs.names import object_name_problem
 from cortexfs.tools.schemas import schema_problems
@@ -134,38 +134,19 @@ def load_manifest(path: Path) -> Manifest:
         raise CtxError(exc.errno or errno.EIO, f"cannot read {source}: {exc.strerror}") from None
     if len(data) > MAX_MANIFEST_BYTES:
         raise ManifestError(source, [f"a manifest is at most {MAX_MANIFEST_BYTES} bytes"])
-    duplicates: list[str] = []
     try:
-        document = json.loads(
-            data,
-            object_pairs_hook=functools.partial(_object_noting_duplicates, duplicates),
-            parse_constant=_refuse_constant,
-        )
+        document = jsontext.loads_strict(data)
+    except jsontext.DuplicateNames as exc:
+        # A reviewer could approve one `exec` while another is installed: every problem of
+        # the manifest as Python reads it is listed too, so that one round fixes them all.
+        document = jsontext.loads_strict(data, unique_names=False)
+        problems = [f"the manifest {jsontext.duplicate_names_problem(exc.names)}"]
+        raise ManifestError(source, problems + manifest_problems(document, path.parent)) from None
+    except jsontext.NotAJsonNumber as exc:
+        raise ManifestError(source, [f"not JSON: {exc} is not a JSON number"]) from None
     except (UnicodeDecodeError, ValueError) as exc:
         raise ManifestError(source, [f"not JSON: {exc}"]) from None
-    if duplicates:
-        # Which of two values a reader keeps is a guess (Python keeps the last, others the
-        # first): a reviewer could approve one `exec` while another is installed.
-        problems = [
-            f"key {key!r} appears more than once in one object; give it once" for key in duplicates
-        ]
-        raise ManifestError(source, problems + manifest_problems(document, path.parent))
     return parse_manifest(document, source=path)
-
-
-def _object_noting_duplicates(
-    duplicates: list[str], pairs: list[tuple[str, Any]]
-) -> dict[str, Any]:
-    decoded: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in decoded and key not in duplicates:
-            duplicates.append(key)
-        decoded[key] = value
-    return decoded
-
-
-def _refuse_constant(name: str) -> NoReturn:
-    raise ValueError(f"{name} is not a JSON number")
 
 
 def parse_manifest(document: object, *, source: Path) -> Manifest:

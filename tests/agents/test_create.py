@@ -192,8 +192,8 @@ def test_every_problem_of_a_request_is_listed(world: World) -> None:
 @pytest.mark.parametrize(
     ("text", "fragment"),
     [
-        ('{"name": "a", "label": "a_t", "label": "root_t"}', "'label' appears more than once"),
-        ('{"name": "a", "label": "a_t", "shared": {"p": "read", "p": "write"}}', "'p' appears"),
+        ('{"name": "a", "label": "a_t", "label": "root_t"}', "gives the name 'label' twice"),
+        ('{"name": "a", "label": "a_t", "shared": {"p": "read", "p": "write"}}', "'p' twice"),
         ('{"name": "a", "label": "a_t", "tools": [], "x": NaN}', "NaN is not a JSON number"),
     ],
 )

@@ -51,6 +51,7 @@ BUNDLED = (
     "cortexfs/__init__.py",
     "cortexfs/durable.py",
     "cortexfs/errors.py",
+    "cortexfs/jsontext.py",
     "cortexfs/keyvalue.py",
     "cortexfs/libc.py",
     "cortexfs/mcp/__init__.py",

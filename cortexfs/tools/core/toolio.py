@@ -27,6 +27,8 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
+from cortexfs import jsontext
+
 NATIVE = "native"
 MAX_INPUT_BYTES = 16 * 1024 * 1024
 REQUIRED = object()
@@ -92,13 +94,9 @@ def main(
 
 def json_line(data: Any) -> bytes:
     """``data`` as one line of JSON in UTF-8.  A file name that is not UTF-8 reaches Python as
-    lone surrogates (``\udcff`` for the byte 0xff), which UTF-8 cannot hold: a reply holding
-    one is written all escaped, so that the name comes back to a tool as it went out."""
-    text = json.dumps(data, ensure_ascii=False)
-    try:
-        return text.encode() + b"\n"
-    except UnicodeEncodeError:
-        return json.dumps(data).encode() + b"\n"
+    lone surrogates (``\udcff`` for the byte 0xff): a reply holding one is written all
+    escaped, so that the name comes back to a tool as it went out."""
+    return jsontext.dumps_utf8(data) + b"\n"
 
 
 def read_request(arguments: list[str], primary: str) -> dict[str, Any]:
