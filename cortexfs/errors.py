@@ -8,6 +8,7 @@ and one sentence the user can act on.  The rendering is always ``NAME: sentence`
 from __future__ import annotations
 
 import errno as _errno
+import os as _os
 
 
 class CtxError(Exception):
@@ -52,3 +53,15 @@ def denied(message: str) -> CtxError:
 def too_big(message: str) -> CtxError:
     """EFBIG: the data exceeds a configured limit."""
     return CtxError(_errno.EFBIG, message)
+
+
+def errno_named_in(message: str) -> int:
+    """The errno whose text (``No such file or directory``) a program's error ``message``
+    holds, as bubblewrap's "Can't find source path /x: No such file or directory" or libfuse's
+    "fuse: failed to open /dev/fuse: Permission denied"; EIO when it names none.  The common
+    refusals are looked for first, so a message naming two reads as the refusal."""
+    common = (_errno.EACCES, _errno.EPERM, _errno.ENOENT, _errno.ENOTDIR)
+    for code in (*common, *sorted(_errno.errorcode)):
+        if _os.strerror(code) in message:
+            return code
+    return _errno.EIO

@@ -18,7 +18,6 @@ tsh runs as the agent's uid, gid and exactly its groups, with no capabilities an
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import os
 import signal
@@ -98,16 +97,6 @@ def tsh_runs(session_id: int) -> bool:
         if os.path.basename(argv[0]) not in _SANDBOX_PROGRAMS and SANDBOX_TSH.encode() in argv:
             return True
     return False
-
-
-def errno_named_in(message: str) -> int:
-    """The errno whose text (``No such file or directory``) a failing sandbox's ``message``
-    holds, as bubblewrap's "Can't find source path /x: No such file or directory"; EIO when
-    none."""
-    for code in (errno.ENOENT, errno.EACCES, errno.EPERM, errno.ENOTDIR):
-        if os.strerror(code) in message:
-            return code
-    return errno.EIO
 
 
 def _network_isolation(view: AgentView) -> list[str]:

@@ -60,7 +60,7 @@ from cortexfs.agents.terminal_socket import (
     socket_address,
 )
 from cortexfs.agents.view import WORKSPACE, AgentView
-from cortexfs.errors import CtxError, invalid, not_found
+from cortexfs.errors import CtxError, errno_named_in, invalid, not_found
 from cortexfs.shared.events import EVENTS_FILE
 from cortexfs.shared.sessions import SessionRef, open_session
 from cortexfs.shared.tree import Ownership, open_beneath
@@ -93,7 +93,7 @@ class Terminal:
         self.stopping = False
         self.started = False  # tsh runs and the start is recorded
         self.session_made = False  # prepare() made the session's directory
-        self.calls = RunSocket(root, self.view, self.session, self.workspace)
+        self.run_calls = RunSocket(root, self.view, self.session, self.workspace)
 
     def workspace_warning(self) -> str | None:
         """Why the default ``/workspace`` may grant more than its starter meant: a workspace
@@ -246,7 +246,7 @@ class Terminal:
     def _listen(self) -> None:
         for path, handler in (
             (self.main_socket, self.clients.accept),
-            (self.run_socket, self.calls.serve),
+            (self.run_socket, self.run_calls.serve),
         ):
             listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             with socket_address(path) as address:
@@ -289,7 +289,7 @@ class Terminal:
                 said = " ".join(self.clients.scrollback.decode(errors="replace").split())
                 status = self.shell.returncode
                 raise CtxError(
-                    sandbox.errno_named_in(said),
+                    errno_named_in(said),
                     f"the sandbox of {self.view.name} ended before tsh ran (exit {status})"
                     + (f": {said}" if said else ""),
                 )
@@ -314,7 +314,7 @@ class Terminal:
             while not self.stopping:
                 for key, _ in self.selector.select(timeout=0.2):
                     key.data(key.fileobj)
-                self.calls.reap()
+                self.run_calls.reap()
                 assert self.shell is not None
                 if self.shell.poll() is not None:
                     self._drain()

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pyfuse3
 
-from cortexfs.errors import CtxError
+from cortexfs.errors import CtxError, errno_named_in
 from cortexfs.fuse.mount import StorageFS
 from cortexfs.fuse.projection import Projection
 
@@ -122,13 +122,7 @@ def _what_mounting_needs(code: int) -> str:
 
 
 def _errno_named_in(message: str) -> int:
-    """The errno whose text (``Permission denied``) ``message`` holds; EIO when none."""
+    """The errno libfuse's ``message`` names (``Permission denied``); EIO when none."""
     if "device not found" in message:  # libfuse's words for a missing /dev/fuse
         return errno.ENODEV
-    for code in (errno.EACCES, errno.EPERM, errno.ENOENT, errno.ENOTDIR):
-        if os.strerror(code) in message:
-            return code
-    for code in sorted(errno.errorcode):
-        if os.strerror(code) in message:
-            return code
-    return errno.EIO
+    return errno_named_in(message)
