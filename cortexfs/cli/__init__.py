@@ -13,10 +13,26 @@ import sys
 
 
 def main(args: list[str] | None = None, prog_name: str | None = None) -> None:
+    from cortexfs.interrupts import caused_by_interrupt, report_interrupts_later
+
+    report_interrupts_later()
+    argv = sys.argv[1:] if args is None else list(args)
+    try:
+        _main(argv, prog_name or "ctx")
+    except (KeyboardInterrupt, RuntimeError) as error:
+        # Ctrl-C while modules load, outside what click reports itself: no traceback of the
+        # import machinery, the same EINTR as a command interrupted later.
+        if not caused_by_interrupt(error):
+            raise
+        from cortexfs.cli.exits import interrupted
+
+        interrupted(prog_name or "ctx", "--json" in argv)
+
+
+def _main(argv: list[str], prog_name: str) -> None:
     from cortexfs.standard_streams import reopen_closed_standard_streams
 
     reopen_closed_standard_streams()
-    argv = sys.argv[1:] if args is None else list(args)
     if argv[:1] == ["run"]:
         from cortexfs.cli.run import main as run_main
 
@@ -24,4 +40,4 @@ def main(args: list[str] | None = None, prog_name: str | None = None) -> None:
     from cortexfs.cli.group import main as group_main
     from cortexfs.cli.usage import run_click
 
-    run_click(group_main, argv, prog_name or "ctx")
+    run_click(group_main, argv, prog_name)

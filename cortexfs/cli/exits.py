@@ -1,6 +1,12 @@
-"""Exit statuses of every ``ctx`` command (SPEC §2.4), and the error that selects status 2."""
+"""Exit statuses of every ``ctx`` command (SPEC §2.4, plus 130 for Ctrl-C), the error that selects
+status 2, and the end of a command Ctrl-C stopped."""
 
 from __future__ import annotations
+
+import errno
+import json
+import sys
+from typing import NoReturn
 
 from cortexfs.errors import CtxError
 
@@ -8,6 +14,7 @@ EXIT_OK = 0
 EXIT_REFUSED = 1  # an operation or request was refused, or a conflict was found
 EXIT_USAGE = 2  # a malformed command line
 EXIT_NOTHING = 3  # nothing to do
+EXIT_INTERRUPTED = 130  # stopped by SIGINT (Ctrl-C): 128 + 2, as the shell reports it
 
 
 class UsageProblem(CtxError):
@@ -20,3 +27,19 @@ def usage_problem(error: CtxError) -> UsageProblem:
 
 def exit_status(error: CtxError) -> int:
     return EXIT_USAGE if isinstance(error, UsageProblem) else EXIT_REFUSED
+
+
+def interrupted(prog_name: str, as_json: bool) -> NoReturn:
+    """End a command stopped by Ctrl-C as every refusal ends (``ctx: EINTR: …``, the error
+    object on stdout with --json), with the status a shell gives a command SIGINT killed.
+
+    Written without click: a Ctrl-C may land while click itself is being imported."""
+    error = CtxError(
+        errno.EINTR,
+        "interrupted (SIGINT) before the command completed: what it printed is done; check "
+        "the rest and run it again if it is still wanted",
+    )
+    sys.stderr.write(f"{prog_name}: {error}\n")
+    if as_json:
+        sys.stdout.write(json.dumps(error.to_json()) + "\n")
+    sys.exit(EXIT_INTERRUPTED)

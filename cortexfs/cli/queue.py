@@ -31,6 +31,7 @@ from cortexfs.cli.common import (
 from cortexfs.cli.lazy import LazyGroup
 from cortexfs.cli.params import NonEmptyPath, Seconds
 from cortexfs.errors import CtxError, invalid
+from cortexfs.interrupts import held_interrupts
 from cortexfs.jsontext import NotAJsonNumber
 from cortexfs.names import job_name
 from cortexfs.queue import inspect, layout, protocol, recovery
@@ -288,10 +289,18 @@ def publish(
         if batch:
             requests, lines = parse_batch(stream, limit)
             jobs = protocol.publish_batch(q, requests, given=lines)
+            _acknowledge_published(jobs, batch, as_json)
         else:
             data = read_at_most(stream, limit, "request", "max_request_bytes")
             request = parse_request_bytes(data, limit)
-            jobs = [protocol.publish(q, request, name, given=data)]
+            # Ctrl-C waits until the name is printed: a job published and never named would
+            # be published again by whoever retries (see cortexfs.interrupts).
+            with held_interrupts():
+                jobs = [protocol.publish(q, request, name, given=data)]
+                _acknowledge_published(jobs, batch, as_json)
+
+
+def _acknowledge_published(jobs: list[str], batch: bool, as_json: bool) -> None:
     published = ", ".join(jobs)
     with _acknowledging(f"{published} published and pending (do not publish again), but"):
         if as_json:
@@ -319,9 +328,18 @@ def claim(
     with layout.Queue.open(queue_dir) as q:
         # One process per claim: keep the claim order between processes (Q-10).
         q.claim_order = HintedClaimOrder(q.path)
-        won = protocol.claim(q, holder, ttl)
+        # Ctrl-C waits until the claim is leased and named, or never made: stopped between
+        # the two, a claim would be left without a lease, which no worker takes until the
+        # queue is reconciled (see cortexfs.interrupts).
+        with held_interrupts():
+            won = protocol.claim(q, holder, ttl)
+            if won is not None:
+                _acknowledge_claim(won, as_json)
     if won is None:
         sys.exit(EXIT_NOTHING)  # §2.4: nothing on stdout, with or without --json
+
+
+def _acknowledge_claim(won: protocol.Claim, as_json: bool) -> None:
     pid = won.lease.holder.pid
     with _acknowledging(
         f"job {won.job} is claimed and leased to pid {pid} (finish it, or 'ctx queue recover' "
@@ -343,12 +361,12 @@ def renew(queue_dir: Path, as_json: bool, job: str, pid: int | None, ttl: float 
     """Extend the caller's own lease on JOB (EACCES when another process holds it)."""
     job = _job_argument(job)
     holder = _holder(pid, None)
-    with layout.Queue.open(queue_dir) as q:
+    with layout.Queue.open(queue_dir) as q, held_interrupts():  # no temp left in inbox/
         lease = protocol.renew(q, job, holder, ttl)
-    if as_json:
-        emit_json(lease.to_json())
-    else:
-        click.echo(f"{job} leased until {lease.to_json()['expires_at']}")
+        if as_json:
+            emit_json(lease.to_json())
+        else:
+            click.echo(f"{job} leased until {lease.to_json()['expires_at']}")
 
 
 @queue.command()
@@ -374,11 +392,14 @@ def finish(
     job = _job_argument(job)
     with layout.Queue.open(queue_dir) as q:
         output = _result_output(q, result_source, ok)
-        result = protocol.finish(q, job, ok, output, worker=_finisher())
-    if as_json:
-        emit_json({"name": job, "state": "done" if ok else "failed", "result": result})
-    else:
-        click.echo(job)
+        # A finish stopped midway leaves a result beside a claimed request, for
+        # 'recover --reconcile' to roll forward: Ctrl-C waits until it is complete and said.
+        with held_interrupts():
+            result = protocol.finish(q, job, ok, output, worker=_finisher())
+            if as_json:
+                emit_json({"name": job, "state": "done" if ok else "failed", "result": result})
+            else:
+                click.echo(job)
 
 
 def _result_output(q: layout.Queue, result_source: str | None, ok: bool) -> Any:

@@ -16,7 +16,7 @@ from typing import NoReturn
 
 import click
 
-from cortexfs.cli.exits import EXIT_OK, EXIT_REFUSED, EXIT_USAGE
+from cortexfs.cli.exits import EXIT_OK, EXIT_USAGE, interrupted
 from cortexfs.errors import CtxError
 
 # click 8.2 raises this usage error, carrying the help text, for a group run without a command.
@@ -41,8 +41,8 @@ def run_click(
         error.show()
         sys.exit(error.exit_code)
     except click.Abort:
-        click.echo("Aborted!", err=True)
-        sys.exit(EXIT_REFUSED)
+        # click turns a KeyboardInterrupt (and an EOF at a prompt) into Abort.
+        interrupted(prog_name, _asks_for_json(args))
     # Without standalone mode click returns what ctx.exit() was given, or the command's
     # return value (None for every ctx command).
     sys.exit(status if isinstance(status, int) else EXIT_OK)

@@ -31,6 +31,7 @@ from typing import Any
 
 from cortexfs import durable
 from cortexfs.errors import CtxError
+from cortexfs.interrupts import held_interrupts
 from cortexfs.queue import evidence as ev
 from cortexfs.queue.claim_order import pending_changed, pending_stamp
 from cortexfs.queue.holder import GONE, Verdict, judge
@@ -314,7 +315,8 @@ def _apply(
         if (verdict := _holder_verdict(queue, evidence, current)) is not None:
             finding.detail += f"; left alone, lease holder {verdict.state}: {verdict.reason}"
             return HELD
-        transition(queue, job, claim_fd)
+        with held_interrupts():  # Ctrl-C lands between two jobs, never inside one's move
+            transition(queue, job, claim_fd)
         return None
     finally:
         if claim_fd is not None:
