@@ -114,7 +114,11 @@ def install(
     the previous version atomically and keeps its policy, status, log and hooks.  Installing
     grants no agent any permission.
     """
-    if source_dir is not None and storage_dir is not None and source_dir != storage_dir:
+    if (
+        source_dir is not None
+        and storage_dir is not None
+        and os.path.realpath(source_dir) != os.path.realpath(storage_dir)
+    ):
         # Both name the storage root (T-8 says --source, the other commands --storage).
         raise usage_problem(
             invalid(

@@ -138,8 +138,9 @@ def test_install_refuses_source_and_storage_naming_two_roots(tmp_path):
 
     r = ctx_run("object", "install", "--source", roots[0], "--storage", roots[1], path,
                 "--tier", "system")  # fmt: skip
-    same = ctx_run("object", "install", "--source", roots[0], "--storage", roots[0], path,
-                   "--tier", "system")  # fmt: skip
+    (tmp_path / "link").symlink_to(roots[0])
+    same = ctx_run("object", "install", "--source", roots[0], "--storage", tmp_path / "link",
+                   path, "--tier", "system")  # fmt: skip
 
     assert r.rc == 2 and r.err.startswith("ctx: EINVAL: --source"), r
     assert not (roots[1] / "tool" / "demo.twice").exists()
