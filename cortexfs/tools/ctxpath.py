@@ -146,11 +146,8 @@ def read_tshrc(path: Path, *, warn: Warn | None = None) -> str | None:
 
 
 def _warn_on_stderr(message: str) -> None:
-    """``tsh: warning: …`` or ``ctx: warning: …``, as every other message of the command."""
-    program = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
-    if not program or program.endswith(".py") or program.startswith("-"):
-        program = "ctx"  # python -m cortexfs, python -c …
-    print(f"{program}: warning: {message}", file=sys.stderr)
+    """``ctx: warning: …``, as every other message of ctx (tsh passes its own ``warn``)."""
+    print(f"ctx: warning: {message}", file=sys.stderr)
 
 
 def view_to_storage(root: Path, path: str) -> Path:

@@ -63,7 +63,7 @@ def test_a_standalone_tsh_searches_tshrc_then_ctx_path_then_the_default(tmp_path
     assert by_default == str(root / "tool" / "fs.stat")  # /ctx/tool, in this tsh's root
     assert by_environment == str(elsewhere / "fs.stat")
     assert by_tshrc == str(root / "tool" / "fs.stat")  # .tshrc beats the process CTX_PATH
-    assert ".tshrc:2: ignored" in warned
+    assert ".tshrc:2: ignored" in warned and "tsh: warning: " in warned
 
 
 def run_tsh(

@@ -68,8 +68,14 @@ def search_path() -> list[str]:
         return [entry for entry in entries if entry.startswith("/")]
     from cortexfs.tools.ctxpath import human_search_path
 
-    found = human_search_path(_own_storage_root(), uid=os.getuid(), environ=os.environ)
+    found = human_search_path(
+        _own_storage_root(), uid=os.getuid(), environ=os.environ, warn=_warn_on_stderr
+    )
     return [str(directory) for directory in found.directories]
+
+
+def _warn_on_stderr(message: str) -> None:
+    print(f"tsh: warning: {message}", file=sys.stderr)
 
 
 def _in_agent_terminal() -> bool:
