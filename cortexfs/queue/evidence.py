@@ -29,6 +29,9 @@ ROLL_FORWARD = "roll-forward"  # a result with the request still in claimed/: th
 DROP_CLAIM_COPY = "drop-claim-copy"  # claimed/J/J is a second link of pending/J or the terminal J
 REMOVE_ORPHANS = "remove-orphans"  # an empty claimed/J, a lease/J with no claimed request
 
+# The order status and recover list ignored entries in: the way a job moves, staging last.
+_SCAN_ORDER = ("pending", "claimed", "lease", "done", "failed", "inbox")
+
 
 @dataclass
 class Ignored:
@@ -153,11 +156,7 @@ def scan(queue: Queue) -> Scan:
     # Listed in a stable order, not the directory's: state by state, then by path.
     order = {state: n for n, state in enumerate(_SCAN_ORDER)}
     result.ignored.sort(key=lambda i: (order.get(i.path.split("/", 1)[0], len(order)), i.path))
-    result.temps.sort(key=lambda t: t.name)
     return result
-
-
-_SCAN_ORDER = ("pending", "claimed", "lease", "done", "failed", "inbox")
 
 
 def _entries(dir_fd: int) -> list[os.DirEntry[str]]:
@@ -256,7 +255,7 @@ def scan_inbox(queue: Queue) -> list[Temp]:
     """The temp files in ``inbox/`` with their ages, by name."""
     result = Scan()
     _scan_inbox(queue, result)
-    return sorted(result.temps, key=lambda t: t.name)
+    return result.temps
 
 
 def _scan_inbox(queue: Queue, result: Scan) -> None:
@@ -270,8 +269,8 @@ def _scan_inbox(queue: Queue, result: Scan) -> None:
             age = now - entry.stat(follow_symlinks=False).st_mtime
         except FileNotFoundError:
             continue
-        temp = Temp(entry.name, age)
-        result.temps.append(temp)
+        result.temps.append(Temp(entry.name, age))
+    result.temps.sort(key=lambda t: t.name)
 
 
 def evidence_of(queue: Queue, job: str) -> JobEvidence:

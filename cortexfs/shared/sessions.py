@@ -210,17 +210,13 @@ def homes_with_sessions(root: Path, agent: str) -> list[int]:
     return [uid for uid in uids if _is_dir(SessionRef.home(root, uid, agent).path.parent)]
 
 
-def list_sessions(parent: Path, *, root: Path | None = None) -> list[str]:
-    """The session names under a ``…/agent/<agent>/session`` directory (none when missing).
-
-    With ``root``, the storage root ``parent`` lies in, the directory is reached from it
-    without following links (:func:`open_session_directory`'s reason).
+def list_sessions(parent: Path, *, root: Path) -> list[str]:
+    """The session names under a ``…/agent/<agent>/session`` directory (none when missing),
+    reached from ``root``, the storage root it lies in, without following links
+    (:func:`open_session_directory`'s reason).
     """
     try:
-        if root is None:
-            fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        else:
-            fd = open_beneath(durable.default_ops(), root, parent.relative_to(root).parts)
+        fd = open_beneath(durable.default_ops(), root, parent.relative_to(root).parts)
     except FileNotFoundError:
         return []
     except NotADirectoryError:
