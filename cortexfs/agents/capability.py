@@ -192,7 +192,7 @@ def _parent_may_not_execute(view: AgentView, tool: str) -> str:
         return f"no such tool on its CTX_PATH {view.ctx_path()}"
     tool_object = ToolObject(tool, found.directory)
     try:
-        require_available(tool_object, read_controls(tool_object).status)
+        require_available(tool_object, read_controls(tool_object))
     except CtxError as exc:
         return exc.message  # a disabled, unavailable or damaged tool runs for nobody
     location = tier_location(view.root, found.directory) or "tool"

@@ -115,7 +115,7 @@ class AgentProjection(Projection):
         ``available`` — a ``program`` control failing C-2 makes it ``unavailable``."""
         candidate = ToolObject(tool, self.root / "tool")
         try:
-            require_available(candidate, read_controls(candidate).status)
+            require_available(candidate, read_controls(candidate))
         except CtxError:
             return False
         return True

@@ -46,7 +46,6 @@ POST_HOOKS = "hooks/post.d"
 STATUS_AVAILABLE = "available"
 STATUS_DISABLED = "disabled"
 STATUS_UNAVAILABLE = "unavailable"
-# How a C-2 problem starts, so that a refusal can tell it from an administrator's setting.
 _PROGRAM_CONTROL = "the program control"
 
 
@@ -88,6 +87,7 @@ class ToolControls(NamedTuple):
     cap: dict[str, Any]
     status: str
     program: dict[str, Any] | None
+    program_problem: str = ""  # why the program control fails C-2; it makes status unavailable
 
 
 # What a fact a ``cap`` leaves out counts as (T-8): the cautious value, never the convenient one.
@@ -141,15 +141,16 @@ def read_controls(tool: ToolObject) -> ToolControls:
     problems = schema_problems(schema, "schema")
     if problems:
         raise damaged(tool, problems[0])
-    return ToolControls(schema, cap, status, program)
+    return ToolControls(schema, cap, status, program, problem)
 
 
-def require_available(tool: ToolObject, status: str) -> None:
+def require_available(tool: ToolObject, controls: ToolControls) -> None:
     """EACCES unless the status is ``available`` (an administrator's ``disabled``, or C-2),
     saying what makes the tool available again."""
+    status = controls.status
     if status == STATUS_AVAILABLE:
         return
-    if status.startswith(f"{STATUS_UNAVAILABLE}: {_PROGRAM_CONTROL}"):
+    if controls.program_problem:
         remedy = "reinstall it with a valid program control, or without one"
     else:
         remedy = f"it runs again once its status control {tool.name}.d/status reads 'available'"

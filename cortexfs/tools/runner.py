@@ -251,7 +251,7 @@ class _Call:
         self.tool = ToolObject(self.tool_name, found.directory)
         self.location = tier_location(self.root, found.directory) or "tool"
         self.controls = self._read_controls_consistently(self.tool)
-        require_available(self.tool, self.controls.status)
+        require_available(self.tool, self.controls)
 
     def _read_controls_consistently(self, tool: ToolObject) -> ToolControls:
         """The controls of the version whose executable is in place before and after reading,
