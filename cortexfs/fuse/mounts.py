@@ -18,7 +18,9 @@ import re
 import shutil
 import stat
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 from cortexfs import storage
 from cortexfs.errors import CtxError, invalid, not_found
@@ -100,11 +102,9 @@ def mounted_type(mountpoint: Path) -> str | None:
     """The filesystem type of the topmost mount at ``mountpoint`` (absolute, normalised);
     None when nothing is mounted there."""
     found = None
-    for line in MOUNT_TABLE.read_text().splitlines():
-        fields = line.split(" ")
-        separator = fields.index("-")
-        if _unescaped(fields[4]) == str(mountpoint):
-            found = fields[separator + 1]  # a later line is mounted over an earlier one
+    for mount in _mount_table():
+        if mount.mount_point == str(mountpoint):
+            found = mount.filesystem_type  # a later line is mounted over an earlier one
     return found
 
 
@@ -123,11 +123,24 @@ def cortexfs_mount_holding(path: Path) -> Path | None:
         except OSError:
             return None  # what cannot be looked at is refused by whoever writes there
     wanted = f"{os.major(device)}:{os.minor(device)}"
+    for mount in _mount_table():
+        if mount.device == wanted and mount.filesystem_type == FILESYSTEM_TYPE:
+            return Path(mount.mount_point)
+    return None
+
+
+class _Mount(NamedTuple):
+    device: str  # major:minor
+    mount_point: str
+    filesystem_type: str
+
+
+def _mount_table() -> Iterator[_Mount]:
+    """The lines of ``/proc/self/mountinfo``, in order (proc(5): the optional fields end at
+    the lone ``-`` before the filesystem type)."""
     for line in MOUNT_TABLE.read_text().splitlines():
         fields = line.split(" ")
-        if fields[2] == wanted and fields[fields.index("-") + 1] == FILESYSTEM_TYPE:
-            return Path(_unescaped(fields[4]))
-    return None
+        yield _Mount(fields[2], _unescaped(fields[4]), fields[fields.index("-") + 1])
 
 
 def _absolute(path: Path) -> Path:
