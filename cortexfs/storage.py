@@ -129,11 +129,11 @@ def require_writable(directory: Path, action: str, fix: str | None = None) -> No
     raise _refusal(action, f"write in {directory}", st, stat.S_IWGRP, fix)
 
 
-def not_readable(path: Path, action: str) -> CtxError:
+def not_readable(path: Path, action: str, fix: str | None = None) -> CtxError:
     """The EACCES for ``action`` when the kernel refused to open ``path``: it names the
     directory on the way this process may not enter, or else ``path`` itself, who owns it and
-    its mode, and what to do (be root, the owner or of the group, or use a root of your own)
-    — not only the name that was refused."""
+    its mode, and what to do (``fix``, else: be root, the owner or of the group, or use a root
+    of your own) — not only the name that was refused."""
     blocked, verb = path, "read"
     for ancestor in reversed(path.absolute().parents):
         if not os.access(ancestor, os.X_OK, effective_ids=True):
@@ -144,7 +144,7 @@ def not_readable(path: Path, action: str) -> CtxError:
     except OSError as exc:
         return CtxError(errno.EACCES, f"cannot {action}: {blocked}: {exc.strerror}")
     wanted = stat.S_IXGRP if verb == "enter" else stat.S_IRGRP
-    return _refusal(action, f"{verb} {blocked}", st, wanted, None)
+    return _refusal(action, f"{verb} {blocked}", st, wanted, fix)
 
 
 def _refusal(

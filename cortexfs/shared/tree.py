@@ -19,6 +19,7 @@ from typing import NamedTuple
 
 from cortexfs import durable
 from cortexfs.errors import CtxError
+from cortexfs.storage import not_readable
 
 
 class Ownership(NamedTuple):
@@ -123,11 +124,8 @@ def _open_level(ops: durable.FsOps, parent_fd: int, top: Path, parts: Sequence[s
             ) from None
         if exc.errno == errno.EACCES:
             # The bare OSError names only the last component ("agent: Permission denied").
-            raise CtxError(
-                errno.EACCES,
-                f"{where}: permission denied to uid {os.geteuid()}; run this as a user who "
-                "may read it (its owner, a member of its group, or root)",
-            ) from None
+            fix = "run this as a user who may (its owner, a member of its group, or root)"
+            raise not_readable(where, f"open {where}", fix) from None
         raise
 
 

@@ -248,7 +248,7 @@ def test_a_session_another_user_may_not_read_is_eacces_naming_the_directory(
     for answer in answers:
         assert answer.returncode == 1, answer
         assert answer.stderr.startswith(
-            f"ctx: EACCES: {closed}: permission denied to uid {stranger.uid}; "
+            f"ctx: EACCES: cannot open {closed}: uid {stranger.uid} may not read {closed} "
         ), answer.stderr
 
 

@@ -189,13 +189,19 @@ def _update(path: Path, changes: dict[str, int]) -> str:
         try:
             durable.replace_file_synced(ops, directory, path.name, text.encode(), mode)
         except OSError as exc:
-            if exc.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
-                raise
             # The replacement is written beside the file first: the OSError names that
             # temporary, which tells the caller nothing about what was refused and why.
+            if exc.errno == errno.EROFS:
+                raise ToolFailure(
+                    exc.errno,
+                    f"{path} cannot be changed: it is on a read-only filesystem; remount it "
+                    "read-write",
+                ) from None
+            if exc.errno not in (errno.EACCES, errno.EPERM):
+                raise
             raise ToolFailure(
                 exc.errno,
-                f"{path} cannot be changed by uid {os.getuid()} ({exc.strerror}): the "
+                f"{path} cannot be changed by uid {os.geteuid()} ({exc.strerror}): the "
                 "configuration belongs to the storage root's owner, who changes it with "
                 f"'ctx tool {TOOL} KEY=VALUE'",
             ) from None
