@@ -169,7 +169,9 @@ def repair(
 ) -> None:
     """Truncate a torn last line of SESSION's events.jsonl (SPEC S-5).
 
-    Waits for appends in flight; complete lines are never touched.
+    Waits for appends in flight; complete lines are never touched.  Prints how many bytes
+    it removed, or that there was nothing to do; --json: {"session", "truncated_bytes"}
+    (0 when nothing was torn).  Exit 0 either way.
     """
     ref = _session_ref(storage_dir, agent, session, project, uid)
     with _session_directory(ref, _listing(agent, project, uid)) as directory:
