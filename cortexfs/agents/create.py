@@ -35,7 +35,7 @@ from cortexfs import durable, storage
 from cortexfs.agents import log as agent_log
 from cortexfs.agents.host import require_host_administrator
 from cortexfs.agents.request import AgentRequest
-from cortexfs.errors import CtxError, invalid
+from cortexfs.errors import CtxError, exists, invalid
 from cortexfs.policy import Identity
 from cortexfs.policy.controls import parse_identity
 from cortexfs.tools.pair_layout import PairKind
@@ -136,15 +136,23 @@ def create_agent(
         "prompt.template.md": b"{{input}}\n",
     }
     directory = root / "agent"
-    install_pair(
-        directory,
-        request.name,
-        AGENT_KIND,
-        entry=_entry_program(root, request.name),
-        controls=controls,
-        replace=False,
-        ops=ops,
-    )
+    try:
+        install_pair(
+            directory,
+            request.name,
+            AGENT_KIND,
+            entry=_entry_program(root, request.name),
+            controls=controls,
+            replace=False,
+            ops=ops,
+        )
+    except CtxError as exc:
+        if exc.errno != errno.EEXIST:
+            raise
+        raise exists(
+            f"{exc.message}: change its controls in agent/{request.name}.d/, or create the "
+            "agent under another name"
+        ) from None
     facts: dict[str, object] = {
         "by": "ctx agent create" if parent is None else "agent.create",
         "label": request.label,

@@ -676,7 +676,7 @@ def _lease_claimed_at(queue: Queue, job: str) -> float | None:
 def _not_claimed(queue: Queue, job: str) -> CtxError:
     for dir_fd, state in ((queue.done, "done"), (queue.failed, "failed")):
         if lstat_at(dir_fd, job) is not None:
-            return exists(f"job {job} is already {state}")
+            return exists(f"job {job} is already {state}; 'ctx queue show {job}' shows its result")
     if lstat_at(queue.pending, job) is not None:
         return not_found(f"job {job} is pending, not claimed; claim it before finishing it")
     return not_found(f"job {job} is not claimed")

@@ -227,6 +227,7 @@ def test_ctx_agent_create_and_show(world: World, tmp_path: Path) -> None:
     assert created.returncode == 0, created.stderr
     assert json.loads(created.stdout)["identity"]["uid"] == world.user.uid
     assert again.returncode == 1 and "EEXIST" in again.stderr
+    assert "change its controls in agent/coder.d/, or create the agent under" in again.stderr
     facts = json.loads(shown.stdout)
     assert facts["ctx_path"] == f"/ctx/tool:/ctx/home/{world.user.uid}/tool"
     assert facts["mounts"] == [[str(world.root.resolve()), "/ctx", "ro"]]
