@@ -331,11 +331,18 @@ def claim(
         # Ctrl-C waits until the claim is leased and named, or never made: stopped between
         # the two, a claim would be left without a lease, which no worker takes until the
         # queue is reconciled (see cortexfs.interrupts).
+        unreadable: list[str] = []
         with held_interrupts():
-            won = protocol.claim(q, holder, ttl)
+            won = protocol.claim(q, holder, ttl, unreadable=unreadable)
             if won is not None:
                 _acknowledge_claim(won, as_json)
     if won is None:
+        if unreadable:  # pending, as status counts them, yet nothing this uid can claim
+            click.echo(
+                f"ctx: note: left pending, since uid {os.geteuid()} may not read their "
+                f"request: {', '.join(unreadable)}; a member who may read them claims them",
+                err=True,
+            )
         sys.exit(EXIT_NOTHING)  # §2.4: nothing on stdout, with or without --json
 
 

@@ -275,18 +275,20 @@ def claim(
     holder: Holder,
     ttl: float | None = None,
     accepts: Callable[[Mapping[str, Any]], bool] | None = None,
+    unreadable: list[str] | None = None,
 ) -> Claim | None:
     """Claim the oldest pending job we can win (Q-2, Q-9) and lease it to ``holder`` (Q-3).
 
     Returns None when there is nothing to claim.  Losing a race is not an error: the next
     candidate is tried.  ``accepts``: a claimer that runs only some kinds of job (a shell
     worker) looks at each pending request first and leaves those it declines pending, for
-    the claimers they are meant for; an unreadable request is not declined.
+    the claimers they are meant for; an unreadable request is not declined.  ``unreadable``
+    receives the jobs left pending because this process may not read their request.
     """
     for job in candidates(queue):
         if accepts is not None and not _accepted(queue, job, accepts):
             continue
-        won = claim_job(queue, job, holder, ttl)
+        won = claim_job(queue, job, holder, ttl, unreadable)
         if won is not None:
             return won
     return None
@@ -306,7 +308,13 @@ def _read_stored_request(queue: Queue, dir_fd: int, job: str) -> bytes:
     return read_regular_file(dir_fd, job, limit)
 
 
-def claim_job(queue: Queue, job: str, holder: Holder, ttl: float | None = None) -> Claim | None:
+def claim_job(
+    queue: Queue,
+    job: str,
+    holder: Holder,
+    ttl: float | None = None,
+    unreadable: list[str] | None = None,
+) -> Claim | None:
     """Try to claim and lease one named job; None when it is gone, someone else won, or its
     request is not a job (Q-8) or not ours to read (it goes back to pending).
 
@@ -365,6 +373,10 @@ def claim_job(queue: Queue, job: str, holder: Holder, ttl: float | None = None) 
         refusal: OSError | CtxError | None = None
         try:
             request = _read_claimed_request(queue, claim_fd, job)
+        except PermissionError:
+            request = None  # a member's request left mode 0600: for a claimer who may read it
+            if unreadable is not None:
+                unreadable.append(job)
         except OSError as exc:
             request, refusal = None, exc
         if request is not None:
@@ -427,13 +439,13 @@ def _write_lease(queue: Queue, job: str, lease: Lease) -> None:
 
 
 def _read_claimed_request(queue: Queue, claim_fd: int, job: str) -> dict[str, Any] | None:
-    """The request we just moved into claimed/J/J, or None when it is not a regular file or
-    not ours to read.
+    """The request we just moved into claimed/J/J, or None when it is not a regular file.
 
     A malformed but regular request is still claimed: the worker finishes it as failed with
     the reason, which is more useful than leaving it pending forever.  One this process may
-    not open (a member's request left mode 0600) is no reason to fail it: it goes back to
-    pending for a claimer who may read it.  Any other error reading it (EIO) is raised.
+    not open (a member's request left mode 0600) is no reason to fail it: PermissionError
+    tells the caller to put it back for a claimer who may read it.  Any other error reading
+    it (EIO) is raised too.
     """
     try:
         data = _read_stored_request(queue, claim_fd, job)
@@ -441,8 +453,6 @@ def _read_claimed_request(queue: Queue, claim_fd: int, job: str) -> dict[str, An
         if exc.errno in (errno.ELOOP, errno.EINVAL):
             return None
         return {"tool": None, "input": {}, "invalid": exc.message}
-    except PermissionError:
-        return None
     try:
         return requests.decode_stored_request(data)
     except CtxError as exc:

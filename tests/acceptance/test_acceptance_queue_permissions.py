@@ -138,7 +138,11 @@ def test_a_request_the_claimer_may_not_read_stays_pending_for_one_who_may(
     assert claimed.returncode == 0, claimed
     assert claimed.stdout == f"{readable}\n"
     nothing = as_user(unprivileged_user, queue, "claim", "--pid", "1")
-    assert (nothing.returncode, nothing.stdout, nothing.stderr) == (3, "", "")
+    assert (nothing.returncode, nothing.stdout) == (3, ""), nothing
+    assert nothing.stderr == (
+        f"ctx: note: left pending, since uid {unprivileged_user.uid} may not read their "
+        f"request: {private}; a member who may read them claims them\n"
+    )
     assert tree(queue)["pending"] == [private]
     assert tree(queue)["claimed"] == tree(queue)["lease"] == [readable]
     assert tree(queue)["inbox"] == []
