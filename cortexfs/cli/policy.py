@@ -58,7 +58,8 @@ def policy() -> None:
 
 @policy.command()
 @click.argument("files", nargs=-1, required=True, metavar="FILE...")
-def check(files: tuple[str, ...]) -> None:
+@json_option
+def check(files: tuple[str, ...], as_json: bool) -> None:
     """Validate policy FILEs ('-' reads standard input).
 
     Exit 0 when every file is valid.  Otherwise exit 1 and print on standard error one line
@@ -66,18 +67,26 @@ def check(files: tuple[str, ...]) -> None:
 
     \b
         FILE:LINE: EINVAL: <reason>
+
+    --json also prints {"valid", "files": [{"file", "valid", "problems": [{"line", "error",
+    "errno", "message"}]}]} on stdout; a file that cannot be read has one problem, line null.
     """
-    all_valid = True
+    reports = []
     for name in files:
+        problems: list[dict[str, object]] = []
         try:
             Policy.from_bytes(_read_input(name), source=name)
         except PolicySyntaxError as exc:
-            all_valid = False
             for problem in exc.problems:
                 click.echo(str(problem), err=True)
+                problems.append({"line": problem.line, **invalid(problem.reason).to_json()})
         except CtxError as exc:
-            all_valid = False
             click.echo(f"{name}: {exc}", err=True)
+            problems.append({"line": None, **exc.to_json()})
+        reports.append({"file": name, "valid": not problems, "problems": problems})
+    all_valid = all(report["valid"] for report in reports)
+    if as_json:
+        emit_json({"valid": all_valid, "files": reports})
     sys.exit(EXIT_OK if all_valid else EXIT_REFUSED)
 
 
@@ -93,13 +102,17 @@ def check(files: tuple[str, ...]) -> None:
 @click.argument("subject")
 @click.argument("object_ref", metavar="CLASS:NAME")
 @click.argument("permission", metavar="PERM")
-def query(policy_files: tuple[str, ...], subject: str, object_ref: str, permission: str) -> None:
+@json_option
+def query(
+    policy_files: tuple[str, ...], subject: str, object_ref: str, permission: str, as_json: bool
+) -> None:
     """Does every --policy allow SUBJECT to PERM on CLASS:NAME?
 
     Prints 'allow' (exit 0) when every given policy holds the rule
     'allow SUBJECT CLASS:NAME PERM', else 'deny' (exit 1): the two-layer rule of P-6 when
     given the agent's and the tool's policy.  A malformed query or policy exits 2 with
-    EINVAL on standard error.
+    EINVAL on standard error.  --json prints {"decision", "rule", "policies": [{"policy",
+    "allows"}]} instead (the error object on a malformed one).
 
     \b
     Example:
@@ -109,17 +122,24 @@ def query(policy_files: tuple[str, ...], subject: str, object_ref: str, permissi
     try:
         rule = make_rule(subject, object_ref, permission)
     except CtxError as exc:
-        _exit_usage(f"ctx: {exc}")
+        _exit_usage(exc, [f"ctx: {exc}"], as_json)
     layers = []
     for name in policy_files:
         try:
             layers.append(Policy.from_bytes(_read_input(name), source=name))
         except PolicySyntaxError as exc:
-            _exit_usage(*(str(problem) for problem in exc.problems))
+            _exit_usage(exc, [str(problem) for problem in exc.problems], as_json)
         except CtxError as exc:
-            _exit_usage(f"ctx: {exc}")
+            _exit_usage(exc, [f"ctx: {exc}"], as_json)
     allowed = all_allow(layers, rule)
-    click.echo("allow" if allowed else "deny")
+    if as_json:
+        each = [
+            {"policy": name, "allows": rule in layer}
+            for name, layer in zip(policy_files, layers, strict=True)
+        ]
+        emit_json({"decision": "allow" if allowed else "deny", "rule": str(rule), "policies": each})
+    else:
+        click.echo("allow" if allowed else "deny")
     sys.exit(EXIT_OK if allowed else EXIT_REFUSED)
 
 
@@ -247,7 +267,9 @@ def _parse_peer(peer: str) -> Credentials:
     return Credentials(int(uid), int(gid))
 
 
-def _exit_usage(*lines: str) -> NoReturn:
+def _exit_usage(error: CtxError, lines: list[str], as_json: bool) -> NoReturn:
     for line in lines:
         click.echo(line, err=True)
+    if as_json:
+        emit_json(error.to_json())
     sys.exit(EXIT_USAGE)

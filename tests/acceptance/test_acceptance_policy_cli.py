@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -186,3 +187,38 @@ def test_query_without_any_policy_is_a_usage_error():
     r = ctx_run("policy", "query", "coder_t", "tool:fs.read", "execute")
     assert r.rc == 2, r
     assert r.out.strip() not in ("allow", "deny")
+
+
+def test_check_json_lists_each_file_and_each_invalid_line(tmp_path):
+    """The stderr lines of P-8 stay; --json adds the same verdicts on stdout."""
+    good = write(tmp_path, "good.policy", VALID)
+    bad = write(tmp_path, "bad.policy", "allow a_t tool:x execute\nallow a_t tool:x fly\n")
+    r = ctx_run("policy", "check", good, bad, "--json")
+    assert r.rc == 1, r
+    assert ERROR_LINE.match(r.err.splitlines()[0]), r
+    report = json.loads(r.out)
+    assert report["valid"] is False
+    verdicts = [(f["file"], f["valid"]) for f in report["files"]]
+    assert verdicts == [(str(good), True), (str(bad), False)]
+    (problem,) = report["files"][1]["problems"]
+    assert (problem["line"], problem["error"], problem["errno"]) == (2, "EINVAL", 22)
+
+
+def test_query_json_gives_the_decision_and_each_layers_answer(layers):
+    agent, tool = layers
+    r = ctx_run("policy", "query", "--policy", agent, "--policy", tool, "--json",
+                "coder_t", "tool:fs.read", "execute")  # fmt: skip
+    answer = json.loads(r.out)
+    assert r.rc == 0 and answer["decision"] == "allow", r
+    assert answer["rule"] == "allow coder_t tool:fs.read execute"
+    assert answer["policies"] == [
+        {"policy": str(agent), "allows": True},
+        {"policy": str(tool), "allows": True},
+    ]
+    denied = ctx_run("policy", "query", "--policy", agent, "--policy", tool, "--json",
+                     "coder_t", "tool:shell.exec", "execute")  # fmt: skip
+    assert denied.rc == 1 and json.loads(denied.out)["decision"] == "deny", denied
+    assert [p["allows"] for p in json.loads(denied.out)["policies"]] == [True, False]
+    malformed = ctx_run("policy", "query", "--policy", agent, "--json",
+                        "coder_t", "bogus:x", "execute")  # fmt: skip
+    assert malformed.rc == 2 and json.loads(malformed.out)["error"] == "EINVAL"
