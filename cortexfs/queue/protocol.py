@@ -386,7 +386,9 @@ def claim_job(
             except OSError as exc:
                 refusal = _refused_in(queue, exc, "claim", "lease")
             except CtxError as exc:
-                refusal = exc  # named where it was refused, by _write_lease
+                if exc.errno == errno.EEXIST:
+                    raise  # a lease/J not ours: nothing here may remove it; recover decides
+                refusal = exc  # refused in inbox/, and named so by _write_lease
             else:
                 ops.step("lease.done")
                 return Claim(job=job, request=request, lease=lease)
