@@ -288,8 +288,14 @@ def publish(
         limit = q.config.max_request_bytes
         if batch:
             requests, lines = parse_batch(stream, limit)
-            jobs = protocol.publish_batch(q, requests, given=lines)
-            _acknowledge_published(jobs, batch, as_json)
+            # Ctrl-C while the batch is written cancels it; from its first move on, it waits
+            # until the names are printed (see protocol.publish_batch).
+            protocol.publish_batch(
+                q,
+                requests,
+                given=lines,
+                acknowledge=lambda jobs: _acknowledge_published(jobs, batch, as_json),
+            )
         else:
             data = read_at_most(stream, limit, "request", "max_request_bytes")
             request = parse_request_bytes(data, limit)

@@ -53,6 +53,7 @@ from typing import Any
 
 from cortexfs import durable
 from cortexfs.errors import CtxError, exists, invalid, not_found
+from cortexfs.interrupts import held_interrupts
 from cortexfs.names import job_name
 from cortexfs.queue import requests
 from cortexfs.queue.claim_order import candidates, pending_changed, pending_stamp
@@ -144,6 +145,7 @@ def publish_batch(
     names: Sequence[str | None] | None = None,
     publisher: str | None = None,
     given: Sequence[bytes] | None = None,
+    acknowledge: Callable[[list[str]], None] | None = None,
 ) -> list[str]:
     """Publish many requests as one group commit: one barrier for all their data, one sync
     per directory for all their names.  Returns the job names in input order.
@@ -151,6 +153,11 @@ def publish_batch(
     Every request is validated first; one invalid request refuses the whole batch (EINVAL
     listing each bad entry by its 1-based position) and nothing is written.  A crash during
     the call may publish a prefix of the batch — the batch is durable, not atomic.
+
+    ``acknowledge(jobs)`` is called once the batch is durable, with Ctrl-C held from the
+    first move into ``pending/`` until it returns (:mod:`cortexfs.interrupts`): names that
+    were published are then always acknowledged.  The writing before, however long, stays
+    interruptible, and leaves nothing behind when interrupted.
     """
     names = list(names) if names is not None else [None] * len(batch)
     if len(names) != len(batch):
@@ -194,23 +201,26 @@ def publish_batch(
     except BaseException:
         _discard_temps(queue, temps)
         raise
-    ops.step("publish_batch.move")
-    moves = [
-        durable.Move(queue.inbox, t, queue.pending, j) for t, j in zip(temps, jobs, strict=True)
-    ]
-    before = pending_stamp(queue.pending)
-    try:
-        outcomes = durable.move_noreplace_batch(ops, moves)
-    except OSError:  # a barrier failed: what moved is not known to be durable
-        _discard_temps(queue, temps)
-        raise
-    failed = {job: o for job, o in zip(jobs, outcomes, strict=True) if o is not None}
-    published = [job for job in jobs if job not in failed]
-    pending_changed(queue, before, published)
-    if failed:
-        _discard_temps(queue, [m.src for m, o in zip(moves, outcomes, strict=True) if o])
-        raise _batch_refusal(queue, failed, published)
-    ops.step("publish_batch.done")
+    with held_interrupts():
+        ops.step("publish_batch.move")
+        moves = [
+            durable.Move(queue.inbox, t, queue.pending, j) for t, j in zip(temps, jobs, strict=True)
+        ]
+        before = pending_stamp(queue.pending)
+        try:
+            outcomes = durable.move_noreplace_batch(ops, moves)
+        except OSError:  # a barrier failed: what moved is not known to be durable
+            _discard_temps(queue, temps)
+            raise
+        failed = {job: o for job, o in zip(jobs, outcomes, strict=True) if o is not None}
+        published = [job for job in jobs if job not in failed]
+        pending_changed(queue, before, published)
+        if failed:
+            _discard_temps(queue, [m.src for m, o in zip(moves, outcomes, strict=True) if o])
+            raise _batch_refusal(queue, failed, published)
+        ops.step("publish_batch.done")
+        if acknowledge is not None:
+            acknowledge(jobs)
     return jobs
 
 

@@ -104,6 +104,33 @@ def test_ctrl_c_during_a_publish_completes_it_and_names_the_job(queue, step):
     _assert_consistent(queue)
 
 
+def test_ctrl_c_during_a_batch_being_written_publishes_nothing(queue):
+    batch = b"".join(b'{"tool": "fs.stat", "input": {"n": %d}}\n' % n for n in range(3))
+    proc = _ctx_interrupted_at(
+        "publish_batch.write", queue, "queue", "publish", "--project", "proj", "--batch", "-",
+        input=batch,
+    )  # fmt: skip
+
+    _assert_reported_as_interrupted(proc)
+    assert proc.stdout == b""
+    assert queue.entries("pending") == set()
+    _assert_consistent(queue)
+
+
+def test_ctrl_c_once_a_batch_moves_completes_it_and_names_every_job(queue):
+    """Stopped among its moves, a batch would publish a prefix whose names nobody saw."""
+    batch = b"".join(b'{"tool": "fs.stat", "input": {"n": %d}}\n' % n for n in range(3))
+    proc = _ctx_interrupted_at(
+        "publish_batch.move", queue, "queue", "publish", "--project", "proj", "--batch", "-",
+        input=batch,
+    )  # fmt: skip
+
+    _assert_reported_as_interrupted(proc)
+    names = proc.stdout.decode().split()
+    assert len(names) == 3 and set(names) == queue.entries("pending"), proc.stdout
+    _assert_consistent(queue)
+
+
 @pytest.mark.parametrize("step", ["finish.write", "finish.result", "finish.request"])
 def test_ctrl_c_during_a_finish_completes_it(queue, child, step):
     """Stopped after its result is in place, a finish would leave a result beside a claimed
