@@ -309,39 +309,39 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="agents with other uid
 def test_agent_create_refuses_an_identity_no_kernel_has(storage, options, message):
     """A-3, P-5 step 1: ids are integers from 0 to 2**32 - 2; anything else is a usage error
     (EINVAL, exit 2) and nothing is created — not an agent that every later use refuses."""
-    request = json.dumps({"name": "helper", "label": "helper_t"})
+    request = json.dumps({"name": "triage", "label": "triage_t"})
     r = ctx_run("agent", "create", "-", *options, "--storage", storage, input=request)
     assert r.rc == 2, r
     assert r.err.startswith("ctx: EINVAL: ") and message in r.err, r
     assert "Traceback" not in r.err
-    assert not (storage / "agent" / "helper").exists()
-    assert not (storage / "agent" / "helper.d").exists()
+    assert not (storage / "agent" / "triage").exists()
+    assert not (storage / "agent" / "triage.d").exists()
 
 
 @needs_root
 def test_agent_create_takes_the_largest_gid(storage):
-    request = json.dumps({"name": "helper", "label": "helper_t"})
+    request = json.dumps({"name": "triage", "label": "triage_t"})
     options = ["--user", "nobody", "--gid", "4294967294", "--groups", "1,,2"]
     r = ctx_run("agent", "create", "-", *options, "--json", "--storage", storage, input=request)
     assert r.rc == 0, r
     assert r.json()["identity"]["gid"] == 4294967294
     assert r.json()["identity"]["groups"] == [1, 2]
-    shown = ctx_run("agent", "show", "helper", "--json", "--storage", storage)
+    shown = ctx_run("agent", "show", "triage", "--json", "--storage", storage)
     assert shown.rc == 0, shown
 
 
 @needs_root
 def test_agent_show_text_is_for_people_not_python_reprs(storage):
-    request = json.dumps({"name": "helper", "label": "helper_t"})
+    request = json.dumps({"name": "triage", "label": "triage_t"})
     options = ["--user", "nobody", "--gid", "7", "--groups", "20,10"]
     r = ctx_run("agent", "create", "-", *options, "--storage", storage, input=request)
     assert r.rc == 0, r
-    shown = ctx_run("agent", "show", "helper", "--storage", storage)
+    shown = ctx_run("agent", "show", "triage", "--storage", storage)
     assert shown.rc == 0, shown
-    uid = ctx_run("agent", "show", "helper", "--json", "--storage", storage).json()["identity"]
+    uid = ctx_run("agent", "show", "triage", "--json", "--storage", storage).json()["identity"]
     assert shown.lines() == [
-        "name: helper",
-        "label: helper_t",
+        "name: triage",
+        "label: triage_t",
         f"identity: uid {uid['uid']}, gid 7, groups 10,20",
         f"ctx_path: /ctx/tool:/ctx/home/{uid['uid']}/tool",
         f"mount: {storage} at /ctx (ro)",
@@ -381,19 +381,19 @@ def test_start_stop_and_their_refusals_say_what_to_do(storage):
     """Starting a running terminal is EEXIST, stopping or watching one that is not running
     ENOENT; each says which command does what the user wanted.  A stop prints what it
     stopped, as a start prints what it started, and --json gives the same facts."""
-    request = json.dumps({"name": "helper", "label": "helper_t"})
+    request = json.dumps({"name": "triage", "label": "triage_t"})
     assert ctx_run("agent", "create", "-", "--storage", storage, input=request).rc == 0
     session = f"s{uuid.uuid4().hex[:12]}"  # the sockets under /run are shared by all roots
-    where = ["helper", "--session", session, "--storage", storage]
+    where = ["triage", "--session", session, "--storage", storage]
     started = ctx_run("agent", "start", *where, "--no-workspace", "--json")
     assert started.rc == 0, started
     try:
         again = ctx_run("agent", "start", *where, "--no-workspace")
         assert again.rc == 1, again
         assert again.err == (
-            f"ctx: EEXIST: the terminal of helper in session {session} is already running: "
-            f"watch it with 'ctx agent watch helper --session {session}', end it with "
-            f"'ctx agent stop helper --session {session}', or start another session with "
+            f"ctx: EEXIST: the terminal of triage in session {session} is already running: "
+            f"watch it with 'ctx agent watch triage --session {session}', end it with "
+            f"'ctx agent stop triage --session {session}', or start another session with "
             "--session\n"
         )
         pid = int(Path(started.json()["listening_at"]).with_name("pid").read_text())
@@ -402,11 +402,11 @@ def test_start_stop_and_their_refusals_say_what_to_do(storage):
         if stopped.rc != 0:  # leave no terminal running whatever went wrong
             ctx_run("agent", "stop", *where)
     assert stopped.rc == 0, stopped
-    assert stopped.json() == {"agent": "helper", "session": session, "pid": pid}
+    assert stopped.json() == {"agent": "triage", "session": session, "pid": pid}
     assert not Path(started.json()["listening_at"]).exists()
     not_running = (
-        f"ctx: ENOENT: no terminal of helper in session {session} is running; start one with "
-        f"'ctx agent start helper --session {session}'\n"
+        f"ctx: ENOENT: no terminal of triage in session {session} is running; start one with "
+        f"'ctx agent start triage --session {session}'\n"
     )
     for command in ("stop", "watch", "attach"):
         r = ctx_run("agent", command, *where)
@@ -417,24 +417,24 @@ def test_start_stop_and_their_refusals_say_what_to_do(storage):
 
 @needs_terminal
 def test_start_and_stop_say_what_they_did(storage):
-    request = json.dumps({"name": "helper", "label": "helper_t"})
+    request = json.dumps({"name": "triage", "label": "triage_t"})
     assert ctx_run("agent", "create", "-", "--storage", storage, input=request).rc == 0
     session = f"s{uuid.uuid4().hex[:12]}"
-    where = ["helper", "--session", session, "--storage", storage]
+    where = ["triage", "--session", session, "--storage", storage]
     started = ctx_run("agent", "start", *where, "--no-workspace", "--json")
     assert started.rc == 0, started
     pid = Path(started.json()["listening_at"]).with_name("pid").read_text()
     stopped = ctx_run("agent", "stop", *where)
-    assert (stopped.rc, stopped.out) == (0, f"stopped helper, session {session} (pid {pid})\n")
+    assert (stopped.rc, stopped.out) == (0, f"stopped triage, session {session} (pid {pid})\n")
     started = ctx_run("agent", "start", *where, "--no-workspace")
     stopped = ctx_run("agent", "stop", *where)
-    uid = ctx_run("agent", "show", "helper", "--json", "--storage", storage).json()["identity"]
-    home = storage / "home" / str(uid["uid"]) / "agent" / "helper"
+    uid = ctx_run("agent", "show", "triage", "--json", "--storage", storage).json()["identity"]
+    home = storage / "home" / str(uid["uid"]) / "agent" / "triage"
     link = home / "session" / session / "terminal"
     assert started.lines() == [
-        f"started helper, session {session}: {link / 'main.sock'}",
-        f"watch: ctx agent watch helper --session {session}   "
-        f"join: ctx agent attach helper --session {session}",
+        f"started triage, session {session}: {link / 'main.sock'}",
+        f"watch: ctx agent watch triage --session {session}   "
+        f"join: ctx agent attach triage --session {session}",
     ], started
     assert stopped.rc == 0, stopped
 
@@ -443,10 +443,10 @@ def test_start_and_stop_say_what_they_did(storage):
 def test_what_is_typed_before_ctrl_close_bracket_reaches_the_terminal(storage):
     """A-2: attach writes its input to the PTY; Ctrl-] detaches.  Input that arrives in the
     same read as the Ctrl-] (pasted, or written by a script) is still delivered."""
-    request = json.dumps({"name": "helper", "label": "helper_t"})
+    request = json.dumps({"name": "triage", "label": "triage_t"})
     assert ctx_run("agent", "create", "-", "--storage", storage, input=request).rc == 0
     session = f"s{uuid.uuid4().hex[:12]}"
-    where = ["helper", "--session", session, "--storage", storage]
+    where = ["triage", "--session", session, "--storage", storage]
     started = ctx_run("agent", "start", *where, "--no-workspace", "--json")
     assert started.rc == 0, started
     try:
@@ -457,11 +457,11 @@ def test_what_is_typed_before_ctrl_close_bracket_reaches_the_terminal(storage):
             finally:
                 os._exit(127)
         shown, deadline = b"", time.monotonic() + 20
-        while b"helper$ " not in shown and time.monotonic() < deadline:
+        while b"triage$ " not in shown and time.monotonic() < deadline:
             # the prompt, relayed: attach has connected and put its pty in raw mode
             if select.select([terminal], [], [], 0.5)[0]:
                 shown += os.read(terminal, 65536)
-        assert b"helper$ " in shown, shown
+        assert b"triage$ " in shown, shown
         os.write(terminal, b"help\r\x1d")
         status, deadline = None, time.monotonic() + 20
         while status is None and time.monotonic() < deadline:
