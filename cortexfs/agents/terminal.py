@@ -54,10 +54,12 @@ from cortexfs.agents.run_socket import RunSocket
 from cortexfs.agents.terminal_socket import (
     LINK_NAME,
     RUN_BASE,
+    SOCKET_NAME,
     TerminalClients,
     listening,
     run_directory,
     socket_address,
+    socket_path,
 )
 from cortexfs.agents.view import WORKSPACE, AgentView
 from cortexfs.errors import CtxError, errno_named_in, invalid, not_found
@@ -80,7 +82,7 @@ class Terminal:
         self.view = AgentView.load(root, agent).with_workspace(self.workspace)
         self.session = SessionRef.home(root, self.view.identity.uid, agent, session)
         self.run_dir = run_directory(self.view.identity.uid, agent, session)
-        self.main_socket = self.run_dir / "main.sock"
+        self.main_socket = socket_path(self.view, session)
         self.run_socket = self.run_dir / "run.sock"
         self.view_dir = self.run_dir / "private" / "ctx"
         self.made: list[Path] = []  # the run directories prepare() made (the base among them?)
@@ -415,7 +417,7 @@ class Terminal:
         agent's may have ended while this session's was in it.  (A terminal starting meanwhile
         makes them again: :meth:`_make_run_directory`.)  The base goes only if this one made it.
         """
-        for name in ("main.sock", "run.sock", "pid"):
+        for name in (SOCKET_NAME, "run.sock", "pid"):
             with contextlib.suppress(FileNotFoundError):
                 (self.run_dir / name).unlink()
         agent_dir = self.run_dir.parent

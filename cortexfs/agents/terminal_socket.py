@@ -34,7 +34,8 @@ from cortexfs.errors import CtxError, denied, not_found
 from cortexfs.shared.sessions import SessionRef
 
 RUN_BASE = Path("/run/cortexfs/terminal")
-LINK_NAME = "main.sock"
+SOCKET_NAME = "main.sock"
+LINK_NAME = SOCKET_NAME  # the session's link bears the name of the socket it leads to
 MODES = (b"watch", b"attach")
 DETACH = b"\x1d"  # Ctrl-]
 STOP_SECONDS = 30.0  # for a terminal to end after SIGTERM before stop says it did not
@@ -45,6 +46,11 @@ _MAX_MODE_LINE = 64  # bytes a client may send before the newline that ends its 
 
 def run_directory(uid: int, agent: str, session: str) -> Path:
     return RUN_BASE / str(uid) / agent / session
+
+
+def socket_path(view: AgentView, session: str) -> Path:
+    """Where the terminal of ``view``'s ``session`` listens."""
+    return run_directory(view.identity.uid, view.name, session) / SOCKET_NAME
 
 
 def terminal_link(session: SessionRef) -> Path:
@@ -116,7 +122,7 @@ def not_running(name: str, session: str) -> CtxError:
 def connect(root: Path, view: AgentView, session: str, mode: bytes) -> Iterator[socket.socket]:
     """The terminal socket of ``view``'s ``session``, connected in ``mode``: EACCES when this
     uid may not use it (the terminal refuses it too), ENOENT when no terminal answers there."""
-    path = run_directory(view.identity.uid, view.name, session) / LINK_NAME
+    path = socket_path(view, session)
     reason = refusal(root, view, os.geteuid(), mode)
     if reason:
         raise denied(reason)
@@ -177,7 +183,7 @@ def stop(view: AgentView, session: str) -> int:
         pid = int((run_dir / "pid").read_text())
     except (OSError, ValueError):
         pid = 0
-    if not pid or not listening(run_dir / LINK_NAME):  # a pid file alone may be stale
+    if not pid or not listening(socket_path(view, session)):  # a pid file alone may be stale
         raise not_running(view.name, session)
     try:
         os.kill(pid, signal.SIGTERM)
