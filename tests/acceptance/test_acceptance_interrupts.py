@@ -104,12 +104,15 @@ def test_ctrl_c_during_a_publish_completes_it_and_names_the_job(queue, step):
     _assert_consistent(queue)
 
 
-def test_ctrl_c_during_a_batch_being_written_publishes_nothing(queue):
+def _batch_of_three_interrupted_at(step: str, queue: QueueCLI) -> subprocess.CompletedProcess:
     batch = b"".join(b'{"tool": "fs.stat", "input": {"n": %d}}\n' % n for n in range(3))
-    proc = _ctx_interrupted_at(
-        "publish_batch.write", queue, "queue", "publish", "--project", "proj", "--batch", "-",
-        input=batch,
-    )  # fmt: skip
+    return _ctx_interrupted_at(
+        step, queue, "queue", "publish", "--project", "proj", "--batch", "-", input=batch
+    )
+
+
+def test_ctrl_c_during_a_batch_being_written_publishes_nothing(queue):
+    proc = _batch_of_three_interrupted_at("publish_batch.write", queue)
 
     _assert_reported_as_interrupted(proc)
     assert proc.stdout == b""
@@ -119,11 +122,7 @@ def test_ctrl_c_during_a_batch_being_written_publishes_nothing(queue):
 
 def test_ctrl_c_once_a_batch_moves_completes_it_and_names_every_job(queue):
     """Stopped among its moves, a batch would publish a prefix whose names nobody saw."""
-    batch = b"".join(b'{"tool": "fs.stat", "input": {"n": %d}}\n' % n for n in range(3))
-    proc = _ctx_interrupted_at(
-        "publish_batch.move", queue, "queue", "publish", "--project", "proj", "--batch", "-",
-        input=batch,
-    )  # fmt: skip
+    proc = _batch_of_three_interrupted_at("publish_batch.move", queue)
 
     _assert_reported_as_interrupted(proc)
     names = proc.stdout.decode().split()
