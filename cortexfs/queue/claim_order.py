@@ -181,19 +181,24 @@ def hint_path(queue_path: Path) -> Path:
     """This user's claim-order hint for the queue at ``queue_path`` (a cache file):
     under ``$XDG_CACHE_HOME/cortexfs`` (when that is an absolute path), else
     ``/var/cache/cortexfs`` for root and ``~/.cache/cortexfs`` for everyone else."""
-    if os.geteuid() == 0 and not os.path.isabs(os.environ.get("XDG_CACHE_HOME", "")):
-        cache = Path("/var/cache/cortexfs")
-    else:
-        cache = user_directory("XDG_CACHE_HOME", ".cache") / "cortexfs"
-    return cache / "claim-order" / _hint_key(queue_path)
+    environ = os.environ
+    return _hint_path(
+        queue_path, os.geteuid(), environ.get("XDG_CACHE_HOME", ""), environ.get("HOME", "")
+    )
 
 
 @functools.lru_cache(maxsize=64)
-def _hint_key(queue_path: Path) -> str:
-    """The queue's real path, hashed: once per process and queue, because every publish
-    asks and ``realpath`` costs a ``lstat`` per component.  Should the path be re-pointed
+def _hint_path(queue_path: Path, euid: int, cache_home: str, home: str) -> Path:
+    """:func:`hint_path`, once per process, queue and user: every publish and claim asks,
+    and ``realpath`` costs a ``lstat`` per component.  Should the queue's path be re-pointed
     meanwhile, the hint goes to the old queue's file, which costs a listing, nothing more."""
-    return hashlib.sha256(os.fsencode(os.path.realpath(queue_path))).hexdigest()[:32]
+    if euid == 0 and not os.path.isabs(cache_home):
+        cache = Path("/var/cache/cortexfs")
+    else:
+        environ = {"XDG_CACHE_HOME": cache_home, "HOME": home}
+        cache = user_directory("XDG_CACHE_HOME", ".cache", euid, environ) / "cortexfs"
+    key = hashlib.sha256(os.fsencode(os.path.realpath(queue_path))).hexdigest()[:32]
+    return cache / "claim-order" / key
 
 
 @dataclass

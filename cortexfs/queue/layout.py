@@ -222,7 +222,11 @@ class Queue:
         ``pending``, ``claimed/J``; by default every state directory, as a worker needs;
         ``action``: what for).  For a transition that cannot undo its later steps (finish)."""
         for place in places:
-            require_writable(self.path / place, f"{action} in queue {self.path}")
+            state, _, job = place.partition("/")
+            # Relative to the descriptors we hold: a finish asks about six directories.
+            parent, name = (self.dirs[state], job) if job else (self.root_fd, state)
+            if not os.access(name, os.W_OK | os.X_OK, dir_fd=parent, effective_ids=True):
+                require_writable(self.path / place, f"{action} in queue {self.path}")
 
     def not_writable(self, action: str, state: str, refused: OSError) -> CtxError:
         """The error for ``action`` refused by the kernel (``refused``) in the directory

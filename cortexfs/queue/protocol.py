@@ -107,7 +107,8 @@ def publish(
     job = job_name(name) if name is not None else new_job_name()
     limit = queue.config.max_request_bytes
     data = requests.encode_request(request, limit, publisher, given)
-    refuse_known_job(queue, job)  # early and cheap; the check that counts comes below
+    if name is not None:  # a name just made up has no evidence to find yet
+        refuse_known_job(queue, job)  # early and cheap; the check that counts comes below
     ops = queue.ops
     temp = queue.publish_temp_name(job)
     ops.step("publish.write")
@@ -177,8 +178,9 @@ def publish_batch(
             problems.append(f"request {position}: {exc.message}")
     if problems:
         raise CtxError(errno.EINVAL, "batch refused, nothing published: " + "; ".join(problems))
-    for job in jobs:
-        refuse_known_job(queue, job)  # early and cheap; the check that counts comes below
+    for job, given_name in zip(jobs, names, strict=True):
+        if given_name is not None:  # as in publish
+            refuse_known_job(queue, job)  # early and cheap; the check that counts comes below
     if not jobs:
         return []
     ops = queue.ops

@@ -8,6 +8,7 @@ result is ``{"status": "ok"|"error", "output": ..., "worker": {...}, "started": 
 
 from __future__ import annotations
 
+import functools
 import getpass
 import json
 import os
@@ -28,6 +29,18 @@ def default_publisher() -> str:
     agent = os.environ.get("CTX_AGENT")
     if agent:
         return agent
+    return _login_name(os.getuid(), tuple(map(os.environ.get, _LOGIN_VARIABLES)))
+
+
+# What getpass.getuser() consults before the password database, in its order.
+_LOGIN_VARIABLES = ("LOGNAME", "USER", "LNAME", "USERNAME")
+
+
+@functools.lru_cache(maxsize=16)
+def _login_name(uid: int, login_variables: tuple[str | None, ...]) -> str:
+    """getpass.getuser() for this uid and these login variables.  Remembered: without the
+    variables it reads the whole password database, and a worker publishes thousands of
+    jobs."""
     try:
         return getpass.getuser()
     except (KeyError, OSError):

@@ -56,6 +56,24 @@ def test_publish_keeps_from_and_created_when_given(queue: Queue, queue_dir: Path
     assert stored["from"] == "coder" and stored["created"] == "2026-01-01T00:00:00Z"
 
 
+def test_the_default_publisher_follows_the_environment_of_each_publish(
+    queue: Queue, queue_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The login name is remembered between publishes, but never across a change of the
+    variables it comes from."""
+    for variable in ("CTX_AGENT", "LOGNAME", "USER", "LNAME", "USERNAME"):
+        monkeypatch.delenv(variable, raising=False)
+    publishers = []
+    for login in ("ana", "ana", "ben"):
+        monkeypatch.setenv("LOGNAME", login)
+        job = publish(queue, request())
+        publishers.append(json.loads((queue_dir / "pending" / job).read_text())["from"])
+    monkeypatch.setenv("CTX_AGENT", "triage")
+    job = publish(queue, request())
+    publishers.append(json.loads((queue_dir / "pending" / job).read_text())["from"])
+    assert publishers == ["ana", "ana", "ben", "triage"]
+
+
 def test_generated_names_are_legal_and_unique(queue: Queue) -> None:
     names = {publish(queue, request(n)) for n in range(20)}
     assert len(names) == 20
