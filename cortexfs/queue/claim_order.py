@@ -339,7 +339,9 @@ class HintFile:
                 header.stamp = after
             header.listed += len(added)
             data = "".join(f"{name}\n" for name in added).encode()
-            if not first:
+            if not data:
+                pass  # a claim: only the stamp moves
+            elif not first:
                 os.pwrite(fd, data, os.fstat(fd).st_size)
             elif header.cursor - _HEADER >= len(data):
                 header.cursor -= len(data)  # into the room of names already handed out
