@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import functools
 import json
 import math
 import sys
@@ -59,11 +60,15 @@ class _Parser(argparse.ArgumentParser):
 
 def _parser() -> tuple[argparse.ArgumentParser, dict[str, bool]]:
     """The parser, and whether each of its option strings takes a value."""
+    # argparse makes a help formatter for every argument it adds (to check its metavar), and a
+    # formatter of the terminal's width imports shutil, with zlib, bz2 and lzma: milliseconds
+    # of every call, for the width of a text only --help and errors print.  So the parser is
+    # built with formatters of a set width, and given the real one once built.
     parser = _Parser(
         prog="ctx run",
         usage="ctx run [OPTIONS] TOOL [ARGS]...",
         description=DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=functools.partial(argparse.RawDescriptionHelpFormatter, width=80),
     )
     options = [
         parser.add_argument(
@@ -99,6 +104,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, bool]]:
     parser.add_argument(
         "args", metavar="ARGS", nargs="*", default=[], help="the tool's argv, exactly"
     )
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
     takes_value = {"-h": False, "--help": False}
     for action in options:
         takes_value.update(dict.fromkeys(action.option_strings, action.nargs != 0))

@@ -25,17 +25,17 @@ import contextlib
 import errno
 import functools
 import os
-import shutil
 import subprocess
 import threading
 from collections.abc import Iterator
 
 from cortexfs.errors import CtxError
 from cortexfs.libc import check, libc
+from cortexfs.tools.host_programs import find_program
 
 _CLONE_NEWNET = 0x40000000
 _OWN_NAMESPACE = "/proc/thread-self/ns/net"
-_UNSHARE = shutil.which("unshare")
+_UNSHARE = find_program("unshare")
 
 _offline_namespace: int | None = None
 _creating = threading.Lock()

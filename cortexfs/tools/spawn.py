@@ -26,7 +26,6 @@ import contextlib
 import os
 import select
 import selectors
-import shutil
 import signal
 import subprocess
 import time
@@ -35,6 +34,7 @@ from typing import IO, Any, NamedTuple
 
 from cortexfs.policy import Identity
 from cortexfs.tools import offline, orphans
+from cortexfs.tools.host_programs import find_program
 
 MAX_OUTPUT_BYTES = 16 * 1024 * 1024
 MAX_STDERR_TAIL = 64 * 1024
@@ -290,7 +290,7 @@ def _exits_within(pid: int, timeout: float | None) -> bool:
 # than setpriv's exec (bench/tools.py).  Without setpriv, subprocess switches the credentials
 # and orphans.die_with_parent sets the signal.  Either way, what the tool starts in turn is
 # killed by the orphan guard (:mod:`cortexfs.tools.orphans`) once the caller is gone.
-_SETPRIV = shutil.which("setpriv")
+_SETPRIV = find_program("setpriv")
 
 
 def _launch(

@@ -2,8 +2,10 @@
 
 Neither its import nor a whole native call may load click (the one command started per call
 parses with argparse), jsonschema (common schemas are checked without it), dataclasses and
-the inspect module it imports (records on this path are NamedTuples), or ctypes (loaded only
-by the queue calls that need it, and by a root host starting a tool without network on a
+the inspect module it imports (records on this path are NamedTuples), shutil and the
+compression modules it loads (setpriv and unshare are found by cortexfs/tools/host_programs.py,
+and ctx run's parser asks for the terminal's width only to print help), or ctypes (loaded
+only by the queue calls that need it, and by a root host starting a tool without network on a
 Python without ``os.setns``: see cortexfs/tools/offline.py).
 """
 
@@ -19,7 +21,7 @@ from cortexfs import storage
 from tests.support.startup import run_ctx_watching
 from tests.tools.support import World
 
-HEAVY_MODULES = ("click", "jsonschema", "dataclasses", "inspect", "ctypes")
+HEAVY_MODULES = ("click", "jsonschema", "dataclasses", "inspect", "shutil", "ctypes")
 
 _LOADED = f"sorted(name for name in {HEAVY_MODULES!r} if name in sys.modules)"
 
