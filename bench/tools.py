@@ -23,12 +23,19 @@ Two trivial tools: ``sh.cat`` (``#!/bin/sh`` + ``cat``) and the core ``fs.stat``
 Figures are medians; a figure and its baseline are sampled in turns, so that both see the same
 load on a shared machine.  The agent runs as ``--uid`` (default: nobody), so run this as root.
 
-Usage: python bench/tools.py [--calls N] [--cli-calls N] [--events N] [--dir DIR] [--json]
+``--baseline DIR`` also times ``ctx run --native`` with the ``cortexfs`` package of ``DIR``
+instead of this checkout's (the same console script and interpreter, ``PYTHONPATH=DIR``), in
+turns with the rest: a before-and-after comparison of a change in one run, say with
+``git archive <commit> cortexfs | tar -x -C DIR``.
+
+Usage: python bench/tools.py [--calls N] [--cli-calls N] [--events N] [--dir DIR]
+                             [--baseline DIR] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
 import os
 import pwd
@@ -133,8 +140,15 @@ def direct_exec(root: Path, tool: str, payload: bytes, view: AgentView) -> Calla
 
 
 def measure_tool(
-    root: Path, tool: str, request: dict[str, Any], calls: int, cli_calls: int
+    root: Path,
+    tool: str,
+    request: dict[str, Any],
+    calls: int,
+    cli_calls: int,
+    baseline: dict[str, str] | None = None,
 ) -> dict[str, float]:
+    """The figures of ``tool``; ``baseline`` is the environment of the other package's
+    ``ctx run``, when one is compared."""
     view = AgentView.load(root, "bench")
     payload = json.dumps(request).encode() + b"\n"
 
@@ -149,6 +163,9 @@ def measure_tool(
     def command_line() -> object:
         return subprocess.run(command, input=payload, capture_output=True, check=True)
 
+    def baseline_command_line() -> object:
+        return subprocess.run(command, input=payload, capture_output=True, check=True, env=baseline)
+
     def interpreter_floor() -> object:
         return subprocess.run([sys.executable, "-c", "pass"], capture_output=True, check=True)
 
@@ -156,9 +173,17 @@ def measure_tool(
     direct_call()  # warm the page cache for both sides
     library()
     direct, runner = interleaved_medians([direct_call, library], calls)
-    direct_again, through_cli, floor = interleaved_medians(
-        [direct_call, command_line, interpreter_floor], cli_calls
+    command_lines = [command_line] if baseline is None else [command_line, baseline_command_line]
+    direct_again, floor, through_cli, *through_baseline = interleaved_medians(
+        [direct_call, interpreter_floor, *command_lines], cli_calls
     )
+    compared = {}
+    if through_baseline:
+        compared = {
+            "baseline_ctx_run_native_ms": through_baseline[0] * 1000,
+            "baseline_ctx_run_native_ratio": through_baseline[0] / direct_again,
+            "baseline_ctx_run_native_overhead_ms": (through_baseline[0] - direct_again) * 1000,
+        }
     return {
         "direct_exec_ms": direct * 1000,
         "run_native_ms": runner * 1000,
@@ -169,7 +194,31 @@ def measure_tool(
         "ctx_run_native_overhead_ms": (through_cli - direct_again) * 1000,
         "interpreter_floor_ms": floor * 1000,
         "best_possible_cli_ratio": (floor + direct_again) / direct_again,
+        **compared,
     }
+
+
+def baseline_environment(package_root: Path) -> dict[str, str]:
+    """The environment in which the console script imports ``cortexfs`` from
+    ``package_root``, whose bytecode is compiled first (as scripts/install does for this
+    checkout), so that neither side compiles its modules at every start."""
+    package = package_root.resolve() / "cortexfs"
+    if not (package / "__init__.py").is_file():
+        raise SystemExit(f"--baseline {package_root}: no cortexfs package in it")
+    compileall.compile_dir(package, quiet=1, force=False)
+    search = os.pathsep.join(filter(None, [str(package.parent), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONPATH": search}
+    where = subprocess.run(
+        [sys.executable, "-c", "import cortexfs; print(cortexfs.__file__)"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd="/",
+        check=True,
+    )
+    if Path(where.stdout.strip()).parent != package:
+        raise SystemExit(f"--baseline {package_root}: ctx would import {where.stdout.strip()}")
+    return env
 
 
 def measure_chain(root: Path, uid: int, gid: int, calls: int) -> float:
@@ -228,6 +277,11 @@ def main() -> int:
     parser.add_argument("--events", type=int, default=2000, help="durable events to append")
     parser.add_argument("--uid", type=int, default=pwd.getpwnam("nobody").pw_uid)
     parser.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()))
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="also time ctx run with the cortexfs package in this directory (another commit's)",
+    )
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     options = parser.parse_args()
     if os.geteuid() != 0:
@@ -235,14 +289,14 @@ def main() -> int:
     gid = pwd.getpwuid(options.uid).pw_gid
     if not options.json:  # the JSON output is one object, for programs to read
         print("command:", " ".join([sys.executable, *sys.argv]), flush=True)
+    baseline = None if options.baseline is None else baseline_environment(options.baseline)
     workdir = Path(tempfile.mkdtemp(prefix="cortexfs-bench-", dir=options.dir))
     try:
         root, workspace = build(workdir, options.uid, gid)
+        counts = (options.calls, options.cli_calls, baseline)
         figures = {
-            "sh.cat": measure_tool(root, "sh.cat", {"n": 1}, options.calls, options.cli_calls),
-            "fs.stat": measure_tool(
-                root, "fs.stat", {"path": "/workspace"}, options.calls, options.cli_calls
-            ),
+            "sh.cat": measure_tool(root, "sh.cat", {"n": 1}, *counts),
+            "fs.stat": measure_tool(root, "fs.stat", {"path": "/workspace"}, *counts),
             "chain_us": measure_chain(root, options.uid, gid, options.calls * 10) * 1e6,
             "events": measure_events(workspace, options.events),
         }
@@ -266,6 +320,13 @@ def main() -> int:
             f"command line can do better than {row['best_possible_cli_ratio']:.2f} x; "
             f"ctx run adds {row['ctx_run_native_overhead_ms']:.2f} ms"
         )
+        if "baseline_ctx_run_native_ms" in row:
+            print(
+                f"{'':8} ctx run --native with the baseline's package: "
+                f"{row['baseline_ctx_run_native_ms']:.2f} ms = "
+                f"{row['baseline_ctx_run_native_ratio']:.2f} x (adds "
+                f"{row['baseline_ctx_run_native_overhead_ms']:.2f} ms)"
+            )
     print(f"authority chain (check_tool_execute): {figures['chain_us']:.0f} us per call")
     events = figures["events"]
     verdict = "meets" if events["ratio"] >= EVENTS_TARGET else "misses"

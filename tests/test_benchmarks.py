@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -64,13 +65,23 @@ def test_workers_benchmark(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the tools run under another uid: needs root")
 def test_tools_benchmark(tmp_path: Path) -> None:
+    baseline = tmp_path / "baseline"
+    shutil.copytree(BENCH.parent / "cortexfs", baseline / "cortexfs", ignore=_NO_BYTECODE)
+
     figures = run_bench(
-        "tools.py", "--calls", "3", "--cli-calls", "2", "--events", "100", cwd=tmp_path
+        "tools.py",
+        *("--calls", "3", "--cli-calls", "2", "--events", "100", "--baseline", str(baseline)),
+        cwd=tmp_path,
     )
 
     for tool in ("sh.cat", "fs.stat"):
         assert figures[tool]["run_native_ratio"] > 0
+        assert figures[tool]["baseline_ctx_run_native_ratio"] > 0
     assert figures["events"]["ratio"] > 0
+    assert list((baseline / "cortexfs").glob("__pycache__/*.pyc")), "compiled like the checkout"
+
+
+_NO_BYTECODE = shutil.ignore_patterns("__pycache__")
 
 
 def test_cli_startup_benchmark(tmp_path: Path) -> None:
