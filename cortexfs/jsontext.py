@@ -4,7 +4,11 @@ Reading (:func:`loads_strict`).  Python's reader accepts two things other reader
 on: a name given twice in one object (Python keeps the last value, others keep the first) and
 ``NaN``/``Infinity`` (JSON has no such numbers).  A request, manifest or agent request holding
 either would be one document here and another to the next reader — a reviewer could approve
-one tool or label while a program gets the other — so both are refused.
+one tool or label while a program gets the other — so both are refused.  So are numbers
+beyond a float (``1e999``, which Python reads as infinity) and integers of more digits than
+Python converts, and documents nested deeper than :data:`MAX_DEPTH`: whatever reads such a
+document next — a re-encoding, a schema check, another language's reader — may fail on it
+where we accepted it.
 
 Writing (:func:`dumps_utf8`).  Text is written as UTF-8, except in a document holding a lone
 surrogate, which UTF-8 cannot hold: valid JSON as an escape (``"\\ud800"``), and how Python
@@ -15,6 +19,8 @@ written with every non-ASCII character escaped, so that the value comes back as 
 from __future__ import annotations
 
 import json
+import math
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -31,10 +37,19 @@ class DuplicateNames(ValueError):
         self.names = names
 
 
+# How deeply arrays and objects may nest: serde_json's default recursion limit.  Deep enough
+# for any document a person or a program means to write, and far from the interpreter's
+# recursion limit, which the reader, the writer and a schema check all spend a frame of per
+# level (or several).
+MAX_DEPTH = 128
+
+
 def loads_strict(data: str | bytes, *, unique_names: bool = True) -> Any:
-    """``json.loads``, refusing NaN and the infinities (:class:`NotAJsonNumber`) and, unless
-    ``unique_names`` is false, a name given twice in one object (:class:`DuplicateNames`, with
-    every such name).  Malformed JSON is :class:`json.JSONDecodeError`, as ever."""
+    """``json.loads``, refusing NaN, the infinities and numbers beyond a float
+    (:class:`NotAJsonNumber`) and, unless ``unique_names`` is false, a name given twice in one
+    object (:class:`DuplicateNames`, with every such name).  Malformed JSON is
+    :class:`json.JSONDecodeError`, as ever, and so are a document nested deeper than
+    :data:`MAX_DEPTH` and an integer of more digits than Python converts."""
     duplicates: list[str] = []
 
     def noting_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -46,14 +61,83 @@ def loads_strict(data: str | bytes, *, unique_names: bool = True) -> Any:
         return document
 
     hook = noting_duplicates if unique_names else None
-    value = json.loads(data, parse_constant=_refuse_constant, object_pairs_hook=hook)
+    try:
+        value = json.loads(
+            data, parse_constant=_refuse_constant, parse_float=_finite, object_pairs_hook=hook
+        )
+    except RecursionError:
+        raise _too_deep(data) from None
+    except (UnicodeDecodeError, json.JSONDecodeError, NotAJsonNumber):
+        raise
+    except ValueError:  # int() refuses that many digits
+        digits = sys.get_int_max_str_digits()
+        problem = f"an integer of more than {digits} digits, more than Python reads"
+        raise json.JSONDecodeError(problem, _text(data), 0) from None
     if duplicates:
         raise DuplicateNames(duplicates)
+    if _nested_deeper(value, MAX_DEPTH):
+        raise _too_deep(data)
     return value
 
 
 def _refuse_constant(name: str) -> Any:
     raise NotAJsonNumber(name)
+
+
+def _finite(spelling: str) -> float:
+    number = float(spelling)
+    if math.isinf(number):
+        raise NotAJsonNumber(f"{spelling} (beyond the largest float)")
+    return number
+
+
+def _nested_deeper(value: Any, limit: int) -> bool:
+    """Whether ``value`` has arrays or objects more than ``limit`` levels deep (iteratively:
+    the point is not to recurse)."""
+    level: list[Any] = [value] if isinstance(value, dict | list) else []
+    for _ in range(limit):
+        level = [
+            child
+            for item in level
+            for child in (item.values() if isinstance(item, dict) else item)
+            if isinstance(child, dict | list)
+        ]
+        if not level:
+            return False
+    return True
+
+
+def _too_deep(data: str | bytes) -> json.JSONDecodeError:
+    """The error for a document nested deeper than :data:`MAX_DEPTH`, at the bracket that
+    opens the first level too many."""
+    text = _text(data)
+    message = f"nested deeper than {MAX_DEPTH} levels"
+    return json.JSONDecodeError(message, text, _first_bracket_too_deep(text))
+
+
+def _first_bracket_too_deep(text: str) -> int:
+    depth, in_string, escaped = 0, False, False
+    for position, char in enumerate(text):
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            if depth > MAX_DEPTH:
+                return position
+        elif char in "]}":
+            depth -= 1
+    return 0
+
+
+def _text(data: str | bytes) -> str:
+    return data if isinstance(data, str) else data.decode("utf-8", "replace")
 
 
 def duplicate_names_problem(names: list[str]) -> str:

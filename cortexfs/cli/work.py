@@ -21,6 +21,10 @@ from cortexfs.errors import CtxError
 from cortexfs.worker.executors import NO_AGENT, executor_for
 from cortexfs.worker.loop import EXIT_ABORTED, Worker, WorkerOptions
 
+# Each job slot is a thread and each running job a process: beyond this many, threads and
+# processes run out before jobs do.
+MAX_CONCURRENCY = 1024
+
 
 class Progress:
     """What the worker shows: a live line on a terminal, plain lines otherwise, or JSON lines.
@@ -118,7 +122,11 @@ class Progress:
 @click.option("--drain", is_flag=True, help="Exit as soon as the queue is empty.")
 @click.option("--max-jobs", type=click.IntRange(min=1), help="Exit after claiming N jobs.")
 @click.option(
-    "--concurrency", type=click.IntRange(min=1), default=1, show_default=True, help="Jobs at once."
+    "--concurrency",
+    type=click.IntRange(1, MAX_CONCURRENCY),
+    default=1,
+    show_default=True,
+    help=f"Jobs at once (at most {MAX_CONCURRENCY}); each runs its tool in a process of its own.",
 )
 @click.option(
     "--timeout",
@@ -154,7 +162,8 @@ def work(
     worker sleeps on an inotify watch of pending/ (re-checking at least every 2 s).
 
     SIGTERM or ^C: stop claiming, let running jobs finish, exit 0.  ^C twice: abort running
-    jobs (recover requeues them) and exit 130.
+    jobs (recover requeues them) and exit 130.  An unexpected error in a job slot stops the
+    worker the same way, and it exits 1 naming the error (EIO).
 
     With --json, each event (claim, finish, stop, ...) is one JSON object on its own line of
     stdout (JSON Lines), as it happens.
@@ -191,6 +200,12 @@ def work(
             lost.errno or errno.EIO,
             f"cannot write the worker's output ({lost.strerror}); it stopped claiming jobs "
             "once its running jobs were finished",
+        )
+    if summary.failure is not None:
+        raise CtxError(
+            errno.EIO,
+            f"the worker stopped on an unexpected error in a job slot ({summary.failure}); "
+            "a job it was claiming may stay claimed: run 'ctx queue recover'",
         )
     if summary.aborted:
         sys.exit(EXIT_ABORTED)

@@ -10,11 +10,11 @@ entries with a ``command`` — can be projected (M-1); an entry with a ``url`` o
 from __future__ import annotations
 
 import errno
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from cortexfs import jsontext
 from cortexfs.errors import CtxError, invalid, not_found
 from cortexfs.names import object_name_problem
 
@@ -51,7 +51,9 @@ def parse_server(data: bytes, where: str, name: str) -> ServerSpec:
     if len(data) > MAX_CONFIG_BYTES:
         raise invalid(f"{where} is larger than {MAX_CONFIG_BYTES} bytes")
     try:
-        document = json.loads(data)
+        document = jsontext.loads_strict(data)
+    except jsontext.DuplicateNames as exc:
+        raise invalid(f"{where} {jsontext.duplicate_names_problem(exc.names)}") from None
     except (UnicodeDecodeError, ValueError) as exc:
         raise invalid(f"{where} is not JSON: {exc}") from None
     servers = _servers(document, where)

@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 from functools import cache
 from typing import Any
 
+from cortexfs import jsontext
 from cortexfs.errors import invalid
 from cortexfs.timefmt import rfc3339
 
@@ -187,8 +188,8 @@ class Lease:
         * timestamps are RFC 3339, with or without a zone (none means UTC), or epoch seconds.
         """
         try:
-            doc = json.loads(data.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            doc = jsontext.loads_strict(data.decode("utf-8"), unique_names=False)
+        except (UnicodeDecodeError, ValueError) as exc:  # JSONDecodeError, NotAJsonNumber
             raise invalid(f"lease is not a JSON object: {exc}") from exc
         if not isinstance(doc, dict):
             raise invalid("lease is not a JSON object")

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import os
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from cortexfs import jsontext
 from cortexfs.errors import CtxError, invalid, not_found
 from cortexfs.names import job_name
 from cortexfs.queue import evidence as ev
@@ -149,7 +149,7 @@ def _read_document(queue: Queue, path: str) -> Any:
     dir_fd, name, owned = _open_parent(queue, path)
     try:
         data = read_regular_file(dir_fd, name, queue.config.max_result_bytes)
-        return json.loads(data.decode("utf-8"))
+        return jsontext.loads_strict(data.decode("utf-8"), unique_names=False)
     except (CtxError, OSError, ValueError) as exc:
         return {"unreadable": str(exc)}
     finally:

@@ -107,6 +107,9 @@ class WorkerSummary:
     started_at: float = field(default_factory=time.time)
     aborted: bool = False
     stopped_by: str | None = None
+    # What stopped a job slot that is not a job's failure (a defect): the worker then stops
+    # and exits non-zero instead of draining with one slot less, or none.
+    failure: str | None = None
 
     @property
     def rate(self) -> float:
@@ -122,6 +125,7 @@ class WorkerSummary:
             "rate": round(self.rate, 3),
             "aborted": self.aborted,
             "stopped_by": self.stopped_by,
+            "failure": self.failure,
         }
 
 
@@ -253,6 +257,17 @@ class Worker:
             self._claimed -= 1
 
     def _slot(
+        self, queue: Queue, holder: Holder, ttl: float, keeper: LeaseKeeper, watch: PendingWatch
+    ) -> None:
+        try:
+            self._serve(queue, holder, ttl, keeper, watch)
+        except Exception as exc:
+            with self._count_lock:
+                if self.summary.failure is None:
+                    self.summary.failure = f"{type(exc).__name__}: {exc}"
+            self.stop("failure")
+
+    def _serve(
         self, queue: Queue, holder: Holder, ttl: float, keeper: LeaseKeeper, watch: PendingWatch
     ) -> None:
         while not self.stopping.is_set():

@@ -175,6 +175,8 @@ def test_only_stdio_servers_are_projected(config: Path) -> None:
         ("time", "not json", "EINVAL"),
         ("time", '{"servers": []}', "EINVAL"),
         ("bad name", None, "EINVAL"),
+        ("time", '{"mcpServers": {}, "mcpServers": {"time": {"command": "x"}}}', "twice"),
+        ("time", "[" * 100_000 + "]" * 100_000, "nested deeper"),
     ],
 )
 def test_an_unusable_configuration_or_server_name_is_a_usage_error(
@@ -186,6 +188,7 @@ def test_an_unusable_configuration_or_server_name_is_a_usage_error(
     refused = ctxmcp("list", "--config", str(config), "--server", server)
 
     assert refused.returncode == 2 and reason in refused.stderr
+    assert "Traceback" not in refused.stderr
 
 
 def test_a_relative_runtime_config_is_refused_before_the_server_starts(tmp_path: Path) -> None:

@@ -284,7 +284,7 @@ def test_finish_ok_with_a_json_result(root: Path, req: Path, tmp_path: Path) -> 
     assert stored["status"] == "ok" and stored["output"] == {"lines": 3}
 
 
-NOT_JSON_NUMBERS = ["NaN", "Infinity", "-Infinity"]
+NOT_JSON_NUMBERS = ["NaN", "Infinity", "-Infinity", "1e999", "-1e400"]
 
 
 @pytest.mark.parametrize("number", NOT_JSON_NUMBERS)
@@ -318,6 +318,61 @@ def test_a_result_file_holding_nan_or_infinity_is_refused(
     assert os.listdir(qdir(root) / "claimed") == ["nan.req.json"]
     text = ctx(root, "queue", "finish", *P, "nan", "--ok", "-", stdin=f"ratio: {number}\n")
     assert text.returncode == 0, text.stderr  # not JSON at all: kept as text, as ever
+
+
+UNREADABLE_JSON = {
+    "nested 100 000 deep": "[" * 100_000 + "]" * 100_000,
+    "nested 129 deep": "[" * 129 + "]" * 129,
+    "an integer of 5 000 digits": "9" * 5_000,
+}
+
+
+@pytest.mark.parametrize("value", UNREADABLE_JSON.values(), ids=UNREADABLE_JSON.keys())
+def test_a_request_no_reader_can_take_is_refused_as_not_json(root: Path, value: str) -> None:
+    """Well under the size limit, but Python's reader (or the next one) fails on it: EINVAL,
+    exit 1, nothing stored, never a traceback."""
+    body = '{"tool":"fs.list","input":{"n":' + value + "}}"
+    good = json.dumps(request(1))
+    single = ctx(root, "queue", "publish", *P, "-", stdin=body)
+    batch = ctx(root, "queue", "publish", *P, "--batch", "-", stdin=f"{good}\n{body}\n")
+    for done in (single, batch):
+        assert done.returncode == 1 and done.stdout == "", done
+        assert done.stderr.startswith("ctx: EINVAL: ") and "not JSON" in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr
+    assert os.listdir(qdir(root) / "pending") == [] and os.listdir(qdir(root) / "inbox") == []
+
+
+def test_a_planted_request_no_reader_can_take_is_claimed_and_failed(root: Path, req: Path) -> None:
+    """One put in pending/ by hand: claimed like any malformed request (never stranded half
+    claimed), finished in failed/ by a worker, which goes on to the next job."""
+    planted = qdir(root) / "pending" / "deep.req.json"
+    planted.write_text("[" * 100_000 + "]" * 100_000)
+    os.utime(planted, (1, 1))  # the oldest job: claimed first
+    ctx(root, "queue", "publish", *P, "--name", "after", str(req))
+
+    shown = ctx(root, "queue", "show", *P, "deep", "--json")
+    assert shown.returncode == 0 and "Traceback" not in shown.stderr, shown.stderr
+    assert "nested deeper than" in shown.stdout
+    claimed = ctx(root, "queue", "claim", *P, "--json", "--pid", str(dead_pid()))
+    assert claimed.returncode == 0, claimed.stderr
+    assert "nested deeper than" in json.loads(claimed.stdout)["request"]["invalid"]
+    assert os.listdir(qdir(root) / "lease") == ["deep.req.json"]
+    assert ctx(root, "queue", "recover", *P).returncode == 0  # its holder is gone: requeued
+
+    worked = ctx(root, "queue", "work", *P, "--drain", "--json")
+    assert worked.returncode == 0 and "Traceback" not in worked.stderr, worked.stderr
+    finished = [json.loads(line) for line in worked.stdout.splitlines()]
+    assert [e["job"] for e in finished if e["event"] == "finish"] == [
+        "deep.req.json",
+        "after.req.json",
+    ]
+    assert sorted(os.listdir(qdir(root) / "failed")) == [
+        "after.req.json",
+        "after.req.json.result",
+        "deep.req.json",
+        "deep.req.json.result",
+    ]
+    assert os.listdir(qdir(root) / "pending") == [] and os.listdir(qdir(root) / "claimed") == []
 
 
 def test_finish_error_with_text_on_stdin(root: Path, req: Path) -> None:
@@ -545,6 +600,23 @@ def test_an_unusable_ttl_is_refused_before_anything_moves(root: Path, req: Path,
         assert "Traceback" not in done.stderr
     assert sorted(p.relative_to(qdir(root)) for p in qdir(root).rglob("*")) == before
     assert (qdir(root) / "pending" / job).exists()
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [("--timeout", "1e10"), ("--timeout", "31622401"), ("--concurrency", "1025")],
+)
+def test_work_refuses_a_timeout_or_concurrency_it_could_not_keep(
+    root: Path, req: Path, option: str, value: str
+) -> None:
+    """A timeout past what timed waits can hold would fail every job it ran into failed/ for
+    good; ten thousands of job slots exhaust threads before the jobs: both are usage errors."""
+    ctx(root, "queue", "publish", *P, "--name", "kept", str(req))
+
+    done = ctx(root, "queue", "work", *P, "--drain", option, value)
+
+    assert done.returncode == 2 and "EINVAL" in done.stderr and option in done.stderr, done
+    assert os.listdir(qdir(root) / "pending") == ["kept.req.json"]
 
 
 def test_every_command_has_help(root: Path) -> None:

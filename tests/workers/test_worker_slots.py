@@ -1,0 +1,58 @@
+"""A job slot that meets an error which is not a job's failure stops the worker, which says
+so, instead of draining on with one slot less (or none) and reporting success."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from cortexfs.queue import Queue, init_queue, publish
+from cortexfs.worker.loop import Worker, WorkerOptions
+from tests.queue.helpers import request
+
+
+class DefectiveExecutor:
+    """An executor whose look at a pending request fails as a defect would."""
+
+    def __init__(self) -> None:
+        self.ran: list[str] = []
+
+    def accepts(self, request: Mapping[str, Any]) -> bool:
+        raise RuntimeError("the request reader broke")
+
+    def record(self, event: str, job: str, status: str, **facts: Any) -> None:
+        pass
+
+    def abort_running(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def __call__(self, job: Any, control: Any) -> Any:
+        self.ran.append(job.job)
+        raise AssertionError("never reached: accepts fails first")
+
+
+def test_a_slot_that_fails_stops_the_worker_with_the_failure(tmp_path: Path) -> None:
+    queue_dir = tmp_path / "queue"
+    init_queue(queue_dir)
+    with Queue.open(queue_dir) as queue:
+        jobs = [publish(queue, request(n)) for n in range(3)]
+    events: list[tuple[str, dict[str, Any]]] = []
+    executor = DefectiveExecutor()
+
+    summary = Worker(
+        queue_dir,
+        executor,  # type: ignore[arg-type]
+        WorkerOptions(drain=True, concurrency=2, max_wait=0.1),
+        lambda event, fields: events.append((event, fields)),
+    ).run()
+
+    assert summary.failure == "RuntimeError: the request reader broke"
+    assert summary.stopped_by == "failure" and (summary.done, summary.failed) == (0, 0)
+    assert events[-1][0] == "stop" and events[-1][1]["failure"] == summary.failure
+    assert executor.ran == [] and sorted(os.listdir(queue_dir / "pending")) == sorted(jobs)
+    assert os.listdir(queue_dir / "claimed") == []
