@@ -189,13 +189,18 @@ def publish_batch(
     try:
         for job, data in zip(jobs, encoded, strict=True):
             temp = queue.publish_temp_name(job)
-            try:
-                durable.write_file_unsynced(ops, queue.inbox, temp, data, group=queue.file_group)
-            except FileExistsError:
-                raise _publish_in_progress(job, temp, batch=True) from None
-            except OSError as exc:
-                raise _refused_in(queue, exc, "publish", "inbox") from None
-            temps.append(temp)
+            # Held from the file's creation until it is listed for removal: a Ctrl-C landing
+            # in between (creating a file can take a millisecond) would leave it behind.
+            with held_interrupts():
+                try:
+                    durable.write_file_unsynced(
+                        ops, queue.inbox, temp, data, group=queue.file_group
+                    )
+                except FileExistsError:
+                    raise _publish_in_progress(job, temp, batch=True) from None
+                except OSError as exc:
+                    raise _refused_in(queue, exc, "publish", "inbox") from None
+                temps.append(temp)
         for job in jobs:  # holding every staging name (see publish)
             refuse_known_job(queue, job)
         # One barrier makes every temp file's data durable (Q-7: data before names).

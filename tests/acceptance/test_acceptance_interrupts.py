@@ -41,6 +41,12 @@ class InterruptAt(durable.FsOps):
         if name == STEP:
             os.kill(os.getpid(), signal.SIGINT)
 
+    def create_file(self, name, dir_fd, mode=0o666):
+        fd = super().create_file(name, dir_fd, mode)
+        if STEP == "file.created":  # the instant after the kernel made it
+            os.kill(os.getpid(), signal.SIGINT)
+        return fd
+
 durable._DEFAULT_OPS = InterruptAt()
 sys.argv = ["ctx", *sys.argv[2:]]
 main()
@@ -111,8 +117,11 @@ def _batch_of_three_interrupted_at(step: str, queue: QueueCLI) -> subprocess.Com
     )
 
 
-def test_ctrl_c_during_a_batch_being_written_publishes_nothing(queue):
-    proc = _batch_of_three_interrupted_at("publish_batch.write", queue)
+@pytest.mark.parametrize("step", ["publish_batch.write", "file.created"])
+def test_ctrl_c_during_a_batch_being_written_publishes_nothing(queue, step):
+    """Nothing, not even an empty staging file: creating one can take a millisecond, and a
+    Ctrl-C landing just after it must still find it listed for removal."""
+    proc = _batch_of_three_interrupted_at(step, queue)
 
     _assert_reported_as_interrupted(proc)
     assert proc.stdout == b""
