@@ -68,6 +68,30 @@ def readable_json(value: Any, separators: tuple[str, str] | None = None) -> str:
     return jsontext.dumps_utf8(value, separators=separators).decode()
 
 
+def printable(text: str) -> str:
+    """``text`` safe to show on a terminal: every character that is not printable (a control
+    character, which can start an escape sequence that retitles or rewrites the screen; a
+    line break; a bidirectional override; a byte of a name that is not UTF-8) as its Python
+    escape (``\\x1b``, ``\\u202e``, ``\\udcfe``).  For text others control: file names a
+    group member planted, descriptions a manifest or an MCP server gave, error messages
+    quoting either.  JSON output needs none of this: it escapes them already."""
+    if text.isprintable():
+        return text
+    return "".join(char if char.isprintable() else _escaped(char) for char in text)
+
+
+def echo_printable(text: str, *, err: bool = False) -> None:
+    """``click.echo`` of :func:`printable` ``text``."""
+    click.echo(printable(text), err=err)
+
+
+def _escaped(char: str) -> str:
+    code = ord(char)
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
 def is_utf8_text(text: str) -> bool:
     """Whether ``text`` can be written as UTF-8 (it holds no lone surrogate)."""
     try:
@@ -79,7 +103,7 @@ def is_utf8_text(text: str) -> bool:
 
 def fail(error: CtxError, *, as_json: bool = False) -> None:
     """Render a refusal (stderr text; also the JSON object on stdout with --json) and exit."""
-    click.echo(f"{_program()}: {error}", err=True)
+    click.echo(f"{_program()}: {printable(str(error))}", err=True)
     if as_json:
         emit_json(error.to_json())
     sys.exit(exit_status(error))
@@ -97,7 +121,7 @@ def fail_with_problems(source: object, error: CtxError, problems: list[str], as_
     then exit 1.  (``ctx policy check`` and ``ctx object check``, which report on files rather
     than refuse them, print ``SOURCE: EINVAL: <reason>`` lines as a linter does: P-8.)"""
     for problem in problems:
-        click.echo(f"{_program()}: {error.code_name}: {source}: {problem}", err=True)
+        click.echo(printable(f"{_program()}: {error.code_name}: {source}: {problem}"), err=True)
     if as_json:
         emit_json(error.to_json())
     sys.exit(exit_status(error))

@@ -11,9 +11,11 @@ import click
 
 from cortexfs.cli.common import (
     EXIT_REFUSED,
+    echo_printable,
     emit_json,
     handles_errors,
     json_option,
+    printable,
     resolve_storage,
     storage_option,
     usage_problem,
@@ -107,9 +109,11 @@ def list_command(config_path: Path, server: str, timeout: float, as_json: bool) 
             return
     for projection in projections:
         if projection.manifest is None:
-            click.echo(f"{projection.remote}\t(not projectable: {projection.problem})")
+            problem = printable(f"(not projectable: {projection.problem})")
+            click.echo(f"{printable(projection.remote)}\t{problem}")
         else:
-            click.echo(f"{projection.name}\t{_first_line(projection.description)}")
+            # A remote server's words: never raw on the operator's terminal.
+            click.echo(f"{projection.name}\t{printable(_first_line(projection.description))}")
 
 
 @ctxmcp.command("project")
@@ -188,7 +192,7 @@ def project_command(
             if entry.replaced:
                 click.echo(f"ctxmcp: replaced {entry.path}", err=True)
         for projection in skipped:
-            click.echo(f"ctxmcp: skipped {projection.remote}: {projection.problem}", err=True)
+            echo_printable(f"ctxmcp: skipped {projection.remote}: {projection.problem}", err=True)
     if skipped:
         sys.exit(EXIT_REFUSED)  # written as asked, except what was skipped
 

@@ -11,6 +11,7 @@ import click
 from cortexfs.cli.common import (
     EXIT_OK,
     EXIT_REFUSED,
+    echo_printable,
     emit_json,
     fail_with_problems,
     handles_errors,
@@ -196,4 +197,4 @@ def list_command(tier: str | None, storage_dir: Path | None, as_json: bool) -> N
         return
     for listing in listings:
         about = listing.description + (f"  ({listing.reason})" if listing.reason else "")
-        click.echo(f"{listing.name:<24} {listing.tier:<16} {listing.status:<12} {about}")
+        echo_printable(f"{listing.name:<24} {listing.tier:<16} {listing.status:<12} {about}")

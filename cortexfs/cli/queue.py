@@ -22,6 +22,7 @@ from cortexfs.cli.common import (
     EXIT_NOTHING,
     EXIT_OK,
     EXIT_REFUSED,
+    echo_printable,
     emit_json,
     handles_errors,
     readable_json,
@@ -456,21 +457,21 @@ def status(queue_dir: Path, as_json: bool) -> None:
     if as_json:
         emit_json(report.to_json())
         sys.exit(found_conflict)
-    click.echo(f"queue: {report.path}")
+    echo_printable(f"queue: {report.path}")
     for state, count in report.counts.items():
-        click.echo(f"{state:<11}{count:>8}")
+        echo_printable(f"{state:<11}{count:>8}")
     for item in report.incomplete:
-        click.echo(
+        echo_printable(
             f"incomplete {item['job']}: {item['detail']} (recover --reconcile: {item['repair']})"
         )
     for item in report.conflicts:
-        click.echo(
+        echo_printable(
             f"conflict   {item['job']}: {item['detail']}; evidence: {', '.join(item['evidence'])}"
         )
     for entry in report.ignored:
-        click.echo(f"ignored    {entry.path}: {entry.reason}")
+        echo_printable(f"ignored    {entry.path}: {entry.reason}")
     for temp in report.temps:
-        click.echo(f"temp       {temp['path']} ({temp['age_seconds']:.0f}s old)")
+        echo_printable(f"temp       {temp['path']} ({temp['age_seconds']:.0f}s old)")
     sys.exit(found_conflict)
 
 
@@ -490,7 +491,7 @@ def list_command(queue_dir: Path, as_json: bool, state: str | None) -> None:
         emit_json(jobs)
         return
     for job in jobs:
-        click.echo(job["name"] if state else f"{job['state']:<11}{job['name']}")
+        echo_printable(job["name"] if state else f"{job['state']:<11}{job['name']}")
 
 
 @queue.command()
@@ -509,18 +510,18 @@ def show(queue_dir: Path, as_json: bool, job: str) -> None:
     if as_json:
         emit_json(detail)
         sys.exit(conflict)
-    click.echo(f"job:    {detail['name']}")
-    click.echo(f"state:  {detail['state']} ({detail['detail']})")
+    echo_printable(f"job:    {detail['name']}")
+    echo_printable(f"state:  {detail['state']} ({detail['detail']})")
     if detail.get("repair"):
-        click.echo(f"repair: recover --reconcile would apply {detail['repair']}")
+        echo_printable(f"repair: recover --reconcile would apply {detail['repair']}")
     for item in detail["evidence"]:
         extra = f"{item.get('size', '?')} bytes, {item.get('mtime', '?')}" if "size" in item else ""
-        click.echo(f"  {item['path']:<40} {item['kind']:<13} {extra}")
+        echo_printable(f"  {item['path']:<40} {item['kind']:<13} {extra}")
     for temp in detail["temps"]:
-        click.echo(f"  {temp['path']:<40} temp file, {temp['age_seconds']:.0f}s old")
+        echo_printable(f"  {temp['path']:<40} temp file, {temp['age_seconds']:.0f}s old")
     for key in ("request", "lease", "result"):
         if key in detail:
-            click.echo(f"{key}: {readable_json(detail[key])}")
+            echo_printable(f"{key}: {readable_json(detail[key])}")
     sys.exit(conflict)
 
 
@@ -561,27 +562,27 @@ def _render_recover(report: recovery.RecoverReport) -> None:
     dry = report.dry_run
     verb = "would " if dry else ""
     for f in report.requeued:
-        click.echo(f"{verb}requeue  {f.job}: {f.detail}")
+        echo_printable(f"{verb}requeue  {f.job}: {f.detail}")
     for f in report.repaired:
-        click.echo(f"{verb}repair   {f.job}: {f.action}: {f.detail}")
+        echo_printable(f"{verb}repair   {f.job}: {f.action}: {f.detail}")
     for f in report.untouched:
-        click.echo(f"untouched {f.job}: {f.detail}")
+        echo_printable(f"untouched {f.job}: {f.detail}")
     for f in report.incomplete:
         hint = "" if report.reconcile else f" (run with --reconcile: {f.action})"
-        click.echo(f"incomplete {f.job}: {f.detail}{hint}")
+        echo_printable(f"incomplete {f.job}: {f.detail}{hint}")
     for f in report.conflicts:
-        click.echo(f"conflict {f.job}: {f.detail}; evidence: {', '.join(f.evidence)}")
+        echo_printable(f"conflict {f.job}: {f.detail}; evidence: {', '.join(f.evidence)}")
     for path in report.removed_temps:
-        click.echo(f"remove   {path}")
+        echo_printable(f"remove   {path}")
     for path in report.stale_temps:
         if report.reconcile:  # only a dry run leaves them
-            click.echo(f"would remove {path}")
+            echo_printable(f"would remove {path}")
         else:
-            click.echo(f"stale    {path} (run with --reconcile to remove)")
+            echo_printable(f"stale    {path} (run with --reconcile to remove)")
     for entry in report.ignored:
-        click.echo(f"ignored  {entry.path}: {entry.reason}")
+        echo_printable(f"ignored  {entry.path}: {entry.reason}")
     for f in report.errors:
-        click.echo(f"error    {f.job}: {f.detail}")
+        echo_printable(f"error    {f.job}: {f.detail}")
     state = "consistent" if report.consistent else "NOT consistent"
     alive = f" ({len(report.untouched)} left alone: holder alive)" if report.untouched else ""
     failed = f", {len(report.errors)} errors" if report.errors else ""

@@ -367,6 +367,20 @@ def test_a_name_the_server_lists_twice_is_reported_and_neither_copy_written(
     assert sorted(p.name for p in out.iterdir()) == ["fake.other.manifest.json"]
 
 
+def test_a_servers_control_characters_never_reach_the_terminal_raw(tmp_path: Path) -> None:
+    """A description (or a tool name) from a remote server may carry an escape sequence that
+    retitles or rewrites the operator's terminal: listed, it is shown escaped."""
+    titled = {**tool("search"), "description": "finds\x1b]0;PWNED\x07 things"}
+    config = scripted(tmp_path, tools=[titled, tool("bad\x1b[2Jname")])
+
+    listed = ctxmcp("list", "--config", str(config), "--server", "fake")
+
+    assert listed.returncode == 0, listed.stderr
+    assert "\x1b" not in listed.stdout and "\x07" not in listed.stdout
+    assert "fake.search\tfinds\\x1b]0;PWNED\\x07 things" in listed.stdout.splitlines()
+    assert "bad\\x1b[2Jname\t(not projectable" in listed.stdout
+
+
 @pytest.mark.parametrize("replace", [[], ["--replace"]])
 def test_a_directory_in_a_candidates_place_refuses_before_anything_is_written(
     config: Path, tmp_path: Path, replace: list[str]

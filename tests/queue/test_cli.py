@@ -619,6 +619,30 @@ def test_work_refuses_a_timeout_or_concurrency_it_could_not_keep(
     assert os.listdir(qdir(root) / "pending") == ["kept.req.json"]
 
 
+def test_names_planted_in_the_queue_are_shown_escaped_in_text(root: Path) -> None:
+    """Any member of the queue's group can name a file so that listing it retitles or clears
+    the operator's terminal: text output shows such names escaped (JSON escapes them too)."""
+    planted = "x\x1b]0;PWNED\x07.req.json"
+    (qdir(root) / "pending" / planted).write_text("{}")
+
+    status = ctx(root, "queue", "status", *P)
+    recovered = ctx(root, "queue", "recover", *P)
+    as_json = ctx(root, "queue", "status", *P, "--json")
+
+    for done in (status, recovered):
+        assert done.returncode == 0, done.stderr
+        assert "\x1b" not in done.stdout and "\x07" not in done.stdout, done.stdout
+        assert "pending/x\\x1b]0;PWNED\\x07.req.json" in done.stdout
+    assert planted in [e["path"].split("/")[-1] for e in json.loads(as_json.stdout)["ignored"]]
+
+
+def test_an_error_quoting_a_control_character_shows_it_escaped(root: Path) -> None:
+    done = ctx(root, "queue", "show", *P, "job\x1b[2J")
+
+    assert done.returncode == 2 and "\x1b" not in done.stderr, done.stderr
+    assert "job\\x1b[2J" in done.stderr
+
+
 def test_every_command_has_help(root: Path) -> None:
     for command in ("init", "publish", "claim", "renew", "finish", "status", "list", "show",
                     "recover"):  # fmt: skip
