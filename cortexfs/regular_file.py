@@ -14,19 +14,27 @@ import stat
 
 
 def read_regular_file(
-    path: str | os.PathLike[str], limit: int, *, follow_link: bool = False
+    path: str | os.PathLike[str],
+    limit: int,
+    *,
+    follow_link: bool = False,
+    owner: int | None = None,
 ) -> bytes:
     """The contents of the regular file at ``path``, at most ``limit`` bytes.
 
     OSError as ``open`` raises it (ENOENT, EACCES; ELOOP for a symbolic link unless
-    ``follow_link``); EINVAL when it is not a regular file; EFBIG when it holds more than
-    ``limit`` bytes.  Callers turn these into their own sentences.
+    ``follow_link``); EINVAL when it is not a regular file; EPERM when ``owner`` is given and
+    the file (a link's target, when followed) belongs to another uid; EFBIG when it holds
+    more than ``limit`` bytes.  Callers turn these into their own sentences.
     """
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_link else os.O_NOFOLLOW)
     fd = os.open(path, flags)
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
             raise OSError(errno.EINVAL, "not a regular file", os.fspath(path))
+        if owner is not None and st.st_uid != owner:
+            raise OSError(errno.EPERM, f"owned by uid {st.st_uid}", os.fspath(path))
         chunks, remaining = [], limit + 1
         while remaining > 0:
             chunk = os.read(fd, remaining)

@@ -37,7 +37,7 @@ from pathlib import Path, PurePosixPath
 from typing import NamedTuple
 
 from cortexfs import keyvalue
-from cortexfs.errors import invalid, not_found
+from cortexfs.errors import CtxError, invalid, not_found
 from cortexfs.names import check_object_name
 from cortexfs.regular_file import read_regular_file
 
@@ -93,11 +93,17 @@ class Resolution(NamedTuple):
 
 
 def human_search_path(
-    root: Path, *, uid: int, environ: Mapping[str, str], warn: Warn | None = None
+    root: Path,
+    *,
+    uid: int,
+    environ: Mapping[str, str],
+    warn: Warn | None = None,
+    tshrc: bool = True,
 ) -> SearchPath:
-    """The search path of a standalone human (T-4 sources 1 to 3)."""
+    """The search path of a standalone human (T-4 sources 1 to 3; ``tshrc=False`` leaves
+    out the first, for a shell that goes on without an unusable one)."""
     home = environ.get("CTX_HOME") or f"/ctx/home/{uid}"
-    from_tshrc = read_tshrc(view_to_storage(root, home) / TSHRC, warn=warn)
+    from_tshrc = read_tshrc(view_to_storage(root, home) / TSHRC, warn=warn) if tshrc else None
     if from_tshrc is not None:
         text, source = from_tshrc, f"{home}/{TSHRC}"
     elif environ.get("CTX_PATH"):
@@ -122,16 +128,27 @@ def read_tshrc(path: Path, *, warn: Warn | None = None) -> str | None:
     is not ``KEY=VALUE`` (``echo hi``, ``export CTX_PATH=…``) is ignored, with one warning
     naming the file and the line (to ``warn``, by default standard error).
     """
+    fix = "make it a file of KEY=VALUE lines, or remove it"
     try:
-        # The user's own file: a link to it is followed; a FIFO is refused, not waited on.
-        data = read_regular_file(path, _MAX_TSHRC_BYTES, follow_link=True)
+        # The user's own file: a link to it is followed (dotfiles are often links), to a file
+        # of the home's owner only, so that whoever reads it (root, too) never takes another
+        # user's file, or /etc/shadow, for this user's settings.  A FIFO is refused, not
+        # waited on.
+        home_owner = os.stat(path.parent).st_uid
+        data = read_regular_file(path, _MAX_TSHRC_BYTES, follow_link=True, owner=home_owner)
     except (FileNotFoundError, NotADirectoryError):
         return None
     except OSError as exc:
         if exc.errno == errno.EINVAL:
-            raise invalid(f"{path} is not a regular file") from None
+            raise invalid(f"{path} is not a regular file; {fix}") from None
+        if exc.errno == errno.EPERM:
+            raise CtxError(
+                errno.EPERM,
+                f"{path} leads to a file of another user ({exc.strerror}), not of uid "
+                f"{home_owner} whose home holds it; {fix}",
+            ) from None
         if exc.errno == errno.EFBIG:
-            raise invalid(f"{path} is larger than {_MAX_TSHRC_BYTES} bytes") from None
+            raise invalid(f"{path} is larger than {_MAX_TSHRC_BYTES} bytes; {fix}") from None
         raise
     value = None
     for line in keyvalue.lines(data.decode("utf-8", "replace")):

@@ -31,6 +31,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from cortexfs.errors import CtxError
 from cortexfs.tools.core.tsh_context import ToolInfo, TshContext, read_settings
 
 HELP = """tsh runs CortexFS tools: NAME [ARG...], NAME found on CTX_PATH.  There are no host
@@ -68,14 +69,24 @@ def search_path() -> list[str]:
         return [entry for entry in entries if entry.startswith("/")]
     from cortexfs.tools.ctxpath import human_search_path
 
-    found = human_search_path(
-        _own_storage_root(), uid=os.getuid(), environ=os.environ, warn=_warn_on_stderr
-    )
+    root, uid = _own_storage_root(), os.getuid()
+    try:
+        found = human_search_path(root, uid=uid, environ=os.environ, warn=_warn_on_stderr)
+    except CtxError as exc:
+        # A shell still starts with an unusable rc file, as sh does: said (once), and the
+        # next source of the path taken.
+        _warn_on_stderr(f"{exc.code_name}: {exc.message}; CTX_PATH or the default used instead")
+        found = human_search_path(root, uid=uid, environ=os.environ, tshrc=False)
     return [str(directory) for directory in found.directories]
 
 
+_warned: set[str] = set()
+
+
 def _warn_on_stderr(message: str) -> None:
-    print(f"tsh: warning: {message}", file=sys.stderr)
+    if message not in _warned:
+        _warned.add(message)
+        print(f"tsh: warning: {message}", file=sys.stderr)
 
 
 def _in_agent_terminal() -> bool:
