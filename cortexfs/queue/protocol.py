@@ -302,7 +302,13 @@ def claim(
     the claimers they are meant for; an unreadable request is not declined.  ``unreadable``
     receives the jobs left pending because this process may not read their request.
     """
+    tried: set[str] = set()
     for job in candidates(queue):
+        # A name the claim order offers again (another process put it back meanwhile, or
+        # our own refusal did) was settled for this call already.
+        if job in tried:
+            continue
+        tried.add(job)
         if accepts is not None and not _accepted(queue, job, accepts):
             continue
         won = claim_job(queue, job, holder, ttl, unreadable)

@@ -322,13 +322,32 @@ def test_lease_expiry_follows_the_configured_ttl(queue_dir: Path, me: Holder) ->
 
 @pytest.mark.parametrize(
     "config",
-    ["max_request_bytes=0", "lease_ttl=soon", "colour=blue", "grace=-1", "move=copy", "novalue"],
+    [
+        "max_request_bytes=0",
+        "lease_ttl=soon",
+        "lease_ttl=-5",
+        "lease_ttl=0",
+        "colour=blue",
+        "grace=-1",
+        "move=copy",
+        "novalue",
+    ],
 )
 def test_a_malformed_config_is_refused_with_its_line(queue_dir: Path, config: str) -> None:
     (queue_dir / "config").write_text(f"# comment\n\n{config}\n")
     with pytest.raises(CtxError) as caught:
         Queue.open(queue_dir)
     assert caught.value.errno == errno.EINVAL and "config:3" in caught.value.message
+    assert caught.value.message.count("config:") == 1  # the place is said once
+
+
+def test_a_config_giving_a_key_twice_is_refused(queue_dir: Path) -> None:
+    """Which of the two counts would be a guess (another tool may take the first)."""
+    (queue_dir / "config").write_text("lease_ttl=5\n# longer\nlease_ttl=600\n")
+    with pytest.raises(CtxError) as caught:
+        Queue.open(queue_dir)
+    assert caught.value.errno == errno.EINVAL
+    assert "config:3: lease_ttl is given again (first on line 1)" in caught.value.message
 
 
 class _Preempted(FsOps):
