@@ -105,8 +105,18 @@ def fail(error: CtxError, *, as_json: bool = False) -> None:
     """Render a refusal (stderr text; also the JSON object on stdout with --json) and exit."""
     click.echo(f"{_program()}: {printable(str(error))}", err=True)
     if as_json:
-        emit_json(error.to_json())
+        _emit_json_error(error)
     sys.exit(exit_status(error))
+
+
+def _emit_json_error(error: CtxError) -> None:
+    """The error object on stdout, unless stdout is what failed (``--json > /dev/full``, a
+    reader that left): the line on stderr has said it all then."""
+    try:
+        emit_json(error.to_json())
+        sys.stdout.flush()
+    except OSError:
+        discard_output(sys.stdout)
 
 
 def _program() -> str:
@@ -123,7 +133,7 @@ def fail_with_problems(source: object, error: CtxError, problems: list[str], as_
     for problem in problems:
         click.echo(printable(f"{_program()}: {error.code_name}: {source}: {problem}"), err=True)
     if as_json:
-        emit_json(error.to_json())
+        _emit_json_error(error)
     sys.exit(exit_status(error))
 
 

@@ -7,6 +7,8 @@ import json
 import subprocess
 import threading
 
+import pytest
+
 from tests.acceptance.ctxcli import CTX_ARGV, QueueCLI, clean_env, ctx_run
 
 MIB = 1 << 20
@@ -201,14 +203,17 @@ def _to_full_disk(queue: QueueCLI, *args: str, input: bytes = b"") -> subprocess
         )
 
 
-def test_publish_whose_name_cannot_be_printed_says_the_job_is_published(queue):
+@pytest.mark.parametrize("as_json", [[], ["--json"]])
+def test_publish_whose_name_cannot_be_printed_says_the_job_is_published(queue, as_json):
     """Publish is acknowledged by printing J (§2.4); when that fails the job is pending all
-    the same, and a bare 'No space left on device' would have the user publish it twice."""
+    the same, and a bare 'No space left on device' would have the user publish it twice.
+    With --json the error object cannot be printed either: the line on stderr says it all."""
     body = json.dumps({"tool": "fs.read", "input": {}}).encode()
-    done = _to_full_disk(queue, "publish", "--name", "once", "-", input=body)
+    done = _to_full_disk(queue, "publish", *as_json, "--name", "once", "-", input=body)
 
     err = done.stderr.decode()
     assert done.returncode == 1 and err.startswith("ctx: ENOSPC: "), err
+    assert "Traceback" not in err and len(err.splitlines()) == 1, err
     assert "once.req.json published and pending" in err
     assert queue.state("once.req.json") == "pending"
 
