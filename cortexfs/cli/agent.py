@@ -89,8 +89,9 @@ def create(
     The agent runs as you by default.  An agent never runs as root (SPEC P-5):
     when root creates one without --user, it runs as the unprivileged user
     'nobody' (its uid and gid from the password database), and the output says so;
-    --user root (or uid 0) is refused.  Anyone but root can give an agent only their
-    own uid and groups (EPERM otherwise): only root can run processes as another.
+    --user root (or uid 0) is refused (EINVAL, exit 2).  Anyone but root can give an
+    agent only their own uid and groups (EPERM otherwise): only root can run processes as
+    another.
     """
     root = resolve_storage(storage_dir)
     try:
@@ -168,6 +169,12 @@ def _identity(user: str | None, gid: int | None, groups: str | None) -> Identity
         else:
             uid, primary = entry.pw_uid, entry.pw_gid
             extra = frozenset(os.getgrouplist(entry.pw_name, entry.pw_gid))
+        if uid == 0:  # a command line no agent can have, as every other bad --user (exit 2)
+            raise usage_problem(
+                invalid(
+                    "an agent never runs as root (SPEC P-5 step 1); give it an unprivileged user"
+                )
+            )
     if gid is not None:
         primary = _parse_id(str(gid), "--gid")
     if groups is not None:

@@ -281,7 +281,8 @@ def test_ctx_agent_create_refuses_an_explicit_root(world: World, tmp_path: Path,
 
     refused = ctx(world.root, "agent", "create", str(request_file), "--user", user)
 
-    assert refused.returncode == 1 and "EINVAL" in refused.stderr, refused.stderr
+    # A command line no agent can have: a usage error, as every other --user it cannot take.
+    assert refused.returncode == 2 and "EINVAL" in refused.stderr, refused.stderr
     assert "never runs as root" in refused.stderr
     assert not (world.root / "agent/rooted").exists()
 
