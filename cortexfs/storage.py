@@ -151,6 +151,10 @@ def _refusal(
     action: str, what: str, st: os.stat_result, group_bit: int, fix: str | None
 ) -> CtxError:
     """``cannot ACTION: uid U may not WHAT (owner, group, mode); FIX``."""
+    if fix is None and st.st_uid == os.geteuid():
+        # Telling its owner to run as its owner would help nobody: the mode is what is missing.
+        letter = {stat.S_IWGRP: "w", stat.S_IRGRP: "r", stat.S_IXGRP: "x"}.get(group_bit, "rwx")
+        fix = f"you own it, but its mode leaves you out: 'chmod u+{letter}' it, or {use_own_root()}"
     if fix is None:
         who = "as root or as that owner"
         if st.st_mode & group_bit:

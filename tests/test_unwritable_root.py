@@ -119,3 +119,20 @@ def test_a_storage_root_that_cannot_be_made_names_what_and_why(tmp_path: Path) -
         f"ctx: ENOTDIR: cannot create {tmp_path / 'file' / 'x'} for the storage root {root}: "
     ), done.stderr
     assert "--storage DIR or CTX_STORAGE" in done.stderr
+
+
+def test_the_owner_of_a_directory_it_may_not_write_is_told_to_change_its_mode(
+    system_root: Path, unprivileged_user: UnprivilegedUser
+) -> None:
+    """'run it as that owner' helps nobody who is that owner: the mode is what is missing."""
+    queue = system_root / "shared" / "p" / "queue"
+    for directory, _, _ in os.walk(system_root / "shared" / "p"):
+        os.chown(directory, unprivileged_user.uid, unprivileged_user.gid)
+    os.chmod(queue / "pending", 0o2555)  # the user's own directory, its write bit taken away
+
+    refused = as_user(unprivileged_user, system_root, "queue", "work", "--project", "p")
+
+    assert refused.returncode == 1, refused.stderr
+    assert f"owner uid {unprivileged_user.uid}" in refused.stderr
+    assert "you own it, but its mode leaves you out: 'chmod u+w' it" in refused.stderr
+    assert "as that owner" not in refused.stderr
