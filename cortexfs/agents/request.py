@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
@@ -164,7 +165,7 @@ def parse_request(document: object, source: str, storage_root: Path) -> AgentReq
     }
     problems += _name_problems(document)
     problems += _shared_problems(shared)
-    problems += _mount_problems(document.get("mount", []))
+    problems += _mount_problems(document.get("mount", []), storage_root)
     if problems:
         raise RequestError(source, problems)
     mounts = [tuple(mount) for mount in document.get("mount", [])]
@@ -214,14 +215,24 @@ def _name_problems(document: dict[str, Any]) -> list[str]:
     return problems
 
 
-def _mount_problems(mounts: list[list[str]]) -> list[str]:
+def _mount_problems(mounts: list[list[str]], storage_root: Path) -> list[str]:
     try:
         table = parse_mount_table(json.dumps(mounts).encode())
     except CtxError as exc:
         return [f"mount: {exc.message}"]
     problems = []
     seen: dict[str, PurePosixPath] = {}
+    root = PurePosixPath(os.path.realpath(storage_root))
     for mount in table:
+        source = PurePosixPath(os.path.realpath(mount.source))
+        if source == root or source in root.parents:
+            # The whole root, raw: every agent's controls and sessions, past the filtered
+            # view an agent is given of it (T-5).
+            problems.append(
+                f"mount source {mount.source}: it holds the storage root {root}, which an "
+                f"agent sees only through its view at {CTX_MOUNT} (T-5); mount a directory "
+                "that does not hold it"
+            )
         problem = object_name_problem(mount.name)
         if mount.target == CTX_MOUNT or CTX_MOUNT in mount.target.parents:
             problems.append(

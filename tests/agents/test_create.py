@@ -180,6 +180,32 @@ def test_invalid_requests_are_refused(world: World, change: dict[str, Any], frag
     assert any(fragment in problem for problem in refused.value.problems), refused.value.problems
 
 
+@pytest.mark.parametrize("source", ["/", "ROOT", "PARENT"])
+def test_a_mount_holding_the_storage_root_is_refused(world: World, source: str) -> None:
+    """Raw, the root holds every agent's controls and sessions: an agent sees it only
+    through its view at /ctx (T-5), never through a mount of its own."""
+    path = {"/": "/", "ROOT": str(world.root), "PARENT": str(world.root.parent)}[source]
+    request = {"name": "a", "label": "a_t", "mount": [[path, "/work", "rw"]]}
+
+    with pytest.raises(RequestError) as refused:
+        parse_request(request, "request", world.root)
+
+    (problem,) = refused.value.problems
+    assert problem.startswith(f"mount source {path}: it holds the storage root"), problem
+
+
+def test_a_mount_beside_or_inside_the_storage_root_is_the_administrators_choice(
+    world: World, tmp_path: Path
+) -> None:
+    data = world.root / "shared" / "p" / "data"
+    request = {
+        "name": "a",
+        "label": "a_t",
+        "mount": [[str(data), "/data", "rw"], [str(tmp_path / "elsewhere"), "/scratch", "ro"]],
+    }
+    assert len(parse_request(request, "request", world.root).mounts) == 3  # with /ctx
+
+
 def test_every_problem_of_a_request_is_listed(world: World) -> None:
     bad = {"name": "", "label": "x y", "tools": ["a/b"], "shared": {"..": ["read"]}}
 
