@@ -225,13 +225,13 @@ def _mount_problems(mounts: list[list[str]], storage_root: Path) -> list[str]:
     root = PurePosixPath(os.path.realpath(storage_root))
     for mount in table:
         source = PurePosixPath(os.path.realpath(mount.source))
-        if source == root or source in root.parents:
+        if source == root:
             # The whole root, raw: every agent's controls and sessions, past the filtered
-            # view an agent is given of it (T-5).
+            # view an agent is given of it (T-5).  (A directory above it, a home holding the
+            # user's default root, is the administrator's choice.)
             problems.append(
-                f"mount source {mount.source}: it holds the storage root {root}, which an "
-                f"agent sees only through its view at {CTX_MOUNT} (T-5); mount a directory "
-                "that does not hold it"
+                f"mount source {mount.source}: it is the storage root, which an agent sees "
+                f"only through its view at {CTX_MOUNT} (T-5); mount a directory of it instead"
             )
         problem = object_name_problem(mount.name)
         if mount.target == CTX_MOUNT or CTX_MOUNT in mount.target.parents:

@@ -43,19 +43,13 @@ class QueueConfig:
 
     @classmethod
     def parse(cls, text: str, origin: str = CONFIG_NAME) -> QueueConfig:
+        # A key given again counts from there on, as in a shell's settings: a line appended
+        # to the config init wrote (which gives every key) overrides it.
         values: dict[str, object] = {}
-        given_on: dict[str, int] = {}
         for line in keyvalue.lines(text):
             key, value, where = line.key, line.value, f"{origin}:{line.number}"
             if key is None:
                 raise invalid(f"{where}: expected key=value, got {line.raw!r}")
-            if key in given_on:
-                # Which of the two counts would be a guess on the reader's part.
-                raise invalid(
-                    f"{where}: {key} is given again (first on line {given_on[key]}); "
-                    "keep one of the two"
-                )
-            given_on[key] = line.number
             if key in ("max_request_bytes", "max_result_bytes"):
                 values[key] = _positive_int(value, where, key)
             elif key == "lease_ttl":

@@ -239,7 +239,10 @@ def test_a_tshrc_that_is_not_a_regular_file_is_named_in_the_refusal(storage, tmp
     env = clean_env(CTX_STORAGE=str(storage), CTX_HOME=str(home))
     r = ctx_run("object", "which", "fs.read", env=env, timeout=20)
     assert r.rc == 1, r
-    assert r.err == f"ctx: EINVAL: {tshrc} is not a regular file\n", r
+    assert r.err == (
+        f"ctx: EINVAL: {tshrc} is not a regular file; make it a file of KEY=VALUE lines, "
+        "or remove it\n"
+    ), r
 
 
 def listed(storage: Path, name: str) -> dict:

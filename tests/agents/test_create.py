@@ -180,30 +180,36 @@ def test_invalid_requests_are_refused(world: World, change: dict[str, Any], frag
     assert any(fragment in problem for problem in refused.value.problems), refused.value.problems
 
 
-@pytest.mark.parametrize("source", ["/", "ROOT", "PARENT"])
-def test_a_mount_holding_the_storage_root_is_refused(world: World, source: str) -> None:
+@pytest.mark.parametrize("through_a_link", [False, True])
+def test_a_mount_of_the_storage_root_itself_is_refused(
+    world: World, tmp_path: Path, through_a_link: bool
+) -> None:
     """Raw, the root holds every agent's controls and sessions: an agent sees it only
     through its view at /ctx (T-5), never through a mount of its own."""
-    path = {"/": "/", "ROOT": str(world.root), "PARENT": str(world.root.parent)}[source]
-    request = {"name": "a", "label": "a_t", "mount": [[path, "/work", "rw"]]}
+    path = world.root
+    if through_a_link:
+        path = tmp_path / "current"
+        path.symlink_to(world.root)
+    request = {"name": "a", "label": "a_t", "mount": [[str(path), "/work", "rw"]]}
 
     with pytest.raises(RequestError) as refused:
         parse_request(request, "request", world.root)
 
     (problem,) = refused.value.problems
-    assert problem.startswith(f"mount source {path}: it holds the storage root"), problem
+    assert problem.startswith(f"mount source {path}: it is the storage root"), problem
 
 
-def test_a_mount_beside_or_inside_the_storage_root_is_the_administrators_choice(
+def test_a_mount_above_beside_or_inside_the_storage_root_is_the_administrators_choice(
     world: World, tmp_path: Path
 ) -> None:
-    data = world.root / "shared" / "p" / "data"
-    request = {
-        "name": "a",
-        "label": "a_t",
-        "mount": [[str(data), "/data", "rw"], [str(tmp_path / "elsewhere"), "/scratch", "ro"]],
-    }
-    assert len(parse_request(request, "request", world.root).mounts) == 3  # with /ctx
+    """A home holding the user's default root, a shared space's data: theirs to give."""
+    mounts = [
+        [str(world.root.parent), "/home", "rw"],
+        [str(world.root / "shared" / "p" / "data"), "/data", "rw"],
+        [str(tmp_path / "elsewhere"), "/scratch", "ro"],
+    ]
+    request = {"name": "a", "label": "a_t", "mount": mounts}
+    assert len(parse_request(request, "request", world.root).mounts) == 4  # with /ctx
 
 
 def test_every_problem_of_a_request_is_listed(world: World) -> None:

@@ -341,13 +341,12 @@ def test_a_malformed_config_is_refused_with_its_line(queue_dir: Path, config: st
     assert caught.value.message.count("config:") == 1  # the place is said once
 
 
-def test_a_config_giving_a_key_twice_is_refused(queue_dir: Path) -> None:
-    """Which of the two counts would be a guess (another tool may take the first)."""
-    (queue_dir / "config").write_text("lease_ttl=5\n# longer\nlease_ttl=600\n")
-    with pytest.raises(CtxError) as caught:
-        Queue.open(queue_dir)
-    assert caught.value.errno == errno.EINVAL
-    assert "config:3: lease_ttl is given again (first on line 1)" in caught.value.message
+def test_a_key_appended_to_the_config_overrides_the_one_before(queue_dir: Path) -> None:
+    """init writes every key; a line appended to change one counts, as in a shell's."""
+    config = queue_dir / "config"
+    config.write_text(config.read_text() + "lease_ttl=600\n")
+    with Queue.open(queue_dir) as q:
+        assert q.config.lease_ttl == 600
 
 
 class _Preempted(FsOps):
