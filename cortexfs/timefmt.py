@@ -7,6 +7,12 @@ from datetime import UTC, datetime
 
 from cortexfs.errors import invalid
 
+# The longest duration a command takes (a timeout, a grace period): a year and a day.  Longer
+# than any job or wait is meant to last, and far within what the interpreter's clocks and
+# timed waits hold (about 292 years of nanoseconds), beyond which a timeout given on the
+# command line would fail only once a job used it.
+MAX_SECONDS = 366 * 24 * 3600.0
+
 
 def rfc3339(epoch: float | None = None) -> str:
     """Format seconds since the epoch (default: now) as RFC 3339 UTC with microseconds."""

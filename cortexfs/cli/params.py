@@ -14,18 +14,14 @@ from typing import Any
 
 import click
 
+from cortexfs.timefmt import MAX_SECONDS
+
 
 class NonEmptyPath(click.Path):
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         if isinstance(value, str | bytes) and not value:
             self.fail("an empty string names no path", param, ctx)
         return super().convert(value, param, ctx)
-
-
-# A year and a day: longer than any job, lease or wait is meant to last, and far within what
-# the interpreter's clocks and timed waits hold (about 292 years of nanoseconds), beyond which
-# a timeout given on the command line would fail only once a job used it.
-MAX_SECONDS = 366 * 24 * 3600.0
 
 
 class Seconds(click.FloatRange):

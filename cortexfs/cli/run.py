@@ -15,11 +15,12 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
-from cortexfs import storage
+from cortexfs import jsontext, storage
 from cortexfs.cli.exits import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, exit_status, usage_problem
 from cortexfs.errors import CtxError
 from cortexfs.names import check_object_name
 from cortexfs.shared.sessions import DEFAULT_SESSION, SessionRef
+from cortexfs.timefmt import MAX_SECONDS
 from cortexfs.tools.result import ToolResult
 from cortexfs.tools.runner import DEFAULT_TIMEOUT, UnreadableInput, run_native, run_terminal
 
@@ -183,11 +184,13 @@ def _run_terminal(root: Path, options: argparse.Namespace, where: SessionRef | s
 def _run_native(root: Path, options: argparse.Namespace, where: SessionRef | str) -> int:
     data = sys.stdin.buffer.read()
     try:
-        input_value: Any = json.loads(data)
+        # Strict: a name given twice would have the tool run with the value a reviewer of
+        # the logged input did not see first; NaN, 1e999 and deep nesting no reader agrees on.
+        input_value: Any = jsontext.loads_strict(data)
     except ValueError as exc:
         # Refused by the runner, so that the caller still gets its result frame and the
         # session its tool_call/tool_result (exit 2, as for an input its schema refuses).
-        input_value = UnreadableInput(data.decode("utf-8", "replace"), str(exc))
+        input_value = UnreadableInput(data.decode("utf-8", "replace"), _not_json(exc))
     result = run_native(
         root,
         options.agent,
@@ -231,6 +234,14 @@ def _session(
         raise
 
 
+def _not_json(error: ValueError) -> str:
+    if isinstance(error, jsontext.DuplicateNames):
+        return f"it {jsontext.duplicate_names_problem(error.names)}"
+    if isinstance(error, jsontext.NotAJsonNumber):
+        return f"it holds {error}, which JSON has no number for"
+    return str(error)
+
+
 def _positive_seconds(text: str) -> float:
     try:
         seconds = float(text)
@@ -238,6 +249,10 @@ def _positive_seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
     if not (seconds > 0 and math.isfinite(seconds)):
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
+    if seconds > MAX_SECONDS:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is longer than a year and a day ({MAX_SECONDS:.0f} seconds)"
+        )
     return seconds
 
 

@@ -251,6 +251,37 @@ def test_ctx_run_native_prints_jsonl_frames(coder: World) -> None:
     assert recorded[0]["input"] == "not json" and recorded[1]["errno"] == "EINVAL"
 
 
+@pytest.mark.parametrize(
+    ("given", "reason"),
+    [
+        ('{"k": 1, "k": 2}', "gives the name 'k' twice"),
+        ('{"k": NaN}', "holds NaN"),
+        ('{"k": 1e999}', "holds 1e999"),
+        ("[" * 200 + "]" * 200, "nested deeper than 128 levels"),
+    ],
+)
+def test_ctx_run_native_refuses_input_readers_would_disagree_on(
+    coder: World, given: str, reason: str
+) -> None:
+    """The logged input must be the one the tool gets: with a name given twice, Python's
+    reader keeps the last value and others the first."""
+    command = [*CTX, "--storage", str(coder.root), "run", "--agent", "coder", "--native"]
+
+    refused = subprocess.run([*command, "whoami"], input=given, capture_output=True, text=True)
+
+    assert refused.returncode == 2, refused.stderr
+    refusal = json.loads(refused.stdout.splitlines()[-1])
+    assert (refusal["error"]["error"], refusal["error"]["stage"]) == ("EINVAL", "schema")
+    assert reason in refusal["error"]["message"], refusal["error"]["message"]
+
+
+@pytest.mark.parametrize("timeout", ["1e10", "31622401"])
+def test_ctx_run_refuses_a_timeout_no_timed_wait_can_hold(coder: World, timeout: str) -> None:
+    refused = ctx(coder.root, "run", "--agent", "coder", "--timeout", timeout, "argv")
+
+    assert refused.returncode == 2 and "longer than a year and a day" in refused.stderr
+
+
 def test_ctx_run_reads_the_same_arguments_before_and_after_the_group(coder: World) -> None:
     """``ctx run …`` starts without the click group; ``ctx --storage D run …`` goes through it.
     Both reach one parser, and a malformed command line is exit 2 with EINVAL either way."""
