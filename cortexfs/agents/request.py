@@ -44,6 +44,7 @@ from cortexfs.policy import Policy
 from cortexfs.policy.grammar import check_subject_type, policy_object_name_problem
 from cortexfs.policy.mounts import parse_mount_table
 from cortexfs.tools.ctxpath import CTX_MOUNT
+from cortexfs.tools.schemas import brief_message
 
 if TYPE_CHECKING:
     from jsonschema import ValidationError
@@ -264,4 +265,4 @@ def _mount_problems(mounts: list[list[str]], storage_root: Path) -> list[str]:
 
 def _describe(error: ValidationError) -> str:
     path = "/".join(str(part) for part in error.absolute_path)
-    return f"{path or 'request'}: {error.message}"
+    return f"{path or 'request'}: {brief_message(error)}"

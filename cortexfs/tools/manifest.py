@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 from cortexfs import jsontext
 from cortexfs.errors import CtxError
 from cortexfs.names import object_name_problem
-from cortexfs.tools.schemas import schema_problems
+from cortexfs.tools.schemas import brief_message, schema_problems
 
 if TYPE_CHECKING:
     from jsonschema import ValidationError
@@ -202,8 +202,8 @@ def manifest_problems(document: object, base: Path) -> list[str]:
 def _describe(error: ValidationError) -> str:
     path = "/".join(str(part) for part in error.absolute_path)
     if error.validator == "additionalProperties" and not path:
-        return f"{error.message}; a v2 manifest has no such field"
-    return f"{path or 'manifest'}: {error.message}"
+        return f"{brief_message(error)}; a v2 manifest has no such field"
+    return f"{path or 'manifest'}: {brief_message(error)}"
 
 
 def _exec_path(value: str, base: Path) -> Path:

@@ -54,7 +54,7 @@ def _check(schema: object, instance: object, path: Path, found: list[Problem]) -
     if schema is True:
         return
     if schema is False:
-        found.append((path, f"False schema does not allow {_show(instance)}"))
+        found.append((path, f"False schema does not allow {show(instance)}"))
         return
     assert isinstance(schema, dict)
     for keyword, value in schema.items():
@@ -70,7 +70,7 @@ def _type(expected: object, instance: object, path: Path, found: list[Problem], 
     names = [expected] if isinstance(expected, str) else expected
     if not any(_TYPE_TESTS[name](instance) for name in names):
         shown = repr(expected) if isinstance(expected, str) else repr(names)
-        found.append((path, f"{_show(instance)} is not of type {shown}"))
+        found.append((path, f"{show(instance)} is not of type {shown}"))
 
 
 def _is_number(value: object) -> bool:
@@ -128,7 +128,7 @@ def _items(items: object, instance: object, path: Path, found: list[Problem], _:
     if not isinstance(instance, list):
         return
     if items is False and instance:  # one violation for the array, as jsonschema reports it
-        found.append((path, f"{_show(instance)} has items, but none are allowed"))
+        found.append((path, f"{show(instance)} has items, but none are allowed"))
         return
     for index, item in enumerate(instance):
         _check(items, item, (*path, index), found)
@@ -136,7 +136,7 @@ def _items(items: object, instance: object, path: Path, found: list[Problem], _:
 
 def _enum(choices: list[Any], instance: object, path: Path, found: list[Problem], _: Any) -> None:
     if not any(_json_equal(choice, instance) for choice in choices):
-        found.append((path, f"{_show(instance)} is not one of {choices!r}"))
+        found.append((path, f"{show(instance)} is not one of {choices!r}"))
 
 
 def _const(value: object, instance: object, path: Path, found: list[Problem], _: Any) -> None:
@@ -157,14 +157,14 @@ def _bound(
 
     def rule(limit: object, instance: object, path: Path, found: list[Problem], _: Any) -> None:
         if applies(instance) and compare(measure(instance), limit):
-            found.append((path, f"{_show(instance)} {fails} {limit!r}"))
+            found.append((path, f"{show(instance)} {fails} {limit!r}"))
 
     return rule
 
 
 def _pattern(pattern: str, instance: object, path: Path, found: list[Problem], _: Any) -> None:
     if isinstance(instance, str) and re.search(pattern, instance) is None:
-        found.append((path, f"{_show(instance)} does not match {pattern!r}"))
+        found.append((path, f"{show(instance)} does not match {pattern!r}"))
 
 
 def _json_equal(one: object, other: object) -> bool:
@@ -179,7 +179,8 @@ def _json_equal(one: object, other: object) -> bool:
     return comparable and one == other
 
 
-def _show(instance: object) -> str:
+def show(instance: object) -> str:
+    """``instance`` as a message quotes it: its repr, cut to 80 characters."""
     text = repr(instance)
     return text if len(text) <= 80 else text[:77] + "..."
 

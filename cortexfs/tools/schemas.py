@@ -46,7 +46,7 @@ def _meta_problems(schema_text: str) -> tuple[str, ...]:
     validator_class = jsonschema.validators.validator_for(schema)
     meta_validator = validator_class(validator_class.META_SCHEMA)
     return tuple(
-        f"{_where(tuple(error.absolute_path))}{error.message}"
+        f"{_where(tuple(error.absolute_path))}{brief_message(error)}"
         for error in meta_validator.iter_errors(schema)
     )
 
@@ -58,9 +58,16 @@ def instance_problems(schema: Mapping[str, Any], instance: object) -> list[str]:
         return [f"{_where(path)}{message}" for path, message in common]
     errors = _validator(_canonical(schema)).iter_errors(instance)
     return [
-        f"{_where(tuple(error.absolute_path))}{error.message}"
+        f"{_where(tuple(error.absolute_path))}{brief_message(error)}"
         for error in sorted(errors, key=_document_order)
     ]
+
+
+def brief_message(error: ValidationError) -> str:
+    """jsonschema's message, with the value it quotes cut short as the common checks cut it:
+    a description of 200 KB would otherwise be repeated whole in the refusal."""
+    quoted = repr(error.instance)
+    return error.message.replace(quoted, schema_subset.show(error.instance), 1)
 
 
 def validate_input(schema: Mapping[str, Any], instance: object, tool: str) -> None:

@@ -205,3 +205,11 @@ def test_a_fact_left_out_counts_as_the_cautious_value(
 ) -> None:
     assert cap_fact(cap, "side_effects") is side_effects
     assert cap_fact(cap, "network") is network
+
+
+def test_a_refusal_quotes_a_long_value_cut_short(tmp_path: Path) -> None:
+    """A 200 KB description over its limit is named, not repeated whole in the refusal."""
+    (problem,) = problems_of(manifest(tmp_path, description="d" * 200_000))
+
+    assert problem.startswith("description: 'ddd") and problem.endswith("... is too long")
+    assert len(problem) < 200, len(problem)
