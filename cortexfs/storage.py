@@ -84,11 +84,21 @@ def _password_home(uid: int) -> str:
 def resolve_root(explicit: str | os.PathLike[str] | None = None) -> Path:
     """``--storage`` beats ``$CTX_STORAGE`` beats the embedded default; always absolute."""
     if explicit:
-        return Path(explicit).absolute()
+        return _absolute(Path(explicit), "--storage")
     from_env = os.environ.get(STORAGE_ENV)
     if from_env:
-        return Path(from_env).absolute()
+        return _absolute(Path(from_env), STORAGE_ENV)
     return default_root()
+
+
+def _absolute(path: Path, given_as: str) -> Path:
+    try:
+        return path.absolute()
+    except FileNotFoundError:  # getcwd() of a directory that was removed
+        raise not_found(
+            f"{given_as} {path} is relative, and the current directory no longer exists; "
+            "give an absolute path, or change to a directory that exists"
+        ) from None
 
 
 def require_root(root: Path) -> Path:

@@ -109,3 +109,30 @@ def test_a_user_s_missing_data_home_is_made_private(
         ".local/share": 0o700,
         ".local/share/cortexfs/storage/current": 0o755,
     }
+
+
+@pytest.mark.parametrize("how", ["--storage", "CTX_STORAGE"])
+def test_a_relative_root_from_a_removed_directory_is_named_in_the_refusal(
+    tmp_path: Path, how: str
+) -> None:
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    env = {**os.environ, "CTX_STORAGE": "rel"} if how == "CTX_STORAGE" else os.environ
+    args = ["--storage", "rel"] if how == "--storage" else []
+    script = (
+        "import os, sys; os.chdir(sys.argv[1]); os.rmdir(sys.argv[1]); "
+        "from cortexfs.cli import main; sys.argv = ['ctx', *sys.argv[2:]]; main()"
+    )
+
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(gone), *args, "queue", "status", "--project", "p"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr == (
+        f"ctx: ENOENT: {how} rel is relative, and the current directory no longer exists; "
+        "give an absolute path, or change to a directory that exists\n"
+    )
