@@ -287,19 +287,30 @@ def test_finish_ok_with_a_json_result(root: Path, req: Path, tmp_path: Path) -> 
 NOT_JSON_NUMBERS = ["NaN", "Infinity", "-Infinity", "1e999", "-1e400"]
 
 
-@pytest.mark.parametrize("number", NOT_JSON_NUMBERS)
-def test_a_request_holding_nan_or_infinity_is_refused(root: Path, number: str) -> None:
-    """§2.1: a request is one JSON object, and JSON has no NaN or infinities (Python's reader
-    takes them): publish and publish --batch refuse them with EINVAL and store nothing."""
-    body = '{"tool":"fs.list","input":{"n":' + number + "}}"
+def refused_alone_and_in_a_batch(
+    root: Path, value: str
+) -> tuple[subprocess.CompletedProcess, subprocess.CompletedProcess]:
+    """Publish a request whose input holds ``value`` (JSON text) alone, then as the second
+    line of a batch: both refused (exit 1, nothing printed), nothing stored."""
+    body = '{"tool":"fs.list","input":{"n":' + value + "}}"
     good = json.dumps(request(1))
     single = ctx(root, "queue", "publish", *P, "-", stdin=body)
     batch = ctx(root, "queue", "publish", *P, "--batch", "-", stdin=f"{good}\n{body}\n")
     for done in (single, batch):
         assert done.returncode == 1 and done.stdout == "", done
+        assert "Traceback" not in done.stderr, done.stderr
+    assert os.listdir(qdir(root) / "pending") == [] and os.listdir(qdir(root) / "inbox") == []
+    return single, batch
+
+
+@pytest.mark.parametrize("number", NOT_JSON_NUMBERS)
+def test_a_request_holding_nan_or_infinity_is_refused(root: Path, number: str) -> None:
+    """§2.1: a request is one JSON object, and JSON has no NaN or infinities (Python's reader
+    takes them): publish and publish --batch refuse them with EINVAL and store nothing."""
+    single, batch = refused_alone_and_in_a_batch(root, number)
+    for done in (single, batch):
         assert "EINVAL" in done.stderr and number in done.stderr, done.stderr
     assert "line 2" in batch.stderr
-    assert os.listdir(qdir(root) / "pending") == [] and os.listdir(qdir(root) / "inbox") == []
 
 
 @pytest.mark.parametrize("number", NOT_JSON_NUMBERS)
@@ -331,15 +342,8 @@ UNREADABLE_JSON = {
 def test_a_request_no_reader_can_take_is_refused_as_not_json(root: Path, value: str) -> None:
     """Well under the size limit, but Python's reader (or the next one) fails on it: EINVAL,
     exit 1, nothing stored, never a traceback."""
-    body = '{"tool":"fs.list","input":{"n":' + value + "}}"
-    good = json.dumps(request(1))
-    single = ctx(root, "queue", "publish", *P, "-", stdin=body)
-    batch = ctx(root, "queue", "publish", *P, "--batch", "-", stdin=f"{good}\n{body}\n")
-    for done in (single, batch):
-        assert done.returncode == 1 and done.stdout == "", done
+    for done in refused_alone_and_in_a_batch(root, value):
         assert done.stderr.startswith("ctx: EINVAL: ") and "not JSON" in done.stderr, done.stderr
-        assert "Traceback" not in done.stderr
-    assert os.listdir(qdir(root) / "pending") == [] and os.listdir(qdir(root) / "inbox") == []
 
 
 def test_a_planted_request_no_reader_can_take_is_claimed_and_failed(root: Path, req: Path) -> None:
