@@ -130,12 +130,14 @@ def read_tshrc(path: Path, *, warn: Warn | None = None) -> str | None:
     """
     fix = "make it a file of KEY=VALUE lines, or remove it"
     try:
-        # The user's own file: a link to it is followed (dotfiles are often links), to a file
-        # of the home's owner only, so that whoever reads it (root, too) never takes another
-        # user's file, or /etc/shadow, for this user's settings.  A FIFO is refused, not
+        # The user's own file.  A link is followed (dotfiles are often links), to a file of
+        # the home's owner only, so that whoever reads it (root, too) never takes another
+        # user's file, /etc/shadow say, for this user's settings; a file in the home itself
+        # is the home's, whoever wrote it (an administrator may).  A FIFO is refused, not
         # waited on.
         home_owner = os.stat(path.parent).st_uid
-        data = read_regular_file(path, _MAX_TSHRC_BYTES, follow_link=True, owner=home_owner)
+        owner = home_owner if os.path.islink(path) else None
+        data = read_regular_file(path, _MAX_TSHRC_BYTES, follow_link=True, owner=owner)
     except (FileNotFoundError, NotADirectoryError):
         return None
     except OSError as exc:

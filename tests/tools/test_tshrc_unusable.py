@@ -75,3 +75,6 @@ def test_a_tshrc_linking_to_another_users_file_is_never_read(tmp_path: Path) -> 
     (home / ".tshrc").unlink()
     (home / ".tshrc").symlink_to(own)
     assert read_tshrc(home / ".tshrc") == "/opt/mine"  # a link to the owner's own file
+    (home / ".tshrc").unlink()
+    (home / ".tshrc").write_text("CTX_PATH=/opt/provisioned\n")  # by root, in the home
+    assert read_tshrc(home / ".tshrc") == "/opt/provisioned"
