@@ -91,6 +91,8 @@ def _queue_dir(storage_dir: Path | None, project: str | None, queue_arg: Path | 
         raise click.UsageError("give either --project or --queue, not both")
     if queue_arg is not None:
         return queue_arg.absolute()
+    if project == "":
+        raise usage_problem(invalid("--project '' is empty: give a project name (R-3)"))
     if project is None:
         project = os.environ.get("CTX_PROJECT")
     if not project:

@@ -586,6 +586,8 @@ def test_usage_errors_exit_2(root: Path) -> None:
     assert ctx(root, "queue", "status").returncode == 2  # no --project
     assert ctx(root, "queue", "list", *P, "--state", "lost").returncode == 2
     assert ctx(root, "queue", "claim", *P, "--ttl", "0").returncode == 2
+    empty = ctx(root, "queue", "status", "--project", "")
+    assert empty.returncode == 2 and "--project '' is empty" in empty.stderr, empty.stderr
 
 
 @pytest.mark.parametrize("ttl", ["0", "-1", "nan", "inf", "1e12"])
