@@ -257,3 +257,23 @@ def test_a_file_name_that_is_not_utf8_comes_back_to_a_tool_as_it_went_out(
 
     assert name == odd and stat.status == "ok" and stat.output["type"] == "file"
     assert b"caf\xe9.txt\n" in text.stdout.splitlines(keepends=True)
+
+
+@pytest.mark.parametrize(
+    ("given", "reason"),
+    [
+        ('{"path": "/tmp", "path": "/"}', "gives the name 'path' twice"),
+        ('{"path": 1e999}', "1e999"),
+    ],
+)
+def test_a_core_tool_reads_its_input_as_strictly_as_ctx_run(
+    agent: World, given: str, reason: str
+) -> None:
+    """Called directly (a terminal's tsh passes argv), a core tool must not act on the value
+    a reviewer of the logged input did not see first."""
+    done = subprocess.run(
+        [str(agent.root / "tool" / "fs.stat"), given], capture_output=True, text=True
+    )
+
+    assert done.returncode == 2 and done.stdout == "", done
+    assert done.stderr.startswith("fs.stat: EINVAL: ") and reason in done.stderr, done.stderr

@@ -135,7 +135,12 @@ def require(request: Mapping[str, Any], key: str, kind: type, default: Any = REQ
 
 def _parse_object(text: str) -> dict[str, Any]:
     try:
-        request = json.loads(text)
+        # Strict, as ctx run reads it: a name given twice would have the tool act on the
+        # value a reviewer of its logged input did not see first (agent.create's label, say).
+        request = jsontext.loads_strict(text)
+    except jsontext.DuplicateNames as exc:
+        problem = jsontext.duplicate_names_problem(exc.names)
+        raise ToolFailure(errno_names.EINVAL, f"the input {problem}", usage=True) from None
     except ValueError as exc:
         raise ToolFailure(errno_names.EINVAL, f"input is not JSON: {exc}", usage=True) from None
     if not isinstance(request, dict):
