@@ -185,7 +185,15 @@ def which(
     ``is_executable`` narrows what counts as executable (default :func:`has_execute_bit`).
     """
     check_object_name(name, "tool")
-    executable = is_executable or has_execute_bit
+    directory, skipped = _search(name, directories, is_executable or has_execute_bit)
+    return None if directory is None else Resolution(name, directory, skipped)
+
+
+def _search(
+    name: str, directories: Iterable[Path], executable: IsExecutable
+) -> tuple[Path | None, list[str]]:
+    """The first directory holding an executable regular file ``name`` (None when none
+    does), and each candidate passed over on the way, with why."""
     skipped = []
     for directory in directories:
         candidate = directory / name
@@ -201,20 +209,23 @@ def which(
         elif not executable(candidate, status):
             skipped.append(f"{candidate}: not executable")
         else:
-            return Resolution(name, directory, skipped)
-    return None
+            return directory, skipped
+    return None, skipped
 
 
 def which_on_user_path(
     root: Path, name: str, *, uid: int, environ: Mapping[str, str], warn: Warn | None = None
 ) -> tuple[Resolution, SearchPath]:
     """``name`` on the search path of a user outside any agent terminal, and that path;
-    ENOENT naming the path when no directory on it holds an executable ``name``."""
+    ENOENT naming the path, and what on it was passed over, when no directory on it holds an
+    executable ``name``."""
     search_path = human_search_path(root, uid=uid, environ=environ, warn=warn)
-    found = which(name, search_path.directories)
-    if found is None:
-        raise not_found(f"{name} is not on CTX_PATH ({':'.join(search_path.entries)})")
-    return found, search_path
+    check_object_name(name, "tool")
+    directory, skipped = _search(name, search_path.directories, has_execute_bit)
+    if directory is None:
+        passed_over = f"; passed over: {'; '.join(skipped)}" if skipped else ""
+        raise not_found(f"{name} is not on CTX_PATH ({':'.join(search_path.entries)}){passed_over}")
+    return Resolution(name, directory, skipped), search_path
 
 
 def has_execute_bit(path: Path, status: os.stat_result) -> bool:

@@ -247,3 +247,21 @@ def test_ctx_object_which(world: World, tmp_path: Path) -> None:
     assert found.stdout.decode().strip() == str(world.root / "tool/fs.read")
     assert missing.returncode == 1 and b"ENOENT" in missing.stderr
     assert json.loads(detail.stdout)["search_path"]["source"] == "default"
+
+
+def test_a_miss_names_what_it_passed_over(world: World, tmp_path: Path) -> None:
+    """A tool that is there but not executable, or not a file, is the likely reason of a miss:
+    the ENOENT says so, in text and in --json's error object."""
+    (world.root / "tool" / "hello").write_text("#!/bin/sh\n")
+    (world.root / "tool" / "hello").chmod(0o644)
+    env = {**os.environ, "CTX_STORAGE": str(world.root), "CTX_HOME": str(tmp_path)}
+    env.pop("CTX_PATH", None)
+
+    missing = subprocess.run(
+        [*CTX, "object", "which", "--json", "hello"], env=env, capture_output=True, text=True
+    )
+
+    assert missing.returncode == 1, missing.stderr
+    message = json.loads(missing.stdout)["message"]
+    assert message.endswith(f"; passed over: {world.root / 'tool' / 'hello'}: not executable")
+    assert message in missing.stderr
