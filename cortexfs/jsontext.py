@@ -140,6 +140,12 @@ def _text(data: str | bytes) -> str:
     return data if isinstance(data, str) else data.decode("utf-8", "replace")
 
 
+def not_a_json_number_problem(spelling: object) -> str:
+    """What is wrong with a document holding ``spelling`` (``NaN``, ``1e999``, or words for
+    them) as a number, to follow ``it``: ``holds NaN, which JSON has no number for``."""
+    return f"holds {spelling}, which JSON has no number for"
+
+
 def duplicate_names_problem(names: list[str]) -> str:
     """What is wrong with a document that gives ``names`` twice, to follow its subject:
     ``gives the name 'exec' twice in one object; …``."""

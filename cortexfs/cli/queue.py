@@ -39,8 +39,8 @@ from cortexfs.queue import inspect, layout, protocol, recovery
 from cortexfs.queue.claim_order import HintedClaimOrder
 from cortexfs.queue.holder import Holder, LocalSystem, check_ttl
 from cortexfs.queue.requests import (
-    NOT_A_JSON_NUMBER,
     loads_json,
+    not_a_json_number,
     parse_batch,
     parse_request_bytes,
     read_at_most,
@@ -430,7 +430,7 @@ def _result_output(q: layout.Queue, result_source: str | None, ok: bool) -> Any:
             output = loads_json(raw.decode("utf-8"))
         except NotAJsonNumber as exc:
             # It parses as JSON only by Python's leave: stored, the result would not be JSON.
-            raise invalid(NOT_A_JSON_NUMBER.format("the result file", exc)) from None
+            raise not_a_json_number("the result file", exc) from None
         except (UnicodeDecodeError, json.JSONDecodeError):
             output = raw.decode("utf-8", "replace")
         if _is_whole_result(output):

@@ -238,7 +238,7 @@ def _not_json(error: ValueError) -> str:
     if isinstance(error, jsontext.DuplicateNames):
         return f"it {jsontext.duplicate_names_problem(error.names)}"
     if isinstance(error, jsontext.NotAJsonNumber):
-        return f"it holds {error}, which JSON has no number for"
+        return f"it {jsontext.not_a_json_number_problem(error)}"
     return str(error)
 
 

@@ -134,7 +134,7 @@ def _compact_json(value: Any) -> bytes:
     try:
         return jsontext.dumps_utf8(value, separators=(",", ":"), allow_nan=False)
     except ValueError:
-        raise invalid(NOT_A_JSON_NUMBER.format("request", "a NaN or infinite number")) from None
+        raise not_a_json_number("request", "a NaN or infinite number") from None
 
 
 def _with_fields_first(document: bytes, fields: Mapping[str, Any]) -> bytes:
@@ -150,7 +150,10 @@ def _with_fields_first(document: bytes, fields: Mapping[str, Any]) -> bytes:
     return b"{" + members + (b"" if empty else b",") + rest
 
 
-NOT_A_JSON_NUMBER = "{} is not JSON: it holds {}, which JSON has no number for"
+def not_a_json_number(where: str, spelling: object) -> CtxError:
+    """EINVAL for ``where`` (``request``, ``the result file``), which holds ``spelling`` for a
+    number."""
+    return invalid(f"{where} is not JSON: it {jsontext.not_a_json_number_problem(spelling)}")
 
 
 def loads_json(text: str) -> Any:
@@ -175,7 +178,7 @@ def parse_request_bytes(data: bytes, limit: int, where: str = "request") -> dict
     try:
         value = jsontext.loads_strict(text)
     except jsontext.NotAJsonNumber as exc:
-        raise invalid(NOT_A_JSON_NUMBER.format(where, exc)) from None
+        raise not_a_json_number(where, exc) from None
     except jsontext.DuplicateNames as exc:
         raise invalid(f"{where} {jsontext.duplicate_names_problem(exc.names)}") from None
     except json.JSONDecodeError as exc:

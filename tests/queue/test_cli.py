@@ -616,7 +616,8 @@ def test_work_refuses_a_timeout_or_concurrency_it_could_not_keep(
     root: Path, req: Path, option: str, value: str
 ) -> None:
     """A timeout past what timed waits can hold would fail every job it ran into failed/ for
-    good; ten thousands of job slots exhaust threads before the jobs: both are usage errors."""
+    good; tens of thousands of job slots exhaust threads before the jobs: both are usage
+    errors."""
     ctx(root, "queue", "publish", *P, "--name", "kept", str(req))
 
     done = ctx(root, "queue", "work", *P, "--drain", option, value)
