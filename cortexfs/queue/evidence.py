@@ -123,13 +123,16 @@ class Scan:
         return evidence
 
 
+REGULAR_FILE = "regular file"
+
+
 def _kind(entry: os.DirEntry[str]) -> str:
     if entry.is_symlink():
         return "symlink"
     if entry.is_dir(follow_symlinks=False):
         return "directory"
     if entry.is_file(follow_symlinks=False):
-        return "regular file"
+        return REGULAR_FILE
     mode = entry.stat(follow_symlinks=False).st_mode
     if stat.S_ISFIFO(mode):
         return "FIFO"
@@ -206,24 +209,30 @@ def _scan_job_dirs(queue: Queue, result: Scan, state: str) -> None:
             result.ignored.append(Ignored(path, f"cannot be read: {errno_text(exc)}"))
             evidence.bad.append(path)
             continue
-        for inner in inners:
-            inner_path = f"{path}/{inner.name}"
-            if inner.name != expected:
+        for name, kind, inode in inners:
+            inner_path = f"{path}/{name}"
+            if name != expected:
                 result.ignored.append(Ignored(inner_path, f"unexpected entry in {path}/"))
                 evidence.bad.append(inner_path)
-            elif not inner.is_file(follow_symlinks=False):
-                result.ignored.append(Ignored(inner_path, f"a {_kind(inner)}, not a regular file"))
+            elif kind != REGULAR_FILE:
+                result.ignored.append(Ignored(inner_path, f"a {kind}, not a regular file"))
                 evidence.bad.append(inner_path)
             elif state == "claimed":
-                evidence.claim_request = inner.inode()
+                evidence.claim_request = inode
             else:
                 evidence.lease_file = True
 
 
-def _job_dir_entries(queue: Queue, state: str, job: str) -> list[os.DirEntry[str]]:
+def _job_dir_entries(queue: Queue, state: str, job: str) -> list[tuple[str, str, int]]:
+    """``(name, kind, inode)`` of each entry of ``state/job/``.
+
+    Classified before the directory's descriptor is closed: an entry of a listing made
+    through a descriptor looks itself up through that descriptor again (a FIFO's kind, or
+    any kind on a filesystem whose listings carry none).
+    """
     job_fd = queue.open_job_dir(state, job)
     try:
-        return _entries(job_fd)
+        return [(entry.name, _kind(entry), entry.inode()) for entry in _entries(job_fd)]
     finally:
         os.close(job_fd)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import stat
 import time
 from pathlib import Path
 
@@ -53,6 +54,32 @@ def test_a_fifo_in_pending_never_blocks_a_claim(queue: Queue, me: Holder, queue_
     assert won is not None and won.job == real
     assert claim(queue, me) is None
     assert ignored_reasons(queue)["pending/pipe.req.json"] == "a FIFO, not a request file"
+
+
+@pytest.mark.parametrize("where", ["claimed", "lease"])
+def test_a_fifo_inside_a_job_directory_is_ignored_and_the_rest_recovered(
+    queue: Queue, me: Holder, queue_dir: Path, where: str
+) -> None:
+    """One special file in ``claimed/J/`` or ``lease/J/`` is J's conflict, not the queue's:
+    status lists it, and recover still handles every other job."""
+    job = "odd.req.json"
+    (queue_dir / "claimed" / job).mkdir()
+    (queue_dir / "lease" / job).mkdir()
+    inner = "worker" if where == "lease" else job
+    other = "worker" if where == "claimed" else job
+    os.mkfifo(queue_dir / where / job / inner)
+    (queue_dir / ("lease" if where == "claimed" else "claimed") / job / other).write_text(
+        json.dumps(request())
+    )
+    abandoned = publish(queue, request(), name="abandoned")
+    assert claim(queue, me, ttl=0.001) is not None  # a lease that expires at once
+    time.sleep(0.01)
+
+    assert ignored_reasons(queue)[f"{where}/{job}/{inner}"] == "a FIFO, not a regular file"
+    report = recover(queue)
+    assert [finding.job for finding in report.requeued] == [abandoned]
+    assert (queue_dir / "pending" / abandoned).is_file()
+    assert stat.S_ISFIFO(os.lstat(queue_dir / where / job / inner).st_mode)
 
 
 @pytest.mark.parametrize(
