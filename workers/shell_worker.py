@@ -5,17 +5,16 @@
 
 A job is ``{"tool": "shell.exec", "input": {"cmd": "make test"}}`` (see workers/README.md for
 every input field).  Jobs of any other tool are left pending for the workers that run them:
-this worker does not claim them.
+this worker does not claim them.  The options, their limits and the exit statuses are those
+of ``ctx queue work --kind shell``.
 """
 
 from __future__ import annotations
-
-import sys
 
 from interpreter import ensure_cortexfs
 
 if __name__ == "__main__":
     ensure_cortexfs()
-    from cortexfs.worker.program import run_worker
+    from cortexfs.cli.work import run_ready_worker
 
-    sys.exit(run_worker("shell", __doc__ or ""))
+    run_ready_worker("shell", __doc__ or "")

@@ -5,17 +5,16 @@
 
 Every job ``{"tool": NAME, "input": {...}}`` runs through the tool runner: the tool must be on
 the agent's CTX_PATH, its input must satisfy the tool's schema, and both the agent's policy and
-the tool's own policy must allow it.  See workers/README.md.
+the tool's own policy must allow it.  The options, their limits and the exit statuses are
+those of ``ctx queue work``.  See workers/README.md.
 """
 
 from __future__ import annotations
-
-import sys
 
 from interpreter import ensure_cortexfs
 
 if __name__ == "__main__":
     ensure_cortexfs()
-    from cortexfs.worker.program import run_worker
+    from cortexfs.cli.work import run_ready_worker
 
-    sys.exit(run_worker("tool", __doc__ or ""))
+    run_ready_worker("tool", __doc__ or "")

@@ -1,16 +1,25 @@
-"""``ctx queue work``: the worker (SPEC §3), thin over :mod:`cortexfs.worker`."""
+"""``ctx queue work`` and the ready worker programs of workers/ (SPEC §3, W-5), thin over
+:mod:`cortexfs.worker`.
+
+Both are the same command line — one set of options with the same types and limits, the same
+errors in the same form (``PROG: ERRNO: sentence``), the same exit statuses — and differ only
+in what they fix: a ready program runs one kind of job, needs ``--agent``, and prints each
+finished job as a JSON line.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import inspect
 import json
+import os
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn, TypeVar
 
 import click
 
@@ -21,21 +30,33 @@ from cortexfs.errors import CtxError
 from cortexfs.worker.executors import NO_AGENT, executor_for
 from cortexfs.worker.loop import EXIT_ABORTED, Worker, WorkerOptions
 
+F = TypeVar("F", bound=Callable[..., Any])
+
 # Each job slot is a thread and each running job a process: beyond this many, threads and
 # processes run out before jobs do.
 MAX_CONCURRENCY = 1024
 
+# What a ready program prints without --json: the jobs it finished (or lost) and its summary.
+FINISHED_EVENTS = frozenset({"finish", "lost", "stop"})
+
 
 class Progress:
-    """What the worker shows: a live line on a terminal, plain lines otherwise, or JSON lines.
+    """What the worker shows: a live line on a terminal, plain lines otherwise, or JSON lines
+    (of every event, or of the events in ``only``).
 
     Output that can no longer be written (the reader of a pipe left, a full disk) stops the
     worker as SIGTERM does: no more claims, running jobs are finished.  :attr:`lost_output`
     is then the error, for the command to end with once the worker stopped.
     """
 
-    def __init__(self, as_json: bool, on_lost_output: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        as_json: bool,
+        on_lost_output: Callable[[], None],
+        only: Collection[str] | None = None,
+    ) -> None:
         self.as_json = as_json
+        self.only = only
         self.live = not as_json and sys.stderr.isatty()
         self.done = self.failed = 0
         self.started = time.time()
@@ -67,7 +88,8 @@ class Progress:
 
     def _show(self, event: str, fields: dict[str, Any]) -> None:
         if self.as_json:
-            self._echo(json.dumps({"event": event, **fields}, default=str))
+            if self.only is None or event in self.only:
+                self._echo(json.dumps({"event": event, **fields}, default=str))
             return
         if event == "finish":
             if fields["state"] == "done":
@@ -102,6 +124,39 @@ class Progress:
                 )
 
 
+def worker_options(fn: F) -> F:
+    """The options of every worker command line, ``ctx queue work`` and the ready programs:
+    one definition, so that both accept and refuse the same values (a usage error, exit 2,
+    before any job is claimed)."""
+    options = (
+        click.option(
+            "--session", default="worker", show_default=True, help="Session recording the jobs."
+        ),
+        click.option("--drain", is_flag=True, help="Exit as soon as the queue is empty."),
+        click.option("--max-jobs", type=click.IntRange(min=1), help="Exit after claiming N jobs."),
+        click.option(
+            "--concurrency",
+            type=click.IntRange(1, MAX_CONCURRENCY),
+            default=1,
+            show_default=True,
+            help=f"Jobs at once (at most {MAX_CONCURRENCY}); each runs its tool in a process of "
+            "its own.",
+        ),
+        click.option(
+            "--timeout",
+            type=Seconds(min=0, min_open=True),
+            default=300.0,
+            show_default=True,
+            help="Per-job timeout in seconds; the tool's process group is killed after it.",
+        ),
+        ttl_option("Lease lifetime in seconds (default: the queue's lease_ttl)."),
+        worker_id_option("Worker id recorded in leases (default: HOST:PID)."),
+    )
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
 @click.command()
 @handles_errors
 @queue_options
@@ -109,7 +164,8 @@ class Progress:
     "--agent",
     envvar="CTX_AGENT",
     help="Run every job's tool as this agent, its identity and policy (W-1; default: "
-    "$CTX_AGENT).  Without one, every job claimed is finished in failed/ with EACCES.",
+    "$CTX_AGENT, unless empty).  Without one, every job claimed is finished in failed/ with "
+    "EACCES.",
 )
 @click.option(
     "--kind",
@@ -118,38 +174,8 @@ class Progress:
     show_default=True,
     help="tool: run any requested tool; shell: only shell.exec jobs.",
 )
-@click.option("--session", default="worker", show_default=True, help="Session recording the jobs.")
-@click.option("--drain", is_flag=True, help="Exit as soon as the queue is empty.")
-@click.option("--max-jobs", type=click.IntRange(min=1), help="Exit after claiming N jobs.")
-@click.option(
-    "--concurrency",
-    type=click.IntRange(1, MAX_CONCURRENCY),
-    default=1,
-    show_default=True,
-    help=f"Jobs at once (at most {MAX_CONCURRENCY}); each runs its tool in a process of its own.",
-)
-@click.option(
-    "--timeout",
-    type=Seconds(min=0, min_open=True),
-    default=300.0,
-    show_default=True,
-    help="Per-job timeout in seconds; the tool's process group is killed after it.",
-)
-@ttl_option("Lease lifetime in seconds (default: the queue's lease_ttl).")
-@worker_id_option("Worker id recorded in leases (default: HOST:PID).")
-def work(
-    queue_dir: Path,
-    as_json: bool,
-    agent: str | None,
-    kind: str,
-    session: str,
-    drain: bool,
-    max_jobs: int | None,
-    concurrency: int,
-    timeout: float,
-    ttl: float | None,
-    worker_id: str | None,
-) -> None:
+@worker_options
+def work(queue_dir: Path, as_json: bool, agent: str | None, kind: str, **worker: Any) -> None:
     """Claim jobs and run their tools as AGENT until stopped (or the queue is empty, --drain).
 
     Without --agent (or $CTX_AGENT) the worker has no agent identity: it warns once on
@@ -168,13 +194,77 @@ def work(
     With --json, each event (claim, finish, stop, ...) is one JSON object on its own line of
     stdout (JSON Lines), as it happens.
     """
-    root = click.get_current_context().meta[STORAGE_ROOT_KEY]
-    # A malformed name is a malformed command line (exit 2), found before any job is claimed.
-    session = object_name_argument(session, "session")
     if not agent:
         agent = None
         click.echo(f"ctx: warning: {NO_AGENT}; every job claimed fails with EACCES", err=True)
-    else:
+    _run(queue_dir, kind, agent, as_json=as_json, **worker)
+
+
+def ready_worker(kind: str, description: str) -> click.Command:
+    """The command line of a ready program of workers/: ``ctx queue work --kind KIND`` with
+    ``--agent`` required, printing each finished job as one JSON line (every event with
+    ``--json``)."""
+
+    @click.command(
+        help=_verbatim_examples(description),
+        context_settings={"help_option_names": ["-h", "--help"]},
+    )
+    @handles_errors
+    @queue_options
+    @click.option(
+        "--agent", required=True, metavar="AGENT", help="Run every job's tool as this agent."
+    )
+    @worker_options
+    def ready(queue_dir: Path, as_json: bool, agent: str, **worker: Any) -> None:
+        _run(
+            queue_dir,
+            kind,
+            agent,
+            as_json=True,
+            only=None if as_json else FINISHED_EVENTS,
+            **worker,
+        )
+
+    return ready
+
+
+def run_ready_worker(kind: str, description: str) -> NoReturn:
+    """Run the ready program of ``kind`` on this process's arguments, and exit."""
+    from cortexfs.cli.usage import run_click
+    from cortexfs.standard_streams import reopen_closed_standard_streams
+
+    reopen_closed_standard_streams()
+    run_click(ready_worker(kind, description), sys.argv[1:], os.path.basename(sys.argv[0]))
+
+
+def _verbatim_examples(description: str) -> str:
+    """A program's docstring as click help: indented paragraphs (command examples) are kept
+    as written instead of being rewrapped."""
+    paragraphs = inspect.cleandoc(description).split("\n\n")
+    return "\n\n".join(f"\b\n{p}" if p.startswith(" ") else p for p in paragraphs)
+
+
+def _run(
+    queue_dir: Path,
+    kind: str,
+    agent: str | None,
+    *,
+    as_json: bool,
+    only: Collection[str] | None = None,
+    session: str,
+    drain: bool,
+    max_jobs: int | None,
+    concurrency: int,
+    timeout: float,
+    ttl: float | None,
+    worker_id: str | None,
+) -> None:
+    """Check the names, run the worker on ``queue_dir`` (its events shown as JSON lines, those
+    in ``only`` when given, or as text) and end as its summary says."""
+    root = click.get_current_context().meta[STORAGE_ROOT_KEY]
+    # A malformed name is a malformed command line (exit 2), found before any job is claimed.
+    session = object_name_argument(session, "session")
+    if agent is not None:
         agent = object_name_argument(agent, "agent")
     executor = executor_for(kind, root, agent, session)
     options = WorkerOptions(
@@ -185,7 +275,7 @@ def work(
         job_timeout=timeout,
         worker_id=worker_id,
     )
-    progress = Progress(as_json, lambda: worker.stop("output closed"))
+    progress = Progress(as_json, lambda: worker.stop("output closed"), only)
     worker = Worker(queue_dir, executor, options, progress)
     worker.install_signal_handlers()
     try:
