@@ -13,12 +13,14 @@ commands whose request format is documented in ``workers/README.md``.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from cortexfs.agents.host import require_host_administrator
 from cortexfs.agents.view import AgentView
 from cortexfs.errors import CtxError
 from cortexfs.queue import Claim
@@ -32,12 +34,16 @@ class ToolExecutor:
     """Run each job's tool as ``agent``, recording the job in the agent's session."""
 
     def __init__(self, root: Path, agent: str, session: str = "worker") -> None:
+        # Whether the tools may run at all depends only on who started the worker: asked
+        # once, before any claim, rather than by every job's call after its claim (a worker
+        # nobody may run would claim every job only to fail it).
+        require_host_administrator(root, "start a worker that runs jobs' tools as an agent")
         view = AgentView.load(root, agent)
         self.root = root
         self.agent = agent
         self.session_ref = SessionRef.home(root, view.identity.uid, agent, session)
         owner = Ownership(view.identity.uid, view.identity.gid)
-        self.session: Session = open_session(self.session_ref, owner=owner)
+        self.session: Session = _open_worker_session(self.session_ref, owner)
         self._running: dict[str, int] = {}
 
     def close(self) -> None:
@@ -158,6 +164,21 @@ class AgentlessExecutor:
     def __call__(self, job: Claim, control: JobControl) -> Outcome:
         error = {"error": "EACCES", "message": NO_AGENT, "stage": "authorize"}
         return Outcome(False, None, f"EACCES: {NO_AGENT} [authorize]", {"error": error})
+
+
+def _open_worker_session(ref: SessionRef, owner: Ownership) -> Session:
+    """The worker's session, created as the agent's when missing; a refusal names the
+    session's directory and what to do, not only the component the kernel refused."""
+    home = ref.root / "home" / str(owner.uid)
+    try:
+        return open_session(ref, owner=owner)
+    except OSError as exc:
+        raise CtxError(
+            exc.errno or errno.EIO,
+            f"cannot open the worker's session {ref.path}: {exc.strerror}; the worker records "
+            f"every job there and creates what is missing, from {home} down, for the agent's "
+            f"uid {owner.uid}: start it as root, or create {home} owned by uid {owner.uid} first",
+        ) from None
 
 
 def _describe(error: dict[str, Any]) -> str:
