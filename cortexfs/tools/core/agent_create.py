@@ -13,7 +13,7 @@ output ``{"agent", "label", "uid"}``.  Without the runner it refuses (EPERM).
 from __future__ import annotations
 
 from cortexfs.tools.core.hostcall import ask_host
-from cortexfs.tools.core.toolio import Reply, main
+from cortexfs.tools.core.toolio import Reply, core_main, main_parameter
 
 
 def create(request: dict[str, object], native: bool) -> Reply:
@@ -22,4 +22,4 @@ def create(request: dict[str, object], native: bool) -> Reply:
 
 
 def run() -> int:
-    return main("agent.create", "name", create)
+    return core_main("agent.create", main_parameter("name"), create)

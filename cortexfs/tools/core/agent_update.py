@@ -12,7 +12,7 @@ and refuses (EPERM).
 from __future__ import annotations
 
 from cortexfs.tools.core.hostcall import ask_host
-from cortexfs.tools.core.toolio import Reply, main, require
+from cortexfs.tools.core.toolio import Reply, core_main, main_parameter, require
 
 
 def update(request: dict[str, object], native: bool) -> Reply:
@@ -24,4 +24,4 @@ def update(request: dict[str, object], native: bool) -> Reply:
 
 
 def run() -> int:
-    return main("agent.update", "control", update)
+    return core_main("agent.update", main_parameter("control"), update)

@@ -11,7 +11,7 @@ import os
 import stat
 
 from cortexfs.tools.core import confine
-from cortexfs.tools.core.toolio import Reply, main, require
+from cortexfs.tools.core.toolio import Reply, core_main, main_parameter, require
 
 _MARKS = {"directory": "/", "symlink": "@"}
 
@@ -44,4 +44,4 @@ def list_directory(request: dict[str, object], native: bool) -> Reply:
 
 
 def run() -> int:
-    return main("fs.list", "path", list_directory)
+    return core_main("fs.list", main_parameter("path"), list_directory)

@@ -12,7 +12,7 @@ import errno
 import os
 
 from cortexfs.tools.core import confine
-from cortexfs.tools.core.toolio import Reply, ToolFailure, main, require
+from cortexfs.tools.core.toolio import Reply, ToolFailure, core_main, main_parameter, require
 
 MAX_LENGTH = 1024 * 1024
 
@@ -49,4 +49,4 @@ def read(request: dict[str, object], native: bool) -> Reply:
 
 
 def run() -> int:
-    return main("fs.read", "path", read)
+    return core_main("fs.read", main_parameter("path"), read)

@@ -14,7 +14,7 @@ import stat
 from cortexfs.timefmt import rfc3339
 from cortexfs.tools.core import confine
 from cortexfs.tools.core.fs_list import entry_type
-from cortexfs.tools.core.toolio import Reply, ToolFailure, main, require
+from cortexfs.tools.core.toolio import Reply, ToolFailure, core_main, main_parameter, require
 
 
 def stat_entry(request: dict[str, object], native: bool) -> Reply:
@@ -48,4 +48,4 @@ def stat_entry(request: dict[str, object], native: bool) -> Reply:
 
 
 def run() -> int:
-    return main("fs.stat", "path", stat_entry)
+    return core_main("fs.stat", main_parameter("path"), stat_entry)

@@ -6,8 +6,12 @@ directory, are fsynced, and replace the file in one rename (or, with ``overwrite
 moved in without replacing anything: EEXIST when the file exists); the directory is synced
 before the tool answers, through :mod:`cortexfs.durable`.  A replaced file keeps its permission
 bits whatever the umask (never setuid, setgid or sticky bits); a new one gets 0644 less the
-umask.  Native output ``{"path", "bytes", "created"}``.  In terminal mode without ``content``
-the contents are read from stdin: ``fs.write notes.txt < draft.txt``.
+umask.  Native output ``{"path", "bytes", "created"}``.
+
+The shorthand ``fs.write PATH < FILE`` takes the contents from stdin: it stands for
+``{"path": PATH, "content": …}``, UTF-8 text as it is, other bytes in base64.  Nothing on
+stdin (empty, or a terminal) is no content, refused like a JSON object without ``content``:
+an empty file is written with ``{"path": PATH, "content": ""}``, never by accident.
 """
 
 from __future__ import annotations
@@ -17,11 +21,17 @@ import binascii
 import errno
 import os
 import stat
-import sys
 
 from cortexfs import durable
 from cortexfs.tools.core import confine
-from cortexfs.tools.core.toolio import Reply, ToolFailure, main, require
+from cortexfs.tools.core.toolio import (
+    Reply,
+    ToolFailure,
+    core_main,
+    main_parameter,
+    read_stdin,
+    require,
+)
 
 MAX_CONTENT_BYTES = 16 * 1024 * 1024
 
@@ -29,7 +39,7 @@ MAX_CONTENT_BYTES = 16 * 1024 * 1024
 def write(request: dict[str, object], native: bool) -> Reply:
     view = confine.View.from_environment(os.environ)
     place = view.locate(require(request, "path", str), write=True)
-    data = _content(request, native)
+    data = _content(request)
     overwrite = require(request, "overwrite", bool, True)
     ops = durable.default_ops()
     parent = confine.open_parent(place, writable=True)
@@ -70,13 +80,26 @@ def write(request: dict[str, object], native: bool) -> Reply:
     )
 
 
-def _content(request: dict[str, object], native: bool) -> bytes:
-    if "content" not in request and not native:
-        # Terminal mode: `fs.write notes.txt < draft.txt` writes what arrives on stdin.
-        data = sys.stdin.buffer.read(MAX_CONTENT_BYTES + 1)
-        if len(data) > MAX_CONTENT_BYTES:
-            raise ToolFailure(errno.EFBIG, f"content is larger than {MAX_CONTENT_BYTES} bytes")
-        return data
+def path_and_stdin(arguments: list[str]) -> dict[str, object]:
+    """``fs.write PATH < FILE``: the request for PATH with what arrives on stdin."""
+    request = main_parameter("path")(arguments)
+    data = read_stdin(MAX_CONTENT_BYTES, "content")
+    if not data:
+        # An empty or absent stdin is far more often a forgotten redirection than a wish to
+        # empty the file: replacing it would lose its contents.
+        raise ToolFailure(
+            errno.EINVAL,
+            "'content' is required: pipe the new contents on stdin (fs.write PATH < FILE), "
+            'or give {"path": …, "content": …} (an empty file: "content": "")',
+            usage=True,
+        )
+    try:
+        return {**request, "content": data.decode("utf-8"), "encoding": "utf-8"}
+    except UnicodeDecodeError:
+        return {**request, "content": base64.b64encode(data).decode("ascii"), "encoding": "base64"}
+
+
+def _content(request: dict[str, object]) -> bytes:
     content = require(request, "content", str)
     encoding = require(request, "encoding", str, "utf-8")
     if encoding == "utf-8":
@@ -94,4 +117,4 @@ def _content(request: dict[str, object], native: bool) -> bytes:
 
 
 def run() -> int:
-    return main("fs.write", "path", write)
+    return core_main("fs.write", path_and_stdin, write)

@@ -2,7 +2,8 @@
 
 A core tool (and the bridge that runs an MCP-backed tool) is installed as a Python zip
 application: ``#!<python> -IS`` followed by a zip archive that carries the few modules the
-program imports (:data:`BUNDLED`) and a ``__main__`` calling its ``run()``.  The program is
+program imports and the core tools' manifests, whose input schemas the programs check
+(:data:`BUNDLED`), and a ``__main__`` calling its ``run()``.  The program is
 thus one self-contained file of the storage root: an agent uid needs to read nothing of the
 installed package, wherever (and however privately) it lives.  The archive is byte-for-byte
 the same for the same sources, so an unchanged program is recognised as current.
@@ -46,7 +47,8 @@ def package_parent() -> Path:
     return Path(cortexfs.__file__).resolve().parent.parent
 
 
-# What a program built into ctx imports: the standard library and these modules, nothing else.
+# What a program built into ctx imports: the standard library and these modules, nothing else;
+# and the core tools' manifests, which toolio.core_schema reads their input schemas from.
 BUNDLED = (
     "cortexfs/__init__.py",
     "cortexfs/durable.py",
@@ -70,8 +72,11 @@ BUNDLED = (
     "cortexfs/tools/core/tsh.py",
     "cortexfs/tools/core/tsh_context.py",
     "cortexfs/tools/ctxpath.py",
+    "cortexfs/tools/schema_subset.py",
+    "cortexfs/tools/schemas.py",
     "cortexfs/tools/tinylfu.py",
     *(f"cortexfs/tools/core/{module}.py" for module in sorted(set(CORE_TOOLS.values()))),
+    *(f"cortexfs/tools/core/manifests/{name}.json" for name in sorted(CORE_TOOLS)),
 )
 _ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)  # fixed entry times: the same sources, the same bytes
 
@@ -88,7 +93,7 @@ def bundled_modules(interpreter: str, package_parent: Path) -> list[tuple[str, b
     for name in BUNDLED:
         source = (package_parent / name).read_bytes()
         entries.append((name, source))
-        if with_bytecode:
+        if with_bytecode and name.endswith(".py"):
             entries.append((name + "c", _unchecked_bytecode(source, name)))
     return entries
 

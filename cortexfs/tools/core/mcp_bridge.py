@@ -30,7 +30,7 @@ from cortexfs.errors import CtxError
 from cortexfs.mcp.client import StdioClient
 from cortexfs.mcp.config import MAX_CONFIG_BYTES, ServerSpec, parse_server
 from cortexfs.tools.core import confine
-from cortexfs.tools.core.toolio import Reply, ToolFailure, main
+from cortexfs.tools.core.toolio import Reply, ToolFailure, main, main_parameter
 
 LOCATOR_KEYS = ("transport", "config", "server", "tool")
 
@@ -88,6 +88,6 @@ def run() -> int:
     executable = sys.argv[0]
     return main(
         os.path.basename(executable),
-        "input",
+        main_parameter("input"),
         lambda request, native: call(read_locator(executable), request, native),
     )

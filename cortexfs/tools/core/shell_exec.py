@@ -19,7 +19,7 @@ import os
 from typing import NoReturn
 
 from cortexfs.tools.core import confine
-from cortexfs.tools.core.toolio import main, require
+from cortexfs.tools.core.toolio import core_main, main_parameter, require
 
 SHELL = "/bin/sh"
 
@@ -51,4 +51,4 @@ def _feed_stdin(data: bytes) -> None:
 
 
 def run() -> int:
-    return main("shell.exec", "cmd", execute)
+    return core_main("shell.exec", main_parameter("cmd"), execute)

@@ -2,10 +2,17 @@
 
 Input is one JSON object, taken from the first argument when there is one
 (``fs.read '{"path":"README.md"}'``) and from stdin otherwise
-(``echo '{"cmd":"pwd"}' | shell.exec``).  A first argument that is not a JSON object is the
-tool's main parameter: ``fs.read README.md`` means ``{"path": "README.md"}``.  No argument and
-nothing on stdin (empty, or a terminal) is the empty object: ``tsh.config`` alone shows the
-configuration, ``fs.read`` alone says that ``path`` is required.
+(``echo '{"cmd":"pwd"}' | shell.exec``).  Arguments that are not a JSON object are the tool's
+*shorthand*: by default one argument, the main parameter (``fs.read README.md`` means
+``{"path": "README.md"}``); a tool may read its own (``tsh.config key=value…``,
+``fs.write PATH < FILE``).  No argument and nothing on stdin (empty, or a terminal) is the
+empty object: ``tsh.config`` alone shows the configuration, ``fs.read`` alone says that
+``path`` is required.
+
+A core tool's input is then checked against the input schema of its manifest, the very file
+``ctx bootstrap`` writes its ``schema`` control from (bundled with the program), in every
+mode: a missing required key, an unknown key or a value of the wrong type is refused before
+the tool does anything, as ``ctx run --native`` refuses it before starting the tool.
 
 Output depends on the mode the runner sets in ``CTX_MODE``: ``native`` prints one JSON object
 on stdout; anything else (terminal CLI mode, or a person running the tool directly) prints
@@ -28,6 +35,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 from cortexfs import jsontext
+from cortexfs.tools.schemas import instance_problems
 
 NATIVE = "native"
 MAX_INPUT_BYTES = 16 * 1024 * 1024
@@ -54,24 +62,32 @@ class Reply(NamedTuple):
 
 
 Handler = Callable[[dict[str, Any], bool], Reply]
+# The request that arguments which are not a JSON object stand for (see main_parameter).
+Shorthand = Callable[[list[str]], dict[str, Any]]
 
 
 def main(
     tool: str,
-    primary: str,
+    shorthand: Shorthand,
     handler: Handler,
     argv: list[str] | None = None,
     program: str | None = None,
+    *,
+    schema: Mapping[str, Any] | None = None,
 ) -> int:
-    """Parse the input, call ``handler(request, native)``, render its reply or failure.
+    """Parse the input, check it against ``schema``, call ``handler(request, native)``,
+    render its reply or failure.
 
-    ``program`` is the command this tool's code runs inside, if any (``ctx`` for
-    ``ctx tool``): its errors then read as that command's do, ``ctx: EINVAL: tsh.config: …``.
+    A core tool passes its own input schema (:func:`core_main`).  ``program`` is the command
+    this tool's code runs inside, if any (``ctx`` for ``ctx tool``): its errors then read as
+    that command's do, ``ctx: EINVAL: tsh.config: …``.
     """
     arguments = sys.argv[1:] if argv is None else argv
     native = os.environ.get("CTX_MODE") == NATIVE
     try:
-        request = read_request(arguments, primary)
+        request = read_request(arguments, shorthand)
+        if schema is not None:
+            check_input(tool, schema, request)
         reply = handler(request, native)
     except ToolFailure as failure:
         return _fail(tool, failure, native, program)
@@ -92,6 +108,17 @@ def main(
     return reply.exit_status
 
 
+def core_main(
+    tool: str,
+    shorthand: Shorthand,
+    handler: Handler,
+    argv: list[str] | None = None,
+    program: str | None = None,
+) -> int:
+    """:func:`main` for the core tool ``tool``, its input checked against its own schema."""
+    return main(tool, shorthand, handler, argv, program, schema=core_schema(tool))
+
+
 def json_line(data: Any) -> bytes:
     """``data`` as one line of JSON in UTF-8.  A file name that is not UTF-8 reaches Python as
     lone surrogates (``\udcff`` for the byte 0xff): a reply holding one is written all
@@ -99,24 +126,67 @@ def json_line(data: Any) -> bytes:
     return jsontext.dumps_utf8(data) + b"\n"
 
 
-def read_request(arguments: list[str], primary: str) -> dict[str, Any]:
+def read_request(arguments: list[str], shorthand: Shorthand) -> dict[str, Any]:
     if arguments:
-        first = arguments[0]
+        if not arguments[0].lstrip().startswith("{"):
+            return shorthand(arguments)
+        if len(arguments) > 1:
+            raise ToolFailure(errno_names.EINVAL, "expected one JSON object", usage=True)
+        return _parse_object(arguments[0])
+    data = read_stdin(MAX_INPUT_BYTES, "input")
+    if not data.strip():
+        return {}
+    return _parse_object(data.decode("utf-8", "replace"))
+
+
+def main_parameter(key: str) -> Shorthand:
+    """The default shorthand: one argument, the value of ``key`` (``fs.read README.md``)."""
+
+    def request(arguments: list[str]) -> dict[str, Any]:
         if len(arguments) > 1:
             raise ToolFailure(
                 errno_names.EINVAL, "expected one argument (a JSON object or a value)", usage=True
             )
-        if not first.lstrip().startswith("{"):
-            return {primary: first}
-        return _parse_object(first)
+        return {key: arguments[0]}
+
+    return request
+
+
+def read_stdin(limit: int, what: str) -> bytes:
+    """Everything piped in on stdin, at most ``limit`` bytes (else EFBIG); nothing when stdin
+    is a terminal (a person typed the bare command) or closed."""
     if sys.stdin is None or sys.stdin.isatty():
-        return {}  # nothing piped in: a person typed the bare command
-    data = sys.stdin.buffer.read(MAX_INPUT_BYTES + 1)
-    if len(data) > MAX_INPUT_BYTES:
-        raise ToolFailure(errno_names.EFBIG, f"input is larger than {MAX_INPUT_BYTES} bytes")
-    if not data.strip():
-        return {}
-    return _parse_object(data.decode("utf-8", "replace"))
+        return b""
+    data = sys.stdin.buffer.read(limit + 1)
+    if len(data) > limit:
+        raise ToolFailure(errno_names.EFBIG, f"{what} is larger than {limit} bytes")
+    return data
+
+
+def core_schema(tool: str) -> dict[str, Any]:
+    """The input schema of the core tool ``tool``: the one in its manifest, from which
+    ``ctx bootstrap`` writes the ``schema`` control, so the two cannot drift.  The manifest
+    is read through this module's loader, from the program's own archive when it runs as
+    one (cortexfs.tools.core.launcher bundles it) and from the package inside ``ctx``."""
+    where = os.path.join(os.path.dirname(__file__), "manifests", f"{tool}.json")
+    manifest = json.loads(__loader__.get_data(where))  # type: ignore[name-defined]
+    return manifest["schema"]  # type: ignore[no-any-return]
+
+
+def check_input(tool: str, schema: Mapping[str, Any], request: dict[str, Any]) -> None:
+    """EINVAL (exit 2) naming every way ``request`` fails ``schema``: a required key that is
+    missing, a key the schema does not declare, a value of the wrong type or out of range.
+
+    The check is the runner's own (:func:`cortexfs.tools.schemas.instance_problems`), so a
+    core tool started without the runner (a terminal call, a person running it) refuses what
+    ``ctx run --native`` refuses.  A core tool's schema keeps to the common keywords, which
+    need no jsonschema (``tests/tools/test_core_tool_input.py`` checks that)."""
+    problems = instance_problems(schema, request)
+    if problems:
+        reasons = "; ".join(problems)
+        raise ToolFailure(
+            errno_names.EINVAL, f"input does not match the schema of {tool}: {reasons}", usage=True
+        )
 
 
 def require(request: Mapping[str, Any], key: str, kind: type, default: Any = REQUIRED) -> Any:

@@ -30,7 +30,7 @@ from typing import Any
 
 from cortexfs import durable, keyvalue
 from cortexfs.regular_file import read_regular_file
-from cortexfs.tools.core.toolio import Reply, ToolFailure, main
+from cortexfs.tools.core.toolio import Reply, ToolFailure, core_main
 
 TOOL = "tsh.config"
 DEFAULTS = {"max_loaded_tools": 64, "cache_capacity": 32, "window_percent": 1}
@@ -130,14 +130,20 @@ def configure(
     )
 
 
+def settings_from_arguments(arguments: list[str]) -> dict[str, Any]:
+    """The shorthand ``tsh.config key=value``: ``{"set": {key: value}}``, the value as a
+    number when it is written in decimal digits (else as given, for the check to refuse)."""
+    if len(arguments) > 1:
+        raise ToolFailure(errno.EINVAL, "expected one key=value argument", usage=True)
+    key, equals, value = (part.strip() for part in arguments[0].partition("="))
+    if not equals:
+        raise ToolFailure(errno.EINVAL, f"expected key=value, not {arguments[0]!r}", usage=True)
+    return {"set": {key: _decimal(value)}}
+
+
 def _changes(requested: object) -> dict[str, int]:
     if requested is None:
         return {}
-    if isinstance(requested, str):  # terminal mode: tsh.config key=value
-        key, equals, value = (part.strip() for part in requested.partition("="))
-        if not equals:
-            raise ToolFailure(errno.EINVAL, f"expected key=value, not {requested!r}", usage=True)
-        requested = {key: _decimal(value)}
     if not isinstance(requested, dict):
         raise ToolFailure(errno.EINVAL, "'set' must be an object of settings", usage=True)
     for key, value in requested.items():
@@ -234,9 +240,9 @@ def _locked_directory(ops: durable.FsOps, path: Path) -> int:
 def run_configure(path: Path, argv: list[str], program: str | None = None) -> int:
     """The tool's command line on the configuration at ``path`` (inside ``program``, if any:
     see :func:`toolio.main`)."""
-    return main(
+    return core_main(
         TOOL,
-        "set",
+        settings_from_arguments,
         lambda request, native: configure(path, request, native, program),
         argv,
         program,
