@@ -178,9 +178,10 @@ def worker_options(fn: F) -> F:
 def work(queue_dir: Path, as_json: bool, agent: str | None, kind: str, **worker: Any) -> None:
     """Claim jobs and run their tools as AGENT until stopped (or the queue is empty, --drain).
 
-    Without --agent (or $CTX_AGENT) the worker has no agent identity: it warns once on
-    stderr, and every job it claims is refused (EACCES) and finished in failed/ with the
-    reason.
+    Without --agent (or $CTX_AGENT; an empty one is unset) the worker has no agent
+    identity: it warns once on stderr, and every job it claims is refused (EACCES) and
+    finished in failed/ with the reason.  An empty --agent '' is an illegal name: EINVAL,
+    exit 2, nothing claimed.
 
     Each job's tool runs with its input through the full authorization chain, under the
     agent's identity, bounded by --timeout; the job is finished in done/ or failed/ with the
@@ -194,8 +195,10 @@ def work(queue_dir: Path, as_json: bool, agent: str | None, kind: str, **worker:
     With --json, each event (claim, finish, stop, ...) is one JSON object on its own line of
     stdout (JSON Lines), as it happens.
     """
-    if not agent:
-        agent = None
+    # An empty $CTX_AGENT is unset, as shells commonly mean it (click reads it so); an empty
+    # --agent '' is an illegal name (R-3), refused by _run like --agent 'a/b': a script whose
+    # "$AGENT" is unset must not start a worker that fails every job.
+    if agent is None:
         click.echo(f"ctx: warning: {NO_AGENT}; every job claimed fails with EACCES", err=True)
     _run(queue_dir, kind, agent, as_json=as_json, **worker)
 
