@@ -18,6 +18,7 @@ from typing import Any, BinaryIO, TypeVar
 
 import click
 
+from cortexfs import storage
 from cortexfs.cli.common import (
     EXIT_NOTHING,
     EXIT_OK,
@@ -34,7 +35,7 @@ from cortexfs.cli.params import NonEmptyPath, Seconds
 from cortexfs.errors import CtxError, invalid
 from cortexfs.interrupts import held_interrupts
 from cortexfs.jsontext import NotAJsonNumber
-from cortexfs.names import job_name
+from cortexfs.names import is_object_name, job_name
 from cortexfs.queue import inspect, layout, protocol, recovery
 from cortexfs.queue.claim_order import HintedClaimOrder
 from cortexfs.queue.holder import Holder, LocalSystem, check_ttl
@@ -86,11 +87,12 @@ STORAGE_ROOT_KEY = "cortexfs.storage_root"
 
 def _queue_dir(storage_dir: Path | None, project: str | None, queue_arg: Path | None) -> Path:
     # Commands that need the storage root too (the worker runs tools) find it here.
-    click.get_current_context().meta[STORAGE_ROOT_KEY] = resolve_storage(storage_dir)
+    root = resolve_storage(storage_dir)
+    click.get_current_context().meta[STORAGE_ROOT_KEY] = root
     if queue_arg is not None and project is not None:
         raise click.UsageError("give either --project or --queue, not both")
     if queue_arg is not None:
-        return queue_arg.absolute()
+        return _outside_the_root_abi(root, queue_arg.absolute(), "--queue")
     if project == "":
         raise usage_problem(invalid("--project '' is empty: give a project name (R-3)"))
     if project is None:
@@ -103,7 +105,7 @@ def _queue_dir(storage_dir: Path | None, project: str | None, queue_arg: Path | 
         # counts only when it names an existing queue, so that a mistyped name such as
         # '--project ../escape' never makes a queue outside the storage root.
         if os.path.isabs(project) or _is_queue_directory(Path(project)):
-            return Path(project).absolute()
+            return _outside_the_root_abi(root, Path(project).absolute(), "--project")
         raise usage_problem(
             invalid(
                 f"--project {project!r} is neither a project name (a name holds no '/', R-3) "
@@ -116,6 +118,29 @@ def _queue_dir(storage_dir: Path | None, project: str | None, queue_arg: Path | 
         return layout.queue_path(resolve_storage(storage_dir), project)
     except CtxError as exc:
         raise usage_problem(exc) from None
+
+
+def _outside_the_root_abi(root: Path, queue_dir: Path, option: str) -> Path:
+    """``queue_dir``, unless it lies in the storage root anywhere but ``shared/NAME/queue``.
+
+    A queue path may name a directory outside the root (a queue on its own, or on a shared
+    filesystem); inside it, the root holds only the entries of R-2, so ``ROOT/queue`` or
+    ``ROOT/tool/queue`` would be a namespace of its own, and is a usage error.
+    """
+    if _is_project_queue(root, queue_dir) and is_object_name(queue_dir.parent.name):
+        return queue_dir
+    real_root = os.path.realpath(root)
+    real_queue = os.path.realpath(queue_dir)
+    if os.path.commonpath([real_root, real_queue]) != real_root:
+        return queue_dir
+    raise usage_problem(
+        invalid(
+            f"{option} {queue_dir} lies inside the storage root {root} but is not a "
+            "project's queue: the root holds only "
+            f"{', '.join(storage.ROOT_ENTRIES)} (R-2), and queues are shared/NAME/queue; "
+            "use --project NAME"
+        )
+    )
 
 
 def _is_project_queue(root: Path, queue_dir: Path) -> bool:

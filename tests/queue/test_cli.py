@@ -708,6 +708,25 @@ def test_an_absolute_project_path_is_a_queue_path(tmp_path: Path, root: Path, re
     assert not (tmp_path / "nowhere").exists()
 
 
+@pytest.mark.parametrize("inside", ["queue", "tool/queue", ".", "home/q", "shared/p"])
+@pytest.mark.parametrize("option", ["--project", "--queue"])
+def test_a_queue_path_inside_the_root_must_be_a_projects_queue(
+    root: Path, inside: str, option: str
+) -> None:
+    """R-2: the root holds only its six entries, so a queue path into the root anywhere but
+    shared/NAME/queue is a usage error, and nothing is made."""
+    before = sorted(str(path.relative_to(root)) for path in root.rglob("*"))
+    path = root / inside
+
+    refused = ctx(root, "queue", "init", option, str(path))
+
+    assert refused.returncode == 2 and "ctx: EINVAL: " in refused.stderr
+    assert "is not a project's queue" in refused.stderr
+    assert sorted(str(path.relative_to(root)) for path in root.rglob("*")) == before
+    by_path = ctx(root, "queue", "status", option, str(qdir(root)))
+    assert by_path.returncode == 0, by_path.stderr
+
+
 @pytest.mark.parametrize(
     ("option", "value"),
     [("--pid", str(2**22 + 1)), ("--worker", ""), ("--worker", " \t")],
