@@ -60,7 +60,7 @@ def tool(name: str, args: tuple[str, ...], as_json: bool, storage_dir: Path | No
 
     \b
     Example:  ctx tool tsh.config                  print the tsh configuration
-              ctx tool tsh.config cache_capacity=64
+              ctx tool tsh.config cache_capacity=64 window_percent=2
     """
     name = object_name_argument(name, "tool")
     root = resolve_storage(storage_dir)

@@ -84,6 +84,51 @@ def test_a_bad_setting_is_a_usage_error_and_changes_nothing(root: Path, argument
     assert (root / CONFIG).read_text() == tsh_config.DEFAULT_TEXT
 
 
+def test_several_settings_in_one_call_are_written_together(root: Path) -> None:
+    """`ctx tool tsh.config cache_capacity=64 window_percent=2` was refused (EINVAL): only one
+    key=value per call worked."""
+    config = root / CONFIG
+    config.write_text("# ours\nwindow_percent=1\n")
+
+    done = ctx(root, "tool", "tsh.config", "cache_capacity=64", "window_percent=2")
+    direct = subprocess.run(
+        [str(root / "tool" / "tsh.config"), "max_loaded_tools=9", "cache_capacity=65"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "max_loaded_tools=64\ncache_capacity=64\nwindow_percent=2\n"
+    assert direct.returncode == 0, direct.stderr
+    assert config.read_text() == (
+        "# ours\nwindow_percent=2\ncache_capacity=65\nmax_loaded_tools=9\n"
+    )
+    assert not [p.name for p in config.parent.iterdir() if p.name.startswith(".")]
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        ["cache_capacity=64", "window_percent=101"],
+        ["window_percent=101", "cache_capacity=64"],
+        ["cache_capacity=64", "colour=red"],
+        ["cache_capacity=64", "plain"],
+        ["cache_capacity=64", "cache_capacity=65"],
+    ],
+)
+def test_one_bad_setting_among_several_changes_nothing(root: Path, arguments: list[str]) -> None:
+    config = root / CONFIG
+    before = config.stat()
+
+    refused = ctx(root, "tool", "tsh.config", *arguments)
+
+    assert refused.returncode == 2 and refused.stderr.startswith("ctx: EINVAL: tsh.config: ")
+    assert config.read_text() == tsh_config.DEFAULT_TEXT
+    after = config.stat()
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+
+
 def test_a_config_with_a_bad_line_is_read_but_not_rewritten(root: Path) -> None:
     (root / CONFIG).write_text("max_loaded_tools=12\nrm -rf /\n")
 

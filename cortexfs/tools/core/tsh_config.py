@@ -7,12 +7,13 @@ It lives in the control directory ``tsh.d/`` beside this tool's executable, so t
 always edits the configuration of its own tier.
 
 Input ``{"set": {"key": value, ...}}`` updates those keys; without ``set`` the configuration
-is only read.  In terminal mode the one argument may be ``key=value``:
-``tsh.config cache_capacity=64``.  Native output ``{"path", "config", "changed"}``; terminal
-output the effective ``key=value`` lines.  An update rewrites the file in one rename, keeping
-its comments and the order of its lines; a key that was absent is appended; concurrent
-updates take turns under a lock, so none is lost.  The kernel
-decides who may write: the file belongs to the storage root's owner, so an agent can read
+is only read.  The arguments may be ``key=value`` settings instead:
+``tsh.config cache_capacity=64 window_percent=2``.  Every setting is checked before anything is
+written, and all are written together or none.  Native output ``{"path", "config",
+"changed"}``; terminal output the effective ``key=value`` lines.  An update rewrites the file
+in one rename, keeping its comments and the order of its lines; a key that was absent is
+appended; concurrent updates take turns under a lock, so none is lost.  The kernel decides
+who may write: the file belongs to the storage root's owner, so an agent can read
 the configuration but not change it unless it was given write access.
 
 ``ctx tool tsh.config …`` runs this same code inside ``ctx``, as the host user (SPEC H-3).
@@ -131,14 +132,18 @@ def configure(
 
 
 def settings_from_arguments(arguments: list[str]) -> dict[str, Any]:
-    """The shorthand ``tsh.config key=value``: ``{"set": {key: value}}``, the value as a
-    number when it is written in decimal digits (else as given, for the check to refuse)."""
-    if len(arguments) > 1:
-        raise ToolFailure(errno.EINVAL, "expected one key=value argument", usage=True)
-    key, equals, value = (part.strip() for part in arguments[0].partition("="))
-    if not equals:
-        raise ToolFailure(errno.EINVAL, f"expected key=value, not {arguments[0]!r}", usage=True)
-    return {"set": {key: _decimal(value)}}
+    """The shorthand ``tsh.config key=value [key=value…]``: ``{"set": {key: value, …}}``, each
+    value a number when it is written in decimal digits (else as given, for the check to
+    refuse).  A key given twice is refused, as a JSON object naming it twice is."""
+    settings: dict[str, Any] = {}
+    for argument in arguments:
+        key, equals, value = (part.strip() for part in argument.partition("="))
+        if not equals:
+            raise ToolFailure(errno.EINVAL, f"expected key=value, not {argument!r}", usage=True)
+        if key in settings:
+            raise ToolFailure(errno.EINVAL, f"{key!r} is given twice", usage=True)
+        settings[key] = _decimal(value)
+    return {"set": settings}
 
 
 def _changes(requested: object) -> dict[str, int]:
