@@ -114,19 +114,12 @@ def install(
     The executable and its complete control directory appear together; a reinstall replaces
     the previous version atomically and keeps its policy, status, log and hooks.  Installing
     grants no agent any permission.
+
+    --source names the storage root as --storage does (before or after 'object'): naming two
+    different roots is a usage error (EINVAL, exit 2).  $CTX_STORAGE is only the default, which
+    --source overrides.
     """
-    if (
-        source_dir is not None
-        and storage_dir is not None
-        and os.path.realpath(source_dir) != os.path.realpath(storage_dir)
-    ):
-        # Both name the storage root (T-8 says --source, the other commands --storage).
-        raise usage_problem(
-            invalid(
-                f"--source {source_dir} and --storage {storage_dir} name two storage roots; "
-                "give one of them"
-            )
-        )
+    _refuse_two_roots(source_dir, storage_dir)
     root = resolve_storage(source_dir or storage_dir)
     target = _tier_option(root, tier)
     try:
@@ -139,6 +132,30 @@ def install(
     else:
         verb = "replaced" if installed.replaced else "installed"
         click.echo(f"{verb} {installed.name} in tier {installed.tier}: {installed.path}")
+
+
+def _refuse_two_roots(source_dir: Path | None, storage_dir: Path | None) -> None:
+    """EINVAL (a usage error) when --source and a --storage, the subcommand's or ctx's own,
+    name two storage roots: which one the install is meant for cannot be told.  T-8 spells the
+    root --source, every other command --storage; the same root given both ways is fine."""
+    if source_dir is None:
+        return
+    given = [("--storage", storage_dir), ("ctx --storage", _group_storage())]
+    for option, other in given:
+        if other is not None and os.path.realpath(source_dir) != os.path.realpath(other):
+            raise usage_problem(
+                invalid(
+                    f"--source {source_dir} and {option} {other} name two storage roots; "
+                    "give one of them"
+                )
+            )
+
+
+def _group_storage() -> Path | None:
+    """``ctx --storage DIR``, given before the command group, if it was."""
+    ctx = click.get_current_context(silent=True)
+    root_ctx = ctx.find_root() if ctx else None
+    return root_ctx.obj.get("storage") if root_ctx is not None and root_ctx.obj else None
 
 
 def _tier_option(root: Path, text: str) -> Tier:

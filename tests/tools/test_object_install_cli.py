@@ -1,0 +1,87 @@
+"""``ctx object install`` on the command line: which storage root it installs into (T-8)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+CTX = [sys.executable, "-m", "cortexfs"]
+
+
+def ctx(*arguments: object, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    base = {"PATH": "/usr/bin:/bin", **(env or {})}
+    command = [*CTX, *map(str, arguments)]
+    return subprocess.run(command, capture_output=True, text=True, env=base, timeout=120)
+
+
+@pytest.fixture
+def roots(tmp_path: Path) -> list[Path]:
+    roots = [tmp_path / "a", tmp_path / "b"]
+    for root in roots:
+        assert ctx("bootstrap", "--storage", root).returncode == 0
+    return roots
+
+
+def manifest(directory: Path, name: str) -> Path:
+    program = directory / f"{name}.sh"
+    program.write_text("#!/bin/sh\necho mine\n")
+    path = directory / f"{name}.json"
+    document = {
+        "manifest": 2,
+        "kind": "tool",
+        "name": name,
+        "description": f"The {name} test tool.",
+        "schema": {"type": "object"},
+        "cap": {"side_effects": False, "network": False},
+        "exec": program.name,
+    }
+    path.write_text(json.dumps(document))
+    return path
+
+
+def test_ctx_storage_and_source_naming_two_roots_is_a_usage_error(
+    roots: list[Path], tmp_path: Path
+) -> None:
+    """Reported: `ctx --storage A object install --source B …` installed into B silently,
+    while the same two options after `object install` were refused."""
+    a, b = roots
+    path = manifest(tmp_path, "demo.twice")
+
+    refused = ctx("--storage", a, "object", "install", "--source", b, path, "--tier", "system")
+
+    assert refused.returncode == 2, refused
+    assert refused.stderr == (
+        f"ctx: EINVAL: --source {b} and ctx --storage {a} name two storage roots; "
+        "give one of them\n"
+    )
+    assert not (a / "tool" / "demo.twice").exists()
+    assert not (b / "tool" / "demo.twice").exists()
+
+
+def test_the_same_root_given_both_ways_installs(roots: list[Path], tmp_path: Path) -> None:
+    a, _ = roots
+    (tmp_path / "link").symlink_to(a)
+    path = manifest(tmp_path, "demo.once")
+
+    done = ctx("--storage", tmp_path / "link", "object", "install", "--source", a, path,
+               "--tier", "system")  # fmt: skip
+
+    assert done.returncode == 0, done.stderr
+    assert (a / "tool" / "demo.once").exists()
+
+
+def test_ctx_storage_in_the_environment_is_a_default_that_source_overrides(
+    roots: list[Path], tmp_path: Path
+) -> None:
+    a, b = roots
+    path = manifest(tmp_path, "demo.env")
+
+    done = ctx("object", "install", "--source", b, path, "--tier", "system",
+               env={"CTX_STORAGE": str(a)})  # fmt: skip
+
+    assert done.returncode == 0, done.stderr
+    assert (b / "tool" / "demo.env").exists() and not (a / "tool" / "demo.env").exists()
