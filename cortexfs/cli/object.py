@@ -115,6 +115,9 @@ def install(
     the previous version atomically and keeps its policy, status, log and hooks.  Installing
     grants no agent any permission.
 
+    The names of the core tools and tsh are refused in the system tier (EEXIST, exit 1):
+    'ctx bootstrap' maintains them there and would put its own version back.
+
     --source names the storage root as --storage does (before or after 'object'): naming two
     different roots is a usage error (EINVAL, exit 2).  $CTX_STORAGE is only the default, which
     --source overrides.

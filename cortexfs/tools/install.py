@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cortexfs import durable, storage
-from cortexfs.errors import CtxError, invalid, not_found
+from cortexfs.errors import CtxError, exists, invalid, not_found
 from cortexfs.names import check_object_name, is_object_name
 from cortexfs.shared.tree import ensure_directories, ensure_home, user_ownership
 from cortexfs.timefmt import rfc3339
@@ -41,6 +41,7 @@ from cortexfs.tools.controls import (
     read_control,
     read_controls,
 )
+from cortexfs.tools.core import BOOTSTRAP_TOOLS
 from cortexfs.tools.manifest import Manifest
 from cortexfs.tools.pair_layout import Obstacle, PairKind, obstacles
 from cortexfs.tools.pairs import install_pair, repair_staged
@@ -159,8 +160,15 @@ def install_manifest(
 ) -> Installed:
     """``ctx object install``: the manifest's tool, into ``tier``, replacing an older version.
 
-    An MCP-backed tool's executable is the bridge built into ctx, which calls the tool its
-    ``mcp`` control locates (:mod:`cortexfs.tools.core.mcp_bridge`)."""
+    A core tool's name is refused in the system tier (EEXIST, nothing changed): bootstrap
+    keeps its own version there and would put it back.  An MCP-backed tool's executable is
+    the bridge built into ctx, which calls the tool its ``mcp`` control locates
+    (:mod:`cortexfs.tools.core.mcp_bridge`)."""
+    if tier.name == "system" and manifest.name in BOOTSTRAP_TOOLS:
+        raise exists(
+            f"{manifest.name} is a core tool, maintained by 'ctx bootstrap', which would put "
+            "its own version back over another; install yours under another name"
+        )
     if manifest.mcp is not None:
         from cortexfs.tools.core import launcher  # renders programs: only this case needs it
 

@@ -85,3 +85,41 @@ def test_ctx_storage_in_the_environment_is_a_default_that_source_overrides(
 
     assert done.returncode == 0, done.stderr
     assert (b / "tool" / "demo.env").exists() and not (a / "tool" / "demo.env").exists()
+
+
+def _state(tool: Path) -> dict[str, bytes]:
+    """The executable and every control of a tool, as bytes."""
+    controls = tool.parent / f"{tool.name}.d"
+    found = {"": tool.read_bytes()}
+    found.update({p.name: p.read_bytes() for p in controls.iterdir() if p.is_file()})
+    return found
+
+
+@pytest.mark.parametrize("name", ["fs.read", "tsh.config", "tsh"])
+def test_a_core_tools_name_is_refused_in_the_system_tier(
+    roots: list[Path], tmp_path: Path, name: str
+) -> None:
+    """Reported: installing `fs.read` printed `replaced fs.read`, and the next bootstrap
+    printed `repaired tool/fs.read` and threw it away; each step undid the other."""
+    root, _ = roots
+    path = manifest(tmp_path, name)
+    before = _state(root / "tool" / name)
+
+    refused = ctx("object", "install", "--source", root, path, "--tier", "system")
+    again = ctx("bootstrap", "--storage", root)
+
+    assert refused.returncode == 1, refused
+    assert refused.stderr.startswith(f"ctx: EEXIST: {name} is a core tool, maintained by ")
+    assert "'ctx bootstrap'" in refused.stderr and refused.stdout == ""
+    assert _state(root / "tool" / name) == before
+    assert again.returncode == 0 and "repaired" not in again.stdout, again.stdout
+
+
+def test_a_core_tools_name_is_free_in_a_user_tier(roots: list[Path], tmp_path: Path) -> None:
+    root, _ = roots
+
+    done = ctx("object", "install", "--source", root, manifest(tmp_path, "fs.read"),
+               "--tier", "user")  # fmt: skip
+
+    assert done.returncode == 0, done.stderr
+    assert "installed fs.read in tier user" in done.stdout

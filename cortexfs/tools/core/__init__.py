@@ -20,3 +20,7 @@ CORE_TOOLS = {
 }
 # The core tools for which the runner serves a run capability (cortexfs.agents.capability).
 NEEDS_CAPABILITY = ("agent.update", "agent.create")
+# What ctx bootstrap installs into the system tier and puts back whenever it differs: the core
+# tools and tsh (H-1).  An install of another version there would be undone by the next
+# bootstrap, so ctx object install refuses these names in that tier.
+BOOTSTRAP_TOOLS = (*CORE_TOOLS, "tsh")
