@@ -9,15 +9,21 @@ or an object's ``log`` (docs/sessions.md states it for users):
   replaced by ``"[redacted]"``;
 * a string that looks like a credential whatever its key (``Bearer …``/``Basic …``
   authorisation values, PEM private keys) is replaced by ``"[redacted]"``;
-* inside any other text — an output that is not JSON, a message, an argv word — the same
-  facts are found and only their values replaced: a header line ``Authorization: …`` or
-  ``Cookie: …`` whose name names a secret loses everything after the colon, ``key=value``,
-  ``key: value`` and ``"key": "value"`` lose the value when the key names a secret,
-  ``Bearer``/``Basic`` credentials lose the credential, and a PEM private key block goes
-  whole;
+* inside any other text — an output that is not JSON, a message, an argv word, a shell
+  command line — the same facts are found and only their values replaced: a header line
+  ``Authorization: …`` or ``Cookie: …`` whose name names a secret loses everything after the
+  colon, ``key=value``, ``key: value`` and ``"key": "value"`` lose the value when the key
+  names a secret, ``Bearer``/``Basic`` credentials lose the credential, the password of a
+  URL's ``user:password@`` goes, and a PEM private key block goes whole;
+* in a command line, an argv or one written in a text: the word after a secret-naming
+  option (``--password X``, ``--api-key X``) is redacted; and a few programs' options that
+  mean a secret only there: curl's ``-u``/``--user``/``-U``/``--proxy-user user:password``
+  lose the password, MySQL's and MariaDB's ``-pPASSWORD`` (glued; ``-p`` alone asks for one)
+  and sshpass's ``-p PASSWORD`` the password.  Elsewhere these options mean no secret
+  (``mkdir -p``, ``docker run -u 1000:1000``) and are left alone;
 * in an argv, ``--token=X`` / ``TOKEN=X`` keep the key and lose the value, the word after a
-  secret-naming option (``--password X``) or header name (``Authorization:``) is redacted,
-  and so is the word after ``Bearer`` or ``Basic``;
+  secret-naming header name (``Authorization:``) is redacted, and so is the word after
+  ``Bearer`` or ``Basic``;
 * a string longer than :data:`MAX_TEXT` characters keeps its first :data:`MAX_TEXT` and says
   how many it dropped; a list keeps :data:`MAX_ITEMS` items; nesting deeper than
   :data:`MAX_DEPTH` is elided;
@@ -69,6 +75,24 @@ _AUTH_CREDENTIAL = re.compile(r"\b(?P<scheme>bearer|basic)(?P<gap>\s+)[^\s,;\"']
 _SECRET_KEY_SEPARATOR = re.compile(r"""(?P<key>["']?[A-Za-z0-9_.-]+["']?)[ \t]*[:=][ \t]*""")
 _VALUE = re.compile(r"""(?!\[redacted\])(?:"(?:[^"\\]|\\.)*"|'[^']*'|[^\s,;&"'}\])]+)""")
 _ARGV_KEY = re.compile(r"-*[A-Za-z0-9_.]+(?:-[A-Za-z0-9_.]+)*")
+# scheme://user:password@host: the password goes (up to the last '@' before the path).
+_URL_PASSWORD = re.compile(
+    r"(?P<lead>\b[A-Za-z][A-Za-z0-9+.-]*://[^\s/?#@:\[\]]*:)(?!\[redacted\]@)[^\s/?#]+@"
+)
+# The words of a command line written in a text (quoted parts kept whole), and the operators
+# that end one command and start the next.
+_SHORT_OPTIONS = re.compile(r"-[A-Za-z]+")
+_SHELL_WORD = re.compile(r"""(?:"(?:[^"\\]|\\.)*"|'[^']*'|[^\s"';&|])+|[;&|]+""")
+
+# How the value of an option that names a secret is hidden: whole, or the password of
+# ``user:password``.  ``_GLUED`` values count only glued to their option (``-pX``).
+_WHOLE, _PASSWORD_PART, _GLUED = "whole", "password", "glued"
+_CURL_OPTIONS = {
+    "-u": _PASSWORD_PART,
+    "--user": _PASSWORD_PART,
+    "-U": _PASSWORD_PART,
+    "--proxy-user": _PASSWORD_PART,
+}
 
 
 def is_secret_key(key: str) -> bool:
@@ -108,9 +132,11 @@ def summarize(value: Any, depth: int = 0) -> Any:
 
 def summarize_argv(argv: Sequence[str]) -> list[str]:
     """An argv safe to log: secret option values redacted, long words shortened."""
+    words = list(argv[:MAX_ITEMS])
+    hidden = _command_secrets(words)
     kept: list[str] = []
     hide_next = False
-    for word in argv[:MAX_ITEMS]:
+    for index, word in enumerate(words):
         if hide_next:
             # `Authorization: Bearer xyz` as three words: the scheme stays, the credential goes.
             scheme = word.lower() in _AUTH_SCHEMES
@@ -118,7 +144,9 @@ def summarize_argv(argv: Sequence[str]) -> list[str]:
             hide_next = scheme
             continue
         key, equals, _ = word.partition("=")
-        if equals and _ARGV_KEY.fullmatch(key) and is_secret_key(key):
+        if index in hidden:
+            kept.append(hidden[index])
+        elif equals and _ARGV_KEY.fullmatch(key) and is_secret_key(key):
             kept.append(f"{key}={REDACTED}")
         elif _introduces_a_secret(word):
             kept.append(word)
@@ -131,11 +159,86 @@ def summarize_argv(argv: Sequence[str]) -> list[str]:
 
 
 def _introduces_a_secret(word: str) -> bool:
-    """A secret-naming option (``--password``), header name (``Authorization:``) or
-    authorisation scheme (``Bearer``): the next word is the secret."""
+    """A secret-naming header name (``Authorization:``) or authorisation scheme
+    (``Bearer``): the next word is the secret."""
     if word.lower() in _AUTH_SCHEMES:
         return True
-    return (word.startswith("-") or word.endswith(":")) and is_secret_key(word)
+    return word.endswith(":") and is_secret_key(word)
+
+
+def _command_secrets(words: Sequence[str]) -> dict[int, str]:
+    """In the words of one command, what to log instead of those that hold a secret: the
+    word after a secret-naming option, and the secret values of :func:`_program_options`."""
+    hidden: dict[int, str] = {}
+    options: dict[str, str] = {}
+    next_value: str | None = None
+    for index, word in enumerate(words):
+        if next_value is not None:
+            replacement = _hidden_value(word, next_value)
+            if replacement is not None:
+                hidden[index] = replacement
+            next_value = None
+            continue
+        bare = _unquoted(word)
+        options = options or _program_options(bare.rpartition("/")[2])
+        if bare.startswith("-") and _ARGV_KEY.fullmatch(bare) and is_secret_key(bare):
+            next_value = _WHOLE
+            continue
+        for option, how in options.items():
+            if how != _GLUED and (bare == option or _in_a_cluster(bare, option)):
+                next_value = how
+                break
+            glued = _glued_value(bare, option)
+            if glued is not None:
+                replacement = _hidden_value(glued, how)
+                if replacement is not None:
+                    hidden[index] = word.replace(glued, replacement, 1)
+                break
+    return hidden
+
+
+def _program_options(program: str) -> dict[str, str]:
+    """The options whose value is a secret in ``program``'s command line only (their common
+    meaning elsewhere — ``mkdir -p``, ``docker run -u 1000:1000`` — is no secret)."""
+    if program == "curl":
+        return _CURL_OPTIONS
+    if program.startswith(("mysql", "mariadb")):
+        return {"-p": _GLUED}  # -p alone asks for the password; the next word is a database
+    if program == "sshpass":
+        return {"-p": _WHOLE}
+    return {}
+
+
+def _in_a_cluster(word: str, option: str) -> bool:
+    """``-su`` for ``-u``: short options given together, the one taking a value last."""
+    short = not option.startswith("--")
+    return short and word.endswith(option[1]) and _SHORT_OPTIONS.fullmatch(word) is not None
+
+
+def _glued_value(word: str, option: str) -> str | None:
+    """The value given in the same word as ``option`` (``-uVALUE``, ``--user=VALUE``)."""
+    given_as = option + ("=" if option.startswith("--") else "")
+    return word[len(given_as) :] if word.startswith(given_as) and word != given_as else None
+
+
+def _unquoted(word: str) -> str:
+    if len(word) >= 2 and word[0] == word[-1] and word[0] in "\"'":
+        return word[1:-1]
+    return word
+
+
+def _hidden_value(word: str, how: str) -> str | None:
+    """``word`` with its secret replaced, quotes kept; None when it holds none to hide."""
+    quote = word[0] if _unquoted(word) != word else ""
+    value = _unquoted(word)
+    if not value or value == REDACTED:
+        return None
+    if how == _PASSWORD_PART:
+        user, colon, password = value.partition(":")
+        if not colon or not password or password == REDACTED:
+            return None  # no password given: the program asks for it
+        return f"{quote}{user}:{REDACTED}{quote}"
+    return f"{quote}{REDACTED}{quote}"
 
 
 def redact_text(text: str) -> str:
@@ -143,7 +246,28 @@ def redact_text(text: str) -> str:
     text = _PEM_BLOCK.sub(REDACTED, text)
     text = _HEADER_LINE.sub(_redact_header, text)
     text = _AUTH_CREDENTIAL.sub(lambda m: f"{m['scheme']}{m['gap']}{REDACTED}", text)
-    return _redact_key_values(text)
+    text = _URL_PASSWORD.sub(lambda m: f"{m['lead']}{REDACTED}@", text)
+    return _redact_command_lines(_redact_key_values(text))
+
+
+def _redact_command_lines(text: str) -> str:
+    """The command-line rule (:func:`_command_secrets`) for each command written in
+    ``text``: a command ends at a line break or at ``;``, ``&`` or ``|``."""
+    pieces, kept_up_to = [], 0
+    command: list[re.Match[str]] = []
+    for word in [*_SHELL_WORD.finditer(text), None]:
+        ends = word is None or word[0][0] in ";&|"
+        if command and not ends and "\n" in text[command[-1].end() : word.start()]:
+            ends = True
+        if ends and command:
+            for index, replacement in sorted(_command_secrets([w[0] for w in command]).items()):
+                found = command[index]
+                pieces += [text[kept_up_to : found.start()], replacement]
+                kept_up_to = found.end()
+            command = []
+        if word is not None and word[0][0] not in ";&|":
+            command.append(word)
+    return "".join(pieces) + text[kept_up_to:]
 
 
 def _redact_header(match: re.Match[str]) -> str:

@@ -1,0 +1,86 @@
+"""S-4 for command lines: the secrets people write in a shell command — a URL's password,
+``--password X``, curl's ``-u user:password``, MySQL's ``-pPASSWORD`` — lose their values, in
+a text (shell.exec's ``cmd``) and in an argv alike, while the same options where they mean no
+secret (``mkdir -p``, ``docker run -u 1000:1000``) are left alone."""
+
+from __future__ import annotations
+
+import pytest
+
+from cortexfs.shared.redact import REDACTED, summarize, summarize_argv
+
+R = REDACTED
+
+
+@pytest.mark.parametrize(
+    ("command", "logged"),
+    [
+        ("git clone https://ana:hunter2@git.example/r", f"git clone https://ana:{R}@git.example/r"),
+        ("psql postgres://app:s3cr3t@db:5432/app", f"psql postgres://app:{R}@db:5432/app"),
+        ("redis-cli -u redis://:hunter2@cache:6379", f"redis-cli -u redis://:{R}@cache:6379"),
+        ("mysql --password hunter2 app", f"mysql --password {R} app"),
+        ("mysql --password=hunter2 app", f"mysql --password={R} app"),
+        ("deploy --passwd hunter2 --token t0k3n", f"deploy --passwd {R} --token {R}"),
+        ("deploy --secret 's p' --api-key k3y", f"deploy --secret '{R}' --api-key {R}"),
+        ("deploy --api-key=k3y --verbose", f"deploy --api-key={R} --verbose"),
+        ("curl -u admin:hunter2 https://h/", f"curl -u admin:{R} https://h/"),
+        ("curl --user admin:hunter2 https://h/", f"curl --user admin:{R} https://h/"),
+        ("curl --user=admin:hunter2 https://h/", f"curl --user=admin:{R} https://h/"),
+        ("curl -uadmin:hunter2 https://h/", f"curl -uadmin:{R} https://h/"),
+        ("curl -su 'admin:p w' https://h/", f"curl -su 'admin:{R}' https://h/"),
+        ("/usr/bin/curl -U proxy:hunter2 h", f"/usr/bin/curl -U proxy:{R} h"),
+        ("mysql -uroot -phunter2 app", f"mysql -uroot -p{R} app"),
+        ("mariadb-dump -phunter2 app > a.sql", f"mariadb-dump -p{R} app > a.sql"),
+        ("sshpass -p hunter2 ssh h", f"sshpass -p {R} ssh h"),
+        ("cd /x\ncurl -u a:hunter2 h", f"cd /x\ncurl -u a:{R} h"),
+    ],
+)
+def test_secrets_written_in_a_command_line_lose_their_values(command: str, logged: str) -> None:
+    assert summarize({"cmd": command}) == {"cmd": logged}
+    assert "hunter2" not in str(summarize_argv(["sh", "-c", command]))
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        "mkdir -p /tmp/x && cp -p a b",
+        "ssh -p 2222 host uptime",
+        "docker run -u 1000:1000 img",
+        "sort -u names.txt; diff -u a b",
+        "mysql -p app",  # -p alone: mysql asks for the password, app is the database
+        "curl -u admin https://h/",  # no password given: curl asks for it
+        "curl --user-agent 'x:y' https://h/",
+        "ssh://git@github.com:22/r http://host:8080/p?q=a@b",
+        "docker run -u 1000:1000 img; curl https://h/",
+    ],
+)
+def test_the_same_options_elsewhere_are_left_alone(command: str) -> None:
+    assert summarize(command) == command
+
+
+def test_an_argv_follows_the_same_rule() -> None:
+    argv = ["curl", "-u", "admin:hunter2", "https://ana:pw@h/", "--password", "x"]
+
+    assert summarize_argv(argv) == [
+        "curl",
+        "-u",
+        f"admin:{R}",
+        f"https://ana:{R}@h/",
+        "--password",
+        R,
+    ]
+    assert summarize_argv(["docker", "run", "-u", "1000:1000", "-p", "80:80"]) == [
+        "docker",
+        "run",
+        "-u",
+        "1000:1000",
+        "-p",
+        "80:80",
+    ]
+    assert summarize_argv(["mysql", "-uroot", "-phunter2"]) == ["mysql", "-uroot", f"-p{R}"]
+
+
+def test_redacting_twice_changes_nothing() -> None:
+    once = summarize("curl -u a:b https://c:d@h/ --token t; mysql -pX")
+
+    assert summarize(once) == once
