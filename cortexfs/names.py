@@ -16,6 +16,7 @@ MAX_NAME_BYTES = 64
 JOB_SUFFIX = ".req.json"
 
 _OBJECT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+_FOREIGN = re.compile(r"[^A-Za-z0-9._-]")  # a character no object name may hold
 # Every rule of job_name_problem in one pattern (64 bytes at most, .req.json included): the
 # test a scan of pending/ makes for each of its entries, up to 100 000 of them (Q-10).
 _JOB_STEM_MAX = MAX_NAME_BYTES - 1 - len(JOB_SUFFIX)
@@ -33,13 +34,28 @@ def object_name_problem(name: object) -> str | None:
     if len(name) > MAX_NAME_BYTES:
         return f"{name[:20]!r}… is {len(name)} bytes long; at most {MAX_NAME_BYTES} are allowed"
     if _OBJECT_NAME.fullmatch(name) is None:
-        return (
-            f"{name!r} must start with a letter or digit and hold only letters, digits, "
-            "'.', '_' and '-'"
-        )
+        return _character_problem(name)
     if name.endswith(".d"):
         return f"{name!r} ends in '.d', which is reserved for control directories"
     return None
+
+
+def _character_problem(name: str) -> str:
+    """What is wrong with the characters of ``name``, an ASCII name of a legal length that
+    the pattern refused: its first character, the characters no name may hold, or both —
+    each named, so that the user sees which one to change."""
+    problems = []
+    if not name[0].isalnum():
+        problems.append(f"must start with a letter or digit, not {name[0]!r}")
+    rest = name[1:]  # a foreign first character is named once, by the rule above
+    foreign = sorted(set(_FOREIGN.findall(rest)), key=rest.index)
+    if foreign:
+        quoted = [repr(char) for char in foreign]
+        listed = quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} and {quoted[-1]}"
+        problems.append(
+            f"holds {listed}, which an object name may not hold (allowed: A-Z a-z 0-9 . _ -)"
+        )
+    return f"{name!r} " + "; and it ".join(problems)
 
 
 def is_object_name(name: object) -> bool:

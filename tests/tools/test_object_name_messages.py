@@ -1,0 +1,66 @@
+"""A refused object name says which of its characters is at fault (SPEC R-3).
+
+Reported: ``ctx object which 'bad/name'`` and a policy rule naming ``tool:a:b`` both said the
+name "must start with a letter or digit", though both do: the message must name the
+character that is wrong, so that the user knows what to change.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cortexfs.names import object_name_problem
+
+ALLOWED = "(allowed: A-Z a-z 0-9 . _ -)"
+
+
+@pytest.mark.parametrize(
+    ("name", "problem"),
+    [
+        ("bad/name", f"'bad/name' holds '/', which an object name may not hold {ALLOWED}"),
+        ("a:b", f"'a:b' holds ':', which an object name may not hold {ALLOWED}"),
+        ("a b:c/d:e", "'a b:c/d:e' holds ' ', ':' and '/', which an object name may not hold"),
+        ("a\nb", "'a\\nb' holds '\\n', which"),
+        (".hidden", "'.hidden' must start with a letter or digit, not '.'"),
+        ("-x", "'-x' must start with a letter or digit, not '-'"),
+        ("/x", "'/x' must start with a letter or digit, not '/'"),
+        ("../x", "'../x' must start with a letter or digit, not '.'; and it holds '/', which"),
+    ],
+)
+def test_the_problem_names_the_offending_characters(name: str, problem: str) -> None:
+    found = object_name_problem(name)
+
+    assert found is not None and found.startswith(problem), found
+    if name[0].isalnum():
+        assert "start with" not in found
+
+
+def run_ctx(root: Path, *arguments: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "cortexfs", *arguments],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "CTX_STORAGE": str(root)},
+        timeout=60,
+    )
+
+
+def test_ctx_object_which_and_policy_check_name_the_character(tmp_path: Path) -> None:
+    policy = tmp_path / "policy"
+    policy.write_text("allow coder_t tool:a:b execute\n")
+
+    which = run_ctx(tmp_path / "storage", "object", "which", "bad/name")
+    checked = run_ctx(tmp_path / "storage", "policy", "check", str(policy))
+
+    assert which.returncode == 2
+    assert which.stderr == (
+        f"ctx: EINVAL: illegal tool name: 'bad/name' holds '/', which an object name may not "
+        f"hold {ALLOWED}\n"
+    )
+    assert checked.returncode == 1
+    assert "'a:b' holds ':', which an object name may not hold" in checked.stderr
+    assert "start with" not in checked.stderr
