@@ -38,7 +38,7 @@ from cortexfs.jsontext import NotAJsonNumber
 from cortexfs.names import is_object_name, job_name
 from cortexfs.queue import inspect, layout, protocol, recovery
 from cortexfs.queue.claim_order import HintedClaimOrder
-from cortexfs.queue.holder import Holder, LocalSystem, check_ttl
+from cortexfs.queue.holder import Holder, check_ttl
 from cortexfs.queue.requests import (
     loads_json,
     not_a_json_number,
@@ -248,11 +248,6 @@ def _holder(pid: int | None, worker: str | None) -> Holder:
         raise usage_problem(exc) from None
 
 
-def _finisher() -> dict[str, Any]:
-    """The worker a shell ``finish`` records: the calling process, as a lease names it."""
-    return LocalSystem.current().worker_summary(os.getppid())
-
-
 @click.group(cls=LazyGroup, lazy={"work": "cortexfs.cli.work:work"})
 def queue() -> None:
     """The crash-safe job queue of a project (shared/PROJECT/queue).
@@ -425,8 +420,9 @@ def finish(
     RESULT_FILE (or - for stdin) becomes the result's output: parsed as JSON when it is
     JSON, kept as text otherwise.  A whole result object as SPEC §2.1 shapes it
     ({"status": "ok"|"error", "output": ..., and at most worker, started, finished}) gives
-    its output; its status must agree with --ok or --error.  The worker and the times are
-    always the finisher's own.  Returns only once the terminal pair is durable.
+    its output; its status must agree with --ok or --error.  The result's worker is the
+    lease's holder (who claimed the job, with its --worker id), its start the lease's
+    claimed_at, its finish now.  Returns only once the terminal pair is durable.
     """
     if ok == error:
         raise click.UsageError("say how the job ended: exactly one of --ok or --error")
@@ -436,7 +432,7 @@ def finish(
         # A finish stopped midway leaves a result beside a claimed request, for
         # 'recover --reconcile' to roll forward: Ctrl-C waits until it is complete and said.
         with held_interrupts():
-            result = protocol.finish(q, job, ok, output, worker=_finisher())
+            result = protocol.finish(q, job, ok, output)  # the worker: the lease's holder
             if as_json:
                 emit_json({"name": job, "state": "done" if ok else "failed", "result": result})
             else:

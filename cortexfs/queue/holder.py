@@ -56,17 +56,6 @@ class LocalSystem:
             pid_ns=os.stat("/proc/self/ns/pid").st_ino,
         )
 
-    def worker_summary(self, pid: int) -> dict[str, Any]:
-        """:meth:`Holder.summary` of process ``pid`` of this system, without reading its start
-        time (which a result does not record, and which costs the import of psutil)."""
-        return _worker_record(
-            _default_worker_id(self.host, pid), self.host, pid, self.boot_id, self.pid_ns
-        )
-
-
-def _worker_record(worker: str, host: str, pid: int, boot_id: str, pid_ns: int) -> dict[str, Any]:
-    return {"id": worker, "host": host, "pid": pid, "boot_id": boot_id, "pid_ns": pid_ns}
-
 
 def _default_worker_id(host: str, pid: int) -> str:
     return f"{host}:{pid}"
@@ -121,7 +110,13 @@ class Holder:
 
     def summary(self) -> dict[str, Any]:
         """Who did the work, as a result file records it (SPEC §2.1 ``worker``)."""
-        return _worker_record(self.worker, self.host, self.pid, self.boot_id, self.pid_ns)
+        return {
+            "id": self.worker,
+            "host": self.host,
+            "pid": self.pid,
+            "boot_id": self.boot_id,
+            "pid_ns": self.pid_ns,
+        }
 
     def is_same_process(self, other: Holder) -> bool:
         """Same boot, pid namespace and pid, and the same start time where both know it."""

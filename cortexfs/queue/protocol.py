@@ -591,6 +591,10 @@ def finish(
     is larger than ``max_result_bytes``, EACCES or EROFS when a directory it would change
     cannot be written (checked before the first step).  Nothing is written on refusal.
 
+    ENOENT too when J is claimed without a lease: its claim never completed, so it never ran
+    (Q-3).  ``worker`` is who did the work, as the result records it; by default the lease's
+    holder (null when the lease cannot be read).
+
     ``holder``: finish only if this process still holds J's lease, EACCES otherwise.  A
     worker passes itself: once its lease expired and recover requeued J (Q-5), J may be
     claimed again by another worker, and the stale holder must not finish (or clean up)
@@ -601,14 +605,17 @@ def finish(
     job = job_name(job)
     ops = queue.ops
     with _locked_claim(queue, job, _not_claimed) as claim_fd:
+        lease: Lease | CtxError
+        try:
+            lease = read_lease(queue, job)
+        except CtxError as exc:
+            lease = exc
         if holder is not None:
-            try:
-                current = read_lease(queue, job)
-            except CtxError as exc:
+            if isinstance(lease, CtxError):
                 raise CtxError(
-                    errno.EACCES, f"job {job} is not leased to pid {holder.pid}: {exc.message}"
-                ) from None
-            _refuse_other_holder(job, current, holder, "finishes the job")
+                    errno.EACCES, f"job {job} is not leased to pid {holder.pid}: {lease.message}"
+                )
+            _refuse_other_holder(job, lease, holder, "finishes the job")
         finished_as = _terminal_evidence(queue, job)
         if finished_as:
             # An interrupted finish left its result: a second outcome would be a conflict.
@@ -617,8 +624,16 @@ def finish(
                 f"{finished_in}/{name} already exists; run 'ctx queue recover --reconcile' to "
                 "complete that finish"
             )
-        if started is None:
-            started = _lease_claimed_at(queue, job)
+        if isinstance(lease, CtxError) and lease.errno == errno.ENOENT:
+            # Claimed without a lease: the claim never completed, so the job never ran,
+            # and recover --reconcile would send it back to pending.
+            raise not_found(
+                f"job {job} has no lease/{job}/{LEASE_FILE}: its claim never completed, so it "
+                "never ran; 'ctx queue recover --reconcile' returns it to pending"
+            )
+        if isinstance(lease, Lease):
+            started = lease.claimed_at if started is None else started
+            worker = lease.holder.summary() if worker is None else worker
         result: dict[str, Any] = {
             **(extra or {}),
             "status": "ok" if ok else "error",
@@ -699,13 +714,6 @@ def remove_claim_and_lease(queue: Queue, job: str) -> None:
     finally:
         if lease_fd is not None:
             ops.close(lease_fd)
-
-
-def _lease_claimed_at(queue: Queue, job: str) -> float | None:
-    try:
-        return read_lease(queue, job).claimed_at
-    except CtxError:
-        return None
 
 
 def _not_claimed(queue: Queue, job: str) -> CtxError:

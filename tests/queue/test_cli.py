@@ -284,6 +284,41 @@ def test_finish_ok_with_a_json_result(root: Path, req: Path, tmp_path: Path) -> 
     assert stored["status"] == "ok" and stored["output"] == {"lines": 3}
 
 
+def test_the_result_names_the_lease_holder_as_its_worker(root: Path, req: Path) -> None:
+    """SPEC §2.1 result ``worker``: who held the job (the claim's --worker and --pid), not
+    whichever process ran ``finish``."""
+    holder = subprocess.Popen(["sleep", "60"])
+    try:
+        ctx(root, "queue", "publish", *P, "--name", "w", str(req))
+        claimed = ctx(root, "queue", "claim", *P, "--worker", "builder-7", "--pid", str(holder.pid))
+        assert claimed.returncode == 0, claimed.stderr
+        lease = json.loads((qdir(root) / "lease" / "w.req.json" / "worker").read_text())
+
+        assert ctx(root, "queue", "finish", *P, "w", "--ok").returncode == 0
+    finally:
+        holder.kill()
+        holder.wait()
+    stored = json.loads((qdir(root) / "done" / "w.req.json.result").read_text())
+    assert stored["worker"]["id"] == "builder-7" and stored["worker"]["pid"] == holder.pid
+    assert stored["started"] == lease["claimed_at"]
+
+
+def test_finishing_a_claim_without_a_lease_is_refused(root: Path, req: Path) -> None:
+    """claimed/J/J without lease/J/worker never ran (Q-3): finish refuses it (ENOENT) and
+    changes nothing, and recover --reconcile returns it to pending (Q-6)."""
+    claim_dir = qdir(root) / "claimed" / "nl.req.json"
+    claim_dir.mkdir()
+    (claim_dir / "nl.req.json").write_bytes(req.read_bytes())
+
+    refused = ctx(root, "queue", "finish", *P, "nl", "--ok")
+
+    assert refused.returncode == 1 and "ctx: ENOENT: " in refused.stderr
+    assert "never ran" in refused.stderr
+    assert os.listdir(qdir(root) / "done") == [] and (claim_dir / "nl.req.json").is_file()
+    assert ctx(root, "queue", "recover", *P, "--reconcile").returncode == 0
+    assert os.listdir(qdir(root) / "pending") == ["nl.req.json"]
+
+
 NOT_JSON_NUMBERS = ["NaN", "Infinity", "-Infinity", "1e999", "-1e400"]
 
 
