@@ -81,7 +81,7 @@ class Terminal:
         self.workspace = None if workspace is None else Path(os.path.realpath(workspace))
         self.view = AgentView.load(root, agent).with_workspace(self.workspace)
         self.session = SessionRef.home(root, self.view.identity.uid, agent, session)
-        self.run_dir = run_directory(self.view.identity.uid, agent, session)
+        self.run_dir = run_directory(root, self.view.identity.uid, agent, session)
         self.main_socket = socket_path(self.view, session)
         self.run_socket = self.run_dir / "run.sock"
         self.view_dir = self.run_dir / "private" / "ctx"
@@ -166,11 +166,12 @@ class Terminal:
                 )
 
     def _make_run_directory(self) -> None:
-        """``RUN_BASE/<uid>/<agent>/<session>/private/``, each directory made here remembered
-        in ``made``.  One that another terminal's end removes between two steps is made
-        again."""
+        """``RUN_BASE/<root>/<uid>/<agent>/<session>/private/``, each directory made here
+        remembered in ``made``.  One that another terminal's end removes between two steps is
+        made again."""
         agent_dir = self.run_dir.parent
-        chain = [RUN_BASE, agent_dir.parent, agent_dir, self.run_dir, self.view_dir.parent]
+        uid_dir = agent_dir.parent
+        chain = [RUN_BASE, uid_dir.parent, uid_dir, agent_dir, self.run_dir, self.view_dir.parent]
         RUN_BASE.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
         for _ in range(5):
             try:
@@ -412,16 +413,17 @@ class Terminal:
     def _remove_run_files(self) -> None:
         """Never a recursive removal: the view's mount point may still be mounted (an unmount
         that failed), and removing through it would remove the agent's files.  The session's
-        directory goes, and the agent's and the uid's above it when nothing else (another
-        session's terminal) is in them, whichever terminal made them: the one that made the
-        agent's may have ended while this session's was in it.  (A terminal starting meanwhile
-        makes them again: :meth:`_make_run_directory`.)  The base goes only if this one made it.
+        directory goes, and the agent's, the uid's and the storage root's above it when nothing
+        else (another session's terminal) is in them, whichever terminal made them: the one
+        that made the agent's may have ended while this session's was in it.  (A terminal
+        starting meanwhile makes them again: :meth:`_make_run_directory`.)  The base goes only
+        if this one made it.
         """
         for name in (SOCKET_NAME, "run.sock", "pid"):
             with contextlib.suppress(FileNotFoundError):
                 (self.run_dir / name).unlink()
-        agent_dir = self.run_dir.parent
-        emptied = [self.view_dir, self.view_dir.parent, self.run_dir, agent_dir, agent_dir.parent]
+        above = self.run_dir.parents
+        emptied = [self.view_dir, self.view_dir.parent, self.run_dir, above[0], above[1], above[2]]
         if RUN_BASE in self.made:
             emptied.append(RUN_BASE)
         for directory in emptied:

@@ -1,10 +1,13 @@
 """The terminal socket of an agent session (SPEC A-2), from both ends.
 
-Where it lives: ``/run/cortexfs/terminal/<uid>/<agent>/<session>/main.sock`` (the agent's uid),
-with the session directory's ``terminal/main.sock`` a symlink to it.  Who may use it is decided
-by the peer's uid (``SO_PEERCRED``), by :func:`refusal` on both ends: the client says no before
-it connects, the terminal again when the mode line arrives.  A client sends one mode line,
-``watch`` or ``attach``, then raw PTY bytes flow.
+Where it lives: ``/run/cortexfs/terminal/<root>/<uid>/<agent>/<session>/main.sock``, with the
+session directory's ``terminal/main.sock`` a symlink to it.  ``<root>`` names the storage root
+(:func:`root_key`) and ``<uid>`` is the agent's: agents of the same name in two storage roots
+are two agents, and so are their terminals, which never share a directory.
+
+Who may use it is decided by the peer's uid (``SO_PEERCRED``), by :func:`refusal` on both
+ends: the client says no before it connects, the terminal again when the mode line arrives.
+A client sends one mode line, ``watch`` or ``attach``, then raw PTY bytes flow.
 
 The client's side is here (:func:`connect`, :func:`relay`, :func:`stop`), for ``ctx agent
 watch|attach|stop``; so is the terminal's (:class:`TerminalClients`), which
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import os
 import select
 import selectors
@@ -42,15 +46,27 @@ STOP_SECONDS = 30.0  # for a terminal to end after SIGTERM before stop says it d
 SCROLLBACK = 64 * 1024  # bytes of the shell's output a new client gets first
 _MAX_SOCKET_ADDRESS = 107  # bytes of a UNIX socket's path, sun_path less its NUL
 _MAX_MODE_LINE = 64  # bytes a client may send before the newline that ends its mode line
+_ROOT_KEY_DIGITS = 16  # hex digits of a storage root's key: 64 bits, no two roots alike
 
 
-def run_directory(uid: int, agent: str, session: str) -> Path:
-    return RUN_BASE / str(uid) / agent / session
+def root_key(root: Path) -> str:
+    """The storage root's directory under :data:`RUN_BASE`: the first 16 hex digits of the
+    SHA-256 of its real path.  Links are resolved, so a root reached through a link
+    (``storage/current``) and by the directory it names is one root; a digest, not the path,
+    keeps the socket's path short and free of the root's own characters."""
+    real = os.fsencode(os.path.realpath(root))
+    return hashlib.sha256(real).hexdigest()[:_ROOT_KEY_DIGITS]
+
+
+def run_directory(root: Path, uid: int, agent: str, session: str) -> Path:
+    """The runtime directory of the terminal of ``agent`` (running as ``uid``) in ``session``
+    of the storage root ``root``."""
+    return RUN_BASE / root_key(root) / str(uid) / agent / session
 
 
 def socket_path(view: AgentView, session: str) -> Path:
     """Where the terminal of ``view``'s ``session`` listens."""
-    return run_directory(view.identity.uid, view.name, session) / SOCKET_NAME
+    return run_directory(view.root, view.identity.uid, view.name, session) / SOCKET_NAME
 
 
 def terminal_link(session: SessionRef) -> Path:
@@ -178,7 +194,7 @@ def relay(connection: socket.socket, *, write: bool) -> None:
 def stop(view: AgentView, session: str) -> int:
     """End the terminal of ``view``'s ``session`` and return its pid once it has ended:
     ENOENT when none runs, EPERM when another user started it, EBUSY when it does not end."""
-    run_dir = run_directory(view.identity.uid, view.name, session)
+    run_dir = run_directory(view.root, view.identity.uid, view.name, session)
     try:
         pid = int((run_dir / "pid").read_text())
     except (OSError, ValueError):

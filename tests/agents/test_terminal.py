@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from cortexfs.agents.terminal_socket import run_directory
 from cortexfs.shared.events import read_events
 from tests.support.cli import ctx
 from tests.tools.support import World
@@ -40,8 +41,8 @@ pytestmark = [
 
 
 def fresh_session() -> str:
-    """A session name no other test uses: the terminal's sockets live under /run, keyed by
-    uid, agent and session, whatever the storage root, and tests may run side by side."""
+    """A session name no other test uses: the terminal's sockets live under /run, and tests
+    may run side by side."""
     return f"t{uuid.uuid4().hex[:12]}"
 
 
@@ -336,7 +337,7 @@ def test_a_link_planted_in_the_session_does_not_redirect_the_socket(world: World
         assert started.returncode == 1, started.stdout
         assert "ELOOP" in started.stderr
         assert os.listdir(elsewhere) == []
-        leftovers = Path("/run/cortexfs/terminal", str(world.user.uid), "coder", name)
+        leftovers = run_directory(world.root, world.user.uid, "coder", name)
         assert not leftovers.exists(), "a failed start cleans up after itself"
     finally:
         ctx(world.root, "agent", "stop", "coder", "--session", name)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from cortexfs.agents.terminal_socket import RUN_BASE
+from cortexfs.agents.terminal_socket import run_directory
 from tests.agents.test_terminal import fresh_session, lifecycle, pytestmark
 from tests.support.cli import ctx
 from tests.support.users import run_as
@@ -36,7 +36,7 @@ def fresh_agent() -> str:
 
 
 def nothing_left(world: World, agent: str, session: str) -> None:
-    run_dir = RUN_BASE / str(world.user.uid) / agent / session
+    run_dir = run_directory(world.root, world.user.uid, agent, session)
     assert not run_dir.parent.exists(), f"{run_dir.parent} was left behind"
     assert str(run_dir) not in Path("/proc/self/mounts").read_text(), "the view is mounted"
     assert not [e for e in lifecycle(world, session, agent) if e["type"] == "terminal.started"]
@@ -147,7 +147,7 @@ def test_the_terminal_itself_refuses_a_peer_it_does_not_serve(
     """The socket is open to every uid (0666 in 0711 directories); the terminal decides by the
     peer's uid, so a client that skips ctx's own check is refused all the same."""
     agent, session = running
-    path = RUN_BASE / str(world.user.uid) / agent / session / "main.sock"
+    path = run_directory(world.root, world.user.uid, agent, session) / "main.sock"
     script = (
         "import socket, sys\n"
         "s = socket.socket(socket.AF_UNIX)\n"
@@ -196,7 +196,7 @@ def test_stop_removes_the_directories_its_start_made(
     world: World, running: tuple[str, str]
 ) -> None:
     agent, session = running
-    agent_dir = RUN_BASE / str(world.user.uid) / agent
+    agent_dir = run_directory(world.root, world.user.uid, agent, session).parent
     assert (agent_dir / session / "main.sock").exists()
 
     stopped = ctx(world.root, "agent", "stop", agent, "--session", session)
