@@ -29,8 +29,9 @@ class ToolError(NamedTuple):
 
     ``step`` and ``step_name`` name the denying step of the authority chain (P-5) when the
     stage is ``authorize``.  A tool that ran and failed has stage ``exit`` (errno taken from its
-    JSON output when it reports one, else 0), ``run`` with ETIMEDOUT after a timeout, or
-    EFBIG when its output was too large.
+    JSON output when it reports one, else none: 0 here, null in JSON, as ``error`` is),
+    ``run`` with ETIMEDOUT after a timeout, EINTR when its caller interrupted it, or EFBIG
+    when its output was too large.
     """
 
     errno: int
@@ -44,12 +45,12 @@ class ToolError(NamedTuple):
         return errno_names.errorcode.get(self.errno) if self.errno else None
 
     def __str__(self) -> str:
-        return f"{self.code_name or 'error'}: {self.message}"
+        return f"{self.code_name}: {self.message}" if self.code_name else self.message
 
     def to_json(self) -> dict[str, object]:
         return {
             "error": self.code_name,
-            "errno": self.errno,
+            "errno": self.errno or None,
             "stage": self.stage,
             "step": self.step,
             "step_name": self.step_name,

@@ -86,6 +86,7 @@ def run_native(
     session: SessionRef | str | None = None,
     timeout: float | None = DEFAULT_TIMEOUT,
     observer: Observer | None = None,
+    interrupted: Callable[[], bool] | None = None,
 ) -> ToolResult:
     """Run ``tool`` as ``agent`` with ``input_value`` as its JSON input (agent native mode).
 
@@ -95,8 +96,12 @@ def run_native(
     ``session`` is a :class:`SessionRef`, the name of a session in the agent's home, or None
     for its home session ``default``.  ``observer`` receives the frames of docs/tools.md as
     they happen: ``call`` when the tool starts, ``stderr`` per line, ``result`` at the end.
+    ``interrupted`` says whether the caller was interrupted and killed the tool's process
+    group itself (a worker's second SIGINT): a tool that then ends in failure is recorded as
+    interrupted, EINTR at stage ``run``, not as a tool that exited non-zero of its own accord.
     """
-    return _Call(root, agent, tool, NATIVE, session, timeout, observer).execute(input_value, None)
+    call = _Call(root, agent, tool, NATIVE, session, timeout, observer, interrupted=interrupted)
+    return call.execute(input_value, None)
 
 
 def run_terminal(
@@ -138,9 +143,11 @@ class _Call:
         observer: Observer | None,
         *,
         workspace: Path | None = None,
+        interrupted: Callable[[], bool] | None = None,
     ) -> None:
         self.root, self.agent, self.tool_name, self.mode = root, agent, tool, mode
         self.requested_session, self.timeout, self.observer = session, timeout, observer
+        self.interrupted = interrupted
         self.call = os.urandom(8).hex()
         self.started = rfc3339()
         self.clock = time.monotonic()
@@ -364,7 +371,14 @@ class _Call:
         output = decode_output(finished.stdout) if self.mode == NATIVE else None
         stderr = finished.stderr_tail.decode("utf-8", "replace")
         error = None
-        if finished.timed_out:
+        if finished.exit_status != 0 and self.interrupted is not None and self.interrupted():
+            error = ToolError(
+                errno.EINTR,
+                "run",
+                f"interrupted: its caller was interrupted and killed its process group (exit "
+                f"status {finished.exit_status})",
+            )
+        elif finished.timed_out:
             error = ToolError(
                 errno.ETIMEDOUT,
                 "run",

@@ -26,8 +26,9 @@ from cortexfs.errors import CtxError
 from cortexfs.queue import Claim
 from cortexfs.shared.sessions import Session, SessionRef, open_session
 from cortexfs.shared.tree import Ownership
+from cortexfs.tools.result import ToolError
 from cortexfs.tools.runner import run_native
-from cortexfs.worker.loop import JobControl, Outcome
+from cortexfs.worker.loop import JobControl, Outcome, failure, reason_of
 
 
 class ToolExecutor:
@@ -74,18 +75,19 @@ class ToolExecutor:
         """Every job is this executor's to claim (and to fail, when it cannot run it)."""
         return True
 
-    def admissible(self, job: Claim) -> str | None:
-        """Why this executor refuses the job before running anything, or None."""
+    def refusal(self, job: Claim) -> str | None:
+        """Why this executor refuses the job's request (EINVAL) before running anything."""
         if job.request.get("invalid"):
-            return f"EINVAL: the stored request is malformed: {job.request['invalid']}"
+            return f"the stored request is malformed: {job.request['invalid']}"
         return None
 
     def __call__(self, job: Claim, control: JobControl) -> Outcome:
         tool, input_value = job.request.get("tool"), job.request.get("input", {})
-        refusal = self.admissible(job)
+        refusal = self.refusal(job)
         if refusal is not None:
-            self.record("queue.refuse", job.job, "error", tool=tool, reason=refusal)
-            return Outcome(False, None, refusal, {"error": {"error": "EINVAL", "stage": "request"}})
+            refused = failure(ToolError(errno.EINVAL, "request", refusal))
+            self.record("queue.refuse", job.job, "error", tool=tool, reason=refused.reason)
+            return refused
         self.record("queue.start", job.job, "ok", tool=tool)
 
         def observe(frame: dict[str, Any]) -> None:
@@ -104,6 +106,7 @@ class ToolExecutor:
                 session=self.session_ref,
                 timeout=control.timeout,
                 observer=observe,
+                interrupted=control.abort.is_set,
             )
         finally:
             self._running.pop(job.job, None)
@@ -117,7 +120,7 @@ class ToolExecutor:
             "stderr": result.stderr[-4096:],
             "timings_ms": result.timings,
         }
-        reason = None if result.error is None else _describe(result.error.to_json())
+        reason = None if result.error is None else reason_of(result.error)
         return Outcome(result.ok, result.output, reason, details)
 
 
@@ -128,10 +131,10 @@ class ShellExecutor(ToolExecutor):
     def accepts(self, request: Mapping[str, Any]) -> bool:
         return request.get("tool") == "shell.exec"
 
-    def admissible(self, job: Claim) -> str | None:
+    def refusal(self, job: Claim) -> str | None:
         if job.request.get("tool") != "shell.exec":
-            return f"EINVAL: this worker runs shell.exec jobs only, not {job.request.get('tool')!r}"
-        return super().admissible(job)
+            return f"this worker runs shell.exec jobs only, not {job.request.get('tool')!r}"
+        return super().refusal(job)
 
 
 NO_AGENT = (
@@ -162,8 +165,7 @@ class AgentlessExecutor:
         pass
 
     def __call__(self, job: Claim, control: JobControl) -> Outcome:
-        error = {"error": "EACCES", "message": NO_AGENT, "stage": "authorize"}
-        return Outcome(False, None, f"EACCES: {NO_AGENT} [authorize]", {"error": error})
+        return failure(ToolError(errno.EACCES, "authorize", NO_AGENT))
 
 
 def _open_worker_session(ref: SessionRef, owner: Ownership) -> Session:
@@ -179,11 +181,6 @@ def _open_worker_session(ref: SessionRef, owner: Ownership) -> Session:
             f"every job there and creates what is missing, from {home} down, for the agent's "
             f"uid {owner.uid}: start it as root, or create {home} owned by uid {owner.uid} first",
         ) from None
-
-
-def _describe(error: dict[str, Any]) -> str:
-    """``EACCES: step 6 (tool/model policy): … [authorize]``: the errno, the message, the stage."""
-    return f"{error.get('error') or 'error'}: {error.get('message')} [{error.get('stage')}]"
 
 
 def executor_for(

@@ -30,6 +30,7 @@ from typing import Any, Protocol
 from cortexfs.errors import CtxError
 from cortexfs.queue import Claim, Holder, Queue, claim, finish, renew
 from cortexfs.queue.claim_order import HintedClaimOrder
+from cortexfs.tools.result import ToolError
 from cortexfs.worker.inotify import PendingWatch, Wakeup
 
 EXIT_ABORTED = 130
@@ -43,6 +44,19 @@ class Outcome:
     output: Any = None
     reason: str | None = None
     details: dict[str, Any] = field(default_factory=dict)
+
+
+def failure(error: ToolError, details: Mapping[str, Any] | None = None) -> Outcome:
+    """A job failed by ``error``: its ``reason`` (:func:`reason_of`) and its ``error`` object,
+    the one shape every failed result has (the tool runner's, docs/tools.md), over the other
+    facts in ``details``."""
+    return Outcome(False, None, reason_of(error), {**(details or {}), "error": error.to_json()})
+
+
+def reason_of(error: ToolError) -> str:
+    """A failed job's ``reason``: ``EACCES: step 6 (tool/model policy): … [authorize]`` — the
+    errno when there is one, the sentence, the stage."""
+    return f"{error} [{error.stage}]"
 
 
 class JobControl:
@@ -309,7 +323,9 @@ class Worker:
         try:
             outcome = self.executor(won, control)
         except Exception as exc:  # the job fails; the worker goes on
-            outcome = Outcome(False, None, f"executor error: {type(exc).__name__}: {exc}")
+            code = exc.errno if isinstance(exc, CtxError | OSError) and exc.errno else errno.EIO
+            message = f"the worker failed around the call: {type(exc).__name__}: {exc}"
+            outcome = failure(ToolError(code, "worker", message))
         if self.abort.is_set():
             return None
         try:
@@ -353,18 +369,9 @@ class Worker:
             if exc.errno != errno.EFBIG:
                 raise
             too_big = exc
-        reason = f"EFBIG: {too_big.message}; the output is omitted"
-        omitted = Outcome(
-            False,
-            None,
-            reason,
-            {
-                **outcome.details,
-                "error": {"error": "EFBIG", "message": too_big.message, "stage": "finish"},
-                "output_omitted": True,
-            },
-        )
-        extra = {"reason": reason, **omitted.details}
+        error = ToolError(errno.EFBIG, "finish", f"{too_big.message}; the output is omitted")
+        omitted = failure(error, {**outcome.details, "output_omitted": True})
+        extra = {"reason": omitted.reason, **omitted.details}
         # The record of why is small and bounded: written even when a tiny max_result_bytes
         # would refuse it, rather than leave the job claimed.
         finish(
