@@ -607,7 +607,9 @@ def _render_recover(report: recovery.RecoverReport) -> None:
     for f in report.errors:
         echo_printable(f"error    {f.job}: {f.detail}")
     state = "consistent" if report.consistent else "NOT consistent"
-    alive = f" ({len(report.untouched)} left alone: holder alive)" if report.untouched else ""
+    # Each untouched line says why: a holder alive or not provably gone (another host, pid
+    # namespace), or a job another process was moving.
+    alive = f" ({len(report.untouched)} untouched, as listed)" if report.untouched else ""
     failed = f", {len(report.errors)} errors" if report.errors else ""
     requeued, repaired = ("would requeue", "would repair") if dry else ("requeued", "repaired")
     click.echo(
