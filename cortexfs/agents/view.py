@@ -8,7 +8,10 @@ view derives what the runtime injects into a tool process:
   every space its policy lets it read (``shared:<space> read``), in name order;
 * ``CTX_MOUNTS`` — the mounts its policy lets it use: a mount is visible with ``mount:<name>
   read`` and writable only when it is ``rw`` *and* the policy holds ``mount:<name> write``.
-  Two mounts sharing a name are both withheld (a policy rule could not tell them apart);
+  Two mounts sharing a name are both withheld (a policy rule could not tell them apart).  The
+  storage root's own mount (``/ctx``) is never passed raw: it becomes the agent's projection
+  of it (:func:`cortexfs.agents.projection.storage_mounts`), filtered mounts that show what
+  ``ctx mount --as AGENT`` shows and are writable where that view is;
 * ``CTX_CWD`` — ``/workspace`` when visible (A-1), else the first visible mount other than
   ``/ctx``, else ``/``.
 
@@ -31,6 +34,7 @@ from collections import Counter
 from pathlib import Path, PurePosixPath
 from typing import NamedTuple
 
+from cortexfs.agents.projection import ViewMount, storage_mounts
 from cortexfs.errors import CtxError
 from cortexfs.names import check_object_name
 from cortexfs.policy import Identity, Policy
@@ -112,6 +116,19 @@ class AgentView(NamedTuple):
             visible.append(self.workspace)  # granted by the host starting the terminal
         return visible
 
+    def tool_mounts(self) -> list[ViewMount]:
+        """The mounts a tool process gets (``CTX_MOUNTS``): :meth:`visible_mounts`, with a
+        mount of the storage root itself replaced by the agent's projection of it (T-5), so
+        that a tool reaches under ``/ctx`` what ``ctx mount --as AGENT`` shows, no more."""
+        root = os.path.realpath(self.root)
+        mounts = []
+        for mount in self.visible_mounts():
+            if os.path.realpath(mount.source) == root:
+                mounts += storage_mounts(self, mount.source, mount.target)
+            else:
+                mounts.append(ViewMount(mount.source, mount.target, mount.writable))
+        return mounts
+
     def working_directory(self) -> tuple[PurePosixPath, Path]:
         """The view path a tool starts in and the host directory behind it."""
         visible = self.visible_mounts()
@@ -125,10 +142,7 @@ class AgentView(NamedTuple):
     def tool_environment(self, *, tool: str, session: str, call: str, mode: str) -> dict[str, str]:
         """The whole environment of a tool process: nothing leaks in from the host's."""
         cwd, _ = self.working_directory()
-        mounts = [
-            [str(m.source), str(m.target), "rw" if m.writable else "ro"]
-            for m in self.visible_mounts()
-        ]
+        mounts = [mount.to_json() for mount in self.tool_mounts()]
         return {
             "PATH": TOOL_SEARCH_PATH,
             "HOME": _home_of(self.identity.uid),

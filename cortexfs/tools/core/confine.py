@@ -9,6 +9,9 @@ resolve it themselves, never letting the kernel follow anything:
   slash to act on a file of that name;
 * the view path must lie under the target of a visible mount — the deepest target wins, the
   later mount on a tie, as in the kernel — or it is refused (EACCES);
+* a *filtered* mount shows only the names it lists directly below its target: another name
+  there is refused (EACCES) and left out of a listing of the target, as if it did not exist
+  (the agent's ``/ctx``, T-5);
 * the host path is walked from the mount's source one component at a time with
   ``O_NOFOLLOW``: a symbolic link on the way or at the end is refused (ELOOP), so nothing is
   ever followed out of a mount;
@@ -17,8 +20,13 @@ resolve it themselves, never letting the kernel follow anything:
 The kernel still judges every step with the tool's uid and gid (the agent's): mode bits apply.
 
 The mounts come from ``CTX_MOUNTS``, which the runner derives from the agent's mount control
-and policy.  Without it — a person running the tool directly — the view is the host's own
-filesystem: one writable mount of ``/`` on ``/``, relative paths from the current directory.
+and policy: a JSON array of ``[source, target, "ro"|"rw"]``, or ``[source, target, mode,
+[name, ...]]`` for a filtered mount.  The storage root reaches a tool only that way, as the
+agent's projection of it (:mod:`cortexfs.agents.projection`): the root and its directories
+whose entries the projection decides name by name are filtered read-only mounts, and the
+agent's home and the spaces it may write are read-write mounts on top.  Without
+``CTX_MOUNTS`` — a person running the tool directly — the view is the host's own filesystem:
+one writable mount of ``/`` on ``/``, relative paths from the current directory.
 """
 
 from __future__ import annotations
@@ -28,7 +36,7 @@ import errno
 import json
 import os
 import stat
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import PurePosixPath
 from typing import NamedTuple
 
@@ -40,9 +48,19 @@ _READABLE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 class Mount(NamedTuple):
+    """``source`` shown at ``target``; ``names``, when not None, are the only entries directly
+    below ``target`` that the agent may see."""
+
     source: str
     target: PurePosixPath
     writable: bool
+    names: frozenset[str] | None = None
+
+    def shows(self, view: PurePosixPath) -> bool:
+        """Whether ``view``, a path at or below the target, passes the mount's filter."""
+        if self.names is None or view == self.target:
+            return True
+        return view.relative_to(self.target).parts[0] in self.names
 
 
 class Place(NamedTuple):
@@ -74,10 +92,7 @@ class View:
         if "CTX_MOUNTS" not in environ:
             return cls([Mount("/", PurePosixPath("/"), True)], PurePosixPath(os.getcwd()))
         try:
-            table = json.loads(environ["CTX_MOUNTS"])
-            mounts = [
-                Mount(source, PurePosixPath(target), mode == "rw") for source, target, mode in table
-            ]
+            mounts = [_mount(entry) for entry in json.loads(environ["CTX_MOUNTS"])]
         except (ValueError, TypeError) as exc:
             raise ToolFailure(errno.EINVAL, f"CTX_MOUNTS is malformed: {exc}") from None
         return cls(mounts, PurePosixPath(environ.get("CTX_CWD", "/")))
@@ -90,6 +105,12 @@ class View:
         mount = self._topmost(view)
         if mount is None:
             raise ToolFailure(errno.EACCES, f"{view} is outside every mount visible to the agent")
+        if not mount.shows(view):
+            raise ToolFailure(
+                errno.EACCES,
+                f"{view} is not in the agent's view ({mount.target} shows only what the "
+                "agent's authority allows)",
+            )
         if write and not mount.writable:
             raise ToolFailure(errno.EROFS, f"{view} is on a read-only mount ({mount.target})")
         names_directory = str(path).rsplit("/", 1)[-1] in ("", ".")
@@ -103,6 +124,28 @@ class View:
             if chosen is None or len(mount.target.parts) >= len(chosen.target.parts):
                 chosen = mount
         return chosen
+
+
+def _mount(entry: object) -> Mount:
+    if not isinstance(entry, list) or len(entry) not in (3, 4):
+        raise ValueError(
+            f"{entry!r} is not [source, target, mode] or [source, target, mode, names]"
+        )
+    source, target, mode = entry[:3]
+    names = None
+    if len(entry) == 4:
+        if not isinstance(entry[3], list) or not all(isinstance(n, str) for n in entry[3]):
+            raise TypeError(f"the names of the mount at {target!r} must be a list of strings")
+        names = frozenset(entry[3])
+    return Mount(source, PurePosixPath(target), mode == "rw", names)
+
+
+def listed(place: Place, names: Iterable[str]) -> list[str]:
+    """The entries a listing of the directory at ``place`` shows, in name order: at the target
+    of a filtered mount, only those it lets through."""
+    if place.mount.names is None or place.parts:
+        return sorted(names)
+    return sorted(name for name in names if name in place.mount.names)
 
 
 def open_directory(place: Place, *, listable: bool = False) -> int:

@@ -32,7 +32,7 @@ def list_directory(request: dict[str, object], native: bool) -> Reply:
     try:
         entries = []
         with confine.reporting(place):
-            names = sorted(os.listdir(fd))
+            names = confine.listed(place, os.listdir(fd))
         for name in names:
             status = confine.lstat_at(fd, name)
             if status is not None:

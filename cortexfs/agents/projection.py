@@ -1,0 +1,195 @@
+"""What ``/ctx`` shows an agent: the filtered projection of the storage root (SPEC T-5, F-1).
+
+One decision with two users: the FUSE view of ``ctx mount --as AGENT``
+(:mod:`cortexfs.fuse.projection`) asks it at each lookup, and the tool runner asks it for
+every name of the directories it filters when it builds a tool's ``CTX_MOUNTS``
+(:func:`storage_mounts`).  So what the ``fs.*`` tools reach under ``/ctx`` is what the mount
+shows, by the same rules.  The host administrator's view is the storage root as it is; an
+agent's shows only what passes its effective authority, decided in memory from its
+host-owned controls; nothing is written to build it (T-5: no persistent copy as a side effect
+of authorisation):
+
+==========================  ==========================================================
+``bin/``                    as it is
+``tool/<t>``, ``<t>.d/``    only tools the agent may run: available (intact controls, status
+                            ``available``, a valid ``program``: C-2) and executable for it
+                            through the whole chain (P-5, P-6); ``tsh.d/`` always
+``agent/<a>``, ``<a>.d/``   only the agent itself
+``home/<uid>/``             only the agent's own uid
+``shared/<s>/``             spaces its policy lets it read (``shared:<s> read``), and the
+                            manual bundle ``cortexfs-docs``
+``model/<p>/<m>``           models its policy lets it use (``model:<p>/<m> use``); a provider
+                            when it may use one of its models
+==========================  ==========================================================
+
+Anything deeper is visible when its top object is: the root, each top directory but ``bin``
+and each ``model/<p>`` are the only directories whose entries are decided name by name
+(:meth:`ViewRules.decides_names`).  Writes are allowed only below the agent's home and below
+spaces its policy lets it write (``shared:<s> write``); tools, agents and models are the
+host's.  The kernel applies the mode bits to the agent's uid on top.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Callable, Sequence
+from pathlib import PurePosixPath
+from typing import TYPE_CHECKING, NamedTuple
+
+from cortexfs.errors import CtxError
+from cortexfs.names import is_object_name
+from cortexfs.policy import check_tool_execute
+from cortexfs.storage import DOCS_BUNDLE, ROOT_ENTRIES
+from cortexfs.tools.controls import ToolObject, read_controls, require_available
+
+if TYPE_CHECKING:
+    from cortexfs.agents.view import AgentView
+
+Parts = Sequence[str]
+
+
+def in_root_abi(parts: Parts) -> bool:
+    """The root shows its six entries (R-2) and nothing else, in every view."""
+    return not parts or parts[0] in ROOT_ENTRIES
+
+
+def may_run(view: AgentView, tool: str) -> bool:
+    """Whether the agent's runner would run the system tier's ``tool``: its own policy grants
+    it (the cheap half of P-6, asked first so that a root of many tools costs little), the
+    tool is available (``cortexfs.tools.runner``'s test: intact controls, status
+    ``available``, a ``program`` control passing C-2), and the whole chain allows it."""
+    if not is_object_name(tool) or not view.allows("tool", tool, "execute"):
+        return False
+    candidate = ToolObject(tool, view.root / "tool")
+    try:
+        require_available(candidate, read_controls(candidate))
+    except CtxError:
+        return False
+    return check_tool_execute(view.root, view.name, tool, None).allowed
+
+
+class ViewRules:
+    """The projection's answers for one agent's controls, for storage paths given as parts
+    below the root.  ``may_execute`` answers for a system tool (default :func:`may_run`; the
+    FUSE view passes a cached one)."""
+
+    def __init__(self, view: AgentView, may_execute: Callable[[str], bool] | None = None):
+        self.view = view
+        self.may_execute = may_execute or (lambda tool: may_run(view, tool))
+
+    def visible(self, parts: Parts) -> bool:
+        if not in_root_abi(parts):
+            return False
+        if len(parts) < 2:
+            return True
+        top, name = parts[0], parts[1]
+        if top == "bin":
+            return True
+        if top == "tool":
+            return name == "tsh.d" or self.may_execute(name.removesuffix(".d"))
+        if top == "agent":
+            return name.removesuffix(".d") == self.view.name
+        if top == "home":
+            return name == str(self.view.identity.uid)
+        if top == "shared":
+            return name == DOCS_BUNDLE or self.view.allows("shared", name, "read")
+        if top == "model":
+            if len(parts) < 3:
+                return any(self._may_use(name, model) for model in self._models_of(name))
+            return self._may_use(name, parts[2].removesuffix(".d"))
+        return False
+
+    def writable(self, parts: Parts) -> bool:
+        """Whether ``parts`` may be changed: only what lies below a top object that is
+        :meth:`writable_below` (the root ABI and its top objects are the host's)."""
+        return len(parts) >= 3 and self.writable_below(parts[:2]) and self.visible(parts)
+
+    def writable_below(self, parts: Parts) -> bool:
+        """Whether what lies below the top object ``parts`` (``(top, name)``) may be changed:
+        the agent's home, and the spaces its policy lets it write."""
+        if len(parts) != 2 or not self.visible(parts):
+            return False
+        top, name = parts
+        return top == "home" or (top == "shared" and self.view.allows("shared", name, "write"))
+
+    def decides_names(self, parts: Parts) -> bool:
+        """Whether the entries of directory ``parts`` are visible name by name; below any other
+        directory, an entry is visible exactly when the directory is."""
+        if not parts:
+            return True
+        if len(parts) == 1:
+            return parts[0] != "bin"
+        return len(parts) == 2 and parts[0] == "model"
+
+    def _may_use(self, provider: str, model: str) -> bool:
+        return self.view.allows("model", f"{provider}/{model}", "use")
+
+    def _models_of(self, provider: str) -> list[str]:
+        try:
+            return os.listdir(self.view.root / "model" / provider)
+        except OSError:
+            return []
+
+
+class ViewMount(NamedTuple):
+    """One entry of a tool's ``CTX_MOUNTS``: the host directory ``source`` appears at
+    ``target``, writable or not; ``names``, when given, are the only entries directly below
+    ``target`` the agent may see (a filtered mount)."""
+
+    source: PurePosixPath
+    target: PurePosixPath
+    writable: bool
+    names: tuple[str, ...] | None = None
+
+    def to_json(self) -> list[object]:
+        entry: list[object] = [str(self.source), str(self.target), "rw" if self.writable else "ro"]
+        if self.names is not None:
+            entry.append(list(self.names))
+        return entry
+
+
+def storage_mounts(
+    view: AgentView, source: PurePosixPath, target: PurePosixPath
+) -> list[ViewMount]:
+    """The agent's projection of its storage root (``source``, as its mount control names
+    it) as mounts at ``target`` (``/ctx``).
+
+    Each directory whose entries the rules decide name by name (:meth:`ViewRules.decides_names`)
+    is a read-only mount listing the names it shows; each top object the agent may write below
+    (its home, a writable space) is a read-write mount of its own on top.  Decided now, from
+    the controls as they are (a policy change shows at the next call), and only from reading
+    them: nothing is written to build it.
+    """
+    rules = ViewRules(view)
+    root = PurePosixPath(source)
+    mounts: list[ViewMount] = []
+    pending: list[tuple[str, ...]] = [()]
+    while pending:
+        parts = pending.pop(0)
+        names = _shown(rules, root, parts)
+        mounts.append(ViewMount(root.joinpath(*parts), target.joinpath(*parts), False, names))
+        for name in names:
+            child = (*parts, name)
+            if rules.decides_names(child):
+                pending.append(child)
+            elif rules.writable_below(child) and _is_directory(root.joinpath(*child)):
+                mounts.append(ViewMount(root.joinpath(*child), target.joinpath(*child), True))
+    return mounts
+
+
+def _shown(rules: ViewRules, root: PurePosixPath, parts: tuple[str, ...]) -> tuple[str, ...]:
+    try:
+        names = os.listdir(root.joinpath(*parts))
+    except OSError:
+        return ()  # nothing to show: a missing or unreadable directory lists nothing
+    return tuple(sorted(name for name in names if rules.visible((*parts, name))))
+
+
+def _is_directory(path: PurePosixPath) -> bool:
+    """A directory itself, not a link to one: a mount's source is opened without following a
+    link at its end, so a link stays refused as the tools refuse every link."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
