@@ -31,6 +31,7 @@ host's.  The kernel applies the mode bits to the agent's uid on top.
 
 from __future__ import annotations
 
+import functools
 import os
 import stat
 from collections.abc import Callable, Sequence
@@ -71,12 +72,13 @@ def may_run(view: AgentView, tool: str) -> bool:
 
 class ViewRules:
     """The projection's answers for one agent's controls, for storage paths given as parts
-    below the root.  ``may_execute`` answers for a system tool (default :func:`may_run`; the
-    FUSE view passes a cached one)."""
+    below the root.  ``may_execute`` answers for a system tool: by default :func:`may_run`,
+    once per tool for the life of these rules (``<t>`` and ``<t>.d/`` ask the same); the FUSE
+    view passes one that decides again once its answer is a second old."""
 
     def __init__(self, view: AgentView, may_execute: Callable[[str], bool] | None = None):
         self.view = view
-        self.may_execute = may_execute or (lambda tool: may_run(view, tool))
+        self.may_execute = may_execute or functools.cache(functools.partial(may_run, view))
 
     def visible(self, parts: Parts) -> bool:
         if not in_root_abi(parts):
