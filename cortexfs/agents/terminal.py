@@ -21,6 +21,10 @@ watch or join it (SPEC A-1, A-2, H-1, T-5).
   join the PTY; the directories are root's and searchable (0711) and the socket is 0666,
   because the peer's uid decides who may use it.  The view's mount point is in ``private/``
   (0700) beside it, out of everyone else's reach.
+* **The runtime directory** (:mod:`cortexfs.agents.terminal_runtime`) holds both sockets, the
+  pid file and the view's mount point; the terminal holds its lock from the first check of
+  its start to the end of its cleanup.  A start finds it free and what a terminal that died
+  left in it (its view still mounted): it cleans that up first, and says so (``cleaned``).
 
 :meth:`Terminal.start` returns once tsh runs in the sandbox and has printed its prompt; a
 sandbox that ends first (bubblewrap cannot bind a mount, say) makes the start fail with what
@@ -44,23 +48,14 @@ import subprocess
 import sys
 import termios
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 from cortexfs import durable
 from cortexfs.agents import log as agent_log
 from cortexfs.agents import sandbox
 from cortexfs.agents.run_socket import RunSocket
-from cortexfs.agents.terminal_socket import (
-    LINK_NAME,
-    RUN_BASE,
-    SOCKET_NAME,
-    TerminalClients,
-    listening,
-    run_directory,
-    socket_address,
-    socket_path,
-)
+from cortexfs.agents.terminal_runtime import RunDirectory
+from cortexfs.agents.terminal_socket import TerminalClients, socket_address
 from cortexfs.agents.view import WORKSPACE, AgentView
 from cortexfs.errors import CtxError, errno_named_in, invalid, not_found
 from cortexfs.shared.events import EVENTS_FILE
@@ -68,7 +63,6 @@ from cortexfs.shared.sessions import SessionRef, open_session
 from cortexfs.shared.tree import Ownership, open_beneath
 
 STARTUP_SECONDS = 30.0  # for tsh to come up in its sandbox before the start is a failure
-_SEARCHABLE = 0o711  # others may pass through to a socket they know the name of, not list
 _NO_LINK_DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -81,11 +75,13 @@ class Terminal:
         self.workspace = None if workspace is None else Path(os.path.realpath(workspace))
         self.view = AgentView.load(root, agent).with_workspace(self.workspace)
         self.session = SessionRef.home(root, self.view.identity.uid, agent, session)
-        self.run_dir = run_directory(root, self.view.identity.uid, agent, session)
-        self.main_socket = socket_path(self.view, session)
-        self.run_socket = self.run_dir / "run.sock"
-        self.view_dir = self.run_dir / "private" / "ctx"
-        self.made: list[Path] = []  # the run directories prepare() made (the base among them?)
+        self.runtime = RunDirectory(root, self.view.identity.uid, agent, session)
+        self.run_dir = self.runtime.path
+        self.main_socket = self.runtime.main_socket
+        self.run_socket = self.runtime.run_socket
+        self.view_dir = self.runtime.view_dir
+        self.cleaned: list[str] = []  # what prepare() removed that a terminal that died left
+        self.dead_pid: int | None = None  # that terminal's pid
         self.selector = selectors.DefaultSelector()
         self.clients = TerminalClients(root, self.view, self.selector, self._type_in)
         self.master = -1
@@ -136,21 +132,28 @@ class Terminal:
                 errno.ENOTDIR, f"the workspace {self.view.workspace.source} is not a directory"
             )
         self._require_mount_sources()
-        if self.main_socket.exists():
-            if listening(self.main_socket):
-                agent, session = self.view.name, self.session.name
-                raise CtxError(
-                    errno.EEXIST,
-                    f"the terminal of {agent} in session {session} is already running: watch "
-                    f"it with 'ctx agent watch {agent} --session {session}', end it with "
-                    f"'ctx agent stop {agent} --session {session}', or start another "
-                    "session with --session",
-                )
-            self._remove_run_files()  # left by a terminal that did not end cleanly
-        self._make_run_directory()
-        identity = self.view.identity
-        self.session_made = not os.path.lexists(self.session.path)
-        open_session(self.session, owner=Ownership(identity.uid, identity.gid)).close()
+        self.runtime.make_and_lock()
+        try:
+            self.dead_pid = self.runtime.recorded_pid()
+            self.cleaned = self.runtime.clean_up()
+            identity = self.view.identity
+            self.session_made = not os.path.lexists(self.session.path)
+            open_session(self.session, owner=Ownership(identity.uid, identity.gid)).close()
+        except BaseException:
+            self.runtime.remove()
+            self.runtime.release()
+            raise
+
+    def cleaned_warning(self) -> str | None:
+        """What the start cleaned up after a terminal of this session that had died (killed,
+        its view left mounted); None when there was nothing."""
+        if not self.cleaned:
+            return None
+        pid = "" if self.dead_pid is None else f" (pid {self.dead_pid})"
+        return (
+            f"the terminal of {self.view.name} in session {self.session.name}{pid} had ended "
+            "without cleaning up: " + "; ".join(self.cleaned)
+        )
 
     def _require_mount_sources(self) -> None:
         """ENOENT for a mount whose source is missing, before anything is started: the
@@ -165,38 +168,12 @@ class Terminal:
                     f"{self.view.name}.d/mount"
                 )
 
-    def _make_run_directory(self) -> None:
-        """``RUN_BASE/<root>/<uid>/<agent>/<session>/private/``, each directory made here
-        remembered in ``made``.  One that another terminal's end removes between two steps is
-        made again."""
-        agent_dir = self.run_dir.parent
-        uid_dir = agent_dir.parent
-        chain = [RUN_BASE, uid_dir.parent, uid_dir, agent_dir, self.run_dir, self.view_dir.parent]
-        RUN_BASE.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
-        for _ in range(5):
-            try:
-                for directory in chain:
-                    mode = 0o700 if directory == self.view_dir.parent else _SEARCHABLE
-                    try:
-                        directory.mkdir(mode=mode)
-                        self.made.append(directory)
-                    except FileExistsError:
-                        pass
-                    directory.chmod(mode)
-                return
-            except FileNotFoundError:
-                continue
-        raise CtxError(errno.EAGAIN, f"{self.run_dir} kept disappearing while it was made")
-
     def start(self) -> None:
         self._mount_view()
         self._listen()
         self._spawn_shell()
         self._await_tsh()
-        with self._terminal_directory() as directory:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(LINK_NAME, dir_fd=directory)
-            os.symlink(self.main_socket, LINK_NAME, dir_fd=directory)
+        self.runtime.make_link()
         workspace = next(
             (m.source for m in self.view.visible_mounts() if m.target == WORKSPACE), None
         )
@@ -209,29 +186,6 @@ class Terminal:
             workspace=None if workspace is None else str(workspace),
         )
         self.started = True
-
-    @contextlib.contextmanager
-    def _terminal_directory(self) -> Iterator[int]:
-        """``session/<s>/terminal/``, made if missing.  The session belongs to the agent's uid,
-        which could plant a link there: it is reached, and used, without following any."""
-        ops = durable.default_ops()
-        session = open_beneath(ops, self.root, self.session.relative.parts)
-        try:
-            with contextlib.suppress(FileExistsError):
-                os.mkdir("terminal", 0o755, dir_fd=session)
-            directory = os.open("terminal", _NO_LINK_DIRECTORY, dir_fd=session)
-        except OSError as exc:
-            raise CtxError(
-                errno.ELOOP,
-                f"{self.session.path}/terminal is not a directory of its own "
-                f"({exc.strerror}): the terminal socket is never put through a link",
-            ) from None
-        finally:
-            os.close(session)
-        try:
-            yield directory
-        finally:
-            os.close(directory)
 
     def _mount_view(self) -> None:
         self.view_dir.mkdir(mode=0o700, exist_ok=True)
@@ -313,6 +267,9 @@ class Terminal:
         """Relay until tsh exits or SIGTERM; then clean up.  tsh's exit status."""
         signal.signal(signal.SIGTERM, lambda *_: setattr(self, "stopping", True))
         signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes select() to reap
+        # Each tool call runs in a child forked from here (RunSocket): a child holding the lock
+        # would keep a terminal killed while a tool runs looking alive until the tool ends.
+        os.register_at_fork(after_in_child=self.runtime.forget_lock)
         try:
             while not self.stopping:
                 for key, _ in self.selector.select(timeout=0.2):
@@ -384,11 +341,11 @@ class Terminal:
             self.mount.send_signal(signal.SIGTERM)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.mount.wait(timeout=10)
-        with contextlib.suppress(OSError, CtxError), self._terminal_directory() as directory:
-            os.unlink(LINK_NAME, dir_fd=directory)
-        self._remove_run_files()
+        self.runtime.remove_link()
+        self.runtime.remove()
         if self.session_made and not self.started:
             self._remove_unused_session()
+        self.runtime.release()  # last: until here a start of this session would be refused
 
     def _remove_unused_session(self) -> None:
         """A start that failed leaves no session of its own making behind: the directory goes
@@ -409,26 +366,6 @@ class Terminal:
                 os.rmdir(self.session.name, dir_fd=sessions)
             finally:
                 os.close(sessions)
-
-    def _remove_run_files(self) -> None:
-        """Never a recursive removal: the view's mount point may still be mounted (an unmount
-        that failed), and removing through it would remove the agent's files.  The session's
-        directory goes, and the agent's, the uid's and the storage root's above it when nothing
-        else (another session's terminal) is in them, whichever terminal made them: the one
-        that made the agent's may have ended while this session's was in it.  (A terminal
-        starting meanwhile makes them again: :meth:`_make_run_directory`.)  The base goes only
-        if this one made it.
-        """
-        for name in (SOCKET_NAME, "run.sock", "pid"):
-            with contextlib.suppress(FileNotFoundError):
-                (self.run_dir / name).unlink()
-        above = self.run_dir.parents
-        emptied = [self.view_dir, self.view_dir.parent, self.run_dir, above[0], above[1], above[2]]
-        if RUN_BASE in self.made:
-            emptied.append(RUN_BASE)
-        for directory in emptied:
-            with contextlib.suppress(OSError):
-                directory.rmdir()
 
 
 def _readable_within(fd: int, timeout: float) -> bool:

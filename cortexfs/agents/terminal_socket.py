@@ -1,9 +1,9 @@
 """The terminal socket of an agent session (SPEC A-2), from both ends.
 
 Where it lives: ``/run/cortexfs/terminal/<root>/<uid>/<agent>/<session>/main.sock``, with the
-session directory's ``terminal/main.sock`` a symlink to it.  ``<root>`` names the storage root
-(:func:`root_key`) and ``<uid>`` is the agent's: agents of the same name in two storage roots
-are two agents, and so are their terminals, which never share a directory.
+session directory's ``terminal/main.sock`` a symlink to it (:mod:`cortexfs.agents.terminal_runtime`:
+agents of the same name in two storage roots are two agents, and so are their terminals, which
+never share a directory).
 
 Who may use it is decided by the peer's uid (``SO_PEERCRED``), by :func:`refusal` on both
 ends: the client says no before it connects, the terminal again when the mode line arrives.
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import os
 import select
 import selectors
@@ -31,37 +30,20 @@ import time
 import tty
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 from cortexfs.agents.host import is_host_administrator
+from cortexfs.agents.terminal_runtime import LINK_NAME, SOCKET_NAME, RunDirectory, run_directory
 from cortexfs.agents.view import AgentView
 from cortexfs.errors import CtxError, denied, not_found
 from cortexfs.shared.sessions import SessionRef
 
-RUN_BASE = Path("/run/cortexfs/terminal")
-SOCKET_NAME = "main.sock"
-LINK_NAME = SOCKET_NAME  # the session's link bears the name of the socket it leads to
 MODES = (b"watch", b"attach")
 DETACH = b"\x1d"  # Ctrl-]
 STOP_SECONDS = 30.0  # for a terminal to end after SIGTERM before stop says it did not
 SCROLLBACK = 64 * 1024  # bytes of the shell's output a new client gets first
 _MAX_SOCKET_ADDRESS = 107  # bytes of a UNIX socket's path, sun_path less its NUL
 _MAX_MODE_LINE = 64  # bytes a client may send before the newline that ends its mode line
-_ROOT_KEY_DIGITS = 16  # hex digits of a storage root's key: 64 bits, no two roots alike
-
-
-def root_key(root: Path) -> str:
-    """The storage root's directory under :data:`RUN_BASE`: the first 16 hex digits of the
-    SHA-256 of its real path.  Links are resolved, so a root reached through a link
-    (``storage/current``) and by the directory it names is one root; a digest, not the path,
-    keeps the socket's path short and free of the root's own characters."""
-    real = os.fsencode(os.path.realpath(root))
-    return hashlib.sha256(real).hexdigest()[:_ROOT_KEY_DIGITS]
-
-
-def run_directory(root: Path, uid: int, agent: str, session: str) -> Path:
-    """The runtime directory of the terminal of ``agent`` (running as ``uid``) in ``session``
-    of the storage root ``root``."""
-    return RUN_BASE / root_key(root) / str(uid) / agent / session
 
 
 def socket_path(view: AgentView, session: str) -> Path:
@@ -191,30 +173,97 @@ def relay(connection: socket.socket, *, write: bool) -> None:
             termios.tcsetattr(stdin, termios.TCSADRAIN, saved)
 
 
-def stop(view: AgentView, session: str) -> int:
-    """End the terminal of ``view``'s ``session`` and return its pid once it has ended:
-    ENOENT when none runs, EPERM when another user started it, EBUSY when it does not end."""
-    run_dir = run_directory(view.root, view.identity.uid, view.name, session)
-    try:
-        pid = int((run_dir / "pid").read_text())
-    except (OSError, ValueError):
-        pid = 0
-    if not pid or not listening(socket_path(view, session)):  # a pid file alone may be stale
+class Stopped(NamedTuple):
+    """What ``ctx agent stop`` did: ended a running terminal (``running``), and removed what a
+    terminal that died had left (``cleaned``, in words)."""
+
+    pid: int | None  # the terminal's, as its pid file says (None: there was none)
+    running: bool
+    cleaned: tuple[str, ...]
+
+
+def stop(view: AgentView, session: str) -> Stopped:
+    """End the terminal of ``view``'s ``session`` and return once it has ended and nothing of it
+    is left.  A terminal that died without cleaning up (killed: its view still mounted) is
+    cleaned up after instead.  ENOENT when none runs and none left anything, EPERM when this
+    user may not end it (root started it), EBUSY when it does not end."""
+    run = RunDirectory(view.root, view.identity.uid, view.name, session)
+    if os.geteuid() != 0:
+        _refuse_to_stop(view, session, run)
+    held = run.try_lock()
+    if held is None:  # nothing ran here since the machine started; a link may be left
+        if run.remove_link(stale_only=True):
+            link = terminal_link(run.session)
+            return Stopped(None, False, (f"removed the link {link} to a socket that is gone",))
         raise not_running(view.name, session)
+    if held:
+        return _clean_up_after(run, view, session)
+    pid = _end_running(run, view, session)
+    if not run.locked:
+        return Stopped(pid, True, ())  # it ended and removed its directory, as it should
+    try:  # it ended and left something behind (an unmount that failed)
+        cleaned = tuple(run.clean_up())
+        run.remove()
+    finally:
+        run.release()
+    return Stopped(pid, True, cleaned)
+
+
+def _clean_up_after(run: RunDirectory, view: AgentView, session: str) -> Stopped:
+    """No terminal runs (the caller holds the lock): remove what one that died left."""
     try:
-        os.kill(pid, signal.SIGTERM)
-    except PermissionError:
+        pid = run.recorded_pid()
+        cleaned = tuple(run.clean_up())
+        run.remove()
+    finally:
+        run.release()
+    if not cleaned:
+        raise not_running(view.name, session)
+    return Stopped(pid, False, cleaned)
+
+
+def _end_running(run: RunDirectory, view: AgentView, session: str) -> int | None:
+    """SIGTERM to the terminal that holds the lock, once its pid file names it (a terminal
+    still starting has none yet); its pid once the lock is free, held here if the directory
+    is still there (what the terminal left, for the caller to clean up)."""
+    deadline = time.monotonic() + STOP_SECONDS
+    signalled = None
+    while True:
+        pid = run.recorded_pid()
+        if pid is not None and pid != signalled:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+            signalled = pid
+        if run.try_lock() is not False:
+            return signalled
+        if time.monotonic() > deadline:
+            which = f"(pid {signalled})" if signalled else "(still starting: no pid yet)"
+            kill = f"'kill -9 {signalled}'" if signalled else "killing it"
+            raise CtxError(
+                errno.EBUSY,
+                f"the terminal of {view.name} {which} did not stop within {STOP_SECONDS:.0f} s;"
+                f" after {kill}, 'ctx agent stop {view.name} --session {session}' cleans up "
+                "after it",
+            )
+        time.sleep(0.05)
+
+
+def _refuse_to_stop(view: AgentView, session: str, run: RunDirectory) -> None:
+    """Only root ends a terminal (root started it) or cleans up after one: EPERM when there
+    is one, ENOENT when there is none."""
+    if listening(run.main_socket):
         raise CtxError(
             errno.EPERM,
-            f"the terminal of {view.name} (pid {pid}) runs as another user, who started it; "
-            "stop it as that user or as root",
-        ) from None
-    deadline = time.monotonic() + STOP_SECONDS
-    while run_dir.exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    if run_dir.exists():
-        raise CtxError(errno.EBUSY, f"the terminal of {view.name} (pid {pid}) did not stop")
-    return pid
+            f"the terminal of {view.name} runs as root, who started it; stop it as root",
+        )
+    if run.pid_file.exists():
+        raise CtxError(
+            errno.EPERM,
+            f"the terminal of {view.name} in session {session} ended without cleaning up (its "
+            f"view may still be mounted); root cleans up after it with 'ctx agent stop "
+            f"{view.name} --session {session}'",
+        )
+    raise not_running(view.name, session)
 
 
 # ------------------------------------------------------------------------- the terminal

@@ -241,8 +241,9 @@ def workspace_directory(workspace: Path | None, no_workspace: bool) -> Path | No
         ) from None
 
 
-def terminal_facts(terminal: Terminal) -> dict[str, str | None]:
-    """What a started terminal tells its starter (``--json``)."""
+def terminal_facts(terminal: Terminal) -> dict[str, object]:
+    """What a started terminal tells its starter (``--json``): ``cleaned`` lists what the
+    start removed that a terminal of the session that died had left."""
     from cortexfs.agents.terminal_socket import terminal_link
 
     workspace_mount = terminal.view.workspace
@@ -252,6 +253,7 @@ def terminal_facts(terminal: Terminal) -> dict[str, str | None]:
         "socket": str(terminal_link(terminal.session)),
         "listening_at": str(terminal.main_socket),
         "workspace": None if workspace_mount is None else str(workspace_mount.source),
+        "cleaned": terminal.cleaned,
     }
 
 
@@ -298,9 +300,9 @@ def start(
     terminal = Terminal(root, name, session, directory)
     terminal.prepare()
     _daemonize(terminal)
-    warning = terminal.workspace_warning()
-    if warning is not None:
-        click.echo(f"ctx: warning: {warning}", err=True)
+    for warning in (terminal.cleaned_warning(), terminal.workspace_warning()):
+        if warning is not None:
+            click.echo(f"ctx: warning: {warning}", err=True)
     facts = terminal_facts(terminal)
     if as_json:
         emit_json(facts)
@@ -323,16 +325,37 @@ def start(
 def stop(name: str, session: str, storage_dir: Path | None, as_json: bool) -> None:
     """End NAME's terminal: tsh is killed, the view unmounted, the sockets removed.
 
-    Returns once it has ended and prints 'stopped NAME, session S (pid N)' (--json:
-    {"agent", "session", "pid"}); ENOENT (exit 1) when it is not running."""
+    \b
+    Returns once it has ended and prints 'stopped NAME, session S (pid N)'.  A terminal that
+    died without cleaning up (killed: its view still mounted, its mount process running) is
+    cleaned up after instead: 'cleaned up after NAME, session S (pid N), which had ended
+    without cleaning up: …' says what was removed.  --json: {"agent", "session", "pid",
+    "running", "cleaned"}.  ENOENT (exit 1) when no terminal runs and none left anything."""
     from cortexfs.agents import terminal_socket
 
     view, session = _terminal_of(resolve_storage(storage_dir), name, session)
-    pid = terminal_socket.stop(view, session)
+    stopped = terminal_socket.stop(view, session)
     if as_json:
-        emit_json({"agent": view.name, "session": session, "pid": pid})
+        emit_json(
+            {
+                "agent": view.name,
+                "session": session,
+                "pid": stopped.pid,
+                "running": stopped.running,
+                "cleaned": list(stopped.cleaned),
+            }
+        )
+        return
+    terminal = f"{view.name}, session {session}"
+    if stopped.pid is not None:
+        terminal += f" (pid {stopped.pid})"
+    done = "; ".join(stopped.cleaned)
+    if not stopped.running:
+        click.echo(f"cleaned up after {terminal}, which had ended without cleaning up: {done}")
+    elif done:
+        click.echo(f"stopped {terminal} and cleaned up what it left: {done}")
     else:
-        click.echo(f"stopped {view.name}, session {session} (pid {pid})")
+        click.echo(f"stopped {terminal}")
 
 
 @agent.command()

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from cortexfs.agents.terminal_socket import run_directory
+from cortexfs.agents.terminal_runtime import run_directory
 from cortexfs.shared.events import read_events
 from tests.support.cli import ctx
 from tests.tools.support import World

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from cortexfs.agents.terminal_socket import run_directory
+from cortexfs.agents.terminal_runtime import run_directory
 from tests.agents.test_terminal import fresh_session, lifecycle, pytestmark
 from tests.support.cli import ctx
 from tests.support.users import run_as

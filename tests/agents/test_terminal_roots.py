@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from cortexfs import storage
-from cortexfs.agents.terminal_socket import listening, root_key, run_directory
+from cortexfs.agents.terminal_runtime import root_key, run_directory
+from cortexfs.agents.terminal_socket import listening
 from tests.agents.test_terminal import fresh_session, lifecycle, pytestmark
 from tests.support.cli import ctx
 from tests.tools.support import World

@@ -1,0 +1,324 @@
+"""Where an agent terminal keeps its runtime files, who holds them, and cleaning up after a
+terminal that died (SPEC A-1, A-2).
+
+One directory per terminal, root's, under ``/run`` (a tmpfs: nothing outlives the machine)::
+
+    /run/cortexfs/terminal/<root>/<uid>/<agent>/<session>/    0711, each level
+        main.sock      the terminal socket (A-2), 0666: the peer's uid decides
+        run.sock       the run socket tsh hands its command lines to, 0666
+        pid            ctxterm's pid, once it listens
+        private/ctx    the view's mount point (``ctx mount --as AGENT``), in a 0700 directory
+
+``<root>`` is :func:`root_key` of the storage root and ``<uid>`` the agent's: the same agent
+and session names in two storage roots are two terminals in two directories.  The session's
+``terminal/main.sock`` in the storage root is a symlink to ``main.sock`` here.
+
+**The lock.**  A terminal holds an exclusive ``flock`` on its directory from the start's first
+check until its cleanup is done (:meth:`RunDirectory.make_and_lock`).  The kernel drops it
+when ctxterm ends, however it ends, so a directory whose lock can be taken belongs to no
+running terminal: what is in it was left by one that died without cleaning up (SIGKILL, a
+crash, the OOM killer) — its view still mounted, its mount process running, its sockets and
+pid file.  :meth:`RunDirectory.clean_up` removes those, and only while holding the lock, so
+it never touches the resources of a terminal that runs or is starting.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from cortexfs import durable
+from cortexfs.errors import CtxError
+from cortexfs.fuse.mounts import mounted_type, unmount
+from cortexfs.shared.sessions import SessionRef
+from cortexfs.shared.tree import open_beneath
+
+RUN_BASE = Path("/run/cortexfs/terminal")
+SOCKET_NAME = "main.sock"
+LINK_NAME = SOCKET_NAME  # the session's link bears the name of the socket it leads to
+RUN_SOCKET_NAME = "run.sock"
+PID_NAME = "pid"
+MOUNT_END_SECONDS = 10.0  # for a view's mount process to unmount and end after SIGTERM
+_ROOT_KEY_DIGITS = 16  # hex digits of a storage root's key: 64 bits, no two roots alike
+_SEARCHABLE = 0o711  # others may pass through to a socket they know the name of, not list
+_PRIVATE = 0o700
+_NO_LINK_DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_MAKE_ATTEMPTS = 5
+
+
+def root_key(root: Path) -> str:
+    """The storage root's directory under :data:`RUN_BASE`: the first 16 hex digits of the
+    SHA-256 of its real path.  Links are resolved, so a root reached through a link
+    (``storage/current``) and by the directory it names is one root; a digest, not the path,
+    keeps the socket's path short and free of the root's own characters."""
+    real = os.fsencode(os.path.realpath(root))
+    return hashlib.sha256(real).hexdigest()[:_ROOT_KEY_DIGITS]
+
+
+def run_directory(root: Path, uid: int, agent: str, session: str) -> Path:
+    """The runtime directory of the terminal of ``agent`` (running as ``uid``) in ``session``
+    of the storage root ``root``."""
+    return RUN_BASE / root_key(root) / str(uid) / agent / session
+
+
+class RunDirectory:
+    """One terminal's runtime directory: its paths, its lock, making and removing it."""
+
+    def __init__(self, root: Path, uid: int, agent: str, session: str) -> None:
+        self.root = root
+        self.agent = agent
+        self.session = SessionRef.home(root, uid, agent, session)
+        self.path = run_directory(root, uid, agent, session)
+        self.main_socket = self.path / SOCKET_NAME
+        self.run_socket = self.path / RUN_SOCKET_NAME
+        self.pid_file = self.path / PID_NAME
+        self.view_dir = self.path / "private" / "ctx"
+        self.made: list[Path] = []  # the directories make_and_lock() made (the base among them?)
+        self.lock_fd = -1
+
+    @property
+    def locked(self) -> bool:
+        return self.lock_fd >= 0
+
+    # ------------------------------------------------------------------- the lock
+
+    def make_and_lock(self) -> None:
+        """Make the directory (each level made here remembered in ``made``) and take its lock;
+        EEXIST when a terminal of this agent and session runs or is starting.  A level that
+        another terminal's end removes meanwhile is made again."""
+        above = self.path.parents  # the agent's, the uid's, the storage root's directory
+        levels = [RUN_BASE, above[2], above[1], above[0], self.path]
+        RUN_BASE.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+        for _ in range(_MAKE_ATTEMPTS):
+            try:
+                for directory in levels:
+                    self._make(directory, _SEARCHABLE)
+                taken = self._take_lock()
+            except FileNotFoundError:
+                continue
+            if taken is None:
+                continue  # removed between its mkdir and its lock: make it again
+            if not taken:
+                name, session = self.agent, self.session.name
+                raise CtxError(
+                    errno.EEXIST,
+                    f"the terminal of {name} in session {session} is already running: watch "
+                    f"it with 'ctx agent watch {name} --session {session}', end it with "
+                    f"'ctx agent stop {name} --session {session}', or start another "
+                    "session with --session",
+                )
+            self._make(self.view_dir.parent, _PRIVATE)
+            return
+        raise CtxError(errno.EAGAIN, f"{self.path} kept disappearing while it was made")
+
+    def try_lock(self) -> bool | None:
+        """Take the lock if no terminal holds it: True when taken (no terminal runs here),
+        False when a running terminal holds it, None when there is no directory at all."""
+        try:
+            return self._take_lock()
+        except FileNotFoundError:
+            return None
+
+    def release(self) -> None:
+        if self.locked:
+            os.close(self.lock_fd)
+            self.lock_fd = -1
+
+    def forget_lock(self) -> None:
+        """In a child forked from the terminal (a tool call): close this process's copy of the
+        lock, which must not outlive ctxterm."""
+        if self.locked:
+            with contextlib.suppress(OSError):
+                os.close(self.lock_fd)
+            self.lock_fd = -1
+
+    def _take_lock(self) -> bool | None:
+        """The lock of the directory now at ``path``: None when it was removed between the
+        open and the lock (its terminal's end), so the lock taken is of no directory."""
+        fd = os.open(self.path, _NO_LINK_DIRECTORY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        try:
+            now = os.stat(self.path, follow_symlinks=False)
+        except FileNotFoundError:
+            now = None
+        held = os.fstat(fd)
+        if now is None or (now.st_dev, now.st_ino) != (held.st_dev, held.st_ino):
+            os.close(fd)
+            return None
+        self.lock_fd = fd
+        return True
+
+    def _make(self, directory: Path, mode: int) -> None:
+        try:
+            directory.mkdir(mode=mode)
+            self.made.append(directory)
+        except FileExistsError:
+            pass
+        directory.chmod(mode)
+
+    # ------------------------------------------------------------------- removing
+
+    def remove(self) -> None:
+        """Remove the files and the directories of the terminal; the caller holds the lock.
+
+        Never a recursive removal: the view's mount point may still be mounted (an unmount
+        that failed), and removing through it would remove the agent's files.  The session's
+        directory goes, and the agent's, the uid's and the storage root's above it when nothing
+        else (another session's terminal) is in them, whichever terminal made them: the one
+        that made the agent's may have ended while this session's was in it.  (A terminal
+        starting meanwhile makes them again: :meth:`make_and_lock`.)  The base goes only if
+        this one made it.
+        """
+        for path in (self.main_socket, self.run_socket, self.pid_file):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+        above = self.path.parents
+        emptied = [self.view_dir, self.view_dir.parent, self.path, above[0], above[1], above[2]]
+        if RUN_BASE in self.made:
+            emptied.append(RUN_BASE)
+        for directory in emptied:
+            with contextlib.suppress(OSError):
+                directory.rmdir()
+
+    def clean_up(self) -> list[str]:
+        """Remove what a terminal that died left here, holding the lock (none runs): end its
+        view's mount process, unmount the view, remove its sockets, its pid file and the
+        session's link to its socket; the directories stay (:meth:`remove`).  What it did, in
+        words; empty when there was nothing.  EBUSY, with the rest left as it is, when the
+        view cannot be unmounted."""
+        assert self.locked, "only the holder of the lock cleans up"
+        cleaned: list[str] = []
+        was_mounted = mounted_type(self.view_dir) is not None
+        ended = [str(pid) for pid in self._mount_processes() if _end(pid)]  # SIGTERM: unmounts
+        if mounted_type(self.view_dir) is not None:
+            try:
+                unmount(self.view_dir)
+            except CtxError as exc:
+                raise CtxError(
+                    errno.EBUSY,
+                    f"the view {self.view_dir} of a terminal of {self.agent} that ended "
+                    f"without cleaning up cannot be unmounted ({exc.message}); unmount it with "
+                    f"'ctx umount {self.view_dir}' and try again",
+                ) from None
+        if was_mounted:
+            cleaned.append(f"unmounted its view at {self.view_dir}")
+        if ended:
+            cleaned.append(f"ended its mount process (pid {', '.join(ended)})")
+        left = [p.name for p in (self.main_socket, self.run_socket, self.pid_file) if p.exists()]
+        if left:
+            cleaned.append(f"removed {' and '.join(left)} from {self.path}")
+        if self.remove_link(stale_only=True):
+            cleaned.append(f"removed the link {self.session.path / 'terminal' / LINK_NAME}")
+        for path in (self.main_socket, self.run_socket, self.pid_file):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+        return cleaned
+
+    def recorded_pid(self) -> int | None:
+        """The pid in the pid file: ctxterm's, once it listens."""
+        try:
+            return int(self.pid_file.read_text())
+        except (OSError, ValueError):
+            return None
+
+    def _mount_processes(self) -> list[int]:
+        """Root's processes serving this directory's view: ``… mount --as AGENT VIEW_DIR``.
+        The view's path holds the root's key, the uid, the agent and the session: no other
+        terminal's mount has it."""
+        wanted = os.fsencode(self.view_dir)
+        found = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                argv = Path("/proc", entry, "cmdline").read_bytes().split(b"\0")[:-1]
+                owner = os.stat(Path("/proc", entry)).st_uid
+            except OSError:
+                continue  # gone meanwhile
+            if owner == 0 and argv[-1:] == [wanted] and b"mount" in argv and b"--as" in argv:
+                found.append(int(entry))
+        return found
+
+    # ------------------------------------------------------------------- the session's link
+
+    @contextlib.contextmanager
+    def terminal_directory(self, *, make: bool) -> Iterator[int]:
+        """``session/<s>/terminal/`` in the storage root (made if missing, with ``make``).  The
+        session belongs to the agent's uid, which could plant a link there: it is reached, and
+        used, without following any."""
+        ops = durable.default_ops()
+        session = open_beneath(ops, self.root, self.session.relative.parts)
+        try:
+            if make:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir("terminal", 0o755, dir_fd=session)
+            directory = os.open("terminal", _NO_LINK_DIRECTORY, dir_fd=session)
+        except OSError as exc:
+            if exc.errno == errno.ENOENT:
+                raise
+            raise CtxError(
+                errno.ELOOP,
+                f"{self.session.path}/terminal is not a directory of its own "
+                f"({exc.strerror}): the terminal socket is never put through a link",
+            ) from None
+        finally:
+            os.close(session)
+        try:
+            yield directory
+        finally:
+            os.close(directory)
+
+    def make_link(self) -> None:
+        """The session's ``terminal/main.sock`` (A-2), a symlink to the socket."""
+        with self.terminal_directory(make=True) as directory:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(LINK_NAME, dir_fd=directory)
+            os.symlink(self.main_socket, LINK_NAME, dir_fd=directory)
+
+    def remove_link(self, *, stale_only: bool = False) -> bool:
+        """Remove the session's link; with ``stale_only``, only a link to this directory's
+        socket (another is not this terminal's to remove).  Whether one was removed."""
+        with contextlib.suppress(OSError, CtxError), self.terminal_directory(make=False) as fd:
+            if stale_only and os.readlink(LINK_NAME, dir_fd=fd) != str(self.main_socket):
+                return False
+            os.unlink(LINK_NAME, dir_fd=fd)
+            return True
+        return False
+
+
+def _end(pid: int) -> bool:
+    """SIGTERM to ``pid`` (a view's mount process, which then unmounts), SIGKILL if it has
+    not ended within :data:`MOUNT_END_SECONDS`; whether it was running."""
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return False
+    deadline = time.monotonic() + MOUNT_END_SECONDS
+    while not _gone(pid):
+        if time.monotonic() > deadline:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            break
+        time.sleep(0.05)
+    return True
+
+
+def _gone(pid: int) -> bool:
+    """Whether ``pid`` has ended: no process, or a zombie its new parent has not reaped (a
+    container's init may never reap it)."""
+    try:
+        status = Path("/proc", str(pid), "stat").read_text()
+    except OSError:
+        return True
+    return status.rpartition(")")[2].split()[0] in ("Z", "X")
