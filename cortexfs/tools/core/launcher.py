@@ -72,8 +72,6 @@ BUNDLED = (
     "cortexfs/tools/core/tsh.py",
     "cortexfs/tools/core/tsh_context.py",
     "cortexfs/tools/ctxpath.py",
-    "cortexfs/tools/schema_subset.py",
-    "cortexfs/tools/schemas.py",
     "cortexfs/tools/tinylfu.py",
     *(f"cortexfs/tools/core/{module}.py" for module in sorted(set(CORE_TOOLS.values()))),
     *(f"cortexfs/tools/core/manifests/{name}.json" for name in sorted(CORE_TOOLS)),

@@ -12,7 +12,8 @@ empty object: ``tsh.config`` alone shows the configuration, ``fs.read`` alone sa
 A core tool's input is then checked against the input schema of its manifest, the very file
 ``ctx bootstrap`` writes its ``schema`` control from (bundled with the program), in every
 mode: a missing required key, an unknown key or a value of the wrong type is refused before
-the tool does anything, as ``ctx run --native`` refuses it before starting the tool.
+the tool does anything, whether or not ``ctx run --native`` checked it before starting the
+tool.
 
 Output depends on the mode the runner sets in ``CTX_MODE``: ``native`` prints one JSON object
 on stdout; anything else (terminal CLI mode, or a person running the tool directly) prints
@@ -35,7 +36,6 @@ from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 from cortexfs import jsontext
-from cortexfs.tools.schemas import instance_problems
 
 NATIVE = "native"
 MAX_INPUT_BYTES = 16 * 1024 * 1024
@@ -174,19 +174,50 @@ def core_schema(tool: str) -> dict[str, Any]:
 
 
 def check_input(tool: str, schema: Mapping[str, Any], request: dict[str, Any]) -> None:
-    """EINVAL (exit 2) naming every way ``request`` fails ``schema``: a required key that is
-    missing, a key the schema does not declare, a value of the wrong type or out of range.
+    """EINVAL (exit 2) naming every key of ``request`` that ``schema`` refuses: a required key
+    that is missing, a key it does not declare (where ``additionalProperties`` is false), a
+    value whose JSON type is not the one its property declares.
 
-    The check is the runner's own (:func:`cortexfs.tools.schemas.instance_problems`), so a
-    core tool started without the runner (a terminal call, a person running it) refuses what
-    ``ctx run --native`` refuses.  A core tool's schema keeps to the common keywords, which
-    need no jsonschema (``tests/tools/test_core_tool_input.py`` checks that)."""
-    problems = instance_problems(schema, request)
+    Only those keywords, of the top-level object, are read here: a core tool's manifest
+    states its inputs with them (``tests/tools/test_core_tool_input.py`` keeps it so), and the
+    finer rules of a value (an enum, a bound, the settings inside ``tsh.config``'s ``set``)
+    are the tool's own checks, with its own sentences.  jsonschema is not imported: it would
+    cost every call of a core tool more than the tool's work."""
+    declared = schema.get("properties", {})
+    problems = [f"{key!r} is required" for key in schema.get("required", ()) if key not in request]
+    unknown = [key for key in request if key not in declared]
+    if unknown and schema.get("additionalProperties", True) is False:
+        names = ", ".join(repr(key) for key in unknown)
+        verb = "is not an input" if len(unknown) == 1 else "are not inputs"
+        inputs = ", ".join(repr(key) for key in declared)
+        takes = f"its inputs: {inputs}" if inputs else "it takes none"
+        problems.append(f"{names} {verb} of {tool} ({takes})")
+    for key, value in request.items():
+        expected = declared.get(key, {}).get("type")
+        if expected is not None and not _is_json_type(value, expected):
+            problems.append(f"{key!r} must be of type {expected}")
     if problems:
-        reasons = "; ".join(problems)
-        raise ToolFailure(
-            errno_names.EINVAL, f"input does not match the schema of {tool}: {reasons}", usage=True
-        )
+        raise ToolFailure(errno_names.EINVAL, "; ".join(problems), usage=True)
+
+
+_JSON_TYPES: dict[str, Callable[[object], bool]] = {
+    "object": lambda value: isinstance(value, dict),
+    "array": lambda value: isinstance(value, list),
+    "string": lambda value: isinstance(value, str),
+    "boolean": lambda value: isinstance(value, bool),
+    "null": lambda value: value is None,
+    "number": lambda value: isinstance(value, int | float) and not isinstance(value, bool),
+    # JSON Schema's integer: any number with no fractional part (1.0 is one)
+    "integer": lambda value: (
+        (isinstance(value, int) and not isinstance(value, bool))
+        or (isinstance(value, float) and value.is_integer())
+    ),
+}
+
+
+def _is_json_type(value: object, expected: str | list[str]) -> bool:
+    names = [expected] if isinstance(expected, str) else expected
+    return any(_JSON_TYPES[name](value) for name in names)
 
 
 def require(request: Mapping[str, Any], key: str, kind: type, default: Any = REQUIRED) -> Any:

@@ -133,8 +133,9 @@ def configure(
 
 def settings_from_arguments(arguments: list[str]) -> dict[str, Any]:
     """The shorthand ``tsh.config key=value [key=value…]``: ``{"set": {key: value, …}}``, each
-    value a number when it is written in decimal digits (else as given, for the check to
-    refuse).  A key given twice is refused, as a JSON object naming it twice is."""
+    value a number when it is written in decimal digits (else as given, for
+    :func:`value_problem` to refuse).  A key given twice is refused, as a JSON object naming it
+    twice is."""
     settings: dict[str, Any] = {}
     for argument in arguments:
         key, equals, value = (part.strip() for part in argument.partition("="))
