@@ -7,6 +7,13 @@ command uses (R-1): ``--storage DIR``, else ``$CTX_STORAGE``, else the embedded 
 
 The root holds exactly :data:`ROOT_ENTRIES` (R-2).  Nothing else is ever created at the root:
 no ``mcp/``, no ``audit/``, no ``queue/``, no registry.
+
+Every agent reaches its objects through the root and these six directories, under a uid that
+is usually neither their owner nor in their group: bootstrap makes them :data:`ABI_MODE`
+whatever its caller's umask, and runs its later steps under :data:`BOOTSTRAP_UMASK`, so that a
+root bootstrapped under ``umask 077`` is the root a default umask makes.  On an existing root
+it never widens a mode (an administrator may have narrowed one on purpose): a directory that
+others may not read and search is a warning naming it and the ``chmod`` that would open it.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ import contextlib
 import errno
 import os
 import pwd
+import shlex
 import stat
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -24,6 +32,10 @@ from cortexfs.errors import CtxError, invalid, not_found
 from cortexfs.names import check_object_name
 
 ROOT_ENTRIES = ("bin", "tool", "agent", "model", "home", "shared")
+ABI_MODE = 0o755  # the root and its six entries: everyone reads and searches, the owner writes
+PRIVATE_MODE = 0o700  # a user's XDG data home and the directories above it, made by bootstrap
+BOOTSTRAP_UMASK = 0o022  # what the later steps run under: the umask of a default install
+_OTHERS_READ_SEARCH = stat.S_IROTH | stat.S_IXOTH  # what an agent's uid needs on the ABI
 # The one name under shared/ that is not a shared space: the system's manual bundle (X-2).
 DOCS_BUNDLE = "cortexfs-docs"
 
@@ -178,16 +190,18 @@ def _refusal(
 
 
 class BootstrapReport:
-    """What ``ctx bootstrap`` did: every path it created or repaired, and problems it left alone."""
+    """What ``ctx bootstrap`` did: every path it created or repaired, problems it left alone,
+    and warnings: what it left as it is although agents may not be able to use it."""
 
     # A plain class, not a dataclass: ``ctx run`` imports this module (see cortexfs.tools.result).
-    __slots__ = ("created", "problems", "repaired", "root")
+    __slots__ = ("created", "problems", "repaired", "root", "warnings")
 
     def __init__(self, root: Path) -> None:
         self.root = root
         self.created: list[str] = []
         self.repaired: list[str] = []
         self.problems: list[str] = []
+        self.warnings: list[str] = []
 
     @contextlib.contextmanager
     def step(self, where: str) -> Iterator[None]:
@@ -206,14 +220,18 @@ class BootstrapReport:
             "created": self.created,
             "repaired": self.repaired,
             "problems": self.problems,
+            "warnings": self.warnings,
         }
 
 
 def ensure_root_abi(root: Path, ops: durable.FsOps | None = None) -> BootstrapReport:
     """Create the storage root and its six root entries where missing; never touch anything else.
 
-    A root entry that exists but is not a directory (a file, a symlink) is reported as a problem
-    and left alone: bootstrap never destroys user data.
+    What it makes is :data:`ABI_MODE` (the directories above the root it makes too, but for
+    the private ones of :func:`_xdg_data_home_and_above`), whatever the umask.  A root entry
+    that exists but is not a directory (a file, a symlink) is reported as a problem and left
+    alone: bootstrap never destroys user data.  Existing directories keep their modes; those
+    others may not read and search are a warning (:func:`_closed_to_agents`).
     """
     ops = ops or durable.default_ops()
     report = BootstrapReport(root=root)
@@ -227,8 +245,8 @@ def ensure_root_abi(root: Path, ops: durable.FsOps | None = None) -> BootstrapRe
         try:
             parent_fd = ops.open_dir(str(path.parent))
             try:
-                mode = 0o700 if path in private else 0o755
-                if durable.make_dir_synced(ops, parent_fd, path.name, mode):
+                mode = PRIVATE_MODE if path in private else ABI_MODE
+                if _make_dir(ops, parent_fd, path.name, mode):
                     report.created.append(str(path))
             finally:
                 ops.close(parent_fd)
@@ -249,16 +267,58 @@ def ensure_root_abi(root: Path, ops: durable.FsOps | None = None) -> BootstrapRe
     except NotADirectoryError as exc:
         raise CtxError(errno.ENOTDIR, f"storage root {root} is not a directory") from exc
     try:
+        closed = _closed_to_agents(root, os.fstat(root_fd), "")
         for name in ROOT_ENTRIES:
             st = durable.lstat_at(root_fd, name)
             if st is None:
-                durable.make_dir_synced(ops, root_fd, name, 0o755)
+                _make_dir(ops, root_fd, name, ABI_MODE)
                 report.created.append(name)
             elif not _is_dir(st):
                 report.problems.append(f"{name}: exists but is not a directory; left untouched")
+            else:
+                closed += _closed_to_agents(root, st, name)
     finally:
         ops.close(root_fd)
+    if closed:
+        report.warnings.append(_closed_warning(root, closed))
     return report
+
+
+def _make_dir(ops: durable.FsOps, parent_fd: int, name: str, mode: int) -> bool:
+    """``make_dir_synced`` with exactly ``mode``: mkdir applies the umask, so the mode is set
+    on the new directory, reached without following a link.  False when it already exists
+    (its mode is left as it is)."""
+    if not durable.make_dir_synced(ops, parent_fd, name, mode):
+        return False
+    fd = ops.open_dir(name, parent_fd)
+    try:
+        if stat.S_IMODE(os.fstat(fd).st_mode) != mode:
+            ops.fchmod(fd, mode)
+            durable.sync_dir(ops, fd)  # the mode reaches the disk with the directory
+    finally:
+        ops.close(fd)
+    return True
+
+
+def _closed_to_agents(root: Path, st: os.stat_result, name: str) -> list[tuple[Path, int]]:
+    """``[(path, mode)]`` when the directory ``name`` of the root (``""``: the root) does not
+    let others read and search it: an agent's uid, which is usually neither its owner nor in
+    its group, could not reach what is below."""
+    mode = stat.S_IMODE(st.st_mode)
+    if mode & _OTHERS_READ_SEARCH == _OTHERS_READ_SEARCH:
+        return []
+    return [(root / name if name else root, mode)]
+
+
+def _closed_warning(root: Path, closed: list[tuple[Path, int]]) -> str:
+    listed = ", ".join(f"{path} ({mode:04o})" for path, mode in closed)
+    paths = " ".join(shlex.quote(str(path)) for path, _ in closed)
+    return (
+        f"others may not read and search (r-x) {listed}: an agent whose uid is neither the "
+        "owner nor in the group cannot reach the storage root's objects (EACCES at step 2 of "
+        f"the authority chain); bootstrap makes them {ABI_MODE:04o} but leaves the mode of an "
+        f"existing one as it is; to open them: chmod o+rx {paths}"
+    )
 
 
 # Later layers add their own bootstrap steps (core tools, docs bundle…) by registering a
@@ -287,9 +347,15 @@ def bootstrap(root: Path, source: Path | None = None) -> BootstrapReport:
     if os.path.isdir(root):
         require_writable(root, f"bootstrap the storage root {root}")
     report = ensure_root_abi(root)
-    for step in _BOOTSTRAP_STEPS:
-        with report.step(step.__module__):
-            step(root, source, report)
+    # The later steps (core tools, tsh config, manual bundle) create files and directories that
+    # agents read and search: under the caller's umask 077 they would be the owner's alone.
+    saved = os.umask(BOOTSTRAP_UMASK)
+    try:
+        for step in _BOOTSTRAP_STEPS:
+            with report.step(step.__module__):
+                step(root, source, report)
+    finally:
+        os.umask(saved)
     return report
 
 

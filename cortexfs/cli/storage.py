@@ -41,6 +41,12 @@ def bootstrap(source: Path | None, storage_dir: Path | None, as_json: bool) -> N
     there is one.
 
     \b
+    What it makes has the modes agents need whatever your umask: the root and its six
+    directories 0755.  It never widens the mode of one that exists: when others may not
+    read and search one of them, agents cannot use the root, and a 'warning' line names
+    them and the chmod that opens them (exit 0).
+
+    \b
     The manual bundle shared/cortexfs-docs/ (read with 'ctx man') is installed from the
     copy built into ctx, or from SOURCE/docs/spec/ when SOURCE, a CortexFS source tree of
     the matching version, is given; stale pages are replaced.  A SOURCE without the pages
@@ -62,6 +68,8 @@ def bootstrap(source: Path | None, storage_dir: Path | None, as_json: bool) -> N
         click.echo(f"repaired  {path}")
     for problem in report.problems:
         click.echo(f"problem   {problem}")
-    if not (report.created or report.repaired or report.problems):
+    for warning in report.warnings:
+        click.echo(f"warning   {warning}")
+    if not (report.created or report.repaired or report.problems or report.warnings):
         click.echo("nothing to do: the storage root is complete")
     sys.exit(EXIT_REFUSED if report.problems else EXIT_OK)
