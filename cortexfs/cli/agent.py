@@ -242,19 +242,21 @@ def workspace_directory(workspace: Path | None, no_workspace: bool) -> Path | No
 
 
 def terminal_facts(terminal: Terminal) -> dict[str, object]:
-    """What a started terminal tells its starter (``--json``): ``cleaned`` lists what the
-    start removed that a terminal of the session that died had left."""
+    """What a started terminal tells its starter (``--json``), with ``cleaned`` when the start
+    removed what a terminal of the session that died had left."""
     from cortexfs.agents.terminal_socket import terminal_link
 
     workspace_mount = terminal.view.workspace
-    return {
+    facts: dict[str, object] = {
         "agent": terminal.view.name,
         "session": terminal.session.name,
         "socket": str(terminal_link(terminal.session)),
         "listening_at": str(terminal.main_socket),
         "workspace": None if workspace_mount is None else str(workspace_mount.source),
-        "cleaned": terminal.cleaned,
     }
+    if terminal.cleaned:
+        facts["cleaned"] = terminal.cleaned
+    return facts
 
 
 @agent.command()
@@ -329,22 +331,18 @@ def stop(name: str, session: str, storage_dir: Path | None, as_json: bool) -> No
     Returns once it has ended and prints 'stopped NAME, session S (pid N)'.  A terminal that
     died without cleaning up (killed: its view still mounted, its mount process running) is
     cleaned up after instead: 'cleaned up after NAME, session S (pid N), which had ended
-    without cleaning up: …' says what was removed.  --json: {"agent", "session", "pid",
-    "running", "cleaned"}.  ENOENT (exit 1) when no terminal runs and none left anything."""
+    without cleaning up: …' says what was removed.  --json: {"agent", "session", "pid"},
+    and "running" (false: it had ended) and "cleaned" (what was removed) when something was
+    cleaned up.  ENOENT (exit 1) when no terminal runs and none left anything."""
     from cortexfs.agents import terminal_socket
 
     view, session = _terminal_of(resolve_storage(storage_dir), name, session)
     stopped = terminal_socket.stop(view, session)
     if as_json:
-        emit_json(
-            {
-                "agent": view.name,
-                "session": session,
-                "pid": stopped.pid,
-                "running": stopped.running,
-                "cleaned": list(stopped.cleaned),
-            }
-        )
+        facts: dict[str, object] = {"agent": view.name, "session": session, "pid": stopped.pid}
+        if stopped.cleaned:
+            facts.update(running=stopped.running, cleaned=list(stopped.cleaned))
+        emit_json(facts)
         return
     terminal = f"{view.name}, session {session}"
     if stopped.pid is not None:

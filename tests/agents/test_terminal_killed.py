@@ -110,10 +110,10 @@ def test_stop_cleans_up_after_a_killed_terminal(world: World) -> None:
         assert again.returncode == 1 and "ENOENT" in again.stderr, again.stderr
 
         restarted = start(world, agent, session)
-        assert restarted["cleaned"] == [] and "warning" not in str(restarted["stderr"])
-        stopped = ctx(world.root, "agent", "stop", agent, "--session", session)
+        assert "cleaned" not in restarted and "warning" not in str(restarted["stderr"])
+        stopped = ctx(world.root, "agent", "stop", agent, "--session", session, "--json")
         assert stopped.returncode == 0, stopped.stderr
-        assert stopped.stdout.startswith(f"stopped {agent}, session {session} (pid ")
+        assert json.loads(stopped.stdout).keys() == {"agent", "session", "pid"}
         nothing_left(restarted)
     finally:
         ctx(world.root, "agent", "stop", agent, "--session", session)
