@@ -94,7 +94,7 @@ def test_every_class_with_every_permission(object_class: str, permission: str) -
         ("allow coder_t tool:fs.read", "the permission is missing"),
         ("allow coder_t fs.read execute", "expected CLASS:NAME"),
         ("allow coder_t tool: execute", "must not be empty"),
-        ("allow coder_t tool:a:b execute", "must start with a letter or digit"),
+        ("allow coder_t tool:a:b execute", "holds ':'"),
         ("Allow coder_t tool:fs.read execute", "unknown statement 'Allow'"),
         # Subject types (an object name; the _t suffix is a convention, not a rule).
         ("allow coder.d tool:fs.read execute", "reserved for control directories"),
