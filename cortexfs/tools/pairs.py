@@ -372,8 +372,12 @@ def _make_dirs(ops: durable.FsOps, top_fd: int, relative: str) -> None:
     fd = os.dup(top_fd)
     try:
         for part in relative.split("/"):
-            durable.make_dir_synced(ops, fd, part, 0o755)
+            created = durable.make_dir_synced(ops, fd, part, 0o755)
             inner = ops.open_dir(part, fd)
+            if created:
+                # Exact, whatever the installer's umask: the agents a tool runs as list and
+                # run its hooks (hooks/pre.d, hooks/post.d).
+                os.fchmod(inner, 0o755)
             ops.close(fd)
             fd = inner
     finally:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -121,3 +123,31 @@ def test_a_core_tools_name_is_free_in_a_user_tier(roots: list[Path], tmp_path: P
 
     assert done.returncode == 0, done.stderr
     assert "installed fs.read in tier user" in done.stdout
+
+
+def test_an_install_under_a_strict_umask_leaves_the_controls_open_to_agents(
+    roots: list[Path], tmp_path: Path
+) -> None:
+    """The agents a tool runs as list and run its hooks: the directories an install makes get
+    the modes a default umask gives, whatever the installer's."""
+    root = roots[0]
+    path = manifest(tmp_path, "demo.strict")
+    command = [*CTX, "object", "install", "--source", str(root), str(path), "--tier", "system"]
+
+    done = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin"},
+        preexec_fn=lambda: os.umask(0o077),
+        timeout=120,
+    )
+
+    assert done.returncode == 0, done.stderr
+    controls = root / "tool" / "demo.strict.d"
+    modes = {
+        str(directory.relative_to(controls)): stat.S_IMODE(directory.stat().st_mode)
+        for directory in [controls, *controls.rglob("*")]
+        if directory.is_dir()
+    }
+    assert modes == {".": 0o755, "hooks": 0o755, "hooks/pre.d": 0o755, "hooks/post.d": 0o755}
