@@ -54,9 +54,9 @@ def ctxterm(
     agent = object_name_argument(agent, "agent")
     session = object_name_argument(session, "session")
     terminal = start_terminal(root, agent, session, workspace_directory(workspace, no_workspace))
-    warning = terminal.workspace_warning()
-    if warning is not None:
-        click.echo(f"ctxterm: warning: {warning}", err=True)
+    for warning in (terminal.cleaned_warning(), terminal.workspace_warning()):
+        if warning is not None:
+            click.echo(f"ctxterm: warning: {warning}", err=True)
     facts = {**terminal_facts(terminal), "pid": os.getpid()}
     if as_json:
         emit_json(facts)
