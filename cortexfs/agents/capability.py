@@ -16,13 +16,14 @@ a fact in the agent's ``log`` (:mod:`cortexfs.agents.log`).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import json
 import os
 import socket
 import threading
 from collections.abc import Iterator
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from cortexfs import durable
@@ -132,9 +133,10 @@ def create_child(call: Capability, request: dict[str, Any]) -> dict[str, Any]:
     let it execute, a model both policies let it use, a shared space it may read or write —
     being named in the parent's policy is not enough.  The child's label is its own or its
     parent's, never another agent's: tool and model policies grant by label, so taking another
-    agent's label would take that agent's grants.  Every mount must lie inside one of the
-    parent's visible mounts, read-write only where the parent's is; the child runs as the
-    parent's uid, gid and groups.  Nothing is inherited that the request does not name.
+    agent's label would take that agent's grants.  Every mount must lie within what the
+    parent's tools reach, read-write only where they may write (:class:`_Reach`): inside its
+    view of ``/ctx``, only what its projection shows (T-5); the child runs as the parent's
+    uid, gid and groups.  Nothing is inherited that the request does not name.
     """
     from cortexfs.agents.create import create_agent
     from cortexfs.agents.request import parse_request
@@ -172,14 +174,20 @@ def create_child(call: Capability, request: dict[str, Any]) -> dict[str, Any]:
         for permission in permissions
         if (reason := _parent_denied(view, "shared", space, permission))
     ]
-    visible = view.visible_mounts()
+    reach = _Reach(view)
+    judged = [(reach.real(source), target, mode) for source, target, mode in child.mounts]
     missing += [
         f"mount {source} ({mode})"
-        for source, _, mode in child.mounts
-        if not any(_inside(source, str(m.source)) and (mode == "ro" or m.writable) for m in visible)
+        for (source, _, mode), (real, _, _) in zip(child.mounts, judged, strict=True)
+        if not reach.holds(real, writable=mode == "rw")
     ]
     if missing:
         raise denied(f"agent.create attenuates (A-4): {parent} does not hold {'; '.join(missing)}")
+    # The child's mounts are the real paths judged here: a link on the way, repointed later,
+    # would otherwise lead them somewhere else.
+    child = dataclasses.replace(
+        child, mounts=tuple((str(real), target, mode) for real, target, mode in judged)
+    )
     created = create_agent(root, child, view.identity, parent=parent, session=call.session)
     return {"agent": created.name, "label": child.label, "uid": created.identity.uid}
 
@@ -221,9 +229,79 @@ def _label_owner(root: Path, label: str, parent: str) -> str | None:
     return None
 
 
-def _inside(path: str, directory: str) -> bool:
-    real, top = os.path.realpath(path), os.path.realpath(directory)
-    return real == top or real.startswith(top.rstrip("/") + "/")
+class _Reach:
+    """What the parent's tools reach: the places its ``CTX_MOUNTS`` show
+    (:meth:`AgentView.tool_mounts`), by the rules the tools resolve a path with
+    (:mod:`cortexfs.tools.core.confine`), on real paths.
+
+    A child's mount must lie within that reach, read-write only where the parent may write.
+    Being below the source of one of the parent's mounts is not enough: its mount of the
+    storage root shows only its projection (T-5), so ``shared/<s>`` of a space it may not
+    read is out of its reach though the root holds it.  A place is reached through the mount
+    that shows it (the deepest target, the later one on a tie); at the target of a filtered
+    mount only the names it lists are reached, and not the filtered directory itself, whose
+    other names a mount of it would show; and nothing below the place may be covered by
+    another mount, which would hide what a mount of the place shows.
+
+    The storage root itself is the exception: a child's mount of it is its own projection at
+    call time, decided by the child's policy, which is within the parent's; it needs only that
+    the parent has one.
+    """
+
+    def __init__(self, view: AgentView) -> None:
+        self.root = self.real(view.root)
+        self.root_mounts = [
+            mount for mount in view.visible_mounts() if self.real(mount.source) == self.root
+        ]
+        self.mounts = view.tool_mounts()
+        self.sources = [self.real(mount.source) for mount in self.mounts]
+
+    @staticmethod
+    def real(path: str | os.PathLike[str]) -> PurePosixPath:
+        return PurePosixPath(os.path.realpath(path))
+
+    def holds(self, real: PurePosixPath, *, writable: bool) -> bool:
+        """Whether the parent's tools reach the host directory ``real`` (a real path), and
+        may write there when ``writable``."""
+        if real == self.root:
+            return any(mount.writable or not writable for mount in self.root_mounts)
+        return any(
+            self._shows(index, real, writable)
+            for index, source in enumerate(self.sources)
+            if real == source or source in real.parents
+        )
+
+    def _shows(self, index: int, real: PurePosixPath, writable: bool) -> bool:
+        mount = self.mounts[index]
+        place = mount.target / real.relative_to(self.sources[index])
+        if self._topmost(place) != index or (writable and not mount.writable):
+            return False
+        if mount.names is not None:
+            below = place.relative_to(mount.target).parts
+            if not below or below[0] not in mount.names:
+                return False
+        return not any(
+            self._hides(other, place, real, writable) for other in range(len(self.mounts))
+        )
+
+    def _hides(self, index: int, place: PurePosixPath, real: PurePosixPath, writable: bool) -> bool:
+        """Whether mount ``index`` covers part of what a mount of ``real`` at ``place`` shows:
+        its target lies below ``place`` and it shows anything but the same directory, whole,
+        as writable as the child's mount would be."""
+        mount = self.mounts[index]
+        if place not in mount.target.parents:
+            return False
+        same = self.sources[index] == real / mount.target.relative_to(place)
+        return not same or mount.names is not None or (writable and not mount.writable)
+
+    def _topmost(self, place: PurePosixPath) -> int | None:
+        chosen = None
+        for index, mount in enumerate(self.mounts):
+            if place != mount.target and mount.target not in place.parents:
+                continue
+            if chosen is None or len(mount.target.parts) >= len(self.mounts[chosen].target.parts):
+                chosen = index
+        return chosen
 
 
 OPERATIONS = {"agent.update": update_control, "agent.create": create_child}
