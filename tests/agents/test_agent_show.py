@@ -1,0 +1,61 @@
+"""``ctx agent show``: the mounts an agent's tools get, /ctx as its view (SPEC T-5, F-1)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from cortexfs.agents.view import AgentView
+from cortexfs.shared.spaces import create_shared_space
+from tests.support.cli import ctx
+from tests.tools.support import World
+
+
+@pytest.fixture
+def coder(world: World) -> World:
+    """Agent coder reads and writes space ``open``; space ``secret`` is not its to see."""
+    world.agent("coder", tools=["fs.read"], shared={"open": ["read", "write"]})
+    world.allow_tool("fs.read")
+    for space in ("open", "secret"):
+        create_shared_space(world.root, space, gid=world.user.gid)
+    home = world.root / "home" / str(world.user.uid)
+    home.mkdir(mode=0o700)
+    os.chown(home, world.user.uid, world.user.gid)
+    return world
+
+
+def test_show_prints_ctx_as_the_filtered_view_its_tools_get(coder: World) -> None:
+    root, uid = os.path.realpath(coder.root), coder.user.uid
+
+    shown = ctx(coder.root, "agent", "show", "coder")
+
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert f"mount: {coder.workspace} at /workspace (rw)" in lines
+    assert f"mount: {root} at /ctx (ro)" not in lines  # never the raw root
+    assert f"mount: {root} at /ctx (ro), showing only agent, bin, home, model, shared, tool" in (
+        lines
+    )
+    assert f"mount: {root}/shared at /ctx/shared (ro), showing only open" in lines
+    assert f"mount: {root}/shared/open at /ctx/shared/open (rw)" in lines
+    assert f"mount: {root}/home at /ctx/home (ro), showing only {uid}" in lines
+    assert f"mount: {root}/home/{uid} at /ctx/home/{uid} (rw)" in lines
+    assert "secret" not in shown.stdout
+
+
+def test_show_json_keeps_the_mounts_and_adds_what_the_tools_get(coder: World) -> None:
+    root = os.path.realpath(coder.root)
+
+    shown = ctx(coder.root, "agent", "show", "coder", "--json")
+
+    assert shown.returncode == 0, shown.stderr
+    facts = json.loads(shown.stdout)
+    assert facts["mounts"] == [[str(coder.workspace), "/workspace", "rw"], [root, "/ctx", "ro"]]
+    view = AgentView.load(coder.root, "coder")
+    assert facts["tool_mounts"] == [mount.to_json() for mount in view.tool_mounts()]
+    assert [root, "/ctx", "ro", ["agent", "bin", "home", "model", "shared", "tool"]] in (
+        facts["tool_mounts"]
+    )
+    assert "secret" not in shown.stdout
