@@ -123,11 +123,11 @@ def create(
 def show(name: str, storage_dir: Path | None, as_json: bool) -> None:
     """Show what the runtime derives from agent NAME's controls.
 
-    Its identity, label, CTX_PATH, the mounts its tools get, and its working directory.  The
-    storage root at /ctx reaches a tool only as NAME's view of it (ctx mount --as NAME):
-    filtered mounts, each showing only the names listed, read-write only for its home and
-    the spaces it may write.  With --json, "mounts" are the mounts its policy lets it use
-    (the root raw) and "tool_mounts" what its tools get (CTX_MOUNTS).
+    Its identity, label, CTX_PATH, the mounts its policy lets it use, and its working
+    directory.  The storage root at /ctx reaches a tool only as NAME's view of it (ctx mount
+    --as NAME): with --json, "tool_mounts" are the mounts its tools get (CTX_MOUNTS), the
+    root as filtered mounts, each showing only the names listed, read-write only for its
+    home and the spaces it may write.
     """
     name = object_name_argument(name, "agent")
     view = AgentView.load(resolve_storage(storage_dir), name)
@@ -135,18 +135,16 @@ def show(name: str, storage_dir: Path | None, as_json: bool) -> None:
     mounts = [
         [str(m.source), str(m.target), "rw" if m.writable else "ro"] for m in view.visible_mounts()
     ]
-    tool_mounts = view.tool_mounts()
     facts = {
         "name": view.name,
         "label": view.label or None,
         "identity": identity_json(view.identity),
         "ctx_path": view.ctx_path(),
         "mounts": mounts,
-        "tool_mounts": [mount.to_json() for mount in tool_mounts],
         "cwd": str(cwd),
     }
     if as_json:
-        emit_json(facts)
+        emit_json({**facts, "tool_mounts": [mount.to_json() for mount in view.tool_mounts()]})
         return
     ids = view.identity
     click.echo(f"name: {view.name}")
@@ -154,13 +152,8 @@ def show(name: str, storage_dir: Path | None, as_json: bool) -> None:
     groups = ",".join(str(group) for group in sorted(ids.groups)) or "(none)"
     click.echo(f"identity: uid {ids.uid}, gid {ids.gid}, groups {groups}")
     click.echo(f"ctx_path: {facts['ctx_path']}")
-    for mount in tool_mounts:
-        access = "rw" if mount.writable else "ro"
-        if mount.names is None:
-            shown = ""
-        else:
-            shown = f", showing only {', '.join(mount.names)}" if mount.names else ", empty"
-        click.echo(f"mount: {mount.source} at {mount.target} ({access}){shown}")
+    for source, target, access in mounts:
+        click.echo(f"mount: {source} at {target} ({access})")
     click.echo(f"cwd: {cwd}")
 
 
