@@ -181,20 +181,33 @@ def _command_secrets(words: Sequence[str]) -> dict[int, str]:
             continue
         bare = _unquoted(word)
         options = options or _program_options(bare.rpartition("/")[2])
+        # The program's own options first: mysql's -pPassword123 is a password given in the
+        # word, not an option named "password" whose value is the next word.
+        how = _program_option(word, bare, options, hidden, index)
+        if how is not None:
+            next_value = how or None
+            continue
         if bare.startswith("-") and _ARGV_KEY.fullmatch(bare) and is_secret_key(bare):
             next_value = _WHOLE
-            continue
-        for option, how in options.items():
-            if how != _GLUED and (bare == option or _in_a_cluster(bare, option)):
-                next_value = how
-                break
-            glued = _glued_value(bare, option)
-            if glued is not None:
-                replacement = _hidden_value(glued, how)
-                if replacement is not None:
-                    hidden[index] = word.replace(glued, replacement, 1)
-                break
     return hidden
+
+
+def _program_option(
+    word: str, bare: str, options: dict[str, str], hidden: dict[int, str], index: int
+) -> str | None:
+    """If ``word`` is one of the program's secret-bearing ``options``: hide a value glued to
+    it (in ``hidden``) and return how the next word is to be hidden ("" when it is not);
+    None when the word is none of them."""
+    for option, how in options.items():
+        if how != _GLUED and (bare == option or _in_a_cluster(bare, option)):
+            return how
+        glued = _glued_value(bare, option)
+        if glued is not None:
+            replacement = _hidden_value(glued, how)
+            if replacement is not None:
+                hidden[index] = word.replace(glued, replacement, 1)
+            return ""
+    return None
 
 
 def _program_options(program: str) -> dict[str, str]:

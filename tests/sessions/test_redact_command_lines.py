@@ -30,6 +30,10 @@ R = REDACTED
         ("curl -su 'admin:p w' https://h/", f"curl -su 'admin:{R}' https://h/"),
         ("/usr/bin/curl -U proxy:hunter2 h", f"/usr/bin/curl -U proxy:{R} h"),
         ("mysql -uroot -phunter2 app", f"mysql -uroot -p{R} app"),
+        # A password that holds a secret's name is still the password, not an option naming
+        # one (the next word, the database, stays).
+        ("mysql -pPassword123 app", f"mysql -p{R} app"),
+        ("mysql -u root -psecretpw", f"mysql -u root -p{R}"),
         ("mariadb-dump -phunter2 app > a.sql", f"mariadb-dump -p{R} app > a.sql"),
         ("sshpass -p hunter2 ssh h", f"sshpass -p {R} ssh h"),
         ("cd /x\ncurl -u a:hunter2 h", f"cd /x\ncurl -u a:{R} h"),
