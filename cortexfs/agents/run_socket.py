@@ -10,8 +10,15 @@ one JSON message, with tsh's stdin, stdout and stderr passed along (``SCM_RIGHTS
 * ``{"interrupt": true}``: SIGINT to every running call (Ctrl-C in the terminal), which the
   runner passes on to the tool's process group.
 
-A message is read only from the agent's own uid (``SO_PEERCRED``); anything else, or anything
-malformed, is dropped without an answer.
+**Who may send one: tsh, in the sandbox, and nothing else.**  The uid alone does not say it:
+every process of the agent's uid on the host — another agent's ``shell.exec``, a hook, a
+worker — has it too, and would run tools with this agent's grants, as this agent, in its
+session (A-5, H-2).  The sandbox has a pid namespace of its own (``--unshare-pid``) that no
+process outside it can enter (``setns`` needs ``CAP_SYS_ADMIN``), so the peer is admitted only
+when its pid (``SO_PEERCRED``) lives in that namespace, and its uid is the agent's.  A peer that
+is not, or whose namespace cannot be told (it has ended, the terminal's sandbox has no
+namespace of its own), is answered ``{"error": "EACCES: …", "exit_status": 126}`` and nothing
+is run or interrupted.  A malformed message from tsh is dropped without an answer.
 """
 
 from __future__ import annotations
@@ -26,10 +33,46 @@ import sys
 from pathlib import Path
 
 from cortexfs.agents.view import AgentView
+from cortexfs.errors import denied
 from cortexfs.shared.sessions import SessionRef
 
 _MAX_REQUEST = 1024 * 1024
+_REFUSED = 126  # tsh's status for a call the host did not run
 Request = dict[str, object]
+Namespace = tuple[int, int]  # a pid namespace: the device and inode of /proc/<pid>/ns/pid
+
+
+class Refused(Exception):
+    """A peer that is not tsh in this terminal's sandbox; the reason, for its answer."""
+
+
+def pid_namespace(pid: int) -> Namespace | None:
+    """The pid namespace process ``pid`` lives in; None when there is no such process."""
+    try:
+        found = os.stat(f"/proc/{pid}/ns/pid")
+    except OSError:
+        return None
+    return found.st_dev, found.st_ino
+
+
+def sandbox_namespace(shell_session: int) -> Namespace | None:
+    """The pid namespace of the sandbox whose processes are in the session ``shell_session``
+    (bubblewrap's pid: it was started as a session leader): the one namespace, other than this
+    process's own, that they live in.  None when there is not exactly one such."""
+    own = pid_namespace(os.getpid())
+    found: set[Namespace] = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            if os.getsid(int(entry)) != shell_session:
+                continue
+        except OSError:
+            continue  # gone meanwhile
+        namespace = pid_namespace(int(entry))
+        if namespace is not None and namespace != own:
+            found.add(namespace)
+    return found.pop() if len(found) == 1 else None
 
 
 class RunSocket:
@@ -43,6 +86,7 @@ class RunSocket:
         self.session = session
         self.workspace = workspace
         self.calls: set[int] = set()  # children running a tool for tsh
+        self.sandbox: Namespace | None = None  # tsh's pid namespace; None: no peer is admitted
 
     def serve(self, listener: socket.socket) -> None:
         """One message from tsh: a command line to run as the agent in a child process, which
@@ -50,7 +94,13 @@ class RunSocket:
         connection, _ = listener.accept()
         connection.setblocking(True)
         with connection:
-            request, descriptors = self._read_request(connection)
+            try:
+                request, descriptors = self._read_request(connection)
+            except Refused as refused:
+                with contextlib.suppress(OSError):
+                    answer = {"error": str(denied(str(refused))), "exit_status": _REFUSED}
+                    connection.sendall(json.dumps(answer).encode() + b"\n")
+                return
             try:
                 if request is None:
                     return
@@ -88,8 +138,8 @@ class RunSocket:
             self.calls.discard(pid)
 
     def _read_request(self, connection: socket.socket) -> tuple[Request | None, list[int]]:
-        """The JSON request and the descriptors passed with it; None unless it comes from the
-        agent's uid (the only process that can reach this socket is tsh, in the sandbox)."""
+        """The JSON request and the descriptors passed with it (None when it is malformed);
+        :class:`Refused`, with the descriptors closed, unless the peer is tsh in the sandbox."""
         descriptors: list[int] = []
         try:
             credentials = connection.getsockopt(
@@ -99,12 +149,37 @@ class RunSocket:
             for level, kind, data in ancillary:
                 if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                     descriptors += list(struct.unpack(f"{len(data) // 4}i", data))
-            if struct.unpack("3i", credentials)[1] != self.view.identity.uid:
-                return None, descriptors
+        except OSError:
+            return None, descriptors
+        try:
+            self._check_peer(*struct.unpack("3i", credentials)[:2])
+        except Refused:
+            for fd in descriptors:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            raise
+        try:
             request = json.loads(message)
-        except (OSError, ValueError):
+        except ValueError:
             return None, descriptors
         return (request if isinstance(request, dict) else None), descriptors
+
+    def _check_peer(self, pid: int, uid: int) -> None:
+        """Refused unless process ``pid`` of ``uid`` is tsh in this terminal's sandbox: the
+        agent's uid, in the sandbox's pid namespace (pid 0: a namespace this one cannot see)."""
+        agent = self.view.name
+        if uid != self.view.identity.uid:
+            raise Refused(
+                f"uid {uid} may not run tools as agent {agent}: the run socket serves only tsh "
+                f"in {agent}'s terminal"
+            )
+        if self.sandbox is None or pid <= 0 or pid_namespace(pid) != self.sandbox:
+            raise Refused(
+                f"process {pid} is not in the sandbox of agent {agent}'s terminal, session "
+                f"{self.session.name}: its run socket serves only the tsh running there, not "
+                f"every process of uid {uid}; run a tool as {agent} with 'ctx run --agent "
+                f"{agent} TOOL' as the host administrator"
+            )
 
     def _run_tool(self, tool: str, argv: list[str], descriptors: list[int]) -> int:
         """In the call's child: tsh's descriptors become its own, then the tool runs."""

@@ -16,7 +16,8 @@ watch or join it (SPEC A-1, A-2, H-1, T-5).
   the agent's policy and mounts.
 * **The run socket** (:mod:`cortexfs.agents.run_socket`).  tsh hands each command line over
   it; the terminal runs the tool as the agent, through the whole authority chain, as
-  ``ctx run`` would.
+  ``ctx run`` would.  It serves the sandbox's pid namespace only, not the agent's uid at
+  large, and sits in ``private/``: only the sandbox's bind of it reaches it.
 * **The terminal socket** (A-2, :mod:`cortexfs.agents.terminal_socket`).  Clients watch or
   join the PTY; the directories are root's and searchable (0711) and the socket is 0666,
   because the peer's uid decides who may use it.  The view's mount point is in ``private/``
@@ -53,7 +54,7 @@ from pathlib import Path
 from cortexfs import durable
 from cortexfs.agents import log as agent_log
 from cortexfs.agents import sandbox
-from cortexfs.agents.run_socket import RunSocket
+from cortexfs.agents.run_socket import RunSocket, sandbox_namespace
 from cortexfs.agents.terminal_runtime import RunDirectory
 from cortexfs.agents.terminal_socket import TerminalClients, socket_address
 from cortexfs.agents.view import WORKSPACE, AgentView
@@ -173,6 +174,7 @@ class Terminal:
         self._listen()
         self._spawn_shell()
         self._await_tsh()
+        self._admit_sandbox()
         self.runtime.make_link()
         workspace = next(
             (m.source for m in self.view.visible_mounts() if m.target == WORKSPACE), None
@@ -211,7 +213,8 @@ class Terminal:
             listener.listen(16)
             listener.setblocking(False)
             self.selector.register(listener, selectors.EVENT_READ, handler)
-        # Both are reached by whoever the peer uid check lets in (refusal(), RunSocket).
+        # The peer decides: its uid for the terminal socket (refusal()), its pid namespace
+        # for the run socket, which tsh reaches through the sandbox's bind (RunSocket).
         self.run_socket.chmod(0o666)
         self.main_socket.chmod(0o666)
 
@@ -260,6 +263,19 @@ class Terminal:
                 time.sleep(0.05)  # the sandbox is ending: wait for its exit status
             elif _readable_within(self.master, 0.05):
                 self._shell_output(None)
+
+    def _admit_sandbox(self) -> None:
+        """The run socket serves tsh's pid namespace and no other (:mod:`run_socket`): EPERM
+        when the sandbox has none of its own, for then every process of the agent's uid
+        would look like tsh to it."""
+        assert self.shell is not None
+        self.run_calls.sandbox = sandbox_namespace(self.shell.pid)
+        if self.run_calls.sandbox is None:
+            raise CtxError(
+                errno.EPERM,
+                f"the sandbox of {self.view.name} has no pid namespace of its own, so its run "
+                f"socket cannot tell tsh from other processes of uid {self.view.identity.uid}",
+            )
 
     # ------------------------------------------------------------------- serving
 

@@ -5,9 +5,10 @@ One directory per terminal, root's, under ``/run`` (a tmpfs: nothing outlives th
 
     /run/cortexfs/terminal/<root>/<uid>/<agent>/<session>/    0711, each level
         main.sock      the terminal socket (A-2), 0666: the peer's uid decides
-        run.sock       the run socket tsh hands its command lines to, 0666
         pid            ctxterm's pid, once it listens
-        private/ctx    the view's mount point (``ctx mount --as AGENT``), in a 0700 directory
+        private/       0700: reached by root alone, and by the sandbox through its binds
+            ctx        the view's mount point (``ctx mount --as AGENT``)
+            run.sock   the run socket tsh hands its command lines to, 0666
 
 ``<root>`` is :func:`root_key` of the storage root and ``<uid>`` the agent's: the same agent
 and session names in two storage roots are two terminals in two directories.  The session's
@@ -77,9 +78,11 @@ class RunDirectory:
         self.session = SessionRef.home(root, uid, agent, session)
         self.path = run_directory(root, uid, agent, session)
         self.main_socket = self.path / SOCKET_NAME
-        self.run_socket = self.path / RUN_SOCKET_NAME
         self.pid_file = self.path / PID_NAME
         self.view_dir = self.path / "private" / "ctx"
+        # Only tsh may reach it (run_socket.py): out of the host's reach beside the view, and
+        # bound into the sandbox at /run/ctx/run.sock.
+        self.run_socket = self.view_dir.parent / RUN_SOCKET_NAME
         self.made: list[Path] = []  # the directories make_and_lock() made (the base among them?)
         self.lock_fd = -1
 
@@ -215,7 +218,11 @@ class RunDirectory:
             cleaned.append(f"unmounted its view at {self.view_dir}")
         if ended:
             cleaned.append(f"ended its mount process (pid {', '.join(ended)})")
-        left = [p.name for p in (self.main_socket, self.run_socket, self.pid_file) if p.exists()]
+        left = [
+            str(p.relative_to(self.path))
+            for p in (self.main_socket, self.run_socket, self.pid_file)
+            if p.exists()
+        ]
         if left:
             cleaned.append(f"removed {' and '.join(left)} from {self.path}")
         if self.remove_link(stale_only=True):
