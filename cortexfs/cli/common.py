@@ -20,6 +20,7 @@ from cortexfs import jsontext, storage
 from cortexfs.cli.exits import (  # noqa: F401  (re-exported: every command takes them from here)
     EXIT_NOTHING,
     EXIT_OK,
+    EXIT_READER_GONE,
     EXIT_REFUSED,
     EXIT_USAGE,
     exit_status,
@@ -160,7 +161,7 @@ def handles_errors(fn: F) -> F:
             # The reader of our output left (`ctx queue status | head -1`): end quietly, and
             # point stdout at /dev/null so the interpreter's last flush cannot complain either.
             discard_output(sys.stdout)
-            sys.exit(EXIT_REFUSED)
+            sys.exit(EXIT_READER_GONE)
         except OSError as exc:
             _settle_stdout()
             # A descriptor's number (os.read on an fd) names nothing the user gave.

@@ -1,4 +1,5 @@
-"""Exit statuses of every ``ctx`` command (SPEC §2.4, plus 130 for Ctrl-C), the error that selects
+"""Exit statuses of every ``ctx`` command (SPEC §2.4, plus 130 for Ctrl-C and 141 for a reader
+that left), the error that selects
 status 2, and the end of a command Ctrl-C stopped."""
 
 from __future__ import annotations
@@ -15,6 +16,9 @@ EXIT_REFUSED = 1  # an operation or request was refused, or a conflict was found
 EXIT_USAGE = 2  # a malformed command line
 EXIT_NOTHING = 3  # nothing to do
 EXIT_INTERRUPTED = 130  # stopped by SIGINT (Ctrl-C): 128 + 2, as the shell reports it
+# The reader of the output left (`ctx queue status | head -1`): 128 + SIGPIPE, as the shell
+# reports a command that SIGPIPE ended, never 1, which would say a conflict was found.
+EXIT_READER_GONE = 141
 
 
 class UsageProblem(CtxError):

@@ -93,7 +93,8 @@ def test_a_batch_splits_lines_as_before_at_any_line_end(queue):
 
 def test_a_worker_whose_output_reader_left_stops_quietly_and_leaves_nothing_claimed(queue):
     """``ctx queue work --drain --json | head -1``: the worker stops claiming, finishes what it
-    runs and exits 1 without a traceback, as every command whose reader left (docs/queue.md)."""
+    runs and exits 141 (128 + SIGPIPE) without a traceback, as every command whose reader
+    left (docs/queue.md)."""
     line = json.dumps({"tool": "fs.read", "input": {}})
     assert queue.run("publish", "--batch", "-", input="\n".join([line] * 50)).rc == 0
     proc = subprocess.Popen(
@@ -109,7 +110,7 @@ def test_a_worker_whose_output_reader_left_stops_quietly_and_leaves_nothing_clai
     rc = proc.wait(timeout=120)
 
     assert json.loads(first)["event"] == "start"
-    assert rc == 1 and "Traceback" not in err and "Exception" not in err, err
+    assert rc == 141 and "Traceback" not in err and "Exception" not in err, err
     assert queue.entries("claimed") == set() and queue.entries("lease") == set()
     assert queue.entries("pending"), "the worker went on claiming with nowhere to report"
 
