@@ -22,11 +22,26 @@ of authorisation):
                             when it may use one of its models
 ==========================  ==========================================================
 
-Anything deeper is visible when its top object is: the root, each top directory but ``bin``
-and each ``model/<p>`` are the only directories whose entries are decided name by name
-(:meth:`ViewRules.decides_names`).  Writes are allowed only below the agent's home and below
-spaces its policy lets it write (``shared:<s> write``); tools, agents and models are the
-host's.  The kernel applies the mode bits to the agent's uid on top.
+Anything deeper is visible when its top object is, with one exception: the sessions of the
+other agents of a space (S-1, S-6).  The root, each top directory but ``bin``, each
+``model/<p>`` and each ``shared/<s>/agent/<a>/session/`` of another agent are the only
+directories whose entries are decided name by name (:meth:`ViewRules.decides_names`):
+
+==========================================  ==============================================
+``shared/<s>/agent/``                       every agent's directory; never changed by the
+                                            agent (the runner makes it and its entries)
+``shared/<s>/agent/<self>/``                the agent's own sessions: as the space is
+``shared/<s>/agent/<a>/``                   listed, and as writable as the space below, but
+                                            itself never renamed or removed by the agent
+``shared/<s>/agent/<a>/session/<n>/``       only with ``session:<n> read``; what is inside
+                                            changed only with ``session:<n> write`` as well
+                                            as ``shared:<s> write``; the directory itself
+                                            never made, renamed or removed by the agent
+==========================================  ==============================================
+
+Writes are allowed only below the agent's home and below spaces its policy lets it write
+(``shared:<s> write``), within those limits; tools, agents and models are the host's.  The
+kernel applies the mode bits to the agent's uid on top.
 """
 
 from __future__ import annotations
@@ -95,7 +110,8 @@ class ViewRules:
         if top == "home":
             return name == str(self.view.identity.uid)
         if top == "shared":
-            return name == DOCS_BUNDLE or self.view.allows("shared", name, "read")
+            space_readable = name == DOCS_BUNDLE or self.view.allows("shared", name, "read")
+            return space_readable and self._session_visible(parts)
         if top == "model":
             if len(parts) < 3:
                 return any(self._may_use(name, model) for model in self._models_of(name))
@@ -104,8 +120,13 @@ class ViewRules:
 
     def writable(self, parts: Parts) -> bool:
         """Whether ``parts`` may be changed: only what lies below a top object that is
-        :meth:`writable_below` (the root ABI and its top objects are the host's)."""
-        return len(parts) >= 3 and self.writable_below(parts[:2]) and self.visible(parts)
+        :meth:`writable_below` (the root ABI and its top objects are the host's), and in a
+        space's ``agent/`` only what the table of this module allows."""
+        if len(parts) < 3 or not self.writable_below(parts[:2]) or not self.visible(parts):
+            return False
+        if parts[0] == "shared" and parts[2] == "agent":
+            return self._agents_entry_writable(parts[1], parts[3:])
+        return True
 
     def writable_below(self, parts: Parts) -> bool:
         """Whether what lies below the top object ``parts`` (``(top, name)``) may be changed:
@@ -115,6 +136,22 @@ class ViewRules:
         top, name = parts
         return top == "home" or (top == "shared" and self.view.allows("shared", name, "write"))
 
+    def session_writable(self, space: str, session: str) -> bool:
+        """Whether what lies in session ``session`` of another agent of ``space`` may be
+        changed: the space and the session are both granted for writing (S-6, X-1)."""
+        return self.writable_below(("shared", space)) and self.view.allows(
+            "session", session, "write"
+        )
+
+    def other_agent(self, parts: Parts) -> bool:
+        """Whether ``parts`` is ``shared/<s>/agent/<a>`` of an agent other than this one."""
+        return (
+            len(parts) == 4
+            and parts[0] == "shared"
+            and parts[2] == "agent"
+            and parts[3] != self.view.name
+        )
+
     def decides_names(self, parts: Parts) -> bool:
         """Whether the entries of directory ``parts`` are visible name by name; below any other
         directory, an entry is visible exactly when the directory is."""
@@ -122,7 +159,32 @@ class ViewRules:
             return True
         if len(parts) == 1:
             return parts[0] != "bin"
+        if len(parts) == 5:
+            return self.other_agent(parts[:4]) and parts[4] == "session"
         return len(parts) == 2 and parts[0] == "model"
+
+    def _session_visible(self, parts: Parts) -> bool:
+        """Below another agent's ``session/`` in a space, a session shows only to an agent
+        its policy lets read it (``session:<n> read``, S-6); the space's grant is not enough."""
+        if len(parts) < 6 or not self.other_agent(parts[:4]) or parts[4] != "session":
+            return True
+        return self.view.allows("session", parts[5], "read")
+
+    def _agents_entry_writable(self, space: str, below: Parts) -> bool:
+        """Whether ``shared/<space>/agent/<below…>`` may be changed, in a space the agent may
+        write.  ``agent/``, each other agent's directory, its ``session/`` and each session
+        directory in it are never changed by the agent: a rename of any of them would carry
+        sessions it may not see out from under the rule that hides them."""
+        if not below:
+            return False
+        agent, rest = below[0], below[1:]
+        if agent == self.view.name:
+            return True
+        if not rest:
+            return False
+        if rest[0] != "session":
+            return True
+        return len(rest) >= 3 and self.session_writable(space, rest[1])
 
     def _may_use(self, provider: str, model: str) -> bool:
         return self.view.allows("model", f"{provider}/{model}", "use")
@@ -159,24 +221,73 @@ def storage_mounts(
 
     Each directory whose entries the rules decide name by name (:meth:`ViewRules.decides_names`)
     is a read-only mount listing the names it shows; each top object the agent may write below
-    (its home, a writable space) is a read-write mount of its own on top.  Decided now, from
-    the controls as they are (a policy change shows at the next call), and only from reading
-    them: nothing is written to build it.
+    (its home, a writable space) is a read-write mount of its own on top.  Inside each visible
+    space, :func:`_agents_mounts` adds what keeps the other agents' sessions as the rules say.
+    Decided now, from the controls as they are (a policy change shows at the next call), and
+    only from reading them: nothing is written to build it.
     """
     rules = ViewRules(view)
     root = PurePosixPath(source)
     mounts: list[ViewMount] = []
+    spaces: tuple[str, ...] = ()
     pending: list[tuple[str, ...]] = [()]
     while pending:
         parts = pending.pop(0)
         names = _shown(rules, root, parts)
         mounts.append(ViewMount(root.joinpath(*parts), target.joinpath(*parts), False, names))
+        if parts == ("shared",):
+            spaces = names
         for name in names:
             child = (*parts, name)
             if rules.decides_names(child):
                 pending.append(child)
             elif rules.writable_below(child) and _is_directory(root.joinpath(*child)):
                 mounts.append(ViewMount(root.joinpath(*child), target.joinpath(*child), True))
+    for space in spaces:
+        mounts += _agents_mounts(rules, root, target, space)
+    return mounts
+
+
+def _agents_mounts(
+    rules: ViewRules, root: PurePosixPath, target: PurePosixPath, space: str
+) -> list[ViewMount]:
+    """The mounts that show ``shared/<space>/agent/`` as the rules do, on top of the space's
+    own mount.  The top of a mount is never written through it, so in a writable space
+    ``agent/`` and each other agent's directory are mounts of their own (read-write, like the
+    space: only their tops are pinned); each other agent's ``session/`` is a read-only mount
+    listing the sessions the agent may read, and each of those it may write is a read-write
+    mount on top.  Only spaces the agent may read get entries, and only for directories that
+    exist: ``CTX_MOUNTS`` is one environment variable."""
+    agents = ("shared", space, "agent")
+    if not _is_directory(root.joinpath(*agents)):
+        return []
+    writable_space = rules.writable_below(agents[:2])
+
+    def mount(
+        parts: tuple[str, ...], writable: bool, names: tuple[str, ...] | None = None
+    ) -> ViewMount:
+        return ViewMount(root.joinpath(*parts), target.joinpath(*parts), writable, names)
+
+    mounts = [mount(agents, True)] if writable_space else []
+    try:
+        entries = sorted(os.listdir(root.joinpath(*agents)))
+    except OSError:
+        return mounts
+    for name in entries:
+        agent = (*agents, name)
+        if not rules.other_agent(agent) or not _is_directory(root.joinpath(*agent)):
+            continue
+        if writable_space:
+            mounts.append(mount(agent, True))
+        sessions = (*agent, "session")
+        if not rules.decides_names(sessions) or not _is_directory(root.joinpath(*sessions)):
+            continue
+        shown = _shown(rules, root, sessions)
+        mounts.append(mount(sessions, False, shown))
+        for session in shown:
+            place = (*sessions, session)
+            if rules.session_writable(space, session) and _is_directory(root.joinpath(*place)):
+                mounts.append(mount(place, True))
     return mounts
 
 
