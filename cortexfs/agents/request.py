@@ -25,7 +25,11 @@ policy the host writes grants exactly what the request lists, as concrete ``allo
 
 Every agent also sees the storage root read-only at ``/ctx`` (its CortexFS view, T-5): the
 tools on its ``CTX_PATH`` must be visible through a mount for step 3 of the authority chain.
-``/ctx`` is that view's place: a request mounting anything at or under it is EINVAL.
+``/ctx`` is that view's place: a request mounting anything at or under it is EINVAL.  So is
+a target at or under a directory the terminal's sandbox takes from the system or makes
+itself — ``/usr``, ``/etc``, ``/bin``, ``/lib*``, ``/proc``, ``/dev``, ``/run``, ``/tmp`` and
+the like (:data:`cortexfs.policy.mounts.SYSTEM_TARGETS`) — or at ``/``.  Sources are recorded
+as their real paths.
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ from cortexfs.errors import CtxError, invalid
 from cortexfs.names import object_name_problem
 from cortexfs.policy import Policy
 from cortexfs.policy.grammar import check_subject_type, policy_object_name_problem
-from cortexfs.policy.mounts import parse_mount_table
+from cortexfs.policy.mounts import parse_mount_table, target_problem
 from cortexfs.tools.ctxpath import CTX_MOUNT
 from cortexfs.tools.schemas import brief_message
 
@@ -169,7 +173,12 @@ def parse_request(document: object, source: str, storage_root: Path) -> AgentReq
     problems += _mount_problems(document.get("mount", []), storage_root)
     if problems:
         raise RequestError(source, problems)
-    mounts = [tuple(mount) for mount in document.get("mount", [])]
+    # Recorded as real paths, which is all a mount control's reader uses (a source is never
+    # resolved again, so a link repointed later leads nowhere).
+    mounts = [
+        (os.path.realpath(source), target, mode)
+        for source, target, mode in document.get("mount", [])
+    ]
     mounts.append((str(storage_root.resolve()), str(CTX_MOUNT), "ro"))
     return AgentRequest(
         name=document["name"],
@@ -235,16 +244,10 @@ def _mount_problems(mounts: list[list[str]], storage_root: Path) -> list[str]:
                 f"only through its view at {CTX_MOUNT} (T-5); mount a directory of it instead"
             )
         problem = object_name_problem(mount.name)
-        if mount.target == CTX_MOUNT or CTX_MOUNT in mount.target.parents:
-            problems.append(
-                f"mount target {mount.target}: {CTX_MOUNT} is the storage root's place (the "
-                "agent's CortexFS view, mounted by the host); mount elsewhere"
-            )
-        elif mount.target == PurePosixPath("/"):
-            problems.append(
-                "mount target /: a mount needs a directory below /, whose last part names it "
-                "in policy (mount:<name>)"
-            )
+        # No request mounts /ctx: the host adds the storage root's own mount there.
+        target_refused = target_problem(mount, storage_root=PurePosixPath())
+        if target_refused:
+            problems.append(target_refused)
         elif problem:
             problems.append(
                 f"mount target {mount.target}: its last part names it in policy, and {problem}"

@@ -5,7 +5,13 @@ bubblewrap, then setpriv, then ``/ctx/bin/tsh``.  The sandbox sees:
 * ``/ctx``: the agent's view of the storage root (``ctx mount --as AGENT``, the projection of
   T-5), mounted by the terminal and bound here;
 * the agent's visible mounts at their targets, read-write or read-only as the mount control
-  says — ``/workspace`` among them (A-1);
+  says — ``/workspace`` among them (A-1) — but never one at, under or above a directory of the
+  system the sandbox is made of, nor one whose source now runs through a symbolic link
+  (:func:`cortexfs.policy.mounts.mount_problem`): bubblewrap and setpriv run as root until
+  setpriv has dropped the privileges, and they load programs, libraries and ``/etc`` files
+  from the sandbox.  bubblewrap itself follows links when it binds a source, so a link put on
+  a source's path between this check and the bind would still be followed; the agent's uid
+  can only win that race for a source below a directory it may write;
 * the system's ``/usr`` and ``/etc`` read-only, a private ``/proc``, ``/dev``, ``/tmp`` and
   ``/run``, and nothing else of the host;
 * ``/run/ctx/run.sock``: the terminal's run socket, through which tsh hands each command line
@@ -22,9 +28,10 @@ import fcntl
 import os
 import signal
 import termios
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from cortexfs.agents.view import WORKSPACE, AgentView
+from cortexfs.policy.mounts import CTX_TARGET, mount_problem
 
 SANDBOX_RUN_SOCKET = "/run/ctx/run.sock"
 SANDBOX_TSH = "/ctx/bin/tsh"
@@ -110,8 +117,13 @@ def _mount_binds(view: AgentView) -> list[str]:
     # A mount below another's target is bound after it, or the outer one would hide it.
     by_depth = sorted(view.visible_mounts(), key=lambda mount: len(mount.target.parts))
     for mount in by_depth:
-        if str(mount.target) == "/ctx":
+        if mount.target == CTX_TARGET:
             continue  # the projection, not the raw root
+        if mount_problem(mount, storage_root=PurePosixPath()):
+            # The mount control's reader withholds such a mount already; this holds whatever
+            # the view was built from.  setpriv runs as root through the sandbox's /usr, /etc
+            # and /lib: a mount there would run its writer's code as root.
+            continue
         binds += ["--bind" if mount.writable else "--ro-bind", str(mount.source), str(mount.target)]
     return binds
 

@@ -5,6 +5,8 @@
     agent/<name>              the agent's executable entry: the agent exists
     agent/<name>.d/identity   {"uid": int, "gid": int, "groups": [int, ...]}  (step 1)
     agent/<name>.d/mount      [[source, target, "ro"|"rw"], ...]              (step 3)
+                              (real paths; a mount on a system target or a source
+                              that runs through a link is withheld)
     agent/<name>.d/label      one line: the agent's subject type, e.g. coder_t (step 4)
     agent/<name>.d/policy     policy v0: what the agent may do               (step 5)
     <object>.d/policy         a tool's or model's own policy                 (step 6)
@@ -27,7 +29,7 @@ from cortexfs.policy import beneath
 from cortexfs.policy.decision import Policy
 from cortexfs.policy.grammar import PolicySyntaxError, check_subject_type
 from cortexfs.policy.linux import Identity
-from cortexfs.policy.mounts import Mount, parse_mount_table
+from cortexfs.policy.mounts import Mount, mount_problem, parse_mount_table
 from cortexfs.storage import require_root
 
 AGENTS = PurePosixPath("agent")
@@ -68,19 +70,32 @@ def read_identity(root: Path, agent: str) -> Identity:
 
 
 def read_mounts(root: Path, agent: str) -> tuple[Mount, ...]:
-    """The agent's mounts, sources resolved to real host paths; none when the control is absent."""
+    """The agent's usable mounts; none when the control is absent.
+
+    A mount :func:`withheld_mounts` names is left out: never shown to a tool, never bound in
+    the terminal's sandbox.  Sources are used as recorded, never resolved again: a link put on
+    the way since would otherwise lead the mount wherever its writer chose.
+    """
+    return tuple(mount for mount, problem in _judged_mounts(root, agent) if not problem)
+
+
+def withheld_mounts(root: Path, agent: str) -> tuple[tuple[Mount, str], ...]:
+    """The mounts of the agent's control that are unusable, each with the reason: a target the
+    system or the storage view owns, or a source that is no longer the real path recorded."""
+    return tuple((mount, problem) for mount, problem in _judged_mounts(root, agent) if problem)
+
+
+def _judged_mounts(root: Path, agent: str) -> list[tuple[Mount, str]]:
     path = control_path(agent, "mount")
     data = _read_optional(root, path)
     if data is None:
-        return ()
+        return []
     try:
         mounts = parse_mount_table(data)
     except CtxError as exc:
         raise denied(f"{path} is invalid: {exc.message}") from None
-    return tuple(
-        Mount(PurePosixPath(os.path.realpath(mount.source)), mount.target, mount.writable)
-        for mount in mounts
-    )
+    storage_root = PurePosixPath(os.path.realpath(root))
+    return [(mount, mount_problem(mount, storage_root)) for mount in mounts]
 
 
 def read_label(root: Path, agent: str) -> str:

@@ -8,12 +8,21 @@ bind mount stacked on top does (the later of two mounts on one target wins, as i
 A mount is named in policy by the last component of its target: ``mount:workspace`` is the
 mount at ``/workspace``.
 
-Pure: sources are compared as given, so the caller resolves them to real paths first.
+Some targets are never a mount's: the directories the terminal's sandbox takes from the
+system or makes itself (:data:`SYSTEM_TARGETS`) — the privilege drop that starts the agent's
+shell runs as root inside the sandbox, through its ``/usr``, ``/etc`` and ``/lib`` — and
+``/ctx``, the storage view, which only the storage root's own mount may take
+(:func:`target_problem`).  A source is used only as the real path it was recorded as: one
+whose path now runs through a symbolic link could lead anywhere the link's writer chose, so it
+is never resolved again (:func:`source_problem`).
+
+Pure but for :func:`source_problem`: sources are compared as given.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 from pathlib import PurePosixPath
 from typing import NamedTuple
@@ -21,6 +30,17 @@ from typing import NamedTuple
 from cortexfs.errors import invalid
 
 MOUNT_MODES = ("ro", "rw")
+CTX_TARGET = PurePosixPath("/ctx")
+# What the sandbox binds from the system, mounts itself (/proc, /dev, tmpfs /tmp and /run), or
+# what a program run as root before the privilege drop may read; the rest of the usual top
+# level is refused alike, so no mount stands in for the system an agent's terminal runs on.
+SYSTEM_TARGETS = tuple(
+    PurePosixPath("/", name)
+    for name in (
+        "usr", "etc", "bin", "sbin", "lib", "lib32", "lib64", "libx32",
+        "proc", "sys", "dev", "run", "tmp", "var", "boot", "root",
+    )
+)  # fmt: skip
 
 
 class Mount(NamedTuple):
@@ -52,6 +72,49 @@ def parse_mount_table(data: bytes) -> tuple[Mount, ...]:
     if not isinstance(table, list):
         raise invalid("the mount table must be a JSON array of [source, target, mode] triples")
     return tuple(_parse_mount(number, entry) for number, entry in enumerate(table, start=1))
+
+
+def target_problem(mount: Mount, storage_root: PurePosixPath) -> str:
+    """Why ``mount`` may not take its target, or "": at or above ``/``, at, under or above a
+    directory of :data:`SYSTEM_TARGETS`, or at or under ``/ctx`` unless it is the mount of
+    ``storage_root`` (a real path) at ``/ctx`` itself."""
+    target = mount.target
+    if target == CTX_TARGET and mount.source == storage_root:
+        return ""
+    if target == CTX_TARGET or CTX_TARGET in target.parents:
+        return (
+            f"mount target {target}: {CTX_TARGET} is the storage root's place (the agent's "
+            "CortexFS view, mounted by the host); mount elsewhere"
+        )
+    if target == PurePosixPath("/"):
+        return (
+            "mount target /: a mount needs a directory below /, whose last part names it "
+            "in policy (mount:<name>)"
+        )
+    for system in SYSTEM_TARGETS:
+        if target == system or system in target.parents:
+            return (
+                f"mount target {target}: {system} belongs to the system the agent's terminal "
+                "runs on (its sandbox takes it from the host, or makes it); mount elsewhere"
+            )
+    return ""
+
+
+def source_problem(mount: Mount) -> str:
+    """Why ``mount``'s source may not be used, or "": it must still be the real path it was
+    recorded as, with no symbolic link anywhere on it (one could since have been put there)."""
+    real = os.path.realpath(mount.source)
+    if real == str(mount.source):
+        return ""
+    return (
+        f"mount source {mount.source}: its path runs through a symbolic link (it leads to "
+        f"{real} now); a source is used only as the real path it was recorded as"
+    )
+
+
+def mount_problem(mount: Mount, storage_root: PurePosixPath) -> str:
+    """:func:`target_problem`, else :func:`source_problem`: why the mount is unusable, or ""."""
+    return target_problem(mount, storage_root) or source_problem(mount)
 
 
 def mounts_named(mounts: Sequence[Mount], name: str) -> list[Mount]:

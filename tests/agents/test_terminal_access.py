@@ -61,15 +61,17 @@ def test_a_missing_mount_source_is_refused_before_anything_starts(world: World) 
 
 
 def test_a_sandbox_that_ends_at_once_fails_the_start_with_its_reason(world: World) -> None:
-    """bubblewrap cannot make a mount target inside /proc: the sandbox ends before tsh runs."""
+    """bubblewrap cannot make a mount target inside a read-only mount: the sandbox ends
+    before tsh runs."""
     agent, session = fresh_agent(), fresh_session()
-    world.agent(agent, mounts=[[str(world.workspace), "/proc/cannot", "ro"]])
+    mounts = [[str(world.workspace), "/outer", "ro"], [str(world.scratch), "/outer/cannot", "ro"]]
+    world.agent(agent, mounts=mounts)
 
     refused = ctx(world.root, "agent", "start", agent, "--session", session, "--no-workspace")
 
     assert refused.returncode == 1, refused.stdout
-    assert refused.stderr.startswith("ctx: ENOENT: "), refused.stderr
-    assert "bwrap" in refused.stderr and "/proc/cannot" in refused.stderr, refused.stderr
+    assert refused.stderr.startswith("ctx: EROFS: "), refused.stderr
+    assert "bwrap" in refused.stderr and "/outer/cannot" in refused.stderr, refused.stderr
     assert "started" not in refused.stdout
     nothing_left(world, agent, session)
     stopped = [e for e in lifecycle(world, session, agent) if e["type"] == "terminal.stopped"]

@@ -207,10 +207,10 @@ def test_an_object_under_no_mount_is_invisible(
 
 def test_a_narrow_mount_is_enough(root: Path, coder: Path, user: UnprivilegedUser) -> None:
     add_tool(root, "fs.read", policy=FS_READ_RULE)
-    write(coder / "mount", json.dumps([[str(root / "tool"), "/ctx/tool", "ro"]]))
+    write(coder / "mount", json.dumps([[str(root / "tool"), "/tools", "ro"]]))
     decision = run_fs_read(root, user)
     assert decision.allowed, decision.reason
-    assert "appears at /ctx/tool/fs.read" in decision.steps[Step.VISIBILITY - 1].detail
+    assert "appears at /tools/fs.read" in decision.steps[Step.VISIBILITY - 1].detail
 
 
 def test_a_malformed_mount_table_denies(root: Path, coder: Path, user: UnprivilegedUser) -> None:
@@ -326,7 +326,7 @@ def test_a_tool_policy_the_agent_could_rewrite_grants_nothing(
     root: Path, coder: Path, user: UnprivilegedUser
 ) -> None:
     add_tool(root, "fs.read", policy=FS_READ_RULE)
-    write(coder / "mount", json.dumps([[str(root / "tool"), "/ctx/tool", "rw"]]))
+    write(coder / "mount", json.dumps([[str(root / "tool"), "/tools", "rw"]]))
     (root / "tool" / "fs.read.d" / "policy").chmod(0o666)
     assert_denied_at(
         run_fs_read(root, user), Step.OWN_POLICY, errno.EACCES, "tool/fs.read.d/policy"

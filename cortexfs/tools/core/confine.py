@@ -12,9 +12,9 @@ resolve it themselves, never letting the kernel follow anything:
 * a *filtered* mount shows only the names it lists directly below its target: another name
   there is refused (EACCES) and left out of a listing of the target, as if it did not exist
   (the agent's ``/ctx``, T-5);
-* the host path is walked from the mount's source one component at a time with
-  ``O_NOFOLLOW``: a symbolic link on the way or at the end is refused (ELOOP), so nothing is
-  ever followed out of a mount;
+* the host path is walked from ``/`` through the mount's source and on one component at a
+  time with ``O_NOFOLLOW``: a symbolic link on the way or at the end is refused (ELOOP), so
+  nothing is ever followed out of a mount, nor a source repointed by a link put on its path;
 * writing needs a writable mount (EROFS otherwise).
 
 The kernel still judges every step with the tool's uid and gid (the agent's): mode bits apply.
@@ -227,11 +227,39 @@ def refuse_link(place: Place, status: os.stat_result | None) -> None:
         raise ToolFailure(errno.ELOOP, f"{place.view} is a symbolic link; never followed")
 
 
-def _walk(place: Place, parts: Sequence[str]) -> int:
+def _open_source(mount: Mount) -> int:
+    """The mount's source, walked from ``/`` one component at a time without following any
+    link: a source whose path runs through a link now (one put there since the mount was
+    recorded) is refused (ELOOP), never followed to wherever the link's writer chose."""
+    parts = [part for part in mount.source.split("/") if part]
+    if not mount.source.startswith("/") or any(part in (".", "..") for part in parts):
+        raise ToolFailure(
+            errno.EINVAL, f"{mount.target}: its source {mount.source!r} is not a real path"
+        )
+    fd = os.open("/", _PLACE)
     try:
-        fd = os.open(place.mount.source, _PLACE)
+        for part in parts:
+            status = lstat_at(fd, part)
+            if status is not None and stat.S_ISLNK(status.st_mode):
+                raise ToolFailure(
+                    errno.ELOOP,
+                    f"{mount.target}: its source {mount.source} runs through a symbolic link; "
+                    "links are never followed",
+                )
+            inner = os.open(part, _PLACE, dir_fd=fd)  # O_NOFOLLOW: a link swapped in fails
+            os.close(fd)
+            fd = inner
     except OSError as exc:
-        raise _failure(exc, place.mount.target) from None
+        os.close(fd)
+        raise _failure(exc, mount.target) from None
+    except ToolFailure:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _walk(place: Place, parts: Sequence[str]) -> int:
+    fd = _open_source(place.mount)
     shown = place.mount.target
     try:
         for part in parts:
