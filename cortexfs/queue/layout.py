@@ -76,6 +76,11 @@ class QueueConfig:
             f"max_result_bytes={self.max_result_bytes}\n"
             f"lease_ttl={self.lease_ttl:g}\n"
             f"grace={self.grace:g}\n"
+            + (
+                f"move={self.move}\n"
+                if self.move
+                else "# move=rename or move=link (default: chosen by the filesystem's type)\n"
+            )
         )
 
 

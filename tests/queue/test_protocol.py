@@ -37,7 +37,11 @@ def entries(queue_dir: Path, state: str) -> list[str]:
 
 def test_init_creates_exactly_the_six_directories_and_a_config(queue_dir: Path) -> None:
     assert sorted(os.listdir(queue_dir)) == sorted([*STATE_DIRS, "config"])
-    assert "max_request_bytes=1048576" in (queue_dir / "config").read_text()
+    config = (queue_dir / "config").read_text()
+    assert "max_request_bytes=1048576" in config
+    # Every key is there to be found, move as a comment: its default depends on the filesystem.
+    keys = {line.lstrip("# ").split("=")[0] for line in config.splitlines() if "=" in line}
+    assert keys == {"max_request_bytes", "max_result_bytes", "lease_ttl", "grace", "move"}
 
 
 def test_publish_puts_a_complete_request_in_pending(queue: Queue, queue_dir: Path) -> None:
