@@ -126,3 +126,16 @@ def test_the_run_socket_is_bound_into_the_sandbox_only(world: World, vic: dict[s
     assert stat.S_ISSOCK(socket_path.stat().st_mode)
     assert sorted(os.listdir(run_dir)) == ["main.sock", "pid", "private"]
     assert stat.S_IMODE(run_dir.stat().st_mode) == 0o711
+
+
+def test_tsh_cannot_be_traced_by_another_process_of_its_uid(
+    world: World, vic: dict[str, str]
+) -> None:
+    """tsh is the one process the run socket serves, so it is not dumpable: another process
+    of the agent's uid can neither ptrace it nor reach the sandbox through /proc/<pid>/root
+    (the entries in its /proc directory belong to root)."""
+    tsh = tsh_process(vic["session"])
+
+    assert os.stat(f"/proc/{tsh}/status").st_uid == 0  # the agent's uid's, were it dumpable
+    (through,) = outsider(world, {"interrupt": True}, f"/proc/{tsh}/root/run/ctx/run.sock")
+    assert through["connect"] == "EACCES", through

@@ -152,10 +152,26 @@ def call(name: str, argv: list[str]) -> int:
                     break
                 except KeyboardInterrupt:
                     _interrupt()
-        return int(json.loads(answer)["exit_status"])
-    except (OSError, KeyError, ValueError) as exc:
+        outcome = json.loads(answer)
+        if outcome.get("error"):  # refused by the host before anything ran
+            print(f"tsh: {name}: {outcome['error']}", file=sys.stderr)
+        return int(outcome["exit_status"])
+    except (OSError, KeyError, ValueError, AttributeError) as exc:
         print(f"tsh: {name}: the host did not run it: {exc}", file=sys.stderr)
         return CANNOT_RUN
+
+
+PR_SET_DUMPABLE = 4
+
+
+def _refuse_tracing() -> None:
+    """Make this process not dumpable: the run socket serves tsh alone (the process in the
+    sandbox's pid namespace), so another process of the agent's uid must not drive it, by
+    ptrace or through ``/proc/<pid>/root``; only a tracer with CAP_SYS_PTRACE still can.
+    tsh never execs, so the setting holds for its whole life."""
+    from cortexfs.libc import check, libc
+
+    check(libc().prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "prctl(PR_SET_DUMPABLE, 0)")
 
 
 def _interrupt() -> None:
@@ -354,6 +370,12 @@ def run() -> int:
     if sys.argv[1:] in (["--help"], ["-h"]):  # never a tool: a name starts with a letter or digit
         sys.stdout.write(f"usage: tsh [NAME [ARG...]]\n{HELP}")
         return 0
+    if _in_agent_terminal():
+        try:
+            _refuse_tracing()
+        except OSError as exc:
+            print(f"tsh: EPERM: cannot guard this terminal against tracing: {exc}", file=sys.stderr)
+            return CANNOT_RUN
     context = new_context()
     if len(sys.argv) > 1:  # tsh NAME [ARG...]: one command line, its words as given (T-3)
         status, _ = execute_words(context, sys.argv[1], sys.argv[2:], 0)
