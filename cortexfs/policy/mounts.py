@@ -31,14 +31,16 @@ from cortexfs.errors import invalid
 
 MOUNT_MODES = ("ro", "rw")
 CTX_TARGET = PurePosixPath("/ctx")
-# What the sandbox binds from the system, mounts itself (/proc, /dev, tmpfs /tmp and /run), or
-# what a program run as root before the privilege drop may read; the rest of the usual top
+# What the sandbox binds from the system, mounts itself (/proc, /dev, tmpfs /run), or what a
+# program run as root before the privilege drop may read; the rest of the usual system top
 # level is refused alike, so no mount stands in for the system an agent's terminal runs on.
+# /tmp is not among them: nothing run as root reads it, and a scratch directory there is an
+# ordinary thing to mount where it is.
 SYSTEM_TARGETS = tuple(
     PurePosixPath("/", name)
     for name in (
         "usr", "etc", "bin", "sbin", "lib", "lib32", "lib64", "libx32",
-        "proc", "sys", "dev", "run", "tmp", "var", "boot", "root",
+        "proc", "sys", "dev", "run", "var", "boot", "root",
     )
 )  # fmt: skip
 

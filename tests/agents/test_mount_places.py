@@ -45,7 +45,6 @@ SYSTEM_PLACES = [
     "/dev/shm",
     "/run",
     "/run/ctx",
-    "/tmp",
     "/var/tmp",
     "/boot",
     "/root",
@@ -82,7 +81,7 @@ def test_a_request_records_its_sources_as_real_paths(world: World) -> None:
     assert mounts[0] == (os.path.realpath(world.workspace), "/work", "ro")
 
 
-@pytest.mark.parametrize("target", ["/etc", "/usr", "/lib", "/tmp/x"])
+@pytest.mark.parametrize("target", ["/etc", "/usr", "/lib", "/var/x"])
 def test_agent_create_refuses_a_child_mount_on_a_system_directory(lead: World, target: str) -> None:
     """The parent may write its home; its child may not show the home at /etc."""
     home = home_of(lead)
