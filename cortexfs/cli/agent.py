@@ -18,6 +18,7 @@ from cortexfs.agents.request import RequestError, load_request, parse_request_by
 from cortexfs.agents.view import AgentView
 from cortexfs.cli.common import (
     F,
+    echo_printable,
     emit_json,
     fail_with_problems,
     handles_errors,
@@ -124,23 +125,36 @@ def show(name: str, storage_dir: Path | None, as_json: bool) -> None:
     """Show what the runtime derives from agent NAME's controls.
 
     Its identity, label, CTX_PATH, the mounts its policy lets it use, and its working
-    directory.  The storage root at /ctx reaches a tool only as NAME's view of it (ctx mount
+    directory; a mount of the control that is never used (a system directory as its target, a
+    source that is no longer the real path recorded) is listed as withheld, with the reason.
+    The storage root at /ctx reaches a tool only as NAME's view of it (ctx mount
     --as NAME): with --json, "tool_mounts" are the mounts its tools get (CTX_MOUNTS), the
     root as filtered mounts, each showing only the names listed, read-write only for its
     home and the spaces it may write.
     """
+    from cortexfs.policy.controls import withheld_mounts
+
     name = object_name_argument(name, "agent")
-    view = AgentView.load(resolve_storage(storage_dir), name)
+    root = resolve_storage(storage_dir)
+    view = AgentView.load(root, name)
     cwd, _ = view.working_directory()
     mounts = [
         [str(m.source), str(m.target), "rw" if m.writable else "ro"] for m in view.visible_mounts()
     ]
+    try:
+        withheld = withheld_mounts(root, name)
+    except CtxError:
+        withheld = ()  # a malformed mount control: the chain says so at every call
     facts = {
         "name": view.name,
         "label": view.label or None,
         "identity": identity_json(view.identity),
         "ctx_path": view.ctx_path(),
         "mounts": mounts,
+        "withheld_mounts": [
+            {"mount": [str(m.source), str(m.target), "rw" if m.writable else "ro"], "reason": why}
+            for m, why in withheld
+        ],
         "cwd": str(cwd),
     }
     if as_json:
@@ -154,6 +168,8 @@ def show(name: str, storage_dir: Path | None, as_json: bool) -> None:
     click.echo(f"ctx_path: {facts['ctx_path']}")
     for source, target, access in mounts:
         click.echo(f"mount: {source} at {target} ({access})")
+    for mount, why in withheld:
+        echo_printable(f"withheld mount: {mount.source} at {mount.target}: {why}")
     click.echo(f"cwd: {cwd}")
 
 

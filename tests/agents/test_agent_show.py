@@ -40,3 +40,22 @@ def test_show_keeps_the_mounts_and_adds_what_the_tools_get(coder: World) -> None
         facts["tool_mounts"]
     )
     assert "secret" not in shown.stdout
+
+
+def test_show_names_the_mounts_of_the_control_that_are_never_used(coder: World) -> None:
+    """A hand-edited control's mount on a system directory is withheld from tools and the
+    sandbox; show says which, and why, instead of leaving it to vanish."""
+    control = coder.root / "agent" / "coder.d" / "mount"
+    table = json.loads(control.read_text())
+    control.write_text(json.dumps([*table, [str(coder.workspace), "/etc", "ro"]]))
+
+    shown = ctx(coder.root, "agent", "show", "coder", "--json")
+    text = ctx(coder.root, "agent", "show", "coder")
+
+    assert shown.returncode == 0 and text.returncode == 0, (shown.stderr, text.stderr)
+    facts = json.loads(shown.stdout)
+    (withheld,) = facts["withheld_mounts"]
+    assert withheld["mount"] == [str(coder.workspace), "/etc", "ro"]
+    assert "/etc belongs to the system" in withheld["reason"]
+    assert [str(coder.workspace), "/etc", "ro"] not in facts["mounts"]
+    assert f"withheld mount: {coder.workspace} at /etc: " in text.stdout
