@@ -289,7 +289,8 @@ class _Call:
             request = AuthorityRequest(
                 self.root, self.agent, "shared", ref.space, "write", self._caller()
             )
-            self._require(check_authority(request), "session")
+            missing = f"make the space with 'ctx shared create {ref.space}'"
+            self._require(check_authority(request), "session", if_missing=missing)
         identity = self.view.identity
         self.session_ref = ref
         self.session = open_session(ref, owner=Ownership(identity.uid, identity.gid))
@@ -425,10 +426,15 @@ class _Call:
             return self.view.identity.credentials
         return Credentials(os.geteuid(), os.getegid())
 
-    def _require(self, decision: Decision, stage: str) -> None:
+    def _require(self, decision: Decision, stage: str, if_missing: str = "") -> None:
+        """Refuse the call at ``stage`` when ``decision`` denies it; ``if_missing`` is what to
+        do when the object does not exist (ENOENT), added to the reason."""
         if decision.denial is not None:
             step = decision.denial.step
-            raise _Refused(ToolError(decision.errno, stage, decision.reason, int(step), step.title))
+            reason = decision.reason
+            if if_missing and decision.errno == errno.ENOENT:
+                reason = f"{reason}; {if_missing}"
+            raise _Refused(ToolError(decision.errno, stage, reason, int(step), step.title))
 
     @contextlib.contextmanager
     def _stage(self, stage: str) -> Iterator[None]:

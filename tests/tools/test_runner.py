@@ -401,6 +401,17 @@ def test_ctx_run_in_a_shared_session_needs_shared_write(world: World) -> None:
     assert not (world.root / "shared/proj/agent/reader").exists()
 
 
+def test_ctx_run_in_a_space_that_does_not_exist_says_how_to_make_it(world: World) -> None:
+    _member(world, "reader", ["read", "write"])
+
+    refused = ctx(world.root, "run", "--agent", "reader", "--project", "nospace", "fs.list")
+
+    assert refused.returncode == 126
+    assert "ENOENT: step 2" in refused.stderr and "shared/nospace does not exist" in refused.stderr
+    assert "make the space with 'ctx shared create nospace'" in refused.stderr
+    assert not (world.root / "shared" / "nospace").exists()
+
+
 def test_a_session_of_another_agent_is_refused(coder: World) -> None:
     result = coder.run("whoami", {}, session=SessionRef.home(coder.root, 1, "other"))
 
