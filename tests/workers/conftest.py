@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,6 +83,25 @@ class Farm:
             env={**os.environ, "CTX_STORAGE": str(self.root)},
             cwd=REPO,
         )
+
+    def abort_with_two_ctrl_c(self) -> tuple[str, int]:
+        """A worker killed by a second ^C while its one job's tool runs (exit 130); the job,
+        left claimed for recover, and the pid the tool had."""
+        pid_file = self.scratch / "logs" / "tool.pid"
+        job = self.publish("shell.exec", {"cmd": f"echo $$ > {pid_file}; sleep 60"})
+        worker = self.worker()
+        assert worker.stdout is not None
+        for line in worker.stdout:
+            if json.loads(line)["event"] == "claim":
+                break
+        while not pid_file.exists() or not pid_file.read_text().strip():
+            time.sleep(0.05)
+        worker.send_signal(signal.SIGINT)
+        time.sleep(0.2)
+        worker.send_signal(signal.SIGINT)
+        worker.communicate(timeout=60)
+        assert worker.returncode == 130
+        return job, int(pid_file.read_text())
 
     def result(self, job: str) -> tuple[str, dict[str, object]]:
         for state in ("done", "failed"):

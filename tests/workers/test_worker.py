@@ -165,21 +165,7 @@ def test_sigterm_lets_the_running_job_finish_and_claims_no_more(farm: Farm) -> N
 
 
 def test_sigint_twice_aborts_and_recover_requeues(farm: Farm) -> None:
-    pid_file = farm.scratch / "logs" / "tool.pid"
-    job = farm.publish("shell.exec", {"cmd": f"echo $$ > {pid_file}; sleep 60"})
-    worker = farm.worker()
-    assert worker.stdout is not None
-    for line in worker.stdout:
-        if json.loads(line)["event"] == "claim":
-            break
-    while not pid_file.exists() or not pid_file.read_text().strip():
-        time.sleep(0.05)
-    worker.send_signal(signal.SIGINT)
-    time.sleep(0.2)
-    worker.send_signal(signal.SIGINT)
-    worker.communicate(timeout=60)
-    assert worker.returncode == 130
-    tool_pid = int(pid_file.read_text())
+    job, tool_pid = farm.abort_with_two_ctrl_c()
     for _ in range(100):
         if not Path(f"/proc/{tool_pid}").exists():
             break

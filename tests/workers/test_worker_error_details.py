@@ -9,7 +9,6 @@ from __future__ import annotations
 import errno
 import json
 import signal
-import time
 
 from tests.workers.conftest import AGENT, PROJECT, Farm
 
@@ -64,20 +63,7 @@ def test_every_refusal_of_the_worker_itself_has_an_errno(farm: Farm) -> None:
 
 
 def test_a_tool_killed_by_a_second_ctrl_c_is_recorded_as_interrupted(farm: Farm) -> None:
-    pid_file = farm.scratch / "logs" / "tool.pid"
-    job = farm.publish("shell.exec", {"cmd": f"echo $$ > {pid_file}; sleep 60"})
-    worker = farm.worker()
-    assert worker.stdout is not None
-    for line in worker.stdout:
-        if json.loads(line)["event"] == "claim":
-            break
-    while not pid_file.exists() or not pid_file.read_text().strip():
-        time.sleep(0.05)
-    worker.send_signal(signal.SIGINT)
-    time.sleep(0.2)
-    worker.send_signal(signal.SIGINT)
-    worker.communicate(timeout=60)
-    assert worker.returncode == 130
+    job, _ = farm.abort_with_two_ctrl_c()
     assert (farm.queue / "claimed" / job / job).exists(), "left for recover"
 
     session = farm.root / "home" / str(farm.user.uid) / "agent" / AGENT / "session" / "worker"
