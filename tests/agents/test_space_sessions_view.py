@@ -12,7 +12,6 @@ from __future__ import annotations
 import errno
 import os
 import time
-from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 
 import pytest
@@ -22,10 +21,9 @@ from cortexfs.agents.view import AgentView
 from cortexfs.shared.sessions import SessionRef
 from cortexfs.shared.spaces import create_shared_space
 from cortexfs.tools.core import confine
-from cortexfs.tools.core.toolio import ToolFailure
 from cortexfs.tools.runner import run_native
 from tests.fuse.support import NEEDS_A_MOUNT, as_user, mounted
-from tests.tools.support import World
+from tests.tools.support import World, reaches, storage_paths
 
 FS_TOOLS = ["fs.read", "fs.list", "fs.stat", "fs.write"]
 SESSIONS = "/ctx/shared/rw/agent/oth/session"
@@ -155,7 +153,7 @@ def test_what_a_tool_may_reach_in_the_space_is_what_the_rules_decide(space: Worl
         environment = view.tool_environment(tool="fs.read", session="s", call="c", mode="n")
         tools = confine.View.from_environment(environment)
         checked = 0
-        for parts in storage_paths(space.root, ("shared", "rw"), depth=8):
+        for parts in storage_paths(space.root, depth=8, top=("shared", "rw")):
             path = str(PurePosixPath("/ctx", *parts))
             assert reaches(tools, path) == rules.visible(parts), (agent, path)
             assert reaches(tools, path, write=True) == rules.writable(parts), (agent, path)
@@ -197,27 +195,3 @@ def test_the_mount_shows_the_same(space: World) -> None:
 
 for _mark in NEEDS_A_MOUNT:
     test_the_mount_shows_the_same = _mark(test_the_mount_shows_the_same)
-
-
-# --------------------------------------------------------------------------- helpers
-
-
-def reaches(view: confine.View, path: str, *, write: bool = False) -> bool:
-    try:
-        place = view.locate(path, write=write)
-    except ToolFailure as refusal:
-        assert refusal.errno in (errno.EACCES, errno.EROFS), refusal
-        return False
-    return bool(place.parts) if write else True  # the top of a mount is no file to write
-
-
-def storage_paths(root: Path, top: tuple[str, ...], depth: int) -> Iterator[tuple[str, ...]]:
-    pending: list[tuple[str, ...]] = [top]
-    while pending:
-        parts = pending.pop()
-        directory = root.joinpath(*parts)
-        if len(parts) >= depth or directory.is_symlink() or not directory.is_dir():
-            continue
-        for name in sorted(os.listdir(directory)):
-            yield (*parts, name)
-            pending.append((*parts, name))

@@ -4,6 +4,7 @@ its workspace, and helpers that go through the same library calls as ``ctx``."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 from collections.abc import Iterator, Sequence
@@ -20,6 +21,8 @@ from cortexfs.agents.request import parse_request
 from cortexfs.policy import Identity
 from cortexfs.shared.events import read_events
 from cortexfs.shared.sessions import SessionRef
+from cortexfs.tools.core import confine
+from cortexfs.tools.core.toolio import ToolFailure
 from cortexfs.tools.install import Installed, install_manifest, parse_tier
 from cortexfs.tools.manifest import parse_manifest
 from cortexfs.tools.result import ToolResult
@@ -136,3 +139,28 @@ def world(traversable_tmp: Path, unprivileged_user: UnprivilegedUser) -> Iterato
     scratch = traversable_tmp / "scratch"
     scratch.mkdir()
     yield World(root, unprivileged_user, workspace, scratch)
+
+
+def reaches(view: confine.View, path: str, *, write: bool = False) -> bool:
+    """Whether a tool with ``view`` (its CTX_MOUNTS) reaches ``path``, to write it with
+    ``write``; a refusal must be EACCES or EROFS, never anything else."""
+    try:
+        place = view.locate(path, write=write)
+    except ToolFailure as refused:
+        assert refused.errno in (errno.EACCES, errno.EROFS), refused
+        return False
+    return bool(place.parts) if write else True  # the top of a mount is no file to write
+
+
+def storage_paths(root: Path, depth: int, top: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
+    """Every path below ``root/top``, as parts from ``root``, down to ``depth`` parts; links
+    are listed, never entered."""
+    pending: list[tuple[str, ...]] = [top]
+    while pending:
+        parts = pending.pop()
+        directory = root.joinpath(*parts)
+        if len(parts) >= depth or directory.is_symlink() or not directory.is_dir():
+            continue
+        for name in sorted(os.listdir(directory)):
+            yield (*parts, name)
+            pending.append((*parts, name))

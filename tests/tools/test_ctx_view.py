@@ -13,7 +13,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 
 import pytest
@@ -24,7 +24,7 @@ from cortexfs.shared.spaces import create_shared_space
 from cortexfs.tools.core import confine
 from cortexfs.tools.core.toolio import ToolFailure
 from tests.fuse.support import NEEDS_A_MOUNT, mounted
-from tests.tools.support import World
+from tests.tools.support import World, reaches, storage_paths
 
 FS_TOOLS = ["fs.read", "fs.list", "fs.stat", "fs.write"]
 SECRET = "topsecret\n"
@@ -262,27 +262,6 @@ def test_the_mount_and_the_tools_list_the_same_names(team: World) -> None:
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def reaches(view: confine.View, path: str, *, write: bool = False) -> bool:
-    try:
-        place = view.locate(path, write=write)
-    except ToolFailure as refused:
-        assert refused.errno in (errno.EACCES, errno.EROFS), refused
-        return False
-    return bool(place.parts) if write else True  # the top of a mount is no file to write
-
-
-def storage_paths(root: Path, depth: int) -> Iterator[tuple[str, ...]]:
-    pending: list[tuple[str, ...]] = [()]
-    while pending:
-        parts = pending.pop()
-        directory = root.joinpath(*parts)
-        if len(parts) >= depth or directory.is_symlink() or not directory.is_dir():
-            continue
-        for name in sorted(os.listdir(directory)):
-            yield (*parts, name)
-            pending.append((*parts, name))
 
 
 def snapshot(root: Path) -> dict[str, tuple[int, int]]:
