@@ -64,7 +64,7 @@ def test_a_request_mounting_on_a_system_directory_is_einval(world: World, target
     assert f"mount target {target}" in raised.value.problems[0], raised.value.problems
 
 
-@pytest.mark.parametrize("target", ["/usrlocal", "/etcetera", "/work/etc", "/srv/usr", "/home"])
+@pytest.mark.parametrize("target", ["/usrlocal", "/etcetera", "/data/etc", "/srv/usr", "/home"])
 def test_a_target_merely_named_like_a_system_directory_is_fine(world: World, target: str) -> None:
     request = {"name": "a", "label": "a_t", "mount": [[str(world.workspace), target, "ro"]]}
 
