@@ -82,7 +82,7 @@ def may_run(view: AgentView, tool: str) -> bool:
         require_available(candidate, read_controls(candidate))
     except CtxError:
         return False
-    return check_tool_execute(view.root, view.name, tool, None).allowed
+    return check_tool_execute(view.root, view.name, tool, None, facts=view.facts).allowed
 
 
 class ViewRules:

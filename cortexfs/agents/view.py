@@ -1,8 +1,11 @@
 """An agent as the tool runtime sees it: identity, label, policy, mounts, CTX_PATH (A-3, T-4, T-5).
 
 Everything here comes from the agent's host-owned controls (``agent/<name>.d/``), read through
-:mod:`cortexfs.policy.controls`; nothing comes from a request, a prompt or a model (P-6).  The
-view derives what the runtime injects into a tool process:
+:mod:`cortexfs.policy.controls`; nothing comes from a request, a prompt or a model (P-6).  A
+view is made for one call or one lookup, and the authority chain's questions asked on its
+behalf share its :class:`~cortexfs.policy.AgentFacts`, so the controls are read once per view
+however many tools the projection asks about.  The view derives what the runtime injects into
+a tool process:
 
 * ``CTX_PATH`` — ``/ctx/tool``, ``/ctx/home/<uid>/tool``, then ``/ctx/shared/<space>/tool`` for
   every space its policy lets it read (``shared:<space> read``), in name order;
@@ -37,7 +40,7 @@ from typing import NamedTuple
 from cortexfs.agents.projection import ViewMount, storage_mounts
 from cortexfs.errors import CtxError
 from cortexfs.names import check_object_name
-from cortexfs.policy import Identity, Policy
+from cortexfs.policy import AgentFacts, Identity, Policy
 from cortexfs.policy import controls as agent_controls
 from cortexfs.policy.mounts import Mount
 from cortexfs.tools.ctxpath import CTX_MOUNT, search_path
@@ -53,6 +56,7 @@ class AgentView(NamedTuple):
     label: str
     policy: Policy
     mounts: tuple[Mount, ...]
+    facts: AgentFacts  # the chain's reading of the same controls, shared by the view's questions
     workspace: Mount | None = None  # the terminal's default /workspace (A-1), not a control
 
     @classmethod
@@ -61,16 +65,17 @@ class AgentView(NamedTuple):
         check_object_name(name, "agent")
         agent_controls.require_agent(root, name)
         identity = agent_controls.read_identity(root, name)
+        facts = AgentFacts(root, name)
         try:
             label = agent_controls.read_label(root, name)
-            policy = agent_controls.read_policy(root, agent_controls.control_path(name, "policy"))
+            policy = facts.policy(agent_controls.control_path(name, "policy"))
         except CtxError:
             label, policy = "", Policy()
         try:
-            mounts = agent_controls.read_mounts(root, name)
+            mounts = facts.mounts
         except CtxError:
             mounts = ()
-        return cls(root, name, identity, label, policy, mounts)
+        return cls(root, name, identity, label, policy, mounts, facts)
 
     def with_workspace(self, directory: Path | None) -> AgentView:
         """This view with ``directory`` as its read-write ``/workspace`` (A-1's default), or

@@ -4,7 +4,8 @@
 * :mod:`~cortexfs.policy.decision` — :class:`Policy`, a rule set: default deny, one set lookup
   per decision, no I/O (P-2, P-6).
 * :mod:`~cortexfs.policy.chain` — :func:`check_authority`, the six steps of P-5 over a storage
-  root, and :func:`check_tool_execute`, the tool runner's two-layer question (P-6).
+  root, and :func:`check_tool_execute`, the tool runner's two-layer question (P-6);
+  :class:`AgentFacts` reads an agent's controls once for many questions.
 
 The chain's helpers: :mod:`~cortexfs.policy.objects` (where each object lives and which mode
 bits each permission needs), :mod:`~cortexfs.policy.linux` (credentials and mode bits),
@@ -13,6 +14,7 @@ agent's host-owned controls) and :mod:`~cortexfs.policy.beneath` (walking withou
 """
 
 from cortexfs.policy.chain import (
+    AgentFacts,
     AuthorityRequest,
     Decision,
     Outcome,
@@ -36,6 +38,7 @@ from cortexfs.policy.linux import Credentials, Identity
 
 __all__ = [
     "CLASS_PERMISSIONS",
+    "AgentFacts",
     "AuthorityRequest",
     "Credentials",
     "Decision",

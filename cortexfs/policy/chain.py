@@ -21,11 +21,17 @@
 A request names an agent, an object and a permission, nothing more: the label and every rule
 come from host-owned files, so a prompt or a model's output has no way in (P-6).  Every step
 fails closed: a control that cannot be read denies with EACCES.
+
+Steps 1 and 4, and the reading of step 3's mounts and step 5's policy, depend on the agent
+alone.  Whoever asks about many objects at once (the projection of ``/ctx`` asks about every
+tool the agent's policy grants, at every call) passes one :class:`AgentFacts`, so that the
+agent's controls are read and judged once for all of them.
 """
 
 from __future__ import annotations
 
 import errno
+import functools
 import stat
 from collections.abc import Callable
 from enum import IntEnum, StrEnum
@@ -36,6 +42,7 @@ from cortexfs.errors import CtxError, denied, not_found
 from cortexfs.names import check_object_name
 from cortexfs.policy import controls
 from cortexfs.policy.beneath import walk
+from cortexfs.policy.decision import Policy
 from cortexfs.policy.grammar import Rule, check_object
 from cortexfs.policy.linux import WRITE, Credentials, Identity, Kind, check_access, writable_entries
 from cortexfs.policy.mounts import Mount, mounts_named, views_of
@@ -151,14 +158,15 @@ class Decision(NamedTuple):
         }
 
 
-def check_authority(request: AuthorityRequest) -> Decision:
-    """Run the six steps for ``request`` (P-5).
+def check_authority(request: AuthorityRequest, facts: AgentFacts | None = None) -> Decision:
+    """Run the six steps for ``request`` (P-5), with ``facts`` of its agent when the caller
+    decides several requests together (read once, see :class:`AgentFacts`).
 
     Raises EINVAL for a malformed request (unknown class, a permission of another class, an
     illegal name or location) and ENOENT when the storage root is missing; every other
     answer, including a missing agent or object, is a :class:`Decision`.
     """
-    evaluation = _Evaluation(request)
+    evaluation = _Evaluation(request, facts)
     results: list[StepResult] = []
     for step, run in _STEPS:
         if results and results[-1].outcome in (Outcome.DENY, Outcome.NOT_REACHED):
@@ -180,28 +188,131 @@ def check_tool_execute(
     root: Path,
     agent: str,
     tool: str,
-    caller: Credentials,
+    caller: Credentials | None,
     location: str | None = None,
+    facts: AgentFacts | None = None,
 ) -> Decision:
     """May the process ``caller`` run ``tool`` as ``agent``?  The tool runner's question.
 
     Both layers of P-6 must allow ``tool:<tool> execute``: the agent's policy (step 5) and the
     tool's own ``<location>/<tool>.d/policy`` (step 6); the Linux steps come first.
     """
-    return check_authority(AuthorityRequest(root, agent, "tool", tool, "execute", caller, location))
+    request = AuthorityRequest(root, agent, "tool", tool, "execute", caller, location)
+    return check_authority(request, facts)
 
 
 _StepOutcome = tuple[Outcome, str]
 
 
+class AgentFacts:
+    """What the chain reads of one agent's controls, read at most once for every request
+    decided with these facts: its identity (step 1), its mounts (step 3), its label with the
+    judgement of its host-owned controls (step 4) and the policies read (steps 5 and 6).
+
+    Only what was read and passed is kept; a failure is raised again, so a denial is found and
+    explained afresh at each request.  Facts are as current as their first reading: make new
+    ones for each call or lookup (a policy change shows at the next).
+    """
+
+    def __init__(self, root: Path, agent: str) -> None:
+        check_object_name(agent, "agent")
+        self.root = require_root(Path(root)).resolve()
+        self.agent = agent
+        self._policies: dict[PurePosixPath, Policy] = {}
+
+    def describes(self, request: AuthorityRequest) -> bool:
+        return request.agent == self.agent and Path(request.root).resolve() == self.root
+
+    @functools.cached_property
+    def identity(self) -> Identity:
+        """The agent's identity: ENOENT for a missing agent, EACCES for one that is root."""
+        controls.require_agent(self.root, self.agent)
+        identity = controls.read_identity(self.root, self.agent)
+        if identity.uid == 0:
+            raise denied(
+                f"agent {self.agent!r} has uid 0; an agent never runs as root, which would "
+                "void the mode bits of step 2"
+            )
+        return identity
+
+    @functools.cached_property
+    def mounts(self) -> tuple[Mount, ...]:
+        return controls.read_mounts(self.root, self.agent)
+
+    @functools.cached_property
+    def label(self) -> str:
+        """The agent's label, once none of its host-owned controls is within its reach."""
+        label = controls.read_label(self.root, self.agent)
+        for control in controls.HOST_OWNED_CONTROLS:
+            path = controls.control_path(self.agent, control)
+            self._require_strict_modes(path)
+            self.require_host_owned(path)
+        return label
+
+    def policy(self, path: PurePosixPath) -> Policy:
+        if path not in self._policies:
+            self._policies[path] = controls.read_policy(self.root, path)
+        return self._policies[path]
+
+    def _require_strict_modes(self, path: PurePosixPath) -> None:
+        """Deny unless ``path`` and every directory above it belong to the host: not to the
+        agent's uid (unless the agent runs as the host administrator, the storage root's
+        owner) and not writable by a group or by others.
+
+        As ssh's StrictModes does, whoever could get the write access: the mode bits of the
+        agent's own uid, a group it may join later, a process running outside its mounts
+        (``shell.exec`` is not confined to them) — a grant is only as safe as its file.
+        """
+        entries = walk(self.root, path)
+        host = entries[0].status.st_uid if entries[0].status is not None else 0
+        for entry in entries:
+            if entry.status is None or entry.is_link:
+                break  # a missing or linked control is refused when it is read
+            mode = stat.S_IMODE(entry.status.st_mode)
+            if entry.status.st_uid == self.identity.uid != host:
+                raise denied(
+                    f"{path} is not host-owned: {entry.shown} belongs to uid "
+                    f"{self.identity.uid}, the agent's own, so the agent could rewrite it "
+                    f"(give it to the host administrator, uid {host})"
+                )
+            if mode & (stat.S_IWGRP | stat.S_IWOTH):
+                raise denied(
+                    f"{path} is not host-owned: {entry.shown} is writable by its group or by "
+                    f"others (mode {mode:04o}); the agent's controls and their directories "
+                    "must be writable by their owner alone (chmod go-w)"
+                )
+
+    def require_host_owned(self, path: PurePosixPath) -> None:
+        """A grant the agent could rewrite is no grant (P-6): deny if it can change ``path``.
+
+        It can when it may write the file or a directory above it (mode bits) and sees that
+        entry through a read-write mount.
+        """
+        for entry in writable_entries(self.root, path, self.identity):
+            for view in views_of(self.mounts, PurePosixPath(self.root, entry)):
+                if view.mount.writable:
+                    raise denied(
+                        f"{path} is not host-owned: the agent may change {entry} "
+                        f"(as uid {self.identity.uid}, at {view.path} through {view.mount})"
+                    )
+
+
 class _Evaluation:
     """The facts of one request, gathered step by step so that each is read at most once."""
 
-    def __init__(self, request: AuthorityRequest) -> None:
+    def __init__(self, request: AuthorityRequest, facts: AgentFacts | None) -> None:
         check_object_name(request.agent, "agent")
         check_object(request.object_class, request.object_name, request.permission)
+        if facts is None:
+            facts = AgentFacts(request.root, request.agent)
+        elif not facts.describes(request):
+            raise ValueError(
+                f"the facts of agent {facts.agent!r} in {facts.root} were "
+                f"passed for a request of agent {request.agent!r}"
+            )
         self.request = request
-        self.root = require_root(Path(request.root)).resolve()
+        self.facts = facts
+        self.root = facts.root
         self.agent = request.agent
         self.object_class = request.object_class
         self.object_name = request.object_name
@@ -210,8 +321,6 @@ class _Evaluation:
             request.object_class, request.object_name, request.permission, request.location
         )
         self.access = NEEDED_ACCESS.get((request.object_class, request.permission), 0)
-        self._identity: Identity | None = None
-        self._mounts: tuple[Mount, ...] | None = None
         self._label = ""
 
     @property
@@ -219,14 +328,7 @@ class _Evaluation:
         return f"{self.object_class}:{self.object_name}"
 
     def peer_credentials(self) -> _StepOutcome:
-        controls.require_agent(self.root, self.agent)
-        identity = controls.read_identity(self.root, self.agent)
-        if identity.uid == 0:
-            raise denied(
-                f"agent {self.agent!r} has uid 0; an agent never runs as root, which would "
-                "void the mode bits of step 2"
-            )
-        self._identity = identity
+        identity = self.facts.identity
         caller = self.request.caller
         if caller is None:
             return Outcome.PASS, f"asked as agent {self.agent!r} itself ({identity.credentials})"
@@ -268,11 +370,7 @@ class _Evaluation:
         return Outcome.PASS, f"{self.site.path} appears at {view.path} through {view.mount}"
 
     def label(self) -> _StepOutcome:
-        self._label = controls.read_label(self.root, self.agent)
-        for control in controls.HOST_OWNED_CONTROLS:
-            path = controls.control_path(self.agent, control)
-            self._require_strict_modes(path)
-            self._require_host_owned(path)
+        self._label = self.facts.label
         return Outcome.PASS, f"{self._label} (the agent cannot rewrite its own controls)"
 
     def object_policy(self) -> _StepOutcome:
@@ -281,19 +379,16 @@ class _Evaluation:
     def own_policy(self) -> _StepOutcome:
         if self.site is None or self.site.own_policy is None:
             return Outcome.NOT_APPLICABLE, f"{self.object_class} objects have no own policy"
-        self._require_host_owned(self.site.own_policy)
+        self.facts.require_host_owned(self.site.own_policy)
         return self._allowed_by(self.site.own_policy)
 
     @property
     def identity(self) -> Identity:
-        assert self._identity is not None, "step 1 records the identity before later steps run"
-        return self._identity
+        return self.facts.identity  # step 1 read it, or denied and no later step runs
 
     @property
     def mounts(self) -> tuple[Mount, ...]:
-        if self._mounts is None:
-            self._mounts = controls.read_mounts(self.root, self.agent)
-        return self._mounts
+        return self.facts.mounts
 
     def _named_mount(self) -> Mount:
         matches = mounts_named(self.mounts, self.object_name)
@@ -305,51 +400,9 @@ class _Evaluation:
 
     def _allowed_by(self, path: PurePosixPath) -> _StepOutcome:
         rule = Rule(self._label, self.object_class, self.object_name, self.permission)
-        if rule not in controls.read_policy(self.root, path):
+        if rule not in self.facts.policy(path):
             raise denied(f"{path} has no rule '{rule}'")
         return Outcome.PASS, f"{path}: {rule}"
-
-    def _require_strict_modes(self, path: PurePosixPath) -> None:
-        """Deny unless ``path`` and every directory above it belong to the host: not to the
-        agent's uid (unless the agent runs as the host administrator, the storage root's
-        owner) and not writable by a group or by others.
-
-        As ssh's StrictModes does, whoever could get the write access: the mode bits of the
-        agent's own uid, a group it may join later, a process running outside its mounts
-        (``shell.exec`` is not confined to them) — a grant is only as safe as its file.
-        """
-        entries = walk(self.root, path)
-        host = entries[0].status.st_uid if entries[0].status is not None else 0
-        for entry in entries:
-            if entry.status is None or entry.is_link:
-                break  # a missing or linked control is refused when it is read
-            mode = stat.S_IMODE(entry.status.st_mode)
-            if entry.status.st_uid == self.identity.uid != host:
-                raise denied(
-                    f"{path} is not host-owned: {entry.shown} belongs to uid "
-                    f"{self.identity.uid}, the agent's own, so the agent could rewrite it "
-                    f"(give it to the host administrator, uid {host})"
-                )
-            if mode & (stat.S_IWGRP | stat.S_IWOTH):
-                raise denied(
-                    f"{path} is not host-owned: {entry.shown} is writable by its group or by "
-                    f"others (mode {mode:04o}); the agent's controls and their directories "
-                    "must be writable by their owner alone (chmod go-w)"
-                )
-
-    def _require_host_owned(self, path: PurePosixPath) -> None:
-        """A grant the agent could rewrite is no grant (P-6): deny if it can change ``path``.
-
-        It can when it may write the file or a directory above it (mode bits) and sees that
-        entry through a read-write mount.
-        """
-        for entry in writable_entries(self.root, path, self.identity):
-            for view in views_of(self.mounts, PurePosixPath(self.root, entry)):
-                if view.mount.writable:
-                    raise denied(
-                        f"{path} is not host-owned: the agent may change {entry} "
-                        f"(as uid {self.identity.uid}, at {view.path} through {view.mount})"
-                    )
 
 
 _STEPS: tuple[tuple[Step, Callable[[_Evaluation], _StepOutcome]], ...] = (

@@ -230,8 +230,14 @@ class _Call:
                     raise invalid(f"the input is not JSON: {input_value.problem}")
                 validate_input(self.controls.schema, input_value, self.tool_name)
         with self._stage("authorize"):
+            assert self.view is not None
             decision = check_tool_execute(
-                self.root, self.agent, self.tool_name, self._caller(), self.location
+                self.root,
+                self.agent,
+                self.tool_name,
+                self._caller(),
+                self.location,
+                facts=self.view.facts,
             )
             self._require(decision, "authorize")
         with self._stage("hook"):
@@ -290,7 +296,8 @@ class _Call:
                 self.root, self.agent, "shared", ref.space, "write", self._caller()
             )
             missing = f"make the space with 'ctx shared create {ref.space}'"
-            self._require(check_authority(request), "session", if_missing=missing)
+            decision = check_authority(request, self.view.facts)
+            self._require(decision, "session", if_missing=missing)
         identity = self.view.identity
         self.session_ref = ref
         self.session = open_session(ref, owner=Ownership(identity.uid, identity.gid))
