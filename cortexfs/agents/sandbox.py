@@ -9,9 +9,10 @@ bubblewrap, then setpriv, then ``/ctx/bin/tsh``.  The sandbox sees:
   system the sandbox is made of, nor one whose source now runs through a symbolic link
   (:func:`cortexfs.policy.mounts.mount_problem`): bubblewrap and setpriv run as root until
   setpriv has dropped the privileges, and they load programs, libraries and ``/etc`` files
-  from the sandbox.  bubblewrap itself follows links when it binds a source, so a link put on
-  a source's path between this check and the bind would still be followed; the agent's uid
-  can only win that race for a source below a directory it may write;
+  from the sandbox.  Each source is opened here, walked from ``/`` one component at a time
+  without following a link (:func:`open_mount_sources`), and bubblewrap binds the directory
+  open (``--bind-fd``), never a path, which it would resolve itself and so follow a link put
+  on the way since the check;
 * the system's ``/usr`` and ``/etc`` read-only, a private ``/proc``, ``/dev``, ``/tmp`` and
   ``/run``, and nothing else of the host;
 * ``/run/ctx/run.sock``: the terminal's run socket, through which tsh hands each command line
@@ -24,19 +25,32 @@ tsh runs as the agent's uid, gid and exactly its groups, with no capabilities an
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import signal
+import stat
 import termios
+from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
+from typing import NamedTuple
 
 from cortexfs.agents.view import WORKSPACE, AgentView
-from cortexfs.policy.mounts import CTX_TARGET, mount_problem
+from cortexfs.errors import CtxError
+from cortexfs.policy.mounts import CTX_TARGET, Mount, mount_problem
 
 SANDBOX_RUN_SOCKET = "/run/ctx/run.sock"
 SANDBOX_TSH = "/ctx/bin/tsh"
 _SANDBOX_PROGRAMS = (b"bwrap", b"setpriv")  # what runs before tsh in the shell's session
 _SYSTEM_DIRS = ("/usr", "/etc")
+_WALKED = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class BoundSource(NamedTuple):
+    """A mount of the agent's, its source open (``O_PATH``) for bubblewrap to bind."""
+
+    mount: Mount
+    descriptor: int
 
 
 def has_workspace(view: AgentView) -> bool:
@@ -57,9 +71,12 @@ def shell_environment(view: AgentView, session: str) -> dict[str, str]:
     }
 
 
-def shell_command(view: AgentView, view_dir: Path, run_socket: Path) -> list[str]:
+def shell_command(
+    view: AgentView, view_dir: Path, run_socket: Path, sources: Sequence[BoundSource]
+) -> list[str]:
     """The command line that starts tsh in the sandbox: ``view_dir`` is where the agent's
-    view is mounted on the host, ``run_socket`` the terminal's run socket."""
+    view is mounted on the host, ``run_socket`` the terminal's run socket, ``sources`` the
+    agent's mounts (:func:`open_mount_sources`), whose descriptors bubblewrap must inherit."""
     identity = view.identity
     groups = ",".join(str(g) for g in sorted(identity.groups))
     return [
@@ -71,7 +88,7 @@ def shell_command(view: AgentView, view_dir: Path, run_socket: Path) -> list[str
         "--bind", str(view_dir), "/ctx",
         "--perms", "0755", "--dir", os.path.dirname(SANDBOX_RUN_SOCKET),
         "--bind", str(run_socket), SANDBOX_RUN_SOCKET,
-        *_mount_binds(view),
+        *_mount_binds(sources),
         "--chdir", str(WORKSPACE) if has_workspace(view) else "/",
         "setpriv", f"--reuid={identity.uid}", f"--regid={identity.gid}",
         f"--groups={groups}" if groups else "--clear-groups",
@@ -112,19 +129,69 @@ def _network_isolation(view: AgentView) -> list[str]:
     return [] if view.allows("network", "default", "connect") else ["--unshare-net"]
 
 
-def _mount_binds(view: AgentView) -> list[str]:
-    binds = []
-    # A mount below another's target is bound after it, or the outer one would hide it.
+def open_mount_sources(view: AgentView) -> list[BoundSource]:
+    """The agent's mounts the sandbox binds, in the order it binds them, each source open.
+
+    Not the storage root's mount (the sandbox gets the projection at ``/ctx`` instead), and
+    never one on a system directory: the mount control's reader withholds such a mount
+    already, and this holds whatever the view was built from — setpriv runs as root through
+    the sandbox's ``/usr``, ``/etc`` and ``/lib``, so a mount there would run its writer's
+    code as root.  A mount below another's target comes after it, or the outer one would hide
+    it.  ENOENT for a source that is missing, ELOOP for one whose path runs through a link
+    now; the caller closes the descriptors (:func:`close_sources`) once bubblewrap has them.
+    """
     by_depth = sorted(view.visible_mounts(), key=lambda mount: len(mount.target.parts))
-    for mount in by_depth:
-        if mount.target == CTX_TARGET:
-            continue  # the projection, not the raw root
-        if mount_problem(mount, storage_root=PurePosixPath()):
-            # The mount control's reader withholds such a mount already; this holds whatever
-            # the view was built from.  setpriv runs as root through the sandbox's /usr, /etc
-            # and /lib: a mount there would run its writer's code as root.
-            continue
-        binds += ["--bind" if mount.writable else "--ro-bind", str(mount.source), str(mount.target)]
+    opened: list[BoundSource] = []
+    try:
+        for mount in by_depth:
+            if mount.target == CTX_TARGET or mount_problem(mount, storage_root=PurePosixPath()):
+                continue
+            opened.append(BoundSource(mount, _open_source(mount)))
+    except BaseException:
+        close_sources(opened)
+        raise
+    return opened
+
+
+def close_sources(sources: Sequence[BoundSource]) -> None:
+    for source in sources:
+        os.close(source.descriptor)
+
+
+def _open_source(mount: Mount) -> int:
+    """``mount``'s source, walked from ``/`` one component at a time without following a link:
+    what bubblewrap binds is the directory (or file) found here, whatever the path names
+    later.  (``O_PATH | O_NOFOLLOW`` opens a link itself rather than failing, so each step is
+    looked at before the next.)"""
+    where = f"the source {mount.source} of the mount at {mount.target}"
+    fd = os.open("/", _WALKED)
+    try:
+        for part in PurePosixPath(mount.source).parts[1:]:
+            try:
+                inner = os.open(part, _WALKED, dir_fd=fd)
+            except OSError as exc:
+                raise CtxError(
+                    exc.errno or errno.EIO, f"{where} cannot be opened: {exc.strerror}"
+                ) from None
+            os.close(fd)
+            fd = inner
+            if stat.S_ISLNK(os.fstat(fd).st_mode):
+                raise CtxError(
+                    errno.ELOOP,
+                    f"{where} runs through a symbolic link ({part}) now; links are never "
+                    "followed, so it is not bound",
+                )
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _mount_binds(sources: Sequence[BoundSource]) -> list[str]:
+    binds = []
+    for mount, descriptor in sources:
+        option = "--bind-fd" if mount.writable else "--ro-bind-fd"
+        binds += [option, str(descriptor), str(mount.target)]
     return binds
 
 

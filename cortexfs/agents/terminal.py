@@ -219,18 +219,25 @@ class Terminal:
         self.main_socket.chmod(0o666)
 
     def _spawn_shell(self) -> None:
-        self.master, slave = os.openpty()
-        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
-        self.shell = subprocess.Popen(
-            sandbox.shell_command(self.view, self.view_dir, self.run_socket),
-            stdin=slave,
-            stdout=slave,
-            stderr=slave,
-            env=sandbox.shell_environment(self.view, self.session.name),
-            start_new_session=True,
-            preexec_fn=sandbox.take_terminal,
-        )
-        os.close(slave)
+        sources = sandbox.open_mount_sources(self.view)
+        try:
+            self.master, slave = os.openpty()
+            try:
+                fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
+                self.shell = subprocess.Popen(
+                    sandbox.shell_command(self.view, self.view_dir, self.run_socket, sources),
+                    stdin=slave,
+                    stdout=slave,
+                    stderr=slave,
+                    env=sandbox.shell_environment(self.view, self.session.name),
+                    start_new_session=True,
+                    preexec_fn=sandbox.take_terminal,
+                    pass_fds=[source.descriptor for source in sources],
+                )
+            finally:
+                os.close(slave)
+        finally:
+            sandbox.close_sources(sources)  # bubblewrap has its own copies
         os.set_blocking(self.master, False)
         self.selector.register(self.master, selectors.EVENT_READ, self._shell_output)
 

@@ -20,6 +20,7 @@ import pytest
 from cortexfs.agents import sandbox
 from cortexfs.agents.request import RequestError, parse_request
 from cortexfs.agents.view import AgentView
+from cortexfs.errors import CtxError
 from cortexfs.policy import controls
 from cortexfs.policy.mounts import Mount
 from cortexfs.tools.core import confine
@@ -108,13 +109,12 @@ def test_a_system_mount_in_a_hand_edited_control_is_withheld_and_never_bound(
     usable = controls.read_mounts(world.root, "edited")
     withheld = controls.withheld_mounts(world.root, "edited")
     view = AgentView.load(world.root, "edited")
-    command = sandbox.shell_command(view, Path("/view"), Path("/run.sock"))
 
     assert [str(m.target) for m in usable] == ["/work", "/ctx"]
     assert [str(m.target) for m, _ in withheld] == ["/etc", "/usr/lib/x"]
     assert all("belongs to the system" in reason for _, reason in withheld)
     assert [str(m.target) for m in view.tool_mounts()].count("/etc") == 0
-    binds = _binds(command)
+    binds = _binds(view)
     assert (real, "/work") in binds
     assert ("/etc", "/etc") in binds and ("/usr", "/usr") in binds
     assert not [target for source, target in binds if source == real and target != "/work"]
@@ -135,7 +135,7 @@ def test_the_sandbox_binds_no_mount_on_a_system_directory_whatever_its_view(
     view = view._replace(policy=AgentView.load(world.root, "plain").policy)
     assert len(view.visible_mounts()) == 5  # /work, /ctx and the three planted ones
 
-    binds = _binds(sandbox.shell_command(view, Path("/view"), Path("/run.sock")))
+    binds = _binds(view)
 
     assert not [target for source, target in binds if source == str(real) and target != "/work"]
 
@@ -193,9 +193,42 @@ def test_confine_never_follows_a_link_on_a_mounts_source(tmp_path: Path) -> None
     assert "symbolic link" in str(raised.value)
 
 
-def _binds(command: list[str]) -> list[tuple[str, str]]:
-    return [
-        (command[index + 1], command[index + 2])
-        for index, word in enumerate(command)
-        if word in ("--bind", "--ro-bind")
-    ]
+def _binds(view: AgentView) -> list[tuple[str, str]]:
+    """The (source, target) pairs the sandbox's command line binds: a mount's source is
+    the directory its descriptor holds open, as the kernel names it."""
+    sources = sandbox.open_mount_sources(view)
+    try:
+        command = sandbox.shell_command(view, Path("/view"), Path("/run.sock"), sources)
+        binds = []
+        for index, word in enumerate(command):
+            if word in ("--bind", "--ro-bind"):
+                binds.append((command[index + 1], command[index + 2]))
+            elif word in ("--bind-fd", "--ro-bind-fd"):
+                held = os.readlink(f"/proc/self/fd/{command[index + 1]}")
+                binds.append((held, command[index + 2]))
+        return binds
+    finally:
+        sandbox.close_sources(sources)
+
+
+def test_the_sandbox_binds_the_directory_it_checked_not_a_link_put_on_its_path_since(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """bubblewrap would follow a link when it binds a path: it gets the source open instead,
+    and a source whose path runs through a link by then is refused (ELOOP), never bound.
+    (A link there before the check withholds the mount: the test above.)"""
+    inner = world.workspace / "inner"
+    inner.mkdir()
+    world.agent("raced", mounts=[[str(inner), "/work", "rw"]])
+    view = AgentView.load(world.root, "raced")
+    assert (os.path.realpath(inner), "/work") in _binds(view)
+
+    monkeypatch.setattr(sandbox, "mount_problem", lambda mount, storage_root: "")
+    inner.rmdir()  # after the check: what a writer of the workspace could do
+    inner.symlink_to(world.root / "agent")
+
+    with pytest.raises(CtxError) as refused:
+        sandbox.open_mount_sources(view)  # the view was loaded before the swap
+    assert refused.value.errno == errno.ELOOP
+    assert f"source {os.path.realpath(world.workspace)}/inner" in refused.value.message
+    assert "symbolic link (inner)" in refused.value.message
