@@ -151,6 +151,20 @@ def _is_project_queue(root: Path, queue_dir: Path) -> bool:
     return os.path.realpath(space.parent.parent) == os.path.realpath(root)
 
 
+def open_queue(queue_dir: Path) -> layout.Queue:
+    """The queue a command works on.  A project's queue in the storage root is reached without
+    following a symlink at ``shared``, ``P`` or ``queue`` (Q-8): one planted there would take
+    every job outside the root."""
+    return layout.Queue.open(queue_dir, within=_project_root(queue_dir))
+
+
+def _project_root(queue_dir: Path) -> Path | None:
+    """The storage root ``queue_dir`` is a project's queue of (as the command line spells
+    it), or None for a queue anywhere else."""
+    root = click.get_current_context().meta[STORAGE_ROOT_KEY]
+    return queue_dir.parents[2] if _is_project_queue(root, queue_dir) else None
+
+
 def _is_queue_directory(path: Path) -> bool:
     return all((path / state).is_dir() for state in layout.STATE_DIRS)
 
@@ -267,9 +281,12 @@ def init(queue_dir: Path, as_json: bool) -> None:
     whole, as 'ctx shared create' does (SPEC X-1: tool/, data/, queue/, agent/, setgid).
     """
     root = click.get_current_context().meta[STORAGE_ROOT_KEY]
-    if _is_project_queue(root, queue_dir):
+    within = _project_root(queue_dir)
+    if within is not None:
         from cortexfs.shared.spaces import create_shared_space  # only init needs it
 
+        # What exists of the space is reached as every other command reaches it (Q-8).
+        layout.refuse_symlinks_below(within, queue_dir)
         created = create_shared_space(root, queue_dir.parent.name).created
     else:
         # A queue directory anywhere else (--queue DIR, an absolute --project path) is only
@@ -305,7 +322,7 @@ def publish(
         if batch:
             raise click.UsageError("--name cannot be used with --batch")
         name = _job_argument(name)
-    with _opened_input(source) as stream, layout.Queue.open(queue_dir) as q:
+    with _opened_input(source) as stream, open_queue(queue_dir) as q:
         # The size limit is on the bytes given, which are stored as given: the file, or each
         # line of a batch (§2.1).  Nothing beyond it is read.
         limit = q.config.max_request_bytes
@@ -354,7 +371,7 @@ def claim(
     unless --pid names another; recover requeues the job once that process is gone.
     """
     holder = _holder(pid, worker)
-    with layout.Queue.open(queue_dir) as q:
+    with open_queue(queue_dir) as q:
         # One process per claim: keep the claim order between processes (Q-10).
         q.claim_order = HintedClaimOrder(q.path)
         # Ctrl-C waits until the claim is leased and named, or never made: stopped between
@@ -397,7 +414,7 @@ def renew(queue_dir: Path, as_json: bool, job: str, pid: int | None, ttl: float 
     """Extend the caller's own lease on JOB (EACCES when another process holds it)."""
     job = _job_argument(job)
     holder = _holder(pid, None)
-    with layout.Queue.open(queue_dir) as q, held_interrupts():  # no temp left in inbox/
+    with open_queue(queue_dir) as q, held_interrupts():  # no temp left in inbox/
         lease = protocol.renew(q, job, holder, ttl)
         if as_json:
             emit_json(lease.to_json())
@@ -427,7 +444,7 @@ def finish(
     if ok == error:
         raise click.UsageError("say how the job ended: exactly one of --ok or --error")
     job = _job_argument(job)
-    with layout.Queue.open(queue_dir) as q:
+    with open_queue(queue_dir) as q:
         output = _result_output(q, result_source, ok)
         # A finish stopped midway leaves a result beside a claimed request, for
         # 'recover --reconcile' to roll forward: Ctrl-C waits until it is complete and said.
@@ -474,7 +491,7 @@ def status(queue_dir: Path, as_json: bool) -> None:
 
     Exit 1 when a conflict is found (SPEC §2.4), else 0.
     """
-    with layout.Queue.open(queue_dir) as q:
+    with open_queue(queue_dir) as q:
         report = inspect.status(q)
     found_conflict = EXIT_REFUSED if report.conflicts else EXIT_OK  # §2.4
     if as_json:
@@ -508,7 +525,7 @@ def status(queue_dir: Path, as_json: bool) -> None:
 )
 def list_command(queue_dir: Path, as_json: bool, state: str | None) -> None:
     """List jobs: one name per line with --state, else 'STATE NAME' lines."""
-    with layout.Queue.open(queue_dir) as q:
+    with open_queue(queue_dir) as q:
         jobs = inspect.list_jobs(q, state)
     if as_json:
         emit_json(jobs)
@@ -527,7 +544,7 @@ def show(queue_dir: Path, as_json: bool, job: str) -> None:
     Exit 1 when JOB is a conflict (SPEC §2.4), else 0.
     """
     job = _job_argument(job)
-    with layout.Queue.open(queue_dir) as q:
+    with open_queue(queue_dir) as q:
         detail = inspect.show(q, job)
     conflict = EXIT_REFUSED if detail["state"] == "conflict" else EXIT_OK  # §2.4
     if as_json:
@@ -571,7 +588,7 @@ def recover(
     consistent afterwards, 1 when incomplete pairs or conflicts remain (stray temp files
     count as neither); --dry-run changes nothing, so it exits as the queue stands.
     """
-    with layout.Queue.open(queue_dir) as q:
+    with open_queue(queue_dir) as q:
         report = recovery.recover(q, reconcile=reconcile, dry_run=dry_run, grace=grace)
     if as_json:
         emit_json(report.to_json())

@@ -25,7 +25,13 @@ import click
 
 from cortexfs.cli.common import discard_output, handles_errors, object_name_argument
 from cortexfs.cli.params import Seconds
-from cortexfs.cli.queue import STORAGE_ROOT_KEY, queue_options, ttl_option, worker_id_option
+from cortexfs.cli.queue import (
+    STORAGE_ROOT_KEY,
+    open_queue,
+    queue_options,
+    ttl_option,
+    worker_id_option,
+)
 from cortexfs.errors import CtxError
 from cortexfs.worker.executors import NO_AGENT, executor_for
 from cortexfs.worker.loop import EXIT_ABORTED, Worker, WorkerOptions
@@ -269,6 +275,9 @@ def _run(
     session = object_name_argument(session, "session")
     if agent is not None:
         agent = object_name_argument(agent, "agent")
+    # Refused as by every other command (a project's queue reached through a symlink, ELOOP;
+    # a queue that is not one), before the worker starts and claims anything.
+    open_queue(queue_dir).close()
     executor = executor_for(kind, root, agent, session)
     options = WorkerOptions(
         drain=drain,

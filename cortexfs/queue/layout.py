@@ -125,10 +125,21 @@ class Queue:
     # ------------------------------------------------------------------ opening and closing
 
     @classmethod
-    def open(cls, path: Path, ops: durable.FsOps | None = None) -> Queue:
+    def open(
+        cls, path: Path, ops: durable.FsOps | None = None, *, within: Path | None = None
+    ) -> Queue:
+        """Open the queue at ``path``, never through a symlink at its last component.
+
+        ``within``: a directory ``path`` lies below (the storage root of a project's queue,
+        ``ROOT/shared/P/queue``): no component below it is followed either (Q-8), so a
+        symlinked ``shared/P`` cannot take the queue outside the root (ELOOP).
+        """
         ops = ops or durable.default_ops()
         try:
-            root_fd = durable.open_dir_path(ops, str(path))
+            if within is None:
+                root_fd = durable.open_dir_path(ops, str(path))
+            else:
+                root_fd = open_dir_below(ops, within, path)
         except FileNotFoundError as exc:
             raise not_found(f"no queue at {path}; create it with 'ctx queue init'") from exc
         except PermissionError:
@@ -259,6 +270,53 @@ class Queue:
         arbitration between publishers of the same name (Q-1), as ``mkdir claimed/J`` is
         between claimers; the move into ``pending/`` releases it."""
         return f"{job}.publish{TEMP_SUFFIX}"
+
+
+def open_dir_below(ops: durable.FsOps, top: Path, path: Path) -> int:
+    """Open the directory ``path`` one component at a time from ``top``, following no symlink
+    below ``top`` (``O_NOFOLLOW`` relative to the descriptor of the component before).
+
+    ``top`` itself is reached as it is named: a storage root may be a symlink its
+    administrator made (``storage/current`` -> a release).  ELOOP naming the first component
+    that is a symlink, ENOTDIR one that is not a directory, FileNotFoundError a missing one.
+    """
+    try:
+        names = path.relative_to(top).parts
+    except ValueError:
+        raise invalid(f"{path} does not lie below {top}") from None
+    fd = durable.open_dir_path(ops, os.path.realpath(top))
+    reached = top
+    for name in names:
+        reached = reached / name
+        try:
+            inner = ops.open_dir(name, fd)
+        except OSError as exc:
+            found = lstat_at(fd, name) if exc.errno in (errno.ELOOP, errno.ENOTDIR) else None
+            ops.close(fd)
+            if found is not None and stat.S_ISLNK(found.st_mode):
+                raise CtxError(
+                    errno.ELOOP,
+                    f"{reached} is a symlink; nothing below {top} is followed (Q-8), so "
+                    "refusing to use it: replace it with the directory itself",
+                ) from None
+            if found is not None:
+                raise CtxError(errno.ENOTDIR, f"{reached} is not a directory") from None
+            raise
+        ops.close(fd)
+        fd = inner
+    return fd
+
+
+def refuse_symlinks_below(top: Path, path: Path, ops: durable.FsOps | None = None) -> None:
+    """:func:`open_dir_below`'s refusals (ELOOP, ENOTDIR) for the part of ``path`` that
+    exists, before ``queue init`` makes the rest: a symlinked ``shared/P`` is refused, never
+    completed with a queue outside ``top``."""
+    ops = ops or durable.default_ops()
+    try:
+        ops.close(open_dir_below(ops, top, path))
+    except FileNotFoundError:
+        if path != top:
+            refuse_symlinks_below(top, path.parent, ops)
 
 
 def _with_move_strategy(ops: durable.FsOps, strategy: str) -> durable.FsOps:

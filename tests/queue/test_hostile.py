@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from cortexfs.errors import CtxError
-from cortexfs.queue import Holder, Queue, claim, publish, recover
+from cortexfs.queue import Holder, Queue, claim, init_queue, publish, recover
 from cortexfs.queue.inspect import status
 from tests.queue.helpers import request
 
@@ -178,3 +178,16 @@ def test_a_result_that_is_a_directory_is_a_conflict(queue: Queue, queue_dir: Pat
     (queue_dir / "done" / "d.req.json.result").mkdir()
     report = recover(queue, reconcile=True)
     assert [f.job for f in report.conflicts] == ["d.req.json"]
+
+
+def test_no_component_below_the_storage_root_is_followed(
+    root: Path, queue_dir: Path, tmp_path: Path
+) -> None:
+    """A project's queue opened from its storage root: a symlinked space is refused (ELOOP),
+    however real the queue it leads to."""
+    init_queue(tmp_path / "elsewhere" / "queue")
+    (root / "shared" / "linked").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(CtxError) as caught:
+        Queue.open(root / "shared" / "linked" / "queue", within=root)
+    assert caught.value.errno == errno.ELOOP
+    assert caught.value.message.startswith(f"{root}/shared/linked is a symlink")

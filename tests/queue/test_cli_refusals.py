@@ -1,0 +1,84 @@
+"""What the queue commands refuse before they change anything, through real subprocesses."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from cortexfs.queue.layout import STATE_DIRS
+from tests.queue.helpers import PROJECT, request, write_json
+from tests.support.cli import ctx
+
+P = ("--project", PROJECT)
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    root = tmp_path / "storage"
+    assert ctx(root, "queue", "init", *P).returncode == 0
+    return root
+
+
+def qdir(root: Path) -> Path:
+    return root / "shared" / PROJECT / "queue"
+
+
+def tree(queue_dir: Path) -> dict[str, list[str]]:
+    return {state: sorted(os.listdir(queue_dir / state)) for state in STATE_DIRS}
+
+
+# Every queue command, with what it needs to get as far as opening the queue.
+EVERY_COMMAND = {
+    "init": ("init",),
+    "publish": ("publish", "--name", "j", "-"),
+    "claim": ("claim",),
+    "renew": ("renew", "j"),
+    "finish": ("finish", "j", "--ok"),
+    "status": ("status",),
+    "list": ("list",),
+    "show": ("show", "j"),
+    "recover": ("recover", "--reconcile"),
+    "work": ("work", "--drain", "--agent", "a"),
+}
+
+
+@pytest.mark.parametrize("linked", ["shared/elsewhere", "shared"])
+@pytest.mark.parametrize("command", EVERY_COMMAND.values(), ids=EVERY_COMMAND.keys())
+def test_a_project_reached_through_a_symlink_is_refused_by_every_command(
+    root: Path, tmp_path: Path, linked: str, command: tuple[str, ...]
+) -> None:
+    """Q-8: no component of shared/P/queue is followed, not only the queue's own: a symlinked
+    space (or shared/ itself) would take the jobs outside the storage root."""
+    outside = tmp_path / "outside"
+    made = ctx(root, "queue", "init", "--queue", str(outside / "elsewhere" / "queue"))
+    assert made.returncode == 0, made.stderr
+    write_json(outside / "elsewhere" / "queue" / "pending" / "j.req.json", request())
+    if linked == "shared":
+        os.rename(root / "shared", outside / "shared")
+        (outside / "shared" / "elsewhere").symlink_to(outside / "elsewhere")
+        (root / "shared").symlink_to(outside / "shared")
+        link = root / "shared"
+    else:
+        link = root / "shared" / "elsewhere"
+        link.symlink_to(outside / "elsewhere")
+    before = tree(outside / "elsewhere" / "queue")
+
+    done = ctx(root, "queue", *command, "--project", "elsewhere", stdin='{"tool":"t","input":{}}')
+
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.startswith(f"ctx: ELOOP: {link} is a symlink"), done.stderr
+    assert tree(outside / "elsewhere" / "queue") == before
+    assert link.is_symlink()
+
+
+def test_a_projects_queue_path_given_with_queue_is_walked_the_same_way(
+    root: Path, tmp_path: Path
+) -> None:
+    (tmp_path / "outside" / "queue").mkdir(parents=True)
+    (root / "shared" / "elsewhere").symlink_to(tmp_path / "outside")
+    for option in ("--queue", "--project"):
+        done = ctx(root, "queue", "init", option, str(root / "shared" / "elsewhere" / "queue"))
+        assert done.returncode == 1 and "ELOOP" in done.stderr, done.stderr
+    assert os.listdir(tmp_path / "outside" / "queue") == []
