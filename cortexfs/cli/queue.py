@@ -282,11 +282,11 @@ def init(queue_dir: Path, as_json: bool) -> None:
     """
     root = click.get_current_context().meta[STORAGE_ROOT_KEY]
     within = _project_root(queue_dir)
+    # What exists is checked as every other command checks it, before anything is made.
+    layout.check_existing_queue(queue_dir, within=within)
     if within is not None:
         from cortexfs.shared.spaces import create_shared_space  # only init needs it
 
-        # What exists of the space is reached as every other command reaches it (Q-8).
-        layout.refuse_symlinks_below(within, queue_dir)
         created = create_shared_space(root, queue_dir.parent.name).created
     else:
         # A queue directory anywhere else (--queue DIR, an absolute --project path) is only

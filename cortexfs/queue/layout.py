@@ -135,15 +135,7 @@ class Queue:
         symlinked ``shared/P`` cannot take the queue outside the root (ELOOP).
         """
         ops = ops or durable.default_ops()
-        try:
-            if within is None:
-                root_fd = durable.open_dir_path(ops, str(path))
-            else:
-                root_fd = open_dir_below(ops, within, path)
-        except FileNotFoundError as exc:
-            raise not_found(f"no queue at {path}; create it with 'ctx queue init'") from exc
-        except PermissionError:
-            raise not_readable(Path(path), f"open queue {path}") from None
+        root_fd = _open_queue_dir(ops, path, within)
         queue = cls(path=path, ops=ops, config=QueueConfig(), root_fd=root_fd)
         queue.group_access = stat.S_IMODE(os.fstat(root_fd).st_mode) & 0o070
         try:
@@ -307,16 +299,45 @@ def open_dir_below(ops: durable.FsOps, top: Path, path: Path) -> int:
     return fd
 
 
-def refuse_symlinks_below(top: Path, path: Path, ops: durable.FsOps | None = None) -> None:
-    """:func:`open_dir_below`'s refusals (ELOOP, ENOTDIR) for the part of ``path`` that
-    exists, before ``queue init`` makes the rest: a symlinked ``shared/P`` is refused, never
-    completed with a queue outside ``top``."""
+def _open_queue_dir(ops: durable.FsOps, path: Path, within: Path | None) -> int:
+    """The queue directory's descriptor (see :meth:`Queue.open`)."""
+    try:
+        if within is None:
+            return durable.open_dir_path(ops, str(path))
+        return open_dir_below(ops, within, path)
+    except FileNotFoundError as exc:
+        raise not_found(f"no queue at {path}; create it with 'ctx queue init'") from exc
+    except PermissionError:
+        raise not_readable(Path(path), f"open queue {path}") from None
+
+
+def check_existing_queue(
+    path: Path, ops: durable.FsOps | None = None, *, within: Path | None = None
+) -> None:
+    """Refuse what :meth:`Queue.open` would refuse of what exists at ``path``, with its error:
+    a symlink on the way (ELOOP), a state directory that is not a real one, a config that
+    cannot be read or parsed.  What is missing (the queue, a state directory, the config) is
+    not refused: ``queue init`` makes it, and it is the only repair init makes.  So init
+    never calls "ready" a queue every other command refuses, and refuses before it changes
+    anything."""
     ops = ops or durable.default_ops()
     try:
-        ops.close(open_dir_below(ops, top, path))
-    except FileNotFoundError:
-        if path != top:
-            refuse_symlinks_below(top, path.parent, ops)
+        root_fd = _open_queue_dir(ops, path, within)
+    except CtxError as exc:
+        if exc.errno == errno.ENOENT:
+            return
+        raise
+    found = Queue(path=path, ops=ops, config=QueueConfig(), root_fd=root_fd)
+    try:
+        for name in STATE_DIRS:
+            try:
+                found.dirs[name] = found._open_state_dir(name)
+            except CtxError as exc:
+                if exc.errno != errno.ENOENT:
+                    raise
+        found._read_config()
+    finally:
+        found.close()
 
 
 def _with_move_strategy(ops: durable.FsOps, strategy: str) -> durable.FsOps:

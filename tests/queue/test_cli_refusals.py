@@ -82,3 +82,60 @@ def test_a_projects_queue_path_given_with_queue_is_walked_the_same_way(
         done = ctx(root, "queue", "init", option, str(root / "shared" / "elsewhere" / "queue"))
         assert done.returncode == 1 and "ELOOP" in done.stderr, done.stderr
     assert os.listdir(tmp_path / "outside" / "queue") == []
+
+
+def plant_symlinked_done(queue_dir: Path, tmp_path: Path) -> None:
+    os.rmdir(queue_dir / "done")
+    (queue_dir / "done").symlink_to(tmp_path)
+
+
+def plant_file_as_done(queue_dir: Path, tmp_path: Path) -> None:
+    os.rmdir(queue_dir / "done")
+    (queue_dir / "done").write_text("")
+
+
+def plant_unknown_config_key(queue_dir: Path, tmp_path: Path) -> None:
+    with open(queue_dir / "config", "a") as config:
+        config.write("bogus=1\n")
+
+
+def plant_symlinked_config(queue_dir: Path, tmp_path: Path) -> None:
+    (tmp_path / "config").write_text("grace=1\n")
+    os.unlink(queue_dir / "config")
+    (queue_dir / "config").symlink_to(tmp_path / "config")
+
+
+PLANTED = {
+    "symlinked-state-dir": plant_symlinked_done,
+    "file-as-state-dir": plant_file_as_done,
+    "unknown-config-key": plant_unknown_config_key,
+    "symlinked-config": plant_symlinked_config,
+}
+
+
+@pytest.mark.parametrize("plant", PLANTED.values(), ids=PLANTED.keys())
+def test_init_refuses_an_existing_queue_every_other_command_refuses(
+    root: Path, tmp_path: Path, plant: object
+) -> None:
+    """init never says "ready" for a queue the other commands refuse: it checks what exists
+    as they do, refuses with their error (exit 1), and changes nothing, not even a missing
+    state directory it would otherwise make."""
+    queue_dir = qdir(root)
+    plant(queue_dir, tmp_path)  # type: ignore[operator]
+    status = ctx(root, "queue", "status", *P)
+    assert status.returncode == 1 and status.stderr.startswith("ctx: E"), status.stderr
+    os.rmdir(queue_dir / "failed")
+    planted = sorted(os.listdir(queue_dir))
+
+    init = ctx(root, "queue", "init", *P)
+
+    assert (init.returncode, init.stdout, init.stderr) == (1, "", status.stderr)
+    assert sorted(os.listdir(queue_dir)) == planted
+
+
+def test_init_repairs_a_missing_state_directory(root: Path) -> None:
+    os.rmdir(qdir(root) / "lease")
+    assert ctx(root, "queue", "status", *P).returncode == 1
+    init = ctx(root, "queue", "init", *P)
+    assert init.returncode == 0 and init.stdout.endswith("ready (1 entries created)\n")
+    assert ctx(root, "queue", "status", *P).returncode == 0
