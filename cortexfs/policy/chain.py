@@ -7,7 +7,10 @@
    Linux owner/group/other rule, through no symbolic link (:mod:`cortexfs.policy.objects` has
    the object and the bits of every class and permission).  A missing object is ENOENT.
 3. **mount visibility** — the object lies under one of the agent's mounts, read-write when the
-   permission writes (:mod:`cortexfs.policy.mounts`).
+   permission writes (:mod:`cortexfs.policy.mounts`).  The agent's mount of the storage root
+   is the exception: its tools get the agent's view of the root instead (T-5,
+   :mod:`cortexfs.agents.projection`), writable below the agent's home and below the spaces
+   its policy lets it write, whatever the mount's own mode (:meth:`AgentFacts.writes_through`).
 4. **agent label** — the agent has a valid subject type, and none of the controls its grants
    come from (identity, mount, label, policy) is within its own reach to rewrite: like ssh's
    StrictModes, neither the control nor a directory above it (``agent/<name>.d``, ``agent``,
@@ -45,7 +48,7 @@ from cortexfs.policy.beneath import walk
 from cortexfs.policy.decision import Policy
 from cortexfs.policy.grammar import Rule, check_object
 from cortexfs.policy.linux import WRITE, Credentials, Identity, Kind, check_access, writable_entries
-from cortexfs.policy.mounts import Mount, mounts_named, views_of
+from cortexfs.policy.mounts import Mount, View, mounts_named, views_of
 from cortexfs.policy.objects import NEEDED_ACCESS, Site, storage_site
 from cortexfs.storage import require_root
 
@@ -240,14 +243,45 @@ class AgentFacts:
         return controls.read_mounts(self.root, self.agent)
 
     @functools.cached_property
+    def declared_label(self) -> str:
+        """The label the agent's control names, before step 4 has judged its controls."""
+        return controls.read_label(self.root, self.agent)
+
+    @functools.cached_property
     def label(self) -> str:
         """The agent's label, once none of its host-owned controls is within its reach."""
-        label = controls.read_label(self.root, self.agent)
+        label = self.declared_label
         for control in controls.HOST_OWNED_CONTROLS:
             path = controls.control_path(self.agent, control)
             self._require_strict_modes(path)
             self.require_host_owned(path)
         return label
+
+    def writes_through(self, view: View) -> bool:
+        """Whether the agent may change what it sees at ``view``: through a read-write mount,
+        or through its mount of the storage root, which its tools get as the agent's view of
+        the root (T-5): writable below its own home and below each space its policy lets it
+        write (``shared:<s> write``), and nowhere else, whatever the mount's own mode.
+
+        Below a writable space that view is stricter still (other agents' sessions, S-6); the
+        steps after this one ask the policy about those.  Where this answer is wider than the
+        view, step 4 and step 6 only refuse more: a control the agent might change is no
+        grant.
+        """
+        if view.mount.writable:
+            return True
+        if PurePosixPath(view.mount.source) != PurePosixPath(self.root):
+            return False
+        parts = view.path.relative_to(view.mount.target).parts
+        if len(parts) < 2:
+            return False  # the root and its top directories are the host's
+        top, name = parts[:2]
+        if top == "home":
+            return name == str(self.identity.uid)
+        if top == "shared":
+            rule = Rule(self.declared_label, "shared", name, "write")
+            return rule in self.policy(controls.control_path(self.agent, "policy"))
+        return False
 
     def policy(self, path: PurePosixPath) -> Policy:
         if path not in self._policies:
@@ -290,7 +324,7 @@ class AgentFacts:
         """
         for entry in writable_entries(self.root, path, self.identity):
             for view in views_of(self.mounts, PurePosixPath(self.root, entry)):
-                if view.mount.writable:
+                if self.writes_through(view):
                     raise denied(
                         f"{path} is not host-owned: the agent may change {entry} "
                         f"(as uid {self.identity.uid}, at {view.path} through {view.mount})"
@@ -363,11 +397,14 @@ class _Evaluation:
         if not views:
             raise denied(f"{self.site.path} is under none of the mounts of agent {self.agent!r}")
         if self.access & WRITE:
-            views = [view for view in views if view.mount.writable]
+            views = [view for view in views if self.facts.writes_through(view)]
             if not views:
                 raise denied(f"{self.site.path} is visible to the agent only read-only")
         view = views[0]
-        return Outcome.PASS, f"{self.site.path} appears at {view.path} through {view.mount}"
+        detail = f"{self.site.path} appears at {view.path} through {view.mount}"
+        if self.access & WRITE and not view.mount.writable:
+            detail += ", writable in the agent's view of the storage root"
+        return Outcome.PASS, detail
 
     def label(self) -> _StepOutcome:
         self._label = self.facts.label

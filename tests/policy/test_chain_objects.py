@@ -75,9 +75,18 @@ def test_a_shared_space_needs_mode_bits_a_mount_and_policy(
     space.chmod(0o775)
     identity = {"uid": user.uid, "gid": user.gid, "groups": [61006]}
     write(coder / "identity", json.dumps(identity))
+    # Through the storage root's mount, its tools get the agent's view of the root (T-5),
+    # writable in the spaces its policy lets it write, whatever the mount's own mode.
+    through_view = ask(root, "shared:project-a", "write")
+    assert through_view.allowed, through_view.reason
+    assert "writable in the agent's view of the storage root" in through_view.steps[2].detail
+    mount(coder, [str(space), "/shared/project-a", "ro"])
     assert ask(root, "shared:project-a", "write").step == Step.VISIBILITY
     mount(coder, [str(root), "/ctx", "ro"], [str(space), "/shared/project-a", "rw"])
     assert ask(root, "shared:project-a", "write").allowed
+    grant(coder, "shared:project-a read")
+    mount(coder, [str(root), "/ctx", "ro"])
+    assert ask(root, "shared:project-a", "write").step == Step.VISIBILITY
     assert ask(root, "shared:project-b", "read").errno == errno.ENOENT
 
 
@@ -152,3 +161,30 @@ def test_tools_in_other_tiers_are_judged_where_they_live(
     )
     assert decision.allowed, decision.reason
     assert f"{location}/lint.d/policy" in decision.steps[Step.OWN_POLICY - 1].detail
+
+
+@pytest.mark.parametrize("tier", ["home/{uid}/tool", "shared/project-a/tool"])
+def test_a_tool_policy_the_agent_may_change_through_its_view_grants_nothing(
+    root: Path, coder: Path, user: UnprivilegedUser, tier: str
+) -> None:
+    """Its tools see the storage root as its view, writable in its home and in the spaces it
+    may write (T-5): a tool's own policy there is the agent's to rewrite, so no grant (P-6),
+    though the storage root's mount itself is read-only."""
+    location = tier.format(uid=user.uid)
+    add_tool(root, "lint", policy="allow coder_t tool:lint execute\n", location=location)
+    grant(coder, "tool:lint execute", "shared:project-a read")
+    top = root.joinpath(*location.split("/")[:2])  # home/<uid> or shared/project-a
+    os.chown(top, 0, 61006)
+    top.chmod(0o2775)
+    identity = {"uid": user.uid, "gid": user.gid, "groups": [61006]}
+    write(coder / "identity", json.dumps(identity))
+    caller = Credentials(user.uid, user.gid)
+    request = AuthorityRequest(root, "coder", "tool", "lint", "execute", caller, location)
+    if location.startswith("shared"):
+        assert check_authority(request).allowed  # it may read the space, not write it
+        grant(coder, "tool:lint execute", "shared:project-a read", "shared:project-a write")
+
+    decision = check_authority(request)
+
+    assert (decision.step, decision.errno) == (Step.OWN_POLICY, errno.EACCES), decision.reason
+    assert f"the agent may change {top.relative_to(root)}" in decision.reason

@@ -352,8 +352,9 @@ def test_a_malformed_program_control_makes_the_tool_unavailable(coder: World) ->
 
 
 def _member(world: World, name: str, permissions: list[str], *, mounted: bool = True) -> None:
-    """An agent of space ``proj`` with ``permissions`` on it, the space mounted read-write
-    (or not at all): writing in a space needs a writable view of it (P-5 step 3)."""
+    """An agent of space ``proj`` with ``permissions`` on it, the space mounted read-write, or
+    seen only through the agent's view of the storage root at ``/ctx``, which is writable in
+    the spaces its policy lets it write (P-5 step 3, T-5)."""
     mounts = [[str(world.workspace), "/workspace", "rw"]]
     if mounted:
         mounts.append([str(world.root / "shared" / "proj"), "/shared/proj", "rw"])
@@ -365,26 +366,26 @@ def test_a_shared_session_is_written_only_with_shared_write(world: World) -> Non
     create_shared_space(world.root, "proj", gid=world.user.gid)
     _member(world, "member", ["read", "write"])
     _member(world, "reader", ["read"])
-    _member(world, "unmounted", ["read", "write"], mounted=False)
+    _member(world, "viewer", ["read", "write"], mounted=False)
     _member(world, "outsider", [])
 
     def run(agent: str) -> ToolResult:
         where = SessionRef.shared(world.root, "proj", agent, "s9")
         return run_native(world.root, agent, "fs.list", {}, session=where)
 
-    member, reader, unmounted, outsider = map(run, ["member", "reader", "unmounted", "outsider"])
+    member, reader, viewer, outsider = map(run, ["member", "reader", "viewer", "outsider"])
 
-    assert member.ok, member.error
-    events = world.root / "shared/proj/agent/member/session/s9/events.jsonl"
-    assert [json.loads(line)["type"] for line in events.read_text().splitlines()] == [
-        "tool_call",
-        "tool_result",
-    ]
+    assert member.ok and viewer.ok, (member.error, viewer.error)
+    for writer in ("member", "viewer"):
+        events = world.root / f"shared/proj/agent/{writer}/session/s9/events.jsonl"
+        assert [json.loads(line)["type"] for line in events.read_text().splitlines()] == [
+            "tool_call",
+            "tool_result",
+        ]
     assert reader.error.errno == errno.EACCES and reader.error.stage == "session"
     assert reader.error.step == 5 and "shared:proj write" in reader.error.message
-    assert unmounted.error.stage == "session" and unmounted.error.step == 3
     assert outsider.error.stage == "session" and outsider.error.step == 5
-    for refused in ("reader", "unmounted", "outsider"):
+    for refused in ("reader", "outsider"):
         assert not (world.root / "shared/proj/agent" / refused).exists(), refused
 
 
@@ -399,6 +400,23 @@ def test_ctx_run_in_a_shared_session_needs_shared_write(world: World) -> None:
     assert refused.returncode != 0
     assert "EACCES" in refused.stderr and "step 5" in refused.stderr, refused.stderr
     assert not (world.root / "shared/proj/agent/reader").exists()
+
+
+def test_ctx_run_in_a_shared_session_through_the_agents_view_of_ctx(world: World) -> None:
+    """A member made with ``shared: {proj: [read, write]}`` and no mount of its own writes
+    its session through its view of ``/ctx``; the chain says so as the run does."""
+    create_shared_space(world.root, "proj", gid=world.user.gid)
+    _member(world, "viewer", ["read", "write"], mounted=False)
+
+    ran = ctx(
+        world.root, "run", "--agent", "viewer", "--project", "proj", "--session", "s9", "fs.list"
+    )
+    explained = ctx(world.root, "policy", "explain", "viewer", "shared:proj", "write")
+
+    assert ran.returncode == 0, ran.stderr
+    assert (world.root / "shared/proj/agent/viewer/session/s9/events.jsonl").is_file()
+    assert explained.returncode == 0, explained.stdout
+    assert "writable in the agent's view of the storage root" in explained.stdout
 
 
 def test_ctx_run_in_a_space_that_does_not_exist_says_how_to_make_it(world: World) -> None:
