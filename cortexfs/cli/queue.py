@@ -38,7 +38,7 @@ from cortexfs.jsontext import NotAJsonNumber
 from cortexfs.names import is_object_name, job_name
 from cortexfs.queue import inspect, layout, protocol, recovery
 from cortexfs.queue.claim_order import HintedClaimOrder
-from cortexfs.queue.holder import Holder, check_ttl
+from cortexfs.queue.holder import Holder, check_ttl, check_worker_id
 from cortexfs.queue.requests import (
     loads_json,
     not_a_json_number,
@@ -201,18 +201,14 @@ PID = click.IntRange(min=1, max=2**22)
 
 
 def worker_id_option(help_text: str, dest: str = "worker_id") -> Callable[[F], F]:
-    """``--worker ID``: recorded in leases and results, so printable text (UTF-8), not empty."""
+    """``--worker ID``: recorded in leases and results (:func:`check_worker_id`), checked while
+    click parses: a usage error (exit 2) before any job is claimed."""
 
     def checked(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
-        if value is None:
-            return None
         try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            raise click.BadParameter("a worker id must be UTF-8 text") from None
-        if not value.strip() or not value.isprintable():
-            raise click.BadParameter(f"{value!r} is not a printable, non-empty worker id")
-        return value
+            return None if value is None else check_worker_id(value)
+        except CtxError as exc:
+            raise click.BadParameter(exc.message) from None
 
     return click.option("--worker", dest, callback=checked, help=help_text)
 

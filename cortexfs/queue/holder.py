@@ -93,6 +93,8 @@ class Holder:
         pid = os.getpid() if pid is None else pid
         if pid <= 0:
             raise invalid(f"{pid} is not a process id")
+        if worker is not None:
+            check_worker_id(worker)
         try:
             start_time: float | None = psutil.Process(pid).create_time()
         except psutil.Error:
@@ -300,6 +302,33 @@ def _same_machine(holder: Holder, here: LocalSystem) -> bool:
     if holder.machine_id and here.machine_id:
         return holder.machine_id == here.machine_id and holder.host == here.host
     return holder.host == here.host
+
+
+# A worker id is written into every lease and result its holder takes, and shown on terminals
+# by status, show and the worker: a name, not a document.
+MAX_WORKER_ID_BYTES = 255
+
+
+def check_worker_id(worker: object) -> str:
+    """``worker`` if it can name a lease holder, else EINVAL (before any claim): 1 to
+    :data:`MAX_WORKER_ID_BYTES` bytes of UTF-8 text, every character printable (no control
+    character, line break or bidirectional override), not only blanks."""
+    if not isinstance(worker, str):
+        raise invalid(f"a worker id is text, not {type(worker).__name__}")
+    try:
+        size = len(worker.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise invalid("a worker id must be UTF-8 text") from None
+    shown = repr(worker if len(worker) <= 40 else worker[:40] + "...")
+    if size > MAX_WORKER_ID_BYTES:
+        raise invalid(
+            f"worker id {shown} is {size} bytes long; at most {MAX_WORKER_ID_BYTES} are allowed"
+        )
+    if not worker.strip() or not worker.isprintable():
+        raise invalid(
+            f"worker id {shown} is not one line of printable text (no control characters)"
+        )
+    return worker
 
 
 def check_ttl(ttl: float) -> float:

@@ -57,7 +57,7 @@ from cortexfs.interrupts import held_interrupts
 from cortexfs.names import job_name
 from cortexfs.queue import requests
 from cortexfs.queue.claim_order import candidates, pending_changed, pending_stamp
-from cortexfs.queue.holder import Holder, Lease, check_ttl
+from cortexfs.queue.holder import Holder, Lease, check_ttl, check_worker_id
 from cortexfs.queue.layout import (
     LEASE_FILE,
     RESULT_SUFFIX,
@@ -301,7 +301,10 @@ def claim(
     worker) looks at each pending request first and leaves those it declines pending, for
     the claimers they are meant for; an unreadable request is not declined.  ``unreadable``
     receives the jobs left pending because this process may not read their request.
+    EINVAL, before anything is read or changed, for a holder whose worker id no lease may
+    record (:func:`check_worker_id`).
     """
+    check_worker_id(holder.worker)
     tried: set[str] = set()
     for job in candidates(queue):
         # A name the claim order offers again (another process put it back meanwhile, or
@@ -346,6 +349,7 @@ def claim_job(
     """
     ops = queue.ops
     ttl = check_ttl(queue.config.lease_ttl if ttl is None else ttl)
+    check_worker_id(holder.worker)  # a lease its own readers would refuse never runs a job
     if not _is_regular(lstat_at(queue.pending, job)):
         return None
     ops.step("claim.mkdir")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -139,3 +140,37 @@ def test_init_repairs_a_missing_state_directory(root: Path) -> None:
     init = ctx(root, "queue", "init", *P)
     assert init.returncode == 0 and init.stdout.endswith("ready (1 entries created)\n")
     assert ctx(root, "queue", "status", *P).returncode == 0
+
+
+UNUSABLE_WORKER_IDS = {
+    "too-long": "a" * 100_000,
+    "256-bytes": "é" * 128,
+    "control-character": "w\x1b]0;x\x07",
+    "line-break": "w\nx",
+}
+
+
+@pytest.mark.parametrize("worker", UNUSABLE_WORKER_IDS.values(), ids=UNUSABLE_WORKER_IDS.keys())
+@pytest.mark.parametrize("command", [("claim",), ("work", "--drain", "--agent", "a")])
+def test_a_worker_id_no_lease_may_record_is_a_usage_error_before_any_claim(
+    root: Path, worker: str, command: tuple[str, ...]
+) -> None:
+    """A lease holding a 100 000-byte id is one its own readers refuse (EFBIG): claimed with
+    it, the job would be a conflict recover never requeues."""
+    write_json(qdir(root) / "pending" / "j.req.json", request())
+    before = tree(qdir(root))
+
+    done = ctx(root, "queue", *command, *P, "--worker", worker)
+
+    assert done.returncode == 2, done.stderr
+    assert "ctx: EINVAL: Invalid value for '--worker': worker id" in done.stderr
+    assert len(done.stderr) < 1000
+    assert tree(qdir(root)) == before
+
+
+def test_a_worker_id_of_the_longest_length_is_recorded(root: Path) -> None:
+    write_json(qdir(root) / "pending" / "j.req.json", request())
+    longest = "é" * 127 + "a"  # 255 bytes
+    done = ctx(root, "queue", "claim", *P, "--worker", longest, "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["lease"]["worker"] == longest

@@ -459,3 +459,19 @@ def test_a_holder_whose_lease_was_taken_away_cannot_finish(queue: Queue, me: Hol
     assert again.value.errno == errno.EEXIST
     result = json.loads((queue.path / "done" / f"{job}.result").read_text())
     assert result["output"] == "second"
+
+
+@pytest.mark.parametrize("worker", ["a" * 256, "", "tab\there"])
+def test_a_claim_for_a_worker_id_no_lease_may_record_is_refused_before_anything_moves(
+    queue: Queue, queue_dir: Path, me: Holder, worker: str
+) -> None:
+    job = publish(queue, request(), name="kept")
+    holder = dataclasses.replace(me, worker=worker)
+    for attempt in (lambda: claim(queue, holder), lambda: claim_job(queue, job, holder)):
+        with pytest.raises(CtxError) as caught:
+            attempt()
+        assert caught.value.errno == errno.EINVAL and "worker id" in caught.value.message
+    assert os.listdir(queue_dir / "pending") == [job]
+    assert os.listdir(queue_dir / "claimed") == os.listdir(queue_dir / "lease") == []
+    with pytest.raises(CtxError):
+        Holder.for_process(worker=worker or " ")
