@@ -133,10 +133,12 @@ def create_child(call: Capability, request: dict[str, Any]) -> dict[str, Any]:
     let it execute, a model both policies let it use, a shared space it may read or write —
     being named in the parent's policy is not enough.  The child's label is its own or its
     parent's, never another agent's: tool and model policies grant by label, so taking another
-    agent's label would take that agent's grants.  Every mount must lie within what the
-    parent's tools reach, read-write only where they may write (:class:`_Reach`): inside its
-    view of ``/ctx``, only what its projection shows (T-5); the child runs as the parent's
-    uid, gid and groups.  Nothing is inherited that the request does not name.
+    agent's label would take that agent's grants.  A mount's source is a path as the parent's
+    tools see it (``/workspace/sub``, ``/ctx/shared/<s>/data``) when one of its mounts shows
+    that path, else a host path (:meth:`_Reach.in_host_terms`).  Every mount must lie within
+    what the parent's tools reach, read-write only where they may write (:class:`_Reach`):
+    inside its view of ``/ctx``, only what its projection shows (T-5); the child runs as the
+    parent's uid, gid and groups.  Nothing is inherited that the request does not name.
     """
     from cortexfs.agents.create import create_agent
     from cortexfs.agents.request import parse_request
@@ -145,7 +147,9 @@ def create_child(call: Capability, request: dict[str, Any]) -> dict[str, Any]:
     root, parent = call.root, call.agent
 
     view = AgentView.load(root, parent)
-    child = parse_request(request.get("request"), f"agent.create by {parent}", root)
+    reach = _Reach(view)
+    document = reach.in_host_terms(request.get("request"))
+    child = parse_request(document, f"agent.create by {parent}", root)
     if not view.allows("agent", child.name, "create"):
         raise denied(f"agent {parent} holds no agent:{child.name} create (A-4)")
     if agent_controls.agent_exists(root, child.name):
@@ -174,7 +178,6 @@ def create_child(call: Capability, request: dict[str, Any]) -> dict[str, Any]:
         for permission in permissions
         if (reason := _parent_denied(view, "shared", space, permission))
     ]
-    reach = _Reach(view)
     judged = [(reach.real(source), target, mode) for source, target, mode in child.mounts]
     missing += [
         f"mount {source} ({mode})"
@@ -259,6 +262,30 @@ class _Reach:
     @staticmethod
     def real(path: str | os.PathLike[str]) -> PurePosixPath:
         return PurePosixPath(os.path.realpath(path))
+
+    def in_host_terms(self, document: object) -> object:
+        """``document`` (an agent request) with each mount source the parent's view shows
+        replaced by the host path behind it, through the mount that shows it: an agent knows
+        its mounts by their targets (A-4: the child's mounts are within the parent's *visible*
+        mounts), the host by their sources.  Any other source is taken as a host path, and
+        either way :meth:`holds` then judges the real path.  Anything malformed is left as
+        it is, for the request's validation to name."""
+        if not isinstance(document, dict) or not isinstance(document.get("mount"), list):
+            return document
+        mounts = []
+        for entry in document["mount"]:
+            if isinstance(entry, list) and entry and isinstance(entry[0], str):
+                entry = [self._host_path(entry[0]), *entry[1:]]
+            mounts.append(entry)
+        return {**document, "mount": mounts}
+
+    def _host_path(self, source: str) -> str:
+        place = PurePosixPath(source)
+        chosen = self._topmost(place) if place.is_absolute() else None
+        if chosen is None:
+            return source
+        mount = self.mounts[chosen]
+        return str(PurePosixPath(mount.source) / place.relative_to(mount.target))
 
     def holds(self, real: PurePosixPath, *, writable: bool) -> bool:
         """Whether the parent's tools reach the host directory ``real`` (a real path), and

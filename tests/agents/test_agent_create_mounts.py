@@ -282,3 +282,51 @@ def test_a_mount_on_top_of_the_parents_hides_what_is_below_it(
         assert result.ok, result.output
     else:
         assert_refused(stacked, result)
+
+
+# ------------------------------------------------------------- named as the parent sees it
+
+
+@pytest.mark.parametrize(
+    ("seen", "place", "mode"),
+    [
+        ("/ctx/shared/ro/data", "shared/ro/data", "ro"),
+        ("/ctx/shared/pub", "shared/pub", "rw"),
+        ("/ctx/home/{uid}", "home/{uid}", "rw"),
+    ],
+)
+def test_a_source_may_be_named_as_the_parents_tools_see_it(
+    lead: World, seen: str, place: str, mode: str
+) -> None:
+    """A-4: the child's mounts lie within the parent's *visible* mounts, which the agent
+    knows by their paths in its view; the host records the real path behind them."""
+    uid = lead.user.uid
+
+    result = create(lead, [[seen.format(uid=uid), "/data", mode]])
+
+    assert result.ok, result.output
+    assert [str(lead.root / place.format(uid=uid)), "/data", mode] in mount_control(lead)
+
+
+def test_the_parents_workspace_may_be_named_by_its_place_in_the_view(lead: World) -> None:
+    (lead.workspace / "sub").mkdir()
+
+    result = create(lead, [["/workspace/sub", "/data", "ro"]])
+
+    assert result.ok, result.output
+    assert [os.path.realpath(lead.workspace / "sub"), "/data", "ro"] in mount_control(lead)
+
+
+@pytest.mark.parametrize(
+    ("seen", "mode"),
+    [
+        ("/ctx/shared/secretproj/data", "ro"),  # hidden by the parent's view
+        ("/ctx/shared/ro/data", "rw"),  # a space the parent may only read
+        ("/ctx/agent/other.d", "ro"),  # another agent's controls
+        ("/nowhere/in/the/view", "ro"),  # no mount shows it, and no such host path
+    ],
+)
+def test_a_place_named_in_the_view_is_judged_as_its_host_path_would_be(
+    lead: World, seen: str, mode: str
+) -> None:
+    assert_refused(lead, create(lead, [[seen, "/data", mode]]))
