@@ -14,7 +14,11 @@ or an object's ``log`` (docs/sessions.md states it for users):
   ``Authorization: …`` or ``Cookie: …`` whose name names a secret loses everything after the
   colon, ``key=value``, ``key: value`` and ``"key": "value"`` lose the value when the key
   names a secret, ``Bearer``/``Basic`` credentials lose the credential, the password of a
-  URL's ``user:password@`` goes, and a PEM private key block goes whole;
+  URL's ``user:password@`` goes, a PEM private key block goes whole, and so does a token of
+  a well-known service, recognised by the prefix its issuer documents (:data:`_KNOWN_TOKEN`:
+  GitHub ``ghp_…``/``github_pat_…``, ``sk-…`` API keys, Slack ``xox…-``, AWS key ids
+  ``AKIA…``/``ASIA…``, Google ``AIza…``, GitLab ``glpat-…``, Stripe ``sk_live_…``, and JSON
+  Web Tokens);
 * in a command line, an argv or one written in a text: the word after a secret-naming
   option (``--password X``, ``--api-key X``) is redacted; and a few programs' options that
   mean a secret only there: curl's ``-u``/``--user``/``-U``/``--proxy-user user:password``
@@ -75,6 +79,15 @@ _AUTH_CREDENTIAL = re.compile(r"\b(?P<scheme>bearer|basic)(?P<gap>\s+)[^\s,;\"']
 _SECRET_KEY_SEPARATOR = re.compile(r"""(?P<key>["']?[A-Za-z0-9_.-]+["']?)[ \t]*[:=][ \t]*""")
 _VALUE = re.compile(r"""(?!\[redacted\])(?:"(?:[^"\\]|\\.)*"|'[^']*'|[^\s,;&"'}\])]+)""")
 _ARGV_KEY = re.compile(r"-*[A-Za-z0-9_.]+(?:-[A-Za-z0-9_.]+)*")
+# Tokens that say what they are by a prefix their issuers document, so that they are found
+# in any text, under any key: long enough after the prefix not to take ordinary words.
+_KNOWN_TOKEN = re.compile(
+    r"\b(?:gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{20,}"
+    r"|sk-[A-Za-z0-9_-]{20,}|[rs]k_(?:live|test)_[A-Za-z0-9]{16,}"
+    r"|xox[abposr]-[A-Za-z0-9-]{10,}|(?:AKIA|ASIA)[0-9A-Z]{16}\b"
+    r"|AIza[0-9A-Za-z_-]{35}|glpat-[A-Za-z0-9_-]{20,}"
+    r"|eyJ[A-Za-z0-9_-]{10,}\.eyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]+)"
+)
 # scheme://user:password@host: the password goes (up to the last '@' before the path).
 _URL_PASSWORD = re.compile(
     r"(?P<lead>\b[A-Za-z][A-Za-z0-9+.-]*://[^\s/?#@:\[\]]*:)(?!\[redacted\]@)[^\s/?#]+@"
@@ -257,6 +270,7 @@ def _hidden_value(word: str, how: str) -> str | None:
 def redact_text(text: str) -> str:
     """``text`` with the values of the secrets it names replaced (the free-text rule)."""
     text = _PEM_BLOCK.sub(REDACTED, text)
+    text = _KNOWN_TOKEN.sub(REDACTED, text)
     text = _HEADER_LINE.sub(_redact_header, text)
     text = _AUTH_CREDENTIAL.sub(lambda m: f"{m['scheme']}{m['gap']}{REDACTED}", text)
     text = _URL_PASSWORD.sub(lambda m: f"{m['lead']}{REDACTED}@", text)

@@ -159,3 +159,31 @@ def test_a_huge_structure_becomes_a_size_note() -> None:
     wide = {f"k{i}": [{"v": "x" * MAX_TEXT} for _ in range(MAX_ITEMS)] for i in range(50)}
 
     assert bounded_summary(wide).startswith("[summary of ")
+
+
+KNOWN_TOKENS = [
+    "ghp_" + "a1B2" * 9,
+    "github_pat_11ABCDEFG0123456789_abcdefghij",
+    "sk-proj-" + "Ab3_" * 8,
+    "sk_live_" + "4eC39HqLyjWDarjtT1zdp7dc",
+    "xoxb-123456789012-abcdefghijkl",
+    "AKIAIOSFODNN7EXAMPLE",
+    "AIza" + "SyA1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q",
+    "glpat-" + "x1Y2z3" * 4,
+    "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U",
+]
+
+
+@pytest.mark.parametrize("token", KNOWN_TOKENS)
+def test_tokens_of_well_known_services_are_redacted_wherever_they_are(token: str) -> None:
+    said = summarize({"cmd": f"echo {token} > out", "note": f"key {token}."})
+    argv = summarize_argv(["curl", "-H", f"X-Key: {token}", token])
+
+    assert token not in json.dumps(said) and token not in json.dumps(argv)
+    assert said == {"cmd": f"echo {REDACTED} > out", "note": f"key {REDACTED}."}
+    assert argv[-1] == REDACTED
+
+
+def test_words_that_merely_start_like_a_token_are_kept() -> None:
+    text = "sk-learn ghp_x AKIA xoxb- eyJ.eyJ. task-list"
+    assert summarize(text) == text
