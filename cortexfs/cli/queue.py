@@ -38,6 +38,7 @@ from cortexfs.jsontext import NotAJsonNumber
 from cortexfs.names import is_object_name, job_name
 from cortexfs.queue import inspect, layout, protocol, recovery
 from cortexfs.queue.claim_order import HintedClaimOrder
+from cortexfs.queue.evidence import REGULAR_FILE
 from cortexfs.queue.holder import Holder, check_ttl, check_worker_id
 from cortexfs.queue.requests import (
     loads_json,
@@ -507,8 +508,15 @@ def status(queue_dir: Path, as_json: bool) -> None:
     for entry in report.ignored:
         echo_printable(f"ignored    {entry.path}: {entry.reason}")
     for temp in report.temps:
-        echo_printable(f"temp       {temp['path']} ({temp['age_seconds']:.0f}s old)")
+        echo_printable(
+            f"temp       {temp['path']} ({_temp_kind(temp)}{temp['age_seconds']:.0f}s old)"
+        )
     sys.exit(found_conflict)
+
+
+def _temp_kind(temp: dict[str, Any]) -> str:
+    """``symlink, `` for what was planted at a temp file's name; nothing for a temp file."""
+    return "" if temp["kind"] == REGULAR_FILE else f"{temp['kind']}, "
 
 
 @queue.command(name="list")
@@ -554,7 +562,8 @@ def show(queue_dir: Path, as_json: bool, job: str) -> None:
         extra = f"{item.get('size', '?')} bytes, {item.get('mtime', '?')}" if "size" in item else ""
         echo_printable(f"  {item['path']:<40} {item['kind']:<13} {extra}")
     for temp in detail["temps"]:
-        echo_printable(f"  {temp['path']:<40} temp file, {temp['age_seconds']:.0f}s old")
+        kind = _temp_kind(temp) or "temp file, "
+        echo_printable(f"  {temp['path']:<40} {kind}{temp['age_seconds']:.0f}s old")
     for key in ("request", "lease", "result"):
         if key in detail:
             echo_printable(f"{key}: {readable_json(detail[key])}")

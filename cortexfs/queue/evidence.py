@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 
 from cortexfs.names import is_job_name, job_name_problem
-from cortexfs.queue.layout import LEASE_FILE, RESULT_SUFFIX, Queue, lstat_at
+from cortexfs.queue.layout import LEASE_FILE, RESULT_SUFFIX, TEMP_SUFFIX, Queue, lstat_at
 
 # The states a job can be in, in the order status reports them.
 STATES = ("pending", "claimed", "done", "failed", "incomplete", "conflict")
@@ -28,6 +28,8 @@ REQUEUE_UNLEASED = "requeue-unleased"  # claimed/J/J without a lease: execution 
 ROLL_FORWARD = "roll-forward"  # a result with the request still in claimed/: the job ran
 DROP_CLAIM_COPY = "drop-claim-copy"  # claimed/J/J is a second link of pending/J or the terminal J
 REMOVE_ORPHANS = "remove-orphans"  # an empty claimed/J, a lease/J with no claimed request
+
+REGULAR_FILE = "regular file"
 
 # The order status and recover list ignored entries in: the way a job moves, staging last.
 _SCAN_ORDER = ("pending", "claimed", "lease", "done", "failed", "inbox")
@@ -44,15 +46,25 @@ class Ignored:
 
 @dataclass
 class Temp:
+    """An entry of ``inbox/``: a temp file, or what was planted at a temp file's name."""
+
     name: str
     age: float
+    kind: str = REGULAR_FILE
 
     @property
     def job(self) -> str | None:
-        # Temp names are J.<step>[.<random>].tmp, and J itself may hold ".req.json.": the
-        # job's name ends at the last one.
-        head = self.name.rsplit(".req.json.", 1)[0] + ".req.json"
-        return head if is_job_name(head) else None
+        return temp_job(self.name)
+
+
+def temp_job(name: str) -> str | None:
+    """The job a staging name of ``inbox/`` belongs to, or None when it is no staging name.
+
+    Temp names are J.<step>[.<random>].tmp, and J itself may hold ".req.json.": the job's
+    name ends at the last one."""
+    head, dot, _ = name.rpartition(".req.json.")
+    job = head + ".req.json"
+    return job if dot and name.endswith(TEMP_SUFFIX) and is_job_name(job) else None
 
 
 @dataclass
@@ -121,9 +133,6 @@ class Scan:
         if evidence is None:
             evidence = self.jobs[name] = JobEvidence(name)
         return evidence
-
-
-REGULAR_FILE = "regular file"
 
 
 def _kind(entry: os.DirEntry[str]) -> str:
@@ -271,14 +280,20 @@ def _scan_inbox(queue: Queue, result: Scan) -> None:
     now = time.time()
     for entry in _entries(queue.inbox):
         path = f"inbox/{entry.name}"
-        if not entry.is_file(follow_symlinks=False):
-            result.ignored.append(Ignored(path, f"a {_kind(entry)} in the staging directory"))
+        kind = _kind(entry)
+        # A symlink (or FIFO, socket...) at a staging name holds that name as a dead
+        # publisher's temp file does (J.publish.tmp is created O_EXCL), so it is a stray
+        # temp too: recover --reconcile removes it after the grace period, and unlinking a
+        # name never follows it (Q-6, Q-8).  A directory is never removed.
+        staged = kind != "directory" and temp_job(entry.name) is not None
+        if kind != REGULAR_FILE and not staged:
+            result.ignored.append(Ignored(path, f"a {kind} in the staging directory"))
             continue
         try:
             age = now - entry.stat(follow_symlinks=False).st_mtime
         except FileNotFoundError:
             continue
-        result.temps.append(Temp(entry.name, age))
+        result.temps.append(Temp(entry.name, age, kind))
     result.temps.sort(key=lambda t: t.name)
 
 

@@ -55,7 +55,7 @@ def status(queue: Queue) -> QueueStatus:
     result.counts["ignored"] = len(found.ignored)
     result.ignored = found.ignored
     result.temps = [
-        {"path": f"inbox/{t.name}", "age_seconds": round(t.age, 3), "job": t.job}
+        {"path": f"inbox/{t.name}", "age_seconds": round(t.age, 3), "job": t.job, "kind": t.kind}
         for t in found.temps
     ]
     return result
@@ -100,7 +100,10 @@ def show(queue: Queue, job: str) -> dict[str, Any]:
         "name": job,
         **assessment.to_json(),
         "evidence": [_describe(queue, path) for path in paths],
-        "temps": [{"path": f"inbox/{t.name}", "age_seconds": round(t.age, 3)} for t in temps],
+        "temps": [
+            {"path": f"inbox/{t.name}", "age_seconds": round(t.age, 3), "kind": t.kind}
+            for t in temps
+        ],
     }
     for key, path in _documents(queue, evidence):
         detail[key] = _read_document(queue, path)

@@ -55,6 +55,7 @@ from cortexfs import durable
 from cortexfs.errors import CtxError, exists, invalid, not_found
 from cortexfs.interrupts import held_interrupts
 from cortexfs.names import job_name
+from cortexfs.queue import evidence as ev
 from cortexfs.queue import requests
 from cortexfs.queue.claim_order import candidates, pending_changed, pending_stamp
 from cortexfs.queue.holder import Holder, Lease, check_ttl, check_worker_id
@@ -62,6 +63,7 @@ from cortexfs.queue.layout import (
     LEASE_FILE,
     RESULT_SUFFIX,
     Queue,
+    kind_of,
     lock_dir,
     lstat_at,
     read_regular_file,
@@ -115,7 +117,7 @@ def publish(
     try:
         durable.write_file_synced(ops, queue.inbox, temp, data, group=queue.file_group)
     except FileExistsError:
-        raise _publish_in_progress(job, temp) from None
+        raise _publish_in_progress(queue, job, temp) from None
     except OSError as exc:
         raise _refused_in(queue, exc, "publish", "inbox") from None
     # Holding the staging name, look again: a publisher of J that got past the early check
@@ -197,7 +199,7 @@ def publish_batch(
                         ops, queue.inbox, temp, data, group=queue.file_group
                     )
                 except FileExistsError:
-                    raise _publish_in_progress(job, temp, batch=True) from None
+                    raise _publish_in_progress(queue, job, temp, batch=True) from None
                 except OSError as exc:
                     raise _refused_in(queue, exc, "publish", "inbox") from None
                 temps.append(temp)
@@ -262,8 +264,22 @@ def _refused_in(queue: Queue, exc: OSError, action: str, state: str) -> OSError 
     return exc
 
 
-def _publish_in_progress(job: str, temp: str, *, batch: bool = False) -> CtxError:
+def _publish_in_progress(queue: Queue, job: str, temp: str, *, batch: bool = False) -> CtxError:
+    """EEXIST for a publish of J whose staging name ``inbox/temp`` is taken, saying by what
+    and what frees it."""
     refused = "batch refused, nothing published: " if batch else ""
+    found = lstat_at(queue.inbox, temp)
+    if found is not None and stat.S_ISDIR(found.st_mode):
+        return exists(
+            f"{refused}inbox/{temp}, the staging name of job {job}, is a directory; recover "
+            "never removes one: remove it by hand to publish under this name"
+        )
+    if found is not None and not stat.S_ISREG(found.st_mode):
+        return exists(
+            f"{refused}inbox/{temp}, the staging name of job {job}, is a {kind_of(found)}, not "
+            "a temp file; 'ctx queue recover --reconcile' removes it once the grace period "
+            "has passed (it is never followed), or remove it by hand"
+        )
     return exists(
         f"{refused}job {job} is being published by another process, or its publisher died "
         f"midway (inbox/{temp}; 'ctx queue recover --reconcile' removes it once the grace "
@@ -559,7 +575,8 @@ def renew(queue: Queue, job: str, holder: Holder, ttl: float | None = None) -> L
 
 def _no_lease_to_renew(queue: Queue, job: str) -> CtxError:
     """ENOENT, saying where J is instead (pending, done, failed, nowhere)."""
-    return not_found(f"there is no lease to renew: {_not_claimed(queue, job).message}")
+    where = _not_claimed(queue, job, "renewing its lease").message
+    return not_found(f"there is no lease to renew: {where}")
 
 
 def _refuse_other_holder(job: str, lease: Lease, holder: Holder, verb: str) -> None:
@@ -620,14 +637,9 @@ def finish(
                     errno.EACCES, f"job {job} is not leased to pid {holder.pid}: {lease.message}"
                 )
             _refuse_other_holder(job, lease, holder, "finishes the job")
-        finished_as = _terminal_evidence(queue, job)
-        if finished_as:
-            # An interrupted finish left its result: a second outcome would be a conflict (Q-6).
-            finished_in, name = finished_as[0]
-            raise exists(
-                f"{finished_in}/{name} already exists; run 'ctx queue recover --reconcile' to "
-                "complete that finish"
-            )
+        if _terminal_evidence(queue, job):
+            # A second outcome beside the first would make J a conflict (Q-6).
+            raise _finished_already(queue, job)
         if isinstance(lease, CtxError) and lease.errno == errno.ENOENT:
             # Claimed without a lease: the claim never completed, so the job never ran (Q-3),
             # and recover --reconcile would send it back to pending (Q-6).
@@ -663,10 +675,7 @@ def finish(
             durable.move_noreplace(ops, queue.inbox, temp, terminal, job + RESULT_SUFFIX)
         except FileExistsError:
             _discard_temp(queue, temp)
-            raise exists(
-                f"{state}/{job}{RESULT_SUFFIX} already exists; run 'ctx queue recover' "
-                "to reconcile this job"
-            ) from None
+            raise _finished_already(queue, job) from None
         except OSError as exc:
             _discard_temp(queue, temp)
             raise _refused_in(queue, exc, "finish", state) from None
@@ -720,13 +729,39 @@ def remove_claim_and_lease(queue: Queue, job: str) -> None:
             ops.close(lease_fd)
 
 
-def _not_claimed(queue: Queue, job: str) -> CtxError:
+def _not_claimed(queue: Queue, job: str, doing: str = "finishing it") -> CtxError:
+    """EEXIST or ENOENT for J found unclaimed by a transition of a claim (``doing``, what
+    the caller was about to do), saying where J is instead."""
     for dir_fd, state in ((queue.done, "done"), (queue.failed, "failed")):
         if lstat_at(dir_fd, job) is not None:
             return exists(f"job {job} is already {state}; 'ctx queue show {job}' shows its result")
     if lstat_at(queue.pending, job) is not None:
-        return not_found(f"job {job} is pending, not claimed; claim it before finishing it")
+        return not_found(f"job {job} is pending, not claimed; claim it before {doing}")
     return not_found(f"job {job} is not claimed")
+
+
+def _finished_already(queue: Queue, job: str) -> CtxError:
+    """EEXIST for a finish that finds terminal evidence of J, saying what is there and who
+    completes it: ``recover --reconcile``, for what an interrupted finish leaves (a result
+    beside the claimed request); a person, for a conflict, which recover never resolves
+    (a result that is a FIFO or a directory, a request in done/ without its result...)."""
+    finished_in, name = _terminal_evidence(queue, job)[0]
+    found = lstat_at(queue.dirs[finished_in], name)
+    what = f"{finished_in}/{name} already exists"
+    if found is not None and not stat.S_ISREG(found.st_mode):
+        what += f" and is a {kind_of(found)}, not a regular file"
+    evidence = ev.evidence_of(queue, job)
+    assessment = ev.assess(evidence)
+    if assessment.repair in (ev.ROLL_FORWARD, ev.DROP_CLAIM_COPY):
+        return exists(
+            f"{what}: an earlier finish of {job} was interrupted; run 'ctx queue recover "
+            "--reconcile' to complete it"
+        )
+    return exists(
+        f"{what}: job {job} is a conflict ({assessment.detail}; evidence: "
+        f"{', '.join(evidence.paths())}), which recover never resolves; a person must look "
+        f"at it ('ctx queue show {job}') and repair it by hand; nothing was changed"
+    )
 
 
 # ------------------------------------------------------------------------------ helpers

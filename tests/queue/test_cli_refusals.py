@@ -174,3 +174,47 @@ def test_a_worker_id_of_the_longest_length_is_recorded(root: Path) -> None:
     done = ctx(root, "queue", "claim", *P, "--worker", longest, "--json")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["lease"]["worker"] == longest
+
+
+@pytest.mark.parametrize("planted", ["symlink", "fifo"])
+def test_what_is_planted_at_a_staging_name_is_removed_by_reconcile(
+    root: Path, tmp_path: Path, planted: str
+) -> None:
+    """Q-6: stray entries at a staging name of inbox/ go after the grace period, whatever they
+    are but a directory; a symlink is unlinked, never followed, and its name can be published
+    again.  The refusal said so."""
+    target = tmp_path / "target"
+    target.write_text("kept")
+    staged = qdir(root) / "inbox" / "a.req.json.publish.tmp"
+    if planted == "symlink":
+        staged.symlink_to(target)
+    else:
+        os.mkfifo(staged)
+    body = '{"tool": "t", "input": {}}'
+
+    blocked = ctx(root, "queue", "publish", *P, "--name", "a", "-", stdin=body)
+    status = ctx(root, "queue", "status", *P)
+    reconciled = ctx(root, "queue", "recover", *P, "--reconcile", "--grace", "0")
+    again = ctx(root, "queue", "publish", *P, "--name", "a", "-", stdin=body)
+
+    kind = "symlink" if planted == "symlink" else "FIFO"
+    assert blocked.returncode == 1
+    assert f"is a {kind}, not a temp file; 'ctx queue recover --reconcile' removes it" in (
+        blocked.stderr
+    )
+    assert f"temp       inbox/a.req.json.publish.tmp ({kind}, " in status.stdout
+    assert reconciled.returncode == 0
+    assert "remove   inbox/a.req.json.publish.tmp\n" in reconciled.stdout
+    assert (again.returncode, again.stdout) == (0, "a.req.json\n")
+    assert target.read_text() == "kept"
+
+
+def test_a_directory_at_a_staging_name_is_left_and_said_to_need_removing_by_hand(
+    root: Path,
+) -> None:
+    (qdir(root) / "inbox" / "a.req.json.publish.tmp").mkdir()
+    blocked = ctx(root, "queue", "publish", *P, "--name", "a", "-", stdin='{"tool":"t","input":{}}')
+    reconciled = ctx(root, "queue", "recover", *P, "--reconcile", "--grace", "0")
+    assert blocked.returncode == 1 and "remove it by hand" in blocked.stderr
+    assert "ignored  inbox/a.req.json.publish.tmp: a directory" in reconciled.stdout
+    assert (qdir(root) / "inbox" / "a.req.json.publish.tmp").is_dir()

@@ -430,6 +430,39 @@ def test_an_interrupted_finish_is_not_finished_again_the_other_way(
     assert refused.value.errno == errno.EEXIST and "done/half.req.json.result" in str(refused.value)
     assert entries(queue_dir, "failed") == []
     assert entries(queue_dir, "claimed") == ["half.req.json"]  # for recover --reconcile
+    assert "interrupted; run 'ctx queue recover --reconcile' to complete it" in str(refused.value)
+
+
+def test_a_finish_meeting_a_result_that_is_no_file_calls_it_a_conflict(
+    queue: Queue, queue_dir: Path, me: Holder
+) -> None:
+    """recover --reconcile never completes a finish whose result is a FIFO (Q-8): the
+    refusal says what is there and that a person must repair it, not to reconcile."""
+    publish(queue, request(1), name="odd")
+    claim(queue, me)
+    os.mkfifo(queue_dir / "done/odd.req.json.result")
+
+    with pytest.raises(CtxError) as refused:
+        finish(queue, "odd", True, "out")
+
+    message = refused.value.message
+    assert refused.value.errno == errno.EEXIST
+    assert message.startswith("done/odd.req.json.result already exists and is a FIFO")
+    assert "is a conflict" in message and "a person must" in message
+    assert "--reconcile" not in message
+    assert [f.job for f in recover(queue, reconcile=True).conflicts] == ["odd.req.json"]
+    assert entries(queue_dir, "claimed") == ["odd.req.json"]
+
+
+def test_renewing_a_pending_job_says_to_claim_it_before_renewing(queue: Queue, me: Holder) -> None:
+    job = publish(queue, request(), name="waiting")
+    with pytest.raises(CtxError) as refused:
+        renew(queue, job, me)
+    assert refused.value.errno == errno.ENOENT
+    assert refused.value.message == (
+        "there is no lease to renew: job waiting.req.json is pending, not claimed; claim it "
+        "before renewing its lease"
+    )
 
 
 def test_a_holder_whose_lease_was_taken_away_cannot_finish(queue: Queue, me: Holder) -> None:
