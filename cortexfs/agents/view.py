@@ -24,12 +24,14 @@ One thing comes from the host administrator instead, for one terminal only: the 
 :meth:`AgentView.with_workspace` adds it to the view of that terminal and of the tools it runs;
 it is never written to the agent's controls.
 
-A malformed label, policy or mount control yields an empty view here; the authority chain,
-which every call goes through, denies such an agent and says why.
+A malformed label, policy or mount control counts as empty here, each on its own
+(:meth:`AgentView.control_problems` says why); the authority chain, which every call goes
+through, denies such an agent and says why.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pwd
@@ -66,16 +68,29 @@ class AgentView(NamedTuple):
         agent_controls.require_agent(root, name)
         identity = agent_controls.read_identity(root, name)
         facts = AgentFacts(root, name)
-        try:
-            label = agent_controls.read_label(root, name)
+        label, policy, mounts = "", Policy(), ()
+        with contextlib.suppress(CtxError):
+            label = facts.declared_label
+        with contextlib.suppress(CtxError):
             policy = facts.policy(agent_controls.control_path(name, "policy"))
-        except CtxError:
-            label, policy = "", Policy()
-        try:
+        with contextlib.suppress(CtxError):
             mounts = facts.mounts
-        except CtxError:
-            mounts = ()
         return cls(root, name, identity, label, policy, mounts, facts)
+
+    def control_problems(self) -> list[str]:
+        """Why a label, policy or mount control of the agent is unusable (each then counts
+        as empty here, and the authority chain denies with the same reason)."""
+        problems = []
+        for read in (
+            lambda: self.facts.declared_label,
+            lambda: self.facts.policy(agent_controls.control_path(self.name, "policy")),
+            lambda: self.facts.mounts,
+        ):
+            try:
+                read()
+            except CtxError as exc:
+                problems.append(exc.message)
+        return problems
 
     def with_workspace(self, directory: Path | None) -> AgentView:
         """This view with ``directory`` as its read-write ``/workspace`` (A-1's default), or

@@ -126,7 +126,9 @@ def show(name: str, storage_dir: Path | None, as_json: bool) -> None:
 
     Its identity, label, CTX_PATH, the mounts its policy lets it use, and its working
     directory; a mount of the control that is never used (a system directory as its target, a
-    source that is no longer the real path recorded) is listed as withheld, with the reason.
+    source that is no longer the real path recorded) is listed as withheld, with the reason,
+    and a label, policy or mount control that is unusable (and so grants nothing) as a
+    problem.
     The storage root at /ctx reaches a tool only as NAME's view of it (ctx mount
     --as NAME): with --json, "tool_mounts" are the mounts its tools get (CTX_MOUNTS), the
     root as filtered mounts, each showing only the names listed, read-write only for its
@@ -156,6 +158,7 @@ def show(name: str, storage_dir: Path | None, as_json: bool) -> None:
             for m, why in withheld
         ],
         "cwd": str(cwd),
+        "problems": view.control_problems(),
     }
     if as_json:
         emit_json({**facts, "tool_mounts": [mount.to_json() for mount in view.tool_mounts()]})
@@ -171,6 +174,8 @@ def show(name: str, storage_dir: Path | None, as_json: bool) -> None:
     for mount, why in withheld:
         echo_printable(f"withheld mount: {mount.source} at {mount.target}: {why}")
     click.echo(f"cwd: {cwd}")
+    for problem in facts["problems"]:
+        echo_printable(f"problem: {problem}")
 
 
 def _identity(user: str | None, gid: int | None, groups: str | None) -> Identity | None:

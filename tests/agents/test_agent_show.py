@@ -59,3 +59,27 @@ def test_show_names_the_mounts_of_the_control_that_are_never_used(coder: World) 
     assert "/etc belongs to the system" in withheld["reason"]
     assert [str(coder.workspace), "/etc", "ro"] not in facts["mounts"]
     assert f"withheld mount: {coder.workspace} at /etc: " in text.stdout
+
+
+def test_show_keeps_the_label_and_names_an_invalid_policy(coder: World) -> None:
+    """An invalid policy grants nothing; show says so instead of showing no label at all."""
+    with open(coder.root / "agent" / "coder.d" / "policy", "a") as policy:
+        policy.write("allow coder_t agent:* create\n")
+
+    shown = ctx(coder.root, "agent", "show", "coder", "--json")
+    text = ctx(coder.root, "agent", "show", "coder")
+
+    assert shown.returncode == 0 and text.returncode == 0, shown.stderr
+    facts = json.loads(shown.stdout)
+    assert facts["label"] == "coder_t"
+    (problem,) = facts["problems"]
+    assert problem.startswith("agent/coder.d/policy:") and "globs are not supported" in problem
+    assert "label: coder_t" in text.stdout
+    assert f"problem: {problem}" in text.stdout
+
+
+def test_show_of_a_sound_agent_lists_no_problem(coder: World) -> None:
+    shown = ctx(coder.root, "agent", "show", "coder", "--json")
+
+    assert json.loads(shown.stdout)["problems"] == []
+    assert "problem:" not in ctx(coder.root, "agent", "show", "coder").stdout
