@@ -135,6 +135,9 @@ def publish(
         _discard_temp(queue, temp)
         raise exists(f"job {job} is already pending; publish under another name") from None
     except OSError as exc:
+        if _moved_in(queue.inbox, temp, queue.pending, job):
+            pending_changed(queue, before, [job])
+            raise _published_unsynced([job], exc) from None
         _discard_temp(queue, temp)
         raise _refused_in(queue, exc, "publish", "pending") from None
     pending_changed(queue, before, [job])
@@ -218,8 +221,13 @@ def publish_batch(
         before = pending_stamp(queue.pending)
         try:
             outcomes = durable.move_noreplace_batch(ops, moves)
-        except OSError:  # a barrier failed: what moved is not known to be durable
-            _discard_temps(queue, temps)
+        except OSError as exc:  # a barrier failed: what moved is not known to be durable
+            moved = [m.dst for m in moves if _moved_in(m.src_dir, m.src, m.dst_dir, m.dst)]
+            pending_changed(queue, before, moved)
+            with contextlib.suppress(OSError):  # the error to report is the first one
+                _discard_temps(queue, [m.src for m in moves if m.dst not in moved])
+            if moved:
+                raise _published_unsynced(moved, exc, jobs) from None
             raise
         failed = {job: o for job, o in zip(jobs, outcomes, strict=True) if o is not None}
         published = [job for job in jobs if job not in failed]
@@ -250,6 +258,42 @@ def _batch_refusal(
         f"{', '.join(failed)} appeared while the batch was being published and were left "
         f"alone; {outcome}"
     )
+
+
+def _moved_in(src_dir: int, src: str, dst_dir: int, dst: str) -> bool:
+    """Whether a move that raised got as far as putting ``src`` at ``dst``: ``dst`` exists,
+    and ``src`` is gone or is the same file (the link strategy stops between the two)."""
+    there = lstat_at(dst_dir, dst)
+    if there is None:
+        return False
+    left = lstat_at(src_dir, src)
+    return left is None or left.st_ino == there.st_ino
+
+
+def _published_unsynced(
+    published: Sequence[str], exc: OSError, batch: Sequence[str] = ()
+) -> CtxError:
+    """The error of a publish that failed after its no-replace move (a sync of pending/ or
+    inbox/ reporting EIO): the job is pending and will run, so it must not be published
+    again, as a bare EIO would invite (a retry under a made-up name runs it twice)."""
+    names = ", ".join(published)
+    one = len(published) == 1
+    are, them = ("is", "it") if one else ("are", "them")
+    show = f"'ctx queue show {names}' shows it" if one else "'ctx queue show NAME' shows each"
+    unpublished = [job for job in batch if job not in published]
+    rest = f"; not published: {', '.join(unpublished)}" if unpublished else ""
+    return CtxError(
+        exc.errno or errno.EIO,
+        f"{names} {are} in pending/ and will be claimed, but syncing the queue after the move "
+        f"failed ({_cause(exc)}), so a crash may still lose {them}: do not publish {them} "
+        f"again; {show}{rest}",
+    )
+
+
+def _cause(exc: OSError) -> str:
+    """``EIO: Input/output error``: what the kernel reported, for a message."""
+    name = errno.errorcode.get(exc.errno or 0, "EIO")
+    return f"{name}: {exc.strerror or exc}"
 
 
 _REFUSALS = (errno.EACCES, errno.EPERM, errno.EROFS)
@@ -408,8 +452,14 @@ def claim_job(
             _abandon_claim_dir(queue, job)
             return None
         except OSError as exc:
-            if lstat_at(queue.pending, job) is None:
-                raise  # moved, and a barrier after it failed: a crash's state, for recover
+            if _moved_in(queue.pending, job, claim_fd, job):
+                # A barrier after the move failed: what a crash there leaves, for recover.
+                raise CtxError(
+                    exc.errno or errno.EIO,
+                    f"job {job} was moved to claimed/, but syncing the queue after the move "
+                    f"failed ({_cause(exc)}): it has no lease and never ran; 'ctx queue "
+                    "recover --reconcile' returns it to pending",
+                ) from None
             _abandon_claim_dir(queue, job)
             raise _refused_in(queue, exc, "claim", "pending") from None
         pending_changed(queue, before)  # ours: the order need not list pending/ for it
@@ -677,13 +727,19 @@ def finish(
             _discard_temp(queue, temp)
             raise _finished_already(queue, job) from None
         except OSError as exc:
+            if _moved_in(queue.inbox, temp, terminal, job + RESULT_SUFFIX):
+                raise _finish_cut_short(queue, job, lease, exc) from None
             _discard_temp(queue, temp)
             raise _refused_in(queue, exc, "finish", state) from None
-        ops.step("finish.request")
-        # No sync of claimed/J: the cleanup removes it and syncs claimed/.
-        durable.move_noreplace(ops, claim_fd, job, terminal, job, sync_src=False)
-        ops.step("finish.cleanup")
-        remove_claim_and_lease(queue, job)
+        # The result is in place: from here on a failure cannot be undone (Q-4), only said.
+        try:
+            ops.step("finish.request")
+            # No sync of claimed/J: the cleanup removes it and syncs claimed/.
+            durable.move_noreplace(ops, claim_fd, job, terminal, job, sync_src=False)
+            ops.step("finish.cleanup")
+            remove_claim_and_lease(queue, job)
+        except OSError as exc:
+            raise _finish_cut_short(queue, job, lease, exc) from None
         ops.step("finish.done")
         return result
 
@@ -738,6 +794,29 @@ def _not_claimed(queue: Queue, job: str, doing: str = "finishing it") -> CtxErro
     if lstat_at(queue.pending, job) is not None:
         return not_found(f"job {job} is pending, not claimed; claim it before {doing}")
     return not_found(f"job {job} is not claimed")
+
+
+def _finish_cut_short(queue: Queue, job: str, lease: Lease | CtxError, exc: OSError) -> CtxError:
+    """The error of a finish that failed after its result was in place (an I/O error, a full
+    disk): it cannot be undone, so the error says where J stands, that it must not be
+    finished again, and what completes it, instead of a bare EIO."""
+    assessment = ev.assess(ev.evidence_of(queue, job))
+    where = f"job {job} is {assessment.state} ({assessment.detail})"
+    if assessment.state != "incomplete":
+        then = f"'ctx queue show {job}' shows it"
+    elif isinstance(lease, Lease):
+        holder = lease.holder
+        then = (
+            f"'ctx queue recover --reconcile' completes it once its lease holder (pid "
+            f"{holder.pid} on {holder.host}) has exited or its lease has expired"
+        )
+    else:
+        then = "'ctx queue recover --reconcile' completes it"
+    return CtxError(
+        exc.errno or errno.EIO,
+        f"finishing {job} failed after its result was in place ({_cause(exc)}), so a crash "
+        f"may still undo part of it: {where}; do not finish it again: {then}",
+    )
 
 
 def _finished_already(queue: Queue, job: str) -> CtxError:
