@@ -52,9 +52,12 @@ def create_shared_space(
 
     Idempotent: what exists is left as it is (including its group and mode), what is missing
     is created, so a space whose queue came first (``ctx queue init``) is completed.  ``gid``
-    defaults to the caller's effective group.
+    defaults to the caller's effective group.  ENOENT when the storage root does not exist.
     """
     ops = ops or durable.default_ops()
+    # A root that is not there is refused, not half made: the space would stand in a root
+    # with no core tools, no tsh config and no manual (R-2), which 'ctx bootstrap' makes.
+    storage.require_root(root)
     path = space_path(root, check_space_name(name))
     owner = Ownership(-1, os.getegid() if gid is None else gid)
     _require_group_of_caller(owner.gid)

@@ -9,6 +9,7 @@ import pwd
 import stat
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -198,3 +199,15 @@ def test_a_group_the_creator_is_not_in_is_refused_before_anything_is_made(world:
     assert refused.value.errno == errno.EPERM and "not a member" in refused.value.message
     assert not (world.root / "shared" / "theirs").exists(), "nothing half-made"
     assert own.gid == world.user.gid
+
+
+def test_a_space_is_not_made_in_a_storage_root_that_does_not_exist(tmp_path: Path) -> None:
+    missing = tmp_path / "no-root"
+
+    command = [*CTX, "--storage", str(missing), "shared", "create", "proj"]
+    refused = subprocess.run(command, capture_output=True, text=True)
+
+    assert refused.returncode == 1
+    assert f"ENOENT: storage root {missing} does not exist" in refused.stderr
+    assert "ctx bootstrap" in refused.stderr
+    assert not missing.exists()
