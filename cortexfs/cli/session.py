@@ -300,7 +300,7 @@ def _session_directory(ref: SessionRef, listing: str) -> Iterator[int]:
 def _render(selected: list[dict[str, Any]], as_json: bool) -> None:
     for event in selected:
         if as_json:
-            click.echo(readable_json(event))
+            click.echo(_compact(event))  # as events.jsonl holds it: compact, keys in order
             continue
         rest = {key: value for key, value in event.items() if key not in _S2_KEYS}
         details = " ".join(f"{key}={readable_json(value)}" for key, value in rest.items())

@@ -88,6 +88,8 @@ def test_ctx_session_show_prints_a_timeline(recorded: World) -> None:
     events = [json.loads(line) for line in as_json.stdout.splitlines()]
     assert [event["type"] for event in events] == ["tool_call", "tool_result"] * 3
     assert [event["status"] for event in events[1::2]] == ["ok", "error", "ok"]
+    stored = SessionRef.home(recorded.root, recorded.user.uid, "coder").events_path
+    assert as_json.stdout == stored.read_text()  # each event as it is stored
 
 
 def test_ctx_session_tail_list_and_repair(recorded: World) -> None:
