@@ -204,9 +204,11 @@ def list_command(tier: str | None, storage_dir: Path | None, as_json: bool) -> N
     system tier), does not exist; a malformed --tier is a usage error (EINVAL, exit 2).
 
     Without --tier: the system tier, your user tier and every shared space's tier.  The status
-    is available, disabled, unavailable (with its reason; a malformed program control makes a
-    tool unavailable, SPEC C-2) or damaged (a control missing or malformed; see --json's
-    problems).
+    is what a call would meet: available, disabled, unavailable (with its reason: a status
+    control reading none of its settings is quoted; a malformed program control makes a tool
+    unavailable, SPEC C-2) or damaged (a control of its layout missing or malformed; see
+    --json's problems).  Who may run it is not listed: the tool's own policy is judged with
+    the agent's at each call (ctx policy explain AGENT tool:NAME execute).
     """
     root = resolve_storage(storage_dir)
     tiers = [_tier_option(root, tier)] if tier else all_tiers(root, os.getuid())
