@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING, Any
 from cortexfs import durable
 from cortexfs.agents import log as agent_log
 from cortexfs.errors import CtxError, denied, exists, invalid, too_big
-from cortexfs.names import is_object_name
 from cortexfs.policy import AuthorityRequest, check_authority
 from cortexfs.policy import controls as agent_controls
 from cortexfs.tools.controls import ToolObject, read_controls, require_available
@@ -140,7 +139,7 @@ def create_child(call: Capability, request: dict[str, Any]) -> dict[str, Any]:
     inside its view of ``/ctx``, only what its projection shows (T-5); the child runs as the
     parent's uid, gid and groups.  Nothing is inherited that the request does not name.
     """
-    from cortexfs.agents.create import create_agent
+    from cortexfs.agents.create import create_agent, label_owners
     from cortexfs.agents.request import parse_request
     from cortexfs.agents.view import AgentView
 
@@ -156,7 +155,7 @@ def create_child(call: Capability, request: dict[str, Any]) -> dict[str, Any]:
         # Before the label check, which would otherwise name the existing child as the
         # label's owner.
         raise exists(f"agent/{child.name} already exists; an agent is never overwritten")
-    owner = _label_owner(root, child.label, parent)
+    owner = next((agent for agent in label_owners(root, child.label) if agent != parent), None)
     if owner is not None and child.label != view.label:
         raise denied(
             f"label {child.label} is agent {owner}'s: a child takes a label of its own or its "
@@ -217,19 +216,6 @@ def _parent_denied(
     request = AuthorityRequest(view.root, view.name, object_class, name, permission, None, location)
     decision = check_authority(request)
     return "" if decision.allowed else decision.reason
-
-
-def _label_owner(root: Path, label: str, parent: str) -> str | None:
-    """An existing agent other than ``parent`` whose label is ``label``, if there is one."""
-    for entry in sorted(os.listdir(root / "agent")):
-        if entry == parent or entry.endswith(".d") or not is_object_name(entry):
-            continue
-        try:
-            if agent_controls.read_label(root, entry) == label:
-                return entry
-        except CtxError:
-            continue
-    return None
 
 
 class _Reach:

@@ -29,15 +29,17 @@ import os
 import pwd
 import sys
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from cortexfs import durable, storage
 from cortexfs.agents import log as agent_log
 from cortexfs.agents.host import require_host_administrator
 from cortexfs.agents.request import AgentRequest
 from cortexfs.errors import CtxError, exists, invalid
+from cortexfs.names import is_object_name
 from cortexfs.policy import Identity
-from cortexfs.policy.controls import parse_identity
+from cortexfs.policy.controls import parse_identity, read_label
+from cortexfs.policy.mounts import CTX_TARGET
 from cortexfs.tools.pair_layout import PairKind
 from cortexfs.tools.pairs import install_pair
 
@@ -62,6 +64,7 @@ class CreatedAgent:
     controls: Path
     identity: Identity
     default_user: str | None = None  # the user chosen because none was named, if any
+    warnings: tuple[str, ...] = ()  # what may not work as the request meant (see warnings_for)
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -70,6 +73,7 @@ class CreatedAgent:
             "controls": str(self.controls),
             "identity": identity_json(self.identity),
             "default_user": self.default_user,
+            "warnings": list(self.warnings),
         }
 
 
@@ -115,6 +119,7 @@ def create_agent(
     """
     storage.require_root(root)
     require_host_administrator(root, "create agents")
+    warnings = warnings_for(root, request) if parent is None else ()
     default_user = None
     if identity is None:
         identity, default_user = default_identity()
@@ -180,7 +185,41 @@ def create_agent(
         directory / f"{request.name}.d",
         identity,
         default_user,
+        warnings,
     )
+
+
+def label_owners(root: Path, label: str) -> list[str]:
+    """The existing agents whose label is ``label``, in name order."""
+    owners = []
+    for entry in sorted(os.listdir(root / "agent")):
+        if entry.endswith(".d") or not is_object_name(entry):
+            continue
+        try:
+            if read_label(root, entry) == label:
+                owners.append(entry)
+        except CtxError:
+            continue  # an unreadable label is nobody's
+    return owners
+
+
+def warnings_for(root: Path, request: AgentRequest) -> tuple[str, ...]:
+    """What the host administrator's request makes that may not work as meant, said at
+    creation rather than found later: a label another agent has (tool and model policies grant
+    by label, so the two agents share every such grant) and a mount whose source does not
+    exist (the agent's terminal does not start until it does)."""
+    warnings = [
+        f"label {request.label} is also agent {owner}'s: tool and model policies grant by "
+        "label, so the two agents share every grant made to it"
+        for owner in label_owners(root, request.label)
+    ]
+    for source, target, _ in request.mounts:
+        if PurePosixPath(target) != CTX_TARGET and not os.path.exists(source):
+            warnings.append(
+                f"the source {source} of the mount at {target} does not exist: the agent's "
+                "terminal does not start until it does, and its tools find nothing there"
+            )
+    return tuple(warnings)
 
 
 def _require_identity_of_creator(identity: Identity) -> None:

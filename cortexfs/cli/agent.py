@@ -114,6 +114,8 @@ def create(
                 f"it runs as user {created.default_user}: an agent never runs as root, so that "
                 "is root's default; choose another with --user"
             )
+    for warning in created.warnings:
+        click.echo(f"ctx: warning: {warning}", err=True)
 
 
 @agent.command()

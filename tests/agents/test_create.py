@@ -267,6 +267,39 @@ def test_ctx_agent_create_and_show(world: World, tmp_path: Path) -> None:
     assert len([line for line in invalid.stderr.splitlines() if "EINVAL" in line]) >= 2
 
 
+def test_create_warns_of_a_shared_label_and_a_missing_mount_source(
+    world: World, tmp_path: Path
+) -> None:
+    """Created all the same (the administrator may mean it), but said at once: a label
+    another agent has shares its grants, and a missing source keeps the terminal from
+    starting."""
+    base = [*CTX, "--storage", str(world.root), "agent", "create", "-", "--user", world.user.name]
+    first = {"name": "first", "label": "team_t"}
+    second = {"name": "second", "label": "team_t", "mount": [[str(tmp_path / "gone"), "/x", "ro"]]}
+
+    quiet = subprocess.run(base, input=json.dumps(first), capture_output=True, text=True)
+    warned = subprocess.run(base, input=json.dumps(second), capture_output=True, text=True)
+    as_json = subprocess.run(
+        [*base, "--json"],
+        input=json.dumps({**second, "name": "third"}),
+        capture_output=True,
+        text=True,
+    )
+
+    assert quiet.returncode == 0 and "warning" not in quiet.stderr, quiet.stderr
+    assert warned.returncode == 0, warned.stderr
+    assert "ctx: warning: label team_t is also agent first's" in warned.stderr
+    assert f"ctx: warning: the source {tmp_path / 'gone'} of the mount at /x does not exist" in (
+        warned.stderr
+    )
+    assert (world.root / "agent" / "second").exists()
+    assert json.loads(as_json.stdout)["warnings"][:1] == [
+        "label team_t is also agent first's: tool and model policies grant by label, so the "
+        "two agents share every grant made to it"
+    ]
+    assert "also agent second's" in json.loads(as_json.stdout)["warnings"][1]
+
+
 def test_each_problem_of_a_request_reads_like_every_ctx_error(world: World, tmp_path: Path) -> None:
     """``ctx: EINVAL: SOURCE: <problem>``, one line each, for a file and for stdin."""
     request_file = tmp_path / "bad.json"
