@@ -14,7 +14,10 @@ from tests.queue.helpers import PROJECT
 
 @pytest.fixture
 def root(tmp_path: Path) -> Path:
-    return tmp_path / "storage"
+    """An empty storage root: a space is made only in a root that exists (ctx bootstrap)."""
+    root = tmp_path / "storage"
+    root.mkdir()
+    return root
 
 
 @pytest.fixture

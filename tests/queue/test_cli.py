@@ -19,6 +19,7 @@ P = ("--project", PROJECT)
 @pytest.fixture
 def root(tmp_path: Path) -> Path:
     root = tmp_path / "storage"
+    root.mkdir()  # a space is made only in a root that exists (ctx bootstrap)
     assert ctx(root, "queue", "init", *P).returncode == 0
     return root
 
@@ -34,6 +35,7 @@ def qdir(root: Path) -> Path:
 
 def test_init_makes_the_root_abi_and_the_queue(tmp_path: Path) -> None:
     root = tmp_path / "fresh"
+    root.mkdir()
     done = ctx(root, "queue", "init", *P)
     assert done.returncode == 0, done.stderr
     assert sorted(os.listdir(root)) == ["agent", "bin", "home", "model", "shared", "tool"]
@@ -564,6 +566,7 @@ def test_a_dead_publishers_staging_file_holds_its_name_until_reconciled(
 
 def test_storage_and_queue_options(tmp_path: Path, req: Path) -> None:
     root = tmp_path / "opt"
+    root.mkdir()
     assert ctx(tmp_path / "ignored", "--storage", str(root), "queue", "init", *P).returncode == 0
     assert ctx(tmp_path / "ignored", "queue", "status", "--storage", str(root), *P).returncode == 0
     done = ctx(tmp_path / "ignored", "queue", "publish", "--queue", str(qdir(root)), str(req))

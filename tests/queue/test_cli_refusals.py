@@ -18,6 +18,7 @@ P = ("--project", PROJECT)
 @pytest.fixture
 def root(tmp_path: Path) -> Path:
     root = tmp_path / "storage"
+    root.mkdir()  # a space is made only in a root that exists (ctx bootstrap)
     assert ctx(root, "queue", "init", *P).returncode == 0
     return root
 
