@@ -8,6 +8,10 @@ stdin reads as empty (an empty request is refused with its reason), closed outpu
 as the caller asked.  The descriptor stays inheritable, as a standard stream is: a tool that
 ``ctx run`` starts on the caller's streams (T-3) gets /dev/null too, not a descriptor closed
 at its exec that the next file it opens would take.
+
+Which of them were closed is remembered (:func:`closed_at_start`): a command whose whole
+answer is on standard output (the job name a ``publish`` or ``claim`` prints, any ``--json``
+output) refuses to start without it rather than act and print into /dev/null.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import os
 import sys
 
 _STREAMS = ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w"))
+_closed_at_start: set[int] = set()
 
 
 def reopen_closed_standard_streams() -> None:
@@ -25,6 +30,7 @@ def reopen_closed_standard_streams() -> None:
             continue
         except OSError:
             pass
+        _closed_at_start.add(fd)
         null = os.open(os.devnull, os.O_RDWR)
         if null != fd:
             os.dup2(null, fd)
@@ -34,3 +40,9 @@ def reopen_closed_standard_streams() -> None:
         if getattr(sys, name) is None:  # the stream lives as long as the process
             stream = open(fd, mode, closefd=False, errors="surrogateescape")  # noqa: SIM115
             setattr(sys, name, stream)
+
+
+def closed_at_start(fd: int) -> bool:
+    """Whether standard descriptor ``fd`` was closed when this process started (it reads or
+    writes /dev/null since :func:`reopen_closed_standard_streams`)."""
+    return fd in _closed_at_start

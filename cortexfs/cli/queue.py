@@ -47,6 +47,7 @@ from cortexfs.queue.requests import (
     parse_request_bytes,
     read_at_most,
 )
+from cortexfs.standard_streams import closed_at_start
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -78,12 +79,26 @@ def queue_options(fn: F) -> F:
         storage_dir: Path | None, project: str | None, queue_arg: Path | None, **kwargs: Any
     ) -> Any:
         kwargs["queue_dir"] = _queue_dir(storage_dir, project, queue_arg)
+        if kwargs["as_json"]:
+            require_output("its JSON output")
         return fn(**kwargs)
 
     return wrapper  # type: ignore[return-value]
 
 
 STORAGE_ROOT_KEY = "cortexfs.storage_root"
+
+
+def require_output(what: str) -> None:
+    """EBADF, before anything is done, when standard output was closed at start (``>&-``):
+    a command whose answer is ``what`` would act and print it into /dev/null, and a job
+    published or claimed that way could never be named (SPEC §2.4)."""
+    if closed_at_start(1):  # the descriptor, whatever sys.stdout is now
+        raise CtxError(
+            errno.EBADF,
+            f"standard output is closed, so {what} could not be written; nothing was done: "
+            "run the command with standard output open (redirect it to a file to keep it)",
+        )
 
 
 def _queue_dir(storage_dir: Path | None, project: str | None, queue_arg: Path | None) -> Path:
@@ -315,6 +330,7 @@ def publish(
     """
     if source is None:
         raise click.UsageError("give a request FILE, or - to read it from stdin")
+    require_output("the name of the job published")
     if name is not None:
         if batch:
             raise click.UsageError("--name cannot be used with --batch")
@@ -367,6 +383,7 @@ def claim(
     The lease holder is the process that ran this command (its parent, e.g. your shell)
     unless --pid names another; recover requeues the job once that process is gone.
     """
+    require_output("the name of the job claimed")
     holder = _holder(pid, worker)
     with open_queue(queue_dir) as q:
         # One process per claim: keep the claim order between processes (Q-10).

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from cortexfs.queue.layout import STATE_DIRS
-from tests.queue.helpers import PROJECT, request, write_json
+from tests.queue.helpers import PROJECT, dead_pid, request, write_json
 from tests.support.cli import ctx
 
 P = ("--project", PROJECT)
@@ -219,3 +221,52 @@ def test_a_directory_at_a_staging_name_is_left_and_said_to_need_removing_by_hand
     assert blocked.returncode == 1 and "remove it by hand" in blocked.stderr
     assert "ignored  inbox/a.req.json.publish.tmp: a directory" in reconciled.stdout
     assert (qdir(root) / "inbox" / "a.req.json.publish.tmp").is_dir()
+
+
+def ctx_without_stdout(root: Path, *args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+    """``ctx ARGS… >&-``: started with its standard output closed."""
+    return subprocess.run(
+        [sys.executable, "-m", "cortexfs", *args],
+        input=stdin,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "CTX_STORAGE": str(root)},
+        preexec_fn=lambda: os.close(1),
+        timeout=60,
+    )
+
+
+ANSWERED_ON_STDOUT = {
+    "publish": ("publish", *P, "--name", "new", "-"),
+    "claim": ("claim", *P),
+    "finish-json": ("finish", *P, "CLAIMED", "--ok", "--json"),
+    "recover-json": ("recover", *P, "--reconcile", "--json"),
+    "work-json": ("work", *P, "--drain", "--agent", "a", "--json"),
+}
+
+
+@pytest.mark.parametrize("command", ANSWERED_ON_STDOUT.values(), ids=ANSWERED_ON_STDOUT.keys())
+def test_a_command_whose_answer_is_on_stdout_refuses_to_start_with_it_closed(
+    root: Path, command: tuple[str, ...]
+) -> None:
+    """`claim >&-` would lease a job nobody could ever name: refused (EBADF) before anything
+    is published, claimed, finished or recovered."""
+    for name in ("first", "second"):
+        write_json(qdir(root) / "pending" / f"{name}.req.json", request())
+    claimed = ctx(root, "queue", "claim", *P, "--pid", str(dead_pid()), "--json")
+    job = json.loads(claimed.stdout)["name"]  # its holder is gone: recover would requeue it
+    before = tree(qdir(root))
+
+    args = [job if arg == "CLAIMED" else arg for arg in command]
+    done = ctx_without_stdout(root, "queue", *args, stdin='{"tool": "t", "input": {}}')
+
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.startswith("ctx: EBADF: standard output is closed, so ")
+    assert "nothing was done" in done.stderr
+    assert tree(qdir(root)) == before
+
+
+def test_a_command_that_only_reports_works_with_stdout_closed(root: Path) -> None:
+    write_json(qdir(root) / "pending" / "waiting.req.json", request())
+    assert ctx_without_stdout(root, "queue", "status", *P).returncode == 0
+    assert ctx_without_stdout(root, "queue", "recover", *P).returncode == 0
