@@ -33,12 +33,10 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import functools
-import hashlib
+import json
 import os
 import re
 import threading
-import time
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -46,7 +44,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cortexfs.names import is_job_name
-from cortexfs.storage import user_directory
+from cortexfs.queue.hint_cache import (
+    create_private_file,
+    hint_location,
+    keep_private,
+    make_private_directories,
+    prune_now_and_then,
+)
+from cortexfs.queue.hint_cache import hint_path as hint_path  # callers find it here too
 
 if TYPE_CHECKING:
     from cortexfs.queue.layout import Queue
@@ -161,8 +166,10 @@ def pending_changed(
 # A shell script runs one ``ctx queue claim`` per job, a new process each time, so the order
 # kept in memory dies with every claim.  :class:`HintedClaimOrder` keeps it in a small cache
 # file instead, shared by every claim of this user on this host: a header (the cursor, the
-# stamp of pending/ it accounts for, the names listed and served since the last listing),
-# then the names in claim order.  ``queue init`` starts the file empty, every publish appends
+# names served and listed since the last listing, where the names start, the stamp of
+# pending/ they account for), the queue's real path (so that the hint of a queue that is gone
+# can be removed: :mod:`cortexfs.queue.hint_cache`, which also keeps the file private), then
+# the names in claim order.  ``queue init`` starts the file empty, every publish appends
 # its names, recover puts requeued names before the cursor, so a claim reads one name instead
 # of listing 100 000; the file is listed anew when it is used up or pending/ changed unseen.
 #
@@ -171,34 +178,11 @@ def pending_changed(
 # Losing it, or finding it garbled, costs one listing.  Any error with it falls back to the
 # in-memory order.
 
-_HEADER = 128  # "cursor served listed stamp\n", fixed width so that it is rewritten in place
-_HEADER_FORMAT = re.compile(rb"(\d{20}) (\d{20}) (\d{20}) (-|\d+:\d+) *\n")
+_HEADER = 128  # "cursor served listed start stamp\n", fixed width: rewritten in place
+_HEADER_FORMAT = re.compile(rb"(\d{20}) (\d{20}) (\d{20}) (\d{20}) (-|\d+:\d+) *\n")
 _READ = 4096
 _COMPACT_AFTER = 1 << 20
-
-
-def hint_path(queue_path: Path) -> Path:
-    """This user's claim-order hint for the queue at ``queue_path`` (a cache file):
-    under ``$XDG_CACHE_HOME/cortexfs`` (when that is an absolute path), else
-    ``/var/cache/cortexfs`` for root and ``~/.cache/cortexfs`` for everyone else."""
-    environ = os.environ
-    return _hint_path(
-        queue_path, os.geteuid(), environ.get("XDG_CACHE_HOME", ""), environ.get("HOME", "")
-    )
-
-
-@functools.lru_cache(maxsize=64)
-def _hint_path(queue_path: Path, euid: int, cache_home: str, home: str) -> Path:
-    """:func:`hint_path`, once per process, queue and user: every publish and claim asks,
-    and ``realpath`` costs a ``lstat`` per component.  Should the queue's path be re-pointed
-    meanwhile, the hint goes to the old queue's file, which costs a listing, nothing more."""
-    if euid == 0 and not os.path.isabs(cache_home):
-        cache = Path("/var/cache/cortexfs")
-    else:
-        environ = {"XDG_CACHE_HOME": cache_home, "HOME": home}
-        cache = user_directory("XDG_CACHE_HOME", ".cache", euid, environ) / "cortexfs"
-    key = hashlib.sha256(os.fsencode(os.path.realpath(queue_path))).hexdigest()[:32]
-    return cache / "claim-order" / key
+_MAX_QUEUE_LINE = 16 * 1024  # a JSON string of a path: PATH_MAX bytes, escaped
 
 
 @dataclass
@@ -206,24 +190,44 @@ class _Header:
     cursor: int  # byte offset of the next name
     served: int  # names handed out since the last listing
     listed: int  # names the file received since the last listing (listed, published, requeued)
+    start: int  # byte offset of the first name, after the line naming the queue
     stamp: str | None  # the stamp of pending/ the names account for; None: trusted as is
 
     def encode(self) -> bytes:
-        line = f"{self.cursor:020d} {self.served:020d} {self.listed:020d} {self.stamp or '-'}"
+        line = (
+            f"{self.cursor:020d} {self.served:020d} {self.listed:020d} {self.start:020d} "
+            f"{self.stamp or '-'}"
+        )
         return line.ljust(_HEADER - 1).encode() + b"\n"
 
     @classmethod
     def decode(cls, data: bytes) -> _Header | None:
         """None for a header that is not ours (garbled, truncated, another format)."""
         match = _HEADER_FORMAT.fullmatch(data)
-        if match is None or len(data) != _HEADER or int(match[1]) < _HEADER:
+        if match is None or len(data) != _HEADER:
             return None
-        stamp = match[4].decode()
-        return cls(int(match[1]), int(match[2]), int(match[3]), None if stamp == "-" else stamp)
+        cursor, served, listed, start = (int(match[n]) for n in range(1, 5))
+        if not _HEADER < start <= cursor or start - _HEADER > _MAX_QUEUE_LINE:
+            return None
+        stamp = match[5].decode()
+        return cls(cursor, served, listed, start, None if stamp == "-" else stamp)
+
+
+def recorded_queue(fd: int) -> str | None:
+    """The real path of the queue the hint open as ``fd`` describes (None: it names none);
+    ValueError for a file that is no hint."""
+    header = _Header.decode(os.pread(fd, _HEADER, 0))
+    if header is None:
+        raise ValueError("not a claim-order hint")
+    queue = json.loads(os.pread(fd, header.start - _HEADER, _HEADER))
+    if queue is not None and not isinstance(queue, str):
+        raise ValueError("not a claim-order hint")
+    return queue
 
 
 class HintFile:
-    """The cache file: a header line, then job names one per line.
+    """The cache file: a header line, the queue's real path (a JSON string), then job names
+    one per line.
 
     A hint, not state, which is why it is written with plain ``os`` calls and not through
     :mod:`cortexfs.durable`: nothing in it is fsynced, and a crash may leave it stale, empty
@@ -232,8 +236,18 @@ class HintFile:
     against ``pending/`` by the claim.
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, queue: str | None = None) -> None:
         self.path = path
+        self.queue = queue  # recorded, so that the hint goes once the queue is gone
+
+    @classmethod
+    def of(cls, queue_path: Path) -> HintFile:
+        """This user's hint for the queue at ``queue_path``."""
+        return cls(*hint_location(queue_path))
+
+    def prune_now_and_then(self) -> None:
+        """Clean the cache directory, if it is time to (:mod:`cortexfs.queue.hint_cache`)."""
+        prune_now_and_then(self.path.parent, recorded_queue)
 
     def reset(self, names: Sequence[str], stamp: str | None = None) -> None:
         """Replace the file with ``names``, as a fresh listing.  ``stamp``: the stamp of
@@ -245,11 +259,17 @@ class HintFile:
     ) -> None:
         """Replace the file (atomically: readers see the old or the new one) with ``names``,
         the first ``handed_out`` of them behind the cursor."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        make_private_directories(self.path.parent)
         temp = self.path.with_name(f".{self.path.name}.{os.getpid()}.{threading.get_ident()}")
+        queue = f"{json.dumps(self.queue)}\n".encode()
         body = [f"{name}\n".encode() for name in names]
-        cursor = _HEADER + sum(len(line) for line in body[:handed_out])
-        temp.write_bytes(_Header(cursor, served, listed, stamp).encode() + b"".join(body))
+        start = _HEADER + len(queue)
+        cursor = start + sum(len(line) for line in body[:handed_out])
+        header = _Header(cursor, served, listed, start, stamp).encode()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temp)  # left by a thread of a killed process that had our pid
+        with os.fdopen(create_private_file(temp), "wb") as stream:
+            stream.write(header + queue + b"".join(body))
         os.replace(temp, self.path)
 
     @contextlib.contextmanager
@@ -264,7 +284,9 @@ class HintFile:
                     current = os.stat(self.path, follow_symlinks=False).st_ino
                 except FileNotFoundError:
                     current = None
-                if current == os.fstat(fd).st_ino:
+                opened = os.fstat(fd)
+                if current == opened.st_ino:
+                    keep_private(fd, opened)
                     yield fd
                     return
             finally:
@@ -343,7 +365,7 @@ class HintFile:
                 pass  # a claim: only the stamp moves
             elif not first:
                 os.pwrite(fd, data, os.fstat(fd).st_size)
-            elif header.cursor - _HEADER >= len(data):
+            elif header.cursor - header.start >= len(data):
                 header.cursor -= len(data)  # into the room of names already handed out
                 os.pwrite(fd, data, header.cursor)
             else:
@@ -357,7 +379,7 @@ class HintedClaimOrder(ClaimOrder):
 
     def __init__(self, queue_path: Path) -> None:
         super().__init__()
-        self.hint = HintFile(hint_path(queue_path))
+        self.hint = HintFile.of(queue_path)
 
     def take(self, pending_fd: int) -> Iterator[str]:
         try:
@@ -367,6 +389,8 @@ class HintedClaimOrder(ClaimOrder):
                 if listed:
                     self.scans += 1
                     may_list = False
+                    # Paid for by the listing this claim made anyway, never by each claim.
+                    self.hint.prune_now_and_then()
                 if name is None:
                     return
                 if is_job_name(name):  # the file is only a hint: never trust a name from it
@@ -386,17 +410,14 @@ def note_changed(
     """Tell this user's hint (if any) about a change we made to pending/; a lost hint costs
     nothing but a listing."""
     with contextlib.suppress(OSError):
-        HintFile(hint_path(queue_path)).changed(before, after, added, first=first)
-
-
-_UNUSED_HINT_SECONDS = 30 * 24 * 3600
+        HintFile.of(queue_path).changed(before, after, added, first=first)
 
 
 def start_hint(queue_path: Path) -> None:
     """A new, empty queue's hint is complete: start it so that no claim needs a listing.
 
-    Hints of queues nobody has published to or claimed from for a month (deleted queues,
-    test runs) are removed on the way: each costs its next claim one listing at most.
+    The cache directory is cleaned on the way, if it is time to: hints of queues that are
+    gone (test runs, deleted queues) are removed (:mod:`cortexfs.queue.hint_cache`).
     """
     with contextlib.suppress(OSError):
         fd = os.open(queue_path / "pending", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
@@ -404,14 +425,6 @@ def start_hint(queue_path: Path) -> None:
             stamp = pending_stamp(fd)
         finally:
             os.close(fd)
-        hint = HintFile(hint_path(queue_path))
+        hint = HintFile.of(queue_path)
         hint.reset([], stamp)
-        _remove_unused_hints(hint.path.parent, time.time() - _UNUSED_HINT_SECONDS)
-
-
-def _remove_unused_hints(directory: Path, before: float) -> None:
-    with os.scandir(directory) as entries:
-        for entry in entries:
-            with contextlib.suppress(OSError):
-                if entry.is_file(follow_symlinks=False) and entry.stat().st_mtime < before:
-                    os.unlink(entry.path)
+        hint.prune_now_and_then()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import time
 from pathlib import Path
 
 import pytest
@@ -145,16 +144,3 @@ def test_a_garbled_hint_is_never_trusted(cache: Path, queue_dir: Path, me: Holde
     with Queue.open(queue_dir) as q:
         publish(q, request(), name="next")
     assert one_shot_claim(queue_dir, me)[0] == "next.req.json"
-
-
-def test_starting_a_hint_removes_hints_unused_for_a_month(cache: Path, tmp_path: Path) -> None:
-    old_queue, recent_queue = tmp_path / "old" / "queue", tmp_path / "recent" / "queue"
-    init_queue(old_queue)
-    init_queue(recent_queue)
-    month_ago = time.time() - 31 * 24 * 3600
-    os.utime(hint_path(old_queue), (month_ago, month_ago))
-
-    init_queue(tmp_path / "new" / "queue")
-
-    assert not hint_path(old_queue).exists()
-    assert hint_path(recent_queue).exists() and hint_path(tmp_path / "new" / "queue").exists()
