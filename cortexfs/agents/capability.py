@@ -31,6 +31,7 @@ from cortexfs.agents import log as agent_log
 from cortexfs.errors import CtxError, denied, exists, invalid, too_big
 from cortexfs.policy import AuthorityRequest, check_authority
 from cortexfs.policy import controls as agent_controls
+from cortexfs.storage import DOCS_BUNDLE
 from cortexfs.tools.controls import ToolObject, read_controls, require_available
 from cortexfs.tools.core.hostcall import ENVIRONMENT
 from cortexfs.tools.ctxpath import tier_location, which
@@ -178,9 +179,11 @@ def create_child(call: Capability, request: dict[str, Any]) -> dict[str, Any]:
         if (reason := _parent_denied(view, "shared", space, permission))
     ]
     judged = [(reach.real(source), target, mode) for source, target, mode in child.mounts]
+    # Named by its target, as the request gave it: the real path was resolved as root, and a
+    # link's target in a directory the parent may not read is not the parent's to learn.
     missing += [
-        f"mount {source} ({mode})"
-        for (source, _, mode), (real, _, _) in zip(child.mounts, judged, strict=True)
+        f"the mount at {target} ({mode})"
+        for real, target, mode in judged
         if not reach.holds(real, writable=mode == "rw")
     ]
     if missing:
@@ -238,6 +241,7 @@ class _Reach:
     """
 
     def __init__(self, view: AgentView) -> None:
+        self.parent = view.name
         self.root = self.real(view.root)
         self.root_mounts = [
             mount for mount in view.visible_mounts() if self.real(mount.source) == self.root
@@ -278,11 +282,29 @@ class _Reach:
         may write there when ``writable``."""
         if real == self.root:
             return any(mount.writable or not writable for mount in self.root_mounts)
+        if self._holds_sessions_of_others(real):
+            return False
         return any(
             self._shows(index, real, writable)
             for index, source in enumerate(self.sources)
             if real == source or source in real.parents
         )
+
+    def _holds_sessions_of_others(self, real: PurePosixPath) -> bool:
+        """Whether ``real`` is a space, its ``agent/``, or another agent's directory or
+        ``session/`` in it: the sessions other agents record there later would show through a
+        mount of it unfiltered, whoever may read them (S-6), and for as long as the child
+        exists.  The parent's projection filters them at each call; a mount is made once."""
+        if self.root not in real.parents:
+            return False
+        parts = real.relative_to(self.root).parts
+        if parts[0] != "shared" or len(parts) < 2 or parts[1] == DOCS_BUNDLE:
+            return False  # the manual bundle holds no sessions
+        if len(parts) == 2:
+            return True  # the space holds agent/
+        if parts[2] != "agent":
+            return False
+        return len(parts) == 3 or (parts[3] != self.parent and len(parts) <= 5)
 
     def _shows(self, index: int, real: PurePosixPath, writable: bool) -> bool:
         mount = self.mounts[index]

@@ -56,7 +56,7 @@ def test_without_agent_child_create_nothing_is_made(lead: World) -> None:
         ({"tools": ["shell.exec"]}, "tool:shell.exec execute"),
         ({"model": ["openai/gpt-5.6"]}, "model:openai/gpt-5.6 use"),
         ({"shared": {"team": ["read"]}}, "shared:team read"),
-        ({"mount": [["/etc", "/host-etc", "ro"]]}, "mount /etc (ro)"),
+        ({"mount": [["/etc", "/host-etc", "ro"]]}, "the mount at /host-etc (ro)"),
     ],
 )
 def test_a_child_never_gets_more_than_its_parent(
