@@ -40,8 +40,9 @@ directories whose entries are decided name by name (:meth:`ViewRules.decides_nam
 ==========================================  ==============================================
 
 Writes are allowed only below the agent's home and below spaces its policy lets it write
-(``shared:<s> write``), within those limits; tools, agents and models are the host's.  The
-kernel applies the mode bits to the agent's uid on top.
+(``shared:<s> write``), within those limits; tools, agents and models are the host's, a
+space's ``tool/`` included (its tools run under other agents' grants).  The kernel applies
+the mode bits to the agent's uid on top.
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ if TYPE_CHECKING:
     from cortexfs.agents.view import AgentView
 
 Parts = Sequence[str]
+SPACE_TOOLS = "tool"  # a space's tier directory (T-4)
 
 
 def in_root_abi(parts: Parts) -> bool:
@@ -124,6 +126,8 @@ class ViewRules:
         space's ``agent/`` only what the table of this module allows."""
         if len(parts) < 3 or not self.writable_below(parts[:2]) or not self.visible(parts):
             return False
+        if parts[0] == "shared" and parts[2] == SPACE_TOOLS:
+            return False  # the host's: code other agents run under their grants
         if parts[0] == "shared" and parts[2] == "agent":
             return self._agents_entry_writable(parts[1], parts[3:])
         return True
@@ -221,8 +225,9 @@ def storage_mounts(
 
     Each directory whose entries the rules decide name by name (:meth:`ViewRules.decides_names`)
     is a read-only mount listing the names it shows; each top object the agent may write below
-    (its home, a writable space) is a read-write mount of its own on top.  Inside each visible
-    space, :func:`_agents_mounts` adds what keeps the other agents' sessions as the rules say.
+    (its home, a writable space) is a read-write mount of its own on top, with the space's
+    ``tool/`` read-only on top of that.  Inside each visible space, :func:`_agents_mounts` adds
+    what keeps the other agents' sessions as the rules say.
     Decided now, from the controls as they are (a policy change shows at the next call), and
     only from reading them: nothing is written to build it.
     """
@@ -244,6 +249,9 @@ def storage_mounts(
             elif rules.writable_below(child) and _is_directory(root.joinpath(*child)):
                 mounts.append(ViewMount(root.joinpath(*child), target.joinpath(*child), True))
     for space in spaces:
+        tools = ("shared", space, SPACE_TOOLS)
+        if rules.writable_below(tools[:2]) and _is_directory(root.joinpath(*tools)):
+            mounts.append(ViewMount(root.joinpath(*tools), target.joinpath(*tools), False))
         mounts += _agents_mounts(rules, root, target, space)
     return mounts
 

@@ -33,8 +33,11 @@ def shared() -> None:
 def create(name: str, group: str | None, storage_dir: Path | None, as_json: bool) -> None:
     """Create shared space NAME, or complete it where parts are missing.
 
-    Its directories belong to the group, are group-writable and setgid (mode 2770), so
-    everything created inside belongs to the group and nobody else sees in.  Which agents
+    Its directories belong to the group and are setgid, so everything created inside
+    belongs to the group and nobody else sees in: data/ and queue/ group-writable (2770),
+    the space and agent/ also sticky (3770: members never rename or remove each other's
+    entries), tool/ the owner's alone (2750: members run its tools, only the owner installs
+    them).  Which agents
     may use it is then up to their uid/gid, mounts and policy (shared:NAME read|write).
     Existing parts are left exactly as they are.  An illegal NAME, or cortexfs-docs (the
     manual bundle), is a usage error (EINVAL, exit 2).

@@ -44,7 +44,7 @@ from typing import NamedTuple
 from cortexfs.errors import CtxError, denied, not_found
 from cortexfs.names import check_object_name
 from cortexfs.policy import controls
-from cortexfs.policy.beneath import walk
+from cortexfs.policy.beneath import Entry, walk
 from cortexfs.policy.decision import Policy
 from cortexfs.policy.grammar import Rule, check_object
 from cortexfs.policy.linux import WRITE, Credentials, Identity, Kind, check_access, writable_entries
@@ -253,7 +253,7 @@ class AgentFacts:
         label = self.declared_label
         for control in controls.HOST_OWNED_CONTROLS:
             path = controls.control_path(self.agent, control)
-            self._require_strict_modes(path)
+            self.require_strict_modes(path)
             self.require_host_owned(path)
         return label
 
@@ -261,7 +261,8 @@ class AgentFacts:
         """Whether the agent may change what it sees at ``view``: through a read-write mount,
         or through its mount of the storage root, which its tools get as the agent's view of
         the root (T-5): writable below its own home and below each space its policy lets it
-        write (``shared:<s> write``), and nowhere else, whatever the mount's own mode.
+        read and write (``shared:<s> read`` and ``write``: the view shows no other), but for
+        the space's ``tool/``, and nowhere else, whatever the mount's own mode.
 
         Below a writable space that view is stricter still (other agents' sessions, S-6); the
         steps after this one ask the policy about those.  Where this answer is wider than the
@@ -278,9 +279,10 @@ class AgentFacts:
         top, name = parts[:2]
         if top == "home":
             return name == str(self.identity.uid)
-        if top == "shared":
-            rule = Rule(self.declared_label, "shared", name, "write")
-            return rule in self.policy(controls.control_path(self.agent, "policy"))
+        if top == "shared" and parts[2:3] != ("tool",):  # a space's tools are the host's
+            policy = self.policy(controls.control_path(self.agent, "policy"))
+            label = self.declared_label
+            return all(Rule(label, "shared", name, perm) in policy for perm in ("read", "write"))
         return False
 
     def policy(self, path: PurePosixPath) -> Policy:
@@ -288,32 +290,49 @@ class AgentFacts:
             self._policies[path] = controls.read_policy(self.root, path)
         return self._policies[path]
 
-    def _require_strict_modes(self, path: PurePosixPath) -> None:
-        """Deny unless ``path`` and every directory above it belong to the host: not to the
-        agent's uid (unless the agent runs as the host administrator, the storage root's
-        owner) and not writable by a group or by others.
+    def require_strict_modes(self, path: PurePosixPath, *, runs_as_agent: bool = False) -> None:
+        """Deny unless ``path`` and every directory above it belong to the host: to root or
+        the host administrator (the storage root's owner), not to the agent's uid (unless the
+        agent runs as the host administrator) nor to any other, and not writable by a group or
+        by others.
 
         As ssh's StrictModes does, whoever could get the write access: the mode bits of the
         agent's own uid, a group it may join later, a process running outside its mounts
-        (``shell.exec`` is not confined to them) — a grant is only as safe as its file.
+        (``shell.exec`` is not confined to them) — a grant is only as safe as its file.  The
+        same holds for code the agent runs (``runs_as_agent``: a tool's executable), except
+        that the agent's own uid may own it: running its own code as itself gives it nothing
+        new, but code another uid may change would run with the agent's grants.
+
+        A directory writable by a group or by others is enough when it has the sticky bit and
+        belongs to the host, and the entry below it does too: then nobody else may rename or
+        remove that entry (a shared space's root, ``chmod +t``).
         """
         entries = walk(self.root, path)
         host = entries[0].status.st_uid if entries[0].status is not None else 0
-        for entry in entries:
+        hosts = {0, host}
+        for index, entry in enumerate(entries):
             if entry.status is None or entry.is_link:
                 break  # a missing or linked control is refused when it is read
             mode = stat.S_IMODE(entry.status.st_mode)
-            if entry.status.st_uid == self.identity.uid != host:
+            owner = entry.status.st_uid
+            if owner == self.identity.uid and owner not in hosts and not runs_as_agent:
                 raise denied(
                     f"{path} is not host-owned: {entry.shown} belongs to uid "
                     f"{self.identity.uid}, the agent's own, so the agent could rewrite it "
                     f"(give it to the host administrator, uid {host})"
                 )
-            if mode & (stat.S_IWGRP | stat.S_IWOTH):
+            if owner not in hosts and owner != self.identity.uid:
+                raise denied(
+                    f"{path} is not host-owned: {entry.shown} belongs to uid {owner}, who "
+                    f"could rewrite it for agent {self.agent!r} (give it to the host "
+                    f"administrator, uid {host})"
+                )
+            below = entries[index + 1] if index + 1 < len(entries) else None
+            if mode & (stat.S_IWGRP | stat.S_IWOTH) and not _sticky_over(entry, below, hosts):
                 raise denied(
                     f"{path} is not host-owned: {entry.shown} is writable by its group or by "
-                    f"others (mode {mode:04o}); the agent's controls and their directories "
-                    "must be writable by their owner alone (chmod go-w)"
+                    f"others (mode {mode:04o}); the agent's controls, the tools it runs and "
+                    "their directories must be writable by their owner alone (chmod go-w)"
                 )
 
     def require_host_owned(self, path: PurePosixPath) -> None:
@@ -416,7 +435,13 @@ class _Evaluation:
     def own_policy(self) -> _StepOutcome:
         if self.site is None or self.site.own_policy is None:
             return Outcome.NOT_APPLICABLE, f"{self.object_class} objects have no own policy"
+        # The second layer of P-6 is the host's: its file, and for a tool the executable it
+        # grants, are no more the agent's or another uid's to rewrite than the agent's own
+        # controls (step 4).
+        self.facts.require_strict_modes(self.site.own_policy)
         self.facts.require_host_owned(self.site.own_policy)
+        if self.object_class == "tool":
+            self.facts.require_strict_modes(self.site.path, runs_as_agent=True)
         return self._allowed_by(self.site.own_policy)
 
     @property
@@ -440,6 +465,15 @@ class _Evaluation:
         if rule not in self.facts.policy(path):
             raise denied(f"{path} has no rule '{rule}'")
         return Outcome.PASS, f"{path}: {rule}"
+
+
+def _sticky_over(directory: Entry, below: Entry | None, hosts: set[int]) -> bool:
+    """Whether ``directory``, writable by others, still keeps ``below`` the host's: it has the
+    sticky bit and both belong to the host, so only the host may rename or remove ``below``."""
+    if below is None or below.status is None or directory.status is None:
+        return False
+    sticky = directory.status.st_mode & stat.S_ISVTX
+    return bool(sticky) and {directory.status.st_uid, below.status.st_uid} <= hosts
 
 
 _STEPS: tuple[tuple[Step, Callable[[_Evaluation], _StepOutcome]], ...] = (

@@ -113,16 +113,25 @@ def check_access(
 def writable_entries(top: Path, relative: PurePosixPath, identity: Identity) -> list[str]:
     """Every entry from ``top`` down to ``top/relative`` that ``identity`` could change.
 
-    A directory it may write and search lets it replace any name inside; a file it may write
-    lets it rewrite the contents.  Empty when the whole path is out of its reach.
+    A directory it may write and search lets it replace any name inside — but for a sticky
+    directory (``chmod +t``) it does not own, only the names it owns, so there it counts only
+    when the next entry on the way is its own; a file it may write lets it rewrite the
+    contents.  Empty when the whole path is out of its reach.
     """
     writable = []
-    for entry in walk(top, relative):
+    entries = walk(top, relative)
+    for index, entry in enumerate(entries):
         if entry.status is None or entry.is_link:
             break
         needed = WRITE | EXECUTE if entry.is_directory else WRITE
-        if permits(entry.status, identity, needed):
-            writable.append(entry.shown)
+        if not permits(entry.status, identity, needed):
+            continue
+        below = entries[index + 1].status if index + 1 < len(entries) else None
+        sticky = entry.is_directory and entry.status.st_mode & stat.S_ISVTX
+        others = sticky and entry.status.st_uid != identity.uid
+        if others and (below is None or below.st_uid != identity.uid):
+            continue  # the kernel lets it rename or remove its own names only
+        writable.append(entry.shown)
     return writable
 
 

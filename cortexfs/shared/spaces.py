@@ -1,11 +1,18 @@
 """Shared spaces: ``shared/<name>/`` with ``tool/``, ``data/``, ``queue/``, ``agent/`` (SPEC X-1).
 
 A shared space is a Linux-permission space, nothing more: its directories belong to one group
-and are group-writable and setgid (mode 02770), so that every file created inside belongs to
-the space's group and its members can work with each other's files, while everyone else sees
-nothing.  Whether an agent may use the space is decided by its uid, gid and groups (the mode
-bits), its mounts and policy v0 (``shared:<name> read|write``), through the authority chain;
-the space itself carries no collaboration rules.
+and are setgid, so that every file created inside belongs to the space's group, while everyone
+else sees nothing (mode 0 for others).  ``data/`` and ``queue/`` are group-writable (02770):
+the members work with each other's files.  The space's own directory and ``agent/`` also have
+the sticky bit (03770): a member adds entries but never renames or removes another's (the
+host's ``tool/``, ``data/``, ``queue/``, another agent's sessions).  ``tool/`` is the host's
+(02750): its tools run under the agents' grants, so no member may put code there for another
+to run; the space's owner (who made it) installs them (``ctx object install --tier
+shared:<name>``), and the authority chain refuses a tool any other uid could change.
+
+Whether an agent may use the space is decided by its uid, gid and groups (the mode bits), its
+mounts and policy v0 (``shared:<name> read|write``), through the authority chain; the space
+itself carries no collaboration rules.
 """
 
 from __future__ import annotations
@@ -26,7 +33,10 @@ from cortexfs.storage import check_space_name
 
 SPACE_DIRS = ("tool", "data", "agent")
 QUEUE_DIR = "queue"
-SPACE_MODE = 0o2770
+SPACE_MODE = 0o2770  # data/ and the queue's directories: the members' to share
+SPACE_ROOT_MODE = 0o3770  # the space and agent/: each member's entries its own (sticky)
+SPACE_TOOL_MODE = 0o2750  # tool/: the owner's alone; the members run what is there
+_MODES = {"tool": SPACE_TOOL_MODE, "agent": SPACE_ROOT_MODE, "data": SPACE_MODE}
 
 
 @dataclass
@@ -52,27 +62,42 @@ def create_shared_space(
 
     Idempotent: what exists is left as it is (including its group and mode), what is missing
     is created, so a space whose queue came first (``ctx queue init``) is completed.  ``gid``
-    defaults to the caller's effective group.  ENOENT when the storage root does not exist.
+    defaults to the caller's effective group.  A storage root that does not exist is
+    bootstrapped first, whole.
     """
     ops = ops or durable.default_ops()
-    # A root that is not there is refused, not half made: the space would stand in a root
-    # with no core tools, no tsh config and no manual (R-2), which 'ctx bootstrap' makes.
-    storage.require_root(root)
     path = space_path(root, check_space_name(name))
     owner = Ownership(-1, os.getegid() if gid is None else gid)
     _require_group_of_caller(owner.gid)
     _require_no_obstacle(path)
     _require_writable_where_missing(path, name)
     # The root ABI reports its entries relative to the root; the space reports full paths.
-    created = [str(root / entry) for entry in storage.ensure_root_abi(root, ops).created]
-    created += ensure_directories(ops, root / "shared", [name], mode=SPACE_MODE, owner=owner)
+    if os.path.isdir(root):
+        created = [str(root / entry) for entry in storage.ensure_root_abi(root, ops).created]
+    else:
+        created = _bootstrap(root)
+    created += ensure_directories(ops, root / "shared", [name], mode=SPACE_ROOT_MODE, owner=owner)
     for directory in SPACE_DIRS:
-        created += ensure_directories(ops, path, [directory], mode=SPACE_MODE, owner=owner)
+        mode = _MODES[directory]
+        created += ensure_directories(ops, path, [directory], mode=mode, owner=owner)
     queue_created = init_queue(path / QUEUE_DIR, ops)
     for entry in queue_created:
         if Path(entry).is_dir():
             apply_mode(ops, Path(entry), SPACE_MODE, owner)
     return SpaceReport(path, os.stat(path).st_gid, created + queue_created)
+
+
+def _bootstrap(root: Path) -> list[str]:
+    """A storage root that is not there, made whole as ``ctx bootstrap`` makes it (R-2: core
+    tools, tsh config, manual), never only the directories a space needs."""
+    # Each registers its bootstrap step when imported.
+    import cortexfs.manual
+    import cortexfs.tools.core.bootstrap  # noqa: F401
+
+    report = storage.bootstrap(root)
+    if report.problems:
+        raise CtxError(errno.EIO, f"storage root {root}: {'; '.join(report.problems)}")
+    return [str(root / entry) for entry in report.created]
 
 
 def _require_no_obstacle(path: Path) -> None:

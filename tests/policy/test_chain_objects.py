@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from cortexfs.policy import AuthorityRequest, Credentials, Decision, Outcome, Step, check_authority
+from cortexfs.shared.spaces import create_shared_space
 from tests.support.storage import add_tool, write
 from tests.support.users import UnprivilegedUser
 
@@ -164,15 +165,15 @@ def test_tools_in_other_tiers_are_judged_where_they_live(
 
 
 @pytest.mark.parametrize("tier", ["home/{uid}/tool", "shared/project-a/tool"])
-def test_a_tool_policy_the_agent_may_change_through_its_view_grants_nothing(
+def test_a_tool_policy_the_agent_may_change_grants_nothing(
     root: Path, coder: Path, user: UnprivilegedUser, tier: str
 ) -> None:
-    """Its tools see the storage root as its view, writable in its home and in the spaces it
-    may write (T-5): a tool's own policy there is the agent's to rewrite, so no grant (P-6),
-    though the storage root's mount itself is read-only."""
+    """Its own home, or a space directory its group may write: the tool's own policy there is
+    the agent's to rewrite (through its view of /ctx, or with shell.exec outside it), so it
+    grants nothing (P-6), though the storage root's mount itself is read-only."""
     location = tier.format(uid=user.uid)
     add_tool(root, "lint", policy="allow coder_t tool:lint execute\n", location=location)
-    grant(coder, "tool:lint execute", "shared:project-a read")
+    grant(coder, "tool:lint execute", "shared:project-a read", "shared:project-a write")
     top = root.joinpath(*location.split("/")[:2])  # home/<uid> or shared/project-a
     os.chown(top, 0, 61006)
     top.chmod(0o2775)
@@ -180,11 +181,75 @@ def test_a_tool_policy_the_agent_may_change_through_its_view_grants_nothing(
     write(coder / "identity", json.dumps(identity))
     caller = Credentials(user.uid, user.gid)
     request = AuthorityRequest(root, "coder", "tool", "lint", "execute", caller, location)
-    if location.startswith("shared"):
-        assert check_authority(request).allowed  # it may read the space, not write it
-        grant(coder, "tool:lint execute", "shared:project-a read", "shared:project-a write")
 
     decision = check_authority(request)
 
     assert (decision.step, decision.errno) == (Step.OWN_POLICY, errno.EACCES), decision.reason
-    assert f"the agent may change {top.relative_to(root)}" in decision.reason
+    assert f"{location}/lint.d/policy is not host-owned: {top.relative_to(root)}" in (
+        decision.reason
+    )
+
+
+@pytest.fixture
+def space_tool(root: Path, coder: Path, user: UnprivilegedUser) -> AuthorityRequest:
+    """Tool ``lint`` of space ``project-a``, installed by the host as ``ctx shared create``
+    lays a space out (the space sticky, its tool/ the owner's); coder is a member."""
+    create_shared_space(root, "project-a", gid=61006)
+    location = "shared/project-a/tool"
+    add_tool(root, "lint", policy="allow coder_t tool:lint execute\n", location=location)
+    (root / "shared" / "project-a").chmod(0o3770)
+    (root / location).chmod(0o2750)
+    grant(coder, "tool:lint execute", "shared:project-a read", "shared:project-a write")
+    identity = {"uid": user.uid, "gid": user.gid, "groups": [61006]}
+    write(coder / "identity", json.dumps(identity))
+    caller = Credentials(user.uid, user.gid)
+    return AuthorityRequest(root, "coder", "tool", "lint", "execute", caller, location)
+
+
+def test_a_spaces_tool_laid_out_as_a_space_makes_it_runs_for_a_member(
+    space_tool: AuthorityRequest,
+) -> None:
+    decision = check_authority(space_tool)
+    assert decision.allowed, decision.reason
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ("executable of another uid", "shared/project-a/tool/lint belongs to uid 12345, who"),
+        ("policy of another uid", "lint.d/policy belongs to uid 12345, who"),
+        ("policy of the agent", "lint.d/policy belongs to uid {uid}, the agent's own"),
+        ("tool/ group-writable", "shared/project-a/tool is writable by its group"),
+        ("space not sticky", "shared/project-a is writable by its group"),
+    ],
+)
+def test_a_spaces_tool_another_may_change_runs_for_nobody(
+    space_tool: AuthorityRequest, user: UnprivilegedUser, change: str, reason: str
+) -> None:
+    """Code or a grant that some other member (or the agent itself, for the grant) could
+    rewrite would run with the agent's grants: refused at step 6 (P-6)."""
+    tools = space_tool.root / "shared" / "project-a" / "tool"
+    if change == "executable of another uid":
+        os.chown(tools / "lint", 12345, 61006)
+    elif change == "policy of another uid":
+        os.chown(tools / "lint.d" / "policy", 12345, 61006)
+    elif change == "policy of the agent":
+        os.chown(tools / "lint.d" / "policy", user.uid, user.gid)
+    elif change == "tool/ group-writable":
+        tools.chmod(0o2770)
+    else:
+        tools.parent.chmod(0o2770)
+
+    decision = check_authority(space_tool)
+
+    assert (decision.step, decision.errno) == (Step.OWN_POLICY, errno.EACCES), decision.reason
+    assert reason.format(uid=user.uid) in decision.reason
+
+
+def test_a_members_own_executable_in_a_space_runs_for_it_alone(
+    space_tool: AuthorityRequest, user: UnprivilegedUser, root: Path
+) -> None:
+    """Its own code run as itself gives an agent nothing new; to any other agent it is code a
+    member could change."""
+    os.chown(root / "shared" / "project-a" / "tool" / "lint", user.uid, user.gid)
+    assert check_authority(space_tool).allowed

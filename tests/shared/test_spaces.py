@@ -29,10 +29,11 @@ def test_create_makes_the_four_directories_group_owned_and_setgid(world: World) 
     space = world.root / "shared/proj"
     directories = [space, *(space / name for name in (*SPACE_DIRS, "queue"))]
     directories += [space / "queue" / state for state in STATE_DIRS]
+    modes = {space: 0o3770, space / "agent": 0o3770, space / "tool": 0o2750}
     for directory in directories:
         status = os.stat(directory)
         assert status.st_gid == SPACE_GROUP, directory
-        assert stat.S_IMODE(status.st_mode) == 0o2770, directory
+        assert stat.S_IMODE(status.st_mode) == modes.get(directory, 0o2770), directory
     assert sorted(os.listdir(space)) == ["agent", "data", "queue", "tool"]
     (space / "data" / "notes.txt").write_text("x")
     assert os.stat(space / "data" / "notes.txt").st_gid == SPACE_GROUP, "setgid inheritance"
@@ -201,13 +202,15 @@ def test_a_group_the_creator_is_not_in_is_refused_before_anything_is_made(world:
     assert own.gid == world.user.gid
 
 
-def test_a_space_is_not_made_in_a_storage_root_that_does_not_exist(tmp_path: Path) -> None:
+def test_a_space_asked_for_in_a_missing_root_comes_with_the_whole_root(tmp_path: Path) -> None:
+    """Never half a root: the core tools, tsh's config and the manual come with it (R-2)."""
     missing = tmp_path / "no-root"
 
     command = [*CTX, "--storage", str(missing), "shared", "create", "proj"]
-    refused = subprocess.run(command, capture_output=True, text=True)
+    made = subprocess.run(command, capture_output=True, text=True)
 
-    assert refused.returncode == 1
-    assert f"ENOENT: storage root {missing} does not exist" in refused.stderr
-    assert "ctx bootstrap" in refused.stderr
-    assert not missing.exists()
+    assert made.returncode == 0, made.stderr
+    assert sorted(os.listdir(missing)) == ["agent", "bin", "home", "model", "shared", "tool"]
+    for entry in ("tool/fs.read", "tool/tsh.d/config", "bin/tsh", "shared/cortexfs-docs"):
+        assert (missing / entry).exists(), entry
+    assert sorted(os.listdir(missing / "shared" / "proj")) == ["agent", "data", "queue", "tool"]

@@ -163,6 +163,7 @@ def test_writes_go_only_into_the_home_and_the_writable_spaces(team: World) -> No
     assert (team.root / "shared" / "open" / "data" / "x.txt").read_text() == "ours\n"
     refused = {
         "/ctx/shared/ro/data/x.txt": errno.EROFS,
+        "/ctx/shared/open/tool/x": errno.EROFS,  # a space's tools are the host's
         "/ctx/shared/secret/data/x.txt": errno.EACCES,
         "/ctx/tool/fs.read": errno.EROFS,
         "/ctx/tool/new-tool": errno.EACCES,
