@@ -171,12 +171,13 @@ def open_queue(queue_dir: Path) -> layout.Queue:
     """The queue a command works on.  A project's queue in the storage root is reached without
     following a symlink at ``shared``, ``P`` or ``queue`` (Q-8): one planted there would take
     every job outside the root."""
-    return layout.Queue.open(queue_dir, within=_project_root(queue_dir))
+    return layout.Queue.open(queue_dir, within=project_root(queue_dir))
 
 
-def _project_root(queue_dir: Path) -> Path | None:
+def project_root(queue_dir: Path) -> Path | None:
     """The storage root ``queue_dir`` is a project's queue of (as the command line spells
-    it), or None for a queue anywhere else."""
+    it), or None for a queue anywhere else: what :meth:`layout.Queue.open` walks from
+    without following a link (``within``)."""
     root = click.get_current_context().meta[STORAGE_ROOT_KEY]
     return queue_dir.parents[2] if _is_project_queue(root, queue_dir) else None
 
@@ -293,7 +294,7 @@ def init(queue_dir: Path, as_json: bool) -> None:
     whole, as 'ctx shared create' does (SPEC X-1: tool/, data/, queue/, agent/, setgid).
     """
     root = click.get_current_context().meta[STORAGE_ROOT_KEY]
-    within = _project_root(queue_dir)
+    within = project_root(queue_dir)
     # What exists is checked as every other command checks it, before anything is made.
     layout.check_existing_queue(queue_dir, within=within)
     if within is not None:

@@ -28,6 +28,7 @@ from cortexfs.cli.params import Seconds
 from cortexfs.cli.queue import (
     STORAGE_ROOT_KEY,
     open_queue,
+    project_root,
     queue_options,
     ttl_option,
     worker_id_option,
@@ -288,7 +289,7 @@ def _run(
         worker_id=worker_id,
     )
     progress = Progress(as_json, lambda: worker.stop("output closed"), only)
-    worker = Worker(queue_dir, executor, options, progress)
+    worker = Worker(queue_dir, executor, options, progress, within=project_root(queue_dir))
     worker.install_signal_handlers()
     try:
         summary = worker.run()

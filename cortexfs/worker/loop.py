@@ -182,8 +182,11 @@ class Worker:
         executor: Executor,
         options: WorkerOptions | None = None,
         listener: Listener | None = None,
+        *,
+        within: Path | None = None,
     ) -> None:
         self.queue_dir = queue_dir
+        self.within = within  # the storage root of a project's queue: nothing below followed
         self.executor = executor
         self.options = options or WorkerOptions()
         self.listener = listener or (lambda event, fields: None)
@@ -224,7 +227,7 @@ class Worker:
 
     def run(self) -> WorkerSummary:
         holder = Holder.for_process(worker=self.options.worker_id)
-        with Queue.open(self.queue_dir) as queue:
+        with Queue.open(self.queue_dir, within=self.within) as queue:
             # Refused before the first claim, not by the kernel inside a job slot's thread.
             queue.require_writable("work")
             # The claim order this user's other claimers on this host share (ctx queue claim,

@@ -3,11 +3,15 @@ so, instead of draining on with one slot less (or none) and reporting success.""
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from cortexfs.errors import CtxError
 from cortexfs.queue import Queue, init_queue, publish
 from cortexfs.worker.loop import Worker, WorkerOptions
 from tests.queue.helpers import request
@@ -56,3 +60,27 @@ def test_a_slot_that_fails_stops_the_worker_with_the_failure(tmp_path: Path) -> 
     assert events[-1][0] == "stop" and events[-1][1]["failure"] == summary.failure
     assert executor.ran == [] and sorted(os.listdir(queue_dir / "pending")) == sorted(jobs)
     assert os.listdir(queue_dir / "claimed") == []
+
+
+def test_a_worker_never_reaches_a_projects_queue_through_a_symlink(tmp_path: Path) -> None:
+    """Q-8: the space swapped for a link after ``ctx queue work`` checked it is still refused
+    when the worker opens the queue, before any claim."""
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    init_queue(outside / "queue")
+    with Queue.open(outside / "queue") as queue:
+        jobs = [publish(queue, request(0))]
+    (root / "shared").mkdir(parents=True)
+    (root / "shared" / "proj").symlink_to(outside)
+    executor = DefectiveExecutor()
+
+    worker = Worker(
+        root / "shared" / "proj" / "queue",
+        executor,  # type: ignore[arg-type]
+        WorkerOptions(drain=True, max_wait=0.1),
+        within=root,
+    )
+
+    with pytest.raises(CtxError) as refused:
+        worker.run()
+    assert refused.value.errno == errno.ELOOP
+    assert os.listdir(outside / "queue" / "pending") == jobs and executor.ran == []
