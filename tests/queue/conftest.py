@@ -14,7 +14,8 @@ from tests.queue.helpers import PROJECT
 
 @pytest.fixture
 def root(tmp_path: Path) -> Path:
-    """An empty storage root: a space is made only in a root that exists (ctx bootstrap)."""
+    """An empty storage root: a space made in it gets the root ABI only, where a missing root
+    would be bootstrapped whole (core tools, manual), which these tests do not need."""
     root = tmp_path / "storage"
     root.mkdir()
     return root

@@ -17,9 +17,8 @@ P = ("--project", PROJECT)
 
 
 @pytest.fixture
-def root(tmp_path: Path) -> Path:
-    root = tmp_path / "storage"
-    root.mkdir()  # a space is made only in a root that exists (ctx bootstrap)
+def root(root: Path) -> Path:
+    """The empty root of conftest.py, with the project's queue ``ctx queue init`` makes."""
     assert ctx(root, "queue", "init", *P).returncode == 0
     return root
 
