@@ -10,7 +10,8 @@
    permission writes (:mod:`cortexfs.policy.mounts`).  The agent's mount of the storage root
    is the exception: its tools get the agent's view of the root instead (T-5,
    :mod:`cortexfs.agents.projection`), writable below the agent's home and below the spaces
-   its policy lets it write, whatever the mount's own mode (:meth:`AgentFacts.writes_through`).
+   its policy lets it read and write (never a space's ``tool/``), whatever the mount's own
+   mode (:meth:`AgentFacts.writes_through`).
 4. **agent label** — the agent has a valid subject type, and none of the controls its grants
    come from (identity, mount, label, policy) is within its own reach to rewrite: like ssh's
    StrictModes, neither the control nor a directory above it (``agent/<name>.d``, ``agent``,
@@ -19,7 +20,9 @@
    by the agent through a read-write mount.
 5. **object policy** — the agent's policy allows ``<label> <class>:<name> <perm>``.
 6. **tool/model policy** — a tool's or model's own policy allows the same rule: the second
-   layer of P-6.  Other classes have no policy of their own.
+   layer of P-6.  Other classes have no policy of their own.  That policy file, and a tool's
+   executable, are held to step 4's rule: nobody but the host may change them (the agent's
+   own uid may own an executable it runs).
 
 A request names an agent, an object and a permission, nothing more: the label and every rule
 come from host-owned files, so a prompt or a model's output has no way in (P-6).  Every step
@@ -339,7 +342,8 @@ class AgentFacts:
         """A grant the agent could rewrite is no grant (P-6): deny if it can change ``path``.
 
         It can when it may write the file or a directory above it (mode bits) and sees that
-        entry through a read-write mount.
+        entry writably: through a read-write mount, or in its view of the storage root
+        (:meth:`writes_through`).
         """
         for entry in writable_entries(self.root, path, self.identity):
             for view in views_of(self.mounts, PurePosixPath(self.root, entry)):
