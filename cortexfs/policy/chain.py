@@ -173,21 +173,38 @@ def check_authority(request: AuthorityRequest, facts: AgentFacts | None = None) 
     answer, including a missing agent or object, is a :class:`Decision`.
     """
     evaluation = _Evaluation(request, facts)
-    results: list[StepResult] = []
-    for step, run in _STEPS:
-        if results and results[-1].outcome in (Outcome.DENY, Outcome.NOT_REACHED):
-            results.append(StepResult(step, Outcome.NOT_REACHED, "an earlier step denied"))
-            continue
-        try:
-            outcome, detail = run(evaluation)
-        except CtxError as exc:
-            results.append(StepResult(step, Outcome.DENY, exc.message, exc.errno))
-        except OSError as exc:
-            reason = f"cannot be checked, so it is denied: {exc.strerror or exc}"
-            results.append(StepResult(step, Outcome.DENY, reason, errno.EACCES))
-        else:
-            results.append(StepResult(step, outcome, detail))
-    return Decision(tuple(results))
+    results = [_run_step(Step.CREDENTIALS, _Evaluation.peer_credentials, evaluation)]
+    if results[0].outcome is not Outcome.PASS:
+        results += [StepResult(step, Outcome.NOT_REACHED, _NOT_REACHED) for step, _ in _STEPS[1:]]
+        return Decision(tuple(results))
+    # Steps 2 to 6 ask about the agent and the object, not about who asks: the answer one
+    # request of these facts got is the answer for the next (the projection asks about the
+    # tool the runner has just authorised).
+    known = evaluation.facts.decided.get(evaluation.object_key)
+    if known is None:
+        for step, run in _STEPS[1:]:
+            if results[-1].outcome in (Outcome.DENY, Outcome.NOT_REACHED):
+                results.append(StepResult(step, Outcome.NOT_REACHED, _NOT_REACHED))
+            else:
+                results.append(_run_step(step, run, evaluation))
+        known = evaluation.facts.decided[evaluation.object_key] = tuple(results[1:])
+    return Decision((results[0], *known))
+
+
+_NOT_REACHED = "an earlier step denied"
+
+
+def _run_step(
+    step: Step, run: Callable[[_Evaluation], _StepOutcome], evaluation: _Evaluation
+) -> StepResult:
+    try:
+        outcome, detail = run(evaluation)
+    except CtxError as exc:
+        return StepResult(step, Outcome.DENY, exc.message, exc.errno)
+    except OSError as exc:
+        reason = f"cannot be checked, so it is denied: {exc.strerror or exc}"
+        return StepResult(step, Outcome.DENY, reason, errno.EACCES)
+    return StepResult(step, outcome, detail)
 
 
 def check_tool_execute(
@@ -215,9 +232,10 @@ class AgentFacts:
     decided with these facts: its identity (step 1), its mounts (step 3), its label with the
     judgement of its host-owned controls (step 4) and the policies read (steps 5 and 6).
 
-    Only what was read and passed is kept; a failure is raised again, so a denial is found and
-    explained afresh at each request.  Facts are as current as their first reading: make new
-    ones for each call or lookup (a policy change shows at the next).
+    What was read and passed is kept, and so is the answer of steps 2 to 6 for each object
+    (:attr:`decided`), which does not depend on who asks.  Facts are as current as their
+    first reading: make new ones for each call or lookup (a policy change shows at the
+    next).
     """
 
     def __init__(self, root: Path, agent: str) -> None:
@@ -225,6 +243,8 @@ class AgentFacts:
         self.root = require_root(Path(root)).resolve()
         self.agent = agent
         self._policies: dict[PurePosixPath, Policy] = {}
+        # Steps 2 to 6 of each object asked about, by (class, name, permission, location).
+        self.decided: dict[tuple[str, str, str, str | None], tuple[StepResult, ...]] = {}
 
     def describes(self, request: AuthorityRequest) -> bool:
         return request.agent == self.agent and Path(request.root).resolve() == self.root
@@ -383,6 +403,11 @@ class _Evaluation:
     @property
     def object_ref(self) -> str:
         return f"{self.object_class}:{self.object_name}"
+
+    @property
+    def object_key(self) -> tuple[str, str, str, str | None]:
+        request = self.request
+        return (self.object_class, self.object_name, self.permission, request.location)
 
     def peer_credentials(self) -> _StepOutcome:
         identity = self.facts.identity

@@ -1,5 +1,6 @@
 """One reading of an agent's controls for many questions (AgentFacts): the same answers as
-asking each question afresh, the controls read once, and no denial kept (SPEC P-5, P-6)."""
+asking each question afresh, the controls read once, each object judged once, and the caller
+judged at every question (SPEC P-5, P-6)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from cortexfs.policy import (
     AgentFacts,
     AuthorityRequest,
     Credentials,
+    Outcome,
     Step,
     beneath,
     check_authority,
@@ -85,14 +87,35 @@ def test_the_controls_are_read_once_for_all_questions(
     assert reads["agent/coder.d/policy"] == 4  # each question reaching step 5 reads it again
 
 
-def test_a_denial_is_not_kept(root: Path, coder: Path, user: UnprivilegedUser, tools: None) -> None:
+def test_answers_last_as_long_as_their_facts(
+    root: Path, coder: Path, user: UnprivilegedUser, tools: None
+) -> None:
+    """Facts are made for one call or one lookup: a change shows with the next facts."""
     request = requests(root, None)[0]
     facts = AgentFacts(root, "coder")
     write(coder / "label", "not a label\n")
     denied = check_authority(request, facts)
     assert (denied.step, denied.errno) == (Step.LABEL, errno.EACCES)
     write(coder / "label", "coder_t\n")
-    assert check_authority(request, facts).allowed
+    assert check_authority(request, facts) == denied
+    assert check_authority(request, AgentFacts(root, "coder")).allowed
+
+
+def test_the_caller_is_judged_at_every_question(
+    root: Path, coder: Path, user: UnprivilegedUser, tools: None
+) -> None:
+    """Steps 2 to 6 are decided once per object; step 1, who asks, each time."""
+    facts = AgentFacts(root, "coder")
+    stranger = Credentials(user.uid + 1, user.gid)
+    me = Credentials(user.uid, user.gid)
+
+    allowed = check_authority(requests(root, me)[0], facts)
+    refused = check_authority(requests(root, stranger)[0], facts)
+    again = check_authority(requests(root, me)[0], facts)
+
+    assert allowed.allowed and again == allowed
+    assert (refused.step, refused.errno) == (Step.CREDENTIALS, errno.EACCES)
+    assert {result.outcome for result in refused.steps[1:]} == {Outcome.NOT_REACHED}
 
 
 def test_facts_answer_for_their_own_agent_only(
