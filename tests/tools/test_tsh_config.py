@@ -69,7 +69,14 @@ def test_an_update_keeps_comments_and_order_and_replaces_the_file_whole(root: Pa
 
 @pytest.mark.parametrize(
     "argument",
-    ["max_loaded_tools=0", "window_percent=101", "cache_capacity=many", "colour=red", "plain"],
+    [
+        "max_loaded_tools=0",
+        "max_loaded_tools=99999999999999999999999",
+        "window_percent=101",
+        "cache_capacity=many",
+        "colour=red",
+        "plain",
+    ],
 )
 def test_a_bad_setting_is_a_usage_error_and_changes_nothing(root: Path, argument: str) -> None:
     refused = ctx(root, "tool", "tsh.config", argument)
@@ -142,6 +149,20 @@ def test_a_config_with_a_bad_line_is_read_but_not_rewritten(root: Path) -> None:
         "tool/tsh.d/config:2: expected one of max_loaded_tools, cache_capacity, "
         "window_percent as key=value"
     ]
+
+
+def test_a_key_given_twice_in_the_file_is_a_problem_and_its_default_applies(
+    root: Path,
+) -> None:
+    """Which of two lines holds is anybody's guess: said, and neither is taken."""
+    (root / CONFIG).write_text("max_loaded_tools=2\nmax_loaded_tools=5\n")
+
+    shown = ctx(root, "tool", "tsh.config")
+
+    assert shown.returncode == 0
+    assert shown.stdout.startswith("max_loaded_tools=64\n")
+    assert "tsh.d/config:2: max_loaded_tools is given again (first on line 1)" in shown.stderr
+    assert "(ignored; the default applies)" in shown.stderr
 
 
 @pytest.mark.parametrize("name", ["fs.write", "shell.exec", "fs.read"])

@@ -1,8 +1,8 @@
 """``tsh.config``: read or update tsh's configuration, ``tsh.d/config`` (SPEC H-4, R-5).
 
 The configuration is data, never code: blank lines, ``#`` comments and ``key=value`` lines
-for the keys of :data:`DEFAULTS`, each a positive integer (``window_percent`` at most 100,
-``cache_capacity`` at most 65536).
+for the keys of :data:`DEFAULTS`, each given once, a positive integer (``window_percent`` at
+most 100, ``cache_capacity`` and ``max_loaded_tools`` at most 65536).
 It lives in the control directory ``tsh.d/`` beside this tool's executable, so the tool
 always edits the configuration of its own tier.
 
@@ -38,7 +38,8 @@ DEFAULTS = {"max_loaded_tools": 64, "cache_capacity": 32, "window_percent": 1}
 # window_percent is a percentage.  tsh sizes the frequency sketch of its path cache by
 # cache_capacity when it starts: 2**16 names take it tens of MB and a tenth of a second, while
 # a capacity in the millions would hold tsh for minutes or exhaust its memory.
-_LIMITS = {"window_percent": 100, "cache_capacity": 65536}
+# max_loaded_tools bounds what tsh keeps of tools' metadata in memory: no terminal runs more.
+_LIMITS = {"window_percent": 100, "cache_capacity": 65536, "max_loaded_tools": 65536}
 DEFAULT_TEXT = "# tsh configuration (SPEC H-4): data, never code.\n" + "".join(
     f"{key}={value}\n" for key, value in DEFAULTS.items()
 )
@@ -54,14 +55,21 @@ def config_path(executable: str) -> Path:
 def problems(text: str) -> list[str]:
     """What is wrong with a configuration's text, one sentence per line at fault."""
     found = []
+    first_line: dict[str, int] = {}
     for line in keyvalue.lines(text):
         where = f"tsh.d/config:{line.number}"
         if line.key not in DEFAULTS:
             found.append(f"{where}: expected one of {', '.join(DEFAULTS)} as key=value")
-        else:
-            problem = value_problem(line.key, line.value)
-            if problem:
-                found.append(f"{where}: {problem}")
+            continue
+        problem = value_problem(line.key, line.value)
+        if problem:
+            found.append(f"{where}: {problem}")
+        if line.key in first_line:
+            found.append(
+                f"{where}: {line.key} is given again (first on line {first_line[line.key]}), "
+                "so which one holds is unclear; keep one"
+            )
+        first_line.setdefault(line.key, line.number)
     return found
 
 
@@ -86,10 +94,15 @@ def _decimal(text: str) -> int | str:
 
 
 def effective(text: str) -> dict[str, int]:
-    """The settings ``text`` gives, the defaults for keys it leaves out (the last line wins)."""
+    """The settings ``text`` gives, the defaults for keys it leaves out, sets badly, or sets
+    more than once (:func:`problems` says which)."""
+    lines = list(keyvalue.lines(text))
+    given = [line.key for line in lines]
     settings = dict(DEFAULTS)
-    for line in keyvalue.lines(text):
-        if line.key in DEFAULTS and value_problem(line.key, line.value) is None:
+    for line in lines:
+        if line.key not in DEFAULTS or given.count(line.key) > 1:
+            continue
+        if value_problem(line.key, line.value) is None:
             settings[line.key] = int(line.value)
     return settings
 
