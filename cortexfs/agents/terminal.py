@@ -49,7 +49,7 @@ import subprocess
 import sys
 import termios
 import time
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from cortexfs import durable
 from cortexfs.agents import log as agent_log
@@ -93,6 +93,22 @@ class Terminal:
         self.started = False  # tsh runs and the start is recorded
         self.session_made = False  # prepare() made the session's directory
         self.run_calls = RunSocket(root, self.view, self.session, self.workspace)
+
+    def workspace_source(self) -> PurePosixPath | None:
+        """What this terminal shows at ``/workspace``: the agent's own mount there, or the
+        default the host gave (A-1); None for neither."""
+        return next((m.source for m in self.view.visible_mounts() if m.target == WORKSPACE), None)
+
+    def workspace_overridden(self) -> str | None:
+        """Why the directory given for ``/workspace`` is not mounted: the agent's mount
+        control has a ``/workspace`` of its own, which wins (A-1); None when it is used."""
+        source = self.workspace_source()
+        if self.workspace is None or self.view.workspace is not None or source is None:
+            return None
+        return (
+            f"{self.workspace} is not mounted at /workspace: agent {self.view.name}'s mount "
+            f"control has its own /workspace ({source}), which wins"
+        )
 
     def workspace_warning(self) -> str | None:
         """Why the default ``/workspace`` may grant more than its starter meant: a workspace
@@ -176,9 +192,7 @@ class Terminal:
         self._await_tsh()
         self._admit_sandbox()
         self.runtime.make_link()
-        workspace = next(
-            (m.source for m in self.view.visible_mounts() if m.target == WORKSPACE), None
-        )
+        workspace = self.workspace_source()
         agent_log.record(
             self.root,
             self.view.name,

@@ -268,18 +268,26 @@ def workspace_directory(workspace: Path | None, no_workspace: bool) -> Path | No
         ) from None
 
 
+def start_warnings(terminal: Terminal, *, explicit_workspace: bool) -> list[str]:
+    """What a terminal's starter is told: what the start cleaned up, a workspace that grants
+    more than meant, and a --workspace DIR the agent's own /workspace overrides."""
+    overridden = terminal.workspace_overridden() if explicit_workspace else None
+    found = (terminal.cleaned_warning(), terminal.workspace_warning(), overridden)
+    return [warning for warning in found if warning is not None]
+
+
 def terminal_facts(terminal: Terminal) -> dict[str, object]:
     """What a started terminal tells its starter (``--json``), with ``cleaned`` when the start
     removed what a terminal of the session that died had left."""
     from cortexfs.agents.terminal_socket import terminal_link
 
-    workspace_mount = terminal.view.workspace
+    workspace = terminal.workspace_source()
     facts: dict[str, object] = {
         "agent": terminal.view.name,
         "session": terminal.session.name,
         "socket": str(terminal_link(terminal.session)),
         "listening_at": str(terminal.main_socket),
-        "workspace": None if workspace_mount is None else str(workspace_mount.source),
+        "workspace": None if workspace is None else str(workspace),
     }
     if terminal.cleaned:
         facts["cleaned"] = terminal.cleaned
@@ -329,9 +337,8 @@ def start(
     terminal = Terminal(root, name, session, directory)
     terminal.prepare()
     _daemonize(terminal)
-    for warning in (terminal.cleaned_warning(), terminal.workspace_warning()):
-        if warning is not None:
-            click.echo(f"ctx: warning: {warning}", err=True)
+    for warning in start_warnings(terminal, explicit_workspace=workspace is not None):
+        click.echo(f"ctx: warning: {warning}", err=True)
     facts = terminal_facts(terminal)
     if as_json:
         emit_json(facts)

@@ -9,7 +9,12 @@ from pathlib import Path
 
 import click
 
-from cortexfs.cli.agent import terminal_facts, workspace_directory, workspace_options
+from cortexfs.cli.agent import (
+    start_warnings,
+    terminal_facts,
+    workspace_directory,
+    workspace_options,
+)
 from cortexfs.cli.common import emit_json, handles_errors, json_option, object_name_argument
 from cortexfs.cli.params import NonEmptyPath
 from cortexfs.shared.sessions import DEFAULT_SESSION
@@ -54,9 +59,8 @@ def ctxterm(
     agent = object_name_argument(agent, "agent")
     session = object_name_argument(session, "session")
     terminal = start_terminal(root, agent, session, workspace_directory(workspace, no_workspace))
-    for warning in (terminal.cleaned_warning(), terminal.workspace_warning()):
-        if warning is not None:
-            click.echo(f"ctxterm: warning: {warning}", err=True)
+    for warning in start_warnings(terminal, explicit_workspace=workspace is not None):
+        click.echo(f"ctxterm: warning: {warning}", err=True)
     facts = {**terminal_facts(terminal), "pid": os.getpid()}
     if as_json:
         emit_json(facts)

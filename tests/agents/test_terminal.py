@@ -462,7 +462,14 @@ def test_workspace_option_no_workspace_and_the_agents_own_workspace(
     try:
         by_option = start_in(world, world.scratch, "coder", chosen, "--workspace", str(project))
         without = start_in(world, project, "coder", bare, "--no-workspace")
-        mounted = start_in(world, project, "mounted", own)
+        started = subprocess.run(
+            [sys.executable, "-m", "cortexfs", "agent", "start", "mounted", "--session", own,
+             "--json", "--workspace", str(project)],
+            capture_output=True, text=True, timeout=60,
+            env={**os.environ, "CTX_STORAGE": str(world.root)},
+        )  # fmt: skip
+        assert started.returncode == 0, started.stderr
+        mounted = json.loads(started.stdout)
 
         assert by_option["workspace"] == str(project)
         assert os.stat(f"/proc/{tsh_process(chosen)}/cwd").st_ino == project.stat().st_ino
@@ -473,7 +480,11 @@ def test_workspace_option_no_workspace_and_the_agents_own_workspace(
         client.type("fs.read /workspace/notes.txt")
         client.expect(r"outside every mount[\s\S]*coder\$ ")
         client.close()
-        assert mounted["workspace"] is None
+        # the agent's own /workspace wins over --workspace, and the starter is told so
+        assert mounted["workspace"] == os.path.realpath(world.workspace)
+        assert f"ctx: warning: {os.path.realpath(project)} is not mounted at /workspace" in (
+            started.stderr
+        )
         assert os.stat(f"/proc/{tsh_process(own)}/cwd").st_ino == world.workspace.stat().st_ino
         client = Client(mounted["listening_at"], "attach")
         client.expect(r"mounted\$ ")
