@@ -207,7 +207,12 @@ def test_man_prints_the_installed_page_by_topic_or_page_name(root: Path, name: s
 
     assert shown.returncode == 0, shown.stderr
     assert shown.stdout == "# ctx.session — as installed here\n"
-    assert shown.stderr == ""
+    # D-1: the bundle is out of line with this ctx, and the reader is told so
+    assert shown.stderr == (
+        f"ctx man: note: {page} is not the page of this version of ctx; 'ctx bootstrap' "
+        "installs it (ctx man shows the installed page)\n"
+    )
+    assert ctx(root, "man", "agent").stderr == ""  # a current page, read without a note
 
 
 def test_man_without_a_bundle_falls_back_to_the_built_in_copy(tmp_path: Path) -> None:
@@ -244,7 +249,7 @@ def test_man_readme_prints_the_bundles_readme(root: Path, name: str) -> None:
 
     assert shown.returncode == 0, shown.stderr
     assert shown.stdout == "# CortexFS manuals, as installed here\n"
-    assert shown.stderr == ""
+    assert shown.stderr.startswith(f"ctx man: note: {readme} is not the page of this version")
 
 
 def test_man_readme_without_a_bundle_is_the_built_in_readme(tmp_path: Path) -> None:

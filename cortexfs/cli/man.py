@@ -30,7 +30,8 @@ def man(topic: str | None, storage_dir: Path | None, as_json: bool) -> None:
     the page's file name).  The page is read from the storage root's bundle,
     shared/cortexfs-docs/README.md or shared/cortexfs-docs/man/ctx.TOPIC.md; where none is
     installed, from the copy built into ctx (a note on stderr says so; 'ctx bootstrap'
-    installs the bundle).  Exit 1 (ENOENT) for an unknown topic.
+    installs the bundle); an installed page that is not this version's is shown with a
+    note saying so.  Exit 1 (ENOENT) for an unknown topic.
     """
     root = resolve_storage(storage_dir)
     if topic is None:
@@ -67,5 +68,11 @@ def _note_built_in(page: manual.Manual) -> None:
     if page.path is None:
         click.echo(
             f"ctx man: {page.why_built_in}; this is the copy built into ctx",
+            err=True,
+        )
+    elif page.differs_from_built_in():
+        click.echo(
+            f"ctx man: note: {page.path} is not the page of this version of ctx; "
+            "'ctx bootstrap' installs it (ctx man shows the installed page)",
             err=True,
         )

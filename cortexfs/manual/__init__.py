@@ -191,6 +191,15 @@ class Manual(NamedTuple):
     def origin(self) -> str:
         return "built-in" if self.path is None else "installed"
 
+    def differs_from_built_in(self) -> bool:
+        """Whether an installed page is not the copy this version of ctx carries: the
+        bundle is out of line with it (D-1), and 'ctx bootstrap' puts it back in line."""
+        if self.path is None:
+            return False
+        pages = built_in_pages()
+        built_in = pages.readme if self.topic == README_TOPIC else pages.man[self.topic]
+        return self.text != _decode(built_in, BUILT_IN)
+
 
 def installed_page(root: Path, topic: str) -> Path:
     if topic == README_TOPIC:
