@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import os
 import stat
 from collections.abc import Callable
 from enum import IntEnum, StrEnum
@@ -246,6 +247,10 @@ class AgentFacts:
         # Steps 2 to 6 of each object asked about, by (class, name, permission, location).
         self.decided: dict[tuple[str, str, str, str | None], tuple[StepResult, ...]] = {}
 
+    @functools.cached_property
+    def _host_uid(self) -> int:
+        return os.stat(self.root).st_uid
+
     def describes(self, request: AuthorityRequest) -> bool:
         return request.agent == self.agent and Path(request.root).resolve() == self.root
 
@@ -363,8 +368,12 @@ class AgentFacts:
 
         It can when it may write the file or a directory above it (mode bits) and sees that
         entry writably: through a read-write mount, or in its view of the storage root
-        (:meth:`writes_through`).
+        (:meth:`writes_through`).  An agent that runs as the host administrator, the storage
+        root's owner, is exempt, as in :meth:`require_strict_modes`: everything the host owns
+        is its uid's to change anyway.
         """
+        if self.identity.uid == self._host_uid:
+            return
         for entry in writable_entries(self.root, path, self.identity):
             for view in views_of(self.mounts, PurePosixPath(self.root, entry)):
                 if self.writes_through(view):

@@ -253,3 +253,21 @@ def test_a_members_own_executable_in_a_space_runs_for_it_alone(
     member could change."""
     os.chown(root / "shared" / "project-a" / "tool" / "lint", user.uid, user.gid)
     assert check_authority(space_tool).allowed
+
+
+def test_an_agent_of_the_host_administrator_runs_the_tools_of_its_own_home(
+    root: Path, coder: Path, user: UnprivilegedUser
+) -> None:
+    """A user's own storage root and agent (the agent runs as its creator): the host's files
+    are the agent's uid's anyway, so its home tier is no less the host's than tool/."""
+    location = f"home/{user.uid}/tool"
+    add_tool(root, "lint", policy="allow coder_t tool:lint execute\n", location=location)
+    for path in (root, root / "home" / str(user.uid), *(root / location).rglob("*")):
+        os.chown(path, user.uid, user.gid)
+    grant(coder, "tool:lint execute")
+    caller = Credentials(user.uid, user.gid)
+    request = AuthorityRequest(root, "coder", "tool", "lint", "execute", caller, location)
+
+    decision = check_authority(request)
+
+    assert decision.allowed, decision.reason
