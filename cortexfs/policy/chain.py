@@ -368,15 +368,15 @@ class AgentFacts:
 
         It can when it may write the file or a directory above it (mode bits) and sees that
         entry writably: through a read-write mount, or in its view of the storage root
-        (:meth:`writes_through`).  An agent that runs as the host administrator, the storage
-        root's owner, is exempt, as in :meth:`require_strict_modes`: everything the host owns
-        is its uid's to change anyway.
+        (:meth:`writes_through`).  For an agent that runs as the host administrator, the
+        storage root's owner, only a read-write mount counts, as its own mount control says:
+        its view of the root makes writable its own home, which, like everything the host
+        owns, is its uid's anyway (:meth:`require_strict_modes` exempts it alike).
         """
-        if self.identity.uid == self._host_uid:
-            return
+        as_host = self.identity.uid == self._host_uid
         for entry in writable_entries(self.root, path, self.identity):
             for view in views_of(self.mounts, PurePosixPath(self.root, entry)):
-                if self.writes_through(view):
+                if view.mount.writable if as_host else self.writes_through(view):
                     raise denied(
                         f"{path} is not host-owned: the agent may change {entry} "
                         f"(as uid {self.identity.uid}, at {view.path} through {view.mount})"
