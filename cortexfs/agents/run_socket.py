@@ -32,6 +32,7 @@ import struct
 import sys
 from pathlib import Path
 
+from cortexfs.agents.sandbox import session_processes
 from cortexfs.agents.view import AgentView
 from cortexfs.errors import denied
 from cortexfs.shared.sessions import SessionRef
@@ -61,15 +62,8 @@ def sandbox_namespace(shell_session: int) -> Namespace | None:
     process's own, that they live in.  None when there is not exactly one such."""
     own = pid_namespace(os.getpid())
     found: set[Namespace] = set()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            if os.getsid(int(entry)) != shell_session:
-                continue
-        except OSError:
-            continue  # gone meanwhile
-        namespace = pid_namespace(int(entry))
+    for pid in session_processes(shell_session):
+        namespace = pid_namespace(pid)
         if namespace is not None and namespace != own:
             found.add(namespace)
     return found.pop() if len(found) == 1 else None

@@ -25,13 +25,14 @@ tsh runs as the agent's uid, gid and exactly its groups, with no capabilities an
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
 import signal
 import stat
 import termios
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path, PurePosixPath
 from typing import NamedTuple
 
@@ -106,16 +107,23 @@ def take_terminal() -> None:
     signal.signal(signal.SIGQUIT, signal.SIG_IGN)
 
 
-def tsh_runs(session_id: int) -> bool:
-    """Whether tsh itself (not bubblewrap or setpriv before it) runs in the session
-    ``session_id`` (the shell's: it was started as a session leader)."""
+def session_processes(session_id: int) -> Iterator[int]:
+    """The pids of the processes in the session ``session_id`` (the shell's: it was started
+    as a session leader), as ``/proc`` lists them now; one gone meanwhile is left out."""
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
+        with contextlib.suppress(OSError):  # gone meanwhile
+            if os.getsid(int(entry)) == session_id:
+                yield int(entry)
+
+
+def tsh_runs(session_id: int) -> bool:
+    """Whether tsh itself (not bubblewrap or setpriv before it) runs in the session
+    ``session_id``."""
+    for pid in session_processes(session_id):
         try:
-            if os.getsid(int(entry)) != session_id:
-                continue
-            argv = Path("/proc", entry, "cmdline").read_bytes().split(b"\0")
+            argv = Path("/proc", str(pid), "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue  # gone meanwhile
         if os.path.basename(argv[0]) not in _SANDBOX_PROGRAMS and SANDBOX_TSH.encode() in argv:
