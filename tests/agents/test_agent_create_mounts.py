@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from cortexfs.shared.spaces import create_shared_space
-from tests.tools.support import World
+from tests.tools.support import World, plant_secret
 
 SECRET = "topsecret\n"
 TOOLS = ["fs.read", "fs.list", "agent.create"]
@@ -38,10 +38,7 @@ def lead(world: World) -> World:
         policy.write("allow lead_t agent:kid create\nallow lead_t model:acme/m1 use\n")
     for space in ("pub", "ro", "secretproj"):
         create_shared_space(world.root, space, gid=world.user.gid)
-    secret = world.root / "shared" / "secretproj" / "data" / "s.txt"
-    secret.write_text(SECRET)
-    os.chown(secret, 0, world.user.gid)
-    secret.chmod(0o640)
+    plant_secret(world, "secretproj", SECRET)
     (world.root / "shared" / "ro" / "data" / "r.txt").write_text("read-only space\n")
     for model in ("m1", "m2"):
         (world.root / "model" / "acme" / f"{model}.d").mkdir(parents=True, exist_ok=True)

@@ -14,12 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from cortexfs import storage
 from cortexfs.agents.terminal_runtime import root_key, run_directory
 from cortexfs.agents.terminal_socket import listening
 from tests.agents.test_terminal import fresh_session, lifecycle, pytestmark
 from tests.support.cli import ctx
-from tests.tools.support import World
+from tests.tools.support import World, bootstrapped_root
 
 __all__ = ["pytestmark"]  # the terminal tests' conditions: root, bubblewrap, FUSE
 
@@ -27,11 +26,7 @@ __all__ = ["pytestmark"]  # the terminal tests' conditions: root, bubblewrap, FU
 @pytest.fixture
 def other(world: World, traversable_tmp: Path) -> World:
     """A second storage root beside ``world``'s, with the same user and workspace."""
-    root = traversable_tmp / "other-storage"
-    report = storage.bootstrap(root)
-    assert not report.problems, report.problems
-    for entry in (root, *root.iterdir()):
-        entry.chmod(0o755)
+    root = bootstrapped_root(traversable_tmp / "other-storage")
     scratch = traversable_tmp / "other-scratch"
     scratch.mkdir()
     return World(root, world.user, world.workspace, scratch)

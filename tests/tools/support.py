@@ -126,13 +126,29 @@ def effective_user(user: UnprivilegedUser) -> Iterator[None]:
         os.setegid(0)
 
 
-@pytest.fixture
-def world(traversable_tmp: Path, unprivileged_user: UnprivilegedUser) -> Iterator[World]:
-    root = traversable_tmp / "storage"
+def bootstrapped_root(root: Path) -> Path:
+    """A storage root ``ctx bootstrap`` made at ``root``, it and its six directories open to
+    the test user (0755)."""
     report = storage.bootstrap(root)
     assert not report.problems, report.problems
     for entry in (root, *root.iterdir()):
         entry.chmod(0o755)
+    return root
+
+
+def plant_secret(world: World, space: str, text: str) -> Path:
+    """``shared/<space>/data/s.txt`` holding ``text``, readable by the test user's group:
+    the mode bits let the test user read it, so only policy can keep it out of reach."""
+    secret = world.root / "shared" / space / "data" / "s.txt"
+    secret.write_text(text)
+    os.chown(secret, 0, world.user.gid)
+    secret.chmod(0o640)
+    return secret
+
+
+@pytest.fixture
+def world(traversable_tmp: Path, unprivileged_user: UnprivilegedUser) -> Iterator[World]:
+    root = bootstrapped_root(traversable_tmp / "storage")
     workspace = traversable_tmp / "work"
     workspace.mkdir()
     os.chown(workspace, unprivileged_user.uid, unprivileged_user.gid)

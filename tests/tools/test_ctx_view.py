@@ -24,7 +24,7 @@ from cortexfs.shared.spaces import create_shared_space
 from cortexfs.tools.core import confine
 from cortexfs.tools.core.toolio import ToolFailure
 from tests.fuse.support import NEEDS_A_MOUNT, mounted
-from tests.tools.support import World, reaches, storage_paths
+from tests.tools.support import World, plant_secret, reaches, storage_paths
 
 FS_TOOLS = ["fs.read", "fs.list", "fs.stat", "fs.write"]
 SECRET = "topsecret\n"
@@ -42,10 +42,7 @@ def team(world: World) -> World:
     world.agent("other", uid=65534)
     for space in ("open", "ro", "secret"):
         create_shared_space(world.root, space, gid=world.user.gid)
-    secret = world.root / "shared" / "secret" / "data" / "s.txt"
-    secret.write_text(SECRET)
-    os.chown(secret, 0, world.user.gid)
-    secret.chmod(0o640)
+    plant_secret(world, "secret", SECRET)
     (world.root / "shared" / "ro" / "data" / "r.txt").write_text("shared, read-only\n")
     for provider, model in (("acme", "m1"), ("acme", "m2"), ("other", "m3")):
         (world.root / "model" / provider / f"{model}.d").mkdir(parents=True, exist_ok=True)
