@@ -16,7 +16,8 @@ a tool process:
   of it (:func:`cortexfs.agents.projection.storage_mounts`), filtered mounts that show what
   ``ctx mount --as AGENT`` shows and are writable where that view is;
 * ``CTX_CWD`` — ``/workspace`` when visible (A-1), else the first visible mount other than
-  ``/ctx``, else ``/``.
+  ``/ctx``, else the agent's home under ``/ctx`` (or ``/ctx`` itself until the home exists),
+  else ``/``.
 
 One thing comes from the host administrator instead, for one terminal only: the directory
 ``ctx agent start`` was run from (or ``--workspace DIR``) is the agent's read-write
@@ -150,14 +151,25 @@ class AgentView(NamedTuple):
         return mounts
 
     def working_directory(self) -> tuple[PurePosixPath, Path]:
-        """The view path a tool starts in and the host directory behind it."""
+        """The view path a tool starts in and the host directory behind it: ``/workspace``,
+        else the first visible mount other than the storage root's, else, for an agent that
+        sees only the storage root, its own home there (``/ctx/home/<uid>``, once it exists)
+        or the root's mount itself; ``/`` only for an agent that sees nothing at all, where
+        every path a tool resolves is refused anyway."""
         visible = self.visible_mounts()
         chosen = next((m for m in visible if m.target == WORKSPACE), None) or next(
             (m for m in visible if m.target != CTX_MOUNT), None
         )
-        if chosen is None:
+        if chosen is not None:
+            return chosen.target, Path(chosen.source)
+        root = os.path.realpath(self.root)
+        storage = next((m for m in visible if os.path.realpath(m.source) == root), None)
+        if storage is None:
             return PurePosixPath("/"), Path("/")
-        return chosen.target, Path(chosen.source)
+        home = Path(storage.source, "home", str(self.identity.uid))
+        if home.is_dir() and not home.is_symlink():
+            return storage.target / "home" / str(self.identity.uid), home
+        return storage.target, Path(storage.source)
 
     def tool_environment(self, *, tool: str, session: str, call: str, mode: str) -> dict[str, str]:
         """The whole environment of a tool process: nothing leaks in from the host's."""

@@ -103,6 +103,26 @@ def test_an_agent_granted_the_space_reads_it(team: World) -> None:
     assert read.status == "ok" and read.output["content"] == SECRET, read
 
 
+def test_an_agent_that_sees_only_the_storage_root_starts_in_its_home_there(
+    team: World,
+) -> None:
+    team.agent("plain", tools=["shell.exec", "fs.list"], mounts=[])
+    for tool in ("shell.exec", "fs.list"):
+        team.allow_tool(tool, label="plain_t")
+    home = team.root / "home" / str(team.user.uid)
+
+    listed = team.run("fs.list", {}, agent="plain")  # opens the home session: home/<uid>
+    printed = team.run("shell.exec", {"cmd": "pwd"}, agent="plain")
+
+    assert listed.status == "ok", listed
+    assert printed.status == "ok", printed
+    assert Path(str(printed.output).strip()).resolve() == home.resolve()
+    relative = team.run("fs.list", {"path": "agent"}, agent="plain")
+    assert relative.status == "ok" and [e["name"] for e in relative.output["entries"]] == [
+        "plain"
+    ], relative
+
+
 def test_another_agents_controls_are_out_of_reach(team: World) -> None:
     for path in ("/ctx/agent/other.d/policy", "/ctx/agent/other"):
         code, message = refusal(team, "fs.read", {"path": path})
