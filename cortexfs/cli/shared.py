@@ -39,8 +39,11 @@ def create(name: str, group: str | None, storage_dir: Path | None, as_json: bool
     entries), tool/ the owner's alone (2750: members run its tools, only the owner installs
     them).  Which agents
     may use it is then up to their uid/gid, mounts and policy (shared:NAME read|write).
-    Existing parts are left exactly as they are.  An illegal NAME, or cortexfs-docs (the
-    manual bundle), is a usage error (EINVAL, exit 2).
+    Existing parts are left as they are, but for their group: --group G given for a space
+    that has another group (one 'ctx queue init' made, say) gives G every entry of the space
+    that had its old group, links themselves and never what they point to (root may regroup
+    any entry, anyone else only their own: EPERM, nothing changed).  An illegal NAME, or
+    cortexfs-docs (the manual bundle), is a usage error (EINVAL, exit 2).
     """
     try:
         check_space_name(name)
@@ -48,19 +51,17 @@ def create(name: str, group: str | None, storage_dir: Path | None, as_json: bool
         raise usage_problem(exc) from None
     gid = None if group is None else _gid(group)
     report = create_shared_space(resolve_storage(storage_dir), name, gid=gid)
-    if gid is not None and report.gid != gid:
-        # The space existed with another group, which the command leaves as it is.
-        click.echo(
-            f"ctx: note: {report.path} already belongs to group {report.gid}, not {group}; "
-            f"left as it is ('chgrp -R {group} {report.path}' changes it)",
-            err=True,
-        )
     if as_json:
         emit_json(report.to_json())
         return
+    if report.regrouped_from is not None:
+        click.echo(
+            f"regrouped {report.path}: group {report.regrouped_from} -> {report.gid} "
+            f"({report.regrouped} entries)"
+        )
     for path in report.created:
         click.echo(f"created   {path}")
-    if not report.created:
+    if not report.created and report.regrouped_from is None:
         click.echo(f"nothing to do: {report.path} is complete")
 
 

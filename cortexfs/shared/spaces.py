@@ -21,6 +21,7 @@ import contextlib
 import errno
 import os
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,14 +42,23 @@ _MODES = {"tool": SPACE_TOOL_MODE, "agent": SPACE_ROOT_MODE, "data": SPACE_MODE}
 
 @dataclass
 class SpaceReport:
-    """What ``ctx shared create`` did: the space, its group and every path it created."""
+    """What ``ctx shared create`` did: the space, its group, every path it created and, when
+    it gave an existing space another group, the group it had and how many entries moved."""
 
     path: Path
     gid: int
     created: list[str] = field(default_factory=list)
+    regrouped_from: int | None = None
+    regrouped: int = 0
 
     def to_json(self) -> dict[str, object]:
-        return {"path": str(self.path), "gid": self.gid, "created": self.created}
+        return {
+            "path": str(self.path),
+            "gid": self.gid,
+            "created": self.created,
+            "regrouped_from": self.regrouped_from,
+            "regrouped": self.regrouped,
+        }
 
 
 def space_path(root: Path, name: str) -> Path:
@@ -60,10 +70,11 @@ def create_shared_space(
 ) -> SpaceReport:
     """Create ``shared/<name>`` and its four directories where missing, owned by group ``gid``.
 
-    Idempotent: what exists is left as it is (including its group and mode), what is missing
-    is created, so a space whose queue came first (``ctx queue init``) is completed.  ``gid``
-    defaults to the caller's effective group.  A storage root that does not exist is
-    bootstrapped first, whole.
+    Idempotent: what exists is left as it is (its modes included), what is missing is
+    created, so a space whose queue came first (``ctx queue init``) is completed.  ``gid``
+    defaults to the caller's effective group; a ``gid`` given for an existing space of
+    another group gives it that group (:func:`_regroup`).  A storage root that does not exist
+    is bootstrapped first, whole.
     """
     ops = ops or durable.default_ops()
     path = space_path(root, check_space_name(name))
@@ -71,6 +82,10 @@ def create_shared_space(
     _require_group_of_caller(owner.gid)
     _require_no_obstacle(path)
     _require_writable_where_missing(path, name)
+    regrouped_from, regrouped = None, 0
+    if gid is not None and path.is_dir() and os.stat(path).st_gid != gid:
+        regrouped_from = os.stat(path).st_gid
+        regrouped = _regroup(path, regrouped_from, gid)
     # The root ABI reports its entries relative to the root; the space reports full paths.
     if os.path.isdir(root):
         created = [str(root / entry) for entry in storage.ensure_root_abi(root, ops).created]
@@ -84,7 +99,81 @@ def create_shared_space(
     for entry in queue_created:
         if Path(entry).is_dir():
             apply_mode(ops, Path(entry), SPACE_MODE, owner)
-    return SpaceReport(path, os.stat(path).st_gid, created + queue_created)
+    report = SpaceReport(path, os.stat(path).st_gid, created + queue_created)
+    report.regrouped_from, report.regrouped = regrouped_from, regrouped
+    return report
+
+
+def _regroup(path: Path, old_gid: int, new_gid: int) -> int:
+    """Give the space at ``path`` group ``new_gid``: every entry in it that belongs to
+    ``old_gid``, the space's group until now, changes group (entries of any other group were
+    given theirs on purpose and keep it).  Returns how many entries changed.
+
+    The walk goes from directory descriptor to directory descriptor and never through a
+    link: a member who swaps a directory of the space for a link while root regroups it
+    cannot make root give the group something outside the space.  A change of group keeps a
+    directory's setgid bit (the kernel clears set-id bits of files only).  A caller other
+    than root may change only its own entries, so it must own every one of them: EPERM,
+    before anything changes, names the first it does not.
+    """
+
+    def require_own(dir_fd: int, name: str, status: os.stat_result, shown: str) -> None:
+        if status.st_gid == old_gid and status.st_uid != os.geteuid():
+            raise CtxError(
+                errno.EPERM,
+                f"{shown} belongs to uid {status.st_uid}, so only root can change its group; "
+                "nothing was changed (have root run the command)",
+            )
+
+    changed = 0
+
+    def change(dir_fd: int, name: str, status: os.stat_result, shown: str) -> None:
+        nonlocal changed
+        if status.st_gid == old_gid:
+            os.chown(name, -1, new_gid, dir_fd=dir_fd, follow_symlinks=False)
+            changed += 1
+
+    if os.geteuid() != 0:
+        _visit_beneath(path, require_own)
+    _visit_beneath(path, change)
+    return changed
+
+
+_DIRECTORY_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _visit_beneath(path: Path, visit: Callable[[int, str, os.stat_result, str], None]) -> None:
+    """Call ``visit(dir_fd, name, lstat, shown)`` for ``path`` and every entry below it, top
+    down, each named relative to a descriptor of its own directory; directories are entered
+    with ``O_NOFOLLOW``, so a link is visited as a link and never followed."""
+    parent_fd = os.open(path.parent, _DIRECTORY_FLAGS)
+    try:
+        _visit_entry(parent_fd, path.name, str(path), visit)
+    finally:
+        os.close(parent_fd)
+
+
+def _visit_entry(
+    dir_fd: int, name: str, shown: str, visit: Callable[[int, str, os.stat_result, str], None]
+) -> None:
+    try:
+        status = os.lstat(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return  # gone since it was listed
+    visit(dir_fd, name, status, shown)
+    if not stat.S_ISDIR(status.st_mode):
+        return
+    try:
+        inner = os.open(name, _DIRECTORY_FLAGS, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ELOOP, errno.ENOTDIR):
+            return  # removed or replaced since its lstat: not followed
+        raise
+    try:
+        for child in sorted(os.listdir(inner)):
+            _visit_entry(inner, child, f"{shown}/{child}", visit)
+    finally:
+        os.close(inner)
 
 
 def _bootstrap(root: Path) -> list[str]:

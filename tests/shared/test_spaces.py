@@ -134,24 +134,82 @@ def test_linux_permissions_keep_a_non_member_out(space_tool: World) -> None:
     assert (result.error.errno, result.error.step) == (errno.EACCES, 2)
 
 
-def test_ctx_shared_create_says_it_kept_the_group_of_an_existing_space(world: World) -> None:
-    """Asked for another group, an existing space keeps its own (what exists is left as it
-    is), and the command says so rather than reporting the space complete as asked."""
+def test_ctx_shared_create_gives_an_existing_space_the_group_asked_for(
+    world: World, tmp_path: Path
+) -> None:
+    """The space's entries of its old group change group, setgid directories stay setgid;
+    an entry given another group on purpose keeps it, and a link is changed itself, never
+    what it points to outside the space."""
     base = [*CTX, "--storage", str(world.root), "shared", "create", "team"]
     subprocess.run([*base, "--group", str(SPACE_GROUP)], check=True, capture_output=True)
+    space = world.root / "shared" / "team"
+    (space / "data" / "notes.txt").write_text("shared notes\n")
+    kept = space / "data" / "kept.txt"
+    kept.write_text("another group on purpose\n")
+    os.chown(kept, -1, SPACE_GROUP + 7)
+    outside = tmp_path / "outside.txt"
+    outside.write_text("not the space's\n")
+    os.chown(outside, -1, SPACE_GROUP)
+    os.symlink(outside, space / "data" / "link")
     other = SPACE_GROUP + 1
 
-    again = subprocess.run([*base, "--group", str(other)], capture_output=True, text=True)
-    same = subprocess.run([*base, "--group", str(SPACE_GROUP)], capture_output=True, text=True)
+    moved = subprocess.run([*base, "--group", str(other)], capture_output=True, text=True)
+    again = subprocess.run([*base, "--group", str(other), "--json"], capture_output=True, text=True)
 
-    space = world.root / "shared" / "team"
-    assert again.returncode == 0 and "nothing to do" in again.stdout
-    assert again.stderr == (
-        f"ctx: note: {space} already belongs to group {SPACE_GROUP}, not {other}; left as it is "
-        f"('chgrp -R {other} {space}' changes it)\n"
+    assert moved.returncode == 0 and moved.stderr == "", moved
+    assert moved.stdout.startswith(f"regrouped {space}: group {SPACE_GROUP} -> {other} ("), moved
+    for entry in (space, *space.rglob("*")):
+        expected = SPACE_GROUP + 7 if entry == kept else other
+        assert os.lstat(entry).st_gid == expected, entry
+        if entry.is_dir() and not entry.is_symlink():
+            assert os.lstat(entry).st_mode & stat.S_ISGID, entry
+    assert os.stat(outside).st_gid == SPACE_GROUP
+    report = json.loads(again.stdout)
+    assert again.returncode == 0 and report["regrouped_from"] is None, report
+
+
+def test_a_space_ctx_queue_init_made_becomes_the_groups_with_ctx_shared_create(
+    world: World,
+) -> None:
+    ctx = [*CTX, "--storage", str(world.root)]
+    subprocess.run([*ctx, "queue", "init", "--project", "late"], check=True, capture_output=True)
+    published = subprocess.run(
+        [*ctx, "queue", "publish", "--project", "late", "-"],
+        input='{"tool": "fs.stat", "input": {}}',
+        capture_output=True,
+        text=True,
+        check=True,
     )
-    assert os.stat(space).st_gid == SPACE_GROUP
-    assert same.returncode == 0 and same.stderr == ""
+
+    made = subprocess.run(
+        [*ctx, "shared", "create", "late", "--group", str(SPACE_GROUP), "--json"],
+        capture_output=True,
+        text=True,
+    )
+
+    assert made.returncode == 0, made
+    space = world.root / "shared" / "late"
+    job = space / "queue" / "pending" / published.stdout.strip()
+    for entry in (space, space / "queue", space / "queue" / "pending", job, space / "data"):
+        assert os.stat(entry).st_gid == SPACE_GROUP, entry
+    assert json.loads(made.stdout)["regrouped"] >= 10
+
+
+def test_only_root_regroups_entries_it_does_not_own(world: World) -> None:
+    create_shared_space(world.root, "team", gid=SPACE_GROUP)
+    space = world.root / "shared" / "team"
+    before = {entry: os.lstat(entry).st_gid for entry in (space, *space.rglob("*"))}
+
+    groups = os.getgroups()
+    os.setgroups([SPACE_GROUP])  # a member of the space's group: it sees in
+    try:
+        with effective_user(world.user), pytest.raises(CtxError) as refused:
+            create_shared_space(world.root, "team", gid=world.user.gid)
+    finally:
+        os.setgroups(groups)
+
+    assert refused.value.errno == errno.EPERM and "nothing was changed" in str(refused.value)
+    assert {entry: os.lstat(entry).st_gid for entry in before} == before
 
 
 def test_ctx_shared_create(world: World) -> None:
