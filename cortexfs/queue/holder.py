@@ -163,6 +163,7 @@ class Lease:
 
     def to_json(self) -> dict[str, Any]:
         doc: dict[str, Any] = {"job": self.job, **vars(self.holder)}  # flat: no asdict copy
+        doc["create_time"] = doc.pop("start_time")  # Q-3 names it as psutil does
         doc["claimed_at"] = rfc3339(self.claimed_at)
         doc["expires_at"] = rfc3339(self.expires_at)
         if self.renewed_at is not None:
@@ -181,7 +182,8 @@ class Lease:
         an unreadable one (which recover must leave alone):
 
         * ``job`` may be absent (the lease's directory names it); present, it must be ``job``;
-        * the start time is ``start_time`` or ``create_time`` (psutil's name), or absent;
+        * the start time is ``create_time`` (psutil's name, which we write) or ``start_time``, or
+          absent;
         * timestamps are RFC 3339, with or without a zone (none means UTC), or epoch seconds.
         """
         try:
@@ -195,7 +197,7 @@ class Lease:
             raise invalid(f"lease names job {named!r}, not {job}")
         if not (named or job):
             raise invalid("lease has no valid field 'job'")
-        start_key = "start_time" if "start_time" in doc else "create_time"
+        start_key = "create_time" if "create_time" in doc else "start_time"
         start = doc.get(start_key)
         machine_id = doc.get("machine_id")
         holder = Holder(

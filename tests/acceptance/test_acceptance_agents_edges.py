@@ -345,7 +345,7 @@ def test_agent_show_text_is_for_people_not_python_reprs(storage):
         f"identity: uid {uid['uid']}, gid 7, groups 10,20",
         f"ctx_path: /ctx/tool:/ctx/home/{uid['uid']}/tool",
         f"mount: {storage} at /ctx (ro)",
-        "cwd: /",
+        "cwd: /ctx",
     ]
 
 

@@ -246,7 +246,7 @@ def test_claim_for_a_pid_that_does_not_exist_builds_a_dead_holder(
     done = ctx(root, "queue", "claim", *P, "--pid", pid)
     assert (done.returncode, done.stdout, done.stderr) == (0, "d.req.json\n", "")
     lease = json.loads((qdir(root) / "lease" / "d.req.json" / "worker").read_text())
-    assert lease["pid"] == int(pid) and lease["start_time"] is None
+    assert lease["pid"] == int(pid) and lease["create_time"] is None
     recovered = ctx(root, "queue", "recover", *P)
     assert recovered.returncode == 0 and "requeue  d.req.json" in recovered.stdout
     assert os.listdir(qdir(root) / "pending") == ["d.req.json"]

@@ -193,7 +193,7 @@ def test_claim_moves_the_job_and_writes_the_lease(
     here = LocalSystem.current()
     assert lease["pid"] == os.getpid() and lease["boot_id"] == here.boot_id
     assert lease["pid_ns"] == here.pid_ns and lease["host"] == here.host
-    assert lease["start_time"] == pytest.approx(me.start_time)
+    assert lease["create_time"] == pytest.approx(me.start_time)
     decoded = Lease.decode((queue_dir / "lease" / job / "worker").read_bytes())
     assert 29 < decoded.expires_at - decoded.claimed_at < 31
     assert entries(queue_dir, "inbox") == []

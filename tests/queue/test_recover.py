@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from cortexfs.queue import Holder, Queue, claim, finish, publish, recover
@@ -349,7 +350,7 @@ def test_a_hand_written_lease_of_a_dead_holder_is_requeued(
     [
         {"claimed_at": 1_767_225_600, "expires_at": 32_503_680_000.0},  # epoch seconds
         {"claimed_at": "2026-01-01T00:00:00+01:00", "expires_at": "2999-01-01T00:00:00Z"},
-        {"start_time": 1_700_000_000.5},  # our own name for the start time
+        {"start_time": 1_700_000_000.5},  # the other name for the start time, beside it
         {"job": "tolerant.req.json"},
         {"pid_ns": f"pid:[{LocalSystem.current().pid_ns}]"},  # as readlink shows it
     ],
@@ -360,6 +361,23 @@ def test_lease_fields_are_read_in_every_form_q3_allows(
     job = hand_claimed(queue, queue_dir, "tolerant", q3_lease(dead_pid(), **times))
     report = recover(queue)
     assert [f.job for f in report.requeued] == [job] and report.consistent
+
+
+def test_a_start_time_under_the_older_name_still_tells_a_reused_pid(
+    queue: Queue, queue_dir: Path
+) -> None:
+    """Leases written before the field took psutil's name call it ``start_time``."""
+    started = psutil.Process(os.getpid()).create_time()
+    older = []
+    for name, start in (("same", started), ("reused", started - 1000)):
+        lease = q3_lease(os.getpid(), start_time=start)
+        del lease["create_time"]
+        older.append(hand_claimed(queue, queue_dir, name, lease))
+
+    report = recover(queue)
+
+    assert [f.job for f in report.requeued] == [older[1]]
+    assert state_of(queue, older[0]) == "claimed"
 
 
 def test_a_live_pid_with_no_start_time_is_alive(queue: Queue, queue_dir: Path) -> None:

@@ -57,7 +57,7 @@ def test_a_worker_whose_lease_was_taken_away_reports_the_job_lost(farm: Farm) ->
     worker = farm.worker("--drain")
     wait_for(started)
     lease = farm.queue / "lease" / job / "worker"
-    taken = {**json.loads(lease.read_text()), "pid": dead_pid(), "start_time": None}
+    taken = {**json.loads(lease.read_text()), "pid": dead_pid(), "create_time": None}
     lease.write_text(json.dumps(taken))
     recovered = farm.ctx("queue", "recover", "--project", PROJECT)
     assert recovered.returncode == 0 and f"requeue  {job}" in recovered.stdout
