@@ -663,8 +663,9 @@ def finish(
     cannot be written (checked before the first step).  Nothing is written on refusal.
 
     ENOENT too when J is claimed without a lease: its claim never completed, so it never ran
-    (Q-3).  ``worker`` is who did the work, as the result records it; by default the lease's
-    holder (null when the lease cannot be read).
+    (Q-3); the lease's own error (ELOOP, EINVAL…) when what is there is not a lease (a
+    conflict).  ``worker`` is who did the work, as the result records it; by default the
+    lease's holder.
 
     ``holder``: finish only if this process still holds J's lease, EACCES otherwise.  A
     worker passes itself: once its lease expired and recover requeued J (Q-5), J may be
@@ -697,9 +698,18 @@ def finish(
                 f"job {job} has no lease/{job}/{LEASE_FILE}: its claim never completed, so it "
                 "never ran; 'ctx queue recover --reconcile' returns it to pending"
             )
-        if isinstance(lease, Lease):
-            started = lease.claimed_at if started is None else started
-            worker = lease.holder.summary() if worker is None else worker
+        if isinstance(lease, CtxError):
+            # A symlink, FIFO or unreadable file where the lease belongs is a conflict
+            # (status reports it): removing it with the claim would resolve it behind the
+            # operator's back (Q-6), and the holder it should name is unknown (Q-8).
+            raise CtxError(
+                lease.errno,
+                f"job {job}'s lease/{job}/{LEASE_FILE} is not a lease ({lease.message}), a "
+                "conflict that finish never resolves; nothing was changed.  If no worker runs "
+                f"{job}, remove lease/{job}/{LEASE_FILE} by hand and finish again",
+            )
+        started = lease.claimed_at if started is None else started
+        worker = lease.holder.summary() if worker is None else worker
         result: dict[str, Any] = {
             **(extra or {}),
             "status": "ok" if ok else "error",

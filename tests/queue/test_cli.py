@@ -416,6 +416,37 @@ def test_a_planted_request_no_reader_can_take_is_claimed_and_failed(root: Path, 
     assert os.listdir(qdir(root) / "pending") == [] and os.listdir(qdir(root) / "claimed") == []
 
 
+@pytest.mark.parametrize("planted", ["symlink", "fifo", "garbage"])
+def test_finishing_a_claim_whose_lease_is_no_lease_is_refused(
+    root: Path, req: Path, tmp_path: Path, planted: str
+) -> None:
+    """What is not a lease (Q-8) beside a claim is a conflict that status reports; finish
+    refuses it and changes nothing (Q-6), rather than removing it with the claim."""
+    claim_dir = qdir(root) / "claimed" / "ls.req.json"
+    claim_dir.mkdir()
+    (claim_dir / "ls.req.json").write_bytes(req.read_bytes())
+    lease_dir = qdir(root) / "lease" / "ls.req.json"
+    lease_dir.mkdir()
+    lease = lease_dir / "worker"
+    if planted == "symlink":
+        (tmp_path / "elsewhere").write_text("{}")
+        lease.symlink_to(tmp_path / "elsewhere")
+    elif planted == "fifo":
+        os.mkfifo(lease)
+    else:
+        lease.write_text("garbage\n")
+    before = sorted(str(p) for p in qdir(root).rglob("*"))
+
+    status = ctx(root, "queue", "status", *P)
+    refused = ctx(root, "queue", "finish", *P, "ls", "--ok")
+
+    assert status.returncode == 1, status
+    assert refused.returncode == 1 and refused.stderr.startswith("ctx: E"), refused
+    assert "is not a lease" in refused.stderr and "nothing was changed" in refused.stderr
+    assert sorted(str(p) for p in qdir(root).rglob("*")) == before
+    assert os.path.lexists(lease) and os.listdir(qdir(root) / "done") == []
+
+
 def test_finish_error_with_text_on_stdin(root: Path, req: Path) -> None:
     ctx(root, "queue", "publish", *P, "--name", "e", str(req))
     ctx(root, "queue", "claim", *P)
