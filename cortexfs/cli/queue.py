@@ -424,7 +424,10 @@ def _acknowledge_claim(won: protocol.Claim, as_json: bool) -> None:
 @queue_options
 @click.argument("job")
 @click.option("--pid", type=PID, help="Lease holder pid (default: the calling process).")
-@ttl_option("New lifetime in seconds from now (default: lease_ttl).")
+@ttl_option(
+    "New lifetime in seconds from now (default: as long as the lease was taken or last "
+    "renewed for, so a renewal never shortens it)."
+)
 def renew(queue_dir: Path, as_json: bool, job: str, pid: int | None, ttl: float | None) -> None:
     """Extend the caller's own lease on JOB (EACCES when another process holds it)."""
     job = _job_argument(job)

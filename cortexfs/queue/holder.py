@@ -157,6 +157,12 @@ class Lease:
         now = time.time()
         return cls(job=job, holder=holder, claimed_at=now, expires_at=now + ttl)
 
+    @property
+    def period(self) -> float:
+        """How long the lease was taken, or last renewed, for (seconds)."""
+        since = self.claimed_at if self.renewed_at is None else self.renewed_at
+        return self.expires_at - since
+
     def renewed(self, ttl: float) -> Lease:
         now = time.time()
         return replace(self, expires_at=now + ttl, renewed_at=now)

@@ -58,7 +58,7 @@ from cortexfs.names import job_name
 from cortexfs.queue import evidence as ev
 from cortexfs.queue import requests
 from cortexfs.queue.claim_order import candidates, pending_changed, pending_stamp
-from cortexfs.queue.holder import Holder, Lease, check_ttl, check_worker_id
+from cortexfs.queue.holder import MAX_LEASE_TTL, Holder, Lease, check_ttl, check_worker_id
 from cortexfs.queue.layout import (
     LEASE_FILE,
     RESULT_SUFFIX,
@@ -589,17 +589,25 @@ def read_lease(queue: Queue, job: str) -> Lease:
 
 
 def renew(queue: Queue, job: str, holder: Holder, ttl: float | None = None) -> Lease:
-    """Extend the caller's own lease on J (Q-3); EACCES when someone else holds it.
+    """Extend the caller's own lease on J (Q-3) to ``ttl`` seconds from now; EACCES when
+    someone else holds it.
 
-    Done under ``claimed/J``'s lock, which recover takes before it requeues J: a renewal
-    either lands before recover looks at the lease, or finds J no longer claimed (ENOENT)
-    and never writes a lease for a job that went back to pending.
+    Without ``ttl``, for as long again as the lease was taken or last renewed for (a claim
+    with ``--ttl 1000`` renews for 1000 s, not for the queue's default), so that a renewal
+    never shortens it; the queue's ``lease_ttl`` when that period is not a usable lifetime
+    (a lease written by hand).  Done under ``claimed/J``'s lock, which recover takes before
+    it requeues J: a renewal either lands before recover looks at the lease, or finds J no
+    longer claimed (ENOENT) and never writes a lease for a job that went back to pending.
     """
     job = job_name(job)
-    ttl = check_ttl(queue.config.lease_ttl if ttl is None else ttl)
+    if ttl is not None:
+        ttl = check_ttl(ttl)
     with _locked_claim(queue, job, _no_lease_to_renew):
         current = read_lease(queue, job)
         _refuse_other_holder(job, current, holder, "renews its lease")
+        if ttl is None:
+            usable = 0 < current.period <= MAX_LEASE_TTL
+            ttl = check_ttl(current.period if usable else queue.config.lease_ttl)
         renewed = current.renewed(ttl)
         ops = queue.ops
         temp = queue.temp_name(job, "renew")

@@ -245,6 +245,36 @@ def test_renew_extends_only_the_holders_lease(queue: Queue, me: Holder, queue_di
     assert caught.value.errno == errno.ENOENT
 
 
+def test_renew_without_a_lifetime_renews_for_the_lease_s_own_period(
+    queue: Queue, me: Holder, queue_dir: Path
+) -> None:
+    publish(queue, request(), name="long")
+    won = claim(queue, me, ttl=1000)
+    assert won is not None and queue.config.lease_ttl < 1000
+
+    renewed = renew(queue, won.job, me)
+    again = renew(queue, won.job, me)
+
+    assert renewed.expires_at >= won.lease.expires_at
+    assert renewed.period == pytest.approx(1000, abs=1e-3)
+    assert again.period == pytest.approx(1000, abs=1e-3)
+
+
+def test_renew_of_a_hand_written_lease_with_no_usable_period_takes_lease_ttl(
+    queue: Queue, me: Holder, queue_dir: Path
+) -> None:
+    publish(queue, request(), name="odd")
+    won = claim(queue, me)
+    assert won is not None
+    path = queue_dir / "lease" / won.job / "worker"
+    backwards = {**json.loads(path.read_text()), "expires_at": "2001-01-01T00:00:00Z"}
+    path.write_text(json.dumps(backwards))
+
+    renewed = renew(queue, won.job, me)
+
+    assert renewed.period == pytest.approx(queue.config.lease_ttl, abs=1e-3)
+
+
 @pytest.mark.parametrize("ok", [True, False])
 def test_finish_writes_the_terminal_pair_and_cleans_up(
     queue: Queue, me: Holder, queue_dir: Path, ok: bool
