@@ -161,16 +161,20 @@ def parse_request(document: object, source: str, storage_root: Path) -> AgentReq
     import jsonschema  # here: about 100 ms that no other command of ctx needs
 
     validator = jsonschema.Draft202012Validator(REQUEST_SCHEMA)
-    problems = [_describe(error) for error in validator.iter_errors(document)]
-    if problems or not isinstance(document, dict):
-        raise RequestError(source, problems or ["a request is a JSON object"])
+    errors = list(validator.iter_errors(document))
+    if not isinstance(document, dict):
+        raise RequestError(source, [_describe(error) for error in errors])
+    problems = [_describe(error) for error in errors]
+    # Every problem at once: what the schema refused is left out of the checks below, which
+    # judge the rest of the request as if it were all there is.
+    sound = _well_typed(document, errors)
     shared = {
         space: _permission_list(permissions)
-        for space, permissions in document.get("shared", {}).items()
+        for space, permissions in sound.get("shared", {}).items()
     }
-    problems += _name_problems(document)
+    problems += _name_problems(sound)
     problems += _shared_problems(shared)
-    problems += _mount_problems(document.get("mount", []), storage_root)
+    problems += _mount_problems(sound.get("mount", []), storage_root)
     if problems:
         raise RequestError(source, problems)
     # Recorded as real paths, which is all a mount control's reader uses (a source is never
@@ -188,6 +192,29 @@ def parse_request(document: object, source: str, storage_root: Path) -> AgentReq
         shared=tuple((space, tuple(permissions)) for space, permissions in shared.items()),
         mounts=tuple(mounts),  # type: ignore[arg-type]
     )
+
+
+def _well_typed(document: dict[str, Any], errors: list[ValidationError]) -> dict[str, Any]:
+    """``document`` without what ``errors`` are about: a member of the request, an entry of
+    one of its lists, or a space of ``shared``, each left out whole."""
+    broken: dict[str, set[object]] = {}
+    for error in errors:
+        path = list(error.absolute_path)
+        if path:
+            broken.setdefault(str(path[0]), set()).add(path[1] if len(path) > 1 else None)
+    sound: dict[str, Any] = {}
+    for key, value in document.items():
+        if key not in REQUEST_SCHEMA["properties"]:
+            continue
+        parts = broken.get(key, set())
+        if None in parts:
+            continue  # the member itself has the wrong type
+        if isinstance(value, list):
+            value = [item for index, item in enumerate(value) if index not in parts]
+        elif isinstance(value, dict):
+            value = {name: item for name, item in value.items() if name not in parts}
+        sound[key] = value
+    return sound
 
 
 def _permission_list(permissions: str | list[str]) -> list[str]:
@@ -208,11 +235,12 @@ def _shared_problems(shared: dict[str, list[str]]) -> list[str]:
 
 def _name_problems(document: dict[str, Any]) -> list[str]:
     problems = []
-    name_problem = object_name_problem(document["name"])
+    name_problem = object_name_problem(document["name"]) if "name" in document else ""
     if name_problem:
         problems.append(f"name: {name_problem}")
     try:
-        check_subject_type(document["label"])
+        if "label" in document:
+            check_subject_type(document["label"])
     except CtxError as exc:
         problems.append(f"label: {exc.message}")
     checks = [("model", model) for model in document.get("model", [])]

@@ -221,6 +221,38 @@ def test_every_problem_of_a_request_is_listed(world: World) -> None:
     assert len(refused.value.problems) == 4, refused.value.problems
 
 
+def test_problems_the_schema_finds_come_with_those_of_the_rest_of_the_request(
+    world: World,
+) -> None:
+    bad = {
+        "name": "bad.d",
+        "label": "x",
+        "model": "m",
+        "tools": ["a*", 7],
+        "shared": {"p": ["exec"], "q": 3},
+        "mount": [["rel", "/w", "rx"], ["/srv", "/etc/x", "ro"]],
+        "extra": True,
+    }
+
+    with pytest.raises(RequestError) as refused:
+        parse_request(bad, "request", world.root)
+
+    said = "\n".join(refused.value.problems)
+    for fragment in (
+        "model: 'm' is not of type 'array'",
+        "tools/1: 7 is not of type 'string'",
+        "shared/q: 3 is not of type",
+        "mount/0/2: 'rx' is not one of",
+        "'extra' was unexpected",
+        "name: 'bad.d' ends in '.d'",
+        "tool:a*: globs are not supported",
+        "shared/p: 'exec' is not one of",
+        "mount target /etc/x",
+    ):
+        assert fragment in said, said
+    assert len(refused.value.problems) == 9, said
+
+
 @pytest.mark.parametrize(
     ("text", "fragment"),
     [
