@@ -277,10 +277,20 @@ def ensure_root_abi(root: Path, ops: durable.FsOps | None = None) -> BootstrapRe
                 report.problems.append(f"{name}: exists but is not a directory; left untouched")
             else:
                 closed += _closed_to_agents(root, st, name)
+        strangers = sorted(set(os.listdir(root_fd)) - set(ROOT_ENTRIES))
     finally:
         ops.close(root_fd)
     if closed:
         report.warnings.append(_closed_warning(root, closed))
+    if strangers:
+        # Never removed (bootstrap destroys no data), never shown: /ctx shows the six.
+        report.warnings.append(
+            f"{', '.join(strangers)} at the root of {root} "
+            f"{'is' if len(strangers) == 1 else 'are'} not part of the root ABI (R-2: "
+            f"{', '.join(ROOT_ENTRIES)}); no view of the root shows "
+            f"{'it' if len(strangers) == 1 else 'them'}: move "
+            f"{'it' if len(strangers) == 1 else 'them'} elsewhere"
+        )
     return report
 
 

@@ -108,3 +108,19 @@ def test_a_root_others_may_search_and_read_is_no_warning(traversable_tmp: Path) 
 
     assert "warning" not in again.stdout
     assert json.loads(bootstrap(root, 0o077, "--json").stdout)["warnings"] == []
+
+
+def test_entries_outside_the_root_abi_are_a_warning_and_are_kept(traversable_tmp: Path) -> None:
+    """R-2: nothing else belongs at the root; bootstrap says so, and removes nothing."""
+    root = traversable_tmp / "storage"
+    bootstrap(root)
+    (root / "audit").mkdir()
+    (root / "notes.txt").write_text("mine\n")
+
+    again = bootstrap(root)
+
+    assert again.returncode == 0, again.stderr
+    (line,) = [line for line in again.stdout.splitlines() if line.startswith("warning ")]
+    assert "audit, notes.txt at the root" in line and "not part of the root ABI (R-2" in line
+    assert (root / "audit").is_dir() and (root / "notes.txt").read_text() == "mine\n"
+    assert "nothing to do" not in again.stdout
