@@ -40,6 +40,7 @@ from cortexfs.shared.sessions import SessionRef
 
 MODES = (b"watch", b"attach")
 DETACH = b"\x1d"  # Ctrl-]
+QUIET_SECONDS = 1.0  # of no output, after a piped input ended, before attach leaves
 STOP_SECONDS = 30.0  # for a terminal to end after SIGTERM before stop says it did not
 SCROLLBACK = 64 * 1024  # bytes of the shell's output a new client gets first
 _MAX_SOCKET_ADDRESS = 107  # bytes of a UNIX socket's path, sun_path less its NUL
@@ -144,16 +145,22 @@ def connect(root: Path, view: AgentView, session: str, mode: bytes) -> Iterator[
 
 def relay(connection: socket.socket, *, write: bool) -> None:
     """Terminal output to stdout; with ``write``, stdin to the terminal (raw on a tty) until
-    end of input or Ctrl-] (:data:`DETACH`)."""
+    Ctrl-] (:data:`DETACH`) or the end of input.  After the end of input (a script piped in)
+    the output goes on until the terminal has been quiet for :data:`QUIET_SECONDS`, so that
+    what the script typed is seen answered."""
     stdin = sys.stdin.fileno()
     raw = write and os.isatty(stdin)
     saved = termios.tcgetattr(stdin) if raw else None
     if raw:
         tty.setraw(stdin)
+    reading = write
     try:
         while True:
-            readable = [connection] + ([stdin] if write else [])
-            ready, _, _ = select.select(readable, [], [])
+            readable = [connection] + ([stdin] if reading else [])
+            timeout = QUIET_SECONDS if write and not reading else None
+            ready, _, _ = select.select(readable, [], [], timeout)
+            if not ready:
+                return  # quiet since the input ended
             if connection in ready:
                 data = connection.recv(65536)
                 if not data:
@@ -166,8 +173,9 @@ def relay(connection: socket.socket, *, write: bool) -> None:
                 typed, detach, _ = data.partition(DETACH)
                 if typed:
                     connection.sendall(typed)
-                if not data or detach:
+                if detach:
                     return
+                reading = bool(data)
     finally:
         if saved is not None:
             termios.tcsetattr(stdin, termios.TCSADRAIN, saved)

@@ -419,7 +419,8 @@ def attach(name: str, session: str, storage_dir: Path | None) -> None:
     """Join NAME's terminal: see its output and type into it (A-2).
 
     What you type reaches tsh as if the agent typed it.  Ctrl-] detaches; the terminal
-    goes on."""
+    goes on.  Input piped in (a script) is sent, then the output is shown until the
+    terminal has been quiet for a second."""
     from cortexfs.agents import terminal_socket
 
     root = resolve_storage(storage_dir)

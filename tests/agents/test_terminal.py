@@ -128,6 +128,22 @@ def test_tsh_runs_no_host_command_and_no_tool_outside_the_agents_view(
     client.close()
 
 
+def test_ctx_agent_attach_with_piped_input_shows_what_it_answers(
+    world: World, terminal: dict[str, str]
+) -> None:
+    """A script piped into attach is typed, and attach stays until the terminal is quiet."""
+    command = ["agent", "attach", "coder", "--session", terminal["session"]]
+    attached = subprocess.run(
+        [sys.executable, "-m", "cortexfs", "--storage", str(world.root), *command],
+        input=b"fs.stat /workspace\r",
+        capture_output=True,
+        timeout=60,
+    )
+
+    assert attached.returncode == 0, attached.stderr
+    assert re.search(rb"fs\.stat /workspace[\s\S]*type: directory", attached.stdout), attached
+
+
 def test_a_watcher_sees_the_output_and_cannot_type(world: World, terminal: dict[str, str]) -> None:
     watcher = Client(terminal["listening_at"], "watch")
     watcher.expect(r"coder\$ ")
