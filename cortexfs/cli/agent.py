@@ -30,6 +30,7 @@ from cortexfs.cli.common import (
 )
 from cortexfs.cli.params import NonEmptyPath
 from cortexfs.errors import CtxError, invalid, not_found
+from cortexfs.names import object_name_problem
 from cortexfs.policy import Identity
 from cortexfs.shared.sessions import DEFAULT_SESSION
 
@@ -178,6 +179,59 @@ def show(name: str, storage_dir: Path | None, as_json: bool) -> None:
     click.echo(f"cwd: {cwd}")
     for problem in facts["problems"]:
         echo_printable(f"problem: {problem}")
+
+
+@agent.command("list")
+@storage_option
+@json_option
+@handles_errors
+def list_command(storage_dir: Path | None, as_json: bool) -> None:
+    """List the agents of the storage root, one a line: name, label, uid and gid.
+
+    An agent whose controls cannot be used (a missing identity, a malformed label, policy or
+    mount control) is listed with its problems ('ctx agent show NAME' says more).  With
+    --json, one JSON array of {"name", "label", "identity", "problems"} objects, identity
+    null when it cannot be read.
+    """
+    from cortexfs.policy.controls import agent_exists
+    from cortexfs.storage import require_root
+
+    root = resolve_storage(storage_dir)
+    require_root(root)
+    try:
+        entries = sorted(os.listdir(root / "agent"))
+    except FileNotFoundError:
+        entries = []
+    agents = []
+    for name in entries:
+        if name.endswith(".d") or object_name_problem(name) or not agent_exists(root, name):
+            continue
+        try:
+            view = AgentView.load(root, name)
+        except CtxError as exc:
+            unusable = {"name": name, "label": None, "identity": None}
+            agents.append({**unusable, "problems": [exc.message]})
+            continue
+        agents.append(
+            {
+                "name": name,
+                "label": view.label or None,
+                "identity": identity_json(view.identity),
+                "problems": view.control_problems(),
+            }
+        )
+    if as_json:
+        emit_json(agents)
+        return
+    for facts in agents:
+        identity = facts["identity"]
+        ids = (
+            "uid ?, gid ?" if identity is None else f"uid {identity['uid']}, gid {identity['gid']}"
+        )
+        line = f"{facts['name']}  {facts['label'] or '(no label)'}  {ids}"
+        if facts["problems"]:
+            line += f"  ({len(facts['problems'])} problem(s): {facts['problems'][0]})"
+        echo_printable(line)
 
 
 def _identity(user: str | None, gid: int | None, groups: str | None) -> Identity | None:

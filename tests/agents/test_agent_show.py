@@ -83,3 +83,28 @@ def test_show_of_a_sound_agent_lists_no_problem(coder: World) -> None:
 
     assert json.loads(shown.stdout)["problems"] == []
     assert "problem:" not in ctx(coder.root, "agent", "show", "coder").stdout
+
+
+def test_agent_list_names_every_agent_and_what_is_wrong_with_one(coder: World) -> None:
+    coder.agent("broken")
+    (coder.root / "agent" / "broken.d" / "identity").unlink()
+    (coder.root / "agent" / "stray.d").mkdir()  # controls without an agent: not an agent
+    (coder.root / "agent" / ".hidden").write_text("")
+
+    listed = ctx(coder.root, "agent", "list", "--json")
+    text = ctx(coder.root, "agent", "list")
+
+    assert listed.returncode == 0 and text.returncode == 0, listed.stderr + text.stderr
+    agents = json.loads(listed.stdout)
+    assert [facts["name"] for facts in agents] == ["broken", "coder"]
+    broken, sound = agents
+    assert broken["identity"] is None and "no identity" in broken["problems"][0]
+    assert sound == {
+        "name": "coder",
+        "label": "coder_t",
+        "identity": {"uid": coder.user.uid, "gid": coder.user.gid, "groups": []},
+        "problems": [],
+    }
+    lines = text.stdout.splitlines()
+    assert lines[1] == f"coder  coder_t  uid {coder.user.uid}, gid {coder.user.gid}"
+    assert lines[0].startswith("broken  (no label)  uid ?, gid ?  (1 problem(s): ")
