@@ -45,6 +45,7 @@ def test_ctx_tool_shows_the_configuration(root: Path) -> None:
         "path": str(root / CONFIG),
         "config": tsh_config.DEFAULTS,
         "changed": [],
+        "warnings": [],
     }
 
 
@@ -163,6 +164,37 @@ def test_a_key_given_twice_in_the_file_is_a_problem_and_its_default_applies(
     assert shown.stdout.startswith("max_loaded_tools=64\n")
     assert "tsh.d/config:2: max_loaded_tools is given again (first on line 1)" in shown.stderr
     assert "(ignored; the default applies)" in shown.stderr
+
+
+def test_json_reads_carry_the_warnings_of_the_file(root: Path) -> None:
+    (root / CONFIG).write_text("max_loaded_tools=2\nmax_loaded_tools=5\nfoo=1\n")
+
+    shown = ctx(root, "tool", "--json", "tsh.config")
+
+    assert shown.returncode == 0, shown.stderr
+    warnings = json.loads(shown.stdout)["warnings"]
+    assert len(warnings) == 2 and "foo" not in warnings[0] and "given again" in warnings[0]
+    assert "tsh.d/config:3: expected one of" in warnings[1]
+
+
+def test_a_missing_config_reads_as_the_defaults_and_an_update_creates_it(root: Path) -> None:
+    """tsh runs on the defaults of H-4 without the file; so does tsh.config, and says so."""
+    (root / CONFIG).unlink()
+
+    shown = ctx(root, "tool", "tsh.config")
+    as_json = json.loads(ctx(root, "tool", "--json", "tsh.config").stdout)
+    changed = ctx(root, "tool", "tsh.config", "window_percent=5")
+
+    assert shown.returncode == 0 and shown.stdout == "max_loaded_tools=64\ncache_capacity=32\n" + (
+        "window_percent=1\n"
+    )
+    assert "does not exist: every default applies" in shown.stderr
+    assert as_json["config"] == tsh_config.DEFAULTS and len(as_json["warnings"]) == 1
+    assert changed.returncode == 0, changed.stderr
+    assert (root / CONFIG).read_text() == tsh_config.DEFAULT_TEXT.replace(
+        "window_percent=1", "window_percent=5"
+    )
+    assert stat.S_IMODE((root / CONFIG).stat().st_mode) == tsh_config.CONFIG_MODE
 
 
 @pytest.mark.parametrize("name", ["fs.write", "shell.exec", "fs.read"])

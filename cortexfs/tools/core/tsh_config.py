@@ -10,7 +10,9 @@ Input ``{"set": {"key": value, ...}}`` updates those keys; without ``set`` the c
 is only read.  The arguments may be ``key=value`` settings instead:
 ``tsh.config cache_capacity=64 window_percent=2``.  Every setting is checked before anything is
 written, and all are written together or none.  Native output ``{"path", "config",
-"changed"}``; terminal output the effective ``key=value`` lines.  An update rewrites the file
+"changed", "warnings"}``; terminal output the effective ``key=value`` lines, the warnings on
+stderr: each line of the file tsh cannot use (its default applies), or a file that is missing
+(all the defaults apply, as in tsh; an update creates it).  An update rewrites the file
 in one rename, keeping its comments and the order of its lines; a key that was absent is
 appended; concurrent updates take turns under a lock, so none is lost.  The kernel decides
 who may write: the file belongs to the storage root's owner, so an agent can read
@@ -44,6 +46,7 @@ DEFAULT_TEXT = "# tsh configuration (SPEC H-4): data, never code.\n" + "".join(
     f"{key}={value}\n" for key, value in DEFAULTS.items()
 )
 CONFIG_NAME = "config"
+CONFIG_MODE = 0o644  # the host's to write, every agent's to read
 _MAX_CONFIG_BYTES = 64 * 1024
 
 
@@ -131,16 +134,21 @@ def configure(
     without the warning they would pass for what the file says."""
     changes = _changes(request.get("set"))
     text = _update(path, changes) if changes else _read(path)
+    if text is None:
+        notes = [
+            f"{path} does not exist: every default applies ('ctx bootstrap' or an update "
+            "creates it)"
+        ]
+        text = DEFAULT_TEXT
+    else:
+        notes = [f"{problem} (ignored; the default applies)" for problem in problems(text)]
     settings = effective(text)
-    data = {"path": str(path), "config": settings, "changed": sorted(changes)}
+    data = {"path": str(path), "config": settings, "changed": sorted(changes), "warnings": notes}
     speaker = f"{program}: warning: {TOOL}" if program else f"{TOOL}: warning"
-    warnings = "".join(
-        f"{speaker}: {problem} (ignored; the default applies)\n" for problem in problems(text)
-    )
     return Reply(
         data,
         text="".join(f"{k}={v}\n" for k, v in settings.items()).encode(),
-        stderr=warnings.encode(),
+        stderr="".join(f"{speaker}: {note}\n" for note in notes).encode(),
     )
 
 
@@ -176,14 +184,17 @@ def _changes(requested: object) -> dict[str, int]:
 
 
 def _missing(path: Path) -> ToolFailure:
-    return ToolFailure(errno.ENOENT, f"{path} does not exist; ctx bootstrap creates it")
+    return ToolFailure(errno.ENOENT, f"{path.parent} does not exist; ctx bootstrap creates it")
 
 
-def _read(path: Path) -> str:
+def _read(path: Path) -> str | None:
+    """The configuration's text; None when there is no file (tsh then takes every default)."""
     try:
         data = read_regular_file(path, _MAX_CONFIG_BYTES)
     except FileNotFoundError:
-        raise _missing(path) from None
+        if not path.parent.is_dir():
+            raise _missing(path) from None
+        return None
     except OSError as exc:
         if exc.errno == errno.EINVAL:
             raise ToolFailure(errno.EINVAL, f"{path} is not a regular file") from None
@@ -206,11 +217,14 @@ def _update(path: Path, changes: dict[str, int]) -> str:
     directory = _locked_directory(ops, path)
     try:
         text = _read(path)
+        if text is None:
+            text, mode = DEFAULT_TEXT, CONFIG_MODE  # made as bootstrap makes it
+        else:
+            mode = stat.S_IMODE(os.stat(path.name, dir_fd=directory, follow_symlinks=False).st_mode)
         bad = problems(text)
         if bad:
             raise ToolFailure(errno.EINVAL, f"{path} must be fixed by hand first: {bad[0]}")
         text = updated(text, changes)
-        mode = stat.S_IMODE(os.stat(path.name, dir_fd=directory, follow_symlinks=False).st_mode)
         try:
             durable.replace_file_synced(ops, directory, path.name, text.encode(), mode)
         except OSError as exc:
