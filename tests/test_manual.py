@@ -120,26 +120,32 @@ def test_a_page_made_writable_is_stale_even_with_the_right_text(root: Path) -> N
     assert stat.S_IMODE(page.stat().st_mode) == 0o444
 
 
-def test_bootstrap_never_follows_or_replaces_what_is_not_a_page(root: Path, tmp_path: Path) -> None:
+def test_bootstrap_replaces_a_link_at_a_pages_name_without_following_it(
+    root: Path, tmp_path: Path
+) -> None:
+    """The bundle is the system's (X-2): a link there is replaced by the page, and what it
+    pointed to is neither read nor changed; a directory at a page's name is left alone."""
     secret = tmp_path / "secret.md"
     secret.write_text("not for agents\n")
     page = bundle(root) / "man" / "ctx.model.md"
     page.unlink()
     page.symlink_to(secret)
+    in_the_way = bundle(root) / "man" / "ctx.session.md"
+    in_the_way.unlink()
+    in_the_way.mkdir()
     note = bundle(root) / "man" / "notes.md"
     note.write_text("a local note\n")
 
     done = ctx(root, "bootstrap")
 
     assert done.returncode == 1
-    assert "ctx.model.md: not a regular file; left untouched" in done.stdout
-    assert page.is_symlink() and secret.read_text() == "not for agents\n"
-    assert note.read_text() == "a local note\n"
-    # ... and ctx man shows the built-in page, not what the link points to.
+    assert "man/ctx.model.md (it was a symbolic link)" in done.stdout
+    assert "ctx.session.md: a directory, not a page; left untouched" in done.stdout
+    assert not page.is_symlink() and page.read_bytes() == built_in()["ctx.model.md"]
+    assert secret.read_text() == "not for agents\n"
+    assert in_the_way.is_dir() and note.read_text() == "a local note\n"
     shown = ctx(root, "man", "model")
-    assert shown.returncode == 0
-    assert shown.stdout == built_in()["ctx.model.md"].decode()
-    assert "built into ctx" in shown.stderr
+    assert shown.returncode == 0 and shown.stdout == built_in()["ctx.model.md"].decode()
 
 
 def test_something_else_in_the_bundles_place_is_a_problem_left_alone(tmp_path: Path) -> None:
@@ -270,20 +276,25 @@ def test_an_unknown_topic_is_enoent_with_the_topics_listed(root: Path) -> None:
 
 
 @pytest.mark.parametrize("make", [os.mkfifo, os.mkdir], ids=["fifo", "directory"])
-def test_what_is_not_a_file_in_a_pages_place_is_neither_waited_on_nor_replaced(
+def test_what_is_not_a_file_in_a_pages_place_is_never_waited_on(
     root: Path, make: Callable[[Path], None]
 ) -> None:
+    """ctx man falls back at once; bootstrap replaces a FIFO and leaves a directory alone."""
     page = bundle(root) / "man" / "ctx.provider.md"
     page.unlink()
     make(page)
-    kind = stat.S_IFMT(page.lstat().st_mode)
+    directory = page.is_dir()
 
     shown = ctx(root, "man", "provider")  # would hang on open() without O_NONBLOCK
     again = ctx(root, "bootstrap")
 
     assert shown.returncode == 0 and shown.stdout == built_in()["ctx.provider.md"].decode()
-    assert again.returncode == 1 and "ctx.provider.md: not a regular file" in again.stdout
-    assert stat.S_IFMT(page.lstat().st_mode) == kind
+    if directory:
+        assert again.returncode == 1 and "ctx.provider.md: a directory, not a page" in again.stdout
+        assert page.is_dir()
+    else:
+        assert again.returncode == 0 and "ctx.provider.md (it was a FIFO)" in again.stdout
+        assert page.read_bytes() == built_in()["ctx.provider.md"]
 
 
 def test_a_page_that_is_not_utf8_falls_back_and_the_listing_still_lists(root: Path) -> None:

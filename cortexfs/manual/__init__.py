@@ -153,14 +153,29 @@ def _install_page(
     report: storage.BootstrapReport,
 ) -> None:
     existing = durable.lstat_at(dir_fd, name)
+    replaced = ""
     if existing is not None:
-        if not stat.S_ISREG(existing.st_mode):
-            report.problems.append(f"{where}/{name}: not a regular file; left untouched")
+        if stat.S_ISDIR(existing.st_mode):
+            report.problems.append(f"{where}/{name}: a directory, not a page; left untouched")
             return
-        if stat.S_IMODE(existing.st_mode) == PAGE_MODE and _read_at(dir_fd, name, page) == page:
+        if not stat.S_ISREG(existing.st_mode):
+            # The bundle is the system's: a link, FIFO or socket at a page's name is
+            # replaced by the page, the rename never following it to what it names.
+            replaced = f" (it was a {_kind(existing.st_mode)})"
+        elif stat.S_IMODE(existing.st_mode) == PAGE_MODE and _read_at(dir_fd, name, page) == page:
             return
     durable.replace_file_synced(ops, dir_fd, name, page, PAGE_MODE)
-    (report.created if existing is None else report.repaired).append(f"{where}/{name}")
+    (report.created if existing is None else report.repaired).append(f"{where}/{name}{replaced}")
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISLNK(mode):
+        return "symbolic link"
+    if stat.S_ISFIFO(mode):
+        return "FIFO"
+    if stat.S_ISSOCK(mode):
+        return "socket"
+    return "device"
 
 
 def _read_at(dir_fd: int, name: str, expected: bytes) -> bytes | None:
