@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from cortexfs.cli.common import (
+    echo_printable,
     emit_json,
     handles_errors,
     json_option,
@@ -41,8 +42,9 @@ def create(name: str, group: str | None, storage_dir: Path | None, as_json: bool
     may use it is then up to their uid/gid, mounts and policy (shared:NAME read|write).
     Existing parts are left as they are, but for their group: --group G given for a space
     that has another group (one 'ctx queue init' made, say) gives G every entry of the space
-    that had its old group, links themselves and never what they point to (root may regroup
-    any entry, anyone else only their own: EPERM, nothing changed).  An illegal NAME, or
+    that had its old group, never through a link; a file with other names (hard links,
+    which may lie outside the space) keeps it and is listed as kept.  Root may regroup any entry,
+    anyone else only their own: EPERM, nothing changed.  An illegal NAME, or
     cortexfs-docs (the manual bundle), is a usage error (EINVAL, exit 2).
     """
     try:
@@ -58,6 +60,11 @@ def create(name: str, group: str | None, storage_dir: Path | None, as_json: bool
         click.echo(
             f"regrouped {report.path}: group {report.regrouped_from} -> {report.gid} "
             f"({report.regrouped} entries)"
+        )
+    for path in report.kept:
+        echo_printable(
+            f"kept      {path}: group {report.regrouped_from}, since it has other names (hard "
+            "links), which may be outside the space"
         )
     for path in report.created:
         click.echo(f"created   {path}")

@@ -43,13 +43,15 @@ _MODES = {"tool": SPACE_TOOL_MODE, "agent": SPACE_ROOT_MODE, "data": SPACE_MODE}
 @dataclass
 class SpaceReport:
     """What ``ctx shared create`` did: the space, its group, every path it created and, when
-    it gave an existing space another group, the group it had and how many entries moved."""
+    it gave an existing space another group, the group it had, how many entries moved and
+    which files kept the old group because they have other names (hard links)."""
 
     path: Path
     gid: int
     created: list[str] = field(default_factory=list)
     regrouped_from: int | None = None
     regrouped: int = 0
+    kept: list[str] = field(default_factory=list)  # files of the old group with other names
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -58,6 +60,7 @@ class SpaceReport:
             "created": self.created,
             "regrouped_from": self.regrouped_from,
             "regrouped": self.regrouped,
+            "kept": self.kept,
         }
 
 
@@ -82,10 +85,10 @@ def create_shared_space(
     _require_group_of_caller(owner.gid)
     _require_no_obstacle(path)
     _require_writable_where_missing(path, name)
-    regrouped_from, regrouped = None, 0
+    regrouped_from, regrouped, kept = None, 0, []
     if gid is not None and path.is_dir() and os.stat(path).st_gid != gid:
         regrouped_from = os.stat(path).st_gid
-        regrouped = _regroup(path, regrouped_from, gid)
+        regrouped, kept = _regroup(path, regrouped_from, gid)
     # The root ABI reports its entries relative to the root; the space reports full paths.
     if os.path.isdir(root):
         created = [str(root / entry) for entry in storage.ensure_root_abi(root, ops).created]
@@ -100,24 +103,27 @@ def create_shared_space(
         if Path(entry).is_dir():
             apply_mode(ops, Path(entry), SPACE_MODE, owner)
     report = SpaceReport(path, os.stat(path).st_gid, created + queue_created)
-    report.regrouped_from, report.regrouped = regrouped_from, regrouped
+    report.regrouped_from, report.regrouped, report.kept = regrouped_from, regrouped, kept
     return report
 
 
-def _regroup(path: Path, old_gid: int, new_gid: int) -> int:
+def _regroup(path: Path, old_gid: int, new_gid: int) -> tuple[int, list[str]]:
     """Give the space at ``path`` group ``new_gid``: every entry in it that belongs to
     ``old_gid``, the space's group until now, changes group (entries of any other group were
-    given theirs on purpose and keep it).  Returns how many entries changed.
+    given theirs on purpose and keep it).  Returns how many entries changed, and the files
+    kept because they have other names (hard links), which may lie outside the space.
 
-    The walk goes from directory descriptor to directory descriptor and never through a
-    link: a member who swaps a directory of the space for a link while root regroups it
-    cannot make root give the group something outside the space.  A change of group keeps a
-    directory's setgid bit (the kernel clears set-id bits of files only).  A caller other
-    than root may change only its own entries, so it must own every one of them: EPERM,
-    before anything changes, names the first it does not.
+    Each entry is opened without following a link and changed through its descriptor, after
+    checking it is still the entry listed: a member who swaps an entry for a link, or for a
+    hard link to a file elsewhere, while root regroups the space cannot make root give the
+    group anything outside it.  Symbolic links, sockets and devices are neither opened nor
+    changed (a link's group grants nothing).  A change of group keeps a directory's setgid
+    bit (the kernel clears set-id bits of files only).  A caller other than root may change
+    only its own entries, so it must own every one of them: EPERM, before anything changes,
+    names the first it does not.
     """
 
-    def require_own(dir_fd: int, name: str, status: os.stat_result, shown: str) -> None:
+    def require_own(fd: int, status: os.stat_result, shown: str) -> None:
         if status.st_gid == old_gid and status.st_uid != os.geteuid():
             raise CtxError(
                 errno.EPERM,
@@ -125,27 +131,33 @@ def _regroup(path: Path, old_gid: int, new_gid: int) -> int:
                 "nothing was changed (have root run the command)",
             )
 
-    changed = 0
+    changed, kept = 0, []
 
-    def change(dir_fd: int, name: str, status: os.stat_result, shown: str) -> None:
+    def change(fd: int, status: os.stat_result, shown: str) -> None:
         nonlocal changed
-        if status.st_gid == old_gid:
-            os.chown(name, -1, new_gid, dir_fd=dir_fd, follow_symlinks=False)
-            changed += 1
+        if status.st_gid != old_gid:
+            return
+        if not stat.S_ISDIR(status.st_mode) and status.st_nlink > 1:
+            kept.append(shown)
+            return
+        os.fchown(fd, -1, new_gid)
+        changed += 1
 
     if os.geteuid() != 0:
         _visit_beneath(path, require_own)
     _visit_beneath(path, change)
-    return changed
+    return changed, kept
 
 
+_ENTRY_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 _DIRECTORY_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+Visitor = Callable[[int, os.stat_result, str], None]
 
 
-def _visit_beneath(path: Path, visit: Callable[[int, str, os.stat_result, str], None]) -> None:
-    """Call ``visit(dir_fd, name, lstat, shown)`` for ``path`` and every entry below it, top
-    down, each named relative to a descriptor of its own directory; directories are entered
-    with ``O_NOFOLLOW``, so a link is visited as a link and never followed."""
+def _visit_beneath(path: Path, visit: Visitor) -> None:
+    """Call ``visit(fd, fstat, shown)`` for ``path`` and every directory, regular file and
+    FIFO below it, top down, each opened relative to a descriptor of its own directory with
+    ``O_NOFOLLOW``: what is visited is what was listed, never what a link names."""
     parent_fd = os.open(path.parent, _DIRECTORY_FLAGS)
     try:
         _visit_entry(parent_fd, path.name, str(path), visit)
@@ -153,27 +165,30 @@ def _visit_beneath(path: Path, visit: Callable[[int, str, os.stat_result, str], 
         os.close(parent_fd)
 
 
-def _visit_entry(
-    dir_fd: int, name: str, shown: str, visit: Callable[[int, str, os.stat_result, str], None]
-) -> None:
+def _visit_entry(dir_fd: int, name: str, shown: str, visit: Visitor) -> None:
     try:
-        status = os.lstat(name, dir_fd=dir_fd)
+        listed = os.lstat(name, dir_fd=dir_fd)
     except FileNotFoundError:
         return  # gone since it was listed
-    visit(dir_fd, name, status, shown)
-    if not stat.S_ISDIR(status.st_mode):
-        return
+    kind = stat.S_IFMT(listed.st_mode)
+    if kind not in (stat.S_IFDIR, stat.S_IFREG, stat.S_IFIFO):
+        return  # a link, socket or device: never opened
     try:
-        inner = os.open(name, _DIRECTORY_FLAGS, dir_fd=dir_fd)
+        fd = os.open(name, _ENTRY_FLAGS, dir_fd=dir_fd)
     except OSError as exc:
-        if exc.errno in (errno.ENOENT, errno.ELOOP, errno.ENOTDIR):
+        if exc.errno in (errno.ENOENT, errno.ELOOP, errno.ENXIO):
             return  # removed or replaced since its lstat: not followed
         raise
     try:
-        for child in sorted(os.listdir(inner)):
-            _visit_entry(inner, child, f"{shown}/{child}", visit)
+        status = os.fstat(fd)
+        if (status.st_dev, status.st_ino) != (listed.st_dev, listed.st_ino):
+            return  # replaced since its lstat
+        visit(fd, status, shown)
+        if stat.S_ISDIR(status.st_mode):
+            for child in sorted(os.listdir(fd)):
+                _visit_entry(fd, child, f"{shown}/{child}", visit)
     finally:
-        os.close(inner)
+        os.close(fd)
 
 
 def _bootstrap(root: Path) -> list[str]:

@@ -138,8 +138,8 @@ def test_ctx_shared_create_gives_an_existing_space_the_group_asked_for(
     world: World, tmp_path: Path
 ) -> None:
     """The space's entries of its old group change group, setgid directories stay setgid;
-    an entry given another group on purpose keeps it, and a link is changed itself, never
-    what it points to outside the space."""
+    an entry given another group on purpose keeps it, and neither a link nor a file with
+    another name (a hard link) gives the group what they lead to outside the space."""
     base = [*CTX, "--storage", str(world.root), "shared", "create", "team"]
     subprocess.run([*base, "--group", str(SPACE_GROUP)], check=True, capture_output=True)
     space = world.root / "shared" / "team"
@@ -151,6 +151,11 @@ def test_ctx_shared_create_gives_an_existing_space_the_group_asked_for(
     outside.write_text("not the space's\n")
     os.chown(outside, -1, SPACE_GROUP)
     os.symlink(outside, space / "data" / "link")
+    linked = tmp_path / "linked.txt"  # a second name outside the space
+    linked.write_text("also elsewhere\n")
+    os.chown(linked, -1, SPACE_GROUP)
+    os.link(linked, space / "data" / "hard")
+    os.mkfifo(space / "data" / "fifo")
     other = SPACE_GROUP + 1
 
     moved = subprocess.run([*base, "--group", str(other)], capture_output=True, text=True)
@@ -158,12 +163,17 @@ def test_ctx_shared_create_gives_an_existing_space_the_group_asked_for(
 
     assert moved.returncode == 0 and moved.stderr == "", moved
     assert moved.stdout.startswith(f"regrouped {space}: group {SPACE_GROUP} -> {other} ("), moved
+    unchanged = {kept: SPACE_GROUP + 7, space / "data" / "hard": SPACE_GROUP}
     for entry in (space, *space.rglob("*")):
-        expected = SPACE_GROUP + 7 if entry == kept else other
-        assert os.lstat(entry).st_gid == expected, entry
-        if entry.is_dir() and not entry.is_symlink():
+        if entry.is_symlink():
+            continue  # a link's group grants nothing; it is left as it is
+        assert os.lstat(entry).st_gid == unchanged.get(entry, other), entry
+        if entry.is_dir():
             assert os.lstat(entry).st_mode & stat.S_ISGID, entry
-    assert os.stat(outside).st_gid == SPACE_GROUP
+    assert os.stat(outside).st_gid == SPACE_GROUP and os.stat(linked).st_gid == SPACE_GROUP
+    assert f"kept      {space}/data/hard: group {SPACE_GROUP}, since it has other names" in (
+        moved.stdout
+    )
     report = json.loads(again.stdout)
     assert again.returncode == 0 and report["regrouped_from"] is None, report
 
