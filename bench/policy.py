@@ -96,6 +96,7 @@ def measure_decisions(
 def measure_chain(agent_policy: str, count: int) -> float:
     """Full chains per second for one agent and one tool in a fresh storage root."""
     parent = Path(tempfile.mkdtemp(prefix="cortexfs-bench-"))
+    parent.chmod(0o755)  # mkdtemp's 0700 would keep the agent's uid out (step 2)
     try:
         root = parent / "storage"
         ensure_root_abi(root)

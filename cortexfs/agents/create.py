@@ -39,6 +39,7 @@ from cortexfs.errors import CtxError, exists, invalid
 from cortexfs.names import is_object_name
 from cortexfs.policy import Identity
 from cortexfs.policy.controls import parse_identity, read_label
+from cortexfs.policy.linux import unsearchable_above
 from cortexfs.policy.mounts import CTX_TARGET
 from cortexfs.tools.pair_layout import PairKind
 from cortexfs.tools.pairs import install_pair
@@ -119,13 +120,13 @@ def create_agent(
     """
     storage.require_root(root)
     require_host_administrator(root, "create agents")
-    warnings = warnings_for(root, request) if parent is None else ()
     default_user = None
     if identity is None:
         identity, default_user = default_identity()
     if identity.uid == 0:
         raise invalid("an agent never runs as root (SPEC P-5 step 1); give it an unprivileged user")
     _require_identity_of_creator(identity)
+    warnings = warnings_for(root, request, identity) if parent is None else ()
     identity_control = (json.dumps(identity_json(identity)) + "\n").encode()
     try:
         parse_identity(identity_control)  # what every later use of the agent reads it with
@@ -203,16 +204,20 @@ def label_owners(root: Path, label: str) -> list[str]:
     return owners
 
 
-def warnings_for(root: Path, request: AgentRequest) -> tuple[str, ...]:
+def warnings_for(root: Path, request: AgentRequest, identity: Identity) -> tuple[str, ...]:
     """What the host administrator's request makes that may not work as meant, said at
     creation rather than found later: a label another agent has (tool and model policies grant
-    by label, so the two agents share every such grant) and a mount whose source does not
-    exist (the agent's terminal does not start until it does)."""
+    by label, so the two agents share every such grant), a storage root the agent's uid
+    cannot reach through the directories above it (every tool call is refused at step 2), and
+    a mount whose source does not exist (the agent's terminal does not start until it does)."""
     warnings = [
         f"label {request.label} is also agent {owner}'s: tool and model policies grant by "
         "label, so the two agents share every grant made to it"
         for owner in label_owners(root, request.label)
     ]
+    unreachable = unsearchable_above(root, identity)
+    if unreachable:
+        warnings.append(f"every tool call of the agent will be refused: {unreachable}")
     for source, target, _ in request.mounts:
         if PurePosixPath(target) != CTX_TARGET and not os.path.exists(source):
             warnings.append(

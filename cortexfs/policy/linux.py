@@ -84,8 +84,13 @@ def check_access(
     """Could ``identity`` reach ``top/relative`` and use it with ``access`` (rwx bits)?
 
     Reading or writing a directory also needs its ``x`` (listing it, creating in it).  A link
-    anywhere on the way is refused, never followed.
+    anywhere on the way is refused, never followed.  The directories above ``top`` count as
+    well: a process of ``identity`` reaches ``top`` through them (a storage root made inside
+    a private directory, mode 0700, is out of every agent's reach).
     """
+    closed_above = unsearchable_above(top, identity)
+    if closed_above:
+        return _refused(closed_above)
     entries = walk(top, relative)
     *above, last = entries
     for directory in above:
@@ -108,6 +113,26 @@ def check_access(
             f"{last.shown} needs {rwx(access)} but {mode} grants {rwx(granted)} to {_who(identity)}"
         )
     return PathVerdict(True, 0, f"{last.shown}: {rwx(access)} granted to {_who(identity)} ({mode})")
+
+
+def unsearchable_above(top: Path, identity: Identity) -> str:
+    """Why ``identity`` cannot reach ``top`` through the directories above it (its real path's,
+    from ``/`` down), or "" when it can search them all."""
+    real = Path(os.path.realpath(top))
+    for directory in reversed(real.parents):
+        try:
+            status = os.stat(directory)
+        except OSError:
+            return ""  # the walk below says what is missing
+        if not permits(status, identity, EXECUTE):
+            mode = stat.S_IMODE(status.st_mode)
+            return (
+                f"search (x) on {directory}, above {top}, is denied to {_who(identity)} "
+                f"(mode {mode:04o}, owner {_owner(status)}): a process of the agent reaches "
+                f"nothing below it; let it search the directory (chmod o+x {directory}) or "
+                "put the storage root and the agent's mounts where it can"
+            )
+    return ""
 
 
 def writable_entries(top: Path, relative: PurePosixPath, identity: Identity) -> list[str]:

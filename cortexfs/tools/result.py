@@ -28,8 +28,10 @@ class ToolError(NamedTuple):
     ``resolve``, ``schema``, ``authorize``, ``hook``, ``run``, ``exit`` (docs/tools.md).
 
     ``step`` and ``step_name`` name the denying step of the authority chain (P-5) when the
-    stage is ``authorize``.  A tool that ran and failed has stage ``exit`` (errno taken from its
-    JSON output when it reports one, else none: 0 here, null in JSON, as ``error`` is),
+    stage is ``authorize`` or ``session``, and step 1 (peer credentials) for a caller who may
+    not act as the agent (stage ``caller``).  A tool that ran and failed has stage ``exit``
+    (errno taken from its JSON output when it reports one, else none: 0 here, null in JSON,
+    as ``error`` is),
     ``run`` with ETIMEDOUT after a timeout, EINTR when its caller interrupted it, or EFBIG
     when its output was too large.
     """

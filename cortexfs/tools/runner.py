@@ -49,7 +49,7 @@ from cortexfs.agents.host import require_host_administrator
 from cortexfs.agents.view import AgentView
 from cortexfs.errors import CtxError, denied, invalid, not_found
 from cortexfs.policy import Credentials, check_authority, check_tool_execute
-from cortexfs.policy.chain import AuthorityRequest, Decision
+from cortexfs.policy.chain import AuthorityRequest, Decision, Step
 from cortexfs.shared.sessions import Session, SessionRef, open_session
 from cortexfs.shared.tree import Ownership
 from cortexfs.timefmt import rfc3339
@@ -215,7 +215,7 @@ class _Call:
     # ---------------------------------------------------------------------------- stages
 
     def _admit(self, input_value: Any) -> None:
-        with self._stage("caller"):
+        with self._stage("caller", Step.CREDENTIALS):
             require_host_administrator(self.root, "run a tool as an agent")
         with self._stage("agent"):
             self.view = AgentView.load(self.root, self.agent).with_workspace(self.workspace)
@@ -444,12 +444,17 @@ class _Call:
             raise _Refused(ToolError(decision.errno, stage, reason, int(step), step.title))
 
     @contextlib.contextmanager
-    def _stage(self, stage: str) -> Iterator[None]:
+    def _stage(self, stage: str, step: Step | None = None) -> Iterator[None]:
+        """Time ``stage`` and turn what refuses it into the call's error; ``step``, the step of
+        the authority chain (P-5) a denial (EACCES) at this stage stands for."""
         started = time.monotonic()
         self.stage = stage
         try:
             yield
         except CtxError as exc:
+            if step is not None and exc.errno == errno.EACCES:
+                error = ToolError(exc.errno, stage, exc.message, int(step), step.title)
+                raise _Refused(error) from None
             raise _Refused(ToolError(exc.errno, stage, exc.message)) from None
         except OSError as exc:
             message = f"{exc.filename}: {exc.strerror}" if exc.filename else str(exc.strerror)

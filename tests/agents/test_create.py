@@ -505,3 +505,32 @@ def test_an_agent_terminal_started_by_its_non_root_creator_says_who_may(
     )
     assert f"have root run 'ctx --storage {root} agent start mine'" in refused.stderr
     assert "'ctx run --agent mine TOOL'" in refused.stderr
+
+
+def test_an_agent_that_cannot_reach_the_storage_root_is_warned_of_and_refused_at_step_2(
+    world: World,
+) -> None:
+    """A root made inside a private directory (0700, as pytest's own tmp_path is) is out of
+    the agent's reach: said when the agent is made, and every call names step 2 and the
+    directory, rather than failing inside the tool."""
+    private = world.scratch / "private"
+    private.mkdir(mode=0o700)
+    root = private / "storage"
+    storage.bootstrap(root)
+    for entry in (root, *root.iterdir()):
+        entry.chmod(0o755)
+    request = json.dumps({"name": "reader", "label": "reader_t", "tools": ["fs.stat"]})
+
+    made = ctx(root, "agent", "create", "-", "--user", world.user.name, stdin=request)
+    with open(root / "tool" / "fs.stat.d" / "policy", "a") as policy:
+        policy.write("allow reader_t tool:fs.stat execute\n")
+    ran = ctx(root, "run", "--agent", "reader", "fs.stat", "/ctx")
+    explained = ctx(root, "policy", "explain", "reader", "tool:fs.stat", "execute")
+
+    assert made.returncode == 0, made.stderr
+    assert f"every tool call of the agent will be refused: search (x) on {private}" in made.stderr
+    assert ran.returncode == 126, ran
+    assert "step 2 (mode bits)" in ran.stderr and f"chmod o+x {private}" in ran.stderr
+    assert explained.returncode == 1 and "2 mode bits          deny" in explained.stdout
+    private.chmod(0o711)
+    assert ctx(root, "run", "--agent", "reader", "fs.stat", "/ctx").returncode == 0

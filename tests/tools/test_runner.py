@@ -314,6 +314,7 @@ def test_only_the_host_administrator_may_run_a_tool_as_an_agent(coder: World) ->
         result = coder.run("whoami", {})
 
     assert result.error.errno == errno.EACCES and result.error.stage == "caller"
+    assert (result.error.step, result.error.step_name) == (1, "peer credentials")
     assert "host administrator" in result.error.message
     assert "or use a storage root of your own" in result.error.message  # what to do
     assert result.exit_status is None
