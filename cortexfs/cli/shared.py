@@ -43,7 +43,8 @@ def create(name: str, group: str | None, storage_dir: Path | None, as_json: bool
     Existing parts are left as they are, but for their group: --group G given for a space
     that has another group (one 'ctx queue init' made, say) gives G every entry of the space
     that had its old group, never through a link; a file with other names (hard links,
-    which may lie outside the space) keeps it and is listed as kept.  Root may regroup any entry,
+    which may lie outside the space) keeps it, as does what lies more than 256 directories
+    deep, each listed as kept.  Root may regroup any entry,
     anyone else only their own: EPERM, nothing changed.  An illegal NAME, or
     cortexfs-docs (the manual bundle), is a usage error (EINVAL, exit 2).
     """
@@ -61,10 +62,9 @@ def create(name: str, group: str | None, storage_dir: Path | None, as_json: bool
             f"regrouped {report.path}: group {report.regrouped_from} -> {report.gid} "
             f"({report.regrouped} entries)"
         )
-    for path in report.kept:
+    for kept in report.kept:
         echo_printable(
-            f"kept      {path}: group {report.regrouped_from}, since it has other names (hard "
-            "links), which may be outside the space"
+            f"kept      {kept['path']}: group {report.regrouped_from}, since {kept['reason']}"
         )
     for path in report.created:
         click.echo(f"created   {path}")

@@ -44,14 +44,14 @@ _MODES = {"tool": SPACE_TOOL_MODE, "agent": SPACE_ROOT_MODE, "data": SPACE_MODE}
 class SpaceReport:
     """What ``ctx shared create`` did: the space, its group, every path it created and, when
     it gave an existing space another group, the group it had, how many entries moved and
-    which files kept the old group because they have other names (hard links)."""
+    and what kept the old group, with why (``{"path", "reason"}``)."""
 
     path: Path
     gid: int
     created: list[str] = field(default_factory=list)
     regrouped_from: int | None = None
     regrouped: int = 0
-    kept: list[str] = field(default_factory=list)  # files of the old group with other names
+    kept: list[dict[str, str]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -107,11 +107,12 @@ def create_shared_space(
     return report
 
 
-def _regroup(path: Path, old_gid: int, new_gid: int) -> tuple[int, list[str]]:
+def _regroup(path: Path, old_gid: int, new_gid: int) -> tuple[int, list[dict[str, str]]]:
     """Give the space at ``path`` group ``new_gid``: every entry in it that belongs to
     ``old_gid``, the space's group until now, changes group (entries of any other group were
-    given theirs on purpose and keep it).  Returns how many entries changed, and the files
-    kept because they have other names (hard links), which may lie outside the space.
+    given theirs on purpose and keep it).  Returns how many entries changed, and what kept
+    the old group and why: files with other names (hard links), which may lie outside the
+    space, and what lies deeper than :data:`MAX_REGROUP_DEPTH` directories.
 
     Each entry is opened without following a link and changed through its descriptor, after
     checking it is still the entry listed: a member who swaps an entry for a link, or for a
@@ -138,57 +139,109 @@ def _regroup(path: Path, old_gid: int, new_gid: int) -> tuple[int, list[str]]:
         if status.st_gid != old_gid:
             return
         if not stat.S_ISDIR(status.st_mode) and status.st_nlink > 1:
-            kept.append(shown)
+            reason = "it has other names (hard links), which may lie outside the space"
+            kept.append({"path": shown, "reason": reason})
             return
         os.fchown(fd, -1, new_gid)
         changed += 1
 
+    def too_deep(shown: str) -> None:
+        reason = f"deeper than {MAX_REGROUP_DEPTH} directories: what it holds was not walked"
+        kept.append({"path": shown, "reason": reason})
+
     if os.geteuid() != 0:
-        _visit_beneath(path, require_own)
-    _visit_beneath(path, change)
+        _visit_beneath(path, require_own, lambda shown: None)
+    _visit_beneath(path, change, too_deep)
     return changed, kept
 
 
+MAX_REGROUP_DEPTH = 256  # directories below the space a regroup enters: one descriptor each
 _ENTRY_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 _DIRECTORY_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 Visitor = Callable[[int, os.stat_result, str], None]
 
 
-def _visit_beneath(path: Path, visit: Visitor) -> None:
-    """Call ``visit(fd, fstat, shown)`` for ``path`` and every directory, regular file and
-    FIFO below it, top down, each opened relative to a descriptor of its own directory with
-    ``O_NOFOLLOW``: what is visited is what was listed, never what a link names."""
+def _visit_beneath(path: Path, visit: Visitor, too_deep: Callable[[str], None]) -> None:
+    """Call ``visit(fd, fstat, shown)`` for every directory, regular file and FIFO below
+    ``path``, then for ``path`` itself, each opened relative to a descriptor of its own
+    directory with ``O_NOFOLLOW``: what is visited is what was listed, never what a link
+    names.  The walk keeps its own stack and enters no directory deeper than
+    :data:`MAX_REGROUP_DEPTH` (``too_deep`` hears of each), so no tree a member makes stops
+    it halfway; ``path`` comes last: a regroup cut short leaves the space's own group as it
+    was, so the next run finds the space still to regroup and finishes it."""
     parent_fd = os.open(path.parent, _DIRECTORY_FLAGS)
     try:
-        _visit_entry(parent_fd, path.name, str(path), visit)
+        top = _open_listed(parent_fd, path.name)
     finally:
         os.close(parent_fd)
+    if top is None:
+        return
+    top_fd, top_status = top
+    try:
+        if stat.S_ISDIR(top_status.st_mode):
+            _visit_below(top_fd, str(path), visit, too_deep)
+        visit(top_fd, top_status, str(path))
+    finally:
+        os.close(top_fd)
 
 
-def _visit_entry(dir_fd: int, name: str, shown: str, visit: Visitor) -> None:
+def _visit_below(top_fd: int, shown: str, visit: Visitor, too_deep: Callable[[str], None]) -> None:
+    # Each directory's descriptor stays open while its entries are visited: a stack of
+    # (descriptor, shown, entries still to visit, last first), as deep as the walk goes.
+    stack = [(top_fd, shown, sorted(os.listdir(top_fd), reverse=True))]
+    try:
+        while stack:
+            dir_fd, where, names = stack[-1]
+            if not names:
+                stack.pop()
+                if dir_fd != top_fd:
+                    os.close(dir_fd)
+                continue
+            name = names.pop()
+            opened = _open_listed(dir_fd, name)
+            if opened is None:
+                continue
+            fd, status = opened
+            try:
+                visit(fd, status, f"{where}/{name}")
+                entries = (
+                    sorted(os.listdir(fd), reverse=True) if stat.S_ISDIR(status.st_mode) else []
+                )
+            except BaseException:
+                os.close(fd)
+                raise
+            if entries and len(stack) < MAX_REGROUP_DEPTH:
+                stack.append((fd, f"{where}/{name}", entries))
+                continue
+            if entries:
+                too_deep(f"{where}/{name}")
+            os.close(fd)
+    finally:
+        for dir_fd, _, _ in stack:
+            if dir_fd != top_fd:
+                os.close(dir_fd)
+
+
+def _open_listed(dir_fd: int, name: str) -> tuple[int, os.stat_result] | None:
+    """``name`` in ``dir_fd`` opened without following a link, and its ``fstat``; None when
+    it is a link, socket or device (never opened), or gone or replaced since it was listed."""
     try:
         listed = os.lstat(name, dir_fd=dir_fd)
     except FileNotFoundError:
-        return  # gone since it was listed
-    kind = stat.S_IFMT(listed.st_mode)
-    if kind not in (stat.S_IFDIR, stat.S_IFREG, stat.S_IFIFO):
-        return  # a link, socket or device: never opened
+        return None
+    if stat.S_IFMT(listed.st_mode) not in (stat.S_IFDIR, stat.S_IFREG, stat.S_IFIFO):
+        return None
     try:
         fd = os.open(name, _ENTRY_FLAGS, dir_fd=dir_fd)
     except OSError as exc:
         if exc.errno in (errno.ENOENT, errno.ELOOP, errno.ENXIO):
-            return  # removed or replaced since its lstat: not followed
+            return None
         raise
-    try:
-        status = os.fstat(fd)
-        if (status.st_dev, status.st_ino) != (listed.st_dev, listed.st_ino):
-            return  # replaced since its lstat
-        visit(fd, status, shown)
-        if stat.S_ISDIR(status.st_mode):
-            for child in sorted(os.listdir(fd)):
-                _visit_entry(fd, child, f"{shown}/{child}", visit)
-    finally:
+    status = os.fstat(fd)
+    if (status.st_dev, status.st_ino) != (listed.st_dev, listed.st_ino):
         os.close(fd)
+        return None
+    return fd, status
 
 
 def _bootstrap(root: Path) -> list[str]:

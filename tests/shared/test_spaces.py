@@ -282,3 +282,44 @@ def test_a_space_asked_for_in_a_missing_root_comes_with_the_whole_root(tmp_path:
     for entry in ("tool/fs.read", "tool/tsh.d/config", "bin/tsh", "shared/cortexfs-docs"):
         assert (missing / entry).exists(), entry
     assert sorted(os.listdir(missing / "shared" / "proj")) == ["agent", "data", "queue", "tool"]
+
+
+def test_a_tree_deeper_than_a_regroup_walks_is_kept_and_the_rest_regrouped(world: World) -> None:
+    """A member's tree of any depth neither stops the regroup halfway nor exhausts its
+    descriptors: what lies too deep keeps its group and is listed."""
+    create_shared_space(world.root, "team", gid=SPACE_GROUP)
+    space = world.root / "shared" / "team"
+    fd = os.open(space / "data", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for _ in range(1100):  # deeper than a path may be named: walked by descriptor
+            os.mkdir("d", dir_fd=fd)
+            inner = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+    finally:
+        os.close(fd)
+
+    report = create_shared_space(world.root, "team", gid=SPACE_GROUP + 1)
+
+    assert report.regrouped_from == SPACE_GROUP and report.gid == SPACE_GROUP + 1
+    (kept,) = report.kept
+    assert kept["path"].startswith(f"{space}/data/d/d/") and "deeper than 256" in kept["reason"]
+    for name in ("queue", "tool", "agent", "data", "queue/pending"):
+        assert os.stat(space / name).st_gid == SPACE_GROUP + 1, name
+    again = create_shared_space(world.root, "team", gid=SPACE_GROUP + 1)
+    assert again.regrouped_from is None
+    remove_deep_tree(space / "data")
+
+
+def remove_deep_tree(directory: Path) -> None:
+    """Remove ``directory/d/d/…`` one level at a time from the top: the tree is deeper than
+    shutil.rmtree (or any path) can reach."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        while os.path.isdir(os.path.join(f"/proc/self/fd/{fd}", "d", "d")):
+            os.rename("d/d", "up", src_dir_fd=fd, dst_dir_fd=fd)
+            os.rmdir("d", dir_fd=fd)
+            os.rename("up", "d", src_dir_fd=fd, dst_dir_fd=fd)
+        os.rmdir("d", dir_fd=fd)
+    finally:
+        os.close(fd)
