@@ -85,11 +85,17 @@ class FsOps:
         """Create a new regular file (never an existing one, never through a symlink)."""
         return os.open(name, _NEW_FILE_FLAGS, mode, dir_fd=dir_fd)
 
-    def open_append(self, name: str, dir_fd: int, mode: int = 0o666) -> int:
-        """Open (creating if needed) a regular file for appends, never through a symlink.
+    def open_append(
+        self, name: str, dir_fd: int, mode: int = 0o666, *, create: bool | None = None
+    ) -> int:
+        """Open a regular file for appends, never through a symlink: ``create`` None makes it
+        if needed, True only makes it (FileExistsError when it is there), False only opens
+        what is there (FileNotFoundError when it is not).
 
         Readable too, so that an appender can look at the file's last byte (a torn line)."""
-        flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+        flags = os.O_RDWR | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+        if create is not False:
+            flags |= os.O_CREAT | (os.O_EXCL if create else 0)
         return os.open(name, flags, mode, dir_fd=dir_fd)
 
     def write(self, fd: int, data: bytes) -> None:

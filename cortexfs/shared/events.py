@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from cortexfs import durable, jsontext
-from cortexfs.errors import invalid, too_big
+from cortexfs.errors import CtxError, invalid, too_big
 from cortexfs.shared.tree import Ownership
 from cortexfs.timefmt import rfc3339
 
@@ -96,14 +96,10 @@ class EventLog:
         if dir_fd is None:
             dir_fd = durable.open_dir_path(self._ops, str(path.parent))
         try:
-            existing = durable.lstat_at(dir_fd, path.name)
-            if existing is not None and not stat.S_ISREG(existing.st_mode):
-                raise invalid(f"{path} is not a regular file; refusing to append to it")
-            self._fd = self._ops.open_append(path.name, dir_fd, mode)
-            if not stat.S_ISREG(os.fstat(self._fd).st_mode):
-                self._ops.close(self._fd)
-                raise invalid(f"{path} is not a regular file; refusing to append to it")
-            if existing is None:
+            self._fd, created = self._open(path, dir_fd, mode)
+            if created:
+                # Only the file this open made is given away and chmodded: one found at the
+                # name may be anybody's, put there by a user who may write the directory.
                 if owner is not None and os.geteuid() == 0:
                     os.fchown(self._fd, owner.uid, owner.gid)
                 os.fchmod(self._fd, mode)  # open() applied the umask; the mode is the contract
@@ -113,6 +109,32 @@ class EventLog:
         finally:
             if own_dir_fd:
                 self._ops.close(dir_fd)
+
+    def _open(self, path: Path, dir_fd: int, mode: int) -> tuple[int, bool]:
+        """The log's descriptor, and whether this open created the file.  An existing file is
+        appended to only when it is a regular file with no other name: a hard link put at the
+        name would have the events (and a torn line's truncation) land in another file."""
+        for _ in range(8):  # a name removed and made again between the two opens: once more
+            existing = durable.lstat_at(dir_fd, path.name)
+            if existing is not None and not stat.S_ISREG(existing.st_mode):
+                raise invalid(f"{path} is not a regular file; refusing to append to it")
+            try:
+                if existing is None:
+                    return self._ops.open_append(path.name, dir_fd, mode, create=True), True
+                fd = self._ops.open_append(path.name, dir_fd, mode, create=False)
+            except (FileExistsError, FileNotFoundError):
+                continue
+            status = os.fstat(fd)
+            if not stat.S_ISREG(status.st_mode) or status.st_nlink != 1:
+                self._ops.close(fd)
+                why = (
+                    "not a regular file"
+                    if not stat.S_ISREG(status.st_mode)
+                    else (f"a file with {status.st_nlink} names (hard links)")
+                )
+                raise invalid(f"{path} is {why}; refusing to append to it")
+            return fd, False
+        raise CtxError(errno.EAGAIN, f"{path} kept appearing and disappearing; try again")
 
     def _cut_torn_line(self) -> None:
         """Truncate a torn last line before the first append, which would otherwise be glued

@@ -50,6 +50,7 @@ def ensure_directories(
             if durable.make_dir_synced(ops, fd, name, mode):
                 created.append(str(top.joinpath(*parts[: depth + 1])))
                 inner = _open_level(ops, fd, top, parts[: depth + 1])
+                _require_made_here(ops, inner, top.joinpath(*parts[: depth + 1]))
                 _apply(ops, inner, mode, owner)
             else:
                 inner = _open_level(ops, fd, top, parts[: depth + 1])
@@ -77,6 +78,20 @@ def open_beneath(ops: durable.FsOps, top: Path, parts: Sequence[str]) -> int:
         ops.close(fd)
         raise
     return fd
+
+
+def _require_made_here(ops: durable.FsOps, fd: int, path: Path) -> None:
+    """EEXIST unless ``fd`` is the directory this process has just made: its own and empty.
+    Between the mkdir and the open, a user who may write the parent can put another directory
+    at the name (theirs, or one they moved there), which must not be given away or chmodded."""
+    status = os.fstat(fd)
+    if status.st_uid != os.geteuid() or status.st_nlink != 2 or os.listdir(fd):
+        ops.close(fd)
+        raise CtxError(
+            errno.EEXIST,
+            f"{path} was replaced by another directory while it was being made; left as it "
+            "is, and its owner and mode unchanged",
+        )
 
 
 def apply_mode(ops: durable.FsOps, path: Path, mode: int, owner: Ownership | None = None) -> None:

@@ -203,11 +203,13 @@ class RecordingOps(durable.FsOps):
                 journal.remember(fd, node)
         return fd
 
-    def open_append(self, name: str, dir_fd: int, mode: int = 0o666) -> int:
+    def open_append(
+        self, name: str, dir_fd: int, mode: int = 0o666, *, create: bool | None = None
+    ) -> int:
         journal = self.journal
         with journal.lock:
             existing = journal.resolve(name, dir_fd)
-            fd = super().open_append(name, dir_fd, mode)
+            fd = super().open_append(name, dir_fd, mode, create=create)
             parent = journal.node_of(dir_fd)
             if parent is not None and existing is None:
                 existing = journal.new_id()

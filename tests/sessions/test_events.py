@@ -27,6 +27,7 @@ from cortexfs.shared.events import (
     repair,
     scan_lines,
 )
+from cortexfs.shared.tree import Ownership
 
 WRITERS = 8
 EVENTS_PER_WRITER = 10_000
@@ -241,3 +242,78 @@ def test_readers_recover_every_whole_event_around_a_torn_fragment(
     recovered = scan_lines(data).events
 
     assert [event["n"] for event in recovered] == [event["n"] for event in events]
+
+
+def test_a_hard_link_at_the_logs_name_is_refused_and_its_file_untouched(tmp_path: Path) -> None:
+    """Someone who may write the session's directory links another file to events.jsonl:
+    appending (or cutting a torn line) would change that file, which is not the log."""
+    elsewhere = tmp_path / "elsewhere.txt"
+    elsewhere.write_text("somebody's data, no newline at the end")
+    elsewhere.chmod(0o600)
+    session = tmp_path / "session"
+    session.mkdir()
+    os.link(elsewhere, session / "events.jsonl")
+    before = os.stat(elsewhere)
+
+    with pytest.raises(CtxError) as refused:
+        EventLog(session / "events.jsonl", owner=Ownership(12345, 12345))
+
+    assert refused.value.errno == errno.EINVAL and "2 names (hard links)" in str(refused.value)
+    after = os.stat(elsewhere)
+    assert (after.st_uid, after.st_gid, after.st_mode) == (
+        before.st_uid,
+        before.st_gid,
+        before.st_mode,
+    )
+    assert elsewhere.read_text() == "somebody's data, no newline at the end"
+
+
+def test_only_a_log_this_open_created_is_given_to_the_owner(tmp_path: Path) -> None:
+    existing = tmp_path / "events.jsonl"
+    existing.write_text("")
+    existing.chmod(0o604)
+
+    with EventLog(existing, mode=0o640, owner=Ownership(12345, 12345)) as log:
+        log.append(make_event("note", agent="a", session="s", object="tool/x", status="ok"))
+    with EventLog(tmp_path / "new.jsonl", mode=0o640, owner=Ownership(12345, 12345)):
+        pass
+
+    assert os.stat(existing).st_uid == os.geteuid()
+    assert os.stat(existing).st_mode & 0o777 == 0o604
+    made = os.stat(tmp_path / "new.jsonl")
+    assert made.st_mode & 0o777 == 0o640
+    if os.geteuid() == 0:
+        assert (made.st_uid, made.st_gid) == (12345, 12345)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a directory away needs root")
+def test_a_directory_swapped_in_while_it_is_made_is_not_given_away(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between root's mkdir and its chown, a user who may write the parent puts another
+    directory at the name: it keeps its owner and mode, and the call says what happened."""
+    from cortexfs.shared import tree
+
+    victims = tmp_path / "victims"
+    victims.mkdir()
+    theirs = victims / "private"
+    theirs.mkdir(mode=0o700)
+    os.chown(theirs, 4242, 4242)
+    (theirs / "notes").write_text("mine\n")
+    made = durable.make_dir_synced
+
+    def swapped(ops: durable.FsOps, dir_fd: int, name: str, mode: int) -> bool:
+        created = made(ops, dir_fd, name, mode)
+        os.rmdir(name, dir_fd=dir_fd)
+        os.rename(theirs, os.path.join(f"/proc/self/fd/{dir_fd}", name))
+        return created
+
+    monkeypatch.setattr(durable, "make_dir_synced", swapped)
+    with pytest.raises(CtxError) as refused:
+        tree.ensure_directories(
+            durable.default_ops(), tmp_path, ["session"], mode=0o750, owner=Ownership(1, 1)
+        )
+
+    assert refused.value.errno == errno.EEXIST and "was replaced" in str(refused.value)
+    status = os.stat(tmp_path / "session")
+    assert (status.st_uid, status.st_gid, status.st_mode & 0o7777) == (4242, 4242, 0o700)
