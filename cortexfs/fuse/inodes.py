@@ -10,7 +10,9 @@ seen one is used, and removing one name leaves the others.
 
 A name leads to one inode only: seeing it lead to another (the file was replaced outside the
 mount) takes it from the first.  Names changed outside the mount are found again at the next
-lookup, as before; until then an operation on the old name fails with ``ENOENT``.
+lookup, as before; until then an operation on the inode by its old name fails with ``ESTALE``
+(or ``ENOENT`` when nothing has the name), since the mount checks that the name still leads
+to the inode before it acts (``StorageFS._still``).
 
 The kernel counts the entries it was given for an inode (each lookup, create, mkdir, link and
 ``readdirplus`` entry adds one) and gives them back with ``forget`` when it evicts the inode.

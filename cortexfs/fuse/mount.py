@@ -100,11 +100,28 @@ class StorageFS(pyfuse3.Operations):
         except KeyError:
             raise pyfuse3.FUSEError(errno.ESTALE) from None
 
+    def _still(self, inode: int) -> tuple[str, ...]:
+        """The name ``inode`` is known by, once checked to lead to it still: ESTALE when
+        another file has taken that name (renamed there outside the mount, by someone who
+        may write the directory).  The daemon acts as root, so acting on whatever now has
+        the name would act on that other file for the caller: read it, write it, chmod it."""
+        parts = self._parts_of(inode)
+        if parts and self._lstat(parts).st_ino != inode:
+            raise pyfuse3.FUSEError(errno.ESTALE)
+        return parts
+
+    def _holding(self, fd: int, inode: int, parts: Sequence[str]) -> int:
+        """``fd``, opened by ``parts``, if it holds ``inode``; else closed, and ESTALE."""
+        if parts and os.fstat(fd).st_ino != inode:
+            os.close(fd)
+            raise pyfuse3.FUSEError(errno.ESTALE)
+        return fd
+
     def _child(self, parent: int, name: bytes) -> tuple[str, ...]:
         text = os.fsdecode(name)
         if text in (".", "..") or "/" in text:
             raise pyfuse3.FUSEError(errno.EINVAL)
-        parts = (*self._parts_of(parent), text)
+        parts = (*self._still(parent), text)
         if not self.projection.visible(parts):
             raise pyfuse3.FUSEError(errno.ENOENT)
         return parts
@@ -161,19 +178,22 @@ class StorageFS(pyfuse3.Operations):
             self._names.forget(inode, count)
 
     async def readlink(self, inode, ctx):  # type: ignore[no-untyped-def]
-        parts = self._parts_of(inode)
+        parts = self._still(inode)
         with self._parent(parts) as parent:
             return os.fsencode(_call(os.readlink, parts[-1], dir_fd=parent))
 
     async def opendir(self, inode, ctx):  # type: ignore[no-untyped-def]
-        if not stat.S_ISDIR(self._lstat(self._parts_of(inode)).st_mode):
+        if not stat.S_ISDIR(self._lstat(self._still(inode)).st_mode):
             raise pyfuse3.FUSEError(errno.ENOTDIR)
         return inode
 
     async def readdir(self, fh, start_id, token):  # type: ignore[no-untyped-def]
         parts = self._parts_of(fh)
-        with self._opened(parts, _LIST) as directory:
+        directory = self._holding(self._open(parts, _LIST), fh, parts)
+        try:
             names = [".", "..", *sorted(_call(os.listdir, directory))]
+        finally:
+            os.close(directory)
         for index, name in enumerate(names[start_id:], start=start_id):
             if name in (".", ".."):  # the kernel holds no entry for either: not remembered
                 itself = self._attributes(parts if name == "." else parts[:-1])
@@ -205,7 +225,8 @@ class StorageFS(pyfuse3.Operations):
             return self._opened_file(inode, reopened, parts)
         if flags & _WRITING:
             self._writable(parts)
-        return self._opened_file(inode, self._open(parts, flags & ~os.O_CREAT), parts)
+        opened = self._holding(self._open(parts, flags & ~os.O_CREAT), inode, parts)
+        return self._opened_file(inode, opened, parts)
 
     async def read(self, fh, off, size):  # type: ignore[no-untyped-def]
         return _call(os.pread, fh, size, off)
@@ -293,7 +314,7 @@ class StorageFS(pyfuse3.Operations):
         """A second name for a file (the queue's no-replace move, Q-1, N-1): both the file and
         the directory the name is made in must be writable in this view, as for a rename —
         a name in a writable place must not open a file of a read-only one to writes."""
-        source = self._parts_of(inode)
+        source = self._still(inode)
         if not self.projection.visible(source):
             raise pyfuse3.FUSEError(errno.ENOENT)
         self._writable(source)
@@ -315,16 +336,23 @@ class StorageFS(pyfuse3.Operations):
         except pyfuse3.FUSEError:
             return self._set_by_descriptor(inode, attr, fields, fh)
         self._writable(parts)
+        parts = self._still(inode)
         if fields.update_size:
             if fh is not None:
                 _call(os.truncate, fh, attr.st_size)
             else:
-                with self._opened(parts, os.O_WRONLY | os.O_NONBLOCK) as file:
+                file = self._holding(self._open(parts, os.O_WRONLY | os.O_NONBLOCK), inode, parts)
+                try:
                     _call(os.truncate, file, attr.st_size)
+                finally:
+                    os.close(file)
         if fields.update_mode:
             # chmod has no "do not follow" on Linux: change the inode the descriptor holds.
-            with self._opened(parts, os.O_PATH) as handle:
+            handle = self._holding(self._open(parts, os.O_PATH), inode, parts)
+            try:
                 _call(os.chmod, f"/proc/self/fd/{handle}", stat.S_IMODE(attr.st_mode))
+            finally:
+                os.close(handle)
         with self._parent(parts) as parent:
             if fields.update_uid or fields.update_gid:
                 uid, gid = _owner_asked(attr, fields)
@@ -357,7 +385,7 @@ class StorageFS(pyfuse3.Operations):
         self, parent: int, name: bytes, *, existing_ok: bool = False
     ) -> tuple[str, ...]:
         text = os.fsdecode(name)
-        parts = (*self._parts_of(parent), text)
+        parts = (*self._still(parent), text)
         if text in (".", "..") or "/" in text or not self.projection.visible(parts):
             raise pyfuse3.FUSEError(errno.EACCES)
         self._writable(parts)

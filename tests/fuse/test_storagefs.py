@@ -126,3 +126,40 @@ def test_an_inode_the_kernel_forgets_is_forgotten(fs: tuple[StorageFS, Path]) ->
         run(storage.getattr, d)
     assert stale.value.errno == errno.ESTALE
     assert run(storage.lookup, zero, b"d").st_ino == d  # a new lookup finds it again
+
+
+def test_a_file_renamed_onto_a_known_name_is_not_acted_on_for_its_old_inode(
+    fs: tuple[StorageFS, Path],
+) -> None:
+    """The kernel keeps an inode it looked up; a file renamed onto that name outside the
+    mount (by anyone who may write the directory) is another file, which the daemon — root
+    for every viewer — must neither read, write, chmod nor list for the old inode."""
+    storage, tmp_path = fs
+    d = tmp_path / "storage" / "home" / "0" / "d"
+    mine = looked_up(storage, "home", "0", "d", "mine")
+    theirs = d / "theirs"
+    theirs.write_text("somebody else's\n")
+    theirs.chmod(0o600)
+    os.rename(theirs, d / "mine")  # outside the mount: the daemon's name now leads elsewhere
+    (d / "sub").mkdir()
+    sub = looked_up(storage, "home", "0", "d", "sub")
+    (d / "other").mkdir()
+    (d / "other" / "private-name").write_text("")
+    (d / "sub").rmdir()
+    os.rename(d / "other", d / "sub")
+
+    wanted = pyfuse3.EntryAttributes()
+    wanted.st_mode = 0o100666
+    calls = [
+        lambda: run(storage.open, mine, os.O_RDONLY, Caller()),
+        lambda: run(storage.setattr, mine, wanted, Fields(update_mode=True), None, Caller()),
+        lambda: run(storage.lookup, sub, b"private-name"),
+        lambda: run(storage.opendir, sub, Caller()),
+        lambda: run(storage.unlink, sub, b"private-name", Caller()),
+    ]
+    for call in calls:
+        with pytest.raises(pyfuse3.FUSEError) as stale:
+            call()
+        assert stale.value.errno == errno.ESTALE
+    assert (d / "mine").stat().st_mode & 0o777 == 0o600
+    assert (d / "sub" / "private-name").exists()
