@@ -261,7 +261,9 @@ class StorageFS(pyfuse3.Operations):
 
     async def create(self, parent_inode, name, mode, flags, ctx):  # type: ignore[no-untyped-def]
         parts = self._child_to_make(parent_inode, name)
-        fd = self._open(parts, flags | os.O_CREAT, mode)
+        # O_EXCL: a file put at the name since the check above is never opened, let alone
+        # given to the caller by _give.
+        fd = self._open(parts, flags | os.O_CREAT | os.O_EXCL, mode)
         self._give(fd, ctx, parts)
         attributes = self._entry(parts)
         return self._opened_file(attributes.st_ino, fd, parts), attributes
@@ -271,6 +273,10 @@ class StorageFS(pyfuse3.Operations):
         with self._parent(parts) as parent:
             _call(os.mkdir, parts[-1], mode, dir_fd=parent)
         with self._opened(parts, _LIST) as directory:
+            made = os.fstat(directory)
+            if made.st_uid != os.geteuid() or made.st_nlink != 2 or os.listdir(directory):
+                # Another directory put at the name between the mkdir and the open.
+                raise pyfuse3.FUSEError(errno.EEXIST)
             self._give(directory, ctx, parts)
         return self._entry(parts)
 
