@@ -145,14 +145,14 @@ class EventLog:
         if not _ends_torn(self._fd):
             return
         try:
-            _truncate_torn_line(self._ops, self._fd)
+            _truncate_torn_line(self._ops, self._fd, self.path)
         finally:
             fcntl.flock(self._fd, fcntl.LOCK_UN)
 
     def append(self, event: Mapping[str, Any], *, durable_event: bool = False) -> None:
         """Append one event as one line; with ``durable_event`` it is on disk when this returns."""
         line = encode_event(event)
-        fcntl.flock(self._fd, fcntl.LOCK_SH)
+        _lock(self._fd, fcntl.LOCK_SH, self.path)
         try:
             self._ops.write(self._fd, line)
             if durable_event:
@@ -304,7 +304,7 @@ def repair(path: Path, ops: durable.FsOps | None = None, *, dir_fd: int | None =
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise invalid(f"{path} is not a regular file")
-        return _truncate_torn_line(ops, fd)
+        return _truncate_torn_line(ops, fd, path)
     finally:
         ops.close(fd)
 
@@ -316,11 +316,36 @@ def _open_file(path: Path, access: int, dir_fd: int | None) -> int:
     return os.open(path.name, flags, dir_fd=dir_fd)
 
 
-def _truncate_torn_line(ops: durable.FsOps, fd: int) -> int:
+LOCK_WAIT_SECONDS = 10.0  # an append holds its lock for one write and fsync, never longer
+
+
+def _lock(fd: int, kind: int, path: Path | None) -> None:
+    """``flock(fd, kind)``, waiting at most :data:`LOCK_WAIT_SECONDS`: a process that keeps a
+    log locked (anyone who may open it may lock it) must not hold a tool call, a worker or
+    ``ctx session repair`` forever.  EAGAIN, saying so, when the wait runs out."""
+    deadline = time.monotonic() + LOCK_WAIT_SECONDS
+    pause = 0.001
+    while True:
+        try:
+            fcntl.flock(fd, kind | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise CtxError(
+                    errno.EAGAIN,
+                    f"{path or 'the event log'} stayed locked by another process for "
+                    f"{LOCK_WAIT_SECONDS:g} s; an append or repair takes milliseconds, so "
+                    "something keeps it locked: find it with 'fuser' and end it",
+                ) from None
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)
+
+
+def _truncate_torn_line(ops: durable.FsOps, fd: int, path: Path | None = None) -> int:
     """Take the exclusive lock (held on return; closing or unlocking ``fd`` releases it),
     which waits for every append in flight, then cut a torn last line durably.  The number
     of bytes removed (0: nothing torn)."""
-    fcntl.flock(fd, fcntl.LOCK_EX)
+    _lock(fd, fcntl.LOCK_EX, path)
     size = os.fstat(fd).st_size
     keep = _end_of_last_line(fd, size)
     if keep == size:

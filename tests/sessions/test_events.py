@@ -317,3 +317,31 @@ def test_a_directory_swapped_in_while_it_is_made_is_not_given_away(
     assert refused.value.errno == errno.EEXIST and "was replaced" in str(refused.value)
     status = os.stat(tmp_path / "session")
     assert (status.st_uid, status.st_gid, status.st_mode & 0o7777) == (4242, 4242, 0o700)
+
+
+def test_a_log_kept_locked_by_another_process_is_waited_on_for_a_bounded_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Anyone who may open a log may lock it; a call appending to it must not hang forever."""
+    from cortexfs.shared import events
+
+    monkeypatch.setattr(events, "LOCK_WAIT_SECONDS", 0.3)
+    path = tmp_path / "events.jsonl"
+    path.write_text("")
+    holder = os.open(path, os.O_RDONLY)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    event = make_event("note", agent="a", session="s", object="tool/x", status="ok")
+    try:
+        with EventLog(path) as log:
+            started = time.monotonic()
+            with pytest.raises(CtxError) as waited:
+                log.append(event)
+            assert 0.3 <= time.monotonic() - started < 5
+            assert waited.value.errno == errno.EAGAIN and "stayed locked" in str(waited.value)
+        with pytest.raises(CtxError):
+            repair(path)
+    finally:
+        os.close(holder)
+    with EventLog(path) as log:
+        log.append(event)  # the lock gone, appends go on
+    assert len(read_events(path).events) == 1
