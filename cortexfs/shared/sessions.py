@@ -27,8 +27,8 @@ from cortexfs.shared.events import EVENTS_FILE, EventLog, make_event
 from cortexfs.shared.tree import Ownership, ensure_directories, ensure_home, open_beneath
 
 DEFAULT_SESSION = "default"
-HOME_SESSION_MODE = 0o750
-HOME_EVENTS_MODE = 0o640
+HOME_SESSION_MODE = 0o700  # the agent's own: agents sharing a group read none of it
+HOME_EVENTS_MODE = 0o600
 SHARED_MODE = 0o2770
 SHARED_EVENTS_MODE = 0o660
 

@@ -31,8 +31,8 @@ def test_a_home_session_belongs_to_the_agents_user(world: World) -> None:
     for path in (ref.path, ref.events_path, world.root / "home" / str(world.user.uid)):
         status = os.stat(path)
         assert (status.st_uid, status.st_gid) == (world.user.uid, world.user.gid), path
-    assert stat.S_IMODE(os.stat(ref.path).st_mode) == 0o750
-    assert stat.S_IMODE(os.stat(ref.events_path).st_mode) == 0o640
+    assert stat.S_IMODE(os.stat(ref.path).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(ref.events_path).st_mode) == 0o600
     assert ref.relative.as_posix() == f"home/{world.user.uid}/agent/coder/session/review"
     assert list_sessions(ref.path.parent, root=ref.root) == ["review"]
 
