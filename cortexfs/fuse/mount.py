@@ -273,9 +273,8 @@ class StorageFS(pyfuse3.Operations):
         with self._parent(parts) as parent:
             _call(os.mkdir, parts[-1], mode, dir_fd=parent)
         with self._opened(parts, _LIST) as directory:
-            made = os.fstat(directory)
-            if made.st_uid != os.geteuid() or made.st_nlink != 2 or os.listdir(directory):
-                # Another directory put at the name between the mkdir and the open.
+            if os.fstat(directory).st_uid != os.geteuid():
+                # Another directory, someone else's, put at the name since the mkdir.
                 raise pyfuse3.FUSEError(errno.EEXIST)
             self._give(directory, ctx, parts)
         return self._entry(parts)

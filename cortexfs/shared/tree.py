@@ -81,11 +81,13 @@ def open_beneath(ops: durable.FsOps, top: Path, parts: Sequence[str]) -> int:
 
 
 def _require_made_here(ops: durable.FsOps, fd: int, path: Path) -> None:
-    """EEXIST unless ``fd`` is the directory this process has just made: its own and empty.
-    Between the mkdir and the open, a user who may write the parent can put another directory
-    at the name (theirs, or one they moved there), which must not be given away or chmodded."""
+    """EEXIST unless ``fd`` is still this process's own directory, as the one it has just made
+    is.  Between the mkdir and the open, a user who may write the parent can put another
+    directory at the name (theirs), which must not be given away or chmodded.  (Its entries
+    are no sign: another process making the same path may already be making the next level
+    in it.)"""
     status = os.fstat(fd)
-    if status.st_uid != os.geteuid() or status.st_nlink != 2 or os.listdir(fd):
+    if status.st_uid != os.geteuid():
         ops.close(fd)
         raise CtxError(
             errno.EEXIST,
