@@ -163,6 +163,8 @@ def open_session(
         _create_session_directories(ref, mode, owner, ops)
         dir_fd = open_beneath(ops, ref.root, ref.relative.parts)
     try:
+        if ref.space is not None and owner is not None:
+            _require_agents_own(ref, owner.uid)
         log = EventLog(ref.events_path, mode=events_mode, owner=owner, ops=ops, dir_fd=dir_fd)
     finally:
         ops.close(dir_fd)
@@ -178,6 +180,25 @@ def open_session_directory(ref: SessionRef, ops: durable.FsOps | None = None) ->
     link or not a directory.
     """
     return open_beneath(ops or durable.default_ops(), ref.root, ref.relative.parts)
+
+
+def _require_agents_own(ref: SessionRef, uid: int) -> None:
+    """EACCES unless ``shared/<space>/agent/<agent>/`` and what leads from it to the session
+    belong to the agent (or to root, who made them): any member of the space may make
+    directories in its ``agent/``, so one may have made another agent's before that agent
+    first recorded there, to read and rewrite what it records."""
+    parts = ref.relative.parts
+    for depth in range(4, len(parts) + 1):  # shared/<space>/agent/<agent>, then below
+        where = ref.root.joinpath(*parts[:depth])
+        status = os.lstat(where)
+        if status.st_uid not in (uid, 0):
+            raise CtxError(
+                errno.EACCES,
+                f"{where} belongs to uid {status.st_uid}, not to agent {ref.agent!r} (uid "
+                f"{uid}): another member of space {ref.space!r} made it; the host "
+                "administrator removes it after reading what it holds, and the agent's next "
+                "call makes its own",
+            )
 
 
 def _create_session_directories(

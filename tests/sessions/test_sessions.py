@@ -52,6 +52,25 @@ def test_a_shared_session_is_group_shared_and_needs_its_space(world: World) -> N
     assert stat.S_IMODE(os.stat(ref.events_path).st_mode) == 0o660
 
 
+def test_an_agents_place_in_a_space_made_by_another_member_is_refused(world: World) -> None:
+    """Any member may make directories in a space's agent/: one made for another agent, before
+    that agent first records there, would let its maker read and rewrite what it records."""
+    create_shared_space(world.root, "proj", gid=world.user.gid)
+    squatted = world.root / "shared" / "proj" / "agent" / "coder"
+    squatted.mkdir()
+    os.chown(squatted, 4321, world.user.gid)  # another member's uid
+    ref = SessionRef.shared(world.root, "proj", "coder", "design")
+
+    with pytest.raises(CtxError) as refused:
+        open_session(ref, owner=Ownership(world.user.uid, world.user.gid))
+
+    assert refused.value.errno == errno.EACCES and "belongs to uid 4321" in refused.value.message
+    assert not ref.events_path.exists()
+    os.chown(squatted, world.user.uid, -1)  # the agent's own: recorded there
+    with open_session(ref, owner=Ownership(world.user.uid, world.user.gid)) as session:
+        session.record("note", object="shared/proj", status="ok")
+
+
 @pytest.mark.parametrize("bad", [{"agent": "../x"}, {"name": "a/b"}, {"name": "ok.d"}])
 def test_session_names_follow_r3(world: World, bad: dict[str, str]) -> None:
     fields = {"agent": "coder", "name": "default", **bad}
