@@ -397,6 +397,14 @@ def claim(
             won = protocol.claim(q, holder, ttl, unreadable=unreadable)
             if won is not None:
                 _acknowledge_claim(won, as_json)
+    if won is not None and pid is not None and holder.start_time is None:
+        # Taken as named (scripts use a gone pid to hand a job straight to recover), but a
+        # mistyped --pid would otherwise make a lease that lasts until the next recover.
+        click.echo(
+            f"ctx: note: pid {pid} is not running here, so its lease is already gone: "
+            f"'ctx queue recover' requeues {won.job}",
+            err=True,
+        )
     if won is None:
         if unreadable:  # pending, as status counts them, yet nothing this uid can claim
             click.echo(

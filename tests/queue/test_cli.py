@@ -239,12 +239,16 @@ def test_claim_for_a_pid_that_does_not_exist_builds_a_dead_holder(
     root: Path, req: Path, pid: str
 ) -> None:
     """§2.4 puts no restriction on --pid: the lease names that pid, with no start time, and
-    recover finds its holder gone."""
+    recover finds its holder gone.  A note on stderr says so, in case the pid was mistyped."""
     pid = str(dead_pid()) if pid == "dead" else pid
     assert not Path(f"/proc/{pid}").exists()
     ctx(root, "queue", "publish", *P, "--name", "d", str(req))
     done = ctx(root, "queue", "claim", *P, "--pid", pid)
-    assert (done.returncode, done.stdout, done.stderr) == (0, "d.req.json\n", "")
+    assert (done.returncode, done.stdout) == (0, "d.req.json\n")
+    assert done.stderr == (
+        f"ctx: note: pid {pid} is not running here, so its lease is already gone: "
+        "'ctx queue recover' requeues d.req.json\n"
+    )
     lease = json.loads((qdir(root) / "lease" / "d.req.json" / "worker").read_text())
     assert lease["pid"] == int(pid) and lease["create_time"] is None
     recovered = ctx(root, "queue", "recover", *P)
