@@ -317,6 +317,14 @@ class HintFile:
                 return None, False
             return self._list(pending_fd), True
 
+    def relist(self, pending_fd: int) -> None:
+        """List pending/ into the file anew, if there is a file (a user who never claimed has
+        none, and gets none)."""
+        with self._locked():
+            stamp = pending_stamp(pending_fd)  # before: a change during the listing shows later
+            names = scan_pending(pending_fd)
+            self._write(names, stamp, handed_out=0, served=0, listed=len(names))
+
     def _pop(self, fd: int, header: _Header) -> str | None:
         chunk = os.pread(fd, _READ, header.cursor)
         end = chunk.find(b"\n")
@@ -411,6 +419,19 @@ def note_changed(
     nothing but a listing."""
     with contextlib.suppress(OSError):
         HintFile.of(queue_path).changed(before, after, added, first=first)
+
+
+def relist_after_recover(queue: Queue) -> None:
+    """Put every pending job back in this user's hint, oldest first.
+
+    A claim takes a name off the hint before it claims the job; one killed in between (before
+    its ``mkdir claimed/J``, or after it, its claim then undone by ``recover --reconcile``)
+    leaves the job pending but no longer in the hint, behind every job published since.
+    Recover is what is run after a crash, and it lists pending/ anyway; the hint's listing
+    costs one ``lstat`` per pending job more, once per recover, never per claim.
+    """
+    with contextlib.suppress(OSError):
+        HintFile.of(queue.path).relist(queue.pending)
 
 
 def start_hint(queue_path: Path) -> None:

@@ -33,7 +33,7 @@ from cortexfs import durable
 from cortexfs.errors import CtxError
 from cortexfs.interrupts import held_interrupts
 from cortexfs.queue import evidence as ev
-from cortexfs.queue.claim_order import pending_changed, pending_stamp
+from cortexfs.queue.claim_order import pending_changed, pending_stamp, relist_after_recover
 from cortexfs.queue.holder import GONE, Verdict, judge
 from cortexfs.queue.layout import (
     LEASE_FILE,
@@ -143,6 +143,8 @@ def recover(
         report.removed_temps.append(f"inbox/{temp.name}")
     if report.removed_temps:
         durable.sync_dir(queue.ops, queue.inbox)
+    if not dry_run:
+        relist_after_recover(queue)
     return report
 
 

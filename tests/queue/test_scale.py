@@ -105,6 +105,42 @@ def test_a_requeued_job_is_handed_out_first_without_a_listing(
     assert claims == [("again.req.json", 0), ("later-1.req.json", 0), ("later-2.req.json", 0)]
 
 
+def test_recover_gives_back_the_turn_of_a_job_whose_claim_was_killed(
+    cache: Path, queue_dir: Path, me: Holder
+) -> None:
+    """Q-9: a claim killed after taking the oldest name off the hint, before it claimed the
+    job, leaves the job pending but out of the hint, behind every newer job.  Recover, run
+    after a crash, lists pending/ into the hint again: the oldest job is claimed first."""
+    with Queue.open(queue_dir) as q:
+        publish(q, request(), name="oldest")
+        publish(q, request(), name="older")
+    with Queue.open(queue_dir) as q:  # the killed claim: the name taken, nothing claimed
+        assert claim_order.HintFile.of(q.path).next_name(q.pending, False) == (
+            "oldest.req.json",
+            False,
+        )
+    with Queue.open(queue_dir) as q:
+        publish(q, request(), name="newer")
+        report = recover(q)
+    assert report.consistent and not report.requeued  # nothing on disk was wrong
+    claims = [one_shot_claim(queue_dir, me) for _ in range(3)]
+    assert claims == [("oldest.req.json", 0), ("older.req.json", 0), ("newer.req.json", 0)]
+
+
+def test_a_dry_run_recover_and_a_user_without_a_hint_leave_the_cache_alone(
+    cache: Path, queue_dir: Path
+) -> None:
+    hint = hint_path(queue_dir)
+    with Queue.open(queue_dir) as q:
+        publish(q, request(), name="waiting")
+        before = hint.read_bytes()
+        recover(q, dry_run=True)
+        assert hint.read_bytes() == before
+        hint.unlink()
+        recover(q)
+    assert not hint.exists()
+
+
 def test_changes_nobody_told_the_hint_about_are_seen_as_often_as_q10_allows(
     cache: Path, tmp_path: Path, me: Holder, monkeypatch: pytest.MonkeyPatch
 ) -> None:
