@@ -39,6 +39,7 @@ from cortexfs.tools.host_programs import find_program
 MAX_OUTPUT_BYTES = 16 * 1024 * 1024
 MAX_STDERR_TAIL = 64 * 1024
 STRAGGLER_GRACE = 1.0
+LONGEST_WAIT = 86_400.0  # seconds the pump sleeps at most before it looks at the deadline again
 _CHUNK = 64 * 1024
 _FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
@@ -214,7 +215,8 @@ class _Pump:
                     return False
                 if deadline is not None and now >= deadline:
                     return True
-                limits = [] if deadline is None else [deadline - now]
+                # epoll takes milliseconds in a C int: a longer wait is taken in turns.
+                limits = [] if deadline is None else [min(deadline - now, LONGEST_WAIT)]
                 if exited_at is not None:
                     limits.append(exited_at + STRAGGLER_GRACE - now)
                 for key, _ in self.selector.select(min(limits) if limits else None):

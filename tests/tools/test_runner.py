@@ -275,6 +275,23 @@ def test_ctx_run_native_refuses_input_readers_would_disagree_on(
     assert reason in refusal["error"]["message"], refusal["error"]["message"]
 
 
+@pytest.mark.parametrize("mode", ["terminal", "native"])
+def test_the_longest_timeout_ctx_run_takes_can_be_waited_for(coder: World, mode: str) -> None:
+    """A year and a day is longer than one epoll wait can be (2**31 ms): waited in turns."""
+    command = [*CTX, "--storage", str(coder.root), "run", "--agent", "coder"]
+    if mode == "native":
+        command += ["--timeout", "31622400", "--native", "whoami"]
+    else:
+        command += ["--timeout", "31622400", "argv", "x"]
+    done = subprocess.run(command, input="{}\n", capture_output=True, text=True)
+
+    assert "Traceback" not in done.stderr and "Overflow" not in done.stdout, done.stdout
+    if mode == "native":
+        assert json.loads(done.stdout.splitlines()[-1])["status"] == "ok", done.stdout
+    else:
+        assert (done.returncode, done.stdout) == (7, "[x]\n{}\n"), done.stderr
+
+
 @pytest.mark.parametrize("timeout", ["1e10", "31622401"])
 def test_ctx_run_refuses_a_timeout_no_timed_wait_can_hold(coder: World, timeout: str) -> None:
     refused = ctx(coder.root, "run", "--agent", "coder", "--timeout", timeout, "argv")
