@@ -2,9 +2,10 @@
 
 The kernel picks exactly one class for a process — owner if its uid owns the entry, else group
 if its gid or a supplementary group owns it, else other — and grants what that class's three
-bits grant; reaching an entry needs search (``x``) on every directory above it.  POSIX ACLs and
-capabilities are not modelled: agents never run as root (step 1 refuses uid 0), and a storage
-root carries no ACLs.
+bits grant; reaching an entry needs search (``x``) on every directory above it; nothing on a
+filesystem mounted ``noexec`` is executed, whatever its mode.  POSIX ACLs and capabilities are
+not modelled: agents never run as root (step 1 refuses uid 0), and a storage root carries no
+ACLs.
 """
 
 from __future__ import annotations
@@ -112,6 +113,11 @@ def check_access(
         return _refused(
             f"{last.shown} needs {rwx(access)} but {mode} grants {rwx(granted)} to {_who(identity)}"
         )
+    if access & EXECUTE and kind is Kind.FILE and _mounted_noexec(top / relative):
+        return _refused(
+            f"{last.shown} is on a filesystem mounted noexec: the kernel executes nothing there, "
+            "whatever its mode (T-5); put the storage root on a filesystem mounted with exec"
+        )
     return PathVerdict(True, 0, f"{last.shown}: {rwx(access)} granted to {_who(identity)} ({mode})")
 
 
@@ -158,6 +164,13 @@ def writable_entries(top: Path, relative: PurePosixPath, identity: Identity) -> 
             continue  # the kernel lets it rename or remove its own names only
         writable.append(entry.shown)
     return writable
+
+
+def _mounted_noexec(path: Path) -> bool:
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_NOEXEC)
+    except OSError:
+        return False  # gone since the walk: the exec itself will say so
 
 
 def _status(entry: Entry) -> os.stat_result:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -173,6 +174,23 @@ def test_an_unsearchable_directory_hides_the_tool(
     add_tool(root, "fs.read", policy=FS_READ_RULE)
     (root / "tool").chmod(0o700)
     assert_denied_at(run_fs_read(root, user), Step.MODE_BITS, errno.EACCES, "search (x) on tool")
+
+
+def test_a_tool_on_a_noexec_filesystem_is_refused_at_step_2(
+    root: Path, coder: Path, user: UnprivilegedUser
+) -> None:
+    """T-5: the mount's noexec is part of the decision; the kernel would refuse the exec."""
+    tool = add_tool(root, "fs.read", policy=FS_READ_RULE)
+    tools = root / "tool"
+    subprocess.run(["mount", "--bind", tools, tools], check=True)
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,noexec", tools], check=True)
+        assert_denied_at(run_fs_read(root, user), Step.MODE_BITS, errno.EACCES, "noexec")
+        with pytest.raises(PermissionError):  # and the kernel refuses it too
+            run_as(user, [str(tool)])
+    finally:
+        subprocess.run(["umount", tools], check=True)
+    assert run_fs_read(root, user).allowed
 
 
 def test_a_missing_tool_is_enoent(root: Path, coder: Path, user: UnprivilegedUser) -> None:
