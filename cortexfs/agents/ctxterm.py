@@ -16,12 +16,27 @@ from pathlib import Path
 
 from cortexfs.agents.host import require_host_administrator
 from cortexfs.agents.terminal import Terminal
+from cortexfs.libc import libc
+
+
+PROCESS_NAME = b"ctxterm"
+_PR_SET_NAME = 15
+
+
+def take_the_name() -> None:
+    """Call this process ``ctxterm`` (its ``comm``, what ps, top and ``pgrep -x`` show): the
+    process that owns an agent's PTY is ctxterm (A-1), whether ``ctx agent start`` forked it
+    or ``bin/ctxterm`` runs it in the foreground."""
+    import ctypes
+
+    libc().prctl(_PR_SET_NAME, ctypes.c_char_p(PROCESS_NAME), 0, 0, 0)
 
 
 def start_terminal(root: Path, agent: str, session: str, workspace: Path | None) -> Terminal:
     """The checks and the start of ``ctx agent start``, in this process: a terminal that
     listens and runs tsh, with its pid recorded for ``ctx agent stop``."""
     require_host_administrator(root, "start an agent")
+    take_the_name()
     terminal = Terminal(root, agent, session, workspace)
     terminal.prepare()
     try:

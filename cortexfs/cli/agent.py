@@ -491,6 +491,8 @@ def _terminal_of(root: Path, name: str, session: str) -> tuple[AgentView, str]:
 
 def _daemonize(terminal: Terminal) -> None:
     """Leave ``terminal`` running in a process of its own; return once it listens."""
+    from cortexfs.agents.ctxterm import take_the_name
+
     ready_read, ready_write = os.pipe()
     child = os.fork()
     if child == 0:
@@ -498,6 +500,7 @@ def _daemonize(terminal: Terminal) -> None:
         os.setsid()
         if os.fork() != 0:
             os._exit(0)
+        take_the_name()
         devnull = os.open(os.devnull, os.O_RDWR)
         for fd in (0, 1, 2):
             os.dup2(devnull, fd)

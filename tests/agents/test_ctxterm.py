@@ -46,6 +46,7 @@ def test_ctxterm_serves_the_terminal_in_the_foreground_until_tsh_exits(world: Wo
     process, facts = start_ctxterm(world, session)
     try:
         assert facts["pid"] == process.pid, "the terminal is served by ctxterm itself"
+        assert Path(f"/proc/{process.pid}/comm").read_text() == "ctxterm\n"
         client = Client(str(facts["listening_at"]), "attach")
         client.expect(r"coder\$ ")
         client.type("fs.stat /workspace")

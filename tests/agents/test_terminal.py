@@ -235,6 +235,9 @@ def test_the_last_terminal_of_an_agent_to_end_removes_the_agents_run_directory(
 
 
 def test_stop_ends_a_running_terminal(world: World, terminal: dict[str, str]) -> None:
+    pid = int(Path(terminal["listening_at"]).parent.joinpath("pid").read_text())
+    # the process that owns the PTY is ctxterm, as ps and pgrep -x name it.
+    assert Path(f"/proc/{pid}/comm").read_text() == "ctxterm\n"
     stopped = ctx(world.root, "agent", "stop", "coder", "--session", terminal["session"])
 
     assert stopped.returncode == 0, stopped.stderr
