@@ -18,7 +18,6 @@ from cortexfs.agents.host import require_host_administrator
 from cortexfs.agents.terminal import Terminal
 from cortexfs.libc import libc
 
-
 PROCESS_NAME = b"ctxterm"
 _PR_SET_NAME = 15
 
