@@ -94,3 +94,24 @@ def read_file(top: Path, relative: PurePosixPath) -> bytes:
         if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
             raise OSError(22, "not a regular file", str(relative))
         return handle.read()
+
+
+def list_directory(top: Path, relative: PurePosixPath) -> list[str] | None:
+    """The names in the directory ``top/relative``, reached without following links; None
+    when it is missing, a link, or not a directory on the way."""
+    try:
+        fd = os.open(top, _PLACE_FLAGS | os.O_DIRECTORY)
+    except OSError:
+        return None
+    try:
+        for name in relative.parts:
+            inner = os.open(
+                name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd
+            )
+            os.close(fd)
+            fd = inner
+        return os.listdir(fd)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)

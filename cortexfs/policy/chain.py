@@ -20,9 +20,10 @@
    by the agent through a read-write mount.
 5. **object policy** — the agent's policy allows ``<label> <class>:<name> <perm>``.
 6. **tool/model policy** — a tool's or model's own policy allows the same rule: the second
-   layer of P-6.  Other classes have no policy of their own.  That policy file, and a tool's
-   executable, are held to step 4's rule: nobody but the host may change them (the agent's
-   own uid may own an executable it runs).
+   layer of P-6.  Other classes have no policy of their own.  That policy file, a tool's
+   executable and its hooks are held to step 4's rule: nobody but the host may change them
+   (the agent's own uid may own an executable or a post-hook it runs, not a pre-hook, which
+   guards its calls).
 
 A request names an agent, an object and a permission, nothing more: the label and every rule
 come from host-owned files, so a prompt or a model's output has no way in (P-6).  Every step
@@ -48,7 +49,7 @@ from typing import NamedTuple
 from cortexfs.errors import CtxError, denied, not_found
 from cortexfs.names import check_object_name
 from cortexfs.policy import controls
-from cortexfs.policy.beneath import Entry, walk
+from cortexfs.policy.beneath import Entry, list_directory, lstat, walk
 from cortexfs.policy.decision import Policy
 from cortexfs.policy.grammar import Rule, check_object
 from cortexfs.policy.linux import WRITE, Credentials, Identity, Kind, check_access, writable_entries
@@ -480,7 +481,26 @@ class _Evaluation:
         self.facts.require_host_owned(self.site.own_policy)
         if self.object_class == "tool":
             self.facts.require_strict_modes(self.site.path, runs_as_agent=True)
+            self._require_host_owned_hooks(self.site.own_policy.parent / "hooks")
         return self._allowed_by(self.site.own_policy)
+
+    def _require_host_owned_hooks(self, hooks: PurePosixPath) -> None:
+        """Hooks run under the agent's identity, and a pre-hook guards the tool's calls (T-6):
+        each hook directory, and each hook in it, is held to StrictModes as the tool's policy
+        is.  A post-hook only runs code as the agent, so the agent's own uid may own it, as it
+        may own an executable it runs; a pre-hook it could rewrite would be no guard."""
+        for phase, runs_as_agent in (("pre.d", False), ("post.d", True)):
+            directory = hooks / phase
+            names = list_directory(self.root, directory)
+            if names is None:
+                continue  # missing or linked: the runner refuses the damaged tool
+            self.facts.require_strict_modes(directory)
+            for name in sorted(names):
+                status = lstat(self.root, directory / name)
+                if name.startswith(".") or status is None or not stat.S_ISREG(status.st_mode):
+                    continue  # not run as a hook (a link or special file vetoes the call)
+                if status.st_mode & 0o111:
+                    self.facts.require_strict_modes(directory / name, runs_as_agent=runs_as_agent)
 
     @property
     def identity(self) -> Identity:

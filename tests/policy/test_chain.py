@@ -351,6 +351,52 @@ def test_a_tool_policy_the_agent_could_rewrite_grants_nothing(
     )
 
 
+@pytest.mark.parametrize("phase", ["pre.d", "post.d"])
+@pytest.mark.parametrize(
+    ("what", "reason"),
+    [
+        ("world-writable hook", "is writable by its group or by others (mode 0777)"),
+        ("hook of another uid", "belongs to uid 65534"),
+        ("world-writable directory", "is writable by its group or by others (mode 0777)"),
+    ],
+)
+def test_a_hook_someone_else_could_rewrite_denies_at_step_6(
+    root: Path, coder: Path, user: UnprivilegedUser, phase: str, what: str, reason: str
+) -> None:
+    """T-6: hooks run as the agent and a pre-hook is its calls' guard: held to the rule of
+    the tool's policy and executable, not run as whatever someone put there."""
+    add_tool(root, "fs.read", policy=FS_READ_RULE)
+    directory = root / "tool" / "fs.read.d" / "hooks" / phase
+    hook = write(directory / "10-check", "#!/bin/sh\nexit 0\n", 0o755)
+    for place in (directory.parent, directory):
+        place.chmod(0o755)
+    assert run_fs_read(root, user).allowed
+    if what == "world-writable hook":
+        hook.chmod(0o777)
+    elif what == "hook of another uid":
+        os.chown(hook, 65534, 65534)
+    else:
+        directory.chmod(0o777)
+    assert_denied_at(run_fs_read(root, user), Step.OWN_POLICY, errno.EACCES, phase, reason)
+
+
+def test_the_agent_may_own_a_post_hook_but_not_a_pre_hook(
+    root: Path, coder: Path, user: UnprivilegedUser
+) -> None:
+    add_tool(root, "fs.read", policy=FS_READ_RULE)
+    hooks = root / "tool" / "fs.read.d" / "hooks"
+    for phase in ("pre.d", "post.d"):
+        hook = write(hooks / phase / "10-mine", "#!/bin/sh\nexit 0\n", 0o755)
+        os.chown(hook, user.uid, user.gid)
+        (hooks / phase).chmod(0o755)
+    hooks.chmod(0o755)
+    assert_denied_at(
+        run_fs_read(root, user), Step.OWN_POLICY, errno.EACCES, "pre.d/10-mine", "the agent's own"
+    )
+    (hooks / "pre.d" / "10-mine").unlink()
+    assert run_fs_read(root, user).allowed
+
+
 # The decision itself.
 
 
