@@ -30,6 +30,9 @@ from cortexfs.tools.result import ToolError
 from cortexfs.tools.runner import run_native
 from cortexfs.worker.loop import JobControl, Outcome, failure, reason_of
 
+# Queue transitions (S-5): durable in the session before they are reported or acted on.
+DURABLE_TRANSITIONS = frozenset({"queue.claim", "queue.finish"})
+
 
 class ToolExecutor:
     """Run each job's tool as ``agent``, recording the job in the agent's session."""
@@ -53,15 +56,16 @@ class ToolExecutor:
     def record(self, event: str, job: str, status: str, **facts: Any) -> None:
         """A queue transition in the worker's session.
 
-        Only ``queue.finish`` is fsynced (S-5): one fsync of the file also makes the job's
-        earlier ``queue.claim`` and ``queue.start`` lines durable, and until the finish those
-        two only repeat what the claim and lease already hold durably in the queue.
+        The transitions, ``queue.claim`` and ``queue.finish``, are fsynced before the worker
+        reports them or acts on them (S-5): the claim before the job is announced and its tool
+        started, the finish before the job is reported done.  ``queue.start`` is no transition;
+        the fsync of the ``tool_result`` after it makes it durable too.
         """
         self.session.record(
             event,
             object=f"queue/{job}",
             status=status,
-            durable_event=event == "queue.finish",
+            durable_event=event in DURABLE_TRANSITIONS,
             **facts,
         )
 

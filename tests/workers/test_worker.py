@@ -5,8 +5,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
+import subprocess
+import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -84,6 +88,46 @@ def test_the_worker_session_records_claim_start_finish_and_the_tool_calls(farm: 
     assert ("tool_call", "tool/fs.stat") in kinds and ("tool_result", "tool/fs.stat") in kinds
     claim_at = kinds.index(("queue.claim", f"queue/{job}"))
     assert kinds.index(("tool_call", "tool/fs.stat")) > claim_at
+
+
+@pytest.mark.skipif(shutil.which("strace") is None, reason="needs strace")
+def test_the_claim_is_durable_in_the_session_before_it_is_reported_or_run(farm: Farm) -> None:
+    """S-5: queue transitions are fsynced before they are reported (or acted on)."""
+    job = farm.publish("shell.exec", {"cmd": "true"})
+    trace = farm.scratch / "worker.strace"
+    command = [sys.executable, "-m", "cortexfs", "queue", "work", "--project", PROJECT]
+    command += ["--agent", AGENT, "--drain", "--json"]
+    done = subprocess.run(
+        [
+            "strace",
+            "-f",
+            "-qq",
+            "-y",
+            "-s",
+            "200",
+            "-e",
+            "trace=write,fsync,execve",
+            "-o",
+            str(trace),
+            *command,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "CTX_STORAGE": str(farm.root)},
+    )
+    assert done.returncode == 0, done.stderr
+    calls = trace.read_text().splitlines()
+
+    def first(predicate: Callable[[str], bool], after: int = 0) -> int:
+        return next(n for n, line in enumerate(calls) if n >= after and predicate(line))
+
+    recorded = first(lambda line: "events.jsonl>" in line and "queue.claim" in line)
+    synced = first(lambda line: "fsync(" in line and "events.jsonl>" in line, recorded)
+    announced = first(lambda line: "write(1" in line and '\\"claim\\"' in line)
+    started = first(lambda line: "execve(" in line and "shell.exec" in line, recorded)
+    assert recorded < synced < min(announced, started), calls[recorded : announced + 1]
+    assert farm.result(job)[0] == "done"
 
 
 def test_a_denied_tool_fails_with_eacces_and_the_denying_step(farm: Farm) -> None:
