@@ -88,15 +88,18 @@ class EventLog:
         owner: Ownership | None = None,
         ops: durable.FsOps | None = None,
         dir_fd: int | None = None,
+        create: bool = True,
     ) -> None:
-        """Open ``path``; with ``dir_fd`` (which stays the caller's), its name in that directory."""
+        """Open ``path``; with ``dir_fd`` (which stays the caller's), its name in that directory.
+        Without ``create``, a missing log is FileNotFoundError (a tool's log is a control its
+        installation makes, never a call)."""
         self.path = path
         self._ops = ops or durable.default_ops()
         own_dir_fd = dir_fd is None
         if dir_fd is None:
             dir_fd = durable.open_dir_path(self._ops, str(path.parent))
         try:
-            self._fd, created = self._open(path, dir_fd, mode)
+            self._fd, created = self._open(path, dir_fd, mode, create)
             if created:
                 # Only the file this open made is given away and chmodded: one found at the
                 # name may be anybody's, put there by a user who may write the directory.
@@ -110,7 +113,7 @@ class EventLog:
             if own_dir_fd:
                 self._ops.close(dir_fd)
 
-    def _open(self, path: Path, dir_fd: int, mode: int) -> tuple[int, bool]:
+    def _open(self, path: Path, dir_fd: int, mode: int, create: bool) -> tuple[int, bool]:
         """The log's descriptor, and whether this open created the file.  An existing file is
         appended to only when it is a regular file with no other name: a hard link put at the
         name would have the events (and a torn line's truncation) land in another file."""
@@ -118,6 +121,8 @@ class EventLog:
             existing = durable.lstat_at(dir_fd, path.name)
             if existing is not None and not stat.S_ISREG(existing.st_mode):
                 raise invalid(f"{path} is not a regular file; refusing to append to it")
+            if existing is None and not create:
+                raise FileNotFoundError(errno.ENOENT, f"{path} does not exist")
             try:
                 if existing is None:
                     return self._ops.open_append(path.name, dir_fd, mode, create=True), True

@@ -129,6 +129,9 @@ def read_controls(tool: ToolObject) -> ToolControls:
     if not _is_directory(tool.control_dir):
         # Said once for the whole directory, rather than as its first missing control.
         raise damaged(tool, f"its control directory {tool.name}.d/ is missing or not a directory")
+    missing = _missing_controls(tool)
+    if missing:
+        raise damaged(tool, missing[0])
     schema = _read_json(tool, "schema")
     cap = _read_json(tool, "cap")
     if not isinstance(cap, dict):
@@ -170,17 +173,31 @@ def layout_problems(tool: ToolObject) -> list[str]:
             problems.append(f"{tool.name} is not an executable regular file")
     except (FileNotFoundError, NotADirectoryError):
         problems.append(f"{tool.name} is missing")
-    for name in REQUIRED_FILES:
-        if not _is_regular(tool.control(name)):
-            problems.append(f"{tool.name}.d/{name} is missing or not a regular file")
-    for name in HOOK_DIRS:
-        if not _is_directory(tool.control(name)):
-            problems.append(f"{tool.name}.d/{name}/ is missing or not a directory")
+    problems += _missing_controls(tool)
     if not problems:
         try:
             read_controls(tool)
         except CtxError as exc:
             problems.append(exc.message)
+    return problems
+
+
+def _missing_controls(tool: ToolObject) -> list[str]:
+    """The controls of T-1 that are missing or of the wrong kind, and a ``name`` control that
+    names another tool: a call of such a tool is refused as damaged, as ``ctx object list``
+    reports it, never run with what happens to be there."""
+    problems = []
+    for name in REQUIRED_FILES:
+        if not _is_regular(tool.control(name)):
+            problems.append(f"{tool.name}.d/{name} is {_missing_or(tool.control(name), 'file')}")
+    for name in HOOK_DIRS:
+        if not _is_directory(tool.control(name)):
+            kind = _missing_or(tool.control(name), "directory")
+            problems.append(f"{tool.name}.d/{name}/ is {kind}")
+    if not problems:
+        named = read_control(tool, "name") or b""
+        if named.decode("utf-8", "replace").strip() != tool.name:
+            problems.append(f"{tool.name}.d/name names {named.strip()[:64]!r}, not {tool.name}")
     return problems
 
 
@@ -215,6 +232,16 @@ def _parse_program(data: bytes) -> tuple[dict[str, Any] | None, str]:
     if problems:
         return None, f"{problems[0]} (C-2)"
     return program, ""
+
+
+def _missing_or(path: Path, kind: str) -> str:
+    try:
+        linked = stat.S_ISLNK(os.lstat(path).st_mode)
+    except (FileNotFoundError, NotADirectoryError):
+        linked = False
+    if linked:
+        return f"not a {kind} (a symbolic link; links are not followed)"
+    return f"missing or not a {'regular file' if kind == 'file' else kind}"
 
 
 def _is_regular(path: Path) -> bool:

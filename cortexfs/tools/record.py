@@ -116,7 +116,8 @@ def _open_tool_log(root: Path, relative: PurePosixPath) -> EventLog | None:
 
     A user tier belongs to a user who could swap a directory for a link to redirect a write
     made by root: the chain has refused such a call at step 2 already.  A damaged tool may have
-    no control directory at all (ENOEXEC at stage ``resolve``); a log is never created for it.
+    no control directory or no log at all (ENOEXEC at stage ``resolve``); a log is never created
+    for it: the log is a control (T-1) its installation makes.
     """
     ops = durable.default_ops()
     try:
@@ -124,7 +125,7 @@ def _open_tool_log(root: Path, relative: PurePosixPath) -> EventLog | None:
     except (CtxError, OSError):
         return None
     try:
-        return EventLog(root / relative, mode=TOOL_LOG_MODE, ops=ops, dir_fd=dir_fd)
+        return EventLog(root / relative, mode=TOOL_LOG_MODE, ops=ops, dir_fd=dir_fd, create=False)
     except (CtxError, OSError):
         return None
     finally:

@@ -121,7 +121,9 @@ def test_a_linked_hook_directory_makes_the_tool_damaged_and_is_never_followed(
     result = hooked.run("echo", {})
 
     assert (result.error.errno, result.error.stage) == (errno.ENOEXEC, "resolve")
-    assert "hooks/pre.d/ is not a directory (links are not followed)" in result.error.message
+    assert "hooks/pre.d/ is not a directory (a symbolic link; links are not followed)" in (
+        result.error.message
+    )
 
 
 def test_post_hooks_see_the_result_and_cannot_change_it(hooked: World) -> None:

@@ -6,6 +6,7 @@ import errno
 import json
 import multiprocessing
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -518,6 +519,34 @@ def test_a_tool_whose_control_directory_is_missing_is_damaged_everywhere(coder: 
     assert [event["type"] for event in recorded] == ["tool_call", "tool_result"] * 2
     assert {event["errno"] for event in recorded[1::2]} == {"ENOEXEC"}
     assert not (coder.root / "tool/whoami.d").exists(), "no control directory is made up"
+
+
+@pytest.mark.parametrize(
+    "damage",
+    ["description", "name", "log", "hooks/pre.d", "hooks/post.d", "hooks", "another name"],
+)
+def test_a_tool_missing_any_control_of_t1_is_refused_as_object_list_reports_it(
+    coder: World, damage: str
+) -> None:
+    """T-1: every control is part of the tool; a call never runs what is left of one."""
+    controls = coder.root / "tool/whoami.d"
+    if damage == "another name":
+        (controls / "name").write_text("argv\n")
+    elif damage.startswith("hooks"):
+        shutil.rmtree(controls / damage)
+    else:
+        (controls / damage).unlink()
+
+    result = coder.run("whoami", {})
+    listed = ctx(coder.root, "object", "list", "--json")
+
+    assert (result.error.errno, result.error.stage) == (errno.ENOEXEC, "resolve")
+    assert result.exit_status is None, "the tool never ran"
+    shown = {o["name"]: o for o in json.loads(listed.stdout)}["whoami"]
+    assert shown["status"] == "damaged"
+    assert result.error.message.split("is damaged: ")[1].split(";")[0] in shown["problems"]
+    if damage == "log":
+        assert not (controls / "log").exists(), "a missing control is not made up"
 
 
 def test_whatever_fails_after_tool_call_still_records_tool_result(coder: World) -> None:
