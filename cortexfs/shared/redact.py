@@ -76,8 +76,15 @@ _PEM_BLOCK = re.compile(
 )
 _HEADER_LINE = re.compile(r"^(?P<name>[ \t]*[A-Za-z0-9_-]+:)(?P<value>[ \t]*\S[^\r\n]*)", re.M)
 _AUTH_CREDENTIAL = re.compile(r"\b(?P<scheme>bearer|basic)(?P<gap>\s+)[^\s,;\"']+", re.IGNORECASE)
-_SECRET_KEY_SEPARATOR = re.compile(r"""(?P<key>["']?[A-Za-z0-9_.-]+["']?)[ \t]*[:=][ \t]*""")
-_VALUE = re.compile(r"""(?!\[redacted\])(?:"(?:[^"\\]|\\.)*"|'[^']*'|[^\s,;&"'}\])]+)""")
+# A key may be quoted, and its quotes escaped: JSON inside a double-quoted shell word
+# (``curl -d "{\"password\":\"…\"}"``) is written with ``\"``.
+_SECRET_KEY_SEPARATOR = re.compile(
+    r"""(?P<key>\\?["']?[A-Za-z0-9_.-]+\\?["']?)[ \t]*[:=][ \t]*"""
+)
+_VALUE = re.compile(
+    r"""(?!\[redacted\])"""
+    r"""(?:\\"(?:[^\\]|\\[^"])*\\"|"(?:[^"\\]|\\.)*"|'[^']*'|[^\s,;&"'}\])]+)"""
+)
 _ARGV_KEY = re.compile(r"-*[A-Za-z0-9_.]+(?:-[A-Za-z0-9_.]+)*")
 # Tokens that say what they are by a prefix their issuers document, so that they are found
 # in any text, under any key: long enough after the prefix not to take ordinary words.
@@ -316,7 +323,8 @@ def _redact_key_values(text: str) -> str:
         value = _VALUE.match(text, found.end())
         if value is None:
             continue
-        quote = value[0][0] if value[0][0] in "\"'" else ""
+        quote = value[0][:2] if value[0].startswith('\\"') else value[0][0]
+        quote = quote if quote in ('\\"', '"', "'") else ""
         pieces += [text[kept_up_to : found.end()], f"{quote}{REDACTED}{quote}"]
         kept_up_to = position = value.end()
     return "".join(pieces) + text[kept_up_to:]

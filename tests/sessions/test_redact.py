@@ -124,6 +124,16 @@ def test_short_ordinary_text_is_kept_as_it_is(text: str) -> None:
             "key:\n[redacted]\n",
         ),
         ("user: ana, path: /tmp", "user: ana, path: /tmp"),
+        # JSON inside a double-quoted shell word: its quotes are escaped.
+        (
+            'curl -d "{\\"password\\":\\"hunter2\\"}" http://h',
+            'curl -d "{\\"password\\":\\"[redacted]\\"}" http://h',
+        ),
+        ('echo "{\\"token\\": \\"tk88\\"}"', 'echo "{\\"token\\": \\"[redacted]\\"}"'),
+        (
+            '{\\"access_token\\":\\"t5\\",\\"n\\":1}',
+            '{\\"access_token\\":\\"[redacted]\\",\\"n\\":1}',
+        ),
     ],
 )
 def test_secrets_inside_free_text_lose_their_values(text: str, logged: str) -> None:
