@@ -23,9 +23,12 @@ of authorisation):
 ==========================  ==========================================================
 
 Anything deeper is visible when its top object is, with one exception: the sessions of the
-other agents of a space (S-1, S-6).  The root, each top directory but ``bin``, each
-``model/<p>`` and each ``shared/<s>/agent/<a>/session/`` of another agent are the only
-directories whose entries are decided name by name (:meth:`ViewRules.decides_names`):
+other agents of a space, and of the other agents that run as the agent's uid and so share its
+home (S-1, S-6).  The root, each top directory but ``bin``, each ``model/<p>`` and each
+``shared/<s>/agent/<a>/session/`` or ``home/<uid>/agent/<a>/session/`` of another agent are
+the only directories whose entries are decided name by name (:meth:`ViewRules.decides_names`);
+the table below is written for a space, and holds for the home alike (``home/<uid>`` for
+``shared/<s>``, always writable, for ``shared:<s> write``):
 
 ==========================================  ==============================================
 ``shared/<s>/agent/``                       every agent's directory; never changed by the
@@ -110,7 +113,7 @@ class ViewRules:
         if top == "agent":
             return name.removesuffix(".d") == self.view.name
         if top == "home":
-            return name == str(self.view.identity.uid)
+            return name == str(self.view.identity.uid) and self._session_visible(parts)
         if top == "shared":
             space_readable = name == DOCS_BUNDLE or self.view.allows("shared", name, "read")
             return space_readable and self._session_visible(parts)
@@ -128,8 +131,8 @@ class ViewRules:
             return False
         if parts[0] == "shared" and parts[2] == SPACE_TOOLS:
             return False  # the host's: code other agents run under their grants
-        if parts[0] == "shared" and parts[2] == "agent":
-            return self._agents_entry_writable(parts[1], parts[3:])
+        if parts[2] == "agent":
+            return self._agents_entry_writable(parts[:2], parts[3:])
         return True
 
     def writable_below(self, parts: Parts) -> bool:
@@ -140,18 +143,18 @@ class ViewRules:
         top, name = parts
         return top == "home" or (top == "shared" and self.view.allows("shared", name, "write"))
 
-    def session_writable(self, space: str, session: str) -> bool:
-        """Whether what lies in session ``session`` of another agent of ``space`` may be
-        changed: the space and the session are both granted for writing (S-6, X-1)."""
-        return self.writable_below(("shared", space)) and self.view.allows(
-            "session", session, "write"
-        )
+    def session_writable(self, place: Parts, session: str) -> bool:
+        """Whether what lies in session ``session`` of another agent of ``place`` (a space, or
+        the agent's home) may be changed: the place and the session are both granted for
+        writing (S-6, X-1)."""
+        return self.writable_below(place) and self.view.allows("session", session, "write")
 
     def other_agent(self, parts: Parts) -> bool:
-        """Whether ``parts`` is ``shared/<s>/agent/<a>`` of an agent other than this one."""
+        """Whether ``parts`` is ``shared/<s>/agent/<a>`` or ``home/<uid>/agent/<a>`` of an
+        agent other than this one (agents that share a uid share its home)."""
         return (
             len(parts) == 4
-            and parts[0] == "shared"
+            and parts[0] in ("shared", "home")
             and parts[2] == "agent"
             and parts[3] != self.view.name
         )
@@ -168,15 +171,16 @@ class ViewRules:
         return len(parts) == 2 and parts[0] == "model"
 
     def _session_visible(self, parts: Parts) -> bool:
-        """Below another agent's ``session/`` in a space, a session shows only to an agent
-        its policy lets read it (``session:<n> read``, S-6); the space's grant is not enough."""
+        """Below another agent's ``session/`` in a space or in the home it shares, a session
+        shows only to an agent its policy lets read it (``session:<n> read``, S-6); the
+        space's grant, or the uid, is not enough."""
         if len(parts) < 6 or not self.other_agent(parts[:4]) or parts[4] != "session":
             return True
         return self.view.allows("session", parts[5], "read")
 
-    def _agents_entry_writable(self, space: str, below: Parts) -> bool:
-        """Whether ``shared/<space>/agent/<below…>`` may be changed, in a space the agent may
-        write.  ``agent/``, each other agent's directory, its ``session/`` and each session
+    def _agents_entry_writable(self, place: Parts, below: Parts) -> bool:
+        """Whether ``<place>/agent/<below…>`` may be changed, in a space the agent may write or
+        in its home.  ``agent/``, each other agent's directory, its ``session/`` and each session
         directory in it are never changed by the agent: a rename of any of them would carry
         sessions it may not see out from under the rule that hides them."""
         if not below:
@@ -188,7 +192,7 @@ class ViewRules:
             return False
         if rest[0] != "session":
             return True
-        return len(rest) >= 3 and self.session_writable(space, rest[1])
+        return len(rest) >= 3 and self.session_writable(place, rest[1])
 
     def _may_use(self, provider: str, model: str) -> bool:
         return self.view.allows("model", f"{provider}/{model}", "use")
@@ -252,24 +256,27 @@ def storage_mounts(
         tools = ("shared", space, SPACE_TOOLS)
         if rules.writable_below(tools[:2]) and _is_directory(root.joinpath(*tools)):
             mounts.append(ViewMount(root.joinpath(*tools), target.joinpath(*tools), False))
-        mounts += _agents_mounts(rules, root, target, space)
+        mounts += _agents_mounts(rules, root, target, ("shared", space))
+    # Agents that run as one uid share its home: each other one's sessions there are kept as
+    # a space's are.
+    mounts += _agents_mounts(rules, root, target, ("home", str(view.identity.uid)))
     return mounts
 
 
 def _agents_mounts(
-    rules: ViewRules, root: PurePosixPath, target: PurePosixPath, space: str
+    rules: ViewRules, root: PurePosixPath, target: PurePosixPath, place: tuple[str, str]
 ) -> list[ViewMount]:
-    """The mounts that show ``shared/<space>/agent/`` as the rules do, on top of the space's
-    own mount.  The top of a mount is never written through it, so in a writable space
-    ``agent/`` and each other agent's directory are mounts of their own (read-write, like the
-    space: only their tops are pinned); each other agent's ``session/`` is a read-only mount
-    listing the sessions the agent may read, and each of those it may write is a read-write
-    mount on top.  Only spaces the agent may read get entries, and only for directories that
-    exist: ``CTX_MOUNTS`` is one environment variable."""
-    agents = ("shared", space, "agent")
-    if not _is_directory(root.joinpath(*agents)):
+    """The mounts that show ``<place>/agent/`` (a space's, or the home's) as the rules do, on
+    top of the place's own mount.  The top of a mount is never written through it, so in a
+    writable place ``agent/`` and each other agent's directory are mounts of their own
+    (read-write, like the place: only their tops are pinned); each other agent's ``session/``
+    is a read-only mount listing the sessions the agent may read, and each of those it may
+    write is a read-write mount on top.  Only places the agent may read get entries, and only
+    for directories that exist: ``CTX_MOUNTS`` is one environment variable."""
+    agents = (*place, "agent")
+    if not rules.visible(place) or not _is_directory(root.joinpath(*agents)):
         return []
-    writable_space = rules.writable_below(agents[:2])
+    writable_space = rules.writable_below(place)
 
     def mount(
         parts: tuple[str, ...], writable: bool, names: tuple[str, ...] | None = None
@@ -293,9 +300,9 @@ def _agents_mounts(
         shown = _shown(rules, root, sessions)
         mounts.append(mount(sessions, False, shown))
         for session in shown:
-            place = (*sessions, session)
-            if rules.session_writable(space, session) and _is_directory(root.joinpath(*place)):
-                mounts.append(mount(place, True))
+            at = (*sessions, session)
+            if rules.session_writable(place, session) and _is_directory(root.joinpath(*at)):
+                mounts.append(mount(at, True))
     return mounts
 
 
