@@ -78,9 +78,7 @@ _HEADER_LINE = re.compile(r"^(?P<name>[ \t]*[A-Za-z0-9_-]+:)(?P<value>[ \t]*\S[^
 _AUTH_CREDENTIAL = re.compile(r"\b(?P<scheme>bearer|basic)(?P<gap>\s+)[^\s,;\"']+", re.IGNORECASE)
 # A key may be quoted, and its quotes escaped: JSON inside a double-quoted shell word
 # (``curl -d "{\"password\":\"…\"}"``) is written with ``\"``.
-_SECRET_KEY_SEPARATOR = re.compile(
-    r"""(?P<key>\\?["']?[A-Za-z0-9_.-]+\\?["']?)[ \t]*[:=][ \t]*"""
-)
+_SECRET_KEY_SEPARATOR = re.compile(r"""(?P<key>\\?["']?[A-Za-z0-9_.-]+\\?["']?)[ \t]*[:=][ \t]*""")
 _VALUE = re.compile(
     r"""(?!\[redacted\])"""
     r"""(?:\\"(?:[^\\]|\\[^"])*\\"|"(?:[^"\\]|\\.)*"|'[^']*'|[^\s,;&"'}\])]+)"""
