@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import cortexfs
 from cortexfs import manual, storage
 from cortexfs.errors import CtxError
 from tests.support.cli import ctx
@@ -174,6 +175,29 @@ def test_bootstrap_source_installs_the_pages_of_that_tree(root: Path, tmp_path: 
     assert json.loads(done.stdout)["repaired"] == ["shared/cortexfs-docs/man/ctx.tool.md"]
     assert (bundle(root) / "man" / "ctx.tool.md").read_bytes() == newer
     assert ctx(root, "man", "tool").stdout == newer.decode()
+
+
+@pytest.mark.parametrize("version", ["0.0.1", "9.9.9"])
+def test_the_source_tree_of_another_version_is_refused_before_anything_changes(
+    root: Path, tmp_path: Path, version: str
+) -> None:
+    """D-1: a stale bundle is rebuilt from the tree of the matching version."""
+    source = tmp_path / "checkout"
+    (source / "docs" / "spec").mkdir(parents=True)
+    for name, data in built_in().items():
+        (source / "docs" / "spec" / name).write_bytes(data + b"\nanother version\n")
+    (source / "pyproject.toml").write_text(f'[project]\nname = "cortexfs"\nversion = "{version}"\n')
+    before = (bundle(root) / "man" / "ctx.tool.md").read_bytes()
+
+    done = ctx(root, "bootstrap", str(source))
+
+    assert done.returncode == 2, done.stdout
+    assert done.stderr.startswith("ctx: EINVAL: ") and f"cortexfs {version}" in done.stderr
+    assert (bundle(root) / "man" / "ctx.tool.md").read_bytes() == before
+    (source / "pyproject.toml").write_text(
+        f'[project]\nname = "cortexfs"\nversion = "{cortexfs.__version__}"\n'
+    )
+    assert ctx(root, "bootstrap", str(source)).returncode == 0
 
 
 def test_a_source_without_the_pages_is_refused_before_anything_is_made(tmp_path: Path) -> None:

@@ -50,7 +50,8 @@ def bootstrap(source: Path | None, storage_dir: Path | None, as_json: bool) -> N
     The manual bundle shared/cortexfs-docs/ (read with 'ctx man') is installed from the
     copy built into ctx, or from SOURCE/docs/spec/ when SOURCE, a CortexFS source tree of
     the matching version, is given; stale pages are replaced.  A SOURCE without the pages
-    is refused (EINVAL, exit 2) before anything is changed.
+    is refused (EINVAL, exit 2) before anything is changed, and so is the tree of another
+    version (the version its pyproject.toml declares).
     """
     root = resolve_storage(storage_dir)
     try:

@@ -22,7 +22,7 @@ import stat
 from pathlib import Path
 from typing import NamedTuple
 
-from cortexfs import durable, storage
+from cortexfs import __version__, durable, storage
 from cortexfs.errors import CtxError, invalid, not_found
 
 BUNDLE = storage.DOCS_BUNDLE
@@ -96,9 +96,35 @@ def _read_page(path: Path) -> bytes:
 
 
 def check_source(source: Path | None) -> None:
-    """Refuse an unusable SOURCE before bootstrap changes anything."""
-    if source is not None:
-        source_pages(source)
+    """Refuse an unusable SOURCE before bootstrap changes anything: one without the pages, or
+    the tree of another version of CortexFS (D-1: a stale bundle is rebuilt from the tree of
+    the matching version; another version's pages would be stale as soon as installed)."""
+    if source is None:
+        return
+    source_pages(source)
+    version = source_version(source)
+    if version is not None and version != __version__:
+        raise invalid(
+            f"{source} is the source tree of cortexfs {version}, but this ctx is {__version__}: "
+            f"its manual pages are not this version's (D-1); give the tree of cortexfs "
+            f"{__version__}, or run 'ctx bootstrap' without SOURCE for the pages built into ctx"
+        )
+
+
+def source_version(source: Path) -> str | None:
+    """The version ``SOURCE/pyproject.toml`` declares (``[project] version``); None when it
+    declares none, or has no such file (a tree of the pages alone)."""
+    import tomllib
+
+    try:
+        with open(source / "pyproject.toml", "rb") as stream:
+            project = tomllib.load(stream).get("project", {})
+    except FileNotFoundError:
+        return None
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise invalid(f"{source}/pyproject.toml cannot be read as TOML ({exc})") from None
+    version = project.get("version") if isinstance(project, dict) else None
+    return version if isinstance(version, str) else None
 
 
 def install_bundle(root: Path, source: Path | None, report: storage.BootstrapReport) -> None:
