@@ -208,8 +208,10 @@ def warnings_for(root: Path, request: AgentRequest, identity: Identity) -> tuple
     """What the host administrator's request makes that may not work as meant, said at
     creation rather than found later: a label another agent has (tool and model policies grant
     by label, so the two agents share every such grant), a storage root the agent's uid
-    cannot reach through the directories above it (every tool call is refused at step 2), and
-    a mount whose source does not exist (the agent's terminal does not start until it does)."""
+    cannot reach through the directories above it (every tool call is refused at step 2), a
+    shared grant that grants nothing (write to the manuals, or to a space it may not read),
+    and a mount whose source does not exist (the agent's terminal does not start until it
+    does)."""
     warnings = [
         f"label {request.label} is also agent {owner}'s: tool and model policies grant by "
         "label, so the two agents share every grant made to it"
@@ -218,6 +220,16 @@ def warnings_for(root: Path, request: AgentRequest, identity: Identity) -> tuple
     unreachable = unsearchable_above(root, identity)
     if unreachable:
         warnings.append(f"every tool call of the agent will be refused: {unreachable}")
+    for space, permissions in request.shared:
+        if space == storage.DOCS_BUNDLE and "write" in permissions:
+            warnings.append(
+                f"shared:{space} write grants nothing: the manual bundle is read-only (D-1)"
+            )
+        elif "write" in permissions and "read" not in permissions:
+            warnings.append(
+                f"shared:{space} write without read grants nothing: a space the agent may not "
+                "read is not in its view, so it can write nothing there (add read)"
+            )
     for source, target, _ in request.mounts:
         if PurePosixPath(target) != CTX_TARGET and not os.path.exists(source):
             warnings.append(

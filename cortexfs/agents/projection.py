@@ -141,6 +141,8 @@ class ViewRules:
         if len(parts) != 2 or not self.visible(parts):
             return False
         top, name = parts
+        if top == "shared" and name == DOCS_BUNDLE:
+            return False  # the manuals are read-only documents, whatever a policy says (D-1)
         return top == "home" or (top == "shared" and self.view.allows("shared", name, "write"))
 
     def session_writable(self, place: Parts, session: str) -> bool:

@@ -55,7 +55,7 @@ from cortexfs.policy.grammar import Rule, check_object
 from cortexfs.policy.linux import WRITE, Credentials, Identity, Kind, check_access, writable_entries
 from cortexfs.policy.mounts import Mount, View, mounts_named, views_of
 from cortexfs.policy.objects import NEEDED_ACCESS, Site, storage_site
-from cortexfs.storage import require_root
+from cortexfs.storage import DOCS_BUNDLE, require_root
 
 
 class Step(IntEnum):
@@ -308,11 +308,31 @@ class AgentFacts:
         top, name = parts[:2]
         if top == "home":
             return name == str(self.identity.uid)
-        if top == "shared" and parts[2:3] != ("tool",):  # a space's tools are the host's
+        if top == "shared" and name != DOCS_BUNDLE and parts[2:3] != ("tool",):
+            # A space's tools are the host's, and the manuals read-only documents (D-1).
             policy = self.policy(controls.control_path(self.agent, "policy"))
             label = self.declared_label
             return all(Rule(label, "shared", name, perm) in policy for perm in ("read", "write"))
         return False
+
+    def why_read_only(self, view: View) -> str:
+        """Why :meth:`writes_through` says no for ``view``, in words an administrator can act on."""
+        if PurePosixPath(view.mount.source) != PurePosixPath(self.root):
+            return f"its mount {view.mount} is read-only"
+        parts = view.path.relative_to(view.mount.target).parts
+        if len(parts) < 2 or parts[0] not in ("home", "shared"):
+            return "in its view of the storage root only its home and spaces are ever writable"
+        top, name = parts[:2]
+        if top == "home":
+            return f"of the homes, only its own (home/{self.identity.uid}) is writable in its view"
+        if name == DOCS_BUNDLE:
+            return "the manual bundle is read-only (D-1)"
+        if parts[2:3] == ("tool",):
+            return f"shared/{name}/tool/ is the host's: other agents run its tools"
+        return (
+            f"a space is writable in its view only when its policy allows both "
+            f"'shared:{name} read' and 'shared:{name} write'"
+        )
 
     def policy(self, path: PurePosixPath) -> Policy:
         if path not in self._policies:
@@ -455,9 +475,11 @@ class _Evaluation:
         if not views:
             raise denied(f"{self.site.path} is under none of the mounts of agent {self.agent!r}")
         if self.access & WRITE:
-            views = [view for view in views if self.facts.writes_through(view)]
-            if not views:
-                raise denied(f"{self.site.path} is visible to the agent only read-only")
+            writable = [view for view in views if self.facts.writes_through(view)]
+            if not writable:
+                why = self.facts.why_read_only(views[0])
+                raise denied(f"{self.site.path} is visible to the agent only read-only: {why}")
+            views = writable
         view = views[0]
         detail = f"{self.site.path} appears at {view.path} through {view.mount}"
         if self.access & WRITE and not view.mount.writable:

@@ -332,6 +332,26 @@ def test_create_warns_of_a_shared_label_and_a_missing_mount_source(
     assert "also agent second's" in json.loads(as_json.stdout)["warnings"][1]
 
 
+def test_create_warns_of_shared_grants_that_grant_nothing(world: World) -> None:
+    base = [*CTX, "--storage", str(world.root), "agent", "create", "-", "--user", world.user.name]
+    request = {
+        "name": "w",
+        "label": "w_t",
+        "shared": {"cortexfs-docs": ["read", "write"], "proj": ["write"], "ok": ["read", "write"]},
+    }
+
+    done = subprocess.run(base, input=json.dumps(request), capture_output=True, text=True)
+
+    assert done.returncode == 0, done.stderr
+    warned = [line for line in done.stderr.splitlines() if line.startswith("ctx: warning:")]
+    assert warned == [
+        "ctx: warning: shared:cortexfs-docs write grants nothing: the manual bundle is "
+        "read-only (D-1)",
+        "ctx: warning: shared:proj write without read grants nothing: a space the agent may "
+        "not read is not in its view, so it can write nothing there (add read)",
+    ]
+
+
 def test_each_problem_of_a_request_reads_like_every_ctx_error(world: World, tmp_path: Path) -> None:
     """``ctx: EINVAL: SOURCE: <problem>``, one line each, for a file and for stdin."""
     request_file = tmp_path / "bad.json"

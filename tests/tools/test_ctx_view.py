@@ -198,6 +198,40 @@ def test_writes_go_only_into_the_home_and_the_writable_spaces(team: World) -> No
     assert snapshot(team.root) == before
 
 
+def test_no_grant_makes_the_manuals_writable(team: World) -> None:
+    """D-1: manuals are read-only documents and grant nothing; ``shared:cortexfs-docs write``
+    in a policy changes nothing of that, in the view or in the chain."""
+    page = team.root / "shared" / "cortexfs-docs" / "page.md"
+    page.write_text("the manual\n")
+    page.chmod(0o666)  # even where the mode bits would let the agent's uid write it
+    page.parent.chmod(0o777)
+    with open(team.root / "agent" / "coder.d" / "policy", "a") as policy:
+        policy.write(
+            "allow coder_t shared:cortexfs-docs read\nallow coder_t shared:cortexfs-docs write\n"
+        )
+    view = AgentView.load(team.root, "coder")
+
+    assert not ViewRules(view).writable(("shared", "cortexfs-docs", "page.md"))
+    got, _ = refusal(
+        team, "fs.write", {"path": "/ctx/shared/cortexfs-docs/page.md", "content": "x"}
+    )
+    assert got == errno.EROFS and page.read_text() == "the manual\n"
+    explained = ctx(team, "policy", "explain", "coder", "shared:cortexfs-docs", "write")
+    assert explained.returncode == 1
+    assert "step 3" in explained.stdout and "manual bundle is read-only" in explained.stdout
+
+
+def test_step_3_says_why_a_space_is_read_only_in_the_view(team: World) -> None:
+    with open(team.root / "agent" / "coder.d" / "policy", "a") as policy:
+        policy.write("allow coder_t shared:secret write\n")  # write without read
+
+    explained = ctx(team, "policy", "explain", "coder", "shared:secret", "write")
+
+    assert explained.returncode == 1
+    assert "step 3" in explained.stdout, explained.stdout
+    assert "'shared:secret read' and 'shared:secret write'" in explained.stdout
+
+
 def test_the_mode_bits_still_apply_where_the_view_lets_the_agent_write(team: World) -> None:
     locked = team.root / "shared" / "open" / "locked"
     locked.mkdir(mode=0o755)  # root's: the kernel refuses the agent's uid
