@@ -36,7 +36,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path, PurePosixPath
 from typing import NamedTuple
 
-from cortexfs.agents.view import WORKSPACE, AgentView
+from cortexfs.agents.view import WORKSPACE, AgentView, terminal_type
 from cortexfs.errors import CtxError
 from cortexfs.policy.mounts import CTX_TARGET, Mount, mount_problem
 
@@ -63,7 +63,7 @@ def shell_environment(view: AgentView, session: str) -> dict[str, str]:
     return {
         "PATH": "/usr/bin:/bin",
         "HOME": str(WORKSPACE) if has_workspace(view) else "/",
-        "TERM": os.environ.get("TERM", "xterm-256color"),
+        "TERM": terminal_type(),
         "LANG": "C.UTF-8",
         "CTX_AGENT": view.name,
         "CTX_SESSION": session,

@@ -36,6 +36,7 @@ import contextlib
 import json
 import os
 import pwd
+import re
 from collections import Counter
 from pathlib import Path, PurePosixPath
 from typing import NamedTuple
@@ -175,7 +176,11 @@ class AgentView(NamedTuple):
         """The whole environment of a tool process: nothing leaks in from the host's."""
         cwd, _ = self.working_directory()
         mounts = [mount.to_json() for mount in self.tool_mounts()]
+        # A terminal-mode tool writes to a terminal: shells, pagers and multiplexers (H-5)
+        # need to know which.
+        terminal = {"TERM": terminal_type()} if mode == "terminal" else {}
         return {
+            **terminal,
             "PATH": TOOL_SEARCH_PATH,
             "HOME": _home_of(self.identity.uid),
             "LANG": "C.UTF-8",
@@ -188,6 +193,17 @@ class AgentView(NamedTuple):
             "CTX_MOUNTS": json.dumps(mounts),
             "CTX_CWD": str(cwd),
         }
+
+
+DEFAULT_TERM = "xterm-256color"
+_TERMINFO_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,63}")
+
+
+def terminal_type() -> str:
+    """The ``TERM`` given to tsh and to terminal-mode tools: the host's, when it is a plain
+    terminfo name, else ``xterm-256color``."""
+    term = os.environ.get("TERM", "")
+    return term if _TERMINFO_NAME.fullmatch(term) else DEFAULT_TERM
 
 
 def _home_of(uid: int) -> str:

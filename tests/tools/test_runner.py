@@ -276,6 +276,36 @@ def test_ctx_run_native_refuses_input_readers_would_disagree_on(
     assert reason in refusal["error"]["message"], refusal["error"]["message"]
 
 
+@pytest.mark.parametrize(
+    ("host_term", "seen"),
+    [
+        ("screen-256color", "screen-256color"),
+        (None, "xterm-256color"),
+        ("x;rm -rf /", "xterm-256color"),
+    ],
+)
+def test_a_terminal_mode_tool_is_told_the_terminal_type(
+    coder: World, host_term: str | None, seen: str
+) -> None:
+    """H-5: shells, pagers and multiplexers run as tools, so terminal mode passes TERM (a
+    plain terminfo name, else xterm-256color); native mode writes no terminal and gets none."""
+    coder.install("term", '#!/bin/sh\nprintf "%s|%s\\n" "${TERM-unset}" "$CTX_MODE"\n')
+    coder.agent("termer", tools=["term"])
+    coder.allow_tool("term", "termer_t")
+    env = {k: v for k, v in os.environ.items() if k != "TERM"}
+    if host_term is not None:
+        env["TERM"] = host_term
+    command = [*CTX, "--storage", str(coder.root), "run", "--agent", "termer"]
+
+    terminal = subprocess.run([*command, "term"], capture_output=True, text=True, env=env)
+    native = subprocess.run(
+        [*command, "--native", "term"], input="{}", capture_output=True, text=True, env=env
+    )
+
+    assert terminal.stdout == f"{seen}|terminal\n", terminal.stderr
+    assert json.loads(native.stdout.splitlines()[-1])["output"] == "unset|native\n"
+
+
 @pytest.mark.parametrize("mode", ["terminal", "native"])
 def test_the_longest_timeout_ctx_run_takes_can_be_waited_for(coder: World, mode: str) -> None:
     """A year and a day is longer than one epoll wait can be (2**31 ms): waited in turns."""
