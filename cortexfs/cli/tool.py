@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import click
 
@@ -25,9 +25,11 @@ from cortexfs.cli.common import (
     storage_option,
 )
 from cortexfs.errors import denied
+from cortexfs.tools.controls import ToolObject, read_controls, require_available
 from cortexfs.tools.core import CORE_TOOLS, tsh_config
 from cortexfs.tools.core.toolio import NATIVE
 from cortexfs.tools.ctxpath import which_on_user_path
+from cortexfs.tools.record import record_host_call
 
 # name -> the CLI: (the executable CTX_PATH resolved, its arguments) -> exit status
 SAFE_CORE_CLIS: dict[str, Callable[[Path, list[str]], int]] = {
@@ -83,6 +85,14 @@ def tool(name: str, args: tuple[str, ...], as_json: bool, storage_dir: Path | No
             f"{name} on CTX_PATH is {found.executable}, not the core tool {core}; "
             "ctx tool runs only the core CLIs"
         )
+    # The tool's controls hold for this way in too (T-1): a damaged tool is refused (ENOEXEC),
+    # one its administrator disabled too (EACCES), and the call is logged (T-7).  Its hooks
+    # run under an agent's identity, for agent calls; this call is the caller's own.
+    core_tool = ToolObject(name, root / "tool")
+    require_available(core_tool, read_controls(core_tool))
     if as_json:
         os.environ["CTX_MODE"] = NATIVE
-    sys.exit(cli(found.executable, list(args)))
+    status = cli(found.executable, list(args))
+    log = PurePosixPath("tool", *core_tool.relative_control("log").parts)
+    record_host_call(root, log, f"tool/{name}", list(args), status)
+    sys.exit(status)

@@ -20,6 +20,7 @@ caller only.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -108,6 +109,38 @@ def record_result(
     finally:
         if log is not None:
             log.close()
+
+
+def record_host_call(
+    root: Path, tool_log: PurePosixPath, object_ref: str, argv: list[str], exit_status: int
+) -> bool:
+    """One line of the tool's log for a call the host made as itself (``ctx tool``, H-3): no
+    agent and no session, the caller's uid instead.  Best effort, and False when the log
+    cannot be written (a user who may read the tool but not write its log)."""
+    log = _open_tool_log(root, tool_log)
+    if log is None:
+        return False
+    try:
+        status = "ok" if exit_status == 0 else "error"
+        log.append(
+            make_event(
+                "tool_result",
+                agent="",
+                session="",
+                object=object_ref,
+                status=status,
+                mode="host",
+                uid=os.getuid(),
+                argv=summarize_argv(argv),
+                exit_status=exit_status,
+            )
+        )
+        log.sync()
+    except (CtxError, OSError):
+        return False
+    finally:
+        log.close()
+    return True
 
 
 def _open_tool_log(root: Path, relative: PurePosixPath) -> EventLog | None:

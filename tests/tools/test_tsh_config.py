@@ -208,6 +208,33 @@ def test_ctx_tool_refuses_the_core_tools_that_act_with_permissions(root: Path, n
     assert not target.exists()
 
 
+def test_ctx_tool_honours_the_tools_status_and_controls_and_logs_each_call(root: Path) -> None:
+    """T-1, T-7: a disabled or damaged tsh.config is refused through ctx tool too, and each
+    call is a line of its log, with the caller's uid and no agent."""
+    controls = root / "tool" / "tsh.config.d"
+    before = (root / CONFIG).read_bytes()
+
+    done = ctx(root, "tool", "tsh.config", "cache_capacity=40")
+    (controls / "status").write_text("disabled\n")
+    disabled = ctx(root, "tool", "tsh.config", "cache_capacity=41")
+    (controls / "status").write_text("available\n")
+    (controls / "description").unlink()
+    damaged = ctx(root, "tool", "tsh.config", "cache_capacity=42")
+
+    assert done.returncode == 0, done.stderr
+    assert disabled.returncode == 1 and disabled.stderr.startswith("ctx: EACCES: "), disabled.stderr
+    assert "disabled" in disabled.stderr
+    assert damaged.returncode == 1 and damaged.stderr.startswith("ctx: ENOEXEC: "), damaged.stderr
+    assert (root / CONFIG).read_bytes() == before.replace(
+        b"cache_capacity=32", b"cache_capacity=40"
+    )
+    logged = [json.loads(line) for line in (controls / "log").read_text().splitlines()]
+    assert [(e["type"], e["object"], e["status"], e["agent"]) for e in logged] == [
+        ("tool_result", "tool/tsh.config", "ok", "")
+    ]
+    assert logged[0]["argv"] == ["cache_capacity=40"] and logged[0]["uid"] == os.getuid()
+
+
 def test_ctx_tool_refuses_an_ordinary_tool_and_a_name_not_on_ctx_path(
     root: Path, tmp_path: Path
 ) -> None:
