@@ -275,12 +275,22 @@ class _Call:
             attempt += 1
             before = _file_identity(tool.executable)
             swapping = commit_in_progress(tool.directory, tool.name)
-            controls = read_controls(tool)
-            self.hook_names = {phase: hooks.hook_names(tool, phase) for phase in hooks.PHASES}
+            try:
+                controls = read_controls(tool)
+                self.hook_names = {phase: hooks.hook_names(tool, phase) for phase in hooks.PHASES}
+                damage = None
+            except CtxError as exc:
+                if exc.errno != errno.ENOEXEC:
+                    raise
+                damage = exc  # damaged, or caught between a reinstall's two swaps: look again
             swapping = swapping or commit_in_progress(tool.directory, tool.name)
             if not swapping and before is not None and before == _file_identity(tool.executable):
+                if damage is not None:
+                    raise damage
                 return controls
             time.sleep(min(0.005 * attempt, 0.05))
+        if damage is not None:
+            raise damage
         raise CtxError(
             errno.EAGAIN,
             f"tool {tool.name} kept changing while it was read: an install of it is in "
