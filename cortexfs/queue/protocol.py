@@ -145,6 +145,10 @@ def publish(
     return job
 
 
+# Staging files a batch writes with Ctrl-C held at a time: a Ctrl-C waits a few milliseconds.
+_HELD_WRITES = 64
+
+
 def publish_batch(
     queue: Queue,
     batch: Sequence[Mapping[str, Any]],
@@ -192,20 +196,27 @@ def publish_batch(
     temps: list[str] = []
     ops.step("publish_batch.write")
     try:
-        for job, data in zip(jobs, encoded, strict=True):
-            temp = queue.publish_temp_name(job)
-            # Held from the file's creation until it is listed for removal: a Ctrl-C landing
-            # in between (creating a file can take a millisecond) would leave it behind.
+        for start in range(0, len(jobs), _HELD_WRITES):
+            # Held from each file's creation until it is listed for removal: a Ctrl-C landing
+            # in between (creating a file can take a millisecond) would leave it behind.  Held
+            # for a few files at a time, not for each (installing a handler costs more than
+            # writing a small file) nor for the whole batch (which stays interruptible).
             with held_interrupts():
-                try:
-                    durable.write_file_unsynced(
-                        ops, queue.inbox, temp, data, group=queue.file_group
-                    )
-                except FileExistsError:
-                    raise _publish_in_progress(queue, job, temp, batch=True) from None
-                except OSError as exc:
-                    raise _refused_in(queue, exc, "publish", "inbox") from None
-                temps.append(temp)
+                for job, data in zip(
+                    jobs[start : start + _HELD_WRITES],
+                    encoded[start : start + _HELD_WRITES],
+                    strict=True,
+                ):
+                    temp = queue.publish_temp_name(job)
+                    try:
+                        durable.write_file_unsynced(
+                            ops, queue.inbox, temp, data, group=queue.file_group
+                        )
+                    except FileExistsError:
+                        raise _publish_in_progress(queue, job, temp, batch=True) from None
+                    except OSError as exc:
+                        raise _refused_in(queue, exc, "publish", "inbox") from None
+                    temps.append(temp)
         for job in jobs:  # holding every staging name (see publish)
             refuse_known_job(queue, job)
         # One barrier makes every temp file's data durable (Q-7: data before names).
