@@ -183,14 +183,20 @@ class RecordingOps(durable.FsOps):
         if self.journal.on_step is not None:
             self.journal.on_step(self.actor, name)
 
+    # Opening and closing hold the journal's lock around the system call too: the kernel
+    # hands a closed descriptor's number to the next open of any thread, so a close whose
+    # bookkeeping came after another thread's open of the same number would drop that
+    # thread's descriptor, and its moves would go unrecorded.
     def open_dir(self, name: str, dir_fd: int | None = None) -> int:
-        fd = super().open_dir(name, dir_fd)
-        self.journal.remember(fd, self.journal.resolve(name, dir_fd))
+        with self.journal.lock:
+            fd = super().open_dir(name, dir_fd)
+            self.journal.remember(fd, self.journal.resolve(name, dir_fd))
         return fd
 
     def close(self, fd: int) -> None:
-        super().close(fd)
-        self.journal.remember(fd, None)
+        with self.journal.lock:
+            super().close(fd)
+            self.journal.remember(fd, None)
 
     def create_file(self, name: str, dir_fd: int, mode: int = 0o666) -> int:
         journal = self.journal
