@@ -95,7 +95,9 @@ def _unseen_change(stamp: str | None, now: str, served: int, listed: int) -> boo
 class ClaimOrder:
     """The claim order of one process, in memory: the names not handed out yet, oldest first."""
 
-    def __init__(self) -> None:
+    def __init__(self, queue_path: Path | None = None) -> None:
+        # Whose hint may stand in for the first listing (see _list); None: always list.
+        self._queue_path = queue_path
         self._next: deque[str] = deque()
         self._stamp: str | None = None
         self._listed = 0
@@ -125,7 +127,13 @@ class ClaimOrder:
 
     def _list(self, pending_fd: int) -> None:
         stamp = pending_stamp(pending_fd)  # before: a change during the listing shows later
-        self._next = deque(scan_pending(pending_fd))
+        names = None
+        if not self._started and self._queue_path is not None:
+            # A process's first listing: this user's hint, when it accounts for pending/ as
+            # it stands, holds what the listing would find, in claim order, for a read of one
+            # file instead of an lstat per pending job (a worker starting on a long queue).
+            names = HintFile.of(self._queue_path).current_names(pending_fd, stamp)
+        self._next = deque(scan_pending(pending_fd) if names is None else names)
         self._stamp, self._listed, self._served = stamp, len(self._next), 0
         self._started = True
         self.scans += 1
@@ -316,6 +324,20 @@ class HintFile:
             if not may_list:
                 return None, False
             return self._list(pending_fd), True
+
+    def current_names(self, pending_fd: int, stamp: str) -> list[str] | None:
+        """The names not handed out yet, when the file accounts for pending/ as it is now
+        (its stamp is ``stamp``, pending/'s); None otherwise, or when there is no file."""
+        try:
+            with self._locked() as fd:
+                header = _Header.decode(os.pread(fd, _HEADER, 0))
+                if header is None or header.stamp is None or header.stamp != stamp:
+                    return None
+                if stamp != pending_stamp(pending_fd):
+                    return None  # changed while we waited for the lock
+                return [name for name in self._rest(fd, header.cursor) if is_job_name(name)]
+        except (OSError, ValueError):
+            return None
 
     def relist(self, pending_fd: int) -> None:
         """List pending/ into the file anew, if there is a file (a user who never claimed has

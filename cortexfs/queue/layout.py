@@ -136,7 +136,9 @@ class Queue:
         """
         ops = ops or durable.default_ops()
         root_fd = _open_queue_dir(ops, path, within)
-        queue = cls(path=path, ops=ops, config=QueueConfig(), root_fd=root_fd)
+        queue = cls(
+            path=path, ops=ops, config=QueueConfig(), root_fd=root_fd, claim_order=ClaimOrder(path)
+        )
         queue.group_access = stat.S_IMODE(os.fstat(root_fd).st_mode) & 0o070
         try:
             for name in STATE_DIRS:

@@ -45,6 +45,30 @@ def test_jobs_published_after_the_scan_are_claimed_after_older_ones(
         assert order[-1] == late and set(order[:2]) == set(first) - {took.job}
 
 
+def test_a_process_starts_from_the_hint_when_it_accounts_for_pending(
+    cache: Path, tmp_path: Path, me: Holder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Q-10: a worker starting on a long queue reads its order from the hint instead of an
+    lstat per pending job, when the hint's stamp is pending/'s; otherwise it lists."""
+    queue_dir = tmp_path / "q"
+    init_queue(queue_dir)  # starts the hint
+    with Queue.open(queue_dir) as q:
+        jobs = publish_batch(q, [request(n) for n in range(30)])
+    listings: list[int] = []
+    listing = claim_order.scan_pending
+    monkeypatch.setattr(claim_order, "scan_pending", lambda fd: listings.append(fd) or listing(fd))
+
+    with Queue.open(queue_dir) as q:
+        claimed = [claim(q, me).job for _ in range(10)]  # type: ignore[union-attr]
+    assert claimed == jobs[:10] and listings == [], "the hint stood in for the listing"
+
+    (queue_dir / "pending" / "by-hand.req.json").write_text(json.dumps(request()))
+    os.utime(queue_dir / "pending" / "by-hand.req.json", (1, 1))
+    with Queue.open(queue_dir) as q:
+        assert claim(q, me).job == "by-hand.req.json"  # type: ignore[union-attr]
+    assert len(listings) == 1, "a hint that no longer accounts for pending/ is not used"
+
+
 @pytest.fixture
 def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
