@@ -103,6 +103,7 @@ class ClaimOrder:
         self._listed = 0
         self._served = 0
         self._started = False  # until the first listing the order knows nothing to add to
+        self._from_hint = False  # the last listing was read from the hint
         self._lock = threading.Lock()
         self.scans = 0
 
@@ -118,7 +119,12 @@ class ClaimOrder:
                     )
                 ):
                     self._list(pending_fd)
-                    listed = True
+                    # A hint is no listing: a name a killed claim took off it is pending yet
+                    # not in it, so once its names run out, pending/ is listed after all.
+                    listed = not self._from_hint
+                    if not self._next and not listed:
+                        self._list(pending_fd)
+                        listed = True
                 if not self._next:
                     return
                 name = self._next.popleft()
@@ -133,6 +139,7 @@ class ClaimOrder:
             # it stands, holds what the listing would find, in claim order, for a read of one
             # file instead of an lstat per pending job (a worker starting on a long queue).
             names = HintFile.of(self._queue_path).current_names(pending_fd, stamp)
+        self._from_hint = names is not None
         self._next = deque(scan_pending(pending_fd) if names is None else names)
         self._stamp, self._listed, self._served = stamp, len(self._next), 0
         self._started = True

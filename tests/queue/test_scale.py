@@ -69,6 +69,20 @@ def test_a_process_starts_from_the_hint_when_it_accounts_for_pending(
     assert len(listings) == 1, "a hint that no longer accounts for pending/ is not used"
 
 
+def test_a_job_a_killed_claim_took_off_the_hint_is_still_found_by_a_new_process(
+    cache: Path, tmp_path: Path, me: Holder
+) -> None:
+    """The hint is no listing: when its names run out, the claim lists pending/ after all."""
+    queue_dir = tmp_path / "q"
+    init_queue(queue_dir)
+    with Queue.open(queue_dir) as q:
+        publish(q, request(), name="lost")
+        claim_order.HintFile.of(q.path).next_name(q.pending, False)  # the killed claim
+    with Queue.open(queue_dir) as q:
+        won = claim(q, me)
+    assert won is not None and won.job == "lost.req.json"
+
+
 @pytest.fixture
 def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
