@@ -28,7 +28,11 @@ def take_the_name() -> None:
     or ``bin/ctxterm`` runs it in the foreground."""
     import ctypes
 
-    libc().prctl(_PR_SET_NAME, ctypes.c_char_p(PROCESS_NAME), 0, 0, 0)
+    # A function object of its own (indexing makes a new one): prctl's shared one may carry
+    # the argument types another caller gave it (cortexfs.tools.orphans).
+    prctl = libc()["prctl"]
+    prctl.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    prctl(_PR_SET_NAME, PROCESS_NAME, 0, 0, 0)
 
 
 def start_terminal(root: Path, agent: str, session: str, workspace: Path | None) -> Terminal:
