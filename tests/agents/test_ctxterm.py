@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -135,3 +136,15 @@ def test_ctxterm_command_line_reads_as_ctxs_does(world: World) -> None:
         refused = ctxterm(*args)
         assert refused.returncode == 2, refused.stderr
         assert refused.stderr.endswith(f"ctxterm: EINVAL: {message}\n"), refused.stderr
+
+
+def test_the_process_takes_the_name_ctxterm_whatever_prctl_was_set_up_for_before() -> None:
+    """The orphan guard gives the C library's shared prctl integer argument types; naming the
+    process must not depend on who called prctl first."""
+    script = (
+        "from cortexfs.tools import orphans; orphans._prctl()\n"
+        "from cortexfs.agents.ctxterm import take_the_name; take_the_name()\n"
+        "print(open('/proc/self/comm').read(), end='')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert (done.returncode, done.stdout) == (0, "ctxterm\n"), done.stderr
