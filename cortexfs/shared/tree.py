@@ -150,7 +150,13 @@ HOME_MODE = 0o755
 
 
 def user_ownership(uid: int) -> Ownership:
-    """``uid`` and its primary group (from the password database; kept as is when unknown)."""
+    """``uid`` and its primary group (from the password database; kept as is when unknown).
+
+    A user making their own home as themselves keeps the group their process runs with, as a
+    plain mkdir would: after ``newgrp`` it may be one they hold while the passwd group is
+    not, and only root may give a directory to a group its owner is not in."""
+    if uid == os.geteuid() != 0:
+        return Ownership(uid, os.getegid())
     try:
         return Ownership(uid, pwd.getpwuid(uid).pw_gid)
     except KeyError:

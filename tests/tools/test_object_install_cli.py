@@ -11,6 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.storage import traversable_tmp as traversable_tmp
+from tests.support.users import UnprivilegedUser
+from tests.support.users import unprivileged_user as unprivileged_user
+
 CTX = [sys.executable, "-m", "cortexfs"]
 
 
@@ -151,3 +155,31 @@ def test_an_install_under_a_strict_umask_leaves_the_controls_open_to_agents(
         if directory.is_dir()
     }
     assert modes == {".": 0o755, "hooks": 0o755, "hooks/pre.d": 0o755, "hooks/post.d": 0o755}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run as another user and group")
+def test_a_user_running_with_another_group_installs_in_their_own_tier(
+    traversable_tmp: Path, unprivileged_user: UnprivilegedUser
+) -> None:
+    """After ``newgrp`` (or under a service's group) the passwd group may be one the process
+    does not hold: the user's own home keeps the group the process runs with, as mkdir would,
+    instead of an EPERM for a chown only root may make."""
+    other_group = 65534
+    assert other_group != unprivileged_user.gid
+    root = traversable_tmp / "storage"
+    os.chown(traversable_tmp, unprivileged_user.uid, unprivileged_user.gid)
+    as_user = ["setpriv", f"--reuid={unprivileged_user.uid}", f"--regid={other_group}"]
+    as_user += ["--clear-groups", *CTX]
+
+    def run(*arguments: object) -> subprocess.CompletedProcess[str]:
+        command = [*as_user, *map(str, arguments)]
+        return subprocess.run(command, capture_output=True, text=True, timeout=120, cwd="/")
+
+    assert run("bootstrap", "--storage", root).returncode == 0
+    done = run("object", "install", "--source", root, manifest(traversable_tmp, "mine"),
+               "--tier", "user")  # fmt: skip
+
+    assert done.returncode == 0, done.stderr
+    home = root / "home" / str(unprivileged_user.uid)
+    assert (home.stat().st_uid, home.stat().st_gid) == (unprivileged_user.uid, other_group)
+    assert (home / "tool" / "mine").is_file()
