@@ -298,25 +298,14 @@ class AgentFacts:
         view, step 4 and step 6 only refuse more: a control the agent might change is no
         grant.
         """
-        if view.mount.writable:
-            return True
-        if PurePosixPath(view.mount.source) != PurePosixPath(self.root):
-            return False
-        parts = view.path.relative_to(view.mount.target).parts
-        if len(parts) < 2:
-            return False  # the root and its top directories are the host's
-        top, name = parts[:2]
-        if top == "home":
-            return name == str(self.identity.uid)
-        if top == "shared" and name != DOCS_BUNDLE and parts[2:3] != ("tool",):
-            # A space's tools are the host's, and the manuals read-only documents (D-1).
-            policy = self.policy(controls.control_path(self.agent, "policy"))
-            label = self.declared_label
-            return all(Rule(label, "shared", name, perm) in policy for perm in ("read", "write"))
-        return False
+        return not self.read_only_reason(view)
 
-    def why_read_only(self, view: View) -> str:
-        """Why :meth:`writes_through` says no for ``view``, in words an administrator can act on."""
+    def read_only_reason(self, view: View) -> str:
+        """Why :meth:`writes_through` says no for ``view``, in words an administrator can act
+        on; "" when it says yes.  One decision for both, so that the answer and its reason
+        cannot drift apart."""
+        if view.mount.writable:
+            return ""
         if PurePosixPath(view.mount.source) != PurePosixPath(self.root):
             return f"its mount {view.mount} is read-only"
         parts = view.path.relative_to(view.mount.target).parts
@@ -324,11 +313,17 @@ class AgentFacts:
             return "in its view of the storage root only its home and spaces are ever writable"
         top, name = parts[:2]
         if top == "home":
+            if name == str(self.identity.uid):
+                return ""
             return f"of the homes, only its own (home/{self.identity.uid}) is writable in its view"
         if name == DOCS_BUNDLE:
             return "the manual bundle is read-only (D-1)"
         if parts[2:3] == ("tool",):
             return f"shared/{name}/tool/ is the host's: other agents run its tools"
+        policy = self.policy(controls.control_path(self.agent, "policy"))
+        label = self.declared_label
+        if all(Rule(label, "shared", name, perm) in policy for perm in ("read", "write")):
+            return ""
         return (
             f"a space is writable in its view only when its policy allows both "
             f"'shared:{name} read' and 'shared:{name} write'"
@@ -477,7 +472,7 @@ class _Evaluation:
         if self.access & WRITE:
             writable = [view for view in views if self.facts.writes_through(view)]
             if not writable:
-                why = self.facts.why_read_only(views[0])
+                why = self.facts.read_only_reason(views[0])
                 raise denied(f"{self.site.path} is visible to the agent only read-only: {why}")
             views = writable
         view = views[0]
@@ -517,9 +512,9 @@ class _Evaluation:
             if names is None:
                 continue  # missing or linked: the runner refuses the damaged tool
             self.facts.require_strict_modes(directory)
-            for name in sorted(names):
+            for name in sorted(name for name in names if not name.startswith(".")):
                 status = lstat(self.root, directory / name)
-                if name.startswith(".") or status is None or not stat.S_ISREG(status.st_mode):
+                if status is None or not stat.S_ISREG(status.st_mode):
                     continue  # not run as a hook (a link or special file vetoes the call)
                 if status.st_mode & 0o111:
                     self.facts.require_strict_modes(directory / name, runs_as_agent=runs_as_agent)
