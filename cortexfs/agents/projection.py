@@ -53,6 +53,7 @@ from __future__ import annotations
 import functools
 import os
 import stat
+import time
 from collections.abc import Callable, Sequence
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, NamedTuple
@@ -90,11 +91,42 @@ def may_run(view: AgentView, tool: str) -> bool:
     return check_tool_execute(view.root, view.name, tool, None, facts=view.facts).allowed
 
 
+# How long an answer of :func:`may_run` may be kept for showing a tool: as long as the kernel
+# keeps a lookup of the FUSE view (fuse.mount.ENTRY_TIMEOUT), so the mount and the tools'
+# CTX_MOUNTS show a granted or revoked tool within the same second.
+FRESH_SECONDS = 1.0
+
+
+class RecentDecisions:
+    """:func:`may_run` answers, each kept for :data:`FRESH_SECONDS`.
+
+    Showing a tool costs the whole chain for it, and a tool's ``CTX_MOUNTS`` show every tool
+    the agent may run: asked afresh at every call, a worker draining a queue would run the
+    chain once for each tool the agent may run per job, not once.  Only what the view *shows*
+    is kept: the call's own tool is admitted by the chain at every call, however recent the
+    answer kept here.  Answers are per storage root, agent and ``/workspace`` (the facts a
+    view is decided from); concurrent askers at worst decide the same answer twice."""
+
+    def __init__(self) -> None:
+        self._answers: dict[tuple[str, str, str, str], tuple[float, bool]] = {}
+
+    def may_run(self, view: AgentView, tool: str) -> bool:
+        workspace = "" if view.workspace is None else str(view.workspace.source)
+        key = (os.fspath(view.root), view.name, workspace, tool)
+        now = time.monotonic()
+        decided = self._answers.get(key)
+        if decided is None or now - decided[0] >= FRESH_SECONDS:
+            decided = (now, may_run(view, tool))
+            self._answers[key] = decided
+        return decided[1]
+
+
 class ViewRules:
     """The projection's answers for one agent's controls, for storage paths given as parts
     below the root.  ``may_execute`` answers for a system tool: by default :func:`may_run`,
     once per tool for the life of these rules (``<t>`` and ``<t>.d/`` ask the same); the FUSE
-    view passes one that decides again once its answer is a second old."""
+    view and the runner pass :meth:`RecentDecisions.may_run`, which decides again once its
+    answer is a second old."""
 
     def __init__(self, view: AgentView, may_execute: Callable[[str], bool] | None = None):
         self.view = view
@@ -224,7 +256,10 @@ class ViewMount(NamedTuple):
 
 
 def storage_mounts(
-    view: AgentView, source: PurePosixPath, target: PurePosixPath
+    view: AgentView,
+    source: PurePosixPath,
+    target: PurePosixPath,
+    may_execute: Callable[[str], bool] | None = None,
 ) -> list[ViewMount]:
     """The agent's projection of its storage root (``source``, as its mount control names
     it) as mounts at ``target`` (``/ctx``).
@@ -234,10 +269,11 @@ def storage_mounts(
     (its home, a writable space) is a read-write mount of its own on top, with the space's
     ``tool/`` read-only on top of that.  Inside each visible space, :func:`_agents_mounts` adds
     what keeps the other agents' sessions as the rules say.
-    Decided now, from the controls as they are (a policy change shows at the next call), and
-    only from reading them: nothing is written to build it.
+    Decided now, from the controls as they are (a policy change shows at the next call), but
+    for which system tools it shows when ``may_execute`` keeps its answers (see
+    :class:`ViewRules`); and only from reading them: nothing is written to build it.
     """
-    rules = ViewRules(view)
+    rules = ViewRules(view, may_execute)
     root = PurePosixPath(source)
     mounts: list[ViewMount] = []
     spaces: tuple[str, ...] = ()

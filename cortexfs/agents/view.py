@@ -38,6 +38,7 @@ import os
 import pwd
 import re
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import NamedTuple
 
@@ -138,15 +139,17 @@ class AgentView(NamedTuple):
             visible.append(self.workspace)  # granted by the host starting the terminal
         return visible
 
-    def tool_mounts(self) -> list[ViewMount]:
+    def tool_mounts(self, may_execute: Callable[[str], bool] | None = None) -> list[ViewMount]:
         """The mounts a tool process gets (``CTX_MOUNTS``): :meth:`visible_mounts`, with a
         mount of the storage root itself replaced by the agent's projection of it (T-5), so
-        that a tool reaches under ``/ctx`` what ``ctx mount --as AGENT`` shows, no more."""
+        that a tool reaches under ``/ctx`` what ``ctx mount --as AGENT`` shows, no more.
+        ``may_execute`` decides which system tools the projection shows (see
+        :func:`~cortexfs.agents.projection.storage_mounts`)."""
         root = os.path.realpath(self.root)
         mounts = []
         for mount in self.visible_mounts():
             if os.path.realpath(mount.source) == root:
-                mounts += storage_mounts(self, mount.source, mount.target)
+                mounts += storage_mounts(self, mount.source, mount.target, may_execute)
             else:
                 mounts.append(ViewMount(mount.source, mount.target, mount.writable))
         return mounts
@@ -172,10 +175,19 @@ class AgentView(NamedTuple):
             return storage.target / "home" / str(self.identity.uid), home
         return storage.target, Path(storage.source)
 
-    def tool_environment(self, *, tool: str, session: str, call: str, mode: str) -> dict[str, str]:
-        """The whole environment of a tool process: nothing leaks in from the host's."""
+    def tool_environment(
+        self,
+        *,
+        tool: str,
+        session: str,
+        call: str,
+        mode: str,
+        may_execute: Callable[[str], bool] | None = None,
+    ) -> dict[str, str]:
+        """The whole environment of a tool process: nothing leaks in from the host's.
+        ``may_execute`` as for :meth:`tool_mounts`."""
         cwd, _ = self.working_directory()
-        mounts = [mount.to_json() for mount in self.tool_mounts()]
+        mounts = [mount.to_json() for mount in self.tool_mounts(may_execute)]
         # A terminal-mode tool writes to a terminal: shells, pagers and multiplexers (H-5)
         # need to know which.
         terminal = {"TERM": terminal_type()} if mode == "terminal" else {}

@@ -14,10 +14,14 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from cortexfs.agents.projection import Parts, ViewRules, in_root_abi, may_run
+from cortexfs.agents.projection import (
+    FRESH_SECONDS,
+    Parts,
+    RecentDecisions,
+    ViewRules,
+    in_root_abi,
+)
 from cortexfs.agents.view import AgentView
-
-FRESH_SECONDS = 1.0  # as long as the kernel may keep an answer (mount.ENTRY_TIMEOUT)
 
 
 class Projection:
@@ -38,7 +42,7 @@ class AgentProjection(Projection):
         self.agent = agent
         self._view = AgentView.load(root, agent)  # ENOENT now, not at the first lookup
         self._loaded_at = time.monotonic()
-        self._tools: dict[str, tuple[float, bool]] = {}  # tool -> (when decided, may run)
+        self._tools = RecentDecisions()
 
     @property
     def view(self) -> AgentView:
@@ -59,9 +63,4 @@ class AgentProjection(Projection):
         """Decided again once the answer is a second old, as long as the kernel keeps its
         own: a rule removed from a policy, or a tool made unavailable, hides the tool then,
         not at the next mount.  (Every control of ``<t>.d/`` looked up asks the same.)"""
-        now = time.monotonic()
-        decided = self._tools.get(tool)
-        if decided is None or now - decided[0] >= FRESH_SECONDS:
-            decided = (now, may_run(self.view, tool))
-            self._tools[tool] = decided
-        return decided[1]
+        return self._tools.may_run(self.view, tool)

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import json
 import os
 import time
@@ -46,6 +47,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, NamedTuple
 
 from cortexfs.agents.host import require_host_administrator
+from cortexfs.agents.projection import RecentDecisions
 from cortexfs.agents.view import AgentView
 from cortexfs.errors import CtxError, denied, invalid, not_found
 from cortexfs.policy import Credentials, check_authority, check_tool_execute
@@ -67,6 +69,11 @@ _CONSISTENT_READ_SECONDS = 2.0  # reinstalls back to back may keep a reader wait
 
 Frame = dict[str, Any]
 Observer = Callable[[Frame], None]
+
+# Which system tools a call's CTX_MOUNTS show, each answer kept a second: a worker or a
+# terminal calling tools back to back runs the chain for each call's own tool, not also for
+# every other tool its agent may run (P-5 still admits every call afresh).
+_SHOWN_TOOLS = RecentDecisions()
 
 
 class UnreadableInput(NamedTuple):
@@ -160,6 +167,7 @@ class _Call:
         self.location = "tool"
         self.controls: ToolControls | None = None
         self.hook_names: dict[str, list[str]] = {}
+        self.environment: dict[str, str] | None = None  # the tool's and its hooks'
         self.request: dict[str, Any] = {}
         self.workspace = workspace
         self.stage = "caller"  # the stage in progress, for a failure no stage anticipated
@@ -428,10 +436,17 @@ class _Call:
         return hooks.run_hooks(self.tool, phase, names, context, self._process_spec([], None))
 
     def _process_spec(self, argv: list[str], timeout: float | None) -> ProcessSpec:
+        """How the tool, or one of its hooks, is started: all with one environment."""
         assert self.view is not None and self.session_ref is not None
-        env = self.view.tool_environment(
-            tool=self.tool_name, session=self.session_ref.name, call=self.call, mode=self.mode
-        )
+        if self.environment is None:
+            self.environment = self.view.tool_environment(
+                tool=self.tool_name,
+                session=self.session_ref.name,
+                call=self.call,
+                mode=self.mode,
+                may_execute=functools.partial(_SHOWN_TOOLS.may_run, self.view),
+            )
+        env = self.environment
         _, cwd = self.view.working_directory()
         may_connect = self.view.allows("network", "default", "connect")
         return ProcessSpec(argv, env, str(cwd), self.view.identity, timeout, network=may_connect)

@@ -13,12 +13,13 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 
 import pytest
 
-from cortexfs.agents.projection import ViewRules
+from cortexfs.agents.projection import FRESH_SECONDS, ViewRules
 from cortexfs.agents.view import AgentView
 from cortexfs.shared.spaces import create_shared_space
 from cortexfs.tools.core import confine
@@ -250,6 +251,20 @@ def test_a_policy_change_shows_at_the_next_call(team: World) -> None:
 
     assert names(team, "/ctx/shared") == ["cortexfs-docs", "open"]
     assert refusal(team, "fs.read", {"path": "/ctx/shared/ro/data/r.txt"})[0] == errno.EACCES
+
+
+def test_a_revoked_tool_is_refused_at_once_and_hidden_within_a_second(team: World) -> None:
+    """Which tools a call's view shows is kept for a second (a worker does not run the chain
+    for every tool its agent may run at every job); whether the call's own tool runs is
+    decided afresh at every call."""
+    assert "fs.stat" in names(team, "/ctx/tool")
+    (team.root / "tool" / "fs.stat.d" / "policy").write_text("")  # the tool's half of P-6
+
+    refused = team.run("fs.stat", {"path": "/ctx"})
+
+    assert refused.status == "error" and refused.error.stage == "authorize", refused
+    time.sleep(FRESH_SECONDS)
+    assert "fs.stat" not in names(team, "/ctx/tool")
 
 
 # ------------------------------------------------------------------- one decision, no copy
