@@ -14,6 +14,7 @@ import errno
 import os
 import stat
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from cortexfs.names import is_job_name, job_name_problem
@@ -190,7 +191,6 @@ def _scan_pending(queue: Queue, result: Scan) -> None:
 
 def _scan_job_dirs(queue: Queue, result: Scan, state: str) -> None:
     """``claimed/J/J`` or ``lease/J/worker``: a directory per job holding one regular file."""
-    inner_expected = LEASE_FILE if state == "lease" else None
     for entry in _entries(queue.dirs[state]):
         path = f"{state}/{entry.name}"
         if not is_job_name(entry.name):
@@ -203,13 +203,8 @@ def _scan_job_dirs(queue: Queue, result: Scan, state: str) -> None:
             result.ignored.append(Ignored(path, f"a {_kind(entry)}, not a {state} directory"))
             evidence.bad.append(path)
             continue
-        if state == "claimed":
-            evidence.claim_dir = True
-        else:
-            evidence.lease_dir = True
-        expected = inner_expected or entry.name
         try:
-            inners = _job_dir_entries(queue, state, entry.name)
+            job_fd = queue.open_job_dir(state, entry.name)
         except FileNotFoundError:
             continue  # removed while we looked
         except OSError as exc:
@@ -218,32 +213,62 @@ def _scan_job_dirs(queue: Queue, result: Scan, state: str) -> None:
             result.ignored.append(Ignored(path, f"cannot be read: {errno_text(exc)}"))
             evidence.bad.append(path)
             continue
-        for name, kind, inode in inners:
-            inner_path = f"{path}/{name}"
-            if name != expected:
-                result.ignored.append(Ignored(inner_path, f"unexpected entry in {path}/"))
-                evidence.bad.append(inner_path)
-            elif kind != REGULAR_FILE:
-                result.ignored.append(Ignored(inner_path, f"a {kind}, not a regular file"))
-                evidence.bad.append(inner_path)
-            elif state == "claimed":
-                evidence.claim_request = inode
-            else:
-                evidence.lease_file = True
+        try:
+            _take_job_dir(evidence, state, job_fd, _listed_inode, result.ignored)
+        finally:
+            os.close(job_fd)
 
 
-def _job_dir_entries(queue: Queue, state: str, job: str) -> list[tuple[str, str, int]]:
-    """``(name, kind, inode)`` of each entry of ``state/job/``.
+def _listed_inode(entry: os.DirEntry[str]) -> int:
+    return entry.inode()
 
-    Classified before the directory's descriptor is closed: an entry of a listing made
+
+def _looked_up_inode(entry: os.DirEntry[str]) -> int:
+    return entry.stat(follow_symlinks=False).st_ino
+
+
+def _take_job_dir(
+    evidence: JobEvidence,
+    state: str,
+    job_fd: int,
+    inode_of: Callable[[os.DirEntry[str]], int],
+    ignored: list[Ignored] | None = None,
+) -> None:
+    """Record what ``state/J/`` (open as ``job_fd``) holds: its one expected regular file
+    (``claimed/J/J``, ``lease/J/worker``), and anything else there as evidence of the wrong
+    kind, which makes J a conflict (Q-6), also added to ``ignored`` when given.  ``status``,
+    ``show`` and ``recover`` judge a job from this one reading, so none of them takes a job
+    for a repair that another calls a conflict.
+
+    Entries are classified before the descriptor is closed: an entry of a listing made
     through a descriptor looks itself up through that descriptor again (a FIFO's kind, or
-    any kind on a filesystem whose listings carry none).
+    any kind on a filesystem whose listings carry none).  ``inode_of`` reads the request's
+    inode number as the rest of J's evidence was read (:func:`_listed_inode` by
+    :func:`scan`, :func:`_looked_up_inode` by :func:`evidence_of`): they are compared, and
+    a listing's number may differ from a lookup's (overlayfs).
     """
-    job_fd = queue.open_job_dir(state, job)
-    try:
-        return [(entry.name, _kind(entry), entry.inode()) for entry in _entries(job_fd)]
-    finally:
-        os.close(job_fd)
+    path = f"{state}/{evidence.job}"
+    if state == "claimed":
+        evidence.claim_dir = True
+    else:
+        evidence.lease_dir = True
+    expected = LEASE_FILE if state == "lease" else evidence.job
+    for entry in sorted(_entries(job_fd), key=lambda entry: entry.name):
+        inner_path = f"{path}/{entry.name}"
+        kind = _kind(entry)
+        if entry.name != expected:
+            reason = f"unexpected entry in {path}/"
+        elif kind != REGULAR_FILE:
+            reason = f"a {kind}, not a regular file"
+        elif state == "claimed":
+            evidence.claim_request = inode_of(entry)
+            continue
+        else:
+            evidence.lease_file = True
+            continue
+        if ignored is not None:
+            ignored.append(Ignored(inner_path, reason))
+        evidence.bad.append(inner_path)
 
 
 def errno_text(exc: OSError) -> str:
@@ -298,7 +323,8 @@ def _scan_inbox(queue: Queue, result: Scan) -> None:
 
 
 def evidence_of(queue: Queue, job: str) -> JobEvidence:
-    """The evidence of one job by direct lookups (no directory listing)."""
+    """The evidence of one job by direct lookups (no listing but of J's own ``claimed/J/``
+    and ``lease/J/``), as :func:`scan` finds it."""
     evidence = JobEvidence(job)
 
     def regular(dir_fd: int, name: str, path: str) -> int | None:
@@ -310,37 +336,28 @@ def evidence_of(queue: Queue, job: str) -> JobEvidence:
             return None
         return st.st_ino
 
-    def directory(state: str) -> int | None:
+    def job_dir(state: str) -> None:
         st = lstat_at(queue.dirs[state], job)
         if st is None:
-            return None
+            return
         if not stat.S_ISDIR(st.st_mode):
             evidence.bad.append(f"{state}/{job}")  # as scan() sees it: never followed
-            return None
+            return
         try:
-            return queue.open_job_dir(state, job)
+            job_fd = queue.open_job_dir(state, job)
         except FileNotFoundError:
-            return None
+            return
         except OSError:
             evidence.bad.append(f"{state}/{job}")  # swapped for a symlink, or unreadable
-            return None
+            return
+        try:
+            _take_job_dir(evidence, state, job_fd, _looked_up_inode)
+        finally:
+            os.close(job_fd)
 
     evidence.pending = regular(queue.pending, job, f"pending/{job}")
-    claim_fd = directory("claimed")
-    if claim_fd is not None:
-        evidence.claim_dir = True
-        try:
-            evidence.claim_request = regular(claim_fd, job, f"claimed/{job}/{job}")
-        finally:
-            os.close(claim_fd)
-    lease_fd = directory("lease")
-    if lease_fd is not None:
-        evidence.lease_dir = True
-        try:
-            path = f"lease/{job}/{LEASE_FILE}"
-            evidence.lease_file = regular(lease_fd, LEASE_FILE, path) is not None
-        finally:
-            os.close(lease_fd)
+    job_dir("claimed")
+    job_dir("lease")
     for state in ("done", "failed"):
         dir_fd = queue.dirs[state]
         setattr(evidence, f"{state}_request", regular(dir_fd, job, f"{state}/{job}"))

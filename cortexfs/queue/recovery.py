@@ -128,7 +128,7 @@ def recover(
             # One job we cannot repair (EACCES in a directory another user made, a symlink
             # swapped in since the scan) must not cost every other job its repair: say what
             # failed and carry on; the run then ends inconsistent (exit 1).
-            report.errors.append(_failure(found.jobs[job], exc))
+            report.errors.append(_failure(queue, found.jobs[job], exc))
     for temp in found.temps:
         if temp.age < grace:
             continue  # a publish, lease or finish may still be writing it
@@ -148,19 +148,24 @@ def recover(
     return report
 
 
-def _failure(evidence: ev.JobEvidence, exc: OSError | CtxError) -> Finding:
-    """What recover could not do for a job, with the errno that stopped it."""
+def _failure(queue: Queue, scanned: ev.JobEvidence, exc: OSError | CtxError) -> Finding:
+    """What recover could not do for a job, with the errno that stopped it, and where the
+    job stands now: a transition stopped part-way leaves a state the next run handles, and
+    the report must not say the job was left as it was."""
     if isinstance(exc, CtxError):
         code, reason = exc.code_name, str(exc)
     else:
         code, reason = errno.errorcode.get(exc.errno or 0, "EIO"), ev.errno_text(exc)
-    return Finding(
-        evidence.job,
-        "error",
-        f"{reason}; left as it is",
-        evidence=evidence.paths(),
-        error=code,
-    )
+    try:
+        now = ev.evidence_of(queue, scanned.job)
+    except OSError:
+        now = scanned  # nothing more can be said of it from here
+    if sorted(now.paths()) == sorted(scanned.paths()):  # nothing moved or went away
+        where = "left as it is"
+    else:
+        assessment = ev.assess(now)
+        where = f"stopped part-way: it is now {assessment.state} ({assessment.detail})"
+    return Finding(scanned.job, "error", f"{reason}; {where}", evidence=now.paths(), error=code)
 
 
 def _temp_failure(temp: ev.Temp, exc: OSError) -> Finding:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import errno
 import fcntl
 import json
 import os
@@ -16,6 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from cortexfs.durable import FsOps
 from cortexfs.queue import Holder, Queue, claim, finish, publish, recover
 from cortexfs.queue.evidence import assess, evidence_of
 from cortexfs.queue.holder import LocalSystem
@@ -295,6 +297,53 @@ def test_conflicts_are_reported_with_evidence_and_never_resolved(
         assert not report.consistent and [f.job for f in report.conflicts] == [job]
         assert set(paths) <= set(report.conflicts[0].evidence)
     assert sorted(str(p) for p in queue_dir.rglob("*")) == before
+
+
+@pytest.mark.parametrize("extra", ["claimed/j.req.json/notes", "lease/j.req.json/notes"])
+def test_a_claim_status_calls_a_conflict_is_never_requeued(
+    queue: Queue, me: Holder, queue_dir: Path, root: Path, extra: str
+) -> None:
+    """One more file in ``claimed/J/`` or ``lease/J/`` makes J a conflict for ``status``,
+    ``show`` and ``recover`` alike, whether its holder is alive or not: recover neither moves
+    its request nor removes its lease (Q-6, I-5)."""
+    job = claimed_by(queue, dataclasses.replace(me, pid=dead_pid()))
+    (queue_dir / extra).write_text("a note\n")
+    before = sorted(str(p) for p in queue_dir.rglob("*"))
+
+    for reconcile in (False, True):
+        report = recover(queue, reconcile=reconcile)
+        assert [f.job for f in report.conflicts] == [job] and report.requeued == []
+        assert report.errors == [] and extra in report.conflicts[0].evidence
+
+    assert sorted(str(p) for p in queue_dir.rglob("*")) == before
+    status = ctx(root, "queue", "status", "--project", PROJECT, "--json")
+    shown = ctx(root, "queue", "show", "--project", PROJECT, "--json", job)
+    for answer in (status, shown):
+        assert answer.returncode == 1, answer.stdout + answer.stderr
+        assert '"conflict"' in answer.stdout and extra in answer.stdout
+
+
+def test_a_requeue_stopped_part_way_says_where_the_job_stands(queue_dir: Path, me: Holder) -> None:
+    """A transition that fails after its first move is reported with the state it left (the
+    next reconcile completes it), never as a job left as it was."""
+
+    class LeaseStaysOps(FsOps):
+        def unlink(self, name: str, dir_fd: int) -> None:
+            if name == "worker":
+                raise OSError(errno.EIO, "Input/output error")
+            super().unlink(name, dir_fd)
+
+    with Queue.open(queue_dir) as plain:
+        job = claimed_by(plain, dataclasses.replace(me, pid=dead_pid()))
+    with Queue.open(queue_dir, LeaseStaysOps()) as failing:
+        report = recover(failing)
+    [failure] = report.errors
+    assert failure.error == "EIO" and "left as it is" not in failure.detail
+    assert "stopped part-way: it is now incomplete" in failure.detail, failure.detail
+    assert f"pending/{job}" in failure.evidence
+    with Queue.open(queue_dir) as plain:
+        assert recover(plain, reconcile=True).consistent
+        assert state_of(plain, job) == "pending"
 
 
 def test_recover_after_finish_changes_nothing(queue: Queue, me: Holder, queue_dir: Path) -> None:
