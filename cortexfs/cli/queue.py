@@ -439,9 +439,13 @@ def _acknowledge_claim(won: protocol.Claim, as_json: bool) -> None:
 def renew(queue_dir: Path, as_json: bool, job: str, pid: int | None, ttl: float | None) -> None:
     """Extend the caller's own lease on JOB (EACCES when another process holds it)."""
     job = _job_argument(job)
-    holder = _holder(pid, None)
+    callers = [_holder(pid, None)]
+    if pid is None:
+        # The shell that claimed may have exec'd this command in its own process (bash
+        # does so with the last command of 'bash -c "claim && renew"'): then it is us.
+        callers.append(Holder.for_process(os.getpid(), None))
     with open_queue(queue_dir) as q, held_interrupts():  # no temp left in inbox/
-        lease = protocol.renew(q, job, holder, ttl)
+        lease = protocol.renew(q, job, callers, ttl)
         if as_json:
             emit_json(lease.to_json())
         else:

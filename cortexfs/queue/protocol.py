@@ -599,9 +599,13 @@ def read_lease(queue: Queue, job: str) -> Lease:
     return Lease.decode(data, job)
 
 
-def renew(queue: Queue, job: str, holder: Holder, ttl: float | None = None) -> Lease:
+def renew(
+    queue: Queue, job: str, holder: Holder | Sequence[Holder], ttl: float | None = None
+) -> Lease:
     """Extend the caller's own lease on J (Q-3) to ``ttl`` seconds from now; EACCES when
-    someone else holds it.
+    someone else holds it.  ``holder`` is the caller, or the processes the caller may be
+    (the first named in a refusal): a command run from a shell leases for the shell, and
+    may be the shell's own process, which ``bash -c 'a && b'`` execs ``b`` in.
 
     Without ``ttl``, for as long again as the lease was taken or last renewed for (a claim
     with ``--ttl 1000`` renews for 1000 s, not for the queue's default), so that a renewal
@@ -648,9 +652,13 @@ def _no_lease_to_renew(queue: Queue, job: str) -> CtxError:
     return not_found(f"there is no lease to renew: {where}")
 
 
-def _refuse_other_holder(job: str, lease: Lease, holder: Holder, verb: str) -> None:
-    """EACCES unless ``holder`` is the process ``lease`` names."""
-    if not lease.holder.is_same_process(holder):
+def _refuse_other_holder(
+    job: str, lease: Lease, holder: Holder | Sequence[Holder], verb: str
+) -> None:
+    """EACCES unless ``holder`` (or one of them) is the process ``lease`` names."""
+    callers = [holder] if isinstance(holder, Holder) else list(holder)
+    if not any(lease.holder.is_same_process(caller) for caller in callers):
+        holder = callers[0]
         theirs = lease.holder
         raise CtxError(
             errno.EACCES,

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -278,6 +279,26 @@ def test_renew_is_for_the_holder_only(root: Path, req: Path) -> None:
         env={**os.environ, "CTX_STORAGE": str(root)},
     )
     assert stranger.returncode == 1 and "EACCES" in stranger.stderr
+
+
+def test_renew_by_a_shell_that_execs_it_in_its_own_process(root: Path, req: Path) -> None:
+    """bash runs the last command of ``bash -c 'claim && renew'`` in its own process: the
+    renew is then the shell the claim leased for, and the holder renews."""
+    ctx(root, "queue", "publish", *P, "--name", "x", str(req))
+    queue = f"{sys.executable} -m cortexfs queue"
+    claim = f"{queue} claim --project {PROJECT} --ttl 10"
+    script = f"{claim} && {queue} renew --project {PROJECT} x --ttl 1000"
+    done = subprocess.run(
+        ["bash", "-c", script],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "CTX_STORAGE": str(root)},
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("x.req.json\nx.req.json leased until ")
+    lease = json.loads((qdir(root) / "lease" / "x.req.json" / "worker").read_text())
+    left = datetime.fromisoformat(lease["expires_at"]) - datetime.now(UTC)
+    assert left.total_seconds() > 900
 
 
 def test_finish_ok_with_a_json_result(root: Path, req: Path, tmp_path: Path) -> None:
