@@ -512,7 +512,7 @@ class _Evaluation:
             if names is None:
                 continue  # missing or linked: the runner refuses the damaged tool
             self.facts.require_strict_modes(directory)
-            for name in sorted(name for name in names if not name.startswith(".")):
+            for name in sorted(names):
                 status = lstat(self.root, directory / name)
                 if status is None or not stat.S_ISREG(status.st_mode):
                     continue  # not run as a hook (a link or special file vetoes the call)

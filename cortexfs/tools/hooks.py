@@ -1,9 +1,9 @@
 """Tool hooks (SPEC T-6): ``hooks/pre.d/*`` before a call, ``hooks/post.d/*`` after it.
 
-Hooks are executables in the tool's control directory, run in the byte order of their names;
-names starting with ``.`` are ignored (as ``run-parts`` does).  Each reads one JSON object on
-stdin: the call (tool, agent, session, call id, mode, input or argv) and, after the call, its
-result.
+Hooks are executables in the tool's control directory, run in the byte order of their names,
+all of them (T-6): a name starting with ``.`` hides no hook, so an executable nobody lists by
+default still guards the calls.  Each reads one JSON object on stdin: the call (tool, agent,
+session, call id, mode, input or argv) and, after the call, its result.
 
 * A pre-hook may veto the call: a non-zero exit or a timeout refuses it with EACCES, naming
   the hook and quoting the last line of its stderr.
@@ -73,7 +73,7 @@ def hook_names(tool: ToolObject, phase: str) -> list[str]:
         names = os.listdir(fd)
     finally:
         os.close(fd)
-    return sorted((name for name in names if not name.startswith(".")), key=os.fsencode)
+    return sorted(names, key=os.fsencode)
 
 
 def _open_hook_directory(tool: ToolObject, relative: str) -> int | None:

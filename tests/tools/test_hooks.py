@@ -42,16 +42,27 @@ def trace(world: World) -> list[str]:
 
 
 def test_pre_hooks_run_in_name_order_as_the_agent_then_the_tool(hooked: World) -> None:
-    for name in ("20-second", "10-first", ".hidden-ignored"):
+    """Every executable runs, a dot-named one too (T-6): a name nobody lists by default
+    must not turn a guard off."""
+    for name in ("20-second", "10-first", ".dotted"):
         add_hook(hooked, "pre", name)
 
     result = hooked.run("echo", {"x": 1})
 
     assert result.ok and result.output == {"x": 1}
     uid = hooked.user.uid
-    assert trace(hooked) == [f"10-first {uid} pre", f"20-second {uid} pre"]
+    assert trace(hooked) == [f".dotted {uid} pre", f"10-first {uid} pre", f"20-second {uid} pre"]
     seen = json.loads((hooked.workspace / "trace.10-first.json").read_text())
     assert (seen["hook"], seen["tool"], seen["input"]) == ("pre", "echo", {"x": 1})
+
+
+def test_a_dot_named_pre_hook_vetoes_as_any_other(hooked: World) -> None:
+    add_hook(hooked, "pre", ".veto", status=1)
+
+    result = hooked.run("echo", {"x": 1})
+
+    assert (result.error.errno, result.error.stage) == (errno.EACCES, "hook"), result
+    assert "hooks/pre.d/.veto vetoed the call (exit 1)" in str(result.error)
 
 
 def test_a_failing_pre_hook_vetoes_the_call_and_stops_the_others(hooked: World) -> None:
