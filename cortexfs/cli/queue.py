@@ -561,14 +561,19 @@ def _temp_kind(temp: dict[str, Any]) -> str:
     help="Only jobs in this state (pending ones in claim order).",
 )
 def list_command(queue_dir: Path, as_json: bool, state: str | None) -> None:
-    """List jobs: one name per line with --state, else 'STATE NAME' lines."""
+    """List jobs: one name per line with --state, else 'STATE NAME' lines.
+
+    Exit 1 when a listed job is a conflict (SPEC §2.4), else 0.
+    """
     with open_queue(queue_dir) as q:
         jobs = inspect.list_jobs(q, state)
+    listed_conflict = any(job["state"] == "conflict" for job in jobs)
     if as_json:
         emit_json(jobs)
-        return
-    for job in jobs:
-        echo_printable(job["name"] if state else f"{job['state']:<11}{job['name']}")
+    else:
+        for job in jobs:
+            echo_printable(job["name"] if state else f"{job['state']:<11}{job['name']}")
+    sys.exit(EXIT_REFUSED if listed_conflict else EXIT_OK)  # §2.4
 
 
 @queue.command()

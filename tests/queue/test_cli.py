@@ -573,10 +573,14 @@ def test_a_conflict_found_is_exit_status_1(root: Path, req: Path) -> None:
     status = ctx(root, "queue", "status", *P)
     status_json = ctx(root, "queue", "status", *P, "--json")
     show = ctx(root, "queue", "show", *P, "x")
+    listed = ctx(root, "queue", "list", *P, "--json")
+    done = ctx(root, "queue", "list", *P, "--state", "done")
 
     assert status.returncode == 1 and "conflict" in status.stdout
     assert status_json.returncode == 1 and json.loads(status_json.stdout)["conflicts"]
     assert show.returncode == 1 and "conflict" in show.stdout
+    assert listed.returncode == 1 and json.loads(listed.stdout)[0]["state"] == "conflict"
+    assert (done.returncode, done.stdout) == (0, "")  # no conflict among what it lists
     assert ctx(root, "queue", "claim", *P).returncode == 3  # never run a second time
 
 
