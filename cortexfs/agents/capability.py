@@ -7,6 +7,17 @@ that call's agent; the tool sends one JSON request per line, the host answers ea
 line. The binding is the receipt: the tool never names the agent, so an agent can change only
 its own controls, and only while its own call runs.
 
+A descriptor can be copied (``pidfd_getfd``, or inherited by whatever the tool starts), and
+another process of the agent's uid — another agent's — could use the copy while the call runs.
+So the capability is bound to more than the agent:
+
+* to the call's tool: it answers the operation of the tool it was handed to and no other
+  (``agent.update`` cannot create agents; both policies allowed that one tool, P-6);
+* to the tool's process: the host end receives the sender's credentials with every write
+  (``SO_PASSCRED``; the kernel fills them in, and a process without ``CAP_SYS_ADMIN`` cannot
+  claim another pid), and the first write from any other process ends the capability
+  unanswered.
+
 ``agent.update`` replaces exactly one of the caller's ``system.md`` or ``prompt.template.md``
 with at most :data:`MAX_UPDATE_BYTES` of UTF-8 text, atomically; any other control is EINVAL.
 It changes what the next run's prompt is rendered from, nothing else.  Both operations leave
@@ -21,6 +32,7 @@ import errno
 import json
 import os
 import socket
+import struct
 import threading
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
@@ -42,15 +54,29 @@ if TYPE_CHECKING:
 UPDATABLE = ("system.md", "prompt.template.md")
 MAX_UPDATE_BYTES = 8 * 1024
 _MAX_LINE = 64 * 1024
+_CREDENTIALS = struct.Struct("iII")  # struct ucred: pid, uid, gid
+_START_SECONDS = 30.0  # how long a write may wait for the runner to say which process it started
 
 
 class Capability:
-    """One call's capability: the tool's end to pass on, the host's end served meanwhile."""
+    """One call's capability: the tool's end to pass on, the host's end served meanwhile.
 
-    def __init__(self, root: Path, agent: str, session: str = "") -> None:
-        self.root, self.agent, self.session = root, agent, session
+    ``operation`` is the one it answers (the call's tool); :meth:`bind` names the tool's
+    process once it is started, and only that process is answered."""
+
+    def __init__(self, root: Path, agent: str, operation: str, session: str = "") -> None:
+        self.root, self.agent, self.operation, self.session = root, agent, operation, session
         self._host, self._tool = socket.socketpair()
+        # Before the tool can write: credentials come with the writes made after this.
+        self._host.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+        self._tool_pid: int | None = None
+        self._started = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="capability", daemon=True)
+
+    def bind(self, pid: int) -> None:
+        """The tool's process, as started: the only writer answered."""
+        self._tool_pid = pid
+        self._started.set()
 
     @property
     def tool_descriptor(self) -> int:
@@ -74,20 +100,48 @@ class Capability:
             self._host.close()
 
     def _serve(self) -> None:
-        with contextlib.suppress(OSError), self._host.makefile("rwb") as channel:
-            while line := channel.readline(_MAX_LINE + 1):
-                if len(line) > _MAX_LINE:
-                    return  # not a request this capability answers: the tool is cut off
-                channel.write(json.dumps(self.answer(line)).encode() + b"\n")
-                channel.flush()
+        """Answer each line the tool's process writes; end at the first write of another
+        process, or at a line longer than any request (the tool is cut off: its call fails
+        with no answer, and nothing is done for the writer)."""
+        pending = b""
+        space = socket.CMSG_SPACE(_CREDENTIALS.size)
+        with contextlib.suppress(OSError):
+            try:
+                while True:
+                    data, ancillary, _, _ = self._host.recvmsg(_MAX_LINE + 1, space)
+                    if not data or not self._from_the_tool(ancillary):
+                        return
+                    pending += data
+                    while b"\n" in pending:
+                        line, pending = pending.split(b"\n", 1)
+                        self._host.sendall(json.dumps(self.answer(line)).encode() + b"\n")
+                    if len(pending) > _MAX_LINE:
+                        return
+            finally:
+                self._host.shutdown(socket.SHUT_RDWR)  # every copy's reader sees the end
+
+    def _from_the_tool(self, ancillary: list[tuple[int, int, bytes]]) -> bool:
+        """Whether the kernel says these bytes were written by the tool's process.  (A Unix
+        stream never joins the writes of two senders in one read.)"""
+        senders = [
+            _CREDENTIALS.unpack(data[: _CREDENTIALS.size])[0]
+            for level, kind, data in ancillary
+            if (level, kind) == (socket.SOL_SOCKET, socket.SCM_CREDENTIALS)
+        ]
+        if not self._started.wait(_START_SECONDS):
+            return False  # the runner never started a tool: nobody is answered
+        return senders == [self._tool_pid]
 
     def answer(self, line: bytes) -> dict[str, Any]:
         try:
             request = json.loads(line)
-            operation = OPERATIONS.get(request.get("op")) if isinstance(request, dict) else None
-            if operation is None:
-                raise invalid(f"the capability answers {' and '.join(OPERATIONS)} only")
-            return {"ok": True, **operation(self, request)}
+            asked = request.get("op") if isinstance(request, dict) else None
+            if asked != self.operation:
+                raise denied(
+                    f"this call's capability answers {self.operation} only, the tool it was "
+                    "given to"
+                )
+            return {"ok": True, **OPERATIONS[self.operation](self, request)}
         except CtxError as error:
             return error.to_json()
         except ValueError as exc:

@@ -44,7 +44,7 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from cortexfs.agents.host import require_host_administrator
 from cortexfs.agents.projection import RecentDecisions
@@ -62,6 +62,9 @@ from cortexfs.tools.ctxpath import Resolution, tier_location, which
 from cortexfs.tools.result import ERROR, OK, ToolError, ToolResult, decode_output, exit_error
 from cortexfs.tools.schemas import validate_input
 from cortexfs.tools.spawn import Finished, ProcessSpec, run_attached, run_captured
+
+if TYPE_CHECKING:
+    from cortexfs.agents.capability import Capability
 
 NATIVE, TERMINAL = "native", "terminal"
 DEFAULT_TIMEOUT = 60.0
@@ -168,6 +171,7 @@ class _Call:
         self.controls: ToolControls | None = None
         self.hook_names: dict[str, list[str]] = {}
         self.environment: dict[str, str] | None = None  # the tool's and its hooks'
+        self.capability: Capability | None = None  # served while the tool runs (A-5)
         self.request: dict[str, Any] = {}
         self.workspace = workspace
         self.stage = "caller"  # the stage in progress, for a failure no stage anticipated
@@ -355,8 +359,13 @@ class _Call:
         from cortexfs.agents.capability import Capability
 
         assert self.session_ref is not None
-        with Capability(self.root, self.agent, self.session_ref.name).serving() as capability:
-            yield capability
+        capability = Capability(self.root, self.agent, self.tool_name, self.session_ref.name)
+        with capability.serving():
+            self.capability = capability
+            try:
+                yield capability
+            finally:
+                self.capability = None
 
     def _run_process(self, spec: ProcessSpec, input_value: Any) -> ToolResult:
         with self._stage("run"):
@@ -375,7 +384,7 @@ class _Call:
                         on_stderr_line=self._stderr_line,
                     )
                 else:
-                    finished = run_attached(spec)
+                    finished = run_attached(spec, on_start=self._started)
             except OSError as exc:
                 raise CtxError(
                     exc.errno or errno.EIO, f"cannot start {spec.argv[0]}: {exc.strerror}"
@@ -511,6 +520,8 @@ class _Call:
         )
 
     def _started(self, pid: int) -> None:
+        if self.capability is not None:
+            self.capability.bind(pid)  # the one process it answers
         self._emit(
             {
                 "type": "call",

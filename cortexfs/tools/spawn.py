@@ -118,7 +118,7 @@ def run_captured(
     )
 
 
-def run_attached(spec: ProcessSpec) -> Finished:
+def run_attached(spec: ProcessSpec, *, on_start: Callable[[int], None] | None = None) -> Finished:
     """Run with the caller's stdin, stdout and stderr (terminal CLI mode, T-3)."""
     started = time.monotonic()
     argv, options, network_namespace = _launch(spec)
@@ -134,6 +134,8 @@ def run_attached(spec: ProcessSpec) -> Finished:
         )
     with orphans.GUARD.watching(process.pid):
         with _foreground(process.pid), _forwarding_signals(process.pid):
+            if on_start:
+                on_start(process.pid)
             timed_out = not _exits_within(process.pid, spec.timeout)
             if timed_out:
                 _kill_group(process.pid)

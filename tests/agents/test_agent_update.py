@@ -7,6 +7,7 @@ import json
 import os
 import stat
 import subprocess
+import sys
 
 from cortexfs.agents.capability import Capability
 from tests.tools.support import World
@@ -67,10 +68,70 @@ def test_the_capability_is_bound_to_the_calling_agent(world: World) -> None:
     others = system_md(world, "other")
     request = {"op": "agent.update", "control": "system.md", "content": "mine", "agent": "other"}
 
-    answer = Capability(world.root, "coder").answer(json.dumps(request).encode())
+    answer = Capability(world.root, "coder", "agent.update").answer(json.dumps(request).encode())
 
     assert answer["ok"] and answer["agent"] == "coder"
     assert system_md(world) == "mine" and system_md(world, "other") == others
+
+
+# Writes one request on the descriptor it is given, then prints the answer (or nothing).
+WRITER = """
+import os, sys
+fd = int(sys.argv[1])
+os.write(fd, sys.argv[2].encode())
+print(os.read(fd, 65536).decode(), end="")
+"""
+
+
+def ask(capability: Capability, request: dict[str, object]) -> subprocess.Popen[str]:
+    """A process of our uid writing ``request`` on a copy of the capability's tool end."""
+    descriptor = capability.tool_descriptor
+    line = json.dumps(request) + "\n"
+    return subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(descriptor), line],
+        pass_fds=(descriptor,),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_the_capability_answers_only_the_tool_process_it_was_given_to(world: World) -> None:
+    """A copy of the descriptor in another process of the uid (another agent's, which took it
+    with pidfd_getfd) gets no answer, and the capability ends unused (A-5)."""
+    granted(world)
+    before = system_md(world)
+    capability = Capability(world.root, "coder", "agent.update")
+    with capability.serving():
+        tool = subprocess.Popen(["sleep", "30"])  # the process the runner started
+        capability.bind(tool.pid)
+        thief = ask(capability, {"op": "agent.update", "control": "system.md", "content": "x"})
+        stolen, _ = thief.communicate(timeout=30)
+        tool.kill()
+        tool.wait()
+
+    assert stolen == "" and system_md(world) == before
+
+    capability = Capability(world.root, "coder", "agent.update")
+    with capability.serving():
+        tool = ask(capability, {"op": "agent.update", "control": "system.md", "content": "mine"})
+        capability.bind(tool.pid)  # possibly after its write: the write waits for it
+        answered, _ = tool.communicate(timeout=30)
+
+    assert json.loads(answered)["ok"] and system_md(world) == "mine"
+
+
+def test_the_capability_answers_the_operation_of_its_tool_only(world: World) -> None:
+    """agent.update's capability creates no agent: both policies allowed agent.update, not
+    agent.create (P-6)."""
+    granted(world)
+    with open(world.root / "agent" / "coder.d" / "policy", "a") as policy:
+        policy.write("allow coder_t agent:kid create\n")
+    request = {"op": "agent.create", "request": {"name": "kid", "label": "kid_t", "tools": []}}
+
+    answer = Capability(world.root, "coder", "agent.update").answer(json.dumps(request).encode())
+
+    assert answer["error"] == "EACCES" and "answers agent.update only" in answer["message"]
+    assert not (world.root / "agent" / "kid").exists()
 
 
 def test_both_policies_must_allow_it(world: World) -> None:
