@@ -255,13 +255,17 @@ def _take_job_dir(
     expected = LEASE_FILE if state == "lease" else evidence.job
     for entry in sorted(_entries(job_fd), key=lambda entry: entry.name):
         inner_path = f"{path}/{entry.name}"
-        kind = _kind(entry)
+        try:
+            kind = _kind(entry)
+            inode = inode_of(entry) if kind == REGULAR_FILE else None
+        except FileNotFoundError:
+            continue  # moved on since the listing (a finish, a requeue): no longer here
         if entry.name != expected:
             reason = f"unexpected entry in {path}/"
         elif kind != REGULAR_FILE:
             reason = f"a {kind}, not a regular file"
         elif state == "claimed":
-            evidence.claim_request = inode_of(entry)
+            evidence.claim_request = inode
             continue
         else:
             evidence.lease_file = True

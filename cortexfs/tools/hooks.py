@@ -2,7 +2,9 @@
 
 Hooks are executables in the tool's control directory, run in the byte order of their names,
 all of them (T-6): a name starting with ``.`` hides no hook, so an executable nobody lists by
-default still guards the calls.  Each reads one JSON object on stdin: the call (tool, agent,
+default still guards the calls (a hook is disabled by taking its execute bits away).  A
+dot-named entry that is no regular file is not even a failed hook: editors leave such links
+beside the file they edit.  Each reads one JSON object on stdin: the call (tool, agent,
 session, call id, mode, input or argv) and, after the call, its result.
 
 * A pre-hook may veto the call: a non-zero exit or a timeout refuses it with EACCES, naming
@@ -70,10 +72,21 @@ def hook_names(tool: ToolObject, phase: str) -> list[str]:
     if fd is None:
         return []
     try:
-        names = os.listdir(fd)
+        names = [name for name in os.listdir(fd) if not _dotted_non_file(fd, name)]
     finally:
         os.close(fd)
     return sorted(names, key=os.fsencode)
+
+
+def _dotted_non_file(directory_fd: int, name: str) -> bool:
+    """A dot-named entry that is not a regular file: an editor's lock link (``.#10-guard``)
+    or the like, never a hook — where any other link or special file is a failed hook."""
+    if not name.startswith("."):
+        return False
+    try:
+        return not stat.S_ISREG(os.stat(name, dir_fd=directory_fd, follow_symlinks=False).st_mode)
+    except FileNotFoundError:
+        return True
 
 
 def _open_hook_directory(tool: ToolObject, relative: str) -> int | None:

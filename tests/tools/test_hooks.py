@@ -65,6 +65,23 @@ def test_a_dot_named_pre_hook_vetoes_as_any_other(hooked: World) -> None:
     assert "hooks/pre.d/.veto vetoed the call (exit 1)" in str(result.error)
 
 
+def test_an_editors_dot_named_lock_link_is_no_hook(hooked: World) -> None:
+    """What Emacs leaves beside a hook it edits: a dangling link ``.#NAME``.  Any other link
+    in pre.d is a failed hook and vetoes; this one is skipped."""
+    add_hook(hooked, "pre", "10-guard")
+    pre = hooked.root / "tool/echo.d/hooks/pre.d"
+    os.symlink("root@host.1234:1700000000", pre / ".#10-guard")
+    os.symlink("10-guard", pre / "20-link")
+
+    vetoed = hooked.run("echo", {"x": 1})
+    (pre / "20-link").unlink()
+    passed = hooked.run("echo", {"x": 1})
+
+    assert (vetoed.error.errno, vetoed.error.stage) == (errno.EACCES, "hook"), vetoed
+    assert "hooks/pre.d/20-link" in str(vetoed.error)
+    assert passed.ok, passed
+
+
 def test_a_failing_pre_hook_vetoes_the_call_and_stops_the_others(hooked: World) -> None:
     add_hook(hooked, "pre", "10-guard", status=3)
     add_hook(hooked, "pre", "20-never")
