@@ -446,10 +446,17 @@ def renew(queue_dir: Path, as_json: bool, job: str, pid: int | None, ttl: float 
         callers.append(Holder.for_process(os.getpid(), None))
     with open_queue(queue_dir) as q, held_interrupts():  # no temp left in inbox/
         lease = protocol.renew(q, job, callers, ttl)
-        if as_json:
-            emit_json(lease.to_json())
-        else:
-            click.echo(f"{job} leased until {lease.to_json()['expires_at']}")
+    if pid is None and lease.holder.is_same_process(callers[1]):
+        click.echo(
+            f"ctx: note: the lease holder is this command's own process (the shell ran it in "
+            f"its place), which ends now: 'ctx queue recover' will requeue {job}; renew from "
+            "a shell that goes on working on the job",
+            err=True,
+        )
+    if as_json:
+        emit_json(lease.to_json())
+    else:
+        click.echo(f"{job} leased until {lease.to_json()['expires_at']}")
 
 
 @queue.command()

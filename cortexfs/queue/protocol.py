@@ -599,13 +599,11 @@ def read_lease(queue: Queue, job: str) -> Lease:
     return Lease.decode(data, job)
 
 
-def renew(
-    queue: Queue, job: str, holder: Holder | Sequence[Holder], ttl: float | None = None
-) -> Lease:
+def renew(queue: Queue, job: str, callers: Sequence[Holder], ttl: float | None = None) -> Lease:
     """Extend the caller's own lease on J (Q-3) to ``ttl`` seconds from now; EACCES when
-    someone else holds it.  ``holder`` is the caller, or the processes the caller may be
-    (the first named in a refusal): a command run from a shell leases for the shell, and
-    may be the shell's own process, which ``bash -c 'a && b'`` execs ``b`` in.
+    someone else holds it.  ``callers`` are the processes the caller may be, the first named
+    in a refusal: a command run from a shell leases for the shell, and may be the shell's own
+    process, which ``bash -c 'a && b'`` execs ``b`` in.
 
     Without ``ttl``, for as long again as the lease was taken or last renewed for (a claim
     with ``--ttl 1000`` renews for 1000 s, not for the queue's default), so that a renewal
@@ -619,7 +617,7 @@ def renew(
         ttl = check_ttl(ttl)
     with _locked_claim(queue, job, _no_lease_to_renew):
         current = read_lease(queue, job)
-        _refuse_other_holder(job, current, holder, "renews its lease")
+        _refuse_other_holder(job, current, callers, "renews its lease")
         if ttl is None:
             usable = 0 < current.period <= MAX_LEASE_TTL
             ttl = check_ttl(current.period if usable else queue.config.lease_ttl)
@@ -652,11 +650,8 @@ def _no_lease_to_renew(queue: Queue, job: str) -> CtxError:
     return not_found(f"there is no lease to renew: {where}")
 
 
-def _refuse_other_holder(
-    job: str, lease: Lease, holder: Holder | Sequence[Holder], verb: str
-) -> None:
-    """EACCES unless ``holder`` (or one of them) is the process ``lease`` names."""
-    callers = [holder] if isinstance(holder, Holder) else list(holder)
+def _refuse_other_holder(job: str, lease: Lease, callers: Sequence[Holder], verb: str) -> None:
+    """EACCES unless one of ``callers`` is the process ``lease`` names."""
     if not any(lease.holder.is_same_process(caller) for caller in callers):
         holder = callers[0]
         theirs = lease.holder
@@ -714,7 +709,7 @@ def finish(
                 raise CtxError(
                     errno.EACCES, f"job {job} is not leased to pid {holder.pid}: {lease.message}"
                 )
-            _refuse_other_holder(job, lease, holder, "finishes the job")
+            _refuse_other_holder(job, lease, [holder], "finishes the job")
         if _terminal_evidence(queue, job):
             # A second outcome beside the first would make J a conflict (Q-6).
             raise _finished_already(queue, job)

@@ -170,7 +170,7 @@ class LeaseKeeper(threading.Thread):
                 # Finished meanwhile, or the lease was taken away (expired and requeued, Q-5):
                 # nothing to renew; finish will find out and say so.
                 with contextlib.suppress(CtxError, OSError):
-                    renew(self.queue, job, self.holder, self.ttl)
+                    renew(self.queue, job, [self.holder], self.ttl)
 
 
 class Worker:

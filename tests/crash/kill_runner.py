@@ -103,7 +103,7 @@ def work(
                 continue
             executed.write(won.job)
             if renew_too:
-                renew(queue, won.job, holder, ttl=600)
+                renew(queue, won.job, [holder], ttl=600)
             finish(queue, won.job, outcome_of(won.job), {"by": identity()})
             acked.write(won.job)
 

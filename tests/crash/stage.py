@@ -133,7 +133,7 @@ class Stage:
 
     def renew(self, queue: Queue, job: str) -> None:
         with self.call(queue, "renew", job) as actor:
-            lease = renew(queue, job, self.holder, ttl=600)
+            lease = renew(queue, job, [self.holder], ttl=600)
             self.journal.ack(actor, "renew", job, lease.encode())
 
     def finish(self, queue: Queue, job: str, ok: bool) -> None:

@@ -77,7 +77,7 @@ def verbs(queue: Queue, journal: Journal, bypass: bool) -> list[tuple[str, Calla
         ("publish", publish_with_bypass),
         ("publish --batch", lambda: publish_batch(queue, [doc, doc], ["b", "c"])),
         ("claim", lambda: claim_job(queue, "a.req.json", me)),
-        ("renew", lambda: renew_lease(queue, "a.req.json", me)),
+        ("renew", lambda: renew_lease(queue, "a.req.json", [me])),
         ("finish --ok", lambda: finish(queue, "a.req.json", True, "out")),
         ("claim (exited holder)", lambda: claim_job(queue, "b.req.json", gone)),
         ("recover", lambda: recover(queue, grace=0)),

@@ -299,6 +299,11 @@ def test_renew_by_a_shell_that_execs_it_in_its_own_process(root: Path, req: Path
     lease = json.loads((qdir(root) / "lease" / "x.req.json" / "worker").read_text())
     left = datetime.fromisoformat(lease["expires_at"]) - datetime.now(UTC)
     assert left.total_seconds() > 900
+    # That process was the holder and has ended with the renew: it says so, and recover
+    # does what it says.
+    assert "'ctx queue recover' will requeue x.req.json" in done.stderr
+    recovered = ctx(root, "queue", "recover", *P)
+    assert recovered.returncode == 0 and "requeue  x.req.json" in recovered.stdout
 
 
 def test_finish_ok_with_a_json_result(root: Path, req: Path, tmp_path: Path) -> None:

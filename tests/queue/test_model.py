@@ -78,7 +78,7 @@ class QueueMachine(RuleBasedStateMachine):
     def renew_lease(self, who: int, name: str) -> None:
         job = f"{name}.req.json"
         try:
-            renew(self.queue, job, self.holders[who], ttl=600)
+            renew(self.queue, job, [self.holders[who]], ttl=600)
         except CtxError as exc:
             state, holder = self.model.get(job, ("absent", None))
             expected = errno.EACCES if state == "claimed" and holder != who else errno.ENOENT

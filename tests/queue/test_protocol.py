@@ -232,16 +232,16 @@ def test_renew_extends_only_the_holders_lease(queue: Queue, me: Holder, queue_di
     publish(queue, request(), name="r")
     won = claim(queue, me, ttl=5)
     assert won is not None
-    renewed = renew(queue, won.job, me, ttl=500)
+    renewed = renew(queue, won.job, [me], ttl=500)
     assert renewed.expires_at > won.lease.expires_at + 400
     stored = Lease.decode((queue_dir / "lease" / won.job / "worker").read_bytes())
     assert stored.expires_at == pytest.approx(renewed.expires_at, abs=1e-3)
     stranger = dataclasses.replace(me, pid=1)
     with pytest.raises(CtxError) as caught:
-        renew(queue, won.job, stranger)
+        renew(queue, won.job, [stranger])
     assert caught.value.errno == errno.EACCES
     with pytest.raises(CtxError) as caught:
-        renew(queue, "nothing", me)
+        renew(queue, "nothing", [me])
     assert caught.value.errno == errno.ENOENT
 
 
@@ -252,8 +252,8 @@ def test_renew_without_a_lifetime_renews_for_the_lease_s_own_period(
     won = claim(queue, me, ttl=1000)
     assert won is not None and queue.config.lease_ttl < 1000
 
-    renewed = renew(queue, won.job, me)
-    again = renew(queue, won.job, me)
+    renewed = renew(queue, won.job, [me])
+    again = renew(queue, won.job, [me])
 
     assert renewed.expires_at >= won.lease.expires_at
     assert renewed.period == pytest.approx(1000, abs=1e-3)
@@ -270,7 +270,7 @@ def test_renew_of_a_hand_written_lease_with_no_usable_period_takes_lease_ttl(
     backwards = {**json.loads(path.read_text()), "expires_at": "2001-01-01T00:00:00Z"}
     path.write_text(json.dumps(backwards))
 
-    renewed = renew(queue, won.job, me)
+    renewed = renew(queue, won.job, [me])
 
     assert renewed.period == pytest.approx(queue.config.lease_ttl, abs=1e-3)
 
@@ -487,7 +487,7 @@ def test_a_finish_meeting_a_result_that_is_no_file_calls_it_a_conflict(
 def test_renewing_a_pending_job_says_to_claim_it_before_renewing(queue: Queue, me: Holder) -> None:
     job = publish(queue, request(), name="waiting")
     with pytest.raises(CtxError) as refused:
-        renew(queue, job, me)
+        renew(queue, job, [me])
     assert refused.value.errno == errno.ENOENT
     assert refused.value.message == (
         "there is no lease to renew: job waiting.req.json is pending, not claimed; claim it "
@@ -504,7 +504,7 @@ def test_a_holder_whose_lease_was_taken_away_cannot_finish(queue: Queue, me: Hol
     time.sleep(0.2)
     assert [f.job for f in recover(queue).requeued] == [job]
     with pytest.raises(CtxError) as late_renewal:
-        renew(queue, job, me, ttl=300)
+        renew(queue, job, [me], ttl=300)
     assert late_renewal.value.errno == errno.ENOENT and "pending" in late_renewal.value.message
     second_holder = dataclasses.replace(me, pid=dead_pid(), worker="second")
     second = claim(queue, second_holder, ttl=300)

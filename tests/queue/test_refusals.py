@@ -124,7 +124,7 @@ def test_a_renewal_refused_leaves_the_old_lease_and_no_temp_file(
         ops.refused = q.open_job_dir("lease", won.job)
         try:
             with pytest.raises(OSError):
-                renew(q, won.job, me, 600)
+                renew(q, won.job, [me], 600)
         finally:
             os.close(ops.refused)
     assert (queue_dir / "lease" / won.job / "worker").read_bytes() == before
