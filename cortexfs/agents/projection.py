@@ -104,19 +104,31 @@ class RecentDecisions:
     the agent may run: asked afresh at every call, a worker draining a queue would run the
     chain once for each tool the agent may run per job, not once.  Only what the view *shows*
     is kept: the call's own tool is admitted by the chain at every call, however recent the
-    answer kept here.  Answers are per storage root, agent and ``/workspace`` (the facts a
-    view is decided from); concurrent askers at worst decide the same answer twice."""
+    answer kept here.  Answers are kept per storage root, agent and ``/workspace`` (all that
+    names the view asked for), and only for names that can be tools; answers older than a
+    second are dropped as others are added, so a long-lived viewer (the FUSE daemon) keeps no
+    more than a second's worth.  Concurrent askers at worst decide the same answer twice."""
+
+    _TIDY_AT = 1024  # entries kept before the stale ones are dropped
 
     def __init__(self) -> None:
         self._answers: dict[tuple[str, str, str, str], tuple[float, bool]] = {}
 
     def may_run(self, view: AgentView, tool: str) -> bool:
+        if not is_object_name(tool):
+            return False  # no tool: nothing to decide, nothing to keep
         workspace = "" if view.workspace is None else str(view.workspace.source)
         key = (os.fspath(view.root), view.name, workspace, tool)
         now = time.monotonic()
         decided = self._answers.get(key)
         if decided is None or now - decided[0] >= FRESH_SECONDS:
             decided = (now, may_run(view, tool))
+            if len(self._answers) >= self._TIDY_AT:
+                self._answers = {
+                    kept: answer
+                    for kept, answer in self._answers.items()
+                    if now - answer[0] < FRESH_SECONDS
+                }
             self._answers[key] = decided
         return decided[1]
 

@@ -73,9 +73,9 @@ _CONSISTENT_READ_SECONDS = 2.0  # reinstalls back to back may keep a reader wait
 Frame = dict[str, Any]
 Observer = Callable[[Frame], None]
 
-# Which system tools a call's CTX_MOUNTS show, each answer kept a second: a worker or a
-# terminal calling tools back to back runs the chain for each call's own tool, not also for
-# every other tool its agent may run (P-5 still admits every call afresh).
+# Which system tools a call's CTX_MOUNTS show, each answer kept a second: a worker calling
+# tools back to back runs the chain for each call's own tool, not also for every other tool
+# its agent may run (P-5 still admits every call afresh).
 _SHOWN_TOOLS = RecentDecisions()
 
 

@@ -267,6 +267,16 @@ def test_a_revoked_tool_is_refused_at_once_and_hidden_within_a_second(team: Worl
     assert "fs.stat" not in names(team, "/ctx/tool")
 
 
+def test_the_tools_kept_for_one_agent_never_show_to_another(team: World) -> None:
+    """What one agent's calls keep for a second is its own: another agent of the same uid,
+    asking within that second, sees only the tools it may run."""
+    team.agent("peer", tools=["fs.list"])
+    team.allow_tool("fs.list", label="peer_t")
+
+    assert "fs.stat" in names(team, "/ctx/tool")
+    assert names(team, "/ctx/tool", agent="peer") == ["fs.list", "fs.list.d", "tsh.d"]
+
+
 # ------------------------------------------------------------------- one decision, no copy
 
 
