@@ -25,6 +25,7 @@ a state the next run handles, and a second run changes nothing.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 from dataclasses import dataclass, field
 from typing import Any
@@ -124,11 +125,13 @@ def recover(
     for job in sorted(found.jobs):
         try:
             _recover_job(queue, found.jobs[job], report, reconcile=reconcile, dry_run=dry_run)
+        except _StoppedPartWay as stopped:
+            report.errors.append(_failure(stopped.cause, found.jobs[job], queue, stopped.before))
         except (OSError, CtxError) as exc:
             # One job we cannot repair (EACCES in a directory another user made, a symlink
             # swapped in since the scan) must not cost every other job its repair: say what
             # failed and carry on; the run then ends inconsistent (exit 1).
-            report.errors.append(_failure(queue, found.jobs[job], exc))
+            report.errors.append(_failure(exc, found.jobs[job]))
     for temp in found.temps:
         if temp.age < grace:
             continue  # a publish, lease or finish may still be writing it
@@ -148,23 +151,36 @@ def recover(
     return report
 
 
-def _failure(queue: Queue, scanned: ev.JobEvidence, exc: OSError | CtxError) -> Finding:
-    """What recover could not do for a job, with the errno that stopped it, and where the
-    job stands now: a transition stopped part-way leaves a state the next run handles, and
+class _StoppedPartWay(Exception):
+    """A transition that failed once it had begun: it may have changed part of the job."""
+
+    def __init__(self, cause: OSError | CtxError, before: ev.JobEvidence) -> None:
+        super().__init__(str(cause))
+        self.cause, self.before = cause, before
+
+
+def _failure(
+    exc: OSError | CtxError,
+    scanned: ev.JobEvidence,
+    queue: Queue | None = None,
+    before: ev.JobEvidence | None = None,
+) -> Finding:
+    """What recover could not do for a job, with the errno that stopped it.  For a
+    transition that had begun (``before``: the evidence it began from, read under the job's
+    lock), also where the job stands now: it stopped in a state the next run handles, and
     the report must not say the job was left as it was."""
     if isinstance(exc, CtxError):
         code, reason = exc.code_name, str(exc)
     else:
         code, reason = errno.errorcode.get(exc.errno or 0, "EIO"), ev.errno_text(exc)
-    try:
-        now = ev.evidence_of(queue, scanned.job)
-    except OSError:
-        now = scanned  # nothing more can be said of it from here
-    if sorted(now.paths()) == sorted(scanned.paths()):  # nothing moved or went away
-        where = "left as it is"
-    else:
-        assessment = ev.assess(now)
-        where = f"stopped part-way: it is now {assessment.state} ({assessment.detail})"
+    now = scanned
+    where = "left as it is"
+    if queue is not None and before is not None:
+        with contextlib.suppress(OSError):
+            now = ev.evidence_of(queue, scanned.job)
+        if sorted(now.paths()) != sorted(before.paths()):
+            assessment = ev.assess(now)
+            where = f"stopped part-way: it is now {assessment.state} ({assessment.detail})"
     return Finding(scanned.job, "error", f"{reason}; {where}", evidence=now.paths(), error=code)
 
 
@@ -323,7 +339,10 @@ def _apply(
             finding.detail += f"; left alone, lease holder {verdict.state}: {verdict.reason}"
             return HELD
         with held_interrupts():  # Ctrl-C lands between two jobs, never inside one's move
-            transition(queue, job, claim_fd)
+            try:
+                transition(queue, job, claim_fd)
+            except (OSError, CtxError) as exc:
+                raise _StoppedPartWay(exc, evidence) from exc
         return None
     finally:
         if claim_fd is not None:
