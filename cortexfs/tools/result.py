@@ -13,10 +13,11 @@ A record is then a tuple: it serialises only through its ``to_json``, never on i
 from __future__ import annotations
 
 import errno as errno_names
-import json
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, NamedTuple
+
+from cortexfs import jsontext
 
 OK, ERROR = "ok", "error"
 
@@ -102,10 +103,15 @@ class ToolResult(NamedTuple):
 
 
 def decode_output(stdout: bytes) -> Any:
-    """The tool's stdout: its JSON value when it printed one, else its text."""
+    """The tool's stdout: its JSON value when it printed one, else its text.
+
+    JSON as every reader takes it (:func:`cortexfs.jsontext.loads_strict`): ``NaN`` or
+    ``Infinity``, which JSON has no number for, or nesting deeper than any document is
+    meant to have, would make the result file, the session's events and the tool's log
+    unreadable JSON, or fail their writing; such output is kept as the text it is."""
     text = stdout.decode("utf-8", "replace")
     try:
-        return json.loads(text)
+        return jsontext.loads_strict(text, unique_names=False)
     except ValueError:
         return text
 

@@ -100,6 +100,27 @@ def test_every_call_is_recorded_as_tool_call_and_tool_result(coder: World) -> No
     assert "hunter2" not in (coder.root / "tool/whoami.d/log").read_text()
 
 
+@pytest.mark.parametrize(
+    "printed",
+    ['{"a": NaN, "b": Infinity}', "[" * 1000 + "]" * 1000, '{"big": 1e999}'],
+    ids=["nan", "deep", "beyond-a-float"],
+)
+def test_output_no_json_reader_agrees_on_is_kept_as_text(world: World, printed: str) -> None:
+    """Output Python's reader takes but JSON has no such document for: recorded as the text
+    it is, so the session's events and the tool's log stay JSON every reader can read."""
+    world.install("odd", f"#!/bin/sh\ncat >/dev/null\necho '{printed}'\n")
+    world.agent("coder", tools=["odd"])
+    world.allow_tool("odd")
+
+    result = world.run("odd", {})
+
+    assert result.ok and result.output == printed + "\n", result
+    session = world.root / "home" / str(world.user.uid) / "agent/coder/session/default"
+    for log in (session / "events.jsonl", world.root / "tool/odd.d/log"):
+        for line in log.read_text().splitlines():
+            json.loads(line, parse_constant=pytest.fail)  # no NaN, no Infinity
+
+
 def test_native_input_is_validated_against_the_schema(coder: World) -> None:
     result = coder.run("fs.read", {"path": 42})
 
