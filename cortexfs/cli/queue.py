@@ -200,13 +200,13 @@ def _is_whole_result(document: Any) -> bool:
 _RESULT_FIELDS = frozenset({"status", "output", "worker", "started", "finished"})
 
 
-def ttl_option(help_text: str) -> Callable[[F], F]:
-    """``--ttl SECONDS``, checked while click parses (:func:`check_ttl`): a lease lifetime
-    that cannot make a date is a usage error before any job moves."""
+def ttl_option(help_text: str, check: Callable[[float], float] = check_ttl) -> Callable[[F], F]:
+    """``--ttl SECONDS``, checked while click parses (:func:`check_ttl`, or ``check``): a
+    lease lifetime that cannot make a date is a usage error before any job moves."""
 
     def checked(_ctx: click.Context, _param: click.Parameter, ttl: float | None) -> float | None:
         try:
-            return None if ttl is None else check_ttl(ttl)
+            return None if ttl is None else check(ttl)
         except CtxError as exc:
             raise click.BadParameter(exc.message) from None
 

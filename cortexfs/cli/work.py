@@ -34,6 +34,7 @@ from cortexfs.cli.queue import (
     worker_id_option,
 )
 from cortexfs.errors import CtxError
+from cortexfs.queue.holder import check_worker_ttl
 from cortexfs.worker.executors import NO_AGENT, executor_for
 from cortexfs.worker.loop import EXIT_ABORTED, Worker, WorkerOptions
 
@@ -156,7 +157,11 @@ def worker_options(fn: F) -> F:
             show_default=True,
             help="Per-job timeout in seconds; the tool's process group is killed after it.",
         ),
-        ttl_option("Lease lifetime in seconds (default: the queue's lease_ttl)."),
+        ttl_option(
+            "Lease lifetime in seconds, at least 1 (default: the queue's lease_ttl); renewed "
+            "every third of it while a job runs.",
+            check_worker_ttl,
+        ),
         worker_id_option("Worker id recorded in leases (default: HOST:PID)."),
     )
     for option in reversed(options):

@@ -31,6 +31,11 @@ _WHOLE_SECOND_TOLERANCE = 1.0
 # The longest lease a claim or renewal may take: long enough for any job, short enough that
 # expires_at stays a date (a float of seconds past year 9999 is not one).
 MAX_LEASE_TTL = 366 * 24 * 3600.0
+# The shortest lease a worker keeps: it renews every third of the lifetime, and a renewal is
+# a write and two fsyncs, which a busy disk can hold up for a good part of a second.  A lease
+# that lapses while its holder runs is, for recover, proof that the holder is gone (Q-5): the
+# job would run again beside the first run.
+MIN_WORKER_LEASE_TTL = 1.0
 
 ALIVE = "alive"
 GONE = "gone"
@@ -347,3 +352,15 @@ def check_ttl(ttl: float) -> float:
             f"(366 days), not {ttl!r}"
         )
     return float(ttl)
+
+
+def check_worker_ttl(ttl: float) -> float:
+    """``ttl`` if a worker can keep a lease of that lifetime renewed, else EINVAL."""
+    ttl = check_ttl(ttl)
+    if ttl < MIN_WORKER_LEASE_TTL:
+        raise invalid(
+            f"a worker's lease lifetime is at least {MIN_WORKER_LEASE_TTL:g} second, not {ttl:g}: "
+            "it renews every third of it, and a lease that lapses while its job runs lets "
+            "recover run the job again"
+        )
+    return ttl

@@ -30,6 +30,7 @@ from typing import Any, Protocol
 from cortexfs.errors import CtxError
 from cortexfs.queue import Claim, Holder, Queue, claim, finish, renew
 from cortexfs.queue.claim_order import HintedClaimOrder
+from cortexfs.queue.holder import check_worker_ttl
 from cortexfs.tools.result import ToolError
 from cortexfs.worker.inotify import PendingWatch, Wakeup
 
@@ -234,7 +235,7 @@ class Worker:
             # other workers): the first claim reads a name instead of listing pending/, and
             # workers started side by side are handed different jobs instead of racing for one.
             queue.claim_order = HintedClaimOrder(queue.path)
-            ttl = self.options.lease_ttl or queue.config.lease_ttl
+            ttl = check_worker_ttl(self.options.lease_ttl or queue.config.lease_ttl)
             keeper = LeaseKeeper(queue, holder, ttl)
             keeper.start()
             watch = PendingWatch(self.queue_dir / "pending", max_wait=self.options.max_wait)

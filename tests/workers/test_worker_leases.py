@@ -23,6 +23,20 @@ def wait_for(path: Path, timeout: float = 60) -> None:
         time.sleep(0.05)
 
 
+def test_a_worker_keeps_no_lease_shorter_than_a_second(farm: Farm) -> None:
+    """Renewed every third of its lifetime, a 0.1 s lease lapses whenever a renewal waits on
+    a busy disk, and recover then runs the job a second time: refused before any claim."""
+    job = farm.publish("shell.exec", {"cmd": "echo never"})
+    (farm.queue / "config").write_text("lease_ttl=0.5\n")
+
+    flag = farm.ctx("queue", "work", "--project", PROJECT, "--drain", "--ttl", "0.1")
+    configured = farm.ctx("queue", "work", "--project", PROJECT, "--drain")
+
+    assert flag.returncode == 2 and "at least 1 second" in flag.stderr, flag.stderr
+    assert configured.returncode == 1 and "at least 1 second" in configured.stderr
+    assert (farm.queue / "pending" / job).exists()
+
+
 def test_a_running_job_keeps_its_lease_well_before_expiry(farm: Farm) -> None:
     """A 1 s lease on a 3 s job: the worker renews it, so recover (which takes an expired
     lease as proof that its holder is gone) never finds it expired."""
