@@ -129,7 +129,10 @@ def read_controls(tool: ToolObject) -> ToolControls:
     if not _is_directory(tool.control_dir):
         # Said once for the whole directory, rather than as its first missing control.
         raise damaged(tool, f"its control directory {tool.name}.d/ is missing or not a directory")
-    missing = _missing_controls(tool)
+    # The tool's own policy is the authority chain's to judge (step 6: a missing or linked
+    # policy allows nothing), which every call asks next: refused there, the call says
+    # EACCES and the step, as 'ctx policy explain' does (P-5, P-6).
+    missing = _missing_controls(tool, judged_by_the_chain=("policy",))
     if missing:
         raise damaged(tool, missing[0])
     schema = _read_json(tool, "schema")
@@ -182,13 +185,14 @@ def layout_problems(tool: ToolObject) -> list[str]:
     return problems
 
 
-def _missing_controls(tool: ToolObject) -> list[str]:
+def _missing_controls(tool: ToolObject, judged_by_the_chain: tuple[str, ...] = ()) -> list[str]:
     """The controls of T-1 that are missing or of the wrong kind, and a ``name`` control that
     names another tool: a call of such a tool is refused as damaged, as ``ctx object list``
-    reports it, never run with what happens to be there."""
+    reports it, never run with what happens to be there.  ``judged_by_the_chain``: controls
+    left to the authority chain, which refuses the call for them itself."""
     problems = []
     for name in REQUIRED_FILES:
-        if not _is_regular(tool.control(name)):
+        if name not in judged_by_the_chain and not _is_regular(tool.control(name)):
             problems.append(f"{tool.name}.d/{name} is {_missing_or(tool.control(name), 'file')}")
     for name in HOOK_DIRS:
         if not _is_directory(tool.control(name)):

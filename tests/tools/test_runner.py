@@ -600,6 +600,31 @@ def test_a_tool_missing_any_control_of_t1_is_refused_as_object_list_reports_it(
         assert not (controls / "log").exists(), "a missing control is not made up"
 
 
+@pytest.mark.parametrize("damage", ["missing", "a link"])
+def test_a_tool_without_a_policy_of_its_own_is_refused_at_step_6(coder: World, damage: str) -> None:
+    """P-6: without the tool's own policy nothing is allowed, EACCES, and the chain names the
+    step, as 'ctx policy explain' does; the listing still calls the tool damaged (T-1)."""
+    policy = coder.root / "tool/whoami.d/policy"
+    kept = policy.read_text()
+    policy.unlink()
+    if damage == "a link":
+        (coder.scratch / "policy").write_text(kept)
+        policy.symlink_to(coder.scratch / "policy")
+
+    result = coder.run("whoami", {})
+    explained = ctx(coder.root, "policy", "explain", "coder", "tool:whoami", "execute")
+    listed = {o["name"]: o for o in json.loads(ctx(coder.root, "object", "list", "--json").stdout)}
+
+    assert (result.error.errno, result.error.stage, result.error.step) == (
+        errno.EACCES,
+        "authorize",
+        6,
+    ), result.error
+    assert result.exit_status is None, "the tool never ran"
+    assert explained.returncode == 1 and "step 6" in explained.stdout
+    assert listed["whoami"]["status"] == "damaged"
+
+
 def test_whatever_fails_after_tool_call_still_records_tool_result(coder: World) -> None:
     """A caller's observer that fails, or an interrupt, cannot leave a tool_call alone in the
     session, nor the tool's process running."""
