@@ -136,6 +136,8 @@ class Capability:
         try:
             request = json.loads(line)
             asked = request.get("op") if isinstance(request, dict) else None
+            if asked not in OPERATIONS:
+                raise invalid(f"the capability answers {' and '.join(OPERATIONS)} only")
             if asked != self.operation:
                 raise denied(
                     f"this call's capability answers {self.operation} only, the tool it was "
