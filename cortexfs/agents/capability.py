@@ -31,6 +31,7 @@ import dataclasses
 import errno
 import json
 import os
+import select
 import socket
 import struct
 import threading
@@ -70,13 +71,18 @@ class Capability:
         # Before the tool can write: credentials come with the writes made after this.
         self._host.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
         self._tool_pid: int | None = None
+        self._tool_exit: int | None = None  # readable once the tool's process has exited
         self._started = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="capability", daemon=True)
 
     def bind(self, pid: int) -> None:
-        """The tool's process, as started: the only writer answered."""
+        """The tool's process, as started: the only writer answered, and only while it runs
+        (a pid is free for another process once the tool has exited and been reaped).  The
+        tool has its copy of the capability now; ours is closed, one copy fewer to take."""
         self._tool_pid = pid
+        self._tool_exit = os.pidfd_open(pid)
         self._started.set()
+        self._tool.close()
 
     @property
     def tool_descriptor(self) -> int:
@@ -98,6 +104,8 @@ class Capability:
                 self._host.shutdown(socket.SHUT_RDWR)
             self._thread.join(timeout=5)
             self._host.close()
+            if self._tool_exit is not None:
+                os.close(self._tool_exit)
 
     def _serve(self) -> None:
         """Answer each line the tool's process writes; end at the first write of another
@@ -130,7 +138,14 @@ class Capability:
         ]
         if not self._started.wait(_START_SECONDS):
             return False  # the runner never started a tool: nobody is answered
-        return senders == [self._tool_pid]
+        return senders == [self._tool_pid] and self._tool_runs()
+
+    def _tool_runs(self) -> bool:
+        """Whether the bound process has not exited: then its pid is still its own, and the
+        writer the kernel named by it was the tool."""
+        assert self._tool_exit is not None
+        readable, _, _ = select.select([self._tool_exit], [], [], 0)
+        return not readable
 
     def answer(self, line: bytes) -> dict[str, Any]:
         try:

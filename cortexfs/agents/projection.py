@@ -109,10 +109,11 @@ class RecentDecisions:
     second are dropped as others are added, so a long-lived viewer (the FUSE daemon) keeps no
     more than a second's worth.  Concurrent askers at worst decide the same answer twice."""
 
-    _TIDY_AT = 1024  # entries kept before the stale ones are dropped
+    _TIDY_AT = 1024  # entries kept before the stale ones are first dropped
 
     def __init__(self) -> None:
         self._answers: dict[tuple[str, str, str, str], tuple[float, bool]] = {}
+        self._tidy_at = self._TIDY_AT
 
     def may_run(self, view: AgentView, tool: str) -> bool:
         if not is_object_name(tool):
@@ -123,12 +124,15 @@ class RecentDecisions:
         decided = self._answers.get(key)
         if decided is None or now - decided[0] >= FRESH_SECONDS:
             decided = (now, may_run(view, tool))
-            if len(self._answers) >= self._TIDY_AT:
+            if len(self._answers) >= self._tidy_at:
                 self._answers = {
                     kept: answer
                     for kept, answer in self._answers.items()
                     if now - answer[0] < FRESH_SECONDS
                 }
+                # Twice what is still fresh: dropping costs one pass per as many additions,
+                # however many names a viewer asks about in a second.
+                self._tidy_at = max(self._TIDY_AT, 2 * len(self._answers))
             self._answers[key] = decided
         return decided[1]
 

@@ -25,7 +25,13 @@ from cortexfs.cli.common import (
     storage_option,
 )
 from cortexfs.errors import denied
-from cortexfs.tools.controls import ToolObject, read_controls, require_available
+from cortexfs.tools.controls import (
+    ToolObject,
+    damaged,
+    layout_problems,
+    read_controls,
+    require_available,
+)
 from cortexfs.tools.core import CORE_TOOLS, tsh_config
 from cortexfs.tools.core.toolio import NATIVE
 from cortexfs.tools.ctxpath import which_on_user_path
@@ -89,6 +95,10 @@ def tool(name: str, args: tuple[str, ...], as_json: bool, storage_dir: Path | No
     # one its administrator disabled too (EACCES), and the call is logged (T-7).  Its hooks
     # run under an agent's identity, for agent calls; this call is the caller's own.
     core_tool = ToolObject(name, root / "tool")
+    # Every control, its own policy too: no chain runs here to refuse a tool without one.
+    problems = layout_problems(core_tool)
+    if problems:
+        raise damaged(core_tool, problems[0])
     require_available(core_tool, read_controls(core_tool))
     if as_json:
         os.environ["CTX_MODE"] = NATIVE

@@ -25,7 +25,6 @@ a state the next run handles, and a second run changes nothing.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 from dataclasses import dataclass, field
 from typing import Any
@@ -126,7 +125,7 @@ def recover(
         try:
             _recover_job(queue, found.jobs[job], report, reconcile=reconcile, dry_run=dry_run)
         except _StoppedPartWay as stopped:
-            report.errors.append(_failure(stopped.cause, found.jobs[job], queue, stopped.before))
+            report.errors.append(_failure(stopped.cause, found.jobs[job], stopped))
         except (OSError, CtxError) as exc:
             # One job we cannot repair (EACCES in a directory another user made, a symlink
             # swapped in since the scan) must not cost every other job its repair: say what
@@ -152,33 +151,30 @@ def recover(
 
 
 class _StoppedPartWay(Exception):
-    """A transition that failed once it had begun: it may have changed part of the job."""
+    """A transition that failed once it had begun, with J's evidence before it and after it,
+    both read while J's lock was held: what changed is this run's doing."""
 
-    def __init__(self, cause: OSError | CtxError, before: ev.JobEvidence) -> None:
+    def __init__(
+        self, cause: OSError | CtxError, before: ev.JobEvidence, after: ev.JobEvidence
+    ) -> None:
         super().__init__(str(cause))
-        self.cause, self.before = cause, before
+        self.cause, self.before, self.after = cause, before, after
 
 
 def _failure(
-    exc: OSError | CtxError,
-    scanned: ev.JobEvidence,
-    queue: Queue | None = None,
-    before: ev.JobEvidence | None = None,
+    exc: OSError | CtxError, scanned: ev.JobEvidence, stopped: _StoppedPartWay | None = None
 ) -> Finding:
-    """What recover could not do for a job, with the errno that stopped it.  For a
-    transition that had begun (``before``: the evidence it began from, read under the job's
-    lock), also where the job stands now: it stopped in a state the next run handles, and
-    the report must not say the job was left as it was."""
+    """What recover could not do for a job, with the errno that stopped it; for a transition
+    that had begun and changed part of the job, where the job stands now (a state the next
+    run handles): the report must not say the job was left as it was."""
     if isinstance(exc, CtxError):
         code, reason = exc.code_name, str(exc)
     else:
         code, reason = errno.errorcode.get(exc.errno or 0, "EIO"), ev.errno_text(exc)
-    now = scanned
-    where = "left as it is"
-    if queue is not None and before is not None:
-        with contextlib.suppress(OSError):
-            now = ev.evidence_of(queue, scanned.job)
-        if sorted(now.paths()) != sorted(before.paths()):
+    now, where = scanned, "left as it is"
+    if stopped is not None:
+        now = stopped.after
+        if sorted(now.paths()) != sorted(stopped.before.paths()):
             assessment = ev.assess(now)
             where = f"stopped part-way: it is now {assessment.state} ({assessment.detail})"
     return Finding(scanned.job, "error", f"{reason}; {where}", evidence=now.paths(), error=code)
@@ -342,7 +338,11 @@ def _apply(
             try:
                 transition(queue, job, claim_fd)
             except (OSError, CtxError) as exc:
-                raise _StoppedPartWay(exc, evidence) from exc
+                try:
+                    after = ev.evidence_of(queue, job)
+                except OSError:
+                    after = evidence  # nothing more can be said of it from here
+                raise _StoppedPartWay(exc, evidence, after) from exc
         return None
     finally:
         if claim_fd is not None:

@@ -83,9 +83,8 @@ print(os.read(fd, 65536).decode(), end="")
 """
 
 
-def ask(capability: Capability, request: dict[str, object]) -> subprocess.Popen[str]:
-    """A process of our uid writing ``request`` on a copy of the capability's tool end."""
-    descriptor = capability.tool_descriptor
+def ask(descriptor: int, request: dict[str, object]) -> subprocess.Popen[str]:
+    """A process of our uid writing ``request`` on ``descriptor``, a capability's tool end."""
     line = json.dumps(request) + "\n"
     return subprocess.Popen(
         [sys.executable, "-c", WRITER, str(descriptor), line],
@@ -102,10 +101,12 @@ def test_the_capability_answers_only_the_tool_process_it_was_given_to(world: Wor
     before = system_md(world)
     capability = Capability(world.root, "coder", "agent.update")
     with capability.serving():
+        copy = os.dup(capability.tool_descriptor)  # as pidfd_getfd would take it
         tool = subprocess.Popen(["sleep", "30"])  # the process the runner started
         capability.bind(tool.pid)
-        thief = ask(capability, {"op": "agent.update", "control": "system.md", "content": "x"})
+        thief = ask(copy, {"op": "agent.update", "control": "system.md", "content": "x"})
         stolen, _ = thief.communicate(timeout=30)
+        os.close(copy)
         tool.kill()
         tool.wait()
 
@@ -113,7 +114,8 @@ def test_the_capability_answers_only_the_tool_process_it_was_given_to(world: Wor
 
     capability = Capability(world.root, "coder", "agent.update")
     with capability.serving():
-        tool = ask(capability, {"op": "agent.update", "control": "system.md", "content": "mine"})
+        request = {"op": "agent.update", "control": "system.md", "content": "mine"}
+        tool = ask(capability.tool_descriptor, request)
         capability.bind(tool.pid)  # possibly after its write: the write waits for it
         answered, _ = tool.communicate(timeout=30)
 

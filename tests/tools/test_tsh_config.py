@@ -218,6 +218,9 @@ def test_ctx_tool_honours_the_tools_status_and_controls_and_logs_each_call(root:
     (controls / "status").write_text("disabled\n")
     disabled = ctx(root, "tool", "tsh.config", "cache_capacity=41")
     (controls / "status").write_text("available\n")
+    (controls / "policy").rename(controls / "policy.kept")
+    without_policy = ctx(root, "tool", "tsh.config", "cache_capacity=43")
+    (controls / "policy.kept").rename(controls / "policy")
     (controls / "description").unlink()
     damaged = ctx(root, "tool", "tsh.config", "cache_capacity=42")
 
@@ -225,6 +228,9 @@ def test_ctx_tool_honours_the_tools_status_and_controls_and_logs_each_call(root:
     assert disabled.returncode == 1 and disabled.stderr.startswith("ctx: EACCES: "), disabled.stderr
     assert "disabled" in disabled.stderr
     assert damaged.returncode == 1 and damaged.stderr.startswith("ctx: ENOEXEC: "), damaged.stderr
+    # No chain runs here to refuse a tool without a policy of its own: it is damaged (T-1).
+    assert without_policy.returncode == 1, without_policy.stderr
+    assert "tsh.config.d/policy is missing" in without_policy.stderr
     assert (root / CONFIG).read_bytes() == before.replace(
         b"cache_capacity=32", b"cache_capacity=40"
     )
