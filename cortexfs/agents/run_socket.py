@@ -30,6 +30,7 @@ import signal
 import socket
 import struct
 import sys
+import time
 from pathlib import Path
 
 from cortexfs.agents.sandbox import session_processes
@@ -38,6 +39,7 @@ from cortexfs.errors import denied
 from cortexfs.shared.sessions import SessionRef
 
 _MAX_REQUEST = 1024 * 1024
+CALL_END_SECONDS = 2.0  # for the calls running when the terminal ends to record their end
 _REFUSED = 126  # tsh's status for a call the host did not run
 Request = dict[str, object]
 Namespace = tuple[int, int]  # a pid namespace: the device and inode of /proc/<pid>/ns/pid
@@ -85,7 +87,10 @@ class RunSocket:
     def serve(self, listener: socket.socket) -> None:
         """One message from tsh: a command line to run as the agent in a child process, which
         answers with its exit status; or an interrupt for the running calls."""
-        connection, _ = listener.accept()
+        try:
+            connection, _ = listener.accept()
+        except OSError:
+            return  # gone before it was taken, or out of descriptors: the next round retries
         connection.setblocking(True)
         with connection:
             try:
@@ -122,6 +127,24 @@ class RunSocket:
         for pid in self.calls:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGINT)
+
+    def end(self, grace: float = CALL_END_SECONDS) -> None:
+        """The terminal is ending: no call outlives it.  Each running call is interrupted
+        (the runner passes SIGINT on to its tool's group and records the call's result);
+        a call still running after ``grace`` seconds is killed, and its tool with it (the
+        tool dies with the process that started it: its parent-death signal)."""
+        self.interrupt()
+        deadline = time.monotonic() + grace
+        while self.calls and time.monotonic() < deadline:
+            time.sleep(0.02)
+            self.reap()
+        for pid in self.calls:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        for pid in self.calls:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
+        self.calls.clear()
 
     def reap(self) -> None:
         """Collect the calls that have ended."""

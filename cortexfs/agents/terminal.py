@@ -40,6 +40,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import select
 import selectors
 import shutil
 import signal
@@ -64,6 +65,7 @@ from cortexfs.shared.sessions import SessionRef, open_session
 from cortexfs.shared.tree import Ownership, open_beneath
 
 STARTUP_SECONDS = 30.0  # for tsh to come up in its sandbox before the start is a failure
+TYPE_IN_STALL_SECONDS = 10.0  # a shell taking no input that long loses the rest of a paste
 _NO_LINK_DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -302,7 +304,10 @@ class Terminal:
 
     def serve(self) -> int:
         """Relay until tsh exits or SIGTERM; then clean up.  tsh's exit status."""
-        signal.signal(signal.SIGTERM, lambda *_: setattr(self, "stopping", True))
+        # SIGHUP too: the controlling terminal of a foreground ctxterm went away, or someone
+        # hung it up; either way the terminal ends as a stop ends it, cleaned up and logged.
+        for ending in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(ending, lambda *_: setattr(self, "stopping", True))
         signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes select() to reap
         # Each tool call runs in a child forked from here (RunSocket): a child holding the lock
         # would keep a terminal killed while a tool runs looking alive until the tool ends.
@@ -312,11 +317,13 @@ class Terminal:
                 for key, _ in self.selector.select(timeout=0.2):
                     key.data(key.fileobj)
                 self.run_calls.reap()
+                self.clients.drop_silent()
                 assert self.shell is not None
                 if self.shell.poll() is not None:
                     self._drain()
                     break
         finally:
+            self.run_calls.end()  # their results are recorded before the terminal's end
             self._record_stopped()
             self.close()
         return self._shell_status() or 0
@@ -358,9 +365,27 @@ class Terminal:
             self.clients.broadcast(data)
 
     def _type_in(self, data: bytes) -> None:
-        """What an attached client typed, to the PTY as if the agent typed it."""
-        with contextlib.suppress(OSError):
-            os.write(self.master, data)
+        """What an attached client typed, to the PTY as if the agent typed it: all of it, in
+        order.  The PTY takes a few KiB at a time; while it is full, what the shell prints
+        goes on being read and relayed, since the shell may be waiting to print before it
+        reads again.  Only a shell that takes no input for :data:`TYPE_IN_STALL_SECONDS`
+        (or has gone) loses the rest."""
+        pending = memoryview(data)
+        while pending:
+            try:
+                pending = pending[os.write(self.master, pending) :]
+                continue
+            except BlockingIOError:
+                pass
+            except OSError:
+                return  # the shell side is closed: nothing reads input any more
+            readable, writable, _ = select.select(
+                [self.master], [self.master], [], TYPE_IN_STALL_SECONDS
+            )
+            if not (readable or writable):
+                return
+            if readable:
+                self._shell_output(None)
 
     def _drain(self) -> None:
         with contextlib.suppress(OSError, KeyError, ValueError):
@@ -370,6 +395,7 @@ class Terminal:
 
     def close(self) -> None:
         self.clients.close()
+        self.run_calls.end()
         if self.shell is not None and self.shell.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.shell.pid, signal.SIGKILL)

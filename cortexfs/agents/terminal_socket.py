@@ -45,6 +45,8 @@ STOP_SECONDS = 30.0  # for a terminal to end after SIGTERM before stop says it d
 SCROLLBACK = 64 * 1024  # bytes of the shell's output a new client gets first
 _MAX_SOCKET_ADDRESS = 107  # bytes of a UNIX socket's path, sun_path less its NUL
 _MAX_MODE_LINE = 64  # bytes a client may send before the newline that ends its mode line
+MODE_LINE_SECONDS = 10.0  # for a client's mode line to arrive before it is dropped
+MAX_CLIENTS = 64  # clients at once: each holds a descriptor, and the terminal has ~1024
 
 
 def socket_path(view: AgentView, session: str) -> Path:
@@ -302,9 +304,17 @@ class TerminalClients:
         self.modes: dict[socket.socket, bytes | None] = {}  # mode, None until its line
         self.peers: dict[socket.socket, int] = {}  # each client's uid
         self.partial_mode_lines: dict[socket.socket, bytes] = {}  # a mode line still arriving
+        self.arrived: dict[socket.socket, float] = {}  # when each client connected
 
     def accept(self, listener: socket.socket) -> None:
-        client, _ = listener.accept()
+        """A new client, kept only if its uid may at least watch (the socket is open to
+        every uid, and a connection holds one of the terminal's descriptors), while there
+        are fewer than :data:`MAX_CLIENTS`, and only until :data:`MODE_LINE_SECONDS` pass
+        without its mode line (:meth:`drop_silent`)."""
+        try:
+            client, _ = listener.accept()
+        except OSError:
+            return  # gone before it was taken, or out of descriptors: the next round retries
         client.setblocking(False)
         try:
             credentials = client.getsockopt(
@@ -313,9 +323,26 @@ class TerminalClients:
         except OSError:
             client.close()
             return
-        self.peers[client] = struct.unpack("3i", credentials)[1]
+        uid = struct.unpack("3i", credentials)[1]
+        reason = refusal(self.root, self.view, uid, b"watch")
+        if not reason and len(self.modes) >= MAX_CLIENTS:
+            reason = f"the terminal serves {MAX_CLIENTS} clients at once; try again later"
+        if reason:
+            with contextlib.suppress(OSError):
+                client.send(f"ctxterm: {denied(reason)}\n".encode())
+            client.close()
+            return
+        self.peers[client] = uid
         self.modes[client] = None
+        self.arrived[client] = time.monotonic()
         self.selector.register(client, selectors.EVENT_READ, self._input)
+
+    def drop_silent(self) -> None:
+        """Drop the clients whose mode line has not come within :data:`MODE_LINE_SECONDS`."""
+        late = time.monotonic() - MODE_LINE_SECONDS
+        for client, mode in list(self.modes.items()):
+            if mode is None and self.arrived.get(client, late) <= late:
+                self._drop(client)
 
     def broadcast(self, data: bytes) -> None:
         """What the shell printed: into the scrollback, and to every accepted client."""
@@ -376,4 +403,5 @@ class TerminalClients:
         self.modes.pop(client, None)
         self.peers.pop(client, None)
         self.partial_mode_lines.pop(client, None)
+        self.arrived.pop(client, None)
         client.close()

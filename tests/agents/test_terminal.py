@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import re
 import select
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -312,6 +314,91 @@ def test_watch_and_attach_need_a_running_terminal(world: World) -> None:
     refused = ctx(world.root, "agent", "watch", "coder", "--session", "none")
 
     assert refused.returncode == 1 and "ENOENT" in refused.stderr
+
+
+def test_stop_ends_the_tool_calls_still_running(world: World) -> None:
+    """A-1: no tool call outlives its terminal: a stop interrupts it, its result is recorded
+    before the terminal's end, and the tool writes nothing after the stop."""
+    late = world.workspace / "late"  # a tool runs on the host: its host path
+    world.install("sh.late", f"#!/bin/sh\nsleep 6\necho late > {late}\n")
+    world.agent("sleeper", tools=["sh.late"])
+    world.allow_tool("sh.late", label="sleeper_t")
+    session = fresh_session()
+    started = ctx(world.root, "agent", "start", "sleeper", "--session", session, "--json")
+    assert started.returncode == 0, started.stderr
+    try:
+        client = Client(json.loads(started.stdout)["listening_at"], "attach")
+        client.expect(r"sleeper\$ ")
+        client.type("sh.late")
+        deadline = time.monotonic() + 20
+        while not [e for e in world.events("sleeper", session) if e["type"] == "tool_call"]:
+            assert time.monotonic() < deadline, "the call never started"
+            time.sleep(0.1)
+    finally:
+        stopped = ctx(world.root, "agent", "stop", "sleeper", "--session", session)
+
+    assert stopped.returncode == 0, stopped.stderr
+    time.sleep(8)  # past the moment the tool would have written
+    assert not late.exists()
+    events = world.events("sleeper", session)
+    assert [e["type"] for e in events][-2:] == ["tool_call", "tool_result"]
+    log = read_events(world.root / "agent" / "sleeper.d" / "log").events
+    kinds = [e["type"] for e in log if e.get("session") == session]
+    assert kinds[-1] == "terminal.stopped"
+
+
+def test_a_hangup_ends_the_terminal_as_a_stop_does(world: World, terminal: dict[str, str]) -> None:
+    pid = int(Path(terminal["listening_at"]).parent.joinpath("pid").read_text())
+
+    os.kill(pid, signal.SIGHUP)
+
+    deadline = time.monotonic() + 30
+    while Path(terminal["listening_at"]).exists():
+        assert time.monotonic() < deadline, "the terminal did not end on SIGHUP"
+        time.sleep(0.1)
+    assert lifecycle(world, terminal["session"])[-1]["type"] == "terminal.stopped"
+
+
+def test_a_uid_that_may_not_watch_is_turned_away_at_once(terminal: dict[str, str]) -> None:
+    """The socket is open to every uid; one that may not even watch holds none of the
+    terminal's descriptors: it is refused before any mode line."""
+    script = (
+        "import socket, sys\n"
+        "s = socket.socket(socket.AF_UNIX)\n"
+        "s.connect(sys.argv[1])\n"
+        "s.settimeout(20)\n"
+        "print(s.recv(4096).decode(), end='')\n"
+        "print('EOF' if s.recv(4096) == b'' else 'open')\n"
+    )
+    nobody = pwd.getpwnam("nobody")
+    answered = subprocess.run(
+        [sys.executable, "-c", script, terminal["listening_at"]],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        user=nobody.pw_uid,
+        group=nobody.pw_gid,
+        extra_groups=[],
+    )
+
+    assert answered.stdout.startswith("ctxterm: EACCES: uid"), answered
+    assert answered.stdout.endswith("EOF\n"), answered
+
+
+def test_a_long_paste_through_attach_is_typed_whole(world: World, terminal: dict[str, str]) -> None:
+    """More than the PTY takes at once: every line still reaches tsh, in order."""
+    lines = [f"fs.stat /workspace/{n:03d}{'x' * 150}" for n in range(100)]
+    command = ["agent", "attach", "coder", "--session", terminal["session"]]
+    attached = subprocess.run(
+        [sys.executable, "-m", "cortexfs", "--storage", str(world.root), *command],
+        input="".join(line + "\r" for line in lines).encode(),
+        capture_output=True,
+        timeout=240,
+    )
+
+    assert attached.returncode == 0, attached.stderr
+    calls = [e for e in world.events("coder", terminal["session"]) if e["type"] == "tool_call"]
+    assert len(calls) == 100, f"{len(calls)} of 100 lines ran"
 
 
 def test_ctrl_c_interrupts_the_running_tool_not_the_terminal(world: World) -> None:
