@@ -40,7 +40,6 @@ import contextlib
 import errno
 import fcntl
 import os
-import select
 import selectors
 import shutil
 import signal
@@ -65,7 +64,7 @@ from cortexfs.shared.sessions import SessionRef, open_session
 from cortexfs.shared.tree import Ownership, open_beneath
 
 STARTUP_SECONDS = 30.0  # for tsh to come up in its sandbox before the start is a failure
-TYPE_IN_STALL_SECONDS = 10.0  # a shell taking no input that long loses the rest of a paste
+TYPED_BACKLOG = 64 * 1024  # bytes typed but not yet taken by the PTY before clients wait
 _NO_LINK_DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -89,6 +88,7 @@ class Terminal:
         self.clients = TerminalClients(root, self.view, self.selector, self._type_in)
         self.master = -1
         self.pty_closed = False  # every process on the shell side has let go of it
+        self.typed = bytearray()  # what attached clients typed that the PTY has not taken yet
         self.shell: subprocess.Popen[bytes] | None = None
         self.mount: subprocess.Popen[bytes] | None = None
         self.stopping = False
@@ -255,7 +255,7 @@ class Terminal:
         finally:
             sandbox.close_sources(sources)  # bubblewrap has its own copies
         os.set_blocking(self.master, False)
-        self.selector.register(self.master, selectors.EVENT_READ, self._shell_output)
+        self.selector.register(self.master, selectors.EVENT_READ, self._master_ready)
 
     def _await_tsh(self) -> None:
         """Return once tsh runs in the sandbox and has printed something (its prompt).
@@ -364,28 +364,36 @@ class Terminal:
         if data:
             self.clients.broadcast(data)
 
+    def _master_ready(self, _: object) -> None:
+        self._shell_output(None)
+        self._feed()
+
     def _type_in(self, data: bytes) -> None:
         """What an attached client typed, to the PTY as if the agent typed it: all of it, in
-        order.  The PTY takes a few KiB at a time; while it is full, what the shell prints
-        goes on being read and relayed, since the shell may be waiting to print before it
-        reads again.  Only a shell that takes no input for :data:`TYPE_IN_STALL_SECONDS`
-        (or has gone) loses the rest."""
-        pending = memoryview(data)
-        while pending:
+        order (:meth:`_feed`)."""
+        self.typed += data
+        self._feed()
+
+    def _feed(self) -> None:
+        """Give the PTY as much of what was typed as it takes now, and the rest as it becomes
+        writable, from the loop that serves everything else: the PTY takes a few KiB at a
+        time, and tsh reads more only once the calls it asked for (on the run socket, served
+        by this loop) have answered.  While more than :data:`TYPED_BACKLOG` bytes wait, the
+        attached clients' input waits in their sockets instead."""
+        while self.typed and not self.pty_closed:
             try:
-                pending = pending[os.write(self.master, pending) :]
-                continue
+                written = os.write(self.master, self.typed)
             except BlockingIOError:
-                pass
+                break
             except OSError:
-                return  # the shell side is closed: nothing reads input any more
-            readable, writable, _ = select.select(
-                [self.master], [self.master], [], TYPE_IN_STALL_SECONDS
-            )
-            if not (readable or writable):
-                return
-            if readable:
-                self._shell_output(None)
+                break  # the shell side is closed: nothing reads input any more
+            del self.typed[:written]
+        if self.pty_closed:
+            self.typed.clear()
+        else:
+            waiting = selectors.EVENT_WRITE if self.typed else 0
+            self.selector.modify(self.master, selectors.EVENT_READ | waiting, self._master_ready)
+        self.clients.hold_input(len(self.typed) >= TYPED_BACKLOG)
 
     def _drain(self) -> None:
         with contextlib.suppress(OSError, KeyError, ValueError):

@@ -305,6 +305,7 @@ class TerminalClients:
         self.peers: dict[socket.socket, int] = {}  # each client's uid
         self.partial_mode_lines: dict[socket.socket, bytes] = {}  # a mode line still arriving
         self.arrived: dict[socket.socket, float] = {}  # when each client connected
+        self.holding = False  # attached clients' input left in their sockets for now
 
     def accept(self, listener: socket.socket) -> None:
         """A new client, kept only if its uid may at least watch (the socket is open to
@@ -336,6 +337,24 @@ class TerminalClients:
         self.modes[client] = None
         self.arrived[client] = time.monotonic()
         self.selector.register(client, selectors.EVENT_READ, self._input)
+
+    def hold_input(self, hold: bool) -> None:
+        """Stop reading what attached clients type (``hold``), or read it again: while the
+        terminal holds more typed input than the PTY has taken, the rest waits in the
+        clients' sockets, and a client sending more waits for it, rather than the terminal
+        buffering without bound."""
+        if hold == self.holding:
+            return
+        self.holding = hold
+        for client, mode in self.modes.items():
+            if mode != b"attach":
+                continue
+            if hold:
+                with contextlib.suppress(KeyError, ValueError):
+                    self.selector.unregister(client)
+            else:
+                with contextlib.suppress(KeyError):  # attached while input was held
+                    self.selector.register(client, selectors.EVENT_READ, self._input)
 
     def drop_silent(self) -> None:
         """Drop the clients whose mode line has not come within :data:`MODE_LINE_SECONDS`."""

@@ -397,8 +397,17 @@ def test_a_long_paste_through_attach_is_typed_whole(world: World, terminal: dict
     )
 
     assert attached.returncode == 0, attached.stderr
-    calls = [e for e in world.events("coder", terminal["session"]) if e["type"] == "tool_call"]
-    assert len(calls) == 100, f"{len(calls)} of 100 lines ran"
+
+    # attach leaves once the terminal is quiet for a second; tsh may still be at work then
+    def calls() -> list[dict[str, object]]:
+        events = world.events("coder", terminal["session"])
+        return [event for event in events if event["type"] == "tool_call"]
+
+    deadline = time.monotonic() + 120
+    while len(calls()) < 100:
+        assert time.monotonic() < deadline, f"{len(calls())} of 100 lines ran"
+        time.sleep(0.5)
+    assert [call["argv"] for call in calls()] == [line.split()[1:] for line in lines]
 
 
 def test_ctrl_c_interrupts_the_running_tool_not_the_terminal(world: World) -> None:
