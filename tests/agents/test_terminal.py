@@ -7,6 +7,7 @@ speak the socket protocol of A-2 directly: one mode line, then raw bytes.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pwd
@@ -82,18 +83,25 @@ class Client:
         self.socket.close()
 
 
+@contextlib.contextmanager
+def running_terminal(world: World, agent: str) -> Iterator[dict[str, str]]:
+    """A terminal of ``agent`` in a session of its own, as ``ctx agent start --json`` reports
+    it (``session``, ``listening_at``…); stopped at the end unless it has ended already."""
+    session = fresh_session()
+    started = ctx(world.root, "agent", "start", agent, "--session", session, "--json")
+    assert started.returncode == 0, started.stderr
+    try:
+        yield json.loads(started.stdout)
+    finally:
+        ctx(world.root, "agent", "stop", agent, "--session", session)
+
+
 @pytest.fixture
 def terminal(world: World) -> Iterator[dict[str, str]]:
     world.agent("coder", tools=["fs.stat"])
     world.allow_tool("fs.stat")
-    session = fresh_session()
-    started = ctx(world.root, "agent", "start", "coder", "--session", session, "--json")
-    assert started.returncode == 0, started.stderr
-    facts = json.loads(started.stdout)
-    try:
+    with running_terminal(world, "coder") as facts:
         yield facts
-    finally:
-        ctx(world.root, "agent", "stop", "coder", "--session", session)
 
 
 def test_tsh_runs_a_tool_through_the_chain_and_records_it(
@@ -323,18 +331,15 @@ def test_stop_ends_the_tool_calls_still_running(world: World) -> None:
     world.install("sh.late", f"#!/bin/sh\nsleep 6\necho late > {late}\n")
     world.agent("sleeper", tools=["sh.late"])
     world.allow_tool("sh.late", label="sleeper_t")
-    session = fresh_session()
-    started = ctx(world.root, "agent", "start", "sleeper", "--session", session, "--json")
-    assert started.returncode == 0, started.stderr
-    try:
-        client = Client(json.loads(started.stdout)["listening_at"], "attach")
+    with running_terminal(world, "sleeper") as facts:
+        session = facts["session"]
+        client = Client(facts["listening_at"], "attach")
         client.expect(r"sleeper\$ ")
         client.type("sh.late")
         deadline = time.monotonic() + 20
         while not [e for e in world.events("sleeper", session) if e["type"] == "tool_call"]:
             assert time.monotonic() < deadline, "the call never started"
             time.sleep(0.1)
-    finally:
         stopped = ctx(world.root, "agent", "stop", "sleeper", "--session", session)
 
     assert stopped.returncode == 0, stopped.stderr
@@ -414,11 +419,9 @@ def test_ctrl_c_interrupts_the_running_tool_not_the_terminal(world: World) -> No
     world.install("sh.sleep", "#!/bin/sh\nsleep 60\n")
     world.agent("sleeper", tools=["sh.sleep"])
     world.allow_tool("sh.sleep", label="sleeper_t")
-    session = fresh_session()
-    started = ctx(world.root, "agent", "start", "sleeper", "--session", session, "--json")
-    assert started.returncode == 0, started.stderr
-    try:
-        client = Client(json.loads(started.stdout)["listening_at"], "attach")
+    with running_terminal(world, "sleeper") as facts:
+        session = facts["session"]
+        client = Client(facts["listening_at"], "attach")
         client.expect(r"sleeper\$ ")
         client.type("sh.sleep")
         time.sleep(2)
@@ -432,8 +435,6 @@ def test_ctrl_c_interrupts_the_running_tool_not_the_terminal(world: World) -> No
         assert result["exit_status"] == 130  # 128 + SIGINT
         client.type("help")
         client.expect(r"tsh runs CortexFS tools")  # the terminal goes on
-    finally:
-        ctx(world.root, "agent", "stop", "sleeper", "--session", session)
 
 
 def test_a_link_planted_in_the_session_does_not_redirect_the_socket(world: World) -> None:

@@ -3,10 +3,7 @@ loads it, and the metadata comes from the agent's view of ``/ctx``."""
 
 from __future__ import annotations
 
-import json
-
-from tests.agents.test_terminal import Client, fresh_session, pytestmark
-from tests.support.cli import ctx
+from tests.agents.test_terminal import Client, pytestmark, running_terminal
 from tests.tools.support import World
 
 __all__ = ["pytestmark"]  # the terminal tests' conditions: root, bubblewrap, FUSE
@@ -17,11 +14,8 @@ def test_running_a_tool_loads_its_metadata_into_the_context(world: World) -> Non
     world.allow_tool("fs.stat")
     config = world.root / "tool" / "tsh.d" / "config"
     config.write_text(config.read_text() + "max_loaded_tools=x\n")  # reported, then ignored
-    session = fresh_session()
-    started = ctx(world.root, "agent", "start", "coder", "--session", session, "--json")
-    assert started.returncode == 0, started.stderr
-    try:
-        client = Client(json.loads(started.stdout)["listening_at"], "attach")
+    with running_terminal(world, "coder") as facts:
+        client = Client(facts["listening_at"], "attach")
         client.expect(r"coder\$ ")
         client.type("loaded")
         client.expect(r"loaded\r?\n[\s\S]*coder\$ ")
@@ -31,8 +25,6 @@ def test_running_a_tool_loads_its_metadata_into_the_context(world: World) -> Non
 
         listed = client.expect(r"loaded\r?\n[\s\S]*loaded\r?\n[\s\S]*coder\$ ")
         client.close()
-    finally:
-        ctx(world.root, "agent", "stop", "coder", "--session", session)
 
     assert "tsh.d/config:5: max_loaded_tools must be a positive integer" in listed
     before, after = listed.split("fs.stat /workspace", 1)

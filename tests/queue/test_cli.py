@@ -204,15 +204,21 @@ def test_a_batch_with_a_bad_line_publishes_nothing(root: Path) -> None:
     assert os.listdir(qdir(root) / "pending") == []
 
 
-def test_claim_prints_the_name_and_leases_to_the_calling_process(root: Path, req: Path) -> None:
-    ctx(root, "queue", "publish", *P, "--name", "c", str(req))
-    script = f'{sys.executable} -m cortexfs queue claim --project {PROJECT}; echo "shell=$$"'
-    done = subprocess.run(
-        ["sh", "-c", script],
+def in_shell(root: Path, shell: str, script: str) -> subprocess.CompletedProcess[str]:
+    """``SHELL -c SCRIPT`` against storage root ``root``: commands run from a shell script,
+    whose processes (the shell, the commands it starts or execs) are the lease holders."""
+    return subprocess.run(
+        [shell, "-c", script],
         capture_output=True,
         text=True,
         env={**os.environ, "CTX_STORAGE": str(root)},
     )
+
+
+def test_claim_prints_the_name_and_leases_to_the_calling_process(root: Path, req: Path) -> None:
+    ctx(root, "queue", "publish", *P, "--name", "c", str(req))
+    script = f'{sys.executable} -m cortexfs queue claim --project {PROJECT}; echo "shell=$$"'
+    done = in_shell(root, "sh", script)
     job, shell = done.stdout.split()
     assert job == "c.req.json"
     lease = json.loads((qdir(root) / "lease" / job / "worker").read_text())
@@ -272,12 +278,8 @@ def test_renew_is_for_the_holder_only(root: Path, req: Path) -> None:
     assert done.returncode == 0 and json.loads(done.stdout)["pid"] == os.getpid()
     other = ctx(root, "queue", "renew", *P, "r")  # the holder would be pytest's ctx parent: us?
     assert other.returncode == 0  # ctx's parent is this test process, the holder
-    stranger = subprocess.run(
-        ["sh", "-c", f"{sys.executable} -m cortexfs queue renew --project {PROJECT} r"],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "CTX_STORAGE": str(root)},
-    )
+    renew = f"{sys.executable} -m cortexfs queue renew --project {PROJECT} r"
+    stranger = in_shell(root, "sh", renew)
     assert stranger.returncode == 1 and "EACCES" in stranger.stderr
 
 
@@ -288,12 +290,7 @@ def test_renew_by_a_shell_that_execs_it_in_its_own_process(root: Path, req: Path
     queue = f"{sys.executable} -m cortexfs queue"
     claim = f"{queue} claim --project {PROJECT} --ttl 10"
     script = f"{claim} && {queue} renew --project {PROJECT} x --ttl 1000"
-    done = subprocess.run(
-        ["bash", "-c", script],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "CTX_STORAGE": str(root)},
-    )
+    done = in_shell(root, "bash", script)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("x.req.json\nx.req.json leased until ")
     lease = json.loads((qdir(root) / "lease" / "x.req.json" / "worker").read_text())
