@@ -39,6 +39,7 @@ from cortexfs.errors import denied
 from cortexfs.shared.sessions import SessionRef
 
 _MAX_REQUEST = 1024 * 1024
+REQUEST_SECONDS = 2.0  # for tsh's message to arrive once it has connected
 CALL_END_SECONDS = 2.0  # for the calls running when the terminal ends to record their end
 _REFUSED = 126  # tsh's status for a call the host did not run
 Request = dict[str, object]
@@ -84,14 +85,12 @@ class RunSocket:
         self.calls: set[int] = set()  # children running a tool for tsh
         self.sandbox: Namespace | None = None  # tsh's pid namespace; None: no peer is admitted
 
-    def serve(self, listener: socket.socket) -> None:
+    def serve(self, connection: socket.socket) -> None:
         """One message from tsh: a command line to run as the agent in a child process, which
-        answers with its exit status; or an interrupt for the running calls."""
-        try:
-            connection, _ = listener.accept()
-        except OSError:
-            return  # gone before it was taken, or out of descriptors: the next round retries
-        connection.setblocking(True)
+        answers with its exit status; or an interrupt for the running calls.  tsh sends its
+        message as it connects; a peer that sends nothing within :data:`REQUEST_SECONDS` is
+        dropped, since this runs in the loop that serves the whole terminal."""
+        connection.settimeout(REQUEST_SECONDS)
         with connection:
             try:
                 request, descriptors = self._read_request(connection)
@@ -111,6 +110,7 @@ class RunSocket:
                     return
                 pid = os.fork()
                 if pid == 0:  # the child: this call only, then gone
+                    connection.settimeout(None)  # the answer waits for the tool, however long
                     try:
                         status = self._run_tool(tool, [str(arg) for arg in argv], descriptors)
                         connection.sendall(json.dumps({"exit_status": status}).encode() + b"\n")

@@ -49,6 +49,7 @@ import subprocess
 import sys
 import termios
 import time
+from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 
 from cortexfs import durable
@@ -65,6 +66,7 @@ from cortexfs.shared.tree import Ownership, open_beneath
 
 STARTUP_SECONDS = 30.0  # for tsh to come up in its sandbox before the start is a failure
 TYPED_BACKLOG = 64 * 1024  # bytes typed but not yet taken by the PTY before clients wait
+ACCEPT_REST_SECONDS = 0.5  # a listener rests this long after an accept found no descriptor
 _NO_LINK_DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -95,6 +97,7 @@ class Terminal:
         self.started = False  # tsh runs and the start is recorded
         self.session_made = False  # prepare() made the session's directory
         self.run_calls = RunSocket(root, self.view, self.session, self.workspace)
+        self.resting: dict[socket.socket, tuple[Callable[[socket.socket], None], float]] = {}
 
     def workspace_source(self) -> PurePosixPath | None:
         """What this terminal shows at ``/workspace``: the agent's own mount there, or the
@@ -219,8 +222,8 @@ class Terminal:
             time.sleep(0.05)
 
     def _listen(self) -> None:
-        for path, handler in (
-            (self.main_socket, self.clients.accept),
+        for path, take in (
+            (self.main_socket, self.clients.take),
             (self.run_socket, self.run_calls.serve),
         ):
             listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -228,11 +231,37 @@ class Terminal:
                 listener.bind(address)
             listener.listen(16)
             listener.setblocking(False)
-            self.selector.register(listener, selectors.EVENT_READ, handler)
+            self.selector.register(listener, selectors.EVENT_READ, self._accepting(take))
         # The peer decides: its uid for the terminal socket (refusal()), its pid namespace
         # for the run socket, which tsh reaches through the sandbox's bind (RunSocket).
         self.run_socket.chmod(0o666)
         self.main_socket.chmod(0o666)
+
+    def _accepting(self, take: Callable[[socket.socket], None]) -> Callable[[socket.socket], None]:
+        """The handler of a listener: accept a connection and hand it to ``take``.  Out of
+        descriptors (or memory), the connection stays queued and the listener readable, so
+        the loop would wake at once, round after round; the listener rests instead, until
+        :data:`ACCEPT_REST_SECONDS` have passed (:meth:`_wake_rested`)."""
+
+        def accept(listener: socket.socket) -> None:
+            try:
+                connection, _ = listener.accept()
+            except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+                return  # the client went before it was taken
+            except OSError:
+                self.selector.unregister(listener)
+                self.resting[listener] = (accept, time.monotonic() + ACCEPT_REST_SECONDS)
+                return
+            take(connection)
+
+        return accept
+
+    def _wake_rested(self) -> None:
+        now = time.monotonic()
+        for listener, (accept, until) in list(self.resting.items()):
+            if until <= now:
+                del self.resting[listener]
+                self.selector.register(listener, selectors.EVENT_READ, accept)
 
     def _spawn_shell(self) -> None:
         sources = sandbox.open_mount_sources(self.view)
@@ -318,6 +347,7 @@ class Terminal:
                     key.data(key.fileobj)
                 self.run_calls.reap()
                 self.clients.drop_silent()
+                self._wake_rested()
                 assert self.shell is not None
                 if self.shell.poll() is not None:
                     self._drain()

@@ -46,7 +46,7 @@ SCROLLBACK = 64 * 1024  # bytes of the shell's output a new client gets first
 _MAX_SOCKET_ADDRESS = 107  # bytes of a UNIX socket's path, sun_path less its NUL
 _MAX_MODE_LINE = 64  # bytes a client may send before the newline that ends its mode line
 MODE_LINE_SECONDS = 10.0  # for a client's mode line to arrive before it is dropped
-MAX_CLIENTS = 64  # clients at once: each holds a descriptor, and the terminal has ~1024
+MAX_CLIENTS = 64  # clients at once, besides root's: each holds one of ~1024 descriptors
 
 
 def socket_path(view: AgentView, session: str) -> Path:
@@ -305,17 +305,16 @@ class TerminalClients:
         self.peers: dict[socket.socket, int] = {}  # each client's uid
         self.partial_mode_lines: dict[socket.socket, bytes] = {}  # a mode line still arriving
         self.arrived: dict[socket.socket, float] = {}  # when each client connected
+        self.others: set[socket.socket] = set()  # clients of uids not the host administrators'
         self.holding = False  # attached clients' input left in their sockets for now
 
-    def accept(self, listener: socket.socket) -> None:
-        """A new client, kept only if its uid may at least watch (the socket is open to
-        every uid, and a connection holds one of the terminal's descriptors), while there
-        are fewer than :data:`MAX_CLIENTS`, and only until :data:`MODE_LINE_SECONDS` pass
-        without its mode line (:meth:`drop_silent`)."""
-        try:
-            client, _ = listener.accept()
-        except OSError:
-            return  # gone before it was taken, or out of descriptors: the next round retries
+    def take(self, client: socket.socket) -> None:
+        """A new client, kept only if its uid may at least watch (the socket is open to every
+        uid, and a connection holds one of the terminal's descriptors), and only until
+        :data:`MODE_LINE_SECONDS` pass without its mode line (:meth:`drop_silent`).  Clients
+        of uids other than the host administrators' (the agent's own, watching) are kept
+        while there are fewer than :data:`MAX_CLIENTS` of them: whatever runs as the agent
+        cannot fill the terminal and keep its operator out."""
         client.setblocking(False)
         try:
             credentials = client.getsockopt(
@@ -325,17 +324,26 @@ class TerminalClients:
             client.close()
             return
         uid = struct.unpack("3i", credentials)[1]
+        problem: CtxError | None = None
         reason = refusal(self.root, self.view, uid, b"watch")
-        if not reason and len(self.modes) >= MAX_CLIENTS:
-            reason = f"the terminal serves {MAX_CLIENTS} clients at once; try again later"
         if reason:
+            problem = denied(reason)
+        elif not is_host_administrator(self.root, uid) and len(self.others) >= MAX_CLIENTS:
+            problem = CtxError(
+                errno.EAGAIN,
+                f"the terminal serves {MAX_CLIENTS} clients of uids other than root and the "
+                f"owner of {self.root} at once; try again later",
+            )
+        if problem is not None:
             with contextlib.suppress(OSError):
-                client.send(f"ctxterm: {denied(reason)}\n".encode())
+                client.send(f"ctxterm: {problem}\n".encode())
             client.close()
             return
         self.peers[client] = uid
         self.modes[client] = None
         self.arrived[client] = time.monotonic()
+        if not is_host_administrator(self.root, uid):
+            self.others.add(client)
         self.selector.register(client, selectors.EVENT_READ, self._input)
 
     def hold_input(self, hold: bool) -> None:
@@ -406,6 +414,10 @@ class TerminalClients:
             data = rest
         if mode == b"attach" and data:
             self.type_in(data)
+        if mode == b"attach" and self.holding and client in self.modes:
+            # It attached while input is held: what it types waits in its socket too.
+            with contextlib.suppress(KeyError, ValueError):
+                self.selector.unregister(client)
 
     def _send(self, client: socket.socket, data: bytes) -> None:
         try:
@@ -423,4 +435,5 @@ class TerminalClients:
         self.peers.pop(client, None)
         self.partial_mode_lines.pop(client, None)
         self.arrived.pop(client, None)
+        self.others.discard(client)
         client.close()
