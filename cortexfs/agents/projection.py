@@ -53,6 +53,7 @@ from __future__ import annotations
 import functools
 import os
 import stat
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import PurePosixPath
@@ -91,10 +92,14 @@ def may_run(view: AgentView, tool: str) -> bool:
     return check_tool_execute(view.root, view.name, tool, None, facts=view.facts).allowed
 
 
-# How long an answer of :func:`may_run` may be kept for showing a tool: as long as the kernel
-# keeps a lookup of the FUSE view (fuse.mount.ENTRY_TIMEOUT), so the mount and the tools'
-# CTX_MOUNTS show a granted or revoked tool within the same second.
-FRESH_SECONDS = 1.0
+# How long an answer of :func:`may_run` may be kept for showing a tool, counted from when the
+# controls it was decided from were read.  The kernel keeps a lookup of the FUSE view as long
+# again (fuse.mount.ENTRY_TIMEOUT), so the mount shows a granted or revoked tool within a
+# second, and the tools' CTX_MOUNTS within half of one.
+FRESH_SECONDS = 0.5
+
+
+Key = tuple[str, str, str, str]  # storage root, agent, /workspace's source, tool
 
 
 class RecentDecisions:
@@ -105,17 +110,22 @@ class RecentDecisions:
     chain once for each tool the agent may run per job, not once.  Only what the view *shows*
     is kept: the call's own tool is admitted by the chain at every call, however recent the
     answer kept here.  Answers are kept per storage root, agent and ``/workspace`` (all that
-    names the view asked for), and only for names that can be tools; answers older than a
-    second are dropped as others are added, so a long-lived viewer (the FUSE daemon) keeps no
-    more than a second's worth.  Concurrent askers at worst decide the same answer twice."""
+    names the view asked for), and only for names that can be tools; stale answers are
+    dropped as others are added, so a long-lived viewer (the FUSE daemon) keeps no more than
+    :data:`FRESH_SECONDS`' worth.  Threads may ask at once (a worker's job slots share one):
+    they may decide the same answer twice, and only the keeping is serialised."""
 
     _TIDY_AT = 1024  # entries kept before the stale ones are first dropped
 
     def __init__(self) -> None:
-        self._answers: dict[tuple[str, str, str, str], tuple[float, bool]] = {}
+        self._answers: dict[Key, tuple[float, bool]] = {}
         self._tidy_at = self._TIDY_AT
+        self._keeping = threading.Lock()
 
-    def may_run(self, view: AgentView, tool: str) -> bool:
+    def may_run(self, view: AgentView, tool: str, read_at: float | None = None) -> bool:
+        """:func:`may_run`, or its answer kept from less than :data:`FRESH_SECONDS` ago.
+        ``read_at``: when ``view``'s controls were read (``time.monotonic()``), when that was
+        before this call — an answer is as old as what it was decided from."""
         if not is_object_name(tool):
             return False  # no tool: nothing to decide, nothing to keep
         workspace = "" if view.workspace is None else str(view.workspace.source)
@@ -123,18 +133,22 @@ class RecentDecisions:
         now = time.monotonic()
         decided = self._answers.get(key)
         if decided is None or now - decided[0] >= FRESH_SECONDS:
-            decided = (now, may_run(view, tool))
-            if len(self._answers) >= self._tidy_at:
-                self._answers = {
-                    kept: answer
-                    for kept, answer in self._answers.items()
-                    if now - answer[0] < FRESH_SECONDS
-                }
-                # Twice what is still fresh: dropping costs one pass per as many additions,
-                # however many names a viewer asks about in a second.
-                self._tidy_at = max(self._TIDY_AT, 2 * len(self._answers))
-            self._answers[key] = decided
+            decided = (now if read_at is None else min(now, read_at), may_run(view, tool))
+            with self._keeping:
+                self._keep(key, decided, now)
         return decided[1]
+
+    def _keep(self, key: Key, decided: tuple[float, bool], now: float) -> None:
+        if len(self._answers) >= self._tidy_at:
+            self._answers = {
+                kept: answer
+                for kept, answer in self._answers.items()
+                if now - answer[0] < FRESH_SECONDS
+            }
+            # Twice what is still fresh: dropping costs one pass per as many additions,
+            # however many names a viewer asks about in a second.
+            self._tidy_at = max(self._TIDY_AT, 2 * len(self._answers))
+        self._answers[key] = decided
 
 
 class ViewRules:

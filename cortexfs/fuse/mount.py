@@ -28,11 +28,14 @@ from pathlib import Path
 import pyfuse3
 
 from cortexfs import durable
+from cortexfs.agents.projection import FRESH_SECONDS
 from cortexfs.fuse.inodes import InodeNames
 from cortexfs.fuse.projection import Projection
 from cortexfs.libc import check, libc
 
-ENTRY_TIMEOUT = 1.0  # seconds the kernel may keep a name's answer: how late a policy change shows
+# Seconds the kernel may keep a name's answer, on top of the projection's own (as long): how
+# late a policy change shows.
+ENTRY_TIMEOUT = FRESH_SECONDS
 
 
 class StorageFS(pyfuse3.Operations):

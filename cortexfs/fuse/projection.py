@@ -3,10 +3,10 @@
 The host administrator's view is the storage root as it is (the six entries of R-2).  An
 agent's view is the projection of :mod:`cortexfs.agents.projection`, whose table says what it
 shows; this module asks those rules at each lookup and keeps each answer no longer than the
-kernel keeps its own, so a policy change shows within a second.  The tools' ``CTX_MOUNTS`` are
-built from the same rules, so ``ctx mount --as AGENT`` and the agent's ``fs.*`` tools see the
-same names.  The kernel then applies the mode bits to the calling uid on top
-(``default_permissions``).
+kernel keeps its own (half a second each), so a policy change shows within a second.  The
+tools' ``CTX_MOUNTS`` are built from the same rules, so ``ctx mount --as AGENT`` and the
+agent's ``fs.*`` tools see the same names.  The kernel then applies the mode bits to the
+calling uid on top (``default_permissions``).
 """
 
 from __future__ import annotations
@@ -46,8 +46,9 @@ class AgentProjection(Projection):
 
     @property
     def view(self) -> AgentView:
-        """The agent's controls, read again once they are a second old: a rule added to or
-        removed from its policy shows in the view as soon as the kernel asks again."""
+        """The agent's controls, read again once they are :data:`FRESH_SECONDS` old: a rule
+        added to or removed from its policy shows in the view as soon as the kernel asks
+        again."""
         if time.monotonic() - self._loaded_at >= FRESH_SECONDS:
             self._view = AgentView.load(self.root, self.agent)
             self._loaded_at = time.monotonic()
@@ -60,7 +61,9 @@ class AgentProjection(Projection):
         return ViewRules(self.view, self._may_execute).writable(parts)
 
     def _may_execute(self, tool: str) -> bool:
-        """Decided again once the answer is a second old, as long as the kernel keeps its
-        own: a rule removed from a policy, or a tool made unavailable, hides the tool then,
-        not at the next mount.  (Every control of ``<t>.d/`` looked up asks the same.)"""
-        return self._tools.may_run(self.view, tool)
+        """Decided again once the controls the answer came from are :data:`FRESH_SECONDS` old,
+        as long as the kernel keeps its own answer: a rule removed from a policy, or a tool
+        made unavailable, hides the tool then, not at the next mount.  (Every control of
+        ``<t>.d/`` looked up asks the same.)"""
+        view = self.view  # read again first when it is stale
+        return self._tools.may_run(view, tool, read_at=self._loaded_at)

@@ -254,7 +254,7 @@ def test_a_policy_change_shows_at_the_next_call(team: World) -> None:
 
 
 def test_a_revoked_tool_is_refused_at_once_and_hidden_within_a_second(team: World) -> None:
-    """Which tools a call's view shows is kept for a second (a worker does not run the chain
+    """Which tools a call's view shows is kept for half a second (a worker does not run the chain
     for every tool its agent may run at every job); whether the call's own tool runs is
     decided afresh at every call."""
     assert "fs.stat" in names(team, "/ctx/tool")
@@ -268,8 +268,8 @@ def test_a_revoked_tool_is_refused_at_once_and_hidden_within_a_second(team: Worl
 
 
 def test_the_tools_kept_for_one_agent_never_show_to_another(team: World) -> None:
-    """What one agent's calls keep for a second is its own: another agent of the same uid,
-    asking within that second, sees only the tools it may run."""
+    """What one agent's calls keep for a moment is its own: another agent of the same uid,
+    asking within that moment, sees only the tools it may run."""
     team.agent("peer", tools=["fs.list"])
     team.allow_tool("fs.list", label="peer_t")
 
