@@ -434,6 +434,9 @@ def claim_job(
         claim_fd = queue.open_job_dir("claimed", job)
     except FileNotFoundError:
         return None  # recover took our empty claim directory for a crash's leftover: lost
+    except OSError as exc:  # EMFILE…: J stays pending, claimable, with no claim evidence
+        _abandon_claim_dir(queue, job)
+        raise _refused_in(queue, exc, "claim", "claimed") from None
     try:
         # Held until the lease is durable: recover must not mistake our half-done claim
         # (a request in claimed/J and no lease yet) for the leftovers of a crash.
@@ -441,12 +444,17 @@ def claim_job(
         if not _still_linked(queue.claimed, job, claim_fd):
             # recover removed our empty claim directory before we locked it: we lost.
             return None
-        # Before the request moves in: whoever recovers or finishes the job may be another
-        # member of the queue's group, and must be able to move it out again.
-        durable.grant_group_access(ops, claim_fd, queue.group_access)
-        # Durable before anything moves into it: a rename may reach the disk ahead of the
-        # mkdir of its destination directory, and the request would then be unreachable (I-1).
-        durable.sync_dir(ops, queue.claimed)
+        try:
+            # Before the request moves in: whoever recovers or finishes the job may be another
+            # member of the queue's group, and must be able to move it out again.
+            durable.grant_group_access(ops, claim_fd, queue.group_access)
+            # Durable before anything moves into it: a rename may reach the disk ahead of the
+            # mkdir of its destination directory, and the request would then be unreachable
+            # (I-1).
+            durable.sync_dir(ops, queue.claimed)
+        except OSError as exc:
+            _abandon_claim_dir(queue, job)
+            raise _refused_in(queue, exc, "claim", "claimed") from None
         if lstat_at(queue.lease, job) is not None:
             # Lease evidence from an earlier crash: leave the whole job to recover.
             _abandon_claim_dir(queue, job)

@@ -169,3 +169,42 @@ def test_a_claimed_request_that_cannot_be_read_is_put_back_and_the_error_raised(
     assert refused.value.errno == errno.EIO
     assert tree(queue_dir)["pending"] == [job]
     assert tree(queue_dir)["claimed"] == tree(queue_dir)["lease"] == []
+
+
+class FailsOnClaimedJob(FsOps):
+    """Real operations, except opening a ``claimed/J`` directory (``failing="open"``) or
+    syncing ``claimed/`` (``failing="sync"``) once the queue is open."""
+
+    def __init__(self, failing: str, code: int) -> None:
+        super().__init__()
+        self.failing, self.code = failing, code
+        self.claimed: int | None = None
+
+    def open_dir(self, name: str, dir_fd: int | None = None) -> int:
+        if self.failing == "open" and self.claimed is not None and dir_fd == self.claimed:
+            raise OSError(self.code, os.strerror(self.code), name)
+        return super().open_dir(name, dir_fd)
+
+    def fsync(self, fd: int) -> None:
+        if self.failing == "sync" and self.claimed is not None and fd == self.claimed:
+            raise OSError(self.code, os.strerror(self.code))
+        super().fsync(fd)
+
+
+@pytest.mark.parametrize(("failing", "code"), [("open", errno.EMFILE), ("sync", errno.EIO)])
+def test_a_claim_refused_before_the_move_leaves_no_empty_claim_directory(
+    queue: Queue, queue_dir: Path, me: Holder, failing: str, code: int
+) -> None:
+    """Out of descriptors when it opens its claimed/J, or refused the sync that makes it
+    durable: the claim is undone, so J is still claimable (an empty claimed/J would hide it
+    from every claimer until a reconcile)."""
+    job = publish(queue, request(), "a")
+    ops = FailsOnClaimedJob(failing, code)
+    with Queue.open(queue_dir, ops) as q:
+        ops.claimed = q.claimed
+        with pytest.raises(OSError) as refused:
+            claim(q, me)
+    assert refused.value.errno == code
+    assert tree(queue_dir)["pending"] == [job]
+    assert tree(queue_dir)["claimed"] == tree(queue_dir)["lease"] == []
+    assert claim(queue, me).job == job
