@@ -440,7 +440,11 @@ def claim_job(
     try:
         # Held until the lease is durable: recover must not mistake our half-done claim
         # (a request in claimed/J and no lease yet) for the leftovers of a crash.
-        lock_dir(claim_fd, wait=True)
+        try:
+            _lock_job(claim_fd, job)
+        except CtxError:
+            _abandon_claim_dir(queue, job)
+            raise
         if not _still_linked(queue.claimed, job, claim_fd):
             # recover removed our empty claim directory before we locked it: we lost.
             return None
@@ -795,12 +799,50 @@ def _locked_claim(
     except FileNotFoundError:
         raise not_claimed(queue, job) from None
     try:
-        lock_dir(claim_fd, wait=True)
+        _lock_job(claim_fd, job)
         if not _is_regular(lstat_at(claim_fd, job)):
             raise not_claimed(queue, job)
         yield claim_fd
     finally:
         queue.ops.close(claim_fd)
+
+
+# How long a transition waits for J's lock.  Its holders keep it for one transition of J (a
+# claimer until its lease is durable, a finisher, recover), a few fsyncs; but whoever may open
+# claimed/J may lock it, any member of the queue's group, so a hold far longer is a process
+# stuck or hostile: named in the error rather than waited for forever.
+LOCK_WAIT_SECONDS = 30.0
+
+
+def _lock_job(claim_fd: int, job: str) -> None:
+    """J's lock (``claimed/J``), waited for at most :data:`LOCK_WAIT_SECONDS`; EAGAIN, naming
+    the processes that hold it, after that."""
+    deadline = time.monotonic() + LOCK_WAIT_SECONDS
+    pause = 0.001
+    while not lock_dir(claim_fd, wait=False):
+        if time.monotonic() >= deadline:
+            holders = ", ".join(str(pid) for pid in _flock_holders(claim_fd)) or "unknown"
+            raise CtxError(
+                errno.EAGAIN,
+                f"claimed/{job} has been locked by another process (pid {holders}) for "
+                f"{LOCK_WAIT_SECONDS:g} s, where a claim, finish or recover holds it for a "
+                "moment: that process is stuck, or not a queue command; end it, then try again",
+            )
+        time.sleep(pause)
+        pause = min(2 * pause, 0.05)
+
+
+def _flock_holders(fd: int) -> list[int]:
+    """The pids ``/proc/locks`` gives for the flocks on the file open at ``fd`` (none where
+    it cannot be read; a pid of another pid namespace reads as 0 or another's)."""
+    found = os.fstat(fd)
+    inode = f"{os.major(found.st_dev):02x}:{os.minor(found.st_dev):02x}:{found.st_ino}"
+    try:
+        with open("/proc/locks", encoding="ascii", errors="replace") as locks:
+            entries = [line.split() for line in locks]
+    except OSError:
+        return []
+    return sorted({int(e[4]) for e in entries if len(e) > 5 and e[1] == "FLOCK" and e[5] == inode})
 
 
 def remove_claim_and_lease(queue: Queue, job: str) -> None:

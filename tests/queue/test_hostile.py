@@ -6,13 +6,25 @@ import errno
 import json
 import os
 import stat
+import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from cortexfs.errors import CtxError
-from cortexfs.queue import Holder, Queue, claim, init_queue, publish, recover
+from cortexfs.queue import (
+    Holder,
+    Queue,
+    claim,
+    finish,
+    init_queue,
+    protocol,
+    publish,
+    recover,
+    renew,
+)
 from cortexfs.queue.inspect import status
 from tests.queue.helpers import request
 
@@ -191,3 +203,38 @@ def test_no_component_below_the_storage_root_is_followed(
         Queue.open(root / "shared" / "linked" / "queue", within=root)
     assert caught.value.errno == errno.ELOOP
     assert caught.value.message.startswith(f"{root}/shared/linked is a symlink")
+
+
+@pytest.fixture
+def held_lock(
+    queue: Queue, queue_dir: Path, me: Holder, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[str, int]]:
+    """A claimed job whose ``claimed/J`` another process keeps locked (anyone who may open
+    it may), with the wait for the lock cut to half a second."""
+    monkeypatch.setattr(protocol, "LOCK_WAIT_SECONDS", 0.5)
+    publish(queue, request(), "a")
+    job = claim(queue, me).job
+    locker = subprocess.Popen(["flock", str(queue_dir / "claimed" / job), "sleep", "60"])
+    time.sleep(0.3)
+    yield job, locker.pid
+    locker.kill()
+    locker.wait()
+
+
+@pytest.mark.parametrize("transition", ["finish", "renew"])
+def test_a_lock_held_for_long_by_another_process_is_named_not_waited_for(
+    queue: Queue, queue_dir: Path, me: Holder, held_lock: tuple[str, int], transition: str
+) -> None:
+    job, locker = held_lock
+    began = time.monotonic()
+
+    with pytest.raises(CtxError) as refused:
+        if transition == "finish":
+            finish(queue, job, ok=True, output={}, holder=me)
+        else:
+            renew(queue, job, [me])
+
+    assert refused.value.errno == errno.EAGAIN
+    assert f"claimed/{job} has been locked by another process (pid {locker})" in str(refused.value)
+    assert time.monotonic() - began < 5
+    assert os.listdir(queue_dir / "claimed") == [job]  # nothing moved: the job is still ours
