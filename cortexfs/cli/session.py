@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import errno
 import functools
@@ -114,9 +115,11 @@ def show(
     A torn last line (a crash in the middle of an append) is skipped and mentioned.
     """
     ref = _session_ref(storage_dir, agent, session, project, uid)
+    scan = events.EventScan()
     with _session_directory(ref, _listing(agent, project, uid)) as directory:
-        scan = events.read_events(ref.events_path, dir_fd=directory)
-    _render(scan.events, as_json)
+        # Printed as read: a long session is never held in memory whole.
+        for event in events.stream_events(ref.events_path, scan, dir_fd=directory):
+            _render([event], as_json)
     _warn(ref, scan)
 
 
@@ -143,9 +146,12 @@ def tail(
 ) -> None:
     """Print the last events of SESSION; with --follow, keep printing new ones (Ctrl-C stops)."""
     ref = _session_ref(storage_dir, agent, session, project, uid)
+    scan = events.EventScan()
     with _session_directory(ref, _listing(agent, project, uid)) as directory:
-        scan = events.read_events(ref.events_path, dir_fd=directory)
-        _render(scan.events[len(scan.events) - lines :] if lines else [], as_json)
+        last = collections.deque(
+            events.stream_events(ref.events_path, scan, dir_fd=directory), maxlen=lines
+        )
+        _render(list(last), as_json)
         _warn(ref, scan)
         if not follow:
             return
@@ -329,4 +335,6 @@ def _warn(ref: SessionRef, scan: events.EventScan) -> None:
         )
     if scan.damaged:
         lines = ", ".join(str(number) for number in scan.damaged[:10])
+        more = scan.damaged_count - len(scan.damaged[:10])
+        lines += f" and {more} more" if more else ""
         click.echo(f"ctx: note: skipped damaged lines {lines} of {ref.events_path}", err=True)

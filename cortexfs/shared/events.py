@@ -109,6 +109,10 @@ class EventLog:
                 durable.sync_dir(self._ops, dir_fd)
             else:
                 self._cut_torn_line()
+        except BaseException:
+            if getattr(self, "_fd", -1) >= 0:
+                self._ops.close(self._fd)
+            raise
         finally:
             if own_dir_fd:
                 self._ops.close(dir_fd)
@@ -200,19 +204,36 @@ def append_event(
 class EventScan:
     """What a read found: the events in order, and what it had to skip.
 
-    ``end`` is the offset just past the last complete line: resume reading there.
-    ``damaged`` holds the numbers of complete lines that held no event; ``torn_tail`` the byte
-    count of an unterminated last line (a torn write, or one still being written).
+    ``end`` is the offset just past the last complete line: resume reading there; ``lines``
+    how many complete lines were read.  ``damaged`` holds the numbers of the first
+    :data:`DAMAGED_LISTED` complete lines that held no event, ``damaged_count`` how many
+    there were in all; ``torn_tail`` the byte count of an unterminated last line (a torn
+    write, or one still being written).
     """
 
     # A plain class, not a dataclass: ``ctx run`` imports this module (see cortexfs.tools.result).
-    __slots__ = ("damaged", "end", "events", "torn_tail")
+    __slots__ = ("damaged", "damaged_count", "end", "events", "lines", "torn_tail")
 
     def __init__(self, *, end: int = 0) -> None:
         self.events: list[dict[str, Any]] = []
         self.damaged: list[int] = []
+        self.damaged_count = 0
+        self.lines = 0
         self.torn_tail = 0
         self.end = end
+
+    def _take(self, raw: bytes, number: int) -> dict[str, Any] | None:
+        """The event on complete line ``number`` (None when it holds none, which is noted)."""
+        self.lines += 1
+        event = parse_event_line(raw)
+        if event is None:
+            self.damaged_count += 1
+            if len(self.damaged) < DAMAGED_LISTED:
+                self.damaged.append(number)
+        return event
+
+
+DAMAGED_LISTED = 100  # damaged line numbers a scan keeps: a file of empty lines stays small
 
 
 def read_events(
@@ -221,36 +242,87 @@ def read_events(
     """The events of ``path`` from byte ``offset`` (the start of a line) to the last full line.
 
     With ``dir_fd`` (which stays the caller's), ``path``'s name in that directory: a directory
-    reached without following links, for a file inside a tree its users may change.
+    reached without following links, for a file inside a tree its users may change.  Read as
+    :func:`stream_events` reads it.
     """
+    scan = EventScan(end=offset)
+    scan.events.extend(stream_events(path, scan, first_line=first_line, dir_fd=dir_fd))
+    return scan
+
+
+def stream_events(
+    path: Path, scan: EventScan, *, first_line: int = 1, dir_fd: int | None = None
+) -> Iterator[dict[str, Any]]:
+    """Yield the events of ``path`` from byte ``scan.end`` on, one line at a time, recording
+    in ``scan`` what was read and skipped (its ``events`` are left to the caller).
+
+    The file is read in pieces of :data:`_READ_CHUNK` bytes and no line is ever held longer
+    than an event may be: a line of :data:`MAX_EVENT_BYTES` or more, which no writer writes
+    (:func:`encode_event`), is EFBIG as soon as it is seen — a file whoever may write the
+    session directory put there (a sparse file of gigabytes with no newline) costs one
+    piece of memory and the time to read that far, never the whole file.
+    """
+    fd = _open_file_to_read(path, dir_fd)
+    try:
+        number = first_line
+        position = scan.end
+        partial = b""  # the start of a line whose newline has not been read yet
+        while True:
+            chunk = os.pread(fd, _READ_CHUNK, position)
+            if not chunk:
+                break
+            position += len(chunk)
+            data = partial + chunk
+            start = 0
+            while (newline := data.find(b"\n", start)) != -1:
+                if newline - start >= MAX_EVENT_BYTES:
+                    raise _line_too_long(path, scan.end, number)
+                event = scan._take(data[start:newline], number)
+                number += 1
+                start = newline + 1
+                scan.end = position - len(data) + start
+                if event is not None:
+                    yield event
+            partial = data[start:]
+            if len(partial) >= MAX_EVENT_BYTES:
+                raise _line_too_long(path, scan.end, number)
+        scan.torn_tail = len(partial)
+    finally:
+        os.close(fd)
+
+
+def _open_file_to_read(path: Path, dir_fd: int | None) -> int:
     try:
         fd = _open_file(path, os.O_RDONLY, dir_fd)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise invalid(f"{path} is a symbolic link; refusing to read it") from None
         raise
-    # Checked before fdopen, which refuses a directory with a bare EISDIR naming nothing.
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         raise invalid(f"{path} is not a regular file")
-    with os.fdopen(fd, "rb") as handle:
-        handle.seek(offset)
-        data = handle.read()
-    return scan_lines(data, offset=offset, first_line=first_line)
+    return fd
+
+
+def _line_too_long(path: Path | None, offset: int, number: int) -> CtxError:
+    return too_big(
+        f"line {number} of {path or 'the event log'} (at byte {offset}) is longer than any "
+        f"event ({MAX_EVENT_BYTES} bytes at most), so no writer made it; move the file aside, "
+        f"or keep the events before it with 'truncate -s {offset}' on it"
+    )
 
 
 def scan_lines(data: bytes, *, offset: int = 0, first_line: int = 1) -> EventScan:
-    """Parse event lines; see :class:`EventScan` for what is skipped and reported."""
+    """Parse event lines held in memory; see :class:`EventScan` for what is skipped and
+    reported (no line is refused for its length here: the caller has read it already)."""
     scan = EventScan(end=offset)
     complete, _, tail = data.rpartition(b"\n")
     scan.torn_tail = len(tail)
     if not complete and not data.endswith(b"\n"):
         return scan
     for number, raw in enumerate(complete.split(b"\n"), start=first_line):
-        event = parse_event_line(raw)
-        if event is None:
-            scan.damaged.append(number)
-        else:
+        event = scan._take(raw, number)
+        if event is not None:
             scan.events.append(event)
     scan.end = offset + len(complete) + 1
     return scan
@@ -285,7 +357,7 @@ def follow_events(
     while True:
         scan = read_events(path, offset=offset, first_line=line, dir_fd=dir_fd)
         yield from scan.events
-        line += len(scan.events) + len(scan.damaged)
+        line += scan.lines
         if scan.end == offset:
             time.sleep(poll_interval)
         offset = scan.end
@@ -352,7 +424,7 @@ def _truncate_torn_line(ops: durable.FsOps, fd: int, path: Path | None = None) -
     of bytes removed (0: nothing torn)."""
     _lock(fd, fcntl.LOCK_EX, path)
     size = os.fstat(fd).st_size
-    keep = _end_of_last_line(fd, size)
+    keep = _end_of_last_line(fd, size, path)
     if keep == size:
         return 0
     ops.truncate(fd, keep)
@@ -365,14 +437,20 @@ def _ends_torn(fd: int) -> bool:
     return size > 0 and os.pread(fd, 1, size - 1) != b"\n"
 
 
-def _end_of_last_line(fd: int, size: int) -> int:
-    """The offset just past the last newline of the file (0 when it holds none)."""
-    position = size
-    while position > 0:
-        start = max(0, position - _READ_CHUNK)
-        chunk = os.pread(fd, position - start, start)
-        newline = chunk.rfind(b"\n")
-        if newline != -1:
-            return start + newline + 1
-        position = start
-    return 0
+def _end_of_last_line(fd: int, size: int, path: Path | None) -> int:
+    """The offset just past the last newline of the file (0 when it holds none).
+
+    Only the last :data:`MAX_EVENT_BYTES` are looked at: a torn append is shorter than that,
+    and a longer last line (EFBIG) is no torn event but a file someone else made, which is
+    neither read back to its start nor cut."""
+    start = max(0, size - MAX_EVENT_BYTES)
+    newline = os.pread(fd, size - start, start).rfind(b"\n")
+    if newline != -1:
+        return start + newline + 1
+    if start == 0:
+        return 0
+    raise too_big(
+        f"the last line of {path or 'the event log'} is longer than any event "
+        f"({MAX_EVENT_BYTES} bytes at most): not a torn append, so it is not cut; move the "
+        "file aside"
+    )

@@ -18,14 +18,17 @@ from hypothesis import strategies as st
 from cortexfs import durable
 from cortexfs.errors import CtxError
 from cortexfs.shared.events import (
+    DAMAGED_LISTED,
     MAX_EVENT_BYTES,
     EventLog,
+    EventScan,
     append_event,
     encode_event,
     make_event,
     read_events,
     repair,
     scan_lines,
+    stream_events,
 )
 from cortexfs.shared.tree import Ownership
 
@@ -161,6 +164,72 @@ def test_a_torn_last_line_is_ignored_by_readers_and_truncated_by_repair(tmp_path
     assert removed == scan.torn_tail
     assert path.read_bytes() == whole
     assert repair(path) == 0
+
+
+def _three_events_then(path: Path, tail: bytes) -> bytes:
+    for number in range(3):
+        append_event(path, make_event("e", agent="a", session="s", object="o", status=str(number)))
+    whole = path.read_bytes()
+    with open(path, "ab") as handle:
+        handle.write(tail)
+    return whole
+
+
+@pytest.mark.parametrize("newline", [b"\n", b""], ids=["complete", "torn"])
+def test_a_line_longer_than_any_event_is_efbig_and_never_held_whole(
+    tmp_path: Path, newline: bytes
+) -> None:
+    """No writer writes a line of MAX_EVENT_BYTES or more (encode_event): such a line, complete
+    or the file's last, is refused naming its line and offset, with the events before it
+    read and the rest of the file never read."""
+    path = tmp_path / "events.jsonl"
+    whole = _three_events_then(path, b"x" * MAX_EVENT_BYTES + newline)
+    with open(path, "ab") as handle:
+        handle.truncate(len(whole) + (64 << 30))  # 64 GiB more, sparse: never read
+
+    scan = EventScan()
+    seen = []
+    started = time.monotonic()
+    with pytest.raises(CtxError) as refused:
+        seen.extend(stream_events(path, scan))
+
+    assert refused.value.errno == errno.EFBIG
+    assert f"line 4 of {path} (at byte {len(whole)})" in refused.value.message
+    assert [event["status"] for event in seen] == ["0", "1", "2"] and scan.end == len(whole)
+    assert time.monotonic() - started < 5
+    with pytest.raises(CtxError) as whole_read:
+        read_events(path)
+    assert whole_read.value.errno == errno.EFBIG
+
+
+def test_a_last_line_longer_than_any_event_is_not_cut_by_repair_or_an_append(
+    tmp_path: Path,
+) -> None:
+    """A torn append is shorter than one event: a longer last line is someone's file, neither
+    read back to its start nor truncated."""
+    path = tmp_path / "events.jsonl"
+    _three_events_then(path, b"x" * 10)
+    with open(path, "ab") as handle:
+        handle.truncate(64 << 30)  # a sparse 64 GiB last line
+    size = path.stat().st_size
+
+    with pytest.raises(CtxError) as repaired:
+        repair(path)
+    with pytest.raises(CtxError) as appended:
+        append_event(path, make_event("e", agent="a", session="s", object="o", status="x"))
+
+    assert repaired.value.errno == appended.value.errno == errno.EFBIG
+    assert path.stat().st_size == size
+
+
+def test_a_file_of_empty_lines_keeps_only_the_first_damaged_line_numbers(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    path.write_bytes(b"\n" * 100_000)
+
+    scan = read_events(path)
+
+    assert scan.damaged_count == scan.lines == 100_000 and scan.end == 100_000
+    assert scan.damaged == list(range(1, DAMAGED_LISTED + 1))
 
 
 def test_the_first_append_after_a_crash_cuts_the_torn_line_instead_of_gluing_onto_it(

@@ -5,10 +5,12 @@ from __future__ import annotations
 import errno
 import json
 import os
+import resource
 import shutil
 import stat
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -328,3 +330,37 @@ def test_ctx_session_takes_the_session_as_ctx_run_names_it(recorded: World) -> N
     )
     assert other.returncode == 1 and "ENOENT" in other.stderr
     assert both.returncode == 2 and "EINVAL: two sessions given" in both.stderr
+
+
+def _limited_memory() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+
+
+def test_a_members_sparse_events_file_is_efbig_for_root_never_read_whole(world: World) -> None:
+    """A shared session directory is 02770 and not sticky: a member may put a file of its own
+    at another agent's events.jsonl, here 3 GiB with no newline.  Root's show, tail and repair
+    refuse it (EFBIG) in a moment, in 2 GiB of address space, and leave it as it is."""
+    create_shared_space(world.root, "proj", gid=world.user.gid)
+    ref = SessionRef.shared(world.root, "proj", "coder", "default")
+    with open_session(ref, owner=Ownership(world.user.uid, world.user.gid)) as session:
+        session.record("note", object="shared/proj", status="ok")
+    planted = run_as(
+        world.user,
+        ["/bin/sh", "-c", 'rm -f "$1" && truncate -s 3G "$1"', "sh", str(ref.events_path)],
+    )
+    assert planted.returncode == 0, planted.stderr
+
+    for command in ("show", "tail", "repair"):
+        started = time.monotonic()
+        answer = subprocess.run(
+            [*CTX, "--storage", str(world.root), "session", command, "--project", "proj", "coder"],
+            capture_output=True,
+            text=True,
+            preexec_fn=_limited_memory,
+            timeout=60,
+        )
+        assert answer.returncode == 1, answer
+        assert answer.stderr.startswith("ctx: EFBIG: "), answer.stderr[-500:]
+        assert str(ref.events_path) in answer.stderr and "Traceback" not in answer.stderr
+        assert time.monotonic() - started < 10, command
+    assert ref.events_path.stat().st_size == 3 << 30
