@@ -30,6 +30,26 @@ class CtxError(Exception):
         return {"error": self.code_name, "errno": self.errno, "message": self.message}
 
 
+# What the host ran short of: not the doing of a tool, its caller or a policy, and gone once
+# descriptors, memory or space are freed.  A step that meets one did not judge what it was
+# asked, and says so with this errno rather than with a verdict (EACCES, ENOEXEC).
+HOST_SHORTAGES = frozenset(
+    {_errno.EMFILE, _errno.ENFILE, _errno.ENOMEM, _errno.ENOSPC, _errno.EDQUOT}
+)
+
+
+def describe(exc: BaseException) -> str:
+    """``ENOSPC: No space left on device: <path>`` for an OSError, the rendering of a
+    :class:`CtxError`, and ``Type: text`` for anything else."""
+    if isinstance(exc, CtxError):
+        return str(exc)
+    if isinstance(exc, OSError) and exc.errno:
+        name = _errno.errorcode.get(exc.errno, f"E{exc.errno}")
+        where = f": {_os.fsdecode(exc.filename)}" if isinstance(exc.filename, str | bytes) else ""
+        return f"{name}: {exc.strerror}{where}"
+    return f"{type(exc).__name__}: {exc}"
+
+
 def invalid(message: str) -> CtxError:
     """EINVAL: the input is malformed."""
     return CtxError(_errno.EINVAL, message)

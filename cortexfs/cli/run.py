@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 
 from cortexfs import jsontext, storage
 from cortexfs.cli.exits import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, exit_status, usage_problem
-from cortexfs.errors import CtxError
+from cortexfs.errors import CtxError, describe
 from cortexfs.names import check_object_name
 from cortexfs.shared.sessions import DEFAULT_SESSION, SessionRef
 from cortexfs.timefmt import MAX_SECONDS
@@ -164,7 +164,7 @@ def main(argv: list[str], storage_dir: Path | None = None) -> int:
         _say(str(error))
         return exit_status(error)
     except OSError as error:
-        _say(f"{error.filename or ''}: {error.strerror}")
+        _say(describe(error))
         return EXIT_REFUSED
 
 
@@ -178,6 +178,9 @@ def _run_terminal(root: Path, options: argparse.Namespace, where: SessionRef | s
         return EXIT_NOT_FOUND if missing else EXIT_CANNOT_RUN
     if result.error is not None and result.error.stage == "run":
         _say(str(result.error))
+    if result.error is not None and result.error.stage == "record":
+        _say(str(result.error))  # the tool's output is out; the record of it is not
+        return result.exit_status or EXIT_REFUSED
     return result.exit_status or 0
 
 

@@ -310,10 +310,17 @@ def _run(
             "once its running jobs were finished",
         )
     if summary.failure is not None:
+        if summary.failure_errno is None:
+            raise CtxError(
+                errno.EIO,
+                f"the worker stopped on an unexpected error in a job slot ({summary.failure}); "
+                "a job it was claiming may stay claimed: run 'ctx queue recover'",
+            )
         raise CtxError(
-            errno.EIO,
-            f"the worker stopped on an unexpected error in a job slot ({summary.failure}); "
-            "a job it was claiming may stay claimed: run 'ctx queue recover'",
+            summary.failure_errno,
+            f"the worker stopped: {summary.failure.partition(': ')[2]}; a job it was running "
+            "or claiming may stay claimed: 'ctx queue recover' requeues it now that the "
+            "worker has exited",
         )
     if summary.aborted:
         sys.exit(EXIT_ABORTED)

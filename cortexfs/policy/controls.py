@@ -24,7 +24,7 @@ import os
 import stat
 from pathlib import Path, PurePosixPath
 
-from cortexfs.errors import CtxError, denied, invalid, not_found
+from cortexfs.errors import HOST_SHORTAGES, CtxError, denied, invalid, not_found
 from cortexfs.policy import beneath
 from cortexfs.policy.decision import Policy
 from cortexfs.policy.grammar import PolicySyntaxError, check_subject_type
@@ -151,5 +151,7 @@ def _read_optional(root: Path, path: PurePosixPath) -> bytes | None:
     except FileNotFoundError:
         return None
     except OSError as exc:
+        if exc.errno in HOST_SHORTAGES:  # not judged: denied all the same, for that reason
+            raise CtxError(exc.errno, f"{path} cannot be read now: {exc.strerror}") from None
         reason = "a link or not a regular file" if exc.errno in _NOT_A_FILE else exc.strerror
         raise denied(f"{path} cannot be read safely: {reason}") from None

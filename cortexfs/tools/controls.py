@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any, NamedTuple
 
-from cortexfs.errors import CtxError, denied
+from cortexfs.errors import HOST_SHORTAGES, CtxError, denied
 from cortexfs.names import check_object_name
 from cortexfs.policy import beneath
 from cortexfs.tools.schemas import schema_problems
@@ -116,6 +116,10 @@ def read_control(tool: ToolObject, name: str) -> bytes | None:
     except FileNotFoundError:
         return None
     except OSError as exc:
+        if exc.errno in HOST_SHORTAGES:  # the host's state, not the tool's
+            raise CtxError(
+                exc.errno, f"{tool.name}'s {name} cannot be read now: {exc.strerror}"
+            ) from None
         raise damaged(tool, f"{name} cannot be read safely ({exc.strerror})") from None
 
 

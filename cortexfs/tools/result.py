@@ -26,7 +26,8 @@ class ToolError(NamedTuple):
     """Why a call failed: an errno, the stage that stopped it and a sentence.
 
     The stages, in the order a call goes through them: ``caller``, ``agent``, ``session``,
-    ``resolve``, ``schema``, ``authorize``, ``hook``, ``run``, ``exit`` (docs/tools.md).
+    ``resolve``, ``schema``, ``authorize``, ``hook``, ``run``, ``exit``, and ``record`` for a
+    call whose result could not be recorded (docs/tools.md).
 
     ``step`` and ``step_name`` name the denying step of the authority chain (P-5) when the
     stage is ``authorize`` or ``session``, and step 1 (peer credentials) for a caller who may

@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from cortexfs.agents.host import require_host_administrator
 from cortexfs.agents.projection import RecentDecisions
 from cortexfs.agents.view import AgentView
-from cortexfs.errors import CtxError, denied, invalid, not_found
+from cortexfs.errors import CtxError, denied, describe, invalid, not_found
 from cortexfs.policy import Credentials, check_authority, check_tool_execute
 from cortexfs.policy.chain import AuthorityRequest, Decision, Step
 from cortexfs.shared.sessions import Session, SessionRef, open_session
@@ -211,9 +211,12 @@ class _Call:
         """Record ``result`` durably (session, then the tool's log) and emit its frame."""
         with self._timed("record"):
             tool_log = None if self.tool is None else PurePosixPath(self.object_ref + ".d/log")
-            record.record_result(
-                self.session, self.root, tool_log, self.object_ref, result, self.request
-            )
+            try:
+                record.record_result(
+                    self.session, self.root, tool_log, self.object_ref, result, self.request
+                )
+            except (OSError, CtxError) as exc:  # a full disk, a read-only filesystem…
+                result = _unrecorded(result, exc)
         self._emit({"type": "result", **result.to_json()})
         return result
 
@@ -540,6 +543,19 @@ class _Call:
     def _emit(self, frame: Frame) -> None:
         if self.observer is not None:
             self.observer(frame)
+
+
+def _unrecorded(result: ToolResult, exc: OSError | CtxError) -> ToolResult:
+    """``result``, which could not be recorded (T-7): a failed call, whatever the tool did,
+    so that no caller takes an unlogged call for a good one; its output and exit status are
+    kept, since the tool may have run and changed things."""
+    ran = "did not run" if result.exit_status is None else f"exited {result.exit_status}"
+    missing = f"its result could not be recorded ({describe(exc)})"
+    if result.error is not None:
+        error = result.error._replace(message=f"{result.error.message}; and {missing}")
+    else:
+        error = ToolError(exc.errno or errno.EIO, "record", f"the tool {ran}, but {missing}")
+    return result._replace(status=ERROR, error=error)
 
 
 def _session_ref(root: Path, view: AgentView, requested: SessionRef | str | None) -> SessionRef:

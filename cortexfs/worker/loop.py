@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from cortexfs.errors import CtxError
+from cortexfs.errors import HOST_SHORTAGES, CtxError, describe
 from cortexfs.queue import Claim, Holder, Queue, claim, finish, renew
 from cortexfs.queue.claim_order import HintedClaimOrder
 from cortexfs.queue.holder import check_worker_ttl
@@ -45,6 +45,21 @@ class Outcome:
     output: Any = None
     reason: str | None = None
     details: dict[str, Any] = field(default_factory=dict)
+
+
+# Why finishing a job refuses when the job is no longer this worker's: another holder's
+# lease (EACCES), or the job no longer claimed (ENOENT, EEXIST).
+_TAKEN_AWAY = frozenset({errno.EACCES, errno.ENOENT, errno.EEXIST})
+
+
+def _host_shortage(outcome: Outcome) -> int | None:
+    """The errno when ``outcome`` is a tool that never started because the host was short
+    of descriptors, memory or space (:data:`HOST_SHORTAGES`); None otherwise."""
+    error, ran = outcome.details.get("error"), outcome.details.get("exit_status") is not None
+    if outcome.ok or ran or not isinstance(error, Mapping):
+        return None
+    code = error.get("errno")
+    return code if code in HOST_SHORTAGES else None
 
 
 def failure(error: ToolError, details: Mapping[str, Any] | None = None) -> Outcome:
@@ -122,9 +137,11 @@ class WorkerSummary:
     started_at: float = field(default_factory=time.time)
     aborted: bool = False
     stopped_by: str | None = None
-    # What stopped a job slot that is not a job's failure (a defect): the worker then stops
-    # and exits non-zero instead of draining with one slot less, or none.
+    # What stopped a job slot that is not a job's failure (a defect, or the host short of
+    # descriptors, memory or space): the worker then stops and exits non-zero instead of
+    # draining with one slot less, or none, or running jobs it cannot record.
     failure: str | None = None
+    failure_errno: int | None = None  # its errno, when it had one
 
     @property
     def rate(self) -> float:
@@ -280,10 +297,17 @@ class Worker:
         try:
             self._serve(queue, holder, ttl, keeper, watch)
         except Exception as exc:
-            with self._count_lock:
-                if self.summary.failure is None:
-                    self.summary.failure = f"{type(exc).__name__}: {exc}"
-            self.stop("failure")
+            self._fail(exc)
+
+    def _fail(self, exc: Exception) -> None:
+        """Stop the worker for ``exc``, which is not a job's failure; the first one is its
+        :attr:`WorkerSummary.failure`."""
+        with self._count_lock:
+            if self.summary.failure is None:
+                self.summary.failure = describe(exc)
+                code = exc.errno if isinstance(exc, CtxError | OSError) else None
+                self.summary.failure_errno = code or None
+        self.stop("failure")
 
     def _serve(
         self, queue: Queue, holder: Holder, ttl: float, keeper: LeaseKeeper, watch: PendingWatch
@@ -332,13 +356,27 @@ class Worker:
             outcome = failure(ToolError(code, "worker", message))
         if self.abort.is_set():
             return None
+        short = _host_shortage(outcome)
+        if short is not None:
+            # The tool never started for want of descriptors, memory or space: not the job's
+            # failure, and every job after it would meet the same.  It stays claimed, and
+            # recover requeues it once this worker is gone.
+            raise CtxError(short, f"job {won.job} did not run: {outcome.reason}")
         try:
             outcome = self._finish(queue, holder, won.job, outcome, started)
         except (CtxError, OSError) as exc:
-            reason = (
-                f"not finished by this worker: {exc}; its outcome is discarded (if its lease "
-                "expired and recover requeued the job, the job runs again)"
-            )
+            if exc.errno in _TAKEN_AWAY:
+                reason = (
+                    f"not finished by this worker: {describe(exc)}; its outcome is discarded "
+                    "(if its lease expired and recover requeued the job, the job runs again)"
+                )
+            else:
+                # Recording the outcome failed (ENOSPC, EROFS, EIO…): the next job's would too.
+                reason = (
+                    f"ran, but could not be finished: {describe(exc)}; it stays claimed, and "
+                    "'ctx queue recover' requeues it (to run again) once this worker has exited"
+                )
+                self._fail(CtxError(exc.errno or errno.EIO, f"job {won.job} {reason}"))
             self.executor.record("queue.lost", won.job, "error", reason=reason)
             return JobRecord(won.job, False, reason, time.time() - started, tool, lost=True)
         state = "done" if outcome.ok else "failed"

@@ -6,7 +6,7 @@ import errno
 import json
 import os
 import subprocess
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import pytest
 
@@ -17,6 +17,7 @@ from cortexfs.policy import (
     Decision,
     Outcome,
     Step,
+    beneath,
     check_authority,
     check_tool_execute,
 )
@@ -446,3 +447,21 @@ def test_a_missing_storage_root_is_enoent(tmp_path: Path) -> None:
     with pytest.raises(CtxError) as raised:
         check_authority(request)
     assert raised.value.errno == errno.ENOENT
+
+
+def test_a_policy_the_host_cannot_open_now_is_denied_with_the_shortage(
+    root: Path, coder: Path, user: UnprivilegedUser, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Out of descriptors, step 6 cannot read the tool's policy: denied all the same, but
+    with EMFILE, so that a worker does not take it for a verdict and fail its job for good."""
+    add_tool(root, "fs.read", policy=FS_READ_RULE)
+    read_file = beneath.read_file
+
+    def out_of_descriptors(directory: Path, path: PurePosixPath) -> bytes:
+        if path.name == "policy" and "fs.read.d" in path.parts:
+            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+        return read_file(directory, path)
+
+    monkeypatch.setattr(beneath, "read_file", out_of_descriptors)
+
+    assert_denied_at(run_fs_read(root, user), Step.OWN_POLICY, errno.EMFILE, "cannot be read")

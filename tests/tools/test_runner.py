@@ -16,6 +16,7 @@ from typing import Any
 import psutil
 import pytest
 
+from cortexfs.policy import beneath
 from cortexfs.shared.sessions import SessionRef
 from cortexfs.shared.spaces import create_shared_space
 from cortexfs.tools import spawn
@@ -792,3 +793,24 @@ def _call_until_stopped(world: World, stop: Any, outcomes: Any) -> None:
             outcome = f"{result.error.stage}: {result.error.message}"
         seen[outcome] = seen.get(outcome, 0) + 1
     outcomes.put(seen)
+
+
+def test_a_control_the_host_cannot_open_now_is_not_called_damaged(
+    coder: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Out of descriptors, the tool's cap control cannot be opened: the call fails with EMFILE,
+    not with ENOEXEC and advice to reinstall a tool that is intact."""
+    read_file = beneath.read_file
+
+    def out_of_descriptors(directory: Any, path: Any) -> bytes:
+        if path.name == "cap":
+            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+        return read_file(directory, path)
+
+    monkeypatch.setattr(beneath, "read_file", out_of_descriptors)
+
+    result = run_native(coder.root, "coder", "whoami", {})
+
+    assert result.error is not None and result.exit_status is None
+    assert (result.error.errno, result.error.stage) == (errno.EMFILE, "resolve"), result.error
+    assert "damaged" not in result.error.message

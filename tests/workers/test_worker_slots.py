@@ -13,7 +13,9 @@ import pytest
 
 from cortexfs.errors import CtxError
 from cortexfs.queue import Queue, init_queue, publish
-from cortexfs.worker.loop import Worker, WorkerOptions
+from cortexfs.tools.result import ToolError
+from cortexfs.worker import loop
+from cortexfs.worker.loop import Outcome, Worker, WorkerOptions, failure
 from tests.queue.helpers import request
 
 
@@ -84,3 +86,77 @@ def test_a_worker_never_reaches_a_projects_queue_through_a_symlink(tmp_path: Pat
         worker.run()
     assert refused.value.errno == errno.ELOOP
     assert os.listdir(outside / "queue" / "pending") == jobs and executor.ran == []
+
+
+class ShortOfDescriptorsExecutor(DefectiveExecutor):
+    """Every tool fails to start: the host is out of descriptors (EMFILE, no exit status)."""
+
+    def accepts(self, request: Mapping[str, Any]) -> bool:
+        return True
+
+    def __call__(self, job: Any, control: Any) -> Any:
+        self.ran.append(job.job)
+        error = ToolError(errno.EMFILE, "resolve", "tool sh.x's manifest cannot be read now")
+        return failure(error, {"exit_status": None})
+
+
+def test_a_tool_the_host_could_not_start_stays_claimed_and_stops_the_worker(
+    tmp_path: Path,
+) -> None:
+    """Out of descriptors is not the job's failure: finished in failed/ it would never run."""
+    queue_dir = tmp_path / "queue"
+    init_queue(queue_dir)
+    with Queue.open(queue_dir) as queue:
+        jobs = [publish(queue, request(n)) for n in range(3)]
+    executor = ShortOfDescriptorsExecutor()
+
+    summary = Worker(
+        queue_dir,
+        executor,
+        WorkerOptions(drain=True, max_wait=0.1),
+        lambda *_: None,  # type: ignore[arg-type]
+    ).run()
+
+    assert summary.failure_errno == errno.EMFILE and summary.stopped_by == "failure"
+    assert (summary.done, summary.failed) == (0, 0)
+    assert os.listdir(queue_dir / "claimed") == executor.ran  # the one it took, still claimed
+    assert len(executor.ran) == 1 and sorted(os.listdir(queue_dir / "pending")) == sorted(
+        set(jobs) - set(executor.ran)
+    )
+    assert os.listdir(queue_dir / "failed") == []
+
+
+class SucceedingExecutor(ShortOfDescriptorsExecutor):
+    def __call__(self, job: Any, control: Any) -> Any:
+        self.ran.append(job.job)
+        return Outcome(True, {"done": True})
+
+
+def test_an_outcome_that_cannot_be_finished_stops_the_worker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its disk full, the worker would run job after job and record none of them."""
+    queue_dir = tmp_path / "queue"
+    init_queue(queue_dir)
+    with Queue.open(queue_dir) as queue:
+        for n in range(3):
+            publish(queue, request(n))
+
+    def full_disk(*_: Any, **__: Any) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(loop, "finish", full_disk)
+    events: list[tuple[str, dict[str, Any]]] = []
+    executor = SucceedingExecutor()
+
+    summary = Worker(
+        queue_dir,
+        executor,  # type: ignore[arg-type]
+        WorkerOptions(drain=True, max_wait=0.1),
+        lambda event, fields: events.append((event, fields)),
+    ).run()
+
+    assert summary.failure_errno == errno.ENOSPC and summary.lost == 1
+    assert len(executor.ran) == 1 and len(os.listdir(queue_dir / "pending")) == 2
+    lost = [fields for event, fields in events if event == "lost"]
+    assert "ran, but could not be finished: ENOSPC" in lost[0]["reason"]
