@@ -40,12 +40,18 @@ def create(name: str, group: str | None, storage_dir: Path | None, as_json: bool
     entries), tool/ the owner's alone (2750: members run its tools, only the owner installs
     them).  Which agents
     may use it is then up to their uid/gid, mounts and policy (shared:NAME read|write).
-    Existing parts are left as they are, but for their group: --group G given for a space
-    that has another group (one 'ctx queue init' made, say) gives G every entry of the space
-    that had its old group, never through a link; a file with other names (hard links,
-    which may lie outside the space) keeps it, as does what lies more than 256 directories
-    deep, each listed as kept.  Root may regroup any entry,
-    anyone else only their own: EPERM, nothing changed.  An illegal NAME, or
+    Without --group, parts that are missing are made with the group the space has (or,
+    for a new space, yours), and existing parts are left as they are.  --group G given for
+    a space that has another group (one 'ctx queue init' made, say) gives G every entry of
+    the space that had its old group, never through a link; a file with other names (hard
+    links, which may lie outside the space) keeps it, as does what lies more than 256
+    directories deep, each listed as kept.  --group G also repairs each of the space's own
+    directories (the space, tool/, data/, agent/, queue/ and the queue's six) whose group
+    is not G or whose mode is not the one above ('repaired').  Root may regroup any entry,
+    anyone else only their own: EPERM, nothing changed; and a directory of the space that
+    belongs to another uid than the space's owner is not repaired but refused (EPERM,
+    naming it, nothing changed).  A directory this command makes is given its group and
+    mode only when it is still the one it made (EEXIST otherwise).  An illegal NAME, or
     cortexfs-docs (the manual bundle), is a usage error (EINVAL, exit 2).
     """
     try:
@@ -66,9 +72,11 @@ def create(name: str, group: str | None, storage_dir: Path | None, as_json: bool
         echo_printable(
             f"kept      {kept['path']}: group {report.regrouped_from}, since {kept['reason']}"
         )
+    for path in report.repaired:
+        click.echo(f"repaired  {path}: group {report.gid}, mode as the space's directories have")
     for path in report.created:
         click.echo(f"created   {path}")
-    if not report.created and report.regrouped_from is None:
+    if not (report.created or report.repaired) and report.regrouped_from is None:
         click.echo(f"nothing to do: {report.path} is complete")
 
 

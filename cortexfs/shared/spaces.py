@@ -28,8 +28,15 @@ from pathlib import Path
 from cortexfs import durable, storage
 from cortexfs.errors import CtxError
 from cortexfs.names import check_object_name
-from cortexfs.queue.layout import init_queue
-from cortexfs.shared.tree import Ownership, apply_mode, ensure_directories
+from cortexfs.queue.claim_order import start_hint
+from cortexfs.queue.layout import STATE_DIRS, init_queue
+from cortexfs.shared.tree import (
+    Ownership,
+    apply_repairs,
+    close_repairs,
+    ensure_directories,
+    find_repairs,
+)
 from cortexfs.storage import check_space_name
 
 SPACE_DIRS = ("tool", "data", "agent")
@@ -44,7 +51,8 @@ _MODES = {"tool": SPACE_TOOL_MODE, "agent": SPACE_ROOT_MODE, "data": SPACE_MODE}
 class SpaceReport:
     """What ``ctx shared create`` did: the space, its group, every path it created and, when
     it gave an existing space another group, the group it had, how many entries moved and
-    and what kept the old group, with why (``{"path", "reason"}``)."""
+    what kept the old group, with why (``{"path", "reason"}``); and the space's directories
+    whose group or mode it repaired."""
 
     path: Path
     gid: int
@@ -52,6 +60,7 @@ class SpaceReport:
     regrouped_from: int | None = None
     regrouped: int = 0
     kept: list[dict[str, str]] = field(default_factory=list)
+    repaired: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -61,6 +70,7 @@ class SpaceReport:
             "regrouped_from": self.regrouped_from,
             "regrouped": self.regrouped,
             "kept": self.kept,
+            "repaired": self.repaired,
         }
 
 
@@ -73,38 +83,85 @@ def create_shared_space(
 ) -> SpaceReport:
     """Create ``shared/<name>`` and its four directories where missing, owned by group ``gid``.
 
-    Idempotent: what exists is left as it is (its modes included), what is missing is
-    created, so a space whose queue came first (``ctx queue init``) is completed.  ``gid``
-    defaults to the caller's effective group; a ``gid`` given for an existing space of
-    another group gives it that group (:func:`_regroup`).  A storage root that does not exist
-    is bootstrapped first, whole.
+    Idempotent: what is missing is created, so a space whose queue came first (``ctx queue
+    init``) is completed.  ``gid`` defaults to the group of the space when it exists (a
+    repair keeps the space's group, whoever runs it), else to the caller's effective group.
+    Without ``gid`` what exists is left as it is; a ``gid`` given for an existing space of
+    another group gives it that group (:func:`_regroup`), and gives each of the space's own
+    directories (:func:`_documented_modes`) that group and its mode where either differs.
+    Every directory made or changed is reached without following a link, and changed only
+    when it is this process's own (made here) or, for a repair, the space owner's: EEXIST or
+    EPERM names one that is not.  A storage root that does not exist is bootstrapped first,
+    whole.
     """
     ops = ops or durable.default_ops()
     path = space_path(root, check_space_name(name))
-    owner = Ownership(-1, os.getegid() if gid is None else gid)
-    _require_group_of_caller(owner.gid)
+    existing = _existing_group(path)
+    space_gid = gid if gid is not None else existing
+    owner = Ownership(-1, os.getegid() if space_gid is None else space_gid)
     _require_no_obstacle(path)
+    if gid is not None or existing is None:
+        _require_group_of_caller(owner.gid)
     _require_writable_where_missing(path, name)
-    regrouped_from, regrouped, kept = None, 0, []
-    if gid is not None and path.is_dir() and os.stat(path).st_gid != gid:
-        regrouped_from = os.stat(path).st_gid
-        regrouped, kept = _regroup(path, regrouped_from, gid)
+    regrouped_from, regrouped, kept, repairs = None, 0, [], []
+    if gid is not None and existing is not None:
+        regrouped_from = existing if existing != gid else None
+        # Checked before anything changes: a directory of the space that is not its owner's
+        # is refused (EPERM) with the space as it was.
+        repairs = find_repairs(
+            ops,
+            path.parent,
+            _documented_modes(name),
+            gid=gid,
+            regrouping=regrouped_from,
+            made_by=os.stat(path).st_uid,
+        )
+        try:
+            if regrouped_from is not None:
+                regrouped, kept = _regroup(path, regrouped_from, gid)
+        except BaseException:
+            close_repairs(ops, repairs)
+            raise
+    repaired = apply_repairs(ops, repairs, gid=owner.gid)
     # The root ABI reports its entries relative to the root; the space reports full paths.
     if os.path.isdir(root):
         created = [str(root / entry) for entry in storage.ensure_root_abi(root, ops).created]
     else:
         created = _bootstrap(root)
-    created += ensure_directories(ops, root / "shared", [name], mode=SPACE_ROOT_MODE, owner=owner)
-    for directory in SPACE_DIRS:
-        mode = _MODES[directory]
-        created += ensure_directories(ops, path, [directory], mode=mode, owner=owner)
-    queue_created = init_queue(path / QUEUE_DIR, ops)
-    for entry in queue_created:
-        if Path(entry).is_dir():
-            apply_mode(ops, Path(entry), SPACE_MODE, owner)
+    for parts, mode in _documented_modes(name):
+        # Each level reached without following a link, and only a directory made here given
+        # the group and mode (tree._require_made_here): a member who swaps another directory
+        # in after the mkdir gets EEXIST, and theirs is left as it was.
+        created += ensure_directories(ops, path.parent, list(parts), mode=mode, owner=owner)
+    queue = path / QUEUE_DIR
+    queue_created = init_queue(queue, ops)  # the config, and the claim hint of a new pending/
+    if str(queue / "pending") in created:
+        start_hint(queue)
     report = SpaceReport(path, os.stat(path).st_gid, created + queue_created)
     report.regrouped_from, report.regrouped, report.kept = regrouped_from, regrouped, kept
+    report.repaired = repaired
     return report
+
+
+def _documented_modes(name: str) -> list[tuple[tuple[str, ...], int]]:
+    """The space's own directories below ``shared/`` and the mode each has (X-1,
+    docs/sessions.md), parents first: the space, ``tool/``, ``data/``, ``agent/``, ``queue/``
+    and the queue's six directories."""
+    modes = [((name,), SPACE_ROOT_MODE)]
+    modes += [((name, directory), _MODES[directory]) for directory in SPACE_DIRS]
+    modes.append(((name, QUEUE_DIR), SPACE_MODE))
+    modes += [((name, QUEUE_DIR, state), SPACE_MODE) for state in STATE_DIRS]
+    return modes
+
+
+def _existing_group(path: Path) -> int | None:
+    """The group of the space directory at ``path``, None when there is none (or something
+    else is there, which :func:`_require_no_obstacle` refuses)."""
+    try:
+        status = os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return status.st_gid if stat.S_ISDIR(status.st_mode) else None
 
 
 def _regroup(path: Path, old_gid: int, new_gid: int) -> tuple[int, list[dict[str, str]]]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import errno
 import os
 import pwd
+import stat
 from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
@@ -96,13 +97,76 @@ def _require_made_here(ops: durable.FsOps, fd: int, path: Path) -> None:
         )
 
 
-def apply_mode(ops: durable.FsOps, path: Path, mode: int, owner: Ownership | None = None) -> None:
-    """Set the mode (and, as root, the owner) of an existing directory, durably."""
-    fd = durable.open_dir_path(ops, str(path))
+class Repair(NamedTuple):
+    """An existing directory whose group or mode is not what it should be, held open (reached
+    without following a link) until :func:`apply_repairs` changes it or it is closed."""
+
+    fd: int
+    path: Path
+    status: os.stat_result
+    mode: int  # the mode it should have
+
+
+def find_repairs(
+    ops: durable.FsOps,
+    top: Path,
+    wanted: Sequence[tuple[Sequence[str], int]],
+    *,
+    gid: int,
+    regrouping: int | None = None,
+    made_by: int,
+) -> list[Repair]:
+    """The directories ``top/parts…`` of ``wanted`` (``(parts, mode)`` pairs) that exist but
+    have another group than ``gid`` or another mode, each opened without following a link.
+    A directory of group ``regrouping`` (which the caller is giving ``gid`` anyway) needs no
+    repair for its group alone.
+
+    EPERM, with nothing opened kept, naming the first that belongs neither to ``made_by`` (the
+    uid that made the tree) nor to the caller but root: a directory put in the tree by
+    someone else is theirs, and its group and mode are not changed on their behalf.  Missing
+    ones are skipped: creating them is :func:`ensure_directories`' job."""
+    repairs: list[Repair] = []
     try:
-        _apply(ops, fd, mode, owner)
+        for parts, mode in wanted:
+            try:
+                fd = open_beneath(ops, top, parts)
+            except FileNotFoundError:
+                continue
+            status = os.fstat(fd)
+            if status.st_gid in (gid, regrouping) and stat.S_IMODE(status.st_mode) == mode:
+                ops.close(fd)
+                continue
+            path = top.joinpath(*parts)
+            repairs.append(Repair(fd, path, status, mode))
+            if status.st_uid != made_by or os.geteuid() not in (0, status.st_uid):
+                raise CtxError(
+                    errno.EPERM,
+                    f"{path} belongs to uid {status.st_uid}, not to uid {made_by}, who made "
+                    f"{top}: its group {status.st_gid} and mode "
+                    f"{stat.S_IMODE(status.st_mode):04o} should be {gid} and {mode:04o}, but "
+                    "they are not changed for another owner; nothing was changed (move it aside "
+                    "and run the command again, which makes it anew)",
+                )
+    except BaseException:
+        close_repairs(ops, repairs)
+        raise
+    return repairs
+
+
+def apply_repairs(ops: durable.FsOps, repairs: Sequence[Repair], *, gid: int) -> list[str]:
+    """Give each directory of ``repairs`` group ``gid`` and the mode it should have, through
+    the descriptor :func:`find_repairs` opened; closes them all.  Returns their paths."""
+    try:
+        for repair in repairs:
+            _apply(ops, repair.fd, repair.mode, Ownership(-1, gid))
     finally:
-        ops.close(fd)
+        close_repairs(ops, repairs)
+    return [str(repair.path) for repair in repairs]
+
+
+def close_repairs(ops: durable.FsOps, repairs: Sequence[Repair]) -> None:
+    for repair in repairs:
+        ops.close(repair.fd)
 
 
 def _apply(ops: durable.FsOps, fd: int, mode: int, owner: Ownership | None) -> None:

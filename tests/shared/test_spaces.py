@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from cortexfs import storage
+from cortexfs import durable, storage
 from cortexfs.errors import CtxError
 from cortexfs.queue.layout import STATE_DIRS, init_queue, queue_path
 from cortexfs.shared.spaces import SPACE_DIRS, create_shared_space
+from tests.support.users import run_as
 from tests.tools.support import World, effective_user
 
 CTX = [sys.executable, "-c", "from cortexfs.cli import main; main()"]
@@ -61,13 +62,46 @@ def test_create_is_idempotent_and_completes_a_space_whose_queue_came_first(world
     init_queue(queue_path(world.root, "early"))
     (world.root / "shared/early").chmod(0o755)
 
-    first = create_shared_space(world.root, "early", gid=SPACE_GROUP)
-    second = create_shared_space(world.root, "early", gid=SPACE_GROUP)
+    os.chown(world.root / "shared/early", -1, SPACE_GROUP)
 
-    assert sorted(os.listdir(world.root / "shared/early")) == ["agent", "data", "queue", "tool"]
+    first = create_shared_space(world.root, "early")
+    second = create_shared_space(world.root, "early")
+    space = world.root / "shared/early"
+
+    assert sorted(os.listdir(space)) == ["agent", "data", "queue", "tool"]
     assert {os.path.basename(path) for path in first.created} == {"tool", "data", "agent"}
-    assert second.created == []
-    assert stat.S_IMODE(os.stat(world.root / "shared/early").st_mode) == 0o755, "left as it was"
+    assert second.created == [] and second.repaired == []
+    assert stat.S_IMODE(os.stat(space).st_mode) == 0o755, "left as it was without --group"
+    for name in ("tool", "data", "agent"):
+        assert os.stat(space / name).st_gid == SPACE_GROUP, "the space's group, not the caller's"
+
+
+def test_a_group_given_repairs_the_group_and_mode_of_the_spaces_own_directories(
+    world: World,
+) -> None:
+    """docs/sessions.md (X-1): the space and agent/ 03770, tool/ 02750, data/, queue/ and its
+    six directories 02770, all of the space's group; --group G puts back what differs."""
+    storage.ensure_root_abi(world.root)  # the layout older versions' queue init left
+    init_queue(queue_path(world.root, "early"))
+    space = world.root / "shared/early"
+    os.chown(space, -1, SPACE_GROUP)
+    create_shared_space(world.root, "early")
+    lease = space / "queue/lease"
+    os.chown(lease, -1, 0)
+    os.chmod(space / "data", 0o755)
+
+    report = create_shared_space(world.root, "early", gid=SPACE_GROUP)
+    again = create_shared_space(world.root, "early", gid=SPACE_GROUP)
+
+    modes = {space: 0o3770, space / "agent": 0o3770, space / "tool": 0o2750}
+    for directory in (space, *(space / name for name in (*SPACE_DIRS, "queue"))):
+        assert os.stat(directory).st_gid == SPACE_GROUP, directory
+        assert stat.S_IMODE(os.stat(directory).st_mode) == modes.get(directory, 0o2770), directory
+    for state in STATE_DIRS:
+        assert os.stat(space / "queue" / state).st_gid == SPACE_GROUP, state
+        assert stat.S_IMODE(os.stat(space / "queue" / state).st_mode) == 0o2770, state
+    assert str(lease) in report.repaired and str(space / "data") in report.repaired
+    assert report.regrouped_from is None and again.repaired == []
 
 
 def test_an_illegal_space_name_is_refused(world: World) -> None:
@@ -323,3 +357,136 @@ def remove_deep_tree(directory: Path) -> None:
         os.rmdir("d", dir_fd=fd)
     finally:
         os.close(fd)
+
+
+class _SwapAfterMkdir(durable.FsOps):
+    """Real operations, but right after the mkdir of ``name`` another user's directory
+    ``theirs`` is moved in at that name (ours moved aside), as a member who may write the
+    parent can do between root's mkdir and its chmod."""
+
+    def __init__(self, name: str, theirs: Path) -> None:
+        super().__init__()
+        self.name, self.theirs, self.swapped = name, theirs, False
+
+    def mkdir(self, name: str, dir_fd: int, mode: int = 0o777) -> None:
+        super().mkdir(name, dir_fd, mode)
+        if name == self.name and not self.swapped:
+            self.swapped = True
+            os.rename(name, f"{name}.ours", src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            os.rename(self.theirs, name, dst_dir_fd=dir_fd)
+
+
+@pytest.mark.parametrize("state", ["inbox", "lease"])
+def test_a_directory_moved_in_after_the_mkdir_of_a_queue_directory_is_refused_untouched(
+    world: World, traversable_tmp: Path, state: str
+) -> None:
+    """Root repairing a space whose queue directories a member removed (queue/ is 02770):
+    the directory found at the name after root's mkdir is not root's, so it is neither given
+    the space's group nor chmodded: EEXIST names it."""
+    create_shared_space(world.root, "team", gid=SPACE_GROUP)
+    queue = world.root / "shared/team/queue"
+    os.rmdir(queue / state)
+    outside = traversable_tmp / "outside"
+    outside.mkdir(mode=0o777)
+    outside.chmod(0o777)
+    made = run_as(world.user, ["/bin/sh", "-c", f"umask 0; mkdir {outside}/theirs"])
+    assert made.returncode == 0, made.stderr
+    theirs = outside / "theirs"
+    before = os.lstat(theirs)
+
+    with pytest.raises(CtxError) as refused:
+        create_shared_space(world.root, "team", gid=SPACE_GROUP, ops=_SwapAfterMkdir(state, theirs))
+
+    assert refused.value.errno == errno.EEXIST and str(queue / state) in refused.value.message
+    after = os.lstat(queue / state)
+    assert (after.st_ino, after.st_uid, after.st_gid, after.st_mode) == (
+        before.st_ino,
+        world.user.uid,
+        before.st_gid,
+        before.st_mode,
+    )
+
+
+def _member_ctx(world: World, *arguments: str) -> subprocess.CompletedProcess[str]:
+    return run_as(world.user, [*CTX, "--storage", str(world.root), *arguments])
+
+
+@pytest.mark.parametrize(
+    "repair", [["queue", "init", "--project", "team"], ["shared", "create", "team"]]
+)
+def test_root_repairing_a_space_makes_the_missing_directory_with_the_spaces_group(
+    world: World, repair: list[str]
+) -> None:
+    """The queue's ENOENT says 'repair it with ctx queue init': run by root, that made lease/
+    root's group, locking every member out of the queue (X-1: all of the space's group)."""
+    made = subprocess.run(
+        [
+            *CTX,
+            "--storage",
+            str(world.root),
+            "shared",
+            "create",
+            "team",
+            "--group",
+            str(world.user.gid),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert made.returncode == 0, made.stderr
+    lease = world.root / "shared/team/queue/lease"
+    removed = run_as(world.user, ["/bin/rmdir", str(lease)])
+    assert removed.returncode == 0, removed.stderr
+
+    repaired = subprocess.run(
+        [*CTX, "--storage", str(world.root), *repair], capture_output=True, text=True
+    )
+    status = _member_ctx(world, "queue", "status", "--project", "team")
+
+    assert repaired.returncode == 0, repaired.stderr
+    assert os.stat(lease).st_gid == world.user.gid
+    assert stat.S_IMODE(os.stat(lease).st_mode) == 0o2770
+    assert status.returncode == 0, status.stderr
+
+
+def test_ctx_shared_create_with_the_spaces_group_repairs_a_directory_of_another_group(
+    world: World,
+) -> None:
+    """A lease/ an older repair left root's (group 0) is not 'nothing to do' for --group G."""
+    base = [*CTX, "--storage", str(world.root), "shared", "create", "team"]
+    group = ["--group", str(world.user.gid)]
+    assert subprocess.run([*base, *group], capture_output=True).returncode == 0
+    lease = world.root / "shared/team/queue/lease"
+    os.chown(lease, 0, 0)
+    os.chmod(lease, 0o2755)
+
+    repaired = subprocess.run([*base, *group], capture_output=True, text=True)
+    status = _member_ctx(world, "queue", "status", "--project", "team")
+
+    assert repaired.returncode == 0, repaired.stderr
+    assert f"repaired  {lease}" in repaired.stdout and "nothing to do" not in repaired.stdout
+    assert (os.stat(lease).st_gid, stat.S_IMODE(os.stat(lease).st_mode)) == (
+        world.user.gid,
+        0o2770,
+    )
+    assert status.returncode == 0, status.stderr
+
+
+def test_a_space_directory_of_another_owner_is_refused_not_repaired(world: World) -> None:
+    """A member who makes a queue directory of its own (queue/ is 02770) keeps it: --group G
+    does not chmod another uid's directory for it; EPERM names it, nothing changes."""
+    base = [*CTX, "--storage", str(world.root), "shared", "create", "team"]
+    group = ["--group", str(world.user.gid)]
+    assert subprocess.run([*base, *group], capture_output=True).returncode == 0
+    lease = world.root / "shared/team/queue/lease"
+    data = world.root / "shared/team/data"
+    os.chmod(data, 0o2750)  # root's own, to be repaired were anything repaired
+    swapped = run_as(world.user, ["/bin/sh", "-c", f"rmdir {lease} && umask 077 && mkdir {lease}"])
+    assert swapped.returncode == 0, swapped.stderr
+
+    refused = subprocess.run([*base, *group], capture_output=True, text=True)
+
+    assert refused.returncode == 1, refused
+    assert refused.stderr.startswith(f"ctx: EPERM: {lease} belongs to uid {world.user.uid}")
+    assert stat.S_IMODE(os.stat(lease).st_mode) == 0o2700  # setgid inherited, mode its own
+    assert stat.S_IMODE(os.stat(data).st_mode) == 0o2750, "nothing was changed"
