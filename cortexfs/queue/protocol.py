@@ -51,7 +51,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cortexfs import durable
+from cortexfs import durable, jsontext
 from cortexfs.errors import CtxError, exists, invalid, not_found
 from cortexfs.interrupts import held_interrupts
 from cortexfs.names import job_name
@@ -722,7 +722,18 @@ def finish(
                     errno.EACCES, f"job {job} is not leased to pid {holder.pid}: {lease.message}"
                 )
             _refuse_other_holder(job, lease, [holder], "finishes the job")
-        if _terminal_evidence(queue, job):
+        terminal = queue.terminal(ok)
+        state = "done" if ok else "failed"
+        finished = _terminal_evidence(queue, job)
+        if finished == [(state, job + RESULT_SUFFIX)] and isinstance(lease, Lease):
+            # This claim's own finish, cut short after its result moved in
+            # (_finish_cut_short)?  Finishing it again completes it, as recover --reconcile
+            # would once its holder is gone; the result in place stands.
+            by = lease.holder.summary() if worker is None else worker
+            completed = _complete_finish(queue, job, lease, claim_fd, state, by)
+            if completed is not None:
+                return completed
+        if finished:
             # A second outcome beside the first would make J a conflict (Q-6).
             raise _finished_already(queue, job)
         if isinstance(lease, CtxError) and lease.errno == errno.ENOENT:
@@ -754,8 +765,6 @@ def finish(
         }
         limit = queue.config.max_result_bytes if enforce_limit else None
         data = requests.encode_result(result, limit)
-        terminal = queue.terminal(ok)
-        state = "done" if ok else "failed"
         # Every directory the finish changes, before the result is written: refused after
         # the result moved in, the request would stay claimed beside it (Q-6).
         queue.require_writable(
@@ -786,6 +795,34 @@ def finish(
             raise _finish_cut_short(queue, job, lease, exc) from None
         ops.step("finish.done")
         return result
+
+
+def _complete_finish(
+    queue: Queue, job: str, lease: Lease, claim_fd: int, state: str, worker: Mapping[str, Any]
+) -> dict[str, Any] | None:
+    """The rest of a finish cut short once ``<state>/J.result`` was in place, when that result
+    is this claim's, recorded by ``worker``: the request moves beside it and the claim goes,
+    as in :func:`finish`, and the result is returned.  None, with nothing changed, for a
+    result of anyone else's (or no result file at all), which is a conflict.  J's lock is
+    held."""
+    terminal = queue.dirs[state]
+    try:
+        limit = max(queue.config.max_result_bytes, 1 << 20)  # a failure record may exceed it
+        recorded = jsontext.loads_strict(read_regular_file(terminal, job + RESULT_SUFFIX, limit))
+    except (OSError, CtxError, ValueError):
+        return None
+    if not isinstance(recorded, dict) or recorded.get("worker") != dict(worker):
+        return None
+    queue.require_writable("finish", (state, "claimed", f"claimed/{job}", "lease", f"lease/{job}"))
+    try:
+        queue.ops.step("finish.request")
+        durable.move_noreplace(queue.ops, claim_fd, job, terminal, job, sync_src=False)
+        queue.ops.step("finish.cleanup")
+        remove_claim_and_lease(queue, job)
+    except OSError as exc:
+        raise _finish_cut_short(queue, job, lease, exc) from None
+    queue.ops.step("finish.done")
+    return recorded
 
 
 @contextlib.contextmanager
@@ -880,8 +917,8 @@ def _not_claimed(queue: Queue, job: str, doing: str = "finishing it") -> CtxErro
 
 def _finish_cut_short(queue: Queue, job: str, lease: Lease | CtxError, exc: OSError) -> CtxError:
     """The error of a finish that failed after its result was in place (an I/O error, a full
-    disk): it cannot be undone, so the error says where J stands, that it must not be
-    finished again, and what completes it, instead of a bare EIO."""
+    disk): it cannot be undone, so the error says where J stands and what completes it,
+    instead of a bare EIO."""
     assessment = ev.assess(ev.evidence_of(queue, job))
     where = f"job {job} is {assessment.state} ({assessment.detail})"
     if assessment.state != "incomplete":
@@ -889,7 +926,8 @@ def _finish_cut_short(queue: Queue, job: str, lease: Lease | CtxError, exc: OSEr
     elif isinstance(lease, Lease):
         holder = lease.holder
         then = (
-            f"'ctx queue recover --reconcile' completes it once its lease holder (pid "
+            f"finishing it again with the same outcome completes it (the result in place "
+            f"stands), and so does 'ctx queue recover --reconcile' once its lease holder (pid "
             f"{holder.pid} on {holder.host}) has exited or its lease has expired"
         )
     else:
@@ -897,7 +935,7 @@ def _finish_cut_short(queue: Queue, job: str, lease: Lease | CtxError, exc: OSEr
     return CtxError(
         exc.errno or errno.EIO,
         f"finishing {job} failed after its result was in place ({_cause(exc)}), so a crash "
-        f"may still undo part of it: {where}; do not finish it again: {then}",
+        f"may still undo part of it: {where}; {then}",
     )
 
 

@@ -208,3 +208,55 @@ def test_a_claim_refused_before_the_move_leaves_no_empty_claim_directory(
     assert tree(queue_dir)["pending"] == [job]
     assert tree(queue_dir)["claimed"] == tree(queue_dir)["lease"] == []
     assert claim(queue, me).job == job
+
+
+def test_a_finish_cut_short_after_its_result_moved_in_is_completed_by_finishing_again(
+    queue: Queue, queue_dir: Path, me: Holder
+) -> None:
+    """The disk fills between the result's move and the request's: the holder's second
+    finish completes the first (its result stands) instead of EEXIST until the holder is
+    gone, while recover must leave a live holder's job alone."""
+    publish(queue, request(), "a")
+    job = claim(queue, me).job
+
+    class RefusesTheRequestsMove(FsOps):
+        def rename_noreplace(self, src: str, src_dir_fd: int, dst: str, dst_dir_fd: int) -> None:
+            if dst == job:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            super().rename_noreplace(src, src_dir_fd, dst, dst_dir_fd)
+
+    with Queue.open(queue_dir, RefusesTheRequestsMove()) as q, pytest.raises(CtxError) as cut:
+        finish(q, job, True, {"n": 1}, holder=me)
+    assert cut.value.errno == errno.ENOSPC
+    assert "finishing it again with the same outcome completes it" in cut.value.message
+    assert tree(queue_dir)["done"] == [job + ".result"] and tree(queue_dir)["claimed"] == [job]
+
+    completed = finish(queue, job, True, {"n": 2}, holder=me)
+
+    assert completed["output"] == {"n": 1}  # the first result stands
+    assert tree(queue_dir) == {
+        "inbox": [], "pending": [], "claimed": [], "lease": [], "done": [job, job + ".result"],
+        "failed": [],
+    }  # fmt: skip
+
+
+def test_a_finish_cut_short_is_not_completed_with_another_outcome(
+    queue: Queue, queue_dir: Path, me: Holder
+) -> None:
+    publish(queue, request(), "a")
+    job = claim(queue, me).job
+
+    class RefusesTheRequestsMove(FsOps):
+        def rename_noreplace(self, src: str, src_dir_fd: int, dst: str, dst_dir_fd: int) -> None:
+            if dst == job:
+                raise OSError(errno.EIO, os.strerror(errno.EIO))
+            super().rename_noreplace(src, src_dir_fd, dst, dst_dir_fd)
+
+    with Queue.open(queue_dir, RefusesTheRequestsMove()) as q, pytest.raises(CtxError):
+        finish(q, job, True, {"n": 1}, holder=me)
+
+    with pytest.raises(CtxError) as refused:
+        finish(queue, job, False, {"n": 2}, holder=me)
+
+    assert refused.value.errno == errno.EEXIST
+    assert tree(queue_dir)["failed"] == [] and tree(queue_dir)["claimed"] == [job]
