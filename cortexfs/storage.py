@@ -194,7 +194,7 @@ class BootstrapReport:
     and warnings: what it left as it is although agents may not be able to use it."""
 
     # A plain class, not a dataclass: ``ctx run`` imports this module (see cortexfs.tools.result).
-    __slots__ = ("created", "problems", "repaired", "root", "warnings")
+    __slots__ = ("_errnos", "created", "problems", "repaired", "root", "warnings")
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -202,17 +202,44 @@ class BootstrapReport:
         self.repaired: list[str] = []
         self.problems: list[str] = []
         self.warnings: list[str] = []
+        self._errnos: dict[int, int] = {}  # problem index -> its errno, where one is known
+
+    def add_problem(self, problem: str, code: int) -> None:
+        """A problem left alone, with the errno that says what kind it is."""
+        self._errnos[len(self.problems)] = code
+        self.problems.append(problem)
+
+    def error(self) -> CtxError | None:
+        """The refusal the problems amount to (None when there are none): the first problem's
+        errno (EEXIST for one that did not say: something in the way, left untouched), the
+        number of problems and the first, and what to do."""
+        if not self.problems:
+            return None
+        count = len(self.problems)
+        return CtxError(
+            self._errnos.get(0, errno.EEXIST),
+            f"bootstrap of {self.root} left {count} problem{'s' if count > 1 else ''} as "
+            f"{'they were' if count > 1 else 'it was'} (the first: {self.problems[0]}); what "
+            "it could make is made: remove the cause (free space, move aside what is in the "
+            "way, a shorter storage root path) and run 'ctx bootstrap' again, which repairs "
+            "the rest",
+        )
 
     @contextlib.contextmanager
-    def step(self, where: str) -> Iterator[None]:
+    def step(self, where: str, path: Path | None = None) -> Iterator[None]:
         """One step of bootstrap that does not depend on the others: an error in it becomes a
-        problem on ``where`` and bootstrap goes on with the next step (R-5 repairs all it can)."""
+        problem on ``where`` and bootstrap goes on with the next step (R-5 repairs all it can).
+        A kernel error that names no file (a full disk refuses a ``write``) names ``path``,
+        by default ``where`` in the root."""
         try:
             yield
         except CtxError as exc:
-            self.problems.append(f"{where}: {exc}; left as it was")
+            self.add_problem(f"{where}: {exc}; left as it was", exc.errno)
         except OSError as exc:
-            self.problems.append(f"{where}: {exc.strerror} ({exc.filename}); left as it was")
+            named = exc.filename if exc.filename is not None else (path or self.root / where)
+            reason = exc.strerror or str(exc)
+            code = exc.errno or errno.EIO
+            self.add_problem(f"{where}: {reason} ({os.fsdecode(named)}); left as it was", code)
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -274,7 +301,9 @@ def ensure_root_abi(root: Path, ops: durable.FsOps | None = None) -> BootstrapRe
                 _make_dir(ops, root_fd, name, ABI_MODE)
                 report.created.append(name)
             elif not _is_dir(st):
-                report.problems.append(f"{name}: exists but is not a directory; left untouched")
+                report.add_problem(
+                    f"{name}: exists but is not a directory; left untouched", errno.ENOTDIR
+                )
             else:
                 closed += _closed_to_agents(root, st, name)
         strangers = sorted(set(os.listdir(root_fd)) - set(ROOT_ENTRIES))
@@ -362,7 +391,7 @@ def bootstrap(root: Path, source: Path | None = None) -> BootstrapReport:
     saved = os.umask(BOOTSTRAP_UMASK)
     try:
         for step in _BOOTSTRAP_STEPS:
-            with report.step(step.__module__):
+            with report.step(step.__module__, root):
                 step(root, source, report)
     finally:
         os.umask(saved)

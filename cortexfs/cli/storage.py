@@ -18,6 +18,7 @@ from cortexfs.cli.common import (
     emit_json,
     handles_errors,
     json_option,
+    printable,
     resolve_storage,
     storage_option,
 )
@@ -37,8 +38,10 @@ def bootstrap(source: Path | None, storage_dir: Path | None, as_json: bool) -> N
     """Create or repair the storage root: the root ABI and its core objects.
 
     Idempotent; never destroys user data.  Prints what was created or repaired, and every
-    problem it left alone (something in the way that is not ours to remove); exit 1 when
-    there is one.
+    problem it left alone (something in the way that is not ours to remove, a full disk, a
+    path too long), each naming its path; when there is one it ends with a
+    'ctx: E<NAME>: ...' line on stderr (the first problem's errno) and exit 1, and a run
+    after the cause is removed repairs the rest.
 
     \b
     What it makes has the modes agents need whatever your umask: the root and its six
@@ -61,7 +64,7 @@ def bootstrap(source: Path | None, storage_dir: Path | None, as_json: bool) -> N
     report = storage.bootstrap(root, source)
     if as_json:
         emit_json(report.to_json())
-        sys.exit(EXIT_REFUSED if report.problems else EXIT_OK)
+        _end(report)
     click.echo(f"storage root: {root}")
     for path in report.created:
         click.echo(f"created   {path}")
@@ -73,4 +76,15 @@ def bootstrap(source: Path | None, storage_dir: Path | None, as_json: bool) -> N
         click.echo(f"warning   {warning}")
     if not (report.created or report.repaired or report.problems or report.warnings):
         click.echo("nothing to do: the storage root is complete")
-    sys.exit(EXIT_REFUSED if report.problems else EXIT_OK)
+    _end(report)
+
+
+def _end(report: storage.BootstrapReport) -> None:
+    """Exit 0, or, when problems were left, 1 after the ``ctx: E<NAME>: …`` line every
+    refusal ends with (the first problem's errno), so a script sees why on stderr."""
+    error = report.error()
+    if error is None:
+        sys.exit(EXIT_OK)
+    sys.stdout.flush()
+    click.echo(f"ctx: {printable(str(error))}", err=True)
+    sys.exit(EXIT_REFUSED)

@@ -309,8 +309,9 @@ def _bootstrap(root: Path) -> list[str]:
     import cortexfs.tools.core.bootstrap  # noqa: F401
 
     report = storage.bootstrap(root)
-    if report.problems:
-        raise CtxError(errno.EIO, f"storage root {root}: {'; '.join(report.problems)}")
+    error = report.error()
+    if error is not None:
+        raise error
     return [str(root / entry) for entry in report.created]
 
 

@@ -161,7 +161,9 @@ def test_bootstrap_reports_a_file_in_a_control_directorys_place_and_runs_every_o
     )
 
     assert completed.returncode == 1, completed.stderr
-    assert completed.stderr == ""
+    # One line, the refusal of every ctx command: the problem's errno (in the way: EEXIST).
+    assert completed.stderr.startswith(f"ctx: EEXIST: bootstrap of {root} left 1 problem ")
+    assert completed.stderr.count("\n") == 1, completed.stderr
     problems = [line for line in completed.stdout.splitlines() if line.startswith("problem")]
     assert problems == [
         f"problem   tool/{control_path} is a file, not a "

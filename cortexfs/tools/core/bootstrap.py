@@ -18,6 +18,7 @@ controls in ``tool/tsh.d/`` beside ``config``) whose program is ``bin/tsh``'s, a
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat
@@ -66,7 +67,7 @@ def bootstrap_tools(root: Path, source: Path | None, report: storage.BootstrapRe
             report.repaired += repair_tier(tier)
     interpreter, problem = core_interpreter()
     if problem:
-        report.problems.append(problem)
+        report.add_problem(problem, errno.ENOEXEC)
     modules = bundled_modules(interpreter, package_parent())  # shared by every core tool
     system = parse_tier(root, "system")
     tsh = render_launcher(interpreter, modules, "tsh")
@@ -94,8 +95,9 @@ def _report_unavailable_programs(tier: Tier, report: storage.BootstrapReport) ->
     author's declaration, so it is reported, not rewritten; reinstalling the tool fixes it."""
     for listing in list_tools([tier]):
         if listing.problems and listing.status == STATUS_UNAVAILABLE:
-            report.problems.append(
-                f"{tier.location}/{listing.name}: unavailable: {listing.reason}; left untouched"
+            report.add_problem(
+                f"{tier.location}/{listing.name}: unavailable: {listing.reason}; left untouched",
+                errno.ENOEXEC,
             )
 
 
@@ -113,7 +115,7 @@ def _install_program(
     except FileNotFoundError:
         status = None
     if status is not None and not stat.S_ISREG(status.st_mode):
-        report.problems.append(f"{where}: not a regular file; left untouched")
+        report.add_problem(f"{where}: not a regular file; left untouched", errno.EEXIST)
         return
     current = None if status is None else path.read_bytes()
     if current == program and os.access(path, os.X_OK):
@@ -140,9 +142,10 @@ def _install_core_tool(
 ) -> None:
     in_the_way = tool_obstacles(tier, name)
     if in_the_way:
-        report.problems += [
-            f"{tier.location}/{obstacle.sentence()}; left untouched" for obstacle in in_the_way
-        ]
+        for obstacle in in_the_way:
+            report.add_problem(
+                f"{tier.location}/{obstacle.sentence()}; left untouched", errno.EEXIST
+            )
         return
     with tempfile.TemporaryDirectory(prefix="cortexfs-core-") as scratch:
         exec_path = Path(scratch) / name
@@ -182,7 +185,7 @@ def _ensure_tsh_config(root: Path, report: storage.BootstrapReport) -> None:
             report.created.append("tool/tsh.d")
         controls = durable.lstat_at(tool_fd, "tsh.d")
         if controls is None or not stat.S_ISDIR(controls.st_mode):
-            report.problems.append("tool/tsh.d is not a directory; left untouched")
+            report.add_problem("tool/tsh.d is not a directory; left untouched", errno.ENOTDIR)
             return
         config_dir = ops.open_dir("tsh.d", tool_fd)
     finally:
@@ -195,10 +198,13 @@ def _ensure_tsh_config(root: Path, report: storage.BootstrapReport) -> None:
             durable.move_noreplace(ops, config_dir, temporary, config_dir, "config")
             report.created.append("tool/tsh.d/config")
         elif not stat.S_ISREG(existing.st_mode):
-            report.problems.append("tool/tsh.d/config is not a regular file; left untouched")
+            report.add_problem(
+                "tool/tsh.d/config is not a regular file; left untouched", errno.EEXIST
+            )
         else:
             text = (root / "tool/tsh.d/config").read_text()
-            report.problems += [f"tool/{problem}" for problem in tsh_config.problems(text)]
+            for problem in tsh_config.problems(text):
+                report.add_problem(f"tool/{problem}", errno.EINVAL)
     finally:
         ops.close(config_dir)
 
