@@ -151,8 +151,10 @@ def recover(
 
 
 class _StoppedPartWay(Exception):
-    """A transition that failed once it had begun, with J's evidence before it and after it,
-    both read while J's lock was held: what changed is this run's doing."""
+    """A transition that failed once it had begun, with J's evidence before it and after it.
+    Both are read under J's lock when ``claimed/J`` exists, and what changed is then this
+    run's doing; without ``claimed/J`` (an orphan ``lease/J``) there is no lock to hold, and
+    a claim made meanwhile would show in the difference too."""
 
     def __init__(
         self, cause: OSError | CtxError, before: ev.JobEvidence, after: ev.JobEvidence
