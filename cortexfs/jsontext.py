@@ -44,12 +44,16 @@ class DuplicateNames(ValueError):
 MAX_DEPTH = 128
 
 
-def loads_strict(data: str | bytes, *, unique_names: bool = True) -> Any:
+def loads_strict(
+    data: str | bytes, *, unique_names: bool = True, max_depth: int = MAX_DEPTH
+) -> Any:
     """``json.loads``, refusing NaN, the infinities and numbers beyond a float
     (:class:`NotAJsonNumber`) and, unless ``unique_names`` is false, a name given twice in one
     object (:class:`DuplicateNames`, with every such name).  Malformed JSON is
     :class:`json.JSONDecodeError`, as ever, and so are a document nested deeper than
-    :data:`MAX_DEPTH` and an integer of more digits than Python converts."""
+    ``max_depth`` (:data:`MAX_DEPTH` unless told: a message that carries documents, an MCP
+    server's, may allow them more room, as long as the interpreter can read it) and an integer
+    of more digits than Python converts."""
     duplicates: list[str] = []
 
     def noting_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -66,7 +70,7 @@ def loads_strict(data: str | bytes, *, unique_names: bool = True) -> Any:
             data, parse_constant=_refuse_constant, parse_float=_finite, object_pairs_hook=hook
         )
     except RecursionError:
-        raise _too_deep(data) from None
+        raise _too_deep(data, max_depth) from None
     except (UnicodeDecodeError, json.JSONDecodeError, NotAJsonNumber):
         raise
     except ValueError:  # int() refuses that many digits
@@ -75,8 +79,8 @@ def loads_strict(data: str | bytes, *, unique_names: bool = True) -> Any:
         raise json.JSONDecodeError(problem, _text(data), 0) from None
     if duplicates:
         raise DuplicateNames(duplicates)
-    if _nested_deeper(value, MAX_DEPTH):
-        raise _too_deep(data)
+    if nested_deeper(value, max_depth):
+        raise _too_deep(data, max_depth)
     return value
 
 
@@ -91,7 +95,7 @@ def _finite(spelling: str) -> float:
     return number
 
 
-def _nested_deeper(value: Any, limit: int) -> bool:
+def nested_deeper(value: Any, limit: int) -> bool:
     """Whether ``value`` has arrays or objects more than ``limit`` levels deep (iteratively:
     the point is not to recurse)."""
     level: list[Any] = [value] if isinstance(value, dict | list) else []
@@ -107,15 +111,15 @@ def _nested_deeper(value: Any, limit: int) -> bool:
     return True
 
 
-def _too_deep(data: str | bytes) -> json.JSONDecodeError:
-    """The error for a document nested deeper than :data:`MAX_DEPTH`, at the bracket that
-    opens the first level too many."""
+def _too_deep(data: str | bytes, limit: int) -> json.JSONDecodeError:
+    """The error for a document nested deeper than ``limit``, at the bracket that opens the
+    first level too many."""
     text = _text(data)
-    message = f"nested deeper than {MAX_DEPTH} levels"
-    return json.JSONDecodeError(message, text, _first_bracket_too_deep(text))
+    message = f"nested deeper than {limit} levels"
+    return json.JSONDecodeError(message, text, _first_bracket_too_deep(text, limit))
 
 
-def _first_bracket_too_deep(text: str) -> int:
+def _first_bracket_too_deep(text: str, limit: int) -> int:
     depth, in_string, escaped = 0, False, False
     for position, char in enumerate(text):
         if in_string:
@@ -129,7 +133,7 @@ def _first_bracket_too_deep(text: str) -> int:
             in_string = True
         elif char in "[{":
             depth += 1
-            if depth > MAX_DEPTH:
+            if depth > limit:
                 return position
         elif char in "]}":
             depth -= 1
@@ -138,6 +142,26 @@ def _first_bracket_too_deep(text: str) -> int:
 
 def _text(data: str | bytes) -> str:
     return data if isinstance(data, str) else data.decode("utf-8", "replace")
+
+
+def lone_surrogate(value: Any) -> str | None:
+    """The first lone surrogate in a name or string of the JSON value ``value``, or None.
+    JSON can spell one (``"\\ud800"``), but it is no character: no UTF-8 text holds it.
+    Iterative, as :func:`nested_deeper`."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        texts = [item] if isinstance(item, str) else item.keys() if isinstance(item, dict) else ()
+        for text in texts:
+            try:
+                text.encode()
+            except UnicodeEncodeError as exc:
+                return text[exc.start]
+        if isinstance(item, dict):
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+    return None
 
 
 def not_a_json_number_problem(spelling: object) -> str:

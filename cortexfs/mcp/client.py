@@ -7,6 +7,11 @@ stdin and stdout; its stderr is kept (the tail) for error messages.  The client 
 :data:`~cortexfs.mcp.ACCEPTED_VERSIONS` — a draft, unknown or future version ends the session
 before anything else is asked.  Requests the server makes of us (``ping``; sampling or roots,
 which this client does not offer) are answered; notifications are read and dropped.
+
+What the server writes is read as a server's words, never trusted to be sane: a message
+larger than :data:`MAX_MESSAGE_BYTES` or nested deeper than :data:`MAX_MESSAGE_DEPTH`, a
+listing of more than :data:`MAX_PAGES` pages, or a ``tools/call`` result holding a lone
+surrogate (no character, so no text output can hold it) breaks the protocol (``EPROTO``).
 """
 
 from __future__ import annotations
@@ -23,12 +28,19 @@ import time
 from typing import Any
 
 import cortexfs
+from cortexfs import jsontext
 from cortexfs.errors import CtxError
 from cortexfs.mcp import ACCEPTED_VERSIONS, ANNOUNCED_VERSION
 from cortexfs.mcp.config import ServerSpec
 
 DEFAULT_TIMEOUT = 30.0
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+# Room for a tool's schema or result well beyond what a manifest holds (the tool is then
+# reported and skipped, not the whole listing), and still far from the interpreter's
+# recursion limit, which reading and re-encoding a message spend a frame of per level.
+MAX_MESSAGE_DEPTH = 512
+# A listing of more pages than this never ends: a server handing out fresh cursors forever.
+MAX_PAGES = 1000
 _STDERR_TAIL = 2000
 _METHOD_NOT_FOUND = -32601
 
@@ -131,11 +143,11 @@ class StdioClient:
         self.notify("notifications/initialized")
 
     def list_tools(self) -> list[dict[str, Any]]:
-        """Every tool the server offers, across pages."""
+        """Every tool the server offers, across at most :data:`MAX_PAGES` pages."""
         tools: list[dict[str, Any]] = []
         cursor = None
         seen: set[str] = set()
-        while True:
+        for _ in range(MAX_PAGES):
             result = self.request("tools/list", {} if cursor is None else {"cursor": cursor})
             page = result.get("tools") if isinstance(result, dict) else None
             if not isinstance(page, list):
@@ -149,6 +161,7 @@ class StdioClient:
             if cursor in seen:  # the same page again: it would never end
                 raise self._broken(f"its tools/list gave the cursor {cursor!r} twice")
             seen.add(cursor)
+        raise self._broken(f"its tools/list went on past {MAX_PAGES} pages, each with a new cursor")
 
     def call_tool(
         self, name: str, arguments: dict[str, Any], *, unbounded: bool = False
@@ -160,6 +173,12 @@ class StdioClient:
         result = self.request("tools/call", params, unbounded=unbounded)
         if not isinstance(result, dict):
             raise self._broken("its tools/call result is not an object")
+        character = jsontext.lone_surrogate(result)
+        if character is not None:
+            raise self._broken(
+                f"its tools/call result holds {character!r}, a lone surrogate, which is not a "
+                "character"
+            )
         return result
 
     def notify(self, method: str, params: dict[str, Any] | None = None) -> None:
@@ -229,7 +248,10 @@ class StdioClient:
                 raise self._broken(f"a message is larger than {MAX_MESSAGE_BYTES} bytes")
         line, _, self._buffer = self._buffer.partition(b"\n")
         try:
-            message = json.loads(line)
+            message = jsontext.loads_strict(line, unique_names=False, max_depth=MAX_MESSAGE_DEPTH)
+        except json.JSONDecodeError as exc:
+            problem = f"it wrote a line that cannot be read as JSON ({exc.msg}): {line[:80]!r}"
+            raise self._broken(problem) from None
         except (UnicodeDecodeError, ValueError):
             raise self._broken(f"it wrote a line that is not JSON: {line[:80]!r}") from None
         if not isinstance(message, dict) or message.get("jsonrpc") != "2.0":

@@ -25,9 +25,11 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from cortexfs import durable
+from cortexfs import durable, jsontext
 from cortexfs.errors import CtxError, exists, invalid
-from cortexfs.fuse.mounts import cortexfs_mount_holding
+from cortexfs.mcp.out_directory import check_out_directory as check_out_directory
+from cortexfs.mcp.out_directory import forbidden_directories, refuse_inside
+from cortexfs.mcp.schema import reference_problem, schema_problem
 from cortexfs.names import object_name_problem
 from cortexfs.tools.manifest import MANIFEST_VERSION, config_path_problem, manifest_problems
 from cortexfs.tools.schemas import schema_problems
@@ -97,10 +99,21 @@ def _project(server: str, tool: dict[str, Any], runtime_config: str) -> Projecti
     if "inputSchema" not in tool:
         problem = "the server gave no inputSchema; MCP requires one"
         return Projection(remote, name, description, None, problem)
+    character = jsontext.lone_surrogate(description)
+    if character is not None:
+        problem = f"its description holds {character!r}, a lone surrogate, which is not a character"
+        return Projection(remote, name, description, None, problem)
     schema = tool["inputSchema"]
+    # Depth first: the checks after it recurse into the schema.
+    problem = schema_problem(schema)
+    if problem:
+        return Projection(remote, name, description, None, problem)
     problems = schema_problems(schema, "its inputSchema") or _arguments_problems(schema)
     if problems:
         return Projection(remote, name, description, None, problems[0])
+    problem = reference_problem(schema)
+    if problem:
+        return Projection(remote, name, description, None, problem)
     annotations = tool.get("annotations") if isinstance(tool.get("annotations"), dict) else {}
     document = {
         "manifest": MANIFEST_VERSION,
@@ -142,28 +155,6 @@ def _description(tool: dict[str, Any], name: str) -> str:
     return f"{name} (no description given by the server)"
 
 
-def check_out_directory(out: Path, root: Path) -> None:
-    """EINVAL when ``out`` is under ``/ctx``, the storage root ``root`` or any mount of a
-    storage root, wherever it is mounted: ctxmcp writes candidates only, never into the tree
-    agents see (M-1); ``ctx object install`` puts them there."""
-    mount = cortexfs_mount_holding(out)
-    if mount is not None:
-        raise invalid(
-            f"--out {out} is inside {mount}, a mount of a storage root (ctx mount): ctxmcp "
-            "writes nothing under /ctx or the storage root (M-1); write the candidates "
-            "elsewhere and install them with 'ctx object install'"
-        )
-    where = Path(os.path.realpath(out))
-    for forbidden in (Path("/ctx"), root):
-        resolved = Path(os.path.realpath(forbidden))
-        if where == resolved or resolved in where.parents:
-            raise invalid(
-                f"--out {out} is inside {forbidden}: ctxmcp writes nothing under /ctx or the "
-                "storage root (M-1); write the candidates elsewhere and install them with "
-                "'ctx object install'"
-            )
-
-
 class Written(NamedTuple):
     path: Path
     replaced: bool  # an earlier candidate of that name was there (only with ``replace``)
@@ -173,23 +164,21 @@ def candidate_path(out: Path, projection: Projection) -> Path:
     return out / f"{projection.name}{MANIFEST_SUFFIX}"
 
 
-def _is_directory(path: Path) -> bool:
-    with contextlib.suppress(FileNotFoundError):
-        return stat.S_ISDIR(os.lstat(path).st_mode)
-    return False
-
-
-def _ensure_writable_out(out: Path) -> None:
-    """Make ``out`` when missing; EACCES (or the errno met) naming it and what to do when it
-    cannot be made or written, before any candidate is, instead of naming a temporary file."""
+def _open_out(out: Path) -> int:
+    """Make ``out`` when missing and open it, once, for every candidate; EACCES (or the errno
+    met) naming it and what to do when it cannot be made or written, before any candidate is,
+    instead of naming a temporary file.  ``out`` may be a link the caller gave: what it
+    leads to is checked (:func:`refuse_inside`), not its name."""
     try:
         out.mkdir(parents=True, exist_ok=True)
-        if os.access(out, os.W_OK | os.X_OK, effective_ids=True):
-            return
-        reason = os.strerror(errno.EACCES)
-        code = errno.EACCES
+        fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as exc:
         reason, code = exc.strerror or str(exc), exc.errno or errno.EIO
+    else:
+        if os.access(f"/proc/self/fd/{fd}", os.W_OK | os.X_OK, effective_ids=True):
+            return fd
+        os.close(fd)
+        reason, code = os.strerror(errno.EACCES), errno.EACCES
     raise CtxError(
         code,
         f"cannot write candidates in --out {out}: {reason}; give a directory you may write "
@@ -202,59 +191,157 @@ def write_candidates(
     out: Path,
     *,
     replace: bool = False,
+    root: Path | None = None,
     ops: durable.FsOps | None = None,
 ) -> list[Written]:
     """Write each candidate to ``out/<name>.manifest.json`` (the directory is made if
-    missing), each in one step: a reader sees a whole candidate or none.
+    missing): all of them or, on failure, none, each whole.
+
+    ``out`` is opened once and every file is written through that descriptor, after checking
+    that the directory it names is not in ``/ctx``, ``root`` (the storage root) or any other
+    storage root (:func:`refuse_inside`): whatever replaced ``out`` since
+    :func:`check_out_directory` (the server runs as the caller) cannot lead the candidates
+    there.  Every candidate is first written and synced under a temporary name; only when all
+    are does each take its name.  A failure (``ENOSPC``, say) removes what this projection
+    wrote and says so.
 
     A candidate already in ``out`` is never overwritten silently: without ``replace`` the
     whole projection is refused with EEXIST, naming them, before anything is written (and a
-    file that appears meanwhile is EEXIST too); with it, each is replaced and said so.
-    ``ops``: the filesystem operations (:mod:`cortexfs.durable`) to write through.
+    file that appears meanwhile is EEXIST too, and the others are taken back); with it, each
+    is replaced and said so.  ``ops``: the filesystem operations (:mod:`cortexfs.durable`)
+    to write through.
     """
     wanted = [p for p in projections if p.manifest is not None]
-    directories = [str(path) for p in wanted if _is_directory(path := candidate_path(out, p))]
-    if directories:  # never replaceable: refused before anything is written
+    contents = [
+        (p, (json.dumps(p.manifest, indent=2, ensure_ascii=False) + "\n").encode()) for p in wanted
+    ]
+    ops = ops or durable.default_ops()
+    out_fd = _open_out(out)
+    try:
+        refuse_inside(out_fd, out, forbidden_directories(root))
+        _refuse_names_in_the_way(out_fd, out, wanted, replace=replace)
+        staged = _stage(ops, out_fd, out, contents)
+        if replace:
+            return _replace_into_place(ops, out_fd, out, staged)
+        return _move_into_place(ops, out_fd, out, staged)
+    finally:
+        os.close(out_fd)
+
+
+def _refuse_names_in_the_way(
+    out_fd: int, out: Path, wanted: list[Projection], *, replace: bool
+) -> None:
+    """EISDIR for a directory where a candidate goes (never replaceable); EEXIST, without
+    ``replace``, for any entry there: before anything is written."""
+    in_the_way = {p.name: durable.lstat_at(out_fd, candidate_path(out, p).name) for p in wanted}
+    directories = [
+        str(candidate_path(out, p))
+        for p in wanted
+        if (status := in_the_way[p.name]) is not None and stat.S_ISDIR(status.st_mode)
+    ]
+    if directories:
         raise CtxError(
             errno.EISDIR,
             f"{', '.join(directories)}: a directory where a candidate goes; move it away "
             "(--replace overwrites only files)",
         )
-    if not replace:
-        present = [str(path) for p in wanted if (path := candidate_path(out, p)).exists()]
-        if present:
-            raise exists(
-                f"{', '.join(present)} already "
-                f"{'exists' if len(present) == 1 else 'exist'}; give --replace to overwrite "
-                "earlier candidates, or another --out"
-            )
-    _ensure_writable_out(out)
-    ops = ops or durable.default_ops()
-    out_fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)  # --out may be a link
-    try:
-        return [_write_candidate(ops, out_fd, out, p, replace=replace) for p in wanted]
-    finally:
-        os.close(out_fd)
+    present = [str(candidate_path(out, p)) for p in wanted if in_the_way[p.name] is not None]
+    if present and not replace:
+        raise exists(
+            f"{', '.join(present)} already "
+            f"{'exists' if len(present) == 1 else 'exist'}; give --replace to overwrite "
+            "earlier candidates, or another --out"
+        )
 
 
-def _write_candidate(
-    ops: durable.FsOps, out_fd: int, out: Path, projection: Projection, *, replace: bool
-) -> Written:
-    """One candidate, whole and durable before it is reported written: a crash leaves the
-    earlier file or the new one, never an empty candidate."""
-    path = candidate_path(out, projection)
-    data = (json.dumps(projection.manifest, indent=2, ensure_ascii=False) + "\n").encode()
-    if replace:
-        replaced = path.exists()
-        durable.replace_file_synced(ops, out_fd, path.name, data, _CANDIDATE_MODE)
-        return Written(path, replaced)
-    temporary = f".{path.name}.{os.urandom(6).hex()}.tmp"
-    durable.write_file_synced(ops, out_fd, temporary, data, _CANDIDATE_MODE)
+class _Staged(NamedTuple):
+    path: Path  # the candidate's name in OUT
+    temporary: str  # where it is, whole and synced, until it takes that name
+
+
+def _stage(
+    ops: durable.FsOps, out_fd: int, out: Path, contents: list[tuple[Projection, bytes]]
+) -> list[_Staged]:
+    """Every candidate written and synced under a temporary name in ``out``; on failure the
+    ones written are removed and the error says that nothing was written."""
+    staged: list[_Staged] = []
+    for projection, data in contents:
+        path = candidate_path(out, projection)
+        temporary = f".{path.name}.{os.urandom(6).hex()}.tmp"
+        try:
+            durable.write_file_synced(ops, out_fd, temporary, data, _CANDIDATE_MODE)
+        except OSError as exc:
+            _remove(out_fd, [entry.temporary for entry in staged] + [temporary])
+            raise CtxError(
+                exc.errno or errno.EIO,
+                f"cannot write the candidate {path}: {exc.strerror or exc}; nothing was "
+                f"written (none of the {len(contents)} candidates is in {out}); make room or "
+                "give another --out, then project again",
+            ) from None
+        staged.append(_Staged(path, temporary))
+    return staged
+
+
+def _move_into_place(
+    ops: durable.FsOps, out_fd: int, out: Path, staged: list[_Staged]
+) -> list[Written]:
+    """Each staged candidate takes its name, never replacing a file; if one cannot (a file
+    appeared there meanwhile), the others are taken back and nothing is written."""
+    moves = [durable.Move(out_fd, entry.temporary, out_fd, entry.path.name) for entry in staged]
     try:
-        durable.move_noreplace(ops, out_fd, temporary, out_fd, path.name)
-    except FileExistsError:
-        raise exists(f"{path} appeared while ctxmcp wrote it; it was left as it is") from None
-    finally:
+        outcomes = durable.move_noreplace_batch(ops, moves)
+    except OSError as exc:
+        _remove(out_fd, [entry.temporary for entry in staged])
+        raise CtxError(
+            exc.errno or errno.EIO,
+            f"cannot make the candidates in {out} durable: {exc.strerror or exc}; whether "
+            f"{', '.join(str(entry.path) for entry in staged)} are there after a crash is not "
+            "known; project again with --replace",
+        ) from None
+    refused = [(entry, outcome) for entry, outcome in zip(staged, outcomes, strict=True) if outcome]
+    if not refused:
+        return [Written(entry.path, False) for entry in staged]
+    moved = [
+        entry.path.name for entry, outcome in zip(staged, outcomes, strict=True) if not outcome
+    ]
+    _remove(out_fd, moved + [entry.temporary for entry, _ in refused])
+    durable.sync_dir(ops, out_fd)
+    entry, error = refused[0]
+    if error.errno == errno.EEXIST:
+        raise exists(
+            f"{entry.path} appeared while ctxmcp wrote it; it was left as it is, and nothing "
+            "was written; give --replace to overwrite it, or another --out"
+        )
+    raise CtxError(
+        error.errno or errno.EIO,
+        f"cannot write the candidate {entry.path}: {error.strerror or error}; nothing was written",
+    )
+
+
+def _replace_into_place(
+    ops: durable.FsOps, out_fd: int, out: Path, staged: list[_Staged]
+) -> list[Written]:
+    """Each staged candidate replaces its name: earlier candidates cannot be taken back, so a
+    failure part-way names what was written and what was not."""
+    written: list[Written] = []
+    for index, entry in enumerate(staged):
+        replaced = durable.lstat_at(out_fd, entry.path.name) is not None
+        try:
+            durable.replace_synced(ops, out_fd, entry.temporary, out_fd, entry.path.name)
+        except OSError as exc:
+            _remove(out_fd, [later.temporary for later in staged[index:]])
+            done = ", ".join(str(w.path) for w in written) or "none"
+            left = ", ".join(str(later.path) for later in staged[index:])
+            raise CtxError(
+                exc.errno or errno.EIO,
+                f"cannot write the candidate {entry.path}: {exc.strerror or exc}; written: "
+                f"{done}; not written: {left}; project again with --replace",
+            ) from None
+        written.append(Written(entry.path, replaced))
+    return written
+
+
+def _remove(out_fd: int, names: list[str]) -> None:
+    for name in names:
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(temporary, dir_fd=out_fd)
-    return Written(path, False)
+            os.unlink(name, dir_fd=out_fd)

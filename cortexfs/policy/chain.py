@@ -49,13 +49,14 @@ from typing import NamedTuple
 from cortexfs.errors import CtxError, denied, not_found
 from cortexfs.names import check_object_name
 from cortexfs.policy import controls
-from cortexfs.policy.beneath import Entry, list_directory, lstat, walk
+from cortexfs.policy.beneath import list_directory, lstat, walk
 from cortexfs.policy.decision import Policy
 from cortexfs.policy.grammar import Rule, check_object
 from cortexfs.policy.linux import WRITE, Credentials, Identity, Kind, check_access, writable_entries
 from cortexfs.policy.mounts import Mount, View, mounts_named, views_of
 from cortexfs.policy.objects import NEEDED_ACCESS, Site, storage_site
 from cortexfs.storage import DOCS_BUNDLE, require_root
+from cortexfs.strict_modes import loose_entry
 
 
 class Step(IntEnum):
@@ -354,30 +355,30 @@ class AgentFacts:
         entries = walk(self.root, path)
         host = entries[0].status.st_uid if entries[0].status is not None else 0
         hosts = {0, host}
-        for index, entry in enumerate(entries):
-            if entry.status is None or entry.is_link:
-                break  # a missing or linked control is refused when it is read
-            mode = stat.S_IMODE(entry.status.st_mode)
-            owner = entry.status.st_uid
-            if owner == self.identity.uid and owner not in hosts and not runs_as_agent:
-                raise denied(
-                    f"{path} is not host-owned: {entry.shown} belongs to uid "
-                    f"{self.identity.uid}, the agent's own, so the agent could rewrite it "
-                    f"(give it to the host administrator, uid {host})"
-                )
-            if owner not in hosts and owner != self.identity.uid:
-                raise denied(
-                    f"{path} is not host-owned: {entry.shown} belongs to uid {owner}, who "
-                    f"could rewrite it for agent {self.agent!r} (give it to the host "
-                    f"administrator, uid {host})"
-                )
-            below = entries[index + 1] if index + 1 < len(entries) else None
-            if mode & (stat.S_IWGRP | stat.S_IWOTH) and not _sticky_over(entry, below, hosts):
-                raise denied(
-                    f"{path} is not host-owned: {entry.shown} is writable by its group or by "
-                    f"others (mode {mode:04o}); the agent's controls, the tools it runs and "
-                    "their directories must be writable by their owner alone (chmod go-w)"
-                )
+        owners = hosts | {self.identity.uid} if runs_as_agent else hosts
+        loose = loose_entry([entry.status for entry in entries], owners, hosts)
+        if loose is None:
+            return
+        entry = entries[loose]
+        assert entry.status is not None
+        owner, mode = entry.status.st_uid, stat.S_IMODE(entry.status.st_mode)
+        if owner not in owners and owner == self.identity.uid:
+            raise denied(
+                f"{path} is not host-owned: {entry.shown} belongs to uid "
+                f"{self.identity.uid}, the agent's own, so the agent could rewrite it "
+                f"(give it to the host administrator, uid {host})"
+            )
+        if owner not in owners:
+            raise denied(
+                f"{path} is not host-owned: {entry.shown} belongs to uid {owner}, who "
+                f"could rewrite it for agent {self.agent!r} (give it to the host "
+                f"administrator, uid {host})"
+            )
+        raise denied(
+            f"{path} is not host-owned: {entry.shown} is writable by its group or by "
+            f"others (mode {mode:04o}); the agent's controls, the tools it runs and "
+            "their directories must be writable by their owner alone (chmod go-w)"
+        )
 
     def require_host_owned(self, path: PurePosixPath) -> None:
         """A grant the agent could rewrite is no grant (P-6): deny if it can change ``path``.
@@ -540,15 +541,6 @@ class _Evaluation:
         if rule not in self.facts.policy(path):
             raise denied(f"{path} has no rule '{rule}'")
         return Outcome.PASS, f"{path}: {rule}"
-
-
-def _sticky_over(directory: Entry, below: Entry | None, hosts: set[int]) -> bool:
-    """Whether ``directory``, writable by others, still keeps ``below`` the host's: it has the
-    sticky bit and both belong to the host, so only the host may rename or remove ``below``."""
-    if below is None or below.status is None or directory.status is None:
-        return False
-    sticky = directory.status.st_mode & stat.S_ISVTX
-    return bool(sticky) and {directory.status.st_uid, below.status.st_uid} <= hosts
 
 
 _STEPS: tuple[tuple[Step, Callable[[_Evaluation], _StepOutcome]], ...] = (

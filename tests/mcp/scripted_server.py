@@ -6,8 +6,14 @@ Usage: python scripted_server.py SCRIPT.json — the script's keys:
   tools      the tools, served in pages of ``page`` (default: all in one page)
   record     a file to append every message received to, one JSON line each
   call_seconds  how long each tools/call takes before it is answered (default 0)
-  behaviour  "normal", "exit" (exit 3 at once, after a line on stderr), "silent", or
-             "same-cursor" (every tools/list page names the first page as the next)
+  behaviour  "normal", "exit" (exit 3 at once, after a line on stderr), "silent",
+             "same-cursor" (every tools/list page names the first page as the next) or
+             "new-cursors" (every tools/list page names a new cursor, forever)
+  list_raw   a line to answer tools/list with, verbatim but for @ID@, the request's id
+  call_raw   the same for tools/call
+  call_text  the text a tools/call answers (instead of echoing its arguments)
+  link       [target, link]: make the symbolic link before serving (the server runs as
+             the caller of ctxmcp, and may change what that caller's paths lead to)
 
 tools/call echoes its arguments (and the uid it runs as); the tool named "fail" reports an
 error result.
@@ -28,7 +34,10 @@ def main() -> int:
     if behaviour == "exit":
         print("scripted failure: no such API key", file=sys.stderr)
         return 3
+    if script.get("link"):
+        os.symlink(*script["link"])
     tools = script.get("tools", [])
+    pages = 0
     page = script.get("page") or max(1, len(tools))
     for line in sys.stdin:
         message = json.loads(line)
@@ -40,6 +49,11 @@ def main() -> int:
         if "id" not in message:
             continue
         method, params = message["method"], message.get("params", {})
+        raw = script.get({"tools/list": "list_raw", "tools/call": "call_raw"}.get(method, ""))
+        if raw:
+            sys.stdout.write(raw.replace("@ID@", str(message["id"])) + "\n")
+            sys.stdout.flush()
+            continue
         if method == "tools/call":
             time.sleep(script.get("call_seconds", 0))
         if method == "initialize":
@@ -51,6 +65,8 @@ def main() -> int:
         elif method == "tools/call" and params.get("name") == "fail":
             text = "the remote tool failed on purpose"
             result = {"content": [{"type": "text", "text": text}], "isError": True}
+        elif method == "tools/call" and "call_text" in script:
+            result = {"content": [{"type": "text", "text": script["call_text"]}]}
         elif method == "tools/call":
             arguments = params.get("arguments", {})
             result = {
@@ -58,6 +74,9 @@ def main() -> int:
                 "structuredContent": {"echo": arguments, "uid": os.getuid()},
                 "isError": False,
             }
+        elif method == "tools/list" and behaviour == "new-cursors":
+            pages += 1
+            result = {"tools": [], "nextCursor": f"page-{pages}"}
         elif method == "tools/list":
             start = int(params.get("cursor", 0))
             result = {"tools": tools[start : start + page]}

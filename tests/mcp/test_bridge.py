@@ -26,10 +26,28 @@ from tests.tools.support import World
 SYSTEM_PYTHON = "/usr/bin/python3"  # world-executable, unlike a venv under a private home
 
 
+def host_config_dir(world: World) -> Path:
+    """A directory of the host's, which agents see read-only at ``/mcp`` (:func:`coder`): the
+    configuration names the command a tool runs, so no uid but root and the tool's owner may
+    be able to change it (StrictModes), as the agent could in its own workspace."""
+    directory = world.workspace.parent / "mcp"
+    directory.mkdir(mode=0o755, exist_ok=True)
+    return directory
+
+
+def coder(world: World, tools: list[str], name: str = "coder") -> None:
+    """Agent ``name`` with ``tools``, its workspace and the host's configurations mounted."""
+    mounts = [
+        [str(world.workspace), "/workspace", "rw"],
+        [str(host_config_dir(world)), "/mcp", "ro"],
+    ]
+    world.agent(name, tools=tools, mounts=mounts)
+
+
 def serve(world: World, *, config_dir: Path | None = None, **script: object) -> Path:
-    """A configuration in the agent's workspace (or ``config_dir``) whose server ``fake``
-    follows ``script``; the server's files are readable by the agent."""
-    directory = config_dir or world.workspace
+    """A configuration in the host's configuration directory (or ``config_dir``) whose server
+    ``fake`` follows ``script``; the server's files are readable by the agent."""
+    directory = config_dir or host_config_dir(world)
     shutil.copy(SCRIPTED, directory / "server.py")
     (directory / "script.json").write_text(json.dumps(script))
     config = directory / "mcp.json"
@@ -58,9 +76,9 @@ def install_projected(world: World, config: Path, runtime_config: str, name: str
 @pytest.fixture
 def echo(world: World) -> World:
     config = serve(world, tools=[tool("echo"), tool("fail")])
-    install_projected(world, config, "/workspace/mcp.json", "fake.echo")
-    install_projected(world, config, "/workspace/mcp.json", "fake.fail")
-    world.agent("coder", tools=["fake.echo", "fake.fail"])
+    install_projected(world, config, "/mcp/mcp.json", "fake.echo")
+    install_projected(world, config, "/mcp/mcp.json", "fake.fail")
+    coder(world, ["fake.echo", "fake.fail"])
     return world
 
 
@@ -95,7 +113,7 @@ def test_a_configuration_outside_the_agents_mounts_is_not_read(world: World) -> 
     elsewhere.mkdir()
     config = serve(world, config_dir=elsewhere, tools=[tool("echo")])
     install_projected(world, config, str(config), "fake.echo")
-    world.agent("coder", tools=["fake.echo"])
+    coder(world, ["fake.echo"])
 
     result = world.run("fake.echo", {})
 
@@ -104,9 +122,9 @@ def test_a_configuration_outside_the_agents_mounts_is_not_read(world: World) -> 
 
 def test_a_symlinked_configuration_is_never_followed(world: World) -> None:
     config = serve(world, tools=[tool("echo")])
-    (world.workspace / "link.json").symlink_to(config)
-    install_projected(world, config, "/workspace/link.json", "fake.echo")
-    world.agent("coder", tools=["fake.echo"])
+    (host_config_dir(world) / "link.json").symlink_to(config)
+    install_projected(world, config, "/mcp/link.json", "fake.echo")
+    coder(world, ["fake.echo"])
 
     result = world.run("fake.echo", {})
 
@@ -115,9 +133,9 @@ def test_a_symlinked_configuration_is_never_followed(world: World) -> None:
 
 def test_a_timeout_kills_the_bridge_and_its_server(world: World) -> None:
     config = serve(world, tools=[tool("echo")])
-    install_projected(world, config, "/workspace/mcp.json", "fake.echo")
-    (world.workspace / "script.json").write_text(json.dumps({"behaviour": "silent"}))
-    world.agent("coder", tools=["fake.echo"])
+    install_projected(world, config, "/mcp/mcp.json", "fake.echo")
+    (host_config_dir(world) / "script.json").write_text(json.dumps({"behaviour": "silent"}))
+    coder(world, ["fake.echo"])
 
     result = world.run("fake.echo", {}, timeout=2)
 
@@ -125,21 +143,23 @@ def test_a_timeout_kills_the_bridge_and_its_server(world: World) -> None:
     # SIGKILL is delivered at once but takes effect when the process next runs: on a loaded
     # machine it may still be on its way out for a moment.
     deadline = time.monotonic() + 5
-    while processes_running(world.workspace / "script.json") and time.monotonic() < deadline:
+    while processes_running(host_config_dir(world) / "script.json") and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert processes_running(world.workspace / "script.json") == [], "the server outlived the call"
+    assert processes_running(host_config_dir(world) / "script.json") == [], (
+        "the server outlived the call"
+    )
 
 
 def test_a_remote_tool_may_take_as_long_as_the_call_was_given(world: World) -> None:
     """The runner's timeout bounds a tool call; the MCP client's own default (ctxmcp
     --timeout) must not cut a slow remote tool shorter."""
     config = serve(world, tools=[tool("echo")])
-    install_projected(world, config, "/workspace/mcp.json", "fake.echo")
+    install_projected(world, config, "/mcp/mcp.json", "fake.echo")
     slower = DEFAULT_TIMEOUT + 2
-    (world.workspace / "script.json").write_text(
+    (host_config_dir(world) / "script.json").write_text(
         json.dumps({"tools": [tool("echo")], "call_seconds": slower})
     )
-    world.agent("coder", tools=["fake.echo"])
+    coder(world, ["fake.echo"])
 
     result = world.run("fake.echo", {"slow": True}, timeout=slower + 30)
 

@@ -4,11 +4,19 @@
 instead of an ``exec`` program.  It runs like any tool — as the agent, through the whole
 authority chain, in terminal or native mode — and:
 
-1. reads the locator in its own control directory (``<name>.d/mcp``, beside the executable);
+1. reads the locator and the input schema in its own control directory (``<name>.d/mcp``,
+   ``<name>.d/schema``, beside the executable) and checks the call's input against the
+   schema, in terminal mode as in native (where the runner checked it already): a remote
+   tool receives only arguments its own schema admits (EINVAL, exit 2, otherwise);
 2. reads the configuration file the locator names, *as the agent sees it*: the path is
    resolved inside the agent's visible mounts, never through a symlink, with the agent's uid
    (:mod:`~cortexfs.tools.core.confine`), so a tool can start only a server the agent could
-   itself read the configuration of;
+   itself read the configuration of.  That file names the command the tool runs, so it is
+   held to StrictModes (:func:`~cortexfs.strict_modes.loose_entry`), as a tool's policy and
+   hooks are: it and every directory above it must belong to root or to the tool's owner and
+   be writable by the owner alone (EACCES otherwise).  Else whoever may write it — the agent
+   itself through a read-write mount, with ``fs.write`` — could make the tool run any
+   command, which no grant of the agent allows;
 3. starts that stdio server in the tool's own process group (a timeout of the call kills it
    too), negotiates a version of M-2, and calls the remote tool with the call's input, waiting
    for its answer as long as the call's own timeout lets it run;
@@ -22,15 +30,19 @@ from __future__ import annotations
 import errno
 import json
 import os
+import stat
 import sys
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
+from cortexfs import jsontext
 from cortexfs.errors import CtxError
 from cortexfs.mcp.client import StdioClient
 from cortexfs.mcp.config import MAX_CONFIG_BYTES, ServerSpec, parse_server
+from cortexfs.strict_modes import loose_entry
+from cortexfs.tools import schema_subset
 from cortexfs.tools.core import confine
-from cortexfs.tools.core.toolio import Reply, ToolFailure, main, main_parameter
+from cortexfs.tools.core.toolio import Reply, ToolFailure, check_input, main, main_parameter
 
 LOCATOR_KEYS = ("transport", "config", "server", "tool")
 
@@ -49,16 +61,103 @@ def read_locator(executable: str) -> dict[str, str]:
     return locator
 
 
-def read_config(view_path: str) -> bytes:
-    """The configuration file at ``view_path`` in the agent's view."""
+def read_schema(executable: str) -> dict[str, Any]:
+    """The ``schema`` control of the tool whose executable is ``executable``."""
+    path = Path(os.path.abspath(executable) + ".d") / "schema"
+    try:
+        schema = jsontext.loads_strict(path.read_bytes())
+    except (OSError, ValueError) as exc:
+        raise ToolFailure(errno.ENOEXEC, f"{path} is not a readable JSON Schema: {exc}") from None
+    if not isinstance(schema, dict):
+        raise ToolFailure(errno.ENOEXEC, f"{path} is not a JSON Schema object")
+    return schema
+
+
+def check_arguments(schema: dict[str, Any], request: dict[str, Any], tool: str) -> None:
+    """EINVAL (exit 2) when ``request`` does not satisfy the tool's input schema: all of it
+    when it keeps to the common keywords (:mod:`~cortexfs.tools.schema_subset`), else its
+    top-level ``required``, ``additionalProperties`` and property types
+    (:func:`~cortexfs.tools.core.toolio.check_input`) — this program carries no jsonschema,
+    and in native mode the runner has checked the whole schema already."""
+    problems = schema_subset.problems(schema, request)
+    if problems is None:
+        check_input(tool, schema, request)
+    elif problems:
+        where, message = problems[0]
+        at = f"at /{'/'.join(str(part) for part in where)}: " if where else ""
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        problem = f"input does not match the schema of {tool}: {at}{message}{more}"
+        raise ToolFailure(errno.EINVAL, problem, usage=True)
+
+
+def read_config(view_path: str, tool_owner: int) -> bytes:
+    """The configuration file at ``view_path`` in the agent's view, when nobody but root and
+    ``tool_owner`` could have changed it (StrictModes, see above)."""
     place = confine.View.from_environment(os.environ).locate(view_path)
-    fd, _ = confine.open_regular_file(place)
+    fd, status = confine.open_regular_file(place)
     with open(fd, "rb") as config:
+        _require_strict_modes(view_path, place, status, tool_owner)
         return config.read(MAX_CONFIG_BYTES + 1)
 
 
-def call(locator: dict[str, str], request: dict[str, Any], native: bool) -> Reply:
-    spec = _server(locator)
+def _require_strict_modes(
+    view_path: str, place: confine.Place, status: os.stat_result, tool_owner: int
+) -> None:
+    host_path = PurePosixPath(place.mount.source, *place.parts)
+    statuses = _walk_statuses(host_path)
+    last = statuses[-1]
+    if (
+        len(statuses) != len(host_path.parts)
+        or last is None
+        or ((last.st_dev, last.st_ino) != (status.st_dev, status.st_ino))
+    ):
+        raise ToolFailure(errno.EACCES, f"{view_path} changed while it was read; call again")
+    owners = {0, tool_owner}
+    loose = loose_entry(statuses, owners, owners)
+    if loose is None:
+        return
+    entry = statuses[loose]
+    assert entry is not None
+    shown = PurePosixPath(*host_path.parts[: loose + 1])
+    why = (
+        f"belongs to uid {entry.st_uid}"
+        if entry.st_uid not in owners
+        else f"is writable by its group or by others (mode {stat.S_IMODE(entry.st_mode):04o})"
+    )
+    raise ToolFailure(
+        errno.EACCES,
+        f"{view_path} (on the host {host_path}) names the command this tool runs, but {shown} "
+        f"{why}, so someone other than root or the tool's owner (uid {tool_owner}) could "
+        "change that command; make the file and every directory above it owned by root or "
+        f"uid {tool_owner} and writable by the owner alone (chown, chmod go-w)",
+    )
+
+
+def _walk_statuses(host_path: PurePosixPath) -> list[os.stat_result | None]:
+    """The ``lstat`` of ``/`` and of each entry down to ``host_path``, never following a link:
+    the list ends early at a link or a missing entry."""
+    fd = os.open("/", os.O_PATH | os.O_CLOEXEC)
+    statuses: list[os.stat_result | None] = [os.fstat(fd)]
+    try:
+        for name in host_path.parts[1:]:
+            try:
+                status = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            except FileNotFoundError:
+                return [*statuses, None]
+            statuses.append(status)
+            if not stat.S_ISDIR(status.st_mode):
+                break
+            inner = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+    finally:
+        os.close(fd)
+    return statuses
+
+
+def call(executable: str, locator: dict[str, str], request: dict[str, Any], native: bool) -> Reply:
+    check_arguments(read_schema(executable), request, os.path.basename(executable))
+    spec = _server(locator, os.stat(executable).st_uid)
     try:
         with StdioClient(spec, own_process_group=False) as client:
             result = client.call_tool(locator["tool"], request, unbounded=True)
@@ -76,8 +175,8 @@ def call(locator: dict[str, str], request: dict[str, Any], native: bool) -> Repl
     return Reply(data, text=text.encode())
 
 
-def _server(locator: dict[str, str]) -> ServerSpec:
-    data = read_config(locator["config"])
+def _server(locator: dict[str, str], tool_owner: int) -> ServerSpec:
+    data = read_config(locator["config"], tool_owner)
     try:
         return parse_server(data, locator["config"], locator["server"])
     except CtxError as exc:
@@ -89,5 +188,5 @@ def run() -> int:
     return main(
         os.path.basename(executable),
         main_parameter("input"),
-        lambda request, native: call(read_locator(executable), request, native),
+        lambda request, native: call(executable, read_locator(executable), request, native),
     )

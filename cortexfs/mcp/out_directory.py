@@ -1,0 +1,129 @@
+"""Where ``ctxmcp project`` may write its candidates: nowhere under ``/ctx`` or a storage root
+(M-1), whatever name leads there.
+
+A directory is judged by identity, not by its name: it and every directory above it, as the
+kernel walks up (``..``), are compared by device and inode with ``/ctx``, the storage root and
+the root's tool directories, and each is looked at for the six entries of a storage root
+(R-2).  A bind mount, a link or a second name of the root therefore leads nowhere else.  The
+check runs twice: on the path given, before the server starts (:func:`check_out_directory`),
+and on the directory descriptor the candidates are then written through
+(:func:`refuse_inside`), because the server, running as the caller, may replace OUT meanwhile.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import stat
+from pathlib import Path
+
+from cortexfs.errors import CtxError, invalid
+from cortexfs.fuse.mounts import cortexfs_mount_holding
+from cortexfs.storage import ROOT_ENTRIES
+
+_PLACE = os.O_PATH | os.O_CLOEXEC
+
+
+def check_out_directory(out: Path, root: Path) -> None:
+    """EINVAL when ``out`` is under ``/ctx``, the storage root ``root`` or any mount of a
+    storage root, wherever it is mounted: ctxmcp writes candidates only, never into the tree
+    agents see (M-1); ``ctx object install`` puts them there.
+
+    Checked before the server starts, on ``out`` or, when it is missing, the nearest directory
+    above it that exists, by identity: that directory and each one above it, as the kernel
+    walks up (``..``), against the device and inode of ``/ctx``, of ``root`` and of its tool
+    directories, so that no other name of them (a bind mount, a link) gets through.
+    :func:`write_candidates` checks again the directory it writes through."""
+    mount = cortexfs_mount_holding(out)
+    if mount is not None:
+        raise invalid(
+            f"--out {out} is inside {mount}, a mount of a storage root (ctx mount): ctxmcp "
+            "writes nothing under /ctx or the storage root (M-1); write the candidates "
+            "elsewhere and install them with 'ctx object install'"
+        )
+    existing = out
+    while not _is_directory(existing) and existing.parent != existing:
+        existing = existing.parent
+    fd = _open_place(existing, out)
+    try:
+        refuse_inside(fd, out, forbidden_directories(root))
+    finally:
+        os.close(fd)
+
+
+def forbidden_directories(root: Path | None) -> dict[tuple[int, int], Path]:
+    """``/ctx``, ``root`` and the tool directories of ``root`` that exist, by identity."""
+    places = [Path("/ctx")]
+    if root is not None:
+        places += [root, root / "tool"]
+        for tier in ("home", "shared"):
+            with contextlib.suppress(OSError), os.scandir(root / tier) as entries:
+                places += [Path(entry.path) / "tool" for entry in entries]
+    forbidden = {}
+    for place in places:
+        with contextlib.suppress(OSError):
+            status = os.stat(place)
+            forbidden.setdefault((status.st_dev, status.st_ino), place)
+    return forbidden
+
+
+def refuse_inside(fd: int, out: Path, forbidden: dict[tuple[int, int], Path]) -> None:
+    """EINVAL when the directory ``fd`` or one above it is in ``forbidden`` or is a storage
+    root (it holds the six entries of R-2); EACCES when the way up cannot be walked."""
+    fd = os.dup(fd)
+    try:
+        while True:
+            status = os.fstat(fd)
+            place = forbidden.get((status.st_dev, status.st_ino))
+            if place is None and _holds_root_abi(fd):
+                place = Path(os.readlink(f"/proc/self/fd/{fd}"))
+            if place is not None:
+                raise invalid(
+                    f"--out {out} is inside {place}: ctxmcp writes nothing under /ctx or the "
+                    "storage root (M-1); write the candidates elsewhere and install them with "
+                    "'ctx object install' (nothing was written)"
+                )
+            try:
+                parent = os.open("..", _PLACE, dir_fd=fd)
+            except OSError as exc:
+                raise CtxError(
+                    exc.errno or errno.EACCES,
+                    f"cannot tell whether --out {out} is inside the storage root: a directory "
+                    f"above it cannot be searched ({exc.strerror}); give an --out whose "
+                    "directories you may search (nothing was written)",
+                ) from None
+            above = os.fstat(parent)
+            os.close(fd)
+            fd = parent
+            if (above.st_dev, above.st_ino) == (status.st_dev, status.st_ino):
+                return  # "/" is its own parent
+    finally:
+        os.close(fd)
+
+
+def _holds_root_abi(fd: int) -> bool:
+    for entry in ROOT_ENTRIES:
+        try:
+            if not stat.S_ISDIR(os.stat(entry, dir_fd=fd, follow_symlinks=False).st_mode):
+                return False
+        except OSError:
+            return False
+    return True
+
+
+def _open_place(path: Path, out: Path) -> int:
+    try:
+        return os.open(path, _PLACE | os.O_DIRECTORY)
+    except OSError as exc:
+        raise CtxError(
+            exc.errno or errno.EIO,
+            f"cannot look at --out {out} ({path}: {exc.strerror}); give a directory you may "
+            "write (nothing was written)",
+        ) from None
+
+
+def _is_directory(path: Path) -> bool:
+    with contextlib.suppress(OSError):
+        return stat.S_ISDIR(os.stat(path).st_mode)
+    return False
