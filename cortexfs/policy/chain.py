@@ -46,7 +46,7 @@ from enum import IntEnum, StrEnum
 from pathlib import Path, PurePosixPath
 from typing import NamedTuple
 
-from cortexfs.errors import CtxError, denied, not_found
+from cortexfs.errors import HOST_SHORTAGES, CtxError, denied, not_found
 from cortexfs.names import check_object_name
 from cortexfs.policy import controls
 from cortexfs.policy.beneath import list_directory, lstat, walk
@@ -143,7 +143,9 @@ class Decision(NamedTuple):
 
     @property
     def errno(self) -> int:
-        """EACCES, or ENOENT for a missing agent or object; 0 when allowed."""
+        """EACCES, or ENOENT for a missing agent or object, or the host's shortage
+        (:data:`~cortexfs.errors.HOST_SHORTAGES`) for a step it kept from judging; 0 when
+        allowed."""
         return 0 if self.denial is None else self.denial.errno
 
     @property
@@ -206,7 +208,9 @@ def _run_step(
         return StepResult(step, Outcome.DENY, exc.message, exc.errno)
     except OSError as exc:
         reason = f"cannot be checked, so it is denied: {exc.strerror or exc}"
-        return StepResult(step, Outcome.DENY, reason, errno.EACCES)
+        # Denied either way; the errno says whether for a verdict or for the host's state.
+        code = exc.errno if exc.errno in HOST_SHORTAGES else errno.EACCES
+        return StepResult(step, Outcome.DENY, reason, code)
     return StepResult(step, outcome, detail)
 
 

@@ -18,6 +18,7 @@ from cortexfs.policy import (
     Outcome,
     Step,
     beneath,
+    chain,
     check_authority,
     check_tool_execute,
 )
@@ -465,3 +466,20 @@ def test_a_policy_the_host_cannot_open_now_is_denied_with_the_shortage(
     monkeypatch.setattr(beneath, "read_file", out_of_descriptors)
 
     assert_denied_at(run_fs_read(root, user), Step.OWN_POLICY, errno.EMFILE, "cannot be read")
+
+
+def test_a_step_the_host_cannot_check_now_is_denied_with_the_shortage(
+    root: Path, coder: Path, user: UnprivilegedUser, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Out of descriptors in the middle of a step's own walk (StrictModes here): denied, and
+    the errno says it was not a verdict."""
+    add_tool(root, "fs.read", policy=FS_READ_RULE)
+
+    def out_of_descriptors(*_: object) -> object:
+        raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+
+    monkeypatch.setattr(chain, "walk", out_of_descriptors)
+
+    decision = run_fs_read(root, user)
+    assert not decision.allowed and decision.errno == errno.EMFILE, decision.reason
+    assert "cannot be checked, so it is denied" in decision.reason
