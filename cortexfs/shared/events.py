@@ -146,8 +146,8 @@ class EventLog:
         raise CtxError(errno.EAGAIN, f"{path} kept appearing and disappearing; try again")
 
     def _cut_torn_line(self) -> None:
-        """Truncate a torn last line before the first append, which would otherwise be glued
-        onto it, making one unreadable line of a torn fragment and a whole event (S-5).
+        """Truncate a torn last line before an append, which would otherwise be glued onto
+        it, making one unreadable line of a torn fragment and a whole event (S-5).
 
         Checked under the exclusive lock: appends in flight hold it shared, so a last line
         without its newline seen then is a crash's leftover, not someone's append."""
@@ -163,6 +163,13 @@ class EventLog:
         line = encode_event(event)
         _lock(self._fd, fcntl.LOCK_SH, self.path)
         try:
+            if _ends_torn(self._fd):
+                # A writer of this log died in the middle of an append since this one opened
+                # it (a log kept open: a worker's session).  Its fragment is cut first, as an
+                # open cuts it, under the exclusive lock, which waits for appends in flight.
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
+                self._cut_torn_line()
+                _lock(self._fd, fcntl.LOCK_SH, self.path)
             self._ops.write(self._fd, line)
             if durable_event:
                 self._ops.fsync(self._fd)
@@ -297,7 +304,7 @@ def _open_file_to_read(path: Path, dir_fd: int | None) -> int:
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise invalid(f"{path} is a symbolic link; refusing to read it") from None
-        raise
+        raise OSError(exc.errno, exc.strerror, str(path)) from None  # named whole, not by dir_fd
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         raise invalid(f"{path} is not a regular file")

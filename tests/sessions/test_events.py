@@ -250,6 +250,24 @@ def test_the_first_append_after_a_crash_cuts_the_torn_line_instead_of_gluing_ont
     assert scan.damaged == [] and scan.torn_tail == 0
 
 
+def test_a_log_kept_open_cuts_a_fragment_another_writer_left_before_its_next_append(
+    tmp_path: Path,
+) -> None:
+    """A worker keeps its session open; another writer of the session dies mid-append: the
+    worker's next event is a line of its own, not glued onto the fragment."""
+    path = tmp_path / "events.jsonl"
+    first = make_event("e", agent="a", session="s", object="o", status="first")
+    next_one = make_event("e", agent="a", session="s", object="o", status="next")
+    with EventLog(path) as kept_open:
+        kept_open.append(first)
+        with open(path, "ab") as other_writer:
+            other_writer.write(b'{"ts":"2026-01-01T00:00:00Z","type":"to')  # killed here
+
+        kept_open.append(next_one)
+
+    assert path.read_bytes() == encode_event(first) + encode_event(next_one)
+
+
 def test_repair_waits_for_an_append_in_flight(tmp_path: Path) -> None:
     path = tmp_path / "events.jsonl"
     path.write_bytes(b'{"ts":"x","type":"half')
