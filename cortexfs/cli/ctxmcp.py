@@ -169,13 +169,15 @@ def project_command(
     spec = _server(config_path, server)
     try:
         check_runtime_config(runtime_config)
-        check_out_directory(out, resolve_storage(storage_dir))
+        root = resolve_storage(storage_dir)
+        check_out_directory(out, root)
     except CtxError as error:
         raise usage_problem(error) from None
     with StdioClient(spec, timeout=timeout) as client:
         projections = project_tools(server, client.list_tools(), runtime_config)
         session = _session(client)
-    written = write_candidates(projections, out, replace=replace)
+    # Checked again on the directory written through: the server ran meanwhile (M-1).
+    written = write_candidates(projections, out, replace=replace, root=root)
     skipped = [p for p in projections if p.manifest is None]
     if as_json:
         emit_json(
