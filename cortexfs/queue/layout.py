@@ -12,6 +12,7 @@ import errno
 import fcntl
 import os
 import stat
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -448,8 +449,9 @@ def read_regular_file(dir_fd: int, name: str, limit: int) -> bytes:
         os.close(fd)
 
 
-def lock_dir(fd: int, *, wait: bool) -> bool:
-    """Take an exclusive ``flock`` on a directory descriptor; False if busy and not waiting.
+def lock_dir(fd: int, *, within: float) -> bool:
+    """Take an exclusive ``flock`` on a directory descriptor, waiting at most ``within``
+    seconds (0: not at all); False if it is still busy then.
 
     Used on ``claimed/J`` by whoever is in the middle of a transition of J (a claimer before
     its lease exists, a finisher, recover) so that recover never acts on a half-done step of
@@ -457,12 +459,18 @@ def lock_dir(fd: int, *, wait: bool) -> bool:
     flock on directories (some NFS setups) report the lock as taken by us and rely on the
     liveness rules alone.
     """
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-    except BlockingIOError:
-        return False
-    except OSError as exc:
-        if exc.errno in (errno.EBADF, errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL):
+    deadline = time.monotonic() + within
+    pause = 0.001
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             return True
-        raise
-    return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+        except OSError as exc:
+            if exc.errno in (errno.EBADF, errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL):
+                return True
+            raise
+        time.sleep(pause)
+        pause = min(2 * pause, 0.05)

@@ -784,17 +784,25 @@ def finish(
                 raise _finish_cut_short(queue, job, lease, exc) from None
             _discard_temp(queue, temp)
             raise _refused_in(queue, exc, "finish", state) from None
-        # The result is in place: from here on a failure cannot be undone (Q-4), only said.
-        try:
-            ops.step("finish.request")
-            # No sync of claimed/J: the cleanup removes it and syncs claimed/.
-            durable.move_noreplace(ops, claim_fd, job, terminal, job, sync_src=False)
-            ops.step("finish.cleanup")
-            remove_claim_and_lease(queue, job)
-        except OSError as exc:
-            raise _finish_cut_short(queue, job, lease, exc) from None
-        ops.step("finish.done")
+        _move_request_and_clean_up(queue, job, lease, claim_fd, terminal)
         return result
+
+
+def _move_request_and_clean_up(
+    queue: Queue, job: str, lease: Lease | CtxError, claim_fd: int, terminal: int
+) -> None:
+    """What a finish does once J's result is in place (Q-4): the request moves beside it and
+    the claim and lease go.  A failure from here on cannot be undone, only said."""
+    ops = queue.ops
+    try:
+        ops.step("finish.request")
+        # No sync of claimed/J: the cleanup removes it and syncs claimed/.
+        durable.move_noreplace(ops, claim_fd, job, terminal, job, sync_src=False)
+        ops.step("finish.cleanup")
+        remove_claim_and_lease(queue, job)
+    except OSError as exc:
+        raise _finish_cut_short(queue, job, lease, exc) from None
+    ops.step("finish.done")
 
 
 def _complete_finish(
@@ -814,14 +822,7 @@ def _complete_finish(
     if not isinstance(recorded, dict) or recorded.get("worker") != dict(worker):
         return None
     queue.require_writable("finish", (state, "claimed", f"claimed/{job}", "lease", f"lease/{job}"))
-    try:
-        queue.ops.step("finish.request")
-        durable.move_noreplace(queue.ops, claim_fd, job, terminal, job, sync_src=False)
-        queue.ops.step("finish.cleanup")
-        remove_claim_and_lease(queue, job)
-    except OSError as exc:
-        raise _finish_cut_short(queue, job, lease, exc) from None
-    queue.ops.step("finish.done")
+    _move_request_and_clean_up(queue, job, lease, claim_fd, terminal)
     return recorded
 
 
@@ -854,19 +855,14 @@ LOCK_WAIT_SECONDS = 30.0
 def _lock_job(claim_fd: int, job: str) -> None:
     """J's lock (``claimed/J``), waited for at most :data:`LOCK_WAIT_SECONDS`; EAGAIN, naming
     the processes that hold it, after that."""
-    deadline = time.monotonic() + LOCK_WAIT_SECONDS
-    pause = 0.001
-    while not lock_dir(claim_fd, wait=False):
-        if time.monotonic() >= deadline:
-            holders = ", ".join(str(pid) for pid in _flock_holders(claim_fd)) or "unknown"
-            raise CtxError(
-                errno.EAGAIN,
-                f"claimed/{job} has been locked by another process (pid {holders}) for "
-                f"{LOCK_WAIT_SECONDS:g} s, where a claim, finish or recover holds it for a "
-                "moment: that process is stuck, or not a queue command; end it, then try again",
-            )
-        time.sleep(pause)
-        pause = min(2 * pause, 0.05)
+    if not lock_dir(claim_fd, within=LOCK_WAIT_SECONDS):
+        holders = ", ".join(str(pid) for pid in _flock_holders(claim_fd)) or "unknown"
+        raise CtxError(
+            errno.EAGAIN,
+            f"claimed/{job} has been locked by another process (pid {holders}) for "
+            f"{LOCK_WAIT_SECONDS:g} s, where a claim, finish or recover holds it for a "
+            "moment: that process is stuck, or not a queue command; end it, then try again",
+        )
 
 
 def _flock_holders(fd: int) -> list[int]:

@@ -322,7 +322,7 @@ def _apply(
     except FileNotFoundError:
         claim_fd = None
     try:
-        if claim_fd is not None and not lock_dir(claim_fd, wait=False):
+        if claim_fd is not None and not lock_dir(claim_fd, within=0):
             finding.detail += "; left alone, another process is moving this job"
             return BUSY
         # Re-check under the lock: the job may have moved since the scan.  The scan reads

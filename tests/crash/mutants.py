@@ -44,8 +44,9 @@ _FRESH_LEASE = (
 )
 _RESULT_ARBITRATES = (
     "the result move just before is the arbiter between finishers: a second finisher is "
-    "refused there (EEXIST) and never reaches the request move; the request's terminal name "
-    "can exist here only if that arbiter was bypassed"
+    "refused there (EEXIST) and never reaches the request move (a holder completing its own "
+    "finish cut short gets here only when the look under J's lock found the result alone); "
+    "the request's terminal name can exist here only if that arbiter was bypassed"
 )
 _SAME_FILE = (
     "roll-forward runs only when the re-check under the claimed/J lock found no done/J; the "
@@ -79,7 +80,7 @@ JUSTIFIED = {
         "arbitration's winner creates lease/J: it cannot appear in between"
     ),
     **{
-        (call, f"{state}/J", "protocol.finish"): _RESULT_ARBITRATES
+        (call, f"{state}/J", "protocol._move_request_and_clean_up"): _RESULT_ARBITRATES
         for call in ("rename_noreplace", "link")
         for state in ("done", "failed")
     },
