@@ -29,7 +29,7 @@ from cortexfs import durable, jsontext
 from cortexfs.errors import CtxError, exists, invalid
 from cortexfs.mcp.out_directory import check_out_directory as check_out_directory
 from cortexfs.mcp.out_directory import forbidden_directories, refuse_inside
-from cortexfs.mcp.schema import reference_problem, schema_problem
+from cortexfs.mcp.schema import schema_problem
 from cortexfs.names import object_name_problem
 from cortexfs.tools.manifest import MANIFEST_VERSION, config_path_problem, manifest_problems
 from cortexfs.tools.schemas import schema_problems
@@ -111,9 +111,6 @@ def _project(server: str, tool: dict[str, Any], runtime_config: str) -> Projecti
     problems = schema_problems(schema, "its inputSchema") or _arguments_problems(schema)
     if problems:
         return Projection(remote, name, description, None, problems[0])
-    problem = reference_problem(schema)
-    if problem:
-        return Projection(remote, name, description, None, problem)
     annotations = tool.get("annotations") if isinstance(tool.get("annotations"), dict) else {}
     document = {
         "manifest": MANIFEST_VERSION,

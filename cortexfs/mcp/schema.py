@@ -8,28 +8,21 @@ object (:mod:`~cortexfs.mcp.project`), the schema must therefore:
   (:data:`MAX_SCHEMA_DEPTH`): deeper, the candidate is refused by ``ctx object check``, and a
   recursive check of it runs out of stack;
 * hold no lone surrogate: JSON can spell ``"\\ud800"``, but no UTF-8 file holds it;
-* resolve every reference inside itself: a ``$ref`` is a JSON pointer (``#/$defs/x``) or an
-  ``$anchor`` of this very document.  Nothing is ever fetched, so a reference to another
-  document (``file:///etc/passwd``, ``https://…``) or to a place the schema does not hold
-  would fail every call that reaches it; an ``$id`` below the top would change what the
-  references under it mean, and is refused alike.
+* resolve every reference inside itself, as every tool's schema must
+  (:mod:`cortexfs.tools.schema_references`, which :func:`cortexfs.tools.schemas.schema_problems`
+  asks).
 
 Each check walks the schema iteratively: it must hold for a schema too deep to recurse into.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
-from urllib.parse import unquote
 
 from cortexfs import jsontext
 
 # The manifest is one object holding the schema: the schema gets one level fewer.
 MAX_SCHEMA_DEPTH = jsontext.MAX_DEPTH - 1
-_REFERENCES = ("$ref", "$dynamicRef")
-# Keywords whose values are data, not schemas: a "$ref" inside an enum is a string like any.
-_DATA_KEYWORDS = frozenset({"const", "default", "enum", "examples"})
 
 
 def schema_problem(schema: Any, what: str = "its inputSchema") -> str | None:
@@ -43,61 +36,3 @@ def schema_problem(schema: Any, what: str = "its inputSchema") -> str | None:
     if character is not None:
         return f"{what} holds {character!r}, a lone surrogate, which is not a character"
     return None
-
-
-def reference_problem(schema: Any, what: str = "its inputSchema") -> str | None:
-    """Why a reference of ``schema`` would not resolve inside it, or None."""
-    anchors = {
-        node["$anchor"] for node, _ in _schemas(schema) if isinstance(node.get("$anchor"), str)
-    }
-    for node, top in _schemas(schema):
-        if isinstance(node.get("$id"), str) and not top:
-            return (
-                f"{what} declares $id {node['$id']!r} below its top, which changes what the "
-                "references under it mean; only references within the one document resolve"
-            )
-        for keyword in _REFERENCES:
-            reference = node.get(keyword)
-            if not isinstance(reference, str):
-                continue
-            if not reference.startswith("#"):
-                return (
-                    f"{what} refers to {reference!r}, outside itself: nothing is fetched, so "
-                    "no call could be checked against it"
-                )
-            if not _resolves(schema, reference[1:], anchors):
-                return f"{what} refers to {reference!r}, which it does not hold"
-    return None
-
-
-def _schemas(schema: Any) -> Iterator[tuple[dict[str, Any], bool]]:
-    """Every object of ``schema`` that is read as a schema, and whether it is the top."""
-    pending: list[tuple[Any, bool]] = [(schema, True)]
-    while pending:
-        node, top = pending.pop()
-        if isinstance(node, list):
-            pending.extend((item, False) for item in node)
-        elif isinstance(node, dict):
-            yield node, top
-            pending.extend(
-                (value, False) for key, value in node.items() if key not in _DATA_KEYWORDS
-            )
-
-
-def _resolves(schema: Any, fragment: str, anchors: set[str]) -> bool:
-    """Whether the fragment of a ``#…`` reference names a place in ``schema``."""
-    fragment = unquote(fragment)
-    if fragment == "":
-        return True
-    if not fragment.startswith("/"):
-        return fragment in anchors
-    node = schema
-    for token in fragment[1:].split("/"):
-        token = token.replace("~1", "/").replace("~0", "~")
-        if isinstance(node, dict) and token in node:
-            node = node[token]
-        elif isinstance(node, list) and token.isdigit() and int(token) < len(node):
-            node = node[int(token)]
-        else:
-            return False
-    return True

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from cortexfs.errors import invalid
 from cortexfs.tools import schema_subset
+from cortexfs.tools.schema_references import reference_problem
 
 if TYPE_CHECKING:
     from jsonschema.exceptions import ValidationError
@@ -30,11 +31,13 @@ def schema_problems(schema: object, what: str) -> list[str]:
     if not isinstance(schema, dict):
         return [f"{what} must be a JSON Schema object, not {type(schema).__name__}"]
     if schema_subset.well_formed(schema):
-        return []
-    return [
+        return []  # the common keywords only: no reference to resolve
+    problems = [
         f"{what} is not a valid JSON Schema: {problem}"
         for problem in _meta_problems(_canonical(schema))
     ]
+    reference = None if problems else reference_problem(schema, what)
+    return problems + ([reference] if reference else [])
 
 
 @functools.lru_cache(maxsize=_CACHED_VALIDATORS)

@@ -213,3 +213,31 @@ def test_a_refusal_quotes_a_long_value_cut_short(tmp_path: Path) -> None:
 
     assert problem.startswith("description: 'ddd") and problem.endswith("... is too long")
     assert len(problem) < 200, len(problem)
+
+
+@pytest.mark.parametrize(
+    ("reference", "fragment"),
+    [
+        ("file:///etc/passwd", "refers to 'file:///etc/passwd', outside itself"),
+        ("https://example.com/s.json", "outside itself: nothing is fetched"),
+        ("#/$defs/missing", "refers to '#/$defs/missing', which it does not hold"),
+    ],
+)
+def test_a_schema_whose_reference_cannot_resolve_inside_it_is_refused(
+    tmp_path: Path, reference: str, fragment: str
+) -> None:
+    """T-1: no call could be checked against it; refused here, not at every call (EIO)."""
+    schema = {"type": "object", "properties": {"a": {"$ref": reference}}, "$defs": {"x": {}}}
+
+    problems = problems_of(manifest(tmp_path, schema=schema))
+
+    assert any(fragment in problem for problem in problems), problems
+
+
+def test_a_reference_inside_the_schema_is_accepted(tmp_path: Path) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"a": {"$ref": "#/$defs/x"}, "b": {"$ref": "#here"}},
+        "$defs": {"x": {"type": "string"}, "y": {"$anchor": "here", "type": "integer"}},
+    }
+    assert load_manifest(manifest(tmp_path, schema=schema)).schema == schema
