@@ -8,10 +8,12 @@ what a caller creates is given the caller's uid and gid.  ``fsync`` on a file or
 the mount is ``fsync`` on the file or directory behind it: once it returns, a write through the
 mount is as durable as the same write made directly.
 
-Inodes are the storage root's own numbers (the root is :data:`pyfuse3.ROOT_INODE`); each is
-remembered with the names it was looked up, created or linked by, and a rename, link, unlink or
-rmdir through the mount changes those names at once (:mod:`cortexfs.fuse.inodes`): the kernel
-goes on using an inode it knows under its new name without asking again.  Paths are never given
+Node ids are the storage root's own inode numbers (the root is :data:`pyfuse3.ROOT_INODE`),
+but for a file whose number the kernel still holds for another, removed file: each node is
+remembered with the identity of its file and the names it was looked up, created or linked by,
+and a rename, link, unlink or rmdir through the mount changes those names at once
+(:mod:`cortexfs.fuse.inodes`): the kernel goes on using a node it knows under its new name
+without asking again, and a node never stands for another file than its own.  Paths are never given
 to the kernel whole: see :meth:`StorageFS._parent`.  The process that mounts it and answers the
 kernel is :mod:`cortexfs.fuse.daemon`.
 """
@@ -29,6 +31,7 @@ import pyfuse3
 
 from cortexfs import durable
 from cortexfs.agents.projection import FRESH_SECONDS
+from cortexfs.fuse.identity import Identity, generation_of, identity_of
 from cortexfs.fuse.inodes import InodeNames
 from cortexfs.fuse.projection import Projection
 from cortexfs.libc import check, libc
@@ -97,27 +100,46 @@ class StorageFS(pyfuse3.Operations):
         with self._parent(parts) as parent:
             return _call(os.stat, parts[-1], dir_fd=parent, follow_symlinks=False)
 
+    def _identified(self, parts: Sequence[str]) -> tuple[os.stat_result, Identity | None]:
+        """The status and the identity of what ``parts`` leads to, both of that one file."""
+        if not parts:
+            return _call(os.fstat, self._root_fd), None
+        with self._opened(parts, os.O_PATH) as handle:
+            return _call(os.fstat, handle), _call(identity_of, handle)
+
     def _parts_of(self, inode: int) -> tuple[str, ...]:
         try:
             return self._names.path(inode)
         except KeyError:
             raise pyfuse3.FUSEError(errno.ESTALE) from None
 
-    def _still(self, inode: int) -> tuple[str, ...]:
-        """The name ``inode`` is known by, once checked to lead to it still: ESTALE when
-        another file has taken that name (renamed there outside the mount, by someone who
-        may write the directory).  The daemon acts as root, so acting on whatever now has
-        the name would act on that other file for the caller: read it, write it, chmod it."""
+    def _checked(self, inode: int) -> tuple[tuple[str, ...], os.stat_result]:
+        """The name node ``inode`` is known by, once checked to lead to its file still, and
+        that file's status: ESTALE when another file has taken that name (renamed there
+        outside the mount, by someone who may write the directory, or made there after the
+        file was removed, even with its inode number).  The daemon acts as root, so acting
+        on whatever now has the name would act on that other file for the caller: read it,
+        write it, chmod it, make a file in it."""
         parts = self._parts_of(inode)
-        if parts and self._lstat(parts).st_ino != inode:
+        status, identity = self._identified(parts)
+        if parts and (status.st_ino, identity) != self._names.file(inode):
             raise pyfuse3.FUSEError(errno.ESTALE)
-        return parts
+        return parts, status
+
+    def _still(self, inode: int) -> tuple[str, ...]:
+        return self._checked(inode)[0]
 
     def _holding(self, fd: int, inode: int, parts: Sequence[str]) -> int:
-        """``fd``, opened by ``parts``, if it holds ``inode``; else closed, and ESTALE."""
-        if parts and os.fstat(fd).st_ino != inode:
-            os.close(fd)
-            raise pyfuse3.FUSEError(errno.ESTALE)
+        """``fd``, opened by ``parts``, if it holds node ``inode``'s file; else closed, and
+        ESTALE."""
+        if parts:
+            try:
+                held = (os.fstat(fd).st_ino, identity_of(fd))
+            except OSError:
+                held = None
+            if held != self._names.file(inode):
+                os.close(fd)
+                raise pyfuse3.FUSEError(errno.ESTALE)
         return fd
 
     def _child(self, parent: int, name: bytes) -> tuple[str, ...]:
@@ -133,15 +155,30 @@ class StorageFS(pyfuse3.Operations):
         if not self.projection.writable(parts):
             raise pyfuse3.FUSEError(errno.EACCES)
 
-    def _entry(self, parts: tuple[str, ...]) -> pyfuse3.EntryAttributes:
-        """The attributes of ``parts``, whose inode the kernel now knows by that name."""
-        attributes = self._attributes(parts)
-        self._names.remember(attributes.st_ino, tuple(parts))
-        return attributes
+    def _entry(
+        self, parts: tuple[str, ...], descriptor: int | None = None
+    ) -> pyfuse3.EntryAttributes:
+        """The attributes of ``parts`` (the file ``descriptor`` holds, when given: the one
+        just made), whose node the kernel now knows by that name."""
+        if descriptor is None:
+            status, identity = self._identified(parts)
+        else:
+            status, identity = _call(os.fstat, descriptor), _call(identity_of, descriptor)
+        node = self._names.node_for(status.st_ino, identity)
+        self._names.remember(node, tuple(parts), status.st_ino, identity)
+        return self._described(status, node, identity)
 
-    def _attributes(self, parts: tuple[str, ...]) -> pyfuse3.EntryAttributes:
-        status = self._lstat(parts)
-        return _described(status, pyfuse3.ROOT_INODE if not parts else status.st_ino)
+    def _described(
+        self, status: os.stat_result, node: int, identity: Identity | None = None
+    ) -> pyfuse3.EntryAttributes:
+        """``status`` as the kernel is given it, for ``node``.  A directory's link count
+        counts its subdirectories; in a view that hides entries it would tell how many are
+        hidden (T-5), so there it is 1, which says "not counted" (as on many FUSE
+        filesystems, and as find(1) and fts(3) understand it)."""
+        attributes = _described(status, node, generation_of(identity) if identity else 0)
+        if self.projection.hides_entries and stat.S_ISDIR(status.st_mode):
+            attributes.st_nlink = 1
+        return attributes
 
     def _is_open(self, inode: int) -> bool:
         return any(held == inode for held, _ in self._open_files.values())
@@ -165,16 +202,15 @@ class StorageFS(pyfuse3.Operations):
 
     async def getattr(self, inode, ctx=None):  # type: ignore[no-untyped-def]
         try:
-            attributes = self._attributes(self._parts_of(inode))
+            _, status = self._checked(inode)
         except pyfuse3.FUSEError:
             if not self._is_open(inode):
                 raise
         else:
-            if attributes.st_ino == inode:
-                return attributes
+            return self._described(status, inode)
         # No name leads to it any more (unlinked while open, or changed outside the mount).
         descriptor, _ = self._open_file(inode)
-        return _described(_call(os.fstat, descriptor), inode)
+        return self._described(_call(os.fstat, descriptor), inode)
 
     async def forget(self, inode_list):  # type: ignore[no-untyped-def]
         for inode, count in inode_list:
@@ -199,20 +235,26 @@ class StorageFS(pyfuse3.Operations):
             os.close(directory)
         for index, name in enumerate(names[start_id:], start=start_id):
             if name in (".", ".."):  # the kernel holds no entry for either: not remembered
-                itself = self._attributes(parts if name == "." else parts[:-1])
-                if not pyfuse3.readdir_reply(token, os.fsencode(name), itself, index + 1):
+                itself = parts if name == "." else parts[:-1]
+                status = self._lstat(itself)
+                node = fh if name == "." else self._names.node_at(itself) or status.st_ino
+                attributes = self._described(status, node)
+                if not pyfuse3.readdir_reply(token, os.fsencode(name), attributes, index + 1):
                     return
                 continue
             child = (*parts, name)
             if not self.projection.visible(child):
                 continue
             try:
-                attributes = self._attributes(child)
+                status, identity = self._identified(child)
             except pyfuse3.FUSEError:
                 continue  # removed meanwhile
+            node = self._names.node_for(status.st_ino, identity)
+            attributes = self._described(status, node, identity)
             if not pyfuse3.readdir_reply(token, os.fsencode(name), attributes, index + 1):
                 return
-            self._names.remember(attributes.st_ino, child)  # an entry the kernel now holds
+            # An entry the kernel now holds.
+            self._names.remember(node, child, status.st_ino, identity)
 
     async def releasedir(self, fh):  # type: ignore[no-untyped-def]
         return None
@@ -266,35 +308,38 @@ class StorageFS(pyfuse3.Operations):
         parts = self._child_to_make(parent_inode, name)
         # O_EXCL: a file put at the name since the check above is never opened, let alone
         # given to the caller by _give.
-        fd = self._open(parts, flags | os.O_CREAT | os.O_EXCL, mode)
+        with _callers_umask(ctx):
+            fd = self._open(parts, flags | os.O_CREAT | os.O_EXCL, mode & ~ctx.umask)
         self._give(fd, ctx, parts)
-        attributes = self._entry(parts)
+        attributes = self._entry(parts, fd)
         return self._opened_file(attributes.st_ino, fd, parts), attributes
 
     async def mkdir(self, parent_inode, name, mode, ctx):  # type: ignore[no-untyped-def]
         parts = self._child_to_make(parent_inode, name)
-        with self._parent(parts) as parent:
-            _call(os.mkdir, parts[-1], mode, dir_fd=parent)
+        with self._parent(parts) as parent, _callers_umask(ctx):
+            _call(os.mkdir, parts[-1], mode & ~ctx.umask, dir_fd=parent)
         with self._opened(parts, _LIST) as directory:
             if os.fstat(directory).st_uid != os.geteuid():
                 # Another directory, someone else's, put at the name since the mkdir.
                 raise pyfuse3.FUSEError(errno.EEXIST)
             self._give(directory, ctx, parts)
-        return self._entry(parts)
+            return self._entry(parts, directory)
 
     async def unlink(self, parent_inode, name, ctx):  # type: ignore[no-untyped-def]
         parts = self._child(parent_inode, name)
         self._writable(parts)
         with self._parent(parts) as parent:
+            doomed = durable.lstat_at(parent, parts[-1])
             _call(os.unlink, parts[-1], dir_fd=parent)
-        self._names.removed(parts)  # other names of the file (hard links) stay
+        # Other names of the file (hard links) stay.
+        self._names.removed(parts, last_name=doomed is not None and doomed.st_nlink == 1)
 
     async def rmdir(self, parent_inode, name, ctx):  # type: ignore[no-untyped-def]
         parts = self._child(parent_inode, name)
         self._writable(parts)
         with self._parent(parts) as parent:
             _call(os.rmdir, parts[-1], dir_fd=parent)
-        self._names.removed(parts)
+        self._names.removed(parts, last_name=True)
 
     async def rename(  # type: ignore[no-untyped-def]
         self, parent_old, name_old, parent_new, name_new, flags, ctx
@@ -316,7 +361,12 @@ class StorageFS(pyfuse3.Operations):
         if flags & pyfuse3.RENAME_EXCHANGE:
             self._names.exchanged(old, new)
         elif not _same_file(replaced, moving):  # two names of one file: rename does nothing
-            self._names.moved(old, new)
+            self._names.moved(
+                old,
+                new,
+                replaced_last_name=replaced is not None
+                and (stat.S_ISDIR(replaced.st_mode) or replaced.st_nlink == 1),
+            )
 
     async def link(self, inode, new_parent_inode, new_name, ctx):  # type: ignore[no-untyped-def]
         """A second name for a file (the queue's no-replace move, Q-1, N-1): both the file and
@@ -368,7 +418,7 @@ class StorageFS(pyfuse3.Operations):
             if fields.update_atime or fields.update_mtime:
                 times = _times_asked(attr, fields, self._lstat(parts))
                 _call(os.utime, parts[-1], ns=times, dir_fd=parent, follow_symlinks=False)
-        return self._attributes(parts)
+        return self._described(self._lstat(parts), inode)
 
     def _set_by_descriptor(self, inode, attr, fields, fh):  # type: ignore[no-untyped-def]
         """``setattr`` on a file no name leads to any more, through a descriptor it is open
@@ -387,7 +437,7 @@ class StorageFS(pyfuse3.Operations):
         if fields.update_atime or fields.update_mtime:
             times = _times_asked(attr, fields, _call(os.fstat, descriptor))
             _call(os.utime, descriptor, ns=times)
-        return _described(_call(os.fstat, descriptor), inode)
+        return self._described(_call(os.fstat, descriptor), inode)
 
     def _child_to_make(
         self, parent: int, name: bytes, *, existing_ok: bool = False
@@ -411,6 +461,17 @@ class StorageFS(pyfuse3.Operations):
             with self._parent(parts) as parent:
                 setgid = os.fstat(parent).st_mode & stat.S_ISGID
             _call(os.fchown, fd, ctx.uid, -1 if setgid else ctx.gid)
+
+
+@contextlib.contextmanager
+def _callers_umask(ctx: pyfuse3.RequestContext) -> Iterator[None]:
+    """The daemon's own umask set aside while it makes a file or a directory for ``ctx``,
+    whose mode the kernel passes unmasked and which is masked with the caller's umask."""
+    own = os.umask(0)
+    try:
+        yield
+    finally:
+        os.umask(own)
 
 
 def _renameat2(source: int, old: str, target: int, new: str, flags: int) -> None:
@@ -443,11 +504,11 @@ def _times_asked(
     )
 
 
-def _described(status: os.stat_result, inode: int) -> pyfuse3.EntryAttributes:
-    """``status`` as the kernel is given it, under ``inode``."""
+def _described(status: os.stat_result, node: int, generation: int) -> pyfuse3.EntryAttributes:
+    """``status`` as the kernel is given it, for ``node``."""
     attributes = pyfuse3.EntryAttributes()
-    attributes.st_ino = inode
-    attributes.generation = 0
+    attributes.st_ino = node
+    attributes.generation = generation
     attributes.entry_timeout = ENTRY_TIMEOUT
     attributes.attr_timeout = ENTRY_TIMEOUT
     for field in ("st_mode", "st_nlink", "st_uid", "st_gid", "st_rdev", "st_size"):

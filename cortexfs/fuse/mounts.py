@@ -77,17 +77,27 @@ def _require_empty_directory(mountpoint: Path) -> None:
 
 def unmount(mountpoint: Path) -> None:
     """Unmount the CortexFS mount at ``mountpoint``, live or with its daemon gone; its
-    process then exits.  ENOENT, EINVAL (not a mount point, or another filesystem's) or
-    EBUSY (still in use, with the system's reason) otherwise, with nothing changed."""
+    process then exits.  ENOENT, EINVAL (not a mount point, or another filesystem's), EPERM
+    (another uid's mount, which only that uid or root may unmount) or EBUSY (still in use,
+    with the system's reason) otherwise, with nothing changed."""
     where = _absolute(mountpoint)
-    kind = mounted_type(where)
-    if kind is None:
+    mount = _topmost_mount(where)
+    if mount is None:
         if not os.path.lexists(where):
             raise not_found(f"{mountpoint} does not exist")
         raise invalid(f"{mountpoint} is not a mount point")
-    if kind != FILESYSTEM_TYPE:
+    if mount.filesystem_type != FILESYSTEM_TYPE:
         raise invalid(
-            f"{mountpoint} is a {kind} mount, not one of 'ctx mount'; unmount it with umount(8)"
+            f"{mountpoint} is a {mount.filesystem_type} mount, not one of 'ctx mount'; "
+            "unmount it with umount(8)"
+        )
+    owner = _mounted_by(mount)
+    if os.geteuid() != 0 and owner is not None and owner != os.geteuid():
+        # fusermount3 would refuse with words about /etc/mtab, which read like "busy".
+        raise CtxError(
+            errno.EPERM,
+            f"cannot unmount {mountpoint}: it was mounted by uid {owner}, and only that uid "
+            "or root may unmount it",
         )
     command = ["fusermount3", "-u", str(where)]
     if shutil.which("fusermount3") is None:
@@ -101,11 +111,24 @@ def unmount(mountpoint: Path) -> None:
 def mounted_type(mountpoint: Path) -> str | None:
     """The filesystem type of the topmost mount at ``mountpoint`` (absolute, normalised);
     None when nothing is mounted there."""
+    mount = _topmost_mount(mountpoint)
+    return None if mount is None else mount.filesystem_type
+
+
+def _topmost_mount(mountpoint: Path) -> _Mount | None:
     found = None
     for mount in _mount_table():
         if mount.mount_point == str(mountpoint):
-            found = mount.filesystem_type  # a later line is mounted over an earlier one
+            found = mount  # a later line is mounted over an earlier one
     return found
+
+
+def _mounted_by(mount: _Mount) -> int | None:
+    """The uid a FUSE mount was made by (its ``user_id=`` option); None when not said."""
+    for option in mount.options.split(","):
+        if option.startswith("user_id="):
+            return int(option.removeprefix("user_id="))
+    return None
 
 
 def cortexfs_mount_holding(path: Path) -> Path | None:
@@ -133,6 +156,7 @@ class _Mount(NamedTuple):
     device: str  # major:minor
     mount_point: str
     filesystem_type: str
+    options: str  # the filesystem's own (super) options
 
 
 def _mount_table() -> Iterator[_Mount]:
@@ -140,7 +164,8 @@ def _mount_table() -> Iterator[_Mount]:
     the lone ``-`` before the filesystem type)."""
     for line in MOUNT_TABLE.read_text().splitlines():
         fields = line.split(" ")
-        yield _Mount(fields[2], _unescaped(fields[4]), fields[fields.index("-") + 1])
+        kind = fields.index("-") + 1
+        yield _Mount(fields[2], _unescaped(fields[4]), fields[kind], fields[kind + 2])
 
 
 def _absolute(path: Path) -> Path:

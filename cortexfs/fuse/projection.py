@@ -27,6 +27,8 @@ from cortexfs.agents.view import AgentView
 class Projection:
     """Visibility and writability of storage paths (as parts below the root) for one viewer."""
 
+    hides_entries = False  # whether a directory may hold names this viewer is not shown
+
     def visible(self, parts: Parts) -> bool:
         return in_root_abi(parts)
 
@@ -36,6 +38,8 @@ class Projection:
 
 class AgentProjection(Projection):
     """The projection of T-5 for one agent, decided from its host-owned controls."""
+
+    hides_entries = True
 
     def __init__(self, root: Path, agent: str) -> None:
         self.root = root

@@ -91,3 +91,33 @@ def test_exchanged_directories_swap_what_lies_beneath(names: InodeNames) -> None
     assert names.path(14) == ("d", "g")
     assert names.path(10) == ("other",)
     assert names.path(13) == ("d",)
+
+
+def test_a_number_held_for_a_removed_file_gives_another_file_a_node_of_its_own() -> None:
+    """The kernel still holds node 13 (file ``a``); the filesystem gives 13 to file ``b``."""
+    names = InodeNames(ROOT)
+    assert names.node_for(13, b"a") == 13
+    names.remember(13, ("old",), 13, b"a")
+    names.removed(("old",), last_name=True)
+
+    node = names.node_for(13, b"b")
+    assert node != 13
+    names.remember(node, ("new",), 13, b"b")
+    assert names.node_for(13, b"b") == node  # found again by the same node
+    assert (names.path(node), names.file(node), names.file(13)) == (
+        ("new",),
+        (13, b"b"),
+        (13, b"a"),
+    )
+    names.forget(13, 1)  # the kernel gives the old node back: the number is free again
+    assert names.node_for(13, b"c") == 13
+    assert names.path(node) == ("new",)
+
+
+def test_without_identities_a_number_removed_through_the_mount_is_another_file(
+    names: InodeNames,
+) -> None:
+    names.removed(("other",), last_name=True)  # 13's only name, removed through the mount
+
+    assert names.node_for(13, None) != 13
+    assert names.node_for(10, None) == 10  # not removed: the same file

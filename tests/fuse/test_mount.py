@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 import subprocess
 import sys
 import time
@@ -79,6 +80,23 @@ def test_what_is_made_in_a_setgid_space_through_the_mount_keeps_the_spaces_group
     assert (space / "made.txt").stat().st_uid == 0  # still the caller's
 
 
+def test_what_is_made_through_the_mount_gets_the_callers_umask(world: World) -> None:
+    """As on the storage root: mode & ~umask of the caller, not of the mount's process."""
+    space = world.root / "shared" / "team"
+    space.mkdir(mode=0o777)
+    space.chmod(0o777)
+    here = world.scratch / "ctx" / "shared" / "team"
+    with mounted(world.root, world.scratch / "ctx"):
+        made = as_user(
+            world.user,
+            f"umask 002 && echo x > {here}/f && mkdir {here}/d && "
+            f"umask 077 && echo x > {here}/g && mkdir {here}/e",
+        )
+        assert made.returncode == 0, made.stderr
+    modes = {name: stat.S_IMODE((space / name).stat().st_mode) for name in "fdge"}
+    assert modes == {"f": 0o664, "d": 0o775, "g": 0o600, "e": 0o700}
+
+
 def test_ctx_umount_ends_the_mount_cleanly(world: World) -> None:
     mountpoint = world.scratch / "ctx"
     with mounted(world.root, mountpoint) as process:
@@ -126,6 +144,16 @@ def test_ctx_umount_removes_a_mount_whose_process_was_killed(world: World) -> No
     finally:
         if in_mount_table(mountpoint):  # the dead mount would outlive the test
             subprocess.run(["umount", "--lazy", str(mountpoint)], check=False)
+
+
+def test_ctx_umount_of_another_uids_mount_is_eperm_and_leaves_it(world: World) -> None:
+    mountpoint = world.scratch / "ctx"
+    with mounted(world.root, mountpoint):
+        refused = as_user(world.user, f"{sys.executable} -m cortexfs umount {mountpoint}")
+        assert refused.returncode == 1, refused.stderr
+        assert refused.stderr.startswith("ctx: EPERM: "), refused.stderr
+        assert "mounted by uid 0" in refused.stderr, refused.stderr
+        assert os.path.ismount(mountpoint)
 
 
 def test_ctx_umount_refuses_what_ctx_mount_did_not_make(world: World) -> None:
@@ -230,6 +258,18 @@ def test_an_agent_sees_only_what_its_authority_lets_it(coder: World) -> None:
         with pytest.raises(FileNotFoundError):
             (mountpoint / "shared" / "secret").stat()
     assert tree(coder.root) == before, "authorisation wrote nothing (T-5)"
+
+
+def test_an_agents_directory_link_counts_do_not_count_what_it_may_not_see(coder: World) -> None:
+    """T-5: tool/ holds a .d directory for every tool on disk; a count of them would tell
+    how many are hidden.  A directory of an agent's view counts 1 ("not counted")."""
+    mountpoint = coder.scratch / "ctx"
+    with mounted(coder.root, mountpoint, "--as", "coder"):
+        for directory in ("", "tool", "shared", "agent", "tool/fs.stat.d"):
+            assert (mountpoint / directory).stat().st_nlink == 1, directory
+    with mounted(coder.root, mountpoint):  # the host's view counts as the disk does
+        tool = coder.root / "tool"
+        assert (mountpoint / "tool").stat().st_nlink == tool.stat().st_nlink > 2
 
 
 def test_an_agent_writes_only_where_its_policy_and_the_modes_allow(coder: World) -> None:
