@@ -3,9 +3,10 @@
 A shared space is a Linux-permission space, nothing more: its directories belong to one group
 and are setgid, so that every file created inside belongs to the space's group, while everyone
 else sees nothing (mode 0 for others).  ``data/`` and ``queue/`` are group-writable (02770):
-the members work with each other's files.  The space's own directory and ``agent/`` also have
-the sticky bit (03770): a member adds entries but never renames or removes another's (the
-host's ``tool/``, ``data/``, ``queue/``, another agent's sessions).  ``tool/`` is the host's
+the members work with each other's files.  The space's own directory, ``agent/`` and
+``queue/`` also have the sticky bit (03770): a member adds entries but never renames or
+removes another's (the host's ``tool/``, ``data/``, ``queue/``, the queue's six directories
+and its config, another agent's sessions).  ``tool/`` is the host's
 (02750): its tools run under the agents' grants, so no member may put code there for another
 to run; the space's owner (who made it) installs them (``ctx object install --tier
 shared:<name>``), and the authority chain refuses a tool any other uid could change.
@@ -149,7 +150,10 @@ def _documented_modes(name: str) -> list[tuple[tuple[str, ...], int]]:
     and the queue's six directories."""
     modes = [((name,), SPACE_ROOT_MODE)]
     modes += [((name, directory), _MODES[directory]) for directory in SPACE_DIRS]
-    modes.append(((name, QUEUE_DIR), SPACE_MODE))
+    # Sticky too: the six state directories and config are the owner's, so a member cannot
+    # rename or remove them (and stop the queue, or have a repair made by root meet a
+    # directory of the member's at that name); what is inside them stays the members' to share.
+    modes.append(((name, QUEUE_DIR), SPACE_ROOT_MODE))
     modes += [((name, QUEUE_DIR, state), SPACE_MODE) for state in STATE_DIRS]
     return modes
 

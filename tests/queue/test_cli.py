@@ -45,7 +45,7 @@ def test_init_makes_the_root_abi_and_the_queue(tmp_path: Path) -> None:
     space = root / "shared" / PROJECT  # a whole shared space, as ctx shared create makes
     assert sorted(os.listdir(space)) == ["agent", "data", "queue", "tool"]
     modes = {d: os.stat(space / d).st_mode & 0o7777 for d in ("", *os.listdir(space))}
-    assert modes == {"": 0o3770, "agent": 0o3770, "data": 0o2770, "queue": 0o2770, "tool": 0o2750}
+    assert modes == {"": 0o3770, "agent": 0o3770, "data": 0o2770, "queue": 0o3770, "tool": 0o2750}
     assert ctx(root, "queue", "init", *P).returncode == 0  # idempotent
 
 

@@ -30,7 +30,8 @@ def test_create_makes_the_four_directories_group_owned_and_setgid(world: World) 
     space = world.root / "shared/proj"
     directories = [space, *(space / name for name in (*SPACE_DIRS, "queue"))]
     directories += [space / "queue" / state for state in STATE_DIRS]
-    modes = {space: 0o3770, space / "agent": 0o3770, space / "tool": 0o2750}
+    modes = {space: 0o3770, space / "agent": 0o3770, space / "queue": 0o3770}
+    modes[space / "tool"] = 0o2750
     for directory in directories:
         status = os.stat(directory)
         assert status.st_gid == SPACE_GROUP, directory
@@ -93,7 +94,8 @@ def test_a_group_given_repairs_the_group_and_mode_of_the_spaces_own_directories(
     report = create_shared_space(world.root, "early", gid=SPACE_GROUP)
     again = create_shared_space(world.root, "early", gid=SPACE_GROUP)
 
-    modes = {space: 0o3770, space / "agent": 0o3770, space / "tool": 0o2750}
+    modes = {space: 0o3770, space / "agent": 0o3770, space / "queue": 0o3770}
+    modes[space / "tool"] = 0o2750
     for directory in (space, *(space / name for name in (*SPACE_DIRS, "queue"))):
         assert os.stat(directory).st_gid == SPACE_GROUP, directory
         assert stat.S_IMODE(os.stat(directory).st_mode) == modes.get(directory, 0o2770), directory
@@ -435,8 +437,7 @@ def test_root_repairing_a_space_makes_the_missing_directory_with_the_spaces_grou
     )
     assert made.returncode == 0, made.stderr
     lease = world.root / "shared/team/queue/lease"
-    removed = run_as(world.user, ["/bin/rmdir", str(lease)])
-    assert removed.returncode == 0, removed.stderr
+    os.rmdir(lease)  # a member may not: queue/ is sticky (see the test below)
 
     repaired = subprocess.run(
         [*CTX, "--storage", str(world.root), *repair], capture_output=True, text=True
@@ -473,7 +474,7 @@ def test_ctx_shared_create_with_the_spaces_group_repairs_a_directory_of_another_
 
 
 def test_a_space_directory_of_another_owner_is_refused_not_repaired(world: World) -> None:
-    """A member who makes a queue directory of its own (queue/ is 02770) keeps it: --group G
+    """A queue directory of a member's own (queue/ is group-writable) is kept: --group G
     does not chmod another uid's directory for it; EPERM names it, nothing changes."""
     base = [*CTX, "--storage", str(world.root), "shared", "create", "team"]
     group = ["--group", str(world.user.gid)]
@@ -481,8 +482,9 @@ def test_a_space_directory_of_another_owner_is_refused_not_repaired(world: World
     lease = world.root / "shared/team/queue/lease"
     data = world.root / "shared/team/data"
     os.chmod(data, 0o2750)  # root's own, to be repaired were anything repaired
-    swapped = run_as(world.user, ["/bin/sh", "-c", f"rmdir {lease} && umask 077 && mkdir {lease}"])
-    assert swapped.returncode == 0, swapped.stderr
+    os.rmdir(lease)  # as an older release let a member do (queue/ was not sticky)
+    made = run_as(world.user, ["/bin/sh", "-c", f"umask 077 && mkdir {lease}"])
+    assert made.returncode == 0, made.stderr
 
     refused = subprocess.run([*base, *group], capture_output=True, text=True)
 
@@ -490,3 +492,18 @@ def test_a_space_directory_of_another_owner_is_refused_not_repaired(world: World
     assert refused.stderr.startswith(f"ctx: EPERM: {lease} belongs to uid {world.user.uid}")
     assert stat.S_IMODE(os.stat(lease).st_mode) == 0o2700  # setgid inherited, mode its own
     assert stat.S_IMODE(os.stat(data).st_mode) == 0o2750, "nothing was changed"
+
+
+def test_a_member_cannot_remove_or_rename_the_queues_own_directories(world: World) -> None:
+    """queue/ is sticky: the six directories and config are the owner's, so a member cannot
+    stop the queue by removing one, nor swap one of its own in for a repair to meet."""
+    create_shared_space(world.root, "team", gid=world.user.gid)
+    queue = world.root / "shared/team/queue"
+
+    removed = run_as(world.user, ["/bin/rmdir", str(queue / "lease")])
+    renamed = run_as(world.user, ["/bin/mv", str(queue / "pending"), str(queue / "old")])
+    unlinked = run_as(world.user, ["/bin/rm", "-f", str(queue / "config")])
+
+    assert stat.S_IMODE(os.stat(queue).st_mode) == 0o3770
+    assert removed.returncode and renamed.returncode and unlinked.returncode
+    assert sorted(os.listdir(queue)) == sorted(["config", *STATE_DIRS])
