@@ -29,7 +29,9 @@ from cortexfs.shared.tree import Ownership, ensure_directories, ensure_home, ope
 DEFAULT_SESSION = "default"
 HOME_SESSION_MODE = 0o700  # the agent's own: agents sharing a group read none of it
 HOME_EVENTS_MODE = 0o600
-SHARED_MODE = 0o2770
+# A space's members may write in a shared session (S-6: with the grants), and none may rename
+# or remove what the agent made there (sticky: its session/, each session, events.jsonl).
+SHARED_MODE = 0o3770
 SHARED_EVENTS_MODE = 0o660
 
 

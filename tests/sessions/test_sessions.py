@@ -50,8 +50,23 @@ def test_a_shared_session_is_group_shared_and_needs_its_space(world: World) -> N
 
     assert missing.value.errno == errno.ENOENT and "ctx shared create" in missing.value.message
     status = os.stat(ref.path)
-    assert stat.S_IMODE(status.st_mode) == 0o2770 and status.st_gid == world.user.gid
+    assert stat.S_IMODE(status.st_mode) == 0o3770 and status.st_gid == world.user.gid
     assert stat.S_IMODE(os.stat(ref.events_path).st_mode) == 0o660
+
+
+def test_another_member_cannot_rename_or_remove_an_agents_shared_session(world: World) -> None:
+    """X-1/S-6: members may write in a shared session (with the grants), never take it away.
+    The agent here runs as root; the member is the test user, in the space's group."""
+    create_shared_space(world.root, "proj", gid=world.user.gid)
+    ref = SessionRef.shared(world.root, "proj", "coder", "design")
+    with open_session(ref, owner=Ownership(0, 0)) as session:
+        session.record("note", object="shared/proj", status="ok")
+
+    renamed = run_as(world.user, ["/bin/mv", str(ref.path), str(ref.path.with_name("gone"))])
+    removed = run_as(world.user, ["/bin/rm", "-f", str(ref.events_path)])
+
+    assert renamed.returncode and removed.returncode
+    assert ref.events_path.exists()
 
 
 def test_an_agents_place_in_a_space_made_by_another_member_is_refused(world: World) -> None:
