@@ -25,6 +25,7 @@ import fcntl
 import json
 import os
 import stat
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -95,6 +96,8 @@ class EventLog:
         installation makes, never a call)."""
         self.path = path
         self._ops = ops or durable.default_ops()
+        self._threads = threading.Lock()  # guards _appending and the descriptor's flock
+        self._appending = 0  # threads of this process between their lock and their unlock
         own_dir_fd = dir_fd is None
         if dir_fd is None:
             dir_fd = durable.open_dir_path(self._ops, str(path.parent))
@@ -146,8 +149,8 @@ class EventLog:
         raise CtxError(errno.EAGAIN, f"{path} kept appearing and disappearing; try again")
 
     def _cut_torn_line(self) -> None:
-        """Truncate a torn last line before an append, which would otherwise be glued onto
-        it, making one unreadable line of a torn fragment and a whole event (S-5).
+        """Truncate a torn last line before the first append, which would otherwise be glued
+        onto it, making one unreadable line of a torn fragment and a whole event (S-5).
 
         Checked under the exclusive lock: appends in flight hold it shared, so a last line
         without its newline seen then is a crash's leftover, not someone's append."""
@@ -161,20 +164,40 @@ class EventLog:
     def append(self, event: Mapping[str, Any], *, durable_event: bool = False) -> None:
         """Append one event as one line; with ``durable_event`` it is on disk when this returns."""
         line = encode_event(event)
-        _lock(self._fd, fcntl.LOCK_SH, self.path)
+        self._begin_append()
         try:
-            if _ends_torn(self._fd):
-                # A writer of this log died in the middle of an append since this one opened
-                # it (a log kept open: a worker's session).  Its fragment is cut first, as an
-                # open cuts it, under the exclusive lock, which waits for appends in flight.
-                fcntl.flock(self._fd, fcntl.LOCK_UN)
-                self._cut_torn_line()
-                _lock(self._fd, fcntl.LOCK_SH, self.path)
             self._ops.write(self._fd, line)
             if durable_event:
                 self._ops.fsync(self._fd)
         finally:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            self._end_append()
+
+    def _begin_append(self) -> None:
+        """Hold the log's shared lock for this thread's append.
+
+        flock belongs to the descriptor, which the threads appending through one log share (a
+        worker's job slots): the first of them to begin takes it and the last to end lets it
+        go, so that no thread's unlock drops the lock another thread's write still needs.  The
+        first one also cuts a fragment that a writer which died mid-append left since the log
+        was opened (S-5), as an open cuts it: no event of this process is half-written then,
+        and the exclusive lock the cut takes waits for other processes' appends."""
+        with self._threads:
+            if self._appending == 0:
+                _lock(self._fd, fcntl.LOCK_SH, self.path)
+                try:
+                    if _ends_torn(self._fd):
+                        _truncate_torn_line(self._ops, self._fd, self.path)
+                        _lock(self._fd, fcntl.LOCK_SH, self.path)
+                except BaseException:
+                    fcntl.flock(self._fd, fcntl.LOCK_UN)
+                    raise
+            self._appending += 1
+
+    def _end_append(self) -> None:
+        with self._threads:
+            self._appending -= 1
+            if self._appending == 0:
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
 
     def sync(self) -> None:
         """Make every event appended so far durable (one fsync for several appends)."""

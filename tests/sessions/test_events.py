@@ -268,6 +268,35 @@ def test_a_log_kept_open_cuts_a_fragment_another_writer_left_before_its_next_app
     assert path.read_bytes() == encode_event(first) + encode_event(next_one)
 
 
+def test_threads_appending_through_one_log_lose_nothing(tmp_path: Path) -> None:
+    """A worker's job slots share its session's log, and so its descriptor and flock: one
+    thread's append must neither drop the lock another's write holds nor take a write still
+    in flight for a torn fragment."""
+    path = tmp_path / "events.jsonl"
+    per_thread = 300
+
+    with EventLog(path) as shared:
+
+        def append_many(thread: int) -> None:
+            for n in range(per_thread):
+                # Long writes among short ones: the kernel copies a long one in pieces.
+                pad = "x" * (60_000 if n % 2 else 10)
+                shared.append(
+                    make_event(
+                        "e", agent="a", session="s", object=f"{thread}.{n}", status="ok", pad=pad
+                    )
+                )
+
+        threads = [threading.Thread(target=append_many, args=(t,)) for t in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+
+    scan = read_events(path)
+    assert (len(scan.events), scan.damaged, scan.torn_tail) == (4 * per_thread, [], 0)
+
+
 def test_repair_waits_for_an_append_in_flight(tmp_path: Path) -> None:
     path = tmp_path / "events.jsonl"
     path.write_bytes(b'{"ts":"x","type":"half')
