@@ -727,10 +727,10 @@ def finish(
         finished = _terminal_evidence(queue, job)
         if finished == [(state, job + RESULT_SUFFIX)] and isinstance(lease, Lease):
             # This claim's own finish, cut short after its result moved in
-            # (_finish_cut_short)?  Finishing it again completes it, as recover --reconcile
-            # would once its holder is gone; the result in place stands.
+            # (_finish_cut_short)?  Finishing it again with the same outcome completes it, as
+            # recover --reconcile would once its holder is gone; the result in place stands.
             by = lease.holder.summary() if worker is None else worker
-            completed = _complete_finish(queue, job, lease, claim_fd, state, by)
+            completed = _complete_finish(queue, job, lease, claim_fd, state, by, output)
             if completed is not None:
                 return completed
         if finished:
@@ -806,20 +806,31 @@ def _move_request_and_clean_up(
 
 
 def _complete_finish(
-    queue: Queue, job: str, lease: Lease, claim_fd: int, state: str, worker: Mapping[str, Any]
+    queue: Queue,
+    job: str,
+    lease: Lease,
+    claim_fd: int,
+    state: str,
+    worker: Mapping[str, Any],
+    output: Any,
 ) -> dict[str, Any] | None:
-    """The rest of a finish cut short once ``<state>/J.result`` was in place, when that result
-    is this claim's, recorded by ``worker``: the request moves beside it and the claim goes,
-    as in :func:`finish`, and the result is returned.  None, with nothing changed, for a
-    result of anyone else's (or no result file at all), which is a conflict.  J's lock is
-    held."""
+    """The rest of a finish cut short once ``<state>/J.result`` was in place, when J is the
+    incomplete pair recover would roll forward and the result is this claim's, recorded by
+    ``worker`` with ``output``: the request moves beside it and the claim goes, as in
+    :func:`finish`, and the result is returned.  None, with nothing changed, otherwise — a
+    result of anyone else's or with another outcome, or a conflict (J pending too…), which
+    nothing resolves automatically (Q-6).  J's lock is held."""
+    if ev.assess(ev.evidence_of(queue, job)).repair != ev.ROLL_FORWARD:
+        return None
     terminal = queue.dirs[state]
     try:
         limit = max(queue.config.max_result_bytes, 1 << 20)  # a failure record may exceed it
         recorded = jsontext.loads_strict(read_regular_file(terminal, job + RESULT_SUFFIX, limit))
     except (OSError, CtxError, ValueError):
         return None
-    if not isinstance(recorded, dict) or recorded.get("worker") != dict(worker):
+    if not isinstance(recorded, dict):
+        return None
+    if recorded.get("worker") != dict(worker) or recorded.get("output") != output:
         return None
     queue.require_writable("finish", (state, "claimed", f"claimed/{job}", "lease", f"lease/{job}"))
     _move_request_and_clean_up(queue, job, lease, claim_fd, terminal)
@@ -921,9 +932,14 @@ def _finish_cut_short(queue: Queue, job: str, lease: Lease | CtxError, exc: OSEr
         then = f"'ctx queue show {job}' shows it"
     elif isinstance(lease, Lease):
         holder = lease.holder
+        again = (
+            "finishing it again with the same outcome completes it now (the result in place "
+            "stands), or "
+            if assessment.repair == ev.ROLL_FORWARD
+            else ""
+        )
         then = (
-            f"finishing it again with the same outcome completes it (the result in place "
-            f"stands), and so does 'ctx queue recover --reconcile' once its lease holder (pid "
+            f"{again}'ctx queue recover --reconcile' completes it once its lease holder (pid "
             f"{holder.pid} on {holder.host}) has exited or its lease has expired"
         )
     else:

@@ -373,8 +373,9 @@ class Worker:
             else:
                 # Recording the outcome failed (ENOSPC, EROFS, EIO…): the next job's would too.
                 reason = (
-                    f"ran, but could not be finished: {describe(exc)}; it stays claimed, and "
-                    "'ctx queue recover' requeues it (to run again) once this worker has exited"
+                    f"ran, but could not be finished: {describe(exc)}; it is left as it is, "
+                    "and 'ctx queue recover --reconcile' completes it (when its result is in "
+                    "place) or requeues it to run again, once this worker has exited"
                 )
                 self._fail(CtxError(exc.errno or errno.EIO, f"job {won.job} {reason}"))
             self.executor.record("queue.lost", won.job, "error", reason=reason)

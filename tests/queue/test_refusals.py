@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -231,17 +233,22 @@ def test_a_finish_cut_short_after_its_result_moved_in_is_completed_by_finishing_
     assert "finishing it again with the same outcome completes it" in cut.value.message
     assert tree(queue_dir)["done"] == [job + ".result"] and tree(queue_dir)["claimed"] == [job]
 
-    completed = finish(queue, job, True, {"n": 2}, holder=me)
+    completed = finish(queue, job, True, {"n": 1}, holder=me)
 
-    assert completed["output"] == {"n": 1}  # the first result stands
+    assert completed["output"] == {"n": 1} and completed["status"] == "ok"
     assert tree(queue_dir) == {
         "inbox": [], "pending": [], "claimed": [], "lease": [], "done": [job, job + ".result"],
         "failed": [],
     }  # fmt: skip
 
 
-def test_a_finish_cut_short_is_not_completed_with_another_outcome(
-    queue: Queue, queue_dir: Path, me: Holder
+@pytest.mark.parametrize(
+    ("ok", "output", "planted"),
+    [(False, {"n": 1}, False), (True, {"n": 2}, False), (True, {"n": 1}, True)],
+    ids=["another status", "another output", "pending too (a conflict)"],
+)
+def test_a_finish_cut_short_is_not_completed_with_another_outcome_or_over_a_conflict(
+    queue: Queue, queue_dir: Path, me: Holder, ok: bool, output: Any, planted: bool
 ) -> None:
     publish(queue, request(), "a")
     job = claim(queue, me).job
@@ -254,9 +261,13 @@ def test_a_finish_cut_short_is_not_completed_with_another_outcome(
 
     with Queue.open(queue_dir, RefusesTheRequestsMove()) as q, pytest.raises(CtxError):
         finish(q, job, True, {"n": 1}, holder=me)
+    if planted:  # the same name published again meanwhile: recover never touches it
+        shutil.copy(queue_dir / "claimed" / job / job, queue_dir / "pending" / job)
+    before = tree(queue_dir)
 
     with pytest.raises(CtxError) as refused:
-        finish(queue, job, False, {"n": 2}, holder=me)
+        finish(queue, job, ok, output, holder=me)
 
     assert refused.value.errno == errno.EEXIST
-    assert tree(queue_dir)["failed"] == [] and tree(queue_dir)["claimed"] == [job]
+    assert tree(queue_dir) == before
+    assert tree(queue_dir)["claimed"] == [job]
