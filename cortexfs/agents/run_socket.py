@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import selectors
 import signal
 import socket
 import struct
@@ -40,6 +41,7 @@ from cortexfs.shared.sessions import SessionRef
 
 _MAX_REQUEST = 1024 * 1024
 REQUEST_SECONDS = 2.0  # for tsh's message to arrive once it has connected
+MAX_WAITING = 64  # connections whose message has not arrived yet, each holding a descriptor
 CALL_END_SECONDS = 2.0  # for the calls running when the terminal ends to record their end
 _REFUSED = 126  # tsh's status for a call the host did not run
 Request = dict[str, object]
@@ -76,21 +78,52 @@ class RunSocket:
     """The calls tsh asked for: started, interrupted, reaped."""
 
     def __init__(
-        self, root: Path, view: AgentView, session: SessionRef, workspace: Path | None
+        self,
+        root: Path,
+        view: AgentView,
+        session: SessionRef,
+        workspace: Path | None,
+        selector: selectors.BaseSelector,
     ) -> None:
         self.root = root
         self.view = view
         self.session = session
         self.workspace = workspace
+        self.selector = selector  # the terminal's loop, where each message is awaited
+        self.waiting: dict[socket.socket, float] = {}  # connections yet to send, their deadline
         self.calls: set[int] = set()  # children running a tool for tsh
         self.sandbox: Namespace | None = None  # tsh's pid namespace; None: no peer is admitted
 
     def serve(self, connection: socket.socket) -> None:
-        """One message from tsh: a command line to run as the agent in a child process, which
-        answers with its exit status; or an interrupt for the running calls.  tsh sends its
-        message as it connects; a peer that sends nothing within :data:`REQUEST_SECONDS` is
-        dropped, since this runs in the loop that serves the whole terminal."""
-        connection.settimeout(REQUEST_SECONDS)
+        """A connection to the run socket: its message is read once it has arrived (tsh sends
+        it as it connects), from the loop that serves the whole terminal, which never waits
+        for it.  One that sends nothing within :data:`REQUEST_SECONDS` is dropped
+        (:meth:`drop_silent`), and so is one beyond :data:`MAX_WAITING`."""
+        if len(self.waiting) >= MAX_WAITING:
+            connection.close()
+            return
+        connection.setblocking(False)
+        self.waiting[connection] = time.monotonic() + REQUEST_SECONDS
+        self.selector.register(connection, selectors.EVENT_READ, self._request)
+
+    def drop_silent(self) -> None:
+        """Drop the connections whose message has not come within :data:`REQUEST_SECONDS`."""
+        now = time.monotonic()
+        for connection, deadline in list(self.waiting.items()):
+            if deadline <= now:
+                self._stop_waiting(connection)
+                connection.close()
+
+    def _stop_waiting(self, connection: socket.socket) -> None:
+        self.waiting.pop(connection, None)
+        with contextlib.suppress(KeyError, ValueError):
+            self.selector.unregister(connection)
+
+    def _request(self, connection: socket.socket) -> None:
+        """The message of ``connection`` has arrived: a command line to run as the agent in a
+        child process, which answers with its exit status; or an interrupt for the running
+        calls."""
+        self._stop_waiting(connection)
         with connection:
             try:
                 request, descriptors = self._read_request(connection)
@@ -129,10 +162,14 @@ class RunSocket:
                 os.kill(pid, signal.SIGINT)
 
     def end(self, grace: float = CALL_END_SECONDS) -> None:
-        """The terminal is ending: no call outlives it.  Each running call is interrupted
+        """The terminal is ending: no call outlives it.  Connections whose message has not come
+        are closed; each running call is interrupted
         (the runner passes SIGINT on to its tool's group and records the call's result);
         a call still running after ``grace`` seconds is killed, and its tool with it (the
         tool dies with the process that started it: its parent-death signal)."""
+        for connection in list(self.waiting):
+            self._stop_waiting(connection)
+            connection.close()
         self.interrupt()
         deadline = time.monotonic() + grace
         while self.calls and time.monotonic() < deadline:

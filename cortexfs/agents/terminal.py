@@ -96,7 +96,7 @@ class Terminal:
         self.stopping = False
         self.started = False  # tsh runs and the start is recorded
         self.session_made = False  # prepare() made the session's directory
-        self.run_calls = RunSocket(root, self.view, self.session, self.workspace)
+        self.run_calls = RunSocket(root, self.view, self.session, self.workspace, self.selector)
         self.resting: dict[socket.socket, tuple[Callable[[socket.socket], None], float]] = {}
 
     def workspace_source(self) -> PurePosixPath | None:
@@ -346,6 +346,7 @@ class Terminal:
                 for key, _ in self.selector.select(timeout=0.2):
                     key.data(key.fileobj)
                 self.run_calls.reap()
+                self.run_calls.drop_silent()
                 self.clients.drop_silent()
                 self._wake_rested()
                 assert self.shell is not None

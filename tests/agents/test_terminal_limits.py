@@ -140,14 +140,16 @@ def test_a_run_socket_peer_that_sends_nothing_does_not_stall_the_terminal(world:
     world.allow_tool("fs.stat")
     with running_terminal(world, "coder") as facts:
         run_socket = Path(facts["listening_at"]).parent / "private" / "run.sock"
-        silent = socket.socket(socket.AF_UNIX)
-        silent.connect(str(run_socket))
-        time.sleep(0.5)  # the terminal has taken the connection and waits for its message
+        silent = [socket.socket(socket.AF_UNIX) for _ in range(8)]
+        for connection in silent:
+            connection.connect(str(run_socket))
+        time.sleep(0.5)  # the terminal has taken the connections; their messages never come
 
         watcher = Client(facts["listening_at"], "watch")
-        watcher.expect(r"coder\$ ", timeout=10)
+        watcher.expect(r"coder\$ ", timeout=5)  # not after 8 waits of 2 s each
 
-        silent.settimeout(10)
-        assert silent.recv(4096) == b"", "a connection that said nothing is dropped"
+        for connection in silent:
+            connection.settimeout(10)
+            assert connection.recv(4096) == b"", "a connection that said nothing is dropped"
+            connection.close()
         watcher.close()
-        silent.close()
