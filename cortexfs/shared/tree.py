@@ -121,10 +121,11 @@ def find_repairs(
     A directory of group ``regrouping`` (which the caller is giving ``gid`` anyway) needs no
     repair for its group alone.
 
-    EPERM, with nothing opened kept, naming the first that belongs neither to ``made_by`` (the
-    uid that made the tree) nor to the caller but root: a directory put in the tree by
-    someone else is theirs, and its group and mode are not changed on their behalf.  Missing
-    ones are skipped: creating them is :func:`ensure_directories`' job."""
+    EPERM, with nothing opened kept, naming the first that does not belong to ``made_by`` (the
+    uid that made the tree: a directory put in it by someone else is theirs, and its group
+    and mode are not changed on their behalf), or that the caller, neither root nor its
+    owner, may not change.  Missing ones are skipped: creating them is
+    :func:`ensure_directories`' job."""
     repairs: list[Repair] = []
     try:
         for parts, mode in wanted:
@@ -138,14 +139,22 @@ def find_repairs(
                 continue
             path = top.joinpath(*parts)
             repairs.append(Repair(fd, path, status, mode))
-            if status.st_uid != made_by or os.geteuid() not in (0, status.st_uid):
+            wrong = (
+                f"its group {status.st_gid} and mode {stat.S_IMODE(status.st_mode):04o} should "
+                f"be {gid} and {mode:04o}"
+            )
+            if status.st_uid != made_by:
                 raise CtxError(
                     errno.EPERM,
                     f"{path} belongs to uid {status.st_uid}, not to uid {made_by}, who made "
-                    f"{top}: its group {status.st_gid} and mode "
-                    f"{stat.S_IMODE(status.st_mode):04o} should be {gid} and {mode:04o}, but "
-                    "they are not changed for another owner; nothing was changed (move it aside "
-                    "and run the command again, which makes it anew)",
+                    f"the rest: {wrong}, but they are not changed for another owner; nothing "
+                    "was changed (move it aside and run the command again, which makes it anew)",
+                )
+            if os.geteuid() not in (0, status.st_uid):
+                raise CtxError(
+                    errno.EPERM,
+                    f"{path}: {wrong}, and only root or its owner, uid {status.st_uid}, may "
+                    "change them; nothing was changed",
                 )
     except BaseException:
         close_repairs(ops, repairs)

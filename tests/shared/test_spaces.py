@@ -507,3 +507,17 @@ def test_a_member_cannot_remove_or_rename_the_queues_own_directories(world: Worl
     assert stat.S_IMODE(os.stat(queue).st_mode) == 0o3770
     assert removed.returncode and renamed.returncode and unlinked.returncode
     assert sorted(os.listdir(queue)) == sorted(["config", *STATE_DIRS])
+
+
+def test_a_member_asking_for_a_repair_of_roots_directory_is_told_who_may(world: World) -> None:
+    base = ["shared", "create", "team", "--group", str(world.user.gid)]
+    assert subprocess.run([*CTX, "--storage", str(world.root), *base]).returncode == 0
+    data = world.root / "shared/team/data"
+    os.chmod(data, 0o2750)
+
+    refused = _member_ctx(world, *base)
+
+    assert refused.returncode == 1, refused
+    assert refused.stderr.startswith(f"ctx: EPERM: {data}: its group"), refused.stderr
+    assert "only root or its owner, uid 0, may change them" in refused.stderr
+    assert stat.S_IMODE(os.stat(data).st_mode) == 0o2750
