@@ -36,7 +36,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from cortexfs import jsontext
-from cortexfs.errors import CtxError
+from cortexfs.errors import HOST_SHORTAGES, CtxError
 from cortexfs.mcp.client import StdioClient
 from cortexfs.mcp.config import MAX_CONFIG_BYTES, ServerSpec, parse_server
 from cortexfs.strict_modes import loose_entry
@@ -49,10 +49,10 @@ LOCATOR_KEYS = ("transport", "config", "server", "tool")
 
 def read_locator(executable: str) -> dict[str, str]:
     """The ``mcp`` control of the tool whose executable is ``executable``."""
-    path = Path(os.path.abspath(executable) + ".d") / "mcp"
+    path, data = _control(executable, "mcp", "MCP locator")
     try:
-        locator = json.loads(path.read_bytes())
-    except (OSError, ValueError) as exc:
+        locator = json.loads(data)
+    except ValueError as exc:
         raise ToolFailure(errno.ENOEXEC, f"{path} is not a readable MCP locator: {exc}") from None
     if not isinstance(locator, dict) or sorted(locator) != sorted(LOCATOR_KEYS):
         raise ToolFailure(errno.ENOEXEC, f"{path} must hold exactly {', '.join(LOCATOR_KEYS)}")
@@ -63,14 +63,26 @@ def read_locator(executable: str) -> dict[str, str]:
 
 def read_schema(executable: str) -> dict[str, Any]:
     """The ``schema`` control of the tool whose executable is ``executable``."""
-    path = Path(os.path.abspath(executable) + ".d") / "schema"
+    path, data = _control(executable, "schema", "JSON Schema")
     try:
-        schema = jsontext.loads_strict(path.read_bytes())
-    except (OSError, ValueError) as exc:
+        schema = jsontext.loads_strict(data)
+    except ValueError as exc:
         raise ToolFailure(errno.ENOEXEC, f"{path} is not a readable JSON Schema: {exc}") from None
     if not isinstance(schema, dict):
         raise ToolFailure(errno.ENOEXEC, f"{path} is not a JSON Schema object")
     return schema
+
+
+def _control(executable: str, name: str, what: str) -> tuple[Path, bytes]:
+    """The path and bytes of control ``name`` of the tool whose executable is
+    ``executable``: ENOEXEC (a damaged tool) when it cannot be read, but the host's shortage
+    of descriptors, memory or space with its own errno, since that is no damage."""
+    path = Path(os.path.abspath(executable) + ".d") / name
+    try:
+        return path, path.read_bytes()
+    except OSError as exc:
+        code = exc.errno if exc.errno in HOST_SHORTAGES else errno.ENOEXEC
+        raise ToolFailure(code, f"{path} is not a readable {what}: {exc.strerror}") from None
 
 
 def check_arguments(schema: dict[str, Any], request: dict[str, Any], tool: str) -> None:
