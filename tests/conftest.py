@@ -1,6 +1,7 @@
 """Suite-wide setup: keep the claim-order hints of the tests' throwaway queues out of the
-machine's cache directory (``ctx queue claim`` keeps one per queue, see docs/queue.md), and
-run every command with the standard streams a user's shell gives it."""
+machine's cache directory (``ctx queue claim`` keeps one per queue, see docs/queue.md), run
+every command with the standard streams a user's shell gives it, and give Hypothesis no
+deadline (the suite runs on loaded CI machines; speed is measured in bench/, not here)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,10 @@ import shutil
 import tempfile
 
 import pytest
+from hypothesis import settings
+
+settings.register_profile("suite", deadline=None)
+settings.load_profile("suite")
 
 
 def pytest_configure(config: pytest.Config) -> None:

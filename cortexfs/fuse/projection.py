@@ -44,8 +44,8 @@ class AgentProjection(Projection):
     def __init__(self, root: Path, agent: str) -> None:
         self.root = root
         self.agent = agent
+        self._loaded_at = time.monotonic()  # before the read: the facts are at least this old
         self._view = AgentView.load(root, agent)  # ENOENT now, not at the first lookup
-        self._loaded_at = time.monotonic()
         self._tools = RecentDecisions()
 
     @property
@@ -54,8 +54,9 @@ class AgentProjection(Projection):
         added to or removed from its policy shows in the view as soon as the kernel asks
         again."""
         if time.monotonic() - self._loaded_at >= FRESH_SECONDS:
+            read_at = time.monotonic()
             self._view = AgentView.load(self.root, self.agent)
-            self._loaded_at = time.monotonic()
+            self._loaded_at = read_at
         return self._view
 
     def visible(self, parts: Parts) -> bool:
