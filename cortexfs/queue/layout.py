@@ -12,12 +12,12 @@ import errno
 import fcntl
 import os
 import stat
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from cortexfs import durable, keyvalue
 from cortexfs.errors import CtxError, invalid, not_found
+from cortexfs.locks import flock_within
 from cortexfs.queue.claim_order import ClaimOrder, start_hint
 from cortexfs.queue.holder import check_ttl
 from cortexfs.storage import check_space_name, not_readable, require_writable
@@ -459,18 +459,9 @@ def lock_dir(fd: int, *, within: float) -> bool:
     flock on directories (some NFS setups) report the lock as taken by us and rely on the
     liveness rules alone.
     """
-    deadline = time.monotonic() + within
-    pause = 0.001
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    try:
+        return flock_within(fd, fcntl.LOCK_EX, within)
+    except OSError as exc:
+        if exc.errno in (errno.EBADF, errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL):
             return True
-        except BlockingIOError:
-            if time.monotonic() >= deadline:
-                return False
-        except OSError as exc:
-            if exc.errno in (errno.EBADF, errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL):
-                return True
-            raise
-        time.sleep(pause)
-        pause = min(2 * pause, 0.05)
+        raise

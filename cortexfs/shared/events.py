@@ -33,6 +33,7 @@ from typing import Any
 
 from cortexfs import durable, jsontext
 from cortexfs.errors import CtxError, invalid, too_big
+from cortexfs.locks import flock_within
 from cortexfs.shared.tree import Ownership
 from cortexfs.timefmt import rfc3339
 
@@ -430,22 +431,13 @@ def _lock(fd: int, kind: int, path: Path | None) -> None:
     """``flock(fd, kind)``, waiting at most :data:`LOCK_WAIT_SECONDS`: a process that keeps a
     log locked (anyone who may open it may lock it) must not hold a tool call, a worker or
     ``ctx session repair`` forever.  EAGAIN, saying so, when the wait runs out."""
-    deadline = time.monotonic() + LOCK_WAIT_SECONDS
-    pause = 0.001
-    while True:
-        try:
-            fcntl.flock(fd, kind | fcntl.LOCK_NB)
-            return
-        except BlockingIOError:
-            if time.monotonic() >= deadline:
-                raise CtxError(
-                    errno.EAGAIN,
-                    f"{path or 'the event log'} stayed locked by another process for "
-                    f"{LOCK_WAIT_SECONDS:g} s; an append or repair takes milliseconds, so "
-                    "something keeps it locked: find it with 'fuser' and end it",
-                ) from None
-            time.sleep(pause)
-            pause = min(pause * 2, 0.05)
+    if not flock_within(fd, kind, LOCK_WAIT_SECONDS):
+        raise CtxError(
+            errno.EAGAIN,
+            f"{path or 'the event log'} stayed locked by another process for "
+            f"{LOCK_WAIT_SECONDS:g} s; an append or repair takes milliseconds, so "
+            "something keeps it locked: find it with 'fuser' and end it",
+        )
 
 
 def _truncate_torn_line(ops: durable.FsOps, fd: int, path: Path | None = None) -> int:
