@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from unittest import mock
 
-from cortexfs.queue import Holder, init_queue, layout
+from cortexfs import locks
+from cortexfs.queue import Holder, init_queue
 from tests.crash.expectations import Expectations
 from tests.crash.microops import Ack, Attempt, Executed, Returned, Step
 from tests.crash.oracle import Oracle
@@ -42,9 +43,11 @@ def scratch_dir() -> Iterator[Path]:
 
 class NoFlock:
     """:mod:`fcntl` as a filesystem without flock on directories shows it: every flock fails
-    with ENOLCK, which :func:`cortexfs.queue.layout.lock_dir` reports as taken (N-1)."""
+    with ENOLCK, which :func:`cortexfs.queue.layout.lock_dir` reports as taken (N-1).  It
+    stands in where the flock is taken, :mod:`cortexfs.locks` (the queue's workloads write
+    no event log, whose locks go through it too)."""
 
-    LOCK_EX, LOCK_NB = fcntl.LOCK_EX, fcntl.LOCK_NB
+    LOCK_SH, LOCK_EX, LOCK_NB = fcntl.LOCK_SH, fcntl.LOCK_EX, fcntl.LOCK_NB
 
     @staticmethod
     def flock(fd: int, operation: int) -> None:
@@ -53,7 +56,7 @@ class NoFlock:
 
 @contextmanager
 def without_flock() -> Iterator[None]:
-    with mock.patch.object(layout, "fcntl", NoFlock()):
+    with mock.patch.object(locks, "fcntl", NoFlock()):
         yield
 
 
