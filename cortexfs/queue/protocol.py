@@ -443,7 +443,8 @@ def claim_job(
         try:
             _lock_job(claim_fd, job)
         except CtxError:
-            _abandon_claim_dir(queue, job)
+            if _still_linked(queue.claimed, job, claim_fd):  # not another claimer's by now
+                _abandon_claim_dir(queue, job)
             raise
         if not _still_linked(queue.claimed, job, claim_fd):
             # recover removed our empty claim directory before we locked it: we lost.

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from cortexfs.durable import FsOps
 from cortexfs.errors import CtxError
 from cortexfs.queue import (
     Holder,
@@ -238,3 +239,34 @@ def test_a_lock_held_for_long_by_another_process_is_named_not_waited_for(
     assert f"claimed/{job} has been locked by another process (pid {locker})" in str(refused.value)
     assert time.monotonic() - began < 5
     assert os.listdir(queue_dir / "claimed") == [job]  # nothing moved: the job is still ours
+
+
+def test_a_claim_whose_new_directory_another_process_locks_gives_up_and_leaves_no_trace(
+    queue_dir: Path, me: Holder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A member locks claimed/J between the claimer's mkdir and its lock: the claim fails
+    with EAGAIN once the wait is over, and J is pending as before, claimable."""
+    monkeypatch.setattr(protocol, "LOCK_WAIT_SECONDS", 0.5)
+    lockers: list[subprocess.Popen[bytes]] = []
+
+    class LockedRightAfterMkdir(FsOps):
+        def mkdir(self, name: str, dir_fd: int, mode: int = 0o777) -> None:
+            super().mkdir(name, dir_fd, mode)
+            path = f"/proc/self/fd/{dir_fd}/{name}"
+            lockers.append(subprocess.Popen(["flock", os.path.realpath(path), "sleep", "60"]))
+            time.sleep(0.3)
+
+    with Queue.open(queue_dir) as plain:
+        job = publish(plain, request(), "a")
+    try:
+        with Queue.open(queue_dir, LockedRightAfterMkdir()) as q, pytest.raises(CtxError) as held:
+            claim(q, me)
+    finally:
+        for locker in lockers:
+            locker.kill()
+            locker.wait()
+
+    assert held.value.errno == errno.EAGAIN
+    assert os.listdir(queue_dir / "claimed") == [] and os.listdir(queue_dir / "pending") == [job]
+    with Queue.open(queue_dir) as plain:
+        assert claim(plain, me).job == job
