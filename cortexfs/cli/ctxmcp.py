@@ -156,9 +156,12 @@ def project_command(
     A candidate's mcp locator holds the transport (stdio), --runtime-config, the server and
     the tool; the configuration's command, arguments and environment are never copied.
     Tools whose projected name is illegal (R-3), that the server lists more than once
-    (neither copy is written), or whose input schema is missing, not a valid JSON Schema
-    or of a type that admits no arguments object are reported on stderr and skipped, and
-    the exit status is then 1; the others are written.
+    (neither copy is written), or whose input schema is missing, not a valid JSON Schema,
+    of a type that admits no arguments object, nested deeper than a manifest holds, holding
+    a lone surrogate, or with a $ref or $id that does not resolve inside it are reported on
+    stderr and skipped, and the exit status is then 1; the others are written, all or none.
+    A listing past 1000 pages or a message nested deeper than 512 levels is the server's
+    protocol error (EPROTO).
     An OUT inside /ctx, inside any other 'ctx mount' or inside the storage root is refused
     (EINVAL, exit 2) before the server starts: ctxmcp writes nothing there (M-1).
     A candidate already in OUT is never overwritten silently: the projection is refused

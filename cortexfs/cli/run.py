@@ -36,7 +36,8 @@ as given ('--' and words that look like options included).  A '--' before TOOL e
 options, for a TOOL that starts with '-'.
 
 Terminal CLI mode (default): ARGs are passed as they are, stdin/stdout/stderr are the
-tool's; the exit status is the tool's (126: refused, 127: not found).  In either mode a
+tool's; the exit status is the tool's (126: refused, 127: not found; 1 when it exited 0
+but its result could not be recorded).  In either mode a
 malformed command line (an agent, tool, space or session name that is not an object name,
 R-3) is EINVAL, exit 2, nothing run or recorded.
 

@@ -35,10 +35,10 @@ def create(name: str, group: str | None, storage_dir: Path | None, as_json: bool
     """Create shared space NAME, or complete it where parts are missing.
 
     Its directories belong to the group and are setgid, so everything created inside
-    belongs to the group and nobody else sees in: data/ and queue/ group-writable (2770),
-    the space and agent/ also sticky (3770: members never rename or remove each other's
-    entries), tool/ the owner's alone (2750: members run its tools, only the owner installs
-    them).  Which agents
+    belongs to the group and nobody else sees in: data/ and the queue's six directories
+    group-writable (2770), the space, agent/ and queue/ also sticky (3770: members never
+    rename or remove each other's entries), tool/ the owner's alone (2750: members run its
+    tools, only the owner installs them).  Which agents
     may use it is then up to their uid/gid, mounts and policy (shared:NAME read|write).
     Without --group, parts that are missing are made with the group the space has (or,
     for a new space, yours), and existing parts are left as they are.  --group G given for

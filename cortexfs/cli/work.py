@@ -201,8 +201,10 @@ def work(queue_dir: Path, as_json: bool, agent: str | None, kind: str, **worker:
     worker sleeps on an inotify watch of pending/ (re-checking at least every 2 s).
 
     SIGTERM or ^C: stop claiming, let running jobs finish, exit 0.  ^C twice: abort running
-    jobs (recover requeues them) and exit 130.  An unexpected error in a job slot stops the
-    worker the same way, and it exits 1 naming the error (EIO).
+    jobs (recover requeues them) and exit 130.  An error in a job slot that is not a job's
+    failure stops the worker the same way, and it exits 1 naming the error with its errno
+    (ENOSPC, EROFS, EMFILE…; EIO for an unexpected one); a job whose tool the host could not
+    start for want of descriptors, memory or space stays claimed for recover.
 
     With --json, each event (claim, finish, stop, ...) is one JSON object on its own line of
     stdout (JSON Lines), as it happens.
