@@ -212,6 +212,23 @@ def test_a_claim_refused_before_the_move_leaves_no_empty_claim_directory(
     assert claim(queue, me).job == job
 
 
+def finish_cut_short(
+    queue_dir: Path, job: str, me: Holder, code: int
+) -> pytest.ExceptionInfo[CtxError]:
+    """Finish ``job`` ok with ``{"n": 1}``, the move of its request refused with ``code``
+    once the result is in place; the error that finish raised."""
+
+    class RefusesTheRequestsMove(FsOps):
+        def rename_noreplace(self, src: str, src_dir_fd: int, dst: str, dst_dir_fd: int) -> None:
+            if dst == job:
+                raise OSError(code, os.strerror(code))
+            super().rename_noreplace(src, src_dir_fd, dst, dst_dir_fd)
+
+    with Queue.open(queue_dir, RefusesTheRequestsMove()) as q, pytest.raises(CtxError) as cut:
+        finish(q, job, True, {"n": 1}, holder=me)
+    return cut
+
+
 def test_a_finish_cut_short_after_its_result_moved_in_is_completed_by_finishing_again(
     queue: Queue, queue_dir: Path, me: Holder
 ) -> None:
@@ -221,14 +238,8 @@ def test_a_finish_cut_short_after_its_result_moved_in_is_completed_by_finishing_
     publish(queue, request(), "a")
     job = claim(queue, me).job
 
-    class RefusesTheRequestsMove(FsOps):
-        def rename_noreplace(self, src: str, src_dir_fd: int, dst: str, dst_dir_fd: int) -> None:
-            if dst == job:
-                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-            super().rename_noreplace(src, src_dir_fd, dst, dst_dir_fd)
+    cut = finish_cut_short(queue_dir, job, me, errno.ENOSPC)
 
-    with Queue.open(queue_dir, RefusesTheRequestsMove()) as q, pytest.raises(CtxError) as cut:
-        finish(q, job, True, {"n": 1}, holder=me)
     assert cut.value.errno == errno.ENOSPC
     assert "finishing it again with the same outcome completes it" in cut.value.message
     assert tree(queue_dir)["done"] == [job + ".result"] and tree(queue_dir)["claimed"] == [job]
@@ -252,15 +263,7 @@ def test_a_finish_cut_short_is_not_completed_with_another_outcome_or_over_a_conf
 ) -> None:
     publish(queue, request(), "a")
     job = claim(queue, me).job
-
-    class RefusesTheRequestsMove(FsOps):
-        def rename_noreplace(self, src: str, src_dir_fd: int, dst: str, dst_dir_fd: int) -> None:
-            if dst == job:
-                raise OSError(errno.EIO, os.strerror(errno.EIO))
-            super().rename_noreplace(src, src_dir_fd, dst, dst_dir_fd)
-
-    with Queue.open(queue_dir, RefusesTheRequestsMove()) as q, pytest.raises(CtxError):
-        finish(q, job, True, {"n": 1}, holder=me)
+    finish_cut_short(queue_dir, job, me, errno.EIO)
     if planted:  # the same name published again meanwhile: recover never touches it (Q-6)
         shutil.copy(queue_dir / "claimed" / job / job, queue_dir / "pending" / job)
     before = tree(queue_dir)
