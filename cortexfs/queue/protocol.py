@@ -900,7 +900,13 @@ def remove_claim_and_lease(queue: Queue, job: str) -> None:
     removals: list[tuple[int, str, bool]] = []
     lease_fd = None
     with contextlib.suppress(FileNotFoundError, NotADirectoryError):
-        lease_fd = queue.open_job_dir("lease", job)
+        try:
+            lease_fd = queue.open_job_dir("lease", job)
+        except OSError as exc:
+            if exc.errno not in (errno.EMFILE, errno.ENFILE):
+                raise
+            # No descriptor to spare (a claim refused for that very reason): an empty lease/J
+            # goes all the same, and one that holds a lease fails at its rmdir (ENOTEMPTY).
     try:
         if lease_fd is not None:
             removals.append((lease_fd, LEASE_FILE, False))

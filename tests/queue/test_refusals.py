@@ -274,3 +274,31 @@ def test_a_finish_cut_short_is_not_completed_with_another_outcome_or_over_a_conf
     assert refused.value.errno == errno.EEXIST
     assert tree(queue_dir) == before
     assert tree(queue_dir)["claimed"] == [job]
+
+
+def test_a_claim_refused_for_want_of_descriptors_at_its_lease_leaves_no_trace(
+    queue: Queue, queue_dir: Path, me: Holder
+) -> None:
+    """Out of descriptors when it opens lease/J, the claim puts J back; its clean-up, which
+    would open lease/J again, must not fail the same way and leave an empty claimed/J."""
+    job = publish(queue, request(), "a")
+
+    class NoDescriptorForTheLease(FsOps):
+        lease: int | None = None
+
+        def open_dir(self, name: str, dir_fd: int | None = None) -> int:
+            if self.lease is not None and dir_fd == self.lease:
+                raise OSError(errno.EMFILE, os.strerror(errno.EMFILE), name)
+            return super().open_dir(name, dir_fd)
+
+    ops = NoDescriptorForTheLease()
+    with Queue.open(queue_dir, ops) as q:
+        ops.lease = q.lease
+        with pytest.raises(OSError) as refused:
+            claim(q, me)
+
+    assert refused.value.errno == errno.EMFILE
+    assert tree(queue_dir) == {
+        "inbox": [], "pending": [job], "claimed": [], "lease": [], "done": [], "failed": []
+    }  # fmt: skip
+    assert claim(queue, me).job == job
