@@ -318,11 +318,9 @@ def _run(
                 f"the worker stopped on an unexpected error in a job slot ({summary.failure}); "
                 "a job it was claiming may stay claimed: run 'ctx queue recover'",
             )
+        # The failure says what became of its job (lost, or left claimed for recover).
         raise CtxError(
-            summary.failure_errno,
-            f"the worker stopped: {summary.failure.partition(': ')[2]}; a job it was running "
-            "or claiming may stay claimed: 'ctx queue recover' requeues it now that the "
-            "worker has exited",
+            summary.failure_errno, f"the worker stopped: {summary.failure.partition(': ')[2]}"
         )
     if summary.aborted:
         sys.exit(EXIT_ABORTED)

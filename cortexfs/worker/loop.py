@@ -361,7 +361,11 @@ class Worker:
             # The tool never started for want of descriptors, memory or space: not the job's
             # failure, and every job after it would meet the same.  It stays claimed, and
             # recover requeues it once this worker is gone.
-            raise CtxError(short, f"job {won.job} did not run: {outcome.reason}")
+            raise CtxError(
+                short,
+                f"job {won.job} did not run: {outcome.reason}; it stays claimed, and 'ctx queue "
+                "recover' requeues it once this worker has exited",
+            )
         try:
             outcome = self._finish(queue, holder, won.job, outcome, started)
         except (CtxError, OSError) as exc:
