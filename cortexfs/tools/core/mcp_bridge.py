@@ -32,6 +32,7 @@ import json
 import os
 import stat
 import sys
+from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -49,11 +50,7 @@ LOCATOR_KEYS = ("transport", "config", "server", "tool")
 
 def read_locator(executable: str) -> dict[str, str]:
     """The ``mcp`` control of the tool whose executable is ``executable``."""
-    path, data = _control(executable, "mcp", "MCP locator")
-    try:
-        locator = json.loads(data)
-    except ValueError as exc:
-        raise ToolFailure(errno.ENOEXEC, f"{path} is not a readable MCP locator: {exc}") from None
+    path, locator = _json_control(executable, "mcp", "MCP locator", json.loads)
     if not isinstance(locator, dict) or sorted(locator) != sorted(LOCATOR_KEYS):
         raise ToolFailure(errno.ENOEXEC, f"{path} must hold exactly {', '.join(LOCATOR_KEYS)}")
     if locator["transport"] != "stdio":
@@ -63,26 +60,27 @@ def read_locator(executable: str) -> dict[str, str]:
 
 def read_schema(executable: str) -> dict[str, Any]:
     """The ``schema`` control of the tool whose executable is ``executable``."""
-    path, data = _control(executable, "schema", "JSON Schema")
-    try:
-        schema = jsontext.loads_strict(data)
-    except ValueError as exc:
-        raise ToolFailure(errno.ENOEXEC, f"{path} is not a readable JSON Schema: {exc}") from None
+    path, schema = _json_control(executable, "schema", "JSON Schema", jsontext.loads_strict)
     if not isinstance(schema, dict):
         raise ToolFailure(errno.ENOEXEC, f"{path} is not a JSON Schema object")
     return schema
 
 
-def _control(executable: str, name: str, what: str) -> tuple[Path, bytes]:
-    """The path and bytes of control ``name`` of the tool whose executable is
-    ``executable``: ENOEXEC (a damaged tool) when it cannot be read, but the host's shortage
-    of descriptors, memory or space with its own errno, since that is no damage."""
+def _json_control(
+    executable: str, name: str, what: str, loads: Callable[[bytes], Any]
+) -> tuple[Path, Any]:
+    """The path and the JSON value (read by ``loads``) of control ``name`` of the tool whose
+    executable is ``executable``: ENOEXEC (a damaged tool) when it cannot be read or is not
+    JSON, but the host's shortage of descriptors, memory or space with its own errno, since
+    that is no damage."""
     path = Path(os.path.abspath(executable) + ".d") / name
     try:
-        return path, path.read_bytes()
+        return path, loads(path.read_bytes())
     except OSError as exc:
         code = exc.errno if exc.errno in HOST_SHORTAGES else errno.ENOEXEC
         raise ToolFailure(code, f"{path} is not a readable {what}: {exc.strerror}") from None
+    except ValueError as exc:
+        raise ToolFailure(errno.ENOEXEC, f"{path} is not a readable {what}: {exc}") from None
 
 
 def check_arguments(schema: dict[str, Any], request: dict[str, Any], tool: str) -> None:
