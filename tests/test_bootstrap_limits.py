@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.cli import ctx
+from tests.support.storage import small_tmpfs
 from tests.support.storage import traversable_tmp as traversable_tmp
 
 PATH_MAX = 4096
@@ -25,14 +26,8 @@ PATH_MAX = 4096
 def small_disk(traversable_tmp: Path) -> Iterator[Path]:
     if os.geteuid() != 0:
         pytest.skip("needs root to mount a tmpfs")
-    disk = traversable_tmp / "disk"
-    disk.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)]).returncode:
-        pytest.skip("cannot mount a tmpfs here")
-    try:
+    with small_tmpfs(traversable_tmp / "disk", "1m") as disk:
         yield disk
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], check=False)
 
 
 def _problems(stdout: str) -> list[str]:

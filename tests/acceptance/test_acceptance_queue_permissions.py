@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.acceptance.ctxcli import CTX_ARGV, clean_env, ctx_run, request
+from tests.support.storage import small_tmpfs
 from tests.support.storage import traversable_tmp as traversable_tmp
 from tests.support.users import UnprivilegedUser, run_as
 from tests.support.users import unprivileged_user as unprivileged_user
@@ -153,12 +154,7 @@ def test_a_request_the_claimer_may_not_read_stays_pending_for_one_who_may(
 def test_a_queue_on_a_read_only_filesystem_is_erofs_not_a_question_of_owners(
     traversable_tmp: Path,
 ) -> None:
-    mountpoint = traversable_tmp / "ro"
-    mountpoint.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mountpoint)])
-    if mounted.returncode != 0:
-        pytest.skip("cannot mount a tmpfs here")
-    try:
+    with small_tmpfs(traversable_tmp / "ro", "1m") as mountpoint:
         queue = mountpoint / "q"
         assert ctx_run("queue", "init", "--queue", queue).rc == 0
         job = publish_as_root(queue, "a")
@@ -174,5 +170,3 @@ def test_a_queue_on_a_read_only_filesystem_is_erofs_not_a_question_of_owners(
                 "read-only filesystem"
             ), refused
         assert tree(queue) == {**{s: [] for s in STATES}, "pending": [job]}
-    finally:
-        subprocess.run(["umount", str(mountpoint)], check=False)

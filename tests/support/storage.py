@@ -6,8 +6,10 @@ Everything is an ordinary file or directory with an explicit mode, written as th
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
+import subprocess
 import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -28,6 +30,21 @@ def traversable_tmp() -> Iterator[Path]:
     path.chmod(0o755)
     yield path
     shutil.rmtree(path)
+
+
+@contextlib.contextmanager
+def small_tmpfs(mountpoint: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of ``size`` (``1m``, ``8m``…) mounted at ``mountpoint``, which is made here, for
+    the block: a disk to fill, or to remount read-only.  The test is skipped where no tmpfs
+    can be mounted (not root, a container without the right)."""
+    mountpoint.mkdir()
+    mount = ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mountpoint)]
+    if subprocess.run(mount).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        yield mountpoint
+    finally:
+        subprocess.run(["umount", "-l", str(mountpoint)], check=False)
 
 
 def make_root(parent: Path) -> Path:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import pytest
 from cortexfs.queue import Queue, publish, queue_path
 from cortexfs.shared.spaces import create_shared_space
 from tests.support.cli import ctx
+from tests.support.storage import small_tmpfs
 from tests.support.users import UnprivilegedUser
 from tests.tools.support import World, bootstrapped_root
 
@@ -33,12 +33,7 @@ FILL = (
 
 @pytest.fixture
 def small_world(traversable_tmp: Path, unprivileged_user: UnprivilegedUser) -> Iterator[World]:
-    disk = traversable_tmp / "disk"
-    disk.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(disk)])
-    if mounted.returncode != 0:
-        pytest.skip("cannot mount a tmpfs here")
-    try:
+    with small_tmpfs(traversable_tmp / "disk", "8m") as disk:
         disk.chmod(0o755)
         workspace = disk / "work"
         workspace.mkdir()
@@ -48,8 +43,6 @@ def small_world(traversable_tmp: Path, unprivileged_user: UnprivilegedUser) -> I
         world.agent("coder", tools=["sh.fill"])
         world.allow_tool("sh.fill")
         yield world
-    finally:
-        subprocess.run(["umount", "-l", str(disk)], check=False)
 
 
 def test_a_call_that_cannot_be_recorded_is_an_error_that_keeps_its_output(
