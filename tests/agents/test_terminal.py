@@ -96,6 +96,22 @@ def running_terminal(world: World, agent: str) -> Iterator[dict[str, str]]:
         ctx(world.root, "agent", "stop", agent, "--session", session)
 
 
+@contextlib.contextmanager
+def calling_in_terminal(
+    world: World, agent: str, tool: str, program: str
+) -> Iterator[tuple[dict[str, str], Client]]:
+    """A terminal of ``agent``, which may run ``tool`` (installed with ``program``), and a
+    client attached to it that has typed ``tool``: its call is under way in the block."""
+    world.install(tool, program)
+    world.agent(agent, tools=[tool])
+    world.allow_tool(tool, label=f"{agent}_t")
+    with running_terminal(world, agent) as facts:
+        client = Client(facts["listening_at"], "attach")
+        client.expect(rf"{agent}\$ ")
+        client.type(tool)
+        yield facts, client
+
+
 @pytest.fixture
 def terminal(world: World) -> Iterator[dict[str, str]]:
     world.agent("coder", tools=["fs.stat"])
@@ -328,14 +344,9 @@ def test_stop_ends_the_tool_calls_still_running(world: World) -> None:
     """A-1: no tool call outlives its terminal: a stop interrupts it, its result is recorded
     before the terminal's end, and the tool writes nothing after the stop."""
     late = world.workspace / "late"  # a tool runs on the host: its host path
-    world.install("sh.late", f"#!/bin/sh\nsleep 6\necho late > {late}\n")
-    world.agent("sleeper", tools=["sh.late"])
-    world.allow_tool("sh.late", label="sleeper_t")
-    with running_terminal(world, "sleeper") as facts:
+    program = f"#!/bin/sh\nsleep 6\necho late > {late}\n"
+    with calling_in_terminal(world, "sleeper", "sh.late", program) as (facts, _):
         session = facts["session"]
-        client = Client(facts["listening_at"], "attach")
-        client.expect(r"sleeper\$ ")
-        client.type("sh.late")
         deadline = time.monotonic() + 20
         while not [e for e in world.events("sleeper", session) if e["type"] == "tool_call"]:
             assert time.monotonic() < deadline, "the call never started"
@@ -416,14 +427,9 @@ def test_a_long_paste_through_attach_is_typed_whole(world: World, terminal: dict
 
 
 def test_ctrl_c_interrupts_the_running_tool_not_the_terminal(world: World) -> None:
-    world.install("sh.sleep", "#!/bin/sh\nsleep 60\n")
-    world.agent("sleeper", tools=["sh.sleep"])
-    world.allow_tool("sh.sleep", label="sleeper_t")
-    with running_terminal(world, "sleeper") as facts:
+    program = "#!/bin/sh\nsleep 60\n"
+    with calling_in_terminal(world, "sleeper", "sh.sleep", program) as (facts, client):
         session = facts["session"]
-        client = Client(facts["listening_at"], "attach")
-        client.expect(r"sleeper\$ ")
-        client.type("sh.sleep")
         time.sleep(2)
         began = time.monotonic()
 

@@ -13,7 +13,7 @@ import threading
 import time
 from pathlib import Path
 
-from tests.agents.test_terminal import Client, running_terminal
+from tests.agents.test_terminal import Client, calling_in_terminal, running_terminal
 from tests.agents.test_terminal import pytestmark as pytestmark  # root, bubblewrap, FUSE
 from tests.tools.support import World
 
@@ -81,13 +81,8 @@ def test_a_client_attaching_while_input_is_held_waits_too(world: World) -> None:
     """A tool that reads nothing: the PTY fills, the terminal keeps at most 64 KiB of typed
     input, and what any attached client sends beyond it waits in its own connection — a
     client that attached after the holding began included."""
-    world.install("sh.deaf", "#!/bin/sh\nstty raw -echo\nsleep 120\n")  # raw: nothing is dropped
-    world.agent("deaf", tools=["sh.deaf"])
-    world.allow_tool("sh.deaf", label="deaf_t")
-    with running_terminal(world, "deaf") as facts:
-        first = Client(facts["listening_at"], "attach")
-        first.expect(r"deaf\$ ")
-        first.type("sh.deaf")
+    program = "#!/bin/sh\nstty raw -echo\nsleep 120\n"  # raw: nothing typed is dropped
+    with calling_in_terminal(world, "deaf", "sh.deaf", program) as (facts, first):
         time.sleep(2)  # the tool owns the PTY now
         threading.Thread(target=_discard_output, args=(first.socket,), daemon=True).start()
         _pour(first.socket, [0])  # until the terminal holds what attached clients send
