@@ -324,11 +324,12 @@ class TerminalClients:
             client.close()
             return
         uid = struct.unpack("3i", credentials)[1]
+        counted = not is_host_administrator(self.root, uid)
         problem: CtxError | None = None
         reason = refusal(self.root, self.view, uid, b"watch")
         if reason:
             problem = denied(reason)
-        elif not is_host_administrator(self.root, uid) and len(self.others) >= MAX_CLIENTS:
+        elif counted and len(self.others) >= MAX_CLIENTS:
             problem = CtxError(
                 errno.EAGAIN,
                 f"the terminal serves {MAX_CLIENTS} clients of uids other than root and the "
@@ -342,7 +343,7 @@ class TerminalClients:
         self.peers[client] = uid
         self.modes[client] = None
         self.arrived[client] = time.monotonic()
-        if not is_host_administrator(self.root, uid):
+        if counted:
             self.others.add(client)
         self.selector.register(client, selectors.EVENT_READ, self._input)
 
