@@ -287,39 +287,73 @@ def stream_events(
     """Yield the events of ``path`` from byte ``scan.end`` on, one line at a time, recording
     in ``scan`` what was read and skipped (its ``events`` are left to the caller).
 
-    The file is read in pieces of :data:`_READ_CHUNK` bytes and no line is ever held longer
-    than an event may be: a line of :data:`MAX_EVENT_BYTES` or more, which no writer writes
-    (:func:`encode_event`), is EFBIG as soon as it is seen — a file whoever may write the
-    session directory put there (a sparse file of gigabytes with no newline) costs one
-    piece of memory and the time to read that far, never the whole file.
+    The file is read in pieces (:class:`_Lines`), so a file whoever may write the session
+    directory put there — a sparse file of gigabytes with no newline, say — costs what it
+    holds in data, never its apparent size, and at most two pieces of memory.  A complete
+    line longer than any event (which no writer writes, :func:`encode_event`) is a damaged
+    line like any other, and an unterminated last line of any length a torn one.
     """
     fd = _open_file_to_read(path, dir_fd)
     try:
-        number = first_line
-        position = scan.end
-        partial = b""  # the start of a line whose newline has not been read yet
-        while True:
-            chunk = os.pread(fd, _READ_CHUNK, position)
-            if not chunk:
-                break
-            position += len(chunk)
-            data = partial + chunk
-            start = 0
-            while (newline := data.find(b"\n", start)) != -1:
-                if newline - start >= MAX_EVENT_BYTES:
-                    raise _line_too_long(path, scan.end, number)
-                event = scan._take(data[start:newline], number)
-                number += 1
-                start = newline + 1
-                scan.end = position - len(data) + start
-                if event is not None:
-                    yield event
-            partial = data[start:]
-            if len(partial) >= MAX_EVENT_BYTES:
-                raise _line_too_long(path, scan.end, number)
-        scan.torn_tail = len(partial)
+        lines = _Lines(fd, scan.end)
+        for number, (text, end) in enumerate(lines, start=first_line):
+            event = scan._take(text, number)
+            scan.end = end
+            if event is not None:
+                yield event
+        scan.torn_tail = lines.torn_tail
     finally:
         os.close(fd)
+
+
+class _Lines:
+    """The complete lines of an open file from ``offset`` on, as ``(text, end)``: ``end`` is
+    the offset just past the newline, and ``text`` the line without it — or, for a line longer
+    than any event, only its last :data:`MAX_EVENT_BYTES`, where an event glued to a torn
+    fragment would be (:func:`parse_event_line`).  Once iterated, ``torn_tail`` is the length
+    of an unterminated last line.
+
+    Past the first :data:`MAX_EVENT_BYTES` of a line, the holes of a sparse file are skipped
+    rather than read: a hole reads as NULs, which hold no newline and are in no event.
+    """
+
+    def __init__(self, fd: int, offset: int) -> None:
+        self._fd = fd
+        self._offset = offset
+        self.torn_tail = 0
+
+    def __iter__(self) -> Iterator[tuple[bytes, int]]:
+        position = line_start = self._offset
+        held = b""  # the line read so far; once it is too long for an event, only its end
+        while True:
+            if position - line_start >= MAX_EVENT_BYTES:
+                data = _next_data(self._fd, position)
+                if data != position:
+                    position, held = data, b""
+            chunk = os.pread(self._fd, _READ_CHUNK, position)
+            if not chunk:
+                break
+            start = 0
+            while (newline := chunk.find(b"\n", start)) != -1:
+                line_start = position + newline + 1
+                yield (held + chunk[start:newline])[-MAX_EVENT_BYTES:], line_start
+                held, start = b"", newline + 1
+            held = (held + chunk[start:])[-MAX_EVENT_BYTES:]
+            position += len(chunk)
+        self.torn_tail = position - line_start
+
+
+def _next_data(fd: int, offset: int) -> int:
+    """Where the first byte of data at or after ``offset`` is, skipping a hole (the file's
+    size when only a hole follows; ``offset`` itself on a filesystem that cannot tell)."""
+    try:
+        return os.lseek(fd, offset, os.SEEK_DATA)
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:
+            return max(offset, os.fstat(fd).st_size)
+        if exc.errno in (errno.EINVAL, errno.EOPNOTSUPP):
+            return offset
+        raise
 
 
 def _open_file_to_read(path: Path, dir_fd: int | None) -> int:
@@ -333,14 +367,6 @@ def _open_file_to_read(path: Path, dir_fd: int | None) -> int:
         os.close(fd)
         raise invalid(f"{path} is not a regular file")
     return fd
-
-
-def _line_too_long(path: Path | None, offset: int, number: int) -> CtxError:
-    return too_big(
-        f"line {number} of {path or 'the event log'} (at byte {offset}) is longer than any "
-        f"event ({MAX_EVENT_BYTES} bytes at most), so no writer made it; move the file aside, "
-        f"or keep the events before it with 'truncate -s {offset}' on it"
-    )
 
 
 def scan_lines(data: bytes, *, offset: int = 0, first_line: int = 1) -> EventScan:
@@ -446,7 +472,7 @@ def _truncate_torn_line(ops: durable.FsOps, fd: int, path: Path | None = None) -
     of bytes removed (0: nothing torn)."""
     _lock(fd, fcntl.LOCK_EX, path)
     size = os.fstat(fd).st_size
-    keep = _end_of_last_line(fd, size, path)
+    keep = _end_of_last_line(fd, size)
     if keep == size:
         return 0
     ops.truncate(fd, keep)
@@ -459,20 +485,25 @@ def _ends_torn(fd: int) -> bool:
     return size > 0 and os.pread(fd, 1, size - 1) != b"\n"
 
 
-def _end_of_last_line(fd: int, size: int, path: Path | None) -> int:
+def _end_of_last_line(fd: int, size: int) -> int:
     """The offset just past the last newline of the file (0 when it holds none).
 
-    Only the last :data:`MAX_EVENT_BYTES` are looked at: a torn append is shorter than that,
-    and a longer last line (EFBIG) is no torn event but a file someone else made, which is
-    neither read back to its start nor cut."""
+    A torn append is shorter than one event, so the last :data:`MAX_EVENT_BYTES` hold that
+    newline but for a last line someone else wrote.  Then the file is read through from its
+    start, a piece at a time and past the holes of a sparse file (they hold no newline): that
+    costs what the file holds in data, never its apparent size, in time or memory.
+    """
     start = max(0, size - MAX_EVENT_BYTES)
     newline = os.pread(fd, size - start, start).rfind(b"\n")
     if newline != -1:
         return start + newline + 1
-    if start == 0:
-        return 0
-    raise too_big(
-        f"the last line of {path or 'the event log'} is longer than any event "
-        f"({MAX_EVENT_BYTES} bytes at most): not a torn append, so it is not cut; move the "
-        "file aside"
-    )
+    last_end, position = 0, 0
+    while (position := _next_data(fd, position)) < start:
+        piece = os.pread(fd, min(_READ_CHUNK, start - position), position)
+        if not piece:
+            break
+        newline = piece.rfind(b"\n")
+        if newline != -1:
+            last_end = position + newline + 1
+        position += len(piece)
+    return last_end

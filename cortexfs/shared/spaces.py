@@ -2,8 +2,8 @@
 
 A shared space is a Linux-permission space, nothing more: its directories belong to one group
 and are setgid, so that every file created inside belongs to the space's group, while everyone
-else sees nothing (mode 0 for others).  ``data/`` and ``queue/`` are group-writable (02770):
-the members work with each other's files.  The space's own directory, ``agent/`` and
+else sees nothing (mode 0 for others).  ``data/`` is group-writable (02770): the members work
+with each other's files.  The space's own directory, ``agent/`` and
 ``queue/`` also have the sticky bit (03770): a member adds entries but never renames or
 removes another's (the host's ``tool/``, ``data/``, ``queue/``, the queue's six directories
 and its config, another agent's sessions).  ``tool/`` is the host's
@@ -43,7 +43,7 @@ from cortexfs.storage import check_space_name
 SPACE_DIRS = ("tool", "data", "agent")
 QUEUE_DIR = "queue"
 SPACE_MODE = 0o2770  # data/ and the queue's directories: the members' to share
-SPACE_ROOT_MODE = 0o3770  # the space and agent/: each member's entries its own (sticky)
+SPACE_ROOT_MODE = 0o3770  # the space, agent/ and queue/: each member's entries its own (sticky)
 SPACE_TOOL_MODE = 0o2750  # tool/: the owner's alone; the members run what is there
 _MODES = {"tool": SPACE_TOOL_MODE, "agent": SPACE_ROOT_MODE, "data": SPACE_MODE}
 

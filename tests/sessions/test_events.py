@@ -21,14 +21,12 @@ from cortexfs.shared.events import (
     DAMAGED_LISTED,
     MAX_EVENT_BYTES,
     EventLog,
-    EventScan,
     append_event,
     encode_event,
     make_event,
     read_events,
     repair,
     scan_lines,
-    stream_events,
 )
 from cortexfs.shared.tree import Ownership
 
@@ -175,51 +173,65 @@ def _three_events_then(path: Path, tail: bytes) -> bytes:
     return whole
 
 
-@pytest.mark.parametrize("newline", [b"\n", b""], ids=["complete", "torn"])
-def test_a_line_longer_than_any_event_is_efbig_and_never_held_whole(
-    tmp_path: Path, newline: bytes
-) -> None:
-    """No writer writes a line of MAX_EVENT_BYTES or more (encode_event): such a line, complete
-    or the file's last, is refused naming its line and offset, with the events before it
-    read and the rest of the file never read."""
-    path = tmp_path / "events.jsonl"
-    whole = _three_events_then(path, b"x" * MAX_EVENT_BYTES + newline)
-    with open(path, "ab") as handle:
-        handle.truncate(len(whole) + (64 << 30))  # 64 GiB more, sparse: never read
-
-    scan = EventScan()
-    seen = []
-    started = time.monotonic()
-    with pytest.raises(CtxError) as refused:
-        seen.extend(stream_events(path, scan))
-
-    assert refused.value.errno == errno.EFBIG
-    assert f"line 4 of {path} (at byte {len(whole)})" in refused.value.message
-    assert [event["status"] for event in seen] == ["0", "1", "2"] and scan.end == len(whole)
-    assert time.monotonic() - started < 5
-    with pytest.raises(CtxError) as whole_read:
-        read_events(path)
-    assert whole_read.value.errno == errno.EFBIG
+def _event_line(status: str) -> bytes:
+    return encode_event(make_event("e", agent="a", session="s", object="o", status=status))
 
 
-def test_a_last_line_longer_than_any_event_is_not_cut_by_repair_or_an_append(
+def test_a_line_longer_than_any_event_is_a_damaged_line_and_the_events_around_it_are_read(
     tmp_path: Path,
 ) -> None:
-    """A torn append is shorter than one event: a longer last line is someone's file, neither
-    read back to its start nor truncated."""
+    """No writer writes a line of MAX_EVENT_BYTES or more (encode_event): such a line is
+    skipped as damaged, read in pieces, and an event glued to its end is still found."""
     path = tmp_path / "events.jsonl"
-    _three_events_then(path, b"x" * 10)
+    _three_events_then(path, b"x" * (3 * MAX_EVENT_BYTES) + b"\n" + _event_line("3"))
     with open(path, "ab") as handle:
-        handle.truncate(64 << 30)  # a sparse 64 GiB last line
-    size = path.stat().st_size
+        handle.write(b"y" * (2 * MAX_EVENT_BYTES) + _event_line("4"))
 
-    with pytest.raises(CtxError) as repaired:
-        repair(path)
-    with pytest.raises(CtxError) as appended:
-        append_event(path, make_event("e", agent="a", session="s", object="o", status="x"))
+    scan = read_events(path)
 
-    assert repaired.value.errno == appended.value.errno == errno.EFBIG
-    assert path.stat().st_size == size
+    assert [event["status"] for event in scan.events] == ["0", "1", "2", "3", "4"]
+    assert scan.damaged == [4] and scan.torn_tail == 0 and scan.end == path.stat().st_size
+
+
+def test_the_holes_of_a_sparse_line_are_skipped_not_read(tmp_path: Path) -> None:
+    """A line of 64 GiB, nearly all of it a hole, between two events: read in a moment."""
+    path = tmp_path / "events.jsonl"
+    whole = _three_events_then(path, b"x" * 10)
+    with open(path, "ab") as handle:
+        handle.truncate(len(whole) + (64 << 30))
+    with open(path, "ab") as handle:
+        handle.write(b"\n" + _event_line("3"))
+
+    started = time.monotonic()
+    scan = read_events(path)
+
+    assert time.monotonic() - started < 5
+    assert [event["status"] for event in scan.events] == ["0", "1", "2", "3"]
+    assert scan.damaged == [4] and scan.torn_tail == 0
+
+
+@pytest.mark.parametrize("cut_by", ["repair", "append"])
+def test_a_torn_last_line_of_any_length_is_skipped_and_cut(tmp_path: Path, cut_by: str) -> None:
+    """S-5 holds for a last line longer than any event, here 64 GiB and sparse: readers skip
+    it and a repair, or the next append, cuts it back to the last whole event, in a moment."""
+    path = tmp_path / "events.jsonl"
+    whole = _three_events_then(path, b"x" * (2 * MAX_EVENT_BYTES))
+    with open(path, "ab") as handle:
+        handle.truncate(64 << 30)
+
+    started = time.monotonic()
+    scan = read_events(path)
+    if cut_by == "repair":
+        assert repair(path) == (64 << 30) - len(whole)
+        assert path.read_bytes() == whole
+    else:
+        append_event(path, make_event("e", agent="a", session="s", object="o", status="3"))
+        added = path.read_bytes().removeprefix(whole)
+        assert added.endswith(b"\n") and json.loads(added)["status"] == "3", added[:200]
+
+    assert time.monotonic() - started < 5
+    assert [event["status"] for event in scan.events] == ["0", "1", "2"]
+    assert scan.torn_tail == (64 << 30) - len(whole) and scan.end == len(whole)
 
 
 def test_a_file_of_empty_lines_keeps_only_the_first_damaged_line_numbers(tmp_path: Path) -> None:
