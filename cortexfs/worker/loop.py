@@ -62,6 +62,15 @@ def _host_shortage(outcome: Outcome) -> int | None:
     return code if code in HOST_SHORTAGES else None
 
 
+def _claim_refused(exc: CtxError | OSError) -> CtxError:
+    """A claim the host refused (out of descriptors, a read-only disk…), saying what became of
+    the jobs: a claim refused midway is undone (:func:`cortexfs.queue.claim_job`)."""
+    return CtxError(
+        exc.errno or errno.EIO,
+        f"a claim failed ({describe(exc)}); it was undone, so every job is where it was",
+    )
+
+
 def failure(error: ToolError, details: Mapping[str, Any] | None = None) -> Outcome:
     """A job failed by ``error``: its ``reason`` (:func:`reason_of`) and its ``error`` object,
     the one shape every failed result has (the tool runner's, docs/tools.md), over the other
@@ -316,7 +325,10 @@ class Worker:
             if not self._take_ticket():
                 return
             with self._claim_lock:
-                won = claim(queue, holder, ttl, self.executor.accepts)
+                try:
+                    won = claim(queue, holder, ttl, self.executor.accepts)
+                except (CtxError, OSError) as exc:
+                    raise _claim_refused(exc) from exc
             if won is None:
                 self._return_ticket()
                 if self.options.drain:

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from cortexfs.durable import FsOps
 from cortexfs.errors import CtxError
 from cortexfs.queue import Queue, init_queue, publish
 from cortexfs.tools.result import ToolError
@@ -160,3 +161,46 @@ def test_an_outcome_that_cannot_be_finished_stops_the_worker(
     assert len(executor.ran) == 1 and len(os.listdir(queue_dir / "pending")) == 2
     lost = [fields for event, fields in events if event == "lost"]
     assert "ran, but could not be finished: ENOSPC" in lost[0]["reason"]
+
+
+def test_a_claim_the_host_refuses_stops_the_worker_saying_it_was_undone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Out of descriptors when it opens lease/J, the claim puts J back; the worker stops with
+    EMFILE and says so, rather than only naming the file it could not open."""
+    queue_dir = tmp_path / "queue"
+    init_queue(queue_dir)
+    with Queue.open(queue_dir) as queue:
+        jobs = [publish(queue, request(n)) for n in range(2)]
+
+    class NoDescriptorForTheLease(FsOps):
+        lease: int | None = None
+
+        def open_dir(self, name: str, dir_fd: int | None = None) -> int:
+            if dir_fd is not None and dir_fd == self.lease:
+                raise OSError(errno.EMFILE, os.strerror(errno.EMFILE), name)
+            return super().open_dir(name, dir_fd)
+
+    real_claim = loop.claim
+
+    def claim_short_of_descriptors(queue: Queue, *args: Any) -> Any:
+        ops = NoDescriptorForTheLease()
+        ops.lease = queue.lease
+        monkeypatch.setattr(queue, "ops", ops)
+        return real_claim(queue, *args)
+
+    monkeypatch.setattr(loop, "claim", claim_short_of_descriptors)
+    executor = SucceedingExecutor()
+
+    summary = Worker(
+        queue_dir,
+        executor,
+        WorkerOptions(drain=True, max_wait=0.1),
+        lambda *_: None,  # type: ignore[arg-type]
+    ).run()
+
+    assert summary.failure_errno == errno.EMFILE and summary.stopped_by == "failure"
+    assert summary.failure is not None and summary.failure.startswith("EMFILE: a claim failed (")
+    assert summary.failure.endswith("it was undone, so every job is where it was")
+    assert executor.ran == [] and sorted(os.listdir(queue_dir / "pending")) == sorted(jobs)
+    assert os.listdir(queue_dir / "claimed") == os.listdir(queue_dir / "lease") == []
