@@ -97,10 +97,24 @@ def resolve_root(explicit: str | os.PathLike[str] | None = None) -> Path:
     """``--storage`` beats ``$CTX_STORAGE`` beats the embedded default; always absolute."""
     if explicit:
         return _absolute(Path(explicit), "--storage")
+    return root_from_environment() or default_root()
+
+
+def root_from_environment() -> Path | None:
+    """``$CTX_STORAGE`` made absolute; None when it is not set.
+
+    Set but empty, it is refused (EINVAL) rather than read as unset: an empty value is most
+    often a variable that failed to expand, and falling back to the default root — for root,
+    the system's — would act on a storage root nobody named."""
     from_env = os.environ.get(STORAGE_ENV)
-    if from_env:
-        return _absolute(Path(from_env), STORAGE_ENV)
-    return default_root()
+    if from_env is None:
+        return None
+    if not from_env:
+        raise invalid(
+            f"{STORAGE_ENV} is set but empty, which names no storage root; unset it to use "
+            f"the default ({default_root()}), or set it to a directory"
+        )
+    return _absolute(Path(from_env), STORAGE_ENV)
 
 
 def _absolute(path: Path, given_as: str) -> Path:

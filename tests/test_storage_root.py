@@ -14,7 +14,7 @@ import pytest
 from cortexfs.queue.claim_order import hint_path
 from cortexfs.storage import SYSTEM_DEFAULT_ROOT, default_root
 from tests.support.storage import traversable_tmp as traversable_tmp
-from tests.support.users import UnprivilegedUser
+from tests.support.users import UnprivilegedUser, find_or_create_user
 from tests.support.users import unprivileged_user as unprivileged_user
 
 TAIL = Path("cortexfs/storage/current")
@@ -136,3 +136,30 @@ def test_a_relative_root_from_a_removed_directory_is_named_in_the_refusal(
         f"ctx: ENOENT: {how} rel is relative, and the current directory no longer exists; "
         "give an absolute path, or change to a directory that exists\n"
     )
+
+
+@pytest.mark.parametrize("command", [["bootstrap"], ["queue", "init", "--project", "p"]])
+def test_an_empty_ctx_storage_is_refused_rather_than_read_as_unset(
+    traversable_tmp: Path, command: list[str]
+) -> None:
+    """An empty CTX_STORAGE is most often a variable that failed to expand: falling back to the
+    default root (for root, the system's) would act on a root nobody named, so it is EINVAL,
+    as an empty --storage is.  Run as a user, whose default root is below XDG_DATA_HOME."""
+    xdg = traversable_tmp / "xdg"
+    env = {**os.environ, "CTX_STORAGE": "", "XDG_DATA_HOME": str(xdg)}
+    credentials: dict[str, object] = {}
+    if os.geteuid() == 0:
+        user = find_or_create_user()
+        credentials = {"user": user.uid, "group": user.gid, "extra_groups": []}
+
+    done = subprocess.run(
+        [str(Path(sys.executable).with_name("ctx")), *command],
+        capture_output=True,
+        text=True,
+        env=env,
+        **credentials,  # type: ignore[call-overload]
+    )
+
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.startswith("ctx: EINVAL: CTX_STORAGE is set but empty"), done.stderr
+    assert not xdg.exists()

@@ -18,7 +18,7 @@ from cortexfs.cli.agent import (
 from cortexfs.cli.common import emit_json, handles_errors, json_option, object_name_argument
 from cortexfs.cli.params import NonEmptyPath
 from cortexfs.shared.sessions import DEFAULT_SESSION
-from cortexfs.storage import STORAGE_ENV, resolve_root
+from cortexfs.storage import resolve_root, root_from_environment
 
 
 @click.command("ctxterm", context_settings={"help_option_names": ["-h", "--help"]})
@@ -55,7 +55,7 @@ def ctxterm(
     """
     from cortexfs.agents.ctxterm import serve_in_foreground, start_terminal
 
-    root = resolve_root(storage_dir or os.environ.get(STORAGE_ENV) or home_root)
+    root = resolve_root(storage_dir or root_from_environment() or home_root)
     agent = object_name_argument(agent, "agent")
     session = object_name_argument(session, "session")
     terminal = start_terminal(root, agent, session, workspace_directory(workspace, no_workspace))
