@@ -250,7 +250,9 @@ class _Pump:
             self._close(fd)
         elif fd == self.stdout_fd:
             self.stdout += data
-            self.overflow = len(self.stdout) > self.max_output
+            if len(self.stdout) > self.max_output:
+                self.overflow = True
+                del self.stdout[self.max_output :]  # what was captured is the limit, no more
         else:
             self.stderr += data
             del self.stderr[: -2 * MAX_STDERR_TAIL]
@@ -260,6 +262,12 @@ class _Pump:
         if self.on_stderr_line is None:
             return
         *lines, self.partial_line = (self.partial_line + data).split(b"\n")
+        # A line without end (a tool writing stderr with no newline) is passed on in pieces of
+        # MAX_STDERR_TAIL bytes rather than held whole: its caller's memory is not the tool's.
+        while len(self.partial_line) > MAX_STDERR_TAIL:
+            cut = _utf8_boundary(self.partial_line, MAX_STDERR_TAIL)
+            lines.append(self.partial_line[:cut])
+            self.partial_line = self.partial_line[cut:]
         for line in lines:
             self.on_stderr_line(line.decode("utf-8", "replace"))
 
@@ -271,6 +279,16 @@ class _Pump:
     def _close(self, fd: int) -> None:
         self.selector.unregister(fd)
         self.pipes.pop(fd).close()
+
+
+def _utf8_boundary(data: bytes, limit: int) -> int:
+    """Where to cut ``data`` (longer than ``limit``) at ``limit`` or up to three bytes before
+    it, so that no UTF-8 character is split in two: before the first byte that is not a
+    continuation byte.  ``limit`` itself when there is none (the bytes are no UTF-8)."""
+    for cut in range(limit, limit - 4, -1):
+        if not 0x80 <= data[cut] < 0xC0:
+            return cut
+    return limit
 
 
 def _exits_within(pid: int, timeout: float | None) -> bool:
