@@ -1,9 +1,14 @@
-"""Reading a small regular file the way CortexFS reads controls and settings.
+"""Reading a small regular file the way CortexFS reads controls and settings, and any input
+within a limit.
 
-Never waiting on a FIFO put in the file's place (``O_NONBLOCK``), never following a final
-symbolic link unless asked, never reading past a limit, and the type checked on the
-descriptor itself: a file object made from a descriptor of a directory refuses it with a bare
-``EISDIR`` naming nothing, before any check of ours could run.
+:func:`read_regular_file`: never waiting on a FIFO put in the file's place (``O_NONBLOCK``),
+never following a final symbolic link unless asked, never reading past a limit, and the type
+checked on the descriptor itself: a file object made from a descriptor of a directory refuses
+it with a bare ``EISDIR`` naming nothing, before any check of ours could run.
+
+:func:`read_up_to`: at most one byte past a limit from any descriptor — a pipe, standard
+input, ``/dev/zero`` given as a file — so that a source that never ends is refused once it
+passed the limit instead of filling memory.
 """
 
 from __future__ import annotations
@@ -35,16 +40,26 @@ def read_regular_file(
             raise OSError(errno.EINVAL, "not a regular file", os.fspath(path))
         if owner is not None and st.st_uid != owner:
             raise OSError(errno.EPERM, f"owned by uid {st.st_uid}", os.fspath(path))
-        chunks, remaining = [], limit + 1
-        while remaining > 0:
-            chunk = os.read(fd, remaining)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            remaining -= len(chunk)
+        data = read_up_to(fd, limit)
     finally:
         os.close(fd)
-    data = b"".join(chunks)
     if len(data) > limit:
         raise OSError(errno.EFBIG, f"larger than {limit} bytes", os.fspath(path))
     return data
+
+
+def read_up_to(fd: int, limit: int) -> bytes:
+    """What descriptor ``fd`` holds from where it is, but never more than ``limit + 1`` bytes:
+    a result longer than ``limit`` tells the caller the source is over its limit without the
+    rest of it ever being read.  OSError as ``os.read`` raises it (EISDIR for a directory)."""
+    chunks, remaining = [], limit + 1
+    while remaining > 0:
+        chunk = os.read(fd, min(remaining, _CHUNK))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        remaining -= len(chunk)
+    return b"".join(chunks)
+
+
+_CHUNK = 1 << 20  # no buffer of a whole limit for an input that may hold a few bytes

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import subprocess
 import sys
 from pathlib import Path
@@ -239,3 +240,40 @@ def test_an_unreadable_file_is_eacces_exit_1_like_a_missing_one_is_enoent(
 
     assert refused.returncode == 1, refused.stderr
     assert "EACCES" in refused.stderr and "Traceback" not in refused.stderr
+
+
+def _in_1_gib() -> None:
+    """Run with 1 GiB of address space: an input read whole would end in MemoryError."""
+    resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (("agent", "create", "-"), "ctx: EINVAL: <stdin>: a request is at most 262144 bytes\n"),
+        (
+            ("run", "--agent", "a", "--native", "fs.read"),
+            "ctx: EFBIG: standard input holds more than 16777216 bytes, more than a tool's "
+            "input may; nothing was run\n",
+        ),
+    ],
+)
+def test_a_stdin_that_never_ends_is_refused_past_the_limit_of_the_input(
+    storage: Path, args: tuple[str, ...], said: str
+) -> None:
+    """The same limit as the command's FILE (a request), or as a core tool's input: no more
+    than a byte past it read, where reading stdin whole would exhaust memory."""
+    before = sorted(p.name for p in storage.rglob("*"))
+    with open("/dev/zero", "rb") as zeros:
+        refused = subprocess.run(
+            [sys.executable, "-m", "cortexfs", *args],
+            stdin=zeros,
+            env={**os.environ, "CTX_STORAGE": str(storage)},
+            capture_output=True,
+            text=True,
+            preexec_fn=_in_1_gib,
+            timeout=60,
+        )
+
+    assert (refused.returncode, refused.stdout, refused.stderr) == (1, "", said)
+    assert sorted(p.name for p in storage.rglob("*")) == before

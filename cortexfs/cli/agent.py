@@ -14,7 +14,12 @@ from typing import TYPE_CHECKING
 import click
 
 from cortexfs.agents.create import ROOT_DEFAULT_USER, create_agent, default_identity, identity_json
-from cortexfs.agents.request import RequestError, load_request, parse_request_bytes
+from cortexfs.agents.request import (
+    MAX_REQUEST_BYTES,
+    RequestError,
+    load_request,
+    parse_request_bytes,
+)
 from cortexfs.agents.view import AgentView
 from cortexfs.cli.common import (
     F,
@@ -32,6 +37,7 @@ from cortexfs.cli.params import NonEmptyPath
 from cortexfs.errors import CtxError, invalid, not_found
 from cortexfs.names import object_name_problem
 from cortexfs.policy import Identity
+from cortexfs.regular_file import read_up_to
 from cortexfs.shared.sessions import DEFAULT_SESSION
 
 STDIN = "-"
@@ -82,6 +88,7 @@ def create(
       {"name": "reviewer", "label": "reviewer_t", "model": ["openai/gpt-5.6"],
        "tools": ["fs.read"], "shared": {"project-a": ["read"]},
        "mount": [["/work", "/work", "ro"]]}
+    at most 256 KiB (262144 bytes), from a file or standard input alike.
     A space's permissions are a list or a string ("read write").  The policy grants
     exactly the listed tools, models, shared spaces and mounts; the storage root is
     mounted read-only at /ctx (no mount may target /ctx).  Only root or the owner of the
@@ -98,7 +105,9 @@ def create(
     root = resolve_storage(storage_dir)
     try:
         if str(request) == STDIN:
-            parsed = parse_request_bytes(sys.stdin.buffer.read(), STDIN_NAME, root)
+            # As much as the limit of a request FILE, and a byte more to tell one past it.
+            data = read_up_to(sys.stdin.fileno(), MAX_REQUEST_BYTES)
+            parsed = parse_request_bytes(data, STDIN_NAME, root)
         else:
             parsed = load_request(request, root)
     except RequestError as exc:

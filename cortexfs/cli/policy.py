@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import os
 import sys
 from pathlib import Path
 from typing import NoReturn
@@ -34,9 +35,14 @@ from cortexfs.policy import (
     make_rule,
 )
 from cortexfs.policy.grammar import check_object, split_object_ref
+from cortexfs.regular_file import read_up_to
 from cortexfs.tools.ctxpath import tier_location, which
 
 STDIN = "-"
+# What a policy FILE (or '-') may hold: far more than any policy 'ctx agent create' writes (a
+# 256 KiB request of short tool names makes a few MiB of rules), and a bound on what a source
+# that never ends (/dev/zero, a runaway pipe) costs before it is refused.
+MAX_POLICY_BYTES = 16 * 1024 * 1024
 
 
 @click.group()
@@ -68,6 +74,8 @@ def check(files: tuple[str, ...], as_json: bool) -> None:
     \b
         FILE:LINE: EINVAL: <reason>
 
+    A file larger than 16 MiB (16777216 bytes) is invalid as a whole: one line
+    'FILE: EINVAL: …', as for a file that cannot be read.
     --json also prints {"valid", "files": [{"file", "valid", "problems": [{"line", "error",
     "errno", "message"}]}]} on stdout; a file that cannot be read has one problem, line null.
     """
@@ -110,9 +118,9 @@ def query(
 
     Prints 'allow' (exit 0) when every given policy holds the rule
     'allow SUBJECT CLASS:NAME PERM', else 'deny' (exit 1): the two-layer rule of P-6 when
-    given the agent's and the tool's policy.  A malformed query or policy exits 2 with
-    EINVAL on standard error.  --json prints {"decision", "rule", "policies": [{"policy",
-    "allows"}]} instead (the error object on a malformed one).
+    given the agent's and the tool's policy.  A malformed query or policy (one larger than
+    16 MiB included) exits 2 with EINVAL on standard error.  --json prints {"decision",
+    "rule", "policies": [{"policy", "allows"}]} instead (the error object on a malformed one).
 
     \b
     Example:
@@ -245,10 +253,21 @@ def _tool_location(root: Path, agent: str, tool: str) -> str | None:
 
 
 def _read_input(name: str) -> bytes:
-    if name == STDIN:
-        return _standard_input()
+    """The policy FILE (or standard input for '-'); EINVAL, a malformed policy (P-8), when it
+    holds more than :data:`MAX_POLICY_BYTES`, of which no more than one byte past is read."""
+    data = _standard_input() if name == STDIN else _read_file(name)
+    if len(data) > MAX_POLICY_BYTES:
+        raise invalid(f"{name} holds more than {MAX_POLICY_BYTES} bytes, more than a policy may")
+    return data
+
+
+def _read_file(name: str) -> bytes:
     try:
-        return Path(name).read_bytes()
+        fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            return read_up_to(fd, MAX_POLICY_BYTES)
+        finally:
+            os.close(fd)
     except OSError as exc:
         raise CtxError(exc.errno or errno.EIO, f"cannot read {name}: {exc.strerror}") from None
 
@@ -257,7 +276,10 @@ def _read_input(name: str) -> bytes:
 def _standard_input() -> bytes:
     """Standard input, read once: '-' given twice names the same policy twice, not the
     policy and then an empty one (which, as a layer, would deny everything)."""
-    return sys.stdin.buffer.read()
+    try:
+        return read_up_to(sys.stdin.fileno(), MAX_POLICY_BYTES)
+    except OSError as exc:
+        raise CtxError(exc.errno or errno.EIO, f"cannot read {STDIN}: {exc.strerror}") from None
 
 
 def _parse_peer(peer: str) -> Credentials:

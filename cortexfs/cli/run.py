@@ -19,8 +19,10 @@ from cortexfs import jsontext, storage
 from cortexfs.cli.exits import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, exit_status, usage_problem
 from cortexfs.errors import CtxError, describe
 from cortexfs.names import check_object_name
+from cortexfs.regular_file import read_up_to
 from cortexfs.shared.sessions import DEFAULT_SESSION, SessionRef
 from cortexfs.timefmt import MAX_SECONDS
+from cortexfs.tools.core.toolio import MAX_INPUT_BYTES
 from cortexfs.tools.result import ToolResult
 from cortexfs.tools.runner import DEFAULT_TIMEOUT, UnreadableInput, run_native, run_terminal
 
@@ -41,8 +43,9 @@ but its result could not be recorded).  In either mode a
 malformed command line (an agent, tool, space or session name that is not an object name,
 R-3) is EINVAL, exit 2, nothing run or recorded.
 
-Native mode (--native): the tool's JSON input is read from stdin and checked against its
-schema; stdout carries JSONL frames, one object per line:
+Native mode (--native): the tool's JSON input, at most 16 MiB (else EFBIG, exit 1, nothing
+run or recorded), is read from stdin and checked against its schema; stdout carries JSONL
+frames, one object per line:
   {{"type": "call", ...}}    the tool started (call id, pid)
   {{"type": "stderr", ...}}  one line of the tool's stderr
   {{"type": "result", ...}}  the outcome: status, output, exit_status, error (errno,
@@ -186,7 +189,15 @@ def _run_terminal(root: Path, options: argparse.Namespace, where: SessionRef | s
 
 
 def _run_native(root: Path, options: argparse.Namespace, where: SessionRef | str) -> int:
-    data = sys.stdin.buffer.read()
+    # As much as a core tool reads as its input, and not a byte more than one past it: a
+    # source that never ends (/dev/zero) is refused before it fills memory, and nothing runs.
+    data = read_up_to(sys.stdin.fileno(), MAX_INPUT_BYTES)
+    if len(data) > MAX_INPUT_BYTES:
+        raise CtxError(
+            errno.EFBIG,
+            f"standard input holds more than {MAX_INPUT_BYTES} bytes, more than a tool's "
+            "input may; nothing was run",
+        )
     try:
         # Strict: a name given twice would have the tool run with the value a reviewer of
         # the logged input did not see first; NaN, 1e999 and deep nesting no reader agrees on.

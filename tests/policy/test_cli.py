@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import subprocess
 import sys
 from pathlib import Path
@@ -69,6 +70,46 @@ def test_check_fails_on_an_unreadable_file(tmp_path: Path) -> None:
     done = ctx("check", str(tmp_path / "missing"))
     assert done.returncode == 1
     assert "ENOENT" in done.stderr
+
+
+MAX_POLICY_BYTES = 16 * 1024 * 1024
+
+
+def _in_1_gib() -> None:
+    """Run with 1 GiB of address space: an input read whole would end in MemoryError."""
+    resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+
+
+@pytest.mark.parametrize("name", ["/dev/zero", "-"])
+def test_a_policy_that_never_ends_is_refused_once_past_16_mib(name: str) -> None:
+    """/dev/zero as FILE or on stdin: invalid (check: exit 1; query: exit 2, P-8), no more
+    than a byte past the limit read, where reading it whole would exhaust memory."""
+    said = f"{name} holds more than {MAX_POLICY_BYTES} bytes, more than a policy may"
+    query = ["query", "--policy", name, "coder_t", "tool:fs.read", "execute"]
+    with open("/dev/zero", "rb") as zeros:
+        check, asked = (
+            subprocess.run(
+                [CTX, "policy", *args],
+                stdin=zeros if name == "-" else subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                preexec_fn=_in_1_gib,
+                timeout=60,
+            )
+            for args in (["check", name], query)
+        )
+
+    assert (check.returncode, check.stderr) == (1, f"{name}: EINVAL: {said}\n")
+    assert (asked.returncode, asked.stdout, asked.stderr) == (2, "", f"ctx: EINVAL: {said}\n")
+
+
+def test_a_policy_of_16_mib_is_read_and_one_byte_more_is_refused(tmp_path: Path) -> None:
+    at_limit = write(tmp_path / "at", "#" * (MAX_POLICY_BYTES - 1) + "\n")
+    past = write(tmp_path / "past", "#" * MAX_POLICY_BYTES + "\n")
+
+    assert ctx("check", str(at_limit)).returncode == 0
+    refused = ctx("check", str(past))
+    assert refused.returncode == 1 and f"more than {MAX_POLICY_BYTES} bytes" in refused.stderr
 
 
 def test_query_prints_allow_or_deny(policies: Path) -> None:
