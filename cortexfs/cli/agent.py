@@ -33,7 +33,7 @@ from cortexfs.cli.common import (
     storage_option,
     usage_problem,
 )
-from cortexfs.cli.params import NonEmptyPath
+from cortexfs.cli.params import MAX_ID, NonEmptyPath
 from cortexfs.errors import CtxError, invalid, not_found
 from cortexfs.names import object_name_problem
 from cortexfs.policy import Identity
@@ -42,7 +42,6 @@ from cortexfs.shared.sessions import DEFAULT_SESSION
 
 STDIN = "-"
 STDIN_NAME = "<stdin>"  # how a request read from standard input is named in its errors
-MAX_ID = 2**32 - 2  # (uid_t)-1 means "no id" to the kernel
 
 if TYPE_CHECKING:
     from cortexfs.agents.terminal import Terminal

@@ -5,6 +5,8 @@
 * :class:`Seconds` — a duration: a number within its range and finite; ``nan`` compares false
   with every bound and ``inf`` passes a lower one, and neither is a length of time.  At most
   :data:`MAX_SECONDS` unless said otherwise.
+* :data:`UID` — a uid on the command line (``--uid``): 0 to :data:`MAX_ID`; beyond that no
+  process or file can have it, and ``(uid_t) -1`` means "no id" to the kernel.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from typing import Any
 import click
 
 from cortexfs.timefmt import MAX_SECONDS
+
+MAX_ID = 2**32 - 2  # the largest uid or gid: (uid_t) -1 is "no id" to the kernel
 
 
 class NonEmptyPath(click.Path):
@@ -37,3 +41,6 @@ class Seconds(click.FloatRange):
         if not math.isfinite(seconds):
             self.fail(f"{value!r} is not a finite number of seconds", param, ctx)
         return seconds
+
+
+UID = click.IntRange(0, MAX_ID)

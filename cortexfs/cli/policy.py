@@ -23,6 +23,7 @@ from cortexfs.cli.common import (
     storage_option,
     usage_problem,
 )
+from cortexfs.cli.params import MAX_ID
 from cortexfs.errors import CtxError, invalid
 from cortexfs.policy import (
     AuthorityRequest,
@@ -286,6 +287,8 @@ def _parse_peer(peer: str) -> Credentials:
     uid, colon, gid = peer.partition(":")
     if not (colon and uid.isascii() and uid.isdigit() and gid.isascii() and gid.isdigit()):
         raise invalid(f"--peer {peer!r} must be UID:GID, e.g. 1000:1000")
+    if max(int(uid), int(gid)) > MAX_ID:
+        raise invalid(f"--peer {peer!r}: a uid or gid is at most {MAX_ID}")
     return Credentials(int(uid), int(gid))
 
 

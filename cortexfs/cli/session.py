@@ -7,6 +7,7 @@ import contextlib
 import errno
 import functools
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from cortexfs.cli.common import (
     storage_option,
     usage_problem,
 )
+from cortexfs.cli.params import UID
 from cortexfs.errors import CtxError, invalid, not_found
 from cortexfs.names import check_object_name
 from cortexfs.policy.controls import agent_entry, agent_exists, read_identity
@@ -61,7 +63,7 @@ def session_options(fn: Any, *, output: Any = json_option) -> Any:
                 help=f"The session, as ctx run and ctx agent name it (default: {DEFAULT_SESSION}).",
             ),
             click.option("--project", help="A session in shared/PROJECT/ instead of the home."),
-            click.option("--uid", type=int, help="The home's uid (default: the agent's)."),
+            click.option("--uid", type=UID, help="The home's uid (default: the agent's)."),
             storage_option,
             output,
             handles_errors,
@@ -128,10 +130,10 @@ def show(
 @click.option(
     "-n",
     "lines",
-    type=click.IntRange(min=0),
+    type=click.IntRange(min=0, max=sys.maxsize),
     default=10,
     show_default=True,
-    help="How many of the last events to print first.",
+    help=f"How many of the last events to print first (0 to {sys.maxsize}).",
 )
 @click.option("--follow", "-f", is_flag=True, help="Keep printing events as they are appended.")
 def tail(
@@ -193,7 +195,7 @@ def repair(
 @session.command("list")
 @click.argument("agent")
 @click.option("--project", help="Sessions in shared/PROJECT/ instead of the home.")
-@click.option("--uid", type=int, help="The home's uid (default: the agent's).")
+@click.option("--uid", type=UID, help="The home's uid (default: the agent's).")
 @storage_option
 @json_option
 @handles_errors

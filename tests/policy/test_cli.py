@@ -226,6 +226,7 @@ def test_explain_a_malformed_request_exits_2(root: Path, coder: Path) -> None:
         ["coder", "tool:*", "execute"],
         ["coder", "session:review", "read"],
         ["coder", "tool:fs.read", "execute", "--peer", "me"],
+        ["coder", "tool:fs.read", "execute", "--peer", "4294967295:1"],
         ["../coder", "tool:fs.read", "execute"],
     ):
         done = ctx("explain", "--storage", str(root), *request)

@@ -150,6 +150,32 @@ def test_ctx_session_tail_list_and_repair(recorded: World) -> None:
     assert events_path.read_bytes().endswith(b"}\n")
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("tail", "coder", "-n", "9223372036854775808"),
+        ("tail", "coder", "-n", "-1"),
+        ("tail", "coder", "--uid", "4294967295"),
+        ("show", "coder", "--uid", "99999999999999999999"),
+        ("repair", "coder", "--uid", "-5"),
+        ("list", "coder", "--uid", "4294967295"),
+    ],
+)
+def test_a_count_or_uid_out_of_its_range_is_a_usage_error(
+    recorded: World, args: tuple[str, ...]
+) -> None:
+    """-n is a count a deque can hold (0 to 2**63 - 1), --uid a uid (0 to 2**32 - 2, since
+    (uid_t) -1 is no id): EINVAL naming the range, exit 2, never a traceback or an empty
+    answer about a home no uid can have."""
+    refused = ctx(recorded, *args)
+
+    assert (refused.returncode, refused.stdout) == (2, ""), refused.stderr
+    last = refused.stderr.splitlines()[-1]
+    assert last.startswith(f"ctx: EINVAL: Invalid value for '{args[2]}': ") and "range" in last
+    most = ctx(recorded, "tail", "coder", "-n", "9223372036854775807", "--json")
+    assert most.returncode == 0 and len(most.stdout.splitlines()) == 6, most.stderr
+
+
 def test_ctx_session_list_json_gives_names_as_the_text_does(recorded: World) -> None:
     recorded.run("fs.stat", {"path": "/workspace"}, session="review")
     parent = SessionRef.home(recorded.root, recorded.user.uid, "coder").path.parent
