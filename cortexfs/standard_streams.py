@@ -12,10 +12,15 @@ at its exec that the next file it opens would take.
 Which of them were closed is remembered (:func:`closed_at_start`): a command whose whole
 answer is on standard output (the job name a ``publish`` or ``claim`` prints, any ``--json``
 output) refuses to start without it rather than act and print into /dev/null.
+
+An open standard output may still refuse what is written (``> /dev/full``, a full disk):
+after :func:`tell_output_errors` that failure is an :class:`OutputError`, so that a command
+can tell its output failing from a file of its own work failing with the same errno.
 """
 
 from __future__ import annotations
 
+import io
 import os
 import sys
 
@@ -46,3 +51,35 @@ def closed_at_start(fd: int) -> bool:
     """Whether standard descriptor ``fd`` was closed when this process started (it reads or
     writes /dev/null since :func:`reopen_closed_standard_streams`)."""
     return fd in _closed_at_start
+
+
+class OutputError(OSError):
+    """Standard output refused what was written (``ENOSPC``, ``EIO``…); a reader that left is
+    still a plain ``BrokenPipeError``."""
+
+
+class _StandardOutput(io.FileIO):
+    def write(self, data: bytes) -> int | None:  # type: ignore[override]
+        try:
+            return super().write(data)
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise OutputError(exc.errno, exc.strerror) from None
+
+
+def tell_output_errors() -> None:
+    """Make ``sys.stdout`` raise :class:`OutputError` when its descriptor refuses a write;
+    everything else about it (encoding, errors, line buffering) stays as it was."""
+    stream = sys.stdout
+    try:
+        fd = stream.fileno()
+    except (AttributeError, ValueError, io.UnsupportedOperation):
+        return  # not a descriptor (a caller's own stream): left as it is
+    stream.flush()
+    sys.stdout = io.TextIOWrapper(
+        io.BufferedWriter(_StandardOutput(fd, "w", closefd=False)),
+        encoding=stream.encoding,
+        errors=stream.errors,
+        line_buffering=stream.line_buffering,
+    )

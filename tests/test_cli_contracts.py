@@ -277,3 +277,86 @@ def test_a_stdin_that_never_ends_is_refused_past_the_limit_of_the_input(
 
     assert (refused.returncode, refused.stdout, refused.stderr) == (1, "", said)
     assert sorted(p.name for p in storage.rglob("*")) == before
+
+
+def _to_full_disk(storage: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``ctx ARGS > /dev/full``: every write to standard output fails with ENOSPC."""
+    with open("/dev/full", "w") as full:
+        return subprocess.run(
+            [sys.executable, "-m", "cortexfs", *args],
+            stdin=subprocess.DEVNULL,
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "CTX_STORAGE": str(storage)},
+            timeout=60,
+        )
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("policy", "query", "--policy", "{policy}", "coder_t", "tool:fs.read", "execute"),
+        ("policy", "query", "--policy", "{policy}", "coder_t", "tool:fs.write", "execute"),
+        ("policy", "check", "--json", "{policy}"),
+        ("agent", "list", "--json"),
+        ("object", "list"),
+        ("--help",),
+    ],
+)
+def test_an_answer_that_cannot_be_written_is_enospc_exit_74_not_an_answer(
+    storage: Path, tmp_path: Path, args: tuple[str, ...]
+) -> None:
+    """Exit 1 would read as a denial (policy query, P-8), an invalid file or a conflict found;
+    the answer was lost, which 74 alone says, with no traceback."""
+    policy = tmp_path / "coder.policy"
+    policy.write_text("allow coder_t tool:fs.read execute\n")
+
+    lost = _to_full_disk(storage, *(arg.format(policy=policy) for arg in args))
+
+    assert (lost.returncode, lost.stderr) == (
+        74,
+        "ctx: ENOSPC: cannot write standard output (No space left on device)\n",
+    )
+
+
+@pytest.mark.parametrize("as_json", [[], ["--json"]])
+def test_a_usage_error_stays_exit_2_when_its_json_cannot_be_written(
+    storage: Path, as_json: list[str]
+) -> None:
+    refused = _to_full_disk(storage, "queue", "status", *as_json)
+
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+    assert refused.stderr.splitlines()[-1].startswith("ctx: EINVAL: missing --project")
+
+
+def test_a_change_whose_output_cannot_be_written_says_it_was_made(
+    storage: Path, tmp_path: Path
+) -> None:
+    """The change is made and durable before its acknowledgement is printed: a bare ENOSPC
+    would have the user make it again (a job finished twice is refused as already done)."""
+    assert ctx(storage, "queue", "init", "--project", "p").returncode == 0
+    request = tmp_path / "req.json"
+    request.write_text(json.dumps({"tool": "fs.read", "input": {}}))
+    assert ctx(storage, "queue", "publish", "--project", "p", "--name", "j1", str(request)).stdout
+    assert ctx(storage, "queue", "claim", "--project", "p").stdout == "j1.req.json\n"
+
+    made = {
+        "finish": _to_full_disk(storage, "queue", "finish", "--project", "p", "j1", "--ok"),
+        "space": _to_full_disk(storage, "shared", "create", "q9"),
+        "queue": _to_full_disk(storage, "queue", "init", "--project", "q8", "--json"),
+        "root": _to_full_disk(tmp_path / "new-root", "bootstrap"),
+    }
+
+    lost = "ctx: ENOSPC: cannot write standard output (No space left on device); "
+    said = {what: done.stderr for what, done in made.items()}
+    assert said == {
+        "finish": lost + "job j1.req.json was finished in done/ (do not finish it again)\n",
+        "space": lost + f"shared space q9 is complete ({storage / 'shared' / 'q9'})\n",
+        "queue": lost
+        + f"queue {storage / 'shared' / 'q8' / 'queue'} was made (12 entries created)\n",
+        "root": lost + f"the storage root {tmp_path / 'new-root'} was bootstrapped "
+        "(running it again is safe)\n",
+    }
+    assert {done.returncode for done in made.values()} == {74}
+    assert ctx(storage, "queue", "list", "--project", "p").stdout.split() == ["done", "j1.req.json"]

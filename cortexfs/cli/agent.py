@@ -23,6 +23,7 @@ from cortexfs.agents.request import (
 from cortexfs.agents.view import AgentView
 from cortexfs.cli.common import (
     F,
+    changed,
     echo_printable,
     emit_json,
     fail_with_problems,
@@ -113,6 +114,7 @@ def create(
         source = STDIN_NAME if str(request) == STDIN else request
         fail_with_problems(source, exc, exc.problems, as_json)
     created = create_agent(root, parsed, _identity(user, gid, groups))
+    changed(f"agent {created.name} was created (do not create it again)")
     if as_json:
         emit_json(created.to_json())
     else:
@@ -399,6 +401,7 @@ def start(
     terminal = Terminal(root, name, session, directory)
     terminal.prepare()
     _daemonize(terminal)
+    changed(f"agent {name}'s terminal, session {session}, was started ('ctx agent stop' ends it)")
     for warning in start_warnings(terminal, explicit_workspace=workspace is not None):
         click.echo(f"ctx: warning: {warning}", err=True)
     facts = terminal_facts(terminal)
@@ -434,6 +437,7 @@ def stop(name: str, session: str, storage_dir: Path | None, as_json: bool) -> No
 
     view, session = _terminal_of(resolve_storage(storage_dir), name, session)
     stopped = terminal_socket.stop(view, session)
+    changed(f"agent {view.name}'s terminal, session {session}, was stopped")
     if as_json:
         facts: dict[str, object] = {"agent": view.name, "session": session, "pid": stopped.pid}
         if stopped.cleaned:

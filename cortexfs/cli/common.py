@@ -1,18 +1,25 @@
 """What every ``ctx`` command shares: the storage option, error rendering, JSON output.
 
 Commands are thin (CONVENTIONS): parse, call one library function, render.  Exit statuses
-(SPEC §2.4): 0 success, 1 operation refused or conflict found, 2 usage error, 3 nothing to do.
+(SPEC §2.4): 0 success, 1 operation refused or conflict found, 2 usage error, 3 nothing to do;
+74 when standard output could not be written (:func:`output_failed`).
+
+An output that cannot be written (``> /dev/full``, a full disk) is reported here, for every
+command: ``ctx: ENOSPC: cannot write standard output (…)``, then what the command had already
+changed, as it said with :func:`changed` (``job J was finished (do not finish it again)``),
+so that a command whose change is done is not taken as refused and run twice.
 """
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TextIO, TypeVar
+from typing import Any, NoReturn, TextIO, TypeVar
 
 import click
 
@@ -20,6 +27,7 @@ from cortexfs import jsontext, storage
 from cortexfs.cli.exits import (  # noqa: F401  (re-exported: every command takes them from here)
     EXIT_NOTHING,
     EXIT_OK,
+    EXIT_OUTPUT_FAILED,
     EXIT_READER_GONE,
     EXIT_REFUSED,
     EXIT_USAGE,
@@ -29,6 +37,7 @@ from cortexfs.cli.exits import (  # noqa: F401  (re-exported: every command take
 from cortexfs.cli.params import NonEmptyPath
 from cortexfs.errors import CtxError
 from cortexfs.names import check_object_name
+from cortexfs.standard_streams import OutputError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -110,6 +119,31 @@ def fail(error: CtxError, *, as_json: bool = False) -> None:
     sys.exit(exit_status(error))
 
 
+# What this command has changed so far, each as a sentence saying what not to do again
+# (:func:`changed`).  A process runs one command.
+_changes: list[str] = []
+
+
+def changed(statement: str) -> None:
+    """Note what the command has just changed for good, in words that say what not to do
+    again: ``job J was finished (do not finish it again)``.  Called once the change is made
+    and before its output is written: should the output then fail, :func:`output_failed`
+    says it, rather than a bare ``ENOSPC`` that reads as a refusal."""
+    _changes.append(statement)
+
+
+def output_failed(error: OSError, prog_name: str | None = None) -> NoReturn:
+    """End a command whose standard output could not be written: ``ctx: ENOSPC: cannot write
+    standard output (…)``, and what it had :func:`changed`, on standard error; exit
+    :data:`EXIT_OUTPUT_FAILED`, which no answer of a command (a denial, a conflict, a
+    refusal) shares.  What stdout still buffers is dropped: it can go nowhere."""
+    discard_output(sys.stdout)
+    reason = f"cannot write standard output ({error.strerror or error})"
+    failure = CtxError(error.errno or errno.EIO, "; ".join([reason, *_changes]))
+    click.echo(f"{prog_name or _program()}: {printable(str(failure))}", err=True)
+    sys.exit(EXIT_OUTPUT_FAILED)
+
+
 def _emit_json_error(error: CtxError) -> None:
     """The error object on stdout, unless stdout is what failed (``--json > /dev/full``, a
     reader that left): the line on stderr has said it all then."""
@@ -162,6 +196,8 @@ def handles_errors(fn: F) -> F:
             # point stdout at /dev/null so the interpreter's last flush cannot complain either.
             discard_output(sys.stdout)
             sys.exit(EXIT_READER_GONE)
+        except OutputError as exc:
+            output_failed(exc)
         except OSError as exc:
             _settle_stdout()
             # A descriptor's number (os.read on an fd) names nothing the user gave.

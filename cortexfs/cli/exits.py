@@ -1,5 +1,5 @@
-"""Exit statuses of every ``ctx`` command (SPEC §2.4, plus 130 for Ctrl-C and 141 for a reader
-that left), the error that selects
+"""Exit statuses of every ``ctx`` command (SPEC §2.4, plus 130 for Ctrl-C, 141 for a reader
+that left and 74 for an output that could not be written), the error that selects
 status 2, and the end of a command Ctrl-C stopped."""
 
 from __future__ import annotations
@@ -19,6 +19,10 @@ EXIT_INTERRUPTED = 130  # stopped by SIGINT (Ctrl-C): 128 + 2, as the shell repo
 # The reader of the output left (`ctx queue status | head -1`): 128 + SIGPIPE, as the shell
 # reports a command that SIGPIPE ended, never 1, which would say a conflict was found.
 EXIT_READER_GONE = 141
+# Standard output could not be written (a full disk, `> /dev/full`): the command's answer was
+# lost, which is not a refusal, a denial or a conflict found (1 says those), nor a malformed
+# command line (2).  EX_IOERR of sysexits.h.
+EXIT_OUTPUT_FAILED = 74
 
 
 class UsageProblem(CtxError):

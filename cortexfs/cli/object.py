@@ -11,6 +11,7 @@ import click
 from cortexfs.cli.common import (
     EXIT_OK,
     EXIT_REFUSED,
+    changed,
     echo_printable,
     emit_json,
     fail_with_problems,
@@ -130,6 +131,7 @@ def install(
     except ManifestError as exc:
         fail_with_problems(manifest, exc, exc.problems, as_json)
     installed = install_manifest(root, loaded, target)
+    changed(f"{installed.name} was installed in tier {installed.tier} (do not install it again)")
     if as_json:
         emit_json(installed.to_json())
     else:

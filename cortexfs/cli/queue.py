@@ -23,6 +23,7 @@ from cortexfs.cli.common import (
     EXIT_NOTHING,
     EXIT_OK,
     EXIT_REFUSED,
+    changed,
     echo_printable,
     emit_json,
     handles_errors,
@@ -251,22 +252,6 @@ def _opened_input(source: str) -> Iterator[BinaryIO]:
         yield stream
 
 
-@contextlib.contextmanager
-def _acknowledging(done: str) -> Iterator[None]:
-    """Print the acknowledgement of something already done and durable: when it cannot be
-    written, the error says what was done (``done``), so that nobody does it twice.  A reader
-    that left (a closed pipe) ends the command quietly, as everywhere."""
-    try:
-        yield
-    except BrokenPipeError:
-        raise
-    except OSError as exc:
-        raise CtxError(
-            exc.errno or errno.EIO,
-            f"{done} standard output could not be written ({exc.strerror})",
-        ) from None
-
-
 def _holder(pid: int | None, worker: str | None) -> Holder:
     """The lease holder of a shell command: the calling process (our parent) unless --pid."""
     try:
@@ -305,6 +290,8 @@ def init(queue_dir: Path, as_json: bool) -> None:
         # A queue directory anywhere else (--queue DIR, an absolute --project path) is only
         # a queue: a path that merely looks like X/shared/N/queue does not make X a root.
         created = layout.init_queue(queue_dir)
+    if created:
+        changed(f"queue {queue_dir} was made ({len(created)} entries created)")
     if as_json:
         emit_json({"queue": str(queue_dir), "created": created})
         return
@@ -361,13 +348,12 @@ def publish(
 
 
 def _acknowledge_published(jobs: list[str], batch: bool, as_json: bool) -> None:
-    published = ", ".join(jobs)
-    with _acknowledging(f"{published} published and pending (do not publish again), but"):
-        if as_json:
-            emit_json({"names": jobs} if batch else {"name": jobs[0]})
-            return
-        for job in jobs:
-            click.echo(job)
+    changed(f"{', '.join(jobs)} published and pending (do not publish again)")
+    if as_json:
+        emit_json({"names": jobs} if batch else {"name": jobs[0]})
+        return
+    for job in jobs:
+        click.echo(job)
 
 
 @queue.command()
@@ -417,14 +403,14 @@ def claim(
 
 def _acknowledge_claim(won: protocol.Claim, as_json: bool) -> None:
     pid = won.lease.holder.pid
-    with _acknowledging(
+    changed(
         f"job {won.job} is claimed and leased to pid {pid} (finish it, or 'ctx queue recover' "
-        f"requeues it once pid {pid} is gone), but"
-    ):
-        if as_json:
-            emit_json(won.to_json())
-        else:
-            click.echo(won.job)
+        f"requeues it once pid {pid} is gone)"
+    )
+    if as_json:
+        emit_json(won.to_json())
+    else:
+        click.echo(won.job)
 
 
 @queue.command()
@@ -446,6 +432,7 @@ def renew(queue_dir: Path, as_json: bool, job: str, pid: int | None, ttl: float 
         callers.append(Holder.for_process(os.getpid(), None))
     with open_queue(queue_dir) as q, held_interrupts():  # no temp left in inbox/
         lease = protocol.renew(q, job, callers, ttl)
+    changed(f"the lease on {job} was renewed until {lease.to_json()['expires_at']}")
     if pid is None and lease.holder.is_same_process(callers[1]):
         click.echo(
             f"ctx: note: the lease holder is this command's own process (the shell ran it in "
@@ -487,8 +474,10 @@ def finish(
         # 'recover --reconcile' to roll forward: Ctrl-C waits until it is complete and said.
         with held_interrupts():
             result = protocol.finish(q, job, ok, output)  # the worker: the lease's holder
+            state = "done" if ok else "failed"
+            changed(f"job {job} was finished in {state}/ (do not finish it again)")
             if as_json:
-                emit_json({"name": job, "state": "done" if ok else "failed", "result": result})
+                emit_json({"name": job, "state": state, "result": result})
             else:
                 click.echo(job)
 
@@ -640,6 +629,8 @@ def recover(
     """
     with open_queue(queue_dir) as q:
         report = recovery.recover(q, reconcile=reconcile, dry_run=dry_run, grace=grace)
+    if not dry_run:
+        changed("the queue was recovered (a second 'ctx queue recover' finds nothing more)")
     if as_json:
         emit_json(report.to_json())
     else:

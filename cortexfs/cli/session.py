@@ -15,6 +15,7 @@ from typing import Any
 import click
 
 from cortexfs.cli.common import (
+    changed,
     emit_json,
     handles_errors,
     is_utf8_text,
@@ -184,6 +185,8 @@ def repair(
     ref = _session_ref(storage_dir, agent, session, project, uid)
     with _session_directory(ref, _listing(agent, project, uid)) as directory:
         removed = events.repair(ref.events_path, dir_fd=directory)
+    if removed:
+        changed(f"a torn last line of {removed} bytes was truncated from {ref.events_path}")
     if as_json:
         emit_json({"session": str(ref), "truncated_bytes": removed})
     elif removed:

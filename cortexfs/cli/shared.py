@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from cortexfs.cli.common import (
+    changed,
     echo_printable,
     emit_json,
     handles_errors,
@@ -60,6 +61,7 @@ def create(name: str, group: str | None, storage_dir: Path | None, as_json: bool
         raise usage_problem(exc) from None
     gid = None if group is None else _gid(group)
     report = create_shared_space(resolve_storage(storage_dir), name, gid=gid)
+    changed(f"shared space {name} is complete ({report.path})")
     if as_json:
         emit_json(report.to_json())
         return

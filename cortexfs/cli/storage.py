@@ -15,6 +15,7 @@ from cortexfs import storage
 from cortexfs.cli.common import (
     EXIT_OK,
     EXIT_REFUSED,
+    changed,
     emit_json,
     handles_errors,
     json_option,
@@ -62,6 +63,8 @@ def bootstrap(source: Path | None, storage_dir: Path | None, as_json: bool) -> N
     except CtxError as error:
         raise usage_problem(error) from None
     report = storage.bootstrap(root, source)
+    if report.created or report.repaired:
+        changed(f"the storage root {root} was bootstrapped (running it again is safe)")
     if as_json:
         emit_json(report.to_json())
         _end(report)

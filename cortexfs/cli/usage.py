@@ -16,8 +16,9 @@ from typing import NoReturn
 
 import click
 
-from cortexfs.cli.exits import EXIT_OK, EXIT_USAGE, interrupted
+from cortexfs.cli.exits import EXIT_OK, EXIT_READER_GONE, EXIT_USAGE, interrupted
 from cortexfs.errors import CtxError
+from cortexfs.standard_streams import OutputError, tell_output_errors
 
 # click 8.2 raises this usage error, carrying the help text, for a group run without a command.
 _NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
@@ -26,7 +27,22 @@ _NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
 def run_click(
     command: click.Command, args: list[str], prog_name: str, obj: object = None
 ) -> NoReturn:
-    """Run ``command`` on ``args`` and exit; ``obj`` is its context's object."""
+    """Run ``command`` on ``args`` and exit; ``obj`` is its context's object.
+
+    Standard output is flushed here, before the exit, whatever ended the command: one it
+    could not be written to ends as :func:`cortexfs.cli.common.output_failed` says, not in a
+    traceback or the interpreter's own complaint at its last flush (exit 120)."""
+    tell_output_errors()
+    try:
+        _run(command, args, prog_name, obj)
+    except OutputError as error:  # from a command without handles_errors (policy, --help)
+        _output_failed(error, prog_name)
+    except SystemExit:
+        _flush_output(prog_name)
+        raise
+
+
+def _run(command: click.Command, args: list[str], prog_name: str, obj: object) -> NoReturn:
     try:
         status = command.main(args=args, prog_name=prog_name, standalone_mode=False, obj=obj)
     except _NO_ARGS_IS_HELP as error:
@@ -35,7 +51,7 @@ def run_click(
     except click.UsageError as error:
         _show_usage_error(error, prog_name)
         if _asks_for_json(args):
-            click.echo(json.dumps(CtxError(errno.EINVAL, error.format_message()).to_json()))
+            _emit_usage_error(CtxError(errno.EINVAL, error.format_message()))
         sys.exit(EXIT_USAGE)
     except click.ClickException as error:
         error.show()
@@ -46,6 +62,37 @@ def run_click(
     # Without standalone mode click returns what ctx.exit() was given, or the command's
     # return value (None for every ctx command).
     sys.exit(status if isinstance(status, int) else EXIT_OK)
+
+
+def _flush_output(prog_name: str) -> None:
+    """Write out what standard output still holds; when it cannot be, end the command as one
+    whose output failed (a reader that left: quietly, exit 141, as everywhere)."""
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        from cortexfs.cli.common import discard_output
+
+        discard_output(sys.stdout)
+        sys.exit(EXIT_READER_GONE)
+    except OutputError as error:
+        _output_failed(error, prog_name)
+
+
+def _output_failed(error: OutputError, prog_name: str) -> NoReturn:
+    from cortexfs.cli.common import output_failed
+
+    output_failed(error, prog_name)
+
+
+def _emit_usage_error(error: CtxError) -> None:
+    """The error object on stdout for a --json caller; when stdout is what cannot be written,
+    the line on stderr has said it all, and the status stays that of a usage error."""
+    try:
+        click.echo(json.dumps(error.to_json()))
+    except OSError:
+        from cortexfs.cli.common import discard_output
+
+        discard_output(sys.stdout)
 
 
 def _asks_for_json(args: list[str]) -> bool:

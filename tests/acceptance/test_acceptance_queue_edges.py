@@ -213,7 +213,7 @@ def test_publish_whose_name_cannot_be_printed_says_the_job_is_published(queue, a
     done = _to_full_disk(queue, "publish", *as_json, "--name", "once", "-", input=body)
 
     err = done.stderr.decode()
-    assert done.returncode == 1 and err.startswith("ctx: ENOSPC: "), err
+    assert done.returncode == 74 and err.startswith("ctx: ENOSPC: "), err
     assert "Traceback" not in err and len(err.splitlines()) == 1, err
     assert "once.req.json published and pending" in err
     assert queue.state("once.req.json") == "pending"
@@ -224,7 +224,7 @@ def test_claim_whose_name_cannot_be_printed_names_the_job_it_leased(queue):
     done = _to_full_disk(queue, "claim")
 
     err = done.stderr.decode()
-    assert done.returncode == 1 and err.startswith("ctx: ENOSPC: "), err
+    assert done.returncode == 74 and err.startswith("ctx: ENOSPC: "), err
     assert f"job {job} is claimed and leased to pid" in err
     assert queue.state(job) == "claimed"
 
