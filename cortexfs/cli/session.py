@@ -20,6 +20,7 @@ from cortexfs.cli.common import (
     handles_errors,
     is_utf8_text,
     json_option,
+    printable,
     readable_json,
     resolve_storage,
     storage_option,
@@ -317,7 +318,9 @@ def _render(selected: list[dict[str, Any]], as_json: bool) -> None:
         details = " ".join(f"{key}={readable_json(value)}" for key, value in rest.items())
         ts, kind = _column(event, "ts", "?"), _column(event, "type", "?")
         thing, status = _column(event, "object", "-"), _column(event, "status", "-")
-        click.echo(f"{ts}  {kind:<12} {thing:<24} {status:<10} {details}".rstrip())
+        # Whoever may write the file (the agent itself, in its home) chose every character:
+        # none reaches the terminal as a control, a line break or a bidirectional override.
+        click.echo(printable(f"{ts}  {kind:<12} {thing:<24} {status:<10} {details}".rstrip()))
 
 
 def _column(event: dict[str, Any], key: str, missing: str) -> str:

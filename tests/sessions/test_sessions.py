@@ -206,6 +206,32 @@ def test_an_event_holding_a_lone_surrogate_is_shown_escaped(recorded: World) -> 
     assert json.loads(tail.stdout.splitlines()[0]) == call
 
 
+def test_what_an_event_holds_reaches_the_terminal_as_text_never_as_controls(
+    recorded: World,
+) -> None:
+    """The agent owns its home events.jsonl: an escape sequence, a carriage return, a C1
+    control or a bidirectional override in any column or detail is shown escaped."""
+    events_path = recorded.root / "home" / str(recorded.user.uid) / "agent" / "coder"
+    events_path = events_path / "session" / "default" / "events.jsonl"
+    forged = {
+        "ts": "2026-01-01T00:00:00Z\x1b[2K\r",
+        "type": "tool_call\x1b]0;owned\x07",
+        "object": "tool/\u202efs.stat",
+        "status": "ok\u009b2J",
+        "note": "x\u0085y",
+    }
+    with open(events_path, "a") as handle:
+        handle.write(json.dumps(forged, ensure_ascii=False) + "\n")
+
+    shown = ctx(recorded, "show", "coder")
+
+    last = shown.stdout.splitlines()[-1]
+    assert shown.returncode == 0, shown.stderr
+    assert not any(char in shown.stdout for char in "\x1b\r\x07\u202e\u009b\u0085")
+    for escaped in ("\\x1b[2K\\x0d", "\\x1b]0;owned\\x07", "\\u202efs.stat", "\\x9b2J", "\\x85"):
+        assert escaped in last, (escaped, last)
+
+
 def test_ctx_session_show_and_tail_help_say_json_lines(recorded: World) -> None:
     for command in ("show", "tail"):
         helped = ctx(recorded, command, "--help")
