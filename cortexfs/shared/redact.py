@@ -3,28 +3,43 @@
 The rule, applied to every input, argv and output summary before it reaches ``events.jsonl``
 or an object's ``log`` (docs/sessions.md states it for users):
 
-* a value under a key that names a secret — after lower-casing and dropping everything but
-  letters and digits, the key contains ``password``, ``passwd``, ``passphrase``, ``secret``,
-  ``token``, ``apikey``, ``authorization``, ``credential``, ``privatekey`` or ``cookie`` — is
-  replaced by ``"[redacted]"``;
-* a string that looks like a credential whatever its key (``Bearer …``/``Basic …``
-  authorisation values, PEM private keys) is replaced by ``"[redacted]"``;
+* a key names a secret when, lower-cased and with everything but letters and digits dropped,
+  it contains ``password``, ``passwd``, ``passphrase``, ``secret``, ``token``, ``apikey``,
+  ``authorization``, ``credential``, ``privatekey`` or ``cookie`` — not counting the ordinary
+  words that merely start with one (:data:`_ORDINARY_WORDS`: ``tokenizer``, ``secretary``) —
+  or when its last word is ``auth`` (``auth``, ``X-Auth``, ``basicAuth``; not ``author``,
+  ``auth_url``);
+* the value under such a key, whatever its JSON type, is replaced by ``"[redacted]"``; a
+  string that looks like a credential whatever its key (``Bearer …``/``Basic …``
+  authorisation values, armored private keys) is replaced too;
+* keys are summarised like any other text, so a credential used as a key is replaced; keys
+  that become equal are told apart (``[redacted]``, ``[redacted]#2``) so none is merged away;
 * inside any other text — an output that is not JSON, a message, an argv word, a shell
-  command line — the same facts are found and only their values replaced: a header line
-  ``Authorization: …`` or ``Cookie: …`` whose name names a secret loses everything after the
-  colon, ``key=value``, ``key: value`` and ``"key": "value"`` lose the value when the key
-  names a secret, ``Bearer``/``Basic`` credentials lose the credential, the password of a
-  URL's ``user:password@`` goes, a PEM private key block goes whole, and so does a token of
-  a well-known service, recognised by the prefix its issuer documents (:data:`_KNOWN_TOKEN`:
-  GitHub ``ghp_…``/``github_pat_…``, ``sk-…`` API keys, Slack ``xox…-``, AWS key ids
-  ``AKIA…``/``ASIA…``, Google ``AIza…``, GitLab ``glpat-…``, Stripe ``sk_live_…``, and JSON
-  Web Tokens);
+  command line — the same facts are found and only their values replaced.  A value follows
+  a secret-naming key written as ``key=value``, ``key: value``, ``key => value`` or
+  ``"key": value`` (quotes escaped too), and is what JSON would take there: a quoted string,
+  a bare word, or a whole ``[…]``/``{…}``.  A key that begins its line (or opens a quoted
+  text) and ends it with ``:`` (YAML; a block indicator ``|``/``>`` may follow) has as value
+  the lines after it that are indented deeper.  A header line ``Authorization: …`` or
+  ``Cookie: …`` whose name names a secret loses everything after the colon;
+  ``Bearer``/``Basic`` credentials lose the credential; the password of a URL's
+  ``user:password@`` goes; in a text with a netrc entry (``machine NAME``) the word after
+  ``password`` goes; an armored private key
+  (``-----BEGIN … PRIVATE KEY…-----``: PEM, OpenSSH, PGP) goes whole up to its ``END`` line,
+  and so does a token of a well-known service, recognised by the prefix its issuer documents
+  (:data:`_KNOWN_TOKEN`: GitHub ``ghp_…``/``github_pat_…``, ``sk-…`` API keys, Slack
+  ``xox…-``, AWS key ids ``AKIA…``/``ASIA…``, Google ``AIza…``, GitLab ``glpat-…``, Stripe
+  ``sk_live_…``, and JSON Web Tokens);
 * in a command line, an argv or one written in a text: the word after a secret-naming
-  option (``--password X``, ``--api-key X``) is redacted; and a few programs' options that
-  mean a secret only there: curl's ``-u``/``--user``/``-U``/``--proxy-user user:password``
-  lose the password, MySQL's and MariaDB's ``-pPASSWORD`` (glued; ``-p`` alone asks for one)
-  and sshpass's ``-p PASSWORD`` the password.  Elsewhere these options mean no secret
-  (``mkdir -p``, ``docker run -u 1000:1000``) and are left alone;
+  option (``--password X``, ``--api-key X``) is redacted; and so are the values of the
+  options that mean a secret only in a known program's command (:data:`_PROGRAMS`): curl's
+  ``-u``/``--user``/``-U``/``--proxy-user user:password`` lose the password, MySQL's and
+  MariaDB's ``-pPASSWORD`` (glued; ``-p`` alone asks for one), sshpass's ``-p PASSWORD``,
+  the ``-p PASSWORD`` of a ``login`` subcommand (``docker login``, ``podman login``,
+  ``az login``), openssl's ``-k``/``-K`` value and the secret of its ``-pass``/``-passin``/
+  ``-passout pass:SECRET``, and htpasswd's last operand when ``-b`` gives the password
+  there.  Elsewhere these options mean no secret (``mkdir -p``, ``docker run -u 1000:1000``)
+  and are left alone;
 * in an argv, ``--token=X`` / ``TOKEN=X`` keep the key and lose the value, the word after a
   secret-naming header name (``Authorization:``) is redacted, and so is the word after
   ``Bearer`` or ``Basic``;
@@ -63,26 +78,47 @@ SECRET_WORDS = (
     "privatekey",
     "cookie",
 )
+# Ordinary words that start with a secret's name and name none: a key holding one is judged
+# on the rest of it (``tokenizer`` names no secret, ``tokenizer_secret`` does).
+_ORDINARY_WORDS = re.compile(r"tokeni[sz]|secretar")
+# ``auth`` names a secret only as the last word of a key (``basic_auth``, ``X-Auth``): too
+# many words start with it (``author``), and ``auth_url`` or ``auth_type`` name none.
+_KEY_WORDS = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|[0-9]+")
+_ARMORED_PRIVATE_KEY = r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY[A-Z0-9 ]*-----"
 _CREDENTIAL_VALUE = re.compile(
-    r"\s*(?:(?:bearer|basic)\s+\S+|-----BEGIN [A-Z ]*PRIVATE KEY-----)", re.IGNORECASE
+    rf"\s*(?:(?:bearer|basic)\s+\S+|{_ARMORED_PRIVATE_KEY})", re.IGNORECASE
 )
 _KEY_CHARACTERS = re.compile(r"[^a-z0-9]")
 _AUTH_SCHEMES = ("bearer", "basic")
 
 # What a secret looks like inside free text (see the module's rule).  Each pattern keeps what
 # names the secret and replaces what follows it.
-_PEM_BLOCK = re.compile(
-    r"-----BEGIN [A-Z ]*PRIVATE KEY-----.*?(?:-----END [A-Z ]*PRIVATE KEY-----|\Z)", re.DOTALL
+_PRIVATE_KEY_BLOCK = re.compile(
+    rf"{_ARMORED_PRIVATE_KEY}.*?(?:-----END [A-Z0-9 ]*PRIVATE KEY[A-Z0-9 ]*-----|\Z)",
+    re.DOTALL,
 )
 _HEADER_LINE = re.compile(r"^(?P<name>[ \t]*[A-Za-z0-9_-]+:)(?P<value>[ \t]*\S[^\r\n]*)", re.M)
 _AUTH_CREDENTIAL = re.compile(r"\b(?P<scheme>bearer|basic)(?P<gap>\s+)[^\s,;\"']+", re.IGNORECASE)
 # A key may be quoted, and its quotes escaped: JSON inside a double-quoted shell word
 # (``curl -d "{\"password\":\"…\"}"``) is written with ``\"``.
-_SECRET_KEY_SEPARATOR = re.compile(r"""(?P<key>\\?["']?[A-Za-z0-9_.-]+\\?["']?)[ \t]*[:=][ \t]*""")
+_SECRET_KEY_SEPARATOR = re.compile(
+    r"""(?P<key>\\?["']?[A-Za-z0-9_.-]+\\?["']?)[ \t]*(?P<separator>=>|[:=])[ \t]*"""
+)
 _VALUE = re.compile(
     r"""(?!\[redacted\])"""
     r"""(?:\\"(?:[^\\]|\\[^"])*\\"|"(?:[^"\\]|\\.)*"|'[^']*'|[^\s,;&"'}\])]+)"""
 )
+# The parts of a ``[…]`` or ``{…}`` value: quoted strings (their brackets do not count),
+# runs of other characters, and single brackets.
+_BRACKETED_PART = re.compile(
+    r"""\\"(?:[^\\]|\\[^"])*\\"|"(?:[^"\\]|\\.)*"|'[^']*'|[^\[\]{}"'\\]+|.""", re.DOTALL
+)
+# A YAML block value: the key's line ends after the colon (or a block indicator); a line
+# break is a real one or one written as ``\n`` in a shell word or a JSON string.
+_BLOCK_START = re.compile(r"(?:[|>][-+0-9]*)?[ \t]*(?:\r?\n|\\(?:r\\)?n)")
+_BLOCK_INDICATOR = re.compile(r"[ \t]*[|>][-+0-9]*[ \t]*")
+_BLOCK_LINE = re.compile(r"(?P<indent>[ \t]*)(?P<content>(?:[^\r\n\\]|\\(?!n|r\\n))*)")
+_LINE_BREAK = re.compile(r"\r?\n|\\(?:r\\)?n")
 _ARGV_KEY = re.compile(r"-*[A-Za-z0-9_.]+(?:-[A-Za-z0-9_.]+)*")
 # Tokens that say what they are by a prefix their issuers document, so that they are found
 # in any text, under any key: long enough after the prefix not to take ordinary words.
@@ -97,25 +133,58 @@ _KNOWN_TOKEN = re.compile(
 _URL_PASSWORD = re.compile(
     r"(?P<lead>\b[A-Za-z][A-Za-z0-9+.-]*://[^\s/?#@:\[\]]*:)(?!\[redacted\]@)[^\s/?#]+@"
 )
+# A netrc entry (``machine api.example login ana password hunter2``), which separates its
+# keys from their values by blanks.
+_NETRC_ENTRY = re.compile(r"(?<![\w-])machine[ \t]+\S")
+_NETRC_PASSWORD = re.compile(
+    r"""(?P<key>(?<![\w-])password[ \t]+)(?!\[redacted\])(?:"(?:[^"\\]|\\.)*"|[^\s"'\\]+)"""
+)
 # The words of a command line written in a text (quoted parts kept whole), and the operators
 # that end one command and start the next.
 _SHORT_OPTIONS = re.compile(r"-[A-Za-z]+")
 _SHELL_WORD = re.compile(r"""(?:"(?:[^"\\]|\\.)*"|'[^']*'|[^\s"';&|])+|[;&|]+""")
+_REDIRECTION = re.compile(r"[0-9]*[<>]")
 
-# How the value of an option that names a secret is hidden: whole, or the password of
-# ``user:password``.  ``_GLUED`` values count only glued to their option (``-pX``).
-_WHOLE, _PASSWORD_PART, _GLUED = "whole", "password", "glued"
+# How the value of an option that names a secret is hidden: whole, the password of
+# ``user:password``, or the secret of openssl's ``pass:SECRET``.  ``_GLUED`` values count
+# only glued to their option (``-pX``).
+_WHOLE, _PASSWORD_PART, _PASS_ARGUMENT, _GLUED = "whole", "password", "pass:", "glued"
 _CURL_OPTIONS = {
     "-u": _PASSWORD_PART,
     "--user": _PASSWORD_PART,
     "-U": _PASSWORD_PART,
     "--proxy-user": _PASSWORD_PART,
 }
+_OPENSSL_OPTIONS = {
+    "-k": _WHOLE,
+    "-K": _WHOLE,
+    "-pass": _PASS_ARGUMENT,
+    "-passin": _PASS_ARGUMENT,
+    "-passout": _PASS_ARGUMENT,
+}
+# The programs whose options hold a secret where the same options elsewhere mean none, and
+# whether their short options are getopt's (given together, ``-su``, or glued, ``-uX``).
+_PROGRAMS: dict[str, tuple[dict[str, str], bool]] = {
+    "curl": (_CURL_OPTIONS, True),
+    "mysql": ({"-p": _GLUED}, True),  # -p alone asks for the password; the next word is a db
+    "mariadb": ({"-p": _GLUED}, True),
+    "sshpass": ({"-p": _WHOLE}, True),
+    "login": ({"-p": _WHOLE}, True),  # as a subcommand: docker, podman, az, cf … login
+    "openssl": (_OPENSSL_OPTIONS, False),
+    "htpasswd": ({}, True),  # -b: the password is the last operand (_htpasswd_password)
+}
 
 
 def is_secret_key(key: str) -> bool:
     normalised = _KEY_CHARACTERS.sub("", key.lower())
-    return any(word in normalised for word in SECRET_WORDS)
+    if any(word in normalised for word in SECRET_WORDS):
+        ordinary_removed = _ORDINARY_WORDS.sub("", normalised)
+        if any(word in ordinary_removed for word in SECRET_WORDS):
+            return True
+    if not normalised.endswith("auth"):
+        return False
+    words = _KEY_WORDS.findall(key)
+    return bool(words) and words[-1].lower() == "auth"
 
 
 def bounded_summary(value: Any) -> Any:
@@ -132,10 +201,12 @@ def summarize(value: Any, depth: int = 0) -> Any:
     if isinstance(value, dict):
         if depth >= MAX_DEPTH:
             return f"[{len(value)} keys elided]"
-        return {
-            str(key): REDACTED if is_secret_key(str(key)) else summarize(item, depth + 1)
-            for key, item in value.items()
-        }
+        summary: dict[str, Any] = {}
+        for key, item in value.items():
+            key = str(key)
+            logged_key = _distinct(_short_text(key), summary)
+            summary[logged_key] = REDACTED if is_secret_key(key) else summarize(item, depth + 1)
+        return summary
     if isinstance(value, list | tuple):
         if depth >= MAX_DEPTH:
             return [f"[{len(value)} items elided]"]
@@ -146,6 +217,17 @@ def summarize(value: Any, depth: int = 0) -> Any:
     if value is None or isinstance(value, bool | int | float):
         return value
     return _short_text(str(value))
+
+
+def _distinct(key: str, taken: dict[str, Any]) -> str:
+    """``key``, or ``key#2``, ``key#3``… when a summarised key already took it: two keys
+    whose secrets were both redacted stay two entries."""
+    if key not in taken:
+        return key
+    number = 2
+    while f"{key}#{number}" in taken:
+        number += 1
+    return f"{key}#{number}"
 
 
 def summarize_argv(argv: Sequence[str]) -> list[str]:
@@ -186,9 +268,9 @@ def _introduces_a_secret(word: str) -> bool:
 
 def _command_secrets(words: Sequence[str]) -> dict[int, str]:
     """In the words of one command, what to log instead of those that hold a secret: the
-    word after a secret-naming option, and the secret values of :func:`_program_options`."""
+    word after a secret-naming option, and the secret values of the :data:`_PROGRAMS`."""
     hidden: dict[int, str] = {}
-    options: dict[str, str] = {}
+    program = ""
     next_value: str | None = None
     for index, word in enumerate(words):
         if next_value is not None:
@@ -198,10 +280,15 @@ def _command_secrets(words: Sequence[str]) -> dict[int, str]:
             next_value = None
             continue
         bare = _unquoted(word)
-        options = options or _program_options(bare.rpartition("/")[2])
+        if not program:
+            program = _program(bare, index)
+            if program == "htpasswd":
+                operand = _htpasswd_password(words, index)
+                if operand is not None:
+                    hidden[operand] = _hidden_value(words[operand], _WHOLE) or words[operand]
         # The program's own options first: mysql's -pPassword123 is a password given in the
         # word, not an option named "password" whose value is the next word.
-        how = _program_option(word, bare, options, hidden, index)
+        how = _program_option(word, bare, program, hidden, index) if program else None
         if how is not None:
             next_value = how or None
             continue
@@ -210,16 +297,27 @@ def _command_secrets(words: Sequence[str]) -> dict[int, str]:
     return hidden
 
 
+def _program(word: str, index: int) -> str:
+    """The :data:`_PROGRAMS` entry that ``word`` runs, or ""."""
+    name = word.rpartition("/")[2]
+    if name.startswith(("mysql", "mariadb")):  # mysqldump, mariadb-dump…
+        return name[:5] if name.startswith("mysql") else name[:7]
+    if name == "login" and index == 0:
+        return ""  # login(1) itself, whose -p keeps the environment
+    return name if name in _PROGRAMS else ""
+
+
 def _program_option(
-    word: str, bare: str, options: dict[str, str], hidden: dict[int, str], index: int
+    word: str, bare: str, program: str, hidden: dict[int, str], index: int
 ) -> str | None:
-    """If ``word`` is one of the program's secret-bearing ``options``: hide a value glued to
+    """If ``word`` is one of the ``program``'s secret-bearing options: hide a value glued to
     it (in ``hidden``) and return how the next word is to be hidden ("" when it is not);
     None when the word is none of them."""
+    options, getopt = _PROGRAMS[program]
     for option, how in options.items():
-        if how != _GLUED and (bare == option or _in_a_cluster(bare, option)):
+        if how != _GLUED and (bare == option or (getopt and _in_a_cluster(bare, option))):
             return how
-        glued = _glued_value(bare, option)
+        glued = _glued_value(bare, option) if getopt else None
         if glued is not None:
             replacement = _hidden_value(glued, how)
             if replacement is not None:
@@ -228,16 +326,22 @@ def _program_option(
     return None
 
 
-def _program_options(program: str) -> dict[str, str]:
-    """The options whose value is a secret in ``program``'s command line only (their common
-    meaning elsewhere — ``mkdir -p``, ``docker run -u 1000:1000`` — is no secret)."""
-    if program == "curl":
-        return _CURL_OPTIONS
-    if program.startswith(("mysql", "mariadb")):
-        return {"-p": _GLUED}  # -p alone asks for the password; the next word is a database
-    if program == "sshpass":
-        return {"-p": _WHOLE}
-    return {}
+def _htpasswd_password(words: Sequence[str], program_at: int) -> int | None:
+    """Where htpasswd's password is: with ``-b`` (batch), its last operand
+    (``htpasswd -b FILE USER PASSWORD``, ``htpasswd -nb USER PASSWORD``); without, it asks."""
+    batch, operand, option_value = False, None, False
+    for index in range(program_at + 1, len(words)):
+        word = _unquoted(words[index])
+        if _REDIRECTION.match(word):
+            break
+        if option_value:
+            option_value = False
+        elif _SHORT_OPTIONS.fullmatch(word):
+            batch = batch or "b" in word
+            option_value = word[-1] in "Cr"  # -C cost, -r rounds
+        else:
+            operand = index
+    return operand if batch else None
 
 
 def _in_a_cluster(word: str, option: str) -> bool:
@@ -269,16 +373,24 @@ def _hidden_value(word: str, how: str) -> str | None:
         if not colon or not password or password == REDACTED:
             return None  # no password given: the program asks for it
         return f"{quote}{user}:{REDACTED}{quote}"
+    if how == _PASS_ARGUMENT:
+        # env:VAR, file:PATH, fd:N and stdin say where the secret is, not what it is.
+        if not value.startswith(_PASS_ARGUMENT) or value == _PASS_ARGUMENT + REDACTED:
+            return None
+        return f"{quote}{_PASS_ARGUMENT}{REDACTED}{quote}"
     return f"{quote}{REDACTED}{quote}"
 
 
 def redact_text(text: str) -> str:
     """``text`` with the values of the secrets it names replaced (the free-text rule)."""
-    text = _PEM_BLOCK.sub(REDACTED, text)
+    if "-----BEGIN" in text:
+        text = _PRIVATE_KEY_BLOCK.sub(REDACTED, text)
     text = _KNOWN_TOKEN.sub(REDACTED, text)
     text = _HEADER_LINE.sub(_redact_header, text)
     text = _AUTH_CREDENTIAL.sub(lambda m: f"{m['scheme']}{m['gap']}{REDACTED}", text)
     text = _URL_PASSWORD.sub(lambda m: f"{m['lead']}{REDACTED}@", text)
+    if _NETRC_ENTRY.search(text):
+        text = _NETRC_PASSWORD.sub(lambda m: f"{m['key']}{REDACTED}", text)
     return _redact_command_lines(_redact_key_values(text))
 
 
@@ -303,29 +415,97 @@ def _redact_command_lines(text: str) -> str:
 
 
 def _redact_header(match: re.Match[str]) -> str:
-    if not is_secret_key(match["name"]):
-        return match[0]
+    if not is_secret_key(match["name"]) or _BLOCK_INDICATOR.fullmatch(match["value"]):
+        return match[0]  # a block indicator: the value is the block below (_block_value)
     return f"{match['name']} {REDACTED}"
 
 
 def _redact_key_values(text: str) -> str:
-    """``key=value``, ``key: value``, ``"key": "value"``: the value goes when the key names a
-    secret.  A key that names none consumes nothing, so ``https://h/?api_key=…`` is still read
-    as far as its ``api_key``."""
+    """``key=value``, ``key: value``, ``key => value``, ``"key": value`` and a YAML block:
+    the value goes when the key names a secret.  A key that names none consumes nothing, so
+    ``https://h/?api_key=…`` is still read as far as its ``api_key``."""
     pieces, kept_up_to, position = [], 0, 0
     while (found := _SECRET_KEY_SEPARATOR.search(text, position)) is not None:
         position = found.end()
         if not is_secret_key(found["key"]):
             position = found.start() + len(found["key"])
             continue
-        value = _VALUE.match(text, found.end())
+        value = _secret_value(text, found)
         if value is None:
             continue
-        quote = value[0][:2] if value[0].startswith('\\"') else value[0][0]
-        quote = quote if quote in ('\\"', '"', "'") else ""
-        pieces += [text[kept_up_to : found.end()], f"{quote}{REDACTED}{quote}"]
-        kept_up_to = position = value.end()
+        start, end, quote = value
+        pieces += [text[kept_up_to:start], f"{quote}{REDACTED}{quote}"]
+        kept_up_to = position = end
     return "".join(pieces) + text[kept_up_to:]
+
+
+def _secret_value(text: str, found: re.Match[str]) -> tuple[int, int, str] | None:
+    """Where the value after the secret-naming key ``found`` starts and ends, and the quote
+    to keep around its replacement; None when there is none (or it is already redacted)."""
+    start = found.end()
+    if text.startswith(REDACTED, start):
+        return None
+    if found["separator"] == ":":
+        block = _block_value(text, start, _line_indent(text, found))
+        if block is not None:
+            return (*block, "")
+    if text.startswith(("[", "{"), start):
+        return start, _bracketed_end(text, start), ""
+    value = _VALUE.match(text, start)
+    if value is None:
+        return None
+    quote = value[0][:2] if value[0].startswith('\\"') else value[0][0]
+    return start, value.end(), quote if quote in ('\\"', '"', "'") else ""
+
+
+def _line_indent(text: str, found: re.Match[str]) -> int | None:
+    """How deep the key ``found`` is indented when it begins a line; 0 when it opens a quoted
+    text (``printf "password:\\n  …"``, its quote not closed before the colon); None when
+    other text comes first on its line."""
+    key_start = line_start = found.start()
+    while line_start and text[line_start - 1] in " \t":
+        line_start -= 1
+    if not line_start or text[line_start - 1] == "\n" or text.endswith("\\n", 0, line_start):
+        return key_start - line_start
+    key = found["key"]
+    return 0 if key[0] in "\"'" and key[-1] != key[0] else None
+
+
+def _block_value(text: str, start: int, indent: int | None) -> tuple[int, int] | None:
+    """The span of a YAML block value after a key of that ``indent``: from the first
+    character of the next line to the end of the last line indented deeper than the key."""
+    head = _BLOCK_START.match(text, start) if indent is not None else None
+    if head is None:
+        return None
+    assert indent is not None
+    first = last = None
+    position = head.end()
+    while (line := _BLOCK_LINE.match(text, position)) and len(line["indent"]) > indent:
+        if not line["content"].strip():
+            break
+        first = line.start("content") if first is None else first
+        last = line.end()
+        if (line_break := _LINE_BREAK.match(text, last)) is None:
+            break
+        position = line_break.end()
+    return None if first is None or last is None else (first, last)
+
+
+def _bracketed_end(text: str, start: int) -> int:
+    """Where the ``[…]`` or ``{…}`` starting at ``start`` ends: after its closing bracket, or
+    at the end of a text cut before it."""
+    depth, position = 0, start
+    while position < len(text):
+        part = _BRACKETED_PART.match(text, position)
+        assert part is not None  # its last alternative takes any character
+        position = part.end()
+        if part[0] in ("[", "{"):
+            depth += 1
+        elif part[0] in ("]", "}"):
+            depth -= 1
+            if not depth:
+                return position
+    return position
 
 
 # Text beyond what is kept is still read this far for secrets, so that a cut never leaves the

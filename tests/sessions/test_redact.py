@@ -94,6 +94,7 @@ def _names_no_secret(text: str) -> bool:
     # A URL with a password, and the programs whose options may hold one, name a secret too.
     secrets = (
         *SECRET_WORDS,
+        "auth",
         "bearer",
         "basic",
         "privatekey",
@@ -101,6 +102,9 @@ def _names_no_secret(text: str) -> bool:
         "mysql",
         "mariadb",
         "sshpass",
+        "login",
+        "openssl",
+        "htpasswd",
     )
     return "://" not in text and not any(word in letters for word in secrets)
 
@@ -197,3 +201,201 @@ def test_tokens_of_well_known_services_are_redacted_wherever_they_are(token: str
 def test_words_that_merely_start_like_a_token_are_kept() -> None:
     text = "sk-learn ghp_x AKIA xoxb- eyJ.eyJ. task-list"
     assert summarize(text) == text
+
+
+GITHUB_TOKEN = "ghp_" + "b" * 36
+
+
+def test_a_credential_used_as_a_key_is_replaced() -> None:
+    summary = summarize({"repos": {GITHUB_TOKEN: 1, "db": {"password": "x"}}})
+
+    assert summary == {"repos": {REDACTED: 1, "db": {"password": REDACTED}}}
+
+
+def test_keys_that_become_alike_stay_apart() -> None:
+    """Two tokens as keys, and a key that already read ``[redacted]``: no entry is merged."""
+    other = "ghp_" + "c" * 36
+
+    summary = summarize({GITHUB_TOKEN: 1, other: 2, REDACTED: 3})
+
+    assert summary == {REDACTED: 1, f"{REDACTED}#2": 2, f"{REDACTED}#3": 3}
+
+
+def test_a_long_key_is_shortened_like_any_text() -> None:
+    (key,) = summarize({"k" * 5000: 1})
+
+    assert key.startswith("k" * MAX_TEXT) and key.endswith(f"[+{5000 - MAX_TEXT} chars]")
+
+
+@given(st.dictionaries(st.sampled_from(KNOWN_TOKENS) | st.text(), st.integers(), max_size=30))
+def test_keys_keep_no_token_and_none_is_merged_away(value: dict[str, int]) -> None:
+    summary = summarize(value)
+
+    assert len(summary) == len(value)
+    assert not any(token in key for key in summary for token in KNOWN_TOKENS)
+
+
+@pytest.mark.parametrize(
+    ("text", "logged"),
+    [
+        pytest.param(
+            'true # {"password": ["hunter2", "x]y"]}',
+            'true # {"password": [redacted]}',
+            id="json-list",
+        ),
+        pytest.param(
+            '{"credentials": {"user": "a", "pass": "b}"}, "n": 1}',
+            '{"credentials": [redacted], "n": 1}',
+            id="json-object",
+        ),
+        pytest.param(
+            'echo "{\\"password\\": [\\"hunter2\\"]}" | jq .',
+            'echo "{\\"password\\": [redacted]}" | jq .',
+            id="escaped-json-list",
+        ),
+        pytest.param("{'token': ['hunter2']}", "{'token': [redacted]}", id="python-repr-list"),
+        pytest.param(
+            'true # {"password": ["hunter2", ',
+            'true # {"password": [redacted]',
+            id="list-cut-short",
+        ),
+        pytest.param(
+            'true # {:password => "hunter2"}', 'true # {:password => "[redacted]"}', id="ruby"
+        ),
+        pytest.param(
+            "$cfg = ['secret' => 'hunter2'];", "$cfg = ['secret' => '[redacted]'];", id="php"
+        ),
+    ],
+)
+def test_a_secret_keys_whole_value_goes_in_text(text: str, logged: str) -> None:
+    """``key: value``, ``key => value``: the value is what JSON would take there, a whole
+    list or object included."""
+    assert summarize(text) == logged
+    assert "hunter2" not in summarize({"note": text})["note"]
+    assert summarize(logged) == logged
+
+
+@pytest.mark.parametrize(
+    ("text", "logged"),
+    [
+        pytest.param(
+            "password:\n  hunter2\nuser: ana\n",
+            "password:\n  [redacted]\nuser: ana\n",
+            id="next-line",
+        ),
+        pytest.param(
+            "db:\n  secrets:\n    api: hunter2\n    db: hunter3\n  host: h\n",
+            "db:\n  secrets:\n    [redacted]\n  host: h\n",
+            id="nested-mapping",
+        ),
+        pytest.param(
+            "db:\n  password: |\n    hunter2\n    hunter3\n  user: ana\n",
+            "db:\n  password: |\n    [redacted]\n  user: ana\n",
+            id="block-scalar",
+        ),
+        pytest.param(
+            "token:\n  - hunter2\n  - hunter3\n",
+            "token:\n  [redacted]\n",
+            id="sequence",
+        ),
+        pytest.param(
+            'printf "password:\\n  hunter2\\n" > c.yml',
+            'printf "password:\\n  [redacted]\\n" > c.yml',
+            id="written-with-escapes",
+        ),
+    ],
+)
+def test_a_yaml_secret_on_the_lines_below_its_key_goes(text: str, logged: str) -> None:
+    assert summarize(text) == logged
+    assert summarize(logged) == logged
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "if token:\n    return token\n",  # code: the key does not begin its line
+        "password:\nnext: 1\n",  # nothing indented below: no value
+        "user:\n  ana\n",
+    ],
+)
+def test_a_colon_at_the_end_of_a_line_takes_only_a_yaml_value(text: str) -> None:
+    assert summarize(text) == text
+
+
+PGP_KEY = (
+    "-----BEGIN PGP PRIVATE KEY BLOCK-----\n\nlQOYBF-hunter2\n=ab12\n"
+    "-----END PGP PRIVATE KEY BLOCK-----\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "logged"),
+    [
+        pytest.param(f"key:\n{PGP_KEY}after", f"key:\n{REDACTED}\nafter", id="pgp"),
+        pytest.param(PGP_KEY, REDACTED, id="pgp-value"),
+        pytest.param(
+            f"printf -- '{PGP_KEY.replace(chr(10), chr(92) + 'n')}'",
+            f"printf -- '{REDACTED}\\n'",
+            id="pgp-written-with-escapes",
+        ),
+    ],
+)
+def test_an_armored_private_key_goes_whole(text: str, logged: str) -> None:
+    assert summarize(text) == logged
+    assert "hunter2" not in str(summarize({"content": text}))
+    assert summarize(logged) == logged
+
+
+DOCKER_AUTH = "dXNlcjpodW50ZXIyLVk="
+
+
+def test_a_docker_config_auth_goes_and_its_registries_stay() -> None:
+    config = {"auths": {"reg.example": {"auth": DOCKER_AUTH}}, "proxyAuth": "u:p"}
+    as_text = json.dumps(config)
+
+    assert summarize(config) == {
+        "auths": {"reg.example": {"auth": REDACTED}},
+        "proxyAuth": REDACTED,
+    }
+    assert summarize(as_text) == json.dumps(
+        {"auths": {"reg.example": {"auth": REDACTED}}, "proxyAuth": REDACTED}
+    )
+
+
+def test_a_netrc_password_goes() -> None:
+    netrc = 'machine api.example login ana password hunter2\nmachine b\n  password "p w"\n'
+
+    assert summarize({"content": netrc}) == {
+        "content": f"machine api.example login ana password {REDACTED}\n"
+        f"machine b\n  password {REDACTED}\n"
+    }
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"author": "Ana", "passenger": "Bo", "tokenizer": "bert", "secretary": "Cy"},
+        {"auth_url": "https://id.example/v3", "auth_type": "password", "oauth_scope": "read"},
+        "author: Ana, passenger: Bo, tokenizer: bert, auth_url=https://id.example",
+        "Enter your password to continue; the tokenizer splits words.",
+        "- author: Ana\n  passengers:\n    - Bo\n",
+    ],
+    ids=["keys", "auth-as-a-first-word", "text", "prose", "yaml"],
+)
+def test_ordinary_words_that_look_like_secret_names_are_kept(value: object) -> None:
+    assert summarize(value) == value
+
+
+def test_ordinary_words_keep_nothing_they_are_joined_to() -> None:
+    assert summarize({"tokenizer_secret": "s", "author_password": "p"}) == {
+        "tokenizer_secret": REDACTED,
+        "author_password": REDACTED,
+    }
+    assert summarize_argv(["--author", "ana", "--tokenizer", "bert", "--auth", "u:p"]) == [
+        "--author",
+        "ana",
+        "--tokenizer",
+        "bert",
+        "--auth",
+        REDACTED,
+    ]

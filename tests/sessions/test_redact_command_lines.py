@@ -37,6 +37,20 @@ R = REDACTED
         ("mariadb-dump -phunter2 app > a.sql", f"mariadb-dump -p{R} app > a.sql"),
         ("sshpass -p hunter2 ssh h", f"sshpass -p {R} ssh h"),
         ("cd /x\ncurl -u a:hunter2 h", f"cd /x\ncurl -u a:{R} h"),
+        ("openssl enc -aes256 -k hunter2 -in f", f"openssl enc -aes256 -k {R} -in f"),
+        ("openssl enc -K 00ff -iv 01 -in f", f"openssl enc -K {R} -iv 01 -in f"),
+        ("openssl enc -pass pass:hunter2 </dev/null", f"openssl enc -pass pass:{R} </dev/null"),
+        (
+            "openssl pkcs12 -passin pass:hunter2 -passout 'pass:hunter2'",
+            f"openssl pkcs12 -passin pass:{R} -passout 'pass:{R}'",
+        ),
+        ("docker login -u me -p hunter2 reg", f"docker login -u me -p {R} reg"),
+        ("podman login -p hunter2 reg; true", f"podman login -p {R} reg; true"),
+        ("az login -u ana -p 'hunter2'", f"az login -u ana -p '{R}'"),
+        ("htpasswd -b f user hunter2; true", f"htpasswd -b f user {R}; true"),
+        ("htpasswd -bc f user hunter2", f"htpasswd -bc f user {R}"),
+        ("htpasswd -nbB -C 10 user hunter2 > out", f"htpasswd -nbB -C 10 user {R} > out"),
+        ("htpasswd -b f user hunter2 2>&1", f"htpasswd -b f user {R} 2>&1"),
     ],
 )
 def test_secrets_written_in_a_command_line_lose_their_values(command: str, logged: str) -> None:
@@ -56,6 +70,13 @@ def test_secrets_written_in_a_command_line_lose_their_values(command: str, logge
         "curl --user-agent 'x:y' https://h/",
         "ssh://git@github.com:22/r http://host:8080/p?q=a@b",
         "docker run -u 1000:1000 img; curl https://h/",
+        "docker run -p 8080:80 img",
+        "docker login -u me reg",  # no -p: docker asks for the password
+        "login -p -h host ana",  # login(1) itself: -p keeps the environment
+        "openssl rsa -check -in k.pem -passin env:PW -passout file:/p",
+        "openssl enc -kfile key.txt -in f",
+        "htpasswd f user",  # no -b: htpasswd asks for the password
+        "htpasswd -D f user",
     ],
 )
 def test_the_same_options_elsewhere_are_left_alone(command: str) -> None:
@@ -88,3 +109,30 @@ def test_redacting_twice_changes_nothing() -> None:
     once = summarize("curl -u a:b https://c:d@h/ --token t; mysql -pX")
 
     assert summarize(once) == once
+
+
+def test_an_argv_of_a_programs_secret_options_follows_the_same_rule() -> None:
+    assert summarize_argv(["openssl", "enc", "-k", "x1", "-pass", "pass:x2", "-in", "f"]) == [
+        "openssl",
+        "enc",
+        "-k",
+        R,
+        "-pass",
+        f"pass:{R}",
+        "-in",
+        "f",
+    ]
+    assert summarize_argv(["docker", "login", "-p", "x3", "reg"]) == [
+        "docker",
+        "login",
+        "-p",
+        R,
+        "reg",
+    ]
+    assert summarize_argv(["htpasswd", "-b", "f", "user", "x4"]) == [
+        "htpasswd",
+        "-b",
+        "f",
+        "user",
+        R,
+    ]
