@@ -109,6 +109,17 @@ class FsOps:
     def fchmod(self, fd: int, mode: int) -> None:
         os.fchmod(fd, mode)
 
+    # fchmod and fchown refuse an O_PATH descriptor (EBADF); its /proc/self/fd entry names the
+    # very inode it was opened on, as glibc's fchmodat(AT_SYMLINK_NOFOLLOW) uses it.  Not
+    # durable by themselves: the change reaches the disk with the inode's next write-back.
+    def chmod_opened(self, fd: int, mode: int) -> None:
+        """chmod of the entry open as ``fd``, an ``O_PATH`` descriptor."""
+        os.chmod(f"/proc/self/fd/{fd}", mode)
+
+    def chown_opened(self, fd: int, uid: int) -> None:
+        """Give the entry open as ``fd`` (an ``O_PATH`` descriptor) to ``uid``, group kept."""
+        os.chown(f"/proc/self/fd/{fd}", uid, -1)
+
     def fsync(self, fd: int) -> None:
         os.fsync(fd)
 

@@ -14,6 +14,9 @@ whatever its caller's umask, and runs its later steps under :data:`BOOTSTRAP_UMA
 root bootstrapped under ``umask 077`` is the root a default umask makes.  On an existing root
 it never widens a mode (an administrator may have narrowed one on purpose): a directory that
 others may not read and search is a warning naming it and the ``chmod`` that would open it.
+One that is wider — writable by its group or others, or another uid's than the root's owner
+— is repaired (:mod:`cortexfs.bootstrap_repair`): the authority chain refuses every object
+below it.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import stat
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
-from cortexfs import durable
+from cortexfs import bootstrap_repair, durable
 from cortexfs.errors import CtxError, invalid, not_found
 from cortexfs.names import check_object_name
 
@@ -400,6 +403,8 @@ def bootstrap(root: Path, source: Path | None = None) -> BootstrapReport:
     if os.path.isdir(root):
         require_writable(root, f"bootstrap the storage root {root}")
     report = ensure_root_abi(root)
+    with report.step(str(root)):
+        _tighten_root_abi(root, report)
     # The later steps (core tools, tsh config, manual bundle) create files and directories that
     # agents read and search: under the caller's umask 077 they would be the owner's alone.
     saved = os.umask(BOOTSTRAP_UMASK)
@@ -410,6 +415,26 @@ def bootstrap(root: Path, source: Path | None = None) -> BootstrapReport:
     finally:
         os.umask(saved)
     return report
+
+
+def _tighten_root_abi(root: Path, report: BootstrapReport) -> None:
+    """The root and its six entries, given back to the root's owner and writable by their
+    owner alone (:func:`cortexfs.bootstrap_repair.tighten`): below a directory another uid
+    may write, the authority chain refuses every object (not host-owned).  A mode narrower
+    than :data:`ABI_MODE` is left as it is (see :func:`_closed_to_agents`)."""
+    real = os.path.realpath(root)
+    owner = bootstrap_repair.storage_owner(real)
+    root_fd = os.open(real, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for dir_fd, name, shown in [(None, real, str(root))] + [
+            (root_fd, name, name) for name in ROOT_ENTRIES
+        ]:
+            with report.step(shown):
+                changed = bootstrap_repair.tighten(dir_fd, name, owner, shown)
+                if changed:
+                    report.repaired.append(f"{shown} ({changed})")
+    finally:
+        os.close(root_fd)
 
 
 def _xdg_data_home_and_above() -> set[Path]:

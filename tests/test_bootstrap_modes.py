@@ -102,7 +102,7 @@ def test_abi_directories_closed_to_agents_are_a_warning_and_keep_their_modes(
 def test_a_root_others_may_search_and_read_is_no_warning(traversable_tmp: Path) -> None:
     root = traversable_tmp / "storage"
     bootstrap(root)
-    (root / "home").chmod(0o775)  # wider than bootstrap makes: not its to judge
+    (root / "home").chmod(0o705)  # other than bootstrap makes, yet open to others
 
     again = bootstrap(root, 0o077)
 

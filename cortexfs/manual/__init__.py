@@ -6,7 +6,9 @@ topic): that is the built-in copy, and the repository's ``docs/spec/`` is the sa
 ``shared/cortexfs-docs/man/ctx.<topic>.md``, read-only (0444), from the built-in copy or, with
 ``ctx bootstrap SOURCE``, from ``SOURCE/docs/spec/`` of a source tree.  A page whose bytes
 differ from its source is stale and replaced, atomically: a reader sees the old page or the
-new one, never a mixture.  Anything else in the bundle is left alone.
+new one, never a mixture; so is one another uid than the storage root's owner (or root) owns,
+and a link, FIFO or socket in a page's place.  The two directories are given back their mode
+(0755) and owner (:mod:`cortexfs.bootstrap_repair`).  Anything else in the bundle is left alone.
 
 ``ctx man TOPIC`` reads the installed page and falls back to the built-in copy when there is
 none.  Topics are short aliases (``agent``) of the page names (``ctx.agent.md``), which keep
@@ -22,7 +24,7 @@ import stat
 from pathlib import Path
 from typing import NamedTuple
 
-from cortexfs import __version__, durable, storage
+from cortexfs import __version__, bootstrap_repair, durable, storage
 from cortexfs.errors import CtxError, invalid, not_found
 
 BUNDLE = storage.DOCS_BUNDLE
@@ -135,20 +137,22 @@ def install_bundle(root: Path, source: Path | None, report: storage.BootstrapRep
         shared_fd = durable.open_dir_path(ops, str(root / "shared"))
     except (OSError, CtxError):
         return  # ensure_root_abi has reported what is in the way of shared/
+    owner = bootstrap_repair.storage_owner(root)
     try:
-        bundle_fd = _open_bundle_dir(ops, shared_fd, BUNDLE, f"shared/{BUNDLE}", report)
+        bundle_fd = _open_bundle_dir(ops, shared_fd, BUNDLE, f"shared/{BUNDLE}", owner, report)
     finally:
         ops.close(shared_fd)
     if bundle_fd is None:
         return
     try:
-        _install_page(ops, bundle_fd, README, pages.readme, f"shared/{BUNDLE}", report)
-        man_fd = _open_bundle_dir(ops, bundle_fd, "man", f"shared/{BUNDLE}/man", report)
+        _install_page(ops, bundle_fd, README, pages.readme, f"shared/{BUNDLE}", owner, report)
+        where = f"shared/{BUNDLE}/man"
+        man_fd = _open_bundle_dir(ops, bundle_fd, "man", where, owner, report)
         if man_fd is None:
             return
         try:
             for topic, page in pages.man.items():
-                _install_page(ops, man_fd, page_name(topic), page, f"shared/{BUNDLE}/man", report)
+                _install_page(ops, man_fd, page_name(topic), page, where, owner, report)
         finally:
             ops.close(man_fd)
     finally:
@@ -156,13 +160,27 @@ def install_bundle(root: Path, source: Path | None, report: storage.BootstrapRep
 
 
 def _open_bundle_dir(
-    ops: durable.FsOps, parent_fd: int, name: str, where: str, report: storage.BootstrapReport
+    ops: durable.FsOps,
+    parent_fd: int,
+    name: str,
+    where: str,
+    owner: int,
+    report: storage.BootstrapReport,
 ) -> int | None:
-    """The bundle directory ``name``, made when missing; None (and a problem) when something
-    other than a directory holds its name."""
+    """The bundle directory ``name``, made when missing or in place of a stand-in, and made
+    the storage root's owner's and exactly :data:`DIRECTORY_MODE` when it is not; None (and
+    a problem) when something other than a directory holds its name."""
+    replaced = bootstrap_repair.remove_stand_in(ops, parent_fd, name)
     if durable.make_dir_synced(ops, parent_fd, name, DIRECTORY_MODE):
         os.chmod(name, DIRECTORY_MODE, dir_fd=parent_fd)  # every agent reads it, whatever the umask
-        report.created.append(where)
+        if replaced:
+            report.repaired.append(f"{where} (it was a {replaced})")
+        else:
+            report.created.append(where)
+    else:
+        changed = bootstrap_repair.tighten(parent_fd, name, owner, where, mode=DIRECTORY_MODE)
+        if changed:
+            report.repaired.append(f"{where} ({changed})")
     try:
         return ops.open_dir(name, parent_fd)
     except OSError:
@@ -176,6 +194,7 @@ def _install_page(
     name: str,
     page: bytes,
     where: str,
+    owner: int,
     report: storage.BootstrapReport,
 ) -> None:
     existing = durable.lstat_at(dir_fd, name)
@@ -184,24 +203,19 @@ def _install_page(
         if stat.S_ISDIR(existing.st_mode):
             report.problems.append(f"{where}/{name}: a directory, not a page; left untouched")
             return
-        if not stat.S_ISREG(existing.st_mode):
+        kind = bootstrap_repair.stand_in(existing)
+        if kind:
             # The bundle is the system's (X-2): a link, FIFO or socket at a page's name is
             # replaced by the page, the rename never following it to what it names.
-            replaced = f" (it was a {_kind(existing.st_mode)})"
-        elif stat.S_IMODE(existing.st_mode) == PAGE_MODE and _read_at(dir_fd, name, page) == page:
+            replaced = f" (it was a {kind})"
+        elif (
+            stat.S_IMODE(existing.st_mode) == PAGE_MODE
+            and existing.st_uid in (0, owner)  # else its owner could chmod it and rewrite it
+            and _read_at(dir_fd, name, page) == page
+        ):
             return
     durable.replace_file_synced(ops, dir_fd, name, page, PAGE_MODE)
     (report.created if existing is None else report.repaired).append(f"{where}/{name}{replaced}")
-
-
-def _kind(mode: int) -> str:
-    if stat.S_ISLNK(mode):
-        return "symbolic link"
-    if stat.S_ISFIFO(mode):
-        return "FIFO"
-    if stat.S_ISSOCK(mode):
-        return "socket"
-    return "device"
 
 
 def _read_at(dir_fd: int, name: str, expected: bytes) -> bytes | None:

@@ -176,6 +176,13 @@ class Queue:
         except PermissionError:
             # Never the defaults instead: the queue's limits are what its config says.
             raise not_readable(self.path / CONFIG_NAME, f"open queue {self.path}") from None
+        except CtxError as exc:
+            # read_regular_file names the config alone, which says nothing of which queue.
+            raise CtxError(
+                exc.errno,
+                f"{self.path}/{exc.message}; move it aside, and 'ctx queue init' writes the "
+                "default config in its place",
+            ) from None
         return QueueConfig.parse(data.decode("utf-8", "replace"), f"{self.path}/{CONFIG_NAME}")
 
     def close(self) -> None:

@@ -30,7 +30,7 @@ from cortexfs import durable, storage
 from cortexfs.errors import CtxError
 from cortexfs.names import check_object_name
 from cortexfs.queue.claim_order import start_hint
-from cortexfs.queue.layout import STATE_DIRS, init_queue
+from cortexfs.queue.layout import STATE_DIRS, check_existing_queue, init_queue
 from cortexfs.shared.tree import (
     Ownership,
     apply_repairs,
@@ -92,8 +92,10 @@ def create_shared_space(
     directories (:func:`_documented_modes`) that group and its mode where either differs.
     Every directory made or changed is reached without following a link, and changed only
     when it is this process's own (made here) or, for a repair, the space owner's: EEXIST or
-    EPERM names one that is not.  A storage root that does not exist is bootstrapped first,
-    whole.
+    EPERM names one that is not.  A queue that every queue command would refuse (a config
+    that is a FIFO or a link, a state directory that is not a real one) is refused with its
+    path (:func:`~cortexfs.queue.layout.check_existing_queue`) before anything is made.  A
+    storage root that does not exist is bootstrapped first, whole.
     """
     ops = ops or durable.default_ops()
     path = space_path(root, check_space_name(name))
@@ -101,6 +103,9 @@ def create_shared_space(
     space_gid = gid if gid is not None else existing
     owner = Ownership(-1, os.getegid() if space_gid is None else space_gid)
     _require_no_obstacle(path)
+    # A queue every queue command refuses (its config a FIFO, a state directory a link) is
+    # not complete: refused with its path before anything is made, as 'ctx queue init' does.
+    check_existing_queue(path / QUEUE_DIR, ops, within=root)
     if gid is not None or existing is None:
         _require_group_of_caller(owner.gid)
     _require_writable_where_missing(path, name)

@@ -36,6 +36,7 @@ from typing import Any, NamedTuple
 from cortexfs.errors import HOST_SHORTAGES, CtxError, denied
 from cortexfs.names import check_object_name
 from cortexfs.policy import beneath
+from cortexfs.tools.remedy import reinstall_advice
 from cortexfs.tools.schemas import schema_problems
 
 REQUIRED_FILES = ("name", "description", "schema", "cap", "policy", "status", "log")
@@ -104,8 +105,8 @@ def cap_fact(cap: Mapping[str, Any], fact: str) -> bool:
 def damaged(tool: ToolObject, reason: str) -> CtxError:
     return CtxError(
         errno.ENOEXEC,
-        f"tool {tool.name} in {tool.directory} is damaged: {reason}; reinstall it "
-        "('ctx object install') or repair the storage root ('ctx bootstrap')",
+        f"tool {tool.name} in {tool.directory} is damaged: {reason}; "
+        f"{reinstall_advice(tool.directory, tool.name)}",
     )
 
 

@@ -25,15 +25,17 @@ import stat
 import tempfile
 from pathlib import Path
 
-from cortexfs import durable, storage
+from cortexfs import bootstrap_repair, durable, storage
 from cortexfs.errors import CtxError
 from cortexfs.tools.controls import (
+    HOOK_DIRS,
+    REQUIRED_FILES,
     STATUS_UNAVAILABLE,
     ToolObject,
     layout_problems,
     read_control,
 )
-from cortexfs.tools.core import CORE_TOOLS, tsh_config
+from cortexfs.tools.core import BOOTSTRAP_TOOLS, CORE_TOOLS, tsh_config
 from cortexfs.tools.core.launcher import (
     bundled_modules,
     core_interpreter,
@@ -42,6 +44,7 @@ from cortexfs.tools.core.launcher import (
     render_launcher,
 )
 from cortexfs.tools.install import (
+    STATUS_DAMAGED,
     TOOL_KIND,
     Tier,
     all_tiers,
@@ -52,8 +55,11 @@ from cortexfs.tools.install import (
     tool_obstacles,
 )
 from cortexfs.tools.manifest import Manifest, parse_manifest
+from cortexfs.tools.remedy import reinstall_advice
 
 MANIFESTS = Path(__file__).parent / "manifests"
+# How pair_layout.Obstacle calls a stand-in (a link, a FIFO, a socket, a device).
+_STAND_IN_OBSTACLES = ("a symbolic link", "a special file")
 
 
 def bootstrap_tools(root: Path, source: Path | None, report: storage.BootstrapReport) -> None:
@@ -71,33 +77,48 @@ def bootstrap_tools(root: Path, source: Path | None, report: storage.BootstrapRe
     modules = bundled_modules(interpreter, package_parent())  # shared by every core tool
     system = parse_tier(root, "system")
     tsh = render_launcher(interpreter, modules, "tsh")
+    owner = bootstrap_repair.storage_owner(root)
     if _is_real_directory(system.directory):  # else ensure_root_abi reported what is there
         for name, module in CORE_TOOLS.items():
             with report.step(f"tool/{name}"):
                 launcher = render_launcher(interpreter, modules, module)
                 _install_core_tool(system, name, launcher, report)
+            _tighten_core_tool(root, name, owner, report)
         with report.step("tool/tsh"):  # H-1: tsh is a tool object too; tsh.d/ its controls
             _install_core_tool(system, "tsh", tsh, report)
         with report.step("tool/tsh.d/config"):
             _ensure_tsh_config(root, report)
+        _tighten_core_tool(root, "tsh", owner, report)
     if _is_real_directory(root / "bin"):
         with report.step("bin/tsh"):
-            _install_program(root, "bin/tsh", tsh, report)
+            _install_program(root, "bin/tsh", tsh, owner, report)
         with report.step("bin/ctxterm"):
-            _install_program(root, "bin/ctxterm", render_ctxterm(root), report)
+            _install_program(root, "bin/ctxterm", render_ctxterm(root), owner, report)
     for tier in all_tiers(root, os.getuid()):
         with report.step(tier.location):
-            _report_unavailable_programs(tier, report)
+            _report_tools_it_does_not_repair(tier, report)
 
 
-def _report_unavailable_programs(tier: Tier, report: storage.BootstrapReport) -> None:
+def _report_tools_it_does_not_repair(tier: Tier, report: storage.BootstrapReport) -> None:
     """C-2: a tool whose ``program`` control is malformed is unavailable.  The control is the
-    author's declaration, so it is reported, not rewritten; reinstalling the tool fixes it."""
+    author's declaration, so it is reported, not rewritten; reinstalling the tool fixes it.
+
+    A damaged tool other than the core tools (a user's, a shared space's, or one installed in
+    the system tier) is its installer's: bootstrap has no manifest to reinstall it from, so it
+    says so in a warning, with the reinstall that fixes it, rather than call the root
+    complete."""
     for listing in list_tools([tier]):
         if listing.problems and listing.status == STATUS_UNAVAILABLE:
             report.add_problem(
                 f"{tier.location}/{listing.name}: unavailable: {listing.reason}; left untouched",
                 errno.ENOEXEC,
+            )
+        elif listing.status == STATUS_DAMAGED and not (
+            tier.name == "system" and listing.name in BOOTSTRAP_TOOLS
+        ):
+            advice = reinstall_advice(tier.directory, listing.name)
+            report.warnings.append(
+                f"{tier.location}/{listing.name} is damaged ({listing.problems[0]}); {advice}"
             )
 
 
@@ -106,27 +127,33 @@ def _is_real_directory(path: Path) -> bool:
 
 
 def _install_program(
-    root: Path, where: str, program: bytes, report: storage.BootstrapReport
+    root: Path, where: str, program: bytes, owner: int, report: storage.BootstrapReport
 ) -> None:
-    """``bin/<name>``: a program of the root ABI (H-1), replaced whole when it differs."""
+    """``bin/<name>``: a program of the root ABI (H-1), replaced whole when it differs or a
+    stand-in holds its name, and writable by its owner alone."""
     path = root / where
-    try:
-        status = os.lstat(path)
-    except FileNotFoundError:
-        status = None
-    if status is not None and not stat.S_ISREG(status.st_mode):
-        report.add_problem(f"{where}: not a regular file; left untouched", errno.EEXIST)
-        return
-    current = None if status is None else path.read_bytes()
-    if current == program and os.access(path, os.X_OK):
-        return
     ops = durable.default_ops()
     directory = durable.open_dir_path(ops, str(path.parent))
     try:
+        status = durable.lstat_at(directory, path.name)
+        replaced = bootstrap_repair.stand_in(status)
+        if status is not None and not (replaced or stat.S_ISREG(status.st_mode)):
+            report.add_problem(f"{where}: not a regular file; left untouched", errno.EEXIST)
+            return
+        if not replaced:
+            changed = bootstrap_repair.tighten(directory, path.name, owner, where)
+            if changed:
+                report.repaired.append(f"{where} ({changed})")
+        current = None if status is None or replaced else path.read_bytes()
+        if current == program and os.access(path, os.X_OK):
+            return
         durable.replace_file_synced(ops, directory, path.name, program, 0o755)
     finally:
         ops.close(directory)
-    (report.created if current is None else report.repaired).append(where)
+    if status is None:
+        report.created.append(where)
+    else:
+        report.repaired.append(f"{where} (it was a {replaced})" if replaced else where)
 
 
 def core_manifest(name: str, exec_path: Path) -> Manifest:
@@ -140,23 +167,85 @@ def core_manifest(name: str, exec_path: Path) -> Manifest:
 def _install_core_tool(
     tier: Tier, name: str, launcher: bytes, report: storage.BootstrapReport
 ) -> None:
+    """Install core tool ``name`` unless it is complete and this version's.  A stand-in
+    (:func:`cortexfs.bootstrap_repair.stand_in`) at its executable or at a control its
+    manifest defines is bootstrap's own to replace; anything else in the way is the user's:
+    every obstacle is then reported and nothing is changed."""
     in_the_way = tool_obstacles(tier, name)
-    if in_the_way:
+    written_whole = {name, *(f"{name}.d/{control}" for control in TOOL_KIND.defined)}
+    stand_ins = [
+        obstacle.path
+        for obstacle in in_the_way
+        if obstacle.path in written_whole and obstacle.found in _STAND_IN_OBSTACLES
+    ]
+    if len(stand_ins) < len(in_the_way):
         for obstacle in in_the_way:
             report.add_problem(
                 f"{tier.location}/{obstacle.sentence()}; left untouched", errno.EEXIST
             )
         return
-    with tempfile.TemporaryDirectory(prefix="cortexfs-core-") as scratch:
-        exec_path = Path(scratch) / name
-        exec_path.write_bytes(launcher)
-        manifest = core_manifest(name, exec_path)
-        tool = tier.tool(name)
-        present = os.path.lexists(tool.executable)
-        if present and _is_current(tool, manifest, launcher):
-            return
-        install_tool(tier, manifest, launcher)
-    (report.repaired if present else report.created).append(f"tool/{name}")
+    tool = tier.tool(name)
+    present = os.path.lexists(tool.executable)
+    replaced = _remove_stand_ins(tier, stand_ins)
+    line = f"tool/{name}" + (f" ({'; '.join(replaced)})" if replaced else "")
+    try:
+        with tempfile.TemporaryDirectory(prefix="cortexfs-core-") as scratch:
+            exec_path = Path(scratch) / name
+            exec_path.write_bytes(launcher)
+            manifest = core_manifest(name, exec_path)
+            if present and not replaced and _is_current(tool, manifest, launcher):
+                return
+            install_tool(tier, manifest, launcher)
+    except BaseException:
+        if replaced:  # what was removed is said, even when the install then failed
+            report.repaired.append(line)
+        raise
+    (report.repaired if present else report.created).append(line)
+
+
+def _remove_stand_ins(tier: Tier, relatives: list[str]) -> list[str]:
+    """Unlink the stand-ins at ``relatives`` (``fs.list``, ``fs.list.d/cap``) of ``tier``,
+    never following one; ``["tool/fs.list.d/cap was a symbolic link", …]``."""
+    ops = durable.default_ops()
+    removed = []
+    tier_fd = durable.open_dir_path(ops, str(tier.directory))
+    try:
+        for relative in relatives:
+            parent, _, name = relative.rpartition("/")
+            dir_fd = ops.open_dir(parent, tier_fd) if parent else os.dup(tier_fd)
+            try:
+                kind = bootstrap_repair.remove_stand_in(ops, dir_fd, name)
+            finally:
+                ops.close(dir_fd)
+            if kind:
+                removed.append(f"{tier.location}/{relative} was a {kind}")
+    finally:
+        ops.close(tier_fd)
+    return removed
+
+
+def _tighten_core_tool(root: Path, name: str, owner: int, report: storage.BootstrapReport) -> None:
+    """The executable of core tool ``name``, its control directory, its controls and hook
+    directories (and ``tsh.d/config``), given back to the storage root's owner and writable
+    by their owner alone: the authority chain refuses a tool any other uid could change."""
+    controls = sorted(
+        {*REQUIRED_FILES, *TOOL_KIND.defined} | ({"config"} if name == "tsh" else set())
+    )
+    relatives = [name, f"{name}.d"]
+    relatives += [f"{name}.d/{control}" for control in controls]
+    relatives += [f"{name}.d/{directory}" for directory in HOOK_DIRS]
+    ops = durable.default_ops()
+    with report.step("tool"):
+        tool_fd = durable.open_dir_path(ops, str(root / "tool"))
+        try:
+            for relative in relatives:
+                shown = f"tool/{relative}"
+                with report.step(shown):
+                    changed = bootstrap_repair.tighten_beneath(tool_fd, relative, owner, shown)
+                    if changed:
+                        report.repaired.append(f"{shown} ({changed})")
+        finally:
+            ops.close(tool_fd)
 
 
 def _is_current(tool: ToolObject, manifest: Manifest, launcher: bytes) -> bool:
@@ -177,7 +266,8 @@ def _is_current(tool: ToolObject, manifest: Manifest, launcher: bytes) -> bool:
 
 
 def _ensure_tsh_config(root: Path, report: storage.BootstrapReport) -> None:
-    """H-4: ``tool/tsh.d/config`` with its defaults; an existing one is only checked."""
+    """H-4: ``tool/tsh.d/config`` with its defaults, also in place of a stand-in (a link, a
+    FIFO…); an existing file is only checked."""
     ops = durable.default_ops()
     tool_fd = durable.open_dir_path(ops, str(root / "tool"))
     try:
@@ -197,6 +287,14 @@ def _ensure_tsh_config(root: Path, report: storage.BootstrapReport) -> None:
             durable.write_file_synced(ops, config_dir, temporary, tsh_config.DEFAULT_TEXT.encode())
             durable.move_noreplace(ops, config_dir, temporary, config_dir, "config")
             report.created.append("tool/tsh.d/config")
+        elif bootstrap_repair.stand_in(existing):
+            # Nobody's settings: tsh and tsh.config refuse to read through it.
+            durable.replace_file_synced(
+                ops, config_dir, "config", tsh_config.DEFAULT_TEXT.encode(), tsh_config.CONFIG_MODE
+            )
+            report.repaired.append(
+                f"tool/tsh.d/config (it was a {bootstrap_repair.stand_in(existing)})"
+            )
         elif not stat.S_ISREG(existing.st_mode):
             report.add_problem(
                 "tool/tsh.d/config is not a regular file; left untouched", errno.EEXIST
