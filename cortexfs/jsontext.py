@@ -84,6 +84,27 @@ def loads_strict(
     return value
 
 
+def loads_text(data: bytes) -> Any:
+    """``json.loads`` of a file's bytes read as UTF-8 text (a byte-order mark allowed), for a
+    small control a person may have to repair; ValueError with a reason in plain words.
+
+    Decoded here rather than by ``json.loads``, which takes bytes holding a NUL for UTF-16 or
+    UTF-32 and would then blame a codec for a file that is merely damaged."""
+    nul = data.find(b"\0")
+    if nul >= 0:
+        raise ValueError(f"it holds a NUL byte (byte {nul}), so it is not text")
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"byte {exc.start} is not UTF-8 text") from None
+    if not text.strip():
+        raise ValueError("it is empty")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{exc.msg} at line {exc.lineno}, column {exc.colno}") from None
+
+
 def _refuse_constant(name: str) -> Any:
     raise NotAJsonNumber(name)
 

@@ -9,6 +9,18 @@ it with a bare ``EISDIR`` naming nothing, before any check of ours could run.
 :func:`read_up_to`: at most one byte past a limit from any descriptor — a pipe, standard
 input, ``/dev/zero`` given as a file — so that a source that never ends is refused once it
 passed the limit instead of filling memory.
+
+The limits of the host-owned files every authority decision reads, so that a file grown
+sparse to gigabytes (anyone who may write one control could do it) costs a few milliseconds
+and is refused with EFBIG, not read whole into memory:
+
+* :data:`MAX_POLICY_BYTES` (16 MiB) — a policy: an agent's, a tool's or a model's own, or a
+  FILE given to ``ctx policy check``/``query``.  ``ctx agent create`` writes one rule per
+  grant, and a 256 KiB request of short tool names makes a few MiB of rules;
+* :data:`MAX_CONTROL_BYTES` (1 MiB) — any other control: an agent's identity, label and
+  mount table (written from a request of at most 256 KiB), a tool's name, description,
+  schema, cap, status, program, mcp and origin (written from a manifest of at most 1 MiB;
+  ``ctx object install`` refuses a manifest whose controls would come out larger).
 """
 
 from __future__ import annotations
@@ -17,6 +29,9 @@ import errno
 import os
 import stat
 
+MAX_POLICY_BYTES = 16 * 1024 * 1024
+MAX_CONTROL_BYTES = 1024 * 1024
+
 
 def read_regular_file(
     path: str | os.PathLike[str],
@@ -24,8 +39,10 @@ def read_regular_file(
     *,
     follow_link: bool = False,
     owner: int | None = None,
+    dir_fd: int | None = None,
 ) -> bytes:
-    """The contents of the regular file at ``path``, at most ``limit`` bytes.
+    """The contents of the regular file at ``path`` (relative to ``dir_fd`` when given), at
+    most ``limit`` bytes, of which no more than one byte past is ever read.
 
     OSError as ``open`` raises it (ENOENT, EACCES; ELOOP for a symbolic link unless
     ``follow_link``); EINVAL when it is not a regular file; EPERM when ``owner`` is given and
@@ -33,7 +50,7 @@ def read_regular_file(
     more than ``limit`` bytes.  Callers turn these into their own sentences.
     """
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_link else os.O_NOFOLLOW)
-    fd = os.open(path, flags)
+    fd = os.open(path, flags, dir_fd=dir_fd)
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):

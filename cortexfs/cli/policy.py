@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import errno
 import functools
-import os
 import sys
 from pathlib import Path
 from typing import NoReturn
@@ -36,14 +35,10 @@ from cortexfs.policy import (
     make_rule,
 )
 from cortexfs.policy.grammar import check_object, split_object_ref
-from cortexfs.regular_file import read_up_to
+from cortexfs.regular_file import MAX_POLICY_BYTES, read_regular_file, read_up_to
 from cortexfs.tools.ctxpath import tier_location, which
 
 STDIN = "-"
-# What a policy FILE (or '-') may hold: far more than any policy 'ctx agent create' writes (a
-# 256 KiB request of short tool names makes a few MiB of rules), and a bound on what a source
-# that never ends (/dev/zero, a runaway pipe) costs before it is refused.
-MAX_POLICY_BYTES = 16 * 1024 * 1024
 
 
 @click.group()
@@ -255,22 +250,30 @@ def _tool_location(root: Path, agent: str, tool: str) -> str | None:
 
 def _read_input(name: str) -> bytes:
     """The policy FILE (or standard input for '-'); EINVAL, a malformed policy (P-8), when it
-    holds more than :data:`MAX_POLICY_BYTES`, of which no more than one byte past is read."""
+    holds more than :data:`MAX_POLICY_BYTES`, of which no more than one byte past is read, or
+    when FILE is not a regular file: a FIFO is not waited on (a pipe is given as '-')."""
     data = _standard_input() if name == STDIN else _read_file(name)
     if len(data) > MAX_POLICY_BYTES:
-        raise invalid(f"{name} holds more than {MAX_POLICY_BYTES} bytes, more than a policy may")
+        raise invalid(_too_long(name))
     return data
 
 
 def _read_file(name: str) -> bytes:
     try:
-        fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            return read_up_to(fd, MAX_POLICY_BYTES)
-        finally:
-            os.close(fd)
+        return read_regular_file(name, MAX_POLICY_BYTES, follow_link=True)
     except OSError as exc:
+        if exc.errno == errno.EFBIG:
+            raise invalid(_too_long(name)) from None
+        if exc.errno == errno.EINVAL:
+            raise invalid(
+                f"{name} is not a regular file (a FIFO, device or directory); give a policy "
+                f"file, or '{STDIN}' to read one from a pipe"
+            ) from None
         raise CtxError(exc.errno or errno.EIO, f"cannot read {name}: {exc.strerror}") from None
+
+
+def _too_long(name: str) -> str:
+    return f"{name} holds more than {MAX_POLICY_BYTES} bytes, more than a policy may"
 
 
 @functools.cache

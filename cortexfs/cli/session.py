@@ -29,7 +29,7 @@ from cortexfs.cli.common import (
 from cortexfs.cli.params import UID
 from cortexfs.errors import CtxError, invalid, not_found
 from cortexfs.names import check_object_name
-from cortexfs.policy.controls import agent_entry, agent_exists, read_identity
+from cortexfs.policy.controls import agent_entry, agent_exists, control_path, read_identity
 from cortexfs.shared import events
 from cortexfs.shared.sessions import (
     DEFAULT_SESSION,
@@ -250,9 +250,11 @@ def _home_uid(root: Path, agent: str) -> int:
     if agent_exists(root, agent):
         try:
             return read_identity(root, agent).uid
-        except CtxError:
-            raise invalid(
-                f"cannot tell agent {agent!r}'s uid from its identity control; give --uid"
+        except CtxError as exc:  # the agent's control is at fault, not the command line
+            raise CtxError(
+                exc.errno,
+                f"cannot tell agent {agent!r}'s uid: {exc.message}; fix "
+                f"{control_path(agent, 'identity')}, or give --uid",
             ) from None
     homes = homes_with_sessions(root, agent)
     if os.getuid() in homes:

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 from typing import NamedTuple
 
+from cortexfs.regular_file import read_regular_file
+
 # O_PATH: a descriptor that only names a place; it needs no permission on the entry itself.
 _PLACE_FLAGS = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
-_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 class Entry(NamedTuple):
@@ -39,11 +41,21 @@ def walk(top: Path, relative: PurePosixPath) -> list[Entry]:
     The list stops early at the first entry that is missing, a link or not a directory, so its
     last element is where the walk ended.  An empty ``relative`` makes ``top`` the object.
     """
+    return walk_with_children(top, relative, ())[0]
+
+
+def walk_with_children(
+    top: Path, relative: PurePosixPath, children: Sequence[str]
+) -> tuple[list[Entry], list[Entry]]:
+    """:func:`walk` of ``top/relative`` and, when it reached a directory there, the ``lstat``
+    of each of ``children`` in it (an entry with no status for one that is missing): a
+    directory and the files in it judged at the cost of one walk."""
     try:
         fd = os.open(top, _PLACE_FLAGS)
     except FileNotFoundError:
-        return [Entry(str(top), None)]
+        return [Entry(str(top), None)], []
     entries = [Entry(str(top), None)]
+    found: list[Entry] = []
     try:
         entries[0] = Entry(str(top), os.fstat(fd))
         parts = relative.parts
@@ -57,13 +69,23 @@ def walk(top: Path, relative: PurePosixPath) -> list[Entry]:
                 entries.append(Entry(shown, None))
                 break
             entries.append(Entry(shown, status))
-            if depth + 1 < len(parts) and stat.S_ISDIR(status.st_mode):
+            if stat.S_ISDIR(status.st_mode) and (depth + 1 < len(parts) or children):
                 inner = os.open(name, _PLACE_FLAGS, dir_fd=fd)
                 os.close(fd)
                 fd = inner
+        if children and len(entries) == len(parts) + 1 and entries[-1].is_directory:
+            above = f"{relative}/" if parts else ""
+            found = [_child(fd, child, above + child) for child in children]
     finally:
         os.close(fd)
-    return entries
+    return entries, found
+
+
+def _child(directory_fd: int, name: str, shown: str) -> Entry:
+    try:
+        return Entry(shown, os.stat(name, dir_fd=directory_fd, follow_symlinks=False))
+    except FileNotFoundError:
+        return Entry(shown, None)
 
 
 def lstat(top: Path, relative: PurePosixPath) -> os.stat_result | None:
@@ -74,11 +96,14 @@ def lstat(top: Path, relative: PurePosixPath) -> os.stat_result | None:
     return entries[-1].status
 
 
-def read_file(top: Path, relative: PurePosixPath) -> bytes:
-    """The contents of the regular file ``top/relative``, reached without following links.
+def read_file(top: Path, relative: PurePosixPath, limit: int) -> bytes:
+    """The contents of the regular file ``top/relative``, reached without following links,
+    at most ``limit`` bytes (:func:`~cortexfs.regular_file.read_regular_file`, never more
+    than one byte past it).
 
-    Raises FileNotFoundError when it is missing, and OSError (ELOOP, ENOTDIR, EINVAL) when a
-    component is a link, a non-directory, or the file is not a regular file.
+    Raises FileNotFoundError when it is missing, and OSError: ELOOP, ENOTDIR or EINVAL when a
+    component is a link, a non-directory, or the file is not a regular file (a FIFO is never
+    waited on); EFBIG when it holds more than ``limit`` bytes.
     """
     *directories, name = relative.parts
     fd = os.open(top, _PLACE_FLAGS | os.O_DIRECTORY)
@@ -87,13 +112,9 @@ def read_file(top: Path, relative: PurePosixPath) -> bytes:
             inner = os.open(directory, _PLACE_FLAGS | os.O_DIRECTORY, dir_fd=fd)
             os.close(fd)
             fd = inner
-        file_fd = os.open(name, _READ_FLAGS, dir_fd=fd)
+        return read_regular_file(name, limit, dir_fd=fd)
     finally:
         os.close(fd)
-    with os.fdopen(file_fd, "rb") as handle:
-        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
-            raise OSError(22, "not a regular file", str(relative))
-        return handle.read()
 
 
 def list_directory(top: Path, relative: PurePosixPath) -> list[str] | None:

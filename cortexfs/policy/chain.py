@@ -20,10 +20,11 @@
    by the agent through a read-write mount.
 5. **object policy** — the agent's policy allows ``<label> <class>:<name> <perm>``.
 6. **tool/model policy** — a tool's or model's own policy allows the same rule: the second
-   layer of P-6.  Other classes have no policy of their own.  That policy file, a tool's
-   executable and its hooks are held to step 4's rule: nobody but the host may change them
-   (the agent's own uid may own an executable or a post-hook it runs, not a pre-hook, which
-   guards its calls).
+   layer of P-6.  Other classes have no policy of their own.  That policy file, and a tool's
+   executable, its other controls (:data:`~cortexfs.policy.objects.TOOL_CONTROLS`) and its
+   hooks are held to step 4's rule: nobody but the host may change them (the agent's own uid
+   may own a post-hook it runs, not a pre-hook, which guards its calls, nor the executable:
+   the grant is for the tool the host installed, not for whatever code the agent puts there).
 
 A request names an agent, an object and a permission, nothing more: the label and every rule
 come from host-owned files, so a prompt or a model's output has no way in (P-6).  Every step
@@ -41,7 +42,7 @@ import errno
 import functools
 import os
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from enum import IntEnum, StrEnum
 from pathlib import Path, PurePosixPath
 from typing import NamedTuple
@@ -49,12 +50,12 @@ from typing import NamedTuple
 from cortexfs.errors import HOST_SHORTAGES, CtxError, denied, not_found
 from cortexfs.names import check_object_name
 from cortexfs.policy import controls
-from cortexfs.policy.beneath import list_directory, lstat, walk
+from cortexfs.policy.beneath import Entry, list_directory, lstat, walk, walk_with_children
 from cortexfs.policy.decision import Policy
 from cortexfs.policy.grammar import Rule, check_object
 from cortexfs.policy.linux import WRITE, Credentials, Identity, Kind, check_access, writable_entries
 from cortexfs.policy.mounts import Mount, View, mounts_named, views_of
-from cortexfs.policy.objects import NEEDED_ACCESS, Site, storage_site
+from cortexfs.policy.objects import NEEDED_ACCESS, TOOL_CONTROLS, Site, storage_site
 from cortexfs.storage import DOCS_BUNDLE, require_root
 from cortexfs.strict_modes import loose_entry
 
@@ -348,16 +349,43 @@ class AgentFacts:
         As ssh's StrictModes does, whoever could get the write access: the mode bits of the
         agent's own uid, a group it may join later, a process running outside its mounts
         (``shell.exec`` is not confined to them) — a grant is only as safe as its file.  The
-        same holds for code the agent runs (``runs_as_agent``: a tool's executable), except
-        that the agent's own uid may own it: running its own code as itself gives it nothing
-        new, but code another uid may change would run with the agent's grants.
+        same holds for code the agent runs, a tool's executable among it, except that the
+        agent's own uid may own code that ``runs_as_agent`` only (a post-hook: running its own
+        code as itself after a call gives it nothing new), but code another uid may change
+        would run with the agent's grants.
 
         A directory writable by a group or by others is enough when it has the sticky bit and
         belongs to the host, and the entry below it does too: then nobody else may rename or
         remove that entry (a shared space's root, ``chmod +t``).
         """
         entries = walk(self.root, path)
-        host = entries[0].status.st_uid if entries[0].status is not None else 0
+        self._judge_strict_modes(path, entries, _host_of(entries), runs_as_agent=runs_as_agent)
+
+    def require_strict_modes_in(self, directory: PurePosixPath, names: Sequence[str]) -> None:
+        """:meth:`require_strict_modes` of each of ``names`` in ``directory`` that exists, in
+        that order, at the cost of one walk: a tool's policy and its other controls."""
+        entries, children = walk_with_children(self.root, directory, names)
+        host = _host_of(entries)
+        present = [child for child in children if child.status is not None]
+        if not present:  # nothing there: whoever reads a file of it refuses it
+            self._judge_strict_modes(directory, entries, host)
+            return
+        # What lies above the directory is the same for each file: judged whole once, then
+        # only the directory (whose sticky bit counts according to the file) and each file.
+        self._judge_strict_modes(present[0].shown, [*entries, present[0]], host)
+        for child in present[1:]:
+            self._judge_strict_modes(child.shown, [entries[-1], child], host)
+
+    def _judge_strict_modes(
+        self,
+        path: PurePosixPath | str,
+        entries: list[Entry],
+        host: int,
+        *,
+        runs_as_agent: bool = False,
+    ) -> None:
+        """Deny, as :meth:`require_strict_modes` says, unless each of ``entries`` (of the walk
+        to ``path``) belongs to ``host`` or root and is writable by its owner alone."""
         hosts = {0, host}
         owners = hosts | {self.identity.uid} if runs_as_agent else hosts
         loose = loose_entry([entry.status for entry in entries], owners, hosts)
@@ -402,6 +430,11 @@ class AgentFacts:
                         f"{path} is not host-owned: the agent may change {entry} "
                         f"(as uid {self.identity.uid}, at {view.path} through {view.mount})"
                     )
+
+
+def _host_of(entries: list[Entry]) -> int:
+    """The host administrator's uid: the owner of the storage root a walk starts at."""
+    return entries[0].status.st_uid if entries[0].status is not None else 0
 
 
 class _Evaluation:
@@ -497,14 +530,19 @@ class _Evaluation:
         if self.site is None or self.site.own_policy is None:
             return Outcome.NOT_APPLICABLE, f"{self.object_class} objects have no own policy"
         # The second layer of P-6 is the host's: its file, and for a tool the executable it
-        # grants, are no more the agent's or another uid's to rewrite than the agent's own
-        # controls (step 4).
-        self.facts.require_strict_modes(self.site.own_policy)
-        self.facts.require_host_owned(self.site.own_policy)
+        # grants and the controls that describe and set it up (its cap decides whether it
+        # may reach the network, its mcp control which server it starts), are no more the
+        # agent's or another uid's to rewrite than the agent's own controls (step 4).
+        own_policy = self.site.own_policy
         if self.object_class == "tool":
-            self.facts.require_strict_modes(self.site.path, runs_as_agent=True)
-            self._require_host_owned_hooks(self.site.own_policy.parent / "hooks")
-        return self._allowed_by(self.site.own_policy)
+            self.facts.require_strict_modes_in(own_policy.parent, TOOL_CONTROLS)
+        else:
+            self.facts.require_strict_modes(own_policy)
+        self.facts.require_host_owned(own_policy)
+        if self.object_class == "tool":
+            self.facts.require_strict_modes(self.site.path)
+            self._require_host_owned_hooks(own_policy.parent / "hooks")
+        return self._allowed_by(own_policy)
 
     def _require_host_owned_hooks(self, hooks: PurePosixPath) -> None:
         """Hooks run under the agent's identity, and a pre-hook guards the tool's calls (T-6):

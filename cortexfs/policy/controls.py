@@ -12,24 +12,28 @@
     <object>.d/policy         a tool's or model's own policy                 (step 6)
 
 These files are the only source of grants (P-6: prompts, system prompts and model output
-never grant anything).  Every control is read without following links, and every failure to
-read one fails closed with EACCES; only a missing agent is ENOENT.
+never grant anything).  Every control is read without following links and no further than its
+limit (:data:`~cortexfs.regular_file.MAX_POLICY_BYTES` for a policy,
+:data:`~cortexfs.regular_file.MAX_CONTROL_BYTES` for the others), and every failure to read one
+fails closed: EFBIG for a control over its limit, EACCES otherwise; only a missing agent is
+ENOENT.
 """
 
 from __future__ import annotations
 
 import errno
-import json
 import os
 import stat
 from pathlib import Path, PurePosixPath
 
-from cortexfs.errors import HOST_SHORTAGES, CtxError, denied, invalid, not_found
+from cortexfs import jsontext
+from cortexfs.errors import HOST_SHORTAGES, CtxError, denied, invalid, not_found, too_big
 from cortexfs.policy import beneath
 from cortexfs.policy.decision import Policy
 from cortexfs.policy.grammar import PolicySyntaxError, check_subject_type
 from cortexfs.policy.linux import Identity
 from cortexfs.policy.mounts import Mount, mount_problem, parse_mount_table
+from cortexfs.regular_file import MAX_CONTROL_BYTES, MAX_POLICY_BYTES
 from cortexfs.storage import require_root
 
 AGENTS = PurePosixPath("agent")
@@ -118,10 +122,10 @@ def read_policy(root: Path, path: PurePosixPath) -> Policy:
 
 
 def parse_identity(data: bytes) -> Identity:
-    """An identity control; EINVAL naming what is wrong."""
+    """An identity control; EINVAL saying what is wrong in words an administrator can act on."""
     try:
-        fields = json.loads(data)
-    except (UnicodeDecodeError, ValueError) as exc:
+        fields = jsontext.loads_text(data)
+    except ValueError as exc:
         raise invalid(f"not JSON: {exc}") from None
     if not isinstance(fields, dict) or set(fields) != _IDENTITY_KEYS:
         raise invalid('expected exactly {"uid": N, "gid": N, "groups": [N, ...]}')
@@ -138,6 +142,18 @@ def _is_id(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= _MAX_ID
 
 
+def control_limit(path: PurePosixPath) -> int:
+    """The most the control at ``path`` may hold: :data:`MAX_POLICY_BYTES` for a policy,
+    :data:`MAX_CONTROL_BYTES` for any other control of an agent, a tool or a model."""
+    return MAX_POLICY_BYTES if path.name == "policy" else MAX_CONTROL_BYTES
+
+
+def too_large(path: PurePosixPath) -> str:
+    """What to say of the control at ``path`` when it is over its :func:`control_limit`."""
+    kind = "a policy" if path.name == "policy" else "a control"
+    return f"{path} holds more than {control_limit(path)} bytes, the limit of {kind}"
+
+
 def _read_control(root: Path, path: PurePosixPath, when_missing: str) -> bytes:
     data = _read_optional(root, path)
     if data is None:
@@ -146,12 +162,15 @@ def _read_control(root: Path, path: PurePosixPath, when_missing: str) -> bytes:
 
 
 def _read_optional(root: Path, path: PurePosixPath) -> bytes | None:
+    limit = control_limit(path)
     try:
-        return beneath.read_file(root, path)
+        return beneath.read_file(root, path, limit)
     except FileNotFoundError:
         return None
     except OSError as exc:
         if exc.errno in HOST_SHORTAGES:  # not judged: denied all the same, for that reason
             raise CtxError(exc.errno, f"{path} cannot be read now: {exc.strerror}") from None
+        if exc.errno == errno.EFBIG:  # denied all the same, saying what to fix
+            raise too_big(f"{too_large(path)}, so it is not read; rewrite it") from None
         reason = "a link or not a regular file" if exc.errno in _NOT_A_FILE else exc.strerror
         raise denied(f"{path} cannot be read safely: {reason}") from None

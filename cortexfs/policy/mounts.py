@@ -21,12 +21,12 @@ Pure but for :func:`source_problem`: sources are compared as given.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from pathlib import PurePosixPath
 from typing import NamedTuple
 
+from cortexfs import jsontext
 from cortexfs.errors import invalid
 
 MOUNT_MODES = ("ro", "rw")
@@ -68,8 +68,8 @@ class View(NamedTuple):
 def parse_mount_table(data: bytes) -> tuple[Mount, ...]:
     """The mounts of a mount control; EINVAL naming the first malformed entry."""
     try:
-        table = json.loads(data)
-    except (UnicodeDecodeError, ValueError) as exc:
+        table = jsontext.loads_text(data)
+    except ValueError as exc:
         raise invalid(f"the mount table is not JSON: {exc}") from None
     if not isinstance(table, list):
         raise invalid("the mount table must be a JSON array of [source, target, mode] triples")

@@ -58,6 +58,12 @@ NEEDED_ACCESS = MappingProxyType(
 )
 DEFAULT_TOOL_LOCATION = "tool"
 OWN_POLICY = "policy"
+# The files of a tool's control directory (T-1) that make the tool what it is, held to
+# StrictModes with its policy at step 6; not its log, a record the host appends to.
+TOOL_CONTROLS = (
+    OWN_POLICY,
+    *("name", "description", "schema", "cap", "status", "program", "mcp", "origin"),
+)
 
 _TOOL_LOCATION = re.compile(r"tool|home/[0-9]+/tool|shared/(?P<space>[^/]+)/tool")
 _SESSION_LOCATION = re.compile(

@@ -18,8 +18,10 @@
     <name>.d/program        optional: a success-result JSON Schema, reserved (C-1, C-2)
 
 ``<dir>`` is a tier: ``tool/``, ``home/<uid>/tool/`` or ``shared/<space>/tool/``.  Controls
-are read without following links (:mod:`cortexfs.policy.beneath`).  A control that is missing
-or malformed makes the tool unusable (ENOEXEC, "damaged"); a malformed ``program`` makes it
+are read without following links (:mod:`cortexfs.policy.beneath`) and no further than their
+limit (:func:`cortexfs.policy.controls.control_limit`: 1 MiB, 16 MiB for the policy).  A
+control that is missing or malformed makes the tool unusable (ENOEXEC, "damaged"), one over
+its limit too (EFBIG, naming it and the limit); a malformed ``program`` makes it
 *unavailable* (C-2); ``status`` other than ``available`` refuses every call.
 """
 
@@ -33,9 +35,11 @@ from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any, NamedTuple
 
+from cortexfs import jsontext
 from cortexfs.errors import HOST_SHORTAGES, CtxError, denied
 from cortexfs.names import check_object_name
 from cortexfs.policy import beneath
+from cortexfs.policy.controls import control_limit, too_large
 from cortexfs.tools.remedy import reinstall_advice
 from cortexfs.tools.schemas import schema_problems
 
@@ -111,9 +115,12 @@ def damaged(tool: ToolObject, reason: str) -> CtxError:
 
 
 def read_control(tool: ToolObject, name: str) -> bytes | None:
-    """The bytes of one control, None when it is absent; links are never followed."""
+    """The bytes of one control, None when it is absent; links are never followed, and no
+    more than the control's limit is read (EFBIG beyond it)."""
+    relative = tool.relative_control(name)
+    limit = control_limit(relative)
     try:
-        return beneath.read_file(tool.directory, tool.relative_control(name))
+        return beneath.read_file(tool.directory, relative, limit)
     except FileNotFoundError:
         return None
     except OSError as exc:
@@ -121,6 +128,8 @@ def read_control(tool: ToolObject, name: str) -> bytes | None:
             raise CtxError(
                 exc.errno, f"{tool.name}'s {name} cannot be read now: {exc.strerror}"
             ) from None
+        if exc.errno == errno.EFBIG:  # said as damage, with the errno of what is wrong
+            raise CtxError(errno.EFBIG, damaged(tool, too_large(relative)).message) from None
         raise damaged(tool, f"{name} cannot be read safely ({exc.strerror})") from None
 
 
@@ -181,7 +190,10 @@ def layout_problems(tool: ToolObject) -> list[str]:
             problems.append(f"{tool.name} is not an executable regular file")
     except (FileNotFoundError, NotADirectoryError):
         problems.append(f"{tool.name} is missing")
-    problems += _missing_controls(tool)
+    try:
+        problems += _missing_controls(tool)
+    except CtxError as exc:  # a name control over its limit or unreadable: damage all the same
+        problems.append(exc.message)
     if not problems:
         try:
             read_controls(tool)
@@ -215,8 +227,8 @@ def _read_json(tool: ToolObject, name: str) -> Any:
     if data is None:
         raise damaged(tool, f"the {name} control is missing")
     try:
-        return json.loads(data)
-    except (UnicodeDecodeError, ValueError) as exc:
+        return jsontext.loads_text(data)
+    except ValueError as exc:
         raise damaged(tool, f"the {name} control is not JSON ({exc})") from None
 
 

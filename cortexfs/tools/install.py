@@ -23,11 +23,12 @@ import hashlib
 import json
 import os
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from cortexfs import durable, storage
-from cortexfs.errors import CtxError, exists, invalid, not_found
+from cortexfs.errors import CtxError, exists, invalid, not_found, too_big
 from cortexfs.names import check_object_name, is_object_name
+from cortexfs.policy.controls import control_limit
 from cortexfs.shared.tree import ensure_directories, ensure_home, user_ownership
 from cortexfs.timefmt import rfc3339
 from cortexfs.tools.controls import (
@@ -191,6 +192,13 @@ def install_tool(
     }
     controls = manifest.controls()
     controls["origin"] = (json.dumps(origin, indent=2) + "\n").encode()
+    for name, data in controls.items():
+        limit = control_limit(PurePosixPath(name))
+        if len(data) > limit:  # refused now rather than installed as a tool found damaged
+            raise too_big(
+                f"{manifest.source}: its {name} control would hold {len(data)} bytes as "
+                f"installed, more than the {limit} bytes a control may hold; make it smaller"
+            )
     replaced = install_pair(
         tier.directory,
         manifest.name,

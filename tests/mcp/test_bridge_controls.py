@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -25,12 +26,41 @@ def test_a_control_that_cannot_be_read_is_damage_but_a_shortage_is_not(
     with pytest.raises(ToolFailure) as missing:
         read(str(executable))  # type: ignore[operator]
 
-    def out_of_descriptors(self: Path) -> bytes:
-        raise OSError(errno.EMFILE, os.strerror(errno.EMFILE), str(self))
+    def out_of_descriptors(path: Path, limit: int) -> bytes:
+        raise OSError(errno.EMFILE, os.strerror(errno.EMFILE), str(path))
 
-    monkeypatch.setattr(Path, "read_bytes", out_of_descriptors)
+    monkeypatch.setattr(mcp_bridge, "read_regular_file", out_of_descriptors)
     with pytest.raises(ToolFailure) as short:
         read(str(executable))  # type: ignore[operator]
 
     assert missing.value.errno == errno.ENOEXEC
     assert short.value.errno == errno.EMFILE
+
+
+@pytest.mark.parametrize(
+    ("read", "control"), [(mcp_bridge.read_schema, "schema"), (mcp_bridge.read_locator, "mcp")]
+)
+def test_a_sparse_control_is_refused_with_efbig_and_a_fifo_is_not_waited_on(
+    tmp_path: Path, read: object, control: str
+) -> None:
+    """No more than a byte past 1 MiB of a control grown sparse to 4 GiB is read; a FIFO in a
+    control's place is damage at once, not a wait for a writer."""
+    executable = tmp_path / "gh.search"
+    executable.write_text("")
+    path = tmp_path / "gh.search.d" / control
+    path.parent.mkdir()
+    path.touch()
+    os.truncate(path, 4 << 30)
+
+    started = time.monotonic()
+    with pytest.raises(ToolFailure) as too_big:
+        read(str(executable))  # type: ignore[operator]
+    path.unlink()
+    os.mkfifo(path)
+    with pytest.raises(ToolFailure) as fifo:
+        read(str(executable))  # type: ignore[operator]
+
+    assert time.monotonic() - started < 5
+    assert too_big.value.errno == errno.EFBIG
+    assert f"{path} holds more than 1048576 bytes, the limit of a control" in str(too_big.value)
+    assert fifo.value.errno == errno.ENOEXEC

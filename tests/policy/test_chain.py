@@ -160,7 +160,8 @@ def test_owner_and_group_bits_apply_to_the_agent(
     tool = add_tool(root, "fs.read", policy=FS_READ_RULE, mode=0o700)
     assert run_fs_read(root, user).step == Step.MODE_BITS
     os.chown(tool, user.uid, 0)
-    assert run_fs_read(root, user).allowed
+    # Its owner bits let the agent run it; that the agent could rewrite it is step 6's.
+    assert_denied_at(run_fs_read(root, user), Step.OWN_POLICY, errno.EACCES, "the agent's own")
 
     os.chown(tool, 0, 61005)
     tool.chmod(0o750)
@@ -458,10 +459,10 @@ def test_a_policy_the_host_cannot_open_now_is_denied_with_the_shortage(
     add_tool(root, "fs.read", policy=FS_READ_RULE)
     read_file = beneath.read_file
 
-    def out_of_descriptors(directory: Path, path: PurePosixPath) -> bytes:
+    def out_of_descriptors(directory: Path, path: PurePosixPath, limit: int) -> bytes:
         if path.name == "policy" and "fs.read.d" in path.parts:
             raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
-        return read_file(directory, path)
+        return read_file(directory, path, limit)
 
     monkeypatch.setattr(beneath, "read_file", out_of_descriptors)
 

@@ -70,9 +70,9 @@ def test_the_controls_are_read_once_for_all_questions(
     reads: Counter[str] = Counter()
     read_file = beneath.read_file
 
-    def counting(base: Path, path: PurePosixPath) -> bytes:
+    def counting(base: Path, path: PurePosixPath, limit: int) -> bytes:
         reads[str(path)] += 1
-        return read_file(base, path)
+        return read_file(base, path, limit)
 
     monkeypatch.setattr(beneath, "read_file", counting)
     facts = AgentFacts(root, "coder")

@@ -246,13 +246,17 @@ def test_a_spaces_tool_another_may_change_runs_for_nobody(
     assert reason.format(uid=user.uid) in decision.reason
 
 
-def test_a_members_own_executable_in_a_space_runs_for_it_alone(
+def test_a_members_own_executable_in_a_space_runs_for_nobody(
     space_tool: AuthorityRequest, user: UnprivilegedUser, root: Path
 ) -> None:
-    """Its own code run as itself gives an agent nothing new; to any other agent it is code a
-    member could change."""
+    """The grant is for the tool the host installed: an executable the agent could rewrite
+    would run whatever it put there under that grant (P-6), as much as another uid's."""
     os.chown(root / "shared" / "project-a" / "tool" / "lint", user.uid, user.gid)
-    assert check_authority(space_tool).allowed
+
+    decision = check_authority(space_tool)
+
+    assert (decision.step, decision.errno) == (Step.OWN_POLICY, errno.EACCES), decision.reason
+    assert f"tool/lint belongs to uid {user.uid}, the agent's own" in decision.reason
 
 
 def test_an_agent_of_the_host_administrator_runs_the_tools_of_its_own_home(

@@ -81,10 +81,14 @@ def _in_1_gib() -> None:
 
 
 @pytest.mark.parametrize("name", ["/dev/zero", "-"])
-def test_a_policy_that_never_ends_is_refused_once_past_16_mib(name: str) -> None:
-    """/dev/zero as FILE or on stdin: invalid (check: exit 1; query: exit 2, P-8), no more
-    than a byte past the limit read, where reading it whole would exhaust memory."""
+def test_a_policy_that_never_ends_is_refused(name: str) -> None:
+    """/dev/zero on stdin: invalid once past 16 MiB, no more than a byte past the limit read,
+    where reading it whole would exhaust memory; as FILE: invalid, not a regular file (check:
+    exit 1; query: exit 2, P-8)."""
     said = f"{name} holds more than {MAX_POLICY_BYTES} bytes, more than a policy may"
+    if name != "-":
+        said = f"{name} is not a regular file (a FIFO, device or directory); give a policy "
+        said += "file, or '-' to read one from a pipe"
     query = ["query", "--policy", name, "coder_t", "tool:fs.read", "execute"]
     with open("/dev/zero", "rb") as zeros:
         check, asked = (
@@ -101,6 +105,24 @@ def test_a_policy_that_never_ends_is_refused_once_past_16_mib(name: str) -> None
 
     assert (check.returncode, check.stderr) == (1, f"{name}: EINVAL: {said}\n")
     assert (asked.returncode, asked.stdout, asked.stderr) == (2, "", f"ctx: EINVAL: {said}\n")
+
+
+def test_a_fifo_given_as_a_policy_file_is_refused_at_once(tmp_path: Path) -> None:
+    """A FIFO is not waited on (no writer may ever come): not a regular file, EINVAL (check:
+    exit 1; query: exit 2, P-8); a pipe is given as '-'."""
+    fifo = tmp_path / "policy.fifo"
+    os.mkfifo(fifo)
+    said = f"{fifo} is not a regular file (a FIFO, device or directory); give a policy file, "
+    said += "or '-' to read one from a pipe"
+
+    check = subprocess.run(
+        [CTX, "policy", "check", str(fifo)], capture_output=True, text=True, timeout=10
+    )
+    query = ["query", "--policy", str(fifo), "coder_t", "tool:fs.read", "execute"]
+    asked = subprocess.run([CTX, "policy", *query], capture_output=True, text=True, timeout=10)
+
+    assert (check.returncode, check.stderr) == (1, f"{fifo}: EINVAL: {said}\n")
+    assert (asked.returncode, asked.stderr) == (2, f"ctx: EINVAL: {said}\n")
 
 
 def test_a_policy_of_16_mib_is_read_and_one_byte_more_is_refused(tmp_path: Path) -> None:

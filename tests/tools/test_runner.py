@@ -802,10 +802,10 @@ def test_a_control_the_host_cannot_open_now_is_not_called_damaged(
     not with ENOEXEC and advice to reinstall a tool that is intact."""
     read_file = beneath.read_file
 
-    def out_of_descriptors(directory: Any, path: Any) -> bytes:
+    def out_of_descriptors(directory: Any, path: Any, limit: int) -> bytes:
         if path.name == "cap":
             raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
-        return read_file(directory, path)
+        return read_file(directory, path, limit)
 
     monkeypatch.setattr(beneath, "read_file", out_of_descriptors)
 

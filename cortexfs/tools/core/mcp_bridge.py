@@ -40,6 +40,7 @@ from cortexfs import jsontext
 from cortexfs.errors import HOST_SHORTAGES, CtxError
 from cortexfs.mcp.client import StdioClient
 from cortexfs.mcp.config import MAX_CONFIG_BYTES, ServerSpec, parse_server
+from cortexfs.regular_file import MAX_CONTROL_BYTES, read_regular_file
 from cortexfs.strict_modes import loose_entry
 from cortexfs.tools import schema_subset
 from cortexfs.tools.core import confine
@@ -71,12 +72,17 @@ def _json_control(
 ) -> tuple[Path, Any]:
     """The path and the JSON value (read by ``loads``) of control ``name`` of the tool whose
     executable is ``executable``: ENOEXEC (a damaged tool) when it cannot be read or is not
-    JSON, but the host's shortage of descriptors, memory or space with its own errno, since
-    that is no damage."""
+    JSON, and EFBIG when it holds more than a control may (:data:`MAX_CONTROL_BYTES`, of
+    which no more than one byte past is read), but the host's shortage of descriptors, memory
+    or space with its own errno, since that is no damage.  A link or a FIFO in its place is
+    neither followed nor waited on, as the runner reads controls."""
     path = Path(os.path.abspath(executable) + ".d") / name
     try:
-        return path, loads(path.read_bytes())
+        return path, loads(read_regular_file(path, MAX_CONTROL_BYTES))
     except OSError as exc:
+        if exc.errno == errno.EFBIG:
+            limit = f"{path} holds more than {MAX_CONTROL_BYTES} bytes, the limit of a control"
+            raise ToolFailure(errno.EFBIG, limit) from None
         code = exc.errno if exc.errno in HOST_SHORTAGES else errno.ENOEXEC
         raise ToolFailure(code, f"{path} is not a readable {what}: {exc.strerror}") from None
     except ValueError as exc:
