@@ -6,9 +6,8 @@ or an object's ``log`` (docs/sessions.md states it for users):
 * a key names a secret when, lower-cased and with everything but letters and digits dropped,
   it contains ``password``, ``passwd``, ``passphrase``, ``secret``, ``token``, ``apikey``,
   ``authorization``, ``credential``, ``privatekey`` or ``cookie`` — not counting the ordinary
-  words that merely start with one (:data:`_ORDINARY_WORDS`: ``tokenizer``, ``secretary``) —
-  or when its last word is ``auth`` (``auth``, ``X-Auth``, ``basicAuth``; not ``author``,
-  ``auth_url``);
+  words that merely start with one (``tokenizer``, ``secretary``) — or when its last word is
+  ``auth`` (``auth``, ``X-Auth``, ``basicAuth``; not ``author``, ``auth_url``);
 * the value under such a key, whatever its JSON type, is replaced by ``"[redacted]"``; a
   string that looks like a credential whatever its key (``Bearer …``/``Basic …``
   authorisation values, armored private keys) is replaced too;
@@ -32,7 +31,8 @@ or an object's ``log`` (docs/sessions.md states it for users):
   ``sk_live_…``, and JSON Web Tokens);
 * in a command line, an argv or one written in a text: the word after a secret-naming
   option (``--password X``, ``--api-key X``) is redacted; and so are the values of the
-  options that mean a secret only in a known program's command (:data:`_PROGRAMS`): curl's
+  options that mean a secret only in a known program's command
+  (:mod:`cortexfs.shared.redact_commands`): curl's
   ``-u``/``--user``/``-U``/``--proxy-user user:password`` lose the password, MySQL's and
   MariaDB's ``-pPASSWORD`` (glued; ``-p`` alone asks for one), sshpass's ``-p PASSWORD``,
   the ``-p PASSWORD`` of a ``login`` subcommand (``docker login``, ``podman login``,
@@ -49,8 +49,10 @@ or an object's ``log`` (docs/sessions.md states it for users):
 * a summary whose JSON is still longer than :data:`MAX_SUMMARY_BYTES` is replaced by a note
   of its size, so one event stays one short line.
 
-Policy v0 has no class for logging, so this rule holds for every caller; a tool that needs
-the whole payload recorded writes it to a file of its own.
+Which keys name a secret is :mod:`cortexfs.shared.secret_keys`; the command-line part is
+:mod:`cortexfs.shared.redact_commands`.  Policy v0 has no class for logging, so this rule
+holds for every caller; a tool that needs the whole payload recorded writes it to a file of
+its own.
 """
 
 from __future__ import annotations
@@ -60,35 +62,18 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-REDACTED = "[redacted]"
+from cortexfs.shared.redact_commands import command_secrets, redact_command_lines
+from cortexfs.shared.secret_keys import ARGV_KEY, REDACTED, is_secret_key
+
 MAX_TEXT = 200
 MAX_ITEMS = 20
 MAX_DEPTH = 6
 MAX_SUMMARY_BYTES = 8 * 1024
 
-SECRET_WORDS = (
-    "password",
-    "passwd",
-    "passphrase",
-    "secret",
-    "token",
-    "apikey",
-    "authorization",
-    "credential",
-    "privatekey",
-    "cookie",
-)
-# Ordinary words that start with a secret's name and name none: a key holding one is judged
-# on the rest of it (``tokenizer`` names no secret, ``tokenizer_secret`` does).
-_ORDINARY_WORDS = re.compile(r"tokeni[sz]|secretar")
-# ``auth`` names a secret only as the last word of a key (``basic_auth``, ``X-Auth``): too
-# many words start with it (``author``), and ``auth_url`` or ``auth_type`` name none.
-_KEY_WORDS = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|[0-9]+")
 _ARMORED_PRIVATE_KEY = r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY[A-Z0-9 ]*-----"
 _CREDENTIAL_VALUE = re.compile(
     rf"\s*(?:(?:bearer|basic)\s+\S+|{_ARMORED_PRIVATE_KEY})", re.IGNORECASE
 )
-_KEY_CHARACTERS = re.compile(r"[^a-z0-9]")
 _AUTH_SCHEMES = ("bearer", "basic")
 
 # What a secret looks like inside free text (see the module's rule).  Each pattern keeps what
@@ -119,7 +104,6 @@ _BLOCK_START = re.compile(r"(?:[|>][-+0-9]*)?[ \t]*(?:\r?\n|\\(?:r\\)?n)")
 _BLOCK_INDICATOR = re.compile(r"[ \t]*[|>][-+0-9]*[ \t]*")
 _BLOCK_LINE = re.compile(r"(?P<indent>[ \t]*)(?P<content>(?:[^\r\n\\]|\\(?!n|r\\n))*)")
 _LINE_BREAK = re.compile(r"\r?\n|\\(?:r\\)?n")
-_ARGV_KEY = re.compile(r"-*[A-Za-z0-9_.]+(?:-[A-Za-z0-9_.]+)*")
 # Tokens that say what they are by a prefix their issuers document, so that they are found
 # in any text, under any key: long enough after the prefix not to take ordinary words.
 _KNOWN_TOKEN = re.compile(
@@ -139,52 +123,6 @@ _NETRC_ENTRY = re.compile(r"(?<![\w-])machine[ \t]+\S")
 _NETRC_PASSWORD = re.compile(
     r"""(?P<key>(?<![\w-])password[ \t]+)(?!\[redacted\])(?:"(?:[^"\\]|\\.)*"|[^\s"'\\]+)"""
 )
-# The words of a command line written in a text (quoted parts kept whole), and the operators
-# that end one command and start the next.
-_SHORT_OPTIONS = re.compile(r"-[A-Za-z]+")
-_SHELL_WORD = re.compile(r"""(?:"(?:[^"\\]|\\.)*"|'[^']*'|[^\s"';&|])+|[;&|]+""")
-_REDIRECTION = re.compile(r"[0-9]*[<>]")
-
-# How the value of an option that names a secret is hidden: whole, the password of
-# ``user:password``, or the secret of openssl's ``pass:SECRET``.  ``_GLUED`` values count
-# only glued to their option (``-pX``).
-_WHOLE, _PASSWORD_PART, _PASS_ARGUMENT, _GLUED = "whole", "password", "pass:", "glued"
-_CURL_OPTIONS = {
-    "-u": _PASSWORD_PART,
-    "--user": _PASSWORD_PART,
-    "-U": _PASSWORD_PART,
-    "--proxy-user": _PASSWORD_PART,
-}
-_OPENSSL_OPTIONS = {
-    "-k": _WHOLE,
-    "-K": _WHOLE,
-    "-pass": _PASS_ARGUMENT,
-    "-passin": _PASS_ARGUMENT,
-    "-passout": _PASS_ARGUMENT,
-}
-# The programs whose options hold a secret where the same options elsewhere mean none, and
-# whether their short options are getopt's (given together, ``-su``, or glued, ``-uX``).
-_PROGRAMS: dict[str, tuple[dict[str, str], bool]] = {
-    "curl": (_CURL_OPTIONS, True),
-    "mysql": ({"-p": _GLUED}, True),  # -p alone asks for the password; the next word is a db
-    "mariadb": ({"-p": _GLUED}, True),
-    "sshpass": ({"-p": _WHOLE}, True),
-    "login": ({"-p": _WHOLE}, True),  # as a subcommand: docker, podman, az, cf … login
-    "openssl": (_OPENSSL_OPTIONS, False),
-    "htpasswd": ({}, True),  # -b: the password is the last operand (_htpasswd_password)
-}
-
-
-def is_secret_key(key: str) -> bool:
-    normalised = _KEY_CHARACTERS.sub("", key.lower())
-    if any(word in normalised for word in SECRET_WORDS):
-        ordinary_removed = _ORDINARY_WORDS.sub("", normalised)
-        if any(word in ordinary_removed for word in SECRET_WORDS):
-            return True
-    if not normalised.endswith("auth"):
-        return False
-    words = _KEY_WORDS.findall(key)
-    return bool(words) and words[-1].lower() == "auth"
 
 
 def bounded_summary(value: Any) -> Any:
@@ -233,7 +171,7 @@ def _distinct(key: str, taken: dict[str, Any]) -> str:
 def summarize_argv(argv: Sequence[str]) -> list[str]:
     """An argv safe to log: secret option values redacted, long words shortened."""
     words = list(argv[:MAX_ITEMS])
-    hidden = _command_secrets(words)
+    hidden = command_secrets(words)
     kept: list[str] = []
     hide_next = False
     for index, word in enumerate(words):
@@ -246,7 +184,7 @@ def summarize_argv(argv: Sequence[str]) -> list[str]:
         key, equals, _ = word.partition("=")
         if index in hidden:
             kept.append(hidden[index])
-        elif equals and _ARGV_KEY.fullmatch(key) and is_secret_key(key):
+        elif equals and ARGV_KEY.fullmatch(key) and is_secret_key(key):
             kept.append(f"{key}={REDACTED}")
         elif _introduces_a_secret(word):
             kept.append(word)
@@ -266,121 +204,6 @@ def _introduces_a_secret(word: str) -> bool:
     return word.endswith(":") and is_secret_key(word)
 
 
-def _command_secrets(words: Sequence[str]) -> dict[int, str]:
-    """In the words of one command, what to log instead of those that hold a secret: the
-    word after a secret-naming option, and the secret values of the :data:`_PROGRAMS`."""
-    hidden: dict[int, str] = {}
-    program = ""
-    next_value: str | None = None
-    for index, word in enumerate(words):
-        if next_value is not None:
-            replacement = _hidden_value(word, next_value)
-            if replacement is not None:
-                hidden[index] = replacement
-            next_value = None
-            continue
-        bare = _unquoted(word)
-        if not program:
-            program = _program(bare, index)
-            if program == "htpasswd":
-                operand = _htpasswd_password(words, index)
-                if operand is not None:
-                    hidden[operand] = _hidden_value(words[operand], _WHOLE) or words[operand]
-        # The program's own options first: mysql's -pPassword123 is a password given in the
-        # word, not an option named "password" whose value is the next word.
-        how = _program_option(word, bare, program, hidden, index) if program else None
-        if how is not None:
-            next_value = how or None
-            continue
-        if bare.startswith("-") and _ARGV_KEY.fullmatch(bare) and is_secret_key(bare):
-            next_value = _WHOLE
-    return hidden
-
-
-def _program(word: str, index: int) -> str:
-    """The :data:`_PROGRAMS` entry that ``word`` runs, or ""."""
-    name = word.rpartition("/")[2]
-    if name.startswith(("mysql", "mariadb")):  # mysqldump, mariadb-dump…
-        return name[:5] if name.startswith("mysql") else name[:7]
-    if name == "login" and index == 0:
-        return ""  # login(1) itself, whose -p keeps the environment
-    return name if name in _PROGRAMS else ""
-
-
-def _program_option(
-    word: str, bare: str, program: str, hidden: dict[int, str], index: int
-) -> str | None:
-    """If ``word`` is one of the ``program``'s secret-bearing options: hide a value glued to
-    it (in ``hidden``) and return how the next word is to be hidden ("" when it is not);
-    None when the word is none of them."""
-    options, getopt = _PROGRAMS[program]
-    for option, how in options.items():
-        if how != _GLUED and (bare == option or (getopt and _in_a_cluster(bare, option))):
-            return how
-        glued = _glued_value(bare, option) if getopt else None
-        if glued is not None:
-            replacement = _hidden_value(glued, how)
-            if replacement is not None:
-                hidden[index] = word.replace(glued, replacement, 1)
-            return ""
-    return None
-
-
-def _htpasswd_password(words: Sequence[str], program_at: int) -> int | None:
-    """Where htpasswd's password is: with ``-b`` (batch), its last operand
-    (``htpasswd -b FILE USER PASSWORD``, ``htpasswd -nb USER PASSWORD``); without, it asks."""
-    batch, operand, option_value = False, None, False
-    for index in range(program_at + 1, len(words)):
-        word = _unquoted(words[index])
-        if _REDIRECTION.match(word):
-            break
-        if option_value:
-            option_value = False
-        elif _SHORT_OPTIONS.fullmatch(word):
-            batch = batch or "b" in word
-            option_value = word[-1] in "Cr"  # -C cost, -r rounds
-        else:
-            operand = index
-    return operand if batch else None
-
-
-def _in_a_cluster(word: str, option: str) -> bool:
-    """``-su`` for ``-u``: short options given together, the one taking a value last."""
-    short = not option.startswith("--")
-    return short and word.endswith(option[1]) and _SHORT_OPTIONS.fullmatch(word) is not None
-
-
-def _glued_value(word: str, option: str) -> str | None:
-    """The value given in the same word as ``option`` (``-uVALUE``, ``--user=VALUE``)."""
-    given_as = option + ("=" if option.startswith("--") else "")
-    return word[len(given_as) :] if word.startswith(given_as) and word != given_as else None
-
-
-def _unquoted(word: str) -> str:
-    if len(word) >= 2 and word[0] == word[-1] and word[0] in "\"'":
-        return word[1:-1]
-    return word
-
-
-def _hidden_value(word: str, how: str) -> str | None:
-    """``word`` with its secret replaced, quotes kept; None when it holds none to hide."""
-    quote = word[0] if _unquoted(word) != word else ""
-    value = _unquoted(word)
-    if not value or value == REDACTED:
-        return None
-    if how == _PASSWORD_PART:
-        user, colon, password = value.partition(":")
-        if not colon or not password or password == REDACTED:
-            return None  # no password given: the program asks for it
-        return f"{quote}{user}:{REDACTED}{quote}"
-    if how == _PASS_ARGUMENT:
-        # env:VAR, file:PATH, fd:N and stdin say where the secret is, not what it is.
-        if not value.startswith(_PASS_ARGUMENT) or value == _PASS_ARGUMENT + REDACTED:
-            return None
-        return f"{quote}{_PASS_ARGUMENT}{REDACTED}{quote}"
-    return f"{quote}{REDACTED}{quote}"
-
-
 def redact_text(text: str) -> str:
     """``text`` with the values of the secrets it names replaced (the free-text rule)."""
     if "-----BEGIN" in text:
@@ -391,27 +214,7 @@ def redact_text(text: str) -> str:
     text = _URL_PASSWORD.sub(lambda m: f"{m['lead']}{REDACTED}@", text)
     if _NETRC_ENTRY.search(text):
         text = _NETRC_PASSWORD.sub(lambda m: f"{m['key']}{REDACTED}", text)
-    return _redact_command_lines(_redact_key_values(text))
-
-
-def _redact_command_lines(text: str) -> str:
-    """The command-line rule (:func:`_command_secrets`) for each command written in
-    ``text``: a command ends at a line break or at ``;``, ``&`` or ``|``."""
-    pieces, kept_up_to = [], 0
-    command: list[re.Match[str]] = []
-    for word in [*_SHELL_WORD.finditer(text), None]:
-        ends = word is None or word[0][0] in ";&|"
-        if command and not ends and "\n" in text[command[-1].end() : word.start()]:
-            ends = True
-        if ends and command:
-            for index, replacement in sorted(_command_secrets([w[0] for w in command]).items()):
-                found = command[index]
-                pieces += [text[kept_up_to : found.start()], replacement]
-                kept_up_to = found.end()
-            command = []
-        if word is not None and word[0][0] not in ";&|":
-            command.append(word)
-    return "".join(pieces) + text[kept_up_to:]
+    return redact_command_lines(_redact_key_values(text))
 
 
 def _redact_header(match: re.Match[str]) -> str:

@@ -14,11 +14,11 @@ from cortexfs.shared.redact import (
     MAX_SUMMARY_BYTES,
     MAX_TEXT,
     REDACTED,
-    SECRET_WORDS,
     bounded_summary,
     summarize,
     summarize_argv,
 )
+from cortexfs.shared.secret_keys import SECRET_WORDS
 
 
 def test_secret_keys_are_redacted_whatever_their_spelling() -> None:
