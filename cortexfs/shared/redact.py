@@ -44,7 +44,8 @@ or an object's ``log`` (docs/sessions.md states it for users):
   secret-naming header name (``Authorization:``) is redacted, and so is the word after
   ``Bearer`` or ``Basic``;
 * a string longer than :data:`MAX_TEXT` characters keeps its first :data:`MAX_TEXT` and says
-  how many it dropped; a list keeps :data:`MAX_ITEMS` items; nesting deeper than
+  how many it dropped; a list keeps :data:`MAX_ITEMS` items and an object its first
+  :data:`MAX_ITEMS` keys (``"[+N keys]": null`` says how many went); nesting deeper than
   :data:`MAX_DEPTH` is elided;
 * a summary whose JSON is still longer than :data:`MAX_SUMMARY_BYTES` is replaced by a note
   of its size, so one event stays one short line.
@@ -57,6 +58,7 @@ its own.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from collections.abc import Sequence
@@ -86,8 +88,11 @@ _HEADER_LINE = re.compile(r"^(?P<name>[ \t]*[A-Za-z0-9_-]+:)(?P<value>[ \t]*\S[^
 _AUTH_CREDENTIAL = re.compile(r"\b(?P<scheme>bearer|basic)(?P<gap>\s+)[^\s,;\"']+", re.IGNORECASE)
 # A key may be quoted, and its quotes escaped: JSON inside a double-quoted shell word
 # (``curl -d "{\"password\":\"…\"}"``) is written with ``\"``.
+# A key starts where a run of key characters starts (the lookbehind): tried from inside a
+# run too, a long word with no separator would cost its length squared.
 _SECRET_KEY_SEPARATOR = re.compile(
-    r"""(?P<key>\\?["']?[A-Za-z0-9_.-]+\\?["']?)[ \t]*(?P<separator>=>|[:=])[ \t]*"""
+    r"""(?<![A-Za-z0-9_.-])(?P<key>\\?["']?[A-Za-z0-9_.-]+\\?["']?)"""
+    r"""[ \t]*(?P<separator>=>|[:=])[ \t]*"""
 )
 _VALUE = re.compile(
     r"""(?!\[redacted\])"""
@@ -140,10 +145,12 @@ def summarize(value: Any, depth: int = 0) -> Any:
         if depth >= MAX_DEPTH:
             return f"[{len(value)} keys elided]"
         summary: dict[str, Any] = {}
-        for key, item in value.items():
+        for key, item in itertools.islice(value.items(), MAX_ITEMS):
             key = str(key)
             logged_key = _distinct(_short_text(key), summary)
             summary[logged_key] = REDACTED if is_secret_key(key) else summarize(item, depth + 1)
+        if len(value) > MAX_ITEMS:
+            summary[f"[+{len(value) - MAX_ITEMS} keys]"] = None
         return summary
     if isinstance(value, list | tuple):
         if depth >= MAX_DEPTH:

@@ -43,10 +43,12 @@ _PROGRAMS: dict[str, tuple[dict[str, str], bool]] = {
     "mysql": ({"-p": _GLUED}, True),  # -p alone asks for the password; the next word is a db
     "mariadb": ({"-p": _GLUED}, True),
     "sshpass": ({"-p": _WHOLE}, True),
-    "login": ({"-p": _WHOLE}, True),  # as a subcommand: docker, podman, az, cf … login
+    "login": ({"-p": _WHOLE}, True),  # as a subcommand of one of the _LOGIN_CLIENTS
     "openssl": (_OPENSSL_OPTIONS, False),
     "htpasswd": ({}, True),  # -b: the password is the last operand (_htpasswd_password)
 }
+# The clients whose ``login`` subcommand takes the password with -p (``helm registry login``).
+_LOGIN_CLIENTS = {"docker", "podman", "nerdctl", "buildah", "skopeo", "registry", "az", "cf"}
 
 
 def command_secrets(words: Sequence[str]) -> dict[int, str]:
@@ -64,7 +66,7 @@ def command_secrets(words: Sequence[str]) -> dict[int, str]:
             continue
         bare = _unquoted(word)
         if not program:
-            program = _program(bare, index)
+            program = _program(bare, _unquoted(words[index - 1]) if index else None)
             if program == "htpasswd":
                 operand = _htpasswd_password(words, index)
                 if operand is not None:
@@ -80,13 +82,17 @@ def command_secrets(words: Sequence[str]) -> dict[int, str]:
     return hidden
 
 
-def _program(word: str, index: int) -> str:
-    """The :data:`_PROGRAMS` entry that ``word`` runs, or ""."""
+def _program(word: str, previous: str | None) -> str:
+    """The :data:`_PROGRAMS` entry that ``word`` runs, or "" (``previous``: the word before
+    it, None for the first word)."""
     name = word.rpartition("/")[2]
     if name.startswith(("mysql", "mariadb")):  # mysqldump, mariadb-dump…
         return name[:5] if name.startswith("mysql") else name[:7]
-    if name == "login" and index == 0:
-        return ""  # login(1) itself, whose -p keeps the environment
+    if name == "login":
+        # Only the subcommand of a registry or cloud client (``docker login``): login(1) itself
+        # keeps the environment with -p, and elsewhere the word is an operand (``grep login``).
+        introduced = previous is not None and previous.rpartition("/")[2] in _LOGIN_CLIENTS
+        return name if introduced else ""
     return name if name in _PROGRAMS else ""
 
 

@@ -169,6 +169,18 @@ def test_a_cut_never_keeps_the_start_of_a_secret() -> None:
     assert "hunter" not in summarize(text)
 
 
+def test_an_object_keeps_its_first_keys_and_says_how_many_went() -> None:
+    """As a list keeps its first items: an input of 20 000 keys costs its logging what one
+    of 20 does (each key is summarised and searched for secrets like any text)."""
+    wide = {"path": "/etc/hostname", **{f"Bearer {i}": i for i in range(20_000)}}
+
+    summary = summarize(wide)
+
+    assert len(summary) == MAX_ITEMS + 1 and summary["path"] == "/etc/hostname"
+    assert summary[f"[+{20_001 - MAX_ITEMS} keys]"] is None
+    assert list(summary)[1:3] == ["[redacted]", "[redacted]#2"]
+
+
 def test_a_huge_structure_becomes_a_size_note() -> None:
     wide = {f"k{i}": [{"v": "x" * MAX_TEXT} for _ in range(MAX_ITEMS)] for i in range(50)}
 
@@ -227,7 +239,9 @@ def test_a_long_key_is_shortened_like_any_text() -> None:
     assert key.startswith("k" * MAX_TEXT) and key.endswith(f"[+{5000 - MAX_TEXT} chars]")
 
 
-@given(st.dictionaries(st.sampled_from(KNOWN_TOKENS) | st.text(), st.integers(), max_size=30))
+@given(
+    st.dictionaries(st.sampled_from(KNOWN_TOKENS) | st.text(), st.integers(), max_size=MAX_ITEMS)
+)
 def test_keys_keep_no_token_and_none_is_merged_away(value: dict[str, int]) -> None:
     summary = summarize(value)
 

@@ -47,6 +47,7 @@ R = REDACTED
         ("docker login -u me -p hunter2 reg", f"docker login -u me -p {R} reg"),
         ("podman login -p hunter2 reg; true", f"podman login -p {R} reg; true"),
         ("az login -u ana -p 'hunter2'", f"az login -u ana -p '{R}'"),
+        ("helm registry login -p hunter2 r", f"helm registry login -p {R} r"),
         ("htpasswd -b f user hunter2; true", f"htpasswd -b f user {R}; true"),
         ("htpasswd -bc f user hunter2", f"htpasswd -bc f user {R}"),
         ("htpasswd -nbB -C 10 user hunter2 > out", f"htpasswd -nbB -C 10 user {R} > out"),
@@ -73,6 +74,8 @@ def test_secrets_written_in_a_command_line_lose_their_values(command: str, logge
         "docker run -p 8080:80 img",
         "docker login -u me reg",  # no -p: docker asks for the password
         "login -p -h host ana",  # login(1) itself: -p keeps the environment
+        "grep login -p file",  # an operand, not a client's subcommand
+        "docker compose logs login -p 8080",
         "openssl rsa -check -in k.pem -passin env:PW -passout file:/p",
         "openssl enc -kfile key.txt -in f",
         "htpasswd f user",  # no -b: htpasswd asks for the password
