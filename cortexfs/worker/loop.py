@@ -67,7 +67,8 @@ def _claim_refused(exc: CtxError | OSError) -> CtxError:
     the jobs: a claim refused midway is undone (:func:`cortexfs.queue.claim_job`)."""
     return CtxError(
         exc.errno or errno.EIO,
-        f"a claim failed ({describe(exc)}); it was undone, so every job is where it was",
+        f"a claim failed ({describe(exc)}); a claim refused midway is undone, and 'ctx "
+        "queue recover --reconcile' settles whatever could not be undone",
     )
 
 

@@ -201,6 +201,8 @@ def test_a_claim_the_host_refuses_stops_the_worker_saying_it_was_undone(
 
     assert summary.failure_errno == errno.EMFILE and summary.stopped_by == "failure"
     assert summary.failure is not None and summary.failure.startswith("EMFILE: a claim failed (")
-    assert summary.failure.endswith("it was undone, so every job is where it was")
+    assert summary.failure.endswith(
+        "'ctx queue recover --reconcile' settles whatever could not be undone"
+    )
     assert executor.ran == [] and sorted(os.listdir(queue_dir / "pending")) == sorted(jobs)
     assert os.listdir(queue_dir / "claimed") == os.listdir(queue_dir / "lease") == []
