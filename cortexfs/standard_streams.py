@@ -15,7 +15,8 @@ output) refuses to start without it rather than act and print into /dev/null.
 
 An open standard output may still refuse what is written (``> /dev/full``, a full disk):
 after :func:`tell_output_errors` that failure is an :class:`OutputError`, so that a command
-can tell its output failing from a file of its own work failing with the same errno.
+can tell its output failing from a file of its own work failing with the same errno, and
+:func:`discard_output` drops what such a stream still holds.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 import io
 import os
 import sys
+from typing import TextIO
 
 _STREAMS = ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w"))
 _closed_at_start: set[int] = set()
@@ -70,8 +72,11 @@ class _StandardOutput(io.FileIO):
 
 def tell_output_errors() -> None:
     """Make ``sys.stdout`` raise :class:`OutputError` when its descriptor refuses a write;
-    everything else about it (encoding, errors, line buffering) stays as it was."""
+    everything else about it (encoding, errors, line buffering) stays as it was.  Once is
+    enough: a command that runs another's code (``ctx --storage DIR run``) may call it again."""
     stream = sys.stdout
+    if isinstance(getattr(getattr(stream, "buffer", None), "raw", None), _StandardOutput):
+        return
     try:
         fd = stream.fileno()
     except (AttributeError, ValueError, io.UnsupportedOperation):
@@ -83,3 +88,14 @@ def tell_output_errors() -> None:
         errors=stream.errors,
         line_buffering=stream.line_buffering,
     )
+
+
+def discard_output(stream: TextIO) -> None:
+    """Point ``stream``'s descriptor at /dev/null: what it still buffers, and whatever is
+    written to it later, goes nowhere instead of failing again (at the interpreter's last
+    flush, which would turn the exit status into 120)."""
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, stream.fileno())
+    finally:
+        os.close(null)

@@ -4,26 +4,27 @@ Commands are thin (CONVENTIONS): parse, call one library function, render.  Exit
 (SPEC §2.4): 0 success, 1 operation refused or conflict found, 2 usage error, 3 nothing to do;
 74 when standard output could not be written (:func:`output_failed`).
 
-An output that cannot be written (``> /dev/full``, a full disk) is reported here, for every
-command: ``ctx: ENOSPC: cannot write standard output (…)``, then what the command had already
+An output that cannot be written (``> /dev/full``, a full disk) ends every command the same
+way (:func:`cortexfs.cli.exits.output_failed`, reached from here for the click commands):
+``ctx: ENOSPC: cannot write standard output (…)``, then what the command had already
 changed, as it said with :func:`changed` (``job J was finished (do not finish it again)``),
 so that a command whose change is done is not taken as refused and run twice.
 """
 
 from __future__ import annotations
 
-import errno
 import functools
 import json
 import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn, TextIO, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import click
 
 from cortexfs import jsontext, storage
+from cortexfs.cli import exits
 from cortexfs.cli.exits import (  # noqa: F401  (re-exported: every command takes them from here)
     EXIT_NOTHING,
     EXIT_OK,
@@ -31,13 +32,15 @@ from cortexfs.cli.exits import (  # noqa: F401  (re-exported: every command take
     EXIT_READER_GONE,
     EXIT_REFUSED,
     EXIT_USAGE,
+    changed,
     exit_status,
     usage_problem,
 )
 from cortexfs.cli.params import NonEmptyPath
+from cortexfs.cli.printable import printable
 from cortexfs.errors import CtxError
 from cortexfs.names import check_object_name
-from cortexfs.standard_streams import OutputError
+from cortexfs.standard_streams import OutputError, discard_output
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -78,28 +81,9 @@ def readable_json(value: Any, separators: tuple[str, str] | None = None) -> str:
     return jsontext.dumps_utf8(value, separators=separators).decode()
 
 
-def printable(text: str) -> str:
-    """``text`` safe to show on a terminal: every character that is not printable (a control
-    character, which can start an escape sequence that retitles or rewrites the screen; a
-    line break; a bidirectional override; a byte of a name that is not UTF-8) as its Python
-    escape (``\\x1b``, ``\\u202e``, ``\\udcfe``).  For text others control: file names a
-    group member planted, descriptions a manifest or an MCP server gave, error messages
-    quoting either.  JSON output needs none of this: it escapes them already."""
-    if text.isprintable():
-        return text
-    return "".join(char if char.isprintable() else _escaped(char) for char in text)
-
-
 def echo_printable(text: str, *, err: bool = False) -> None:
     """``click.echo`` of :func:`printable` ``text``."""
     click.echo(printable(text), err=err)
-
-
-def _escaped(char: str) -> str:
-    code = ord(char)
-    if code < 0x100:
-        return f"\\x{code:02x}"
-    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 
 def is_utf8_text(text: str) -> bool:
@@ -119,29 +103,10 @@ def fail(error: CtxError, *, as_json: bool = False) -> None:
     sys.exit(exit_status(error))
 
 
-# What this command has changed so far, each as a sentence saying what not to do again
-# (:func:`changed`).  A process runs one command.
-_changes: list[str] = []
-
-
-def changed(statement: str) -> None:
-    """Note what the command has just changed for good, in words that say what not to do
-    again: ``job J was finished (do not finish it again)``.  Called once the change is made
-    and before its output is written: should the output then fail, :func:`output_failed`
-    says it, rather than a bare ``ENOSPC`` that reads as a refusal."""
-    _changes.append(statement)
-
-
 def output_failed(error: OSError, prog_name: str | None = None) -> NoReturn:
-    """End a command whose standard output could not be written: ``ctx: ENOSPC: cannot write
-    standard output (…)``, and what it had :func:`changed`, on standard error; exit
-    :data:`EXIT_OUTPUT_FAILED`, which no answer of a command (a denial, a conflict, a
-    refusal) shares.  What stdout still buffers is dropped: it can go nowhere."""
-    discard_output(sys.stdout)
-    reason = f"cannot write standard output ({error.strerror or error})"
-    failure = CtxError(error.errno or errno.EIO, "; ".join([reason, *_changes]))
-    click.echo(f"{prog_name or _program()}: {printable(str(failure))}", err=True)
-    sys.exit(EXIT_OUTPUT_FAILED)
+    """End a command whose standard output could not be written, as
+    :func:`cortexfs.cli.exits.output_failed` says, named as the user typed it."""
+    exits.output_failed(error, prog_name or _program())
 
 
 def _emit_json_error(error: CtxError) -> None:
@@ -192,10 +157,7 @@ def handles_errors(fn: F) -> F:
             _settle_stdout()
             fail(exc, as_json=as_json)
         except BrokenPipeError:
-            # The reader of our output left (`ctx queue status | head -1`): end quietly, and
-            # point stdout at /dev/null so the interpreter's last flush cannot complain either.
-            discard_output(sys.stdout)
-            sys.exit(EXIT_READER_GONE)
+            exits.reader_gone()  # the reader of our output left (`ctx queue status | head -1`)
         except OutputError as exc:
             output_failed(exc)
         except OSError as exc:
@@ -216,9 +178,3 @@ def _settle_stdout() -> None:
         sys.stdout.flush()
     except OSError:
         discard_output(sys.stdout)
-
-
-def discard_output(stream: TextIO) -> None:
-    """Point ``stream``'s descriptor at /dev/null: what it still buffers, and whatever is
-    written to it later, goes nowhere instead of failing again."""
-    os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())

@@ -1,6 +1,9 @@
 """Exit statuses of every ``ctx`` command (SPEC §2.4, plus 130 for Ctrl-C, 141 for a reader
 that left and 74 for an output that could not be written), the error that selects
-status 2, and the end of a command Ctrl-C stopped."""
+status 2, and the end of a command Ctrl-C stopped or whose output was lost.
+
+Written without click, like ``ctx run``, which starts without it (:mod:`cortexfs.cli`): every
+command ends through here, the click commands by way of :mod:`cortexfs.cli.common`."""
 
 from __future__ import annotations
 
@@ -9,7 +12,9 @@ import json
 import sys
 from typing import NoReturn
 
+from cortexfs.cli.printable import printable
 from cortexfs.errors import CtxError
+from cortexfs.standard_streams import discard_output
 
 EXIT_OK = 0
 EXIT_REFUSED = 1  # an operation or request was refused, or a conflict was found
@@ -51,3 +56,37 @@ def interrupted(prog_name: str, as_json: bool) -> NoReturn:
     if as_json:
         sys.stdout.write(json.dumps(error.to_json()) + "\n")
     sys.exit(EXIT_INTERRUPTED)
+
+
+# What this command has changed so far, each as a sentence saying what not to do again
+# (:func:`changed`).  A process runs one command.
+_changes: list[str] = []
+
+
+def changed(statement: str) -> None:
+    """Note what the command has just changed for good, in words that say what not to do
+    again: ``job J was finished (do not finish it again)``.  Called once the change is made
+    and before its output is written: should the output then fail, :func:`output_failed`
+    says it, rather than a bare ``ENOSPC`` that reads as a refusal."""
+    _changes.append(statement)
+
+
+def output_failed(error: OSError, prog_name: str) -> NoReturn:
+    """End a command whose standard output could not be written: ``ctx: ENOSPC: cannot write
+    standard output (…)``, and what it had :func:`changed`, on standard error; exit
+    :data:`EXIT_OUTPUT_FAILED`, which no answer of a command (a denial, a conflict, a
+    refusal) shares.  What stdout still buffers is dropped: it can go nowhere."""
+    discard_output(sys.stdout)
+    reason = f"cannot write standard output ({error.strerror or error})"
+    failure = CtxError(error.errno or errno.EIO, "; ".join([reason, *_changes]))
+    sys.stderr.write(f"{prog_name}: {printable(str(failure))}\n")
+    sys.stderr.flush()
+    sys.exit(EXIT_OUTPUT_FAILED)
+
+
+def reader_gone() -> NoReturn:
+    """End a command whose reader left (a closed pipe): quietly, exit
+    :data:`EXIT_READER_GONE`, with stdout pointed at /dev/null so that the interpreter's last
+    flush cannot complain either."""
+    discard_output(sys.stdout)
+    sys.exit(EXIT_READER_GONE)

@@ -16,11 +16,21 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from cortexfs import jsontext, storage
-from cortexfs.cli.exits import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, exit_status, usage_problem
+from cortexfs.cli.exits import (
+    EXIT_OK,
+    EXIT_REFUSED,
+    EXIT_USAGE,
+    changed,
+    exit_status,
+    output_failed,
+    reader_gone,
+    usage_problem,
+)
 from cortexfs.errors import CtxError, describe
 from cortexfs.names import check_object_name
 from cortexfs.regular_file import read_up_to
 from cortexfs.shared.sessions import DEFAULT_SESSION, SessionRef
+from cortexfs.standard_streams import OutputError, tell_output_errors
 from cortexfs.timefmt import MAX_SECONDS
 from cortexfs.tools.core.toolio import MAX_INPUT_BYTES
 from cortexfs.tools.result import ToolResult
@@ -38,10 +48,10 @@ as given ('--' and words that look like options included).  A '--' before TOOL e
 options, for a TOOL that starts with '-'.
 
 Terminal CLI mode (default): ARGs are passed as they are, stdin/stdout/stderr are the
-tool's; the exit status is the tool's (126: refused, 127: not found; 1 when it exited 0
-but its result could not be recorded).  In either mode a
-malformed command line (an agent, tool, space or session name that is not an object name,
-R-3) is EINVAL, exit 2, nothing run or recorded.
+tool's (what the tool cannot write is its own business); the exit status is the tool's
+(126: refused, 127: not found; 1 when it exited 0 but its result could not be recorded).
+In either mode a malformed command line (an agent, tool, space or session name that is not
+an object name, R-3) is EINVAL, exit 2, nothing run or recorded.
 
 Native mode (--native): the tool's JSON input, at most 16 MiB (else EFBIG, exit 1, nothing
 run or recorded), is read from stdin and checked against its schema; stdout carries JSONL
@@ -50,7 +60,11 @@ frames, one object per line:
   {{"type": "stderr", ...}}  one line of the tool's stderr
   {{"type": "result", ...}}  the outcome: status, output, exit_status, error (errno,
                            stage, denying chain step), timings; always the last frame
-Exit 0 when the result is ok, 1 otherwise, 2 for unusable input.
+Exit 0 when the result is ok, 1 otherwise, 2 for unusable input.  When a frame cannot be
+written (a full disk, > /dev/full): exit 74, 'ctx: ENOSPC: cannot write standard output
+(...)' and whether the tool ran and where its result is recorded; a first frame that
+cannot be written stops the tool before it is given its input (stage output, not run).
+A reader that left (a closed pipe) ends it quietly, exit 141.
 
 Only the host administrator (root, or the owner of the storage root) may run tools as an
 agent.  Every call is recorded in the session's events.jsonl and the tool's log."""
@@ -156,7 +170,28 @@ def _option_takes_value(name: str, takes_value: dict[str, bool]) -> bool:
 
 
 def main(argv: list[str], storage_dir: Path | None = None) -> int:
-    """Run ``ctx run ARGV``; ``storage_dir`` is the group's ``--storage``, if one was given."""
+    """Run ``ctx run ARGV``; ``storage_dir`` is the group's ``--storage``, if one was given.
+
+    What ctx itself writes on standard output (native mode's frames, ``--help``) and cannot
+    write ends it as it ends every command (:func:`cortexfs.cli.exits.output_failed`): exit
+    74, saying what became of the call; a reader that left, quietly with exit 141.  The output
+    of a tool in terminal mode is the tool's own, and so are its failures to write it."""
+    tell_output_errors()
+    try:
+        try:
+            status = _main(argv, storage_dir)
+        except SystemExit:  # --help, a malformed command line
+            sys.stdout.flush()
+            raise
+        sys.stdout.flush()
+        return status
+    except BrokenPipeError:
+        reader_gone()
+    except OutputError as error:
+        output_failed(error, "ctx")
+
+
+def _main(argv: list[str], storage_dir: Path | None) -> int:
     options = parse_command_line(argv)
     try:
         root = storage.resolve_root(options.storage or storage_dir)
@@ -167,6 +202,8 @@ def main(argv: list[str], storage_dir: Path | None = None) -> int:
     except CtxError as error:
         _say(str(error))
         return exit_status(error)
+    except (BrokenPipeError, OutputError):
+        raise  # ctx's own output: main ends the command as every command ends then
     except OSError as error:
         _say(describe(error))
         return EXIT_REFUSED
@@ -206,6 +243,7 @@ def _run_native(root: Path, options: argparse.Namespace, where: SessionRef | str
         # Refused by the runner, so that the caller still gets its result frame and the
         # session its tool_call/tool_result (exit 2, as for an input its schema refuses).
         input_value = UnreadableInput(data.decode("utf-8", "replace"), _not_json(exc))
+    frames = _Frames()
     result = run_native(
         root,
         options.agent,
@@ -213,9 +251,49 @@ def _run_native(root: Path, options: argparse.Namespace, where: SessionRef | str
         input_value,
         session=where,
         timeout=DEFAULT_TIMEOUT if options.timeout is None else options.timeout,
-        observer=_print_frame,
+        observer=frames,
     )
+    if frames.lost is not None:
+        changed(_what_became_of(result))
+        raise frames.lost
     return _native_exit(result)
+
+
+class _Frames:
+    """The observer of a native call: each frame one line on standard output, written out as
+    it comes.  The first that cannot be written is :attr:`lost`; the runner then gives no more
+    (and runs no tool whose ``call`` frame it was), and the call's result is still recorded."""
+
+    def __init__(self) -> None:
+        self.lost: OSError | None = None
+
+    def __call__(self, frame: dict[str, Any]) -> None:
+        try:
+            sys.stdout.write(json.dumps(frame, default=str) + "\n")
+            sys.stdout.flush()
+        except OSError as error:
+            self.lost = error
+            raise
+
+
+def _what_became_of(result: ToolResult) -> str:
+    """Whether the tool ran and whether its result is recorded, said when its frames could not
+    be written: its caller has no other way to learn it, and must not run it twice."""
+    error = result.error
+    failure = "" if error is None else f" ({error} [{error.stage}])"
+    if error is not None and error.stage == "output":
+        ran = f"{result.tool} was not run"
+    elif result.exit_status is None:
+        ran = f"{result.tool} did not run{failure}"
+    else:
+        ran = f"{result.tool} ran and exited {result.exit_status}"
+        if error is not None and error.stage not in ("exit", "record"):
+            ran += failure  # timed out, killed for its output or for its caller's interrupt
+    if result.recorded:
+        return f"{ran}; the call is recorded in session {result.session}"
+    if result.session:
+        return f"{ran}, but the call could not be recorded in session {result.session}"
+    return f"{ran}; nothing was recorded"
 
 
 def _native_exit(result: ToolResult) -> int:
@@ -224,11 +302,6 @@ def _native_exit(result: ToolResult) -> int:
     if result.error is not None and result.error.stage == "schema":
         return EXIT_USAGE
     return EXIT_REFUSED
-
-
-def _print_frame(frame: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(frame, default=str) + "\n")
-    sys.stdout.flush()
 
 
 def _session(

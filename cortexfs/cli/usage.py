@@ -16,9 +16,15 @@ from typing import NoReturn
 
 import click
 
-from cortexfs.cli.exits import EXIT_OK, EXIT_READER_GONE, EXIT_USAGE, interrupted
+from cortexfs.cli.exits import (
+    EXIT_OK,
+    EXIT_USAGE,
+    interrupted,
+    output_failed,
+    reader_gone,
+)
 from cortexfs.errors import CtxError
-from cortexfs.standard_streams import OutputError, tell_output_errors
+from cortexfs.standard_streams import OutputError, discard_output, tell_output_errors
 
 # click 8.2 raises this usage error, carrying the help text, for a group run without a command.
 _NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
@@ -30,13 +36,13 @@ def run_click(
     """Run ``command`` on ``args`` and exit; ``obj`` is its context's object.
 
     Standard output is flushed here, before the exit, whatever ended the command: one it
-    could not be written to ends as :func:`cortexfs.cli.common.output_failed` says, not in a
+    could not be written to ends as :func:`cortexfs.cli.exits.output_failed` says, not in a
     traceback or the interpreter's own complaint at its last flush (exit 120)."""
     tell_output_errors()
     try:
         _run(command, args, prog_name, obj)
     except OutputError as error:  # from a command without handles_errors (policy, --help)
-        _output_failed(error, prog_name)
+        output_failed(error, prog_name)
     except SystemExit:
         _flush_output(prog_name)
         raise
@@ -70,18 +76,9 @@ def _flush_output(prog_name: str) -> None:
     try:
         sys.stdout.flush()
     except BrokenPipeError:
-        from cortexfs.cli.common import discard_output
-
-        discard_output(sys.stdout)
-        sys.exit(EXIT_READER_GONE)
+        reader_gone()
     except OutputError as error:
-        _output_failed(error, prog_name)
-
-
-def _output_failed(error: OutputError, prog_name: str) -> NoReturn:
-    from cortexfs.cli.common import output_failed
-
-    output_failed(error, prog_name)
+        output_failed(error, prog_name)
 
 
 def _emit_usage_error(error: CtxError) -> None:
@@ -90,8 +87,6 @@ def _emit_usage_error(error: CtxError) -> None:
     try:
         click.echo(json.dumps(error.to_json()))
     except OSError:
-        from cortexfs.cli.common import discard_output
-
         discard_output(sys.stdout)
 
 

@@ -23,7 +23,7 @@ from typing import Any, NoReturn, TypeVar
 
 import click
 
-from cortexfs.cli.common import discard_output, handles_errors, object_name_argument
+from cortexfs.cli.common import changed, discard_output, handles_errors, object_name_argument
 from cortexfs.cli.params import Seconds
 from cortexfs.cli.queue import (
     STORAGE_ROOT_KEY,
@@ -54,7 +54,8 @@ class Progress:
 
     Output that can no longer be written (the reader of a pipe left, a full disk) stops the
     worker as SIGTERM does: no more claims, running jobs are finished.  :attr:`lost_output`
-    is then the error, for the command to end with once the worker stopped.
+    is then the error, for the command to end with once the worker stopped, and
+    :meth:`what_was_done` what it should say the worker did.
     """
 
     def __init__(
@@ -70,19 +71,34 @@ class Progress:
         self.started = time.time()
         self.on_lost_output = on_lost_output
         self.lost_output: OSError | None = None
+        self.finished = 0  # jobs finished, shown or not
+        self.unshown: list[str] = []  # the finished jobs whose finish could not be shown
         # Reentrant: the main thread's signal handlers report too (an interrupt).
         self._lock = threading.RLock()
 
     def __call__(self, event: str, fields: dict[str, Any]) -> None:
         # Called from every job slot's thread: one event's lines are written together.
         with self._lock:
-            if self.lost_output is not None:
-                return
-            try:
-                self._show(event, fields)
-            except OSError as exc:
-                self.lost_output = exc
-                self.on_lost_output()
+            if event == "finish":
+                self.finished += 1
+            if self.lost_output is None:
+                try:
+                    self._show(event, fields)
+                    return
+                except OSError as exc:
+                    self.lost_output = exc
+                    self.on_lost_output()
+            if event == "finish":
+                self.unshown.append(f"{fields['job']} in {fields['state']}/")
+
+    def what_was_done(self) -> str:
+        """What the worker did, for a command whose output was lost: it stopped claiming, and
+        which jobs it finished that its output could not show (none is to be run again)."""
+        if not self.finished:
+            return "the worker stopped claiming jobs; it finished no job"
+        jobs = f"{self.finished} job" + ("" if self.finished == 1 else "s")
+        done = f"the worker stopped claiming jobs; it finished {jobs}"
+        return done + (f"; not shown: {', '.join(self.unshown)}" if self.unshown else "")
 
     def _echo(self, text: str, *, err: bool = False, nl: bool = True) -> None:
         try:
@@ -207,7 +223,9 @@ def work(queue_dir: Path, as_json: bool, agent: str | None, kind: str, **worker:
     start for want of descriptors, memory or space stays claimed for recover.
 
     With --json, each event (claim, finish, stop, ...) is one JSON object on its own line of
-    stdout (JSON Lines), as it happens.
+    stdout (JSON Lines), as it happens.  Output that cannot be written stops the worker the
+    same way: a full disk (> /dev/full) exits 74, 'ctx: ENOSPC: cannot write standard output
+    (...)' naming the jobs it finished and could not show; a reader that left, 141.
     """
     # An empty $CTX_AGENT is unset, as shells commonly mean it (click reads it so); an empty
     # --agent '' is an illegal name (R-3), refused by _run like --agent 'a/b': a script whose
@@ -303,14 +321,11 @@ def _run(
     finally:
         executor.close()
     lost = progress.lost_output
-    if isinstance(lost, BrokenPipeError):
-        raise lost  # the reader left: ended quietly, as every command is
     if lost is not None:
-        raise CtxError(
-            lost.errno or errno.EIO,
-            f"cannot write the worker's output ({lost.strerror}); it stopped claiming jobs "
-            "once its running jobs were finished",
-        )
+        # Ended as every command whose output failed: 74 saying what was done (141 quietly
+        # when the reader left).
+        changed(progress.what_was_done())
+        raise lost
     if summary.failure is not None:
         if summary.failure_errno is None:
             raise CtxError(

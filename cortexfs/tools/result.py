@@ -26,8 +26,9 @@ class ToolError(NamedTuple):
     """Why a call failed: an errno, the stage that stopped it and a sentence.
 
     The stages, in the order a call goes through them: ``caller``, ``agent``, ``session``,
-    ``resolve``, ``schema``, ``authorize``, ``hook``, ``run``, ``exit``, and ``record`` for a
-    call whose result could not be recorded (docs/tools.md).
+    ``resolve``, ``schema``, ``authorize``, ``hook``, ``output`` (native mode: the caller could
+    not take the ``call`` frame, so the tool was not run), ``run``, ``exit``, and ``record``
+    for a call whose result could not be recorded (docs/tools.md).
 
     ``step`` and ``step_name`` name the denying step of the authority chain (P-5) when the
     stage is ``authorize`` or ``session``, and step 1 (peer credentials) for a caller who may
@@ -63,7 +64,9 @@ class ToolError(NamedTuple):
 
 
 class ToolResult(NamedTuple):
-    """The outcome of one call.  ``exit_status`` is None when the tool never ran."""
+    """The outcome of one call.  ``exit_status`` is None when the tool never ran.
+    ``recorded`` says whether its ``tool_result`` is durably in the call's session (T-7); it
+    is no part of the result's JSON, which is what is recorded."""
 
     status: str
     tool: str
@@ -79,6 +82,7 @@ class ToolResult(NamedTuple):
     stderr: str = ""
     post_hooks: Sequence[dict[str, object]] = ()
     timings: Mapping[str, float] = MappingProxyType({})
+    recorded: bool = False
 
     @property
     def ok(self) -> bool:

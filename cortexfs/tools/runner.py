@@ -16,6 +16,7 @@ resolve    the tool is on the agent's ``CTX_PATH`` (T-4) as an executable file (
 schema     native mode: the input satisfies the tool's ``schema`` (EINVAL otherwise)
 authorize  the six-step authority chain for ``tool:<name> execute`` (P-5, P-6)
 hook       ``hooks/pre.d/*`` in name order; a non-zero exit vetoes (T-6)
+output     native mode: the observer took the ``call`` frame (see :func:`run_native`)
 run        the tool runs under the agent's uid, gid and groups in a process group of its own,
            bounded by a timeout; then ``hooks/post.d/*`` see the result, and ``tool_result``
            is recorded durably in the session and in ``<tool>.d/log`` (S-5, T-7)
@@ -106,6 +107,11 @@ def run_native(
     ``session`` is a :class:`SessionRef`, the name of a session in the agent's home, or None
     for its home session ``default``.  ``observer`` receives the frames of docs/tools.md as
     they happen: ``call`` when the tool starts, ``stderr`` per line, ``result`` at the end.
+    What it raises is its caller's failure (a standard output that cannot be written), never
+    the tool's: at the ``call`` frame the tool's process group is killed before the tool is
+    given its input, and the call ends at stage ``output`` with that errno, not run; at a later
+    frame the observer is given no more frames, and the call goes on to its end and is
+    recorded as if nobody watched, rather than kill a tool midway through what it does.
     ``interrupted`` says whether the caller was interrupted and killed the tool's process
     group itself (a worker's second SIGINT): a tool that then ends in failure is recorded as
     interrupted, EINTR at stage ``run``, not as a tool that exited non-zero of its own accord.
@@ -137,6 +143,11 @@ class _Refused(Exception):
     def __init__(self, error: ToolError) -> None:
         super().__init__(str(error))
         self.error = error
+
+
+class _CallerLost(_Refused):
+    """The observer could not take the ``call`` frame: the call ends before the tool is given
+    its input.  Not an OSError, so that no stage takes it for one of its own."""
 
 
 class _Call:
@@ -175,6 +186,7 @@ class _Call:
         self.request: dict[str, Any] = {}
         self.workspace = workspace
         self.stage = "caller"  # the stage in progress, for a failure no stage anticipated
+        self.observer_failed = False
 
     @property
     def object_ref(self) -> str:
@@ -215,6 +227,7 @@ class _Call:
                 record.record_result(
                     self.session, self.root, tool_log, self.object_ref, result, self.request
                 )
+                result = result._replace(recorded=self.session is not None)
             except (OSError, CtxError) as exc:  # a full disk, a read-only filesystem…
                 result = _unrecorded(result, exc)
         self._emit({"type": "result", **result.to_json()})
@@ -541,8 +554,26 @@ class _Call:
         self._emit({"type": "stderr", "call": self.call, "text": line})
 
     def _emit(self, frame: Frame) -> None:
-        if self.observer is not None:
+        """Hand ``frame`` to the observer; one that failed is given no more (see
+        :func:`run_native`)."""
+        if self.observer is None or self.observer_failed:
+            return
+        try:
             self.observer(frame)
+        except Exception as exc:
+            self.observer_failed = True
+            if frame["type"] != "call":
+                return
+            code = exc.errno if isinstance(exc, OSError) and exc.errno else errno.EIO
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else describe(exc)
+            raise _CallerLost(
+                ToolError(
+                    code,
+                    "output",
+                    f"not run: the caller's output could not take the call's first frame "
+                    f"({reason}); the tool was stopped before it was given its input",
+                )
+            ) from None
 
 
 def _unrecorded(result: ToolResult, exc: OSError | CtxError) -> ToolResult:

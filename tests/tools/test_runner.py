@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -23,6 +24,7 @@ from cortexfs.tools import spawn
 from cortexfs.tools.result import ToolResult
 from cortexfs.tools.runner import run_native, run_terminal
 from tests.support.cli import ctx
+from tests.support.unwritable import to_closed_pipe, to_full_disk, with_room_for
 from tests.tools.support import World, effective_user
 
 CTX = [sys.executable, "-c", "from cortexfs.cli import main; main()"]
@@ -645,8 +647,10 @@ def test_whatever_fails_after_tool_call_still_records_tool_result(coder: World) 
     with pytest.raises(KeyboardInterrupt):
         coder.run("whoami", {}, observer=interrupting)
 
-    assert (failed.error.errno, failed.error.stage) == (errno.EIO, "run")
+    # The observer's failure is its caller's: the tool was not run (stage output).
+    assert (failed.error.errno, failed.error.stage) == (errno.EIO, "output")
     assert "RuntimeError: the observer broke" in failed.error.message
+    assert failed.exit_status is None
     recorded = coder.events()
     assert [event["type"] for event in recorded] == ["tool_call", "tool_result"] * 2
     assert [event["errno"] for event in recorded[1::2]] == ["EIO", "EINTR"]
@@ -814,3 +818,130 @@ def test_a_control_the_host_cannot_open_now_is_not_called_damaged(
     assert result.error is not None and result.exit_status is None
     assert (result.error.errno, result.error.stage) == (errno.EMFILE, "resolve"), result.error
     assert "damaged" not in result.error.message
+
+
+# --- ctx run's own standard output cannot be written ----------------------------------------
+
+# Acts only on its input: had it been given one, the workspace holds `ran`.
+MARK = """#!/bin/sh
+read -r input
+echo "starting" >&2
+echo "$input" > ran
+echo '{"marked": true}'
+"""
+
+
+@pytest.fixture
+def marker(world: World) -> World:
+    world.install("mark", MARK)
+    world.agent("coder", tools=["mark"])
+    world.allow_tool("mark")
+    return world
+
+
+def _ctx_run(world: World, *args: str, group: bool = False) -> list[str]:
+    """``ctx run ARGS`` as a shell starts it, or through the group (``ctx --storage DIR run``)."""
+    if group:
+        return [*CTX, "--storage", str(world.root), "run", *args]
+    return [*CTX, "run", "--storage", str(world.root), *args]
+
+
+def _session(world: World) -> str:
+    return f"home/{world.user.uid}/agent/coder/session/default"
+
+
+@pytest.mark.parametrize("group", [False, True])
+def test_a_call_frame_that_cannot_be_written_runs_nothing_and_exits_74(
+    marker: World, group: bool
+) -> None:
+    """``ctx run --native > /dev/full``: the lost output is ctx's, not the tool's.  The tool is
+    stopped before it is given its input, the call is recorded as not run at stage output
+    (not as a tool that could not start), and the line says so, exit 74."""
+    argv = _ctx_run(marker, "--agent", "coder", "--native", "mark", group=group)
+
+    lost = to_full_disk(argv, env=os.environ, stdin='{"n": 1}')
+
+    assert (lost.returncode, lost.stderr) == (
+        74,
+        "ctx: ENOSPC: cannot write standard output (No space left on device); mark was not "
+        f"run; the call is recorded in session {_session(marker)}\n",
+    )
+    assert not (marker.workspace / "ran").exists()
+    call, result = marker.events()[-2:]
+    assert call["type"] == "tool_call" and call["call"] == result["call"]
+    assert (result["type"], result["status"], result["exit_status"]) == (
+        "tool_result",
+        "error",
+        None,
+    )
+    assert (result["errno"], result["stage"]) == ("ENOSPC", "output"), result
+    assert "the caller's output could not take" in result["message"]
+    assert "cannot start" not in result["message"]
+
+
+def test_frames_lost_after_the_call_frame_let_the_tool_finish_and_be_recorded(
+    marker: World, tmp_path: Path
+) -> None:
+    """Room for the call frame only: the stderr frame fails while the tool runs.  The tool is
+    not killed midway; its result is recorded as it is; ctx says it ran, exit 74."""
+    sample = {
+        "type": "call",
+        "call": "0" * 16,
+        "tool": "mark",
+        "agent": "coder",
+        "session": _session(marker),
+        "pid": 9_999_999,
+        "ts": "2026-12-02T08:23:47.620065Z",
+    }
+    room = len(json.dumps(sample)) + 1 + 20  # the call frame, never the stderr frame after it
+    argv = _ctx_run(marker, "--agent", "coder", "--native", "mark")
+
+    lost, written = with_room_for(argv, room, tmp_path / "out", env=os.environ, stdin="{}")
+
+    assert (lost.returncode, lost.stderr) == (
+        74,
+        "ctx: EFBIG: cannot write standard output (File too large); mark ran and exited 0; "
+        f"the call is recorded in session {_session(marker)}\n",
+    )
+    assert json.loads(written.splitlines()[0])["type"] == "call"
+    assert (marker.workspace / "ran").read_text() == "{}\n"
+    result = marker.events()[-1]
+    assert (result["status"], result["exit_status"], result["output"]) == (
+        "ok",
+        0,
+        {"marked": True},
+    )
+
+
+def test_a_reader_that_left_before_the_call_frame_ends_ctx_run_quietly_with_141(
+    marker: World,
+) -> None:
+    argv = _ctx_run(marker, "--agent", "coder", "--native", "mark")
+
+    gone = to_closed_pipe(argv, env=os.environ, stdin="{}")
+
+    assert (gone.returncode, gone.stderr) == (141, "")
+    assert not (marker.workspace / "ran").exists()
+    result = marker.events()[-1]
+    assert (result["errno"], result["stage"], result["exit_status"]) == ("EPIPE", "output", None)
+
+
+def test_in_terminal_mode_the_tools_lost_output_is_its_own_and_ctxs_own_is_74(
+    world: World,
+) -> None:
+    """The tool writes on the stdout it was lent: failing there is its business (its exit
+    status, its record).  What ctx run writes itself (--help) ends as every command's does."""
+    world.install("loud", "#!/bin/sh\necho hello || exit 9\n")
+    world.agent("coder", tools=["loud"])
+    world.allow_tool("loud")
+
+    ran = to_full_disk(_ctx_run(world, "--agent", "coder", "loud"), env=os.environ)
+    helped = to_full_disk([*CTX, "run", "--help"], env=os.environ)
+
+    assert ran.returncode == 9 and "cannot write standard output" not in ran.stderr, ran.stderr
+    result = world.events()[-1]
+    assert (result["status"], result["stage"], result["exit_status"]) == ("error", "exit", 9)
+    assert (helped.returncode, helped.stderr) == (
+        74,
+        "ctx: ENOSPC: cannot write standard output (No space left on device)\n",
+    )
