@@ -1,4 +1,5 @@
-"""What ``ctx bootstrap`` puts back in the entries it owns (SPEC R-5, P-5 step 2, D-1).
+"""What ``ctx bootstrap`` puts back in the entries it owns, and what it must leave to a person
+(SPEC R-5, P-5 step 2, P-6, D-1).
 
 Bootstrap owns the root ABI directories, the core tools (their executables, control
 directories, controls and hook directories), ``bin/tsh``, ``bin/ctxterm``,
@@ -11,17 +12,34 @@ version, it repairs two kinds of damage to them, here:
   entry is replaced or unlinked, never followed, and what a link named is neither read nor
   changed.  A directory or a regular file of someone else's in such a place is not a
   stand-in: it is reported, never removed.
-* **A loosened entry** — a directory or regular file that its group or others may write, or
-  that belongs to a uid other than the storage root's owner (or root).  The authority chain
-  refuses every tool below such an entry (``not host-owned``), so it is given back to the
-  storage root's owner and its group and others lose their write bits (the bundle's
-  directories get exactly their mode).  It is reached through a descriptor opened with
-  ``O_PATH | O_NOFOLLOW``: a name swapped for a link cannot redirect the change.  A file
-  with other names (hard links), which may lie outside the root, is left as it is and
-  reported.  Only root may give an entry to another uid: anyone else is told to run
-  bootstrap as root.
+* **An entry another uid could change** — one that belongs to a uid other than the storage
+  root's owner (or root), or that its group or others may write (:func:`untrusted`).  The
+  authority chain refuses every tool below such an entry (``not host-owned``).  Giving it
+  back (``chown``, ``chmod go-w``) keeps what it holds, so bootstrap does so only where it
+  vouches for that itself.  The rule:
 
-Contents are never touched here: a core tool's policy, status, log and hooks keep every byte.
+  - *A file* is never given back or chmodded.  One that bootstrap writes whole (an
+    executable or control it compares with the manifest, ``bin/tsh``, ``bin/ctxterm``, a
+    page) is rewritten from its source as a new file: whoever could write the old one,
+    even through a descriptor it still holds, cannot reach the new one.  One whose content
+    is the administrator's (a core tool's ``policy``, ``status``, ``log``, a hook,
+    ``tool/tsh.d/config``) is left as it is and reported (:func:`kept_problem`): only a
+    person can tell whether what it says is still theirs.
+  - *A directory that holds the administrator's content bootstrap relies on* (``tool/``, a
+    core tool's control directory, its hook directories, ``tool/tsh.d``) is left as it is
+    and reported the same way: whoever could write it could have renamed, replaced or
+    removed what is in it (a policy, a guard hook), with files that still belong to root.
+    Bootstrap then writes nothing into it.
+  - *Any other directory it owns* (the storage root, ``agent/``, ``model/``, ``home/``,
+    ``shared/``, ``bin/``, the bundle's two directories) is given back (:func:`tighten`)
+    before bootstrap writes anything into it: nothing in it is taken on trust, since what
+    bootstrap keeps there it rewrites or compares byte for byte (``bin/tsh``, the pages),
+    and the authority chain still judges every entry below it, owner and mode, on every
+    call.
+
+  An entry is reached through a descriptor opened with ``O_PATH | O_NOFOLLOW``: a name
+  swapped for a link cannot redirect the change.  Only root may give an entry to another
+  uid: anyone else is told to run bootstrap as root.
 """
 
 from __future__ import annotations
@@ -35,6 +53,7 @@ from cortexfs.errors import CtxError
 
 LOOSE_BITS = stat.S_IWGRP | stat.S_IWOTH  # what nobody but the owner may have on these entries
 _PATH_FLAGS = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def stand_in(status: os.stat_result | None) -> str:
@@ -71,6 +90,66 @@ def storage_owner(root: os.PathLike[str] | str) -> int:
     return os.stat(os.path.realpath(root)).st_uid
 
 
+def untrusted(status: os.stat_result | None, owner: int) -> str:
+    """Why another uid than root and ``owner`` could have changed the entry of ``status``
+    (``"owner uid 995"``, ``"mode 0664"``, both joined by ``, ``), or ``""`` when none could
+    (or there is no entry)."""
+    if status is None:
+        return ""
+    why = []
+    if status.st_uid not in (0, owner):
+        why.append(f"owner uid {status.st_uid}")
+    if status.st_mode & LOOSE_BITS:
+        why.append(f"mode {stat.S_IMODE(status.st_mode):04o}")
+    return ", ".join(why)
+
+
+def kept_problem(shown: str, status: os.stat_result, owner: int, path: str) -> str:
+    """The problem bootstrap reports for the administrator's file or directory ``shown`` (at
+    ``path``) that another uid could have changed: it is left as it is, and a person checks
+    what it holds before giving it back."""
+    why = untrusted(status, owner)
+    if stat.S_ISDIR(status.st_mode):
+        what = (
+            "the administrator's files in it (a policy, a hook...) could have been renamed, "
+            "replaced or removed"
+        )
+        check = "check what it holds"
+    else:
+        what = "what it says is the administrator's and could have been rewritten"
+        check = "check its content"
+    fix = []
+    if status.st_uid not in (0, owner):
+        fix.append(f"'chown {owner} {path}'")
+    if status.st_mode & LOOSE_BITS:
+        fix.append(f"'chmod go-w {path}'")
+    return (
+        f"{shown} ({why}): {what} by another uid, so bootstrap leaves it as it is; "
+        f"{check}, then {' and '.join(fix)}"
+    )
+
+
+def status_beneath(top_fd: int, relative: str) -> os.stat_result | None:
+    """The status of ``relative`` below the directory open as ``top_fd``, no link followed
+    on the way or at the end; None when it or a directory on the way is missing or is not a
+    real directory (the step that owns it reports that)."""
+    *parents, name = relative.split("/")
+    fd = os.dup(top_fd)
+    try:
+        for part in parents:
+            try:
+                inner = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+                    return None
+                raise
+            os.close(fd)
+            fd = inner
+        return durable.lstat_at(fd, name)
+    finally:
+        os.close(fd)
+
+
 def tighten(
     dir_fd: int | None,
     name: str,
@@ -80,12 +159,13 @@ def tighten(
     mode: int | None = None,
     ops: durable.FsOps | None = None,
 ) -> str:
-    """Give the directory or regular file ``name`` of ``dir_fd`` (None: ``name`` is a path)
-    back to uid ``owner`` unless root or ``owner`` has it, and take its group's and others'
-    write bits (or give it exactly ``mode``).  Returns what changed (``"mode 0777, now
-    0755"``), ``""`` when nothing did: a missing name, a link or another kind of entry (its
-    own step reports those) or an entry as it should be.  EPERM naming ``shown`` when only
-    root could make the change, EMLINK for a file with other names."""
+    """Give the directory ``name`` of ``dir_fd`` (None: ``name`` is a path) back to uid
+    ``owner`` unless root or ``owner`` has it, and take its group's and others' write bits
+    (or give it exactly ``mode``).  Only for the directories the module docstring lets
+    bootstrap give back: a regular file is never changed here.  Returns what changed
+    (``"mode 0777, now 0755"``), ``""`` when nothing did: a missing name, anything but a
+    directory (its own step handles it) or a directory as it should be.  EPERM naming
+    ``shown`` when only root could make the change."""
     ops = ops or durable.default_ops()
     try:
         fd = os.open(name, _PATH_FLAGS, dir_fd=dir_fd)
@@ -93,21 +173,14 @@ def tighten(
         return ""
     try:
         status = os.fstat(fd)
-        if not (stat.S_ISDIR(status.st_mode) or stat.S_ISREG(status.st_mode)):
+        if not stat.S_ISDIR(status.st_mode):
             return ""
         current = stat.S_IMODE(status.st_mode)
         wanted = current & ~LOOSE_BITS if mode is None else mode
         give_back = status.st_uid not in (0, owner)
         if not give_back and wanted == current:
             return ""
-        if stat.S_ISREG(status.st_mode) and status.st_nlink > 1:
-            raise CtxError(
-                errno.EMLINK,
-                f"{shown} (owner uid {status.st_uid}, mode {current:04o}) has other names "
-                "(hard links), which may lie outside the storage root; give it one name and "
-                "run 'ctx bootstrap' again",
-            )
-        # Only root gives a file away; only root or its owner changes its mode.
+        # Only root gives a directory away; only root or its owner changes its mode.
         if os.geteuid() != 0 and (give_back or status.st_uid != os.geteuid()):
             raise CtxError(
                 errno.EPERM,
@@ -119,7 +192,7 @@ def tighten(
         if give_back:
             ops.chown_opened(fd, owner)
             changed.append(f"owner uid {status.st_uid}, now uid {owner}")
-            # Giving a file away clears its set-id bits: judge the mode the kernel left.
+            # Giving an entry away clears its set-id bits: judge the mode the kernel left.
             current = stat.S_IMODE(os.fstat(fd).st_mode)
             wanted = current & ~LOOSE_BITS if mode is None else mode
         if wanted != current:
@@ -128,33 +201,3 @@ def tighten(
         return "; ".join(changed)
     finally:
         os.close(fd)
-
-
-def tighten_beneath(
-    top_fd: int,
-    relative: str,
-    owner: int,
-    shown: str,
-    *,
-    mode: int | None = None,
-    ops: durable.FsOps | None = None,
-) -> str:
-    """:func:`tighten` of ``relative`` (``fs.read.d/hooks/pre.d``) below the directory open as
-    ``top_fd``, each directory on the way opened without following a link; ``""`` when one of
-    them is missing or not a real directory (the step that owns it reports that)."""
-    ops = ops or durable.default_ops()
-    *parents, name = relative.split("/")
-    fd = os.dup(top_fd)
-    try:
-        for part in parents:
-            try:
-                inner = ops.open_dir(part, fd)
-            except OSError as exc:
-                if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
-                    return ""
-                raise
-            ops.close(fd)
-            fd = inner
-        return tighten(fd, name, owner, shown, mode=mode, ops=ops)
-    finally:
-        ops.close(fd)

@@ -418,27 +418,42 @@ def exchange_synced(ops: FsOps, dir_fd: int, first: str, second: str) -> None:
 def replace_file_synced(ops: FsOps, dir_fd: int, name: str, data: bytes, mode: int) -> None:
     """Replace ``name`` in ``dir_fd`` by a file holding ``data``, whole and durably.
 
-    The data is written beside it under a fresh temporary name, fsynced, given exactly
-    ``mode`` (whatever the umask), renamed over ``name``, and the directory synced: readers
-    see the old file or the new one.  On failure the temporary file is removed.  For files the
-    caller owns (controls, pages, programs), like :func:`replace_synced`.
+    The data is written beside it under a fresh temporary name, given exactly ``mode``
+    (whatever the umask) through its descriptor, fsynced, renamed over ``name``, and the
+    directory synced: readers see the old file or the new one.  On failure the temporary file
+    is removed.  For files the caller owns (controls, pages, programs), like
+    :func:`replace_synced`, in a directory no other uid may write: the temporary name is
+    never used to reach the file again (a name swapped for a link by whoever could write the
+    directory cannot redirect the mode), but only the directory's owner decides what its
+    names hold.
     """
     temporary = f".{name}.{os.urandom(6).hex()}.tmp"
-    write_file_synced(ops, dir_fd, temporary, data, mode)
+    write_file_synced(ops, dir_fd, temporary, data, mode, exact_mode=True)
     try:
-        os.chmod(temporary, mode, dir_fd=dir_fd)
         replace_synced(ops, dir_fd, temporary, dir_fd, name)
     except BaseException:
         _unlink_quietly(ops, dir_fd, temporary)
         raise
 
 
-def make_dir_synced(ops: FsOps, parent_fd: int, name: str, mode: int = 0o777) -> bool:
-    """``mkdir`` + sync the parent; False (and nothing changed) when it already exists."""
+def make_dir_synced(
+    ops: FsOps, parent_fd: int, name: str, mode: int = 0o777, *, exact_mode: bool = False
+) -> bool:
+    """``mkdir`` + sync the parent; False (and nothing changed) when it already exists.
+
+    ``exact_mode``: the new directory gets ``mode`` itself, not ``mode`` less the umask, set
+    through a descriptor opened without following a link (never by name)."""
     try:
         ops.mkdir(name, parent_fd, mode)
     except FileExistsError:
         return False
+    if exact_mode:
+        fd = ops.open_dir(name, parent_fd)
+        try:
+            if stat.S_IMODE(os.fstat(fd).st_mode) != mode:
+                ops.fchmod(fd, mode)
+        finally:
+            ops.close(fd)
     sync_dir(ops, parent_fd)
     return True
 

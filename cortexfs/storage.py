@@ -15,8 +15,8 @@ root bootstrapped under ``umask 077`` is the root a default umask makes.  On an 
 it never widens a mode (an administrator may have narrowed one on purpose): a directory that
 others may not read and search is a warning naming it and the ``chmod`` that would open it.
 One that is wider — writable by its group or others, or another uid's than the root's owner
-— is repaired (:mod:`cortexfs.bootstrap_repair`): the authority chain refuses every object
-below it.
+— is given back (:mod:`cortexfs.bootstrap_repair`): the authority chain refuses every object
+below it.  ``tool/`` is reported instead: it holds the administrator's policies and hooks.
 """
 
 from __future__ import annotations
@@ -421,7 +421,12 @@ def _tighten_root_abi(root: Path, report: BootstrapReport) -> None:
     """The root and its six entries, given back to the root's owner and writable by their
     owner alone (:func:`cortexfs.bootstrap_repair.tighten`): below a directory another uid
     may write, the authority chain refuses every object (not host-owned).  A mode narrower
-    than :data:`ABI_MODE` is left as it is (see :func:`_closed_to_agents`)."""
+    than :data:`ABI_MODE` is left as it is (see :func:`_closed_to_agents`).
+
+    ``tool/`` is the exception: it holds the core tools' control directories, whose policies
+    and hooks bootstrap cannot vouch for once another uid could rename or replace them, so
+    such a ``tool/`` is reported and left as it is (the rule of
+    :mod:`cortexfs.bootstrap_repair`), and the core tools' step writes nothing into it."""
     real = os.path.realpath(root)
     owner = bootstrap_repair.storage_owner(real)
     root_fd = os.open(real, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -430,6 +435,15 @@ def _tighten_root_abi(root: Path, report: BootstrapReport) -> None:
             (root_fd, name, name) for name in ROOT_ENTRIES
         ]:
             with report.step(shown):
+                if name == "tool":
+                    status = durable.lstat_at(root_fd, name)
+                    held = status is not None and stat.S_ISDIR(status.st_mode)
+                    if held and bootstrap_repair.untrusted(status, owner):
+                        problem = bootstrap_repair.kept_problem(
+                            shown, status, owner, str(root / name)
+                        )
+                        report.add_problem(problem, errno.EACCES)
+                    continue
                 changed = bootstrap_repair.tighten(dir_fd, name, owner, shown)
                 if changed:
                     report.repaired.append(f"{shown} ({changed})")

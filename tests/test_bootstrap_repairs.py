@@ -1,10 +1,12 @@
 """``ctx bootstrap`` repairs what it owns and only that (SPEC R-5, P-5 step 2, D-1).
 
 What it owns — the root ABI directories, the core tools, ``bin/tsh``, ``bin/ctxterm``,
-``tool/tsh.d/config`` and the manual bundle — is given back to the storage root's owner and
-made writable by its owner alone when another uid could change it, and a link, FIFO or
-socket where it writes a file whole is replaced; each repair is listed, a second run repairs
-nothing, and what the entries hold for users (policies, logs, settings) keeps every byte.
+``tool/tsh.d/config`` and the manual bundle — when another uid could change it: a file it
+writes whole is written anew, a directory it relies on nothing in is given back to the
+storage root's owner and made writable by its owner alone, and the administrator's files
+(policies, logs, settings, hooks) and the directories holding them are reported, never
+given back.  A link, FIFO or socket where it writes a file whole is replaced; each repair is
+listed, a second run repairs nothing.
 Real directories, real modes and owners (a real second uid), real ``ctx`` processes.
 """
 
@@ -14,18 +16,22 @@ import json
 import os
 import socket
 import stat
+import subprocess
+import time
 from collections.abc import Callable
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
 import cortexfs.manual  # registers the manual bundle's bootstrap step
 import cortexfs.tools.core.bootstrap  # noqa: F401  (registers the core tools' step)
-from cortexfs import storage
+from cortexfs import durable, storage
 from cortexfs.errors import CtxError
 from cortexfs.tools.controls import ToolObject, read_controls
 from tests.support.cli import ctx
-from tests.support.users import UnprivilegedUser
+from tests.support.storage import traversable_tmp as traversable_tmp
+from tests.support.users import UnprivilegedUser, run_as
 from tests.support.users import unprivileged_user as unprivileged_user
 
 POLICY_LINE = "allow coder_t tool:fs.list execute\n"
@@ -51,24 +57,11 @@ def repaired_twice(root: Path) -> tuple[storage.BootstrapReport, storage.Bootstr
     return first, second
 
 
-# ----------------------------------------------------------------------- loosened modes
+# ------------------------------------------------------- directories it may give back
 
 
-@pytest.mark.parametrize(
-    ("relative", "loose"),
-    [
-        ("agent", 0o777),
-        ("tool", 0o775),
-        ("home", 0o757),
-        ("tool/fs.list.d", 0o777),
-        ("tool/fs.list.d/hooks/pre.d", 0o777),
-        ("tool/fs.stat.d/schema", 0o666),
-        ("tool/fs.stat", 0o777),
-        ("bin/tsh", 0o777),
-        ("bin/ctxterm", 0o775),
-    ],
-)
-def test_an_entry_others_may_write_is_made_the_owners_alone(
+@pytest.mark.parametrize(("relative", "loose"), [("agent", 0o777), ("home", 0o757)])
+def test_a_directory_it_relies_on_nothing_in_is_made_the_owners_alone(
     root: Path, relative: str, loose: int
 ) -> None:
     made = mode(root / relative)
@@ -90,25 +83,6 @@ def test_a_loose_storage_root_itself_is_repaired(root: Path) -> None:
     assert mode(root) == 0o755
 
 
-def test_a_core_tools_policy_and_the_tsh_config_keep_their_bytes(root: Path) -> None:
-    """Local state: its mode is repaired, never what it says."""
-    policy, config = root / "tool/fs.list.d/policy", root / "tool/tsh.d/config"
-    with policy.open("a") as stream:
-        stream.write(POLICY_LINE)
-    config.write_text("# mine\ncache_capacity=8\n")
-    before = {policy: policy.read_bytes(), config: config.read_bytes()}
-    policy.chmod(0o666)
-    config.chmod(0o646)
-
-    first, _ = repaired_twice(root)
-
-    assert sorted(first.repaired) == [
-        "tool/fs.list.d/policy (mode 0666, now 0644)",
-        "tool/tsh.d/config (mode 0646, now 0644)",
-    ]
-    assert {path: path.read_bytes() for path in before} == before
-
-
 def test_the_manual_bundles_directories_get_their_mode_back(root: Path) -> None:
     """D-1: directories of mode 0755, so that every agent reads the pages and none changes them."""
     bundle = root / "shared/cortexfs-docs"
@@ -124,14 +98,8 @@ def test_the_manual_bundles_directories_get_their_mode_back(root: Path) -> None:
     assert (mode(bundle), mode(bundle / "man")) == (0o755, 0o755)
 
 
-# --------------------------------------------------------------------------- owners
-
-
-@pytest.mark.parametrize(
-    "relative",
-    ["tool", "agent", "tool/fs.list", "tool/fs.list.d", "tool/fs.list.d/log", "bin/tsh"],
-)
-def test_an_entry_of_another_uid_is_given_back_to_the_storage_owner(
+@pytest.mark.parametrize("relative", ["agent", "bin"])
+def test_a_directory_of_another_uid_it_relies_on_nothing_in_is_given_back(
     root: Path, relative: str, unprivileged_user: UnprivilegedUser
 ) -> None:
     os.chown(root / relative, unprivileged_user.uid, -1)
@@ -141,19 +109,6 @@ def test_an_entry_of_another_uid_is_given_back_to_the_storage_owner(
 
     assert f"{relative} (owner uid {unprivileged_user.uid}, now uid {owner})" in first.repaired
     assert (root / relative).lstat().st_uid == owner
-
-
-def test_a_page_of_another_uid_is_rewritten_as_the_storage_owners(
-    root: Path, unprivileged_user: UnprivilegedUser
-) -> None:
-    """0444 means nothing to its owner, who may chmod it and rewrite it."""
-    page = root / "shared/cortexfs-docs/man/ctx.agent.md"
-    os.chown(page, unprivileged_user.uid, -1)
-
-    first, _ = repaired_twice(root)
-
-    assert first.repaired == ["shared/cortexfs-docs/man/ctx.agent.md"]
-    assert page.lstat().st_uid == root.stat().st_uid and mode(page) == 0o444
 
 
 def test_user_data_below_a_repaired_directory_is_untouched(
@@ -178,6 +133,251 @@ def test_user_data_below_a_repaired_directory_is_untouched(
         unprivileged_user.uid,
         0o666,
     )
+
+
+# ------------------------------------------------------ files it writes: written anew
+
+
+def _loosen(path: Path, user: UnprivilegedUser) -> str:
+    path.chmod(0o666 if stat.S_ISREG(path.lstat().st_mode) and mode(path) == 0o644 else 0o777)
+    return f"mode {mode(path):04o}"
+
+
+def _give_away(path: Path, user: UnprivilegedUser) -> str:
+    os.chown(path, user.uid, -1)
+    return f"owner uid {user.uid}"
+
+
+DAMAGE: dict[str, Callable[[Path, UnprivilegedUser], str]] = {
+    "loose": _loosen,
+    "another uid's": _give_away,
+}
+
+
+@pytest.mark.parametrize("damage", DAMAGE)
+@pytest.mark.parametrize(
+    ("relative", "line"),
+    [
+        ("tool/fs.stat", "tool/fs.stat"),
+        ("tool/fs.stat.d/schema", "tool/fs.stat"),
+        ("bin/tsh", "bin/tsh ({}, rewritten)"),
+        ("bin/ctxterm", "bin/ctxterm ({}, rewritten)"),
+    ],
+)
+def test_a_file_it_writes_that_another_uid_could_change_is_written_anew(
+    root: Path, relative: str, line: str, damage: str, unprivileged_user: UnprivilegedUser
+) -> None:
+    """Never given back: a new file from the source, which no descriptor of the old reaches."""
+    path = root / relative
+    wanted, wanted_mode, old = path.read_bytes(), mode(path), path.lstat().st_ino
+    why = DAMAGE[damage](path, unprivileged_user)
+
+    first, _ = repaired_twice(root)
+
+    assert first.repaired == [line.format(why)]
+    assert first.problems == []
+    status = path.lstat()
+    assert status.st_ino != old
+    assert (status.st_uid, mode(path), path.read_bytes()) == (
+        root.stat().st_uid,
+        wanted_mode,
+        wanted,
+    )
+
+
+def test_a_writer_that_held_a_program_open_cannot_change_what_bootstrap_leaves(
+    traversable_tmp: Path, unprivileged_user: UnprivilegedUser
+) -> None:
+    """Whoever owned bin/tsh may keep it open for writing: a chown would leave them a way in."""
+    root = traversable_tmp / "storage"
+    assert storage.bootstrap(root).problems == []
+    program = root / "bin/tsh"
+    wanted = program.read_bytes()
+    os.chown(program, unprivileged_user.uid, -1)
+    holder = subprocess.Popen(
+        [
+            "/bin/sh",
+            "-c",
+            'exec 3<>"$1"; read -r go; printf "#!/bin/sh\\nid\\n" >&3',
+            "sh",
+            str(program),
+        ],
+        stdin=subprocess.PIPE,
+        text=True,
+        user=unprivileged_user.uid,
+        group=unprivileged_user.gid,
+        extra_groups=[],
+    )
+    try:
+        time.sleep(0.3)  # the holder has opened it
+        report = storage.bootstrap(root)
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.write("go\n")
+        holder.stdin.close()
+        assert holder.wait(timeout=30) == 0
+
+    assert report.problems == []
+    assert (program.read_bytes(), program.stat().st_uid) == (wanted, root.stat().st_uid)
+
+
+# ------------------------------------------- the administrator's files and directories
+
+
+@pytest.mark.parametrize(
+    "relative",
+    ["tool/fs.list.d/policy", "tool/fs.list.d/status", "tool/fs.list.d/log", "tool/tsh.d/config"],
+)
+@pytest.mark.parametrize("damage", DAMAGE)
+def test_the_administrators_file_another_uid_could_change_is_reported_untouched(
+    root: Path, relative: str, damage: str, unprivileged_user: UnprivilegedUser
+) -> None:
+    """Its content is the administrator's: giving it back would bless what another uid wrote."""
+    path = root / relative
+    with path.open("a") as stream:
+        stream.write(POLICY_LINE if relative.endswith("policy") else "")
+    why = DAMAGE[damage](path, unprivileged_user)
+    before = (path.read_bytes(), path.lstat().st_uid, mode(path), path.lstat().st_ino)
+
+    report = storage.bootstrap(root)
+    again = storage.bootstrap(root)
+
+    owner = root.stat().st_uid
+    fix = f"'chown {owner} {path}'" if damage == "another uid's" else f"'chmod go-w {path}'"
+    assert report.problems == [
+        f"{relative} ({why}): what it says is the administrator's and could have been "
+        "rewritten by another uid, so bootstrap leaves it as it is; check its content, "
+        f"then {fix}"
+    ]
+    assert report.repaired == [] and again.problems == report.problems
+    assert (path.read_bytes(), path.lstat().st_uid, mode(path), path.lstat().st_ino) == before
+
+
+def test_an_agents_own_grant_in_a_core_tools_policy_is_never_given_to_root(
+    traversable_tmp: Path, unprivileged_user: UnprivilegedUser
+) -> None:
+    """The policy was the second uid's: the grant it wrote stays refused by the chain."""
+    root = traversable_tmp / "storage"
+    assert ctx(root, "bootstrap").returncode == 0
+    policy = root / "tool/shell.exec.d/policy"
+    os.chown(policy, unprivileged_user.uid, -1)
+    grant = "allow coder_t tool:shell.exec execute\n"
+    wrote = run_as(unprivileged_user, ["/bin/sh", "-c", f"printf '{grant}' >> {policy}"])
+    assert wrote.returncode == 0, wrote.stderr
+
+    text = ctx(root, "bootstrap")
+    as_json = ctx(root, "bootstrap", "--json")
+
+    assert text.returncode == 1 and as_json.returncode == 1
+    problem = (
+        f"tool/shell.exec.d/policy (owner uid {unprivileged_user.uid}): what it says is the "
+        "administrator's and could have been rewritten by another uid, so bootstrap leaves "
+        f"it as it is; check its content, then 'chown {root.stat().st_uid} {policy}'"
+    )
+    assert problem in text.stdout + text.stderr
+    assert json.loads(as_json.stdout)["problems"] == [problem]
+    assert policy.stat().st_uid == unprivileged_user.uid
+    assert policy.read_text().endswith(grant)
+
+
+@pytest.mark.parametrize(
+    "relative",
+    ["tool", "tool/fs.list.d", "tool/fs.list.d/hooks", "tool/fs.list.d/hooks/pre.d"],
+)
+@pytest.mark.parametrize("damage", DAMAGE)
+def test_a_directory_holding_the_administrators_files_is_reported_untouched(
+    root: Path, relative: str, damage: str, unprivileged_user: UnprivilegedUser
+) -> None:
+    """Whoever could write it could have renamed or removed what is in it (a guard hook)."""
+    path = root / relative
+    guard = root / "tool/fs.list.d/hooks/pre.d/10-guard"
+    guard.write_text("#!/bin/sh\nexit 3\n")
+    guard.chmod(0o755)
+    why = DAMAGE[damage](path, unprivileged_user)
+    (root / "tool/fs.list.d/cap").unlink()  # damage bootstrap would repair in a trusted tree
+    before = (path.lstat().st_uid, mode(path), sorted(os.listdir(path)))
+
+    report = storage.bootstrap(root)
+
+    owner = root.stat().st_uid
+    fix = f"'chown {owner} {path}'" if damage == "another uid's" else f"'chmod go-w {path}'"
+    assert report.problems == [
+        f"{relative} ({why}): the administrator's files in it (a policy, a hook...) could "
+        "have been renamed, replaced or removed by another uid, so bootstrap leaves it as it "
+        f"is; check what it holds, then {fix}"
+    ]
+    assert "tool/fs.list" not in report.repaired
+    assert (path.lstat().st_uid, mode(path), sorted(os.listdir(path))) == before
+    assert not (root / "tool/fs.list.d/cap").exists()
+
+
+def test_a_loose_tsh_d_is_neither_written_nor_read(
+    traversable_tmp: Path, unprivileged_user: UnprivilegedUser, tmp_path: Path
+) -> None:
+    """tool/tsh.d of another uid, a link at config and the temporary name swapped for a link
+    by that uid as soon as bootstrap creates it: nothing outside is changed, and the directory
+    is reported rather than taken back."""
+    root = traversable_tmp / "storage"
+    assert storage.bootstrap(root).problems == []
+    victim = tmp_path / "victim"
+    victim.write_text("secret\n")
+    victim.chmod(0o600)
+    tsh_d = root / "tool/tsh.d"
+    os.chown(tsh_d, unprivileged_user.uid, -1)
+    (tsh_d / "config").unlink()
+    (tsh_d / "config").symlink_to("/nonexistent")
+    swapped: list[str] = []
+
+    class SwapsTheTemporary(durable.FsOps):
+        """The other uid's move: the temporary file renamed away and a link put in its name."""
+
+        def create_file(self, name: str, dir_fd: int, mode: int = 0o666) -> int:
+            fd = super().create_file(name, dir_fd, mode)
+            if name.startswith(".config."):
+                script = 'cd "$1" && mv "$2" "$2.moved" && ln -s "$3" "$2"'
+                argv = ["/bin/sh", "-c", script, "sh", str(tsh_d), name, str(victim)]
+                done = run_as(unprivileged_user, argv)
+                assert done.returncode == 0, done.stderr
+                swapped.append(name)
+            return fd
+
+    with mock.patch.object(durable, "_DEFAULT_OPS", SwapsTheTemporary()):
+        report = storage.bootstrap(root)
+
+    assert mode(victim) == 0o600
+    assert swapped == []  # nothing was written in the directory
+    assert tsh_d.lstat().st_uid == unprivileged_user.uid
+    assert "tool/tsh.d/config (it was a symbolic link)" not in report.repaired
+    assert report.problems[0].startswith(f"tool/tsh.d (owner uid {unprivileged_user.uid}): ")
+
+
+def test_replacing_a_file_sets_its_mode_through_its_descriptor(
+    traversable_tmp: Path, unprivileged_user: UnprivilegedUser, tmp_path: Path
+) -> None:
+    """durable.replace_file_synced never reaches its temporary file by name again."""
+    directory = traversable_tmp / "dir"
+    directory.mkdir()
+    os.chown(directory, unprivileged_user.uid, -1)
+    victim = tmp_path / "victim"
+    victim.write_text("secret\n")
+    victim.chmod(0o600)
+
+    class SwapsTheTemporary(durable.FsOps):
+        def create_file(self, name: str, dir_fd: int, mode: int = 0o666) -> int:
+            fd = super().create_file(name, dir_fd, mode)
+            script = 'cd "$1" && mv "$2" "$2.moved" && ln -s "$3" "$2"'
+            argv = ["/bin/sh", "-c", script, "sh", str(directory), name, str(victim)]
+            done = run_as(unprivileged_user, argv)
+            assert done.returncode == 0, done.stderr
+            return fd
+
+    dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        durable.replace_file_synced(SwapsTheTemporary(), dir_fd, "config", b"x\n", 0o644)
+    finally:
+        os.close(dir_fd)
+
+    assert mode(victim) == 0o600
 
 
 # --------------------------------------------------------------------------- stand-ins
@@ -255,7 +455,7 @@ def test_a_link_at_a_core_tools_policy_is_still_a_problem(root: Path) -> None:
 
 def test_the_command_lists_each_repair_and_then_has_nothing_to_do(root: Path) -> None:
     (root / "agent").chmod(0o777)
-    (root / "tool/fs.list.d").chmod(0o777)
+    (root / "bin/tsh").chmod(0o777)
 
     text = ctx(root, "bootstrap")
     (root / "agent").chmod(0o777)
@@ -264,7 +464,7 @@ def test_the_command_lists_each_repair_and_then_has_nothing_to_do(root: Path) ->
 
     assert text.returncode == 0, text.stderr
     assert "repaired  agent (mode 0777, now 0755)" in text.stdout.splitlines()
-    assert "repaired  tool/fs.list.d (mode 0777, now 0755)" in text.stdout.splitlines()
+    assert "repaired  bin/tsh (mode 0777, rewritten)" in text.stdout.splitlines()
     assert "nothing to do" not in text.stdout
     assert json.loads(as_json.stdout)["repaired"] == ["agent (mode 0777, now 0755)"]
     assert again.stdout.splitlines()[1:] == ["nothing to do: the storage root is complete"]

@@ -8,7 +8,8 @@ topic): that is the built-in copy, and the repository's ``docs/spec/`` is the sa
 differ from its source is stale and replaced, atomically: a reader sees the old page or the
 new one, never a mixture; so is one another uid than the storage root's owner (or root) owns,
 and a link, FIFO or socket in a page's place.  The two directories are given back their mode
-(0755) and owner (:mod:`cortexfs.bootstrap_repair`).  Anything else in the bundle is left alone.
+(0755) and owner before a page is written in them (:mod:`cortexfs.bootstrap_repair`).
+Anything else in the bundle is left alone.
 
 ``ctx man TOPIC`` reads the installed page and falls back to the built-in copy when there is
 none.  Topics are short aliases (``agent``) of the page names (``ctx.agent.md``), which keep
@@ -171,8 +172,10 @@ def _open_bundle_dir(
     the storage root's owner's and exactly :data:`DIRECTORY_MODE` when it is not; None (and
     a problem) when something other than a directory holds its name."""
     replaced = bootstrap_repair.remove_stand_in(ops, parent_fd, name)
-    if durable.make_dir_synced(ops, parent_fd, name, DIRECTORY_MODE):
-        os.chmod(name, DIRECTORY_MODE, dir_fd=parent_fd)  # every agent reads it, whatever the umask
+    # Exactly DIRECTORY_MODE whatever the umask (every agent reads it), set on the new
+    # directory's descriptor.  An existing one is given back before a page is written in it:
+    # what bootstrap keeps there, it compares byte for byte (:mod:`cortexfs.bootstrap_repair`).
+    if durable.make_dir_synced(ops, parent_fd, name, DIRECTORY_MODE, exact_mode=True):
         if replaced:
             report.repaired.append(f"{where} (it was a {replaced})")
         else:

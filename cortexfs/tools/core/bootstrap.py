@@ -8,7 +8,10 @@ damaged, or differs from what this version would install; its policy, status, lo
 are kept (:mod:`cortexfs.tools.pairs`).  Whatever stands in its place and was not written by
 an install (a directory at ``tool/<name>``, a file at ``tool/<name>.d``…) is the user's: it is
 reported as a problem and left untouched.  ``tool/tsh.d/config`` is created with the defaults
-of H-4 when missing and never overwritten.
+of H-4 when missing and never overwritten.  What another uid could change is never given back
+here: an executable or defined control is written anew by the reinstall, and the
+administrator's files (policy, status, log, hooks, config) and the directories holding them
+are reported and left as they are (:mod:`cortexfs.bootstrap_repair`).
 
 H-1 names ``/ctx/bin/ctxterm``, ``/ctx/bin/tsh`` and ``/ctx/tool/tsh``: ``tool/tsh`` is an
 ordinary tool object (its manifest ``manifests/tsh.json``, its policy granting nothing, its
@@ -18,6 +21,7 @@ controls in ``tool/tsh.d/`` beside ``config``) whose program is ``bin/tsh``'s, a
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -27,6 +31,7 @@ from pathlib import Path
 
 from cortexfs import bootstrap_repair, durable, storage
 from cortexfs.errors import CtxError
+from cortexfs.regular_file import read_regular_file
 from cortexfs.tools.controls import (
     HOOK_DIRS,
     REQUIRED_FILES,
@@ -60,6 +65,8 @@ from cortexfs.tools.remedy import reinstall_advice
 MANIFESTS = Path(__file__).parent / "manifests"
 # How pair_layout.Obstacle calls a stand-in (a link, a FIFO, a socket, a device).
 _STAND_IN_OBSTACLES = ("a symbolic link", "a special file")
+# A core tool's controls whose content is the administrator's, not the manifest's.
+ADMINISTRATORS_CONTROLS = sorted(set(REQUIRED_FILES) - TOOL_KIND.defined)
 
 
 def bootstrap_tools(root: Path, source: Path | None, report: storage.BootstrapReport) -> None:
@@ -67,28 +74,38 @@ def bootstrap_tools(root: Path, source: Path | None, report: storage.BootstrapRe
     and bin/tsh; last, report every tool of every tier that C-2 makes unavailable.
 
     Each part stands alone: a problem in one (reported, its cause left untouched) does not keep
-    bootstrap from the others."""
+    bootstrap from the others.  Nothing is written into ``tool/``, a core tool's control
+    directory or its hook directories while another uid could change them: they hold the
+    administrator's policies and hooks, which bootstrap cannot vouch for
+    (:mod:`cortexfs.bootstrap_repair`; ``tool/`` itself is reported by the root's step)."""
+    owner = bootstrap_repair.storage_owner(root)
+    system = parse_tier(root, "system")
+    system_usable = _is_real_directory(system.directory) and not bootstrap_repair.untrusted(
+        system.directory.lstat(), owner
+    )
     for tier in all_tiers(root, os.getuid()):
+        if tier.name == "system" and not system_usable:
+            continue
         with report.step(tier.location):
             report.repaired += repair_tier(tier)
     interpreter, problem = core_interpreter()
     if problem:
         report.add_problem(problem, errno.ENOEXEC)
     modules = bundled_modules(interpreter, package_parent())  # shared by every core tool
-    system = parse_tier(root, "system")
     tsh = render_launcher(interpreter, modules, "tsh")
-    owner = bootstrap_repair.storage_owner(root)
-    if _is_real_directory(system.directory):  # else ensure_root_abi reported what is there
+    if system_usable:  # else the root's step reported what is there
         for name, module in CORE_TOOLS.items():
             with report.step(f"tool/{name}"):
-                launcher = render_launcher(interpreter, modules, module)
-                _install_core_tool(system, name, launcher, report)
-            _tighten_core_tool(root, name, owner, report)
+                if not _report_held_directories(root, name, owner, report):
+                    launcher = render_launcher(interpreter, modules, module)
+                    _install_core_tool(system, name, launcher, owner, report)
+            _report_held_files(root, name, owner, report)
         with report.step("tool/tsh"):  # H-1: tsh is a tool object too; tsh.d/ its controls
-            _install_core_tool(system, "tsh", tsh, report)
-        with report.step("tool/tsh.d/config"):
-            _ensure_tsh_config(root, report)
-        _tighten_core_tool(root, "tsh", owner, report)
+            if not _report_held_directories(root, "tsh", owner, report):
+                _install_core_tool(system, "tsh", tsh, owner, report)
+                with report.step("tool/tsh.d/config"):
+                    _ensure_tsh_config(root, owner, report)
+        _report_held_files(root, "tsh", owner, report)
     if _is_real_directory(root / "bin"):
         with report.step("bin/tsh"):
             _install_program(root, "bin/tsh", tsh, owner, report)
@@ -129,8 +146,10 @@ def _is_real_directory(path: Path) -> bool:
 def _install_program(
     root: Path, where: str, program: bytes, owner: int, report: storage.BootstrapReport
 ) -> None:
-    """``bin/<name>``: a program of the root ABI (H-1), replaced whole when it differs or a
-    stand-in holds its name, and writable by its owner alone."""
+    """``bin/<name>``: a program of the root ABI (H-1), replaced whole when it differs, when a
+    stand-in holds its name, or when another uid could change it: a new file, never the old
+    one given back (whoever could write the old one may still hold it open for writing).
+    ``bin/`` itself was given back before (the root's step)."""
     path = root / where
     ops = durable.default_ops()
     directory = durable.open_dir_path(ops, str(path.parent))
@@ -140,20 +159,33 @@ def _install_program(
         if status is not None and not (replaced or stat.S_ISREG(status.st_mode)):
             report.add_problem(f"{where}: not a regular file; left untouched", errno.EEXIST)
             return
-        if not replaced:
-            changed = bootstrap_repair.tighten(directory, path.name, owner, where)
-            if changed:
-                report.repaired.append(f"{where} ({changed})")
-        current = None if status is None or replaced else path.read_bytes()
-        if current == program and os.access(path, os.X_OK):
+        loose = "" if replaced else bootstrap_repair.untrusted(status, owner)
+        if (
+            status is not None
+            and not replaced
+            and not loose
+            and status.st_mode & stat.S_IXUSR
+            and _read_at(directory, path.name, len(program)) == program
+        ):
             return
         durable.replace_file_synced(ops, directory, path.name, program, 0o755)
     finally:
         ops.close(directory)
     if status is None:
         report.created.append(where)
+    elif replaced:
+        report.repaired.append(f"{where} (it was a {replaced})")
     else:
-        report.repaired.append(f"{where} (it was a {replaced})" if replaced else where)
+        report.repaired.append(f"{where} ({loose}, rewritten)" if loose else where)
+
+
+def _read_at(dir_fd: int, name: str, expected: int) -> bytes | None:
+    """What the regular file ``name`` of ``dir_fd`` holds, as far as it could be ``expected``
+    bytes long, never through a link; None when it cannot be read."""
+    try:
+        return read_regular_file(name, expected, dir_fd=dir_fd)
+    except OSError:
+        return None
 
 
 def core_manifest(name: str, exec_path: Path) -> Manifest:
@@ -165,9 +197,12 @@ def core_manifest(name: str, exec_path: Path) -> Manifest:
 
 
 def _install_core_tool(
-    tier: Tier, name: str, launcher: bytes, report: storage.BootstrapReport
+    tier: Tier, name: str, launcher: bytes, owner: int, report: storage.BootstrapReport
 ) -> None:
-    """Install core tool ``name`` unless it is complete and this version's.  A stand-in
+    """Install core tool ``name`` unless it is complete and this version's, and no other uid
+    than root and ``owner`` could change its executable or a control its manifest defines
+    (those are then written anew, never given back: :mod:`cortexfs.bootstrap_repair`).
+    A stand-in
     (:func:`cortexfs.bootstrap_repair.stand_in`) at its executable or at a control its
     manifest defines is bootstrap's own to replace; anything else in the way is the user's:
     every obstacle is then reported and nothing is changed."""
@@ -193,7 +228,7 @@ def _install_core_tool(
             exec_path = Path(scratch) / name
             exec_path.write_bytes(launcher)
             manifest = core_manifest(name, exec_path)
-            if present and not replaced and _is_current(tool, manifest, launcher):
+            if present and not replaced and _is_current(tool, manifest, launcher, owner):
                 return
             install_tool(tier, manifest, launcher)
     except BaseException:
@@ -224,35 +259,102 @@ def _remove_stand_ins(tier: Tier, relatives: list[str]) -> list[str]:
     return removed
 
 
-def _tighten_core_tool(root: Path, name: str, owner: int, report: storage.BootstrapReport) -> None:
-    """The executable of core tool ``name``, its control directory, its controls and hook
-    directories (and ``tsh.d/config``), given back to the storage root's owner and writable
-    by their owner alone: the authority chain refuses a tool any other uid could change."""
-    controls = sorted(
-        {*REQUIRED_FILES, *TOOL_KIND.defined} | ({"config"} if name == "tsh" else set())
-    )
-    relatives = [name, f"{name}.d"]
-    relatives += [f"{name}.d/{control}" for control in controls]
-    relatives += [f"{name}.d/{directory}" for directory in HOOK_DIRS]
+def _report_held_directories(
+    root: Path, name: str, owner: int, report: storage.BootstrapReport
+) -> bool:
+    """Report core tool ``name``'s control directory and hook directories that another uid
+    could change; True when there is one, and bootstrap then leaves the tool as it is.
+
+    They hold the administrator's policy, status, log and hooks: whoever could write one of
+    them could have renamed, replaced or removed what is in it (a guard hook taken away, a
+    file of root's moved over the policy), and giving the directory back, or reinstalling
+    the tool, which carries that state into a new directory of root's, would make the
+    authority chain trust it (:mod:`cortexfs.bootstrap_repair`)."""
+    ops = durable.default_ops()
+    found = False
+    tool_fd = durable.open_dir_path(ops, str(root / "tool"))
+    try:
+        for relative in [f"{name}.d", *(f"{name}.d/{directory}" for directory in HOOK_DIRS)]:
+            status = bootstrap_repair.status_beneath(tool_fd, relative)
+            if status is None or not stat.S_ISDIR(status.st_mode):
+                continue  # missing, or not a directory: the install reports or makes it
+            if bootstrap_repair.untrusted(status, owner):
+                shown = f"tool/{relative}"
+                path = str(root / shown)
+                problem = bootstrap_repair.kept_problem(shown, status, owner, path)
+                report.add_problem(problem, errno.EACCES)
+                found = True
+    finally:
+        ops.close(tool_fd)
+    return found
+
+
+def _report_held_files(root: Path, name: str, owner: int, report: storage.BootstrapReport) -> None:
+    """Report core tool ``name``'s files that hold the administrator's content (its policy,
+    status and log, its hooks, ``tsh.d/config``) when another uid could have changed them.
+    They are never given back nor chmodded: what they say is not bootstrap's to vouch for.
+    A post-hook runs as the agent alone, so the authority chain lets the agent's uid own it:
+    only its mode is judged here."""
+    kept = [f"{name}.d/{control}" for control in ADMINISTRATORS_CONTROLS]
+    if name == "tsh":
+        kept.append("tsh.d/config")
     ops = durable.default_ops()
     with report.step("tool"):
         tool_fd = durable.open_dir_path(ops, str(root / "tool"))
         try:
-            for relative in relatives:
-                shown = f"tool/{relative}"
-                with report.step(shown):
-                    changed = bootstrap_repair.tighten_beneath(tool_fd, relative, owner, shown)
-                    if changed:
-                        report.repaired.append(f"{shown} ({changed})")
+            statuses = [(r, bootstrap_repair.status_beneath(tool_fd, r), owner) for r in kept]
+            for phase, owners in (("pre.d", owner), ("post.d", None)):
+                relative = f"{name}.d/hooks/{phase}"
+                for hook in _hooks(tool_fd, relative):
+                    path = f"{relative}/{hook}"
+                    statuses.append((path, bootstrap_repair.status_beneath(tool_fd, path), owners))
         finally:
             ops.close(tool_fd)
+    for relative, status, judged_owner in statuses:
+        if status is None or not stat.S_ISREG(status.st_mode):
+            continue  # missing, a link...: the chain refuses it and its own step reports it
+        if relative.startswith(f"{name}.d/hooks/") and not status.st_mode & 0o111:
+            continue  # not run as a hook
+        # A post-hook (judged_owner None) may be the agent's, whoever that is: only its mode.
+        judged_owner = status.st_uid if judged_owner is None else judged_owner
+        if bootstrap_repair.untrusted(status, judged_owner):
+            shown = f"tool/{relative}"
+            path = str(root / shown)
+            problem = bootstrap_repair.kept_problem(shown, status, judged_owner, path)
+            report.add_problem(problem, errno.EACCES)
 
 
-def _is_current(tool: ToolObject, manifest: Manifest, launcher: bytes) -> bool:
-    """Complete, and the executable and every control the manifest defines are this version's.
-    What the administrator sets (policy, status, hooks) is not compared: it is not damage."""
+def _hooks(tool_fd: int, relative: str) -> list[str]:
+    """The names in hook directory ``relative`` of ``tool_fd``, reached without following a
+    link; none when it is missing or not a real directory."""
+    fd = -1
+    try:
+        fd = os.dup(tool_fd)
+        for part in relative.split("/"):
+            inner = os.open(
+                part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd
+            )
+            os.close(fd)
+            fd = inner
+        return sorted(os.listdir(fd))
+    except OSError:
+        return []
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
+def _is_current(tool: ToolObject, manifest: Manifest, launcher: bytes, owner: int) -> bool:
+    """Complete, and the executable and every control the manifest defines are this version's
+    and beyond the reach of any uid but root and ``owner``.  What the administrator sets
+    (policy, status, hooks) is not compared: it is not damage."""
     if layout_problems(tool):
         return False
+    written = [tool.executable, *(tool.control_dir / control for control in TOOL_KIND.defined)]
+    for path in written:
+        with contextlib.suppress(FileNotFoundError):
+            if bootstrap_repair.untrusted(path.lstat(), owner):
+                return False
     try:
         if tool.executable.read_bytes() != launcher:
             return False
@@ -265,9 +367,11 @@ def _is_current(tool: ToolObject, manifest: Manifest, launcher: bytes) -> bool:
         return False
 
 
-def _ensure_tsh_config(root: Path, report: storage.BootstrapReport) -> None:
+def _ensure_tsh_config(root: Path, owner: int, report: storage.BootstrapReport) -> None:
     """H-4: ``tool/tsh.d/config`` with its defaults, also in place of a stand-in (a link, a
-    FIFO…); an existing file is only checked."""
+    FIFO…); an existing file is only checked, read without following a link or waiting on a
+    FIFO.  ``tool/tsh.d`` is checked first: nothing is read or written in it while another
+    uid could change it (:func:`_report_held_directories` reported it)."""
     ops = durable.default_ops()
     tool_fd = durable.open_dir_path(ops, str(root / "tool"))
     try:
@@ -281,6 +385,8 @@ def _ensure_tsh_config(root: Path, report: storage.BootstrapReport) -> None:
     finally:
         ops.close(tool_fd)
     try:
+        if bootstrap_repair.untrusted(os.fstat(config_dir), owner):
+            return  # reported by _report_held_directories
         existing = durable.lstat_at(config_dir, "config")
         if existing is None:
             temporary = f".config.{os.urandom(6).hex()}.tmp"
@@ -300,8 +406,8 @@ def _ensure_tsh_config(root: Path, report: storage.BootstrapReport) -> None:
                 "tool/tsh.d/config is not a regular file; left untouched", errno.EEXIST
             )
         else:
-            text = (root / "tool/tsh.d/config").read_text()
-            for problem in tsh_config.problems(text):
+            data = read_regular_file("config", tsh_config.MAX_CONFIG_BYTES, dir_fd=config_dir)
+            for problem in tsh_config.problems(data.decode("utf-8", "replace")):
                 report.add_problem(f"tool/{problem}", errno.EINVAL)
     finally:
         ops.close(config_dir)

@@ -47,7 +47,7 @@ DEFAULT_TEXT = "# tsh configuration (SPEC H-4): data, never code.\n" + "".join(
 )
 CONFIG_NAME = "config"
 CONFIG_MODE = 0o644  # the host's to write, every agent's to read
-_MAX_CONFIG_BYTES = 64 * 1024
+MAX_CONFIG_BYTES = 64 * 1024
 
 
 def config_path(executable: str) -> Path:
@@ -190,7 +190,7 @@ def _missing(path: Path) -> ToolFailure:
 def _read(path: Path) -> str | None:
     """The configuration's text; None when there is no file (tsh then takes every default)."""
     try:
-        data = read_regular_file(path, _MAX_CONFIG_BYTES)
+        data = read_regular_file(path, MAX_CONFIG_BYTES)
     except FileNotFoundError:
         if not path.parent.is_dir():
             raise _missing(path) from None
@@ -199,7 +199,7 @@ def _read(path: Path) -> str | None:
         if exc.errno == errno.EINVAL:
             raise ToolFailure(errno.EINVAL, f"{path} is not a regular file") from None
         if exc.errno == errno.EFBIG:
-            too_large = f"{path} is larger than {_MAX_CONFIG_BYTES} bytes"
+            too_large = f"{path} is larger than {MAX_CONFIG_BYTES} bytes"
             raise ToolFailure(errno.EFBIG, too_large) from None
         raise
     return data.decode("utf-8", "replace")
