@@ -417,16 +417,20 @@ def bootstrap(root: Path, source: Path | None = None) -> BootstrapReport:
     return report
 
 
+_HOLDS_CONTROLS = ("tool", "agent", "model")  # never given back: see _tighten_root_abi
+
+
 def _tighten_root_abi(root: Path, report: BootstrapReport) -> None:
     """The root and its six entries, given back to the root's owner and writable by their
     owner alone (:func:`cortexfs.bootstrap_repair.tighten`): below a directory another uid
     may write, the authority chain refuses every object (not host-owned).  A mode narrower
     than :data:`ABI_MODE` is left as it is (see :func:`_closed_to_agents`).
 
-    ``tool/`` is the exception: it holds the core tools' control directories, whose policies
-    and hooks bootstrap cannot vouch for once another uid could rename or replace them, so
-    such a ``tool/`` is reported and left as it is (the rule of
-    :mod:`cortexfs.bootstrap_repair`), and the core tools' step writes nothing into it."""
+    ``tool/``, ``agent/`` and ``model/`` are the exception: they hold the objects' control
+    directories, whose policies, identities and hooks bootstrap cannot vouch for once another
+    uid could rename or replace them (swap two agents' ``.d``, say), so such a directory is
+    reported and left as it is (the rule of :mod:`cortexfs.bootstrap_repair`), and the core
+    tools' step writes nothing into a ``tool/`` so reported."""
     real = os.path.realpath(root)
     owner = bootstrap_repair.storage_owner(real)
     root_fd = os.open(real, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -435,7 +439,7 @@ def _tighten_root_abi(root: Path, report: BootstrapReport) -> None:
             (root_fd, name, name) for name in ROOT_ENTRIES
         ]:
             with report.step(shown):
-                if name == "tool":
+                if name in _HOLDS_CONTROLS:
                     status = durable.lstat_at(root_fd, name)
                     held = status is not None and stat.S_ISDIR(status.st_mode)
                     if held and bootstrap_repair.untrusted(status, owner):

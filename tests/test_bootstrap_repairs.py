@@ -60,7 +60,7 @@ def repaired_twice(root: Path) -> tuple[storage.BootstrapReport, storage.Bootstr
 # ------------------------------------------------------- directories it may give back
 
 
-@pytest.mark.parametrize(("relative", "loose"), [("agent", 0o777), ("home", 0o757)])
+@pytest.mark.parametrize(("relative", "loose"), [("bin", 0o777), ("home", 0o757)])
 def test_a_directory_it_relies_on_nothing_in_is_made_the_owners_alone(
     root: Path, relative: str, loose: int
 ) -> None:
@@ -98,7 +98,7 @@ def test_the_manual_bundles_directories_get_their_mode_back(root: Path) -> None:
     assert (mode(bundle), mode(bundle / "man")) == (0o755, 0o755)
 
 
-@pytest.mark.parametrize("relative", ["agent", "bin"])
+@pytest.mark.parametrize("relative", ["shared", "bin"])
 def test_a_directory_of_another_uid_it_relies_on_nothing_in_is_given_back(
     root: Path, relative: str, unprivileged_user: UnprivilegedUser
 ) -> None:
@@ -280,6 +280,20 @@ def test_an_agents_own_grant_in_a_core_tools_policy_is_never_given_to_root(
     assert policy.read_text().endswith(grant)
 
 
+@pytest.mark.parametrize("relative", ["agent", "model"])
+def test_a_loose_directory_of_agents_or_models_is_reported_untouched(
+    root: Path, relative: str
+) -> None:
+    """Whoever could write agent/ could have swapped two agents' control directories (both
+    root's): giving the directory back would vouch for what it holds."""
+    (root / relative).chmod(0o777)
+
+    report = storage.bootstrap(root)
+
+    assert mode(root / relative) == 0o777 and report.repaired == []
+    assert [problem for problem in report.problems if problem.startswith(relative)], report.problems
+
+
 @pytest.mark.parametrize(
     "relative",
     ["tool", "tool/fs.list.d", "tool/fs.list.d/hooks", "tool/fs.list.d/hooks/pre.d"],
@@ -454,19 +468,19 @@ def test_a_link_at_a_core_tools_policy_is_still_a_problem(root: Path) -> None:
 
 
 def test_the_command_lists_each_repair_and_then_has_nothing_to_do(root: Path) -> None:
-    (root / "agent").chmod(0o777)
+    (root / "home").chmod(0o777)
     (root / "bin/tsh").chmod(0o777)
 
     text = ctx(root, "bootstrap")
-    (root / "agent").chmod(0o777)
+    (root / "home").chmod(0o777)
     as_json = ctx(root, "bootstrap", "--json")
     again = ctx(root, "bootstrap")
 
     assert text.returncode == 0, text.stderr
-    assert "repaired  agent (mode 0777, now 0755)" in text.stdout.splitlines()
+    assert "repaired  home (mode 0777, now 0755)" in text.stdout.splitlines()
     assert "repaired  bin/tsh (mode 0777, rewritten)" in text.stdout.splitlines()
     assert "nothing to do" not in text.stdout
-    assert json.loads(as_json.stdout)["repaired"] == ["agent (mode 0777, now 0755)"]
+    assert json.loads(as_json.stdout)["repaired"] == ["home (mode 0777, now 0755)"]
     assert again.stdout.splitlines()[1:] == ["nothing to do: the storage root is complete"]
 
 
