@@ -63,7 +63,8 @@ frames, one object per line:
 Exit 0 when the result is ok, 1 otherwise, 2 for unusable input.  When a frame cannot be
 written (a full disk, > /dev/full): exit 74, 'ctx: ENOSPC: cannot write standard output
 (...)' and whether the tool ran and where its result is recorded; a first frame that
-cannot be written stops the tool before it is given its input (stage output, not run).
+cannot be written kills the tool before it is given its input (stage output; its process
+had started, so it may have begun to act, but it read no input).
 A reader that left (a closed pipe) ends it quietly, exit 141.
 
 Only the host administrator (root, or the owner of the storage root) may run tools as an
@@ -282,7 +283,7 @@ def _what_became_of(result: ToolResult) -> str:
     error = result.error
     failure = "" if error is None else f" ({error} [{error.stage}])"
     if error is not None and error.stage == "output":
-        ran = f"{result.tool} was not run"
+        ran = f"{result.tool} was killed before it was given its input (its process had started)"
     elif result.exit_status is None:
         ran = f"{result.tool} did not run{failure}"
     else:

@@ -27,7 +27,8 @@ class ToolError(NamedTuple):
 
     The stages, in the order a call goes through them: ``caller``, ``agent``, ``session``,
     ``resolve``, ``schema``, ``authorize``, ``hook``, ``output`` (native mode: the caller could
-    not take the ``call`` frame, so the tool was not run), ``run``, ``exit``, and ``record``
+    not take the ``call`` frame, so the tool was killed before it was given its input),
+    ``run``, ``exit``, and ``record``
     for a call whose result could not be recorded (docs/tools.md).
 
     ``step`` and ``step_name`` name the denying step of the authority chain (P-5) when the

@@ -109,7 +109,8 @@ def run_native(
     they happen: ``call`` when the tool starts, ``stderr`` per line, ``result`` at the end.
     What it raises is its caller's failure (a standard output that cannot be written), never
     the tool's: at the ``call`` frame the tool's process group is killed before the tool is
-    given its input, and the call ends at stage ``output`` with that errno, not run; at a later
+    given its input (its process has started by then: the frame carries its pid), and the call
+    ends at stage ``output`` with that errno; at a later
     frame the observer is given no more frames, and the call goes on to its end and is
     recorded as if nobody watched, rather than kill a tool midway through what it does.
     ``interrupted`` says whether the caller was interrupted and killed the tool's process
@@ -570,8 +571,9 @@ class _Call:
                 ToolError(
                     code,
                     "output",
-                    f"not run: the caller's output could not take the call's first frame "
-                    f"({reason}); the tool was stopped before it was given its input",
+                    f"the caller's output could not take the call's first frame ({reason}); "
+                    "the tool's process had started and was killed before it was given its "
+                    "input",
                 )
             ) from None
 

@@ -647,7 +647,7 @@ def test_whatever_fails_after_tool_call_still_records_tool_result(coder: World) 
     with pytest.raises(KeyboardInterrupt):
         coder.run("whoami", {}, observer=interrupting)
 
-    # The observer's failure is its caller's: the tool was not run (stage output).
+    # The observer's failure is its caller's: the tool was killed before its input (stage output).
     assert (failed.error.errno, failed.error.stage) == (errno.EIO, "output")
     assert "RuntimeError: the observer broke" in failed.error.message
     assert failed.exit_status is None
@@ -851,20 +851,22 @@ def _session(world: World) -> str:
 
 
 @pytest.mark.parametrize("group", [False, True])
-def test_a_call_frame_that_cannot_be_written_runs_nothing_and_exits_74(
+def test_a_call_frame_that_cannot_be_written_gives_the_tool_no_input_and_exits_74(
     marker: World, group: bool
 ) -> None:
-    """``ctx run --native > /dev/full``: the lost output is ctx's, not the tool's.  The tool is
-    stopped before it is given its input, the call is recorded as not run at stage output
-    (not as a tool that could not start), and the line says so, exit 74."""
+    """``ctx run --native > /dev/full``: the lost output is ctx's, not the tool's.  The tool's
+    process, started already (the frame carries its pid), is killed before it is given its
+    input; the call is recorded so at stage output (not as a tool that could not start), and
+    the line says so, exit 74."""
     argv = _ctx_run(marker, "--agent", "coder", "--native", "mark", group=group)
 
     lost = to_full_disk(argv, env=os.environ, stdin='{"n": 1}')
 
     assert (lost.returncode, lost.stderr) == (
         74,
-        "ctx: ENOSPC: cannot write standard output (No space left on device); mark was not "
-        f"run; the call is recorded in session {_session(marker)}\n",
+        "ctx: ENOSPC: cannot write standard output (No space left on device); mark was killed "
+        "before it was given its input (its process had started); the call is recorded in "
+        f"session {_session(marker)}\n",
     )
     assert not (marker.workspace / "ran").exists()
     call, result = marker.events()[-2:]
