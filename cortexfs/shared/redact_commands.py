@@ -47,8 +47,8 @@ _PROGRAMS: dict[str, tuple[dict[str, str], bool]] = {
     "openssl": (_OPENSSL_OPTIONS, False),
     "htpasswd": ({}, True),  # -b: the password is the last operand (_htpasswd_password)
 }
-# The clients whose ``login`` subcommand takes the password with -p (``helm registry login``).
-_LOGIN_CLIENTS = {"docker", "podman", "nerdctl", "buildah", "skopeo", "registry", "az", "cf"}
+# The clients whose ``login`` subcommand takes the password with -p.
+_LOGIN_CLIENTS = {"docker", "podman", "nerdctl", "buildah", "skopeo", "oras", "helm", "az", "cf"}
 
 
 def command_secrets(words: Sequence[str]) -> dict[int, str]:
@@ -66,7 +66,7 @@ def command_secrets(words: Sequence[str]) -> dict[int, str]:
             continue
         bare = _unquoted(word)
         if not program:
-            program = _program(bare, _unquoted(words[index - 1]) if index else None)
+            program = _program(bare, words[:index])
             if program == "htpasswd":
                 operand = _htpasswd_password(words, index)
                 if operand is not None:
@@ -82,17 +82,18 @@ def command_secrets(words: Sequence[str]) -> dict[int, str]:
     return hidden
 
 
-def _program(word: str, previous: str | None) -> str:
-    """The :data:`_PROGRAMS` entry that ``word`` runs, or "" (``previous``: the word before
-    it, None for the first word)."""
+def _program(word: str, before: Sequence[str]) -> str:
+    """The :data:`_PROGRAMS` entry that ``word`` runs, or "" (``before``: the command's words
+    before it)."""
     name = word.rpartition("/")[2]
     if name.startswith(("mysql", "mariadb")):  # mysqldump, mariadb-dump…
         return name[:5] if name.startswith("mysql") else name[:7]
     if name == "login":
-        # Only the subcommand of a registry or cloud client (``docker login``): login(1) itself
-        # keeps the environment with -p, and elsewhere the word is an operand (``grep login``).
-        introduced = previous is not None and previous.rpartition("/")[2] in _LOGIN_CLIENTS
-        return name if introduced else ""
+        # Only a subcommand of a registry or cloud client (``docker --config d login``,
+        # ``az acr login``): login(1) itself keeps the environment with -p, and in another
+        # program's command the word is an operand (``grep login -p file``).
+        clients = (_unquoted(earlier).rpartition("/")[2] for earlier in before)
+        return name if any(client in _LOGIN_CLIENTS for client in clients) else ""
     return name if name in _PROGRAMS else ""
 
 
