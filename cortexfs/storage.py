@@ -417,40 +417,40 @@ def bootstrap(root: Path, source: Path | None = None) -> BootstrapReport:
     return report
 
 
-_HOLDS_CONTROLS = ("tool", "agent", "model")  # never given back: see _tighten_root_abi
+# Never given back (see _tighten_root_abi): what they hold is looked up by name, and whoever
+# could write them could have swapped two entries that both still belong to root.
+_HOLDS_OBJECTS = ("tool", "agent", "model", "home", "shared")
 
 
 def _tighten_root_abi(root: Path, report: BootstrapReport) -> None:
-    """The root and its six entries, given back to the root's owner and writable by their
-    owner alone (:func:`cortexfs.bootstrap_repair.tighten`): below a directory another uid
-    may write, the authority chain refuses every object (not host-owned).  A mode narrower
-    than :data:`ABI_MODE` is left as it is (see :func:`_closed_to_agents`).
-
-    ``tool/``, ``agent/`` and ``model/`` are the exception: they hold the objects' control
-    directories, whose policies, identities and hooks bootstrap cannot vouch for once another
-    uid could rename or replace them (swap two agents' ``.d``, say), so such a directory is
-    reported and left as it is (the rule of :mod:`cortexfs.bootstrap_repair`), and the core
-    tools' step writes nothing into a ``tool/`` so reported."""
+    """The root and its six entries, checked against another uid (the rule of
+    :mod:`cortexfs.bootstrap_repair`).  Only ``bin/`` is given back to the root's owner and
+    made writable by its owner alone (:func:`cortexfs.bootstrap_repair.tighten`): what it holds
+    bootstrap writes anew.  The root itself and ``tool/``, ``agent/``, ``model/``, ``home/``,
+    ``shared/`` hold what is looked up by name — objects, their controls, homes, spaces — and
+    whoever could write them could have swapped two entries that both still belong to root
+    (two agents' ``.d``, two spaces): giving such a directory back would vouch for that, so it
+    is reported and left as it is, and the core tools' step writes nothing into a ``tool/`` so
+    reported.  A mode narrower than :data:`ABI_MODE` is left as it is (see
+    :func:`_closed_to_agents`)."""
     real = os.path.realpath(root)
     owner = bootstrap_repair.storage_owner(real)
     root_fd = os.open(real, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        for dir_fd, name, shown in [(None, real, str(root))] + [
-            (root_fd, name, name) for name in ROOT_ENTRIES
-        ]:
+        for name in (None, *ROOT_ENTRIES):
+            shown = str(root) if name is None else name
             with report.step(shown):
-                if name in _HOLDS_CONTROLS:
-                    status = durable.lstat_at(root_fd, name)
-                    held = status is not None and stat.S_ISDIR(status.st_mode)
-                    if held and bootstrap_repair.untrusted(status, owner):
-                        problem = bootstrap_repair.kept_problem(
-                            shown, status, owner, str(root / name)
-                        )
-                        report.add_problem(problem, errno.EACCES)
+                if name is not None and name not in _HOLDS_OBJECTS:
+                    changed = bootstrap_repair.tighten(root_fd, name, owner, shown)
+                    if changed:
+                        report.repaired.append(f"{shown} ({changed})")
                     continue
-                changed = bootstrap_repair.tighten(dir_fd, name, owner, shown)
-                if changed:
-                    report.repaired.append(f"{shown} ({changed})")
+                status = os.fstat(root_fd) if name is None else durable.lstat_at(root_fd, name)
+                held = status is not None and stat.S_ISDIR(status.st_mode)
+                if held and bootstrap_repair.untrusted(status, owner):
+                    path = str(root if name is None else root / name)
+                    problem = bootstrap_repair.kept_problem(shown, status, owner, path)
+                    report.add_problem(problem, errno.EACCES)
     finally:
         os.close(root_fd)
 

@@ -60,10 +60,9 @@ def repaired_twice(root: Path) -> tuple[storage.BootstrapReport, storage.Bootstr
 # ------------------------------------------------------- directories it may give back
 
 
-@pytest.mark.parametrize(("relative", "loose"), [("bin", 0o777), ("home", 0o757)])
-def test_a_directory_it_relies_on_nothing_in_is_made_the_owners_alone(
-    root: Path, relative: str, loose: int
-) -> None:
+@pytest.mark.parametrize("loose", [0o777, 0o757])
+def test_bin_which_it_writes_anew_is_made_the_owners_alone(root: Path, loose: int) -> None:
+    relative = "bin"
     made = mode(root / relative)
     (root / relative).chmod(loose)
 
@@ -74,13 +73,17 @@ def test_a_directory_it_relies_on_nothing_in_is_made_the_owners_alone(
     assert first.problems == []
 
 
-def test_a_loose_storage_root_itself_is_repaired(root: Path) -> None:
+def test_a_loose_storage_root_itself_is_reported_untouched(root: Path) -> None:
+    """Whoever could write the root could have swapped its entries."""
     root.chmod(0o777)
 
-    first, _ = repaired_twice(root)
+    report = storage.bootstrap(root)
 
-    assert first.repaired == [f"{root} (mode 0777, now 0755)"]
-    assert mode(root) == 0o755
+    assert report.repaired == [] and mode(root) == 0o777
+    assert [problem for problem in report.problems if problem.startswith(str(root))], (
+        report.problems
+    )
+    root.chmod(0o755)
 
 
 def test_the_manual_bundles_directories_get_their_mode_back(root: Path) -> None:
@@ -98,10 +101,8 @@ def test_the_manual_bundles_directories_get_their_mode_back(root: Path) -> None:
     assert (mode(bundle), mode(bundle / "man")) == (0o755, 0o755)
 
 
-@pytest.mark.parametrize("relative", ["shared", "bin"])
-def test_a_directory_of_another_uid_it_relies_on_nothing_in_is_given_back(
-    root: Path, relative: str, unprivileged_user: UnprivilegedUser
-) -> None:
+def test_bin_of_another_uid_is_given_back(root: Path, unprivileged_user: UnprivilegedUser) -> None:
+    relative = "bin"
     os.chown(root / relative, unprivileged_user.uid, -1)
     owner = root.stat().st_uid
 
@@ -111,10 +112,10 @@ def test_a_directory_of_another_uid_it_relies_on_nothing_in_is_given_back(
     assert (root / relative).lstat().st_uid == owner
 
 
-def test_user_data_below_a_repaired_directory_is_untouched(
+def test_user_data_below_a_reported_directory_is_untouched(
     root: Path, unprivileged_user: UnprivilegedUser
 ) -> None:
-    """Only the entry bootstrap owns changes: not what users keep below it."""
+    """A loose home/ is reported, and what users keep below it left as it is."""
     home = root / "home" / str(unprivileged_user.uid)
     home.mkdir(mode=0o700)
     os.chown(home, unprivileged_user.uid, unprivileged_user.gid)
@@ -124,9 +125,10 @@ def test_user_data_below_a_repaired_directory_is_untouched(
     notes.chmod(0o666)
     (root / "home").chmod(0o777)
 
-    first, _ = repaired_twice(root)
+    report = storage.bootstrap(root)
 
-    assert first.repaired == ["home (mode 0777, now 0755)"]
+    assert report.repaired == [] and [p for p in report.problems if p.startswith("home")]
+    assert mode(root / "home") == 0o777
     assert (home.stat().st_uid, mode(home)) == (unprivileged_user.uid, 0o700)
     assert (notes.read_text(), notes.stat().st_uid, mode(notes)) == (
         "mine\n",
@@ -280,18 +282,26 @@ def test_an_agents_own_grant_in_a_core_tools_policy_is_never_given_to_root(
     assert policy.read_text().endswith(grant)
 
 
-@pytest.mark.parametrize("relative", ["agent", "model"])
-def test_a_loose_directory_of_agents_or_models_is_reported_untouched(
-    root: Path, relative: str
+@pytest.mark.parametrize("relative", ["agent", "model", "home", "shared"])
+@pytest.mark.parametrize("how", ["loose", "another owner"])
+def test_a_directory_of_objects_looked_up_by_name_is_reported_untouched(
+    root: Path, relative: str, how: str, unprivileged_user: UnprivilegedUser
 ) -> None:
-    """Whoever could write agent/ could have swapped two agents' control directories (both
-    root's): giving the directory back would vouch for what it holds."""
-    (root / relative).chmod(0o777)
+    """Whoever could write agent/ could have swapped two agents' control directories, or
+    shared/ two spaces (all root's): giving the directory back would vouch for that."""
+    if how == "loose":
+        (root / relative).chmod(0o777)
+    else:
+        os.chown(root / relative, unprivileged_user.uid, -1)
 
     report = storage.bootstrap(root)
 
-    assert mode(root / relative) == 0o777 and report.repaired == []
+    assert report.repaired == []
     assert [problem for problem in report.problems if problem.startswith(relative)], report.problems
+    status = (root / relative).stat()
+    assert (status.st_mode & 0o777, status.st_uid) == (
+        (0o777, 0) if how == "loose" else (0o755, unprivileged_user.uid)
+    )
 
 
 @pytest.mark.parametrize(
@@ -468,19 +478,19 @@ def test_a_link_at_a_core_tools_policy_is_still_a_problem(root: Path) -> None:
 
 
 def test_the_command_lists_each_repair_and_then_has_nothing_to_do(root: Path) -> None:
-    (root / "home").chmod(0o777)
+    (root / "bin").chmod(0o777)
     (root / "bin/tsh").chmod(0o777)
 
     text = ctx(root, "bootstrap")
-    (root / "home").chmod(0o777)
+    (root / "bin").chmod(0o777)
     as_json = ctx(root, "bootstrap", "--json")
     again = ctx(root, "bootstrap")
 
     assert text.returncode == 0, text.stderr
-    assert "repaired  home (mode 0777, now 0755)" in text.stdout.splitlines()
+    assert "repaired  bin (mode 0777, now 0755)" in text.stdout.splitlines()
     assert "repaired  bin/tsh (mode 0777, rewritten)" in text.stdout.splitlines()
     assert "nothing to do" not in text.stdout
-    assert json.loads(as_json.stdout)["repaired"] == ["home (mode 0777, now 0755)"]
+    assert json.loads(as_json.stdout)["repaired"] == ["bin (mode 0777, now 0755)"]
     assert again.stdout.splitlines()[1:] == ["nothing to do: the storage root is complete"]
 
 
