@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import socket
 import stat
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -569,3 +571,27 @@ def test_shared_create_on_a_queue_whose_config_is_a_fifo_is_no_complete_space(
     assert f"ctx: EINVAL: {config} is a FIFO, not a regular file" in again.stderr
     assert f"{config} is a FIFO" in status.stderr
     assert stat.S_ISFIFO(config.lstat().st_mode)
+
+
+def test_a_core_program_grown_sparse_is_rewritten_without_being_read(root: Path) -> None:
+    """A core tool's executable made 4 GiB (sparse) is found different after reading one byte
+    more than the launcher, and rewritten: in a moment and in 1 GiB of address space."""
+    program = root / "tool" / "fs.stat"
+    launcher = program.read_bytes()
+    os.truncate(program, 4 << 30)
+
+    def limited_memory() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+
+    started = time.monotonic()
+    done = subprocess.run(
+        [str(Path(sys.executable).with_name("ctx")), "--storage", str(root), "bootstrap"],
+        capture_output=True,
+        text=True,
+        preexec_fn=limited_memory,
+        timeout=60,
+    )
+
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    assert "repaired  tool/fs.stat" in done.stdout, done.stdout
+    assert program.read_bytes() == launcher and time.monotonic() - started < 10

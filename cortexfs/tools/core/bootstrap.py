@@ -356,7 +356,9 @@ def _is_current(tool: ToolObject, manifest: Manifest, launcher: bytes, owner: in
             if bootstrap_repair.untrusted(path.lstat(), owner):
                 return False
     try:
-        if tool.executable.read_bytes() != launcher:
+        # At most one byte more than the launcher is read, never through a link: a program
+        # grown sparse to gigabytes costs nothing to find different.
+        if read_regular_file(tool.executable, len(launcher)) != launcher:
             return False
         wanted = manifest.controls()
         unwanted = TOOL_KIND.defined - wanted.keys() - {"origin"}
