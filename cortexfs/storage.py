@@ -238,8 +238,9 @@ class BootstrapReport:
             f"bootstrap of {self.root} left {count} problem{'s' if count > 1 else ''} as "
             f"{'they were' if count > 1 else 'it was'} (the first: {self.problems[0]}); what "
             "it could make is made: remove the cause (free space, move aside what is in the "
-            "way, a shorter storage root path) and run 'ctx bootstrap' again, which repairs "
-            "the rest",
+            "way, a shorter storage root path; for what another uid could change, check it "
+            "and then chown or chmod go-w it, as its line says) and run 'ctx bootstrap' "
+            "again, which repairs the rest",
         )
 
     @contextlib.contextmanager
