@@ -285,25 +285,23 @@ def test_an_agents_own_grant_in_a_core_tools_policy_is_never_given_to_root(
 
 
 @pytest.mark.parametrize("relative", ["agent", "model", "home", "shared"])
-@pytest.mark.parametrize("how", ["loose", "another owner"])
+@pytest.mark.parametrize("damage", DAMAGE)
 def test_a_directory_of_objects_looked_up_by_name_is_reported_untouched(
-    root: Path, relative: str, how: str, unprivileged_user: UnprivilegedUser
+    root: Path, relative: str, damage: str, unprivileged_user: UnprivilegedUser
 ) -> None:
     """Whoever could write agent/ could have swapped two agents' control directories, or
     shared/ two spaces (all root's): giving the directory back would vouch for that."""
-    if how == "loose":
-        (root / relative).chmod(0o777)
-    else:
-        os.chown(root / relative, unprivileged_user.uid, -1)
+    path = root / relative
+    why = DAMAGE[damage](path, unprivileged_user)
+    before = (path.lstat().st_uid, mode(path))
 
     report = storage.bootstrap(root)
 
     assert report.repaired == []
-    assert [problem for problem in report.problems if problem.startswith(relative)], report.problems
-    status = (root / relative).stat()
-    assert (status.st_mode & 0o777, status.st_uid) == (
-        (0o777, 0) if how == "loose" else (0o755, unprivileged_user.uid)
+    assert [problem for problem in report.problems if problem.startswith(f"{relative} ({why})")], (
+        report.problems
     )
+    assert (path.lstat().st_uid, mode(path)) == before
 
 
 @pytest.mark.parametrize(
