@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import subprocess
 from collections import Counter
 from pathlib import Path
@@ -42,3 +44,15 @@ class CountingOps(FsOps):
     def syncfs(self, fd: int) -> None:
         self.counts["syncfs"] += 1
         super().syncfs(fd)
+
+
+class NoDescriptorForTheLease(FsOps):
+    """Real operations, but opening a job's directory in ``lease/`` fails with EMFILE (out of
+    descriptors), once ``lease`` is set to the queue's ``lease/`` descriptor."""
+
+    lease: int | None = None
+
+    def open_dir(self, name: str, dir_fd: int | None = None) -> int:
+        if self.lease is not None and dir_fd == self.lease:
+            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE), name)
+        return super().open_dir(name, dir_fd)

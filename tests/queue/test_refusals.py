@@ -14,7 +14,7 @@ import pytest
 from cortexfs.durable import FsOps
 from cortexfs.errors import CtxError
 from cortexfs.queue import Holder, Queue, claim, finish, protocol, publish, renew
-from tests.queue.helpers import request
+from tests.queue.helpers import NoDescriptorForTheLease, request
 
 
 class RefusesIn(FsOps):
@@ -282,14 +282,6 @@ def test_a_claim_refused_for_want_of_descriptors_at_its_lease_leaves_no_trace(
     """Out of descriptors when it opens lease/J, the claim puts J back; its clean-up, which
     would open lease/J again, must not fail the same way and leave an empty claimed/J."""
     job = publish(queue, request(), "a")
-
-    class NoDescriptorForTheLease(FsOps):
-        lease: int | None = None
-
-        def open_dir(self, name: str, dir_fd: int | None = None) -> int:
-            if self.lease is not None and dir_fd == self.lease:
-                raise OSError(errno.EMFILE, os.strerror(errno.EMFILE), name)
-            return super().open_dir(name, dir_fd)
 
     ops = NoDescriptorForTheLease()
     with Queue.open(queue_dir, ops) as q:

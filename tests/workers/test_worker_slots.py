@@ -11,13 +11,12 @@ from typing import Any
 
 import pytest
 
-from cortexfs.durable import FsOps
 from cortexfs.errors import CtxError
 from cortexfs.queue import Queue, init_queue, publish
 from cortexfs.tools.result import ToolError
 from cortexfs.worker import loop
 from cortexfs.worker.loop import Outcome, Worker, WorkerOptions, failure
-from tests.queue.helpers import request
+from tests.queue.helpers import NoDescriptorForTheLease, request
 
 
 class DefectiveExecutor:
@@ -172,14 +171,6 @@ def test_a_claim_the_host_refuses_stops_the_worker_saying_it_was_undone(
     init_queue(queue_dir)
     with Queue.open(queue_dir) as queue:
         jobs = [publish(queue, request(n)) for n in range(2)]
-
-    class NoDescriptorForTheLease(FsOps):
-        lease: int | None = None
-
-        def open_dir(self, name: str, dir_fd: int | None = None) -> int:
-            if dir_fd is not None and dir_fd == self.lease:
-                raise OSError(errno.EMFILE, os.strerror(errno.EMFILE), name)
-            return super().open_dir(name, dir_fd)
 
     real_claim = loop.claim
 
