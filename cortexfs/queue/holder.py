@@ -36,6 +36,8 @@ MAX_LEASE_TTL = 366 * 24 * 3600.0
 # that lapses while its holder runs is, for recover, proof that the holder is gone (Q-5): the
 # job would run again beside the first run.
 MIN_WORKER_LEASE_TTL = 1.0
+# The kernel's PID_MAX_LIMIT: no Linux pid is larger, whatever pid_max says.
+PID_MAX_LIMIT = 2**22
 
 ALIVE = "alive"
 GONE = "gone"
@@ -96,8 +98,8 @@ class Holder:
         import psutil  # here: publish, finish and list look at no process, and it costs ~40 ms
 
         pid = os.getpid() if pid is None else pid
-        if pid <= 0:
-            raise invalid(f"{pid} is not a process id")
+        if not 1 <= pid <= PID_MAX_LIMIT:
+            raise invalid(f"{pid} is not a process id (1 to {PID_MAX_LIMIT})")
         if worker is not None:
             check_worker_id(worker)
         try:
@@ -217,7 +219,7 @@ class Lease:
             machine_id=machine_id if isinstance(machine_id, str) else None,
             boot_id=_field(doc, "boot_id", str),
             pid_ns=_pid_ns(doc.get("pid_ns")),
-            pid=_field(doc, "pid", int),
+            pid=_pid(doc.get("pid")),
             start_time=None if start is None else _time(start, start_key),
         )
         renewed = doc.get("renewed_at")
@@ -234,6 +236,15 @@ def _field(doc: dict[str, Any], key: str, kind: type) -> Any:
     value = doc.get(key)
     if not isinstance(value, kind) or isinstance(value, bool):
         raise invalid(f"lease has no valid field {key!r}")
+    return value
+
+
+def _pid(value: object) -> int:
+    """The holder's pid.  One no process can have makes the lease unreadable, a conflict for a
+    human (Q-6), rather than a holder to look for: any member of the space's group may write a
+    lease, and psutil refuses a pid below 1 outright, which would stop recover part way."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= PID_MAX_LIMIT:
+        raise invalid(f"lease has no valid field 'pid' (a process id, 1 to {PID_MAX_LIMIT})")
     return value
 
 

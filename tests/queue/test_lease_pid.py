@@ -1,0 +1,86 @@
+"""A lease naming a pid no process can have (Q-3, Q-5, Q-6, I-5): an unreadable lease, a
+conflict left to a human, while recover goes on with every other job and converges."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from cortexfs.errors import CtxError
+from cortexfs.queue import Holder, Queue, claim, publish
+from cortexfs.queue.evidence import assess, evidence_of
+from cortexfs.queue.holder import PID_MAX_LIMIT, Lease
+from tests.queue.helpers import PROJECT, dead_pid, request
+from tests.support.cli import ctx
+
+IMPOSSIBLE_PIDS = [-1, 0, True, PID_MAX_LIMIT + 1, 2**31, 2**63, 1.5, "42"]
+
+
+def claimed(queue: Queue, holder: Holder, name: str) -> str:
+    job = publish(queue, request(), name=name)
+    won = claim(queue, holder, ttl=600)
+    assert won is not None and won.job == job
+    return job
+
+
+def with_pid(queue_dir: Path, job: str, pid: object) -> None:
+    """The lease of ``job`` rewritten as a member of the space's group may: only its pid."""
+    lease = queue_dir / "lease" / job / "worker"
+    fields = json.loads(lease.read_text())
+    fields["pid"] = pid
+    lease.write_text(json.dumps(fields))
+
+
+@pytest.mark.parametrize("pid", IMPOSSIBLE_PIDS)
+def test_a_lease_whose_pid_no_process_can_have_cannot_be_read(me: Holder, pid: object) -> None:
+    fields = Lease.new("j.req.json", me, 600).to_json()
+    fields["pid"] = pid
+    with pytest.raises(CtxError) as refused:
+        Lease.decode(json.dumps(fields).encode(), "j.req.json")
+    assert "EINVAL" in str(refused.value) and "'pid'" in refused.value.message
+
+
+@pytest.mark.parametrize("pid", [1, PID_MAX_LIMIT])
+def test_the_first_and_the_last_pid_linux_can_give_are_read(me: Holder, pid: int) -> None:
+    fields = Lease.new("j.req.json", me, 600).to_json()
+    fields["pid"] = pid
+    assert Lease.decode(json.dumps(fields).encode(), "j.req.json").holder.pid == pid
+
+
+@pytest.mark.parametrize("pid", [-1, 0, PID_MAX_LIMIT + 1, 2**63])
+def test_recover_reports_the_lease_as_a_conflict_and_recovers_every_other_job(
+    queue: Queue, queue_dir: Path, root: Path, me: Holder, pid: int
+) -> None:
+    gone = dataclasses.replace(me, pid=dead_pid(), start_time=None)
+    before = [claimed(queue, gone, f"a{n}") for n in range(3)]
+    forged = claimed(queue, gone, "m-forged")
+    after = [claimed(queue, gone, f"z{n}") for n in range(3)]
+    alive = claimed(queue, me, "z-alive")
+    with_pid(queue_dir, forged, pid)
+
+    dry = ctx(root, "queue", "recover", "--project", PROJECT, "--dry-run", "--json")
+    assert dry.returncode == 1 and "Traceback" not in dry.stderr, dry.stderr
+    assert [c["job"] for c in json.loads(dry.stdout)["conflicts"]] == [forged]
+
+    first = ctx(root, "queue", "recover", "--project", PROJECT)
+
+    assert first.returncode == 1 and "Traceback" not in first.stderr, first.stderr
+    assert "cannot be read" in first.stdout and "'pid'" in first.stdout
+    assert "NOT consistent" in first.stdout
+    for job in (*before, *after):
+        assert f"requeue  {job}" in first.stdout
+        assert assess(evidence_of(queue, job)).state == "pending"
+    for job in (forged, alive):  # never acted on: nobody knows the first one's holder
+        assert assess(evidence_of(queue, job)).state == "claimed"
+
+    # I-5: a second run, and a reconcile, find nothing more to do and report the same.
+    for args in ((), ("--reconcile",)):
+        again = ctx(root, "queue", "recover", "--project", PROJECT, "--json", *args)
+        assert again.returncode == 1 and "Traceback" not in again.stderr, again.stderr
+        report = json.loads(again.stdout)
+        assert report["requeued"] == []
+        assert [c["job"] for c in report["conflicts"]] == [forged]
+    assert (queue_dir / "lease" / forged / "worker").exists()  # left for a human to repair
