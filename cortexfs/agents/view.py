@@ -33,11 +33,11 @@ through, denies such an agent and says why.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import pwd
 import re
-from collections import Counter
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import NamedTuple
@@ -47,7 +47,7 @@ from cortexfs.errors import CtxError
 from cortexfs.names import check_object_name
 from cortexfs.policy import AgentFacts, Identity, Policy
 from cortexfs.policy import controls as agent_controls
-from cortexfs.policy.mounts import Mount
+from cortexfs.policy.mounts import Mount, granted_mounts
 from cortexfs.tools.ctxpath import CTX_MOUNT, search_path
 
 WORKSPACE = PurePosixPath("/workspace")
@@ -128,13 +128,7 @@ class AgentView(NamedTuple):
 
     def visible_mounts(self) -> list[Mount]:
         """The mounts a tool of this agent may use, writable only where the policy says so."""
-        names = Counter(mount.name for mount in self.mounts)
-        visible = []
-        for mount in self.mounts:
-            if names[mount.name] > 1 or not self.allows("mount", mount.name, "read"):
-                continue
-            writable = mount.writable and self.allows("mount", mount.name, "write")
-            visible.append(Mount(mount.source, mount.target, writable))
+        visible = granted_mounts(self.mounts, functools.partial(self.allows, "mount"))
         if self.workspace is not None:
             visible.append(self.workspace)  # granted by the host starting the terminal
         return visible

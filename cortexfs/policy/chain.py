@@ -18,7 +18,9 @@
    the storage root) belongs to the agent's uid (unless that uid is the host administrator's,
    who owns the storage root) or is writable by its group or by others; and none is writable
    by the agent through a read-write mount.
-5. **object policy** — the agent's policy allows ``<label> <class>:<name> <perm>``.
+5. **object policy** — the agent's policy allows ``<label> <class>:<name> <perm>``, and it
+   grants a mount the object is seen through (``mount:<name> read``, and ``write`` to write
+   through a mount other than the storage root's), the mounts its tools get.
 6. **tool/model policy** — a tool's or model's own policy allows the same rule: the second
    layer of P-6.  Other classes have no policy of their own.  That policy file, and a tool's
    executable, its other controls (:data:`~cortexfs.policy.objects.TOOL_CONTROLS`) and its
@@ -54,7 +56,7 @@ from cortexfs.policy.beneath import Entry, list_directory, lstat, walk, walk_wit
 from cortexfs.policy.decision import Policy
 from cortexfs.policy.grammar import Rule, check_object
 from cortexfs.policy.linux import WRITE, Credentials, Identity, Kind, check_access, writable_entries
-from cortexfs.policy.mounts import Mount, View, mounts_named, views_of
+from cortexfs.policy.mounts import Mount, View, granted_mounts, mounts_named, views_of
 from cortexfs.policy.objects import NEEDED_ACCESS, TOOL_CONTROLS, Site, storage_site
 from cortexfs.storage import DOCS_BUNDLE, require_root
 from cortexfs.strict_modes import loose_entry
@@ -278,6 +280,18 @@ class AgentFacts:
         return controls.read_mounts(self.root, self.agent)
 
     @functools.cached_property
+    def visible_mounts(self) -> tuple[Mount, ...]:
+        """The mounts the agent's policy lets it see: what its tools get, less the storage
+        root's projection (:func:`~cortexfs.policy.mounts.granted_mounts`)."""
+        policy = self.policy(controls.control_path(self.agent, "policy"))
+        label = self.declared_label
+        return tuple(
+            granted_mounts(
+                self.mounts, lambda name, perm: Rule(label, "mount", name, perm) in policy
+            )
+        )
+
+    @functools.cached_property
     def declared_label(self) -> str:
         """The label the agent's control names, before step 4 has judged its controls."""
         return controls.read_label(self.root, self.agent)
@@ -313,6 +327,8 @@ class AgentFacts:
         if view.mount.writable:
             return ""
         if PurePosixPath(view.mount.source) != PurePosixPath(self.root):
+            if any(m.target == view.mount.target and m.writable for m in self.mounts):
+                return f"its policy has no 'mount:{view.mount.name} write' for {view.mount}"
             return f"its mount {view.mount} is read-only"
         parts = view.path.relative_to(view.mount.target).parts
         if len(parts) < 2 or parts[0] not in ("home", "shared"):
@@ -524,7 +540,31 @@ class _Evaluation:
         return Outcome.PASS, f"{self._label} (the agent cannot rewrite its own controls)"
 
     def object_policy(self) -> _StepOutcome:
-        return self._allowed_by(controls.control_path(self.agent, "policy"))
+        outcome, detail = self._allowed_by(controls.control_path(self.agent, "policy"))
+        if self.object_class != "mount" and self.site is not None:
+            detail += f"; {self._granted_mount()}"
+        return outcome, detail
+
+    def _granted_mount(self) -> str:
+        """Step 3 found the object under the agent's mount table; the policy must also grant
+        a mount it is seen through (``mount:<name> read``, and ``write`` to write through
+        one), as the view its tools get shows only such mounts (T-5): one answer to whether
+        the agent sees it."""
+        host_path = PurePosixPath(self.root, self.site.path) if self.site else None
+        views = views_of(self.facts.visible_mounts, host_path) if host_path else []
+        if self.access & WRITE:
+            views = [view for view in views if self.facts.writes_through(view)]
+        if views:
+            return f"its mount {views[0].mount.name!r} is granted"
+        shown = sorted({view.mount.name for view in views_of(self.mounts, host_path)})
+        needed = "read and write" if self.access & WRITE else "read"
+        raise denied(
+            f"{self.site.path} is seen only through mount {', '.join(shown)}, and "
+            f"{controls.control_path(self.agent, 'policy')} grants none of them "
+            f"(add 'allow {self._label} mount:{shown[0]} read'"
+            + (" and '… write'" if self.access & WRITE else "")
+            + f" to let the agent {needed} through it)"
+        )
 
     def own_policy(self) -> _StepOutcome:
         if self.site is None or self.site.own_policy is None:

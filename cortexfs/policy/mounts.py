@@ -22,7 +22,8 @@ Pure but for :func:`source_problem`: sources are compared as given.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Callable, Sequence
 from pathlib import PurePosixPath
 from typing import NamedTuple
 
@@ -117,6 +118,21 @@ def source_problem(mount: Mount) -> str:
 def mount_problem(mount: Mount, storage_root: PurePosixPath) -> str:
     """:func:`target_problem`, else :func:`source_problem`: why the mount is unusable, or ""."""
     return target_problem(mount, storage_root) or source_problem(mount)
+
+
+def granted_mounts(mounts: Sequence[Mount], allows: Callable[[str, str], bool]) -> list[Mount]:
+    """The mounts the agent's policy lets it see (P-5 step 3): those granted
+    ``mount:<name> read``, writable only where the table says ``rw`` and the policy grants
+    ``mount:<name> write``.  ``allows(name, permission)`` asks the agent's policy.  Two mounts
+    of one name are neither: a rule naming it could not say which it grants."""
+    names = Counter(mount.name for mount in mounts)
+    granted = []
+    for mount in mounts:
+        if names[mount.name] > 1 or not allows(mount.name, "read"):
+            continue
+        writable = mount.writable and allows(mount.name, "write")
+        granted.append(Mount(mount.source, mount.target, writable))
+    return granted
 
 
 def mounts_named(mounts: Sequence[Mount], name: str) -> list[Mount]:

@@ -13,7 +13,8 @@ from tests.support.users import UnprivilegedUser
 from tests.support.users import unprivileged_user as unprivileged_user
 
 CODER_POLICY = """\
-# coder may read files and use one model
+# coder sees the storage root at /ctx, may read files and use one model
+allow coder_t mount:ctx read
 allow coder_t tool:fs.read execute
 allow coder_t model:openai/gpt-5.6 use
 """

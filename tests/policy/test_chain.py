@@ -26,6 +26,7 @@ from tests.support.storage import add_tool, write
 from tests.support.users import UnprivilegedUser, run_as
 
 FS_READ_RULE = "allow coder_t tool:fs.read execute\n"
+SEES_CTX = "allow coder_t mount:ctx read\n"  # the storage root at /ctx, as add_agent mounts it
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to set owners and uids")
 
@@ -76,7 +77,7 @@ def test_the_two_layer_rule(
     tool_allows: bool,
     denying_step: Step | None,
 ) -> None:
-    write(coder / "policy", FS_READ_RULE if agent_allows else "")
+    write(coder / "policy", SEES_CTX + (FS_READ_RULE if agent_allows else ""))
     add_tool(root, "fs.read", policy=FS_READ_RULE if tool_allows else "# nobody\n")
     decision = run_fs_read(root, user)
     assert decision.step == denying_step
@@ -229,9 +230,49 @@ def test_an_object_under_no_mount_is_invisible(
 def test_a_narrow_mount_is_enough(root: Path, coder: Path, user: UnprivilegedUser) -> None:
     add_tool(root, "fs.read", policy=FS_READ_RULE)
     write(coder / "mount", json.dumps([[str(root / "tool"), "/tools", "ro"]]))
+    write(coder / "policy", FS_READ_RULE + "allow coder_t mount:tools read\n")
     decision = run_fs_read(root, user)
     assert decision.allowed, decision.reason
     assert "appears at /tools/fs.read" in decision.steps[Step.VISIBILITY - 1].detail
+
+
+def test_an_object_seen_only_through_a_mount_the_policy_does_not_grant_is_refused(
+    root: Path, coder: Path, user: UnprivilegedUser
+) -> None:
+    """The agent's tools get only the mounts its policy grants (T-5); the chain agrees."""
+    add_tool(root, "fs.read", policy=FS_READ_RULE)
+    write(coder / "policy", FS_READ_RULE)
+    assert_denied_at(
+        run_fs_read(root, user),
+        Step.OBJECT_POLICY,
+        errno.EACCES,
+        "tool/fs.read is seen only through mount ctx",
+        "'allow coder_t mount:ctx read'",
+    )
+    # A second mount showing it, granted, is enough; two mounts of one name grant neither.
+    mounts = [[str(root), "/ctx", "ro"], [str(root / "tool"), "/tools", "ro"]]
+    write(coder / "mount", json.dumps(mounts))
+    write(coder / "policy", FS_READ_RULE + "allow coder_t mount:tools read\n")
+    assert run_fs_read(root, user).allowed
+    mounts.append([str(root / "shared"), "/other/tools", "ro"])
+    write(coder / "mount", json.dumps(mounts))
+    assert run_fs_read(root, user).step == Step.OBJECT_POLICY
+
+
+def test_writing_through_a_mount_needs_its_write_grant(
+    root: Path, coder: Path, user: UnprivilegedUser
+) -> None:
+    space = root / "shared" / "project-a"
+    space.mkdir(parents=True)
+    os.chown(space, user.uid, user.gid)
+    write(coder / "mount", json.dumps([[str(root / "shared"), "/spaces", "rw"]]))
+    rules = "allow coder_t shared:project-a write\nallow coder_t mount:spaces read\n"
+    write(coder / "policy", rules)
+    request = AuthorityRequest(root, "coder", "shared", "project-a", "write")
+    decision = check_authority(request)
+    assert_denied_at(decision, Step.OBJECT_POLICY, errno.EACCES, "mount:spaces read' and")
+    write(coder / "policy", rules + "allow coder_t mount:spaces write\n")
+    assert check_authority(request).allowed, check_authority(request).reason
 
 
 def test_a_malformed_mount_table_denies(root: Path, coder: Path, user: UnprivilegedUser) -> None:
@@ -266,7 +307,9 @@ def test_the_label_decides_which_rules_apply(
     root: Path, coder: Path, user: UnprivilegedUser
 ) -> None:
     add_tool(root, "fs.read", policy="allow reviewer_t tool:fs.read execute\n")
-    write(coder / "policy", "allow reviewer_t tool:fs.read execute\n")
+    write(
+        coder / "policy", "allow reviewer_t mount:ctx read\nallow reviewer_t tool:fs.read execute\n"
+    )
     assert run_fs_read(root, user).step == Step.OBJECT_POLICY
     write(coder / "label", "reviewer_t\n")
     assert run_fs_read(root, user).allowed
@@ -337,9 +380,9 @@ def test_an_invalid_agent_policy_grants_nothing(
     root: Path, coder: Path, user: UnprivilegedUser
 ) -> None:
     add_tool(root, "fs.read", policy=FS_READ_RULE)
-    write(coder / "policy", FS_READ_RULE + "allow coder_t tool:* execute\n")
+    write(coder / "policy", SEES_CTX + FS_READ_RULE + "allow coder_t tool:* execute\n")
     decision = run_fs_read(root, user)
-    assert_denied_at(decision, Step.OBJECT_POLICY, errno.EACCES, "agent/coder.d/policy:2")
+    assert_denied_at(decision, Step.OBJECT_POLICY, errno.EACCES, "agent/coder.d/policy:3")
     assert "an invalid policy grants nothing" in decision.reason
 
 
@@ -348,6 +391,7 @@ def test_a_tool_policy_the_agent_could_rewrite_grants_nothing(
 ) -> None:
     add_tool(root, "fs.read", policy=FS_READ_RULE)
     write(coder / "mount", json.dumps([[str(root / "tool"), "/tools", "rw"]]))
+    write(coder / "policy", FS_READ_RULE + "allow coder_t mount:tools read\n")
     (root / "tool" / "fs.read.d" / "policy").chmod(0o666)
     assert_denied_at(
         run_fs_read(root, user), Step.OWN_POLICY, errno.EACCES, "tool/fs.read.d/policy"

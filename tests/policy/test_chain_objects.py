@@ -25,6 +25,8 @@ def ask(root: Path, object_ref: str, permission: str, location: str | None = Non
 
 
 def grant(controls: Path, *rules: str) -> None:
+    """The agent's policy: ``rules``, and the storage root's mount at /ctx that add_agent gives."""
+    rules = ("mount:ctx read", *rules)
     write(controls / "policy", "".join(f"allow coder_t {rule}\n" for rule in rules))
 
 
