@@ -43,8 +43,8 @@ def tools(root: Path, coder: Path) -> None:
     add_tool(root, "fs.stat", policy="allow coder_t tool:fs.stat execute\n")
     write(
         coder / "policy",
-        "allow coder_t mount:ctx read\nallow coder_t tool:fs.read execute\nallow coder_t tool:fs.list "
-        "execute\nallow coder_t model:openai/gpt-5.6 use\n",
+        "allow coder_t mount:ctx read\nallow coder_t tool:fs.read execute\n"
+        "allow coder_t tool:fs.list execute\nallow coder_t model:openai/gpt-5.6 use\n",
     )
 
 
