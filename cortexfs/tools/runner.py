@@ -252,12 +252,6 @@ class _Call:
             self._open_session()
         with self._stage("resolve"):
             self._resolve_tool()
-        if self.mode == NATIVE:
-            with self._stage("schema"):
-                assert self.controls is not None
-                if isinstance(input_value, UnreadableInput):
-                    raise invalid(f"the input is not JSON: {input_value.problem}")
-                validate_input(self.controls.schema, input_value, self.tool_name)
         with self._stage("authorize"):
             assert self.view is not None
             decision = check_tool_execute(
@@ -269,6 +263,14 @@ class _Call:
                 facts=self.view.facts,
             )
             self._require(decision, "authorize")
+        # The input is judged only for a call the agent may make (P-6: otherwise EACCES): a
+        # caller without the grant learns nothing of what the tool accepts.
+        if self.mode == NATIVE:
+            with self._stage("schema"):
+                assert self.controls is not None
+                if isinstance(input_value, UnreadableInput):
+                    raise invalid(f"the input is not JSON: {input_value.problem}")
+                validate_input(self.controls.schema, input_value, self.tool_name)
         with self._stage("hook"):
             runs = self._hooks(hooks.PRE, {})
             if runs and not runs[-1].passed:

@@ -133,6 +133,17 @@ def test_native_input_is_validated_against_the_schema(coder: World) -> None:
     assert coder.events()[-1]["stage"] == "schema"
 
 
+def test_an_agent_without_the_grant_is_refused_whatever_its_input(world: World) -> None:
+    """P-6: otherwise EACCES; the schema is judged only for a call the agent may make, so a
+    caller without the grant learns nothing of what the tool accepts."""
+    world.agent("outsider", tools=[])
+    for value in ({"path": 42}, {"bogus": 1}):
+        result = world.run("fs.read", value, agent="outsider")
+        assert result.error.errno == errno.EACCES, result
+        assert (result.error.stage, result.error.step) == ("authorize", 5)
+        assert "Additional properties" not in result.error.message
+
+
 def test_observer_receives_call_stderr_and_result_frames(coder: World) -> None:
     coder.install("noisy", "#!/bin/sh\necho one >&2\necho two >&2\necho '{\"done\": true}'\n")
     coder.agent("loud", tools=["noisy"])
