@@ -17,21 +17,36 @@ tool metadata and the tool-path cache of H-4 (:mod:`cortexfs.tools.core.tsh_cont
 by ``tool/tsh.d/config``): ``load NAME...``, ``describe NAME...``, ``pin NAME...``,
 ``unpin NAME...``, ``unload NAME...``, ``loaded``, ``rehash``.  An empty argument list is
 passed to the tool as it is (T-3).
+
+The same program is also a tool an agent may be granted (``tool/tsh``): run by ``ctx run``,
+a worker, or ``tsh`` typed in the agent's terminal, it is a process the host starts outside
+any sandbox, with the agent's view in ``CTX_MOUNTS`` as every tool gets it (T-5).  There
+``/ctx`` is not the agent's view but the raw storage root (or nothing), so tsh looks up,
+lists and describes tools only through that view, as the ``fs.*`` tools reach paths
+(:class:`AgentToolContext`), takes ``CTX_PATH`` from the runner alone, never from a
+``.tshrc`` the agent could write, and cannot run tools (only a terminal's tsh can).
 """
 
 from __future__ import annotations
 
 import array
+import errno
 import json
 import os
 import shlex
 import signal
 import socket
+import stat
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 from cortexfs.errors import CtxError
+from cortexfs.names import is_object_name
+from cortexfs.regular_file import read_regular_file
+from cortexfs.tools.core import confine
+from cortexfs.tools.core.toolio import ToolFailure
+from cortexfs.tools.core.tsh_config import MAX_CONFIG_BYTES, effective, problems
 from cortexfs.tools.core.tsh_context import ToolInfo, TshContext, read_settings
 
 HELP = """tsh runs CortexFS tools: NAME [ARG...], NAME found on CTX_PATH.  There are no host
@@ -59,12 +74,14 @@ Builtin = Callable[[TshContext, list[str]], int]
 def search_path() -> list[str]:
     """The directories tsh looks in, in order (T-4).
 
-    In an agent terminal (ctxterm gave it ``CTX_RUN_SOCKET``) the runtime-injected
-    ``CTX_PATH`` is authoritative.  A standalone human tsh takes ``CTX_PATH=`` from
-    ``$CTX_HOME/.tshrc``, else the process ``CTX_PATH``, else ``/ctx/tool:/ctx/home/<uid>/tool``,
-    with ``/ctx/…`` read in the storage root this tsh belongs to when ``/ctx`` is not mounted.
+    In an agent terminal (ctxterm gave it ``CTX_RUN_SOCKET``) and in an agent's tool process
+    the runtime-injected ``CTX_PATH`` is authoritative (the latter's entries are paths of the
+    agent's view, :class:`AgentToolContext` reads them).  A standalone human tsh takes
+    ``CTX_PATH=`` from ``$CTX_HOME/.tshrc``, else the process ``CTX_PATH``, else
+    ``/ctx/tool:/ctx/home/<uid>/tool``, with ``/ctx/…`` read in the storage root this tsh
+    belongs to when ``/ctx`` is not mounted.
     """
-    if _in_agent_terminal():
+    if _in_agent_terminal() or _as_agent_tool():
         entries = os.environ.get("CTX_PATH", "").split(":")
         return [entry for entry in entries if entry.startswith("/")]
     from cortexfs.tools.ctxpath import human_search_path
@@ -93,6 +110,12 @@ def _in_agent_terminal() -> bool:
     return "CTX_RUN_SOCKET" in os.environ
 
 
+def _as_agent_tool() -> bool:
+    """Whether the host runs this tsh as an agent's tool: the runner gives every tool
+    ``CTX_AGENT`` and the agent's view, ``CTX_MOUNTS``."""
+    return not _in_agent_terminal() and ("CTX_AGENT" in os.environ or "CTX_MOUNTS" in os.environ)
+
+
 def _own_storage_root() -> Path:
     """The storage root holding this program (``bin/tsh`` or ``tool/tsh``)."""
     return Path(os.path.realpath(sys.argv[0])).parent.parent
@@ -105,19 +128,141 @@ def config_path() -> str:
 
 
 def new_context() -> TshContext:
-    settings, problems = read_settings(config_path())
-    for problem in problems:
+    """The context of this tsh; ToolFailure when it runs as an agent's tool and the view the
+    runner gave it is malformed."""
+    if _as_agent_tool():
+        # Without CTX_MOUNTS the agent sees nothing: never the host's filesystem, which is
+        # what a tool without it gets (a person running it directly).
+        view = confine.View.from_environment({"CTX_MOUNTS": "[]", **os.environ})
+        settings, unusable = AgentToolContext.read_settings(view)
+        context: TshContext = AgentToolContext(settings, view)
+    else:
+        settings, unusable = read_settings(config_path())
+        context = TshContext(settings, search_path)
+    for problem in unusable:
         print(f"tsh: {problem} (ignored; the default applies)", file=sys.stderr)
-    return TshContext(settings, search_path)
+    return context
+
+
+class AgentToolContext(TshContext):
+    """The context of a tsh run as an agent's tool: tools found, listed and described only in
+    the agent's view (``CTX_MOUNTS``, T-5), by the rules of :mod:`cortexfs.tools.core.confine`.
+
+    A name a filtered mount does not list is not there (``/ctx/tool`` lists only the tools the
+    agent may run, ``/ctx/agent`` only itself), a path outside every mount is not there, and
+    no symbolic link is followed, on the way or at the end: the agent writes its own home,
+    ``home/<uid>/tool`` included, and a link there must not lead past its view.  Paths are
+    the view's (``/ctx/tool/fs.read``), never the host's.  Names are looked up afresh each
+    time: a one-shot tool has no use for the path cache, whose checks stat host directories.
+    """
+
+    CONFIG = "/ctx/tool/tsh.d/config"
+
+    def __init__(self, settings: dict[str, int], view: confine.View) -> None:
+        super().__init__(settings, search_path)
+        self.view = view
+
+    @classmethod
+    def read_settings(cls, view: confine.View) -> tuple[dict[str, int], list[str]]:
+        """H-4's settings from ``tool/tsh.d/config`` in the view (always visible there)."""
+        text = _read_in_view(view, cls.CONFIG, MAX_CONFIG_BYTES)
+        return effective(text or ""), problems(text or "")
+
+    def which(self, name: str) -> str | None:
+        if not is_object_name(name):
+            return None
+        for directory in search_path():
+            path = f"{directory.rstrip('/')}/{name}"
+            if self._is_executable_file(path):
+                return path
+        return None
+
+    def names_in(self, directory: str) -> list[str]:
+        """The names a listing of ``directory`` shows in the view; none when it cannot be
+        listed."""
+        try:
+            place = self.view.locate(directory)
+            fd = confine.open_directory(place, listable=True)
+        except (ToolFailure, OSError):
+            return []
+        try:
+            return confine.listed(place, os.listdir(fd))
+        except OSError:
+            return []
+        finally:
+            os.close(fd)
+
+    def _is_executable_file(self, path: str) -> bool:
+        """T-4's hit, in the view: a regular file with an execute bit, not a link."""
+        try:
+            place = self.view.locate(path)
+            parent = confine.open_parent(place)
+        except (ToolFailure, OSError):
+            return False
+        try:
+            status = confine.lstat_at(parent, place.name)
+        except OSError:
+            return False
+        finally:
+            os.close(parent)
+        return status is not None and stat.S_ISREG(status.st_mode) and bool(status.st_mode & 0o111)
+
+    def _read(self, name: str) -> ToolInfo:
+        path = self.which(name)
+        if path is None:
+            raise LookupError(name)
+
+        def control(control: str) -> str | None:
+            return _read_in_view(self.view, f"{path}.d/{control}", _MAX_CONTROL_BYTES)
+
+        return ToolInfo(
+            name=name,
+            path=path,
+            description=control("description") or "",
+            schema=_json_or_none(control("schema")),
+            cap=_json_or_none(control("cap")),
+        )
+
+
+_MAX_CONTROL_BYTES = 64 * 1024  # as a human tsh: a larger description or schema is not shown
+
+
+def _read_in_view(view: confine.View, path: str, limit: int) -> str | None:
+    """The text of the regular file at view path ``path``; None when the view does not show
+    it, it is not a regular file (a link, a FIFO), cannot be read or is over ``limit``."""
+    try:
+        place = view.locate(path)
+        parent = confine.open_parent(place)
+    except (ToolFailure, OSError):
+        return None
+    try:
+        data = read_regular_file(place.name, limit, dir_fd=parent)
+    except OSError:
+        return None
+    finally:
+        os.close(parent)
+    return data.decode("utf-8", "replace")
+
+
+def _json_or_none(text: str | None) -> object:
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
 
 
 def tools(context: TshContext) -> list[str]:
     found: dict[str, None] = {}
     for directory in search_path():
-        try:
-            names = sorted(os.listdir(directory))
-        except OSError:
-            continue
+        if isinstance(context, AgentToolContext):
+            names = context.names_in(directory)
+        else:
+            try:
+                names = sorted(os.listdir(directory))
+            except OSError:
+                continue
         for name in names:
             if not name.endswith(".d") and context.which(name) is not None:
                 found.setdefault(name)
@@ -129,6 +274,14 @@ def call(name: str, argv: list[str]) -> int:
 
     Ctrl-C reaches tsh, not the tool (which the host runs): tsh asks the host to interrupt
     the running call, then waits for its status as usual."""
+    if _as_agent_tool():
+        print(
+            f"tsh: {name}: EACCES: this tsh runs as a tool of agent "
+            f"{os.environ.get('CTX_AGENT', '?')}, not in its terminal, so it cannot run tools "
+            f"(H-2); run {name} as a tool of its own",
+            file=sys.stderr,
+        )
+        return CANNOT_RUN
     if "CTX_RUN_SOCKET" not in os.environ:
         # H-2: a standalone tsh may find tools and read their metadata, never run one as an
         # agent; only ctxterm, which runs the call under the agent's identity, can.
@@ -376,7 +529,11 @@ def run() -> int:
         except OSError as exc:
             print(f"tsh: EPERM: cannot guard this terminal against tracing: {exc}", file=sys.stderr)
             return CANNOT_RUN
-    context = new_context()
+    try:
+        context = new_context()
+    except ToolFailure as exc:
+        print(f"tsh: {errno.errorcode.get(exc.errno, 'EIO')}: {exc.message}", file=sys.stderr)
+        return CANNOT_RUN
     if len(sys.argv) > 1:  # tsh NAME [ARG...]: one command line, its words as given (T-3)
         status, _ = execute_words(context, sys.argv[1], sys.argv[2:], 0)
         return status
