@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.cli import ctx
 from tests.tools.support import World
 
 
@@ -84,6 +85,34 @@ def test_a_malformed_request_is_einval(lead: World) -> None:
 
     assert not result.ok and result.error is not None
     assert result.error.errno == errno.EINVAL
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"bogus": 1},  # the tool's own schema check finds this one
+        {"name": "helper.d"},  # the host's validation finds the rest
+        {"tools": ["fs.stat", "fs.stat"]},
+        {"mount": [["/workspace/../etc", "/w", "ro"]]},
+        {"mount": [["/tmp", "/etc", "ro"]]},
+    ],
+)
+def test_bad_input_exits_2_whichever_side_finds_it(lead: World, fields: dict[str, Any]) -> None:
+    request = json.dumps({**helper(lead), **fields})
+
+    ran = ctx(lead.root, "run", "--agent", "lead", "agent.create", request)
+
+    assert ran.returncode == 2, ran.stderr
+    assert ran.stderr.startswith("agent.create: EINVAL: "), ran.stderr
+    assert not (lead.root / "agent" / "helper").exists()
+
+
+def test_a_refusal_of_the_attenuation_exits_1(lead: World) -> None:
+    request = json.dumps(helper(lead, tools=["shell.exec"]))
+
+    ran = ctx(lead.root, "run", "--agent", "lead", "agent.create", request)
+
+    assert ran.returncode == 1 and "EACCES" in ran.stderr, ran.stderr
 
 
 @pytest.fixture

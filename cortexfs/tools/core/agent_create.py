@@ -8,16 +8,27 @@ child's label is never another existing agent's, every mount must lie inside one
 caller's visible mounts (``rw`` only where the caller's is), and the child runs as the
 caller's uid and groups.  Native
 output ``{"agent", "label", "uid"}``.  Without the runner it refuses (EPERM).
+
+Bad input exits 2 wherever it is found: the schema check here sees only the request's shape,
+and the host validates the rest as ``ctx agent create`` does (an illegal name, a tool named
+twice, ``..`` in a mount source), answering EINVAL, which is only ever a fault of the request.
 """
 
 from __future__ import annotations
 
+import errno
+
 from cortexfs.tools.core.hostcall import ask_host
-from cortexfs.tools.core.toolio import Reply, core_main, main_parameter
+from cortexfs.tools.core.toolio import Reply, ToolFailure, core_main, main_parameter
 
 
 def create(request: dict[str, object], native: bool) -> Reply:
-    answer = ask_host("agent.create", {"op": "agent.create", "request": request})
+    try:
+        answer = ask_host("agent.create", {"op": "agent.create", "request": request})
+    except ToolFailure as refused:
+        if refused.errno == errno.EINVAL:
+            raise ToolFailure(refused.errno, refused.message, usage=True) from None
+        raise
     return Reply(answer, text=f"created agent {answer['agent']}\n".encode())
 
 
