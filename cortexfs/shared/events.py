@@ -2,7 +2,7 @@
 
 One event is one JSON object on one line, and its first key is always ``ts``::
 
-    {"ts":"2026-06-22T12:00:00.000000Z","type":"tool_call","agent":"coder","session":"default","object":"tool/fs.read","status":"requested"}
+    {"ts":"2026-06-22T12:00:00.000000Z","type":"tool_call","agent":"coder","session":"default","object":"tool/fs.read","status":"ok"}
 
 Writing (S-5).  :meth:`EventLog.append` writes the whole line with one ``write`` on an
 ``O_APPEND`` descriptor, so the kernel places it at the end of the file in one piece and

@@ -3,8 +3,9 @@
 Every call that gets as far as its session leaves two events in the session's
 ``events.jsonl``:
 
-* ``tool_call`` (status ``requested``) when the call is received, with the input — or the
-  argv in terminal mode — summarised by the log rule (:mod:`cortexfs.shared.redact`);
+* ``tool_call`` (status ``ok``, as in S-2's example: the call was received) when the call is
+  received, with the input — or the argv in terminal mode — summarised by the log rule
+  (:mod:`cortexfs.shared.redact`);
 * ``tool_result`` (status ``ok`` or ``error``) when it is over: exit status, errno, the stage
   and chain step that refused it, duration, and a summary of the output.  It is fsynced before
   the call is reported done (S-5).
@@ -68,7 +69,7 @@ def result_facts(result: ToolResult) -> dict[str, Any]:
 
 
 def record_requested(session: Session, object_ref: str, facts: dict[str, Any]) -> None:
-    session.record("tool_call", object=object_ref, status="requested", **facts)
+    session.record("tool_call", object=object_ref, status="ok", **facts)
 
 
 def record_result(

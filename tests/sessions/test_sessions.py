@@ -119,7 +119,7 @@ def test_ctx_session_show_prints_a_timeline(recorded: World) -> None:
 
     lines = text.stdout.splitlines()
     assert text.returncode == 0 and len(lines) == 6
-    assert "tool_call" in lines[0] and "tool/fs.stat" in lines[0] and "requested" in lines[0]
+    assert "tool_call" in lines[0] and "tool/fs.stat" in lines[0] and " ok " in lines[0]
     assert "tool_result" in lines[3] and "EACCES" in lines[3]
     events = [json.loads(line) for line in as_json.stdout.splitlines()]
     assert [event["type"] for event in events] == ["tool_call", "tool_result"] * 3

@@ -94,7 +94,7 @@ def test_every_call_is_recorded_as_tool_call_and_tool_result(coder: World) -> No
         assert list(event)[:6] == ["ts", "type", "agent", "session", "object", "status"]
         assert event["agent"] == "coder" and event["session"] == "default"
         assert event["object"] == "tool/whoami"
-    assert events[0]["status"] == "requested"
+    assert events[0]["status"] == "ok"
     assert events[0]["input"]["password"] == "[redacted]"
     assert len(events[0]["input"]["note"]) < 300
     assert events[1]["status"] == "ok" and events[1]["exit_status"] == 0
