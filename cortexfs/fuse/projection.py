@@ -11,7 +11,9 @@ calling uid on top (``default_permissions``).
 
 from __future__ import annotations
 
+import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from cortexfs.agents.projection import (
@@ -22,6 +24,7 @@ from cortexfs.agents.projection import (
     in_root_abi,
 )
 from cortexfs.agents.view import AgentView
+from cortexfs.errors import CtxError
 
 
 class Projection:
@@ -37,7 +40,14 @@ class Projection:
 
 
 class AgentProjection(Projection):
-    """The projection of T-5 for one agent, decided from its host-owned controls."""
+    """The projection of T-5 for one agent, decided from its host-owned controls.
+
+    While the agent's entry or identity cannot be read (removed, renamed away, damaged, or
+    caught half-written by an edit), the view is empty: its root shows no entry and nothing
+    may be changed, as fail-closed as a view can be.  The daemon goes on serving, and reads
+    the controls again as it would after a policy change, so the view comes back within a
+    second of the repair.  A malformed label, policy or mount control already leaves a view
+    that grants nothing (:class:`~cortexfs.agents.view.AgentView`)."""
 
     hides_entries = True
 
@@ -45,30 +55,60 @@ class AgentProjection(Projection):
         self.root = root
         self.agent = agent
         self._loaded_at = time.monotonic()  # before the read: the facts are at least this old
-        self._view = AgentView.load(root, agent)  # ENOENT now, not at the first lookup
+        # ENOENT or EACCES now, not at the first lookup: a mount starts from usable controls.
+        self._view: AgentView | None = AgentView.load(root, agent)
         self._tools = RecentDecisions()
 
     @property
-    def view(self) -> AgentView:
+    def view(self) -> AgentView | None:
         """The agent's controls, read again once they are :data:`FRESH_SECONDS` old: a rule
         added to or removed from its policy shows in the view as soon as the kernel asks
-        again."""
+        again.  None while its entry or identity cannot be read (the view is then empty)."""
         if time.monotonic() - self._loaded_at >= FRESH_SECONDS:
             read_at = time.monotonic()
-            self._view = AgentView.load(self.root, self.agent)
-            self._loaded_at = read_at
+            try:
+                view: AgentView | None = AgentView.load(self.root, self.agent)
+            except CtxError as exc:
+                view = None
+                if self._view is not None:
+                    _say(f"warning: agent {self.agent}'s view is empty until it is repaired: {exc}")
+            if view is not None and self._view is None:
+                _say(f"note: agent {self.agent}'s view shows its entries again")
+            self._view, self._loaded_at = view, read_at
         return self._view
 
     def visible(self, parts: Parts) -> bool:
-        return ViewRules(self.view, self._may_execute).visible(parts)
+        rules = self._rules()
+        return not parts if rules is None else _granted(rules.visible, parts)
 
     def writable(self, parts: Parts) -> bool:
-        return ViewRules(self.view, self._may_execute).writable(parts)
+        rules = self._rules()
+        return rules is not None and _granted(rules.writable, parts)
 
-    def _may_execute(self, tool: str) -> bool:
+    def _rules(self) -> ViewRules | None:
+        view = self.view  # read again first when it is stale
+        if view is None:
+            return None
+        read_at = self._loaded_at
+        return ViewRules(view, lambda tool: self._may_execute(view, tool, read_at))
+
+    def _may_execute(self, view: AgentView, tool: str, read_at: float) -> bool:
         """Decided again once the controls the answer came from are :data:`FRESH_SECONDS` old,
         as long as the kernel keeps its own answer: a rule removed from a policy, or a tool
         made unavailable, hides the tool then, not at the next mount.  (Every control of
         ``<t>.d/`` looked up asks the same.)"""
-        view = self.view  # read again first when it is stale
-        return self._tools.may_run(view, tool, read_at=self._loaded_at)
+        return self._tools.may_run(view, tool, read_at=read_at)
+
+
+def _granted(decide: Callable[[Parts], bool], parts: Parts) -> bool:
+    """``decide(parts)``, or False when a control it needs cannot be read (the storage root
+    gone, say): the daemon answers ENOENT or EACCES for that name and goes on serving."""
+    try:
+        return decide(parts)
+    except CtxError:
+        return False
+
+
+def _say(message: str) -> None:
+    """A line on the daemon's standard error: what its viewer sees changed, and why."""
+    print(f"ctx mount: {message}", file=sys.stderr, flush=True)
