@@ -42,7 +42,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from cortexfs import jsontext
-from cortexfs.errors import CtxError, invalid
+from cortexfs.errors import CtxError, too_big
 from cortexfs.names import object_name_problem
 from cortexfs.policy import Policy
 from cortexfs.policy.grammar import check_subject_type, policy_object_name_problem
@@ -142,7 +142,9 @@ def load_request(path: Path, storage_root: Path) -> AgentRequest:
 
 def parse_request_bytes(data: bytes, source: str, storage_root: Path) -> AgentRequest:
     if len(data) > MAX_REQUEST_BYTES:
-        raise invalid(f"{source}: a request is at most {MAX_REQUEST_BYTES} bytes")
+        raise too_big(
+            f"{source}: a request is at most {MAX_REQUEST_BYTES} bytes; nothing was created"
+        )
     try:
         document = jsontext.loads_strict(data)
     except jsontext.DuplicateNames as exc:

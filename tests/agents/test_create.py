@@ -376,6 +376,24 @@ def test_each_problem_of_a_request_reads_like_every_ctx_error(world: World, tmp_
     assert not (world.root / "agent" / "a").exists()
 
 
+def test_a_request_over_256_kib_is_efbig_from_a_file_and_from_stdin(
+    world: World, tmp_path: Path
+) -> None:
+    """Over the limit is EFBIG, as every other bounded input of ctx; nothing is created."""
+    text = json.dumps({"name": "big", "label": "big_t", "x": "a" * 262144})
+    request_file = tmp_path / "big.json"
+    request_file.write_text(text)
+
+    for ran in (
+        ctx(world.root, "agent", "create", "--user", world.user.name, str(request_file)),
+        ctx(world.root, "agent", "create", "--user", world.user.name, "-", stdin=text),
+    ):
+        assert ran.returncode == 1
+        assert ran.stderr.startswith("ctx: EFBIG: "), ran.stderr
+        assert "at most 262144 bytes" in ran.stderr
+    assert not (world.root / "agent" / "big").exists()
+
+
 def test_ctx_agent_create_as_root_without_user_runs_as_nobody(world: World, tmp_path: Path) -> None:
     nobody = pwd.getpwnam(ROOT_DEFAULT_USER)
     request_file = tmp_path / "plain.json"
