@@ -35,12 +35,13 @@ from cortexfs import durable, storage
 from cortexfs.agents import log as agent_log
 from cortexfs.agents.host import require_host_administrator
 from cortexfs.agents.request import AgentRequest
-from cortexfs.errors import CtxError, exists, invalid
+from cortexfs.errors import CtxError, describe, exists, invalid
 from cortexfs.names import is_object_name
 from cortexfs.policy import Identity
 from cortexfs.policy.controls import parse_identity, read_label
 from cortexfs.policy.linux import unsearchable_above
 from cortexfs.policy.mounts import CTX_TARGET
+from cortexfs.shared.events import encode_event, make_event
 from cortexfs.tools.pair_layout import PairKind
 from cortexfs.tools.pairs import install_pair
 
@@ -141,6 +142,25 @@ def create_agent(
         "system.md": _system_prompt(request).encode(),
         "prompt.template.md": b"{{input}}\n",
     }
+    facts: dict[str, object] = {
+        "by": "ctx agent create" if parent is None else "agent.create",
+        "label": request.label,
+        "uid": identity.uid,
+        "gid": identity.gid,
+    }
+    if parent is not None:
+        facts["parent"] = parent
+    # The agent's log is installed holding its creation, so that the agent and the record of
+    # it appear together or not at all (S-5), whatever runs out on the way.
+    created = make_event(
+        agent_log.CREATED,
+        agent=request.name,
+        session=session,
+        object=f"agent/{request.name}",
+        status="ok",
+        **facts,
+    )
+    controls[agent_log.LOG] = encode_event(created)
     directory = root / "agent"
     try:
         install_pair(
@@ -155,31 +175,14 @@ def create_agent(
     except CtxError as exc:
         if exc.errno != errno.EEXIST:
             raise
+        if not os.path.lexists(directory / request.name):
+            raise exists(f"{leftover_controls(request.name)}; nothing was created") from None
         raise exists(
             f"{exc.message}: change its controls in agent/{request.name}.d/, or create the "
             "agent under another name"
         ) from None
-    facts: dict[str, object] = {
-        "by": "ctx agent create" if parent is None else "agent.create",
-        "label": request.label,
-        "uid": identity.uid,
-        "gid": identity.gid,
-    }
-    if parent is None:
-        agent_log.record(root, request.name, agent_log.CREATED, session=session, **facts)
-    else:
-        agent_log.record(
-            root, request.name, agent_log.CREATED, session=session, parent=parent, **facts
-        )
-        agent_log.record(
-            root,
-            parent,
-            agent_log.CREATED,
-            session=session,
-            about=request.name,
-            child=request.name,
-            **facts,
-        )
+    if parent is not None:
+        warnings = (*warnings, *_record_in_parent(root, parent, request.name, session, facts))
     return CreatedAgent(
         request.name,
         directory / request.name,
@@ -188,6 +191,34 @@ def create_agent(
         default_user,
         warnings,
     )
+
+
+def leftover_controls(name: str) -> str:
+    """What ``agent/<name>.d/`` without ``agent/<name>`` is, and how to settle it: no agent
+    (every command looks for the entry), but a create never overwrites it."""
+    return (
+        f"agent/{name}.d exists without agent/{name}, so it is no agent's controls: left "
+        f"when agent/{name} was removed without them, or made by hand; look at what it holds, "
+        f"then remove agent/{name}.d to create agent {name}, or create it under another name"
+    )
+
+
+def _record_in_parent(
+    root: Path, parent: str, child: str, session: str, facts: dict[str, object]
+) -> list[str]:
+    """Record the creation of ``child`` in its parent's log too (A-4); a warning when that
+    cannot be done, for the child exists by then and its own log records its creation."""
+    facts = {key: value for key, value in facts.items() if key != "parent"}
+    try:
+        agent_log.record(
+            root, parent, agent_log.CREATED, session=session, about=child, child=child, **facts
+        )
+    except (OSError, CtxError) as exc:
+        return [
+            f"agent {child} was created and its own log records it, but agent {parent}'s log "
+            f"could not be written ({describe(exc)})"
+        ]
+    return []
 
 
 def label_owners(root: Path, label: str) -> list[str]:

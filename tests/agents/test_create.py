@@ -93,6 +93,23 @@ def test_an_existing_agent_is_never_overwritten(world: World) -> None:
     assert (world.root / "agent/coder.d/policy").read_bytes() == before
 
 
+def test_leftover_controls_without_an_entry_are_named_as_what_they_are(world: World) -> None:
+    """``agent/zz.d/`` alone is no agent: the refusal says what is there and how to settle it."""
+    (world.root / "agent" / "zz.d").mkdir()
+    request = json.dumps({"name": "zz", "label": "zz_t"})
+
+    created = ctx(world.root, "agent", "create", "--user", world.user.name, "-", stdin=request)
+
+    assert created.returncode == 1
+    assert created.stderr.startswith("ctx: EEXIST: agent/zz.d exists without agent/zz"), (
+        created.stderr
+    )
+    assert "remove agent/zz.d" in created.stderr and "nothing was created" in created.stderr
+    assert "change its controls" not in created.stderr
+    assert not (world.root / "agent" / "zz").exists()
+    assert not any((world.root / "agent" / "zz.d").iterdir())
+
+
 def test_root_creates_an_agent_as_nobody_by_default(world: World) -> None:
     """An agent never runs as root (P-5 step 1): root's default identity is ``nobody``."""
     nobody = pwd.getpwnam(ROOT_DEFAULT_USER)
