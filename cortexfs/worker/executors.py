@@ -174,17 +174,39 @@ class AgentlessExecutor:
 
 def _open_worker_session(ref: SessionRef, owner: Ownership) -> Session:
     """The worker's session, created as the agent's when missing; a refusal names the
-    session's directory and what to do, not only the component the kernel refused."""
+    session's directory, what the kernel refused and what to do, not only the component the
+    kernel refused.  Nothing is claimed before it is open."""
     home = ref.root / "home" / str(owner.uid)
     try:
         return open_session(ref, owner=owner)
     except OSError as exc:
+        refused = f": {os.fsdecode(exc.filename)}" if isinstance(exc.filename, str | bytes) else ""
+        said = f"cannot open the worker's session {ref.path} ({exc.strerror}{refused})"
         raise CtxError(
             exc.errno or errno.EIO,
-            f"cannot open the worker's session {ref.path}: {exc.strerror}; the worker records "
-            f"every job there and creates what is missing, from {home} down, for the agent's "
-            f"uid {owner.uid}: start it as root, or create {home} owned by uid {owner.uid} first",
+            f"{said}; no job was claimed: {_session_remedy(exc.errno, home, owner.uid)}, then "
+            "start the worker again",
         ) from None
+
+
+def _session_remedy(code: int | None, home: Path, uid: int) -> str:
+    """What lets a worker open its session after ``code``: ownership only for a permission
+    refusal (a worker run as root creates what is missing, for any uid)."""
+    if code in (errno.EACCES, errno.EPERM):
+        return (
+            f"the worker records every job there and creates what is missing, from {home} "
+            f"down, for the agent's uid {uid}: start it as root, or create {home} owned by "
+            f"uid {uid} first"
+        )
+    if code == errno.EROFS:
+        return "the storage root is on a read-only filesystem: remount it read-write"
+    if code == errno.ENOSPC:
+        return "the storage root's filesystem is full (space or inodes): free some there"
+    if code == errno.EDQUOT:
+        return f"uid {os.geteuid()} has used up its disk quota there: free space within it"
+    if code == errno.EMFILE:
+        return "no file descriptor was left: raise the limit of open files ('ulimit -n')"
+    return f"fix what refused it ({os.strerror(code or errno.EIO)})"
 
 
 def executor_for(
