@@ -1,8 +1,10 @@
 """Where ``ctx mount`` may mount, and ``ctx umount`` (SPEC F-1).
 
 :func:`check_mount_point` refuses, before anything is mounted, a mount point that is not an
-empty directory, one that is already a CortexFS mount, and one inside the storage root: the
-daemon walks the storage root itself, so a mount inside it would wait on its own answers.
+empty directory, one that is already a CortexFS mount, and one inside the storage root, also
+under another name (a bind mount): the daemon walks the storage root itself, so a mount inside
+it would wait on its own answers.  It refuses a storage root on a CortexFS mount as well: two
+daemons could then each wait on the other.
 
 The mount table, not ``stat``, says what is mounted where: a mount whose daemon was killed
 answers every ``stat`` with ``ENOTCONN``, and is exactly the one a user most needs to remove.
@@ -31,18 +33,46 @@ MOUNT_TABLE = Path("/proc/self/mountinfo")
 
 def check_mount_point(root: Path, mountpoint: Path) -> None:
     """Refuse what ``ctx mount`` must not mount, with nothing mounted: a storage root that is
-    missing (ENOENT) or not one (EINVAL); a mount point that is missing (ENOENT), not a
-    directory (ENOTDIR), a dead mount (ENOTCONN), already a CortexFS mount (EBUSY), not
-    empty (ENOTEMPTY), or inside the storage root (EINVAL)."""
+    missing (ENOENT), not one (EINVAL), or on a CortexFS mount itself (EINVAL); a mount point
+    that is missing (ENOENT), not a directory (ENOTDIR), a dead mount (ENOTCONN), already a
+    CortexFS mount (EBUSY), not empty (ENOTEMPTY), or inside the storage root (EINVAL)."""
     storage.require_root(root)
     if not (root / "tool").is_dir():
         raise invalid(f"{root} is not a storage root; create it with 'ctx bootstrap'")
     _require_empty_directory(mountpoint)
-    served, where = Path(os.path.realpath(root)), Path(os.path.realpath(mountpoint))
-    if where == served or served in where.parents:
+    _require_outside(root, mountpoint)
+    served_by = cortexfs_mount_holding(root)
+    if served_by is not None:
         raise invalid(
-            f"the mount point {mountpoint} is inside the storage root {root}, which the mount "
-            "serves from: it would wait on itself; mount it outside the storage root"
+            f"the storage root {root} lies on the CortexFS mount {served_by}: a mount served "
+            "from another mount's answers can end up waiting on itself; nothing was mounted: "
+            "give --storage the storage root that mount serves"
+        )
+
+
+def _require_outside(root: Path, mountpoint: Path) -> None:
+    """EINVAL when ``mountpoint`` is the storage root or lies inside it, by name or as the
+    same directory under another name (a bind mount of the root, or of a directory above
+    it): the file's identity (device and inode) is compared, not only its path.  A mount
+    placed there, or propagated there from a shared bind mount, would be walked by the
+    daemon itself, which would then wait on its own answers, and every caller with it."""
+    served, where = Path(os.path.realpath(root)), Path(os.path.realpath(mountpoint))
+    inside = where == served or served in where.parents
+    if not inside:
+        root_status = os.stat(served)
+        for directory in (where, *where.parents):
+            try:
+                status = os.stat(directory)
+            except OSError:
+                continue  # cannot be looked at: not the root the daemon opened
+            if (status.st_dev, status.st_ino) == (root_status.st_dev, root_status.st_ino):
+                inside = True
+                break
+    if inside:
+        raise invalid(
+            f"the mount point {mountpoint} is inside the storage root {root} (by path, or "
+            "through a bind mount or another name for it), which the mount serves from: it "
+            "would wait on itself; nothing was mounted: mount it outside the storage root"
         )
 
 
