@@ -344,6 +344,10 @@ class StorageFS(pyfuse3.Operations):
     async def rename(  # type: ignore[no-untyped-def]
         self, parent_old, name_old, parent_new, name_new, flags, ctx
     ):
+        if flags & ~_RENAME_FLAGS:
+            # RENAME_WHITEOUT: it leaves a device node at the old name, which the mount never
+            # makes; done as a plain rename it would quietly do less than was asked.
+            raise pyfuse3.FUSEError(errno.EINVAL)
         old = self._child(parent_old, name_old)
         self._writable(old)
         if flags & pyfuse3.RENAME_EXCHANGE:
@@ -529,6 +533,7 @@ def _same_file(first: os.stat_result | None, second: os.stat_result | None) -> b
     )
 
 
+_RENAME_FLAGS = pyfuse3.RENAME_EXCHANGE | pyfuse3.RENAME_NOREPLACE  # the ones passed through
 _WRITING = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND
 _WALK = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
 _LIST = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC

@@ -22,7 +22,7 @@ from tests.tools.support import World
 
 pytestmark = NEEDS_A_MOUNT
 
-RENAME_NOREPLACE, RENAME_EXCHANGE = 1, 2
+RENAME_NOREPLACE, RENAME_EXCHANGE, RENAME_WHITEOUT = 1, 2, 4
 
 
 def renameat2(old: Path, new: Path, flags: int) -> None:
@@ -113,6 +113,24 @@ def test_rename_noreplace_and_exchange_are_atomic_and_keep_the_names(
         assert (here / "dir").read_text() == "A\n"
         assert (here / "b" / "inside").read_text() == "I\n"
     assert (data / "b" / "inside").read_text() == "I\n"
+
+
+def test_rename_whiteout_is_refused_rather_than_done_as_a_plain_rename(
+    world: World, data: Path
+) -> None:
+    """A whiteout is a device node, which the mount never makes (mknod is ENOSYS)."""
+    mountpoint = world.scratch / "ctx"
+    with mounted(world.root, mountpoint):
+        here = mountpoint / "shared" / "x" / "data"
+        (here / "a").write_text("A\n")
+
+        with pytest.raises(OSError) as refused:
+            renameat2(here / "a", here / "b", RENAME_WHITEOUT)
+
+        assert refused.value.errno == errno.EINVAL
+        assert os.listdir(here) == ["a"] and (here / "a").read_text() == "A\n"
+        renameat2(here / "a", here / "b", RENAME_NOREPLACE)  # the flags it passes still pass
+        assert os.listdir(data) == ["b"]
 
 
 def test_link_makes_a_second_name_and_unlink_keeps_the_other(world: World, data: Path) -> None:
