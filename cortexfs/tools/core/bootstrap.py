@@ -299,10 +299,13 @@ def _report_held_files(root: Path, name: str, owner: int, report: storage.Bootst
     if name == "tsh":
         kept.append("tsh.d/config")
     ops = durable.default_ops()
+    # A step that fails (tool/ cannot be opened: no descriptor left) is reported by the step
+    # and leaves nothing to judge.
+    statuses: list[tuple[str, os.stat_result | None, int | None]] = []
     with report.step("tool"):
         tool_fd = durable.open_dir_path(ops, str(root / "tool"))
         try:
-            statuses = [(r, bootstrap_repair.status_beneath(tool_fd, r), owner) for r in kept]
+            statuses += [(r, bootstrap_repair.status_beneath(tool_fd, r), owner) for r in kept]
             for phase, owners in (("pre.d", owner), ("post.d", None)):
                 relative = f"{name}.d/hooks/{phase}"
                 for hook in _hooks(tool_fd, relative):
