@@ -207,6 +207,7 @@ def install_tool(
         controls=controls,
         replace=True,
         ops=ops,
+        settled_by="running the same command again, or 'ctx bootstrap',",
     )
     return Installed(manifest.name, tier.name, tier.directory / manifest.name, replaced)
 

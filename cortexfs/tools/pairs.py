@@ -32,8 +32,17 @@ The commit; every step is durable (its directory synced) before the next::
 
 After a crash, :func:`repair_staged` decides from what is left: with a commit marker it rolls
 forward (the marker's inode number tells whether step 3 was done), without one the staging is
-discarded (an older version's ``~entry`` without ``<name>`` is rolled forward as it was).
-Installs and repairs of one directory hold an exclusive ``flock`` on it.
+discarded.  (What older versions of this module left once their commit had begun — the
+previous entry moved aside to ``~old-entry``, or a new object's ``~controls`` already moved to
+``<name>.d`` — is rolled forward, as they did.)  Installs and repairs of one directory hold an
+exclusive ``flock`` on it.
+
+An install that fails (a full disk, no descriptor left) settles its own attempt the same way
+before it says so: before its marker is durable it removes its staging, and reports that
+nothing was installed; after, it finishes the commit, and the install succeeded.  Neither
+needs the resource that ran out — removing takes no space, and the descriptors it needs were
+set aside before staging began — so a failed install leaves nothing, and when even that
+cannot be done the error names what is left and what settles it.
 
 A reinstall replaces only what an install wrote: the entry (a regular file), the control
 directory and, inside it, the controls of ``kind.defined`` (regular files) and the directories
@@ -57,6 +66,7 @@ from pathlib import Path
 
 from cortexfs import durable
 from cortexfs.errors import CtxError, exists
+from cortexfs.tools import install_failure
 from cortexfs.tools.commit_marker import commit_marker, marked_object
 from cortexfs.tools.pair_layout import CONTROLS_SUFFIX, PairKind, obstacles_at
 
@@ -64,6 +74,11 @@ _STAGED = re.compile(
     r"\.(?P<name>[^~/]+)~(?P<token>[0-9a-f]{12})~"
     r"(?P<role>controls|entry-tmp|entry|old-entry|old-controls)"
 )
+
+_FINISHED = "finished an interrupted install"
+# The entry goes before the controls: a clean-up cut short never leaves a staged entry without
+# its controls, which would read as an older version's commit begun (_older_commit_begun).
+_DISCARD_ORDER = ("entry-tmp", "entry", "old-entry", "controls", "old-controls")
 
 
 @dataclass(frozen=True)
@@ -107,22 +122,41 @@ def install_pair(
     replace: bool,
     entry_mode: int = 0o755,
     ops: durable.FsOps | None = None,
+    settled_by: str = "running the same command again",
 ) -> bool:
     """Install ``name`` in ``directory``; True when it replaced a previous version.
 
-    ``controls`` must define exactly the controls of ``kind.defined`` this version has.
+    ``controls`` must define exactly the controls of ``kind.defined`` this version has; a new
+    object (without ``replace``) may also give the first content of a default control (an
+    agent's log holding its creation, so that the two appear together).
     Without ``replace``, an existing ``name`` or ``name.d`` is EEXIST and nothing changes.
     With it, an :class:`~cortexfs.tools.pair_layout.Obstacle` is refused with its errno
     (EISDIR, ENOTDIR, EEXIST) and nothing changes either.
+
+    An install that fails settles its own attempt before it raises (module docstring): the
+    error says that nothing was installed, or — when the clean-up could not run either —
+    which hidden names are left and that ``settled_by`` (the command to run) finishes or
+    removes them.
     """
+    if replace and not controls.keys() <= kind.defined:
+        raise ValueError(f"a reinstall replaces only defined controls, not {sorted(controls)}")
     ops = ops or durable.default_ops()
     dir_fd = durable.open_dir_path(ops, str(directory))
     try:
-        with _exclusive(dir_fd):
-            _repair_locked(ops, dir_fd, kind)
+        with (
+            _exclusive(dir_fd),
+            install_failure.descriptors_set_aside(dir_fd, directory / name) as release,
+        ):
+            finished = _repair_before_install(ops, dir_fd, directory, name, kind)
             had_entry = durable.lstat_at(dir_fd, name) is not None
             if not replace and (had_entry or durable.lstat_at(dir_fd, name + CONTROLS_SUFFIX)):
-                raise exists(f"{directory / name} already exists; it is never overwritten")
+                earlier = (
+                    " (an earlier install of it, interrupted after its commit, was finished "
+                    "just now)"
+                    if name in finished
+                    else ""
+                )
+                raise exists(f"{directory / name} already exists{earlier}; it is never overwritten")
             found = obstacles_at(dir_fd, name, kind)
             if found:
                 raise CtxError(
@@ -136,10 +170,20 @@ def install_pair(
                 with _previous_controls_locked(ops, dir_fd, name + CONTROLS_SUFFIX):
                     _complete_controls(ops, dir_fd, staging, kind, name + CONTROLS_SUFFIX)
                     _commit(ops, dir_fd, staging)
-            except BaseException:
-                # Before the commit marker this discards the staging; after it, it finishes
-                # the commit rather than leave two versions side by side.
-                _repair_locked(ops, dir_fd, kind)
+            except BaseException as failure:
+                release()  # the clean-up's descriptors
+                settled = _settle_failed_install(ops, dir_fd, staging)
+                if settled.finished and isinstance(failure, Exception):
+                    return had_entry  # committed, and now finished: the install is done
+                if isinstance(failure, OSError | CtxError):
+                    raise install_failure.failed_install(
+                        directory,
+                        name,
+                        failure,
+                        settled,
+                        had_entry=had_entry,
+                        settled_by=settled_by,
+                    ) from failure
                 raise
         return had_entry
     finally:
@@ -152,7 +196,9 @@ def repair_staged(directory: Path, kind: PairKind, ops: durable.FsOps | None = N
     dir_fd = durable.open_dir_path(ops, str(directory))
     try:
         with _exclusive(dir_fd):
-            return [f"{directory}/{line}" for line in _repair_locked(ops, dir_fd, kind)]
+            return [
+                f"{directory}/{name}: {what}" for name, what in _repair_locked(ops, dir_fd, kind)
+            ]
     finally:
         ops.close(dir_fd)
 
@@ -291,12 +337,13 @@ def _carry_over(ops: durable.FsOps, old_fd: int, new_fd: int, skip: frozenset[st
             ops.link(child, old_fd, child, new_fd)
 
 
-def _repair_locked(ops: durable.FsOps, dir_fd: int, kind: PairKind) -> list[str]:
+def _repair_locked(ops: durable.FsOps, dir_fd: int, kind: PairKind) -> list[tuple[str, str]]:
+    """Settle every interrupted install of the directory: ``(name, what was done)`` for each."""
     done = []
     for entry in sorted(os.listdir(dir_fd)):
         name = marked_object(entry)
         if name is not None:
-            done.append(_finish_interrupted_commit(ops, dir_fd, name))
+            done.append((name, _finish_interrupted_commit(ops, dir_fd, name)))
     groups: dict[tuple[str, str], set[str]] = {}
     for entry in os.listdir(dir_fd):
         match = _STAGED.fullmatch(entry)
@@ -304,29 +351,90 @@ def _repair_locked(ops: durable.FsOps, dir_fd: int, kind: PairKind) -> list[str]
             groups.setdefault((match["name"], match["token"]), set()).add(match["role"])
     for (name, token), roles in sorted(groups.items()):
         staging = _Staging(name, token)
-        if "entry" in roles and durable.lstat_at(dir_fd, name) is None:
+        if _older_commit_begun(dir_fd, staging, roles):
             _publish_interrupted(ops, dir_fd, staging, kind)
-            done.append(f"{name}: finished an interrupted install")
+            done.append((name, _FINISHED))
         else:
-            _remove(ops, dir_fd, [staging.role(role) for role in sorted(roles)])
-            done.append(f"{name}: removed what an interrupted install left behind")
+            # Without a commit marker nothing of it was visible: an install that stopped
+            # before its marker (or before its own clean-up was done) is discarded.
+            _remove(ops, dir_fd, [staging.role(role) for role in _DISCARD_ORDER if role in roles])
+            done.append((name, "removed what an interrupted install left behind"))
     return done
+
+
+def _older_commit_begun(dir_fd: int, staging: _Staging, roles: set[str]) -> bool:
+    """Whether ``roles`` are what an older version of this module left once its commit, which
+    had no marker, had begun: the previous entry moved aside, or a new object's staged
+    controls already moved to ``<name>.d``, its staged entry not yet at ``<name>``.  This
+    version's own staging never looks like that."""
+    if "entry" not in roles or durable.lstat_at(dir_fd, staging.name) is not None:
+        return False
+    if "old-entry" in roles:
+        return True
+    controls_in_place = durable.lstat_at(dir_fd, staging.name + CONTROLS_SUFFIX) is not None
+    return "controls" not in roles and controls_in_place
 
 
 def _finish_interrupted_commit(ops: durable.FsOps, dir_fd: int, name: str) -> str:
     marker = commit_marker(name)
-    text = _read_marker(dir_fd, marker)
-    try:
-        if not text.endswith("\n"):  # the newline is written last
-            raise ValueError(text)
-        token, inode = text.split()
-        staging, new_controls = _Staging(name, token), int(inode)
-    except ValueError:
+    parsed = _parse_marker(_read_marker(dir_fd, marker))
+    if parsed is None:
         # A marker cut short by a crash: it is durable before any swap, so none was made.
         _remove(ops, dir_fd, [marker])
-        return f"{name}: removed the unfinished commit marker of an interrupted install"
-    _finish_commit(ops, dir_fd, staging, new_controls)
-    return f"{name}: finished an interrupted install"
+        return "removed the unfinished commit marker of an interrupted install"
+    token, new_controls = parsed
+    _finish_commit(ops, dir_fd, _Staging(name, token), new_controls)
+    return _FINISHED
+
+
+def _parse_marker(text: str) -> tuple[str, int] | None:
+    """The token and the new controls' inode number of a commit marker; None when it is cut
+    short (the newline is written last)."""
+    try:
+        if not text.endswith("\n"):
+            raise ValueError(text)
+        token, inode = text.split()
+        return token, int(inode)
+    except ValueError:
+        return None
+
+
+# ------------------------------------------------------------------- a failed install
+
+
+def _repair_before_install(
+    ops: durable.FsOps, dir_fd: int, directory: Path, name: str, kind: PairKind
+) -> set[str]:
+    """Settle what interrupted installs left in ``directory``; the names whose commit was
+    finished."""
+    try:
+        return {done for done, what in _repair_locked(ops, dir_fd, kind) if what == _FINISHED}
+    except OSError as exc:
+        raise install_failure.could_not_look(directory, name, exc) from exc
+
+
+def _settle_failed_install(
+    ops: durable.FsOps, dir_fd: int, staging: _Staging
+) -> install_failure.Settled:
+    """Finish this install when its commit marker is durable, else remove all it staged."""
+    marker = commit_marker(staging.name)
+    mine = [staging.entry_tmp, staging.entry, staging.controls, staging.old_controls, marker]
+    committed = False
+    try:
+        parsed = None
+        if durable.lstat_at(dir_fd, marker) is not None:
+            parsed = _parse_marker(_read_marker(dir_fd, marker))
+        committed = parsed is not None and parsed[0] == staging.token
+        if parsed is not None and committed:
+            _finish_commit(ops, dir_fd, staging, parsed[1])
+        else:
+            # A marker of this install cut short goes too; another's is impossible (the
+            # directory is locked and was settled first), and would be left alone.
+            _remove(ops, dir_fd, mine if parsed is None else mine[:-1])
+    except Exception as trouble:
+        left = tuple(name for name in mine if durable.lstat_at(dir_fd, name) is not None)
+        return install_failure.Settled(committed, left, trouble)
+    return install_failure.Settled(committed)
 
 
 def _read_marker(dir_fd: int, name: str) -> str:
