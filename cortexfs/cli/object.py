@@ -114,7 +114,8 @@ def install(
 
     The executable and its complete control directory appear together; a reinstall replaces
     the previous version atomically and keeps its policy, status, log and hooks.  Installing
-    grants no agent any permission.
+    grants no agent any permission.  An install that fails (ENOSPC, EMFILE: exit 1) has
+    installed nothing and left nothing; free what ran out and run the same command again.
 
     The names of the core tools and tsh are refused in the system tier (EEXIST, exit 1):
     'ctx bootstrap' maintains them there and would put its own version back.
