@@ -31,6 +31,7 @@ import fcntl
 import hashlib
 import os
 import signal
+import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -274,17 +275,34 @@ class RunDirectory:
         except OSError as exc:
             if exc.errno == errno.ENOENT:
                 raise
-            raise CtxError(
-                errno.ELOOP,
-                f"{self.session.path}/terminal is not a directory of its own "
-                f"({exc.strerror}): the terminal socket is never put through a link",
-            ) from None
+            raise self._unusable_terminal_directory(session, exc) from None
         finally:
             os.close(session)
         try:
             yield directory
         finally:
             os.close(directory)
+
+    def _unusable_terminal_directory(self, session: int, exc: OSError) -> CtxError:
+        """Why ``session/<s>/terminal`` cannot hold the link, by what is there: a link is
+        ELOOP (never followed), anything else but a directory ENOTDIR, a directory the
+        kernel would not open its own errno.  Whatever it is, nothing is written through or
+        over it: the agent's uid may have put it there."""
+        path = f"{self.session.path}/terminal"
+        status = durable.lstat_at(session, "terminal")
+        if status is None or stat.S_ISDIR(status.st_mode):
+            return CtxError(exc.errno or errno.EIO, f"{path} cannot be opened ({exc.strerror})")
+        if stat.S_ISLNK(status.st_mode):
+            return CtxError(
+                errno.ELOOP,
+                f"{path} is a symbolic link of uid {status.st_uid}, and the terminal socket is "
+                "never put through a link: remove it and start the terminal again",
+            )
+        return CtxError(
+            errno.ENOTDIR,
+            f"{path} is {_kind(status)} of uid {status.st_uid}, not the directory that holds "
+            "the terminal socket's link: remove it and start the terminal again",
+        )
 
     def make_link(self) -> None:
         """The session's ``terminal/main.sock`` (A-2), a symlink to the socket."""
@@ -302,6 +320,20 @@ class RunDirectory:
             os.unlink(LINK_NAME, dir_fd=fd)
             return True
         return False
+
+
+def _kind(status: os.stat_result) -> str:
+    mode = status.st_mode
+    for test, word in (
+        (stat.S_ISREG, "a regular file"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    ):
+        if test(mode):
+            return word
+    return "a special file"
 
 
 def _end(pid: int) -> bool:

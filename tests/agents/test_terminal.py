@@ -465,6 +465,30 @@ def test_a_link_planted_in_the_session_does_not_redirect_the_socket(world: World
         ctx(world.root, "agent", "stop", "coder", "--session", name)
 
 
+def test_a_file_planted_as_the_sessions_terminal_directory_is_enotdir(world: World) -> None:
+    """Not a link, so not ELOOP: the refusal says what is there, whose, and what to do."""
+    world.agent("coder", tools=["fs.stat"])
+    name = fresh_session()
+    session = world.root / "home" / str(world.user.uid) / "agent" / "coder" / "session" / name
+    session.mkdir(parents=True)
+    (session / "terminal").write_text("")
+    os.chown(session / "terminal", world.user.uid, world.user.gid)
+
+    started = ctx(world.root, "agent", "start", "coder", "--session", name)
+
+    try:
+        assert started.returncode == 1, started.stdout
+        assert started.stderr.startswith("ctx: ENOTDIR: the terminal did not start: "), (
+            started.stderr
+        )
+        assert f"terminal is a regular file of uid {world.user.uid}" in started.stderr
+        assert "remove it" in started.stderr and "never put through a link" not in started.stderr
+        assert (session / "terminal").read_text() == ""
+        assert not run_directory(world.root, world.user.uid, "coder", name).exists()
+    finally:
+        ctx(world.root, "agent", "stop", "coder", "--session", name)
+
+
 def tsh_process(session: str, timeout: float = 20) -> int:
     """The pid of the tsh serving ``session``, found by the environment ctxterm gave it (and
     not bubblewrap's, which was given the same)."""
