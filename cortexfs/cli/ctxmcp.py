@@ -86,10 +86,11 @@ def ctxmcp() -> None:
     ctxmcp installs nothing, grants nothing and writes nothing under the storage root: a
     candidate is installed, like any manifest, with 'ctx object install', and an agent
     runs it only when its policy and the tool's allow it.  Each tool is named exactly
-    SERVER.TOOL (M-3).  The protocol version announced is 2025-11-25; a server that
-    negotiates anything but 2025-11-25, 2025-06-18, 2025-03-26 or 2024-11-05 is refused
-    (M-2).  Exit 0 success; 1 the server failed or was refused, or 'project' skipped a
-    tool or found earlier candidates in the way; 2 usage error.
+    SERVER.TOOL (M-3), so SERVER must be a name without dots.  The protocol version
+    announced is 2025-11-25; a server that negotiates anything but 2025-11-25, 2025-06-18,
+    2025-03-26 or 2024-11-05 is refused (M-2).  Exit 0 success; 1 the server failed or was
+    refused, or 'project' skipped a tool or found earlier candidates in the way; 2 usage
+    error.
     """
 
 
@@ -158,12 +159,16 @@ def project_command(
     Tools whose projected name is illegal (R-3), that the server lists more than once
     (neither copy is written), or whose input schema is missing, not a valid JSON Schema,
     of a type that admits no arguments object, nested deeper than a manifest holds, holding
-    a lone surrogate, or with a $ref or $id that does not resolve inside it are reported on
-    stderr and skipped, and the exit status is then 1; the others are written, all or none.
-    A listing past 1000 pages or a message nested deeper than 512 levels is the server's
-    protocol error (EPROTO).
-    An OUT inside /ctx, inside any other 'ctx mount' or inside the storage root is refused
-    (EINVAL, exit 2) before the server starts: ctxmcp writes nothing there (M-1).
+    a lone surrogate, or with a $ref or $id that does not resolve inside it, tools whose
+    candidate would be larger than a manifest may be (1048576 bytes), and entries of the
+    listing that are not tool objects are reported on stderr and skipped, and the exit
+    status is then 1; the others are written, all or none.  A description longer than 8192
+    characters is cut to fit, with a note on stderr ('notes' in --json).
+    A listing past 1000 pages, a message nested deeper than 512 levels, or an answer to an
+    id that was never asked is the server's protocol error (EPROTO).
+    An OUT inside /ctx, inside any other 'ctx mount' or inside the storage root, whether or
+    not that exists yet, is refused (EINVAL, exit 2) before the server starts and before
+    anything is made: ctxmcp writes nothing there (M-1).
     A candidate already in OUT is never overwritten silently: the projection is refused
     with EEXIST before anything is written, unless --replace is given.  Next:
       ctx object check OUT/SERVER.TOOL.manifest.json
@@ -182,6 +187,7 @@ def project_command(
     # Checked again on the directory written through: the server ran meanwhile (M-1).
     written = write_candidates(projections, out, replace=replace, root=root)
     skipped = [p for p in projections if p.manifest is None]
+    noted = [p for p in projections if p.manifest is not None and p.note]
     if as_json:
         emit_json(
             session
@@ -189,6 +195,7 @@ def project_command(
                 "written": [str(entry.path) for entry in written],
                 "replaced": [str(entry.path) for entry in written if entry.replaced],
                 "skipped": [p.to_json() for p in skipped],
+                "notes": [p.to_json() for p in noted],
             }
         )
     else:
@@ -196,6 +203,8 @@ def project_command(
             click.echo(str(entry.path))
             if entry.replaced:
                 click.echo(f"ctxmcp: replaced {entry.path}", err=True)
+        for projection in noted:
+            echo_printable(f"ctxmcp: note: {projection.name}: {projection.note}", err=True)
         for projection in skipped:
             echo_printable(f"ctxmcp: skipped {projection.remote}: {projection.problem}", err=True)
     if skipped:

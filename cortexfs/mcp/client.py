@@ -42,6 +42,7 @@ MAX_MESSAGE_DEPTH = 512
 # A listing of more pages than this never ends: a server handing out fresh cursors forever.
 MAX_PAGES = 1000
 _STDERR_TAIL = 2000
+_SHOWN_CHARACTERS = 60  # of a value the server gave where another belongs
 _METHOD_NOT_FOUND = -32601
 
 
@@ -142,9 +143,10 @@ class StdioClient:
         self.server_info = info if isinstance(info, dict) else {}
         self.notify("notifications/initialized")
 
-    def list_tools(self) -> list[dict[str, Any]]:
-        """Every tool the server offers, across at most :data:`MAX_PAGES` pages."""
-        tools: list[dict[str, Any]] = []
+    def list_tools(self) -> list[Any]:
+        """Every entry of the server's listing, across at most :data:`MAX_PAGES` pages: each
+        should be a tool object, and one that is not is the projection's to report."""
+        tools: list[Any] = []
         cursor = None
         seen: set[str] = set()
         for _ in range(MAX_PAGES):
@@ -152,7 +154,7 @@ class StdioClient:
             page = result.get("tools") if isinstance(result, dict) else None
             if not isinstance(page, list):
                 raise self._broken("its tools/list result has no 'tools' list")
-            tools += [tool for tool in page if isinstance(tool, dict)]
+            tools += page
             cursor = result.get("nextCursor")
             if not cursor:
                 return tools
@@ -173,6 +175,16 @@ class StdioClient:
         result = self.request("tools/call", params, unbounded=unbounded)
         if not isinstance(result, dict):
             raise self._broken("its tools/call result is not an object")
+        # What the caller is told rests on these: a success must not be made up of a result
+        # whose content or error flag cannot be read.
+        if not isinstance(result.get("content"), list):
+            what = "no 'content'" if "content" not in result else "a 'content' that is not a list"
+            raise self._broken(f"its tools/call result has {what}; MCP requires a list of items")
+        if not all(isinstance(item, dict) for item in result["content"]):
+            raise self._broken("its tools/call result's content holds an item that is no object")
+        if not isinstance(result.get("isError", False), bool):
+            shown = json.dumps(result["isError"])[:_SHOWN_CHARACTERS]
+            raise self._broken(f"its tools/call result's isError is {shown}, not true or false")
         character = jsontext.lone_surrogate(result)
         if character is not None:
             raise self._broken(
@@ -198,15 +210,23 @@ class StdioClient:
             message = self._receive(method, until)
             if "method" in message:
                 self._answer(message)
-            elif message.get("id") == ident:
-                if "error" in message:
-                    error = message["error"] if isinstance(message["error"], dict) else {}
-                    raise McpError(
-                        errno.EREMOTEIO,
-                        f"server {self.spec.name!r} refused {method}: "
-                        f"{error.get('message', 'no message')} (code {error.get('code')})",
-                    )
-                return message.get("result")
+                continue
+            # One request is in flight at a time: a response to any other id answers nothing
+            # this client asked, and waiting on would only wait for the timeout, or forever.
+            if not (type(message.get("id")) is int and message["id"] == ident):
+                shown = json.dumps(message.get("id"))[:_SHOWN_CHARACTERS]
+                raise self._broken(
+                    f"it answered id {shown}, but the only request in flight was {method}, "
+                    f"id {ident}"
+                )
+            if "error" in message:
+                error = message["error"] if isinstance(message["error"], dict) else {}
+                raise McpError(
+                    errno.EREMOTEIO,
+                    f"server {self.spec.name!r} refused {method}: "
+                    f"{error.get('message', 'no message')} (code {error.get('code')})",
+                )
+            return message.get("result")
 
     def _answer(self, message: dict[str, Any]) -> None:
         if "id" not in message:

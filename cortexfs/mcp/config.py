@@ -5,6 +5,11 @@ share, a JSON object whose ``mcpServers`` (or ``servers``) maps a server name to
 ``{"command": str, "args": [str], "env": {str: str}, "cwd": str}``.  Only stdio servers —
 entries with a ``command`` — can be projected (M-1); an entry with a ``url`` or another
 ``type`` is refused.
+
+A server to project must have a name without a dot (:func:`load_server`): its tools are named
+``<server>.<tool>`` (M-3), and a remote tool's name may hold dots, so were server names allowed
+them too, server ``a``'s tool ``b.c`` and server ``a.b``'s tool ``c`` would both be ``a.b.c``,
+and installing one would silently put the other server behind a tool already granted.
 """
 
 from __future__ import annotations
@@ -32,8 +37,15 @@ class ServerSpec(NamedTuple):
 
 
 def load_server(config_path: Path, name: str) -> ServerSpec:
-    """Server ``name`` of the configuration file at ``config_path``; EINVAL or ENOENT saying
-    why it cannot be started."""
+    """Server ``name`` of the configuration file at ``config_path``, to project its tools;
+    EINVAL or ENOENT saying why it cannot be started or projected."""
+    if "." in name:
+        raise invalid(
+            f"server name {name!r} holds a '.': its tools would be named {name}.<tool>, and "
+            f"a server {name.split('.', 1)[0]!r} with a tool named "
+            f"'{name.split('.', 1)[1]}.<tool>' would project to the same names (M-3); give the "
+            f"server a name without dots in {config_path} and project that"
+        )
     try:
         with open(config_path, "rb") as config:
             data = config.read(MAX_CONFIG_BYTES + 1)

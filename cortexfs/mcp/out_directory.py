@@ -4,10 +4,14 @@
 A directory is judged by identity, not by its name: it and every directory above it, as the
 kernel walks up (``..``), are compared by device and inode with ``/ctx``, the storage root and
 the root's tool directories, and each is looked at for the six entries of a storage root
-(R-2).  A bind mount, a link or a second name of the root therefore leads nowhere else.  The
-check runs twice: on the path given, before the server starts (:func:`check_out_directory`),
-and on the directory descriptor the candidates are then written through
-(:func:`refuse_inside`), because the server, running as the caller, may replace OUT meanwhile.
+(R-2).  A bind mount, a link or a second name of the root therefore leads nowhere else.  What
+does not exist yet has no identity: the path OUT leads to, its links resolved, is therefore
+also compared by name with ``/ctx`` and the storage root (:func:`refuse_by_name`), so that
+making OUT never makes ``/ctx`` or a root that is still to be bootstrapped.  The check runs on
+the path given, before the server starts, and again before OUT is made
+(:func:`check_out_directory`), then on the directory descriptor the candidates are written
+through (:func:`refuse_inside`), because the server, running as the caller, may replace OUT
+meanwhile.
 """
 
 from __future__ import annotations
@@ -25,12 +29,16 @@ from cortexfs.storage import ROOT_ENTRIES
 _PLACE = os.O_PATH | os.O_CLOEXEC
 
 
-def check_out_directory(out: Path, root: Path) -> None:
+CTX = Path("/ctx")
+
+
+def check_out_directory(out: Path, root: Path | None) -> None:
     """EINVAL when ``out`` is under ``/ctx``, the storage root ``root`` or any mount of a
     storage root, wherever it is mounted: ctxmcp writes candidates only, never into the tree
     agents see (M-1); ``ctx object install`` puts them there.
 
-    Checked before the server starts, on ``out`` or, when it is missing, the nearest directory
+    Checked before the server starts and before anything is made: by name
+    (:func:`refuse_by_name`), then on ``out`` or, when it is missing, the nearest directory
     above it that exists, by identity: that directory and each one above it, as the kernel
     walks up (``..``), against the device and inode of ``/ctx``, of ``root`` and of its tool
     directories, so that no other name of them (a bind mount, a link) gets through.
@@ -40,8 +48,9 @@ def check_out_directory(out: Path, root: Path) -> None:
         raise invalid(
             f"--out {out} is inside {mount}, a mount of a storage root (ctx mount): ctxmcp "
             "writes nothing under /ctx or the storage root (M-1); write the candidates "
-            "elsewhere and install them with 'ctx object install'"
+            "elsewhere and install them with 'ctx object install' (nothing was written)"
         )
+    refuse_by_name(out, root)
     existing = out
     while not _is_directory(existing) and existing.parent != existing:
         existing = existing.parent
@@ -52,9 +61,22 @@ def check_out_directory(out: Path, root: Path) -> None:
         os.close(fd)
 
 
+def refuse_by_name(out: Path, root: Path | None) -> None:
+    """EINVAL when the path ``out`` leads to — its links, as far as they exist, resolved and
+    the rest taken as written — is ``/ctx`` or ``root`` or lies under one of them, whether or
+    not that place exists yet: making OUT there would make ``/ctx`` or the root itself (a root
+    that ``ctx bootstrap`` would later adopt as it found it)."""
+    leads_to = Path(os.path.realpath(out))
+    places = [CTX] if root is None else [CTX, root]
+    for place in places:
+        for name in dict.fromkeys((place, Path(os.path.realpath(place)))):
+            if leads_to == name or name in leads_to.parents:
+                raise _inside(out, name)
+
+
 def forbidden_directories(root: Path | None) -> dict[tuple[int, int], Path]:
     """``/ctx``, ``root`` and the tool directories of ``root`` that exist, by identity."""
-    places = [Path("/ctx")]
+    places = [CTX]
     if root is not None:
         places += [root, root / "tool"]
         for tier in ("home", "shared"):
@@ -79,11 +101,7 @@ def refuse_inside(fd: int, out: Path, forbidden: dict[tuple[int, int], Path]) ->
             if place is None and _holds_root_abi(fd):
                 place = Path(os.readlink(f"/proc/self/fd/{fd}"))
             if place is not None:
-                raise invalid(
-                    f"--out {out} is inside {place}: ctxmcp writes nothing under /ctx or the "
-                    "storage root (M-1); write the candidates elsewhere and install them with "
-                    "'ctx object install' (nothing was written)"
-                )
+                raise _inside(out, place)
             try:
                 parent = os.open("..", _PLACE, dir_fd=fd)
             except OSError as exc:
@@ -100,6 +118,14 @@ def refuse_inside(fd: int, out: Path, forbidden: dict[tuple[int, int], Path]) ->
                 return  # "/" is its own parent
     finally:
         os.close(fd)
+
+
+def _inside(out: Path, place: Path) -> CtxError:
+    return invalid(
+        f"--out {out} is inside {place}: ctxmcp writes nothing under /ctx or the storage root "
+        "(M-1); write the candidates elsewhere and install them with 'ctx object install' "
+        "(nothing was written)"
+    )
 
 
 def _holds_root_abi(fd: int) -> bool:

@@ -1,13 +1,17 @@
 """Projecting a server's tools into v2 manifest candidates (M-1, M-3, M-4).
 
 A remote tool ``t`` of server ``s`` becomes the candidate ``s.t`` — exactly that name, no
-``mcp.`` prefix — when ``s.t`` is a legal object name (R-3) and its input schema is a valid
-JSON Schema that admits an object (MCP passes arguments as one); otherwise it is reported with
-the reason and skipped.  A server that lists two tools under one name gets neither projected:
-which of them ``s.t`` would run cannot be told, so each copy is reported and skipped.  The
-candidate's ``mcp`` control locates the tool and nothing more: transport, the configuration
-file's path *as the agent will see it* (``--runtime-config``), server and tool.  Command,
-arguments and environment stay in that file; nothing of it is copied.
+``mcp.`` prefix — when ``s.t`` is a legal object name (R-3), its input schema is a valid JSON
+Schema that admits an object (MCP passes arguments as one) and the candidate as written fits
+in a manifest (:data:`~cortexfs.tools.manifest.MAX_MANIFEST_BYTES`), so that
+``ctx object check`` and ``ctx object install`` take it; otherwise it is reported with the
+reason and skipped, and so is an entry of the listing that is not a tool object at all.  A
+description longer than a manifest holds is cut, and the projection says so (a note).  A
+server that lists two tools under one name gets neither projected: which of them ``s.t``
+would run cannot be told, so each copy is reported and skipped.  The candidate's ``mcp``
+control locates the tool and nothing more: transport, the configuration file's path *as the
+agent will see it* (``--runtime-config``), server and tool.  Command, arguments and
+environment stay in that file; nothing of it is copied.
 
 ``cap`` is taken from the tool's annotations, conservatively: a tool has side effects unless
 it declares ``readOnlyHint``, and may reach the network unless it declares ``openWorldHint``
@@ -31,23 +35,34 @@ from cortexfs.mcp.out_directory import check_out_directory as check_out_director
 from cortexfs.mcp.out_directory import forbidden_directories, refuse_inside
 from cortexfs.mcp.schema import schema_problem
 from cortexfs.names import object_name_problem
-from cortexfs.tools.manifest import MANIFEST_VERSION, config_path_problem, manifest_problems
+from cortexfs.tools.manifest import (
+    MANIFEST_SCHEMA,
+    MANIFEST_VERSION,
+    MAX_MANIFEST_BYTES,
+    config_path_problem,
+    manifest_problems,
+)
 from cortexfs.tools.schemas import schema_problems
 
 MANIFEST_SUFFIX = ".manifest.json"
 # 'ctxmcp list' writes no locator: the candidates it judges name this stand-in configuration.
 LISTING_CONFIG = "/.mcp.json"
 _CANDIDATE_MODE = 0o644
+MAX_DESCRIPTION_CHARACTERS: int = MANIFEST_SCHEMA["properties"]["description"]["maxLength"]
+# How much of an entry that is not a tool a report shows.
+_SHOWN_CHARACTERS = 60
 
 
 class Projection(NamedTuple):
-    """One remote tool and what became of it: a candidate document, or why not."""
+    """One remote tool and what became of it: a candidate document, or why not; ``note``,
+    what the candidate could not keep of the tool (a description cut to fit)."""
 
     remote: str
     name: str
     description: str
     manifest: dict[str, Any] | None
     problem: str | None
+    note: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -55,6 +70,7 @@ class Projection(NamedTuple):
             "name": self.name if self.manifest is not None else None,
             "description": self.description,
             "problem": self.problem,
+            "note": self.note,
         }
 
 
@@ -62,21 +78,23 @@ def check_runtime_config(runtime_config: str) -> str:
     """The locator's configuration path, as :func:`config_path_problem` wants it (M-4);
     else EINVAL, before any server is started."""
     problem = config_path_problem(runtime_config)
+    if problem is None and jsontext.lone_surrogate(runtime_config) is not None:
+        problem = "it is not UTF-8 text, and a manifest is"
     if problem:
         raise invalid(f"--runtime-config {runtime_config!r}: {problem}")
     return runtime_config
 
 
-def project_tools(
-    server: str, tools: list[dict[str, Any]], runtime_config: str
-) -> list[Projection]:
-    """The candidates of ``server``'s ``tools``, in the server's order."""
+def project_tools(server: str, tools: list[Any], runtime_config: str) -> list[Projection]:
+    """The candidates of ``server``'s ``tools`` (the entries of its listing), in the server's
+    order."""
     check_runtime_config(runtime_config)
-    copies = Counter(tool.get("name") for tool in tools if isinstance(tool.get("name"), str))
+    names = [tool.get("name") for tool in tools if isinstance(tool, dict)]
+    copies = Counter(name for name in names if isinstance(name, str))
     projections = []
     for tool in tools:
         projection = _project(server, tool, runtime_config)
-        count = copies.get(tool.get("name"), 0)
+        count = copies.get(projection.remote, 0) if projection.name else 0
         if count > 1 and projection.problem is None:
             projection = projection._replace(
                 manifest=None,
@@ -87,12 +105,16 @@ def project_tools(
     return projections
 
 
-def _project(server: str, tool: dict[str, Any], runtime_config: str) -> Projection:
+def _project(server: str, tool: Any, runtime_config: str) -> Projection:
+    if not isinstance(tool, dict):
+        shown = _shown(tool)
+        problem = f"the server listed {shown}, which is not a tool object; MCP lists objects"
+        return Projection(shown, "", "", None, problem)
     remote = tool.get("name")
     if not isinstance(remote, str):
-        return Projection(repr(remote), "", "", None, "the server gave a tool without a name")
+        return Projection(_shown(remote), "", "", None, "the server gave a tool without a name")
     name = f"{server}.{remote}"
-    description = _description(tool, name)
+    description, note = _description(tool, name)
     problem = object_name_problem(name)  # the whole name is the object name (M-3)
     if problem:
         return Projection(remote, name, description, None, f"{name!r}: {problem} (M-3)")
@@ -124,10 +146,30 @@ def _project(server: str, tool: dict[str, Any], runtime_config: str) -> Projecti
         },
         "mcp": {"transport": "stdio", "config": runtime_config, "server": server, "tool": remote},
     }
+    size = len(candidate_bytes(document))
+    if size > MAX_MANIFEST_BYTES:
+        problem = (
+            f"its candidate would be {size} bytes, and a manifest is at most "
+            f"{MAX_MANIFEST_BYTES}, so 'ctx object check' and 'ctx object install' would refuse "
+            "it (its inputSchema is too large)"
+        )
+        return Projection(remote, name, description, None, problem)
     problems = manifest_problems(document, Path("/"))
     if problems:
         return Projection(remote, name, description, None, problems[0])
-    return Projection(remote, name, description, document, None)
+    return Projection(remote, name, description, document, None, note)
+
+
+def candidate_bytes(document: dict[str, Any]) -> bytes:
+    """The candidate ``document`` as its file holds it."""
+    return (json.dumps(document, indent=2, ensure_ascii=False) + "\n").encode()
+
+
+def _shown(value: Any) -> str:
+    """A value of the server's, as a report names it: in JSON, as the server gave it, cut
+    short."""
+    shown = json.dumps(value)
+    return shown if len(shown) <= _SHOWN_CHARACTERS else f"{shown[:_SHOWN_CHARACTERS]}…"
 
 
 def _arguments_problems(schema: dict[str, Any]) -> list[str]:
@@ -144,12 +186,21 @@ def _arguments_problems(schema: dict[str, Any]) -> list[str]:
     ]
 
 
-def _description(tool: dict[str, Any], name: str) -> str:
+def _description(tool: dict[str, Any], name: str) -> tuple[str, str | None]:
+    """The candidate's description, and a note when the tool's had to be cut to fit."""
     for key in ("description", "title"):
         value = tool.get(key)
         if isinstance(value, str) and value.strip():
-            return value.strip()[:8192]
-    return f"{name} (no description given by the server)"
+            text = value.strip()
+            if len(text) <= MAX_DESCRIPTION_CHARACTERS:
+                return text, None
+            cut = text[:MAX_DESCRIPTION_CHARACTERS].rstrip()
+            note = (
+                f"its {key} of {len(text)} characters was cut to its first {len(cut)}: a "
+                f"manifest's description holds at most {MAX_DESCRIPTION_CHARACTERS}"
+            )
+            return cut, note
+    return f"{name} (no description given by the server)", None
 
 
 class Written(NamedTuple):
@@ -161,22 +212,55 @@ def candidate_path(out: Path, projection: Projection) -> Path:
     return out / f"{projection.name}{MANIFEST_SUFFIX}"
 
 
+def _make_out(out: Path) -> list[Path]:
+    """Make the directories of ``out`` that are missing, from the top down; the ones this call
+    made, so that a refusal after it can take them back (:func:`_unmake`).  One that appears
+    meanwhile is used as it is, and not counted."""
+    missing = []
+    place = out
+    while not os.path.isdir(place) and place.parent != place:
+        missing.append(place)
+        place = place.parent
+    made: list[Path] = []
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory)
+        except FileExistsError:
+            if os.path.isdir(directory):
+                continue
+            _unmake(made)
+            raise _cannot_write(out, os.strerror(errno.EEXIST), errno.EEXIST) from None
+        except OSError as exc:
+            _unmake(made)
+            raise _cannot_write(out, exc.strerror or str(exc), exc.errno or errno.EIO) from None
+        made.append(directory)
+    return made
+
+
+def _unmake(made: list[Path]) -> None:
+    """Remove the directories :func:`_make_out` made, the deepest first, each only when empty."""
+    for directory in reversed(made):
+        with contextlib.suppress(OSError):
+            os.rmdir(directory)
+
+
 def _open_out(out: Path) -> int:
-    """Make ``out`` when missing and open it, once, for every candidate; EACCES (or the errno
-    met) naming it and what to do when it cannot be made or written, before any candidate is,
-    instead of naming a temporary file.  ``out`` may be a link the caller gave: what it
-    leads to is checked (:func:`refuse_inside`), not its name."""
+    """Open ``out`` once, for every candidate; EACCES (or the errno met) naming it and what to
+    do when it cannot be written, before any candidate is, instead of naming a temporary file.
+    ``out`` may be a link the caller gave: what it leads to is checked
+    (:func:`refuse_inside`), not its name."""
     try:
-        out.mkdir(parents=True, exist_ok=True)
         fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as exc:
-        reason, code = exc.strerror or str(exc), exc.errno or errno.EIO
-    else:
-        if os.access(f"/proc/self/fd/{fd}", os.W_OK | os.X_OK, effective_ids=True):
-            return fd
-        os.close(fd)
-        reason, code = os.strerror(errno.EACCES), errno.EACCES
-    raise CtxError(
+        raise _cannot_write(out, exc.strerror or str(exc), exc.errno or errno.EIO) from None
+    if os.access(f"/proc/self/fd/{fd}", os.W_OK | os.X_OK, effective_ids=True):
+        return fd
+    os.close(fd)
+    raise _cannot_write(out, os.strerror(errno.EACCES), errno.EACCES)
+
+
+def _cannot_write(out: Path, reason: str, code: int) -> CtxError:
+    return CtxError(
         code,
         f"cannot write candidates in --out {out}: {reason}; give a directory you may write "
         "(nothing was written)",
@@ -194,13 +278,14 @@ def write_candidates(
     """Write each candidate to ``out/<name>.manifest.json`` (the directory is made if
     missing): all of them or, on failure, none, each whole.
 
-    ``out`` is opened once and every file is written through that descriptor, after checking
+    ``out`` is checked again (:func:`check_out_directory`) before any directory of it is
+    made, then opened once, and every file is written through that descriptor, after checking
     that the directory it names is not in ``/ctx``, ``root`` (the storage root) or any other
-    storage root (:func:`refuse_inside`): whatever replaced ``out`` since
-    :func:`check_out_directory` (the server runs as the caller) cannot lead the candidates
-    there.  Every candidate is first written and synced under a temporary name; only when all
-    are does each take its name.  A failure (``ENOSPC``, say) removes what this projection
-    wrote and says so.
+    storage root (:func:`refuse_inside`): whatever replaced ``out`` since the check before the
+    server started (the server runs as the caller) cannot lead the candidates there.  Every
+    candidate is first written and synced under a temporary name; only when all are does each
+    take its name.  A failure (``ENOSPC``, say) removes what this projection wrote, the
+    directories it made included, and says so.
 
     A candidate already in ``out`` is never overwritten silently: without ``replace`` the
     whole projection is refused with EEXIST, naming them, before anything is written (and a
@@ -209,20 +294,24 @@ def write_candidates(
     to write through.
     """
     wanted = [p for p in projections if p.manifest is not None]
-    contents = [
-        (p, (json.dumps(p.manifest, indent=2, ensure_ascii=False) + "\n").encode()) for p in wanted
-    ]
+    contents = [(p, candidate_bytes(p.manifest)) for p in wanted if p.manifest is not None]
     ops = ops or durable.default_ops()
-    out_fd = _open_out(out)
+    check_out_directory(out, root)
+    made = _make_out(out)
     try:
-        refuse_inside(out_fd, out, forbidden_directories(root))
-        _refuse_names_in_the_way(out_fd, out, wanted, replace=replace)
-        staged = _stage(ops, out_fd, out, contents)
-        if replace:
-            return _replace_into_place(ops, out_fd, out, staged)
-        return _move_into_place(ops, out_fd, out, staged)
-    finally:
-        os.close(out_fd)
+        out_fd = _open_out(out)
+        try:
+            refuse_inside(out_fd, out, forbidden_directories(root))
+            _refuse_names_in_the_way(out_fd, out, wanted, replace=replace)
+            staged = _stage(ops, out_fd, out, contents)
+            if replace:
+                return _replace_into_place(ops, out_fd, out, staged)
+            return _move_into_place(ops, out_fd, out, staged)
+        finally:
+            os.close(out_fd)
+    except BaseException:
+        _unmake(made)  # only when empty: what a failure part-way left there stays
+        raise
 
 
 def _refuse_names_in_the_way(

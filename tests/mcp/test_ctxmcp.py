@@ -175,6 +175,7 @@ def test_only_stdio_servers_are_projected(config: Path) -> None:
         ("time", "not json", "EINVAL"),
         ("time", '{"servers": []}', "EINVAL"),
         ("bad name", None, "EINVAL"),
+        ("time.x", None, "holds a '.'"),
         ("time", '{"mcpServers": {}, "mcpServers": {"time": {"command": "x"}}}', "twice"),
         ("time", "[" * 100_000 + "]" * 100_000, "nested deeper"),
     ],
@@ -332,6 +333,37 @@ def test_a_schema_that_admits_no_arguments_object_is_skipped(tmp_path: Path) -> 
     assert "as an object" in skipped["text_only"] and "'string'" in skipped["text_only"]
     assert "as an object" in skipped["numbers"]
     assert skipped["no_schema"] == "the server gave no inputSchema; MCP requires one"
+
+
+def test_a_server_name_with_a_dot_is_refused_since_its_tool_names_could_collide(
+    tmp_path: Path,
+) -> None:
+    """Server 'a' with tool 'b.c' and server 'a.b' with tool 'c' would both be 'a.b.c': one
+    installed over the other would put another server behind a tool already granted."""
+    record = tmp_path / "record.jsonl"
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps({"tools": [tool("b.c"), tool("c")], "record": str(record)}))
+    entry = {"command": sys.executable, "args": [str(SCRIPTED), str(script)]}
+    config = tmp_path / "mcp.json"
+    config.write_text(json.dumps({"mcpServers": {"a": entry, "a.b": entry}}))
+
+    def project_server(server: str) -> subprocess.CompletedProcess[str]:
+        return ctxmcp(
+            "project", "--config", str(config), "--runtime-config", RUNTIME_CONFIG,
+            "--server", server, "--out", str(tmp_path / server),
+        )  # fmt: skip
+
+    refused = project_server("a.b")
+    assert refused.returncode == 2, refused.stderr
+    assert refused.stderr.startswith("ctxmcp: EINVAL: server name 'a.b' holds a '.': ")
+    assert "(M-3)" in refused.stderr and str(config) in refused.stderr
+    assert not record.exists() and not (tmp_path / "a.b").exists()
+    projected = project_server("a")
+    assert projected.returncode == 0, projected.stderr
+    assert sorted(path.name for path in (tmp_path / "a").iterdir()) == [
+        "a.b.c.manifest.json",
+        "a.c.manifest.json",
+    ]
 
 
 def project(config: Path, out: Path, *options: str) -> subprocess.CompletedProcess[str]:

@@ -90,6 +90,37 @@ def test_a_schema_deeper_than_a_manifest_holds_is_skipped_and_the_rest_pass_chec
     assert checked.returncode == 0, checked.stderr
 
 
+def test_a_candidate_larger_than_a_manifest_is_skipped_and_a_long_description_cut(
+    tmp_path: Path,
+) -> None:
+    """'ctx object check' and 'install' refuse a manifest over 1 MiB: no such candidate is
+    written, and a description cut to the 8192 characters a manifest holds is said so."""
+    large = {"type": "object", "description": "z" * (1024 * 1024)}
+    tools = [
+        tool("large", large),
+        {"name": "wordy", "description": "w" * 20_000, "inputSchema": {"type": "object"}},
+        tool("small"),
+    ]
+    config = scripted(tmp_path, tools=tools)
+    out = tmp_path / "out"
+
+    done = project(config, out)
+    report = project(config, tmp_path / "again", "--json")
+
+    assert done.returncode == 1, done.stderr
+    assert skipped(done.stderr) == ["large"]
+    assert "a manifest is at most 1048576" in done.stderr
+    assert "ctxmcp: note: fake.wordy: its description of 20000 characters was cut" in done.stderr
+    assert sorted(os.listdir(out)) == ["fake.small.manifest.json", "fake.wordy.manifest.json"]
+    for name in os.listdir(out):
+        checked = ctx(tmp_path / "storage", "object", "check", str(out / name))
+        assert checked.returncode == 0, checked.stderr
+    wordy = json.loads((out / "fake.wordy.manifest.json").read_text())
+    assert wordy["description"] == "w" * 8192
+    notes = json.loads(report.stdout)["notes"]
+    assert [(note["name"], "8192" in note["note"]) for note in notes] == [("fake.wordy", True)]
+
+
 @pytest.mark.parametrize("command", ["list", "project"])
 def test_a_message_nested_too_deep_is_a_protocol_error(tmp_path: Path, command: str) -> None:
     deep = "[" * 100_000 + "]" * 100_000
@@ -159,7 +190,7 @@ def test_a_projection_that_fails_while_writing_leaves_nothing_and_says_so(tmp_pa
     assert done.returncode == 1, done.stderr
     assert done.stderr.startswith("ctxmcp: EFBIG: cannot write the candidate ")
     assert "fake.b.manifest.json" in done.stderr and "nothing was written" in done.stderr
-    assert os.listdir(out) == [] and done.stdout == ""
+    assert not out.exists() and done.stdout == ""  # made for the candidates, taken back
     again = project(config, out)
     assert again.returncode == 0, again.stderr  # nothing in the way
 
