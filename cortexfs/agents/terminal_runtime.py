@@ -185,7 +185,8 @@ class RunDirectory:
         this one made it.
         """
         for path in (self.main_socket, self.run_socket, self.pid_file):
-            with contextlib.suppress(FileNotFoundError):
+            # A directory in a file's place stays (clean_up said so): the rest still goes.
+            with contextlib.suppress(FileNotFoundError, IsADirectoryError):
                 path.unlink()
         above = self.path.parents
         emptied = [self.view_dir, self.view_dir.parent, self.path, above[0], above[1], above[2]]
@@ -219,6 +220,7 @@ class RunDirectory:
             cleaned.append(f"unmounted its view at {self.view_dir}")
         if ended:
             cleaned.append(f"ended its mount process (pid {', '.join(ended)})")
+        self._refuse_directories_in_place_of_files()
         left = [
             str(p.relative_to(self.path))
             for p in (self.main_socket, self.run_socket, self.pid_file)
@@ -232,6 +234,19 @@ class RunDirectory:
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
         return cleaned
+
+    def _refuse_directories_in_place_of_files(self) -> None:
+        """EISDIR for a directory where the terminal's socket or pid file belongs: no terminal
+        makes one, and only root can (the directories are root's), so it is not removed
+        unseen; nothing else of the terminal can be settled until it is gone."""
+        for path in (self.main_socket, self.run_socket, self.pid_file):
+            if path.is_dir() and not path.is_symlink():
+                raise CtxError(
+                    errno.EISDIR,
+                    f"{path} is a directory, where the terminal of {self.agent} in session "
+                    f"{self.session.name} keeps its {_ROLES[path.name]}; no terminal makes "
+                    f"one, so look at what it holds, remove it (rmdir {path}) and try again",
+                )
 
     def recorded_pid(self) -> int | None:
         """The pid in the pid file: ctxterm's, once it listens."""
@@ -320,6 +335,9 @@ class RunDirectory:
             os.unlink(LINK_NAME, dir_fd=fd)
             return True
         return False
+
+
+_ROLES = {SOCKET_NAME: "socket", RUN_SOCKET_NAME: "run socket", PID_NAME: "pid file"}
 
 
 def _kind(status: os.stat_result) -> str:

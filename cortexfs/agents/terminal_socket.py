@@ -145,11 +145,12 @@ def connect(root: Path, view: AgentView, session: str, mode: bytes) -> Iterator[
         yield connection
 
 
-def relay(connection: socket.socket, *, write: bool) -> None:
+def relay(connection: socket.socket, *, write: bool) -> bool:
     """Terminal output to stdout; with ``write``, stdin to the terminal (raw on a tty) until
     Ctrl-] (:data:`DETACH`) or the end of input.  After the end of input (a script piped in)
     the output goes on until the terminal has been quiet for :data:`QUIET_SECONDS`, so that
-    what the script typed is seen answered."""
+    what the script typed is seen answered.  Whether it was the terminal that closed the
+    connection (it ended, or it refused this client, saying why)."""
     stdin = sys.stdin.fileno()
     raw = write and os.isatty(stdin)
     saved = termios.tcgetattr(stdin) if raw else None
@@ -162,11 +163,11 @@ def relay(connection: socket.socket, *, write: bool) -> None:
             timeout = QUIET_SECONDS if write and not reading else None
             ready, _, _ = select.select(readable, [], [], timeout)
             if not ready:
-                return  # quiet since the input ended
+                return False  # quiet since the input ended
             if connection in ready:
                 data = connection.recv(65536)
                 if not data:
-                    return
+                    return True
                 os.write(sys.stdout.fileno(), data)
             if stdin in ready:
                 data = os.read(stdin, 4096)
@@ -176,7 +177,7 @@ def relay(connection: socket.socket, *, write: bool) -> None:
                 if typed:
                     connection.sendall(typed)
                 if detach:
-                    return
+                    return False
                 reading = bool(data)
     finally:
         if saved is not None:

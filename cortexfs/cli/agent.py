@@ -464,16 +464,20 @@ def stop(name: str, session: str, storage_dir: Path | None, as_json: bool) -> No
 def watch(name: str, session: str, storage_dir: Path | None) -> None:
     """Watch NAME's terminal: its output, read-only (A-2, the observe-first default).
 
-    Ctrl-C stops watching; the terminal goes on."""
+    Ctrl-C stops watching; the terminal goes on.  When the terminal ends, watching ends
+    too, with a line on standard error saying so."""
     from cortexfs.agents import terminal_socket
 
     root = resolve_storage(storage_dir)
     view, session = _terminal_of(root, name, session)
+    closed = False
     with (
         terminal_socket.connect(root, view, session, b"watch") as connection,
         contextlib.suppress(KeyboardInterrupt),
     ):
-        terminal_socket.relay(connection, write=False)
+        closed = terminal_socket.relay(connection, write=False)
+    if closed:
+        _say_the_terminal_closed(view.name, session)
 
 
 @agent.command()
@@ -486,13 +490,25 @@ def attach(name: str, session: str, storage_dir: Path | None) -> None:
 
     What you type reaches tsh as if the agent typed it.  Ctrl-] detaches; the terminal
     goes on.  Input piped in (a script) is sent, then the output is shown until the
-    terminal has been quiet for a second."""
+    terminal has been quiet for a second.  When the terminal ends, so does attach, with a
+    line on standard error saying so."""
     from cortexfs.agents import terminal_socket
 
     root = resolve_storage(storage_dir)
     view, session = _terminal_of(root, name, session)
     with terminal_socket.connect(root, view, session, b"attach") as connection:
-        terminal_socket.relay(connection, write=True)
+        closed = terminal_socket.relay(connection, write=True)
+    if closed:
+        _say_the_terminal_closed(view.name, session)
+
+
+def _say_the_terminal_closed(agent: str, session: str) -> None:
+    """After the output, which may have left the cursor mid-line (a prompt)."""
+    click.echo(
+        f"\nctx: the terminal of {agent} in session {session} closed the connection: it has "
+        "ended, unless it said above why it refused this client",
+        err=True,
+    )
 
 
 def _terminal_of(root: Path, name: str, session: str) -> tuple[AgentView, str]:

@@ -401,6 +401,35 @@ def test_a_uid_that_may_not_watch_is_turned_away_at_once(terminal: dict[str, str
     assert answered.stdout.endswith("EOF\n"), answered
 
 
+def test_watch_and_attach_say_when_the_terminal_ends(
+    world: World, terminal: dict[str, str]
+) -> None:
+    """Leaving because the terminal ended is said, not a silent exit 0; a detach is not."""
+    command = [sys.executable, "-m", "cortexfs", "--storage", str(world.root), "agent"]
+    session = ["coder", "--session", terminal["session"]]
+    detached = subprocess.run(
+        [*command, "attach", *session], input=b"\x1d", capture_output=True, timeout=60
+    )
+    watcher = subprocess.Popen(
+        [*command, "watch", *session], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        assert read_at_most(watcher, 7) == b"coder$ "  # watching: the scrollback came
+        attached = subprocess.run(
+            [*command, "attach", *session], input=b"exit 3\r", capture_output=True, timeout=60
+        )
+        _, watched = watcher.communicate(timeout=60)
+    finally:
+        watcher.kill()
+        watcher.wait()
+
+    assert detached.returncode == 0 and b"closed the connection" not in detached.stderr
+    ended = f"ctx: the terminal of coder in session {terminal['session']} closed the connection"
+    for left in (attached.stderr, watched):
+        assert ended.encode() in left, left
+    assert attached.returncode == watcher.returncode == 0
+
+
 def test_a_long_paste_through_attach_is_typed_whole(world: World, terminal: dict[str, str]) -> None:
     """More than the PTY takes at once: every line still reaches tsh, in order."""
     lines = [f"fs.stat /workspace/{n:03d}{'x' * 150}" for n in range(100)]
@@ -487,6 +516,33 @@ def test_a_file_planted_as_the_sessions_terminal_directory_is_enotdir(world: Wor
         assert not run_directory(world.root, world.user.uid, "coder", name).exists()
     finally:
         ctx(world.root, "agent", "stop", "coder", "--session", name)
+
+
+def test_a_directory_where_the_terminal_socket_belongs_is_named_with_what_to_do(
+    world: World,
+) -> None:
+    """Only root can put one there; start and stop both say what it is and how to settle it,
+    and a failed start still removes the rest of what it made."""
+    world.agent("coder", tools=["fs.stat"])
+    name = fresh_session()
+    run = run_directory(world.root, world.user.uid, "coder", name)
+    (run / "main.sock").mkdir(parents=True)
+
+    try:
+        started = ctx(world.root, "agent", "start", "coder", "--session", name)
+        stopped = ctx(world.root, "agent", "stop", "coder", "--session", name)
+
+        for refused in (started, stopped):
+            assert refused.returncode == 1, refused.stdout
+            assert refused.stderr.startswith(f"ctx: EISDIR: {run}/main.sock is a directory, "), (
+                refused.stderr
+            )
+            assert f"rmdir {run}/main.sock" in refused.stderr
+        assert os.listdir(run) == ["main.sock"]  # nothing else of the start is left
+    finally:
+        (run / "main.sock").rmdir()
+        ctx(world.root, "agent", "stop", "coder", "--session", name)
+    assert not run.exists()
 
 
 def tsh_process(session: str, timeout: float = 20) -> int:
