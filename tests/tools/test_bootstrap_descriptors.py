@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.tools.test_install_exhaustion import run_ctx
+from tests.support.exhaustion import run_ctx
 
 
 def test_bootstrap_out_of_descriptors_is_an_emfile_error(traversable_tmp: Path) -> None:

@@ -11,9 +11,7 @@ from __future__ import annotations
 import errno
 import json
 import os
-import resource
 import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -23,6 +21,7 @@ from cortexfs import durable
 from cortexfs.errors import CtxError
 from cortexfs.tools.install import TOOL_KIND
 from cortexfs.tools.pairs import install_pair, repair_staged
+from tests.support.exhaustion import empty, fill_to, inode_limited_tmpfs, run_ctx
 from tests.support.users import UnprivilegedUser
 from tests.tools.support import bootstrapped_root
 
@@ -42,16 +41,8 @@ TOOL_CONTROLS = {
 def disk(traversable_tmp: Path) -> Iterator[Path]:
     """A tmpfs of 8 MiB but only 400 inodes, so that a test can leave an install any number of
     inodes to work with."""
-    mountpoint = traversable_tmp / "disk"
-    mountpoint.mkdir()
-    mount = ["mount", "-t", "tmpfs", "-o", "size=8m,nr_inodes=400", "tmpfs", str(mountpoint)]
-    if subprocess.run(mount).returncode != 0:
-        pytest.skip("cannot mount a tmpfs here")
-    mountpoint.chmod(0o755)
-    try:
+    with inode_limited_tmpfs(traversable_tmp / "disk") as mountpoint:
         yield mountpoint
-    finally:
-        subprocess.run(["umount", "-l", str(mountpoint)], check=False)
 
 
 @pytest.fixture
@@ -76,41 +67,6 @@ def sources(traversable_tmp: Path) -> Path:
         json.dumps({"name": AGENT, "label": "b1_t", "tools": ["fs.stat"]})
     )
     return source
-
-
-def run_ctx(
-    root: Path, *args: str, descriptors: int | None = None
-) -> subprocess.CompletedProcess[str]:
-    """``ctx ARGS…`` in a process of its own, with at most ``descriptors`` open files."""
-
-    def limit() -> None:
-        if descriptors is not None:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (descriptors, descriptors))
-
-    return subprocess.run(
-        [sys.executable, "-m", "cortexfs", "--storage", str(root), *args],
-        capture_output=True,
-        text=True,
-        stdin=subprocess.DEVNULL,
-        preexec_fn=limit,
-        timeout=120,
-    )
-
-
-def fill_to(disk: Path, free_inodes: int) -> Path:
-    """Files in ``disk/fill`` until ``free_inodes`` inodes are left; the directory."""
-    fill = disk / "fill"
-    fill.mkdir(exist_ok=True)
-    count = len(os.listdir(fill))
-    while os.statvfs(disk).f_ffree > free_inodes:
-        (fill / str(count)).touch()
-        count += 1
-    return fill
-
-
-def empty(fill: Path) -> None:
-    for name in os.listdir(fill):
-        (fill / name).unlink()
 
 
 def hidden(directory: Path) -> list[str]:
