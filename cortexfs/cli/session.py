@@ -181,7 +181,8 @@ def repair(
 
     Waits for appends in flight; complete lines are never touched.  Prints how many bytes
     it removed, or that there was nothing to do; --json: {"session", "truncated_bytes"}
-    (0 when nothing was torn).  Exit 0 either way.
+    (0 when nothing was torn).  Exit 0 either way, on a read-only filesystem too when
+    nothing is torn; a torn line there cannot be cut (EROFS, exit 1, nothing changed).
     """
     ref = _session_ref(storage_dir, agent, session, project, uid)
     with _session_directory(ref, _listing(agent, project, uid)) as directory:

@@ -137,6 +137,10 @@ class EventLog:
                 fd = self._ops.open_append(path.name, dir_fd, mode, create=False)
             except (FileExistsError, FileNotFoundError):
                 continue
+            except OSError as exc:
+                # Opened in its directory, the kernel names only the file ("events.jsonl: Read-
+                # only file system"): the path says which log of which session it was.
+                raise OSError(exc.errno, exc.strerror, str(path)) from None
             status = os.fstat(fd)
             if not stat.S_ISREG(status.st_mode) or status.st_nlink != 1:
                 self._ops.close(fd)
@@ -434,6 +438,8 @@ def repair(path: Path, ops: durable.FsOps | None = None, *, dir_fd: int | None =
             raise invalid(f"{path} is a symbolic link; refusing to repair it") from None
         if exc.errno == errno.EISDIR:
             raise invalid(f"{path} is not a regular file") from None
+        if exc.errno == errno.EROFS:
+            return _repair_read_only(path, dir_fd)
         raise
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
@@ -441,6 +447,26 @@ def repair(path: Path, ops: durable.FsOps | None = None, *, dir_fd: int | None =
         return _truncate_torn_line(ops, fd, path)
     finally:
         ops.close(fd)
+
+
+def _repair_read_only(path: Path, dir_fd: int | None) -> int:
+    """:func:`repair` on a read-only filesystem, where nothing can be cut and nothing is being
+    appended: 0 when the last line is whole; EROFS, saying what is torn, when it is not."""
+    fd = _open_file(path, os.O_RDONLY, dir_fd)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise invalid(f"{path} is not a regular file")
+        if not _ends_torn(fd):
+            return 0
+        size = os.fstat(fd).st_size
+        torn = size - _end_of_last_line(fd, size)
+    finally:
+        os.close(fd)
+    raise CtxError(
+        errno.EROFS,
+        f"{path} ends with a torn line of {torn} bytes, which cannot be cut while its "
+        "filesystem is read-only; nothing was changed: remount it read-write and repair again",
+    )
 
 
 def _open_file(path: Path, access: int, dir_fd: int | None) -> int:

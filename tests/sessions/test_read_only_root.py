@@ -1,0 +1,88 @@
+"""A storage root on a filesystem remounted read-only: ``ctx run`` names the session log it
+could not open; ``ctx session repair`` with nothing torn exits 0, and a torn line it cannot
+cut is EROFS with nothing changed (S-5).  Needs root (mount)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.cli import ctx
+from tests.support.storage import small_tmpfs
+from tests.support.users import UnprivilegedUser
+from tests.tools.support import World, bootstrapped_root
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to mount a tmpfs")
+
+
+@pytest.fixture
+def disk_world(traversable_tmp: Path, unprivileged_user: UnprivilegedUser) -> Iterator[World]:
+    """Agent coder, allowed fs.stat, with session s1 made by one call, on a tmpfs of its own."""
+    with small_tmpfs(traversable_tmp / "disk", "8m") as disk:
+        disk.chmod(0o755)
+        workspace = disk / "work"
+        workspace.mkdir()
+        os.chown(workspace, unprivileged_user.uid, unprivileged_user.gid)
+        # World.scratch is the disk itself: the tests remount it.
+        world = World(bootstrapped_root(disk / "st"), unprivileged_user, workspace, disk)
+        world.agent("coder", tools=["fs.stat"])
+        world.allow_tool("fs.stat")
+        first = ctx(world.root, "run", "--agent", "coder", "--session", "s1", "fs.stat", "/ctx")
+        assert first.returncode == 0, first.stderr
+        try:
+            yield world
+        finally:
+            remount(disk, "rw")
+
+
+def remount(disk: Path, how: str) -> None:
+    subprocess.run(["mount", "-o", f"remount,{how}", str(disk)], check=True)
+
+
+def events_path(world: World) -> Path:
+    return world.root / f"home/{world.user.uid}/agent/coder/session/s1/events.jsonl"
+
+
+def test_run_on_a_read_only_root_names_the_session_log(disk_world: World) -> None:
+    remount(disk_world.scratch, "ro")
+
+    ran = ctx(disk_world.root, "run", "--agent", "coder", "--session", "s1", "fs.stat", "/ctx")
+
+    assert ran.returncode == 126, ran.stderr
+    assert ran.stderr.startswith(f"ctx: EROFS: {events_path(disk_world)}: "), ran.stderr
+
+
+def test_repair_on_a_read_only_root_with_nothing_torn_is_nothing_to_do(disk_world: World) -> None:
+    before = events_path(disk_world).read_bytes()
+    remount(disk_world.scratch, "ro")
+
+    repaired = ctx(disk_world.root, "session", "repair", "coder", "s1", "--json")
+
+    assert repaired.returncode == 0, repaired.stderr
+    assert '"truncated_bytes": 0' in repaired.stdout
+    assert events_path(disk_world).read_bytes() == before
+
+
+def test_a_torn_line_on_a_read_only_root_is_erofs_and_left(disk_world: World) -> None:
+    disk = disk_world.scratch
+    with open(events_path(disk_world), "ab") as log:
+        log.write(b'{"ts":"torn')
+    before = events_path(disk_world).read_bytes()
+    remount(disk, "ro")
+
+    refused = ctx(disk_world.root, "session", "repair", "coder", "s1")
+    remount(disk, "rw")
+    repaired = ctx(disk_world.root, "session", "repair", "coder", "s1")
+
+    assert refused.returncode == 1, refused.stderr
+    assert refused.stderr.startswith(
+        f"ctx: EROFS: {events_path(disk_world)} ends with a torn line of 11 bytes, which cannot "
+        "be cut while its filesystem is read-only; nothing was changed: remount it read-write"
+    ), refused.stderr
+    assert repaired.returncode == 0, repaired.stderr
+    assert "truncated a torn last line of 11 bytes" in repaired.stdout
+    assert events_path(disk_world).read_bytes() == before[: -len(b'{"ts":"torn')]
