@@ -53,7 +53,9 @@ def create(name: str, group: str | None, storage_dir: Path | None, as_json: bool
     belongs to another uid than the space's owner is not repaired but refused (EPERM,
     naming it, nothing changed).  A directory this command makes is given its group and
     mode only when it is still the one it made (EEXIST otherwise).  An illegal NAME, or
-    cortexfs-docs (the manual bundle), is a usage error (EINVAL, exit 2).
+    cortexfs-docs (the manual bundle), is a usage error (EINVAL, exit 2).  A run cut short
+    (ENOSPC, EDQUOT, EMFILE, EROFS: exit 1) names what it made, which is kept; the same
+    command run again, once that is fixed, completes the space.
     """
     try:
         check_space_name(name)

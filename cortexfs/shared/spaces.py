@@ -22,7 +22,7 @@ import contextlib
 import errno
 import os
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -128,25 +128,62 @@ def create_shared_space(
         except BaseException:
             close_repairs(ops, repairs)
             raise
-    repaired = apply_repairs(ops, repairs, gid=owner.gid)
-    # The root ABI reports its entries relative to the root; the space reports full paths.
-    if os.path.isdir(root):
-        created = [str(root / entry) for entry in storage.ensure_root_abi(root, ops).created]
-    else:
-        created = _bootstrap(root)
-    for parts, mode in _documented_modes(name):
-        # Each level reached without following a link, and only a directory made here given
-        # the group and mode (tree._require_made_here): a member who swaps another directory
-        # in after the mkdir gets EEXIST, and theirs is left as it was.
-        created += ensure_directories(ops, path.parent, list(parts), mode=mode, owner=owner)
-    queue = path / QUEUE_DIR
-    queue_created = init_queue(queue, ops)  # the config, and the claim hint of a new pending/
-    if str(queue / "pending") in created:
-        start_hint(queue)
-    report = SpaceReport(path, os.stat(path).st_gid, created + queue_created)
+    created: list[str] = []
+    with _completing(path, name, created):
+        repaired = apply_repairs(ops, repairs, gid=owner.gid)
+        # The root ABI reports its entries relative to the root; the space reports full paths.
+        if os.path.isdir(root):
+            created += [str(root / entry) for entry in storage.ensure_root_abi(root, ops).created]
+        else:
+            created += _bootstrap(root)
+        for parts, mode in _documented_modes(name):
+            # Each level reached without following a link, and only a directory made here given
+            # the group and mode (tree._require_made_here): a member who swaps another
+            # directory in after the mkdir gets EEXIST, and theirs is left as it was.
+            created += ensure_directories(ops, path.parent, list(parts), mode=mode, owner=owner)
+        queue = path / QUEUE_DIR
+        created += init_queue(queue, ops)  # the config, and the claim hint of a new pending/
+        if str(queue / "pending") in created:
+            start_hint(queue)
+    report = SpaceReport(path, os.stat(path).st_gid, created)
     report.regrouped_from, report.regrouped, report.kept = regrouped_from, regrouped, kept
     report.repaired = repaired
     return report
+
+
+# What the host ran short of, or a filesystem turned read-only: a run that meets one stops
+# part-way, and the same command run again, once it is fixed, completes the space.
+_CUT_SHORT = {
+    errno.ENOSPC: "free space (or inodes) on that filesystem",
+    errno.EDQUOT: "free space within your disk quota there",
+    errno.EMFILE: "raise the limit of open files (ulimit -n)",
+    errno.ENFILE: "close some open files",
+    errno.EROFS: "remount that filesystem read-write",
+}
+
+
+@contextlib.contextmanager
+def _completing(path: Path, name: str, created: list[str]) -> Iterator[None]:
+    """Turn a shortage that cuts the making of space ``name`` short into an error that says
+    what was made (``created`` so far), that the space is incomplete and that running the
+    command again completes it."""
+    try:
+        yield
+    except (OSError, CtxError) as exc:
+        if exc.errno not in _CUT_SHORT:
+            raise
+        if isinstance(exc, CtxError):
+            reason = exc.message
+        else:
+            where = f" (at {os.fsdecode(exc.filename)})" if exc.filename is not None else ""
+            reason = f"{exc.strerror}{where}"
+        made = f"made {', '.join(created)}, which is kept" if created else "nothing was made"
+        raise CtxError(
+            exc.errno,
+            f"shared space {path} could not be completed: {reason}; {made}: "
+            f"{_CUT_SHORT[exc.errno]}, then run 'ctx shared create {name}' again, which "
+            "completes it",
+        ) from None
 
 
 def _documented_modes(name: str) -> list[tuple[tuple[str, ...], int]]:
