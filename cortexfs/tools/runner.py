@@ -510,7 +510,7 @@ class _Call:
                 raise _Refused(error) from None
             raise _Refused(ToolError(exc.errno, stage, exc.message)) from None
         except OSError as exc:
-            message = f"{exc.filename}: {exc.strerror}" if exc.filename else str(exc.strerror)
+            message = _host_failure(stage, exc)
             raise _Refused(ToolError(exc.errno or errno.EIO, stage, message)) from None
         finally:
             self.timings[stage] = _milliseconds(time.monotonic() - started)
@@ -591,6 +591,30 @@ def _unrecorded(result: ToolResult, exc: OSError | CtxError) -> ToolResult:
     else:
         error = ToolError(exc.errno or errno.EIO, "record", f"the tool {ran}, but {missing}")
     return result._replace(status=ERROR, error=error)
+
+
+# The stages before the tool is started: a failure there means it never ran, so the same call
+# may simply be made again once the host's trouble is mended.
+_BEFORE_THE_TOOL = frozenset(
+    {"caller", "agent", "session", "resolve", "authorize", "schema", "hook"}
+)
+_HOST_REMEDIES = {
+    errno.EROFS: "remount that filesystem read-write",
+    errno.ENOSPC: "free space or inodes on that filesystem",
+    errno.EDQUOT: "free space within that user's quota",
+    errno.EMFILE: "raise the limit of open files (ulimit -n)",
+}
+
+
+def _host_failure(stage: str, exc: OSError) -> str:
+    """What a call the host itself could not carry on says: the file and the system's words,
+    whether the tool ran, and for a full or read-only disk what to do."""
+    message = f"{exc.filename}: {exc.strerror}" if exc.filename else str(exc.strerror)
+    if stage not in _BEFORE_THE_TOOL:
+        return message
+    remedy = _HOST_REMEDIES.get(exc.errno or 0)
+    message += "; the tool did not run"
+    return message + (f": {remedy} and make the call again" if remedy else "")
 
 
 def _session_ref(root: Path, view: AgentView, requested: SessionRef | str | None) -> SessionRef:

@@ -54,6 +54,7 @@ def test_run_on_a_read_only_root_names_the_session_log(disk_world: World) -> Non
 
     assert ran.returncode == 126, ran.stderr
     assert ran.stderr.startswith(f"ctx: EROFS: {events_path(disk_world)}: "), ran.stderr
+    assert "the tool did not run: remount that filesystem read-write" in ran.stderr
 
 
 def test_repair_on_a_read_only_root_with_nothing_torn_is_nothing_to_do(disk_world: World) -> None:
