@@ -515,6 +515,9 @@ def _result_output(q: layout.Queue, result_source: str | None, ok: bool) -> Any:
 def status(queue_dir: Path, as_json: bool) -> None:
     """Counts per state, ignored entries, incomplete pairs and conflicts.
 
+    With --json, one object: {"queue": PATH, "pending": N, "claimed": N, "done": N,
+    "failed": N, "conflict": N, "counts": {the same, and "incomplete" and "ignored"},
+    "ignored": [...], "incomplete": [...], "conflicts": [...], "temps": [...]}.
     Exit 1 when a conflict is found (SPEC §2.4), else 0.
     """
     with open_queue(queue_dir) as q:

@@ -27,8 +27,14 @@ class QueueStatus:
     temps: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
+        """``{"queue": …, "pending": 2, "claimed": 0, …, "counts": {…}, "ignored": […], …}``:
+        each count also at the top level, where a reader of SPEC §2.4's "counts per state"
+        looks first — all but those of ``incomplete`` and ``ignored``, whose top-level keys
+        hold the lists (their counts are in ``counts``, with every other)."""
+        listed = {"ignored", "incomplete"}
         return {
             "queue": self.path,
+            **{state: n for state, n in self.counts.items() if state not in listed},
             "counts": self.counts,
             "ignored": [i.to_json() for i in self.ignored],
             "incomplete": self.incomplete,

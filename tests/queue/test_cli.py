@@ -508,6 +508,21 @@ def test_finish_needs_an_outcome_and_a_claim(root: Path, req: Path) -> None:
     assert done.returncode == 1 and "ENOENT" in done.stderr
 
 
+def test_status_json_gives_each_count_at_the_top_level_and_in_counts(root: Path, req: Path) -> None:
+    """SPEC §2.4 says "counts per state": a reader takes them from the object itself
+    (``["pending"]``) or from ``counts``; ``incomplete`` and ``ignored`` stay the lists."""
+    for name in ("a", "b", "c"):
+        ctx(root, "queue", "publish", *P, "--name", name, str(req))
+    ctx(root, "queue", "claim", *P, "--pid", str(os.getpid()))
+    (qdir(root) / "pending" / ".dot").write_text("x")
+    status = json.loads(ctx(root, "queue", "status", *P, "--json").stdout)
+    counts = {"pending": 2, "claimed": 1, "done": 0, "failed": 0, "conflict": 0}
+    assert {state: status[state] for state in counts} == counts
+    assert status["counts"] == {**counts, "incomplete": 0, "ignored": 1}
+    assert status["incomplete"] == [] and status["ignored"][0]["reason"] == "dot-file"
+    assert list(status)[:7] == ["queue", *counts, "counts"]
+
+
 def test_status_list_and_show(root: Path, req: Path) -> None:
     for name in ("a", "b", "c"):
         ctx(root, "queue", "publish", *P, "--name", name, str(req))
