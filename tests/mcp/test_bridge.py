@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from cortexfs.tools.manifest import load_manifest
 from tests.mcp.test_ctxmcp import SCRIPTED, TIME_SERVER, ctxmcp, processes_running, tool
 from tests.tools.support import World
 
+CTX = [sys.executable, "-m", "cortexfs"]
 SYSTEM_PYTHON = "/usr/bin/python3"  # world-executable, unlike a venv under a private home
 
 
@@ -98,6 +100,27 @@ def test_an_error_result_fails_the_call(echo: World) -> None:
     assert not result.ok
     assert result.output["error"] == "EREMOTEIO"
     assert "failed on purpose" in result.output["message"]
+
+
+@pytest.mark.parametrize("option", ["--help", "-h"])
+def test_help_in_terminal_mode_describes_the_tool_and_starts_no_server(
+    echo: World, option: str
+) -> None:
+    """A person asking what a remote tool does must not run it: ``--help`` alone is answered
+    from the tool's controls; any other lone word still goes to the server as ``input``."""
+    run = [
+        "--storage", str(echo.root), "run", "--agent", "coder", "fake.echo", option,
+    ]  # fmt: skip
+    helped = subprocess.run([*CTX, *run], capture_output=True, text=True, stdin=subprocess.DEVNULL)
+
+    assert helped.returncode == 0, helped.stderr
+    description = (echo.root / "tool/fake.echo.d/description").read_text().strip()
+    assert helped.stdout.startswith(description)
+    assert "input (a JSON object) as its schema states it:" in helped.stdout
+    assert "echo" not in helped.stdout.split(description, 1)[1].split("schema states it")[0]
+    assert echo.events()[-1]["type"] == "tool_result"  # recorded like any other call
+    word = subprocess.run([*CTX, *run[:-1], "hello"], capture_output=True, text=True)
+    assert '"input": "hello"' in word.stdout or "hello" in word.stdout, word.stderr
 
 
 def test_the_tool_is_refused_without_the_agents_grant(echo: World) -> None:

@@ -23,6 +23,10 @@ authority chain, in terminal or native mode — and:
 4. answers with the result: in native mode the MCP result object (``content``,
    ``structuredContent`` when given, ``isError``); in terminal mode the text of its content.
    A result marked ``isError`` makes the call fail (exit 1).
+
+In terminal mode, ``--help`` or ``-h`` alone prints the tool's description and input schema
+from its controls and starts no server: a person asking what a remote tool does must not run
+it (any other lone word is the value of ``input``).
 """
 
 from __future__ import annotations
@@ -44,7 +48,14 @@ from cortexfs.regular_file import MAX_CONTROL_BYTES, read_regular_file
 from cortexfs.strict_modes import loose_entry
 from cortexfs.tools import schema_subset
 from cortexfs.tools.core import confine
-from cortexfs.tools.core.toolio import Reply, ToolFailure, check_input, main, main_parameter
+from cortexfs.tools.core.toolio import (
+    NATIVE,
+    Reply,
+    ToolFailure,
+    check_input,
+    main,
+    main_parameter,
+)
 
 LOCATOR_KEYS = ("transport", "config", "server", "tool")
 
@@ -199,8 +210,22 @@ def _server(locator: dict[str, str], tool_owner: int) -> ServerSpec:
         raise ToolFailure(exc.errno, exc.message) from None
 
 
+def describe(executable: str) -> Reply:
+    """The tool's ``description`` and ``schema`` controls, for a person asking for help."""
+    _, description = _json_control(executable, "description", "description", bytes.decode)
+    schema = json.dumps(read_schema(executable), indent=2, ensure_ascii=False)
+    text = f"{description.rstrip()}\n\ninput (a JSON object) as its schema states it:\n{schema}\n"
+    return Reply({}, text=text.encode())
+
+
 def run() -> int:
     executable = sys.argv[0]
+    if sys.argv[1:] in (["--help"], ["-h"]) and os.environ.get("CTX_MODE") != NATIVE:
+        return main(
+            os.path.basename(executable),
+            lambda _: {},
+            lambda _request, _native: describe(executable),
+        )
     return main(
         os.path.basename(executable),
         main_parameter("input"),
