@@ -162,7 +162,12 @@ def open_session(
     try:
         dir_fd = open_beneath(ops, ref.root, ref.relative.parts)
     except FileNotFoundError:
-        _create_session_directories(ref, mode, owner, ops)
+        try:
+            _create_session_directories(ref, mode, owner, ops)
+        except OSError as exc:
+            # Made at a directory descriptor, the name the system gives is the last part alone
+            # ("s1: No space left on device"); the session's whole path says where.
+            raise OSError(exc.errno, exc.strerror, str(ref.root / ref.relative)) from None
         dir_fd = open_beneath(ops, ref.root, ref.relative.parts)
     try:
         if ref.space is not None and owner is not None:

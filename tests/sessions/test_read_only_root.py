@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.cli import ctx
+from tests.support.exhaustion import empty, fill_to, inode_limited_tmpfs
 from tests.support.storage import small_tmpfs
 from tests.support.users import UnprivilegedUser
 from tests.tools.support import World, bootstrapped_root
@@ -87,3 +88,22 @@ def test_a_torn_line_on_a_read_only_root_is_erofs_and_left(disk_world: World) ->
     assert repaired.returncode == 0, repaired.stderr
     assert "truncated a torn last line of 11 bytes" in repaired.stdout
     assert events_path(disk_world).read_bytes() == before[: -len(b'{"ts":"torn')]
+
+
+def test_a_new_session_without_room_names_its_whole_path(
+    traversable_tmp: Path, unprivileged_user: UnprivilegedUser
+) -> None:
+    with inode_limited_tmpfs(traversable_tmp / "disk", inodes=600) as disk:
+        world = World(bootstrapped_root(disk / "st"), unprivileged_user, disk, disk)
+        world.agent("coder", tools=["fs.stat"])
+        world.allow_tool("fs.stat")
+        fill = fill_to(disk, 0)
+        try:
+            ran = ctx(world.root, "run", "--agent", "coder", "--session", "s2", "fs.stat", "/ctx")
+        finally:
+            empty(fill)
+
+    session = world.root / f"home/{unprivileged_user.uid}/agent/coder/session/s2"
+    assert ran.returncode == 126, ran.stderr
+    assert ran.stderr.startswith(f"ctx: ENOSPC: {session}: "), ran.stderr
+    assert "the tool did not run: free space or inodes" in ran.stderr
