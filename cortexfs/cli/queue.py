@@ -14,7 +14,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, BinaryIO, TypeVar
+from typing import Any, BinaryIO, NoReturn, TypeVar
 
 import click
 
@@ -26,6 +26,7 @@ from cortexfs.cli.common import (
     changed,
     echo_printable,
     emit_json,
+    fail,
     handles_errors,
     readable_json,
     resolve_storage,
@@ -313,8 +314,13 @@ def publish(
 
     FILE, or - for stdin, holds the request; prints the job name.  With --batch every line of
     FILE is one request, published as a group commit (one barrier for the whole batch); one
-    bad line refuses the whole batch.
+    bad line refuses the whole batch, with nothing published.
     Refused with EEXIST when the name already has evidence anywhere in the queue.
+
+    A publish that fails once jobs are in pending/ (a full disk that stops a batch midway)
+    still prints the name of each job published (with --json: the error object's
+    "published" list), then exits 1 naming the lines not published ("not_published_lines"):
+    publish only those again.
     """
     if source is None:
         raise click.UsageError("give a request FILE, or - to read it from stdin")
@@ -328,14 +334,15 @@ def publish(
         # line of a batch (§2.1).  Nothing beyond it is read.
         limit = q.config.max_request_bytes
         if batch:
-            requests, lines = parse_batch(stream, limit)
+            parsed = parse_batch(stream, limit)
             # Ctrl-C while the batch is written cancels it; from its first move on, it waits
             # until the names are printed (see protocol.publish_batch).
             protocol.publish_batch(
                 q,
-                requests,
-                given=lines,
-                acknowledge=lambda jobs: _acknowledge_published(jobs, batch, as_json),
+                parsed.requests,
+                given=parsed.lines,
+                line_numbers=parsed.numbers,
+                acknowledge=lambda jobs, refusal: _acknowledge_batch(jobs, refusal, as_json),
             )
         else:
             data = read_at_most(stream, limit, "request", "max_request_bytes")
@@ -343,7 +350,10 @@ def publish(
             # Ctrl-C waits until the name is printed: a job published and never named would
             # be published again by whoever retries (see cortexfs.interrupts).
             with held_interrupts():
-                jobs = [protocol.publish(q, request, name, given=data)]
+                try:
+                    jobs = [protocol.publish(q, request, name, given=data)]
+                except protocol.PublishedInPart as exc:
+                    _published_in_part(exc, as_json)
                 _acknowledge_published(jobs, batch, as_json)
 
 
@@ -354,6 +364,30 @@ def _acknowledge_published(jobs: list[str], batch: bool, as_json: bool) -> None:
         return
     for job in jobs:
         click.echo(job)
+
+
+def _acknowledge_batch(
+    jobs: list[str], refusal: protocol.PublishedInPart | None, as_json: bool
+) -> None:
+    if refusal is None:
+        _acknowledge_published(jobs, True, as_json)
+    else:
+        _published_in_part(refusal, as_json)
+
+
+def _published_in_part(refusal: protocol.PublishedInPart, as_json: bool) -> NoReturn:
+    """End a publish that failed with jobs in pending/ (a batch cut short by a full disk): the
+    jobs published are acknowledged as a success acknowledges them — each name on a line of
+    its own on stdout; with --json, in the error object's ``published`` — and the error says
+    which requests were not published.  Rendered here, while Ctrl-C is held, not after: a
+    Ctrl-C would otherwise end the command without naming them, and a retry of the whole
+    batch would publish them twice."""
+    changed(f"{', '.join(refusal.published)} published and pending (do not publish again)")
+    if not as_json:
+        for job in refusal.published:
+            click.echo(job)
+        sys.stdout.flush()  # the names before the error line, as a reader of both sees them
+    fail(refusal, as_json=as_json)
 
 
 @queue.command()

@@ -249,19 +249,51 @@ class Queue:
             if not os.access(name, os.W_OK | os.X_OK, dir_fd=parent, effective_ids=True):
                 require_writable(self.path / place, f"{action} in queue {self.path}")
 
-    def not_writable(self, action: str, state: str, refused: OSError) -> CtxError:
+    def refusal(self, action: str, state: str, refused: OSError, done: str, again: str) -> CtxError:
         """The error for ``action`` refused by the kernel (``refused``) in the directory
-        ``state``: EACCES or EROFS saying who may write there and what to do, not only the
-        entry refused."""
-        try:
-            require_writable(self.path / state, f"{action} in queue {self.path}")
-        except CtxError as exc:
-            return exc
+        ``state`` (``inbox``, ``lease/J``…): it names that directory, says what the command did
+        and did not do (``done``: ``nothing was published``) and what to do before ``again``
+        (``publish again``).  For EACCES, EPERM or EROFS: who may write there, or that its
+        filesystem is read-only; for a shortage (ENOSPC, EDQUOT, EMFILE…): what ran short, and
+        what frees it.  Never a bare errno, which says neither where nor whether anything
+        changed."""
+        where = self.path / state
+        if refused.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            try:
+                require_writable(where, f"{action} in queue {self.path}")
+            except CtxError as exc:
+                return CtxError(exc.errno, f"{exc.message}; {done}")
+        shortage, fix = self._what_ran_short(refused.errno)
         return CtxError(
-            refused.errno or errno.EACCES,
-            f"cannot {action} in queue {self.path}: {state}/ refused: {refused.strerror}; "
-            "run 'ctx queue status'",
+            refused.errno or errno.EIO,
+            f"cannot {action} in queue {self.path}: {where} refused: {refused.strerror}"
+            f"{shortage}; {done}: {fix}, then {again}",
         )
+
+    def _what_ran_short(self, code: int | None) -> tuple[str, str]:
+        """`` (what ran short)`` for a refusal's message, and what to do about it."""
+        if code == errno.ENOSPC:
+            try:
+                free = os.fstatvfs(self.root_fd)
+            except OSError:
+                return "", "free space on its filesystem"
+            room = f"{free.f_bavail * free.f_frsize} bytes and {free.f_favail} inodes free"
+            return f" (its filesystem has {room})", "free space on that filesystem"
+        if code == errno.EDQUOT:
+            return (
+                f" (uid {os.geteuid()} has used up its disk quota there)",
+                "free space within that quota",
+            )
+        if code == errno.EMFILE:
+            return (
+                " (this process has no file descriptor left)",
+                "raise the limit of open files ('ulimit -n')",
+            )
+        if code == errno.ENFILE:
+            return " (the system has no file descriptor left)", "end processes that hold many"
+        if code == errno.ENOMEM:
+            return "", "free memory"
+        return "", "fix the cause ('ctx queue status' shows the queue as it stands)"
 
     def temp_name(self, job: str, purpose: str) -> str:
         """A fresh staging name in ``inbox/`` that says which job and step it belongs to."""

@@ -30,10 +30,13 @@ directories it touched before the next step may depend on it (Q-7)::
     (failed/ instead of done/ when the job failed)
 
 A step the kernel refuses (EACCES, EROFS, ENOSPC…) is not a crash: the transition is undone
-as far as it got, and the refusal says which directory refused.  A claim refused after its
-move puts the request back (move claimed/J/J -> pending/J, first in the claim order; remove
-lease/J, claimed/J; sync); ``finish`` checks every directory it will change before its first
-step instead, because once the result is in place there is no going back.
+as far as it got, and the refusal (:meth:`Queue.refusal`) says which directory refused, what
+was and was not done, and what to do.  A claim refused after its move puts the request back
+(move claimed/J/J -> pending/J, first in the claim order; remove lease/J, claimed/J; sync);
+``finish`` checks every directory it will change before its first step instead, because once
+the result is in place there is no going back.  A batch refused midway through its moves
+(``pending/`` cannot grow on a full disk) is published in part: :class:`PublishedInPart`
+names the jobs published and the requests not.
 
 Why this order survives a crash at any point is spelled out in ``docs/queue.md``; what
 ``recover`` does with each leftover is in :mod:`cortexfs.queue.recovery`.  Each step is marked
@@ -119,7 +122,7 @@ def publish(
     except FileExistsError:
         raise _publish_in_progress(queue, job, temp) from None
     except OSError as exc:
-        raise _refused_in(queue, exc, "publish", "inbox") from None
+        raise queue.refusal("publish", "inbox", exc, *NOTHING_PUBLISHED) from None
     # Holding the staging name, look again: a publisher of J that got past the early check
     # before J's first lifecycle moved J out of pending/ is refused here, not acknowledged.
     try:
@@ -139,10 +142,47 @@ def publish(
             pending_changed(queue, before, [job])
             raise _published_unsynced([job], exc) from None
         _discard_temp(queue, temp)
-        raise _refused_in(queue, exc, "publish", "pending") from None
+        raise queue.refusal("publish", "pending", exc, *NOTHING_PUBLISHED) from None
     pending_changed(queue, before, [job])
     ops.step("publish.done")
     return job
+
+
+# What a publish refused before any job reached pending/ did, and what to do once the cause is
+# gone (see Queue.refusal).
+NOTHING_PUBLISHED = ("nothing was published", "publish again")
+
+
+class PublishedInPart(CtxError):
+    """A publish that failed after some of its jobs reached ``pending/``: they will be
+    claimed, so a caller must acknowledge them (never publish them again) and publish again
+    only the requests of ``not_published``.
+
+    ``published`` and ``not_published`` are job names in input order; ``not_published_at``
+    says where each request not published came from (its line in the batch's input, or its
+    1-based position in the batch).  Its JSON object (:meth:`to_json`) carries all three.
+    """
+
+    def __init__(
+        self,
+        code: int,
+        message: str,
+        published: Sequence[str],
+        not_published: Sequence[str] = (),
+        not_published_at: Sequence[int] = (),
+    ) -> None:
+        super().__init__(code, message)
+        self.published = list(published)
+        self.not_published = list(not_published)
+        self.not_published_at = list(not_published_at)
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            **super().to_json(),
+            "published": self.published,
+            "not_published": self.not_published,
+            "not_published_lines": self.not_published_at,
+        }
 
 
 # Staging files a batch writes with Ctrl-C held at a time: a Ctrl-C waits a few milliseconds.
@@ -155,19 +195,25 @@ def publish_batch(
     names: Sequence[str | None] | None = None,
     publisher: str | None = None,
     given: Sequence[bytes] | None = None,
-    acknowledge: Callable[[list[str]], None] | None = None,
+    acknowledge: Callable[[list[str], PublishedInPart | None], None] | None = None,
+    line_numbers: Sequence[int] | None = None,
 ) -> list[str]:
     """Publish many requests as one group commit: one barrier for all their data, one sync
     per directory for all their names.  Returns the job names in input order.
 
     Every request is validated first; one invalid request refuses the whole batch (EINVAL
     listing each bad entry by its 1-based position) and nothing is written.  A crash during
-    the call may publish a prefix of the batch — the batch is durable, not atomic.
+    the call may publish a prefix of the batch — the batch is durable, not atomic.  So may a
+    refusal once the moves into ``pending/`` have begun (ENOSPC when ``pending/`` must grow
+    and the disk is full): :class:`PublishedInPart` names what was published and what was
+    not, by ``line_numbers`` (where each request came from; 1-based positions by default).
 
-    ``acknowledge(jobs)`` is called once the batch is durable, with Ctrl-C held from the
-    first move into ``pending/`` until it returns (:mod:`cortexfs.interrupts`): names that
-    were published are then always acknowledged.  The writing before, however long, stays
-    interruptible, and leaves nothing behind when interrupted.
+    ``acknowledge(jobs, None)`` is called once the batch is durable, with Ctrl-C held from
+    the first move into ``pending/`` until it returns (:mod:`cortexfs.interrupts`): names
+    that were published are then always acknowledged.  A batch published in part calls
+    ``acknowledge(published, error)``, held the same way, before ``error`` is raised.  The
+    writing before, however long, stays interruptible, and leaves nothing behind when
+    interrupted.
     """
     names = list(names) if names is not None else [None] * len(batch)
     if len(names) != len(batch):
@@ -175,6 +221,9 @@ def publish_batch(
     sources: list[bytes | None] = list(given) if given is not None else [None] * len(batch)
     if len(sources) != len(batch):
         raise invalid("publish_batch needs exactly one given source per request")
+    numbers = list(line_numbers) if line_numbers is not None else list(range(1, len(batch) + 1))
+    if len(numbers) != len(batch):
+        raise invalid("publish_batch needs exactly one line number per request")
     jobs = [job_name(n) if n is not None else new_job_name() for n in names]
     if len(set(jobs)) != len(jobs):
         raise invalid("the batch names the same job twice")
@@ -215,12 +264,15 @@ def publish_batch(
                     except FileExistsError:
                         raise _publish_in_progress(queue, job, temp, batch=True) from None
                     except OSError as exc:
-                        raise _refused_in(queue, exc, "publish", "inbox") from None
+                        raise queue.refusal("publish", "inbox", exc, *NOTHING_PUBLISHED) from None
                     temps.append(temp)
         for job in jobs:  # holding every staging name (see publish)
             refuse_known_job(queue, job)
         # One barrier makes every temp file's data durable (Q-7: data before names).
-        durable.sync_filesystem(ops, queue.inbox)
+        try:
+            durable.sync_filesystem(ops, queue.inbox)
+        except OSError as exc:
+            raise queue.refusal("publish", "inbox", exc, *NOTHING_PUBLISHED) from None
     except BaseException:
         _discard_temps(queue, temps)
         raise
@@ -237,38 +289,69 @@ def publish_batch(
             pending_changed(queue, before, moved)
             with contextlib.suppress(OSError):  # the error to report is the first one
                 _discard_temps(queue, [m.src for m in moves if m.dst not in moved])
-            if moved:
-                raise _published_unsynced(moved, exc, jobs) from None
-            raise
+            if not moved:
+                raise queue.refusal("publish", "pending", exc, *NOTHING_PUBLISHED) from None
+            unsynced = _published_unsynced(moved, exc, jobs, numbers)
+            if acknowledge is not None:
+                acknowledge(moved, unsynced)
+            raise unsynced from None
         failed = {job: o for job, o in zip(jobs, outcomes, strict=True) if o is not None}
         published = [job for job in jobs if job not in failed]
         pending_changed(queue, before, published)
         if failed:
             _discard_temps(queue, [m.src for m, o in zip(moves, outcomes, strict=True) if o])
-            raise _batch_refusal(queue, failed, published)
+            refusal = _batch_refusal(queue, jobs, numbers, failed)
+            if not published:
+                raise CtxError(refusal.errno, refusal.message)
+            if acknowledge is not None:
+                acknowledge(published, refusal)
+            raise refusal
         ops.step("publish_batch.done")
         if acknowledge is not None:
-            acknowledge(jobs)
+            acknowledge(jobs, None)
     return jobs
 
 
 def _batch_refusal(
-    queue: Queue, failed: Mapping[str, OSError], published: Sequence[str]
-) -> OSError | CtxError:
-    """EEXIST for names that appeared in pending/ meanwhile, else what refused the others."""
-    outcome = f"published: {', '.join(published) or 'none'}"
+    queue: Queue, jobs: Sequence[str], numbers: Sequence[int], failed: Mapping[str, OSError]
+) -> PublishedInPart:
+    """The error of a batch whose moves into ``pending/`` were refused for ``failed``: EEXIST
+    for names that appeared there meanwhile, else what refused the others (ENOSPC…), saying
+    which jobs were published, which requests were not, and how to publish only those."""
+    published = [job for job in jobs if job not in failed]
+    where = [number for job, number in zip(jobs, numbers, strict=True) if job in failed]
+    action, (outcome, again) = "publish", NOTHING_PUBLISHED
+    if published:
+        action = "publish the whole batch"
+        outcome = (
+            f"published: {', '.join(published)} (pending, to be claimed: do not publish them "
+            f"again); not published: {_line_ranges(where)}"
+        )
+        again = "publish those lines again, and only those"
     refused = [job for job, exc in failed.items() if not isinstance(exc, FileExistsError)]
     if refused:
-        cause = _refused_in(queue, failed[refused[0]], "publish", "pending")
-        reason = cause.message if isinstance(cause, CtxError) else cause.strerror
-        return CtxError(
-            cause.errno or errno.EIO,
-            f"{reason}; not published: {', '.join(refused)}; {outcome}",
-        )
-    return exists(
+        cause = queue.refusal(action, "pending", failed[refused[0]], outcome, again)
+        return PublishedInPart(cause.errno, cause.message, published, list(failed), where)
+    return PublishedInPart(
+        errno.EEXIST,
         f"{', '.join(failed)} appeared while the batch was being published and were left "
-        f"alone; {outcome}"
+        f"alone; {outcome}",
+        published,
+        list(failed),
+        where,
     )
+
+
+def _line_ranges(numbers: Sequence[int]) -> str:
+    """``lines 3-5, 9`` for [3, 4, 5, 9]: which lines of a batch, as short as it can be said."""
+    spans: list[list[int]] = []
+    for number in numbers:
+        if spans and number == spans[-1][1] + 1:
+            spans[-1][1] = number
+        else:
+            spans.append([number, number])
+    said = ", ".join(f"{a}-{b}" if a != b else str(a) for a, b in spans)
+    return f"line{'s' if len(numbers) > 1 else ''} {said}"
 
 
 def _moved_in(src_dir: int, src: str, dst_dir: int, dst: str) -> bool:
@@ -282,8 +365,11 @@ def _moved_in(src_dir: int, src: str, dst_dir: int, dst: str) -> bool:
 
 
 def _published_unsynced(
-    published: Sequence[str], exc: OSError, batch: Sequence[str] = ()
-) -> CtxError:
+    published: Sequence[str],
+    exc: OSError,
+    batch: Sequence[str] = (),
+    numbers: Sequence[int] = (),
+) -> PublishedInPart:
     """The error of a publish that failed after its no-replace move (a sync of pending/ or
     inbox/ reporting EIO): the job is pending and will run, so it must not be published
     again, as a bare EIO would invite (a retry under a made-up name runs it twice)."""
@@ -292,12 +378,20 @@ def _published_unsynced(
     are, them = ("is", "it") if one else ("are", "them")
     show = f"'ctx queue show {names}' shows it" if one else "'ctx queue show NAME' shows each"
     unpublished = [job for job in batch if job not in published]
-    rest = f"; not published: {', '.join(unpublished)}" if unpublished else ""
-    return CtxError(
+    where = [n for job, n in zip(batch, numbers, strict=True) if job not in published]
+    rest = (
+        f"; not published: {_line_ranges(where)}: publish those lines again, and only those"
+        if unpublished
+        else ""
+    )
+    return PublishedInPart(
         exc.errno or errno.EIO,
         f"{names} {are} in pending/ and will be claimed, but syncing the queue after the move "
         f"failed ({_cause(exc)}), so a crash may still lose {them}: do not publish {them} "
         f"again; {show}{rest}",
+        published,
+        unpublished,
+        where,
     )
 
 
@@ -305,18 +399,6 @@ def _cause(exc: OSError) -> str:
     """``EIO: Input/output error``: what the kernel reported, for a message."""
     name = errno.errorcode.get(exc.errno or 0, "EIO")
     return f"{name}: {exc.strerror or exc}"
-
-
-_REFUSALS = (errno.EACCES, errno.EPERM, errno.EROFS)
-
-
-def _refused_in(queue: Queue, exc: OSError, action: str, state: str) -> OSError | CtxError:
-    """What to raise for ``exc``, met while ``action`` wrote in ``state``: for a refusal of
-    the kernel, EACCES (or EROFS) saying who may write there and what to do; anything else
-    (ENOSPC, EIO…) as it is."""
-    if exc.errno in _REFUSALS:
-        return queue.not_writable(action, state, exc)
-    return exc
 
 
 def _publish_in_progress(queue: Queue, job: str, temp: str, *, batch: bool = False) -> CtxError:
@@ -429,14 +511,14 @@ def claim_job(
     except FileExistsError:
         return None
     except OSError as exc:
-        raise _refused_in(queue, exc, "claim", "claimed") from None
+        raise queue.refusal("claim", "claimed", exc, *_nothing_claimed(job)) from None
     try:
         claim_fd = queue.open_job_dir("claimed", job)
     except FileNotFoundError:
         return None  # recover took our empty claim directory for a crash's leftover: lost
     except OSError as exc:  # EMFILE…: J stays pending, claimable, with no claim evidence
         _abandon_claim_dir(queue, job)
-        raise _refused_in(queue, exc, "claim", "claimed") from None
+        raise queue.refusal("claim", "claimed", exc, *_nothing_claimed(job)) from None
     try:
         # Held until the lease is durable: recover must not mistake our half-done claim
         # (a request in claimed/J and no lease yet) for the leftovers of a crash.
@@ -459,7 +541,7 @@ def claim_job(
             durable.sync_dir(ops, queue.claimed)
         except OSError as exc:
             _abandon_claim_dir(queue, job)
-            raise _refused_in(queue, exc, "claim", "claimed") from None
+            raise queue.refusal("claim", "claimed", exc, *_nothing_claimed(job)) from None
         if lstat_at(queue.lease, job) is not None:
             # Lease evidence from an earlier crash: leave the whole job to recover.
             _abandon_claim_dir(queue, job)
@@ -485,7 +567,7 @@ def claim_job(
                     "recover --reconcile' returns it to pending",
                 ) from None
             _abandon_claim_dir(queue, job)
-            raise _refused_in(queue, exc, "claim", "pending") from None
+            raise queue.refusal("claim", "pending", exc, *_nothing_claimed(job)) from None
         pending_changed(queue, before)  # ours: the order need not list pending/ for it
         refusal: OSError | CtxError | None = None
         try:
@@ -501,7 +583,7 @@ def claim_job(
             try:
                 _write_lease(queue, job, lease)
             except OSError as exc:
-                refusal = _refused_in(queue, exc, "claim", "lease")
+                refusal = queue.refusal("claim", "lease", exc, *_nothing_claimed(job))
             except CtxError as exc:
                 if exc.errno == errno.EEXIST:
                     raise  # a lease/J not ours: nothing here may remove it; recover decides
@@ -538,7 +620,7 @@ def _write_lease(queue: Queue, job: str, lease: Lease) -> None:
     try:
         durable.write_file_synced(ops, queue.inbox, temp, lease.encode(), group=queue.file_group)
     except OSError as exc:
-        raise _refused_in(queue, exc, "claim", "inbox") from None
+        raise queue.refusal("claim", "inbox", exc, *_nothing_claimed(job)) from None
     try:
         ops.step("lease.mkdir")
         if not durable.make_dir_synced(ops, queue.lease, job, 0o775):
@@ -637,7 +719,12 @@ def renew(queue: Queue, job: str, callers: Sequence[Holder], ttl: float | None =
         renewed = current.renewed(ttl)
         ops = queue.ops
         temp = queue.temp_name(job, "renew")
-        lease_fd = queue.open_job_dir("lease", job)
+        expires = current.to_json()["expires_at"]
+        outcome = (f"the lease on {job} is unchanged (it expires at {expires})", "renew it again")
+        try:
+            lease_fd = queue.open_job_dir("lease", job)
+        except OSError as exc:
+            raise queue.refusal("renew a lease", f"lease/{job}", exc, *outcome) from None
         try:
             ops.step("renew.write")
             try:
@@ -645,13 +732,20 @@ def renew(queue: Queue, job: str, callers: Sequence[Holder], ttl: float | None =
                     ops, queue.inbox, temp, renewed.encode(), group=queue.file_group
                 )
             except OSError as exc:
-                raise _refused_in(queue, exc, "renew a lease", "inbox") from None
+                raise queue.refusal("renew a lease", "inbox", exc, *outcome) from None
             ops.step("renew.replace")
             try:
                 durable.replace_synced(ops, queue.inbox, temp, lease_fd, LEASE_FILE)
             except OSError as exc:
-                _discard_temp(queue, temp)
-                raise _refused_in(queue, exc, "renew a lease", f"lease/{job}") from None
+                if lstat_at(queue.inbox, temp) is None:  # replaced; a sync after it failed
+                    outcome = (
+                        f"the lease on {job} was renewed until {renewed.to_json()['expires_at']}"
+                        f", but a crash may still bring back the old one (expiring at {expires})",
+                        "renew it again",
+                    )
+                else:
+                    _discard_temp(queue, temp)
+                raise queue.refusal("renew a lease", f"lease/{job}", exc, *outcome) from None
         finally:
             ops.close(lease_fd)
         return renewed
@@ -768,12 +862,18 @@ def finish(
         data = requests.encode_result(result, limit)
         # Every directory the finish changes, before the result is written: refused after
         # the result moved in, the request would stay claimed beside it (Q-6).
-        queue.require_writable(
-            "finish", ("inbox", state, "claimed", f"claimed/{job}", "lease", f"lease/{job}")
-        )
+        try:
+            queue.require_writable(
+                "finish", ("inbox", state, "claimed", f"claimed/{job}", "lease", f"lease/{job}")
+            )
+        except CtxError as exc:
+            raise CtxError(exc.errno, f"{exc.message}; {_still_claimed(job)[0]}") from None
         temp = queue.temp_name(job, "result")
         ops.step("finish.write")
-        durable.write_file_synced(ops, queue.inbox, temp, data, group=queue.file_group)
+        try:
+            durable.write_file_synced(ops, queue.inbox, temp, data, group=queue.file_group)
+        except OSError as exc:
+            raise queue.refusal("finish", "inbox", exc, *_still_claimed(job)) from None
         ops.step("finish.result")
         try:
             durable.move_noreplace(ops, queue.inbox, temp, terminal, job + RESULT_SUFFIX)
@@ -784,7 +884,7 @@ def finish(
             if _moved_in(queue.inbox, temp, terminal, job + RESULT_SUFFIX):
                 raise _finish_cut_short(queue, job, lease, exc) from None
             _discard_temp(queue, temp)
-            raise _refused_in(queue, exc, "finish", state) from None
+            raise queue.refusal("finish", state, exc, *_still_claimed(job)) from None
         _move_request_and_clean_up(queue, job, lease, claim_fd, terminal)
         return result
 
@@ -927,6 +1027,16 @@ def _not_claimed(queue: Queue, job: str, doing: str = "finishing it") -> CtxErro
     if lstat_at(queue.pending, job) is not None:
         return not_found(f"job {job} is pending, not claimed; claim it before {doing}")
     return not_found(f"job {job} is not claimed")
+
+
+def _nothing_claimed(job: str) -> tuple[str, str]:
+    """What a claim of J refused midway did (:meth:`Queue.refusal`): it was undone."""
+    return f"nothing was claimed (job {job} stays pending)", "claim again"
+
+
+def _still_claimed(job: str) -> tuple[str, str]:
+    """What a finish of J refused before its result was in place did: nothing."""
+    return f"job {job} stays claimed and no result of it was written", "finish it again"
 
 
 def _finish_cut_short(queue: Queue, job: str, lease: Lease | CtxError, exc: OSError) -> CtxError:

@@ -14,7 +14,7 @@ import json
 import os
 import stat
 from collections.abc import Iterator, Mapping
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, NamedTuple
 
 from cortexfs import jsontext
 from cortexfs.errors import CtxError, invalid, too_big
@@ -224,15 +224,25 @@ def _size_of(stream: BinaryIO, limit: int) -> str:
     return f"more than {limit}"
 
 
-def parse_batch(stream: BinaryIO, limit: int) -> tuple[list[dict[str, Any]], list[bytes]]:
-    """The requests of a JSON Lines batch and the line each came from (without its line end).
+class Batch(NamedTuple):
+    """The requests of a JSON Lines batch, the line each came from (its bytes, without the
+    line end) and that line's number in the input (1-based, as errors name it)."""
+
+    requests: list[dict[str, Any]]
+    lines: list[bytes]
+    numbers: list[int]
+
+
+def parse_batch(stream: BinaryIO, limit: int) -> Batch:
+    """The requests of a JSON Lines batch, with their lines and line numbers.
 
     Every line is held to ``limit`` (max_request_bytes); blank lines are skipped; lines are
     numbered as ``bytes.splitlines`` splits them.  EINVAL listing every bad line, and nothing
     returned, when one is bad.  A line that grows past the limit ends the reading: the rest
     of the source is never read or held, whatever its size.
     """
-    requests, lines, problems = [], [], []
+    batch = Batch([], [], [])
+    problems = []
     for lineno, line in _lines_within(stream, limit):
         if line is None:
             problems.append(
@@ -242,15 +252,16 @@ def parse_batch(stream: BinaryIO, limit: int) -> tuple[list[dict[str, Any]], lis
         if not line.strip():
             continue
         try:
-            requests.append(parse_request_bytes(line, limit, f"line {lineno}"))
-            lines.append(line)
+            batch.requests.append(parse_request_bytes(line, limit, f"line {lineno}"))
+            batch.lines.append(line)
+            batch.numbers.append(lineno)
         except CtxError as exc:
             problems.append(exc.message)
     if problems:
         raise invalid("batch refused, nothing published: " + "; ".join(problems))
-    if not requests:
+    if not batch.requests:
         raise invalid("the batch holds no requests")
-    return requests, lines
+    return batch
 
 
 def _lines_within(stream: BinaryIO, limit: int) -> Iterator[tuple[int, bytes | None]]:

@@ -54,6 +54,7 @@ def test_a_publish_whose_move_cannot_be_synced_says_not_to_publish_again(
         "again"
     )
     assert listing(queue_dir, "pending") == ["b.req.json"]
+    assert failed.value.to_json()["published"] == ["b.req.json"]  # printed as a publish prints
 
 
 def test_a_batch_whose_moves_cannot_be_synced_names_what_it_published(queue_dir: Path) -> None:
@@ -65,6 +66,8 @@ def test_a_batch_whose_moves_cannot_be_synced_names_what_it_published(queue_dir:
     assert failed.value.message.startswith("c.req.json, d.req.json are in pending/")
     assert "do not publish them again" in failed.value.message
     assert listing(queue_dir, "pending") == ["c.req.json", "d.req.json"]
+    assert failed.value.to_json()["published"] == ["c.req.json", "d.req.json"]
+    assert failed.value.to_json()["not_published"] == []
 
 
 def test_a_claim_whose_move_cannot_be_synced_says_what_returns_the_job(
