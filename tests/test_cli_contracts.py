@@ -250,7 +250,10 @@ def _in_1_gib() -> None:
 @pytest.mark.parametrize(
     ("args", "said"),
     [
-        (("agent", "create", "-"), "ctx: EINVAL: <stdin>: a request is at most 262144 bytes\n"),
+        (
+            ("agent", "create", "-"),
+            "ctx: EFBIG: <stdin>: a request is at most 262144 bytes; nothing was created\n",
+        ),
         (
             ("run", "--agent", "a", "--native", "fs.read"),
             "ctx: EFBIG: standard input holds more than 16777216 bytes, more than a tool's "
