@@ -184,7 +184,8 @@ def explain(
         2 mode bits          Linux owner/group/other bits of the object
         3 mount visibility   the object lies under one of the agent's mounts
         4 agent label        the agent's subject type; its controls are host-owned
-        5 object policy      agent/AGENT.d/policy allows the rule
+        5 object policy      agent/AGENT.d/policy allows the rule, and grants a
+                             mount the object is seen through (mount:NAME read)
         6 tool/model policy  the tool's or model's own policy allows it too
     The first denial decides.  Exit 0 when allowed, 1 when denied, 2 for a malformed request.
 

@@ -44,6 +44,7 @@ import errno
 import functools
 import os
 import stat
+from collections import Counter
 from collections.abc import Callable, Sequence
 from enum import IntEnum, StrEnum
 from pathlib import Path, PurePosixPath
@@ -550,20 +551,37 @@ class _Evaluation:
         a mount it is seen through (``mount:<name> read``, and ``write`` to write through
         one), as the view its tools get shows only such mounts (T-5): one answer to whether
         the agent sees it."""
-        host_path = PurePosixPath(self.root, self.site.path) if self.site else None
-        views = views_of(self.facts.visible_mounts, host_path) if host_path else []
-        if self.access & WRITE:
+        assert self.site is not None
+        host_path = PurePosixPath(self.root, self.site.path)
+        writes = bool(self.access & WRITE)
+        views = views_of(self.facts.visible_mounts, host_path)
+        if writes:
             views = [view for view in views if self.facts.writes_through(view)]
         if views:
             return f"its mount {views[0].mount.name!r} is granted"
-        shown = sorted({view.mount.name for view in views_of(self.mounts, host_path)})
-        needed = "read and write" if self.access & WRITE else "read"
+        # The mounts step 3 found it through (writably, to write): what each lacks.
+        found = views_of(self.mounts, host_path)
+        if writes:
+            found = [view for view in found if self.facts.writes_through(view)]
+        names = Counter(mount.name for mount in self.mounts)
+        policy = self.facts.policy(controls.control_path(self.agent, "policy"))
+        lacking = []
+        for mount in dict.fromkeys(view.mount for view in found):
+            if names[mount.name] > 1:
+                lacking.append(
+                    f"{names[mount.name]} mounts are named {mount.name!r}, so no rule "
+                    "can say which it grants"
+                )
+                continue
+            needed = ["read", "write"] if writes and mount.source != self.root else ["read"]
+            rules = [Rule(self._label, "mount", mount.name, perm) for perm in needed]
+            lacking += [f"'{rule}'" for rule in rules if rule not in policy]
+        how = "writably " if writes else ""
         raise denied(
-            f"{self.site.path} is seen only through mount {', '.join(shown)}, and "
-            f"{controls.control_path(self.agent, 'policy')} grants none of them "
-            f"(add 'allow {self._label} mount:{shown[0]} read'"
-            + (" and '… write'" if self.access & WRITE else "")
-            + f" to let the agent {needed} through it)"
+            f"{self.site.path} is seen {how}only through mount "
+            f"{', '.join(sorted({view.mount.name for view in found}))}, which "
+            f"{controls.control_path(self.agent, 'policy')} does not grant: it lacks "
+            + "; ".join(lacking)
         )
 
     def own_policy(self) -> _StepOutcome:

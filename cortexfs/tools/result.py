@@ -26,7 +26,7 @@ class ToolError(NamedTuple):
     """Why a call failed: an errno, the stage that stopped it and a sentence.
 
     The stages, in the order a call goes through them: ``caller``, ``agent``, ``session``,
-    ``resolve``, ``schema``, ``authorize``, ``hook``, ``output`` (native mode: the caller could
+    ``resolve``, ``authorize``, ``schema``, ``hook``, ``output`` (native mode: the caller could
     not take the ``call`` frame, so the tool was killed before it was given its input),
     ``run``, ``exit``, and ``record``
     for a call whose result could not be recorded (docs/tools.md).

@@ -270,7 +270,9 @@ def test_writing_through_a_mount_needs_its_write_grant(
     write(coder / "policy", rules)
     request = AuthorityRequest(root, "coder", "shared", "project-a", "write")
     decision = check_authority(request)
-    assert_denied_at(decision, Step.OBJECT_POLICY, errno.EACCES, "mount:spaces read' and")
+    lacks = "seen writably only through mount spaces, which agent/coder.d/policy does not grant"
+    assert_denied_at(decision, Step.OBJECT_POLICY, errno.EACCES, lacks)
+    assert decision.reason.endswith("it lacks 'allow coder_t mount:spaces write'")
     write(coder / "policy", rules + "allow coder_t mount:spaces write\n")
     assert check_authority(request).allowed, check_authority(request).reason
 
