@@ -37,9 +37,9 @@ from cortexfs.cli.exits import (  # noqa: F401  (re-exported: every command take
     usage_problem,
 )
 from cortexfs.cli.params import NonEmptyPath
-from cortexfs.cli.printable import printable
 from cortexfs.errors import CtxError
 from cortexfs.names import check_object_name
+from cortexfs.printable import printable
 from cortexfs.standard_streams import OutputError, discard_output
 
 F = TypeVar("F", bound=Callable[..., Any])

@@ -12,8 +12,8 @@ import json
 import sys
 from typing import NoReturn
 
-from cortexfs.cli.printable import printable
 from cortexfs.errors import CtxError
+from cortexfs.printable import printable
 from cortexfs.standard_streams import discard_output
 
 EXIT_OK = 0

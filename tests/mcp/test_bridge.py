@@ -123,6 +123,22 @@ def test_help_in_terminal_mode_describes_the_tool_and_starts_no_server(
     assert '"input": "hello"' in word.stdout or "hello" in word.stdout, word.stderr
 
 
+def test_help_shows_what_a_server_wrote_escaped(world: World) -> None:
+    """The description is the server's text: an escape sequence or a bidirectional override
+    in it reaches the terminal only as its escape, as ``ctx session show`` shows such text."""
+    hostile = tool("echo")
+    hostile["description"] = "harmless\x1b]0;owned\x07\x1b[2J\u202egnp.exe\u202c tool"
+    install_projected(world, serve(world, tools=[hostile]), "/mcp/mcp.json", "fake.echo")
+    coder(world, ["fake.echo"])
+    run = ["--storage", str(world.root), "run", "--agent", "coder", "fake.echo", "--help"]
+
+    helped = subprocess.run([*CTX, *run], capture_output=True, stdin=subprocess.DEVNULL)
+
+    assert helped.returncode == 0, helped.stderr
+    assert b"\x1b" not in helped.stdout and "\u202e".encode() not in helped.stdout
+    assert helped.stdout.startswith(b"harmless\\x1b]0;owned\\x07\\x1b[2J\\u202egnp.exe")
+
+
 def test_the_tool_is_refused_without_the_agents_grant(echo: World) -> None:
     echo.agent("other", tools=[])
 

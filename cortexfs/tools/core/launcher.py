@@ -56,6 +56,7 @@ BUNDLED = (
     "cortexfs/jsontext.py",
     "cortexfs/keyvalue.py",
     "cortexfs/libc.py",
+    "cortexfs/printable.py",
     "cortexfs/mcp/__init__.py",
     "cortexfs/mcp/client.py",
     "cortexfs/mcp/config.py",

@@ -44,6 +44,7 @@ from cortexfs import jsontext
 from cortexfs.errors import HOST_SHORTAGES, CtxError
 from cortexfs.mcp.client import StdioClient
 from cortexfs.mcp.config import MAX_CONFIG_BYTES, ServerSpec, parse_server
+from cortexfs.printable import printable
 from cortexfs.regular_file import MAX_CONTROL_BYTES, read_regular_file
 from cortexfs.strict_modes import loose_entry
 from cortexfs.tools import schema_subset
@@ -211,9 +212,11 @@ def _server(locator: dict[str, str], tool_owner: int) -> ServerSpec:
 
 
 def describe(executable: str) -> Reply:
-    """The tool's ``description`` and ``schema`` controls, for a person asking for help."""
+    """The tool's ``description`` and ``schema`` controls, for a person asking for help: the
+    server wrote both, so what is not printable is shown escaped, never sent to the terminal."""
     _, description = _json_control(executable, "description", "description", bytes.decode)
-    schema = json.dumps(read_schema(executable), indent=2, ensure_ascii=False)
+    description = "\n".join(printable(line) for line in description.splitlines())
+    schema = json.dumps(read_schema(executable), indent=2)  # ASCII: JSON escapes the rest
     text = f"{description.rstrip()}\n\ninput (a JSON object) as its schema states it:\n{schema}\n"
     return Reply({}, text=text.encode())
 

@@ -1,6 +1,7 @@
 """Text others control, made safe to show on a terminal (:func:`printable`).
 
-Without click: ``ctx run`` (which starts without it) reports with it too."""
+Nothing but the standard library: ``ctx run`` (which starts without click) reports with it,
+and so do programs built into the storage root (:mod:`cortexfs.tools.core.launcher`)."""
 
 from __future__ import annotations
 
