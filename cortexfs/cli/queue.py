@@ -49,7 +49,7 @@ from cortexfs.queue.requests import (
     parse_request_bytes,
     read_at_most,
 )
-from cortexfs.standard_streams import closed_at_start
+from cortexfs.standard_streams import OutputError, closed_at_start, discard_output
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -320,7 +320,8 @@ def publish(
     A publish that fails once jobs are in pending/ (a full disk that stops a batch midway)
     still prints the name of each job published (with --json: the error object's
     "published" list), then exits 1 naming the lines not published ("not_published_lines"):
-    publish only those again.
+    publish only those again.  So it does when stdout refuses the names (a full disk, a
+    reader that left): the error on stderr then lists every job published.
     """
     if source is None:
         raise click.UsageError("give a request FILE, or - to read it from stdin")
@@ -381,12 +382,28 @@ def _published_in_part(refusal: protocol.PublishedInPart, as_json: bool) -> NoRe
     its own on stdout; with --json, in the error object's ``published`` — and the error says
     which requests were not published.  Rendered here, while Ctrl-C is held, not after: a
     Ctrl-C would otherwise end the command without naming them, and a retry of the whole
-    batch would publish them twice."""
-    changed(f"{', '.join(refusal.published)} published and pending (do not publish again)")
+    batch would publish them twice.
+
+    The error always reaches stderr, and the exit status is always the refusal's (1), even
+    when stdout refuses the names (``> /dev/full``, a file on the disk that stopped the batch,
+    a reader that left): ending as an output failure (74, or 141 without a word) would read as
+    a whole batch published, and the lines not published would never be published."""
+    changed(refusal.outcome())
     if not as_json:
-        for job in refusal.published:
-            click.echo(job)
-        sys.stdout.flush()  # the names before the error line, as a reader of both sees them
+        try:
+            for job in refusal.published:
+                click.echo(job)
+            sys.stdout.flush()  # the names before the error line, as a reader of both sees them
+        except (OutputError, BrokenPipeError) as lost:
+            discard_output(sys.stdout)
+            refusal = protocol.PublishedInPart(
+                refusal.errno,
+                f"{refusal.message}; standard output refused the names published "
+                f"({lost.strerror or lost}): this message is their one whole list",
+                refusal.published,
+                refusal.not_published,
+                refusal.not_published_at,
+            )
     fail(refusal, as_json=as_json)
 
 

@@ -176,6 +176,18 @@ class PublishedInPart(CtxError):
         self.not_published = list(not_published)
         self.not_published_at = list(not_published_at)
 
+    def outcome(self) -> str:
+        """What the publish did and did not do, in words that say what to do again and what
+        not: ``J1, J2 published and pending (do not publish again); lines 3-8 not published
+        (publish those lines again, and only those)``."""
+        said = f"{', '.join(self.published)} published and pending (do not publish again)"
+        if self.not_published_at:
+            said += (
+                f"; {_line_ranges(self.not_published_at)} not published (publish those lines "
+                "again, and only those)"
+            )
+        return said
+
     def to_json(self) -> dict[str, object]:
         return {
             **super().to_json(),

@@ -11,6 +11,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -153,6 +154,75 @@ def test_a_batch_cut_short_gives_its_lists_in_the_json_error(root: Path, small_e
         ctx(root, "queue", "publish", "--queue", str(queue), "--batch", "-", stdin=rest).returncode
         == 0
     )
+    assert published_inputs(queue) == list(range(30))
+
+
+@contextlib.contextmanager
+def standard_output(kind: str, disk: Path) -> Iterator[int]:
+    """A standard output that refuses what is written: ``/dev/full``, a file on the disk the
+    batch filled, or a pipe whose reader has already left."""
+    if kind == "pipe":
+        reader, writer = os.pipe()
+        os.close(reader)
+        try:
+            yield writer
+        finally:
+            os.close(writer)
+        return
+    path = "/dev/full" if kind == "/dev/full" else disk / "names.txt"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("output", ["/dev/full", "file on the full disk", "pipe"])
+@pytest.mark.parametrize("as_json", [False, True], ids=["text", "json"])
+def test_a_batch_cut_short_says_what_it_did_not_publish_even_when_stdout_fails(
+    root: Path, small_ext4: Path, output: str, as_json: bool
+) -> None:
+    """The names refused by stdout, the error still names the jobs published and the lines
+    not, on stderr, and exits 1 (refused in part): not 74 or 141, which a whole batch whose
+    output failed also gives, and after which the lines not published would be lost."""
+    queue = pending_full_after_a_few(root, small_ext4)
+    before = set(tree(queue)["pending"])
+    batch = small_ext4.parent / "batch.jsonl"
+    batch.write_text("".join(request(n) + "\n" for n in range(10, 30)))
+    command = [sys.executable, "-m", "cortexfs", "queue", "publish", "--queue", str(queue)]
+    command += ["--batch", *(["--json"] if as_json else []), str(batch)]
+
+    with standard_output(output, small_ext4) as stdout:
+        cut = subprocess.run(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=stdout,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "CTX_STORAGE": str(root)},
+            timeout=60,
+        )
+
+    assert cut.returncode == 1, cut.stderr
+    published = sorted(set(tree(queue)["pending"]) - before)
+    assert 0 < len(published) < 20  # published in part: the point of the test
+    first_left = len(published) + 1
+    assert cut.stderr.count("\n") == 1 and cut.stderr.startswith(
+        f"ctx: ENOSPC: cannot publish the whole batch in queue {queue}: "
+    ), cut.stderr
+    named = cut.stderr.split("; published: ")[1].split(" (pending, to be claimed")[0]
+    assert sorted(named.split(", ")) == published
+    assert (
+        f"; not published: lines {first_left}-20: free space on that filesystem, then publish "
+        "those lines again, and only those" in cut.stderr
+    ), cut.stderr
+    if not as_json:
+        assert cut.stderr.endswith("this message is their one whole list\n"), cut.stderr
+
+    (small_ext4 / "fill").unlink()
+    rest = "".join(batch.read_text().splitlines(keepends=True)[first_left - 1 :])
+    again = ctx(root, "queue", "publish", "--queue", str(queue), "--batch", "-", stdin=rest)
+    assert again.returncode == 0, again
     assert published_inputs(queue) == list(range(30))
 
 
