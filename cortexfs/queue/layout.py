@@ -32,6 +32,17 @@ TEMP_SUFFIX = ".tmp"
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
+class Refusal(CtxError):
+    """A step of a transition the kernel refused, in the words of :meth:`Queue.refusal`.
+    ``without_retry`` is its message up to the remedy, without the command line's last step
+    (``…, then finish it again``): a caller that goes on otherwise (a worker leaving a job it
+    could not finish to recover) says its own next step instead of that one."""
+
+    def __init__(self, code: int, message: str, without_retry: str) -> None:
+        super().__init__(code, message)
+        self.without_retry = without_retry
+
+
 @dataclass(frozen=True)
 class QueueConfig:
     """``queue/config``: a key=value data file (blank lines and ``#`` comments allowed)."""
@@ -249,7 +260,7 @@ class Queue:
             if not os.access(name, os.W_OK | os.X_OK, dir_fd=parent, effective_ids=True):
                 require_writable(self.path / place, f"{action} in queue {self.path}")
 
-    def refusal(self, action: str, state: str, refused: OSError, done: str, again: str) -> CtxError:
+    def refusal(self, action: str, state: str, refused: OSError, done: str, again: str) -> Refusal:
         """The error for ``action`` refused by the kernel (``refused``) in the directory
         ``state`` (``inbox``, ``lease/J``…): it names that directory, says what the command did
         and did not do (``done``: ``nothing was published``) and what to do before ``again``
@@ -262,13 +273,14 @@ class Queue:
             try:
                 require_writable(where, f"{action} in queue {self.path}")
             except CtxError as exc:
-                return CtxError(exc.errno, f"{exc.message}; {done}")
+                said = f"{exc.message}; {done}"
+                return Refusal(exc.errno, said, said)
         shortage, fix = self._what_ran_short(refused.errno)
-        return CtxError(
-            refused.errno or errno.EIO,
+        cause = (
             f"cannot {action} in queue {self.path}: {where} refused: {refused.strerror}"
-            f"{shortage}; {done}: {fix}, then {again}",
+            f"{shortage}; {done}: {fix}"
         )
+        return Refusal(refused.errno or errno.EIO, f"{cause}, then {again}", cause)
 
     def _what_ran_short(self, code: int | None) -> tuple[str, str]:
         """`` (what ran short)`` for a refusal's message, and what to do about it."""

@@ -31,6 +31,7 @@ from cortexfs.errors import HOST_SHORTAGES, CtxError, describe
 from cortexfs.queue import Claim, Holder, Queue, claim, finish, renew
 from cortexfs.queue.claim_order import HintedClaimOrder
 from cortexfs.queue.holder import check_worker_ttl
+from cortexfs.queue.layout import Refusal
 from cortexfs.tools.result import ToolError
 from cortexfs.worker.inotify import PendingWatch, Wakeup
 
@@ -389,10 +390,17 @@ class Worker:
                 )
             else:
                 # Recording the outcome failed (ENOSPC, EROFS, EIO…): the next job's would too.
+                # The refusal's own last step ("then finish it again") is the command line's:
+                # a finish by hand would record an outcome this worker never gave.
+                cause = (
+                    f"{exc.code_name}: {exc.without_retry}"
+                    if isinstance(exc, Refusal)
+                    else describe(exc)
+                )
                 reason = (
-                    f"ran, but could not be finished: {describe(exc)}; it is left as it is, "
-                    "and 'ctx queue recover --reconcile' completes it (when its result is in "
-                    "place) or requeues it to run again, once this worker has exited"
+                    f"ran, but could not be finished: {cause}; it is left as it is, and 'ctx "
+                    "queue recover --reconcile' completes it (when its result is in place) or "
+                    "requeues it to run again, once this worker has exited"
                 )
                 self._fail(CtxError(exc.errno or errno.EIO, f"job {won.job} {reason}"))
             self.executor.record("queue.lost", won.job, "error", reason=reason)
