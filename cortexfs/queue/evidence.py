@@ -118,8 +118,9 @@ def unreadable_lease(reason: str) -> Assessment:
     can tell whether its holder runs (Q-6).  ``status`` and ``recover`` both say so."""
     return Assessment(
         "conflict",
-        f"claimed, but {reason}; nobody can tell whether its holder is alive: repair or "
-        "remove the lease by hand",
+        f"claimed, but {reason}; nobody can tell whether its holder is alive: repair the "
+        "lease by hand, never remove it (a claim without a lease counts as never run, and is "
+        "requeued to run again)",
     )
 
 

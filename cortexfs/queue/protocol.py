@@ -723,7 +723,12 @@ def renew(queue: Queue, job: str, callers: Sequence[Holder], ttl: float | None =
     if ttl is not None:
         ttl = check_ttl(ttl)
     with _locked_claim(queue, job, _no_lease_to_renew):
-        current = read_lease(queue, job)
+        try:
+            current = read_lease(queue, job)
+        except CtxError as exc:
+            if exc.errno == errno.ENOENT:
+                raise
+            raise _not_a_lease(job, exc, "renew") from None
         _refuse_other_holder(job, current, callers, "renews its lease")
         if ttl is None:
             usable = 0 < current.period <= MAX_LEASE_TTL
@@ -761,6 +766,24 @@ def renew(queue: Queue, job: str, callers: Sequence[Holder], ttl: float | None =
         finally:
             ops.close(lease_fd)
         return renewed
+
+
+def _not_a_lease(job: str, lease: CtxError, verb: str) -> CtxError:
+    """The error of ``verb`` (finish, renew) finding in ``lease/J/worker`` what is not a lease
+    (``lease``: why not), a conflict for a person (Q-6).  It is to be repaired, never removed:
+    a claim without a lease is one that never ran (Q-3), which finish refuses as such and
+    recover --reconcile sends back to pending, when J may well have run."""
+    lease_file = f"lease/{job}/{LEASE_FILE}"
+    return CtxError(
+        lease.errno,
+        f"job {job}'s {lease_file} is not a lease ({lease.message}), a conflict that {verb} "
+        f"never resolves; nothing was changed.  Repair it by hand, and do not remove it "
+        f"(without a lease, {job} counts as never run and is requeued to run again): check "
+        f"which worker holds {job} and whether it still runs (its log, the file's own "
+        f"fields), make {lease_file} a regular file whose JSON names that holder again, then "
+        f"{verb} again; until then 'ctx queue recover --reconcile' reports {job} as a "
+        "conflict and leaves it alone",
+    )
 
 
 def _no_lease_to_renew(queue: Queue, job: str) -> CtxError:
@@ -854,12 +877,7 @@ def finish(
             # A symlink, FIFO or unreadable file where the lease belongs is a conflict
             # (status reports it): removing it with the claim would resolve it behind the
             # operator's back (Q-6), and the holder it should name is unknown (Q-8).
-            raise CtxError(
-                lease.errno,
-                f"job {job}'s lease/{job}/{LEASE_FILE} is not a lease ({lease.message}), a "
-                "conflict that finish never resolves; nothing was changed.  If no worker runs "
-                f"{job}, remove lease/{job}/{LEASE_FILE} by hand and finish again",
-            )
+            raise _not_a_lease(job, lease, "finish")
         started = lease.claimed_at if started is None else started
         worker = lease.holder.summary() if worker is None else worker
         result: dict[str, Any] = {

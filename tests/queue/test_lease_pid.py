@@ -84,3 +84,36 @@ def test_recover_reports_the_lease_as_a_conflict_and_recovers_every_other_job(
         assert report["requeued"] == []
         assert [c["job"] for c in report["conflicts"]] == [forged]
     assert (queue_dir / "lease" / forged / "worker").exists()  # left for a human to repair
+
+
+def test_renew_and_finish_name_the_forged_lease_and_say_to_repair_it_not_remove_it(
+    queue: Queue, queue_dir: Path, root: Path, me: Holder
+) -> None:
+    """Removing the lease, as finish once advised, makes J a claim that never ran: finish
+    then refuses it as such and recover --reconcile requeues it, when it may well have run.
+    Repaired, the lease lets J be finished once."""
+    job = claimed(queue, me, "forged")
+    with_pid(queue_dir, job, 0)
+    lease = f"lease/{job}/worker"
+    not_a_lease = f"ctx: EINVAL: job {job}'s {lease} is not a lease (lease has no valid field 'pid'"
+
+    renewed = ctx(root, "queue", "renew", "--project", PROJECT, job, "--pid", str(me.pid))
+    finished = ctx(root, "queue", "finish", "--project", PROJECT, job, "--ok", "-", stdin="{}")
+
+    for verb, refused in (("renew", renewed), ("finish", finished)):
+        assert refused.returncode == 1, refused
+        assert refused.stderr.startswith(not_a_lease), refused.stderr
+        assert f"a conflict that {verb} never resolves; nothing was changed." in refused.stderr
+        assert "Repair it by hand, and do not remove it" in refused.stderr
+        assert f"then {verb} again; until then 'ctx queue recover --reconcile' reports" in (
+            refused.stderr
+        )
+    assert (queue_dir / lease).is_file() and (queue_dir / "claimed" / job / job).is_file()
+
+    # As told: the lease names its holder again; J is then finished, and nothing requeues it.
+    with_pid(queue_dir, job, me.pid)
+    again = ctx(root, "queue", "finish", "--project", PROJECT, job, "--ok", "-", stdin="{}")
+    assert again.returncode == 0, again
+    assert assess(evidence_of(queue, job)).state == "done"
+    settled = ctx(root, "queue", "recover", "--project", PROJECT, "--reconcile", "--json")
+    assert settled.returncode == 0 and json.loads(settled.stdout)["requeued"] == [], settled
