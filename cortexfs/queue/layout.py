@@ -290,7 +290,13 @@ class Queue:
             except OSError:
                 return "", "free space on its filesystem"
             room = f"{free.f_bavail * free.f_frsize} bytes and {free.f_favail} inodes free"
-            return f" (its filesystem has {room})", "free space on that filesystem"
+            # A filesystem without an inode table of fixed size (btrfs, tmpfs unlimited)
+            # reports 0 inodes in all: then only bytes can have run out.
+            if free.f_files and not free.f_favail and free.f_bavail:
+                fix = "free inodes on that filesystem (remove files there: bytes are left)"
+            else:
+                fix = "free space on that filesystem"
+            return f" (its filesystem has {room})", fix
         if code == errno.EDQUOT:
             return (
                 f" (uid {os.geteuid()} has used up its disk quota there)",

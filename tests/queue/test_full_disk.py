@@ -279,3 +279,56 @@ def test_every_transition_refused_by_a_full_disk_names_the_directory_and_what_wa
         assert refused.stderr.startswith(f"ctx: ENOSPC: cannot {args[0]}"), refused.stderr
         assert refused_in in refused.stderr and refused.stderr.endswith(f"{outcome}\n"), refused
         assert tree(queue) == before
+
+
+def fill_inodes(disk: Path) -> None:
+    """Empty files until the filesystem has no inode left (and bytes to spare)."""
+    (disk / "fill").mkdir()
+    number = 0
+    with contextlib.suppress(OSError):
+        while True:
+            (disk / "fill" / str(number)).touch()
+            number += 1
+    assert os.statvfs(disk).f_favail == 0 and os.statvfs(disk).f_bavail > 0
+
+
+def test_a_disk_out_of_inodes_but_not_bytes_is_told_to_free_inodes(
+    root: Path, traversable_tmp: Path
+) -> None:
+    """Told to free space, a user would delete big files, which frees no inode."""
+    with small_tmpfs(traversable_tmp / "disk", "8m,nr_inodes=200") as disk:
+        queue = disk / "queue"
+        assert ctx(root, "queue", "init", "--queue", str(queue)).returncode == 0
+        for n in range(2):
+            assert ctx(
+                root, "queue", "publish", "--queue", str(queue), "-", stdin=request(n)
+            ).stdout
+        holder = subprocess.Popen(["sleep", "600"])
+        try:
+            claimed = ctx(root, "queue", "claim", "--queue", str(queue), "--pid", str(holder.pid))
+            assert claimed.returncode == 0, claimed
+            job = claimed.stdout.strip()
+            fill_inodes(disk)
+            before = tree(queue)
+            for args in (
+                ("publish", "-"),
+                ("publish", "--batch", "-"),
+                ("claim",),
+                ("renew", job, "--pid", str(holder.pid)),
+                ("finish", job, "--ok", "-"),
+            ):
+                refused = ctx(
+                    root, "queue", *args[:1], "--queue", str(queue), *args[1:], stdin=request(9)
+                )
+
+                assert refused.returncode == 1 and refused.stdout == "", refused
+                assert refused.stderr.startswith(f"ctx: ENOSPC: cannot {args[0]}"), refused
+                assert "bytes and 0 inodes free); " in refused.stderr, refused.stderr
+                assert ": free inodes on that filesystem (remove files there: bytes are left)" in (
+                    refused.stderr
+                )
+                assert "free space" not in refused.stderr
+                assert tree(queue) == before
+        finally:
+            holder.send_signal(signal.SIGKILL)
+            holder.wait()
