@@ -30,9 +30,12 @@ not JSON, and the tool judges its own arguments (tsh never rejects an empty argv
 The runner reads a tool's controls between two looks at its executable and at its commit
 marker; if a reinstall replaced the executable in between, or was between its two swaps, it
 reads again (:mod:`cortexfs.tools.pairs` never shows an executable without complete controls,
-and marks the moment the two may be of different versions).  What is executed is the file the
-name holds at exec time: a version installed by the same lifecycle, governed by the same
-policy.
+and marks the moment the two may be of different versions).  Once the call is admitted the
+executable is looked at once more: a reinstall since the controls were read (while the chain
+and the pre-hooks ran) has the call admitted again, by the new version's controls, so that a
+call is never judged by one version's schema and ``cap`` and run as the next one's program.
+What is executed is the file the name holds at exec time, a moment later; a reinstall within
+that moment runs a version installed by the same lifecycle, governed by the same policy.
 """
 
 from __future__ import annotations
@@ -182,6 +185,7 @@ class _Call:
         self.location = "tool"
         self.controls: ToolControls | None = None
         self.hook_names: dict[str, list[str]] = {}
+        self.executable_identity: tuple[int, int, int] | None = None  # as its controls were read
         self.environment: dict[str, str] | None = None  # the tool's and its hooks'
         self.capability: Capability | None = None  # served while the tool runs (A-5)
         self.request: dict[str, Any] = {}
@@ -211,7 +215,8 @@ class _Call:
 
     def _outcome(self, input_value: Any, argv: list[str]) -> ToolResult:
         try:
-            self._admit(input_value)
+            self._admit_caller()
+            self._admit_call_of_one_version(input_value)
             return self._run(input_value, argv)
         except _Refused as refusal:
             return self._result(ERROR, error=refusal.error)
@@ -243,13 +248,30 @@ class _Call:
 
     # ---------------------------------------------------------------------------- stages
 
-    def _admit(self, input_value: Any) -> None:
+    def _admit_caller(self) -> None:
         with self._stage("caller", Step.CREDENTIALS):
             require_host_administrator(self.root, "run a tool as an agent")
         with self._stage("agent"):
             self.view = AgentView.load(self.root, self.agent).with_workspace(self.workspace)
         with self._stage("session"):
             self._open_session()
+
+    def _admit_call_of_one_version(self, input_value: Any) -> None:
+        """Admit the call by the tool's controls, again while a reinstall replaced the
+        executable during the admission (see the module's docstring)."""
+        for _ in range(_ADMISSIONS):
+            self._admit_call(input_value)
+            assert self.tool is not None
+            if _file_identity(self.tool.executable) == self.executable_identity:
+                return
+        with self._stage("resolve"):
+            raise CtxError(
+                errno.EAGAIN,
+                f"tool {self.tool_name} was reinstalled {_ADMISSIONS} times while this call "
+                "was admitted; it was not started: make the call again",
+            )
+
+    def _admit_call(self, input_value: Any) -> None:
         with self._stage("resolve"):
             self._resolve_tool()
         with self._stage("authorize"):
@@ -318,6 +340,7 @@ class _Call:
             if not swapping and before is not None and before == _file_identity(tool.executable):
                 if damage is not None:
                     raise damage
+                self.executable_identity = before
                 return controls
             time.sleep(min(0.005 * attempt, 0.05))
         if damage is not None:
@@ -627,6 +650,9 @@ def _session_ref(root: Path, view: AgentView, requested: SessionRef | str | None
     if requested is None:
         return SessionRef.home(root, view.identity.uid, view.name)
     return SessionRef.home(root, view.identity.uid, view.name, requested)
+
+
+_ADMISSIONS = 3  # a tool reinstalled during each of them is being reinstalled in a loop
 
 
 def _file_identity(path: Path) -> tuple[int, int, int] | None:

@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -795,6 +796,37 @@ def test_calls_during_reinstalls_each_run_one_whole_version(world: World) -> Non
                     caller.kill()
                     caller.join(10)
     assert all(set(outcome) <= {"version 1", "version 2"} for outcome in seen), seen
+
+
+def test_a_call_whose_tool_is_reinstalled_while_it_is_admitted_is_judged_by_the_new_version(
+    world: World,
+) -> None:
+    """Never judged by one version's schema and run as the next one's program: a reinstall
+    while the call's pre-hook runs has the call admitted again, by the new controls."""
+
+    def version(n: int) -> tuple[str, dict[str, Any]]:
+        program = f"#!/bin/sh\ncat >/dev/null\necho '{{\"version\": {n}}}'\n"
+        schema = {"type": "object", "properties": {"v": {"const": n}}, "required": ["v"]}
+        return program, schema
+
+    program, schema = version(1)
+    world.install("vt", program, schema=schema)
+    hook = world.root / "tool/vt.d/hooks/pre.d/10-slow"
+    hook.write_text("#!/bin/sh\ncat >/dev/null\nsleep 1\n")
+    hook.chmod(0o755)
+    world.agent("coder", tools=["vt"])
+    world.allow_tool("vt")
+    program, schema = version(2)
+    reinstall = threading.Timer(0.4, world.install, ("vt", program), {"schema": schema})
+    reinstall.start()
+    try:
+        judged = world.run("vt", {"v": 1})
+    finally:
+        reinstall.join()
+
+    assert (judged.error.errno, judged.error.stage) == (errno.EINVAL, "schema"), judged
+    assert "2 was expected" in judged.error.message and judged.output is None
+    assert world.run("vt", {"v": 2}).output == {"version": 2}
 
 
 def _call_until_stopped(world: World, stop: Any, outcomes: Any) -> None:
