@@ -12,7 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -229,26 +229,35 @@ def test_a_batch_cut_short_says_what_it_did_not_publish_even_when_stdout_fails(
 # ---------------------------------------------- each transition at 0 bytes free: never bare
 
 
+@contextlib.contextmanager
+def queue_with_a_claim(
+    root: Path, disk: Path, run_out: Callable[[Path], None]
+) -> Iterator[tuple[Path, str, int]]:
+    """A queue on ``disk`` with one job pending and one claimed by a live process, then the
+    disk run out of room by ``run_out``: the queue, the claimed job and that process's pid."""
+    queue = disk / "queue"
+    assert ctx(root, "queue", "init", "--queue", str(queue)).returncode == 0
+    for n in range(2):
+        assert ctx(root, "queue", "publish", "--queue", str(queue), "-", stdin=request(n)).stdout
+    holder = subprocess.Popen(["sleep", "600"])
+    try:
+        claimed = ctx(root, "queue", "claim", "--queue", str(queue), "--pid", str(holder.pid))
+        assert claimed.returncode == 0, claimed
+        run_out(disk)
+        yield queue, claimed.stdout.strip(), holder.pid
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+
+
 @pytest.fixture
 def full_queue(root: Path, traversable_tmp: Path) -> Iterator[tuple[Path, str, int]]:
-    """A queue on a full tmpfs: one job pending, one claimed by a live process; the queue, the
-    claimed job and that process's pid."""
-    with small_tmpfs(traversable_tmp / "disk", "1m") as disk:
-        queue = disk / "queue"
-        assert ctx(root, "queue", "init", "--queue", str(queue)).returncode == 0
-        for n in range(2):
-            assert ctx(
-                root, "queue", "publish", "--queue", str(queue), "-", stdin=request(n)
-            ).stdout
-        holder = subprocess.Popen(["sleep", "600"])
-        try:
-            claimed = ctx(root, "queue", "claim", "--queue", str(queue), "--pid", str(holder.pid))
-            assert claimed.returncode == 0, claimed
-            fill(disk)
-            yield queue, claimed.stdout.strip(), holder.pid
-        finally:
-            holder.send_signal(signal.SIGKILL)
-            holder.wait()
+    """:func:`queue_with_a_claim` on a tmpfs with no byte left."""
+    with (
+        small_tmpfs(traversable_tmp / "disk", "1m") as disk,
+        queue_with_a_claim(root, disk, fill) as made,
+    ):
+        yield made
 
 
 def test_every_transition_refused_by_a_full_disk_names_the_directory_and_what_was_done(
@@ -296,39 +305,27 @@ def test_a_disk_out_of_inodes_but_not_bytes_is_told_to_free_inodes(
     root: Path, traversable_tmp: Path
 ) -> None:
     """Told to free space, a user would delete big files, which frees no inode."""
-    with small_tmpfs(traversable_tmp / "disk", "8m,nr_inodes=200") as disk:
-        queue = disk / "queue"
-        assert ctx(root, "queue", "init", "--queue", str(queue)).returncode == 0
-        for n in range(2):
-            assert ctx(
-                root, "queue", "publish", "--queue", str(queue), "-", stdin=request(n)
-            ).stdout
-        holder = subprocess.Popen(["sleep", "600"])
-        try:
-            claimed = ctx(root, "queue", "claim", "--queue", str(queue), "--pid", str(holder.pid))
-            assert claimed.returncode == 0, claimed
-            job = claimed.stdout.strip()
-            fill_inodes(disk)
-            before = tree(queue)
-            for args in (
-                ("publish", "-"),
-                ("publish", "--batch", "-"),
-                ("claim",),
-                ("renew", job, "--pid", str(holder.pid)),
-                ("finish", job, "--ok", "-"),
-            ):
-                refused = ctx(
-                    root, "queue", *args[:1], "--queue", str(queue), *args[1:], stdin=request(9)
-                )
+    with (
+        small_tmpfs(traversable_tmp / "disk", "8m,nr_inodes=200") as disk,
+        queue_with_a_claim(root, disk, fill_inodes) as (queue, job, pid),
+    ):
+        before = tree(queue)
+        for args in (
+            ("publish", "-"),
+            ("publish", "--batch", "-"),
+            ("claim",),
+            ("renew", job, "--pid", str(pid)),
+            ("finish", job, "--ok", "-"),
+        ):
+            refused = ctx(
+                root, "queue", *args[:1], "--queue", str(queue), *args[1:], stdin=request(9)
+            )
 
-                assert refused.returncode == 1 and refused.stdout == "", refused
-                assert refused.stderr.startswith(f"ctx: ENOSPC: cannot {args[0]}"), refused
-                assert "bytes and 0 inodes free); " in refused.stderr, refused.stderr
-                assert ": free inodes on that filesystem (remove files there: bytes are left)" in (
-                    refused.stderr
-                )
-                assert "free space" not in refused.stderr
-                assert tree(queue) == before
-        finally:
-            holder.send_signal(signal.SIGKILL)
-            holder.wait()
+            assert refused.returncode == 1 and refused.stdout == "", refused
+            assert refused.stderr.startswith(f"ctx: ENOSPC: cannot {args[0]}"), refused
+            assert "bytes and 0 inodes free); " in refused.stderr, refused.stderr
+            assert ": free inodes on that filesystem (remove files there: bytes are left)" in (
+                refused.stderr
+            )
+            assert "free space" not in refused.stderr
+            assert tree(queue) == before
