@@ -229,15 +229,19 @@ def _recover_job(
     if not reconcile:
         report.incomplete.append(finding)
         return
-    verdict = _holder_verdict(queue, evidence, assessment)
-    if verdict is not None:
-        # Left as it is, and still incomplete: the run does not end "consistent".
-        finding.detail += f"; left alone, lease holder {verdict.state}: {verdict.reason}"
-        report.incomplete.append(finding)
-        return
     if dry_run:
+        verdict = _holder_verdict(queue, evidence, assessment)
+        if verdict is not None:
+            # Left as it is, and still incomplete: the run does not end "consistent".
+            finding.detail += f"; left alone, lease holder {verdict.state}: {verdict.reason}"
+            report.incomplete.append(finding)
+            return
         report.repaired.append(finding)  # planned, not applied: the pair stays incomplete
         return
+    # A live holder's pair too is judged by _apply, which tries claimed/J's lock before the
+    # holder: a finish or claim in progress holds it, and the pair it is completing is then
+    # left untouched (BUSY), not reported as interrupted; a pair whose holder is alive and
+    # not moving it comes back HELD, still incomplete.
     repair = _REPAIRS[assessment.repair or ""]
     outcome = _apply(queue, evidence.job, repair, finding, assessment)
     finding.applied = outcome is None
@@ -323,7 +327,13 @@ def _apply(
         claim_fd = None
     try:
         if claim_fd is not None and not lock_dir(claim_fd, within=0):
-            finding.detail += "; left alone, another process is moving this job"
+            busy = "left alone, another process is moving this job"
+            if scanned.state == "incomplete":
+                # What the scan saw is a step of that move, not the crash leftover the
+                # evidence alone suggests ("finish was interrupted…"): say only what is.
+                finding.detail = f"{busy} (claimed/{job} is locked: a claim, finish or recover)"
+            else:
+                finding.detail += f"; {busy}"
             return BUSY
         # Re-check under the lock: the job may have moved since the scan.  The scan reads
         # claimed/ before lease/, so a claim that completed in between looked unleased; and

@@ -1,0 +1,59 @@
+"""recover --reconcile beside a finish in progress: the pair it is completing is not an
+interrupted finish (docs/queue.md: a job whose ``claimed/J`` is locked counts as untouched)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cortexfs.queue import Queue, publish, recover
+from cortexfs.queue.evidence import assess, evidence_of
+from tests.queue.helpers import PROJECT, request
+from tests.support.cli import ctx
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize(
+    ("step", "repair"), [("finish.request", "roll-forward"), ("finish.cleanup", "remove-orphans")]
+)
+def test_a_finish_in_progress_of_a_live_holder_is_untouched_and_consistent(
+    root: Path, queue: Queue, queue_dir: Path, step: str, repair: str
+) -> None:
+    job = publish(queue, request(), name="inflight")
+    finisher = subprocess.Popen(
+        [sys.executable, "-m", "tests.queue.finish_paused", str(queue_dir), step],
+        cwd=REPO,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert finisher.stdout is not None and finisher.stdin is not None
+        assert finisher.stdout.readline().strip() == job  # paused, holding claimed/J's lock
+        scanned = assess(evidence_of(queue, job))
+        assert (scanned.state, scanned.repair) == ("incomplete", repair)
+
+        checked = ctx(root, "queue", "recover", "--project", PROJECT, "--reconcile", "--json")
+        assert checked.returncode == 0, checked.stdout + checked.stderr
+        report = json.loads(checked.stdout)
+        assert report["consistent"] and report["incomplete"] == []
+        assert [f["job"] for f in report["untouched"]] == [job]
+        assert "another process is moving this job" in report["untouched"][0]["detail"]
+        assert "interrupted" not in checked.stdout
+        after = assess(evidence_of(queue, job))
+        assert (after.state, after.repair) == ("incomplete", repair)  # nothing was changed
+
+        finisher.stdin.write("go on\n")
+        finisher.stdin.flush()
+        assert finisher.wait(60) == 0
+    finally:
+        if finisher.poll() is None:
+            finisher.kill()
+            finisher.wait()
+    assert assess(evidence_of(queue, job)).state == "done"
+    assert recover(queue, reconcile=True).consistent
