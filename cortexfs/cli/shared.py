@@ -55,7 +55,10 @@ def create(name: str, group: str | None, storage_dir: Path | None, as_json: bool
     mode only when it is still the one it made (EEXIST otherwise).  An illegal NAME, or
     cortexfs-docs (the manual bundle), is a usage error (EINVAL, exit 2).  A run cut short
     (ENOSPC, EDQUOT, EMFILE, EROFS: exit 1) names what it made, which is kept; the same
-    command run again, once that is fixed, completes the space.
+    command run again, once that is fixed, completes the space.  Two runs at once take
+    turns (a lock on shared/), so the second completes, or with another --group regroups,
+    the space the first made; the space never keeps two groups.  A lock held for 120 s by
+    another process: EAGAIN, exit 1, nothing changed.
     """
     try:
         check_space_name(name)

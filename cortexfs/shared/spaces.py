@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
 import stat
 from collections.abc import Callable, Iterator
@@ -28,6 +29,7 @@ from pathlib import Path
 
 from cortexfs import durable, storage
 from cortexfs.errors import CtxError
+from cortexfs.locks import flock_within
 from cortexfs.names import check_object_name
 from cortexfs.queue.claim_order import start_hint
 from cortexfs.queue.layout import STATE_DIRS, check_existing_queue, init_queue
@@ -95,20 +97,30 @@ def create_shared_space(
     EPERM names one that is not.  A queue that every queue command would refuse (a config
     that is a FIFO or a link, a state directory that is not a real one) is refused with its
     path (:func:`~cortexfs.queue.layout.check_existing_queue`) before anything is made.  A
-    storage root that does not exist is bootstrapped first, whole.
+    storage root that does not exist is bootstrapped first, whole.  Creators run one at a
+    time (:func:`_one_creator_at_a_time`): a second one completes, or regroups, the space
+    the first made, as if run after it.
     """
     ops = ops or durable.default_ops()
     path = space_path(root, check_space_name(name))
-    existing = _existing_group(path)
-    space_gid = gid if gid is not None else existing
-    owner = Ownership(-1, os.getegid() if space_gid is None else space_gid)
-    _require_no_obstacle(path)
-    # A queue every queue command refuses (its config a FIFO, a state directory a link) is
-    # not complete: refused with its path before anything is made, as 'ctx queue init' does.
-    check_existing_queue(path / QUEUE_DIR, ops, within=root)
-    if gid is not None or existing is None:
-        _require_group_of_caller(owner.gid)
-    _require_writable_where_missing(path, name)
+    created: list[str] = []
+    if not _is_real_directory(path.parent):
+        # No shared/ to lock yet: the checks come first, so that a refusal still makes
+        # nothing, then the storage root (and with it shared/) is made.
+        _check_before_making(root, path, name, gid, ops)
+        with _completing(path, name, created):
+            created += _make_root(root, ops)
+    with _one_creator_at_a_time(path.parent, name):
+        return _create_or_complete(root, path, name, gid, ops, created)
+
+
+def _create_or_complete(
+    root: Path, path: Path, name: str, gid: int | None, ops: durable.FsOps, created: list[str]
+) -> SpaceReport:
+    """The body of :func:`create_shared_space`, run while no other creator runs: the space's
+    group is read, and everything checked, anew under the lock, since the creator that held
+    it may have made or regrouped the space in the meantime."""
+    existing, owner = _check_before_making(root, path, name, gid, ops)
     regrouped_from, regrouped, kept, repairs = None, 0, [], []
     if gid is not None and existing is not None:
         regrouped_from = existing if existing != gid else None
@@ -128,14 +140,9 @@ def create_shared_space(
         except BaseException:
             close_repairs(ops, repairs)
             raise
-    created: list[str] = []
     with _completing(path, name, created):
         repaired = apply_repairs(ops, repairs, gid=owner.gid)
-        # The root ABI reports its entries relative to the root; the space reports full paths.
-        if os.path.isdir(root):
-            created += [str(root / entry) for entry in storage.ensure_root_abi(root, ops).created]
-        else:
-            created += _bootstrap(root)
+        created += _make_root(root, ops)
         for parts, mode in _documented_modes(name):
             # Each level reached without following a link, and only a directory made here given
             # the group and mode (tree._require_made_here): a member who swaps another
@@ -149,6 +156,83 @@ def create_shared_space(
     report.regrouped_from, report.regrouped, report.kept = regrouped_from, regrouped, kept
     report.repaired = repaired
     return report
+
+
+def _check_before_making(
+    root: Path, path: Path, name: str, gid: int | None, ops: durable.FsOps
+) -> tuple[int | None, Ownership]:
+    """The group the space at ``path`` has (None: there is none yet) and the owner its
+    directories get; raises, before anything is made, what the command must refuse."""
+    existing = _existing_group(path)
+    space_gid = gid if gid is not None else existing
+    owner = Ownership(-1, os.getegid() if space_gid is None else space_gid)
+    _require_no_obstacle(path)
+    # A queue every queue command refuses (its config a FIFO, a state directory a link) is
+    # not complete: refused with its path before anything is made, as 'ctx queue init' does.
+    check_existing_queue(path / QUEUE_DIR, ops, within=root)
+    if gid is not None or existing is None:
+        _require_group_of_caller(owner.gid)
+    _require_writable_where_missing(path, name)
+    return existing, owner
+
+
+def _make_root(root: Path, ops: durable.FsOps) -> list[str]:
+    """The storage root's entries made where missing, as full paths (the root ABI reports
+    them relative to the root); a root that does not exist is bootstrapped whole."""
+    if os.path.isdir(root):
+        return [str(root / entry) for entry in storage.ensure_root_abi(root, ops).created]
+    return _bootstrap(root)
+
+
+def _is_real_directory(path: Path) -> bool:
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+
+
+# How long a creator waits for another to finish.  A creation takes a few fsyncs; a regroup
+# walks the whole space, which for a large data/ takes longer; a hold beyond this is a
+# process stuck, or not ours (whoever may open shared/ may lock it): named, not waited for.
+CREATE_LOCK_WAIT_SECONDS = 120.0
+_LOCK_UNSUPPORTED = (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL)
+
+
+@contextlib.contextmanager
+def _one_creator_at_a_time(shared: Path, name: str) -> Iterator[None]:
+    """An exclusive ``flock`` on ``shared/``, held for a whole creation or completion.
+
+    Two creators of one space at once interleave otherwise: one makes directories with its
+    group after the other's regroup walked past them, and the space is left with two groups,
+    a state neither would leave alone.  Serialised, the second finds the space the first
+    made and completes it (regroups it, with another ``--group``), as if run after it.
+    ``shared/`` is opened without following a link; a filesystem without ``flock`` on
+    directories, or a ``shared/`` this user may not open for reading (an administrator
+    narrowed it), leaves creators unserialised, as they were before this lock."""
+    try:
+        fd = os.open(shared, _DIRECTORY_FLAGS)
+    except PermissionError:
+        yield
+        return
+    try:
+        try:
+            locked = flock_within(fd, fcntl.LOCK_EX, CREATE_LOCK_WAIT_SECONDS)
+        except OSError as exc:
+            if exc.errno not in _LOCK_UNSUPPORTED:
+                raise
+            locked = True
+        if not locked:
+            raise CtxError(
+                errno.EAGAIN,
+                f"{shared} has been locked by another process for "
+                f"{CREATE_LOCK_WAIT_SECONDS:g} s, where 'ctx shared create' or 'ctx queue "
+                "init' holds it while it makes or completes a space: that process is stuck, "
+                f"or not a ctx command; nothing was changed: end it, then run 'ctx shared "
+                f"create {name}' again",
+            )
+        yield
+    finally:
+        os.close(fd)  # lets the lock go
 
 
 # What the host ran short of, or a filesystem turned read-only: a run that meets one stops
