@@ -573,7 +573,11 @@ class _Evaluation:
                     "can say which it grants"
                 )
                 continue
-            needed = ["read", "write"] if writes and mount.source != self.root else ["read"]
+            needed = (
+                ["read", "write"]
+                if writes and PurePosixPath(mount.source) != PurePosixPath(self.root)
+                else ["read"]
+            )
             rules = [Rule(self._label, "mount", mount.name, perm) for perm in needed]
             lacking += [f"'{rule}'" for rule in rules if rule not in policy]
         how = "writably " if writes else ""
@@ -581,7 +585,7 @@ class _Evaluation:
             f"{self.site.path} is seen {how}only through mount "
             f"{', '.join(sorted({view.mount.name for view in found}))}, which "
             f"{controls.control_path(self.agent, 'policy')} does not grant: it lacks "
-            + "; ".join(lacking)
+            + ("; ".join(lacking) or "a rule for it")
         )
 
     def own_policy(self) -> _StepOutcome:
