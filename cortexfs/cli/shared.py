@@ -57,8 +57,8 @@ def create(name: str, group: str | None, storage_dir: Path | None, as_json: bool
     (ENOSPC, EDQUOT, EMFILE, EROFS: exit 1) names what it made, which is kept; the same
     command run again, once that is fixed, completes the space.  Two runs at once take
     turns (a lock on shared/), so the second completes, or with another --group regroups,
-    the space the first made; the space never keeps two groups.  A lock held for 120 s by
-    another process: EAGAIN, exit 1, nothing changed.
+    the space the first made; the space never keeps two groups.  A lock held for 10 s by
+    another process is not waited for longer: the run goes on without it.
     """
     try:
         check_space_name(name)

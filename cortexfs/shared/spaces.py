@@ -110,7 +110,7 @@ def create_shared_space(
         _check_before_making(root, path, name, gid, ops)
         with _completing(path, name, created):
             created += _make_root(root, ops)
-    with _one_creator_at_a_time(path.parent, name):
+    with _one_creator_at_a_time(path.parent):
         return _create_or_complete(root, path, name, gid, ops, created)
 
 
@@ -191,15 +191,17 @@ def _is_real_directory(path: Path) -> bool:
         return False
 
 
-# How long a creator waits for another to finish.  A creation takes a few fsyncs; a regroup
-# walks the whole space, which for a large data/ takes longer; a hold beyond this is a
-# process stuck, or not ours (whoever may open shared/ may lock it): named, not waited for.
-CREATE_LOCK_WAIT_SECONDS = 120.0
+# How long a creator waits for another to finish.  A creation takes a few fsyncs; a hold
+# beyond this is a regroup walking a large data/, a process stuck, or not ours: whoever may
+# open shared/ may lock it, an agent's shell.exec among them, and must not hold the host's
+# creations up.  The creator then goes on unserialised, as on a filesystem without flock: the
+# race the lock prevents leaves at worst a space that the same command run again regroups.
+CREATE_LOCK_WAIT_SECONDS = 10.0
 _LOCK_UNSUPPORTED = (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL)
 
 
 @contextlib.contextmanager
-def _one_creator_at_a_time(shared: Path, name: str) -> Iterator[None]:
+def _one_creator_at_a_time(shared: Path) -> Iterator[None]:
     """An exclusive ``flock`` on ``shared/``, held for a whole creation or completion.
 
     Two creators of one space at once interleave otherwise: one makes directories with its
@@ -207,8 +209,9 @@ def _one_creator_at_a_time(shared: Path, name: str) -> Iterator[None]:
     a state neither would leave alone.  Serialised, the second finds the space the first
     made and completes it (regroups it, with another ``--group``), as if run after it.
     ``shared/`` is opened without following a link; a filesystem without ``flock`` on
-    directories, or a ``shared/`` this user may not open for reading (an administrator
-    narrowed it), leaves creators unserialised, as they were before this lock."""
+    directories, a ``shared/`` this user may not open for reading (an administrator narrowed
+    it), or a lock held past :data:`CREATE_LOCK_WAIT_SECONDS` leaves creators unserialised,
+    as they were before this lock."""
     try:
         fd = os.open(shared, _DIRECTORY_FLAGS)
     except PermissionError:
@@ -216,20 +219,10 @@ def _one_creator_at_a_time(shared: Path, name: str) -> Iterator[None]:
         return
     try:
         try:
-            locked = flock_within(fd, fcntl.LOCK_EX, CREATE_LOCK_WAIT_SECONDS)
+            flock_within(fd, fcntl.LOCK_EX, CREATE_LOCK_WAIT_SECONDS)
         except OSError as exc:
             if exc.errno not in _LOCK_UNSUPPORTED:
                 raise
-            locked = True
-        if not locked:
-            raise CtxError(
-                errno.EAGAIN,
-                f"{shared} has been locked by another process for "
-                f"{CREATE_LOCK_WAIT_SECONDS:g} s, where 'ctx shared create' or 'ctx queue "
-                "init' holds it while it makes or completes a space: that process is stuck, "
-                f"or not a ctx command; nothing was changed: end it, then run 'ctx shared "
-                f"create {name}' again",
-            )
         yield
     finally:
         os.close(fd)  # lets the lock go

@@ -3,7 +3,6 @@ the space never ends up with two groups, a state neither command would leave alo
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import os
 import signal
@@ -14,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from cortexfs.errors import CtxError
 from cortexfs.shared import spaces
 from cortexfs.shared.spaces import create_shared_space
 
@@ -79,23 +77,24 @@ def test_a_creator_waits_for_the_one_that_holds_shared(root: Path) -> None:
     assert list(groups_of_directories(shared / "late")) == [GROUPS[0]]
 
 
-def test_a_lock_held_too_long_is_named_and_nothing_is_made(
+def test_a_lock_held_too_long_is_not_waited_for(
     root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Whoever may open shared/ may lock it (an agent's shell.exec too): the host's creation
+    waits a while, then goes on without the lock, never fails for it."""
     shared = root / "shared"
     monkeypatch.setattr(spaces, "CREATE_LOCK_WAIT_SECONDS", 0.3)
     holder = subprocess.Popen(["flock", str(shared), "sleep", "30"], start_new_session=True)
     try:
         _wait_until_locked(shared)
-        with pytest.raises(CtxError) as refused:
-            create_shared_space(root, "blocked", gid=GROUPS[0])
+        started = time.monotonic()
+        create_shared_space(root, "blocked", gid=GROUPS[0])
+        waited = time.monotonic() - started
     finally:
         os.killpg(holder.pid, signal.SIGKILL)
         holder.wait()
-    assert refused.value.errno == errno.EAGAIN
-    assert "nothing was changed" in refused.value.message
-    assert "ctx shared create blocked" in refused.value.message
-    assert not (shared / "blocked").exists()
+    assert 0.3 <= waited < 10
+    assert list(groups_of_directories(shared / "blocked")) == [GROUPS[0]]
 
 
 def _wait_until_locked(path: Path) -> None:
