@@ -727,7 +727,7 @@ def renew(queue: Queue, job: str, callers: Sequence[Holder], ttl: float | None =
             current = read_lease(queue, job)
         except CtxError as exc:
             if exc.errno == errno.ENOENT:
-                raise
+                raise _claimed_without_lease(job) from None
             raise _not_a_lease(job, exc, "renew") from None
         _refuse_other_holder(job, current, callers, "renews its lease")
         if ttl is None:
@@ -766,6 +766,15 @@ def renew(queue: Queue, job: str, callers: Sequence[Holder], ttl: float | None =
         finally:
             ops.close(lease_fd)
         return renewed
+
+
+def _claimed_without_lease(job: str) -> CtxError:
+    """ENOENT for J claimed (under its lock) with no lease: the claim never completed, so the
+    job never ran (Q-3), and recover --reconcile sends it back to pending (Q-6)."""
+    return not_found(
+        f"job {job} has no lease/{job}/{LEASE_FILE}: its claim never completed, so it "
+        "never ran; 'ctx queue recover --reconcile' returns it to pending"
+    )
 
 
 def _not_a_lease(job: str, lease: CtxError, verb: str) -> CtxError:
@@ -867,12 +876,7 @@ def finish(
             # A second outcome beside the first would make J a conflict (Q-6).
             raise _finished_already(queue, job)
         if isinstance(lease, CtxError) and lease.errno == errno.ENOENT:
-            # Claimed without a lease: the claim never completed, so the job never ran (Q-3),
-            # and recover --reconcile would send it back to pending (Q-6).
-            raise not_found(
-                f"job {job} has no lease/{job}/{LEASE_FILE}: its claim never completed, so it "
-                "never ran; 'ctx queue recover --reconcile' returns it to pending"
-            )
+            raise _claimed_without_lease(job)
         if isinstance(lease, CtxError):
             # A symlink, FIFO or unreadable file where the lease belongs is a conflict
             # (status reports it): removing it with the claim would resolve it behind the

@@ -117,3 +117,25 @@ def test_renew_and_finish_name_the_forged_lease_and_say_to_repair_it_not_remove_
     assert assess(evidence_of(queue, job)).state == "done"
     settled = ctx(root, "queue", "recover", "--project", PROJECT, "--reconcile", "--json")
     assert settled.returncode == 0 and json.loads(settled.stdout)["requeued"] == [], settled
+
+
+def test_renew_and_finish_of_a_claim_without_a_lease_say_it_never_ran(
+    queue: Queue, queue_dir: Path, root: Path, me: Holder
+) -> None:
+    """Claimed, with no lease file or no lease directory: the claim never completed (Q-3);
+    never 'not claimed', and never plain recover, which leaves such a pair alone."""
+    job = claimed(queue, me, "unleased")
+    lease_dir = queue_dir / "lease" / job
+    said = (
+        f"ctx: ENOENT: job {job} has no lease/{job}/worker: its claim never completed, so it "
+        "never ran; 'ctx queue recover --reconcile' returns it to pending\n"
+    )
+    (lease_dir / "worker").unlink()
+    for remove_the_directory_too in (False, True):
+        if remove_the_directory_too:
+            lease_dir.rmdir()
+        renewed = ctx(root, "queue", "renew", "--project", PROJECT, job, "--pid", str(me.pid))
+        finished = ctx(root, "queue", "finish", "--project", PROJECT, job, "--ok", "-", stdin="{}")
+        for refused in (renewed, finished):
+            assert (refused.returncode, refused.stderr) == (1, said), refused
+    assert (queue_dir / "claimed" / job / job).is_file()
