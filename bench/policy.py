@@ -107,7 +107,8 @@ def measure_chain(agent_policy: str, count: int) -> float:
         (controls / "identity").write_text(json.dumps(identity))
         (controls / "label").write_text("bench_t\n")
         (controls / "mount").write_text(json.dumps([[str(root), "/ctx", "ro"]]))
-        (controls / "policy").write_text(agent_policy + "allow bench_t tool:fs.read execute\n")
+        grants = "allow bench_t mount:ctx read\nallow bench_t tool:fs.read execute\n"
+        (controls / "policy").write_text(agent_policy + grants)
         tool = root / "tool" / "fs.read"
         tool.write_text("#!/bin/sh\n")
         tool.chmod(0o755)

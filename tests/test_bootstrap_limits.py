@@ -48,9 +48,11 @@ def test_a_bootstrap_on_a_full_disk_ends_with_enospc_and_a_rerun_repairs(small_d
     assert full.stderr.count("\n") == 1 and "run 'ctx bootstrap' again" in full.stderr
     problems = _problems(full.stdout)
     assert problems and "(None)" not in full.stdout
-    for line in problems:  # "problem   tool/X: No space left on device (ROOT/tool/X); …"
-        where = line.split()[1].rstrip(":")
-        assert f"No space left on device ({root}/{where})" in line, line
+    for line in problems:  # a file: "…: No space left on device (ROOT/X)"; a tool's install
+        where = line.split()[1].rstrip(":")  # "…: ENOSPC: cannot install ROOT/tool/X: No space…"
+        assert f"No space left on device ({root}/{where})" in line or (
+            f"cannot install {root}/{where}: No space left on device" in line
+        ), line
     assert as_json.returncode == 1 and as_json.stderr.startswith("ctx: ENOSPC: ")
     assert json.loads(as_json.stdout)["problems"], as_json.stdout
     assert repaired.returncode == 0, repaired.stdout + repaired.stderr
