@@ -262,8 +262,9 @@ class _Call:
         for _ in range(_ADMISSIONS):
             self._admit_call(input_value)
             assert self.tool is not None
-            if _file_identity(self.tool.executable) == self.executable_identity:
-                return
+            now = _file_identity(self.tool.executable)
+            if now is None or now == self.executable_identity:
+                return  # the same version; or none at all, which the start reports (ENOENT)
         with self._stage("resolve"):
             raise CtxError(
                 errno.EAGAIN,

@@ -829,6 +829,27 @@ def test_a_call_whose_tool_is_reinstalled_while_it_is_admitted_is_judged_by_the_
     assert world.run("vt", {"v": 2}).output == {"version": 2}
 
 
+def test_a_tool_removed_while_the_call_is_admitted_is_missing_not_being_installed(
+    world: World,
+) -> None:
+    world.install("vt", "#!/bin/sh\ncat >/dev/null\necho '{}'\n")
+    hook = world.root / "tool/vt.d/hooks/pre.d/10-slow"
+    hook.write_text("#!/bin/sh\ncat >/dev/null\nsleep 1\n")
+    hook.chmod(0o755)
+    world.agent("coder", tools=["vt"])
+    world.allow_tool("vt")
+    removal = threading.Timer(0.4, os.unlink, (world.root / "tool/vt",))
+    removal.start()
+    try:
+        result = world.run("vt", {})
+    finally:
+        removal.join()
+
+    # As when it is removed after the start: setpriv finds nothing to execute (127).
+    assert result.exit_status == 127 and result.error.stage == "exit", result.error
+    assert "No such file or directory" in result.error.message
+
+
 def _call_until_stopped(world: World, stop: Any, outcomes: Any) -> None:
     seen: dict[str, int] = {}
     while not stop.is_set() or not seen:
