@@ -559,7 +559,8 @@ class _Evaluation:
             views = [view for view in views if self.facts.writes_through(view)]
         if views:
             return f"its mount {views[0].mount.name!r} is granted"
-        # The mounts step 3 found it through (writably, to write): what each lacks.
+        # The mounts step 3 found it through (writably, to write): what each lacks.  Any one
+        # of them granted is enough, so their wants are alternatives.
         found = views_of(self.mounts, host_path)
         if writes:
             found = [view for view in found if self.facts.writes_through(view)]
@@ -579,13 +580,13 @@ class _Evaluation:
                 else ["read"]
             )
             rules = [Rule(self._label, "mount", mount.name, perm) for perm in needed]
-            lacking += [f"'{rule}'" for rule in rules if rule not in policy]
+            lacking.append(" and ".join(f"'{rule}'" for rule in rules if rule not in policy))
         how = "writably " if writes else ""
         raise denied(
             f"{self.site.path} is seen {how}only through mount "
             f"{', '.join(sorted({view.mount.name for view in found}))}, which "
             f"{controls.control_path(self.agent, 'policy')} does not grant: it lacks "
-            + ("; ".join(lacking) or "a rule for it")
+            + ("; or ".join(want for want in lacking if want) or "a rule for it")
         )
 
     def own_policy(self) -> _StepOutcome:

@@ -252,6 +252,8 @@ def test_an_object_seen_only_through_a_mount_the_policy_does_not_grant_is_refuse
     # A second mount showing it, granted, is enough; two mounts of one name grant neither.
     mounts = [[str(root), "/ctx", "ro"], [str(root / "tool"), "/tools", "ro"]]
     write(coder / "mount", json.dumps(mounts))
+    either = "it lacks 'allow coder_t mount:ctx read'; or 'allow coder_t mount:tools read'"
+    assert run_fs_read(root, user).reason.endswith(either)
     write(coder / "policy", FS_READ_RULE + "allow coder_t mount:tools read\n")
     assert run_fs_read(root, user).allowed
     mounts.append([str(root / "shared"), "/other/tools", "ro"])
