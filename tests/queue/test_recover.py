@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import errno
-import fcntl
 import json
 import os
 import shutil
@@ -23,6 +22,7 @@ from cortexfs.queue.evidence import assess, evidence_of
 from cortexfs.queue.holder import LocalSystem
 from tests.queue.helpers import PROJECT, dead_pid, request
 from tests.support.cli import ctx
+from tests.support.locks import wait_for_lock
 
 
 def state_of(queue: Queue, job: str) -> str:
@@ -151,26 +151,6 @@ def test_a_claim_without_lease_is_reported_then_requeued(
     assert state_of(queue, job) == "pending"
     assert os.listdir(queue_dir / "claimed") == []
     assert recover(queue, reconcile=True).repaired == []
-
-
-def wait_for_lock(path: Path, *, held: bool) -> None:
-    """Wait until another process holds (or no longer holds) the flock on ``path``."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        for _ in range(1000):
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                if held:
-                    return
-            else:
-                fcntl.flock(fd, fcntl.LOCK_UN)
-                if not held:
-                    return
-            time.sleep(0.01)
-    finally:
-        os.close(fd)
-    raise AssertionError(f"the lock on {path} never became {'held' if held else 'free'}")
 
 
 def test_a_claim_in_progress_is_left_alone(queue: Queue, queue_dir: Path) -> None:

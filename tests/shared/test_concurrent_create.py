@@ -3,7 +3,6 @@ the space never ends up with two groups, a state neither command would leave alo
 
 from __future__ import annotations
 
-import fcntl
 import os
 import signal
 import subprocess
@@ -15,6 +14,7 @@ import pytest
 
 from cortexfs.shared import spaces
 from cortexfs.shared.spaces import create_shared_space
+from tests.support.locks import wait_for_lock
 
 GROUPS = (4343, 4344)
 
@@ -64,7 +64,7 @@ def test_a_creator_waits_for_the_one_that_holds_shared(root: Path) -> None:
     shared = root / "shared"
     holder = subprocess.Popen(["flock", str(shared), "sleep", "30"], start_new_session=True)
     try:
-        _wait_until_locked(shared)
+        wait_for_lock(shared, held=True)
         creator = ctx_process(root, "shared", "create", "late", "--group", str(GROUPS[0]))
         time.sleep(1.5)
         assert creator.poll() is None, creator.communicate()
@@ -86,7 +86,7 @@ def test_a_lock_held_too_long_is_not_waited_for(
     monkeypatch.setattr(spaces, "CREATE_LOCK_WAIT_SECONDS", 0.3)
     holder = subprocess.Popen(["flock", str(shared), "sleep", "30"], start_new_session=True)
     try:
-        _wait_until_locked(shared)
+        wait_for_lock(shared, held=True)
         started = time.monotonic()
         create_shared_space(root, "blocked", gid=GROUPS[0])
         waited = time.monotonic() - started
@@ -95,18 +95,3 @@ def test_a_lock_held_too_long_is_not_waited_for(
         holder.wait()
     assert 0.3 <= waited < 10
     assert list(groups_of_directories(shared / "blocked")) == [GROUPS[0]]
-
-
-def _wait_until_locked(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        for _ in range(1000):
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            time.sleep(0.01)
-    finally:
-        os.close(fd)
-    raise AssertionError(f"nobody locked {path}")
