@@ -47,7 +47,7 @@ from cortexfs.regular_file import read_regular_file
 from cortexfs.tools.core import confine
 from cortexfs.tools.core.toolio import ToolFailure
 from cortexfs.tools.core.tsh_config import MAX_CONFIG_BYTES, effective, problems
-from cortexfs.tools.core.tsh_context import ToolInfo, TshContext, read_settings
+from cortexfs.tools.core.tsh_context import ToolInfo, TshContext, json_or_none, read_settings
 
 HELP = """tsh runs CortexFS tools: NAME [ARG...], NAME found on CTX_PATH.  There are no host
 commands here.  Built-ins:
@@ -219,8 +219,8 @@ class AgentToolContext(TshContext):
             name=name,
             path=path,
             description=control("description") or "",
-            schema=_json_or_none(control("schema")),
-            cap=_json_or_none(control("cap")),
+            schema=json_or_none(control("schema")),
+            cap=json_or_none(control("cap")),
         )
 
 
@@ -242,15 +242,6 @@ def _read_in_view(view: confine.View, path: str, limit: int) -> str | None:
     finally:
         os.close(parent)
     return data.decode("utf-8", "replace")
-
-
-def _json_or_none(text: str | None) -> object:
-    if text is None:
-        return None
-    try:
-        return json.loads(text)
-    except ValueError:
-        return None
 
 
 def tools(context: TshContext) -> list[str]:

@@ -219,7 +219,12 @@ def _read_control(controls: str, control: str) -> str | None:
 
 
 def _json_control(controls: str, control: str) -> Any:
-    text = _read_control(controls, control)
+    return json_or_none(_read_control(controls, control))
+
+
+def json_or_none(text: str | None) -> Any:
+    """The JSON value of a control's ``text``; None when it was not read or is not JSON (a
+    listing shows such a tool without its schema or cap rather than failing)."""
     if text is None:
         return None
     try:
