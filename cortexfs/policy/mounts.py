@@ -84,7 +84,7 @@ def target_problem(mount: Mount, storage_root: PurePosixPath) -> str:
     target = mount.target
     if target == CTX_TARGET and mount.source == storage_root:
         return ""
-    if target == CTX_TARGET or CTX_TARGET in target.parents:
+    if at_or_below(target, CTX_TARGET):
         return (
             f"mount target {target}: {CTX_TARGET} is the storage root's place (the agent's "
             "CortexFS view, mounted by the host); mount elsewhere"
@@ -95,7 +95,7 @@ def target_problem(mount: Mount, storage_root: PurePosixPath) -> str:
             "in policy (mount:<name>)"
         )
     for system in SYSTEM_TARGETS:
-        if target == system or system in target.parents:
+        if at_or_below(target, system):
             return (
                 f"mount target {target}: {system} belongs to the system the agent's terminal "
                 "runs on (its sandbox takes it from the host, or makes it); mount elsewhere"
@@ -143,7 +143,7 @@ def views_of(mounts: Sequence[Mount], host_path: PurePosixPath) -> list[View]:
     """Every place the agent can actually reach ``host_path``, in mount-table order."""
     views = []
     for mount in mounts:
-        if host_path != mount.source and mount.source not in host_path.parents:
+        if not at_or_below(host_path, mount.source):
             continue
         view = mount.target / host_path.relative_to(mount.source)
         if _topmost_mount(mounts, view) is mount:
@@ -155,11 +155,18 @@ def _topmost_mount(mounts: Sequence[Mount], view: PurePosixPath) -> Mount | None
     """The mount that shows ``view``: the deepest target above it, the later one on a tie."""
     topmost: Mount | None = None
     for mount in mounts:
-        if view != mount.target and mount.target not in view.parents:
+        if not at_or_below(view, mount.target):
             continue
         if topmost is None or len(mount.target.parts) >= len(topmost.target.parts):
             topmost = mount
     return topmost
+
+
+def at_or_below(path: PurePosixPath, top: PurePosixPath) -> bool:
+    """Whether ``path`` is ``top`` or lies below it, component by component: for the absolute,
+    normalised paths of a mount table, ``path == top or top in path.parents`` without making
+    a path object of each parent (the chain asks this for every mount at every call)."""
+    return path.parts[: len(top.parts)] == top.parts
 
 
 def _parse_mount(number: int, entry: object) -> Mount:

@@ -9,7 +9,7 @@ from pathlib import PurePosixPath as P
 import pytest
 
 from cortexfs.errors import CtxError
-from cortexfs.policy.mounts import Mount, mounts_named, parse_mount_table, views_of
+from cortexfs.policy.mounts import Mount, at_or_below, mounts_named, parse_mount_table, views_of
 
 
 def table(*triples: list[str]) -> tuple[Mount, ...]:
@@ -54,6 +54,15 @@ def test_one_path_may_be_seen_in_several_places() -> None:
         (P("/ctx/shared/p/data"), False),
         (P("/shared/p/data"), True),
     ]
+
+
+@pytest.mark.parametrize("top", ["/", "/ctx", "/ctx/tool", "/srv/storage", "/usr"])
+@pytest.mark.parametrize(
+    "path", ["/", "/ctx", "/ctx/tool", "/ctx/toolbox", "/ctxx", "/srv/storage/tool", "/usr/lib"]
+)
+def test_at_or_below_is_the_path_or_one_of_its_parents(path: str, top: str) -> None:
+    expected = P(path) == P(top) or P(top) in P(path).parents
+    assert at_or_below(P(path), P(top)) == expected
 
 
 def test_mounts_are_named_by_the_last_component_of_their_target() -> None:
