@@ -81,6 +81,19 @@ def walk_with_children(
     return entries, found
 
 
+def walk_to_each(
+    top: Path, directory: PurePosixPath, names: Sequence[str]
+) -> list[tuple[PurePosixPath, list[Entry]]]:
+    """Each of ``names`` in ``directory`` with the :func:`walk` to it, in that order, at the cost
+    of one walk (:func:`walk_with_children`)."""
+    entries, children = walk_with_children(top, directory, names)
+    if not children:  # the walk ended at or above the directory, as the walk to each file would
+        return [(directory / name, entries) for name in names]
+    return [
+        (directory / name, [*entries, child]) for name, child in zip(names, children, strict=True)
+    ]
+
+
 def _child(directory_fd: int, name: str, shown: str) -> Entry:
     try:
         return Entry(shown, os.stat(name, dir_fd=directory_fd, follow_symlinks=False))

@@ -53,10 +53,17 @@ from typing import NamedTuple
 from cortexfs.errors import HOST_SHORTAGES, CtxError, denied, not_found
 from cortexfs.names import check_object_name
 from cortexfs.policy import controls
-from cortexfs.policy.beneath import Entry, list_directory, lstat, walk, walk_with_children
+from cortexfs.policy.beneath import (
+    Entry,
+    list_directory,
+    lstat,
+    walk,
+    walk_to_each,
+    walk_with_children,
+)
 from cortexfs.policy.decision import Policy
 from cortexfs.policy.grammar import Rule, check_object
-from cortexfs.policy.linux import WRITE, Credentials, Identity, Kind, check_access, writable_entries
+from cortexfs.policy.linux import WRITE, Credentials, Identity, Kind, check_access, writable_on_walk
 from cortexfs.policy.mounts import Mount, View, granted_mounts, mounts_named, views_of
 from cortexfs.policy.objects import NEEDED_ACCESS, TOOL_CONTROLS, Site, storage_site
 from cortexfs.storage import DOCS_BUNDLE, require_root
@@ -301,10 +308,10 @@ class AgentFacts:
     def label(self) -> str:
         """The agent's label, once none of its host-owned controls is within its reach."""
         label = self.declared_label
-        for control in controls.HOST_OWNED_CONTROLS:
-            path = controls.control_path(self.agent, control)
-            self.require_strict_modes(path)
-            self.require_host_owned(path)
+        directory = controls.control_dir(self.agent)
+        for path, entries in walk_to_each(self.root, directory, controls.HOST_OWNED_CONTROLS):
+            self._judge_strict_modes(path, entries, _host_of(entries))
+            self._require_unwritable(path, entries)
         return label
 
     def writes_through(self, view: View) -> bool:
@@ -439,8 +446,12 @@ class AgentFacts:
         its view of the root makes writable its own home, which, like everything the host
         owns, is its uid's anyway (:meth:`require_strict_modes` exempts it alike).
         """
+        self._require_unwritable(path, walk(self.root, path))
+
+    def _require_unwritable(self, path: PurePosixPath, entries: list[Entry]) -> None:
+        """:meth:`require_host_owned` of ``path``, judged on ``entries``, the walk to it."""
         as_host = self.identity.uid == self._host_uid
-        for entry in writable_entries(self.root, path, self.identity):
+        for entry in writable_on_walk(entries, self.identity):
             for view in views_of(self.mounts, PurePosixPath(self.root, entry)):
                 if view.mount.writable if as_host else self.writes_through(view):
                     raise denied(

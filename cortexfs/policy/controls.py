@@ -47,8 +47,12 @@ def agent_entry(agent: str) -> PurePosixPath:
     return AGENTS / agent
 
 
+def control_dir(agent: str) -> PurePosixPath:
+    return AGENTS / f"{agent}.d"
+
+
 def control_path(agent: str, control: str) -> PurePosixPath:
-    return AGENTS / f"{agent}.d" / control
+    return control_dir(agent) / control
 
 
 def agent_exists(root: Path, agent: str) -> bool:

@@ -149,8 +149,13 @@ def writable_entries(top: Path, relative: PurePosixPath, identity: Identity) -> 
     when the next entry on the way is its own; a file it may write lets it rewrite the
     contents.  Empty when the whole path is out of its reach.
     """
+    return writable_on_walk(walk(top, relative), identity)
+
+
+def writable_on_walk(entries: list[Entry], identity: Identity) -> list[str]:
+    """:func:`writable_entries` of the entries of a walk already made
+    (:func:`~cortexfs.policy.beneath.walk`)."""
     writable = []
-    entries = walk(top, relative)
     for index, entry in enumerate(entries):
         if entry.status is None or entry.is_link:
             break

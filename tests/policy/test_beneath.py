@@ -1,0 +1,51 @@
+"""Walks from the top down, never through a link (SPEC P-5): several files judged on one walk."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path, PurePosixPath
+
+import pytest
+
+from cortexfs.policy.beneath import walk, walk_to_each
+
+NAMES = ("identity", "mount", "label")
+
+
+def _layout(top: Path, case: str) -> PurePosixPath:
+    agent = top / "agent"
+    agent.mkdir()
+    directory = agent / "coder.d"
+    if case == "files":
+        directory.mkdir()
+        (directory / "identity").write_text("{}")
+        (directory / "label").symlink_to("/etc/passwd")  # a link is reported, not followed
+    elif case == "no directory":
+        pass
+    elif case == "a file for the directory":
+        directory.write_text("")
+    elif case == "a link for the directory":
+        other = top / "elsewhere"
+        other.mkdir()
+        (other / "identity").write_text("{}")
+        directory.symlink_to(other)
+    elif case == "a link above":
+        os.rename(agent, top / "real-agent")
+        agent.symlink_to(top / "real-agent")
+    return PurePosixPath("agent/coder.d")
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "files",
+        "no directory",
+        "a file for the directory",
+        "a link for the directory",
+        "a link above",
+    ],
+)
+def test_walk_to_each_is_the_walk_to_each_file(tmp_path: Path, case: str) -> None:
+    directory = _layout(tmp_path, case)
+    expected = [(directory / name, walk(tmp_path, directory / name)) for name in NAMES]
+    assert walk_to_each(tmp_path, directory, NAMES) == expected
