@@ -68,9 +68,8 @@ class AgentView(NamedTuple):
     def load(cls, root: Path, name: str) -> AgentView:
         """ENOENT when the agent does not exist, EACCES when its identity is unusable."""
         check_object_name(name, "agent")
-        agent_controls.require_agent(root, name)
-        identity = agent_controls.read_identity(root, name)
         facts = AgentFacts(root, name)
+        identity = facts.declared_identity  # read once for the view and the chain's step 1
         label, policy, mounts = "", Policy(), ()
         with contextlib.suppress(CtxError):
             label = facts.declared_label
@@ -139,10 +138,9 @@ class AgentView(NamedTuple):
         that a tool reaches under ``/ctx`` what ``ctx mount --as AGENT`` shows, no more.
         ``may_execute`` decides which system tools the projection shows (see
         :func:`~cortexfs.agents.projection.storage_mounts`)."""
-        root = os.path.realpath(self.root)
         mounts = []
         for mount in self.visible_mounts():
-            if os.path.realpath(mount.source) == root:
+            if self._shows_storage_root(mount):
                 mounts += storage_mounts(self, mount.source, mount.target, may_execute)
             else:
                 mounts.append(ViewMount(mount.source, mount.target, mount.writable))
@@ -160,14 +158,20 @@ class AgentView(NamedTuple):
         )
         if chosen is not None:
             return chosen.target, Path(chosen.source)
-        root = os.path.realpath(self.root)
-        storage = next((m for m in visible if os.path.realpath(m.source) == root), None)
+        storage = next((m for m in visible if self._shows_storage_root(m)), None)
         if storage is None:
             return PurePosixPath("/"), Path("/")
         home = Path(storage.source, "home", str(self.identity.uid))
         if home.is_dir() and not home.is_symlink():
             return storage.target / "home" / str(self.identity.uid), home
         return storage.target, Path(storage.source)
+
+    def _shows_storage_root(self, mount: Mount) -> bool:
+        """Whether ``mount`` is of the storage root itself, as the authority chain judges it:
+        a mount's source is the real path it was recorded as (a source that no longer is one
+        is withheld when the control is read, see :func:`~cortexfs.policy.mounts.source_problem`),
+        so it is compared with the root's real path as it is, never resolved again."""
+        return PurePosixPath(mount.source) == PurePosixPath(self.facts.root)
 
     def tool_environment(
         self,

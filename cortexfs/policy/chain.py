@@ -272,10 +272,16 @@ class AgentFacts:
         return request.agent == self.agent and Path(request.root).resolve() == self.root
 
     @functools.cached_property
+    def declared_identity(self) -> Identity:
+        """The identity the agent's control names, before step 1 has judged it: ENOENT for a
+        missing agent, EACCES for an unusable control."""
+        controls.require_agent(self.root, self.agent)
+        return controls.read_identity(self.root, self.agent)
+
+    @functools.cached_property
     def identity(self) -> Identity:
         """The agent's identity: ENOENT for a missing agent, EACCES for one that is root."""
-        controls.require_agent(self.root, self.agent)
-        identity = controls.read_identity(self.root, self.agent)
+        identity = self.declared_identity
         if identity.uid == 0:
             raise denied(
                 f"agent {self.agent!r} has uid 0; an agent never runs as root, which would "
