@@ -90,7 +90,7 @@ def ctxmcp() -> None:
     announced is 2025-11-25; a server that negotiates anything but 2025-11-25, 2025-06-18,
     2025-03-26 or 2024-11-05 is refused (M-2).  Exit 0 success; 1 the server failed or was
     refused, or 'project' skipped a tool or found earlier candidates in the way; 2 usage
-    error.
+    error; 74 the output could not be written (the candidates 'project' wrote stay written).
     """
 
 

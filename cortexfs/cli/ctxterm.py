@@ -49,7 +49,7 @@ def ctxterm(
     \b
     tsh runs in AGENT's sandbox on a PTY this process owns; watch it with
     'ctx agent watch AGENT --session S', join with 'ctx agent attach'.  ctxterm returns
-    when the terminal ends ('exit' in tsh, 'ctx agent stop', SIGTERM or Ctrl-C here),
+    when the terminal ends ('exit' in tsh, 'ctx agent stop', SIGTERM, SIGHUP or Ctrl-C here),
     with tsh's exit status (137 when a stop killed it).  Needs root, bubblewrap and the
     'fuse' extra.
     """

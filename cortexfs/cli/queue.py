@@ -266,7 +266,9 @@ def queue() -> None:
     """The crash-safe job queue of a project (shared/PROJECT/queue).
 
     Jobs move pending -> claimed (+ lease) -> done | failed.  Exit statuses:
-    0 success, 1 refused or conflict found, 2 usage error, 3 nothing to claim.
+    0 success, 1 refused or conflict found, 2 usage error, 3 nothing to claim; 130 after
+    Ctrl-C, 141 when the reader of the output left ('| head -1'), 74 when the output cannot
+    be written ('> /dev/full').
     """
 
 

@@ -64,6 +64,11 @@ commands here.  Built-ins:
   rehash            forget the cached paths of unpinned tools
 The context holds max_loaded_tools unpinned tools, the path cache cache_capacity names
 (tool/tsh.d/config, 'tsh.config' shows and changes them).
+Only an agent terminal ('ctx agent start AGENT') runs tools, and there CTX_PATH is the one
+the terminal gives.  Elsewhere tsh lists, finds and describes tools but runs none (EACCES,
+exit 126); its CTX_PATH comes from $CTX_HOME/.tshrc, else the environment, else
+/ctx/tool:/ctx/home/<uid>/tool.  Exit status: the tool's (for lines read, the last one's),
+127 when NAME is no tool on CTX_PATH, 126 when it cannot be run.
 """
 NOT_FOUND = 127
 CANNOT_RUN = 126
