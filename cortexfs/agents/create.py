@@ -39,8 +39,8 @@ from cortexfs.errors import CtxError, describe, exists, invalid
 from cortexfs.names import is_object_name
 from cortexfs.policy import Identity
 from cortexfs.policy.controls import parse_identity, read_label
-from cortexfs.policy.linux import unsearchable_above
-from cortexfs.policy.mounts import CTX_TARGET
+from cortexfs.policy.linux import unsearchable_above, writable_entries
+from cortexfs.policy.mounts import CTX_TARGET, Mount, views_of
 from cortexfs.shared.events import encode_event, make_event
 from cortexfs.tools.pair_layout import PairKind
 from cortexfs.tools.pairs import install_pair
@@ -241,8 +241,9 @@ def warnings_for(root: Path, request: AgentRequest, identity: Identity) -> tuple
     by label, so the two agents share every such grant), a storage root the agent's uid
     cannot reach through the directories above it (every tool call is refused at step 2), a
     shared grant that grants nothing (write to the manuals, or to a space it may not read),
-    and a mount whose source does not exist (the agent's terminal does not start until it
-    does)."""
+    a mount whose source does not exist (the agent's terminal does not start until it
+    does), and a read-write mount through which the agent could change its own controls
+    (every call is refused at step 4)."""
     warnings = [
         f"label {request.label} is also agent {owner}'s: tool and model policies grant by "
         "label, so the two agents share every grant made to it"
@@ -267,7 +268,49 @@ def warnings_for(root: Path, request: AgentRequest, identity: Identity) -> tuple
                 f"the source {source} of the mount at {target} does not exist: the agent's "
                 "terminal does not start until it does, and its tools find nothing there"
             )
+    warnings += _controls_in_reach(root, request, identity)
     return tuple(warnings)
+
+
+def _controls_in_reach(root: Path, request: AgentRequest, identity: Identity) -> list[str]:
+    """One warning for each read-write mount that shows the agent its own controls, or a
+    directory above them, that its uid or groups may change: step 4 of the chain then
+    refuses every call of the agent (a grant it could rewrite is no grant).  A source above
+    the storage root is allowed, so this is easy to ask for: a user's home, mounted
+    read-write, that holds the user's default root."""
+    real_root = PurePosixPath(os.path.realpath(root))
+    changeable = writable_entries(Path(real_root), PurePosixPath("agent"), identity)
+    if identity.uid == os.geteuid():
+        # The controls about to be written are the creator's files, so that uid's too.
+        changeable.append(f"agent/{request.name}.d")
+    mounts = [
+        Mount(PurePosixPath(source), PurePosixPath(target), mode == "rw")
+        for source, target, mode in request.mounts
+    ]
+    warnings = []
+    for mount in mounts:
+        if not mount.writable:
+            continue
+        seen = next(
+            (
+                (entry, view.path)
+                for entry in changeable
+                for view in views_of(mounts, real_root / entry)
+                if view.mount == mount
+            ),
+            None,
+        )
+        if seen is not None:
+            entry, shown = seen
+            what = "the storage root" if real_root / entry == real_root else f"the root's {entry}"
+            warnings.append(
+                "every call of the agent will be denied at step 4 of the authority chain: "
+                f"through its read-write mount {mount} it sees {what} at {shown}, which uid "
+                f"{identity.uid} may change, so it could rewrite its own controls "
+                f"(agent/{request.name}.d); mount a directory that does not hold the storage "
+                f"root {real_root} instead, or make this mount 'ro'"
+            )
+    return warnings
 
 
 def _require_identity_of_creator(identity: Identity) -> None:
