@@ -51,6 +51,12 @@ def bootstrap(source: Path | None, storage_dir: Path | None, as_json: bool) -> N
     them and the chmod that opens them (exit 0).
 
     \b
+    A tool in tool/ that an administrator installed under a name that a later version
+    made a core tool's (its origin names a manifest of theirs) is left as it is, and no
+    core tool is installed there: a problem names it and what to do (reinstall it under
+    another name, remove it, run bootstrap again).
+
+    \b
     The manual bundle shared/cortexfs-docs/ (read with 'ctx man') is installed from the
     copy built into ctx, or from SOURCE/docs/spec/ when SOURCE, a CortexFS source tree of
     the matching version, is given; stale pages are replaced.  A SOURCE without the pages

@@ -41,6 +41,7 @@ from cortexfs.tools.controls import (
     read_control,
 )
 from cortexfs.tools.core import BOOTSTRAP_TOOLS, CORE_TOOLS, tsh_config
+from cortexfs.tools.core.installed import administrators_manifest
 from cortexfs.tools.core.launcher import (
     bundled_modules,
     core_interpreter,
@@ -95,17 +96,20 @@ def bootstrap_tools(root: Path, source: Path | None, report: storage.BootstrapRe
     tsh = render_launcher(interpreter, modules, "tsh")
     if system_usable:  # else the root's step reported what is there
         for name, module in CORE_TOOLS.items():
+            if _reported_as_administrators(system, name, report):
+                continue
             with report.step(f"tool/{name}"):
                 if not _report_held_directories(root, name, owner, report):
                     launcher = render_launcher(interpreter, modules, module)
                     _install_core_tool(system, name, launcher, owner, report)
             _report_held_files(root, name, owner, report)
-        with report.step("tool/tsh"):  # H-1: tsh is a tool object too; tsh.d/ its controls
-            if not _report_held_directories(root, "tsh", owner, report):
-                _install_core_tool(system, "tsh", tsh, owner, report)
-                with report.step("tool/tsh.d/config"):
-                    _ensure_tsh_config(root, owner, report)
-        _report_held_files(root, "tsh", owner, report)
+        if not _reported_as_administrators(system, "tsh", report):
+            with report.step("tool/tsh"):  # H-1: tsh is a tool object too; tsh.d/ its controls
+                if not _report_held_directories(root, "tsh", owner, report):
+                    _install_core_tool(system, "tsh", tsh, owner, report)
+                    with report.step("tool/tsh.d/config"):
+                        _ensure_tsh_config(root, owner, report)
+            _report_held_files(root, "tsh", owner, report)
     if _is_real_directory(root / "bin"):
         with report.step("bin/tsh"):
             _install_program(root, "bin/tsh", tsh, owner, report)
@@ -114,6 +118,31 @@ def bootstrap_tools(root: Path, source: Path | None, report: storage.BootstrapRe
     for tier in all_tiers(root, os.getuid()):
         with report.step(tier.location):
             _report_tools_it_does_not_repair(tier, report)
+
+
+def _reported_as_administrators(tier: Tier, name: str, report: storage.BootstrapReport) -> bool:
+    """True, after reporting it as a problem, when the tool at core name ``name`` is an
+    administrator's own, installed before the name became core
+    (:func:`cortexfs.tools.core.installed.administrators_manifest`): putting the core tool in
+    its place would destroy it (R-5), and hand its policy and every agent's grant of it to a
+    tool that may do far more.  It is left as it is, and so the core tool is not installed.
+    True too when whose it is could not be judged (reported by the step)."""
+    with report.step(f"tool/{name}"):
+        manifest = administrators_manifest(tier, name)
+        if manifest is None:
+            return False
+        report.add_problem(
+            f"tool/{name} is an administrator's tool (installed from {manifest}) with the name "
+            f"of a core tool of this version, so bootstrap leaves it as it is and installs no "
+            f"core {name}: reinstall it under another name ('ctx object install'), moving the "
+            f"policy lines and agents' grants that name {name} to the new name, remove "
+            f"{tier.directory / name} and {tier.directory / name}.d, then run 'ctx bootstrap' "
+            "again",
+            errno.EEXIST,
+        )
+    # Not judged (the step reported why: no descriptor left...): nothing is replaced on
+    # a guess, and the next bootstrap judges it.
+    return True
 
 
 def _report_tools_it_does_not_repair(tier: Tier, report: storage.BootstrapReport) -> None:

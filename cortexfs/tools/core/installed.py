@@ -1,0 +1,163 @@
+"""What stands at a core tool's name in a storage root: bootstrap's install of this version,
+of another version, or an administrator's own tool (SPEC R-5).
+
+Two questions are answered here without installing anything:
+
+* **Whose is the tool at a core name?**  A name becomes core in some version of ctx; before
+  it, an administrator may have installed a tool of their own under it in the system tier.
+  Its ``origin`` control names the manifest it was installed from: bootstrap installs from
+  ``cortexfs/tools/core/manifests/<name>.json`` (of whichever installed package or source
+  tree), an administrator from a manifest of their own.  Only that evidence makes a tool the
+  administrator's (:func:`administrators_manifest`): a missing or unreadable ``origin``, or
+  a missing executable, is what a crash leaves of bootstrap's own install, and bootstrap
+  repairs it.
+* **Were the core tools installed by this ctx?**  (:func:`tools_of_another_version`.)  The
+  runner hands a core tool its context in the shape this version writes; a tool copied by
+  an older bootstrap may read another shape and fail every call.  A core tool is a zip
+  application (:mod:`cortexfs.tools.core.launcher`): its interpreter line and the names and
+  CRC-32 checksums of the files it bundles, read from the archive's central directory, are
+  compared with this version's sources.  That costs a few milliseconds, so a worker can ask
+  at start; bootstrap itself compares every byte (``bootstrap._is_current``).
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import json
+import os
+import stat
+import sys
+import zipfile
+import zlib
+from pathlib import Path, PurePosixPath
+
+from cortexfs.errors import HOST_SHORTAGES, CtxError
+from cortexfs.tools.controls import read_control
+from cortexfs.tools.core import CORE_TOOLS
+from cortexfs.tools.core.launcher import BUNDLED, core_interpreter, package_parent, render_launcher
+from cortexfs.tools.install import Tier, parse_tier
+
+# Where every core manifest lies, in an installed package as in a source tree.
+CORE_MANIFEST_DIRECTORY = ("cortexfs", "tools", "core", "manifests")
+# The module whose run() each tool bootstrap installs calls (tsh's program is bin/tsh's).
+CORE_MODULES = {**CORE_TOOLS, "tsh": "tsh"}
+# A core tool's executable is a few hundred kilobytes; what is far bigger is not one.
+_MAX_EXECUTABLE_BYTES = 64 * 1024 * 1024
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+
+
+def administrators_manifest(tier: Tier, name: str) -> str | None:
+    """The manifest the tool at core name ``name`` of ``tier`` was installed from, when its
+    ``origin`` proves it is not bootstrap's install: a readable origin naming a manifest other
+    than ``…/cortexfs/tools/core/manifests/<name>.json``.  None when there is no such tool, or
+    when its origin is missing, unreadable or not JSON (damage bootstrap repairs), or names a
+    core manifest."""
+    tool = tier.tool(name)
+    try:
+        data = read_control(tool, "origin")
+        origin = json.loads(data) if data is not None else None
+    except CtxError as exc:
+        if exc.errno in HOST_SHORTAGES:  # the host's state says nothing of whose it is
+            raise
+        return None
+    except ValueError:
+        return None
+    manifest = origin.get("manifest") if isinstance(origin, dict) else None
+    if not isinstance(manifest, str) or not manifest:
+        return None
+    path = PurePosixPath(manifest)
+    if path.name == f"{name}.json" and path.parent.parts[-4:] == CORE_MANIFEST_DIRECTORY:
+        return None
+    return manifest
+
+
+def tools_of_another_version(root: Path) -> list[str]:
+    """The core tools of ``root``'s system tier that are not what this ctx's bootstrap would
+    install: their interpreter line differs, or a file they bundle (a module, a manifest) is
+    missing, extra or of other content.  A core name that holds nothing, or holds an
+    administrator's tool (:func:`administrators_manifest`), is not counted: the first is
+    bootstrap's to make, the second is not a core tool."""
+    tier = parse_tier(root, "system")
+    interpreter, _ = core_interpreter()
+    sources = _source_checksums(interpreter)
+    found = []
+    for name, module in CORE_MODULES.items():
+        listing = _bundle_of(tier.tool(name).executable)
+        if listing is _MISSING or administrators_manifest(tier, name) is not None:
+            continue
+        if not _matches(listing, _expected(interpreter, module, sources)):
+            found.append(name)
+    return found
+
+
+def require_this_versions_tools(root: Path, not_done: str) -> None:
+    """EINVAL, naming the remedy and what was ``not_done`` ("the worker claimed no job"),
+    when :func:`tools_of_another_version` finds one: a worker (or a call) would otherwise run
+    each of them against a context of another shape, and fail every job for good."""
+    if tools_of_another_version(root):
+        raise CtxError(
+            errno.EINVAL,
+            f"the core tools in {root} were installed by another version of ctx; run 'ctx "
+            f"bootstrap' ({not_done})",
+        )
+
+
+_MISSING = (b"", {})  # what _bundle_of says of a name that holds no file
+
+
+def _bundle_of(executable: Path) -> tuple[bytes, dict[str, int]]:
+    """The interpreter line of the executable at ``executable`` and the CRC-32 of each file
+    its archive holds, read without following a link; :data:`_MISSING` when nothing is
+    there, and ``(b"?", {})`` for what is no zip application (never equal to a launcher)."""
+    try:
+        fd = os.open(executable, _READ_FLAGS)
+    except FileNotFoundError:
+        return _MISSING
+    except OSError:
+        return b"?", {}
+    with os.fdopen(fd, "rb") as program:
+        status = os.fstat(program.fileno())
+        if not stat.S_ISREG(status.st_mode) or status.st_size > _MAX_EXECUTABLE_BYTES:
+            return b"?", {}
+        shebang = program.readline(4096)
+        try:
+            with zipfile.ZipFile(program) as bundle:
+                return shebang, {entry.filename: entry.CRC for entry in bundle.infolist()}
+        except (zipfile.BadZipFile, OSError, ValueError):
+            return b"?", {}
+
+
+def _source_checksums(interpreter: str) -> dict[str, int]:
+    """The CRC-32 of each file this version bundles, and the names of the bytecode entries
+    that come with them (:func:`~cortexfs.tools.core.launcher.bundled_modules`: only for the
+    running interpreter), whose checksum is not compared (-1): it follows the source."""
+    with_bytecode = os.path.realpath(interpreter) == os.path.realpath(sys.executable)
+    checksums = {}
+    for name in BUNDLED:
+        checksums[name] = zlib.crc32((package_parent() / name).read_bytes())
+        if with_bytecode and name.endswith(".py"):
+            checksums[name + "c"] = -1
+    return checksums
+
+
+def _matches(found: tuple[bytes, dict[str, int]], wanted: tuple[bytes, dict[str, int]]) -> bool:
+    """The same interpreter line and files, each of the same checksum where one is wanted."""
+    (shebang, checksums), (wanted_shebang, wanted_checksums) = found, wanted
+    return (
+        shebang == wanted_shebang
+        and checksums.keys() == wanted_checksums.keys()
+        and all(crc in (-1, checksums[name]) for name, crc in wanted_checksums.items())
+    )
+
+
+def _expected(
+    interpreter: str, module: str, sources: dict[str, int]
+) -> tuple[bytes, dict[str, int]]:
+    """What :func:`_bundle_of` should find in ``module``'s launcher: its interpreter line
+    and checksums, rendered around an empty bundle (cheap) for the ``__main__`` it writes."""
+    bare = render_launcher(interpreter, [], module)
+    shebang, _, archive = bare.partition(b"\n")
+    with zipfile.ZipFile(io.BytesIO(archive)) as bundle:
+        main = {entry.filename: entry.CRC for entry in bundle.infolist()}
+    return shebang + b"\n", {**main, **sources}

@@ -1,0 +1,138 @@
+"""``ctx bootstrap`` on a root where a core tool's name holds something else than its own
+install of this version (SPEC R-5): an administrator's tool installed before the name became
+core is left as it is and reported; what a crash left of bootstrap's own install is
+repaired; core tools of another version are told apart from this version's."""
+
+from __future__ import annotations
+
+import errno
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import cortexfs.manual  # noqa: F401  (registers the manual bundle's bootstrap step)
+from cortexfs import storage
+from cortexfs.tools.core import CORE_TOOLS, launcher
+from cortexfs.tools.core.bootstrap import core_manifest
+from cortexfs.tools.core.installed import tools_of_another_version
+from cortexfs.tools.install import install_tool, parse_tier
+from cortexfs.tools.manifest import parse_manifest
+
+CTX = [sys.executable, "-c", "from cortexfs.cli import main; main()"]
+ADMINS_PROGRAM = b"#!/bin/sh\necho the administrator's own\n"
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    path = tmp_path / "storage"
+    assert storage.bootstrap(path).problems == []
+    return path
+
+
+def install_as_administrator_before_it_was_core(root: Path, name: str, scratch: Path) -> None:
+    """What an older ctx left: no core tool at ``name``, and the administrator's own tool
+    installed there with 'ctx object install --tier system', which then allowed it."""
+    shutil.rmtree(root / "tool" / f"{name}.d")
+    (root / "tool" / name).unlink()
+    program = scratch / f"{name}.program"
+    program.write_bytes(ADMINS_PROGRAM)
+    document = {
+        "manifest": 2,
+        "kind": "tool",
+        "name": name,
+        "description": "the administrator's own tool",
+        "schema": {"type": "object"},
+        "cap": {"side_effects": False, "network": False},
+        "exec": str(program),
+    }
+    manifest_path = scratch / f"{name}.json"
+    manifest_path.write_text(json.dumps(document))
+    manifest = parse_manifest(document, source=manifest_path)
+    install_tool(parse_tier(root, "system"), manifest, ADMINS_PROGRAM)
+    with open(root / "tool" / f"{name}.d" / "policy", "a") as policy:
+        policy.write(f"allow notes_t tool:{name} execute\n")
+
+
+@pytest.mark.parametrize("name", ["agent.update", "tsh"])
+def test_an_administrators_tool_at_a_core_name_is_left_and_reported(
+    root: Path, tmp_path: Path, name: str
+) -> None:
+    install_as_administrator_before_it_was_core(root, name, tmp_path)
+    controls = root / "tool" / f"{name}.d"
+    before = {path.name: path.read_bytes() for path in controls.iterdir() if path.is_file()}
+    (root / "tool/fs.stat").write_bytes(b"damaged")  # the rest is still repaired
+
+    done = subprocess.run(
+        [*CTX, "--storage", str(root), "bootstrap"], capture_output=True, text=True
+    )
+
+    assert done.returncode == 1, done.stdout
+    assert f"problem   tool/{name} is an administrator's tool (installed from " in done.stdout
+    assert "reinstall it under another name" in done.stdout
+    assert "ctx: EEXIST: " in done.stderr
+    assert (root / "tool" / name).read_bytes() == ADMINS_PROGRAM
+    after = {path.name: path.read_bytes() for path in controls.iterdir() if path.is_file()}
+    assert after == before
+    assert f"allow notes_t tool:{name} execute" in (controls / "policy").read_text()
+    assert "repaired  tool/fs.stat" in done.stdout
+
+
+def test_the_problem_carries_eexist_and_names_the_remedy(root: Path, tmp_path: Path) -> None:
+    install_as_administrator_before_it_was_core(root, "agent.update", tmp_path)
+
+    report = storage.bootstrap(root)
+
+    error = report.error()
+    assert error is not None and error.errno == errno.EEXIST
+    (problem,) = report.problems
+    assert str(tmp_path / "agent.update.json") in problem
+    assert "then run 'ctx bootstrap' again" in problem
+    assert tools_of_another_version(root) == []  # the administrator's is no core tool
+
+
+@pytest.mark.parametrize("origin", [None, b"{not json", b'{"uid": 0}'])
+def test_a_core_tool_whose_origin_a_crash_lost_or_broke_is_repaired(
+    root: Path, origin: bytes | None
+) -> None:
+    control = root / "tool/agent.update.d/origin"
+    if origin is None:
+        control.unlink()
+    else:
+        control.write_bytes(origin)
+    (root / "tool/agent.update").write_bytes(b"cut short")
+
+    report = storage.bootstrap(root)
+
+    assert report.problems == []
+    assert "tool/agent.update" in report.repaired
+    assert json.loads(control.read_text())["manifest"].endswith(
+        "cortexfs/tools/core/manifests/agent.update.json"
+    )
+
+
+def test_core_tools_of_another_version_are_told_apart(root: Path, tmp_path: Path) -> None:
+    assert tools_of_another_version(root) == []
+    install_core_tool_of_another_version(root, "fs.stat", tmp_path)
+
+    assert tools_of_another_version(root) == ["fs.stat"]
+    storage.bootstrap(root)
+    assert tools_of_another_version(root) == []
+
+
+def install_core_tool_of_another_version(root: Path, name: str, scratch: Path) -> None:
+    """What an older bootstrap left at core tool ``name``: its launcher, whose bundled
+    modules (here toolio.py) read the runner's context in another shape."""
+    interpreter, _ = launcher.core_interpreter()
+    modules = [
+        (path, data + b"\n# as an older version had it\n" if path.endswith("toolio.py") else data)
+        for path, data in launcher.bundled_modules(interpreter, launcher.package_parent())
+        if not path.endswith(".pyc")
+    ]
+    program = launcher.render_launcher(interpreter, modules, CORE_TOOLS[name])
+    exec_path = scratch / name
+    exec_path.write_bytes(program)
+    install_tool(parse_tier(root, "system"), core_manifest(name, exec_path), program)
