@@ -26,6 +26,7 @@ from cortexfs.errors import CtxError
 from cortexfs.queue import Claim
 from cortexfs.shared.sessions import Session, SessionRef, open_session
 from cortexfs.shared.tree import Ownership
+from cortexfs.tools.core.installed import require_this_versions_tools
 from cortexfs.tools.result import ToolError
 from cortexfs.tools.runner import run_native
 from cortexfs.worker.loop import JobControl, Outcome, failure, reason_of
@@ -213,10 +214,15 @@ def executor_for(
     kind: str, root: Path, agent: str | None, session: str
 ) -> ToolExecutor | AgentlessExecutor:
     """The executor of a worker kind: ``tool`` (any tool) or ``shell`` (shell.exec only);
-    with no agent, one that refuses every job (:class:`AgentlessExecutor`)."""
+    with no agent, one that refuses every job (:class:`AgentlessExecutor`).  EINVAL when
+    the root's core tools are not this version's (:func:`~cortexfs.tools.core.installed.
+    require_this_versions_tools`): they run only after 'ctx bootstrap'."""
     kinds = {"tool": ToolExecutor, "shell": ShellExecutor}
     if kind not in kinds:
         raise CtxError(22, f"unknown worker kind {kind!r}; choose one of {', '.join(kinds)}")
     if agent is None:
         return AgentlessExecutor()
+    # Core tools an older bootstrap copied may read the runner's context in another shape and
+    # fail every job: refused here, before any claim, rather than each job moved to failed/.
+    require_this_versions_tools(root, "the worker claimed no job")
     return kinds[kind](root, agent, session)
