@@ -346,6 +346,12 @@ def _apply(
         if (verdict := _holder_verdict(queue, evidence, current)) is not None:
             finding.detail += f"; left alone, lease holder {verdict.state}: {verdict.reason}"
             return HELD
+        # Every directory the transition changes, before its first step, as finish checks
+        # (and in its words): a directory an older release made without the group's write
+        # bit (claimed/J 2755) would refuse a move midway with a bare EACCES, naming nothing.
+        queue.require_writable(
+            f"{_VERBS[finding.action or '']} {job}", _places_changed(job, transition, evidence)
+        )
         with held_interrupts():  # Ctrl-C lands between two jobs, never inside one's move
             try:
                 transition(queue, job, claim_fd)
@@ -359,6 +365,25 @@ def _apply(
     finally:
         if claim_fd is not None:
             queue.ops.close(claim_fd)
+
+
+def _places_changed(job: str, transition: Any, evidence: ev.JobEvidence) -> tuple[str, ...]:
+    """The directories ``transition`` changes for J, as :meth:`Queue.require_writable` takes
+    them: where the request goes (``pending``, ``done``, ``failed``), ``claimed/J`` it leaves,
+    ``lease/J`` its lease file leaves, and ``claimed``, ``lease`` those two directories leave.
+    An empty ``claimed/J`` or ``lease/J`` is removed from its parent without being written."""
+    places = []
+    if transition is _requeue:
+        places.append("pending")
+    elif transition is _roll_forward:
+        places.append("done" if evidence.done_result else "failed")
+    places.append("claimed")
+    if evidence.claim_request is not None:
+        places.append(f"claimed/{job}")
+    places.append("lease")
+    if evidence.lease_file:
+        places.append(f"lease/{job}")
+    return tuple(places)
 
 
 def _move_claim_to(queue: Queue, job: str, claim_fd: int, dst_dir: int) -> None:
@@ -413,6 +438,15 @@ def _remove_orphans(queue: Queue, job: str, claim_fd: int | None) -> None:
     queue.ops.step("recover.orphans")
     remove_claim_and_lease(queue, job)
 
+
+# What each transition does to J, as a refusal says it: "cannot requeue J in queue Q: ...".
+_VERBS = {
+    "requeue": "requeue",
+    ev.REQUEUE_UNLEASED: "requeue",
+    ev.ROLL_FORWARD: "complete the interrupted finish of",
+    ev.DROP_CLAIM_COPY: "drop the claim's second link of",
+    ev.REMOVE_ORPHANS: "remove the orphan claim and lease directories of",
+}
 
 _REPAIRS = {
     ev.REQUEUE_UNLEASED: _requeue,
