@@ -322,6 +322,18 @@ def judge(lease: Lease, here: LocalSystem | None = None, now: float | None = Non
     )
 
 
+def once_gone(lease: Lease) -> str:
+    """When recover may act on a job this lease holds, in the words every message uses that
+    sends a user to ``recover --reconcile``: ``once its lease holder (pid N on H) has exited
+    or its lease has expired (at T)``.  Until then the job is left alone (Q-5, Q-6), and a
+    message that said only "run recover" would send the user round in a circle."""
+    holder = lease.holder
+    return (
+        f"once its lease holder (pid {holder.pid} on {holder.host}) has exited or its lease "
+        f"has expired (at {rfc3339(lease.expires_at)})"
+    )
+
+
 def _same_machine(holder: Holder, here: LocalSystem) -> bool:
     if holder.machine_id and here.machine_id:
         return holder.machine_id == here.machine_id and holder.host == here.host

@@ -61,7 +61,15 @@ from cortexfs.names import job_name
 from cortexfs.queue import evidence as ev
 from cortexfs.queue import requests
 from cortexfs.queue.claim_order import candidates, pending_changed, pending_stamp
-from cortexfs.queue.holder import MAX_LEASE_TTL, Holder, Lease, check_ttl, check_worker_id
+from cortexfs.queue.holder import (
+    MAX_LEASE_TTL,
+    Holder,
+    Lease,
+    check_ttl,
+    check_worker_id,
+    judge,
+    once_gone,
+)
 from cortexfs.queue.layout import (
     LEASE_FILE,
     RESULT_SUFFIX,
@@ -864,17 +872,18 @@ def finish(
         terminal = queue.terminal(ok)
         state = "done" if ok else "failed"
         finished = _terminal_evidence(queue, job)
-        if finished == [(state, job + RESULT_SUFFIX)] and isinstance(lease, Lease):
+        own = None
+        if finished and isinstance(lease, Lease):
             # This claim's own finish, cut short after its result moved in
             # (_finish_cut_short)?  Finishing it again with the same outcome completes it, as
             # recover --reconcile would once its holder is gone; the result in place stands.
             by = lease.holder.summary() if worker is None else worker
-            completed = _complete_finish(queue, job, lease, claim_fd, state, by, output)
-            if completed is not None:
-                return completed
+            own = _own_result(queue, job, lease, by)
+            if own is not None and own[0] == state and own[1].get("output") == output:
+                return _complete_finish(queue, job, lease, claim_fd, state, own[1])
         if finished:
             # A second outcome beside the first would make J a conflict (Q-6).
-            raise _finished_already(queue, job)
+            raise _finished_already(queue, job, lease, own)
         if isinstance(lease, CtxError) and lease.errno == errno.ENOENT:
             raise _claimed_without_lease(job)
         if isinstance(lease, CtxError):
@@ -913,7 +922,7 @@ def finish(
             durable.move_noreplace(ops, queue.inbox, temp, terminal, job + RESULT_SUFFIX)
         except FileExistsError:
             _discard_temp(queue, temp)
-            raise _finished_already(queue, job) from None
+            raise _finished_already(queue, job, lease) from None
         except OSError as exc:
             if _moved_in(queue.inbox, temp, terminal, job + RESULT_SUFFIX):
                 raise _finish_cut_short(queue, job, lease, exc) from None
@@ -940,35 +949,51 @@ def _move_request_and_clean_up(
     ops.step("finish.done")
 
 
-def _complete_finish(
-    queue: Queue,
-    job: str,
-    lease: Lease,
-    claim_fd: int,
-    state: str,
-    worker: Mapping[str, Any],
-    output: Any,
-) -> dict[str, Any] | None:
-    """The rest of a finish cut short once ``<state>/J.result`` was in place, when J is the
-    incomplete pair recover would roll forward and the result is this claim's, recorded by
-    ``worker`` with ``output``: the request moves beside it and the claim goes, as in
-    :func:`finish`, and the result is returned.  None, with nothing changed, otherwise — a
-    result of anyone else's or with another outcome, or a conflict (J pending too…), which
-    nothing resolves automatically (Q-6).  J's lock is held."""
+def _own_result(
+    queue: Queue, job: str, lease: Lease, worker: Mapping[str, Any]
+) -> tuple[str, dict[str, Any]] | None:
+    """The state (``done``, ``failed``) and content of J's result in place, when J is the
+    incomplete pair recover would roll forward and the result is this claim's (see
+    :func:`_recorded_by`); None otherwise — a result of anyone else's, one that cannot be
+    read, or a conflict (J pending too…), which nothing resolves automatically (Q-6)."""
     if ev.assess(ev.evidence_of(queue, job)).repair != ev.ROLL_FORWARD:
         return None
-    terminal = queue.dirs[state]
+    state = "done" if lstat_at(queue.done, job + RESULT_SUFFIX) else "failed"
     try:
         limit = max(queue.config.max_result_bytes, 1 << 20)  # a failure record may exceed it
-        recorded = jsontext.loads_strict(read_regular_file(terminal, job + RESULT_SUFFIX, limit))
+        data = read_regular_file(queue.dirs[state], job + RESULT_SUFFIX, limit)
+        recorded = jsontext.loads_strict(data)
     except (OSError, CtxError, ValueError):
         return None
-    if not isinstance(recorded, dict):
+    if not isinstance(recorded, dict) or not _recorded_by(recorded, lease, worker):
         return None
-    if recorded.get("worker") != dict(worker) or recorded.get("output") != output:
-        return None
+    return state, recorded
+
+
+def _recorded_by(recorded: Mapping[str, Any], lease: Lease, worker: Mapping[str, Any]) -> bool:
+    """Whether a result was written by a finish of the claim ``lease`` records.
+
+    A finish records as ``worker`` the lease's holder (a worker passes its own summary,
+    which is the holder's), so a result naming ``worker`` is this claim's.  A shell's finish
+    of an older release recorded the finishing process instead (the shell, not the holder),
+    with the lease's ``claimed_at`` as its ``started``, as a finish still does: such a result
+    is this claim's too, since no result can be put beside a claimed request but by a finish
+    of that claim (a claim is refused while J has a result).  Either way, completing the
+    finish keeps the result as it is: only a second finish with the same outcome and output
+    completes it, so no job is ever completed with a result other than the one asked for."""
+    if recorded.get("worker") == dict(worker):
+        return True
+    return recorded.get("started") == rfc3339(lease.claimed_at)
+
+
+def _complete_finish(
+    queue: Queue, job: str, lease: Lease, claim_fd: int, state: str, recorded: dict[str, Any]
+) -> dict[str, Any]:
+    """The rest of a finish cut short once ``<state>/J.result`` (``recorded``, this claim's,
+    with the outcome and output asked for again) was in place: the request moves beside it
+    and the claim goes, as in :func:`finish`, and the result is returned.  J's lock is held."""
     queue.require_writable("finish", (state, "claimed", f"claimed/{job}", "lease", f"lease/{job}"))
-    _move_request_and_clean_up(queue, job, lease, claim_fd, terminal)
+    _move_request_and_clean_up(queue, job, lease, claim_fd, queue.dirs[state])
     return recorded
 
 
@@ -1082,17 +1107,13 @@ def _finish_cut_short(queue: Queue, job: str, lease: Lease | CtxError, exc: OSEr
     if assessment.state != "incomplete":
         then = f"'ctx queue show {job}' shows it"
     elif isinstance(lease, Lease):
-        holder = lease.holder
         again = (
             "finishing it again with the same outcome completes it now (the result in place "
             "stands), or "
             if assessment.repair == ev.ROLL_FORWARD
             else ""
         )
-        then = (
-            f"{again}'ctx queue recover --reconcile' completes it once its lease holder (pid "
-            f"{holder.pid} on {holder.host}) has exited or its lease has expired"
-        )
+        then = f"{again}'ctx queue recover --reconcile' completes it {once_gone(lease)}"
     else:
         then = "'ctx queue recover --reconcile' completes it"
     return CtxError(
@@ -1102,11 +1123,19 @@ def _finish_cut_short(queue: Queue, job: str, lease: Lease | CtxError, exc: OSEr
     )
 
 
-def _finished_already(queue: Queue, job: str) -> CtxError:
+def _finished_already(
+    queue: Queue,
+    job: str,
+    lease: Lease | CtxError,
+    own: tuple[str, Mapping[str, Any]] | None = None,
+) -> CtxError:
     """EEXIST for a finish that finds terminal evidence of J, saying what is there and who
     completes it: ``recover --reconcile``, for what an interrupted finish leaves (a result
-    beside the claimed request); a person, for a conflict, which recover never resolves
-    (a result that is a FIFO or a directory, a request in done/ without its result...)."""
+    beside the claimed request), and when it will (a live holder's job it leaves alone until
+    the holder is gone: said, or the user goes from finish to recover and back); or a second
+    finish with the outcome of ``own``, this claim's result in place (:func:`_own_result`),
+    now; a person, for a conflict, which recover never resolves (a result that is a FIFO or
+    a directory, a request in done/ without its result...)."""
     finished_in, name = _terminal_evidence(queue, job)[0]
     found = lstat_at(queue.dirs[finished_in], name)
     what = f"{finished_in}/{name} already exists"
@@ -1115,10 +1144,28 @@ def _finished_already(queue: Queue, job: str) -> CtxError:
     evidence = ev.evidence_of(queue, job)
     assessment = ev.assess(evidence)
     if assessment.repair in (ev.ROLL_FORWARD, ev.DROP_CLAIM_COPY):
-        return exists(
-            f"{what}: an earlier finish of {job} was interrupted; run 'ctx queue recover "
-            "--reconcile' to complete it"
-        )
+        interrupted = f"{what}: an earlier finish of {job} was interrupted"
+        if assessment.repair == ev.ROLL_FORWARD:
+            interrupted += (
+                f" after its result was in place, and that result stands ('ctx queue show {job}' "
+                "shows it)"
+            )
+        again = ""
+        if own is not None:
+            again = (
+                f"finishing it again in {own[0]}/ with the output recorded there completes it "
+                "now, or "
+            )
+        if not isinstance(lease, Lease):
+            then = f"{again}'ctx queue recover --reconcile' completes it now"
+        elif (verdict := judge(lease)).gone:
+            then = f"{again}'ctx queue recover --reconcile' completes it now ({verdict.reason})"
+        else:
+            then = (
+                f"{again}'ctx queue recover --reconcile' completes it {once_gone(lease)}; until "
+                "then it leaves the job alone"
+            )
+        return exists(f"{interrupted}; {then}; nothing was changed")
     return exists(
         f"{what}: job {job} is a conflict ({assessment.detail}; evidence: "
         f"{', '.join(evidence.paths())}), which recover never resolves; a person must look "

@@ -34,7 +34,7 @@ from cortexfs.errors import CtxError
 from cortexfs.interrupts import held_interrupts
 from cortexfs.queue import evidence as ev
 from cortexfs.queue.claim_order import pending_changed, pending_stamp, relist_after_recover
-from cortexfs.queue.holder import GONE, Verdict, judge
+from cortexfs.queue.holder import GONE, Verdict, judge, once_gone
 from cortexfs.queue.layout import (
     LEASE_FILE,
     RESULT_SUFFIX,
@@ -233,7 +233,7 @@ def _recover_job(
         verdict = _holder_verdict(queue, evidence, assessment)
         if verdict is not None:
             # Left as it is, and still incomplete: the run does not end "consistent" (Q-6).
-            finding.detail += f"; left alone, lease holder {verdict.state}: {verdict.reason}"
+            finding.detail += _left_to_its_holder(queue, evidence.job, verdict)
             report.incomplete.append(finding)
             return
         report.repaired.append(finding)  # planned, not applied: the pair stays incomplete
@@ -301,6 +301,18 @@ def _holder_verdict(
     return verdict
 
 
+def _left_to_its_holder(queue: Queue, job: str, verdict: Verdict) -> str:
+    """Why an incomplete pair was left alone, and when a run will complete it: said, or the
+    user goes between finish (which sends them here) and recover (which leaves it) in a
+    circle until the holder has gone."""
+    said = f"; left alone, lease holder {verdict.state}: {verdict.reason}"
+    try:
+        lease = read_lease(queue, job)
+    except (OSError, CtxError):
+        return said
+    return f"{said}; 'ctx queue recover --reconcile' completes it {once_gone(lease)}"
+
+
 UNREADABLE = "unreadable"  # a lease file that cannot be parsed: no verdict on its holder
 HELD = "held"  # _apply left the job alone because its lease holder is not provably gone
 BUSY = "busy"  # _apply left the job alone because it is being moved or has moved
@@ -344,7 +356,10 @@ def _apply(
             finding.detail += f"; left alone, it is now {current.state}"
             return BUSY
         if (verdict := _holder_verdict(queue, evidence, current)) is not None:
-            finding.detail += f"; left alone, lease holder {verdict.state}: {verdict.reason}"
+            if current.state == "incomplete":
+                finding.detail += _left_to_its_holder(queue, job, verdict)
+            else:  # claimed again since the scan, by a live holder: its job runs
+                finding.detail += f"; left alone, lease holder {verdict.state}: {verdict.reason}"
             return HELD
         # Every directory the transition changes, before its first step, as finish checks
         # (and in its words): a directory an older release made without the group's write

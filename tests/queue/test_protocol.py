@@ -460,7 +460,14 @@ def test_an_interrupted_finish_is_not_finished_again_the_other_way(
     assert refused.value.errno == errno.EEXIST and "done/half.req.json.result" in str(refused.value)
     assert entries(queue_dir, "failed") == []
     assert entries(queue_dir, "claimed") == ["half.req.json"]  # for recover --reconcile
-    assert "interrupted; run 'ctx queue recover --reconcile' to complete it" in str(refused.value)
+    said = str(refused.value)
+    assert "an earlier finish of half.req.json was interrupted" in said
+    # Its holder (this process) lives: recover leaves the job alone until then, and says so.
+    assert (
+        f"'ctx queue recover --reconcile' completes it once its lease holder (pid {me.pid} on "
+        f"{me.host}) has exited or its lease has expired (at "
+    ) in said
+    assert "finishing it again" not in said  # a result no finish of this claim recorded
 
 
 def test_a_finish_meeting_a_result_that_is_no_file_calls_it_a_conflict(
