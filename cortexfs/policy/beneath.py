@@ -118,16 +118,27 @@ def read_file(top: Path, relative: PurePosixPath, limit: int) -> bytes:
     component is a link, a non-directory, or the file is not a regular file (a FIFO is never
     waited on); EFBIG when it holds more than ``limit`` bytes.
     """
-    *directories, name = relative.parts
+    fd = open_directory(top, relative.parent)
+    try:
+        return read_regular_file(relative.name, limit, dir_fd=fd)
+    finally:
+        os.close(fd)
+
+
+def open_directory(top: Path, relative: PurePosixPath) -> int:
+    """A descriptor (``O_PATH``) of the directory ``top/relative``, reached without following
+    links, for reading the files in it: OSError ENOENT when it is missing, ELOOP or ENOTDIR
+    when a component is a link or not a directory."""
     fd = os.open(top, _PLACE_FLAGS | os.O_DIRECTORY)
     try:
-        for directory in directories:
+        for directory in relative.parts:
             inner = os.open(directory, _PLACE_FLAGS | os.O_DIRECTORY, dir_fd=fd)
             os.close(fd)
             fd = inner
-        return read_regular_file(name, limit, dir_fd=fd)
-    finally:
+    except BaseException:
         os.close(fd)
+        raise
+    return fd
 
 
 def list_directory(top: Path, relative: PurePosixPath) -> list[str] | None:

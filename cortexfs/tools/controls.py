@@ -27,11 +27,12 @@ its limit too (EFBIG, naming it and the limit); a malformed ``program`` makes it
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
 import stat
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any, NamedTuple
 
@@ -40,6 +41,7 @@ from cortexfs.errors import HOST_SHORTAGES, CtxError, denied
 from cortexfs.names import check_object_name
 from cortexfs.policy import beneath
 from cortexfs.policy.controls import control_limit, too_large
+from cortexfs.regular_file import read_regular_file
 from cortexfs.tools.remedy import reinstall_advice
 from cortexfs.tools.schemas import schema_problems
 
@@ -117,20 +119,67 @@ def damaged(tool: ToolObject, reason: str) -> CtxError:
 def read_control(tool: ToolObject, name: str) -> bytes | None:
     """The bytes of one control, None when it is absent; links are never followed, and no
     more than the control's limit is read (EFBIG beyond it)."""
-    relative = tool.relative_control(name)
-    limit = control_limit(relative)
-    try:
-        return beneath.read_file(tool.directory, relative, limit)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        if exc.errno in HOST_SHORTAGES:  # the host's state, not the tool's
-            raise CtxError(
-                exc.errno, f"{tool.name}'s {name} cannot be read now: {exc.strerror}"
-            ) from None
-        if exc.errno == errno.EFBIG:  # said as damage, with the errno of what is wrong
-            raise CtxError(errno.EFBIG, damaged(tool, too_large(relative)).message) from None
-        raise damaged(tool, f"{name} cannot be read safely ({exc.strerror})") from None
+    return _ControlDirectory(tool).read(name)
+
+
+class _ControlDirectory:
+    """Where the controls of ``tool`` are looked at and read: by path from its tier, or,
+    :meth:`opened`, through one descriptor of ``<name>.d/`` opened beneath the tier through no
+    link.  A call reads a tool's controls through one descriptor (two opens fewer for each
+    control), and so all of one directory, should a reinstall exchange it meanwhile
+    (:mod:`cortexfs.tools.pairs`; the runner then reads again)."""
+
+    def __init__(self, tool: ToolObject, fd: int | None = None) -> None:
+        self.tool = tool
+        self.fd = fd
+
+    @classmethod
+    @contextlib.contextmanager
+    def opened(cls, tool: ToolObject) -> Iterator[_ControlDirectory]:
+        """The control directory through a descriptor; ENOEXEC (damaged) when it is missing,
+        a link or not a directory."""
+        try:
+            fd = beneath.open_directory(tool.directory, PurePosixPath(f"{tool.name}.d"))
+        except OSError as exc:
+            if exc.errno in HOST_SHORTAGES:
+                raise CtxError(
+                    exc.errno, f"{tool.name}.d cannot be opened now: {exc.strerror}"
+                ) from None
+            reason = f"its control directory {tool.name}.d/ is missing or not a directory"
+            raise damaged(tool, reason) from None
+        try:
+            yield cls(tool, fd)
+        finally:
+            os.close(fd)
+
+    def status(self, name: str) -> os.stat_result | None:
+        """The ``lstat`` of control ``name`` (a path below ``<name>.d/``), None when missing."""
+        try:
+            if self.fd is None:
+                return os.lstat(self.tool.control(name))
+            return os.stat(name, dir_fd=self.fd, follow_symlinks=False)
+        except (FileNotFoundError, NotADirectoryError):  # e.g. a file where <name>.d/ belongs
+            return None
+
+    def read(self, name: str) -> bytes | None:
+        """:func:`read_control`."""
+        tool = self.tool
+        relative = tool.relative_control(name)
+        limit = control_limit(relative)
+        try:
+            if self.fd is None:
+                return beneath.read_file(tool.directory, relative, limit)
+            return read_regular_file(name, limit, dir_fd=self.fd)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            if exc.errno in HOST_SHORTAGES:  # the host's state, not the tool's
+                raise CtxError(
+                    exc.errno, f"{tool.name}'s {name} cannot be read now: {exc.strerror}"
+                ) from None
+            if exc.errno == errno.EFBIG:  # said as damage, with the errno of what is wrong
+                raise CtxError(errno.EFBIG, damaged(tool, too_large(relative)).message) from None
+            raise damaged(tool, f"{name} cannot be read safely ({exc.strerror})") from None
 
 
 def parse_status(data: bytes) -> str:
@@ -140,23 +189,28 @@ def parse_status(data: bytes) -> str:
 
 def read_controls(tool: ToolObject) -> ToolControls:
     """Read and check the controls a call depends on; ENOEXEC when one is damaged."""
-    if not _is_directory(tool.control_dir):
-        # Said once for the whole directory, rather than as its first missing control.
-        raise damaged(tool, f"its control directory {tool.name}.d/ is missing or not a directory")
+    # A missing or linked directory is said once for the whole directory, rather than as its
+    # first missing control.
+    with _ControlDirectory.opened(tool) as directory:
+        return _checked_controls(directory)
+
+
+def _checked_controls(directory: _ControlDirectory) -> ToolControls:
+    tool = directory.tool
     # The tool's own policy is the authority chain's to judge (step 6: a missing or linked
     # policy allows nothing), which every call asks next: refused there, the call says
     # EACCES and the step, as 'ctx policy explain' does (P-5, P-6).
-    missing = _missing_controls(tool, judged_by_the_chain=("policy",))
+    missing = _missing_controls(directory, judged_by_the_chain=("policy",))
     if missing:
         raise damaged(tool, missing[0])
-    schema = _read_json(tool, "schema")
-    cap = _read_json(tool, "cap")
+    schema = _read_json(directory, "schema")
+    cap = _read_json(directory, "cap")
     if not isinstance(cap, dict):
         raise damaged(tool, "the cap control is not a JSON object")
-    status_data = read_control(tool, "status")
+    status_data = directory.read("status")
     if status_data is None:
         raise damaged(tool, "the status control is missing")
-    program, problem = _read_program(tool)
+    program, problem = _read_program(directory)
     status = f"{STATUS_UNAVAILABLE}: {problem}" if problem else parse_status(status_data)
     problems = schema_problems(schema, "schema")
     if problems:
@@ -191,7 +245,7 @@ def layout_problems(tool: ToolObject) -> list[str]:
     except (FileNotFoundError, NotADirectoryError):
         problems.append(f"{tool.name} is missing")
     try:
-        problems += _missing_controls(tool)
+        problems += _missing_controls(_ControlDirectory(tool))
     except CtxError as exc:  # a name control over its limit or unreadable: damage all the same
         problems.append(exc.message)
     if not problems:
@@ -202,28 +256,33 @@ def layout_problems(tool: ToolObject) -> list[str]:
     return problems
 
 
-def _missing_controls(tool: ToolObject, judged_by_the_chain: tuple[str, ...] = ()) -> list[str]:
+def _missing_controls(
+    directory: _ControlDirectory, judged_by_the_chain: tuple[str, ...] = ()
+) -> list[str]:
     """The controls of T-1 that are missing or of the wrong kind, and a ``name`` control that
     names another tool: a call of such a tool is refused as damaged, as ``ctx object list``
     reports it, never run with what happens to be there.  ``judged_by_the_chain``: controls
     left to the authority chain, which refuses the call for them itself."""
+    tool = directory.tool
     problems = []
     for name in REQUIRED_FILES:
-        if name not in judged_by_the_chain and not _is_regular(tool.control(name)):
-            problems.append(f"{tool.name}.d/{name} is {_missing_or(tool.control(name), 'file')}")
+        status = directory.status(name)
+        if name not in judged_by_the_chain and not _is(stat.S_ISREG, status):
+            problems.append(f"{tool.name}.d/{name} is {_missing_or(status, 'file')}")
     for name in HOOK_DIRS:
-        if not _is_directory(tool.control(name)):
-            kind = _missing_or(tool.control(name), "directory")
-            problems.append(f"{tool.name}.d/{name}/ is {kind}")
+        status = directory.status(name)
+        if not _is(stat.S_ISDIR, status):
+            problems.append(f"{tool.name}.d/{name}/ is {_missing_or(status, 'directory')}")
     if not problems:
-        named = read_control(tool, "name") or b""
+        named = directory.read("name") or b""
         if named.decode("utf-8", "replace").strip() != tool.name:
             problems.append(f"{tool.name}.d/name names {named.strip()[:64]!r}, not {tool.name}")
     return problems
 
 
-def _read_json(tool: ToolObject, name: str) -> Any:
-    data = read_control(tool, name)
+def _read_json(directory: _ControlDirectory, name: str) -> Any:
+    tool = directory.tool
+    data = directory.read(name)
     if data is None:
         raise damaged(tool, f"the {name} control is missing")
     try:
@@ -235,11 +294,11 @@ def _read_json(tool: ToolObject, name: str) -> Any:
 def program_problem(tool: ToolObject) -> str:
     """Why ``tool``'s ``program`` control makes it unavailable (C-2); empty when it is valid or
     absent."""
-    return _read_program(tool)[1]
+    return _read_program(_ControlDirectory(tool))[1]
 
 
-def _read_program(tool: ToolObject) -> tuple[dict[str, Any] | None, str]:
-    data = read_control(tool, "program")
+def _read_program(directory: _ControlDirectory) -> tuple[dict[str, Any] | None, str]:
+    data = directory.read("program")
     return (None, "") if data is None else _parse_program(data)
 
 
@@ -255,25 +314,12 @@ def _parse_program(data: bytes) -> tuple[dict[str, Any] | None, str]:
     return program, ""
 
 
-def _missing_or(path: Path, kind: str) -> str:
-    try:
-        linked = stat.S_ISLNK(os.lstat(path).st_mode)
-    except (FileNotFoundError, NotADirectoryError):
-        linked = False
-    if linked:
+def _missing_or(status: os.stat_result | None, kind: str) -> str:
+    if status is not None and stat.S_ISLNK(status.st_mode):
         return f"not a {kind} (a symbolic link; links are not followed)"
     return f"missing or not a {'regular file' if kind == 'file' else kind}"
 
 
-def _is_regular(path: Path) -> bool:
-    try:
-        return stat.S_ISREG(os.lstat(path).st_mode)
-    except (FileNotFoundError, NotADirectoryError):  # e.g. a file where <name>.d/ belongs
-        return False
-
-
-def _is_directory(path: Path) -> bool:
-    try:
-        return stat.S_ISDIR(os.lstat(path).st_mode)
-    except (FileNotFoundError, NotADirectoryError):
-        return False
+def _is(kind: Callable[[int], bool], status: os.stat_result | None) -> bool:
+    """Whether ``status`` is of an entry of ``kind`` (``stat.S_ISREG``, ``stat.S_ISDIR``)."""
+    return status is not None and kind(status.st_mode)

@@ -21,7 +21,7 @@ import pytest
 from cortexfs.policy import beneath
 from cortexfs.shared.sessions import SessionRef
 from cortexfs.shared.spaces import create_shared_space
-from cortexfs.tools import spawn
+from cortexfs.tools import controls, spawn
 from cortexfs.tools.result import ToolResult
 from cortexfs.tools.runner import run_native, run_terminal
 from tests.support.cli import ctx
@@ -868,20 +868,41 @@ def test_a_control_the_host_cannot_open_now_is_not_called_damaged(
 ) -> None:
     """Out of descriptors, the tool's cap control cannot be opened: the call fails with EMFILE,
     not with ENOEXEC and advice to reinstall a tool that is intact."""
-    read_file = beneath.read_file
+    read_regular_file = controls.read_regular_file  # what opens a control in <tool>.d/
 
-    def out_of_descriptors(directory: Any, path: Any, limit: int) -> bytes:
-        if path.name == "cap":
+    def out_of_descriptors(path: Any, limit: int, **options: Any) -> bytes:
+        if os.fspath(path) == "cap":
             raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
-        return read_file(directory, path, limit)
+        return read_regular_file(path, limit, **options)
 
-    monkeypatch.setattr(beneath, "read_file", out_of_descriptors)
+    monkeypatch.setattr(controls, "read_regular_file", out_of_descriptors)
 
     result = run_native(coder.root, "coder", "whoami", {})
 
     assert result.error is not None and result.exit_status is None
     assert (result.error.errno, result.error.stage) == (errno.EMFILE, "resolve"), result.error
     assert "damaged" not in result.error.message
+
+
+def test_a_control_directory_the_host_cannot_open_now_is_not_called_damaged(
+    coder: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Out of descriptors, the tool's control directory, through which its controls are read,
+    cannot be opened: EMFILE, not ENOEXEC and advice to reinstall a tool that is intact."""
+    open_directory = beneath.open_directory
+
+    def out_of_descriptors(top: Path, relative: Any) -> int:
+        if relative.name == "whoami.d":
+            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+        return open_directory(top, relative)
+
+    monkeypatch.setattr(beneath, "open_directory", out_of_descriptors)
+
+    result = run_native(coder.root, "coder", "whoami", {})
+
+    assert result.error is not None and result.exit_status is None
+    assert (result.error.errno, result.error.stage) == (errno.EMFILE, "resolve"), result.error
+    assert "damaged" not in result.error.message and "whoami.d" in result.error.message
 
 
 # --- ctx run's own standard output cannot be written ----------------------------------------
