@@ -194,10 +194,38 @@ def test_the_source_tree_of_another_version_is_refused_before_anything_changes(
     assert done.returncode == 2, done.stdout
     assert done.stderr.startswith("ctx: EINVAL: ") and f"cortexfs {version}" in done.stderr
     assert (bundle(root) / "man" / "ctx.tool.md").read_bytes() == before
+    for name, data in built_in().items():  # the tree of this very release
+        (source / "docs" / "spec" / name).write_bytes(data)
     (source / "pyproject.toml").write_text(
         f'[project]\nname = "cortexfs"\nversion = "{cortexfs.__version__}"\n'
     )
     assert ctx(root, "bootstrap", str(source)).returncode == 0
+
+
+def test_a_tree_declaring_this_version_with_other_pages_is_refused_naming_them(
+    root: Path, tmp_path: Path
+) -> None:
+    """D-1: every release has declared the same version, so the tree of an older one (its
+    pages saying what no longer holds) declares this ctx's: its pages tell it apart."""
+    source = tmp_path / "older-checkout"
+    (source / "docs" / "spec").mkdir(parents=True)
+    for name, data in built_in().items():
+        (source / "docs" / "spec" / name).write_bytes(data)
+    (source / "docs" / "spec" / "ctx.session.md").write_bytes(b"# ctx.session - home 0750\n")
+    (source / "pyproject.toml").write_text(
+        f'[project]\nname = "cortexfs"\nversion = "{cortexfs.__version__}"\n'
+    )
+    before = installed(root)
+
+    done = ctx(root, "bootstrap", str(source))
+
+    assert done.returncode == 2, done.stdout
+    assert done.stderr.startswith(
+        f"ctx: EINVAL: {source} declares cortexfs {cortexfs.__version__}, as this ctx does, but "
+        "its manual pages are not this ctx's (docs/spec/ctx.session.md differs)"
+    )
+    assert "run 'ctx bootstrap' without SOURCE for the pages built into this ctx" in done.stderr
+    assert installed(root) == before
 
 
 def test_a_source_without_the_pages_is_refused_before_anything_is_made(tmp_path: Path) -> None:

@@ -11,6 +11,16 @@ and a link, FIFO or socket in a page's place.  The two directories are given bac
 (0755) and owner before a page is written in them (:mod:`cortexfs.bootstrap_repair`).
 Anything else in the bundle is left alone.
 
+``ctx bootstrap SOURCE`` is for rebuilding the bundle from the source tree ctx was installed
+from (D-1: "a stale bundle is rebuilt from the tree of the matching version"), and refuses,
+before anything changes, a tree whose pages would be stale as soon as installed.  The version
+its ``pyproject.toml`` declares tells two releases apart only when they declare different
+ones, and every release so far has declared the same: so a tree that declares this ctx's
+version must also hold this ctx's pages, byte for byte (the tree of the same release does, its
+``docs/spec/`` being the very directory ctx was built with), and one whose pages differ is
+refused naming them.  A tree that declares no version (the pages alone, no ``pyproject.toml``)
+is an administrator's own pages, taken as they are.
+
 ``ctx man TOPIC`` reads the installed page and falls back to the built-in copy when there is
 none.  Topics are short aliases (``agent``) of the page names (``ctx.agent.md``), which keep
 the ``ctx.*.md`` namespace on disk; ``README`` (also ``readme``, ``README.md``) is the bundle's
@@ -101,17 +111,42 @@ def _read_page(path: Path) -> bytes:
 def check_source(source: Path | None) -> None:
     """Refuse an unusable SOURCE before bootstrap changes anything: one without the pages, or
     the tree of another version of CortexFS (D-1: a stale bundle is rebuilt from the tree of
-    the matching version; another version's pages would be stale as soon as installed)."""
+    the matching version; another version's pages would be stale as soon as installed).
+
+    Another version is one that declares another, or declares this one and holds other
+    pages: releases have not changed the declared version, so only the pages themselves tell
+    an older tree from this one's."""
     if source is None:
         return
-    source_pages(source)
+    pages = source_pages(source)
     version = source_version(source)
-    if version is not None and version != __version__:
+    if version is None:
+        return  # a tree of the pages alone: the administrator's own, taken as they are
+    if version != __version__:
         raise invalid(
             f"{source} is the source tree of cortexfs {version}, but this ctx is {__version__}: "
             f"its manual pages are not this version's (D-1); give the tree of cortexfs "
             f"{__version__}, or run 'ctx bootstrap' without SOURCE for the pages built into ctx"
         )
+    differing = pages_differing(pages, built_in_pages())
+    if differing:
+        shown = ", ".join(str(SOURCE_PAGES / name) for name in differing)
+        shown += " differs" if len(differing) == 1 else " differ"
+        raise invalid(
+            f"{source} declares cortexfs {version}, as this ctx does, but its manual pages are "
+            f"not this ctx's ({shown}): it is the tree of another release, whose pages "
+            "would be stale as soon as installed (D-1); nothing was changed: run 'ctx "
+            "bootstrap' without SOURCE for the pages built into this ctx, or install the ctx of "
+            "that tree and bootstrap with it"
+        )
+
+
+def pages_differing(pages: Pages, others: Pages) -> list[str]:
+    """The names of the pages (``README.md``, ``ctx.<topic>.md``) whose bytes differ."""
+    differing = [README] if pages.readme != others.readme else []
+    return differing + [
+        page_name(topic) for topic in TOPICS if pages.man[topic] != others.man[topic]
+    ]
 
 
 def source_version(source: Path) -> str | None:
