@@ -8,8 +8,10 @@ from pathlib import Path
 import click
 
 # The layers that add bootstrap steps register them when imported; this command is where they
-# are composed (R-5: the manual bundle; the core tools and tool/tsh.d/config).
+# are composed (R-5: the manual bundle; the core tools and tool/tsh.d/config; the modes of
+# home sessions older versions made).
 import cortexfs.manual
+import cortexfs.shared.home_sessions
 import cortexfs.tools.core.bootstrap
 from cortexfs import storage
 from cortexfs.cli.common import (
@@ -49,6 +51,11 @@ def bootstrap(source: Path | None, storage_dir: Path | None, as_json: bool) -> N
     directories 0755.  It never widens the mode of one that exists: when others may not
     read and search one of them, agents cannot use the root, and a 'warning' line names
     them and the chmod that opens them (exit 0).
+
+    \b
+    Home sessions an older version made readable by the agent's group (directories 0750,
+    events.jsonl 0640) are tightened to 0700 and 0600, never through a link ('repaired',
+    with the mode before and after).
 
     \b
     A tool in tool/ that an administrator installed under a name that a later version

@@ -429,6 +429,7 @@ def _bootstrap(root: Path) -> list[str]:
     tools, tsh config, manual), never only the directories a space needs."""
     # Each registers its bootstrap step when imported.
     import cortexfs.manual
+    import cortexfs.shared.home_sessions
     import cortexfs.tools.core.bootstrap  # noqa: F401
 
     report = storage.bootstrap(root)
