@@ -953,9 +953,16 @@ def _own_result(
     queue: Queue, job: str, lease: Lease, worker: Mapping[str, Any]
 ) -> tuple[str, dict[str, Any]] | None:
     """The state (``done``, ``failed``) and content of J's result in place, when J is the
-    incomplete pair recover would roll forward and the result is this claim's (see
-    :func:`_recorded_by`); None otherwise — a result of anyone else's, one that cannot be
-    read, or a conflict (J pending too…), which nothing resolves automatically (Q-6)."""
+    incomplete pair recover would roll forward and the result is this claim's, recorded by
+    ``worker`` (a finish records the lease's holder); None otherwise, with nothing changed —
+    a result of anyone else's, one that cannot be read, or a conflict (J pending too…),
+    which nothing resolves automatically (Q-6).
+
+    A result that names another worker is never taken for this claim's, even one an older
+    release's shell finish wrote (it named the finishing shell, not the holder): where flock
+    does not work (some NFS setups), that other finisher may still be moving J, and only
+    the worker it recorded keeps two finishers from both completing J (Q-4).  recover
+    --reconcile completes such a finish once the holder is gone."""
     if ev.assess(ev.evidence_of(queue, job)).repair != ev.ROLL_FORWARD:
         return None
     state = "done" if lstat_at(queue.done, job + RESULT_SUFFIX) else "failed"
@@ -965,25 +972,9 @@ def _own_result(
         recorded = jsontext.loads_strict(data)
     except (OSError, CtxError, ValueError):
         return None
-    if not isinstance(recorded, dict) or not _recorded_by(recorded, lease, worker):
+    if not isinstance(recorded, dict) or recorded.get("worker") != dict(worker):
         return None
     return state, recorded
-
-
-def _recorded_by(recorded: Mapping[str, Any], lease: Lease, worker: Mapping[str, Any]) -> bool:
-    """Whether a result was written by a finish of the claim ``lease`` records.
-
-    A finish records as ``worker`` the lease's holder (a worker passes its own summary,
-    which is the holder's), so a result naming ``worker`` is this claim's.  A shell's finish
-    of an older release recorded the finishing process instead (the shell, not the holder),
-    with the lease's ``claimed_at`` as its ``started``, as a finish still does: such a result
-    is this claim's too, since no result can be put beside a claimed request but by a finish
-    of that claim (a claim is refused while J has a result).  Either way, completing the
-    finish keeps the result as it is: only a second finish with the same outcome and output
-    completes it, so no job is ever completed with a result other than the one asked for."""
-    if recorded.get("worker") == dict(worker):
-        return True
-    return recorded.get("started") == rfc3339(lease.claimed_at)
 
 
 def _complete_finish(

@@ -2,16 +2,16 @@
 
 recover --reconcile leaves a live holder's job alone, so finish and recover must both say
 when it will complete it (once the holder has exited or its lease has expired), or a user
-goes from one to the other in a circle.  And a result recorded by an older release, which
-named the finishing process instead of the lease's holder, is still this claim's: finishing
-again with the same outcome and output completes it, and with any other is refused.
+goes from one to the other in a circle.  Finishing again completes it now only with the same
+outcome and output, and only a result that names the lease's holder: one naming another
+finisher (an older release's shell finish named the shell) could be another finish still
+moving J where flock does not work, and is left to recover.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import errno
-import json
 import os
 import subprocess
 from collections.abc import Iterator, Mapping
@@ -109,49 +109,43 @@ def test_finish_says_recover_completes_it_now_once_the_holder_is_gone(
     assert recover(queue, reconcile=True).consistent
 
 
-def test_a_result_naming_the_finishing_process_as_an_older_release_did_is_completed(
+def test_a_result_naming_another_finisher_is_left_to_recover(
     queue: Queue, queue_dir: Path, living: Holder, me: Holder
 ) -> None:
-    """An older release's shell finish recorded itself (the shell), not the lease's holder,
-    with the lease's claimed_at as the start: finishing again with the same outcome and
-    output completes that finish, and the result in place stands as it was recorded."""
+    """An older release's shell finish recorded itself (the shell), not the lease's holder:
+    finishing again, even with the same outcome and output, does not complete it (without
+    flock, that finisher could still be moving J), and the refusal says when recover will."""
     job = claimed(queue, living)
     cut_short(queue_dir, job, True, {"n": 1}, worker=me.summary())
-    recorded = json.loads((queue_dir / "done" / f"{job}.result").read_text())
+    before = tree(queue_dir)
 
-    completed = finish(queue, job, True, {"n": 1})
+    with pytest.raises(CtxError) as refused:
+        finish(queue, job, True, {"n": 1})
 
-    assert completed == recorded and completed["worker"]["pid"] == me.pid
-    assert tree(queue_dir) == {
-        "claimed": [], "done": [job, f"{job}.result"], "failed": [], "inbox": [], "lease": [],
-        "pending": [],
-    }  # fmt: skip
+    said = refused.value.message
+    assert refused.value.errno == errno.EEXIST and "finishing it again" not in said
+    assert (
+        f"'ctx queue recover --reconcile' completes it once its lease holder (pid {living.pid} "
+        f"on {living.host}) has exited"
+    ) in said
+    assert tree(queue_dir) == before
 
 
 @pytest.mark.parametrize(
-    ("ok", "output", "started"),
-    [(True, {"n": 2}, None), (False, {"n": 1}, None), (True, {"n": 1}, "2020-01-01T00:00:00Z")],
-    ids=["another output", "another outcome", "started before this claim"],
+    ("ok", "output"),
+    [(True, {"n": 2}), (False, {"n": 1})],
+    ids=["another output", "another outcome"],
 )
-def test_a_result_of_anyone_else_or_with_another_outcome_is_not_completed(
-    queue: Queue,
-    queue_dir: Path,
-    living: Holder,
-    me: Holder,
-    ok: bool,
-    output: Any,
-    started: str | None,
+def test_this_claims_result_is_not_completed_with_another_outcome(
+    queue: Queue, queue_dir: Path, living: Holder, ok: bool, output: Any
 ) -> None:
     job = claimed(queue, living)
-    cut_short(queue_dir, job, True, {"n": 1}, worker=me.summary())
-    result = queue_dir / "done" / f"{job}.result"
-    if started is not None:  # names neither the lease's holder nor this claim's start
-        result.write_text(json.dumps({**json.loads(result.read_text()), "started": started}))
+    cut_short(queue_dir, job, True, {"n": 1})
     before = tree(queue_dir)
 
     with pytest.raises(CtxError) as refused:
         finish(queue, job, ok, output)
 
     assert refused.value.errno == errno.EEXIST
-    assert ("finishing it again" in refused.value.message) == (started is None)
+    assert "finishing it again in done/ with the output recorded there" in refused.value.message
     assert tree(queue_dir) == before
