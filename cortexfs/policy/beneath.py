@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path, PurePosixPath
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 from cortexfs.regular_file import read_regular_file
 
 # O_PATH: a descriptor that only names a place; it needs no permission on the entry itself.
 _PLACE_FLAGS = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
+_Found = TypeVar("_Found")
 
 
 class Entry(NamedTuple):
@@ -50,12 +51,48 @@ def walk_with_children(
     """:func:`walk` of ``top/relative`` and, when it reached a directory there, the ``lstat``
     of each of ``children`` in it (an entry with no status for one that is missing): a
     directory and the files in it judged at the cost of one walk."""
+
+    def look_at_children(directory_fd: int, above: str) -> list[Entry]:
+        return [_child(directory_fd, child, above + child) for child in children]
+
+    entries, found = _walk(top, relative, look_at_children if children else None)
+    return entries, found or []
+
+
+def walk_with_listing(
+    top: Path, relative: PurePosixPath
+) -> tuple[list[Entry], dict[str, Entry] | None]:
+    """:func:`walk` of ``top/relative`` and, when it reached a directory there, each entry in
+    it by name with its ``lstat``; None for a directory the walk did not reach or could not
+    list: a directory and everything in it judged at the cost of one walk."""
+
+    def list_children(directory_fd: int, above: str) -> dict[str, Entry] | None:
+        try:
+            listing = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=directory_fd)
+        except OSError:
+            return None
+        try:
+            names = os.listdir(listing)
+        except OSError:
+            return None
+        finally:
+            os.close(listing)
+        return {name: _child(directory_fd, name, above + name) for name in names}
+
+    return _walk(top, relative, list_children)
+
+
+def _walk(
+    top: Path, relative: PurePosixPath, at_directory: Callable[[int, str], _Found] | None
+) -> tuple[list[Entry], _Found | None]:
+    """:func:`walk`, and what ``at_directory`` finds in ``top/relative`` when the walk reached
+    a directory there (given its descriptor and the path shown for its entries, ``…/``)."""
     try:
         fd = os.open(top, _PLACE_FLAGS)
     except FileNotFoundError:
-        return [Entry(str(top), None)], []
+        return [Entry(str(top), None)], None
     entries = [Entry(str(top), None)]
-    found: list[Entry] = []
+    found = None
     try:
         entries[0] = Entry(str(top), os.fstat(fd))
         parts = relative.parts
@@ -69,13 +106,15 @@ def walk_with_children(
                 entries.append(Entry(shown, None))
                 break
             entries.append(Entry(shown, status))
-            if stat.S_ISDIR(status.st_mode) and (depth + 1 < len(parts) or children):
+            if stat.S_ISDIR(status.st_mode) and (
+                depth + 1 < len(parts) or at_directory is not None
+            ):
                 inner = os.open(name, _PLACE_FLAGS, dir_fd=fd)
                 os.close(fd)
                 fd = inner
-        if children and len(entries) == len(parts) + 1 and entries[-1].is_directory:
-            above = f"{relative}/" if parts else ""
-            found = [_child(fd, child, above + child) for child in children]
+        reached = len(entries) == len(parts) + 1 and entries[-1].is_directory
+        if at_directory is not None and reached:
+            found = at_directory(fd, f"{relative}/" if parts else "")
     finally:
         os.close(fd)
     return entries, found
@@ -139,24 +178,3 @@ def open_directory(top: Path, relative: PurePosixPath) -> int:
         os.close(fd)
         raise
     return fd
-
-
-def list_directory(top: Path, relative: PurePosixPath) -> list[str] | None:
-    """The names in the directory ``top/relative``, reached without following links; None
-    when it is missing, a link, or not a directory on the way."""
-    try:
-        fd = os.open(top, _PLACE_FLAGS | os.O_DIRECTORY)
-    except OSError:
-        return None
-    try:
-        for name in relative.parts:
-            inner = os.open(
-                name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd
-            )
-            os.close(fd)
-            fd = inner
-        return os.listdir(fd)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)

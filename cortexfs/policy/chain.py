@@ -55,11 +55,10 @@ from cortexfs.names import check_object_name
 from cortexfs.policy import controls
 from cortexfs.policy.beneath import (
     Entry,
-    list_directory,
-    lstat,
     walk,
     walk_to_each,
     walk_with_children,
+    walk_with_listing,
 )
 from cortexfs.policy.decision import Policy
 from cortexfs.policy.grammar import Rule, check_object
@@ -316,8 +315,8 @@ class AgentFacts:
         label = self.declared_label
         directory = controls.control_dir(self.agent)
         for path, entries in walk_to_each(self.root, directory, controls.HOST_OWNED_CONTROLS):
-            self._judge_strict_modes(path, entries, _host_of(entries))
-            self._require_unwritable(path, entries)
+            self.require_strict_modes(path, entries=entries)
+            self.require_host_owned(path, entries)
         return label
 
     def writes_through(self, view: View) -> bool:
@@ -370,7 +369,13 @@ class AgentFacts:
             self._policies[path] = controls.read_policy(self.root, path)
         return self._policies[path]
 
-    def require_strict_modes(self, path: PurePosixPath, *, runs_as_agent: bool = False) -> None:
+    def require_strict_modes(
+        self,
+        path: PurePosixPath,
+        *,
+        runs_as_agent: bool = False,
+        entries: list[Entry] | None = None,
+    ) -> None:
         """Deny unless ``path`` and every directory above it belong to the host: to root or
         the host administrator (the storage root's owner), not to the agent's uid (unless the
         agent runs as the host administrator) nor to any other, and not writable by a group or
@@ -387,8 +392,12 @@ class AgentFacts:
         A directory writable by a group or by others is enough when it has the sticky bit and
         belongs to the host, and the entry below it does too: then nobody else may rename or
         remove that entry (a shared space's root, ``chmod +t``).
+
+        ``entries``: the :func:`~cortexfs.policy.beneath.walk` to ``path``, when the caller has
+        made it already (one walk judges several files).
         """
-        entries = walk(self.root, path)
+        if entries is None:
+            entries = walk(self.root, path)
         self._judge_strict_modes(path, entries, _host_of(entries), runs_as_agent=runs_as_agent)
 
     def require_strict_modes_in(self, directory: PurePosixPath, names: Sequence[str]) -> None:
@@ -442,7 +451,7 @@ class AgentFacts:
             "their directories must be writable by their owner alone (chmod go-w)"
         )
 
-    def require_host_owned(self, path: PurePosixPath) -> None:
+    def require_host_owned(self, path: PurePosixPath, entries: list[Entry] | None = None) -> None:
         """A grant the agent could rewrite is no grant (P-6): deny if it can change ``path``.
 
         It can when it may write the file or a directory above it (mode bits) and sees that
@@ -451,13 +460,11 @@ class AgentFacts:
         storage root's owner, only a read-write mount counts, as its own mount control says:
         its view of the root makes writable its own home, which, like everything the host
         owns, is its uid's anyway (:meth:`require_strict_modes` exempts it alike).
+        ``entries`` as for :meth:`require_strict_modes`.
         """
-        self._require_unwritable(path, walk(self.root, path))
-
-    def _require_unwritable(self, path: PurePosixPath, entries: list[Entry]) -> None:
-        """:meth:`require_host_owned` of ``path``, judged on ``entries``, the walk to it."""
         as_host = self.identity.uid == self._host_uid
-        for entry in writable_on_walk(entries, self.identity):
+        walked = walk(self.root, path) if entries is None else entries
+        for entry in writable_on_walk(walked, self.identity):
             for view in views_of(self.mounts, PurePosixPath(self.root, entry)):
                 if view.mount.writable if as_host else self.writes_through(view):
                     raise denied(
@@ -631,16 +638,19 @@ class _Evaluation:
         may own an executable it runs; a pre-hook it could rewrite would be no guard."""
         for phase, runs_as_agent in (("pre.d", False), ("post.d", True)):
             directory = hooks / phase
-            names = list_directory(self.root, directory)
-            if names is None:
+            entries, listed = walk_with_listing(self.root, directory)  # one walk for all
+            if listed is None:
                 continue  # missing or linked: the runner refuses the damaged tool
-            self.facts.require_strict_modes(directory)
-            for name in sorted(names):
-                status = lstat(self.root, directory / name)
+            self.facts.require_strict_modes(directory, entries=entries)
+            for name in sorted(listed):
+                status = listed[name].status
                 if status is None or not stat.S_ISREG(status.st_mode):
                     continue  # not run as a hook (a link or special file vetoes the call)
                 if status.st_mode & 0o111:
-                    self.facts.require_strict_modes(directory / name, runs_as_agent=runs_as_agent)
+                    walked = [*entries, listed[name]]
+                    self.facts.require_strict_modes(
+                        directory / name, runs_as_agent=runs_as_agent, entries=walked
+                    )
 
     @property
     def identity(self) -> Identity:

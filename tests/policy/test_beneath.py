@@ -7,9 +7,16 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
-from cortexfs.policy.beneath import walk, walk_to_each
+from cortexfs.policy.beneath import walk, walk_to_each, walk_with_listing
 
 NAMES = ("identity", "mount", "label")
+CASES = [
+    "files",
+    "no directory",
+    "a file for the directory",
+    "a link for the directory",
+    "a link above",
+]
 
 
 def _layout(top: Path, case: str) -> PurePosixPath:
@@ -35,17 +42,23 @@ def _layout(top: Path, case: str) -> PurePosixPath:
     return PurePosixPath("agent/coder.d")
 
 
-@pytest.mark.parametrize(
-    "case",
-    [
-        "files",
-        "no directory",
-        "a file for the directory",
-        "a link for the directory",
-        "a link above",
-    ],
-)
+@pytest.mark.parametrize("case", CASES)
 def test_walk_to_each_is_the_walk_to_each_file(tmp_path: Path, case: str) -> None:
     directory = _layout(tmp_path, case)
     expected = [(directory / name, walk(tmp_path, directory / name)) for name in NAMES]
     assert walk_to_each(tmp_path, directory, NAMES) == expected
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_walk_with_listing_is_the_walk_to_the_directory_and_to_each_entry(
+    tmp_path: Path, case: str
+) -> None:
+    directory = _layout(tmp_path, case)
+    entries, listed = walk_with_listing(tmp_path, directory)
+    assert entries == walk(tmp_path, directory)
+    if case != "files":
+        assert listed is None  # reached no directory: nothing is listed through a link
+        return
+    assert listed is not None and sorted(listed) == sorted(os.listdir(tmp_path / directory))
+    for name, entry in listed.items():
+        assert [*entries, entry] == walk(tmp_path, directory / name)
