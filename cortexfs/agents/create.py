@@ -27,12 +27,12 @@ import errno
 import json
 import os
 import pwd
-import sys
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from cortexfs import durable, storage
 from cortexfs.agents import log as agent_log
+from cortexfs.agents.entries import entry_program
 from cortexfs.agents.host import require_host_administrator
 from cortexfs.agents.request import AgentRequest
 from cortexfs.errors import CtxError, describe, exists, invalid
@@ -167,7 +167,7 @@ def create_agent(
             directory,
             request.name,
             AGENT_KIND,
-            entry=_entry_program(root, request.name),
+            entry=entry_program(root, request.name),
             controls=controls,
             replace=False,
             ops=ops,
@@ -334,18 +334,6 @@ def _require_identity_of_creator(identity: Identity) -> None:
             f"{os.geteuid()}, groups {mine}) can give an agent only your own uid and groups; "
             "leave out --user, --gid and --groups, or have root create the agent",
         )
-
-
-def _entry_program(root: Path, name: str) -> bytes:
-    """The agent's executable entry, run by the host: ``ctx agent start <name>`` (A-1)."""
-    arguments = ["--storage", str(root), "agent", "start", name]
-    return (
-        f"#!{sys.executable} -I\n"
-        f'"""Agent {name}: its executable entry (SPEC A-3), written by ctx agent create."""\n'
-        "import sys\n"
-        "from cortexfs.cli import main\n"
-        f"main([*{arguments!r}, *sys.argv[1:]], prog_name='ctx')\n"
-    ).encode()
 
 
 def _system_prompt(request: AgentRequest) -> str:

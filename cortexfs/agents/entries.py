@@ -1,0 +1,104 @@
+"""An agent's executable entry ``agent/<name>`` (SPEC A-3): what ``ctx agent create`` writes
+there, and how ``ctx bootstrap`` brings the entries another install of ctx wrote up to date.
+
+The entry is a five-line Python script that names the interpreter of the install that wrote it
+and the storage root it was written for.  After an upgrade into a new environment, or a root
+moved to another path, an old entry still runs the old install's ``ctx agent start`` on the
+old path — or nothing at all once that environment is gone (exit 127).  Bootstrap rewrites an
+entry that has exactly the shape ``ctx agent create`` gives it, whatever interpreter and root it
+names, and leaves any other program in its place alone: an administrator may have put their
+own entry there, and it is theirs (R-5).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import stat
+import sys
+from pathlib import Path
+
+from cortexfs import bootstrap_repair, durable, storage
+from cortexfs.names import is_object_name
+from cortexfs.regular_file import read_regular_file
+
+ENTRY_MODE = 0o755
+_LARGEST_ENTRY = 64 * 1024  # far more than any entry ctx writes: what is longer is not one
+
+
+def entry_program(root: Path, name: str) -> bytes:
+    """The agent's executable entry, run by the host: ``ctx agent start <name>`` (A-1)."""
+    return _entry_text(sys.executable, repr(str(root)), name).encode()
+
+
+def written_by_ctx(program: bytes, name: str) -> bool:
+    """Whether ``program`` is an entry ``ctx agent create`` wrote for agent ``name``, by any
+    install of ctx and for a storage root at any path."""
+    try:
+        text = program.decode()
+    except UnicodeDecodeError:
+        return False
+    # Neither marker can occur in an object name, nor does re.escape change it.
+    shape = re.escape(_entry_text("<interpreter>", "<root>", name))
+    shape = shape.replace("<interpreter>", r"/[^\n]+", 1).replace("<root>", r"[^\n]+", 1)
+    return re.fullmatch(shape, text) is not None
+
+
+def _entry_text(interpreter: str, root_literal: str, name: str) -> str:
+    arguments = f"['--storage', {root_literal}, 'agent', 'start', {name!r}]"
+    return (
+        f"#!{interpreter} -I\n"
+        f'"""Agent {name}: its executable entry (SPEC A-3), written by ctx agent create."""\n'
+        "import sys\n"
+        "from cortexfs.cli import main\n"
+        f"main([*{arguments}, *sys.argv[1:]], prog_name='ctx')\n"
+    )
+
+
+def refresh_entries(root: Path, source: Path | None, report: storage.BootstrapReport) -> None:
+    """The bootstrap step: every ``agent/<name>`` written by ``ctx agent create`` for another
+    install of ctx or another path of this root is rewritten as this install writes it, whole
+    and durably (a new file renamed over the old one), and reported as repaired.
+
+    Nothing is written into an ``agent/`` another uid could change: whoever could write it could
+    have swapped two agents' entries, and the root's step reports it (see
+    :func:`cortexfs.storage._tighten_root_abi`)."""
+    directory = root / "agent"
+    owner = bootstrap_repair.storage_owner(root)
+    ops = durable.default_ops()
+    try:
+        directory_fd = durable.open_dir_path(ops, str(directory))
+    except FileNotFoundError:
+        return  # the root's step reported the missing directory
+    try:
+        if bootstrap_repair.untrusted(os.fstat(directory_fd), owner):
+            return
+        for name in sorted(os.listdir(directory_fd)):
+            if is_object_name(name):
+                with report.step(f"agent/{name}", directory / name):
+                    _refresh_entry(ops, directory_fd, root, name, report)
+    finally:
+        os.close(directory_fd)
+
+
+def _refresh_entry(
+    ops: durable.FsOps, directory_fd: int, root: Path, name: str, report: storage.BootstrapReport
+) -> None:
+    status = durable.lstat_at(directory_fd, name)
+    if status is None or not stat.S_ISREG(status.st_mode):
+        return  # an agent's controls, or no entry ctx wrote: not bootstrap's to replace
+    try:
+        program = read_regular_file(name, _LARGEST_ENTRY, dir_fd=directory_fd)
+    except OSError as exc:
+        if exc.errno == errno.EFBIG:
+            return
+        raise
+    current = entry_program(root, name)
+    if program == current or not written_by_ctx(program, name):
+        return
+    durable.replace_file_synced(ops, directory_fd, name, current, ENTRY_MODE)
+    report.repaired.append(f"agent/{name}")
+
+
+storage.register_bootstrap_step(refresh_entries)
