@@ -257,7 +257,8 @@ class AgentFacts:
 
     def __init__(self, root: Path, agent: str) -> None:
         check_object_name(agent, "agent")
-        self.root = require_root(Path(root)).resolve()
+        self._given_root = Path(root)
+        self.root = require_root(self._given_root).resolve()
         self.agent = agent
         self._policies: dict[PurePosixPath, Policy] = {}
         # Steps 2 to 6 of each object asked about, by (class, name, permission, location).
@@ -268,7 +269,11 @@ class AgentFacts:
         return os.stat(self.root).st_uid
 
     def describes(self, request: AuthorityRequest) -> bool:
-        return request.agent == self.agent and Path(request.root).resolve() == self.root
+        if request.agent != self.agent:
+            return False
+        # The root as these facts were made for it needs no resolving (the runner, the view).
+        asked = Path(request.root)
+        return asked == self._given_root or asked.resolve() == self.root
 
     @functools.cached_property
     def declared_identity(self) -> Identity:
