@@ -48,7 +48,10 @@ def create(name: str, group: str | None, storage_dir: Path | None, as_json: bool
     links, which may lie outside the space) keeps it, as does what lies more than 256
     directories deep, each listed as kept.  --group G also repairs each of the space's own
     directories (the space, tool/, data/, agent/, queue/ and the queue's six) whose group
-    is not G or whose mode is not the one above ('repaired').  Root may regroup any entry,
+    is not G or whose mode is not the one above ('repaired'), and gives each session
+    directory (agent/AGENT/, its session/ and each session) the setgid and sticky bits it
+    lacks, as an older version made them ('repaired  PATH (mode 2770 -> 3770)'), never
+    through a link.  Root may regroup any entry,
     anyone else only their own: EPERM, nothing changed; and a directory of the space that
     belongs to another uid than the space's owner is not repaired but refused (EPERM,
     naming it, nothing changed).  A directory this command makes is given its group and
@@ -81,9 +84,14 @@ def create(name: str, group: str | None, storage_dir: Path | None, as_json: bool
         )
     for path in report.repaired:
         click.echo(f"repaired  {path}: group {report.gid}, mode as the space's directories have")
+    for line in report.sessions_repaired:
+        echo_printable(f"repaired  {line}")
     for path in report.created:
         click.echo(f"created   {path}")
-    if not (report.created or report.repaired) and report.regrouped_from is None:
+    if (
+        not (report.created or report.repaired or report.sessions_repaired)
+        and report.regrouped_from is None
+    ):
         click.echo(f"nothing to do: {report.path} is complete")
 
 

@@ -9,9 +9,10 @@ import click
 
 # The layers that add bootstrap steps register them when imported; this command is where they
 # are composed (R-5: the manual bundle; the core tools and tool/tsh.d/config; the modes of
-# home sessions older versions made).
+# home sessions older versions made, and the spaces whose modes are theirs).
 import cortexfs.manual
 import cortexfs.shared.home_sessions
+import cortexfs.shared.space_modes_check
 import cortexfs.tools.core.bootstrap
 from cortexfs import storage
 from cortexfs.cli.common import (
@@ -56,6 +57,11 @@ def bootstrap(source: Path | None, storage_dir: Path | None, as_json: bool) -> N
     Home sessions an older version made readable by the agent's group (directories 0750,
     events.jsonl 0640) are tightened to 0700 and 0600, never through a link ('repaired',
     with the mode before and after).
+
+    \b
+    A shared space whose directories an older version made without the modes this one
+    gives (queue/ and session directories not sticky) is named in a warning with the
+    command that repairs it, 'ctx shared create NAME --group G'; nothing in it is changed.
 
     \b
     A tool in tool/ that an administrator installed under a name that a later version

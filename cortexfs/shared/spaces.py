@@ -33,12 +33,19 @@ from cortexfs.locks import flock_within
 from cortexfs.names import check_object_name
 from cortexfs.queue.claim_order import start_hint
 from cortexfs.queue.layout import STATE_DIRS, check_existing_queue, init_queue
+from cortexfs.shared.session_modes import (
+    check_session_modes,
+    protected,
+    repair_session_modes,
+    session_directories,
+)
 from cortexfs.shared.tree import (
     Ownership,
     apply_repairs,
     close_repairs,
     ensure_directories,
     find_repairs,
+    open_beneath,
 )
 from cortexfs.storage import check_space_name
 
@@ -55,7 +62,7 @@ class SpaceReport:
     """What ``ctx shared create`` did: the space, its group, every path it created and, when
     it gave an existing space another group, the group it had, how many entries moved and
     what kept the old group, with why (``{"path", "reason"}``); and the space's directories
-    whose group or mode it repaired."""
+    whose group or mode it repaired, and the session directories whose mode it repaired."""
 
     path: Path
     gid: int
@@ -64,6 +71,7 @@ class SpaceReport:
     regrouped: int = 0
     kept: list[dict[str, str]] = field(default_factory=list)
     repaired: list[str] = field(default_factory=list)
+    sessions_repaired: list[str] = field(default_factory=list)  # "PATH (mode OLD -> NEW)"
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -74,6 +82,7 @@ class SpaceReport:
             "regrouped": self.regrouped,
             "kept": self.kept,
             "repaired": self.repaired,
+            "sessions_repaired": self.sessions_repaired,
         }
 
 
@@ -90,8 +99,10 @@ def create_shared_space(
     init``) is completed.  ``gid`` defaults to the group of the space when it exists (a
     repair keeps the space's group, whoever runs it), else to the caller's effective group.
     Without ``gid`` what exists is left as it is; a ``gid`` given for an existing space of
-    another group gives it that group (:func:`_regroup`), and gives each of the space's own
-    directories (:func:`_documented_modes`) that group and its mode where either differs.
+    another group gives it that group (:func:`_regroup`), gives each of the space's own
+    directories (:func:`_documented_modes`) that group and its mode where either differs, and
+    gives the session directories an older version made the setgid and sticky bits they
+    lack (:mod:`cortexfs.shared.session_modes`).
     Every directory made or changed is reached without following a link, and changed only
     when it is this process's own (made here) or, for a repair, the space owner's: EEXIST or
     EPERM names one that is not.  A queue that every queue command would refuse (a config
@@ -121,11 +132,12 @@ def _create_or_complete(
     group is read, and everything checked, anew under the lock, since the creator that held
     it may have made or regrouped the space in the meantime."""
     existing, owner = _check_before_making(root, path, name, gid, ops)
-    regrouped_from, regrouped, kept, repairs = None, 0, [], []
+    regrouped_from, regrouped, kept, repairs, sessions_repaired = None, 0, [], [], []
     if gid is not None and existing is not None:
         regrouped_from = existing if existing != gid else None
         # Checked before anything changes: a directory of the space that is not its owner's
-        # is refused (EPERM) with the space as it was.
+        # is refused (EPERM) with the space as it was, and so is a session directory of an
+        # older version's mode that the caller may not change.
         repairs = find_repairs(
             ops,
             path.parent,
@@ -135,6 +147,7 @@ def _create_or_complete(
             made_by=os.stat(path).st_uid,
         )
         try:
+            check_session_modes(path)
             if regrouped_from is not None:
                 regrouped, kept = _regroup(path, regrouped_from, gid)
         except BaseException:
@@ -142,6 +155,8 @@ def _create_or_complete(
             raise
     with _completing(path, name, created):
         repaired = apply_repairs(ops, repairs, gid=owner.gid)
+        if gid is not None and existing is not None:
+            sessions_repaired = repair_session_modes(ops, path)
         created += _make_root(root, ops)
         for parts, mode in _documented_modes(name):
             # Each level reached without following a link, and only a directory made here given
@@ -155,6 +170,7 @@ def _create_or_complete(
     report = SpaceReport(path, os.stat(path).st_gid, created)
     report.regrouped_from, report.regrouped, report.kept = regrouped_from, regrouped, kept
     report.repaired = repaired
+    report.sessions_repaired = sessions_repaired
     return report
 
 
@@ -275,6 +291,38 @@ def _documented_modes(name: str) -> list[tuple[tuple[str, ...], int]]:
     modes.append(((name, QUEUE_DIR), SPACE_ROOT_MODE))
     modes += [((name, QUEUE_DIR, state), SPACE_MODE) for state in STATE_DIRS]
     return modes
+
+
+def directories_of_other_modes(path: Path) -> list[tuple[Path, int, int]]:
+    """``[(directory, its mode, the mode it should have)]`` for the space at ``path``: its own
+    directories (:func:`_documented_modes`) whose mode is not the one this version gives
+    them, and its session directories that lack the setgid or sticky bit
+    (:mod:`cortexfs.shared.session_modes`): those an older version made.  Each is reached
+    without following a link; what is missing, a link or not a directory is skipped (the
+    commands that use it say so).
+    PermissionError when the caller may not read the space."""
+    ops = durable.default_ops()
+    found = []
+    for parts, wanted in _documented_modes(path.name):
+        try:
+            fd = open_beneath(ops, path.parent, parts)
+        except FileNotFoundError:
+            continue
+        except CtxError as exc:
+            if exc.errno == errno.EACCES:
+                raise PermissionError(exc.errno, exc.message) from None
+            continue  # a link or no directory: refused by the commands that use it
+        try:
+            mode = stat.S_IMODE(os.fstat(fd).st_mode)
+        finally:
+            ops.close(fd)
+        if mode != wanted:
+            found.append((path.parent.joinpath(*parts), mode, wanted))
+    for fd, session in session_directories(path):
+        mode = stat.S_IMODE(os.fstat(fd).st_mode)
+        if protected(mode) != mode:
+            found.append((session, mode, protected(mode)))
+    return found
 
 
 def _existing_group(path: Path) -> int | None:
@@ -430,6 +478,7 @@ def _bootstrap(root: Path) -> list[str]:
     # Each registers its bootstrap step when imported.
     import cortexfs.manual
     import cortexfs.shared.home_sessions
+    import cortexfs.shared.space_modes_check
     import cortexfs.tools.core.bootstrap  # noqa: F401
 
     report = storage.bootstrap(root)
