@@ -31,6 +31,7 @@ from cortexfs.errors import CtxError, invalid, not_found
 from cortexfs.names import check_object_name
 from cortexfs.policy.controls import agent_entry, agent_exists, control_path, read_identity
 from cortexfs.shared import events
+from cortexfs.shared.home_sessions import tighten_session
 from cortexfs.shared.sessions import (
     DEFAULT_SESSION,
     SessionRef,
@@ -180,21 +181,43 @@ def repair(
     """Truncate a torn last line of SESSION's events.jsonl (SPEC S-5).
 
     Waits for appends in flight; complete lines are never touched.  Prints how many bytes
-    it removed, or that there was nothing to do; --json: {"session", "truncated_bytes"}
-    (0 when nothing was torn).  Exit 0 either way, on a read-only filesystem too when
-    nothing is torn; a torn line there cannot be cut (EROFS, exit 1, nothing changed).
+    it removed, or that there was nothing to do; --json: {"session", "truncated_bytes",
+    "tightened"} (0 when nothing was torn).  A home session that an older version made
+    readable by the agent's group (0750, events.jsonl 0640) is made 0700 and 0600 first,
+    each listed as 'tightened PATH (mode 0750 -> 0700)' (on a read-only filesystem it is
+    left as it is).  Exit 0 either way, on a read-only filesystem too when nothing is
+    torn; a torn line there cannot be cut (EROFS, exit 1, nothing changed).
     """
     ref = _session_ref(storage_dir, agent, session, project, uid)
     with _session_directory(ref, _listing(agent, project, uid)) as directory:
+        # A home session an older version made readable by the agent's group is the agent's
+        # alone again (as 'ctx bootstrap' makes every one).
+        tightened = [] if ref.space is not None else _tightened(directory, ref)
         removed = events.repair(ref.events_path, dir_fd=directory)
     if removed:
         changed(f"a torn last line of {removed} bytes was truncated from {ref.events_path}")
+    if tightened:
+        changed(f"{ref.path} was made readable by the agent alone")
     if as_json:
-        emit_json({"session": str(ref), "truncated_bytes": removed})
-    elif removed:
+        emit_json({"session": str(ref), "truncated_bytes": removed, "tightened": tightened})
+        return
+    for line in tightened:
+        click.echo(printable(f"tightened {line}"))
+    if removed:
         click.echo(f"truncated a torn last line of {removed} bytes from {ref.events_path}")
     else:
         click.echo(f"nothing to do: {ref.events_path} ends with a complete line")
+
+
+def _tightened(directory: int, ref: SessionRef) -> list[str]:
+    """:func:`tighten_session`, except on a read-only filesystem, where nothing can change
+    (and the torn line, if any, is refused with EROFS by the repair itself)."""
+    try:
+        return tighten_session(directory, str(ref.path))
+    except OSError as exc:
+        if exc.errno != errno.EROFS:
+            raise
+        return []
 
 
 @session.command("list")

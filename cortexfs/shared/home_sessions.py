@@ -90,6 +90,18 @@ def _tighten_below(
             os.close(dir_fd)
 
 
+def tighten_session(session_fd: int, shown: str) -> list[str]:
+    """The home session open as ``session_fd`` (its directory, reached without following a
+    link) and its ``events.jsonl`` tightened as bootstrap does, for ``ctx session repair``;
+    ``["SHOWN (mode 0750 -> 0700)", …]`` for what changed.  EPERM when the caller is neither
+    root nor their owner."""
+    ops = durable.default_ops()
+    repaired: list[str] = []
+    _tighten(ops, session_fd, HOME_SESSION_MODE, shown, repaired)
+    _tighten_events(ops, session_fd, f"{shown}/{EVENTS_FILE}", repaired)
+    return repaired
+
+
 def _open_directory(dir_fd: int, name: str) -> int | None:
     """``name`` in ``dir_fd`` opened as a directory, never through a link; None when it is
     missing, a link or anything but a directory (nothing of a session's to tighten)."""

@@ -3,6 +3,7 @@ group (0750 directories, 0640 events.jsonl) to the modes new ones get (SPEC S-1,
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import subprocess
@@ -89,3 +90,23 @@ def test_links_are_not_followed_and_narrower_modes_are_kept(
     assert mode(sessions / "s2") == 0o500
     assert not [line for line in report.repaired if "linked" in line or "/s2" in line]
     assert mode(sessions / "s1/events.jsonl") == 0o600
+
+
+def test_session_repair_tightens_the_session_it_repairs(
+    traversable_tmp: Path, unprivileged_user: UnprivilegedUser
+) -> None:
+    root = traversable_tmp / "storage"
+    storage.bootstrap(root)
+    home = old_home_session(root, unprivileged_user)
+    session = home / LEVELS[-1]
+    repair = [*CTX, "--storage", str(root), "session", "repair", "alice", "--session", "s1"]
+    uid = ["--uid", str(unprivileged_user.uid), "--json"]
+
+    done = subprocess.run([*repair, *uid], capture_output=True, text=True)
+
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["tightened"] == [
+        f"{session} (mode 0750 -> 0700)",
+        f"{session}/events.jsonl (mode 0640 -> 0600)",
+    ]
+    assert (mode(session), mode(session / "events.jsonl")) == (0o700, 0o600)
