@@ -30,6 +30,7 @@ import stat
 import sys
 import zipfile
 import zlib
+from collections.abc import Collection
 from pathlib import Path, PurePosixPath
 
 from cortexfs.errors import HOST_SHORTAGES, CtxError
@@ -72,17 +73,20 @@ def administrators_manifest(tier: Tier, name: str) -> str | None:
     return manifest
 
 
-def tools_of_another_version(root: Path) -> list[str]:
-    """The core tools of ``root``'s system tier that are not what this ctx's bootstrap would
-    install: their interpreter line differs, or a file they bundle (a module, a manifest) is
-    missing, extra or of other content.  A core name that holds nothing, or holds an
-    administrator's tool (:func:`administrators_manifest`), is not counted: the first is
-    bootstrap's to make, the second is not a core tool."""
+def tools_of_another_version(root: Path, names: Collection[str] = tuple(CORE_MODULES)) -> list[str]:
+    """The core tools of ``root``'s system tier (those of ``names``, by default all) that are
+    not what this ctx's bootstrap would install: their interpreter line differs, or a file
+    they bundle (a module, a manifest) is missing, extra or of other content.  A core name
+    that holds nothing, or holds an administrator's tool (:func:`administrators_manifest`),
+    is not counted: the first is bootstrap's to make, the second is not a core tool.  One
+    name costs about a millisecond (a caller about to run one core tool asks for it alone)."""
     tier = parse_tier(root, "system")
     interpreter, _ = core_interpreter()
     sources = _source_checksums(interpreter)
     found = []
     for name, module in CORE_MODULES.items():
+        if name not in names:
+            continue
         listing = _bundle_of(tier.tool(name).executable)
         if listing is _MISSING or administrators_manifest(tier, name) is not None:
             continue
@@ -91,11 +95,14 @@ def tools_of_another_version(root: Path) -> list[str]:
     return found
 
 
-def require_this_versions_tools(root: Path, not_done: str) -> None:
+def require_this_versions_tools(
+    root: Path, not_done: str, names: Collection[str] = tuple(CORE_MODULES)
+) -> None:
     """EINVAL, naming the remedy and what was ``not_done`` ("the worker claimed no job"),
-    when :func:`tools_of_another_version` finds one: a worker (or a call) would otherwise run
-    each of them against a context of another shape, and fail every job for good."""
-    if tools_of_another_version(root):
+    when :func:`tools_of_another_version` finds one of ``names``: a worker (or a call) would
+    otherwise run each of them against a context of another shape, and fail every job for
+    good."""
+    if tools_of_another_version(root, names):
         raise CtxError(
             errno.EINVAL,
             f"the core tools in {root} were installed by another version of ctx; run 'ctx "
