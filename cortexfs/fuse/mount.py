@@ -24,10 +24,11 @@ import contextlib
 import errno
 import os
 import stat
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pyfuse3
+import trio
 
 from cortexfs import durable
 from cortexfs.agents.projection import FRESH_SECONDS
@@ -39,6 +40,9 @@ from cortexfs.libc import check, libc
 # Seconds the kernel may keep a name's answer, on top of the projection's own (as long): how
 # late a policy change shows.
 ENTRY_TIMEOUT = FRESH_SECONDS
+
+# How often an open waiting for another process's lease on its file to be broken tries again.
+LEASE_RETRY_SECONDS = 0.05
 
 
 class StorageFS(pyfuse3.Operations):
@@ -141,6 +145,29 @@ class StorageFS(pyfuse3.Operations):
                 os.close(fd)
                 raise pyfuse3.FUSEError(errno.ESTALE)
         return fd
+
+    def _reopened(self, inode: int, parts: Sequence[str], flags: int) -> int:
+        """Node ``inode``'s file, reached by ``parts``, opened with ``flags``: the name is
+        opened ``O_PATH`` first (which waits on no FIFO, wakes no device and truncates
+        nothing), checked to hold the node's file (:meth:`_holding`) and to be a regular file
+        or a directory, and only then opened with ``flags`` through that descriptor.  A link
+        is ELOOP, anything else ESTALE, on which the kernel looks the name up again.  Opened
+        by name, a file swapped for a FIFO behind the kernel's entry by whoever may write its
+        directory would keep the daemon waiting for a writer that may never come, and every
+        caller of the mount, ``ctx umount`` included, waiting behind it; ``O_TRUNC`` would
+        have emptied the file now at the name, perhaps one the caller may not write, before
+        the check.  :class:`_LeaseBreaking` while another process's lease on the file is
+        being broken (:func:`_open_at_once`)."""
+        handle = self._holding(self._open(parts, os.O_PATH), inode, parts)
+        try:
+            kind = stat.S_IFMT(_call(os.fstat, handle).st_mode)
+            if kind == stat.S_IFLNK:  # never followed: what an open by name would have said
+                raise pyfuse3.FUSEError(errno.ELOOP)
+            if kind not in (stat.S_IFREG, stat.S_IFDIR):
+                raise pyfuse3.FUSEError(errno.ESTALE)
+            return _open_at_once(f"/proc/self/fd/{handle}", flags)
+        finally:
+            os.close(handle)
 
     def _child(self, parent: int, name: bytes) -> tuple[str, ...]:
         text = os.fsdecode(name)
@@ -266,11 +293,13 @@ class StorageFS(pyfuse3.Operations):
             descriptor, parts = self._open_file(inode)
             if flags & _WRITING:
                 self._writable(parts)
-            reopened = _call(os.open, f"/proc/self/fd/{descriptor}", flags & ~os.O_CREAT)
+            reopened = await _once_no_lease_holds_it(
+                lambda: _open_at_once(f"/proc/self/fd/{descriptor}", flags)
+            )
             return self._opened_file(inode, reopened, parts)
         if flags & _WRITING:
             self._writable(parts)
-        opened = self._holding(self._open(parts, flags & ~os.O_CREAT), inode, parts)
+        opened = await _once_no_lease_holds_it(lambda: self._reopened(inode, parts, flags))
         return self._opened_file(inode, opened, parts)
 
     async def read(self, fh, off, size):  # type: ignore[no-untyped-def]
@@ -396,14 +425,16 @@ class StorageFS(pyfuse3.Operations):
         try:
             parts = self._parts_of(inode)
         except pyfuse3.FUSEError:
-            return self._set_by_descriptor(inode, attr, fields, fh)
+            return await self._set_by_descriptor(inode, attr, fields, fh)
         self._writable(parts)
         parts = self._still(inode)
         if fields.update_size:
             if fh is not None:
                 _call(os.truncate, fh, attr.st_size)
             else:
-                file = self._holding(self._open(parts, os.O_WRONLY | os.O_NONBLOCK), inode, parts)
+                file = await _once_no_lease_holds_it(
+                    lambda: self._reopened(inode, parts, os.O_WRONLY)
+                )
                 try:
                     _call(os.truncate, file, attr.st_size)
                 finally:
@@ -424,7 +455,7 @@ class StorageFS(pyfuse3.Operations):
                 _call(os.utime, parts[-1], ns=times, dir_fd=parent, follow_symlinks=False)
         return self._described(self._lstat(parts), inode)
 
-    def _set_by_descriptor(self, inode, attr, fields, fh):  # type: ignore[no-untyped-def]
+    async def _set_by_descriptor(self, inode, attr, fields, fh):  # type: ignore[no-untyped-def]
         """``setattr`` on a file no name leads to any more, through a descriptor it is open
         by (``ftruncate``, ``fchmod``… after an unlink), as writable as its name was."""
         descriptor, parts = self._open_file(inode)
@@ -432,8 +463,14 @@ class StorageFS(pyfuse3.Operations):
         if fields.update_size:
             if fh is not None:
                 _call(os.truncate, fh, attr.st_size)
-            else:
-                _call(os.truncate, f"/proc/self/fd/{descriptor}", attr.st_size)
+            else:  # opened, not truncated by path, which would wait out a lease in place
+                file = await _once_no_lease_holds_it(
+                    lambda: _open_at_once(f"/proc/self/fd/{descriptor}", os.O_WRONLY)
+                )
+                try:
+                    _call(os.truncate, file, attr.st_size)
+                finally:
+                    os.close(file)
         if fields.update_mode:
             _call(os.chmod, descriptor, stat.S_IMODE(attr.st_mode))
         if fields.update_uid or fields.update_gid:
@@ -537,6 +574,46 @@ _RENAME_FLAGS = pyfuse3.RENAME_EXCHANGE | pyfuse3.RENAME_NOREPLACE  # the ones p
 _WRITING = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND
 _WALK = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
 _LIST = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class _LeaseBreaking(Exception):
+    """Another process holds a lease on the file being opened, which the kernel is breaking."""
+
+
+def _open_at_once(reopened: str, flags: int) -> int:
+    """``reopened`` (a ``/proc/self/fd/N``) opened with the kernel's open ``flags``, without
+    waiting: ``O_NONBLOCK``, cleared again unless the caller asked for it.  Whoever owns a
+    file may take a lease on it (``fcntl(2)``, ``F_SETLEASE``), and an open that conflicts
+    with it waits until its holder lets go, for up to ``/proc/sys/fs/lease-break-time`` (45 s
+    by default), as often as the owner takes one again: the daemon, which answers every
+    caller from one thread, would wait with it, and every caller behind it.  Such an open is
+    :class:`_LeaseBreaking` (the caller waits, see :func:`_once_no_lease_holds_it`), or
+    EWOULDBLOCK for a caller that asked for ``O_NONBLOCK``, as on a local filesystem.  Not
+    ``O_NOFOLLOW`` either, which that link itself would fail (ELOOP), nor ``O_CREAT``: the
+    file is there already."""
+    asked = (flags & ~(os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW)) | os.O_CLOEXEC
+    try:
+        fd = os.open(reopened, asked | os.O_NONBLOCK)
+    except BlockingIOError:
+        if flags & os.O_NONBLOCK:
+            raise pyfuse3.FUSEError(errno.EWOULDBLOCK) from None
+        raise _LeaseBreaking from None
+    except OSError as exc:
+        raise pyfuse3.FUSEError(exc.errno or errno.EIO) from None
+    if not flags & os.O_NONBLOCK:
+        os.set_blocking(fd, True)
+    return fd
+
+
+async def _once_no_lease_holds_it(open_it: Callable[[], int]) -> int:
+    """``open_it()``, tried again every :data:`LEASE_RETRY_SECONDS` while a lease on the file
+    is being broken: the caller waits for it as it would on the storage root, and meanwhile
+    the daemon answers everyone else."""
+    while True:
+        try:
+            return open_it()
+        except _LeaseBreaking:
+            await trio.sleep(LEASE_RETRY_SECONDS)
 
 
 def _call(function, *args, **kwargs):  # type: ignore[no-untyped-def]
