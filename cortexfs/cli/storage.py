@@ -7,13 +7,8 @@ from pathlib import Path
 
 import click
 
-# The layers that add bootstrap steps register them when imported; this command is where they
-# are composed (R-5: the manual bundle; the core tools and tool/tsh.d/config; the modes of
-# home sessions older versions made, and the spaces whose modes are theirs).
+import cortexfs.bootstrap_steps  # every step bootstrap runs, registered on import
 import cortexfs.manual
-import cortexfs.shared.home_sessions
-import cortexfs.shared.space_modes_check
-import cortexfs.tools.core.bootstrap
 from cortexfs import storage
 from cortexfs.cli.common import (
     EXIT_OK,

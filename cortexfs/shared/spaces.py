@@ -475,11 +475,7 @@ def _open_listed(dir_fd: int, name: str) -> tuple[int, os.stat_result] | None:
 def _bootstrap(root: Path) -> list[str]:
     """A storage root that is not there, made whole as ``ctx bootstrap`` makes it (R-2: core
     tools, tsh config, manual), never only the directories a space needs."""
-    # Each registers its bootstrap step when imported.
-    import cortexfs.manual
-    import cortexfs.shared.home_sessions
-    import cortexfs.shared.space_modes_check
-    import cortexfs.tools.core.bootstrap  # noqa: F401
+    import cortexfs.bootstrap_steps  # noqa: F401  (every step bootstrap runs)
 
     report = storage.bootstrap(root)
     error = report.error()

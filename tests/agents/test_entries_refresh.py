@@ -1,0 +1,99 @@
+"""``ctx bootstrap`` rewrites the agent entries another install of ctx wrote (A-3, R-5).
+
+An entry names the interpreter of the install that wrote it and the root it was written for:
+after an upgrade into a new environment, or a root moved elsewhere, it would go on running the
+old install on the old path.  Entries of that shape are brought up to date; any other program
+an administrator put there is theirs and stays.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from cortexfs.agents.entries import entry_program, written_by_ctx
+from tests.support.cli import ctx
+
+REQUEST = {"name": "alice", "label": "alice_t", "tools": ["fs.stat"]}
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    root = tmp_path / "storage"
+    assert ctx(root, "bootstrap").returncode == 0
+    request = tmp_path / "alice.json"
+    request.write_text(json.dumps(REQUEST))
+    created = ctx(root, "agent", "create", str(request))
+    assert created.returncode == 0, created.stderr
+    return root
+
+
+def entry_of_another_install(root: Path, written_for: Path) -> bytes:
+    """The entry an install of ctx in /opt/old-venv wrote for a root at ``written_for``."""
+    current = entry_program(written_for, "alice")
+    first_line, rest = current.split(b"\n", 1)
+    return b"#!/opt/old-venv/bin/python3 -I\n" + rest
+
+
+def bootstrap_json(root: Path) -> dict[str, list[str]]:
+    done = ctx(root, "bootstrap", "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    return json.loads(done.stdout)
+
+
+def test_an_entry_another_install_wrote_is_rewritten_for_this_one(root: Path) -> None:
+    entry = root / "agent/alice"
+    entry.write_bytes(entry_of_another_install(root, root))
+
+    report = bootstrap_json(root)
+
+    assert "agent/alice" in report["repaired"]
+    assert entry.read_bytes() == entry_program(root, "alice")
+    assert entry.stat().st_mode & 0o777 == 0o755
+    help_text = subprocess.run([str(entry), "--help"], capture_output=True, text=True)
+    assert help_text.returncode == 0 and "agent" in help_text.stdout.lower()
+
+
+def test_a_root_moved_elsewhere_gets_entries_that_name_its_new_path(root: Path) -> None:
+    moved = root.parent / "moved"
+    shutil.copytree(root, moved, symlinks=True)
+    assert b"'" + str(root).encode() + b"'" in (moved / "agent/alice").read_bytes()
+
+    report = bootstrap_json(moved)
+
+    assert "agent/alice" in report["repaired"]
+    assert (moved / "agent/alice").read_bytes() == entry_program(moved, "alice")
+
+
+def test_an_administrators_own_entry_is_left_as_it_is(root: Path) -> None:
+    entry = root / "agent/alice"
+    own = b"#!/bin/sh\nexec logger 'alice started'\n"
+    entry.write_bytes(own)
+
+    report = bootstrap_json(root)
+
+    assert "agent/alice" not in report["repaired"]
+    assert entry.read_bytes() == own
+
+
+def test_an_entry_of_this_install_is_not_touched(root: Path) -> None:
+    before = (root / "agent/alice").stat()
+
+    report = bootstrap_json(root)
+
+    assert "agent/alice" not in report["repaired"]
+    after = (root / "agent/alice").stat()
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+
+
+def test_the_shape_is_that_of_the_named_agent_and_nothing_more() -> None:
+    written = entry_program(Path("/srv/root with 'quote'"), "alice")
+    assert written_by_ctx(written, "alice")
+    assert not written_by_ctx(written, "bob")
+    assert not written_by_ctx(written + b"import os\n", "alice")
+    assert not written_by_ctx(written.replace(b"agent', 'start'", b"agent', 'stop'"), "alice")
+    assert not written_by_ctx(b"\xff" + written, "alice")
