@@ -49,6 +49,23 @@ def read_regular_file(
     the file (a link's target, when followed) belongs to another uid; EFBIG when it holds
     more than ``limit`` bytes.  Callers turn these into their own sentences.
     """
+    data, _ = read_regular_file_and_status(
+        path, limit, follow_link=follow_link, owner=owner, dir_fd=dir_fd
+    )
+    return data
+
+
+def read_regular_file_and_status(
+    path: str | os.PathLike[str],
+    limit: int,
+    *,
+    follow_link: bool = False,
+    owner: int | None = None,
+    dir_fd: int | None = None,
+) -> tuple[bytes, os.stat_result]:
+    """:func:`read_regular_file`, with the ``fstat`` of the descriptor the bytes were read
+    from: whose file they are and who else may read it, judged on that very file rather than
+    on whatever the name holds a moment later."""
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_link else os.O_NOFOLLOW)
     fd = os.open(path, flags, dir_fd=dir_fd)
     try:
@@ -62,7 +79,7 @@ def read_regular_file(
         os.close(fd)
     if len(data) > limit:
         raise OSError(errno.EFBIG, f"larger than {limit} bytes", os.fspath(path))
-    return data
+    return data, st
 
 
 def read_up_to(fd: int, limit: int) -> bytes:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from errno import errorcode
 from pathlib import Path
 
 import click
@@ -61,22 +62,28 @@ def check(manifests: tuple[Path, ...], as_json: bool) -> None:
     """Validate MANIFEST files (SPEC T-8).
 
     Exit 0 when every manifest is valid.  Otherwise exit 1 and print every reason, one line
-    each, on standard error as  MANIFEST: EINVAL: <reason>.
+    each, on standard error as  MANIFEST: EINVAL: <reason>  (ELOOP: the program is reached
+    through a symbolic link; EACCES: another uid's manifest names a program outside its
+    directory, or one that uid could not read).  The manifest and its program must be regular
+    files; a relative exec is reached without following links.  See docs/tools.md.
     """
     reports = []
     for path in manifests:
         try:
             manifest = load_manifest(path)
         except ManifestError as exc:
-            reports.append({"manifest": str(path), "valid": False, "problems": exc.problems})
+            codes = [errorcode.get(code, f"E{code}") for code in exc.codes]
+            reports.append(
+                {"manifest": str(path), "valid": False, "problems": exc.problems, "codes": codes}
+            )
         except CtxError as exc:  # unreadable: its own errno, not EINVAL
             reports.append({"manifest": str(path), "valid": False, "error": exc.to_json()})
             click.echo(f"{path}: {exc}", err=True)
         else:
             reports.append({"manifest": str(path), "valid": True, "name": manifest.name})
     for report in reports:
-        for problem in report.get("problems", []):
-            click.echo(f"{report['manifest']}: EINVAL: {problem}", err=True)
+        for problem, code in zip(report.get("problems", []), report.get("codes", []), strict=True):
+            click.echo(f"{report['manifest']}: {code}: {problem}", err=True)
     if as_json:
         emit_json(reports)
     else:

@@ -20,7 +20,12 @@ possible: :func:`cortexfs.tools.controls.cap_fact`).  Facts describe; they grant
 
 Exactly one of ``exec`` and ``mcp``.  Nothing in a manifest grants anything: there is no
 policy field, and the installed ``policy`` control starts empty (default deny, P-2).
-:func:`check_manifest` lists *every* reason a manifest is invalid, not just the first.
+:func:`load_manifest` lists *every* reason a manifest is invalid, not just the first.
+
+An install run as root must not become a reader for the manifest's author: the program is
+read once, with the manifest, from below the manifest's directory and never through a
+symbolic link, and one the author could not read by its mode bits is refused
+(:func:`_read_program`).  Those bytes are what check reports on and install writes.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import pwd
 import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -35,8 +41,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cortexfs import jsontext
-from cortexfs.errors import CtxError
+from cortexfs.errors import HOST_SHORTAGES, CtxError, invalid
 from cortexfs.names import object_name_problem
+from cortexfs.regular_file import read_regular_file_and_status
+from cortexfs.tools.install_failure import advice
 from cortexfs.tools.schemas import brief_message, schema_problems
 
 if TYPE_CHECKING:
@@ -80,18 +88,28 @@ MANIFEST_SCHEMA: dict[str, Any] = {
 
 
 class ManifestError(CtxError):
-    """EINVAL for an invalid manifest; :attr:`problems` holds every reason."""
+    """A manifest refused; :attr:`problems` holds every reason and :attr:`codes` the errno of
+    each: EINVAL for what is wrong with the manifest, ELOOP or EACCES for a program that was
+    not read (a link on the way to it, or a file its author could not read).  The error's own
+    errno is EINVAL when the manifest is invalid at all, else the refusal's."""
 
-    def __init__(self, source: str, problems: Sequence[str]) -> None:
+    def __init__(
+        self, source: str, problems: Sequence[str], codes: Sequence[int] | None = None
+    ) -> None:
+        codes = tuple(codes) if codes is not None else (errno.EINVAL,) * len(problems)
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-        super().__init__(errno.EINVAL, f"{source}: {problems[0]}{more}")
+        code = errno.EINVAL if errno.EINVAL in codes else codes[0]
+        super().__init__(code, f"{source}: {problems[0]}{more}")
         self.source = source
         self.problems = tuple(problems)
+        self.codes = codes
 
 
 @dataclass(frozen=True)
 class Manifest:
-    """A valid v2 manifest."""
+    """A valid v2 manifest, with the bytes of its ``exec`` program as they were read, once,
+    when the manifest was: what ``ctx object check`` judged, the review saw and ``ctx object
+    install`` writes are the same bytes, whatever the file holds by then."""
 
     source: Path
     name: str
@@ -101,6 +119,7 @@ class Manifest:
     exec_path: Path | None
     mcp: dict[str, str] | None
     program: dict[str, Any] | None
+    executable: bytes | None = None
 
     def controls(self) -> dict[str, bytes]:
         """The controls this manifest defines, as files of the installed ``<name>.d/``."""
@@ -119,57 +138,135 @@ class Manifest:
     def read_program(self) -> bytes:
         """The bytes of the ``exec`` program; an MCP-backed tool has none (ENOSYS: it is
         installed with the bridge built into ctx, see ``install_manifest``)."""
-        if self.exec_path is None:
+        if self.executable is None:
             raise CtxError(errno.ENOSYS, f"{self.name} is MCP-backed: it has no program of its own")
-        return self.exec_path.read_bytes()
+        return self.executable
+
+
+@dataclass(frozen=True)
+class _Origin:
+    """Where a manifest was read from, for reading its program from the same place.
+
+    ``directory``: a descriptor of the directory the manifest was read from (None: open
+    ``source``'s parent when a relative ``exec`` needs it).  ``authors``: the uids other than
+    root and the installer that own the manifest file or a link to it, for whom the installer
+    must not become a reader; empty for a document of the caller's own."""
+
+    source: Path
+    directory: int | None = None
+    authors: frozenset[int] = frozenset()
 
 
 def load_manifest(path: Path) -> Manifest:
-    """Read and validate the manifest at ``path``; :class:`ManifestError` lists every problem."""
+    """Read and validate the manifest at ``path``; :class:`ManifestError` lists every problem.
+
+    The manifest is read as a regular file (a final link followed: it is the file the caller
+    named), at most :data:`MAX_MANIFEST_BYTES`, never waiting on a FIFO; its program is read
+    from the directory the manifest was read from (:func:`_read_program`)."""
     source = str(path)
     try:
-        with open(path, "rb") as handle:
-            data = handle.read(MAX_MANIFEST_BYTES + 1)
+        directory = os.open(path.parent, _PLACE | os.O_DIRECTORY)
     except OSError as exc:
-        raise CtxError(exc.errno or errno.EIO, f"cannot read {source}: {exc.strerror}") from None
-    if len(data) > MAX_MANIFEST_BYTES:
-        raise ManifestError(source, [f"a manifest is at most {MAX_MANIFEST_BYTES} bytes"])
+        raise _unreadable(source, exc) from None
     try:
-        document = jsontext.loads_strict(data)
-    except jsontext.DuplicateNames as exc:
-        # A reviewer could approve one `exec` while another is installed: every problem of
-        # the manifest as Python reads it is listed too, so that one round fixes them all.
-        document = jsontext.loads_strict(data, unique_names=False)
-        problems = [f"the manifest {jsontext.duplicate_names_problem(exc.names)}"]
-        raise ManifestError(source, problems + manifest_problems(document, path.parent)) from None
-    except jsontext.NotAJsonNumber as exc:
-        raise ManifestError(source, [f"not JSON: {exc} is not a JSON number"]) from None
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise ManifestError(source, [f"not JSON: {exc}"]) from None
-    return parse_manifest(document, source=path)
+        data, authors = _read_manifest_file(path, directory)
+        origin = _Origin(path, directory, authors)
+        try:
+            document = jsontext.loads_strict(data)
+        except jsontext.DuplicateNames as exc:
+            # A reviewer could approve one `exec` while another is installed: every problem
+            # of the manifest as Python reads it is listed too, so that one round fixes them.
+            document = jsontext.loads_strict(data, unique_names=False)
+            problems, codes, _ = _problems_and_program(document, origin)
+            first = f"the manifest {jsontext.duplicate_names_problem(exc.names)}"
+            raise ManifestError(source, [first, *problems], [errno.EINVAL, *codes]) from None
+        except jsontext.NotAJsonNumber as exc:
+            raise ManifestError(source, [f"not JSON: {exc} is not a JSON number"]) from None
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise ManifestError(source, [f"not JSON: {exc}"]) from None
+        return _parse(document, origin)
+    finally:
+        os.close(directory)
+
+
+def _read_manifest_file(path: Path, directory: int) -> tuple[bytes, frozenset[int]]:
+    """The manifest's bytes and its authors (see :class:`_Origin`)."""
+    source = str(path)
+    try:
+        data, status = read_regular_file_and_status(
+            path.name, MAX_MANIFEST_BYTES, follow_link=True, dir_fd=directory
+        )
+    except OSError as exc:
+        if exc.errno == errno.EFBIG:
+            raise ManifestError(
+                source, [f"a manifest is at most {MAX_MANIFEST_BYTES} bytes"]
+            ) from None
+        if exc.errno == errno.EINVAL:
+            raise invalid(
+                f"{source} is not a regular file (a FIFO, device or directory); give a "
+                "manifest file; nothing was read from it"
+            ) from None
+        raise _unreadable(source, exc) from None
+    owners = {status.st_uid}
+    try:
+        named = os.stat(path.name, dir_fd=directory, follow_symlinks=False)
+    except OSError:
+        named = None
+    if named is not None and stat.S_ISLNK(named.st_mode):
+        owners.add(named.st_uid)
+    return data, frozenset(owners - {0, os.geteuid()})
 
 
 def parse_manifest(document: object, *, source: Path) -> Manifest:
-    """Validate a decoded manifest; ``exec`` is resolved against ``source``'s directory."""
-    problems = manifest_problems(document, source.parent)
+    """Validate a decoded manifest of the caller's own and read its program once: a relative
+    ``exec`` from ``source``'s directory, as :func:`load_manifest` reads it."""
+    return _parse(document, _Origin(source))
+
+
+def _parse(document: object, origin: _Origin) -> Manifest:
+    problems, codes, executable = _problems_and_program(document, origin)
     if problems:
-        raise ManifestError(str(source), problems)
+        raise ManifestError(str(origin.source), problems, codes)
     assert isinstance(document, dict)
     exec_value = document.get("exec")
     return Manifest(
-        source=source,
+        source=origin.source,
         name=document["name"],
         description=document["description"],
         schema=document["schema"],
         cap=document["cap"],
-        exec_path=None if exec_value is None else _exec_path(exec_value, source.parent),
+        exec_path=None if exec_value is None else _exec_path(exec_value, origin.source.parent),
         mcp=document.get("mcp"),
         program=document.get("program"),
+        executable=executable,
     )
 
 
 def manifest_problems(document: object, base: Path) -> list[str]:
-    """Every reason ``document`` is not a valid v2 manifest; empty when it is one."""
+    """Every reason ``document``, a manifest of the caller's own in directory ``base``, is not
+    a valid v2 manifest; empty when it is one."""
+    return _problems_and_program(document, _Origin(base / "manifest"))[0]
+
+
+def _problems_and_program(
+    document: object, origin: _Origin
+) -> tuple[list[str], list[int], bytes | None]:
+    """Every problem of ``document`` with its errno, and the bytes of its ``exec`` program when
+    that could be read."""
+    problems = _document_problems(document)
+    codes = [errno.EINVAL] * len(problems)
+    executable = None
+    if isinstance(document, dict) and isinstance(document.get("exec"), str) and document["exec"]:
+        read = _read_program(document["exec"], origin)
+        if isinstance(read, bytes):
+            executable = read
+        else:
+            problems.append(read[1])
+            codes.append(read[0])
+    return problems, codes, executable
+
+
+def _document_problems(document: object) -> list[str]:
     import jsonschema  # here: about 100 ms that no other command of ctx needs
 
     validator = jsonschema.Draft202012Validator(MANIFEST_SCHEMA)
@@ -192,8 +289,6 @@ def manifest_problems(document: object, base: Path) -> list[str]:
     has_exec, has_mcp = "exec" in document, "mcp" in document
     if has_exec == has_mcp:
         problems.append("a manifest names exactly one of 'exec' (a program) and 'mcp'")
-    if isinstance(document.get("exec"), str) and document["exec"]:
-        problems += _exec_problems(_exec_path(document["exec"], base))
     if isinstance(document.get("mcp"), dict):
         problems += _mcp_problems(document["mcp"], name)
     return problems
@@ -210,18 +305,155 @@ def _exec_path(value: str, base: Path) -> Path:
     return Path(value) if os.path.isabs(value) else base / value
 
 
-def _exec_problems(path: Path) -> list[str]:
+# O_PATH: a descriptor that only names a place, for walking; no permission on it is needed.
+_PLACE = os.O_PATH | os.O_CLOEXEC
+
+
+def _read_program(value: str, origin: _Origin) -> bytes | tuple[int, str]:
+    """The bytes of the program ``exec`` names, read once; else ``(errno, problem)``.
+
+    A relative ``exec`` is walked from the manifest's directory one component at a time,
+    never through a symbolic link (ELOOP, naming the link): a link would let whoever wrote
+    the manifest hand the installer any file it may read.  An absolute one, or one climbing
+    out with ``..``, is read only for a manifest of the installer's (or root's) own, through
+    the links of the path but never a final link; another uid's is refused (EACCES).  The
+    program is read as a regular file (a FIFO is not waited on), at most
+    :data:`MAX_PROGRAM_BYTES`, and then judged on that file's mode bits: one the manifest's
+    other author could not read is refused (EACCES), for root must not read on their behalf
+    what every agent would read once installed."""
+    shown = _exec_path(value, origin.source.parent)
+    parts = [part for part in value.split("/") if part not in ("", ".")]
+    outside = value.startswith("/") or ".." in parts
+    if outside and origin.authors:
+        return errno.EACCES, (
+            f"exec: {value} is outside the manifest's directory, and the manifest "
+            f"{origin.source} belongs to {_uids(origin.authors)}, not to {_installer()}: "
+            "another uid's manifest may name only a program below "
+            "its own directory; put the program there, or install as that uid"
+        )
+    if not parts:
+        return errno.EINVAL, f"exec: {shown} is not a regular file (a FIFO, device or directory)"
+    absolute = value.startswith("/")
     try:
-        status = os.stat(path)
+        if absolute:
+            # The installer's own choice of path: its directories are taken as they resolve.
+            directory = os.open("/" + "/".join(parts[:-1]), _PLACE | os.O_DIRECTORY)
+        elif origin.directory is None:
+            directory = os.open(origin.source.parent, _PLACE | os.O_DIRECTORY)
+        else:
+            directory = origin.directory
     except OSError as exc:
-        return [f"exec: {path}: {exc.strerror}"]
-    if not stat.S_ISREG(status.st_mode):
-        return [f"exec: {path} is not a regular file"]
-    if status.st_size > MAX_PROGRAM_BYTES:
-        return [f"exec: {path} is larger than {MAX_PROGRAM_BYTES} bytes"]
-    if not os.access(path, os.R_OK):
-        return [f"exec: {path} is not readable"]
-    return []
+        return _refusal(exc, origin, shown, value, None)
+    owned = directory != origin.directory  # the manifest's own is closed by its reader
+    try:
+        for depth, part in enumerate([] if absolute else parts[:-1]):
+            try:
+                inner = os.open(part, _PLACE | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=directory)
+            except OSError as exc:
+                walked = "/".join(parts[: depth + 1])
+                return _refusal(exc, origin, shown, walked, _link_target(directory, part))
+            if owned:
+                os.close(directory)
+            directory, owned = inner, True
+        try:
+            data, status = read_regular_file_and_status(
+                parts[-1], MAX_PROGRAM_BYTES, dir_fd=directory
+            )
+        except OSError as exc:
+            return _refusal(exc, origin, shown, value, _link_target(directory, parts[-1]))
+    finally:
+        if owned:
+            os.close(directory)
+    for author in sorted(origin.authors):
+        if not _readable_by(author, status):
+            return errno.EACCES, (
+                f"exec: {shown} (uid {status.st_uid}, gid {status.st_gid}, mode "
+                f"{stat.S_IMODE(status.st_mode):04o}) is not readable by uid {author}, who owns "
+                f"the manifest {origin.source}; an installed tool is readable by every agent, "
+                f"so it is not installed for them: make it readable to uid {author} (by its "
+                f"mode bits), or install as uid {author}{_unknown_groups(author)}"
+            )
+    return data
+
+
+def _refusal(
+    exc: OSError, origin: _Origin, shown: Path, component: str, link: str | None
+) -> tuple[int, str]:
+    """The problem of an ``exec`` that could not be read; ``link`` is the target of the
+    component (the file, when the walk got there) that is a symbolic link, if one is.  What
+    the host ran short of (EMFILE, ENOMEM) says nothing of the manifest: it is raised."""
+    if exc.errno in HOST_SHORTAGES:
+        raise _unreadable(f"{shown}, the program of {origin.source}", exc)
+    if link is not None:
+        return errno.ELOOP, (
+            f"exec: {shown}: {component} is a symbolic link (to {link}), which is never "
+            "followed to a program: it could hand over a file the manifest's author may not "
+            "read; name the file itself"
+        )
+    if exc.errno == errno.EINVAL:
+        return errno.EINVAL, f"exec: {shown} is not a regular file (a FIFO, device or directory)"
+    if exc.errno == errno.EFBIG:
+        return errno.EINVAL, f"exec: {shown} is larger than {MAX_PROGRAM_BYTES} bytes"
+    if exc.errno == errno.EACCES:
+        return errno.EACCES, f"exec: {shown} is not readable"
+    return errno.EINVAL, f"exec: {shown}: {exc.strerror}"
+
+
+def _unreadable(what: object, exc: OSError) -> CtxError:
+    """The error of a manifest or program that could not be read: nothing was read or
+    installed, and, for what the host ran short of, what to free first."""
+    code = exc.errno or errno.EIO
+    fix = f": {advice(code)}" if code in HOST_SHORTAGES else ""
+    return CtxError(
+        code, f"cannot read {what}: {exc.strerror}; nothing was checked or installed{fix}"
+    )
+
+
+def _link_target(directory: int, name: str) -> str | None:
+    """What the symbolic link ``name`` in ``directory`` points to; None when it is none."""
+    try:
+        return os.readlink(name, dir_fd=directory)
+    except OSError:
+        return None
+
+
+def _readable_by(uid: int, status: os.stat_result) -> bool:
+    """Whether the mode bits of ``status`` let ``uid`` read it, as the kernel judges them:
+    the owner's bits for its owner, the group's for a member, the others' for the rest."""
+    if uid == 0:
+        return True
+    if status.st_uid == uid:
+        return bool(status.st_mode & stat.S_IRUSR)
+    if status.st_gid in _groups_of(uid):
+        return bool(status.st_mode & stat.S_IRGRP)
+    return bool(status.st_mode & stat.S_IROTH)
+
+
+def _groups_of(uid: int) -> frozenset[int]:
+    """The groups the password and group databases give ``uid``; none for a uid they do not
+    know (an agent's uid may have no entry), so that a group's bits never count by guess."""
+    try:
+        entry = pwd.getpwuid(uid)
+    except KeyError:
+        return frozenset()
+    return frozenset(os.getgrouplist(entry.pw_name, entry.pw_gid))
+
+
+def _unknown_groups(uid: int) -> str:
+    try:
+        pwd.getpwuid(uid)
+    except KeyError:
+        return f" (uid {uid} has no entry in the password database: no group's bits count for it)"
+    return ""
+
+
+def _installer() -> str:
+    uid = os.geteuid()
+    return "you (uid 0)" if uid == 0 else f"you (uid {uid}) or root"
+
+
+def _uids(uids: frozenset[int]) -> str:
+    return " and ".join(f"uid {uid}" for uid in sorted(uids))
 
 
 def config_path_problem(config: str) -> str | None:
