@@ -59,6 +59,11 @@ def bootstrap(source: Path | None, storage_dir: Path | None, as_json: bool) -> N
     command that repairs it, 'ctx shared create NAME --group G'; nothing in it is changed.
 
     \b
+    The entry agent/NAME that 'ctx agent create' wrote for another install of ctx, or for
+    this root at another path (a root moved or copied), is rewritten to run this install
+    on this root ('repaired agent/NAME'); a program of another shape there is left as it is.
+
+    \b
     A tool in tool/ that an administrator installed under a name that a later version
     made a core tool's (its origin names a manifest of theirs) is left as it is, and no
     core tool is installed there: a problem names it and what to do (reinstall it under
@@ -69,7 +74,12 @@ def bootstrap(source: Path | None, storage_dir: Path | None, as_json: bool) -> N
     copy built into ctx, or from SOURCE/docs/spec/ when SOURCE, a CortexFS source tree of
     the matching version, is given; stale pages are replaced.  A SOURCE without the pages
     is refused (EINVAL, exit 2) before anything is changed, and so is the tree of another
-    version (the version its pyproject.toml declares).
+    version: one whose pyproject.toml declares another version, or declares this one but
+    holds other pages (each named).
+
+    \b
+    After installing a new ctx, run 'ctx bootstrap' on each storage root before starting
+    workers or terminals (README, 'Upgrading').
     """
     root = resolve_storage(storage_dir)
     try:
