@@ -242,8 +242,9 @@ def warnings_for(root: Path, request: AgentRequest, identity: Identity) -> tuple
     cannot reach through the directories above it (every tool call is refused at step 2), a
     shared grant that grants nothing (write to the manuals, or to a space it may not read),
     a mount whose source does not exist (the agent's terminal does not start until it
-    does), and a read-write mount through which the agent could change its own controls
-    (every call is refused at step 4)."""
+    does), a source recorded as a real path that another uid's symbolic link chose, and a
+    read-write mount through which the agent could change its own controls (every call is
+    refused at step 4)."""
     warnings = [
         f"label {request.label} is also agent {owner}'s: tool and model policies grant by "
         "label, so the two agents share every grant made to it"
@@ -268,6 +269,7 @@ def warnings_for(root: Path, request: AgentRequest, identity: Identity) -> tuple
                 f"the source {source} of the mount at {target} does not exist: the agent's "
                 "terminal does not start until it does, and its tools find nothing there"
             )
+    warnings += [linked.warning() for linked in request.linked_sources]
     warnings += _controls_in_reach(root, request, identity)
     return tuple(warnings)
 

@@ -29,7 +29,9 @@ tools on its ``CTX_PATH`` must be visible through a mount for step 3 of the auth
 a target at or under a directory the terminal's sandbox takes from the system or makes
 itself — ``/usr``, ``/etc``, ``/bin``, ``/lib*``, ``/proc``, ``/dev``, ``/run``, ``/tmp`` and
 the like (:data:`cortexfs.policy.mounts.SYSTEM_TARGETS`) — or at ``/``.  Sources are recorded
-as their real paths.
+as their real paths; a source reached through a symbolic link that neither the creator nor
+root owns is recorded all the same, and ``ctx agent create`` warns of it, naming the path
+written and the path recorded (:class:`LinkedSource`): whoever owns the link chose the latter.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
@@ -47,6 +50,7 @@ from cortexfs.names import object_name_problem
 from cortexfs.policy import Policy
 from cortexfs.policy.grammar import check_subject_type, policy_object_name_problem
 from cortexfs.policy.mounts import parse_mount_table, target_problem
+from cortexfs.regular_file import read_regular_file
 from cortexfs.tools.ctxpath import CTX_MOUNT
 from cortexfs.tools.schemas import brief_message
 
@@ -54,6 +58,9 @@ if TYPE_CHECKING:
     from jsonschema import ValidationError
 
 MAX_REQUEST_BYTES = 256 * 1024
+# As many links as the kernel follows in one path lookup (MAXSYMLINKS); past them realpath
+# stops resolving too.
+_MAX_LINKS = 40
 SHARED_PERMISSIONS = ("read", "write")
 
 REQUEST_SCHEMA: dict[str, Any] = {
@@ -96,6 +103,27 @@ class RequestError(CtxError):
 
 
 @dataclass(frozen=True)
+class LinkedSource:
+    """A mount source written as ``written`` and recorded as ``recorded``, its real path, which
+    a symbolic link owned by another uid (``owner``, the first such link met: ``link``) chose."""
+
+    written: str
+    recorded: str
+    target: str
+    link: str
+    owner: int
+
+    def warning(self) -> str:
+        return (
+            f"the source {self.written} of the mount at {self.target} is recorded as "
+            f"{self.recorded}: the way there goes through the symbolic link {self.link}, "
+            f"which uid {self.owner} owns and may point anywhere; if that is not the directory "
+            "you meant to give the agent, write the real path you meant in the agent's mount "
+            "control (agent/<name>.d/mount) by hand"
+        )
+
+
+@dataclass(frozen=True)
 class AgentRequest:
     name: str
     label: str
@@ -103,6 +131,7 @@ class AgentRequest:
     tools: tuple[str, ...] = ()
     shared: tuple[tuple[str, tuple[str, ...]], ...] = ()
     mounts: tuple[tuple[str, str, str], ...] = ()
+    linked_sources: tuple[LinkedSource, ...] = ()
 
     def policy_text(self) -> str:
         """The agent's ``policy`` control: one concrete rule per grant (P-1, P-7)."""
@@ -131,20 +160,33 @@ class AgentRequest:
 
 
 def load_request(path: Path, storage_root: Path) -> AgentRequest:
-    """Read and validate a request file; ``-`` is not accepted here (the CLI reads stdin)."""
+    """Read and validate a request file; ``-`` is not accepted here (the CLI reads stdin).
+
+    Read as a regular file (a final link followed: it is the file the caller named), at most
+    :data:`MAX_REQUEST_BYTES`: a FIFO is EINVAL, never waited on, and a huge file is not read
+    whole."""
     try:
-        with open(path, "rb") as handle:
-            data = handle.read(MAX_REQUEST_BYTES + 1)
+        data = read_regular_file(path, MAX_REQUEST_BYTES, follow_link=True)
     except OSError as exc:
+        if exc.errno == errno.EFBIG:
+            raise too_big(_too_big_message(str(path))) from None
+        if exc.errno == errno.EINVAL:
+            raise CtxError(
+                errno.EINVAL,
+                f"{path} is not a regular file (a FIFO, device or directory); give a request "
+                "file, or '-' to read one from a pipe; nothing was created",
+            ) from None
         raise CtxError(exc.errno or errno.EIO, f"{path}: {exc.strerror}") from None
     return parse_request_bytes(data, str(path), storage_root)
 
 
+def _too_big_message(source: str) -> str:
+    return f"{source}: a request is at most {MAX_REQUEST_BYTES} bytes; nothing was created"
+
+
 def parse_request_bytes(data: bytes, source: str, storage_root: Path) -> AgentRequest:
     if len(data) > MAX_REQUEST_BYTES:
-        raise too_big(
-            f"{source}: a request is at most {MAX_REQUEST_BYTES} bytes; nothing was created"
-        )
+        raise too_big(_too_big_message(source))
     try:
         document = jsontext.loads_strict(data)
     except jsontext.DuplicateNames as exc:
@@ -181,10 +223,13 @@ def parse_request(document: object, source: str, storage_root: Path) -> AgentReq
         raise RequestError(source, problems)
     # Recorded as real paths, which is all a mount control's reader uses (a source is never
     # resolved again, so a link repointed later leads nowhere).
-    mounts = [
-        (os.path.realpath(source), target, mode)
-        for source, target, mode in document.get("mount", [])
-    ]
+    mounts, linked = [], []
+    for source, target, mode in document.get("mount", []):
+        real, links = resolve_links(source)
+        mounts.append((real, target, mode))
+        foreign = [(link, owner) for link, owner in links if owner not in (0, os.geteuid())]
+        if foreign:
+            linked.append(LinkedSource(source, real, target, *foreign[0]))
     mounts.append((str(storage_root.resolve()), str(CTX_MOUNT), "ro"))
     return AgentRequest(
         name=document["name"],
@@ -193,7 +238,42 @@ def parse_request(document: object, source: str, storage_root: Path) -> AgentReq
         tools=tuple(document.get("tools", [])),
         shared=tuple((space, tuple(permissions)) for space, permissions in shared.items()),
         mounts=tuple(mounts),  # type: ignore[arg-type]
+        linked_sources=tuple(linked),
     )
+
+
+def resolve_links(path: str) -> tuple[str, list[tuple[str, int]]]:
+    """The real path of the absolute ``path``, as :func:`os.path.realpath` makes it, and each
+    symbolic link met on the way there with its owner, from the same look at each component
+    (a link swapped in between could not be recorded unseen).  A component that cannot be
+    looked at is kept as written, as realpath keeps it."""
+    pending = list(reversed(path.split("/")))
+    resolved, links = "/", []
+    while pending:
+        part = pending.pop()
+        if part in ("", "."):
+            continue
+        if part == "..":
+            resolved = os.path.dirname(resolved)
+            continue
+        candidate = os.path.join(resolved, part)
+        try:
+            status = os.lstat(candidate)
+        except OSError:
+            status = None
+        if status is None or not stat.S_ISLNK(status.st_mode) or len(links) >= _MAX_LINKS:
+            resolved = candidate
+            continue
+        links.append((candidate, status.st_uid))
+        try:
+            target = os.readlink(candidate)
+        except OSError:  # gone since the look: taken as written
+            resolved = candidate
+            continue
+        if target.startswith("/"):
+            resolved = "/"
+        pending.extend(reversed(target.split("/")))
+    return resolved, links
 
 
 def _well_typed(document: dict[str, Any], errors: list[ValidationError]) -> dict[str, Any]:
