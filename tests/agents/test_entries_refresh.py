@@ -35,7 +35,7 @@ def root(tmp_path: Path) -> Path:
 def entry_of_another_install(root: Path, written_for: Path) -> bytes:
     """The entry an install of ctx in /opt/old-venv wrote for a root at ``written_for``."""
     current = entry_program(written_for, "alice")
-    first_line, rest = current.split(b"\n", 1)
+    _interpreter_line, rest = current.split(b"\n", 1)
     return b"#!/opt/old-venv/bin/python3 -I\n" + rest
 
 
