@@ -5,19 +5,23 @@ The entry is a five-line Python script that names the interpreter of the install
 and the storage root it was written for.  After an upgrade into a new environment, or a root
 moved to another path, an old entry still runs the old install's ``ctx agent start`` on the
 old path — or nothing at all once that environment is gone (exit 127).  Bootstrap rewrites an
-entry that has exactly the shape ``ctx agent create`` gives it, whatever interpreter and root it
-names, and leaves any other program in its place alone: an administrator may have put their
-own entry there, and it is theirs (R-5).
+entry that has exactly the shape ``ctx agent create`` gives it when it names another
+interpreter, or a root that is not this directory; the same root reached through another path
+(``storage/current`` is a link) is this root, and its entries are left as they are.  Any other
+program in an entry's place is left alone: an administrator may have put their own entry
+there, and it is theirs (R-5).
 """
 
 from __future__ import annotations
 
+import ast
 import errno
 import os
 import re
 import stat
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 from cortexfs import bootstrap_repair, durable, storage
 from cortexfs.names import is_object_name
@@ -32,17 +36,33 @@ def entry_program(root: Path, name: str) -> bytes:
     return _entry_text(sys.executable, repr(str(root)), name).encode()
 
 
-def written_by_ctx(program: bytes, name: str) -> bool:
-    """Whether ``program`` is an entry ``ctx agent create`` wrote for agent ``name``, by any
-    install of ctx and for a storage root at any path."""
+class WrittenEntry(NamedTuple):
+    """What an entry ``ctx agent create`` wrote runs: an interpreter, on a storage root."""
+
+    interpreter: str
+    root: str
+
+
+def written_by_ctx(program: bytes, name: str) -> WrittenEntry | None:
+    """What ``program`` runs when it is an entry ``ctx agent create`` wrote for agent ``name``,
+    by any install of ctx and for a storage root at any path; None when it is not one."""
     try:
         text = program.decode()
     except UnicodeDecodeError:
-        return False
+        return None
     # Neither marker can occur in an object name, nor does re.escape change it.
     shape = re.escape(_entry_text("<interpreter>", "<root>", name))
-    shape = shape.replace("<interpreter>", r"/[^\n]+", 1).replace("<root>", r"[^\n]+", 1)
-    return re.fullmatch(shape, text) is not None
+    shape = shape.replace("<interpreter>", r"(?P<interpreter>/[^\n]+)", 1)
+    shape = shape.replace("<root>", r"(?P<root>[^\n]+)", 1)
+    written = re.fullmatch(shape, text)
+    if written is None:
+        return None
+    try:
+        root = ast.literal_eval(written["root"])
+    except (ValueError, SyntaxError):
+        root = None
+    # An entry of this shape whose root is no string literal runs nothing: it is one to rewrite.
+    return WrittenEntry(written["interpreter"], root if isinstance(root, str) else "")
 
 
 def _entry_text(interpreter: str, root_literal: str, name: str) -> str:
@@ -94,11 +114,22 @@ def _refresh_entry(
         if exc.errno == errno.EFBIG:
             return
         raise
-    current = entry_program(root, name)
-    if program == current or not written_by_ctx(program, name):
+    written = written_by_ctx(program, name)
+    if written is None:
         return
-    durable.replace_file_synced(ops, directory_fd, name, current, ENTRY_MODE)
+    if written.interpreter == sys.executable and _same_directory(written.root, root):
+        return
+    durable.replace_file_synced(ops, directory_fd, name, entry_program(root, name), ENTRY_MODE)
     report.repaired.append(f"agent/{name}")
+
+
+def _same_directory(path: str, root: Path) -> bool:
+    """Whether ``path`` names the directory ``root`` is, by whatever links either goes."""
+    try:
+        named, this = os.stat(path), os.stat(root)
+    except (OSError, ValueError):
+        return False  # a root no longer there, or no path at all
+    return (named.st_dev, named.st_ino) == (this.st_dev, this.st_ino)
 
 
 storage.register_bootstrap_step(refresh_entries)

@@ -60,8 +60,9 @@ def bootstrap(source: Path | None, storage_dir: Path | None, as_json: bool) -> N
 
     \b
     The entry agent/NAME that 'ctx agent create' wrote for another install of ctx, or for
-    this root at another path (a root moved or copied), is rewritten to run this install
-    on this root ('repaired agent/NAME'); a program of another shape there is left as it is.
+    a root that is not this directory (a root moved or copied; this root through a link is
+    this root), is rewritten to run this install on this root ('repaired agent/NAME'); a
+    program of another shape there is left as it is.
 
     \b
     A tool in tool/ that an administrator installed under a name that a later version

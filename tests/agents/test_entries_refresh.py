@@ -11,11 +11,12 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from cortexfs.agents.entries import entry_program, written_by_ctx
+from cortexfs.agents.entries import WrittenEntry, entry_program, written_by_ctx
 from tests.support.cli import ctx
 
 REQUEST = {"name": "alice", "label": "alice_t", "tools": ["fs.stat"]}
@@ -69,6 +70,20 @@ def test_a_root_moved_elsewhere_gets_entries_that_name_its_new_path(root: Path) 
     assert (moved / "agent/alice").read_bytes() == entry_program(moved, "alice")
 
 
+def test_the_same_root_through_a_link_keeps_its_entries(root: Path) -> None:
+    """``storage/current`` is a link to the root: bootstrap through it and through the real
+    path alike leave the entries as they are, never rewriting them from one to the other."""
+    current = root.parent / "current"
+    current.symlink_to(root.name)
+    before = (root / "agent/alice").read_bytes()
+
+    through_link = bootstrap_json(current)
+    through_path = bootstrap_json(root)
+
+    assert "agent/alice" not in through_link["repaired"] + through_path["repaired"]
+    assert (root / "agent/alice").read_bytes() == before
+
+
 def test_an_administrators_own_entry_is_left_as_it_is(root: Path) -> None:
     entry = root / "agent/alice"
     own = b"#!/bin/sh\nexec logger 'alice started'\n"
@@ -91,8 +106,9 @@ def test_an_entry_of_this_install_is_not_touched(root: Path) -> None:
 
 
 def test_the_shape_is_that_of_the_named_agent_and_nothing_more() -> None:
-    written = entry_program(Path("/srv/root with 'quote'"), "alice")
-    assert written_by_ctx(written, "alice")
+    root = "/srv/root with 'quote'"
+    written = entry_program(Path(root), "alice")
+    assert written_by_ctx(written, "alice") == WrittenEntry(sys.executable, root)
     assert not written_by_ctx(written, "bob")
     assert not written_by_ctx(written + b"import os\n", "alice")
     assert not written_by_ctx(written.replace(b"agent', 'start'", b"agent', 'stop'"), "alice")
