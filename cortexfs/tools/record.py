@@ -22,8 +22,6 @@ caller only.
 from __future__ import annotations
 
 import os
-import threading
-from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -86,8 +84,8 @@ def record_result(
 
     The session's line comes first, so that a ``tool_call`` is never left without its
     ``tool_result`` because of the tool's log (a damaged tool may have none).  Both lines are
-    written before either is synced, and the two files are synced at once
-    (:func:`_sync_at_once`); a failure to sync the session is the one reported when both fail.
+    written before either is synced: on a journaling filesystem the first fsync then commits
+    the second file's append too, and the second fsync finds little left.
     """
     facts = result_facts(result)
     if session is not None:
@@ -105,44 +103,13 @@ def record_result(
                 **{**request, **facts},
             )
             log.append(line)
-        _sync_at_once([opened.sync for opened in (session, log) if opened is not None])
+        if session is not None:
+            session.sync()
+        if log is not None:
+            log.sync()
     finally:
         if log is not None:
             log.close()
-
-
-def _sync_at_once(syncs: list[Callable[[], None]]) -> None:
-    """Run ``syncs``, fsyncs of different files, at the same time: the first in this thread,
-    each other in a thread of its own; then raise the first failure, in their order.
-
-    Synced one after the other, the second file waits for a flush of the disk's cache of its
-    own, even when the first one's journal commit took its append along; synced at once, both
-    are served by one commit and one flush.  On a disk busy with other writers, where each
-    flush waits its turn, that is a third of the time (two appends: 4.2-6.3 ms one after the
-    other, 1.5 ms at once); on an idle disk the second fsync is cheap and the two ways cost
-    the same (0.39 and 0.38 ms).  Each thread is waited for before this returns, so that no
-    descriptor is closed under it.
-    """
-    failures: list[BaseException | None] = [None] * len(syncs)
-
-    def run(index: int) -> None:
-        try:
-            syncs[index]()
-        except BaseException as exc:  # reported by the caller's thread, in order
-            failures[index] = exc
-
-    helpers = [threading.Thread(target=run, args=(index,)) for index in range(1, len(syncs))]
-    for helper in helpers:
-        helper.start()
-    try:
-        if syncs:
-            run(0)
-    finally:
-        for helper in helpers:
-            helper.join()
-    for failure in failures:
-        if failure is not None:
-            raise failure
 
 
 def record_host_call(
