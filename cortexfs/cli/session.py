@@ -31,7 +31,7 @@ from cortexfs.errors import CtxError, invalid, not_found
 from cortexfs.names import check_object_name
 from cortexfs.policy.controls import agent_entry, agent_exists, control_path, read_identity
 from cortexfs.shared import events
-from cortexfs.shared.home_sessions import tighten_session
+from cortexfs.shared.home_sessions import Tightening, tighten_session
 from cortexfs.shared.sessions import (
     DEFAULT_SESSION,
     SessionRef,
@@ -182,34 +182,47 @@ def repair(
 
     Waits for appends in flight; complete lines are never touched.  Prints how many bytes
     it removed, or that there was nothing to do; --json: {"session", "truncated_bytes",
-    "tightened"} (0 when nothing was torn).  A home session that an older version made
-    readable by the agent's group (0750, events.jsonl 0640) is made 0700 and 0600 first,
-    each listed as 'tightened PATH (mode 0750 -> 0700)' (on a read-only filesystem it is
-    left as it is).  Exit 0 either way, on a read-only filesystem too when nothing is
-    torn; a torn line there cannot be cut (EROFS, exit 1, nothing changed).
+    "tightened", "left"} (0 when nothing was torn).  A home session that an older version
+    made readable by the agent's group (0750, events.jsonl 0640) is made 0700 and 0600
+    first, each listed as 'tightened PATH (mode 0750 -> 0700)' (on a read-only filesystem
+    it is left as it is); an events.jsonl of another uid than the session's, or with more
+    than one name (a hard link), is not changed but named in a 'ctx: warning:' line.  Exit
+    0 either way, on a read-only filesystem too when nothing is torn; a torn line there
+    cannot be cut (EROFS, exit 1, nothing changed).
     """
     ref = _session_ref(storage_dir, agent, session, project, uid)
     with _session_directory(ref, _listing(agent, project, uid)) as directory:
         # A home session an older version made readable by the agent's group is the agent's
         # alone again (as 'ctx bootstrap' makes every one).
-        tightened = [] if ref.space is not None else _tightened(directory, ref)
+        done = Tightening() if ref.space is not None else _tightened(directory, ref)
+        for line in done.left:
+            click.echo(printable(f"ctx: warning: {line}"), err=True)
+        if not as_json:
+            # Said before the repair, which may still be refused: the modes changed either way.
+            for line in done.tightened:
+                click.echo(printable(f"tightened {line}"))
         removed = events.repair(ref.events_path, dir_fd=directory)
     if removed:
         changed(f"a torn last line of {removed} bytes was truncated from {ref.events_path}")
-    if tightened:
+    if done.tightened:
         changed(f"{ref.path} was made readable by the agent alone")
     if as_json:
-        emit_json({"session": str(ref), "truncated_bytes": removed, "tightened": tightened})
+        emit_json(
+            {
+                "session": str(ref),
+                "truncated_bytes": removed,
+                "tightened": done.tightened,
+                "left": done.left,
+            }
+        )
         return
-    for line in tightened:
-        click.echo(printable(f"tightened {line}"))
     if removed:
         click.echo(f"truncated a torn last line of {removed} bytes from {ref.events_path}")
     else:
         click.echo(f"nothing to do: {ref.events_path} ends with a complete line")
 
 
-def _tightened(directory: int, ref: SessionRef) -> list[str]:
+def _tightened(directory: int, ref: SessionRef) -> Tightening:
     """:func:`tighten_session`, except on a read-only filesystem, where nothing can change
     (and the torn line, if any, is refused with EROFS by the repair itself)."""
     try:
@@ -217,7 +230,7 @@ def _tightened(directory: int, ref: SessionRef) -> list[str]:
     except OSError as exc:
         if exc.errno != errno.EROFS:
             raise
-        return []
+        return Tightening()
 
 
 @session.command("list")

@@ -6,114 +6,113 @@ outputs.  It is made :data:`~cortexfs.shared.sessions.HOME_SESSION_MODE` (and ``
 :data:`~cortexfs.shared.sessions.HOME_EVENTS_MODE`), so that two agents of different uids
 sharing a primary group read none of each other's.  Versions before that made them 0750 and
 0640, and the opener keeps an existing session's mode: every event recorded since still went
-into a file the group reads.  Bootstrap walks::
+into a file the group reads.  Bootstrap walks only the levels of a session's path
+(:func:`~cortexfs.shared.level_walk.walk_levels`)::
 
     home/<uid>/agent/<agent>/session/<session>/events.jsonl
 
-and takes from each directory below ``home/<uid>/`` the bits beyond the session mode, and
-from each ``events.jsonl`` those beyond the events mode: tightened, never widened, each
-reported ``repaired`` with its mode before and after.  Every entry is opened relative to its
+and takes from each of those directories the bits beyond the session mode, and from each
+``events.jsonl`` those beyond the events mode: tightened, never widened, each reported
+``repaired`` with its mode before and after.  Every entry is opened relative to its
 parent's descriptor without following a link (a home belongs to its user, who could plant
 one): only what is there is changed, and only a directory or a regular file.
+
+Only the home owner's own entries are changed (the owner of ``home/<uid>/``).  Root's chmod
+would succeed on anything, so the home's user could otherwise have root change a file that
+is not theirs: an entry of another uid (a directory moved in), or a regular file with more
+than one name (a hard link to another uid's file that the user's group may write, which
+``fs.protected_hardlinks`` allows; any file without it).  Such an entry is left as it is and
+named in a warning, not a problem: it is the home user's doing, not the storage root's, and
+must not make every bootstrap fail.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from cortexfs import durable, storage
 from cortexfs.errors import CtxError
 from cortexfs.shared.events import EVENTS_FILE
+from cortexfs.shared.level_walk import (
+    SESSION_LEVELS,
+    open_child_directory,
+    open_directory,
+    walk_levels,
+)
 from cortexfs.shared.sessions import HOME_EVENTS_MODE, HOME_SESSION_MODE
 
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
-# The levels below home/<uid>/, each made with the session mode: agent/, <agent>/, session/,
-# <session>/.
-_LEVELS = 4
+
+
+@dataclass
+class Tightening:
+    """What a walk changed, ``"SHOWN (mode 0750 -> 0700)"`` each, and what it left as it is
+    because it is not the home owner's to change (module docstring), a sentence each."""
+
+    tightened: list[str] = field(default_factory=list)
+    left: list[str] = field(default_factory=list)
 
 
 def tighten_home_sessions(root: Path, source: Path | None, report: storage.BootstrapReport) -> None:
-    """The bootstrap step: every home session of ``root`` given its mode (module docstring).
-    Each home is a step of its own: one that cannot be changed (only root may chmod another
-    uid's entries) is a problem naming it, and the others are still tightened."""
+    """The bootstrap step: every home session of ``root`` given its mode (module docstring),
+    what is left reported as a warning.  Each home is a step of its own: one that cannot be
+    changed (only root may chmod another uid's entries) is a problem naming it, and the
+    others are still tightened."""
     ops = durable.default_ops()
     # The root is reached as every command reaches it, through a link the administrator may
     # have made (storage/current); below it nothing is followed.
-    root_fd = os.open(os.path.realpath(root), _DIR_FLAGS)
-    try:
-        homes_fd = _open_directory(root_fd, "home")
-    finally:
-        os.close(root_fd)
+    homes_fd = open_child_directory(os.path.realpath(root), "home")
     if homes_fd is None:
         return  # no home yet, or one the root's step reported
+    # Each change is recorded as it is made: a problem part-way still leaves the earlier ones
+    # reported.
+    done = Tightening(tightened=report.repaired, left=report.warnings)
     try:
         for uid in sorted(os.listdir(homes_fd)):
             home = f"home/{uid}"
             with report.step(home, root / home):
-                _tighten_below(ops, homes_fd, uid, home, report.repaired)
+                _tighten_home(ops, homes_fd, uid, home, done)
     finally:
         os.close(homes_fd)
 
 
-def _tighten_below(
-    ops: durable.FsOps, homes_fd: int, uid: str, home: str, repaired: list[str]
-) -> None:
-    """Tighten what lies below home ``uid``, each change added to ``repaired`` as it is
-    made (a problem part-way still leaves the earlier ones reported)."""
-    top = _open_directory(homes_fd, uid)
+def _tighten_home(ops: durable.FsOps, homes_fd: int, uid: str, home: str, done: Tightening) -> None:
+    top = open_directory(homes_fd, uid)
     if top is None:
         return
-    # (descriptor, shown, depth below home/<uid>/): directories still to look into.
-    stack = [(top, home, 0)]
     try:
-        while stack:
-            dir_fd, shown, depth = stack.pop()
-            try:
-                if depth == _LEVELS:
-                    _tighten_events(ops, dir_fd, f"{shown}/{EVENTS_FILE}", repaired)
-                    continue
-                names = ["agent"] if depth == 0 else sorted(os.listdir(dir_fd))
-                for name in reversed(names):
-                    inner = _open_directory(dir_fd, name)
-                    if inner is None:
-                        continue
-                    stack.append((inner, f"{shown}/{name}", depth + 1))
-                    _tighten(ops, inner, HOME_SESSION_MODE, f"{shown}/{name}", repaired)
-            finally:
-                os.close(dir_fd)
+        owner = os.fstat(top).st_uid
+        with contextlib.closing(walk_levels(top, SESSION_LEVELS)) as levels:
+            for dir_fd, names in levels:
+                shown = "/".join((home, *names))
+                _tighten(ops, dir_fd, HOME_SESSION_MODE, shown, owner, done)
+                if len(names) == len(SESSION_LEVELS):
+                    _tighten_events(ops, dir_fd, f"{shown}/{EVENTS_FILE}", owner, done)
     finally:
-        for dir_fd, _, _ in stack:
-            os.close(dir_fd)
+        os.close(top)
 
 
-def tighten_session(session_fd: int, shown: str) -> list[str]:
+def tighten_session(session_fd: int, shown: str) -> Tightening:
     """The home session open as ``session_fd`` (its directory, reached without following a
-    link) and its ``events.jsonl`` tightened as bootstrap does, for ``ctx session repair``;
-    ``["SHOWN (mode 0750 -> 0700)", …]`` for what changed.  EPERM when the caller is neither
+    link) and its ``events.jsonl`` tightened as bootstrap does, for ``ctx session repair``,
+    with the session directory's owner as the home owner.  EPERM when the caller is neither
     root nor their owner."""
     ops = durable.default_ops()
-    repaired: list[str] = []
-    _tighten(ops, session_fd, HOME_SESSION_MODE, shown, repaired)
-    _tighten_events(ops, session_fd, f"{shown}/{EVENTS_FILE}", repaired)
-    return repaired
+    done = Tightening()
+    owner = os.fstat(session_fd).st_uid
+    _tighten(ops, session_fd, HOME_SESSION_MODE, shown, owner, done)
+    _tighten_events(ops, session_fd, f"{shown}/{EVENTS_FILE}", owner, done)
+    return done
 
 
-def _open_directory(dir_fd: int, name: str) -> int | None:
-    """``name`` in ``dir_fd`` opened as a directory, never through a link; None when it is
-    missing, a link or anything but a directory (nothing of a session's to tighten)."""
-    try:
-        return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
-    except OSError as exc:
-        if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
-            return None
-        raise
-
-
-def _tighten_events(ops: durable.FsOps, dir_fd: int, shown: str, repaired: list[str]) -> None:
+def _tighten_events(
+    ops: durable.FsOps, dir_fd: int, shown: str, owner: int, done: Tightening
+) -> None:
     """The session's ``events.jsonl``, when it is a regular file (opened without following a
     link, nor waiting on a FIFO)."""
     try:
@@ -124,17 +123,29 @@ def _tighten_events(ops: durable.FsOps, dir_fd: int, shown: str, repaired: list[
         raise
     try:
         if stat.S_ISREG(os.fstat(fd).st_mode):
-            _tighten(ops, fd, HOME_EVENTS_MODE, shown, repaired)
+            _tighten(ops, fd, HOME_EVENTS_MODE, shown, owner, done)
     finally:
         os.close(fd)
 
 
-def _tighten(ops: durable.FsOps, fd: int, allowed: int, shown: str, repaired: list[str]) -> None:
-    """Take from the entry open as ``fd`` every mode bit beyond ``allowed``; report it."""
+def _tighten(
+    ops: durable.FsOps, fd: int, allowed: int, shown: str, owner: int, done: Tightening
+) -> None:
+    """Take from the entry open as ``fd`` every mode bit beyond ``allowed`` when it is the
+    home owner's (``owner``) alone; report it, or why it was left."""
     status = os.fstat(fd)
     current = stat.S_IMODE(status.st_mode)
     wanted = current & allowed
     if wanted == current:
+        return
+    not_the_owners = _not_the_owners(status, owner)
+    if not_the_owners:
+        done.left.append(
+            f"{shown} has mode {current:04o} but is left as it is, not made {wanted:04o}: it "
+            f"{not_the_owners}; only the home owner's own sessions are tightened, and a chmod "
+            "would change the file under every name it has; check what it is, and move it out "
+            "of the home if it is not the agent's"
+        )
         return
     if os.geteuid() not in (0, status.st_uid):
         raise CtxError(
@@ -149,7 +160,21 @@ def _tighten(ops: durable.FsOps, fd: int, allowed: int, shown: str, repaired: li
         durable.sync_dir(ops, fd)
     else:
         ops.fsync(fd)
-    repaired.append(f"{shown} (mode {current:04o} -> {wanted:04o})")
+    done.tightened.append(f"{shown} (mode {current:04o} -> {wanted:04o})")
+
+
+def _not_the_owners(status: os.stat_result, owner: int) -> str:
+    """Why the entry of ``status`` is not the home owner's (uid ``owner``) alone to have
+    changed, or ``""`` when it is."""
+    why = []
+    if status.st_uid != owner:
+        why.append(f"belongs to uid {status.st_uid}, not to uid {owner} whose home it is in")
+    if stat.S_ISREG(status.st_mode) and status.st_nlink > 1:
+        why.append(
+            f"is a file with {status.st_nlink} names (hard links), another of which may be "
+            "another uid's file"
+        )
+    return ", and ".join(why)
 
 
 storage.register_bootstrap_step(tighten_home_sessions)

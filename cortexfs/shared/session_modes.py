@@ -12,13 +12,15 @@ bit an agent took away is its choice, and is not given back.  ``ctx bootstrap`` 
 spaces that need it.
 
 Every level is opened relative to its parent's descriptor without following a link (members
-may plant one anywhere in the space), and the mode is changed through that descriptor: only
-what is there, and only directories.  They belong to the agents' uids: root changes them
-all, anyone else only their own.
+may plant one anywhere in the space), one level at a time
+(:func:`~cortexfs.shared.level_walk.walk_levels`), and the mode is changed through that
+descriptor: only what is there, and only directories.  They belong to the agents' uids: root
+changes them all, anyone else only their own.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
@@ -27,12 +29,12 @@ from pathlib import Path
 
 from cortexfs import durable
 from cortexfs.errors import CtxError
+from cortexfs.shared.level_walk import SESSION_LEVELS, open_child_directory, walk_levels
 from cortexfs.shared.sessions import SHARED_MODE
 
 # Sticky: members never rename or remove the agent's entries; setgid: what is made inside
 # keeps the space's group.
 PROTECTIVE_BITS = SHARED_MODE & (stat.S_ISVTX | stat.S_ISGID)
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def protected(mode: int) -> int:
@@ -43,48 +45,19 @@ def protected(mode: int) -> int:
 
 def session_directories(space: Path) -> Iterator[tuple[int, Path]]:
     """``(descriptor, path)`` of each ``agent/<agent>/``, ``agent/<agent>/session/`` and
-    session of the space at ``space``, parents first, each open until the next is yielded.
-    Nothing is yielded below a link or what is not a directory; a space without ``agent/``
-    yields nothing."""
-    shared_fd = os.open(space.parent, _DIR_FLAGS)
-    try:
-        space_fd = _open_dir(shared_fd, space.name)
-    finally:
-        os.close(shared_fd)
+    session of the space at ``space``, parents first, each open until the walk goes on past
+    what is below it.  Nothing is yielded below a link or what is not a directory; a space
+    without ``agent/`` yields nothing."""
+    space_fd = open_child_directory(str(space.parent), space.name)
     if space_fd is None:
         return
     try:
-        agents_fd = _open_dir(space_fd, "agent")
+        with contextlib.closing(walk_levels(space_fd, SESSION_LEVELS)) as levels:
+            for fd, names in levels:
+                if len(names) > 1:  # agent/ itself is the space's, made with its modes
+                    yield fd, space.joinpath(*names)
     finally:
         os.close(space_fd)
-    if agents_fd is None:
-        return
-    try:
-        for agent in sorted(os.listdir(agents_fd)):
-            agent_fd = _open_dir(agents_fd, agent)
-            if agent_fd is None:
-                continue
-            try:
-                yield agent_fd, space / "agent" / agent
-                sessions_fd = _open_dir(agent_fd, "session")
-                if sessions_fd is None:
-                    continue
-                try:
-                    yield sessions_fd, space / "agent" / agent / "session"
-                    for name in sorted(os.listdir(sessions_fd)):
-                        session_fd = _open_dir(sessions_fd, name)
-                        if session_fd is None:
-                            continue
-                        try:
-                            yield session_fd, space / "agent" / agent / "session" / name
-                        finally:
-                            os.close(session_fd)
-                finally:
-                    os.close(sessions_fd)
-            finally:
-                os.close(agent_fd)
-    finally:
-        os.close(agents_fd)
 
 
 def check_session_modes(space: Path) -> None:
@@ -109,9 +82,8 @@ def check_session_modes(space: Path) -> None:
 def repair_session_modes(ops: durable.FsOps, space: Path) -> list[str]:
     """Give each session directory of the space at ``space`` the :data:`PROTECTIVE_BITS` it
     lacks through its descriptor, the change durable before it is reported: ``"PATH (mode
-    2770 -> 3770)"``
-    for each one changed.  Nothing is held open beyond the walk's own levels, however many
-    sessions the space has."""
+    2770 -> 3770)"`` for each one changed.  Nothing is held open beyond the walk's own
+    levels, however many sessions the space has."""
     changed = []
     for fd, path in session_directories(space):
         mode = stat.S_IMODE(os.fstat(fd).st_mode)
@@ -120,14 +92,3 @@ def repair_session_modes(ops: durable.FsOps, space: Path) -> list[str]:
             durable.sync_dir(ops, fd)
             changed.append(f"{path} (mode {mode:04o} -> {protected(mode):04o})")
     return changed
-
-
-def _open_dir(dir_fd: int, name: str) -> int | None:
-    """``name`` in ``dir_fd`` opened as a directory, never through a link; None when it is
-    missing, a link or no directory."""
-    try:
-        return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
-    except OSError as exc:
-        if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
-            return None
-        raise

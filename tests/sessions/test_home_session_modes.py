@@ -5,16 +5,19 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import stat
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import cortexfs.shared.home_sessions  # noqa: F401  (registers its bootstrap step)
 from cortexfs import storage
 from cortexfs.shared.sessions import SessionRef, open_session
 from cortexfs.shared.tree import Ownership
-from tests.support.users import UnprivilegedUser, access_as
+from tests.support.users import UnprivilegedUser, access_as, run_as
 
 CTX = [sys.executable, "-c", "from cortexfs.cli import main; main()"]
 OLD_DIRECTORY_MODE, OLD_EVENTS_MODE = 0o750, 0o640  # what versions before them made
@@ -34,24 +37,32 @@ def old_home_session(root: Path, user: UnprivilegedUser) -> Path:
     return home
 
 
+@pytest.fixture
+def old_home(traversable_tmp: Path, unprivileged_user: UnprivilegedUser) -> tuple[Path, Path]:
+    """A bootstrapped root with :func:`old_home_session`: the root and the home."""
+    root = traversable_tmp / "storage"
+    storage.bootstrap(root)
+    return root, old_home_session(root, unprivileged_user)
+
+
+def ctx(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CTX, "--storage", str(root), *args], capture_output=True, text=True)
+
+
 def mode(path: Path) -> int:
     return stat.S_IMODE(os.lstat(path).st_mode)
 
 
 def test_bootstrap_tightens_an_old_home_session_so_the_group_reads_none_of_it(
-    traversable_tmp: Path, unprivileged_user: UnprivilegedUser
+    old_home: tuple[Path, Path], unprivileged_user: UnprivilegedUser
 ) -> None:
-    root = traversable_tmp / "storage"
-    storage.bootstrap(root)
-    home = old_home_session(root, unprivileged_user)
+    root, home = old_home
     events = home / LEVELS[-1] / "events.jsonl"
     # Another agent's uid sharing alice's group.
     neighbour = UnprivilegedUser("neighbour", unprivileged_user.uid + 1000, unprivileged_user.gid)
     assert access_as(neighbour, [(str(events), "r")]) == [True]
 
-    done = subprocess.run(
-        [*CTX, "--storage", str(root), "bootstrap"], capture_output=True, text=True
-    )
+    done = ctx(root, "bootstrap")
 
     assert done.returncode == 0, done.stdout + done.stderr
     shown = f"home/{unprivileged_user.uid}"
@@ -68,11 +79,9 @@ def test_bootstrap_tightens_an_old_home_session_so_the_group_reads_none_of_it(
 
 
 def test_links_are_not_followed_and_narrower_modes_are_kept(
-    traversable_tmp: Path, unprivileged_user: UnprivilegedUser
+    old_home: tuple[Path, Path], traversable_tmp: Path
 ) -> None:
-    root = traversable_tmp / "storage"
-    storage.bootstrap(root)
-    home = old_home_session(root, unprivileged_user)
+    root, home = old_home
     outside = traversable_tmp / "outside"
     outside.mkdir(mode=0o755)
     (outside / "events.jsonl").write_text("not a session's\n")
@@ -93,16 +102,14 @@ def test_links_are_not_followed_and_narrower_modes_are_kept(
 
 
 def test_session_repair_tightens_the_session_it_repairs(
-    traversable_tmp: Path, unprivileged_user: UnprivilegedUser
+    old_home: tuple[Path, Path], unprivileged_user: UnprivilegedUser
 ) -> None:
-    root = traversable_tmp / "storage"
-    storage.bootstrap(root)
-    home = old_home_session(root, unprivileged_user)
+    root, home = old_home
     session = home / LEVELS[-1]
-    repair = [*CTX, "--storage", str(root), "session", "repair", "alice", "--session", "s1"]
+    repair = ["session", "repair", "alice", "--session", "s1"]
     uid = ["--uid", str(unprivileged_user.uid), "--json"]
 
-    done = subprocess.run([*repair, *uid], capture_output=True, text=True)
+    done = ctx(root, *repair, *uid)
 
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["tightened"] == [
@@ -110,3 +117,151 @@ def test_session_repair_tightens_the_session_it_repairs(
         f"{session}/events.jsonl (mode 0640 -> 0600)",
     ]
     assert (mode(session), mode(session / "events.jsonl")) == (0o700, 0o600)
+
+
+def others_file(traversable_tmp: Path, user: UnprivilegedUser) -> tuple[Path, int]:
+    """A file of a third uid (no account needed) that the test user's group may read and
+    write, outside every home: what a hard link planted in a home may name; and that uid."""
+    third = user.uid + 2000
+    victim = traversable_tmp / "victim"
+    victim.mkdir(mode=0o755)
+    notes = victim / "notes.txt"
+    notes.write_text("notes of another uid\n")
+    os.chown(notes, third, user.gid)
+    notes.chmod(0o664)
+    return notes, third
+
+
+def test_bootstrap_leaves_a_hard_link_to_another_uids_file_and_another_uids_entry(
+    old_home: tuple[Path, Path], traversable_tmp: Path, unprivileged_user: UnprivilegedUser
+) -> None:
+    root, home = old_home
+    notes, third = others_file(traversable_tmp, unprivileged_user)
+    sessions = home / "agent/alice/session"
+    (sessions / "s9").mkdir(mode=0o700)
+    os.chown(sessions / "s9", unprivileged_user.uid, unprivileged_user.gid)
+    # The agent itself plants the link (fs.protected_hardlinks allows it: its group may read
+    # and write the file).
+    linked = run_as(unprivileged_user, ["ln", str(notes), str(sessions / "s9/events.jsonl")])
+    assert linked.returncode == 0, linked.stderr
+    # A second name for a file of the agent's own, and a session directory of the third uid.
+    own = home / "own-notes"
+    own.write_text("the agent's\n")
+    os.chown(own, unprivileged_user.uid, unprivileged_user.gid)
+    own.chmod(0o644)
+    (sessions / "s7").mkdir()
+    os.link(own, sessions / "s7/events.jsonl")
+    (sessions / "s8").mkdir(mode=0o750)
+    os.chown(sessions / "s8", third, unprivileged_user.gid)
+    (sessions / "s8").chmod(0o750)
+
+    done = ctx(root, "bootstrap")
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (mode(notes), mode(own), mode(sessions / "s8")) == (0o664, 0o644, 0o750)
+    assert access_as(unprivileged_user, [(str(notes), "rw")]) == [True]
+    shown = f"home/{unprivileged_user.uid}/agent/alice/session"
+    warnings = [line for line in done.stdout.splitlines() if line.startswith("warning")]
+    assert (
+        f"warning   {shown}/s9/events.jsonl has mode 0664 but is left as it is, not made "
+        f"0600: it belongs to uid {third}, not to uid {unprivileged_user.uid} whose home it "
+        "is in, and is a file with 2 names (hard links), another of which may be another "
+        "uid's file; only the home owner's own sessions are tightened" in done.stdout
+    )
+    assert any(
+        line.startswith(f"warning   {shown}/s7/events.jsonl has mode 0644 but is left")
+        and "it is a file with 2 names" in line
+        for line in warnings
+    )
+    assert any(
+        line.startswith(f"warning   {shown}/s8 has mode 0750 but is left")
+        and f"it belongs to uid {third}" in line
+        for line in warnings
+    )
+    for name in ("s7", "s8", "s9"):
+        assert f"repaired  {shown}/{name}" not in done.stdout
+    assert mode(sessions / "s1/events.jsonl") == 0o600  # the agent's own session is tightened
+
+
+def test_session_repair_leaves_a_hard_link_to_another_uids_file(
+    old_home: tuple[Path, Path], traversable_tmp: Path, unprivileged_user: UnprivilegedUser
+) -> None:
+    root, home = old_home
+    notes, third = others_file(traversable_tmp, unprivileged_user)
+    events = home / LEVELS[-1] / "events.jsonl"
+    events.unlink()
+    linked = run_as(unprivileged_user, ["ln", str(notes), str(events)])
+    assert linked.returncode == 0, linked.stderr
+    repair = ["session", "repair", "alice", "--session", "s1"]
+
+    done = ctx(root, *repair, "--uid", str(unprivileged_user.uid))
+
+    assert mode(notes) == 0o664, done.stdout + done.stderr
+    assert notes.read_text() == "notes of another uid\n"
+    assert f"ctx: warning: {events} has mode 0664 but is left as it is" in done.stderr
+    assert f"it belongs to uid {third}" in done.stderr
+    assert f"tightened {home / LEVELS[-1]} (mode 0750 -> 0700)" in done.stdout
+    assert mode(home / LEVELS[-1]) == 0o700
+
+
+def test_session_repair_names_in_json_what_it_left(
+    old_home: tuple[Path, Path], unprivileged_user: UnprivilegedUser
+) -> None:
+    root, home = old_home
+    events = home / LEVELS[-1] / "events.jsonl"
+    os.chown(events, unprivileged_user.uid + 2000, unprivileged_user.gid)
+    repair = ["session", "repair", "alice", "--session", "s1"]
+
+    done = ctx(root, *repair, "--uid", str(unprivileged_user.uid), "--json")
+
+    assert done.returncode == 0, done.stderr
+    left = json.loads(done.stdout)["left"]
+    assert len(left) == 1 and left[0].startswith(f"{events} has mode 0640 but is left as it is")
+    assert mode(events) == 0o640
+
+
+def test_bootstrap_holds_one_descriptor_per_level_however_many_sessions(
+    old_home: tuple[Path, Path], unprivileged_user: UnprivilegedUser
+) -> None:
+    root, home = old_home
+    sessions = home / "agent/alice/session"
+    made = run_as(
+        unprivileged_user,
+        ["sh", "-c", "umask 027; for i in $(seq 1 400); do mkdir n$i; done"],
+        cwd=sessions,
+    )
+    assert made.returncode == 0, made.stderr
+
+    # Fewer descriptors than the sessions of one level: a walk that held them all fails.
+    done = subprocess.run(
+        [*CTX, "--storage", str(root), "bootstrap"],
+        capture_output=True,
+        text=True,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (128, 128)),
+    )
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "problem" not in done.stdout
+    assert mode(sessions / "n400") == 0o700
+    assert done.stdout.count("repaired  ") >= 400
+
+
+def test_bootstrap_tightens_only_the_levels_of_a_session(
+    old_home: tuple[Path, Path], unprivileged_user: UnprivilegedUser
+) -> None:
+    root, home = old_home
+    made = run_as(
+        unprivileged_user,
+        ["sh", "-c", "umask 022; mkdir -p pub/x/y && echo hi > pub/x/events.jsonl"],
+        cwd=home / "agent/alice",
+    )
+    assert made.returncode == 0, made.stderr
+
+    report = storage.bootstrap(root)
+
+    assert report.problems == []
+    pub = home / "agent/alice/pub"
+    assert (mode(pub), mode(pub / "x"), mode(pub / "x/y")) == (0o755, 0o755, 0o755)
+    assert mode(pub / "x/events.jsonl") == 0o644
+    assert not [line for line in report.repaired if "/pub" in line]
+    assert mode(home / LEVELS[-1] / "events.jsonl") == 0o600
