@@ -63,6 +63,10 @@ class _ToolPlace(NamedTuple):
     directory: Path
 
 
+# What opening <tool>.d/ meets when the tool's layout is at fault (reinstalling mends it).
+_NOT_A_CONTROL_DIRECTORY = frozenset({errno.ENOENT, errno.ENOTDIR, errno.ELOOP})
+
+
 class ToolObject(_ToolPlace):
     """Where one tool lives: its name and the tier directory holding its executable."""
 
@@ -137,16 +141,19 @@ class _ControlDirectory:
     @contextlib.contextmanager
     def opened(cls, tool: ToolObject) -> Iterator[_ControlDirectory]:
         """The control directory through a descriptor; ENOEXEC (damaged) when it is missing,
-        a link or not a directory."""
+        a link or not a directory, and the kernel's errno for anything else (EACCES on a
+        root-squashed export, EIO, EMFILE…): the tool is not to blame, and no reinstall helps."""
         try:
             fd = beneath.open_directory(tool.directory, PurePosixPath(f"{tool.name}.d"))
         except OSError as exc:
-            if exc.errno in HOST_SHORTAGES:
-                raise CtxError(
-                    exc.errno, f"{tool.name}.d cannot be opened now: {exc.strerror}"
-                ) from None
-            reason = f"its control directory {tool.name}.d/ is missing or not a directory"
-            raise damaged(tool, reason) from None
+            if exc.errno in _NOT_A_CONTROL_DIRECTORY:
+                reason = f"its control directory {tool.name}.d/ is missing or not a directory"
+                raise damaged(tool, reason) from None
+            now = " now" if exc.errno in HOST_SHORTAGES else ""
+            raise CtxError(
+                exc.errno or errno.EIO,
+                f"{tool.directory / tool.name}.d cannot be opened{now}: {exc.strerror}",
+            ) from None
         try:
             yield cls(tool, fd)
         finally:
