@@ -93,15 +93,17 @@ def bootstrap(source: Path | None, storage_dir: Path | None, as_json: bool) -> N
     if as_json:
         emit_json(report.to_json())
         _end(report)
-    click.echo(f"storage root: {root}")
+    # Names below homes and spaces are their users' choice: escaped, they cannot drive the
+    # administrator's terminal.
+    click.echo(f"storage root: {printable(str(root))}")
     for path in report.created:
-        click.echo(f"created   {path}")
+        click.echo(f"created   {printable(path)}")
     for path in report.repaired:
-        click.echo(f"repaired  {path}")
+        click.echo(f"repaired  {printable(path)}")
     for problem in report.problems:
-        click.echo(f"problem   {problem}")
+        click.echo(f"problem   {printable(problem)}")
     for warning in report.warnings:
-        click.echo(f"warning   {warning}")
+        click.echo(f"warning   {printable(warning)}")
     if not (report.created or report.repaired or report.problems or report.warnings):
         click.echo("nothing to do: the storage root is complete")
     _end(report)
