@@ -51,7 +51,8 @@ def bootstrap(source: Path | None, storage_dir: Path | None, as_json: bool) -> N
     \b
     Home sessions an older version made readable by the agent's group (directories 0750,
     events.jsonl 0640) are tightened to 0700 and 0600, never through a link ('repaired',
-    with the mode before and after).
+    with the mode before and after); an entry there that is not the home owner's, or a file
+    with several names (hard links), is left as it is and named in a warning.
 
     \b
     A shared space whose directories an older version made without the modes this one
