@@ -141,14 +141,9 @@ class EventLog:
                 # Opened in its directory, the kernel names only the file ("events.jsonl: Read-
                 # only file system"): the path says which log of which session it was.
                 raise OSError(exc.errno, exc.strerror, str(path)) from None
-            status = os.fstat(fd)
-            if not stat.S_ISREG(status.st_mode) or status.st_nlink != 1:
+            why = _not_a_lone_regular_file(os.fstat(fd))
+            if why:
                 self._ops.close(fd)
-                why = (
-                    "not a regular file"
-                    if not stat.S_ISREG(status.st_mode)
-                    else (f"a file with {status.st_nlink} names (hard links)")
-                )
                 raise invalid(f"{path} is {why}; refusing to append to it")
             return fd, False
         raise CtxError(errno.EAGAIN, f"{path} kept appearing and disappearing; try again")
@@ -428,7 +423,9 @@ def repair(path: Path, ops: durable.FsOps | None = None, *, dir_fd: int | None =
     """Truncate a torn last line (S-5); return the number of bytes removed (0: nothing torn).
 
     Holds the exclusive lock, which waits for every append in flight (they hold it shared).
-    ``dir_fd`` as for :func:`read_events`.
+    ``dir_fd`` as for :func:`read_events`.  A file with another name is refused (EINVAL), as
+    the appender refuses it: a hard link put at the name would have the cut land in another
+    file, wherever that file's other name is.
     """
     ops = ops or durable.default_ops()
     try:
@@ -442,8 +439,7 @@ def repair(path: Path, ops: durable.FsOps | None = None, *, dir_fd: int | None =
             return _repair_read_only(path, dir_fd)
         raise
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise invalid(f"{path} is not a regular file")
+        _require_lone_regular_file(fd, path)
         return _truncate_torn_line(ops, fd, path)
     finally:
         ops.close(fd)
@@ -454,8 +450,7 @@ def _repair_read_only(path: Path, dir_fd: int | None) -> int:
     appended: 0 when the last line is whole; EROFS, saying what is torn, when it is not."""
     fd = _open_file(path, os.O_RDONLY, dir_fd)
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise invalid(f"{path} is not a regular file")
+        _require_lone_regular_file(fd, path)
         if not _ends_torn(fd):
             return 0
         size = os.fstat(fd).st_size
@@ -467,6 +462,22 @@ def _repair_read_only(path: Path, dir_fd: int | None) -> int:
         f"{path} ends with a torn line of {torn} bytes, which cannot be cut while its "
         "filesystem is read-only; nothing was changed: remount it read-write and repair again",
     )
+
+
+def _not_a_lone_regular_file(status: os.stat_result) -> str:
+    """What makes a log unsafe to change through its descriptor, or "": not a regular file,
+    or a file with another name (a hard link to a file elsewhere)."""
+    if not stat.S_ISREG(status.st_mode):
+        return "not a regular file"
+    if status.st_nlink != 1:
+        return f"a file with {status.st_nlink} names (hard links)"
+    return ""
+
+
+def _require_lone_regular_file(fd: int, path: Path) -> None:
+    why = _not_a_lone_regular_file(os.fstat(fd))
+    if why:
+        raise invalid(f"{path} is {why}; refusing to repair it")
 
 
 def _open_file(path: Path, access: int, dir_fd: int | None) -> int:
