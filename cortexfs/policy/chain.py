@@ -63,7 +63,7 @@ from cortexfs.policy.beneath import (
 from cortexfs.policy.decision import Policy
 from cortexfs.policy.grammar import Rule, check_object
 from cortexfs.policy.linux import WRITE, Credentials, Identity, Kind, check_access, writable_on_walk
-from cortexfs.policy.mounts import Mount, View, granted_mounts, mounts_named, views_of
+from cortexfs.policy.mounts import CTX_TARGET, Mount, View, granted_mounts, mounts_named, views_of
 from cortexfs.policy.objects import NEEDED_ACCESS, TOOL_CONTROLS, Site, storage_site
 from cortexfs.storage import DOCS_BUNDLE, require_root
 from cortexfs.strict_modes import loose_entry
@@ -450,10 +450,20 @@ class AgentFacts:
                 f"could rewrite it for agent {self.agent!r} (give it to the host "
                 f"administrator, uid {host})"
             )
+        space = _space_of_directory(entry.shown)
+        remedy = (
+            "chmod go-w"
+            if space is None
+            # An older version made a space's own directories 2770, without the sticky bit;
+            # the product's repair gives them this version's modes, not go-w, which would
+            # take the members' share away.
+            else f"a space an older ctx made; run 'ctx shared create {space} --group "
+            f"{entry.status.st_gid}', which gives its directories this version's modes"
+        )
         raise denied(
             f"{path} is not host-owned: {entry.shown} is writable by its group or by "
             f"others (mode {mode:04o}); the agent's controls, the tools it runs and "
-            "their directories must be writable by their owner alone (chmod go-w)"
+            f"their directories must be writable by their owner alone ({remedy})"
         )
 
     def require_host_owned(self, path: PurePosixPath, entries: list[Entry] | None = None) -> None:
@@ -476,6 +486,15 @@ class AgentFacts:
                         f"{path} is not host-owned: the agent may change {entry} "
                         f"(as uid {self.identity.uid}, at {view.path} through {view.mount})"
                     )
+
+
+def _space_of_directory(shown: str) -> str | None:
+    """The space whose own directory ``shown`` is (``shared/<space>`` or its ``tool/``, as a
+    walk shows it), whose modes 'ctx shared create' sets; None for any other path."""
+    parts = PurePosixPath(shown).parts
+    if len(parts) not in (2, 3) or parts[0] != "shared" or parts[1] == DOCS_BUNDLE:
+        return None
+    return parts[1] if len(parts) == 2 or parts[2] == "tool" else None
 
 
 def _host_of(entries: list[Entry]) -> int:
@@ -552,7 +571,10 @@ class _Evaluation:
             return Outcome.NOT_APPLICABLE, f"{self.object_ref} has no file on disk"
         views = views_of(self.mounts, PurePosixPath(self.root, self.site.path))
         if not views:
-            raise denied(f"{self.site.path} is under none of the mounts of agent {self.agent!r}")
+            raise denied(
+                f"{self.site.path} is under none of the mounts of agent {self.agent!r}"
+                + self._storage_mount_withheld()
+            )
         if self.access & WRITE:
             writable = [view for view in views if self.facts.writes_through(view)]
             if not writable:
@@ -564,6 +586,15 @@ class _Evaluation:
         if self.access & WRITE and not view.mount.writable:
             detail += ", writable in the agent's view of the storage root"
         return Outcome.PASS, detail
+
+    def _storage_mount_withheld(self) -> str:
+        """Why the agent's table has no usable mount of the storage root, when it names one at
+        ``/ctx`` that is withheld (another root's, after this one was moved or copied); else
+        "".  Read only for a denial, so the table is read again here."""
+        for mount, problem in controls.withheld_mounts(self.root, self.agent):
+            if mount.target == CTX_TARGET:
+                return f": {problem}"
+        return ""
 
     def label(self) -> _StepOutcome:
         self._label = self.facts.label

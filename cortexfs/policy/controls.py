@@ -103,7 +103,7 @@ def _judged_mounts(root: Path, agent: str) -> list[tuple[Mount, str]]:
     except CtxError as exc:
         raise denied(f"{path} is invalid: {exc.message}") from None
     storage_root = PurePosixPath(os.path.realpath(root))
-    return [(mount, mount_problem(mount, storage_root)) for mount in mounts]
+    return [(mount, mount_problem(mount, storage_root, agent)) for mount in mounts]
 
 
 def read_label(root: Path, agent: str) -> str:

@@ -77,13 +77,24 @@ def parse_mount_table(data: bytes) -> tuple[Mount, ...]:
     return tuple(_parse_mount(number, entry) for number, entry in enumerate(table, start=1))
 
 
-def target_problem(mount: Mount, storage_root: PurePosixPath) -> str:
+def target_problem(mount: Mount, storage_root: PurePosixPath, agent: str = "") -> str:
     """Why ``mount`` may not take its target, or "": at or above ``/``, at, under or above a
     directory of :data:`SYSTEM_TARGETS`, or at or under ``/ctx`` unless it is the mount of
-    ``storage_root`` (a real path) at ``/ctx`` itself."""
+    ``storage_root`` (a real path) at ``/ctx`` itself.  ``storage_root`` is empty
+    (``PurePosixPath()``) for a mount asked for, not yet recorded: no source may take ``/ctx``
+    then.  ``agent`` names the agent whose table it is, for the remedy."""
     target = mount.target
     if target == CTX_TARGET and mount.source == storage_root:
         return ""
+    if target == CTX_TARGET and storage_root != PurePosixPath():
+        # What an agent's table holds after its storage root was moved or copied elsewhere:
+        # the mount agent create recorded names the root as it was then.
+        table = f"agent/{agent}.d/mount" if agent else "the agent's mount table"
+        return (
+            f"the mount at {CTX_TARGET} names another storage root ({mount.source}, not this "
+            f"root {storage_root}): the agent was made for another root (one moved or copied "
+            f"since); edit its source in {table}, or create the agent again"
+        )
     if at_or_below(target, CTX_TARGET):
         return (
             f"mount target {target}: {CTX_TARGET} is the storage root's place (the agent's "
@@ -115,9 +126,9 @@ def source_problem(mount: Mount) -> str:
     )
 
 
-def mount_problem(mount: Mount, storage_root: PurePosixPath) -> str:
+def mount_problem(mount: Mount, storage_root: PurePosixPath, agent: str = "") -> str:
     """:func:`target_problem`, else :func:`source_problem`: why the mount is unusable, or ""."""
-    return target_problem(mount, storage_root) or source_problem(mount)
+    return target_problem(mount, storage_root, agent) or source_problem(mount)
 
 
 def granted_mounts(mounts: Sequence[Mount], allows: Callable[[str, str], bool]) -> list[Mount]:
