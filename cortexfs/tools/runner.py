@@ -62,6 +62,8 @@ from cortexfs.timefmt import rfc3339
 from cortexfs.tools import hooks, record
 from cortexfs.tools.commit_marker import commit_in_progress
 from cortexfs.tools.controls import ToolControls, ToolObject, read_controls, require_available
+from cortexfs.tools.core import BOOTSTRAP_TOOLS, NEEDS_CAPABILITY
+from cortexfs.tools.core.installed import installed_by_bootstrap, require_this_versions_tool
 from cortexfs.tools.ctxpath import Resolution, tier_location, which
 from cortexfs.tools.result import ERROR, OK, ToolError, ToolResult, decode_output, exit_error
 from cortexfs.tools.schemas import validate_input
@@ -319,6 +321,10 @@ class _Call:
         self.location = tier_location(self.root, found.directory) or "tool"
         self.controls = self._read_controls_consistently(self.tool)
         require_available(self.tool, self.controls)
+        if self.location == "tool" and self.tool_name in BOOTSTRAP_TOOLS:
+            # A core tool an older bootstrap copied may read the context this runner hands it
+            # in another shape and fail every call in words that name neither cause nor cure.
+            require_this_versions_tool(self.root, self.tool_name, "the tool did not run")
 
     def _read_controls_consistently(self, tool: ToolObject) -> ToolControls:
         """The controls of the version whose executable is in place before and after reading,
@@ -393,10 +399,14 @@ class _Call:
     @contextlib.contextmanager
     def _capability(self) -> Iterator[Any]:
         """The run capability of A-5, for the core tools that need the host to act for them
-        (bound to this call's agent), served while the tool runs; None for every other tool."""
-        from cortexfs.tools.core import NEEDS_CAPABILITY
+        (bound to this call's agent), served while the tool runs; None for every other tool.
 
-        if self.tool_name not in NEEDS_CAPABILITY or self.location != "tool":
+        A name is not enough: an administrator may have installed a tool of their own under
+        it before it became core, and bootstrap leaves it (R-5).  Only the tool installed from
+        the core manifest is served; another at its name runs as it always did, without."""
+        assert self.tool is not None
+        core = self.tool_name in NEEDS_CAPABILITY and self.location == "tool"
+        if not core or not installed_by_bootstrap(self.tool):
             yield None
             return
         from cortexfs.agents.capability import Capability

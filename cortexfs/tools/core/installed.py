@@ -32,12 +32,17 @@ import zipfile
 import zlib
 from collections.abc import Collection
 from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING
 
 from cortexfs.errors import HOST_SHORTAGES, CtxError
-from cortexfs.tools.controls import read_control
+from cortexfs.tools.controls import ToolObject, read_control
 from cortexfs.tools.core import CORE_TOOLS
 from cortexfs.tools.core.launcher import BUNDLED, core_interpreter, package_parent, render_launcher
-from cortexfs.tools.install import Tier, parse_tier
+
+if TYPE_CHECKING:
+    # Only named: the runner asks require_this_versions_tool at each call of a core tool, and
+    # ctx run, one process a call, would pay tens of milliseconds to import the installer.
+    from cortexfs.tools.install import Tier
 
 # Where every core manifest lies, in an installed package as in a source tree.
 CORE_MANIFEST_DIRECTORY = ("cortexfs", "tools", "core", "manifests")
@@ -54,7 +59,10 @@ def administrators_manifest(tier: Tier, name: str) -> str | None:
     than ``…/cortexfs/tools/core/manifests/<name>.json``.  None when there is no such tool, or
     when its origin is missing, unreadable or not JSON (damage bootstrap repairs), or names a
     core manifest."""
-    tool = tier.tool(name)
+    return _administrators_manifest_of(tier.tool(name))
+
+
+def _administrators_manifest_of(tool: ToolObject) -> str | None:
     try:
         data = read_control(tool, "origin")
         origin = json.loads(data) if data is not None else None
@@ -67,10 +75,7 @@ def administrators_manifest(tier: Tier, name: str) -> str | None:
     manifest = origin.get("manifest") if isinstance(origin, dict) else None
     if not isinstance(manifest, str) or not manifest:
         return None
-    path = PurePosixPath(manifest)
-    if path.name == f"{name}.json" and path.parent.parts[-4:] == CORE_MANIFEST_DIRECTORY:
-        return None
-    return manifest
+    return None if _is_core_manifest(manifest, tool.name) else manifest
 
 
 def tools_of_another_version(root: Path, names: Collection[str] = tuple(CORE_MODULES)) -> list[str]:
@@ -80,19 +85,21 @@ def tools_of_another_version(root: Path, names: Collection[str] = tuple(CORE_MOD
     that holds nothing, or holds an administrator's tool (:func:`administrators_manifest`),
     is not counted: the first is bootstrap's to make, the second is not a core tool.  One
     name costs about a millisecond (a caller about to run one core tool asks for it alone)."""
-    tier = parse_tier(root, "system")
     interpreter, _ = core_interpreter()
     sources = _source_checksums(interpreter)
-    found = []
-    for name, module in CORE_MODULES.items():
-        if name not in names:
-            continue
-        listing = _bundle_of(tier.tool(name).executable)
-        if listing is _MISSING or administrators_manifest(tier, name) is not None:
-            continue
-        if not _matches(listing, _expected(interpreter, module, sources)):
-            found.append(name)
-    return found
+    return [
+        name
+        for name in CORE_MODULES
+        if name in names and _of_another_version(root, name, interpreter, sources)
+    ]
+
+
+def _of_another_version(root: Path, name: str, interpreter: str, sources: dict[str, int]) -> bool:
+    tool = ToolObject(name, root / "tool")
+    listing = _bundle_of(tool.executable)
+    if listing is _MISSING or _administrators_manifest_of(tool) is not None:
+        return False
+    return not _matches(listing, _expected(interpreter, CORE_MODULES[name], sources))
 
 
 def require_this_versions_tools(
@@ -108,6 +115,56 @@ def require_this_versions_tools(
             f"the core tools in {root} were installed by another version of ctx; run 'ctx "
             f"bootstrap' ({not_done})",
         )
+
+
+def require_this_versions_tool(root: Path, name: str, not_done: str) -> None:
+    """:func:`require_this_versions_tools` for the one core tool ``name`` a call is about to
+    run, judged once per installed version of it in this process: the answer is kept under
+    the executable's identity (device, inode, change time, size), which every reinstall and
+    every write changes, so a worker's or a server's later calls of that tool cost one
+    ``lstat`` (a few microseconds) instead of the millisecond or more a judgement costs."""
+    executable = ToolObject(name, root / "tool").executable
+    before = _identity(executable)
+    if before is not None and before in _JUDGED_THIS_VERSIONS:
+        return
+    require_this_versions_tools(root, not_done, (name,))
+    # Kept only when nothing replaced it while it was judged; a refusal is not kept, but
+    # judged again at the next call.
+    if before is not None and _identity(executable) == before:
+        _JUDGED_THIS_VERSIONS.add(before)
+
+
+def installed_by_bootstrap(tool: ToolObject) -> bool:
+    """Whether ``tool``, at a core tool's name, proves to be bootstrap's install: its
+    ``origin`` is readable and names ``…/cortexfs/tools/core/manifests/<name>.json``.
+    Stricter than the converse of :func:`administrators_manifest`, which gives a missing or
+    broken origin the benefit of the doubt so that bootstrap repairs it: what the host does
+    for a core tool alone (the run capability of A-5) asks for the evidence."""
+    try:
+        data = read_control(tool, "origin")
+        origin = json.loads(data) if data is not None else None
+    except (CtxError, ValueError):
+        return False
+    manifest = origin.get("manifest") if isinstance(origin, dict) else None
+    return isinstance(manifest, str) and _is_core_manifest(manifest, tool.name)
+
+
+def _is_core_manifest(manifest: str, name: str) -> bool:
+    """Whether ``manifest`` is ``…/cortexfs/tools/core/manifests/<name>.json``."""
+    path = PurePosixPath(manifest)
+    return path.name == f"{name}.json" and path.parent.parts[-4:] == CORE_MANIFEST_DIRECTORY
+
+
+# The executables require_this_versions_tool found to be this version's, by their identity.
+_JUDGED_THIS_VERSIONS: set[tuple[int, int, int, int]] = set()
+
+
+def _identity(path: Path) -> tuple[int, int, int, int] | None:
+    try:
+        status = os.lstat(path)
+    except OSError:
+        return None
+    return status.st_dev, status.st_ino, status.st_ctime_ns, status.st_size
 
 
 _MISSING = (b"", {})  # what _bundle_of says of a name that holds no file
@@ -141,8 +198,9 @@ def _source_checksums(interpreter: str) -> dict[str, int]:
     running interpreter), whose checksum is not compared (-1): it follows the source."""
     with_bytecode = os.path.realpath(interpreter) == os.path.realpath(sys.executable)
     checksums = {}
+    parent = package_parent()  # resolved once: a judgement at each ctx run pays for each
     for name in BUNDLED:
-        checksums[name] = zlib.crc32((package_parent() / name).read_bytes())
+        checksums[name] = zlib.crc32((parent / name).read_bytes())
         if with_bytecode and name.endswith(".py"):
             checksums[name + "c"] = -1
     return checksums

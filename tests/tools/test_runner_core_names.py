@@ -1,0 +1,108 @@
+"""What the runner does with a tool at a core tool's name that is not this version's core tool
+(SPEC R-5, A-5): a core tool an older bootstrap copied is refused before it runs, naming
+'ctx bootstrap'; an administrator's own tool kept under a name that later became core runs
+without the run capability only the core tool is served."""
+
+from __future__ import annotations
+
+import errno
+import json
+import shutil
+import subprocess
+import sys
+
+from cortexfs import storage
+from cortexfs.tools.install import install_tool, parse_tier
+from cortexfs.tools.manifest import parse_manifest
+from tests.tools.support import World
+from tests.tools.test_bootstrap_core_names import install_core_tool_of_another_version
+
+CTX = [sys.executable, "-c", "from cortexfs.cli import main; main()"]
+# Says whether the runner gave it a run capability (the descriptor's number) or not.
+TELLS_ITS_CAPABILITY = (
+    '#!/bin/sh\nprintf \'{"capability": "%s"}\\n\' "${CTX_RUN_CAPABILITY-none}"\n'
+)
+
+
+def granted(world: World, tool: str) -> World:
+    world.agent("coder", tools=[tool])
+    world.allow_tool(tool)
+    return world
+
+
+def test_a_core_tool_of_another_version_is_refused_before_it_runs(world: World) -> None:
+    granted(world, "fs.stat")
+    assert world.run("fs.stat", {"path": "/workspace"}).ok  # this version's: judged and kept
+    install_core_tool_of_another_version(world.root, "fs.stat", world.scratch)
+
+    result = world.run("fs.stat", {"path": "/workspace"})
+
+    assert not result.ok and result.error is not None
+    assert (result.error.errno, result.error.stage) == (errno.EINVAL, "resolve")
+    assert "installed by another version of ctx; run 'ctx bootstrap'" in result.error.message
+    assert "the tool did not run" in result.error.message
+    assert result.exit_status is None
+    assert world.events()[-1]["type"] == "tool_result"
+
+    storage.bootstrap(world.root)
+    assert world.run("fs.stat", {"path": "/workspace"}).ok
+
+
+def test_ctx_run_names_bootstrap_for_a_core_tool_of_another_version(world: World) -> None:
+    granted(world, "fs.stat")
+    install_core_tool_of_another_version(world.root, "fs.stat", world.scratch)
+    command = [*CTX, "--storage", str(world.root), "run", "--agent", "coder", "--native"]
+
+    done = subprocess.run(
+        [*command, "fs.stat"], input='{"path": "/workspace"}', capture_output=True, text=True
+    )
+
+    assert done.returncode == 1, done.stderr
+    frames = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [frame["type"] for frame in frames] == ["result"]  # no "call": nothing started
+    error = frames[0]["error"]
+    assert (error["errno"], error["stage"]) == (errno.EINVAL, "resolve")
+    assert "run 'ctx bootstrap' (the tool did not run)" in error["message"]
+
+
+def install_administrators_tool(world: World, name: str) -> None:
+    """The administrator's own system tool ``name``, installed before the name became core
+    (an older ctx let them), in place of the core tool."""
+    shutil.rmtree(world.root / "tool" / f"{name}.d")
+    (world.root / "tool" / name).unlink()
+    program = world.scratch / f"{name}.program"
+    program.write_text(TELLS_ITS_CAPABILITY)
+    document = {
+        "manifest": 2,
+        "kind": "tool",
+        "name": name,
+        "description": "the administrator's own tool",
+        "schema": {"type": "object"},
+        "cap": {"side_effects": False, "network": False},
+        "exec": str(program),
+    }
+    manifest_path = world.scratch / f"{name}.json"
+    manifest_path.write_text(json.dumps(document))
+    manifest = parse_manifest(document, source=manifest_path)
+    install_tool(parse_tier(world.root, "system"), manifest, program.read_bytes())
+
+
+def test_an_administrators_tool_at_a_core_name_runs_without_the_capability(
+    world: World,
+) -> None:
+    install_administrators_tool(world, "agent.update")
+    granted(world, "agent.update")
+
+    result = world.run("agent.update")
+
+    assert result.ok, result.error
+    assert result.output == {"capability": "none"}
+
+
+def test_the_core_tool_at_that_name_is_still_served_the_capability(world: World) -> None:
+    granted(world, "agent.update")
+
+    result = world.run("agent.update", {"control": "system.md", "content": "Be brief.\n"})
+
+    assert result.ok, result.error
+    assert (world.root / "agent/coder.d/system.md").read_text() == "Be brief.\n"
