@@ -114,6 +114,8 @@ class Progress:
         if self.as_json:
             if self.only is None or event in self.only:
                 self._echo(json.dumps({"event": event, **fields}, default=str))
+            elif event == "renew_failed":  # a ready program's stdout is its finished jobs
+                self._echo(f"renew   {fields['job']}: {fields['reason']}", err=True)
             return
         if event == "finish":
             if fields["state"] == "done":
@@ -128,10 +130,11 @@ class Progress:
                 self._echo(f"done    {fields['job']} ({fields['seconds']:.3f}s)")
             else:
                 self._echo(f"failed  {fields['job']}: {fields['reason']}")
-        elif event == "lost":
+        elif event in ("lost", "renew_failed"):
             if self.live:
                 self._echo("", err=True)
-            self._echo(f"lost    {fields['job']}: {fields['reason']}", err=True)
+            word = "lost" if event == "lost" else "renew"
+            self._echo(f"{word:<8}{fields['job']}: {fields['reason']}", err=True)
         elif event == "start" and not self.live:
             self._echo(f"worker {fields['worker']} started (waiting with {fields['wait']})")
         elif event in ("interrupt", "stop"):
@@ -216,11 +219,13 @@ def work(queue_dir: Path, as_json: bool, agent: str | None, kind: str, **worker:
     output, exit status and, when denied, the denying step.  While waiting for work the
     worker sleeps on an inotify watch of pending/ (re-checking at least every 2 s).
 
-    SIGTERM or ^C: stop claiming, let running jobs finish, exit 0.  ^C twice: abort running
-    jobs (recover requeues them) and exit 130.  An error in a job slot that is not a job's
-    failure stops the worker the same way, and it exits 1 naming the error with its errno
-    (ENOSPC, EROFS, EMFILE…; EIO for an unexpected one); a job whose tool the host could not
-    start for want of descriptors, memory or space stays claimed for recover.
+    SIGTERM, SIGHUP or ^C: stop claiming, let running jobs finish, exit 0.  ^C twice: abort
+    running jobs (recover requeues them) and exit 130.  An error in a job slot that is not a
+    job's failure stops the worker the same way, and it exits 1 naming the error with its
+    errno (ENOSPC, EROFS, EMFILE…; EIO for an unexpected one); a job whose tool the host could
+    not start for want of descriptors, memory or space, or whose call could not be recorded,
+    stays claimed for recover.  A lease the host will not renew stops the worker too, and its
+    job's tool is killed before the lease expires (the job stays claimed for recover).
 
     With --json, each event (claim, finish, stop, ...) is one JSON object on its own line of
     stdout (JSON Lines), as it happens.  Output that cannot be written stops the worker the

@@ -714,6 +714,14 @@ def read_lease(queue: Queue, job: str) -> Lease:
     return Lease.decode(data, job)
 
 
+class NotHeld(CtxError):
+    """A renewal or finish refused because J is not the caller's (any more): another holder
+    leases it (EACCES), it is not claimed or claimed without a lease (ENOENT), or it is
+    finished already (EEXIST).  The kernel gives the same errnos for what a host refuses (a
+    directory's mode, a file gone), which say nothing of who holds J: a worker reports a job
+    refused this way as taken away and goes on, and stops for the others."""
+
+
 def renew(queue: Queue, job: str, callers: Sequence[Holder], ttl: float | None = None) -> Lease:
     """Extend the caller's own lease on J (Q-3) to ``ttl`` seconds from now; EACCES when
     someone else holds it.  ``callers`` are the processes the caller may be, the first named
@@ -779,9 +787,10 @@ def renew(queue: Queue, job: str, callers: Sequence[Holder], ttl: float | None =
 def _claimed_without_lease(job: str) -> CtxError:
     """ENOENT for J claimed (under its lock) with no lease: the claim never completed, so the
     job never ran (Q-3), and recover --reconcile sends it back to pending (Q-6)."""
-    return not_found(
+    return NotHeld(
+        errno.ENOENT,
         f"job {job} has no lease/{job}/{LEASE_FILE}: its claim never completed, so it "
-        "never ran; 'ctx queue recover --reconcile' returns it to pending"
+        "never ran; 'ctx queue recover --reconcile' returns it to pending",
     )
 
 
@@ -806,7 +815,7 @@ def _not_a_lease(job: str, lease: CtxError, verb: str) -> CtxError:
 def _no_lease_to_renew(queue: Queue, job: str) -> CtxError:
     """ENOENT, saying where J is instead (pending, done, failed, nowhere)."""
     where = _not_claimed(queue, job, "renewing its lease").message
-    return not_found(f"there is no lease to renew: {where}")
+    return NotHeld(errno.ENOENT, f"there is no lease to renew: {where}")
 
 
 def _refuse_other_holder(job: str, lease: Lease, callers: Sequence[Holder], verb: str) -> None:
@@ -814,7 +823,7 @@ def _refuse_other_holder(job: str, lease: Lease, callers: Sequence[Holder], verb
     if not any(lease.holder.is_same_process(caller) for caller in callers):
         holder = callers[0]
         theirs = lease.holder
-        raise CtxError(
+        raise NotHeld(
             errno.EACCES,
             f"job {job} is leased to pid {theirs.pid} on {theirs.host} (worker "
             f"{theirs.worker}), not to pid {holder.pid}; only the holder {verb}",
@@ -865,7 +874,7 @@ def finish(
             lease = exc
         if holder is not None:
             if isinstance(lease, CtxError):
-                raise CtxError(
+                raise NotHeld(
                     errno.EACCES, f"job {job} is not leased to pid {holder.pid}: {lease.message}"
                 )
             _refuse_other_holder(job, lease, [holder], "finishes the job")
@@ -1073,10 +1082,13 @@ def _not_claimed(queue: Queue, job: str, doing: str = "finishing it") -> CtxErro
     the caller was about to do), saying where J is instead."""
     for dir_fd, state in ((queue.done, "done"), (queue.failed, "failed")):
         if lstat_at(dir_fd, job) is not None:
-            return exists(f"job {job} is already {state}; 'ctx queue show {job}' shows its result")
+            return NotHeld(
+                errno.EEXIST,
+                f"job {job} is already {state}; 'ctx queue show {job}' shows its result",
+            )
     if lstat_at(queue.pending, job) is not None:
-        return not_found(f"job {job} is pending, not claimed; claim it before {doing}")
-    return not_found(f"job {job} is not claimed")
+        return NotHeld(errno.ENOENT, f"job {job} is pending, not claimed; claim it before {doing}")
+    return NotHeld(errno.ENOENT, f"job {job} is not claimed")
 
 
 def _nothing_claimed(job: str) -> tuple[str, str]:
@@ -1156,11 +1168,12 @@ def _finished_already(
                 f"{again}'ctx queue recover --reconcile' completes it {once_gone(lease)}; until "
                 "then it leaves the job alone"
             )
-        return exists(f"{interrupted}; {then}; nothing was changed")
-    return exists(
+        return NotHeld(errno.EEXIST, f"{interrupted}; {then}; nothing was changed")
+    return NotHeld(
+        errno.EEXIST,
         f"{what}: job {job} is a conflict ({assessment.detail}; evidence: "
         f"{', '.join(evidence.paths())}), which recover never resolves; a person must look "
-        f"at it ('ctx queue show {job}') and repair it by hand; nothing was changed"
+        f"at it ('ctx queue show {job}') and repair it by hand; nothing was changed",
     )
 
 

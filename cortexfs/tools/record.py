@@ -21,6 +21,7 @@ caller only.
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -90,7 +91,14 @@ def record_result(
     facts = result_facts(result)
     if session is not None:
         session.record("tool_result", object=object_ref, status=result.status, **facts)
-    log = None if tool_log is None else _open_tool_log(root, tool_log)
+    try:
+        log = None if tool_log is None else _open_tool_log(root, tool_log)
+    except (CtxError, OSError):
+        # The call is an error (T-7: its log does not have it), but its session line is made
+        # durable all the same; a session that cannot be synced either is the error reported.
+        if session is not None:
+            session.sync()
+        raise
     try:
         if log is not None:
             line = make_event(
@@ -118,7 +126,10 @@ def record_host_call(
     """One line of the tool's log for a call the host made as itself (``ctx tool``, H-3): no
     agent and no session, the caller's uid instead.  Best effort, and False when the log
     cannot be written (a user who may read the tool but not write its log)."""
-    log = _open_tool_log(root, tool_log)
+    try:
+        log = _open_tool_log(root, tool_log)
+    except (CtxError, OSError):
+        return False
     if log is None:
         return False
     try:
@@ -145,8 +156,10 @@ def record_host_call(
 
 
 def _open_tool_log(root: Path, relative: PurePosixPath) -> EventLog | None:
-    """The tool's log, its directories walked without following links; None when it cannot be
-    opened that way (the session holds the result either way).
+    """The tool's log, its directories walked without following links; None when the tool has
+    none (ENOENT) or what is there is no log to append to (not a regular file, or one with
+    two names).  A refusal of the kernel (EACCES, EPERM from an immutable log, EROFS, EIO…)
+    raises, naming the log: the call cannot be logged (T-7).
 
     A user tier belongs to a user who could swap a directory for a link to redirect a write
     made by root: the chain has refused such a call at step 2 already.  A damaged tool may have
@@ -154,13 +167,20 @@ def _open_tool_log(root: Path, relative: PurePosixPath) -> EventLog | None:
     for it: the log is a control (T-1) its installation makes.
     """
     ops = durable.default_ops()
+    path = root / relative
     try:
         dir_fd = open_beneath(ops, root, relative.parent.parts)
-    except (CtxError, OSError):
+        try:
+            return EventLog(path, mode=TOOL_LOG_MODE, ops=ops, dir_fd=dir_fd, create=False)
+        finally:
+            ops.close(dir_fd)
+    except CtxError:
+        # What is at the name is no plain file of one name (a reinstall links the log into
+        # the tool's new version for a moment): never appended to, the session has the result.
         return None
-    try:
-        return EventLog(root / relative, mode=TOOL_LOG_MODE, ops=ops, dir_fd=dir_fd, create=False)
-    except (CtxError, OSError):
-        return None
-    finally:
-        ops.close(dir_fd)
+    except OSError as exc:
+        if exc.errno == errno.ENOENT:
+            return None
+        raise CtxError(
+            exc.errno or errno.EIO, f"cannot open the tool's log {path}: {exc.strerror}"
+        ) from None

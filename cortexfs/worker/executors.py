@@ -24,6 +24,7 @@ from cortexfs.agents.host import require_host_administrator
 from cortexfs.agents.view import AgentView
 from cortexfs.errors import CtxError
 from cortexfs.queue import Claim
+from cortexfs.shared.events import EVENTS_FILE
 from cortexfs.shared.sessions import Session, SessionRef, open_session
 from cortexfs.shared.tree import Ownership
 from cortexfs.tools.core.installed import require_this_versions_tools
@@ -70,9 +71,20 @@ class ToolExecutor:
             **facts,
         )
 
+    @property
+    def session_file(self) -> Path:
+        return self.session_ref.path / EVENTS_FILE
+
     def abort_running(self) -> None:
         """Kill the process group of every tool still running (a second SIGINT)."""
-        for pgid in list(self._running.values()):
+        for job in list(self._running):
+            self.abort_job(job)
+
+    def abort_job(self, job: str) -> None:
+        """Kill the process group of ``job``'s tool, if it runs (its lease could not be kept:
+        it must not run on once the lease lapses)."""
+        pgid = self._running.get(job)
+        if pgid is not None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pgid, signal.SIGKILL)
 
@@ -99,8 +111,8 @@ class ToolExecutor:
             if frame.get("type") == "call":
                 # The tool leads a process group of its own: its pid is the group id.
                 self._running[job.job] = int(frame["pid"])
-                if control.abort.is_set():
-                    self.abort_running()
+                if control.stopped():  # aborted, or given up, before the tool was known
+                    self.abort_job(job.job)
 
         try:
             result = run_native(
@@ -111,7 +123,7 @@ class ToolExecutor:
                 session=self.session_ref,
                 timeout=control.timeout,
                 observer=observe,
-                interrupted=control.abort.is_set,
+                interrupted=control.stopped,
             )
         finally:
             self._running.pop(job.job, None)
@@ -168,6 +180,13 @@ class AgentlessExecutor:
 
     def abort_running(self) -> None:
         pass
+
+    def abort_job(self, job: str) -> None:
+        pass
+
+    @property
+    def session_file(self) -> None:
+        return None  # no agent, no session
 
     def __call__(self, job: Claim, control: JobControl) -> Outcome:
         return failure(ToolError(errno.EACCES, "authorize", NO_AGENT))

@@ -10,9 +10,13 @@ queue discipline around it:
   the lease are durable (I-4);
 * every claimed job is finished, in ``done/`` or ``failed/`` — an executor that raises fails
   the job with the reason rather than leaving it claimed;
-* SIGTERM (or a first SIGINT) stops claiming; running jobs finish or time out; then the worker
-  exits 0.  A second SIGINT aborts: running executions are cancelled and the worker exits 130
-  without finishing them — their leases name a dead process, so ``recover`` requeues them.
+* SIGTERM, SIGHUP (or a first SIGINT) stops claiming; running jobs finish or time out; then
+  the worker exits 0.  A second SIGINT aborts: running executions are cancelled and the worker
+  exits 130 without finishing them — their leases name a dead process, so ``recover``
+  requeues them;
+* a job whose lease cannot be renewed is killed before the lease lapses and left claimed: an
+  expired lease is proof that its holder is gone (Q-5), and the job must never run beside
+  the copy recover would requeue (I-4).
 """
 
 from __future__ import annotations
@@ -28,10 +32,12 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from cortexfs.errors import HOST_SHORTAGES, CtxError, describe
-from cortexfs.queue import Claim, Holder, Queue, claim, finish, renew
+from cortexfs.queue import Claim, Holder, Lease, Queue, claim, finish, renew
 from cortexfs.queue.claim_order import HintedClaimOrder
 from cortexfs.queue.holder import check_worker_ttl
 from cortexfs.queue.layout import Refusal
+from cortexfs.queue.protocol import NotHeld
+from cortexfs.timefmt import rfc3339
 from cortexfs.tools.result import ToolError
 from cortexfs.worker.inotify import PendingWatch, Wakeup
 
@@ -48,9 +54,46 @@ class Outcome:
     details: dict[str, Any] = field(default_factory=dict)
 
 
-# Why finishing a job refuses when the job is no longer this worker's: another holder's
-# lease (EACCES), or the job no longer claimed (ENOENT, EEXIST).
-_TAKEN_AWAY = frozenset({errno.EACCES, errno.ENOENT, errno.EEXIST})
+# What the host refuses, not a job: a shortage (HOST_SHORTAGES), a read-only filesystem, a file
+# or directory that is immutable (EPERM even for root) or whose mode leaves the worker out, a
+# failing disk.  A job that meets one of them is no more the job's failure than a full disk.
+HOST_REFUSALS = HOST_SHORTAGES | {errno.EROFS, errno.EPERM, errno.EACCES, errno.EIO}
+
+
+def host_remedy(code: int | None) -> str:
+    """What mends the host refusal ``code`` (:data:`HOST_REFUSALS`), for a stop message."""
+    remedies = {
+        errno.ENOSPC: "free space or inodes on that filesystem",
+        errno.EDQUOT: "free space within that user's disk quota",
+        errno.EROFS: "remount that filesystem read-write",
+        errno.EPERM: "make it writable again (an immutable or append-only attribute shows in "
+        "'lsattr' and goes with 'chattr -i -a')",
+        errno.EACCES: "give the worker's user write access to it (its mode, owner or ACL)",
+        errno.EIO: "check that disk (the kernel's log says more)",
+        errno.EMFILE: "raise the limit of open files ('ulimit -n')",
+        errno.ENFILE: "end processes that hold many files open",
+        errno.ENOMEM: "free memory",
+    }
+    return remedies.get(code or errno.EIO, "fix the cause")
+
+
+def _cause(exc: CtxError | OSError) -> str:
+    """``exc`` in a line, without a queue refusal's command-line last step (``then renew it
+    again``): the worker says its own next step."""
+    if isinstance(exc, Refusal):
+        return f"{exc.code_name}: {exc.without_retry}"
+    return describe(exc)
+
+
+def _unrecorded_by_host(outcome: Outcome) -> int | None:
+    """The errno when ``outcome`` is a call whose result the host refused to record (stage
+    ``record``: the session or the tool's log on a full or read-only disk…, :data:`HOST_REFUSALS`);
+    None otherwise.  Whatever the tool did, that is not the job's failure."""
+    error = outcome.details.get("error")
+    if outcome.ok or not isinstance(error, Mapping) or error.get("stage") != "record":
+        return None
+    code = error.get("errno")
+    return code if code in HOST_REFUSALS else None
 
 
 def _host_shortage(outcome: Outcome) -> int | None:
@@ -87,11 +130,18 @@ def reason_of(error: ToolError) -> str:
 
 
 class JobControl:
-    """Handed to the executor: the job's deadline and the worker's abort signal."""
+    """Handed to the executor: the job's deadline, the worker's abort signal (a second
+    SIGINT) and the job's own (its lease could not be kept: :class:`LeaseKeeper`)."""
 
     def __init__(self, timeout: float, abort: threading.Event) -> None:
         self.timeout = timeout
         self.abort = abort
+        self.given_up = threading.Event()
+        self.finishing = False  # set once the execution returned and the finish began
+
+    def stopped(self) -> bool:
+        """Whether the job's tool is to be killed, or never started."""
+        return self.abort.is_set() or self.given_up.is_set()
 
 
 class Executor(Protocol):
@@ -102,6 +152,15 @@ class Executor(Protocol):
     def record(self, event: str, job: str, status: str, **facts: Any) -> None: ...
 
     def abort_running(self) -> None: ...
+
+    def abort_job(self, job: str) -> None:
+        """Kill what runs for ``job`` (its lease could not be kept)."""
+        ...
+
+    @property
+    def session_file(self) -> Path | None:
+        """Where the executor records the jobs (``events.jsonl``), for messages."""
+        ...
 
     def accepts(self, request: Mapping[str, Any]) -> bool:
         """Whether to claim a pending job with this request at all (others stay pending)."""
@@ -175,6 +234,9 @@ class WorkerSummary:
 Listener = Callable[[str, dict[str, Any]], None]
 
 
+RenewalRefused = Callable[[str, CtxError | OSError, float], None]
+
+
 class LeaseKeeper(threading.Thread):
     """Renews this worker's leases of running jobs every third of their lifetime.
 
@@ -182,24 +244,101 @@ class LeaseKeeper(threading.Thread):
     later: every lease is renewed with at least two thirds of its lifetime left.  An expired
     lease is proof that its holder is gone (Q-5), so a lease must never get that far while
     its job runs.
+
+    A renewal the host refuses (a full disk, a read-only or immutable directory, an I/O
+    error) is said at once (``on_refused``) and tried again every round.  When such a lease
+    has less than one round left, it would lapse before the next one, and recover would
+    requeue its job while it still runs: it is tried once more, and if that fails too its
+    job is given up (``on_lapsing``: its tool killed, the job left claimed) before it lapses.
+    Both are called with the job, the refusal and when the lease expires.
     """
 
-    def __init__(self, queue: Queue, holder: Holder, ttl: float) -> None:
+    def __init__(
+        self,
+        queue: Queue,
+        holder: Holder,
+        ttl: float,
+        on_refused: RenewalRefused,
+        on_lapsing: RenewalRefused,
+    ) -> None:
         super().__init__(name="lease-keeper", daemon=True)
         self.queue, self.holder, self.ttl = queue, holder, ttl
-        self.jobs: set[str] = set()
+        self.period = ttl / 3
+        self.on_refused, self.on_lapsing = on_refused, on_lapsing
+        self.expires: dict[
+            str, float
+        ] = {}  # each running job: when its lease, as last written, expires
+        self.refused: dict[str, CtxError | OSError] = {}  # jobs whose last renewal the host refused
+        self.given_up: set[str] = set()
         self.lock = threading.Lock()
         self.stopped = threading.Event()
 
+    def keep(self, lease: Lease) -> None:
+        """Renew ``lease``'s job from now on."""
+        with self.lock:
+            self.expires[lease.job] = lease.expires_at
+
+    def release(self, job: str) -> None:
+        """Renew ``job`` no more (it is finished, lost or left claimed)."""
+        with self.lock:
+            self.expires.pop(job, None)
+            self.refused.pop(job, None)
+            self.given_up.discard(job)
+
     def run(self) -> None:
-        while not self.stopped.wait(self.ttl / 3):
+        due = time.time() + self.period
+        while not self.stopped.wait(max(0.0, self._next_wake(due) - time.time())):
+            now = time.time()
             with self.lock:
-                running = sorted(self.jobs)
-            for job in running:
-                # Finished meanwhile, or the lease was taken away (expired and requeued, Q-5):
-                # nothing to renew; finish will find out and say so.
-                with contextlib.suppress(CtxError, OSError):
-                    renew(self.queue, job, [self.holder], self.ttl)
+                if now >= due:
+                    due = now + self.period
+                    jobs = sorted(set(self.expires) - self.given_up)
+                else:  # a refused lease about to have less than a round left: a last try
+                    jobs = sorted(j for j in self.refused if self._last_round(j, now))
+            for job in jobs:
+                self._renew(job)
+            self._give_up_lapsing()
+
+    def _last_round(self, job: str, now: float) -> bool:
+        return self.expires[job] - now < self.period
+
+    def _next_wake(self, due: float) -> float:
+        """The next round, or sooner the moment a refused lease has one round left."""
+        with self.lock:
+            return min([due, *(self.expires[job] - self.period for job in self.refused)])
+
+    def _renew(self, job: str) -> None:
+        try:
+            lease = renew(self.queue, job, [self.holder], self.ttl)
+        except NotHeld:
+            # Finished meanwhile, or the lease was taken away (expired and requeued, Q-5):
+            # nothing to renew; finish will find out and say so.
+            return
+        except (CtxError, OSError) as exc:
+            with self.lock:
+                if job not in self.expires or job in self.given_up:
+                    return
+                first = job not in self.refused
+                self.refused[job] = exc
+                expires = self.expires[job]
+            if first:
+                self.on_refused(job, exc, expires)
+            return
+        with self.lock:
+            if job in self.expires:
+                self.expires[job] = lease.expires_at
+                self.refused.pop(job, None)
+
+    def _give_up_lapsing(self) -> None:
+        now = time.time()
+        with self.lock:
+            lapsing = [
+                (j, self.refused.pop(j)) for j in sorted(self.refused) if self._last_round(j, now)
+            ]
+            self.given_up.update(job for job, _ in lapsing)
+            expiries = [self.expires[job] for job, _ in lapsing]
+        for (job, exc), expires in zip(lapsing, expiries, strict=True):
+            self.on_lapsing(job, exc, expires)
 
 
 class Worker:
@@ -226,6 +365,8 @@ class Worker:
         self._claimed = 0
         self._count_lock = threading.Lock()
         self._claim_lock = threading.Lock()
+        self._controls: dict[str, JobControl] = {}  # the running jobs' (under _count_lock)
+        self._renewal_failure: str | None = None  # a failure that a job given up says better
 
     # ---------------------------------------------------------------- signals
 
@@ -238,7 +379,9 @@ class Worker:
 
     def install_signal_handlers(self) -> None:
         def on_term(signum: int, frame: object) -> None:
-            self.stop("SIGTERM")
+            # SIGHUP too, as for 'ctx mount': a terminal or ssh session that closes is no
+            # reason to kill a job midway and leave it claimed.
+            self.stop(signal.Signals(signum).name)
 
         def on_int(signum: int, frame: object) -> None:
             if self.stopping.is_set():
@@ -250,6 +393,7 @@ class Worker:
                 self.stop("SIGINT")
 
         signal.signal(signal.SIGTERM, on_term)
+        signal.signal(signal.SIGHUP, on_term)
         signal.signal(signal.SIGINT, on_int)
 
     # ---------------------------------------------------------------- the loop
@@ -264,7 +408,7 @@ class Worker:
             # workers started side by side are handed different jobs instead of racing for one.
             queue.claim_order = HintedClaimOrder(queue.path)
             ttl = check_worker_ttl(self.options.lease_ttl or queue.config.lease_ttl)
-            keeper = LeaseKeeper(queue, holder, ttl)
+            keeper = LeaseKeeper(queue, holder, ttl, self._renewal_refused, self._lease_lapsing)
             keeper.start()
             watch = PendingWatch(self.queue_dir / "pending", max_wait=self.options.max_wait)
             self.listener(
@@ -310,15 +454,67 @@ class Worker:
         except Exception as exc:
             self._fail(exc)
 
-    def _fail(self, exc: Exception) -> None:
+    def _fail(self, exc: Exception, *, renewal: bool = False) -> None:
         """Stop the worker for ``exc``, which is not a job's failure; the first one is its
-        :attr:`WorkerSummary.failure`."""
+        :attr:`WorkerSummary.failure`, except that a job given up for its lease replaces the
+        refused renewal that led to it (``renewal``: ``exc`` is that renewal)."""
         with self._count_lock:
-            if self.summary.failure is None:
+            first = self.summary.failure is None
+            if first or self.summary.failure == self._renewal_failure:
                 self.summary.failure = describe(exc)
                 code = exc.errno if isinstance(exc, CtxError | OSError) else None
                 self.summary.failure_errno = code or None
+                self._renewal_failure = self.summary.failure if renewal else None
         self.stop("failure")
+
+    def _renewal_refused(self, job: str, exc: CtxError | OSError, expires: float) -> None:
+        """The host refused to renew J's lease (:class:`LeaseKeeper`): said at once on every
+        channel that may still work, and no more jobs are claimed; J runs on while the
+        keeper tries again."""
+        code = exc.errno or errno.EIO
+        reason = (
+            f"its lease could not be renewed ({_cause(exc)}); the worker claims no more jobs "
+            "and tries again; unless a renewal succeeds, the job's tool is killed before its "
+            f"lease expires at {rfc3339(expires)}, and the job is left claimed"
+        )
+        self.listener(
+            "renew_failed",
+            {"job": job, "error": errno.errorcode.get(code), "errno": code, "reason": reason},
+        )
+        # The session may be on the very disk that refused: said on the other channels then.
+        with contextlib.suppress(CtxError, OSError):
+            self.executor.record("queue.renew", job, "error", reason=reason)
+        self._fail(
+            CtxError(
+                code,
+                f"renewing the lease of job {job} failed ({_cause(exc)}), so the worker "
+                f"stopped claiming jobs: {host_remedy(code)}, then start the worker again",
+            ),
+            renewal=True,
+        )
+
+    def _lease_lapsing(self, job: str, exc: CtxError | OSError, expires: float) -> None:
+        """J's lease, which the host would not renew, is about to lapse: J's tool is killed
+        and J left claimed, unless its finish has begun (it then lands while the lease holds,
+        or is refused as another holder's)."""
+        with self._count_lock:
+            control = self._controls.get(job)
+            if control is None or control.finishing:
+                return
+            control.given_up.set()
+        self.executor.abort_job(job)
+        code = exc.errno or errno.EIO
+        self._fail(
+            CtxError(
+                code,
+                f"job {job} was given up: its lease could not be renewed ({_cause(exc)}) and "
+                f"would have expired at {rfc3339(expires)}, after which 'ctx queue recover' "
+                f"requeues it as its holder's; so that it never runs twice at once, its tool's "
+                f"process group was killed, and {job} stays claimed with no result written: "
+                f"{host_remedy(code)}, then run 'ctx queue recover' (it requeues {job} once "
+                "this worker has exited, and the job runs again) and start the worker again",
+            )
+        )
 
     def _serve(
         self, queue: Queue, holder: Holder, ttl: float, keeper: LeaseKeeper, watch: PendingWatch
@@ -338,13 +534,16 @@ class Worker:
                 watch.wait(self.wakeup)
                 continue
             watch.found_work()
-            with keeper.lock:
-                keeper.jobs.add(won.job)
+            control = JobControl(self.options.job_timeout, self.abort)
+            with self._count_lock:
+                self._controls[won.job] = control
+            keeper.keep(won.lease)
             try:
-                record = self._execute_and_finish(queue, holder, won)
+                record = self._execute_and_finish(queue, holder, won, control)
             finally:
-                with keeper.lock:
-                    keeper.jobs.discard(won.job)
+                keeper.release(won.job)
+                with self._count_lock:
+                    self._controls.pop(won.job, None)
             if record is None:
                 return  # aborted: the job stays claimed for recover
             with self._count_lock:
@@ -356,20 +555,65 @@ class Worker:
                     self.summary.failed += 1
             self.listener("lost" if record.lost else "finish", record.to_json())
 
-    def _execute_and_finish(self, queue: Queue, holder: Holder, won: Claim) -> JobRecord | None:
+    def _execute_and_finish(
+        self, queue: Queue, holder: Holder, won: Claim, control: JobControl
+    ) -> JobRecord | None:
         tool = won.request.get("tool")
-        self.executor.record("queue.claim", won.job, "ok", tool=tool, lease=won.lease.to_json())
+        self._record(
+            "queue.claim",
+            won.job,
+            "ok",
+            f"job {won.job} is claimed and did not run; it stays claimed",
+            "run 'ctx queue recover' once this worker has exited (it requeues the job)",
+            tool=tool,
+            lease=won.lease.to_json(),
+        )
         self.listener("claim", {"job": won.job, "tool": tool})
         started = time.time()
-        control = JobControl(self.options.job_timeout, self.abort)
         try:
             outcome = self.executor(won, control)
-        except Exception as exc:  # the job fails; the worker goes on
+        except Exception as exc:
             code = exc.errno if isinstance(exc, CtxError | OSError) and exc.errno else errno.EIO
+            if code in HOST_REFUSALS and isinstance(exc, CtxError | OSError):
+                # The host refused what the worker does around the call (its session on a
+                # full or read-only disk…): not the job's failure, and the next job would
+                # meet the same.
+                raise CtxError(
+                    code,
+                    f"job {won.job} did not run: the worker failed around the call "
+                    f"({describe(exc)}; it records every job in {self._session_file()}); it "
+                    f"stays claimed with no result written: {host_remedy(code)}, then run "
+                    "'ctx queue recover' once this worker has exited (it requeues the job)",
+                ) from exc
             message = f"the worker failed around the call: {type(exc).__name__}: {exc}"
-            outcome = failure(ToolError(code, "worker", message))
+            outcome = failure(ToolError(code, "worker", message))  # the job fails; we go on
         if self.abort.is_set():
             return None
+        with self._count_lock:
+            given_up = control.given_up.is_set()
+            control.finishing = not given_up
+        if given_up:
+            # Its lease could not be kept (_lease_lapsing, which stopped the worker and says
+            # why): finished by nobody, it stays claimed for recover.
+            reason = (
+                "given up: its lease could not be renewed, so its tool was killed before the "
+                "lease expired; it stays claimed with no result written, and 'ctx queue "
+                "recover' requeues it once this worker has exited"
+            )
+            self._record_lost(won.job, reason)
+            return JobRecord(won.job, False, reason, time.time() - started, tool, lost=True)
+        unrecorded = _unrecorded_by_host(outcome)
+        if unrecorded is not None:
+            # The tool ran, but its call is not on record: finishing the job would make an
+            # unlogged call a job's outcome, or fail a job for want of disk (docs/workers.md).
+            raise CtxError(
+                unrecorded,
+                f"job {won.job} was left claimed: {outcome.reason}; this worker records every "
+                f"call in its session {self._session_file()} and in the tool's log, and "
+                f"finishes no job whose call is not on record; no result of {won.job} was "
+                f"written: {host_remedy(unrecorded)}, then run 'ctx queue recover' once this "
+                "worker has exited (it requeues the job, which runs again)",
+            )
         short = _host_shortage(outcome)
         if short is not None:
             # The tool never started for want of descriptors, memory or space: not the job's
@@ -383,7 +627,10 @@ class Worker:
         try:
             outcome = self._finish(queue, holder, won.job, outcome, started)
         except (CtxError, OSError) as exc:
-            if exc.errno in _TAKEN_AWAY:
+            if isinstance(exc, NotHeld):
+                # The queue's own refusal: another holder's lease, the job back in pending or
+                # finished by someone else.  The same errnos from the kernel (a directory's
+                # mode: EACCES) are the host's, and stop the worker below.
                 reason = (
                     f"not finished by this worker: {describe(exc)}; its outcome is discarded "
                     "(if its lease expired and recover requeued the job, the job runs again)"
@@ -392,22 +639,59 @@ class Worker:
                 # Recording the outcome failed (ENOSPC, EROFS, EIO…): the next job's would too.
                 # The refusal's own last step ("then finish it again") is the command line's:
                 # a finish by hand would record an outcome this worker never gave.
-                cause = (
-                    f"{exc.code_name}: {exc.without_retry}"
-                    if isinstance(exc, Refusal)
-                    else describe(exc)
-                )
                 reason = (
-                    f"ran, but could not be finished: {cause}; it is left as it is, and 'ctx "
+                    f"ran, but could not be finished: {_cause(exc)}; it is left as it is, and 'ctx "
                     "queue recover --reconcile' completes it (when its result is in place) or "
                     "requeues it to run again, once this worker has exited"
                 )
                 self._fail(CtxError(exc.errno or errno.EIO, f"job {won.job} {reason}"))
-            self.executor.record("queue.lost", won.job, "error", reason=reason)
+            self._record_lost(won.job, reason)
             return JobRecord(won.job, False, reason, time.time() - started, tool, lost=True)
         state = "done" if outcome.ok else "failed"
-        self.executor.record("queue.finish", won.job, "ok" if outcome.ok else "error", state=state)
+        self._record(
+            "queue.finish",
+            won.job,
+            "ok" if outcome.ok else "error",
+            f"job {won.job} is finished in {state}/ (nothing more is to be done for it), but "
+            "the session does not say so",
+            "start the worker again",
+            state=state,
+        )
         return JobRecord(won.job, outcome.ok, outcome.reason, time.time() - started, tool)
+
+    def _session_file(self) -> str:
+        return str(self.executor.session_file or "the worker's session")
+
+    def _record(
+        self, event: str, job: str, status: str, standing: str, then: str, /, **facts: Any
+    ) -> None:
+        """A queue transition in the executor's session; refused, an error that names the
+        session's file, the job and where it is ``standing``, the remedy and what to do
+        ``then``."""
+        try:
+            self.executor.record(event, job, status, **facts)
+        except (CtxError, OSError) as exc:
+            code = exc.errno or errno.EIO
+            raise CtxError(
+                code,
+                f"cannot record {event} in the worker's session {self._session_file()} "
+                f"({describe(exc)}); {standing}: {host_remedy(code)}, then {then}",
+            ) from exc
+
+    def _record_lost(self, job: str, reason: str) -> None:
+        """``queue.lost`` in the session; refused, the worker stops, and the job's ``lost``
+        line (its reason) is still shown."""
+        try:
+            self._record(
+                "queue.lost",
+                job,
+                "error",
+                f"job {job} was not finished ({reason})",
+                "start the worker again",
+                reason=reason,
+            )
+        except CtxError as exc:
+            self._fail(exc)
 
     def _finish(
         self, queue: Queue, holder: Holder, job: str, outcome: Outcome, started: float
@@ -437,7 +721,13 @@ class Worker:
             if exc.errno != errno.EFBIG:
                 raise
             too_big = exc
-        error = ToolError(errno.EFBIG, "finish", f"{too_big.message}; the output is omitted")
+        # A call that failed already (its output over the runner's limit, say) keeps its reason.
+        before = (
+            "" if outcome.reason is None else f"; the call had failed already: {outcome.reason}"
+        )
+        error = ToolError(
+            errno.EFBIG, "finish", f"{too_big.message}; the output is omitted{before}"
+        )
         omitted = failure(error, {**outcome.details, "output_omitted": True})
         extra = {"reason": omitted.reason, **omitted.details}
         # The record of why is small and bounded: written even when a tiny max_result_bytes

@@ -14,11 +14,13 @@ from tests.workers.conftest import AGENT, PROJECT, make_farm
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to mount a tmpfs")
 
 
-def test_a_job_whose_finish_a_full_disk_refuses_is_left_to_recover_with_one_advice(
+def test_a_job_that_fills_the_disk_is_left_to_recover_with_one_advice(
     traversable_tmp: Path, unprivileged_user
 ) -> None:
-    """The refusal's cause is quoted, not its command-line next step ("then finish it again"):
-    a finish by hand would record, in the lost worker's name, an outcome it never gave."""
+    """The full disk refuses the record of the call first (the session is on it): the job is
+    left claimed, not failed for want of disk, and the message says where, what became of the
+    job and what to do, never the command line's "then finish it again": a finish by hand
+    would record, in the stopped worker's name, an outcome it never gave."""
     with small_tmpfs(traversable_tmp / "disk", "24m") as disk:
         os.chmod(disk, 0o1777)  # the job runs as the agent's user, and fills this disk
         farm = make_farm(disk, unprivileged_user)
@@ -28,18 +30,17 @@ def test_a_job_whose_finish_a_full_disk_refuses_is_left_to_recover_with_one_advi
         worked = farm.ctx("queue", "work", "--project", PROJECT, "--agent", AGENT, "--drain")
 
         assert worked.returncode == 1, worked
-        lost = [line for line in worked.stderr.splitlines() if line.startswith("lost")]
-        assert len(lost) == 1 and job in lost[0], worked.stderr
-        assert (
-            f"ran, but could not be finished: ENOSPC: cannot finish in queue {farm.queue}: "
-            f"{farm.queue}/inbox refused: No space left on device (its filesystem has 0 bytes"
-        ) in lost[0]
-        assert lost[0].endswith(
-            f"; job {job} stays claimed and no result of it was written: free space on that "
-            "filesystem; it is left as it is, and 'ctx queue recover --reconcile' completes it "
-            "(when its result is in place) or requeues it to run again, once this worker has "
-            "exited"
-        ), lost[0]
+        session = farm.root / "home" / str(unprivileged_user.uid) / "agent" / AGENT / "session"
+        assert worked.stderr.startswith(
+            f"ctx: ENOSPC: the worker stopped: job {job} was left claimed: ENOSPC: the tool "
+            "exited 0, but its result could not be recorded"
+        ), worked.stderr
+        assert worked.stderr.rstrip().endswith(
+            f"in its session {session}/worker/events.jsonl and in the tool's log, and finishes "
+            f"no job whose call is not on record; no result of {job} was written: free space "
+            "or inodes on that filesystem, then run 'ctx queue recover' once this worker has "
+            "exited (it requeues the job, which runs again)"
+        ), worked.stderr
         assert "finish it again" not in worked.stderr + worked.stdout
         assert os.listdir(farm.queue / "claimed") == [job]
 

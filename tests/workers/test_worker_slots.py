@@ -34,6 +34,11 @@ class DefectiveExecutor:
     def abort_running(self) -> None:
         pass
 
+    def abort_job(self, job: str) -> None:
+        pass
+
+    session_file = None
+
     def close(self) -> None:
         pass
 
