@@ -58,7 +58,7 @@ def test_a_refused_file_lists_each_reason_once_with_its_own_errno(
     assert missing.returncode == 1
     assert missing.stderr.strip().splitlines() == [
         f"{tmp_path / 'none.json'}: ENOENT: cannot read {tmp_path / 'none.json'}: "
-        "No such file or directory"
+        "No such file or directory; nothing was checked or installed"
     ]
     assert invalid.returncode == 1
     assert invalid.stderr.strip().splitlines() == [

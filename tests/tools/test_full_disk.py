@@ -80,7 +80,7 @@ def test_a_worker_whose_job_cannot_be_finished_stops_and_the_job_is_recovered(
     worked = ctx(root, "queue", "work", "--project", "proj", "--agent", "coder", "--drain")
 
     assert worked.returncode == 1
-    assert "ctx: ENOSPC: the worker stopped: job j0.req.json ran, but could not" in worked.stderr
+    assert "ctx: ENOSPC: the worker stopped: job j0.req.json was left claimed" in worked.stderr
     queue_dir = queue_path(root, "proj")
     assert os.listdir(queue_dir / "claimed") == [jobs[0]]  # left for recover
     assert os.listdir(queue_dir / "pending") == [jobs[1]]  # never claimed
