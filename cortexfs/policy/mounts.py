@@ -176,8 +176,9 @@ def _topmost_mount(mounts: Sequence[Mount], view: PurePosixPath) -> Mount | None
 def at_or_below(path: PurePosixPath, top: PurePosixPath) -> bool:
     """Whether ``path`` is ``top`` or lies below it, component by component: for the absolute,
     normalised paths of a mount table, ``path == top or top in path.parents`` without making
-    a path object of each parent (the chain asks this for every mount at every call)."""
-    return path.parts[: len(top.parts)] == top.parts
+    a path object of each parent (the chain asks this for every mount at every call).  A
+    ``top`` with no parts (``.``, the empty path) has nothing below it: never "everything"."""
+    return bool(top.parts) and path.parts[: len(top.parts)] == top.parts
 
 
 def _parse_mount(number: int, entry: object) -> Mount:

@@ -65,6 +65,12 @@ def test_at_or_below_is_the_path_or_one_of_its_parents(path: str, top: str) -> N
     assert at_or_below(P(path), P(top)) == expected
 
 
+@pytest.mark.parametrize("top", [".", ""])
+def test_a_top_with_no_parts_holds_nothing(top: str) -> None:
+    assert not at_or_below(P("/etc/shadow"), P(top))
+    assert not at_or_below(P("etc"), P(top))
+
+
 def test_mounts_are_named_by_the_last_component_of_their_target() -> None:
     mounts = table(["/home/u/project", "/workspace", "rw"], ["/srv/x", "/data/cache", "ro"])
     assert [m.name for m in mounts] == ["workspace", "cache"]
