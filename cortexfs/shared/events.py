@@ -475,7 +475,10 @@ def _not_a_lone_regular_file(status: os.stat_result) -> str:
 
 
 def _require_lone_regular_file(fd: int, path: Path) -> None:
-    why = _not_a_lone_regular_file(os.fstat(fd))
+    status = os.fstat(fd)
+    if not stat.S_ISREG(status.st_mode):
+        raise invalid(f"{path} is not a regular file")  # as show and tail say it
+    why = _not_a_lone_regular_file(status)
     if why:
         raise invalid(f"{path} is {why}; refusing to repair it")
 

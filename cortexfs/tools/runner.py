@@ -63,7 +63,6 @@ from cortexfs.tools import hooks, record
 from cortexfs.tools.commit_marker import commit_in_progress
 from cortexfs.tools.controls import ToolControls, ToolObject, read_controls, require_available
 from cortexfs.tools.core import BOOTSTRAP_TOOLS, NEEDS_CAPABILITY
-from cortexfs.tools.core.installed import installed_by_bootstrap, require_this_versions_tool
 from cortexfs.tools.ctxpath import Resolution, tier_location, which
 from cortexfs.tools.result import ERROR, OK, ToolError, ToolResult, decode_output, exit_error
 from cortexfs.tools.schemas import validate_input
@@ -324,6 +323,10 @@ class _Call:
         if self.location == "tool" and self.tool_name in BOOTSTRAP_TOOLS:
             # A core tool an older bootstrap copied may read the context this runner hands it
             # in another shape and fail every call in words that name neither cause nor cure.
+            # Imported here: judging a launcher reads zip archives, which a call of any other
+            # tool should not pay for at start (tests/tools/test_startup.py).
+            from cortexfs.tools.core.installed import require_this_versions_tool
+
             require_this_versions_tool(self.root, self.tool_name, "the tool did not run")
 
     def _read_controls_consistently(self, tool: ToolObject) -> ToolControls:
@@ -406,7 +409,12 @@ class _Call:
         the core manifest is served; another at its name runs as it always did, without."""
         assert self.tool is not None
         core = self.tool_name in NEEDS_CAPABILITY and self.location == "tool"
-        if not core or not installed_by_bootstrap(self.tool):
+        if not core:
+            yield None
+            return
+        from cortexfs.tools.core.installed import installed_by_bootstrap
+
+        if not installed_by_bootstrap(self.tool):
             yield None
             return
         from cortexfs.agents.capability import Capability
