@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import errno
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,11 +15,11 @@ import pytest
 
 import cortexfs.manual  # noqa: F401  (registers the manual bundle's bootstrap step)
 from cortexfs import storage
-from cortexfs.tools.core import CORE_TOOLS, launcher
-from cortexfs.tools.core.bootstrap import core_manifest
 from cortexfs.tools.core.installed import tools_of_another_version
-from cortexfs.tools.install import install_tool, parse_tier
-from cortexfs.tools.manifest import parse_manifest
+from tests.support.core_names import (
+    install_administrators_tool,
+    install_core_tool_of_another_version,
+)
 
 CTX = [sys.executable, "-c", "from cortexfs.cli import main; main()"]
 ADMINS_PROGRAM = b"#!/bin/sh\necho the administrator's own\n"
@@ -36,23 +35,7 @@ def root(tmp_path: Path) -> Path:
 def install_as_administrator_before_it_was_core(root: Path, name: str, scratch: Path) -> None:
     """What an older ctx left: no core tool at ``name``, and the administrator's own tool
     installed there with 'ctx object install --tier system', which then allowed it."""
-    shutil.rmtree(root / "tool" / f"{name}.d")
-    (root / "tool" / name).unlink()
-    program = scratch / f"{name}.program"
-    program.write_bytes(ADMINS_PROGRAM)
-    document = {
-        "manifest": 2,
-        "kind": "tool",
-        "name": name,
-        "description": "the administrator's own tool",
-        "schema": {"type": "object"},
-        "cap": {"side_effects": False, "network": False},
-        "exec": str(program),
-    }
-    manifest_path = scratch / f"{name}.json"
-    manifest_path.write_text(json.dumps(document))
-    manifest = parse_manifest(document, source=manifest_path)
-    install_tool(parse_tier(root, "system"), manifest, ADMINS_PROGRAM)
+    install_administrators_tool(root, name, scratch, ADMINS_PROGRAM)
     with open(root / "tool" / f"{name}.d" / "policy", "a") as policy:
         policy.write(f"allow notes_t tool:{name} execute\n")
 
@@ -121,18 +104,3 @@ def test_core_tools_of_another_version_are_told_apart(root: Path, tmp_path: Path
     assert tools_of_another_version(root) == ["fs.stat"]
     storage.bootstrap(root)
     assert tools_of_another_version(root) == []
-
-
-def install_core_tool_of_another_version(root: Path, name: str, scratch: Path) -> None:
-    """What an older bootstrap left at core tool ``name``: its launcher, whose bundled
-    modules (here toolio.py) read the runner's context in another shape."""
-    interpreter, _ = launcher.core_interpreter()
-    modules = [
-        (path, data + b"\n# as an older version had it\n" if path.endswith("toolio.py") else data)
-        for path, data in launcher.bundled_modules(interpreter, launcher.package_parent())
-        if not path.endswith(".pyc")
-    ]
-    program = launcher.render_launcher(interpreter, modules, CORE_TOOLS[name])
-    exec_path = scratch / name
-    exec_path.write_bytes(program)
-    install_tool(parse_tier(root, "system"), core_manifest(name, exec_path), program)

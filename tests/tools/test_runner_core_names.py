@@ -7,15 +7,15 @@ from __future__ import annotations
 
 import errno
 import json
-import shutil
 import subprocess
 import sys
 
 from cortexfs import storage
-from cortexfs.tools.install import install_tool, parse_tier
-from cortexfs.tools.manifest import parse_manifest
+from tests.support.core_names import (
+    install_administrators_tool,
+    install_core_tool_of_another_version,
+)
 from tests.tools.support import World
-from tests.tools.test_bootstrap_core_names import install_core_tool_of_another_version
 
 CTX = [sys.executable, "-c", "from cortexfs.cli import main; main()"]
 # Says whether the runner gave it a run capability (the descriptor's number) or not.
@@ -65,32 +65,12 @@ def test_ctx_run_names_bootstrap_for_a_core_tool_of_another_version(world: World
     assert "run 'ctx bootstrap' (the tool did not run)" in error["message"]
 
 
-def install_administrators_tool(world: World, name: str) -> None:
-    """The administrator's own system tool ``name``, installed before the name became core
-    (an older ctx let them), in place of the core tool."""
-    shutil.rmtree(world.root / "tool" / f"{name}.d")
-    (world.root / "tool" / name).unlink()
-    program = world.scratch / f"{name}.program"
-    program.write_text(TELLS_ITS_CAPABILITY)
-    document = {
-        "manifest": 2,
-        "kind": "tool",
-        "name": name,
-        "description": "the administrator's own tool",
-        "schema": {"type": "object"},
-        "cap": {"side_effects": False, "network": False},
-        "exec": str(program),
-    }
-    manifest_path = world.scratch / f"{name}.json"
-    manifest_path.write_text(json.dumps(document))
-    manifest = parse_manifest(document, source=manifest_path)
-    install_tool(parse_tier(world.root, "system"), manifest, program.read_bytes())
-
-
 def test_an_administrators_tool_at_a_core_name_runs_without_the_capability(
     world: World,
 ) -> None:
-    install_administrators_tool(world, "agent.update")
+    install_administrators_tool(
+        world.root, "agent.update", world.scratch, TELLS_ITS_CAPABILITY.encode()
+    )
     granted(world, "agent.update")
 
     result = world.run("agent.update")

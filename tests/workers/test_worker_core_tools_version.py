@@ -7,7 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from tests.tools.test_bootstrap_core_names import install_core_tool_of_another_version
+from tests.support.core_names import install_core_tool_of_another_version
 from tests.workers.conftest import AGENT, PROJECT, REPO, Farm
 
 REFUSAL = (
