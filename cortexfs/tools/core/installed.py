@@ -64,18 +64,26 @@ def administrators_manifest(tier: Tier, name: str) -> str | None:
 
 def _administrators_manifest_of(tool: ToolObject) -> str | None:
     try:
-        data = read_control(tool, "origin")
-        origin = json.loads(data) if data is not None else None
+        manifest = _origin_manifest(tool)
     except CtxError as exc:
         if exc.errno in HOST_SHORTAGES:  # the host's state says nothing of whose it is
             raise
         return None
+    if manifest is None:
+        return None
+    return None if _is_core_manifest(manifest, tool.name) else manifest
+
+
+def _origin_manifest(tool: ToolObject) -> str | None:
+    """The manifest ``tool``'s ``origin`` names; None when the origin is missing, not JSON
+    or names none.  CtxError when it cannot be read."""
+    data = read_control(tool, "origin")
+    try:
+        origin = json.loads(data) if data is not None else None
     except ValueError:
         return None
     manifest = origin.get("manifest") if isinstance(origin, dict) else None
-    if not isinstance(manifest, str) or not manifest:
-        return None
-    return None if _is_core_manifest(manifest, tool.name) else manifest
+    return manifest if isinstance(manifest, str) and manifest else None
 
 
 def tools_of_another_version(root: Path, names: Collection[str] = tuple(CORE_MODULES)) -> list[str]:
@@ -141,12 +149,10 @@ def installed_by_bootstrap(tool: ToolObject) -> bool:
     broken origin the benefit of the doubt so that bootstrap repairs it: what the host does
     for a core tool alone (the run capability of A-5) asks for the evidence."""
     try:
-        data = read_control(tool, "origin")
-        origin = json.loads(data) if data is not None else None
-    except (CtxError, ValueError):
+        manifest = _origin_manifest(tool)
+    except CtxError:
         return False
-    manifest = origin.get("manifest") if isinstance(origin, dict) else None
-    return isinstance(manifest, str) and _is_core_manifest(manifest, tool.name)
+    return manifest is not None and _is_core_manifest(manifest, tool.name)
 
 
 def _is_core_manifest(manifest: str, name: str) -> bool:
