@@ -37,6 +37,24 @@ HOST_SHORTAGES = frozenset(
     {_errno.EMFILE, _errno.ENFILE, _errno.ENOMEM, _errno.ENOSPC, _errno.EDQUOT}
 )
 
+# What mends a shortage or a filesystem turned read-only, in the same words wherever a command
+# stops for one: each caller adds its own next step ("and run the command again").
+_HOST_REMEDIES = {
+    _errno.ENOSPC: "free space or inodes on that filesystem",
+    _errno.EDQUOT: "free space within that user's disk quota",
+    _errno.EMFILE: "raise the limit of open files ('ulimit -n')",
+    _errno.ENFILE: "end processes that hold many files open",
+    _errno.ENOMEM: "free memory",
+    _errno.EROFS: "remount that filesystem read-write",
+}
+# The host's troubles that remedy_for_host_trouble has words for.
+HOST_TROUBLES = frozenset(_HOST_REMEDIES)
+
+
+def remedy_for_host_trouble(code: int | None) -> str | None:
+    """What mends ``code`` when it is one of :data:`HOST_TROUBLES`; None for any other."""
+    return _HOST_REMEDIES.get(code) if code is not None else None
+
 
 def describe(exc: BaseException) -> str:
     """``ENOSPC: No space left on device: <path>`` for an OSError, the rendering of a

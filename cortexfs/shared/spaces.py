@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cortexfs import durable, storage
-from cortexfs.errors import CtxError
+from cortexfs.errors import HOST_TROUBLES, CtxError, remedy_for_host_trouble
 from cortexfs.locks import flock_within
 from cortexfs.names import check_object_name
 from cortexfs.queue.claim_order import start_hint
@@ -244,26 +244,16 @@ def _one_creator_at_a_time(shared: Path) -> Iterator[None]:
         os.close(fd)  # lets the lock go
 
 
-# What the host ran short of, or a filesystem turned read-only: a run that meets one stops
-# part-way, and the same command run again, once it is fixed, completes the space.
-_CUT_SHORT = {
-    errno.ENOSPC: "free space (or inodes) on that filesystem",
-    errno.EDQUOT: "free space within your disk quota there",
-    errno.EMFILE: "raise the limit of open files (ulimit -n)",
-    errno.ENFILE: "close some open files",
-    errno.EROFS: "remount that filesystem read-write",
-}
-
-
 @contextlib.contextmanager
 def _completing(path: Path, name: str, created: list[str]) -> Iterator[None]:
-    """Turn a shortage that cuts the making of space ``name`` short into an error that says
-    what was made (``created`` so far), that the space is incomplete and that running the
-    command again completes it."""
+    """Turn a shortage or a read-only filesystem (:data:`~cortexfs.errors.HOST_TROUBLES`) that
+    cuts the making of space ``name`` short into an error that says what was made (``created``
+    so far), that the space is incomplete and that running the command again, once the
+    trouble is mended, completes it."""
     try:
         yield
     except (OSError, CtxError) as exc:
-        if exc.errno not in _CUT_SHORT:
+        if exc.errno not in HOST_TROUBLES:
             raise
         if isinstance(exc, CtxError):
             reason = exc.message
@@ -271,11 +261,11 @@ def _completing(path: Path, name: str, created: list[str]) -> Iterator[None]:
             where = f" (at {os.fsdecode(exc.filename)})" if exc.filename is not None else ""
             reason = f"{exc.strerror}{where}"
         made = f"made {', '.join(created)}, which is kept" if created else "nothing was made"
+        remedy = remedy_for_host_trouble(exc.errno)
         raise CtxError(
             exc.errno,
-            f"shared space {path} could not be completed: {reason}; {made}: "
-            f"{_CUT_SHORT[exc.errno]}, then run 'ctx shared create {name}' again, which "
-            "completes it",
+            f"shared space {path} could not be completed: {reason}; {made}: {remedy}, then "
+            f"run 'ctx shared create {name}' again, which completes it",
         ) from None
 
 

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from cortexfs.errors import CtxError, describe
+from cortexfs.errors import CtxError, describe, remedy_for_host_trouble
 
 # What the clean-up of a failed install holds open at most: the staged control directory, a
 # hook directory and the one below it, and the copy of the last that os.listdir makes.
@@ -128,12 +128,5 @@ def failed_install(
 
 def advice(code: int) -> str:
     """What to do about ``code`` before the same command is run again."""
-    if code in (errno.ENOSPC, errno.EDQUOT):
-        return "free space (or inodes) on that filesystem and run the command again"
-    if code in (errno.EMFILE, errno.ENFILE):
-        return "raise the limit of open files (ulimit -n) or close some, and run the command again"
-    if code == errno.EROFS:
-        return "remount that filesystem read-write and run the command again"
-    if code == errno.ENOMEM:
-        return "free memory and run the command again"
-    return "correct that and run the command again"
+    remedy = remedy_for_host_trouble(code)
+    return f"{remedy or 'correct that'} and run the command again"

@@ -22,7 +22,7 @@ from typing import Any
 
 from cortexfs.agents.host import require_host_administrator
 from cortexfs.agents.view import AgentView
-from cortexfs.errors import CtxError
+from cortexfs.errors import CtxError, remedy_for_host_trouble
 from cortexfs.queue import Claim
 from cortexfs.shared.events import EVENTS_FILE
 from cortexfs.shared.sessions import Session, SessionRef, open_session
@@ -218,15 +218,8 @@ def _session_remedy(code: int | None, home: Path, uid: int) -> str:
             f"down, for the agent's uid {uid}: start it as root, or create {home} owned by "
             f"uid {uid} first"
         )
-    if code == errno.EROFS:
-        return "the storage root is on a read-only filesystem: remount it read-write"
-    if code == errno.ENOSPC:
-        return "the storage root's filesystem is full (space or inodes): free some there"
-    if code == errno.EDQUOT:
-        return f"uid {os.geteuid()} has used up its disk quota there: free space within it"
-    if code == errno.EMFILE:
-        return "no file descriptor was left: raise the limit of open files ('ulimit -n')"
-    return f"fix what refused it ({os.strerror(code or errno.EIO)})"
+    refused = os.strerror(code or errno.EIO)
+    return remedy_for_host_trouble(code) or f"fix what refused it ({refused})"
 
 
 def executor_for(

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from cortexfs.errors import HOST_SHORTAGES, CtxError, describe
+from cortexfs.errors import HOST_SHORTAGES, CtxError, describe, remedy_for_host_trouble
 from cortexfs.queue import Claim, Holder, Lease, Queue, claim, finish, renew
 from cortexfs.queue.claim_order import HintedClaimOrder
 from cortexfs.queue.holder import check_worker_ttl
@@ -62,19 +62,14 @@ HOST_REFUSALS = HOST_SHORTAGES | {errno.EROFS, errno.EPERM, errno.EACCES, errno.
 
 def host_remedy(code: int | None) -> str:
     """What mends the host refusal ``code`` (:data:`HOST_REFUSALS`), for a stop message."""
-    remedies = {
-        errno.ENOSPC: "free space or inodes on that filesystem",
-        errno.EDQUOT: "free space within that user's disk quota",
-        errno.EROFS: "remount that filesystem read-write",
+    worker_refusals = {
         errno.EPERM: "make it writable again (an immutable or append-only attribute shows in "
         "'lsattr' and goes with 'chattr -i -a')",
         errno.EACCES: "give the worker's user write access to it (its mode, owner or ACL)",
         errno.EIO: "check that disk (the kernel's log says more)",
-        errno.EMFILE: "raise the limit of open files ('ulimit -n')",
-        errno.ENFILE: "end processes that hold many files open",
-        errno.ENOMEM: "free memory",
     }
-    return remedies.get(code or errno.EIO, "fix the cause")
+    code = code or errno.EIO
+    return remedy_for_host_trouble(code) or worker_refusals.get(code, "fix the cause")
 
 
 def _cause(exc: CtxError | OSError) -> str:

@@ -98,7 +98,7 @@ def sweep(
             assert done.returncode == 1, (free, done.stderr)
             assert done.stderr.startswith("ctx: ENOSPC: cannot install "), (free, done.stderr)
             assert "nothing was installed and nothing of this attempt is left" in done.stderr
-            assert "free space (or inodes) on that filesystem" in done.stderr
+            assert "free space or inodes on that filesystem" in done.stderr
         then(done)
         if [done.returncode for done in outcomes].count(0) == 3:
             break
@@ -194,7 +194,7 @@ def test_installs_out_of_descriptors_leave_nothing(
             assert done.stderr.startswith(f"ctx: EMFILE: cannot install {directory / name}: ") or (
                 read_first is not None and done.stderr.startswith(read_first)
             ), done.stderr
-            assert "raise the limit of open files (ulimit -n)" in done.stderr, done.stderr
+            assert "raise the limit of open files ('ulimit -n')" in done.stderr, done.stderr
             assert not os.path.lexists(directory / name), done.stderr
             assert not os.path.lexists(directory / f"{name}.d"), done.stderr
     assert len(refused) >= 4, refused

@@ -55,7 +55,8 @@ def test_a_session_refused_for_want_of_inodes_or_a_writable_disk_gets_advice_tha
         assert full.stderr.startswith(
             f"ctx: ENOSPC: cannot open the worker's session {session} (No space left on device"
         ), full.stderr
-        assert "; no job was claimed: the storage root's filesystem is full" in full.stderr
+        claimed_none = "; no job was claimed: free space or inodes on that filesystem, then start"
+        assert claimed_none in full.stderr
         assert "start it as root" not in full.stderr and "owned by uid" not in full.stderr
         assert (farm.queue / "pending" / job).is_file()
 
@@ -67,7 +68,8 @@ def test_a_session_refused_for_want_of_inodes_or_a_writable_disk_gets_advice_tha
         assert read_only.stderr.startswith(
             f"ctx: EROFS: cannot open the worker's session {session} (Read-only file system"
         ), read_only.stderr
-        assert "read-only filesystem: remount it read-write" in read_only.stderr
+        claimed_none = "; no job was claimed: remount that filesystem read-write, then start"
+        assert claimed_none in read_only.stderr
         assert "start it as root" not in read_only.stderr
         assert (farm.queue / "pending" / job).is_file()
         subprocess.run(["mount", "-o", "remount,rw", str(disk)], check=True)
