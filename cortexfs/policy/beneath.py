@@ -65,21 +65,49 @@ def walk_with_listing(
     """:func:`walk` of ``top/relative`` and, when it reached a directory there, each entry in
     it by name with its ``lstat``; None for a directory the walk did not reach or could not
     list: a directory and everything in it judged at the cost of one walk."""
+    return _walk(top, relative, _listing)
 
-    def list_children(directory_fd: int, above: str) -> dict[str, Entry] | None:
-        try:
-            listing = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=directory_fd)
-        except OSError:
-            return None
-        try:
-            names = os.listdir(listing)
-        except OSError:
-            return None
-        finally:
-            os.close(listing)
-        return {name: _child(directory_fd, name, above + name) for name in names}
 
-    return _walk(top, relative, list_children)
+def walk_to_listings(
+    top: Path, directory: PurePosixPath, names: Sequence[str]
+) -> list[tuple[list[Entry], dict[str, Entry] | None]]:
+    """:func:`walk_with_listing` of each of ``names`` in ``directory``, in that order, at the
+    cost of one walk to ``directory``: a tool's two hook directories judged together."""
+
+    def list_each(directory_fd: int, above: str) -> list[tuple[Entry, dict[str, Entry] | None]]:
+        found = []
+        for name in names:
+            child = _child(directory_fd, name, above + name)
+            listed = None
+            if child.is_directory:
+                inner = os.open(name, _PLACE_FLAGS, dir_fd=directory_fd)
+                try:
+                    listed = _listing(inner, f"{above}{name}/")
+                finally:
+                    os.close(inner)
+            found.append((child, listed))
+        return found
+
+    entries, found = _walk(top, directory, list_each)
+    if found is None:  # the walk ended at or above the directory, as the walk to each would
+        return [(entries, None) for _ in names]
+    return [([*entries, child], listed) for child, listed in found]
+
+
+def _listing(directory_fd: int, above: str) -> dict[str, Entry] | None:
+    """Each entry of the directory ``directory_fd`` by name with its ``lstat`` (shown below
+    ``above``); None when it cannot be listed (a link opened in its place)."""
+    try:
+        listing = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=directory_fd)
+    except OSError:
+        return None
+    try:
+        names = os.listdir(listing)
+    except OSError:
+        return None
+    finally:
+        os.close(listing)
+    return {name: _child(directory_fd, name, above + name) for name in names}
 
 
 def _walk(

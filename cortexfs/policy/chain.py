@@ -57,8 +57,8 @@ from cortexfs.policy.beneath import (
     Entry,
     walk,
     walk_to_each,
+    walk_to_listings,
     walk_with_children,
-    walk_with_listing,
 )
 from cortexfs.policy.decision import Policy
 from cortexfs.policy.grammar import Rule, check_object
@@ -405,20 +405,27 @@ class AgentFacts:
             entries = walk(self.root, path)
         self._judge_strict_modes(path, entries, _host_of(entries), runs_as_agent=runs_as_agent)
 
-    def require_strict_modes_in(self, directory: PurePosixPath, names: Sequence[str]) -> None:
+    def require_strict_modes_in(
+        self, directory: PurePosixPath, names: Sequence[str]
+    ) -> dict[str, list[Entry]]:
         """:meth:`require_strict_modes` of each of ``names`` in ``directory`` that exists, in
-        that order, at the cost of one walk: a tool's policy and its other controls."""
+        that order, at the cost of one walk: a tool's policy and its other controls.  Returns
+        the walk to each of ``names``, as :func:`~cortexfs.policy.beneath.walk` makes it, for
+        judging them further."""
         entries, children = walk_with_children(self.root, directory, names)
         host = _host_of(entries)
         present = [child for child in children if child.status is not None]
         if not present:  # nothing there: whoever reads a file of it refuses it
             self._judge_strict_modes(directory, entries, host)
-            return
-        # What lies above the directory is the same for each file: judged whole once, then
-        # only the directory (whose sticky bit counts according to the file) and each file.
-        self._judge_strict_modes(present[0].shown, [*entries, present[0]], host)
-        for child in present[1:]:
-            self._judge_strict_modes(child.shown, [entries[-1], child], host)
+        else:
+            # What lies above the directory is the same for each file: judged whole once, then
+            # only the directory (whose sticky bit counts according to the file) and each file.
+            self._judge_strict_modes(present[0].shown, [*entries, present[0]], host)
+            for child in present[1:]:
+                self._judge_strict_modes(child.shown, [entries[-1], child], host)
+        if not children:  # the walk ended at or above the directory, as the walk to each would
+            return {name: entries for name in names}
+        return {name: [*entries, child] for name, child in zip(names, children, strict=True)}
 
     def _judge_strict_modes(
         self,
@@ -527,6 +534,7 @@ class _Evaluation:
         )
         self.access = NEEDED_ACCESS.get((request.object_class, request.permission), 0)
         self._label = ""
+        self._site_walk: list[Entry] | None = None  # step 2's walk to the site, for step 6
 
     @property
     def object_ref(self) -> str:
@@ -554,7 +562,10 @@ class _Evaluation:
             verdict = check_access(source, PurePosixPath(), self.identity, self.access, Kind.ANY)
         elif self.site is not None:
             site = self.site
-            verdict = check_access(self.root, site.path, self.identity, site.access, site.kind)
+            self._site_walk = walk(self.root, site.path)
+            verdict = check_access(
+                self.root, site.path, self.identity, site.access, site.kind, self._site_walk
+            )
         else:
             return Outcome.NOT_APPLICABLE, f"{self.object_ref} has no file on disk"
         if not verdict.allowed:
@@ -658,12 +669,15 @@ class _Evaluation:
         # agent's or another uid's to rewrite than the agent's own controls (step 4).
         own_policy = self.site.own_policy
         if self.object_class == "tool":
-            self.facts.require_strict_modes_in(own_policy.parent, TOOL_CONTROLS)
+            walks = self.facts.require_strict_modes_in(own_policy.parent, TOOL_CONTROLS)
+            policy_walk = walks[own_policy.name]
         else:
-            self.facts.require_strict_modes(own_policy)
-        self.facts.require_host_owned(own_policy)
+            policy_walk = walk(self.root, own_policy)
+            self.facts.require_strict_modes(own_policy, entries=policy_walk)
+        self.facts.require_host_owned(own_policy, policy_walk)
         if self.object_class == "tool":
-            self.facts.require_strict_modes(self.site.path)
+            # The executable as step 2 walked to it: one look judges its bits and its owner.
+            self.facts.require_strict_modes(self.site.path, entries=self._site_walk)
             self._require_host_owned_hooks(own_policy.parent / "hooks")
         return self._allowed_by(own_policy)
 
@@ -672,9 +686,10 @@ class _Evaluation:
         each hook directory, and each hook in it, is held to StrictModes as the tool's policy
         is.  A post-hook only runs code as the agent, so the agent's own uid may own it, as it
         may own an executable it runs; a pre-hook it could rewrite would be no guard."""
-        for phase, runs_as_agent in (("pre.d", False), ("post.d", True)):
+        phases = (("pre.d", False), ("post.d", True))
+        listings = walk_to_listings(self.root, hooks, [phase for phase, _ in phases])  # one walk
+        for (phase, runs_as_agent), (entries, listed) in zip(phases, listings, strict=True):
             directory = hooks / phase
-            entries, listed = walk_with_listing(self.root, directory)  # one walk for all
             if listed is None:
                 continue  # missing or linked: the runner refuses the damaged tool
             self.facts.require_strict_modes(directory, entries=entries)

@@ -80,19 +80,27 @@ def rwx(bits: int) -> str:
 
 
 def check_access(
-    top: Path, relative: PurePosixPath, identity: Identity, access: int, kind: Kind
+    top: Path,
+    relative: PurePosixPath,
+    identity: Identity,
+    access: int,
+    kind: Kind,
+    entries: list[Entry] | None = None,
 ) -> PathVerdict:
     """Could ``identity`` reach ``top/relative`` and use it with ``access`` (rwx bits)?
 
     Reading or writing a directory also needs its ``x`` (listing it, creating in it).  A link
     anywhere on the way is refused, never followed.  The directories above ``top`` count as
     well: a process of ``identity`` reaches ``top`` through them (a storage root made inside
-    a private directory, mode 0700, is out of every agent's reach).
+    a private directory, mode 0700, is out of every agent's reach).  ``entries``: the
+    :func:`~cortexfs.policy.beneath.walk` to ``top/relative``, when the caller has made it
+    (and judges more on it).
     """
     closed_above = unsearchable_above(top, identity)
     if closed_above:
         return _refused(closed_above)
-    entries = walk(top, relative)
+    if entries is None:
+        entries = walk(top, relative)
     *above, last = entries
     for directory in above:
         if not permits(_status(directory), identity, EXECUTE):

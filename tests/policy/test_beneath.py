@@ -7,7 +7,7 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
-from cortexfs.policy.beneath import walk, walk_to_each, walk_with_listing
+from cortexfs.policy.beneath import walk, walk_to_each, walk_to_listings, walk_with_listing
 
 NAMES = ("identity", "mount", "label")
 CASES = [
@@ -62,3 +62,18 @@ def test_walk_with_listing_is_the_walk_to_the_directory_and_to_each_entry(
     assert listed is not None and sorted(listed) == sorted(os.listdir(tmp_path / directory))
     for name, entry in listed.items():
         assert [*entries, entry] == walk(tmp_path, directory / name)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_walk_to_listings_is_the_walk_with_listing_of_each_directory(
+    tmp_path: Path, case: str
+) -> None:
+    directory = _layout(tmp_path, case)
+    if case == "files":
+        (tmp_path / directory / "hooks").mkdir()
+        (tmp_path / directory / "hooks" / "10-guard").write_text("")
+        os.listdir(tmp_path / directory / "hooks")  # its atime moves now, not between walks
+        (tmp_path / directory / "linked").symlink_to(tmp_path / directory / "hooks")
+    names = ("hooks", "identity", "linked", "missing")
+    expected = [walk_with_listing(tmp_path, directory / name) for name in names]
+    assert walk_to_listings(tmp_path, directory, names) == expected
