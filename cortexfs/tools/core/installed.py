@@ -14,22 +14,20 @@ Two questions are answered here without installing anything:
 * **Were the core tools installed by this ctx?**  (:func:`tools_of_another_version`.)  The
   runner hands a core tool its context in the shape this version writes; a tool copied by
   an older bootstrap may read another shape and fail every call.  A core tool is a zip
-  application (:mod:`cortexfs.tools.core.launcher`): its interpreter line and the names and
-  CRC-32 checksums of the files it bundles, read from the archive's central directory, are
-  compared with this version's sources.  That costs a few milliseconds, so a worker can ask
-  at start; bootstrap itself compares every byte (``bootstrap._is_current``).
+  application (:mod:`cortexfs.tools.core.launcher`) whose second line stamps the digest of
+  its interpreter line, its module and every file it bundles: its first two lines are read
+  and compared with the stamp of this version's sources, and a launcher without a stamp
+  (every one before it) is another version's.  That costs a millisecond or two, without
+  opening the archive, so a worker can ask at start and ``ctx run`` at each call of a core
+  tool; bootstrap itself compares every byte (``bootstrap._is_current``).
 """
 
 from __future__ import annotations
 
 import errno
-import io
 import json
 import os
 import stat
-import sys
-import zipfile
-import zlib
 from collections.abc import Collection
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
@@ -37,7 +35,17 @@ from typing import TYPE_CHECKING
 from cortexfs.errors import HOST_SHORTAGES, CtxError
 from cortexfs.tools.controls import ToolObject, read_control
 from cortexfs.tools.core import CORE_TOOLS
-from cortexfs.tools.core.launcher import BUNDLED, core_interpreter, package_parent, render_launcher
+from cortexfs.tools.core.launcher import (
+    STAMPED_HEAD_BYTES,
+    bundled_sources,
+    carries_bytecode,
+    core_interpreter,
+    interpreter_line,
+    package_parent,
+    read_stamp,
+    sources_digest,
+    stamp,
+)
 
 if TYPE_CHECKING:
     # Only named: the runner asks require_this_versions_tool at each call of a core tool, and
@@ -88,26 +96,29 @@ def _origin_manifest(tool: ToolObject) -> str | None:
 
 def tools_of_another_version(root: Path, names: Collection[str] = tuple(CORE_MODULES)) -> list[str]:
     """The core tools of ``root``'s system tier (those of ``names``, by default all) that are
-    not what this ctx's bootstrap would install: their interpreter line differs, or a file
-    they bundle (a module, a manifest) is missing, extra or of other content.  A core name
-    that holds nothing, or holds an administrator's tool (:func:`administrators_manifest`),
-    is not counted: the first is bootstrap's to make, the second is not a core tool.  One
-    name costs about a millisecond (a caller about to run one core tool asks for it alone)."""
+    not what this ctx's bootstrap would install: their launcher carries no stamp, or a stamp
+    of another interpreter line, module or bundled file (a module, a manifest), or is not the
+    size its stamp gives.  A core name that holds nothing, or holds an administrator's tool
+    (:func:`administrators_manifest`), is not counted: the first is bootstrap's to make, the
+    second is not a core tool.  Reading this version's sources costs about a millisecond,
+    once for all ``names``; each name then a few reads."""
     interpreter, _ = core_interpreter()
-    sources = _source_checksums(interpreter)
-    return [
-        name
-        for name in CORE_MODULES
-        if name in names and _of_another_version(root, name, interpreter, sources)
-    ]
+    sources = sources_digest(bundled_sources(package_parent()))
+    with_bytecode = carries_bytecode(interpreter)
+    another = []
+    for name, module in CORE_MODULES.items():
+        wanted = (interpreter_line(interpreter), stamp(interpreter, module, sources, with_bytecode))
+        if name in names and _of_another_version(root, name, wanted):
+            another.append(name)
+    return another
 
 
-def _of_another_version(root: Path, name: str, interpreter: str, sources: dict[str, int]) -> bool:
+def _of_another_version(root: Path, name: str, wanted: tuple[bytes, str]) -> bool:
     tool = ToolObject(name, root / "tool")
-    listing = _bundle_of(tool.executable)
-    if listing is _MISSING or _administrators_manifest_of(tool) is not None:
+    found = _stamp_of(tool.executable)
+    if found is _MISSING or _administrators_manifest_of(tool) is not None:
         return False
-    return not _matches(listing, _expected(interpreter, CORE_MODULES[name], sources))
+    return found != wanted
 
 
 def require_this_versions_tools(
@@ -173,62 +184,27 @@ def _identity(path: Path) -> tuple[int, int, int, int] | None:
     return status.st_dev, status.st_ino, status.st_ctime_ns, status.st_size
 
 
-_MISSING = (b"", {})  # what _bundle_of says of a name that holds no file
+_MISSING = (b"", "")  # what _stamp_of says of a name that holds no file
 
 
-def _bundle_of(executable: Path) -> tuple[bytes, dict[str, int]]:
-    """The interpreter line of the executable at ``executable`` and the CRC-32 of each file
-    its archive holds, read without following a link; :data:`_MISSING` when nothing is
-    there, and ``(b"?", {})`` for what is no zip application (never equal to a launcher)."""
+def _stamp_of(executable: Path) -> tuple[bytes, str] | None:
+    """The interpreter line and stamp (:func:`~cortexfs.tools.core.launcher.read_stamp`) of
+    the executable at ``executable``, read without following a link and without waiting on
+    a FIFO; :data:`_MISSING` when nothing is there, and None for what carries no stamp or
+    is no regular file (never equal to a launcher's)."""
     try:
         fd = os.open(executable, _READ_FLAGS)
     except FileNotFoundError:
         return _MISSING
     except OSError:
-        return b"?", {}
-    with os.fdopen(fd, "rb") as program:
-        status = os.fstat(program.fileno())
+        return None
+    try:
+        status = os.fstat(fd)
         if not stat.S_ISREG(status.st_mode) or status.st_size > _MAX_EXECUTABLE_BYTES:
-            return b"?", {}
-        shebang = program.readline(4096)
-        try:
-            with zipfile.ZipFile(program) as bundle:
-                return shebang, {entry.filename: entry.CRC for entry in bundle.infolist()}
-        except (zipfile.BadZipFile, OSError, ValueError):
-            return b"?", {}
-
-
-def _source_checksums(interpreter: str) -> dict[str, int]:
-    """The CRC-32 of each file this version bundles, and the names of the bytecode entries
-    that come with them (:func:`~cortexfs.tools.core.launcher.bundled_modules`: only for the
-    running interpreter), whose checksum is not compared (-1): it follows the source."""
-    with_bytecode = os.path.realpath(interpreter) == os.path.realpath(sys.executable)
-    checksums = {}
-    parent = package_parent()  # resolved once: a judgement at each ctx run pays for each
-    for name in BUNDLED:
-        checksums[name] = zlib.crc32((parent / name).read_bytes())
-        if with_bytecode and name.endswith(".py"):
-            checksums[name + "c"] = -1
-    return checksums
-
-
-def _matches(found: tuple[bytes, dict[str, int]], wanted: tuple[bytes, dict[str, int]]) -> bool:
-    """The same interpreter line and files, each of the same checksum where one is wanted."""
-    (shebang, checksums), (wanted_shebang, wanted_checksums) = found, wanted
-    return (
-        shebang == wanted_shebang
-        and checksums.keys() == wanted_checksums.keys()
-        and all(crc in (-1, checksums[name]) for name, crc in wanted_checksums.items())
-    )
-
-
-def _expected(
-    interpreter: str, module: str, sources: dict[str, int]
-) -> tuple[bytes, dict[str, int]]:
-    """What :func:`_bundle_of` should find in ``module``'s launcher: its interpreter line
-    and checksums, rendered around an empty bundle (cheap) for the ``__main__`` it writes."""
-    bare = render_launcher(interpreter, [], module)
-    shebang, _, archive = bare.partition(b"\n")
-    with zipfile.ZipFile(io.BytesIO(archive)) as bundle:
-        main = {entry.filename: entry.CRC for entry in bundle.infolist()}
-    return shebang + b"\n", {**main, **sources}
+            return None
+        head = os.read(fd, STAMPED_HEAD_BYTES)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return read_stamp(head, status.st_size)

@@ -8,6 +8,14 @@ thus one self-contained file of the storage root: an agent uid needs to read not
 installed package, wherever (and however privately) it lives.  The archive is byte-for-byte
 the same for the same sources, so an unchanged program is recognised as current.
 
+Between the interpreter line and the archive (a zip application may carry any prefix) a second
+line stamps what the program was made of: ``#cortexfs-bundle <digest> <archive size>``, the
+digest (:func:`stamp`) of the interpreter line, the ``__main__`` naming the module whose
+``run()`` it calls, and every bundled source and manifest (and whether their bytecode comes
+with them).  Whether a core tool is this version's install then takes reading its first two
+lines and this version's sources (:func:`read_stamp`, :mod:`cortexfs.tools.core.installed`),
+without opening the archive, which ``ctx run`` would pay for at each call of a core tool.
+
 ``-IS`` keeps the environment (``PYTHONPATH``, user site-packages) and site-packages out of the
 program.  The interpreter must be one every agent uid can execute: this one when its whole
 path is world-executable, else the first world-executable ``python3`` (>= 3.11) on the system
@@ -16,16 +24,21 @@ path.
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import marshal
 import os
-import shutil
 import stat
 import subprocess
 import sys
-import zipfile
+from collections.abc import Iterable
 from pathlib import Path
+
+try:
+    # hashlib's own blake2b, without the ~5 ms hashlib spends loading OpenSSL at each ctx run
+    # of a core tool, which reads this module to judge the tool's stamp.
+    from _blake2 import blake2b
+except ImportError:  # an interpreter built without it: hashlib's, from OpenSSL
+    from hashlib import blake2b
 
 import cortexfs
 from cortexfs.tools.core import CORE_TOOLS
@@ -89,33 +102,114 @@ def bundled_modules(interpreter: str, package_parent: Path) -> list[tuple[str, b
     module again (tens of milliseconds).  The bytecode is hash-based and unchecked (PEP 552)
     so that the archive stays the same bytes for the same sources; an interpreter of another
     version ignores it and reads the source."""
-    with_bytecode = os.path.realpath(interpreter) == os.path.realpath(sys.executable)
+    with_bytecode = carries_bytecode(interpreter)
     entries = []
-    for name in BUNDLED:
-        source = (package_parent / name).read_bytes()
+    for name, source in bundled_sources(package_parent):
         entries.append((name, source))
         if with_bytecode and name.endswith(".py"):
             entries.append((name + "c", _unchecked_bytecode(source, name)))
     return entries
 
 
+def bundled_sources(package_parent: Path) -> list[tuple[str, bytes]]:
+    """Each file of :data:`BUNDLED` and its bytes, as read under ``package_parent``."""
+    return [(name, (package_parent / name).read_bytes()) for name in BUNDLED]
+
+
+def carries_bytecode(interpreter: str) -> bool:
+    """Whether a launcher for ``interpreter`` bundles bytecode: only for the running one."""
+    return os.path.realpath(interpreter) == os.path.realpath(sys.executable)
+
+
 def render_launcher(interpreter: str, modules: list[tuple[str, bytes]], module: str) -> bytes:
     """A core tool as a self-contained zip application for ``interpreter``: the bundled
-    ``modules`` (:func:`bundled_modules`) and a ``__main__`` calling ``module``'s ``run()``."""
+    ``modules`` (:func:`bundled_modules`) and a ``__main__`` calling ``module``'s ``run()``,
+    after an interpreter line and the stamp of all of them."""
+    # Imported here, as importlib.util is by _unchecked_bytecode: only bootstrap renders, and
+    # the version check at each ctx run of a core tool, which reads this module's stamp,
+    # would pay ~7 ms for zipfile (with shutil and the compression modules it loads).
+    import zipfile
+
     archive = io.BytesIO()
     with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as bundle:
-        main = (
-            '"""CortexFS core tool, written by ctx bootstrap (SPEC R-5)."""\n'
-            f"import sys\nfrom cortexfs.tools.core.{module} import run\nsys.exit(run())\n"
-        )
-        for name, data in [("__main__.py", main.encode()), *modules]:
+        for name, data in [("__main__.py", _main(module)), *modules]:
             info = zipfile.ZipInfo(name, date_time=_ZIP_EPOCH)
             info.external_attr = 0o644 << 16
             info.compress_type = zipfile.ZIP_DEFLATED
             bundle.writestr(info, data)
+    sources = [(name, data) for name, data in modules if not name.endswith(".pyc")]
+    digest = stamp(interpreter, module, sources_digest(sources), len(sources) < len(modules))
+    archive_bytes = archive.getvalue()
+    return (
+        interpreter_line(interpreter)
+        + _STAMP_MARK
+        + f" {digest} {len(archive_bytes)}\n".encode()
+        + archive_bytes
+    )
+
+
+def interpreter_line(interpreter: str) -> bytes:
+    """The first line of a launcher for ``interpreter``."""
     # -I: nothing from the environment (PYTHONPATH, user site); -S: no site-packages, whose
     # .pth files would run code in every tool process.  One argument: a shebang passes one.
-    return f"#!{interpreter} -IS\n".encode() + archive.getvalue()
+    return f"#!{interpreter} -IS\n".encode()
+
+
+def _main(module: str) -> bytes:
+    return (
+        '"""CortexFS core tool, written by ctx bootstrap (SPEC R-5)."""\n'
+        f"import sys\nfrom cortexfs.tools.core.{module} import run\nsys.exit(run())\n"
+    ).encode()
+
+
+# The second line of a launcher starts so; a program without it (every launcher before the
+# stamp) has no stamp.
+_STAMP_MARK = b"#cortexfs-bundle"
+# What read_stamp reads of a launcher: its interpreter line (a path is at most 4096 bytes) and
+# its stamp.
+STAMPED_HEAD_BYTES = 8192
+
+
+def sources_digest(sources: Iterable[tuple[str, bytes]]) -> bytes:
+    """The digest of bundled files (each name and its bytes, :func:`bundled_sources`), computed
+    once for the stamps of every core tool."""
+    digest = blake2b(digest_size=32)
+    for name, data in sources:
+        digest.update(b"%s\0%d\0" % (name.encode(), len(data)))
+        digest.update(data)
+    return digest.digest()
+
+
+def stamp(interpreter: str, module: str, digest_of_sources: bytes, with_bytecode: bool) -> str:
+    """The stamp of ``module``'s launcher for ``interpreter``: the digest of its interpreter
+    line, its ``__main__``, the ``digest_of_sources`` it bundles (:func:`sources_digest`)
+    and whether their bytecode comes with them.  Whatever decides what bootstrap would install
+    is in it; the bytecode itself follows from the sources and the interpreter."""
+    digest = blake2b(digest_size=32)
+    for part in (interpreter_line(interpreter), _main(module), digest_of_sources):
+        digest.update(b"%d\0" % len(part))
+        digest.update(part)
+    digest.update(b"with bytecode" if with_bytecode else b"sources only")
+    return digest.hexdigest()
+
+
+def read_stamp(head: bytes, size: int) -> tuple[bytes, str] | None:
+    """The interpreter line and stamp of the program whose first bytes (at least
+    :data:`STAMPED_HEAD_BYTES`, or all of it) are ``head`` and whose size is ``size``.  None
+    when it carries no stamp, or when it is not the size its stamp gives (cut short, or
+    appended to): no launcher bootstrap writes."""
+    first, _, rest = head.partition(b"\n")
+    second, newline, _ = rest.partition(b"\n")
+    fields = second.split(b" ")
+    if not newline or len(fields) != 3:
+        return None
+    mark, digest, archive_size = fields
+    # Twenty digits are far beyond any real size, and int() of thousands of them refuses.
+    if mark != _STAMP_MARK or not (archive_size.isdigit() and len(archive_size) <= 20):
+        return None
+    if len(first) + len(second) + 2 + int(archive_size) != size:
+        return None
+    return first + b"\n", digest.decode("ascii", "replace")
 
 
 def render_ctxterm(root: Path) -> bytes:
@@ -137,6 +231,8 @@ def render_ctxterm(root: Path) -> bytes:
 
 def _unchecked_bytecode(source: bytes, name: str) -> bytes:
     """A PEP 552 .pyc: magic, flags (hash-based, not checked), source hash, code."""
+    import importlib.util  # here: ~0.8 ms that judging a stamp at each ctx run need not pay
+
     code = compile(source, name, "exec", dont_inherit=True)
     flags = (0b01).to_bytes(4, "little")
     return (
@@ -153,8 +249,12 @@ def core_interpreter() -> tuple[str, str]:
     if _world_reachable(Path(own)):
         return own, ""
     for directory in _SYSTEM_PATH.split(":"):
-        candidate = shutil.which("python3", path=directory)
-        if candidate and _world_reachable(Path(candidate)) and _recent_enough(candidate):
+        candidate = os.path.join(directory, "python3")
+        if (
+            os.path.isfile(candidate)
+            and _world_reachable(Path(candidate))
+            and _recent_enough(candidate)
+        ):
             return os.path.realpath(candidate), ""
     return own, (
         f"{own} is not executable by every user and no other python3 >= 3.11 was found; "
