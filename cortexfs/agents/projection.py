@@ -310,16 +310,17 @@ def storage_mounts(
     pending: list[tuple[str, ...]] = [()]
     while pending:
         parts = pending.pop(0)
-        names = _shown(rules, root, parts)
-        mounts.append(ViewMount(root.joinpath(*parts), target.joinpath(*parts), False, names))
+        directory = root.joinpath(*parts)
+        names = _shown(rules, directory, parts)
+        mounts.append(ViewMount(directory, target.joinpath(*parts), False, names))
         if parts == ("shared",):
             spaces = names
         for name in names:
             child = (*parts, name)
             if rules.decides_names(child):
                 pending.append(child)
-            elif rules.writable_below(child) and _is_directory(root.joinpath(*child)):
-                mounts.append(ViewMount(root.joinpath(*child), target.joinpath(*child), True))
+            elif rules.writable_below(child) and _is_directory(directory / name):
+                mounts.append(ViewMount(directory / name, target.joinpath(*child), True))
     for space in spaces:
         tools = ("shared", space, SPACE_TOOLS)
         if rules.writable_below(tools[:2]) and _is_directory(root.joinpath(*tools)):
@@ -342,7 +343,8 @@ def _agents_mounts(
     write is a read-write mount on top.  Only places the agent may read get entries, and only
     for directories that exist: ``CTX_MOUNTS`` is one environment variable."""
     agents = (*place, "agent")
-    if not rules.visible(place) or not _is_directory(root.joinpath(*agents)):
+    agents_directory = root.joinpath(*agents)
+    if not rules.visible(place) or not _is_directory(agents_directory):
         return []
     writable_space = rules.writable_below(place)
 
@@ -353,7 +355,7 @@ def _agents_mounts(
 
     mounts = [mount(agents, True)] if writable_space else []
     try:
-        entries = sorted(os.listdir(root.joinpath(*agents)))
+        entries = sorted(os.listdir(agents_directory))
     except OSError:
         return mounts
     for name in entries:
@@ -365,7 +367,7 @@ def _agents_mounts(
         sessions = (*agent, "session")
         if not rules.decides_names(sessions) or not _is_directory(root.joinpath(*sessions)):
             continue
-        shown = _shown(rules, root, sessions)
+        shown = _shown(rules, root.joinpath(*sessions), sessions)
         mounts.append(mount(sessions, False, shown))
         for session in shown:
             at = (*sessions, session)
@@ -374,9 +376,10 @@ def _agents_mounts(
     return mounts
 
 
-def _shown(rules: ViewRules, root: PurePosixPath, parts: tuple[str, ...]) -> tuple[str, ...]:
+def _shown(rules: ViewRules, directory: PurePosixPath, parts: tuple[str, ...]) -> tuple[str, ...]:
+    """The names in ``directory`` (at ``parts`` below the root) that the rules show."""
     try:
-        names = os.listdir(root.joinpath(*parts))
+        names = os.listdir(directory)
     except OSError:
         return ()  # nothing to show: a missing or unreadable directory lists nothing
     return tuple(sorted(name for name in names if rules.visible((*parts, name))))

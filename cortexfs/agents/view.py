@@ -171,7 +171,7 @@ class AgentView(NamedTuple):
         a mount's source is the real path it was recorded as (a source that no longer is one
         is withheld when the control is read, see :func:`~cortexfs.policy.mounts.source_problem`),
         so it is compared with the root's real path as it is, never resolved again."""
-        return PurePosixPath(mount.source) == PurePosixPath(self.facts.root)
+        return mount.source == self.facts.root  # both paths of the one (POSIX) flavour
 
     def tool_environment(
         self,

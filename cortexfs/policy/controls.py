@@ -22,6 +22,7 @@ ENOENT.
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import stat
 from pathlib import Path, PurePosixPath
@@ -43,14 +44,22 @@ _MAX_ID = 2**32 - 2  # (uid_t)-1 means "no id" to the kernel
 _NOT_A_FILE = {errno.ELOOP, errno.ENOTDIR, errno.EINVAL, errno.EISDIR}
 
 
+# Paths are values, kept once made: every call asks for the same few of its agent, and a
+# PurePosixPath is slow to make on Python 3.11.
+_PATHS_KEPT = 256
+
+
+@functools.lru_cache(maxsize=_PATHS_KEPT)
 def agent_entry(agent: str) -> PurePosixPath:
     return AGENTS / agent
 
 
+@functools.lru_cache(maxsize=_PATHS_KEPT)
 def control_dir(agent: str) -> PurePosixPath:
     return AGENTS / f"{agent}.d"
 
 
+@functools.lru_cache(maxsize=_PATHS_KEPT)
 def control_path(agent: str, control: str) -> PurePosixPath:
     return control_dir(agent) / control
 

@@ -156,7 +156,7 @@ def views_of(mounts: Sequence[Mount], host_path: PurePosixPath) -> list[View]:
     for mount in mounts:
         if not at_or_below(host_path, mount.source):
             continue
-        view = mount.target / host_path.relative_to(mount.source)
+        view = mount.target.joinpath(*host_path.parts[len(mount.source.parts) :])
         if _topmost_mount(mounts, view) is mount:
             views.append(View(view, mount))
     return views

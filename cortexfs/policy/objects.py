@@ -29,6 +29,7 @@ Tools and models carry their own policy in ``<object>.d/policy`` (step 6, P-6).
 
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import PurePosixPath
 from types import MappingProxyType
@@ -81,6 +82,9 @@ class Site(NamedTuple):
     own_policy: PurePosixPath | None = None
 
 
+# A site is a value, kept once made: the chain asks for the same few at every call (the
+# projection for each tool the agent may run), and a PurePosixPath is slow to make on 3.11.
+@functools.lru_cache(maxsize=1024)
 def storage_site(
     object_class: str, object_name: str, permission: str, location: str | None = None
 ) -> Site | None:

@@ -96,7 +96,7 @@ class SessionRef(_SessionPlace):
         return self.path / EVENTS_FILE
 
     def __str__(self) -> str:
-        return str(self.relative)
+        return f"{self.location}/{self.name}"  # str(self.relative), without making the path
 
 
 class Session:

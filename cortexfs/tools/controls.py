@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import json
 import os
 import stat
@@ -88,7 +89,14 @@ class ToolObject(_ToolPlace):
         return self.control_dir / name
 
     def relative_control(self, name: str) -> PurePosixPath:
-        return PurePosixPath(f"{self.name}.d", *name.split("/"))
+        return _relative_control(self.name, name)
+
+
+# Paths are values, kept once made: a call reads the same few controls of its tool, and a
+# PurePosixPath is slow to make on Python 3.11.
+@functools.lru_cache(maxsize=1024)
+def _relative_control(tool: str, control: str) -> PurePosixPath:
+    return PurePosixPath(f"{tool}.d", *control.split("/"))
 
 
 class ToolControls(NamedTuple):

@@ -172,8 +172,9 @@ def _warn_on_stderr(message: str) -> None:
 def view_to_storage(root: Path, path: str) -> Path:
     """A ``/ctx/…`` path as the storage path it names when ``/ctx`` is not mounted here."""
     pure = PurePosixPath(path)
-    if (pure == CTX_MOUNT or CTX_MOUNT in pure.parents) and not os.path.ismount(CTX_MOUNT):
-        return root.joinpath(*pure.relative_to(CTX_MOUNT).parts)
+    below = pure.parts[len(CTX_MOUNT.parts) :]
+    if pure.parts[: len(CTX_MOUNT.parts)] == CTX_MOUNT.parts and not os.path.ismount(CTX_MOUNT):
+        return root.joinpath(*below)
     return Path(pure)
 
 
