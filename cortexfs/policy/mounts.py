@@ -127,8 +127,13 @@ def source_problem(mount: Mount) -> str:
 
 
 def mount_problem(mount: Mount, storage_root: PurePosixPath, agent: str = "") -> str:
-    """:func:`target_problem`, else :func:`source_problem`: why the mount is unusable, or ""."""
-    return target_problem(mount, storage_root, agent) or source_problem(mount)
+    """:func:`target_problem`, else :func:`source_problem`: why the mount is unusable, or "".
+    ``storage_root`` is a real path its caller has just resolved: a mount of it needs no
+    second resolving of its source."""
+    problem = target_problem(mount, storage_root, agent)
+    if problem or mount.source == storage_root:
+        return problem
+    return source_problem(mount)
 
 
 def granted_mounts(mounts: Sequence[Mount], allows: Callable[[str, str], bool]) -> list[Mount]:
