@@ -213,9 +213,9 @@ def _open_level(ops: durable.FsOps, parent_fd: int, top: Path, parts: Sequence[s
                 exc.errno, f"{where} is not a directory (or is a symlink); left untouched"
             ) from None
         if exc.errno == errno.EACCES:
-            # The bare OSError names only the last component ("agent: Permission denied").
-            fix = "run this as a user who may (its owner, a member of its group, or root)"
-            raise not_readable(where, f"open {where}", fix) from None
+            # The bare OSError names only the last component ("agent: Permission denied"); the
+            # advice names the group only where the mode grants it something.
+            raise not_readable(where, f"open {where}") from None
         raise
 
 

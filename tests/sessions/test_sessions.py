@@ -342,6 +342,23 @@ def test_a_session_another_user_may_not_read_is_eacces_naming_the_directory(
         ), answer.stderr
 
 
+def test_a_member_of_the_group_of_a_closed_home_is_not_told_to_join_it(recorded: World) -> None:
+    """The advice follows the mode: a directory whose group bits grant nothing is not opened
+    by being of its group, so the refusal names only root and the owner."""
+    member = UnprivilegedUser("member", recorded.user.uid + 1000, recorded.user.gid)
+    closed = recorded.root / f"home/{recorded.user.uid}/agent"
+    assert closed.stat().st_mode & 0o070 == 0 and closed.stat().st_gid == member.gid
+
+    answer = run_as(
+        member, [*CTX, "--storage", str(recorded.root), "session", "tail", "coder", "--json"]
+    )
+
+    assert answer.returncode == 1, answer
+    assert f"uid {member.uid} may not read {closed} " in answer.stderr, answer.stderr
+    assert "run it as root or as that owner, or " in answer.stderr, answer.stderr
+    assert "group" not in answer.stderr.partition("); ")[2], answer.stderr
+
+
 def _forget_agent(world: World, agent: str) -> None:
     (world.root / "agent" / agent).unlink()
     shutil.rmtree(world.root / "agent" / f"{agent}.d")
