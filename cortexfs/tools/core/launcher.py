@@ -112,8 +112,25 @@ def bundled_modules(interpreter: str, package_parent: Path) -> list[tuple[str, b
 
 
 def bundled_sources(package_parent: Path) -> list[tuple[str, bytes]]:
-    """Each file of :data:`BUNDLED` and its bytes, as read under ``package_parent``."""
-    return [(name, (package_parent / name).read_bytes()) for name in BUNDLED]
+    """Each file of :data:`BUNDLED` and its bytes, as read under ``package_parent``.  Read
+    with the os calls alone: at each ctx run of a core tool (whose stamp is judged against
+    them) ``Path.read_bytes`` would cost about a millisecond more."""
+    directory = os.open(package_parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        return [(name, _read_all(name, directory)) for name in BUNDLED]
+    finally:
+        os.close(directory)
+
+
+def _read_all(name: str, directory: int) -> bytes:
+    fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC, dir_fd=directory)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def carries_bytecode(interpreter: str) -> bool:
