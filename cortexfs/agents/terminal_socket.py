@@ -402,16 +402,18 @@ class TerminalClients:
             if not newline and len(data) <= _MAX_MODE_LINE:
                 self.partial_mode_lines[client] = data
                 return
-            if line.strip() not in MODES:
+            # Exactly 'watch\n' or 'attach\n': a line with anything more is a client
+            # that speaks another protocol, and is told so rather than guessed at.
+            if line not in MODES:
                 self._send(client, b"ctxterm: expected 'watch' or 'attach' on the first line\n")
                 self._drop(client)
                 return
-            reason = refusal(self.root, self.view, self.peers[client], line.strip())
+            reason = refusal(self.root, self.view, self.peers[client], line)
             if reason:
                 self._send(client, f"ctxterm: {denied(reason)}\n".encode())
                 self._drop(client)
                 return
-            self.modes[client] = mode = line.strip()
+            self.modes[client] = mode = line
             self._send(client, self.scrollback)
             data = rest
         if mode == b"attach" and data:

@@ -215,6 +215,20 @@ def test_a_mode_line_that_never_ends_is_refused(terminal: dict[str, str]) -> Non
     client.close()
 
 
+@pytest.mark.parametrize("line", [b" attach\n", b"attach\r\n", b"attach \n", b"ATTACH\n"])
+def test_a_mode_line_other_than_exactly_watch_or_attach_is_refused(
+    terminal: dict[str, str], line: bytes
+) -> None:
+    """A-2: the first line is ``watch\\n`` or ``attach\\n``, nothing near it."""
+    client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    client.connect(terminal["listening_at"])
+    client.sendall(line + b"fs.stat /workspace\r")
+    client.settimeout(20)
+    assert client.recv(65536) == b"ctxterm: expected 'watch' or 'attach' on the first line\n"
+    assert client.recv(65536) == b""
+    client.close()
+
+
 def test_exit_ends_the_terminal_and_leaves_nothing_behind(
     world: World, terminal: dict[str, str]
 ) -> None:
