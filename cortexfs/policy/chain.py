@@ -276,11 +276,16 @@ class AgentFacts:
         return asked == self._given_root or asked.resolve() == self.root
 
     @functools.cached_property
+    def _agent_controls(self) -> controls.AgentControlFiles:
+        """The agent's host-owned controls, read through one descriptor of its directory."""
+        return controls.AgentControlFiles(self.root, self.agent)
+
+    @functools.cached_property
     def declared_identity(self) -> Identity:
         """The identity the agent's control names, before step 1 has judged it: ENOENT for a
         missing agent, EACCES for an unusable control."""
         controls.require_agent(self.root, self.agent)
-        return controls.read_identity(self.root, self.agent)
+        return controls.read_identity(self.root, self.agent, self._agent_controls)
 
     @functools.cached_property
     def identity(self) -> Identity:
@@ -295,7 +300,7 @@ class AgentFacts:
 
     @functools.cached_property
     def mounts(self) -> tuple[Mount, ...]:
-        return controls.read_mounts(self.root, self.agent)
+        return controls.read_mounts(self.root, self.agent, self._agent_controls)
 
     @functools.cached_property
     def visible_mounts(self) -> tuple[Mount, ...]:
@@ -312,7 +317,7 @@ class AgentFacts:
     @functools.cached_property
     def declared_label(self) -> str:
         """The label the agent's control names, before step 4 has judged its controls."""
-        return controls.read_label(self.root, self.agent)
+        return controls.read_label(self.root, self.agent, self._agent_controls)
 
     @functools.cached_property
     def label(self) -> str:
@@ -371,7 +376,7 @@ class AgentFacts:
 
     def policy(self, path: PurePosixPath) -> Policy:
         if path not in self._policies:
-            self._policies[path] = controls.read_policy(self.root, path)
+            self._policies[path] = controls.read_policy(self.root, path, self._agent_controls)
         return self._policies[path]
 
     def require_strict_modes(

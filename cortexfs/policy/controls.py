@@ -34,7 +34,7 @@ from cortexfs.policy.decision import Policy
 from cortexfs.policy.grammar import PolicySyntaxError, check_subject_type
 from cortexfs.policy.linux import Identity
 from cortexfs.policy.mounts import Mount, mount_problem, parse_mount_table
-from cortexfs.regular_file import MAX_CONTROL_BYTES, MAX_POLICY_BYTES
+from cortexfs.regular_file import MAX_CONTROL_BYTES, MAX_POLICY_BYTES, read_regular_file
 from cortexfs.storage import require_root
 
 AGENTS = PurePosixPath("agent")
@@ -78,22 +78,66 @@ def require_agent(root: Path, agent: str) -> None:
         raise not_found(f"there is no agent {agent!r} ({agent_entry(agent)} does not exist)")
 
 
-def read_identity(root: Path, agent: str) -> Identity:
-    data = _read_control(root, control_path(agent, "identity"), f"agent {agent!r} has no identity")
+class AgentControlFiles:
+    """An agent's host-owned controls (:data:`HOST_OWNED_CONTROLS`) read together, through one
+    descriptor of ``agent/<name>.d/`` opened without following links, where reading each by
+    its path walks to it again.  Each is kept as what reading it alone gives: its bytes, None
+    when it is missing, or the error reading it raised, raised again whenever it is asked
+    for.  A reader (:class:`~cortexfs.policy.chain.AgentFacts`) passes these to the
+    ``read_*`` functions below; they are as current as the moment they were read."""
+
+    def __init__(self, root: Path, agent: str) -> None:
+        self._read: dict[PurePosixPath, bytes | CtxError | None] = {}
+        directory, unopened = None, None
+        try:
+            directory = beneath.open_directory(root, control_dir(agent))
+        except OSError as exc:
+            unopened = exc  # what reading each control by its path would meet
+        try:
+            for control in HOST_OWNED_CONTROLS:
+                path = control_path(agent, control)
+                try:
+                    if directory is None:
+                        assert unopened is not None
+                        self._read[path] = _unread(path, unopened)
+                    else:
+                        self._read[path] = _read_in(directory, path)
+                except CtxError as exc:
+                    self._read[path] = exc
+        finally:
+            if directory is not None:
+                os.close(directory)
+
+    def holds(self, path: PurePosixPath) -> bool:
+        return path in self._read
+
+    def read(self, path: PurePosixPath) -> bytes | None:
+        """The control at ``path`` (one of :meth:`holds`), as :func:`_read_optional` reads it."""
+        outcome = self._read[path]
+        if isinstance(outcome, CtxError):
+            raise CtxError(outcome.errno, outcome.message)
+        return outcome
+
+
+def read_identity(root: Path, agent: str, files: AgentControlFiles | None = None) -> Identity:
+    path = control_path(agent, "identity")
+    data = _read_control(root, path, f"agent {agent!r} has no identity", files)
     try:
         return parse_identity(data)
     except CtxError as exc:
         raise denied(f"{control_path(agent, 'identity')} is invalid: {exc.message}") from None
 
 
-def read_mounts(root: Path, agent: str) -> tuple[Mount, ...]:
+def read_mounts(
+    root: Path, agent: str, files: AgentControlFiles | None = None
+) -> tuple[Mount, ...]:
     """The agent's usable mounts; none when the control is absent.
 
     A mount :func:`withheld_mounts` names is left out: never shown to a tool, never bound in
     the terminal's sandbox.  Sources are used as recorded, never resolved again: a link put on
     the way since would otherwise lead the mount wherever its writer chose.
     """
-    return tuple(mount for mount, problem in _judged_mounts(root, agent) if not problem)
+    return tuple(mount for mount, problem in _judged_mounts(root, agent, files) if not problem)
 
 
 def withheld_mounts(root: Path, agent: str) -> tuple[tuple[Mount, str], ...]:
@@ -102,9 +146,11 @@ def withheld_mounts(root: Path, agent: str) -> tuple[tuple[Mount, str], ...]:
     return tuple((mount, problem) for mount, problem in _judged_mounts(root, agent) if problem)
 
 
-def _judged_mounts(root: Path, agent: str) -> list[tuple[Mount, str]]:
+def _judged_mounts(
+    root: Path, agent: str, files: AgentControlFiles | None = None
+) -> list[tuple[Mount, str]]:
     path = control_path(agent, "mount")
-    data = _read_optional(root, path)
+    data = _read_optional(root, path, files)
     if data is None:
         return []
     try:
@@ -115,9 +161,10 @@ def _judged_mounts(root: Path, agent: str) -> list[tuple[Mount, str]]:
     return [(mount, mount_problem(mount, storage_root, agent)) for mount in mounts]
 
 
-def read_label(root: Path, agent: str) -> str:
+def read_label(root: Path, agent: str, files: AgentControlFiles | None = None) -> str:
     path = control_path(agent, "label")
-    data = _read_control(root, path, f"agent {agent!r} has no label, so it has no subject type")
+    missing = f"agent {agent!r} has no label, so it has no subject type"
+    data = _read_control(root, path, missing, files)
     try:
         return check_subject_type(data.decode("ascii").strip())
     except (UnicodeDecodeError, CtxError) as exc:
@@ -125,9 +172,9 @@ def read_label(root: Path, agent: str) -> str:
         raise denied(f"{path} is invalid: {reason}") from None
 
 
-def read_policy(root: Path, path: PurePosixPath) -> Policy:
+def read_policy(root: Path, path: PurePosixPath, files: AgentControlFiles | None = None) -> Policy:
     """The policy at ``path``; a missing or invalid policy grants nothing (EACCES)."""
-    data = _read_control(root, path, "no policy, so nothing is allowed")
+    data = _read_control(root, path, "no policy, so nothing is allowed", files)
     try:
         return Policy.from_bytes(data, source=str(path))
     except PolicySyntaxError as exc:
@@ -167,23 +214,43 @@ def too_large(path: PurePosixPath) -> str:
     return f"{path} holds more than {control_limit(path)} bytes, the limit of {kind}"
 
 
-def _read_control(root: Path, path: PurePosixPath, when_missing: str) -> bytes:
-    data = _read_optional(root, path)
+def _read_control(
+    root: Path, path: PurePosixPath, when_missing: str, files: AgentControlFiles | None = None
+) -> bytes:
+    data = _read_optional(root, path, files)
     if data is None:
         raise denied(f"{when_missing} ({path} is missing)")
     return data
 
 
-def _read_optional(root: Path, path: PurePosixPath) -> bytes | None:
-    limit = control_limit(path)
+def _read_optional(
+    root: Path, path: PurePosixPath, files: AgentControlFiles | None = None
+) -> bytes | None:
+    """The control at ``path`` (from ``files`` when they hold it), None when it is missing."""
+    if files is not None and files.holds(path):
+        return files.read(path)
     try:
-        return beneath.read_file(root, path, limit)
-    except FileNotFoundError:
-        return None
+        return beneath.read_file(root, path, control_limit(path))
     except OSError as exc:
-        if exc.errno in HOST_SHORTAGES:  # not judged: denied all the same, for that reason
-            raise CtxError(exc.errno, f"{path} cannot be read now: {exc.strerror}") from None
-        if exc.errno == errno.EFBIG:  # denied all the same, saying what to fix
-            raise too_big(f"{too_large(path)}, so it is not read; rewrite it") from None
-        reason = "a link or not a regular file" if exc.errno in _NOT_A_FILE else exc.strerror
-        raise denied(f"{path} cannot be read safely: {reason}") from None
+        return _unread(path, exc)
+
+
+def _read_in(directory: int, path: PurePosixPath) -> bytes | None:
+    """The control at ``path``, read by its name in its ``directory`` (a descriptor)."""
+    try:
+        return read_regular_file(path.name, control_limit(path), dir_fd=directory)
+    except OSError as exc:
+        return _unread(path, exc)
+
+
+def _unread(path: PurePosixPath, exc: OSError) -> None:
+    """None for a control that is missing (``exc`` is ENOENT); else the CtxError to deny it
+    with, naming ``path`` and what to do."""
+    if isinstance(exc, FileNotFoundError):
+        return None
+    if exc.errno in HOST_SHORTAGES:  # not judged: denied all the same, for that reason
+        raise CtxError(exc.errno, f"{path} cannot be read now: {exc.strerror}") from None
+    if exc.errno == errno.EFBIG:  # denied all the same, saying what to fix
+        raise too_big(f"{too_large(path)}, so it is not read; rewrite it") from None
+    reason = "a link or not a regular file" if exc.errno in _NOT_A_FILE else exc.strerror
+    raise denied(f"{path} cannot be read safely: {reason}") from None

@@ -20,6 +20,7 @@ from cortexfs.policy import (
     beneath,
     check_authority,
 )
+from cortexfs.policy import controls as agent_controls
 from tests.support.storage import add_agent, add_tool, write
 from tests.support.users import UnprivilegedUser
 
@@ -69,12 +70,19 @@ def test_the_controls_are_read_once_for_all_questions(
 ) -> None:
     reads: Counter[str] = Counter()
     read_file = beneath.read_file
+    read_in_directory = agent_controls.read_regular_file
 
     def counting(base: Path, path: PurePosixPath, limit: int) -> bytes:
         reads[str(path)] += 1
         return read_file(base, path, limit)
 
+    def counting_in_directory(name: str, limit: int, *, dir_fd: int) -> bytes:
+        directory = PurePosixPath(os.readlink(f"/proc/self/fd/{dir_fd}"), name)
+        reads[str(directory.relative_to(root.resolve()))] += 1
+        return read_in_directory(name, limit, dir_fd=dir_fd)
+
     monkeypatch.setattr(beneath, "read_file", counting)
+    monkeypatch.setattr(agent_controls, "read_regular_file", counting_in_directory)
     facts = AgentFacts(root, "coder")
     for request in requests(root, None):
         check_authority(request, facts)
@@ -84,7 +92,8 @@ def test_the_controls_are_read_once_for_all_questions(
     reads.clear()
     for request in requests(root, None):
         check_authority(request)
-    assert reads["agent/coder.d/policy"] == 4  # each question reaching step 5 reads it again
+    # Each question reads the agent's controls afresh.
+    assert reads["agent/coder.d/policy"] == len(QUESTIONS)
 
 
 def test_answers_last_as_long_as_their_facts(
