@@ -41,7 +41,7 @@ from cortexfs.names import is_object_name, job_name
 from cortexfs.queue import inspect, layout, protocol, recovery
 from cortexfs.queue.claim_order import HintedClaimOrder
 from cortexfs.queue.evidence import REGULAR_FILE
-from cortexfs.queue.holder import Holder, check_ttl, check_worker_id
+from cortexfs.queue.holder import Holder, calling_process, check_ttl, check_worker_id
 from cortexfs.queue.requests import (
     loads_json,
     not_a_json_number,
@@ -254,9 +254,10 @@ def _opened_input(source: str) -> Iterator[BinaryIO]:
 
 
 def _holder(pid: int | None, worker: str | None) -> Holder:
-    """The lease holder of a shell command: the calling process (our parent) unless --pid."""
+    """The lease holder of a shell command: the calling process (our parent, past a wrapper
+    such as ``timeout`` that runs this very command) unless --pid."""
     try:
-        return Holder.for_process(os.getppid() if pid is None else pid, worker)
+        return Holder.for_process(calling_process(sys.argv) if pid is None else pid, worker)
     except CtxError as exc:
         raise usage_problem(exc) from None
 
@@ -413,7 +414,12 @@ def _published_in_part(refusal: protocol.PublishedInPart, as_json: bool) -> NoRe
 @handles_errors
 @queue_options
 @worker_id_option("Worker id recorded in the lease (default: HOST:PID).", "worker")
-@click.option("--pid", type=PID, help="Lease holder pid (default: the calling process).")
+@click.option(
+    "--pid",
+    type=PID,
+    help="Lease holder pid (default: the calling process, past a wrapper such as timeout that "
+    "runs this command; inside a pipeline or { } group in $(...), pass --pid $$).",
+)
 @ttl_option("Lease lifetime in seconds (default: lease_ttl).")
 def claim(
     queue_dir: Path, as_json: bool, worker: str | None, pid: int | None, ttl: float | None

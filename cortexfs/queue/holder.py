@@ -15,9 +15,11 @@ import math
 import os
 import re
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from functools import cache
+from pathlib import PurePosixPath
 from typing import Any
 
 from cortexfs import jsontext
@@ -135,6 +137,48 @@ class Holder:
             and self.pid == other.pid
             and not _started_apart(self.start_time, other.start_time)
         )
+
+
+def calling_process(argv: Sequence[str]) -> int:
+    """The process a command run as ``argv`` from a shell works for (§2.4: its parent, normally
+    the shell), past any wrapper program that runs exactly that command line and waits for it
+    — ``timeout 60 ctx queue claim …``, ``flock FILE``, ``sudo`` — which ends when the command
+    does: a lease naming it would be found gone as soon as the claim is printed, and recover
+    would requeue the job while the shell still works on it.  A shell is never passed over,
+    whatever it was given to run (``sh -c '"$@"' sh ctx …``): it is the calling process the
+    specification names.  (Nor can a subshell forked for a pipeline or a ``{ …; }`` group
+    inside ``$(…)``, which ends with the command, be told from one that goes on working,
+    ``( … ) &``: scripts pass ``--pid $$`` there.)"""
+    import psutil  # see Holder.for_process
+
+    pid = os.getppid()
+    try:
+        while pid > 1:
+            parent = psutil.Process(pid)
+            if parent.name() in _SHELLS or not _runs_exactly(parent.cmdline(), argv):
+                break
+            pid = parent.ppid()
+    except psutil.Error:
+        pass  # gone or not ours to read: what we have reached is the answer
+    return pid
+
+
+# The command names of shells: each is the calling process of what it runs (see above).
+_SHELLS = frozenset(
+    {"sh", "ash", "dash", "bash", "zsh", "ksh", "mksh", "yash", "busybox", "fish", "csh", "tcsh"}
+)
+
+
+def _runs_exactly(wrapper: Sequence[str], argv: Sequence[str]) -> bool:
+    """Whether the command line ``wrapper`` ends with ``argv``: the same arguments after a
+    name of this program (a wrapper names it as it was typed, ``ctx``, where we see a path;
+    ``python -m cortexfs`` gives ``cortexfs/__main__.py`` as ours)."""
+    if not argv or len(wrapper) <= len(argv):
+        return False
+    program, arguments = wrapper[-len(argv)], wrapper[len(wrapper) - len(argv) + 1 :]
+    ours = PurePosixPath(argv[0])
+    names = {ours.name, ours.parent.name} if ours.name == "__main__.py" else {ours.name}
+    return PurePosixPath(program).name in names and arguments == list(argv[1:])
 
 
 def _started_apart(one: float | None, other: float | None) -> bool:

@@ -225,6 +225,28 @@ def test_claim_prints_the_name_and_leases_to_the_calling_process(root: Path, req
     assert lease["pid"] == int(shell.removeprefix("shell="))
 
 
+@pytest.mark.parametrize("wrapper", ["timeout 60", "flock {lock}"])
+def test_a_claim_run_through_a_wrapper_leases_to_the_shell_not_the_wrapper(
+    root: Path, req: Path, tmp_path: Path, wrapper: str
+) -> None:
+    """``timeout``/``flock`` run the claim and end with it: a lease naming them would be
+    found gone at once, and recover would requeue the job while the shell works on it."""
+    ctx(root, "queue", "publish", *P, "--name", "w", str(req))
+    command = wrapper.format(lock=tmp_path / "lock")
+    script = (
+        f'J=$({command} {sys.executable} -m cortexfs queue claim --project {PROJECT}); echo "$J"; '
+        f"{sys.executable} -m cortexfs queue recover --project {PROJECT} --json; "
+        'echo "shell=$$"'
+    )
+    done = in_shell(root, "sh", script)
+
+    job, recovered, shell = done.stdout.splitlines()
+    assert job == "w.req.json", done.stderr
+    lease = json.loads((qdir(root) / "lease" / job / "worker").read_text())
+    assert lease["pid"] == int(shell.removeprefix("shell="))
+    assert json.loads(recovered)["requeued"] == [], recovered  # the shell was alive
+
+
 def test_claim_json_and_options(root: Path, req: Path) -> None:
     ctx(root, "queue", "publish", *P, "--name", "cj", str(req))
     done = ctx(root, "queue", "claim", *P, "--json", "--pid", str(os.getpid()), "--ttl", "42",
