@@ -446,6 +446,8 @@ def test_a_planted_request_no_reader_can_take_is_claimed_and_failed(root: Path, 
     claimed = ctx(root, "queue", "claim", *P, "--json", "--pid", str(dead_pid()))
     assert claimed.returncode == 0, claimed.stderr
     assert "nested deeper than" in json.loads(claimed.stdout)["request"]["invalid"]
+    assert claimed.stderr.startswith("ctx: note: the request of deep.req.json is not valid (")
+    assert "finish it with --error" in claimed.stderr, claimed.stderr
     assert os.listdir(qdir(root) / "lease") == ["deep.req.json"]
     assert ctx(root, "queue", "recover", *P).returncode == 0  # its holder is gone: requeued
 
