@@ -153,14 +153,15 @@ class RecentDecisions:
 
 class ViewRules:
     """The projection's answers for one agent's controls, for storage paths given as parts
-    below the root.  ``may_execute`` answers for a system tool: by default :func:`may_run`,
-    once per tool for the life of these rules (``<t>`` and ``<t>.d/`` ask the same); the FUSE
-    view and the runner pass :meth:`RecentDecisions.may_run`, which decides again once its
-    answer is a second old."""
+    below the root.  ``may_execute`` answers for a system tool, asked once per tool for the
+    life of these rules (``<t>`` and ``<t>.d/`` ask the same; the rules are made for one
+    lookup, or one call's ``CTX_MOUNTS``): by default :func:`may_run`; the FUSE view and the
+    runner pass :meth:`RecentDecisions.may_run`, which decides again once its answer is a
+    second old."""
 
     def __init__(self, view: AgentView, may_execute: Callable[[str], bool] | None = None):
         self.view = view
-        self.may_execute = may_execute or functools.cache(functools.partial(may_run, view))
+        self.may_execute = functools.cache(may_execute or functools.partial(may_run, view))
 
     def visible(self, parts: Parts) -> bool:
         if not in_root_abi(parts):
