@@ -308,16 +308,16 @@ class _Call:
         assert self.view is not None
         # Any execute bit makes a hit (T-4); a file whose bits are not the agent's is refused
         # by step 2 of the chain with EACCES, as `ctx policy explain` reports it.
-        found = self.found
+        found = self.found  # looked up as the session was opened, with its location
         if found is None:
             found = which(self.tool_name, self.view.tool_directories())
-        if found is None:
-            raise not_found(
-                f"no tool {self.tool_name!r} on the CTX_PATH of agent {self.agent!r} "
-                f"({self.view.ctx_path()})"
-            )
+            if found is None:
+                raise not_found(
+                    f"no tool {self.tool_name!r} on the CTX_PATH of agent {self.agent!r} "
+                    f"({self.view.ctx_path()})"
+                )
+            self.location = tier_location(self.root, found.directory) or "tool"
         self.tool = ToolObject(self.tool_name, found.directory)
-        self.location = tier_location(self.root, found.directory) or "tool"
         self.controls = self._read_controls_consistently(self.tool)
         require_available(self.tool, self.controls)
         if self.location == "tool" and self.tool_name in BOOTSTRAP_TOOLS:
