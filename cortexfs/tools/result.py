@@ -66,8 +66,10 @@ class ToolError(NamedTuple):
 
 class ToolResult(NamedTuple):
     """The outcome of one call.  ``exit_status`` is None when the tool never ran.
-    ``recorded`` says whether its ``tool_result`` is durably in the call's session (T-7); it
-    is no part of the result's JSON, which is what is recorded."""
+    ``recorded`` says whether its ``tool_result`` is durably in the call's session (T-7), and
+    ``record_error`` why the host could not record it, when it could not (stage ``record``;
+    ``error`` is then the call's own first error, if it had one); neither is part of the
+    result's JSON, which is what is recorded."""
 
     status: str
     tool: str
@@ -84,6 +86,7 @@ class ToolResult(NamedTuple):
     post_hooks: Sequence[dict[str, object]] = ()
     timings: Mapping[str, float] = MappingProxyType({})
     recorded: bool = False
+    record_error: ToolError | None = None
 
     @property
     def ok(self) -> bool:

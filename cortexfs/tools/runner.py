@@ -628,11 +628,12 @@ def _unrecorded(result: ToolResult, exc: OSError | CtxError) -> ToolResult:
     kept, since the tool may have run and changed things."""
     ran = "did not run" if result.exit_status is None else f"exited {result.exit_status}"
     missing = f"its result could not be recorded ({describe(exc)})"
+    record_error = ToolError(exc.errno or errno.EIO, "record", f"the tool {ran}, but {missing}")
     if result.error is not None:
         error = result.error._replace(message=f"{result.error.message}; and {missing}")
     else:
-        error = ToolError(exc.errno or errno.EIO, "record", f"the tool {ran}, but {missing}")
-    return result._replace(status=ERROR, error=error)
+        error = record_error
+    return result._replace(status=ERROR, error=error, record_error=record_error)
 
 
 # The stages before the tool is started: a failure there means it never ran, so the same call

@@ -138,7 +138,8 @@ class ToolExecutor:
             "timings_ms": result.timings,
         }
         reason = None if result.error is None else reason_of(result.error)
-        return Outcome(result.ok, result.output, reason, details)
+        unrecorded = None if result.record_error is None else result.record_error.errno
+        return Outcome(result.ok, result.output, reason, details, unrecorded)
 
 
 class ShellExecutor(ToolExecutor):

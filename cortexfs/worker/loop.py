@@ -52,6 +52,9 @@ class Outcome:
     output: Any = None
     reason: str | None = None
     details: dict[str, Any] = field(default_factory=dict)
+    # The errno with which the host refused to record the call (the session or the tool's log
+    # on a full or read-only disk…), whether or not the call had failed already.
+    unrecorded: int | None = None
 
 
 # What the host refuses, not a job: a shortage (HOST_SHORTAGES), a read-only filesystem, a file
@@ -81,14 +84,11 @@ def _cause(exc: CtxError | OSError) -> str:
 
 
 def _unrecorded_by_host(outcome: Outcome) -> int | None:
-    """The errno when ``outcome`` is a call whose result the host refused to record (stage
-    ``record``: the session or the tool's log on a full or read-only disk…, :data:`HOST_REFUSALS`);
-    None otherwise.  Whatever the tool did, that is not the job's failure."""
-    error = outcome.details.get("error")
-    if outcome.ok or not isinstance(error, Mapping) or error.get("stage") != "record":
-        return None
-    code = error.get("errno")
-    return code if code in HOST_REFUSALS else None
+    """The errno when ``outcome`` is a call whose result the host refused to record (the
+    session or the tool's log on a full or read-only disk…, :data:`HOST_REFUSALS`), also when
+    the call had failed already; None otherwise.  Whatever the tool did, that is not the job's
+    failure."""
+    return outcome.unrecorded if outcome.unrecorded in HOST_REFUSALS else None
 
 
 def _host_shortage(outcome: Outcome) -> int | None:

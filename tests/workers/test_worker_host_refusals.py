@@ -204,6 +204,25 @@ def test_a_session_that_cannot_be_written_leaves_a_job_that_ran_claimed(farm: Fa
     assert (farm.queue / "claimed" / job / job).is_file()
 
 
+def test_a_failed_call_whose_record_is_refused_leaves_its_job_claimed(farm: Farm) -> None:
+    """A call that failed and whose result the host then refused to record is no more the
+    job's failure than a good call's: the job is not finished in failed/ for good."""
+    started = farm.scratch / "logs" / "started"
+    job = farm.publish("shell.exec", {"cmd": f"echo 1 > {started}; sleep 1; exit 3"})
+    worker = farm.worker("--drain")
+    wait_for(started)
+    events = farm.root / "home" / str(farm.user.uid) / "agent" / AGENT / "session"
+    events = events / "worker" / "events.jsonl"
+    with immutable(events):
+        _, err = worker.communicate(timeout=60)
+
+    assert worker.returncode == 1, err
+    assert err.startswith(f"ctx: EPERM: the worker stopped: job {job} was left claimed: "), err
+    assert "exited with status 3" in err and "could not be recorded" in err, err
+    assert os.listdir(farm.queue / "failed") == os.listdir(farm.queue / "done") == []
+    assert (farm.queue / "claimed" / job / job).is_file()
+
+
 def test_a_tool_log_that_cannot_be_opened_is_no_silent_gap(farm: Farm) -> None:
     """T-7: every call is in its tool's log.  An immutable log (EPERM) makes the call an
     error at stage record, which a worker treats as the host's refusal: the job stays
