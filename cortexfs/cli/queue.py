@@ -256,8 +256,18 @@ def _opened_input(source: str) -> Iterator[BinaryIO]:
 def _holder(pid: int | None, worker: str | None) -> Holder:
     """The lease holder of a shell command: the calling process (our parent, past a wrapper
     such as ``timeout`` that runs this very command) unless --pid."""
+    if pid is None:
+        pid = calling_process(sys.argv)
+        if pid == 0:  # our parent lives in another pid namespace, where it has another pid
+            raise usage_problem(
+                invalid(
+                    "the calling process is outside this pid namespace (a command entered "
+                    "with nsenter or docker exec), so no lease can name it: pass --pid with "
+                    "the pid, in this namespace, of the process that works on the job"
+                )
+            )
     try:
-        return Holder.for_process(calling_process(sys.argv) if pid is None else pid, worker)
+        return Holder.for_process(pid, worker)
     except CtxError as exc:
         raise usage_problem(exc) from None
 
@@ -426,8 +436,9 @@ def claim(
 ) -> None:
     """Claim the oldest pending job and lease it; prints its name (exit 3 when none).
 
-    The lease holder is the process that ran this command (its parent, e.g. your shell)
-    unless --pid names another; recover requeues the job once that process is gone.
+    The lease holder is the process that ran this command (its parent, e.g. your shell,
+    past a timeout, flock, sudo, doas, runuser or time that runs exactly this command) unless
+    --pid names another; recover requeues the job once that process is gone.
     """
     require_output("the name of the job claimed")
     holder = _holder(pid, worker)
@@ -482,7 +493,12 @@ def _acknowledge_claim(won: protocol.Claim, as_json: bool) -> None:
 @handles_errors
 @queue_options
 @click.argument("job")
-@click.option("--pid", type=PID, help="Lease holder pid (default: the calling process).")
+@click.option(
+    "--pid",
+    type=PID,
+    help="Lease holder pid (default: the calling process, past a wrapper such as timeout that "
+    "runs this command; inside a pipeline or { } group in $(...), pass --pid $$).",
+)
 @ttl_option(
     "New lifetime in seconds from now (default: as long as the lease was taken or last "
     "renewed for, so a renewal never shortens it)."

@@ -141,32 +141,35 @@ class Holder:
 
 def calling_process(argv: Sequence[str]) -> int:
     """The process a command run as ``argv`` from a shell works for (§2.4: its parent, normally
-    the shell), past any wrapper program that runs exactly that command line and waits for it
-    — ``timeout 60 ctx queue claim …``, ``flock FILE``, ``sudo`` — which ends when the command
-    does: a lease naming it would be found gone as soon as the claim is printed, and recover
-    would requeue the job while the shell still works on it.  A shell is never passed over,
-    whatever it was given to run (``sh -c '"$@"' sh ctx …``): it is the calling process the
-    specification names.  (Nor can a subshell forked for a pipeline or a ``{ …; }`` group
-    inside ``$(…)``, which ends with the command, be told from one that goes on working,
-    ``( … ) &``: scripts pass ``--pid $$`` there.)"""
+    the shell), past a wrapper program that runs exactly that command line and waits for it
+    — ``timeout 60 ctx queue claim …``, ``flock FILE``, ``sudo`` (:data:`WAITING_WRAPPERS`) —
+    which ends when the command does: a lease naming it would be found gone as soon as the
+    claim is printed, and recover would requeue the job while the shell still works on it.
+    Only those programs are passed over: any other parent (a shell, a script, a program that
+    runs what it was given and goes on) is the calling process the specification names, and
+    so is a wrapper that init (or a subreaper) adopted, whose starter is gone.  Nor can a
+    subshell forked for a pipeline or a ``{ …; }`` group inside ``$(…)``, which ends with
+    the command, be told from one that goes on working, ``( … ) &``: scripts pass ``--pid
+    $$`` there.  0 when the parent is outside this process's pid namespace (``nsenter``,
+    ``docker exec``)."""
     import psutil  # see Holder.for_process
 
     pid = os.getppid()
     try:
         while pid > 1:
             parent = psutil.Process(pid)
-            if parent.name() in _SHELLS or not _runs_exactly(parent.cmdline(), argv):
+            starter = parent.ppid()
+            waits = parent.name() in WAITING_WRAPPERS and _runs_exactly(parent.cmdline(), argv)
+            if not waits or starter <= 1:
                 break
-            pid = parent.ppid()
+            pid = starter
     except psutil.Error:
         pass  # gone or not ours to read: what we have reached is the answer
     return pid
 
 
-# The command names of shells: each is the calling process of what it runs (see above).
-_SHELLS = frozenset(
-    {"sh", "ash", "dash", "bash", "zsh", "ksh", "mksh", "yash", "busybox", "fish", "csh", "tcsh"}
-)
+# Programs that run the command line they are given as a child and wait for it, ending with it.
+WAITING_WRAPPERS = frozenset({"timeout", "flock", "sudo", "doas", "runuser", "time"})
 
 
 def _runs_exactly(wrapper: Sequence[str], argv: Sequence[str]) -> bool:

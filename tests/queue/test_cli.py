@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.queue.helpers import PROJECT, dead_pid, request, write_json
@@ -245,6 +248,76 @@ def test_a_claim_run_through_a_wrapper_leases_to_the_shell_not_the_wrapper(
     lease = json.loads((qdir(root) / "lease" / job / "worker").read_text())
     assert lease["pid"] == int(shell.removeprefix("shell="))
     assert json.loads(recovered)["requeued"] == [], recovered  # the shell was alive
+
+
+def test_a_script_that_runs_the_claim_it_was_given_is_its_holder(
+    root: Path, req: Path, tmp_path: Path
+) -> None:
+    """Only wrapper programs that wait (timeout, flock…) are passed over: a script run by its
+    path that claims with the command line it was given goes on working, and renews."""
+    ctx(root, "queue", "publish", *P, "--name", "s", str(req))
+    script = tmp_path / "claim-and-work"
+    renew = f"{sys.executable} -m cortexfs queue renew --project {PROJECT}"
+    script.write_text(f'#!/bin/sh\nJ=$("$@") || exit 9\n{renew} "$J" >&2 || exit 8\necho "$$ $J"\n')
+    script.chmod(0o755)
+    claim = [sys.executable, "-m", "cortexfs", "queue", "claim", *P]
+    done = subprocess.run(
+        [script, *claim],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "CTX_STORAGE": str(root)},
+    )
+
+    assert done.returncode == 0, done.stderr
+    shell, job = done.stdout.split()
+    assert json.loads((qdir(root) / "lease" / job / "worker").read_text())["pid"] == int(shell)
+
+
+def test_a_wrapper_whose_starter_is_gone_is_the_holder_not_init(root: Path, req: Path) -> None:
+    """``(timeout 60 ctx queue claim &)``: init adopts the wrapper at once; a lease naming
+    pid 1 would never be found gone."""
+    ctx(root, "queue", "publish", *P, "--name", "i", str(req))
+    claim = f"timeout 60 {sys.executable} -m cortexfs queue claim --project {PROJECT}"
+    assert in_shell(root, "sh", f"({claim} >/dev/null 2>&1 &)").returncode == 0
+    worker = qdir(root) / "lease" / "i.req.json" / "worker"
+    deadline = time.monotonic() + 30
+    while not worker.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.2)  # written, not only made
+
+    assert json.loads(worker.read_text())["pid"] > 1
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not shutil.which("nsenter") or not shutil.which("unshare"),
+    reason="entering a pid namespace needs root, nsenter and unshare",
+)
+def test_a_claim_whose_caller_is_outside_its_pid_namespace_asks_for_pid(
+    root: Path, req: Path
+) -> None:
+    """``docker exec``/``nsenter -p``: the parent has no pid in the claim's namespace."""
+    ctx(root, "queue", "publish", *P, "--name", "n", str(req))
+    namespace = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", "sleep", "60"])
+    try:
+        deadline = time.monotonic() + 10
+        while (
+            not (inner := psutil.Process(namespace.pid).children()) and time.monotonic() < deadline
+        ):
+            time.sleep(0.05)
+        enter = ["nsenter", "-t", str(inner[0].pid), "-p", "-m", "--"]
+        done = subprocess.run(
+            [*enter, sys.executable, "-m", "cortexfs", "queue", "claim", *P],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "CTX_STORAGE": str(root)},
+        )
+    finally:
+        namespace.kill()
+        namespace.wait()
+
+    assert done.returncode == 2, done.stderr
+    assert "outside this pid namespace" in done.stderr and "--pid" in done.stderr
+    assert os.listdir(qdir(root) / "pending") == ["n.req.json"]
 
 
 def test_claim_json_and_options(root: Path, req: Path) -> None:
