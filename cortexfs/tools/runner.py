@@ -53,7 +53,14 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from cortexfs.agents.host import require_host_administrator
 from cortexfs.agents.projection import RecentDecisions
 from cortexfs.agents.view import AgentView
-from cortexfs.errors import CtxError, denied, describe, invalid, not_found
+from cortexfs.errors import (
+    CtxError,
+    denied,
+    describe,
+    invalid,
+    not_found,
+    remedy_for_host_trouble,
+)
 from cortexfs.policy import Credentials, check_authority, check_tool_execute
 from cortexfs.policy.chain import AuthorityRequest, Decision, Step
 from cortexfs.shared.sessions import Session, SessionRef, open_session
@@ -641,12 +648,6 @@ def _unrecorded(result: ToolResult, exc: OSError | CtxError) -> ToolResult:
 _BEFORE_THE_TOOL = frozenset(
     {"caller", "agent", "session", "resolve", "authorize", "schema", "hook"}
 )
-_HOST_REMEDIES = {
-    errno.EROFS: "remount that filesystem read-write",
-    errno.ENOSPC: "free space or inodes on that filesystem",
-    errno.EDQUOT: "free space within that user's quota",
-    errno.EMFILE: "raise the limit of open files (ulimit -n)",
-}
 
 
 def _host_failure(stage: str, exc: OSError) -> str:
@@ -655,7 +656,7 @@ def _host_failure(stage: str, exc: OSError) -> str:
     message = f"{exc.filename}: {exc.strerror}" if exc.filename else str(exc.strerror)
     if stage not in _BEFORE_THE_TOOL:
         return message
-    remedy = _HOST_REMEDIES.get(exc.errno or 0)
+    remedy = remedy_for_host_trouble(exc.errno)
     message += "; the tool did not run"
     return message + (f": {remedy} and make the call again" if remedy else "")
 
