@@ -330,8 +330,8 @@ class _Call:
         if self.location == "tool" and self.tool_name in BOOTSTRAP_TOOLS:
             # A core tool an older bootstrap copied may read the context this runner hands it
             # in another shape and fail every call in words that name neither cause nor cure.
-            # Imported here: judging a launcher reads zip archives, which a call of any other
-            # tool should not pay for at start (tests/tools/test_startup.py).
+            # Imported here: the module and the launcher's it imports cost about a millisecond
+            # at start, which a call of any other tool need not pay (tests/tools/test_startup.py).
             from cortexfs.tools.core.installed import require_this_versions_tool
 
             require_this_versions_tool(self.root, self.tool_name, "the tool did not run")
