@@ -107,8 +107,10 @@ def tools_of_another_version(root: Path, names: Collection[str] = tuple(CORE_MOD
     with_bytecode = carries_bytecode(interpreter)
     another = []
     for name, module in CORE_MODULES.items():
+        if name not in names:
+            continue
         wanted = (interpreter_line(interpreter), stamp(interpreter, module, sources, with_bytecode))
-        if name in names and _of_another_version(root, name, wanted):
+        if _of_another_version(root, name, wanted):
             another.append(name)
     return another
 
