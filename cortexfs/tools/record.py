@@ -22,14 +22,12 @@ caller only.
 from __future__ import annotations
 
 import errno
-import fcntl
 import os
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from cortexfs import durable
 from cortexfs.errors import CtxError
-from cortexfs.locks import flock_within
 from cortexfs.shared.events import EventLog, make_event
 from cortexfs.shared.redact import bounded_summary, summarize, summarize_argv
 from cortexfs.shared.sessions import Session
@@ -163,26 +161,12 @@ def _open_tool_log(root: Path, relative: PurePosixPath) -> EventLog | None:
     two names).  A refusal of the kernel (EACCES, EPERM from an immutable log, EROFS, EIO…)
     raises, naming the log: the call cannot be logged (T-7).
 
-    A reinstall gives the log a second name for as long as its commit takes (it carries the
-    log over to the new version as a hard link), holding its tier directory's exclusive
-    ``flock`` all the while: a log with two names is looked at once more when such an
-    install has ended, so that a call that ends beside a reinstall is still logged.
-
     A user tier belongs to a user who could swap a directory for a link to redirect a write
     made by root: the chain has refused such a call at step 2 already.  A damaged tool may have
     no control directory or no log at all (ENOEXEC at stage ``resolve``); a log is never created
     for it: the log is a control (T-1) its installation makes.
     """
     ops = durable.default_ops()
-    log = _open_log_if_appendable(ops, root, relative)
-    if log is None and _waited_for_an_install(ops, root, relative.parent.parent):
-        log = _open_log_if_appendable(ops, root, relative)
-    return log
-
-
-def _open_log_if_appendable(
-    ops: durable.FsOps, root: Path, relative: PurePosixPath
-) -> EventLog | None:
     path = root / relative
     try:
         dir_fd = open_beneath(ops, root, relative.parent.parts)
@@ -191,8 +175,8 @@ def _open_log_if_appendable(
         finally:
             ops.close(dir_fd)
     except CtxError:
-        # What is at the name is no plain file of one name: never appended to, the session
-        # has the result.
+        # What is at the name is no plain file of one name (a reinstall links the log into
+        # the tool's new version for a moment): never appended to, the session has the result.
         return None
     except OSError as exc:
         if exc.errno == errno.ENOENT:
@@ -200,23 +184,3 @@ def _open_log_if_appendable(
         raise CtxError(
             exc.errno or errno.EIO, f"cannot open the tool's log {path}: {exc.strerror}"
         ) from None
-
-
-# How long a call's record waits for an install into its tool's tier to end: a commit is a
-# few renames and fsyncs, and the call has already run.
-INSTALL_WAIT_SECONDS = 5.0
-
-
-def _waited_for_an_install(ops: durable.FsOps, root: Path, tier: PurePosixPath) -> bool:
-    """Whether an install into ``tier`` held its directory's lock, and has let it go within
-    :data:`INSTALL_WAIT_SECONDS`; False at once when none holds it."""
-    try:
-        tier_fd = open_beneath(ops, root, tier.parts)
-    except (CtxError, OSError):
-        return False
-    try:
-        if flock_within(tier_fd, fcntl.LOCK_SH, 0):
-            return False  # no install under way: the second name is not one of its
-        return flock_within(tier_fd, fcntl.LOCK_SH, INSTALL_WAIT_SECONDS)
-    finally:
-        ops.close(tier_fd)  # lets the lock go

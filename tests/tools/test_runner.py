@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import errno
-import fcntl
 import json
 import multiprocessing
 import os
@@ -711,67 +710,6 @@ def test_logs_never_keep_a_secret_a_tool_printed_or_was_given(coder: World) -> N
     ]
     argv = [event["argv"] for event in coder.events("talker") if "argv" in event]
     assert argv == [["-H", "Authorization: [redacted]", "Cookie: [redacted]"]]
-
-
-def test_a_call_that_ends_beside_a_reinstall_of_its_tool_is_still_logged(coder: World) -> None:
-    """T-7: a reinstall gives the log a second name (carried over as a hard link) while it
-    holds its tier directory's lock; the call's record waits for it, then logs the call."""
-    tier, log = coder.root / "tool", coder.root / "tool/whoami.d/log"
-    staging = tier / ".whoami~0123456789ab~controls"
-    staging.mkdir()
-    os.link(log, staging / "log")
-    tier_fd = os.open(tier, os.O_RDONLY | os.O_DIRECTORY)
-    fcntl.flock(tier_fd, fcntl.LOCK_EX)  # as install_pair holds it for the whole commit
-
-    def install_ends() -> None:
-        time.sleep(0.5)
-        shutil.rmtree(staging)
-        os.close(tier_fd)  # lets the lock go
-
-    ending = threading.Thread(target=install_ends)
-    ending.start()
-    try:
-        result = coder.run("whoami", {"n": 1})
-    finally:
-        ending.join()
-
-    assert result.ok, result.error
-    assert [line for line in coder.tool_log("whoami") if line["call"] == result.call]
-
-
-def test_calls_made_while_their_tool_is_reinstalled_again_and_again_are_all_logged(
-    coder: World,
-) -> None:
-    reinstalling = threading.Event()
-    reinstalling.set()
-
-    def reinstall() -> None:
-        while reinstalling.is_set():
-            coder.install("whoami", WHOAMI)
-
-    installer = threading.Thread(target=reinstall)
-    installer.start()
-    try:
-        results = [coder.run("whoami", {"n": 1}) for _ in range(40)]
-    finally:
-        reinstalling.clear()
-        installer.join()
-
-    assert all(result.ok for result in results), [r.error for r in results if not r.ok]
-    logged = {line["call"] for line in coder.tool_log("whoami")}
-    assert {result.call for result in results} <= logged
-
-
-def test_a_log_with_two_names_and_no_install_under_way_is_left_at_once(coder: World) -> None:
-    tier, log = coder.root / "tool", coder.root / "tool/whoami.d/log"
-    os.link(log, tier / ".whoami-log-elsewhere")
-    started = time.monotonic()
-
-    result = coder.run("whoami", {"n": 1})
-
-    assert result.ok, result.error
-    assert time.monotonic() - started < 4
-    assert not [line for line in coder.tool_log("whoami") if line["call"] == result.call]
 
 
 def test_the_tool_log_and_the_session_name_the_session_alike(world: World) -> None:
