@@ -147,7 +147,8 @@ def calling_process(argv: Sequence[str]) -> int:
     claim is printed, and recover would requeue the job while the shell still works on it.
     Only those programs are passed over: any other parent (a shell, a script, a program that
     runs what it was given and goes on) is the calling process the specification names, and
-    so is a wrapper that init (or a subreaper) adopted, whose starter is gone.  Nor can a
+    so is a wrapper that init (pid 1) adopted, whose starter is gone; one a subreaper adopted
+    is passed over for the subreaper.  Nor can a
     subshell forked for a pipeline or a ``{ …; }`` group inside ``$(…)``, which ends with
     the command, be told from one that goes on working, ``( … ) &``: scripts pass ``--pid
     $$`` there.  0 when the parent is outside this process's pid namespace (``nsenter``,
