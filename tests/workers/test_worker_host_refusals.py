@@ -182,21 +182,29 @@ def test_a_done_directory_the_worker_may_not_write_stops_it_instead_of_losing_ev
     assert set(os.listdir(farm.queue / "pending")) == others
 
 
-def test_a_session_that_cannot_be_written_leaves_a_job_that_ran_claimed(farm: Farm) -> None:
-    """The tool succeeded, but its call could not be recorded in the worker's session: that
-    is the host's refusal, not the job's failure, so the job is not finished in failed/ for
-    good; it stays claimed, and the stop message names the session file, the job and what
-    to do."""
+def work_while_the_session_is_immutable(farm: Farm, ending: str) -> tuple[str, str, Path, int]:
+    """A worker draining one shell.exec job whose command ends with ``ending``, its session's
+    events.jsonl made immutable while the job runs: the job, the worker's stderr, the events
+    file and the worker's exit status."""
     started = farm.scratch / "logs" / "started"
-    job = farm.publish("shell.exec", {"cmd": f"echo 1 > {started}; sleep 1; echo out"})
+    job = farm.publish("shell.exec", {"cmd": f"echo 1 > {started}; sleep 1; {ending}"})
     worker = farm.worker("--drain")
     wait_for(started)
     events = farm.root / "home" / str(farm.user.uid) / "agent" / AGENT / "session"
     events = events / "worker" / "events.jsonl"
     with immutable(events):
         _, err = worker.communicate(timeout=60)
+    return job, err, events, worker.returncode
 
-    assert worker.returncode == 1, err
+
+def test_a_session_that_cannot_be_written_leaves_a_job_that_ran_claimed(farm: Farm) -> None:
+    """The tool succeeded, but its call could not be recorded in the worker's session: that
+    is the host's refusal, not the job's failure, so the job is not finished in failed/ for
+    good; it stays claimed, and the stop message names the session file, the job and what
+    to do."""
+    job, err, events, returncode = work_while_the_session_is_immutable(farm, "echo out")
+
+    assert returncode == 1, err
     assert err.startswith(f"ctx: EPERM: the worker stopped: job {job} was left claimed: "), err
     assert f"in its session {events} " in err and "ctx queue recover" in err
     assert "chattr -i" in err
@@ -207,16 +215,9 @@ def test_a_session_that_cannot_be_written_leaves_a_job_that_ran_claimed(farm: Fa
 def test_a_failed_call_whose_record_is_refused_leaves_its_job_claimed(farm: Farm) -> None:
     """A call that failed and whose result the host then refused to record is no more the
     job's failure than a good call's: the job is not finished in failed/ for good."""
-    started = farm.scratch / "logs" / "started"
-    job = farm.publish("shell.exec", {"cmd": f"echo 1 > {started}; sleep 1; exit 3"})
-    worker = farm.worker("--drain")
-    wait_for(started)
-    events = farm.root / "home" / str(farm.user.uid) / "agent" / AGENT / "session"
-    events = events / "worker" / "events.jsonl"
-    with immutable(events):
-        _, err = worker.communicate(timeout=60)
+    job, err, _, returncode = work_while_the_session_is_immutable(farm, "exit 3")
 
-    assert worker.returncode == 1, err
+    assert returncode == 1, err
     assert err.startswith(f"ctx: EPERM: the worker stopped: job {job} was left claimed: "), err
     assert "exited with status 3" in err and "could not be recorded" in err, err
     assert os.listdir(farm.queue / "failed") == os.listdir(farm.queue / "done") == []
