@@ -244,8 +244,8 @@ def _read_in(directory: int, path: PurePosixPath) -> bytes | None:
 
 
 def _unread(path: PurePosixPath, exc: OSError) -> None:
-    """None for a control that is missing (``exc`` is ENOENT); else the CtxError to deny it
-    with, naming ``path`` and what to do."""
+    """None for a control that is missing (``exc`` is ENOENT); for any other failure to read
+    it, raise the CtxError that denies it, naming ``path`` and what to do."""
     if isinstance(exc, FileNotFoundError):
         return None
     if exc.errno in HOST_SHORTAGES:  # not judged: denied all the same, for that reason

@@ -128,8 +128,10 @@ def source_problem(mount: Mount) -> str:
 
 def mount_problem(mount: Mount, storage_root: PurePosixPath, agent: str = "") -> str:
     """:func:`target_problem`, else :func:`source_problem`: why the mount is unusable, or "".
-    ``storage_root`` is a real path its caller has just resolved: a mount of it needs no
-    second resolving of its source."""
+    ``storage_root`` is a real path its caller has just resolved, and a mount of it needs no
+    second resolving of its source; or empty (``PurePosixPath()``) where no mount of the root
+    counts as usable, as :func:`target_problem` says (the sandbox, which binds the root at
+    ``/ctx`` itself)."""
     problem = target_problem(mount, storage_root, agent)
     if problem or mount.source == storage_root:
         return problem
