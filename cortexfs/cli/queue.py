@@ -481,9 +481,9 @@ def _acknowledge_claim(won: protocol.Claim, as_json: bool) -> None:
         emit_json(won.to_json())
     else:
         click.echo(won.job)
-    if won.request.get("tool") is None and "invalid" in won.request:  # see docs/queue.md
+    if won.invalid_reason is not None:  # see docs/queue.md
         click.echo(
-            f"ctx: note: the request of {won.job} is not valid ({won.request['invalid']}): "
+            f"ctx: note: the request of {won.job} is not valid ({won.invalid_reason}): "
             f"finish it with --error, as a worker does",
             err=True,
         )

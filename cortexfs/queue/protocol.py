@@ -84,14 +84,28 @@ from cortexfs.timefmt import rfc3339
 
 @dataclass(frozen=True)
 class Claim:
-    """A job this process now holds: its name, its request and its lease."""
+    """A job this process now holds: its name, its request and its lease.
+
+    ``invalid_reason`` is set only when the stored request could not be read as a valid
+    request (one put in ``pending/`` by hand, past publish's checks); ``request`` is then the
+    stand-in :func:`invalid_request` that ``claim --json`` prints.  A valid request is given
+    as stored, whatever extra fields it carries (an ``"invalid"`` one among them, §2.1), so
+    this field, not the request's keys, tells the two apart.
+    """
 
     job: str
     request: dict[str, Any]
     lease: Lease
+    invalid_reason: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.job, "request": self.request, "lease": self.lease.to_json()}
+
+
+def invalid_request(reason: str) -> dict[str, Any]:
+    """What a claim gives as the request of a job whose stored request is not valid: no tool
+    to run, and the reason (docs/queue.md, ``claim --json``)."""
+    return {"tool": None, "input": {}, "invalid": reason}
 
 
 def new_job_name() -> str:
@@ -590,8 +604,9 @@ def claim_job(
             raise queue.refusal("claim", "pending", exc, *_nothing_claimed(job)) from None
         pending_changed(queue, before)  # ours: the order need not list pending/ for it
         refusal: OSError | CtxError | None = None
+        invalid_reason: str | None = None
         try:
-            request = _read_claimed_request(queue, claim_fd, job)
+            request, invalid_reason = _read_claimed_request(queue, claim_fd, job)
         except PermissionError:
             request = None  # a member's request left mode 0600: for a claimer who may read it
             if unreadable is not None:
@@ -610,7 +625,7 @@ def claim_job(
                 refusal = exc  # refused in inbox/, and named so by _write_lease
             else:
                 ops.step("lease.done")
-                return Claim(job=job, request=request, lease=lease)
+                return Claim(job, request, lease, invalid_reason)
         # Not a job (Q-8) or not ours to read, or a step the kernel refused (not a crash): J
         # goes back as it was rather than stay claimed without a lease until someone
         # reconciles it.  A refusal keeps J first in the claim order (Q-9), as recover
@@ -659,11 +674,15 @@ def _write_lease(queue: Queue, job: str, lease: Lease) -> None:
         raise
 
 
-def _read_claimed_request(queue: Queue, claim_fd: int, job: str) -> dict[str, Any] | None:
-    """The request we just moved into claimed/J/J, or None when it is not a regular file.
+def _read_claimed_request(
+    queue: Queue, claim_fd: int, job: str
+) -> tuple[dict[str, Any] | None, str | None]:
+    """The request we just moved into claimed/J/J and why it is not valid (None when it is);
+    the request is None when it is not a regular file.
 
-    A malformed but regular request is still claimed: the worker finishes it as failed with
-    the reason, which is more useful than leaving it pending forever.  One this process may
+    A malformed but regular request is still claimed, as :func:`invalid_request` with the
+    reason: the worker finishes it as failed with the reason, which is more useful than
+    leaving it pending forever.  One this process may
     not open (a member's request left mode 0600) is no reason to fail it: PermissionError
     tells the caller to put it back for a claimer who may read it.  Any other error reading
     it (EIO) is raised too.
@@ -672,12 +691,12 @@ def _read_claimed_request(queue: Queue, claim_fd: int, job: str) -> dict[str, An
         data = _read_stored_request(queue, claim_fd, job)
     except CtxError as exc:
         if exc.errno in (errno.ELOOP, errno.EINVAL):
-            return None
-        return {"tool": None, "input": {}, "invalid": exc.message}
+            return None, None
+        return invalid_request(exc.message), exc.message
     try:
-        return requests.decode_stored_request(data)
+        return requests.decode_stored_request(data), None
     except CtxError as exc:
-        return {"tool": None, "input": {}, "invalid": exc.message}
+        return invalid_request(exc.message), exc.message
 
 
 def _abandon_claim_dir(queue: Queue, job: str) -> None:

@@ -94,8 +94,8 @@ class ToolExecutor:
 
     def refusal(self, job: Claim) -> str | None:
         """Why this executor refuses the job's request (EINVAL) before running anything."""
-        if job.request.get("invalid"):
-            return f"the stored request is malformed: {job.request['invalid']}"
+        if job.invalid_reason is not None:
+            return f"the stored request is malformed: {job.invalid_reason}"
         return None
 
     def __call__(self, job: Claim, control: JobControl) -> Outcome:
@@ -150,9 +150,11 @@ class ShellExecutor(ToolExecutor):
         return request.get("tool") == "shell.exec"
 
     def refusal(self, job: Claim) -> str | None:
-        if job.request.get("tool") != "shell.exec":
+        # A request that is not valid names no tool: say that, not "not None".
+        malformed = super().refusal(job)
+        if malformed is None and job.request.get("tool") != "shell.exec":
             return f"this worker runs shell.exec jobs only, not {job.request.get('tool')!r}"
-        return super().refusal(job)
+        return malformed
 
 
 NO_AGENT = (
