@@ -141,48 +141,142 @@ class Holder:
 
 def calling_process(argv: Sequence[str]) -> int:
     """The process a command run as ``argv`` from a shell works for (§2.4: its parent, normally
-    the shell), past a wrapper program that runs exactly that command line and waits for it
-    — ``timeout 60 ctx queue claim …``, ``flock FILE``, ``sudo`` (:data:`WAITING_WRAPPERS`) —
-    which ends when the command does: a lease naming it would be found gone as soon as the
-    claim is printed, and recover would requeue the job while the shell still works on it.
-    Only those programs are passed over: any other parent (a shell, a script, a program that
-    runs what it was given and goes on) is the calling process the specification names, and
-    so is a wrapper that init (pid 1) adopted, whose starter is gone; one a subreaper adopted
-    is passed over for the subreaper.  Nor can a
-    subshell forked for a pipeline or a ``{ …; }`` group inside ``$(…)``, which ends with
-    the command, be told from one that goes on working, ``( … ) &``: scripts pass ``--pid
-    $$`` there.  0 when the parent is outside this process's pid namespace (``nsenter``,
-    ``docker exec``)."""
+    the shell), past every process between them that runs exactly that command and ends with
+    it: a lease naming one would be found gone as soon as the claim is printed, and recover
+    would requeue the job while the shell still works on it.  Those are
+
+    * a wrapper program that waits for the command line it was given (:data:`WAITING_WRAPPERS`:
+      ``timeout 60 ctx queue claim …``, ``flock FILE``, ``sudo``), also given as
+      ``SHELL -c STRING`` that the shell replaced with the command (``timeout 60 bash -c
+      "ctx queue claim …"``), and ``flock FILE -c STRING``, which runs ``$SHELL -c STRING``;
+    * a POSIX shell (:data:`SHELLS`) run as ``SHELL -c STRING [NAME [ARG…]]`` where STRING is
+      one simple command of plain words (:func:`_simple_command`): with nothing else to do,
+      it ends when the command does (``timeout 60 sh -c "ctx queue claim …"``, and the shell
+      ``flock -c`` starts when that shell does not replace itself with the command, as dash).
+
+    The walk goes on from each such process to the one that started it.  Any other parent (a
+    shell with more to do, a script, a program that runs what it was given and goes on) is the
+    calling process the specification names, and so is such a process that init (pid 1)
+    adopted, whose starter is gone; one a subreaper adopted is passed over for the subreaper.
+    Nor can a subshell forked for a pipeline or a ``{ …; }`` group inside
+    ``$(…)``, which ends with the command, be told from one that goes on working, ``( … ) &``:
+    scripts pass ``--pid $$`` there.  0 when the parent is outside this process's pid
+    namespace (``nsenter``, ``docker exec``)."""
     import psutil  # see Holder.for_process
 
     pid = os.getppid()
+    command = list(argv)  # the command line of the process ``pid`` started
     try:
         while pid > 1:
             parent = psutil.Process(pid)
             starter = parent.ppid()
-            waits = parent.name() in WAITING_WRAPPERS and _runs_exactly(parent.cmdline(), argv)
-            if not waits or starter <= 1:
+            if starter <= 1 or not _runs_only(parent.name(), parent.cmdline(), command):
                 break
+            command = parent.cmdline()
             pid = starter
-    except psutil.Error:
+    except (psutil.Error, OSError):
         pass  # gone or not ours to read: what we have reached is the answer
     return pid
 
 
 # Programs that run the command line they are given as a child and wait for it, ending with it.
 WAITING_WRAPPERS = frozenset({"timeout", "flock", "sudo", "doas", "runuser", "time"})
+# POSIX shells, which read a simple command of plain words alike; ``busybox sh`` is one too.
+SHELLS = frozenset(
+    {"sh", "ash", "dash", "bash", "zsh", "ksh", "ksh93", "mksh", "lksh", "pdksh", "oksh"}
+    | {"posh", "yash", "hush"}
+)
 
 
-def _runs_exactly(wrapper: Sequence[str], argv: Sequence[str]) -> bool:
-    """Whether the command line ``wrapper`` ends with ``argv``: the same arguments after a
-    name of this program (a wrapper names it as it was typed, ``ctx``, where we see a path;
-    ``python -m cortexfs`` gives ``cortexfs/__main__.py`` as ours)."""
-    if not argv or len(wrapper) <= len(argv):
+def _runs_only(name: str, cmdline: Sequence[str], command: Sequence[str]) -> bool:
+    """Whether a process called ``name`` with command line ``cmdline`` does nothing but run
+    ``command`` (the command line of the child it started) and wait for it."""
+    if name in SHELLS or name == "busybox":
+        words = _simple_command(_shell_script(cmdline))
+        return words is not None and _ends_with(words, command)
+    if name not in WAITING_WRAPPERS:
         return False
-    program, arguments = wrapper[-len(argv)], wrapper[len(wrapper) - len(argv) + 1 :]
-    ours = PurePosixPath(argv[0])
+    if _ends_with(cmdline[1:], command):
+        return True
+    if name == "flock" and len(cmdline) > 3 and cmdline[-2] in ("-c", "--command"):
+        # ``flock FILE -c STRING`` runs ``$SHELL -c STRING``: that shell, or what it became.
+        script = cmdline[-1]
+        if len(command) == 3 and command[1:] == ["-c", script]:
+            return PurePosixPath(command[0]).name in SHELLS
+    else:  # ``timeout 60 bash -c STRING``, whose shell replaced itself with the command
+        script = next(
+            (s for i in range(1, len(cmdline)) if (s := _shell_script(cmdline[i:])) is not None),
+            None,
+        )
+    words = _simple_command(script)
+    return words is not None and _ends_with(words, command)
+
+
+def _shell_script(cmdline: Sequence[str]) -> str | None:
+    """STRING of a shell's command line ``SHELL -c STRING [NAME [ARG…]]`` (``busybox sh -c
+    …`` too), -c being its only option; None for any other command line."""
+    if cmdline and PurePosixPath(cmdline[0]).name == "busybox":
+        cmdline = cmdline[1:]
+    if len(cmdline) < 3 or cmdline[1] != "-c":
+        return None
+    return cmdline[2] if PurePosixPath(cmdline[0]).name in SHELLS else None
+
+
+# Characters that stand for themselves in a word outside quotes, in every POSIX shell.
+_PLAIN = frozenset("-_./:,+@%=")
+# Characters a shell expands inside double quotes (``!``: bash's history, when interactive).
+_EXPANDED_IN_DOUBLE_QUOTES = frozenset("$`\\!")
+
+
+def _simple_command(script: str | None) -> list[str] | None:
+    """The words of ``script`` if a shell runs it as one simple command and nothing else: words
+    of letters, digits and ``-_./:,+@%=``, or quoted (single quotes, or double quotes with no
+    ``$``, `````, ``\\`` or ``!``), parted by blanks.  None for anything else — an operator
+    (``;``, ``&``, ``|``, a redirection), an expansion (``$``, a glob, ``~``, braces), a
+    comment, a line break, a backslash — which may make the shell do more than the command.
+    ``shlex`` would accept most of those as parts of words."""
+    if script is None:
+        return None
+    words: list[str] = []
+    word: list[str] = []
+    in_word = False  # a word has begun (``''`` is one, empty)
+    quote = ""
+    for char in script:
+        if quote:
+            if char == quote:
+                quote = ""
+            elif quote == '"' and char in _EXPANDED_IN_DOUBLE_QUOTES:
+                return None
+            else:
+                word.append(char)
+        elif char in " \t":
+            if in_word:
+                words.append("".join(word))
+                word, in_word = [], False
+        elif char in "'\"":
+            quote, in_word = char, True
+        elif char.isalnum() or char in _PLAIN:
+            word.append(char)
+            in_word = True
+        else:
+            return None
+    if quote:
+        return None
+    if in_word:
+        words.append("".join(word))
+    return words or None
+
+
+def _ends_with(words: Sequence[str], command: Sequence[str]) -> bool:
+    """Whether ``words`` end with the command line ``command``: the same arguments after a name
+    of the same program (a wrapper or a shell names it as it was typed, ``ctx``, where we see
+    a path; ``python -m cortexfs`` gives ``cortexfs/__main__.py`` as ours)."""
+    if not command or len(words) < len(command):
+        return False
+    program, arguments = words[-len(command)], words[len(words) - len(command) + 1 :]
+    ours = PurePosixPath(command[0])
     names = {ours.name, ours.parent.name} if ours.name == "__main__.py" else {ours.name}
-    return PurePosixPath(program).name in names and arguments == list(argv[1:])
+    return PurePosixPath(program).name in names and list(arguments) == list(command[1:])
 
 
 def _started_apart(one: float | None, other: float | None) -> bool:

@@ -374,7 +374,9 @@ def test_renew_is_for_the_holder_only(root: Path, req: Path) -> None:
     other = ctx(root, "queue", "renew", *P, "r")  # the holder would be pytest's ctx parent: us?
     assert other.returncode == 0  # ctx's parent is this test process, the holder
     renew = f"{sys.executable} -m cortexfs queue renew --project {PROJECT} r"
-    stranger = in_shell(root, "sh", renew)
+    # A shell that goes on after the renew is its caller (one that only ran it, 'sh -c RENEW',
+    # would be passed over for the process that started it: this one, the holder).
+    stranger = in_shell(root, "sh", f"{renew}; exit $?")
     assert stranger.returncode == 1 and "EACCES" in stranger.stderr
 
 

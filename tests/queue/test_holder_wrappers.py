@@ -1,0 +1,131 @@
+"""Who holds the lease of a ``ctx queue claim`` run through ``flock -c``, ``sh -c`` and the
+like (SPEC §2.4, Q-5): the shell that goes on working on the job, never a process that ends
+with the claim, which ``recover`` would find gone at once.  Real wrappers around the real
+``ctx`` of the venv, typed as a user types it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.queue.helpers import PROJECT, request, write_json
+
+VENV_BIN = Path(__file__).resolve().parents[2] / ".venv" / "bin"
+CLAIM = f"ctx queue claim --project {PROJECT}"
+RECOVER = f"ctx queue recover --project {PROJECT} --json"
+
+
+@pytest.fixture
+def root(root: Path, tmp_path: Path) -> Path:
+    """The empty root of conftest.py, with one job pending in the project's queue."""
+    run_ctx(root, "queue", "init", "--project", PROJECT)
+    job = write_json(tmp_path / "req.json", request(1))
+    run_ctx(root, "queue", "publish", "--project", PROJECT, "--name", "j", str(job))
+    return root
+
+
+def environment(root: Path, **extra: str) -> dict[str, str]:
+    """Ours, with the venv's ``ctx`` first on PATH and ``root`` as the storage root."""
+    path = f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}"
+    return {**os.environ, "PATH": path, "CTX_STORAGE": str(root), **extra}
+
+
+def run_ctx(root: Path, *args: str) -> str:
+    done = subprocess.run(
+        [VENV_BIN / "ctx", *args], capture_output=True, text=True, env=environment(root)
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def in_sh(root: Path, script: str, **env: str) -> list[str]:
+    """The lines ``sh -c SCRIPT`` prints (dash on Debian), which must succeed."""
+    done = subprocess.run(
+        ["sh", "-c", script], capture_output=True, text=True, env=environment(root, **env)
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines()
+
+
+def lease_pid(root: Path, job: str = "j.req.json") -> int:
+    lease = root / "shared" / PROJECT / "queue" / "lease" / job / "worker"
+    return json.loads(lease.read_text())["pid"]
+
+
+CTX_PATH = VENV_BIN / "ctx"
+
+
+@pytest.mark.parametrize(
+    ("claim", "login_shell"),
+    [
+        # flock runs '$SHELL -c STRING': bash replaces itself with the command, dash does not
+        (f'flock {{lock}} -c "{CLAIM}"', "/bin/bash"),
+        (f'flock {{lock}} -c "{CLAIM}"', "/bin/sh"),
+        (f"flock {{lock}} --command \"{CLAIM} --ttl '60'\"", "/bin/sh"),
+        (f'timeout 60 sh -c "{CLAIM}"', "/bin/bash"),
+        (f'timeout 60 bash -c "{CLAIM}"', "/bin/bash"),
+        (f'timeout 60 sh -c "exec {CLAIM}"', "/bin/bash"),
+        (f"timeout 60 sh -c \"sh -c '{CLAIM}'\"", "/bin/bash"),
+        (f'timeout 60 flock {{lock}} -c "{CTX_PATH} queue claim -p {PROJECT}"', "/bin/sh"),
+        (f'sh -c "{sys.executable} -m cortexfs queue claim --project={PROJECT}"', "/bin/sh"),
+    ],
+)
+def test_a_claim_a_shell_runs_for_a_wrapper_leases_to_the_calling_shell(
+    root: Path, tmp_path: Path, claim: str, login_shell: str
+) -> None:
+    """``sh -c "ctx queue claim …"`` with nothing else to do, and ``flock -c``, which runs
+    one, end with the claim like the wrapper around them: the lease names the shell whose
+    ``$(…)`` it is, and ``recover`` leaves the job claimed while that shell lives."""
+    command = claim.format(lock=tmp_path / "lock")
+    script = f'J=$({command}) || exit 9; echo "$J"; {RECOVER}; echo "$$"'
+    job, recovered, shell = in_sh(root, script, SHELL=login_shell)
+
+    assert job == "j.req.json"
+    assert lease_pid(root) == int(shell)
+    assert json.loads(recovered)["requeued"] == [], recovered
+    assert os.listdir(root / "shared" / PROJECT / "queue" / "claimed") == [job]
+
+
+def test_a_renewal_a_shell_runs_for_a_wrapper_renews_the_calling_shells_lease(
+    root: Path,
+) -> None:
+    renew = f'timeout 60 sh -c "ctx queue renew --project {PROJECT} $J"'
+    script = f'J=$({CLAIM}) && {renew} >/dev/null && echo "$$"'
+    (shell,) = in_sh(root, script)
+    assert lease_pid(root) == int(shell)
+
+
+@pytest.mark.parametrize(
+    ("string", "passed_over"),
+    [
+        (CLAIM, True),  # the control: nothing but the claim
+        (f"{CLAIM}; true", False),
+        (f"{CLAIM} && true", False),
+        (f"{CLAIM} | cat", False),
+        (f"{CLAIM} 2>/dev/null", False),
+        (f"{CLAIM}\ntrue", False),
+        (f"{CLAIM} # a comment", False),
+        (f"{{ {CLAIM}; }}", False),
+        (f"{CLAIM} --worker w$((1))", False),  # the same words once expanded, all the same
+        (f"{CLAIM} --worker 'w; 1'", True),  # quoted: one plain word, no list
+    ],
+)
+def test_a_shell_with_more_to_do_than_the_claim_is_its_holder(
+    root: Path, tmp_path: Path, string: str, passed_over: bool
+) -> None:
+    """A shell whose -c string is not one simple command of plain words may do more after
+    the claim (or before, or beside it): it is the calling process, as §2.4 says."""
+    pid_file = tmp_path / "inner"
+    # The inner shell writes its pid, then becomes 'sh -c STRING' in the same process.
+    inner = f'sh -c \'echo $$ >{pid_file}; exec sh -c "$0"\' "$S"'
+    script = f'J=$({inner}) || exit 9; echo "$J"; echo "$$"'
+    job, shell = in_sh(root, script, S=string)
+
+    assert job == "j.req.json"
+    expected = int(shell) if passed_over else int(pid_file.read_text())
+    assert lease_pid(root) == expected
