@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno as _errno
 import os as _os
+from typing import NamedTuple
 
 
 class CtxError(Exception):
@@ -43,17 +44,83 @@ _HOST_REMEDIES = {
     _errno.ENOSPC: "free space or inodes on that filesystem",
     _errno.EDQUOT: "free space within that user's disk quota",
     _errno.EMFILE: "raise the limit of open files ('ulimit -n')",
-    _errno.ENFILE: "end processes that hold many files open",
+    _errno.ENFILE: (
+        "end processes that hold many files open, or raise the system's limit "
+        "('sysctl fs.file-max')"
+    ),
     _errno.ENOMEM: "free memory",
     _errno.EROFS: "remount that filesystem read-write",
 }
 # The host's troubles that remedy_for_host_trouble has words for.
 HOST_TROUBLES = frozenset(_HOST_REMEDIES)
 
+# What ran short, when the errno alone says it: descriptors are per process or system-wide,
+# and "Too many open files" does not say which limit to raise.
+_RAN_SHORT = {
+    _errno.EMFILE: "this process has no file descriptor left",
+    _errno.ENFILE: "the system has no file descriptor left",
+}
 
-def remedy_for_host_trouble(code: int | None) -> str | None:
-    """What mends ``code`` when it is one of :data:`HOST_TROUBLES`; None for any other."""
-    return _HOST_REMEDIES.get(code) if code is not None else None
+
+class HostTrouble(NamedTuple):
+    """What the host ran short of (``""`` when the errno's own text says all that is known)
+    and what mends it, for a message that stops on one of :data:`HOST_TROUBLES`."""
+
+    ran_short: str
+    remedy: str
+
+
+def explain_host_trouble(
+    code: int | None, *, filesystem: int | None = None, uid: int | None = None
+) -> HostTrouble | None:
+    """What ran short and what mends it, for ``code`` one of :data:`HOST_TROUBLES`; None for
+    any other.
+
+    ``filesystem``, a descriptor on the filesystem that refused: for ENOSPC its free bytes and
+    inodes are told, and a filesystem out of inodes with bytes left is told to free inodes
+    (told to free space, a user deletes big files, which frees no inode).  ``uid``, the user
+    whose disk quota it is: for EDQUOT the remedy names it.
+    """
+    remedy = None if code is None else _HOST_REMEDIES.get(code)
+    if code is None or remedy is None:
+        return None
+    if code == _errno.ENOSPC and filesystem is not None:
+        return _filesystem_full(filesystem) or HostTrouble("", remedy)
+    if code == _errno.EDQUOT and uid is not None:
+        return HostTrouble("", f"free space within the disk quota of uid {uid}")
+    return HostTrouble(_RAN_SHORT.get(code, ""), remedy)
+
+
+def _filesystem_full(fd: int) -> HostTrouble | None:
+    """The free bytes and inodes of the filesystem of ``fd``, and whether inodes or space is
+    to be freed; None when the kernel does not say."""
+    try:
+        free = _os.fstatvfs(fd)
+    except OSError:
+        return None
+    room = (
+        f"its filesystem has {free.f_bavail * free.f_frsize} bytes and {free.f_favail} inodes free"
+    )
+    # A filesystem without an inode table of fixed size (btrfs, tmpfs unlimited) reports 0
+    # inodes in all: then only bytes can have run out.
+    if free.f_files and not free.f_favail and free.f_bavail:
+        return HostTrouble(
+            room, "free inodes on that filesystem (remove files there: bytes are left)"
+        )
+    return HostTrouble(room, "free space on that filesystem")
+
+
+def remedy_for_host_trouble(
+    code: int | None, *, filesystem: int | None = None, uid: int | None = None
+) -> str | None:
+    """What mends ``code`` when it is one of :data:`HOST_TROUBLES`; None for any other.
+    ``filesystem`` and ``uid`` make it precise, as for :func:`explain_host_trouble`."""
+    if code is None:
+        return None
+    if filesystem is None and uid is None:
+        return _HOST_REMEDIES.get(code)
+    trouble = explain_host_trouble(code, filesystem=filesystem, uid=uid)
+    return None if trouble is None else trouble.remedy
 
 
 def describe(exc: BaseException) -> str:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cortexfs import durable, keyvalue
-from cortexfs.errors import CtxError, invalid, not_found
+from cortexfs.errors import CtxError, explain_host_trouble, invalid, not_found
 from cortexfs.locks import flock_within
 from cortexfs.queue.claim_order import ClaimOrder, start_hint
 from cortexfs.queue.holder import check_ttl
@@ -284,34 +284,10 @@ class Queue:
 
     def _what_ran_short(self, code: int | None) -> tuple[str, str]:
         """`` (what ran short)`` for a refusal's message, and what to do about it."""
-        if code == errno.ENOSPC:
-            try:
-                free = os.fstatvfs(self.root_fd)
-            except OSError:
-                return "", "free space on its filesystem"
-            room = f"{free.f_bavail * free.f_frsize} bytes and {free.f_favail} inodes free"
-            # A filesystem without an inode table of fixed size (btrfs, tmpfs unlimited)
-            # reports 0 inodes in all: then only bytes can have run out.
-            if free.f_files and not free.f_favail and free.f_bavail:
-                fix = "free inodes on that filesystem (remove files there: bytes are left)"
-            else:
-                fix = "free space on that filesystem"
-            return f" (its filesystem has {room})", fix
-        if code == errno.EDQUOT:
-            return (
-                f" (uid {os.geteuid()} has used up its disk quota there)",
-                "free space within that quota",
-            )
-        if code == errno.EMFILE:
-            return (
-                " (this process has no file descriptor left)",
-                "raise the limit of open files ('ulimit -n')",
-            )
-        if code == errno.ENFILE:
-            return " (the system has no file descriptor left)", "end processes that hold many"
-        if code == errno.ENOMEM:
-            return "", "free memory"
-        return "", "fix the cause ('ctx queue status' shows the queue as it stands)"
+        trouble = explain_host_trouble(code, filesystem=self.root_fd, uid=os.geteuid())
+        if trouble is None:
+            return "", "fix the cause ('ctx queue status' shows the queue as it stands)"
+        return (f" ({trouble.ran_short})" if trouble.ran_short else ""), trouble.remedy
 
     def temp_name(self, job: str, purpose: str) -> str:
         """A fresh staging name in ``inbox/`` that says which job and step it belongs to."""

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from cortexfs.durable import FsOps
-from cortexfs.errors import CtxError
+from cortexfs.errors import CtxError, remedy_for_host_trouble
 from cortexfs.queue import Holder, Queue, claim, finish, protocol, publish, renew
 from tests.queue.helpers import NoDescriptorForTheLease, request
 
@@ -106,6 +106,42 @@ def test_a_publish_refused_by_pending_leaves_no_temp_file(queue_dir: Path) -> No
     assert refused.value.message.endswith(
         "; nothing was published: free space on that filesystem, then publish again"
     )
+    assert tree(queue_dir)["inbox"] == tree(queue_dir)["pending"] == []
+
+
+@pytest.mark.parametrize(
+    ("code", "ran_short", "remedy"),
+    [
+        (
+            errno.ENFILE,
+            " (the system has no file descriptor left)",
+            "end processes that hold many files open, or raise the system's limit "
+            "('sysctl fs.file-max')",
+        ),
+        (
+            errno.EMFILE,
+            " (this process has no file descriptor left)",
+            "raise the limit of open files ('ulimit -n')",
+        ),
+        (errno.EDQUOT, "", f"free space within the disk quota of uid {os.geteuid()}"),
+        (errno.ENOMEM, "", "free memory"),
+    ],
+)
+def test_a_publish_refused_for_a_host_trouble_says_what_ran_short_and_the_whole_remedy(
+    queue_dir: Path, code: int, ran_short: str, remedy: str
+) -> None:
+    """The queue words a host's trouble as every other command does (errors.py): in full."""
+    ops = RefusesIn(code)
+    with Queue.open(queue_dir, ops) as q:
+        ops.refused = q.pending
+        with pytest.raises(CtxError) as refused:
+            publish(q, request(), "a")
+    assert refused.value.errno == code
+    assert refused.value.message == (
+        f"cannot publish in queue {queue_dir}: {queue_dir}/pending refused: "
+        f"{os.strerror(code)}{ran_short}; nothing was published: {remedy}, then publish again"
+    )
+    assert remedy == remedy_for_host_trouble(code, uid=os.geteuid())
     assert tree(queue_dir)["inbox"] == tree(queue_dir)["pending"] == []
 
 
