@@ -222,7 +222,10 @@ def _session_remedy(code: int | None, home: Path, uid: int) -> str:
             f"uid {uid} first"
         )
     refused = os.strerror(code or errno.EIO)
-    return remedy_for_host_trouble(code) or f"fix what refused it ({refused})"
+    # A quota is charged to the uid that creates the files, this process's: root, which gives
+    # what it creates to the agent, is exempt from quota limits.
+    remedy = remedy_for_host_trouble(code, uid=os.geteuid())
+    return remedy or f"fix what refused it ({refused})"
 
 
 def executor_for(

@@ -5,12 +5,14 @@ processes on a real tmpfs (needs root to mount it)."""
 
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from cortexfs.worker.executors import _session_remedy
 from tests.support.storage import small_tmpfs
 from tests.workers.conftest import AGENT, PROJECT, Farm, make_farm
 
@@ -73,3 +75,13 @@ def test_a_session_refused_for_want_of_inodes_or_a_writable_disk_gets_advice_tha
         assert "start it as root" not in read_only.stderr
         assert (farm.queue / "pending" / job).is_file()
         subprocess.run(["mount", "-o", "remount,rw", str(disk)], check=True)
+
+
+def test_a_session_refused_for_a_disk_quota_names_the_uid_whose_quota_it_is(
+    traversable_tmp: Path,
+) -> None:
+    """The quota is this process's uid's (it creates the session's files); no filesystem here
+    enforces quotas, so the remedy is asked for the errno a quota gives."""
+    home = traversable_tmp / "home" / "1234"
+    remedy = _session_remedy(errno.EDQUOT, home, 1234)
+    assert remedy == f"free space within the disk quota of uid {os.geteuid()}"
