@@ -156,9 +156,10 @@ def calling_process(argv: Sequence[str]) -> int:
 
     The walk goes on from each such process to the one that started it.  Any other parent (a
     shell with more to do, a script, a program that runs what it was given and goes on) is the
-    calling process the specification names, and so is such a process that init (pid 1)
-    adopted, whose starter is gone; one a subreaper adopted is passed over for the subreaper.
-    Nor can a subshell forked for a pipeline or a ``{ …; }`` group inside
+    calling process the specification names.  So is a process passed over only for its
+    starter, not for init (pid 1), or for a subreaper in another session, which adopted it when
+    its starter died (:func:`_may_have_started`); a subreaper in the same session is taken for
+    the starter.  Nor can a subshell forked for a pipeline or a ``{ …; }`` group inside
     ``$(…)``, which ends with the command, be told from one that goes on working, ``( … ) &``:
     scripts pass ``--pid $$`` there.  0 when the parent is outside this process's pid
     namespace (``nsenter``, ``docker exec``)."""
@@ -170,7 +171,11 @@ def calling_process(argv: Sequence[str]) -> int:
         while pid > 1:
             parent = psutil.Process(pid)
             starter = parent.ppid()
-            if starter <= 1 or not _runs_only(parent.name(), parent.cmdline(), command):
+            if (
+                starter <= 1
+                or not _runs_only(parent.name(), parent.cmdline(), command)
+                or not _may_have_started(starter, pid)
+            ):
                 break
             command = parent.cmdline()
             pid = starter
@@ -277,6 +282,22 @@ def _ends_with(words: Sequence[str], command: Sequence[str]) -> bool:
     ours = PurePosixPath(command[0])
     names = {ours.name, ours.parent.name} if ours.name == "__main__.py" else {ours.name}
     return PurePosixPath(program).name in names and list(arguments) == list(command[1:])
+
+
+def _may_have_started(starter: int, pid: int) -> bool:
+    """Whether ``starter``, the parent of process ``pid``, may be the process that started it
+    rather than a subreaper that adopted it when its starter died.
+
+    A child starts in its parent's session and leaves it only by making a session of its
+    own, as its leader (setsid: ``sudo`` with a terminal of its own does).  So a parent in
+    another session than a child that leads none cannot have started it: a subreaper such as
+    ``systemd --user``, which runs in a session of its own, adopted it.  (A starter that made
+    a session of its own after starting the child would be taken for an adopter; shells and
+    wrappers do no such thing.)  A subreaper in the child's own session (``tini -s`` run from
+    the same shell script) cannot be told from a starter: no mark in /proc says a process
+    reaps orphans."""
+    session = os.getsid(pid)
+    return session == pid or os.getsid(starter) == session
 
 
 def _started_apart(one: float | None, other: float | None) -> bool:

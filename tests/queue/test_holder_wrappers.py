@@ -5,12 +5,15 @@ with the claim, which ``recover`` would find gone at once.  Real wrappers around
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.queue.helpers import PROJECT, request, write_json
@@ -91,6 +94,15 @@ def test_a_claim_a_shell_runs_for_a_wrapper_leases_to_the_calling_shell(
     assert os.listdir(root / "shared" / PROJECT / "queue" / "claimed") == [job]
 
 
+def test_a_wrapper_in_a_session_of_its_own_is_still_passed_over(root: Path) -> None:
+    """``setsid timeout 60 ctx queue claim``: timeout leads a new session, so its starter, the
+    shell, is in another one; only a parent in another session than a child that leads none
+    is taken for a subreaper that adopted it (``sudo`` with a terminal of its own, too)."""
+    script = f'J=$(setsid timeout 60 {CLAIM}) || exit 9; echo "$$"'
+    (shell,) = in_sh(root, script)
+    assert lease_pid(root) == int(shell)
+
+
 def test_a_renewal_a_shell_runs_for_a_wrapper_renews_the_calling_shells_lease(
     root: Path,
 ) -> None:
@@ -129,3 +141,55 @@ def test_a_shell_with_more_to_do_than_the_claim_is_its_holder(
     assert job == "j.req.json"
     expected = int(shell) if passed_over else int(pid_file.read_text())
     assert lease_pid(root) == expected
+
+
+# A subreaper (PR_SET_CHILD_SUBREAPER) that runs its arguments in a session of their own and
+# reaps whatever they leave behind, as 'systemd --user' does for what it starts.
+SUBREAPER = """
+import ctypes, os, subprocess, sys
+assert ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0
+subprocess.run(sys.argv[1:], start_new_session=True, check=True)
+try:
+    while True:
+        os.wait()
+except ChildProcessError:
+    pass
+"""
+
+
+def test_a_wrapper_a_subreaper_adopted_is_the_holder_not_the_subreaper(
+    root: Path, tmp_path: Path
+) -> None:
+    """``(flock FILE ctx queue claim &)`` in a session of its own under a subreaper: the
+    subshell that started flock is gone when the claim asks who called it, and the subreaper
+    adopted flock.  A lease naming the subreaper would hold the job, which no one works on,
+    until it expires; naming flock, which ends with the claim, lets ``recover`` requeue it."""
+    lock = tmp_path / "lock"
+    with open(lock, "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # the claim waits in flock until we let it go
+        subreaper = subprocess.Popen(
+            [sys.executable, "-c", SUBREAPER, "sh", "-c", f"(flock {lock} {CLAIM} &)"],
+            env=environment(root),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            flock = wait_for_child(subreaper.pid, "flock")
+        finally:
+            held.close()  # the lock goes with it: flock starts the claim
+            subreaper.wait(timeout=60)  # which reaps flock once the claim is made
+
+    assert lease_pid(root) == flock.pid != subreaper.pid
+    requeued = json.loads(run_ctx(root, *RECOVER.split()[1:]))["requeued"]
+    assert [r["job"] for r in requeued] == ["j.req.json"]
+
+
+def wait_for_child(parent: int, name: str) -> psutil.Process:
+    """The child called ``name`` that ``parent`` has once it adopted it (its starter gone)."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        for child in psutil.Process(parent).children():
+            if child.name() == name:
+                return child
+        time.sleep(0.02)
+    raise AssertionError(f"no {name} was adopted by {parent}")
