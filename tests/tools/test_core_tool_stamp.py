@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
+from hashlib import blake2b
 from pathlib import Path
 
 import pytest
@@ -60,17 +62,27 @@ def test_this_versions_launcher_carries_its_stamp_and_is_the_same_bytes_each_tim
 
     assert program == launcher.render_launcher(interpreter, modules, "fs_stat")
     first, second, archive = program.split(b"\n", 2)
-    mark, digest, size = second.split(b" ")
+    mark, digest, size, archive_digest = second.split(b" ")
     assert (mark, int(size)) == (b"#cortexfs-bundle", len(archive))
+    assert archive_digest.decode() == blake2b(archive, digest_size=32).hexdigest()
     sources = launcher.sources_digest(launcher.bundled_sources(launcher.package_parent()))
     with_bytecode = launcher.carries_bytecode(interpreter)
     assert digest.decode() == launcher.stamp(interpreter, "fs_stat", sources, with_bytecode)
     assert first + b"\n" == launcher.interpreter_line(interpreter)
 
 
-def test_a_launcher_without_a_stamp_is_another_versions(root: Path, tmp_path: Path) -> None:
+def with_a_three_field_stamp(program: bytes) -> bytes:
+    """The launcher as the versions before the archive's digest stamped it."""
+    interpreter_line, stamp_line, archive = program.split(b"\n", 2)
+    return b"\n".join([interpreter_line, stamp_line.rsplit(b" ", 1)[0], archive])
+
+
+@pytest.mark.parametrize("as_written_before", [without_stamp, with_a_three_field_stamp])
+def test_a_launcher_without_a_stamp_is_another_versions(
+    root: Path, tmp_path: Path, as_written_before: Callable[[bytes], bytes]
+) -> None:
     interpreter, modules = this_versions_modules()
-    earlier = without_stamp(launcher.render_launcher(interpreter, modules, "fs_stat"))
+    earlier = as_written_before(launcher.render_launcher(interpreter, modules, "fs_stat"))
     install_program(root, "fs.stat", earlier, tmp_path)
 
     assert tools_of_another_version(root) == ["fs.stat"]
@@ -153,10 +165,13 @@ def test_ctx_run_of_a_core_tool_judges_it_without_the_archive_modules(world: Wor
     assert loaded == []
 
 
-def test_ctx_run_refuses_a_core_tool_without_a_stamp(world: World) -> None:
+@pytest.mark.parametrize("as_written_before", [without_stamp, with_a_three_field_stamp])
+def test_ctx_run_refuses_a_core_tool_without_a_stamp(
+    world: World, as_written_before: Callable[[bytes], bytes]
+) -> None:
     world.agent("coder", tools=["fs.stat"])
     world.allow_tool("fs.stat")
-    earlier = without_stamp((world.root / "tool" / "fs.stat").read_bytes())
+    earlier = as_written_before((world.root / "tool" / "fs.stat").read_bytes())
     install_program(world.root, "fs.stat", earlier, world.scratch)
     command = [*CTX, "--storage", str(world.root), "run", "--agent", "coder", "--native"]
 

@@ -9,12 +9,16 @@ installed package, wherever (and however privately) it lives.  The archive is by
 the same for the same sources, so an unchanged program is recognised as current.
 
 Between the interpreter line and the archive (a zip application may carry any prefix) a second
-line stamps what the program was made of: ``#cortexfs-bundle <digest> <archive size>``, the
-digest (:func:`stamp`) of the interpreter line, the ``__main__`` naming the module whose
-``run()`` it calls, and every bundled source and manifest (and whether their bytecode comes
-with them).  Whether a core tool is this version's install then takes reading its first two
-lines and this version's sources (:func:`read_stamp`, :mod:`cortexfs.tools.core.installed`),
-without opening the archive, which ``ctx run`` would pay for at each call of a core tool.
+line stamps what the program was made of: ``#cortexfs-bundle <digest> <archive size> <archive
+digest>``, the digest (:func:`stamp`) of the interpreter line, the ``__main__`` naming the
+module whose ``run()`` it calls, and every bundled source and manifest (and whether their
+bytecode comes with them), then the archive's size and the digest of its bytes.  Whether a
+core tool is this version's install then takes reading its first two lines and this version's
+sources (:func:`read_stamp`, :mod:`cortexfs.tools.core.installed`), without opening the
+archive, which ``ctx run`` would pay for at each call of a core tool.  The archive's digest is
+the ``__main__``'s (:data:`_MAIN`): compared only when a call fails with an exception, it tells
+a damaged launcher (a byte of a module, a manifest or the zip's directory changed, which the
+stamp cannot show) from a bug of the tool itself, at no cost to a call that works.
 
 ``-IS`` keeps the environment (``PYTHONPATH``, user site-packages) and site-packages out of the
 program.  The interpreter must be one every agent uid can execute: this one when its whole
@@ -147,20 +151,25 @@ def render_launcher(interpreter: str, modules: list[tuple[str, bytes]], module: 
     # would pay ~7 ms for zipfile (with shutil and the compression modules it loads).
     import zipfile
 
+    sources = [(name, data) for name, data in modules if not name.endswith(".pyc")]
+    with_bytecode = len(sources) < len(modules)
+    main = [("__main__.py", _main(module))]
+    if with_bytecode:  # the interpreter would compile it at each call: over a millisecond
+        main.append(("__main__.pyc", _unchecked_bytecode(main[0][1], "__main__.py")))
     archive = io.BytesIO()
     with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as bundle:
-        for name, data in [("__main__.py", _main(module)), *modules]:
+        for name, data in [*main, *modules]:
             info = zipfile.ZipInfo(name, date_time=_ZIP_EPOCH)
             info.external_attr = 0o644 << 16
             info.compress_type = zipfile.ZIP_DEFLATED
             bundle.writestr(info, data)
-    sources = [(name, data) for name, data in modules if not name.endswith(".pyc")]
-    digest = stamp(interpreter, module, sources_digest(sources), len(sources) < len(modules))
+    digest = stamp(interpreter, module, sources_digest(sources), with_bytecode)
     archive_bytes = archive.getvalue()
+    archive_digest = blake2b(archive_bytes, digest_size=32).hexdigest()
     return (
         interpreter_line(interpreter)
         + _STAMP_MARK
-        + f" {digest} {len(archive_bytes)}\n".encode()
+        + f" {digest} {len(archive_bytes)} {archive_digest}\n".encode()
         + archive_bytes
     )
 
@@ -173,14 +182,78 @@ def interpreter_line(interpreter: str) -> bytes:
 
 
 def _main(module: str) -> bytes:
+    """The ``__main__`` of ``module``'s launcher: :data:`_MAIN`, then the call of its ``run()``."""
+    remedy = _REMEDIES.get(module, "run 'ctx bootstrap' to repair it")
     return (
-        '"""CortexFS core tool, written by ctx bootstrap (SPEC R-5)."""\n'
-        f"import sys\nfrom cortexfs.tools.core.{module} import run\nsys.exit(run())\n"
+        _MAIN
+        + "try:\n"
+        + f"    from cortexfs.tools.core.{module} import run\n\n"
+        + "    status = run()\n"
+        + "except Exception as failure:\n"
+        + f"    refuse_if_damaged(failure, {remedy!r})\n"
+        + "    raise\n"
+        + "sys.exit(status)\n"
     ).encode()
 
 
+# What repairs a damaged launcher: bootstrap for its own; the MCP bridge is installed with the
+# tool that runs it.
+_REMEDIES = {"mcp_bridge": "reinstall it ('ctx object install MANIFEST')"}
+
+# The head of every launcher's __main__, before the call of its module.  Only when importing
+# or running the module raised is the archive read and compared with the digest its stamp ends
+# with, so a call that works pays nothing.  A damaged archive (zipimport, zlib, marshal or the
+# compiler failing on a byte of a module, a manifest or the zip's directory) then ends in one
+# line, ENOEXEC (the program's format is broken, as controls.damaged says of a broken control;
+# EIO would send the user to the disk, whose reads succeeded), naming the remedy, exit status
+# 1 as every core tool's failure; an intact archive means the failure is the tool's own, raised
+# as before.  It imports nothing from the archive, which may be what is damaged.  The
+# interpreter runs the __main__'s bytecode (its source is read only without it); damage to that
+# bytecode or to what the interpreter reads to find it (the zip's end record, its entry) fails
+# before any of this runs, with the interpreter's own message: only bootstrap's comparison of
+# every byte finds it.
+_MAIN = '''"""CortexFS core tool, written by ctx bootstrap (SPEC R-5)."""
+import sys
+
+
+def refuse_if_damaged(failure, remedy):
+    """Exit naming the remedy when this archive is not the bytes its stamp's digest gives."""
+    path = __loader__.archive
+    try:
+        with open(path, "rb") as launcher:
+            _, stamp, archive = launcher.read().split(b"\\n", 2)
+    except ValueError:  # the interpreter line and the stamp are not both there
+        archive = stamp = b""
+    except OSError:  # unreadable: nothing says the failure is not the tool's own
+        return
+    try:
+        from _blake2 import blake2b
+    except ImportError:
+        from hashlib import blake2b
+    if stamp.split(b" ")[3:] == [blake2b(archive, digest_size=32).hexdigest().encode()]:
+        return
+    import errno
+    import json
+    import os
+
+    kind = type(failure)
+    name = kind.__qualname__
+    if kind.__module__ != "builtins":  # zlib.error, zipimport.ZipImportError
+        name = f"{kind.__module__}.{name}"
+    reason = repr(f"{name}: {failure}")[1:-1]
+    message = f"{path} is damaged ({reason}); {remedy}"
+    sys.stderr.write(f"{os.path.basename(path)}: ENOEXEC: {message}\\n")
+    if os.environ.get("CTX_MODE") == "native":
+        report = {"error": "ENOEXEC", "errno": errno.ENOEXEC, "message": message}
+        sys.stdout.write(json.dumps(report) + "\\n")
+    sys.exit(1)
+
+
+'''
+
+
 # The second line of a launcher starts so; a program without it (every launcher before the
-# stamp) has no stamp.
+# stamp), or with a stamp of three fields (every one before the archive's digest), has none.
 _STAMP_MARK = b"#cortexfs-bundle"
 # What read_stamp reads of a launcher: its interpreter line (a path is at most 4096 bytes) and
 # its stamp.
@@ -218,9 +291,9 @@ def read_stamp(head: bytes, size: int) -> tuple[bytes, str] | None:
     first, _, rest = head.partition(b"\n")
     second, newline, _ = rest.partition(b"\n")
     fields = second.split(b" ")
-    if not newline or len(fields) != 3:
+    if not newline or len(fields) != 4:
         return None
-    mark, digest, archive_size = fields
+    mark, digest, archive_size, _ = fields  # the archive's digest is the __main__'s (_MAIN)
     # Twenty digits are far beyond any real size, and int() of thousands of them refuses.
     if mark != _STAMP_MARK or not (archive_size.isdigit() and len(archive_size) <= 20):
         return None
