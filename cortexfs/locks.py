@@ -1,15 +1,37 @@
-"""Waiting a bounded time for an ``flock``.
+"""Locks of CortexFS: a bounded wait for an ``flock``, and the lock file of a directory.
 
 Whoever may open a file may lock it, so no lock of CortexFS's is waited for without bound: a
 process that keeps one (stuck, or not ours) must not hold a worker, a tool call or a repair
 forever.  ``flock`` itself cannot time out, so the wait is a poll with a growing pause: a
 lock taken and let go within the first milliseconds costs almost nothing to wait for.
+
+**The lock file of a directory.**  A lock that must be waited for without a time limit (an
+install waits for the install before it, however long that takes) is taken on a file only
+those who may write the directory can open: the hidden file :data:`LOCK_FILE` in it.  A lock
+on the directory itself would do no such thing: ``flock`` needs only a descriptor, and any
+uid that may read a directory may open it and hold its lock for ever.  The lock file is
+mode 0600 — 0660 in a group-writable directory whose group it shares (a space's members who
+may write there share it) — and never readable by others; made by root, it is given to the
+directory's owner and group, so that the owner, who installs there, may open it after.  A
+leading dot is not a legal object name (R-3): the file is never taken for an object, and it
+is kept for good (removing a lock file lets two holders lock two different files).
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
+import os
+import stat
 import time
+from pathlib import Path
+
+from cortexfs.errors import CtxError
+
+LOCK_FILE = ".install-lock"
+# Never follows a link at the name; O_NONBLOCK: a FIFO put there does not hang the open (it is
+# refused once the open returns: only a regular file is a lock file).
+_OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY
 
 
 def flock_within(fd: int, kind: int, seconds: float) -> bool:
@@ -26,3 +48,85 @@ def flock_within(fd: int, kind: int, seconds: float) -> bool:
                 return False
         time.sleep(pause)
         pause = min(2 * pause, 0.05)
+
+
+def open_lock_file(dir_fd: int, directory: Path, *, create: bool = True) -> int:
+    """A descriptor of the lock file of the directory open as ``dir_fd`` (shown as
+    ``directory``), made first when it is missing and ``create`` is set.
+
+    Raises the kernel's OSError, naming the lock file, when it is missing (without
+    ``create``) or cannot be made (EROFS, ENOSPC…) or opened (EMFILE…); CtxError EACCES or
+    EPERM, saying whose it is, when this uid may not open it, and EEXIST (EISDIR for a
+    directory) when what is at its name is no regular file."""
+    path = directory / LOCK_FILE
+    while True:
+        try:
+            fd = os.open(LOCK_FILE, _OPEN_FLAGS, dir_fd=dir_fd)
+        except FileNotFoundError:
+            if not create:
+                raise FileNotFoundError(
+                    errno.ENOENT, os.strerror(errno.ENOENT), str(path)
+                ) from None
+            fd = _make_lock_file(dir_fd, path)
+            if fd < 0:
+                continue  # another made it first: open theirs
+        except OSError as exc:
+            raise _refused(dir_fd, path, exc) from None
+        kind = os.fstat(fd).st_mode
+        if stat.S_ISREG(kind):
+            return fd
+        os.close(fd)
+        found = "a directory" if stat.S_ISDIR(kind) else "a special file"
+        code = errno.EISDIR if stat.S_ISDIR(kind) else errno.EEXIST
+        raise CtxError(
+            code,
+            f"{path} is {found}, not the lock file that serialises changes to {directory}: "
+            "move it away",
+        )
+
+
+def _make_lock_file(dir_fd: int, path: Path) -> int:
+    """The lock file, made now with its mode and owner; -1 when another made it first.
+
+    Only the file this open made is given away and chmodded: one found at the name may be
+    anybody's, linked there by a user who may write the directory."""
+    try:
+        fd = os.open(LOCK_FILE, _OPEN_FLAGS | os.O_CREAT | os.O_EXCL, 0o600, dir_fd=dir_fd)
+    except FileExistsError:
+        return -1
+    except OSError as exc:
+        raise _refused(dir_fd, path, exc) from None
+    try:
+        directory = os.fstat(dir_fd)
+        if os.geteuid() == 0:
+            os.fchown(fd, directory.st_uid, directory.st_gid)
+        shared = directory.st_mode & stat.S_IWGRP and os.fstat(fd).st_gid == directory.st_gid
+        os.fchmod(fd, 0o660 if shared else 0o600)  # whatever the umask made of it
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _refused(dir_fd: int, path: Path, exc: OSError) -> Exception:
+    """The error for an open or a creation of the lock file that the kernel refused."""
+    code = exc.errno or errno.EIO
+    if code == errno.ELOOP:
+        return CtxError(
+            errno.EEXIST,
+            f"{path} is a symbolic link, not the lock file that serialises changes to "
+            f"{path.parent}: move it away",
+        )
+    if code not in (errno.EACCES, errno.EPERM):
+        return OSError(code, exc.strerror, str(path))
+    try:
+        held = os.stat(LOCK_FILE, dir_fd=dir_fd, follow_symlinks=False)
+        whose = f" (it belongs to uid {held.st_uid}, mode {stat.S_IMODE(held.st_mode):04o})"
+    except OSError:
+        whose = ""
+    return CtxError(
+        code,
+        f"{path} cannot be opened by uid {os.geteuid()}: {exc.strerror}{whose}; it "
+        f"serialises changes to {path.parent}, and only those who may write there may take "
+        "it: run the command as the directory's owner",
+    )

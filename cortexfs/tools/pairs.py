@@ -34,8 +34,12 @@ After a crash, :func:`repair_staged` decides from what is left: with a commit ma
 forward (the marker's inode number tells whether step 3 was done), without one the staging is
 discarded.  (What older versions of this module left once their commit had begun — the
 previous entry moved aside to ``~old-entry``, or a new object's ``~controls`` already moved to
-``<name>.d`` — is rolled forward, as they did.)  Installs and repairs of one directory hold an
-exclusive ``flock`` on it.
+``<name>.d`` — is rolled forward, as they did.)  Installs and repairs of one directory take
+turns: each holds the exclusive ``flock`` of the directory's lock file
+(:func:`cortexfs.locks.open_lock_file`) from its first look to its last step, never one on the
+directory, which any uid that may read it could hold for ever.  A writer of a tool's local
+state that must not race a reinstall's carry-over (``tsh.config`` updating ``tsh.d/config``)
+takes the same lock: an update is made before the carry-over or into the new directory.
 
 An install that fails (a full disk, no descriptor left) settles its own attempt the same way
 before it says so: before its marker is durable it removes its staging, and reports that
@@ -66,6 +70,7 @@ from pathlib import Path
 
 from cortexfs import durable
 from cortexfs.errors import CtxError, exists
+from cortexfs.locks import open_lock_file
 from cortexfs.tools import install_failure
 from cortexfs.tools.commit_marker import commit_marker, marked_object
 from cortexfs.tools.pair_layout import CONTROLS_SUFFIX, PairKind, obstacles_at
@@ -143,8 +148,19 @@ def install_pair(
     ops = ops or durable.default_ops()
     dir_fd = durable.open_dir_path(ops, str(directory))
     try:
+        try:
+            lock = open_lock_file(dir_fd, directory)
+        except (OSError, CtxError) as failure:
+            raise install_failure.failed_install(
+                directory,
+                name,
+                failure,
+                install_failure.Settled(committed=False),
+                had_entry=False,
+                settled_by=settled_by,
+            ) from failure
         with (
-            _exclusive(dir_fd),
+            _exclusive(lock),
             install_failure.descriptors_set_aside(dir_fd, directory / name) as release,
         ):
             finished = _repair_before_install(ops, dir_fd, directory, name, kind)
@@ -167,9 +183,8 @@ def install_pair(
             staging = _Staging(name, os.urandom(6).hex())
             try:
                 _stage(ops, dir_fd, staging, kind, entry, entry_mode, controls)
-                with _previous_controls_locked(ops, dir_fd, name + CONTROLS_SUFFIX):
-                    _complete_controls(ops, dir_fd, staging, kind, name + CONTROLS_SUFFIX)
-                    _commit(ops, dir_fd, staging)
+                _complete_controls(ops, dir_fd, staging, kind, name + CONTROLS_SUFFIX)
+                _commit(ops, dir_fd, staging)
             except BaseException as failure:
                 release()  # the clean-up's descriptors
                 settled = _settle_failed_install(ops, dir_fd, staging)
@@ -191,16 +206,38 @@ def install_pair(
 
 
 def repair_staged(directory: Path, kind: PairKind, ops: durable.FsOps | None = None) -> list[str]:
-    """Finish or discard what interrupted installs left in ``directory``; say what was done."""
+    """Finish or discard what interrupted installs left in ``directory``; say what was done.
+
+    A directory whose lock this uid may not take (not its to write, or on a read-only
+    filesystem) has nothing done to it: that is no error when nothing is left there to
+    finish or discard (``ctx bootstrap`` looks at every space's tier), and the lock's error
+    otherwise."""
     ops = ops or durable.default_ops()
     dir_fd = durable.open_dir_path(ops, str(directory))
     try:
-        with _exclusive(dir_fd):
+        try:
+            lock = open_lock_file(dir_fd, directory)
+        except (OSError, CtxError) as refused:
+            if refused.errno in _NOT_OURS_TO_CHANGE and not _interrupted_installs(dir_fd):
+                return []
+            raise
+        with _exclusive(lock):
             return [
                 f"{directory}/{name}: {what}" for name, what in _repair_locked(ops, dir_fd, kind)
             ]
     finally:
         ops.close(dir_fd)
+
+
+# Why a directory's lock may not be taken by a uid that may only read the directory.
+_NOT_OURS_TO_CHANGE = (errno.EACCES, errno.EPERM, errno.EROFS)
+
+
+def _interrupted_installs(dir_fd: int) -> bool:
+    """Whether an interrupted install left a commit marker or a staged name in the directory."""
+    return any(
+        marked_object(entry) is not None or _STAGED.fullmatch(entry) for entry in os.listdir(dir_fd)
+    )
 
 
 # ------------------------------------------------------------------------------- steps
@@ -450,30 +487,15 @@ def _read_marker(dir_fd: int, name: str) -> str:
 
 
 @contextlib.contextmanager
-def _exclusive(dir_fd: int) -> Iterator[None]:
-    fcntl.flock(dir_fd, fcntl.LOCK_EX)
+def _exclusive(lock: int) -> Iterator[None]:
+    """Hold the exclusive ``flock`` of the lock file open as ``lock`` (closed at the end).
+    It is waited for without a time limit: only those who may install into the directory can
+    open its lock file, and an install waits for the one before it, however long it takes."""
     try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
         yield
     finally:
-        fcntl.flock(dir_fd, fcntl.LOCK_UN)
-
-
-@contextlib.contextmanager
-def _previous_controls_locked(ops: durable.FsOps, dir_fd: int, controls: str) -> Iterator[None]:
-    """Hold the previous control directory's exclusive ``flock`` from the carry-over of its
-    local state to the swap, so that a writer of local state that takes it (``tsh.config``
-    updating ``tsh.d/config``) writes before the carry-over or into the new directory, and
-    its update is never left behind in the directory the swap retires."""
-    status = durable.lstat_at(dir_fd, controls)
-    if status is None or not stat.S_ISDIR(status.st_mode):
-        yield
-        return
-    fd = ops.open_dir(controls, dir_fd)
-    try:
-        with _exclusive(fd):
-            yield
-    finally:
-        ops.close(fd)
+        os.close(lock)  # lets the lock go
 
 
 def _make_dirs(ops: durable.FsOps, top_fd: int, relative: str) -> None:

@@ -19,6 +19,7 @@ from cortexfs.agents import create as create_module
 from cortexfs.agents.create import ROOT_DEFAULT_USER, create_agent
 from cortexfs.agents.request import RequestError, parse_request, parse_request_bytes
 from cortexfs.errors import CtxError
+from cortexfs.locks import LOCK_FILE
 from cortexfs.policy import Identity, Policy
 from cortexfs.policy.mounts import parse_mount_table
 from tests.support.cli import ctx
@@ -79,7 +80,7 @@ def test_create_makes_the_entry_and_every_control(world: World) -> None:
         assert status.st_uid == 0, "controls belong to the host, not the agent"
         assert not status.st_mode & stat.S_IWOTH and not status.st_mode & stat.S_IWGRP
     assert sorted(os.listdir(world.root)) == sorted(storage.ROOT_ENTRIES)
-    assert sorted(os.listdir(world.root / "agent")) == ["reviewer", "reviewer.d"]
+    assert sorted(os.listdir(world.root / "agent")) == [LOCK_FILE, "reviewer", "reviewer.d"]
 
 
 def test_an_existing_agent_is_never_overwritten(world: World) -> None:

@@ -14,6 +14,7 @@ import pytest
 
 import cortexfs.manual  # noqa: F401  (registers the manual bundle's bootstrap step)
 from cortexfs import storage
+from cortexfs.locks import LOCK_FILE
 from cortexfs.policy import Policy
 from cortexfs.tools.controls import ToolObject, layout_problems
 from cortexfs.tools.core import CORE_TOOLS, tsh_config
@@ -97,7 +98,7 @@ def test_bootstrap_finishes_an_interrupted_install(root: Path) -> None:
     report = storage.bootstrap(root)
 
     assert f"{root}/tool/fs.read: finished an interrupted install" in report.repaired
-    assert not [name for name in os.listdir(root / "tool") if name.startswith(".")]
+    assert [name for name in os.listdir(root / "tool") if name.startswith(".")] == [LOCK_FILE]
     assert layout_problems(ToolObject("fs.read", root / "tool")) == []
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from cortexfs import durable, storage
+from cortexfs.locks import LOCK_FILE
 from cortexfs.policy import Policy
 from cortexfs.tools.commit_marker import commit_in_progress
 from cortexfs.tools.controls import REQUIRED_FILES, ToolObject, layout_problems
@@ -75,7 +76,7 @@ def test_install_makes_a_complete_pair_that_grants_nothing(tier: Tier, tmp_path:
     assert len(Policy.from_bytes(tool.control("policy").read_bytes())) == 0
     assert tool.control("status").read_text() == "available\n"
     assert json.loads(tool.control("origin").read_text())["manifest"].endswith("probe-v1.json")
-    assert sorted(os.listdir(tier.directory)) == ["probe", "probe.d"]
+    assert sorted(os.listdir(tier.directory)) == [LOCK_FILE, "probe", "probe.d"]
 
 
 def test_reinstall_replaces_the_version_and_keeps_local_state(tier: Tier, tmp_path: Path) -> None:
@@ -96,7 +97,7 @@ def test_reinstall_replaces_the_version_and_keeps_local_state(tier: Tier, tmp_pa
     assert (tool.control("hooks/pre.d") / "10-guard").exists()
     assert tool.control("notes").exists()
     assert not tool.control("program").exists(), "v2 has no program control; v1's must go"
-    assert sorted(os.listdir(tier.directory)) == ["probe", "probe.d"]
+    assert sorted(os.listdir(tier.directory)) == [LOCK_FILE, "probe", "probe.d"]
 
 
 def test_a_reader_never_sees_an_entry_without_its_complete_controls(
@@ -214,7 +215,7 @@ def test_a_crash_at_any_point_of_a_reinstall_is_repaired_to_one_whole_version(
         assert layout_problems(tool) == [], crash_at
         assert tool.control("policy").read_text() == "allow coder_t tool:probe execute\n"
         assert tool.control("log").read_text() == "line\n"
-        assert sorted(os.listdir(tier.directory)) == ["probe", "probe.d"], crash_at
+        assert sorted(os.listdir(tier.directory)) == [LOCK_FILE, "probe", "probe.d"], crash_at
     assert seen == {"v1", "v2"}
 
 

@@ -19,6 +19,7 @@ import pytest
 
 from cortexfs import durable
 from cortexfs.errors import CtxError
+from cortexfs.locks import LOCK_FILE
 from cortexfs.tools.install import TOOL_KIND
 from cortexfs.tools.pairs import install_pair, repair_staged
 from tests.support.exhaustion import empty, fill_to, inode_limited_tmpfs, run_ctx
@@ -70,8 +71,11 @@ def sources(traversable_tmp: Path) -> Path:
 
 
 def hidden(directory: Path) -> list[str]:
-    """What an install leaves under hidden names: staging and commit markers."""
-    return sorted(name for name in os.listdir(directory) if name.startswith("."))
+    """What an install leaves under hidden names: staging and commit markers (the
+    directory's lock file is kept for good)."""
+    return sorted(
+        name for name in os.listdir(directory) if name.startswith(".") and name != LOCK_FILE
+    )
 
 
 def remove_pair(directory: Path, name: str) -> None:
@@ -302,7 +306,7 @@ def test_staging_without_a_commit_marker_is_discarded_not_installed(tmp_path: Pa
     repaired = repair_staged(tmp_path, TOOL_KIND)
 
     assert repaired == [f"{tmp_path}/{TOOL}: removed what an interrupted install left behind"]
-    assert os.listdir(tmp_path) == []
+    assert os.listdir(tmp_path) == [LOCK_FILE]
 
 
 def test_an_older_new_install_whose_controls_were_in_place_is_finished(tmp_path: Path) -> None:

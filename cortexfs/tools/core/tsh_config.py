@@ -14,9 +14,9 @@ written, and all are written together or none.  Native output ``{"path", "config
 stderr: each line of the file tsh cannot use (its default applies), or a file that is missing
 (all the defaults apply, as in tsh; an update creates it).  An update rewrites the file
 in one rename, keeping its comments and the order of its lines; a key that was absent is
-appended; concurrent updates take turns under a lock, so none is lost.  The kernel decides
-who may write: the file belongs to the storage root's owner, so an agent can read
-the configuration but not change it unless it was given write access.
+appended; concurrent updates take turns under the lock of the tier's installs, so none is
+lost.  The kernel decides who may write: the file belongs to the storage root's owner, so an
+agent can read the configuration but not change it.
 
 ``ctx tool tsh.config …`` runs this same code inside ``ctx``, as the host user (SPEC H-3).
 """
@@ -208,66 +208,111 @@ def _read(path: Path) -> str | None:
 def _update(path: Path, changes: dict[str, int]) -> str:
     """Apply ``changes`` to the configuration and return the new text.
 
-    Read, update and replace happen under an exclusive ``flock`` on ``tsh.d/``, so that two
-    updates at once (of different keys, say) are applied one after the other and neither is
-    lost.  The lock is on the directory, not on the file, whose inode every update replaces.
-    The new text is written beside the old and renamed into place: readers see one or the
-    other, and a crash leaves one or the other (plus, at worst, a temporary file)."""
+    Read, update and replace happen under the exclusive lock of the tier (``tool/``) that
+    installs of tsh hold (:mod:`cortexfs.tools.pairs`): two updates at once (of different
+    keys, say) are applied one after the other and neither is lost, and an update never lands
+    in a ``tsh.d/`` that a reinstall of tsh has carried over and is about to retire.  The new
+    text is written beside the old and renamed into place: readers see one or the other, and
+    a crash leaves one or the other (plus, at worst, a temporary file)."""
     ops = durable.default_ops()
-    directory = _locked_directory(ops, path)
+    lock = _tier_locked(ops, path)
     try:
-        text = _read(path)
-        if text is None:
-            text, mode = DEFAULT_TEXT, CONFIG_MODE  # made as bootstrap makes it
-        else:
-            mode = stat.S_IMODE(os.stat(path.name, dir_fd=directory, follow_symlinks=False).st_mode)
-        bad = problems(text)
-        if bad:
-            raise ToolFailure(errno.EINVAL, f"{path} must be fixed by hand first: {bad[0]}")
-        text = updated(text, changes)
-        try:
-            durable.replace_file_synced(ops, directory, path.name, text.encode(), mode)
-        except OSError as exc:
-            # The replacement is written beside the file first: the OSError names that
-            # temporary, which tells the caller nothing about what was refused and why.
-            if exc.errno == errno.EROFS:
-                raise ToolFailure(
-                    exc.errno,
-                    f"{path} cannot be changed: it is on a read-only filesystem; remount it "
-                    "read-write",
-                ) from None
-            if exc.errno not in (errno.EACCES, errno.EPERM):
-                raise
-            raise ToolFailure(
-                exc.errno,
-                f"{path} cannot be changed by uid {os.geteuid()} ({exc.strerror}): the "
-                "configuration belongs to the storage root's owner, who changes it with "
-                f"'ctx tool {TOOL} KEY=VALUE'",
-            ) from None
-        return text
-    finally:
-        ops.close(directory)  # closing the last descriptor releases the lock
-
-
-def _locked_directory(ops: durable.FsOps, path: Path) -> int:
-    """``tsh.d/`` opened and locked exclusively, and still the directory its path names: a
-    reinstall of tsh swaps in a new ``tsh.d/`` (carrying the configuration over) while it holds
-    the old one's lock, so an update that waited for that lock must not write into the old one.
-    """
-    while True:
         try:
             directory = durable.open_dir_path(ops, str(path.parent))
         except FileNotFoundError:
             raise _missing(path) from None
-        fcntl.flock(directory, fcntl.LOCK_EX)
         try:
-            current = os.stat(path.parent, follow_symlinks=False)
-        except FileNotFoundError:
-            current = None
-        held = os.fstat(directory)
-        if current is not None and (current.st_dev, current.st_ino) == (held.st_dev, held.st_ino):
-            return directory
-        ops.close(directory)  # replaced while we waited: lock the one now in place
+            return _update_locked(ops, path, directory, changes)
+        finally:
+            ops.close(directory)
+    finally:
+        os.close(lock)  # lets the lock go
+
+
+def _update_locked(ops: durable.FsOps, path: Path, directory: int, changes: dict[str, int]) -> str:
+    text = _read(path)
+    if text is None:
+        text, mode = DEFAULT_TEXT, CONFIG_MODE  # made as bootstrap makes it
+    else:
+        mode = stat.S_IMODE(os.stat(path.name, dir_fd=directory, follow_symlinks=False).st_mode)
+    bad = problems(text)
+    if bad:
+        raise ToolFailure(errno.EINVAL, f"{path} must be fixed by hand first: {bad[0]}")
+    text = updated(text, changes)
+    try:
+        durable.replace_file_synced(ops, directory, path.name, text.encode(), mode)
+    except OSError as exc:
+        # The replacement is written beside the file first: the OSError names that
+        # temporary, which tells the caller nothing about what was refused and why.
+        raise _refused(path, exc) from None
+    return text
+
+
+def _tier_locked(ops: durable.FsOps, path: Path) -> int:
+    """The lock file of the tier that holds ``tsh.d/`` (``path``'s directory), locked
+    exclusively; its descriptor, whose closing lets the lock go.
+
+    Only those who may install into the tier can open its lock file, so no other uid can
+    hold an update back; one that may not is refused as a write of the file would be.  The
+    lock file is opened as :func:`cortexfs.locks.open_lock_file` opens it, never made here:
+    this tool runs from a bundle of its own modules, and every install and ``ctx bootstrap``
+    makes it."""
+    tier = path.parent.parent
+    try:
+        tier_fd = durable.open_dir_path(ops, str(tier))
+    except FileNotFoundError:
+        raise _missing(path) from None
+    try:
+        lock = os.open(LOCK_FILE, _LOCK_FLAGS, dir_fd=tier_fd)
+    except FileNotFoundError:
+        raise ToolFailure(
+            errno.ENOENT,
+            f"{tier / LOCK_FILE}, the lock that updates of {path} take turns under, is "
+            "missing; 'ctx bootstrap' makes it",
+        ) from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise _not_a_lock_file(tier) from None
+        raise _refused(path, exc) from None
+    finally:
+        ops.close(tier_fd)
+    try:
+        if not stat.S_ISREG(os.fstat(lock).st_mode):
+            raise _not_a_lock_file(tier)
+        fcntl.flock(lock, fcntl.LOCK_EX)
+    except BaseException:
+        os.close(lock)
+        raise
+    return lock
+
+
+# The tier's lock file, as cortexfs.locks names and opens it (it is not bundled with the tool).
+LOCK_FILE = ".install-lock"
+_LOCK_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY
+
+
+def _not_a_lock_file(tier: Path) -> ToolFailure:
+    return ToolFailure(
+        errno.EEXIST, f"{tier / LOCK_FILE} is no regular file, so not the tier's lock: move it away"
+    )
+
+
+def _refused(path: Path, exc: OSError) -> Exception:
+    """What a refusal of the kernel to change the configuration at ``path`` tells the caller:
+    the read-only filesystem to remount, or the owner who may change it."""
+    if exc.errno == errno.EROFS:
+        return ToolFailure(
+            exc.errno,
+            f"{path} cannot be changed: it is on a read-only filesystem; remount it read-write",
+        )
+    if exc.errno not in (errno.EACCES, errno.EPERM):
+        return exc
+    return ToolFailure(
+        exc.errno,
+        f"{path} cannot be changed by uid {os.geteuid()} ({exc.strerror}): the "
+        "configuration belongs to the storage root's owner, who changes it with "
+        f"'ctx tool {TOOL} KEY=VALUE'",
+    )
 
 
 def run_configure(path: Path, argv: list[str], program: str | None = None) -> int:
