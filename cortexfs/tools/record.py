@@ -22,12 +22,16 @@ caller only.
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
+import stat
+import time
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from cortexfs import durable
 from cortexfs.errors import CtxError
+from cortexfs.locks import flock_within, open_lock_file
 from cortexfs.shared.events import EventLog, make_event
 from cortexfs.shared.redact import bounded_summary, summarize, summarize_argv
 from cortexfs.shared.sessions import Session
@@ -161,26 +165,105 @@ def _open_tool_log(root: Path, relative: PurePosixPath) -> EventLog | None:
     two names).  A refusal of the kernel (EACCES, EPERM from an immutable log, EROFS, EIO…)
     raises, naming the log: the call cannot be logged (T-7).
 
+    A reinstall gives the log a second name for as long as it takes (it carries the log over
+    to the new version as a hard link), holding its tier's install lock all the while
+    (:mod:`cortexfs.tools.pairs`): a log with two names is looked at once more when such an
+    install has ended, so that a call that ends beside a reinstall is still logged.  With no
+    install under way the log is left at once, as when the lock is not this uid's to take.
+
     A user tier belongs to a user who could swap a directory for a link to redirect a write
     made by root: the chain has refused such a call at step 2 already.  A damaged tool may have
     no control directory or no log at all (ENOEXEC at stage ``resolve``); a log is never created
     for it: the log is a control (T-1) its installation makes.
     """
     ops = durable.default_ops()
+    log, second_name = _open_log_if_appendable(ops, root, relative)
+    if second_name:
+        log = _open_once_installs_let_it_be(ops, root, relative)
+    return log
+
+
+def _open_log_if_appendable(
+    ops: durable.FsOps, root: Path, relative: PurePosixPath
+) -> tuple[EventLog | None, bool]:
+    """The log, or None; and whether it was left while a regular file, so of two names (or
+    of one again since: a reinstall was ending)."""
     path = root / relative
     try:
-        dir_fd = open_beneath(ops, root, relative.parent.parts)
-        try:
-            return EventLog(path, mode=TOOL_LOG_MODE, ops=ops, dir_fd=dir_fd, create=False)
-        finally:
-            ops.close(dir_fd)
+        for _ in range(8):  # a control directory retired while we looked into it: once more
+            dir_fd = open_beneath(ops, root, relative.parent.parts)
+            try:
+                log = EventLog(path, mode=TOOL_LOG_MODE, ops=ops, dir_fd=dir_fd, create=False)
+                return log, False
+            except CtxError:
+                # What is at the name is no plain file of one name: never appended to, the
+                # session has the result.
+                found = durable.lstat_at(dir_fd, path.name)
+                return None, found is not None and stat.S_ISREG(found.st_mode)
+            except FileNotFoundError:
+                if not _retired(root / relative.parent, dir_fd):
+                    raise
+            finally:
+                ops.close(dir_fd)
+        return None, False
     except CtxError:
-        # What is at the name is no plain file of one name (a reinstall links the log into
-        # the tool's new version for a moment): never appended to, the session has the result.
-        return None
+        return None, False
     except OSError as exc:
         if exc.errno == errno.ENOENT:
-            return None
+            return None, False
         raise CtxError(
             exc.errno or errno.EIO, f"cannot open the tool's log {path}: {exc.strerror}"
         ) from None
+
+
+def _retired(controls: Path, dir_fd: int) -> bool:
+    """Whether the control directory open as ``dir_fd`` is no longer the one ``controls``
+    names: a reinstall swapped a new one in, then removed the old one's entries."""
+    try:
+        current = os.stat(controls, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(dir_fd)
+    return (current.st_dev, current.st_ino) != (held.st_dev, held.st_ino)
+
+
+# How long a call's record waits for an install into its tool's tier to end: a commit is a
+# few renames and fsyncs, and the call has already run.
+INSTALL_WAIT_SECONDS = 5.0
+
+
+def _open_once_installs_let_it_be(
+    ops: durable.FsOps, root: Path, relative: PurePosixPath
+) -> EventLog | None:
+    """The log of two names looked at again once no install into its tier holds the tier's
+    lock, or once the log has one name again (the install that linked it is over, and the
+    next has not yet linked it: reinstalls one after the other never leave the lock free for
+    long), within :data:`INSTALL_WAIT_SECONDS`; None when it still has two names then.
+
+    Nothing is waited for when no install holds the lock (the second name is none of an
+    install's), when this uid may not open the lock file (only those who may install there
+    can, so no other uid can make a call wait) or when the tier has none (no install has
+    taken it)."""
+    tier = relative.parent.parent
+    try:
+        tier_fd = open_beneath(ops, root, tier.parts)
+        try:
+            lock = open_lock_file(tier_fd, root / tier, create=False)
+        finally:
+            ops.close(tier_fd)
+    except (CtxError, OSError):
+        return _open_log_if_appendable(ops, root, relative)[0]  # one more look, no wait
+    try:
+        deadline = time.monotonic() + INSTALL_WAIT_SECONDS
+        pause = 0.001
+        while True:
+            if flock_within(lock, fcntl.LOCK_SH, 0):
+                # Looked at under the lock, no install can give the log a second name meanwhile.
+                return _open_log_if_appendable(ops, root, relative)[0]
+            log, second_name = _open_log_if_appendable(ops, root, relative)
+            if not second_name or time.monotonic() >= deadline:
+                return log
+            time.sleep(pause)
+            pause = min(2 * pause, 0.05)
+    finally:
+        os.close(lock)  # lets the lock go, if it was taken

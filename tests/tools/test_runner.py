@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import multiprocessing
 import os
@@ -18,14 +19,16 @@ from typing import Any
 import psutil
 import pytest
 
+from cortexfs.locks import LOCK_FILE
 from cortexfs.policy import beneath
 from cortexfs.shared.sessions import SessionRef
 from cortexfs.shared.spaces import create_shared_space
-from cortexfs.tools import controls, spawn
+from cortexfs.tools import controls, record, spawn
 from cortexfs.tools.result import ToolResult
 from cortexfs.tools.runner import run_native, run_terminal
 from tests.support.cli import ctx
 from tests.support.unwritable import to_closed_pipe, to_full_disk, with_room_for
+from tests.tools.held_locks import held_by
 from tests.tools.support import World, effective_user
 
 CTX = [sys.executable, "-c", "from cortexfs.cli import main; main()"]
@@ -710,6 +713,88 @@ def test_logs_never_keep_a_secret_a_tool_printed_or_was_given(coder: World) -> N
     ]
     argv = [event["argv"] for event in coder.events("talker") if "argv" in event]
     assert argv == [["-H", "Authorization: [redacted]", "Cookie: [redacted]"]]
+
+
+def test_a_call_that_ends_beside_a_reinstall_of_its_tool_is_still_logged(coder: World) -> None:
+    """T-7: a reinstall gives the log a second name (carried over as a hard link) while it
+    holds its tier's install lock; the call's record waits for it, then logs the call."""
+    tier, log = coder.root / "tool", coder.root / "tool/whoami.d/log"
+    staging = tier / ".whoami~0123456789ab~controls"
+    staging.mkdir()
+    os.link(log, staging / "log")
+    lock = os.open(tier / LOCK_FILE, os.O_RDONLY | os.O_CLOEXEC)
+    fcntl.flock(lock, fcntl.LOCK_EX)  # as install_pair holds it for the whole install
+
+    def install_ends() -> None:
+        time.sleep(0.5)
+        shutil.rmtree(staging)
+        os.close(lock)  # lets the lock go
+
+    ending = threading.Thread(target=install_ends)
+    ending.start()
+    try:
+        result = coder.run("whoami", {"n": 1})
+    finally:
+        ending.join()
+
+    assert result.ok, result.error
+    assert [line for line in coder.tool_log("whoami") if line["call"] == result.call]
+
+
+def test_calls_made_while_their_tool_is_reinstalled_again_and_again_are_all_logged(
+    coder: World,
+) -> None:
+    reinstalling = threading.Event()
+    reinstalling.set()
+
+    def reinstall() -> None:
+        while reinstalling.is_set():
+            coder.install("whoami", WHOAMI)
+
+    installer = threading.Thread(target=reinstall)
+    installer.start()
+    try:
+        results = [coder.run("whoami", {"n": 1}) for _ in range(40)]
+    finally:
+        reinstalling.clear()
+        installer.join()
+
+    assert all(result.ok for result in results), [r.error for r in results if not r.ok]
+    logged = {line["call"] for line in coder.tool_log("whoami")}
+    assert {result.call for result in results} <= logged
+
+
+# A call that waited for an install it did not need would take this long at least.
+NO_WAIT = record.INSTALL_WAIT_SECONDS / 2
+
+
+def test_a_log_with_two_names_and_no_install_under_way_is_left_at_once(coder: World) -> None:
+    tier, log = coder.root / "tool", coder.root / "tool/whoami.d/log"
+    os.link(log, tier / ".whoami-log-elsewhere")
+    started = time.monotonic()
+
+    result = coder.run("whoami", {"n": 1})
+
+    assert result.ok, result.error
+    assert time.monotonic() - started < NO_WAIT
+    assert not [line for line in coder.tool_log("whoami") if line["call"] == result.call]
+
+
+def test_another_uid_holding_the_tier_directory_never_delays_a_call(coder: World) -> None:
+    """Any uid that may read ``tool/`` may ``flock`` it: the record waits only for the lock
+    file installs take, which that uid cannot open."""
+    tier, log = coder.root / "tool", coder.root / "tool/whoami.d/log"
+    with held_by(coder.user, tier, tier / "whoami.d"):
+        started = time.monotonic()
+        logged = coder.run("whoami", {"n": 1})
+        os.link(log, tier / ".whoami-log-elsewhere")
+        left = coder.run("whoami", {"n": 2})
+        took = time.monotonic() - started
+
+    assert logged.ok and left.ok, (logged.error, left.error)
+    assert took < NO_WAIT
+    calls = {line["call"] for line in coder.tool_log("whoami")}
+    assert logged.call in calls and left.call not in calls
 
 
 def test_the_tool_log_and_the_session_name_the_session_alike(world: World) -> None:
