@@ -87,7 +87,8 @@ class Claim:
     """A job this process now holds: its name, its request and its lease.
 
     ``invalid_reason`` is set only when the stored request could not be read as a valid
-    request (one put in ``pending/`` by hand, past publish's checks); ``request`` is then the
+    request (one put in ``pending/`` by hand, past publish's checks), and says so in a phrase
+    that names it ("stored request is …"); ``request`` is then the
     stand-in :func:`invalid_request` that ``claim --json`` prints.  A valid request is given
     as stored, whatever extra fields it carries (an ``"invalid"`` one among them, §2.1), so
     this field, not the request's keys, tells the two apart.
@@ -692,7 +693,8 @@ def _read_claimed_request(
     except CtxError as exc:
         if exc.errno in (errno.ELOOP, errno.EINVAL):
             return None, None
-        return invalid_request(exc.message), exc.message
+        reason = f"stored request is over the size limit: {exc.message}"  # EFBIG
+        return invalid_request(reason), reason
     try:
         return requests.decode_stored_request(data), None
     except CtxError as exc:

@@ -94,9 +94,7 @@ class ToolExecutor:
 
     def refusal(self, job: Claim) -> str | None:
         """Why this executor refuses the job's request (EINVAL) before running anything."""
-        if job.invalid_reason is not None:
-            return f"the stored request is malformed: {job.invalid_reason}"
-        return None
+        return job.invalid_reason  # it names the stored request and what is wrong with it
 
     def __call__(self, job: Claim, control: JobControl) -> Outcome:
         tool, input_value = job.request.get("tool"), job.request.get("input", {})

@@ -51,7 +51,7 @@ def test_every_refusal_of_the_worker_itself_has_an_errno(farm: Farm) -> None:
     work(farm, "--agent", AGENT)
     reason, error = failed_error(farm, "junk.req.json")
     assert (error["error"], error["errno"], error["stage"]) == ("EINVAL", 22, "request")
-    assert reason.startswith("EINVAL: the stored request is malformed") and "[request]" in reason
+    assert reason.startswith("EINVAL: stored request is not JSON") and "[request]" in reason
 
     config = farm.queue / "config"
     config.write_text(config.read_text() + "max_result_bytes=64\n")

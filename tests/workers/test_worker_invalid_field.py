@@ -35,7 +35,7 @@ def test_a_valid_request_with_an_invalid_field_runs_and_a_planted_one_fails(farm
     assert "ran" in json.dumps(result["output"])
     state, result = farm.result(junk)
     assert state == "failed" and "EINVAL" in result["reason"]
-    assert "the stored request is malformed" in result["reason"]
+    assert "EINVAL: stored request is not JSON" in result["reason"]
 
 
 def test_claim_gives_a_valid_request_as_stored_and_notes_only_a_planted_one(farm: Farm) -> None:
@@ -70,4 +70,27 @@ def test_a_shell_worker_fails_a_planted_request_as_malformed(farm: Farm) -> None
 
     assert done.returncode == 0, done.stderr
     state, result = farm.result(junk)
-    assert state == "failed" and "the stored request is malformed" in result["reason"]
+    assert state == "failed" and "stored request is not JSON" in result["reason"]
+
+
+def test_the_reason_names_the_stored_request_once(farm: Farm) -> None:
+    """One that misses a field, and one over the queue's size limit: each reason says what is
+    wrong with the stored request, and says "stored request" once."""
+    config = farm.queue / "config"
+    config.write_text(config.read_text() + "max_request_bytes=1024\n")
+    no_input = farm.queue / "pending" / "no-input.req.json"
+    no_input.write_text(json.dumps({"tool": "shell.exec"}))
+    too_big = farm.queue / "pending" / "too-big.req.json"
+    too_big.write_text(json.dumps({"tool": "shell.exec", "input": {"cmd": "x" * 2_000_000}}))
+
+    done = farm.ctx("queue", "work", "--project", PROJECT, "--agent", AGENT, "--drain")
+
+    assert done.returncode == 0, done.stderr
+    reasons = {job: farm.result(job) for job in (no_input.name, too_big.name)}
+    assert all(state == "failed" for state, _ in reasons.values()), reasons
+    missing = reasons[no_input.name][1]["reason"]
+    assert missing.startswith("EINVAL: stored request is malformed: field 'input' must be")
+    over = reasons[too_big.name][1]["reason"]
+    assert over.startswith("EINVAL: stored request is over the size limit: ")
+    assert f"{too_big.name} is " in over
+    assert all(r["reason"].count("stored request") == 1 for _, r in reasons.values()), reasons
