@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import os
 import signal
 import threading
 import time
@@ -72,7 +73,10 @@ def host_remedy(code: int | None) -> str:
         errno.EIO: "check that disk (the kernel's log says more)",
     }
     code = code or errno.EIO
-    return remedy_for_host_trouble(code) or worker_refusals.get(code, "fix the cause")
+    # The queue's and the session's files are this process's, and so is the quota they count
+    # against.
+    remedy = remedy_for_host_trouble(code, uid=os.geteuid())
+    return remedy or worker_refusals.get(code, "fix the cause")
 
 
 def _cause(exc: CtxError | OSError) -> str:

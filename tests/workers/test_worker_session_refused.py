@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from cortexfs.worker.executors import _session_remedy
+from cortexfs.worker.loop import host_remedy
 from tests.support.storage import small_tmpfs
 from tests.workers.conftest import AGENT, PROJECT, Farm, make_farm
 
@@ -85,3 +86,10 @@ def test_a_session_refused_for_a_disk_quota_names_the_uid_whose_quota_it_is(
     home = traversable_tmp / "home" / "1234"
     remedy = _session_remedy(errno.EDQUOT, home, 1234)
     assert remedy == f"free space within the disk quota of uid {os.geteuid()}"
+
+
+def test_a_worker_stopped_by_a_disk_quota_names_the_uid_whose_quota_it_is() -> None:
+    """The queue's files it writes are this process's too; the other stops keep their words."""
+    assert host_remedy(errno.EDQUOT) == f"free space within the disk quota of uid {os.geteuid()}"
+    assert host_remedy(errno.EROFS) == "remount that filesystem read-write"
+    assert host_remedy(None) == "check that disk (the kernel's log says more)"
