@@ -14,9 +14,13 @@
 
 Only the host administrator — root or the owner of the storage root — creates agents, and
 the controls belong to them: the agent's uid must not be able to rewrite a grant (step 4 of the
-authority chain checks that on every decision).  The identity defaults to the creating user,
-except that an agent never runs as root (P-5 step 1): root's default is the unprivileged user
-:data:`ROOT_DEFAULT_USER` (``nobody``), and an identity with uid 0 is refused.  No new root
+authority chain checks that on every decision).  The log is the one control given to the
+storage root's owner when root creates the agent in a root another uid owns: the host records
+in it while the agent is used, and may be that owner (:mod:`cortexfs.tools.pairs`).
+
+The identity defaults to the creating user, except that an agent never runs as root (P-5
+step 1): root's default is the unprivileged user :data:`ROOT_DEFAULT_USER` (``nobody``), and
+an identity with uid 0 is refused.  No new root
 namespace is created; the pair appears atomically (:mod:`cortexfs.tools.pairs`), and an
 existing agent is never overwritten (EEXIST).
 """
@@ -35,6 +39,7 @@ from cortexfs.agents import log as agent_log
 from cortexfs.agents.entries import entry_program
 from cortexfs.agents.host import require_host_administrator
 from cortexfs.agents.request import AgentRequest
+from cortexfs.bootstrap_repair import storage_owner
 from cortexfs.errors import CtxError, describe, exists, invalid
 from cortexfs.names import is_object_name
 from cortexfs.policy import Identity
@@ -56,7 +61,13 @@ CONTROLS = (
 )
 # Root creating an agent without naming a user gets this one: unprivileged by definition.
 ROOT_DEFAULT_USER = "nobody"
-AGENT_KIND = PairKind(defined=frozenset(CONTROLS), defaults={"log": b""}, modes={"log": 0o640})
+# The host records in the agent's log while the agent is used (cortexfs.agents.log).
+AGENT_KIND = PairKind(
+    defined=frozenset(CONTROLS),
+    defaults={"log": b""},
+    modes={"log": 0o640},
+    host_written=frozenset({"log"}),
+)
 
 
 @dataclass(frozen=True)
@@ -171,6 +182,7 @@ def create_agent(
             controls=controls,
             replace=False,
             ops=ops,
+            host=storage_owner(root),
         )
     except CtxError as exc:
         if exc.errno != errno.EEXIST:

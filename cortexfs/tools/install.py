@@ -12,6 +12,8 @@ An install writes the manifest's controls (``name``, ``description``, ``schema``
 ``program``, ``mcp``, ``origin``) and the program as the executable, atomically
 (:mod:`cortexfs.tools.pairs`).  It grants nothing: a new tool's ``policy`` holds no rule, and a
 reinstall keeps the previous version's policy, status, log and hooks exactly as they were.
+A new tool's log that root makes in a storage root another uid owns is that uid's (mode 0640
+and group kept): the storage root's owner records every call it runs there (T-7).
 A reinstall replaces only what an install wrote: a directory where the executable belongs, a
 file where the control directory belongs, and the like, are refused (EISDIR, ENOTDIR, EEXIST)
 with nothing changed (:func:`tool_obstacles`).
@@ -26,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from cortexfs import durable, storage
+from cortexfs.bootstrap_repair import storage_owner
 from cortexfs.errors import CtxError, exists, invalid, not_found, too_big
 from cortexfs.names import check_object_name, is_object_name
 from cortexfs.policy.controls import control_limit
@@ -57,6 +60,7 @@ TOOL_KIND = PairKind(
     defaults={"policy": POLICY_TEMPLATE, "status": f"{STATUS_AVAILABLE}\n".encode(), "log": b""},
     directories=HOOK_DIRS[1:],
     modes={"log": 0o640},
+    host_written=frozenset({"log"}),  # T-7: every call is recorded there, by the caller
 )
 
 
@@ -208,6 +212,7 @@ def install_tool(
         replace=True,
         ops=ops,
         settled_by="running the same command again, or 'ctx bootstrap',",
+        host=storage_owner(tier.root),
     )
     return Installed(manifest.name, tier.name, tier.directory / manifest.name, replaced)
 
@@ -265,10 +270,12 @@ def _status_and_reason(text: str) -> tuple[str, str]:
 
 
 def repair_tier(tier: Tier, ops: durable.FsOps | None = None) -> list[str]:
-    """Finish or discard interrupted installs in ``tier`` (for ``ctx bootstrap``)."""
+    """Finish or discard interrupted installs in ``tier`` (for ``ctx bootstrap``); run as
+    root, give the storage root's owner each tool log root has there, so that the calls that
+    owner runs can be recorded (T-7, :func:`cortexfs.tools.pairs.repair_staged`)."""
     if not tier.directory.is_dir():
         return []
-    return repair_staged(tier.directory, TOOL_KIND, ops)
+    return repair_staged(tier.directory, TOOL_KIND, ops, host=storage_owner(tier.root))
 
 
 def require_tier(tier: Tier) -> None:

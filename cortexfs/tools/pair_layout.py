@@ -33,13 +33,17 @@ class PairKind:
     version's); every other entry of the previous control directory — its local state, such
     as a tool's policy, log and hooks — carries over.  ``defaults`` fill what is still missing
     after that, ``directories`` are created when missing, ``modes`` gives a control's mode
-    (0644 otherwise).
+    (0644 otherwise).  ``host_written`` names the controls the host administrator (the storage
+    root's owner) writes to while the object is used, such as a log every call is recorded
+    in: one that root makes in a storage root another uid owns is given to that uid
+    (:func:`cortexfs.tools.pairs.install_pair`), or else that uid could not record a call.
     """
 
     defined: frozenset[str]
     defaults: Mapping[str, bytes] = field(default_factory=dict)
     directories: Sequence[str] = ()
     modes: Mapping[str, int] = field(default_factory=dict)
+    host_written: frozenset[str] = frozenset()
 
 
 class Obstacle(NamedTuple):

@@ -54,6 +54,15 @@ of ``kind.directories``.  Anything else found in one of those places — a direc
 entry belongs, a file where the control directory belongs — is not ours: it is an
 *obstacle* (:mod:`cortexfs.tools.pair_layout`), and the install is refused with nothing
 changed (R-5, never destroy user data).
+
+Root may install into a storage root another uid owns (``ctx bootstrap``, ``ctx object
+install`` or ``ctx agent create`` run as root).  That uid, the host administrator, records
+every call in the object's log (T-7) when it runs the calls itself, so the controls of
+``kind.host_written`` that root's install makes are given to it (``host``), their mode and
+group kept: a log of root's would refuse every call it runs.  A log left root's by an
+earlier version is given the same way by a repair (:func:`repair_staged`, which ``ctx
+bootstrap`` runs).  Only a file of one name is given away, so root never hands out a file a
+hard link brought in from elsewhere.
 """
 
 from __future__ import annotations
@@ -71,6 +80,7 @@ from pathlib import Path
 from cortexfs import durable
 from cortexfs.errors import CtxError, exists
 from cortexfs.locks import open_lock_file
+from cortexfs.names import is_object_name
 from cortexfs.tools import install_failure
 from cortexfs.tools.commit_marker import commit_marker, marked_object
 from cortexfs.tools.pair_layout import CONTROLS_SUFFIX, PairKind, obstacles_at
@@ -128,6 +138,7 @@ def install_pair(
     entry_mode: int = 0o755,
     ops: durable.FsOps | None = None,
     settled_by: str = "running the same command again",
+    host: int | None = None,
 ) -> bool:
     """Install ``name`` in ``directory``; True when it replaced a previous version.
 
@@ -142,6 +153,9 @@ def install_pair(
     error says that nothing was installed, or — when the clean-up could not run either —
     which hidden names are left and that ``settled_by`` (the command to run) finishes or
     removes them.
+
+    ``host``: the uid of the storage root's owner, who is given the controls of
+    ``kind.host_written`` this install makes when it runs as root (module docstring).
     """
     if replace and not controls.keys() <= kind.defined:
         raise ValueError(f"a reinstall replaces only defined controls, not {sorted(controls)}")
@@ -181,9 +195,10 @@ def install_pair(
                     "was changed: move it away and install again",
                 )
             staging = _Staging(name, os.urandom(6).hex())
+            receiver = _receiver(host)
             try:
-                _stage(ops, dir_fd, staging, kind, entry, entry_mode, controls)
-                _complete_controls(ops, dir_fd, staging, kind, name + CONTROLS_SUFFIX)
+                _stage(ops, dir_fd, staging, kind, entry, entry_mode, controls, receiver)
+                _complete_controls(ops, dir_fd, staging, kind, name + CONTROLS_SUFFIX, receiver)
                 _commit(ops, dir_fd, staging)
             except BaseException as failure:
                 release()  # the clean-up's descriptors
@@ -205,8 +220,13 @@ def install_pair(
         ops.close(dir_fd)
 
 
-def repair_staged(directory: Path, kind: PairKind, ops: durable.FsOps | None = None) -> list[str]:
+def repair_staged(
+    directory: Path, kind: PairKind, ops: durable.FsOps | None = None, *, host: int | None = None
+) -> list[str]:
     """Finish or discard what interrupted installs left in ``directory``; say what was done.
+
+    Run as root with ``host`` (the storage root's owner) another uid, it also gives that uid
+    every control of ``kind.host_written`` still root's (module docstring), and says so.
 
     A directory whose lock this uid may not take (not its to write, or on a read-only
     filesystem) has nothing done to it: that is no error when nothing is left there to
@@ -222,11 +242,47 @@ def repair_staged(directory: Path, kind: PairKind, ops: durable.FsOps | None = N
                 return []
             raise
         with _exclusive(lock):
-            return [
+            done = [
                 f"{directory}/{name}: {what}" for name, what in _repair_locked(ops, dir_fd, kind)
             ]
+            receiver = _receiver(host)
+            if receiver is not None:
+                done += _give_host_written(ops, dir_fd, directory, kind, receiver)
+            return done
     finally:
         ops.close(dir_fd)
+
+
+def _receiver(host: int | None) -> int | None:
+    """The uid to give the host-written controls root makes to: ``host``, when this process is
+    root and ``host`` is another uid; None when nothing is to be given."""
+    return host if os.geteuid() == 0 and host not in (None, 0) else None
+
+
+def _give_host_written(
+    ops: durable.FsOps, dir_fd: int, directory: Path, kind: PairKind, receiver: int
+) -> list[str]:
+    """Give ``receiver`` each control of ``kind.host_written`` that root has in a control
+    directory of ``dir_fd``: ``["<directory>/<name>.d/log: owner uid 0, now uid N …"]``."""
+    given = []
+    for entry in sorted(os.listdir(dir_fd)):
+        name = entry.removesuffix(CONTROLS_SUFFIX)
+        if name == entry or not is_object_name(name):
+            continue
+        try:
+            controls_fd = ops.open_dir(entry, dir_fd)
+        except OSError:
+            continue  # not a control directory (a link, a file): the layout check says so
+        try:
+            for control in sorted(kind.host_written):
+                if _give_if_roots(ops, controls_fd, control, receiver):
+                    given.append(
+                        f"{directory}/{entry}/{control}: owner uid 0, now uid {receiver}, the "
+                        "storage root's owner, who records in it the calls it runs"
+                    )
+        finally:
+            ops.close(controls_fd)
+    return given
 
 
 # Why a directory's lock may not be taken by a uid that may only read the directory.
@@ -251,6 +307,7 @@ def _stage(
     entry: bytes,
     entry_mode: int,
     controls: Mapping[str, bytes],
+    receiver: int | None,
 ) -> None:
     """Step 1: the new version's controls, then its entry; both durable."""
     ops.mkdir(staging.controls, dir_fd, 0o755)
@@ -261,6 +318,8 @@ def _stage(
             durable.write_file_synced(
                 ops, controls_fd, control, data, kind.modes.get(control, 0o644), exact_mode=True
             )
+            if receiver is not None and control in kind.host_written:
+                _give_if_roots(ops, controls_fd, control, receiver)
         durable.sync_dir(ops, controls_fd)
     finally:
         ops.close(controls_fd)
@@ -316,17 +375,23 @@ def _publish_interrupted(
     if durable.lstat_at(dir_fd, staging.controls) is not None:
         if durable.lstat_at(dir_fd, controls) is not None:
             durable.move_noreplace(ops, dir_fd, controls, dir_fd, staging.old_controls)
-        _complete_controls(ops, dir_fd, staging, kind, staging.old_controls)
+        _complete_controls(ops, dir_fd, staging, kind, staging.old_controls, None)
         durable.move_noreplace(ops, dir_fd, staging.controls, dir_fd, controls)
     durable.move_noreplace(ops, dir_fd, staging.entry, dir_fd, staging.name)
     _remove(ops, dir_fd, [staging.old_entry, staging.old_controls])
 
 
 def _complete_controls(
-    ops: durable.FsOps, dir_fd: int, staging: _Staging, kind: PairKind, previous: str
+    ops: durable.FsOps,
+    dir_fd: int,
+    staging: _Staging,
+    kind: PairKind,
+    previous: str,
+    receiver: int | None,
 ) -> None:
     """Carry the local state of the ``previous`` control directory (if any) over into the
-    staged one, then fill in defaults."""
+    staged one, then fill in defaults, those of ``kind.host_written`` given to ``receiver``.
+    A carried-over control keeps its owner here: it has two names until the commit."""
     new_fd = ops.open_dir(staging.controls, dir_fd)
     try:
         status = durable.lstat_at(dir_fd, previous)
@@ -343,6 +408,8 @@ def _complete_controls(
                 durable.write_file_synced(
                     ops, new_fd, control, data, kind.modes.get(control, 0o644), exact_mode=True
                 )
+                if receiver is not None and control in kind.host_written:
+                    _give_if_roots(ops, new_fd, control, receiver)
         durable.sync_dir(ops, new_fd)
     finally:
         ops.close(new_fd)
@@ -512,6 +579,27 @@ def _make_dirs(ops: durable.FsOps, top_fd: int, relative: str) -> None:
             fd = inner
     finally:
         ops.close(fd)
+
+
+def _give_if_roots(ops: durable.FsOps, dir_fd: int, name: str, receiver: int) -> bool:
+    """Give the regular file ``name`` of ``dir_fd`` to uid ``receiver``, its group and mode
+    kept, and sync it, when root owns it and it has no other name; whether it was given.
+    Never through a link: the file is opened as it is, and judged by what was opened."""
+    try:
+        fd = os.open(
+            name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd
+        )
+    except OSError:
+        return False  # absent, a link, or not openable: not a control to give
+    try:
+        status = os.fstat(fd)
+        if not stat.S_ISREG(status.st_mode) or status.st_uid != 0 or status.st_nlink != 1:
+            return False
+        ops.chown_opened(fd, receiver)
+        durable.sync_file(ops, fd)  # the new owner is durable with the file
+        return True
+    finally:
+        os.close(fd)
 
 
 def _remove(ops: durable.FsOps, dir_fd: int, names: Sequence[str]) -> None:
