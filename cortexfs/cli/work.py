@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Collection
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 
@@ -35,8 +35,10 @@ from cortexfs.cli.queue import (
 )
 from cortexfs.errors import CtxError
 from cortexfs.queue.holder import check_worker_ttl
-from cortexfs.worker.executors import NO_AGENT, executor_for
-from cortexfs.worker.loop import EXIT_ABORTED, Worker, WorkerOptions
+from cortexfs.worker.stop_signals import EarlyStop
+
+if TYPE_CHECKING:
+    from cortexfs.worker.loop import WorkerSummary
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -219,7 +221,8 @@ def work(queue_dir: Path, as_json: bool, agent: str | None, kind: str, **worker:
     output, exit status and, when denied, the denying step.  While waiting for work the
     worker sleeps on an inotify watch of pending/ (re-checking at least every 2 s).
 
-    SIGTERM, SIGHUP or ^C: stop claiming, let running jobs finish, exit 0.  ^C twice: abort
+    SIGTERM, SIGHUP or ^C: stop claiming, let running jobs finish, exit 0 (SIGTERM or SIGHUP
+    while the worker starts: it says so on stderr and claims nothing).  ^C twice: abort
     running jobs (recover requeues them) and exit 130.  An error in a job slot that is not a
     job's failure stops the worker the same way, and it exits 1 naming the error with its
     errno (ENOSPC, EROFS, EMFILE…; EIO for an unexpected one); a job whose tool the host could
@@ -232,12 +235,16 @@ def work(queue_dir: Path, as_json: bool, agent: str | None, kind: str, **worker:
     same way: a full disk (> /dev/full) exits 74, 'ctx: ENOSPC: cannot write standard output
     (...)' naming the jobs it finished and could not show; a reader that left, 141.
     """
+    # First, before the worker's modules load: a SIGTERM from now on stops it with a word.
+    early_stop = EarlyStop.catch()
+    from cortexfs.worker.executors import NO_AGENT
+
     # An empty $CTX_AGENT is unset, as shells commonly mean it (click reads it so); an empty
     # --agent '' is an illegal name (R-3), refused by _run like --agent 'a/b': a script whose
     # "$AGENT" is unset must not start a worker that fails every job.
     if agent is None:
         click.echo(f"ctx: warning: {NO_AGENT}; every job claimed fails with EACCES", err=True)
-    _run(queue_dir, kind, agent, as_json=as_json, **worker)
+    _run(queue_dir, kind, agent, early_stop, as_json=as_json, **worker)
 
 
 def ready_worker(kind: str, description: str) -> click.Command:
@@ -256,10 +263,12 @@ def ready_worker(kind: str, description: str) -> click.Command:
     )
     @worker_options
     def ready(queue_dir: Path, as_json: bool, agent: str, **worker: Any) -> None:
+        early_stop = EarlyStop.catch()
         _run(
             queue_dir,
             kind,
             agent,
+            early_stop,
             as_json=True,
             only=None if as_json else FINISHED_EVENTS,
             **worker,
@@ -288,6 +297,7 @@ def _run(
     queue_dir: Path,
     kind: str,
     agent: str | None,
+    early_stop: EarlyStop,
     *,
     as_json: bool,
     only: Collection[str] | None = None,
@@ -300,7 +310,14 @@ def _run(
     worker_id: str | None,
 ) -> None:
     """Check the names, run the worker on ``queue_dir`` (its events shown as JSON lines, those
-    in ``only`` when given, or as text) and end as its summary says."""
+    in ``only`` when given, or as text) and end as its summary says.
+
+    A stop signal that ``early_stop`` noted while the worker started stops it before its
+    first claim: one line on stderr, the summary of a worker that claimed nothing, exit 0.
+    """
+    from cortexfs.worker.executors import executor_for
+    from cortexfs.worker.loop import EXIT_ABORTED, Worker, WorkerOptions
+
     root = click.get_current_context().meta[STORAGE_ROOT_KEY]
     # A malformed name is a malformed command line (exit 2), found before any job is claimed.
     session = object_name_argument(session, "session")
@@ -309,6 +326,10 @@ def _run(
     # Refused as by every other command (a project's queue reached through a symlink, ELOOP;
     # a queue that is not one), before the worker starts and claims anything.
     open_queue(queue_dir).close()
+    if early_stop.stopped_by is not None:
+        # Stopped before its session is opened: nothing of the agent's home is made.
+        _stopped_while_starting(early_stop.stopped_by, Progress(as_json, lambda: None, only))
+        return
     executor = executor_for(kind, root, agent, session)
     options = WorkerOptions(
         drain=drain,
@@ -321,10 +342,35 @@ def _run(
     progress = Progress(as_json, lambda: worker.stop("output closed"), only)
     worker = Worker(queue_dir, executor, options, progress, within=project_root(queue_dir))
     worker.install_signal_handlers()
+    # Read only now that the worker's handlers take the signals: none noted is lost between.
+    if early_stop.stopped_by is not None:
+        executor.close()
+        _stopped_while_starting(early_stop.stopped_by, progress)
+        return
     try:
         summary = worker.run()
     finally:
         executor.close()
+    _end(progress, summary)
+    if summary.aborted:
+        sys.exit(EXIT_ABORTED)
+
+
+def _stopped_while_starting(signal_name: str, progress: Progress) -> None:
+    """End a worker that a stop signal stopped before its first claim: one line on stderr,
+    then its summary (``stop``, the last event of every stopped worker), exit 0."""
+    from cortexfs.worker.loop import WorkerSummary
+
+    program = click.get_current_context().find_root().info_name or "ctx"
+    click.echo(f"{program}: stopped by {signal_name} while starting; no job was claimed", err=True)
+    summary = WorkerSummary(stopped_by=signal_name)
+    progress("stop", summary.to_json())
+    _end(progress, summary)
+
+
+def _end(progress: Progress, summary: WorkerSummary) -> None:
+    """End as a worker's summary says: 74 or 141 when its output was lost, 1 naming the
+    error that stopped a job slot; return for a worker that stopped as asked."""
     lost = progress.lost_output
     if lost is not None:
         # Ended as every command whose output failed: 74 saying what was done (141 quietly
@@ -342,5 +388,3 @@ def _run(
         raise CtxError(
             summary.failure_errno, f"the worker stopped: {summary.failure.partition(': ')[2]}"
         )
-    if summary.aborted:
-        sys.exit(EXIT_ABORTED)

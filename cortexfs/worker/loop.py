@@ -41,6 +41,7 @@ from cortexfs.queue.protocol import NotHeld
 from cortexfs.timefmt import rfc3339
 from cortexfs.tools.result import ToolError
 from cortexfs.worker.inotify import PendingWatch, Wakeup
+from cortexfs.worker.stop_signals import STOP_SIGNALS
 
 EXIT_ABORTED = 130
 
@@ -378,8 +379,6 @@ class Worker:
 
     def install_signal_handlers(self) -> None:
         def on_term(signum: int, frame: object) -> None:
-            # SIGHUP too, as for 'ctx mount': a terminal or ssh session that closes is no
-            # reason to kill a job midway and leave it claimed.
             self.stop(signal.Signals(signum).name)
 
         def on_int(signum: int, frame: object) -> None:
@@ -391,8 +390,8 @@ class Worker:
                 self.listener("interrupt", {"message": "finishing running jobs; ^C again aborts"})
                 self.stop("SIGINT")
 
-        signal.signal(signal.SIGTERM, on_term)
-        signal.signal(signal.SIGHUP, on_term)
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, on_term)
         signal.signal(signal.SIGINT, on_int)
 
     # ---------------------------------------------------------------- the loop
