@@ -265,7 +265,12 @@ def create_child(call: Capability, request: dict[str, Any]) -> dict[str, Any]:
         child, mounts=tuple((str(real), target, mode) for real, target, mode in judged)
     )
     created = create_agent(root, child, view.identity, parent=parent, session=call.session)
-    return {"agent": created.name, "label": child.label, "uid": created.identity.uid}
+    return {
+        "agent": created.name,
+        "label": child.label,
+        "uid": created.identity.uid,
+        "warnings": list(created.warnings),
+    }
 
 
 def _parent_may_not_execute(view: AgentView, tool: str) -> str:

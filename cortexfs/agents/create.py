@@ -128,7 +128,9 @@ def create_agent(
 
     ``identity`` None means :func:`default_identity`; an identity with uid 0 is EINVAL.  The
     creation is recorded in the agent's log and, for a child made by agent ``parent`` (A-4)
-    during a call in ``session``, in the parent's log too.
+    during a call in ``session``, in the parent's log too.  The result carries the same
+    :func:`warnings_for` either way: ``ctx agent create`` prints them, ``agent.create`` returns
+    them to the parent.
     """
     storage.require_root(root)
     require_host_administrator(root, "create agents")
@@ -138,7 +140,7 @@ def create_agent(
     if identity.uid == 0:
         raise invalid("an agent never runs as root (SPEC P-5 step 1); give it an unprivileged user")
     _require_identity_of_creator(identity)
-    warnings = warnings_for(root, request, identity) if parent is None else ()
+    warnings = warnings_for(root, request, identity)
     identity_control = (json.dumps(identity_json(identity)) + "\n").encode()
     try:
         parse_identity(identity_control)  # what every later use of the agent reads it with
@@ -248,8 +250,9 @@ def label_owners(root: Path, label: str) -> list[str]:
 
 
 def warnings_for(root: Path, request: AgentRequest, identity: Identity) -> tuple[str, ...]:
-    """What the host administrator's request makes that may not work as meant, said at
-    creation rather than found later: a label another agent has (tool and model policies grant
+    """What a request makes that may not work as meant, said at creation rather than found
+    later, to the host administrator (``ctx agent create``) and to a parent agent
+    (``agent.create``) alike: a label another agent has (tool and model policies grant
     by label, so the two agents share every such grant), a storage root the agent's uid
     cannot reach through the directories above it (every tool call is refused at step 2), a
     shared grant that grants nothing (write to the manuals, or to a space it may not read),

@@ -7,7 +7,11 @@ one the caller may use itself through the whole authority chain (both layers of 
 child's label is never another existing agent's, every mount must lie inside one of the
 caller's visible mounts (``rw`` only where the caller's is), and the child runs as the
 caller's uid and groups.  Native
-output ``{"agent", "label", "uid"}``.  Without the runner it refuses (EPERM).
+output ``{"agent", "label", "uid", "warnings"}``: ``warnings`` lists what ``ctx agent create``
+would have warned a person of (:func:`cortexfs.agents.create.warnings_for`: a read-write mount
+through which the child could change its own controls, a source recorded as the real path
+another uid's symbolic link chose, …); terminal mode prints them on stderr, one
+``agent.create: warning: …`` line each.  Without the runner it refuses (EPERM).
 
 Bad input exits 2 wherever it is found: the schema check here sees only the request's shape,
 and the host validates the rest as ``ctx agent create`` does (an illegal name, a tool named
@@ -29,7 +33,12 @@ def create(request: dict[str, object], native: bool) -> Reply:
         if refused.errno == errno.EINVAL:
             raise ToolFailure(refused.errno, refused.message, usage=True) from None
         raise
-    return Reply(answer, text=f"created agent {answer['agent']}\n".encode())
+    warnings = answer.setdefault("warnings", [])
+    return Reply(
+        answer,
+        text=f"created agent {answer['agent']}\n".encode(),
+        stderr="".join(f"agent.create: warning: {warning}\n" for warning in warnings).encode(),
+    )
 
 
 def run() -> int:
