@@ -24,8 +24,9 @@ policy field, and the installed ``policy`` control starts empty (default deny, P
 
 An install run as root must not become a reader for the manifest's author: the program is
 read once, with the manifest, from below the manifest's directory and never through a
-symbolic link, and one the author could not read by its mode bits is refused
-(:func:`_read_program`).  Those bytes are what check reports on and install writes.
+symbolic link, and one the author could not read by the mode bits of the file and of every
+directory on the way to it, from ``/`` down, is refused (:func:`_read_program`).  Those bytes
+are what check reports on and install writes.
 """
 
 from __future__ import annotations
@@ -318,9 +319,11 @@ def _read_program(value: str, origin: _Origin) -> bytes | tuple[int, str]:
     out with ``..``, is read only for a manifest of the installer's (or root's) own, through
     the links of the path but never a final link; another uid's is refused (EACCES).  The
     program is read as a regular file (a FIFO is not waited on), at most
-    :data:`MAX_PROGRAM_BYTES`, and then judged on that file's mode bits: one the manifest's
-    other author could not read is refused (EACCES), for root must not read on their behalf
-    what every agent would read once installed."""
+    :data:`MAX_PROGRAM_BYTES`, and then judged on the mode bits of that file and of every
+    directory above it, up to ``/``: one the manifest's other author could not read, or could
+    not reach (a private directory of someone else's inside a shared one, a home of mode
+    0700), is refused (EACCES), for root must not read on their behalf what every agent would
+    read once installed."""
     shown = _exec_path(value, origin.source.parent)
     parts = [part for part in value.split("/") if part not in ("", ".")]
     outside = value.startswith("/") or ".." in parts
@@ -361,10 +364,19 @@ def _read_program(value: str, origin: _Origin) -> bytes | tuple[int, str]:
             )
         except OSError as exc:
             return _refusal(exc, origin, shown, value, _link_target(directory, parts[-1]))
+        barred = {author: _closed_directory(author, directory) for author in origin.authors}
     finally:
         if owned:
             os.close(directory)
     for author in sorted(origin.authors):
+        if barred[author] is not None:
+            return errno.EACCES, (
+                f"exec: {shown}: uid {author}, who owns the manifest {origin.source}, may not "
+                f"pass {barred[author]}, so it could not read the program; an installed tool is "
+                f"readable by every agent, so it is not installed for them: put the program "
+                f"where uid {author} can reach it (every directory above it searchable by that "
+                f"uid's mode bits), or install as uid {author}{_unknown_groups(author)}"
+            )
         if not _readable_by(author, status):
             return errno.EACCES, (
                 f"exec: {shown} (uid {status.st_uid}, gid {status.st_gid}, mode "
@@ -420,13 +432,55 @@ def _link_target(directory: int, name: str) -> str | None:
 def _readable_by(uid: int, status: os.stat_result) -> bool:
     """Whether the mode bits of ``status`` let ``uid`` read it, as the kernel judges them:
     the owner's bits for its owner, the group's for a member, the others' for the rest."""
+    return _granted(uid, status, (stat.S_IRUSR, stat.S_IRGRP, stat.S_IROTH))
+
+
+def _searchable_by(uid: int, status: os.stat_result) -> bool:
+    """Whether the mode bits of ``status``, a directory, let ``uid`` pass it (search, x)."""
+    return _granted(uid, status, (stat.S_IXUSR, stat.S_IXGRP, stat.S_IXOTH))
+
+
+def _granted(uid: int, status: os.stat_result, bits: tuple[int, int, int]) -> bool:
     if uid == 0:
         return True
+    owner, group, others = bits
     if status.st_uid == uid:
-        return bool(status.st_mode & stat.S_IRUSR)
+        return bool(status.st_mode & owner)
     if status.st_gid in _groups_of(uid):
-        return bool(status.st_mode & stat.S_IRGRP)
-    return bool(status.st_mode & stat.S_IROTH)
+        return bool(status.st_mode & group)
+    return bool(status.st_mode & others)
+
+
+def _closed_directory(uid: int, directory: int) -> str | None:
+    """The first directory, from ``directory`` up to ``/``, that ``uid`` may not pass by its
+    mode bits (its path, owner and mode, to name it), or None when it may pass them all.
+
+    Walked up through ``..`` from the descriptor the program was read through, so it judges
+    the directories the program was read from, whatever links the path named to reach them."""
+    current = os.open(".", _PLACE | os.O_DIRECTORY, dir_fd=directory)
+    try:
+        while True:
+            status = os.fstat(current)
+            if not _searchable_by(uid, status):
+                return (
+                    f"{_path_of(current)} (uid {status.st_uid}, gid {status.st_gid}, mode "
+                    f"{stat.S_IMODE(status.st_mode):04o})"
+                )
+            parent = os.open("..", _PLACE | os.O_DIRECTORY, dir_fd=current)
+            above = os.fstat(parent)
+            os.close(current)
+            current = parent
+            if (above.st_dev, above.st_ino) == (status.st_dev, status.st_ino):
+                return None  # "/": its own parent
+    finally:
+        os.close(current)
+
+
+def _path_of(directory: int) -> str:
+    try:
+        return os.readlink(f"/proc/self/fd/{directory}")
+    except OSError:
+        return "a directory above it"
 
 
 def _groups_of(uid: int) -> frozenset[int]:
