@@ -601,7 +601,10 @@ def status(queue_dir: Path, as_json: bool) -> None:
 
     With --json, one object: {"queue": PATH, "pending": N, "claimed": N, "done": N,
     "failed": N, "conflict": N, "counts": {the same, and "incomplete" and "ignored"},
-    "ignored": [...], "incomplete": [...], "conflicts": [...], "temps": [...]}.
+    "ignored": [...], "incomplete": [...], "conflicts": [...], "temps": [...],
+    "owned_by_others": [...]}.  A state directory that belongs neither to the queue's owner
+    nor to root is listed ('owner' lines, "owned_by_others"): its owner may rename it away
+    with its jobs or lock everyone else out of it, whatever the queue's sticky bit.
     Exit 1 when a conflict is found (SPEC §2.4), else 0.
     """
     with open_queue(queue_dir) as q:
@@ -627,6 +630,8 @@ def status(queue_dir: Path, as_json: bool) -> None:
         echo_printable(
             f"temp       {temp['path']} ({_temp_kind(temp)}{temp['age_seconds']:.0f}s old)"
         )
+    for owned in report.owned_by_others:
+        echo_printable(f"owner      {owned['path']}/: {owned['reason']}; {owned['remedy']}")
     sys.exit(found_conflict)
 
 

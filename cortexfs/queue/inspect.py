@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -12,7 +13,14 @@ from cortexfs.errors import CtxError, invalid, not_found
 from cortexfs.names import job_name
 from cortexfs.queue import evidence as ev
 from cortexfs.queue.claim_order import scan_pending
-from cortexfs.queue.layout import LEASE_FILE, RESULT_SUFFIX, Queue, kind_of, read_regular_file
+from cortexfs.queue.layout import (
+    LEASE_FILE,
+    RESULT_SUFFIX,
+    STATE_DIRS,
+    Queue,
+    kind_of,
+    read_regular_file,
+)
 from cortexfs.queue.protocol import read_lease
 from cortexfs.timefmt import rfc3339
 
@@ -25,6 +33,7 @@ class QueueStatus:
     incomplete: list[dict[str, Any]] = field(default_factory=list)
     conflicts: list[dict[str, Any]] = field(default_factory=list)
     temps: list[dict[str, Any]] = field(default_factory=list)
+    owned_by_others: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         """``{"queue": …, "pending": 2, "claimed": 0, …, "counts": {…}, "ignored": […], …}``:
@@ -40,6 +49,7 @@ class QueueStatus:
             "incomplete": self.incomplete,
             "conflicts": self.conflicts,
             "temps": self.temps,
+            "owned_by_others": self.owned_by_others,
         }
 
 
@@ -64,7 +74,45 @@ def status(queue: Queue) -> QueueStatus:
         {"path": f"inbox/{t.name}", "age_seconds": round(t.age, 3), "job": t.job, "kind": t.kind}
         for t in found.temps
     ]
+    result.owned_by_others = state_dirs_owned_by_others(queue)
     return result
+
+
+def state_dirs_owned_by_others(queue: Queue) -> list[dict[str, Any]]:
+    """The state directories that belong neither to the queue directory's owner nor to root,
+    each with what that lets their owner do and what gives them back.
+
+    In a queue shared by a group, ``queue/`` is sticky so that its six directories stay its
+    owner's: no member may rename or remove them.  The sticky bit stops no one from renaming
+    what they own, though, so a state directory a member made (an older layout, or a queue
+    that was not sticky when it was made) is that member's to rename away with the jobs in
+    it, or to close to every other user with a chmod: the queue then loses those jobs
+    without a trace, or refuses everyone else.  Nothing is wrong while that member does
+    neither, so it is reported, not refused.  Root may do all that to any directory, so a
+    state directory of root's gives no one anything."""
+    queue_owner = os.fstat(queue.root_fd).st_uid
+    found = []
+    for state in STATE_DIRS:
+        st = os.fstat(queue.dirs[state])
+        if st.st_uid in (queue_owner, 0):
+            continue
+        path = shlex.quote(str(queue.path / state))
+        found.append(
+            {
+                "path": state,
+                "uid": st.st_uid,
+                "queue_owner": queue_owner,
+                "reason": (
+                    f"owned by uid {st.st_uid}, not by uid {queue_owner} who owns the queue: "
+                    f"uid {st.st_uid} may change its mode, locking every other user of the "
+                    f"queue out of {state}/, and, if it may write in the queue directory, "
+                    f"rename {state}/ away with the jobs in it (the sticky bit of the queue "
+                    "directory does not stop a directory's own owner)"
+                ),
+                "remedy": f"have root give it to the queue's owner: chown {queue_owner} {path}",
+            }
+        )
+    return found
 
 
 def list_jobs(queue: Queue, state: str | None = None) -> list[dict[str, str]]:
