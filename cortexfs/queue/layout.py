@@ -12,6 +12,7 @@ import errno
 import fcntl
 import os
 import stat
+import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,6 +31,15 @@ RESULT_SUFFIX = ".result"
 TEMP_SUFFIX = ".tmp"
 
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+# A directory's attributes (chattr) that refuse what its mode allows, to root too: read with
+# FS_IOC_GETFLAGS of linux/fs.h (_IOR('f', 1, long)), as 'lsattr' reads them.  Immutable
+# refuses every change in the directory; append-only lets entries in but none out.
+_FS_IOC_GETFLAGS = (2 << 30) | (struct.calcsize("l") << 16) | (ord("f") << 8) | 1
+_REFUSING_ATTRIBUTES = (
+    (0x10, "immutable", "i", "nothing in it may be added, moved or removed"),
+    (0x20, "append-only", "a", "entries may be added to it but none moved out or removed"),
+)
 
 
 class Refusal(CtxError):
@@ -258,23 +268,79 @@ class Queue:
             # Relative to the descriptors we hold: a finish asks about six directories.
             parent, name = (self.dirs[state], job) if job else (self.root_fd, state)
             if not os.access(name, os.W_OK | os.X_OK, dir_fd=parent, effective_ids=True):
-                require_writable(self.path / place, f"{action} in queue {self.path}")
+                refused = self._why_not_writable(place, action)
+                if refused is not None:
+                    raise refused
+
+    def _why_not_writable(self, place: str, action: str) -> CtxError | None:
+        """Why this process may not change ``place`` (``pending``, ``claimed/J``), in the
+        words of a refusal of ``action``: an immutable or append-only attribute (EPERM, which
+        no mode explains), a read-only filesystem (EROFS), or who may write there (EACCES).
+        None when nothing refuses it now."""
+        doing = f"{action} in queue {self.path}"
+        path = self.path / place
+        attribute = self._refusing_attribute(place)
+        if attribute is not None:
+            name, letter, meaning = attribute
+            return CtxError(
+                errno.EPERM,
+                f"cannot {doing}: {path} is {name} (attribute '{letter}', which 'lsattr -d' "
+                f"shows): {meaning}, by root too; have root remove it with "
+                f"'chattr -{letter} {path}'",
+            )
+        try:
+            require_writable(path, doing)
+        except CtxError as exc:
+            return exc
+        return None
+
+    def _refusing_attribute(self, place: str) -> tuple[str, str, str] | None:
+        """``(name, chattr letter, what it forbids)`` of an attribute of ``place`` that
+        refuses changes whatever its mode; None when it has none (or its filesystem keeps no
+        attributes, or it cannot be opened: then its mode or its absence says why)."""
+        state, _, job = place.partition("/")
+        try:
+            fd = self.open_job_dir(state, job) if job else os.dup(self.dirs[state])
+        except OSError:
+            return None
+        try:
+            flags = struct.unpack_from("i", fcntl.ioctl(fd, _FS_IOC_GETFLAGS, bytes(8)))[0]
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+        for flag, name, letter, meaning in _REFUSING_ATTRIBUTES:
+            if flags & flag:
+                return name, letter, meaning
+        return None
 
     def refusal(self, action: str, state: str, refused: OSError, done: str, again: str) -> Refusal:
         """The error for ``action`` refused by the kernel (``refused``) in the directory
         ``state`` (``inbox``, ``lease/J``…): it names that directory, says what the command did
         and did not do (``done``: ``nothing was published``) and what to do before ``again``
-        (``publish again``).  For EACCES, EPERM or EROFS: who may write there, or that its
-        filesystem is read-only; for a shortage (ENOSPC, EDQUOT, EMFILE…): what ran short, and
-        what frees it.  Never a bare errno, which says neither where nor whether anything
-        changed."""
-        where = self.path / state
+        (``publish again``).  For EACCES, EPERM or EROFS: an immutable or append-only attribute
+        and who may remove it, that its filesystem is read-only, or who may write there; for a
+        shortage (ENOSPC, EDQUOT, EMFILE…): what ran short, and what frees it.  Never a bare
+        errno, which says neither where nor whether anything changed."""
+        return self.refusal_among(action, (state,), refused, done, again)
+
+    def refusal_among(
+        self, action: str, places: tuple[str, ...], refused: OSError, done: str, again: str
+    ) -> Refusal:
+        """:meth:`refusal` for a step that changes several directories (``places``, as
+        :meth:`require_writable` takes them), when which one refused is not known: it names the
+        first of them that refuses now, and all of them when none does (the mode changed back
+        since, or a security module refused)."""
         if refused.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-            try:
-                require_writable(where, f"{action} in queue {self.path}")
-            except CtxError as exc:
-                said = f"{exc.message}; {done}"
-                return Refusal(exc.errno, said, said)
+            for place in places:
+                explained = self._why_not_writable(place, action)
+                if explained is not None:
+                    said = f"{explained.message}; {done}"
+                    return Refusal(explained.errno, said, said)
+        if len(places) == 1:
+            where = str(self.path / places[0])
+        else:
+            where = f"one of {', '.join(f'{place}/' for place in places)}"
         shortage, fix = self._what_ran_short(refused.errno)
         cause = (
             f"cannot {action} in queue {self.path}: {where} refused: {refused.strerror}"

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cortexfs import durable
-from cortexfs.errors import CtxError
+from cortexfs.errors import HOST_TROUBLES, CtxError
 from cortexfs.interrupts import held_interrupts
 from cortexfs.queue import evidence as ev
 from cortexfs.queue.claim_order import pending_changed, pending_stamp, relist_after_recover
@@ -125,7 +125,7 @@ def recover(
         try:
             _recover_job(queue, found.jobs[job], report, reconcile=reconcile, dry_run=dry_run)
         except _StoppedPartWay as stopped:
-            report.errors.append(_failure(stopped.cause, found.jobs[job], stopped))
+            report.errors.append(_stopped_part_way(queue, found.jobs[job], stopped))
         except (OSError, CtxError) as exc:
             # One job we cannot repair (EACCES in a directory another user made, a symlink
             # swapped in since the scan) must not cost every other job its repair: say what
@@ -140,7 +140,7 @@ def recover(
         try:
             durable.remove_entries(queue.ops, [(queue.inbox, temp.name, False)])
         except OSError as exc:
-            report.errors.append(_temp_failure(temp, exc))
+            report.errors.append(_temp_failure(queue, temp, exc))
             continue
         report.removed_temps.append(f"inbox/{temp.name}")
     if report.removed_temps:
@@ -154,38 +154,74 @@ class _StoppedPartWay(Exception):
     """A transition that failed once it had begun, with J's evidence before it and after it.
     Both are read under J's lock when ``claimed/J`` exists, and what changed is then this
     run's doing; without ``claimed/J`` (an orphan ``lease/J``) there is no lock to hold, and
-    a claim made meanwhile would show in the difference too."""
+    a claim made meanwhile would show in the difference too.  ``action`` is what the
+    transition does to J (``requeue J``), ``places`` the directories it changes, as the check
+    before it names them, and ``reconciling`` whether it is a repair of ``--reconcile``."""
 
     def __init__(
-        self, cause: OSError | CtxError, before: ev.JobEvidence, after: ev.JobEvidence
+        self,
+        cause: OSError | CtxError,
+        before: ev.JobEvidence,
+        after: ev.JobEvidence,
+        action: str,
+        places: tuple[str, ...],
+        reconciling: bool,
     ) -> None:
         super().__init__(str(cause))
         self.cause, self.before, self.after = cause, before, after
+        self.action, self.places, self.reconciling = action, places, reconciling
 
 
-def _failure(
-    exc: OSError | CtxError, scanned: ev.JobEvidence, stopped: _StoppedPartWay | None = None
-) -> Finding:
-    """What recover could not do for a job, with the errno that stopped it; for a transition
-    that had begun and changed part of the job, where the job stands now (a state the next
-    run handles): the report must not say the job was left as it was."""
+def _failure(exc: OSError | CtxError, scanned: ev.JobEvidence) -> Finding:
+    """What recover could not do for a job it left as it was, with the errno that stopped it."""
     if isinstance(exc, CtxError):
         code, reason = exc.code_name, str(exc)
     else:
         code, reason = errno.errorcode.get(exc.errno or 0, "EIO"), ev.errno_text(exc)
-    now, where = scanned, "left as it is"
-    if stopped is not None:
-        now = stopped.after
-        if sorted(now.paths()) != sorted(stopped.before.paths()):
-            assessment = ev.assess(now)
-            where = f"stopped part-way: it is now {assessment.state} ({assessment.detail})"
-    return Finding(scanned.job, "error", f"{reason}; {where}", evidence=now.paths(), error=code)
+    detail = f"{reason}; left as it is"
+    return Finding(scanned.job, "error", detail, evidence=scanned.paths(), error=code)
 
 
-def _temp_failure(temp: ev.Temp, exc: OSError) -> Finding:
+def _stopped_part_way(queue: Queue, scanned: ev.JobEvidence, stopped: _StoppedPartWay) -> Finding:
+    """What recover could not do for a job whose transition the kernel refused, and where
+    the job stands now: as it was, or, when part of it changed, the state the next run
+    handles (the report must not say the job was left as it was).  A refusal says which
+    directory refused and why (an immutable attribute, a read-only filesystem, a full disk)
+    and what to do, as :meth:`Queue.refusal` says it for the other commands: the check before
+    the transition cannot see a mode changed after it, nor an append-only attribute."""
+    now, where, reconcile = stopped.after, "left as it is", stopped.reconciling
+    if sorted(now.paths()) != sorted(stopped.before.paths()):
+        assessment = ev.assess(now)
+        where = f"stopped part-way: it is now {assessment.state} ({assessment.detail})"
+        if assessment.state == "incomplete":
+            where += ", for 'ctx queue recover --reconcile' to complete"
+            reconcile = True
+    exc = stopped.cause
+    if isinstance(exc, OSError) and exc.errno in _REFUSALS_OF_THE_HOST:
+        again = f"run 'ctx queue recover{' --reconcile' if reconcile else ''}' again"
+        exc = queue.refusal_among(stopped.action, stopped.places, exc, where, again)
+        detail = str(exc)
+    else:
+        detail = f"{exc}; {where}"
+    return Finding(scanned.job, "error", detail, evidence=now.paths(), error=exc.code_name)
+
+
+# What the host refuses a step for, whatever the job: a directory's mode or attribute, a
+# read-only filesystem, a shortage, a failing disk.  Any other errno (EEXIST: the job showed up
+# at its destination meanwhile) is about the job, and is said as it is.
+_REFUSALS_OF_THE_HOST = HOST_TROUBLES | {errno.EACCES, errno.EPERM, errno.EIO}
+
+
+def _temp_failure(queue: Queue, temp: ev.Temp, exc: OSError) -> Finding:
     path = f"inbox/{temp.name}"
-    code = errno.errorcode.get(exc.errno or 0, "EIO")
-    return Finding(path, "error", f"{ev.errno_text(exc)}; not removed", evidence=[path], error=code)
+    refusal = queue.refusal(
+        f"remove the stray temp file {path}",
+        "inbox",
+        exc,
+        "not removed",
+        "run 'ctx queue recover --reconcile' again",
+    )
+    return Finding(path, "error", str(refusal), evidence=[path], error=refusal.code_name)
 
 
 def _recover_job(
@@ -364,9 +400,9 @@ def _apply(
         # Every directory the transition changes, before its first step, as finish checks
         # (and in its words): a directory an older release made without the group's write
         # bit (claimed/J 2755) would refuse a move midway with a bare EACCES, naming nothing.
-        queue.require_writable(
-            f"{_VERBS[finding.action or '']} {job}", _places_changed(job, transition, evidence)
-        )
+        action = f"{_VERBS[finding.action or '']} {job}"
+        places = _places_changed(job, transition, evidence)
+        queue.require_writable(action, places)
         with held_interrupts():  # Ctrl-C lands between two jobs, never inside one's move
             try:
                 transition(queue, job, claim_fd)
@@ -375,7 +411,8 @@ def _apply(
                     after = ev.evidence_of(queue, job)
                 except OSError:
                     after = evidence  # nothing more can be said of it from here
-                raise _StoppedPartWay(exc, evidence, after) from exc
+                reconciling = finding.action != "requeue"
+                raise _StoppedPartWay(exc, evidence, after, action, places, reconciling) from exc
         return None
     finally:
         if claim_fd is not None:
