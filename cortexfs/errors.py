@@ -115,10 +115,6 @@ def remedy_for_host_trouble(
 ) -> str | None:
     """What mends ``code`` when it is one of :data:`HOST_TROUBLES`; None for any other.
     ``filesystem`` and ``uid`` make it precise, as for :func:`explain_host_trouble`."""
-    if code is None:
-        return None
-    if filesystem is None and uid is None:
-        return _HOST_REMEDIES.get(code)
     trouble = explain_host_trouble(code, filesystem=filesystem, uid=uid)
     return None if trouble is None else trouble.remedy
 

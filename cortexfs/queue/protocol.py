@@ -693,7 +693,11 @@ def _read_claimed_request(
     except CtxError as exc:
         if exc.errno in (errno.ELOOP, errno.EINVAL):
             return None, None
-        reason = f"stored request is over the size limit: {exc.message}"  # EFBIG
+        reason = (  # EFBIG
+            f"stored request is over the size limit: {exc.message} (max_request_bytes="
+            f"{queue.config.max_request_bytes} of the queue's config, and "
+            f"{requests.STORED_OVERHEAD} more for the 'from' and 'created' that publish adds)"
+        )
         return invalid_request(reason), reason
     try:
         return requests.decode_stored_request(data), None

@@ -92,5 +92,5 @@ def test_the_reason_names_the_stored_request_once(farm: Farm) -> None:
     assert missing.startswith("EINVAL: stored request is malformed: field 'input' must be")
     over = reasons[too_big.name][1]["reason"]
     assert over.startswith("EINVAL: stored request is over the size limit: ")
-    assert f"{too_big.name} is " in over
+    assert f"{too_big.name} is " in over and "(max_request_bytes=1024 of the queue's config" in over
     assert all(r["reason"].count("stored request") == 1 for _, r in reasons.values()), reasons
