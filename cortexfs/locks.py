@@ -10,11 +10,15 @@ install waits for the install before it, however long that takes) is taken on a 
 those who may write the directory can open: the hidden file :data:`LOCK_FILE` in it.  A lock
 on the directory itself would do no such thing: ``flock`` needs only a descriptor, and any
 uid that may read a directory may open it and hold its lock for ever.  The lock file is
-mode 0600 — 0660 in a group-writable directory whose group it shares (a space's members who
-may write there share it) — and never readable by others; made by root, it is given to the
-directory's owner and group, so that the owner, who installs there, may open it after.  A
-leading dot is not a legal object name (R-3): the file is never taken for an object, and it
-is kept for good (removing a lock file lets two holders lock two different files).
+mode 0600, the owner's alone, in a group-writable directory too: only a directory's owner
+installs there (a space's ``tool/`` is its owner's, and a tool from a tier its group may
+write runs for nobody), so no member needs to open it, and none can hold it.  Made by root,
+it is given to the directory's owner and group, so that the owner, who installs there, may
+open it after.  A leading dot is not a legal object name (R-3): the file is never taken for
+an object, and it is kept for good (removing a lock file lets two holders lock two different
+files).  Whoever may write the directory may still put a file of its own at the name, so a
+wait for a lock that another's may hold (``ctx bootstrap`` looking at every space's tier) is
+bounded, and :func:`lock_holders` names who holds it.
 """
 
 from __future__ import annotations
@@ -97,11 +101,10 @@ def _make_lock_file(dir_fd: int, path: Path) -> int:
     except OSError as exc:
         raise _refused(dir_fd, path, exc) from None
     try:
-        directory = os.fstat(dir_fd)
         if os.geteuid() == 0:
+            directory = os.fstat(dir_fd)
             os.fchown(fd, directory.st_uid, directory.st_gid)
-        shared = directory.st_mode & stat.S_IWGRP and os.fstat(fd).st_gid == directory.st_gid
-        os.fchmod(fd, 0o660 if shared else 0o600)  # whatever the umask made of it
+        os.fchmod(fd, 0o600)  # whatever the umask made of it
     except BaseException:
         os.close(fd)
         raise
@@ -130,3 +133,26 @@ def _refused(dir_fd: int, path: Path, exc: OSError) -> Exception:
         f"serialises changes to {path.parent}, and only those who may write there may take "
         "it: run the command as the directory's owner",
     )
+
+
+def lock_holders(fd: int) -> list[int]:
+    """The pids that ``/proc/locks`` shows holding a lock on the file open as ``fd``, in this
+    process's pid namespace: none when it cannot be read (no ``/proc``) or the holder is
+    outside the namespace (pid 0 there).  A lock passed on to a child (``flock FILE
+    COMMAND``) shows the pid of the process that took it."""
+    status = os.fstat(fd)
+    # /proc/locks names a file as MAJOR:MINOR:INODE, the device numbers in hexadecimal.
+    wanted = f"{os.major(status.st_dev):02x}:{os.minor(status.st_dev):02x}:{status.st_ino}"
+    holders = []
+    try:
+        with open("/proc/locks", encoding="ascii", errors="replace") as table:
+            for line in table:
+                fields = line.split()
+                if "->" in fields:  # a request waiting for the lock, not a holder
+                    continue
+                for at, field in enumerate(fields[:-1]):
+                    if fields[at + 1] == wanted and field.isdigit() and int(field) > 0:
+                        holders.append(int(field))
+    except OSError:
+        return []
+    return sorted(set(holders))

@@ -79,7 +79,7 @@ from pathlib import Path
 
 from cortexfs import durable
 from cortexfs.errors import CtxError, exists
-from cortexfs.locks import open_lock_file
+from cortexfs.locks import LOCK_FILE, flock_within, lock_holders, open_lock_file
 from cortexfs.names import is_object_name
 from cortexfs.tools import install_failure
 from cortexfs.tools.commit_marker import commit_marker, marked_object
@@ -174,7 +174,7 @@ def install_pair(
                 settled_by=settled_by,
             ) from failure
         with (
-            _exclusive(lock),
+            _exclusive(lock, directory),
             install_failure.descriptors_set_aside(dir_fd, directory / name) as release,
         ):
             finished = _repair_before_install(ops, dir_fd, directory, name, kind)
@@ -221,7 +221,12 @@ def install_pair(
 
 
 def repair_staged(
-    directory: Path, kind: PairKind, ops: durable.FsOps | None = None, *, host: int | None = None
+    directory: Path,
+    kind: PairKind,
+    ops: durable.FsOps | None = None,
+    *,
+    host: int | None = None,
+    wait: float | None = None,
 ) -> list[str]:
     """Finish or discard what interrupted installs left in ``directory``; say what was done.
 
@@ -231,7 +236,9 @@ def repair_staged(
     A directory whose lock this uid may not take (not its to write, or on a read-only
     filesystem) has nothing done to it: that is no error when nothing is left there to
     finish or discard (``ctx bootstrap`` looks at every space's tier), and the lock's error
-    otherwise."""
+    otherwise.  With ``wait``, the lock is waited for that many seconds at most: a directory
+    whose lock another process holds longer has nothing done to it either, and EAGAIN says
+    which process holds it."""
     ops = ops or durable.default_ops()
     dir_fd = durable.open_dir_path(ops, str(directory))
     try:
@@ -241,7 +248,7 @@ def repair_staged(
             if refused.errno in _NOT_OURS_TO_CHANGE and not _interrupted_installs(dir_fd):
                 return []
             raise
-        with _exclusive(lock):
+        with _exclusive(lock, directory, wait):
             done = [
                 f"{directory}/{name}: {what}" for name, what in _repair_locked(ops, dir_fd, kind)
             ]
@@ -554,15 +561,31 @@ def _read_marker(dir_fd: int, name: str) -> str:
 
 
 @contextlib.contextmanager
-def _exclusive(lock: int) -> Iterator[None]:
-    """Hold the exclusive ``flock`` of the lock file open as ``lock`` (closed at the end).
-    It is waited for without a time limit: only those who may install into the directory can
-    open its lock file, and an install waits for the one before it, however long it takes."""
+def _exclusive(lock: int, directory: Path, wait: float | None = None) -> Iterator[None]:
+    """Hold the exclusive ``flock`` of the lock file of ``directory``, open as ``lock``
+    (closed at the end).  Without ``wait`` it is waited for without a time limit: only those
+    who may install into the directory can open its lock file, and an install waits for the
+    one before it, however long it takes.  With ``wait``, EAGAIN after that many seconds,
+    naming the holders :func:`cortexfs.locks.lock_holders` finds."""
     try:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        if wait is None:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        elif not flock_within(lock, fcntl.LOCK_EX, wait):
+            raise _still_locked(lock, directory, wait)
         yield
     finally:
         os.close(lock)  # lets the lock go
+
+
+def _still_locked(lock: int, directory: Path, wait: float) -> CtxError:
+    holders = lock_holders(lock)
+    by = f" (pid {', '.join(map(str, holders))})" if holders else ""
+    return CtxError(
+        errno.EAGAIN,
+        f"{directory / LOCK_FILE} is locked by another process{by}, still after {wait:g} s, "
+        f"so nothing was finished or discarded in {directory}: end that process, or wait for "
+        "it to let go, and run the command again",
+    )
 
 
 def _make_dirs(ops: durable.FsOps, top_fd: int, relative: str) -> None:

@@ -1,4 +1,5 @@
-"""Locks held by another uid, as any uid that may read a directory can hold its ``flock``."""
+"""Locks held by another uid, as any uid that may read a directory can hold its ``flock``,
+or that may write it can hold a lock file of its own put there."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ from tests.support.users import UnprivilegedUser
 
 
 @contextmanager
-def held_by(user: UnprivilegedUser, *directories: Path) -> Iterator[None]:
-    """``user`` holds an exclusive ``flock`` on each of ``directories`` (which it may read)
-    until the block ends."""
+def held_by(user: UnprivilegedUser, *directories: Path) -> Iterator[list[int]]:
+    """``user`` holds an exclusive ``flock`` on each of ``directories`` (which it may read;
+    a file it may open, or make, will do too) until the block ends; the block is given the
+    pids of the holders, in that order."""
     holders = []
     try:
         for directory in directories:
@@ -27,7 +29,7 @@ def held_by(user: UnprivilegedUser, *directories: Path) -> Iterator[None]:
             )
             holders.append(holder)
             assert holder.stdout is not None and holder.stdout.readline() == "held\n", directory
-        yield
+        yield [holder.pid for holder in holders]
     finally:
         for holder in holders:
             holder.kill()

@@ -152,19 +152,29 @@ def test_a_lock_file_root_makes_is_the_directorys_owners_who_installs_there_afte
     assert (status.st_uid, stat.S_IMODE(status.st_mode)) == (unprivileged_user.uid, 0o600)
 
 
-def test_in_a_group_writable_tier_the_lock_file_is_its_groups_too(
+def test_in_a_group_writable_tier_the_lock_file_is_still_the_owners_alone(
     traversable_tmp: Path, unprivileged_user: UnprivilegedUser
 ) -> None:
+    """Only a space's owner installs into its tool/ (a tool from a tier its group may write
+    runs for nobody): a member can neither install there nor hold the lock."""
     tier = traversable_tmp / "tier"
     tier.mkdir()
     os.chown(tier, 0, unprivileged_user.gid)
-    tier.chmod(0o2770)  # a space's tool/ as older versions made it: its members install
+    tier.chmod(0o2770)  # a space's tool/ as older versions made it
 
     install_pair(tier, "probe", TOOL_KIND, entry=b"#!/bin/sh\n", controls=CONTROLS, replace=True)
+    with effective_user(unprivileged_user), pytest.raises(CtxError) as refused:
+        install_pair(
+            tier, "other", TOOL_KIND, entry=b"#!/bin/sh\n", controls=CONTROLS, replace=True
+        )
 
     status = (tier / LOCK_FILE).lstat()
-    assert (status.st_gid, stat.S_IMODE(status.st_mode)) == (unprivileged_user.gid, 0o660)
-    assert access_as(unprivileged_user, [(str(tier / LOCK_FILE), "r")]) == [True]
+    assert (status.st_gid, stat.S_IMODE(status.st_mode)) == (unprivileged_user.gid, 0o600)
+    assert access_as(unprivileged_user, [(str(tier / LOCK_FILE), "r")]) == [False]
+    assert refused.value.errno == errno.EACCES
+    assert "(it belongs to uid 0, mode 0600)" in refused.value.message
+    assert "run the command as the directory's owner" in refused.value.message
+    assert sorted(os.listdir(tier)) == [LOCK_FILE, "probe", "probe.d"]
 
 
 def test_an_install_that_may_not_take_the_lock_says_so_and_changes_nothing(

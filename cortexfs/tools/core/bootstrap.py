@@ -61,6 +61,7 @@ from cortexfs.tools.install import (
     tool_obstacles,
 )
 from cortexfs.tools.manifest import Manifest, parse_manifest
+from cortexfs.tools.pairs import repair_staged
 from cortexfs.tools.remedy import reinstall_advice
 
 MANIFESTS = Path(__file__).parent / "manifests"
@@ -68,14 +69,22 @@ MANIFESTS = Path(__file__).parent / "manifests"
 _STAND_IN_OBSTACLES = ("a symbolic link", "a special file")
 # A core tool's controls whose content is the administrator's, not the manifest's.
 ADMINISTRATORS_CONTROLS = sorted(set(REQUIRED_FILES) - TOOL_KIND.defined)
+# How long bootstrap waits for the lock of a tier other than the system tier: an install
+# there takes a moment; a holder that keeps it longer is reported, its tier left as it is.
+OTHER_TIER_LOCK_WAIT = 10.0
 
 
 def bootstrap_tools(root: Path, source: Path | None, report: storage.BootstrapReport) -> None:
-    """The bootstrap step: finish interrupted installs, then the core tools, the tsh config
-    and bin/tsh; last, report every tool of every tier that C-2 makes unavailable.
+    """The bootstrap step: finish the system tier's interrupted installs, then the core
+    tools, the tsh config and bin/tsh, then the other tiers' interrupted installs; last,
+    report every tool of every tier that C-2 makes unavailable.
 
     Each part stands alone: a problem in one (reported, its cause left untouched) does not keep
-    bootstrap from the others.  Nothing is written into ``tool/``, a core tool's control
+    bootstrap from the others.  The system tier comes first, and another tier's lock is
+    waited for :data:`OTHER_TIER_LOCK_WAIT` seconds at most: whoever may write a space's
+    ``tool/`` (its group, in a space an older version made) may hold a lock file of its own
+    there for ever, which must keep neither the core tools nor the other tiers from their
+    repair.  Nothing is written into ``tool/``, a core tool's control
     directory or its hook directories while another uid could change them: they hold the
     administrator's policies and hooks, which bootstrap cannot vouch for
     (:mod:`cortexfs.bootstrap_repair`; ``tool/`` itself is reported by the root's step)."""
@@ -84,11 +93,9 @@ def bootstrap_tools(root: Path, source: Path | None, report: storage.BootstrapRe
     system_usable = _is_real_directory(system.directory) and not bootstrap_repair.untrusted(
         system.directory.lstat(), owner
     )
-    for tier in all_tiers(root, os.getuid()):
-        if tier.name == "system" and not system_usable:
-            continue
-        with report.step(tier.location):
-            report.repaired += repair_tier(tier)
+    if system_usable:
+        with report.step(system.location):
+            report.repaired += repair_tier(system)
     interpreter, problem = core_interpreter()
     if problem:
         report.add_problem(problem, errno.ENOEXEC)
@@ -115,9 +122,22 @@ def bootstrap_tools(root: Path, source: Path | None, report: storage.BootstrapRe
             _install_program(root, "bin/tsh", tsh, owner, report)
         with report.step("bin/ctxterm"):
             _install_program(root, "bin/ctxterm", render_ctxterm(root), owner, report)
-    for tier in all_tiers(root, os.getuid()):
+    tiers = all_tiers(root, os.getuid())
+    for tier in tiers:
+        if tier.name != "system":
+            with report.step(tier.location):
+                report.repaired += _repair_other_tier(tier, owner)
+    for tier in tiers:
         with report.step(tier.location):
             _report_tools_it_does_not_repair(tier, report)
+
+
+def _repair_other_tier(tier: Tier, owner: int) -> list[str]:
+    """:func:`repair_tier` for a user's or a space's tier, waiting
+    :data:`OTHER_TIER_LOCK_WAIT` seconds at most for its lock (EAGAIN, naming the holder)."""
+    if not tier.directory.is_dir():
+        return []
+    return repair_staged(tier.directory, TOOL_KIND, host=owner, wait=OTHER_TIER_LOCK_WAIT)
 
 
 def _reported_as_administrators(tier: Tier, name: str, report: storage.BootstrapReport) -> bool:
