@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from cortexfs import locks
 from cortexfs.errors import CtxError
 from cortexfs.locks import LOCK_FILE
 from cortexfs.tools.core import tsh_config
@@ -115,8 +116,9 @@ def test_another_uid_holding_tsh_d_stalls_neither_tsh_config_nor_a_reinstall_of_
 
 def test_tsh_config_takes_the_lock_file_installs_take(world: World) -> None:
     """tsh.config runs from a bundle of its own modules, which cortexfs.locks is not part
-    of: it names the lock file itself."""
+    of: it names the lock file, and opens it, itself."""
     assert tsh_config.LOCK_FILE == LOCK_FILE
+    assert tsh_config._LOCK_FLAGS == locks._OPEN_FLAGS
 
 
 def test_the_lock_file_is_the_owners_alone_and_no_object(world: World) -> None:

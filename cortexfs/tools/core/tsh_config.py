@@ -15,8 +15,10 @@ stderr: each line of the file tsh cannot use (its default applies), or a file th
 (all the defaults apply, as in tsh; an update creates it).  An update rewrites the file
 in one rename, keeping its comments and the order of its lines; a key that was absent is
 appended; concurrent updates take turns under the lock of the tier's installs, so none is
-lost.  The kernel decides who may write: the file belongs to the storage root's owner, so an
-agent can read the configuration but not change it.
+lost.  Who may update it is the tier's owner (and root): the file belongs to the storage
+root's owner, and the lock, ``.install-lock`` of the tier, only its owner may open, so an
+agent, or another uid, can read the configuration but not change it, even where the file
+and ``tsh.d/`` were made writable to it.
 
 ``ctx tool tsh.config …`` runs this same code inside ``ctx``, as the host user (SPEC H-3).
 """
@@ -253,10 +255,10 @@ def _tier_locked(ops: durable.FsOps, path: Path) -> int:
     exclusively; its descriptor, whose closing lets the lock go.
 
     Only those who may install into the tier can open its lock file, so no other uid can
-    hold an update back; one that may not is refused as a write of the file would be.  The
-    lock file is opened as :func:`cortexfs.locks.open_lock_file` opens it, never made here:
-    this tool runs from a bundle of its own modules, and every install and ``ctx bootstrap``
-    makes it."""
+    hold an update back; one that may not is refused as :func:`cortexfs.locks.open_lock_file`
+    refuses it, naming the lock file and who may take it.  The lock file is opened as that
+    function opens it, never made here: this tool runs from a bundle of its own modules, and
+    every install and ``ctx bootstrap`` makes it."""
     tier = path.parent.parent
     try:
         tier_fd = durable.open_dir_path(ops, str(tier))
@@ -273,7 +275,7 @@ def _tier_locked(ops: durable.FsOps, path: Path) -> int:
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise _not_a_lock_file(tier) from None
-        raise _refused(path, exc) from None
+        raise _lock_refused(tier_fd, tier, path, exc) from None
     finally:
         ops.close(tier_fd)
     try:
@@ -286,7 +288,8 @@ def _tier_locked(ops: durable.FsOps, path: Path) -> int:
     return lock
 
 
-# The tier's lock file, as cortexfs.locks names and opens it (it is not bundled with the tool).
+# The tier's lock file, as cortexfs.locks names and opens it (it is not bundled with the tool;
+# tests/tools/test_install_lock.py checks that the two agree).
 LOCK_FILE = ".install-lock"
 _LOCK_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY
 
@@ -294,6 +297,28 @@ _LOCK_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK | os.O_
 def _not_a_lock_file(tier: Path) -> ToolFailure:
     return ToolFailure(
         errno.EEXIST, f"{tier / LOCK_FILE} is no regular file, so not the tier's lock: move it away"
+    )
+
+
+def _lock_refused(tier_fd: int, tier: Path, path: Path, exc: OSError) -> Exception:
+    """What a refusal of the kernel to open the tier's lock file tells the caller: the lock
+    file, whose it is, and who may update the configuration (worded as
+    :func:`cortexfs.locks.open_lock_file` words it).  The configuration itself may well be
+    writable to the caller: it was not what refused."""
+    if exc.errno not in (errno.EACCES, errno.EPERM):
+        return exc
+    try:
+        held = os.stat(LOCK_FILE, dir_fd=tier_fd, follow_symlinks=False)
+        whose = f" (it belongs to uid {held.st_uid}, mode {stat.S_IMODE(held.st_mode):04o})"
+    except OSError:
+        whose = ""
+    owner = os.fstat(tier_fd).st_uid
+    return ToolFailure(
+        exc.errno,
+        f"{tier / LOCK_FILE} cannot be opened by uid {os.geteuid()}: {exc.strerror}{whose}; "
+        f"updates of {path} take turns under it with the installs into {tier}, and only those "
+        f"who may install there may take it: run 'ctx tool {TOOL} KEY=VALUE' as the "
+        f"directory's owner (uid {owner})",
     )
 
 
