@@ -23,10 +23,12 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
 import pwd
 import shlex
 import stat
+import struct
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
@@ -149,7 +151,8 @@ def use_own_root() -> str:
 def require_writable(directory: Path, action: str, fix: str | None = None) -> None:
     """EACCES unless this process may create entries in ``directory`` (write and search it),
     saying who may and what to do (``fix``, else: be root or the owner, or use a root of your
-    own).  Checked before anything is made: otherwise the first mkdir or temporary file of the
+    own); EROFS on a read-only filesystem, EPERM for an immutable or append-only directory.
+    Checked before anything is made: otherwise the first mkdir or temporary file of the
     action is refused naming only itself, after what came before it was made."""
     if os.access(directory, os.W_OK | os.X_OK, effective_ids=True):
         return
@@ -165,7 +168,53 @@ def require_writable(directory: Path, action: str, fix: str | None = None) -> No
             f"cannot {action}: {directory} is on a read-only filesystem; remount it "
             "read-write, or use a storage root on a writable one",
         )
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        fd = None
+    if fd is not None:
+        try:
+            attribute = refusing_attribute(fd)
+        finally:
+            os.close(fd)
+        if attribute is not None:
+            raise attribute_refusal(action, directory, attribute)
     raise _refusal(action, f"write in {directory}", st, stat.S_IWGRP, fix)
+
+
+# A directory's attributes (chattr) that refuse what its mode allows, to root too: read with
+# FS_IOC_GETFLAGS of linux/fs.h (_IOR('f', 1, long)), as 'lsattr' reads them.  Immutable
+# refuses every change in the directory; append-only lets entries in but none out.
+_FS_IOC_GETFLAGS = (2 << 30) | (struct.calcsize("l") << 16) | (ord("f") << 8) | 1
+_REFUSING_ATTRIBUTES = (
+    (0x10, "immutable", "i", "nothing in it may be added, moved or removed"),
+    (0x20, "append-only", "a", "entries may be added to it but none moved out or removed"),
+)
+
+
+def refusing_attribute(fd: int) -> tuple[str, str, str] | None:
+    """``(name, chattr letter, what it forbids)`` of an attribute of the directory open as
+    ``fd`` that refuses changes whatever its mode; None when it has none (or its filesystem
+    keeps no attributes)."""
+    try:
+        flags = struct.unpack_from("i", fcntl.ioctl(fd, _FS_IOC_GETFLAGS, bytes(8)))[0]
+    except OSError:
+        return None
+    for flag, name, letter, meaning in _REFUSING_ATTRIBUTES:
+        if flags & flag:
+            return name, letter, meaning
+    return None
+
+
+def attribute_refusal(action: str, path: Path, attribute: tuple[str, str, str]) -> CtxError:
+    """EPERM for ``action`` refused by ``path``'s :func:`refusing_attribute`, which no mode
+    explains and only root may remove."""
+    name, letter, meaning = attribute
+    return CtxError(
+        errno.EPERM,
+        f"cannot {action}: {path} is {name} (attribute '{letter}', which 'lsattr -d' shows): "
+        f"{meaning}, by root too; have root remove it with 'chattr -{letter} {path}'",
+    )
 
 
 def not_readable(path: Path, action: str, fix: str | None = None) -> CtxError:

@@ -12,7 +12,6 @@ import errno
 import fcntl
 import os
 import stat
-import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,7 +20,13 @@ from cortexfs.errors import CtxError, explain_host_trouble, invalid, not_found
 from cortexfs.locks import flock_within
 from cortexfs.queue.claim_order import ClaimOrder, start_hint
 from cortexfs.queue.holder import check_ttl
-from cortexfs.storage import check_space_name, not_readable, require_writable
+from cortexfs.storage import (
+    attribute_refusal,
+    check_space_name,
+    not_readable,
+    refusing_attribute,
+    require_writable,
+)
 
 STATE_DIRS = ("inbox", "pending", "lease", "claimed", "done", "failed")
 CONFIG_MODE = 0o644
@@ -31,15 +36,6 @@ RESULT_SUFFIX = ".result"
 TEMP_SUFFIX = ".tmp"
 
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-
-# A directory's attributes (chattr) that refuse what its mode allows, to root too: read with
-# FS_IOC_GETFLAGS of linux/fs.h (_IOR('f', 1, long)), as 'lsattr' reads them.  Immutable
-# refuses every change in the directory; append-only lets entries in but none out.
-_FS_IOC_GETFLAGS = (2 << 30) | (struct.calcsize("l") << 16) | (ord("f") << 8) | 1
-_REFUSING_ATTRIBUTES = (
-    (0x10, "immutable", "i", "nothing in it may be added, moved or removed"),
-    (0x20, "append-only", "a", "entries may be added to it but none moved out or removed"),
-)
 
 
 class Refusal(CtxError):
@@ -279,39 +275,22 @@ class Queue:
         None when nothing refuses it now."""
         doing = f"{action} in queue {self.path}"
         path = self.path / place
-        attribute = self._refusing_attribute(place)
-        if attribute is not None:
-            name, letter, meaning = attribute
-            return CtxError(
-                errno.EPERM,
-                f"cannot {doing}: {path} is {name} (attribute '{letter}', which 'lsattr -d' "
-                f"shows): {meaning}, by root too; have root remove it with "
-                f"'chattr -{letter} {path}'",
-            )
-        try:
-            require_writable(path, doing)
-        except CtxError as exc:
-            return exc
-        return None
-
-    def _refusing_attribute(self, place: str) -> tuple[str, str, str] | None:
-        """``(name, chattr letter, what it forbids)`` of an attribute of ``place`` that
-        refuses changes whatever its mode; None when it has none (or its filesystem keeps no
-        attributes, or it cannot be opened: then its mode or its absence says why)."""
         state, _, job = place.partition("/")
         try:
             fd = self.open_job_dir(state, job) if job else os.dup(self.dirs[state])
         except OSError:
-            return None
+            fd = None  # then its mode or its absence says why
+        if fd is not None:
+            try:
+                attribute = refusing_attribute(fd)
+            finally:
+                os.close(fd)
+            if attribute is not None:
+                return attribute_refusal(doing, path, attribute)
         try:
-            flags = struct.unpack_from("i", fcntl.ioctl(fd, _FS_IOC_GETFLAGS, bytes(8)))[0]
-        except OSError:
-            return None
-        finally:
-            os.close(fd)
-        for flag, name, letter, meaning in _REFUSING_ATTRIBUTES:
-            if flags & flag:
-                return name, letter, meaning
+            require_writable(path, doing)
+        except CtxError as exc:
+            return exc
         return None
 
     def refusal(self, action: str, state: str, refused: OSError, done: str, again: str) -> Refusal:

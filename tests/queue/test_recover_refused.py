@@ -10,13 +10,11 @@ Needs root (chattr, mount).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,22 +26,9 @@ from cortexfs.queue.recovery import recover
 from cortexfs.shared.spaces import create_shared_space
 from tests.queue.helpers import PROJECT, dead_pid, request
 from tests.support.cli import ctx
-from tests.support.storage import small_tmpfs
+from tests.support.storage import attribute, small_tmpfs
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (chattr, mount)")
-
-
-@contextlib.contextmanager
-def attribute(path: Path, letter: str) -> Iterator[None]:
-    """``path`` with the attribute ``letter`` (``i`` immutable, ``a`` append-only) for the
-    block."""
-    made = subprocess.run(["chattr", f"+{letter}", str(path)], capture_output=True, text=True)
-    if made.returncode != 0:
-        pytest.skip(f"chattr +{letter} is not available here: {made.stderr.strip()}")
-    try:
-        yield
-    finally:
-        subprocess.run(["chattr", f"-{letter}", str(path)], check=False)
 
 
 def abandoned_jobs(queue_dir: Path, *names: str) -> list[str]:

@@ -105,3 +105,17 @@ def add_tool(
         parent.chmod(EXECUTABLE)
     (directory / f"{name}.d").chmod(EXECUTABLE)
     return tool
+
+
+@contextlib.contextmanager
+def attribute(path: Path, letter: str) -> Iterator[None]:
+    """``path`` with the attribute ``letter`` (``i`` immutable, ``a`` append-only) for the
+    block; the test is skipped where chattr does not work (needs root and a filesystem that
+    keeps attributes)."""
+    made = subprocess.run(["chattr", f"+{letter}", str(path)], capture_output=True, text=True)
+    if made.returncode != 0:
+        pytest.skip(f"chattr +{letter} is not available here: {made.stderr.strip()}")
+    try:
+        yield
+    finally:
+        subprocess.run(["chattr", f"-{letter}", str(path)], check=False)
