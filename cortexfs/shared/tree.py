@@ -148,7 +148,8 @@ def find_repairs(
                     errno.EPERM,
                     f"{path} belongs to uid {status.st_uid}, not to uid {made_by}, who made "
                     f"the rest: {wrong}, but they are not changed for another owner; nothing "
-                    "was changed (move it aside and run the command again, which makes it anew)",
+                    f"was changed (have root give it back, keeping what is in it, with 'chown "
+                    f"{made_by} {path}', and run the command again)",
                 )
             if os.geteuid() not in (0, status.st_uid):
                 raise CtxError(

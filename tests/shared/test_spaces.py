@@ -490,6 +490,10 @@ def test_a_space_directory_of_another_owner_is_refused_not_repaired(world: World
 
     assert refused.returncode == 1, refused
     assert refused.stderr.startswith(f"ctx: EPERM: {lease} belongs to uid {world.user.uid}")
+    # Moved aside, a state directory would take its jobs with it: it is given back instead.
+    assert f"have root give it back, keeping what is in it, with 'chown 0 {lease}'" in (
+        refused.stderr
+    )
     assert stat.S_IMODE(os.stat(lease).st_mode) == 0o2700  # setgid inherited, mode its own
     assert stat.S_IMODE(os.stat(data).st_mode) == 0o2750, "nothing was changed"
 
