@@ -167,9 +167,10 @@ def _open_tool_log(root: Path, relative: PurePosixPath) -> EventLog | None:
 
     A reinstall gives the log a second name for as long as it takes (it carries the log over
     to the new version as a hard link), holding its tier's install lock all the while
-    (:mod:`cortexfs.tools.pairs`): a log with two names is looked at once more when such an
-    install has ended, so that a call that ends beside a reinstall is still logged.  With no
-    install under way the log is left at once, as when the lock is not this uid's to take.
+    (:mod:`cortexfs.tools.pairs`): a log refused while a regular file is looked at once more
+    when such an install has ended, so that a call that ends beside a reinstall is still
+    logged.  With no install of the tool under way the log is left at once, as when the lock
+    is not this uid's to take.
 
     A user tier belongs to a user who could swap a directory for a link to redirect a write
     made by root: the chain has refused such a call at step 2 already.  A damaged tool may have
@@ -177,17 +178,18 @@ def _open_tool_log(root: Path, relative: PurePosixPath) -> EventLog | None:
     for it: the log is a control (T-1) its installation makes.
     """
     ops = durable.default_ops()
-    log, second_name = _open_log_if_appendable(ops, root, relative)
-    if second_name:
-        log = _open_once_installs_let_it_be(ops, root, relative)
+    log, refused_regular_file = _open_log_if_appendable(ops, root, relative)
+    if refused_regular_file:
+        log = _open_once_its_install_ends(ops, root, relative)
     return log
 
 
 def _open_log_if_appendable(
     ops: durable.FsOps, root: Path, relative: PurePosixPath
 ) -> tuple[EventLog | None, bool]:
-    """The log, or None; and whether it was left while a regular file, so of two names (or
-    of one again since: a reinstall was ending)."""
+    """The log, or None; and whether it was refused while a regular file: of two names (or
+    of one again since: a reinstall was ending), or one whose refusal :class:`EventLog` gave
+    for another reason (EAGAIN: a second name kept appearing and disappearing)."""
     path = root / relative
     try:
         for _ in range(8):  # a control directory retired while we looked into it: once more
@@ -227,43 +229,66 @@ def _retired(controls: Path, dir_fd: int) -> bool:
     return (current.st_dev, current.st_ino) != (held.st_dev, held.st_ino)
 
 
-# How long a call's record waits for an install into its tool's tier to end: a commit is a
-# few renames and fsyncs, and the call has already run.
+# How long a call's record waits for an install of its tool to end: a commit is a few
+# renames and fsyncs, and the call has already run.
 INSTALL_WAIT_SECONDS = 5.0
 
 
-def _open_once_installs_let_it_be(
+def _open_once_its_install_ends(
     ops: durable.FsOps, root: Path, relative: PurePosixPath
 ) -> EventLog | None:
-    """The log of two names looked at again once no install into its tier holds the tier's
-    lock, or once the log has one name again (the install that linked it is over, and the
-    next has not yet linked it: reinstalls one after the other never leave the lock free for
-    long), within :data:`INSTALL_WAIT_SECONDS`; None when it still has two names then.
+    """The log refused while a regular file, looked at again once no install of its tool is
+    under way, or once it has one name again (the install that linked it is over, and the
+    next has not yet linked it), within :data:`INSTALL_WAIT_SECONDS`; None when it is still
+    refused then.
 
-    Nothing is waited for when no install holds the lock (the second name is none of an
-    install's), when this uid may not open the lock file (only those who may install there
-    can, so no other uid can make a call wait) or when the tier has none (no install has
-    taken it)."""
+    An install of the tool is under way while the tier's install lock is held and the tool's
+    staged names or commit marker are in the tier (:func:`_install_under_way`): then only is
+    the call's record kept waiting.  A lock held by anything else (``tsh.config``, a repair,
+    an install of another tool, a stuck process), staging an interrupted install left with
+    nobody holding the lock, a lock file this uid may not open (only those who may install
+    there can, so no other uid can make a call wait) or a tier without one: the log is looked
+    at once more and left."""
     tier = relative.parent.parent
+    name = relative.parent.name.removesuffix(".d")
     try:
         tier_fd = open_beneath(ops, root, tier.parts)
-        try:
-            lock = open_lock_file(tier_fd, root / tier, create=False)
-        finally:
-            ops.close(tier_fd)
     except (CtxError, OSError):
         return _open_log_if_appendable(ops, root, relative)[0]  # one more look, no wait
     try:
-        deadline = time.monotonic() + INSTALL_WAIT_SECONDS
-        pause = 0.001
-        while True:
-            if flock_within(lock, fcntl.LOCK_SH, 0):
-                # Looked at under the lock, no install can give the log a second name meanwhile.
-                return _open_log_if_appendable(ops, root, relative)[0]
-            log, second_name = _open_log_if_appendable(ops, root, relative)
-            if not second_name or time.monotonic() >= deadline:
-                return log
-            time.sleep(pause)
-            pause = min(2 * pause, 0.05)
+        try:
+            lock = open_lock_file(tier_fd, root / tier, create=False)
+        except (CtxError, OSError):
+            return _open_log_if_appendable(ops, root, relative)[0]
+        try:
+            deadline = time.monotonic() + INSTALL_WAIT_SECONDS
+            pause = 0.001
+            while True:
+                if flock_within(lock, fcntl.LOCK_SH, 0):
+                    # Looked at under the lock, no install can give it a second name meanwhile.
+                    return _open_log_if_appendable(ops, root, relative)[0]
+                log, refused_regular_file = _open_log_if_appendable(ops, root, relative)
+                if not refused_regular_file or time.monotonic() >= deadline:
+                    return log
+                if not _install_under_way(tier_fd, name):
+                    # One more look: an install that ended between the look and this check
+                    # has given the log its one name back.
+                    return _open_log_if_appendable(ops, root, relative)[0]
+                time.sleep(pause)
+                pause = min(2 * pause, 0.05)
+        finally:
+            os.close(lock)  # lets the lock go, if it was taken
     finally:
-        os.close(lock)  # lets the lock go, if it was taken
+        ops.close(tier_fd)
+
+
+def _install_under_way(tier_fd: int, name: str) -> bool:
+    """Whether the tier open as ``tier_fd`` holds a staged name (``.<name>~<token>~<role>``)
+    or the commit marker (``.<name>~commit``) of an install of ``name``
+    (:mod:`cortexfs.tools.pairs`): both begin ``.<name>~``, which no other object's do (an
+    object name holds no ``~``).  False when the tier cannot be listed."""
+    prefix = f".{name}~"
+    try:
+        return any(entry.startswith(prefix) for entry in os.listdir(tier_fd))
+    except OSError:
+        return False

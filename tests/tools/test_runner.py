@@ -780,6 +780,29 @@ def test_a_log_with_two_names_and_no_install_under_way_is_left_at_once(coder: Wo
     assert not [line for line in coder.tool_log("whoami") if line["call"] == result.call]
 
 
+def test_a_lock_held_with_no_install_of_the_tool_under_way_delays_no_call(
+    coder: World,
+) -> None:
+    """The tier's lock held by something else than an install of this tool (tsh.config, a
+    repair, an install of another tool, a stuck process): a log with two names is left at
+    once, not after the whole wait."""
+    tier, log = coder.root / "tool", coder.root / "tool/whoami.d/log"
+    os.link(log, tier / ".whoami-log-elsewhere")
+    (tier / ".other~0123456789ab~controls").mkdir()  # another tool's install under way
+    lock = os.open(tier / LOCK_FILE, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        started = time.monotonic()
+        result = coder.run("whoami", {"n": 1})
+        took = time.monotonic() - started
+    finally:
+        os.close(lock)
+
+    assert result.ok, result.error
+    assert took < NO_WAIT, took
+    assert not [line for line in coder.tool_log("whoami") if line["call"] == result.call]
+
+
 def test_another_uid_holding_the_tier_directory_never_delays_a_call(coder: World) -> None:
     """Any uid that may read ``tool/`` may ``flock`` it: the record waits only for the lock
     file installs take, which that uid cannot open."""
