@@ -45,6 +45,7 @@ import errno
 import functools
 import json
 import os
+import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
@@ -490,10 +491,36 @@ class _Call:
         elif finished.output_overflow:
             error = ToolError(errno.EFBIG, "run", "its output exceeded the limit; it was killed")
         elif finished.exit_status != 0:
-            error = exit_error(self.tool_name, finished.exit_status, output, stderr)
+            error = self._damage_that_ended_it(finished.exit_status) or exit_error(
+                self.tool_name, finished.exit_status, output, stderr
+            )
         status = OK if error is None else ERROR
         return self._result(
             status, output=output, exit_status=finished.exit_status, error=error, stderr=stderr
+        )
+
+    def _damage_that_ended_it(self, exit_status: int) -> ToolError | None:
+        """ENOEXEC naming ``ctx bootstrap`` when a core tool ended by a signal that damaged
+        bytecode causes and its launcher's archive is not the digest its stamp ends with: the
+        interpreter crashed on a changed byte before the launcher's own check could say so.
+        An intact launcher that ends so is reported as the signal it is.  Asked only after
+        such an end: a call that ends otherwise never reads the launcher."""
+        assert self.tool is not None
+        signal_number = exit_status - 128  # the shell's convention, as spawn reports it
+        if signal_number not in _SIGNALS_OF_DAMAGE:
+            return None
+        if self.location != "tool" or self.tool_name not in BOOTSTRAP_TOOLS:
+            return None
+        from cortexfs.tools.core.installed import damaged_core_launcher
+
+        if not damaged_core_launcher(self.tool):
+            return None
+        return ToolError(
+            errno.ENOEXEC,
+            "run",
+            f"{self.tool_name} was killed by {signal.Signals(signal_number).name} (exit status "
+            f"{exit_status}): {self.tool.executable} is damaged (its archive is not the bytes "
+            "its stamp's digest gives); run 'ctx bootstrap' to repair it",
         )
 
     # --------------------------------------------------------------------------- helpers
@@ -674,6 +701,13 @@ def _session_ref(root: Path, view: AgentView, requested: SessionRef | str | None
 
 
 _ADMISSIONS = 3  # a tool reinstalled during each of them is being reinstalled in a loop
+
+# How a launcher whose bytecode a changed byte corrupted may end: the interpreter executes what
+# the bytes now say, reads or jumps where nothing is (SIGSEGV, SIGBUS, SIGILL, SIGFPE) or fails
+# one of its own assertions (SIGABRT), all before the launcher could name the damage.
+_SIGNALS_OF_DAMAGE = frozenset(
+    {signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE, signal.SIGABRT}
+)
 
 
 def _file_identity(path: Path) -> tuple[int, int, int] | None:

@@ -20,6 +20,10 @@ Two questions are answered here without installing anything:
   (every one before it) is another version's.  That costs a millisecond or two, without
   opening the archive, so a worker can ask at start and ``ctx run`` at each call of a core
   tool; bootstrap itself compares every byte (``bootstrap._is_current``).
+* **Is a core tool damaged inside its archive?**  (:func:`damaged_core_launcher`.)  The stamp
+  does not show it; the runner asks only after a call of a core tool ended by a signal that
+  damaged bytecode causes, since reading the whole launcher is what a call that works must not
+  pay.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from cortexfs.tools.core.launcher import (
     bundled_sources,
     carries_bytecode,
     core_interpreter,
+    damaged_archive,
     interpreter_line,
     package_parent,
     read_stamp,
@@ -191,22 +196,53 @@ _MISSING = (b"", "")  # what _stamp_of says of a name that holds no file
 
 def _stamp_of(executable: Path) -> tuple[bytes, str] | None:
     """The interpreter line and stamp (:func:`~cortexfs.tools.core.launcher.read_stamp`) of
-    the executable at ``executable``, read without following a link and without waiting on
-    a FIFO; :data:`_MISSING` when nothing is there, and None for what carries no stamp or
-    is no regular file (never equal to a launcher's)."""
+    the executable at ``executable``; :data:`_MISSING` when nothing is there, and None for
+    what carries no stamp or is no regular file (never equal to a launcher's)."""
+    try:
+        read = _read_executable(executable, STAMPED_HEAD_BYTES)
+    except FileNotFoundError:
+        return _MISSING
+    if read is None:
+        return None
+    head, size = read
+    return read_stamp(head, size)
+
+
+def damaged_core_launcher(tool: ToolObject) -> bool:
+    """Whether ``tool``, at a core tool's name in the system tier, is bootstrap's launcher
+    damaged inside its archive (:func:`~cortexfs.tools.core.launcher.damaged_archive`), which
+    ``ctx bootstrap`` repairs.  Read in full, so asked only after a call of it ended as such
+    damage can end it; False when it cannot be read, and for an administrator's tool."""
+    try:
+        read = _read_executable(tool.executable, _MAX_EXECUTABLE_BYTES)
+    except FileNotFoundError:
+        return False
+    if read is None or _administrators_manifest_of(tool) is not None:
+        return False
+    program, _ = read
+    return damaged_archive(program)
+
+
+def _read_executable(executable: Path, amount: int) -> tuple[bytes, int] | None:
+    """Up to ``amount`` first bytes of the executable at ``executable`` and its size, read
+    without following a link and without waiting on a FIFO; None when it is no regular file,
+    is bigger than any launcher, or cannot be read.  FileNotFoundError when nothing is there."""
     try:
         fd = os.open(executable, _READ_FLAGS)
     except FileNotFoundError:
-        return _MISSING
+        raise  # nothing there, which callers tell apart from what they cannot read
     except OSError:
         return None
     try:
         status = os.fstat(fd)
         if not stat.S_ISREG(status.st_mode) or status.st_size > _MAX_EXECUTABLE_BYTES:
             return None
-        head = os.read(fd, STAMPED_HEAD_BYTES)
+        chunks = []
+        while amount > 0 and (chunk := os.read(fd, amount)):
+            chunks.append(chunk)
+            amount -= len(chunk)
     except OSError:
         return None
     finally:
         os.close(fd)
-    return read_stamp(head, status.st_size)
+    return b"".join(chunks), status.st_size

@@ -18,7 +18,10 @@ sources (:func:`read_stamp`, :mod:`cortexfs.tools.core.installed`), without open
 archive, which ``ctx run`` would pay for at each call of a core tool.  The archive's digest is
 the ``__main__``'s (:data:`_MAIN`): compared only when a call fails with an exception, it tells
 a damaged launcher (a byte of a module, a manifest or the zip's directory changed, which the
-stamp cannot show) from a bug of the tool itself, at no cost to a call that works.
+stamp cannot show) from a bug of the tool itself, at no cost to a call that works.  Damaged
+bytecode may instead crash the interpreter, which leaves the ``__main__`` no word to say: the
+runner then compares the archive itself (:func:`damaged_archive`) after a core tool ended by
+such a signal.
 
 ``-IS`` keeps the environment (``PYTHONPATH``, user site-packages) and site-packages out of the
 program.  The interpreter must be one every agent uid can execute: this one when its whole
@@ -165,13 +168,32 @@ def render_launcher(interpreter: str, modules: list[tuple[str, bytes]], module: 
             bundle.writestr(info, data)
     digest = stamp(interpreter, module, sources_digest(sources), with_bytecode)
     archive_bytes = archive.getvalue()
-    archive_digest = blake2b(archive_bytes, digest_size=32).hexdigest()
     return (
         interpreter_line(interpreter)
         + _STAMP_MARK
-        + f" {digest} {len(archive_bytes)} {archive_digest}\n".encode()
+        + f" {digest} {len(archive_bytes)} {archive_digest(archive_bytes)}\n".encode()
         + archive_bytes
     )
+
+
+def archive_digest(archive: bytes) -> str:
+    """The digest a launcher's stamp ends with: of the bytes of its ``archive``.  The
+    ``__main__``'s ``refuse_if_damaged`` (:data:`_MAIN`) computes the same inside the program,
+    which imports nothing of ours."""
+    return blake2b(archive, digest_size=32).hexdigest()
+
+
+def damaged_archive(program: bytes) -> bool:
+    """Whether the launcher ``program`` has a stamp whose last field is not the digest of the
+    archive after it: a byte of a bundled module, a manifest or the zip's directory changed
+    since bootstrap wrote it, which the rest of the stamp cannot show.  False for a program
+    without a stamp of four fields: there is nothing to compare its archive with."""
+    _, _, rest = program.partition(b"\n")
+    second, newline, archive = rest.partition(b"\n")
+    fields = second.split(b" ")
+    if not newline or len(fields) != 4 or fields[0] != _STAMP_MARK:
+        return False
+    return fields[3] != archive_digest(archive).encode()
 
 
 def interpreter_line(interpreter: str) -> bytes:
@@ -293,7 +315,8 @@ def read_stamp(head: bytes, size: int) -> tuple[bytes, str] | None:
     fields = second.split(b" ")
     if not newline or len(fields) != 4:
         return None
-    mark, digest, archive_size, _ = fields  # the archive's digest is the __main__'s (_MAIN)
+    # The archive's digest is the __main__'s (_MAIN) and damaged_archive's.
+    mark, digest, archive_size, _ = fields
     # Twenty digits are far beyond any real size, and int() of thousands of them refuses.
     if mark != _STAMP_MARK or not (archive_size.isdigit() and len(archive_size) <= 20):
         return None
