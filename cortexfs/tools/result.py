@@ -36,8 +36,9 @@ class ToolError(NamedTuple):
     not act as the agent (stage ``caller``).  A tool that ran and failed has stage ``exit``
     (errno taken from its JSON output when it reports one, else none: 0 here, null in JSON,
     as ``error`` is),
-    ``run`` with ETIMEDOUT after a timeout, EINTR when its caller interrupted it, or EFBIG
-    when its output was too large.
+    ``run`` with ETIMEDOUT after a timeout, EINTR when its caller interrupted it, EFBIG
+    when its output was too large, or ENOEXEC for a core tool killed by a signal whose
+    launcher's archive is not what its stamp says (damaged: ``ctx bootstrap`` repairs it).
     """
 
     errno: int
