@@ -66,6 +66,11 @@ def bootstrap(source: Path | None, storage_dir: Path | None, as_json: bool) -> N
     program of another shape there is left as it is.
 
     \b
+    Installs interrupted in a tier are finished or discarded: tool/ first, then the core
+    tools; a user's or a space's tier after them, waiting at most 10 s for its
+    .install-lock (another process holding it longer is a problem naming its pid).
+
+    \b
     A tool in tool/ that an administrator installed under a name that a later version
     made a core tool's (its origin names a manifest of theirs) is left as it is, and no
     core tool is installed there: a problem names it and what to do (reinstall it under
