@@ -14,11 +14,12 @@ mode 0600, the owner's alone, in a group-writable directory too: only a director
 installs there (a space's ``tool/`` is its owner's, and a tool from a tier its group may
 write runs for nobody), so no member needs to open it, and none can hold it.  Made by root,
 it is given to the directory's owner and group, so that the owner, who installs there, may
-open it after.  A leading dot is not a legal object name (R-3): the file is never taken for
-an object, and it is kept for good (removing a lock file lets two holders lock two different
-files).  Whoever may write the directory may still put a file of its own at the name, so a
-wait for a lock that another's may hold (``ctx bootstrap`` looking at every space's tier) is
-bounded, and :func:`lock_holders` names who holds it.
+open it after; one of another uid (put there by a member of a group-writable tier, who could
+hold it) is refused as in the way, never taken.  A leading dot is not a legal object name
+(R-3): the file is never taken for an object, and it is kept for good (removing a lock file
+lets two holders lock two different files).  A wait for a lock file that is root's but that
+others may open (made so by hand) is still bounded where others' tiers are looked at (``ctx
+bootstrap`` looking at every space's tier), and :func:`lock_holders` names who holds it.
 """
 
 from __future__ import annotations
@@ -76,8 +77,10 @@ def open_lock_file(dir_fd: int, directory: Path, *, create: bool = True) -> int:
                 continue  # another made it first: open theirs
         except OSError as exc:
             raise _refused(dir_fd, path, exc) from None
-        kind = os.fstat(fd).st_mode
+        found = os.fstat(fd)
+        kind = found.st_mode
         if stat.S_ISREG(kind):
+            _require_owned_by_directory_owner(fd, dir_fd, found, path)
             return fd
         os.close(fd)
         found = "a directory" if stat.S_ISDIR(kind) else "a special file"
@@ -87,6 +90,26 @@ def open_lock_file(dir_fd: int, directory: Path, *, create: bool = True) -> int:
             f"{path} is {found}, not the lock file that serialises changes to {directory}: "
             "move it away",
         )
+
+
+def _require_owned_by_directory_owner(
+    fd: int, dir_fd: int, found: os.stat_result, path: Path
+) -> None:
+    """EEXIST, closing ``fd``, when the lock file is neither root's nor the directory's
+    owner's: another uid that may write the directory (a member of an older space's
+    group-writable tier) put it there, and could hold it, so that the owner's installs would
+    wait for ever.  It is in the way, as a link or a FIFO at the name is."""
+    owner = os.fstat(dir_fd).st_uid
+    if found.st_uid in (0, owner):
+        return
+    os.close(fd)
+    raise CtxError(
+        errno.EEXIST,
+        f"{path} belongs to uid {found.st_uid}, not to uid {owner}, the owner of "
+        f"{path.parent}, or root: another user put it there, and would decide when changes to "
+        f"{path.parent} may be made; have root or uid {owner} remove it ('rm {path}') and run "
+        "the command again",
+    )
 
 
 def _make_lock_file(dir_fd: int, path: Path) -> int:

@@ -2,8 +2,9 @@
 
 A member of a space whose ``tool/`` is group-writable (02770, as older versions made it) may
 put a lock file of its own at ``.install-lock`` and hold it for ever.  Bootstrap repairs the
-system tier and its core tools first, waits for such a tier's lock a bounded time, reports
-it with the holder's pid, and goes on with the other tiers."""
+system tier and its core tools first, reports such a lock file as in the way without waiting
+for it, and goes on with the other tiers; a lock file of root's that others may open (made so
+by hand) is waited for a bounded time and reported with the holder's pid."""
 
 from __future__ import annotations
 
@@ -65,19 +66,18 @@ def test_a_member_holding_a_spaces_lock_keeps_bootstrap_from_nothing_else(world:
     removed = run_as(world.user, ["rm", "-f", str(held / LOCK_FILE)])
     assert removed.returncode == 0, removed.stderr
 
-    with held_by(world.user, held / LOCK_FILE) as (holder,):
+    with held_by(world.user, held / LOCK_FILE):
         started = time.monotonic()
         bootstrapped = ctx(world.root, "bootstrap")
         took = time.monotonic() - started
 
     output = bootstrapped.stdout + bootstrapped.stderr
-    assert took < PATIENCE / 2, took  # bounded: 10 s for the held tier, then on
+    assert took < 8, took  # nothing waited for: the member's lock file is refused at once
     assert bootstrapped.returncode != 0, output
     assert "repaired  tool/tsh" in bootstrapped.stdout, output
-    locked = f"shared/proj/tool: EAGAIN: {held / LOCK_FILE} is locked by another process "
-    assert locked in output
-    assert f"(pid {holder})" in output
-    assert "left as it was" in output
+    planted = f"{held / LOCK_FILE} belongs to uid {world.user.uid}, not to uid 0, the owner of"
+    assert planted in output
+    assert f"('rm {held / LOCK_FILE}')" in output
     assert f"{later}/probe: removed what an interrupted install left behind" in output
     assert not (later / LEFTOVER).exists()
 
@@ -114,4 +114,4 @@ def test_the_report_of_a_held_space_is_in_the_json_problems_too(world: World) ->
         bootstrapped = ctx(world.root, "bootstrap", "--json")
 
     problems = json.loads(bootstrapped.stdout)["problems"]
-    assert any("is locked by another process" in str(problem) for problem in problems), problems
+    assert any("belongs to uid" in str(problem) for problem in problems), problems

@@ -230,3 +230,32 @@ def test_a_repair_of_a_tier_this_uid_may_only_read_finds_nothing_to_do(
     assert repaired == []
     assert refused.value.errno == errno.EACCES
     assert os.listdir(tier) == [".probe~0123456789ab~entry"]
+
+
+def test_a_lock_file_another_uid_put_in_the_tier_is_refused_not_waited_for(
+    traversable_tmp: Path, unprivileged_user: UnprivilegedUser
+) -> None:
+    """In a tier its group may write, a member may remove the owner's lock file and put one of
+    its own at the name, which it could hold for ever: the owner's install refuses it at once,
+    naming whose it is and what removes it, and changes nothing."""
+    tier = traversable_tmp / "tier"
+    tier.mkdir()
+    os.chown(tier, 0, unprivileged_user.gid)
+    tier.chmod(0o2770)  # a space's tool/ as older versions made it
+    install_pair(tier, "probe", TOOL_KIND, entry=b"#!/bin/sh\n", controls=CONTROLS, replace=True)
+    with effective_user(unprivileged_user):
+        os.unlink(tier / LOCK_FILE)
+        (tier / LOCK_FILE).touch(mode=0o600)
+
+    with held_by(unprivileged_user, tier / LOCK_FILE), pytest.raises(CtxError) as refused:
+        install_pair(
+            tier, "other", TOOL_KIND, entry=b"#!/bin/sh\n", controls=CONTROLS, replace=True
+        )
+
+    assert refused.value.errno == errno.EEXIST
+    assert (
+        f"{tier / LOCK_FILE} belongs to uid {unprivileged_user.uid}, not to uid 0, the owner of"
+        in refused.value.message
+    )
+    assert f"('rm {tier / LOCK_FILE}')" in refused.value.message
+    assert sorted(os.listdir(tier)) == [LOCK_FILE, "probe", "probe.d"]
