@@ -26,6 +26,7 @@ from typing import NamedTuple
 from cortexfs import bootstrap_repair, durable, storage
 from cortexfs.names import is_object_name
 from cortexfs.regular_file import read_regular_file
+from cortexfs.tools.pairs import repair_staged
 
 ENTRY_MODE = 0o755
 _LARGEST_ENTRY = 64 * 1024  # far more than any entry ctx writes: what is longer is not one
@@ -79,7 +80,8 @@ def _entry_text(interpreter: str, root_literal: str, name: str) -> str:
 def refresh_entries(root: Path, source: Path | None, report: storage.BootstrapReport) -> None:
     """The bootstrap step: every ``agent/<name>`` written by ``ctx agent create`` for another
     install of ctx or another path of this root is rewritten as this install writes it, whole
-    and durably (a new file renamed over the old one), and reported as repaired.
+    and durably (a new file renamed over the old one), and reported as repaired; then the
+    ``agent/`` pairs are repaired as a tool tier's are (:func:`repair_staged`).
 
     Nothing is written into an ``agent/`` another uid could change: whoever could write it could
     have swapped two agents' entries, and the root's step reports it (see
@@ -98,6 +100,14 @@ def refresh_entries(root: Path, source: Path | None, report: storage.BootstrapRe
             if is_object_name(name):
                 with report.step(f"agent/{name}", directory / name):
                     _refresh_entry(ops, directory_fd, root, name, report)
+        with report.step("agent", directory):
+            # Imported here: cortexfs.agents.create imports this module for entry_program.
+            from cortexfs.agents.create import AGENT_KIND
+
+            # An interrupted ctx agent create is finished or discarded, and an agent's log an
+            # earlier create left root's in a root another uid owns is given to that owner,
+            # who records in it (as for the tools' logs).
+            report.repaired += repair_staged(directory, AGENT_KIND, ops, host=owner)
     finally:
         os.close(directory_fd)
 

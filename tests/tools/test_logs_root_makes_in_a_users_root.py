@@ -161,3 +161,17 @@ def test_an_agent_root_creates_in_a_users_root_has_a_log_of_that_users(
     assert log.stat().st_uid == unprivileged_user.uid
     assert stat.S_IMODE(log.stat().st_mode) == 0o640
     assert (root / "agent" / "b.d" / "policy").stat().st_uid == 0  # only what the host writes
+
+
+def test_bootstrap_as_root_gives_the_owner_an_agents_log_root_has(
+    traversable_tmp: Path, unprivileged_user: UnprivilegedUser
+) -> None:
+    root = users_root(traversable_tmp, unprivileged_user)
+    log = root / "agent" / "a.d" / "log"
+    os.chown(log, 0, 0)  # as ctx agent create run as root by an earlier version left it
+
+    done = ctx(root, "bootstrap")
+
+    assert done.returncode == 0, done.stderr
+    assert f"repaired  {log}: owner uid 0, now uid {unprivileged_user.uid}" in done.stdout
+    assert (log.stat().st_uid, stat.S_IMODE(log.stat().st_mode)) == (unprivileged_user.uid, 0o640)
