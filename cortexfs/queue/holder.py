@@ -145,14 +145,17 @@ def calling_process(argv: Sequence[str]) -> int:
     it: a lease naming one would be found gone as soon as the claim is printed, and recover
     would requeue the job while the shell still works on it.  Those are
 
-    * a wrapper program that waits for the command line it was given (:data:`WAITING_WRAPPERS`:
-      ``timeout 60 ctx queue claim …``, ``flock FILE``, ``sudo``), also given as
-      ``SHELL -c STRING`` that the shell replaced with the command (``timeout 60 bash -c
-      "ctx queue claim …"``), and ``flock FILE -c STRING``, which runs ``$SHELL -c STRING``;
-    * a POSIX shell (:data:`SHELLS`) run as ``SHELL -c STRING [NAME [ARG…]]`` where STRING is
-      one simple command of plain words (:func:`_simple_command`): with nothing else to do,
-      it ends when the command does (``timeout 60 sh -c "ctx queue claim …"``, and the shell
-      ``flock -c`` starts when that shell does not replace itself with the command, as dash).
+    * a wrapper program that runs one child and waits for it (:data:`WAITING_WRAPPERS`), run
+      with the command line it was given (``timeout 60 ctx queue claim …``, ``flock FILE``,
+      ``sudo``), or with ``SHELL -c STRING`` (``timeout 60 bash -c "…"``), or, for flock,
+      ``-c STRING`` (``flock FILE -c "…"``), which runs ``$SHELL -c STRING``: the walk reaches
+      the wrapper from that shell, passed over below, or from what the shell replaced itself
+      with, whatever STRING held before;
+    * a POSIX shell (:data:`SHELLS`) run as ``SHELL -c STRING [NAME [ARG…]]`` whose STRING is
+      one simple command, maybe after ``cd DIR &&`` (:func:`_simple_command`): with nothing
+      else to do, it ends when the command does (``sh -c 'ctx queue claim --queue "$1"' _ Q``,
+      and the shell ``flock -c`` starts when that shell does not replace itself with the
+      command, as dash).
 
     The walk goes on from each such process to the one that started it.  Any other parent (a
     shell with more to do, a script, a program that runs what it was given and goes on) is the
@@ -171,22 +174,26 @@ def calling_process(argv: Sequence[str]) -> int:
         while pid > 1:
             parent = psutil.Process(pid)
             starter = parent.ppid()
+            cmdline = parent.cmdline()
             if (
                 starter <= 1
-                or not _runs_only(parent.name(), parent.cmdline(), command)
+                or not _runs_only(parent.name(), cmdline, command)
                 or not _may_have_started(starter, pid)
             ):
                 break
-            command = parent.cmdline()
+            command = cmdline
             pid = starter
     except (psutil.Error, OSError):
         pass  # gone or not ours to read: what we have reached is the answer
     return pid
 
 
-# Programs that run the command line they are given as a child and wait for it, ending with it.
+# Programs that run the command line they are given as a single child and wait for it, ending
+# with it.
 WAITING_WRAPPERS = frozenset({"timeout", "flock", "sudo", "doas", "runuser", "time"})
-# POSIX shells, which read a simple command of plain words alike; ``busybox sh`` is one too.
+# Those of them that run ``$SHELL -c STRING`` when given ``-c STRING``.
+_COMMAND_STRING_WRAPPERS = frozenset({"flock"})
+# POSIX shells, which read a simple command alike; ``busybox sh`` is one too.
 SHELLS = frozenset(
     {"sh", "ash", "dash", "bash", "zsh", "ksh", "ksh93", "mksh", "lksh", "pdksh", "oksh"}
     | {"posh", "yash", "hush"}
@@ -197,82 +204,174 @@ def _runs_only(name: str, cmdline: Sequence[str], command: Sequence[str]) -> boo
     """Whether a process called ``name`` with command line ``cmdline`` does nothing but run
     ``command`` (the command line of the child it started) and wait for it."""
     if name in SHELLS or name == "busybox":
-        words = _simple_command(_shell_script(cmdline))
+        shell = _shell_command(cmdline)
+        words = None if shell is None else _simple_command(*shell)
         return words is not None and _ends_with(words, command)
     if name not in WAITING_WRAPPERS:
         return False
-    if _ends_with(cmdline[1:], command):
-        return True
-    if name == "flock" and len(cmdline) > 3 and cmdline[-2] in ("-c", "--command"):
-        # ``flock FILE -c STRING`` runs ``$SHELL -c STRING``: that shell, or what it became.
-        script = cmdline[-1]
-        if len(command) == 3 and command[1:] == ["-c", script]:
-            return PurePosixPath(command[0]).name in SHELLS
-    else:  # ``timeout 60 bash -c STRING``, whose shell replaced itself with the command
-        script = next(
-            (s for i in range(1, len(cmdline)) if (s := _shell_script(cmdline[i:])) is not None),
-            None,
-        )
-    words = _simple_command(script)
-    return words is not None and _ends_with(words, command)
+    return (
+        _ends_with(cmdline[1:], command)
+        # The shell of ``SHELL -c STRING`` did not return to STRING, or it would be the child
+        # and have been passed over as a shell: it replaced itself with the command.
+        or any(_shell_command(cmdline[i:]) for i in range(1, len(cmdline)))
+        or (name in _COMMAND_STRING_WRAPPERS and _has_command_string(cmdline[1:]))
+    )
 
 
-def _shell_script(cmdline: Sequence[str]) -> str | None:
-    """STRING of a shell's command line ``SHELL -c STRING [NAME [ARG…]]`` (``busybox sh -c
-    …`` too), -c being its only option; None for any other command line."""
+def _has_command_string(arguments: Sequence[str]) -> bool:
+    """Whether a wrapper's arguments hold ``-c STRING``, ``--command STRING`` or
+    ``--command=STRING``, with which flock runs ``$SHELL -c STRING``."""
+    for at, argument in enumerate(arguments):
+        if argument == "--":
+            return False
+        if argument in ("-c", "--command") and at + 1 < len(arguments):
+            return True
+        if argument.startswith("--command="):
+            return True
+    return False
+
+
+def _shell_command(cmdline: Sequence[str]) -> tuple[str, list[str]] | None:
+    """STRING and its parameters ``$0``, ``$1`` … of a shell's command line ``SHELL -c STRING
+    [NAME [ARG…]]`` (``busybox sh -c …`` too, and a login shell's ``-bash``), -c being its only
+    option; None for any other command line."""
     if cmdline and PurePosixPath(cmdline[0]).name == "busybox":
         cmdline = cmdline[1:]
     if len(cmdline) < 3 or cmdline[1] != "-c":
         return None
-    return cmdline[2] if PurePosixPath(cmdline[0]).name in SHELLS else None
-
-
-# Characters that stand for themselves in a word outside quotes, in every POSIX shell.
-_PLAIN = frozenset("-_./:,+@%=")
-# Characters a shell expands inside double quotes (``!``: bash's history, when interactive).
-_EXPANDED_IN_DOUBLE_QUOTES = frozenset("$`\\!")
-
-
-def _simple_command(script: str | None) -> list[str] | None:
-    """The words of ``script`` if a shell runs it as one simple command and nothing else: words
-    of letters, digits and ``-_./:,+@%=``, or quoted (single quotes, or double quotes with no
-    ``$``, `````, ``\\`` or ``!``), parted by blanks.  None for anything else — an operator
-    (``;``, ``&``, ``|``, a redirection), an expansion (``$``, a glob, ``~``, braces), a
-    comment, a line break, a backslash — which may make the shell do more than the command.
-    ``shlex`` would accept most of those as parts of words."""
-    if script is None:
+    if PurePosixPath(cmdline[0]).name.removeprefix("-") not in SHELLS:
         return None
-    words: list[str] = []
-    word: list[str] = []
+    # $0 is NAME, or the shell's own name when no NAME is given
+    return cmdline[2], list(cmdline[3:]) or [cmdline[0]]
+
+
+# What a shell's -c string may hold, token by token.  A word is made of pieces written next to
+# each other: plain characters, which stand for themselves in every POSIX shell, a single-quoted
+# string, or a double-quoted one (expanded below).  A redirection (``2>/dev/null``, ``>>LOG``,
+# ``<FILE``, ``2>&1``) is opened before the command runs and leaves nothing after it.
+_TOKEN = re.compile(
+    r"""(?P<blank>[ \t]+)
+      | (?P<and>&&)
+      | (?P<redirection>[0-9]*(?:>>|>&|<&|>|<))
+      | (?P<plain>[-A-Za-z0-9_./:,+@%=]+)
+      | '(?P<single>[^']*)'
+      | "(?P<double>[^"]*)"
+    """,
+    re.VERBOSE | re.ASCII,
+)
+# Inside double quotes: text with nothing a shell expands (``!`` is bash's history, when
+# interactive), or one parameter: ``$NAME``, ``${NAME}``, ``$1``, ``${10}``, ``$@``.
+_QUOTED = re.compile(
+    r"""(?P<text>[^$`\\!]+)
+      | \$(?: (?P<name>[A-Za-z_][A-Za-z0-9_]*) | \{(?P<braced>[A-Za-z_][A-Za-z0-9_]*)\}
+            | (?P<digit>[0-9]) | \{(?P<number>[0-9]+)\} | (?P<all>@) )
+    """,
+    re.VERBOSE | re.ASCII,
+)
+
+# A word of a -c string: its text, or, when it holds a named shell variable, a pattern in which
+# that variable matches any text.  The shell's variables cannot be read: /proc/PID/environ holds
+# only those exported to it, as they were when it started, and only for its own user.
+Word = str | re.Pattern[str]
+
+
+def _simple_command(script: str, parameters: Sequence[str] = ()) -> list[Word] | None:
+    """The words of ``script`` if a shell runs it as one simple command and nothing after it;
+    None for anything else.
+
+    Words are plain characters (letters, digits, ``-_./:,+@%=``) and quoted strings: single
+    quotes, or double quotes whose ``$`` only begins a parameter (``"$Q"``, ``"${Q}"``, ``"$1"``,
+    ``"$@"``; no backquote, backslash or ``!``).  ``$0``, ``$1`` … and ``"$@"`` are taken from
+    ``parameters`` (``SHELL -c STRING NAME ARG…``) as the shell expands them; a named variable
+    matches any text.  Redirections are left out: the shell opens them before the command.
+    ``cd DIR &&`` may come first, any number of times: a builtin that starts nothing and leaves
+    the shell only the command after it.  Anything else — another operator (``;``, ``&``,
+    ``|``, ``||``), an unquoted ``$``, a command substitution, a glob, ``~``, braces, a
+    comment, a line break — may make the shell do more than the command, or run it more than
+    once.  ``shlex`` would accept most of those as parts of words."""
+    commands: list[list[Word]] = [[]]
+    pieces: list[str | None] = []  # the word being read: its texts, None for a named variable
     in_word = False  # a word has begun (``''`` is one, empty)
-    quote = ""
-    for char in script:
-        if quote:
-            if char == quote:
-                quote = ""
-            elif quote == '"' and char in _EXPANDED_IN_DOUBLE_QUOTES:
+    redirected = False  # the next word is the target of a redirection, which is left out
+
+    def end_word() -> None:
+        nonlocal pieces, in_word, redirected
+        if in_word and not redirected:
+            commands[-1].append(_word(pieces))
+        if in_word:
+            redirected = False
+        pieces, in_word = [], False
+
+    at = 0
+    while at < len(script):
+        token = _TOKEN.match(script, at)
+        if token is None:
+            return None
+        at, kind = token.end(), token.lastgroup
+        if kind == "blank":
+            end_word()
+        elif kind in ("and", "redirection"):
+            if (in_word and token[0][0].isdigit()) or (redirected and not in_word):
+                return None  # ``'a'2>F``, or two operators in a row: not worth reading
+            end_word()
+            if kind == "and":
+                if not commands[-1]:
+                    return None
+                commands.append([])
+            redirected = kind == "redirection"
+        elif kind == "double" and token["double"] == "$@":
+            if in_word or redirected or script[at : at + 1] not in ("", " ", "\t"):
+                return None  # a whole word only: it stands for as many words as there are
+            commands[-1].extend(parameters[1:])
+        elif kind == "double":
+            quoted = _expanded(token["double"], parameters)
+            if quoted is None:
                 return None
-            else:
-                word.append(char)
-        elif char in " \t":
-            if in_word:
-                words.append("".join(word))
-                word, in_word = [], False
-        elif char in "'\"":
-            quote, in_word = char, True
-        elif char.isalnum() or char in _PLAIN:
-            word.append(char)
+            pieces += quoted
             in_word = True
         else:
-            return None
-    if quote:
+            pieces.append(token[kind])
+            in_word = True
+    if redirected and not in_word:
+        return None  # a redirection with no target
+    end_word()
+    *before, last = commands
+    if not last or any(command[0] != "cd" for command in before):
         return None
-    if in_word:
-        words.append("".join(word))
-    return words or None
+    return last
 
 
-def _ends_with(words: Sequence[str], command: Sequence[str]) -> bool:
+def _expanded(quoted: str, parameters: Sequence[str]) -> list[str | None] | None:
+    """The pieces of a double-quoted string as a shell expands it: its text, the positional
+    parameters it names, and None for each named variable; None if it holds anything else."""
+    pieces: list[str | None] = []
+    at = 0
+    while at < len(quoted):
+        piece = _QUOTED.match(quoted, at)
+        if piece is None or piece["all"]:
+            return None  # ``"$@"`` inside a longer string is not worth reading either
+        at = piece.end()
+        if piece["text"]:
+            pieces.append(piece["text"])
+        elif piece["name"] or piece["braced"]:
+            pieces.append(None)
+        else:
+            number = int(piece["digit"] or piece["number"])
+            pieces.append(parameters[number] if number < len(parameters) else "")
+    return pieces
+
+
+def _word(pieces: Sequence[str | None]) -> Word:
+    if None not in pieces:
+        return "".join(filter(None, pieces))
+    return re.compile("".join(".*" if p is None else re.escape(p) for p in pieces), re.DOTALL)
+
+
+def _matches(word: Word, text: str) -> bool:
+    return word == text if isinstance(word, str) else word.fullmatch(text) is not None
+
+
+def _ends_with(words: Sequence[Word], command: Sequence[str]) -> bool:
     """Whether ``words`` end with the command line ``command``: the same arguments after a name
     of the same program (a wrapper or a shell names it as it was typed, ``ctx``, where we see
     a path; ``python -m cortexfs`` gives ``cortexfs/__main__.py`` as ours)."""
@@ -281,7 +380,11 @@ def _ends_with(words: Sequence[str], command: Sequence[str]) -> bool:
     program, arguments = words[-len(command)], words[len(words) - len(command) + 1 :]
     ours = PurePosixPath(command[0])
     names = {ours.name, ours.parent.name} if ours.name == "__main__.py" else {ours.name}
-    return PurePosixPath(program).name in names and list(arguments) == list(command[1:])
+    if isinstance(program, str):
+        named = PurePosixPath(program).name in names
+    else:
+        named = any(_matches(program, name) for name in (command[0], *names))
+    return named and all(map(_matches, arguments, command[1:]))
 
 
 def _may_have_started(starter: int, pid: int) -> bool:

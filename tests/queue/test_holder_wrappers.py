@@ -76,6 +76,19 @@ CTX_PATH = VENV_BIN / "ctx"
         (f"timeout 60 sh -c \"sh -c '{CLAIM}'\"", "/bin/bash"),
         (f'timeout 60 flock {{lock}} -c "{CTX_PATH} queue claim -p {PROJECT}"', "/bin/sh"),
         (f'sh -c "{sys.executable} -m cortexfs queue claim --project={PROJECT}"', "/bin/sh"),
+        # A wrapper's shell that replaced itself with the claim, whatever its string held
+        # before: the wrapper's one child is the claim
+        (f"timeout 60 bash -c 'ctx queue claim --project \"$1\"' _ {PROJECT}", "/bin/sh"),
+        (f"timeout 60 sh -c 'exec {CLAIM} 2>/dev/null'", "/bin/sh"),
+        (f"timeout 60 sh -c 'cd / && exec {CLAIM}'", "/bin/sh"),
+        (f"timeout 60 bash -c 'test -d / || exit; {CLAIM}'", "/bin/sh"),
+        # A shell whose string has parameters, redirections or 'cd DIR &&' before the claim
+        (f"sh -c 'ctx queue claim --project \"$1\"' _ {PROJECT}", "/bin/sh"),
+        (f"sh -c 'ctx \"$@\" 2>/dev/null' sh queue claim --project {PROJECT}", "/bin/sh"),
+        ('sh -c \'ctx queue claim --project "$P" 2>>"$LOG" </dev/null\'', "/bin/sh"),
+        ("sh -c 'cd / && exec ctx queue claim --project=\"${{P}}\" 2>&1'", "/bin/sh"),
+        ("flock {lock} -c 'cd / && ctx queue claim --project \"$P\" 2>/dev/null'", "/bin/sh"),
+        ("flock {lock} -c 'ctx queue claim --project \"$P\" 2>/dev/null'", "/bin/bash"),
     ],
 )
 def test_a_claim_a_shell_runs_for_a_wrapper_leases_to_the_calling_shell(
@@ -84,9 +97,10 @@ def test_a_claim_a_shell_runs_for_a_wrapper_leases_to_the_calling_shell(
     """``sh -c "ctx queue claim …"`` with nothing else to do, and ``flock -c``, which runs
     one, end with the claim like the wrapper around them: the lease names the shell whose
     ``$(…)`` it is, and ``recover`` leaves the job claimed while that shell lives."""
-    command = claim.format(lock=tmp_path / "lock")
+    command = claim.format(lock=tmp_path / "lock", root=root)
     script = f'J=$({command}) || exit 9; echo "$J"; {RECOVER}; echo "$$"'
-    job, recovered, shell = in_sh(root, script, SHELL=login_shell)
+    log = str(tmp_path / "log")
+    job, recovered, shell = in_sh(root, script, SHELL=login_shell, P=PROJECT, LOG=log)
 
     assert job == "j.req.json"
     assert lease_pid(root) == int(shell)
@@ -103,10 +117,17 @@ def test_a_wrapper_in_a_session_of_its_own_is_still_passed_over(root: Path) -> N
     assert lease_pid(root) == int(shell)
 
 
+@pytest.mark.parametrize(
+    "renew",
+    [
+        f'timeout 60 sh -c "ctx queue renew --project {PROJECT} $J"',
+        f'sh -c \'ctx queue renew --project "$1" "$2"\' _ {PROJECT} "$J"',
+        f'timeout 10 bash -c \'ctx queue renew --project {PROJECT} "$1"\' _ "$J"',
+    ],
+)
 def test_a_renewal_a_shell_runs_for_a_wrapper_renews_the_calling_shells_lease(
-    root: Path,
+    root: Path, renew: str
 ) -> None:
-    renew = f'timeout 60 sh -c "ctx queue renew --project {PROJECT} $J"'
     script = f'J=$({CLAIM}) && {renew} >/dev/null && echo "$$"'
     (shell,) = in_sh(root, script)
     assert lease_pid(root) == int(shell)
@@ -119,12 +140,20 @@ def test_a_renewal_a_shell_runs_for_a_wrapper_renews_the_calling_shells_lease(
         (f"{CLAIM}; true", False),
         (f"{CLAIM} && true", False),
         (f"{CLAIM} | cat", False),
-        (f"{CLAIM} 2>/dev/null", False),
+        (f"{CLAIM} || true", False),
+        (f"true && {CLAIM}", False),
+        (f"{CLAIM} && cd /", False),
         (f"{CLAIM}\ntrue", False),
         (f"{CLAIM} # a comment", False),
         (f"{{ {CLAIM}; }}", False),
         (f"{CLAIM} --worker w$((1))", False),  # the same words once expanded, all the same
+        (f'{CLAIM} --worker "$(echo w)"', False),
+        (f"{CLAIM} --worker $HOME", False),  # unquoted: split into words and globbed
         (f"{CLAIM} --worker 'w; 1'", True),  # quoted: one plain word, no list
+        (f'{CLAIM} --worker "$HOME"', True),  # a variable in quotes: one word, whatever it is
+        (f"{CLAIM} 2>/dev/null </dev/null", True),  # opened before the claim runs
+        (f"{CLAIM} >&1 2>>{{log}}", True),
+        (f"cd / && cd /tmp && {CLAIM}", True),  # cd starts nothing, and the claim comes last
     ],
 )
 def test_a_shell_with_more_to_do_than_the_claim_is_its_holder(
@@ -136,11 +165,37 @@ def test_a_shell_with_more_to_do_than_the_claim_is_its_holder(
     # The inner shell writes its pid, then becomes 'sh -c STRING' in the same process.
     inner = f'sh -c \'echo $$ >{pid_file}; exec sh -c "$0"\' "$S"'
     script = f'J=$({inner}) || exit 9; echo "$J"; echo "$$"'
-    job, shell = in_sh(root, script, S=string)
+    job, shell = in_sh(root, script, S=string.replace("{log}", str(tmp_path / "log")))
 
     assert job == "j.req.json"
     expected = int(shell) if passed_over else int(pid_file.read_text())
     assert lease_pid(root) == expected
+
+
+@pytest.mark.parametrize(
+    ("wrapped", "login_shell"),
+    [
+        (f"timeout 60 bash -c 'echo $$ >{{pid}}; {CLAIM}; true'", "/bin/sh"),
+        (f"timeout 60 bash -c 'echo $$ >{{pid}}; {CLAIM} && true'", "/bin/sh"),
+        (f"timeout 60 sh -c 'echo $$ >{{pid}}; {CLAIM} 2>/dev/null; true'", "/bin/sh"),
+        (f"flock {{lock}} -c 'echo $$ >{{pid}}; {CLAIM} || true'", "/bin/bash"),
+    ],
+)
+def test_a_shell_a_wrapper_runs_with_more_to_do_is_the_holder(
+    root: Path, tmp_path: Path, wrapped: str, login_shell: str
+) -> None:
+    """A wrapper is passed over only for the one child it waits for: a shell under it that
+    runs the claim and goes on (bash does not replace itself with a command that is not
+    the last) is the claim's parent, and holds the lease, as it would with no wrapper."""
+    pid_file = tmp_path / "shell"
+    command = wrapped.format(pid=pid_file, lock=tmp_path / "lock")
+    script = f'J=$({command}) || exit 9; echo "$J"'
+    (job,) = in_sh(root, script, SHELL=login_shell)
+
+    assert job == "j.req.json"
+    assert lease_pid(root) == int(pid_file.read_text())
+    requeued = json.loads(run_ctx(root, *RECOVER.split()[1:]))["requeued"]
+    assert [r["job"] for r in requeued] == [job]  # that shell has ended
 
 
 # A subreaper (PR_SET_CHILD_SUBREAPER) that runs its arguments in a session of their own and
