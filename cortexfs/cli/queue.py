@@ -438,9 +438,10 @@ def claim(
     """Claim the oldest pending job and lease it; prints its name (exit 3 when none).
 
     The lease holder is the process that ran this command (its parent, e.g. your shell,
-    past a timeout, flock, sudo, doas, runuser or time that waits for this command, or an
-    'sh -c' whose string is just this command, maybe with "$1", redirections or 'cd DIR &&')
-    unless --pid names another; recover requeues the job once that process is gone.
+    past a timeout, flock, sudo, doas, runuser, su or time that waits for this command, or
+    an 'sh -c' whose string is just this command, maybe with "$1", redirections or
+    'cd DIR &&') unless --pid names another; recover requeues the job once that process is
+    gone.
     """
     require_output("the name of the job claimed")
     holder = _holder(pid, worker)

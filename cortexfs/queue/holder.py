@@ -147,10 +147,10 @@ def calling_process(argv: Sequence[str]) -> int:
 
     * a wrapper program that runs one child and waits for it (:data:`WAITING_WRAPPERS`), run
       with the command line it was given (``timeout 60 ctx queue claim …``, ``flock FILE``,
-      ``sudo``), or with ``SHELL -c STRING`` (``timeout 60 bash -c "…"``), or, for flock,
-      ``-c STRING`` (``flock FILE -c "…"``), which runs ``$SHELL -c STRING``: the walk reaches
-      the wrapper from that shell, passed over below, or from what the shell replaced itself
-      with, whatever STRING held before;
+      ``sudo``), or with ``SHELL -c STRING`` (``timeout 60 bash -c "…"``), or, for flock, su
+      and runuser, ``-c STRING`` (``flock FILE -c "…"``, ``su USER -c "…"``), which runs
+      ``$SHELL -c STRING``: the walk reaches the wrapper from that shell, passed over below, or
+      from what the shell replaced itself with, whatever STRING held before;
     * a POSIX shell (:data:`SHELLS`) run as ``SHELL -c STRING [NAME [ARG…]]`` whose STRING is
       one simple command, maybe after ``cd DIR &&`` (:func:`_simple_command`): with nothing
       else to do, it ends when the command does (``sh -c 'ctx queue claim --queue "$1"' _ Q``,
@@ -190,9 +190,9 @@ def calling_process(argv: Sequence[str]) -> int:
 
 # Programs that run the command line they are given as a single child and wait for it, ending
 # with it.
-WAITING_WRAPPERS = frozenset({"timeout", "flock", "sudo", "doas", "runuser", "time"})
+WAITING_WRAPPERS = frozenset({"timeout", "flock", "sudo", "doas", "runuser", "su", "time"})
 # Those of them that run ``$SHELL -c STRING`` when given ``-c STRING``.
-_COMMAND_STRING_WRAPPERS = frozenset({"flock"})
+_COMMAND_STRING_WRAPPERS = frozenset({"flock", "runuser", "su"})
 # POSIX shells, which read a simple command alike; ``busybox sh`` is one too.
 SHELLS = frozenset(
     {"sh", "ash", "dash", "bash", "zsh", "ksh", "ksh93", "mksh", "lksh", "pdksh", "oksh"}
@@ -220,7 +220,8 @@ def _runs_only(name: str, cmdline: Sequence[str], command: Sequence[str]) -> boo
 
 def _has_command_string(arguments: Sequence[str]) -> bool:
     """Whether a wrapper's arguments hold ``-c STRING``, ``--command STRING`` or
-    ``--command=STRING``, with which flock runs ``$SHELL -c STRING``."""
+    ``--command=STRING``, with which flock, su and runuser run ``$SHELL -c STRING`` (su and
+    runuser the target user's shell), before or after the lock file or user."""
     for at, argument in enumerate(arguments):
         if argument == "--":
             return False

@@ -89,14 +89,28 @@ CTX_PATH = VENV_BIN / "ctx"
         ("sh -c 'cd / && exec ctx queue claim --project=\"${{P}}\" 2>&1'", "/bin/sh"),
         ("flock {lock} -c 'cd / && ctx queue claim --project \"$P\" 2>/dev/null'", "/bin/sh"),
         ("flock {lock} -c 'ctx queue claim --project \"$P\" 2>/dev/null'", "/bin/bash"),
+        # su and runuser run '$SHELL -c STRING' for the user as flock does (root's is bash)
+        (f"runuser root -c '{CLAIM}'", "/bin/sh"),
+        (f"runuser -c '{CLAIM}' root", "/bin/sh"),
+        (f"su root -c '{CLAIM} 2>/dev/null'", "/bin/sh"),
+        (f"su -c '{CLAIM}' root", "/bin/sh"),
+        (f"su --command '{CLAIM}' root", "/bin/sh"),
+        (f"su --command='cd / && {CLAIM}' -s /bin/sh root", "/bin/sh"),
+        ("runuser -s /bin/sh root -c 'ctx queue claim --project \"$P\"'", "/bin/sh"),
+        # a login shell ('-sh'), with the environment cleared
+        (
+            f"su - -s /bin/sh root -c 'CTX_STORAGE={{root}} {CTX_PATH} queue claim -p {PROJECT}'",
+            "/bin/sh",
+        ),
     ],
 )
 def test_a_claim_a_shell_runs_for_a_wrapper_leases_to_the_calling_shell(
     root: Path, tmp_path: Path, claim: str, login_shell: str
 ) -> None:
-    """``sh -c "ctx queue claim …"`` with nothing else to do, and ``flock -c``, which runs
-    one, end with the claim like the wrapper around them: the lease names the shell whose
-    ``$(…)`` it is, and ``recover`` leaves the job claimed while that shell lives."""
+    """``sh -c "ctx queue claim …"`` with nothing else to do, and ``flock -c``, ``su -c`` and
+    ``runuser -c``, which run one, end with the claim like the wrapper around them: the lease
+    names the shell whose ``$(…)`` it is, and ``recover`` leaves the job claimed while that
+    shell lives."""
     command = claim.format(lock=tmp_path / "lock", root=root)
     script = f'J=$({command}) || exit 9; echo "$J"; {RECOVER}; echo "$$"'
     log = str(tmp_path / "log")
@@ -123,6 +137,7 @@ def test_a_wrapper_in_a_session_of_its_own_is_still_passed_over(root: Path) -> N
         f'timeout 60 sh -c "ctx queue renew --project {PROJECT} $J"',
         f'sh -c \'ctx queue renew --project "$1" "$2"\' _ {PROJECT} "$J"',
         f'timeout 10 bash -c \'ctx queue renew --project {PROJECT} "$1"\' _ "$J"',
+        f'runuser root -c "ctx queue renew --project {PROJECT} $J"',
     ],
 )
 def test_a_renewal_a_shell_runs_for_a_wrapper_renews_the_calling_shells_lease(
@@ -179,6 +194,8 @@ def test_a_shell_with_more_to_do_than_the_claim_is_its_holder(
         (f"timeout 60 bash -c 'echo $$ >{{pid}}; {CLAIM} && true'", "/bin/sh"),
         (f"timeout 60 sh -c 'echo $$ >{{pid}}; {CLAIM} 2>/dev/null; true'", "/bin/sh"),
         (f"flock {{lock}} -c 'echo $$ >{{pid}}; {CLAIM} || true'", "/bin/bash"),
+        (f"su root -c 'echo $$ >{{pid}}; {CLAIM}; true'", "/bin/sh"),
+        (f"runuser -c 'echo $$ >{{pid}}; {CLAIM} | cat' root", "/bin/sh"),
     ],
 )
 def test_a_shell_a_wrapper_runs_with_more_to_do_is_the_holder(
