@@ -429,7 +429,7 @@ def _published_in_part(refusal: protocol.PublishedInPart, as_json: bool) -> NoRe
     type=PID,
     help="Lease holder pid (default: the calling process, past a wrapper such as timeout or "
     "flock that waits for this command, or an 'sh -c' whose string is just this command; "
-    "inside a pipeline or { } group in $(...), pass --pid $$).",
+    "inside a pipeline or { } group in $(...), or under setsid, pass --pid $$).",
 )
 @ttl_option("Lease lifetime in seconds (default: lease_ttl).")
 def claim(
@@ -501,7 +501,7 @@ def _acknowledge_claim(won: protocol.Claim, as_json: bool) -> None:
     type=PID,
     help="Lease holder pid (default: the calling process, past a wrapper such as timeout or "
     "flock that waits for this command, or an 'sh -c' whose string is just this command; "
-    "inside a pipeline or { } group in $(...), pass --pid $$).",
+    "inside a pipeline or { } group in $(...), or under setsid, pass --pid $$).",
 )
 @ttl_option(
     "New lifetime in seconds from now (default: as long as the lease was taken or last "

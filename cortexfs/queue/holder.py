@@ -161,11 +161,12 @@ def calling_process(argv: Sequence[str]) -> int:
     shell with more to do, a script, a program that runs what it was given and goes on) is the
     calling process the specification names.  So is a process passed over only for its
     starter, not for init (pid 1), or for a subreaper in another session, which adopted it when
-    its starter died (:func:`_may_have_started`); a subreaper in the same session is taken for
-    the starter.  Nor can a subshell forked for a pipeline or a ``{ …; }`` group inside
-    ``$(…)``, which ends with the command, be told from one that goes on working, ``( … ) &``:
-    scripts pass ``--pid $$`` there.  0 when the parent is outside this process's pid
-    namespace (``nsenter``, ``docker exec``)."""
+    its starter died; and a wrapper that leads a session of its own (``setsid timeout 60 …``),
+    which the walk cannot tell from one a subreaper adopted (:func:`_may_have_started`).  A
+    subreaper in the same session is taken for the starter.  Nor can a subshell forked for a
+    pipeline or a ``{ …; }`` group inside ``$(…)``, which ends with the command, be told from
+    one that goes on working, ``( … ) &``: scripts pass ``--pid $$`` there.  0 when the parent
+    is outside this process's pid namespace (``nsenter``, ``docker exec``)."""
     import psutil  # see Holder.for_process
 
     pid = os.getppid()
@@ -178,7 +179,7 @@ def calling_process(argv: Sequence[str]) -> int:
             if (
                 starter <= 1
                 or not _runs_only(parent.name(), cmdline, command)
-                or not _may_have_started(starter, pid)
+                or not _may_have_started(starter, pid, cmdline)
             ):
                 break
             command = cmdline
@@ -211,6 +212,8 @@ def _runs_only(name: str, cmdline: Sequence[str], command: Sequence[str]) -> boo
         return False
     return (
         _ends_with(cmdline[1:], command)
+        # sudo's monitor, the fork of sudo that holds the command's terminal
+        or list(cmdline) == list(command)
         # The shell of ``SHELL -c STRING`` did not return to STRING, or it would be the child
         # and have been passed over as a shell: it replaced itself with the command.
         or any(_shell_command(cmdline[i:]) for i in range(1, len(cmdline)))
@@ -388,20 +391,32 @@ def _ends_with(words: Sequence[Word], command: Sequence[str]) -> bool:
     return named and all(map(_matches, arguments, command[1:]))
 
 
-def _may_have_started(starter: int, pid: int) -> bool:
-    """Whether ``starter``, the parent of process ``pid``, may be the process that started it
-    rather than a subreaper that adopted it when its starter died.
+def _may_have_started(starter: int, pid: int, cmdline: Sequence[str]) -> bool:
+    """Whether ``starter``, the parent of process ``pid`` (whose command line is ``cmdline``),
+    may be the process that started it rather than a subreaper that adopted it when its
+    starter died.
 
     A child starts in its parent's session and leaves it only by making a session of its
-    own, as its leader (setsid: ``sudo`` with a terminal of its own does).  So a parent in
-    another session than a child that leads none cannot have started it: a subreaper such as
-    ``systemd --user``, which runs in a session of its own, adopted it.  (A starter that made
-    a session of its own after starting the child would be taken for an adopter; shells and
-    wrappers do no such thing.)  A subreaper in the child's own session (``tini -s`` run from
-    the same shell script) cannot be told from a starter: no mark in /proc says a process
-    reaps orphans."""
+    own, as its leader (setsid).  So a parent in another session than a child that leads none
+    cannot have started it: a subreaper such as ``systemd --user``, which runs in a session of
+    its own, adopted it.  (A starter that made a session of its own after starting the child
+    would be taken for an adopter; shells and wrappers do no such thing.)  A subreaper in the
+    child's own session (``tini -s`` run from the same shell script) cannot be told from a
+    starter: no mark in /proc says a process reaps orphans.
+
+    A child that leads a session of its own is in none of its parent's, whether the parent
+    started it or adopted it (``setsid -f timeout 60 …`` under ``systemd --user``).  Only a
+    wrapper that forked itself to lead the session is known to be the starter: ``sudo`` with
+    a terminal of its own, whose monitor and the sudo that forked it share one command line.
+    Any other session leader is the end of the walk: ``setsid timeout 60 ctx …`` leases to
+    timeout."""
     session = os.getsid(pid)
-    return session == pid or os.getsid(starter) == session
+    if session != pid:
+        return os.getsid(starter) == session
+    import psutil  # see Holder.for_process
+
+    parent = psutil.Process(starter)
+    return parent.name() in WAITING_WRAPPERS and parent.cmdline() == list(cmdline)
 
 
 def _started_apart(one: float | None, other: float | None) -> bool:

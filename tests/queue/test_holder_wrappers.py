@@ -122,13 +122,16 @@ def test_a_claim_a_shell_runs_for_a_wrapper_leases_to_the_calling_shell(
     assert os.listdir(root / "shared" / PROJECT / "queue" / "claimed") == [job]
 
 
-def test_a_wrapper_in_a_session_of_its_own_is_still_passed_over(root: Path) -> None:
-    """``setsid timeout 60 ctx queue claim``: timeout leads a new session, so its starter, the
-    shell, is in another one; only a parent in another session than a child that leads none
-    is taken for a subreaper that adopted it (``sudo`` with a terminal of its own, too)."""
+def test_a_wrapper_that_leads_a_session_of_its_own_is_the_holder(root: Path) -> None:
+    """``setsid timeout 60 ctx queue claim``: timeout leads a new session, in which its
+    starter, the shell, cannot be, any more than a subreaper that adopted it: the walk stops
+    at timeout, which ends with the claim, and recover requeues the job (scripts pass
+    ``--pid $$`` here)."""
     script = f'J=$(setsid timeout 60 {CLAIM}) || exit 9; echo "$$"'
     (shell,) = in_sh(root, script)
-    assert lease_pid(root) == int(shell)
+    assert lease_pid(root) != int(shell)
+    requeued = json.loads(run_ctx(root, *RECOVER.split()[1:]))["requeued"]
+    assert [r["job"] for r in requeued] == ["j.req.json"]
 
 
 @pytest.mark.parametrize(
@@ -252,6 +255,42 @@ def test_a_wrapper_a_subreaper_adopted_is_the_holder_not_the_subreaper(
             subreaper.wait(timeout=60)  # which reaps flock once the claim is made
 
     assert lease_pid(root) == flock.pid != subreaper.pid
+    requeued = json.loads(run_ctx(root, *RECOVER.split()[1:]))["requeued"]
+    assert [r["job"] for r in requeued] == ["j.req.json"]
+
+
+@pytest.mark.parametrize(
+    ("started", "wrapper"),
+    [
+        (f"setsid -f timeout 60 flock {{lock}} {CLAIM}", "timeout"),
+        (f"setsid -f sh -c 'flock {{lock}} {CLAIM}'", "sh"),
+    ],
+)
+def test_a_session_leader_a_subreaper_adopted_is_the_holder_not_the_subreaper(
+    root: Path, tmp_path: Path, started: str, wrapper: str
+) -> None:
+    """``setsid -f timeout 60 ctx queue claim`` under a subreaper: setsid's fork makes timeout
+    (or the ``sh -c``) lead a session of its own and leaves it to the subreaper.  The leader's
+    parent is in another session whether it started it or adopted it, so the walk stops at
+    the leader, which ends with the claim: recover requeues the job, where a lease naming
+    the subreaper held it until it expired."""
+    lock = tmp_path / "lock"
+    with open(lock, "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # the claim waits in flock until we let it go
+        subreaper = subprocess.Popen(
+            [sys.executable, "-c", SUBREAPER, "sh", "-c", started.format(lock=lock)],
+            env=environment(root),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            leader = wait_for_child(subreaper.pid, wrapper)
+            assert os.getsid(leader.pid) == leader.pid
+        finally:
+            held.close()
+            subreaper.wait(timeout=60)
+
+    assert lease_pid(root) == leader.pid != subreaper.pid
     requeued = json.loads(run_ctx(root, *RECOVER.split()[1:]))["requeued"]
     assert [r["job"] for r in requeued] == ["j.req.json"]
 
