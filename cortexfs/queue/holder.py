@@ -165,8 +165,14 @@ def calling_process(argv: Sequence[str]) -> int:
     which the walk cannot tell from one a subreaper adopted (:func:`_may_have_started`).  A
     subreaper in the same session is taken for the starter.  Nor can a subshell forked for a
     pipeline or a ``{ …; }`` group inside ``$(…)``, which ends with the command, be told from
-    one that goes on working, ``( … ) &``: scripts pass ``--pid $$`` there.  0 when the parent
-    is outside this process's pid namespace (``nsenter``, ``docker exec``)."""
+    one that goes on working, ``( … ) &``: scripts pass ``--pid $$`` there.
+
+    A command whose caller ended before it ran (``sh -c 'ctx queue claim … &'``, a ``coproc``
+    whose shell has exited) starts from the process that adopted it, init (pid 1) or a
+    subreaper, and leases to it.  Pid 1 is taken as it is: it may be the caller itself (a
+    container's entrypoint, a test harness run as pid 1).  Such a command needs ``--pid``.
+    0 when the parent is outside this process's pid namespace (``nsenter``, ``docker
+    exec``)."""
     import psutil  # see Holder.for_process
 
     pid = os.getppid()
