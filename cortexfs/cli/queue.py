@@ -255,7 +255,7 @@ def _opened_input(source: str) -> Iterator[BinaryIO]:
 
 def _holder(pid: int | None, worker: str | None) -> Holder:
     """The lease holder of a shell command: the calling process (our parent, past a wrapper
-    such as ``timeout`` or an ``sh -c`` whose string is just this command) unless --pid."""
+    such as ``timeout`` that waits for this very command) unless --pid."""
     if pid is None:
         pid = calling_process(sys.argv)
         if pid == 0:  # our parent lives in another pid namespace, where it has another pid
@@ -428,8 +428,8 @@ def _published_in_part(refusal: protocol.PublishedInPart, as_json: bool) -> NoRe
     "--pid",
     type=PID,
     help="Lease holder pid (default: the calling process, past a wrapper such as timeout or "
-    "flock that waits for this command, or an 'sh -c' whose string is just this command; "
-    "inside a pipeline or { } group in $(...), or under setsid, pass --pid $$).",
+    "flock that waits for this command; inside an 'sh -c', a pipeline or { } group in $(...), "
+    "or under setsid, pass --pid $$).",
 )
 @ttl_option("Lease lifetime in seconds (default: lease_ttl).")
 def claim(
@@ -438,10 +438,8 @@ def claim(
     """Claim the oldest pending job and lease it; prints its name (exit 3 when none).
 
     The lease holder is the process that ran this command (its parent, e.g. your shell,
-    past a timeout, flock, sudo, doas, runuser, su or time that waits for this command, or
-    an 'sh -c' whose string is just this command, maybe with "$1", redirections or
-    'cd DIR &&') unless --pid names another; recover requeues the job once that process is
-    gone.
+    past a timeout, flock, sudo, doas, runuser, su or time that waits for this command)
+    unless --pid names another; recover requeues the job once that process is gone.
     """
     require_output("the name of the job claimed")
     holder = _holder(pid, worker)
@@ -500,8 +498,8 @@ def _acknowledge_claim(won: protocol.Claim, as_json: bool) -> None:
     "--pid",
     type=PID,
     help="Lease holder pid (default: the calling process, past a wrapper such as timeout or "
-    "flock that waits for this command, or an 'sh -c' whose string is just this command; "
-    "inside a pipeline or { } group in $(...), or under setsid, pass --pid $$).",
+    "flock that waits for this command; inside an 'sh -c', a pipeline or { } group in $(...), "
+    "or under setsid, pass --pid $$).",
 )
 @ttl_option(
     "New lifetime in seconds from now (default: as long as the lease was taken or last "

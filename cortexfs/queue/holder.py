@@ -141,31 +141,27 @@ class Holder:
 
 def calling_process(argv: Sequence[str]) -> int:
     """The process a command run as ``argv`` from a shell works for (§2.4: its parent, normally
-    the shell), past every process between them that runs exactly that command and ends with
-    it: a lease naming one would be found gone as soon as the claim is printed, and recover
-    would requeue the job while the shell still works on it.  Those are
+    the shell), past every wrapper program between them that runs exactly that command and
+    ends with it: a lease naming one would be found gone as soon as the claim is printed, and
+    recover would requeue the job while the shell still works on it.  Those are the programs
+    that run one child and wait for it (:data:`WAITING_WRAPPERS`), run with the command line
+    they were given (``timeout 60 ctx queue claim …``, ``flock FILE``, ``sudo``), or with
+    ``SHELL -c STRING`` (``timeout 60 bash -c "…"``), or, for flock, su and runuser, ``-c
+    STRING`` (``flock FILE -c "…"``, ``su USER -c "…"``), which runs ``$SHELL -c STRING``: the
+    walk reaches such a wrapper only from its child, so the shell replaced itself with the
+    command (bash does, for the last command of its string), whatever STRING held before.
 
-    * a wrapper program that runs one child and waits for it (:data:`WAITING_WRAPPERS`), run
-      with the command line it was given (``timeout 60 ctx queue claim …``, ``flock FILE``,
-      ``sudo``), or with ``SHELL -c STRING`` (``timeout 60 bash -c "…"``), or, for flock, su
-      and runuser, ``-c STRING`` (``flock FILE -c "…"``, ``su USER -c "…"``), which runs
-      ``$SHELL -c STRING``: the walk reaches the wrapper from that shell, passed over below, or
-      from what the shell replaced itself with, whatever STRING held before;
-    * a POSIX shell (:data:`SHELLS`) run as ``SHELL -c STRING [NAME [ARG…]]`` whose STRING is
-      one simple command, maybe after ``cd DIR &&`` (:func:`_simple_command`): with nothing
-      else to do, it ends when the command does (``sh -c 'ctx queue claim --queue "$1"' _ Q``,
-      and the shell ``flock -c`` starts when that shell does not replace itself with the
-      command, as dash).
-
-    The walk goes on from each such process to the one that started it.  Any other parent (a
-    shell with more to do, a script, a program that runs what it was given and goes on) is the
-    calling process the specification names.  So is a process passed over only for its
-    starter, not for init (pid 1), or for a subreaper in another session, which adopted it when
-    its starter died; and a wrapper that leads a session of its own (``setsid timeout 60 …``),
-    which the walk cannot tell from one a subreaper adopted (:func:`_may_have_started`).  A
-    subreaper in the same session is taken for the starter.  Nor can a subshell forked for a
-    pipeline or a ``{ …; }`` group inside ``$(…)``, which ends with the command, be told from
-    one that goes on working, ``( … ) &``: scripts pass ``--pid $$`` there.
+    The walk goes on from each such wrapper to the process that started it.  Any other parent
+    is the calling process the specification names: a shell (even one with nothing left to do
+    after the command: ``sh -c "ctx queue claim …"``, which dash runs as a child, ends with
+    it, and scripts pass ``--pid $$`` there), a script, a program that runs what it was given
+    and goes on.  So is a wrapper passed over only for its starter, not for init (pid 1), or
+    for a subreaper in another session, which adopted it when its starter died; and a wrapper
+    that leads a session of its own (``setsid timeout 60 …``), which the walk cannot tell from
+    one a subreaper adopted (:func:`_may_have_started`).  A subreaper in the same session is
+    taken for the starter.  Nor can a subshell forked for a pipeline or a ``{ …; }`` group
+    inside ``$(…)``, which ends with the command, be told from one that goes on working,
+    ``( … ) &``: scripts pass ``--pid $$`` there.
 
     A command whose caller ended before it ran (``sh -c 'ctx queue claim … &'``, a ``coproc``
     whose shell has exited) starts from the process that adopted it, init (pid 1) or a
@@ -200,7 +196,7 @@ def calling_process(argv: Sequence[str]) -> int:
 WAITING_WRAPPERS = frozenset({"timeout", "flock", "sudo", "doas", "runuser", "su", "time"})
 # Those of them that run ``$SHELL -c STRING`` when given ``-c STRING``.
 _COMMAND_STRING_WRAPPERS = frozenset({"flock", "runuser", "su"})
-# POSIX shells, which read a simple command alike; ``busybox sh`` is one too.
+# POSIX shells; ``busybox sh`` is one too.
 SHELLS = frozenset(
     {"sh", "ash", "dash", "bash", "zsh", "ksh", "ksh93", "mksh", "lksh", "pdksh", "oksh"}
     | {"posh", "yash", "hush"}
@@ -208,21 +204,17 @@ SHELLS = frozenset(
 
 
 def _runs_only(name: str, cmdline: Sequence[str], command: Sequence[str]) -> bool:
-    """Whether a process called ``name`` with command line ``cmdline`` does nothing but run
+    """Whether a wrapper called ``name`` with command line ``cmdline`` does nothing but run
     ``command`` (the command line of the child it started) and wait for it."""
-    if name in SHELLS or name == "busybox":
-        shell = _shell_command(cmdline)
-        words = None if shell is None else _simple_command(*shell)
-        return words is not None and _ends_with(words, command)
     if name not in WAITING_WRAPPERS:
         return False
     return (
         _ends_with(cmdline[1:], command)
         # sudo's monitor, the fork of sudo that holds the command's terminal
         or list(cmdline) == list(command)
-        # The shell of ``SHELL -c STRING`` did not return to STRING, or it would be the child
-        # and have been passed over as a shell: it replaced itself with the command.
-        or any(_shell_command(cmdline[i:]) for i in range(1, len(cmdline)))
+        # The shell of ``SHELL -c STRING`` is not our parent, the wrapper is: the shell
+        # replaced itself with the command.
+        or any(_is_shell_command(cmdline[i:]) for i in range(1, len(cmdline)))
         or (name in _COMMAND_STRING_WRAPPERS and _has_command_string(cmdline[1:]))
     )
 
@@ -241,160 +233,28 @@ def _has_command_string(arguments: Sequence[str]) -> bool:
     return False
 
 
-def _shell_command(cmdline: Sequence[str]) -> tuple[str, list[str]] | None:
-    """STRING and its parameters ``$0``, ``$1`` … of a shell's command line ``SHELL -c STRING
-    [NAME [ARG…]]`` (``busybox sh -c …`` too, and a login shell's ``-bash``), -c being its only
-    option; None for any other command line."""
+def _is_shell_command(cmdline: Sequence[str]) -> bool:
+    """Whether ``cmdline`` is a shell's ``SHELL -c STRING [NAME [ARG…]]`` (``busybox sh -c
+    …`` too, and a login shell's ``-bash``), -c being its only option."""
     if cmdline and PurePosixPath(cmdline[0]).name == "busybox":
         cmdline = cmdline[1:]
-    if len(cmdline) < 3 or cmdline[1] != "-c":
-        return None
-    if PurePosixPath(cmdline[0]).name.removeprefix("-") not in SHELLS:
-        return None
-    # $0 is NAME, or the shell's own name when no NAME is given
-    return cmdline[2], list(cmdline[3:]) or [cmdline[0]]
+    return (
+        len(cmdline) >= 3
+        and cmdline[1] == "-c"
+        and PurePosixPath(cmdline[0]).name.removeprefix("-") in SHELLS
+    )
 
 
-# What a shell's -c string may hold, token by token.  A word is made of pieces written next to
-# each other: plain characters, which stand for themselves in every POSIX shell, a single-quoted
-# string, or a double-quoted one (expanded below).  A redirection (``2>/dev/null``, ``>>LOG``,
-# ``<FILE``, ``2>&1``) is opened before the command runs and leaves nothing after it.
-_TOKEN = re.compile(
-    r"""(?P<blank>[ \t]+)
-      | (?P<and>&&)
-      | (?P<redirection>[0-9]*(?:>>|>&|<&|>|<))
-      | (?P<plain>[-A-Za-z0-9_./:,+@%=]+)
-      | '(?P<single>[^']*)'
-      | "(?P<double>[^"]*)"
-    """,
-    re.VERBOSE | re.ASCII,
-)
-# Inside double quotes: text with nothing a shell expands (``!`` is bash's history, when
-# interactive), or one parameter: ``$NAME``, ``${NAME}``, ``$1``, ``${10}``, ``$@``.
-_QUOTED = re.compile(
-    r"""(?P<text>[^$`\\!]+)
-      | \$(?: (?P<name>[A-Za-z_][A-Za-z0-9_]*) | \{(?P<braced>[A-Za-z_][A-Za-z0-9_]*)\}
-            | (?P<digit>[0-9]) | \{(?P<number>[0-9]+)\} | (?P<all>@) )
-    """,
-    re.VERBOSE | re.ASCII,
-)
-
-# A word of a -c string: its text, or, when it holds a named shell variable, a pattern in which
-# that variable matches any text.  The shell's variables cannot be read: /proc/PID/environ holds
-# only those exported to it, as they were when it started, and only for its own user.
-Word = str | re.Pattern[str]
-
-
-def _simple_command(script: str, parameters: Sequence[str] = ()) -> list[Word] | None:
-    """The words of ``script`` if a shell runs it as one simple command and nothing after it;
-    None for anything else.
-
-    Words are plain characters (letters, digits, ``-_./:,+@%=``) and quoted strings: single
-    quotes, or double quotes whose ``$`` only begins a parameter (``"$Q"``, ``"${Q}"``, ``"$1"``,
-    ``"$@"``; no backquote, backslash or ``!``).  ``$0``, ``$1`` … and ``"$@"`` are taken from
-    ``parameters`` (``SHELL -c STRING NAME ARG…``) as the shell expands them; a named variable
-    matches any text.  Redirections are left out: the shell opens them before the command.
-    ``cd DIR &&`` may come first, any number of times: a builtin that starts nothing and leaves
-    the shell only the command after it.  Anything else — another operator (``;``, ``&``,
-    ``|``, ``||``), an unquoted ``$``, a command substitution, a glob, ``~``, braces, a
-    comment, a line break — may make the shell do more than the command, or run it more than
-    once.  ``shlex`` would accept most of those as parts of words."""
-    commands: list[list[Word]] = [[]]
-    pieces: list[str | None] = []  # the word being read: its texts, None for a named variable
-    in_word = False  # a word has begun (``''`` is one, empty)
-    redirected = False  # the next word is the target of a redirection, which is left out
-
-    def end_word() -> None:
-        nonlocal pieces, in_word, redirected
-        if in_word and not redirected:
-            commands[-1].append(_word(pieces))
-        if in_word:
-            redirected = False
-        pieces, in_word = [], False
-
-    at = 0
-    while at < len(script):
-        token = _TOKEN.match(script, at)
-        if token is None:
-            return None
-        at, kind = token.end(), token.lastgroup
-        if kind == "blank":
-            end_word()
-        elif kind in ("and", "redirection"):
-            if (in_word and token[0][0].isdigit()) or (redirected and not in_word):
-                return None  # ``'a'2>F``, or two operators in a row: not worth reading
-            end_word()
-            if kind == "and":
-                if not commands[-1]:
-                    return None
-                commands.append([])
-            redirected = kind == "redirection"
-        elif kind == "double" and token["double"] == "$@":
-            if in_word or redirected or script[at : at + 1] not in ("", " ", "\t"):
-                return None  # a whole word only: it stands for as many words as there are
-            commands[-1].extend(parameters[1:])
-        elif kind == "double":
-            quoted = _expanded(token["double"], parameters)
-            if quoted is None:
-                return None
-            pieces += quoted
-            in_word = True
-        else:
-            pieces.append(token[kind])
-            in_word = True
-    if redirected and not in_word:
-        return None  # a redirection with no target
-    end_word()
-    *before, last = commands
-    if not last or any(command[0] != "cd" for command in before):
-        return None
-    return last
-
-
-def _expanded(quoted: str, parameters: Sequence[str]) -> list[str | None] | None:
-    """The pieces of a double-quoted string as a shell expands it: its text, the positional
-    parameters it names, and None for each named variable; None if it holds anything else."""
-    pieces: list[str | None] = []
-    at = 0
-    while at < len(quoted):
-        piece = _QUOTED.match(quoted, at)
-        if piece is None or piece["all"]:
-            return None  # ``"$@"`` inside a longer string is not worth reading either
-        at = piece.end()
-        if piece["text"]:
-            pieces.append(piece["text"])
-        elif piece["name"] or piece["braced"]:
-            pieces.append(None)
-        else:
-            number = int(piece["digit"] or piece["number"])
-            pieces.append(parameters[number] if number < len(parameters) else "")
-    return pieces
-
-
-def _word(pieces: Sequence[str | None]) -> Word:
-    if None not in pieces:
-        return "".join(filter(None, pieces))
-    return re.compile("".join(".*" if p is None else re.escape(p) for p in pieces), re.DOTALL)
-
-
-def _matches(word: Word, text: str) -> bool:
-    return word == text if isinstance(word, str) else word.fullmatch(text) is not None
-
-
-def _ends_with(words: Sequence[Word], command: Sequence[str]) -> bool:
+def _ends_with(words: Sequence[str], command: Sequence[str]) -> bool:
     """Whether ``words`` end with the command line ``command``: the same arguments after a name
-    of the same program (a wrapper or a shell names it as it was typed, ``ctx``, where we see
-    a path; ``python -m cortexfs`` gives ``cortexfs/__main__.py`` as ours)."""
+    of the same program (a wrapper names it as it was typed, ``ctx``, where we see a path;
+    ``python -m cortexfs`` gives ``cortexfs/__main__.py`` as ours)."""
     if not command or len(words) < len(command):
         return False
     program, arguments = words[-len(command)], words[len(words) - len(command) + 1 :]
     ours = PurePosixPath(command[0])
     names = {ours.name, ours.parent.name} if ours.name == "__main__.py" else {ours.name}
-    if isinstance(program, str):
-        named = PurePosixPath(program).name in names
-    else:
-        named = any(_matches(program, name) for name in (command[0], *names))
-    return named and all(map(_matches, arguments, command[1:]))
+    return PurePosixPath(program).name in names and list(arguments) == list(command[1:])
 
 
 def _may_have_started(starter: int, pid: int, cmdline: Sequence[str]) -> bool:
