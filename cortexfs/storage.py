@@ -172,13 +172,9 @@ def require_writable(directory: Path, action: str, fix: str | None = None) -> No
         fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
         fd = None
-    if fd is not None:
-        try:
-            attribute = refusing_attribute(fd)
-        finally:
-            os.close(fd)
-        if attribute is not None:
-            raise attribute_refusal(action, directory, attribute)
+    refused = None if fd is None else attribute_refusal(fd, action, directory)
+    if refused is not None:
+        raise refused
     raise _refusal(action, f"write in {directory}", st, stat.S_IWGRP, fix)
 
 
@@ -192,29 +188,25 @@ _REFUSING_ATTRIBUTES = (
 )
 
 
-def refusing_attribute(fd: int) -> tuple[str, str, str] | None:
-    """``(name, chattr letter, what it forbids)`` of an attribute of the directory open as
-    ``fd`` that refuses changes whatever its mode; None when it has none (or its filesystem
-    keeps no attributes)."""
+def attribute_refusal(fd: int, action: str, path: Path) -> CtxError | None:
+    """EPERM for ``action`` when the directory open as ``fd`` (``path``; closed here) has an
+    attribute that refuses changes whatever its mode, which no mode explains and only root
+    may remove; None when it has none (or its filesystem keeps no attributes)."""
     try:
         flags = struct.unpack_from("i", fcntl.ioctl(fd, _FS_IOC_GETFLAGS, bytes(8)))[0]
     except OSError:
         return None
+    finally:
+        os.close(fd)
     for flag, name, letter, meaning in _REFUSING_ATTRIBUTES:
         if flags & flag:
-            return name, letter, meaning
+            return CtxError(
+                errno.EPERM,
+                f"cannot {action}: {path} is {name} (attribute '{letter}', which 'lsattr -d' "
+                f"shows): {meaning}, by root too; have root remove it with "
+                f"'chattr -{letter} {path}'",
+            )
     return None
-
-
-def attribute_refusal(action: str, path: Path, attribute: tuple[str, str, str]) -> CtxError:
-    """EPERM for ``action`` refused by ``path``'s :func:`refusing_attribute`, which no mode
-    explains and only root may remove."""
-    name, letter, meaning = attribute
-    return CtxError(
-        errno.EPERM,
-        f"cannot {action}: {path} is {name} (attribute '{letter}', which 'lsattr -d' shows): "
-        f"{meaning}, by root too; have root remove it with 'chattr -{letter} {path}'",
-    )
 
 
 def not_readable(path: Path, action: str, fix: str | None = None) -> CtxError:

@@ -24,7 +24,6 @@ from cortexfs.storage import (
     attribute_refusal,
     check_space_name,
     not_readable,
-    refusing_attribute,
     require_writable,
 )
 
@@ -280,13 +279,9 @@ class Queue:
             fd = self.open_job_dir(state, job) if job else os.dup(self.dirs[state])
         except OSError:
             fd = None  # then its mode or its absence says why
-        if fd is not None:
-            try:
-                attribute = refusing_attribute(fd)
-            finally:
-                os.close(fd)
-            if attribute is not None:
-                return attribute_refusal(doing, path, attribute)
+        refused = None if fd is None else attribute_refusal(fd, doing, path)
+        if refused is not None:
+            return refused
         try:
             require_writable(path, doing)
         except CtxError as exc:
