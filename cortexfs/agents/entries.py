@@ -96,10 +96,13 @@ def refresh_entries(root: Path, source: Path | None, report: storage.BootstrapRe
     try:
         if bootstrap_repair.untrusted(os.fstat(directory_fd), owner):
             return
-        for name in sorted(os.listdir(directory_fd)):
+        names = sorted(os.listdir(directory_fd))
+        for name in names:
             if is_object_name(name):
                 with report.step(f"agent/{name}", directory / name):
                     _refresh_entry(ops, directory_fd, root, name, report)
+        if not names:
+            return  # nothing to repair: an empty agent/ is left empty, without a lock file
         with report.step("agent", directory):
             # Imported here: cortexfs.agents.create imports this module for entry_program.
             from cortexfs.agents.create import AGENT_KIND

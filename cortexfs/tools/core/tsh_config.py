@@ -303,10 +303,14 @@ def _not_a_lock_file(tier: Path) -> ToolFailure:
 def _lock_refused(tier_fd: int, tier: Path, path: Path, exc: OSError) -> Exception:
     """What a refusal of the kernel to open the tier's lock file tells the caller: the lock
     file, whose it is, and who may update the configuration (worded as
-    :func:`cortexfs.locks.open_lock_file` words it).  The configuration itself may well be
-    writable to the caller: it was not what refused."""
+    :func:`cortexfs.locks.open_lock_file` words it), when the configuration itself is
+    writable to the caller; otherwise that the configuration is not its to change."""
     if exc.errno not in (errno.EACCES, errno.EPERM):
         return exc
+    if not os.access(path.parent, os.W_OK | os.X_OK, effective_ids=True):
+        # The configuration is not the caller's to change either (it is replaced through its
+        # directory): that is the refusal to tell, as the configuration's owner is who may.
+        return _refused(path, exc)
     try:
         held = os.stat(LOCK_FILE, dir_fd=tier_fd, follow_symlinks=False)
         whose = f" (it belongs to uid {held.st_uid}, mode {stat.S_IMODE(held.st_mode):04o})"
