@@ -298,9 +298,24 @@ _NOT_OURS_TO_CHANGE = (errno.EACCES, errno.EPERM, errno.EROFS)
 
 def _interrupted_installs(dir_fd: int) -> bool:
     """Whether an interrupted install left a commit marker or a staged name in the directory."""
-    return any(
-        marked_object(entry) is not None or _STAGED.fullmatch(entry) for entry in os.listdir(dir_fd)
-    )
+    return any(_installed_by(entry) is not None for entry in os.listdir(dir_fd))
+
+
+def install_under_way(dir_fd: int, name: str) -> bool:
+    """Whether the directory open as ``dir_fd`` holds a staged name or the commit marker of
+    an install of ``name``: one under way, or one a crash interrupted.  False when it cannot
+    be listed."""
+    try:
+        return any(_installed_by(entry) == name for entry in os.listdir(dir_fd))
+    except OSError:
+        return False
+
+
+def _installed_by(entry: str) -> str | None:
+    """The object whose install the hidden name ``entry`` belongs to (a staged name or a
+    commit marker); None for any other entry."""
+    staged = _STAGED.fullmatch(entry)
+    return staged["name"] if staged else marked_object(entry)
 
 
 # ------------------------------------------------------------------------------- steps

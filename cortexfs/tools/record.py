@@ -243,12 +243,17 @@ def _open_once_its_install_ends(
     refused then.
 
     An install of the tool is under way while the tier's install lock is held and the tool's
-    staged names or commit marker are in the tier (:func:`_install_under_way`): then only is
+    staged names or commit marker are in the tier
+    (:func:`~cortexfs.tools.pairs.install_under_way`): then only is
     the call's record kept waiting.  A lock held by anything else (``tsh.config``, a repair,
     an install of another tool, a stuck process), staging an interrupted install left with
     nobody holding the lock, a lock file this uid may not open (only those who may install
     there can, so no other uid can make a call wait) or a tier without one: the log is looked
     at once more and left."""
+    # Imported here, on this rare path: a call whose log opens at once never needs the
+    # install's module.
+    from cortexfs.tools.pairs import install_under_way
+
     tier = relative.parent.parent
     name = relative.parent.name.removesuffix(".d")
     try:
@@ -270,7 +275,7 @@ def _open_once_its_install_ends(
                 log, refused_regular_file = _open_log_if_appendable(ops, root, relative)
                 if not refused_regular_file or time.monotonic() >= deadline:
                     return log
-                if not _install_under_way(tier_fd, name):
+                if not install_under_way(tier_fd, name):
                     # One more look: an install that ended between the look and this check
                     # has given the log its one name back.
                     return _open_log_if_appendable(ops, root, relative)[0]
@@ -280,15 +285,3 @@ def _open_once_its_install_ends(
             os.close(lock)  # lets the lock go, if it was taken
     finally:
         ops.close(tier_fd)
-
-
-def _install_under_way(tier_fd: int, name: str) -> bool:
-    """Whether the tier open as ``tier_fd`` holds a staged name (``.<name>~<token>~<role>``)
-    or the commit marker (``.<name>~commit``) of an install of ``name``
-    (:mod:`cortexfs.tools.pairs`): both begin ``.<name>~``, which no other object's do (an
-    object name holds no ``~``).  False when the tier cannot be listed."""
-    prefix = f".{name}~"
-    try:
-        return any(entry.startswith(prefix) for entry in os.listdir(tier_fd))
-    except OSError:
-        return False
