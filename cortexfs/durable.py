@@ -275,20 +275,24 @@ def write_file_synced(
     *,
     group: int = 0,
     exact_mode: bool = False,
+    owner: int | None = None,
 ) -> None:
     """Create ``name`` (which must not exist) holding ``data``, and fsync it.
 
     On return the file's data and size are durable; its *name* is not, until ``dir_fd`` is
     synced.  ``group``: access bits the file's group gets whatever the umask
     (:func:`grant_group_access`).  ``exact_mode``: the file gets ``mode`` itself, not ``mode``
-    less the umask (a replacement that keeps the bits of the file it replaces).  On failure
-    the partial file is removed.
+    less the umask (a replacement that keeps the bits of the file it replaces).  ``owner``:
+    the uid the file is given (root only), durable with it.  On failure the partial file is
+    removed.
     """
     fd = ops.create_file(name, dir_fd, mode)
     try:
         if exact_mode and stat.S_IMODE(os.fstat(fd).st_mode) != mode:
             ops.fchmod(fd, mode)
         grant_group_access(ops, fd, group)
+        if owner is not None:
+            ops.chown_opened(fd, owner)
         ops.write(fd, data)
         ops.fsync(fd)
     except BaseException:

@@ -338,10 +338,14 @@ def _stage(
         os.fchmod(controls_fd, 0o755)
         for control, data in controls.items():
             durable.write_file_synced(
-                ops, controls_fd, control, data, kind.modes.get(control, 0o644), exact_mode=True
+                ops,
+                controls_fd,
+                control,
+                data,
+                kind.modes.get(control, 0o644),
+                exact_mode=True,
+                owner=receiver if control in kind.host_written else None,
             )
-            if receiver is not None and control in kind.host_written:
-                _give_if_roots(ops, controls_fd, control, receiver)
         durable.sync_dir(ops, controls_fd)
     finally:
         ops.close(controls_fd)
@@ -428,10 +432,14 @@ def _complete_controls(
         for control, data in kind.defaults.items():
             if durable.lstat_at(new_fd, control) is None:
                 durable.write_file_synced(
-                    ops, new_fd, control, data, kind.modes.get(control, 0o644), exact_mode=True
+                    ops,
+                    new_fd,
+                    control,
+                    data,
+                    kind.modes.get(control, 0o644),
+                    exact_mode=True,
+                    owner=receiver if control in kind.host_written else None,
                 )
-                if receiver is not None and control in kind.host_written:
-                    _give_if_roots(ops, new_fd, control, receiver)
         durable.sync_dir(ops, new_fd)
     finally:
         ops.close(new_fd)
