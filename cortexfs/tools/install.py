@@ -269,13 +269,16 @@ def _status_and_reason(text: str) -> tuple[str, str]:
     )
 
 
-def repair_tier(tier: Tier, ops: durable.FsOps | None = None) -> list[str]:
+def repair_tier(
+    tier: Tier, ops: durable.FsOps | None = None, *, wait: float | None = None
+) -> list[str]:
     """Finish or discard interrupted installs in ``tier`` (for ``ctx bootstrap``); run as
     root, give the storage root's owner each tool log root has there, so that the calls that
-    owner runs can be recorded (T-7, :func:`cortexfs.tools.pairs.repair_staged`)."""
+    owner runs can be recorded (T-7, :func:`cortexfs.tools.pairs.repair_staged`).  ``wait``:
+    at most that many seconds for the tier's lock (EAGAIN, naming the holder), else no limit."""
     if not tier.directory.is_dir():
         return []
-    return repair_staged(tier.directory, TOOL_KIND, ops, host=storage_owner(tier.root))
+    return repair_staged(tier.directory, TOOL_KIND, ops, host=storage_owner(tier.root), wait=wait)
 
 
 def require_tier(tier: Tier) -> None:

@@ -61,7 +61,6 @@ from cortexfs.tools.install import (
     tool_obstacles,
 )
 from cortexfs.tools.manifest import Manifest, parse_manifest
-from cortexfs.tools.pairs import repair_staged
 from cortexfs.tools.remedy import reinstall_advice
 
 MANIFESTS = Path(__file__).parent / "manifests"
@@ -126,18 +125,10 @@ def bootstrap_tools(root: Path, source: Path | None, report: storage.BootstrapRe
     for tier in tiers:
         if tier.name != "system":
             with report.step(tier.location):
-                report.repaired += _repair_other_tier(tier, owner)
+                report.repaired += repair_tier(tier, wait=OTHER_TIER_LOCK_WAIT)
     for tier in tiers:
         with report.step(tier.location):
             _report_tools_it_does_not_repair(tier, report)
-
-
-def _repair_other_tier(tier: Tier, owner: int) -> list[str]:
-    """:func:`repair_tier` for a user's or a space's tier, waiting
-    :data:`OTHER_TIER_LOCK_WAIT` seconds at most for its lock (EAGAIN, naming the holder)."""
-    if not tier.directory.is_dir():
-        return []
-    return repair_staged(tier.directory, TOOL_KIND, host=owner, wait=OTHER_TIER_LOCK_WAIT)
 
 
 def _reported_as_administrators(tier: Tier, name: str, report: storage.BootstrapReport) -> bool:
