@@ -4,11 +4,28 @@ or that may write it can hold a lock file of its own put there."""
 from __future__ import annotations
 
 import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from tests.support.users import UnprivilegedUser
+
+CTX = [sys.executable, "-c", "from cortexfs.cli import main; main()"]
+# Far longer than any command that waits for a lock takes, far shorter than "for ever".
+PATIENCE = 60
+
+
+def ctx(root: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+    """``ctx`` run as root; a command that waits for a lock fails the test when
+    :data:`PATIENCE` runs out, rather than hang it."""
+    return subprocess.run(
+        [*CTX, "--storage", str(root), *argv],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=PATIENCE,
+    )
 
 
 @contextmanager

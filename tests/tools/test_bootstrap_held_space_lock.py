@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import errno
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -22,23 +20,10 @@ from cortexfs.locks import LOCK_FILE
 from cortexfs.tools.install import TOOL_KIND
 from cortexfs.tools.pairs import repair_staged
 from tests.support.users import UnprivilegedUser, run_as
-from tests.tools.held_locks import held_by
+from tests.tools.held_locks import ctx, held_by
 from tests.tools.support import World
 
-CTX = [sys.executable, "-c", "from cortexfs.cli import main; main()"]
-# Far longer than bootstrap takes with its bounded wait, far shorter than "for ever".
-PATIENCE = 60
 LEFTOVER = ".probe~0123456789ab~entry"  # what an interrupted install leaves (pairs.py)
-
-
-def ctx(root: Path, *argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*CTX, "--storage", str(root), *argv],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=PATIENCE,
-    )
 
 
 def legacy_space(world: World, name: str) -> Path:

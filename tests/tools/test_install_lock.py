@@ -11,8 +11,6 @@ import errno
 import json
 import os
 import stat
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -24,30 +22,15 @@ from cortexfs.tools.core import tsh_config
 from cortexfs.tools.install import TOOL_KIND
 from cortexfs.tools.pairs import install_pair, repair_staged
 from tests.support.users import UnprivilegedUser, access_as
-from tests.tools.held_locks import held_by
+from tests.tools.held_locks import ctx, held_by
 from tests.tools.support import World, effective_user
 
-CTX = [sys.executable, "-c", "from cortexfs.cli import main; main()"]
-# Far longer than any of these commands takes, far shorter than "for ever".
-PATIENCE = 60
 CONTROLS = {
     "name": b"probe\n",
     "description": b"d\n",
     "schema": b'{"type": "object"}\n',
     "cap": b"{}\n",
 }
-
-
-def ctx(root: Path, *argv: str) -> subprocess.CompletedProcess[str]:
-    """``ctx`` run as root; a command that waits for a lock fails the test when
-    :data:`PATIENCE` runs out, rather than hang it."""
-    return subprocess.run(
-        [*CTX, "--storage", str(root), *argv],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=PATIENCE,
-    )
 
 
 def tool_manifest(world: World, name: str) -> Path:
