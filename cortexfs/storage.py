@@ -353,11 +353,16 @@ def ensure_root_abi(root: Path, ops: durable.FsOps | None = None) -> BootstrapRe
     except NotADirectoryError as exc:
         raise CtxError(errno.ENOTDIR, f"storage root {root} is not a directory") from exc
     try:
-        closed = _closed_to_agents(root, os.fstat(root_fd), "")
+        root_status = os.fstat(root_fd)
+        closed = _closed_to_agents(root, root_status, "")
+        # Root making the six in a root another uid owns makes them that owner's, as the owner
+        # would have: root's, the owner could not make a space, a home or a tool of its own in
+        # the root it administers.  Only a directory made here, still empty, is given away.
+        given_to = root_status.st_uid if os.geteuid() == 0 and root_status.st_uid != 0 else None
         for name in ROOT_ENTRIES:
             st = durable.lstat_at(root_fd, name)
             if st is None:
-                _make_dir(ops, root_fd, name, ABI_MODE)
+                _make_dir(ops, root_fd, name, ABI_MODE, owner=given_to)
                 report.created.append(name)
             elif not _is_dir(st):
                 report.add_problem(
@@ -382,17 +387,27 @@ def ensure_root_abi(root: Path, ops: durable.FsOps | None = None) -> BootstrapRe
     return report
 
 
-def _make_dir(ops: durable.FsOps, parent_fd: int, name: str, mode: int) -> bool:
-    """``make_dir_synced`` with exactly ``mode``: mkdir applies the umask, so the mode is set
-    on the new directory, reached without following a link.  False when it already exists
-    (its mode is left as it is)."""
+def _make_dir(
+    ops: durable.FsOps, parent_fd: int, name: str, mode: int, *, owner: int | None = None
+) -> bool:
+    """``make_dir_synced`` with exactly ``mode`` (and given to uid ``owner``, group kept,
+    unless None): mkdir applies the umask, so the mode is set on the new directory, reached
+    without following a link.  False when it already exists (its mode and owner are left as
+    they are)."""
     if not durable.make_dir_synced(ops, parent_fd, name, mode):
         return False
     fd = ops.open_dir(name, parent_fd)
     try:
-        if stat.S_IMODE(os.fstat(fd).st_mode) != mode:
-            ops.fchmod(fd, mode)
-            durable.sync_dir(ops, fd)  # the mode reaches the disk with the directory
+        status = os.fstat(fd)
+        changed = False
+        if owner is not None and status.st_uid != owner:
+            ops.chown_opened(fd, owner)
+            changed = True
+        if stat.S_IMODE(status.st_mode) != mode:
+            ops.fchmod(fd, mode)  # after the chown: a chown may clear set-id bits
+            changed = True
+        if changed:
+            durable.sync_dir(ops, fd)  # mode and owner reach the disk with the directory
     finally:
         ops.close(fd)
     return True

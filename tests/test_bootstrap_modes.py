@@ -11,13 +11,16 @@ import os
 import shlex
 import stat
 import subprocess
+import sys
 from pathlib import Path
 
 from cortexfs.storage import ROOT_ENTRIES
 from tests.support.cli import ctx
 from tests.support.storage import traversable_tmp as traversable_tmp
-from tests.support.users import UnprivilegedUser
+from tests.support.users import UnprivilegedUser, run_as
 from tests.support.users import unprivileged_user as unprivileged_user
+
+CTX = [sys.executable, "-m", "cortexfs"]
 
 
 def modes(root: Path) -> dict[str, int]:
@@ -124,3 +127,39 @@ def test_entries_outside_the_root_abi_are_a_warning_and_are_kept(traversable_tmp
     assert "audit, notes.txt at the root" in line and "not part of the root ABI (R-2" in line
     assert (root / "audit").is_dir() and (root / "notes.txt").read_text() == "mine\n"
     assert "nothing to do" not in again.stdout
+
+
+def test_root_bootstrapping_another_uids_root_makes_its_six_directories_that_uids(
+    traversable_tmp: Path, unprivileged_user: UnprivilegedUser
+) -> None:
+    """The owner administers the root: with root's six directories it could make no space, no
+    home and no tool of its own there."""
+    root = traversable_tmp / "storage"
+    root.mkdir()
+    os.chown(root, unprivileged_user.uid, unprivileged_user.gid)
+
+    bootstrap(root)
+
+    for entry in ROOT_ENTRIES:
+        assert (root / entry).stat().st_uid == unprivileged_user.uid, entry
+    env = {**os.environ, "CTX_STORAGE": str(root)}
+    made = run_as(unprivileged_user, [*CTX, "queue", "init", "--project", "proj"], env=env)
+    assert made.returncode == 0, made.stderr
+    again = run_as(unprivileged_user, [*CTX, "bootstrap", "--json"], env=env)
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["created"] == []
+
+
+def test_root_gives_away_none_of_the_six_that_already_exist(
+    traversable_tmp: Path, unprivileged_user: UnprivilegedUser
+) -> None:
+    """An existing directory holds what was looked up in it while root had it: never given."""
+    root = traversable_tmp / "storage"
+    root.mkdir()
+    (root / "shared").mkdir(mode=0o755)
+    os.chown(root, unprivileged_user.uid, unprivileged_user.gid)
+
+    bootstrap(root)
+
+    assert (root / "shared").stat().st_uid == 0
+    assert (root / "home").stat().st_uid == unprivileged_user.uid
