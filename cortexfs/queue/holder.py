@@ -194,8 +194,16 @@ def calling_process(argv: Sequence[str]) -> int:
 # Programs that run the command line they are given as a single child and wait for it, ending
 # with it.
 WAITING_WRAPPERS = frozenset({"timeout", "flock", "sudo", "doas", "runuser", "su", "time"})
-# Those of them that run ``$SHELL -c STRING`` when given ``-c STRING``.
-_COMMAND_STRING_WRAPPERS = frozenset({"flock", "runuser", "su"})
+# Those of them that run ``$SHELL -c STRING`` when given ``-c STRING`` or one of these long
+# options (util-linux flock(1), which takes them after the lock file and only as separate
+# words, su(1) and runuser(1)), and the short options of su and runuser that take no argument,
+# which getopt lets ``-c`` end a group of (``su -lc STRING``).
+_COMMAND_OPTIONS = {
+    "flock": frozenset({"-c", "--command"}),
+    "runuser": frozenset({"-c", "--command", "--session-command"}),
+    "su": frozenset({"-c", "--command", "--session-command"}),
+}
+_FLAG_LETTERS = {"flock": "", "runuser": "flmpP", "su": "flmpP"}
 # POSIX shells; ``busybox sh`` is one too.
 SHELLS = frozenset(
     {"sh", "ash", "dash", "bash", "zsh", "ksh", "ksh93", "mksh", "lksh", "pdksh", "oksh"}
@@ -215,21 +223,36 @@ def _runs_only(name: str, cmdline: Sequence[str], command: Sequence[str]) -> boo
         # The shell of ``SHELL -c STRING`` is not our parent, the wrapper is: the shell
         # replaced itself with the command.
         or any(_is_shell_command(cmdline[i:]) for i in range(1, len(cmdline)))
-        or (name in _COMMAND_STRING_WRAPPERS and _has_command_string(cmdline[1:]))
+        or (name in _COMMAND_OPTIONS and _has_command_string(name, cmdline[1:]))
     )
 
 
-def _has_command_string(arguments: Sequence[str]) -> bool:
-    """Whether a wrapper's arguments hold ``-c STRING``, ``--command STRING`` or
-    ``--command=STRING``, with which flock, su and runuser run ``$SHELL -c STRING`` (su and
-    runuser the target user's shell), before or after the lock file or user."""
+def _has_command_string(name: str, arguments: Sequence[str]) -> bool:
+    """Whether a wrapper's arguments hold ``-c STRING``, ``--command STRING`` (or, for su and
+    runuser, ``--command=STRING``, ``--session-command``, ``-cSTRING`` and ``-c`` ending a
+    group of short options, ``su -lc STRING``), with which flock, su and runuser run ``$SHELL
+    -c STRING`` (su and runuser the target user's shell), before or after the lock file or
+    user."""
     for at, argument in enumerate(arguments):
         if argument == "--":
             return False
-        if argument in ("-c", "--command") and at + 1 < len(arguments):
-            return True
-        if argument.startswith("--command="):
-            return True
+        if argument in _COMMAND_OPTIONS[name]:
+            if at + 1 < len(arguments):
+                return True
+            continue
+        if not _FLAG_LETTERS[name] or not argument.startswith("-"):
+            continue
+        if argument.startswith("--"):
+            if argument.partition("=")[0] in _COMMAND_OPTIONS[name]:
+                return True
+            continue
+        # getopt reads a group left to right: options without an argument, then one that takes
+        # the rest of the group (or the next word) as its argument.
+        for position, letter in enumerate(argument[1:], start=2):
+            if letter == "c":
+                return position < len(argument) or at + 1 < len(arguments)
+            if letter not in _FLAG_LETTERS[name]:
+                break
     return False
 
 

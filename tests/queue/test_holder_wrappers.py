@@ -113,6 +113,26 @@ AS_ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="su and runuser to root n
             True,
             marks=AS_ROOT,
         ),
+        # su's and runuser's other ways to give the string, as their getopt reads them
+        pytest.param(
+            f"su --session-command='exec {CLAIM}' -s /bin/sh root", "/bin/sh", True, marks=AS_ROOT
+        ),
+        pytest.param(
+            f"runuser -s /bin/sh root --session-command 'exec {CLAIM}'",
+            "/bin/sh",
+            True,
+            marks=AS_ROOT,
+        ),
+        pytest.param(f"su -s /bin/sh -c'exec {CLAIM}' root", "/bin/sh", True, marks=AS_ROOT),
+        pytest.param(
+            f"su -s /bin/sh -lc "
+            f"'CTX_STORAGE={{root}} exec {CTX_PATH} queue claim -p {PROJECT}' root",
+            "/bin/sh",
+            True,
+            marks=AS_ROOT,
+        ),
+        # flock takes -c as a word of its own: a group is not its command string
+        (f"flock -n {{lock}} -c 'exec {CLAIM}'", "/bin/sh", True),
         # a login shell ('-sh'), with the environment cleared
         pytest.param(
             f"su - -s /bin/sh root -c "
