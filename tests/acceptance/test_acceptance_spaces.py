@@ -607,3 +607,43 @@ def test_x1_a_space_the_agents_uid_may_not_enter_is_not_in_its_view(agent_root: 
         assert "other" not in os.listdir(view / "shared")
         with pytest.raises(OSError):
             (view / "shared" / "other" / "data" / "secret.txt").read_text()
+
+
+@needs_fuse
+@pytest.mark.xfail(
+    strict=True,
+    reason="X-1/F-1: without its mount grant (mount:ctx read) the agent's view hides the tools "
+    "but still lists and reads the spaces its policy names; the rule lives in "
+    "cortexfs/agents/projection.py",
+)
+def test_x1_a_space_seen_only_through_an_ungranted_mount_is_not_in_the_view(
+    agent_root: Path,
+) -> None:
+    """X-1: visibility depends on the agent's *mount file* too (P-5 step 3, mount
+    visibility): with ``allow coder_t mount:ctx read`` taken out of its policy, the storage
+    root is no mount it may use, so no space of it passes the effective authority check."""
+    policy = agent_root / "agent" / "coder.d" / "policy"
+    policy.chmod(0o644)
+    kept = [line for line in policy.read_text().splitlines() if "mount:" not in line]
+    policy.write_text("\n".join(kept) + "\n")
+    view = agent_root.parent / "view"
+    with ctx_mount(agent_root, view, "--as", "coder"):
+        assert "fs.read" not in os.listdir(view / "tool")  # the chain already says so
+        assert "proj" not in os.listdir(view / "shared")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="D-1: a man/*.md page this version does not have is left in the bundle by "
+    "ctx bootstrap (docs/spec/README.md: 'other files in the bundle are left alone')",
+)
+def test_d1_a_rebuilt_bundle_holds_no_page_of_another_version(storage: Path) -> None:
+    """D-1: ``man/ctx.*.md`` mirror ``docs/spec/*.md``; a stale bundle is rebuilt by
+    ``ctx bootstrap`` (the design text: a stale tree is rebuilt from the tree of the matching
+    version). A page an older release installed and this one dropped is stale content."""
+    old_page = storage / "shared" / "cortexfs-docs" / "man" / "ctx.legacy.md"
+    old_page.write_text("# ctx.legacy — a page of an older release\n")
+    old_page.chmod(0o444)
+    assert ctx_run("bootstrap", "--storage", storage).rc == 0
+    mirrored = {p.name for p in DOCS_SPEC.glob("*.md")} - {"README.md"}
+    assert {p.name for p in old_page.parent.glob("*.md")} == mirrored
