@@ -20,7 +20,9 @@ or an object's ``log`` (docs/sessions.md states it for users):
   a bare word, or a whole ``[…]``/``{…}``.  A key that begins its line (or opens a quoted
   text) and ends it with ``:`` (YAML; a block indicator ``|``/``>`` may follow) has as value
   the lines after it that are indented deeper.  A header line ``Authorization: …`` or
-  ``Cookie: …`` whose name names a secret loses everything after the colon;
+  ``Cookie: …`` whose name names a secret loses everything after the colon, and so does one
+  that opens a quoted text (``curl -H 'Cookie: …'``), up to its closing quote; elsewhere such
+  a header loses the credential after its scheme word (``Authorization: token …``);
   ``Bearer``/``Basic`` credentials lose the credential; the password of a URL's
   ``user:password@`` goes; in a text with a netrc entry (``machine NAME``) the word after
   ``password`` goes; an armored private key
@@ -77,6 +79,9 @@ _CREDENTIAL_VALUE = re.compile(
     rf"\s*(?:(?:bearer|basic)\s+\S+|{_ARMORED_PRIVATE_KEY})", re.IGNORECASE
 )
 _AUTH_SCHEMES = ("bearer", "basic")
+# The words that may follow an authorisation header's name before its credential
+# (``Authorization: token …`` is GitHub's); only there do they introduce a secret.
+_HEADER_SCHEMES = ("bearer", "basic", "token", "digest", "negotiate", "ntlm")
 
 # What a secret looks like inside free text (see the module's rule).  Each pattern keeps what
 # names the secret and replaces what follows it.
@@ -85,6 +90,25 @@ _PRIVATE_KEY_BLOCK = re.compile(
     re.DOTALL,
 )
 _HEADER_LINE = re.compile(r"^(?P<name>[ \t]*[A-Za-z0-9_-]+:)(?P<value>[ \t]*\S[^\r\n]*)", re.M)
+# A header that opens a quoted text (``curl -H 'Cookie: a=1; sid=…'``, ``-H "Authorization:
+# token …"``, and the same with its quotes escaped inside JSON): its value is the rest of that
+# text, up to the closing quote, however many words or cookies it holds.  A value that starts
+# on the next line is a YAML block (``printf "password:\n  …"``), which _block_value reads.
+_QUOTED_HEADERS = tuple(
+    re.compile(rf"(?P<name>{opening}[ \t]*[A-Za-z0-9_-]+:)(?P<value>[ \t]*(?![|>\\\s])(?:{body})+)")
+    for opening, body in (
+        (r'\\"', r'(?!\\")[^\r\n]'),
+        (r'(?<!\\)"', r'[^"\\\r\n]|\\[^\r\n]'),
+        (r"'", r"[^'\r\n]"),
+    )
+)
+# An authorisation header anywhere in a text (``failed with Authorization: token …``): after
+# its scheme word, the credential goes too, not the scheme alone.
+_HEADER_SCHEME_CREDENTIAL = re.compile(
+    r"(?P<name>(?<![A-Za-z0-9_-])[A-Za-z0-9_-]+:)[ \t]*"
+    rf"(?:{'|'.join(_HEADER_SCHEMES)})[ \t]+(?!\[redacted\])[^\s,;\"'\\]+",
+    re.IGNORECASE,
+)
 _AUTH_CREDENTIAL = re.compile(r"\b(?P<scheme>bearer|basic)(?P<gap>\s+)[^\s,;\"']+", re.IGNORECASE)
 # A key may be quoted, and its quotes escaped: JSON inside a double-quoted shell word
 # (``curl -d "{\"password\":\"…\"}"``) is written with ``\"``.
@@ -180,13 +204,14 @@ def summarize_argv(argv: Sequence[str]) -> list[str]:
     words = list(argv[:MAX_ITEMS])
     hidden = command_secrets(words)
     kept: list[str] = []
-    hide_next = False
+    hide_next = after_header = False
     for index, word in enumerate(words):
         if hide_next:
-            # `Authorization: Bearer xyz` as three words: the scheme stays, the credential goes.
-            scheme = word.lower() in _AUTH_SCHEMES
+            # `Authorization: token xyz` as three words: the scheme stays, the credential goes.
+            schemes = _HEADER_SCHEMES if after_header else _AUTH_SCHEMES
+            scheme = word.lower() in schemes
             kept.append(word if scheme else REDACTED)
-            hide_next = scheme
+            hide_next, after_header = scheme, False
             continue
         key, equals, _ = word.partition("=")
         if index in hidden:
@@ -195,7 +220,7 @@ def summarize_argv(argv: Sequence[str]) -> list[str]:
             kept.append(f"{key}={REDACTED}")
         elif _introduces_a_secret(word):
             kept.append(word)
-            hide_next = True
+            hide_next, after_header = True, word.endswith(":")
         else:
             kept.append(_short_text(word))
     if len(argv) > MAX_ITEMS:
@@ -217,6 +242,9 @@ def redact_text(text: str) -> str:
         text = _PRIVATE_KEY_BLOCK.sub(REDACTED, text)
     text = _KNOWN_TOKEN.sub(REDACTED, text)
     text = _HEADER_LINE.sub(_redact_header, text)
+    for quoted_header in _QUOTED_HEADERS:
+        text = quoted_header.sub(_redact_header, text)
+    text = _HEADER_SCHEME_CREDENTIAL.sub(_redact_scheme_credential, text)
     text = _AUTH_CREDENTIAL.sub(lambda m: f"{m['scheme']}{m['gap']}{REDACTED}", text)
     text = _URL_PASSWORD.sub(lambda m: f"{m['lead']}{REDACTED}@", text)
     if _NETRC_ENTRY.search(text):
@@ -227,6 +255,12 @@ def redact_text(text: str) -> str:
 def _redact_header(match: re.Match[str]) -> str:
     if not is_secret_key(match["name"]) or _BLOCK_INDICATOR.fullmatch(match["value"]):
         return match[0]  # a block indicator: the value is the block below (_block_value)
+    return f"{match['name']} {REDACTED}"
+
+
+def _redact_scheme_credential(match: re.Match[str]) -> str:
+    if not is_secret_key(match["name"]):
+        return match[0]
     return f"{match['name']} {REDACTED}"
 
 

@@ -146,9 +146,37 @@ def test_secrets_inside_free_text_lose_their_values(text: str, logged: str) -> N
     assert summarize({"output": text}) == {"output": logged}
 
 
+@pytest.mark.parametrize(
+    ("text", "logged"),
+    [
+        # GitHub's API takes ``Authorization: token …`` as well as ``Bearer``.
+        ("curl -H 'Authorization: token gh5x' h", "curl -H 'Authorization: [redacted]' h"),
+        ('curl -H "Authorization:token gh5x" h', 'curl -H "Authorization: [redacted]" h'),
+        ("curl -H 'Cookie: theme=dark; sid=s9' h", "curl -H 'Cookie: [redacted]' h"),
+        ("-H 'X-Auth: key s9' -H 'Accept: a b'", "-H 'X-Auth: [redacted]' -H 'Accept: a b'"),
+        (
+            'sh -c "curl -H \\"Authorization: token gh5x\\" h"',
+            'sh -c "curl -H \\"Authorization: [redacted]\\" h"',
+        ),
+        (
+            "failed with Authorization: token gh5x, retrying",
+            "failed with Authorization: [redacted], retrying",
+        ),
+        ("the token expired: retry", "the token expired: retry"),
+    ],
+)
+def test_a_header_in_a_quoted_text_or_after_its_scheme_loses_its_whole_value(
+    text: str, logged: str
+) -> None:
+    """S-4: a header that opens a quoted text (``curl -H '…'``) loses everything up to the
+    closing quote, and an authorisation header's credential goes after any scheme word, not
+    only after ``Bearer`` or ``Basic``: a whole secret was logged otherwise."""
+    assert summarize(text) == logged
+
+
 def test_header_style_argv_secrets_are_redacted() -> None:
     argv = ["-H", "Authorization: Bearer xyz", "-H", "Cookie: sid=1", "Authorization:", "Bearer"]
-    argv += ["abc", "--header", "Accept: text/plain"]
+    argv += ["abc", "--header", "Accept: text/plain", "Authorization:", "token", "gh5x"]
 
     assert summarize_argv(argv) == [
         "-H",
@@ -160,6 +188,9 @@ def test_header_style_argv_secrets_are_redacted() -> None:
         REDACTED,
         "--header",
         "Accept: text/plain",
+        "Authorization:",
+        "token",
+        REDACTED,
     ]
 
 
