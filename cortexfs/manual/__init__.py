@@ -9,7 +9,8 @@ differ from its source is stale and replaced, atomically: a reader sees the old 
 new one, never a mixture; so is one another uid than the storage root's owner (or root) owns,
 and a link, FIFO or socket in a page's place.  The two directories are given back their mode
 (0755) and owner before a page is written in them (:mod:`cortexfs.bootstrap_repair`).
-Anything else in the bundle is left alone.
+``man/`` mirrors the pages installed: a ``ctx.*.md`` there that is not one of them (a page an
+older release had) is removed.  Anything else in the bundle is left alone.
 
 ``ctx bootstrap SOURCE`` is for rebuilding the bundle from the source tree ctx was installed
 from (D-1: "a stale bundle is rebuilt from the tree of the matching version"), and refuses,
@@ -189,10 +190,38 @@ def install_bundle(root: Path, source: Path | None, report: storage.BootstrapRep
         try:
             for topic, page in pages.man.items():
                 _install_page(ops, man_fd, page_name(topic), page, where, owner, report)
+            _remove_other_pages(
+                ops, man_fd, {page_name(topic) for topic in pages.man}, where, report
+            )
         finally:
             ops.close(man_fd)
     finally:
         ops.close(bundle_fd)
+
+
+def _remove_other_pages(
+    ops: durable.FsOps, man_fd: int, pages: set[str], where: str, report: storage.BootstrapReport
+) -> None:
+    """Remove each ``ctx.*.md`` of ``man/`` that is not one of ``pages``: ``man/`` mirrors the
+    pages of the version installed (D-1), and a page an older release installed and this one
+    dropped would be read as current.  Other names (a note someone left) are not pages, and a
+    directory is not one either: left, the directory reported."""
+    stale = []
+    for name in sorted(os.listdir(man_fd)):
+        if not (name.startswith("ctx.") and name.endswith(".md")) or name in pages:
+            continue
+        status = durable.lstat_at(man_fd, name)
+        if status is None:
+            continue
+        if stat.S_ISDIR(status.st_mode):
+            report.problems.append(f"{where}/{name}: a directory, not a page; left untouched")
+            continue
+        stale.append(name)
+    if not stale:
+        return
+    durable.remove_entries(ops, [(man_fd, name, False) for name in stale])
+    durable.sync_dir(ops, man_fd)
+    report.repaired += [f"{where}/{name} (removed: not a page of this version)" for name in stale]
 
 
 def _open_bundle_dir(

@@ -632,11 +632,6 @@ def test_x1_a_space_seen_only_through_an_ungranted_mount_is_not_in_the_view(
         assert "proj" not in os.listdir(view / "shared")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="D-1: a man/*.md page this version does not have is left in the bundle by "
-    "ctx bootstrap (docs/spec/README.md: 'other files in the bundle are left alone')",
-)
 def test_d1_a_rebuilt_bundle_holds_no_page_of_another_version(storage: Path) -> None:
     """D-1: ``man/ctx.*.md`` mirror ``docs/spec/*.md``; a stale bundle is rebuilt by
     ``ctx bootstrap`` (the design text: a stale tree is rebuilt from the tree of the matching
