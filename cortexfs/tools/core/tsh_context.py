@@ -11,9 +11,12 @@ Pinned tools are exempt from both: never unloaded, never evicted.  Neither part 
 loads anything executable; they only spare lookups and keep descriptions at hand.
 
 A cached path is a hint that is checked before use, so the cache never changes what T-4
-resolves: every search directory up to and including the one that held the tool must be
-unchanged (same inode and modification time, so no name was added, removed or renamed in
-it), and the tool must still be an executable regular file.  Otherwise the name is looked up
+resolves: CTX_PATH must be the same up to the directory that held the tool, the tool must
+still be an executable regular file, and the name in every earlier directory must still be
+no hit.  That last check looks at the name itself, not at its directory: a ``chmod +x`` of an
+earlier file that was no hit changes neither the directory's inode nor its modification
+time, and a directory's modification time moves in clock ticks of several milliseconds, so
+a name added within the tick of the check would go unseen.  Otherwise the name is looked up
 again.
 """
 
@@ -33,14 +36,13 @@ from cortexfs.tools.core.tsh_config import DEFAULTS, effective, problems
 from cortexfs.tools.tinylfu import WTinyLFU
 
 _MAX_CONTROL_BYTES = 64 * 1024  # a description or schema larger than this is not shown
-_DirStamp = tuple[str, int, int, int] | tuple[str, None, None, None]
 
 
 class Resolution(NamedTuple):
-    """Where a name resolved, and what must not change for that to stay true."""
+    """Where a name resolved, and the search path up to the directory that held it."""
 
     path: str
-    directories: tuple[_DirStamp, ...]  # the search path up to the hit, as it was
+    directories: tuple[str, ...]
 
 
 class ToolInfo(NamedTuple):
@@ -161,18 +163,8 @@ class TshContext:
         ]
 
 
-def _stamp(directory: str) -> _DirStamp:
-    try:
-        status = os.stat(directory)
-    except OSError:
-        return (directory, None, None, None)
-    return (directory, status.st_dev, status.st_ino, status.st_mtime_ns)
-
-
 def _resolve(name: str, directories: list[str]) -> Resolution | None:
-    """T-4's lookup (:func:`ctxpath.which`), with the directories it looked in stamped first:
-    a change made during the lookup then shows as a stale stamp."""
-    stamps = [_stamp(directory) for directory in directories]
+    """T-4's lookup (:func:`ctxpath.which`), with the search path up to the hit."""
     paths = [Path(directory) for directory in directories]
     try:
         found = ctxpath.which(name, paths)
@@ -181,18 +173,17 @@ def _resolve(name: str, directories: list[str]) -> Resolution | None:
     if found is None:
         return None
     upto = paths.index(found.directory) + 1
-    return Resolution(str(found.directory / name), tuple(stamps[:upto]))
+    return Resolution(str(found.directory / name), tuple(directories[:upto]))
 
 
 def _still_resolves(cached: Resolution, directories: list[str]) -> bool:
-    stamps = cached.directories
-    if [stamp[0] for stamp in stamps] != directories[: len(stamps)]:
+    """Whether T-4 would find the cached path now: the same search path up to it, no earlier
+    directory holding a hit (looked at name by name), and the path itself still a hit."""
+    if list(cached.directories) != directories[: len(cached.directories)]:
         return False  # CTX_PATH itself changed
-    # No earlier directory changed, so only the hit itself can have stopped being one.
-    hit = Path(cached.path)
-    return all(_stamp(stamp[0]) == stamp for stamp in stamps) and (
-        ctxpath.which(hit.name, [hit.parent]) is not None
-    )
+    name = os.path.basename(cached.path)
+    found = ctxpath.which(name, [Path(directory) for directory in cached.directories])
+    return found is not None and str(found.executable) == cached.path
 
 
 def read_tool_info(name: str, path: str) -> ToolInfo:
