@@ -6,6 +6,10 @@ share, a JSON object whose ``mcpServers`` (or ``servers``) maps a server name to
 entries with a ``command`` — can be projected (M-1); an entry with a ``url`` or another
 ``type`` is refused.
 
+An installed MCP-backed tool finds its server through its ``mcp`` control, the strict stdio
+locator of M-4 (:func:`locator_problem`): ``transport``, the configuration's absolute path as
+the agent sees it, ``server`` and ``tool``, and nothing else.
+
 A server to project must have a name without a dot (:func:`load_server`): its tools are named
 ``<server>.<tool>`` (M-3), and a remote tool's name may hold dots, so were server names allowed
 them too, server ``a``'s tool ``b.c`` and server ``a.b``'s tool ``c`` would both be ``a.b.c``,
@@ -24,6 +28,7 @@ from cortexfs.errors import CtxError, invalid, not_found
 from cortexfs.names import object_name_problem
 
 MAX_CONFIG_BYTES = 1024 * 1024
+LOCATOR_KEYS = ("transport", "config", "server", "tool")
 
 
 class ServerSpec(NamedTuple):
@@ -34,6 +39,46 @@ class ServerSpec(NamedTuple):
     args: tuple[str, ...]
     env: Mapping[str, str]
     cwd: str | None
+
+
+def config_path_problem(config: str) -> str | None:
+    """What keeps ``config`` from being an MCP locator's configuration path (M-4): an
+    absolute path of a file, as the agent sees it.  The bridge reads it in the agent's view,
+    where ``..`` is refused (never normalised away): a locator holding one would name a tool
+    that can never run.  None when it is one."""
+    if not config.startswith("/"):
+        return "not an absolute path; give it as the agent sees it"
+    if ".." in config.split("/"):
+        return "'..' is not allowed; the agent's view resolves no '..', so give the path without it"
+    if config.endswith("/"):
+        return "ends in '/'; it must name the configuration file itself"
+    return None
+
+
+def locator_problem(locator: object, tool_name: str) -> str | None:
+    """What keeps ``locator`` from being the ``mcp`` control of tool ``tool_name`` (M-4): a
+    strict stdio locator holds exactly :data:`LOCATOR_KEYS`, all strings, the transport
+    ``stdio`` and an absolute configuration path, and locates the remote tool the name says,
+    ``<server>.<tool>`` (M-3).  The bridge holds the installed control to what ``ctx object
+    install`` checked in the manifest: a relative path would be read from wherever the agent
+    stands, and a locator naming another remote tool would run, under a granted name, a tool
+    nobody granted.  None when it is one."""
+    if not isinstance(locator, dict) or sorted(locator) != sorted(LOCATOR_KEYS):
+        return f"must hold exactly {', '.join(LOCATOR_KEYS)}"
+    if not all(isinstance(locator[key], str) for key in LOCATOR_KEYS):
+        return f"each of {', '.join(LOCATOR_KEYS)} must be a string"
+    if locator["transport"] != "stdio":
+        return "only the stdio transport is supported"
+    problem = config_path_problem(locator["config"])
+    if problem:
+        return f"config {locator['config']!r}: {problem}"
+    server, remote = locator["server"], locator["tool"]
+    if not remote or tool_name != f"{server}.{remote}":
+        return (
+            f"it locates tool {remote!r} of server {server!r}, which is named "
+            f"'{server}.{remote}' (M-3), not {tool_name!r}"
+        )
+    return None
 
 
 def load_server(config_path: Path, name: str) -> ServerSpec:

@@ -31,6 +31,7 @@ from typing import Any, NamedTuple
 
 from cortexfs import durable, jsontext
 from cortexfs.errors import CtxError, exists, invalid
+from cortexfs.mcp.config import config_path_problem
 from cortexfs.mcp.out_directory import check_out_directory as check_out_directory
 from cortexfs.mcp.out_directory import forbidden_directories, refuse_inside
 from cortexfs.mcp.schema import schema_problem
@@ -39,7 +40,6 @@ from cortexfs.tools.manifest import (
     MANIFEST_SCHEMA,
     MANIFEST_VERSION,
     MAX_MANIFEST_BYTES,
-    config_path_problem,
     manifest_problems,
 )
 from cortexfs.tools.schemas import schema_problems

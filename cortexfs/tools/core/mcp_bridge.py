@@ -5,9 +5,11 @@ instead of an ``exec`` program.  It runs like any tool — as the agent, through
 authority chain, in terminal or native mode — and:
 
 1. reads the locator and the input schema in its own control directory (``<name>.d/mcp``,
-   ``<name>.d/schema``, beside the executable) and checks the call's input against the
-   schema, in terminal mode as in native (where the runner checked it already): a remote
-   tool receives only arguments its own schema admits (EINVAL, exit 2, otherwise);
+   ``<name>.d/schema``, beside the executable), refuses a locator that is not this tool's
+   strict stdio locator (M-4: an absolute configuration path, the server and remote tool
+   its name says), and checks the call's input against the schema, in terminal mode as in
+   native (where the runner checked it already): a remote tool receives only arguments its
+   own schema admits (EINVAL, exit 2, otherwise);
 2. reads the configuration file the locator names, *as the agent sees it*: the path is
    resolved inside the agent's visible mounts, never through a symlink, with the agent's uid
    (:mod:`~cortexfs.tools.core.confine`), so a tool can start only a server the agent could
@@ -43,7 +45,7 @@ from typing import Any
 from cortexfs import jsontext
 from cortexfs.errors import HOST_SHORTAGES, CtxError
 from cortexfs.mcp.client import StdioClient
-from cortexfs.mcp.config import MAX_CONFIG_BYTES, ServerSpec, parse_server
+from cortexfs.mcp.config import MAX_CONFIG_BYTES, ServerSpec, locator_problem, parse_server
 from cortexfs.printable import printable
 from cortexfs.regular_file import MAX_CONTROL_BYTES, read_regular_file
 from cortexfs.strict_modes import loose_entry
@@ -58,16 +60,14 @@ from cortexfs.tools.core.toolio import (
     main_parameter,
 )
 
-LOCATOR_KEYS = ("transport", "config", "server", "tool")
-
 
 def read_locator(executable: str) -> dict[str, str]:
-    """The ``mcp`` control of the tool whose executable is ``executable``."""
+    """The ``mcp`` control of the tool whose executable is ``executable``: ENOEXEC (a
+    damaged tool) unless it is the strict stdio locator of that tool (M-4)."""
     path, locator = _json_control(executable, "mcp", "MCP locator", json.loads)
-    if not isinstance(locator, dict) or sorted(locator) != sorted(LOCATOR_KEYS):
-        raise ToolFailure(errno.ENOEXEC, f"{path} must hold exactly {', '.join(LOCATOR_KEYS)}")
-    if locator["transport"] != "stdio":
-        raise ToolFailure(errno.ENOEXEC, f"{path}: only the stdio transport is supported")
+    problem = locator_problem(locator, os.path.basename(executable))
+    if problem:
+        raise ToolFailure(errno.ENOEXEC, f"{path}: {problem}")
     return locator
 
 
