@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.acceptance.ctxcli import clean_env, ctx_run
+from tests.acceptance.ctxcli import CTX_ARGV, clean_env, ctx_run
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="runs tools as another uid")
 needs_terminal = pytest.mark.skipif(
@@ -268,6 +268,52 @@ def test_h3_ctx_tool_needs_the_name_visible_on_ctx_path(storage, tmp_path, sourc
     r = ctx_run("tool", "tsh.config", "cache_capacity=50", env=env)
     assert r.rc != 0, r
     assert config.read_bytes() == before
+
+
+def test_h3_ctx_tool_takes_the_core_tool_under_another_name_of_the_root(storage, tmp_path):
+    """H-3: "NAME must still be visible on CTX_PATH"; the storage root's own tool/ reached
+    through a symbolic link, or with ``..`` in the entry, is that visible core tool."""
+    link = tmp_path / "root-link"
+    link.symlink_to(storage)
+    config = storage / "tool" / "tsh.d" / "config"
+    for value, ctx_path in ((40, f"{link}/tool"), (41, f"{storage}/bin/../tool")):
+        env = human_env(storage, tmp_path / "home", CTX_PATH=ctx_path)
+        r = ctx_run("tool", "tsh.config", f"cache_capacity={value}", env=env)
+        assert r.rc == 0, r
+        assert f"cache_capacity={value}" in config.read_text().splitlines()
+    env = human_env(link, tmp_path / "home", CTX_PATH=f"{storage}/tool")
+    r = ctx_run("tool", "tsh.config", env=env)
+    assert (r.rc, r.lines()[1:2]) == (0, ["cache_capacity=41"]), r
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/fuse"), reason="ctx mount needs /dev/fuse")
+def test_h3_ctx_tool_takes_the_core_tool_seen_through_ctx_mount(storage, tmp_path):
+    """H-3 with §0's usual layout: the storage root mounted (``ctx mount``, normally at
+    /ctx) and CTX_PATH naming the mount's tool/ (the default is ``/ctx/tool``): tsh.config
+    there is the visible core tool, and its update reaches the storage root's config."""
+    mountpoint = tmp_path / "mnt"
+    mountpoint.mkdir()
+    env = clean_env(CTX_STORAGE=str(storage))
+    daemon = subprocess.Popen(
+        [*CTX_ARGV, "mount", str(mountpoint)], env=env, stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while not (mountpoint / "tool").exists() and time.monotonic() < deadline:
+            assert daemon.poll() is None, daemon.stderr.read()
+            time.sleep(0.1)
+        env = human_env(storage, tmp_path / "home", CTX_PATH=str(mountpoint / "tool"))
+        assert ctx_run("object", "which", "tsh.config", env=env).out == (
+            f"{mountpoint}/tool/tsh.config\n"
+        )
+        r = ctx_run("tool", "tsh.config", "cache_capacity=42", env=env)
+        assert r.rc == 0, r
+        config = storage / "tool" / "tsh.d" / "config"
+        assert "cache_capacity=42" in config.read_text().splitlines()
+    finally:
+        ctx_run("umount", mountpoint, env=env)
+        daemon.wait(timeout=30)
 
 
 def test_h3_a_program_named_tsh_config_earlier_on_ctx_path_is_never_run(storage, tmp_path):
