@@ -11,6 +11,7 @@ import os
 import pwd
 import re
 import shutil
+import socket
 import stat
 import subprocess
 import tempfile
@@ -259,6 +260,33 @@ def test_t7_a_failed_call_is_logged_with_its_error_in_the_tool_log(world):
     assert logged[-1]["session"] == "t7f"
 
 
+def test_t7_a_call_typed_in_the_agent_terminal_is_logged_in_its_session(world):
+    """T-7, T-3, A-2: a tool run through tsh in the agent's terminal (session ``tsh``) is
+    logged to the tool's log and to that session's ``events.jsonl``."""
+    r = world.ctx("agent", "start", "coder", "--session", "tsh", "--no-workspace")
+    assert r.rc == 0, r
+    session = world.home_session("coder", "tsh")
+    try:
+        with socket.socket(socket.AF_UNIX) as terminal:
+            terminal.connect(str(session / "terminal" / "main.sock"))
+            terminal.sendall(b"attach\n")
+            time.sleep(1)
+            terminal.sendall(b"demo.echo typed-in-tsh\r")
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                recorded = (session / "events.jsonl").read_text()
+                if '"tool_result"' in recorded:
+                    break
+                time.sleep(0.2)
+    finally:
+        assert world.ctx("agent", "stop", "coder", "--session", "tsh").rc == 0
+    events = [e for e in events_of(session / "events.jsonl") if e["type"].startswith("tool_")]
+    assert [e["type"] for e in events] == ["tool_call", "tool_result"], events
+    assert all(e["object"] == "tool/demo.echo" and e["session"] == "tsh" for e in events)
+    logged = [json.loads(line) for line in world.tool_log("demo.echo").read_text().splitlines()]
+    assert any(e["session"] == "tsh" for e in logged), logged
+
+
 def test_s3_an_agent_has_its_log_and_the_root_has_no_audit(world):
     """S-3, R-2: ``agent/<name>.d/log`` lives with the agent; after calls of every kind the
     root still holds exactly the six root entries and no ``audit`` exists anywhere."""
@@ -464,11 +492,13 @@ def test_s5_concurrent_appenders_never_interleave_inside_a_line(world):
     assert sorted(e["type"] for e in events) == ["tool_call"] * calls + ["tool_result"] * calls
 
 
-def strace(world: World, *args: str, payload: dict) -> tuple[Run, list[str]]:
-    """``ctx ARGS`` under strace, which prints each open, write and sync of every process."""
-    trace = world.top / "trace"
+def strace(
+    world: World, *args: str, payload: dict, calls: str = "openat,write,fsync,fdatasync"
+) -> tuple[Run, list[str]]:
+    """``ctx ARGS`` under strace, which prints each of its ``calls`` in every process."""
+    trace = world.top / f"trace-{os.getpid()}-{time.monotonic_ns()}"
     argv = ["strace", "-f", "-qq", "-y", "-s", "65536", "-o", str(trace),
-            "-e", "trace=openat,write,fsync,fdatasync", *CTX_ARGV, *args]  # fmt: skip
+            "-e", f"trace={calls}", *CTX_ARGV, *args]  # fmt: skip
     proc = subprocess.run(argv, input=json.dumps(payload).encode(), capture_output=True,
                           env=world.env, timeout=60)  # fmt: skip
     run = Run(list(args), proc.returncode, proc.stdout.decode(), proc.stderr.decode())
@@ -518,6 +548,34 @@ def test_s5_queue_transitions_and_tool_results_are_in_the_worker_session(world):
     assert any(t.startswith("queue.") for t in types), types
     for event in events:
         assert list(event)[:6] == S2_KEYS, event
+
+
+@pytest.mark.skipif(shutil.which("strace") is None, reason="needs strace")
+def test_s5_queue_transitions_are_synced_before_the_tool_starts_and_before_done(world):
+    """S-5: a worker's queue transitions are durable events: its claim is fsynced before the
+    job's tool starts, its finish before the worker reports the job done."""
+    assert world.ctx("queue", "init", "--project", "traced").rc == 0
+    request = {"tool": "demo.echo", "input": {"x": 1}, "from": "t",
+               "created": "2026-06-22T12:00:00Z"}  # fmt: skip
+    r = world.ctx("queue", "publish", "--project", "traced", "--name", "tj", "-",
+                  input=json.dumps(request))  # fmt: skip
+    assert r.rc == 0, r
+    run, trace = strace(world, "queue", "work", "--project", "traced", "--agent", "coder",
+                        "--session", "traced-worker", "--drain", payload={},
+                        calls="openat,write,fsync,fdatasync,execve")  # fmt: skip
+    assert run.rc == 0, run
+    events = world.home_session("coder", "traced-worker") / "events.jsonl"
+    path = re.escape(str(events))
+
+    def first(pattern: str, after: int = 0) -> int:
+        return next(i for i, line in enumerate(trace) if i >= after and re.search(pattern, line))
+
+    claim = first(rf"write\(\d+<{path}>.*queue\.claim")
+    tool = first(r'execve\("[^"]*/tool/demo\.echo"', claim)
+    assert any(re.search(rf"f(data)?sync\(\d+<{path}>", line) for line in trace[claim:tool])
+    finish = first(rf"write\(\d+<{path}>.*queue\.finish", tool)
+    done = first(r"write\(1<.*done +tj\.req\.json", finish)
+    assert any(re.search(rf"f(data)?sync\(\d+<{path}>", line) for line in trace[finish:done])
 
 
 # ------------------------------------------------------------------ S-6: shared sessions
