@@ -5,11 +5,13 @@
     home/<uid>/agent/<agent>/session/<session>/events.jsonl        the agent's own session
     shared/<space>/agent/<agent>/session/<session>/events.jsonl    a session in a shared space
 
-A session in the agent's home belongs to the agent's uid and gid (mode 0750, events 0640): it
-is that user's tier (R-4).  A session in a shared space is group-writable and setgid (02770,
-events 0660) so that everyone the space's group admits can read it; whether a given agent may
-use it is decided by the authority chain (``session:<name> read|write|resume``, S-6), which
-the tool runner asks before it records anything there.
+A session in the agent's home belongs to the agent's uid and gid (mode 0700, events 0600): it
+is that user's tier (R-4), and agents sharing a group read none of it.  A session in a shared
+space is group-writable, setgid and sticky (03770, events 0660) so that everyone the space's
+group admits can read it and none renames or removes another's.  Before the tool runner
+records a call in a shared session it asks the authority chain for ``shared:<space> write``
+(the call writes in the space); whether an agent may itself read, write or resume a session as
+an object is the chain's answer to ``session:<name> read|write|resume`` (S-6).
 """
 
 from __future__ import annotations
