@@ -25,6 +25,7 @@ from cortexfs.cli.common import (
     storage_option,
 )
 from cortexfs.errors import denied
+from cortexfs.fuse.mounts import cortexfs_mount_holding
 from cortexfs.tools.controls import (
     ToolObject,
     damaged,
@@ -86,7 +87,7 @@ def tool(name: str, args: tuple[str, ...], as_json: bool, storage_dir: Path | No
             f"'ctx run --agent AGENT {name}'"
         )
     core = root / "tool" / name
-    if found.executable != core:
+    if not _is_core_tool(found.executable, core):
         raise denied(
             f"{name} on CTX_PATH is {found.executable}, not the core tool {core}; "
             "ctx tool runs only the core CLIs"
@@ -102,7 +103,29 @@ def tool(name: str, args: tuple[str, ...], as_json: bool, storage_dir: Path | No
     require_available(core_tool, read_controls(core_tool))
     if as_json:
         os.environ["CTX_MODE"] = NATIVE
-    status = cli(found.executable, list(args))
+    status = cli(core, list(args))
     log = PurePosixPath("tool", *core_tool.relative_control("log").parts)
     record_host_call(root, log, f"tool/{name}", list(args), status)
     sys.exit(status)
+
+
+def _is_core_tool(found: Path, core: Path) -> bool:
+    """Whether the file CTX_PATH resolved is the core tool ``core``, whatever name the path
+    gave the storage root: the same file (reached through a symbolic link, ``..``, a bind
+    mount), or that file shown by a CortexFS mount of the root (``ctx mount /ctx``, whose
+    ``/ctx/tool`` leads the default CTX_PATH), at ``tool/<name>`` of the mount.  A mount shows
+    each file under the storage's own inode number (cortexfs/fuse/inodes.py), so the tool and
+    its directory must carry the numbers of ``core`` and of ``tool/``."""
+    try:
+        if os.path.samefile(found, core):
+            return True
+        shown = Path(os.path.realpath(found.parent)) / found.name
+        mount = cortexfs_mount_holding(shown)
+        if mount is None or shown.relative_to(mount).parts != ("tool", core.name):
+            return False
+        return all(
+            os.stat(seen).st_ino == os.stat(own).st_ino
+            for seen, own in ((shown, core), (shown.parent, core.parent))
+        )
+    except (OSError, ValueError):
+        return False
