@@ -33,7 +33,6 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="agents run as another
 
 AGENT = "ci"
 LABEL = "ci_t"
-PYTHON = REPO / ".venv" / "bin" / "python"
 
 
 # ------------------------------------------------------------------------------ helpers
@@ -351,6 +350,32 @@ def test_w1_a_worker_without_an_agent_identity_runs_no_tool(queue, agent, outbox
     assert not (outbox / "ran").exists()
 
 
+def test_w1_another_uid_cannot_run_jobs_as_the_agent(
+    storage, queue, agent, outbox, unprivileged_user: UnprivilegedUser
+):
+    # H-2/P-5 step 1: agent identity cannot be forged.  The queue and homes are opened to
+    # every uid, so that only the authority chain stands between this user and agent ci.
+    job = queue.publish(shell_job(f"touch {outbox}/ran"))
+    for top in (storage / "shared", storage / "home"):
+        for path in [top, *top.rglob("*")]:
+            path.chmod(0o777 if path.is_dir() else 0o666)
+    argv = [*CTX_ARGV, "queue", "work", "--project", queue.project, "--agent", AGENT, "--drain"]
+    r = subprocess.run(
+        argv,
+        user=unprivileged_user.uid,
+        group=unprivileged_user.gid,
+        extra_groups=[],
+        env=clean_env(CTX_STORAGE=str(storage), HOME="/nonexistent"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert not (outbox / "ran").exists(), r.stderr
+    assert queue.state(job) in ("pending", "failed"), r.stderr
+    if queue.state(job) == "pending":
+        assert r.returncode != 0 and "EACCES" in r.stderr, r.stderr
+
+
 # ------------------------------------------------------------------------------ S-5, T-7
 
 
@@ -369,6 +394,9 @@ def test_s5_tool_call_and_queue_transitions_are_recorded_in_the_agents_session(
     assert "tool_call" in types and "tool_result" in types  # S-2
     transitions = [e for e in events if job in json.dumps(e) and not e["type"].startswith("tool")]
     assert transitions, events  # S-5: queue transitions are events of the session
+    # The claim is recorded before the call it leads to, the finish after the call's result.
+    assert events.index(transitions[0]) < types.index("tool_call")
+    assert events.index(transitions[-1]) > types.index("tool_result")
     assert (storage / "tool" / "shell.exec.d" / "log").stat().st_size > 0  # T-7
 
 
@@ -508,6 +536,35 @@ def test_w3_concurrent_slots_of_one_worker_run_each_job_once(queue, agent, outbo
     assert sorted((outbox / "runs").read_text().split(), key=int) == [str(n) for n in range(8)]
 
 
+@pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare(1)")
+def test_w3_a_worker_in_another_pid_namespace_shares_the_queue(queue, agent, outbox):
+    # W-3 and Q-5: a worker in another pid namespace (a container) takes jobs beside one on
+    # the host; its pid means nothing here, so recover on the host leaves its claim alone.
+    slow = queue.publish(shell_job(f"touch {outbox}/started; sleep 3; echo slow"), name="a0")
+    quick = [queue.publish(shell_job(f"echo {n} >> {outbox}/runs"), name=f"b{n}") for n in range(6)]
+    env = clean_env(CTX_STORAGE=str(queue.storage))
+    argv = ["unshare", "--pid", "--fork", "--mount-proc", *CTX_ARGV, "queue", "work"]
+    argv += ["--project", queue.project, "--agent", AGENT, "--drain", "--max-jobs", "1"]
+    contained = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert wait_for(lambda: (outbox / "started").exists(), 20), contained.poll()
+        lease = queue.lease(slow)
+        assert lease["pid_ns"] != os.stat("/proc/self/ns/pid").st_ino
+        r = queue.run("recover")
+        assert queue.state(slow) == "claimed", r
+        assert work(queue, "--drain").rc == 0
+        _out, err = contained.communicate(timeout=30)
+        assert contained.returncode == 0, err
+    finally:
+        if contained.poll() is None:
+            contained.kill()
+            contained.communicate()
+    assert queue.state(slow) == "done"
+    assert [queue.state(j) for j in quick] == ["done"] * 6
+    assert sorted((outbox / "runs").read_text().split()) == [str(n) for n in range(6)]
+    nothing_left_in_flight(queue)
+
+
 # ------------------------------------------------------------------------------ W-4
 
 
@@ -642,7 +699,8 @@ def test_w4_sigterm_to_an_idle_worker_exits_cleanly(queue, agent):
 
 
 def ready_worker(program: str, queue: QueueCLI, *args: str) -> subprocess.CompletedProcess:
-    argv = [str(PYTHON), str(REPO / "workers" / program), "--project", queue.project]
+    # Run as workers/README.md shows them: the program itself, by its #! line.
+    argv = [str(REPO / "workers" / program), "--project", queue.project]
     argv += ["--storage", str(queue.storage), "--agent", AGENT, *args]
     return subprocess.run(argv, capture_output=True, text=True, timeout=60, env=clean_env())
 
