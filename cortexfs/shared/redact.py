@@ -10,7 +10,8 @@ or an object's ``log`` (docs/sessions.md states it for users):
   ``auth`` (``auth``, ``X-Auth``, ``basicAuth``; not ``author``, ``auth_url``);
 * the value under such a key, whatever its JSON type, is replaced by ``"[redacted]"``; a
   string that looks like a credential whatever its key (``Bearer …``/``Basic …``
-  authorisation values, armored private keys) is replaced too;
+  authorisation values, armored private keys) is replaced too; so is the value of a
+  name/value pair naming a secret (``{"name": "API_TOKEN", "value": …}``, ``["Cookie", …]``);
 * keys are summarised like any other text, so a credential used as a key is replaced; keys
   that become equal are told apart (``[redacted]``, ``[redacted]#2``) so none is merged away;
 * inside any other text — an output that is not JSON, a message, an argv word, a shell
@@ -31,9 +32,9 @@ or an object's ``log`` (docs/sessions.md states it for users):
   (:data:`_KNOWN_TOKEN`: GitHub ``ghp_…``/``github_pat_…``, ``sk-…`` API keys, Slack
   ``xox…-``, AWS key ids ``AKIA…``/``ASIA…``, Google ``AIza…``, GitLab ``glpat-…``, Stripe
   ``sk_live_…``, and JSON Web Tokens);
-* in a command line, an argv or one written in a text: the word after a secret-naming
-  option (``--password X``, ``--api-key X``) is redacted; and so are the values of the
-  options that mean a secret only in a known program's command
+* in a command line, an argv (a JSON list of strings too) or one written in a text: the word
+  after a secret-naming option (``--password X``, ``--api-key X``) is redacted; and so are
+  the values of the options that mean a secret only in a known program's command
   (:mod:`cortexfs.shared.redact_commands`): curl's
   ``-u``/``--user``/``-U``/``--proxy-user user:password`` lose the password, MySQL's and
   MariaDB's ``-pPASSWORD`` (glued; ``-p`` alone asks for one), sshpass's ``-p PASSWORD``,
@@ -169,17 +170,24 @@ def summarize(value: Any, depth: int = 0) -> Any:
         if depth >= MAX_DEPTH:
             return f"[{len(value)} keys elided]"
         summary: dict[str, Any] = {}
+        names_a_secret = _names_a_secret(value)
         for key, item in itertools.islice(value.items(), MAX_ITEMS):
             key = str(key)
             logged_key = _distinct(_short_text(key), summary)
-            summary[logged_key] = REDACTED if is_secret_key(key) else summarize(item, depth + 1)
+            secret = is_secret_key(key) or (names_a_secret and key.lower() == "value")
+            summary[logged_key] = REDACTED if secret else summarize(item, depth + 1)
         if len(value) > MAX_ITEMS:
             summary[f"[+{len(value) - MAX_ITEMS} keys]"] = None
         return summary
     if isinstance(value, list | tuple):
         if depth >= MAX_DEPTH:
             return [f"[{len(value)} items elided]"]
-        kept = [summarize(item, depth + 1) for item in value[:MAX_ITEMS]]
+        if len(value) == 2 and _is_secret_name(value[0]) and isinstance(value[1], str):
+            kept = [_short_text(value[0]), REDACTED]  # a pair: ["Cookie", "sid=…"]
+        elif value and all(isinstance(item, str) for item in value):
+            kept = _summarize_words(value[:MAX_ITEMS])
+        else:
+            kept = [summarize(item, depth + 1) for item in value[:MAX_ITEMS]]
         if len(value) > MAX_ITEMS:
             kept.append(f"[+{len(value) - MAX_ITEMS} items]")
         return kept
@@ -199,9 +207,33 @@ def _distinct(key: str, taken: dict[str, Any]) -> str:
     return f"{key}#{number}"
 
 
+def _is_secret_name(value: Any) -> bool:
+    """Whether ``value`` is a single word naming a secret, as the name of a pair is."""
+    return isinstance(value, str) and bool(ARGV_KEY.fullmatch(value)) and is_secret_key(value)
+
+
+def _names_a_secret(value: dict[Any, Any]) -> bool:
+    """Whether ``value`` is a name/value pair naming a secret: ``{"name": "API_TOKEN",
+    "value": …}`` as Kubernetes writes an environment, ``{"name": "Authorization", "value":
+    …}`` as a HAR file writes a header."""
+    return any(
+        str(key).lower() in ("name", "key") and _is_secret_name(name) for key, name in value.items()
+    )
+
+
 def summarize_argv(argv: Sequence[str]) -> list[str]:
     """An argv safe to log: secret option values redacted, long words shortened."""
-    words = list(argv[:MAX_ITEMS])
+    kept = _summarize_words(argv[:MAX_ITEMS])
+    if len(argv) > MAX_ITEMS:
+        kept.append(f"[+{len(argv) - MAX_ITEMS} words]")
+    return kept
+
+
+def _summarize_words(argv: Sequence[str]) -> list[str]:
+    """Words safe to log, judged as a command line: a terminal call's argv, and any JSON list
+    of strings (``{"argv": ["mysql", "--password", …]}``), since a native input carries its
+    command lines that way."""
+    words = list(argv)
     hidden = command_secrets(words)
     kept: list[str] = []
     hide_next = after_header = False
@@ -223,8 +255,6 @@ def summarize_argv(argv: Sequence[str]) -> list[str]:
             hide_next, after_header = True, word.endswith(":")
         else:
             kept.append(_short_text(word))
-    if len(argv) > MAX_ITEMS:
-        kept.append(f"[+{len(argv) - MAX_ITEMS} words]")
     return kept
 
 

@@ -444,3 +444,32 @@ def test_ordinary_words_keep_nothing_they_are_joined_to() -> None:
         "--auth",
         REDACTED,
     ]
+
+
+@pytest.mark.parametrize(
+    ("value", "logged"),
+    [
+        (["mysql", "--password", "pw7"], ["mysql", "--password", REDACTED]),
+        (["curl", "-u", "ana:pw7", "h"], ["curl", "-u", f"ana:{REDACTED}", "h"]),
+        (["env", "API_TOKEN=pw7", "run"], ["env", f"API_TOKEN={REDACTED}", "run"]),
+        (["Cookie", "sid=pw7"], ["Cookie", REDACTED]),
+        ({"name": "API_TOKEN", "value": "pw7"}, {"name": "API_TOKEN", "value": REDACTED}),
+        (
+            {"Name": "Authorization", "Value": "token pw7"},
+            {"Name": "Authorization", "Value": REDACTED},
+        ),
+        ({"key": "db_password", "value": 7}, {"key": "db_password", "value": REDACTED}),
+        # What names no secret is kept.
+        (["docker", "run", "-p", "8080:80"], ["docker", "run", "-p", "8080:80"]),
+        (["user", "ana"], ["user", "ana"]),
+        ({"name": "PATH", "value": "/bin"}, {"name": "PATH", "value": "/bin"}),
+    ],
+)
+def test_command_lines_and_name_value_pairs_in_json_lose_their_secrets(
+    value: object, logged: object
+) -> None:
+    """S-4: a native input carries a command line as a JSON list of words and a header or an
+    environment variable as a name/value pair (a two-word list, or an object with ``name``
+    and ``value`` as Kubernetes and HAR files write them): the secret goes as it would in an
+    argv or under a secret-naming key."""
+    assert summarize({"input": value}) == {"input": logged}
