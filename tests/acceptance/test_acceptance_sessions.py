@@ -368,6 +368,28 @@ def test_s4_a_credential_in_a_header_of_a_command_is_not_logged(world, cmd):
         assert cmd.split()[0] in text, path
 
 
+@pytest.mark.parametrize(
+    "payload",
+    [
+        {"argv": ["mysql", "--user", "ana", "--password", SECRET, "app"]},
+        {"args": ["curl", "-u", f"ana:{SECRET}", "https://api.example/"]},
+        {"env": [{"name": "API_TOKEN", "value": SECRET}]},  # as Kubernetes writes it
+        {"headers": [{"name": "Authorization", "value": f"token {SECRET}"}]},  # HAR
+        {"headers": [["Cookie", f"sid={SECRET}"]]},
+    ],
+)
+def test_s4_a_secret_in_a_structured_input_is_not_logged(world, payload):
+    """S-4: a native input holds command lines and name/value pairs as JSON lists and
+    objects; the secret they carry is not logged, and the rest of the facts are."""
+    r = world.native("coder", "demo.echo", payload, "--session", "structured")
+    assert r.rc == 0, r
+    for path in (world.home_session("coder", "structured") / "events.jsonl",
+                 world.tool_log("demo.echo")):  # fmt: skip
+        text = path.read_text()
+        assert SECRET not in text, path
+        assert next(iter(payload)) in text, path
+
+
 def test_s4_a_long_prompt_is_not_logged_whole(world):
     """S-4: logs do not record long prompts: a 200 KB prompt passed to a tool leaves a
     record far smaller than itself."""
