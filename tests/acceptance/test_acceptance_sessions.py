@@ -260,6 +260,31 @@ def test_t7_a_failed_call_is_logged_with_its_error_in_the_tool_log(world):
     assert logged[-1]["session"] == "t7f"
 
 
+def test_t7_a_space_tool_is_logged_in_its_own_control_directory(world):
+    """T-7, S-3 (logs live with their object), X-1: the call of a tool of a shared space is
+    logged to ``shared/<space>/tool/<name>.d/log``, where the tool lives, and to the session."""
+    r = world.ctx("object", "install", manifest(world.top, "space.echo", ECHO),
+                  "--tier", f"shared:{SPACE}")  # fmt: skip
+    assert r.rc == 0, r
+    control = world.storage / "shared" / SPACE / "tool" / "space.echo.d"
+    with (control / "policy").open("a") as policy:
+        policy.write("allow builder_t tool:space.echo execute\n")
+    agent_policy = world.storage / "agent" / "builder.d" / "policy"
+    kept = agent_policy.read_text()
+    try:
+        agent_policy.write_text(kept + "allow builder_t tool:space.echo execute\n")
+        r = world.native("builder", "space.echo", {"n": 1}, "--session", "space-tool")
+        assert r.rc == 0, r
+    finally:
+        agent_policy.write_text(kept)
+    logged = [json.loads(line) for line in (control / "log").read_text().splitlines()]
+    assert [e["session"] for e in logged] == ["space-tool"], logged
+    assert list(logged[0])[:6] == S2_KEYS
+    events = events_of(world.home_session("builder", "space-tool") / "events.jsonl")
+    assert [e["type"] for e in events] == ["tool_call", "tool_result"], events
+    assert not (world.storage / "tool" / "space.echo.d").exists()
+
+
 def test_t7_a_call_typed_in_the_agent_terminal_is_logged_in_its_session(world):
     """T-7, T-3, A-2: a tool run through tsh in the agent's terminal (session ``tsh``) is
     logged to the tool's log and to that session's ``events.jsonl``."""
