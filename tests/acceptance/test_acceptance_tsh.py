@@ -767,15 +767,25 @@ class Terminal:
 
 @pytest.fixture
 def terminal(world: Path) -> Iterator[tuple[Path, Terminal, Path]]:
-    """A running terminal of agent ``coder``, granted ``demo.args`` and a ``bash`` tool (H-5);
+    """A running terminal of agent ``coder``, granted ``demo.args`` and tools ``bash`` and
+    ``tmux`` (H-5);
     a .tshrc in the agent's home names a rogue directory (T-4).  Yields the storage root, an
     attached client and the session directory."""
-    bash = install(world, "bash", "#!/bin/sh\nexec /bin/bash --norc --noprofile -i\n")
-    with (world / "tool" / "bash.d" / "policy").open("a") as policy:
-        policy.write("allow coder_t tool:bash execute\n")
-    with (world / "agent" / "coder.d" / "policy").open("a") as policy:
-        policy.write("allow coder_t tool:bash execute\n")
-    assert bash.exists()
+    sockets = world.parent / "tmux"  # the agent's to write, removed with the storage root
+    sockets.mkdir()
+    sockets.chmod(0o1777)
+    multiplexer = f'#!/bin/sh\nSHELL=/bin/sh exec tmux -f /dev/null -S "{sockets}/$$" new-session\n'
+    for name, program in (
+        ("bash", "#!/bin/sh\nexec /bin/bash --norc --noprofile -i\n"),
+        ("tmux", multiplexer),
+    ):
+        install(world, name, program)
+        for policy_file in (
+            world / "tool" / f"{name}.d" / "policy",
+            world / "agent" / "coder.d" / "policy",
+        ):
+            with policy_file.open("a") as policy:
+                policy.write(f"allow coder_t tool:{name} execute\n")
     uid = ctx_run("agent", "show", "coder", "--json", "--storage", world).json()["identity"]["uid"]
     home = world / "home" / str(uid)
     home.mkdir(parents=True, exist_ok=True)
@@ -819,11 +829,15 @@ def test_h1_t4_an_agent_terminal_runs_no_host_command_and_ignores_tshrc(terminal
     client.type(f"touch {world.parent}/never")
     shown = client.wait_for("coder$ ")
     assert "touch" in shown, shown
+    never = world.parent / "never"
+    for line in (f"x > {never}", f"y; touch {never}", f"z | tee {never}", f"$(touch {never})"):
+        client.type(f"demo.args {line}")  # no redirection, list, pipe or substitution
+        client.wait_for("coder$ ")
     client.type("which demo.args")
     shown = client.wait_for("coder$ ")
     assert "/ctx/tool/demo.args" in shown, shown
     assert "rogue" not in shown
-    assert not (world.parent / "never").exists()
+    assert not never.exists()
     client.type("demo.args z")
     shown = client.wait_for("coder$ ")
     assert "argc=1\n[z]" in shown, shown
@@ -847,10 +861,20 @@ def test_h2_a_host_process_cannot_use_the_terminal_s_run_socket(terminal):
 
 
 @needs_terminal
-def test_h5_bash_is_an_ordinary_tool_and_exit_returns_to_tsh(terminal):
-    """H-5: an interactive shell is an ordinary tool; ``exit`` in it returns to tsh."""
+@pytest.mark.parametrize(
+    "shell",
+    [
+        "bash",
+        pytest.param(
+            "tmux", marks=pytest.mark.skipif(shutil.which("tmux") is None, reason="no tmux")
+        ),
+    ],
+)
+def test_h5_shells_and_multiplexers_are_ordinary_tools_and_exit_returns_to_tsh(terminal, shell):
+    """H-5: an interactive shell or a multiplexer is an ordinary tool; ``exit`` in it returns
+    to tsh."""
     _, client, _ = terminal
-    client.type("bash")
+    client.type(shell)
     client.type("echo inside-$((6*7))")
     client.wait_for("inside-42")
     client.type("exit")
