@@ -17,16 +17,21 @@ of authorisation):
 ``agent/<a>``, ``<a>.d/``   only the agent itself
 ``home/<uid>/``             only the agent's own uid
 ``shared/<s>/``             spaces its policy lets it read (``shared:<s> read``), and the
-                            manual bundle ``cortexfs-docs``
+                            manual bundle ``cortexfs-docs``, when its uid, gid and groups
+                            may list and enter them (``r-x``: X-1 counts the directory's
+                            permissions)
 ``model/<p>/<m>``           models its policy lets it use (``model:<p>/<m> use``); a provider
                             when it may use one of its models
 ==========================  ==========================================================
 
-Anything deeper is visible when its top object is, with one exception: the sessions of the
-other agents of a space, and of the other agents that run as the agent's uid and so share its
-home (S-1, S-6).  The root, each top directory but ``bin``, each ``model/<p>`` and each
-``shared/<s>/agent/<a>/session/`` or ``home/<uid>/agent/<a>/session/`` of another agent are
-the only directories whose entries are decided name by name (:meth:`ViewRules.decides_names`);
+Every object of the root is seen through the agent's mount of the storage root: without one
+it may use (``mount:ctx read``, P-5 steps 3 and 5) only ``bin/`` and ``tool/tsh.d/``, the
+terminal's own, are shown.  Anything deeper is visible when its top object is, with one
+exception: the sessions of the other agents of a space, and of the other agents that run as
+the agent's uid and so share its home (S-1, S-6).  The root, each top directory but ``bin``,
+each ``model/<p>`` and each ``shared/<s>/agent/<a>/session/`` or
+``home/<uid>/agent/<a>/session/`` of another agent are the only directories whose entries are
+decided name by name (:meth:`ViewRules.decides_names`);
 the table below is written for a space, and holds for the home alike (``home/<uid>`` for
 ``shared/<s>``, always writable, for ``shared:<s> write``):
 
@@ -62,6 +67,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from cortexfs.errors import CtxError
 from cortexfs.names import is_object_name
 from cortexfs.policy import check_tool_execute
+from cortexfs.policy.linux import permits
 from cortexfs.storage import DOCS_BUNDLE, ROOT_ENTRIES
 from cortexfs.tools.controls import ToolObject, read_controls, require_available
 
@@ -70,6 +76,7 @@ if TYPE_CHECKING:
 
 Parts = Sequence[str]
 SPACE_TOOLS = "tool"  # a space's tier directory (T-4)
+_READ_SEARCH = 0o5  # r-x: list a directory and enter it
 
 
 def in_root_abi(parts: Parts) -> bool:
@@ -169,17 +176,19 @@ class ViewRules:
         if len(parts) < 2:
             return True
         top, name = parts[0], parts[1]
-        if top == "bin":
-            return True
+        if top == "bin" or (top, name) == ("tool", "tsh.d"):
+            return True  # the terminal's own programs and its configuration
+        if not self.sees_storage_root:
+            return False
         if top == "tool":
-            return name == "tsh.d" or self.may_execute(name.removesuffix(".d"))
+            return self.may_execute(name.removesuffix(".d"))
         if top == "agent":
             return name.removesuffix(".d") == self.view.name
         if top == "home":
             return name == str(self.view.identity.uid) and self._session_visible(parts)
         if top == "shared":
             space_readable = name == DOCS_BUNDLE or self.view.allows("shared", name, "read")
-            return space_readable and self._session_visible(parts)
+            return space_readable and self._may_enter_space(name) and self._session_visible(parts)
         if top == "model":
             if len(parts) < 3:
                 return any(self._may_use(name, model) for model in self._models_of(name))
@@ -234,6 +243,22 @@ class ViewRules:
         if len(parts) == 5:
             return self.other_agent(parts[:4]) and parts[4] == "session"
         return len(parts) == 2 and parts[0] == "model"
+
+    @functools.cached_property
+    def sees_storage_root(self) -> bool:
+        """Whether the agent may use a mount of the storage root: without one, no object of
+        the root passes its authority (P-5 steps 3 and 5), so none is shown (F-1, X-1)."""
+        return self.view.sees_storage_root()
+
+    def _may_enter_space(self, space: str) -> bool:
+        """Whether the agent's uid, gid and groups may list and enter ``shared/<space>`` (P-5
+        step 2): X-1 makes the directory's permissions part of a space's visibility, so a
+        space the kernel would keep the agent out of is not listed either."""
+        try:
+            status = os.stat(self.view.root / "shared" / space)
+        except OSError:
+            return False
+        return permits(status, self.view.identity, _READ_SEARCH)
 
     def _session_visible(self, parts: Parts) -> bool:
         """Below another agent's ``session/`` in a space or in the home it shares, a session

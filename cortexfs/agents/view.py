@@ -166,6 +166,12 @@ class AgentView(NamedTuple):
             return storage.target / "home" / str(self.identity.uid), home
         return storage.target, Path(storage.source)
 
+    def sees_storage_root(self) -> bool:
+        """Whether a mount this agent may use shows the storage root (its ``/ctx``): every
+        object of the root is seen through it, and step 5 denies what only an ungranted mount
+        shows (P-5)."""
+        return any(self._shows_storage_root(mount) for mount in self.visible_mounts())
+
     def _shows_storage_root(self, mount: Mount) -> bool:
         """Whether ``mount`` is of the storage root itself, as the authority chain judges it:
         a mount's source is the real path it was recorded as (a source that no longer is one

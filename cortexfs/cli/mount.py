@@ -34,10 +34,12 @@ def mount(mountpoint: Path, agent: str | None, storage_dir: Path | None) -> None
     outside the storage root, and not already a CortexFS mount (EBUSY).  Without --as it shows the
     storage root as it is.  With --as AGENT it shows what AGENT's effective authority lets
     it see: only the tools the whole chain lets it execute, its own agent entry and home,
-    the shared spaces its policy lets it read (and the manual bundle), the models it may
-    use; writes only in its home and in spaces it may write.  The kernel applies the mode
-    bits to each calling process on top.  fsync through the mount is fsync of the file
-    behind it.  Needs the 'fuse' extra (pyfuse3) and /dev/fuse.
+    the shared spaces its policy lets it read and its uid may enter (and the manual
+    bundle), the models it may use, and nothing but bin/ and tool/tsh.d/ when its policy
+    grants no mount of the storage root (mount:ctx read); writes only in its home and in
+    spaces it may write.  The kernel applies the mode bits to each calling process on top.
+    fsync through the mount is fsync of the file behind it.  Needs the 'fuse' extra
+    (pyfuse3) and /dev/fuse.
     """
     from cortexfs.fuse.mounts import check_mount_point
     from cortexfs.fuse.projection import AgentProjection, Projection

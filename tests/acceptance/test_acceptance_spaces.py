@@ -589,11 +589,6 @@ def test_x1_an_agent_records_its_sessions_in_the_space(agent_root: Path) -> None
 
 
 @needs_fuse
-@pytest.mark.xfail(
-    strict=True,
-    reason="X-1/F-1: a space the agent's policy grants but its uid/gid may not read is still "
-    "listed in its view and readable through it; the rule lives in cortexfs/agents/projection.py",
-)
 def test_x1_a_space_the_agents_uid_may_not_enter_is_not_in_its_view(agent_root: Path) -> None:
     """X-1: visibility is decided by the agent's uid/gid, label, mount file, *directory
     permissions* and policy v0 together; F-1: "only objects that pass the effective authority
@@ -610,12 +605,6 @@ def test_x1_a_space_the_agents_uid_may_not_enter_is_not_in_its_view(agent_root: 
 
 
 @needs_fuse
-@pytest.mark.xfail(
-    strict=True,
-    reason="X-1/F-1: without its mount grant (mount:ctx read) the agent's view hides the tools "
-    "but still lists and reads the spaces its policy names; the rule lives in "
-    "cortexfs/agents/projection.py",
-)
 def test_x1_a_space_seen_only_through_an_ungranted_mount_is_not_in_the_view(
     agent_root: Path,
 ) -> None:
