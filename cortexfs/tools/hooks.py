@@ -20,7 +20,8 @@ are not the agent's.  The hook directories themselves are opened without followi
 link in their place makes the tool damaged (ENOEXEC), as :func:`layout_problems` reports it.
 
 Hooks run as the tool does — under the agent's identity, with the tool's environment plus
-``CTX_HOOK=pre|post``, in the same working directory — each bounded by :data:`HOOK_TIMEOUT`.
+``CTX_HOOK=pre|post``, in the same working directory — each bounded by :data:`HOOK_TIMEOUT`,
+and a pre-hook also by what is left of the call's timeout, which it shares with the tool.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import errno
 import json
 import os
 import stat
+import time
 from typing import Any, NamedTuple
 
 from cortexfs.tools.controls import POST_HOOKS, PRE_HOOKS, ToolObject, damaged
@@ -112,9 +114,17 @@ def _open_hook_directory(tool: ToolObject, relative: str) -> int | None:
 
 
 def run_hooks(
-    tool: ToolObject, phase: str, names: list[str], call: dict[str, Any], base: ProcessSpec
+    tool: ToolObject,
+    phase: str,
+    names: list[str],
+    call: dict[str, Any],
+    base: ProcessSpec,
+    *,
+    deadline: float | None = None,
 ) -> list[HookRun]:
-    """Run ``names`` in order; a pre-hook that does not pass stops the run (it is the veto)."""
+    """Run ``names`` in order; a pre-hook that does not pass stops the run (it is the veto).
+    ``deadline`` (a :func:`time.monotonic` time) is when the call's timeout runs out: no hook
+    runs past it."""
     directory = tool.control(_PHASE_DIRECTORIES[phase])
     stdin_data = json.dumps({"hook": phase, **call}, default=str).encode() + b"\n"
     runs = []
@@ -126,23 +136,31 @@ def run_hooks(
         if problem:
             run = HookRun(phase, name, 126, problem)
         else:
+            left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+            bound = HOOK_TIMEOUT if left is None or left >= HOOK_TIMEOUT else left
             spec = base._replace(
-                argv=[str(path)], env={**base.env, "CTX_HOOK": phase}, timeout=HOOK_TIMEOUT
+                argv=[str(path)], env={**base.env, "CTX_HOOK": phase}, timeout=bound
             )
-            run = _run_one(phase, name, spec, stdin_data)
+            run = _run_one(phase, name, spec, stdin_data, call_timeout_left=bound != HOOK_TIMEOUT)
         runs.append(run)
         if phase == PRE and not run.passed:
             break
     return runs
 
 
-def _run_one(phase: str, name: str, spec: ProcessSpec, stdin_data: bytes) -> HookRun:
+def _run_one(
+    phase: str, name: str, spec: ProcessSpec, stdin_data: bytes, *, call_timeout_left: bool
+) -> HookRun:
     try:
         finished = run_captured(spec, stdin_data, max_output=MAX_HOOK_OUTPUT)
     except OSError as exc:
         return HookRun(phase, name, 126, f"cannot be run: {exc.strerror}")
     if finished.timed_out:
-        return HookRun(phase, name, finished.exit_status, f"timed out after {HOOK_TIMEOUT:g}s")
+        if call_timeout_left:
+            why = f"ran past the call's timeout (killed after {spec.timeout:.3g}s)"
+        else:
+            why = f"timed out after {HOOK_TIMEOUT:g}s"
+        return HookRun(phase, name, finished.exit_status, why)
     last_line = finished.stderr_tail.decode("utf-8", "replace").strip().splitlines()[-1:]
     return HookRun(phase, name, finished.exit_status, last_line[0] if last_line else "")
 

@@ -181,6 +181,9 @@ class _Call:
     ) -> None:
         self.root, self.agent, self.tool_name, self.mode = root, agent, tool, mode
         self.requested_session, self.timeout, self.observer = session, timeout, observer
+        # When the pre-hooks start, the call's timeout starts too: pre-hooks and the tool share
+        # it (W-4: a job that exceeds it is finished as failed, however the time went).
+        self.deadline: float | None = None
         self.interrupted = interrupted
         self.call = os.urandom(8).hex()
         self.started = rfc3339()
@@ -304,6 +307,8 @@ class _Call:
                     raise invalid(f"the input is not JSON: {input_value.problem}")
                 validate_input(self.controls.schema, input_value, self.tool_name)
         with self._stage("hook"):
+            if self.timeout is not None:
+                self.deadline = time.monotonic() + self.timeout
             runs = self._hooks(hooks.PRE, {})
             if runs and not runs[-1].passed:
                 veto = runs[-1]
@@ -401,7 +406,7 @@ class _Call:
     def _run(self, input_value: Any, argv: list[str]) -> ToolResult:
         assert self.view is not None and self.tool is not None
         with self._capability() as capability:
-            spec = self._process_spec([str(self.tool.executable), *argv], self.timeout)
+            spec = self._process_spec([str(self.tool.executable), *argv], self._time_left())
             if capability is not None:
                 env = {**spec.env, **capability.environment()}
                 spec = spec._replace(env=env, pass_fds=(capability.tool_descriptor,))
@@ -537,7 +542,16 @@ class _Call:
             **self.request,
             **extra,
         }
-        return hooks.run_hooks(self.tool, phase, names, context, self._process_spec([], None))
+        # Post-hooks see a result already decided, so the call's timeout no longer bounds them.
+        deadline = self.deadline if phase == hooks.PRE else None
+        spec = self._process_spec([], None)
+        return hooks.run_hooks(self.tool, phase, names, context, spec, deadline=deadline)
+
+    def _time_left(self) -> float | None:
+        """What the pre-hooks left of the call's timeout for the tool (None: no timeout)."""
+        if self.deadline is None:
+            return self.timeout
+        return max(self.deadline - time.monotonic(), 0.0)
 
     def _process_spec(self, argv: list[str], timeout: float | None) -> ProcessSpec:
         """How the tool, or one of its hooks, is started: all with one environment."""

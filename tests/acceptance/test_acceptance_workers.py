@@ -601,11 +601,6 @@ def test_w4_timeout_kills_a_job_that_ignores_sigterm(queue, agent, outbox):
     assert not (outbox / "no").exists()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="W-4: a pre hook runs under the tool runner's own ten-second bound "
-    "(cortexfs/tools/hooks.py HOOK_TIMEOUT), not the job's --timeout",
-)
 def test_w4_timeout_bounds_the_whole_call_pre_hooks_included(storage, queue, agent, outbox):
     # T-6: pre hooks run "before the tool" as part of the call; W-4: "a job that exceeds it
     # is killed ... and finished as failed".

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import time
 
 import pytest
 
@@ -167,3 +168,32 @@ def test_post_hooks_see_the_result_and_cannot_change_it(hooked: World) -> None:
         {"hook": "hooks/post.d/20-grumpy", "exit_status": 1, "message": "hook 20-grumpy says no"}
     ]
     assert hooked.events()[-1]["post_hooks"][0]["hook"] == "hooks/post.d/20-grumpy"
+
+
+def test_pre_hooks_and_the_tool_share_the_calls_timeout(hooked: World) -> None:
+    """W-4: a call that exceeds its timeout fails, however its time went: a pre-hook that
+    outlives it is killed and vetoes the call, where its own ten-second bound would have let
+    it run on."""
+    slow = hooked.root / "tool/echo.d/hooks/pre.d/10-slow"
+    slow.write_text("#!/bin/sh\nsleep 30\n")
+    slow.chmod(0o755)
+
+    began = time.monotonic()
+    result = hooked.run("echo", {"x": 1}, timeout=1)
+
+    assert time.monotonic() - began < 5
+    assert not result.ok and result.error is not None
+    assert "hooks/pre.d/10-slow vetoed the call" in result.error.message
+    assert "ran past the call's timeout" in result.error.message
+
+
+def test_what_pre_hooks_leave_of_the_timeout_is_the_tools(hooked: World) -> None:
+    pause = hooked.root / "tool/echo.d/hooks/pre.d/10-pause"
+    pause.write_text("#!/bin/sh\nsleep 1\n")
+    pause.chmod(0o755)
+    (hooked.root / "tool/echo").write_text("#!/bin/sh\nsleep 1\ncat\n")  # alone, in time
+
+    result = hooked.run("echo", {"x": 1}, timeout=1.6)
+
+    assert not result.ok and result.error is not None
+    assert "timed out after 1.6s" in result.error.message
