@@ -222,6 +222,11 @@ def _checked_controls(directory: _ControlDirectory) -> ToolControls:
     cap = _read_json(directory, "cap")
     if not isinstance(cap, dict):
         raise damaged(tool, "the cap control is not a JSON object")
+    locator = directory.read("mcp")
+    if locator is not None:
+        problem = _locator_problem(locator, tool.name)
+        if problem:
+            raise damaged(tool, f"the mcp control {problem}")
     status_data = directory.read("status")
     if status_data is None:
         raise damaged(tool, "the status control is missing")
@@ -231,6 +236,19 @@ def _checked_controls(directory: _ControlDirectory) -> ToolControls:
     if problems:
         raise damaged(tool, problems[0])
     return ToolControls(schema, cap, status, program, problem)
+
+
+def _locator_problem(data: bytes, tool: str) -> str:
+    """Why the ``mcp`` control ``data`` of ``tool`` is not the strict stdio locator its bridge
+    would start a server by (M-4), as the bridge judges it; empty when it is one."""
+    from cortexfs.mcp.config import locator_problem  # only MCP-backed tools pay for it
+
+    try:
+        locator = json.loads(data)
+    except ValueError:
+        return "is not JSON"
+    problem = locator_problem(locator, tool)
+    return f"is not a strict stdio locator (M-4): {problem}" if problem else ""
 
 
 def require_available(tool: ToolObject, controls: ToolControls) -> None:

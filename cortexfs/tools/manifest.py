@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 from cortexfs import jsontext
 from cortexfs.errors import HOST_SHORTAGES, CtxError, invalid
+from cortexfs.mcp.config import config_path_problem
 from cortexfs.names import object_name_problem
 from cortexfs.regular_file import read_regular_file_and_status
 from cortexfs.tools.install_failure import advice
@@ -508,20 +509,6 @@ def _installer() -> str:
 
 def _uids(uids: frozenset[int]) -> str:
     return " and ".join(f"uid {uid}" for uid in sorted(uids))
-
-
-def config_path_problem(config: str) -> str | None:
-    """What keeps ``config`` from being an MCP locator's configuration path (M-4): an
-    absolute path of a file, as the agent sees it.  The bridge reads it in the agent's view,
-    where ``..`` is refused (never normalised away): a locator holding one would name a tool
-    that can never run.  None when it is one."""
-    if not config.startswith("/"):
-        return "not an absolute path; give it as the agent sees it"
-    if ".." in config.split("/"):
-        return "'..' is not allowed; the agent's view resolves no '..', so give the path without it"
-    if config.endswith("/"):
-        return "ends in '/'; it must name the configuration file itself"
-    return None
 
 
 def _mcp_problems(locator: dict[str, Any], name: object) -> list[str]:

@@ -679,6 +679,7 @@ def test_m4_a_control_that_is_not_a_strict_stdio_locator_starts_no_server(host) 
         ran, result = run_native(env, "fake.echo", {})
         assert ran.rc != 0 and result["status"] != "ok", (bad, ran)
         assert not received(record), bad
+        assert listed_status(env, "fake.echo") == "damaged", bad  # as a call finds it
 
 
 def test_m4_the_policy_class_of_a_projected_tool_is_tool(tmp_path: Path) -> None:
