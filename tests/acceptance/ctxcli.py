@@ -214,3 +214,22 @@ def age(path: Path, seconds: float) -> None:
     """Make ``path`` look ``seconds`` old."""
     then = time.time() - seconds
     os.utime(path, (then, then), follow_symlinks=False)
+
+
+def tool_manifest(directory: Path, name: str, program: str, *, side_effects: bool = False) -> Path:
+    """A v2 manifest (T-8) of tool ``name`` whose executable is the shell text ``program``,
+    taking any JSON object as input, written in ``directory`` (made when missing)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / f"{name}.sh").write_text(program)
+    path = directory / f"{name}.json"
+    document = {
+        "manifest": 2,
+        "kind": "tool",
+        "name": name,
+        "description": f"The {name} test tool.",
+        "schema": {"type": "object"},
+        "cap": {"side_effects": side_effects, "network": False},
+        "exec": f"{name}.sh",
+    }
+    path.write_text(json.dumps(document))
+    return path

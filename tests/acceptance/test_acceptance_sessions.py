@@ -23,7 +23,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.acceptance.ctxcli import CTX_ARGV, ROOT_ENTRIES, Run, clean_env, ctx_run, rfc3339
+from tests.acceptance.ctxcli import (
+    CTX_ARGV,
+    ROOT_ENTRIES,
+    Run,
+    clean_env,
+    ctx_run,
+    rfc3339,
+    tool_manifest,
+)
 from tests.support.users import UnprivilegedUser, access_as, find_or_create_user
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="runs agents as other uids")
@@ -76,26 +84,6 @@ class World:
         return self.storage / "tool" / f"{tool}.d" / "log"
 
 
-def manifest(directory: Path, name: str, program: str) -> Path:
-    """A v2 manifest (T-8) of tool ``name`` running ``program``, any JSON object as input."""
-    (directory / f"{name}.sh").write_text(program)
-    path = directory / f"{name}.json"
-    path.write_text(
-        json.dumps(
-            {
-                "manifest": 2,
-                "kind": "tool",
-                "name": name,
-                "description": f"The {name} test tool.",
-                "schema": {"type": "object"},
-                "cap": {"side_effects": False, "network": False},
-                "exec": f"{name}.sh",
-            }
-        )
-    )
-    return path
-
-
 AGENTS = {
     # name: (runs as the test user?, its request's tools and shared spaces)
     "coder": (True, {"tools": ["demo.echo", "demo.fail", "shell.exec", "fs.read"]}),
@@ -121,7 +109,7 @@ def world() -> Iterator[World]:
         r = ctx_run("shared", "create", SPACE, "--group", group, env=env)
         assert r.rc == 0, r
         for name, program in (("demo.echo", ECHO), ("demo.fail", FAIL)):
-            r = ctx_run("object", "install", manifest(top, name, program), "--tier", "system",
+            r = ctx_run("object", "install", tool_manifest(top, name, program), "--tier", "system",
                         env=env)  # fmt: skip
             assert r.rc == 0, r
         for name, (as_user, grants) in AGENTS.items():
@@ -263,7 +251,7 @@ def test_t7_a_failed_call_is_logged_with_its_error_in_the_tool_log(world):
 def test_t7_a_space_tool_is_logged_in_its_own_control_directory(world):
     """T-7, S-3 (logs live with their object), X-1: the call of a tool of a shared space is
     logged to ``shared/<space>/tool/<name>.d/log``, where the tool lives, and to the session."""
-    r = world.ctx("object", "install", manifest(world.top, "space.echo", ECHO),
+    r = world.ctx("object", "install", tool_manifest(world.top, "space.echo", ECHO),
                   "--tier", f"shared:{SPACE}")  # fmt: skip
     assert r.rc == 0, r
     control = world.storage / "shared" / SPACE / "tool" / "space.echo.d"

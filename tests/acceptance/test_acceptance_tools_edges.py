@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.acceptance.ctxcli import CTX_ARGV, clean_env, ctx_run
+from tests.acceptance.ctxcli import CTX_ARGV, clean_env, ctx_run, tool_manifest
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="runs tools as another uid")
 
@@ -26,26 +26,6 @@ for fd in 0 1 2; do
   printf '%s=%s\\n' "$fd" "$(readlink /proc/$$/fd/$fd || echo closed)" >&2
 done
 """
-
-
-def manifest(directory: Path, name: str, program: str) -> Path:
-    """A v2 manifest of tool ``name`` whose executable is ``program`` (T-8)."""
-    (directory / f"{name}.sh").write_text(program)
-    path = directory / f"{name}.json"
-    path.write_text(
-        json.dumps(
-            {
-                "manifest": 2,
-                "kind": "tool",
-                "name": name,
-                "description": f"The {name} test tool.",
-                "schema": {"type": "object"},
-                "cap": {"side_effects": False, "network": False},
-                "exec": f"{name}.sh",
-            }
-        )
-    )
-    return path
 
 
 @pytest.fixture
@@ -61,8 +41,8 @@ def world() -> Iterator[Path]:
         request = {"name": "coder", "label": "coder_t", "tools": ["demo.probe"], "mount": []}
         (top / "coder.json").write_text(json.dumps(request))
         assert ctx_run("agent", "create", top / "coder.json", env=env).rc == 0
-        r = ctx_run("object", "install", manifest(top, "demo.probe", PROBE), "--tier", "system",
-                    env=env)  # fmt: skip
+        probe = tool_manifest(top, "demo.probe", PROBE)
+        r = ctx_run("object", "install", probe, "--tier", "system", env=env)
         assert r.rc == 0, r
         with (storage / "tool" / "demo.probe.d" / "policy").open("a") as policy:
             policy.write("allow coder_t tool:demo.probe execute\n")
@@ -134,7 +114,7 @@ def test_install_refuses_source_and_storage_naming_two_roots(tmp_path):
     roots = [tmp_path / "a", tmp_path / "b"]
     for root in roots:
         assert ctx_run("bootstrap", "--storage", root).rc == 0
-    path = manifest(tmp_path, "demo.twice", "#!/bin/sh\n")
+    path = tool_manifest(tmp_path, "demo.twice", "#!/bin/sh\n")
 
     r = ctx_run("object", "install", "--source", roots[0], "--storage", roots[1], path,
                 "--tier", "system")  # fmt: skip
@@ -343,7 +323,7 @@ def test_a_description_of_blanks_only_is_invalid(tmp_path, blank):
     """T-1, T-8 (docs/tools.md: ``description`` is non-empty text): a description of blanks
     only would be installed as an empty control, so the manifest is invalid (exit 1, one
     ``FILE: EINVAL: description: …`` line), and install refuses it with nothing made."""
-    path = manifest(tmp_path, "demo.blank", "#!/bin/sh\n")
+    path = tool_manifest(tmp_path, "demo.blank", "#!/bin/sh\n")
     document = json.loads(path.read_text())
     path.write_text(json.dumps({**document, "description": blank}))
     r = ctx_run("object", "check", path)

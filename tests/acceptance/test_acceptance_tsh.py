@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.acceptance.ctxcli import CTX_ARGV, clean_env, ctx_run
+from tests.acceptance.ctxcli import CTX_ARGV, clean_env, ctx_run, tool_manifest
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="runs tools as another uid")
 needs_terminal = pytest.mark.skipif(
@@ -38,34 +38,11 @@ if [ "$CTX_MODE" = native ] || [ ! -t 0 ]; then printf 'stdin=%s\\n' "$(cat)"; f
 """
 
 
-def write_manifest(directory: Path, name: str, program: str) -> Path:
-    """A v2 manifest (T-8) of tool ``name`` whose executable is ``program``."""
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / f"{name}.sh").write_text(program)
-    path = directory / f"{name}.json"
-    path.write_text(
-        json.dumps(
-            {
-                "manifest": 2,
-                "kind": "tool",
-                "name": name,
-                "description": f"The {name} test tool.",
-                "schema": {"type": "object"},
-                "cap": {"side_effects": True, "network": False},
-                "exec": f"{name}.sh",
-            }
-        )
-    )
-    return path
-
-
 def install(storage: Path, name: str, program: str, tier: str = "system") -> Path:
     """Install tool ``name`` into ``tier`` with ``ctx object install``; its executable's path."""
     manifests = storage.parent / "manifests" / tier.replace(":", "-")
-    r = ctx_run(
-        "object", "install", write_manifest(manifests, name, program), "--tier", tier,
-        env=clean_env(CTX_STORAGE=str(storage)),
-    )  # fmt: skip
+    path = tool_manifest(manifests, name, program, side_effects=True)
+    r = ctx_run("object", "install", path, "--tier", tier, env=clean_env(CTX_STORAGE=str(storage)))
     assert r.rc == 0, r
     if tier == "system":
         return storage / "tool" / name
