@@ -24,26 +24,33 @@ _JOB_NAME = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._-]{{0,{_JOB_STEM_MAX}}}{re.esca
 
 
 def object_name_problem(name: object) -> str | None:
-    """Why ``name`` is not a legal object name, or None when it is."""
+    """Why ``name`` is not a legal object name, every rule it breaks, or None when it is."""
     if not isinstance(name, str):
         return "a name must be a string"
+    if _OBJECT_NAME.fullmatch(name) and not name.endswith(".d"):
+        return None  # the common case, in one test
     if not name:
         return "a name must not be empty"
     if not name.isascii():
         return f"{name!r} contains non-ASCII characters"
-    if len(name) > MAX_NAME_BYTES:
-        return f"{name[:20]!r}… is {len(name)} bytes long; at most {MAX_NAME_BYTES} are allowed"
-    if _OBJECT_NAME.fullmatch(name) is None:
-        return _character_problem(name)
+    problems = []
+    too_long = len(name) > MAX_NAME_BYTES
+    if too_long:
+        problems.append(f"is {len(name)} bytes long; at most {MAX_NAME_BYTES} are allowed")
+    if not name[0].isalnum() or _FOREIGN.search(name):
+        problems += _character_problems(name)
     if name.endswith(".d"):
-        return f"{name!r} ends in '.d', which is reserved for control directories"
-    return None
+        problems.append("ends in '.d', which is reserved for control directories")
+    if not problems:
+        return None
+    shown = f"{name[:20]!r}…" if too_long else repr(name)
+    return f"{shown} " + "; and it ".join(problems)
 
 
-def _character_problem(name: str) -> str:
-    """What is wrong with the characters of ``name``, an ASCII name of a legal length that
-    the pattern refused: its first character, the characters no name may hold, or both —
-    each named, so that the user sees which one to change."""
+def _character_problems(name: str) -> list[str]:
+    """What is wrong with the characters of ``name``, an ASCII name the pattern refused: its
+    first character, the characters no name may hold, or both — each named, so that the user
+    sees which one to change."""
     problems = []
     if not name[0].isalnum():
         problems.append(f"must start with a letter or digit, not {name[0]!r}")
@@ -55,7 +62,7 @@ def _character_problem(name: str) -> str:
         problems.append(
             f"holds {listed}, which an object name may not hold (allowed: A-Z a-z 0-9 . _ -)"
         )
-    return f"{name!r} " + "; and it ".join(problems)
+    return problems
 
 
 def is_object_name(name: object) -> bool:

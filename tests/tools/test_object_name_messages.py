@@ -64,3 +64,19 @@ def test_ctx_object_which_and_policy_check_name_the_character(tmp_path: Path) ->
     assert checked.returncode == 1
     assert "'a:b' holds ':', which an object name may not hold" in checked.stderr
     assert "start with" not in checked.stderr
+
+
+@pytest.mark.parametrize(
+    ("name", "problems"),
+    [
+        ("a/b.d", ["holds '/'", "ends in '.d'"]),
+        ("x" * 70 + ".d", ["is 72 bytes long", "ends in '.d'"]),
+        ("-" + "y" * 70, ["is 71 bytes long", "must start with a letter or digit"]),
+    ],
+)
+def test_every_rule_a_name_breaks_is_named(name: str, problems: list[str]) -> None:
+    """T-8: an invalid manifest is refused with every reason listed, its name's too."""
+    found = object_name_problem(name)
+
+    assert found is not None
+    assert all(problem in found for problem in problems), found
