@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import pwd
 import shutil
 import signal
 import stat
@@ -50,11 +49,6 @@ def ctx(*args: str, check: bool = True, quiet: bool = False) -> subprocess.Compl
         print(done.stderr, file=sys.stderr)
         raise SystemExit(f"demo: ctx {' '.join(args)} failed with exit status {done.returncode}")
     return done
-
-
-def agent_user() -> str:
-    """Agents never run as root: as root the demo agent runs as 'nobody'."""
-    return "nobody" if os.geteuid() == 0 else pwd.getpwuid(os.geteuid()).pw_name
 
 
 def scratch_base() -> Path:
@@ -96,7 +90,10 @@ def prepare_agent(root: Path, scratch: Path, mount: list[str]) -> None:
                 }
             )
         )
-        ctx("agent", "create", "--user", agent_user(), str(request))
+        # No --user: ctx's default is this user's uid, for root 'nobody' (an agent never runs
+        # as root), and it needs no user database entry, which a uid given by a container
+        # runtime or setpriv may lack.
+        ctx("agent", "create", str(request))
     tool_policy = root / "tool" / "shell.exec.d" / "policy"
     rule = f"allow {LABEL} tool:shell.exec execute"
     if rule not in tool_policy.read_text().splitlines():
