@@ -10,8 +10,9 @@ or an object's ``log`` (docs/sessions.md states it for users):
   ``auth`` (``auth``, ``X-Auth``, ``basicAuth``; not ``author``, ``auth_url``);
 * the value under such a key, whatever its JSON type, is replaced by ``"[redacted]"``; a
   string that looks like a credential whatever its key (``Bearer …``/``Basic …``
-  authorisation values, armored private keys) is replaced too; so is the value of a
-  name/value pair naming a secret (``{"name": "API_TOKEN", "value": …}``, ``["Cookie", …]``);
+  authorisation values, armored private keys) is replaced too; so is the value, of any
+  type, of a name/value pair naming a secret (``{"name": "API_TOKEN", "value": …}``,
+  ``{"ParameterKey": …, "ParameterValue": …}``, ``["Cookie", …]``);
 * keys are summarised like any other text, so a credential used as a key is replaced; keys
   that become equal are told apart (``[redacted]``, ``[redacted]#2``) so none is merged away;
 * inside any other text — an output that is not JSON, a message, an argv word, a shell
@@ -23,7 +24,8 @@ or an object's ``log`` (docs/sessions.md states it for users):
   the lines after it that are indented deeper.  A header line ``Authorization: …`` or
   ``Cookie: …`` whose name names a secret loses everything after the colon, and so does one
   that opens a quoted text (``curl -H 'Cookie: …'``), up to its closing quote; elsewhere such
-  a header loses the credential after its scheme word (``Authorization: token …``);
+  a header (after ``:``, ``=`` or ``=>``) loses the credentials after its scheme word
+  (``Authorization: token …``), one token or Digest's list of ``name=value`` parameters;
   ``Bearer``/``Basic`` credentials lose the credential; the password of a URL's
   ``user:password@`` goes; in a text with a netrc entry (``machine NAME``) the word after
   ``password`` goes; an armored private key
@@ -32,9 +34,10 @@ or an object's ``log`` (docs/sessions.md states it for users):
   (:data:`_KNOWN_TOKEN`: GitHub ``ghp_…``/``github_pat_…``, ``sk-…`` API keys, Slack
   ``xox…-``, AWS key ids ``AKIA…``/``ASIA…``, Google ``AIza…``, GitLab ``glpat-…``, Stripe
   ``sk_live_…``, and JSON Web Tokens);
-* in a command line, an argv (a JSON list of strings too) or one written in a text: the word
-  after a secret-naming option (``--password X``, ``--api-key X``) is redacted; and so are
-  the values of the options that mean a secret only in a known program's command
+* in a command line, an argv (a JSON list of words too, numbers among them) or one written
+  in a text: the word after a secret-naming option (``--password X``, ``--api-key X``) is
+  redacted; and so are the values of the options that mean a secret only in a known
+  program's command
   (:mod:`cortexfs.shared.redact_commands`): curl's
   ``-u``/``--user``/``-U``/``--proxy-user user:password`` lose the password, MySQL's and
   MariaDB's ``-pPASSWORD`` (glued; ``-p`` alone asks for one), sshpass's ``-p PASSWORD``,
@@ -45,7 +48,8 @@ or an object's ``log`` (docs/sessions.md states it for users):
   and are left alone;
 * in an argv, ``--token=X`` / ``TOKEN=X`` keep the key and lose the value, the word after a
   secret-naming header name (``Authorization:``) is redacted, and so is the word after
-  ``Bearer`` or ``Basic``;
+  ``Bearer`` or ``Basic``; a header's value goes on over the next word while a word ends
+  with ``,`` or ``;`` (Digest's parameters, cookies);
 * a string longer than :data:`MAX_TEXT` characters keeps its first :data:`MAX_TEXT` and says
   how many it dropped; a list keeps :data:`MAX_ITEMS` items and an object its first
   :data:`MAX_ITEMS` keys (``"[+N keys]": null`` says how many went); nesting deeper than
@@ -68,7 +72,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from cortexfs.shared.redact_commands import command_secrets, redact_command_lines
-from cortexfs.shared.secret_keys import ARGV_KEY, REDACTED, is_secret_key
+from cortexfs.shared.secret_keys import ARGV_KEY, KEY_WORDS, REDACTED, is_secret_key
 
 MAX_TEXT = 200
 MAX_ITEMS = 20
@@ -103,11 +107,18 @@ _QUOTED_HEADERS = tuple(
         (r"'", r"[^'\r\n]"),
     )
 )
-# An authorisation header anywhere in a text (``failed with Authorization: token …``): after
-# its scheme word, the credential goes too, not the scheme alone.
+# An authorisation header anywhere in a text (``failed with Authorization: token …``,
+# ``Authorization=token …``): after its scheme word, the credentials go too, not the scheme
+# alone — by RFC 7235 one token68 or a list of auth-params, which is how Digest sends its
+# response (``username="ana", response="…"``; quoted, and the quotes escaped inside JSON).
+_AUTH_PARAM = (
+    r"[A-Za-z0-9!#$%&*+.^_`|~-]+[ \t]*=[ \t]*"
+    r"""(?:\\"(?:[^\\]|\\[^"])*\\"|"(?:[^"\\]|\\.)*"|[^\s,;"'\\]+)"""
+)
 _HEADER_SCHEME_CREDENTIAL = re.compile(
-    r"(?P<name>(?<![A-Za-z0-9_-])[A-Za-z0-9_-]+:)[ \t]*"
-    rf"(?:{'|'.join(_HEADER_SCHEMES)})[ \t]+(?!\[redacted\])[^\s,;\"'\\]+",
+    r"(?P<name>(?<![A-Za-z0-9_-])[A-Za-z0-9_-]+)(?P<separator>[ \t]*(?:=>|[:=])[ \t]*)"
+    rf"(?:{'|'.join(_HEADER_SCHEMES)})[ \t]+(?!\[redacted\])"
+    rf"(?:{_AUTH_PARAM}(?:[ \t]*,[ \t]*{_AUTH_PARAM})*|[^\s,;\"'\\]+)",
     re.IGNORECASE,
 )
 _AUTH_CREDENTIAL = re.compile(r"\b(?P<scheme>bearer|basic)(?P<gap>\s+)[^\s,;\"']+", re.IGNORECASE)
@@ -174,7 +185,7 @@ def summarize(value: Any, depth: int = 0) -> Any:
         for key, item in itertools.islice(value.items(), MAX_ITEMS):
             key = str(key)
             logged_key = _distinct(_short_text(key), summary)
-            secret = is_secret_key(key) or (names_a_secret and key.lower() == "value")
+            secret = is_secret_key(key) or (names_a_secret and _is_a_value_key(key))
             summary[logged_key] = REDACTED if secret else summarize(item, depth + 1)
         if len(value) > MAX_ITEMS:
             summary[f"[+{len(value) - MAX_ITEMS} keys]"] = None
@@ -182,10 +193,11 @@ def summarize(value: Any, depth: int = 0) -> Any:
     if isinstance(value, list | tuple):
         if depth >= MAX_DEPTH:
             return [f"[{len(value)} items elided]"]
-        if len(value) == 2 and _is_secret_name(value[0]) and isinstance(value[1], str):
-            kept = [_short_text(value[0]), REDACTED]  # a pair: ["Cookie", "sid=…"]
-        elif value and all(isinstance(item, str) for item in value):
-            kept = _summarize_words(value[:MAX_ITEMS])
+        if len(value) == 2 and _is_secret_name(value[0]):
+            # A pair: ["Cookie", "sid=…"]; its value goes whatever its type, as under a key.
+            kept = [_short_text(value[0]), REDACTED]
+        elif _is_a_command_line(value):
+            kept = _summarize_command_line(value[:MAX_ITEMS])
         else:
             kept = [summarize(item, depth + 1) for item in value[:MAX_ITEMS]]
         if len(value) > MAX_ITEMS:
@@ -207,6 +219,24 @@ def _distinct(key: str, taken: dict[str, Any]) -> str:
     return f"{key}#{number}"
 
 
+def _is_a_command_line(value: Sequence[Any]) -> bool:
+    """Whether the JSON list ``value`` is judged as a command line: words, some of which
+    JSON may give as numbers or booleans (``["psql", "--port", 5432, "--password", …]``)."""
+    return any(isinstance(item, str) for item in value) and all(
+        item is None or isinstance(item, str | bool | int | float) for item in value
+    )
+
+
+def _summarize_command_line(value: Sequence[Any]) -> list[Any]:
+    """:func:`_summarize_words` of a command line given as a JSON list: a number or boolean
+    is judged as the word it would be, and kept as it was unless it is a secret."""
+    words = [item if isinstance(item, str) else json.dumps(item) for item in value]
+    return [
+        said if isinstance(item, str) or said != word else item
+        for item, word, said in zip(value, words, _summarize_words(words), strict=True)
+    ]
+
+
 def _is_secret_name(value: Any) -> bool:
     """Whether ``value`` is a single word naming a secret, as the name of a pair is."""
     return isinstance(value, str) and bool(ARGV_KEY.fullmatch(value)) and is_secret_key(value)
@@ -216,9 +246,20 @@ def _names_a_secret(value: dict[Any, Any]) -> bool:
     """Whether ``value`` is a name/value pair naming a secret: ``{"name": "API_TOKEN",
     "value": …}`` as Kubernetes writes an environment, ``{"name": "Authorization", "value":
     …}`` as a HAR file writes a header."""
-    return any(
-        str(key).lower() in ("name", "key") and _is_secret_name(name) for key, name in value.items()
-    )
+    return any(_is_a_name_key(key) and _is_secret_name(name) for key, name in value.items())
+
+
+def _is_a_name_key(key: Any) -> bool:
+    """``name``, ``key``, or a key ending in one (``ParameterKey`` as CloudFormation writes a
+    parameter, ``OptionName`` as Elastic Beanstalk writes a setting)."""
+    words = KEY_WORDS.findall(str(key))
+    return bool(words) and words[-1].lower() in ("name", "key")
+
+
+def _is_a_value_key(key: str) -> bool:
+    """``value``, or a key ending in it (``ParameterValue``): a pair's value."""
+    words = KEY_WORDS.findall(key)
+    return bool(words) and words[-1].lower() == "value"
 
 
 def summarize_argv(argv: Sequence[str]) -> list[str]:
@@ -236,23 +277,31 @@ def _summarize_words(argv: Sequence[str]) -> list[str]:
     words = list(argv)
     hidden = command_secrets(words)
     kept: list[str] = []
-    hide_next = after_header = False
+    # hide_next: the next word is (or goes on) a secret; scheme_next: it may be the scheme
+    # word of a header; in_header: the secret is a header's value, which goes on over the
+    # next word while a word ends an item of a list (',' between Digest's auth-params, ';'
+    # between cookies).
+    hide_next = scheme_next = in_header = False
     for index, word in enumerate(words):
         if hide_next:
             # `Authorization: token xyz` as three words: the scheme stays, the credential goes.
-            schemes = _HEADER_SCHEMES if after_header else _AUTH_SCHEMES
+            schemes = _HEADER_SCHEMES if scheme_next else _AUTH_SCHEMES
             scheme = word.lower() in schemes
             kept.append(word if scheme else REDACTED)
-            hide_next, after_header = scheme, False
+            hide_next = scheme or (in_header and word.endswith((",", ";")))
+            scheme_next, in_header = False, in_header and hide_next
             continue
-        key, equals, _ = word.partition("=")
+        key, equals, value = word.partition("=")
         if index in hidden:
             kept.append(hidden[index])
         elif equals and ARGV_KEY.fullmatch(key) and is_secret_key(key):
             kept.append(f"{key}={REDACTED}")
+            # `Authorization=token xyz`: the value was the scheme, the credential comes next.
+            hide_next = in_header = value.lower() in _HEADER_SCHEMES or value.endswith((",", ";"))
         elif _introduces_a_secret(word):
             kept.append(word)
-            hide_next, after_header = True, word.endswith(":")
+            hide_next, scheme_next = True, word.endswith(":")
+            in_header = scheme_next
         else:
             kept.append(_short_text(word))
     return kept
@@ -291,7 +340,7 @@ def _redact_header(match: re.Match[str]) -> str:
 def _redact_scheme_credential(match: re.Match[str]) -> str:
     if not is_secret_key(match["name"]):
         return match[0]
-    return f"{match['name']} {REDACTED}"
+    return f"{match['name']}{match['separator']}{REDACTED}"
 
 
 def _redact_key_values(text: str) -> str:

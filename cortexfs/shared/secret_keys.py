@@ -24,7 +24,7 @@ SECRET_WORDS = (
 _ORDINARY_WORDS = re.compile(r"tokeni[sz]|secretar")
 # ``auth`` names a secret only as the last word of a key (``basic_auth``, ``X-Auth``): too
 # many words start with it (``author``), and ``auth_url`` or ``auth_type`` name none.
-_KEY_WORDS = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|[0-9]+")
+KEY_WORDS = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|[0-9]+")
 _KEY_CHARACTERS = re.compile(r"[^a-z0-9]")
 # An option or argv key: ``--api-key``, ``TOKEN``.
 ARGV_KEY = re.compile(r"-*[A-Za-z0-9_.]+(?:-[A-Za-z0-9_.]+)*")
@@ -39,5 +39,5 @@ def is_secret_key(key: str) -> bool:
             return True
     if not normalised.endswith("auth"):
         return False
-    words = _KEY_WORDS.findall(key)
+    words = KEY_WORDS.findall(key)
     return bool(words) and words[-1].lower() == "auth"

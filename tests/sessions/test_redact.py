@@ -473,3 +473,95 @@ def test_command_lines_and_name_value_pairs_in_json_lose_their_secrets(
     and ``value`` as Kubernetes and HAR files write them): the secret goes as it would in an
     argv or under a secret-naming key."""
     assert summarize({"input": value}) == {"input": logged}
+
+
+@pytest.mark.parametrize(
+    ("text", "logged"),
+    [
+        # RFC 7235: the credentials after a scheme are one token68 or a list of auth-params,
+        # and Digest's are the latter: its response is worth as much as the password.
+        (
+            'failed with Authorization: Digest username="ana", response="6629fae4", retrying',
+            "failed with Authorization: [redacted], retrying",
+        ),
+        (
+            'sh -c "echo Authorization: Digest username=\\"ana\\", response=\\"6629fae4\\""',
+            'sh -c "echo Authorization: [redacted]"',
+        ),
+        # The header written as a key and its value, with '=' or a blank before the colon.
+        ("sent Authorization=token gh5x to h", "sent Authorization=[redacted] to h"),
+        ("sent authorization : token gh5x to h", "sent authorization : [redacted] to h"),
+    ],
+)
+def test_an_authorisation_header_in_a_text_loses_all_its_credentials(
+    text: str, logged: str
+) -> None:
+    """S-4: after the scheme word (``token``, ``Digest``…) the whole credential goes, whatever
+    separates the header's name from it."""
+    assert summarize(text) == logged
+
+
+@pytest.mark.parametrize(
+    ("argv", "logged"),
+    [
+        (
+            ["curl", "-H", "Authorization:", "Digest", 'username="a",', 'response="6629fae4"'],
+            ["curl", "-H", "Authorization:", "Digest", REDACTED, REDACTED],
+        ),
+        (["http", "h", "Cookie:", "a=1;", "sid=pw7"], ["http", "h", "Cookie:", REDACTED, REDACTED]),
+        (
+            ["curl", "-H", "Authorization=token", "pw7"],
+            ["curl", "-H", f"Authorization={REDACTED}", REDACTED],
+        ),
+    ],
+)
+def test_a_header_split_over_words_loses_each_word_of_its_value(
+    argv: list[str], logged: list[str]
+) -> None:
+    """S-4: a header's value goes on over the next word while a word ends with ``,`` (an
+    auth-param list) or ``;`` (a cookie list), and a scheme word given as ``name=scheme``
+    hides the credential after it."""
+    assert summarize_argv(argv) == logged
+    assert summarize({"argv": argv}) == {"argv": logged}
+
+
+@pytest.mark.parametrize(
+    ("value", "logged"),
+    [
+        # A pair's value of any JSON type, as an object's under a secret-naming key.
+        (["db_password", 123456], ["db_password", REDACTED]),
+        (["API_TOKEN", ["a", "b"]], ["API_TOKEN", REDACTED]),
+        # A command line with numbers among its words.
+        (
+            ["psql", "--port", 5432, "--password", "pw7"],
+            ["psql", "--port", 5432, "--password", REDACTED],
+        ),
+        (
+            ["mysql", "--password", 123456, "-v", True],
+            ["mysql", "--password", REDACTED, "-v", True],
+        ),
+        # Name/value pairs as CloudFormation and Elastic Beanstalk write them.
+        (
+            {"ParameterKey": "DbPassword", "ParameterValue": "pw7"},
+            {"ParameterKey": "DbPassword", "ParameterValue": REDACTED},
+        ),
+        (
+            {"Namespace": "aws:env", "OptionName": "DB_PASSWORD", "Value": "pw7"},
+            {"Namespace": "aws:env", "OptionName": "DB_PASSWORD", "Value": REDACTED},
+        ),
+        # What names no secret is kept.
+        (["PATH", 5], ["PATH", 5]),
+        (["seq", 1, 10], ["seq", 1, 10]),
+        (
+            {"ParameterKey": "DbHost", "ParameterValue": "db"},
+            {"ParameterKey": "DbHost", "ParameterValue": "db"},
+        ),
+    ],
+)
+def test_pairs_and_command_lines_keep_no_secret_whatever_its_json_type(
+    value: object, logged: object
+) -> None:
+    """S-4: a secret given as a number or a list is still a secret, in a pair and in a
+    command line written as a JSON list; and a pair's name and value may be under other keys
+    than ``name`` and ``value``."""
+    assert summarize({"input": value}) == {"input": logged}
