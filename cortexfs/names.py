@@ -17,6 +17,7 @@ JOB_SUFFIX = ".req.json"
 
 _OBJECT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _FOREIGN = re.compile(r"[^A-Za-z0-9._-]")  # a character no object name may hold
+_ALNUM = re.compile(r"[A-Za-z0-9]")  # what a name starts with: str.isalnum() takes 'é' too
 # Every rule of job_name_problem in one pattern (64 bytes at most, .req.json included): the
 # test a scan of pending/ makes for each of its entries, up to 100 000 of them (Q-10).
 _JOB_STEM_MAX = MAX_NAME_BYTES - 1 - len(JOB_SUFFIX)
@@ -31,13 +32,12 @@ def object_name_problem(name: object) -> str | None:
         return None  # the common case, in one test
     if not name:
         return "a name must not be empty"
-    if not name.isascii():
-        return f"{name!r} contains non-ASCII characters"
     problems = []
-    too_long = len(name) > MAX_NAME_BYTES
+    size = _byte_length(name)
+    too_long = size > MAX_NAME_BYTES
     if too_long:
-        problems.append(f"is {len(name)} bytes long; at most {MAX_NAME_BYTES} are allowed")
-    if not name[0].isalnum() or _FOREIGN.search(name):
+        problems.append(f"is {size} bytes long; at most {MAX_NAME_BYTES} are allowed")
+    if not _ALNUM.fullmatch(name[0]) or _FOREIGN.search(name):
         problems += _character_problems(name)
     if name.endswith(".d"):
         problems.append("ends in '.d', which is reserved for control directories")
@@ -48,11 +48,11 @@ def object_name_problem(name: object) -> str | None:
 
 
 def _character_problems(name: str) -> list[str]:
-    """What is wrong with the characters of ``name``, an ASCII name the pattern refused: its
-    first character, the characters no name may hold, or both — each named, so that the user
-    sees which one to change."""
+    """What is wrong with the characters of ``name``, a name the pattern refused: its first
+    character, the characters no name may hold (a letter outside ASCII among them), or both —
+    each named, so that the user sees which one to change."""
     problems = []
-    if not name[0].isalnum():
+    if not _ALNUM.fullmatch(name[0]):
         problems.append(f"must start with a letter or digit, not {name[0]!r}")
     rest = name[1:]  # a foreign first character is named once, by the rule above
     foreign = sorted(set(_FOREIGN.findall(rest)), key=rest.index)
@@ -63,6 +63,15 @@ def _character_problems(name: str) -> list[str]:
             f"holds {listed}, which an object name may not hold (allowed: A-Z a-z 0-9 . _ -)"
         )
     return problems
+
+
+def _byte_length(name: str) -> int:
+    """How many bytes ``name`` is on disk (R-3 counts bytes): UTF-8, a file name's byte that
+    is not UTF-8 counted as the one byte it is."""
+    try:
+        return len(name.encode("utf-8", "surrogateescape"))
+    except UnicodeEncodeError:  # a lone surrogate that stands for no byte
+        return len(name.encode("utf-8", "surrogatepass"))
 
 
 def is_object_name(name: object) -> bool:

@@ -80,3 +80,30 @@ def test_every_rule_a_name_breaks_is_named(name: str, problems: list[str]) -> No
 
     assert found is not None
     assert all(problem in found for problem in problems), found
+
+
+@pytest.mark.parametrize(
+    ("name", "problems"),
+    [
+        ("café.d", ["holds 'é', which", "ends in '.d'"]),
+        ("é" * 40, ["is 80 bytes long", "must start with a letter or digit, not 'é'"]),
+        ("naïve name", ["holds 'ï' and ' ', which"]),
+    ],
+)
+def test_a_name_with_non_ascii_characters_is_told_every_rule_it_breaks(
+    name: str, problems: list[str]
+) -> None:
+    """R-3 counts bytes, and a character outside ASCII is one an object name may not hold: it
+    is named as any other, beside the length in bytes and a '.d' ending."""
+    found = object_name_problem(name)
+
+    assert found is not None
+    assert all(problem in found for problem in problems), found
+
+
+def test_a_long_refused_name_is_shown_shortened() -> None:
+    """However long the name, the message shows its first 20 characters."""
+    found = object_name_problem("é" * 100_000)
+
+    assert found is not None and len(found) < 300, found[:400]
+    assert "is 200000 bytes long" in found
