@@ -48,6 +48,8 @@ def config_path_problem(config: str) -> str | None:
     that can never run.  None when it is one."""
     if not config.startswith("/"):
         return "not an absolute path; give it as the agent sees it"
+    if "\0" in config:
+        return "holds a NUL character, which no path can hold"
     if ".." in config.split("/"):
         return "'..' is not allowed; the agent's view resolves no '..', so give the path without it"
     if config.endswith("/"):

@@ -5,6 +5,7 @@ worker leaves the job claimed rather than failing it for good (docs/workers.md).
 from __future__ import annotations
 
 import errno
+import json
 import os
 import time
 from pathlib import Path
@@ -64,3 +65,20 @@ def test_a_sparse_control_is_refused_with_efbig_and_a_fifo_is_not_waited_on(
     assert too_big.value.errno == errno.EFBIG
     assert f"{path} holds more than 1048576 bytes, the limit of a control" in str(too_big.value)
     assert fifo.value.errno == errno.ENOEXEC
+
+
+def test_a_locator_whose_configuration_path_holds_a_nul_is_damage(tmp_path: Path) -> None:
+    """M-4: no file's path holds a NUL, so such a locator names no configuration: the tool is
+    damaged (ENOEXEC), before anything is looked up, not refused as if the call's input were
+    bad (EINVAL, exit 2), and the manifest check refuses it as well."""
+    executable = tmp_path / "gh.search"
+    executable.write_text("")
+    (tmp_path / "gh.search.d").mkdir()
+    locator = {"transport": "stdio", "config": "/mcp/m.json\0", "server": "gh", "tool": "search"}
+    (tmp_path / "gh.search.d" / "mcp").write_text(json.dumps(locator))
+
+    with pytest.raises(ToolFailure) as refused:
+        mcp_bridge.read_locator(str(executable))
+
+    assert refused.value.errno == errno.ENOEXEC
+    assert "NUL" in str(refused.value)
