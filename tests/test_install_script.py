@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.support.storage import traversable_tmp as traversable_tmp
 from tests.support.users import UnprivilegedUser
 from tests.support.users import unprivileged_user as unprivileged_user
@@ -77,3 +79,40 @@ def test_a_venv_to_reinstall_that_the_user_may_not_write_is_refused_saying_so(
 
     assert done.returncode == 1, done.stdout + done.stderr
     assert "may not write it" in done.stderr and "VENV" in done.stderr, done.stderr
+
+
+@pytest.mark.slow
+def test_a_first_install_prints_no_warning_meant_for_the_maintainers(
+    traversable_tmp: Path,
+) -> None:
+    """A newcomer's first ./scripts/install is a few lines of its own: setuptools' notice
+    that compat editable mode is transitional used to come first, fourteen lines long."""
+    tree = traversable_tmp / "clone"
+    tracked = subprocess.run(
+        ["git", "ls-files", "-z", "pyproject.toml", "README.md", "LICENSE*", "scripts", "cortexfs"],
+        cwd=REPO,
+        capture_output=True,
+        check=True,
+    ).stdout.decode()
+    for name in filter(None, tracked.split("\0")):
+        (tree / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / name, tree / name)
+    environment = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(traversable_tmp),
+        "PYTHON": sys.executable,
+    }
+
+    done = subprocess.run(
+        ["./scripts/install"],
+        cwd=tree,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.strip().splitlines()[-1].startswith("install: ready"), done.stdout
+    assert "Warning" not in done.stderr, done.stderr
