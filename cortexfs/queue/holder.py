@@ -194,16 +194,31 @@ def calling_process(argv: Sequence[str]) -> int:
 # Programs that run the command line they are given as a single child and wait for it, ending
 # with it.
 WAITING_WRAPPERS = frozenset({"timeout", "flock", "sudo", "doas", "runuser", "su", "time"})
-# Those of them that run ``$SHELL -c STRING`` when given ``-c STRING`` or one of these long
-# options (util-linux flock(1), which takes them after the lock file and only as separate
-# words, su(1) and runuser(1)), and the short options of su and runuser that take no argument,
-# which getopt lets ``-c`` end a group of (``su -lc STRING``).
-_COMMAND_OPTIONS = {
-    "flock": frozenset({"-c", "--command"}),
-    "runuser": frozenset({"-c", "--command", "--session-command"}),
-    "su": frozenset({"-c", "--command", "--session-command"}),
+# Those of them that run ``$SHELL -c STRING`` when given ``-c STRING``: util-linux flock(1),
+# which takes ``-c`` or ``--command`` only as a word of its own after the lock file, and su(1)
+# and runuser(1), which read their options with getopt_long: these are their options, each
+# with whether it takes an argument (``--no-pty``/``-T`` since util-linux 2.39; ``--user``/``-u``
+# is runuser's, but su's table holds it too, which matters to what a prefix abbreviates).
+_FLOCK_COMMAND_OPTIONS = frozenset({"-c", "--command"})
+_SU_LONG_OPTIONS = {
+    "command": True,
+    "session-command": True,
+    "fast": False,
+    "login": False,
+    "preserve-environment": False,
+    "pty": False,
+    "no-pty": False,
+    "shell": True,
+    "group": True,
+    "supp-group": True,
+    "user": True,
+    "whitelist-environment": True,
+    "help": False,
+    "version": False,
 }
-_FLAG_LETTERS = {"flock": "", "runuser": "flmpP", "su": "flmpP"}
+_SU_COMMAND_OPTIONS = frozenset({"command", "session-command"})
+_SU_SHORT_WITH_ARGUMENT = frozenset("cgGsuw")
+_SU_SHORT_FLAGS = frozenset("flmpPThV")
 # POSIX shells; ``busybox sh`` is one too.
 SHELLS = frozenset(
     {"sh", "ash", "dash", "bash", "zsh", "ksh", "ksh93", "mksh", "lksh", "pdksh", "oksh"}
@@ -223,37 +238,70 @@ def _runs_only(name: str, cmdline: Sequence[str], command: Sequence[str]) -> boo
         # The shell of ``SHELL -c STRING`` is not our parent, the wrapper is: the shell
         # replaced itself with the command.
         or any(_is_shell_command(cmdline[i:]) for i in range(1, len(cmdline)))
-        or (name in _COMMAND_OPTIONS and _has_command_string(name, cmdline[1:]))
+        or (name == "flock" and _flock_has_command_string(cmdline[1:]))
+        or (name in ("su", "runuser") and _su_runs_command_string(cmdline[1:]))
     )
 
 
-def _has_command_string(name: str, arguments: Sequence[str]) -> bool:
-    """Whether a wrapper's arguments hold ``-c STRING``, ``--command STRING`` (or, for su and
-    runuser, ``--command=STRING``, ``--session-command``, ``-cSTRING`` and ``-c`` ending a
-    group of short options, ``su -lc STRING``), with which flock, su and runuser run ``$SHELL
-    -c STRING`` (su and runuser the target user's shell), before or after the lock file or
-    user."""
+def _flock_has_command_string(arguments: Sequence[str]) -> bool:
+    """Whether flock's arguments hold ``-c STRING`` or ``--command STRING``, with which it runs
+    ``$SHELL -c STRING``."""
     for at, argument in enumerate(arguments):
         if argument == "--":
             return False
-        if argument in _COMMAND_OPTIONS[name]:
-            if at + 1 < len(arguments):
-                return True
-            continue
-        if not _FLAG_LETTERS[name] or not argument.startswith("-"):
-            continue
-        if argument.startswith("--"):
-            if argument.partition("=")[0] in _COMMAND_OPTIONS[name]:
-                return True
-            continue
-        # getopt reads a group left to right: options without an argument, then one that takes
-        # the rest of the group (or the next word) as its argument.
-        for position, letter in enumerate(argument[1:], start=2):
-            if letter == "c":
-                return position < len(argument) or at + 1 < len(arguments)
-            if letter not in _FLAG_LETTERS[name]:
-                break
+        if argument in _FLOCK_COMMAND_OPTIONS and at + 1 < len(arguments):
+            return True
     return False
+
+
+def _su_runs_command_string(arguments: Sequence[str]) -> bool:
+    """Whether su or runuser, given ``arguments``, runs the user's shell with ``-c STRING``, as
+    their getopt_long reads the words: ``-c STRING``, ``-cSTRING``, ``-c`` ending a group of
+    options (``su -lc STRING``), ``--command`` and ``--session-command`` (``=STRING`` or the
+    next word), or any prefix that abbreviates one of those alone (``--comm``, ``--sess``);
+    options are read before and after the user (getopt permutes them), up to ``--``.  The
+    words after the user, which they pass on to the shell, count too: ``su USER -- -c
+    STRING`` runs ``$SHELL -c STRING``."""
+    operands: list[str] = []
+    words = iter(arguments)
+    for word in words:
+        if word == "--":
+            operands += words
+            break
+        if word.startswith("--"):
+            option, equals, _ = word[2:].partition("=")
+            name = _su_long_option(option)
+            if name is None:
+                return False  # su refuses the command line
+            if _SU_LONG_OPTIONS[name] and not equals and next(words, None) is None:
+                return False
+            if name in _SU_COMMAND_OPTIONS:
+                return True
+        elif word.startswith("-") and word != "-":
+            for position, letter in enumerate(word[1:], start=2):
+                if letter in _SU_SHORT_WITH_ARGUMENT:
+                    if position == len(word) and next(words, None) is None:
+                        return False
+                    if letter == "c":
+                        return True
+                    break  # the rest of the group was the argument
+                if letter not in _SU_SHORT_FLAGS:
+                    return False
+        else:
+            operands.append(word)
+    if operands[:1] == ["-"]:  # 'su - USER': a login shell
+        operands = operands[1:]
+    additional = operands[1:]  # the shell's, after the user
+    return len(additional) >= 2 and additional[0] == "-c"
+
+
+def _su_long_option(given: str) -> str | None:
+    """The long option of su and runuser that ``--given`` names: itself, or the one option
+    it is a prefix of; None when it names none, or several (getopt_long refuses both)."""
+    if given in _SU_LONG_OPTIONS:
+        return given
+    matches = [name for name in _SU_LONG_OPTIONS if name.startswith(given)]
+    return matches[0] if given and len(matches) == 1 else None
 
 
 def _is_shell_command(cmdline: Sequence[str]) -> bool:

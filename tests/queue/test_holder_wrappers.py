@@ -17,6 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from cortexfs.queue.holder import _su_runs_command_string
 from tests.queue.helpers import PROJECT, request, write_json
 
 VENV_BIN = Path(__file__).resolve().parents[2] / ".venv" / "bin"
@@ -127,6 +128,21 @@ AS_ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="su and runuser to root n
         pytest.param(
             f"su -s /bin/sh -lc "
             f"'CTX_STORAGE={{root}} exec {CTX_PATH} queue claim -p {PROJECT}' root",
+            "/bin/sh",
+            True,
+            marks=AS_ROOT,
+        ),
+        # getopt_long takes a long option by any prefix it alone starts
+        pytest.param(f"su -s /bin/sh --comm='exec {CLAIM}' root", "/bin/sh", True, marks=AS_ROOT),
+        pytest.param(
+            f"runuser -s /bin/sh root --sess 'exec {CLAIM}'", "/bin/sh", True, marks=AS_ROOT
+        ),
+        # the words after the user go to its shell: '-c STRING' among them is the shell's
+        pytest.param(f"su -s /bin/sh root -- -c 'exec {CLAIM}'", "/bin/sh", True, marks=AS_ROOT),
+        pytest.param(f"su -s /bin/sh -- root -c 'exec {CLAIM}'", "/bin/sh", True, marks=AS_ROOT),
+        pytest.param(
+            f"runuser -s /bin/sh - root -- -c "
+            f"'CTX_STORAGE={{root}} exec {CTX_PATH} queue claim -p {PROJECT}'",
             "/bin/sh",
             True,
             marks=AS_ROOT,
@@ -335,3 +351,22 @@ def wait_for_child(parent: int, name: str) -> psutil.Process:
                     return child
         time.sleep(0.02)
     raise AssertionError(f"no {name} was adopted by {parent}")
+
+
+@pytest.mark.parametrize(
+    ("arguments", "runs_string"),
+    [
+        (["-Tc", "x", "root"], True),  # --no-pty, util-linux 2.39 and later
+        (["--no-pty", "--c=x", "root"], True),
+        (["--s", "x", "root"], False),  # --shell, --session-command, --supp-group: ambiguous
+        (["-s", "-c", "root"], False),  # '-c' is the shell -s names
+        (["-g", "wheel", "root", "-c"], False),  # -c without its string
+        (["root", "--", "-l", "-c", "x"], False),  # the shell's first word is no -c
+    ],
+)
+def test_su_and_runuser_options_are_read_as_getopt_long_reads_them(
+    arguments: list[str], runs_string: bool
+) -> None:
+    """Forms this machine's su may not take, or that run no command string: only the one
+    child of a wrapper that runs ``$SHELL -c STRING`` is passed over."""
+    assert _su_runs_command_string(arguments) is runs_string
