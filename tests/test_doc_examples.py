@@ -2,8 +2,8 @@
 block (its MCP step against the real ``mcp-server-time`` the install provides) and the
 worked example of docs/policy.md, whose sample output is compared with what ``ctx`` prints.
 
-Only the place differs: a scratch storage root stands for the default one, and the README's
-``alice`` is ``nobody``, the user the README names as root's default."""
+Only the place differs: a scratch storage root stands for the default one.  The tools block
+runs as root and as an ordinary user, since the README says it works as any user."""
 
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 
 from tests.support.storage import traversable_tmp as traversable_tmp
+from tests.support.users import UnprivilegedUser
+from tests.support.users import unprivileged_user as unprivileged_user
 
 REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
@@ -51,42 +53,46 @@ def environment(root: Path) -> dict[str, str]:
     }
 
 
-def run_script(script: str, cwd: Path, root: Path) -> subprocess.CompletedProcess[str]:
+def run_script(
+    script: str, cwd: Path, root: Path, user: UnprivilegedUser | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``script`` run by bash -e, as root or as ``user`` (whose home is then ``cwd``)."""
+    identity: dict[str, object] = {}
+    env = environment(root)
+    if user is not None:
+        identity = {"user": user.uid, "group": user.gid, "extra_groups": []}
+        env["HOME"] = str(cwd)
     return subprocess.run(
         ["bash", "-e", "-c", script],
         cwd=cwd,
-        env=environment(root),
+        env=env,
         capture_output=True,
         text=True,
         timeout=300,
         check=False,
+        **identity,  # type: ignore[arg-type]
     )
 
 
-@needs_root
-@pytest.mark.skipif(
+needs_mcp_server_time = pytest.mark.skipif(
     not (VENV_BIN / "mcp-server-time").exists(),
     reason=f"{VENV_BIN} has no mcp-server-time (the install provides it)",
 )
-def test_the_readme_tools_block_projects_installs_and_runs_an_mcp_tool(
-    traversable_tmp: Path,
-) -> None:
-    """The block up to 'ctx mount' (which needs FUSE and stays in the background) runs as
-    printed; the projected tool then answers coder once both policies grant it, as the
-    comment on the install line says."""
+
+
+def readme_tools_steps() -> str:
+    """The README's tools block up to 'ctx mount' (which needs FUSE and stays in the
+    background), as printed."""
     [(_, block)] = [
         block
         for block in fenced_blocks(section(REPO / "README.md", "## Tools, agents and MCP servers"))
         if block[0] == "sh"
     ]
-    steps = block[: block.index("\nctx mount ")].replace("--user alice", "--user nobody")
-    root, work = traversable_tmp / "root", traversable_tmp / "work"
-    work.mkdir()
+    return block[: block.index("\nctx mount ")]
 
-    ran = run_script(steps, work, root)
 
-    assert ran.returncode == 0, ran.stderr
-    assert "installed time.get_current_time in tier system" in ran.stdout
+def check_the_projected_tool_answers_coder(work: Path, root: Path) -> None:
+    """Once both policies grant it, as the comment on the install line says."""
     grant = "allow coder_t tool:time.get_current_time execute\n"
     for policy in (root / "agent/coder.d/policy", root / "tool/time.get_current_time.d/policy"):
         with open(policy, "a") as handle:
@@ -96,6 +102,43 @@ def test_the_readme_tools_block_projects_installs_and_runs_an_mcp_tool(
     )
     assert called.returncode == 0, called.stderr
     assert json.loads(called.stdout)["timezone"] == "UTC", called.stdout
+
+
+@needs_root
+@needs_mcp_server_time
+def test_the_readme_tools_block_projects_installs_and_runs_an_mcp_tool(
+    traversable_tmp: Path,
+) -> None:
+    """As root, coder runs as root's default user, nobody."""
+    root, work = traversable_tmp / "root", traversable_tmp / "work"
+    work.mkdir()
+
+    ran = run_script(readme_tools_steps(), work, root)
+
+    assert ran.returncode == 0, ran.stderr
+    assert "installed time.get_current_time in tier system" in ran.stdout
+    assert json.loads((root / "agent/coder.d/identity").read_text())["uid"] == 65534
+    check_the_projected_tool_answers_coder(work, root)
+
+
+@needs_mcp_server_time
+def test_the_readme_tools_block_runs_as_printed_for_an_ordinary_user(
+    traversable_tmp: Path, unprivileged_user: UnprivilegedUser
+) -> None:
+    """An ordinary user's coder runs as that user: an agent of another user is root's to
+    make, so a block that named one (--user alice) stopped there for everyone but root."""
+    root, work = traversable_tmp / "root", traversable_tmp / "work"
+    work.mkdir()
+    os.chown(traversable_tmp, unprivileged_user.uid, unprivileged_user.gid)
+    os.chown(work, unprivileged_user.uid, unprivileged_user.gid)
+
+    ran = run_script(readme_tools_steps(), work, root, unprivileged_user)
+
+    assert ran.returncode == 0, ran.stderr
+    assert "installed time.get_current_time in tier system" in ran.stdout
+    assert "type: directory" in ran.stdout, ran.stdout  # ctx run --agent coder fs.stat
+    identity = json.loads((root / "agent/coder.d/identity").read_text())
+    assert identity["uid"] == unprivileged_user.uid
 
 
 def commands_and_samples(text: str) -> list[tuple[str, list[str]]]:
