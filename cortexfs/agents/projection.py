@@ -253,12 +253,14 @@ class ViewRules:
     def _may_enter_space(self, space: str) -> bool:
         """Whether the agent's uid, gid and groups may list and enter ``shared/<space>`` (P-5
         step 2): X-1 makes the directory's permissions part of a space's visibility, so a
-        space the kernel would keep the agent out of is not listed either."""
+        space the kernel would keep the agent out of is not listed either, nor a symbolic link
+        in a space's place, which the chain refuses whatever it names."""
         try:
-            status = os.stat(self.view.root / "shared" / space)
+            status = os.lstat(self.view.root / "shared" / space)
         except OSError:
             return False
-        return permits(status, self.view.identity, _READ_SEARCH)
+        # A link in a space's place is no space: the chain follows none (P-5 step 2).
+        return stat.S_ISDIR(status.st_mode) and permits(status, self.view.identity, _READ_SEARCH)
 
     def _session_visible(self, parts: Parts) -> bool:
         """Below another agent's ``session/`` in a space or in the home it shares, a session

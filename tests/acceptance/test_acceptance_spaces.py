@@ -605,6 +605,24 @@ def test_x1_a_space_the_agents_uid_may_not_enter_is_not_in_its_view(agent_root: 
 
 
 @needs_fuse
+def test_x1_a_link_in_a_spaces_place_is_not_in_the_view(agent_root: Path) -> None:
+    """F-1: only what passes the effective authority check is listed, and the chain follows no
+    symbolic link (P-5 step 2): a link named like a space the policy grants, to a directory
+    every uid may enter, is no space of the view."""
+    policy = agent_root / "agent" / "coder.d" / "policy"
+    policy.chmod(0o644)
+    policy.write_text(policy.read_text() + "allow coder_t shared:elsewhere read\n")
+    outside = agent_root.parent / "outside"
+    (outside / "data").mkdir(parents=True)
+    outside.chmod(0o755)
+    (agent_root / "shared" / "elsewhere").symlink_to(outside)
+    view = agent_root.parent / "view"
+    with ctx_mount(agent_root, view, "--as", "coder"):
+        assert "elsewhere" not in os.listdir(view / "shared")
+        assert "proj" in os.listdir(view / "shared")
+
+
+@needs_fuse
 def test_x1_a_space_seen_only_through_an_ungranted_mount_is_not_in_the_view(
     agent_root: Path,
 ) -> None:
