@@ -56,12 +56,11 @@ def environment(root: Path) -> dict[str, str]:
 def run_script(
     script: str, cwd: Path, root: Path, user: UnprivilegedUser | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """``script`` run by bash -e, as root or as ``user`` (whose home is then ``cwd``)."""
+    """``script`` run by bash -e in ``cwd``, its HOME too, as root or as ``user``."""
     identity: dict[str, object] = {}
-    env = environment(root)
+    env = {**environment(root), "HOME": str(cwd)}
     if user is not None:
         identity = {"user": user.uid, "group": user.gid, "extra_groups": []}
-        env["HOME"] = str(cwd)
     return subprocess.run(
         ["bash", "-e", "-c", script],
         cwd=cwd,
@@ -126,13 +125,16 @@ def test_the_readme_tools_block_runs_as_printed_for_an_ordinary_user(
     traversable_tmp: Path, unprivileged_user: UnprivilegedUser
 ) -> None:
     """An ordinary user's coder runs as that user: an agent of another user is root's to
-    make, so a block that named one (--user alice) stopped there for everyone but root."""
-    root, work = traversable_tmp / "root", traversable_tmp / "work"
-    work.mkdir()
-    os.chown(traversable_tmp, unprivileged_user.uid, unprivileged_user.gid)
-    os.chown(work, unprivileged_user.uid, unprivileged_user.gid)
+    make, so a block that named one (--user alice) stopped there for everyone but root.  On
+    the user's default storage root, below HOME, where the block starts: run there, its
+    read-write workspace held the storage root, and step 4 refused every call coder made."""
+    home = traversable_tmp / "home"
+    home.mkdir()
+    os.chown(home, unprivileged_user.uid, unprivileged_user.gid)
+    root = home / ".local/share/cortexfs/storage/current"
+    steps = f"unset CTX_STORAGE XDG_DATA_HOME\n{readme_tools_steps()}"
 
-    ran = run_script(readme_tools_steps(), work, root, unprivileged_user)
+    ran = run_script(steps, home, root, unprivileged_user)
 
     assert ran.returncode == 0, ran.stderr
     assert "installed time.get_current_time in tier system" in ran.stdout
