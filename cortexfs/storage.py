@@ -393,12 +393,16 @@ def _make_dir(
     """``make_dir_synced`` with exactly ``mode`` (and given to uid ``owner``, group kept,
     unless None): mkdir applies the umask, so the mode is set on the new directory, reached
     without following a link.  False when it already exists (its mode and owner are left as
-    they are)."""
+    they are).  What is opened by its name is changed only while it is empty: whoever
+    may rename in the parent (the owner of a root that root bootstraps) could have put another
+    directory there since the mkdir, with what it holds."""
     if not durable.make_dir_synced(ops, parent_fd, name, mode):
         return False
     fd = ops.open_dir(name, parent_fd)
     try:
         status = os.fstat(fd)
+        if os.listdir(fd):
+            return True
         changed = False
         if owner is not None and status.st_uid != owner:
             ops.chown_opened(fd, owner)

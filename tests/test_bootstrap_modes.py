@@ -14,7 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from cortexfs.storage import ROOT_ENTRIES
+from cortexfs import durable
+from cortexfs.storage import ROOT_ENTRIES, ensure_root_abi
 from tests.support.cli import ctx
 from tests.support.storage import traversable_tmp as traversable_tmp
 from tests.support.users import UnprivilegedUser, run_as
@@ -163,3 +164,40 @@ def test_root_gives_away_none_of_the_six_that_already_exist(
 
     assert (root / "shared").stat().st_uid == 0
     assert (root / "home").stat().st_uid == unprivileged_user.uid
+
+
+class SwapsTheDirectoryMade(durable.FsOps):
+    """The root's owner at work while root bootstraps its root: in the moment between root's
+    mkdir of ``name`` and root opening it, the owner, who may rename in its root, moves the new
+    directory aside and a directory of root's that it may move (``replacement``) into its name."""
+
+    def __init__(self, name: str, replacement: Path) -> None:
+        super().__init__()
+        self.name, self.replacement, self.swapped = name, replacement, False
+
+    def open_dir(self, name: str, dir_fd: int | None = None) -> int:
+        if name == self.name and dir_fd is not None and not self.swapped:
+            self.swapped = True
+            os.rename(name, f"{name}.made", src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            os.rename(self.replacement, name, dst_dir_fd=dir_fd)
+        return super().open_dir(name, dir_fd)
+
+
+def test_root_gives_away_no_directory_swapped_for_the_one_it_made(
+    traversable_tmp: Path, unprivileged_user: UnprivilegedUser
+) -> None:
+    """Only a directory bootstrap made, still empty, is given to the root's owner: one of
+    root's, with what it holds, swapped into its name keeps its owner and its mode."""
+    root = traversable_tmp / "storage"
+    root.mkdir()
+    os.chown(root, unprivileged_user.uid, unprivileged_user.gid)
+    roots = root / "roots"  # root's, in a place the owner may rename from
+    roots.mkdir(mode=0o700)
+    (roots / "held.txt").write_text("root's\n")
+
+    ensure_root_abi(root, SwapsTheDirectoryMade("home", roots))
+
+    swapped = (root / "home").stat()
+    assert (swapped.st_uid, stat.S_IMODE(swapped.st_mode)) == (0, 0o700)
+    assert (root / "home" / "held.txt").read_text() == "root's\n"
+    assert (root / "shared").stat().st_uid == unprivileged_user.uid
