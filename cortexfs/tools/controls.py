@@ -244,7 +244,12 @@ def _locator_problem(data: bytes, tool: str) -> str:
     from cortexfs.mcp.config import locator_problem  # only MCP-backed tools pay for it
 
     try:
-        locator = json.loads(data)
+        # A name given twice would be one locator to a reader keeping the first value and
+        # another to one keeping the last: whoever checked it may approve another tool than
+        # the bridge runs.
+        locator = jsontext.loads_strict(data)
+    except jsontext.DuplicateNames as exc:
+        return f"gives {', '.join(map(repr, exc.names))} more than once"
     except ValueError:
         return "is not JSON"
     problem = locator_problem(locator, tool)

@@ -682,6 +682,38 @@ def test_m4_a_control_that_is_not_a_strict_stdio_locator_starts_no_server(host) 
         assert listed_status(env, "fake.echo") == "damaged", bad  # as a call finds it
 
 
+@needs_root
+def test_m4_a_control_that_names_a_key_twice_is_no_strict_locator(host) -> None:
+    """M-4: a control that gives ``tool`` twice reads as one locator to a reader that keeps
+    the first value and as another to one that keeps the last (Python's): whoever checks it
+    may approve the tool the grant names while the bridge runs the other.  No strict locator
+    is ambiguous, so the tool is damaged and no server starts."""
+    storage = host / "storage"
+    records = host / "records"
+    records.mkdir()
+    records.chmod(0o777)  # the server runs as the agent's uid
+    tool = {"name": "echo", "description": "echo", "inputSchema": {"type": "object"}}
+    config, _ = scripted_config(host / "mcp", tools=[tool])
+    record = records / "received.jsonl"
+    write_json(host / "mcp" / "script.json", {"tools": [tool], "record": str(record)})
+    out = host / "candidates"
+    assert project(config, "fake", out, runtime="/mcp/fake.mcp.json").returncode == 0
+    record.unlink()
+    env = make_agent(host, ["fake.echo"])
+    install(out / "fake.echo.manifest.json", env)
+    allow_in_tool_policy(storage, "fake.echo")
+    control = storage / "tool" / "fake.echo.d" / "mcp"
+    good = json.loads(control.read_text())
+    twice = json.dumps(good)[:-1] + ', "tool": "echo"}'
+    control.write_text(twice.replace('"tool": "echo"', '"tool": "fail"', 1))
+
+    ran, result = run_native(env, "fake.echo", {})
+
+    assert ran.rc != 0 and result["status"] != "ok", ran
+    assert not received(record)
+    assert listed_status(env, "fake.echo") == "damaged"
+
+
 def test_m4_the_policy_class_of_a_projected_tool_is_tool(tmp_path: Path) -> None:
     """P-3 has no mcp class: rules for projected tools are ordinary tool rules."""
     good = tmp_path / "good.policy"
