@@ -90,14 +90,16 @@ def readme_tools_steps() -> str:
     return block[: block.index("\nctx mount ")]
 
 
-def check_the_projected_tool_answers_coder(work: Path, root: Path) -> None:
+def check_the_projected_tool_answers_coder(
+    work: Path, root: Path, user: UnprivilegedUser | None = None
+) -> None:
     """Once both policies grant it, as the comment on the install line says."""
     grant = "allow coder_t tool:time.get_current_time execute\n"
     for policy in (root / "agent/coder.d/policy", root / "tool/time.get_current_time.d/policy"):
         with open(policy, "a") as handle:
             handle.write(grant)
     called = run_script(
-        'ctx run --agent coder time.get_current_time \'{"timezone": "UTC"}\'', work, root
+        'ctx run --agent coder time.get_current_time \'{"timezone": "UTC"}\'', work, root, user
     )
     assert called.returncode == 0, called.stderr
     assert json.loads(called.stdout)["timezone"] == "UTC", called.stdout
@@ -141,6 +143,27 @@ def test_the_readme_tools_block_runs_as_printed_for_an_ordinary_user(
     assert "type: directory" in ran.stdout, ran.stdout  # ctx run --agent coder fs.stat
     identity = json.loads((root / "agent/coder.d/identity").read_text())
     assert identity["uid"] == unprivileged_user.uid
+    check_the_projected_tool_answers_coder(home, root, unprivileged_user)
+
+
+@needs_mcp_server_time
+def test_an_ordinary_users_loose_mcp_configuration_is_refused_for_what_it_is(
+    traversable_tmp: Path, unprivileged_user: UnprivilegedUser
+) -> None:
+    """The tool runs offline in a user namespace where root's directories show the overflow
+    uid: the host holds the configuration to StrictModes and names the real fault, not '/'."""
+    home = traversable_tmp / "home"
+    home.mkdir()
+    os.chown(home, unprivileged_user.uid, unprivileged_user.gid)
+    root = home / ".local/share/cortexfs/storage/current"
+    assert run_script(readme_tools_steps(), home, root, unprivileged_user).returncode == 0
+    (home / "ctx-first/mcp/mcp.json").chmod(0o664)
+
+    with pytest.raises(AssertionError) as refused:
+        check_the_projected_tool_answers_coder(home, root, unprivileged_user)
+
+    assert "is writable by its group or by others (mode 0664)" in str(refused.value)
+    assert "65534" not in str(refused.value)
 
 
 def commands_and_samples(text: str) -> list[tuple[str, list[str]]]:

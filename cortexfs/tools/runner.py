@@ -51,6 +51,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from cortexfs import jsontext
 from cortexfs.agents.host import require_host_administrator
 from cortexfs.agents.projection import RecentDecisions
 from cortexfs.agents.view import AgentView
@@ -69,7 +70,13 @@ from cortexfs.shared.tree import Ownership
 from cortexfs.timefmt import rfc3339
 from cortexfs.tools import hooks, record
 from cortexfs.tools.commit_marker import commit_in_progress
-from cortexfs.tools.controls import ToolControls, ToolObject, read_controls, require_available
+from cortexfs.tools.controls import (
+    ToolControls,
+    ToolObject,
+    read_control,
+    read_controls,
+    require_available,
+)
 from cortexfs.tools.core import BOOTSTRAP_TOOLS, NEEDS_CAPABILITY
 from cortexfs.tools.ctxpath import Resolution, tier_location, which
 from cortexfs.tools.result import ERROR, OK, ToolError, ToolResult, decode_output, exit_error
@@ -407,10 +414,36 @@ class _Call:
         assert self.view is not None and self.tool is not None
         with self._capability() as capability:
             spec = self._process_spec([str(self.tool.executable), *argv], self._time_left())
+            spec = self._with_mcp_config_vouched_for(spec)
             if capability is not None:
                 env = {**spec.env, **capability.environment()}
                 spec = spec._replace(env=env, pass_fds=(capability.tool_descriptor,))
             return self._run_process(spec, input_value)
+
+    def _with_mcp_config_vouched_for(self, spec: ProcessSpec) -> ProcessSpec:
+        """``spec``, for an MCP-backed tool a non-root host starts offline, with its
+        configuration held to StrictModes here, on the host (``mcp_bridge.VOUCHED_CONFIG``):
+        in the user namespace that keeps it offline (:mod:`cortexfs.tools.offline`) the bridge
+        sees root's files, as every uid's but the caller's, owned by the overflow uid, and
+        would refuse every configuration.  Refused here, the call is refused as the bridge
+        refuses it (stage ``run``, before the tool starts)."""
+        assert self.tool is not None
+        if os.geteuid() == 0 or spec.network:
+            return spec
+        data = read_control(self.tool, "mcp")
+        if data is None:
+            return spec
+        from cortexfs.tools.core import mcp_bridge  # only MCP-backed tools pay for it
+        from cortexfs.tools.core.toolio import ToolFailure
+
+        config = jsontext.loads_strict(data)["config"]  # a strict locator: read_controls said so
+        owner = os.stat(self.tool.executable).st_uid
+        with self._stage("run"):
+            try:
+                vouched = mcp_bridge.vouch_for_config(config, spec.env, owner)
+            except ToolFailure as refusal:
+                raise CtxError(refusal.errno, f"{self.tool_name}: {refusal.message}") from None
+        return spec._replace(env={**spec.env, mcp_bridge.VOUCHED_CONFIG: vouched})
 
     @contextlib.contextmanager
     def _capability(self) -> Iterator[Any]:

@@ -38,7 +38,7 @@ import json
 import os
 import stat
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -64,7 +64,9 @@ from cortexfs.tools.core.toolio import (
 def read_locator(executable: str) -> dict[str, str]:
     """The ``mcp`` control of the tool whose executable is ``executable``: ENOEXEC (a
     damaged tool) unless it is the strict stdio locator of that tool (M-4)."""
-    path, locator = _json_control(executable, "mcp", "MCP locator", json.loads)
+    # A name given twice is refused, as the runner reads the control (a reader keeping the
+    # first value would see another locator than this one).
+    path, locator = _json_control(executable, "mcp", "MCP locator", jsontext.loads_strict)
     problem = locator_problem(locator, os.path.basename(executable))
     if problem:
         raise ToolFailure(errno.ENOEXEC, f"{path}: {problem}")
@@ -118,14 +120,39 @@ def check_arguments(schema: dict[str, Any], request: dict[str, Any], tool: str) 
         raise ToolFailure(errno.EINVAL, problem, usage=True)
 
 
+# Set by the runner to the ``DEV:INO`` of the configuration it held to StrictModes on the
+# host, for a bridge it starts in a user namespace of its own (a non-root host's call without
+# network: cortexfs.tools.offline).  There only the caller's uid is mapped: root's files, like
+# every other uid's, show the overflow uid, and the owners are the host's to judge.
+VOUCHED_CONFIG = "CTX_MCP_CONFIG_VOUCHED"
+
+
 def read_config(view_path: str, tool_owner: int) -> bytes:
     """The configuration file at ``view_path`` in the agent's view, when nobody but root and
     ``tool_owner`` could have changed it (StrictModes, see above)."""
     place = confine.View.from_environment(os.environ).locate(view_path)
     fd, status = confine.open_regular_file(place)
     with open(fd, "rb") as config:
-        _require_strict_modes(view_path, place, status, tool_owner)
+        if os.environ.get(VOUCHED_CONFIG) != _identity(status):
+            _require_strict_modes(view_path, place, status, tool_owner)
         return config.read(MAX_CONFIG_BYTES + 1)
+
+
+def vouch_for_config(view_path: str, environment: Mapping[str, str], tool_owner: int) -> str:
+    """For the runner, on the host: the ``DEV:INO`` (:data:`VOUCHED_CONFIG`) of the
+    configuration at ``view_path`` in the view ``environment`` describes, once it is held to
+    StrictModes as :func:`read_config` holds it; ToolFailure (EACCES…) saying why not."""
+    place = confine.View.from_environment(environment).locate(view_path)
+    fd, status = confine.open_regular_file(place)
+    try:
+        _require_strict_modes(view_path, place, status, tool_owner)
+    finally:
+        os.close(fd)
+    return _identity(status)
+
+
+def _identity(status: os.stat_result) -> str:
+    return f"{status.st_dev}:{status.st_ino}"
 
 
 def _require_strict_modes(
