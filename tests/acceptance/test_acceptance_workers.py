@@ -4,6 +4,7 @@ they are reported) and the authority chain (§5, §6) as a worker meets it: blac
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -73,6 +74,18 @@ def start_worker(queue: QueueCLI, *args: str, env: dict | None = None) -> subpro
         stderr=subprocess.PIPE,
         text=True,
     )
+
+
+@contextlib.contextmanager
+def running_worker(queue: QueueCLI, *args: str) -> Iterator[subprocess.Popen]:
+    """:func:`start_worker`, killed on the way out if the block left it running."""
+    proc = start_worker(queue, *args)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
 
 
 def result_of(queue: QueueCLI, job: str) -> dict:
@@ -469,8 +482,7 @@ def test_w2_drain_leaves_no_process_behind(queue, agent):
 
 
 def test_w2_a_waiting_worker_takes_new_work_without_spinning(queue, agent):
-    proc = start_worker(queue)
-    try:
+    with running_worker(queue) as proc:
         time.sleep(1.5)
         assert proc.poll() is None, proc.communicate()
         stat = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -484,10 +496,6 @@ def test_w2_a_waiting_worker_takes_new_work_without_spinning(queue, agent):
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=20)
         assert proc.returncode == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
 
 
 def test_w2_max_jobs_stops_after_that_many(queue, agent):
@@ -622,17 +630,12 @@ def test_w4_lease_outlives_a_job_longer_than_its_ttl(queue, agent, outbox):
     # longer than --ttl must keep its lease (Q-3: "A worker MAY renew its own lease"), or
     # recover hands the running job to a second worker.
     job = queue.publish(shell_job(f"touch {outbox}/started; sleep 4.5; echo once >> {outbox}/runs"))
-    proc = start_worker(queue, "--ttl", "1.5", "--drain")
-    try:
+    with running_worker(queue, "--ttl", "1.5", "--drain") as proc:
         assert wait_for(lambda: (outbox / "started").exists(), 20)
         time.sleep(2.5)
         r = queue.run("recover")
         assert queue.state(job) == "claimed", r
         proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
     assert proc.returncode == 0
     assert queue.state(job) == "done"
     assert (outbox / "runs").read_text() == "once\n"
@@ -643,15 +646,10 @@ def test_w4_sigterm_lets_every_running_slot_finish(queue, agent, outbox):
         queue.publish(shell_job(f"touch {outbox}/s{n}; sleep 1.5; echo {n}"), name=f"p{n}")
         for n in range(2)
     ]
-    proc = start_worker(queue, "--concurrency", "2")
-    try:
+    with running_worker(queue, "--concurrency", "2") as proc:
         assert wait_for(lambda: all((outbox / f"s{n}").exists() for n in range(2)), 20)
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
     assert proc.returncode == 0
     assert [queue.state(j) for j in jobs] == ["done", "done"]
     nothing_left_in_flight(queue)
@@ -662,15 +660,10 @@ def test_w4_sigterm_lets_the_running_job_finish_then_exits_cleanly(queue, agent,
         shell_job(f"touch {outbox}/started; sleep 2; echo finished-anyway"), name="a-running"
     )
     waiting = queue.publish(shell_job(f"touch {outbox}/second"), name="b-waiting")
-    proc = start_worker(queue)
-    try:
+    with running_worker(queue) as proc:
         assert wait_for(lambda: (outbox / "started").exists(), 20)
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
     assert proc.returncode == 0
     assert queue.state(running) == "done"
     assert "finished-anyway" in json.dumps(result_of(queue, running)["output"])
@@ -681,33 +674,23 @@ def test_w4_sigterm_lets_the_running_job_finish_then_exits_cleanly(queue, agent,
 
 def test_w4_sigterm_during_a_job_that_times_out_fails_it_and_exits(queue, agent, outbox):
     job = queue.publish(shell_job(f"touch {outbox}/started; sleep 60"))
-    proc = start_worker(queue, "--timeout", "2")
-    try:
+    with running_worker(queue, "--timeout", "2") as proc:
         assert wait_for(lambda: (outbox / "started").exists(), 20)
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
     assert proc.returncode == 0
     assert queue.state(job) == "failed"
     nothing_left_in_flight(queue)
 
 
 def test_w4_sigterm_to_an_idle_worker_exits_cleanly(queue, agent):
-    proc = start_worker(queue, "--json")
-    try:
+    with running_worker(queue, "--json") as proc:
         # Once it has started (its first event): a signal while Python itself still loads
         # ends any program, and W-4 speaks of a worker.
         assert json.loads(proc.stdout.readline())["event"] == "start"
         time.sleep(0.5)
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=10)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
     assert proc.returncode == 0
 
 
