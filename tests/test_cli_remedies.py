@@ -28,3 +28,26 @@ def test_a_mistyped_command_is_answered_with_the_one_meant_at_every_level(tmp_pa
         2,
         "ctx: EINVAL: No such command 'xyzzy'.",
     )
+
+
+def test_ctx_run_reports_a_missing_option_as_every_other_command_does(tmp_path: Path) -> None:
+    """``ctx run`` parses with argparse, not click; its usage error reads the same all the same."""
+    for prefix in ([], ["--storage", str(tmp_path / "root")]):
+        missing = ctx(tmp_path / "root", *prefix, "run", "fs.stat")
+        assert missing.returncode == 2
+        assert missing.stderr == (
+            "Usage: ctx run [OPTIONS] TOOL [ARGS]...\n"
+            "Try 'ctx run --help' for help.\n\n"
+            "ctx: EINVAL: Missing option '--agent'.\n"
+        )
+    clicks = ctx(tmp_path / "root", "queue", "work")  # a click command, for the form
+    assert clicks.stderr.startswith("Usage: ctx queue work [OPTIONS]\nTry 'ctx queue work --help'")
+    no_tool = ctx(tmp_path / "root", "run", "--agent", "coder")
+    assert (no_tool.returncode, _last_line(no_tool.stderr)) == (
+        2,
+        "ctx: EINVAL: Missing argument 'TOOL'.",
+    )
+    no_value = ctx(tmp_path / "root", "run", "--agent")
+    assert _last_line(no_value.stderr) == "ctx: EINVAL: Option '--agent' requires an argument."
+    helped = ctx(tmp_path / "root", "run", "--help")
+    assert helped.returncode == 0 and helped.stdout.startswith("Usage: ctx run [OPTIONS] TOOL")

@@ -11,6 +11,7 @@ import errno
 import functools
 import json
 import math
+import re
 import sys
 from pathlib import Path
 from typing import Any, NoReturn
@@ -71,11 +72,45 @@ Only the host administrator (root, or the owner of the storage root) may run too
 agent.  Every call is recorded in the session's events.jsonl and the tool's log."""
 
 
+USAGE = "ctx run [OPTIONS] TOOL [ARGS]..."
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
-        """A malformed command line: the usage, then the reason as every ctx error reads."""
-        self.print_usage(sys.stderr)
-        self.exit(EXIT_USAGE, f"ctx: EINVAL: {message}\n")
+        """A malformed command line, reported as click reports one for every other command:
+        the usage, where help is, then the reason as every ctx error reads."""
+        reason = _in_clicks_words(message)
+        self.exit(
+            EXIT_USAGE, f"Usage: {USAGE}\nTry 'ctx run --help' for help.\n\nctx: EINVAL: {reason}\n"
+        )
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """The help's usage line begins ``Usage:``, as every other command's does."""
+
+    def add_usage(self, usage: Any, actions: Any, groups: Any, prefix: str | None = None) -> None:
+        super().add_usage(usage, actions, groups, "Usage: " if prefix is None else prefix)
+
+
+_MISSING = "the following arguments are required: "
+_NO_VALUE = re.compile(r"argument (-[^:]*): expected one argument")
+_BAD_VALUE = re.compile(r"argument (-[^:]*): (.*)", re.DOTALL)
+
+
+def _in_clicks_words(message: str) -> str:
+    """argparse's sentence for a missing option or argument, an option given without its
+    value or with a bad one, as click says it for the other commands (the first missing one,
+    as click)."""
+    if message.startswith(_MISSING):
+        first = message[len(_MISSING) :].split(", ")[0]
+        return f"Missing {'option' if first.startswith('-') else 'argument'} '{first}'."
+    no_value = _NO_VALUE.fullmatch(message)
+    if no_value:
+        return f"Option '{no_value.group(1).split('/')[0]}' requires an argument."
+    bad_value = _BAD_VALUE.fullmatch(message)
+    if bad_value:
+        return f"Invalid value for '{bad_value.group(1).split('/')[0]}': {bad_value.group(2)}"
+    return message
 
 
 def _parser() -> tuple[argparse.ArgumentParser, dict[str, bool]]:
@@ -86,9 +121,9 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, bool]]:
     # built with formatters of a set width, and given the real one once built.
     parser = _Parser(
         prog="ctx run",
-        usage="ctx run [OPTIONS] TOOL [ARGS]...",
+        usage=USAGE,
         description=DESCRIPTION,
-        formatter_class=functools.partial(argparse.RawDescriptionHelpFormatter, width=80),
+        formatter_class=functools.partial(_Formatter, width=80),
     )
     options = [
         parser.add_argument(
@@ -124,7 +159,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, bool]]:
     parser.add_argument(
         "args", metavar="ARGS", nargs="*", default=[], help="the tool's argv, exactly"
     )
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.formatter_class = _Formatter
     takes_value = {"-h": False, "--help": False}
     for action in options:
         takes_value.update(dict.fromkeys(action.option_strings, action.nargs != 0))
