@@ -51,3 +51,21 @@ def test_ctx_run_reports_a_missing_option_as_every_other_command_does(tmp_path: 
     assert _last_line(no_value.stderr) == "ctx: EINVAL: Option '--agent' requires an argument."
     helped = ctx(tmp_path / "root", "run", "--help")
     assert helped.returncode == 0 and helped.stdout.startswith("Usage: ctx run [OPTIONS] TOOL")
+
+
+def test_running_a_tool_as_an_agent_that_does_not_exist_says_how_to_make_one(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "root"
+    assert ctx(root, "bootstrap").returncode == 0
+    called = ctx(root, "run", "--agent", "coder", "fs.stat", "/")
+    assert called.returncode == 126  # refused, in terminal mode (docs/tools.md)
+    assert called.stderr == (
+        "ctx: ENOENT: there is no agent 'coder' (agent/coder does not exist); 'ctx agent list' "
+        "lists the agents there are, and 'ctx agent create REQUEST.json' makes one (the "
+        "request's form: 'ctx agent create --help')\n"
+    )
+    # A storage root that is not there is what to fix first, and is said alone.
+    nowhere = ctx(tmp_path / "nowhere", "run", "--agent", "coder", "fs.stat", "/")
+    assert nowhere.returncode == 126
+    assert "ctx bootstrap" in nowhere.stderr and "agent create" not in nowhere.stderr
