@@ -69,3 +69,25 @@ def test_running_a_tool_as_an_agent_that_does_not_exist_says_how_to_make_one(
     nowhere = ctx(tmp_path / "nowhere", "run", "--agent", "coder", "fs.stat", "/")
     assert nowhere.returncode == 126
     assert "ctx bootstrap" in nowhere.stderr and "agent create" not in nowhere.stderr
+
+
+def test_which_before_bootstrap_says_the_root_has_no_tools_yet_and_how_to_install_them(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "root"
+    default_path = {"CTX_PATH": "", "CTX_HOME": ""}
+    before = ctx(root, "object", "which", "fs.stat", env=default_path)
+    assert before.returncode == 1  # T-8a: none found
+    assert _last_line(before.stderr).startswith("ctx: ENOENT: fs.stat is not on CTX_PATH (")
+    assert _last_line(before.stderr).endswith(
+        f"; the storage root {root} has no tools yet: 'ctx bootstrap --storage {root}' "
+        "installs the core tools"
+    )
+    assert len(before.stderr.splitlines()) == 1
+    # The remedy given is the one that works.
+    assert ctx(tmp_path / "elsewhere", "bootstrap", "--storage", str(root)).returncode == 0
+    after = ctx(root, "object", "which", "fs.stat", env=default_path)
+    assert (after.returncode, after.stdout) == (0, f"{root}/tool/fs.stat\n"), after.stderr
+    unknown = ctx(root, "object", "which", "fs.nosuch", env=default_path)
+    assert unknown.returncode == 1
+    assert _last_line(unknown.stderr).endswith("; 'ctx object list' lists the tools installed")

@@ -30,6 +30,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import shlex
 import stat
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -225,8 +226,21 @@ def which_on_user_path(
     directory, skipped = _search(name, search_path.directories, has_execute_bit)
     if directory is None:
         passed_over = f"; passed over: {'; '.join(skipped)}" if skipped else ""
-        raise not_found(f"{name} is not on CTX_PATH ({':'.join(search_path.entries)}){passed_over}")
+        missing = f"{name} is not on CTX_PATH ({':'.join(search_path.entries)}){passed_over}"
+        raise not_found(f"{missing}; {_where_tools_come_from(root)}")
     return Resolution(name, directory, skipped), search_path
+
+
+def _where_tools_come_from(root: Path) -> str:
+    """What to do about a name found nowhere: a storage root without its system tier has no
+    tool at all yet, which ``ctx bootstrap`` mends; else see what is installed."""
+    if not (root / "tool").is_dir():
+        where = shlex.quote(str(root))
+        return (
+            f"the storage root {root} has no tools yet: "
+            f"'ctx bootstrap --storage {where}' installs the core tools"
+        )
+    return "'ctx object list' lists the tools installed"
 
 
 def has_execute_bit(path: Path, status: os.stat_result) -> bool:
