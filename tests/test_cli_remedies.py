@@ -91,3 +91,26 @@ def test_which_before_bootstrap_says_the_root_has_no_tools_yet_and_how_to_instal
     unknown = ctx(root, "object", "which", "fs.nosuch", env=default_path)
     assert unknown.returncode == 1
     assert _last_line(unknown.stderr).endswith("; 'ctx object list' lists the tools installed")
+
+
+def test_finishing_or_renewing_a_job_the_queue_does_not_have_says_so_and_what_to_do(
+    tmp_path: Path,
+) -> None:
+    root, queue = tmp_path / "root", str(tmp_path / "queue")
+    assert ctx(root, "queue", "init", "--queue", queue).returncode == 0
+    nowhere = (
+        "job nosuchjob.req.json is not claimed, nor pending, done or failed: this queue has "
+        "no such job; 'ctx queue list' lists the jobs it has"
+    )
+    finished = ctx(root, "queue", "finish", "--queue", queue, "--ok", "nosuchjob.req.json")
+    assert (finished.returncode, finished.stderr) == (1, f"ctx: ENOENT: {nowhere}\n")
+    renewed = ctx(root, "queue", "renew", "--queue", queue, "nosuchjob.req.json")
+    assert (renewed.returncode, renewed.stderr) == (
+        1,
+        f"ctx: ENOENT: there is no lease to renew: {nowhere}\n",
+    )
+    # A job the queue has is said to be where it is, as before.
+    request = '{"tool": "fs.stat", "input": {}}'
+    job = ctx(root, "queue", "publish", "--queue", queue, "-", stdin=request).stdout.strip()
+    pending = ctx(root, "queue", "finish", "--queue", queue, "--ok", job)
+    assert pending.returncode == 1 and f"job {job} is pending, not claimed" in pending.stderr

@@ -1113,7 +1113,11 @@ def _not_claimed(queue: Queue, job: str, doing: str = "finishing it") -> CtxErro
             )
     if lstat_at(queue.pending, job) is not None:
         return NotHeld(errno.ENOENT, f"job {job} is pending, not claimed; claim it before {doing}")
-    return NotHeld(errno.ENOENT, f"job {job} is not claimed")
+    return NotHeld(
+        errno.ENOENT,
+        f"job {job} is not claimed, nor pending, done or failed: this queue has no such job; "
+        "'ctx queue list' lists the jobs it has",
+    )
 
 
 def _nothing_claimed(job: str) -> tuple[str, str]:
