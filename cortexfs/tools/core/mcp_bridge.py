@@ -18,7 +18,9 @@ authority chain, in terminal or native mode — and:
    hooks are: it and every directory above it must belong to root or to the tool's owner and
    be writable by the owner alone (EACCES otherwise).  Else whoever may write it — the agent
    itself through a read-write mount, with ``fs.write`` — could make the tool run any
-   command, which no grant of the agent allows;
+   command, which no grant of the agent allows.  An agent running as the tool's owner (every
+   agent of a host that is not root) passes that rule, so it is refused as well when its uid
+   may change the file through one of its read-write mounts;
 3. starts that stdio server in the tool's own process group (a timeout of the call kills it
    too), negotiates a version of M-2, and calls the remote tool with the call's input, waiting
    for its answer as long as the call's own timeout lets it run;
@@ -134,7 +136,10 @@ def read_config(view_path: str, tool_owner: int) -> bytes:
     fd, status = confine.open_regular_file(place)
     with open(fd, "rb") as config:
         if os.environ.get(VOUCHED_CONFIG) != _identity(status):
-            _require_strict_modes(view_path, place, status, tool_owner)
+            statuses = _require_strict_modes(view_path, place, status, tool_owner)
+            if "CTX_MOUNTS" in os.environ:  # else a person runs it, in the host's own view
+                view = confine.View.from_environment(os.environ)
+                _require_out_of_agents_reach(view_path, place, statuses, view)
         return config.read(MAX_CONFIG_BYTES + 1)
 
 
@@ -142,10 +147,12 @@ def vouch_for_config(view_path: str, environment: Mapping[str, str], tool_owner:
     """For the runner, on the host: the ``DEV:INO`` (:data:`VOUCHED_CONFIG`) of the
     configuration at ``view_path`` in the view ``environment`` describes, once it is held to
     StrictModes as :func:`read_config` holds it; ToolFailure (EACCES…) saying why not."""
-    place = confine.View.from_environment(environment).locate(view_path)
+    view = confine.View.from_environment(environment)
+    place = view.locate(view_path)
     fd, status = confine.open_regular_file(place)
     try:
-        _require_strict_modes(view_path, place, status, tool_owner)
+        statuses = _require_strict_modes(view_path, place, status, tool_owner)
+        _require_out_of_agents_reach(view_path, place, statuses, view)
     finally:
         os.close(fd)
     return _identity(status)
@@ -157,7 +164,9 @@ def _identity(status: os.stat_result) -> str:
 
 def _require_strict_modes(
     view_path: str, place: confine.Place, status: os.stat_result, tool_owner: int
-) -> None:
+) -> list[os.stat_result]:
+    """The ``lstat`` of ``/`` and of each entry down to the configuration at ``place``, once
+    none of them could be changed by anyone but root and ``tool_owner``."""
     host_path = PurePosixPath(place.mount.source, *place.parts)
     statuses = _walk_statuses(host_path)
     last = statuses[-1]
@@ -170,7 +179,7 @@ def _require_strict_modes(
     owners = {0, tool_owner}
     loose = loose_entry(statuses, owners, owners)
     if loose is None:
-        return
+        return [entry for entry in statuses if entry is not None]  # a whole walk: none is None
     entry = statuses[loose]
     assert entry is not None
     shown = PurePosixPath(*host_path.parts[: loose + 1])
@@ -186,6 +195,59 @@ def _require_strict_modes(
         "change that command; make the file and every directory above it owned by root or "
         f"uid {tool_owner} and writable by the owner alone (chown, chmod go-w)",
     )
+
+
+def _require_out_of_agents_reach(
+    view_path: str, place: confine.Place, statuses: list[os.stat_result], view: confine.View
+) -> None:
+    """EACCES when the agent could change the configuration at ``place`` through one of its
+    read-write mounts: the file, or a directory from that mount's source down to it, is
+    writable by the agent's uid (this process's), as the kernel judges it.  StrictModes alone
+    lets that pass when the agent runs as the tool's owner (every agent of a host that is not
+    root does), and an agent that may write files, not run commands, would make this tool
+    run any command of its choosing.  ``statuses``: the walk to it that StrictModes judged."""
+    host_path = PurePosixPath(place.mount.source, *place.parts)
+    places = {(status.st_dev, status.st_ino): index for index, status in enumerate(statuses)}
+    for mount in view.mounts:
+        if not mount.writable:
+            continue
+        try:
+            source = os.stat(mount.source)
+        except OSError:
+            continue  # nothing there for the agent to write through
+        top = places.get((source.st_dev, source.st_ino))
+        if top is None:
+            continue
+        changed = _first_changeable(host_path, statuses, top)
+        if changed is not None:
+            raise ToolFailure(
+                errno.EACCES,
+                f"{view_path} (on the host {host_path}) names the command this tool runs, but "
+                f"the agent (uid {os.getuid()}) may change {changed} through its read-write "
+                f"mount of {mount.source} at {mount.target}, so it could make this tool run "
+                "any command; keep the configuration in a directory the agent sees read-only, "
+                "outside its read-write mounts",
+            )
+
+
+def _first_changeable(
+    host_path: PurePosixPath, statuses: list[os.stat_result], top: int
+) -> PurePosixPath | None:
+    """The first entry of the walk to ``host_path``, from index ``top`` on, that this process
+    may change: the file when it may write it, or the entry below a directory it may write
+    (unless that directory is sticky and neither it nor the entry is its own); None if none."""
+    uid = os.getuid()
+    last = len(statuses) - 1
+    for index in range(top, last + 1):
+        path = PurePosixPath(*host_path.parts[: index + 1])
+        status = statuses[index]
+        if index == last:
+            return path if os.access(path, os.W_OK) else None
+        below = statuses[index + 1]
+        sticky = status.st_mode & stat.S_ISVTX and uid not in (status.st_uid, below.st_uid)
+        if os.access(path, os.W_OK | os.X_OK) and not sticky:
+            return PurePosixPath(*host_path.parts[: index + 2])
+    return None
 
 
 def _walk_statuses(host_path: PurePosixPath) -> list[os.stat_result | None]:
