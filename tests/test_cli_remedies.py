@@ -3,9 +3,15 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 
 from tests.support.cli import ctx
+from tests.support.storage import make_root
+from tests.support.storage import traversable_tmp as traversable_tmp
+from tests.support.users import UnprivilegedUser, run_as
+from tests.support.users import unprivileged_user as unprivileged_user
 
 
 def _last_line(stderr: str) -> str:
@@ -114,3 +120,30 @@ def test_finishing_or_renewing_a_job_the_queue_does_not_have_says_so_and_what_to
     job = ctx(root, "queue", "publish", "--queue", queue, "-", stdin=request).stdout.strip()
     pending = ctx(root, "queue", "finish", "--queue", queue, "--ok", job)
     assert pending.returncode == 1 and f"job {job} is pending, not claimed" in pending.stderr
+
+
+def test_a_missing_mount_point_offers_a_user_who_is_not_root_a_directory_of_their_own(
+    traversable_tmp: Path, unprivileged_user: UnprivilegedUser
+) -> None:
+    root = make_root(traversable_tmp)
+    missing = traversable_tmp / "ctx"  # in a directory of root's, as /ctx is
+    environment = {**os.environ, "CTX_STORAGE": str(root)}
+    mount = [sys.executable, "-m", "cortexfs", "mount", "--as", "coder", str(missing)]
+    refused = run_as(unprivileged_user, mount, env=environment)
+    assert refused.returncode == 1
+    assert refused.stderr == (
+        f"ctx: ENOENT: the mount point {missing} does not exist; create an empty directory "
+        f"there ('mkdir {missing}' as root: you may not create entries in {traversable_tmp}), "
+        "or mount on a directory of your own: 'mkdir -p ~/ctx && ctx mount --as coder ~/ctx'\n"
+    )
+    # A storage root given on the command line is given again in the command to run.
+    given = [sys.executable, "-m", "cortexfs", "--storage", str(root), "mount", str(missing)]
+    refused = run_as(unprivileged_user, given, env=environment)
+    assert refused.stderr.endswith(f"'mkdir -p ~/ctx && ctx mount --storage {root} ~/ctx'\n")
+    # Root may make any mount point: told only to make it.
+    as_root = ctx(root, "mount", "--as", "coder", str(missing))
+    assert (as_root.returncode, as_root.stderr) == (
+        1,
+        f"ctx: ENOENT: the mount point {missing} does not exist; create an empty directory "
+        f"there ('mkdir {missing}')\n",
+    )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shlex
 from pathlib import Path
 
 import click
@@ -45,7 +46,18 @@ def mount(mountpoint: Path, agent: str | None, storage_dir: Path | None) -> None
     from cortexfs.fuse.projection import AgentProjection, Projection
 
     root = resolve_storage(storage_dir)
-    check_mount_point(root, mountpoint)
+    try:
+        check_mount_point(root, mountpoint)
+    except CtxError as error:
+        if error.errno == errno.ENOENT and root.is_dir() and not os.path.lexists(mountpoint):
+            options = [] if agent is None else ["--as", agent]
+            given = storage_dir or (click.get_current_context().find_root().obj or {}).get(
+                "storage"
+            )
+            if given is not None:  # the root given on this command line, given again
+                options += ["--storage", str(given)]
+            raise CtxError(errno.ENOENT, _missing_mount_point(mountpoint, options)) from None
+        raise
     projection = (
         Projection()
         if agent is None
@@ -57,6 +69,23 @@ def mount(mountpoint: Path, agent: str | None, storage_dir: Path | None) -> None
         reason = f"FUSE support is not installed (the 'fuse' extra): {exc}"
         raise CtxError(errno.ENOSYS, reason) from None
     serve(root, mountpoint, projection, allow_other=os.geteuid() == 0)
+
+
+def _missing_mount_point(mountpoint: Path, options: list[str]) -> str:
+    """What to do about a mount point that does not exist: make it, and, for a user who is not
+    root, mount on a directory of their own instead (``/ctx`` is a directory only root can
+    make), with the same ``options``."""
+    make = f"'mkdir {shlex.quote(str(mountpoint))}'"
+    reason = f"the mount point {mountpoint} does not exist; create an empty directory there"
+    if os.geteuid() == 0:
+        return f"{reason} ({make})"
+    parent = mountpoint.absolute().parent
+    if not os.access(parent, os.W_OK | os.X_OK):
+        make += f" as root: you may not create entries in {parent}"
+    again = shlex.join(["ctx", "mount", *options])
+    return (
+        f"{reason} ({make}), or mount on a directory of your own: 'mkdir -p ~/ctx && {again} ~/ctx'"
+    )
 
 
 @click.command("umount")
