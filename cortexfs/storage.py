@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 from cortexfs import bootstrap_repair, durable
-from cortexfs.errors import CtxError, invalid, not_found
+from cortexfs.errors import HOST_SHORTAGES, CtxError, invalid, not_found
 from cortexfs.names import check_object_name
 
 ROOT_ENTRIES = ("bin", "tool", "agent", "model", "home", "shared")
@@ -337,6 +337,8 @@ def ensure_root_abi(root: Path, ops: durable.FsOps | None = None) -> BootstrapRe
             finally:
                 ops.close(parent_fd)
         except OSError as exc:
+            if exc.errno in HOST_SHORTAGES:
+                raise  # the host ran short, not this path: said as such, with what was made
             # The storage root's own directories are made here; a kernel's refusal names only
             # the last component, which says nothing of which root or what to do.
             raise CtxError(
@@ -393,15 +395,16 @@ def _make_dir(
     """``make_dir_synced`` with exactly ``mode`` (and given to uid ``owner``, group kept,
     unless None): mkdir applies the umask, so the mode is set on the new directory, reached
     without following a link.  False when it already exists (its mode and owner are left as
-    they are).  What is opened by its name is changed only while it is empty: whoever
-    may rename in the parent (the owner of a root that root bootstraps) could have put another
-    directory there since the mkdir, with what it holds."""
+    they are).  What is opened by its name is given to ``owner`` only while it is empty: that
+    owner may rename in the parent (a root that root bootstraps for it), and could have put
+    another directory there since the mkdir, with what it holds.  Without an owner to give it
+    to, nobody but the caller may rename there, and no listing spends a descriptor."""
     if not durable.make_dir_synced(ops, parent_fd, name, mode):
         return False
     fd = ops.open_dir(name, parent_fd)
     try:
         status = os.fstat(fd)
-        if os.listdir(fd):
+        if owner is not None and os.listdir(fd):
             return True
         changed = False
         if owner is not None and status.st_uid != owner:
