@@ -263,7 +263,10 @@ def test_h3_ctx_tool_takes_the_core_tool_under_another_name_of_the_root(storage,
     assert (r.rc, r.lines()[1:2]) == (0, ["cache_capacity=41"]), r
 
 
-@pytest.mark.skipif(not os.path.exists("/dev/fuse"), reason="ctx mount needs /dev/fuse")
+@pytest.mark.skipif(
+    not os.path.exists("/dev/fuse") or os.geteuid() != 0,
+    reason="ctx mount needs /dev/fuse and root",
+)
 def test_h3_ctx_tool_takes_the_core_tool_seen_through_ctx_mount(storage, tmp_path):
     """H-3 with §0's usual layout: the storage root mounted (``ctx mount``, normally at
     /ctx) and CTX_PATH naming the mount's tool/ (the default is ``/ctx/tool``): tsh.config
