@@ -225,22 +225,22 @@ def which_on_user_path(
     check_object_name(name, "tool")
     directory, skipped = _search(name, search_path.directories, has_execute_bit)
     if directory is None:
-        passed_over = f"; passed over: {'; '.join(skipped)}" if skipped else ""
-        missing = f"{name} is not on CTX_PATH ({':'.join(search_path.entries)}){passed_over}"
-        raise not_found(f"{missing}; {_where_tools_come_from(root)}")
+        missing = f"{name} is not on CTX_PATH ({':'.join(search_path.entries)})"
+        raise not_found(f"{missing}; {_what_to_do(root, skipped)}")
     return Resolution(name, directory, skipped), search_path
 
 
-def _where_tools_come_from(root: Path) -> str:
-    """What to do about a name found nowhere: a storage root without its system tier has no
-    tool at all yet, which ``ctx bootstrap`` mends; else see what is installed."""
+def _what_to_do(root: Path, skipped: Sequence[str]) -> str:
+    """What to do about a name found nowhere: what was passed over, and why, is what to mend
+    when there is any; a storage root without its system tier has no tool at all yet, which
+    ``ctx bootstrap`` mends; else see what is installed."""
+    remedies = [f"passed over: {'; '.join(skipped)}"] if skipped else []
     if not (root / "tool").is_dir():
-        where = shlex.quote(str(root))
-        return (
-            f"the storage root {root} has no tools yet: "
-            f"'ctx bootstrap --storage {where}' installs the core tools"
+        bootstrap = f"ctx bootstrap --storage {shlex.quote(str(root))}"
+        remedies.append(
+            f"the storage root {root} has no tools yet: '{bootstrap}' installs the core tools"
         )
-    return "'ctx object list' lists the tools installed"
+    return "; ".join(remedies or ["'ctx object list' lists the tools installed"])
 
 
 def has_execute_bit(path: Path, status: os.stat_result) -> bool:
