@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -147,3 +148,16 @@ def test_a_missing_mount_point_offers_a_user_who_is_not_root_a_directory_of_thei
         f"ctx: ENOENT: the mount point {missing} does not exist; create an empty directory "
         f"there ('mkdir {missing}')\n",
     )
+
+
+def test_every_command_that_meets_a_missing_agent_says_how_to_make_one(tmp_path: Path) -> None:
+    """The remedy belongs to the refusal itself, not to one command that prints it."""
+    root = tmp_path / "root"
+    assert ctx(root, "bootstrap").returncode == 0
+
+    native = ctx(root, "run", "--agent", "coder", "--native", "fs.stat", stdin='{"path": "/"}')
+    explained = ctx(root, "policy", "explain", "coder", "tool:fs.stat", "execute")
+
+    remedy = "'ctx agent create REQUEST.json' makes one"
+    assert remedy in json.loads(native.stdout.splitlines()[-1])["error"]["message"]
+    assert remedy in explained.stdout + explained.stderr

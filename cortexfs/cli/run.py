@@ -34,7 +34,7 @@ from cortexfs.shared.sessions import DEFAULT_SESSION, SessionRef
 from cortexfs.standard_streams import OutputError, tell_output_errors
 from cortexfs.timefmt import MAX_SECONDS
 from cortexfs.tools.core.toolio import MAX_INPUT_BYTES
-from cortexfs.tools.result import ToolError, ToolResult
+from cortexfs.tools.result import ToolResult
 from cortexfs.tools.runner import DEFAULT_TIMEOUT, UnreadableInput, run_native, run_terminal
 
 # The shell's convention for a command that was not found / could not be run (terminal mode).
@@ -250,7 +250,7 @@ def _run_terminal(root: Path, options: argparse.Namespace, where: SessionRef | s
         root, options.agent, options.tool, options.args, session=where, timeout=options.timeout
     )
     if result.exit_status is None and result.error is not None:
-        _say(str(result.error) + _how_to_make(root, options.agent, result.error))
+        _say(str(result.error))
         missing = result.error.errno == errno.ENOENT and result.error.stage == "resolve"
         return EXIT_NOT_FOUND if missing else EXIT_CANNOT_RUN
     if result.error is not None and result.error.stage == "run":
@@ -259,24 +259,6 @@ def _run_terminal(root: Path, options: argparse.Namespace, where: SessionRef | s
         _say(str(result.error))  # the tool's output is out; the record of it is not
         return result.exit_status or EXIT_REFUSED
     return result.exit_status or 0
-
-
-def _how_to_make(root: Path, agent: str, error: ToolError) -> str:
-    """For a call refused because AGENT does not exist in a storage root that does: how to
-    find the agents there are and make one; nothing for any other refusal."""
-    if error.stage != "agent" or error.errno != errno.ENOENT or not root.is_dir():
-        return ""
-    from cortexfs.policy.controls import agent_exists
-
-    try:
-        if agent_exists(root, agent):
-            return ""
-    except OSError:
-        return ""
-    return (
-        "; 'ctx agent list' lists the agents there are, and 'ctx agent create REQUEST.json' "
-        "makes one (the request's form: 'ctx agent create --help')"
-    )
 
 
 def _run_native(root: Path, options: argparse.Namespace, where: SessionRef | str) -> int:

@@ -71,11 +71,16 @@ def agent_exists(root: Path, agent: str) -> bool:
 
 
 def require_agent(root: Path, agent: str) -> None:
-    """ENOENT unless :func:`agent_exists`; a storage root that is not there is said first,
-    since that, not the agent, is what the caller has to fix (a mistyped --storage)."""
+    """ENOENT unless :func:`agent_exists`, saying how to find the agents there are and make
+    one; a storage root that is not there is said first, since that, not the agent, is what
+    the caller has to fix (a mistyped --storage)."""
     if not agent_exists(root, agent):
         require_root(root)
-        raise not_found(f"there is no agent {agent!r} ({agent_entry(agent)} does not exist)")
+        raise not_found(
+            f"there is no agent {agent!r} ({agent_entry(agent)} does not exist); 'ctx agent "
+            "list' lists the agents there are, and 'ctx agent create REQUEST.json' makes one "
+            "(the request's form: 'ctx agent create --help')"
+        )
 
 
 class AgentControlFiles:
