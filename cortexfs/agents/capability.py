@@ -31,6 +31,7 @@ import dataclasses
 import errno
 import json
 import os
+import re
 import select
 import socket
 import struct
@@ -54,6 +55,8 @@ if TYPE_CHECKING:
 
 UPDATABLE = ("system.md", "prompt.template.md")
 MAX_UPDATE_BYTES = 8 * 1024
+# C0 but tab, line feed and carriage return; DEL; C1.
+_CONTROL_CHARACTER = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 _MAX_LINE = 64 * 1024
 _CREDENTIALS = struct.Struct("iII")  # struct ucred: pid, uid, gid
 _START_SECONDS = 30.0  # how long a write may wait for the runner to say which process it started
@@ -177,9 +180,24 @@ def update_control(call: Capability, request: dict[str, Any]) -> dict[str, Any]:
         )
     if not isinstance(content, str):
         raise invalid("'content' must be a string")
-    data = content.encode("utf-8")
+    try:
+        data = content.encode("utf-8")
+    except UnicodeEncodeError as exc:  # a lone surrogate JSON's \ud800 can carry
+        raise invalid(
+            f"'content' holds {content[exc.start]!r} at character {exc.start}, a lone "
+            "surrogate no UTF-8 text can hold"
+        ) from None
     if len(data) > MAX_UPDATE_BYTES:
         raise too_big(f"{control} may hold at most {MAX_UPDATE_BYTES} bytes, not {len(data)}")
+    control_character = _CONTROL_CHARACTER.search(content)
+    if control_character:
+        # The prompts are text a person reads in a terminal too: an escape sequence in them
+        # could rewrite what that person sees.
+        raise invalid(
+            f"'content' holds the control character {control_character.group()!r} at "
+            f"character {control_character.start()}; {control} is text: tabs and line ends "
+            "are its only control characters"
+        )
     ops = durable.default_ops()
     directory = durable.open_dir_path(ops, str(root / "agent" / f"{agent}.d"))
     try:

@@ -9,6 +9,8 @@ import stat
 import subprocess
 import sys
 
+import pytest
+
 from cortexfs.agents.capability import Capability
 from tests.tools.support import World
 
@@ -154,3 +156,21 @@ def test_without_the_runner_there_is_no_capability(world: World) -> None:
     )  # fmt: skip
 
     assert direct.returncode == 1 and "EPERM" in direct.stderr
+
+
+@pytest.mark.parametrize("content", ["Be brief.\x1b[2J\n", "a\x00b", "\x7f", "next\x85line"])
+def test_content_with_a_control_character_is_refused(world: World, content: str) -> None:
+    """A-5: the host re-validates the content: the prompts are text, tabs and line ends their
+    only control characters (an escape sequence could rewrite what a person reading it sees)."""
+    granted(world)
+    before = system_md(world)
+
+    refused = world.run("agent.update", {"control": "system.md", "content": content})
+    kept = world.run("agent.update", {"control": "system.md", "content": "a\tb\r\nc\n"})
+
+    assert not refused.ok and refused.error is not None
+    assert refused.error.errno == errno.EINVAL
+    assert "control character" in refused.error.message
+    assert kept.ok, kept.error
+    written = (world.root / "agent" / "coder.d" / "system.md").read_bytes()
+    assert before.encode() != written == b"a\tb\r\nc\n"
