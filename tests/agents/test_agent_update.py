@@ -174,3 +174,13 @@ def test_content_with_a_control_character_is_refused(world: World, content: str)
     assert kept.ok, kept.error
     written = (world.root / "agent" / "coder.d" / "system.md").read_bytes()
     assert before.encode() != written == b"a\tb\r\nc\n"
+
+
+def test_content_with_a_lone_surrogate_is_refused_as_such(world: World) -> None:
+    granted(world)
+
+    refused = world.run("agent.update", {"control": "system.md", "content": "a\ud800b"})
+
+    assert not refused.ok and refused.error is not None
+    assert refused.error.errno == errno.EINVAL
+    assert "lone surrogate" in refused.error.message
