@@ -266,6 +266,27 @@ def _receiver(host: int | None) -> int | None:
     return host if os.geteuid() == 0 and host not in (None, 0) else None
 
 
+def _write_control(
+    ops: durable.FsOps,
+    kind: PairKind,
+    dir_fd: int,
+    control: str,
+    data: bytes,
+    receiver: int | None,
+) -> None:
+    """Write ``control`` durably in the control directory ``dir_fd`` with its kind's mode,
+    given to ``receiver`` when it is one the host writes to (module docstring)."""
+    durable.write_file_synced(
+        ops,
+        dir_fd,
+        control,
+        data,
+        kind.modes.get(control, 0o644),
+        exact_mode=True,
+        owner=receiver if control in kind.host_written else None,
+    )
+
+
 def _give_host_written(
     ops: durable.FsOps, dir_fd: int, directory: Path, kind: PairKind, receiver: int
 ) -> list[str]:
@@ -337,15 +358,7 @@ def _stage(
     try:
         os.fchmod(controls_fd, 0o755)
         for control, data in controls.items():
-            durable.write_file_synced(
-                ops,
-                controls_fd,
-                control,
-                data,
-                kind.modes.get(control, 0o644),
-                exact_mode=True,
-                owner=receiver if control in kind.host_written else None,
-            )
+            _write_control(ops, kind, controls_fd, control, data, receiver)
         durable.sync_dir(ops, controls_fd)
     finally:
         ops.close(controls_fd)
@@ -431,15 +444,7 @@ def _complete_controls(
             _make_dirs(ops, new_fd, directory)
         for control, data in kind.defaults.items():
             if durable.lstat_at(new_fd, control) is None:
-                durable.write_file_synced(
-                    ops,
-                    new_fd,
-                    control,
-                    data,
-                    kind.modes.get(control, 0o644),
-                    exact_mode=True,
-                    owner=receiver if control in kind.host_written else None,
-                )
+                _write_control(ops, kind, new_fd, control, data, receiver)
         durable.sync_dir(ops, new_fd)
     finally:
         ops.close(new_fd)
