@@ -640,12 +640,10 @@ def test_m2_an_installed_projection_accepts_only_the_stable_versions_too(host, v
         assert not called, messages
 
 
-@needs_root
-def test_m4_a_control_that_is_not_a_strict_stdio_locator_starts_no_server(host) -> None:
-    """M-4: the mcp control is "a strict stdio locator with transport, the visible absolute
-    config path, server and tool" — an installed control holding anything else (a command, an
-    environment, another transport, a relative path, a tool other than the name says) must
-    not start a server."""
+def installed_echo(host: Path) -> tuple[dict[str, str], Path, Path]:
+    """A scripted server's tool ``echo`` projected, installed as ``fake.echo`` and granted to
+    an agent in both policies: the agent's environment, the tool's ``mcp`` control, and the
+    file the server records each message it receives in (none yet)."""
     storage = host / "storage"
     records = host / "records"
     records.mkdir()
@@ -660,7 +658,16 @@ def test_m4_a_control_that_is_not_a_strict_stdio_locator_starts_no_server(host) 
     env = make_agent(host, ["fake.echo"])
     install(out / "fake.echo.manifest.json", env)
     allow_in_tool_policy(storage, "fake.echo")
-    control = storage / "tool" / "fake.echo.d" / "mcp"
+    return env, storage / "tool" / "fake.echo.d" / "mcp", record
+
+
+@needs_root
+def test_m4_a_control_that_is_not_a_strict_stdio_locator_starts_no_server(host) -> None:
+    """M-4: the mcp control is "a strict stdio locator with transport, the visible absolute
+    config path, server and tool" — an installed control holding anything else (a command, an
+    environment, another transport, a relative path, a tool other than the name says) must
+    not start a server."""
+    env, control, record = installed_echo(host)
     good = json.loads(control.read_text())
     first = run_native(env, "fake.echo", {})
     assert first[0].rc == 0, first[0].out
@@ -688,21 +695,7 @@ def test_m4_a_control_that_names_a_key_twice_is_no_strict_locator(host) -> None:
     the first value and as another to one that keeps the last (Python's): whoever checks it
     may approve the tool the grant names while the bridge runs the other.  No strict locator
     is ambiguous, so the tool is damaged and no server starts."""
-    storage = host / "storage"
-    records = host / "records"
-    records.mkdir()
-    records.chmod(0o777)  # the server runs as the agent's uid
-    tool = {"name": "echo", "description": "echo", "inputSchema": {"type": "object"}}
-    config, _ = scripted_config(host / "mcp", tools=[tool])
-    record = records / "received.jsonl"
-    write_json(host / "mcp" / "script.json", {"tools": [tool], "record": str(record)})
-    out = host / "candidates"
-    assert project(config, "fake", out, runtime="/mcp/fake.mcp.json").returncode == 0
-    record.unlink()
-    env = make_agent(host, ["fake.echo"])
-    install(out / "fake.echo.manifest.json", env)
-    allow_in_tool_policy(storage, "fake.echo")
-    control = storage / "tool" / "fake.echo.d" / "mcp"
+    env, control, record = installed_echo(host)
     good = json.loads(control.read_text())
     twice = json.dumps(good)[:-1] + ', "tool": "echo"}'
     control.write_text(twice.replace('"tool": "echo"', '"tool": "fail"', 1))
