@@ -233,3 +233,22 @@ def tool_manifest(directory: Path, name: str, program: str, *, side_effects: boo
     }
     path.write_text(json.dumps(document))
     return path
+
+
+def wait_for(predicate, seconds: float = 20, step: float = 0.05) -> bool:
+    """Whether ``predicate()`` holds within ``seconds``, asked every ``step``."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(step)
+    return predicate()
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie waiting to be reaped."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"

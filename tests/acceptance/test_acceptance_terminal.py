@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.acceptance.ctxcli import CTX_ARGV, ROOT_ENTRIES, clean_env, ctx_run
+from tests.acceptance.ctxcli import CTX_ARGV, ROOT_ENTRIES, alive, clean_env, ctx_run, wait_for
 from tests.support.storage import traversable_tmp as traversable_tmp
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="agents with other uids need root")
@@ -171,15 +171,6 @@ def read_until(sock: socket.socket, marker: bytes, seen: bytes = b"", timeout=20
     return seen
 
 
-def wait_for(predicate, timeout: float = 20) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
-
-
 def processes_in(directory: Path) -> list[int]:
     """The pids whose current directory is ``directory`` (by inode: seen from any namespace)."""
     wanted = directory.stat()
@@ -214,14 +205,6 @@ def tsh_in(directory: Path) -> int:
 def parent_of(pid: int) -> int:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return int(fields[1])
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return False
-    return state != "Z"
 
 
 def holds_ptmx(pid: int) -> bool:

@@ -21,11 +21,13 @@ from tests.acceptance.ctxcli import (
     CTX_ARGV,
     REPO,
     QueueCLI,
+    alive,
     clean_env,
     ctx_run,
     find_values,
     request,
     rfc3339,
+    wait_for,
 )
 from tests.support.users import UnprivilegedUser
 from tests.support.users import unprivileged_user as unprivileged_user
@@ -98,23 +100,6 @@ def says(res: dict, *words: str) -> bool:
     """Whether the result, as text, mentions any of ``words`` (W-1: "recording the reason")."""
     text = json.dumps(res).lower()
     return any(word.lower() in text for word in words)
-
-
-def wait_for(predicate, seconds: float, step: float = 0.05) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(step)
-    return predicate()
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return False
-    return state != "Z"
 
 
 def session_events(storage: Path, session: str = "worker") -> list[dict]:
