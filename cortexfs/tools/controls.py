@@ -107,6 +107,7 @@ class ToolControls(NamedTuple):
     status: str
     program: dict[str, Any] | None
     program_problem: str = ""  # why the program control fails C-2; it makes status unavailable
+    mcp_config: str | None = None  # an MCP-backed tool's configuration path, as the agent sees it
 
 
 # What a fact a ``cap`` leaves out counts as (T-8): the cautious value, never the convenient one.
@@ -222,11 +223,8 @@ def _checked_controls(directory: _ControlDirectory) -> ToolControls:
     cap = _read_json(directory, "cap")
     if not isinstance(cap, dict):
         raise damaged(tool, "the cap control is not a JSON object")
-    locator = directory.read("mcp")
-    if locator is not None:
-        problem = _locator_problem(locator, tool.name)
-        if problem:
-            raise damaged(tool, f"the mcp control {problem}")
+    locator_data = directory.read("mcp")
+    locator = None if locator_data is None else _strict_locator(tool, locator_data)
     status_data = directory.read("status")
     if status_data is None:
         raise damaged(tool, "the status control is missing")
@@ -235,12 +233,13 @@ def _checked_controls(directory: _ControlDirectory) -> ToolControls:
     problems = schema_problems(schema, "schema")
     if problems:
         raise damaged(tool, problems[0])
-    return ToolControls(schema, cap, status, program, problem)
+    mcp_config = None if locator is None else locator["config"]
+    return ToolControls(schema, cap, status, program, problem, mcp_config)
 
 
-def _locator_problem(data: bytes, tool: str) -> str:
-    """Why the ``mcp`` control ``data`` of ``tool`` is not the strict stdio locator its bridge
-    would start a server by (M-4), as the bridge judges it; empty when it is one."""
+def _strict_locator(tool: ToolObject, data: bytes) -> dict[str, str]:
+    """The ``mcp`` control ``data`` of ``tool``, once it is the strict stdio locator its
+    bridge would start a server by (M-4), as the bridge judges it; ENOEXEC (damaged) else."""
     from cortexfs.mcp.config import locator_problem  # only MCP-backed tools pay for it
 
     try:
@@ -249,11 +248,15 @@ def _locator_problem(data: bytes, tool: str) -> str:
         # the bridge runs.
         locator = jsontext.loads_strict(data)
     except jsontext.DuplicateNames as exc:
-        return f"gives {', '.join(map(repr, exc.names))} more than once"
+        raise damaged(
+            tool, f"the mcp control gives {', '.join(map(repr, exc.names))} more than once"
+        ) from None
     except ValueError:
-        return "is not JSON"
-    problem = locator_problem(locator, tool)
-    return f"is not a strict stdio locator (M-4): {problem}" if problem else ""
+        raise damaged(tool, "the mcp control is not JSON") from None
+    problem = locator_problem(locator, tool.name)
+    if problem:
+        raise damaged(tool, f"the mcp control is not a strict stdio locator (M-4): {problem}")
+    return locator
 
 
 def require_available(tool: ToolObject, controls: ToolControls) -> None:

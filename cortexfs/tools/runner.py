@@ -51,7 +51,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from cortexfs import jsontext
 from cortexfs.agents.host import require_host_administrator
 from cortexfs.agents.projection import RecentDecisions
 from cortexfs.agents.view import AgentView
@@ -70,13 +69,7 @@ from cortexfs.shared.tree import Ownership
 from cortexfs.timefmt import rfc3339
 from cortexfs.tools import hooks, record
 from cortexfs.tools.commit_marker import commit_in_progress
-from cortexfs.tools.controls import (
-    ToolControls,
-    ToolObject,
-    read_control,
-    read_controls,
-    require_available,
-)
+from cortexfs.tools.controls import ToolControls, ToolObject, read_controls, require_available
 from cortexfs.tools.core import BOOTSTRAP_TOOLS, NEEDS_CAPABILITY
 from cortexfs.tools.ctxpath import Resolution, tier_location, which
 from cortexfs.tools.result import ERROR, OK, ToolError, ToolResult, decode_output, exit_error
@@ -427,16 +420,13 @@ class _Call:
         sees root's files, as every uid's but the caller's, owned by the overflow uid, and
         would refuse every configuration.  Refused here, the call is refused as the bridge
         refuses it (stage ``run``, before the tool starts)."""
-        assert self.tool is not None
-        if os.geteuid() == 0 or spec.network:
-            return spec
-        data = read_control(self.tool, "mcp")
-        if data is None:
+        assert self.tool is not None and self.controls is not None
+        config = self.controls.mcp_config  # of the version this call admitted
+        if config is None or os.geteuid() == 0 or spec.network:
             return spec
         from cortexfs.tools.core import mcp_bridge  # only MCP-backed tools pay for it
         from cortexfs.tools.core.toolio import ToolFailure
 
-        config = jsontext.loads_strict(data)["config"]  # a strict locator: read_controls said so
         owner = os.stat(self.tool.executable).st_uid
         with self._stage("run"):
             try:
