@@ -11,8 +11,21 @@ One directory per terminal, root's, under ``/run`` (a tmpfs: nothing outlives th
             run.sock   the run socket tsh hands its command lines to, 0666
 
 ``<root>`` is :func:`root_key` of the storage root and ``<uid>`` the agent's: the same agent
-and session names in two storage roots are two terminals in two directories.  The session's
-``terminal/main.sock`` in the storage root is a symlink to ``main.sock`` here.
+and session names in two storage roots are two terminals in two directories.
+
+**The link and its alias.**  The session's ``terminal/main.sock`` in the storage root is a
+symlink (A-2), and A-2 names where it may lead: ``/run/cortexfs/terminal/<uid>/<agent>/
+<session>/main.sock``, a place that names no root.  So the terminal puts an *alias* there, a
+symlink of its own to ``main.sock`` above, and the session's link leads to the alias::
+
+    /run/cortexfs/terminal/<uid>/<agent>/<session>/   0711
+        main.sock      -> /run/cortexfs/terminal/<root>/<uid>/<agent>/<session>/main.sock
+
+Two roots may run a terminal of one agent name, uid and session at once: the alias is the
+first one's, and the second's link leads to its own socket directly (:meth:`RunDirectory.
+claim_alias`).  An alias is changed only under the ``flock`` of its directory, and only by
+the terminal it leads to, or over one whose socket is gone.  (A ``<uid>`` has at most ten
+digits and a ``<root>`` sixteen: the two never share a name.)
 
 **The lock.**  A terminal holds an exclusive ``flock`` on its directory from the start's first
 check until its cleanup is done (:meth:`RunDirectory.make_and_lock`).  The kernel drops it
@@ -53,6 +66,7 @@ _SEARCHABLE = 0o711  # others may pass through to a socket they know the name of
 _PRIVATE = 0o700
 _NO_LINK_DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _MAKE_ATTEMPTS = 5
+ALIAS_LOCK_SECONDS = 2.0  # an alias's holders keep its lock for a few system calls
 
 
 def root_key(root: Path) -> str:
@@ -70,6 +84,12 @@ def run_directory(root: Path, uid: int, agent: str, session: str) -> Path:
     return RUN_BASE / root_key(root) / str(uid) / agent / session
 
 
+def alias_directory(uid: int, agent: str, session: str) -> Path:
+    """Where A-2's root-less path to the terminal socket of ``agent`` (running as ``uid``) in
+    ``session`` is: the directory of the alias of one root's terminal."""
+    return RUN_BASE / str(uid) / agent / session
+
+
 class RunDirectory:
     """One terminal's runtime directory: its paths, its lock, making and removing it."""
 
@@ -84,6 +104,7 @@ class RunDirectory:
         # Only tsh may reach it (run_socket.py): out of the host's reach beside the view, and
         # bound into the sandbox at /run/ctx/run.sock.
         self.run_socket = self.view_dir.parent / RUN_SOCKET_NAME
+        self.alias = alias_directory(uid, agent, session) / SOCKET_NAME
         self.made: list[Path] = []  # the directories make_and_lock() made (the base among them?)
         self.lock_fd = -1
 
@@ -184,6 +205,7 @@ class RunDirectory:
         starting meanwhile makes them again: :meth:`make_and_lock`.)  The base goes only if
         this one made it.
         """
+        self.release_alias()
         for path in (self.main_socket, self.run_socket, self.pid_file):
             # A directory in a file's place stays (clean_up said so): the rest still goes.
             with contextlib.suppress(FileNotFoundError, IsADirectoryError):
@@ -230,6 +252,8 @@ class RunDirectory:
             cleaned.append(f"removed {' and '.join(left)} from {self.path}")
         if self.remove_link(stale_only=True):
             cleaned.append(f"removed the link {self.session.path / 'terminal' / LINK_NAME}")
+        if self.release_alias():
+            cleaned.append(f"removed the link {self.alias}")
         for path in (self.main_socket, self.run_socket, self.pid_file):
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
@@ -320,24 +344,134 @@ class RunDirectory:
         )
 
     def make_link(self) -> None:
-        """The session's ``terminal/main.sock`` (A-2), a symlink to the socket."""
+        """The session's ``terminal/main.sock`` (A-2), a symlink to the socket: through the
+        alias when this terminal holds it, to the socket itself when another root's does."""
+        target = self.alias if self.claim_alias() else self.main_socket
         with self.terminal_directory(make=True) as directory:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(LINK_NAME, dir_fd=directory)
-            os.symlink(self.main_socket, LINK_NAME, dir_fd=directory)
+            os.symlink(target, LINK_NAME, dir_fd=directory)
 
     def remove_link(self, *, stale_only: bool = False) -> bool:
-        """Remove the session's link; with ``stale_only``, only a link to this directory's
-        socket (another is not this terminal's to remove).  Whether one was removed."""
+        """Remove the session's link; with ``stale_only``, only a link a terminal of this
+        directory made (to its socket or to the alias: the link is in this root's session).
+        Whether one was removed."""
+        ours = (str(self.main_socket), str(self.alias))
         with contextlib.suppress(OSError, CtxError), self.terminal_directory(make=False) as fd:
-            if stale_only and os.readlink(LINK_NAME, dir_fd=fd) != str(self.main_socket):
+            if stale_only and os.readlink(LINK_NAME, dir_fd=fd) not in ours:
                 return False
             os.unlink(LINK_NAME, dir_fd=fd)
             return True
         return False
 
+    # ------------------------------------------------------------------- the alias
+
+    def claim_alias(self) -> bool:
+        """Make the alias lead to this terminal's socket; whether it does.  It stays another's
+        while that one's socket is there (a terminal of another root runs, or died and its
+        directory is not cleaned up yet), and so does anything but a symlink in its place (a
+        terminal of an older ctx, in its own directory there)."""
+        with self._alias_directory_locked(make=True) as directory:
+            if directory is None:
+                return False
+            try:
+                leads_to = os.readlink(SOCKET_NAME, dir_fd=directory)
+            except FileNotFoundError:
+                leads_to = None
+            except OSError:  # not a symlink
+                return False
+            if leads_to == str(self.main_socket):
+                return True  # left by a terminal of this directory that died
+            if leads_to is not None:
+                if os.path.lexists(leads_to):
+                    return False
+                os.unlink(SOCKET_NAME, dir_fd=directory)
+            os.symlink(self.main_socket, SOCKET_NAME, dir_fd=directory)
+            return True
+
+    def release_alias(self) -> bool:
+        """Remove the alias if it leads to this terminal's socket, and its directories when
+        nothing else is in them; whether it was removed."""
+        with self._alias_directory_locked(make=False) as directory:
+            if directory is None:
+                return False
+            try:
+                if os.readlink(SOCKET_NAME, dir_fd=directory) != str(self.main_socket):
+                    return False
+            except OSError:
+                return False
+            os.unlink(SOCKET_NAME, dir_fd=directory)
+            session_level = self.alias.parent
+            for level in (session_level, session_level.parent, session_level.parent.parent):
+                with contextlib.suppress(OSError):
+                    level.rmdir()
+            return True
+
+    @contextlib.contextmanager
+    def _alias_directory_locked(self, *, make: bool) -> Iterator[int | None]:
+        """The alias's directory, open and under its ``flock``: None when it is missing (and
+        not to be made), is not a directory or stays locked (a terminal of a ctx that put its
+        own directory there holds it while it runs).  A directory removed between its open and
+        the lock (the alias's last user ended) is made or opened again."""
+        session_level = self.alias.parent
+        for _ in range(_MAKE_ATTEMPTS):
+            fd = self._open_alias_directory(make=make)
+            if fd is None:
+                yield None
+                return
+            try:
+                if not _lock_within(fd, ALIAS_LOCK_SECONDS):
+                    yield None  # a terminal of an older ctx holds it: its own directory
+                    return
+                try:
+                    now = os.stat(session_level, follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                if not os.path.samestat(os.fstat(fd), now):
+                    continue
+                yield fd
+                return
+            finally:
+                os.close(fd)
+        raise CtxError(errno.EAGAIN, f"{session_level} kept disappearing while it was made")
+
+    def _open_alias_directory(self, *, make: bool) -> int | None:
+        session_level = self.alias.parent
+        for _ in range(_MAKE_ATTEMPTS):
+            try:
+                if make:
+                    for level in (session_level.parent.parent, session_level.parent, session_level):
+                        _make_searchable(level)
+                return os.open(session_level, _NO_LINK_DIRECTORY)
+            except FileNotFoundError:
+                if not make:
+                    return None
+            except OSError:  # a link or a file where a directory belongs: not ours to use
+                return None
+        raise CtxError(errno.EAGAIN, f"{session_level} kept disappearing while it was made")
+
 
 _ROLES = {SOCKET_NAME: "socket", RUN_SOCKET_NAME: "run socket", PID_NAME: "pid file"}
+
+
+def _lock_within(fd: int, seconds: float) -> bool:
+    """Take the exclusive ``flock`` of ``fd`` if it comes free within ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
+
+
+def _make_searchable(directory: Path) -> None:
+    """A level of an alias's path: root's, 0711 like the terminal's own directories."""
+    with contextlib.suppress(FileExistsError):
+        directory.mkdir(mode=_SEARCHABLE)
+    directory.chmod(_SEARCHABLE)  # whatever the umask, or a ctx before, made of it
 
 
 def _kind(status: os.stat_result) -> str:

@@ -1,9 +1,9 @@
 """The terminal socket of an agent session (SPEC A-2), from both ends.
 
 Where it lives: ``/run/cortexfs/terminal/<root>/<uid>/<agent>/<session>/main.sock``, with the
-session directory's ``terminal/main.sock`` a symlink to it (:mod:`cortexfs.agents.terminal_runtime`:
-agents of the same name in two storage roots are two agents, and so are their terminals, which
-never share a directory).
+session directory's ``terminal/main.sock`` a symlink to it through the root-less alias A-2
+names (:mod:`cortexfs.agents.terminal_runtime`: agents of the same name in two storage roots
+are two agents, and so are their terminals, which never share a directory).
 
 Who may use it is decided by the peer's uid (``SO_PEERCRED``), by :func:`refusal` on both
 ends: the client says no before it connects, the terminal again when the mode line arrives.

@@ -305,14 +305,6 @@ def test_a2_the_terminal_socket_is_in_the_agents_session_directory(root, workspa
 
 
 @needs_terminal
-@pytest.mark.xfail(
-    strict=True,
-    reason="A-2 names /run/user/<uid>/cortexfs/terminal/<agent>/<session>/main.sock (older: "
-    "/run/cortexfs/terminal/<uid>/<agent>/<session>/main.sock) as the link's target; the "
-    "terminal listens at /run/cortexfs/terminal/<root key>/<uid>/<agent>/<session>/main.sock "
-    "so that two storage roots' agents of one name and session do not share one directory "
-    "(docs/tools.md, 'the terminal socket')",
-)
 def test_a2_a_symlinked_socket_leads_to_a_place_the_spec_names(root, workspace):
     """A-2: main.sock "MAY be a symlink to /run/user/<uid>/cortexfs/terminal/<agent>/
     <session>/main.sock (older installs: /run/cortexfs/terminal/<uid>/<agent>/<session>/

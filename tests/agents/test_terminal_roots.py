@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from cortexfs.agents.terminal_runtime import root_key, run_directory
+from cortexfs.agents.terminal_runtime import alias_directory, root_key, run_directory
 from cortexfs.agents.terminal_socket import listening
 from tests.agents.test_terminal import fresh_session, lifecycle, pytestmark
 from tests.support.cli import ctx
@@ -52,14 +52,18 @@ def both_running(world: World, other: World) -> Iterator[tuple[str, dict, dict]]
 def test_the_same_agent_and_session_run_in_two_roots(
     world: World, other: World, both_running: tuple[str, dict, dict]
 ) -> None:
-    _, first, second = both_running
+    session, first, second = both_running
 
     assert first["listening_at"] != second["listening_at"]
     for each, facts in ((world, first), (other, second)):
         link = Path(facts["socket"])
         assert link.is_relative_to(each.root), "the A-2 path is in the terminal's own root"
-        assert os.readlink(link) == facts["listening_at"]
         assert listening(Path(facts["listening_at"]))
+    # A-2's root-less place is the first one's; the second's link leads to its own socket.
+    alias = alias_directory(world.user.uid, "coder", session) / "main.sock"
+    assert os.readlink(first["socket"]) == str(alias)
+    assert os.readlink(alias) == first["listening_at"]
+    assert os.readlink(second["socket"]) == second["listening_at"]
 
 
 def test_stop_ends_its_own_roots_terminal_only(
