@@ -356,6 +356,7 @@ class StorageFS(pyfuse3.Operations):
 
     async def unlink(self, parent_inode, name, ctx):  # type: ignore[no-untyped-def]
         parts = self._child(parent_inode, name)
+        _not_a_root_entry(parts)
         self._writable(parts)
         with self._parent(parts) as parent:
             doomed = durable.lstat_at(parent, parts[-1])
@@ -365,6 +366,7 @@ class StorageFS(pyfuse3.Operations):
 
     async def rmdir(self, parent_inode, name, ctx):  # type: ignore[no-untyped-def]
         parts = self._child(parent_inode, name)
+        _not_a_root_entry(parts)
         self._writable(parts)
         with self._parent(parts) as parent:
             _call(os.rmdir, parts[-1], dir_fd=parent)
@@ -378,12 +380,15 @@ class StorageFS(pyfuse3.Operations):
             # makes; done as a plain rename it would quietly do less than was asked.
             raise pyfuse3.FUSEError(errno.EINVAL)
         old = self._child(parent_old, name_old)
+        _not_a_root_entry(old)
         self._writable(old)
         if flags & pyfuse3.RENAME_EXCHANGE:
             new = self._child(parent_new, name_new)  # both exist; both change
+            _not_a_root_entry(new)
             self._writable(new)
         else:
             new = self._child_to_make(parent_new, name_new, existing_ok=True)
+            _not_a_root_entry(new)
         with self._parent(old) as source, self._parent(new) as target:
             replaced = durable.lstat_at(target, new[-1])
             moving = durable.lstat_at(source, old[-1])
@@ -502,6 +507,14 @@ class StorageFS(pyfuse3.Operations):
             with self._parent(parts) as parent:
                 setgid = os.fstat(parent).st_mode & stat.S_ISGID
             _call(os.fchown, fd, ctx.uid, -1 if setgid else ctx.gid)
+
+
+def _not_a_root_entry(parts: tuple[str, ...]) -> None:
+    """R-2: the root shows exactly its six entries, in every view, so none of them is removed,
+    renamed away or replaced through the mount (``EPERM``), as nothing else is made beside
+    them (the projection shows no other name at the root)."""
+    if len(parts) == 1:
+        raise pyfuse3.FUSEError(errno.EPERM)
 
 
 @contextlib.contextmanager
