@@ -161,9 +161,10 @@ def project_command(
     of a type that admits no arguments object, nested deeper than a manifest holds, holding
     a lone surrogate, or with a $ref or $id that does not resolve inside it, tools whose
     candidate would be larger than a manifest may be (1048576 bytes), and entries of the
-    listing that are not tool objects are reported on stderr and skipped, and the exit
-    status is then 1; the others are written, all or none.  A description longer than 8192
-    characters is cut to fit, with a note on stderr ('notes' in --json).
+    listing that are not tool objects are skipped and reported on stderr ('skipped' in
+    --json), and the exit status is then 1; the others are written, all or none.  A
+    description longer than 8192 characters is cut to fit, with a note on stderr ('notes'
+    in --json).
     A listing past 1000 pages, a message nested deeper than 512 levels, or an answer to an
     id that was never asked is the server's protocol error (EPROTO).
     An OUT inside /ctx, inside any other 'ctx mount' or inside the storage root, whether or
