@@ -12,13 +12,14 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.acceptance.ctxcli import ROOT_ENTRIES, Run, clean_env, ctx_run
+from tests.acceptance.ctxcli import CTX_ARGV, ROOT_ENTRIES, Run, clean_env, ctx_run
 
 CLASSES = {
     "tool": ("fs.read", {"execute"}),
@@ -806,3 +807,43 @@ def test_t4_an_agents_ctx_path_is_the_runtimes_not_the_callers(space_world, tmp_
     error = json.loads(r.lines()[-1])["error"]
     assert error["error"] in ("ENOENT", "EACCES"), error
     assert (workspace / "ran").read_text().split() == ["ran", "demo.sp"] * 2
+
+
+def test_s1_list_of_a_shared_space_names_its_sessions(storage):
+    """S-1: ``shared/<name>/agent/<agent>/session/<session>/`` are sessions too; ``ctx session
+    list --project`` names them, with their directories."""
+    sessions = storage / "shared" / "proj" / "agent" / "bob" / "session"
+    for name in ("build", "review"):
+        (sessions / name).mkdir(parents=True)
+        (sessions / name / "events.jsonl").write_text(EVENT.format(i=1, s=name))
+    r = session(storage, "list", "--project", "proj", "--json")
+    assert r.rc == 0, r
+    assert sorted(r.json(), key=lambda e: e["name"]) == [
+        {"name": "build", "path": str(sessions / "build")},
+        {"name": "review", "path": str(sessions / "review")},
+    ]
+    r = session(storage, "show", "review", "--project", "proj", "--json")
+    assert (r.rc, [json.loads(line)["session"] for line in r.lines()]) == (0, ["review"]), r
+
+
+def test_s5_follow_skips_a_torn_line_and_reads_what_the_next_append_writes(storage, bob):
+    """S-5: readers ignore a torn last line, and the next append never glues onto it (the
+    appender cuts it first): ``tail --follow`` started over a torn line prints the event
+    written in its place, whole, and never the fragment."""
+    events = bob / "s1" / "events.jsonl"
+    whole = events.read_bytes()
+    events.write_bytes(whole + b'{"ts":"2026-06-22T12:00:0')
+    command = [*CTX_ARGV, "session", "tail", "bob", "s1", "--follow", "--json", "-n", "1"]
+    env = clean_env(CTX_STORAGE=str(storage))
+    with subprocess.Popen(command, stdout=subprocess.PIPE, env=env, text=True) as follower:
+        try:
+            first = follower.stdout.readline()
+            assert json.loads(first)["i"] == 3, first
+            with events.open("r+b") as log:  # what an appender does after a crash
+                log.truncate(len(whole))
+                log.seek(0, os.SEEK_END)
+                log.write(EVENT.format(i=7, s="s1").encode())
+            later = follower.stdout.readline()
+            assert json.loads(later)["i"] == 7, later
+        finally:
+            follower.kill()
