@@ -20,6 +20,8 @@ from pathlib import Path
 import pytest
 
 from tests.acceptance.ctxcli import CTX_ARGV, ROOT_ENTRIES, Run, clean_env, ctx_run
+from tests.support.users import run_as
+from tests.support.users import unprivileged_user as unprivileged_user
 
 CLASSES = {
     "tool": ("fs.read", {"execute"}),
@@ -847,3 +849,30 @@ def test_s5_follow_skips_a_torn_line_and_reads_what_the_next_append_writes(stora
             assert json.loads(later)["i"] == 7, later
         finally:
             follower.kill()
+
+
+def test_t4_the_default_user_tier_is_the_callers_own(unprivileged_user):
+    """T-4 (3): the default ``/ctx/tool:/ctx/home/<uid>/tool`` names the caller's uid: a
+    user who sets no path finds the tools of ``home/<their uid>/tool`` (after the system
+    tier), and not those of another uid's tier."""
+    top = Path(tempfile.mkdtemp(prefix="cortexfs-letter-", dir="/tmp"))
+    try:
+        top.chmod(0o755)
+        storage = top / "storage"
+        assert ctx_run("bootstrap", "--storage", storage).rc == 0
+        mine = executable(storage / "home" / str(unprivileged_user.uid) / "tool", "demo.mine")
+        executable(storage / "home" / str(unprivileged_user.uid) / "tool", "fs.read")
+        executable(storage / "home" / str(os.getuid()) / "tool", "demo.roots")
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "CTX_STORAGE": str(storage)}
+        found = {}
+        for name in ("demo.mine", "fs.read", "demo.roots"):
+            done = run_as(unprivileged_user, [*CTX_ARGV, "object", "which", name], env=env,
+                          stdin="")  # fmt: skip
+            found[name] = (done.returncode, done.stdout)
+        assert found == {
+            "demo.mine": (0, f"{mine}\n"),
+            "fs.read": (0, f"{storage / 'tool' / 'fs.read'}\n"),
+            "demo.roots": (1, ""),
+        }, found
+    finally:
+        shutil.rmtree(top)
