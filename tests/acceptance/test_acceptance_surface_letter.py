@@ -142,15 +142,31 @@ def test_24_work_usage_errors_exit_2_and_claim_nothing(queue):
         r = queue.run("work", "--agent", AGENT, "--drain", *bad)
         assert r.rc == 2, r
         assert queue.state(job) == "pending"
+    # No queue named at all: neither --project, nor a queue path, nor CTX_PROJECT.
+    r = ctx_run("queue", "work", "--agent", AGENT, "--drain", env=env_for(queue.storage))
+    assert r.rc == 2, r
+    assert queue.state(job) == "pending"
+
+
+def test_w1_a_worker_for_an_agent_that_does_not_exist_claims_nothing(queue):
+    """W-1: jobs run "under the worker's agent identity"; P-4: a missing object is ``ENOENT``
+    (or ``EACCES``): with no such agent there is no identity, the worker is refused and the
+    job stays pending, for a worker that has one."""
+    job = queue.publish(shell_job("true"))
+    r = queue.run("work", "--agent", "nosuch", "--drain")
+    assert r.rc == 1, r
+    assert "ENOENT" in r.err or "EACCES" in r.err, r
+    assert queue.state(job) == "pending"
+    assert queue.entries("claimed") == queue.entries("lease") == set()
 
 
 @needs_root
 def test_w3_concurrency_n_runs_n_jobs_at_once_and_never_more(queue, agent, outbox):
-    """§2.4 ``--concurrency N``: N jobs at once, so with four one-second jobs two run side by
+    """§2.4 ``--concurrency N``: N jobs at once, so with four short jobs two run side by
     side, and never a third (W-3: each still exactly once)."""
     for n in range(4):
         cmd = (
-            f"date +%s.%N > {outbox}/start{n}; sleep 1; date +%s.%N > {outbox}/end{n}; "
+            f"date +%s.%N > {outbox}/start{n}; sleep 0.7; date +%s.%N > {outbox}/end{n}; "
             f"echo {n} >> {outbox}/runs"
         )
         queue.publish(shell_job(cmd), name=f"c{n}")
@@ -176,6 +192,17 @@ def test_w2_drain_and_max_jobs_stop_at_whichever_comes_first(queue, agent):
     r = queue.run("work", "--agent", AGENT, "--drain", "--max-jobs", "50", timeout=30)
     assert r.rc == 0, r
     assert [queue.state(j) for j in jobs] == ["done"] * 3
+
+
+@needs_root
+def test_w2_max_jobs_bounds_the_claims_of_every_slot_together(queue, agent, outbox):
+    """§2.4 ``--max-jobs N`` with ``--concurrency M``: N jobs in all, whatever the number of
+    slots claiming side by side; the others stay pending, untouched."""
+    jobs = [queue.publish(shell_job(f"echo {n} >> {outbox}/runs"), name=f"k{n}") for n in range(6)]
+    r = queue.run("work", "--agent", AGENT, "--max-jobs", "3", "--concurrency", "4", timeout=60)
+    assert r.rc == 0, r
+    assert sorted(queue.state(j) for j in jobs) == ["done"] * 3 + ["pending"] * 3
+    assert len((outbox / "runs").read_text().split()) == 3
 
 
 def waiting_job(outbox: Path, name: str) -> dict:
@@ -659,6 +686,28 @@ def test_f1_r2_nothing_else_is_created_at_the_root_through_the_mount(storage, tm
         with pytest.raises(OSError):
             os.symlink("/tmp", view / "registry")
         assert set(os.listdir(view)) == ROOT_ENTRIES
+    assert snapshot(storage) == before
+
+
+@needs_fuse
+def test_f1_r2_an_agent_view_keeps_the_root_entries_too(storage, tmp_path):
+    """F-1 ``--as AGENT`` is a view of the root ABI too (R-2): the agent can neither add an
+    entry at its root nor remove or rename one of the six, whoever asks through it."""
+    make_agent(storage, ["fs.read"])
+    before = snapshot(storage)
+    view = tmp_path / "agent-view"
+    with ctx_mount(storage, view, "--as", AGENT):
+        shown = set(os.listdir(view))
+        assert shown <= ROOT_ENTRIES
+        attempts = [
+            lambda: os.mkdir(view / "audit"),
+            lambda: os.rename(view / "bin", view / "bin2"),
+            lambda: os.rmdir(view / "model"),
+        ]
+        for attempt in attempts:
+            with pytest.raises(OSError):
+                attempt()
+        assert set(os.listdir(view)) == shown
     assert snapshot(storage) == before
 
 
