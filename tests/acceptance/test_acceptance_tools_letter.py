@@ -876,3 +876,26 @@ def test_t4_the_default_user_tier_is_the_callers_own(unprivileged_user):
         }, found
     finally:
         shutil.rmtree(top)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="makes a set-user-id program of another uid")
+def test_t8_install_never_grants_a_set_id_bit_or_the_programs_owner(storage, tmp_path):
+    """T-8: "Installing grants no agent any permission": a program whose file is
+    set-user-id or set-group-id (here another uid's) is installed without those bits and as
+    the host's file, so running the tool never runs with anyone's privileges but the
+    agent's own."""
+    r = install(storage, tmp_path, "demo.setid", "system")
+    assert r.rc == 0, r
+    program = tmp_path / "demo.setid.sh"
+    os.chown(program, 4321, 4321)
+    program.chmod(0o6755)
+    for tier, directory in (("user", storage / "home" / str(os.getuid()) / "tool"),
+                            ("system", storage / "tool")):  # fmt: skip
+        manifest = tmp_path / "demo.setid.json"
+        r = ctx_run("object", "install", manifest, "--tier", tier,
+                    env=clean_env(CTX_STORAGE=str(storage)))  # fmt: skip
+        assert r.rc == 0, r
+        installed = os.stat(directory / "demo.setid")
+        assert installed.st_mode & 0o7000 == 0, oct(installed.st_mode)
+        assert installed.st_mode & 0o111, oct(installed.st_mode)
+        assert installed.st_uid != 4321 and installed.st_gid != 4321, installed
