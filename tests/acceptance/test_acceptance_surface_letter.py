@@ -499,6 +499,22 @@ def test_h4_an_update_keeps_the_comments_and_blank_lines(storage, tmp_path):
     assert settings(text) == {**H4_DEFAULTS, "cache_capacity": "40"}
 
 
+def test_h4_a_config_that_is_a_symbolic_link_is_never_followed(storage, tmp_path):
+    """H-4: ``tool/tsh.d/config`` is a data file of the storage root; a symbolic link in its
+    place (Q-8's rule for what the tree holds: never followed) neither leads an update to
+    the file it names nor is read as the settings."""
+    outside = tmp_path / "outside"
+    outside.write_text("max_loaded_tools=64\ncache_capacity=32\nwindow_percent=1\n")
+    before = outside.read_bytes()
+    config = storage / "tool" / "tsh.d" / "config"
+    config.unlink()
+    config.symlink_to(outside)
+    env = human_env(storage, tmp_path / "home")
+    r = ctx_run("tool", "tsh.config", "cache_capacity=7", env=env)
+    assert outside.read_bytes() == before, r
+    assert r.rc != 0 or not config.is_symlink(), r
+
+
 def test_h3_ctx_tool_native_output_is_json(storage, tmp_path):
     """T-3 agent native mode: "structured JSON input, JSONL frames out" — ``ctx tool --json``
     prints JSON (one object a line) holding the settings."""
