@@ -899,3 +899,18 @@ def test_t8_install_never_grants_a_set_id_bit_or_the_programs_owner(storage, tmp
         assert installed.st_mode & 0o7000 == 0, oct(installed.st_mode)
         assert installed.st_mode & 0o111, oct(installed.st_mode)
         assert installed.st_uid != 4321 and installed.st_gid != 4321, installed
+
+
+def test_t8a_an_entry_whose_name_is_no_object_name_is_not_listed(storage):
+    """T-8a with R-3: ``ctx object list`` lists installed objects, and a file whose name is
+    not an object name (a blank in it, not ASCII, a leading dot) is none, however
+    executable; nor is a control directory (``.d``)."""
+    for name in ("bad name", "caf\u00e9", ".hidden", "-dash"):
+        executable(storage / "tool", name)
+    r = ctx_run("object", "list", "--tier", "system", "--json",
+                env=clean_env(CTX_STORAGE=str(storage)))  # fmt: skip
+    assert r.rc == 0, r
+    names = [entry["name"] for entry in r.json()]
+    assert "fs.read" in names, names
+    assert all(re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", n) for n in names), names
+    assert not any(n.endswith(".d") for n in names), names
