@@ -63,6 +63,7 @@ from cortexfs.errors import CtxError, errno_named_in, invalid, not_found
 from cortexfs.shared.events import EVENTS_FILE
 from cortexfs.shared.sessions import SessionRef, open_session
 from cortexfs.shared.tree import Ownership, open_beneath
+from cortexfs.tools.host_programs import names_setpriv_misreads
 
 STARTUP_SECONDS = 30.0  # for tsh to come up in its sandbox before the start is a failure
 TYPED_BACKLOG = 64 * 1024  # bytes typed but not yet taken by the PTY before clients wait
@@ -154,6 +155,7 @@ class Terminal:
                 errno.ENOTDIR, f"the workspace {self.view.workspace.source} is not a directory"
             )
         self._require_mount_sources()
+        self._require_ids_setpriv_reads_as_numbers()
         self.runtime.make_and_lock()
         try:
             self.dead_pid = self.runtime.recorded_pid()
@@ -176,6 +178,19 @@ class Terminal:
             f"the terminal of {self.view.name} in session {self.session.name}{pid} had ended "
             "without cleaning up: " + "; ".join(self.cleaned)
         )
+
+    def _require_ids_setpriv_reads_as_numbers(self) -> None:
+        """EINVAL when a user or group is named like one of the agent's ids: setpriv, which
+        switches tsh to them inside the sandbox, would take that name's id instead (a group
+        named 1001 with gid 5000 would make the agent gid 5000)."""
+        misread = names_setpriv_misreads(self.view.identity)
+        if misread:
+            raise invalid(
+                f"the terminal of {self.view.name} cannot be started with its identity: "
+                f"{'; '.join(misread)}, and setpriv, which switches tsh to the agent's ids, "
+                "reads a name before a number; rename what is named like a number, or give "
+                f"the agent other ids in agent/{self.view.name}.d/identity"
+            )
 
     def _require_mount_sources(self) -> None:
         """ENOENT for a mount whose source is missing, before anything is started: the

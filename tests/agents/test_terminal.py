@@ -28,6 +28,7 @@ import pytest
 from cortexfs.agents.terminal_runtime import run_directory
 from cortexfs.shared.events import read_events
 from tests.support.cli import ctx
+from tests.support.users import group_named
 from tests.tools.support import World
 
 try:
@@ -745,3 +746,26 @@ def test_workspace_and_no_workspace_exclude_each_other(world: World, project: Pa
     both = ctx(world.root, "agent", "start", "coder", "--workspace", str(project), "--no-workspace")
 
     assert both.returncode == 2 and "EINVAL" in both.stderr, both.stderr
+
+
+def test_a_group_named_like_an_agents_gid_refuses_the_start(world: World) -> None:
+    """setpriv, which switches tsh to the agent's ids in the sandbox, reads a group name
+    before a number: with a group named "4243" whose gid is another, the terminal of an agent
+    of gid 4243 would run with that other gid, so it is not started, and says why."""
+    world.agent("grouped", tools=["fs.stat"], groups=[4243])
+    name = fresh_session()
+
+    with group_named("4243") as stand_in:
+        started = ctx(world.root, "agent", "start", "grouped", "--session", name)
+
+    assert started.returncode == 1, started.stdout
+    assert started.stderr.startswith("ctx: EINVAL: the terminal of grouped cannot be started "), (
+        started.stderr
+    )
+    assert f"the group named 4243 is gid {stand_in}, not 4243" in started.stderr
+    assert not run_directory(world.root, world.user.uid, "grouped", name).exists()
+    after = ctx(world.root, "agent", "start", "grouped", "--session", name)
+    try:
+        assert after.returncode == 0, after.stderr
+    finally:
+        ctx(world.root, "agent", "stop", "grouped", "--session", name)

@@ -15,12 +15,14 @@ ask the kernel what that user may do with a list of paths.
 
 from __future__ import annotations
 
+import contextlib
+import grp
 import os
 import pwd
 import shutil
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -132,3 +134,23 @@ def _checked(entry: pwd.struct_passwd) -> UnprivilegedUser:
     if entry.pw_uid == 0:
         pytest.skip(f"the test user {entry.pw_name!r} has uid 0; it must be unprivileged")
     return UnprivilegedUser(entry.pw_name, entry.pw_uid, entry.pw_gid)
+
+
+@contextlib.contextmanager
+def group_named(name: str) -> Iterator[int]:
+    """A group named ``name`` (say a number, as user and group directories may hold) with a
+    gid of its own, for the time of the block; its gid.  Skips without groupadd, or when a
+    group of that name exists."""
+    groupadd, groupdel = shutil.which("groupadd"), shutil.which("groupdel")
+    if groupadd is None or groupdel is None:
+        pytest.skip("groupadd is not installed")
+    groups = grp.getgrall()
+    if name in {group.gr_name for group in groups}:
+        pytest.skip(f"a group named {name} exists on this machine")
+    taken = {group.gr_gid for group in groups}
+    gid = next(gid for gid in range(54321, 60000) if gid not in taken and str(gid) != name)
+    subprocess.run([groupadd, "--gid", str(gid), name], check=True)
+    try:
+        yield gid
+    finally:
+        subprocess.run([groupdel, name], check=False)

@@ -28,6 +28,7 @@ from cortexfs.tools.result import ToolResult
 from cortexfs.tools.runner import run_native, run_terminal
 from tests.support.cli import ctx
 from tests.support.unwritable import to_closed_pipe, to_full_disk, with_room_for
+from tests.support.users import group_named
 from tests.tools.held_locks import held_by
 from tests.tools.support import World, effective_user
 
@@ -1140,3 +1141,20 @@ def test_in_terminal_mode_the_tools_lost_output_is_its_own_and_ctxs_own_is_74(
         74,
         "ctx: ENOSPC: cannot write standard output (No space left on device)\n",
     )
+
+
+def test_a_group_named_like_an_agents_gid_never_stands_in_for_it(coder: World) -> None:
+    """setpriv(1) reads a --regid or --groups value as a group name before it reads it as a
+    number: with a group named "4242" whose gid is another, the tool must still run with gid
+    4242."""
+    extra = 4242
+    coder.agent("grouped", tools=["whoami"], groups=[extra])
+    coder.allow_tool("whoami", "grouped_t")
+
+    with group_named(str(extra)) as stand_in:
+        native = coder.run("whoami", {}, agent="grouped")
+
+    assert native.ok, native.error
+    assert native.output["gid"] == coder.user.gid
+    groups = [int(gid) for gid in native.output["groups"].split()]
+    assert groups == [coder.user.gid, extra], f"not the stand-in {stand_in}"
