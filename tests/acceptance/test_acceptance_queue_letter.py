@@ -1265,3 +1265,111 @@ def test_s24_init_of_a_queue_in_use_changes_no_job(queue):
     r = queue.run("init")
     assert r.rc == 0, r
     assert snapshot(queue.dir) == before
+
+
+# --- Q-1, Q-4, I-4, I-5 under concurrency -------------------------------------------------------
+
+
+def _start(queue: QueueCLI, *args: str, stdin: bytes = b"") -> subprocess.Popen:
+    proc = subprocess.Popen(
+        [*CTX_ARGV, "queue", args[0], "--project", queue.project, *args[1:]],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=clean_env(CTX_STORAGE=str(queue.storage)),
+    )
+    proc.stdin.write(stdin)
+    proc.stdin.close()
+    proc.stdin = None  # communicate() must not flush it again
+    return proc
+
+
+def _finish_all(procs: list[subprocess.Popen]) -> list[tuple[int, str, str]]:
+    done = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=120)
+        done.append((proc.returncode, out.decode(), err.decode()))
+    return done
+
+
+def test_q1_concurrent_publishers_of_one_name_never_overwrite(queue):
+    """Q-1: the move to pending/J is "without replacing": of publishers racing for one name
+    exactly one wins; the others are refused with EEXIST and pending/J is the winner's."""
+    procs = [
+        _start(queue, "publish", "--name", "race", "-", stdin=json.dumps(request(n=i)).encode())
+        for i in range(6)
+    ]
+    results = _finish_all(procs)
+    winners = [i for i, (rc, _, _) in enumerate(results) if rc == 0]
+    assert len(winners) == 1, results
+    for i, (rc, _out, err) in enumerate(results):
+        if i != winners[0]:
+            assert rc == 1 and "EEXIST" in err, results
+    stored = json.loads((queue.dir / "pending" / ("race" + SUFFIX)).read_text())
+    assert stored["n"] == winners[0]
+    assert queue.entries("inbox") == set()
+
+
+def test_q4_concurrent_finishes_leave_one_terminal_pair(queue):
+    """Q-4, Q-6: finishes racing for one job (one --ok, one --error) never make two results:
+    exactly one succeeds and its pair is the only evidence left."""
+    for _ in range(3):
+        job = queue.publish()
+        assert queue.claim() == job
+        procs = [
+            _start(queue, "finish", job, flag, "-", stdin=json.dumps({"by": flag}).encode())
+            for flag in ("--ok", "--error", "--ok", "--error")
+        ]
+        results = _finish_all(procs)
+        assert [rc for rc, _, _ in results].count(0) == 1, results
+        assert all(rc in (0, 1) for rc, _, _ in results), results
+        states = [s for s in ("done", "failed") if (queue.dir / s / f"{job}.result").exists()]
+        assert len(states) == 1, results
+        assert queue.state(job) == states[0]
+        assert not (queue.dir / "claimed" / job).exists()
+        assert not (queue.dir / "lease" / job).exists()
+
+
+def test_i4_reconcile_racing_claims_never_requeues_a_job_a_claim_reported(queue, child):
+    """I-4, Q-3, Q-6: ``recover --reconcile`` run again and again while claims run never puts
+    back in pending a job whose claim was reported (its holder alive), so nobody else can
+    claim it: every job ends claimed once, by one claimer."""
+    jobs = [queue.publish(name=f"r{i:02d}") for i in range(24)]
+    claimers = [_start(queue, "claim", "--pid", str(child.pid)) for _ in range(24)]
+    recoverers = []
+    for _ in range(6):
+        # (the default grace: --grace 0 calls every temp file stray, a claim's own lease temp
+        # included, and that claim is then refused with its job left pending)
+        recoverers.append(_start(queue, "recover", "--reconcile"))
+    claimed = _finish_all(claimers)
+    recovered = _finish_all(recoverers)
+    assert [r for r in recovered if r[0] not in (0, 1)] == []
+    names = [out.strip() for rc, out, _ in claimed if rc == 0]
+    assert [c for c in claimed if c[0] not in (0, 3)] == []
+    assert len(names) == len(set(names)), names
+    for job in names:
+        assert queue.state(job) == "claimed", (job, queue.entries("pending"))
+    # whatever a claim lost to the race is still pending: nothing lost
+    for job in set(jobs) - set(names):
+        assert queue.state(job) == "pending", job
+    final = queue.run("recover", "--reconcile")
+    assert final.rc == 0, final
+
+
+def test_i5_concurrent_reconciles_converge_like_one(wreck):
+    """I-5: several ``recover --reconcile`` at once end where one would: every job in exactly
+    one state, the conflict kept, and a last run changes nothing."""
+    q = wreck
+    results = _finish_all([_start(q, "recover", "--reconcile") for _ in range(4)])
+    assert all(rc in (0, 1) for rc, _, _ in results), results
+    assert q.state("dead" + SUFFIX) == "pending"
+    assert q.state("nolease" + SUFFIX) == "pending"
+    assert q.state("rolled" + SUFFIX) == "done"
+    assert q.state("fine" + SUFFIX) == "pending"
+    assert q.entries("claimed") == set()
+    assert q.entries("lease") == set()
+    assert (q.dir / "pending" / ("clash" + SUFFIX)).is_file()
+    after = deep_snapshot(q.storage)
+    last = q.run("recover", "--reconcile")
+    assert last.rc == 1, last
+    assert deep_snapshot(q.storage) == after
