@@ -5,8 +5,12 @@ and events"): the runner on a trivial tool takes at most 2 x a direct exec of th
 events are appended with fsync at 0.7 x the fsync floor of the disk or better.  Every ratio is
 against a baseline measured in the same run, on the same filesystem:
 
-* **direct exec** — the tool's own executable started with ``subprocess`` under the same uid,
-  gid and environment, with its JSON input on stdin: what a call costs without CortexFS;
+* **direct exec** — the tool's own executable started with ``subprocess`` in the same
+  environment and working directory, with its JSON input on stdin: what a call costs without
+  CortexFS.  It is started the cheapest way a caller can (vfork), and so under this process's
+  uid rather than the agent's: switching credentials makes Python fork, copying the page
+  tables of this whole process (some 2 ms here, more than the trivial tool takes) and leaving
+  its memory copy-on-write for whatever runs next — a cost of the bench, not of a call;
 * **run_native** — :func:`cortexfs.tools.runner.run_native` in process (what a queue worker
   does): resolution, controls, schema, the six-step chain, hooks, the process, and two durable
   records (the session's ``tool_result`` and the tool's log);
@@ -119,18 +123,14 @@ def build(workdir: Path, uid: int, gid: int) -> tuple[Path, Path]:
 def direct_exec(root: Path, tool: str, payload: bytes, view: AgentView) -> Callable[[], object]:
     env = view.tool_environment(tool=tool, session="default", call="direct", mode="native")
     _, cwd = view.working_directory()
-    identity = view.identity
 
     def run() -> object:
-        completed = subprocess.run(
+        completed = subprocess.run(  # no credentials to switch: started with vfork
             [str(root / "tool" / tool)],
             input=payload,
             capture_output=True,
             env=env,
             cwd=cwd,
-            user=identity.uid,
-            group=identity.gid,
-            extra_groups=sorted(identity.groups),
             start_new_session=True,
             check=True,
         )
