@@ -1373,3 +1373,118 @@ def test_i5_concurrent_reconciles_converge_like_one(wreck):
     last = q.run("recover", "--reconcile")
     assert last.rc == 1, last
     assert deep_snapshot(q.storage) == after
+
+
+# --- R-3 for the other objects: tools, agents, models -------------------------------------------
+
+
+def _tool_manifest_named(directory: Path, name: str) -> Path:
+    manifest = _hello_manifest(directory)
+    document = json.loads(manifest.read_text())
+    document["name"] = name
+    manifest.write_text(json.dumps(document))
+    return manifest
+
+
+@pytest.mark.parametrize(
+    ("name", "legal"),
+    [("t" * 64, True), ("t" * 65, False), ("x.d", False), (".x", False), ("a b", False)],
+    ids=["64-bytes", "65-bytes", "ends-in-.d", "dot-first", "space"],
+)
+def test_r3_tool_names_at_the_boundaries(storage, tmp_path, name, legal):
+    """R-3: a tool name is an object name; anything else is EINVAL (T-8 ``object check``)."""
+    manifest = _tool_manifest_named(tmp_path / "m", name)
+    r = ctx_run("object", "check", manifest, env=clean_env(CTX_STORAGE=str(storage)))
+    if legal:
+        assert r.rc == 0, r
+    else:
+        assert r.rc in (1, 2), r
+        assert "EINVAL" in r.out + r.err, r
+
+
+@pytest.mark.parametrize(
+    ("name", "model", "legal"),
+    [
+        ("a" * 64, "openai/gpt-4o", True),
+        ("a" * 65, "openai/gpt-4o", False),
+        ("agent.d", "openai/gpt-4o", False),
+        ("-agent", "openai/gpt-4o", False),
+        ("agent1", "openai", False),
+        ("agent2", "a/b/c", False),
+        ("agent3", "openai/.hidden", False),
+        ("agent4", "openai/m.d", False),
+        ("agent5", "/gpt", False),
+        ("agent6", "p" * 64 + "/" + "m" * 64, True),
+    ],
+    ids=[
+        "agent-64",
+        "agent-65",
+        "agent-.d",
+        "agent-dash-first",
+        "model-no-slash",
+        "model-two-slashes",
+        "model-dot-first",
+        "model-.d",
+        "model-empty-provider",
+        "model-64-and-64",
+    ],
+)
+def test_r3_agent_and_model_names_at_the_boundaries(storage, tmp_path, name, model, legal):
+    """R-3: agent names are object names; "Model names are <provider>/<model>, each part an
+    object name"; anything else is EINVAL and creates nothing."""
+    spec = tmp_path / "agent.json"
+    spec.write_text(json.dumps({"name": name, "label": "x_t", "model": [model], "tools": []}))
+    before = set(os.listdir(storage / "agent"))
+    r = ctx_run("agent", "create", spec, "--storage", storage)
+    if legal:
+        assert r.rc == 0, r
+        assert name in os.listdir(storage / "agent")
+    else:
+        assert r.rc in (1, 2), r
+        assert "EINVAL" in r.err, r
+        assert set(os.listdir(storage / "agent")) == before
+
+
+# --- Q-8 in the staging directory, and a queue that is not there ---------------------------------
+
+
+def test_q8_reconcile_removes_only_regular_temp_files_from_the_staging_directory(queue, tmp_path):
+    """Q-6, Q-8: "stray temp files in inbox/ older than the grace period → removed"; a symlink,
+    a directory or a FIFO there is not a temp file: never followed, never removed."""
+    target = tmp_path / "precious"
+    target.write_text("keep me")
+    inbox = queue.dir / "inbox"
+    (inbox / "link.tmp").symlink_to(target)
+    (inbox / "dir.tmp").mkdir()
+    (inbox / "dir.tmp" / "inside").write_text("keep")
+    os.mkfifo(inbox / "fifo.tmp")
+    (inbox / "stale.tmp").write_text("half a request")
+    for entry in inbox.iterdir():
+        age(entry, DAY)
+    r = queue.run("recover", "--reconcile")
+    assert r.rc == 0, r
+    assert set(os.listdir(inbox)) == {"link.tmp", "dir.tmp", "fifo.tmp"}
+    assert target.read_text() == "keep me"
+    assert (inbox / "dir.tmp" / "inside").read_text() == "keep"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["status"], ["list"], ["claim"], ["recover", "--reconcile"], ["show", "j"], ["publish", "-"]],
+    ids=" ".join,
+)
+def test_s24_a_project_without_a_queue_is_refused_and_nothing_is_made(storage, args):
+    """§2.4: "1 operation refused": a queue command on a project that has no queue (only
+    ``init`` makes one) is refused, makes nothing, and is never "nothing to claim"."""
+    before = deep_snapshot(storage)
+    r = QueueCLI(storage, "nosuch").run(*args, input=json.dumps(request()))
+    assert r.rc == 1, r
+    assert deep_snapshot(storage) == before
+
+
+def test_s24_claim_for_a_pid_that_does_not_exist_still_prints_j_alone(queue):
+    """§2.4: "In text mode publish and claim print the job name J alone on its own line (and
+    nothing else on stdout)" — whatever the claim has to say goes elsewhere."""
+    job = queue.drop("gone-holder")
+    r = queue.run("claim", "--pid", str(dead_pid()), "--worker", "w-1", "--ttl", "60")
+    assert (r.rc, r.out) == (0, job + "\n"), r
