@@ -344,6 +344,9 @@ def test_r1_storage_option_beats_ctx_storage_for_every_queue_command(_template, 
         assert mine.state(job) == expected, r
     if command in ("show", "list"):
         assert job in r.out
+    # R-2, §0: nothing at the root besides the six entries (no audit/, no queue/) after any
+    # command, a worker's run included
+    assert set(os.listdir(chosen)) == ROOT_ENTRIES
 
 
 # --- R-2 and R-5: what bootstrap puts in place ---------------------------------------------------
@@ -589,6 +592,9 @@ def test_s24_every_command_with_json_prints_json_on_stdout(storage, tmp_path):
     run("recover", "--reconcile", "--grace", "5")
     run("work", "--drain")
     assert json.loads((q.dir / "done" / f"{job}.result").read_text())["output"] == {"answer": 1}
+    # §2: the queue has "exactly these subdirectories", after a whole life of jobs too
+    subdirs = {e for e in os.listdir(q.dir) if (q.dir / e).is_dir()}
+    assert subdirs == QUEUE_SUBDIRS
 
 
 # --- §2.4: usage errors are exit 2 ---------------------------------------------------------------
@@ -1488,3 +1494,18 @@ def test_s24_claim_for_a_pid_that_does_not_exist_still_prints_j_alone(queue):
     job = queue.drop("gone-holder")
     r = queue.run("claim", "--pid", str(dead_pid()), "--worker", "w-1", "--ttl", "60")
     assert (r.rc, r.out) == (0, job + "\n"), r
+
+
+def test_q3_the_lease_records_the_holders_start_time(queue, child):
+    """Q-3: the lease holds "the process start time (psutil create_time)" of its holder.
+
+    # reading: the field's name is not fixed; some number in the lease is that start time.
+    """
+    psutil = pytest.importorskip("psutil")
+    job = queue.drop("timed")
+    assert queue.claim("--pid", str(child.pid)) == job
+    lease = queue.lease(job)
+    started = psutil.Process(child.pid).create_time()
+    numbers = [v for v in lease.values() if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    assert any(abs(v - started) < 0.05 for v in numbers), lease
+    assert lease["pid"] == child.pid
