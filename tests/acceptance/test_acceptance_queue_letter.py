@@ -1656,3 +1656,16 @@ def test_q7_finish_and_requeue_sync_every_parent_before_reporting(queue, strace_
         calls = _traced(queue, "recover")
         assert queue.state(job) == "pending"
     assert _durability_faults(queue, calls) == []
+
+
+def test_q9_jobs_of_one_age_are_claimed_in_name_order(queue):
+    """Q-9: oldest first "by publish time, name as tie-break": requests put in pending/ by
+    hand with one and the same time are claimed in name order."""
+    names = ["zz", "bb", "aa", "mm"]
+    for name in names:
+        queue.drop(name)
+    stamp = time.time() - DAY
+    for name in names:
+        os.utime(queue.dir / "pending" / (name + SUFFIX), (stamp, stamp))
+    claimed = [queue.claim("--pid", str(os.getpid())) for _ in names]
+    assert claimed == [n + SUFFIX for n in sorted(names)]
