@@ -3,14 +3,18 @@ it leaves behind.  Nothing here imports the product."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 CTX_ARGV = [str(REPO / ".venv" / "bin" / "ctx")]
@@ -252,3 +256,40 @@ def alive(pid: int) -> bool:
     except FileNotFoundError:
         return False
     return state != "Z"
+
+
+MOUNT_WAIT = 15.0  # seconds for `ctx mount` to mount, and to end after `ctx umount`
+
+
+def mounted_at(mountpoint: Path) -> bool:
+    target = str(mountpoint)
+    with open("/proc/self/mountinfo") as table:
+        return any(line.split()[4] == target for line in table)
+
+
+@contextlib.contextmanager
+def ctx_mount(storage: Path, mountpoint: Path, *args: str) -> Iterator[subprocess.Popen]:
+    """``ctx mount MOUNTPOINT ARGS`` running in the background until the block ends."""
+    mountpoint.mkdir(exist_ok=True)
+    argv = [*CTX_ARGV, "mount", "--storage", str(storage), *args, str(mountpoint)]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=clean_env())  # fmt: skip
+    try:
+        deadline = time.monotonic() + MOUNT_WAIT
+        while not mounted_at(mountpoint):
+            if proc.poll() is not None:
+                out, err = proc.communicate()
+                pytest.fail(f"ctx mount exited {proc.returncode}: {err.decode()}{out.decode()}")
+            assert time.monotonic() < deadline, "ctx mount did not mount in time"
+            time.sleep(0.05)
+        yield proc
+    finally:
+        if mounted_at(mountpoint):
+            ctx_run("umount", mountpoint)
+        if mounted_at(mountpoint):
+            subprocess.run(["umount", "-l", str(mountpoint)], check=False)
+        try:
+            proc.wait(timeout=MOUNT_WAIT)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

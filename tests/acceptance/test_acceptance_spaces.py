@@ -14,19 +14,19 @@ import shutil
 import signal
 import stat
 import subprocess
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.acceptance.ctxcli import (
-    CTX_ARGV,
+    MOUNT_WAIT,
     QUEUE_SUBDIRS,
     REPO,
     ROOT_ENTRIES,
     clean_env,
+    ctx_mount,
     ctx_run,
+    mounted_at,
     request,
     snapshot,
 )
@@ -45,7 +45,6 @@ MAN_PAGES = {
     "provider": "ctx.provider.md",
 }
 DOCS_SPEC = REPO / "docs" / "spec"
-MOUNT_WAIT = 15.0
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
 needs_fuse = pytest.mark.skipif(
@@ -335,40 +334,6 @@ def test_d1_bootstrap_leaves_user_data_beside_the_bundle(storage: Path) -> None:
 
 
 # ------------------------------------------------------------------ F-1: ctx mount
-
-
-def mounted_at(mountpoint: Path) -> bool:
-    target = str(mountpoint)
-    with open("/proc/self/mountinfo") as table:
-        return any(line.split()[4] == target for line in table)
-
-
-@contextlib.contextmanager
-def ctx_mount(storage: Path, mountpoint: Path, *args: str) -> Iterator[subprocess.Popen]:
-    """``ctx mount MOUNTPOINT ARGS`` running in the background until the block ends."""
-    mountpoint.mkdir(exist_ok=True)
-    argv = [*CTX_ARGV, "mount", "--storage", str(storage), *args, str(mountpoint)]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env=clean_env())  # fmt: skip
-    try:
-        deadline = time.monotonic() + MOUNT_WAIT
-        while not mounted_at(mountpoint):
-            if proc.poll() is not None:
-                out, err = proc.communicate()
-                pytest.fail(f"ctx mount exited {proc.returncode}: {err.decode()}{out.decode()}")
-            assert time.monotonic() < deadline, "ctx mount did not mount in time"
-            time.sleep(0.05)
-        yield proc
-    finally:
-        if mounted_at(mountpoint):
-            ctx_run("umount", mountpoint)
-        if mounted_at(mountpoint):
-            subprocess.run(["umount", "-l", str(mountpoint)], check=False)
-        try:
-            proc.wait(timeout=MOUNT_WAIT)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def wait_exit(proc: subprocess.Popen) -> int:

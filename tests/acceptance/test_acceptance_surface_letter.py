@@ -7,7 +7,6 @@ of a space's queue and of the manual bundle, and what a mount refuses at the roo
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import json
 import os
@@ -27,13 +26,16 @@ import pytest
 
 from tests.acceptance.ctxcli import (
     CTX_ARGV,
+    MOUNT_WAIT,
     QUEUE_SUBDIRS,
     REPO,
     ROOT_ENTRIES,
     QueueCLI,
     clean_env,
+    ctx_mount,
     ctx_run,
     find_values,
+    mounted_at,
     request,
     snapshot,
     wait_for,
@@ -53,7 +55,6 @@ MAN_PAGES = {
     "provider": "ctx.provider.md",
 }
 H4_DEFAULTS = {"max_loaded_tools": "64", "cache_capacity": "32", "window_percent": "1"}
-MOUNT_WAIT = 15.0
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="agents run as another uid")
 needs_fuse = pytest.mark.skipif(
@@ -644,38 +645,6 @@ def test_d1_ctx_man_without_a_topic_names_the_topics(storage):
 
 
 # ====================================================================== §13 ctx mount
-
-
-def mounted_at(mountpoint: Path) -> bool:
-    with open("/proc/self/mountinfo") as table:
-        return any(line.split()[4] == str(mountpoint) for line in table)
-
-
-@contextlib.contextmanager
-def ctx_mount(storage: Path, mountpoint: Path, *args: str) -> Iterator[subprocess.Popen]:
-    mountpoint.mkdir(exist_ok=True)
-    argv = [*CTX_ARGV, "mount", "--storage", str(storage), *args, str(mountpoint)]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env=clean_env())  # fmt: skip
-    try:
-        deadline = time.monotonic() + MOUNT_WAIT
-        while not mounted_at(mountpoint):
-            if proc.poll() is not None:
-                out, err = proc.communicate()
-                pytest.fail(f"ctx mount exited {proc.returncode}: {err.decode()}{out.decode()}")
-            assert time.monotonic() < deadline, "ctx mount did not mount in time"
-            time.sleep(0.05)
-        yield proc
-    finally:
-        if mounted_at(mountpoint):
-            ctx_run("umount", mountpoint)
-        if mounted_at(mountpoint):
-            subprocess.run(["umount", "-l", str(mountpoint)], check=False)
-        try:
-            proc.wait(timeout=MOUNT_WAIT)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 @needs_fuse
