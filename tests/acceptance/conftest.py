@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,6 +30,27 @@ def storage(_template: Path, tmp_path: Path) -> Path:
     root = tmp_path / "storage"
     shutil.copytree(_template, root, symlinks=True)
     return root
+
+
+@pytest.fixture
+def searchable_storage(_template: Path) -> Iterator[Path]:
+    """The bootstrapped root, copied where an agent's uid may search it (step 2 of P-5 denies
+    a tool whose storage root lies below a directory its uid cannot search)."""
+    parent = Path(tempfile.mkdtemp(prefix="ctx-acceptance-root-", dir="/tmp"))
+    parent.chmod(0o755)
+    root = parent / "storage"
+    shutil.copytree(_template, root, symlinks=True)
+    yield root
+    shutil.rmtree(parent, ignore_errors=True)
+
+
+@pytest.fixture
+def outbox() -> Iterator[Path]:
+    """A directory every uid may write, where the tools of agents leave their traces."""
+    path = Path(tempfile.mkdtemp(prefix="ctx-acceptance-outbox-", dir="/tmp"))
+    path.chmod(0o1777)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

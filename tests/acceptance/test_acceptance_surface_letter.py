@@ -10,14 +10,11 @@ from __future__ import annotations
 import errno
 import json
 import os
-import shutil
 import signal
 import socket
 import stat
 import subprocess
-import tempfile
 import time
-from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
@@ -98,23 +95,9 @@ def start_worker(queue: QueueCLI, *args: str) -> subprocess.Popen:
 
 
 @pytest.fixture
-def outbox() -> Iterator[Path]:
-    """A directory every uid may write, where the jobs' tools leave their traces."""
-    path = Path(tempfile.mkdtemp(prefix="ctx-letter-", dir="/tmp"))
-    path.chmod(0o1777)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture
-def storage(_template: Path) -> Iterator[Path]:
-    """The bootstrapped root of conftest, copied where an agent's uid may search it."""
-    parent = Path(tempfile.mkdtemp(prefix="ctx-letter-root-", dir="/tmp"))
-    parent.chmod(0o755)
-    root = parent / "storage"
-    shutil.copytree(_template, root, symlinks=True)
-    yield root
-    shutil.rmtree(parent, ignore_errors=True)
+def storage(searchable_storage: Path) -> Path:
+    """Agents run as another uid here: the root must be searchable by it (conftest)."""
+    return searchable_storage
 
 
 @pytest.fixture

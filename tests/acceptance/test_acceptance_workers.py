@@ -10,7 +10,6 @@ import os
 import shutil
 import signal
 import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -115,24 +114,9 @@ def nothing_left_in_flight(queue: QueueCLI) -> None:
 
 
 @pytest.fixture
-def outbox() -> Iterator[Path]:
-    """A directory every uid may write, where tools leave their traces."""
-    path = Path(tempfile.mkdtemp(prefix="ctx-workers-", dir="/tmp"))
-    path.chmod(0o1777)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture
-def storage(_template: Path) -> Iterator[Path]:
-    """The bootstrapped root of conftest, copied where an agent's uid may search (step 2 of
-    P-5 denies a tool whose storage root lies below a directory its uid cannot search)."""
-    parent = Path(tempfile.mkdtemp(prefix="ctx-workers-root-", dir="/tmp"))
-    parent.chmod(0o755)
-    root = parent / "storage"
-    shutil.copytree(_template, root, symlinks=True)
-    yield root
-    shutil.rmtree(parent, ignore_errors=True)
+def storage(searchable_storage: Path) -> Path:
+    """Agents run as another uid here: the root must be searchable by it (conftest)."""
+    return searchable_storage
 
 
 @pytest.fixture
