@@ -330,9 +330,7 @@ def move_strategy_for(ops: FsOps, dir_fd: int) -> str:
     return ops.move_strategy or default_move_strategy(dir_fd)
 
 
-def move_noreplace(
-    ops: FsOps, src_dir: int, src: str, dst_dir: int, dst: str, *, sync_src: bool = True
-) -> None:
+def move_noreplace(ops: FsOps, src_dir: int, src: str, dst_dir: int, dst: str) -> None:
     """Move ``src`` to ``dst`` without ever replacing ``dst`` (EEXIST if it exists), durably.
 
     On return both names' directories are synced: ``dst`` exists, ``src`` does not, and no
@@ -340,24 +338,18 @@ def move_noreplace(
     (:func:`make_dir_synced`): a rename may reach the disk before the ``mkdir`` of its
     destination, which would leave the file in a directory no name leads to.
 
-    ``sync_src=False`` leaves the source directory unsynced, for a caller that removes that
-    directory next and syncs its parent: once the directory's removal is durable no name in
-    it can come back, so that one sync covers the source name too.
-
     What a crash *during* the call can leave depends on the strategy:
 
     * ``rename`` (atomic-rename filesystems): exactly one of the two names;
     * ``link``: ``dst`` is synced before ``src`` is unlinked, so at least one name survives,
       possibly both (two links to one inode), never neither.
     """
-    (refused,) = move_noreplace_batch(ops, [Move(src_dir, src, dst_dir, dst)], sync_src=sync_src)
+    (refused,) = move_noreplace_batch(ops, [Move(src_dir, src, dst_dir, dst)])
     if refused is not None:
         raise refused
 
 
-def move_noreplace_batch(
-    ops: FsOps, moves: Sequence[Move], *, sync_src: bool = True
-) -> list[OSError | None]:
+def move_noreplace_batch(ops: FsOps, moves: Sequence[Move]) -> list[OSError | None]:
     """:func:`move_noreplace` for many names with one barrier per directory (group commit).
 
     Returns one entry per move: None when it moved, the OSError that refused it otherwise
@@ -390,8 +382,7 @@ def move_noreplace_batch(
         # The new names are durable; only now may the old ones go.
         for move in done:
             ops.unlink(move.src, move.src_dir)
-    if sync_src:
-        sync_dirs(ops, [m.src_dir for m in done])
+    sync_dirs(ops, [m.src_dir for m in done])
     return outcomes
 
 

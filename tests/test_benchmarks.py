@@ -40,9 +40,9 @@ def test_queue_lifecycle_counts_the_protocols_fsyncs(tmp_path: Path) -> None:
         cwd=tmp_path,
     )
 
-    # step for step: docs/queue.md lists these sixteen barriers.
-    assert figures["fsyncs_per_job"] == {"file_fsync": 3, "dir_fsync": 13}
-    assert len(figures["barriers_us"]) == 16
+    # step for step: docs/queue.md lists these eighteen barriers.
+    assert figures["fsyncs_per_job"] == {"file_fsync": 3, "dir_fsync": 15}
+    assert len(figures["barriers_us"]) == 18
     for rate in ("lifecycle", "persist_queue", "litequeue", "dirq"):
         assert figures[f"{rate}_jobs_per_s"] > 0
     assert set(figures["claim_ms"]["durable"]) == {"1000", "2000"}

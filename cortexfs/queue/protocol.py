@@ -974,8 +974,7 @@ def _move_request_and_clean_up(
     ops = queue.ops
     try:
         ops.step("finish.request")
-        # No sync of claimed/J: the cleanup removes it and syncs claimed/.
-        durable.move_noreplace(ops, claim_fd, job, terminal, job, sync_src=False)
+        durable.move_noreplace(ops, claim_fd, job, terminal, job)
         ops.step("finish.cleanup")
         remove_claim_and_lease(queue, job)
     except OSError as exc:
@@ -1075,10 +1074,13 @@ def _flock_holders(fd: int) -> list[int]:
 
 
 def remove_claim_and_lease(queue: Queue, job: str) -> None:
-    """Remove ``lease/J/worker``, ``lease/J``, ``claimed/J`` and sync their parents.
+    """Remove ``lease/J/worker`` and sync ``lease/J``, then remove ``lease/J`` and
+    ``claimed/J`` and sync their parents.
 
     The lease goes before the claim directory: while ``claimed/J`` exists nobody can claim J
-    again (mkdir fails), so no new lease can meet a stale one.
+    again (mkdir fails), so no new lease can meet a stale one.  ``lease/J`` is synced after
+    its file goes though the directory goes next (Q-7: every affected parent, after every
+    unlink); the sync of ``lease/`` alone would make both departures durable.
     """
     ops = queue.ops
     removals: list[tuple[int, str, bool]] = []
@@ -1093,7 +1095,8 @@ def remove_claim_and_lease(queue: Queue, job: str) -> None:
             # goes all the same, and one that holds a lease fails at its rmdir (ENOTEMPTY).
     try:
         if lease_fd is not None:
-            removals.append((lease_fd, LEASE_FILE, False))
+            durable.remove_entries(ops, [(lease_fd, LEASE_FILE, False)])
+            durable.sync_dir(ops, lease_fd)
         removals += [(queue.lease, job, True), (queue.claimed, job, True)]
         durable.remove_entries(ops, removals)
         durable.sync_dirs(ops, [queue.lease, queue.claimed])

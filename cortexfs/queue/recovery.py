@@ -440,18 +440,23 @@ def _places_changed(job: str, transition: Any, evidence: ev.JobEvidence) -> tupl
 
 def _move_claim_to(queue: Queue, job: str, claim_fd: int, dst_dir: int) -> None:
     """Move ``claimed/J/J`` to ``dst_dir/J``; if J is already there as the same file, drop
-    the claim's link instead (an interrupted link-strategy move).
-
-    ``claimed/J`` itself is not synced: the cleanup that always follows removes it and
-    syncs ``claimed/``, which makes the request's departure durable too."""
+    the claim's link instead (an interrupted link-strategy move).  Either way ``claimed/J``
+    is synced (Q-7), though the cleanup that always follows removes it."""
     try:
-        durable.move_noreplace(queue.ops, claim_fd, job, dst_dir, job, sync_src=False)
+        durable.move_noreplace(queue.ops, claim_fd, job, dst_dir, job)
     except FileExistsError:
         claim_st = lstat_at(claim_fd, job)
         dst_st = lstat_at(dst_dir, job)
         if claim_st is None or dst_st is None or claim_st.st_ino != dst_st.st_ino:
             raise
-        durable.remove_entries(queue.ops, [(claim_fd, job, False)])
+        _drop_from_claim(queue, job, claim_fd)
+
+
+def _drop_from_claim(queue: Queue, job: str, claim_fd: int) -> None:
+    """Unlink ``claimed/J/J``, a second name of a request that is in place elsewhere, and
+    sync ``claimed/J`` (Q-7)."""
+    durable.remove_entries(queue.ops, [(claim_fd, job, False)])
+    durable.sync_dir(queue.ops, claim_fd)
 
 
 def _requeue(queue: Queue, job: str, claim_fd: int | None) -> None:
@@ -481,7 +486,7 @@ def _roll_forward(queue: Queue, job: str, claim_fd: int | None) -> None:
 def _drop_claim_copy(queue: Queue, job: str, claim_fd: int | None) -> None:
     assert claim_fd is not None
     queue.ops.step("recover.drop_copy")
-    durable.remove_entries(queue.ops, [(claim_fd, job, False)])  # made durable by the cleanup
+    _drop_from_claim(queue, job, claim_fd)
     queue.ops.step("recover.cleanup")
     remove_claim_and_lease(queue, job)
 

@@ -1635,14 +1635,6 @@ def test_q7_publish_and_claim_sync_every_parent_before_reporting(queue, strace_a
     assert _durability_faults(queue, calls) == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Q-7 and the design text ('after every rename or directory removal, sync every "
-    "affected parent directory') ask for an fsync of claimed/J after the request leaves it "
-    "and of lease/J after its worker file goes; finish and recover skip both, deliberately "
-    "(docs/queue.md, docs/crash-model.md §8: the removal of those directories, synced in "
-    "their parents, covers them, as the crash harness's mutation check shows)",
-)
 @pytest.mark.parametrize("command", ["finish", "recover"])
 def test_q7_finish_and_requeue_sync_every_parent_before_reporting(queue, strace_available, command):
     """Q-4, Q-5, Q-7: finish and recover's requeue, each rename and removal followed by an

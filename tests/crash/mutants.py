@@ -32,7 +32,8 @@ GUARD_KINDS = ("rename_noreplace", "link", "mkdir")
 CONFIGS = ((Mode.ATOMIC, MOVE_RENAME), (Mode.PESSIMISTIC, MOVE_LINK))
 
 
-# Guards that cannot fire, each with the reason (docs/crash-model.md §5 says the same).
+# Guards that cannot fire, each with the reason (docs/crash-model.md §5 says the same), and
+# syncs kept for Q-7's letter alone.
 # Keyed by (call, destination, protocol function): line numbers would go stale.
 _FRESH_CLAIM = (
     "claimed/J was created an instant earlier by this claimer, under the mkdir arbitration "
@@ -64,7 +65,18 @@ _PUBLISHERS_ARBITRATED = (
     "here; only recover requeueing an earlier J between that look's pending/ and claimed/ "
     "checks could, and the harness never runs recover beside a publish: the guard stays for it"
 )
+# Syncs Q-7 asks for by its letter ("after every rename, link, unlink or rmdir, every affected
+# parent directory is fsynced") that no crash state can tell from their absence.
+_REMOVED_NEXT = (
+    "Q-7's letter: this directory is removed right after and its parent synced, and once that "
+    "removal is durable no name inside it can come back, so no crash state tells this sync "
+    "from its absence (docs/crash-model.md §8)"
+)
 JUSTIFIED = {
+    ("fsync", "claimed/J/", "protocol._move_request_and_clean_up"): _REMOVED_NEXT,
+    ("fsync", "claimed/J/", "recovery._move_claim_to"): _REMOVED_NEXT,
+    ("fsync", "claimed/J/", "recovery._drop_from_claim"): _REMOVED_NEXT,
+    ("fsync", "lease/J/", "protocol.remove_claim_and_lease"): _REMOVED_NEXT,
     ("rename_noreplace", "claimed/J/J", "protocol.claim_job"): _FRESH_CLAIM,
     ("link", "claimed/J/J", "protocol.claim_job"): _FRESH_CLAIM,
     ("rename_noreplace", "lease/J/worker", "protocol._write_lease"): _FRESH_LEASE,

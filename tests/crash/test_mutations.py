@@ -1,6 +1,7 @@
 """Disable one sync or one no-replace guard at a time: the harness must notice
 (docs/crash-model.md §5).  The kill ratio is in the result table; every survivor is a guard
-that cannot fire, named with its reason in :data:`tests.crash.mutants.JUSTIFIED`.
+that cannot fire, or a sync Q-7's letter asks for that no crash state tells from its absence,
+named with its reason in :data:`tests.crash.mutants.JUSTIFIED`.
 """
 
 from __future__ import annotations
