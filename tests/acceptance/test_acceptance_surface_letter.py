@@ -7,6 +7,7 @@ of a space's queue and of the manual bundle, and what a mount refuses at the roo
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -15,6 +16,7 @@ import socket
 import stat
 import subprocess
 import time
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
@@ -92,6 +94,18 @@ def start_worker(queue: QueueCLI, *args: str) -> subprocess.Popen:
     argv = [*CTX_ARGV, "queue", "work", "--project", queue.project, "--agent", AGENT, *args]
     return subprocess.Popen(argv, env=env_for(queue.storage), stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+
+
+@contextlib.contextmanager
+def running_worker(queue: QueueCLI, *args: str) -> Iterator[subprocess.Popen]:
+    """:func:`start_worker`, killed on the way out if the block left it running."""
+    proc = start_worker(queue, *args)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
 
 
 @pytest.fixture
@@ -202,16 +216,11 @@ def test_w2_drain_takes_what_is_published_while_it_runs(queue, agent, outbox):
     """W-2: ``--drain`` "processes until the queue is empty and exits": a job published while
     the worker is busy is work still in the queue, taken before it exits."""
     first = queue.publish(waiting_job(outbox, "a"), name="a")
-    proc = start_worker(queue, "--drain")
-    try:
+    with running_worker(queue, "--drain") as proc:
         assert wait_for(lambda: (outbox / "started-a").exists(), 20)
         second = queue.publish(shell_job("echo late"), name="b")
         (outbox / "go-a").touch()
         _, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
     assert proc.returncode == 0, err
     assert [queue.state(first), queue.state(second)] == ["done", "done"]
 
@@ -222,17 +231,12 @@ def test_w4_a_first_interrupt_lets_the_running_job_finish(queue, agent, outbox):
     ``ctx queue work --help`` gives ^C (SIGINT, once) the meaning of SIGTERM."""
     running = queue.publish(waiting_job(outbox, "a"), name="a")
     waiting = queue.publish(shell_job("echo never"), name="b")
-    proc = start_worker(queue)
-    try:
+    with running_worker(queue) as proc:
         assert wait_for(lambda: (outbox / "started-a").exists(), 20)
         proc.send_signal(signal.SIGINT)
         time.sleep(0.3)
         (outbox / "go-a").touch()
         _, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
     assert proc.returncode == 0, err
     assert queue.state(running) == "done"
     assert queue.state(waiting) == "pending"
@@ -301,17 +305,12 @@ def test_q3_w1_the_lease_a_worker_takes_holds_every_field(queue, agent, outbox):
         shell_job(f"touch {outbox}/started; i=0; while [ ! -e {outbox}/go ] && [ $i -lt 400 ];"
                   f" do sleep 0.05; i=$((i+1)); done")
     )  # fmt: skip
-    proc = start_worker(queue, "--drain", "--worker", "letter-worker-7", "--ttl", "30")
-    try:
+    with running_worker(queue, "--drain", "--worker", "letter-worker-7", "--ttl", "30") as proc:
         assert wait_for(lambda: (outbox / "started").exists(), 20), proc.stderr
         lease = queue.lease(job)
         create_time = psutil.Process(proc.pid).create_time()
         (outbox / "go").touch()
         _, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
     assert proc.returncode == 0, err
     assert lease["worker"] == "letter-worker-7", lease
     assert lease["host"] == socket.gethostname(), lease
