@@ -7,7 +7,6 @@ of a space's queue and of the manual bundle, and what a mount refuses at the roo
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import json
 import os
@@ -16,7 +15,6 @@ import socket
 import stat
 import subprocess
 import time
-from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
@@ -24,12 +22,10 @@ import psutil
 import pytest
 
 from tests.acceptance.ctxcli import (
-    CTX_ARGV,
     MOUNT_WAIT,
     QUEUE_SUBDIRS,
     REPO,
     ROOT_ENTRIES,
-    QueueCLI,
     clean_env,
     ctx_mount,
     ctx_run,
@@ -39,11 +35,18 @@ from tests.acceptance.ctxcli import (
     snapshot,
     wait_for,
 )
+from tests.acceptance.workercli import (
+    AGENT,
+    LABEL,
+    allow_in_tool_policy,
+    result_of,
+    running_worker,
+    shell_job,
+)
+from tests.acceptance.workercli import make_agent as make_agent_in_policy
 from tests.support.users import UnprivilegedUser, access_as
 from tests.support.users import unprivileged_user as unprivileged_user
 
-AGENT = "ci"
-LABEL = "ci_t"
 MAN_PAGES = {
     "agent": "ctx.agent.md",
     "tool": "ctx.tool.md",
@@ -70,42 +73,9 @@ def env_for(storage: Path, **extra: str) -> dict[str, str]:
 
 def make_agent(storage: Path, tools: list[str]) -> None:
     """``ctx agent create`` (A-3) whose policy grants ``tools``; the tool layer of P-6 too."""
-    req = {"name": AGENT, "label": LABEL, "tools": tools}
-    made = ctx_run("agent", "create", "--storage", storage, "-", input=json.dumps(req))
-    assert made.rc == 0, made
+    make_agent_in_policy(storage, tools)
     for tool in tools:
-        with open(storage / "tool" / f"{tool}.d" / "policy", "a") as policy:
-            policy.write(f"allow {LABEL} tool:{tool} execute\n")
-
-
-def shell_job(cmd: str) -> dict:
-    req = request("shell.exec")
-    req["input"] = {"cmd": cmd}
-    return req
-
-
-def result_of(queue: QueueCLI, job: str) -> dict:
-    state = queue.state(job)
-    assert state in ("done", "failed"), (job, state)
-    return json.loads((queue.dir / state / f"{job}.result").read_text())
-
-
-def start_worker(queue: QueueCLI, *args: str) -> subprocess.Popen:
-    argv = [*CTX_ARGV, "queue", "work", "--project", queue.project, "--agent", AGENT, *args]
-    return subprocess.Popen(argv, env=env_for(queue.storage), stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
-
-
-@contextlib.contextmanager
-def running_worker(queue: QueueCLI, *args: str) -> Iterator[subprocess.Popen]:
-    """:func:`start_worker`, killed on the way out if the block left it running."""
-    proc = start_worker(queue, *args)
-    try:
-        yield proc
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        allow_in_tool_policy(storage, tool)
 
 
 @pytest.fixture

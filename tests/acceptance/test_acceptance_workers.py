@@ -4,14 +4,12 @@ they are reported) and the authority chain (§5, §6) as a worker meets it: blac
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,77 +20,32 @@ from tests.acceptance.ctxcli import (
     QueueCLI,
     alive,
     clean_env,
-    ctx_run,
     find_values,
     request,
     rfc3339,
     wait_for,
+)
+from tests.acceptance.workercli import (
+    AGENT,
+    allow_in_tool_policy,
+    make_agent,
+    result_of,
+    running_worker,
+    shell_job,
+    start_worker,
 )
 from tests.support.users import UnprivilegedUser
 from tests.support.users import unprivileged_user as unprivileged_user
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="agents run as another uid: needs root")
 
-AGENT = "ci"
-LABEL = "ci_t"
-
-
 # ------------------------------------------------------------------------------ helpers
-
-
-def make_agent(storage: Path, tools: list[str], *options: str, name: str = AGENT) -> None:
-    """``ctx agent create`` (A-3): its policy grants exactly ``tools`` (the agent layer of P-6)."""
-    req = {"name": name, "label": f"{name}_t", "tools": tools}
-    r = ctx_run("agent", "create", "--storage", storage, *options, "-", input=json.dumps(req))
-    assert r.rc == 0, r
-
-
-def allow_in_tool_policy(storage: Path, tool: str, label: str = LABEL) -> None:
-    """The tool layer of P-6: ``allow <label> tool:<name> execute`` in ``tool/<name>.d/policy``."""
-    with open(storage / "tool" / f"{tool}.d" / "policy", "a") as policy:
-        policy.write(f"allow {label} tool:{tool} execute\n")
-
-
-def shell_job(cmd: str, **extra) -> dict:
-    req = request("shell.exec", **extra)
-    req["input"] = {"cmd": cmd}
-    return req
 
 
 def work(queue: QueueCLI, *args: str, timeout: float = 60, env: dict | None = None):
     return queue.run(
         "work", "--agent", AGENT, *args, timeout=timeout, **({"env": env} if env else {})
     )
-
-
-def start_worker(queue: QueueCLI, *args: str, env: dict | None = None) -> subprocess.Popen:
-    argv = [*CTX_ARGV, "queue", "work", "--project", queue.project, "--agent", AGENT, *args]
-    return subprocess.Popen(
-        argv,
-        env=env or clean_env(CTX_STORAGE=str(queue.storage)),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-@contextlib.contextmanager
-def running_worker(queue: QueueCLI, *args: str) -> Iterator[subprocess.Popen]:
-    """:func:`start_worker`, killed on the way out if the block left it running."""
-    proc = start_worker(queue, *args)
-    try:
-        yield proc
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-
-
-def result_of(queue: QueueCLI, job: str) -> dict:
-    state = queue.state(job)
-    assert state in ("done", "failed"), (job, state, queue.entries("claimed"))
-    return json.loads((queue.dir / state / f"{job}.result").read_text())
 
 
 def says(res: dict, *words: str) -> bool:
