@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.acceptance.ctxcli import CTX_ARGV, ROOT_ENTRIES, Run, clean_env, ctx_run
+from tests.acceptance.ctxcli import CTX_ARGV, ROOT_ENTRIES, Run, clean_env, ctx_run, tool_manifest
 from tests.support.users import run_as
 from tests.support.users import unprivileged_user as unprivileged_user
 
@@ -325,21 +325,8 @@ def test_t4_tshrc_is_data_never_code(storage, tmp_path):
 # ------------------------------------------------------------------ T-8a: ctx object list --tier
 
 
-def install(storage: Path, top: Path, name: str, tier: str, **fields) -> Run:
-    program = top / f"{name}.sh"
-    program.write_text(PROGRAM)
-    document = {
-        "manifest": 2,
-        "kind": "tool",
-        "name": name,
-        "description": f"The {name} test tool.",
-        "schema": {"type": "object"},
-        "cap": {"side_effects": False, "network": False},
-        "exec": str(program),
-    }
-    document.update(fields)
-    manifest = top / f"{name}.json"
-    manifest.write_text(json.dumps(document))
+def install(storage: Path, top: Path, name: str, tier: str) -> Run:
+    manifest = tool_manifest(top, name, PROGRAM)
     return ctx_run(
         "object", "install", manifest, "--tier", tier, env=clean_env(CTX_STORAGE=str(storage))
     )
