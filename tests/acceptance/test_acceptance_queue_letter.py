@@ -36,6 +36,7 @@ from tests.acceptance.ctxcli import (
     request,
     rfc3339,
     snapshot,
+    tool_manifest,
 )
 from tests.support.users import run_as
 from tests.support.users import unprivileged_user as unprivileged_user
@@ -1137,23 +1138,7 @@ def test_n1_a_queue_on_another_filesystem_works_by_its_path(tmp_path):
 
 
 def _hello_manifest(directory: Path) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "hello.sh").write_text("#!/bin/sh\necho hello\n")
-    manifest = directory / "hello.json"
-    manifest.write_text(
-        json.dumps(
-            {
-                "manifest": 2,
-                "kind": "tool",
-                "name": "hello",
-                "description": "Says hello.",
-                "schema": {"type": "object"},
-                "cap": {"side_effects": False, "network": False},
-                "exec": "hello.sh",
-            }
-        )
-    )
-    return manifest
+    return tool_manifest(directory, "hello", "#!/bin/sh\necho hello\n")
 
 
 def test_r4_a_users_tier_is_home_uid_tool(storage, tmp_path):
