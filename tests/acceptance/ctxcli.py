@@ -21,6 +21,16 @@ CTX_ARGV = [str(REPO / ".venv" / "bin" / "ctx")]
 
 ROOT_ENTRIES = {"bin", "tool", "agent", "model", "home", "shared"}
 QUEUE_SUBDIRS = {"inbox", "pending", "lease", "claimed", "done", "failed"}
+# D-1: the manual's topics and the pages of the bundle's man/ that hold them.
+MAN_PAGES = {
+    "agent": "ctx.agent.md",
+    "tool": "ctx.tool.md",
+    "model": "ctx.model.md",
+    "coreutils": "ctx.coreutils.md",
+    "root-abi": "ctx.root-abi.md",
+    "session": "ctx.session.md",
+    "provider": "ctx.provider.md",
+}
 SUFFIX = ".req.json"
 OBJECT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.acceptance.ctxcli import (
+    MAN_PAGES,
     MOUNT_WAIT,
     QUEUE_SUBDIRS,
     REPO,
@@ -35,15 +36,6 @@ from tests.support.users import UnprivilegedUser, access_as, run_as
 from tests.support.users import unprivileged_user as unprivileged_user
 
 SPACE_PARTS = {"tool", "data", "queue", "agent"}
-MAN_PAGES = {
-    "agent": "ctx.agent.md",
-    "tool": "ctx.tool.md",
-    "model": "ctx.model.md",
-    "coreutils": "ctx.coreutils.md",
-    "root-abi": "ctx.root-abi.md",
-    "session": "ctx.session.md",
-    "provider": "ctx.provider.md",
-}
 DOCS_SPEC = REPO / "docs" / "spec"
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")

@@ -22,6 +22,7 @@ import psutil
 import pytest
 
 from tests.acceptance.ctxcli import (
+    MAN_PAGES,
     MOUNT_WAIT,
     QUEUE_SUBDIRS,
     REPO,
@@ -47,15 +48,6 @@ from tests.acceptance.workercli import make_agent as make_agent_in_policy
 from tests.support.users import UnprivilegedUser, access_as
 from tests.support.users import unprivileged_user as unprivileged_user
 
-MAN_PAGES = {
-    "agent": "ctx.agent.md",
-    "tool": "ctx.tool.md",
-    "model": "ctx.model.md",
-    "coreutils": "ctx.coreutils.md",
-    "root-abi": "ctx.root-abi.md",
-    "session": "ctx.session.md",
-    "provider": "ctx.provider.md",
-}
 H4_DEFAULTS = {"max_loaded_tools": "64", "cache_capacity": "32", "window_percent": "1"}
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="agents run as another uid")
