@@ -173,12 +173,7 @@ class RunDirectory:
         except BlockingIOError:
             os.close(fd)
             return False
-        try:
-            now = os.stat(self.path, follow_symlinks=False)
-        except FileNotFoundError:
-            now = None
-        held = os.fstat(fd)
-        if now is None or (now.st_dev, now.st_ino) != (held.st_dev, held.st_ino):
+        if not _still_at(self.path, fd):
             os.close(fd)
             return None
         self.lock_fd = fd
@@ -411,23 +406,28 @@ class RunDirectory:
     def _alias_directory_locked(self, *, make: bool) -> Iterator[int | None]:
         """The alias's directory, open and under its ``flock``: None when it is missing (and
         not to be made), is not a directory or stays locked (a terminal of a ctx that put its
-        own directory there holds it while it runs).  A directory removed between its open and
-        the lock (the alias's last user ended) is made or opened again."""
+        own directory there holds it while it runs).  A directory removed between its making,
+        or its open, and the lock (the alias's last user ended) is made or opened again."""
         session_level = self.alias.parent
         for _ in range(_MAKE_ATTEMPTS):
-            fd = self._open_alias_directory(make=make)
-            if fd is None:
+            try:
+                if make:
+                    for level in (session_level.parent.parent, session_level.parent, session_level):
+                        _make_searchable(level)
+                fd = os.open(session_level, _NO_LINK_DIRECTORY)
+            except FileNotFoundError:
+                if make:
+                    continue
+                yield None
+                return
+            except OSError:  # a link or a file where a directory belongs: not ours to use
                 yield None
                 return
             try:
                 if not _lock_within(fd, ALIAS_LOCK_SECONDS):
                     yield None  # a terminal of an older ctx holds it: its own directory
                     return
-                try:
-                    now = os.stat(session_level, follow_symlinks=False)
-                except FileNotFoundError:
-                    continue
-                if not os.path.samestat(os.fstat(fd), now):
+                if not _still_at(session_level, fd):
                     continue
                 yield fd
                 return
@@ -435,23 +435,18 @@ class RunDirectory:
                 os.close(fd)
         raise CtxError(errno.EAGAIN, f"{session_level} kept disappearing while it was made")
 
-    def _open_alias_directory(self, *, make: bool) -> int | None:
-        session_level = self.alias.parent
-        for _ in range(_MAKE_ATTEMPTS):
-            try:
-                if make:
-                    for level in (session_level.parent.parent, session_level.parent, session_level):
-                        _make_searchable(level)
-                return os.open(session_level, _NO_LINK_DIRECTORY)
-            except FileNotFoundError:
-                if not make:
-                    return None
-            except OSError:  # a link or a file where a directory belongs: not ours to use
-                return None
-        raise CtxError(errno.EAGAIN, f"{session_level} kept disappearing while it was made")
-
 
 _ROLES = {SOCKET_NAME: "socket", RUN_SOCKET_NAME: "run socket", PID_NAME: "pid file"}
+
+
+def _still_at(path: Path, fd: int) -> bool:
+    """Whether the directory open as ``fd`` is still the one at ``path`` (not removed, nor
+    replaced, since it was opened)."""
+    try:
+        now = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return os.path.samestat(now, os.fstat(fd))
 
 
 def _lock_within(fd: int, seconds: float) -> bool:
