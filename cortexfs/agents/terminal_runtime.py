@@ -105,7 +105,7 @@ class RunDirectory:
         # bound into the sandbox at /run/ctx/run.sock.
         self.run_socket = self.view_dir.parent / RUN_SOCKET_NAME
         self.alias = alias_directory(uid, agent, session) / SOCKET_NAME
-        self.made: list[Path] = []  # the directories make_and_lock() made (the base among them?)
+        self.made: list[Path] = []  # the directories made here (the base among them?)
         self.lock_fd = -1
 
     @property
@@ -413,7 +413,7 @@ class RunDirectory:
             try:
                 if make:
                     for level in (session_level.parent.parent, session_level.parent, session_level):
-                        _make_searchable(level)
+                        self._make(level, _SEARCHABLE)
                 fd = os.open(session_level, _NO_LINK_DIRECTORY)
             except FileNotFoundError:
                 if make:
@@ -460,13 +460,6 @@ def _lock_within(fd: int, seconds: float) -> bool:
             if time.monotonic() > deadline:
                 return False
             time.sleep(0.01)
-
-
-def _make_searchable(directory: Path) -> None:
-    """A level of an alias's path: root's, 0711 like the terminal's own directories."""
-    with contextlib.suppress(FileExistsError):
-        directory.mkdir(mode=_SEARCHABLE)
-    directory.chmod(_SEARCHABLE)  # whatever the umask, or a ctx before, made of it
 
 
 def _kind(status: os.stat_result) -> str:
