@@ -20,6 +20,7 @@ lint:
 # Every benchmark, each against a baseline measured in the same run, reported as ratios.
 bench: install
 	$(PY) bench/queue_lifecycle.py
+	$(PY) bench/barrier_overlap.py
 	$(PY) bench/policy.py
 	$(PY) bench/tools.py
 	$(PY) bench/workers.py

@@ -49,6 +49,19 @@ def test_queue_lifecycle_counts_the_protocols_fsyncs(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == [], "the benchmark leaves nothing behind"
 
 
+def test_barrier_overlap_measures_both_ways(tmp_path: Path) -> None:
+    figures = run_bench(
+        "barrier_overlap.py",
+        *("--pairs", "10", "--jobs", "3", "--rounds", "2", "--dir", str(tmp_path)),
+        cwd=tmp_path,
+    )
+
+    for figure in ("pair_in_turn_us", "pair_at_once_us", "lifecycle_us"):
+        assert figures[figure] > 0
+    assert figures["lifecycle_teardown_off_path_us"] > 0
+    assert list(tmp_path.iterdir()) == [], "the benchmark leaves nothing behind"
+
+
 def test_policy_benchmark(tmp_path: Path) -> None:
     figures = run_bench(
         "policy.py", "--rules", "1000", "--decisions", "10000", "--repeat", "1", cwd=tmp_path
