@@ -25,7 +25,9 @@ a state the next run handles, and a second run changes nothing.
 
 from __future__ import annotations
 
+import contextlib
 import errno
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -263,7 +265,13 @@ def _recover_job(
         return
     finding.action = assessment.repair
     if not reconcile:
-        report.incomplete.append(finding)
+        # Reported, not repaired (Q-6); but a claim or finish at work (its lock held) shows
+        # the same evidence for a moment, and is no crash leftover: left alone, not counted.
+        # A dry run takes no lock, and lists it as what it looks like.
+        if not dry_run and _in_motion(queue, evidence.job, finding, assessment):
+            report.untouched.append(finding)
+        else:
+            report.incomplete.append(finding)
         return
     if dry_run:
         verdict = _holder_verdict(queue, evidence, assessment)
@@ -363,12 +371,14 @@ def _lease_verdict(queue: Queue, job: str) -> Verdict:
     return judge(lease)
 
 
-def _apply(
-    queue: Queue, job: str, transition: Any, finding: Finding, scanned: ev.Assessment
-) -> str | None:
-    """Run a transition while holding ``claimed/J``'s lock: None once applied, else why not
-    (BUSY: someone else holds the lock, or the job is no longer what the scan saw; HELD:
-    its lease holder is not provably gone)."""
+@contextlib.contextmanager
+def _locked_as_scanned(
+    queue: Queue, job: str, finding: Finding, scanned: ev.Assessment
+) -> Iterator[tuple[int | None, ev.JobEvidence, ev.Assessment] | None]:
+    """``claimed/J``'s lock (when there is a ``claimed/J``) and J looked at again under it:
+    yields the claim's descriptor, the evidence and its assessment, or None — with
+    ``finding.detail`` saying why — when another process holds the lock or J is no longer
+    what the scan saw.  Taking the lock changes nothing on disk."""
     try:
         claim_fd = queue.open_job_dir("claimed", job)
     except FileNotFoundError:
@@ -382,7 +392,8 @@ def _apply(
                 finding.detail = f"{busy} (claimed/{job} is locked: a claim, finish or recover)"
             else:
                 finding.detail += f"; {busy}"
-            return BUSY
+            yield None
+            return
         # Re-check under the lock: the job may have moved since the scan.  The scan reads
         # claimed/ before lease/, so a claim that completed in between looked unleased; and
         # a requeued job may have a new, live holder by now (Q-5, Q-6).
@@ -390,7 +401,32 @@ def _apply(
         current = ev.assess(evidence)
         if (current.state, current.repair) != (scanned.state, scanned.repair):
             finding.detail += f"; left alone, it is now {current.state}"
+            yield None
+            return
+        yield claim_fd, evidence, current
+    finally:
+        if claim_fd is not None:
+            queue.ops.close(claim_fd)
+
+
+def _in_motion(queue: Queue, job: str, finding: Finding, scanned: ev.Assessment) -> bool:
+    """Whether the incomplete pair the scan saw is a claim, finish or recover at work (J's lock
+    is held) or has moved on since, rather than evidence a crash left (``finding.detail``
+    then says which)."""
+    with _locked_as_scanned(queue, job, finding, scanned) as looked:
+        return looked is None
+
+
+def _apply(
+    queue: Queue, job: str, transition: Any, finding: Finding, scanned: ev.Assessment
+) -> str | None:
+    """Run a transition while holding ``claimed/J``'s lock: None once applied, else why not
+    (BUSY: someone else holds the lock, or the job is no longer what the scan saw; HELD:
+    its lease holder is not provably gone)."""
+    with _locked_as_scanned(queue, job, finding, scanned) as looked:
+        if looked is None:
             return BUSY
+        claim_fd, evidence, current = looked
         if (verdict := _holder_verdict(queue, evidence, current)) is not None:
             if current.state == "incomplete":
                 finding.detail += _left_to_its_holder(queue, job, verdict)
@@ -414,9 +450,6 @@ def _apply(
                 reconciling = finding.action != "requeue"
                 raise _StoppedPartWay(exc, evidence, after, action, places, reconciling) from exc
         return None
-    finally:
-        if claim_fd is not None:
-            queue.ops.close(claim_fd)
 
 
 def _places_changed(job: str, transition: Any, evidence: ev.JobEvidence) -> tuple[str, ...]:
