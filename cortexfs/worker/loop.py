@@ -386,9 +386,18 @@ class Worker:
                 self.summary.aborted = True
                 self.abort.set()
                 self.executor.abort_running()
-            else:
+                return
+            # Stopping first: the notice below may wait for a reader that stopped reading
+            # (``| less``), and a second ^C meanwhile runs this handler again, inside that
+            # write; it must find the worker stopping, and abort.
+            self.stop("SIGINT")
+            try:
                 self.listener("interrupt", {"message": "finishing running jobs; ^C again aborts"})
-                self.stop("SIGINT")
+            except RuntimeError as exc:
+                # The ^C came while this thread was writing to the same stream (the start or
+                # stop line, to a full pipe): the notice is dropped, the stop stands.
+                if "reentrant call" not in str(exc):
+                    raise
 
         for signum in STOP_SIGNALS:
             signal.signal(signum, on_term)
