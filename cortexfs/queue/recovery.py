@@ -412,9 +412,13 @@ def _locked_as_scanned(
 def _in_motion(queue: Queue, job: str, finding: Finding, scanned: ev.Assessment) -> bool:
     """Whether the incomplete pair the scan saw is a claim, finish or recover at work (J's lock
     is held) or has moved on since, rather than evidence a crash left (``finding.detail``
-    then says which)."""
-    with _locked_as_scanned(queue, job, finding, scanned) as looked:
-        return looked is None
+    then says which).  False when that cannot be told (``claimed/J`` cannot be opened by this
+    user): the pair is then reported as it looks, as it always was."""
+    try:
+        with _locked_as_scanned(queue, job, finding, scanned) as looked:
+            return looked is None
+    except OSError:
+        return False
 
 
 def _apply(
