@@ -214,17 +214,28 @@ def not_readable(path: Path, action: str, fix: str | None = None) -> CtxError:
     directory on the way this process may not enter, or else ``path`` itself, who owns it and
     its mode, and what to do (``fix``, else: be root, the owner or of the group, or use a root
     of your own) — not only the name that was refused."""
-    blocked, verb = path, "read"
+    refusal = not_reachable(path, action, fix)
+    if refusal is not None:
+        return refusal
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        return CtxError(errno.EACCES, f"cannot {action}: {path}: {exc.strerror}")
+    return _refusal(action, f"read {path}", st, stat.S_IRGRP, fix)
+
+
+def not_reachable(path: Path, action: str, fix: str | None = None) -> CtxError | None:
+    """The EACCES for ``action`` when a directory on the way to ``path`` may not be entered by
+    this process, naming it, who owns it, its mode and what to do (as :func:`not_readable`);
+    None when every directory on the way may be entered."""
     for ancestor in reversed(path.absolute().parents):
         if not os.access(ancestor, os.X_OK, effective_ids=True):
-            blocked, verb = ancestor, "enter"
-            break
-    try:
-        st = os.stat(blocked)
-    except OSError as exc:
-        return CtxError(errno.EACCES, f"cannot {action}: {blocked}: {exc.strerror}")
-    wanted = stat.S_IXGRP if verb == "enter" else stat.S_IRGRP
-    return _refusal(action, f"{verb} {blocked}", st, wanted, fix)
+            try:
+                st = os.stat(ancestor)
+            except OSError as exc:
+                return CtxError(errno.EACCES, f"cannot {action}: {ancestor}: {exc.strerror}")
+            return _refusal(action, f"enter {ancestor}", st, stat.S_IXGRP, fix)
+    return None
 
 
 def _refusal(

@@ -13,6 +13,7 @@ so that a command whose change is done is not taken as refused and run twice.
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import os
@@ -162,12 +163,25 @@ def handles_errors(fn: F) -> F:
             output_failed(exc)
         except OSError as exc:
             _settle_stdout()
-            # A descriptor's number (os.read on an fd) names nothing the user gave.
-            where = exc.filename if isinstance(exc.filename, str | bytes | os.PathLike) else ""
-            reason = f"{os.fsdecode(where)}: {exc.strerror}" if where else str(exc.strerror)
-            fail(CtxError(exc.errno or 5, reason), as_json=as_json)
+            fail(unexpected_error(exc), as_json=as_json)
 
     return wrapper  # type: ignore[return-value]
+
+
+def unexpected_error(exc: OSError) -> CtxError:
+    """An OSError no library call turned into a sentence: its errno and the path it names,
+    and for an EACCES on the way to that path (another user's storage root, under a home
+    only its owner may enter), the directory that refused and what to do."""
+    # A descriptor's number (os.read on an fd) names nothing the user gave.
+    where = exc.filename if isinstance(exc.filename, str | bytes | os.PathLike) else ""
+    if not where:
+        return CtxError(exc.errno or 5, str(exc.strerror))
+    path = os.fsdecode(where)
+    if exc.errno == errno.EACCES:
+        refusal = storage.not_reachable(Path(path), f"reach {path}")
+        if refusal is not None:
+            return refusal
+    return CtxError(exc.errno or 5, f"{path}: {exc.strerror}")
 
 
 def _settle_stdout() -> None:
