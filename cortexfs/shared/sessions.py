@@ -164,6 +164,8 @@ def open_session(
     try:
         dir_fd = open_beneath(ops, ref.root, ref.relative.parts)
     except FileNotFoundError:
+        if ref.space is not None and owner is not None:
+            _require_agents_own(ref, owner.uid)  # nothing is made in another member's directory
         try:
             _create_session_directories(ref, mode, owner, ops)
         except OSError as exc:
@@ -199,7 +201,10 @@ def _require_agents_own(ref: SessionRef, uid: int) -> None:
     parts = ref.relative.parts
     for depth in range(4, len(parts) + 1):  # shared/<space>/agent/<agent>, then below
         where = ref.root.joinpath(*parts[:depth])
-        status = os.lstat(where)
+        try:
+            status = os.lstat(where)
+        except FileNotFoundError:
+            return  # not made yet: what is made from here is the agent's
         if status.st_uid not in (uid, 0):
             raise CtxError(
                 errno.EACCES,

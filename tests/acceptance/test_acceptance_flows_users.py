@@ -635,7 +635,7 @@ def test_a_place_another_member_made_for_an_agent_is_refused_until_root_clears_i
 ) -> None:
     """S-6, X-1 (docs/sessions.md): B makes ``agent/late/`` in the space before A's agent
     ``late`` first records there; the agent's call is refused with EACCES naming the directory
-    and B's uid, and no event lands where B could read or rewrite it; once root removes it, the
+    and B's uid, and nothing is made where B could read or rewrite it; once root removes it, the
     agent's next call records in a place of its own."""
     a, b = space.people.a, space.people.b
     (space.dir / "data" / "plan.txt").write_text("plan\n")
@@ -650,7 +650,7 @@ def test_a_place_another_member_made_for_an_agent_is_refused_until_root_clears_i
     error = last_frame(refused)["error"]
     assert error["error"] == "EACCES", error
     assert f"{squatted} belongs to uid {b.uid}" in error["message"], error
-    assert not list(squatted.rglob("events.jsonl"))
+    assert list(squatted.iterdir()) == []  # nothing made in B's directory
     assert owner(squatted)[0] == b.uid
 
     shutil.rmtree(squatted)  # the host administrator, after reading what it holds
