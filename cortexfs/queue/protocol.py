@@ -1033,8 +1033,11 @@ def _locked_claim(
         raise not_claimed(queue, job) from None
     try:
         _lock_job(claim_fd, job)
-        if not _is_regular(lstat_at(claim_fd, job)):
+        request = lstat_at(claim_fd, job)
+        if request is None:
             raise not_claimed(queue, job)
+        if not _is_regular(request):
+            raise _not_a_request(job, kind_of(request))
         yield claim_fd
     finally:
         queue.ops.close(claim_fd)
@@ -1103,6 +1106,20 @@ def remove_claim_and_lease(queue: Queue, job: str) -> None:
     finally:
         if lease_fd is not None:
             ops.close(lease_fd)
+
+
+def _not_a_request(job: str, kind: str) -> CtxError:
+    """EINVAL for ``claimed/J/J`` found to be a ``kind`` (a FIFO, a symlink, a directory), not
+    the request a claim moves there: a conflict for a person (Q-6, Q-8), never followed,
+    opened or moved, as status, list and show report it."""
+    request = f"claimed/{job}/{job}"
+    return CtxError(
+        errno.EINVAL,
+        f"job {job}'s {request} is a {kind}, not a request file: a conflict that no command "
+        f"resolves, and nothing was changed (a queue command never follows, opens or moves "
+        f"it); 'ctx queue show {job}' lists its evidence: put the request back as a regular "
+        "file, or move the job's entries aside by hand",
+    )
 
 
 def _not_claimed(queue: Queue, job: str, doing: str = "finishing it") -> CtxError:
