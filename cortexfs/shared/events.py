@@ -169,6 +169,8 @@ class EventLog:
             self._ops.write(self._fd, line)
             if durable_event:
                 self._ops.fsync(self._fd)
+        except OSError as exc:
+            raise self._naming_the_log(exc) from None
         finally:
             self._end_append()
 
@@ -201,7 +203,15 @@ class EventLog:
 
     def sync(self) -> None:
         """Make every event appended so far durable (one fsync for several appends)."""
-        self._ops.fsync(self._fd)
+        try:
+            self._ops.fsync(self._fd)
+        except OSError as exc:
+            raise self._naming_the_log(exc) from None
+
+    def _naming_the_log(self, exc: OSError) -> OSError:
+        """``exc`` of a write or fsync through the descriptor, which names no file ("No space
+        left on device"), as the same error naming this log."""
+        return OSError(exc.errno, exc.strerror, str(self.path))
 
     def close(self) -> None:
         if self._fd >= 0:
