@@ -71,6 +71,10 @@ def tool(name: str, args: tuple[str, ...], as_json: bool, storage_dir: Path | No
     Example:  ctx tool tsh.config                  print the tsh configuration
               ctx tool tsh.config cache_capacity=64 window_percent=2
     """
+    if name.startswith("-"):
+        # Unknown options are left to the CLI after NAME (ignore_unknown_options), so one
+        # before NAME arrives here as NAME: it is a usage error of ctx tool, as it reads.
+        raise click.NoSuchOption(name.split("=", 1)[0], ctx=click.get_current_context())
     name = object_name_argument(name, "tool")
     root = resolve_storage(storage_dir)
     found, _ = which_on_user_path(root, name, uid=os.getuid(), environ=os.environ)
