@@ -232,6 +232,17 @@ def _main(argv: list[str], storage_dir: Path | None) -> int:
     try:
         root = storage.resolve_root(options.storage or storage_dir)
         where = _session(root, options.agent, options.tool, options.session, options.project)
+    except CtxError as error:
+        _say(str(error))
+        status = exit_status(error)
+        # Refused before any call was made (an empty CTX_STORAGE names no root): in terminal
+        # mode that is the shell's "cannot run" (126), as for a call the runner refuses,
+        # never a status the tool could have exited with.
+        return EXIT_CANNOT_RUN if status == EXIT_REFUSED and not options.native else status
+    except OSError as error:
+        _say(describe(error))
+        return EXIT_REFUSED if options.native else EXIT_CANNOT_RUN
+    try:
         if options.native:
             return _run_native(root, options, where)
         return _run_terminal(root, options, where)
