@@ -89,6 +89,38 @@ def ctx_run(
     )
 
 
+class OnStorage:
+    """For a test's world holding a ``storage`` root: ``env`` and ``ctx`` aimed at it."""
+
+    storage: Path
+
+    @property
+    def env(self) -> dict[str, str]:
+        return clean_env(CTX_STORAGE=str(self.storage))
+
+    def ctx(self, *args, **kw) -> Run:
+        kw.setdefault("env", self.env)
+        return ctx_run(*args, **kw)
+
+
+def write_durably(directory: Path, name: str, data: bytes) -> None:
+    """``directory/name`` written as an application that wants it on disk does: a temp file
+    written and fsynced, renamed into place, the directory fsynced."""
+    temp = directory / f"{name}.part"
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.rename(temp, directory / name)
+    dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
 def request(tool: str = "fs.read", **extra) -> dict:
     """A request object with the §2.1 fields."""
     req = {

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.acceptance.ctxcli import CTX_ARGV, Run, clean_env, ctx_run, snapshot
+from tests.acceptance.ctxcli import CTX_ARGV, OnStorage, Run, clean_env, ctx_run, snapshot
 from tests.support.users import run_as
 from tests.support.users import unprivileged_user as unprivileged_user
 
@@ -43,21 +43,13 @@ print(json.dumps({"argv": sys.argv[1:], "stdin": sys.stdin.read()}))
 
 
 @dataclass
-class World:
+class World(OnStorage):
     """A storage root every uid may search, a workspace the agent ``coder`` may write (mounted
     at /workspace) and that agent, whose policy grants the tools named when it was made."""
 
     top: Path
     storage: Path
     workspace: Path
-
-    @property
-    def env(self) -> dict[str, str]:
-        return clean_env(CTX_STORAGE=str(self.storage))
-
-    def ctx(self, *args, **kw) -> Run:
-        kw.setdefault("env", self.env)
-        return ctx_run(*args, **kw)
 
     def manifest(self, name: str, program: str = ECHO, /, **fields) -> Path:
         """A v2 manifest of ``name`` (T-8) whose ``exec`` is ``program``; ``fields`` override."""

@@ -37,10 +37,10 @@ from tests.acceptance.ctxcli import (
     MAN_PAGES,
     REPO,
     ROOT_ENTRIES,
+    OnStorage,
     Run,
     clean_env,
     ctx_mount,
-    ctx_run,
     snapshot,
     wait_for,
 )
@@ -101,7 +101,7 @@ pytestmark = needs_root
 
 
 @dataclass
-class Host:
+class Host(OnStorage):
     """A host administrator's machine: a directory every uid may search holding a
     bootstrapped storage root, a host-owned MCP configuration directory (``mcp/``, which
     agents mount read-only at ``/mcp``) and a workspace with one note in it."""
@@ -110,14 +110,6 @@ class Host:
     storage: Path
     mcp: Path
     ws: Path
-
-    @property
-    def env(self) -> dict[str, str]:
-        return clean_env(CTX_STORAGE=str(self.storage))
-
-    def ctx(self, *args, **kw) -> Run:
-        kw.setdefault("env", self.env)
-        return ctx_run(*args, **kw)
 
 
 @pytest.fixture

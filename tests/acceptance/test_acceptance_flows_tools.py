@@ -35,6 +35,7 @@ from tests.acceptance.ctxcli import (
     mounted_at,
     snapshot,
     wait_for,
+    write_durably,
 )
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="runs agents as another uid")
@@ -552,18 +553,7 @@ def test_flow_the_host_view_runs_tools_as_files_and_keeps_what_is_written(flow, 
         assert (which.rc, which.out.strip()) == (0, f"{view}/home/0/tool/text.upper"), which
 
         data = view / "shared" / "lab" / "data"
-        fd = os.open(data / "notes.part", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        try:
-            os.write(fd, b"written through the host view\n")
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.rename(data / "notes.part", data / "notes.txt")
-        dir_fd = os.open(data, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        write_durably(data, "notes.txt", b"written through the host view\n")
         behind = flow.storage / "shared" / "lab" / "data" / "notes.txt"
         assert behind.read_bytes() == b"written through the host view\n"
         assert behind.stat().st_gid == agent_user.pw_gid  # the space's setgid group

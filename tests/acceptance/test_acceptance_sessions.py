@@ -26,6 +26,7 @@ import pytest
 from tests.acceptance.ctxcli import (
     CTX_ARGV,
     ROOT_ENTRIES,
+    OnStorage,
     Run,
     clean_env,
     ctx_run,
@@ -53,21 +54,13 @@ exit 3
 
 
 @dataclass
-class World:
+class World(OnStorage):
     """A storage root every uid may search, with agents and tools ready to be called."""
 
     storage: Path
     top: Path
     user: UnprivilegedUser
     nobody: int
-
-    @property
-    def env(self) -> dict[str, str]:
-        return clean_env(CTX_STORAGE=str(self.storage))
-
-    def ctx(self, *args, **kw) -> Run:
-        kw.setdefault("env", self.env)
-        return ctx_run(*args, **kw)
 
     def native(self, agent: str, tool: str, payload: dict, *options: str) -> Run:
         return self.ctx("run", "--agent", agent, *options, "--native", tool,

@@ -30,6 +30,7 @@ from tests.acceptance.ctxcli import (
     mounted_at,
     request,
     snapshot,
+    write_durably,
 )
 from tests.support.storage import traversable_tmp as traversable_tmp
 from tests.support.users import UnprivilegedUser, access_as, run_as
@@ -374,18 +375,7 @@ def test_f1_writes_through_the_mount_are_durable_after_fsync(storage: Path, tmp_
     make_space(storage, "project-a")
     with ctx_mount(storage, tmp_path / "ctx"):
         data = tmp_path / "ctx" / "shared" / "project-a" / "data"
-        fd = os.open(data / "tmp.part", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        try:
-            os.write(fd, b"durable through the mount\n")
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.rename(data / "tmp.part", data / "final.txt")
-        dir_fd = os.open(data, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        write_durably(data, "final.txt", b"durable through the mount\n")
         behind = storage / "shared" / "project-a" / "data"
         assert (behind / "final.txt").read_bytes() == b"durable through the mount\n"
         assert not (behind / "tmp.part").exists()
