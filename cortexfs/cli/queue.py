@@ -714,11 +714,13 @@ def recover(
     With --reconcile, also complete the incomplete pairs a crash leaves (a claim without a
     lease goes back to pending, a result with its request still claimed rolls forward,
     orphan claim/lease directories and stray temp files are removed).  Conflicts are only
-    reported.  Jobs whose holder is alive are never touched.  Exit 0 when the queue is
-    consistent afterwards, 1 when incomplete pairs or conflicts remain (stray temp files
-    count as neither) or a job could not be handled: its 'error' line names the directory
-    that refused (its mode, an immutable attribute, a read-only filesystem…), what to do,
-    and where the job stands; --dry-run changes nothing, so it exits as the queue stands.
+    reported.  Jobs whose holder is alive are never touched, nor is a job another claim,
+    finish or recover is moving at that moment (listed as untouched, counted as neither).
+    Exit 0 when the queue is consistent afterwards, 1 when incomplete pairs or conflicts
+    remain (stray temp files count as neither) or a job could not be handled: its 'error'
+    line names the directory that refused (its mode, an immutable attribute, a read-only
+    filesystem…), what to do, and where the job stands; --dry-run changes nothing, so it
+    exits as the queue stands.
     """
     with open_queue(queue_dir) as q:
         report = recovery.recover(q, reconcile=reconcile, dry_run=dry_run, grace=grace)
