@@ -384,11 +384,13 @@ def _command_part(line: str) -> str:
 
 def _documented_synopses() -> list[tuple[tuple[str, ...], str, str]]:
     """(command, option, where) for each option that a command line in the documents gives a
-    command: the code blocks and `inline` commands of README.md, docs/*.md and SPEC."""
-    documents = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
-    spec = Path("/work/shared/spec/SPEC.md")
-    if spec.exists():
-        documents.append(spec)
+    command: the code blocks and `inline` commands of README.md, docs/*.md and the manual's
+    pages (docs/spec/*.md), which restate SPEC's command lines."""
+    documents = [
+        REPO / "README.md",
+        *sorted((REPO / "docs").glob("*.md")),
+        *sorted((REPO / "docs" / "spec").glob("*.md")),
+    ]
     found = []
     for document in documents:
         text = document.read_text()
