@@ -34,6 +34,8 @@ from tests.acceptance.workercli import (
     result_of,
     shell_job,
 )
+from tests.acceptance.workercli import agent as agent
+from tests.acceptance.workercli import storage as storage
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="agents run as another uid: needs root")
 needs_fuse = pytest.mark.skipif(
@@ -41,20 +43,6 @@ needs_fuse = pytest.mark.skipif(
 )
 
 # ------------------------------------------------------------------------------ helpers
-
-
-@pytest.fixture
-def storage(searchable_storage: Path) -> Path:
-    """Agents run as another uid here: the root must be searchable by it (conftest)."""
-    return searchable_storage
-
-
-@pytest.fixture
-def agent(storage: Path) -> str:
-    """Agent ``ci`` allowed ``shell.exec`` in both layers of P-6."""
-    make_agent(storage, ["shell.exec"])
-    allow_in_tool_policy(storage, "shell.exec")
-    return AGENT
 
 
 def fsync_dir(path: Path) -> None:

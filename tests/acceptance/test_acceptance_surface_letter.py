@@ -45,6 +45,7 @@ from tests.acceptance.workercli import (
     shell_job,
 )
 from tests.acceptance.workercli import make_agent as make_agent_in_policy
+from tests.acceptance.workercli import storage as storage
 from tests.support.users import UnprivilegedUser, access_as
 from tests.support.users import unprivileged_user as unprivileged_user
 
@@ -68,12 +69,6 @@ def make_agent(storage: Path, tools: list[str]) -> None:
     make_agent_in_policy(storage, tools)
     for tool in tools:
         allow_in_tool_policy(storage, tool)
-
-
-@pytest.fixture
-def storage(searchable_storage: Path) -> Path:
-    """Agents run as another uid here: the root must be searchable by it (conftest)."""
-    return searchable_storage
 
 
 @pytest.fixture

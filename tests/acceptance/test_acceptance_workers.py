@@ -34,6 +34,8 @@ from tests.acceptance.workercli import (
     shell_job,
     start_worker,
 )
+from tests.acceptance.workercli import agent as agent
+from tests.acceptance.workercli import storage as storage
 from tests.support.users import UnprivilegedUser
 from tests.support.users import unprivileged_user as unprivileged_user
 
@@ -64,20 +66,6 @@ def session_events(storage: Path, session: str = "worker") -> list[dict]:
 def nothing_left_in_flight(queue: QueueCLI) -> None:
     assert queue.entries("claimed") == set()
     assert queue.entries("lease") == set()
-
-
-@pytest.fixture
-def storage(searchable_storage: Path) -> Path:
-    """Agents run as another uid here: the root must be searchable by it (conftest)."""
-    return searchable_storage
-
-
-@pytest.fixture
-def agent(storage: Path) -> str:
-    """Agent ``ci`` (root's default uid for agents) allowed ``shell.exec`` in both layers."""
-    make_agent(storage, ["shell.exec"])
-    allow_in_tool_policy(storage, "shell.exec")
-    return AGENT
 
 
 # ------------------------------------------------------------------------------ W-1

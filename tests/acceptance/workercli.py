@@ -10,6 +10,8 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 from tests.acceptance.ctxcli import CTX_ARGV, QueueCLI, clean_env, ctx_run, request
 
 AGENT = "ci"
@@ -27,6 +29,25 @@ def allow_in_tool_policy(storage: Path, tool: str, label: str = LABEL) -> None:
     """The tool layer of P-6: ``allow <label> tool:<name> execute`` in ``tool/<name>.d/policy``."""
     with open(storage / "tool" / f"{tool}.d" / "policy", "a") as policy:
         policy.write(f"allow {label} tool:{tool} execute\n")
+
+
+# Fixtures for a file to take by name (``from tests.acceptance.workercli import storage as
+# storage``), overriding conftest's ``storage``.
+
+
+@pytest.fixture
+def storage(searchable_storage: Path) -> Path:
+    """Agents run as another uid here: the root must be searchable by it (conftest)."""
+    return searchable_storage
+
+
+@pytest.fixture
+def agent(storage: Path) -> str:
+    """Agent ``ci`` (root's default uid for agents) allowed ``shell.exec`` in both layers of
+    P-6."""
+    make_agent(storage, ["shell.exec"])
+    allow_in_tool_policy(storage, "shell.exec")
+    return AGENT
 
 
 def shell_job(cmd: str, **extra) -> dict:
