@@ -262,7 +262,14 @@ def age(path: Path, seconds: float) -> None:
     os.utime(path, (then, then), follow_symlinks=False)
 
 
-def tool_manifest(directory: Path, name: str, program: str, *, side_effects: bool = False) -> Path:
+def tool_manifest(
+    directory: Path,
+    name: str,
+    program: str,
+    *,
+    side_effects: bool = False,
+    description: str | None = None,
+) -> Path:
     """A v2 manifest (T-8) of tool ``name`` whose executable is the shell text ``program``,
     taking any JSON object as input, written in ``directory`` (made when missing)."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -272,7 +279,7 @@ def tool_manifest(directory: Path, name: str, program: str, *, side_effects: boo
         "manifest": 2,
         "kind": "tool",
         "name": name,
-        "description": f"The {name} test tool.",
+        "description": description or f"The {name} test tool.",
         "schema": {"type": "object"},
         "cap": {"side_effects": side_effects, "network": False},
         "exec": f"{name}.sh",

@@ -26,6 +26,7 @@ from tests.acceptance.ctxcli import (
     clean_env,
     ctx_run,
     request,
+    tool_manifest,
     wait_for,
 )
 from tests.acceptance.workercli import AGENT, LABEL, make_agent, start_worker
@@ -40,26 +41,14 @@ PAD = ("#" * 1023 + "\n") * 1024  # 1 MiB of comment: each install copies a whil
 def manifest(top: Path, name: str, version: int, *, sleep: float = 0) -> Path:
     """A v2 manifest (T-8) of ``name`` whose program prints ``{"version": N}``."""
     directory = top / f"{name}-v{version}"
-    directory.mkdir(parents=True, exist_ok=True)
-    program = directory / f"{name}.sh"
-    program.write_text(
+    program = (
         "#!/bin/sh\ncat >/dev/null\n"
         + (f"sleep {sleep}\n" if sleep else "")
         + f"echo '{{\"version\": {version}}}'\n"
         + PAD
     )
-    program.chmod(0o755)
-    path = directory / f"{name}.json"
-    document = {
-        "manifest": 2,
-        "kind": "tool",
-        "name": name,
-        "description": f"{name} version {version}",
-        "schema": {"type": "object"},
-        "cap": {"side_effects": False, "network": False},
-        "exec": program.name,
-    }
-    path.write_text(json.dumps(document))
+    path = tool_manifest(directory, name, program, description=f"{name} version {version}")
+    (directory / f"{name}.sh").chmod(0o755)
     return path
 
 
