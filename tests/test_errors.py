@@ -72,3 +72,24 @@ def test_a_full_filesystem_is_told_whether_inodes_or_space_ran_out(tmp_path: Pat
     assert remedy_for_host_trouble(errno.ENOSPC, filesystem=-1) == (
         "free space or inodes on that filesystem"  # the kernel does not say: both
     )
+
+
+def test_an_oserror_no_command_explained_still_says_what_mends_a_host_trouble() -> None:
+    """The command line's last resort (cli.common.unexpected_error) keeps the errno and the
+    path, and for what the host ran short of adds what ran short and the remedy; any other
+    errno is told as it is."""
+    from cortexfs.cli.common import unexpected_error
+
+    emfile = unexpected_error(OSError(errno.EMFILE, os.strerror(errno.EMFILE), "/q/pending"))
+    assert (emfile.errno, emfile.message) == (
+        errno.EMFILE,
+        "/q/pending: Too many open files (this process has no file descriptor left): raise "
+        "the limit of open files ('ulimit -n'), then run the command again",
+    )
+    nameless = unexpected_error(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)))
+    assert nameless.message == (
+        "No space left on device: free space or inodes on that filesystem, then run the "
+        "command again"
+    )
+    other = unexpected_error(OSError(errno.EIO, os.strerror(errno.EIO), "/q/done"))
+    assert other.message == "/q/done: Input/output error"

@@ -38,7 +38,7 @@ from cortexfs.cli.exits import (  # noqa: F401  (re-exported: every command take
     usage_problem,
 )
 from cortexfs.cli.params import NonEmptyPath
-from cortexfs.errors import CtxError
+from cortexfs.errors import CtxError, explain_host_trouble
 from cortexfs.names import check_object_name
 from cortexfs.printable import printable
 from cortexfs.standard_streams import OutputError, discard_output
@@ -169,19 +169,27 @@ def handles_errors(fn: F) -> F:
 
 
 def unexpected_error(exc: OSError) -> CtxError:
-    """An OSError no library call turned into a sentence: its errno and the path it names,
-    and for an EACCES on the way to that path (another user's storage root, under a home
-    only its owner may enter), the directory that refused and what to do."""
+    """An OSError no library call turned into a sentence: its errno and the path it names;
+    for an EACCES on the way to that path (another user's storage root, under a home only
+    its owner may enter), the directory that refused and what to do; for what the host ran
+    short of (EMFILE, ENOSPC…) or a read-only filesystem, what mends it."""
     # A descriptor's number (os.read on an fd) names nothing the user gave.
     where = exc.filename if isinstance(exc.filename, str | bytes | os.PathLike) else ""
-    if not where:
-        return CtxError(exc.errno or 5, str(exc.strerror))
-    path = os.fsdecode(where)
-    if exc.errno == errno.EACCES:
-        refusal = storage.not_reachable(Path(path), f"reach {path}")
-        if refusal is not None:
-            return refusal
-    return CtxError(exc.errno or 5, f"{path}: {exc.strerror}")
+    said = str(exc.strerror)
+    if where:
+        path = os.fsdecode(where)
+        if exc.errno == errno.EACCES:
+            refusal = storage.not_reachable(Path(path), f"reach {path}")
+            if refusal is not None:
+                return refusal
+        said = f"{path}: {said}"
+    trouble = explain_host_trouble(exc.errno)
+    if trouble is not None:
+        # What the host ran short of is mended outside the command, never by changing what
+        # it was given: say what, as every command that meets it on a known step does.
+        shortage = f" ({trouble.ran_short})" if trouble.ran_short else ""
+        said = f"{said}{shortage}: {trouble.remedy}, then run the command again"
+    return CtxError(exc.errno or 5, said)
 
 
 def _settle_stdout() -> None:

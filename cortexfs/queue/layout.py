@@ -182,7 +182,7 @@ class Queue:
                 raise CtxError(
                     exc.errno, f"{self.path}/{name} is not a real directory; refusing to use it"
                 ) from exc
-            raise
+            raise self._refused_opening(name, exc) from None
 
     def _read_config(self) -> QueueConfig:
         try:
@@ -199,7 +199,20 @@ class Queue:
                 f"{self.path}/{exc.message}; move it aside, and 'ctx queue init' writes the "
                 "default config in its place",
             ) from None
+        except OSError as exc:
+            raise self._refused_opening(CONFIG_NAME, exc) from None
         return QueueConfig.parse(data.decode("utf-8", "replace"), f"{self.path}/{CONFIG_NAME}")
+
+    def _refused_opening(self, name: str, exc: OSError) -> CtxError:
+        """The error for the queue's own ``name`` (a state directory, its config) the kernel
+        refused to open for a reason other than what it is (EMFILE, ENOMEM, EIO…): opening
+        changes nothing in the queue, and the error says so, what ran short and what to do."""
+        shortage, fix = self._what_ran_short(exc.errno)
+        return CtxError(
+            exc.errno or errno.EIO,
+            f"cannot open queue {self.path}: {self.path}/{name} refused: {exc.strerror}"
+            f"{shortage}; nothing in it was changed: {fix}, then run the command again",
+        )
 
     def close(self) -> None:
         for fd in self.dirs.values():
@@ -385,6 +398,16 @@ def _open_queue_dir(ops: durable.FsOps, path: Path, within: Path | None) -> int:
         raise not_found(f"no queue at {path}; create it with 'ctx queue init'") from exc
     except PermissionError:
         raise not_readable(Path(path), f"open queue {path}") from None
+    except OSError as exc:
+        trouble = explain_host_trouble(exc.errno)
+        if trouble is None:
+            raise
+        shortage = f" ({trouble.ran_short})" if trouble.ran_short else ""
+        raise CtxError(
+            exc.errno,
+            f"cannot open queue {path}: {exc.strerror}{shortage}; nothing in it was changed: "
+            f"{trouble.remedy}, then run the command again",
+        ) from None
 
 
 def check_existing_queue(

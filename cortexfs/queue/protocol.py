@@ -604,7 +604,7 @@ def claim_job(
             _abandon_claim_dir(queue, job)
             raise queue.refusal("claim", "pending", exc, *_nothing_claimed(job)) from None
         pending_changed(queue, before)  # ours: the order need not list pending/ for it
-        refusal: OSError | CtxError | None = None
+        refusal: CtxError | None = None
         invalid_reason: str | None = None
         try:
             request, invalid_reason = _read_claimed_request(queue, claim_fd, job)
@@ -612,8 +612,9 @@ def claim_job(
             request = None  # a member's request left mode 0600: for a claimer who may read it
             if unreadable is not None:
                 unreadable.append(job)
-        except OSError as exc:
-            request, refusal = None, exc
+        except OSError as exc:  # EMFILE, EIO…: J goes back, as the kernel's refusal says
+            request = None
+            refusal = queue.refusal("claim", f"claimed/{job}", exc, *_nothing_claimed(job))
         if request is not None:
             lease = Lease.new(job, holder, ttl)
             try:

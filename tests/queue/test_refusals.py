@@ -210,7 +210,8 @@ def test_a_claim_whose_lease_temp_file_is_refused_names_inbox_and_puts_the_job_b
 def test_a_claimed_request_that_cannot_be_read_is_put_back_and_the_error_raised(
     queue: Queue, queue_dir: Path, me: Holder, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """An I/O error is not "nothing to claim": the claimer hears of it, and J waits."""
+    """An I/O error is not "nothing to claim": the claimer hears of it, with its errno, where
+    and that nothing was claimed, and J waits."""
     job = publish(queue, request(), "a")
     claimed = os.fstat(queue.claimed)
 
@@ -221,9 +222,11 @@ def test_a_claimed_request_that_cannot_be_read_is_put_back_and_the_error_raised(
 
     protocol_read = protocol._read_stored_request
     monkeypatch.setattr(protocol, "_read_stored_request", failing_read)
-    with pytest.raises(OSError) as refused:
+    with pytest.raises(CtxError) as refused:
         claim(queue, me)
     assert refused.value.errno == errno.EIO
+    assert f"claimed/{job} refused: Input/output error" in refused.value.message
+    assert f"nothing was claimed (job {job} stays pending)" in refused.value.message
     assert tree(queue_dir)["pending"] == [job]
     assert tree(queue_dir)["claimed"] == tree(queue_dir)["lease"] == []
 
@@ -353,3 +356,36 @@ def test_a_claim_refused_for_want_of_descriptors_at_its_lease_leaves_no_trace(
         "inbox": [], "pending": [job], "claimed": [], "lease": [], "done": [], "failed": []
     }  # fmt: skip
     assert claim(queue, me).job == job
+
+
+class NoDescriptorFor(FsOps):
+    """Real operations, except that opening the queue's own ``name`` (a state directory or
+    its config, looked up below the queue's directory) fails with EMFILE."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.name = name
+
+    def open_dir(self, name: str, dir_fd: int | None = None) -> int:
+        if name == self.name:
+            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE), name)
+        return super().open_dir(name, dir_fd)
+
+
+@pytest.mark.parametrize("state", ["pending", "failed"])
+def test_a_queue_that_cannot_be_opened_for_want_of_descriptors_says_so_whole(
+    queue_dir: Path, state: str
+) -> None:
+    """Out of descriptors while it opens its state directories, a command says which queue and
+    directory refused, what ran short, that the queue was not changed and what mends it (never
+    a bare 'pending: Too many open files'), and leaves no descriptor of its own open."""
+    before = sorted(os.listdir("/proc/self/fd"))
+    with pytest.raises(CtxError) as refused:
+        Queue.open(queue_dir, NoDescriptorFor(state))
+    assert refused.value.errno == errno.EMFILE
+    assert refused.value.message == (
+        f"cannot open queue {queue_dir}: {queue_dir}/{state} refused: Too many open files "
+        "(this process has no file descriptor left); nothing in it was changed: raise the "
+        "limit of open files ('ulimit -n'), then run the command again"
+    )
+    assert sorted(os.listdir("/proc/self/fd")) == before
