@@ -111,7 +111,7 @@ def run_captured(
         process.pid,
         exit_status,
         bytes(pump.stdout),
-        bytes(pump.stderr[-MAX_STDERR_TAIL:]),
+        _utf8_tail(pump.stderr, MAX_STDERR_TAIL),
         timed_out,
         pump.overflow,
         time.monotonic() - started,
@@ -261,15 +261,15 @@ class _Pump:
     def _emit_lines(self, data: bytes) -> None:
         if self.on_stderr_line is None:
             return
-        *lines, self.partial_line = (self.partial_line + data).split(b"\n")
-        # A line without end (a tool writing stderr with no newline) is passed on in pieces of
-        # MAX_STDERR_TAIL bytes rather than held whole: its caller's memory is not the tool's.
-        while len(self.partial_line) > MAX_STDERR_TAIL:
-            cut = _utf8_boundary(self.partial_line, MAX_STDERR_TAIL)
-            lines.append(self.partial_line[:cut])
-            self.partial_line = self.partial_line[cut:]
-        for line in lines:
-            self.on_stderr_line(line.decode("utf-8", "replace"))
+        *ended, unended = (self.partial_line + data).split(b"\n")
+        # A line longer than MAX_STDERR_TAIL bytes, ended or not yet (a tool writing stderr
+        # with no newline), is passed on in pieces of at most that many rather than whole:
+        # its caller's memory is not the tool's.  The last piece of the unended line waits for
+        # the rest of it.
+        pieces = [piece for line in ended for piece in _utf8_pieces(line, MAX_STDERR_TAIL)]
+        *unended_pieces, self.partial_line = _utf8_pieces(unended, MAX_STDERR_TAIL)
+        for piece in pieces + unended_pieces:
+            self.on_stderr_line(piece.decode("utf-8", "replace"))
 
     def _flush_partial_line(self) -> None:
         if self.on_stderr_line and self.partial_line:
@@ -279,6 +279,31 @@ class _Pump:
     def _close(self, fd: int) -> None:
         self.selector.unregister(fd)
         self.pipes.pop(fd).close()
+
+
+def _utf8_pieces(line: bytes, limit: int) -> list[bytes]:
+    """``line`` cut into pieces of at most ``limit`` bytes, each cut before a UTF-8 character
+    rather than inside one (:func:`_utf8_boundary`); ``[line]`` when it is short enough,
+    even empty."""
+    pieces = []
+    while len(line) > limit:
+        cut = _utf8_boundary(line, limit)
+        pieces.append(line[:cut])
+        line = line[cut:]
+    return [*pieces, line]
+
+
+def _utf8_tail(data: bytes, limit: int) -> bytes:
+    """The last ``limit`` bytes of ``data`` or fewer, starting at a UTF-8 character rather
+    than inside one: at most three continuation bytes more are left out (none when the bytes
+    are no UTF-8 there), so the tail decodes to text the tool wrote, with no U+FFFD of a
+    character cut in two at its start."""
+    start = max(len(data) - limit, 0)
+    for _ in range(3):
+        if start == 0 or start >= len(data) or not 0x80 <= data[start] < 0xC0:
+            break
+        start += 1
+    return bytes(data[start:])
 
 
 def _utf8_boundary(data: bytes, limit: int) -> int:

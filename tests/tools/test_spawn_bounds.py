@@ -29,3 +29,33 @@ def test_a_stderr_line_without_end_arrives_in_pieces_no_character_split() -> Non
     assert finished.exit_status == 0 and len(pieces) >= 3 * 1024 * 1024 // MAX_STDERR_TAIL
     assert all(len(piece.encode()) <= MAX_STDERR_TAIL for piece in pieces)
     assert "".join(pieces) == "€" * (3 * 1024 * 1024 // 3)
+
+
+def test_a_long_line_whose_end_comes_in_a_later_read_is_still_passed_on_in_pieces() -> None:
+    """60 000 bytes, a pause, then 10 000 more and the newline: the line ends in a read after
+    its start was held, and still arrives in pieces of at most MAX_STDERR_TAIL bytes."""
+    pieces: list[str] = []
+    script = (
+        "head -c 60000 /dev/zero | tr '\\0' a >&2; sleep 0.3; "
+        "head -c 10000 /dev/zero | tr '\\0' a >&2; echo >&2"
+    )
+
+    finished = run_captured(_shell(script), b"", on_stderr_line=pieces.append)
+
+    assert finished.exit_status == 0
+    assert all(len(piece.encode()) <= MAX_STDERR_TAIL for piece in pieces), [
+        len(piece) for piece in pieces
+    ]
+    assert "".join(pieces) == "a" * 70_000
+
+
+def test_the_stderr_tail_starts_at_a_character_the_tool_wrote() -> None:
+    """30 000 '€' then a last line: the tail kept is at most MAX_STDERR_TAIL bytes, a true end
+    of what was written, never a U+FFFD of a character cut in two at its start."""
+    script = "yes € | tr -d '\\n' | head -c 90000 >&2; printf '\\nlast\\n' >&2"
+
+    finished = run_captured(_shell(script), b"")
+
+    tail = finished.stderr_tail.decode()  # strict: a cut character would raise here
+    assert len(finished.stderr_tail) <= MAX_STDERR_TAIL
+    assert ("€" * 30_000 + "\nlast\n").endswith(tail) and len(tail) > 20_000
