@@ -71,6 +71,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from cortexfs import jsontext
 from cortexfs.shared.redact_commands import command_secrets, redact_command_lines
 from cortexfs.shared.secret_keys import ARGV_KEY, KEY_WORDS, REDACTED, is_secret_key
 
@@ -169,7 +170,9 @@ _NETRC_PASSWORD = re.compile(
 def bounded_summary(value: Any) -> Any:
     """:func:`summarize`, then a size note instead when even that is too long."""
     summary = summarize(value)
-    size = len(json.dumps(summary, ensure_ascii=False))
+    # Its bytes as an event holds them, where a character of CJK text or an emoji is three
+    # or four: counted in characters, a summary of such text could fill four times the line.
+    size = len(jsontext.dumps_utf8(summary, separators=(",", ":"), default=str))
     return summary if size <= MAX_SUMMARY_BYTES else f"[summary of {size} bytes elided]"
 
 

@@ -218,6 +218,20 @@ def test_a_huge_structure_becomes_a_size_note() -> None:
     assert bounded_summary(wide).startswith("[summary of ")
 
 
+def test_the_size_note_counts_the_bytes_an_event_holds_not_characters() -> None:
+    """Twenty keys of 200 four-byte characters are 4 000 characters but 16 000 bytes of an
+    event line: over the 8 KiB of a summary (docs/sessions.md), so they become its size note,
+    the size the summary has in the event; the same keys of ASCII text stay whole."""
+    emoji = {f"k{i}": "\U0001f389" * 200 for i in range(20)}
+    ascii_only = {f"k{i}": "y" * 200 for i in range(20)}
+
+    note = bounded_summary(emoji)
+    size = len(json.dumps(summarize(emoji), ensure_ascii=False, separators=(",", ":")).encode())
+
+    assert note == f"[summary of {size} bytes elided]" and size > 16_000
+    assert bounded_summary(ascii_only) == summarize(ascii_only)
+
+
 KNOWN_TOKENS = [
     "ghp_" + "a1B2" * 9,
     "github_pat_11ABCDEFG0123456789_abcdefghij",
