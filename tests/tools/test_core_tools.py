@@ -259,6 +259,25 @@ def test_a_file_name_that_is_not_utf8_comes_back_to_a_tool_as_it_went_out(
     assert b"caf\xe9.txt\n" in text.stdout.splitlines(keepends=True)
 
 
+def test_fs_write_to_a_name_that_is_not_utf8_writes_it_and_says_so(agent: World) -> None:
+    """The name fs.list gives a file whose name is not UTF-8 goes into fs.write too: the file
+    is written and the call succeeds in both modes, its text telling the name in its bytes
+    (a call that wrote the file must never report a failure)."""
+    odd = os.fsdecode(b"caf\xe9.txt")
+
+    native = agent.run("fs.write", {"path": odd, "content": "one\n"})
+    command = ["run", "--agent", "coder", "fs.write", json.dumps({"path": odd, "content": "two"})]
+    text = subprocess.run(
+        [sys.executable, "-m", "cortexfs", "--storage", str(agent.root), *command],
+        capture_output=True,
+    )
+
+    assert native.status == "ok" and native.output["path"].endswith(odd), native
+    assert text.returncode == 0, text.stderr
+    assert text.stdout == b"wrote 3 bytes to /workspace/caf\xe9.txt\n"
+    assert (agent.workspace / odd).read_bytes() == b"two"
+
+
 @pytest.mark.parametrize(
     ("given", "reason"),
     [

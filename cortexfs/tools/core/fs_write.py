@@ -74,7 +74,9 @@ def write(request: dict[str, object], native: bool) -> Reply:
                 raise
     finally:
         os.close(parent)
-    text = f"wrote {len(data)} bytes to {place.view}\n".encode()
+    # A name that is not UTF-8 (as fs.list gives it, "\udce9" for the byte 0xe9) is told
+    # in the bytes it has, as fs.list and fs.stat tell it: never a failure after the write.
+    text = os.fsencode(f"wrote {len(data)} bytes to {place.view}\n")
     return Reply(
         {"path": str(place.view), "bytes": len(data), "created": existing is None}, text=text
     )
