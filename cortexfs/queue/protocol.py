@@ -852,8 +852,25 @@ def _refuse_other_holder(job: str, lease: Lease, callers: Sequence[Holder], verb
         raise NotHeld(
             errno.EACCES,
             f"job {job} is leased to pid {theirs.pid} on {theirs.host} (worker "
-            f"{theirs.worker}), not to pid {holder.pid}; only the holder {verb}",
+            f"{theirs.worker}), not to {_caller_apart(theirs, holder)}; only the holder {verb}",
         )
+
+
+def _caller_apart(theirs: Holder, caller: Holder) -> str:
+    """``caller`` as a refusal names it, saying what sets it apart from the lease's holder
+    when the pid alone does not (a pid is never proof of the same process, Q-5)."""
+    if theirs.pid != caller.pid:
+        return f"pid {caller.pid}"
+    if theirs.boot_id != caller.boot_id:
+        return f"pid {caller.pid} of another boot (the holder's was {theirs.boot_id})"
+    if theirs.pid_ns != caller.pid_ns:
+        return (
+            f"pid {caller.pid} of pid namespace {caller.pid_ns} (the holder's is {theirs.pid_ns})"
+        )
+    started = (
+        "at an unknown time" if caller.start_time is None else f"at {rfc3339(caller.start_time)}"
+    )
+    return f"pid {caller.pid}, another process of that number (started {started})"
 
 
 # -------------------------------------------------------------------------------- finish

@@ -245,6 +245,30 @@ def test_renew_extends_only_the_holders_lease(queue: Queue, me: Holder, queue_di
     assert caught.value.errno == errno.ENOENT
 
 
+@pytest.mark.parametrize(
+    ("apart", "told"),
+    [
+        ({"pid_ns": 4026599999}, " of pid namespace 4026599999 (the holder's is "),
+        ({"boot_id": "another-boot"}, " of another boot (the holder's was "),
+        ({"start_time": 1.0}, ", another process of that number (started at 1970-01-01T"),
+    ],
+)
+def test_a_renewal_by_the_holder_s_pid_number_in_another_process_says_what_sets_it_apart(
+    queue: Queue, me: Holder, apart: dict, told: str
+) -> None:
+    """Q-5: a pid alone never proves the same process; refused, the caller who has the
+    holder's pid number hears why it is not the holder (not 'pid N, not to pid N')."""
+    publish(queue, request(), name="apart")
+    won = claim(queue, me, ttl=60)
+    assert won is not None
+
+    with pytest.raises(CtxError) as refused:
+        renew(queue, won.job, [dataclasses.replace(me, **apart)])
+
+    assert refused.value.errno == errno.EACCES
+    assert f"not to pid {me.pid}{told}" in refused.value.message
+
+
 def test_renew_without_a_lifetime_renews_for_the_lease_s_own_period(
     queue: Queue, me: Holder, queue_dir: Path
 ) -> None:
