@@ -453,13 +453,15 @@ def make_dir_synced(
     return True
 
 
-def remove_entries(ops: FsOps, removals: Sequence[tuple[int, str, bool]]) -> None:
+def remove_entries(ops: FsOps, removals: Sequence[tuple[int, str, bool]]) -> list[str]:
     """Remove ``(dir_fd, name, is_dir)`` entries in order; names already gone are skipped.
+    Returns the names this call removed (another process may have removed the rest).
 
     Removal is the last step of a transition and may be repeated after a crash, hence the
     tolerance.  Not durable by itself: the caller syncs the parents that still exist (a
     removed directory's own contents need no sync, its entry in the parent is what counts).
     """
+    removed = []
     for dir_fd, name, is_dir in removals:
         try:
             if is_dir:
@@ -468,6 +470,8 @@ def remove_entries(ops: FsOps, removals: Sequence[tuple[int, str, bool]]) -> Non
                 ops.unlink(name, dir_fd)
         except FileNotFoundError:
             continue
+        removed.append(name)
+    return removed
 
 
 def _unlink_quietly(ops: FsOps, dir_fd: int, name: str) -> None:

@@ -140,11 +140,12 @@ def recover(
             report.stale_temps.append(f"inbox/{temp.name}")  # still there after the run
             continue
         try:
-            durable.remove_entries(queue.ops, [(queue.inbox, temp.name, False)])
+            removed = durable.remove_entries(queue.ops, [(queue.inbox, temp.name, False)])
         except OSError as exc:
             report.errors.append(_temp_failure(queue, temp, exc))
             continue
-        report.removed_temps.append(f"inbox/{temp.name}")
+        if removed:  # not when another recover removed it first: it lists it
+            report.removed_temps.append(f"inbox/{temp.name}")
     if report.removed_temps:
         durable.sync_dir(queue.ops, queue.inbox)
     if not dry_run:
@@ -231,7 +232,14 @@ def _recover_job(
 ) -> None:
     assessment = ev.assess(evidence)
     if assessment.state in ("conflict", "incomplete"):
+        scanned = assessment
         evidence, assessment = _settled(queue, evidence, assessment)
+        if not evidence.paths():
+            # Nothing of J is left of what the scan saw (an empty claimed/J, an orphan lease/J):
+            # another recover removed it meanwhile, which is no conflict for a human to see.
+            detail = f"{scanned.detail}; left alone, another process removed it since the scan"
+            report.untouched.append(Finding(evidence.job, scanned.state, detail, evidence=[]))
+            return
     finding = Finding(evidence.job, assessment.state, assessment.detail, evidence=evidence.paths())
     if assessment.state == "conflict":
         report.conflicts.append(finding)
@@ -400,7 +408,8 @@ def _locked_as_scanned(
         evidence = ev.evidence_of(queue, job)
         current = ev.assess(evidence)
         if (current.state, current.repair) != (scanned.state, scanned.repair):
-            finding.detail += f"; left alone, it is now {current.state}"
+            now = current.state if evidence.paths() else "gone (another process removed it)"
+            finding.detail += f"; left alone, it is now {now}"
             yield None
             return
         yield claim_fd, evidence, current

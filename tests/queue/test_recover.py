@@ -537,3 +537,34 @@ def test_recover_beside_live_workers_reports_no_conflict_that_never_existed(
     claims = (tmp_path / "w0").read_text().split() + (tmp_path / "w1").read_text().split()
     assert sorted(claims) == sorted(jobs)  # each job ran once: none was requeued
     assert recover(queue, reconcile=True).consistent
+
+
+def test_leftovers_another_recover_removes_after_the_scan_are_no_conflict_and_not_listed(
+    queue: Queue, queue_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two --reconcile runs at once: what one removes between the other's scan and its repair
+    (an empty claimed/J, an orphan lease/J, a stray temp file) is left alone by the other, not
+    a "no evidence" conflict, and only the run that removed a temp file lists it (Q-6, I-5)."""
+    from cortexfs.queue import recovery
+
+    (queue_dir / "claimed" / "empty.req.json").mkdir()
+    (queue_dir / "lease" / "orphan.req.json").mkdir()
+    temp = queue_dir / "inbox" / ".stray.publish.tmp"
+    temp.write_text("{}")
+    os.utime(temp, (time.time() - 3600, time.time() - 3600))
+    scan = recovery.ev.scan
+
+    def scanned_then_removed_by_another(q: Queue):
+        found = scan(q)
+        (queue_dir / "claimed" / "empty.req.json").rmdir()
+        (queue_dir / "lease" / "orphan.req.json").rmdir()
+        temp.unlink()
+        return found
+
+    monkeypatch.setattr(recovery.ev, "scan", scanned_then_removed_by_another)
+    report = recover(queue, reconcile=True)
+
+    assert report.consistent and report.conflicts == [] and report.errors == []
+    assert sorted(f.job for f in report.untouched) == ["empty.req.json", "orphan.req.json"]
+    assert all("another process removed it" in f.detail for f in report.untouched)
+    assert report.removed_temps == [] and report.repaired == []
