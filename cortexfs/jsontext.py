@@ -85,8 +85,8 @@ def loads_strict(
 
 
 def loads_text(data: bytes) -> Any:
-    """``json.loads`` of a file's bytes read as UTF-8 text (a byte-order mark allowed), for a
-    small control a person may have to repair; ValueError with a reason in plain words.
+    """:func:`loads_strict` of a file's bytes read as UTF-8 text (a byte-order mark allowed),
+    for a small control a person may have to repair; ValueError with a reason in plain words.
 
     Decoded here rather than by ``json.loads``, which takes bytes holding a NUL for UTF-16 or
     UTF-32 and would then blame a codec for a file that is merely damaged."""
@@ -100,7 +100,13 @@ def loads_text(data: bytes) -> Any:
     if not text.strip():
         raise ValueError("it is empty")
     try:
-        return json.loads(text)
+        # As strictly as a manifest is checked: a control that another reader would take
+        # for another document (NaN, a name given twice) is no more valid on disk.
+        return loads_strict(text)
+    except DuplicateNames as exc:
+        raise ValueError(f"it {duplicate_names_problem(exc.names)}") from None
+    except NotAJsonNumber as exc:
+        raise ValueError(f"{exc} is not a JSON number") from None
     except json.JSONDecodeError as exc:
         raise ValueError(f"{exc.msg} at line {exc.lineno}, column {exc.colno}") from None
 

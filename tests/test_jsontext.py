@@ -74,3 +74,20 @@ def test_duplicate_names_and_constants_are_still_refused() -> None:
         loads_strict("[NaN]")
     with pytest.raises(UnicodeDecodeError):
         loads_strict(b"\xff")
+
+
+@pytest.mark.parametrize(
+    ("data", "reason"),
+    [
+        (b'{"a": NaN}', "NaN is not a JSON number"),
+        (b'{"a": 1e999}', "1e999 (beyond the largest float) is not a JSON number"),
+        (b'{"a": 1, "a": 2}', "it gives the name 'a' twice in one object"),
+        (b"\xef\xbb\xbf{", "Expecting property name enclosed in double quotes at line 1"),
+    ],
+)
+def test_a_control_file_is_read_as_strictly_as_a_manifest(data: bytes, reason: str) -> None:
+    """loads_text, which reads the controls on disk, refuses what loads_strict refuses, in
+    words a person repairing the file can follow."""
+    with pytest.raises(ValueError) as refused:
+        jsontext.loads_text(data)
+    assert str(refused.value).startswith(reason), refused.value

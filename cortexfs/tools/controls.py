@@ -30,7 +30,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
-import json
 import os
 import stat
 from collections.abc import Callable, Iterator, Mapping
@@ -346,9 +345,9 @@ def _read_program(directory: _ControlDirectory) -> tuple[dict[str, Any] | None, 
 def _parse_program(data: bytes) -> tuple[dict[str, Any] | None, str]:
     """C-2: a program control is a JSON Schema object; anything else makes the tool unavailable."""
     try:
-        program = json.loads(data)
-    except (UnicodeDecodeError, ValueError):
-        return None, f"{_PROGRAM_CONTROL} is not JSON (C-2)"
+        program = jsontext.loads_text(data)
+    except ValueError as exc:
+        return None, f"{_PROGRAM_CONTROL} is not JSON: {exc} (C-2)"
     problems = schema_problems(program, _PROGRAM_CONTROL)
     if problems:
         return None, f"{problems[0]} (C-2)"

@@ -293,7 +293,17 @@ def _tree(directory: Path) -> dict[str, bytes | None]:
     }
 
 
-@pytest.mark.parametrize("program", ["{ not json", "[1, 2]", '{"type": 5}'])
+@pytest.mark.parametrize(
+    "program",
+    [
+        "{ not json",
+        "[1, 2]",
+        '{"type": 5}',
+        # Not JSON as object check reads a manifest: on disk no more valid than there.
+        '{"type": "object", "minimum": NaN}',
+        '{"type": "object", "type": "string"}',
+    ],
+)
 def test_a_malformed_program_makes_the_tool_unavailable_in_list_and_bootstrap(
     tmp_path: Path, program: str
 ) -> None:
