@@ -42,7 +42,7 @@ from cortexfs.names import check_object_name
 from cortexfs.policy import beneath
 from cortexfs.policy.controls import control_limit, too_large
 from cortexfs.regular_file import read_regular_file
-from cortexfs.tools.remedy import reinstall_advice
+from cortexfs.tools.remedy import is_core_tool, reinstall_advice
 from cortexfs.tools.schemas import schema_problems
 
 REQUIRED_FILES = ("name", "description", "schema", "cap", "policy", "status", "log")
@@ -264,7 +264,10 @@ def require_available(tool: ToolObject, controls: ToolControls) -> None:
     status = controls.status
     if status == STATUS_AVAILABLE:
         return
-    if controls.program_problem:
+    if controls.program_problem and is_core_tool(tool.directory, tool.name):
+        # Nobody installs a core tool; bootstrap puts it back as it ships, with no program.
+        remedy = "repair the storage root ('ctx bootstrap'), which puts it back without one"
+    elif controls.program_problem:
         remedy = "reinstall it with a valid program control, or without one"
     else:
         remedy = f"it runs again once its status control {tool.name}.d/status reads 'available'"

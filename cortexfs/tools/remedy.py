@@ -17,6 +17,11 @@ from cortexfs.storage import DOCS_BUNDLE, ROOT_ENTRIES
 from cortexfs.tools.core import BOOTSTRAP_TOOLS
 
 
+def is_core_tool(directory: Path, name: str) -> bool:
+    """Whether ``name`` in the tier directory ``directory`` is a core tool bootstrap keeps."""
+    return name in BOOTSTRAP_TOOLS and tier_of(directory) == "system"
+
+
 def reinstall_advice(directory: Path, name: str) -> str:
     """What repairs the damaged tool ``name`` of the tier directory ``directory``."""
     tier = tier_of(directory)

@@ -440,6 +440,21 @@ def test_a_malformed_program_control_makes_the_tool_unavailable(coder: World) ->
     )
 
 
+def test_a_core_tool_with_a_malformed_program_control_is_repaired_by_bootstrap(
+    coder: World,
+) -> None:
+    """Nobody installs a core tool: the refusal sends its reader to 'ctx bootstrap', which
+    puts it back without a program control."""
+    (coder.root / "tool/fs.stat.d/program").write_text('{"type": 12}')
+
+    result = coder.run("fs.stat", {"path": "/workspace"})
+
+    assert result.error.errno == errno.EACCES and "unavailable" in result.error.message
+    assert result.error.message.endswith(
+        "repair the storage root ('ctx bootstrap'), which puts it back without one"
+    )
+
+
 def _member(world: World, name: str, permissions: list[str], *, mounted: bool = True) -> None:
     """An agent of space ``proj`` with ``permissions`` on it, the space mounted read-write, or
     seen only through the agent's view of the storage root at ``/ctx``, which is writable in
