@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -183,9 +184,16 @@ def install_manifest(
 
 
 def install_tool(
-    tier: Tier, manifest: Manifest, program: bytes, *, ops: durable.FsOps | None = None
-) -> Installed:
-    """Install ``program`` as the executable of ``manifest``'s tool in ``tier``."""
+    tier: Tier,
+    manifest: Manifest,
+    program: bytes,
+    *,
+    ops: durable.FsOps | None = None,
+    unless_current: Callable[[], bool] | None = None,
+) -> Installed | None:
+    """Install ``program`` as the executable of ``manifest``'s tool in ``tier``; None when
+    ``unless_current``, asked under the tier's lock, finds it installed already
+    (:func:`~cortexfs.tools.pairs.install_pair`)."""
     ops = ops or durable.default_ops()
     _ensure_tier(tier, ops)
     origin = {
@@ -213,7 +221,10 @@ def install_tool(
         ops=ops,
         settled_by="running the same command again, or 'ctx bootstrap',",
         host=storage_owner(tier.root),
+        unless_current=unless_current,
     )
+    if replaced is None:
+        return None
     return Installed(manifest.name, tier.name, tier.directory / manifest.name, replaced)
 
 

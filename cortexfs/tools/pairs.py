@@ -73,7 +73,7 @@ import fcntl
 import os
 import re
 import stat
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -139,8 +139,14 @@ def install_pair(
     ops: durable.FsOps | None = None,
     settled_by: str = "running the same command again",
     host: int | None = None,
-) -> bool:
+    unless_current: Callable[[], bool] | None = None,
+) -> bool | None:
     """Install ``name`` in ``directory``; True when it replaced a previous version.
+
+    ``unless_current``: asked under the directory's lock, once interrupted installs are
+    settled, whether what is installed is already this version; if so, nothing is done and
+    None is returned.  Asked before the lock instead, two runs at once (two bootstraps) would
+    both find the object missing, and the second would install it again behind the first.
 
     ``controls`` must define exactly the controls of ``kind.defined`` this version has; a new
     object (without ``replace``) may also give the first content of a default control (an
@@ -178,6 +184,8 @@ def install_pair(
             install_failure.descriptors_set_aside(dir_fd, directory / name) as release,
         ):
             finished = _repair_before_install(ops, dir_fd, directory, name, kind)
+            if unless_current is not None and unless_current():
+                return None
             had_entry = durable.lstat_at(dir_fd, name) is not None
             if not replace and (had_entry or durable.lstat_at(dir_fd, name + CONTROLS_SUFFIX)):
                 earlier = (

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
 import multiprocessing
 import os
@@ -77,6 +78,39 @@ def test_install_makes_a_complete_pair_that_grants_nothing(tier: Tier, tmp_path:
     assert tool.control("status").read_text() == "available\n"
     assert json.loads(tool.control("origin").read_text())["manifest"].endswith("probe-v1.json")
     assert sorted(os.listdir(tier.directory)) == [LOCK_FILE, "probe", "probe.d"]
+
+
+def test_an_install_unless_current_asks_under_the_tier_s_lock_and_changes_nothing_if_so(
+    tier: Tier, tmp_path: Path
+) -> None:
+    """What a bootstrap racing another needs: the question "is it installed already?" is asked
+    with the tier's lock held (the other's install is then whole or not begun), and an answer
+    of yes installs nothing."""
+    install_tool(tier, *version(tmp_path, 1))
+    before = {path.name: path.stat().st_ino for path in tier.directory.iterdir()}
+    lock = tier.directory / LOCK_FILE
+
+    def held() -> bool:
+        fd = os.open(lock, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True  # the install holds it while it asks
+        finally:
+            os.close(fd)
+        return False
+
+    asked: list[bool] = []
+    skipped = install_tool(
+        tier, *version(tmp_path, 2), unless_current=lambda: asked.append(held()) or True
+    )
+
+    assert skipped is None and asked == [True]
+    assert installed_version(tier.tool("probe")) == "v1"
+    assert {path.name: path.stat().st_ino for path in tier.directory.iterdir()} == before
+    installed = install_tool(tier, *version(tmp_path, 2), unless_current=lambda: False)
+    assert installed is not None and installed.replaced
+    assert installed_version(tier.tool("probe")) == "v2"
 
 
 def test_reinstall_replaces_the_version_and_keeps_local_state(tier: Tier, tmp_path: Path) -> None:

@@ -270,11 +270,20 @@ def _install_core_tool(
             manifest = core_manifest(name, exec_path)
             if present and not replaced and _is_current(tool, manifest, launcher, owner):
                 return
-            install_tool(tier, manifest, launcher)
+            # Asked again under the tier's lock: a bootstrap running at the same time may
+            # have installed this very version while this one waited for the lock.
+            installed = install_tool(
+                tier,
+                manifest,
+                launcher,
+                unless_current=lambda: _is_current(tool, manifest, launcher, owner),
+            )
     except BaseException:
         if replaced:  # what was removed is said, even when the install then failed
             report.repaired.append(line)
         raise
+    if installed is None and not replaced:
+        return
     (report.repaired if present else report.created).append(line)
 
 
@@ -436,9 +445,19 @@ def _ensure_tsh_config(root: Path, owner: int, report: storage.BootstrapReport) 
         if existing is None:
             temporary = f".config.{os.urandom(6).hex()}.tmp"
             durable.write_file_synced(ops, config_dir, temporary, tsh_config.DEFAULT_TEXT.encode())
-            durable.move_noreplace(ops, config_dir, temporary, config_dir, "config")
-            report.created.append("tool/tsh.d/config")
-        elif bootstrap_repair.stand_in(existing):
+            try:
+                durable.move_noreplace(ops, config_dir, temporary, config_dir, "config")
+            except FileExistsError:
+                # Made meanwhile, by a bootstrap running at the same time or a tsh.config
+                # update: that one stands, and is checked below as any config found is.
+                durable.remove_entries(ops, [(config_dir, temporary, False)])
+                existing = durable.lstat_at(config_dir, "config")
+            else:
+                report.created.append("tool/tsh.d/config")
+                return
+        if existing is None:
+            return  # made and removed again meanwhile: the next bootstrap makes it
+        if bootstrap_repair.stand_in(existing):
             # Nobody's settings: tsh and tsh.config refuse to read through it.
             durable.replace_file_synced(
                 ops, config_dir, "config", tsh_config.DEFAULT_TEXT.encode(), tsh_config.CONFIG_MODE
