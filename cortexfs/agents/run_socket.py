@@ -43,6 +43,7 @@ _MAX_REQUEST = 1024 * 1024
 REQUEST_SECONDS = 2.0  # for tsh's message to arrive once it has connected
 MAX_WAITING = 64  # connections whose message has not arrived yet, each holding a descriptor
 CALL_END_SECONDS = 2.0  # for the calls running when the terminal ends to record their end
+HANGUP_SECONDS = 1.0  # then for those a hangup ends (an interactive shell) to record theirs
 _REFUSED = 126  # tsh's status for a call the host did not run
 Request = dict[str, object]
 Namespace = tuple[int, int]  # a pid namespace: the device and inode of /proc/<pid>/ns/pid
@@ -157,24 +158,25 @@ class RunSocket:
 
     def interrupt(self) -> None:
         """SIGINT to each running call; the runner passes it on to the tool's group."""
-        for pid in self.calls:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGINT)
+        self._signal_calls(signal.SIGINT)
 
     def end(self, grace: float = CALL_END_SECONDS) -> None:
         """The terminal is ending: no call outlives it.  Connections whose message has not come
         are closed; each running call is interrupted
-        (the runner passes SIGINT on to its tool's group and records the call's result);
-        a call still running after ``grace`` seconds is killed, and its tool with it (the
-        tool dies with the process that started it: its parent-death signal)."""
+        (the runner passes SIGINT on to its tool's group and records the call's result).
+        One still running after ``grace`` seconds (an interactive shell ignores SIGINT) is
+        told the terminal hung up, SIGHUP, as a closing terminal tells its shell, which
+        ends on it, and its result is recorded too; one still running
+        :data:`HANGUP_SECONDS` later is killed, and its tool with it (the tool dies with the
+        process that started it: its parent-death signal), its result unrecorded."""
         for connection in list(self.waiting):
             self._stop_waiting(connection)
             connection.close()
         self.interrupt()
-        deadline = time.monotonic() + grace
-        while self.calls and time.monotonic() < deadline:
-            time.sleep(0.02)
-            self.reap()
+        self._wait_for_calls(grace)
+        if self.calls:
+            self._signal_calls(signal.SIGHUP)
+            self._wait_for_calls(HANGUP_SECONDS)
         for pid in self.calls:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
@@ -182,6 +184,17 @@ class RunSocket:
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, 0)
         self.calls.clear()
+
+    def _signal_calls(self, signum: int) -> None:
+        for pid in self.calls:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signum)
+
+    def _wait_for_calls(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while self.calls and time.monotonic() < deadline:
+            time.sleep(0.02)
+            self.reap()
 
     def reap(self) -> None:
         """Collect the calls that have ended."""

@@ -47,6 +47,9 @@ _MAX_SOCKET_ADDRESS = 107  # bytes of a UNIX socket's path, sun_path less its NU
 _MAX_MODE_LINE = 64  # bytes a client may send before the newline that ends its mode line
 MODE_LINE_SECONDS = 10.0  # for a client's mode line to arrive before it is dropped
 MAX_CLIENTS = 64  # clients at once, besides root's: each holds one of ~1024 descriptors
+MAX_BEHIND = 1024 * 1024  # bytes of output a client may have yet to take before it is dropped
+STALL_SECONDS = 2.0  # a client that takes none of its waiting output for this long is dropped
+CLOSING_SECONDS = 1.0  # for all clients together to take their last output as the terminal ends
 
 
 def socket_path(view: AgentView, session: str) -> Path:
@@ -286,8 +289,13 @@ class TerminalClients:
     A client is accepted with its peer uid; its first line says ``watch`` or ``attach``, and
     :func:`refusal` decides for that uid.  An accepted client first gets the last
     :data:`SCROLLBACK` bytes, then everything the shell prints; what an attached one sends
-    goes to ``type_in`` (the PTY).  A client that cannot take output within two seconds is
-    dropped rather than let it stall the terminal.
+    goes to ``type_in`` (the PTY).
+
+    Output is never sent to a client by waiting on it: what its socket does not take at once
+    waits in the client's own buffer, sent as its socket drains, so a client that stops
+    reading (any process of the agent's uid may connect one) costs the terminal and the other
+    clients nothing.  It is dropped once it has taken none of that output for
+    :data:`STALL_SECONDS`, or is more than :data:`MAX_BEHIND` bytes behind.
     """
 
     def __init__(
@@ -308,6 +316,8 @@ class TerminalClients:
         self.arrived: dict[socket.socket, float] = {}  # when each client connected
         self.others: set[socket.socket] = set()  # clients of uids not the host administrators'
         self.holding = False  # attached clients' input left in their sockets for now
+        self.behind: dict[socket.socket, bytearray] = {}  # output a client has yet to take
+        self.progressed: dict[socket.socket, float] = {}  # when it last took some of it
 
     def take(self, client: socket.socket) -> None:
         """A new client, kept only if its uid may at least watch (the socket is open to every
@@ -346,7 +356,7 @@ class TerminalClients:
         self.arrived[client] = time.monotonic()
         if counted:
             self.others.add(client)
-        self.selector.register(client, selectors.EVENT_READ, self._input)
+        self.selector.register(client, selectors.EVENT_READ, self._ready)
 
     def hold_input(self, hold: bool) -> None:
         """Stop reading what attached clients type (``hold``), or read it again: while the
@@ -356,21 +366,21 @@ class TerminalClients:
         if hold == self.holding:
             return
         self.holding = hold
-        for client, mode in self.modes.items():
-            if mode != b"attach":
-                continue
-            if hold:
-                with contextlib.suppress(KeyError, ValueError):
-                    self.selector.unregister(client)
-            else:
-                with contextlib.suppress(KeyError):  # attached while input was held
-                    self.selector.register(client, selectors.EVENT_READ, self._input)
+        for client, mode in list(self.modes.items()):
+            if mode == b"attach":
+                self._watch(client)
 
     def drop_silent(self) -> None:
-        """Drop the clients whose mode line has not come within :data:`MODE_LINE_SECONDS`."""
-        late = time.monotonic() - MODE_LINE_SECONDS
+        """Drop the clients whose mode line has not come within :data:`MODE_LINE_SECONDS`, and
+        those that have taken none of their waiting output for :data:`STALL_SECONDS`."""
+        now = time.monotonic()
+        late = now - MODE_LINE_SECONDS
         for client, mode in list(self.modes.items()):
-            if mode is None and self.arrived.get(client, late) <= late:
+            silent = mode is None and self.arrived.get(client, late) <= late
+            stalled = (
+                bool(self.behind.get(client)) and self.progressed[client] <= now - STALL_SECONDS
+            )
+            if silent or stalled:
                 self._drop(client)
 
     def broadcast(self, data: bytes) -> None:
@@ -381,8 +391,48 @@ class TerminalClients:
                 self._send(client, data)
 
     def close(self) -> None:
+        """Give each client what it has yet to take, within :data:`CLOSING_SECONDS` for all of
+        them together (the shell's last words, that the terminal ended), then drop them."""
+        deadline = time.monotonic() + CLOSING_SECONDS
         for client in list(self.modes):
+            waiting = self.behind.get(client)
+            left = deadline - time.monotonic()
+            if waiting and left > 0:
+                with contextlib.suppress(OSError):
+                    client.settimeout(left)
+                    client.sendall(waiting)
             self._drop(client)
+
+    def _ready(self, client: socket.socket) -> None:
+        """The client's socket can take output or has input (the selector does not say which:
+        both are tried, neither waits)."""
+        if self.behind.get(client):
+            self._flush(client)
+        if client in self.modes and self._reads(client):
+            self._input(client)
+
+    def _reads(self, client: socket.socket) -> bool:
+        """Whether what ``client`` sends is read now: not while an attached one's input is held."""
+        return not (self.holding and self.modes.get(client) == b"attach")
+
+    def _watch(self, client: socket.socket) -> None:
+        """Register ``client`` for what the terminal waits on it for: its input unless that is
+        held, its socket's room while output waits for it; neither, not at all."""
+        events = (selectors.EVENT_READ if self._reads(client) else 0) | (
+            selectors.EVENT_WRITE if self.behind.get(client) else 0
+        )
+        try:
+            registered = self.selector.get_key(client).events
+        except KeyError:
+            registered = 0
+        if events == registered:
+            return
+        if not events:
+            self.selector.unregister(client)
+        elif registered:
+            self.selector.modify(client, events, self._ready)
+        else:
+            self.selector.register(client, events, self._ready)
 
     def _input(self, client: socket.socket) -> None:
         try:
@@ -419,18 +469,35 @@ class TerminalClients:
         if mode == b"attach" and data:
             self.type_in(data)
         if mode == b"attach" and self.holding and client in self.modes:
-            # It attached while input is held: what it types waits in its socket too.
-            with contextlib.suppress(KeyError, ValueError):
-                self.selector.unregister(client)
+            self._watch(client)  # it attached while input is held: what it types waits too
 
     def _send(self, client: socket.socket, data: bytes) -> None:
-        try:
-            client.setblocking(True)
-            client.settimeout(2)
-            client.sendall(data)
-            client.setblocking(False)
-        except OSError:
+        """``data`` after what ``client`` has yet to take, sent as far as its socket takes it
+        now; the rest waits for the socket's room (:meth:`_ready`)."""
+        if client not in self.peers or not data:
+            return
+        waiting = self.behind.setdefault(client, bytearray())
+        if not waiting:
+            self.progressed[client] = time.monotonic()
+        waiting += data
+        if len(waiting) > MAX_BEHIND:
             self._drop(client)
+            return
+        self._flush(client)
+
+    def _flush(self, client: socket.socket) -> None:
+        waiting = self.behind[client]
+        while waiting:
+            try:
+                sent = client.send(waiting)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                self._drop(client)
+                return
+            del waiting[:sent]
+            self.progressed[client] = time.monotonic()
+        self._watch(client)
 
     def _drop(self, client: socket.socket) -> None:
         with contextlib.suppress(KeyError, ValueError):
@@ -440,4 +507,6 @@ class TerminalClients:
         self.partial_mode_lines.pop(client, None)
         self.arrived.pop(client, None)
         self.others.discard(client)
+        self.behind.pop(client, None)
+        self.progressed.pop(client, None)
         client.close()
