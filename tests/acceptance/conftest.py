@@ -45,6 +45,15 @@ def searchable_storage(_template: Path) -> Iterator[Path]:
 
 
 @pytest.fixture
+def traversable() -> Iterator[Path]:
+    """A directory every uid may search (an agent's uid must reach a storage root in it)."""
+    path = Path(tempfile.mkdtemp(prefix="ctx-acceptance-traversable-", dir="/tmp"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
 def outbox() -> Iterator[Path]:
     """A directory every uid may write, where the tools of agents leave their traces."""
     path = Path(tempfile.mkdtemp(prefix="ctx-acceptance-outbox-", dir="/tmp"))

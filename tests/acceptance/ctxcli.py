@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import time
 from collections.abc import Iterator
@@ -32,6 +33,15 @@ MAN_PAGES = {
     "provider": "ctx.provider.md",
 }
 SUFFIX = ".req.json"
+
+# A mount needs the kernel's FUSE device and, as any user but root, fusermount3.
+needs_fuse = pytest.mark.skipif(
+    not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None,
+    reason="needs /dev/fuse and fusermount3",
+)
+needs_fuse_as_root = pytest.mark.skipif(
+    not os.path.exists("/dev/fuse") or os.geteuid() != 0, reason="needs /dev/fuse and root"
+)
 OBJECT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 

@@ -13,9 +13,7 @@ import json
 import os
 import pwd
 import resource
-import shutil
 import subprocess
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -36,28 +34,6 @@ TRACEBACK = "Traceback (most recent call last)"
 LOWEST = 5
 
 # ------------------------------------------------------------------------------ helpers
-
-
-@pytest.fixture
-def traversable() -> Iterator[Path]:
-    """A directory every uid may search (an agent's uid must reach its storage root)."""
-    path = Path(tempfile.mkdtemp(prefix="ctx-flows-exhaustion-", dir="/tmp"))
-    path.chmod(0o755)
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture
-def holder() -> Iterator[subprocess.Popen]:
-    """A live process that stands in as the holder of leases taken from a shell."""
-    proc = subprocess.Popen(["sleep", "600"])
-    try:
-        yield proc
-    finally:
-        proc.kill()
-        proc.wait()
 
 
 @contextlib.contextmanager
@@ -236,7 +212,7 @@ def jsonl(*requests: dict) -> str:
 # ------------------------------------------------------------------------------ EMFILE
 
 
-def test_out_of_descriptors_at_any_limit_the_queue_loses_and_invents_no_job(tmp_path, holder):
+def test_out_of_descriptors_at_any_limit_the_queue_loses_and_invents_no_job(tmp_path, child):
     """Q-1 … Q-6, I-1, I-2: publish (single and ``--batch``), claim, finish and recover, each
     run with every open-file limit from the lowest the interpreter starts with upwards, either
     succeed or stop with EMFILE and no traceback; a refused publish or claim prints nothing, and
@@ -272,7 +248,7 @@ def test_out_of_descriptors_at_any_limit_the_queue_loses_and_invents_no_job(tmp_
             expected.update(dict.fromkeys(batch.lines(), "pending"))
         else:
             assert batch.out == "", batch
-        claim = limited(root, n, "queue", "claim", "--project", "proj", "--pid", holder.pid)
+        claim = limited(root, n, "queue", "claim", "--project", "proj", "--pid", child.pid)
         if claim.rc != 3 and tally("claim", claim):
             job = claim.out.strip()
             assert expected.get(job) == "pending", (claim, expected)
@@ -297,7 +273,7 @@ def test_out_of_descriptors_at_any_limit_the_queue_loses_and_invents_no_job(tmp_
     assert_consistent(queue, expected)
 
 
-def test_every_emfile_refusal_says_what_was_not_done_and_to_raise_ulimit(tmp_path, holder):
+def test_every_emfile_refusal_says_what_was_not_done_and_to_raise_ulimit(tmp_path, child):
     """Q-1, Q-2, Q-5, X-1 and docs/queue.md: a step refused for want of a resource keeps its
     errno and is never bare; it names the queue, what was (not) done and the remedy, for EMFILE
     ``raise the limit of open files ('ulimit -n')``, at whichever step descriptors run out."""
@@ -312,7 +288,7 @@ def test_every_emfile_refusal_says_what_was_not_done_and_to_raise_ulimit(tmp_pat
     for n in (LOWEST, 12):  # where descriptors run out opening the queue, and reading a job
         for run in (
             limited(root, n, "queue", "publish", "--project", "proj", "-", input=job),
-            limited(root, n, "queue", "claim", "--project", "proj", "--pid", holder.pid),
+            limited(root, n, "queue", "claim", "--project", "proj", "--pid", child.pid),
             limited(root, n, "queue", "recover", "--project", "proj"),
             limited(root, n, "shared", "create", f"space{n}"),
         ):

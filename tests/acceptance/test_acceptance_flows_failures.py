@@ -17,10 +17,8 @@ import os
 import pwd
 import shutil
 import subprocess
-import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -46,28 +44,6 @@ STATES = ("inbox", "pending", "claimed", "lease", "done", "failed")
 STAT_JOB = {"tool": "fs.stat", "input": {"path": "/ctx"}}
 
 # ------------------------------------------------------------------------------ helpers
-
-
-@pytest.fixture
-def traversable() -> Iterator[Path]:
-    """A directory every uid may search (an agent's uid must reach its storage root)."""
-    path = Path(tempfile.mkdtemp(prefix="ctx-flows-failures-", dir="/tmp"))
-    path.chmod(0o755)
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture
-def holder() -> Iterator[subprocess.Popen]:
-    """A live process that stands in as the holder of leases taken from a shell."""
-    proc = subprocess.Popen(["sleep", "600"])
-    try:
-        yield proc
-    finally:
-        proc.kill()
-        proc.wait()
 
 
 def ctx(root: Path, *args, input: str | bytes | None = None, timeout: float = 60) -> Run:
@@ -135,7 +111,7 @@ def jsonl(*requests: dict) -> str:
 
 @needs_root
 def test_a_full_disk_refuses_every_writer_naming_what_and_all_works_once_space_is_freed(
-    traversable, holder
+    traversable, child
 ):
     """Q-1, Q-2, Q-4, I-2, R-5, T-8, S-5: on a full disk publish (single and ``--batch``),
     claim, finish, a tool call in a new session, a bootstrap repairing a damaged root and an
@@ -147,7 +123,7 @@ def test_a_full_disk_refuses_every_writer_naming_what_and_all_works_once_space_i
         root = make_world(disk)
         queue = QueueCLI(root, "proj")
         jobs = [queue.publish(STAT_JOB, name=f"j{n}") for n in range(3)]
-        assert queue.claim("--pid", str(holder.pid)) == jobs[0]
+        assert queue.claim("--pid", str(child.pid)) == jobs[0]
         # The root a user damaged: a core tool and the tsh config removed (R-5 repairs them).
         (root / "tool" / "fs.list").unlink()
         shutil.rmtree(root / "tool" / "fs.list.d")
@@ -159,7 +135,7 @@ def test_a_full_disk_refuses_every_writer_naming_what_and_all_works_once_space_i
 
         single = queue.run("publish", "--name", "late", "-", input=json.dumps(STAT_JOB))
         batch = queue.run("publish", "--batch", "-", input=jsonl(STAT_JOB, STAT_JOB))
-        claim = queue.run("claim", "--pid", str(holder.pid))
+        claim = queue.run("claim", "--pid", str(child.pid))
         finish = queue.run("finish", jobs[0], "--ok", "-", input='{"answer": 1}')
         call = ctx(root, "run", "--agent", AGENT, "--session", "s2", "fs.stat", "/ctx")
         boot = ctx(root, "bootstrap")
@@ -206,7 +182,7 @@ def test_a_full_disk_refuses_every_writer_naming_what_and_all_works_once_space_i
         late = queue.publish(STAT_JOB, name="late")
         more = queue.run("publish", "--batch", "-", input=jsonl(STAT_JOB, STAT_JOB))
         assert more.rc == 0 and len(more.lines()) == 2, more
-        assert queue.claim("--pid", str(holder.pid)) == jobs[1]
+        assert queue.claim("--pid", str(child.pid)) == jobs[1]
         queue.finish(jobs[0])
         queue.finish(jobs[1])
         assert queue.state(jobs[0]) == queue.state(jobs[1]) == "done"
@@ -237,7 +213,7 @@ def test_a_call_refused_by_a_full_disk_names_the_session_file_it_could_not_write
 
 
 @needs_root
-def test_a_read_only_root_refuses_every_writer_with_erofs_while_readers_work(traversable, holder):
+def test_a_read_only_root_refuses_every_writer_with_erofs_while_readers_work(traversable, child):
     """Q-1 … Q-6, R-5, T-8, S-5: on a root remounted read-only every mutating command (queue
     transitions, recover of a dead holder's job, init, a space, a tool call, the worker,
     bootstrap, install, agent create) says EROFS and changes nothing, while status, list,
@@ -248,7 +224,7 @@ def test_a_read_only_root_refuses_every_writer_with_erofs_while_readers_work(tra
         root = make_world(disk)
         queue = QueueCLI(root, "proj")
         jobs = [queue.publish(STAT_JOB, name=f"j{n}") for n in range(3)]
-        assert queue.claim("--pid", str(holder.pid)) == jobs[0]
+        assert queue.claim("--pid", str(child.pid)) == jobs[0]
         gone = queue.run("claim", "--pid", "999999")  # a holder that is not running
         assert (gone.rc, gone.out) == (0, f"{jobs[1]}\n"), gone
         assert ctx(root, "run", "--agent", AGENT, "--session", "s1", "fs.stat", "/ctx").rc == 0
@@ -257,7 +233,7 @@ def test_a_read_only_root_refuses_every_writer_with_erofs_while_readers_work(tra
         agent.write_text(json.dumps({"name": "other", "label": "other_t", "tools": []}))
         remount(disk, "ro")
         before = snapshot(root)
-        pid = str(holder.pid)
+        pid = str(child.pid)
 
         writers = {
             "publish": queue.run("publish", "-", input=json.dumps(STAT_JOB)),
@@ -565,7 +541,7 @@ def test_a_session_repair_killed_midway_changes_nothing_and_the_next_one_cuts_th
 
 
 @needs_root
-def test_a_queue_damaged_by_hand_is_reported_with_reasons_and_never_followed(traversable, holder):
+def test_a_queue_damaged_by_hand_is_reported_with_reasons_and_never_followed(traversable, child):
     """Q-6, Q-8, W-1: a truncated lease, a claimed request replaced by a FIFO, a pending request
     replaced by a directory and a request with an illegal name are listed by status as
     conflicts and ``ignored`` entries with their reasons; a draining worker runs only the
@@ -574,8 +550,8 @@ def test_a_queue_damaged_by_hand_is_reported_with_reasons_and_never_followed(tra
     root = make_world(traversable)
     queue = QueueCLI(root, "proj")
     a, b, c, d, e = (queue.publish(STAT_JOB, name=n) for n in "abcde")
-    assert queue.claim("--pid", str(holder.pid)) == a
-    assert queue.claim("--pid", str(holder.pid)) == b
+    assert queue.claim("--pid", str(child.pid)) == a
+    assert queue.claim("--pid", str(child.pid)) == b
     lease = queue.dir / "lease" / a / "worker"
     saved = lease.read_bytes()
     lease.write_bytes(saved[: len(saved) // 2])
@@ -632,19 +608,19 @@ def test_a_queue_damaged_by_hand_is_reported_with_reasons_and_never_followed(tra
 
 
 @needs_root
-def test_finish_of_a_claim_whose_request_was_replaced_names_the_conflict(traversable, holder):
+def test_finish_of_a_claim_whose_request_was_replaced_names_the_conflict(traversable, child):
     """Q-6, Q-8: a claimed job whose request a user replaced by a FIFO is a conflict for status,
     list and show; finish and renew refuse it naming that evidence, never "no such job"."""
     root = make_world(traversable)
     queue = QueueCLI(root, "proj")
     job = queue.publish(STAT_JOB, name="b")
-    assert queue.claim("--pid", str(holder.pid)) == job
+    assert queue.claim("--pid", str(child.pid)) == job
     (queue.dir / "claimed" / job / job).unlink()
     os.mkfifo(queue.dir / "claimed" / job / job)
     assert queue.run("list").lines() == [f"conflict   {job}"]
 
     finish = queue.run("finish", job, "--ok", "-", input="{}", timeout=20)
-    renew = queue.run("renew", job, "--pid", str(holder.pid), timeout=20)
+    renew = queue.run("renew", job, "--pid", str(child.pid), timeout=20)
 
     for refused in (finish, renew):
         assert refused.rc == 1, refused
@@ -654,7 +630,7 @@ def test_finish_of_a_claim_whose_request_was_replaced_names_the_conflict(travers
 
 
 @needs_root
-def test_a_garbage_queue_config_stops_every_command_until_it_is_fixed(traversable, holder):
+def test_a_garbage_queue_config_stops_every_command_until_it_is_fixed(traversable, child):
     """§2.1 ``queue/config``: a garbage line makes every queue command, readers and the worker
     included, refuse with EINVAL naming the file and the line; nothing is published, claimed,
     finished or recovered, the config is never replaced by defaults; fixed, all work again."""
@@ -662,7 +638,7 @@ def test_a_garbage_queue_config_stops_every_command_until_it_is_fixed(traversabl
     queue = QueueCLI(root, "proj")
     job = queue.publish(STAT_JOB, name="a")
     other = queue.publish(STAT_JOB, name="b")
-    assert queue.claim("--pid", str(holder.pid)) == job
+    assert queue.claim("--pid", str(child.pid)) == job
     config = queue.dir / "config"
     good = config.read_bytes()
     line = good.count(b"\n") + 1
@@ -673,7 +649,7 @@ def test_a_garbage_queue_config_stops_every_command_until_it_is_fixed(traversabl
         ("status",),
         ("show", job),
         ("publish", "--batch", "-"),
-        ("claim", "--pid", str(holder.pid)),
+        ("claim", "--pid", str(child.pid)),
         ("finish", job, "--ok", "-"),
         ("recover", "--reconcile", "--grace", "0"),
         ("work", "--agent", AGENT, "--drain"),
@@ -689,7 +665,7 @@ def test_a_garbage_queue_config_stops_every_command_until_it_is_fixed(traversabl
 
     config.write_bytes(good + b"lease_ttl=600\n")
     assert queue.run("status").rc == 0
-    assert queue.claim("--pid", str(holder.pid)) == other
+    assert queue.claim("--pid", str(child.pid)) == other
     queue.finish(job)
     queue.finish(other)
     assert queue.state(job) == queue.state(other) == "done"

@@ -37,6 +37,7 @@ from tests.acceptance.ctxcli import (
     Run,
     clean_env,
     ctx_mount,
+    needs_fuse,
     request,
     snapshot,
     wait_for,
@@ -54,10 +55,6 @@ SECRET = "sk-flows-mcp-7f3a91-never-copied"
 LABEL = "coder_t"
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="agents run as another uid")
-needs_fuse = pytest.mark.skipif(
-    not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None,
-    reason="needs /dev/fuse and fusermount3",
-)
 pytestmark = [
     needs_root,
     pytest.mark.skipif(not CTXMCP.exists(), reason="ctxmcp is not installed in the venv"),

@@ -25,6 +25,7 @@ from tests.acceptance.ctxcli import (
     ctx_mount,
     ctx_run,
     mounted_at,
+    needs_fuse_as_root,
     wait_for,
 )
 from tests.acceptance.workercli import (
@@ -38,9 +39,6 @@ from tests.acceptance.workercli import agent as agent
 from tests.acceptance.workercli import storage as storage
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="agents run as another uid: needs root")
-needs_fuse = pytest.mark.skipif(
-    not os.path.exists("/dev/fuse") or os.geteuid() != 0, reason="needs /dev/fuse and root"
-)
 
 # ------------------------------------------------------------------------------ helpers
 
@@ -108,7 +106,7 @@ def events_of(events: list[dict], job: str) -> list[str]:
 # ------------------------------------------------------------------- F-1 with §2 and §3
 
 
-@needs_fuse
+@needs_fuse_as_root
 @needs_root
 def test_flow_a_queue_published_and_watched_through_the_mount_while_a_worker_drains_it(
     storage, queue, agent, outbox, tmp_path
@@ -165,7 +163,7 @@ def test_flow_a_queue_published_and_watched_through_the_mount_while_a_worker_dra
             assert os.listdir(mq / sub) == [], sub
 
 
-@needs_fuse
+@needs_fuse_as_root
 @needs_root
 def test_flow_a_worker_working_through_the_mount_keeps_it_busy_until_it_exits(
     storage, queue, agent, outbox, tmp_path
@@ -199,7 +197,7 @@ def test_flow_a_worker_working_through_the_mount_keeps_it_busy_until_it_exits(
         assert not mounted_at(view) and os.listdir(view) == []
 
 
-@needs_fuse
+@needs_fuse_as_root
 @needs_root
 def test_flow_sigterm_to_the_mount_while_a_worker_runs_on_the_root(
     storage, queue, agent, outbox, tmp_path
@@ -231,7 +229,7 @@ def test_flow_sigterm_to_the_mount_while_a_worker_runs_on_the_root(
         assert res["status"] == "ok" and "survived" in json.dumps(res["output"]), res
 
 
-@needs_fuse
+@needs_fuse_as_root
 def test_flow_two_mounts_of_one_root_see_each_others_changes_but_not_locks(
     storage, queue, tmp_path
 ):

@@ -32,6 +32,7 @@ from tests.acceptance.ctxcli import (
     clean_env,
     ctx_mount,
     ctx_run,
+    needs_fuse,
     tool_manifest,
     wait_for,
 )
@@ -40,10 +41,6 @@ from tests.support.users import unprivileged_user as unprivileged_user
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="runs agents as another uid")
 
-needs_fuse = pytest.mark.skipif(
-    not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None,
-    reason="needs /dev/fuse and fusermount3",
-)
 
 SCRATCH = Path("/tmp") / Path(__file__).stem
 AGENT, LABEL, TOOL = "ci", "ci_t", "demo.echo"

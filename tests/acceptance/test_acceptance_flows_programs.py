@@ -27,6 +27,7 @@ from tests.acceptance.ctxcli import (
     clean_env,
     ctx_mount,
     ctx_run,
+    needs_fuse,
     request,
     wait_for,
 )
@@ -34,10 +35,6 @@ from tests.acceptance.workercli import AGENT, LABEL, allow_in_tool_policy, make_
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="runs agents as another uid")
 
-needs_fuse = pytest.mark.skipif(
-    not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None,
-    reason="needs /dev/fuse and fusermount3",
-)
 
 SCRATCH = Path("/tmp") / Path(__file__).stem
 TOOL = "demo.prog"

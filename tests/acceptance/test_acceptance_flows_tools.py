@@ -33,6 +33,7 @@ from tests.acceptance.ctxcli import (
     ctx_mount,
     ctx_run,
     mounted_at,
+    needs_fuse,
     snapshot,
     wait_for,
     write_durably,
@@ -43,10 +44,6 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="runs agents as anothe
 SCRATCH = Path("/tmp") / Path(__file__).stem
 LABEL = "coder_t"
 
-needs_fuse = pytest.mark.skipif(
-    not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None,
-    reason="needs /dev/fuse and fusermount3",
-)
 
 # The schema of demo.echo: one required string, nothing else.
 ECHO_SCHEMA = {

@@ -28,6 +28,7 @@ from tests.acceptance.ctxcli import (
     ctx_mount,
     ctx_run,
     mounted_at,
+    needs_fuse_as_root,
     request,
     snapshot,
     write_durably,
@@ -40,9 +41,6 @@ SPACE_PARTS = {"tool", "data", "queue", "agent"}
 DOCS_SPEC = REPO / "docs" / "spec"
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
-needs_fuse = pytest.mark.skipif(
-    not os.path.exists("/dev/fuse") or os.geteuid() != 0, reason="needs /dev/fuse and root"
-)
 
 
 def env_for(storage: Path) -> dict[str, str]:
@@ -334,7 +332,7 @@ def wait_exit(proc: subprocess.Popen) -> int:
     return proc.returncode
 
 
-@needs_fuse
+@needs_fuse_as_root
 def test_f1_mount_shows_the_root_abi(storage: Path, tmp_path: Path) -> None:
     """F-1: ``ctx mount MOUNTPOINT`` mounts the storage root as the root ABI (R-2)."""
     with ctx_mount(storage, tmp_path / "ctx") as _:
@@ -346,7 +344,7 @@ def test_f1_mount_shows_the_root_abi(storage: Path, tmp_path: Path) -> None:
         assert page.read_bytes() == (DOCS_SPEC / "ctx.agent.md").read_bytes()
 
 
-@needs_fuse
+@needs_fuse_as_root
 def test_f1_ctx_umount_unmounts_and_the_mount_process_exits(storage: Path, tmp_path: Path) -> None:
     """F-1: ``ctx umount`` unmounts cleanly; the mount process ends with it."""
     with ctx_mount(storage, tmp_path / "ctx") as proc:
@@ -357,7 +355,7 @@ def test_f1_ctx_umount_unmounts_and_the_mount_process_exits(storage: Path, tmp_p
         assert os.listdir(tmp_path / "ctx") == []
 
 
-@needs_fuse
+@needs_fuse_as_root
 def test_f1_sigterm_unmounts_cleanly(storage: Path, tmp_path: Path) -> None:
     """F-1: SIGTERM to ``ctx mount`` unmounts cleanly: no mount left behind, no dead
     endpoint (ENOTCONN), the process exits normally."""
@@ -368,7 +366,7 @@ def test_f1_sigterm_unmounts_cleanly(storage: Path, tmp_path: Path) -> None:
         os.listdir(tmp_path / "ctx")  # no "Transport endpoint is not connected"
 
 
-@needs_fuse
+@needs_fuse_as_root
 def test_f1_writes_through_the_mount_are_durable_after_fsync(storage: Path, tmp_path: Path) -> None:
     """F-1: a write through the mount, once ``fsync`` returns, is the write of the file behind
     it; a rename through the mount is there too once the directory is fsynced."""
@@ -381,7 +379,7 @@ def test_f1_writes_through_the_mount_are_durable_after_fsync(storage: Path, tmp_
         assert not (behind / "tmp.part").exists()
 
 
-@needs_fuse
+@needs_fuse_as_root
 def test_f1_the_queue_works_through_the_mount(storage: Path, tmp_path: Path) -> None:
     """F-1 with §2: the queue protocol (no-replace moves, fsync) runs through the mount and
     leaves the same evidence on the storage root."""
@@ -403,7 +401,7 @@ def test_f1_the_queue_works_through_the_mount(storage: Path, tmp_path: Path) -> 
     assert sorted(os.listdir(done)) == ["a.req.json", "a.req.json.result"]
 
 
-@needs_fuse
+@needs_fuse_as_root
 def test_f1_a_missing_agent_mounts_nothing(storage: Path, tmp_path: Path) -> None:
     """F-1: ``--as AGENT`` shows AGENT's view; for no such agent there is no view to show."""
     mountpoint = tmp_path / "ctx"
@@ -448,7 +446,7 @@ def agent_root(traversable_tmp: Path, unprivileged_user: UnprivilegedUser) -> Pa
     return storage
 
 
-@needs_fuse
+@needs_fuse_as_root
 def test_f1_an_agent_view_lists_only_what_its_authority_lets_it_see(
     agent_root: Path, unprivileged_user: UnprivilegedUser
 ) -> None:
@@ -473,7 +471,7 @@ def test_f1_an_agent_view_lists_only_what_its_authority_lets_it_see(
             subprocess.run([str(view / "tool" / "fs.write")], capture_output=True, check=False)
 
 
-@needs_fuse
+@needs_fuse_as_root
 def test_f1_an_agent_view_creates_no_persistent_file(agent_root: Path) -> None:
     """F-1: "no persistent file is created as a side effect" of building the agent's view and
     of authorising what it looks at."""
@@ -490,7 +488,7 @@ def test_f1_an_agent_view_creates_no_persistent_file(agent_root: Path) -> None:
     assert snapshot(agent_root) == before
 
 
-@needs_fuse
+@needs_fuse_as_root
 def test_f1_an_agent_view_writes_only_where_policy_allows(agent_root: Path) -> None:
     """F-1: writes are checked with the same chain: ``shared:proj write`` lets coder write in
     the space (and the file lands on the storage root, with the space's group), reader's
@@ -535,7 +533,7 @@ def test_x1_an_agent_records_its_sessions_in_the_space(agent_root: Path) -> None
     ) * 2
 
 
-@needs_fuse
+@needs_fuse_as_root
 def test_x1_a_space_the_agents_uid_may_not_enter_is_not_in_its_view(agent_root: Path) -> None:
     """X-1: visibility is decided by the agent's uid/gid, label, mount file, *directory
     permissions* and policy v0 together; F-1: "only objects that pass the effective authority
@@ -551,7 +549,7 @@ def test_x1_a_space_the_agents_uid_may_not_enter_is_not_in_its_view(agent_root: 
             (view / "shared" / "other" / "data" / "secret.txt").read_text()
 
 
-@needs_fuse
+@needs_fuse_as_root
 def test_x1_a_link_in_a_spaces_place_is_not_in_the_view(agent_root: Path) -> None:
     """F-1: only what passes the effective authority check is listed, and the chain follows no
     symbolic link (P-5 step 2): a link named like a space the policy grants, to a directory
@@ -569,7 +567,7 @@ def test_x1_a_link_in_a_spaces_place_is_not_in_the_view(agent_root: Path) -> Non
         assert "proj" in os.listdir(view / "shared")
 
 
-@needs_fuse
+@needs_fuse_as_root
 def test_x1_a_space_seen_only_through_an_ungranted_mount_is_not_in_the_view(
     agent_root: Path,
 ) -> None:

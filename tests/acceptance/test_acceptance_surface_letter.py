@@ -32,6 +32,7 @@ from tests.acceptance.ctxcli import (
     ctx_run,
     find_values,
     mounted_at,
+    needs_fuse_as_root,
     request,
     snapshot,
     wait_for,
@@ -52,9 +53,6 @@ from tests.support.users import unprivileged_user as unprivileged_user
 H4_DEFAULTS = {"max_loaded_tools": "64", "cache_capacity": "32", "window_percent": "1"}
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="agents run as another uid")
-needs_fuse = pytest.mark.skipif(
-    not os.path.exists("/dev/fuse") or os.geteuid() != 0, reason="needs /dev/fuse and root"
-)
 
 
 def env_for(storage: Path, **extra: str) -> dict[str, str]:
@@ -586,7 +584,7 @@ def test_d1_ctx_man_without_a_topic_names_the_topics(storage):
 # ====================================================================== §13 ctx mount
 
 
-@needs_fuse
+@needs_fuse_as_root
 def test_f1_r2_nothing_else_is_created_at_the_root_through_the_mount(storage, tmp_path):
     """F-1 mounts the storage root "as the root ABI"; R-2: it "has exactly these root entries
     ... Nothing else may be created at the root": no ``mcp/``, ``audit/`` or ``queue/``, no
@@ -613,7 +611,7 @@ def test_f1_r2_nothing_else_is_created_at_the_root_through_the_mount(storage, tm
     assert snapshot(storage) == before
 
 
-@needs_fuse
+@needs_fuse_as_root
 def test_f1_r2_an_agent_view_keeps_the_root_entries_too(storage, tmp_path):
     """F-1 ``--as AGENT`` is a view of the root ABI too (R-2): the agent can neither add an
     entry at its root nor remove or rename one of the six, whoever asks through it."""
@@ -635,7 +633,7 @@ def test_f1_r2_an_agent_view_keeps_the_root_entries_too(storage, tmp_path):
     assert snapshot(storage) == before
 
 
-@needs_fuse
+@needs_fuse_as_root
 def test_f1_the_host_view_shows_the_files_as_they_are(storage, tmp_path):
     """F-1 without ``--as``: the root ABI of the storage root itself — each file's content,
     mode and size are the storage root's."""
@@ -650,7 +648,7 @@ def test_f1_the_host_view_shows_the_files_as_they_are(storage, tmp_path):
             assert (view / rel).read_bytes() == (storage / rel).read_bytes(), rel
 
 
-@needs_fuse
+@needs_fuse_as_root
 @pytest.mark.parametrize("signal_number", [signal.SIGINT, signal.SIGHUP])
 def test_f1_sigint_and_sighup_unmount_cleanly_too(storage, tmp_path, signal_number):
     """F-1: "``ctx umount`` / SIGTERM unmounts cleanly"; ``ctx mount --help`` promises the
@@ -664,7 +662,7 @@ def test_f1_sigint_and_sighup_unmount_cleanly_too(storage, tmp_path, signal_numb
         assert os.listdir(view) == []
 
 
-@needs_fuse
+@needs_fuse_as_root
 def test_f1_umount_of_a_directory_that_is_no_mount_is_refused(storage, tmp_path):
     """F-1: ``ctx umount`` unmounts what ``ctx mount`` mounted; asked for a plain directory it
     fails (not a silent success) and leaves it as it was."""
@@ -677,7 +675,7 @@ def test_f1_umount_of_a_directory_that_is_no_mount_is_refused(storage, tmp_path)
     assert (plain / "keep").read_text() == "x"
 
 
-@needs_fuse
+@needs_fuse_as_root
 def test_f1_a_second_mount_on_a_mounted_point_is_refused(storage, tmp_path):
     """F-1: one mount per mount point; a second ``ctx mount`` there fails and the first one
     keeps working."""
