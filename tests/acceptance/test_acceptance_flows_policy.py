@@ -27,6 +27,7 @@ import pytest
 
 from tests.acceptance.ctxcli import (
     CTX_ARGV,
+    OnStorage,
     QueueCLI,
     Run,
     clean_env,
@@ -59,7 +60,7 @@ def nobody() -> pwd.struct_passwd:
 
 
 @dataclass
-class Admin:
+class Admin(OnStorage):
     """An administrator's storage root (every uid may search it) with ``demo.echo``
     installed and agent ``ci`` made by ``ctx agent create`` with it in its policy."""
 
@@ -68,14 +69,6 @@ class Admin:
     @property
     def storage(self) -> Path:
         return self.top / "storage"
-
-    @property
-    def env(self) -> dict[str, str]:
-        return clean_env(CTX_STORAGE=str(self.storage))
-
-    def ctx(self, *args, **kw) -> Run:
-        kw.setdefault("env", self.env)
-        return ctx_run(*args, **kw)
 
     @property
     def agent_policy(self) -> Path:

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.acceptance.ctxcli import (
+    OnStorage,
     QueueCLI,
     Run,
     clean_env,
@@ -60,7 +61,7 @@ echo "$CTX_CALL" >> {outbox}/pre-hook
 
 
 @dataclass
-class World:
+class World(OnStorage):
     """A bootstrapped storage root every uid may search, agent ``ci`` (nobody) allowed
     ``fs.list`` and ``tsh`` in both layers of P-6 and ``demo.prog`` in its own policy, the
     queue of project ``proj``, and ``demo.prog`` installed from a manifest with a program."""
@@ -69,14 +70,6 @@ class World:
     src: Path
     outbox: Path
     jobs: int = field(default=0)
-
-    @property
-    def env(self) -> dict[str, str]:
-        return clean_env(CTX_STORAGE=str(self.storage))
-
-    def ctx(self, *args, **kw) -> Run:
-        kw.setdefault("env", self.env)
-        return ctx_run(*args, **kw)
 
     @property
     def controls(self) -> Path:
