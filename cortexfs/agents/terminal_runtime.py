@@ -352,12 +352,27 @@ class RunDirectory:
         directory made (to its socket or to the alias: the link is in this root's session).
         Whether one was removed."""
         ours = (str(self.main_socket), str(self.alias))
+        removed = False
         with contextlib.suppress(OSError, CtxError), self.terminal_directory(make=False) as fd:
             if stale_only and os.readlink(LINK_NAME, dir_fd=fd) not in ours:
                 return False
             os.unlink(LINK_NAME, dir_fd=fd)
-            return True
-        return False
+            removed = True
+        if removed:
+            self._remove_empty_terminal_directory()
+        return removed
+
+    def _remove_empty_terminal_directory(self) -> None:
+        """``session/<s>/terminal/`` once its link is gone, when nothing else is in it: a start
+        made it, as root, in a session that is the agent's uid's, and the next start makes it
+        again; left, it would be the one entry of root's in a user's own storage root."""
+        ops = durable.default_ops()
+        with contextlib.suppress(OSError, CtxError):
+            session = open_beneath(ops, self.root, self.session.relative.parts)
+            try:
+                os.rmdir("terminal", dir_fd=session)  # ENOTEMPTY, ENOTDIR: not ours to remove
+            finally:
+                os.close(session)
 
     # ------------------------------------------------------------------- the alias
 
