@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import os
 import stat
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import pyfuse3
@@ -45,6 +47,15 @@ ENTRY_TIMEOUT = FRESH_SECONDS
 LEASE_RETRY_SECONDS = 0.05
 
 
+@dataclass
+class _Listing:
+    """An open directory handle: the directory's node, and the names the kernel's offsets
+    into its listing count through (None until the first ``readdir``)."""
+
+    inode: int
+    names: list[str] | None = None
+
+
 class StorageFS(pyfuse3.Operations):
     """The storage root, as ``projection`` lets its viewer see it."""
 
@@ -59,6 +70,13 @@ class StorageFS(pyfuse3.Operations):
         # Each open descriptor → the inode and the name it was opened by: a file unlinked
         # while open has no name left, and is reached through one of these until released.
         self._open_files: dict[int, tuple[int, tuple[str, ...]]] = {}
+        # Each open directory handle → its inode and the names its listing goes through.  The
+        # kernel resumes a listing at the offset of the last entry it took: an offset into one
+        # listing taken at the start, not into a new one that lost or gained names ahead of it
+        # (which skips or repeats entries nobody touched: a delete-while-listing loop, `git
+        # clean`, would leave files behind).
+        self._open_directories: dict[int, _Listing] = {}
+        self._next_directory_handle = itertools.count(1)
 
     # ------------------------------------------------------------------------- names
     #
@@ -251,20 +269,26 @@ class StorageFS(pyfuse3.Operations):
     async def opendir(self, inode, ctx):  # type: ignore[no-untyped-def]
         if not stat.S_ISDIR(self._lstat(self._still(inode)).st_mode):
             raise pyfuse3.FUSEError(errno.ENOTDIR)
-        return inode
+        handle = next(self._next_directory_handle)
+        self._open_directories[handle] = _Listing(inode)
+        return handle
 
     async def readdir(self, fh, start_id, token):  # type: ignore[no-untyped-def]
-        parts = self._parts_of(fh)
-        directory = self._holding(self._open(parts, _LIST), fh, parts)
-        try:
-            names = [".", "..", *sorted(_call(os.listdir, directory))]
-        finally:
-            os.close(directory)
+        listing = self._open_directories[fh]
+        inode = listing.inode
+        parts = self._parts_of(inode)
+        if start_id == 0 or listing.names is None:  # a listing from the start (rewinddir too)
+            directory = self._holding(self._open(parts, _LIST), inode, parts)
+            try:
+                listing.names = [".", "..", *sorted(_call(os.listdir, directory))]
+            finally:
+                os.close(directory)
+        names = listing.names
         for index, name in enumerate(names[start_id:], start=start_id):
             if name in (".", ".."):  # the kernel holds no entry for either: not remembered
                 itself = parts if name == "." else parts[:-1]
                 status = self._lstat(itself)
-                node = fh if name == "." else self._names.node_at(itself) or status.st_ino
+                node = inode if name == "." else self._names.node_at(itself) or status.st_ino
                 attributes = self._described(status, node)
                 if not pyfuse3.readdir_reply(token, os.fsencode(name), attributes, index + 1):
                     return
@@ -284,7 +308,7 @@ class StorageFS(pyfuse3.Operations):
             self._names.remember(node, child, status.st_ino, identity)
 
     async def releasedir(self, fh):  # type: ignore[no-untyped-def]
-        return None
+        self._open_directories.pop(fh, None)
 
     async def open(self, inode, flags, ctx):  # type: ignore[no-untyped-def]
         try:
@@ -323,7 +347,7 @@ class StorageFS(pyfuse3.Operations):
         _call(durable.sync_file, durable.default_ops(), fh, data_only=bool(datasync))
 
     async def fsyncdir(self, fh, datasync):  # type: ignore[no-untyped-def]
-        with self._opened(self._parts_of(fh), _LIST) as directory:
+        with self._opened(self._parts_of(self._open_directories[fh].inode), _LIST) as directory:
             _call(durable.sync_dir, durable.default_ops(), directory)
 
     async def flush(self, fh):  # type: ignore[no-untyped-def]
