@@ -140,11 +140,16 @@ def _tighten(
         return
     not_the_owners = _not_the_owners(status, owner)
     if not_the_owners:
+        linked = stat.S_ISREG(status.st_mode) and status.st_nlink > 1
+        why = (
+            "a chmod would change the file under every name it has"
+            if linked
+            else "what another uid put there is that uid's to change"
+        )
         done.left.append(
             f"{shown} has mode {current:04o} but is left as it is, not made {wanted:04o}: it "
-            f"{not_the_owners}; only the home owner's own sessions are tightened, and a chmod "
-            "would change the file under every name it has; check what it is, and move it out "
-            "of the home if it is not the agent's"
+            f"{not_the_owners}; only the home owner's own sessions are tightened, and {why}; "
+            "check what it is, and move it out of the home if it is not the agent's"
         )
         return
     if os.geteuid() not in (0, status.st_uid):
