@@ -189,6 +189,7 @@ def test_a_timeout_kills_the_bridge_and_its_server(world: World) -> None:
     )
 
 
+@pytest.mark.slow  # over half a minute by its nature: the client's own default, and more
 def test_a_remote_tool_may_take_as_long_as_the_call_was_given(world: World) -> None:
     """The runner's timeout bounds a tool call; the MCP client's own default (ctxmcp
     --timeout) must not cut a slow remote tool shorter."""
