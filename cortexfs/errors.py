@@ -69,6 +69,11 @@ class HostTrouble(NamedTuple):
     ran_short: str
     remedy: str
 
+    @property
+    def aside(self) -> str:
+        """What ran short as a message puts it after the errno's text: `` (…)``, or nothing."""
+        return f" ({self.ran_short})" if self.ran_short else ""
+
 
 def explain_host_trouble(
     code: int | None, *, filesystem: int | None = None, uid: int | None = None

@@ -187,8 +187,7 @@ def unexpected_error(exc: OSError) -> CtxError:
     if trouble is not None:
         # What the host ran short of is mended outside the command, never by changing what
         # it was given: say what, as every command that meets it on a known step does.
-        shortage = f" ({trouble.ran_short})" if trouble.ran_short else ""
-        said = f"{said}{shortage}: {trouble.remedy}, then run the command again"
+        said = f"{said}{trouble.aside}: {trouble.remedy}, then run the command again"
     return CtxError(exc.errno or 5, said)
 
 

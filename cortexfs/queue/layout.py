@@ -208,11 +208,7 @@ class Queue:
         refused to open for a reason other than what it is (EMFILE, ENOMEM, EIO…): opening
         changes nothing in the queue, and the error says so, what ran short and what to do."""
         shortage, fix = self._what_ran_short(exc.errno)
-        return CtxError(
-            exc.errno or errno.EIO,
-            f"cannot open queue {self.path}: {self.path}/{name} refused: {exc.strerror}"
-            f"{shortage}; nothing in it was changed: {fix}, then run the command again",
-        )
+        return _cannot_open(self.path, exc, shortage, fix, refused=f"{self.path}/{name}")
 
     def close(self) -> None:
         for fd in self.dirs.values():
@@ -340,7 +336,7 @@ class Queue:
         trouble = explain_host_trouble(code, filesystem=self.root_fd, uid=os.geteuid())
         if trouble is None:
             return "", "fix the cause ('ctx queue status' shows the queue as it stands)"
-        return (f" ({trouble.ran_short})" if trouble.ran_short else ""), trouble.remedy
+        return trouble.aside, trouble.remedy
 
     def temp_name(self, job: str, purpose: str) -> str:
         """A fresh staging name in ``inbox/`` that says which job and step it belongs to."""
@@ -402,12 +398,21 @@ def _open_queue_dir(ops: durable.FsOps, path: Path, within: Path | None) -> int:
         trouble = explain_host_trouble(exc.errno)
         if trouble is None:
             raise
-        shortage = f" ({trouble.ran_short})" if trouble.ran_short else ""
-        raise CtxError(
-            exc.errno,
-            f"cannot open queue {path}: {exc.strerror}{shortage}; nothing in it was changed: "
-            f"{trouble.remedy}, then run the command again",
-        ) from None
+        raise _cannot_open(path, exc, trouble.aside, trouble.remedy) from None
+
+
+def _cannot_open(
+    path: Path, exc: OSError, shortage: str, fix: str, *, refused: str | None = None
+) -> CtxError:
+    """The error for queue ``path`` that could not be opened, the kernel's ``exc`` met at
+    ``refused`` (one of its own entries) or at the queue itself: opening changes nothing in
+    it, and the error says so, what ran short (``shortage``) and what to do (``fix``)."""
+    where = f"{refused} refused: " if refused else ""
+    return CtxError(
+        exc.errno or errno.EIO,
+        f"cannot open queue {path}: {where}{exc.strerror}{shortage}; nothing in it was "
+        f"changed: {fix}, then run the command again",
+    )
 
 
 def check_existing_queue(
