@@ -24,9 +24,9 @@ def is_core_tool(directory: Path, name: str) -> bool:
 
 def reinstall_advice(directory: Path, name: str) -> str:
     """What repairs the damaged tool ``name`` of the tier directory ``directory``."""
-    tier = tier_of(directory)
-    if tier == "system" and name in BOOTSTRAP_TOOLS:
+    if is_core_tool(directory, name):
         return "repair the storage root ('ctx bootstrap')"
+    tier = tier_of(directory)
     if tier is None:
         return "reinstall it ('ctx object install MANIFEST')"
     if tier == "system":

@@ -268,16 +268,15 @@ def _install_core_tool(
             exec_path = Path(scratch) / name
             exec_path.write_bytes(launcher)
             manifest = core_manifest(name, exec_path)
-            if present and not replaced and _is_current(tool, manifest, launcher, owner):
+
+            def current() -> bool:
+                return _is_current(tool, manifest, launcher, owner)
+
+            if present and not replaced and current():
                 return
             # Asked again under the tier's lock: a bootstrap running at the same time may
             # have installed this very version while this one waited for the lock.
-            installed = install_tool(
-                tier,
-                manifest,
-                launcher,
-                unless_current=lambda: _is_current(tool, manifest, launcher, owner),
-            )
+            installed = install_tool(tier, manifest, launcher, unless_current=current)
     except BaseException:
         if replaced:  # what was removed is said, even when the install then failed
             report.repaired.append(line)
