@@ -207,6 +207,13 @@ def tar_create(directory: Path, archive: Path, user: UnprivilegedUser | None = N
     return archive.read_bytes()
 
 
+def owners_left_out(directory: Path) -> list[str]:
+    """``tar -c`` of ``directory`` to standard output in name order, every owner 0: two trees
+    of the same content give the same bytes whoever extracted them."""
+    return ["tar", "--sort=name", "--numeric-owner", "--owner=0", "--group=0", "-cf", "-",
+            "-C", str(directory), "."]  # fmt: skip
+
+
 @dataclass
 class Team:
     """A storage root with spaces ``team`` (the agent may write) and ``audit`` (it may only
@@ -764,21 +771,7 @@ def test_an_agent_uses_git_tar_and_sqlite_where_it_may_write_and_is_refused_else
         # tar in and out of its home, the same bytes; refused in the read-only space.
         ok(sh(["mkdir", str(home / "unpacked")], user=user))
         ok(sh(["tar", "-xpf", str(archive), "-C", str(home / "unpacked")], user=user))
-        again = sh(
-            [
-                "tar",
-                "--sort=name",
-                "--numeric-owner",
-                "--owner=0",
-                "--group=0",
-                "-cf",
-                "-",
-                "-C",
-                str(home / "unpacked"),
-                ".",
-            ],
-            user=user,
-        )
+        again = sh(owners_left_out(home / "unpacked"), user=user)
         refused = sh(["tar", "-xf", str(archive), "-C", str(ro_repo.parent)], user=user)
         assert refused.returncode == 2 and b"Permission denied" in refused.stderr, refused
         moved = sh(["mv", str(ro_repo.parent / "report"), str(home / "report")], user=user)
@@ -796,21 +789,7 @@ def test_an_agent_uses_git_tar_and_sqlite_where_it_may_write_and_is_refused_else
     reference.mkdir()
     os.chown(reference, user.uid, user.gid)
     ok(sh(["tar", "-xpf", str(archive), "-C", str(reference)], user=user))
-    local = sh(
-        [
-            "tar",
-            "--sort=name",
-            "--numeric-owner",
-            "--owner=0",
-            "--group=0",
-            "-cf",
-            "-",
-            "-C",
-            str(reference),
-            ".",
-        ],
-        user=user,
-    )
+    local = sh(owners_left_out(reference), user=user)
     assert again.stdout == local.stdout, "the agent's home extracts as a local disk does"
     assert len(original) > 1 << 20
 
