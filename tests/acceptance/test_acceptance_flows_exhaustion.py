@@ -19,7 +19,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.acceptance.ctxcli import CTX_ARGV, QueueCLI, Run, clean_env, ctx_run, wait_for
+from tests.acceptance.ctxcli import (
+    CTX_ARGV,
+    QueueCLI,
+    Run,
+    clean_env,
+    ctx_run,
+    tool_manifest,
+    wait_for,
+)
 from tests.acceptance.workercli import AGENT, allow_in_tool_policy, make_agent, shell_job
 
 needs_root = pytest.mark.skipif(
@@ -180,24 +188,11 @@ def tool_version(root: Path, name: str) -> int:
 def versioned_manifest(directory: Path, name: str, version: int, pages: int) -> Path:
     """A v2 manifest (T-8) of tool ``name`` whose executable is ``pages`` pages long and says
     ``version``, as its description does."""
-    directory.mkdir(parents=True, exist_ok=True)
     padding = "".join(f"# v {version} {'x' * 60}\n" for _ in range(pages * PAGE // 70))
-    (directory / f"{name}.sh").write_text(f"#!/bin/sh\n{padding}echo version {version}\n")
-    manifest = directory / f"{name}.json"
-    manifest.write_text(
-        json.dumps(
-            {
-                "manifest": 2,
-                "kind": "tool",
-                "name": name,
-                "description": f"Version {version} of the test tool.",
-                "schema": {"type": "object"},
-                "cap": {"side_effects": False, "network": False},
-                "exec": f"{name}.sh",
-            }
-        )
+    program = f"#!/bin/sh\n{padding}echo version {version}\n"
+    return tool_manifest(
+        directory, name, program, description=f"Version {version} of the test tool."
     )
-    return manifest
 
 
 def hidden_names(directory: Path) -> set[str]:
