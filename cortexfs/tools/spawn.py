@@ -34,7 +34,7 @@ from typing import IO, Any, NamedTuple
 
 from cortexfs.policy import Identity
 from cortexfs.tools import offline, orphans
-from cortexfs.tools.host_programs import find_program, names_setpriv_misreads
+from cortexfs.tools.host_programs import find_program, setpriv_id_options
 
 MAX_OUTPUT_BYTES = 16 * 1024 * 1024
 MAX_STDERR_TAIL = 64 * 1024
@@ -335,7 +335,7 @@ def _exits_within(pid: int, timeout: float | None) -> bool:
 # lets Python start the child with vfork: with credentials or a preexec_fn to apply it must
 # fork, copying the page tables of the whole caller, which in a worker or a terminal costs more
 # than setpriv's exec (bench/tools.py).  Without setpriv, or where setpriv would read one of
-# the agent's ids as a name (names_setpriv_misreads), subprocess switches the credentials
+# the agent's ids as another's (setpriv_id_options), subprocess switches the credentials
 # and orphans.die_with_parent sets the signal.  Either way, what the tool starts in turn is
 # killed by the orphan guard (:mod:`cortexfs.tools.orphans`) once the caller is gone.
 _SETPRIV = find_program("setpriv")
@@ -359,18 +359,15 @@ def _launch(
             # unshare(1) execs what follows in place, in a user namespace of its own with the
             # same uid mapped, which keeps the parent-death signal set after it.
             isolation = offline.argv_prefix()
-    if _SETPRIV is None or (identity is not None and names_setpriv_misreads(identity)):
+    id_options = [] if identity is None else setpriv_id_options(identity)
+    if _SETPRIV is None or id_options is None:
         options: dict[str, Any] = {"preexec_fn": orphans.die_with_parent(os.getpid())}
         if identity is not None:
             groups = sorted(identity.groups)
             options.update(user=identity.uid, group=identity.gid, extra_groups=groups)
         return [*isolation, *spec.argv], options, network_namespace
-    prefix = [_SETPRIV]
-    if identity is not None:
-        groups = ",".join(str(g) for g in sorted(identity.groups))
-        prefix += [f"--reuid={identity.uid}", f"--regid={identity.gid}"]
-        prefix += [f"--groups={groups}"] if groups else ["--clear-groups"]
-    return [*isolation, *prefix, "--pdeathsig=KILL", "--", *spec.argv], {}, network_namespace
+    prefix = [_SETPRIV, *id_options, "--pdeathsig=KILL", "--"]
+    return [*isolation, *prefix, *spec.argv], {}, network_namespace
 
 
 def _kill_group(pgid: int) -> None:
