@@ -78,18 +78,18 @@ def check(manifests: tuple[Path, ...], as_json: bool) -> None:
             )
         except CtxError as exc:  # unreadable: its own errno, not EINVAL
             reports.append({"manifest": str(path), "valid": False, "error": exc.to_json()})
-            click.echo(f"{path}: {exc}", err=True)
+            echo_printable(f"{path}: {exc}", err=True)
         else:
             reports.append({"manifest": str(path), "valid": True, "name": manifest.name})
     for report in reports:
         for problem, code in zip(report.get("problems", []), report.get("codes", []), strict=True):
-            click.echo(f"{report['manifest']}: {code}: {problem}", err=True)
+            echo_printable(f"{report['manifest']}: {code}: {problem}", err=True)
     if as_json:
         emit_json(reports)
     else:
         for report in reports:
             if report["valid"]:
-                click.echo(f"{report['manifest']}: valid ({report['name']})")
+                echo_printable(f"{report['manifest']}: valid ({report['name']})")
     sys.exit(EXIT_OK if all(report["valid"] for report in reports) else EXIT_REFUSED)
 
 

@@ -15,6 +15,7 @@ from cortexfs.cli.common import (
     EXIT_OK,
     EXIT_REFUSED,
     EXIT_USAGE,
+    echo_printable,
     emit_json,
     handles_errors,
     json_option,
@@ -82,10 +83,10 @@ def check(files: tuple[str, ...], as_json: bool) -> None:
             Policy.from_bytes(_read_input(name), source=name)
         except PolicySyntaxError as exc:
             for problem in exc.problems:
-                click.echo(str(problem), err=True)
+                echo_printable(str(problem), err=True)
                 problems.append({"line": problem.line, **invalid(problem.reason).to_json()})
         except CtxError as exc:
-            click.echo(f"{name}: {exc}", err=True)
+            echo_printable(f"{name}: {exc}", err=True)
             problems.append({"line": None, **exc.to_json()})
         reports.append({"file": name, "valid": not problems, "problems": problems})
     all_valid = all(report["valid"] for report in reports)
@@ -298,7 +299,7 @@ def _parse_peer(peer: str) -> Credentials:
 
 def _exit_usage(error: CtxError, lines: list[str], as_json: bool) -> NoReturn:
     for line in lines:
-        click.echo(line, err=True)
+        echo_printable(line, err=True)
     if as_json:
         emit_json(error.to_json())
     sys.exit(EXIT_USAGE)
