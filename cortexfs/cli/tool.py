@@ -24,7 +24,7 @@ from cortexfs.cli.common import (
     resolve_storage,
     storage_option,
 )
-from cortexfs.errors import denied
+from cortexfs.errors import CtxError, denied
 from cortexfs.fuse.mounts import cortexfs_mount_holding
 from cortexfs.tools.controls import (
     ToolObject,
@@ -100,15 +100,19 @@ def tool(name: str, args: tuple[str, ...], as_json: bool, storage_dir: Path | No
     # one its administrator disabled too (EACCES), and the call is logged (T-7).  Its hooks
     # run under an agent's identity, for agent calls; this call is the caller's own.
     core_tool = ToolObject(name, root / "tool")
-    # Every control, its own policy too: no chain runs here to refuse a tool without one.
-    problems = layout_problems(core_tool)
-    if problems:
-        raise damaged(core_tool, problems[0])
-    require_available(core_tool, read_controls(core_tool))
+    log = PurePosixPath("tool", *core_tool.relative_control("log").parts)
+    try:
+        # Every control, its own policy too: no chain runs here to refuse a tool without one.
+        problems = layout_problems(core_tool)
+        if problems:
+            raise damaged(core_tool, problems[0])
+        require_available(core_tool, read_controls(core_tool))
+    except CtxError as refusal:
+        record_host_call(root, log, f"tool/{name}", list(args), None, refusal)
+        raise
     if as_json:
         os.environ["CTX_MODE"] = NATIVE
     status = cli(core, list(args))
-    log = PurePosixPath("tool", *core_tool.relative_control("log").parts)
     record_host_call(root, log, f"tool/{name}", list(args), status)
     sys.exit(status)
 

@@ -125,17 +125,29 @@ def record_result(
 
 
 def record_host_call(
-    root: Path, tool_log: PurePosixPath, object_ref: str, argv: list[str], exit_status: int
+    root: Path,
+    tool_log: PurePosixPath,
+    object_ref: str,
+    argv: list[str],
+    exit_status: int | None,
+    refusal: CtxError | None = None,
 ) -> bool:
     """One line of the tool's log for a call the host made as itself (``ctx tool``, H-3): no
-    agent and no session, the caller's uid instead.  Best effort, and False when the log
-    cannot be written (a user who may read the tool but not write its log)."""
+    agent and no session, the caller's uid instead; ``refusal``, why the call was refused
+    before the tool ran (``exit_status`` None), as a refused agent call's line says it.
+    Best effort, and False when the log cannot be written (a user who may read the tool but
+    not write its log)."""
     try:
         log = _open_tool_log(root, tool_log)
     except (CtxError, OSError):
         return False
     if log is None:
         return False
+    why = (
+        {}
+        if refusal is None
+        else {"errno": refusal.code_name, "message": summarize(refusal.message)}
+    )
     try:
         status = "ok" if exit_status == 0 else "error"
         log.append(
@@ -149,6 +161,7 @@ def record_host_call(
                 uid=os.getuid(),
                 argv=summarize_argv(argv),
                 exit_status=exit_status,
+                **why,
             )
         )
         log.sync()

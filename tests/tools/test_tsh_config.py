@@ -236,9 +236,16 @@ def test_ctx_tool_honours_the_tools_status_and_controls_and_logs_each_call(root:
     )
     logged = [json.loads(line) for line in (controls / "log").read_text().splitlines()]
     assert [(e["type"], e["object"], e["status"], e["agent"]) for e in logged] == [
-        ("tool_result", "tool/tsh.config", "ok", "")
+        ("tool_result", "tool/tsh.config", "ok", ""),
+        *[("tool_result", "tool/tsh.config", "error", "")] * 3,
     ]
-    assert logged[0]["argv"] == ["cache_capacity=40"] and logged[0]["uid"] == os.getuid()
+    assert [(e["argv"], e["uid"], e["exit_status"], e.get("errno")) for e in logged] == [
+        (["cache_capacity=40"], os.getuid(), 0, None),
+        (["cache_capacity=41"], os.getuid(), None, "EACCES"),
+        (["cache_capacity=43"], os.getuid(), None, "ENOEXEC"),
+        (["cache_capacity=42"], os.getuid(), None, "ENOEXEC"),
+    ]
+    assert "disabled" in logged[1]["message"]
 
 
 def test_ctx_tool_refuses_an_ordinary_tool_and_a_name_not_on_ctx_path(
