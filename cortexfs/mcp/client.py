@@ -44,6 +44,8 @@ MAX_PAGES = 1000
 _STDERR_TAIL = 2000
 _SHOWN_CHARACTERS = 60  # of a value the server gave where another belongs
 _METHOD_NOT_FOUND = -32601
+# How long a server whose output ended is given to exit, so that its status can be told.
+_EXIT_GRACE = 2.0
 
 
 class McpError(CtxError):
@@ -109,7 +111,8 @@ class StdioClient:
                 assert process.stdin is not None
                 process.stdin.close()
             with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(timeout=2)  # a server may exit by itself at the end of its input
+                # A server may exit by itself at the end of its input.
+                process.wait(timeout=_EXIT_GRACE)
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 if self.own_process_group:
                     os.killpg(process.pid, signal.SIGKILL)
@@ -262,7 +265,7 @@ class StdioClient:
                 continue
             chunk = os.read(stdout, 65536)
             if not chunk:
-                raise self._exited(method)
+                raise self._exited(method, until)
             self._buffer += chunk
             if len(self._buffer) > MAX_MESSAGE_BYTES:
                 raise self._broken(f"a message is larger than {MAX_MESSAGE_BYTES} bytes")
@@ -278,9 +281,21 @@ class StdioClient:
             raise self._broken(f"it wrote a line that is not JSON-RPC 2.0: {line[:80]!r}")
         return message
 
-    def _exited(self, method: str) -> McpError:
+    def _exited(self, method: str, until: float | None = None) -> McpError:
+        """EIO for a server whose output ended before it answered ``method``.  It can answer
+        nothing more, so it is given no longer than a moment (and never past ``until``) to
+        exit, for its status: a server that closed its output and lives on is stopped by
+        :meth:`__exit__`, not waited for."""
         assert self._process is not None
-        status = self._process.wait()
+        moment = _EXIT_GRACE if until is None else min(_EXIT_GRACE, until - time.monotonic())
+        try:
+            status = self._process.wait(timeout=max(0.0, moment))
+        except subprocess.TimeoutExpired:
+            return McpError(
+                errno.EIO,
+                f"server {self.spec.name!r} closed its output before answering {method} and "
+                f"went on running; it was stopped{self._stderr_tail()}",
+            )
         return McpError(
             errno.EIO,
             f"server {self.spec.name!r} exited (status {status}) before answering {method}"
