@@ -1,4 +1,5 @@
-"""Holding Ctrl-C back while a transition runs, so that it completes or never starts.
+"""Holding Ctrl-C back while a transition runs, so that it completes or never starts; and
+SIGTERM or SIGHUP ending a tool call as Ctrl-C does (:func:`stops_raise`).
 
 A crash may stop a queue transition between any two steps, and ``recover`` knows what each
 such stop leaves (docs/queue.md).  Ctrl-C is no crash: the process is alive and could finish
@@ -82,3 +83,38 @@ def report_interrupts_later() -> None:
             signal.raise_signal(signal.SIGINT)
 
     sys.unraisablehook = hook
+
+
+class Stopped(BaseException):
+    """SIGTERM or SIGHUP, raised where :func:`stops_raise` asked for it.  A BaseException, as
+    KeyboardInterrupt is: it ends what runs, and only what must record how it ended (a tool
+    call's ``tool_result``) looks at it on the way out."""
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+
+
+@contextlib.contextmanager
+def stops_raise() -> Iterator[None]:
+    """Run the block with SIGTERM and SIGHUP raising :class:`Stopped` in it, where their
+    default would end the process on the spot: ``timeout``, a service manager or a closed
+    terminal stopping ``ctx run`` then leaves the call recorded as ended, its ``tool_result``
+    beside its ``tool_call`` (S-2), as Ctrl-C leaves it.  A signal its caller set to be
+    ignored stays ignored; in other threads the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, _frame: FrameType | None) -> None:
+        raise Stopped(signum)
+
+    previous = {}
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(signum) == signal.SIG_DFL:
+            previous[signum] = signal.signal(signum, stop)
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)

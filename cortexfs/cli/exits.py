@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import json
+import signal
 import sys
 from typing import NoReturn
 
@@ -42,20 +43,23 @@ def exit_status(error: CtxError) -> int:
     return EXIT_USAGE if isinstance(error, UsageProblem) else EXIT_REFUSED
 
 
-def interrupted(prog_name: str, as_json: bool) -> NoReturn:
-    """End a command stopped by Ctrl-C as every refusal ends (``ctx: EINTR: …``, the error
-    object on stdout with --json), with the status a shell gives a command SIGINT killed.
+def interrupted(prog_name: str, as_json: bool, signum: int = signal.SIGINT) -> NoReturn:
+    """End a command stopped by Ctrl-C (or, for ``ctx run``, by SIGTERM or SIGHUP: see
+    :func:`cortexfs.interrupts.stops_raise`) as every refusal ends (``ctx: EINTR: …``, the
+    error object on stdout with --json), with the status a shell gives a command that signal
+    killed (128 + its number).
 
     Written without click: a Ctrl-C may land while click itself is being imported."""
+    how = "interrupted" if signum == signal.SIGINT else "stopped"
     error = CtxError(
         errno.EINTR,
-        "interrupted (SIGINT) before the command completed: what it printed is done; check "
-        "the rest and run it again if it is still wanted",
+        f"{how} ({signal.Signals(signum).name}) before the command completed: what it printed "
+        "is done; check the rest and run it again if it is still wanted",
     )
     sys.stderr.write(f"{prog_name}: {error}\n")
     if as_json:
         sys.stdout.write(json.dumps(error.to_json()) + "\n")
-    sys.exit(EXIT_INTERRUPTED)
+    sys.exit(128 + signum)
 
 
 # What this command has changed so far, each as a sentence saying what not to do again

@@ -23,11 +23,13 @@ from cortexfs.cli.exits import (
     EXIT_USAGE,
     changed,
     exit_status,
+    interrupted,
     output_failed,
     reader_gone,
     usage_problem,
 )
 from cortexfs.errors import CtxError, describe
+from cortexfs.interrupts import Stopped, stops_raise
 from cortexfs.names import check_object_name
 from cortexfs.regular_file import read_up_to
 from cortexfs.shared.sessions import DEFAULT_SESSION, SessionRef
@@ -67,6 +69,10 @@ written (a full disk, > /dev/full): exit 74, 'ctx: ENOSPC: cannot write standard
 cannot be written kills the tool before it is given its input (stage output; its process
 had started, so it may have begun to act, but it read no input).
 A reader that left (a closed pipe) ends it quietly, exit 141.
+
+In either mode, Ctrl-C, SIGTERM or SIGHUP to ctx run stops the tool's process group and
+records the call as ended (EINTR, the result frame in native mode); exit 128 + the signal's
+number (130, 143, 129).
 
 Only the host administrator (root, or the owner of the storage root) may run tools as an
 agent.  Every call is recorded in the session's events.jsonl and the tool's log."""
@@ -243,9 +249,12 @@ def _main(argv: list[str], storage_dir: Path | None) -> int:
         _say(describe(error))
         return EXIT_REFUSED if options.native else EXIT_CANNOT_RUN
     try:
-        if options.native:
-            return _run_native(root, options, where)
-        return _run_terminal(root, options, where)
+        with stops_raise():
+            if options.native:
+                return _run_native(root, options, where)
+            return _run_terminal(root, options, where)
+    except Stopped as stop:
+        interrupted("ctx", False, stop.signum)  # the native caller had the result frame
     except CtxError as error:
         _say(str(error))
         return exit_status(error)

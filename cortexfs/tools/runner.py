@@ -62,6 +62,7 @@ from cortexfs.errors import (
     not_found,
     remedy_for_host_trouble,
 )
+from cortexfs.interrupts import Stopped
 from cortexfs.policy import Credentials, check_authority, check_tool_execute
 from cortexfs.policy.chain import AuthorityRequest, Decision, Step
 from cortexfs.shared.sessions import Session, SessionRef, open_session
@@ -115,7 +116,8 @@ def run_native(
 
     Never raises for a refused or failed call: the :class:`ToolResult` says what happened.
     Only a result that cannot be recorded durably (a full disk…) raises, as an OSError, and an
-    interrupt (KeyboardInterrupt) goes on once the call's ``tool_result`` is recorded.
+    interrupt (KeyboardInterrupt, :class:`~cortexfs.interrupts.Stopped`) goes on once the call's
+    ``tool_result`` is recorded.
     ``session`` is a :class:`SessionRef`, the name of a session in the agent's home, or None
     for its home session ``default``.  ``observer`` receives the frames of docs/tools.md as
     they happen: ``call`` when the tool starts, ``stderr`` per line, ``result`` at the end.
@@ -216,8 +218,9 @@ class _Call:
             try:
                 result = self._outcome(input_value, argv or [])
             except BaseException as interruption:
-                # KeyboardInterrupt, SystemExit: the caller goes on unwinding, but a recorded
-                # tool_call still gets its tool_result, and a native caller its result frame.
+                # KeyboardInterrupt, Stopped, SystemExit: the caller goes on unwinding, but a
+                # recorded tool_call still gets its tool_result, and a native caller its result
+                # frame.
                 self._finish(self._result(ERROR, error=self._unexpected(interruption)))
                 raise
             return self._finish(result)
@@ -254,6 +257,8 @@ class _Call:
     def _unexpected(self, exc: BaseException) -> ToolError:
         if isinstance(exc, KeyboardInterrupt):
             return ToolError(errno.EINTR, self.stage, "interrupted")
+        if isinstance(exc, Stopped):
+            return ToolError(errno.EINTR, self.stage, str(exc))
         code = exc.errno if isinstance(exc, CtxError | OSError) and exc.errno else errno.EIO
         message = str(exc) if isinstance(exc, CtxError) else f"{type(exc).__name__}: {exc}"
         return ToolError(code, self.stage, message)
