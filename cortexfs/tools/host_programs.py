@@ -41,41 +41,41 @@ def find_program(name: str) -> str | None:
 def setpriv_id_options(identity: Identity) -> list[str] | None:
     """The ``--reuid``, ``--regid`` and ``--groups`` (or ``--clear-groups``) options under
     which setpriv(1) switches to exactly ``identity``'s ids; None when one of the ids cannot be
-    spelt for it (:func:`names_setpriv_misreads` says which).
+    spelt for it: it has no name of its own and its number is the name of another.
 
     setpriv looks each value up as a user or group *name* first and reads it as a number only
-    when there is no such name: with a group named ``1001`` whose gid is 5000, ``--regid=1001``
-    switches to gid 5000.  So an id is given by its own name where it has one that looks back
-    up to it, else by its number where no name reads otherwise.  The name is also the cheaper
-    spelling: a number has no entry in the host's files, so setpriv would ask every other
-    source of the user database for it (on Debian, loading systemd's NSS module and its
-    libraries, about a millisecond of every call).  A few lookups (tens of microseconds),
-    asked on each call: the databases may change between calls.
+    when there is no such name (see :func:`names_setpriv_misreads`).  So an id is given by its
+    own name where it has one that looks back up to it, else by its number where no name reads
+    otherwise.  The name is also the cheaper spelling: a number has no entry in the host's
+    files, so setpriv would ask every other source of the user database for it (on Debian,
+    loading systemd's NSS module and its libraries, about a millisecond of every call).  A few
+    lookups (tens of microseconds), asked on each call: the databases may change between calls.
     """
-    user = _spelling(identity.uid, _user_names)
-    group = _spelling(identity.gid, _group_names)
-    listed = [_spelling(gid, _group_names) for gid in sorted(identity.groups)]
-    if any(spelt.text is None for spelt in (user, group, *listed)):
+    user = _spelling(identity.uid, _USERS)
+    group = _spelling(identity.gid, _GROUPS)
+    listed = [_spelling(gid, _GROUPS) for gid in sorted(identity.groups)]
+    if user is None or group is None or None in listed:
         return None
     return [
-        f"--reuid={user.text}",
-        f"--regid={group.text}",
-        f"--groups={','.join(str(spelt.text) for spelt in listed)}" if listed else "--clear-groups",
+        f"--reuid={user}",
+        f"--regid={group}",
+        f"--groups={','.join(str(name) for name in listed)}" if listed else "--clear-groups",
     ]
 
 
 def names_setpriv_misreads(identity: Identity) -> list[str]:
-    """What keeps setpriv(1) from being given ``identity``'s ids (see
-    :func:`setpriv_id_options`), in words: each id with no name of its own whose number is
-    the name of another; empty when every id can be spelt."""
-    spellings = [_spelling(identity.uid, _user_names)]
-    spellings += [_spelling(gid, _group_names) for gid in sorted({identity.gid, *identity.groups})]
-    return [spelt.problem for spelt in spellings if spelt.problem is not None]
+    """The users and groups whose names setpriv(1) would take for ``identity``'s ids given as
+    numbers (as the terminal's sandbox gives them, where the names of other sources of the
+    user database may not be reachable), in words; empty when it switches to exactly those ids.
 
-
-class _Spelt(NamedTuple):
-    text: str | None  # what setpriv reads as the id; None when nothing does
-    problem: str | None
+    setpriv looks each ``--reuid``, ``--regid`` and ``--groups`` value up as a user or group
+    *name* first and reads it as a number only when there is no such name: with a group named
+    ``1001`` whose gid is 5000, ``--regid=1001`` switches to gid 5000.  Only root makes such
+    names, and directories of users and groups may hold them."""
+    numbers = [(identity.uid, _USERS)]
+    numbers += [(gid, _GROUPS) for gid in sorted({identity.gid, *identity.groups})]
+    found = [_number_misread(number, names) for number, names in numbers]
+    return [problem for problem in found if problem is not None]
 
 
 class _Names(NamedTuple):
@@ -85,27 +85,31 @@ class _Names(NamedTuple):
     id_of: Callable[[str], int]  # KeyError when no entry has the name
 
 
-_user_names = _Names(
+_USERS = _Names(
     "user", "uid", lambda uid: pwd.getpwuid(uid).pw_name, lambda name: pwd.getpwnam(name).pw_uid
 )
-_group_names = _Names(
+_GROUPS = _Names(
     "group", "gid", lambda gid: grp.getgrgid(gid).gr_name, lambda name: grp.getgrnam(name).gr_gid
 )
 
 
-def _spelling(number: int, names: _Names) -> _Spelt:
+def _spelling(number: int, names: _Names) -> str | None:
+    """What setpriv reads as the id ``number``: its own name, else the number; None when
+    neither would do."""
     with contextlib.suppress(KeyError):
         name = names.name_of(number)
         # A comma would split --groups; a name that looks up to another id is a duplicate.
         if name and "," not in name and names.id_of(name) == number:
-            return _Spelt(name, None)
+            return name
+    return None if _number_misread(number, names) else str(number)
+
+
+def _number_misread(number: int, names: _Names) -> str | None:
+    """Why setpriv would not read ``number`` as that id, in words; None when it would."""
     try:
         stand_in = names.id_of(str(number))
     except KeyError:
-        return _Spelt(str(number), None)
+        return None
     if stand_in == number:
-        return _Spelt(str(number), None)
-    return _Spelt(
-        None,
-        f"the {names.kind} named {number} is {names.id_kind} {stand_in}, not {number}",
-    )
+        return None
+    return f"the {names.kind} named {number} is {names.id_kind} {stand_in}, not {number}"

@@ -139,16 +139,17 @@ def test_an_unnamed_gid_whose_number_names_another_group_cannot_be_spelt() -> No
 
 
 @needs_setpriv_as_root
-def test_a_gid_with_a_name_of_its_own_is_spelt_by_it_beside_a_group_named_like_it() -> None:
-    """The group named like the number does not matter when the gid has its own name."""
+def test_a_gid_with_a_name_of_its_own_is_spelt_by_it_beside_a_group_named_like_its_number() -> None:
+    """Given by its name, the gid is not misread through the group named like its number; given
+    as a number (as the terminal's sandbox gives it) it would be, and that is said."""
     nogroup = grp.getgrgid(pwd.getpwnam("nobody").pw_gid)
     identity = Identity(0, 0, frozenset({nogroup.gr_gid}))
 
-    with group_named(str(nogroup.gr_gid)):
+    with group_named(str(nogroup.gr_gid)) as stand_in:
         options = setpriv_id_options(identity)
         misread = names_setpriv_misreads(identity)
         switched = None if options is None else _ids_under_setpriv(options)
 
-    assert misread == []
     assert options == ["--reuid=root", "--regid=root", f"--groups={nogroup.gr_name}"]
     assert switched == (0, 0, [nogroup.gr_gid])
+    assert misread == [f"the group named {nogroup.gr_gid} is gid {stand_in}, not {nogroup.gr_gid}"]
