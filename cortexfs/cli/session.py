@@ -149,7 +149,8 @@ def tail(
     lines: int,
     follow: bool,
 ) -> None:
-    """Print the last events of SESSION; with --follow, keep printing new ones (Ctrl-C stops it, exit 0)."""
+    """Print the last events of SESSION; with --follow, keep printing new ones (Ctrl-C stops
+    it, exit 0)."""
     ref = _session_ref(storage_dir, agent, session, project, uid)
     scan = events.EventScan()
     with _session_directory(ref, _listing(agent, project, uid)) as directory:
