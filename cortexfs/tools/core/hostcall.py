@@ -26,8 +26,13 @@ def ask_host(tool: str, request: dict[str, Any]) -> dict[str, Any]:
             errno.EPERM, f"{tool} runs through the runner, which gives it the capability"
         )
     with socket.socket(fileno=int(descriptor)) as capability:
-        capability.sendall(json.dumps(request).encode() + b"\n")
-        answer = json.loads(capability.makefile("rb").readline() or b"{}")
+        try:
+            capability.sendall(json.dumps(request).encode() + b"\n")
+            answer = json.loads(capability.makefile("rb").readline() or b"{}")
+        except (BrokenPipeError, ConnectionResetError):
+            # The host ended the capability: another process used a copy of it, or the
+            # call it served is over.  Either way no answer comes, as for an empty one.
+            answer = {}
     if not answer.pop("ok", False):
         message = answer.get("message", "the host gave no answer")
         raise ToolFailure(answer.get("errno", errno.EIO), message)
