@@ -11,6 +11,9 @@ calling uid on top (``default_permissions``).
 
 from __future__ import annotations
 
+import errno
+import os
+import stat
 import sys
 import time
 from collections.abc import Callable
@@ -55,6 +58,9 @@ class AgentProjection(Projection):
         self.root = root
         self.agent = agent
         self._loaded_at = time.monotonic()  # before the read: the facts are at least this old
+        # The directory the mount serves, which it holds open; the controls are read by the
+        # root's path, so a view whose path comes to name another directory is empty.
+        self._served = _directory_identity(root)
         # ENOENT or EACCES now, not at the first lookup: a mount starts from usable controls.
         self._view: AgentView | None = AgentView.load(root, agent)
         self._tools = RecentDecisions()
@@ -67,7 +73,9 @@ class AgentProjection(Projection):
         if time.monotonic() - self._loaded_at >= FRESH_SECONDS:
             read_at = time.monotonic()
             try:
+                self._require_served_root()
                 view: AgentView | None = AgentView.load(self.root, self.agent)
+                self._require_served_root()  # not another root's controls, read meanwhile
             except CtxError as exc:
                 view = None
                 if self._view is not None:
@@ -76,6 +84,17 @@ class AgentProjection(Projection):
                 _say(f"note: agent {self.agent}'s view shows its entries again")
             self._view, self._loaded_at = view, read_at
         return self._view
+
+    def _require_served_root(self) -> None:
+        """ENOENT unless the root's path still names the directory the mount serves: moved
+        aside and replaced by another root (a new ``storage/current``), its path would lend
+        the new root's grants to the old root's files."""
+        if _directory_identity(self.root) != self._served:
+            raise CtxError(
+                errno.ENOENT,
+                f"{self.root} is no longer the storage root this mount serves (it was moved "
+                "or replaced); unmount it and mount the root again",
+            )
 
     def visible(self, parts: Parts) -> bool:
         rules = self._rules()
@@ -107,6 +126,15 @@ def _granted(decide: Callable[[Parts], bool], parts: Parts) -> bool:
         return decide(parts)
     except CtxError:
         return False
+
+
+def _directory_identity(path: Path) -> tuple[int, int] | None:
+    """The device and inode of the directory ``path`` names; None when it names none."""
+    try:
+        status = os.stat(path)
+    except OSError:
+        return None
+    return (status.st_dev, status.st_ino) if stat.S_ISDIR(status.st_mode) else None
 
 
 def _say(message: str) -> None:
