@@ -33,6 +33,8 @@ _WHOLE_SECOND_TOLERANCE = 1.0
 # The longest lease a claim or renewal may take: long enough for any job, short enough that
 # expires_at stays a date (a float of seconds past year 9999 is not one).
 MAX_LEASE_TTL = 366 * 24 * 3600.0
+# A lease is a few hundred bytes; a file far larger is damage, never read whole.
+MAX_LEASE_BYTES = 64 * 1024
 # The shortest lease a worker keeps: it renews every third of the lifetime, and a renewal is
 # a write and two fsyncs, which a busy disk can hold up for a good part of a second.  A lease
 # that lapses while its holder runs is, for recover, proof that the holder is gone: the

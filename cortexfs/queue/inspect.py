@@ -12,7 +12,9 @@ from cortexfs import jsontext
 from cortexfs.errors import CtxError, invalid, not_found
 from cortexfs.names import job_name
 from cortexfs.queue import evidence as ev
+from cortexfs.queue import requests
 from cortexfs.queue.claim_order import scan_pending
+from cortexfs.queue.holder import MAX_LEASE_BYTES
 from cortexfs.queue.layout import (
     LEASE_FILE,
     RESULT_SUFFIX,
@@ -159,8 +161,13 @@ def show(queue: Queue, job: str) -> dict[str, Any]:
             for t in temps
         ],
     }
+    limits = {
+        "request": requests.stored_request_limit(queue.config.max_request_bytes),
+        "lease": MAX_LEASE_BYTES,
+        "result": requests.stored_result_limit(queue.config.max_result_bytes),
+    }
     for key, path in _documents(queue, evidence):
-        detail[key] = _read_document(queue, path)
+        detail[key] = _read_document(queue, path, limits[key])
     return detail
 
 
@@ -202,10 +209,12 @@ def _open_parent(queue: Queue, path: str) -> tuple[int, str, bool]:
     return queue.open_job_dir(parts[0], parts[1]), parts[2], True
 
 
-def _read_document(queue: Queue, path: str) -> Any:
+def _read_document(queue: Queue, path: str, limit: int) -> Any:
+    """The JSON document at ``path``, read up to ``limit`` bytes (what its kind may reach);
+    ``{"unreadable": why}`` otherwise."""
     dir_fd, name, owned = _open_parent(queue, path)
     try:
-        data = read_regular_file(dir_fd, name, queue.config.max_result_bytes)
+        data = read_regular_file(dir_fd, name, limit)
         return jsontext.loads_strict(data.decode("utf-8"), unique_names=False)
     except (CtxError, OSError, ValueError) as exc:
         return {"unreadable": str(exc)}

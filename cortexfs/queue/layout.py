@@ -102,7 +102,9 @@ class QueueConfig:
 
 
 def _positive_int(value: str, where: str, key: str) -> int:
-    if not value.isdigit() or int(value) <= 0:
+    # ASCII digits only: isdigit() alone lets through superscripts (²), which int() cannot
+    # read, and digits of other scripts (٣), which a reader of the file may not take for one.
+    if not (value.isascii() and value.isdigit()) or int(value) <= 0:
         raise invalid(f"{where}: {key} must be a positive integer, not {value!r}")
     return int(value)
 

@@ -62,6 +62,7 @@ from cortexfs.queue import evidence as ev
 from cortexfs.queue import requests
 from cortexfs.queue.claim_order import candidates, pending_changed, pending_stamp
 from cortexfs.queue.holder import (
+    MAX_LEASE_BYTES,
     MAX_LEASE_TTL,
     Holder,
     Lease,
@@ -732,7 +733,7 @@ def read_lease(queue: Queue, job: str) -> Lease:
     except FileNotFoundError:
         raise not_found(f"job {job} has no lease; it is not claimed") from None
     try:
-        data = read_regular_file(lease_fd, LEASE_FILE, 64 * 1024)
+        data = read_regular_file(lease_fd, LEASE_FILE, MAX_LEASE_BYTES)
     except FileNotFoundError:
         raise not_found(f"job {job} has no lease file; run 'ctx queue recover'") from None
     finally:
@@ -1018,7 +1019,7 @@ def _own_result(
         return None
     state = "done" if lstat_at(queue.done, job + RESULT_SUFFIX) else "failed"
     try:
-        limit = max(queue.config.max_result_bytes, 1 << 20)  # a failure record may exceed it
+        limit = requests.stored_result_limit(queue.config.max_result_bytes)
         data = read_regular_file(queue.dirs[state], job + RESULT_SUFFIX, limit)
         recorded = jsontext.loads_strict(data)
     except (OSError, CtxError, ValueError):

@@ -95,6 +95,12 @@ def stored_request_limit(limit: int) -> int:
     return limit + STORED_OVERHEAD
 
 
+def stored_result_limit(limit: int) -> int:
+    """The size a stored result may reach under ``max_result_bytes`` = ``limit``: a failure
+    record (why a job failed, written by a worker or by recover) may exceed a tiny limit."""
+    return max(limit, 1 << 20)
+
+
 def encode_request(
     request: Mapping[str, Any],
     limit: int,

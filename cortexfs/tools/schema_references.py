@@ -72,8 +72,14 @@ def _resolves(schema: Any, fragment: str, anchors: set[str]) -> bool:
         token = token.replace("~1", "/").replace("~0", "~")
         if isinstance(node, dict) and token in node:
             node = node[token]
-        elif isinstance(node, list) and token.isdigit() and int(token) < len(node):
-            node = node[int(token)]
+        elif isinstance(node, list) and 0 <= _index(token) < len(node):
+            node = node[_index(token)]
         else:
             return False
     return True
+
+
+def _index(token: str) -> int:
+    """The array index a JSON Pointer token names (ASCII digits: int() would read others,
+    or fail on a superscript), else -1."""
+    return int(token) if token.isascii() and token.isdigit() else -1

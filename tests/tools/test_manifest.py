@@ -221,13 +221,21 @@ def test_a_refusal_quotes_a_long_value_cut_short(tmp_path: Path) -> None:
         ("file:///etc/passwd", "refers to 'file:///etc/passwd', outside itself"),
         ("https://example.com/s.json", "outside itself: nothing is fetched"),
         ("#/$defs/missing", "refers to '#/$defs/missing', which it does not hold"),
+        ("#/allOf/1", "refers to '#/allOf/1', which it does not hold"),
+        ("#/allOf/-1", "refers to '#/allOf/-1', which it does not hold"),
+        ("#/allOf/\u00b2", "refers to '#/allOf/\u00b2', which it does not hold"),  # superscript
     ],
 )
 def test_a_schema_whose_reference_cannot_resolve_inside_it_is_refused(
     tmp_path: Path, reference: str, fragment: str
 ) -> None:
     """T-1: no call could be checked against it; refused here, not at every call (EIO)."""
-    schema = {"type": "object", "properties": {"a": {"$ref": reference}}, "$defs": {"x": {}}}
+    schema = {
+        "type": "object",
+        "properties": {"a": {"$ref": reference}},
+        "$defs": {"x": {}},
+        "allOf": [{}],
+    }
 
     problems = problems_of(manifest(tmp_path, schema=schema))
 

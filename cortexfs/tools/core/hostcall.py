@@ -21,7 +21,7 @@ ENVIRONMENT = "CTX_RUN_CAPABILITY"
 def ask_host(tool: str, request: dict[str, Any]) -> dict[str, Any]:
     """The host's answer to ``request``; its refusal (or no capability: EPERM) as a failure."""
     descriptor = os.environ.get(ENVIRONMENT, "")
-    if not descriptor.isdigit():
+    if not (descriptor.isascii() and descriptor.isdigit()):
         raise ToolFailure(
             errno.EPERM, f"{tool} runs through the runner, which gives it the capability"
         )

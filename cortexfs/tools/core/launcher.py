@@ -318,7 +318,8 @@ def read_stamp(head: bytes, size: int) -> tuple[bytes, str] | None:
     # The archive's digest is the __main__'s (_MAIN) and damaged_archive's.
     mark, digest, archive_size, _ = fields
     # Twenty digits are far beyond any real size, and int() of thousands of them refuses.
-    if mark != _STAMP_MARK or not (archive_size.isdigit() and len(archive_size) <= 20):
+    digits = archive_size.isascii() and archive_size.isdigit()  # not a superscript (²)
+    if mark != _STAMP_MARK or not (digits and len(archive_size) <= 20):
         return None
     if len(first) + len(second) + 2 + int(archive_size) != size:
         return None
