@@ -186,6 +186,13 @@ class Queue:
                 ) from exc
             raise self._refused_opening(name, exc) from None
 
+    def reread_config(self) -> None:
+        """Read ``config`` again: a long-lived user of the queue (a worker, before each claim)
+        is held to the limits an administrator set after it opened the queue, and stops, as
+        every command refuses, at a config it can no longer read.  The ``move`` strategy stays
+        the one it opened the queue with: every step of a job goes by one."""
+        self.config = self._read_config()
+
     def _read_config(self) -> QueueConfig:
         try:
             data = read_regular_file(self.root_fd, CONFIG_NAME, 64 * 1024)

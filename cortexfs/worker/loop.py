@@ -531,6 +531,14 @@ class Worker:
                 return
             with self._claim_lock:
                 try:
+                    queue.reread_config()  # the limits for this job are the config's now
+                except (CtxError, OSError) as exc:
+                    raise CtxError(
+                        exc.errno or errno.EIO,
+                        f"the queue's config can no longer be read ({describe(exc)}); the "
+                        "worker claims no more jobs: start it again once the config is repaired",
+                    ) from exc
+                try:
                     won = claim(queue, holder, ttl, self.executor.accepts)
                 except (CtxError, OSError) as exc:
                     raise _claim_refused(exc) from exc

@@ -284,12 +284,6 @@ def test_the_result_limit_is_met_at_finish_and_a_refused_finish_leaves_the_claim
 
 
 @needs_root
-@pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="a running ctx queue work keeps the queue/config it read at start: "
-    "a lowered max_result_bytes is not enforced until the worker restarts",
-)
 def test_a_running_worker_is_held_to_a_result_limit_lowered_while_it_runs(searchable_storage):
     """docs/workers.md "A result too large" and docs/queue.md "Configuration": a result larger
     than the queue's ``max_result_bytes`` is refused, and the worker finishes that job in
@@ -310,8 +304,33 @@ def test_a_running_worker_is_held_to_a_result_limit_lowered_while_it_runs(search
         worker.terminate()
         worker.communicate(timeout=30)
     assert queue.state(second) == "failed"
-    reason = result_of(queue, second)["output"]["reason"]
-    assert reason.startswith("EFBIG") and reason.endswith("[finish]"), reason
+    record = result_of(queue, second)
+    assert record["output"] is None and record["output_omitted"] is True, record
+    assert record["reason"].startswith("EFBIG") and record["reason"].endswith("[finish]"), record
+
+
+@needs_root
+def test_a_running_worker_stops_at_a_config_it_can_no_longer_read(searchable_storage):
+    """docs/workers.md "The queue's config while a worker runs": a config replaced by a
+    directory stops a running worker as it stops every command: it claims nothing more and
+    exits 1 naming the config; the job published meanwhile stays pending for a worker started
+    once the config is repaired."""
+    storage = searchable_storage
+    make_agent(storage, ["shell.exec"])
+    allow_in_tool_policy(storage, "shell.exec")
+    queue = QueueCLI(storage, "proj")
+    config = queue.dir / "config"
+    with running_worker(queue, "--json") as worker:
+        first = queue.publish(shell_job("sleep 1.5; echo first"), name="first")
+        assert wait_for(lambda: queue.state(first) == "claimed")
+        second = queue.publish(shell_job("echo second"), name="second")
+        config.rename(queue.dir / "config.kept")
+        config.mkdir()
+        _, err = worker.communicate(timeout=30)
+    assert worker.returncode == 1, err
+    assert "the queue's config can no longer be read" in err, err
+    assert f"{queue.dir}/config" in err, err
+    assert (queue.state(first), queue.state(second)) == ("done", "pending")
 
 
 # ------------------------------------------------------------------------ a damaged config
