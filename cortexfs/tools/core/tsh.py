@@ -329,6 +329,22 @@ def _interrupt() -> None:
         connection.sendall(b'{"interrupt": true}\n')
 
 
+def _read_line(prompt: str) -> str:
+    """The next command line, without its line break, after ``prompt``; EOFError at the end
+    of the input.  Not ``input()``: at a terminal that reads through C's ``fgets``, which ends
+    the line at a NUL byte and glues what follows to the next line, so a command typed after
+    a line holding a NUL would run fused to that line's start."""
+    # What the last command printed goes out before tsh waits, as input() sends it: a script
+    # on a pipe reads the answer before it writes the next line.
+    sys.stderr.flush()
+    sys.stdout.write(prompt)
+    sys.stdout.flush()
+    line = sys.stdin.readline()
+    if not line:
+        raise EOFError
+    return line[:-1] if line.endswith("\n") else line
+
+
 def execute(context: TshContext, line: str, status: int) -> tuple[int, bool]:
     """Run one command line; the new ``$?`` and whether tsh should exit."""
     try:
@@ -542,7 +558,7 @@ def run() -> int:
     status = 0
     while True:
         try:
-            line = input(prompt if interactive else "")
+            line = _read_line(prompt if interactive else "")
         except EOFError:
             if interactive:
                 print()  # end the line the prompt is on
