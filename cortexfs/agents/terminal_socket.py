@@ -318,6 +318,7 @@ class TerminalClients:
         self.holding = False  # attached clients' input left in their sockets for now
         self.behind: dict[socket.socket, bytearray] = {}  # output a client has yet to take
         self.progressed: dict[socket.socket, float] = {}  # when it last took some of it
+        self.ended: set[socket.socket] = set()  # clients that shut their sending side
 
     def take(self, client: socket.socket) -> None:
         """A new client, kept only if its uid may at least watch (the socket is open to every
@@ -412,7 +413,10 @@ class TerminalClients:
             self._input(client)
 
     def _reads(self, client: socket.socket) -> bool:
-        """Whether what ``client`` sends is read now: not while an attached one's input is held."""
+        """Whether what ``client`` sends is read now: not once it has sent all it will, nor
+        while an attached one's input is held."""
+        if client in self.ended:
+            return False
         return not (self.holding and self.modes.get(client) == b"attach")
 
     def _watch(self, client: socket.socket) -> None:
@@ -440,9 +444,17 @@ class TerminalClients:
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
-            data = b""
+            self._drop(client)  # reset: gone
+            return
         if not data:
-            self._drop(client)
+            if self.modes[client] is None:
+                self._drop(client)  # its mode line can no longer come
+            else:
+                # It shut its sending side only (nc -N and socat do at the end of their
+                # input): what it sent is typed, and the output goes on reaching it until it
+                # goes away (a send then fails) or the terminal ends.
+                self.ended.add(client)
+                self._watch(client)
             return
         mode = self.modes[client]
         if mode is None:
@@ -509,4 +521,5 @@ class TerminalClients:
         self.others.discard(client)
         self.behind.pop(client, None)
         self.progressed.pop(client, None)
+        self.ended.discard(client)
         client.close()
