@@ -30,6 +30,7 @@ from pathlib import Path
 import pytest
 
 from tests.acceptance.ctxcli import CTX_ARGV, clean_env, ctx_run, tool_manifest, wait_for
+from tests.acceptance.terminalcli import Raw, Term
 
 SCRATCH = Path("/tmp/test_acceptance_flows_terminals")
 NOTE = "notes kept in the operator's workspace\n"
@@ -133,17 +134,6 @@ def host(_template: Path) -> Iterator[Host]:
         shutil.rmtree(top, ignore_errors=True)
 
 
-@dataclass
-class Term:
-    session: str
-    link: Path  # A-2's place in the storage root
-    listening_at: Path  # where the terminal listens (short enough for sun_path)
-
-    @property
-    def rundir(self) -> Path:
-        return self.listening_at.parent
-
-
 def start(host: Host, session: str | None = None) -> Term:
     """``ctx agent start coder`` run in the workspace (A-1); stopped by the fixture at the end."""
     session = session or f"s{uuid.uuid4().hex[:10]}"
@@ -159,64 +149,6 @@ def start(host: Host, session: str | None = None) -> Term:
 
 
 # ------------------------------------------------------------------------------- the clients
-
-
-class Raw:
-    """A raw client of the terminal socket (A-2): it sends its mode line, then reads what the
-    terminal relays in a thread of its own (unless ``read`` is false: a client that never
-    reads), and types lines ending in a carriage return, as a terminal does."""
-
-    def __init__(self, path: Path, mode: bytes, *, read: bool = True, rcvbuf: int = 0) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        if rcvbuf:
-            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
-        self.sock.connect(str(path))
-        self.sock.sendall(mode)
-        self.data = b""
-        self.eof = threading.Event()
-        self.reader = threading.Thread(target=self._pump, daemon=True) if read else None
-        if self.reader:
-            self.reader.start()
-
-    def _pump(self) -> None:
-        while True:
-            try:
-                chunk = self.sock.recv(65536)
-            except OSError:
-                chunk = b""
-            if not chunk:
-                self.eof.set()
-                return
-            self.data += chunk
-
-    def count(self, text: str) -> int:
-        return self.data.count(text.encode())
-
-    def shows(self, text: str, count: int = 1, seconds: float = 20) -> bool:
-        return wait_for(lambda: self.count(text) >= count, seconds)
-
-    def type(self, line: str) -> None:
-        self.sock.sendall(line.encode() + b"\r")
-
-    def text(self) -> str:
-        return self.data.decode("utf-8", "replace").replace("\r\n", "\n")
-
-    def answer(self, line: str, seconds: float = 20) -> str:
-        """Type ``line`` at tsh's prompt; what tsh printed before its next prompt (the
-        echo of the line taken off)."""
-        prompts = self.count(PROMPT)
-        self.type(line)
-        assert self.shows(PROMPT, prompts + 1, seconds), self.text()[-800:]
-        echoed = self.text().split(PROMPT)[prompts]
-        assert echoed.startswith(line + "\n"), (line, echoed)
-        return echoed.removeprefix(line + "\n")
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self.sock.shutdown(socket.SHUT_RDWR)
-        self.sock.close()
-        if self.reader:
-            self.reader.join(timeout=5)
 
 
 class OnPty:
