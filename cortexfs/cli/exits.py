@@ -1,6 +1,7 @@
-"""Exit statuses of every ``ctx`` command (SPEC §2.4, plus 130 for Ctrl-C, 141 for a reader
-that left and 74 for an output that could not be written), the error that selects
-status 2, and the end of a command Ctrl-C stopped or whose output was lost.
+"""Exit statuses of every ``ctx`` command (SPEC §2.4, plus 128 + the signal for a command a
+signal stopped — 130 for Ctrl-C —, 141 for a reader that left and 74 for an output that could
+not be written), the error that selects status 2, and the end of a command Ctrl-C stopped or
+whose output was lost.
 
 Written without click, like ``ctx run``, which starts without it (:mod:`cortexfs.cli`): every
 command ends through here, the click commands by way of :mod:`cortexfs.cli.common`."""
@@ -21,7 +22,6 @@ EXIT_OK = 0
 EXIT_REFUSED = 1  # an operation or request was refused, or a conflict was found
 EXIT_USAGE = 2  # a malformed command line
 EXIT_NOTHING = 3  # nothing to do
-EXIT_INTERRUPTED = 130  # stopped by SIGINT (Ctrl-C): 128 + 2, as the shell reports it
 # The reader of the output left (`ctx queue status | head -1`): 128 + SIGPIPE, as the shell
 # reports a command that SIGPIPE ended, never 1, which would say a conflict was found.
 EXIT_READER_GONE = 141
