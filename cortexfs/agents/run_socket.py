@@ -38,12 +38,16 @@ from cortexfs.agents.sandbox import session_processes
 from cortexfs.agents.view import AgentView
 from cortexfs.errors import denied
 from cortexfs.shared.sessions import SessionRef
+from cortexfs.tools.spawn import STRAGGLER_GRACE
 
 _MAX_REQUEST = 1024 * 1024
 REQUEST_SECONDS = 2.0  # for tsh's message to arrive once it has connected
 MAX_WAITING = 64  # connections whose message has not arrived yet, each holding a descriptor
 CALL_END_SECONDS = 2.0  # for the calls running when the terminal ends to record their end
-HANGUP_SECONDS = 1.0  # then for those a hangup ends (an interactive shell) to record theirs
+# Then for those a hangup ends (an interactive shell) to record theirs: the runner gives what
+# the shell left in its group STRAGGLER_GRACE to go before it records, and the record
+# needs its moment too; a call killed before then keeps its tool_call alone.
+HANGUP_SECONDS = STRAGGLER_GRACE + 1.0
 _REFUSED = 126  # tsh's status for a call the host did not run
 Request = dict[str, object]
 Namespace = tuple[int, int]  # a pid namespace: the device and inode of /proc/<pid>/ns/pid
