@@ -936,7 +936,8 @@ def test_a_call_whose_tool_is_reinstalled_while_it_is_admitted_is_judged_by_the_
     program, schema = version(1)
     world.install("vt", program, schema=schema)
     hook = world.root / "tool/vt.d/hooks/pre.d/10-slow"
-    hook.write_text("#!/bin/sh\ncat >/dev/null\nsleep 1\n")
+    # Long enough for the reinstall to be over, on a busy machine too, before the tool starts.
+    hook.write_text("#!/bin/sh\ncat >/dev/null\nsleep 3\n")
     hook.chmod(0o755)
     world.agent("coder", tools=["vt"])
     world.allow_tool("vt")
