@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.acceptance.ctxcli import QueueCLI, clean_env, ctx_run
+from tests.support.storage import copy_of_root
 
 
 @pytest.fixture(scope="session")
@@ -27,9 +28,7 @@ def _template(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def storage(_template: Path, tmp_path: Path) -> Path:
     """A storage root made by ``ctx bootstrap``, holding the queue of project ``proj``."""
-    root = tmp_path / "storage"
-    shutil.copytree(_template, root, symlinks=True)
-    return root
+    return copy_of_root(_template, tmp_path / "storage")
 
 
 @pytest.fixture
@@ -38,8 +37,7 @@ def searchable_storage(_template: Path) -> Iterator[Path]:
     a tool whose storage root lies below a directory its uid cannot search)."""
     parent = Path(tempfile.mkdtemp(prefix="ctx-acceptance-root-", dir="/tmp"))
     parent.chmod(0o755)
-    root = parent / "storage"
-    shutil.copytree(_template, root, symlinks=True)
+    root = copy_of_root(_template, parent / "storage")
     yield root
     shutil.rmtree(parent, ignore_errors=True)
 

@@ -28,6 +28,7 @@ from tests.acceptance.ctxcli import (
     snapshot,
     tool_manifest,
 )
+from tests.support.storage import copy_of_root
 
 BIN = REPO / ".venv" / "bin"
 PROGRAMS = ("ctx", "ctxmcp")
@@ -836,7 +837,7 @@ def _agent_template(_template: Path, tmp_path_factory: pytest.TempPathFactory) -
     """The acceptance root with agent coder (run as nobody when root creates it) and a session
     of its."""
     root = tmp_path_factory.mktemp("sweep") / "storage"
-    shutil.copytree(_template, root, symlinks=True)
+    copy_of_root(_template, root)
     files = sample_files(root.parent / "files")
     env = clean_env(CTX_STORAGE=str(root))
     created = _run(["ctx", "agent", "create", files["agent_request"]], env=env)
@@ -850,7 +851,7 @@ def _agent_template(_template: Path, tmp_path_factory: pytest.TempPathFactory) -
 @pytest.fixture
 def with_an_agent(_agent_template: Path, tmp_path: Path) -> tuple[Path, dict[str, str]]:
     root = tmp_path / "storage"
-    shutil.copytree(_agent_template, root, symlinks=True)
+    copy_of_root(_agent_template, root)
     return root, sample_files(tmp_path / "files")
 
 

@@ -44,6 +44,7 @@ from tests.acceptance.ctxcli import (
     snapshot,
     wait_for,
 )
+from tests.support.storage import copy_of_root
 from tests.support.users import UnprivilegedUser, run_as
 from tests.support.users import unprivileged_user as unprivileged_user
 
@@ -118,7 +119,7 @@ def host(_template: Path) -> Iterator[Host]:
     top.chmod(0o755)
     try:
         storage = top / "storage"
-        shutil.copytree(_template, storage, symlinks=True)
+        copy_of_root(_template, storage)
         mcp = top / "mcp"
         mcp.mkdir(mode=0o755)
         entry = {

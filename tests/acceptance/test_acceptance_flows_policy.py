@@ -37,6 +37,7 @@ from tests.acceptance.ctxcli import (
     tool_manifest,
     wait_for,
 )
+from tests.support.storage import copy_of_root
 from tests.support.users import run_as
 from tests.support.users import unprivileged_user as unprivileged_user
 
@@ -148,7 +149,7 @@ def admin(_admin_template: Path) -> Iterator[Admin]:
     admin = Admin(top)
     try:
         nobody()
-        shutil.copytree(_admin_template, admin.storage, symlinks=True)
+        copy_of_root(_admin_template, admin.storage)
         req = {"name": AGENT, "label": LABEL, "tools": [TOOL]}
         r = admin.ctx("agent", "create", "-", input=json.dumps(req))
         assert r.rc == 0, r

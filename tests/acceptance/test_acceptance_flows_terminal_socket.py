@@ -34,6 +34,7 @@ import pytest
 
 from tests.acceptance.ctxcli import CTX_ARGV, clean_env, ctx_run, tool_manifest, wait_for
 from tests.acceptance.terminalcli import Raw, Term
+from tests.support.storage import copy_of_root
 from tests.support.users import UnprivilegedUser
 from tests.support.users import unprivileged_user as unprivileged_user
 
@@ -102,7 +103,7 @@ def host(_template: Path) -> Iterator[Host]:
     top = Path(tempfile.mkdtemp(prefix="t", dir=SCRATCH))
     top.chmod(0o755)
     storage = top / "storage"
-    shutil.copytree(_template, storage, symlinks=True)
+    copy_of_root(_template, storage)
     env = clean_env(CTX_STORAGE=str(storage))
     manifest = tool_manifest(top / "manifests", "rawsum", RAWSUM)
     installed = ctx_run("object", "install", manifest, "--tier", "system", env=env)

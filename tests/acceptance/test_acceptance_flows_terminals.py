@@ -31,6 +31,7 @@ import pytest
 
 from tests.acceptance.ctxcli import CTX_ARGV, clean_env, ctx_run, tool_manifest, wait_for
 from tests.acceptance.terminalcli import Raw, Term
+from tests.support.storage import copy_of_root
 
 SCRATCH = Path("/tmp/test_acceptance_flows_terminals")
 NOTE = "notes kept in the operator's workspace\n"
@@ -102,7 +103,7 @@ def host(_template: Path) -> Iterator[Host]:
     top = Path(tempfile.mkdtemp(prefix="t", dir=SCRATCH))
     top.chmod(0o755)
     storage = top / "storage"
-    shutil.copytree(_template, storage, symlinks=True)
+    copy_of_root(_template, storage)
     env = clean_env(CTX_STORAGE=str(storage))
     program = "#!/bin/sh\nexec /bin/bash --norc --noprofile -i\n"  # H-5: a shell is a tool
     installed = ctx_run(

@@ -38,6 +38,7 @@ from tests.acceptance.ctxcli import (
     snapshot,
     tool_manifest,
 )
+from tests.support.storage import copy_of_root
 from tests.support.users import run_as
 from tests.support.users import unprivileged_user as unprivileged_user
 
@@ -302,8 +303,8 @@ def test_r1_storage_option_beats_ctx_storage_for_every_queue_command(_template, 
     """R-1, §2.4: --storage and CTX_STORAGE both override the default "everywhere"; given both,
     every queue command acts on --storage's root and leaves CTX_STORAGE's alone."""
     chosen, other = tmp_path / "chosen", tmp_path / "other"
-    shutil.copytree(_template, chosen, symlinks=True)
-    shutil.copytree(_template, other, symlinks=True)
+    copy_of_root(_template, chosen)
+    copy_of_root(_template, other)
     mine = QueueCLI(chosen, "proj")
     env = clean_env(CTX_STORAGE=str(other))
     job = None

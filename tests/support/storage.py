@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from cortexfs.storage import ensure_root_abi
+from cortexfs.tools.core.launcher import render_ctxterm
 
 EXECUTABLE = 0o755
 CONTROL = 0o644
@@ -45,6 +46,19 @@ def small_tmpfs(mountpoint: Path, size: str) -> Iterator[Path]:
         yield mountpoint
     finally:
         subprocess.run(["umount", "-l", str(mountpoint)], check=False)
+
+
+def copy_of_root(template: Path, root: Path) -> Path:
+    """``root``, a copy of the bootstrapped root ``template`` as bootstrap would have made it
+    there: a bootstrap costs about ten times what a copy of its root costs, and most tests
+    need a fresh root, not a bootstrap.  A bootstrapped root holds no hard link, special file
+    or extended attribute, and names itself in one place only: ``bin/ctxterm``'s default
+    storage root, written again for the copy."""
+    shutil.copytree(template, root, symlinks=True)
+    ctxterm = root / "bin" / "ctxterm"
+    if ctxterm.is_file():
+        ctxterm.write_bytes(render_ctxterm(root))
+    return root
 
 
 def make_root(parent: Path) -> Path:

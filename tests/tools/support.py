@@ -3,10 +3,13 @@ its workspace, and helpers that go through the same library calls as ``ctx``."""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import errno
 import json
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +30,7 @@ from cortexfs.tools.install import Installed, install_manifest, parse_tier
 from cortexfs.tools.manifest import parse_manifest
 from cortexfs.tools.result import ToolResult
 from cortexfs.tools.runner import run_native
+from tests.support.storage import copy_of_root
 from tests.support.users import UnprivilegedUser
 
 ANY_INPUT = {"type": "object"}
@@ -126,11 +130,21 @@ def effective_user(user: UnprivilegedUser) -> Iterator[None]:
         os.setegid(0)
 
 
+_templates: dict[int, Path] = {}  # effective uid -> the root it bootstrapped for copies
+
+
 def bootstrapped_root(root: Path) -> Path:
     """A storage root ``ctx bootstrap`` made at ``root``, it and its six directories open to
-    the test user (0755)."""
-    report = storage.bootstrap(root)
-    assert not report.problems, report.problems
+    the test user (0755): a copy of one this process bootstrapped as this user
+    (:func:`~tests.support.storage.copy_of_root`)."""
+    template = _templates.get(os.geteuid())
+    if template is None:
+        template = Path(tempfile.mkdtemp(prefix="cortexfs-template-")) / "storage"
+        report = storage.bootstrap(template)
+        assert not report.problems, report.problems
+        atexit.register(shutil.rmtree, template.parent, True)
+        _templates[os.geteuid()] = template
+    copy_of_root(template, root)
     for entry in (root, *root.iterdir()):
         entry.chmod(0o755)
     return root

@@ -4,17 +4,21 @@ through the ``ctx`` command line."""
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from tests.support.storage import copy_of_root
 from tests.support.storage import traversable_tmp as traversable_tmp
 from tests.support.users import UnprivilegedUser
 from tests.support.users import unprivileged_user as unprivileged_user
@@ -112,9 +116,17 @@ class Farm:
         raise AssertionError(f"{job} has no terminal pair")
 
 
+_template: list[Path] = []  # the root one farm's ctx bootstrap made, copied for the others
+
+
 def make_farm(scratch: Path, user: UnprivilegedUser) -> Farm:
     farm = Farm(scratch / "storage", scratch, user)
-    assert farm.ctx("bootstrap").returncode == 0
+    if not _template:
+        made = Farm(Path(tempfile.mkdtemp(prefix="cortexfs-farm-")) / "storage", scratch, user)
+        assert made.ctx("bootstrap").returncode == 0
+        atexit.register(shutil.rmtree, made.root.parent, True)
+        _template.append(made.root)
+    copy_of_root(_template[0], farm.root)
     request = scratch / "agent.json"
     request.write_text(
         json.dumps(
