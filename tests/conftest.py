@@ -1,13 +1,15 @@
 """Suite-wide setup: keep the claim-order hints of the tests' throwaway queues out of the
 machine's cache directory (``ctx queue claim`` keeps one per queue, see docs/queue.md), run
 every command with the standard streams a user's shell gives it, and give Hypothesis no
-deadline (the suite runs on loaded CI machines; speed is measured in bench/, not here)."""
+deadline (the suite runs on loaded CI machines; speed is measured in bench/, not here); and
+one root ``ctx bootstrap`` made, for the tests that each need a fresh copy of one."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import tempfile
+from pathlib import Path
 
 import pytest
 from hypothesis import settings
@@ -32,3 +34,15 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 _CACHE = pytest.StashKey[str]()
+
+
+@pytest.fixture(scope="session")
+def bootstrapped_by_ctx(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A storage root ``ctx bootstrap`` made, once per test process: copy it with
+    :func:`tests.support.storage.copy_of_root`, never change it."""
+    from tests.support.cli import ctx
+
+    root = tmp_path_factory.mktemp("bootstrapped") / "storage"
+    done = ctx(root, "bootstrap")
+    assert done.returncode == 0, done.stderr
+    return root

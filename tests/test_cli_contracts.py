@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 
 from tests.support.cli import ctx
+from tests.support.storage import copy_of_root
 from tests.support.storage import traversable_tmp as traversable_tmp
 
 
 @pytest.fixture
-def storage(tmp_path: Path) -> Path:
-    root = tmp_path / "storage"
-    assert ctx(root, "bootstrap").returncode == 0
-    return root
+def storage(bootstrapped_by_ctx: Path, tmp_path: Path) -> Path:
+    """A root ``ctx bootstrap`` made, this test's own."""
+    return copy_of_root(bootstrapped_by_ctx, tmp_path / "storage")
 
 
 @pytest.mark.parametrize(

@@ -14,6 +14,7 @@ import cortexfs
 from cortexfs import manual, storage
 from cortexfs.errors import CtxError
 from tests.support.cli import ctx
+from tests.support.storage import copy_of_root
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 PAGES = [manual.README] + [manual.page_name(topic) for topic in manual.TOPICS]
@@ -36,11 +37,9 @@ def built_in() -> dict[str, bytes]:
 
 
 @pytest.fixture
-def root(tmp_path: Path) -> Path:
-    root = tmp_path / "storage"
-    done = ctx(root, "bootstrap")
-    assert done.returncode == 0, done.stderr
-    return root
+def root(bootstrapped_by_ctx: Path, tmp_path: Path) -> Path:
+    """A root ``ctx bootstrap`` made, this test's own."""
+    return copy_of_root(bootstrapped_by_ctx, tmp_path / "storage")
 
 
 # ------------------------------------------------------------------------------ the pages

@@ -16,16 +16,16 @@ import pytest
 from cortexfs import storage
 from cortexfs.tools.core import tsh_config
 from tests.support.cli import ctx
+from tests.support.storage import copy_of_root
 from tests.tools.support import World
 
 CONFIG = Path("tool") / "tsh.d" / "config"
 
 
 @pytest.fixture
-def root(tmp_path: Path) -> Path:
-    root = tmp_path / "storage"
-    assert ctx(root, "bootstrap").returncode == 0
-    return root
+def root(bootstrapped_by_ctx: Path, tmp_path: Path) -> Path:
+    """A root ``ctx bootstrap`` made, this test's own."""
+    return copy_of_root(bootstrapped_by_ctx, tmp_path / "storage")
 
 
 def test_bootstrap_installs_tsh_config_as_a_core_tool(root: Path) -> None:
