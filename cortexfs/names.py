@@ -24,6 +24,13 @@ _JOB_STEM_MAX = MAX_NAME_BYTES - 1 - len(JOB_SUFFIX)
 _JOB_NAME = re.compile(rf"[A-Za-z0-9][A-Za-z0-9._-]{{0,{_JOB_STEM_MAX}}}{re.escape(JOB_SUFFIX)}")
 
 
+def is_decimal(text: str) -> bool:
+    """Whether ``text`` is a number written in ASCII digits.  ``str.isdigit`` alone lets
+    through superscripts (``²``), which ``int`` cannot read, and digits of other scripts
+    (``٣``), which it reads where a person or a shell would not."""
+    return text.isascii() and text.isdigit()
+
+
 def object_name_problem(name: object) -> str | None:
     """Why ``name`` is not a legal object name, every rule it breaks, or None when it is."""
     if not isinstance(name, str):

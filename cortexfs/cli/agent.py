@@ -36,7 +36,7 @@ from cortexfs.cli.common import (
 )
 from cortexfs.cli.params import MAX_ID, NonEmptyPath
 from cortexfs.errors import CtxError, invalid, not_found
-from cortexfs.names import object_name_problem
+from cortexfs.names import is_decimal, object_name_problem
 from cortexfs.policy import Identity
 from cortexfs.regular_file import read_up_to
 from cortexfs.shared.sessions import DEFAULT_SESSION
@@ -275,7 +275,7 @@ def _identity(user: str | None, gid: int | None, groups: str | None) -> Identity
 
 def _parse_id(text: str, option: str) -> int:
     """A uid or gid given as ``option``: decimal, from 0 to 2**32 - 2 ((uid_t)-1 is no id)."""
-    number = int(text) if _is_decimal(text) else -1
+    number = int(text) if is_decimal(text) else -1
     if not 0 <= number <= MAX_ID:
         raise usage_problem(
             invalid(f"{option} takes ids, integers from 0 to {MAX_ID}: {text!r} is not one")
@@ -283,16 +283,12 @@ def _parse_id(text: str, option: str) -> int:
     return number
 
 
-def _is_decimal(text: str) -> bool:
-    return text.isascii() and text.isdigit()
-
-
 def _lookup_user(user: str) -> pwd.struct_passwd | None:
     """The user database entry of a name or uid; None for a uid it does not know."""
     try:
-        return pwd.getpwuid(_parse_id(user, "--user")) if _is_decimal(user) else pwd.getpwnam(user)
+        return pwd.getpwuid(_parse_id(user, "--user")) if is_decimal(user) else pwd.getpwnam(user)
     except KeyError:
-        if _is_decimal(user):
+        if is_decimal(user):
             return None
         raise usage_problem(invalid(f"no such user: {user!r}")) from None
 

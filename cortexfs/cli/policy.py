@@ -25,6 +25,7 @@ from cortexfs.cli.common import (
 )
 from cortexfs.cli.params import MAX_ID
 from cortexfs.errors import CtxError, invalid
+from cortexfs.names import is_decimal
 from cortexfs.policy import (
     AuthorityRequest,
     Credentials,
@@ -290,7 +291,7 @@ def _standard_input() -> bytes:
 
 def _parse_peer(peer: str) -> Credentials:
     uid, colon, gid = peer.partition(":")
-    if not (colon and uid.isascii() and uid.isdigit() and gid.isascii() and gid.isdigit()):
+    if not (colon and is_decimal(uid) and is_decimal(gid)):
         raise invalid(f"--peer {peer!r} must be UID:GID, e.g. 1000:1000")
     if max(int(uid), int(gid)) > MAX_ID:
         raise invalid(f"--peer {peer!r}: a uid or gid is at most {MAX_ID}")

@@ -18,6 +18,7 @@ from cortexfs.cli.common import (
     usage_problem,
 )
 from cortexfs.errors import CtxError, invalid
+from cortexfs.names import is_decimal
 from cortexfs.shared.spaces import check_space_name, create_shared_space
 
 
@@ -100,7 +101,7 @@ _NO_GID = 2**32 - 1  # (gid_t) -1: "leave the group as it is" to chown, never a 
 
 def _gid(group: str) -> int:
     try:
-        gid = int(group) if group.isascii() and group.isdigit() else grp.getgrnam(group).gr_gid
+        gid = int(group) if is_decimal(group) else grp.getgrnam(group).gr_gid
     except KeyError:
         raise usage_problem(invalid(f"no such group: {group!r}")) from None
     if gid >= _NO_GID:

@@ -18,6 +18,7 @@ from pathlib import Path
 from cortexfs import durable, keyvalue
 from cortexfs.errors import CtxError, explain_host_trouble, invalid, not_found
 from cortexfs.locks import flock_within
+from cortexfs.names import is_decimal
 from cortexfs.queue.claim_order import ClaimOrder, start_hint
 from cortexfs.queue.holder import check_ttl
 from cortexfs.storage import (
@@ -102,9 +103,7 @@ class QueueConfig:
 
 
 def _positive_int(value: str, where: str, key: str) -> int:
-    # ASCII digits only: isdigit() alone lets through superscripts (²), which int() cannot
-    # read, and digits of other scripts (٣), which a reader of the file may not take for one.
-    if not (value.isascii() and value.isdigit()) or int(value) <= 0:
+    if not is_decimal(value) or int(value) <= 0:
         raise invalid(f"{where}: {key} must be a positive integer, not {value!r}")
     return int(value)
 

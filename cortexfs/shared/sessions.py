@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 
 from cortexfs import durable
 from cortexfs.errors import CtxError, invalid, not_found
-from cortexfs.names import check_object_name, is_object_name
+from cortexfs.names import check_object_name, is_decimal, is_object_name
 from cortexfs.shared.events import EVENTS_FILE, EventLog, make_event
 from cortexfs.shared.tree import Ownership, ensure_directories, ensure_home, open_beneath
 
@@ -241,7 +241,7 @@ def homes_with_sessions(root: Path, agent: str) -> list[int]:
         names = os.listdir(root / "home")
     except (FileNotFoundError, NotADirectoryError):
         return []
-    uids = sorted(int(name) for name in names if name.isascii() and name.isdigit())
+    uids = sorted(int(name) for name in names if is_decimal(name))
     return [uid for uid in uids if _is_dir(SessionRef.home(root, uid, agent).path.parent)]
 
 

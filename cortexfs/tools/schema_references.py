@@ -16,6 +16,8 @@ from collections.abc import Iterator
 from typing import Any
 from urllib.parse import unquote
 
+from cortexfs.names import is_decimal
+
 _REFERENCES = ("$ref", "$dynamicRef")
 # Keywords whose values are data, not schemas: a "$ref" inside an enum is a string like any.
 _DATA_KEYWORDS = frozenset({"const", "default", "enum", "examples"})
@@ -80,6 +82,5 @@ def _resolves(schema: Any, fragment: str, anchors: set[str]) -> bool:
 
 
 def _index(token: str) -> int:
-    """The array index a JSON Pointer token names (ASCII digits: int() would read others,
-    or fail on a superscript), else -1."""
-    return int(token) if token.isascii() and token.isdigit() else -1
+    """The array index a JSON Pointer token names, else -1."""
+    return int(token) if is_decimal(token) else -1

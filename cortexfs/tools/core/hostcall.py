@@ -13,6 +13,7 @@ import os
 import socket
 from typing import Any
 
+from cortexfs.names import is_decimal
 from cortexfs.tools.core.toolio import ToolFailure
 
 ENVIRONMENT = "CTX_RUN_CAPABILITY"
@@ -21,7 +22,7 @@ ENVIRONMENT = "CTX_RUN_CAPABILITY"
 def ask_host(tool: str, request: dict[str, Any]) -> dict[str, Any]:
     """The host's answer to ``request``; its refusal (or no capability: EPERM) as a failure."""
     descriptor = os.environ.get(ENVIRONMENT, "")
-    if not (descriptor.isascii() and descriptor.isdigit()):
+    if not is_decimal(descriptor):
         raise ToolFailure(
             errno.EPERM, f"{tool} runs through the runner, which gives it the capability"
         )

@@ -48,6 +48,7 @@ except ImportError:  # an interpreter built without it: hashlib's, from OpenSSL
     from hashlib import blake2b
 
 import cortexfs
+from cortexfs.names import is_decimal
 from cortexfs.tools.core import CORE_TOOLS
 
 _SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"
@@ -318,8 +319,7 @@ def read_stamp(head: bytes, size: int) -> tuple[bytes, str] | None:
     # The archive's digest is the __main__'s (_MAIN) and damaged_archive's.
     mark, digest, archive_size, _ = fields
     # Twenty digits are far beyond any real size, and int() of thousands of them refuses.
-    digits = archive_size.isascii() and archive_size.isdigit()  # not a superscript (²)
-    if mark != _STAMP_MARK or not (digits and len(archive_size) <= 20):
+    if mark != _STAMP_MARK or not (is_decimal(archive_size) and len(archive_size) <= 20):
         return None
     if len(first) + len(second) + 2 + int(archive_size) != size:
         return None

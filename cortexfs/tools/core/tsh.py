@@ -42,7 +42,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from cortexfs.errors import CtxError
-from cortexfs.names import is_object_name
+from cortexfs.names import is_decimal, is_object_name
 from cortexfs.regular_file import read_regular_file
 from cortexfs.tools.core import confine
 from cortexfs.tools.core.toolio import ToolFailure
@@ -384,7 +384,7 @@ def _exit(argv: list[str], status: int) -> tuple[int, bool]:
         print("tsh: exit: too many arguments (exit [N])", file=sys.stderr)
         return 1, False
     number = argv[0].removeprefix("-")
-    if not (number.isascii() and number.isdigit()):
+    if not is_decimal(number):
         print(f"tsh: exit: {argv[0]}: a decimal number is needed (exit [N])", file=sys.stderr)
         return 2, True
     return int(argv[0]) % 256, True

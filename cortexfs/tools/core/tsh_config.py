@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from cortexfs import durable, keyvalue
+from cortexfs.names import is_decimal
 from cortexfs.regular_file import read_regular_file
 from cortexfs.tools.core.toolio import Reply, ToolFailure, core_main
 
@@ -91,11 +92,8 @@ def value_problem(key: str, value: object) -> str | None:
 
 
 def _decimal(text: str) -> int | str:
-    """``text`` as an int when it is written in ASCII decimal digits, else ``text`` itself.
-
-    ``str.isdigit`` alone would let through digits of other scripts (``٣``), which ``int``
-    reads, and superscripts (``²``), which it cannot read at all."""
-    return int(text) if text.isascii() and text.isdigit() else text
+    """``text`` as an int when it is written in ASCII decimal digits, else ``text`` itself."""
+    return int(text) if is_decimal(text) else text
 
 
 def effective(text: str) -> dict[str, int]:
