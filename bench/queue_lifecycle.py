@@ -3,7 +3,9 @@
 Everything is measured in one run on one filesystem and reported as ratios:
 
 (a) the fsync floor — the measured latency of a file fsync and of a directory fsync, times the
-    number of each that the protocol issues per job (counted through ``durable.FsOps``);
+    number of each that the protocol issues per job (counted through ``durable.FsOps``), and
+    beside it what creating a small file costs in that directory, no barrier but the
+    filesystem's own price (a NOTE is printed where it is far above the usual);
 (b) our lifecycle (publish → claim → finish, library API, one process) and batch publish;
 (c) peers at equal durability: persist-queue ``SQLiteAckQueue`` (WAL, synchronous=FULL, checked)
     and litequeue (WAL, switched to synchronous=FULL), plus python-dirq ``QueueSimple``, which
@@ -42,10 +44,15 @@ from cortexfs.queue import Holder, Queue, claim, finish, init_queue, publish, pu
 
 REQUEST = {"tool": "fs.stat", "input": {"path": "/srv/data/report.csv"}}
 
+# Above this, creating a small file costs more than a local filesystem usually asks
+# (ext4 and xfs on an idle SSD: 10-30 us): what a create costs is then the allocator's.
+SLOW_CREATE = 100e-6
+
 
 class CountingOps(FsOps):
-    """Real operations that count file fsyncs, directory fsyncs and syncfs calls, and time
-    each fsync with the queue-relative name of what it made durable (``J`` for the job)."""
+    """Real operations that count file fsyncs, directory fsyncs, syncfs calls and the entries
+    created (files and directories), and time each fsync with the queue-relative name of what
+    it made durable (``J`` for the job)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -64,6 +71,14 @@ class CountingOps(FsOps):
         self.counts["syncfs"] += 1
         super().syncfs(fd)
 
+    def create_file(self, name: str, dir_fd: int, mode: int = 0o666) -> int:
+        self.counts["create"] += 1
+        return super().create_file(name, dir_fd, mode)
+
+    def mkdir(self, name: str, dir_fd: int, mode: int = 0o777) -> None:
+        self.counts["create"] += 1
+        super().mkdir(name, dir_fd, mode)
+
 
 def fresh_queue(base: Path, name: str, ops: FsOps | None = None) -> Queue:
     path = base / name
@@ -75,15 +90,31 @@ def fresh_queue(base: Path, name: str, ops: FsOps | None = None) -> Queue:
 # ----------------------------------------------------------------------------- (a) floor
 
 
-def fsync_latencies(base: Path, samples: int) -> tuple[list[float], list[float]]:
-    """Seconds of file fsyncs (fresh small files) and of dir fsyncs after a rename."""
+class Latencies(NamedTuple):
+    """Seconds each probe took: creating a small file, its fsync, a directory's fsync."""
+
+    create: list[float]
+    file_fsync: list[float]
+    dir_fsync: list[float]
+
+
+def fsync_latencies(base: Path, samples: int) -> Latencies:
+    """Seconds of file fsyncs (fresh small files) and of dir fsyncs after a rename, and of
+    creating those files.  A create costs no barrier, but its cost is the filesystem's, not
+    ours: ext4's inode allocator has been seen to take 25 us in one directory of a disk and
+    700 us in another of the same disk (a virtual one, after many files came and went), and
+    the lifecycle creates a few entries a job."""
     probe = base / "fsync-probe"
     probe.mkdir()
     dir_fd = os.open(probe, os.O_RDONLY | os.O_DIRECTORY)
-    file_times, dir_times = [], []
+    create_times: list[float] = []
+    file_times: list[float] = []
+    dir_times: list[float] = []
     try:
         for n in range(samples):
+            start = time.perf_counter()
             fd = os.open(f"f{n}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644, dir_fd=dir_fd)
+            create_times.append(time.perf_counter() - start)
             os.write(fd, json.dumps(REQUEST).encode())
             start = time.perf_counter()
             os.fsync(fd)
@@ -96,7 +127,7 @@ def fsync_latencies(base: Path, samples: int) -> tuple[list[float], list[float]]
     finally:
         os.close(dir_fd)
         shutil.rmtree(probe)
-    return file_times, dir_times
+    return Latencies(create_times, file_times, dir_times)
 
 
 def fsyncs_per_job(
@@ -210,16 +241,14 @@ def dirq_lifecycle(base: Path) -> tuple[Run, str]:
 
 def rates_in_turns(
     contenders: dict[str, tuple[Run, int]], base: Path, rounds: int
-) -> tuple[dict[str, float], float, float]:
-    """Items per second of each contender (``run``, items per turn), and the median file and
-    directory fsync latencies sampled between the turns."""
+) -> tuple[dict[str, float], tuple[float, float, float]]:
+    """Items per second of each contender (``run``, items per turn), and the median latencies
+    of the probes sampled between the turns: create, file fsync, directory fsync."""
     seconds = dict.fromkeys(contenders, 0.0)
-    file_times: list[float] = []
-    dir_times: list[float] = []
+    samples = Latencies([], [], [])
     for _ in range(rounds):
-        file_round, dir_round = fsync_latencies(base, 20)
-        file_times += file_round
-        dir_times += dir_round
+        for kind, taken in zip(samples, fsync_latencies(base, 20), strict=True):
+            kind += taken
         for name, (run, items) in contenders.items():
             # Each turn starts with nothing dirty on the filesystem: what a contender that never
             # syncs (dirq, the unsynced lifecycle) leaves behind would otherwise be written out
@@ -227,7 +256,8 @@ def rates_in_turns(
             os.sync()
             seconds[name] += timed(lambda run=run, items=items: run(items))
     rates = {name: contenders[name][1] * rounds / took for name, took in seconds.items()}
-    return rates, statistics.median(file_times), statistics.median(dir_times)
+    t_create, t_file, t_dir = (statistics.median(kind) for kind in samples)
+    return rates, (t_create, t_file, t_dir)
 
 
 # ------------------------------------------------------------------------ (d) Q-10
@@ -334,7 +364,7 @@ def main() -> int:
             fresh_queue(base, "batch") as batch_q,
         ):
             unsynced = CpuTimed(our_lifecycle(unsynced_q, holder))
-            rates, t_file, t_dir = rates_in_turns(
+            rates, (t_create, t_file, t_dir) = rates_in_turns(
                 {
                     "ours": (our_lifecycle(lifecycle_q, holder), per_turn),
                     "unsynced": (unsynced, per_turn),
@@ -373,6 +403,8 @@ def main() -> int:
     pq, lq, dq = rates["persist_queue"], rates["litequeue"], rates["dirq"]
 
     figures = {
+        "file_create_us": t_create * 1e6,
+        "creates_per_job": per_job["create"],
         "file_fsync_us": t_file * 1e6,
         "dir_fsync_us": t_dir * 1e6,
         "fsyncs_per_job": dict(per_job),
@@ -417,6 +449,14 @@ def main() -> int:
         f"{args.rounds} turns, on {args.dir or '/var/tmp'}"
     )
     print(f"  fsync latency: file {t_file * 1e6:.0f} us, directory {t_dir * 1e6:.0f} us")
+    print(f"  creating a small file (no fsync): {t_create * 1e6:.0f} us; the lifecycle creates "
+          f"{per_job['create']} entries a job, batch publish one")  # fmt: skip
+    if t_create > SLOW_CREATE:
+        # Not a cost of the protocol: the same creates take tens of microseconds elsewhere.
+        print(f"  NOTE: creating a file here costs {t_create / SLOW_CREATE:.0f} x the "
+              f"{SLOW_CREATE * 1e6:.0f} us a filesystem usually takes; every figure that creates "
+              "files (the lifecycle, publish) is slowed by it and the SQLite peers are not.  "
+              "Measure elsewhere too (--dir).")  # fmt: skip
     print(f"  fsyncs per job (publish+claim+lease+finish): {per_job['file_fsync']} file, "
           f"{per_job['dir_fsync']} directory")  # fmt: skip
     # No barrier is free: each fsync waits for a device cache flush, even one whose journal
