@@ -68,6 +68,37 @@ def test_an_update_keeps_comments_and_order_and_replaces_the_file_whole(root: Pa
     assert not [p.name for p in config.parent.iterdir() if p.name.startswith(".")]
 
 
+def test_changed_names_only_the_keys_an_update_changed(root: Path) -> None:
+    """``changed`` is what the update changed, not what it was given: a key set to the value
+    it has is no change, and an update that changes nothing leaves the file as it was."""
+    config = root / CONFIG
+    config.write_text("# ours\nwindow_percent=2\n")
+    before = config.stat()
+
+    same = ctx(root, "tool", "--json", "tsh.config", '{"set": {"window_percent": 2}}')
+    mixed = ctx(root, "tool", "--json", "tsh.config", "window_percent=2", "cache_capacity=8")
+    default = ctx(root, "tool", "--json", "tsh.config", "max_loaded_tools=64")  # its default
+
+    assert [r.returncode for r in (same, mixed, default)] == [0, 0, 0], mixed.stderr
+    assert json.loads(same.stdout)["changed"] == []
+    assert json.loads(mixed.stdout)["changed"] == ["cache_capacity"]
+    assert json.loads(default.stdout)["changed"] == []  # now written, the same in effect
+    assert config.read_text() == "# ours\nwindow_percent=2\ncache_capacity=8\nmax_loaded_tools=64\n"
+    assert before.st_ino != config.stat().st_ino  # the file was replaced once something changed
+
+
+def test_an_update_that_changes_nothing_leaves_the_file_alone(root: Path) -> None:
+    config = root / CONFIG
+    config.write_text("window_percent=2\n")
+    before = config.stat()
+
+    same = ctx(root, "tool", "tsh.config", "window_percent=2")
+
+    assert same.returncode == 0, same.stderr
+    after = config.stat()
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+
+
 @pytest.mark.parametrize(
     "argument",
     [

@@ -10,7 +10,8 @@ Input ``{"set": {"key": value, ...}}`` updates those keys; without ``set`` the c
 is only read.  The arguments may be ``key=value`` settings instead:
 ``tsh.config cache_capacity=64 window_percent=2``.  Every setting is checked before anything is
 written, and all are written together or none.  Native output ``{"path", "config",
-"changed", "warnings"}``; terminal output the effective ``key=value`` lines, the warnings on
+"changed", "warnings"}``, ``changed`` the keys whose value the update changed (an update that
+changes nothing leaves the file untouched); terminal output the effective ``key=value`` lines, the warnings on
 stderr: each line of the file tsh cannot use (its default applies), or a file that is missing
 (all the defaults apply, as in tsh; an update creates it).  An update rewrites the file
 in one rename, keeping its comments and the order of its lines; a key that was absent is
@@ -133,7 +134,7 @@ def configure(
     when it runs inside one): the settings shown are then the defaults for those keys, and
     without the warning they would pass for what the file says."""
     changes = _changes(request.get("set"))
-    text = _update(path, changes) if changes else _read(path)
+    before, text = _update(path, changes) if changes else (None, _read(path))
     if text is None:
         notes = [
             f"{path} does not exist: every default applies ('ctx bootstrap' or an update "
@@ -143,7 +144,10 @@ def configure(
     else:
         notes = [f"{problem} (ignored; the default applies)" for problem in problems(text)]
     settings = effective(text)
-    data = {"path": str(path), "config": settings, "changed": sorted(changes), "warnings": notes}
+    # What the update changed, not what it was asked: setting a key to the value it has is
+    # no change (and leaves the file as it was).
+    changed = [] if before is None else sorted(k for k in changes if before[k] != settings[k])
+    data = {"path": str(path), "config": settings, "changed": changed, "warnings": notes}
     speaker = f"{program}: warning: {TOOL}" if program else f"{TOOL}: warning"
     return Reply(
         data,
@@ -205,8 +209,8 @@ def _read(path: Path) -> str | None:
     return data.decode("utf-8", "replace")
 
 
-def _update(path: Path, changes: dict[str, int]) -> str:
-    """Apply ``changes`` to the configuration and return the new text.
+def _update(path: Path, changes: dict[str, int]) -> tuple[dict[str, int], str]:
+    """Apply ``changes`` to the configuration; the settings before, and the new text.
 
     Read, update and replace happen under the exclusive lock of the tier (``tool/``) that
     installs of tsh hold (:mod:`cortexfs.tools.pairs`): two updates at once (of different
@@ -229,23 +233,29 @@ def _update(path: Path, changes: dict[str, int]) -> str:
         os.close(lock)  # lets the lock go
 
 
-def _update_locked(ops: durable.FsOps, path: Path, directory: int, changes: dict[str, int]) -> str:
-    text = _read(path)
-    if text is None:
+def _update_locked(
+    ops: durable.FsOps, path: Path, directory: int, changes: dict[str, int]
+) -> tuple[dict[str, int], str]:
+    old = _read(path)
+    if old is None:
         text, mode = DEFAULT_TEXT, CONFIG_MODE  # made as bootstrap makes it
     else:
+        text = old
         mode = stat.S_IMODE(os.stat(path.name, dir_fd=directory, follow_symlinks=False).st_mode)
     bad = problems(text)
     if bad:
         raise ToolFailure(errno.EINVAL, f"{path} must be fixed by hand first: {bad[0]}")
+    before = effective(text)
     text = updated(text, changes)
+    if text == old:  # every key already said so: nothing to write
+        return before, text
     try:
         durable.replace_file_synced(ops, directory, path.name, text.encode(), mode)
     except OSError as exc:
         # The replacement is written beside the file first: the OSError names that
         # temporary, which tells the caller nothing about what was refused and why.
         raise _refused(path, exc) from None
-    return text
+    return before, text
 
 
 def _tier_locked(ops: durable.FsOps, path: Path) -> int:
