@@ -120,12 +120,21 @@ def cap_fact(cap: Mapping[str, Any], fact: str) -> bool:
     return value if isinstance(value, bool) else CAUTIOUS_CAP[fact]
 
 
-def damaged(tool: ToolObject, reason: str) -> CtxError:
-    return CtxError(
-        errno.ENOEXEC,
-        f"tool {tool.name} in {tool.directory} is damaged: {reason}; "
-        f"{reinstall_advice(tool.directory, tool.name)}",
-    )
+class Damaged(CtxError):
+    """A tool refused for its damage: the sentence names the tool, the ``reason`` and the
+    remedy; ``reason`` alone is what a list of a tool's problems holds."""
+
+    def __init__(self, tool: ToolObject, reason: str, code: int = errno.ENOEXEC) -> None:
+        super().__init__(
+            code,
+            f"tool {tool.name} in {tool.directory} is damaged: {reason}; "
+            f"{reinstall_advice(tool.directory, tool.name)}",
+        )
+        self.reason = reason
+
+
+def damaged(tool: ToolObject, reason: str, code: int = errno.ENOEXEC) -> Damaged:
+    return Damaged(tool, reason, code)
 
 
 def read_control(tool: ToolObject, name: str) -> bytes | None:
@@ -193,7 +202,7 @@ class _ControlDirectory:
                     exc.errno, f"{tool.name}'s {name} cannot be read now: {exc.strerror}"
                 ) from None
             if exc.errno == errno.EFBIG:  # said as damage, with the errno of what is wrong
-                raise CtxError(errno.EFBIG, damaged(tool, too_large(relative)).message) from None
+                raise damaged(tool, too_large(relative), errno.EFBIG) from None
             raise damaged(tool, f"{name} cannot be read safely ({exc.strerror})") from None
 
 
@@ -290,13 +299,19 @@ def layout_problems(tool: ToolObject) -> list[str]:
     try:
         problems += _missing_controls(_ControlDirectory(tool))
     except CtxError as exc:  # a name control over its limit or unreadable: damage all the same
-        problems.append(exc.message)
+        problems.append(_problem(exc))
     if not problems:
         try:
             read_controls(tool)
         except CtxError as exc:
-            problems.append(exc.message)
+            problems.append(_problem(exc))
     return problems
+
+
+def _problem(refusal: CtxError) -> str:
+    """One entry of a list of a tool's problems: for its damage, what is wrong (the list's
+    reader names the tool and the remedy once), else the whole sentence."""
+    return refusal.reason if isinstance(refusal, Damaged) else refusal.message
 
 
 def _missing_controls(
