@@ -33,11 +33,14 @@ import stat
 import time
 from typing import Any, NamedTuple
 
+from cortexfs.policy.linux import EXECUTE, Identity, granted_bits, permits, rwx
 from cortexfs.tools.controls import POST_HOOKS, PRE_HOOKS, ToolObject, damaged
 from cortexfs.tools.spawn import ProcessSpec, run_captured
 
 HOOK_TIMEOUT = 10.0
-MAX_HOOK_OUTPUT = 64 * 1024
+# A hook's message is the last line of its stderr, cut to this many characters: enough for a
+# sentence, short enough to quote in a refusal and record with the call.
+MAX_HOOK_MESSAGE = 1000
 PRE, POST = "pre", "post"
 PHASES = (PRE, POST)
 _PHASE_DIRECTORIES = {PRE: PRE_HOOKS, POST: POST_HOOKS}
@@ -130,7 +133,7 @@ def run_hooks(
     runs = []
     for name in names:
         path = directory / name
-        problem = _not_runnable(path)
+        problem = _not_runnable(path, base.identity)
         if problem is None:
             continue  # a directory or a file with no execute bit: not a hook (T-6)
         if problem:
@@ -152,7 +155,7 @@ def _run_one(
     phase: str, name: str, spec: ProcessSpec, stdin_data: bytes, *, call_timeout_left: bool
 ) -> HookRun:
     try:
-        finished = run_captured(spec, stdin_data, max_output=MAX_HOOK_OUTPUT)
+        finished = run_captured(spec, stdin_data, max_output=None)  # stdout is nobody's
     except OSError as exc:
         return HookRun(phase, name, 126, f"cannot be run: {exc.strerror}")
     if finished.timed_out:
@@ -162,11 +165,18 @@ def _run_one(
             why = f"timed out after {HOOK_TIMEOUT:g}s"
         return HookRun(phase, name, finished.exit_status, why)
     last_line = finished.stderr_tail.decode("utf-8", "replace").strip().splitlines()[-1:]
-    return HookRun(phase, name, finished.exit_status, last_line[0] if last_line else "")
+    message = last_line[0] if last_line else ""
+    if len(message) > MAX_HOOK_MESSAGE:
+        message = message[: MAX_HOOK_MESSAGE - 1] + "…"
+    return HookRun(phase, name, finished.exit_status, message)
 
 
-def _not_runnable(path: os.PathLike[str]) -> str | None:
-    """Why ``path`` cannot run as a hook, "" when it can, None when it is no hook at all."""
+def _not_runnable(path: os.PathLike[str], identity: Identity | None) -> str | None:
+    """Why ``path`` cannot run as a hook, "" when it can, None when it is no hook at all.
+
+    Whose execute bits count is judged here, not left to the kernel: the host starts an
+    agent's process through setpriv, which still holds root's capabilities when it execs,
+    so a file only root may execute would run as the agent all the same."""
     try:
         status = os.lstat(path)
     except FileNotFoundError:
@@ -179,4 +189,7 @@ def _not_runnable(path: os.PathLike[str]) -> str | None:
         return "is not a regular file"
     if not status.st_mode & 0o111:
         return None
+    if identity is not None and not permits(status, identity, EXECUTE):
+        bits = rwx(granted_bits(status, identity))
+        return f"may not be executed by the agent (uid {identity.uid}: {bits})"
     return ""

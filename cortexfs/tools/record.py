@@ -69,7 +69,11 @@ def result_facts(result: ToolResult) -> dict[str, Any]:
     if result.output is not None:
         facts["output"] = bounded_summary(result.output)
     if result.post_hooks:
-        facts["post_hooks"] = result.post_hooks
+        # A hook's message is the last line of its stderr: any length, and as apt as the
+        # tool's own to hold a secret.
+        facts["post_hooks"] = [
+            {**hook, "message": summarize(hook["message"])} for hook in result.post_hooks
+        ]
     return facts
 
 

@@ -72,11 +72,14 @@ def run_captured(
     spec: ProcessSpec,
     stdin_data: bytes,
     *,
-    max_output: int = MAX_OUTPUT_BYTES,
+    max_output: int | None = MAX_OUTPUT_BYTES,
     on_start: Callable[[int], None] | None = None,
     on_stderr_line: Callable[[str], None] | None = None,
 ) -> Finished:
-    """Run with pipes: feed ``stdin_data``, capture stdout (bounded) and stderr (its tail)."""
+    """Run with pipes: feed ``stdin_data``, capture stdout (bounded) and stderr (its tail).
+
+    ``max_output`` None: stdout is read and dropped (a hook's, which nobody reads), so that
+    however much the process writes there it neither blocks nor is stopped for it."""
     started = time.monotonic()
     argv, options, network_namespace = _launch(spec)
     with network_namespace:
@@ -168,7 +171,7 @@ class _Pump:
         self,
         process: subprocess.Popen[bytes],
         stdin_data: bytes,
-        max_output: int,
+        max_output: int | None,
         on_stderr_line: Callable[[str], None] | None,
     ) -> None:
         assert process.stdin and process.stdout and process.stderr
@@ -249,6 +252,8 @@ class _Pump:
         if not data:
             self._close(fd)
         elif fd == self.stdout_fd:
+            if self.max_output is None:
+                return
             self.stdout += data
             if len(self.stdout) > self.max_output:
                 self.overflow = True

@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from cortexfs.tools import hooks
 from tests.support.cli import ctx
 from tests.tools.support import World
 
@@ -168,6 +169,29 @@ def test_post_hooks_see_the_result_and_cannot_change_it(hooked: World) -> None:
         {"hook": "hooks/post.d/20-grumpy", "exit_status": 1, "message": "hook 20-grumpy says no"}
     ]
     assert hooked.events()[-1]["post_hooks"][0]["hook"] == "hooks/post.d/20-grumpy"
+
+
+def test_a_post_hooks_message_is_recorded_as_a_tools_would_be(hooked: World) -> None:
+    """The last line of a hook's stderr is cut to a sentence's length, and is summarized in
+    the records as the tool's own words are (S-4): a token in it is not logged."""
+    token = "ghp_" + "a1B2" * 9
+    hook = hooked.root / "tool/echo.d/hooks/post.d/10-leaky"
+    hook.write_text(f"#!/bin/sh\necho 'login failed with {token}' >&2\nexit 3\n")
+    hook.chmod(0o755)
+    long_hook = hooked.root / "tool/echo.d/hooks/post.d/20-long"
+    long_hook.write_text("#!/bin/sh\nhead -c 200000 /dev/zero | tr '\\0' d >&2\nexit 4\n")
+    long_hook.chmod(0o755)
+
+    result = hooked.run("echo", {"y": 2})
+
+    assert result.ok, result
+    leaky, long = result.post_hooks
+    assert token in leaky["message"]  # the caller is told what its hook said
+    assert len(long["message"]) == hooks.MAX_HOOK_MESSAGE and long["message"].endswith("…")
+    for records in (hooked.events()[-1], hooked.tool_log("echo")[-1]):
+        logged = json.dumps(records["post_hooks"])
+        assert token not in logged, logged
+        assert [h["exit_status"] for h in records["post_hooks"]] == [3, 4]
 
 
 def test_pre_hooks_and_the_tool_share_the_calls_timeout(hooked: World) -> None:

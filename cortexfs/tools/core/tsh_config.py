@@ -7,19 +7,19 @@ It lives in the control directory ``tsh.d/`` beside this tool's executable, so t
 always edits the configuration of its own tier.
 
 Input ``{"set": {"key": value, ...}}`` updates those keys; without ``set`` the configuration
-is only read.  The arguments may be ``key=value`` settings instead:
-``tsh.config cache_capacity=64 window_percent=2``.  Every setting is checked before anything is
-written, and all are written together or none.  Native output ``{"path", "config",
-"changed", "warnings"}``, ``changed`` the keys whose value the update changed (an update that
-changes nothing leaves the file untouched); terminal output the effective ``key=value`` lines, the warnings on
-stderr: each line of the file tsh cannot use (its default applies), or a file that is missing
-(all the defaults apply, as in tsh; an update creates it).  An update rewrites the file
-in one rename, keeping its comments and the order of its lines; a key that was absent is
-appended; concurrent updates take turns under the lock of the tier's installs, so none is
-lost.  Who may update it is the tier's owner (and root): the file belongs to the storage
-root's owner, and the lock, ``.install-lock`` of the tier, only its owner may open, so an
-agent, or another uid, can read the configuration but not change it, even where the file
-and ``tsh.d/`` were made writable to it.
+is only read. The arguments may be ``key=value`` settings instead: ``tsh.config
+cache_capacity=64 window_percent=2``. Every setting is checked before anything is written,
+and all are written together or none. Native output ``{"path", "config", "changed",
+"warnings"}``, ``changed`` the keys whose value the update changed (an update that changes
+nothing leaves the file untouched); terminal output the effective ``key=value`` lines, the
+warnings on stderr: each line of the file tsh cannot use (its default applies), or a file
+that is missing (all the defaults apply, as in tsh; an update creates it). An update
+rewrites the file in one rename, keeping its comments and the order of its lines; a key that
+was absent is appended; concurrent updates take turns under the lock of the tier's installs,
+so none is lost. Who may update it is the tier's owner (and root): the file belongs to the
+storage root's owner, and the lock, ``.install-lock`` of the tier, only its owner may open,
+so an agent, or another uid, can read the configuration but not change it, even where the
+file and ``tsh.d/`` were made writable to it.
 
 ``ctx tool tsh.config …`` runs this same code inside ``ctx``, as the host user (SPEC H-3).
 """
