@@ -455,7 +455,8 @@ class StorageFS(pyfuse3.Operations):
             parts = self._parts_of(inode)
         except pyfuse3.FUSEError:
             return await self._set_by_descriptor(inode, attr, fields, fh)
-        self._writable(parts)
+        if not _truncates_an_open_file(fields, fh):
+            self._writable(parts)
         parts = self._still(inode)
         if fields.update_size:
             if fh is not None:
@@ -488,7 +489,8 @@ class StorageFS(pyfuse3.Operations):
         """``setattr`` on a file no name leads to any more, through a descriptor it is open
         by (``ftruncate``, ``fchmod``… after an unlink), as writable as its name was."""
         descriptor, parts = self._open_file(inode)
-        self._writable(parts)
+        if not _truncates_an_open_file(fields, fh):
+            self._writable(parts)
         if fields.update_size:
             if fh is not None:
                 _call(os.truncate, fh, attr.st_size)
@@ -560,6 +562,21 @@ def _renameat2(source: int, old: str, target: int, new: str, flags: int) -> None
         check(libc().renameat2(source, os.fsencode(old), target, os.fsencode(new), flags), old)
     except OSError as exc:
         raise pyfuse3.FUSEError(exc.errno or errno.EIO) from None
+
+
+def _truncates_an_open_file(fields: pyfuse3.SetattrFields, fh: int | None) -> bool:
+    """Whether a setattr is ``ftruncate`` on a descriptor: the size alone, through an open
+    file, which the kernel passes on only for one opened for writing.  Its open was judged
+    (as a ``write`` on it is not judged again): a policy changed since refuses the next open,
+    not this descriptor's truncate, as a local file's mode changed after its open would not."""
+    others = (
+        fields.update_mode,
+        fields.update_uid,
+        fields.update_gid,
+        fields.update_atime,
+        fields.update_mtime,
+    )
+    return fh is not None and fields.update_size and not any(others)
 
 
 def _owner_asked(attr: pyfuse3.EntryAttributes, fields: pyfuse3.SetattrFields) -> tuple[int, int]:
