@@ -352,3 +352,46 @@ def ctx_mount(storage: Path, mountpoint: Path, *args: str) -> Iterator[subproces
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@dataclass
+class Mount:
+    """One ``ctx mount`` process and where its standard error goes."""
+
+    proc: subprocess.Popen
+    where: Path
+    log: Path
+
+    def said(self) -> str:
+        return self.log.read_text()
+
+
+@contextlib.contextmanager
+def serving(storage: Path, where: Path, *args: str) -> Iterator[Mount]:
+    """``ctx mount --storage STORAGE ARGS WHERE`` in the background until the block ends;
+    then unmounted (``ctx umount``, else lazily) and its process ended."""
+    log = where.with_name(where.name + ".stderr")
+    with open(log, "wb") as err:
+        proc = subprocess.Popen(
+            [*CTX_ARGV, "mount", "--storage", str(storage), *args, str(where)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+            env=clean_env(), start_new_session=True,
+        )  # fmt: skip
+    mount = Mount(proc, where, log)
+    try:
+        deadline = time.monotonic() + MOUNT_WAIT
+        while not mounted_at(where):
+            assert proc.poll() is None, f"ctx mount exited {proc.returncode}: {mount.said()}"
+            assert time.monotonic() < deadline, "ctx mount did not mount in time"
+            time.sleep(0.05)
+        yield mount
+    finally:
+        if mounted_at(where):
+            ctx_run("umount", where, timeout=30)
+        if mounted_at(where):
+            subprocess.run(["umount", "-l", str(where)], check=False)
+        try:
+            proc.wait(timeout=MOUNT_WAIT)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

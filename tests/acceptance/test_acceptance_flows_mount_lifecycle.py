@@ -20,7 +20,6 @@ import subprocess
 import sys
 import tempfile
 import textwrap
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,10 +30,10 @@ from tests.acceptance.ctxcli import (
     CTX_ARGV,
     MOUNT_WAIT,
     ROOT_ENTRIES,
-    clean_env,
     ctx_run,
     mounted_at,
     request,
+    serving,
     wait_for,
 )
 from tests.support.users import UnprivilegedUser, find_or_create_user
@@ -109,49 +108,6 @@ def world(_template: Path) -> Iterator[World]:
         if where.startswith(str(top) + "/"):
             subprocess.run(["umount", "-l", where], check=False)
     shutil.rmtree(top, ignore_errors=True)
-
-
-@dataclass
-class Mount:
-    """One ``ctx mount`` process and where its standard error goes."""
-
-    proc: subprocess.Popen
-    where: Path
-    log: Path
-
-    def said(self) -> str:
-        return self.log.read_text()
-
-
-@contextlib.contextmanager
-def serving(storage: Path, where: Path, *args: str) -> Iterator[Mount]:
-    """``ctx mount --storage STORAGE ARGS WHERE`` in the background until the block ends;
-    then unmounted (``ctx umount``, else lazily) and its process ended."""
-    log = where.with_name(where.name + ".stderr")
-    with open(log, "wb") as err:
-        proc = subprocess.Popen(
-            [*CTX_ARGV, "mount", "--storage", str(storage), *args, str(where)],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
-            env=clean_env(), start_new_session=True,
-        )  # fmt: skip
-    mount = Mount(proc, where, log)
-    try:
-        deadline = time.monotonic() + MOUNT_WAIT
-        while not mounted_at(where):
-            assert proc.poll() is None, f"ctx mount exited {proc.returncode}: {mount.said()}"
-            assert time.monotonic() < deadline, "ctx mount did not mount in time"
-            time.sleep(0.05)
-        yield mount
-    finally:
-        if mounted_at(where):
-            ctx_run("umount", where, timeout=30)
-        if mounted_at(where):
-            subprocess.run(["umount", "-l", str(where)], check=False)
-        try:
-            proc.wait(timeout=MOUNT_WAIT)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 class Programs:
