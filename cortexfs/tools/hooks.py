@@ -33,7 +33,7 @@ import stat
 import time
 from typing import Any, NamedTuple
 
-from cortexfs.policy.linux import EXECUTE, Identity, granted_bits, permits, rwx
+from cortexfs.policy.linux import EXECUTE, Identity, Kind, check_access
 from cortexfs.tools.controls import POST_HOOKS, PRE_HOOKS, ToolObject, damaged
 from cortexfs.tools.spawn import ProcessSpec, run_captured
 
@@ -133,7 +133,9 @@ def run_hooks(
     runs = []
     for name in names:
         path = directory / name
-        problem = _not_runnable(path, base.identity)
+        problem = _not_runnable(path)
+        if problem == "" and base.identity is not None:
+            problem = _not_the_agents(tool, phase, name, base.identity)
         if problem is None:
             continue  # a directory or a file with no execute bit: not a hook (T-6)
         if problem:
@@ -171,12 +173,8 @@ def _run_one(
     return HookRun(phase, name, finished.exit_status, message)
 
 
-def _not_runnable(path: os.PathLike[str], identity: Identity | None) -> str | None:
-    """Why ``path`` cannot run as a hook, "" when it can, None when it is no hook at all.
-
-    Whose execute bits count is judged here, not left to the kernel: the host starts an
-    agent's process through setpriv, which still holds root's capabilities when it execs,
-    so a file only root may execute would run as the agent all the same."""
+def _not_runnable(path: os.PathLike[str]) -> str | None:
+    """Why ``path`` cannot run as a hook, "" when it can, None when it is no hook at all."""
     try:
         status = os.lstat(path)
     except FileNotFoundError:
@@ -189,7 +187,17 @@ def _not_runnable(path: os.PathLike[str], identity: Identity | None) -> str | No
         return "is not a regular file"
     if not status.st_mode & 0o111:
         return None
-    if identity is not None and not permits(status, identity, EXECUTE):
-        bits = rwx(granted_bits(status, identity))
-        return f"may not be executed by the agent (uid {identity.uid}: {bits})"
     return ""
+
+
+def _not_the_agents(tool: ToolObject, phase: str, name: str, identity: Identity) -> str:
+    """Why the agent may not execute the hook ``name`` (its search of the directories on the
+    way, the hook's execute bits), "" when it may.
+
+    Judged here as the kernel would, not left to the kernel: the host starts an agent's
+    process through setpriv, which still holds root's capabilities when it execs, so a hook
+    only root may execute would run as the agent all the same (the tool itself is judged so
+    by step 2 of the chain)."""
+    relative = tool.relative_control(_PHASE_DIRECTORIES[phase]) / name
+    verdict = check_access(tool.directory, relative, identity, EXECUTE, Kind.FILE)
+    return "" if verdict.allowed else f"may not be executed by the agent: {verdict.detail}"

@@ -6,6 +6,7 @@ import errno
 import json
 import os
 import time
+from pathlib import Path
 
 import pytest
 
@@ -135,6 +136,27 @@ def test_a_pre_hook_that_looks_like_one_but_cannot_run_vetoes(hooked: World) -> 
     assert "10-roots-only vetoed the call" in refused_by_mode.error.message
     assert refused_as_link.error.stage == "hook"
     assert "10-link vetoed the call (exit 126): is a symbolic link" in refused_as_link.error.message
+
+
+def test_a_pre_hook_in_a_directory_the_agent_may_not_search_vetoes(hooked: World) -> None:
+    """The agent's search of the directories on the way counts as the kernel counts it: a
+    program (no script, whose shell would fail to read it) behind a directory only root may
+    enter is not run as the agent."""
+    hooks = hooked.root / "tool/echo.d/hooks/pre.d"
+    guard = hooks / "10-true"
+    guard.write_bytes(Path("/bin/true").read_bytes())
+    guard.chmod(0o755)
+    hooks.chmod(0o700)
+
+    refused = hooked.run("echo", {"x": 1})
+
+    assert not refused.ok and refused.error.errno == errno.EACCES, refused
+    assert "10-true vetoed the call (exit 126): may not be executed by the agent" in (
+        refused.error.message
+    )
+    assert "search (x) on" in refused.error.message
+    hooks.chmod(0o755)
+    assert hooked.run("echo", {"x": 1}).ok
 
 
 def test_a_linked_hook_directory_makes_the_tool_damaged_and_is_never_followed(
