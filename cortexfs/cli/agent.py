@@ -37,7 +37,7 @@ from cortexfs.cli.common import (
 from cortexfs.cli.params import MAX_ID, NonEmptyPath
 from cortexfs.errors import CtxError, invalid, not_found
 from cortexfs.names import is_decimal, object_name_problem
-from cortexfs.policy import Identity
+from cortexfs.policy import AgentFacts, Identity
 from cortexfs.regular_file import read_up_to
 from cortexfs.shared.sessions import DEFAULT_SESSION
 
@@ -201,7 +201,7 @@ def list_command(storage_dir: Path | None, as_json: bool) -> None:
     An agent whose controls cannot be used (a missing identity, a malformed label, policy or
     mount control) is listed with its problems ('ctx agent show NAME' says more).  With
     --json, one JSON array of {"name", "label", "identity", "problems"} objects, identity
-    null when it cannot be read.
+    (or label) null when it cannot be read.
     """
     from cortexfs.policy.controls import agent_exists
     from cortexfs.storage import require_root
@@ -218,8 +218,12 @@ def list_command(storage_dir: Path | None, as_json: bool) -> None:
             continue
         try:
             view = AgentView.load(root, name)
-        except CtxError as exc:
-            unusable = {"name": name, "label": None, "identity": None}
+        except CtxError as exc:  # its identity: the rest is still worth telling
+            facts = AgentFacts(root, name)
+            label = None
+            with contextlib.suppress(CtxError):
+                label = facts.declared_label or None
+            unusable = {"name": name, "label": label, "identity": None}
             agents.append({**unusable, "problems": [exc.message]})
             continue
         agents.append(

@@ -6,6 +6,7 @@ import os
 import sys
 from errno import errorcode
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -69,20 +70,24 @@ def check(manifests: tuple[Path, ...], as_json: bool) -> None:
     """
     reports = []
     for path in manifests:
+        # One shape for every manifest, so that a script can read any entry's problems.
+        report: dict[str, Any] = {
+            "manifest": str(path), "valid": False, "name": None, "problems": [], "codes": [],
+            "error": None,
+        }  # fmt: skip
         try:
             manifest = load_manifest(path)
         except ManifestError as exc:
-            codes = [errorcode.get(code, f"E{code}") for code in exc.codes]
-            reports.append(
-                {"manifest": str(path), "valid": False, "problems": exc.problems, "codes": codes}
-            )
+            report["problems"] = exc.problems
+            report["codes"] = [errorcode.get(code, f"E{code}") for code in exc.codes]
         except CtxError as exc:  # unreadable: its own errno, not EINVAL
-            reports.append({"manifest": str(path), "valid": False, "error": exc.to_json()})
+            report["error"] = exc.to_json()
             echo_printable(f"{path}: {exc}", err=True)
         else:
-            reports.append({"manifest": str(path), "valid": True, "name": manifest.name})
+            report.update(valid=True, name=manifest.name)
+        reports.append(report)
     for report in reports:
-        for problem, code in zip(report.get("problems", []), report.get("codes", []), strict=True):
+        for problem, code in zip(report["problems"], report["codes"], strict=True):
             echo_printable(f"{report['manifest']}: {code}: {problem}", err=True)
     if as_json:
         emit_json(reports)

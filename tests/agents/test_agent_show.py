@@ -99,6 +99,7 @@ def test_agent_list_names_every_agent_and_what_is_wrong_with_one(coder: World) -
     assert [facts["name"] for facts in agents] == ["broken", "coder"]
     broken, sound = agents
     assert broken["identity"] is None and "no identity" in broken["problems"][0]
+    assert broken["label"] == "broken_t"  # its label control is whole
     assert sound == {
         "name": "coder",
         "label": "coder_t",
@@ -107,4 +108,4 @@ def test_agent_list_names_every_agent_and_what_is_wrong_with_one(coder: World) -
     }
     lines = text.stdout.splitlines()
     assert lines[1] == f"coder  coder_t  uid {coder.user.uid}, gid {coder.user.gid}"
-    assert lines[0].startswith("broken  (no label)  uid ?, gid ?  (1 problem(s): ")
+    assert lines[0].startswith("broken  broken_t  uid ?, gid ?  (1 problem(s): ")
