@@ -133,10 +133,22 @@ def _absolute(path: Path, given_as: str) -> Path:
 
 
 def require_root(root: Path) -> Path:
-    """ENOENT with the fix when ``root`` is not an initialised storage root."""
+    """ENOENT with the fix when ``root`` is not an initialised storage root; ENOTDIR when
+    something else is at its path."""
     if not root.is_dir():
+        if os.path.lexists(root):
+            raise not_a_directory(root)
         raise not_found(f"storage root {root} does not exist; create it with 'ctx bootstrap'")
     return root
+
+
+def not_a_directory(root: Path) -> CtxError:
+    """The storage root's path holds a file (or a link to one): nothing to create there."""
+    return CtxError(
+        errno.ENOTDIR,
+        f"storage root {root} is not a directory; move it aside, or name a directory "
+        "(--storage DIR or CTX_STORAGE)",
+    )
 
 
 def use_own_root() -> str:
@@ -364,7 +376,11 @@ def ensure_root_abi(root: Path, ops: durable.FsOps | None = None) -> BootstrapRe
         # bootstrap does too.  Below the root nothing is followed.
         root_fd = durable.open_dir_path(ops, os.path.realpath(root))
     except NotADirectoryError as exc:
-        raise CtxError(errno.ENOTDIR, f"storage root {root} is not a directory") from exc
+        raise not_a_directory(root) from exc
+    except CtxError as exc:
+        if exc.errno == errno.ENOTDIR:
+            raise not_a_directory(root) from None
+        raise
     try:
         root_status = os.fstat(root_fd)
         closed = _closed_to_agents(root, root_status, "")

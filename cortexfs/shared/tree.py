@@ -5,7 +5,9 @@ and mode bits are part of the security model: a shared space is group-writable a
 that everything created inside belongs to the space's group; a user's tier belongs to that
 user.  ``mkdir`` applies the umask, so the mode is set explicitly afterwards.  Every level is
 opened with ``O_NOFOLLOW`` relative to the previous one (Q-8 style): a symlink planted in the
-tree is refused, never followed.
+tree is refused, never followed.  The top of the tree is the one exception: it is the storage
+root or one of the root's own directories, which only its administrator names, and the root
+may be reached through a link they made (``storage/current`` -> a release, R-1).
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ def ensure_directories(
     :func:`_apply`).  Each new directory's entry is durable when this returns.
     """
     created: list[str] = []
-    fd = durable.open_dir_path(ops, str(top))
+    fd = _open_top(ops, top)
     try:
         for depth, name in enumerate(parts):
             if durable.make_dir_synced(ops, fd, name, mode):
@@ -62,6 +64,11 @@ def ensure_directories(
     return created
 
 
+def _open_top(ops: durable.FsOps, top: Path) -> int:
+    """``top``, through whatever links lead to it (see the module's docstring)."""
+    return durable.open_dir_path(ops, os.path.realpath(top))
+
+
 def open_beneath(ops: durable.FsOps, top: Path, parts: Sequence[str]) -> int:
     """A descriptor of the directory ``top/parts…``, reached without following any link.
 
@@ -69,7 +76,7 @@ def open_beneath(ops: durable.FsOps, top: Path, parts: Sequence[str]) -> int:
     component swapped for a symlink makes this fail (ELOOP/ENOTDIR) instead of redirecting the
     write.  FileNotFoundError when a component is missing.
     """
-    fd = durable.open_dir_path(ops, str(top))
+    fd = _open_top(ops, top)
     try:
         for depth in range(len(parts)):
             inner = _open_level(ops, fd, top, parts[: depth + 1])
