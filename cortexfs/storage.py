@@ -187,7 +187,7 @@ def require_writable(directory: Path, action: str, fix: str | None = None) -> No
     refused = None if fd is None else attribute_refusal(fd, action, directory)
     if refused is not None:
         raise refused
-    raise _refusal(action, f"write in {directory}", st, stat.S_IWGRP, fix)
+    raise _refusal(action, f"write in {directory}", st, stat.S_IWGRP, fix, directory)
 
 
 # A directory's attributes (chattr) that refuse what its mode allows, to root too: read with
@@ -233,7 +233,7 @@ def not_readable(path: Path, action: str, fix: str | None = None) -> CtxError:
         st = os.stat(path)
     except OSError as exc:
         return CtxError(errno.EACCES, f"cannot {action}: {path}: {exc.strerror}")
-    return _refusal(action, f"read {path}", st, stat.S_IRGRP, fix)
+    return _refusal(action, f"read {path}", st, stat.S_IRGRP, fix, path)
 
 
 def not_reachable(path: Path, action: str, fix: str | None = None) -> CtxError | None:
@@ -246,18 +246,20 @@ def not_reachable(path: Path, action: str, fix: str | None = None) -> CtxError |
                 st = os.stat(ancestor)
             except OSError as exc:
                 return CtxError(errno.EACCES, f"cannot {action}: {ancestor}: {exc.strerror}")
-            return _refusal(action, f"enter {ancestor}", st, stat.S_IXGRP, fix)
+            return _refusal(action, f"enter {ancestor}", st, stat.S_IXGRP, fix, ancestor)
     return None
 
 
 def _refusal(
-    action: str, what: str, st: os.stat_result, group_bit: int, fix: str | None
+    action: str, what: str, st: os.stat_result, group_bit: int, fix: str | None, path: Path
 ) -> CtxError:
     """``cannot ACTION: uid U may not WHAT (owner, group, mode); FIX``."""
     if fix is None and st.st_uid == os.geteuid():
         # Telling its owner to run as its owner would help nobody: the mode is what is missing.
         letter = {stat.S_IWGRP: "w", stat.S_IRGRP: "r", stat.S_IXGRP: "x"}.get(group_bit, "rwx")
-        fix = f"you own it, but its mode leaves you out: 'chmod u+{letter}' it, or {use_own_root()}"
+        fix = f"you own it, but its mode leaves you out: 'chmod u+{letter}' it"
+        if not _in_default_root(path):  # where "a root of your own" would name this one
+            fix += f", or {use_own_root()}"
     if fix is None:
         who = "as root or as that owner"
         if st.st_mode & group_bit:
@@ -268,6 +270,11 @@ def _refusal(
         f"cannot {action}: uid {os.geteuid()} may not {what} (owner uid {st.st_uid}, group "
         f"{st.st_gid}, mode {stat.S_IMODE(st.st_mode):04o}); {fix}",
     )
+
+
+def _in_default_root(path: Path) -> bool:
+    real, default = os.path.realpath(path), os.path.realpath(default_root())
+    return real == default or real.startswith(default.rstrip("/") + "/")
 
 
 class BootstrapReport:

@@ -136,3 +136,4 @@ def test_the_owner_of_a_directory_it_may_not_write_is_told_to_change_its_mode(
     assert f"owner uid {unprivileged_user.uid}" in refused.stderr
     assert "you own it, but its mode leaves you out: 'chmod u+w' it" in refused.stderr
     assert "as that owner" not in refused.stderr
+    assert "use a storage root of your own" in refused.stderr  # not their default root

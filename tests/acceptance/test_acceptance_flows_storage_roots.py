@@ -431,6 +431,7 @@ def test_a_users_default_root_below_spaces_and_non_ascii_then_made_read_only_by_
         ):
             line = refused(ctx(*args, stdin=JOB), 1, "EACCES", f"may not write in {where} (")
             assert "you own it, but its mode leaves you out: 'chmod u+w' it" in line, line
+            assert "use a storage root of your own" not in line, line  # this one is theirs
         assert snapshot(root) == before
     finally:
         subprocess.run(["chmod", "-R", "u+w", str(root)], check=True)
