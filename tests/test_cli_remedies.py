@@ -68,8 +68,8 @@ def test_running_a_tool_as_an_agent_that_does_not_exist_says_how_to_make_one(
     called = ctx(root, "run", "--agent", "coder", "fs.stat", "/")
     assert called.returncode == 126  # refused, in terminal mode (docs/tools.md)
     assert called.stderr == (
-        "ctx: ENOENT: there is no agent 'coder' (agent/coder does not exist); 'ctx agent list' "
-        "lists the agents there are, and 'ctx agent create REQUEST.json' makes one (the "
+        f"ctx: ENOENT: there is no agent 'coder' ({root}/agent/coder does not exist); 'ctx agent "
+        "list' lists the agents there are, and 'ctx agent create REQUEST.json' makes one (the "
         "request's form: 'ctx agent create --help')\n"
     )
     # A storage root that is not there is what to fix first, and is said alone.

@@ -301,7 +301,7 @@ def _home_uid(root: Path, agent: str) -> int:
         return homes[0]
     if not homes:  # ENOENT, exit 1: not a malformed command line
         raise not_found(
-            f"there is no agent {agent!r} ({agent_entry(agent)} does not exist), "
+            f"there is no agent {agent!r} ({root / agent_entry(agent)} does not exist), "
             f"and no home holds sessions of it"
         )
     raise usage_problem(

@@ -77,7 +77,7 @@ def require_agent(root: Path, agent: str) -> None:
     if not agent_exists(root, agent):
         require_root(root)
         raise not_found(
-            f"there is no agent {agent!r} ({agent_entry(agent)} does not exist); 'ctx agent "
+            f"there is no agent {agent!r} ({root / agent_entry(agent)} does not exist); 'ctx agent "
             "list' lists the agents there are, and 'ctx agent create REQUEST.json' makes one "
             "(the request's form: 'ctx agent create --help')"
         )
