@@ -108,9 +108,9 @@ def create_shared_space(
     EPERM names one that is not.  A queue that every queue command would refuse (a config
     that is a FIFO or a link, a state directory that is not a real one) is refused with its
     path (:func:`~cortexfs.queue.layout.check_existing_queue`) before anything is made.  A
-    storage root that does not exist is bootstrapped first, whole.  Creators run one at a
-    time (:func:`_one_creator_at_a_time`): a second one completes, or regroups, the space
-    the first made, as if run after it.
+    storage root that does not exist (or is an empty directory) is bootstrapped first,
+    whole.  Creators run one at a time (:func:`_one_creator_at_a_time`): a second one
+    completes, or regroups, the space the first made, as if run after it.
     """
     ops = ops or durable.default_ops()
     path = space_path(root, check_space_name(name))
@@ -194,10 +194,19 @@ def _check_before_making(
 
 def _make_root(root: Path, ops: durable.FsOps) -> list[str]:
     """The storage root's entries made where missing, as full paths (the root ABI reports
-    them relative to the root); a root that does not exist is bootstrapped whole."""
-    if os.path.isdir(root):
+    them relative to the root); a root that does not exist, or is an empty directory (made
+    for it with mkdir), is bootstrapped whole."""
+    if os.path.isdir(root) and not _is_empty_directory(root):
         return [str(root / entry) for entry in storage.ensure_root_abi(root, ops).created]
     return _bootstrap(root)
+
+
+def _is_empty_directory(path: Path) -> bool:
+    try:
+        with os.scandir(path) as entries:
+            return next(entries, None) is None
+    except OSError:
+        return False  # not for this check to judge: the root ABI's making says what it meets
 
 
 def _is_real_directory(path: Path) -> bool:

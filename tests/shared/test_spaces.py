@@ -306,9 +306,15 @@ def test_a_group_the_creator_is_not_in_is_refused_before_anything_is_made(world:
     assert own.gid == world.user.gid
 
 
-def test_a_space_asked_for_in_a_missing_root_comes_with_the_whole_root(tmp_path: Path) -> None:
-    """Never half a root: the core tools, tsh's config and the manual come with it (R-2)."""
+@pytest.mark.parametrize("made_for_it", [False, True], ids=["missing", "empty"])
+def test_a_space_asked_for_in_a_new_root_comes_with_the_whole_root(
+    tmp_path: Path, made_for_it: bool
+) -> None:
+    """Never half a root: the core tools, tsh's config and the manual come with it (R-2),
+    where the root does not exist and where it is an empty directory made for it."""
     missing = tmp_path / "no-root"
+    if made_for_it:
+        missing.mkdir()
 
     command = [*CTX, "--storage", str(missing), "shared", "create", "proj"]
     made = subprocess.run(command, capture_output=True, text=True)
