@@ -119,14 +119,16 @@ def create(
         emit_json(created.to_json())
     else:
         ids = created.identity
-        click.echo(f"created agent {created.name}: {created.entry} (uid {ids.uid}, gid {ids.gid})")
+        echo_printable(
+            f"created agent {created.name}: {created.entry} (uid {ids.uid}, gid {ids.gid})"
+        )
         if created.default_user is not None:
-            click.echo(
+            echo_printable(
                 f"it runs as user {created.default_user}: an agent never runs as root, so that "
                 "is root's default; choose another with --user"
             )
     for warning in created.warnings:
-        click.echo(f"ctx: warning: {warning}", err=True)
+        echo_printable(f"ctx: warning: {warning}", err=True)
 
 
 @agent.command()
@@ -177,16 +179,16 @@ def show(name: str, storage_dir: Path | None, as_json: bool) -> None:
         emit_json({**facts, "tool_mounts": [mount.to_json() for mount in view.tool_mounts()]})
         return
     ids = view.identity
-    click.echo(f"name: {view.name}")
-    click.echo(f"label: {view.label or '(none)'}")
+    echo_printable(f"name: {view.name}")
+    echo_printable(f"label: {view.label or '(none)'}")
     groups = ",".join(str(group) for group in sorted(ids.groups)) or "(none)"
-    click.echo(f"identity: uid {ids.uid}, gid {ids.gid}, groups {groups}")
-    click.echo(f"ctx_path: {facts['ctx_path']}")
+    echo_printable(f"identity: uid {ids.uid}, gid {ids.gid}, groups {groups}")
+    echo_printable(f"ctx_path: {facts['ctx_path']}")
     for source, target, access in mounts:
-        click.echo(f"mount: {source} at {target} ({access})")
+        echo_printable(f"mount: {source} at {target} ({access})")
     for mount, why in withheld:
         echo_printable(f"withheld mount: {mount.source} at {mount.target}: {why}")
-    click.echo(f"cwd: {cwd}")
+    echo_printable(f"cwd: {cwd}")
     for problem in facts["problems"]:
         echo_printable(f"problem: {problem}")
 
@@ -403,15 +405,15 @@ def start(
     _daemonize(terminal)
     changed(f"agent {name}'s terminal, session {session}, was started ('ctx agent stop' ends it)")
     for warning in start_warnings(terminal, explicit_workspace=workspace is not None):
-        click.echo(f"ctx: warning: {warning}", err=True)
+        echo_printable(f"ctx: warning: {warning}", err=True)
     facts = terminal_facts(terminal)
     if as_json:
         emit_json(facts)
         return
-    click.echo(f"started {name}, session {session}: {facts['socket']}")
+    echo_printable(f"started {name}, session {session}: {facts['socket']}")
     if facts["workspace"] is not None:
-        click.echo(f"/workspace is {facts['workspace']} (read-write, this terminal only)")
-    click.echo(
+        echo_printable(f"/workspace is {facts['workspace']} (read-write, this terminal only)")
+    echo_printable(
         f"watch: ctx agent watch {name} --session {session}   "
         f"join: ctx agent attach {name} --session {session}"
     )
@@ -449,11 +451,11 @@ def stop(name: str, session: str, storage_dir: Path | None, as_json: bool) -> No
         terminal += f" (pid {stopped.pid})"
     done = "; ".join(stopped.cleaned)
     if not stopped.running:
-        click.echo(f"cleaned up after {terminal}, which had ended without cleaning up: {done}")
+        echo_printable(f"cleaned up after {terminal}, which had ended without cleaning up: {done}")
     elif done:
-        click.echo(f"stopped {terminal} and cleaned up what it left: {done}")
+        echo_printable(f"stopped {terminal} and cleaned up what it left: {done}")
     else:
-        click.echo(f"stopped {terminal}")
+        echo_printable(f"stopped {terminal}")
 
 
 @agent.command()

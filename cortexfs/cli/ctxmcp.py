@@ -201,9 +201,9 @@ def project_command(
         )
     else:
         for entry in written:
-            click.echo(str(entry.path))
+            echo_printable(str(entry.path))
             if entry.replaced:
-                click.echo(f"ctxmcp: replaced {entry.path}", err=True)
+                echo_printable(f"ctxmcp: replaced {entry.path}", err=True)
         for projection in noted:
             echo_printable(f"ctxmcp: note: {projection.name}: {projection.note}", err=True)
         for projection in skipped:

@@ -15,7 +15,13 @@ from cortexfs.cli.agent import (
     workspace_directory,
     workspace_options,
 )
-from cortexfs.cli.common import emit_json, handles_errors, json_option, object_name_argument
+from cortexfs.cli.common import (
+    echo_printable,
+    emit_json,
+    handles_errors,
+    json_option,
+    object_name_argument,
+)
 from cortexfs.cli.params import NonEmptyPath
 from cortexfs.shared.sessions import DEFAULT_SESSION
 from cortexfs.storage import resolve_root, root_from_environment
@@ -60,12 +66,14 @@ def ctxterm(
     session = object_name_argument(session, "session")
     terminal = start_terminal(root, agent, session, workspace_directory(workspace, no_workspace))
     for warning in start_warnings(terminal, explicit_workspace=workspace is not None):
-        click.echo(f"ctxterm: warning: {warning}", err=True)
+        echo_printable(f"ctxterm: warning: {warning}", err=True)
     facts = {**terminal_facts(terminal), "pid": os.getpid()}
     if as_json:
         emit_json(facts)
     else:
-        click.echo(f"ctxterm: {agent}, session {session}: {facts['socket']} (pid {os.getpid()})")
+        echo_printable(
+            f"ctxterm: {agent}, session {session}: {facts['socket']} (pid {os.getpid()})"
+        )
     raise SystemExit(serve_in_foreground(terminal))
 
 

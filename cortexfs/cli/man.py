@@ -8,6 +8,7 @@ import click
 
 from cortexfs import manual
 from cortexfs.cli.common import (
+    echo_printable,
     emit_json,
     handles_errors,
     json_option,
@@ -51,7 +52,7 @@ def _list_topics(root: Path, as_json: bool) -> None:
         emit_json([_describe(page) for page in pages])
         return
     for page in pages:
-        click.echo(f"{page.topic:<10} {manual.summary(page.text)}  [{page.origin}]")
+        echo_printable(f"{page.topic:<10} {manual.summary(page.text)}  [{page.origin}]")
 
 
 def _describe(page: manual.Manual) -> dict[str, object]:
@@ -66,12 +67,12 @@ def _describe(page: manual.Manual) -> dict[str, object]:
 
 def _note_built_in(page: manual.Manual) -> None:
     if page.path is None:
-        click.echo(
+        echo_printable(
             f"ctx man: {page.why_built_in}; this is the copy built into ctx",
             err=True,
         )
     elif page.differs_from_built_in():
-        click.echo(
+        echo_printable(
             f"ctx man: note: {page.path} is not the page of this version of ctx; "
             "'ctx bootstrap' installs it (ctx man shows the installed page)",
             err=True,

@@ -149,7 +149,7 @@ def install(
         emit_json(installed.to_json())
     else:
         verb = "replaced" if installed.replaced else "installed"
-        click.echo(f"{verb} {installed.name} in tier {installed.tier}: {installed.path}")
+        echo_printable(f"{verb} {installed.name} in tier {installed.tier}: {installed.path}")
 
 
 def _refuse_two_roots(source_dir: Path | None, storage_dir: Path | None) -> None:
@@ -204,7 +204,7 @@ def which_command(name: str, storage_dir: Path | None, as_json: bool) -> None:
     if as_json:
         emit_json({**found.to_json(), "search_path": path.to_json()})
     else:
-        click.echo(found.executable)
+        echo_printable(str(found.executable))
 
 
 @object_group.command("list")

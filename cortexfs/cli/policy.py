@@ -226,17 +226,19 @@ def explain(
 
 
 def _render(agent: str, object_ref: str, permission: str, decision: Decision) -> None:
-    click.echo(f"agent {agent}: {object_ref} {permission}")
+    echo_printable(f"agent {agent}: {object_ref} {permission}")
     for result in decision.steps:
         verdict = str(result.outcome)
         if result.errno:
             verdict += f" {errno.errorcode.get(result.errno, result.errno)}"
-        click.echo(f"  {int(result.step)} {result.step.title:<18} {verdict:<12} {result.detail}")
+        echo_printable(
+            f"  {int(result.step)} {result.step.title:<18} {verdict:<12} {result.detail}"
+        )
     if decision.allowed:
         click.echo("allow")
     else:
         code = errno.errorcode.get(decision.errno, str(decision.errno))
-        click.echo(f"deny: {code}: {decision.reason}")
+        echo_printable(f"deny: {code}: {decision.reason}")
 
 
 def _tool_location(root: Path, agent: str, tool: str) -> str | None:

@@ -309,7 +309,7 @@ def init(queue_dir: Path, as_json: bool) -> None:
     if as_json:
         emit_json({"queue": str(queue_dir), "created": created})
         return
-    click.echo(
+    echo_printable(
         f"queue {queue_dir} ready" + (f" ({len(created)} entries created)" if created else "")
     )
 
@@ -457,14 +457,14 @@ def claim(
     if won is not None and pid is not None and holder.start_time is None:
         # Taken as named (scripts use a gone pid to hand a job straight to recover), but a
         # mistyped --pid would otherwise make a lease that lasts until the next recover.
-        click.echo(
+        echo_printable(
             f"ctx: note: pid {pid} is not running here, so its lease is already gone: "
             f"'ctx queue recover' requeues {won.job}",
             err=True,
         )
     if won is None:
         if unreadable:  # pending, as status counts them, yet nothing this uid can claim
-            click.echo(
+            echo_printable(
                 f"ctx: note: left pending, since uid {os.geteuid()} may not read their "
                 f"request: {', '.join(unreadable)}; a member who may read them claims them",
                 err=True,
@@ -483,7 +483,7 @@ def _acknowledge_claim(won: protocol.Claim, as_json: bool) -> None:
     else:
         click.echo(won.job)
     if won.invalid_reason is not None:  # see docs/queue.md
-        click.echo(
+        echo_printable(
             f"ctx: note: the request of {won.job} is not valid ({won.invalid_reason}): "
             f"finish it with --error, as a worker does",
             err=True,
@@ -517,7 +517,7 @@ def renew(queue_dir: Path, as_json: bool, job: str, pid: int | None, ttl: float 
         lease = protocol.renew(q, job, callers, ttl)
     changed(f"the lease on {job} was renewed until {lease.to_json()['expires_at']}")
     if pid is None and lease.holder.is_same_process(callers[1]):
-        click.echo(
+        echo_printable(
             f"ctx: note: the lease holder is this command's own process (the shell ran it in "
             f"its place), which ends now: 'ctx queue recover' will requeue {job}; renew from "
             "a shell that goes on working on the job",
@@ -765,7 +765,7 @@ def _render_recover(report: recovery.RecoverReport) -> None:
     alive = f" ({len(report.untouched)} untouched, as listed)" if report.untouched else ""
     failed = f", {len(report.errors)} errors" if report.errors else ""
     requeued, repaired = ("would requeue", "would repair") if dry else ("requeued", "repaired")
-    click.echo(
+    echo_printable(
         f"{len(report.requeued)} {requeued}, {len(report.repaired)} {repaired}, "
         f"{len(report.incomplete)} incomplete, {len(report.conflicts)} conflicts, "
         f"{len(report.stale_temps)} stale temps{failed}: queue {state}"

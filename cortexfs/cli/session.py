@@ -16,6 +16,7 @@ import click
 
 from cortexfs.cli.common import (
     changed,
+    echo_printable,
     emit_json,
     handles_errors,
     is_utf8_text,
@@ -218,9 +219,9 @@ def repair(
         )
         return
     if removed:
-        click.echo(f"truncated a torn last line of {removed} bytes from {ref.events_path}")
+        echo_printable(f"truncated a torn last line of {removed} bytes from {ref.events_path}")
     else:
-        click.echo(f"nothing to do: {ref.events_path} ends with a complete line")
+        echo_printable(f"nothing to do: {ref.events_path} ends with a complete line")
 
 
 def _tightened(directory: int, ref: SessionRef) -> Tightening:
@@ -376,7 +377,7 @@ def _compact(value: Any) -> str:
 
 def _warn(ref: SessionRef, scan: events.EventScan) -> None:
     if scan.torn_tail:
-        click.echo(
+        echo_printable(
             f"ctx: note: {ref.events_path} ends with a torn line of {scan.torn_tail} bytes "
             "(skipped; 'ctx session repair' truncates it)",
             err=True,
@@ -385,4 +386,4 @@ def _warn(ref: SessionRef, scan: events.EventScan) -> None:
         lines = ", ".join(str(number) for number in scan.damaged[:10])
         more = scan.damaged_count - len(scan.damaged[:10])
         lines += f" and {more} more" if more else ""
-        click.echo(f"ctx: note: skipped damaged lines {lines} of {ref.events_path}", err=True)
+        echo_printable(f"ctx: note: skipped damaged lines {lines} of {ref.events_path}", err=True)

@@ -75,7 +75,7 @@ def create(name: str, group: str | None, storage_dir: Path | None, as_json: bool
         emit_json(report.to_json())
         return
     if report.regrouped_from is not None:
-        click.echo(
+        echo_printable(
             f"regrouped {report.path}: group {report.regrouped_from} -> {report.gid} "
             f"({report.regrouped} entries)"
         )
@@ -84,16 +84,18 @@ def create(name: str, group: str | None, storage_dir: Path | None, as_json: bool
             f"kept      {kept['path']}: group {report.regrouped_from}, since {kept['reason']}"
         )
     for path in report.repaired:
-        click.echo(f"repaired  {path}: group {report.gid}, mode as the space's directories have")
+        echo_printable(
+            f"repaired  {path}: group {report.gid}, mode as the space's directories have"
+        )
     for line in report.sessions_repaired:
         echo_printable(f"repaired  {line}")
     for path in report.created:
-        click.echo(f"created   {path}")
+        echo_printable(f"created   {path}")
     if (
         not (report.created or report.repaired or report.sessions_repaired)
         and report.regrouped_from is None
     ):
-        click.echo(f"nothing to do: {report.path} is complete")
+        echo_printable(f"nothing to do: {report.path} is complete")
 
 
 _NO_GID = 2**32 - 1  # (gid_t) -1: "leave the group as it is" to chown, never a group

@@ -15,6 +15,7 @@ import sys
 from typing import NoReturn
 
 import click
+from click.utils import PacifyFlushWrapper
 
 from cortexfs.cli.exits import (
     EXIT_OK,
@@ -24,6 +25,7 @@ from cortexfs.cli.exits import (
     reader_gone,
 )
 from cortexfs.errors import CtxError
+from cortexfs.printable import printable
 from cortexfs.standard_streams import OutputError, discard_output, tell_output_errors
 
 # click 8.2 raises this usage error, carrying the help text, for a group run without a command.
@@ -44,6 +46,10 @@ def run_click(
     except OutputError as error:  # from a command without handles_errors (policy, --help)
         output_failed(error, prog_name)
     except SystemExit:
+        if isinstance(sys.stdout, PacifyFlushWrapper):
+            # click's own answer to a reader that left while it printed (--help, --version):
+            # exit 1, where every command of ours ends quietly with 141.
+            reader_gone()
         _flush_output(prog_name)
         raise
 
@@ -104,4 +110,4 @@ def _show_usage_error(error: click.UsageError, prog_name: str) -> None:
             longest = max(context.command.get_help_option_names(context), key=len)
             hint = f"Try '{context.command_path} {longest}' for help.\n"
         click.echo(f"{context.get_usage()}\n{hint}", err=True)
-    click.echo(f"{prog_name}: EINVAL: {error.format_message()}", err=True)
+    click.echo(printable(f"{prog_name}: EINVAL: {error.format_message()}"), err=True)

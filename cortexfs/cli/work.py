@@ -23,7 +23,13 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 
-from cortexfs.cli.common import changed, discard_output, handles_errors, object_name_argument
+from cortexfs.cli.common import (
+    changed,
+    discard_output,
+    echo_printable,
+    handles_errors,
+    object_name_argument,
+)
 from cortexfs.cli.params import Seconds
 from cortexfs.cli.queue import (
     STORAGE_ROOT_KEY,
@@ -243,7 +249,7 @@ def work(queue_dir: Path, as_json: bool, agent: str | None, kind: str, **worker:
     # --agent '' is an illegal name, refused by _run like --agent 'a/b': a script whose
     # "$AGENT" is unset must not start a worker that fails every job.
     if agent is None:
-        click.echo(f"ctx: warning: {NO_AGENT}; every job claimed fails with EACCES", err=True)
+        echo_printable(f"ctx: warning: {NO_AGENT}; every job claimed fails with EACCES", err=True)
     _run(queue_dir, kind, agent, early_stop, as_json=as_json, **worker)
 
 
@@ -362,7 +368,9 @@ def _stopped_while_starting(signal_name: str, progress: Progress) -> None:
     from cortexfs.worker.loop import WorkerSummary
 
     program = click.get_current_context().find_root().info_name or "ctx"
-    click.echo(f"{program}: stopped by {signal_name} while starting; no job was claimed", err=True)
+    echo_printable(
+        f"{program}: stopped by {signal_name} while starting; no job was claimed", err=True
+    )
     summary = WorkerSummary(stopped_by=signal_name)
     progress("stop", summary.to_json())
     _end(progress, summary)

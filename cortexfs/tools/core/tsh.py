@@ -72,6 +72,10 @@ exit 126); its CTX_PATH comes from $CTX_HOME/.tshrc, else the environment, else
 """
 NOT_FOUND = 127
 CANNOT_RUN = 126
+# What ctx answers when its output cannot be written (cortexfs.cli.exits), tsh answers too: a
+# reader that left (`tsh tools | head -1`) ends it quietly, a full disk or /dev/full is said.
+READER_GONE = 141
+OUTPUT_FAILED = 74
 
 Builtin = Callable[[TshContext, list[str]], int]
 
@@ -529,9 +533,30 @@ BUILTINS: dict[str, Builtin] = {
 
 
 def run() -> int:
-    from cortexfs.standard_streams import reopen_closed_standard_streams
+    from cortexfs.standard_streams import (
+        OutputError,
+        discard_output,
+        reopen_closed_standard_streams,
+        tell_output_errors,
+    )
 
     reopen_closed_standard_streams()  # tsh <&- reads nothing, tsh >&- prints nowhere
+    tell_output_errors()
+    try:
+        status = _run()
+        sys.stdout.flush()  # here, not at the interpreter's exit, where a failure is exit 120
+    except BrokenPipeError:
+        discard_output(sys.stdout)
+        return READER_GONE
+    except OutputError as exc:
+        discard_output(sys.stdout)
+        code = errno.errorcode.get(exc.errno or errno.EIO, "EIO")
+        print(f"tsh: {code}: cannot write standard output ({exc.strerror})", file=sys.stderr)
+        return OUTPUT_FAILED
+    return status
+
+
+def _run() -> int:
     if sys.argv[1:] in (["--help"], ["-h"]):  # never a tool: a name starts with a letter or digit
         sys.stdout.write(f"usage: tsh [NAME [ARG...]]\n{HELP}")
         return 0
