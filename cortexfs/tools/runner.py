@@ -75,7 +75,7 @@ from cortexfs.tools.core import BOOTSTRAP_TOOLS, NEEDS_CAPABILITY
 from cortexfs.tools.ctxpath import Resolution, tier_location, which
 from cortexfs.tools.result import ERROR, OK, ToolError, ToolResult, decode_output, exit_error
 from cortexfs.tools.schemas import validate_input
-from cortexfs.tools.spawn import Finished, ProcessSpec, run_attached, run_captured
+from cortexfs.tools.spawn import MAX_OUTPUT_BYTES, Finished, ProcessSpec, run_attached, run_captured
 
 if TYPE_CHECKING:
     from cortexfs.agents.capability import Capability
@@ -522,7 +522,14 @@ class _Call:
                 f"timed out after {self.timeout:g}s; its process group was killed",
             )
         elif finished.output_overflow:
-            error = ToolError(errno.EFBIG, "run", "its output exceeded the limit; it was killed")
+            # Reading stops at the limit and the process group is killed then; a tool that
+            # had already exited keeps the status it exited with.
+            error = ToolError(
+                errno.EFBIG,
+                "run",
+                f"its output exceeded the limit of {MAX_OUTPUT_BYTES} bytes; the rest was not "
+                "read, and what still ran of it was killed",
+            )
         elif finished.exit_status != 0:
             error = self._damage_that_ended_it(finished.exit_status) or exit_error(
                 self.tool_name, finished.exit_status, output, stderr

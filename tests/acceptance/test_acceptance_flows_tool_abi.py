@@ -108,6 +108,12 @@ def make_world(storage: Path, outbox: Path, tmp_path: Path):
     return make
 
 
+OVERFLOWED = (
+    "EFBIG: its output exceeded the limit of 16777216 bytes; the rest was not read, and what "
+    "still ran of it was killed"
+)
+
+
 def frames_of(frames: list[dict]) -> tuple[dict, dict]:
     """The ``call`` frame first, the ``result`` frame last (docs/tools.md)."""
     assert frames[0]["type"] == "call" and frames[-1]["type"] == "result", frames[:2]
@@ -303,7 +309,7 @@ def test_output_exactly_at_the_limit_passes_and_one_byte_over_is_efbig(make_worl
     stored = result_of(world.queue, over_job)
     assert world.queue.state(over_job) == "failed" and stored["output_omitted"] is True
     assert stored["reason"].endswith(
-        "the call had failed already: EFBIG: its output exceeded the limit; it was killed "
+        "the call had failed already: " + OVERFLOWED + " "
         "[run] [finish]"), stored["reason"]  # fmt: skip
     _, event = world.results("worker", stored["call"])
     assert (event["status"], event["errno"], event["stage"]) == ("error", "EFBIG", "run")
@@ -320,7 +326,7 @@ def test_output_exactly_at_the_limit_passes_and_one_byte_over_is_efbig(make_worl
     agrees(world, stored, "worker")
     stored = result_of(world.queue, over_job)
     assert world.queue.state(over_job) == "failed" and len(stored["output"]) == LIMIT
-    assert stored["reason"] == "EFBIG: its output exceeded the limit; it was killed [run]"
+    assert stored["reason"] == OVERFLOWED + " [run]"
     agrees(world, stored, "worker")
 
 
