@@ -12,6 +12,7 @@ import contextlib
 import errno
 import os
 import shutil
+import signal
 import stat
 import sys
 from pathlib import Path
@@ -28,41 +29,48 @@ def serve(root: Path, mountpoint: Path, projection: Projection, *, allow_other: 
 
     SIGHUP too: a mount started from a terminal ('ctx mount /ctx &') gets it when the terminal
     closes.  The three are held back from the moment the mount exists until they can be
-    answered: dying of one in between would leave a dead mount that fails every access with
-    ENOTCONN."""
-    import signal as signals
-
+    answered, and again from the first one answered until the unmount is done: dying of one
+    in between would leave a dead mount that fails every access with ENOTCONN.  One sent
+    again while the mount shuts down (an impatient second ^C) asks for what is under way:
+    once the mount is gone they are left held, and this returns for its caller to exit, as
+    a mount that ended cleanly (exit 0), not as one killed by the last of them."""
     import trio
 
-    stops = {signals.SIGTERM, signals.SIGINT, signals.SIGHUP}
+    stops = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
     options = set(pyfuse3.default_options) | {"fsname=cortexfs", "subtype=cortexfs"}
     if allow_other:
         options.add("allow_other")
     operations = StorageFS(root, projection)
-    signals.pthread_sigmask(signals.SIG_BLOCK, stops)
+    signal.pthread_sigmask(signal.SIG_BLOCK, stops)
     try:
         _mount(operations, mountpoint, options)
+    except BaseException:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)  # nothing was mounted
+        raise
 
-        async def main() -> None:
-            async with trio.open_nursery() as nursery:
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
 
-                async def on_signal() -> None:
-                    with trio.open_signal_receiver(*stops) as received:
-                        signals.pthread_sigmask(signals.SIG_UNBLOCK, stops)
-                        async for _ in received:
-                            pyfuse3.terminate()
-                            return
+            async def on_signal() -> None:
+                with trio.open_signal_receiver(*stops) as received:
+                    signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)
+                    async for _ in received:
+                        # Leaving the receiver gives the signals their default action back,
+                        # and redelivers any still queued: held, they wait.
+                        signal.pthread_sigmask(signal.SIG_BLOCK, stops)
+                        pyfuse3.terminate()
+                        return
 
-                nursery.start_soon(on_signal)
-                await pyfuse3.main()
-                nursery.cancel_scope.cancel()
+            nursery.start_soon(on_signal)
+            await pyfuse3.main()
+            nursery.cancel_scope.cancel()
+            # Unmounted from outside: held from here on too.
+            signal.pthread_sigmask(signal.SIG_BLOCK, stops)
 
-        try:
-            trio.run(main)
-        finally:
-            pyfuse3.close(unmount=True)
+    try:
+        trio.run(main)
     finally:
-        signals.pthread_sigmask(signals.SIG_UNBLOCK, stops)
+        pyfuse3.close(unmount=True)
 
 
 def _mount(operations: StorageFS, mountpoint: Path, options: set[str]) -> None:

@@ -191,6 +191,9 @@ class _Call:
         self.started = rfc3339()
         self.clock = time.monotonic()
         self.timings: dict[str, float] = {}
+        # How the tool's process ended when an interruption cut the call short (None: it had
+        # not started, or was not ended by the cut): the call's tool_result says so.
+        self.cut_short_status: int | None = None
         self.view: AgentView | None = None
         self.session_ref: SessionRef | None = None
         self.session: Session | None = None
@@ -221,7 +224,8 @@ class _Call:
                 # KeyboardInterrupt, Stopped, SystemExit: the caller goes on unwinding, but a
                 # recorded tool_call still gets its tool_result, and a native caller its result
                 # frame.
-                self._finish(self._result(ERROR, error=self._unexpected(interruption)))
+                error = self._unexpected(interruption)
+                self._finish(self._result(ERROR, error=error, exit_status=self.cut_short_status))
                 raise
             return self._finish(result)
         finally:
@@ -484,6 +488,7 @@ class _Call:
                         json.dumps(input_value).encode() + b"\n",
                         on_start=self._started,
                         on_stderr_line=self._stderr_line,
+                        on_cut_short=self._cut_short,
                     )
                 else:
                     finished = run_attached(spec, on_start=self._started)
@@ -662,6 +667,9 @@ class _Call:
             timings=self.timings,
             **fields,
         )
+
+    def _cut_short(self, exit_status: int) -> None:
+        self.cut_short_status = exit_status
 
     def _started(self, pid: int) -> None:
         if self.capability is not None:

@@ -75,11 +75,14 @@ def run_captured(
     max_output: int | None = MAX_OUTPUT_BYTES,
     on_start: Callable[[int], None] | None = None,
     on_stderr_line: Callable[[str], None] | None = None,
+    on_cut_short: Callable[[int], None] | None = None,
 ) -> Finished:
     """Run with pipes: feed ``stdin_data``, capture stdout (bounded) and stderr (its tail).
 
     ``max_output`` None: stdout is read and dropped (a hook's, which nobody reads), so that
-    however much the process writes there it neither blocks nor is stopped for it."""
+    however much the process writes there it neither blocks nor is stopped for it.
+    ``on_cut_short`` is given the exit status of a process this call killed because an
+    exception (an interruption, a failing ``on_start``) cut it short, before that goes on."""
     started = time.monotonic()
     argv, options, network_namespace = _launch(spec)
     with network_namespace:
@@ -107,6 +110,8 @@ def run_captured(
             _kill_group(process.pid)
             with process:  # closes the pipes the pump may never have taken, and reaps
                 pass
+            if on_cut_short is not None:
+                on_cut_short(_exit_status(process.returncode))
             raise
         _kill_group(process.pid)
         exit_status = _exit_status(process.wait())
