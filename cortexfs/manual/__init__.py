@@ -50,6 +50,7 @@ _MAX_PAGE_BYTES = 1024 * 1024
 # Never through a symlink, and never waiting on a FIFO someone put in a page's place: what is
 # opened is checked to be a regular file before it is read.
 _READ_PAGE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_DIRECTORY_BENEATH = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 # The bundle's README.md is a topic too: ``ctx man README`` (or ``readme``, ``README.md``).
@@ -340,7 +341,7 @@ def read_manual(root: Path | None, name: str) -> Manual:
     why = "there is no storage root"
     if root is not None:
         path = installed_page(root, topic)
-        text, why = _read_installed(path)
+        text, why = _read_installed(root, path)
         if text is not None:
             return Manual(topic, text, path)
     pages = built_in_pages()
@@ -351,15 +352,17 @@ def read_manual(root: Path | None, name: str) -> Manual:
 _MOVE_IT = "move it away; 'ctx bootstrap' then installs the page"
 
 
-def _read_installed(path: Path) -> tuple[str | None, str]:
-    """The text of the installed page at ``path``, or None and why it cannot be shown."""
+def _read_installed(root: Path, path: Path) -> tuple[str | None, str]:
+    """The text of the installed page at ``path`` in ``root``, or None and why it cannot be
+    shown.  No link below the root is followed: not the page, nor ``man/`` or the bundle in
+    its place, which bootstrap would replace and an agent's view does not show."""
     try:
-        fd = os.open(path, _READ_PAGE)
+        fd = _open_page(root, path)
     except FileNotFoundError:
         return None, f"no page is installed at {path} ('ctx bootstrap' installs the bundle)"
+    except _LinkOnTheWay as link:
+        return None, f"{link.path} is a symbolic link, never followed ({_MOVE_IT})"
     except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            return None, f"{path} is a symbolic link, never followed ({_MOVE_IT})"
         return None, f"{path} cannot be read ({exc.strerror})"
     # Checked on the descriptor: a file object refuses a directory with a bare EISDIR.
     if not stat.S_ISREG(os.fstat(fd).st_mode):
@@ -371,6 +374,36 @@ def _read_installed(path: Path) -> tuple[str | None, str]:
         return data.decode("utf-8"), ""
     except UnicodeDecodeError:
         return None, f"{path} is not UTF-8 text ('ctx bootstrap' replaces it)"
+
+
+class _LinkOnTheWay(Exception):
+    def __init__(self, path: Path) -> None:
+        super().__init__(str(path))
+        self.path = path
+
+
+def _open_page(root: Path, path: Path) -> int:
+    """``path`` opened for reading, each directory below ``root`` (which may itself be reached
+    through a link, R-1) without following a link; :class:`_LinkOnTheWay` names one met."""
+    parts = path.relative_to(root).parts
+    fd = os.open(os.path.realpath(root), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for depth, part in enumerate(parts):
+            last = depth == len(parts) - 1
+            flags = _READ_PAGE if last else _DIRECTORY_BENEATH
+            try:
+                inner = os.open(part, flags, dir_fd=fd)
+            except OSError as exc:
+                here = root.joinpath(*parts[: depth + 1])
+                if exc.errno == errno.ELOOP or (exc.errno == errno.ENOTDIR and here.is_symlink()):
+                    raise _LinkOnTheWay(here) from None
+                raise
+            os.close(fd)
+            fd = inner
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def _decode(data: bytes, where: Path) -> str:
