@@ -27,18 +27,21 @@ from pathlib import Path
 
 import pytest
 
-from tests.acceptance.ctxcli import ROOT_ENTRIES, ctx_mount, ctx_run, mounted_at
+from tests.acceptance.ctxcli import (
+    ROOT_ENTRIES,
+    ctx_mount,
+    ctx_run,
+    mounted_at,
+    needs_fuse,
+    needs_fuse_as_root,
+)
 from tests.support.users import UnprivilegedUser, find_or_create_user
 
 SCRATCH = Path("/tmp/test_acceptance_flows_mount_io")
 SPACE, READ_ONLY, HIDDEN = "team", "audit", "secret"
 AGENT = "coder"
 
-pytestmark = [
-    pytest.mark.skipif(os.geteuid() != 0, reason="a mount serving other uids needs root"),
-    pytest.mark.skipif(not os.path.exists("/dev/fuse"), reason="no /dev/fuse on this machine"),
-    pytest.mark.skipif(shutil.which("fusermount3") is None, reason="fusermount3 is missing"),
-]
+pytestmark = [needs_fuse_as_root, needs_fuse]  # a mount serving other uids needs root
 needs_git = pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
 needs_tar = pytest.mark.skipif(shutil.which("tar") is None, reason="tar is not installed")
 

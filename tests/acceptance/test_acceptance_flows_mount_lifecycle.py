@@ -32,6 +32,8 @@ from tests.acceptance.ctxcli import (
     ROOT_ENTRIES,
     ctx_run,
     mounted_at,
+    needs_fuse,
+    needs_fuse_as_root,
     request,
     serving,
     wait_for,
@@ -41,11 +43,7 @@ from tests.support.users import UnprivilegedUser, find_or_create_user
 SCRATCH = Path("/tmp/test_acceptance_flows_mount_lifecycle")
 AGENT, SPACE, HIDDEN = "coder", "team", "secret"
 
-pytestmark = [
-    pytest.mark.skipif(os.geteuid() != 0, reason="a mount serving other uids needs root"),
-    pytest.mark.skipif(not os.path.exists("/dev/fuse"), reason="no /dev/fuse on this machine"),
-    pytest.mark.skipif(shutil.which("fusermount3") is None, reason="fusermount3 is missing"),
-]
+pytestmark = [needs_fuse_as_root, needs_fuse]  # a mount serving other uids needs root
 
 # ------------------------------------------------------------------------------ helpers
 

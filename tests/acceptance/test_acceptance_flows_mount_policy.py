@@ -33,6 +33,8 @@ from tests.acceptance.ctxcli import (
     clean_env,
     ctx_run,
     mounted_at,
+    needs_fuse,
+    needs_fuse_as_root,
     serving,
     tool_manifest,
     wait_for,
@@ -47,11 +49,7 @@ TOOL = "demo.greet"
 # docs/mount.md: the mount keeps an answer half a second, the kernel half a second more.
 WITHIN = 3.0
 
-pytestmark = [
-    pytest.mark.skipif(os.geteuid() != 0, reason="a mount serving other uids needs root"),
-    pytest.mark.skipif(not os.path.exists("/dev/fuse"), reason="no /dev/fuse on this machine"),
-    pytest.mark.skipif(shutil.which("fusermount3") is None, reason="fusermount3 is missing"),
-]
+pytestmark = [needs_fuse_as_root, needs_fuse]  # a mount serving other uids needs root
 
 # ------------------------------------------------------------------------------ helpers
 
