@@ -332,7 +332,7 @@ class _Call:
         # by step 2 of the chain with EACCES, as `ctx policy explain` reports it.
         found = self.found  # looked up as the session was opened, with its location
         if found is None:
-            found = which(self.tool_name, self.view.tool_directories())
+            found = self._which_in_view()
             if found is None:
                 raise not_found(
                     f"no tool {self.tool_name!r} on the CTX_PATH of agent {self.agent!r} "
@@ -405,12 +405,29 @@ class _Call:
     def _lookup(self) -> Resolution | None:
         assert self.view is not None
         try:
-            found = which(self.tool_name, self.view.tool_directories())
+            found = self._which_in_view()
         except CtxError:
             return None  # an illegal name: stage resolve says so
         if found is not None:
             self.location = tier_location(self.root, found.directory) or "tool"
         return found
+
+    def _which_in_view(self) -> Resolution | None:
+        """The tool the name leads to on the agent's CTX_PATH, as its view shows the tiers.
+
+        The view hides a system tool the agent may not run (T-5): where its CTX_PATH holds
+        another tool of that name further on, that one is what ``which`` finds in the view,
+        and so what a call runs.  With none further on, the system tool stays the answer, for
+        the chain to say why it may not run."""
+        assert self.view is not None
+        directories = self.view.tool_directories()
+        found = which(self.tool_name, directories)
+        if found is None or tier_location(self.root, found.directory) != "tool":
+            return found
+        further = which(self.tool_name, directories[directories.index(found.directory) + 1 :])
+        if further is None or _SHOWN_TOOLS.may_run(self.view, self.tool_name):
+            return found
+        return further
 
     def _run(self, input_value: Any, argv: list[str]) -> ToolResult:
         assert self.view is not None and self.tool is not None
