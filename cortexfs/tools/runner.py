@@ -52,7 +52,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from cortexfs.agents.host import require_host_administrator
-from cortexfs.agents.projection import RecentDecisions
+from cortexfs.agents.projection import RecentDecisions, which_in_view
 from cortexfs.agents.view import AgentView
 from cortexfs.errors import (
     CtxError,
@@ -72,7 +72,7 @@ from cortexfs.tools import hooks, record
 from cortexfs.tools.commit_marker import commit_in_progress
 from cortexfs.tools.controls import ToolControls, ToolObject, read_controls, require_available
 from cortexfs.tools.core import BOOTSTRAP_TOOLS, NEEDS_CAPABILITY
-from cortexfs.tools.ctxpath import Resolution, tier_location, which
+from cortexfs.tools.ctxpath import Resolution, tier_location
 from cortexfs.tools.result import ERROR, OK, ToolError, ToolResult, decode_output, exit_error
 from cortexfs.tools.schemas import validate_input
 from cortexfs.tools.spawn import MAX_OUTPUT_BYTES, Finished, ProcessSpec, run_attached, run_captured
@@ -413,21 +413,8 @@ class _Call:
         return found
 
     def _which_in_view(self) -> Resolution | None:
-        """The tool the name leads to on the agent's CTX_PATH, as its view shows the tiers.
-
-        The view hides a system tool the agent may not run (T-5): where its CTX_PATH holds
-        another tool of that name further on, that one is what ``which`` finds in the view,
-        and so what a call runs.  With none further on, the system tool stays the answer, for
-        the chain to say why it may not run."""
         assert self.view is not None
-        directories = self.view.tool_directories()
-        found = which(self.tool_name, directories)
-        if found is None or tier_location(self.root, found.directory) != "tool":
-            return found
-        further = which(self.tool_name, directories[directories.index(found.directory) + 1 :])
-        if further is None or _SHOWN_TOOLS.may_run(self.view, self.tool_name):
-            return found
-        return further
+        return which_in_view(self.view, self.tool_name, _SHOWN_TOOLS.may_run)
 
     def _run(self, input_value: Any, argv: list[str]) -> ToolResult:
         assert self.view is not None and self.tool is not None
