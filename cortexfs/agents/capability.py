@@ -42,14 +42,13 @@ from typing import TYPE_CHECKING, Any
 
 from cortexfs import durable
 from cortexfs.agents import log as agent_log
-from cortexfs.agents.projection import which_in_view
 from cortexfs.errors import CtxError, denied, exists, invalid, too_big
 from cortexfs.policy import AuthorityRequest, check_authority
 from cortexfs.policy import controls as agent_controls
 from cortexfs.storage import DOCS_BUNDLE
 from cortexfs.tools.controls import ToolObject, read_controls, require_available
 from cortexfs.tools.core.hostcall import ENVIRONMENT
-from cortexfs.tools.ctxpath import tier_location
+from cortexfs.tools.ctxpath import tier_location, which
 
 if TYPE_CHECKING:
     from cortexfs.agents.view import AgentView
@@ -295,7 +294,7 @@ def create_child(call: Capability, request: dict[str, Any]) -> dict[str, Any]:
 def _parent_may_not_execute(view: AgentView, tool: str) -> str:
     """Why the parent may not run ``tool`` as it would find it on its ``CTX_PATH``; "" if it may."""
     # Any execute bit makes a hit (T-4); whether they are the parent's is the chain's step 2.
-    found = which_in_view(view, tool)
+    found = which(tool, view.tool_directories())
     if found is None:
         return f"no such tool on its CTX_PATH {view.ctx_path()}"
     tool_object = ToolObject(tool, found.directory)

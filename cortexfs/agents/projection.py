@@ -70,7 +70,6 @@ from cortexfs.policy import check_tool_execute
 from cortexfs.policy.linux import permits
 from cortexfs.storage import DOCS_BUNDLE, ROOT_ENTRIES
 from cortexfs.tools.controls import ToolObject, read_controls, require_available
-from cortexfs.tools.ctxpath import Resolution, tier_location, which
 
 if TYPE_CHECKING:
     from cortexfs.agents.view import AgentView
@@ -98,26 +97,6 @@ def may_run(view: AgentView, tool: str) -> bool:
     except CtxError:
         return False
     return check_tool_execute(view.root, view.name, tool, None, facts=view.facts).allowed
-
-
-def which_in_view(
-    view: AgentView, tool: str, shown: Callable[[AgentView, str], bool] = may_run
-) -> Resolution | None:
-    """Where ``tool`` resolves on the agent's CTX_PATH (T-4) as its view shows the tiers.
-
-    The view hides a system tool the agent may not run (T-5; ``shown`` decides, default
-    :func:`may_run`): where the path holds another tool of that name further on, that one is
-    what ``which`` finds in the agent's terminal, and so what a call runs and what an
-    explanation judges.  With none further on, the system tool stays the answer, for the
-    chain to say why it may not run.  EINVAL for an illegal name."""
-    directories = view.tool_directories()
-    found = which(tool, directories)
-    if found is None or tier_location(view.root, found.directory) != "tool":
-        return found
-    further = which(tool, directories[directories.index(found.directory) + 1 :])
-    if further is None or shown(view, tool):
-        return found
-    return further
 
 
 # How long an answer of :func:`may_run` may be kept for showing a tool, counted from when the

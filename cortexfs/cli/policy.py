@@ -10,7 +10,6 @@ from typing import NoReturn
 
 import click
 
-from cortexfs.agents.projection import which_in_view
 from cortexfs.agents.view import AgentView
 from cortexfs.cli.common import (
     EXIT_OK,
@@ -39,7 +38,7 @@ from cortexfs.policy import (
 )
 from cortexfs.policy.grammar import check_object, split_object_ref
 from cortexfs.regular_file import MAX_POLICY_BYTES, read_regular_file, read_up_to
-from cortexfs.tools.ctxpath import tier_location
+from cortexfs.tools.ctxpath import tier_location, which
 
 STDIN = "-"
 
@@ -250,7 +249,7 @@ def _tool_location(root: Path, agent: str, tool: str) -> str | None:
         view = AgentView.load(root, agent)
     except CtxError:
         return None
-    found = which_in_view(view, tool)
+    found = which(tool, view.tool_directories())
     return None if found is None else tier_location(root, found.directory)
 
 

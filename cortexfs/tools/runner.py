@@ -52,7 +52,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from cortexfs.agents.host import require_host_administrator
-from cortexfs.agents.projection import RecentDecisions, which_in_view
+from cortexfs.agents.projection import RecentDecisions
 from cortexfs.agents.view import AgentView
 from cortexfs.errors import (
     CtxError,
@@ -72,7 +72,7 @@ from cortexfs.tools import hooks, record
 from cortexfs.tools.commit_marker import commit_in_progress
 from cortexfs.tools.controls import ToolControls, ToolObject, read_controls, require_available
 from cortexfs.tools.core import BOOTSTRAP_TOOLS, NEEDS_CAPABILITY
-from cortexfs.tools.ctxpath import Resolution, tier_location
+from cortexfs.tools.ctxpath import Resolution, tier_location, which
 from cortexfs.tools.result import ERROR, OK, ToolError, ToolResult, decode_output, exit_error
 from cortexfs.tools.schemas import validate_input
 from cortexfs.tools.spawn import MAX_OUTPUT_BYTES, Finished, ProcessSpec, run_attached, run_captured
@@ -332,7 +332,7 @@ class _Call:
         # by step 2 of the chain with EACCES, as `ctx policy explain` reports it.
         found = self.found  # looked up as the session was opened, with its location
         if found is None:
-            found = self._which_in_view()
+            found = which(self.tool_name, self.view.tool_directories())
             if found is None:
                 raise not_found(
                     f"no tool {self.tool_name!r} on the CTX_PATH of agent {self.agent!r} "
@@ -405,16 +405,12 @@ class _Call:
     def _lookup(self) -> Resolution | None:
         assert self.view is not None
         try:
-            found = self._which_in_view()
+            found = which(self.tool_name, self.view.tool_directories())
         except CtxError:
             return None  # an illegal name: stage resolve says so
         if found is not None:
             self.location = tier_location(self.root, found.directory) or "tool"
         return found
-
-    def _which_in_view(self) -> Resolution | None:
-        assert self.view is not None
-        return which_in_view(self.view, self.tool_name, _SHOWN_TOOLS.may_run)
 
     def _run(self, input_value: Any, argv: list[str]) -> ToolResult:
         assert self.view is not None and self.tool is not None

@@ -529,5 +529,6 @@ def test_ctx_man_never_reads_a_page_through_a_linked_bundle_or_man_directory(
         assert (page["origin"], page["path"]) == ("built-in", None), (link, page, err)
         assert page["text"] == built_in(MAN_PAGES["agent"]).decode(), link
         assert "this is the copy built into ctx" in err, (link, err)
-        shutil.rmtree(bundle)
-        bundle.symlink_to(copy)
+        if link == "man/":  # then the bundle itself a link to the copy
+            shutil.rmtree(bundle)
+            bundle.symlink_to(copy)

@@ -464,6 +464,11 @@ def test_a_tool_it_may_not_run_and_a_damaged_one_are_refused_with_the_documented
     assert [e["argv"] for e in broken if e["type"] == "tool_call"] == [["x"], []]
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="T-4 read literally (the first hit on CTX_PATH decides, the chain refuses it) and "
+    "T-5 (the view hides it from the terminal's which) disagree; docs/tools.md says so",
+)
 def test_the_tool_a_call_runs_is_the_one_which_names_in_the_agents_view(host: Host) -> None:
     """T-4, T-5, H-4: in the terminal CTX_PATH is authoritative and names the agent's view,
     where a system tool the agent may not run is not there; ``which`` then names the tool of

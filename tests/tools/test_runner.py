@@ -19,7 +19,6 @@ from typing import Any
 import psutil
 import pytest
 
-from cortexfs.agents import projection
 from cortexfs.locks import LOCK_FILE
 from cortexfs.policy import beneath
 from cortexfs.shared.sessions import SessionRef
@@ -565,34 +564,6 @@ def test_links_planted_in_a_users_home_never_redirect_roots_writes(coder: World)
 
     assert result.error.stage == "session" and result.error.errno in (errno.ELOOP, errno.ENOTDIR)
     assert not (elsewhere / "coder" / "session" / "default" / "events.jsonl").exists()
-
-
-def test_a_system_tool_the_agent_may_not_run_leaves_the_name_to_its_own_tier(
-    coder: World,
-) -> None:
-    """T-4, T-5: the agent's view hides a system tool it may not run, so the name leads, on
-    its CTX_PATH, to its own tier's tool, which its terminal's ``which`` names and a call
-    runs; with no such tool the hidden one is the answer, refused by the chain."""
-    coder.install("both", "#!/bin/sh\necho system\n")  # its policy grants nobody
-    coder.agent("owner", tools=["both"])
-
-    refused = coder.run("both", {}, agent="owner")
-    coder.install("both", "#!/bin/sh\necho '\"own\"'\n", tier="user")
-    coder.allow_tool("both", "owner_t", location=f"home/{coder.user.uid}/tool")
-    home = coder.root / "home" / str(coder.user.uid)
-    for directory, _, files in os.walk(home):  # the host's, so that its policy counts (P-6)
-        for entry in [directory, *(os.path.join(directory, name) for name in files)]:
-            os.chown(entry, 0, 0, follow_symlinks=False)
-    own = coder.run("both", {}, agent="owner")
-    coder.allow_tool("both", "owner_t")  # the system tool is the agent's to run again
-    time.sleep(projection.FRESH_SECONDS)
-    first_again = coder.run("both", {}, agent="owner")
-
-    assert refused.error.errno == errno.EACCES and refused.error.stage == "authorize", refused
-    assert own.ok and own.output == "own", own
-    results = [e["object"] for e in coder.events("owner") if e["type"] == "tool_result"]
-    assert results == ["tool/both", f"home/{coder.user.uid}/tool/both", "tool/both"]
-    assert first_again.ok and first_again.output == "system\n", first_again
 
 
 def test_a_linked_user_tier_is_refused_and_its_log_never_written(coder: World) -> None:
