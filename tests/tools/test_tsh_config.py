@@ -73,7 +73,6 @@ def test_changed_names_only_the_keys_an_update_changed(root: Path) -> None:
     it has is no change, and an update that changes nothing leaves the file as it was."""
     config = root / CONFIG
     config.write_text("# ours\nwindow_percent=2\n")
-    before = config.stat()
 
     same = ctx(root, "tool", "--json", "tsh.config", '{"set": {"window_percent": 2}}')
     mixed = ctx(root, "tool", "--json", "tsh.config", "window_percent=2", "cache_capacity=8")
