@@ -220,13 +220,7 @@ def test_bootstrap_goes_on_past_a_file_at_a_root_entry(tmp_path: Path, entry: st
 
 
 @pytest.mark.parametrize("status", ["unavailable\n", "unavailable: maintenance\n", "disabled\n"])
-def test_a_status_the_administrator_set_is_not_damage(
-    bootstrapped_by_ctx: Path, tmp_path: Path, status: str
-) -> None:
-    # A root 'ctx bootstrap' made, as the one this test runs after it: in the full suite a
-    # root this test process bootstrapped in-process was once judged to hold core tools of
-    # another version by the 'ctx bootstrap' below (never when run alone).
-    root = copy_of_root(bootstrapped_by_ctx, tmp_path / "storage")
+def test_a_status_the_administrator_set_is_not_damage(root: Path, status: str) -> None:
     (root / "tool/fs.stat.d/status").write_text(status)
 
     first = subprocess.run(
@@ -238,6 +232,49 @@ def test_a_status_the_administrator_set_is_not_damage(
     assert first.stdout.splitlines()[1:] == ["nothing to do: the storage root is complete"]
     assert (second.created, second.repaired, second.problems) == ([], [], [])
     assert (root / "tool/fs.stat.d/status").read_text() == status
+
+
+# Run in a process of its own: a process that interned every one-character string (as
+# importing json or click does for some) compiles a bundled module to other bytecode than a
+# fresh ctx bootstrap, marshal marking such a string interned (CPython issue gh-98819).
+_BOOTSTRAP_IN_ANOTHER_STATE = """
+import sys
+kept = [sys.intern(chr(code)) for code in range(256)]
+from pathlib import Path
+from cortexfs import bootstrap_steps, storage
+report = storage.bootstrap(Path(sys.argv[1]))
+print(report.created, report.repaired, report.problems)
+"""
+
+
+def test_a_process_in_another_state_finds_the_core_tools_ctx_bootstrap_made_current(
+    bootstrapped_by_ctx: Path, tmp_path: Path
+) -> None:
+    """R-5: a core tool is reinstalled only when this version would install something else;
+    the bytecode one process bundles for the same sources may differ from another's in
+    marshal's flags alone, and neither is then damage.  Both ways round: a longer-lived
+    process's install is current for a later ctx bootstrap."""
+    root = copy_of_root(bootstrapped_by_ctx, tmp_path / "storage")
+    launcher = (root / "tool/fs.read").read_bytes()
+
+    in_another_state = subprocess.run(
+        [sys.executable, "-c", _BOOTSTRAP_IN_ANOTHER_STATE, str(root)],
+        capture_output=True,
+        text=True,
+    )
+    assert in_another_state.returncode == 0, in_another_state.stderr
+    assert in_another_state.stdout == "[] [] []\n"
+    assert (root / "tool/fs.read").read_bytes() == launcher
+
+    (root / "tool/fs.read").unlink()  # so the next install is that process's own
+    subprocess.run([sys.executable, "-c", _BOOTSTRAP_IN_ANOTHER_STATE, str(root)], check=True)
+    assert (root / "tool/fs.read").read_bytes() != launcher  # its bytecode is another's
+
+    by_ctx = subprocess.run(
+        [*CTX, "--storage", str(root), "bootstrap"], capture_output=True, text=True
+    )
+    assert by_ctx.returncode == 0, by_ctx.stdout + by_ctx.stderr
+    assert by_ctx.stdout.splitlines()[1:] == ["nothing to do: the storage root is complete"]
 
 
 def test_bootstrap_removes_a_control_its_manifest_does_not_define(root: Path) -> None:

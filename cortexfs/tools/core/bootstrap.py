@@ -48,6 +48,7 @@ from cortexfs.tools.core.launcher import (
     package_parent,
     render_ctxterm,
     render_launcher,
+    same_program,
 )
 from cortexfs.tools.install import (
     STATUS_DAMAGED,
@@ -205,7 +206,9 @@ def _install_program(
             and not replaced
             and not loose
             and status.st_mode & stat.S_IXUSR
-            and _read_at(directory, path.name, len(program)) == program
+            and same_program(
+                _read_at(directory, path.name, _READ_LIMIT_FACTOR * len(program)) or b"", program
+            )
         ):
             return
         durable.replace_file_synced(ops, directory, path.name, program, 0o755)
@@ -219,11 +222,15 @@ def _install_program(
         report.repaired.append(f"{where} ({loose}, rewritten)" if loose else where)
 
 
-def _read_at(dir_fd: int, name: str, expected: int) -> bytes | None:
-    """What the regular file ``name`` of ``dir_fd`` holds, as far as it could be ``expected``
+# How much larger than the launcher this process renders an installed one is read, at most.
+_READ_LIMIT_FACTOR = 2
+
+
+def _read_at(dir_fd: int, name: str, limit: int) -> bytes | None:
+    """What the regular file ``name`` of ``dir_fd`` holds, when it is at most ``limit``
     bytes long, never through a link; None when it cannot be read."""
     try:
-        return read_regular_file(name, expected, dir_fd=dir_fd)
+        return read_regular_file(name, limit, dir_fd=dir_fd)
     except OSError:
         return None
 
@@ -407,9 +414,11 @@ def _is_current(tool: ToolObject, manifest: Manifest, launcher: bytes, owner: in
             if bootstrap_repair.untrusted(path.lstat(), owner):
                 return False
     try:
-        # At most one byte more than the launcher is read, never through a link: a program
-        # grown sparse to gigabytes costs nothing to find different.
-        if read_regular_file(tool.executable, len(launcher)) != launcher:
+        # Never through a link, and at most twice what this version renders (its bytecode
+        # may differ only in marshal's flags and back-references): a program grown sparse to
+        # gigabytes costs nothing to find different.
+        installed = read_regular_file(tool.executable, _READ_LIMIT_FACTOR * len(launcher))
+        if not same_program(installed, launcher):
             return False
         wanted = manifest.controls()
         unwanted = TOOL_KIND.defined - wanted.keys() - {"origin"}

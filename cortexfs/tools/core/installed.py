@@ -19,7 +19,8 @@ Two questions are answered here without installing anything:
   and compared with the stamp of this version's sources, and a launcher without a stamp
   (every one before it) is another version's.  That costs a millisecond or two, without
   opening the archive, so a worker can ask at start and ``ctx run`` at each call of a core
-  tool; bootstrap itself compares every byte (``bootstrap._is_current``).
+  tool; bootstrap itself also checks every byte of the archive against the digest the
+  stamp ends with (``bootstrap._is_current``).
 * **Is a core tool damaged inside its archive?**  (:func:`damaged_core_launcher`.)  The stamp
   does not show it; the runner asks only after a call of a core tool ended by a signal that
   damaged bytecode causes, since reading the whole launcher is what a call that works must not

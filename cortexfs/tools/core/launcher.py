@@ -5,8 +5,7 @@ application: ``#!<python> -IS`` followed by a zip archive that carries the few m
 program imports and the core tools' manifests, whose input schemas the programs check
 (:data:`BUNDLED`), and a ``__main__`` calling its ``run()``.  The program is
 thus one self-contained file of the storage root: an agent uid needs to read nothing of the
-installed package, wherever (and however privately) it lives.  The archive is byte-for-byte
-the same for the same sources, so an unchanged program is recognised as current.
+installed package, wherever (and however privately) it lives.
 
 Between the interpreter line and the archive (a zip application may carry any prefix) a second
 line stamps what the program was made of: ``#cortexfs-bundle <digest> <archive size> <archive
@@ -15,7 +14,10 @@ module whose ``run()`` it calls, and every bundled source and manifest (and whet
 bytecode comes with them), then the archive's size and the digest of its bytes.  Whether a
 core tool is this version's install then takes reading its first two lines and this version's
 sources (:func:`read_stamp`, :mod:`cortexfs.tools.core.installed`), without opening the
-archive, which ``ctx run`` would pay for at each call of a core tool.  The archive's digest is
+archive, which ``ctx run`` would pay for at each call of a core tool.  Bootstrap asks the same
+of the whole program and checks its archive against that digest (:func:`same_program`): two
+renders of the same sources are not always the same bytes, since the bytecode marshal writes
+depends on the state of the process that compiled it.  The archive's digest is
 the ``__main__``'s (:data:`_MAIN`): compared only when a call fails with an exception, it tells
 a damaged launcher (a byte of a module, a manifest or the zip's directory changed, which the
 stamp cannot show) from a bug of the tool itself, at no cost to a call that works.  Damaged
@@ -107,9 +109,9 @@ def bundled_modules(interpreter: str, package_parent: Path) -> list[tuple[str, b
     """The archive entries of :data:`BUNDLED`: each module's source, and next to it its
     bytecode when ``interpreter`` is the one running now (it compiles for its own version
     only).  zipimport never writes bytecode, so without it every call would compile every
-    module again (tens of milliseconds).  The bytecode is hash-based and unchecked (PEP 552)
-    so that the archive stays the same bytes for the same sources; an interpreter of another
-    version ignores it and reads the source."""
+    module again (tens of milliseconds).  The bytecode is hash-based and unchecked (PEP 552):
+    no file time is in it, and zipimport has none to check it against; an interpreter of
+    another version ignores it and reads the source."""
     with_bytecode = carries_bytecode(interpreter)
     entries = []
     for name, source in bundled_sources(package_parent):
@@ -175,6 +177,20 @@ def render_launcher(interpreter: str, modules: list[tuple[str, bytes]], module: 
         + f" {digest} {len(archive_bytes)} {archive_digest(archive_bytes)}\n".encode()
         + archive_bytes
     )
+
+
+def same_program(installed: bytes, rendered: bytes) -> bool:
+    """Whether the launcher ``installed`` runs what ``rendered``, a launcher this process
+    rendered, would: the same interpreter line and stamp, and an archive that is the bytes the
+    digest its stamp ends with gives (no byte of it damaged).  Not the same bytes: marshal
+    marks a string interned, or as referenced again, after the reference counts of the process
+    that compiles it (CPython issue gh-98819), so the bytecode ``ctx bootstrap`` bundles may
+    differ from a longer-lived process's for the same sources.  Programs without a stamp
+    (``bin/ctxterm``) are compared byte for byte."""
+    wanted = read_stamp(rendered, len(rendered))
+    if wanted is None:
+        return installed == rendered
+    return read_stamp(installed, len(installed)) == wanted and not damaged_archive(installed)
 
 
 def archive_digest(archive: bytes) -> str:
