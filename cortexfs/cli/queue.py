@@ -304,14 +304,13 @@ def init(queue_dir: Path, as_json: bool) -> None:
         # A queue directory anywhere else (--queue DIR, an absolute --project path) is only
         # a queue: a path that merely looks like X/shared/N/queue does not make X a root.
         created = layout.init_queue(queue_dir)
+    made = f"{len(created)} {'entry' if len(created) == 1 else 'entries'} created"
     if created:
-        changed(f"queue {queue_dir} was made ({len(created)} entries created)")
+        changed(f"queue {queue_dir} was made ({made})")
     if as_json:
         emit_json({"queue": str(queue_dir), "created": created})
         return
-    echo_printable(
-        f"queue {queue_dir} ready" + (f" ({len(created)} entries created)" if created else "")
-    )
+    echo_printable(f"queue {queue_dir} ready" + (f" ({made})" if created else ""))
 
 
 @queue.command()
@@ -692,6 +691,9 @@ def show(queue_dir: Path, as_json: bool, job: str) -> None:
     for key in ("request", "lease", "result"):
         if key in detail:
             echo_printable(f"{key}: {readable_json(detail[key])}")
+    if "holder" in detail:
+        holder = detail["holder"]
+        echo_printable(f"holder: {holder['state']} ({holder['reason']})")
     sys.exit(conflict)
 
 

@@ -14,7 +14,7 @@ from cortexfs.names import job_name
 from cortexfs.queue import evidence as ev
 from cortexfs.queue import requests
 from cortexfs.queue.claim_order import scan_pending
-from cortexfs.queue.holder import MAX_LEASE_BYTES
+from cortexfs.queue.holder import MAX_LEASE_BYTES, judge
 from cortexfs.queue.layout import (
     LEASE_FILE,
     RESULT_SUFFIX,
@@ -168,7 +168,21 @@ def show(queue: Queue, job: str) -> dict[str, Any]:
     }
     for key, path in _documents(queue, evidence):
         detail[key] = _read_document(queue, path, limits[key])
+    if evidence.lease_file:
+        detail["holder"] = _holder(queue, job)
     return detail
+
+
+def _holder(queue: Queue, job: str) -> dict[str, str]:
+    """What recover would judge of J's lease holder now (Q-5): ``alive``, ``gone`` (an
+    expired lease among the proofs) or ``unknown`` (beyond this host's sight, treated alive),
+    and why; ``unreadable`` when the lease names no holder."""
+    try:
+        lease = read_lease(queue, job)
+    except (OSError, CtxError) as exc:
+        return {"state": "unreadable", "reason": f"the lease cannot be read ({exc})"}
+    verdict = judge(lease)
+    return {"state": verdict.state, "reason": verdict.reason}
 
 
 def _assess(queue: Queue, job: str, evidence: ev.JobEvidence) -> ev.Assessment:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from cortexfs import storage
 from cortexfs.queue import Holder, Queue, queue_path
 from cortexfs.shared.spaces import create_shared_space
 from tests.queue.helpers import PROJECT
@@ -14,10 +15,12 @@ from tests.queue.helpers import PROJECT
 
 @pytest.fixture
 def root(tmp_path: Path) -> Path:
-    """An empty storage root: a space made in it gets the root ABI only, where a missing root
-    would be bootstrapped whole (core tools, manual), which these tests do not need."""
+    """A storage root with the root ABI alone: a space made in it adds only itself, where a
+    missing root, or an empty directory, would be bootstrapped whole (core tools, manual),
+    which these tests do not need and which costs a few hundred fsyncs."""
     root = tmp_path / "storage"
     root.mkdir()
+    storage.ensure_root_abi(root)
     return root
 
 

@@ -17,12 +17,14 @@ import pytest
 from tests.queue.helpers import PROJECT, dead_pid, request, write_json
 from tests.support.cli import ctx
 
+HOST = os.uname().nodename
+
 P = ("--project", PROJECT)
 
 
 @pytest.fixture
 def root(root: Path) -> Path:
-    """The empty root of conftest.py, with the project's queue ``ctx queue init`` makes."""
+    """The root of conftest.py (its ABI alone), with the queue ``ctx queue init`` makes."""
     assert ctx(root, "queue", "init", *P).returncode == 0
     return root
 
@@ -644,7 +646,27 @@ def test_status_list_and_show(root: Path, req: Path) -> None:
         f"lease/{claimed}/worker",
     }
     assert shown["lease"]["job"] == claimed
+    # The claim's holder is the ctx process's parent, this test's process: alive.
+    assert shown["holder"] == {
+        "state": "alive",
+        "reason": f"pid {os.getpid()} on {HOST} is running",
+    }
     assert ctx(root, "queue", "show", *P, "ghost").returncode == 1
+    pending = json.loads(ctx(root, "queue", "show", *P, listed[0], "--json").stdout)
+    assert "holder" not in pending and "lease" not in pending
+
+
+def test_show_says_a_holder_whose_lease_expired_is_gone(root: Path, req: Path) -> None:
+    ctx(root, "queue", "publish", *P, "--name", "a", str(req))
+    assert ctx(root, "queue", "claim", *P, "--ttl", "1").returncode == 0
+    time.sleep(1.2)
+
+    text = ctx(root, "queue", "show", *P, "a").stdout.splitlines()
+    shown = json.loads(ctx(root, "queue", "show", *P, "a", "--json").stdout)
+
+    assert shown["holder"]["state"] == "gone"
+    assert shown["holder"]["reason"].startswith(f"lease of pid {os.getpid()} on {HOST} expired at")
+    assert text[-1] == f"holder: gone ({shown['holder']['reason']})"
 
 
 def test_show_prints_a_request_holding_a_lone_surrogate_escaped(root: Path) -> None:

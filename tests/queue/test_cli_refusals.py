@@ -19,7 +19,7 @@ P = ("--project", PROJECT)
 
 @pytest.fixture
 def root(root: Path) -> Path:
-    """The empty root of conftest.py, with the project's queue ``ctx queue init`` makes."""
+    """The root of conftest.py (its ABI alone), with the queue ``ctx queue init`` makes."""
     assert ctx(root, "queue", "init", *P).returncode == 0
     return root
 
@@ -140,7 +140,7 @@ def test_init_repairs_a_missing_state_directory(root: Path) -> None:
     os.rmdir(qdir(root) / "lease")
     assert ctx(root, "queue", "status", *P).returncode == 1
     init = ctx(root, "queue", "init", *P)
-    assert init.returncode == 0 and init.stdout.endswith("ready (1 entries created)\n")
+    assert init.returncode == 0 and init.stdout.endswith("ready (1 entry created)\n")
     assert ctx(root, "queue", "status", *P).returncode == 0
 
 

@@ -27,7 +27,7 @@ RECOVER = f"ctx queue recover --project {PROJECT} --json"
 
 @pytest.fixture
 def root(root: Path, tmp_path: Path) -> Path:
-    """The empty root of conftest.py, with one job pending in the project's queue."""
+    """The root of conftest.py (its ABI alone), with one job pending in the project's queue."""
     run_ctx(root, "queue", "init", "--project", PROJECT)
     job = write_json(tmp_path / "req.json", request(1))
     run_ctx(root, "queue", "publish", "--project", PROJECT, "--name", "j", str(job))
