@@ -415,7 +415,7 @@ def test_a_damaged_config_stops_every_command_and_is_never_replaced_by_defaults(
         # The remedy the message gives.
         os.rename(config, tmp_path / f"aside{round_no}")
         ready = queue.run("init")
-        assert ready.rc == 0 and "(1 entries created)" in ready.out, ready
+        assert ready.rc == 0 and "(1 entry created)" in ready.out, ready
         assert "max_request_bytes=1048576\n" in config.read_text()
         assert queue.state(held) == "claimed" and queue.state(waiting) == "pending"
 
@@ -445,7 +445,7 @@ def test_a_removed_config_means_the_defaults_and_init_writes_it_back(queue, tmp_
     assert queue.run("publish", "--name", "over", "-", input=sized_request((1 << 20) + 1)).rc == 1
 
     init = queue.run("init")
-    assert init.rc == 0 and "(1 entries created)" in init.out, init
+    assert init.rc == 0 and "(1 entry created)" in init.out, init
     written = (queue.dir / "config").read_text()
     assert "max_request_bytes=1048576\n" in written and "lease_ttl=300\n" in written
     set_config(queue, "max_request_bytes=500")
