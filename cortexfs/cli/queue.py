@@ -241,8 +241,16 @@ def _job_argument(name: str) -> str:
 
 @contextlib.contextmanager
 def _opened_input(source: str) -> Iterator[BinaryIO]:
-    """FILE, or standard input for ``-``; read it with a limit (:func:`read_at_most`)."""
+    """FILE, or standard input for ``-``; read it with a limit (:func:`read_at_most`).
+    EBADF for ``-`` when standard input was closed at start (``<&-``): it reads as empty,
+    which a result may be, so a job would be finished with an output nobody gave."""
     if source == "-":
+        if closed_at_start(0):
+            raise CtxError(
+                errno.EBADF,
+                "standard input is closed, so '-' names nothing to read; nothing was done: "
+                "give a FILE, or pipe the content in",
+            )
         yield sys.stdin.buffer
         return
     try:

@@ -66,6 +66,23 @@ def test_check_reads_standard_input() -> None:
     assert (done.returncode, done.stderr.split(":", 2)[:2]) == (1, ["-", "1"])
 
 
+def test_check_of_a_closed_standard_input_is_no_empty_policy() -> None:
+    """`ctx policy check - <&-`: closed, standard input reads as empty, a valid policy that
+    denies everything; judging it would say valid of a policy nobody gave."""
+    done = subprocess.run(
+        [CTX, "policy", "check", "-", "--json"],
+        capture_output=True,
+        text=True,
+        preexec_fn=lambda: os.close(0),
+    )
+    assert done.returncode == 1
+    assert done.stderr == (
+        "-: EBADF: standard input is closed: there is no policy to read; give a FILE, or pipe "
+        "the policy in\n"
+    )
+    assert json.loads(done.stdout)["valid"] is False
+
+
 def test_check_fails_on_an_unreadable_file(tmp_path: Path) -> None:
     done = ctx("check", str(tmp_path / "missing"))
     assert done.returncode == 1

@@ -265,6 +265,35 @@ def test_a_command_whose_answer_is_on_stdout_refuses_to_start_with_it_closed(
     assert tree(qdir(root)) == before
 
 
+@pytest.mark.parametrize(
+    "command",
+    [("finish", *P, "CLAIMED", "--ok", "-"), ("publish", *P, "--name", "new", "-")],
+    ids=["finish", "publish"],
+)
+def test_reading_dash_from_a_closed_stdin_is_refused_before_anything_is_done(
+    root: Path, command: tuple[str, ...]
+) -> None:
+    """`finish J --ok - <&-` would record an empty output nobody gave, for good: refused
+    (EBADF), as a closed standard output is for a command whose answer it is."""
+    write_json(qdir(root) / "pending" / "first.req.json", request())
+    job = json.loads(ctx(root, "queue", "claim", *P, "--json").stdout)["name"]
+    before = tree(qdir(root))
+
+    args = [job if arg == "CLAIMED" else arg for arg in command]
+    done = subprocess.run(
+        [sys.executable, "-m", "cortexfs", "queue", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "CTX_STORAGE": str(root)},
+        preexec_fn=lambda: os.close(0),
+        timeout=60,
+    )
+
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.startswith("ctx: EBADF: standard input is closed, so '-' names nothing")
+    assert tree(qdir(root)) == before
+
+
 def test_a_command_that_only_reports_works_with_stdout_closed(root: Path) -> None:
     write_json(qdir(root) / "pending" / "waiting.req.json", request())
     assert ctx_without_stdout(root, "queue", "status", *P).returncode == 0
