@@ -32,6 +32,7 @@ from cortexfs import durable, storage
 from cortexfs.errors import CtxError
 from cortexfs.tools.controls import ToolObject, read_controls
 from tests.support.cli import ctx
+from tests.support.storage import copy_of_root
 from tests.support.storage import traversable_tmp as traversable_tmp
 from tests.support.users import UnprivilegedUser, run_as
 from tests.support.users import unprivileged_user as unprivileged_user
@@ -40,11 +41,8 @@ POLICY_LINE = "allow coder_t tool:fs.list execute\n"
 
 
 @pytest.fixture
-def root(tmp_path: Path) -> Path:
-    path = tmp_path / "storage"
-    report = storage.bootstrap(path)
-    assert report.problems == [], report.problems
-    return path
+def root(bootstrapped_by_ctx: Path, tmp_path: Path) -> Path:
+    return copy_of_root(bootstrapped_by_ctx, tmp_path / "storage")
 
 
 def mode(path: Path) -> int:

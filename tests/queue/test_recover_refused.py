@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from cortexfs import durable
+from cortexfs import durable, storage
 from cortexfs.queue import Holder, Queue, claim, publish, queue_path
 from cortexfs.queue.layout import init_queue
 from cortexfs.queue.recovery import recover
@@ -48,7 +48,7 @@ def tree(queue_dir: Path) -> list[str]:
 @pytest.fixture
 def root(tmp_path: Path) -> Path:
     root = tmp_path / "storage"
-    root.mkdir()
+    storage.ensure_root_abi(root)  # the root ABI alone: its core tools are not these tests'
     create_shared_space(root, PROJECT)
     return root
 

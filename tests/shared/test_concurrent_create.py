@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from cortexfs import storage
 from cortexfs.shared import spaces
 from cortexfs.shared.spaces import create_shared_space
 from tests.support.locks import wait_for_lock
@@ -41,7 +42,7 @@ def root(tmp_path: Path) -> Path:
     if os.geteuid() != 0:
         pytest.skip("gives spaces groups this user is no member of: needs root")
     root = tmp_path / "storage"
-    root.mkdir()
+    storage.ensure_root_abi(root)  # the root ABI alone: its core tools are not these tests'
     create_shared_space(root, "first")  # the root's shared/ exists, as in a used root
     return root
 

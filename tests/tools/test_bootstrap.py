@@ -24,10 +24,8 @@ CTX = [sys.executable, "-c", "from cortexfs.cli import main; main()"]
 
 
 @pytest.fixture
-def root(tmp_path: Path) -> Path:
-    path = tmp_path / "storage"
-    storage.bootstrap(path)
-    return path
+def root(bootstrapped_by_ctx: Path, tmp_path: Path) -> Path:
+    return copy_of_root(bootstrapped_by_ctx, tmp_path / "storage")
 
 
 def test_bootstrap_installs_every_core_tool_complete_and_the_tsh_config(root: Path) -> None:

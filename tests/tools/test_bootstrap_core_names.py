@@ -20,16 +20,15 @@ from tests.support.core_names import (
     install_administrators_tool,
     install_core_tool_of_another_version,
 )
+from tests.support.storage import copy_of_root
 
 CTX = [sys.executable, "-c", "from cortexfs.cli import main; main()"]
 ADMINS_PROGRAM = b"#!/bin/sh\necho the administrator's own\n"
 
 
 @pytest.fixture
-def root(tmp_path: Path) -> Path:
-    path = tmp_path / "storage"
-    assert storage.bootstrap(path).problems == []
-    return path
+def root(bootstrapped_by_ctx: Path, tmp_path: Path) -> Path:
+    return copy_of_root(bootstrapped_by_ctx, tmp_path / "storage")
 
 
 def install_as_administrator_before_it_was_core(root: Path, name: str, scratch: Path) -> None:
