@@ -37,7 +37,6 @@ written and the path recorded (:class:`LinkedSource`): whoever owns the link cho
 from __future__ import annotations
 
 import errno
-import json
 import os
 import stat
 from dataclasses import dataclass
@@ -49,7 +48,7 @@ from cortexfs.errors import CtxError, too_big
 from cortexfs.names import object_name_problem
 from cortexfs.policy import Policy
 from cortexfs.policy.grammar import check_subject_type, policy_object_name_problem
-from cortexfs.policy.mounts import parse_mount_table, target_problem
+from cortexfs.policy.mounts import parse_mount_entries, target_problem
 from cortexfs.regular_file import read_regular_file
 from cortexfs.tools.ctxpath import CTX_MOUNT
 from cortexfs.tools.schemas import brief_message
@@ -336,11 +335,8 @@ def _name_problems(document: dict[str, Any]) -> list[str]:
 
 
 def _mount_problems(mounts: list[list[str]], storage_root: Path) -> list[str]:
-    try:
-        table = parse_mount_table(json.dumps(mounts).encode())
-    except CtxError as exc:
-        return [f"mount: {exc.message}"]
-    problems = []
+    table, malformed = parse_mount_entries(list(mounts))
+    problems = [f"mount: {problem}" for problem in malformed]
     seen: dict[str, PurePosixPath] = {}
     root = PurePosixPath(os.path.realpath(storage_root))
     for mount in table:

@@ -28,7 +28,7 @@ from pathlib import PurePosixPath
 from typing import NamedTuple
 
 from cortexfs import jsontext
-from cortexfs.errors import invalid
+from cortexfs.errors import CtxError, invalid
 
 MOUNT_MODES = ("ro", "rw")
 CTX_TARGET = PurePosixPath("/ctx")
@@ -75,6 +75,19 @@ def parse_mount_table(data: bytes) -> tuple[Mount, ...]:
     if not isinstance(table, list):
         raise invalid("the mount table must be a JSON array of [source, target, mode] triples")
     return tuple(_parse_mount(number, entry) for number, entry in enumerate(table, start=1))
+
+
+def parse_mount_entries(entries: list[object]) -> tuple[list[Mount], list[str]]:
+    """The well-formed entries of a mount table given as a list, and why each other one is
+    malformed: what asks for mounts (an agent request) is refused with every problem at once,
+    where a recorded table is refused at its first (:func:`parse_mount_table`)."""
+    mounts, problems = [], []
+    for number, entry in enumerate(entries, start=1):
+        try:
+            mounts.append(_parse_mount(number, entry))
+        except CtxError as exc:
+            problems.append(exc.message)
+    return mounts, problems
 
 
 def target_problem(mount: Mount, storage_root: PurePosixPath, agent: str = "") -> str:

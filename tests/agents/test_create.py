@@ -239,6 +239,25 @@ def test_every_problem_of_a_request_is_listed(world: World) -> None:
     assert len(refused.value.problems) == 4, refused.value.problems
 
 
+def test_a_malformed_mount_entry_hides_no_problem_of_the_other_entries(world: World) -> None:
+    bad = {
+        "name": "m4",
+        "label": "m4_t",
+        "mount": [["/srv/a", "/ctx/a", "ro"], ["/srv/b/../c", "/data", "ro"], ["/x", "/etc", "ro"]],
+    }
+
+    with pytest.raises(RequestError) as refused:
+        parse_request(bad, "request", world.root)
+
+    problems = refused.value.problems
+    assert len(problems) == 3, problems
+    assert (
+        problems[0] == "mount: mount entry 2: the source '/srv/b/../c' must not contain '.' or '..'"
+    )
+    assert problems[1].startswith("mount target /ctx/a: /ctx is the storage root's place")
+    assert problems[2].startswith("mount target /etc: /etc belongs to the system")
+
+
 def test_problems_the_schema_finds_come_with_those_of_the_rest_of_the_request(
     world: World,
 ) -> None:
