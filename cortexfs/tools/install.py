@@ -26,13 +26,12 @@ import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 from cortexfs import durable, storage
 from cortexfs.bootstrap_repair import storage_owner
 from cortexfs.errors import CtxError, exists, invalid, not_found, too_big
 from cortexfs.names import check_object_name, is_object_name
-from cortexfs.policy.controls import control_limit
 from cortexfs.shared.tree import ensure_directories, ensure_home, user_ownership
 from cortexfs.timefmt import rfc3339
 from cortexfs.tools.controls import (
@@ -47,7 +46,7 @@ from cortexfs.tools.controls import (
     read_controls,
 )
 from cortexfs.tools.core import BOOTSTRAP_TOOLS
-from cortexfs.tools.manifest import Manifest
+from cortexfs.tools.manifest import Manifest, oversized_controls
 from cortexfs.tools.pair_layout import Obstacle, PairKind, obstacles
 from cortexfs.tools.pairs import install_pair, repair_staged
 
@@ -204,13 +203,9 @@ def install_tool(
     }
     controls = manifest.controls()
     controls["origin"] = (json.dumps(origin, indent=2) + "\n").encode()
-    for name, data in controls.items():
-        limit = control_limit(PurePosixPath(name))
-        if len(data) > limit:  # refused now rather than installed as a tool found damaged
-            raise too_big(
-                f"{manifest.source}: its {name} control would hold {len(data)} bytes as "
-                f"installed, more than the {limit} bytes a control may hold; make it smaller"
-            )
+    oversized = oversized_controls(controls)
+    if oversized:  # refused now rather than installed as a tool found damaged
+        raise too_big(f"{manifest.source}: {oversized[0]}")
     replaced = install_pair(
         tier.directory,
         manifest.name,

@@ -38,13 +38,14 @@ import pwd
 import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from cortexfs import jsontext
 from cortexfs.errors import HOST_SHORTAGES, CtxError, invalid
 from cortexfs.mcp.config import config_path_problem
 from cortexfs.names import object_name_problem
+from cortexfs.policy.controls import control_limit
 from cortexfs.regular_file import read_regular_file_and_status
 from cortexfs.tools.install_failure import advice
 from cortexfs.tools.schemas import brief_message, schema_problems
@@ -231,7 +232,7 @@ def _parse(document: object, origin: _Origin) -> Manifest:
         raise ManifestError(str(origin.source), problems, codes)
     assert isinstance(document, dict)
     exec_value = document.get("exec")
-    return Manifest(
+    manifest = Manifest(
         source=origin.source,
         name=document["name"],
         description=document["description"],
@@ -242,6 +243,26 @@ def _parse(document: object, origin: _Origin) -> Manifest:
         program=document.get("program"),
         executable=executable,
     )
+    # Judged as install writes them (indented JSON can be several times the manifest's
+    # bytes), so that what check calls valid install does not refuse.
+    oversized = oversized_controls(manifest.controls())
+    if oversized:
+        raise ManifestError(str(origin.source), oversized, [errno.EFBIG] * len(oversized))
+    return manifest
+
+
+def oversized_controls(controls: dict[str, bytes]) -> list[str]:
+    """Why each of ``controls`` (name: bytes as installed) is over the size a control of its
+    name may hold (:func:`cortexfs.policy.controls.control_limit`); empty when none is."""
+    problems = []
+    for name, data in controls.items():
+        limit = control_limit(PurePosixPath(name))
+        if len(data) > limit:
+            problems.append(
+                f"its {name} control would hold {len(data)} bytes as installed, more than "
+                f"the {limit} bytes a control may hold; make it smaller"
+            )
+    return problems
 
 
 def manifest_problems(document: object, base: Path) -> list[str]:

@@ -174,8 +174,14 @@ def test_an_install_whose_control_would_pass_the_limit_is_refused(world: World) 
     document |= {"schema": schema, "cap": {}, "exec": str(program)}
     manifest.write_text(json.dumps(document, separators=(",", ":")))
 
+    checked = ctx(world.root, "object", "check", str(manifest), "--json")
     done = ctx(world.root, "object", "install", "--tier", "system", str(manifest))
 
+    # What check calls valid, install does not refuse: check says it too.
+    (entry,) = json.loads(checked.stdout)
+    assert checked.returncode == 1 and entry["valid"] is False, checked.stdout[:300]
+    assert entry["codes"] == ["EFBIG"], entry
+    assert entry["problems"][0].startswith("its schema control would hold "), entry
     assert done.returncode != 0
     assert done.stderr.startswith("ctx: EFBIG: "), done.stderr
     assert "its schema control would hold" in done.stderr and f"{CONTROL_LIMIT}" in done.stderr
