@@ -30,6 +30,7 @@ from cortexfs.cli.common import (
     handles_errors,
     json_option,
     object_name_argument,
+    require_standard_input,
     resolve_storage,
     storage_option,
     usage_problem,
@@ -105,6 +106,7 @@ def create(
     root = resolve_storage(storage_dir)
     try:
         if str(request) == STDIN:
+            require_standard_input("request")
             # As much as the limit of a request FILE, and a byte more to tell one past it.
             data = read_up_to(sys.stdin.fileno(), MAX_REQUEST_BYTES)
             parsed = parse_request_bytes(data, STDIN_NAME, root)

@@ -41,7 +41,7 @@ from cortexfs.cli.params import NonEmptyPath
 from cortexfs.errors import CtxError, explain_host_trouble
 from cortexfs.names import check_object_name
 from cortexfs.printable import printable
-from cortexfs.standard_streams import OutputError, discard_output
+from cortexfs.standard_streams import OutputError, closed_at_start, discard_output
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -80,6 +80,18 @@ def readable_json(value: Any, separators: tuple[str, str] | None = None) -> str:
     JSON can spell ``"\\ud800"``, requests and events keep it as it came (escaped), but no
     UTF-8 output can hold the character itself."""
     return jsontext.dumps_utf8(value, separators=separators).decode()
+
+
+def require_standard_input(what: str) -> None:
+    """EBADF when standard input was closed at start (``<&-``) and '-' asks for ``what`` (a
+    request, a result, a policy): it then reads as /dev/null, and its emptiness would be taken
+    for the ``what`` given — an empty result recorded, an empty policy judged valid."""
+    if closed_at_start(0):
+        raise CtxError(
+            errno.EBADF,
+            f"standard input is closed: there is no {what} to read; give a FILE, or pipe the "
+            f"{what} in; nothing was done",
+        )
 
 
 def echo_printable(text: str, *, err: bool = False) -> None:

@@ -19,6 +19,7 @@ from cortexfs.cli.common import (
     emit_json,
     handles_errors,
     json_option,
+    require_standard_input,
     resolve_storage,
     storage_option,
     usage_problem,
@@ -38,7 +39,6 @@ from cortexfs.policy import (
 )
 from cortexfs.policy.grammar import check_object, split_object_ref
 from cortexfs.regular_file import MAX_POLICY_BYTES, read_regular_file, read_up_to
-from cortexfs.standard_streams import closed_at_start
 from cortexfs.tools.ctxpath import tier_location, which
 
 STDIN = "-"
@@ -285,15 +285,8 @@ def _too_long(name: str) -> str:
 @functools.cache
 def _standard_input() -> bytes:
     """Standard input, read once: '-' given twice names the same policy twice, not the
-    policy and then an empty one (which, as a layer, would deny everything).  EBADF when
-    standard input was closed at start (``<&-``): it reads as empty, a valid policy that
-    denies everything, which would be judged as if it had been given."""
-    if closed_at_start(0):
-        raise CtxError(
-            errno.EBADF,
-            "standard input is closed: there is no policy to read; give a FILE, or pipe the "
-            "policy in",
-        )
+    policy and then an empty one (which, as a layer, would deny everything)."""
+    require_standard_input("policy")  # closed, it would be a valid policy nobody gave
     try:
         return read_up_to(sys.stdin.fileno(), MAX_POLICY_BYTES)
     except OSError as exc:

@@ -29,6 +29,7 @@ from cortexfs.cli.common import (
     fail,
     handles_errors,
     readable_json,
+    require_standard_input,
     resolve_storage,
     usage_problem,
 )
@@ -240,17 +241,11 @@ def _job_argument(name: str) -> str:
 
 
 @contextlib.contextmanager
-def _opened_input(source: str) -> Iterator[BinaryIO]:
-    """FILE, or standard input for ``-``; read it with a limit (:func:`read_at_most`).
-    EBADF for ``-`` when standard input was closed at start (``<&-``): it reads as empty,
-    which a result may be, so a job would be finished with an output nobody gave."""
+def _opened_input(source: str, what: str) -> Iterator[BinaryIO]:
+    """FILE, or standard input for ``-``, which holds ``what`` (a request, a result); read it
+    with a limit (:func:`read_at_most`)."""
     if source == "-":
-        if closed_at_start(0):
-            raise CtxError(
-                errno.EBADF,
-                "standard input is closed, so '-' names nothing to read; nothing was done: "
-                "give a FILE, or pipe the content in",
-            )
+        require_standard_input(what)  # closed, it would be an empty result nobody gave
         yield sys.stdin.buffer
         return
     try:
@@ -350,7 +345,7 @@ def publish(
         if batch:
             raise click.UsageError("--name cannot be used with --batch")
         name = _job_argument(name)
-    with _opened_input(source) as stream, open_queue(queue_dir) as q:
+    with _opened_input(source, "request") as stream, open_queue(queue_dir) as q:
         # The size limit is on the bytes given, which are stored as given: the file, or each
         # line of a batch (§2.1).  Nothing beyond it is read.
         limit = q.config.max_request_bytes
@@ -577,7 +572,7 @@ def _result_output(q: layout.Queue, result_source: str | None, ok: bool) -> Any:
     as text otherwise; a whole result object gives its output (its status must agree)."""
     output: Any = None
     if result_source is not None:
-        with _opened_input(result_source) as stream:
+        with _opened_input(result_source, "result") as stream:
             limit = q.config.max_result_bytes
             raw = read_at_most(stream, limit, "the result file", "max_result_bytes")
         try:

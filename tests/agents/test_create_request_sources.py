@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,8 @@ import pytest
 from cortexfs.agents.request import resolve_links
 from tests.support.cli import ctx
 from tests.tools.support import World
+
+CTX = Path(sys.executable).with_name("ctx")
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="another uid's files, made as root")
 
@@ -36,6 +39,23 @@ def test_a_fifo_as_the_request_is_refused_at_once(world: World) -> None:
         "request file, or '-' to read one from a pipe; nothing was created\n"
     )
     assert not (world.root / "agent" / "a3").exists()
+
+
+def test_a_closed_standard_input_is_no_request(world: World) -> None:
+    """`ctx agent create - <&-`: there is nothing to read, which is said as such (EBADF)."""
+    done = subprocess.run(
+        [str(CTX), "--storage", str(world.root), "agent", "create", "-"],
+        capture_output=True,
+        text=True,
+        preexec_fn=lambda: os.close(0),
+        timeout=20,
+    )
+
+    assert done.returncode == 1
+    assert done.stderr == (
+        "ctx: EBADF: standard input is closed: there is no request to read; give a FILE, or "
+        "pipe the request in; nothing was done\n"
+    )
 
 
 def test_a_huge_request_is_refused_without_being_read_whole(world: World) -> None:

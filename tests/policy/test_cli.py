@@ -78,7 +78,7 @@ def test_check_of_a_closed_standard_input_is_no_empty_policy() -> None:
     assert done.returncode == 1
     assert done.stderr == (
         "-: EBADF: standard input is closed: there is no policy to read; give a FILE, or pipe "
-        "the policy in\n"
+        "the policy in; nothing was done\n"
     )
     assert json.loads(done.stdout)["valid"] is False
 

@@ -290,7 +290,11 @@ def test_reading_dash_from_a_closed_stdin_is_refused_before_anything_is_done(
     )
 
     assert done.returncode == 1, done.stderr
-    assert done.stderr.startswith("ctx: EBADF: standard input is closed, so '-' names nothing")
+    what = "result" if command[0] == "finish" else "request"
+    assert done.stderr == (
+        f"ctx: EBADF: standard input is closed: there is no {what} to read; give a FILE, or "
+        f"pipe the {what} in; nothing was done\n"
+    )
     assert tree(qdir(root)) == before
 
 
