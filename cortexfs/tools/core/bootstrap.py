@@ -184,6 +184,11 @@ def _is_real_directory(path: Path) -> bool:
     return path.is_dir() and not path.is_symlink()
 
 
+# How much larger than the launcher this process renders an installed one is read, at most:
+# its bytecode may differ in marshal's flags and back-references alone (same_program).
+_READ_LIMIT_FACTOR = 2
+
+
 def _install_program(
     root: Path, where: str, program: bytes, owner: int, report: storage.BootstrapReport
 ) -> None:
@@ -220,10 +225,6 @@ def _install_program(
         report.repaired.append(f"{where} (it was a {replaced})")
     else:
         report.repaired.append(f"{where} ({loose}, rewritten)" if loose else where)
-
-
-# How much larger than the launcher this process renders an installed one is read, at most.
-_READ_LIMIT_FACTOR = 2
 
 
 def _read_at(dir_fd: int, name: str, limit: int) -> bytes | None:
