@@ -259,7 +259,7 @@ def test_dash_reads_standard_input_where_documented_and_a_closed_one_publishes_n
     """§2.4 (``publish (FILE | -)``, ``--batch (JSONL_FILE | -)``, ``finish … [RESULT_FILE |
     -]``), docs/policy.md ("``-`` reads stdin", "A pipe is given as ``-``") and ``ctx agent
     create --help`` ("'-' reads standard input"): ``-`` is stdin, ``./-`` the file of that name;
-    a standard input closed by the shell (``<&-``) is no request: nothing is published."""
+    a standard input closed by the shell (``<&-``) is no request: EBADF, nothing published."""
     env = clean_env(CTX_STORAGE=str(storage))
     here = tmp_path / "here"
     here.mkdir()
@@ -301,7 +301,8 @@ def test_dash_reads_standard_input_where_documented_and_a_closed_one_publishes_n
     for words in (["--name", "closed", "-"], ["--batch", "-"]):
         closed = sh('exec "$@" <&-', *CTX_ARGV, "queue", "publish", "--project", "proj", *words,
                     env=env)  # fmt: skip
-        assert closed.rc == 1 and b"ctx: EINVAL: " in closed.err and closed.out == b"", closed
+        assert closed.rc == 1 and closed.out == b"", closed
+        assert closed.err.startswith(b"ctx: EBADF: standard input is closed: "), closed
     assert pending(storage) == before
     assert os.listdir(q / "inbox") == []
 
