@@ -188,6 +188,11 @@ def job_outcome(queue: QueueCLI, value: dict, tool: str = TOOL) -> tuple[str, di
     return state, json.loads((queue.dir / state / f"{job}.result").read_text())
 
 
+def in_flight(queue: QueueCLI) -> list[str]:
+    """What ``claimed/`` and ``lease/`` still hold."""
+    return os.listdir(queue.dir / "claimed") + os.listdir(queue.dir / "lease")
+
+
 def agree(
     admin: Admin, queue: QueueCLI, step: int | None, n: int, says: str = "", terminal: bool = True
 ) -> dict:
@@ -267,7 +272,9 @@ def test_each_grant_and_revoke_reaches_run_a_running_worker_and_explain_on_the_n
         agree(admin, queue, 5, 5, f"lacks 'allow {LABEL} mount:ctx read'")
         add_rule(admin.agent_policy, f"allow {LABEL} mount:ctx read")
         agree(admin, queue, None, 6)
-        assert os.listdir(queue.dir / "claimed") == [] and os.listdir(queue.dir / "lease") == []
+        # Q-4: finish removes claimed/J and lease/J after the request has moved, which the
+        # last job's state is read from.
+        assert wait_for(lambda: not in_flight(queue), WAIT), in_flight(queue)
         assert len(os.listdir(queue.dir / "failed")) == 2 * 3
         assert len(os.listdir(queue.dir / "done")) == 2 * 3
 

@@ -60,6 +60,14 @@ def killable_job(outbox: Path, tag: str, seconds: int = 30) -> dict:
     )
 
 
+def _written(path: Path) -> bool:
+    """Whether ``path`` holds a whole line (a pid its writer has finished writing)."""
+    try:
+        return path.read_text().endswith("\n")
+    except FileNotFoundError:
+        return False
+
+
 def env_for(storage: Path, **extra: str) -> dict[str, str]:
     """A user's shell environment: the storage root, and the venv's ``ctx`` first on PATH."""
     path = f"{REPO / '.venv' / 'bin'}:{os.environ.get('PATH', '/usr/bin:/bin')}"
@@ -373,7 +381,7 @@ def test_a_worker_killed_mid_job_and_a_claim_killed_mid_claim_are_recovered_once
     victim = work(queue, "builder", "--concurrency", "2", "--worker", "victim",
                   "--session", "victim")  # fmt: skip
     with workers(victim):
-        both = lambda: all((outbox / f"bg-slow-{n}").exists() for n in range(2))  # noqa: E731
+        both = lambda: all(_written(outbox / f"bg-slow-{n}") for n in range(2))  # noqa: E731
         assert wait_for(both, 30), victim.poll()
         for job in slow:
             assert queue.state(job) == "claimed" and queue.lease(job)["pid"] == victim.pid
@@ -736,7 +744,7 @@ def test_ctrl_c_twice_aborts_a_busy_worker_and_recover_hands_its_jobs_on(space, 
     waiting = publish(queue, shell_job(f"echo w >> {outbox}/waiting"), "waiting")
     proc = work(queue, "builder", "--concurrency", "2", "--worker", "w", "--session", "intr")
     with workers(proc):
-        both = lambda: all((outbox / f"bg-long-{n}").exists() for n in range(2))  # noqa: E731
+        both = lambda: all(_written(outbox / f"bg-long-{n}") for n in range(2))  # noqa: E731
         assert wait_for(both, 30), proc.poll()
         tools = [int((outbox / f"bg-long-{n}").read_text()) for n in range(2)]
         proc.send_signal(signal.SIGINT)
@@ -791,7 +799,8 @@ def test_ctrl_c_twice_aborts_a_worker_whose_output_reader_lags(space, outbox):
         target=lambda: chunks.extend(iter(lambda: os.read(read_end, 1 << 16), b""))
     )
     try:
-        both = lambda: all((outbox / f"bg-j{n}").exists() for n in range(2))  # noqa: E731
+        # Both tools have written their pid (a file that exists may not hold it yet).
+        both = lambda: all(_written(outbox / f"bg-j{n}") for n in range(2))  # noqa: E731
         assert wait_for(both, 30), proc.poll()
         tools = [int((outbox / f"bg-j{n}").read_text()) for n in range(2)]
         # The reader has stopped: fill the pipe through a description of its own (never the
