@@ -245,7 +245,7 @@ def _opened_input(source: str, what: str) -> Iterator[BinaryIO]:
     """FILE, or standard input for ``-``, which holds ``what`` (a request, a result); read it
     with a limit (:func:`read_at_most`)."""
     if source == "-":
-        require_standard_input(what)  # closed, it would be an empty result nobody gave
+        require_standard_input(what)  # closed, it would read as empty: a result may be
         yield sys.stdin.buffer
         return
     try:
