@@ -42,7 +42,8 @@ from tests.support.users import UnprivilegedUser
 from tests.support.users import unprivileged_user as unprivileged_user
 
 TRACEBACK = "Traceback (most recent call last)"
-SCRATCH = Path("/tmp/test_acceptance_flows_concurrent_admin")
+# One per uid: a user running the suite after root cannot use root's.
+SCRATCH = Path(f"/tmp/test_acceptance_flows_concurrent_admin-{os.geteuid()}")
 CORE = {"fs.read", "fs.list", "fs.stat", "fs.write", "shell.exec", "tsh.config", "tsh"}
 # The barrier: each process spins until the go file appears, then becomes the ctx command.
 BARRIER = 'until [ -e "$0" ]; do :; done; exec "$@"'

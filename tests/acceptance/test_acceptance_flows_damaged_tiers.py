@@ -29,7 +29,8 @@ from tests.support.users import UnprivilegedUser, find_or_create_user
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="runs agents as other uids")
 
-SCRATCH = Path("/tmp") / Path(__file__).stem
+# One per uid: a user running the suite after root cannot use root's.
+SCRATCH = Path("/tmp") / f"{Path(__file__).stem}-{os.geteuid()}"
 # Leaves one line per run in the trace file (so a refused call provably ran nothing), then
 # says who it is and what it got.
 PROGRAM = """\

@@ -29,7 +29,8 @@ from tests.support.storage import copy_of_root
 from tests.support.users import UnprivilegedUser
 from tests.support.users import unprivileged_user as unprivileged_user
 
-SCRATCH = Path("/tmp/test_acceptance_flows_doc_examples_manual")
+# One per uid: a user running the suite after root cannot use root's.
+SCRATCH = Path(f"/tmp/test_acceptance_flows_doc_examples_manual-{os.geteuid()}")
 VENV_BIN = Path(CTX_ARGV[0]).parent
 NOBODY = 65534
 

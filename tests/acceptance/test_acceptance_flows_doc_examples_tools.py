@@ -39,7 +39,8 @@ from tests.support.users import unprivileged_user as unprivileged_user
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="runs agents as another uid")
 
-SCRATCH = Path("/tmp") / Path(__file__).stem
+# One per uid: a user running the suite after root cannot use root's.
+SCRATCH = Path("/tmp") / f"{Path(__file__).stem}-{os.geteuid()}"
 
 # docs/tools.md "Manifests, version 2": the example manifest, character for character.
 TEXT_UPPER_MANIFEST = """\

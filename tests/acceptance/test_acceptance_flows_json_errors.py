@@ -25,7 +25,8 @@ from tests.acceptance.ctxcli import CTX_ARGV, REPO, clean_env, snapshot, tool_ma
 from tests.support.users import UnprivilegedUser, run_as
 from tests.support.users import unprivileged_user as unprivileged_user
 
-SCRATCH = Path("/tmp") / Path(__file__).stem
+# One per uid: a user running the suite after root cannot use root's.
+SCRATCH = Path("/tmp") / f"{Path(__file__).stem}-{os.geteuid()}"
 CTXMCP = str(REPO / ".venv" / "bin" / "ctxmcp")
 ERROR_KEYS = {"error", "errno", "message"}
 

@@ -46,7 +46,8 @@ from tests.support.storage import copy_of_root
 from tests.support.users import UnprivilegedUser, run_as
 from tests.support.users import unprivileged_user as unprivileged_user
 
-SCRATCH = Path("/tmp") / Path(__file__).stem
+# One per uid: a user running the suite after root cannot use root's.
+SCRATCH = Path("/tmp") / f"{Path(__file__).stem}-{os.geteuid()}"
 VENV_BIN = REPO / ".venv" / "bin"
 CTX = VENV_BIN / "ctx"
 CTXMCP = VENV_BIN / "ctxmcp"

@@ -33,7 +33,8 @@ import pytest
 
 from tests.acceptance.ctxcli import REPO, OnStorage, Run, alive, wait_for
 
-SCRATCH = Path("/tmp") / Path(__file__).stem
+# One per uid: a user running the suite after root cannot use root's.
+SCRATCH = Path("/tmp") / f"{Path(__file__).stem}-{os.geteuid()}"
 VENV_BIN = REPO / ".venv" / "bin"
 CTXMCP = VENV_BIN / "ctxmcp"
 PYTHON = VENV_BIN / "python"

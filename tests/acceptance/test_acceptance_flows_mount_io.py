@@ -37,7 +37,8 @@ from tests.acceptance.ctxcli import (
 )
 from tests.support.users import UnprivilegedUser, find_or_create_user
 
-SCRATCH = Path("/tmp/test_acceptance_flows_mount_io")
+# One per uid: a user running the suite after root cannot use root's.
+SCRATCH = Path(f"/tmp/test_acceptance_flows_mount_io-{os.geteuid()}")
 SPACE, READ_ONLY, HIDDEN = "team", "audit", "secret"
 AGENT = "coder"
 

@@ -40,7 +40,8 @@ from tests.acceptance.ctxcli import (
 )
 from tests.support.users import UnprivilegedUser, find_or_create_user
 
-SCRATCH = Path("/tmp/test_acceptance_flows_mount_lifecycle")
+# One per uid: a user running the suite after root cannot use root's.
+SCRATCH = Path(f"/tmp/test_acceptance_flows_mount_lifecycle-{os.geteuid()}")
 AGENT, SPACE, HIDDEN = "coder", "team", "secret"
 
 pytestmark = [needs_fuse_as_root, needs_fuse]  # a mount serving other uids needs root

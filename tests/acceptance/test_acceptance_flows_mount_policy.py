@@ -42,7 +42,8 @@ from tests.acceptance.ctxcli import (
 )
 from tests.support.users import UnprivilegedUser, find_or_create_user
 
-SCRATCH = Path("/tmp/test_acceptance_flows_mount_policy")
+# One per uid: a user running the suite after root cannot use root's.
+SCRATCH = Path(f"/tmp/test_acceptance_flows_mount_policy-{os.geteuid()}")
 AGENT, LABEL = "coder", "coder_t"
 SPACE, HIDDEN = "team", "secret"
 TOOL = "demo.greet"

@@ -32,7 +32,8 @@ pytestmark = pytest.mark.skipif(
     os.geteuid() != 0, reason="needs root to switch to the unprivileged test user"
 )
 
-SCRATCH = Path("/tmp/test_acceptance_flows_nonroot")
+# One per uid: a user running the suite after root cannot use root's.
+SCRATCH = Path(f"/tmp/test_acceptance_flows_nonroot-{os.geteuid()}")
 PATH = "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"
 CORE_TOOLS = {"fs.read", "fs.list", "fs.stat", "fs.write", "shell.exec", "tsh.config"}
 RUNTIME = Path("/run/cortexfs/terminal")

@@ -37,7 +37,8 @@ from tests.acceptance.workercli import AGENT, LABEL, allow_in_tool_policy, make_
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="runs agents as another uid")
 
 
-SCRATCH = Path("/tmp") / Path(__file__).stem
+# One per uid: a user running the suite after root cannot use root's.
+SCRATCH = Path("/tmp") / f"{Path(__file__).stem}-{os.geteuid()}"
 TOOL = "demo.prog"
 # C-2's own example of a program: a success-result JSON Schema.
 PROGRAM = {"type": "object", "additionalProperties": False}

@@ -38,7 +38,8 @@ from tests.support.storage import copy_of_root
 from tests.support.users import UnprivilegedUser
 from tests.support.users import unprivileged_user as unprivileged_user
 
-SCRATCH = Path("/tmp/test_acceptance_flows_terminal_socket")
+# One per uid: a user running the suite after root cannot use root's.
+SCRATCH = Path(f"/tmp/test_acceptance_flows_terminal_socket-{os.geteuid()}")
 PROMPT = b"coder$ "
 NOTE = "notes kept in the operator's workspace"
 BIG_END = b"END-OF-THE-BIG-FILE"

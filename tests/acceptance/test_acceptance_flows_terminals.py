@@ -33,7 +33,8 @@ from tests.acceptance.ctxcli import CTX_ARGV, clean_env, ctx_run, tool_manifest,
 from tests.acceptance.terminalcli import Raw, Term
 from tests.support.storage import copy_of_root
 
-SCRATCH = Path("/tmp/test_acceptance_flows_terminals")
+# One per uid: a user running the suite after root cannot use root's.
+SCRATCH = Path(f"/tmp/test_acceptance_flows_terminals-{os.geteuid()}")
 NOTE = "notes kept in the operator's workspace\n"
 BIG_END = "END-OF-THE-BIG-FILE"
 PROMPT = "coder$ "

@@ -41,7 +41,8 @@ from tests.acceptance.ctxcli import (
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="runs agents as another uid")
 
-SCRATCH = Path("/tmp") / Path(__file__).stem
+# One per uid: a user running the suite after root cannot use root's.
+SCRATCH = Path("/tmp") / f"{Path(__file__).stem}-{os.geteuid()}"
 LABEL = "coder_t"
 
 

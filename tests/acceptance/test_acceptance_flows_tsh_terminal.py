@@ -32,7 +32,8 @@ from tests.acceptance.ctxcli import CTX_ARGV, clean_env, ctx_run, tool_manifest,
 from tests.acceptance.terminalcli import AGENT_PROMPT, Raw
 from tests.support.storage import copy_of_root
 
-SCRATCH = Path("/tmp/test_acceptance_flows_tsh_terminal")
+# One per uid: a user running the suite after root cannot use root's.
+SCRATCH = Path(f"/tmp/test_acceptance_flows_tsh_terminal-{os.geteuid()}")
 NOTE = "notes kept in the operator's workspace\n"
 # A tool that shows its argv one word per line and, unless its first word is "-", echoes
 # its stdin (read to EOF) back.

@@ -31,7 +31,8 @@ MEMBERS = ("ctxflow-a", "ctxflow-b")
 OUTSIDER = "ctxflow-o"
 GROUP = "ctxflow-g"
 SPACE = "proj"
-SCRATCH = Path("/tmp/test_acceptance_flows_users")
+# One per uid: a user running the suite after root cannot use root's.
+SCRATCH = Path(f"/tmp/test_acceptance_flows_users-{os.geteuid()}")
 
 
 # ------------------------------------------------------------------------------ the people

@@ -46,7 +46,8 @@ from tests.support.users import unprivileged_user as unprivileged_user
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="runs agents and users as other uids")
 
-SCRATCH = Path("/tmp") / Path(__file__).stem
+# One per uid: a user running the suite after root cannot use root's.
+SCRATCH = Path("/tmp") / f"{Path(__file__).stem}-{os.geteuid()}"
 SPACE, TOOL = "lab", "lab.echo"
 # Prints a marker, its argv (terminal mode) and its input back.
 ECHO = '#!/bin/sh\necho "lab-echo $*"\ncat\n'
