@@ -56,7 +56,7 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (mounts, o
 @pytest.fixture
 def place() -> Iterator[Path]:
     """A scratch directory every uid may search (agents run as ``nobody``, the test user as
-    itself), below /tmp/<this file's stem>/."""
+    itself), below /tmp/<this file's stem>-<uid>/."""
     top = Path("/tmp") / f"{Path(__file__).stem}-{os.geteuid()}"  # one per uid
     top.mkdir(mode=0o755, exist_ok=True)
     top.chmod(0o755)
