@@ -45,6 +45,12 @@ needs_fuse_as_root = pytest.mark.skipif(
 OBJECT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
+def scratch_top(test_file: str) -> Path:
+    """``/tmp/<stem of test_file>-<uid>``: where a flow file keeps its scratch directories.
+    One per uid, so that a user running the suite after root is not refused root's."""
+    return Path("/tmp") / f"{Path(test_file).stem}-{os.geteuid()}"
+
+
 def clean_env(**extra: str) -> dict[str, str]:
     """The caller's environment without any CortexFS setting, plus ``extra``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("CTX_")}

@@ -33,6 +33,7 @@ from tests.acceptance.ctxcli import (
     ctx_run,
     request,
     result,
+    scratch_top,
     tool_manifest,
 )
 from tests.acceptance.workercli import AGENT, shell_job, start_worker
@@ -42,8 +43,7 @@ from tests.support.users import UnprivilegedUser
 from tests.support.users import unprivileged_user as unprivileged_user
 
 TRACEBACK = "Traceback (most recent call last)"
-# One per uid: a user running the suite after root cannot use root's.
-SCRATCH = Path(f"/tmp/test_acceptance_flows_concurrent_admin-{os.geteuid()}")
+SCRATCH = scratch_top(__file__)
 CORE = {"fs.read", "fs.list", "fs.stat", "fs.write", "shell.exec", "tsh.config", "tsh"}
 # The barrier: each process spins until the go file appears, then becomes the ctx command.
 BARRIER = 'until [ -e "$0" ]; do :; done; exec "$@"'

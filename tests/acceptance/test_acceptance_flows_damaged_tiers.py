@@ -23,14 +23,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.acceptance.ctxcli import CTX_ARGV, OnStorage, Run, ctx_run
+from tests.acceptance.ctxcli import CTX_ARGV, OnStorage, Run, ctx_run, scratch_top
 from tests.acceptance.workercli import AGENT, LABEL, allow_in_tool_policy, make_agent
 from tests.support.users import UnprivilegedUser, find_or_create_user
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="runs agents as other uids")
 
-# One per uid: a user running the suite after root cannot use root's.
-SCRATCH = Path("/tmp") / f"{Path(__file__).stem}-{os.geteuid()}"
+SCRATCH = scratch_top(__file__)
 # Leaves one line per run in the trace file (so a refused call provably ran nothing), then
 # says who it is and what it got.
 PROGRAM = """\

@@ -23,14 +23,20 @@ from pathlib import Path
 
 import pytest
 
-from tests.acceptance.ctxcli import CTX_ARGV, ROOT_ENTRIES, clean_env, ctx_run, wait_for
+from tests.acceptance.ctxcli import (
+    CTX_ARGV,
+    ROOT_ENTRIES,
+    clean_env,
+    ctx_run,
+    scratch_top,
+    wait_for,
+)
 from tests.acceptance.terminalcli import AGENT_PROMPT, Raw
 from tests.support.storage import copy_of_root
 from tests.support.users import UnprivilegedUser
 from tests.support.users import unprivileged_user as unprivileged_user
 
-# One per uid: a user running the suite after root cannot use root's.
-SCRATCH = Path(f"/tmp/test_acceptance_flows_doc_examples_manual-{os.geteuid()}")
+SCRATCH = scratch_top(__file__)
 VENV_BIN = Path(CTX_ARGV[0]).parent
 NOBODY = 65534
 

@@ -31,6 +31,7 @@ from tests.acceptance.ctxcli import (
     ctx_run,
     mounted_at,
     needs_fuse_as_root,
+    scratch_top,
     serving,
 )
 from tests.support.storage import copy_of_root
@@ -39,8 +40,7 @@ from tests.support.users import unprivileged_user as unprivileged_user
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="runs agents as another uid")
 
-# One per uid: a user running the suite after root cannot use root's.
-SCRATCH = Path("/tmp") / f"{Path(__file__).stem}-{os.geteuid()}"
+SCRATCH = scratch_top(__file__)
 
 # docs/tools.md "Manifests, version 2": the example manifest, character for character.
 TEXT_UPPER_MANIFEST = """\

@@ -21,12 +21,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.acceptance.ctxcli import CTX_ARGV, REPO, clean_env, snapshot, tool_manifest
+from tests.acceptance.ctxcli import CTX_ARGV, REPO, clean_env, scratch_top, snapshot, tool_manifest
 from tests.support.users import UnprivilegedUser, run_as
 from tests.support.users import unprivileged_user as unprivileged_user
 
-# One per uid: a user running the suite after root cannot use root's.
-SCRATCH = Path("/tmp") / f"{Path(__file__).stem}-{os.geteuid()}"
+SCRATCH = scratch_top(__file__)
 CTXMCP = str(REPO / ".venv" / "bin" / "ctxmcp")
 ERROR_KEYS = {"error", "errno", "message"}
 

@@ -39,6 +39,7 @@ from tests.acceptance.ctxcli import (
     ctx_mount,
     needs_fuse,
     request,
+    scratch_top,
     snapshot,
     wait_for,
 )
@@ -46,8 +47,7 @@ from tests.support.storage import copy_of_root
 from tests.support.users import UnprivilegedUser, run_as
 from tests.support.users import unprivileged_user as unprivileged_user
 
-# One per uid: a user running the suite after root cannot use root's.
-SCRATCH = Path("/tmp") / f"{Path(__file__).stem}-{os.geteuid()}"
+SCRATCH = scratch_top(__file__)
 VENV_BIN = REPO / ".venv" / "bin"
 CTX = VENV_BIN / "ctx"
 CTXMCP = VENV_BIN / "ctxmcp"

@@ -31,10 +31,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.acceptance.ctxcli import REPO, OnStorage, Run, alive, wait_for
+from tests.acceptance.ctxcli import REPO, OnStorage, Run, alive, scratch_top, wait_for
 
-# One per uid: a user running the suite after root cannot use root's.
-SCRATCH = Path("/tmp") / f"{Path(__file__).stem}-{os.geteuid()}"
+SCRATCH = scratch_top(__file__)
 VENV_BIN = REPO / ".venv" / "bin"
 CTXMCP = VENV_BIN / "ctxmcp"
 PYTHON = VENV_BIN / "python"

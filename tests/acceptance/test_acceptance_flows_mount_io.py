@@ -34,11 +34,11 @@ from tests.acceptance.ctxcli import (
     mounted_at,
     needs_fuse,
     needs_fuse_as_root,
+    scratch_top,
 )
 from tests.support.users import UnprivilegedUser, find_or_create_user
 
-# One per uid: a user running the suite after root cannot use root's.
-SCRATCH = Path(f"/tmp/test_acceptance_flows_mount_io-{os.geteuid()}")
+SCRATCH = scratch_top(__file__)
 SPACE, READ_ONLY, HIDDEN = "team", "audit", "secret"
 AGENT = "coder"
 

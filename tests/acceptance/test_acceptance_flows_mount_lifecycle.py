@@ -35,13 +35,13 @@ from tests.acceptance.ctxcli import (
     needs_fuse,
     needs_fuse_as_root,
     request,
+    scratch_top,
     serving,
     wait_for,
 )
 from tests.support.users import UnprivilegedUser, find_or_create_user
 
-# One per uid: a user running the suite after root cannot use root's.
-SCRATCH = Path(f"/tmp/test_acceptance_flows_mount_lifecycle-{os.geteuid()}")
+SCRATCH = scratch_top(__file__)
 AGENT, SPACE, HIDDEN = "coder", "team", "secret"
 
 pytestmark = [needs_fuse_as_root, needs_fuse]  # a mount serving other uids needs root

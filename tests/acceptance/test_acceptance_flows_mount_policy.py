@@ -35,6 +35,7 @@ from tests.acceptance.ctxcli import (
     mounted_at,
     needs_fuse,
     needs_fuse_as_root,
+    scratch_top,
     serving,
     tool_manifest,
     wait_for,
@@ -42,8 +43,7 @@ from tests.acceptance.ctxcli import (
 )
 from tests.support.users import UnprivilegedUser, find_or_create_user
 
-# One per uid: a user running the suite after root cannot use root's.
-SCRATCH = Path(f"/tmp/test_acceptance_flows_mount_policy-{os.geteuid()}")
+SCRATCH = scratch_top(__file__)
 AGENT, LABEL = "coder", "coder_t"
 SPACE, HIDDEN = "team", "secret"
 TOOL = "demo.greet"

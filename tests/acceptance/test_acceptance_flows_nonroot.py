@@ -25,15 +25,21 @@ from pathlib import Path
 
 import pytest
 
-from tests.acceptance.ctxcli import CTX_ARGV, QUEUE_SUBDIRS, ROOT_ENTRIES, snapshot, wait_for
+from tests.acceptance.ctxcli import (
+    CTX_ARGV,
+    QUEUE_SUBDIRS,
+    ROOT_ENTRIES,
+    scratch_top,
+    snapshot,
+    wait_for,
+)
 from tests.support.users import UnprivilegedUser, find_or_create_user
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0, reason="needs root to switch to the unprivileged test user"
 )
 
-# One per uid: a user running the suite after root cannot use root's.
-SCRATCH = Path(f"/tmp/test_acceptance_flows_nonroot-{os.geteuid()}")
+SCRATCH = scratch_top(__file__)
 PATH = "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"
 CORE_TOOLS = {"fs.read", "fs.list", "fs.stat", "fs.write", "shell.exec", "tsh.config"}
 RUNTIME = Path("/run/cortexfs/terminal")

@@ -34,6 +34,7 @@ from tests.acceptance.ctxcli import (
     ctx_mount,
     ctx_run,
     needs_fuse,
+    scratch_top,
     tool_manifest,
     wait_for,
 )
@@ -44,8 +45,7 @@ from tests.support.users import unprivileged_user as unprivileged_user
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="runs agents as another uid")
 
 
-# One per uid: a user running the suite after root cannot use root's.
-SCRATCH = Path("/tmp") / f"{Path(__file__).stem}-{os.geteuid()}"
+SCRATCH = scratch_top(__file__)
 AGENT, LABEL, TOOL = "ci", "ci_t", "demo.echo"
 RULE = f"allow {LABEL} tool:{TOOL} execute"
 SECRET = "hunter2-policy-flow-7731"  # under a key naming a secret: never in a log (S-4)

@@ -30,6 +30,7 @@ from tests.acceptance.ctxcli import (
     ctx_run,
     needs_fuse,
     request,
+    scratch_top,
     wait_for,
 )
 from tests.acceptance.workercli import AGENT, LABEL, allow_in_tool_policy, make_agent
@@ -37,8 +38,7 @@ from tests.acceptance.workercli import AGENT, LABEL, allow_in_tool_policy, make_
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="runs agents as another uid")
 
 
-# One per uid: a user running the suite after root cannot use root's.
-SCRATCH = Path("/tmp") / f"{Path(__file__).stem}-{os.geteuid()}"
+SCRATCH = scratch_top(__file__)
 TOOL = "demo.prog"
 # C-2's own example of a program: a success-result JSON Schema.
 PROGRAM = {"type": "object", "additionalProperties": False}

@@ -27,6 +27,7 @@ from tests.acceptance.ctxcli import (
     clean_env,
     ctx_run,
     request,
+    scratch_top,
     snapshot,
 )
 from tests.support.users import UnprivilegedUser, run_as
@@ -57,7 +58,7 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (mounts, o
 def place() -> Iterator[Path]:
     """A scratch directory every uid may search (agents run as ``nobody``, the test user as
     itself), below /tmp/<this file's stem>-<uid>/."""
-    top = Path("/tmp") / f"{Path(__file__).stem}-{os.geteuid()}"  # one per uid
+    top = scratch_top(__file__)
     top.mkdir(mode=0o755, exist_ok=True)
     top.chmod(0o755)
     path = Path(tempfile.mkdtemp(dir=top))

@@ -32,14 +32,20 @@ from pathlib import Path
 
 import pytest
 
-from tests.acceptance.ctxcli import CTX_ARGV, clean_env, ctx_run, tool_manifest, wait_for
+from tests.acceptance.ctxcli import (
+    CTX_ARGV,
+    clean_env,
+    ctx_run,
+    scratch_top,
+    tool_manifest,
+    wait_for,
+)
 from tests.acceptance.terminalcli import Raw, Term
 from tests.support.storage import copy_of_root
 from tests.support.users import UnprivilegedUser
 from tests.support.users import unprivileged_user as unprivileged_user
 
-# One per uid: a user running the suite after root cannot use root's.
-SCRATCH = Path(f"/tmp/test_acceptance_flows_terminal_socket-{os.geteuid()}")
+SCRATCH = scratch_top(__file__)
 PROMPT = b"coder$ "
 NOTE = "notes kept in the operator's workspace"
 BIG_END = b"END-OF-THE-BIG-FILE"

@@ -29,12 +29,18 @@ from pathlib import Path
 
 import pytest
 
-from tests.acceptance.ctxcli import CTX_ARGV, clean_env, ctx_run, tool_manifest, wait_for
+from tests.acceptance.ctxcli import (
+    CTX_ARGV,
+    clean_env,
+    ctx_run,
+    scratch_top,
+    tool_manifest,
+    wait_for,
+)
 from tests.acceptance.terminalcli import Raw, Term
 from tests.support.storage import copy_of_root
 
-# One per uid: a user running the suite after root cannot use root's.
-SCRATCH = Path(f"/tmp/test_acceptance_flows_terminals-{os.geteuid()}")
+SCRATCH = scratch_top(__file__)
 NOTE = "notes kept in the operator's workspace\n"
 BIG_END = "END-OF-THE-BIG-FILE"
 PROMPT = "coder$ "

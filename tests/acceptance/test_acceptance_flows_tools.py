@@ -34,6 +34,7 @@ from tests.acceptance.ctxcli import (
     ctx_run,
     mounted_at,
     needs_fuse,
+    scratch_top,
     snapshot,
     wait_for,
     write_durably,
@@ -41,8 +42,7 @@ from tests.acceptance.ctxcli import (
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="runs agents as another uid")
 
-# One per uid: a user running the suite after root cannot use root's.
-SCRATCH = Path("/tmp") / f"{Path(__file__).stem}-{os.geteuid()}"
+SCRATCH = scratch_top(__file__)
 LABEL = "coder_t"
 
 

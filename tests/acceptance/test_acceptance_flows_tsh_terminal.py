@@ -28,12 +28,18 @@ from pathlib import Path
 
 import pytest
 
-from tests.acceptance.ctxcli import CTX_ARGV, clean_env, ctx_run, tool_manifest, wait_for
+from tests.acceptance.ctxcli import (
+    CTX_ARGV,
+    clean_env,
+    ctx_run,
+    scratch_top,
+    tool_manifest,
+    wait_for,
+)
 from tests.acceptance.terminalcli import AGENT_PROMPT, Raw
 from tests.support.storage import copy_of_root
 
-# One per uid: a user running the suite after root cannot use root's.
-SCRATCH = Path(f"/tmp/test_acceptance_flows_tsh_terminal-{os.geteuid()}")
+SCRATCH = scratch_top(__file__)
 NOTE = "notes kept in the operator's workspace\n"
 # A tool that shows its argv one word per line and, unless its first word is "-", echoes
 # its stdin (read to EOF) back.

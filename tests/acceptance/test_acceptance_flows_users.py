@@ -21,7 +21,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.acceptance.ctxcli import CTX_ARGV, QUEUE_SUBDIRS, ROOT_ENTRIES, clean_env, snapshot
+from tests.acceptance.ctxcli import (
+    CTX_ARGV,
+    QUEUE_SUBDIRS,
+    ROOT_ENTRIES,
+    clean_env,
+    scratch_top,
+    snapshot,
+)
 from tests.support.storage import traversable_tmp as traversable_tmp
 from tests.support.users import find_or_create_user
 
@@ -31,8 +38,7 @@ MEMBERS = ("ctxflow-a", "ctxflow-b")
 OUTSIDER = "ctxflow-o"
 GROUP = "ctxflow-g"
 SPACE = "proj"
-# One per uid: a user running the suite after root cannot use root's.
-SCRATCH = Path(f"/tmp/test_acceptance_flows_users-{os.geteuid()}")
+SCRATCH = scratch_top(__file__)
 
 
 # ------------------------------------------------------------------------------ the people

@@ -36,6 +36,7 @@ from tests.acceptance.ctxcli import (
     ctx_run,
     mounted_at,
     needs_fuse_as_root,
+    scratch_top,
     snapshot,
     tool_manifest,
     wait_for,
@@ -46,8 +47,7 @@ from tests.support.users import unprivileged_user as unprivileged_user
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="runs agents and users as other uids")
 
-# One per uid: a user running the suite after root cannot use root's.
-SCRATCH = Path("/tmp") / f"{Path(__file__).stem}-{os.geteuid()}"
+SCRATCH = scratch_top(__file__)
 SPACE, TOOL = "lab", "lab.echo"
 # Prints a marker, its argv (terminal mode) and its input back.
 ECHO = '#!/bin/sh\necho "lab-echo $*"\ncat\n'
