@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -49,6 +50,24 @@ def scratch_top(test_file: str) -> Path:
     """``/tmp/<stem of test_file>-<uid>``: where a flow file keeps its scratch directories.
     One per uid, so that a user running the suite after root is not refused root's."""
     return Path("/tmp") / f"{Path(test_file).stem}-{os.geteuid()}"
+
+
+def new_scratch_dir(top: Path, prefix: str = "t") -> Path:
+    """A new directory below ``top`` (a :func:`scratch_top`, made if need be), both mode 0755
+    whatever the umask, so that agents and the second test users can reach what a flow keeps
+    there."""
+    top.mkdir(mode=0o755, exist_ok=True)
+    top.chmod(0o755)
+    made = Path(tempfile.mkdtemp(prefix=prefix, dir=top))
+    made.chmod(0o755)
+    return made
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """The objects of a JSON-lines file, blank lines left out; none when there is no file."""
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def clean_env(**extra: str) -> dict[str, str]:

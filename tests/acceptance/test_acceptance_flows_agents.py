@@ -41,6 +41,7 @@ from tests.acceptance.ctxcli import (
     Run,
     clean_env,
     ctx_mount,
+    read_jsonl,
     snapshot,
     wait_for,
 )
@@ -189,15 +190,9 @@ def native(host: Host, agent: str, tool: str, payload, session: str = "default")
     return ran, frames
 
 
-def jsonl(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def session_events(host: Host, uid: int, agent: str, session: str) -> list[dict]:
     home = host.storage / "home" / str(uid) / "agent" / agent
-    return jsonl(home / "session" / session / "events.jsonl")
+    return read_jsonl(home / "session" / session / "events.jsonl")
 
 
 def calls_of(events: list[dict], tool: str) -> list[dict]:
@@ -383,11 +378,11 @@ def test_mcp_tool_projected_installed_granted_called_and_revoked(host: Host) -> 
                                env=human, timeout=60)  # fmt: skip
     assert described.returncode == 0, described
     assert json.loads(described.stdout)["schema"]["required"] == ["timezone"], described
-    logged = len(jsonl(storage / "tool" / f"{NOW}.d" / "log"))
+    logged = len(read_jsonl(storage / "tool" / f"{NOW}.d" / "log"))
     forged = subprocess.run([*tsh, NOW, '{"timezone": "Etc/UTC"}'], capture_output=True,
                             text=True, env=human, timeout=60)  # fmt: skip
     assert forged.returncode == 126 and "EACCES" in forged.stderr, forged  # H-2
-    assert forged.stdout == "" and len(jsonl(storage / "tool" / f"{NOW}.d" / "log")) == logged
+    assert forged.stdout == "" and len(read_jsonl(storage / "tool" / f"{NOW}.d" / "log")) == logged
     missing = host.ctx("run", "--agent", "coder", CONVERT, "{}")
     assert missing.rc == 127 and "ENOENT" in missing.err, missing
 
@@ -405,7 +400,7 @@ def test_mcp_tool_projected_installed_granted_called_and_revoked(host: Host) -> 
         "terminal",
         "native",
     ]
-    logged = jsonl(storage / "tool" / f"{NOW}.d" / "log")
+    logged = read_jsonl(storage / "tool" / f"{NOW}.d" / "log")
     assert [e["call"] for e in logged] == [e["call"] for e in results], logged
 
     policy = storage / "agent" / "coder.d" / "policy"
@@ -531,7 +526,9 @@ def test_mcp_tool_typed_in_the_agents_terminal_while_watched_then_stopped(host: 
         if e["status"] == "ok"
     ]
     lifecycle = [
-        e for e in jsonl(host.storage / "agent" / "coder.d" / "log") if e.get("session") == session
+        e
+        for e in read_jsonl(host.storage / "agent" / "coder.d" / "log")
+        if e.get("session") == session
     ]
     assert [e["type"] for e in lifecycle] == ["terminal.started", "terminal.stopped"], lifecycle
     assert lifecycle[0]["workspace"] == str(host.ws)
@@ -554,7 +551,7 @@ def test_host_tunes_tsh_with_ctx_tool_and_the_joined_terminal_obeys(host: Host) 
     wanted = {"max_loaded_tools": "2", "cache_capacity": "48", "window_percent": "1"}
     assert settings_of(config) == wanted
     assert [line for line in config.read_text().splitlines() if line.startswith("#")] == comments
-    record = jsonl(host.storage / "tool" / "tsh.config.d" / "log")[-1]
+    record = read_jsonl(host.storage / "tool" / "tsh.config.d" / "log")[-1]
     assert (record["mode"], record["uid"], record["agent"]) == ("host", 0, ""), record
     assert record["argv"] == ["max_loaded_tools=2", "cache_capacity=48"], record
     written = host.ws / "written"
@@ -711,13 +708,13 @@ def test_parent_makes_a_helper_that_works_within_what_it_was_given(host: Host, v
             "allow helper_t mount:ctx read",
         ]
     )
-    created = jsonl(controls / "log")[0]
+    created = read_jsonl(controls / "log")[0]
     assert (created["type"], created["by"], created["parent"]) == (
         "agent.created",
         "agent.create",
         "parent",
     )
-    told = [e for e in jsonl(host.storage / "agent" / "parent.d" / "log") if e.get("child")]
+    told = [e for e in read_jsonl(host.storage / "agent" / "parent.d" / "log") if e.get("child")]
     assert [(e["type"], e["child"]) for e in told] == [("agent.created", "helper")], told
 
     first = host.ctx("run", "--agent", "helper", "fs.read", "/data/notes.txt")
@@ -805,7 +802,7 @@ def test_agent_update_rewrites_its_own_prompt_and_nothing_else_it_can_reach(host
     assert {p.name: p.read_bytes() for p in (host.storage / "agent" / "other.d").iterdir()} == (
         others
     )
-    updates = [e for e in jsonl(coder / "log") if e["type"] == "agent.updated"]
+    updates = [e for e in read_jsonl(coder / "log") if e["type"] == "agent.updated"]
     assert [(e["control"], e["session"], e["status"]) for e in updates] == [
         ("system.md", "tune", "ok"),
         ("prompt.template.md", "tune", "ok"),

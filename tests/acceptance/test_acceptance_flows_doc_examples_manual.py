@@ -16,7 +16,6 @@ import re
 import shutil
 import stat
 import subprocess
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +27,8 @@ from tests.acceptance.ctxcli import (
     ROOT_ENTRIES,
     clean_env,
     ctx_run,
+    new_scratch_dir,
+    read_jsonl,
     scratch_top,
     wait_for,
 )
@@ -82,10 +83,7 @@ class Desk:
 
 @pytest.fixture
 def desk(_template: Path) -> Iterator[Desk]:
-    SCRATCH.mkdir(mode=0o755, exist_ok=True)
-    SCRATCH.chmod(0o755)
-    top = Path(tempfile.mkdtemp(prefix="d", dir=SCRATCH))
-    top.chmod(0o755)
+    top = new_scratch_dir(SCRATCH, "d")
     try:
         yield Desk(top, copy_of_root(_template, top / "storage"))
     finally:
@@ -98,10 +96,6 @@ def rules_of(policy: Path) -> list[str]:
         for line in policy.read_text().splitlines()
         if line.strip() and not line.lstrip().startswith("#")
     ]
-
-
-def jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def create(desk: Desk, request: dict, *options: str):
@@ -346,7 +340,7 @@ def test_the_agent_pages_request_for_a_named_user_is_what_show_and_the_root_choi
         info = (controls / control).stat()
         wanted = 0o640 if control == "log" else 0o644
         assert (stat.S_IMODE(info.st_mode), info.st_uid) == (wanted, 0), control
-    assert jsonl(controls / "log")[0]["type"] == "agent.created"
+    assert read_jsonl(controls / "log")[0]["type"] == "agent.created"
 
     shown = desk.ctx("agent", "show", "reviewer")
     assert shown.rc == 0, shown
@@ -690,7 +684,7 @@ def test_a_terminal_started_by_the_agents_entry_takes_what_the_agent_page_says_t
     assert (facts["agent"], facts["session"]) == ("coder", "doc"), facts
     assert wait_for(lambda: not os.path.exists(f"/proc/{facts['pid']}"), 15), facts
     session = desk.storage / "home" / str(NOBODY) / "agent" / "coder" / "session" / "doc"
-    calls = [e["object"] for e in jsonl(session / "events.jsonl") if e["type"] == "tool_call"]
+    calls = [e["object"] for e in read_jsonl(session / "events.jsonl") if e["type"] == "tool_call"]
     # one agent.create call: the page's line
     assert calls == [f"tool/{name}" for name in
                      ("agent.update", "agent.create", "tsh.config", "fs.read")], calls  # fmt: skip

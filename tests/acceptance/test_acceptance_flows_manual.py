@@ -15,7 +15,7 @@ import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from tests.acceptance.ctxcli import MAN_PAGES, REPO, Run, clean_env, ctx_run
+from tests.acceptance.ctxcli import MAN_PAGES, REPO, Run, clean_env, ctx_run, read_jsonl
 
 BIN = REPO / ".venv" / "bin"
 H4_DEFAULTS = {"max_loaded_tools": "64", "cache_capacity": "32", "window_percent": "1"}
@@ -93,10 +93,6 @@ def listed(env: dict[str, str], *args: str) -> dict[str, dict]:
     shown = ctx_run("object", "list", "--json", *args, env=env)
     assert shown.rc == 0, shown
     return {entry["name"]: entry for entry in shown.json()}
-
-
-def jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 # --- 1. the coreutils page and the core tools -----------------------------------------------
@@ -380,7 +376,7 @@ def test_the_tsh_config_examples_run_as_printed_and_a_hand_made_fault_waits_for_
     assert set(native["changed"]) <= {"max_loaded_tools", "window_percent"}, native
     assert config.read_text().splitlines()[0] == comment
     assert settings(config.read_text()) == {k: str(v) for k, v in wanted.items()}
-    log = jsonl(storage / "tool" / "tsh.config.d" / "log")
+    log = read_jsonl(storage / "tool" / "tsh.config.d" / "log")
     assert [(e["mode"], e["agent"], e["uid"]) for e in log[-3:]] == [
         ("host", "", os.getuid())
     ] * 3, log
@@ -580,7 +576,7 @@ def test_ctx_tool_and_the_listings_agree_while_tsh_config_is_switched_off_damage
     back = ctx_run("tool", "tsh.config", "window_percent=4", env=env)
     assert back.rc == 0 and settings(back.out) == {**H4_DEFAULTS, "cache_capacity": "48",
                                                     "window_percent": "4"}, back  # fmt: skip
-    last = jsonl(controls / "log")[-1]
+    last = read_jsonl(controls / "log")[-1]
     assert (last["mode"], last["argv"], last["status"]) == ("host", ["window_percent=4"], "ok")
 
 
@@ -596,12 +592,12 @@ def test_a_ctx_tool_call_refused_by_the_tools_controls_is_a_line_of_its_log(
     env = human_env(storage, tmp_path / "home")
     controls = storage / "tool" / "tsh.config.d"
     (controls / "status").write_text("disabled\n")
-    before = jsonl(controls / "log")
+    before = read_jsonl(controls / "log")
 
     refused = ctx_run("tool", "tsh.config", "cache_capacity=40", env=env)
 
     assert refused.rc == 1 and "EACCES" in refused.err, refused
-    added = jsonl(controls / "log")[len(before) :]
+    added = read_jsonl(controls / "log")[len(before) :]
     assert [(e["type"], e["status"], e["mode"], e["uid"]) for e in added] == [
         ("tool_result", "error", "host", os.getuid())
     ], added

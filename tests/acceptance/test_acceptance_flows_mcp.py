@@ -21,7 +21,6 @@ import shutil
 import signal
 import stat
 import subprocess
-import tempfile
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -38,6 +37,8 @@ from tests.acceptance.ctxcli import (
     clean_env,
     ctx_mount,
     needs_fuse,
+    new_scratch_dir,
+    read_jsonl,
     request,
     scratch_top,
     snapshot,
@@ -182,9 +183,7 @@ class Host(OnStorage):
 
 @pytest.fixture
 def host(_template: Path) -> Iterator[Host]:
-    SCRATCH.mkdir(mode=0o755, exist_ok=True)
-    top = Path(tempfile.mkdtemp(prefix="host-", dir=SCRATCH))
-    top.chmod(0o755)
+    top = new_scratch_dir(SCRATCH, "host-")
     try:
         storage = top / "storage"
         copy_of_root(_template, storage)
@@ -224,14 +223,8 @@ def kill_servers(top: Path) -> None:
             os.kill(pid, 9)
 
 
-def jsonl(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def events(storage: Path, uid: int, agent: str, session: str) -> list[dict]:
-    return jsonl(storage / "home" / str(uid) / "agent" / agent / "session" / session /
+    return read_jsonl(storage / "home" / str(uid) / "agent" / agent / "session" / session /
                  "events.jsonl")  # fmt: skip
 
 
@@ -345,7 +338,7 @@ def test_flow_sdk_server_projected_into_a_shared_tier_and_called_three_ways(host
         done["call"]: "ok",
         failed["call"]: "error",
     }
-    logged = [e["call"] for e in jsonl(controls / "log")]
+    logged = [e["call"] for e in read_jsonl(controls / "log")]
     assert logged == [e["call"] for e in direct] + [e["call"] for e in by_worker], logged
 
     # M-4: the secret reached the server (it answers only with it) and is stored nowhere.
@@ -370,9 +363,7 @@ def test_flow_a_non_root_user_adopts_the_time_server_into_their_own_tier(
     the tool hold the locator, never the configuration's secret."""
     if not TIME_SERVER.exists():
         pytest.skip("mcp-server-time is not installed in the venv")
-    SCRATCH.mkdir(mode=0o755, exist_ok=True)
-    top = Path(tempfile.mkdtemp(prefix="user-", dir=SCRATCH))
-    top.chmod(0o755)
+    top = new_scratch_dir(SCRATCH, "user-")
     os.chown(top, unprivileged_user.uid, unprivileged_user.gid)
     user = unprivileged_user
     env = clean_env(CTX_STORAGE=str(top / "storage"), HOME=str(top))
@@ -423,10 +414,10 @@ def test_flow_a_non_root_user_adopts_the_time_server_into_their_own_tier(
         result = [json.loads(line) for line in ran.stdout.splitlines()][-1]
         assert result["output"]["structuredContent"]["timezone"] == "Asia/Tokyo", result
 
-        log = jsonl(tier / f"{name}.d" / "log")
+        log = read_jsonl(tier / f"{name}.d" / "log")
         assert [e["status"] for e in log] == ["error", "ok"], log
         session = top / "storage" / "home" / str(user.uid) / "agent" / "me" / "session"
-        calls = results_for(jsonl(session / "default" / "events.jsonl"), f"home/{user.uid}/"
+        calls = results_for(read_jsonl(session / "default" / "events.jsonl"), f"home/{user.uid}/"
                             f"tool/{name}")  # fmt: skip
         assert [e["call"] for e in calls] == [e["call"] for e in log], calls
         for path, data in every_file(top / "storage", out):
@@ -483,7 +474,7 @@ def test_flow_the_servers_tools_change_and_the_projection_is_replaced_atomically
         assert "c" in new["schema"]["properties"]
 
         policy_inode, log_inode = (controls / "policy").stat().st_ino, (controls / "log").stat()
-        lines_before = jsonl(controls / "log")
+        lines_before = read_jsonl(controls / "log")
         seen: list[str] = []
         stop = threading.Event()
 
@@ -510,7 +501,7 @@ def test_flow_the_servers_tools_change_and_the_projection_is_replaced_atomically
         assert seen == [], seen[:5]
         assert (controls / "policy").stat().st_ino == policy_inode
         assert (controls / "log").stat().st_ino == log_inode.st_ino
-        assert jsonl(controls / "log")[: len(lines_before)] == lines_before
+        assert read_jsonl(controls / "log")[: len(lines_before)] == lines_before
         assert (controls / "description").read_text().strip() == "Add two or three integers."
 
         assert wait_for(lambda: "c" in (view / "tool" / "calc.add.d" / "schema").read_text(), 5)
@@ -609,13 +600,13 @@ def test_flow_a_misbehaving_server_fails_its_jobs_with_a_reason_and_leaves_none_
 
     recorded = results_for(events(storage, uid, "coder", "worker"), "tool/calc.act")
     assert {e["call"]: e["status"] for e in recorded} == calls, recorded
-    assert sorted(e["call"] for e in jsonl(controls / "log")) == sorted(calls)
+    assert sorted(e["call"] for e in read_jsonl(controls / "log")) == sorted(calls)
     # S-4: the crashed server's stderr named its token; the records keep the fact, not it.
     worker_events = storage / "home" / str(uid) / "agent" / "coder" / "session" / "worker"
     for path, data in every_file(worker_events, controls):
         assert SECRET.encode() not in data, path
     crashed = json.loads((queue.dir / "failed" / f"{crash}.result").read_text())
     assert "exited (status 9)" in crashed["reason"], crashed
-    for record in (recorded, jsonl(controls / "log")):
+    for record in (recorded, read_jsonl(controls / "log")):
         [fact] = [e for e in record if e["call"] == crashed["call"]]
         assert "its stderr ends: fatal: CALC_TOKEN=[redacted] was refused" in fact["message"]

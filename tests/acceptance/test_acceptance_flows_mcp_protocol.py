@@ -31,7 +31,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.acceptance.ctxcli import REPO, OnStorage, Run, alive, scratch_top, wait_for
+from tests.acceptance.ctxcli import (
+    REPO,
+    OnStorage,
+    Run,
+    alive,
+    new_scratch_dir,
+    read_jsonl,
+    scratch_top,
+    wait_for,
+)
 
 SCRATCH = scratch_top(__file__)
 VENV_BIN = REPO / ".venv" / "bin"
@@ -287,14 +296,12 @@ class Host(OnStorage):
     def events(self) -> list[dict]:
         path = (self.storage / "home" / str(self.uid) / "agent" / "coder" / "session" /
                 "default" / "events.jsonl")  # fmt: skip
-        return jsonl(path)
+        return read_jsonl(path)
 
 
 @pytest.fixture
 def host(_template: Path) -> Iterator[Host]:
-    SCRATCH.mkdir(mode=0o755, exist_ok=True)
-    top = Path(tempfile.mkdtemp(prefix="host-", dir=SCRATCH))
-    top.chmod(0o755)
+    top = new_scratch_dir(SCRATCH, "host-")
     try:
         storage = top / "storage"
         shutil.copytree(_template, storage, symlinks=True)
@@ -328,12 +335,6 @@ def kill_processes_of(top: Path) -> None:
     for pid in processes_of(top):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-
-
-def jsonl(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def by_call(events: list[dict]) -> dict[str, dict[str, dict]]:
@@ -423,7 +424,7 @@ def test_server_traffic_mid_request_is_answered_as_the_sdk_client_answers_it(hos
     report = json.loads(listed.stdout)
     assert report["protocolVersion"] == "2025-11-25" and report["serverInfo"]["name"] == "wire"
     assert [(t["name"], t["problem"]) for t in report["tools"]] == [("w.echo", None)], report
-    [(list_pid, list_lines)] = sessions_of(jsonl(record)).items()
+    [(list_pid, list_lines)] = sessions_of(read_jsonl(record)).items()
     messages = received(list_lines)
     assert_client_handshake(messages, "tools/list")
     pending = messages[2]["id"]
@@ -448,7 +449,7 @@ def test_server_traffic_mid_request_is_answered_as_the_sdk_client_answers_it(hos
         answers,
         sdk_answers,
     )  # the ping answered, sampling and roots refused, as the SDK client does
-    [(call_pid, call_lines)] = sessions_of(jsonl(record)).items()
+    [(call_pid, call_lines)] = sessions_of(read_jsonl(record)).items()
     messages = received(call_lines)
     assert_client_handshake(messages, "tools/call")
     assert messages[2]["params"] == {"name": "echo", "arguments": {"text": "héllo"}}
@@ -461,7 +462,7 @@ def test_server_traffic_mid_request_is_answered_as_the_sdk_client_answers_it(hos
     pair = calls[result["call"]]
     assert pair["tool_call"]["input"] == {"text": "héllo"} and pair["tool_call"]["mode"] == "native"
     assert pair["tool_result"]["status"] == "ok" and pair["tool_result"]["object"] == "tool/w.echo"
-    logged = jsonl(host.storage / "tool" / "w.echo.d" / "log")
+    logged = read_jsonl(host.storage / "tool" / "w.echo.d" / "log")
     assert [(e["call"], e["status"]) for e in logged] == [(result["call"], "ok")], logged
 
 
@@ -511,7 +512,7 @@ def test_a_call_answered_with_a_batch_fails_as_eproto_and_is_recorded(host: Host
     assert result["error"]["error"] == "EPROTO" and "JSON-RPC" in result["error"]["message"]
     pair = by_call(host.events())[result["call"]]
     assert pair["tool_result"]["status"] == "error" and pair["tool_result"]["errno"] == "EPROTO"
-    logged = jsonl(host.storage / "tool" / "w.echo.d" / "log")
+    logged = read_jsonl(host.storage / "tool" / "w.echo.d" / "log")
     assert [(e["call"], e["status"]) for e in logged] == [(result["call"], "error")]
 
 

@@ -19,7 +19,6 @@ import sqlite3
 import stat
 import subprocess
 import sys
-import tempfile
 import textwrap
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from tests.acceptance.ctxcli import (
     mounted_at,
     needs_fuse,
     needs_fuse_as_root,
+    new_scratch_dir,
     scratch_top,
 )
 from tests.support.users import UnprivilegedUser, find_or_create_user
@@ -236,9 +236,7 @@ class Team:
 @pytest.fixture
 def scratch() -> Iterator[Path]:
     """A directory of this file's own below /tmp, searchable by every uid."""
-    SCRATCH.mkdir(mode=0o755, exist_ok=True)
-    path = Path(tempfile.mkdtemp(dir=SCRATCH))
-    path.chmod(0o755)
+    path = new_scratch_dir(SCRATCH)
     yield path
     shutil.rmtree(path, ignore_errors=True)
 

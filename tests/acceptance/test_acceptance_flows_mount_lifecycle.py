@@ -18,7 +18,6 @@ import signal
 import stat
 import subprocess
 import sys
-import tempfile
 import textwrap
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from tests.acceptance.ctxcli import (
     mounted_at,
     needs_fuse,
     needs_fuse_as_root,
+    new_scratch_dir,
     request,
     scratch_top,
     serving,
@@ -96,10 +96,7 @@ def make_world(
 @pytest.fixture
 def world(_template: Path) -> Iterator[World]:
     user = find_or_create_user()
-    SCRATCH.mkdir(mode=0o755, exist_ok=True)
-    SCRATCH.chmod(0o755)
-    top = Path(tempfile.mkdtemp(dir=SCRATCH))
-    top.chmod(0o755)
+    top = new_scratch_dir(SCRATCH)
     make_world(_template, top / "storage", user, grant_hidden=False)
     yield World(top, top / "storage", user, _template)
     for line in Path("/proc/self/mountinfo").read_text().splitlines():

@@ -19,7 +19,6 @@ import signal
 import stat
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ from tests.acceptance.ctxcli import (
     mounted_at,
     needs_fuse,
     needs_fuse_as_root,
+    new_scratch_dir,
     scratch_top,
     serving,
     tool_manifest,
@@ -94,10 +94,7 @@ class World:
 @pytest.fixture
 def world(_template: Path) -> Iterator[World]:
     user = find_or_create_user()
-    SCRATCH.mkdir(mode=0o755, exist_ok=True)
-    SCRATCH.chmod(0o755)
-    top = Path(tempfile.mkdtemp(dir=SCRATCH))
-    top.chmod(0o755)
+    top = new_scratch_dir(SCRATCH)
     storage = top / "storage"
     shutil.copytree(_template, storage, symlinks=True)
     for space in (SPACE, HIDDEN):

@@ -17,7 +17,6 @@ import shutil
 import signal
 import stat
 import subprocess
-import tempfile
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from tests.acceptance.ctxcli import (
     CTX_ARGV,
     QUEUE_SUBDIRS,
     ROOT_ENTRIES,
+    new_scratch_dir,
     scratch_top,
     snapshot,
     wait_for,
@@ -169,10 +169,7 @@ class Desk:
 @pytest.fixture
 def desk() -> Iterator[Desk]:
     user = find_or_create_user()
-    SCRATCH.mkdir(mode=0o755, exist_ok=True)
-    SCRATCH.chmod(0o755)
-    top = Path(tempfile.mkdtemp(prefix="u", dir=SCRATCH))
-    top.chmod(0o755)
+    top = new_scratch_dir(SCRATCH, "u")
     home = top / "home"
     run = top / "run"
     for directory, mode in ((home, 0o755), (run, 0o700)):

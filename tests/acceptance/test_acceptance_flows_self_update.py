@@ -33,6 +33,7 @@ from tests.acceptance.ctxcli import (
     Run,
     clean_env,
     ctx_run,
+    read_jsonl,
     wait_for,
 )
 
@@ -118,10 +119,10 @@ class Site:
 
     def events(self, agent: str, session: str, uid: int = 65534) -> list[dict]:
         path = self.storage / "home" / str(uid) / "agent" / agent / "session" / session
-        return jsonl(path / "events.jsonl")
+        return read_jsonl(path / "events.jsonl")
 
     def log(self, agent: str) -> list[dict]:
-        return jsonl(self.controls(agent) / "log")
+        return read_jsonl(self.controls(agent) / "log")
 
     def bytes_of(self, agent: str) -> dict[str, bytes]:
         """Every control of ``agent`` but its log, as bytes."""
@@ -138,12 +139,6 @@ def site(searchable_storage: Path, traversable: Path, outbox: Path) -> Site:
         (place / "notes.txt").write_text(note)
         (place / "notes.txt").chmod(0o644)
     return Site(searchable_storage, ws, ref, outbox)
-
-
-def jsonl(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def calls(events: list[dict], tool: str) -> list[dict]:
@@ -318,7 +313,7 @@ def test_a_copied_capability_is_never_answered_during_or_after_the_call(rivals: 
             ("tool_result", status),
         ], pair
         assert pair[0]["call"] == pair[1]["call"] and pair[0]["mode"] == "terminal", pair
-    results = jsonl(site.storage / "tool" / "agent.update.d" / "log")
+    results = read_jsonl(site.storage / "tool" / "agent.update.d" / "log")
     assert [(e["session"], e["status"]) for e in results if e["agent"] == "coder"] == [
         ("stolen", "error"),
         ("kept", "ok"),

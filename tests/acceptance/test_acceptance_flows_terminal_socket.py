@@ -22,7 +22,6 @@ import shutil
 import socket
 import stat
 import subprocess
-import tempfile
 import threading
 import time
 import uuid
@@ -36,6 +35,7 @@ from tests.acceptance.ctxcli import (
     CTX_ARGV,
     clean_env,
     ctx_run,
+    new_scratch_dir,
     scratch_top,
     tool_manifest,
     wait_for,
@@ -105,10 +105,7 @@ class Host:
 
 @pytest.fixture
 def host(_template: Path) -> Iterator[Host]:
-    SCRATCH.mkdir(mode=0o755, exist_ok=True)
-    SCRATCH.chmod(0o755)
-    top = Path(tempfile.mkdtemp(prefix="t", dir=SCRATCH))
-    top.chmod(0o755)
+    top = new_scratch_dir(SCRATCH, "t")
     storage = top / "storage"
     copy_of_root(_template, storage)
     env = clean_env(CTX_STORAGE=str(storage))

@@ -19,7 +19,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import tempfile
 import threading
 import time
 import uuid
@@ -33,6 +32,8 @@ from tests.acceptance.ctxcli import (
     CTX_ARGV,
     clean_env,
     ctx_run,
+    new_scratch_dir,
+    read_jsonl,
     scratch_top,
     tool_manifest,
     wait_for,
@@ -82,7 +83,7 @@ class Host:
         return self.storage / "home" / str(self.uid) / "agent" / "coder" / "session" / session
 
     def events(self, session: str) -> list[dict]:
-        return jsonl(self.session_dir(session) / "events.jsonl")
+        return read_jsonl(self.session_dir(session) / "events.jsonl")
 
     def calls(self, session: str, tool: str) -> list[dict]:
         kinds = ("tool_call", "tool_result")
@@ -93,22 +94,13 @@ class Host:
         ]
 
     def lifecycle(self, session: str) -> list[dict]:
-        log = jsonl(self.storage / "agent" / "coder.d" / "log")
+        log = read_jsonl(self.storage / "agent" / "coder.d" / "log")
         return [e for e in log if e.get("session") == session]
-
-
-def jsonl(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 @pytest.fixture
 def host(_template: Path) -> Iterator[Host]:
-    SCRATCH.mkdir(mode=0o755, exist_ok=True)
-    SCRATCH.chmod(0o755)
-    top = Path(tempfile.mkdtemp(prefix="t", dir=SCRATCH))
-    top.chmod(0o755)
+    top = new_scratch_dir(SCRATCH, "t")
     storage = top / "storage"
     copy_of_root(_template, storage)
     env = clean_env(CTX_STORAGE=str(storage))

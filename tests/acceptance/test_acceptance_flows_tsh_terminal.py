@@ -19,7 +19,6 @@ import json
 import os
 import shutil
 import subprocess
-import tempfile
 import threading
 import uuid
 from collections.abc import Iterator
@@ -32,6 +31,8 @@ from tests.acceptance.ctxcli import (
     CTX_ARGV,
     clean_env,
     ctx_run,
+    new_scratch_dir,
+    read_jsonl,
     scratch_top,
     tool_manifest,
     wait_for,
@@ -91,14 +92,14 @@ class Host:
 
     def events(self, session: str) -> list[dict]:
         path = self.storage / "home" / str(self.uid) / "agent" / "coder" / "session" / session
-        return jsonl(path / "events.jsonl")
+        return read_jsonl(path / "events.jsonl")
 
     def calls(self, session: str, obj: str) -> list[dict]:
         kinds = ("tool_call", "tool_result")
         return [e for e in self.events(session) if e.get("object") == obj and e["type"] in kinds]
 
     def lifecycle(self, session: str) -> list[dict]:
-        log = jsonl(self.storage / "agent" / "coder.d" / "log")
+        log = read_jsonl(self.storage / "agent" / "coder.d" / "log")
         return [e for e in log if e.get("session") == session]
 
     def start(self) -> tuple[str, Path]:
@@ -111,18 +112,9 @@ class Host:
         return session, Path(started.json()["listening_at"])
 
 
-def jsonl(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 @pytest.fixture
 def host(_template: Path) -> Iterator[Host]:
-    SCRATCH.mkdir(mode=0o755, exist_ok=True)
-    SCRATCH.chmod(0o755)
-    top = Path(tempfile.mkdtemp(prefix="t", dir=SCRATCH))
-    top.chmod(0o755)
+    top = new_scratch_dir(SCRATCH, "t")
     storage = top / "storage"
     copy_of_root(_template, storage)
     env = clean_env(CTX_STORAGE=str(storage))
