@@ -96,6 +96,7 @@ BUNDLED = (
     "cortexfs/tools/core/toolio.py",
     "cortexfs/tools/core/tsh.py",
     "cortexfs/tools/core/tsh_context.py",
+    "cortexfs/tools/core/tsh_line.py",
     "cortexfs/tools/ctxpath.py",
     "cortexfs/tools/schema_subset.py",
     "cortexfs/tools/tinylfu.py",

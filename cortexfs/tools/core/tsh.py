@@ -48,6 +48,7 @@ from cortexfs.tools.core import confine
 from cortexfs.tools.core.toolio import ToolFailure
 from cortexfs.tools.core.tsh_config import MAX_CONFIG_BYTES, effective, problems
 from cortexfs.tools.core.tsh_context import ToolInfo, TshContext, json_or_none, read_settings
+from cortexfs.tools.core.tsh_line import MAX_LINE_BYTES, LineTooLong, read_terminal_line
 
 HELP = """tsh runs CortexFS tools: NAME [ARG...], NAME found on CTX_PATH.  There are no host
 commands here.  Built-ins:
@@ -333,14 +334,22 @@ def _interrupt() -> None:
         connection.sendall(b'{"interrupt": true}\n')
 
 
-def _read_line(prompt: str) -> str:
+def _read_line(prompt: str, at_terminal: bool) -> str:
     """The next command line, without its line break, after ``prompt``; EOFError at the end
-    of the input.  Not ``input()``: at a terminal that reads through C's ``fgets``, which ends
-    the line at a NUL byte and glues what follows to the next line, so a command typed after
-    a line holding a NUL would run fused to that line's start."""
+    of the input, LineTooLong for a line over its bound.  Not ``input()``: at a terminal that
+    reads through C's ``fgets``, which ends the line at a NUL byte and glues what follows to
+    the next line, so a command typed after a line holding a NUL would run fused to that
+    line's start; and a terminal's own line editing keeps 4095 bytes of a line (see
+    :mod:`cortexfs.tools.core.tsh_line`)."""
     # What the last command printed goes out before tsh waits, as input() sends it: a script
     # on a pipe reads the answer before it writes the next line.
     sys.stderr.flush()
+    if at_terminal:
+        sys.stdout.flush()
+        typed = read_terminal_line(sys.stdin.fileno(), sys.stdout.fileno(), prompt.encode())
+        if typed is None:
+            raise EOFError
+        return typed.decode(sys.stdin.encoding, sys.stdin.errors or "strict")
     sys.stdout.write(prompt)
     sys.stdout.flush()
     line = sys.stdin.readline()
@@ -583,7 +592,15 @@ def _run() -> int:
     status = 0
     while True:
         try:
-            line = _read_line(prompt if interactive else "")
+            line = _read_line(prompt if interactive else "", interactive)
+        except LineTooLong:
+            print(
+                f"tsh: E2BIG: a command line holds at most {MAX_LINE_BYTES} bytes; "
+                "this one was dropped",
+                file=sys.stderr,
+            )
+            status = 2
+            continue
         except EOFError:
             if interactive:
                 print()  # end the line the prompt is on
