@@ -4,14 +4,27 @@ what a third-party client does, byte for byte, beside ``ctx agent watch`` and ``
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import shutil
 import socket
 import threading
 import time
-from dataclasses import dataclass
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.acceptance.ctxcli import wait_for
+from tests.acceptance.ctxcli import (
+    Run,
+    clean_env,
+    ctx_run,
+    new_scratch_dir,
+    read_jsonl,
+    tool_manifest,
+    wait_for,
+)
+from tests.support.storage import copy_of_root
 
 AGENT_PROMPT = "coder$ "  # tsh's prompt in the terminal of agent coder
 
@@ -27,6 +40,106 @@ class Term:
     @property
     def rundir(self) -> Path:
         return self.listening_at.parent
+
+
+@dataclass
+class CoderHost:
+    """A storage root every uid may search (a copy of the bootstrapped template), agent
+    ``coder`` (label ``coder_t``, uid ``nobody``) and its workspace ``ws``, which the agent
+    owns; see :func:`coder_host`."""
+
+    top: Path
+    storage: Path
+    ws: Path
+    uid: int
+    gid: int
+    started: list[str] = field(default_factory=list)  # sessions to stop at the end
+
+    @property
+    def env(self) -> dict[str, str]:
+        return clean_env(CTX_STORAGE=str(self.storage))
+
+    def ctx(self, *args, **kw) -> Run:
+        kw.setdefault("env", self.env)
+        return ctx_run(*args, **kw)
+
+    def install(
+        self, name: str, program: str, description: str | None = None, **manifest_options
+    ) -> None:
+        """Tool ``name`` running the shell text ``program``, installed in the system tier."""
+        manifest = tool_manifest(
+            self.top / "manifests", name, program, description=description, **manifest_options
+        )
+        installed = self.ctx("object", "install", manifest, "--tier", "system")
+        assert installed.rc == 0, installed
+
+    def grant_in_tool(self, tool: str, directory: Path | None = None) -> None:
+        """The tool-side half of P-6: ``coder_t`` may execute ``tool``."""
+        policy = (directory or self.storage / "tool") / f"{tool}.d" / "policy"
+        with policy.open("a") as rules:
+            rules.write(f"allow coder_t tool:{tool} execute\n")
+
+    def session_dir(self, session: str) -> Path:
+        return self.storage / "home" / str(self.uid) / "agent" / "coder" / "session" / session
+
+    def events(self, session: str) -> list[dict]:
+        return read_jsonl(self.session_dir(session) / "events.jsonl")
+
+    def calls(self, session: str, tool: str, *kinds: str) -> list[dict]:
+        """The events of ``session`` about ``tool`` (a system-tier name, or an object path), of
+        the given ``kinds``: ``tool_call`` and ``tool_result`` when none is given."""
+        obj = tool if "/" in tool else f"tool/{tool}"
+        kinds = kinds or ("tool_call", "tool_result")
+        return [e for e in self.events(session) if e.get("object") == obj and e["type"] in kinds]
+
+    def lifecycle(self, session: str) -> list[dict]:
+        """The terminal events of ``session`` in the agent's log."""
+        log = read_jsonl(self.storage / "agent" / "coder.d" / "log")
+        return [e for e in log if e.get("session") == session]
+
+    def start(self, session: str | None = None) -> Term:
+        """``ctx agent start coder`` run in the workspace (A-1), checked against what A-2
+        promises of its socket; stopped when the host is taken down."""
+        session = session or f"s{uuid.uuid4().hex[:10]}"
+        started = self.ctx("agent", "start", "coder", "--session", session, "--json", cwd=self.ws)
+        assert started.rc == 0, started
+        self.started.append(session)
+        facts = started.json()
+        link = self.session_dir(session) / "terminal" / "main.sock"
+        listening_at = Path(facts["listening_at"])
+        assert facts["workspace"] == str(self.ws) and facts["socket"] == str(link), facts
+        assert os.path.samefile(link, listening_at), (link, listening_at)  # the link leads there
+        return Term(session, link, listening_at)
+
+
+@contextlib.contextmanager
+def coder_host(
+    template: Path, scratch: Path, tools: list[str], files: dict[str, str]
+) -> Iterator[CoderHost]:
+    """A :class:`CoderHost` in a new directory below ``scratch``: agent ``coder`` made with
+    ``tools`` in its request (nothing granted on the tools' side yet) and a workspace holding
+    ``files`` (name to text, each readable by all).  Its terminals are stopped and its
+    directory removed at the end."""
+    top = new_scratch_dir(scratch)
+    storage = copy_of_root(template, top / "storage")
+    request = {"name": "coder", "label": "coder_t", "tools": tools}
+    env = clean_env(CTX_STORAGE=str(storage))
+    made = ctx_run("agent", "create", "-", "--json", input=json.dumps(request), env=env)
+    assert made.rc == 0, made
+    identity = made.json()["identity"]
+    ws = top / "ws"
+    ws.mkdir(mode=0o755)
+    for name, text in files.items():
+        (ws / name).write_text(text)
+        (ws / name).chmod(0o644)
+    os.chown(ws, identity["uid"], identity["gid"])
+    host = CoderHost(top, storage, ws, identity["uid"], identity["gid"])
+    try:
+        yield host
+    finally:
+        for session in host.started:
+            ctx_run("agent", "stop", "coder", "--session", session, env=env)
+        shutil.rmtree(top, ignore_errors=True)
 
 
 def connect(sock: socket.socket, path: Path) -> None:

@@ -24,24 +24,17 @@ import stat
 import subprocess
 import threading
 import time
-import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 from tests.acceptance.ctxcli import (
     CTX_ARGV,
-    clean_env,
-    ctx_run,
-    new_scratch_dir,
     scratch_top,
-    tool_manifest,
     wait_for,
 )
-from tests.acceptance.terminalcli import Raw, Term
-from tests.support.storage import copy_of_root
+from tests.acceptance.terminalcli import CoderHost, Raw, coder_host
 from tests.support.users import UnprivilegedUser
 from tests.support.users import unprivileged_user as unprivileged_user
 
@@ -73,83 +66,20 @@ pytestmark = pytest.mark.skipif(
 # ---------------------------------------------------------------------------------- the host
 
 
-@dataclass
-class Host:
-    """A bootstrapped storage root every uid may search, agent ``coder`` allowed ``fs.read``
-    and ``rawsum`` in both policies, and a workspace holding small notes and a file of about
-    400 KB that ends in :data:`BIG_END`."""
-
-    top: Path
-    storage: Path
-    ws: Path
-    uid: int
-    gid: int
-    started: list[str] = field(default_factory=list)
-
-    @property
-    def env(self) -> dict[str, str]:
-        return clean_env(CTX_STORAGE=str(self.storage))
-
-    def ctx(self, *args, **kw):
-        kw.setdefault("env", self.env)
-        return ctx_run(*args, **kw)
-
-    def calls(self, session: str, tool: str, kind: str = "tool_call") -> list[dict]:
-        path = self.storage / "home" / str(self.uid) / "agent" / "coder" / "session" / session
-        events = path / "events.jsonl"
-        if not events.exists():
-            return []
-        lines = [json.loads(line) for line in events.read_text().splitlines() if line.strip()]
-        return [e for e in lines if e.get("object") == f"tool/{tool}" and e["type"] == kind]
-
-
 @pytest.fixture
-def host(_template: Path) -> Iterator[Host]:
-    top = new_scratch_dir(SCRATCH, "t")
-    storage = top / "storage"
-    copy_of_root(_template, storage)
-    env = clean_env(CTX_STORAGE=str(storage))
-    manifest = tool_manifest(top / "manifests", "rawsum", RAWSUM)
-    installed = ctx_run("object", "install", manifest, "--tier", "system", env=env)
-    assert installed.rc == 0, installed
-    tools = ["fs.read", "rawsum"]
-    request = {"name": "coder", "label": "coder_t", "tools": tools}
-    made = ctx_run("agent", "create", "-", "--json", input=json.dumps(request), env=env)
-    assert made.rc == 0, made
-    for tool in tools:
-        with (storage / "tool" / f"{tool}.d" / "policy").open("a") as policy:
-            policy.write(f"allow coder_t tool:{tool} execute\n")
-    uid, gid = made.json()["identity"]["uid"], made.json()["identity"]["gid"]
-    ws = top / "ws"
-    ws.mkdir(mode=0o755)
+def host(_template: Path) -> Iterator[CoderHost]:
+    """Agent ``coder`` allowed ``fs.read`` and ``rawsum`` in both policies, and a workspace
+    holding small notes and a file of about 400 KB that ends in :data:`BIG_END`."""
     files = {"notes.txt": NOTE + "\n"}
     files.update({f"{name}.txt": f"content of {name}-{name}\n" for name in "abc"})
     lines = "".join(f"line {n:06d} of a long listing\n" for n in range(12000))
     files["big.txt"] = lines + BIG_END.decode() + "\n"
-    for name, text in files.items():
-        (ws / name).write_text(text)
-        (ws / name).chmod(0o644)
-    os.chown(ws, uid, gid)
-    world = Host(top, storage, ws, uid, gid)
-    try:
-        yield world
-    finally:
-        for session in world.started:
-            ctx_run("agent", "stop", "coder", "--session", session, env=env)
-        shutil.rmtree(top, ignore_errors=True)
-
-
-def start(host: Host) -> Term:
-    """``ctx agent start coder`` run in the workspace (A-1); stopped by the fixture."""
-    session = f"s{uuid.uuid4().hex[:8]}"
-    started = host.ctx("agent", "start", "coder", "--session", session, "--json", cwd=host.ws)
-    assert started.rc == 0, started
-    host.started.append(session)
-    facts = started.json()
-    link = host.storage / "home" / str(host.uid) / "agent" / "coder" / "session" / session
-    link = link / "terminal" / "main.sock"
-    assert facts["socket"] == str(link), facts
-    return Term(session, link, Path(facts["listening_at"]))
+    tools = ["fs.read", "rawsum"]
+    with coder_host(_template, SCRATCH, tools, files) as host:
+        host.install("rawsum", RAWSUM)
+        for tool in tools:
+            host.grant_in_tool(tool)
+        yield host
 
 
 # ------------------------------------------------------------------------------- the clients
@@ -158,7 +88,7 @@ def start(host: Host) -> Term:
 class CtxClient:
     """``ctx agent watch|attach`` on pipes, its output collected in a thread."""
 
-    def __init__(self, host: Host, verb: str, session: str) -> None:
+    def __init__(self, host: CoderHost, verb: str, session: str) -> None:
         argv = [*CTX_ARGV, "agent", verb, "coder", "--session", session]
         self.proc = subprocess.Popen(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -227,22 +157,22 @@ def settle(client: Raw | CtxClient, quiet: float = 0.5, seconds: float = 10) -> 
     return client.data
 
 
-def argv_of(host: Host, session: str, tool: str = "fs.read") -> list[list[str]]:
-    return [e["argv"] for e in host.calls(session, tool)]
+def argv_of(host: CoderHost, session: str, tool: str = "fs.read") -> list[list[str]]:
+    return [e["argv"] for e in host.calls(session, tool, "tool_call")]
 
 
 # ------------------------------------------------------------------------------------ the flows
 
 
 def test_mode_lines_glued_dribbled_missing_or_malformed_as_a_client_author_meets_them(
-    host: Host,
+    host: CoderHost,
 ) -> None:
     """A-2 and its docs: input glued to ``attach\\n`` in one write is typed, glued to
     ``watch\\n`` it is ignored; an empty or binary first line is refused and closed; a mode
     line dribbled a byte at a time is served if it ends within ten seconds of the connect,
     while a client that sends none (or not all of it) in ten seconds is closed without a byte
     of output, and all this time the operator's typing is answered promptly."""
-    term = start(host)
+    term = host.start()
     with closing_all() as opened:
         operator = Raw(term.listening_at, b"attach\n")
         silent = Raw(term.listening_at)
@@ -297,14 +227,14 @@ def test_mode_lines_glued_dribbled_missing_or_malformed_as_a_client_author_meets
 
 
 def test_a_watcher_that_never_reads_is_let_go_and_a_late_one_gets_the_last_64_kib(
-    host: Host,
+    host: CoderHost,
 ) -> None:
     """A-2 and its docs ("a client that takes none of it for two seconds ... is closed, while
     the other clients go on"; "a new one first gets the last 64 KiB"): a watcher that never
     reads costs the operator nothing and finds its connection closed, short of the output;
     a raw watcher and ``ctx agent watch`` that come later both get exactly the last 64 KiB
     the operator saw, then the same bytes as each other."""
-    term = start(host)
+    term = host.start()
     with closing_all() as opened:
         operator = Raw(term.listening_at, b"attach\n")
         stalled = Raw(term.listening_at, b"watch\n", read=False, rcvbuf=4096)
@@ -335,14 +265,14 @@ def test_a_watcher_that_never_reads_is_let_go_and_a_late_one_gets_the_last_64_ki
         assert not late.eof.is_set() and watch.proc.poll() is None
 
 
-def test_binary_input_and_a_megabyte_paste_reach_a_raw_tool_whole(host: Host) -> None:
+def test_binary_input_and_a_megabyte_paste_reach_a_raw_tool_whole(host: CoderHost) -> None:
     """A-2 ("then raw PTY bytes flow"): a command line that is not UTF-8 is refused like any
     other and tsh goes on; 1 MiB of random bytes (Ctrl-C, Ctrl-D, Ctrl-], NUL among them)
     sent by a raw attach client reaches a tool that put the PTY in raw mode byte for byte, and
     what the tool prints that is not UTF-8 reaches a raw watcher and ``ctx agent watch``
     untouched.  ``ctx agent attach`` fed from a pipe does the same (its one special byte,
     Ctrl-], left out)."""
-    term = start(host)
+    term = host.start()
     with closing_all() as opened:
         operator = Raw(term.listening_at, b"attach\n")
         watcher = Raw(term.listening_at, b"watch\n")
@@ -386,11 +316,11 @@ def test_binary_input_and_a_megabyte_paste_reach_a_raw_tool_whole(host: Host) ->
     assert [(e["status"], e["exit_status"]) for e in results] == [("ok", 0), ("ok", 0)], results
 
 
-def test_a_nul_byte_in_a_typed_line_costs_that_line_only(host: Host) -> None:
+def test_a_nul_byte_in_a_typed_line_costs_that_line_only(host: CoderHost) -> None:
     """A-2, H-1 and the docs ("What an attached client types reaches tsh whole"; a command
     line is a tool and its arguments, anything else refused): a line holding a NUL byte is
     answered on its own, and the next line typed runs as typed."""
-    term = start(host)
+    term = host.start()
     with closing_all() as opened:
         operator = Raw(term.listening_at, b"attach\n")
         opened.append(operator)
@@ -403,12 +333,12 @@ def test_a_nul_byte_in_a_typed_line_costs_that_line_only(host: Host) -> None:
     assert argv_of(host, term.session) == [["notes.txt"]]
 
 
-def test_a_client_that_half_closes_its_side_still_reads_the_terminal(host: Host) -> None:
+def test_a_client_that_half_closes_its_side_still_reads_the_terminal(host: CoderHost) -> None:
     """A-2 (``watch`` = read PTY output only; docs: "output to every client"): a watcher that
     shuts down its sending side after its mode line, as ``nc -N`` or ``socat`` do at the end
     of their input, goes on receiving what the terminal prints; an attach client that sends
     its line and half-closes gets the answer to it."""
-    term = start(host)
+    term = host.start()
     with closing_all() as opened:
         operator = Raw(term.listening_at, b"attach\n")
         quiet = Raw(term.listening_at, b"watch\n")
@@ -461,7 +391,7 @@ print(json.dumps(out))
 
 
 def test_the_peers_uid_decides_who_connects_not_its_groups(
-    host: Host, unprivileged_user: UnprivilegedUser
+    host: CoderHost, unprivileged_user: UnprivilegedUser
 ) -> None:
     """A-2 and its docs: where the terminal listens the socket is root's and 0666 in a
     root-owned 0711 directory beside a 0700 ``private/``; the session's link leads there
@@ -470,7 +400,7 @@ def test_the_peers_uid_decides_who_connects_not_its_groups(
     out of its reach (EACCES); the agent's uid with another gid watches but may not attach."""
     if not PYTHON.exists():
         pytest.skip("no /usr/bin/python3 for a client running as another uid")
-    term = start(host)
+    term = host.start()
     sock = os.lstat(term.listening_at)
     assert stat.S_ISSOCK(sock.st_mode) and sock.st_uid == 0, sock
     assert stat.S_IMODE(sock.st_mode) == 0o666, oct(sock.st_mode)
@@ -502,14 +432,14 @@ def test_the_peers_uid_decides_who_connects_not_its_groups(
     assert refused["data"].startswith("ctxterm: EACCES: "), refused
 
 
-def test_several_attachers_type_in_turn_then_a_stop_lets_every_client_go(host: Host) -> None:
+def test_several_attachers_type_in_turn_then_a_stop_lets_every_client_go(host: CoderHost) -> None:
     """A-2, A-1 and the docs' end of a terminal: two raw attach clients and ``ctx agent
     attach`` each type a line, which runs once and every client sees; then ``ctx agent stop``
     with a reading watcher, one that never reads, one that sent no mode line and one half-way
     through it returns promptly, every raw client sees EOF, ``ctx agent watch|attach`` leave
     with 0 saying the terminal closed the connection, and socket, alias, link and run
     directory are gone (a new connect is ENOENT)."""
-    term = start(host)
+    term = host.start()
     with closing_all() as opened:
         first = Raw(term.listening_at, b"attach\n")
         second = Raw(term.link, b"attach\n")  # through A-2's link and the alias
@@ -527,7 +457,9 @@ def test_several_attachers_type_in_turn_then_a_stop_lets_every_client_go(host: H
                 typist.send(line)
             for client in everyone:
                 assert client.shows(f"content of {name}-{name}"), (n, client.data[-300:])
-            assert wait_for(lambda n=n: len(host.calls(term.session, "fs.read")) == n + 1)
+            assert wait_for(
+                lambda n=n: len(host.calls(term.session, "fs.read", "tool_call")) == n + 1
+            )
         assert argv_of(host, term.session) == [["a.txt"], ["b.txt"], ["c.txt"]]
 
         stalled = Raw(term.listening_at, b"watch\n", read=False, rcvbuf=4096)

@@ -23,7 +23,6 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -31,15 +30,10 @@ import pytest
 from tests.acceptance.ctxcli import (
     CTX_ARGV,
     clean_env,
-    ctx_run,
-    new_scratch_dir,
-    read_jsonl,
     scratch_top,
-    tool_manifest,
     wait_for,
 )
-from tests.acceptance.terminalcli import Raw, Term
-from tests.support.storage import copy_of_root
+from tests.acceptance.terminalcli import CoderHost, Raw, Term, coder_host
 
 SCRATCH = scratch_top(__file__)
 NOTE = "notes kept in the operator's workspace\n"
@@ -58,94 +52,19 @@ pytestmark = pytest.mark.skipif(
 # ---------------------------------------------------------------------------------- the host
 
 
-@dataclass
-class Host:
-    """A bootstrapped storage root every uid may search, agent ``coder`` (uid ``nobody``)
-    allowed :data:`TOOLS` in both policies, and the operator's workspace ``ws`` (the agent's
-    to write) holding a note and a file of about 840 KB that ends in :data:`BIG_END`."""
-
-    top: Path
-    storage: Path
-    ws: Path
-    uid: int
-    gid: int
-    started: list[str] = field(default_factory=list)  # sessions to stop at the end
-
-    @property
-    def env(self) -> dict[str, str]:
-        return clean_env(CTX_STORAGE=str(self.storage))
-
-    def ctx(self, *args, **kw):
-        kw.setdefault("env", self.env)
-        return ctx_run(*args, **kw)
-
-    def session_dir(self, session: str) -> Path:
-        return self.storage / "home" / str(self.uid) / "agent" / "coder" / "session" / session
-
-    def events(self, session: str) -> list[dict]:
-        return read_jsonl(self.session_dir(session) / "events.jsonl")
-
-    def calls(self, session: str, tool: str) -> list[dict]:
-        kinds = ("tool_call", "tool_result")
-        return [
-            e
-            for e in self.events(session)
-            if e.get("object") == f"tool/{tool}" and e["type"] in kinds
-        ]
-
-    def lifecycle(self, session: str) -> list[dict]:
-        log = read_jsonl(self.storage / "agent" / "coder.d" / "log")
-        return [e for e in log if e.get("session") == session]
-
-
 @pytest.fixture
-def host(_template: Path) -> Iterator[Host]:
-    top = new_scratch_dir(SCRATCH, "t")
-    storage = top / "storage"
-    copy_of_root(_template, storage)
-    env = clean_env(CTX_STORAGE=str(storage))
-    program = "#!/bin/sh\nexec /bin/bash --norc --noprofile -i\n"  # H-5: a shell is a tool
-    installed = ctx_run(
-        "object", "install", tool_manifest(top / "manifests", "bash", program, side_effects=True),
-        "--tier", "system", env=env,
-    )  # fmt: skip
-    assert installed.rc == 0, installed
-    request = {"name": "coder", "label": "coder_t", "tools": TOOLS}
-    made = ctx_run("agent", "create", "-", "--json", input=json.dumps(request), env=env)
-    assert made.rc == 0, made
-    for tool in TOOLS:
-        with (storage / "tool" / f"{tool}.d" / "policy").open("a") as policy:
-            policy.write(f"allow coder_t tool:{tool} execute\n")
-    uid, gid = made.json()["identity"]["uid"], made.json()["identity"]["gid"]
-    ws = top / "ws"
-    ws.mkdir(mode=0o755)
-    (ws / "notes.txt").write_text(NOTE)
+def host(_template: Path) -> Iterator[CoderHost]:
+    """Agent ``coder`` (uid ``nobody``) allowed :data:`TOOLS` in both policies, and the
+    operator's workspace ``ws`` holding a note and a file of about 840 KB that ends in
+    :data:`BIG_END`."""
     lines = "".join(f"line {n:06d} of a long listing\n" for n in range(30000))
-    (ws / "big.txt").write_text(lines + BIG_END + "\n")
-    os.chown(ws, uid, gid)
-    for name in ("notes.txt", "big.txt"):
-        (ws / name).chmod(0o644)
-    world = Host(top, storage, ws, uid, gid)
-    try:
-        yield world
-    finally:
-        for session in world.started:
-            ctx_run("agent", "stop", "coder", "--session", session, env=env)
-        shutil.rmtree(top, ignore_errors=True)
-
-
-def start(host: Host, session: str | None = None) -> Term:
-    """``ctx agent start coder`` run in the workspace (A-1); stopped by the fixture at the end."""
-    session = session or f"s{uuid.uuid4().hex[:10]}"
-    started = host.ctx("agent", "start", "coder", "--session", session, "--json", cwd=host.ws)
-    assert started.rc == 0, started
-    host.started.append(session)
-    facts = started.json()
-    assert facts["workspace"] == str(host.ws), facts
-    link = host.session_dir(session) / "terminal" / "main.sock"
-    listening_at = Path(facts["listening_at"])
-    assert os.path.samefile(link, listening_at), (link, listening_at)  # A-2: the link leads there
-    return Term(session, link, listening_at)
+    files = {"notes.txt": NOTE, "big.txt": lines + BIG_END + "\n"}
+    with coder_host(_template, SCRATCH, TOOLS, files) as host:
+        program = "#!/bin/sh\nexec /bin/bash --norc --noprofile -i\n"  # H-5: a shell is a tool
+        host.install("bash", program, side_effects=True)
+        for tool in TOOLS:
+            host.grant_in_tool(tool)
+        yield host
 
 
 # ------------------------------------------------------------------------------- the clients
@@ -155,7 +74,7 @@ class OnPty:
     """``ctx agent watch|attach`` run on a pty of its own (``pty.fork``: its controlling
     terminal), as an operator runs it; what it prints is collected in a thread."""
 
-    def __init__(self, host: Host, verb: str, session: str) -> None:
+    def __init__(self, host: CoderHost, verb: str, session: str) -> None:
         argv = [*CTX_ARGV, "agent", verb, "coder", "--session", session]
         env = {**host.env, "TERM": "xterm"}
         pid, fd = pty.fork()
@@ -238,7 +157,7 @@ def closing_all() -> Iterator[list]:
 # ------------------------------------------------------------------------------ what is left
 
 
-def terminal_processes(host: Host, term: Term) -> list[str]:
+def terminal_processes(host: CoderHost, term: Term) -> list[str]:
     """The processes of the terminal seen in /proc: any whose working directory is the
     workspace (ctxterm, its view's mount process, bwrap, tsh and the tools all start there)
     or whose command line names the terminal's runtime directory."""
@@ -286,7 +205,7 @@ def refuses_connections(path: Path) -> bool:
     return False
 
 
-def assert_ended_cleanly(host: Host, term: Term) -> None:
+def assert_ended_cleanly(host: CoderHost, term: Term) -> None:
     """Nothing of the terminal is left: no process, no view mounted, its sockets and the
     session's link gone, nobody answering where it listened."""
     assert wait_for(lambda: not terminal_processes(host, term), 15), terminal_processes(host, term)
@@ -308,14 +227,14 @@ def assert_s2_shape(events: list[dict], session: str) -> None:
 
 
 def test_one_terminal_many_clients_a_stalled_and_two_vanished_watchers_stall_nothing(
-    host: Host,
+    host: CoderHost,
 ) -> None:
     """A-1, A-2, H-1, S-2: started in the workspace, the terminal writes there as the agent;
     what the operator's attach client types runs once and every watcher sees it, while one
     watcher never reads (its socket fills) and two others vanish mid-stream (a raw client
     closed, ``ctx agent watch`` SIGKILLed); the rest get the whole output and keep being served
     promptly, a host command is refused, and the session records each call."""
-    term = start(host)
+    term = host.start()
     with closing_all() as opened:
         watcher = Raw(term.listening_at, b"watch\n")
         stalled = Raw(term.listening_at, b"watch\n", read=False, rcvbuf=4096)
@@ -371,13 +290,15 @@ def test_one_terminal_many_clients_a_stalled_and_two_vanished_watchers_stall_not
     assert not [e for e in events if e.get("object", "").endswith("/cat")], events
 
 
-def test_attach_on_a_pty_detaches_reattaches_and_exit_in_tsh_ends_everything(host: Host) -> None:
+def test_attach_on_a_pty_detaches_reattaches_and_exit_in_tsh_ends_everything(
+    host: CoderHost,
+) -> None:
     """A-2, A-5, A-1: ``ctx agent attach`` on a pty types a call and the agent's own prompt
     update; Ctrl-] leaves with exit 0 while the terminal and a watcher go on; a second attach
     first shows what came before (the scrollback), types on, and ``exit`` in tsh ends the
     terminal: both clients are told, nothing of it is left in /proc or the mount table, and
     the agent's log and the session hold the whole story."""
-    term = start(host)
+    term = host.start()
     system_md = host.storage / "agent" / "coder.d" / "system.md"
     prompt = "Answer the operator in one paragraph.\n"
     with closing_all() as opened:
@@ -419,12 +340,12 @@ def test_attach_on_a_pty_detaches_reattaches_and_exit_in_tsh_ends_everything(hos
     assert_s2_shape(host.events(term.session), term.session)
 
 
-def test_an_interactive_shell_returns_to_tsh_with_its_status_while_watched(host: Host) -> None:
+def test_an_interactive_shell_returns_to_tsh_with_its_status_while_watched(host: CoderHost) -> None:
     """H-5, S-2, A-2: ``bash`` is an ordinary tool: typed through the attach client it runs on
     the terminal (watchers see what it prints), ``exit 3`` returns to tsh, which goes on
     running tools; the session records the shell's call with its exit status 3.  A
     ``ctx agent watch`` left with Ctrl-C leaves the terminal running."""
-    term = start(host)
+    term = host.start()
     with closing_all() as opened:
         typist = Raw(term.listening_at, b"attach\n")
         watcher = Raw(term.listening_at, b"watch\n")
@@ -459,7 +380,7 @@ def test_an_interactive_shell_returns_to_tsh_with_its_status_while_watched(host:
     assert_s2_shape(host.events(term.session), term.session)
 
 
-def _shell_with_work(host: Host, term: Term, opened: list) -> tuple[Raw, OnPty, list[str]]:
+def _shell_with_work(host: CoderHost, term: Term, opened: list) -> tuple[Raw, OnPty, list[str]]:
     """An operator's attach client that started ``bash`` with a background job and a
     foreground one still running (their command lines returned), and a ``ctx agent watch``
     on a pty."""
@@ -478,13 +399,13 @@ def _shell_with_work(host: Host, term: Term, opened: list) -> tuple[Raw, OnPty, 
     return typist, on_pty, jobs
 
 
-def test_stop_while_a_shell_tool_works_ends_everything_cleanly(host: Host) -> None:
+def test_stop_while_a_shell_tool_works_ends_everything_cleanly(host: CoderHost) -> None:
     """A-1, A-2, H-5: ``ctx agent stop`` while the attached operator's ``bash`` runs a command
     and a background job ends all of it: the stop answers in its JSON shape, every client is
     let go (``ctx agent watch`` with exit 0, saying the terminal closed the connection), no
     process of the terminal or of the shell's work is left, the view is unmounted and the
     socket is gone."""
-    term = start(host)
+    term = host.start()
     with closing_all() as opened:
         typist, on_pty, jobs = _shell_with_work(host, term, opened)
         pid = int((term.rundir / "pid").read_text())
@@ -504,11 +425,11 @@ def test_stop_while_a_shell_tool_works_ends_everything_cleanly(host: Host) -> No
     assert again.rc == 1 and "ENOENT" in again.err, again
 
 
-def test_a_shell_call_cut_short_by_stop_still_gets_its_tool_result(host: Host) -> None:
+def test_a_shell_call_cut_short_by_stop_still_gets_its_tool_result(host: CoderHost) -> None:
     """S-2 and docs/sessions.md: "A recorded tool_call always gets its tool_result, whatever
     goes wrong after it": the ``bash`` call a ``ctx agent stop`` interrupts (and kills two
     seconds later, as the docs say) is in the session with its result."""
-    term = start(host)
+    term = host.start()
     with closing_all() as opened:
         _shell_with_work(host, term, opened)
         stopped = host.ctx("agent", "stop", "coder", "--session", term.session)
@@ -522,14 +443,14 @@ def test_a_shell_call_cut_short_by_stop_still_gets_its_tool_result(host: Host) -
 
 
 def test_tsh_config_changed_under_a_running_terminal_applies_at_its_next_start(
-    host: Host,
+    host: CoderHost,
 ) -> None:
     """H-4, H-3, S-1: the host lowers ``max_loaded_tools`` with ``ctx tool tsh.config`` while
     the terminal runs: ``tsh.config`` typed there shows the new file at once, but the running
     tsh keeps the settings it read when it started; the same session started again obeys the
     new bound (the least recently used tool is unloaded), and both runs' calls land in that
     one session."""
-    term = start(host)
+    term = host.start()
     with closing_all() as opened:
         typist = Raw(term.listening_at, b"attach\n")
         opened.append(typist)
@@ -550,7 +471,7 @@ def test_tsh_config_changed_under_a_running_terminal_applies_at_its_next_start(
     assert stopped.rc == 0, stopped
     assert_ended_cleanly(host, term)
 
-    term = start(host, term.session)
+    term = host.start(term.session)
     with closing_all() as opened:
         typist = Raw(term.listening_at, b"attach\n")
         opened.append(typist)
@@ -584,14 +505,14 @@ time.sleep(120)
 """
 
 
-def test_watchers_of_the_agent_that_never_read_do_not_freeze_the_operator(host: Host) -> None:
+def test_watchers_of_the_agent_that_never_read_do_not_freeze_the_operator(host: CoderHost) -> None:
     """A-2 (docs: the agent's own uid may watch; "nothing the agent runs can keep its operator
     out"): a process running as the agent opens several watch connections and never reads
     from them; the operator's attached client still gets its answers promptly."""
     python = Path("/usr/bin/python3")
     if not python.exists():
         pytest.skip("no /usr/bin/python3 for a client running as the agent's uid")
-    term = start(host)
+    term = host.start()
     with closing_all() as opened:
         typist = Raw(term.listening_at, b"attach\n")
         opened.append(typist)

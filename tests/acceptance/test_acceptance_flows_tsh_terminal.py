@@ -20,25 +20,17 @@ import os
 import shutil
 import subprocess
 import threading
-import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 from tests.acceptance.ctxcli import (
     CTX_ARGV,
-    clean_env,
-    ctx_run,
-    new_scratch_dir,
-    read_jsonl,
     scratch_top,
-    tool_manifest,
     wait_for,
 )
-from tests.acceptance.terminalcli import AGENT_PROMPT, Raw
-from tests.support.storage import copy_of_root
+from tests.acceptance.terminalcli import AGENT_PROMPT, CoderHost, Raw, coder_host
 
 SCRATCH = scratch_top(__file__)
 NOTE = "notes kept in the operator's workspace\n"
@@ -60,87 +52,15 @@ pytestmark = pytest.mark.skipif(
 # ---------------------------------------------------------------------------------- the host
 
 
-@dataclass
-class Host:
-    """A bootstrapped storage root every uid may search, ``demo.echo`` installed, agent
-    ``coder`` allowed :data:`TOOLS` in both policies (and ``demo.late`` in its own policy
-    only), and a workspace the agent may write holding ``notes.txt``."""
-
-    top: Path
-    storage: Path
-    ws: Path
-    uid: int
-    started: list[str] = field(default_factory=list)
-
-    @property
-    def env(self) -> dict[str, str]:
-        return clean_env(CTX_STORAGE=str(self.storage))
-
-    def ctx(self, *args, **kw):
-        kw.setdefault("env", self.env)
-        return ctx_run(*args, **kw)
-
-    def install(self, name: str, program: str, description: str | None = None) -> None:
-        manifest = tool_manifest(self.top / "manifests", name, program, description=description)
-        installed = self.ctx("object", "install", manifest, "--tier", "system")
-        assert installed.rc == 0, installed
-
-    def grant_in_tool(self, tool: str, directory: Path | None = None) -> None:
-        policy = (directory or self.storage / "tool") / f"{tool}.d" / "policy"
-        with policy.open("a") as rules:
-            rules.write(f"allow coder_t tool:{tool} execute\n")
-
-    def events(self, session: str) -> list[dict]:
-        path = self.storage / "home" / str(self.uid) / "agent" / "coder" / "session" / session
-        return read_jsonl(path / "events.jsonl")
-
-    def calls(self, session: str, obj: str) -> list[dict]:
-        kinds = ("tool_call", "tool_result")
-        return [e for e in self.events(session) if e.get("object") == obj and e["type"] in kinds]
-
-    def lifecycle(self, session: str) -> list[dict]:
-        log = read_jsonl(self.storage / "agent" / "coder.d" / "log")
-        return [e for e in log if e.get("session") == session]
-
-    def start(self) -> tuple[str, Path]:
-        """``ctx agent start coder`` in the workspace (A-1): its session and where it listens;
-        stopped by the fixture."""
-        session = f"s{uuid.uuid4().hex[:8]}"
-        started = self.ctx("agent", "start", "coder", "--session", session, "--json", cwd=self.ws)
-        assert started.rc == 0, started
-        self.started.append(session)
-        return session, Path(started.json()["listening_at"])
-
-
 @pytest.fixture
-def host(_template: Path) -> Iterator[Host]:
-    top = new_scratch_dir(SCRATCH, "t")
-    storage = top / "storage"
-    copy_of_root(_template, storage)
-    env = clean_env(CTX_STORAGE=str(storage))
-    manifest = tool_manifest(
-        top / "manifests", "demo.echo", ECHO, description="Echo argv and stdin.\nMore text."
-    )
-    installed = ctx_run("object", "install", manifest, "--tier", "system", env=env)
-    assert installed.rc == 0, installed
-    request = {"name": "coder", "label": "coder_t", "tools": [*TOOLS, "demo.late"]}
-    made = ctx_run("agent", "create", "-", "--json", input=json.dumps(request), env=env)
-    assert made.rc == 0, made
-    uid, gid = made.json()["identity"]["uid"], made.json()["identity"]["gid"]
-    ws = top / "ws"
-    ws.mkdir(mode=0o755)
-    (ws / "notes.txt").write_text(NOTE)
-    (ws / "notes.txt").chmod(0o644)
-    os.chown(ws, uid, gid)
-    world = Host(top, storage, ws, uid)
-    for tool in TOOLS:
-        world.grant_in_tool(tool)
-    try:
-        yield world
-    finally:
-        for session in world.started:
-            ctx_run("agent", "stop", "coder", "--session", session, env=env)
-        shutil.rmtree(top, ignore_errors=True)
+def host(_template: Path) -> Iterator[CoderHost]:
+    """Agent ``coder`` allowed :data:`TOOLS` in both policies (and ``demo.late`` in its own
+    policy only), ``demo.echo`` installed, and ``notes.txt`` in the workspace."""
+    with coder_host(_template, SCRATCH, [*TOOLS, "demo.late"], {"notes.txt": NOTE}) as host:
+        host.install("demo.echo", ECHO, description="Echo argv and stdin.\nMore text.")
+        for tool in TOOLS:
+            host.grant_in_tool(tool)
+        yield host
 
 
 # ------------------------------------------------------------------------------- the clients
@@ -149,7 +69,7 @@ def host(_template: Path) -> Iterator[Host]:
 class Watch:
     """``ctx agent watch coder --session S`` on pipes, its output collected in a thread."""
 
-    def __init__(self, host: Host, session: str) -> None:
+    def __init__(self, host: CoderHost, session: str) -> None:
         argv = [*CTX_ARGV, "agent", "watch", "coder", "--session", session]
         self.proc = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -206,7 +126,7 @@ def names(listing: str) -> list[str]:
     ]
 
 
-def exit_tsh(host: Host, typist: Raw, session: str) -> int:
+def exit_tsh(host: CoderHost, typist: Raw, session: str) -> int:
     """``exit`` typed in tsh (no N: the last status); the status ``terminal.stopped`` logs."""
     typist.type("exit")
     assert typist.eof.wait(20), typist.text()[-500:]
@@ -223,7 +143,7 @@ def exit_tsh(host: Host, typist: Raw, session: str) -> int:
 
 
 def test_the_h4_config_bounds_the_context_pins_outlast_it_and_a_watcher_sees_every_step(
-    host: Host,
+    host: CoderHost,
 ) -> None:
     """H-4: ``tool/tsh.d/config`` (comments, a line tsh cannot use) is read by the terminal's
     tsh at start: ``max_loaded_tools=2`` unloads the least recently used unpinned tool, a
@@ -235,7 +155,8 @@ def test_the_h4_config_bounds_the_context_pins_outlast_it_and_a_watcher_sees_eve
         "# a small context for a small agent\n\nmax_loaded_tools=2\n"
         "cache_capacity=1\nwindow_percent=100\nbogus=3\n"
     )
-    session, listening_at = host.start()
+    term = host.start()
+    session, listening_at = term.session, term.listening_at
     with closing_all() as opened:
         watcher = Watch(host, session)
         opened.append(watcher)
@@ -302,13 +223,14 @@ def test_the_h4_config_bounds_the_context_pins_outlast_it_and_a_watcher_sees_eve
 
 
 def test_argv_and_typed_stdin_reach_the_tool_and_each_call_is_a_call_result_pair(
-    host: Host,
+    host: CoderHost,
 ) -> None:
     """T-3, H-2: a tool called by name in the terminal gets its argv as typed (quoted words,
     an empty one) and what the agent types until Ctrl-D as its stdin; T-7, S-2: each call is a
     ``tool_call`` then a ``tool_result`` of one call id in the session, with the argv and the
     exit status; a watcher sees the tool's output."""
-    session, listening_at = host.start()
+    term = host.start()
+    session, listening_at = term.session, term.listening_at
     with closing_all() as opened:
         watcher = Watch(host, session)
         opened.append(watcher)
@@ -348,14 +270,15 @@ def test_argv_and_typed_stdin_reach_the_tool_and_each_call_is_a_call_result_pair
 
 
 def test_a_tool_installed_granted_reinstalled_and_revoked_under_a_running_terminal(
-    host: Host,
+    host: CoderHost,
 ) -> None:
     """T-5, T-8, H-4, P-6: a tool installed while the terminal runs is not seen until both
     policies allow it (installing grants nothing); once granted, ``which`` and a call find it
     with no ``rehash``; a reinstall is what ``describe`` and the next call get; revoked in the
     tool's policy, it is gone from ``tools`` (after ``rehash`` as without) and a call is 127,
     with only the calls that ran in the session."""
-    session, listening_at = host.start()
+    term = host.start()
+    session, listening_at = term.session, term.listening_at
     with closing_all() as opened:
         typist = attach(listening_at, opened)
         assert typist.answer("which demo.late") == "tsh: demo.late: not on CTX_PATH\n"
@@ -403,7 +326,7 @@ def test_a_tool_installed_granted_reinstalled_and_revoked_under_a_running_termin
 
 
 def test_a_tool_it_may_not_run_and_a_damaged_one_are_refused_with_the_documented_errors(
-    host: Host,
+    host: CoderHost,
 ) -> None:
     """P-6, T-4, T-7, H-1: tools in the agent's own tier (``/ctx/home/<uid>/tool``, on its
     CTX_PATH and shown in its view) that its policy does not grant, or whose controls are
@@ -425,7 +348,8 @@ def test_a_tool_it_may_not_run_and_a_damaged_one_are_refused_with_the_documented
         policy.write("allow coder_t tool:home.broken execute\n")
     (tier / "home.broken.d" / "cap").write_text("{not json")
 
-    session, listening_at = host.start()
+    term = host.start()
+    session, listening_at = term.session, term.listening_at
     with closing_all() as opened:
         typist = attach(listening_at, opened)
         home = f"/ctx/home/{host.uid}/tool"
@@ -468,7 +392,7 @@ def test_a_tool_it_may_not_run_and_a_damaged_one_are_refused_with_the_documented
     reason="T-4 read literally (the first hit on CTX_PATH decides, the chain refuses it) and "
     "T-5 (the view hides it from the terminal's which) disagree; docs/tools.md says so",
 )
-def test_the_tool_a_call_runs_is_the_one_which_names_in_the_agents_view(host: Host) -> None:
+def test_the_tool_a_call_runs_is_the_one_which_names_in_the_agents_view(host: CoderHost) -> None:
     """T-4, T-5, H-4: in the terminal CTX_PATH is authoritative and names the agent's view,
     where a system tool the agent may not run is not there; ``which`` then names the tool of
     the same name in the agent's own tier, and a call of that name must run what ``which``
@@ -486,7 +410,8 @@ def test_the_tool_a_call_runs_is_the_one_which_names_in_the_agents_view(host: Ho
     with (host.storage / "agent" / "coder.d" / "policy").open("a") as policy:
         policy.write("allow coder_t tool:shadow.tool execute\n")
 
-    session, listening_at = host.start()
+    term = host.start()
+    session, listening_at = term.session, term.listening_at
     with closing_all() as opened:
         typist = attach(listening_at, opened)
         assert "shadow.tool" in typist.answer("tools").splitlines()
@@ -499,7 +424,7 @@ def test_the_tool_a_call_runs_is_the_one_which_names_in_the_agents_view(host: Ho
 
 
 def test_tsh_granted_as_a_tool_and_tsh_config_typed_by_the_agent_read_but_never_act(
-    host: Host,
+    host: CoderHost,
 ) -> None:
     """H-2, H-4, T-5 (docs: "tsh is also a tool an agent may be granted"): ``tsh`` typed in
     the terminal runs as a tool on the host and sees only the agent's view (its ``tools`` and
@@ -512,7 +437,8 @@ def test_tsh_granted_as_a_tool_and_tsh_config_typed_by_the_agent_read_but_never_
     config = host.storage / "tool" / "tsh.d" / "config"
     before = config.read_bytes()
 
-    session, listening_at = host.start()
+    term = host.start()
+    session, listening_at = term.session, term.listening_at
     with closing_all() as opened:
         typist = attach(listening_at, opened)
         builtin = typist.answer("tools")
