@@ -17,6 +17,8 @@ line editor does, so a line typed ahead while a tool ran is shown again after th
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import termios
 
@@ -44,8 +46,13 @@ def read_terminal_line(fd: int, echo_fd: int, prompt: bytes) -> bytes | None:
         # Only now: what is typed once the prompt shows is edited here, never by the driver.
         os.write(echo_fd, prompt)
         return _Editor(fd, echo_fd, saved).read()
+    except OSError as exc:
+        if exc.errno != errno.EIO:
+            raise
+        return None  # the terminal hung up: its other side is closed
     finally:
-        termios.tcsetattr(fd, termios.TCSANOW, saved)
+        with contextlib.suppress(termios.error, OSError):  # a terminal gone keeps no mode
+            termios.tcsetattr(fd, termios.TCSANOW, saved)
 
 
 class _Editor:
