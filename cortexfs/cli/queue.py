@@ -157,6 +157,14 @@ def _outside_the_root_abi(root: Path, queue_dir: Path, option: str) -> Path:
     real_queue = os.path.realpath(queue_dir)
     if os.path.commonpath([real_root, real_queue]) != real_root:
         return queue_dir
+    leads_to = Path(real_queue)
+    if real_queue != os.path.normpath(queue_dir) and _is_project_queue(root, leads_to):
+        project = leads_to.parent.name
+        raise CtxError(
+            errno.ELOOP,
+            f"{option} {queue_dir} leads through a symbolic link to project {project}'s queue; "
+            f"a queue is reached without following one (Q-8): use --project {project}",
+        )
     raise usage_problem(
         invalid(
             f"{option} {queue_dir} lies inside the storage root {root} but is not a "

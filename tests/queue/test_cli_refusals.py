@@ -87,6 +87,37 @@ def test_a_projects_queue_path_given_with_queue_is_walked_the_same_way(
     assert os.listdir(tmp_path / "outside" / "queue") == []
 
 
+def test_a_link_to_a_projects_queue_is_refused_and_names_the_project_to_use(
+    root: Path, tmp_path: Path
+) -> None:
+    """Q-8: a path that reaches P's queue through a symbolic link (beside it in the space, or
+    anywhere outside the root) is not followed; the refusal says so and names --project P,
+    where 'not a project's queue' would send the user looking for a queue that is there."""
+    in_space = root / "shared" / PROJECT / "linked"
+    in_space.symlink_to("queue")
+    outside = tmp_path / "to-the-queue"
+    outside.symlink_to(qdir(root))
+    for link in (in_space, outside):
+        for option in ("--queue", "--project"):
+            done = ctx(root, "queue", "status", option, str(link))
+            assert done.returncode == 1, done.stderr
+            assert done.stderr == (
+                f"ctx: ELOOP: {option} {link} leads through a symbolic link to project "
+                f"{PROJECT}'s queue; a queue is reached without following one (Q-8): use "
+                f"--project {PROJECT}\n"
+            )
+
+
+def test_a_queue_path_going_up_through_no_link_is_the_queue_it_names(root: Path) -> None:
+    """§2.4 "--project NAME (or a queue path)": '..' are read as the directory they lead to
+    when they pass no symbolic link, so '../queue' typed in the space's data/ is its queue."""
+    data = root / "shared" / PROJECT / "data"
+    for path in ("../queue", str(data / ".." / "queue")):
+        shown = ctx(root, "queue", "status", "--project", path, "--json", cwd=data)
+        assert shown.returncode == 0, shown.stderr
+        assert json.loads(shown.stdout)["queue"] == str(qdir(root)), shown.stdout
+
+
 def plant_symlinked_done(queue_dir: Path, tmp_path: Path) -> None:
     os.rmdir(queue_dir / "done")
     (queue_dir / "done").symlink_to(tmp_path)

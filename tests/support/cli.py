@@ -15,11 +15,12 @@ def ctx(
     env: dict[str, str] | None = None,
     umask: int | None = None,
     timeout: float = 60,
+    cwd: Path | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """``ctx ARGS…`` against storage root ``root`` (through ``CTX_STORAGE``), text in and out.
 
     ``stdin`` is all the command reads (never the test runner's own stdin); ``env`` adds to
-    this process's environment; ``umask`` is the command's own.
+    this process's environment; ``umask`` is the command's own, ``cwd`` its directory.
     """
     return subprocess.run(
         [sys.executable, "-m", "cortexfs", *args],
@@ -29,4 +30,5 @@ def ctx(
         env={**os.environ, "CTX_STORAGE": str(root), **(env or {})},
         preexec_fn=None if umask is None else (lambda: os.umask(umask)),
         timeout=timeout,
+        cwd=cwd,
     )
