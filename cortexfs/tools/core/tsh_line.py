@@ -3,7 +3,7 @@
 In its canonical mode the terminal driver edits a line for the program that reads it, but
 keeps at most 4095 bytes of it (Linux's ``N_TTY_BUF_SIZE`` less the line break; POSIX calls the
 bound ``MAX_CANON``) and drops what is typed beyond that: an ``agent.update`` of a 6 KiB
-prompt, which the host accepts (A-5), reached tsh cut, as an unclosed quotation.  So while tsh
+prompt, which the host accepts (A-5), would reach tsh cut, as an unclosed quotation.  So while tsh
 waits for a line it turns the driver's canonical mode, echo and extended input processing off
 and does their work itself, as line editors do: it echoes what is typed, erases a character
 (``VERASE``), a word (``VWERASE``) or the line (``VKILL``), and ends the input at ``VEOF`` on an
