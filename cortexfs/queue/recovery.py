@@ -202,11 +202,16 @@ def _stopped_part_way(queue: Queue, scanned: ev.JobEvidence, stopped: _StoppedPa
     exc = stopped.cause
     if isinstance(exc, OSError) and exc.errno in _REFUSALS_OF_THE_HOST:
         again = f"run 'ctx queue recover{' --reconcile' if reconcile else ''}' again"
-        exc = queue.refusal_among(stopped.action, stopped.places, exc, where, again)
-        detail = str(exc)
+        refusal = queue.refusal_among(stopped.action, stopped.places, exc, where, again)
+        detail, code = str(refusal), refusal.code_name
+    elif isinstance(exc, CtxError):
+        detail, code = f"{exc}; {where}", exc.code_name
     else:
-        detail = f"{exc}; {where}"
-    return Finding(scanned.job, "error", detail, evidence=now.paths(), error=exc.code_name)
+        # Not the host's refusal: an entry changed under the transition (a directory swapped
+        # for a symbolic link, a name taken meanwhile), which is said with the errno.
+        detail = f"{stopped.action}: {ev.errno_text(exc)}; {where}"
+        code = errno.errorcode.get(exc.errno or 0, "EIO")
+    return Finding(scanned.job, "error", detail, evidence=now.paths(), error=code)
 
 
 # What the host refuses a step for, whatever the job: a directory's mode or attribute, a
