@@ -270,6 +270,27 @@ class Queue:
         """Open ``claimed/J`` or ``lease/J`` (never through a symlink)."""
         return self.ops.open_dir(job, self.dirs[state])
 
+    def open_held_job_dir(self, state: str, job: str) -> int:
+        """:meth:`open_job_dir` for a command that acts on J's claim (renew, finish): what
+        stands at ``claimed/J`` or ``lease/J`` when it is no directory (a symlink another
+        member put there, a file) is refused as the conflict it is, naming it; ENOENT and
+        the host's refusals are raised as they are, for the caller to say."""
+        try:
+            return self.open_job_dir(state, job)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOTDIR, errno.ELOOP):
+                raise
+            found = lstat_at(self.dirs[state], job)
+            if found is None:
+                raise
+            raise NotADirectoryOfTheJob(
+                errno.ELOOP if stat.S_ISLNK(found.st_mode) else errno.ENOTDIR,
+                f"job {job}'s {state}/{job} is a {kind_of(found)}, not a directory: a conflict "
+                "that no command resolves, and nothing was changed (a queue command never "
+                f"follows it, Q-8); 'ctx queue show {job}' lists its evidence: put the "
+                "directory back, or move the job's entries aside by hand",
+            ) from None
+
     def require_writable(self, action: str, places: tuple[str, ...] = STATE_DIRS) -> None:
         """EACCES (EROFS on a read-only filesystem), saying who may write there and what to
         do, unless this process may write every directory of ``places`` (paths in the queue:
@@ -501,6 +522,11 @@ def init_queue(path: Path, ops: durable.FsOps | None = None) -> list[str]:
     finally:
         ops.close(root_fd)
     return created
+
+
+class NotADirectoryOfTheJob(CtxError):
+    """``claimed/J`` or ``lease/J`` is no directory: a refusal complete in itself, which no
+    caller dresses as another (a lease that is not a lease, a job that is not claimed)."""
 
 
 # --------------------------------------------------------------------------- safe reads

@@ -74,6 +74,7 @@ from cortexfs.queue.holder import (
 from cortexfs.queue.layout import (
     LEASE_FILE,
     RESULT_SUFFIX,
+    NotADirectoryOfTheJob,
     Queue,
     kind_of,
     lock_dir,
@@ -729,7 +730,7 @@ def _abandon_claim_dir(queue: Queue, job: str) -> None:
 def read_lease(queue: Queue, job: str) -> Lease:
     """The lease of J; ENOENT when J has none."""
     try:
-        lease_fd = queue.open_job_dir("lease", job)
+        lease_fd = queue.open_held_job_dir("lease", job)
     except FileNotFoundError:
         raise not_found(f"job {job} has no lease; it is not claimed") from None
     try:
@@ -768,6 +769,8 @@ def renew(queue: Queue, job: str, callers: Sequence[Holder], ttl: float | None =
     with _locked_claim(queue, job, _no_lease_to_renew):
         try:
             current = read_lease(queue, job)
+        except NotADirectoryOfTheJob:
+            raise
         except CtxError as exc:
             if exc.errno == errno.ENOENT:
                 raise _claimed_without_lease(job) from None
@@ -782,7 +785,7 @@ def renew(queue: Queue, job: str, callers: Sequence[Holder], ttl: float | None =
         expires = current.to_json()["expires_at"]
         outcome = (f"the lease on {job} is unchanged (it expires at {expires})", "renew it again")
         try:
-            lease_fd = queue.open_job_dir("lease", job)
+            lease_fd = queue.open_held_job_dir("lease", job)
         except OSError as exc:
             raise queue.refusal("renew a lease", f"lease/{job}", exc, *outcome) from None
         try:
@@ -914,6 +917,8 @@ def finish(
         lease: Lease | CtxError
         try:
             lease = read_lease(queue, job)
+        except NotADirectoryOfTheJob:
+            raise
         except CtxError as exc:
             lease = exc
         if holder is not None:
@@ -1047,7 +1052,7 @@ def _locked_claim(
     """``claimed/J`` opened and locked (recover takes the same lock before it requeues J), J's
     request checked to be in it; ``not_claimed(queue, job)`` is the error when it is not."""
     try:
-        claim_fd = queue.open_job_dir("claimed", job)
+        claim_fd = queue.open_held_job_dir("claimed", job)
     except FileNotFoundError:
         raise not_claimed(queue, job) from None
     try:

@@ -412,6 +412,12 @@ def _locked_as_scanned(
         # a requeued job may have a new, live holder by now.
         evidence = ev.evidence_of(queue, job)
         current = ev.assess(evidence)
+        if claim_fd is None and evidence.claim_dir:
+            # claimed/J was not there to lock a moment ago and is there now: it is being
+            # moved (or swapped by hand), and is not acted on unlocked.
+            finding.detail += f"; left alone, claimed/{job} changed while it was looked at"
+            yield None
+            return
         if (current.state, current.repair) != (scanned.state, scanned.repair):
             now = current.state if evidence.paths() else "gone (another process removed it)"
             finding.detail += f"; left alone, it is now {now}"

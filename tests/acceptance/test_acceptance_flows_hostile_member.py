@@ -345,11 +345,6 @@ def test_a_temp_file_dated_in_the_future_does_not_hold_a_name_for_ever(world):
     assert w.publish(v, "j") == "j.req.json"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finish and renew of a job whose lease/J or claimed/J a member swapped for a "
-    "symlink fail with a bare 'ENOTDIR: J: Not a directory': no path, no state, no remedy",
-)
 def test_finish_and_renew_through_a_swapped_claim_or_lease_directory_say_what_and_where(world):
     """Q-8, Q-4, docs/queue.md (a claim whose lease is not a lease is refused naming the job and
     its evidence, and changes nothing): the hostile member moves the victim's ``lease/A`` and
