@@ -320,9 +320,13 @@ def _scan_inbox(queue: Queue, result: Scan) -> None:
             result.ignored.append(Ignored(path, f"a {kind} in the staging directory"))
             continue
         try:
-            age = now - entry.stat(follow_symlinks=False).st_mtime
+            st = entry.stat(follow_symlinks=False)
         except FileNotFoundError:
             continue
+        # Dated by its mtime, unless that lies after its ctime: the file's owner may date it
+        # in 2100 (touch -d) and so hold J's name for ever, but not its ctime, which that
+        # touch, like every write, sets to now.
+        age = now - min(st.st_mtime, st.st_ctime)
         result.temps.append(Temp(entry.name, age, kind))
     result.temps.sort(key=lambda t: t.name)
 

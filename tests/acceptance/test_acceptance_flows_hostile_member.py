@@ -321,11 +321,6 @@ def test_blockers_planted_under_job_names_are_refused_reported_and_cleared(world
     assert sorted(os.listdir(w.q / "pending")) == [".n.req.json", k, "l.req.json", m]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="an inbox temp dated in the future (touch -d 2100) is never stray: publish of J is "
-    "refused for ever while its message says recover --reconcile removes it after the grace",
-)
 def test_a_temp_file_dated_in_the_future_does_not_hold_a_name_for_ever(world):
     """Q-1, Q-6: the hostile member leaves ``inbox/J.publish.tmp`` with an mtime in 2100.  The
     victim's publish is refused, naming ``recover --reconcile`` as the remedy once the grace
