@@ -10,6 +10,7 @@ complete without losing or duplicating work, or a *conflict* left to a human.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 
 from cortexfs.names import is_job_name, job_name_problem
 from cortexfs.queue.layout import LEASE_FILE, RESULT_SUFFIX, TEMP_SUFFIX, Queue, lstat_at
+from cortexfs.queue.requests import stored_result_limit
 
 # The states a job can be in, in the order status reports them.
 STATES = ("pending", "claimed", "done", "failed", "incomplete", "conflict")
@@ -83,6 +85,8 @@ class JobEvidence:
     failed_request: int | None = None
     failed_result: bool = False
     bad: list[str] = field(default_factory=list)
+    # Why a result found (done/J.result, failed/J.result) cannot be one a finish wrote.
+    unproven_result: str = ""
 
     def paths(self) -> list[str]:
         """Every piece of evidence, as paths relative to the queue."""
@@ -294,7 +298,11 @@ def _scan_terminal(queue: Queue, result: Scan, state: str) -> None:
             result.ignored.append(Ignored(path, f"a {_kind(entry)}, not a regular file"))
             result.job(job).bad.append(path)
         elif is_result:
-            setattr(result.job(job), f"{state}_result", True)
+            evidence = result.job(job)
+            setattr(evidence, f"{state}_result", True)
+            with contextlib.suppress(FileNotFoundError):  # gone since the listing: said later
+                found = entry.stat(follow_symlinks=False)
+                evidence.unproven_result = _unproven(queue, path, found)
         else:
             setattr(result.job(job), f"{state}_request", entry.inode())
 
@@ -336,14 +344,17 @@ def evidence_of(queue: Queue, job: str) -> JobEvidence:
     and ``lease/J/``), as :func:`scan` finds it."""
     evidence = JobEvidence(job)
 
-    def regular(dir_fd: int, name: str, path: str) -> int | None:
+    def regular(dir_fd: int, name: str, path: str) -> os.stat_result | None:
         st = lstat_at(dir_fd, name)
         if st is None:
             return None
         if not stat.S_ISREG(st.st_mode):
             evidence.bad.append(path)
             return None
-        return st.st_ino
+        return st
+
+    def inode(st: os.stat_result | None) -> int | None:
+        return None if st is None else st.st_ino
 
     def job_dir(state: str) -> None:
         st = lstat_at(queue.dirs[state], job)
@@ -364,15 +375,29 @@ def evidence_of(queue: Queue, job: str) -> JobEvidence:
         finally:
             os.close(job_fd)
 
-    evidence.pending = regular(queue.pending, job, f"pending/{job}")
+    evidence.pending = inode(regular(queue.pending, job, f"pending/{job}"))
     job_dir("claimed")
     job_dir("lease")
     for state in ("done", "failed"):
         dir_fd = queue.dirs[state]
-        setattr(evidence, f"{state}_request", regular(dir_fd, job, f"{state}/{job}"))
-        has_result = regular(dir_fd, job + RESULT_SUFFIX, f"{state}/{job}{RESULT_SUFFIX}")
-        setattr(evidence, f"{state}_result", has_result is not None)
+        setattr(evidence, f"{state}_request", inode(regular(dir_fd, job, f"{state}/{job}")))
+        path = f"{state}/{job}{RESULT_SUFFIX}"
+        if (found := regular(dir_fd, job + RESULT_SUFFIX, path)) is not None:
+            setattr(evidence, f"{state}_result", True)
+            evidence.unproven_result = _unproven(queue, path, found)
     return evidence
+
+
+def _unproven(queue: Queue, path: str, st: os.stat_result) -> str:
+    """Why the result at ``path`` cannot be one a finish wrote, or "": larger than any finish
+    stores (``max_result_bytes``), it is something else put there, and proves nothing."""
+    limit = stored_result_limit(queue.config.max_result_bytes)
+    if st.st_size <= limit:
+        return ""
+    return (
+        f"{path} is {st.st_size} bytes, more than any finish writes ({limit}, after "
+        "max_result_bytes), so it proves nothing of J's run"
+    )
 
 
 def assess(e: JobEvidence) -> Assessment:
@@ -439,6 +464,10 @@ def _assess_terminal(e: JobEvidence, state: str, has_claim: bool, orphans: bool)
                 "incomplete", f"{state}, with a leftover claim or lease", REMOVE_ORPHANS
             )
         return Assessment(state, "finished")
+    if result and has_claim and e.unproven_result:
+        return Assessment(
+            "conflict", f"claimed, beside a result that is not one: {e.unproven_result}"
+        )
     if result and has_claim:
         return Assessment(
             "incomplete",

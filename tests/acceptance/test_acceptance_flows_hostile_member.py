@@ -218,11 +218,6 @@ def test_fifo_symlink_and_directory_at_a_victims_result_names_never_hang_or_lead
     assert settled.returncode == 0 and json.loads(settled.stdout)["consistent"] is True, settled
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="recover --reconcile rolls forward a planted result it cannot read (EFBIG) as the "
-    "proof that a victim's job ran: the job ends done with another uid's junk as its result",
-)
 def test_an_unreadable_result_planted_beside_a_live_claim_is_not_proof_the_job_ran(world):
     """Q-6, §2.1: the hostile member puts a sparse 3 GiB file at ``done/J.result`` of a job
     the victim holds.  ``show`` reports it unreadable (EFBIG) without reading it; the victim's
