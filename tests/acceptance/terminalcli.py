@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.acceptance.ctxcli import (
-    Run,
+    OnStorage,
     clean_env,
     ctx_run,
     new_scratch_dir,
@@ -43,7 +43,7 @@ class Term:
 
 
 @dataclass
-class CoderHost:
+class CoderHost(OnStorage):
     """A storage root every uid may search (a copy of the bootstrapped template), agent
     ``coder`` (label ``coder_t``, uid ``nobody``) and its workspace ``ws``, which the agent
     owns; see :func:`coder_host`."""
@@ -54,14 +54,6 @@ class CoderHost:
     uid: int
     gid: int
     started: list[str] = field(default_factory=list)  # sessions to stop at the end
-
-    @property
-    def env(self) -> dict[str, str]:
-        return clean_env(CTX_STORAGE=str(self.storage))
-
-    def ctx(self, *args, **kw) -> Run:
-        kw.setdefault("env", self.env)
-        return ctx_run(*args, **kw)
 
     def install(
         self, name: str, program: str, description: str | None = None, **manifest_options

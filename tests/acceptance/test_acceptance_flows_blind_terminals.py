@@ -21,6 +21,7 @@ import pytest
 from tests.acceptance.ctxcli import (
     CTX_ARGV,
     ROOT_ENTRIES,
+    OnStorage,
     Run,
     clean_env,
     ctx_run,
@@ -47,19 +48,11 @@ TEAM = 4242  # the group of the shared space of the A-4 flow
 
 
 @dataclass
-class World:
+class World(OnStorage):
     """A storage root in a directory every uid may search, beside the user's directories."""
 
     base: Path
     storage: Path
-
-    @property
-    def env(self) -> dict[str, str]:
-        return clean_env(CTX_STORAGE=str(self.storage))
-
-    def ctx(self, *args, **kw) -> Run:
-        kw.setdefault("env", self.env)
-        return ctx_run(*args, **kw)
 
     def folder(self, name: str, files: dict[str, str] | None = None, mode: int = 0o755) -> Path:
         path = self.base / name

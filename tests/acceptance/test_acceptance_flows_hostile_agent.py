@@ -21,9 +21,7 @@ import pytest
 
 from tests.acceptance.ctxcli import (
     CTX_ARGV,
-    Run,
-    clean_env,
-    ctx_run,
+    OnStorage,
     new_scratch_dir,
     read_jsonl,
     scratch_top,
@@ -49,20 +47,12 @@ _libc = ctypes.CDLL(None, use_errno=True)
 
 
 @dataclass
-class World:
+class World(OnStorage):
     top: Path
     storage: Path
     ws: Path  # mole's workspace, /workspace, owned by mole's uid
     secret: Path  # a host directory outside every mount: s.txt readable by all, r.txt 0600
     victim_uid: int
-
-    @property
-    def env(self) -> dict[str, str]:
-        return clean_env(CTX_STORAGE=str(self.storage))
-
-    def ctx(self, *args, **kw) -> Run:
-        kw.setdefault("env", self.env)
-        return ctx_run(*args, **kw)
 
     def home(self, uid: int, agent: str) -> Path:
         return self.storage / "home" / str(uid) / "agent" / agent
