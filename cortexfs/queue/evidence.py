@@ -300,9 +300,12 @@ def _scan_terminal(queue: Queue, result: Scan, state: str) -> None:
         elif is_result:
             evidence = result.job(job)
             setattr(evidence, f"{state}_result", True)
-            with contextlib.suppress(FileNotFoundError):  # gone since the listing: said later
-                found = entry.stat(follow_symlinks=False)
-                evidence.unproven_result = _unproven(queue, path, found)
+            # Only a result beside a claimed request (claimed/ is scanned first) is taken as
+            # proof of a run, by a roll-forward; the rest cost no lstat of a large done/.
+            if evidence.claim_request is not None:
+                with contextlib.suppress(FileNotFoundError):  # gone since the listing
+                    found = entry.stat(follow_symlinks=False)
+                    evidence.unproven_result = _unproven(queue, path, found)
         else:
             setattr(result.job(job), f"{state}_request", entry.inode())
 
