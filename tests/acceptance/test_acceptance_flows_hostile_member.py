@@ -8,66 +8,41 @@ refusal names its errno and what to do."""
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
-import grp
 import json
 import os
-import shutil
 import signal
 import stat
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from tests.acceptance.ctxcli import CTX_ARGV, clean_env, scratch_top, snapshot
+from tests.acceptance.ctxcli import CTX_ARGV, clean_env, snapshot
 from tests.support.storage import traversable_tmp as traversable_tmp
-from tests.support.users import find_or_create_user
+from tests.support.users import (
+    UnprivilegedUser,
+    process_of,
+    system_group_with,
+    users_named,
+)
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as several users")
 
 VICTIM, HOSTILE, GROUP = "ctxhm-v", "ctxhm-x", "ctxhm-g"
 SPACE = "proj"
-SCRATCH = scratch_top(__file__)
 CALL = 20  # seconds: a command that opened a FIFO it was handed would block past this
 
 
-@dataclass(frozen=True)
-class Person:
-    name: str
-    uid: int
-    gid: int
-
-    @property
-    def groups(self) -> list[int]:
-        return os.getgrouplist(self.name, self.gid)
-
-
 @pytest.fixture(scope="module")
-def people() -> tuple[Person, Person, int]:
+def people() -> tuple[UnprivilegedUser, UnprivilegedUser, int]:
     """The victim member, the hostile member and their group (system users kept for reruns)."""
-    groupadd, gpasswd = shutil.which("groupadd"), shutil.which("gpasswd")
-    if groupadd is None or gpasswd is None:
-        pytest.skip("groupadd and gpasswd are needed to give the members a group")
-    SCRATCH.mkdir(mode=0o755, exist_ok=True)
-    with open(SCRATCH / ".users.lock", "w") as lock:  # xdist workers make them one at a time
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        found = [find_or_create_user(name) for name in (VICTIM, HOSTILE)]
-        try:
-            grp.getgrnam(GROUP)
-        except KeyError:
-            subprocess.run([groupadd, "--system", GROUP], check=True, capture_output=True)
-        for name in (VICTIM, HOSTILE):
-            if name not in grp.getgrnam(GROUP).gr_mem:
-                subprocess.run([gpasswd, "-a", name, GROUP], check=True, capture_output=True)
-    gid = grp.getgrnam(GROUP).gr_gid
-    victim, hostile = (Person(u.name, u.uid, u.gid) for u in found)
+    victim, hostile = users_named(VICTIM, HOSTILE)
+    gid = system_group_with(GROUP, [VICTIM, HOSTILE])
     if not all(gid in p.groups for p in (victim, hostile)):
         pytest.skip(f"group {GROUP} does not hold both members")
     return victim, hostile, gid
@@ -77,31 +52,35 @@ def people() -> tuple[Person, Person, int]:
 class World:
     storage: Path
     top: Path
-    victim: Person
-    hostile: Person
+    victim: UnprivilegedUser
+    hostile: UnprivilegedUser
     gid: int
 
     @property
     def q(self) -> Path:
         return self.storage / "shared" / SPACE / "queue"
 
-    def env(self, who: Person | None) -> dict[str, str]:
+    def env(self, who: UnprivilegedUser | None) -> dict[str, str]:
         env = clean_env(CTX_STORAGE=str(self.storage))
         env = {k: v for k, v in env.items() if not k.startswith("XDG_")}
         name = who.name if who else "root"
         env.update(HOME="/nonexistent", XDG_CACHE_HOME=str(self.top / f"cache-{name}"))
         return env
 
-    def run(self, who: Person | None, argv: list[str], stdin: str = "", timeout: float = CALL):
+    def run(
+        self, who: UnprivilegedUser | None, argv: list[str], stdin: str = "", timeout: float = CALL
+    ):
         """``argv`` as ``who`` (None: root), its groups from the group database, umask 022."""
         ids = {} if who is None else {"user": who.uid, "group": who.gid, "extra_groups": who.groups}
         return subprocess.run(argv, input=stdin, env=self.env(who), capture_output=True,
                               text=True, timeout=timeout, umask=0o022, cwd="/", **ids)  # fmt: skip
 
-    def ctx(self, who: Person | None, verb: str, *args: str, stdin: str = "", timeout=CALL):
+    def ctx(
+        self, who: UnprivilegedUser | None, verb: str, *args: str, stdin: str = "", timeout=CALL
+    ):
         return self.run(who, [*CTX_ARGV, "queue", verb, "-p", SPACE, *args], stdin, timeout)
 
-    def publish(self, who: Person | None, name: str, path: str = "/") -> str:
+    def publish(self, who: UnprivilegedUser | None, name: str, path: str = "/") -> str:
         req = json.dumps({"tool": "fs.stat", "input": {"path": path}})
         done = self.ctx(who, "publish", "--name", name, "-", stdin=req)
         assert done.returncode == 0, done
@@ -113,7 +92,7 @@ class World:
         assert done.returncode == 0, done
         return done
 
-    def status(self, who: Person | None) -> dict:
+    def status(self, who: UnprivilegedUser | None) -> dict:
         done = self.ctx(who, "status", "--json")
         assert done.returncode in (0, 1) and "Traceback" not in done.stderr, done
         return json.loads(done.stdout)
@@ -128,18 +107,6 @@ def world(traversable_tmp: Path, people) -> World:
         made = w.run(None, [*CTX_ARGV, *argv])
         assert made.returncode == 0, made
     return w
-
-
-@contextlib.contextmanager
-def desk(who: Person) -> Iterator[subprocess.Popen]:
-    """A live process of ``who``: the holder of the claims that member works on."""
-    proc = subprocess.Popen(["sleep", "300"], user=who.uid, group=who.gid,
-                            extra_groups=who.groups)  # fmt: skip
-    try:
-        yield proc
-    finally:
-        proc.kill()
-        proc.wait()
 
 
 def assert_refusal(done: subprocess.CompletedProcess, errno: str, *words: str) -> None:
@@ -171,7 +138,7 @@ def test_fifo_symlink_and_directory_at_a_victims_result_names_never_hang_or_lead
     os.chown(notes, v.uid, v.gid)
     notes.chmod(0o600)
     jobs = [w.publish(v, name, f"/{name}") for name in ("j1", "j2", "j3")]
-    with desk(v) as holder:
+    with process_of(v) as holder:
         for job in jobs:
             claimed = w.ctx(v, "claim", "--pid", str(holder.pid))
             assert claimed.returncode == 0 and claimed.stdout == f"{job}\n", claimed
@@ -226,7 +193,7 @@ def test_an_unreadable_result_planted_beside_a_live_claim_is_not_proof_the_job_r
     report a conflict and leave J claimed, never mark it done with that file as its result."""
     w, v = world, world.victim
     job = w.publish(v, "big")
-    with desk(v) as holder:
+    with process_of(v) as holder:
         assert w.ctx(v, "claim", "--pid", str(holder.pid)).stdout == f"{job}\n"
         w.hostile_does('truncate -s 3G "$1"', w.q / "done" / f"{job}.result")
         start = time.monotonic()
@@ -260,7 +227,7 @@ def test_blockers_planted_under_job_names_are_refused_reported_and_cleared(world
     os.chown(notes, v.uid, v.gid)
     notes.chmod(0o600)
     k = w.publish(v, "k")
-    with desk(v) as holder:
+    with process_of(v) as holder:
         now = time.time()
         lease = {"worker": "forged", "host": os.uname().nodename, "pid": holder.pid,
                  "boot_id": Path("/proc/sys/kernel/random/boot_id").read_text().strip(),
@@ -346,7 +313,7 @@ def test_finish_and_renew_through_a_swapped_claim_or_lease_directory_say_what_an
     a, b = w.publish(v, "a"), w.publish(v, "b")
     outside = decoy(w, b)
     before = snapshot(outside)
-    with desk(v) as holder:
+    with process_of(v) as holder:
         for job in (a, b):
             assert w.ctx(v, "claim", "--pid", str(holder.pid)).stdout == f"{job}\n"
         w.hostile_does('mv "$1/lease/$2" "$1/lease/.$2"; ln -s "$4" "$1/lease/$2"\n'
@@ -374,7 +341,7 @@ def test_a_hard_link_of_a_live_claim_back_into_pending_never_runs_the_job_twice(
     ever takes again (exit 3), while the pending name still reads as the victim's request."""
     w, v = world, world.victim
     job, other = w.publish(v, "held", "/held"), w.publish(v, "next", "/next")
-    with desk(v) as holder:
+    with process_of(v) as holder:
         assert w.ctx(v, "claim", "--pid", str(holder.pid)).stdout == f"{job}\n"
         w.hostile_does('ln "$1" "$2"', w.q / "claimed" / job / job, w.q / "pending" / job)
         second = w.ctx(v, "claim", "--pid", str(holder.pid))
@@ -410,7 +377,7 @@ def test_a_lease_forged_into_another_pid_namespace_keeps_the_victims_job_claimed
     from its shell, and the queue is left consistent."""
     w, v = world, world.victim
     job = w.publish(v, "ns")
-    with desk(v) as holder:
+    with process_of(v) as holder:
         assert w.ctx(v, "claim", "--pid", str(holder.pid)).stdout == f"{job}\n"
     dead = subprocess.Popen(["true"])
     dead.wait()
@@ -571,7 +538,7 @@ def test_victims_finishes_racing_lease_directories_swapped_for_links(world):
     jobs = [w.publish(v, f"f{n}", f"/f{n}") for n in range(3)]
     outside = decoy(w, "unused.req.json")
     before = snapshot(outside)
-    with desk(v) as holder:
+    with process_of(v) as holder:
         for job in jobs:
             assert w.ctx(v, "claim", "--pid", str(holder.pid)).stdout == f"{job}\n"
         for job in jobs:
@@ -646,7 +613,7 @@ def test_a_member_who_takes_the_victims_jobs_and_closes_them_cannot_wedge_the_ot
             assert "EACCES" in ignored[path], ignored
         assert (w.q / "claimed" / locked / locked).is_file()
 
-        with desk(v) as holder:
+        with process_of(v) as holder:
             again = w.ctx(v, "claim", "--pid", str(holder.pid))
             assert again.returncode == 0 and again.stdout == f"{mine}\n", again
             skipped = w.ctx(v, "claim", "--pid", str(holder.pid))
@@ -655,7 +622,7 @@ def test_a_member_who_takes_the_victims_jobs_and_closes_them_cannot_wedge_the_ot
             assert w.ctx(v, "finish", mine, "--ok").returncode == 0
         by_root = json.loads(w.ctx(None, "recover", "--json").stdout)
         assert sorted(r["job"] for r in by_root["requeued"]) == sorted([stolen, hidden])
-        with desk(v) as holder:
+        with process_of(v) as holder:
             for expected in (stolen, hidden):
                 claimed = w.ctx(v, "claim", "--pid", str(holder.pid))
                 assert claimed.stdout == f"{expected}\n", claimed

@@ -7,15 +7,11 @@ groups the group database gives it, through the installed ``ctx``."""
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import grp
 import json
 import os
 import shutil
 import stat
 import subprocess
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,11 +22,10 @@ from tests.acceptance.ctxcli import (
     QUEUE_SUBDIRS,
     ROOT_ENTRIES,
     clean_env,
-    scratch_top,
     snapshot,
 )
 from tests.support.storage import traversable_tmp as traversable_tmp
-from tests.support.users import find_or_create_user
+from tests.support.users import UnprivilegedUser, process_of, system_group_with, users_named
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as several users")
 
@@ -38,23 +33,14 @@ MEMBERS = ("ctxflow-a", "ctxflow-b")
 OUTSIDER = "ctxflow-o"
 GROUP = "ctxflow-g"
 SPACE = "proj"
-SCRATCH = scratch_top(__file__)
 
 
 # ------------------------------------------------------------------------------ the people
 
 
 @dataclass(frozen=True)
-class Person:
-    """A real user of the host: uid, primary gid and the groups ``/etc/group`` gives it."""
-
-    name: str
-    uid: int
-    gid: int
-
-    @property
-    def groups(self) -> list[int]:
-        return os.getgrouplist(self.name, self.gid)
+class Person(UnprivilegedUser):
+    """A real user of the host, with a home of its own for the test."""
 
     def home(self, top: Path) -> Path:
         """The user's home for this test: a directory of its own below ``top``."""
@@ -74,32 +60,11 @@ class People:
     gid: int
 
 
-def _ensure_group(members: list[str]) -> int:
-    """The group ``GROUP`` with exactly ``members`` among its members, made when missing."""
-    groupadd, gpasswd = shutil.which("groupadd"), shutil.which("gpasswd")
-    if groupadd is None or gpasswd is None:
-        pytest.skip("groupadd and gpasswd are needed to give the members a group")
-    SCRATCH.mkdir(mode=0o755, exist_ok=True)
-    with open(SCRATCH / ".users.lock", "w") as lock:  # xdist workers make it one at a time
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            grp.getgrnam(GROUP)
-        except KeyError:
-            subprocess.run([groupadd, "--system", GROUP], check=True, capture_output=True)
-        for member in members:
-            if member not in grp.getgrnam(GROUP).gr_mem:
-                subprocess.run([gpasswd, "-a", member, GROUP], check=True, capture_output=True)
-    return grp.getgrnam(GROUP).gr_gid
-
-
 @pytest.fixture(scope="module")
 def people() -> People:
     """Two members of ``GROUP`` and one user outside it (system users, kept for later runs)."""
-    SCRATCH.mkdir(mode=0o755, exist_ok=True)
-    with open(SCRATCH / ".users.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        found = [find_or_create_user(name) for name in (*MEMBERS, OUTSIDER)]
-    gid = _ensure_group(list(MEMBERS))
+    found = users_named(*MEMBERS, OUTSIDER)
+    gid = system_group_with(GROUP, MEMBERS)
     a, b, outsider = (Person(u.name, u.uid, u.gid) for u in found)
     if gid in outsider.groups or not all(gid in m.groups for m in (a, b)):
         pytest.skip(f"group {GROUP} does not have exactly the members this file needs")
@@ -155,18 +120,6 @@ def root_ctx(
         text=True,
         timeout=60,
     )
-
-
-@contextlib.contextmanager
-def process_of(person: Person) -> Iterator[subprocess.Popen]:
-    """A long-lived process of ``person``: the desk a member works a claimed job from."""
-    proc = subprocess.Popen(["sleep", "300"], user=person.uid, group=person.gid,
-                            extra_groups=person.groups)  # fmt: skip
-    try:
-        yield proc
-    finally:
-        proc.kill()
-        proc.wait()
 
 
 def mode(path: Path) -> int:

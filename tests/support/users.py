@@ -16,11 +16,13 @@ ask the kernel what that user may do with a list of paths.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import grp
 import os
 import pwd
 import shutil
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -39,6 +41,11 @@ class UnprivilegedUser:
     name: str
     uid: int
     gid: int
+
+    @property
+    def groups(self) -> list[int]:
+        """Its groups as the group database gives them (what a login would get)."""
+        return os.getgrouplist(self.name, self.gid)
 
 
 def find_or_create_user(name: str = TEST_USER) -> UnprivilegedUser:
@@ -154,3 +161,49 @@ def group_named(name: str) -> Iterator[int]:
         yield gid
     finally:
         subprocess.run([groupdel, name], check=False)
+
+
+# Test files make their users and groups one process at a time (xdist workers race useradd,
+# groupadd and gpasswd on the same database locks).
+_ACCOUNTS_LOCK = Path(tempfile.gettempdir()) / "cortexfs-test-accounts.lock"
+
+
+def system_group_with(name: str, members: Sequence[str]) -> int:
+    """The system group ``name`` with ``members`` among its members, made or completed when
+    needed and kept for later runs; its gid.  Skips without root, groupadd or gpasswd."""
+    groupadd, gpasswd = shutil.which("groupadd"), shutil.which("gpasswd")
+    if os.geteuid() != 0 or groupadd is None or gpasswd is None:
+        pytest.skip(f"root, groupadd and gpasswd are needed to make group {name!r}")
+    with open(_ACCOUNTS_LOCK, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            grp.getgrnam(name)
+        except KeyError:
+            subprocess.run([groupadd, "--system", name], check=True, capture_output=True)
+        for member in members:
+            if member not in grp.getgrnam(name).gr_mem:
+                subprocess.run([gpasswd, "-a", member, name], check=True, capture_output=True)
+    return grp.getgrnam(name).gr_gid
+
+
+def users_named(*names: str) -> list[UnprivilegedUser]:
+    """:func:`find_or_create_user` for each of ``names``, one process at a time."""
+    if os.geteuid() != 0:
+        pytest.skip(f"needs root to act as the test users {', '.join(names)}")
+    with open(_ACCOUNTS_LOCK, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return [find_or_create_user(name) for name in names]
+
+
+@contextlib.contextmanager
+def process_of(user: UnprivilegedUser) -> Iterator[subprocess.Popen]:
+    """A long-lived process of ``user`` with its groups, killed at the end: the live holder
+    of the claims that user works on."""
+    proc = subprocess.Popen(
+        ["sleep", "300"], user=user.uid, group=user.gid, extra_groups=user.groups
+    )
+    try:
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
