@@ -146,15 +146,15 @@ def _outside_the_root_abi(root: Path, queue_dir: Path, option: str) -> Path:
     filesystem); inside it, the root holds only the entries of R-2, so ``ROOT/queue`` or
     ``ROOT/tool/queue`` would be a namespace of its own, and is a usage error.
     """
+    real_queue = os.path.realpath(queue_dir)
     plain = Path(os.path.normpath(queue_dir))
-    if plain != queue_dir and os.path.realpath(plain) == os.path.realpath(queue_dir):
+    if plain != queue_dir and os.path.realpath(plain) == real_queue:
         # Its '..' went up through no symbolic link: the same directory, named without them
         # ('--project ../queue' from the space's data/ is the space's queue).
         queue_dir = plain
     if _is_project_queue(root, queue_dir) and is_object_name(queue_dir.parent.name):
         return queue_dir
     real_root = os.path.realpath(root)
-    real_queue = os.path.realpath(queue_dir)
     if os.path.commonpath([real_root, real_queue]) != real_root:
         return queue_dir
     leads_to = Path(real_queue)
