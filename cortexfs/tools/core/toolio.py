@@ -36,6 +36,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 from cortexfs import jsontext
+from cortexfs.printable import printable
 
 NATIVE = "native"
 MAX_INPUT_BYTES = 16 * 1024 * 1024
@@ -251,10 +252,13 @@ def _parse_object(text: str) -> dict[str, Any]:
 
 def _fail(tool: str, failure: ToolFailure, native: bool, program: str | None) -> int:
     name = errno_names.errorcode.get(failure.errno, f"E{failure.errno}")
+    # One line, shown escaped: a message may quote what others wrote (an MCP server's error
+    # text, a file name), which must not reach the caller's terminal as escape sequences.
+    message = printable(failure.message)
     if program:
-        sys.stderr.write(f"{program}: {name}: {tool}: {failure.message}\n")
+        sys.stderr.write(f"{program}: {name}: {tool}: {message}\n")
     else:
-        sys.stderr.write(f"{tool}: {name}: {failure.message}\n")
+        sys.stderr.write(f"{tool}: {name}: {message}\n")
     if native:
         report = {"error": name, "errno": failure.errno, "message": failure.message}
         sys.stdout.write(json.dumps(report) + "\n")
