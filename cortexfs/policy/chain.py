@@ -374,6 +374,15 @@ class AgentFacts:
             f"'shared:{name} read' and 'shared:{name} write'"
         )
 
+    def forget_object(self, object_class: str, name: str) -> None:
+        """Judge ``object_class:name`` afresh at its next request: its steps' answers and the
+        policies read for it (all but the agent's own) were of files a reinstall of it has
+        replaced since."""
+        for key in [key for key in self.decided if key[:2] == (object_class, name)]:
+            del self.decided[key]
+        own = controls.control_path(self.agent, "policy")
+        self._policies = {path: read for path, read in self._policies.items() if path == own}
+
     def policy(self, path: PurePosixPath) -> Policy:
         if path not in self._policies:
             self._policies[path] = controls.read_policy(self.root, path, self._agent_controls)

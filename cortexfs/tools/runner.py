@@ -282,10 +282,15 @@ class _Call:
         executable during the admission (see the module's docstring)."""
         for _ in range(_ADMISSIONS):
             self._admit_call(input_value)
-            assert self.tool is not None
+            assert self.tool is not None and self.view is not None
             now = _file_identity(self.tool.executable)
             if now is None or now == self.executable_identity:
                 return  # the same version; or none at all, which the start reports (ENOENT)
+            # Judged again from the start: found again on the CTX_PATH (a link in its place is
+            # no tool, T-4), and by the chain on what the name now holds, not by the verdict
+            # the replaced file got.
+            self.found = None
+            self.view.facts.forget_object("tool", self.tool_name)
         with self._stage("resolve"):
             raise CtxError(
                 errno.EAGAIN,
