@@ -26,6 +26,7 @@ import fcntl
 import os
 import stat
 import time
+from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -94,38 +95,56 @@ def record_result(
     The session's line comes first, so that a ``tool_call`` is never left without its
     ``tool_result`` because of the tool's log (a damaged tool may have none).  Both lines are
     written before either is synced: on a journaling filesystem the first fsync then commits
-    the second file's append too, and the second fsync finds little left.
+    the second file's append too, and the second fsync finds little left.  Each record is
+    written whatever became of the other: the session belongs to the agent's uid, under
+    which the tool itself ran, so a tool that locked or broke its session must not keep its
+    call out of the log the host owns (T-7).  The first failure is the one raised.
     """
     facts = result_facts(result)
+    failures: list[BaseException] = []
+    session_name = "" if session is None else session.ref.name
     if session is not None:
-        session.record("tool_result", object=object_ref, status=result.status, **facts)
-    try:
-        log = None if tool_log is None else _open_tool_log(root, tool_log)
-    except (CtxError, OSError):
-        # The call is an error (T-7: its log does not have it), but its session line is made
-        # durable all the same; a session that cannot be synced either is the error reported.
-        if session is not None:
-            session.sync()
-        raise
+        try:
+            session.record("tool_result", object=object_ref, status=result.status, **facts)
+        except (CtxError, OSError) as exc:
+            failures.append(exc)
+            session = None  # nothing of this call's to sync there
+    log = None
+    if tool_log is not None:
+        try:
+            log = _open_tool_log(root, tool_log)
+        except (CtxError, OSError) as exc:
+            failures.append(exc)  # the call is an error: its log does not have it
     try:
         if log is not None:
             line = make_event(
                 "tool_result",
                 agent=result.agent,
-                session="" if session is None else session.ref.name,
+                session=session_name,
                 object=object_ref,
                 status=result.status,
                 session_dir=result.session,
                 **{**request, **facts},
             )
-            log.append(line)
+            _each_of(failures, log.append, line)
         if session is not None:
-            session.sync()
+            _each_of(failures, session.sync)
         if log is not None:
-            log.sync()
+            _each_of(failures, log.sync)
     finally:
         if log is not None:
             log.close()
+    if failures:
+        raise failures[0]
+
+
+def _each_of(failures: list[BaseException], action: Callable[..., object], *args: Any) -> None:
+    """``action(*args)``, its failure added to ``failures`` rather than raised: what the
+    other record still needs is done all the same."""
+    try:
+        action(*args)
+    except (CtxError, OSError) as exc:
+        failures.append(exc)
 
 
 def record_host_call(

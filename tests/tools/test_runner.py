@@ -1174,3 +1174,42 @@ def test_a_group_named_like_an_agents_gid_never_stands_in_for_it(coder: World) -
     assert native.output["gid"] == coder.user.gid
     groups = [int(gid) for gid in native.output["groups"].split()]
     assert groups == [coder.user.gid, extra], f"not the stand-in {stand_in}"
+
+
+SESSION_LOCKER = """#!/bin/sh
+# Leaves a process of its own, in a session of its own, holding its session's events locked.
+cat >/dev/null
+setsid flock --exclusive {events} sh -c 'echo $$ > {pid_file}; exec sleep 600' \\
+    </dev/null >/dev/null 2>&1 &
+while [ ! -s {pid_file} ]; do sleep 0.01; done
+echo '{{"locked": true}}'
+"""
+
+
+def test_a_tool_that_locks_its_session_still_leaves_its_call_in_the_tool_log(
+    coder: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """T-7: the session is the agent's file, so a tool may keep its tool_result out of it;
+    the tool's log is the host's, and the call is there all the same.  The caller is told the
+    record failed (stage record, EAGAIN)."""
+    from cortexfs.shared import events
+
+    monkeypatch.setattr(events, "LOCK_WAIT_SECONDS", 0.3)
+    session_events = SessionRef.home(coder.root, coder.user.uid, "locking", "default").events_path
+    pid_file = coder.scratch / "locker.pid"
+    coder.scratch.chmod(0o777)
+    script = SESSION_LOCKER.format(events=session_events, pid_file=pid_file)
+    coder.install("session.locker", script)
+    coder.agent("locking", tools=["whoami", "session.locker"])
+    for tool in ("whoami", "session.locker"):
+        coder.allow_tool(tool, "locking_t")
+    coder.run("whoami", {}, agent="locking")  # its session exists before the locker runs
+    try:
+        result = coder.run("session.locker", {}, agent="locking")
+        assert result.error is not None and result.error.stage == "record", result
+        assert result.error.errno == errno.EAGAIN
+        logged = [line for line in coder.tool_log("session.locker") if line["call"] == result.call]
+        assert len(logged) == 1 and logged[0]["status"] == "ok", logged
+        assert logged[0]["output"] == {"locked": True}
+    finally:
+        os.kill(int(pid_file.read_text()), signal.SIGKILL)
