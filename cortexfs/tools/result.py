@@ -127,11 +127,22 @@ def decode_output(stdout: bytes) -> Any:
 
 
 def exit_error(tool: str, exit_status: int, output: Any, stderr: str) -> ToolError:
-    """A failed run; a tool reporting ``{"errno": N, "message": …}`` keeps its errno."""
+    """A failed run; a tool reporting ``{"errno": N, "message": …}`` keeps its errno.
+
+    Only a number that names an errno counts (``true`` is an int to Python, and ``-5`` or
+    ``2**64`` name none), and only a string as its message: anything else the tool printed
+    is no errno, and the call's error names none (null), as for a tool that printed nothing.
+    """
     code, message = 0, ""
-    if isinstance(output, dict) and isinstance(output.get("errno"), int):
-        code, message = output["errno"], str(output.get("message", ""))
+    if isinstance(output, dict) and _names_an_errno(output.get("errno")):
+        code = output["errno"]
+        told = output.get("message", "")
+        message = told if isinstance(told, str) else ""
     detail = message or (stderr.strip().splitlines() or [""])[-1]
     return ToolError(
         code, "exit", f"{tool} exited with status {exit_status}" + (f": {detail}" if detail else "")
     )
+
+
+def _names_an_errno(value: Any) -> bool:
+    return type(value) is int and value in errno_names.errorcode
