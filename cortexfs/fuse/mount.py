@@ -359,24 +359,49 @@ class StorageFS(pyfuse3.Operations):
 
     async def create(self, parent_inode, name, mode, flags, ctx):  # type: ignore[no-untyped-def]
         parts = self._child_to_make(parent_inode, name)
-        # O_EXCL: a file put at the name since the check above is never opened, let alone
-        # given to the caller by _give.
-        with _callers_umask(ctx):
-            fd = self._open(parts, flags | os.O_CREAT | os.O_EXCL, mode & ~ctx.umask)
-        self._give(fd, ctx, parts)
-        attributes = self._entry(parts, fd)
+        with self._parent(parts) as parent:
+            # O_EXCL: a file put at the name since the check above is never opened, let alone
+            # given to the caller by _give.
+            with _callers_umask(ctx):
+                fd = _call(
+                    os.open,
+                    parts[-1],
+                    flags | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                    mode & ~ctx.umask,
+                    dir_fd=parent,
+                )
+            try:
+                self._give(fd, ctx, parent)
+                attributes = self._entry(parts, fd)
+            except BaseException:
+                _take_back(parent, parts[-1], os.fstat(fd))
+                os.close(fd)
+                raise
         return self._opened_file(attributes.st_ino, fd, parts), attributes
 
     async def mkdir(self, parent_inode, name, mode, ctx):  # type: ignore[no-untyped-def]
         parts = self._child_to_make(parent_inode, name)
-        with self._parent(parts) as parent, _callers_umask(ctx):
-            _call(os.mkdir, parts[-1], mode & ~ctx.umask, dir_fd=parent)
-        with self._opened(parts, _LIST) as directory:
-            if os.fstat(directory).st_uid != os.geteuid():
-                # Another directory, someone else's, put at the name since the mkdir.
-                raise pyfuse3.FUSEError(errno.EEXIST)
-            self._give(directory, ctx, parts)
-            return self._entry(parts, directory)
+        with self._parent(parts) as parent:
+            with _callers_umask(ctx):
+                _call(os.mkdir, parts[-1], mode & ~ctx.umask, dir_fd=parent)
+            try:
+                directory = _call(os.open, parts[-1], _LIST, dir_fd=parent)
+            except BaseException:
+                _take_back(parent, parts[-1], None)
+                raise
+            try:
+                made = os.fstat(directory)
+                if made.st_uid != os.geteuid():
+                    # Another directory, someone else's, put at the name since the mkdir.
+                    raise pyfuse3.FUSEError(errno.EEXIST)
+                try:
+                    self._give(directory, ctx, parent)
+                    return self._entry(parts, directory)
+                except BaseException:
+                    _take_back(parent, parts[-1], made)
+                    raise
+            finally:
+                os.close(directory)
 
     async def unlink(self, parent_inode, name, ctx):  # type: ignore[no-untyped-def]
         parts = self._child(parent_inode, name)
@@ -525,14 +550,30 @@ class StorageFS(pyfuse3.Operations):
                     raise pyfuse3.FUSEError(errno.EEXIST)
         return parts
 
-    def _give(self, fd: int, ctx: pyfuse3.RequestContext, parts: tuple[str, ...]) -> None:
+    def _give(self, fd: int, ctx: pyfuse3.RequestContext, parent: int) -> None:
         """What a caller creates is the caller's, as it would be on a local filesystem: its
-        uid, and its gid unless the directory is setgid, whose group the entry keeps (a
-        shared space, X-1, stays usable by its group through the mount too)."""
+        uid, and its gid unless the directory (``parent``) is setgid, whose group the entry
+        keeps (a shared space, X-1, stays usable by its group through the mount too)."""
         if os.geteuid() == 0:
-            with self._parent(parts) as parent:
-                setgid = os.fstat(parent).st_mode & stat.S_ISGID
+            setgid = _call(os.fstat, parent).st_mode & stat.S_ISGID
             _call(os.fchown, fd, ctx.uid, -1 if setgid else ctx.gid)
+
+
+def _take_back(parent: int, name: str, made: os.stat_result | None) -> None:
+    """Remove ``name``, made in ``parent`` for a caller it could not be handed to (the daemon
+    out of descriptors, say): never left behind as root's.  Only while the name still holds
+    what was made (``made``; None for a directory made but never opened: one of the daemon's
+    own, which an rmdir removes only while empty)."""
+    with contextlib.suppress(OSError):
+        now = os.stat(name, dir_fd=parent, follow_symlinks=False)
+        if made is None:
+            if stat.S_ISDIR(now.st_mode) and now.st_uid == os.geteuid():
+                os.rmdir(name, dir_fd=parent)
+        elif (now.st_dev, now.st_ino) == (made.st_dev, made.st_ino):
+            if stat.S_ISDIR(now.st_mode):
+                os.rmdir(name, dir_fd=parent)
+            else:
+                os.unlink(name, dir_fd=parent)
 
 
 def _not_a_root_entry(parts: tuple[str, ...]) -> None:
