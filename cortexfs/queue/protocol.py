@@ -554,8 +554,9 @@ def claim_job(
     except FileNotFoundError:
         return None  # recover took our empty claim directory for a crash's leftover: lost
     except OSError as exc:  # EMFILE…: J stays pending, claimable, with no claim evidence
+        refusal = queue.refusal("claim", "claimed", exc, *_nothing_claimed(job))
         _abandon_claim_dir(queue, job)
-        raise queue.refusal("claim", "claimed", exc, *_nothing_claimed(job)) from None
+        raise refusal from None
     try:
         # Held until the lease is durable: recover must not mistake our half-done claim
         # (a request in claimed/J and no lease yet) for the leftovers of a crash.
@@ -577,8 +578,9 @@ def claim_job(
             # (I-1).
             durable.sync_dir(ops, queue.claimed)
         except OSError as exc:
+            refusal = queue.refusal("claim", "claimed", exc, *_nothing_claimed(job))
             _abandon_claim_dir(queue, job)
-            raise queue.refusal("claim", "claimed", exc, *_nothing_claimed(job)) from None
+            raise refusal from None
         if lstat_at(queue.lease, job) is not None:
             # Lease evidence from an earlier crash: leave the whole job to recover.
             _abandon_claim_dir(queue, job)
@@ -603,8 +605,9 @@ def claim_job(
                     f"failed ({_cause(exc)}): it has no lease and never ran; 'ctx queue "
                     "recover --reconcile' returns it to pending",
                 ) from None
+            refusal = queue.refusal("claim", "pending", exc, *_nothing_claimed(job))
             _abandon_claim_dir(queue, job)
-            raise queue.refusal("claim", "pending", exc, *_nothing_claimed(job)) from None
+            raise refusal from None
         pending_changed(queue, before)  # ours: the order need not list pending/ for it
         refusal: CtxError | None = None
         invalid_reason: str | None = None
@@ -673,7 +676,13 @@ def _write_lease(queue: Queue, job: str, lease: Lease) -> None:
             durable.move_noreplace(ops, queue.inbox, temp, lease_fd, LEASE_FILE)
         finally:
             ops.close(lease_fd)
-    except (OSError, CtxError):
+    except OSError as exc:
+        # Said before the temp file goes: what ran short is measured as it was when the
+        # kernel refused (the last inode, which removing the temp would give back).
+        refusal = queue.refusal("claim", "lease", exc, *_nothing_claimed(job))
+        _discard_temp(queue, temp)
+        raise refusal from None
+    except CtxError:
         _discard_temp(queue, temp)
         raise
 
