@@ -163,11 +163,17 @@ def tail(
         if not follow:
             return
         try:
-            followed = events.follow_events(ref.events_path, offset=scan.end, dir_fd=directory)
+            followed = events.follow_events(
+                ref.events_path, offset=scan.end, dir_fd=directory, on_restart=_restarted
+            )
             for event in followed:
                 _render([event], as_json)
         except KeyboardInterrupt:
             return
+
+
+def _restarted(why: str) -> None:
+    echo_printable(f"ctx: note: {why}", err=True)
 
 
 @session.command()

@@ -27,7 +27,7 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -414,19 +414,52 @@ def parse_event_line(raw: bytes) -> dict[str, Any] | None:
 
 
 def follow_events(
-    path: Path, *, offset: int = 0, poll_interval: float = 0.2, dir_fd: int | None = None
+    path: Path,
+    *,
+    offset: int = 0,
+    poll_interval: float = 0.2,
+    dir_fd: int | None = None,
+    on_restart: Callable[[str], None] | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Yield events as they are appended (``tail --follow``); runs until the caller stops.
 
-    ``dir_fd`` as for :func:`read_events`."""
+    A file that shrank below what was read (cut by someone who may write it) or that another
+    file replaced is read again from its start, as ``tail -F`` does, and ``on_restart`` is
+    told why: waiting for it to grow past the old end would skip, silently, every event
+    appended meanwhile.  ``dir_fd`` as for :func:`read_events`."""
     line = 1
+    followed = _size_and_identity(path, dir_fd)
     while True:
+        now = _size_and_identity(path, dir_fd)
+        if now is not None and followed is not None:
+            size, identity = now
+            if identity != followed[1] or size < offset:
+                if identity != followed[1]:
+                    why = f"{path} was replaced by another file"
+                else:
+                    why = f"{path} shrank to {size} bytes, from the {offset} read"
+                if on_restart is not None:
+                    on_restart(f"{why}: following it again from its start")
+                offset, line = 0, 1
+        followed = now or followed
         scan = read_events(path, offset=offset, first_line=line, dir_fd=dir_fd)
         yield from scan.events
         line += scan.lines
         if scan.end == offset:
             time.sleep(poll_interval)
         offset = scan.end
+
+
+def _size_and_identity(path: Path, dir_fd: int | None) -> tuple[int, tuple[int, int]] | None:
+    """The size and the (device, inode) of the file at ``path``; None when nothing is there."""
+    try:
+        if dir_fd is None:
+            status = os.stat(path, follow_symlinks=False)
+        else:
+            status = os.stat(path.name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+    return status.st_size, (status.st_dev, status.st_ino)
 
 
 def repair(path: Path, ops: durable.FsOps | None = None, *, dir_fd: int | None = None) -> int:
