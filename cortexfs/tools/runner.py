@@ -209,6 +209,7 @@ class _Call:
         self.workspace = workspace
         self.stage = "caller"  # the stage in progress, for a failure no stage anticipated
         self.observer_failed = False
+        self.unrecorded_call: CtxError | OSError | None = None  # the session refused tool_call
 
     @property
     def object_ref(self) -> str:
@@ -255,6 +256,10 @@ class _Call:
                 result = result._replace(recorded=self.session is not None)
             except (OSError, CtxError) as exc:  # a full disk, a read-only filesystem…
                 result = _unrecorded(result, exc)
+            if self.unrecorded_call is not None:  # said by the error of stage session
+                missing = f"the call could not be recorded ({describe(self.unrecorded_call)})"
+                code = self.unrecorded_call.errno or errno.EIO
+                result = result._replace(record_error=ToolError(code, "record", missing))
         self._emit({"type": "result", **result.to_json()})
         return result
 
@@ -405,7 +410,15 @@ class _Call:
         # Looked up before tool_call is recorded, so that it names the object its tool_result
         # will name (shared/<space>/tool/<name> for a space's tool); stage resolve judges it.
         self.found = self._lookup()
-        record.record_requested(self.session, self.object_ref, self.request)
+        try:
+            record.record_requested(self.session, self.object_ref, self.request)
+        except (CtxError, OSError) as exc:
+            # No tool_call there, so no tool_result is owed to it: a session that refused
+            # one line (kept locked, full) is not waited for a second time.
+            self.session.close()
+            self.session = None
+            self.unrecorded_call = exc
+            raise
 
     def _lookup(self) -> Resolution | None:
         assert self.view is not None

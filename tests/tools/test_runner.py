@@ -1213,3 +1213,26 @@ def test_a_tool_that_locks_its_session_still_leaves_its_call_in_the_tool_log(
         assert logged[0]["output"] == {"locked": True}
     finally:
         os.kill(int(pid_file.read_text()), signal.SIGKILL)
+
+
+def test_a_session_that_refuses_the_tool_call_is_not_waited_for_again(
+    coder: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """S-2: a session kept locked refuses the call's tool_call (stage session, EAGAIN); with no
+    tool_call there, no tool_result is owed to it, and the call does not wait a second time
+    to be told the same."""
+    from cortexfs.shared import events
+
+    monkeypatch.setattr(events, "LOCK_WAIT_SECONDS", 0.3)
+    coder.run("whoami", {})
+    session_events = SessionRef.home(coder.root, coder.user.uid, "coder", "default").events_path
+    before = session_events.read_bytes()
+    with held_by(coder.user, session_events):
+        result = coder.run("whoami", {})
+    assert result.error is not None and result.error.stage == "session", result
+    assert result.error.errno == errno.EAGAIN and "could not be recorded" not in str(result.error)
+    # A worker still learns that the host could not record the call (and leaves its job).
+    assert result.record_error is not None and result.record_error.errno == errno.EAGAIN
+    assert result.timings["record"] < 300, result.timings  # no second wait for the lock
+    assert not result.recorded and result.exit_status is None
+    assert session_events.read_bytes() == before
