@@ -34,6 +34,7 @@ from cortexfs.errors import CtxError, exists, invalid, not_found, too_big
 from cortexfs.names import check_object_name, is_object_name
 from cortexfs.shared.tree import ensure_directories, ensure_home, user_ownership
 from cortexfs.timefmt import rfc3339
+from cortexfs.tools.commit_marker import commit_in_progress
 from cortexfs.tools.controls import (
     HOOK_DIRS,
     STATUS_AVAILABLE,
@@ -252,6 +253,16 @@ def _listing(tier: Tier, tool: ToolObject) -> Listing:
     problems = layout_problems(tool)
     if problems:
         status, reason = STATUS_DAMAGED, ""
+    elif commit_in_progress(tier.directory, tool.name):
+        # Its entry and its controls may be of two versions, and every call refuses it
+        # (EAGAIN) until the install ends or bootstrap finishes it: listed as a call meets it.
+        status, reason = (
+            STATUS_UNAVAILABLE,
+            (
+                "an install of it is in progress, or was interrupted: retry, and run "
+                "'ctx bootstrap' if an interrupted install left it so"
+            ),
+        )
     else:
         status, reason = _status_and_reason(read_controls(tool).status)
         if program_problem(tool):
