@@ -37,6 +37,11 @@ version, it repairs two kinds of damage to them, here:
     and the authority chain still judges every entry below it, owner and mode, on every
     call.
 
+* **A temporary file** (``.NAME.TOKEN.tmp``) that a write killed before its rename left
+  beside an entry bootstrap writes whole (:func:`sweep_temporaries`).  It is removed once it
+  is :data:`TEMPORARY_GRACE` old; a younger one may be the write of a bootstrap or a
+  ``tsh.config`` running now, whose rename would fail without it, and is named in a warning.
+
   An entry is reached through a descriptor opened with ``O_PATH | O_NOFOLLOW``: a name
   swapped for a link cannot redirect the change.  Only root may give an entry to another
   uid: anyone else is told to run bootstrap as root.
@@ -47,13 +52,43 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from cortexfs import durable
 from cortexfs.errors import CtxError
 
+if TYPE_CHECKING:  # storage imports this module
+    from cortexfs.storage import BootstrapReport
+
 LOOSE_BITS = stat.S_IWGRP | stat.S_IWOTH  # what nobody but the owner may have on these entries
 _PATH_FLAGS = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+# Long past the moments a write spends between its temporary file and the rename.
+TEMPORARY_GRACE = 60.0
+
+
+def sweep_temporaries(
+    ops: durable.FsOps, dir_fd: int, names: Iterable[str], where: str, report: BootstrapReport
+) -> None:
+    """Remove the temporary files left in ``dir_fd`` (shown as ``where``) by writes of
+    ``names`` killed before their rename, once :data:`TEMPORARY_GRACE` old, and report them;
+    a younger one is left alone and named in a warning."""
+    removed = []
+    for temporary, age in sorted(durable.leftover_temporaries(dir_fd, names)):
+        if age < TEMPORARY_GRACE:
+            report.warnings.append(
+                f"{where}/{temporary}: written {age:.0f} s ago, perhaps by a write still in "
+                f"progress; left for now: a bootstrap removes it once it is "
+                f"{TEMPORARY_GRACE:.0f} s old"
+            )
+        elif durable.remove_entries(ops, [(dir_fd, temporary, False)]):
+            removed.append(f"{where}/{temporary} (removed: left by an interrupted write)")
+    if removed:
+        durable.sync_dir(ops, dir_fd)
+        report.repaired += removed
 
 
 def stand_in(status: os.stat_result | None) -> str:

@@ -31,6 +31,7 @@ import errno
 import functools
 import os
 import stat
+import time
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
@@ -422,13 +423,40 @@ def replace_file_synced(ops: FsOps, dir_fd: int, name: str, data: bytes, mode: i
     directory cannot redirect the mode), but only the directory's owner decides what its
     names hold.
     """
-    temporary = f".{name}.{os.urandom(6).hex()}.tmp"
+    temporary = temporary_name(name)
     write_file_synced(ops, dir_fd, temporary, data, mode, exact_mode=True)
     try:
         replace_synced(ops, dir_fd, temporary, dir_fd, name)
     except BaseException:
         _unlink_quietly(ops, dir_fd, temporary)
         raise
+
+
+def temporary_name(name: str) -> str:
+    """A fresh name beside ``name`` for the file that will replace it: ``.NAME.TOKEN.tmp``."""
+    return f".{name}.{os.urandom(6).hex()}.tmp"
+
+
+def leftover_temporaries(dir_fd: int, names: Iterable[str]) -> list[tuple[str, float]]:
+    """The regular files of ``dir_fd`` named as :func:`temporary_name` names them for one of
+    ``names``: what a write killed before its rename left (or one in flight now), each with
+    its age in seconds, from the earlier of its mtime and ctime (a clock set back, or an mtime
+    in the future, makes no file younger than it is)."""
+    wanted = set(names)
+    found = []
+    now = time.time()
+    for entry in os.listdir(dir_fd):
+        stem, dot, token = entry[1:-4].rpartition(".") if entry.endswith(".tmp") else ("", "", "")
+        if not (entry.startswith(".") and dot and stem in wanted and _is_token(token)):
+            continue
+        status = lstat_at(dir_fd, entry)
+        if status is not None and stat.S_ISREG(status.st_mode):
+            found.append((entry, now - min(status.st_mtime, status.st_ctime)))
+    return found
+
+
+def _is_token(text: str) -> bool:
+    return len(text) == 12 and all(char in "0123456789abcdef" for char in text)
 
 
 def make_dir_synced(

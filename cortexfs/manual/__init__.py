@@ -183,12 +183,16 @@ def install_bundle(root: Path, source: Path | None, report: storage.BootstrapRep
     if bundle_fd is None:
         return
     try:
-        _install_page(ops, bundle_fd, README, pages.readme, f"shared/{BUNDLE}", owner, report)
+        where = f"shared/{BUNDLE}"
+        bootstrap_repair.sweep_temporaries(ops, bundle_fd, [README], where, report)
+        _install_page(ops, bundle_fd, README, pages.readme, where, owner, report)
         where = f"shared/{BUNDLE}/man"
         man_fd = _open_bundle_dir(ops, bundle_fd, "man", where, owner, report)
         if man_fd is None:
             return
         try:
+            names = [page_name(topic) for topic in pages.man]
+            bootstrap_repair.sweep_temporaries(ops, man_fd, names, where, report)
             for topic, page in pages.man.items():
                 _install_page(ops, man_fd, page_name(topic), page, where, owner, report)
             _remove_other_pages(

@@ -200,6 +200,8 @@ def _install_program(
     ops = durable.default_ops()
     directory = durable.open_dir_path(ops, str(path.parent))
     try:
+        shown = where.rpartition("/")[0]
+        bootstrap_repair.sweep_temporaries(ops, directory, [path.name], shown, report)
         status = durable.lstat_at(directory, path.name)
         replaced = bootstrap_repair.stand_in(status)
         if status is not None and not (replaced or stat.S_ISREG(status.st_mode)):
@@ -450,9 +452,10 @@ def _ensure_tsh_config(root: Path, owner: int, report: storage.BootstrapReport) 
     try:
         if bootstrap_repair.untrusted(os.fstat(config_dir), owner):
             return  # reported by _report_held_directories
+        bootstrap_repair.sweep_temporaries(ops, config_dir, ["config"], "tool/tsh.d", report)
         existing = durable.lstat_at(config_dir, "config")
         if existing is None:
-            temporary = f".config.{os.urandom(6).hex()}.tmp"
+            temporary = durable.temporary_name("config")
             durable.write_file_synced(ops, config_dir, temporary, tsh_config.DEFAULT_TEXT.encode())
             try:
                 durable.move_noreplace(ops, config_dir, temporary, config_dir, "config")
