@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import re
+import resource
 import shutil
 import subprocess
 import tempfile
@@ -392,15 +393,22 @@ class Mount:
 
 
 @contextlib.contextmanager
-def serving(storage: Path, where: Path, *args: str) -> Iterator[Mount]:
+def serving(storage: Path, where: Path, *args: str, nofile: int | None = None) -> Iterator[Mount]:
     """``ctx mount --storage STORAGE ARGS WHERE`` in the background until the block ends;
-    then unmounted (``ctx umount``, else lazily) and its process ended."""
+    then unmounted (``ctx umount``, else lazily) and its process ended.  ``nofile``: the
+    daemon's descriptor limit (an operator's shell commonly has 1024), else this process's."""
     log = where.with_name(where.name + ".stderr")
+
+    def limited() -> None:
+        if nofile is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+
     with open(log, "wb") as err:
         proc = subprocess.Popen(
             [*CTX_ARGV, "mount", "--storage", str(storage), *args, str(where)],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
             env=clean_env(), start_new_session=True,
+            preexec_fn=None if nofile is None else limited,
         )  # fmt: skip
     mount = Mount(proc, where, log)
     try:

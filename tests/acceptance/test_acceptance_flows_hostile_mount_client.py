@@ -14,13 +14,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import resource
 import shutil
 import stat
 import subprocess
 import sys
 import textwrap
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,16 +26,15 @@ from pathlib import Path
 import pytest
 
 from tests.acceptance.ctxcli import (
-    CTX_ARGV,
     MOUNT_WAIT,
     ROOT_ENTRIES,
-    clean_env,
     ctx_run,
     mounted_at,
     needs_fuse,
     needs_fuse_as_root,
     new_scratch_dir,
     scratch_top,
+    serving,
     wait_for,
 )
 from tests.support.users import UnprivilegedUser, find_or_create_user
@@ -117,38 +114,10 @@ def world(_template: Path) -> Iterator[World]:
 
 @contextlib.contextmanager
 def mounted(world: World, where: Path, *args: str, nofile: int | None = None):
-    """``ctx mount --storage ROOT ARGS WHERE`` in the background for the block, started with a
-    descriptor limit of ``nofile`` when given (an operator's shell commonly has 1024); its
-    standard error goes to ``WHERE.stderr``.  Cleaned up (lazily if need be) at the end."""
-    log = where.with_name(where.name + ".stderr")
-
-    def limit() -> None:
-        if nofile is not None:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
-
-    with open(log, "wb") as err:
-        proc = subprocess.Popen(
-            [*CTX_ARGV, "mount", "--storage", str(world.storage), *args, str(where)],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
-            env=clean_env(), start_new_session=True, preexec_fn=limit,
-        )  # fmt: skip
-    try:
-        deadline = time.monotonic() + MOUNT_WAIT
-        while not mounted_at(where):
-            assert proc.poll() is None, f"ctx mount exited {proc.returncode}: {log.read_text()}"
-            assert time.monotonic() < deadline, "ctx mount did not mount in time"
-            time.sleep(0.05)
-        yield proc
-    finally:
-        if mounted_at(where):
-            ctx_run("umount", where, timeout=30)
-        if mounted_at(where):
-            subprocess.run(["umount", "-l", str(where)], check=False)
-        try:
-            proc.wait(timeout=MOUNT_WAIT)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    """``ctx mount --storage ROOT ARGS WHERE`` for the block (``ctxcli.serving``), with a
+    descriptor limit of ``nofile`` when given; the block is given the daemon's process."""
+    with serving(world.storage, where, *args, nofile=nofile) as mount:
+        yield mount.proc
 
 
 def unmount_cleanly(proc: subprocess.Popen, where: Path) -> None:
