@@ -505,7 +505,7 @@ def test_a_follower_of_the_victims_timeline_is_not_blinded_when_a_member_truncat
     world: World,
 ):
     """S-5, S-6 (docs/sessions.md "Commands": ``tail --follow`` keeps printing): the victim
-    follows its shared session with ``ctx session tail -n 0 --follow``; the member, who may
+    follows its shared session with ``ctx session tail -n 1 --follow``; the member, who may
     write the file, truncates it to nothing; the victim's agent's next call appends its
     ``tool_call`` and ``tool_result``, which the follower still prints (or it says on stderr
     that the timeline shrank) instead of waiting, silent, for the file to grow past where it
@@ -515,18 +515,20 @@ def test_a_follower_of_the_victims_timeline_is_not_blinded_when_a_member_truncat
         assert_runs_roots_den_echo(w, "vic", "--project", SPACE, "--session", "s1")
     timeline = w.space / "agent" / "vic" / "session" / "s1" / "events.jsonl"
     out, err = w.top / "tail.out", w.top / "tail.err"
-    argv = [*CTX_ARGV, "session", "tail", "vic", "s1", "--project", SPACE, "-n", "0", "--follow"]
+    argv = [*CTX_ARGV, "session", "tail", "vic", "s1", "--project", SPACE, "-n", "1", "--follow"]
     with out.open("w") as o, err.open("w") as e:
         follower = subprocess.Popen(argv, stdout=o, stderr=e, start_new_session=True,
                                     env=clean_env(CTX_STORAGE=str(w.storage)))  # fmt: skip
     try:
+        # Its last event printed: the follower has read to the end, and follows from there.
+        assert wait_for(lambda: len(out.read_text().splitlines()) == 1, 10), out.read_text()
         assert_runs_roots_den_echo(w, "vic", "--project", SPACE, "--session", "s1")
-        assert wait_for(lambda: len(out.read_text().splitlines()) == 2, 10), out.read_text()
+        assert wait_for(lambda: len(out.read_text().splitlines()) == 3, 10), out.read_text()
         w.hostile_does(f"truncate -s 0 {timeline}")
         assert_runs_roots_den_echo(w, "vic", "--project", SPACE, "--session", "s1")
         assert len(timeline.read_text().splitlines()) == 2
-        assert wait_for(lambda: len(out.read_text().splitlines()) == 4, 10), out.read_text()
-        after = out.read_text().splitlines()[2:]
+        assert wait_for(lambda: len(out.read_text().splitlines()) == 5, 10), out.read_text()
+        after = out.read_text().splitlines()[3:]
         assert "tool_call" in after[0] and "tool_result" in after[1], after
         assert f"ctx: note: {timeline} shrank to " in err.read_text(), err.read_text()
         assert "following it again from its start" in err.read_text()
