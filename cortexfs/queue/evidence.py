@@ -18,8 +18,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from cortexfs import jsontext
+from cortexfs.errors import CtxError
 from cortexfs.names import is_job_name, job_name_problem
-from cortexfs.queue.layout import LEASE_FILE, RESULT_SUFFIX, TEMP_SUFFIX, Queue, lstat_at
+from cortexfs.queue.layout import (
+    LEASE_FILE,
+    RESULT_SUFFIX,
+    TEMP_SUFFIX,
+    Queue,
+    lstat_at,
+    read_regular_file,
+)
 from cortexfs.queue.requests import stored_result_limit
 
 # The states a job can be in, in the order status reports them.
@@ -305,7 +314,9 @@ def _scan_terminal(queue: Queue, result: Scan, state: str) -> None:
             if evidence.claim_request is not None:
                 with contextlib.suppress(FileNotFoundError):  # gone since the listing
                     found = entry.stat(follow_symlinks=False)
-                    evidence.unproven_result = _unproven(queue, path, found)
+                    evidence.unproven_result = _unproven(
+                        queue, queue.dirs[state], state, job, found
+                    )
         else:
             setattr(result.job(job), f"{state}_request", entry.inode())
 
@@ -387,20 +398,35 @@ def evidence_of(queue: Queue, job: str) -> JobEvidence:
         path = f"{state}/{job}{RESULT_SUFFIX}"
         if (found := regular(dir_fd, job + RESULT_SUFFIX, path)) is not None:
             setattr(evidence, f"{state}_result", True)
-            evidence.unproven_result = _unproven(queue, path, found)
+            evidence.unproven_result = _unproven(queue, dir_fd, state, job, found)
     return evidence
 
 
-def _unproven(queue: Queue, path: str, st: os.stat_result) -> str:
-    """Why the result at ``path`` cannot be one a finish wrote, or "": larger than any finish
-    stores (``max_result_bytes``), it is something else put there, and proves nothing."""
+def _unproven(queue: Queue, dir_fd: int, state: str, job: str, st: os.stat_result) -> str:
+    """Why the result ``state/J.result`` cannot be one a finish wrote, or "": larger than
+    any finish stores (``max_result_bytes``), or not a result object of §2.1 whose status
+    is the one its directory holds (``ok`` in done/, ``error`` in failed/), it is something
+    else put there, and proves nothing of J's run."""
+    path = f"{state}/{job}{RESULT_SUFFIX}"
     limit = stored_result_limit(queue.config.max_result_bytes)
-    if st.st_size <= limit:
-        return ""
-    return (
-        f"{path} is {st.st_size} bytes, more than any finish writes ({limit}, after "
-        "max_result_bytes), so it proves nothing of J's run"
-    )
+    if st.st_size > limit:
+        return (
+            f"{path} is {st.st_size} bytes, more than any finish writes ({limit}, after "
+            "max_result_bytes), so it proves nothing of J's run"
+        )
+    try:
+        result = jsontext.loads_strict(read_regular_file(dir_fd, job + RESULT_SUFFIX, limit))
+    except FileNotFoundError:
+        return ""  # gone since it was listed: nothing to judge
+    except (OSError, CtxError, ValueError) as exc:
+        return f"{path} cannot be read as a result ({exc}), so it proves nothing of J's run"
+    wanted = "ok" if state == "done" else "error"
+    if not isinstance(result, dict) or result.get("status") != wanted:
+        return (
+            f"{path} is not a result object with status {wanted!r}, as a finish writes in "
+            f"{state}/, so it proves nothing of J's run"
+        )
+    return ""
 
 
 def assess(e: JobEvidence) -> Assessment:

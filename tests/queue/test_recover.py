@@ -181,7 +181,8 @@ def test_a_result_with_its_request_still_claimed_rolls_forward(
     gone = dataclasses.replace(me, pid=dead_pid())
     job = claimed_by(queue, gone)
     state = "done" if ok else "failed"
-    (queue_dir / state / f"{job}.result").write_text(json.dumps({"status": "ok"}))
+    result = {"status": "ok" if ok else "error", "output": None}  # as a finish writes it
+    (queue_dir / state / f"{job}.result").write_text(json.dumps(result))
     assert not recover(queue).consistent
     fixed = recover(queue, reconcile=True)
     assert [f.action for f in fixed.repaired] == ["roll-forward"]
@@ -191,7 +192,7 @@ def test_a_result_with_its_request_still_claimed_rolls_forward(
 
 def test_roll_forward_waits_for_a_live_finisher(queue: Queue, me: Holder, queue_dir: Path) -> None:
     job = claimed_by(queue, me)
-    (queue_dir / "done" / f"{job}.result").write_text("{}")
+    (queue_dir / "done" / f"{job}.result").write_text('{"status": "ok", "output": 1}')
     report = recover(queue, reconcile=True)
     assert report.repaired == [] and "alive" in report.incomplete[0].detail
     assert not report.consistent  # the pair is still incomplete: never "consistent" (Q-6)
@@ -568,3 +569,28 @@ def test_leftovers_another_recover_removes_after_the_scan_are_no_conflict_and_no
     assert sorted(f.job for f in report.untouched) == ["empty.req.json", "orphan.req.json"]
     assert all("another process removed it" in f.detail for f in report.untouched)
     assert report.removed_temps == [] and report.repaired == []
+
+
+@pytest.mark.parametrize(
+    ("state", "planted"),
+    [
+        ("done", "garbage"),
+        ("done", '{"status": "error", "output": null}'),
+        ("failed", '["status", "error"]'),
+        ("failed", '{"status": "ok", "output": null}'),
+    ],
+)
+def test_a_result_no_finish_would_write_beside_a_claim_is_a_conflict_not_a_roll_forward(
+    queue: Queue, me: Holder, queue_dir: Path, state: str, planted: str
+) -> None:
+    """Q-6, §2.1: a roll-forward takes the result as proof that J ran; a file that is not a
+    result object with its directory's status (what a group member, or the job itself, may
+    put there) proves nothing, and J stays claimed for a person to look at."""
+    gone = dataclasses.replace(me, pid=dead_pid())
+    job = claimed_by(queue, gone)
+    (queue_dir / state / f"{job}.result").write_text(planted)
+    report = recover(queue, reconcile=True)
+    assert report.repaired == []
+    assert [f.state for f in report.conflicts] == ["conflict"], report
+    assert "proves nothing" in report.conflicts[0].detail
+    assert os.listdir(queue_dir / "claimed") == [job]
