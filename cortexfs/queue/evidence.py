@@ -398,7 +398,8 @@ def evidence_of(queue: Queue, job: str) -> JobEvidence:
         path = f"{state}/{job}{RESULT_SUFFIX}"
         if (found := regular(dir_fd, job + RESULT_SUFFIX, path)) is not None:
             setattr(evidence, f"{state}_result", True)
-            evidence.unproven_result = _unproven(queue, dir_fd, state, job, found)
+            if evidence.claim_request is not None:  # what assess judges it for, as in scan
+                evidence.unproven_result = _unproven(queue, dir_fd, state, job, found)
     return evidence
 
 
