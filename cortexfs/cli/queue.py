@@ -464,9 +464,9 @@ def claim(
         # Ctrl-C waits until the claim is leased and named, or never made: stopped between
         # the two, a claim would be left without a lease, which no worker takes until the
         # queue is reconciled (see cortexfs.interrupts).
-        unreadable: list[str] = []
+        left_pending: dict[str, str] = {}
         with held_interrupts():
-            won = protocol.claim(q, holder, ttl, unreadable=unreadable)
+            won = protocol.claim(q, holder, ttl, left_pending=left_pending)
             if won is not None:
                 _acknowledge_claim(won, as_json)
     if won is not None and pid is not None and holder.start_time is None:
@@ -478,13 +478,47 @@ def claim(
             err=True,
         )
     if won is None:
-        if unreadable:  # pending, as status counts them, yet nothing this uid can claim
-            echo_printable(
-                f"ctx: note: left pending, since uid {os.geteuid()} may not read their "
-                f"request: {', '.join(unreadable)}; a member who may read them claims them",
-                err=True,
-            )
+        _say_why_left_pending(left_pending)
         sys.exit(EXIT_NOTHING)  # §2.4: nothing on stdout, with or without --json
+
+
+def _say_why_left_pending(left_pending: dict[str, str]) -> None:
+    """Jobs pending, as status counts them, yet not claimed: a note for each kind, so that
+    an exit 3 over a queue that is not empty is explained (stdout stays empty, §2.4)."""
+    unreadable = [job for job, why in left_pending.items() if why == protocol.UNREADABLE]
+    if unreadable:
+        echo_printable(
+            f"ctx: note: left pending, since uid {os.geteuid()} may not read their "
+            f"request: {_some(unreadable)}; a member who may read them claims them",
+            err=True,
+        )
+    held = {
+        protocol.CLAIM_LEFT: (
+            "with claimed/J there already",
+            "a claim in progress settles it in a moment; an empty claimed/J that a crash left "
+            "is removed by 'ctx queue recover --reconcile'",
+        ),
+        protocol.LEASE_LEFT: (
+            "with a lease/J and no claim",
+            "'ctx queue recover --reconcile' removes that lease once its holder is gone",
+        ),
+        protocol.FINISHED: (
+            "as J is in done/ or failed/ too, a conflict",
+            "'ctx queue show J' lists its evidence; a conflict is never resolved for you",
+        ),
+    }
+    for why, (evidence, remedy) in held.items():
+        jobs = [job for job, reason in left_pending.items() if reason == why]
+        if jobs:
+            echo_printable(
+                f"ctx: note: left pending, {evidence}: {_some(jobs)}; {remedy}", err=True
+            )
+
+
+def _some(jobs: list[str], shown: int = 5) -> str:
+    """The first names of a list that may be long (a queue of conflicts), and how many more."""
+    more = len(jobs) - shown
+    return ", ".join(jobs[:shown]) + (f" and {more} more" if more > 0 else "")
 
 
 def _acknowledge_claim(won: protocol.Claim, as_json: bool) -> None:

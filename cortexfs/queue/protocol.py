@@ -482,15 +482,16 @@ def claim(
     holder: Holder,
     ttl: float | None = None,
     accepts: Callable[[Mapping[str, Any]], bool] | None = None,
-    unreadable: list[str] | None = None,
+    left_pending: dict[str, str] | None = None,
 ) -> Claim | None:
     """Claim the oldest pending job we can win (Q-2, Q-9) and lease it to ``holder`` (Q-3).
 
     Returns None when there is nothing to claim.  Losing a race is not an error: the next
     candidate is tried.  ``accepts``: a claimer that runs only some kinds of job (a shell
     worker) looks at each pending request first and leaves those it declines pending, for
-    the claimers they are meant for; an unreadable request is not declined.  ``unreadable``
-    receives the jobs left pending because this process may not read their request.
+    the claimers they are meant for; an unreadable request is not declined.
+    ``left_pending`` receives the jobs passed over while still pending, each with the
+    reason (one of :data:`LEFT_PENDING`), so that a claimer finding nothing can say why.
     EINVAL, before anything is read or changed, for a holder whose worker id no lease may
     record (:func:`check_worker_id`).
     """
@@ -504,10 +505,25 @@ def claim(
         tried.add(job)
         if accepts is not None and not _accepted(queue, job, accepts):
             continue
-        won = claim_job(queue, job, holder, ttl, unreadable)
+        won = claim_job(queue, job, holder, ttl, left_pending)
         if won is not None:
             return won
+    if left_pending:
+        # Passed over in a race that is settled by now (another claimer won J) is no reason
+        # to give: only what is still pending is kept.
+        for job in list(left_pending):
+            if not _is_regular(lstat_at(queue.pending, job)):
+                del left_pending[job]
     return None
+
+
+# Why a pending job was passed over by a claim (``left_pending``): each is also a race that a
+# concurrent claimer or recover may be settling at that moment.
+UNREADABLE = "unreadable"  # this uid may not read its request
+CLAIM_LEFT = "claimed"  # claimed/J is there already: a claim in progress, or a crash's leftover
+LEASE_LEFT = "leased"  # lease/J is there without a claim: an earlier crash's leftover
+FINISHED = "finished"  # J is in done/ or failed/ too: a conflict (Q-6)
+LEFT_PENDING = (UNREADABLE, CLAIM_LEFT, LEASE_LEFT, FINISHED)
 
 
 def _accepted(queue: Queue, job: str, accepts: Callable[[Mapping[str, Any]], bool]) -> bool:
@@ -529,10 +545,11 @@ def claim_job(
     job: str,
     holder: Holder,
     ttl: float | None = None,
-    unreadable: list[str] | None = None,
+    left_pending: dict[str, str] | None = None,
 ) -> Claim | None:
     """Try to claim and lease one named job; None when it is gone, someone else won, or its
-    request is not a job (Q-8) or not ours to read (it goes back to pending).
+    request is not a job (Q-8) or not ours to read (it goes back to pending).  Why a job
+    still pending was passed over goes to ``left_pending`` (see :func:`claim`).
 
     A step the kernel refuses (EACCES, EROFS, ENOSPC…) raises, with J back in ``pending/``
     as it was: refused in the middle, the claim is undone rather than left without a lease.
@@ -542,10 +559,12 @@ def claim_job(
     check_worker_id(holder.worker)  # a lease its own readers would refuse never runs a job
     if not _is_regular(lstat_at(queue.pending, job)):
         return None
+    passed_over = left_pending if left_pending is not None else {}
     ops.step("claim.mkdir")
     try:
         ops.mkdir(job, queue.claimed, 0o775)
     except FileExistsError:
+        passed_over[job] = CLAIM_LEFT
         return None
     except OSError as exc:
         raise queue.refusal("claim", "claimed", exc, *_nothing_claimed(job)) from None
@@ -584,10 +603,12 @@ def claim_job(
         if lstat_at(queue.lease, job) is not None:
             # Lease evidence from an earlier crash: leave the whole job to recover.
             _abandon_claim_dir(queue, job)
+            passed_over[job] = LEASE_LEFT
             return None
         if _terminal_evidence(queue, job):
             # J is both pending and finished: a conflict (Q-6), reported and never run again.
             _abandon_claim_dir(queue, job)
+            passed_over[job] = FINISHED
             return None
         ops.step("claim.move")
         before = pending_stamp(queue.pending)
@@ -615,8 +636,7 @@ def claim_job(
             request, invalid_reason = _read_claimed_request(queue, claim_fd, job)
         except PermissionError:
             request = None  # a member's request left mode 0600: for a claimer who may read it
-            if unreadable is not None:
-                unreadable.append(job)
+            passed_over[job] = UNREADABLE
         except OSError as exc:  # EMFILE, EIO…: J goes back, as the kernel's refusal says
             request = None
             refusal = queue.refusal("claim", f"claimed/{job}", exc, *_nothing_claimed(job))
