@@ -478,13 +478,14 @@ def claim(
             err=True,
         )
     if won is None:
-        _say_why_left_pending(left_pending)
+        say_why_left_pending(left_pending)
         sys.exit(EXIT_NOTHING)  # §2.4: nothing on stdout, with or without --json
 
 
-def _say_why_left_pending(left_pending: dict[str, str]) -> None:
+def say_why_left_pending(left_pending: dict[str, str]) -> None:
     """Jobs pending, as status counts them, yet not claimed: a note for each kind, so that
-    an exit 3 over a queue that is not empty is explained (stdout stays empty, §2.4)."""
+    an exit 3 over a queue that is not empty, or a drained worker leaving jobs pending, is
+    explained (on stderr: claim's stdout stays empty, §2.4)."""
     unreadable = [job for job, why in left_pending.items() if why == protocol.UNREADABLE]
     if unreadable:
         echo_printable(

@@ -511,10 +511,17 @@ def claim(
     if left_pending:
         # Passed over in a race that is settled by now (another claimer won J) is no reason
         # to give: only what is still pending is kept.
-        for job in list(left_pending):
-            if not _is_regular(lstat_at(queue.pending, job)):
-                del left_pending[job]
+        kept = still_pending(queue, left_pending)
+        left_pending.clear()
+        left_pending.update(kept)
     return None
+
+
+def still_pending(queue: Queue, left_pending: Mapping[str, str]) -> dict[str, str]:
+    """The jobs of ``left_pending`` (see :func:`claim`) still in ``pending/``, with their reason."""
+    return {
+        job: why for job, why in left_pending.items() if _is_regular(lstat_at(queue.pending, job))
+    }
 
 
 # Why a pending job was passed over by a claim (``left_pending``): each is also a race that a

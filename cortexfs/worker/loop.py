@@ -37,7 +37,7 @@ from cortexfs.queue import Claim, Holder, Lease, Queue, claim, finish, renew
 from cortexfs.queue.claim_order import HintedClaimOrder
 from cortexfs.queue.holder import check_worker_ttl
 from cortexfs.queue.layout import Refusal
-from cortexfs.queue.protocol import NotHeld
+from cortexfs.queue.protocol import NotHeld, still_pending
 from cortexfs.timefmt import rfc3339
 from cortexfs.tools.result import ToolError
 from cortexfs.worker.inotify import PendingWatch, Wakeup
@@ -212,6 +212,8 @@ class WorkerSummary:
     # draining with one slot less, or none, or running jobs it cannot record.
     failure: str | None = None
     failure_errno: int | None = None  # its errno, when it had one
+    # What a worker draining the queue left pending, and why (protocol.LEFT_PENDING).
+    left_pending: dict[str, str] = field(default_factory=dict)
 
     @property
     def rate(self) -> float:
@@ -228,6 +230,7 @@ class WorkerSummary:
             "aborted": self.aborted,
             "stopped_by": self.stopped_by,
             "failure": self.failure,
+            "left_pending": self.left_pending,
         }
 
 
@@ -438,6 +441,8 @@ class Worker:
                 keeper.stopped.set()
                 watch.close()
                 self.wakeup.close()
+            # One slot may pass over a job another slot of ours was claiming at that moment.
+            self.summary.left_pending = still_pending(queue, self.summary.left_pending)
         self.listener("stop", self.summary.to_json())
         return self.summary
 
@@ -538,13 +543,16 @@ class Worker:
                         f"the queue's config can no longer be read ({describe(exc)}); the "
                         "worker claims no more jobs: start it again once the config is repaired",
                     ) from exc
+                left: dict[str, str] = {}
                 try:
-                    won = claim(queue, holder, ttl, self.executor.accepts)
+                    won = claim(queue, holder, ttl, self.executor.accepts, left)
                 except (CtxError, OSError) as exc:
                     raise _claim_refused(exc) from exc
             if won is None:
                 self._return_ticket()
                 if self.options.drain:
+                    with self._count_lock:
+                        self.summary.left_pending.update(left)
                     return
                 watch.wait(self.wakeup)
                 continue
