@@ -651,9 +651,12 @@ def status(queue_dir: Path, as_json: bool) -> None:
     With --json, one object: {"queue": PATH, "pending": N, "claimed": N, "done": N,
     "failed": N, "conflict": N, "counts": {the same, and "incomplete" and "ignored"},
     "ignored": [...], "incomplete": [...], "conflicts": [...], "temps": [...],
-    "owned_by_others": [...]}.  A state directory that belongs neither to the queue's owner
-    nor to root is listed ('owner' lines, "owned_by_others"): its owner may rename it away
-    with its jobs or lock everyone else out of it, whatever the queue's sticky bit.
+    "owned_by_others": [...], "group_not_inherited": [...]}.  A state directory that belongs
+    neither to the queue's owner nor to root is listed ('owner' lines, "owned_by_others"):
+    its owner may rename it away with its jobs or lock everyone else out of it, whatever the
+    queue's sticky bit.  In a queue shared by a group, a state directory that is not setgid
+    with the queue's group is listed ('group' lines, "group_not_inherited"): what members
+    make in it would not be the group's.
     Exit 1 when a conflict is found (SPEC §2.4), else 0.
     """
     with open_queue(queue_dir) as q:
@@ -681,6 +684,8 @@ def status(queue_dir: Path, as_json: bool) -> None:
         )
     for owned in report.owned_by_others:
         echo_printable(f"owner      {owned['path']}/: {owned['reason']}; {owned['remedy']}")
+    for lost in report.group_not_inherited:
+        echo_printable(f"group      {lost['path']}/: {lost['reason']}; {lost['remedy']}")
     sys.exit(found_conflict)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import stat
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +37,7 @@ class QueueStatus:
     conflicts: list[dict[str, Any]] = field(default_factory=list)
     temps: list[dict[str, Any]] = field(default_factory=list)
     owned_by_others: list[dict[str, Any]] = field(default_factory=list)
+    group_not_inherited: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         """``{"queue": …, "pending": 2, "claimed": 0, …, "counts": {…}, "ignored": […], …}``:
@@ -52,6 +54,7 @@ class QueueStatus:
             "conflicts": self.conflicts,
             "temps": self.temps,
             "owned_by_others": self.owned_by_others,
+            "group_not_inherited": self.group_not_inherited,
         }
 
 
@@ -77,6 +80,7 @@ def status(queue: Queue) -> QueueStatus:
         for t in found.temps
     ]
     result.owned_by_others = state_dirs_owned_by_others(queue)
+    result.group_not_inherited = state_dirs_not_giving_the_queue_group(queue)
     return result
 
 
@@ -112,6 +116,47 @@ def state_dirs_owned_by_others(queue: Queue) -> list[dict[str, Any]]:
                     "directory does not stop a directory's own owner)"
                 ),
                 "remedy": f"have root give it to the queue's owner: chown {queue_owner} {path}",
+            }
+        )
+    return found
+
+
+def state_dirs_not_giving_the_queue_group(queue: Queue) -> list[dict[str, Any]]:
+    """In a queue shared by a group, the state directories that would not give what is made
+    in them the queue's group, each with why that matters and what repairs it.
+
+    A member's request, claim or lease belongs to the queue's group only because the state
+    directory it is made in is setgid with that group; the group bits :func:`~cortexfs.
+    durable.grant_group_access` sets are then the queue group's.  A directory that lost its
+    setgid bit (a ``chmod``, a copy that did not keep it) gives each entry its maker's own
+    group instead, and members of the queue's group are refused it: a claimer finds the
+    requests other members publish unreadable, a recover another member's lease.  Nothing
+    is refused yet, so it is reported, not refused."""
+    if not queue.group_access:
+        return []  # a queue of one user: groups give nothing
+    group = os.fstat(queue.root_fd).st_gid
+    found = []
+    for state in STATE_DIRS:
+        st = os.fstat(queue.dirs[state])
+        if st.st_mode & stat.S_ISGID and st.st_gid == group:
+            continue
+        path = shlex.quote(str(queue.path / state))
+        if st.st_gid == group:
+            why, repair = "is not setgid", f"chmod g+s {path}"
+        else:
+            why, repair = f"belongs to gid {st.st_gid}", f"chgrp {group} {path} && chmod g+s {path}"
+        found.append(
+            {
+                "path": state,
+                "gid": st.st_gid,
+                "setgid": bool(st.st_mode & stat.S_ISGID),
+                "queue_gid": group,
+                "reason": (
+                    f"{why}, so what members make in it gets the maker's own group, not the "
+                    f"queue's gid {group}: other members of the queue's group are refused it "
+                    "(a claimer cannot read the requests, a recover the leases)"
+                ),
+                "remedy": f"have its owner or root run: {repair}",
             }
         )
     return found
