@@ -26,6 +26,7 @@ from typing import Any, NamedTuple
 from cortexfs import jsontext
 from cortexfs.errors import CtxError, invalid, not_found
 from cortexfs.names import object_name_problem
+from cortexfs.regular_file import read_regular_file
 
 MAX_CONFIG_BYTES = 1024 * 1024
 LOCATOR_KEYS = ("transport", "config", "server", "tool")
@@ -94,9 +95,14 @@ def load_server(config_path: Path, name: str) -> ServerSpec:
             f"server a name without dots in {config_path} and project that"
         )
     try:
-        with open(config_path, "rb") as config:
-            data = config.read(MAX_CONFIG_BYTES + 1)
+        # Never opened for reading unless it is a regular file: a FIFO would block the open
+        # until some writer came, a device would give what it likes.
+        data = read_regular_file(config_path, MAX_CONFIG_BYTES, follow_link=True)
     except OSError as exc:
+        if exc.errno == errno.EFBIG:
+            raise invalid(f"{config_path} is larger than {MAX_CONFIG_BYTES} bytes") from None
+        if exc.errno == errno.EINVAL:
+            raise invalid(f"{config_path} is not a regular file, so not a configuration") from None
         reason = f"cannot read {config_path}: {exc.strerror}"
         raise CtxError(exc.errno or errno.EIO, reason) from None
     return parse_server(data, str(config_path), name)
@@ -140,10 +146,42 @@ def _spec(name: str, entry: Any, where: str) -> ServerSpec:
     env, cwd = entry.get("env", {}), entry.get("cwd")
     if not isinstance(command, str) or not command:
         raise invalid(f"{place}: 'command' must be a non-empty string")
+    if "/" in command and not command.startswith("/"):
+        # Run from wherever the command stands — ctxmcp's directory when projecting, the
+        # agent's when the tool is called — it would be another program each time.
+        raise invalid(
+            f"{place}: 'command' {command!r} is a relative path, which each caller would "
+            "find in its own directory; give an absolute path, or a bare name looked up on "
+            "the PATH"
+        )
     if not (isinstance(args, list) and all(isinstance(arg, str) for arg in args)):
         raise invalid(f"{place}: 'args' must be a list of strings")
     if not (isinstance(env, dict) and all(isinstance(v, str) for v in env.values())):
         raise invalid(f"{place}: 'env' must map names to strings")
     if cwd is not None and not isinstance(cwd, str):
         raise invalid(f"{place}: 'cwd' must be a string")
+    for variable in env:
+        if not variable or "=" in variable:
+            raise invalid(
+                f"{place}: 'env' name {variable!r} cannot be set: it is empty or holds '='"
+            )
+    fields = [("command", command), *(("args", arg) for arg in args)]
+    fields += [("env", text) for pair in env.items() for text in pair]
+    fields += [("cwd", cwd)] if cwd is not None else []
+    for field, text in fields:
+        problem = _exec_string_problem(text)
+        if problem:
+            # The value itself may be a secret (an env value): named by its field only.
+            raise invalid(f"{place}: a value of '{field}' {problem}, which no process is given")
     return ServerSpec(name, command, tuple(args), dict(env), cwd)
+
+
+def _exec_string_problem(text: str) -> str | None:
+    """Why ``text`` cannot reach a process (argv, environment, cwd), or None."""
+    if "\0" in text:
+        return "holds a NUL character"
+    try:
+        text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return "holds a lone surrogate, not text"
+    return None

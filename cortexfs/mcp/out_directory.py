@@ -53,7 +53,14 @@ def check_out_directory(out: Path, root: Path | None) -> None:
     refuse_by_name(out, root)
     existing = out
     while not _is_directory(existing) and existing.parent != existing:
+        _refuse_what_cannot_become_a_directory(existing, out)
         existing = existing.parent
+    if not os.access(existing, os.W_OK | os.X_OK, effective_ids=True):
+        raise CtxError(
+            errno.EACCES,
+            f"--out {out}: ctxmcp may not write into {existing}; give a directory you may "
+            "write (nothing was written)",
+        )
     fd = _open_place(existing, out)
     try:
         refuse_inside(fd, out, forbidden_directories(root))
@@ -147,6 +154,33 @@ def _open_place(path: Path, out: Path) -> int:
             f"cannot look at --out {out} ({path}: {exc.strerror}); give a directory you may "
             "write (nothing was written)",
         ) from None
+
+
+def _refuse_what_cannot_become_a_directory(place: Path, out: Path) -> None:
+    """ENOTDIR when ``place``, on the way to ``out``, is something other than a directory (a
+    file, a FIFO, a device), which no mkdir makes one; the link's own errno when it is a
+    symbolic link to nothing or a loop.  Said before the server starts, not after."""
+    try:
+        os.stat(place)
+    except FileNotFoundError:
+        if not os.path.islink(place):
+            return  # missing: made by the projection
+        raise CtxError(
+            errno.ENOENT,
+            f"--out {out}: {place} is a symbolic link to {os.readlink(place)}, which does not "
+            "exist; make that directory or give another --out (nothing was written)",
+        ) from None
+    except OSError as exc:
+        raise CtxError(
+            exc.errno or errno.EIO,
+            f"--out {out}: {place} cannot be followed ({exc.strerror}); give another --out "
+            "(nothing was written)",
+        ) from None
+    raise CtxError(
+        errno.ENOTDIR,
+        f"--out {out} can never be a directory: {place} is not one; give another --out "
+        "(nothing was written)",
+    )
 
 
 def _is_directory(path: Path) -> bool:

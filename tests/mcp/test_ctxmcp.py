@@ -612,7 +612,7 @@ def test_an_out_directory_the_user_may_not_write_is_refused_naming_it(
         write_candidates([candidate], out)
 
     assert refused.value.errno == errno.EACCES
-    assert refused.value.message.startswith(f"cannot write candidates in --out {out}: ")
+    assert refused.value.message.startswith(f"--out {out}: ctxmcp may not write into {out};")
     assert "give a directory you may write" in refused.value.message
     assert os.listdir(out) == []
 
