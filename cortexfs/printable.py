@@ -18,6 +18,21 @@ def printable(text: str) -> str:
     return "".join(char if char.isprintable() else _escaped(char) for char in text)
 
 
+def shortened(word: str, shown: int = 64) -> str:
+    """``word``, cut so that a message about a megabyte-long name or line stays one readable
+    line, saying how long it was."""
+    if len(word) <= shown:
+        return word
+    return f"{word[:shown]}… ({len(word)} characters)"
+
+
+def quoted(word: str, shown: int = 64) -> str:
+    """``repr(word)``, cut as :func:`shortened` cuts."""
+    if len(word) <= shown:
+        return repr(word)
+    return f"{word[:shown]!r}… ({len(word)} characters)"
+
+
 def _escaped(char: str) -> str:
     code = ord(char)
     if code < 0x100:

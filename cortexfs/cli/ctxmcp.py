@@ -31,6 +31,7 @@ from cortexfs.mcp.project import (
     project_tools,
     write_candidates,
 )
+from cortexfs.printable import shortened
 
 _CONFIG = click.option(
     "--config",
@@ -111,7 +112,7 @@ def list_command(config_path: Path, server: str, timeout: float, as_json: bool) 
     for projection in projections:
         if projection.manifest is None:
             problem = printable(f"(not projectable: {projection.problem})")
-            click.echo(f"{printable(projection.remote)}\t{problem}")
+            click.echo(f"{printable(shortened(projection.remote))}\t{problem}")
         else:
             # A remote server's words: never raw on the operator's terminal.
             click.echo(f"{projection.name}\t{printable(_first_line(projection.description))}")
@@ -207,7 +208,9 @@ def project_command(
         for projection in noted:
             echo_printable(f"ctxmcp: note: {projection.name}: {projection.note}", err=True)
         for projection in skipped:
-            echo_printable(f"ctxmcp: skipped {projection.remote}: {projection.problem}", err=True)
+            echo_printable(
+                f"ctxmcp: skipped {shortened(projection.remote)}: {projection.problem}", err=True
+            )
     if skipped:
         sys.exit(EXIT_REFUSED)  # written as asked, except what was skipped
 

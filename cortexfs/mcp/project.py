@@ -117,7 +117,9 @@ def _project(server: str, tool: Any, runtime_config: str) -> Projection:
     description, note = _description(tool, name)
     problem = object_name_problem(name)  # the whole name is the object name (M-3)
     if problem:
-        return Projection(remote, name, description, None, f"{name!r}: {problem} (M-3)")
+        # The object-name rule quotes the name already, cut short; a megabyte of it is not
+        # repeated.
+        return Projection(remote, name, description, None, f"{problem} (M-3)")
     if "inputSchema" not in tool:
         problem = "the server gave no inputSchema; MCP requires one"
         return Projection(remote, name, description, None, problem)

@@ -32,6 +32,7 @@ from typing import NamedTuple
 
 from cortexfs.errors import CtxError, invalid
 from cortexfs.names import MAX_NAME_BYTES, object_name_problem
+from cortexfs.printable import quoted, shortened
 
 CLASS_PERMISSIONS = MappingProxyType(
     {
@@ -52,9 +53,6 @@ _SHAPE = "'allow SUBJECT CLASS:NAME PERMISSION'"
 # (form feed, NBSP, U+3000…) can act as a word separator the reader does not see.
 _RULE_CHARACTERS = re.compile(r"[\t\x20-\x7e]*")
 _BLANKS = " \t"
-# Words quoted in an error are cut here: the line number already says where the rest is.
-_SHOWN_CHARACTERS = 64
-
 # The fast path (a 10 000-rule policy must parse in < 100 ms): one regular expression that
 # matches only well-formed rules, then the per-class checks.  It accepts nothing the
 # word-by-word parser would refuse; every line it does not accept goes through that parser,
@@ -152,7 +150,7 @@ def _parse_rule_word_by_word(line: str) -> Rule | None:
         raise invalid(f"incomplete rule: the {missing} is missing; expected {_SHAPE}")
     if len(words) > 3:
         raise invalid(
-            f"unexpected text after the permission: {_quoted(' '.join(words[3:]))}; a rule "
+            f"unexpected text after the permission: {quoted(' '.join(words[3:]))}; a rule "
             "has exactly four words and a comment needs a line of its own"
         )
     return make_rule(*words)
@@ -170,7 +168,7 @@ def check_object(object_class: str, object_name: str, permission: str) -> None:
     """EINVAL unless ``CLASS:NAME PERM`` names a class, a permission of it and a legal name."""
     if object_class not in CLASS_PERMISSIONS:
         raise invalid(
-            f"unknown class {_quoted(object_class)}; the classes are {_listing(CLASS_PERMISSIONS)}"
+            f"unknown class {quoted(object_class)}; the classes are {_listing(CLASS_PERMISSIONS)}"
         )
     check_permission(object_class, permission)
     check_policy_object_name(object_class, object_name)
@@ -187,7 +185,7 @@ def split_object_ref(object_ref: str) -> tuple[str, str]:
     object_class, colon, object_name = object_ref.partition(":")
     if not colon:
         raise invalid(
-            f"{_quoted(object_ref)} is not an object; expected CLASS:NAME, e.g. tool:fs.read"
+            f"{quoted(object_ref)} is not an object; expected CLASS:NAME, e.g. tool:fs.read"
         )
     return object_class, object_name
 
@@ -203,7 +201,7 @@ def check_permission(object_class: str, permission: str) -> str:
             f"{object_class} has {_listing(allowed)}"
         )
     raise invalid(
-        f"unknown permission {_quoted(permission)}; {object_class} has {_listing(allowed)}"
+        f"unknown permission {quoted(permission)}; {object_class} has {_listing(allowed)}"
     )
 
 
@@ -216,7 +214,7 @@ def check_policy_object_name(object_class: str, object_name: str) -> str:
 
 
 def policy_object_name_problem(object_class: str, object_name: str) -> str | None:
-    what = _shortened(f"{object_class}:{object_name}")
+    what = shortened(f"{object_class}:{object_name}")
     if object_class == "network":
         if object_name == NETWORK_OBJECT:
             return None
@@ -291,17 +289,17 @@ def _character_problem(line: str) -> str:
 def _verb_problem(verb: str) -> str:
     if verb == "deny":
         return "there is no 'deny' (P-2): policy v0 denies whatever no rule allows"
-    return f"unknown statement {_quoted(verb)}; every rule has the form {_SHAPE}"
+    return f"unknown statement {quoted(verb)}; every rule has the form {_SHAPE}"
 
 
 def _subject_problem(subject: str) -> str:
     construct = _forbidden_construct(subject)
     if construct:
-        return f"subject {_quoted(subject)}: {construct}"
+        return f"subject {quoted(subject)}: {construct}"
     problem = object_name_problem(subject)
     if problem is not None:
         return f"illegal subject type: {problem}"
-    return f"illegal subject type {_quoted(subject)}"
+    return f"illegal subject type {quoted(subject)}"
 
 
 def _forbidden_construct(word: str) -> str | None:
@@ -313,16 +311,3 @@ def _forbidden_construct(word: str) -> str | None:
 
 def _listing(words: Iterable[str]) -> str:
     return ", ".join(words)
-
-
-def _shortened(word: str) -> str:
-    """``word``, cut so that a message about a megabyte-long line stays one readable line."""
-    if len(word) <= _SHOWN_CHARACTERS:
-        return word
-    return f"{word[:_SHOWN_CHARACTERS]}… ({len(word)} characters)"
-
-
-def _quoted(word: str) -> str:
-    if len(word) <= _SHOWN_CHARACTERS:
-        return repr(word)
-    return f"{word[:_SHOWN_CHARACTERS]!r}… ({len(word)} characters)"

@@ -449,6 +449,23 @@ def test_projected_names_are_held_to_64_bytes_exactly(tmp_path: Path) -> None:
     assert checked.rc == 0, checked
 
 
+def test_a_megabyte_tool_name_is_reported_cut_short_not_printed_whole(tmp_path: Path) -> None:
+    """A report quotes a name the server gave cut short with its length, once: a tool named
+    with a megabyte must not put a megabyte (or two) on the operator's terminal."""
+    huge = "n" * 1_000_000
+    config, _ = scripted_config(tmp_path, "s", tools=[tool(huge), tool("ok")])
+
+    listed = ctxmcp("list", "--config", config, "--server", "s")
+    projected = project(config, "s", tmp_path / "out")
+
+    assert listed.returncode == 0, listed.stderr[-300:]
+    assert projected.returncode == 1, projected.stderr[-300:]
+    for said in (listed.stdout, projected.stderr):
+        assert len(said) < 2_000, said[:300]
+        assert "(1000000 characters)" in said and "is 1000002 bytes long" in said, said
+    assert projected.stdout.split() == [str(tmp_path / "out" / "s.ok.manifest.json")]
+
+
 def test_a_name_listed_on_two_pages_is_skipped_for_both_copies_and_nothing_else_is(
     tmp_path: Path,
 ) -> None:
