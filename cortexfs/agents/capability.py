@@ -47,17 +47,20 @@ from cortexfs.policy import AuthorityRequest, check_authority
 from cortexfs.policy import controls as agent_controls
 from cortexfs.storage import DOCS_BUNDLE
 from cortexfs.tools.controls import ToolObject, read_controls, require_available
-from cortexfs.tools.core.hostcall import ENVIRONMENT
+from cortexfs.tools.core.hostcall import (
+    ENVIRONMENT,
+    MAX_REQUEST_LINE,
+    MAX_UPDATE_BYTES,
+    update_too_big,
+)
 from cortexfs.tools.ctxpath import tier_location, which
 
 if TYPE_CHECKING:
     from cortexfs.agents.view import AgentView
 
 UPDATABLE = ("system.md", "prompt.template.md")
-MAX_UPDATE_BYTES = 8 * 1024
 # C0 but tab, line feed and carriage return; DEL; C1.
 _CONTROL_CHARACTER = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
-_MAX_LINE = 64 * 1024
 _CREDENTIALS = struct.Struct("iII")  # struct ucred: pid, uid, gid
 _START_SECONDS = 30.0  # how long a write may wait for the runner to say which process it started
 
@@ -119,14 +122,14 @@ class Capability:
         with contextlib.suppress(OSError):
             try:
                 while True:
-                    data, ancillary, _, _ = self._host.recvmsg(_MAX_LINE + 1, space)
+                    data, ancillary, _, _ = self._host.recvmsg(MAX_REQUEST_LINE + 1, space)
                     if not data or not self._from_the_tool(ancillary):
                         return
                     pending += data
                     while b"\n" in pending:
                         line, pending = pending.split(b"\n", 1)
                         self._host.sendall(json.dumps(self.answer(line)).encode() + b"\n")
-                    if len(pending) > _MAX_LINE:
+                    if len(pending) > MAX_REQUEST_LINE:
                         return
             finally:
                 self._host.shutdown(socket.SHUT_RDWR)  # every copy's reader sees the end
@@ -188,7 +191,7 @@ def update_control(call: Capability, request: dict[str, Any]) -> dict[str, Any]:
             "surrogate no UTF-8 text can hold"
         ) from None
     if len(data) > MAX_UPDATE_BYTES:
-        raise too_big(f"{control} may hold at most {MAX_UPDATE_BYTES} bytes, not {len(data)}")
+        raise too_big(update_too_big(control, len(data)))
     control_character = _CONTROL_CHARACTER.search(content)
     if control_character:
         # The prompts are text a person reads in a terminal too: an escape sequence in them

@@ -163,6 +163,7 @@ class Terminal:
             identity = self.view.identity
             self.session_made = not os.path.lexists(self.session.path)
             open_session(self.session, owner=Ownership(identity.uid, identity.gid)).close()
+            self.runtime.require_link_place()
         except BaseException:
             self.runtime.remove()
             self.runtime.release()

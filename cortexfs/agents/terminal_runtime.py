@@ -185,6 +185,20 @@ class RunDirectory:
             self.made.append(directory)
         except FileExistsError:
             pass
+        # A level that is not ours (a link, another uid's directory: an older install's, or
+        # a mistaken chown) would let its owner swap what the terminal keeps below it — the
+        # pid file a stop signals, the sockets — so it is never used as it is.
+        status = directory.lstat()
+        if not stat.S_ISDIR(status.st_mode) or status.st_uid != os.geteuid():
+            what = "a symbolic link" if stat.S_ISLNK(status.st_mode) else "not a directory"
+            if stat.S_ISDIR(status.st_mode):
+                what = f"a directory of uid {status.st_uid}"
+            raise CtxError(
+                errno.EPERM,
+                f"{directory} is {what}, not uid {os.geteuid()}'s directory: whoever owns it "
+                "could replace the terminal's pid file and sockets below it; have root remove "
+                "it, and start the terminal again",
+            )
         directory.chmod(mode)
 
     # ------------------------------------------------------------------- removing
@@ -343,9 +357,34 @@ class RunDirectory:
         alias when this terminal holds it, to the socket itself when another root's does."""
         target = self.alias if self.claim_alias() else self.main_socket
         with self.terminal_directory(make=True) as directory:
-            with contextlib.suppress(FileNotFoundError):
+            try:
                 os.unlink(LINK_NAME, dir_fd=directory)
+            except FileNotFoundError:
+                pass
+            except IsADirectoryError:
+                raise self._directory_at_link() from None
             os.symlink(target, LINK_NAME, dir_fd=directory)
+
+    def require_link_place(self) -> None:
+        """EISDIR, before the terminal starts, when a directory stands where the session's
+        link goes: every other entry there is replaced by the link, but a directory cannot
+        be (the agent's uid, whose session it is, may have made it)."""
+        try:
+            with self.terminal_directory(make=False) as directory:
+                status = durable.lstat_at(directory, LINK_NAME)
+        except (FileNotFoundError, CtxError):
+            return  # no terminal/ yet, or one make_link refuses, naming it, as it makes it
+        if status is not None and stat.S_ISDIR(status.st_mode):
+            raise self._directory_at_link(status.st_uid)
+
+    def _directory_at_link(self, uid: int | None = None) -> CtxError:
+        path = f"{self.session.path}/terminal/{LINK_NAME}"
+        whose = "" if uid is None else f" of uid {uid}"
+        return CtxError(
+            errno.EISDIR,
+            f"{path} is a directory{whose}, where the terminal socket's link goes: remove it "
+            "and start the terminal again",
+        )
 
     def remove_link(self, *, stale_only: bool = False) -> bool:
         """Remove the session's link; with ``stale_only``, only a link a terminal of this

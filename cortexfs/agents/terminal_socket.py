@@ -372,8 +372,10 @@ class TerminalClients:
                 self._watch(client)
 
     def drop_silent(self) -> None:
-        """Drop the clients whose mode line has not come within :data:`MODE_LINE_SECONDS`, and
-        those that have taken none of their waiting output for :data:`STALL_SECONDS`."""
+        """Drop the clients whose mode line has not come within :data:`MODE_LINE_SECONDS`,
+        those that have taken none of their waiting output for :data:`STALL_SECONDS`, and
+        those that shut their sending side and have closed since (on an idle terminal, no
+        send would tell)."""
         now = time.monotonic()
         late = now - MODE_LINE_SECONDS
         for client, mode in list(self.modes.items()):
@@ -381,7 +383,7 @@ class TerminalClients:
             stalled = (
                 bool(self.behind.get(client)) and self.progressed[client] <= now - STALL_SECONDS
             )
-            if silent or stalled:
+            if silent or stalled or (client in self.ended and _hung_up(client)):
                 self._drop(client)
 
     def broadcast(self, data: bytes) -> None:
@@ -447,8 +449,8 @@ class TerminalClients:
             self._drop(client)  # reset: gone
             return
         if not data:
-            if self.modes[client] is None:
-                self._drop(client)  # its mode line can no longer come
+            if self.modes[client] is None or _hung_up(client):
+                self._drop(client)  # its mode line can no longer come, or it closed
             else:
                 # It shut its sending side only (nc -N and socat do at the end of their
                 # input): what it sent is typed, and the output goes on reaching it until it
@@ -523,3 +525,11 @@ class TerminalClients:
         self.progressed.pop(client, None)
         self.ended.discard(client)
         client.close()
+
+
+def _hung_up(client: socket.socket) -> bool:
+    """Whether the peer of ``client`` closed its end, not only shut its sending side: the
+    kernel then reports a hang-up, which a half-closed socket (``nc -N``) does not."""
+    poller = select.poll()
+    poller.register(client, select.POLLIN)
+    return any(events & select.POLLHUP for _, events in poller.poll(0))

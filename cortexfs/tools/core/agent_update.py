@@ -11,13 +11,20 @@ and refuses (EPERM).
 
 from __future__ import annotations
 
-from cortexfs.tools.core.hostcall import ask_host
-from cortexfs.tools.core.toolio import Reply, core_main, main_parameter, require
+import errno
+
+from cortexfs.tools.core.hostcall import MAX_UPDATE_BYTES, ask_host, update_too_big
+from cortexfs.tools.core.toolio import Reply, ToolFailure, core_main, main_parameter, require
 
 
 def update(request: dict[str, object], native: bool) -> Reply:
     control = require(request, "control", str)
     content = require(request, "content", str)
+    size = len(content.encode("utf-8", "surrogatepass"))
+    if size > MAX_UPDATE_BYTES:
+        # Refused here as the host would: escaped as JSON, a prompt far over the limit would
+        # outgrow the host's request line, which ends the call unanswered.
+        raise ToolFailure(errno.EFBIG, update_too_big(control, size))
     message = {"op": "agent.update", "control": control, "content": content}
     answer = ask_host("agent.update", message)
     return Reply(answer, text=f"{control} of agent {answer['agent']} updated\n".encode())

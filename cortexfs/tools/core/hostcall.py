@@ -17,6 +17,15 @@ from cortexfs.names import is_decimal
 from cortexfs.tools.core.toolio import ToolFailure
 
 ENVIRONMENT = "CTX_RUN_CAPABILITY"
+# The longest request line the host reads; past it, the host ends the capability unanswered.
+MAX_REQUEST_LINE = 64 * 1024
+# What agent.update may write into one of its agent's prompts (A-5).
+MAX_UPDATE_BYTES = 8 * 1024
+
+
+def update_too_big(control: str, size: int) -> str:
+    """The refusal of ``size`` bytes of content for ``control``, in the host's words."""
+    return f"{control} may hold at most {MAX_UPDATE_BYTES} bytes, not {size}"
 
 
 def ask_host(tool: str, request: dict[str, Any]) -> dict[str, Any]:
@@ -26,9 +35,16 @@ def ask_host(tool: str, request: dict[str, Any]) -> dict[str, Any]:
         raise ToolFailure(
             errno.EPERM, f"{tool} runs through the runner, which gives it the capability"
         )
+    line = json.dumps(request).encode() + b"\n"
+    if len(line) > MAX_REQUEST_LINE:
+        # The host would end the capability unanswered, and the call would say only that.
+        raise ToolFailure(
+            errno.EFBIG,
+            f"the request is {len(line)} bytes as JSON; the host reads at most {MAX_REQUEST_LINE}",
+        )
     with socket.socket(fileno=int(descriptor)) as capability:
         try:
-            capability.sendall(json.dumps(request).encode() + b"\n")
+            capability.sendall(line)
             answer = json.loads(capability.makefile("rb").readline() or b"{}")
         except (BrokenPipeError, ConnectionResetError):
             # The host ended the capability: another process used a copy of it (A-5), or the
