@@ -18,6 +18,12 @@ def printable(text: str) -> str:
     return "".join(char if char.isprintable() else _escaped(char) for char in text)
 
 
+def printable_text(text: str) -> str:
+    """:func:`printable` for a page of text: its line ends and tabs are kept, every other
+    character that is not printable escaped."""
+    return "\n".join("\t".join(map(printable, line.split("\t"))) for line in text.split("\n"))
+
+
 def shortened(word: str, shown: int = 64) -> str:
     """``word``, cut so that a message about a megabyte-long name or line stays one readable
     line, saying how long it was."""

@@ -48,6 +48,7 @@ from cortexfs.names import check_object_name
 from cortexfs.policy import AgentFacts, Identity, Policy
 from cortexfs.policy import controls as agent_controls
 from cortexfs.policy.mounts import Mount, granted_mounts
+from cortexfs.storage import DOCS_BUNDLE
 from cortexfs.tools.ctxpath import CTX_MOUNT, search_path
 
 WORKSPACE = PurePosixPath("/workspace")
@@ -119,7 +120,13 @@ class AgentView(NamedTuple):
     def ctx_path(self) -> str:
         """The runtime-injected ``CTX_PATH`` of this agent, in view terms (T-4)."""
         entries = [f"{CTX_MOUNT}/tool", f"{CTX_MOUNT}/home/{self.identity.uid}/tool"]
-        entries += [f"{CTX_MOUNT}/shared/{space}/tool" for space in self.readable_spaces()]
+        # The manual bundle is read, never a tier: manuals grant nothing (D-1, X-2), and a
+        # tool/ put in it must not run for an agent that may read the manuals.
+        entries += [
+            f"{CTX_MOUNT}/shared/{space}/tool"
+            for space in self.readable_spaces()
+            if space != DOCS_BUNDLE
+        ]
         return ":".join(entries)
 
     def tool_directories(self) -> tuple[Path, ...]:

@@ -15,6 +15,7 @@ from cortexfs.cli.common import (
     resolve_storage,
     storage_option,
 )
+from cortexfs.printable import printable_text
 
 
 @click.command("man")
@@ -43,7 +44,10 @@ def man(topic: str | None, storage_dir: Path | None, as_json: bool) -> None:
     if as_json:
         emit_json(_describe(page) | {"text": page.text})
         return
-    click.echo(page.text, nl=not page.text.endswith("\n"))
+    # An installed page is a file of the storage root: what it holds reaches the reader's
+    # terminal only escaped (a page of this version holds no control character).
+    text = printable_text(page.text)
+    click.echo(text, nl=not text.endswith("\n"))
 
 
 def _list_topics(root: Path, as_json: bool) -> None:

@@ -38,6 +38,7 @@ from typing import NamedTuple
 
 from cortexfs import __version__, bootstrap_repair, durable, storage
 from cortexfs.errors import CtxError, invalid, not_found
+from cortexfs.regular_file import read_regular_file
 
 BUNDLE = storage.DOCS_BUNDLE
 README = "README.md"
@@ -104,7 +105,15 @@ def source_pages(source: Path) -> Pages:
 
 
 def _read_page(path: Path) -> bytes:
-    return path.read_bytes()
+    """A page's bytes, read only from a regular file: a link in a SOURCE tree could lead to a
+    file its owner may not read, which would become a page everyone reads, and a FIFO would
+    block bootstrap for good."""
+    try:
+        return read_regular_file(path, _MAX_PAGE_BYTES)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise OSError(errno.ELOOP, "a symbolic link, never followed", str(path)) from None
+        raise
 
 
 # ---------------------------------------------------------------------------------- install

@@ -279,7 +279,12 @@ def _problems_and_program(
     problems = _document_problems(document)
     codes = [errno.EINVAL] * len(problems)
     executable = None
-    if isinstance(document, dict) and isinstance(document.get("exec"), str) and document["exec"]:
+    if (
+        isinstance(document, dict)
+        and isinstance(document.get("exec"), str)
+        and document["exec"]
+        and jsontext.lone_surrogate(document["exec"]) is None
+    ):
         read = _read_program(document["exec"], origin)
         if isinstance(read, bytes):
             executable = read
@@ -296,6 +301,12 @@ def _document_problems(document: object) -> list[str]:
     problems = [_describe(error) for error in validator.iter_errors(document)]
     if not isinstance(document, dict):
         return problems
+    for field, value in document.items():
+        character = jsontext.lone_surrogate([field, value])
+        # JSON can spell one ("\\ud800"), but no control, name or path can hold it; the
+        # schema and the program say so as schemas (schema_problems).
+        if character is not None and field not in ("schema", "program"):
+            problems.append(f"{field}: holds {character!r}, a lone surrogate, not a character")
     name = document.get("name")
     if isinstance(name, str):
         problem = object_name_problem(name)

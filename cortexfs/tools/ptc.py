@@ -61,18 +61,24 @@ class Verdict(NamedTuple):
 
 def may_advertise(candidate: Candidate, *, host_enables: bool = HOST_ENABLES) -> Verdict:
     """Whether ``candidate`` may be named in ``allowed_callers``; otherwise the reason to fall
-    back to the ordinary host loop (the first gate that fails)."""
+    back to the ordinary host loop (the first gate that fails).
+
+    A gate holds only on the boolean it needs: ``"false"``, ``None``, ``1`` or a list say
+    nothing a host may rely on, so they fail it, whichever way the gate reads."""
     gates = (
-        (host_enables, "this host does not enable programmatic tool calling (C-1)"),
-        (candidate.route_supports, "the provider route does not declare programmatic calling"),
-        (candidate.model_supports, "the model does not declare programmatic calling"),
-        (candidate.program_valid, "the tool has no valid program control (C-2)"),
-        (candidate.declared, "the tool is not declared for this run"),
-        (candidate.resolved, "the tool does not resolve through CTX_PATH"),
-        (candidate.authorized, "the authority chain does not allow the tool"),
-        (candidate.approval_auto, "the run's approval mode is not auto"),
-        (not candidate.needs_ask, "a call of the tool would ask for approval"),
-        (not candidate.side_effects, "the tool has side effects or writes outside"),
+        (host_enables is True, "this host does not enable programmatic tool calling (C-1)"),
+        (
+            candidate.route_supports is True,
+            "the provider route does not declare programmatic calling",
+        ),
+        (candidate.model_supports is True, "the model does not declare programmatic calling"),
+        (candidate.program_valid is True, "the tool has no valid program control (C-2)"),
+        (candidate.declared is True, "the tool is not declared for this run"),
+        (candidate.resolved is True, "the tool does not resolve through CTX_PATH"),
+        (candidate.authorized is True, "the authority chain does not allow the tool"),
+        (candidate.approval_auto is True, "the run's approval mode is not auto"),
+        (candidate.needs_ask is False, "a call of the tool would ask for approval"),
+        (candidate.side_effects is False, "the tool has side effects or writes outside"),
     )
     for holds, reason in gates:
         if not holds:
@@ -116,17 +122,18 @@ def identity_problem(value: object) -> str | None:
 
 def nested_call_outcome(call: NestedCall) -> str:
     """The fail-closed table, in the order the host applies it; only a call that passes every
-    row emits its output."""
+    row emits its output.  A fact that is not the boolean it should be counts against the
+    call: a ``duplicate`` of ``None`` is a duplicate, a ``tool_ok`` of ``"true"`` no success."""
     identities = (call.program_item, call.caller, call.call_id, call.continuation)
     if any(identity_problem(value) for value in identities):
         return REJECT_TURN
-    if call.duplicate:
+    if call.duplicate is not False:
         return REJECT_DUPLICATE
-    if call.cancelled:
+    if call.cancelled is not False:
         return STOP_CANCELLED
-    if call.interrupted:
+    if call.interrupted is not False:
         return UNAVAILABLE
-    if not (call.tool_ok and call.output_matches_program):
+    if not (call.tool_ok is True and call.output_matches_program is True):
         return RECORD_FAILURE
     return EMIT_OUTPUT
 

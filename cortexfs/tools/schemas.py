@@ -15,6 +15,7 @@ import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from cortexfs import jsontext
 from cortexfs.errors import invalid
 from cortexfs.tools import schema_subset
 from cortexfs.tools.schema_references import reference_problem
@@ -30,6 +31,10 @@ def schema_problems(schema: object, what: str) -> list[str]:
     """Why ``schema`` is not a usable JSON Schema object; empty when it is one."""
     if not isinstance(schema, dict):
         return [f"{what} must be a JSON Schema object, not {type(schema).__name__}"]
+    character = jsontext.lone_surrogate(schema)
+    if character is not None:
+        # JSON can spell one ("\\ud800"), but no UTF-8 control can hold it.
+        return [f"{what} holds {character!r}, a lone surrogate, which is no character"]
     if schema_subset.well_formed(schema):
         return []  # the common keywords only: no reference to resolve
     problems = [
