@@ -44,6 +44,7 @@ from tests.acceptance.ctxcli import (
 from tests.acceptance.workercli import AGENT, LABEL, allow_in_tool_policy, make_agent
 from tests.support.users import UnprivilegedUser, run_as
 from tests.support.users import unprivileged_user as unprivileged_user
+from tests.tools.test_ptc import GATES  # every gate of the table, at the value that holds
 
 SCRATCH = scratch_top(__file__)
 TOOL = "demo.reserved"
@@ -480,18 +481,6 @@ def test_no_listing_announces_programmatic_tool_calling_for_a_tool_with_every_ga
 
 # ============================================================================ C-3
 
-# Every gate of the original table, at the value that lets it hold.
-GATES = {
-    "route_supports": True,
-    "model_supports": True,
-    "program_valid": True,
-    "declared": True,
-    "resolved": True,
-    "authorized": True,
-    "approval_auto": True,
-    "needs_ask": False,
-    "side_effects": False,
-}
 CLEAN_CALL = {
     "program_item": "prog_1",
     "caller": "call_parent",
