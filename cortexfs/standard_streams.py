@@ -21,6 +21,7 @@ can tell its output failing from a file of its own work failing with the same er
 
 from __future__ import annotations
 
+import codecs
 import io
 import os
 import sys
@@ -30,7 +31,25 @@ _STREAMS = ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w"))
 _closed_at_start: set[int] = set()
 
 
-def reopen_closed_standard_streams() -> None:
+def prepare_standard_streams() -> None:
+    """Reopen the closed standard streams on /dev/null (above), and let standard output
+    write what its encoding cannot: under a locale of a narrow charset (ISO-8859-1…), a
+    character it lacks (``✓`` in a request, a page's ``—``) is written as ``\\u2713`` rather
+    than end the command in a traceback.  (Python writes standard error that way already.)"""
+    _reopen_closed_standard_streams()
+    stdout = sys.stdout
+    if isinstance(stdout, io.TextIOWrapper) and _codec(stdout.encoding) != "utf-8":
+        stdout.reconfigure(errors="backslashreplace")
+
+
+def _codec(encoding: str) -> str:
+    try:
+        return codecs.lookup(encoding).name
+    except LookupError:
+        return encoding
+
+
+def _reopen_closed_standard_streams() -> None:
     for fd, name, mode in _STREAMS:
         try:
             os.fstat(fd)

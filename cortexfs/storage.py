@@ -390,6 +390,7 @@ def ensure_root_abi(root: Path, ops: durable.FsOps | None = None) -> BootstrapRe
         raise
     try:
         root_status = os.fstat(root_fd)
+        _require_administrators_link(root, root_status)
         closed = _closed_to_agents(root, root_status, "")
         # Root making the six in a root another uid owns makes them that owner's, as the owner
         # would have: root's, the owner could not make a space, a home or a tool of its own in
@@ -398,7 +399,19 @@ def ensure_root_abi(root: Path, ops: durable.FsOps | None = None) -> BootstrapRe
         for name in ROOT_ENTRIES:
             st = durable.lstat_at(root_fd, name)
             if st is None:
-                _make_dir(ops, root_fd, name, ABI_MODE, owner=given_to)
+                try:
+                    _make_dir(ops, root_fd, name, ABI_MODE, owner=given_to)
+                except OSError as exc:
+                    if exc.errno in HOST_SHORTAGES:
+                        raise
+                    # The kernel names only the entry: say which root, and that the directory
+                    # may be no place for one (/proc, /sys).
+                    raise CtxError(
+                        exc.errno or errno.EIO,
+                        f"cannot create {name} in the storage root {root}: {exc.strerror}; "
+                        "name a directory of an ordinary filesystem that you may write "
+                        "(--storage DIR or CTX_STORAGE)",
+                    ) from None
                 report.created.append(name)
             elif not _is_dir(st):
                 report.add_problem(
@@ -421,6 +434,27 @@ def ensure_root_abi(root: Path, ops: durable.FsOps | None = None) -> BootstrapRe
             f"{'it' if len(strangers) == 1 else 'them'} elsewhere"
         )
     return report
+
+
+def _require_administrators_link(root: Path, target: os.stat_result) -> None:
+    """EPERM when ``root`` is a symbolic link that neither its caller, nor root, nor the owner
+    of the directory it leads to made: only a link its administrator made may lead to a
+    storage root (``storage/current`` -> a release), and one another user planted — in a
+    directory of theirs that ``CTX_STORAGE`` names — must not lead root to make the root's
+    entries in a directory of its own choosing."""
+    try:
+        link = os.lstat(root)
+    except OSError:
+        return
+    if not stat.S_ISLNK(link.st_mode) or link.st_uid in (0, os.geteuid(), target.st_uid):
+        return
+    raise CtxError(
+        errno.EPERM,
+        f"storage root {root} is a symbolic link of uid {link.st_uid} to a directory of uid "
+        f"{target.st_uid}: only a link its administrator made (root, you, or the directory's "
+        "owner) may lead to a storage root; name the directory itself (--storage DIR or "
+        "CTX_STORAGE)",
+    )
 
 
 def _make_dir(

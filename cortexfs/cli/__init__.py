@@ -42,9 +42,9 @@ def main(args: list[str] | None = None, prog_name: str | None = None) -> None:
 
 
 def _main(argv: list[str], prog_name: str) -> None:
-    from cortexfs.standard_streams import reopen_closed_standard_streams
+    from cortexfs.standard_streams import prepare_standard_streams
 
-    reopen_closed_standard_streams()
+    prepare_standard_streams()
     if argv[:1] == ["run"]:
         with _loading_for_good():
             from cortexfs.cli.run import main as run_main

@@ -66,9 +66,9 @@ def _stop(signum: int, _frame: object) -> None:
 def main(args: list[str] | None = None) -> None:
     """The ``ctxmcp`` console script."""
     from cortexfs.cli.usage import run_click
-    from cortexfs.standard_streams import reopen_closed_standard_streams
+    from cortexfs.standard_streams import prepare_standard_streams
 
-    reopen_closed_standard_streams()
+    prepare_standard_streams()
     for stop in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(stop, _stop)
     try:

@@ -81,7 +81,7 @@ def main(storage: str | None = None) -> None:
     """Entry point of ``bin/ctxterm``; ``storage``: the root the program was written into.
     Its refusals read as ``ctx``'s do: ``ctxterm: EINVAL: …`` for a malformed command line."""
     from cortexfs.cli.usage import run_click
-    from cortexfs.standard_streams import reopen_closed_standard_streams
+    from cortexfs.standard_streams import prepare_standard_streams
 
-    reopen_closed_standard_streams()
+    prepare_standard_streams()
     run_click(ctxterm, sys.argv[1:], "ctxterm", obj=storage)

@@ -287,9 +287,9 @@ def ready_worker(kind: str, description: str) -> click.Command:
 def run_ready_worker(kind: str, description: str) -> NoReturn:
     """Run the ready program of ``kind`` on this process's arguments, and exit."""
     from cortexfs.cli.usage import run_click
-    from cortexfs.standard_streams import reopen_closed_standard_streams
+    from cortexfs.standard_streams import prepare_standard_streams
 
-    reopen_closed_standard_streams()
+    prepare_standard_streams()
     run_click(ready_worker(kind, description), sys.argv[1:], os.path.basename(sys.argv[0]))
 
 

@@ -48,8 +48,8 @@ _DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 def hint_path(queue_path: Path) -> Path:
     """This user's hint file for the queue at ``queue_path``: under ``$XDG_CACHE_HOME/cortexfs``
-    (when that is an absolute path), else ``/var/cache/cortexfs`` for root and
-    ``~/.cache/cortexfs`` for everyone else."""
+    (when that is an absolute path, and for root a directory of root's), else
+    ``/var/cache/cortexfs`` for root and ``~/.cache/cortexfs`` for everyone else."""
     return hint_location(queue_path)[0]
 
 
@@ -66,7 +66,10 @@ def _hint_location(queue_path: Path, euid: int, cache_home: str, home: str) -> t
     """:func:`hint_location`, once per process, queue and user: every publish and claim asks,
     and ``realpath`` costs a ``lstat`` per component.  Should the queue's path be re-pointed
     meanwhile, the hint goes to the old queue's file, which costs a listing, nothing more."""
-    if euid == 0 and not os.path.isabs(cache_home):
+    if euid == 0 and not _roots_own_directory(cache_home):
+        # Root keeps its hints in a directory of its own: a user's XDG_CACHE_HOME, which
+        # `su` without `-` leaves in the environment, could lead root through that user's
+        # links to make directories and files wherever they point.
         cache = Path("/var/cache/cortexfs")
     else:
         environ = {"XDG_CACHE_HOME": cache_home, "HOME": home}
@@ -74,6 +77,25 @@ def _hint_location(queue_path: Path, euid: int, cache_home: str, home: str) -> t
     real = os.path.realpath(queue_path)
     key = hashlib.sha256(os.fsencode(real)).hexdigest()[:32]
     return cache / "claim-order" / key, real
+
+
+def _roots_own_directory(path: str) -> bool:
+    """Whether ``path`` is absolute and names a directory of root's, itself no link, or one
+    still to be made below such a directory (its nearest existing part)."""
+    if not os.path.isabs(path):
+        return False
+    place = Path(path)
+    while True:
+        try:
+            status = os.lstat(place)
+            break
+        except FileNotFoundError:
+            if place == place.parent:
+                return False
+            place = place.parent
+        except OSError:
+            return False
+    return stat.S_ISDIR(status.st_mode) and status.st_uid == 0
 
 
 def make_private_directories(directory: Path) -> None:

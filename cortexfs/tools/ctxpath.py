@@ -40,6 +40,7 @@ from typing import NamedTuple
 from cortexfs import keyvalue
 from cortexfs.errors import CtxError, invalid, not_found
 from cortexfs.names import check_object_name
+from cortexfs.printable import printable
 from cortexfs.regular_file import read_regular_file
 
 CTX_MOUNT = PurePosixPath("/ctx")
@@ -161,13 +162,19 @@ def read_tshrc(path: Path, *, warn: Warn | None = None) -> str | None:
                 f"{line.raw.strip()!r}"
             )
         elif line.key == "CTX_PATH":
+            if "\0" in line.value:
+                raise invalid(
+                    f"{path}:{line.number}: CTX_PATH holds a NUL character, which no path can "
+                    f"hold; {fix}"
+                )
             value = line.value
     return value or None  # CTX_PATH= with nothing after it: not set here
 
 
 def _warn_on_stderr(message: str) -> None:
-    """``ctx: warning: …``, as every other message of ctx (tsh passes its own ``warn``)."""
-    print(f"ctx: warning: {message}", file=sys.stderr)
+    """``ctx: warning: …``, as every other message of ctx (tsh passes its own ``warn``),
+    escaped: it quotes paths and lines that the environment and the user's file gave."""
+    print(f"ctx: warning: {printable(message)}", file=sys.stderr)
 
 
 def view_to_storage(root: Path, path: str) -> Path:

@@ -20,9 +20,16 @@ if TYPE_CHECKING:
 
 
 def find_program(name: str) -> str | None:
-    """What ``shutil.which(name)`` answers for a name without a directory: the first entry of
-    ``PATH`` (of ``confstr("CS_PATH")`` when PATH is not set; none when it is empty) holding
-    ``name`` as an executable that is not a directory, joined to that entry; else None."""
+    """What ``shutil.which(name)`` answers for a name without a directory, among the trusted
+    entries of ``PATH`` (of ``confstr("CS_PATH")`` when PATH is not set; none when it is
+    empty): the first holding ``name`` as an executable that is not a directory, joined to
+    that entry; else None.
+
+    These programs run as the caller — root, for a call as an agent — before the switch to
+    the agent's ids: an entry that is not absolute (``.``, an empty one) names whatever
+    directory the caller stands in, an agent's workspace say, and is skipped; so, for root,
+    is a program that another uid owns or may replace (it or its directory writable by
+    group or others, as ``sudo``'s secure path would not have it)."""
     search = os.environ.get("PATH")
     if search is None:
         try:
@@ -32,10 +39,27 @@ def find_program(name: str) -> str | None:
     if not search:
         return None
     for directory in dict.fromkeys(search.split(os.pathsep)):
+        if not os.path.isabs(directory):
+            continue
         candidate = os.path.join(directory, name)
-        if os.access(candidate, os.F_OK | os.X_OK) and not os.path.isdir(candidate):
+        if not (os.access(candidate, os.F_OK | os.X_OK) and not os.path.isdir(candidate)):
+            continue
+        if os.geteuid() != 0 or _only_root_may_replace(directory, candidate):
             return candidate
     return None
+
+
+def _only_root_may_replace(directory: str, program: str) -> bool:
+    """Whether ``program`` and ``directory``, links followed, are root's and writable by no
+    one else (a sticky directory, such as /tmp, still lets others plant names)."""
+    for path in (program, directory):
+        try:
+            status = os.stat(path)
+        except OSError:
+            return False
+        if status.st_uid != 0 or status.st_mode & 0o022:
+            return False
+    return True
 
 
 def setpriv_id_options(identity: Identity) -> list[str] | None:

@@ -43,6 +43,7 @@ from pathlib import Path
 
 from cortexfs.errors import CtxError
 from cortexfs.names import is_decimal, is_object_name
+from cortexfs.printable import printable
 from cortexfs.regular_file import read_regular_file
 from cortexfs.tools.core import confine
 from cortexfs.tools.core.toolio import ToolFailure
@@ -113,7 +114,8 @@ _warned: set[str] = set()
 def _warn_on_stderr(message: str) -> None:
     if message not in _warned:
         _warned.add(message)
-        print(f"tsh: warning: {message}", file=sys.stderr)
+        # It quotes paths and lines that the environment and the user's .tshrc gave.
+        print(f"tsh: warning: {printable(message)}", file=sys.stderr)
 
 
 def _in_agent_terminal() -> bool:
@@ -545,11 +547,11 @@ def run() -> int:
     from cortexfs.standard_streams import (
         OutputError,
         discard_output,
-        reopen_closed_standard_streams,
+        prepare_standard_streams,
         tell_output_errors,
     )
 
-    reopen_closed_standard_streams()  # tsh <&- reads nothing, tsh >&- prints nowhere
+    prepare_standard_streams()  # tsh <&- reads nothing, tsh >&- prints nowhere
     tell_output_errors()
     try:
         status = _run()
