@@ -248,6 +248,7 @@ def create_child(call: Capability, request: dict[str, Any]) -> dict[str, Any]:
         # Before the label check, which would otherwise name the existing child as the
         # label's owner.
         raise exists(f"agent/{child.name} already exists; an agent is never overwritten")
+    _require_no_earlier_sessions(root, child.name, view.identity.uid, child.shared)
     owner = next((agent for agent in label_owners(root, child.label) if agent != parent), None)
     if owner is not None and child.label != view.label:
         raise denied(
@@ -292,6 +293,22 @@ def create_child(call: Capability, request: dict[str, Any]) -> dict[str, Any]:
         "uid": created.identity.uid,
         "warnings": list(created.warnings),
     }
+
+
+def _require_no_earlier_sessions(
+    root: Path, name: str, uid: int, shared: tuple[tuple[str, Any], ...]
+) -> None:
+    """EEXIST when an earlier agent of the child's name left its sessions where the child's
+    would go (its home, a space it is granted): the child would read them as its own, and a
+    child inherits nothing (A-4).  Removing an agent by hand leaves them."""
+    places = [f"home/{uid}/agent/{name}", *(f"shared/{space}/agent/{name}" for space, _ in shared)]
+    for place in places:
+        if os.path.lexists(root / place):
+            raise exists(
+                f"{place} holds the sessions of an earlier agent named {name}, which a child "
+                "of that name would read as its own: a child inherits nothing (A-4); have the "
+                "host administrator move them aside, or create the child under another name"
+            )
 
 
 def _parent_may_not_execute(view: AgentView, tool: str) -> str:
@@ -367,6 +384,8 @@ class _Reach:
         return {**document, "mount": mounts}
 
     def _host_path(self, source: str) -> str:
+        if "." in source.split("/"):
+            return source  # PurePosixPath would drop it: left for the request's validation
         place = PurePosixPath(source)
         chosen = self._topmost(place) if place.is_absolute() else None
         if chosen is None:
@@ -388,17 +407,18 @@ class _Reach:
         )
 
     def _holds_sessions_of_others(self, real: PurePosixPath) -> bool:
-        """Whether ``real`` is a space, its ``agent/``, or another agent's directory or
-        ``session/`` in it: the sessions other agents record there later would show through a
-        mount of it unfiltered, whoever may read them (S-6), and for as long as the child
-        exists.  The parent's projection filters them at each call; a mount is made once."""
+        """Whether ``real`` is ``shared/`` or ``home/``, a space or a home, its ``agent/``,
+        or another agent's directory or ``session/`` in it: the sessions other agents record
+        there later — another agent of the same uid, in a home — would show through a mount of
+        it unfiltered, whoever may read them (S-6), and for as long as the child exists.  The
+        parent's projection filters them at each call; a mount is made once."""
         if self.root not in real.parents:
             return False
         parts = real.relative_to(self.root).parts
-        if parts[0] != "shared" or len(parts) < 2 or parts[1] == DOCS_BUNDLE:
+        if parts[0] not in ("shared", "home") or parts[1:2] == (DOCS_BUNDLE,):
             return False  # the manual bundle holds no sessions
-        if len(parts) == 2:
-            return True  # the space holds agent/
+        if len(parts) <= 2:
+            return True  # every space or home, or this one, holds agent/
         if parts[2] != "agent":
             return False
         return len(parts) == 3 or (parts[3] != self.parent and len(parts) <= 5)

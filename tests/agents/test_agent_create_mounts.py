@@ -173,7 +173,7 @@ def test_dot_dot_in_a_source_is_refused_before_it_is_judged(lead: World) -> None
         ("shared/ro/data", "ro"),
         ("shared/pub/data", "rw"),
         ("shared/cortexfs-docs", "ro"),
-        ("home/{uid}", "rw"),
+        ("home/{uid}/notes", "rw"),
         ("bin", "ro"),
         ("tool/fs.read.d", "ro"),
         ("agent/lead.d", "ro"),
@@ -184,11 +184,20 @@ def test_a_place_the_parents_projection_shows_may_be_the_childs(
     lead: World, place: str, mode: str
 ) -> None:
     source = str(lead.root / place.format(uid=lead.user.uid))
+    if place.startswith("home/"):
+        _notes_in_home(lead)
 
     result = create(lead, [[source, "/data", mode]])
 
     assert result.ok, result.output
     assert [source, "/data", mode] in mount_control(lead)
+
+
+def _notes_in_home(lead: World) -> None:
+    """A directory of the parent's own in its home, beside the agent/ that holds sessions."""
+    notes = home_of(lead) / "notes"
+    notes.mkdir(exist_ok=True)
+    os.chown(notes, lead.user.uid, lead.user.gid)
 
 
 def test_the_child_reads_through_its_mount_what_the_parent_may_read(lead: World) -> None:
@@ -287,7 +296,7 @@ def test_a_mount_on_top_of_the_parents_hides_what_is_below_it(
     [
         ("/ctx/shared/ro/data", "shared/ro/data", "ro"),
         ("/ctx/shared/pub/data", "shared/pub/data", "rw"),
-        ("/ctx/home/{uid}", "home/{uid}", "rw"),
+        ("/ctx/home/{uid}/notes", "home/{uid}/notes", "rw"),
     ],
 )
 def test_a_source_may_be_named_as_the_parents_tools_see_it(
@@ -296,6 +305,7 @@ def test_a_source_may_be_named_as_the_parents_tools_see_it(
     """A-4: the child's mounts lie within the parent's *visible* mounts, which the agent
     knows by their paths in its view; the host records the real path behind them."""
     uid = lead.user.uid
+    _notes_in_home(lead)
 
     result = create(lead, [[seen.format(uid=uid), "/data", mode]])
 
@@ -328,17 +338,28 @@ def test_a_place_named_in_the_view_is_judged_as_its_host_path_would_be(
 
 
 @pytest.mark.parametrize(
-    "place", ["shared/pub", "shared/ro", "shared/pub/agent", "shared/pub/agent/other"]
+    "place",
+    [
+        "shared/pub",
+        "shared/ro",
+        "shared/pub/agent",
+        "shared/pub/agent/other",
+        "home/{uid}",  # another agent of the parent's uid records its sessions there
+        "home/{uid}/agent",
+    ],
 )
 def test_a_place_other_agents_sessions_may_appear_in_is_never_a_childs_mount(
     lead: World, place: str
 ) -> None:
-    """A space, its agent/ and another agent's directory: sessions recorded there later would
-    show through the child's mount unfiltered, past S-6, for as long as the child exists,
-    though none is there (and so no filter of the parent's view) when it is made."""
+    """A space or a home, its agent/ and another agent's directory: sessions recorded there
+    later would show through the child's mount unfiltered, past S-6, for as long as the child
+    exists, though none is there (and so no filter of the parent's view) when it is made."""
     (lead.root / "shared" / "pub" / "agent" / "other").mkdir(exist_ok=True)
+    agents_of_uid = home_of(lead) / "agent"
+    agents_of_uid.mkdir(exist_ok=True)
+    os.chown(agents_of_uid, lead.user.uid, lead.user.gid)
 
-    result = create(lead, [[str(lead.root / place), "/data", "ro"]])
+    result = create(lead, [[str(lead.root / place.format(uid=lead.user.uid)), "/data", "ro"]])
 
     assert_refused(lead, result)
     assert "the mount at /data (ro)" in result.output["message"]

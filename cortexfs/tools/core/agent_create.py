@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import errno
 
+from cortexfs.printable import printable
 from cortexfs.tools.core.hostcall import ask_host
 from cortexfs.tools.core.toolio import Reply, ToolFailure, core_main, main_parameter
 
@@ -37,7 +38,11 @@ def create(request: dict[str, object], native: bool) -> Reply:
     return Reply(
         answer,
         text=f"created agent {answer['agent']}\n".encode(),
-        stderr="".join(f"agent.create: warning: {warning}\n" for warning in warnings).encode(),
+        # A warning quotes the request's paths, which may hold control bytes: escaped, as
+        # `ctx agent create` shows them.
+        stderr="".join(
+            f"agent.create: warning: {printable(warning)}\n" for warning in warnings
+        ).encode(),
     )
 
 
