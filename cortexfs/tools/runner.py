@@ -432,6 +432,12 @@ class _Call:
 
     def _run(self, input_value: Any, argv: list[str]) -> ToolResult:
         assert self.view is not None and self.tool is not None
+        with self._stage("run"):
+            # An argv from the terminal's run socket (what tsh read) may hold one; exec could
+            # not pass it, and would fail as an unexpected error.
+            held = next((n for n, word in enumerate(argv, 1) if "\0" in word), None)
+            if held is not None:
+                raise invalid(f"argument {held} holds a NUL character, which no program's argv can")
         with self._capability() as capability:
             spec = self._process_spec([str(self.tool.executable), *argv], self._time_left())
             spec = self._with_mcp_config_vouched_for(spec)

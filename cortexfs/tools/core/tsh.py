@@ -33,7 +33,6 @@ import array
 import errno
 import json
 import os
-import shlex
 import signal
 import socket
 import stat
@@ -43,13 +42,18 @@ from pathlib import Path
 
 from cortexfs.errors import CtxError
 from cortexfs.names import is_decimal, is_object_name
-from cortexfs.printable import printable
+from cortexfs.printable import printable, printable_text
 from cortexfs.regular_file import read_regular_file
 from cortexfs.tools.core import confine
 from cortexfs.tools.core.toolio import ToolFailure
 from cortexfs.tools.core.tsh_config import MAX_CONFIG_BYTES, effective, problems
 from cortexfs.tools.core.tsh_context import ToolInfo, TshContext, json_or_none, read_settings
-from cortexfs.tools.core.tsh_line import MAX_LINE_BYTES, LineTooLong, read_terminal_line
+from cortexfs.tools.core.tsh_line import (
+    MAX_LINE_BYTES,
+    LineTooLong,
+    read_terminal_line,
+    split_words,
+)
 
 HELP = """tsh runs CortexFS tools: NAME [ARG...], NAME found on CTX_PATH.  There are no host
 commands here.  Built-ins:
@@ -354,16 +358,21 @@ def _read_line(prompt: str, at_terminal: bool) -> str:
         return typed.decode(sys.stdin.encoding, sys.stdin.errors or "strict")
     sys.stdout.write(prompt)
     sys.stdout.flush()
-    line = sys.stdin.readline()
+    line = sys.stdin.readline(MAX_LINE_BYTES + 1)  # characters: at least as many bytes
     if not line:
         raise EOFError
+    if len(line) > MAX_LINE_BYTES:
+        # The rest of it is read and dropped in bounded pieces, never held whole.
+        while line and not line.endswith("\n"):
+            line = sys.stdin.readline(1 << 16)
+        raise LineTooLong
     return line[:-1] if line.endswith("\n") else line
 
 
 def execute(context: TshContext, line: str, status: int) -> tuple[int, bool]:
     """Run one command line; the new ``$?`` and whether tsh should exit."""
     try:
-        words = shlex.split(line)
+        words = split_words(line)
     except ValueError as exc:
         print(f"tsh: {exc}", file=sys.stderr)
         return 2, False
@@ -380,8 +389,11 @@ def execute_words(context: TshContext, name: str, argv: list[str], status: int) 
     if builtin is not None:
         return builtin(context, argv), False
     if context.which(name) is None:
+        # The name is what was typed, escape sequences included: shown escaped to the
+        # terminal and everyone watching it.
         print(
-            f"tsh: {name}: not a tool on CTX_PATH (tsh runs CortexFS tools only)", file=sys.stderr
+            f"tsh: {printable(name)}: not a tool on CTX_PATH (tsh runs CortexFS tools only)",
+            file=sys.stderr,
         )
         return NOT_FOUND, False
     sys.stdout.flush()
@@ -400,9 +412,15 @@ def _exit(argv: list[str], status: int) -> tuple[int, bool]:
         return 1, False
     number = argv[0].removeprefix("-")
     if not is_decimal(number):
-        print(f"tsh: exit: {argv[0]}: a decimal number is needed (exit [N])", file=sys.stderr)
+        print(
+            f"tsh: exit: {printable(argv[0])}: a decimal number is needed (exit [N])",
+            file=sys.stderr,
+        )
         return 2, True
-    return int(argv[0]) % 256, True
+    # N modulo 256 is its last eight digits' (10**8 is a multiple of 256), read however long
+    # N is: Python reads no int of over 4300 digits.
+    modulo = int(number[-8:]) % 256
+    return (-modulo if argv[0].startswith("-") else modulo) % 256, True
 
 
 def _help(context: TshContext, argv: list[str]) -> int:
@@ -469,7 +487,7 @@ def _loading(verb: str, show: Callable[[ToolInfo], str]) -> Builtin:
                 info, unloaded = context.load(name)
             except LookupError:
                 return NOT_ON_PATH
-            print(show(info))
+            print(printable_text(show(info)))  # a tool's description, its author's words
             _report_unloaded(unloaded)
             return None
 
@@ -481,7 +499,7 @@ def _loading(verb: str, show: Callable[[ToolInfo], str]) -> Builtin:
 def _pin(context: TshContext, argv: list[str]) -> int:
     def pin(name: str) -> str | None:
         try:
-            print(f"{context.pin(name).summary()}  (pinned)")
+            print(f"{printable(context.pin(name).summary())}  (pinned)")
         except LookupError:
             return NOT_ON_PATH
         return None
@@ -515,7 +533,7 @@ def _unload(context: TshContext, argv: list[str]) -> int:
 
 def _loaded(context: TshContext, argv: list[str]) -> int:
     for info, pinned in context.loaded():
-        print(f"{info.summary()}{'  (pinned)' if pinned else ''}")
+        print(f"{printable(info.summary())}{'  (pinned)' if pinned else ''}")
     return 0
 
 

@@ -36,6 +36,7 @@ from typing import Any
 
 from cortexfs import durable, keyvalue
 from cortexfs.names import is_decimal
+from cortexfs.printable import quoted
 from cortexfs.regular_file import read_regular_file
 from cortexfs.tools.core.toolio import Reply, ToolFailure, core_main
 
@@ -46,6 +47,7 @@ DEFAULTS = {"max_loaded_tools": 64, "cache_capacity": 32, "window_percent": 1}
 # a capacity in the millions would hold tsh for minutes or exhaust its memory.
 # max_loaded_tools bounds what tsh keeps of tools' metadata in memory: no terminal runs more.
 _LIMITS = {"window_percent": 100, "cache_capacity": 65536, "max_loaded_tools": 65536}
+_MAX_DIGITS = 18  # past every limit, far short of the 4300 digits Python reads into an int
 DEFAULT_TEXT = "# tsh configuration (SPEC H-4): data, never code.\n" + "".join(
     f"{key}={value}\n" for key, value in DEFAULTS.items()
 )
@@ -85,7 +87,10 @@ def value_problem(key: str, value: object) -> str | None:
     if isinstance(value, str):
         value = _decimal(value)
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        return f"{key} must be a positive integer, not {value!r}"
+        if isinstance(value, str) and is_decimal(value):  # too long for _decimal to read
+            most = f"at most {_LIMITS[key]}" if key in _LIMITS else "a smaller number"
+            return f"{key} must be {most}, not a number of {len(value)} digits"
+        return f"{key} must be a positive integer, not {quoted(str(value))}"
     limit = _LIMITS.get(key)
     if limit is not None and value > limit:
         return f"{key} must be at most {limit}, not {value}"
@@ -93,8 +98,11 @@ def value_problem(key: str, value: object) -> str | None:
 
 
 def _decimal(text: str) -> int | str:
-    """``text`` as an int when it is written in ASCII decimal digits, else ``text`` itself."""
-    return int(text) if is_decimal(text) else text
+    """``text`` as an int when it is written in ASCII decimal digits, at most
+    :data:`_MAX_DIGITS` of them past its leading zeros, else ``text`` itself (Python refuses
+    to read an int of over 4300 digits, and no setting needs one)."""
+    digits = text.lstrip("0") or "0"
+    return int(digits) if is_decimal(text) and len(digits) <= _MAX_DIGITS else text
 
 
 def effective(text: str) -> dict[str, int]:

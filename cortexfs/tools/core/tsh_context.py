@@ -22,6 +22,7 @@ again.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from collections import OrderedDict
@@ -32,7 +33,7 @@ from typing import Any, NamedTuple
 from cortexfs.errors import CtxError
 from cortexfs.regular_file import read_regular_file
 from cortexfs.tools import ctxpath
-from cortexfs.tools.core.tsh_config import DEFAULTS, effective, problems
+from cortexfs.tools.core.tsh_config import DEFAULTS, MAX_CONFIG_BYTES, effective, problems
 from cortexfs.tools.tinylfu import WTinyLFU
 
 _MAX_CONTROL_BYTES = 64 * 1024  # a description or schema larger than this is not shown
@@ -66,10 +67,23 @@ def read_settings(config: str) -> tuple[dict[str, int], list[str]]:
     """The effective settings of the config file at ``config`` and what is wrong with it;
     the defaults when it cannot be read (a standalone tsh may have no root around it).
     Read as a control is: never through a symlink, never waiting on a FIFO."""
-    text = _read_control(os.path.dirname(config), os.path.basename(config))
-    if text is None:
-        return dict(DEFAULTS), []
+    try:
+        data = read_regular_file(config, MAX_CONFIG_BYTES)
+    except (FileNotFoundError, NotADirectoryError):
+        return dict(DEFAULTS), []  # no config: every default, as H-4 gives them
+    except OSError as exc:
+        # Said, as a bad line is: tsh.config refuses the same file with its errno.
+        why = _UNUSABLE.get(exc.errno, exc.strerror)
+        return dict(DEFAULTS), [f"{config} cannot be read ({why}): every setting"]
+    text = data.decode("utf-8", "replace")
     return effective(text), problems(text)
+
+
+_UNUSABLE = {
+    errno.ELOOP: "a symbolic link, never followed",
+    errno.EINVAL: "not a regular file",
+    errno.EFBIG: f"larger than {MAX_CONFIG_BYTES} bytes",
+}
 
 
 class TshContext:
@@ -220,5 +234,5 @@ def json_or_none(text: str | None) -> Any:
         return None
     try:
         return json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # nested past what the parser recurses through
         return None
