@@ -373,7 +373,7 @@ def test_policy_errors_table_messages_appear_as_listed(searchable_storage, tmp_p
 CONFIG_KEYS = {"max_request_bytes", "max_result_bytes", "lease_ttl", "grace"}
 STATUS_KEYS = {
     "queue", "pending", "claimed", "done", "failed", "conflict", "counts", "ignored",
-    "incomplete", "conflicts", "temps", "owned_by_others",
+    "incomplete", "conflicts", "temps", "owned_by_others", "group_not_inherited",
 }  # fmt: skip
 LEASE_KEYS = {
     "worker", "host", "machine_id", "boot_id", "pid_ns", "pid", "create_time", "claimed_at",

@@ -47,7 +47,7 @@ DEFAULTS = {"max_loaded_tools": 64, "cache_capacity": 32, "window_percent": 1}
 # a capacity in the millions would hold tsh for minutes or exhaust its memory.
 # max_loaded_tools bounds what tsh keeps of tools' metadata in memory: no terminal runs more.
 _LIMITS = {"window_percent": 100, "cache_capacity": 65536, "max_loaded_tools": 65536}
-_MAX_DIGITS = 18  # past every limit, far short of the 4300 digits Python reads into an int
+_MAX_DIGITS = 64  # past every limit, far short of the 4300 digits Python reads into an int
 DEFAULT_TEXT = "# tsh configuration (SPEC H-4): data, never code.\n" + "".join(
     f"{key}={value}\n" for key, value in DEFAULTS.items()
 )
