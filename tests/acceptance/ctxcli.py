@@ -324,6 +324,18 @@ def tool_manifest(
     return path
 
 
+@contextlib.contextmanager
+def closing_all() -> Iterator[list]:
+    """What the block puts in the list (sockets, clients), closed in reverse order on the way
+    out, whatever happened in the block."""
+    opened: list = []
+    try:
+        yield opened
+    finally:
+        for thing in reversed(opened):
+            thing.close()
+
+
 def wait_for(predicate, seconds: float = 20, step: float = 0.05) -> bool:
     """Whether ``predicate()`` holds within ``seconds``, asked every ``step``."""
     deadline = time.monotonic() + seconds

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.acceptance.ctxcli import CTX_ARGV, read_jsonl, scratch_top, wait_for
+from tests.acceptance.ctxcli import CTX_ARGV, closing_all, read_jsonl, scratch_top, wait_for
 from tests.acceptance.terminalcli import CoderHost, Raw, Term, coder_host
 from tests.acceptance.test_acceptance_flows_self_update import ended, pending_update
 from tests.support.users import UnprivilegedUser
@@ -123,16 +123,6 @@ def answered(client: Raw, line: str, wanted: str, seconds: float = 5) -> float:
     client.type(line)
     assert client.shows(wanted, seen + 1, seconds), client.text()[-600:]
     return time.monotonic() - began
-
-
-@contextlib.contextmanager
-def closing_all() -> Iterator[list]:
-    opened: list = []
-    try:
-        yield opened
-    finally:
-        for thing in reversed(opened):
-            thing.close()
 
 
 def calls(host: CoderHost, session: str, tool: str, kind: str = "tool_call") -> list[dict]:

@@ -27,6 +27,7 @@ import pytest
 
 from tests.acceptance.ctxcli import (
     CTX_ARGV,
+    closing_all,
     scratch_top,
     wait_for,
 )
@@ -99,16 +100,6 @@ class Watch:
         for stream in (self.proc.stdout, self.proc.stderr):
             with contextlib.suppress(OSError):
                 stream.close()  # type: ignore[union-attr]
-
-
-@contextlib.contextmanager
-def closing_all() -> Iterator[list]:
-    opened: list = []
-    try:
-        yield opened
-    finally:
-        for thing in reversed(opened):
-            thing.close()
 
 
 def attach(listening_at: Path, opened: list) -> Raw:
