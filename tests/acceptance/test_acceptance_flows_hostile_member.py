@@ -26,9 +26,8 @@ from tests.acceptance.ctxcli import CTX_ARGV, clean_env, snapshot
 from tests.support.storage import traversable_tmp as traversable_tmp
 from tests.support.users import (
     UnprivilegedUser,
+    members_of,
     process_of,
-    system_group_with,
-    users_named,
 )
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as several users")
@@ -41,10 +40,7 @@ CALL = 20  # seconds: a command that opened a FIFO it was handed would block pas
 @pytest.fixture(scope="module")
 def people() -> tuple[UnprivilegedUser, UnprivilegedUser, int]:
     """The victim member, the hostile member and their group (system users kept for reruns)."""
-    victim, hostile = users_named(VICTIM, HOSTILE)
-    gid = system_group_with(GROUP, [VICTIM, HOSTILE])
-    if not all(gid in p.groups for p in (victim, hostile)):
-        pytest.skip(f"group {GROUP} does not hold both members")
+    (victim, hostile), gid = members_of(GROUP, VICTIM, HOSTILE)
     return victim, hostile, gid
 
 

@@ -27,7 +27,7 @@ import pytest
 
 from tests.acceptance.ctxcli import CTX_ARGV, REPO, Run, clean_env, ctx_run, tool_manifest
 from tests.support.storage import copy_of_root
-from tests.support.users import UnprivilegedUser, access_as, system_group_with, users_named
+from tests.support.users import UnprivilegedUser, access_as, members_of
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as several users")
 
@@ -42,10 +42,7 @@ MIB = 1024 * 1024
 @pytest.fixture(scope="module")
 def people() -> tuple[UnprivilegedUser, UnprivilegedUser, int]:
     """The hostile publisher, the uid agent ``runner`` runs as, and their common group."""
-    publisher, agent_user = users_named(PUBLISHER, AGENT_USER)
-    gid = system_group_with(GROUP, [PUBLISHER, AGENT_USER])
-    if not all(gid in who.groups for who in (publisher, agent_user)):
-        pytest.skip(f"group {GROUP} does not hold both {PUBLISHER} and {AGENT_USER}")
+    (publisher, agent_user), gid = members_of(GROUP, PUBLISHER, AGENT_USER)
     return publisher, agent_user, gid
 
 

@@ -195,6 +195,17 @@ def users_named(*names: str) -> list[UnprivilegedUser]:
         return [find_or_create_user(name) for name in names]
 
 
+def members_of(group: str, *names: str) -> tuple[list[UnprivilegedUser], int]:
+    """The users ``names`` (:func:`users_named`), members of the system group ``group``
+    (:func:`system_group_with`), and its gid; skips when their groups as looked up do not
+    show it."""
+    users = users_named(*names)
+    gid = system_group_with(group, names)
+    if not all(gid in user.groups for user in users):
+        pytest.skip(f"group {group} does not hold {', '.join(names)}")
+    return users, gid
+
+
 @contextlib.contextmanager
 def process_of(user: UnprivilegedUser) -> Iterator[subprocess.Popen]:
     """A long-lived process of ``user`` with its groups, killed at the end: the live holder
