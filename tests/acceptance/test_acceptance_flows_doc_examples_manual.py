@@ -34,6 +34,7 @@ from tests.acceptance.ctxcli import (
 )
 from tests.acceptance.terminalcli import AGENT_PROMPT, Raw
 from tests.support.storage import copy_of_root
+from tests.support.strace import trace_lines
 from tests.support.users import UnprivilegedUser
 from tests.support.users import unprivileged_user as unprivileged_user
 
@@ -468,7 +469,7 @@ def traced(desk: Desk, calls: str, *args: str) -> tuple[object, list[str]]:
         ["strace", "-f", "-qq", "-e", f"trace={calls}", "-o", str(log), *CTX_ARGV, *args],
         env=desk.env, capture_output=True, text=True, timeout=60, cwd=desk.top, check=False,
     )  # fmt: skip
-    made = [line for line in log.read_text().splitlines() if "(" in line and "exited" not in line]
+    made = [line for line in trace_lines(log) if "(" in line and "exited" not in line]
     return run, [re.sub(r"^\d+\s+", "", line) for line in made]
 
 

@@ -39,6 +39,7 @@ from tests.acceptance.ctxcli import (
     tool_manifest,
 )
 from tests.support.storage import copy_of_root
+from tests.support.strace import trace_lines
 from tests.support.users import run_as
 from tests.support.users import unprivileged_user as unprivileged_user
 
@@ -1559,7 +1560,7 @@ def _traced(queue: QueueCLI, *args: str, stdin: str = "") -> list[tuple[str, lis
     )
     assert done.returncode == 0, done
     calls = []
-    for line in log.read_text().splitlines():
+    for line in trace_lines(log):
         m = _SYSCALL.match(line)
         if m and int(m.group("ret")) >= 0:
             calls.append((m.group("call"), _split_args(m.group("args"))))

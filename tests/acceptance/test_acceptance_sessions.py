@@ -33,6 +33,7 @@ from tests.acceptance.ctxcli import (
     rfc3339,
     tool_manifest,
 )
+from tests.support.strace import trace_lines
 from tests.support.users import UnprivilegedUser, access_as, find_or_create_user
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="runs agents as other uids")
@@ -530,7 +531,7 @@ def strace(
     proc = subprocess.run(argv, input=json.dumps(payload).encode(), capture_output=True,
                           env=world.env, timeout=60)  # fmt: skip
     run = Run(list(args), proc.returncode, proc.stdout.decode(), proc.stderr.decode())
-    return run, trace.read_text().splitlines()
+    return run, trace_lines(trace)
 
 
 @pytest.mark.skipif(shutil.which("strace") is None, reason="needs strace")

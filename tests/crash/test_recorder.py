@@ -21,6 +21,7 @@ import pytest
 from cortexfs.durable import MOVE_LINK, MOVE_RENAME
 from cortexfs.queue import init_queue
 from tests.crash.recorder import Journal, RecordingOps
+from tests.support.strace import trace_lines
 
 REPO = Path(__file__).resolve().parents[2]
 MUTATING = (
@@ -134,7 +135,9 @@ def trace_verbs(
         timeout=120,
         umask=0o022 if group_writable else -1,  # a umask that takes the group's write bit
     )
-    traced = Trace(log.read_text(), queue.resolve(), out.with_suffix(".marks").resolve())
+    traced = Trace(
+        "\n".join(trace_lines(log)), queue.resolve(), out.with_suffix(".marks").resolve()
+    )
     return traced.verbs, [(name, calls) for name, calls in json.loads(out.read_text())]
 
 

@@ -17,6 +17,7 @@ import psutil
 import pytest
 
 from cortexfs.queue.claim_order import HintFile, hint_path
+from tests.support.strace import trace_lines
 from tests.workers.conftest import AGENT, PROJECT, Farm
 
 
@@ -117,7 +118,7 @@ def test_the_claim_is_durable_in_the_session_before_it_is_reported_or_run(farm: 
         env={**os.environ, "CTX_STORAGE": str(farm.root)},
     )
     assert done.returncode == 0, done.stderr
-    calls = trace.read_text().splitlines()
+    calls = trace_lines(trace)
 
     def first(predicate: Callable[[str], bool], after: int = 0) -> int:
         return next(n for n, line in enumerate(calls) if n >= after and predicate(line))
