@@ -323,6 +323,13 @@ def init(queue_dir: Path, as_json: bool) -> None:
     made = f"{len(created)} {'entry' if len(created) == 1 else 'entries'} created"
     if created:
         changed(f"queue {queue_dir} was made ({made})")
+    # Init creates what is missing and changes nothing that exists; a state directory that
+    # lost its setgid bit is therefore named here, as status names it, not silently kept.
+    with layout.Queue.open(queue_dir, within=within) as opened:
+        for lost in inspect.state_dirs_not_giving_the_queue_group(opened):
+            echo_printable(
+                f"ctx: warning: {lost['path']}/ {lost['reason']}; {lost['remedy']}", err=True
+            )
     if as_json:
         emit_json({"queue": str(queue_dir), "created": created})
         return

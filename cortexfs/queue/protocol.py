@@ -1195,8 +1195,8 @@ def _not_claimed(queue: Queue, job: str, doing: str = "finishing it") -> CtxErro
         return NotHeld(errno.ENOENT, f"job {job} is pending, not claimed; claim it before {doing}")
     return NotHeld(
         errno.ENOENT,
-        f"job {job} is not claimed, nor pending, done or failed: this queue has no such job; "
-        "'ctx queue list' lists the jobs it has",
+        f"job {job} is not claimed, nor pending, done or failed: queue {queue.path} has no such "
+        "job (is it the queue the job was claimed from?); 'ctx queue list' lists the jobs it has",
     )
 
 

@@ -63,3 +63,16 @@ def test_a_queue_of_one_user_has_no_group_to_give(tmp_path: Path, root: Path) ->
     done = ctx(root, "queue", "status", "--queue", str(queue), "--json")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["group_not_inherited"] == []
+
+
+def test_init_over_a_queue_that_lost_a_setgid_bit_warns_with_the_chmod(root: Path) -> None:
+    """Init changes nothing that exists, so it names what it keeps, as status does."""
+    assert ctx(root, "queue", "init", *P).returncode == 0
+    pending = root / "shared" / PROJECT / "queue" / "pending"
+    os.chmod(pending, 0o770)
+    again = ctx(root, "queue", "init", *P)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.strip().endswith("ready")
+    assert "ctx: warning: pending/ is not setgid" in again.stderr
+    assert again.stderr.rstrip().endswith(f"chmod g+s {pending}")
+    assert os.stat(pending).st_mode & 0o7777 == 0o770  # reported, not repaired
