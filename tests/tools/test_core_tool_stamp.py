@@ -184,3 +184,32 @@ def test_ctx_run_refuses_a_core_tool_without_a_stamp(
     assert frame["error"]["message"].endswith(
         "were installed by another version of ctx; run 'ctx bootstrap' (the tool did not run)"
     )
+
+
+@pytest.mark.parametrize("resize", [lambda b: b[:-100], lambda b: b + b"appended"])
+def test_ctx_run_names_a_core_tool_cut_short_or_appended_to_as_damaged(
+    world: World, resize: Callable[[bytes], bytes]
+) -> None:
+    """A launcher of this version whose size no longer matches its stamp is damaged, not
+    another version's: the refusal says so, and bootstrap's reinstall makes it run again."""
+    world.agent("coder", tools=["fs.stat"])
+    world.allow_tool("fs.stat")
+    executable = world.root / "tool" / "fs.stat"
+    executable.write_bytes(resize(executable.read_bytes()))
+    command = [*CTX, "--storage", str(world.root), "run", "--agent", "coder", "--native"]
+
+    def call() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*command, "fs.stat"], input='{"path": "/workspace"}', capture_output=True, text=True
+        )
+
+    refused = call()
+    assert refused.returncode == 1, refused.stderr
+    (frame,) = [json.loads(line) for line in refused.stdout.splitlines()]
+    assert frame["error"]["error"] == "EINVAL", frame
+    assert frame["error"]["message"] == (
+        f"core tool fs.stat in {world.root} is damaged: not the size bootstrap wrote (cut short, "
+        "or appended to); run 'ctx bootstrap', which reinstalls it (the tool did not run)"
+    )
+    storage.bootstrap(world.root)
+    assert call().returncode == 0

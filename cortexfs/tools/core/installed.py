@@ -49,6 +49,7 @@ from cortexfs.tools.core.launcher import (
     interpreter_line,
     package_parent,
     read_stamp,
+    resized_since_stamped,
     sources_digest,
     stamp,
 )
@@ -136,12 +137,23 @@ def require_this_versions_tools(
     when :func:`tools_of_another_version` finds one of ``names``: a worker (or a call) would
     otherwise run each of them against a context of another shape, and fail every job for
     good."""
-    if tools_of_another_version(root, names):
+    to_reinstall = tools_of_another_version(root, names)
+    if not to_reinstall:
+        return
+    damaged = [name for name in to_reinstall if _resized(ToolObject(name, root / "tool"))]
+    if len(damaged) < len(to_reinstall):
         raise CtxError(
             errno.EINVAL,
             f"the core tools in {root} were installed by another version of ctx; run 'ctx "
             f"bootstrap' ({not_done})",
         )
+    raise CtxError(
+        errno.EINVAL,
+        f"core {'tool' if len(damaged) == 1 else 'tools'} {', '.join(damaged)} in {root} "
+        f"{'is' if len(damaged) == 1 else 'are'} damaged: not the size bootstrap wrote (cut "
+        f"short, or appended to); run 'ctx bootstrap', which reinstalls "
+        f"{'it' if len(damaged) == 1 else 'them'} ({not_done})",
+    )
 
 
 def require_this_versions_tool(root: Path, name: str, not_done: str) -> None:
@@ -207,6 +219,16 @@ def _stamp_of(executable: Path) -> tuple[bytes, str] | None:
         return None
     head, size = read
     return read_stamp(head, size)
+
+
+def _resized(tool: ToolObject) -> bool:
+    """Whether ``tool``'s executable is a stamped launcher of another size than its stamp
+    gives (:func:`~cortexfs.tools.core.launcher.resized_since_stamped`)."""
+    try:
+        read = _read_executable(tool.executable, STAMPED_HEAD_BYTES)
+    except FileNotFoundError:
+        return False
+    return read is not None and resized_since_stamped(*read)
 
 
 def damaged_core_launcher(tool: ToolObject) -> bool:

@@ -328,6 +328,22 @@ def read_stamp(head: bytes, size: int) -> tuple[bytes, str] | None:
     :data:`STAMPED_HEAD_BYTES`, or all of it) are ``head`` and whose size is ``size``.  None
     when it carries no stamp, or when it is not the size its stamp gives (cut short, or
     appended to): no launcher bootstrap writes."""
+    stamped = _stamp_fields(head)
+    if stamped is None or stamped[2] != size:
+        return None
+    return stamped[0], stamped[1]
+
+
+def resized_since_stamped(head: bytes, size: int) -> bool:
+    """Whether the program whose first bytes are ``head`` carries a launcher's stamp but is
+    not the size that stamp gives: bootstrap's launcher, cut short or appended to since."""
+    stamped = _stamp_fields(head)
+    return stamped is not None and stamped[2] != size
+
+
+def _stamp_fields(head: bytes) -> tuple[bytes, str, int] | None:
+    """The interpreter line, the stamp and the size of the whole program that the second
+    line of ``head`` gives; None when that line is no launcher's stamp."""
     first, _, rest = head.partition(b"\n")
     second, newline, _ = rest.partition(b"\n")
     fields = second.split(b" ")
@@ -338,9 +354,8 @@ def read_stamp(head: bytes, size: int) -> tuple[bytes, str] | None:
     # Twenty digits are far beyond any real size, and int() of thousands of them refuses.
     if mark != _STAMP_MARK or not (is_decimal(archive_size) and len(archive_size) <= 20):
         return None
-    if len(first) + len(second) + 2 + int(archive_size) != size:
-        return None
-    return first + b"\n", digest.decode("ascii", "replace")
+    program_size = len(first) + len(second) + 2 + int(archive_size)
+    return first + b"\n", digest.decode("ascii", "replace"), program_size
 
 
 def render_ctxterm(root: Path) -> bytes:
