@@ -400,7 +400,7 @@ def ensure_root_abi(root: Path, ops: durable.FsOps | None = None) -> BootstrapRe
             st = durable.lstat_at(root_fd, name)
             if st is None:
                 try:
-                    _make_dir(ops, root_fd, name, ABI_MODE, owner=given_to)
+                    made = _make_dir(ops, root_fd, name, ABI_MODE, owner=given_to)
                 except OSError as exc:
                     if exc.errno in HOST_SHORTAGES:
                         raise
@@ -412,7 +412,8 @@ def ensure_root_abi(root: Path, ops: durable.FsOps | None = None) -> BootstrapRe
                         "name a directory of an ordinary filesystem that you may write "
                         "(--storage DIR or CTX_STORAGE)",
                     ) from None
-                report.created.append(name)
+                if made:  # not when a bootstrap running at the same time made it first
+                    report.created.append(name)
             elif not _is_dir(st):
                 report.add_problem(
                     f"{name}: exists but is not a directory; left untouched", errno.ENOTDIR

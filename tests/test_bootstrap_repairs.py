@@ -590,3 +590,27 @@ def test_a_core_program_grown_sparse_is_rewritten_without_being_read(root: Path)
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
     assert "repaired  tool/fs.stat" in done.stdout, done.stdout
     assert same_program(program.read_bytes(), launcher) and time.monotonic() - started < 10
+
+
+class _OtherBootstrapFirst(durable.FsOps):
+    """Real operations, except that the entry ``name`` of the root is made by someone else
+    (another bootstrap running at the same time) just before this one makes it."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.name = name
+
+    def mkdir(self, name: str, dir_fd: int, mode: int = 0o777) -> None:
+        if name == self.name:
+            os.mkdir(name, storage.ABI_MODE, dir_fd=dir_fd)
+        super().mkdir(name, dir_fd, mode)
+
+
+def test_an_entry_another_bootstrap_made_first_is_not_reported_created(tmp_path: Path) -> None:
+    """R-5: of two bootstraps of one fresh root, each entry is reported created by the one
+    that made it, not by both."""
+    root = tmp_path / "storage"
+    report = storage.ensure_root_abi(root, ops=_OtherBootstrapFirst("shared"))
+    assert (root / "shared").is_dir()
+    assert "shared" not in report.created
+    assert {"bin", "tool", "home"} <= set(report.created), report.created
