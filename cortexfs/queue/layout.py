@@ -27,6 +27,7 @@ from cortexfs.storage import (
     not_readable,
     require_writable,
 )
+from cortexfs.timefmt import MAX_SECONDS
 
 STATE_DIRS = ("inbox", "pending", "lease", "claimed", "done", "failed")
 CONFIG_MODE = 0o644
@@ -78,6 +79,11 @@ class QueueConfig:
                     raise invalid(f"{where}: lease_ttl: {exc.message}") from None
             elif key == "grace":
                 values[key] = _non_negative_float(value, where, key)
+                if values[key] > MAX_SECONDS:  # as recover's --grace is bounded
+                    raise invalid(
+                        f"{where}: grace must be at most {MAX_SECONDS:.0f} seconds (366 days), "
+                        f"not {value!r}"
+                    )
             elif key == "move":
                 if value not in (durable.MOVE_RENAME, durable.MOVE_LINK):
                     raise invalid(f"{where}: move must be 'rename' or 'link', not {value!r}")

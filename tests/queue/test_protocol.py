@@ -387,6 +387,7 @@ def test_lease_expiry_follows_the_configured_ttl(queue_dir: Path, me: Holder) ->
         "lease_ttl=0",
         "colour=blue",
         "grace=-1",
+        "grace=1e300",  # beyond what recover's --grace takes (366 days)
         "move=copy",
         "novalue",
     ],
