@@ -23,7 +23,9 @@ class Line(NamedTuple):
 
 def lines(text: str) -> Iterator[Line]:
     """The lines of ``text`` that say something, in order."""
-    for number, raw in enumerate(text.splitlines(), start=1):
+    # Lines end at "\n" alone, as grep and editors count them: splitlines() would also end
+    # one at a form feed or a vertical tab, and apply what follows one inside a comment.
+    for number, raw in enumerate(text.split("\n"), start=1):
         stripped = raw.strip()
         if not stripped or stripped.startswith("#"):
             continue

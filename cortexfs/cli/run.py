@@ -31,6 +31,7 @@ from cortexfs.cli.exits import (
 from cortexfs.errors import CtxError, describe
 from cortexfs.interrupts import Stopped, stops_raise
 from cortexfs.names import check_object_name
+from cortexfs.printable import printable
 from cortexfs.regular_file import read_up_to
 from cortexfs.shared.sessions import DEFAULT_SESSION, SessionRef
 from cortexfs.standard_streams import OutputError, tell_output_errors
@@ -408,4 +409,6 @@ def _path(text: str) -> Path:
 
 
 def _say(message: str) -> None:
-    print(f"ctx: {message}", file=sys.stderr)
+    """A refusal on stderr, escaped: it quotes paths, controls and hooks' words that others
+    wrote (T-3)."""
+    print(printable(f"ctx: {message}"), file=sys.stderr)

@@ -207,8 +207,10 @@ class _ControlDirectory:
 
 
 def parse_status(data: bytes) -> str:
-    """The status line: ``available``, ``disabled`` or ``unavailable: <reason>``."""
-    return data.decode("utf-8", "replace").strip().splitlines()[0] if data.strip() else ""
+    """The status: ``available``, ``disabled`` or ``unavailable: <reason>``, the whole control
+    less the blanks around it.  Never its first line alone: ``available`` with a line
+    ``disabled`` appended under it must not read as available."""
+    return data.decode("utf-8", "replace").strip()
 
 
 def read_controls(tool: ToolObject) -> ToolControls:

@@ -70,11 +70,17 @@ from cortexfs.shared.tree import Ownership
 from cortexfs.timefmt import rfc3339
 from cortexfs.tools import hooks, record
 from cortexfs.tools.commit_marker import commit_in_progress
-from cortexfs.tools.controls import ToolControls, ToolObject, read_controls, require_available
+from cortexfs.tools.controls import (
+    ToolControls,
+    ToolObject,
+    damaged,
+    read_controls,
+    require_available,
+)
 from cortexfs.tools.core import BOOTSTRAP_TOOLS, NEEDS_CAPABILITY
 from cortexfs.tools.ctxpath import Resolution, tier_location, which
 from cortexfs.tools.result import ERROR, OK, ToolError, ToolResult, decode_output, exit_error
-from cortexfs.tools.schemas import validate_input
+from cortexfs.tools.schemas import UnusableSchema, validate_input
 from cortexfs.tools.spawn import MAX_OUTPUT_BYTES, Finished, ProcessSpec, run_attached, run_captured
 
 if TYPE_CHECKING:
@@ -324,7 +330,12 @@ class _Call:
                 assert self.controls is not None
                 if isinstance(input_value, UnreadableInput):
                     raise invalid(f"the input is not JSON: {input_value.problem}")
-                validate_input(self.controls.schema, input_value, self.tool_name)
+                try:
+                    validate_input(self.controls.schema, input_value, self.tool_name)
+                except UnusableSchema as unusable:
+                    assert self.tool is not None
+                    reason = f"the schema control cannot be applied: {unusable}"
+                    raise damaged(self.tool, reason) from None
         with self._stage("hook"):
             if self.timeout is not None:
                 self.deadline = time.monotonic() + self.timeout
@@ -501,9 +512,15 @@ class _Call:
         with self._stage("run"):
             if not os.path.isdir(spec.cwd):
                 # Say which: an exec failing on its working directory also reports ENOENT.
+                fix = f"fix the first mount in agent/{self.agent}.d/mount"
+                if os.path.exists(spec.cwd):
+                    raise CtxError(
+                        errno.ENOTDIR,
+                        f"agent {self.agent}'s working directory {spec.cwd} is not a "
+                        f"directory; {fix}",
+                    )
                 raise not_found(
-                    f"agent {self.agent}'s working directory {spec.cwd} does not exist; "
-                    f"fix the first mount in agent/{self.agent}.d/mount"
+                    f"agent {self.agent}'s working directory {spec.cwd} does not exist; {fix}"
                 )
             try:
                 if self.mode == NATIVE:

@@ -37,12 +37,13 @@ def schema_problems(schema: object, what: str) -> list[str]:
         return [f"{what} holds {character!r}, a lone surrogate, which is no character"]
     if schema_subset.well_formed(schema):
         return []  # the common keywords only: no reference to resolve
-    problems = [
-        f"{what} is not a valid JSON Schema: {problem}"
-        for problem in _meta_problems(_canonical(schema))
-    ]
+    text = _canonical(schema)
+    problems = [f"{what} is not a valid JSON Schema: {problem}" for problem in _meta_problems(text)]
     reference = None if problems else reference_problem(schema, what)
-    return problems + ([reference] if reference else [])
+    if problems or reference:
+        return problems + ([reference] if reference else [])
+    endless = _endless(text)
+    return [f"{what} cannot be applied: {endless}"] if endless else []
 
 
 @functools.lru_cache(maxsize=_CACHED_VALIDATORS)
@@ -52,19 +53,53 @@ def _meta_problems(schema_text: str) -> tuple[str, ...]:
 
     schema = json.loads(schema_text)
     validator_class = jsonschema.validators.validator_for(schema)
-    meta_validator = validator_class(validator_class.META_SCHEMA)
+    # With the formats the meta-schema names checked: a "pattern" must be a regex that
+    # compiles, which validating an input would find only by failing.
+    meta_validator = validator_class(
+        validator_class.META_SCHEMA, format_checker=validator_class.FORMAT_CHECKER
+    )
     return tuple(
         f"{_where(tuple(error.absolute_path))}{brief_message(error)}"
         for error in meta_validator.iter_errors(schema)
     )
 
 
+class UnusableSchema(Exception):
+    """A schema that passed its checks but cannot be applied to an input: a reference that
+    leads back to itself without consuming anything (``{"$ref": "#"}`` under a keyword the
+    probe of :func:`_endless` did not reach)."""
+
+
+# What a schema is tried on before it counts as applicable: the probe finds a schema that
+# refers to itself at the top, whatever the input; deeper cycles are met at a call.
+_PROBES = (None, {}, [], "")
+
+
+@functools.lru_cache(maxsize=_CACHED_VALIDATORS)
+def _endless(schema_text: str) -> str | None:
+    """Why a schema valid against its meta-schema still cannot be applied; None when the
+    probes pass through it."""
+    for probe in _PROBES:
+        try:
+            for _ in _validator(schema_text).iter_errors(probe):
+                pass
+        except RecursionError:
+            return "it refers to itself without end (a $ref cycle that consumes nothing)"
+    return None
+
+
 def instance_problems(schema: Mapping[str, Any], instance: object) -> list[str]:
-    """Every reason ``instance`` fails ``schema``, in document order; empty when it passes."""
+    """Every reason ``instance`` fails ``schema``, in document order; empty when it passes.
+    :class:`UnusableSchema` when the schema cannot be applied to it."""
     common = schema_subset.problems(schema, instance)
     if common is not None:
         return [f"{_where(path)}{message}" for path, message in common]
-    errors = _validator(_canonical(schema)).iter_errors(instance)
+    try:
+        errors = list(_validator(_canonical(schema)).iter_errors(instance))
+    except RecursionError:
+        raise UnusableSchema(
+            "it refers to itself without end (a $ref cycle that consumes nothing)"
+        ) from None
     return [
         f"{_where(tuple(error.absolute_path))}{brief_message(error)}"
         for error in sorted(errors, key=_document_order)

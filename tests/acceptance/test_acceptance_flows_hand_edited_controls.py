@@ -278,11 +278,6 @@ def test_a_hand_edited_label_policy_or_mount_table_grants_nothing_and_says_why(d
     assert d.terminal("again").out == "ran again\n"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a first mount whose source is a regular file is reported as ENOENT "
-    "'working directory … does not exist'",
-)
 def test_a_mount_source_that_is_a_file_is_not_called_missing(desk):
     """A-3, A-1: the administrator points the workspace mount of ``agent/coder.d/mount`` at
     a regular file.  The refusal must say what is wrong with the path it names — that it is
@@ -356,11 +351,6 @@ def test_a_hand_edited_tool_control_makes_it_damaged_until_a_reinstall_keeping_l
     assert d.terminal("healed").out == "ran healed\n"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a schema whose pattern is no regular expression, or whose $ref is itself, is "
-    "listed available and every call fails EIO with a bare Python error naming no file",
-)
 def test_a_schema_that_cannot_be_applied_is_named_not_an_io_error(desk):
     """T-1, T-8 (``schema``: a valid JSON Schema), docs/tools.md stage ``schema``: the
     administrator writes a ``pattern`` that is no regular expression (``(``), or a schema that
@@ -382,11 +372,6 @@ def test_a_schema_that_cannot_be_applied_is_named_not_an_io_error(desk):
     assert d.ran() == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a status control reading 'available' then 'disabled' (a line appended with >>) "
-    "lets every call run",
-)
 def test_disabled_appended_to_the_status_control_switches_the_tool_off(desk):
     """T-1 and docs/tools.md ``status``: a call is refused (``EACCES``) unless the control
     reads ``available``.  An administrator who appends ``disabled`` (``echo disabled >>
@@ -405,11 +390,6 @@ def test_disabled_appended_to_the_status_control_switches_the_tool_off(desk):
     assert d.ran() == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="ctx run prints a refusal quoting a hand-edited control (status, mount source) or "
-    "a pre-hook's veto message with its terminal escapes raw on stderr",
-)
 def test_a_refusal_quoting_a_hand_edited_control_reaches_the_terminal_escaped(desk):
     """T-1, A-3, docs/tools.md (``what it quotes is escaped, as every message is``): a status
     control ``unavailable: <reason>`` whose reason was pasted with terminal escapes, and a
@@ -521,11 +501,6 @@ def test_queue_config_hand_edits_are_refused_by_line_or_read_as_documented(bare)
     assert sorted(os.listdir(config.parent / "pending")) == pending
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="key=value files are split by str.splitlines: a form feed or vertical tab ends a "
-    "line, so line numbers drift and text after one in a comment becomes a setting",
-)
 def test_key_value_files_count_lines_as_an_editor_does(bare):
     """docs/queue.md "Configuration" (``unknown keys are refused with EINVAL and the line
     number``; ``#`` comments), H-4: a ``queue/config`` with a form feed on a line of its own
@@ -596,10 +571,6 @@ def test_a_hand_edited_tsh_config_warns_by_line_and_is_never_rewritten_over(bare
     assert config.read_text() == "cache_capacity=16\n"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="tsh.config rewrites a comment holding a byte that is not UTF-8 with U+FFFD",
-)
 def test_a_tsh_config_update_keeps_the_administrators_comment_bytes(bare):
     """H-4, docs/tools.md (``tsh.config``: an update rewrites the file atomically and keeps
     its comments): a comment saved in Latin-1 (``# réglé``, ``\\xe9``) by an old editor is

@@ -769,11 +769,6 @@ def test_explain_escapes_control_bytes_of_the_paths_it_echoes(world: World) -> N
         shutil.rmtree(odd, ignore_errors=True)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="ctx run prints a refusal's reason with its control bytes raw, where explain "
-    "escapes them",
-)
 def test_run_escapes_the_control_bytes_of_the_reason_it_shares_with_explain(world: World) -> None:
     """P-5, P-8 and §0 (a refusal is shown safely): on a storage root copied to a directory
     whose name holds ESC, ``ctx run`` and ``explain`` deny the call at step 3 for the same

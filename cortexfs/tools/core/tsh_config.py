@@ -121,16 +121,18 @@ def effective(text: str) -> dict[str, int]:
 
 def updated(text: str, changes: dict[str, int]) -> str:
     """``text`` with each changed key's lines rewritten in place (or appended)."""
-    rows = text.splitlines(keepends=True)
+    rows = text.split("\n")  # as keyvalue.lines numbers them
+    if rows[-1] == "":
+        rows.pop()  # what followed the newline that ends the last line
     pending = dict(changes)
     for line in keyvalue.lines(text):
         if line.key in changes:
-            rows[line.number - 1] = f"{line.key}={changes[line.key]}\n"
+            # A line that ended "\r\n" still does: a file saved with CRLF stays one.
+            carriage_return = "\r" if line.raw.endswith("\r") else ""
+            rows[line.number - 1] = f"{line.key}={changes[line.key]}{carriage_return}"
             pending.pop(line.key, None)
-    if rows and not rows[-1].endswith("\n"):
-        rows[-1] += "\n"
-    rows += [f"{key}={value}\n" for key, value in pending.items()]
-    return "".join(rows)
+    rows += [f"{key}={value}" for key, value in pending.items()]
+    return "".join(f"{row}\n" for row in rows)
 
 
 def configure(
@@ -199,8 +201,10 @@ def _missing(path: Path) -> ToolFailure:
     return ToolFailure(errno.ENOENT, f"{path.parent} does not exist; ctx bootstrap creates it")
 
 
-def _read(path: Path) -> str | None:
-    """The configuration's text; None when there is no file (tsh then takes every default)."""
+def _read(path: Path, errors: str = "replace") -> str | None:
+    """The configuration's text; None when there is no file (tsh then takes every default).
+    ``errors="surrogateescape"`` keeps bytes that are not UTF-8 (an update writes them back
+    as they were); the default shows each as U+FFFD."""
     try:
         data = read_regular_file(path, MAX_CONFIG_BYTES)
     except FileNotFoundError:
@@ -214,7 +218,7 @@ def _read(path: Path) -> str | None:
             too_large = f"{path} is larger than {MAX_CONFIG_BYTES} bytes"
             raise ToolFailure(errno.EFBIG, too_large) from None
         raise
-    return data.decode("utf-8", "replace")
+    return data.decode("utf-8", errors)
 
 
 def _update(path: Path, changes: dict[str, int]) -> tuple[dict[str, int], str]:
@@ -244,26 +248,36 @@ def _update(path: Path, changes: dict[str, int]) -> tuple[dict[str, int], str]:
 def _update_locked(
     ops: durable.FsOps, path: Path, directory: int, changes: dict[str, int]
 ) -> tuple[dict[str, int], str]:
-    old = _read(path)
+    # Comments are kept byte for byte, also bytes that are not UTF-8; what is judged and
+    # shown reads those as U+FFFD.
+    old = _read(path, errors="surrogateescape")
     if old is None:
         text, mode = DEFAULT_TEXT, CONFIG_MODE  # made as bootstrap makes it
     else:
         text = old
         mode = stat.S_IMODE(os.stat(path.name, dir_fd=directory, follow_symlinks=False).st_mode)
-    bad = problems(text)
+    shown = _shown(text)
+    bad = problems(shown)
     if bad:
         raise ToolFailure(errno.EINVAL, f"{path} must be fixed by hand first: {bad[0]}")
-    before = effective(text)
+    before = effective(shown)
     text = updated(text, changes)
     if text == old:  # every key already said so: nothing to write
-        return before, text
+        return before, _shown(text)
     try:
-        durable.replace_file_synced(ops, directory, path.name, text.encode(), mode)
+        data = text.encode("utf-8", "surrogateescape")
+        durable.replace_file_synced(ops, directory, path.name, data, mode)
     except OSError as exc:
         # The replacement is written beside the file first: the OSError names that
         # temporary, which tells the caller nothing about what was refused and why.
         raise _refused(path, exc) from None
-    return before, text
+    return before, _shown(text)
+
+
+def _shown(text: str) -> str:
+    """``text`` read with ``surrogateescape`` as a reader shows it: each byte that is not
+    UTF-8 as U+FFFD."""
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
 def _tier_locked(ops: durable.FsOps, path: Path) -> int:
