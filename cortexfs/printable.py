@@ -12,7 +12,8 @@ def printable(text: str) -> str:
     line break; a bidirectional override; a byte of a name that is not UTF-8) as its Python
     escape (``\\x1b``, ``\\u202e``, ``\\udcfe``).  For text others control: file names a
     group member planted, descriptions a manifest or an MCP server gave, error messages
-    quoting either.  JSON output needs none of this: it escapes them already."""
+    quoting either.  JSON output escapes what JSON must; cortexfs.cli.common.terminal_json,
+    which writes readable UTF-8, escapes the rest as JSON does (\\u009b)."""
     if text.isprintable():
         return text
     return "".join(char if char.isprintable() else _escaped(char) for char in text)

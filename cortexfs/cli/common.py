@@ -78,8 +78,30 @@ def emit_json(obj: object) -> None:
 def readable_json(value: Any, separators: tuple[str, str] | None = None) -> str:
     """``value`` as JSON in readable UTF-8, or all escaped when it holds a lone surrogate:
     JSON can spell ``"\\ud800"``, requests and events keep it as it came (escaped), but no
-    UTF-8 output can hold the character itself."""
+    UTF-8 output can hold the character itself.  For text that :func:`printable` shows."""
     return jsontext.dumps_utf8(value, separators=separators).decode()
+
+
+def terminal_json(value: Any, separators: tuple[str, str] | None = None) -> str:
+    """:func:`readable_json` for output that stays JSON (``--json``), where a character a
+    terminal may act on and JSON leaves raw (a C1 control such as U+009B, which starts an
+    escape sequence, DEL, a bidirectional override: whatever :func:`printable` escapes) is
+    written ``\\u009b``, which every JSON reader reads as the same character (T-3)."""
+    text = readable_json(value, separators)
+    if text.isprintable():
+        return text
+    return "".join(
+        char if char.isprintable() or char == "\n" else _json_escape(char) for char in text
+    )
+
+
+def _json_escape(char: str) -> str:
+    """``char`` as JSON's ``\\uXXXX``, a surrogate pair beyond the first plane."""
+    code = ord(char)
+    if code <= 0xFFFF:
+        return f"\\u{code:04x}"
+    code -= 0x10000
+    return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
 
 
 def require_standard_input(what: str) -> None:

@@ -25,6 +25,7 @@ from cortexfs.cli.common import (
     readable_json,
     resolve_storage,
     storage_option,
+    terminal_json,
     usage_problem,
 )
 from cortexfs.cli.params import UID
@@ -359,7 +360,8 @@ def _session_directory(ref: SessionRef, listing: str) -> Iterator[int]:
 def _render(selected: list[dict[str, Any]], as_json: bool) -> None:
     for event in selected:
         if as_json:
-            click.echo(_compact(event))  # as events.jsonl holds it: compact, keys in order
+            # As events.jsonl holds it, compact, keys in order; terminal-safe all the same.
+            click.echo(terminal_json(event, separators=(",", ":")))
             continue
         rest = {key: value for key, value in event.items() if key not in _S2_KEYS}
         details = " ".join(f"{key}={readable_json(value)}" for key, value in rest.items())

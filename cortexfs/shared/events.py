@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import json
 import os
 import stat
 import threading
@@ -394,6 +393,11 @@ def scan_lines(data: bytes, *, offset: int = 0, first_line: int = 1) -> EventSca
     return scan
 
 
+# An event carries a tool's input or output, each at most jsontext.MAX_DEPTH deep, a few
+# levels down: room for them, and far from the interpreter's recursion limit.
+_MAX_DEPTH = 2 * jsontext.MAX_DEPTH
+
+
 def parse_event_line(raw: bytes) -> dict[str, Any] | None:
     """The event on one line, resynchronising past a torn fragment glued in front of it.
 
@@ -402,7 +406,11 @@ def parse_event_line(raw: bytes) -> dict[str, Any] | None:
     start = 0
     while start != -1:
         try:
-            event = json.loads(raw[start:])
+            # Strictly: NaN or Infinity would be written back by show --json as no JSON, and
+            # a line nested past the interpreter's recursion would end the reader.  Decoded
+            # here, as UTF-8: json.loads would take bytes holding NULs for UTF-16.
+            text = raw[start:].decode()
+            event = jsontext.loads_strict(text, unique_names=False, max_depth=_MAX_DEPTH)
         except ValueError:
             event = None
         if isinstance(event, dict) and "ts" in event:
@@ -480,7 +488,7 @@ def repair(path: Path, ops: durable.FsOps | None = None, *, dir_fd: int | None =
             raise invalid(f"{path} is not a regular file") from None
         if exc.errno == errno.EROFS:
             return _repair_read_only(path, dir_fd)
-        raise
+        raise OSError(exc.errno, exc.strerror, str(path)) from None  # named whole, as show does
     try:
         _require_lone_regular_file(fd, path)
         return _truncate_torn_line(ops, fd, path)
