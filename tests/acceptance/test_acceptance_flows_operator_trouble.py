@@ -722,7 +722,9 @@ def test_a_disk_filling_under_publishers_claimers_finishers_and_recovers_loses_n
         for thread in threads:
             thread.start()
         try:
-            time.sleep(0.5)
+            # The disk fills once each verb has had its way at least once: on a busy machine a
+            # claim and its finish can take longer than any fixed head start.
+            assert wait_for(lambda: finished and published, 60), runs
             filler.start()
             assert wait_for(lambda: os.statvfs(disk).f_bavail == 0, 20)
             time.sleep(1.5)  # everyone meets the full disk for a while
