@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import functools
 import os
 import stat
@@ -36,14 +35,11 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
-from cortexfs import closing
 from cortexfs.errors import CtxError
 from cortexfs.libc import check, libc
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _NEW_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-# Never blocks on a FIFO, never takes a terminal, never follows a link.
-_HELD_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 _RENAME_NOREPLACE = 1
 _RENAME_EXCHANGE = 2
 
@@ -76,13 +72,6 @@ class FsOps:
 
     def close(self, fd: int) -> None:
         os.close(fd)
-
-    def close_removed(self, fd: int) -> None:
-        """Close ``fd`` after what it is open on was removed: a flock taken through it is
-        released at once, the close itself (which frees the inode) is left to a closer thread
-        (:mod:`cortexfs.closing`)."""
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        closing.close_soon(fd)
 
     def mkdir(self, name: str, dir_fd: int, mode: int = 0o777) -> None:
         os.mkdir(name, mode, dir_fd=dir_fd)
@@ -225,31 +214,6 @@ def sync_dir(ops: FsOps, dir_fd: int) -> None:
     except OSError as exc:
         if exc.errno != errno.EINVAL:
             raise
-
-
-def hold_file(dir_fd: int, name: str) -> int | None:
-    """A read-only descriptor of the regular file ``name`` in ``dir_fd``, to be held across
-    its removal and closed with :func:`close_held`: the unlink then only drops the name, and
-    the inode is freed by a close nobody waits for.  None when it cannot be opened as such
-    (the unlink then frees it, as without one).  A read, not a mutation."""
-    try:
-        fd = os.open(name, _HELD_FILE_FLAGS, dir_fd=dir_fd)
-    except OSError:
-        return None
-    if stat.S_ISREG(os.fstat(fd).st_mode):
-        return fd
-    os.close(fd)
-    return None
-
-
-def close_held(ops: FsOps, fd: int) -> None:
-    """Close a descriptor; through :meth:`FsOps.close_removed` when what it is open on has
-    been removed meanwhile (no link left), as that close frees the inode."""
-    try:
-        removed = os.fstat(fd).st_nlink == 0
-    except OSError:
-        removed = False
-    (ops.close_removed if removed else ops.close)(fd)
 
 
 def sync_dirs(ops: FsOps, dir_fds: Iterable[int]) -> None:

@@ -1100,7 +1100,7 @@ def _locked_claim(
             raise _not_a_request(job, kind_of(request))
         yield claim_fd
     finally:
-        durable.close_held(queue.ops, claim_fd)  # a finish removed it
+        queue.ops.close(claim_fd)
 
 
 # How long a transition waits for J's lock.  Its holders keep it for one transition of J (a
@@ -1158,21 +1158,14 @@ def remove_claim_and_lease(queue: Queue, job: str) -> None:
             # goes all the same, and one that holds a lease fails at its rmdir (ENOTEMPTY).
     try:
         if lease_fd is not None:
-            # Held across its unlink, as claimed/J and lease/J are across their rmdirs, so
-            # that freeing the inodes waits on nobody (cortexfs.closing).
-            lease_file = durable.hold_file(lease_fd, LEASE_FILE)
-            try:
-                durable.remove_entries(ops, [(lease_fd, LEASE_FILE, False)])
-            finally:
-                if lease_file is not None:
-                    durable.close_held(ops, lease_file)
+            durable.remove_entries(ops, [(lease_fd, LEASE_FILE, False)])
             durable.sync_dir(ops, lease_fd)
         removals += [(queue.lease, job, True), (queue.claimed, job, True)]
         durable.remove_entries(ops, removals)
         durable.sync_dirs(ops, [queue.lease, queue.claimed])
     finally:
         if lease_fd is not None:
-            durable.close_held(ops, lease_fd)
+            ops.close(lease_fd)
 
 
 def _not_a_request(job: str, kind: str) -> CtxError:

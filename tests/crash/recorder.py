@@ -198,9 +198,6 @@ class RecordingOps(durable.FsOps):
             super().close(fd)
             self.journal.remember(fd, None)
 
-    def close_removed(self, fd: int) -> None:
-        self.close(fd)  # at once, under the journal's lock, as every other close
-
     def create_file(self, name: str, dir_fd: int, mode: int = 0o666) -> int:
         journal = self.journal
         with journal.lock:

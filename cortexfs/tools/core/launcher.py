@@ -74,7 +74,6 @@ def package_parent() -> Path:
 # and the core tools' manifests, which toolio.core_schema reads their input schemas from.
 BUNDLED = (
     "cortexfs/__init__.py",
-    "cortexfs/closing.py",
     "cortexfs/durable.py",
     "cortexfs/errors.py",
     "cortexfs/jsontext.py",
