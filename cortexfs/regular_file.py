@@ -67,7 +67,14 @@ def read_regular_file_and_status(
     from: whose file they are and who else may read it, judged on that very file rather than
     on whatever the name holds a moment later."""
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_link else os.O_NOFOLLOW)
-    fd = os.open(path, flags, dir_fd=dir_fd)
+    try:
+        fd = os.open(path, flags, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno != errno.ENXIO:
+            raise
+        # What open refuses so is a socket (or a device without its driver): no regular file
+        # either, said as for a directory or a FIFO rather than as "No such device".
+        raise OSError(errno.EINVAL, "not a regular file", os.fspath(path)) from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):

@@ -24,6 +24,7 @@ line, each as ``SOURCE:LINE: EINVAL: <reason>``.  Nothing here touches the files
 
 from __future__ import annotations
 
+import codecs
 import errno
 import re
 from collections.abc import Iterable, Iterator, Sequence
@@ -123,7 +124,20 @@ def parse_rules_bytes(data: bytes, source: str = "<policy>") -> list[Rule]:
     Comment lines are ignored whatever bytes they hold (P-1), so a comment may be written in
     any language; a rule line must be ASCII.
     """
-    return _collect(source, _decoded_lines(data))
+    try:
+        return _collect(source, _decoded_lines(data))
+    except PolicySyntaxError as exc:
+        first = exc.problems[0]
+        if not (data.startswith(codecs.BOM_UTF8) and first.line == 1):
+            raise
+        # Some editors save UTF-8 with a byte-order mark in front: say that, not "not ASCII".
+        marked = PolicyProblem(
+            source,
+            1,
+            "the file starts with a UTF-8 byte-order mark (U+FEFF), which no rule line may "
+            "hold, not even a comment: save it without the mark",
+        )
+        raise PolicySyntaxError([marked, *exc.problems[1:]]) from None
 
 
 def parse_rule(line: str) -> Rule | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import re
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -114,11 +115,13 @@ def _positive_int(value: str, where: str, key: str) -> int:
     return int(value)
 
 
+# A number of seconds as people write one: digits, a decimal point, an exponent.  Not what
+# else Python's float() reads ("1_000", "infinity", "nan", digits of other scripts).
+_SECONDS = re.compile(r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?", re.ASCII)
+
+
 def _non_negative_float(value: str, where: str, key: str) -> float:
-    try:
-        number = float(value)
-    except ValueError:
-        number = -1.0
+    number = float(value) if _SECONDS.fullmatch(value) else -1.0
     if not number >= 0 or number == float("inf"):
         raise invalid(f"{where}: {key} must be a non-negative number of seconds, not {value!r}")
     return number

@@ -370,6 +370,8 @@ def _open_file_to_read(path: Path, dir_fd: int | None) -> int:
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise invalid(f"{path} is a symbolic link; refusing to read it") from None
+        if exc.errno == errno.ENXIO:  # a socket: open says "No such device or address"
+            raise invalid(f"{path} is not a regular file") from None
         raise OSError(exc.errno, exc.strerror, str(path)) from None  # named whole, not by dir_fd
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
@@ -484,10 +486,10 @@ def repair(path: Path, ops: durable.FsOps | None = None, *, dir_fd: int | None =
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise invalid(f"{path} is a symbolic link; refusing to repair it") from None
-        if exc.errno == errno.EISDIR:
+        if exc.errno in (errno.EISDIR, errno.ENXIO):  # ENXIO: a socket
             raise invalid(f"{path} is not a regular file") from None
-        if exc.errno == errno.EROFS:
-            return _repair_read_only(path, dir_fd)
+        if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+            return _repair_unwritable(path, dir_fd, exc.errno)
         raise OSError(exc.errno, exc.strerror, str(path)) from None  # named whole, as show does
     try:
         _require_lone_regular_file(fd, path)
@@ -496,22 +498,32 @@ def repair(path: Path, ops: durable.FsOps | None = None, *, dir_fd: int | None =
         ops.close(fd)
 
 
-def _repair_read_only(path: Path, dir_fd: int | None) -> int:
-    """:func:`repair` on a read-only filesystem, where nothing can be cut and nothing is being
-    appended: 0 when the last line is whole; EROFS, saying what is torn, when it is not."""
-    fd = _open_file(path, os.O_RDONLY, dir_fd)
+def _repair_unwritable(path: Path, dir_fd: int | None, refused: int) -> int:
+    """:func:`repair` of a file that may not be written (``refused``: EROFS, a read-only
+    filesystem; EACCES or EPERM, a caller who may only read it): 0 when its last line is
+    whole, so that there is nothing to do; ``refused``, saying what is torn, when it is not.
+    Under the exclusive lock, as a repair: a line in flight is not taken for a torn one."""
+    try:
+        fd = _open_file(path, os.O_RDONLY, dir_fd)
+    except OSError as exc:
+        raise OSError(exc.errno, exc.strerror, str(path)) from None  # named whole
     try:
         _require_lone_regular_file(fd, path)
+        _lock(fd, fcntl.LOCK_EX, path)
         if not _ends_torn(fd):
             return 0
         size = os.fstat(fd).st_size
         torn = size - _end_of_last_line(fd, size)
     finally:
         os.close(fd)
+    if refused == errno.EROFS:
+        why, remedy = "while its filesystem is read-only", "remount it read-write and repair again"
+    else:
+        why, remedy = "by a caller who may not write it", "repair it as its owner or as root"
     raise CtxError(
-        errno.EROFS,
-        f"{path} ends with a torn line of {torn} bytes, which cannot be cut while its "
-        "filesystem is read-only; nothing was changed: remount it read-write and repair again",
+        refused,
+        f"{path} ends with a torn line of {torn} bytes, which cannot be cut {why}; nothing "
+        f"was changed: {remedy}",
     )
 
 

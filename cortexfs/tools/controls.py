@@ -41,6 +41,7 @@ from cortexfs.errors import HOST_SHORTAGES, CtxError, denied
 from cortexfs.names import check_object_name
 from cortexfs.policy import beneath
 from cortexfs.policy.controls import control_limit, too_large
+from cortexfs.printable import quoted
 from cortexfs.regular_file import read_regular_file
 from cortexfs.tools.remedy import is_core_tool, reinstall_advice
 from cortexfs.tools.schemas import schema_problems
@@ -334,9 +335,9 @@ def _missing_controls(
         if not _is(stat.S_ISDIR, status):
             problems.append(f"{tool.name}.d/{name}/ is {_missing_or(status, 'directory')}")
     if not problems:
-        named = directory.read("name") or b""
-        if named.decode("utf-8", "replace").strip() != tool.name:
-            problems.append(f"{tool.name}.d/name names {named.strip()[:64]!r}, not {tool.name}")
+        named = (directory.read("name") or b"").decode("utf-8", "replace").strip()
+        if named != tool.name:
+            problems.append(f"{tool.name}.d/name names {quoted(named)}, not {tool.name}")
     return problems
 
 

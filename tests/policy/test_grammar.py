@@ -249,3 +249,14 @@ def test_a_subject_type_is_any_object_name() -> None:
         Rule("X", "network", "default", "connect"),
         Rule("coder", "tool", "fs.read", "execute"),
     ]
+
+
+def test_a_byte_order_mark_in_front_is_named_as_such() -> None:
+    """An editor's UTF-8 byte-order mark is refused on line 1 by name, not as 'not ASCII';
+    the other lines are judged as ever."""
+    data = b"\xef\xbb\xbf# rules of coder\nallow coder_t tool:fs.read execute\nallow x\xff\n"
+    with pytest.raises(PolicySyntaxError) as raised:
+        parse_rules_bytes(data, "p")
+    first, second = raised.value.problems
+    assert first.line == 1 and "byte-order mark (U+FEFF)" in first.reason
+    assert (second.line, second.reason) == (3, "a rule line must be ASCII text")

@@ -388,6 +388,8 @@ def test_lease_expiry_follows_the_configured_ttl(queue_dir: Path, me: Holder) ->
         "colour=blue",
         "grace=-1",
         "grace=1e300",  # beyond what recover's --grace takes (366 days)
+        "lease_ttl=1_000",  # Python reads it; a person does not write seconds so
+        "grace=infinity",
         "move=copy",
         "novalue",
     ],

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import pytest
 from tests.support.cli import ctx
 from tests.support.exhaustion import empty, fill_to, inode_limited_tmpfs
 from tests.support.storage import small_tmpfs
-from tests.support.users import UnprivilegedUser
+from tests.support.users import UnprivilegedUser, run_as
 from tests.tools.support import World, bootstrapped_root
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to mount a tmpfs")
@@ -107,3 +108,36 @@ def test_a_new_session_without_room_names_its_whole_path(
     assert ran.returncode == 126, ran.stderr
     assert ran.stderr.startswith(f"ctx: ENOSPC: {session}: "), ran.stderr
     assert "the tool did not run: free space or inodes" in ran.stderr
+
+
+_REPAIR = (
+    "import sys\nfrom pathlib import Path\nfrom cortexfs.errors import CtxError\n"
+    "from cortexfs.shared.events import repair\n"
+    "try:\n    print(repair(Path(sys.argv[1])))\n"
+    "except CtxError as exc:\n    print(exc)\n"
+)
+
+
+def test_repair_by_a_reader_who_may_not_write_is_nothing_to_do_or_says_why(
+    traversable_tmp: Path, unprivileged_user: UnprivilegedUser
+) -> None:
+    """S-5: a caller who may read a log but not write it (another agent's, an administrator's
+    reading copy) meets nothing to do when no line is torn, and EACCES naming the file and
+    the torn bytes when one is: never a bare 'Permission denied'."""
+    log = traversable_tmp / "events.jsonl"
+    whole = b'{"ts":"2026-06-22T12:00:00Z","type":"a"}\n'
+    log.write_bytes(whole)
+    log.chmod(0o644)  # root's: the user may read it only
+    argv = [sys.executable, "-c", _REPAIR, str(log)]
+
+    nothing = run_as(unprivileged_user, argv)
+    log.write_bytes(whole + b'{"ts":"to')
+    torn = run_as(unprivileged_user, argv)
+
+    assert (nothing.returncode, nothing.stdout) == (0, "0\n"), nothing.stderr
+    assert torn.returncode == 0, torn.stderr
+    assert torn.stdout == (
+        f"EACCES: {log} ends with a torn line of 9 bytes, which cannot be cut by a caller who "
+        "may not write it; nothing was changed: repair it as its owner or as root\n"
+    )
+    assert log.read_bytes() == whole + b'{"ts":"to'

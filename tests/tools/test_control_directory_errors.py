@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from cortexfs import storage
 from cortexfs.errors import CtxError
-from cortexfs.tools.controls import ToolObject, read_controls
+from cortexfs.tools.controls import ToolObject, layout_problems, read_controls
 from tests.support.users import UnprivilegedUser
 from tests.tools.support import effective_user
 
@@ -43,3 +44,17 @@ def test_a_missing_control_directory_is_still_damage(traversable_tmp: Path) -> N
 
     assert refused.value.errno == errno.ENOEXEC
     assert "x.d/ is missing or not a directory" in refused.value.message
+
+
+def test_a_name_control_naming_another_tool_is_quoted_as_text(tmp_path: Path) -> None:
+    """The damage names what the control holds as text (never as a bytes repr), cut short."""
+    root = tmp_path / "storage"
+    storage.bootstrap(root)
+    (root / "tool" / "fs.stat.d" / "name").write_bytes(b"other\n")
+    (root / "tool" / "fs.read.d" / "name").write_text("é" * 100)
+
+    assert "fs.stat.d/name names 'other', not fs.stat" in layout_problems(
+        ToolObject("fs.stat", root / "tool")
+    )
+    [problem] = layout_problems(ToolObject("fs.read", root / "tool"))
+    assert problem == f"fs.read.d/name names {'é' * 64!r}… (100 characters), not fs.read"
