@@ -439,20 +439,38 @@ def follow_events(
     appended meanwhile.  ``dir_fd`` as for :func:`read_events`."""
     line = 1
     followed = _size_and_identity(path, dir_fd)
+    gone = False
     while True:
         now = _size_and_identity(path, dir_fd)
+        if now is None and followed is not None:
+            # Removed (and perhaps about to be made again): waited for, as tail -F waits,
+            # and read from its start when a file is there again.
+            if not gone and on_restart is not None:
+                on_restart(f"{path} is gone: waiting for it to appear again")
+            gone = True
+            time.sleep(poll_interval)
+            continue
         if now is not None and followed is not None:
             size, identity = now
-            if identity != followed[1] or size < offset:
-                if identity != followed[1]:
+            # A file made again after a removal may have the inode number the old one had.
+            if gone or identity != followed[1] or size < offset:
+                if gone:
+                    why = f"{path} appeared again"
+                elif identity != followed[1]:
                     why = f"{path} was replaced by another file"
                 else:
                     why = f"{path} shrank to {size} bytes, from the {offset} read"
                 if on_restart is not None:
                     on_restart(f"{why}: following it again from its start")
                 offset, line = 0, 1
+        gone = False
         followed = now or followed
-        scan = read_events(path, offset=offset, first_line=line, dir_fd=dir_fd)
+        try:
+            scan = read_events(path, offset=offset, first_line=line, dir_fd=dir_fd)
+        except FileNotFoundError:
+            if followed is None:
+                raise  # never there: nothing to wait for
+            continue  # removed since it was looked at: the next look says so
         yield from scan.events
         line += scan.lines
         if scan.end == offset:
