@@ -44,7 +44,7 @@ from cortexfs.errors import CtxError, describe, exists, invalid
 from cortexfs.names import is_object_name
 from cortexfs.policy import Identity
 from cortexfs.policy.controls import parse_identity, read_label
-from cortexfs.policy.linux import unsearchable_above, writable_entries
+from cortexfs.policy.linux import closed_directory, unsearchable_above, writable_entries
 from cortexfs.policy.mounts import CTX_TARGET, Mount, views_of
 from cortexfs.shared.events import encode_event, make_event
 from cortexfs.tools.pair_layout import PairKind
@@ -257,9 +257,9 @@ def warnings_for(root: Path, request: AgentRequest, identity: Identity) -> tuple
     cannot reach through the directories above it (every tool call is refused at step 2), a
     shared grant that grants nothing (write to the manuals, or to a space it may not read),
     a mount whose source does not exist (the agent's terminal does not start until it
-    does), a source recorded as a real path that another uid's symbolic link chose, and a
-    read-write mount through which the agent could change its own controls (every call is
-    refused at step 4)."""
+    does) or is closed to the agent's uid, a source recorded as a real path that another
+    uid's symbolic link chose, and a read-write mount through which the agent could change
+    its own controls (every call is refused at step 4)."""
     warnings = [
         f"label {request.label} is also agent {owner}'s: tool and model policies grant by "
         "label, so the two agents share every grant made to it"
@@ -279,10 +279,17 @@ def warnings_for(root: Path, request: AgentRequest, identity: Identity) -> tuple
                 "read is not in its view, so it can write nothing there (add read)"
             )
     for source, target, _ in request.mounts:
-        if PurePosixPath(target) != CTX_TARGET and not os.path.exists(source):
+        if PurePosixPath(target) == CTX_TARGET:
+            continue
+        if not os.path.exists(source):
             warnings.append(
                 f"the source {source} of the mount at {target} does not exist: the agent's "
                 "terminal does not start until it does, and its tools find nothing there"
+            )
+        elif closed := closed_directory(Path(source), identity):
+            warnings.append(
+                f"the source {source} of the mount at {target} is closed to the agent: "
+                f"{closed}; its tools find nothing there"
             )
     warnings += [linked.warning() for linked in request.linked_sources]
     warnings += _controls_in_reach(root, request, identity)

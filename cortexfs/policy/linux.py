@@ -149,6 +149,25 @@ def unsearchable_above(top: Path, identity: Identity) -> str:
     return ""
 
 
+def closed_directory(top: Path, identity: Identity) -> str:
+    """Why ``identity`` cannot list and enter the directory ``top`` (a directory above it it
+    may not search, or ``top`` itself without read and search), or "" when it can."""
+    above = unsearchable_above(top, identity)
+    if above:
+        return above
+    try:
+        status = os.stat(top)
+    except OSError:
+        return ""  # what is missing is said where it is used
+    if permits(status, identity, READ | EXECUTE):
+        return ""
+    mode = stat.S_IMODE(status.st_mode)
+    return (
+        f"read and search (rx) on {top} are denied to {_who(identity)} (mode {mode:04o}, "
+        f"owner {_owner(status)})"
+    )
+
+
 def writable_entries(top: Path, relative: PurePosixPath, identity: Identity) -> list[str]:
     """Every entry from ``top`` down to ``top/relative`` that ``identity`` could change.
 

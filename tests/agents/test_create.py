@@ -609,3 +609,22 @@ def test_an_agent_that_cannot_reach_the_storage_root_is_warned_of_and_refused_at
     assert explained.returncode == 1 and "2 mode bits          deny" in explained.stdout
     private.chmod(0o711)
     assert ctx(root, "run", "--agent", "reader", "fs.stat", "/ctx").returncode == 0
+
+
+def test_create_warns_of_a_mount_source_closed_to_the_agents_uid(world: World) -> None:
+    """Created all the same, but said at once: a source the agent's uid may not read and
+    search shows it nothing."""
+    closed = world.scratch / "closed"
+    closed.mkdir()
+    closed.chmod(0o700)  # root's
+    base = [*CTX, "--storage", str(world.root), "agent", "create", "-", "--user", world.user.name]
+    request = {"name": "shut", "label": "shut_t", "mount": [[str(closed), "/work", "rw"]]}
+
+    warned = subprocess.run(base, input=json.dumps(request), capture_output=True, text=True)
+
+    assert warned.returncode == 0, warned.stderr
+    assert (
+        f"ctx: warning: the source {closed} of the mount at /work is closed to the agent: read "
+        f"and search (rx) on {closed} are denied to uid {world.user.uid}" in warned.stderr
+    ), warned.stderr
+    assert (world.root / "agent" / "shut").exists()
