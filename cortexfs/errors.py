@@ -50,6 +50,9 @@ _HOST_REMEDIES = {
     ),
     _errno.ENOMEM: "free memory",
     _errno.EROFS: "remount that filesystem read-write",
+    # From the kernel, a write past the process's limit of file size (SIGXFSZ ignored, as ctx
+    # ignores it) or past the largest file the filesystem holds.
+    _errno.EFBIG: "raise the limit of file size ('ulimit -f')",
 }
 # The host's troubles that remedy_for_host_trouble has words for.
 HOST_TROUBLES = frozenset(_HOST_REMEDIES)
@@ -59,6 +62,7 @@ HOST_TROUBLES = frozenset(_HOST_REMEDIES)
 _RAN_SHORT = {
     _errno.EMFILE: "this process has no file descriptor left",
     _errno.ENFILE: "the system has no file descriptor left",
+    _errno.EFBIG: "a file reached the largest size this process may write",
 }
 
 
@@ -154,6 +158,16 @@ def not_found(message: str) -> CtxError:
 def denied(message: str) -> CtxError:
     """EACCES: the caller is not allowed to do this."""
     return CtxError(_errno.EACCES, message)
+
+
+def out_of_memory(standing: str) -> CtxError:
+    """ENOMEM for a MemoryError: the host's memory, or the process's limit of it (``ulimit -v``,
+    ``ulimit -d``), ran out; ``standing`` says where that left the work."""
+    return CtxError(
+        _errno.ENOMEM,
+        f"out of memory; {standing}: free memory, or raise the process's limit of it "
+        "('ulimit -v', 'ulimit -d')",
+    )
 
 
 def too_big(message: str) -> CtxError:

@@ -31,6 +31,10 @@ def main(args: list[str] | None = None, prog_name: str | None = None) -> None:
     argv = sys.argv[1:] if args is None else list(args)
     try:
         _main(argv, prog_name or "ctx")
+    except MemoryError:
+        from cortexfs.cli.exits import ran_out_of_memory
+
+        ran_out_of_memory(prog_name or "ctx", "--json" in argv)
     except (KeyboardInterrupt, RuntimeError) as error:
         # Ctrl-C while modules load, outside what click reports itself: no traceback of the
         # import machinery, the same EINTR as a command interrupted later.

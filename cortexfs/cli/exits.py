@@ -14,7 +14,7 @@ import signal
 import sys
 from typing import NoReturn
 
-from cortexfs.errors import CtxError
+from cortexfs.errors import CtxError, out_of_memory
 from cortexfs.printable import printable
 from cortexfs.standard_streams import discard_output
 
@@ -60,6 +60,19 @@ def interrupted(prog_name: str, as_json: bool, signum: int = signal.SIGINT) -> N
     if as_json:
         sys.stdout.write(json.dumps(error.to_json()) + "\n")
     sys.exit(128 + signum)
+
+
+def ran_out_of_memory(prog_name: str, as_json: bool) -> NoReturn:
+    """End a command that ran out of memory (a MemoryError) as every refusal ends (``ctx:
+    ENOMEM: …``, the error object on stdout with --json, exit 1), saying what it had changed
+    for good before: never a traceback."""
+    done = f" after it had done this: {'; '.join(_changes)}" if _changes else ""
+    queue = " ('ctx queue recover' settles a queue command stopped midway)"
+    error = out_of_memory(f"the command stopped{done}{queue}")
+    sys.stderr.write(f"{prog_name}: {printable(str(error))}\n")
+    if as_json:
+        sys.stdout.write(json.dumps(error.to_json()) + "\n")
+    sys.exit(1)
 
 
 # What this command has changed so far, each as a sentence saying what not to do again

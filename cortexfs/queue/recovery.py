@@ -27,12 +27,13 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from cortexfs import durable
-from cortexfs.errors import HOST_TROUBLES, CtxError
+from cortexfs.errors import HOST_TROUBLES, CtxError, explain_host_trouble
 from cortexfs.interrupts import held_interrupts
 from cortexfs.queue import evidence as ev
 from cortexfs.queue.claim_order import pending_changed, pending_stamp, relist_after_recover
@@ -132,7 +133,7 @@ def recover(
             # One job we cannot repair (EACCES in a directory another user made, a symlink
             # swapped in since the scan) must not cost every other job its repair: say what
             # failed and carry on; the run then ends inconsistent (exit 1).
-            report.errors.append(_failure(exc, found.jobs[job]))
+            report.errors.append(_failure(queue, exc, found.jobs[job]))
     for temp in found.temps:
         if temp.age < grace:
             continue  # a publish, lease or finish may still be writing it
@@ -175,13 +176,19 @@ class _StoppedPartWay(Exception):
         self.action, self.places, self.reconciling = action, places, reconciling
 
 
-def _failure(exc: OSError | CtxError, scanned: ev.JobEvidence) -> Finding:
-    """What recover could not do for a job it left as it was, with the errno that stopped it."""
+def _failure(queue: Queue, exc: OSError | CtxError, scanned: ev.JobEvidence) -> Finding:
+    """What recover could not do for a job it left as it was, with the errno that stopped it
+    and, for a shortage of the host's, what ran short and what mends it (never a bare
+    'Too many open files')."""
     if isinstance(exc, CtxError):
-        code, reason = exc.code_name, str(exc)
+        code, detail = exc.code_name, f"{exc}; left as it is"
+        return Finding(scanned.job, "error", detail, evidence=scanned.paths(), error=code)
+    code, reason = errno.errorcode.get(exc.errno or 0, "EIO"), ev.errno_text(exc)
+    trouble = explain_host_trouble(exc.errno, filesystem=queue.root_fd, uid=os.geteuid())
+    if trouble is None:
+        detail = f"{reason}; left as it is"
     else:
-        code, reason = errno.errorcode.get(exc.errno or 0, "EIO"), ev.errno_text(exc)
-    detail = f"{reason}; left as it is"
+        detail = f"{reason}{trouble.aside}; left as it is: {trouble.remedy}, then recover again"
     return Finding(scanned.job, "error", detail, evidence=scanned.paths(), error=code)
 
 

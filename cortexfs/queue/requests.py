@@ -8,6 +8,7 @@ result is ``{"status": "ok"|"error", "output": ..., "worker": {...}, "started": 
 
 from __future__ import annotations
 
+import errno
 import functools
 import getpass
 import json
@@ -312,9 +313,18 @@ def decode_stored_request(data: bytes) -> dict[str, Any]:
     return value
 
 
+class ResultOverLimit(CtxError):
+    """EFBIG: a result larger than the queue's ``max_result_bytes``.  Its own class, for the
+    kernel says EFBIG too, when a write passes the host's file-size limit (``ulimit -f``):
+    the first is the result's doing, the second the host's."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(errno.EFBIG, message)
+
+
 def encode_result(result: Mapping[str, Any], limit: int | None) -> bytes:
-    """The bytes of a result; EFBIG above ``limit`` (None: no limit)."""
+    """The bytes of a result; :class:`ResultOverLimit` above ``limit`` (None: no limit)."""
     data = jsontext.dumps_utf8(result, default=str) + b"\n"
     if limit is not None and len(data) > limit:
-        raise too_big(_over_limit("result", len(data), limit, "max_result_bytes"))
+        raise ResultOverLimit(_over_limit("result", len(data), limit, "max_result_bytes"))
     return data

@@ -33,6 +33,7 @@ import stat
 import time
 from typing import Any, NamedTuple
 
+from cortexfs.errors import HOST_SHORTAGES, CtxError, explain_host_trouble
 from cortexfs.policy.linux import EXECUTE, Identity, Kind, check_access
 from cortexfs.tools.controls import POST_HOOKS, PRE_HOOKS, ToolObject, damaged
 from cortexfs.tools.spawn import ProcessSpec, run_captured
@@ -159,6 +160,15 @@ def _run_one(
     try:
         finished = run_captured(spec, stdin_data, max_output=None)  # stdout is nobody's
     except OSError as exc:
+        if phase == PRE and exc.errno in _HOST_COULD_NOT_START:
+            # No verdict was given: the host ran short, and the call is refused with that
+            # errno (a worker then leaves the job claimed), never as a veto for good.  A post
+            # hook judges a call that ran: its failure is listed with the result, as ever.
+            raise CtxError(
+                exc.errno or errno.EIO,
+                f"{_PHASE_DIRECTORIES[phase]}/{name} could not be started: "
+                f"{exc.strerror}{_short_of(exc.errno)}; it gave no verdict",
+            ) from None
         return HookRun(phase, name, 126, f"cannot be run: {exc.strerror}")
     if finished.timed_out:
         if call_timeout_left:
@@ -171,6 +181,19 @@ def _run_one(
     if len(message) > MAX_HOOK_MESSAGE:
         message = message[: MAX_HOOK_MESSAGE - 1] + "…"
     return HookRun(phase, name, finished.exit_status, message)
+
+
+# A hook the host could not start for want of descriptors, memory or processes (fork's
+# EAGAIN under 'ulimit -u') said nothing of the call.
+_HOST_COULD_NOT_START = HOST_SHORTAGES | {errno.EAGAIN}
+
+
+def _short_of(code: int | None) -> str:
+    """`` (what ran short): what mends it`` for a hook the host could not start."""
+    trouble = explain_host_trouble(code)
+    if trouble is not None:
+        return f"{trouble.aside}: {trouble.remedy}"
+    return " (no process could be made: raise the limit of processes, 'ulimit -u')"
 
 
 def _not_runnable(path: os.PathLike[str]) -> str | None:

@@ -60,6 +60,7 @@ from cortexfs.errors import (
     describe,
     invalid,
     not_found,
+    out_of_memory,
     remedy_for_host_trouble,
 )
 from cortexfs.interrupts import Stopped
@@ -274,6 +275,8 @@ class _Call:
             return ToolError(errno.EINTR, self.stage, "interrupted")
         if isinstance(exc, Stopped):
             return ToolError(errno.EINTR, self.stage, str(exc))
+        if isinstance(exc, MemoryError):  # the host's shortage, not the call's failure
+            return ToolError(errno.ENOMEM, self.stage, out_of_memory("the call stopped").message)
         code = exc.errno if isinstance(exc, CtxError | OSError) and exc.errno else errno.EIO
         message = str(exc) if isinstance(exc, CtxError) else f"{type(exc).__name__}: {exc}"
         return ToolError(code, self.stage, message)

@@ -32,12 +32,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from cortexfs.errors import HOST_SHORTAGES, CtxError, describe, remedy_for_host_trouble
+from cortexfs.errors import (
+    HOST_SHORTAGES,
+    CtxError,
+    describe,
+    out_of_memory,
+    remedy_for_host_trouble,
+)
 from cortexfs.queue import Claim, Holder, Lease, Queue, claim, finish, renew
 from cortexfs.queue.claim_order import HintedClaimOrder
 from cortexfs.queue.holder import check_worker_ttl
 from cortexfs.queue.layout import Refusal
 from cortexfs.queue.protocol import NotHeld, still_pending
+from cortexfs.queue.requests import ResultOverLimit
 from cortexfs.timefmt import rfc3339
 from cortexfs.tools.result import ToolError
 from cortexfs.worker.inotify import PendingWatch, Wakeup
@@ -419,7 +426,7 @@ class Worker:
             queue.claim_order = HintedClaimOrder(queue.path)
             ttl = check_worker_ttl(self.options.lease_ttl or queue.config.lease_ttl)
             keeper = LeaseKeeper(queue, holder, ttl, self._renewal_refused, self._lease_lapsing)
-            keeper.start()
+            _start(keeper, "no job was claimed")
             watch = PendingWatch(self.queue_dir / "pending", max_wait=self.options.max_wait)
             self.listener(
                 "start", {"worker": holder.worker, "pid": holder.pid, "wait": watch.reason}
@@ -430,13 +437,19 @@ class Worker:
                 )
                 for n in range(max(1, self.options.concurrency))
             ]
-            for thread in threads:
-                thread.start()
             try:
+                for thread in threads:
+                    _start(thread, "the slots that started finish the job each runs, then it stops")
                 # Join with a timeout so the main thread keeps handling signals.
                 while any(t.is_alive() for t in threads) and not self.abort.is_set():
                     for thread in threads:
                         thread.join(0.1)
+            except CtxError:
+                self.stop("a job slot could not start")  # the others finish the job they run
+                for thread in threads:
+                    if thread.ident is not None:
+                        thread.join()
+                raise
             finally:
                 keeper.stopped.set()
                 watch.close()
@@ -463,6 +476,8 @@ class Worker:
     ) -> None:
         try:
             self._serve(queue, holder, ttl, keeper, watch)
+        except MemoryError:
+            self._fail(out_of_memory("the job this slot ran is left as it stands"))
         except Exception as exc:
             self._fail(exc)
 
@@ -740,10 +755,8 @@ class Worker:
                 holder=holder,
             )
             return outcome
-        except CtxError as exc:
-            if exc.errno != errno.EFBIG:
-                raise
-            too_big = exc
+        except ResultOverLimit as exc:
+            too_big = exc  # the result's doing; an EFBIG of the host's (ulimit -f) is raised
         # A call that failed already (its output over the runner's limit, say) keeps its reason.
         before = (
             "" if outcome.reason is None else f"; the call had failed already: {outcome.reason}"
@@ -767,3 +780,16 @@ class Worker:
             enforce_limit=False,
         )
         return omitted
+
+
+def _start(thread: threading.Thread, then: str) -> None:
+    """Start ``thread``; EAGAIN, saying ``then`` (what the worker does about it), when the
+    host refuses it one: the limit of processes (``ulimit -u``) counts threads too."""
+    try:
+        thread.start()
+    except RuntimeError as exc:
+        raise CtxError(
+            errno.EAGAIN,
+            f"the worker cannot start its thread {thread.name} ({exc}): the limit of processes "
+            f"('ulimit -u'), which counts threads, is reached; {then}",
+        ) from None
