@@ -197,7 +197,9 @@ def repair(
     it is left as it is); an events.jsonl of another uid than the session's, or with more
     than one name (a hard link), is not changed but named in a 'ctx: warning:' line.  Exit
     0 either way, on a read-only filesystem too when nothing is torn; a torn line there
-    cannot be cut (EROFS, exit 1, nothing changed).
+    cannot be cut (EROFS, exit 1, nothing changed).  A repair refused (a hard-linked
+    events.jsonl, EINVAL) leaves the file as it is; the modes tightened before are kept, and
+    the refusal says so.
     """
     ref = _session_ref(storage_dir, agent, session, project, uid)
     with _session_directory(ref, _listing(agent, project, uid)) as directory:
@@ -210,7 +212,17 @@ def repair(
             # Said before the repair, which may still be refused: the modes changed either way.
             for line in done.tightened:
                 click.echo(printable(f"tightened {line}"))
-        removed = events.repair(ref.events_path, dir_fd=directory)
+        try:
+            removed = events.repair(ref.events_path, dir_fd=directory)
+        except (CtxError, OSError) as exc:
+            if not done.tightened:
+                raise
+            # Refused after the modes changed: said, also with --json, where no line said it.
+            said = exc.message if isinstance(exc, CtxError) else f"{exc.strerror}: {exc.filename}"
+            tightened = "; ".join(done.tightened)
+            raise CtxError(
+                exc.errno or errno.EIO, f"{said} (before that, it tightened {tightened})"
+            ) from None
     if removed:
         changed(f"a torn last line of {removed} bytes was truncated from {ref.events_path}")
     if done.tightened:
