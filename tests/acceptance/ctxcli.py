@@ -350,7 +350,7 @@ def alive(pid: int) -> bool:
     """Whether process ``pid`` exists and is not a zombie waiting to be reaped."""
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # gone before, or between open and read
         return False
     return state != "Z"
 

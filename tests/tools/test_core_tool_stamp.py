@@ -209,7 +209,7 @@ def test_ctx_run_names_a_core_tool_cut_short_or_appended_to_as_damaged(
     assert frame["error"]["error"] == "EINVAL", frame
     assert frame["error"]["message"] == (
         f"core tool fs.stat in {world.root} is damaged: not the size bootstrap wrote (cut short, "
-        "or appended to); run 'ctx bootstrap', which reinstalls it (the tool did not run)"
+        "or appended to), and bootstrap reinstalls it: run 'ctx bootstrap' (the tool did not run)"
     )
     storage.bootstrap(world.root)
     assert call().returncode == 0

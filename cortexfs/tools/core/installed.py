@@ -151,8 +151,8 @@ def require_this_versions_tools(
         errno.EINVAL,
         f"core {'tool' if len(damaged) == 1 else 'tools'} {', '.join(damaged)} in {root} "
         f"{'is' if len(damaged) == 1 else 'are'} damaged: not the size bootstrap wrote (cut "
-        f"short, or appended to); run 'ctx bootstrap', which reinstalls "
-        f"{'it' if len(damaged) == 1 else 'them'} ({not_done})",
+        f"short, or appended to), and bootstrap reinstalls {'it' if len(damaged) == 1 else 'them'}"
+        f": run 'ctx bootstrap' ({not_done})",
     )
 
 
