@@ -439,7 +439,7 @@ def stop(name: str, session: str, storage_dir: Path | None, as_json: bool) -> No
     cleaned up.  ENOENT (exit 1) when no terminal runs and none left anything."""
     from cortexfs.agents import terminal_socket
 
-    view, session = _terminal_of(resolve_storage(storage_dir), name, session)
+    _, view, session = _terminal_of(storage_dir, name, session)
     stopped = terminal_socket.stop(view, session)
     changed(f"agent {view.name}'s terminal, session {session}, was stopped")
     if as_json:
@@ -472,8 +472,7 @@ def watch(name: str, session: str, storage_dir: Path | None) -> None:
     too, with a line on standard error saying so."""
     from cortexfs.agents import terminal_socket
 
-    root = resolve_storage(storage_dir)
-    view, session = _terminal_of(root, name, session)
+    root, view, session = _terminal_of(storage_dir, name, session)
     closed = False
     with (
         terminal_socket.connect(root, view, session, b"watch") as connection,
@@ -498,8 +497,7 @@ def attach(name: str, session: str, storage_dir: Path | None) -> None:
     line on standard error saying so."""
     from cortexfs.agents import terminal_socket
 
-    root = resolve_storage(storage_dir)
-    view, session = _terminal_of(root, name, session)
+    root, view, session = _terminal_of(storage_dir, name, session)
     with terminal_socket.connect(root, view, session, b"attach") as connection:
         closed = terminal_socket.relay(connection, write=True)
     if closed:
@@ -515,10 +513,13 @@ def _say_the_terminal_closed(agent: str, session: str) -> None:
     )
 
 
-def _terminal_of(root: Path, name: str, session: str) -> tuple[AgentView, str]:
-    """The agent NAME and the session, both names checked (EINVAL)."""
-    view = AgentView.load(root, object_name_argument(name, "agent"))
-    return view, object_name_argument(session, "session")
+def _terminal_of(storage_dir: Path | None, name: str, session: str) -> tuple[Path, AgentView, str]:
+    """The storage root, the agent NAME and the session: both names checked first (EINVAL,
+    exit 2), as a malformed name is a usage error whatever the root and the agents."""
+    name = object_name_argument(name, "agent")
+    session = object_name_argument(session, "session")
+    root = resolve_storage(storage_dir)
+    return root, AgentView.load(root, name), session
 
 
 def _daemonize(terminal: Terminal) -> None:

@@ -153,6 +153,14 @@ def _outside_the_root_abi(root: Path, queue_dir: Path, option: str) -> Path:
         # ('--project ../queue' from the space's data/ is the space's queue).
         queue_dir = plain
     if _is_project_queue(root, queue_dir) and is_object_name(queue_dir.parent.name):
+        if queue_dir.parent.name == storage.DOCS_BUNDLE:  # as --project cortexfs-docs is
+            raise usage_problem(
+                invalid(
+                    f"{option} {queue_dir} lies in {storage.DOCS_BUNDLE}, the "
+                    "system-maintained manual bundle (X-2), which is no space and holds no "
+                    "queue"
+                )
+            )
         return queue_dir
     real_root = os.path.realpath(root)
     if os.path.commonpath([real_root, real_queue]) != real_root:

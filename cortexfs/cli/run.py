@@ -173,6 +173,9 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, bool]]:
     return parser, takes_value
 
 
+_NAMES = ("agent", "session", "project")  # the options whose value is a name (R-3)
+
+
 def parse_command_line(argv: list[str]) -> argparse.Namespace:
     """``ctx run``'s options and TOOL, and the tool's argv: every word after TOOL, exactly.
 
@@ -183,6 +186,12 @@ def parse_command_line(argv: list[str]) -> argparse.Namespace:
     parser, takes_value = _parser()
     own, tool, tool_argv = _split(argv, takes_value)
     options = parser.parse_args([*own, "--", *tool] if tool else own)
+    # argparse takes the '--' of '--agent=--' for its own and leaves an empty list: the value
+    # given was '--', judged as any other (an illegal name; no number, no path).
+    for dest in [dest for dest, value in vars(options).items() if value == [] and dest != "args"]:
+        if dest not in _NAMES:
+            parser.error(f"argument --{dest}: invalid value: '--'")
+        setattr(options, dest, "--")
     if options.native and tool_argv:
         parser.error("native mode takes its input on stdin, not as arguments")
     options.args = tool_argv

@@ -284,6 +284,9 @@ def _session_ref(
 ) -> SessionRef:
     root = resolve_storage(storage_dir)
     try:
+        # Every name first: a malformed one is a usage error whatever the root and the agents.
+        check_object_name(agent, "agent")
+        check_object_name(session, "session")
         if project is not None:
             ref = SessionRef.shared(root, project, agent, session)
         else:

@@ -46,8 +46,22 @@ SAFE_CORE_CLIS: dict[str, Callable[[Path, list[str]], int]] = {
 }
 
 
+class _NameAfterDoubleDash(click.Command):
+    """Notes whether NAME came after a ``--``: then it is a name, whatever it starts with,
+    and is judged as one; before one, a word starting with ``-`` is an unknown option."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        after = args[args.index("--") + 1 :] if "--" in args else []
+        ctx.meta[_AFTER_DOUBLE_DASH] = after[:1]
+        return super().parse_args(ctx, args)
+
+
+_AFTER_DOUBLE_DASH = "cortexfs.tool.after_double_dash"
+
+
 @click.command(
     "tool",
+    cls=_NameAfterDoubleDash,
     context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
 )
 @click.argument("name")
@@ -71,10 +85,11 @@ def tool(name: str, args: tuple[str, ...], as_json: bool, storage_dir: Path | No
     Example:  ctx tool tsh.config                  print the tsh configuration
               ctx tool tsh.config cache_capacity=64 window_percent=2
     """
-    if name.startswith("-"):
+    context = click.get_current_context()
+    if name.startswith("-") and context.meta.get(_AFTER_DOUBLE_DASH) != [name]:
         # Unknown options are left to the CLI after NAME (ignore_unknown_options), so one
         # before NAME arrives here as NAME: it is a usage error of ctx tool, as it reads.
-        raise click.NoSuchOption(name.split("=", 1)[0], ctx=click.get_current_context())
+        raise click.NoSuchOption(name.split("=", 1)[0], ctx=context)
     name = object_name_argument(name, "tool")
     root = resolve_storage(storage_dir)
     found, _ = which_on_user_path(root, name, uid=os.getuid(), environ=os.environ)

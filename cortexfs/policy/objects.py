@@ -38,6 +38,7 @@ from typing import NamedTuple
 from cortexfs.errors import invalid
 from cortexfs.names import is_object_name
 from cortexfs.policy.linux import EXECUTE, READ, WRITE, Kind
+from cortexfs.storage import DOCS_BUNDLE
 
 NEEDED_ACCESS = MappingProxyType(
     {
@@ -131,4 +132,10 @@ def check_location(object_class: str, location: str | None) -> PurePosixPath | N
     names = [] if match is None else [name for name in match.groupdict().values() if name]
     if match is None or not all(is_object_name(name) for name in names):
         raise invalid(f"{location!r} is not a place where a {object_class} lives")
+    if match["space"] == DOCS_BUNDLE:
+        what = "no tier: no tool there is ever run" if object_class == "tool" else "no sessions"
+        raise invalid(
+            f"{location!r} lies in {DOCS_BUNDLE}, the system-maintained manual bundle (X-2), "
+            f"which holds {what}"
+        )
     return PurePosixPath(location)
