@@ -274,6 +274,19 @@ class QueueCLI:
     def entries(self, sub: str) -> set[str]:
         return set(os.listdir(self.dir / sub))
 
+    def requests(self) -> dict[str, list[str]]:
+        """Every job name with the states its request is in (``claimed`` for
+        ``claimed/J/J``): one state each, when nothing was lost or duplicated."""
+        seen: dict[str, list[str]] = {}
+        for state in ("pending", "done", "failed"):
+            for name in os.listdir(self.dir / state):
+                if not name.endswith(".result"):
+                    seen.setdefault(name, []).append(state)
+        for name in os.listdir(self.dir / "claimed"):
+            if (self.dir / "claimed" / name / name).is_file():
+                seen.setdefault(name, []).append("claimed")
+        return seen
+
 
 def kill(proc: subprocess.Popen) -> None:
     proc.kill()

@@ -131,23 +131,10 @@ def refused(run: Run, errno: str) -> bool:
     return True
 
 
-def jobs_on_disk(queue: QueueCLI) -> dict[str, list[str]]:
-    """Every job name with the states it has a request in."""
-    seen: dict[str, list[str]] = {}
-    for state in ("pending", "done", "failed"):
-        for name in os.listdir(queue.dir / state):
-            if not name.endswith(".result"):
-                seen.setdefault(name, []).append(state)
-    for name in os.listdir(queue.dir / "claimed"):
-        if (queue.dir / "claimed" / name / name).exists():
-            seen.setdefault(name, []).append("claimed")
-    return seen
-
-
 def assert_consistent(queue: QueueCLI, expected: dict[str, str]) -> None:
     """Exactly the jobs of ``expected`` are on disk, each in its one state, ``inbox/`` is
     empty, ``status --json`` counts them so, and ``recover --reconcile`` calls it consistent."""
-    assert jobs_on_disk(queue) == {job: [state] for job, state in expected.items()}
+    assert queue.requests() == {job: [state] for job, state in expected.items()}
     for job, state in expected.items():
         assert queue.state(job) == state, (job, state)
     assert queue.entries("inbox") == set()
@@ -219,7 +206,7 @@ def test_inodes_running_out_at_every_level_refuse_whole_steps_and_lose_nothing(c
             report = recover.json()
             assert recover.rc == 0 and report["consistent"] is True, (leave, recover)
             assert report["errors"] == report["requeued"] == report["repaired"] == [], report
-            assert jobs_on_disk(queue) == {j: [s] for j, s in expected.items()}, leave
+            assert queue.requests() == {j: [s] for j, s in expected.items()}, leave
             assert queue.entries("inbox") == set(), leave
         # Every step was refused at some level and went through at another.
         assert len(outcomes) == 6, outcomes
@@ -765,7 +752,7 @@ def test_a_disk_filling_under_publishers_claimers_finishers_and_recovers_loses_n
                 assert "nothing was published" in run.err or "published: " in run.err, run
 
         assert len(published) == len(set(published)) and finished, (published, finished)
-        claimed = {j for j, states in jobs_on_disk(queue).items() if states == ["claimed"]}
+        claimed = {j for j, states in queue.requests().items() if states == ["claimed"]}
         recovered = queue.run("recover", "--reconcile", "--json")
         assert recovered.rc == 0 and recovered.json()["consistent"] is True, recovered
         expected = dict.fromkeys(published, "pending")

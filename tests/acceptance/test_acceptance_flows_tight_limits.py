@@ -132,23 +132,10 @@ def env_for(storage: Path, cache: Path, **extra: str) -> dict[str, str]:
     return clean_env(CTX_STORAGE=str(storage), XDG_CACHE_HOME=str(cache), **extra)
 
 
-def requests_of(queue: QueueCLI) -> dict[str, list[str]]:
-    """Every job name with the places its request is in (``claimed`` for ``claimed/J/J``)."""
-    seen: dict[str, list[str]] = {}
-    for state in ("pending", "done", "failed"):
-        for name in os.listdir(queue.dir / state):
-            if not name.endswith(".result"):
-                seen.setdefault(name, []).append(state)
-    for name in os.listdir(queue.dir / "claimed"):
-        if (queue.dir / "claimed" / name / name).is_file():
-            seen.setdefault(name, []).append("claimed")
-    return seen
-
-
 def assert_consistent(queue: QueueCLI, env: dict[str, str], expected: dict[str, str]) -> None:
     """Exactly the jobs of ``expected`` are on disk, each in its one state; ``inbox/`` is
     empty; ``status`` counts them so and a second ``recover --reconcile`` has nothing to do."""
-    assert requests_of(queue) == {job: [state] for job, state in expected.items()}
+    assert queue.requests() == {job: [state] for job, state in expected.items()}
     for job, state in expected.items():
         assert queue.state(job) == state, (job, state)
     assert queue.entries("inbox") == set()
@@ -288,14 +275,14 @@ def test_a_file_size_limit_refuses_each_queue_step_whole(storage, tmp_path, chil
     batch = under(1024, "publish", "--batch", "-", input=lines)
     refused(batch, "EFBIG")
     assert "nothing was published" in batch.err and batch.out == "", batch
-    assert requests_of(queue) == {} and queue.entries("inbox") == set()
+    assert queue.requests() == {} and queue.entries("inbox") == set()
 
     first, second = publish(queue, env, STAT_JOB, "first"), publish(queue, env, STAT_JOB, "second")
     refused_claim = under(64, "claim", "--pid", str(child.pid))
     refused(refused_claim, "EFBIG")
     assert f"nothing was claimed (job {first} stays pending)" in refused_claim.err, refused_claim
     assert refused_claim.out == ""
-    assert requests_of(queue) == {first: ["pending"], second: ["pending"]}
+    assert queue.requests() == {first: ["pending"], second: ["pending"]}
     assert queue.entries("claimed") == queue.entries("lease") == queue.entries("inbox") == set()
 
     job = claim(queue, env, child.pid)
@@ -508,7 +495,7 @@ def test_recover_reconcile_with_few_descriptors_repairs_only_whole_steps(storage
             assert "queue consistent" in run.out, run
         else:
             assert run.rc == 1 and ("EMFILE" in run.err or "EMFILE" in run.out), run
-        places = requests_of(queue)
+        places = queue.requests()
         assert set(places) == names, (n, places)
         assert all(len(where) == 1 for where in places.values()), (n, places)
     final = queue.run("recover", "--reconcile", env=env)
@@ -645,7 +632,7 @@ def test_one_process_for_the_user_refuses_what_forks_and_keeps_the_rest(user_wor
     assert queue.entries("inbox") == set()
     recover = as_user("queue", "recover", "--project", "proj", "--reconcile", nproc=None)
     assert recover.rc == 0, recover
-    assert requests_of(queue) == {job: ["done"], left: ["pending"]}
+    assert queue.requests() == {job: ["done"], left: ["pending"]}
 
 
 @needs_root
@@ -688,11 +675,11 @@ def test_a_command_short_of_memory_says_enomem_and_changes_nothing(world, child)
     lines = "".join(json.dumps({**STAT_JOB, "n": n, "pad": pad}) + "\n" for n in range(32))
     batch = limited(env, *PUBLISH, "--batch", "-", input=lines, address_space=64 * MIB)
     if batch.rc == 0:
-        assert len(requests_of(queue)) == 32, batch
+        assert len(queue.requests()) == 32, batch
         shutil.rmtree(queue.dir / "pending")
         (queue.dir / "pending").mkdir()
     else:
-        assert batch.out == "" and requests_of(queue) == {}, batch
+        assert batch.out == "" and queue.requests() == {}, batch
         assert queue.entries("inbox") == set()
         if not said_enomem(batch):
             wrong.append(batch)
