@@ -25,6 +25,7 @@ import errno
 import functools
 import os
 import stat
+from collections import Counter
 from pathlib import Path, PurePosixPath
 
 from cortexfs import jsontext
@@ -147,8 +148,22 @@ def read_mounts(
 
 def withheld_mounts(root: Path, agent: str) -> tuple[tuple[Mount, str], ...]:
     """The mounts of the agent's control that are unusable, each with the reason: a target the
-    system or the storage view owns, or a source that is no longer the real path recorded."""
-    return tuple((mount, problem) for mount, problem in _judged_mounts(root, agent) if problem)
+    system or the storage view owns, a source that is no longer the real path recorded, or a
+    name (its target's last component) that another usable mount has too, which no policy
+    rule could grant one of (:func:`~cortexfs.policy.mounts.granted_mounts`)."""
+    judged = _judged_mounts(root, agent)
+    named = Counter(mount.name for mount, problem in judged if not problem)
+    withheld = []
+    for mount, problem in judged:
+        if not problem and named[mount.name] > 1:
+            problem = (
+                f"{named[mount.name]} mounts are named {mount.name!r} (the last component of "
+                f"their targets): a rule 'mount:{mount.name}' could not say which it grants, "
+                "so none of them is used"
+            )
+        if problem:
+            withheld.append((mount, problem))
+    return tuple(withheld)
 
 
 def _judged_mounts(

@@ -109,3 +109,24 @@ def test_agent_list_names_every_agent_and_what_is_wrong_with_one(coder: World) -
     lines = text.stdout.splitlines()
     assert lines[1] == f"coder  coder_t  uid {coder.user.uid}, gid {coder.user.gid}"
     assert lines[0].startswith("broken  broken_t  uid ?, gid ?  (1 problem(s): ")
+
+
+def test_show_names_two_mounts_of_one_name_as_withheld(coder: World) -> None:
+    """Two mounts whose targets end in the same name are neither used (a rule mount:NAME could
+    not say which it grants); show lists both as withheld, saying so, instead of dropping them
+    without a word."""
+    control = coder.root / "agent" / "coder.d" / "mount"
+    table = json.loads(control.read_text())
+    other = coder.workspace.parent / "other"
+    other.mkdir()
+    control.write_text(json.dumps([*table, [str(other), "/srv/workspace", "ro"]]))
+
+    facts = json.loads(ctx(coder.root, "agent", "show", "coder", "--json").stdout)
+
+    withheld = {tuple(entry["mount"]): entry["reason"] for entry in facts["withheld_mounts"]}
+    assert set(withheld) == {
+        (str(coder.workspace), "/workspace", "rw"),
+        (str(other), "/srv/workspace", "ro"),
+    }
+    assert all(reason.startswith("2 mounts are named 'workspace'") for reason in withheld.values())
+    assert [m for m in facts["mounts"] if m[1] in ("/workspace", "/srv/workspace")] == []
