@@ -75,6 +75,15 @@ def line_within(process: subprocess.Popen[str], seconds: float) -> str | None:
     return process.stdout.readline().strip() if ready else None
 
 
+def rest_of(process: subprocess.Popen[str]) -> str:
+    """What ``process`` prints after the line :func:`line_within` read, once it has ended.
+    Read through the same file object: its buffer may hold that line already, which
+    ``communicate`` (reading the descriptor) would never see."""
+    assert process.stdout is not None
+    process.wait(timeout=30)
+    return process.stdout.read()
+
+
 def answers(path: Path) -> bool:
     """Whether the mount answers a stat of ``path`` within :data:`ANSWER_SECONDS`, asked by
     another process: one stuck on the mount could not be given up on in this one."""
@@ -161,7 +170,7 @@ def test_a_file_swapped_behind_the_kernels_entry_is_not_truncated_by_an_open_wit
             swapped_after = line_within(swapper, 30)
             assert swapped_after is not None, swapper.stderr
             assert float(swapped_after) < ENTRY_TIMEOUT / 2, "too slow to test anything"
-            said, _ = swapper.communicate(timeout=30)
+            said = rest_of(swapper)
     assert said.strip() == str(errno.EACCES), said
     assert (agents_home / "f").read_text() == "root's, not the agent's to empty\n"
     assert (agents_home / "f").stat().st_uid == 0
