@@ -138,6 +138,20 @@ class OnStorage:
         kw.setdefault("env", self.env)
         return ctx_run(*args, **kw)
 
+    def create_agent(self, request: dict, *options: str) -> dict:
+        """``ctx agent create -`` of ``request`` (with ``options``), which must succeed: its
+        ``--json`` answer."""
+        made = self.ctx("agent", "create", "-", "--json", *options, input=json.dumps(request))
+        assert made.rc == 0, made
+        return made.json()
+
+    def allow_tool(self, label: str, *tools: str) -> None:
+        """The tool layer of P-6, the host's to give: ``allow LABEL tool:T execute`` in each
+        ``tool/T.d/policy``."""
+        for tool in tools:
+            with (self.storage / "tool" / f"{tool}.d" / "policy").open("a") as policy:
+                policy.write(f"allow {label} tool:{tool} execute\n")
+
 
 def write_durably(directory: Path, name: str, data: bytes) -> None:
     """``directory/name`` written as an application that wants it on disk does: a temp file

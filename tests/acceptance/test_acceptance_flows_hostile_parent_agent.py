@@ -62,17 +62,6 @@ class World(OnStorage):
         """Every entry of ``agent/``, hidden ones included (a staged half of a pair would be)."""
         return sorted(os.listdir(self.storage / "agent"))
 
-    def create(self, request: dict, *options: str) -> dict:
-        made = self.ctx("agent", "create", "-", "--json", *options, input=json.dumps(request))
-        assert made.rc == 0, made
-        return made.json()
-
-    def allow_tool(self, label: str, *tools: str) -> None:
-        """The tool layer of P-6, the host's to give."""
-        for tool in tools:
-            with (self.storage / "tool" / f"{tool}.d" / "policy").open("a") as policy:
-                policy.write(f"allow {label} tool:{tool} execute\n")
-
     def grant(self, agent: str, *rules: str, label: str | None = None) -> None:
         with (self.controls(agent) / "policy").open("a") as policy:
             for rule in rules:
@@ -198,12 +187,13 @@ def _prepared(_template: Path) -> Iterator[tuple[Path, Path]]:
     live.mkdir(mode=0o755)
     w = lay_out(live, _template)
     give_workspace(w)
-    w.create(
+    w.create_agent(
         {"name": "parent", "label": "parent_t", "tools": list(PARENT_TOOLS),
          "mount": [[str(w.ws), "/workspace", "rw"], [str(w.ref), "/ref", "ro"]]},
         "--groups", str(GROUP),
     )  # fmt: skip
-    w.create({"name": "sib", "label": "sib_t", "tools": ["fs.read"]})  # root's default: nobody
+    # Root's default identity: nobody.
+    w.create_agent({"name": "sib", "label": "sib_t", "tools": ["fs.read"]})
     w.allow_tool("parent_t", *PARENT_TOOLS)
     w.allow_tool("sib_t", "fs.read")
     w.grant("parent", "agent:kid create")

@@ -29,10 +29,9 @@ import pytest
 from tests.acceptance.ctxcli import (
     CTX_ARGV,
     ROOT_ENTRIES,
+    OnStorage,
     QueueCLI,
     Run,
-    clean_env,
-    ctx_run,
     read_jsonl,
     wait_for,
 )
@@ -82,7 +81,7 @@ print(json.dumps({"took": True, "sent": sent, "answer": answer}))
 
 
 @dataclass
-class Site:
+class Site(OnStorage):
     """A storage root every uid may search, a workspace and a reference directory the agents
     may be given, and an outbox every uid may write."""
 
@@ -91,27 +90,8 @@ class Site:
     ref: Path
     outbox: Path
 
-    @property
-    def env(self) -> dict[str, str]:
-        return clean_env(CTX_STORAGE=str(self.storage))
-
-    def ctx(self, *args, **kw) -> Run:
-        kw.setdefault("env", self.env)
-        return ctx_run(*args, **kw)
-
     def controls(self, agent: str) -> Path:
         return self.storage / "agent" / f"{agent}.d"
-
-    def create(self, request: dict, *options: str) -> dict:
-        made = self.ctx("agent", "create", "-", "--json", *options, input=json.dumps(request))
-        assert made.rc == 0, made
-        return made.json()
-
-    def allow_tool(self, label: str, *tools: str) -> None:
-        """The tool layer of P-6 for ``label``."""
-        for tool in tools:
-            with (self.storage / "tool" / f"{tool}.d" / "policy").open("a") as policy:
-                policy.write(f"allow {label} tool:{tool} execute\n")
 
     def grant(self, agent: str, rule: str) -> None:
         with (self.controls(agent) / "policy").open("a") as policy:
@@ -246,8 +226,8 @@ def rivals(site: Site) -> Site:
     both running as nobody, as root's agents do by default."""
     if not os.access(HOST_PYTHON, os.X_OK):
         pytest.skip(f"{HOST_PYTHON} is not there for the other agent's shell.exec")
-    site.create({"name": "coder", "label": "coder_t", "tools": ["agent.update"]})
-    site.create({"name": "other", "label": "other_t", "tools": ["shell.exec"]})
+    site.create_agent({"name": "coder", "label": "coder_t", "tools": ["agent.update"]})
+    site.create_agent({"name": "other", "label": "other_t", "tools": ["shell.exec"]})
     site.allow_tool("coder_t", "agent.update")
     site.allow_tool("other_t", "shell.exec")
     return site
@@ -346,7 +326,7 @@ def test_self_updates_run_as_queue_jobs_change_only_the_workers_own_prompts(site
     at step 6.  Nothing else of any agent changes, the log holds facts without the prompts,
     and a template that reads like a grant widens nothing."""
     for name in ("iter", "lazy", "other"):
-        site.create({"name": name, "label": f"{name}_t", "tools": ["agent.update"]})
+        site.create_agent({"name": name, "label": f"{name}_t", "tools": ["agent.update"]})
     site.allow_tool("iter_t", "agent.update")  # lazy has only its agent layer (P-6)
     queue = QueueCLI(site.storage, "self")
     assert queue.run("init").rc == 0
@@ -421,7 +401,7 @@ def test_concurrent_self_updates_are_read_whole_and_widen_nothing(site: Site) ->
     one of the two), never a torn or empty file; every call is a tool_call/tool_result pair in
     its own session and one ``agent.updated`` fact; the agent's derived view (``ctx agent
     show``), policy and identity are what they were."""
-    site.create({"name": "coder", "label": "coder_t", "tools": ["agent.update"]})
+    site.create_agent({"name": "coder", "label": "coder_t", "tools": ["agent.update"]})
     site.allow_tool("coder_t", "agent.update")
     system_md = site.controls("coder") / "system.md"
     old = system_md.read_text()
@@ -504,7 +484,7 @@ def test_each_link_of_a_creation_chain_is_attenuated_by_its_own_creator(site: Si
     made = site.ctx("shared", "create", "team", "--group", str(USERS_GID))
     assert made.rc == 0, made
 
-    parent = site.create(
+    parent = site.create_agent(
         {
             "name": "parent",
             "label": "parent_t",
