@@ -8,10 +8,19 @@ from :mod:`cortexfs.tools.pairs` so that ``ctx run`` can look without importing 
 
 from __future__ import annotations
 
+import errno
 import os
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
+
+from cortexfs.errors import CtxError
 
 _SUFFIX = "~commit"
+_WHOLE_VERSION_SECONDS = 2.0  # reinstalls back to back may keep a reader waiting
+
+Read = TypeVar("Read")
 
 
 def commit_marker(name: str) -> str:
@@ -31,3 +40,52 @@ def commit_in_progress(directory: Path, name: str) -> bool:
     """True while a reinstall of ``name`` in ``directory`` is between its two swaps (or was
     interrupted there): its entry and its controls may then be of different versions."""
     return os.path.lexists(directory / commit_marker(name))
+
+
+def read_one_version(
+    directory: Path,
+    name: str,
+    read: Callable[[], Read],
+    *,
+    seconds: float = _WHOLE_VERSION_SECONDS,
+) -> Read:
+    """What ``read`` returns when it ran while the entry ``directory/name`` stayed one file
+    and no reinstall of it was between its two swaps: what it read is one whole version.
+
+    ``read`` may fail (CtxError, OSError): a failure met during a swap is dropped and the read
+    made again, a steady version's failure is raised.  Reinstalls that keep it changing for
+    ``seconds`` end in the last failure, else EAGAIN."""
+    entry = directory / name
+    deadline = time.monotonic() + seconds
+    attempt = 0
+    failure: CtxError | OSError | None = None
+    while attempt == 0 or time.monotonic() < deadline:
+        attempt += 1
+        before = _identity(entry)
+        swapping = commit_in_progress(directory, name)
+        try:
+            result, failure = read(), None
+        except (CtxError, OSError) as exc:  # judged below: a steady version's failure is its own
+            failure = exc
+        swapping = swapping or commit_in_progress(directory, name)
+        if not swapping and before is not None and before == _identity(entry):
+            if failure is not None:
+                raise failure
+            return result
+        time.sleep(min(0.005 * attempt, 0.05))
+    if failure is not None:
+        raise failure
+    raise CtxError(
+        errno.EAGAIN,
+        f"{name} kept changing while it was read: an install of it is in progress; retry, "
+        "and run 'ctx bootstrap' if an interrupted install left it so",
+    )
+
+
+def _identity(path: Path) -> tuple[int, int, int] | None:
+    """The file at ``path``: a reinstall's rename puts another there, or changes its ctime."""
+    try:
+        status = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    return status.st_dev, status.st_ino, status.st_ctime_ns

@@ -21,6 +21,7 @@ with nothing changed (:func:`tool_obstacles`).
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -34,7 +35,7 @@ from cortexfs.errors import CtxError, exists, invalid, not_found, too_big
 from cortexfs.names import check_object_name, is_object_name
 from cortexfs.shared.tree import ensure_directories, ensure_home, user_ownership
 from cortexfs.timefmt import rfc3339
-from cortexfs.tools.commit_marker import commit_in_progress
+from cortexfs.tools.commit_marker import read_one_version
 from cortexfs.tools.controls import (
     HOOK_DIRS,
     STATUS_AVAILABLE,
@@ -245,6 +246,21 @@ def list_tools(tiers: list[Tier]) -> list[Listing]:
 
 
 def _listing(tier: Tier, tool: ToolObject) -> Listing:
+    """``tool`` as a call would meet it: its controls read as one whole version, as the runner
+    reads them (:func:`~cortexfs.tools.commit_marker.read_one_version`), so that a reinstall
+    between two swaps is waited out rather than listed."""
+    try:
+        return read_one_version(tier.directory, tool.name, lambda: _steady_listing(tier, tool))
+    except CtxError as exc:
+        if exc.errno != errno.EAGAIN:
+            raise
+        # Every call refuses it (EAGAIN) until the install ends or bootstrap finishes it.
+        return Listing(
+            tool.name, tier.name, tool.executable, STATUS_UNAVAILABLE, exc.message, "", []
+        )
+
+
+def _steady_listing(tier: Tier, tool: ToolObject) -> Listing:
     try:
         description = (read_control(tool, "description") or b"").decode("utf-8", "replace")
     except CtxError:  # a damaged control directory: layout_problems says what is wrong
@@ -253,16 +269,6 @@ def _listing(tier: Tier, tool: ToolObject) -> Listing:
     problems = layout_problems(tool)
     if problems:
         status, reason = STATUS_DAMAGED, ""
-    elif commit_in_progress(tier.directory, tool.name):
-        # Its entry and its controls may be of two versions, and every call refuses it
-        # (EAGAIN) until the install ends or bootstrap finishes it: listed as a call meets it.
-        status, reason = (
-            STATUS_UNAVAILABLE,
-            (
-                "an install of it is in progress, or was interrupted: retry, and run "
-                "'ctx bootstrap' if an interrupted install left it so"
-            ),
-        )
     else:
         status, reason = _status_and_reason(read_controls(tool).status)
         if program_problem(tool):

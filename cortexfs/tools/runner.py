@@ -70,7 +70,7 @@ from cortexfs.shared.sessions import Session, SessionRef, open_session
 from cortexfs.shared.tree import Ownership
 from cortexfs.timefmt import rfc3339
 from cortexfs.tools import hooks, record
-from cortexfs.tools.commit_marker import commit_in_progress
+from cortexfs.tools.commit_marker import read_one_version
 from cortexfs.tools.controls import (
     ToolControls,
     ToolObject,
@@ -89,7 +89,6 @@ if TYPE_CHECKING:
 
 NATIVE, TERMINAL = "native", "terminal"
 DEFAULT_TIMEOUT = 60.0
-_CONSISTENT_READ_SECONDS = 2.0  # reinstalls back to back may keep a reader waiting
 
 Frame = dict[str, Any]
 Observer = Callable[[Frame], None]
@@ -378,34 +377,16 @@ class _Call:
     def _read_controls_consistently(self, tool: ToolObject) -> ToolControls:
         """The controls of the version whose executable is in place before and after reading,
         read while no reinstall is between its two swaps (:mod:`cortexfs.tools.pairs`)."""
-        deadline = time.monotonic() + _CONSISTENT_READ_SECONDS
-        attempt = 0
-        while attempt == 0 or time.monotonic() < deadline:
-            attempt += 1
-            before = _file_identity(tool.executable)
-            swapping = commit_in_progress(tool.directory, tool.name)
-            try:
-                controls = read_controls(tool)
-                self.hook_names = {phase: hooks.hook_names(tool, phase) for phase in hooks.PHASES}
-                damage = None
-            except CtxError as exc:
-                if exc.errno != errno.ENOEXEC:
-                    raise
-                damage = exc  # damaged, or caught between a reinstall's two swaps: look again
-            swapping = swapping or commit_in_progress(tool.directory, tool.name)
-            if not swapping and before is not None and before == _file_identity(tool.executable):
-                if damage is not None:
-                    raise damage
-                self.executable_identity = before
-                return controls
-            time.sleep(min(0.005 * attempt, 0.05))
-        if damage is not None:
-            raise damage
-        raise CtxError(
-            errno.EAGAIN,
-            f"tool {tool.name} kept changing while it was read: an install of it is in "
-            "progress; retry, and run 'ctx bootstrap' if an interrupted install left it so",
-        )
+
+        def read() -> tuple[tuple[int, int, int] | None, ToolControls, dict[str, list[str]]]:
+            identity = _file_identity(tool.executable)  # the one before and after, when kept
+            controls = read_controls(tool)
+            names = {phase: hooks.hook_names(tool, phase) for phase in hooks.PHASES}
+            return identity, controls, names
+
+        identity, controls, self.hook_names = read_one_version(tool.directory, tool.name, read)
+        self.executable_identity = identity
+        return controls
 
     def _open_session(self) -> None:
         assert self.view is not None

@@ -183,6 +183,37 @@ def _read_until_stopped(tool: ToolObject, stop: Any, violations: Any) -> None:
     violations.put("ok")
 
 
+def test_a_listing_during_reinstalls_shows_one_whole_available_version(
+    tier: Tier, tmp_path: Path
+) -> None:
+    """T-8: ``ctx object list`` taken while another process reinstalls waits out the moment
+    between the two swaps, as a call does, instead of listing the tool unavailable."""
+    versions = [version(tmp_path, 1), version(tmp_path, 2)]
+    install_tool(tier, *versions[0])
+    stop = multiprocessing.Event()
+    listings = multiprocessing.Queue()
+    lister = multiprocessing.Process(target=_list_until_stopped, args=(tier, stop, listings))
+    lister.start()
+    try:
+        for round_number in range(60):
+            install_tool(tier, *versions[round_number % 2])
+    finally:
+        stop.set()
+        lister.join(30)
+    seen = listings.get(timeout=5)
+    assert seen and all(
+        status == "available" and description in ("probe version 1", "probe version 2")
+        for status, description in seen
+    ), sorted(set(seen))
+
+
+def _list_until_stopped(tier: Tier, stop: Any, listings: Any) -> None:
+    seen = []
+    while not stop.is_set() or not seen:
+        seen.extend((listing.status, listing.description) for listing in list_tools([tier]))
+    listings.put(seen)
+
+
 def _identity(path: Path) -> tuple[int, int, int] | None:
     try:
         status = os.lstat(path)

@@ -42,11 +42,17 @@ def read_terminal_line(fd: int, echo_fd: int, prompt: bytes) -> bytes | None:
     editing[_CC] = list(saved[_CC])
     editing[_CC][termios.VMIN] = 1
     editing[_CC][termios.VTIME] = 0
+    editor = _Editor(fd, echo_fd, saved)
     termios.tcsetattr(fd, termios.TCSANOW, editing)
     try:
         # Only now: what is typed once the prompt shows is edited here, never by the driver.
         os.write(echo_fd, prompt)
-        return _Editor(fd, echo_fd, saved).read()
+        return editor.read()
+    except KeyboardInterrupt:
+        # Here, not in the editor: a Ctrl-C typed as soon as the prompt showed may land
+        # before the editor's first read, and is shown all the same.
+        editor.show_interrupt()
+        raise
     except OSError as exc:
         if exc.errno != errno.EIO:
             raise
@@ -72,30 +78,29 @@ class _Editor:
         self.line = bytearray()
         self.too_long = False
 
+    def show_interrupt(self) -> None:
+        if self.echoes and self.shows_controls:
+            os.write(self.echo_fd, b"^C")
+
     def read(self) -> bytes | None:
-        try:
-            while True:
-                byte = os.read(self.fd, 1)
-                if not byte:
-                    return None if not self.line else self._done()
-                if byte in self.line_ends:
-                    self._show(b"\n")
-                    return self._done()
-                if byte == self.end:
-                    if not self.line:
-                        return None
-                elif byte == self.erase:
-                    self._erase(1)
-                elif byte == self.kill:
-                    self._erase(len(self.line))
-                elif byte == self.word_erase:
-                    self._erase(_last_word_length(self.line))
-                else:
-                    self._take(byte)
-        except KeyboardInterrupt:
-            if self.echoes and self.shows_controls:
-                os.write(self.echo_fd, b"^C")
-            raise
+        while True:
+            byte = os.read(self.fd, 1)
+            if not byte:
+                return None if not self.line else self._done()
+            if byte in self.line_ends:
+                self._show(b"\n")
+                return self._done()
+            if byte == self.end:
+                if not self.line:
+                    return None
+            elif byte == self.erase:
+                self._erase(1)
+            elif byte == self.kill:
+                self._erase(len(self.line))
+            elif byte == self.word_erase:
+                self._erase(_last_word_length(self.line))
+            else:
+                self._take(byte)
 
     def _done(self) -> bytes:
         if self.too_long:
