@@ -107,8 +107,8 @@ def test_finishing_or_renewing_a_job_the_queue_does_not_have_says_so_and_what_to
     assert ctx(root, "queue", "init", "--queue", queue).returncode == 0
     nowhere = (
         f"job nosuchjob.req.json is not claimed, nor pending, done or failed: queue {queue} has "
-        "no such job (is it the queue the job was claimed from?); 'ctx queue list' lists the "
-        "jobs it has"
+        "no such job (is it the queue the job was claimed from?); 'ctx queue list --queue "
+        f"{queue}' lists the jobs it has"
     )
     finished = ctx(root, "queue", "finish", "--queue", queue, "--ok", "nosuchjob.req.json")
     assert (finished.returncode, finished.stderr) == (1, f"ctx: ENOENT: {nowhere}\n")

@@ -17,6 +17,8 @@ import errno
 import functools
 import json
 import os
+import re
+import shlex
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -69,6 +71,48 @@ def resolve_storage(storage_dir: Path | None) -> Path:
         if root_ctx is not None and root_ctx.obj:
             storage_dir = root_ctx.obj.get("storage")
     return storage.resolve_root(storage_dir)
+
+
+QUEUE_SELECTION_KEY = "cortexfs.queue_selection"
+_SUGGESTED_QUEUE_COMMAND = re.compile(r"'(ctx queue [a-z][^']*)'")
+
+
+def select_queue_in_suggestions(
+    storage_dir: Path | None, project: str | None, queue_arg: Path | None
+) -> None:
+    """Remember how this command was told its queue, for :func:`for_this_queue`: the options
+    as the user gave them (a path made absolute), never what the environment said
+    ($CTX_STORAGE, $CTX_PROJECT), which a command run next in the same shell has as well."""
+    words: list[str] = []
+    if storage_dir is None:
+        root_ctx = click.get_current_context().find_root()
+        storage_dir = (root_ctx.obj or {}).get("storage") if root_ctx.obj else None
+    if storage_dir is not None:
+        words += ["--storage", os.path.abspath(storage_dir)]
+    if queue_arg is not None:
+        words += ["--queue", os.path.abspath(queue_arg)]
+    elif project is not None:
+        words += ["--project", os.path.abspath(project) if "/" in project else project]
+    click.get_current_context().meta[QUEUE_SELECTION_KEY] = shlex.join(words)
+
+
+def for_this_queue(text: str) -> str:
+    """``text`` with every ``'ctx queue …'`` command it suggests naming the queue this
+    command was given (``'ctx queue recover --reconcile --project P'``), so that the
+    suggestion, copied, acts on the same queue and not on $CTX_PROJECT's or on none."""
+    return suggestions_for_this_queue()(text)
+
+
+def suggestions_for_this_queue() -> Callable[[str], str]:
+    """:func:`for_this_queue` as this command's context has it now, for threads that have no
+    context of their own (a worker's)."""
+    ctx = click.get_current_context(silent=True)
+    selection = ctx.meta.get(QUEUE_SELECTION_KEY) if ctx is not None else None
+    if not selection:
+        return lambda text: text
+    return lambda text: _SUGGESTED_QUEUE_COMMAND.sub(
+        lambda suggested: f"'{suggested[1]} {selection}'", text
+    )
 
 
 def emit_json(obj: object) -> None:
@@ -132,6 +176,7 @@ def is_utf8_text(text: str) -> bool:
 
 def fail(error: CtxError, *, as_json: bool = False) -> None:
     """Render a refusal (stderr text; also the JSON object on stdout with --json) and exit."""
+    error.message = for_this_queue(error.message)  # the last use of it: the command ends
     click.echo(f"{_program()}: {printable(str(error))}", err=True)
     if as_json:
         _emit_json_error(error)

@@ -27,10 +27,12 @@ from cortexfs.cli.common import (
     echo_printable,
     emit_json,
     fail,
+    for_this_queue,
     handles_errors,
     readable_json,
     require_standard_input,
     resolve_storage,
+    select_queue_in_suggestions,
     usage_problem,
 )
 from cortexfs.cli.lazy import LazyGroup
@@ -82,6 +84,7 @@ def queue_options(fn: F) -> F:
         storage_dir: Path | None, project: str | None, queue_arg: Path | None, **kwargs: Any
     ) -> Any:
         kwargs["queue_dir"] = _queue_dir(storage_dir, project, queue_arg)
+        select_queue_in_suggestions(storage_dir, project, queue_arg)
         if kwargs["as_json"]:
             require_output("its JSON output")
         return fn(**kwargs)
@@ -487,14 +490,22 @@ def claim(
     if won is not None and pid is not None and holder.start_time is None:
         # Taken as named (scripts use a gone pid to hand a job straight to recover), but a
         # mistyped --pid would otherwise make a lease that lasts until the next recover.
-        echo_printable(
-            f"ctx: note: pid {pid} is not running here, so its lease is already gone: "
-            f"'ctx queue recover' requeues {won.job}",
-            err=True,
+        _note(
+            f"pid {pid} is not running here, so its lease is already gone: "
+            f"'ctx queue recover' requeues {won.job}"
         )
     if won is None:
         say_why_left_pending(left_pending)
         sys.exit(EXIT_NOTHING)  # §2.4: nothing on stdout, with or without --json
+
+
+def _for_this_queue_printed(text: str) -> None:
+    echo_printable(for_this_queue(text))
+
+
+def _note(text: str) -> None:
+    """A note on stderr, its suggested queue commands naming this command's queue."""
+    echo_printable(for_this_queue(f"ctx: note: {text}"), err=True)
 
 
 def say_why_left_pending(left_pending: dict[str, str]) -> None:
@@ -503,10 +514,9 @@ def say_why_left_pending(left_pending: dict[str, str]) -> None:
     explained (on stderr: claim's stdout stays empty, §2.4)."""
     unreadable = [job for job, why in left_pending.items() if why == protocol.UNREADABLE]
     if unreadable:
-        echo_printable(
-            f"ctx: note: left pending, since uid {os.geteuid()} may not read their "
-            f"request: {_some(unreadable)}; a member who may read them claims them",
-            err=True,
+        _note(
+            f"left pending, since uid {os.geteuid()} may not read their "
+            f"request: {_some(unreadable)}; a member who may read them claims them"
         )
     held = {
         protocol.CLAIM_LEFT: (
@@ -526,9 +536,7 @@ def say_why_left_pending(left_pending: dict[str, str]) -> None:
     for why, (evidence, remedy) in held.items():
         jobs = [job for job, reason in left_pending.items() if reason == why]
         if jobs:
-            echo_printable(
-                f"ctx: note: left pending, {evidence}: {_some(jobs)}; {remedy}", err=True
-            )
+            _note(f"left pending, {evidence}: {_some(jobs)}; {remedy}")
 
 
 def _some(jobs: list[str], shown: int = 5) -> str:
@@ -548,10 +556,9 @@ def _acknowledge_claim(won: protocol.Claim, as_json: bool) -> None:
     else:
         click.echo(won.job)
     if won.invalid_reason is not None:  # see docs/queue.md
-        echo_printable(
-            f"ctx: note: the request of {won.job} is not valid ({won.invalid_reason}): "
-            f"finish it with --error, as a worker does",
-            err=True,
+        _note(
+            f"the request of {won.job} is not valid ({won.invalid_reason}): "
+            f"finish it with --error, as a worker does"
         )
 
 
@@ -582,11 +589,10 @@ def renew(queue_dir: Path, as_json: bool, job: str, pid: int | None, ttl: float 
         lease = protocol.renew(q, job, callers, ttl)
     changed(f"the lease on {job} was renewed until {lease.to_json()['expires_at']}")
     if pid is None and lease.holder.is_same_process(callers[1]):
-        echo_printable(
-            f"ctx: note: the lease holder is this command's own process (the shell ran it in "
+        _note(
+            f"the lease holder is this command's own process (the shell ran it in "
             f"its place), which ends now: 'ctx queue recover' will requeue {job}; renew from "
-            "a shell that goes on working on the job",
-            err=True,
+            "a shell that goes on working on the job"
         )
     if as_json:
         emit_json(lease.to_json())
@@ -810,17 +816,18 @@ def recover(
 def _render_recover(report: recovery.RecoverReport) -> None:
     dry = report.dry_run
     verb = "would " if dry else ""
+    say = _for_this_queue_printed
     for f in report.requeued:
-        echo_printable(f"{verb}requeue  {f.job}: {f.detail}")
+        say(f"{verb}requeue  {f.job}: {f.detail}")
     for f in report.repaired:
-        echo_printable(f"{verb}repair   {f.job}: {f.action}: {f.detail}")
+        say(f"{verb}repair   {f.job}: {f.action}: {f.detail}")
     for f in report.untouched:
-        echo_printable(f"untouched {f.job}: {f.detail}")
+        say(f"untouched {f.job}: {f.detail}")
     for f in report.incomplete:
         hint = "" if report.reconcile else f" (run with --reconcile: {f.action})"
-        echo_printable(f"incomplete {f.job}: {f.detail}{hint}")
+        say(f"incomplete {f.job}: {f.detail}{hint}")
     for f in report.conflicts:
-        echo_printable(f"conflict {f.job}: {f.detail}; evidence: {', '.join(f.evidence)}")
+        say(f"conflict {f.job}: {f.detail}; evidence: {', '.join(f.evidence)}")
     for path in report.removed_temps:
         echo_printable(f"remove   {path}")
     for path in report.stale_temps:
@@ -831,7 +838,7 @@ def _render_recover(report: recovery.RecoverReport) -> None:
     for entry in report.ignored:
         echo_printable(f"ignored  {entry.path}: {entry.reason}")
     for f in report.errors:
-        echo_printable(f"error    {f.job}: {f.detail}")
+        say(f"error    {f.job}: {f.detail}")
     state = "consistent" if report.consistent else "NOT consistent"
     # Each untouched line says why: a holder alive or not provably gone (another host, pid
     # namespace), or a job another process was moving.

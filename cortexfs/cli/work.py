@@ -29,6 +29,7 @@ from cortexfs.cli.common import (
     echo_printable,
     handles_errors,
     object_name_argument,
+    suggestions_for_this_queue,
 )
 from cortexfs.cli.params import Seconds
 from cortexfs.cli.queue import (
@@ -79,6 +80,7 @@ class Progress:
         self.done = self.failed = 0
         self.started = time.time()
         self.on_lost_output = on_lost_output
+        self.for_this_queue = suggestions_for_this_queue()  # the job slots have no context
         self.lost_output: OSError | None = None
         self.finished = 0  # jobs finished, shown or not
         self.unshown: list[str] = []  # the finished jobs whose finish could not be shown
@@ -124,7 +126,8 @@ class Progress:
             if self.only is None or event in self.only:
                 self._echo(json.dumps({"event": event, **fields}, default=str))
             elif event == "renew_failed":  # a ready program's stdout is its finished jobs
-                self._echo(f"renew   {fields['job']}: {fields['reason']}", err=True)
+                reason = self.for_this_queue(fields["reason"])
+                self._echo(f"renew   {fields['job']}: {reason}", err=True)
             return
         if event == "finish":
             if fields["state"] == "done":
@@ -143,14 +146,15 @@ class Progress:
             if self.live:
                 self._echo("", err=True)
             word = "lost" if event == "lost" else "renew"
-            self._echo(f"{word:<8}{fields['job']}: {fields['reason']}", err=True)
+            reason = self.for_this_queue(fields["reason"])
+            self._echo(f"{word:<8}{fields['job']}: {reason}", err=True)
         elif event == "start" and not self.live:
             self._echo(f"worker {fields['worker']} started (waiting with {fields['wait']})")
         elif event in ("interrupt", "stop"):
             if self.live:
                 self._echo("", err=True)
             if event == "interrupt":
-                self._echo(fields["message"], err=True)
+                self._echo(self.for_this_queue(fields["message"]), err=True)
             else:
                 self._echo(
                     f"worker stopped: {fields['done']} done, {fields['failed']} failed, "

@@ -445,7 +445,7 @@ def test_queue_command_line_on_a_fresh_root_does_what_the_page_prints(tmp_path):
     r = q.run("renew", "build-7", env=env)
     assert r.rc == 1 and "is pending" in r.err and "claim it" in r.err, r
     r = q.run("finish", "nosuch", "--ok", "--json", env=env)
-    assert r.rc == 1 and "'ctx queue list'" in r.err, r
+    assert r.rc == 1 and "'ctx queue list --project P'" in r.err, r
     assert r.json() == {
         "error": "ENOENT",
         "errno": 2,

@@ -516,7 +516,7 @@ def test_a_call_that_cannot_be_recorded_is_never_finished(ci: World) -> None:
         "and in the tool's log"
     ) in r.err, r
     assert f"no result of {job} was written: make it writable again (" in r.err, r
-    assert "then run 'ctx queue recover' once this worker has exited" in r.err, r
+    assert "then run 'ctx queue recover --project proj' once this worker has exited" in r.err, r
     assert ci.queue.state(job) == "claimed"
     assert not list((ci.queue.dir / "done").glob("rec*"))
     assert ci.queue.run("recover").rc == 0
@@ -737,7 +737,9 @@ def test_a_renewal_the_host_refuses_gives_the_job_up_before_its_lease_expires(
     assert err.startswith(
         f"ctx: EPERM: the worker stopped: job {job} was given up: its lease could not be renewed ("
     ), err
-    assert "then run 'ctx queue recover'" in err and "and start the worker again" in err, err
+    assert (
+        "then run 'ctx queue recover --project proj'" in err and "and start the worker again" in err
+    ), err
     assert ci.queue.state(job) == "claimed"
     assert wait_for(lambda: not processes_running("sleep 60.71"), 30)
     types = [e["type"] for e in ci.events_of(CI_SESSION) if e["object"] == f"queue/{job}"]

@@ -489,7 +489,7 @@ def test_a_disk_that_fills_while_a_worker_runs_a_job_loses_no_job(traversable, o
                 worker.communicate()
         stopped = Run(argv[1:], worker.returncode, out, err)
         assert stopped.rc == 1 and refused_for(stopped, "ENOSPC"), stopped
-        assert f"job {jobs[0]} was" in err and "'ctx queue recover'" in err, stopped
+        assert f"job {jobs[0]} was" in err and "'ctx queue recover --project proj'" in err, stopped
         assert queue.state(jobs[0]) == "claimed", queue.entries("claimed")
         assert [queue.state(j) for j in jobs[1:]] == ["pending", "pending"]
         assert not (outbox / "j1").exists() and not (outbox / "j2").exists()

@@ -613,7 +613,7 @@ def test_a_finish_an_older_shell_left_cut_short_waits_for_its_holder_then_rolls_
 
     refused = queue.run("finish", job, "--ok", "-", input='{"n": 7}')
     assert refused.rc == 1 and refused.err.startswith("ctx: EEXIST:"), refused
-    assert "'ctx queue recover --reconcile' completes it" in refused.err, refused
+    assert "'ctx queue recover --reconcile --project proj' completes it" in refused.err, refused
     assert f"once its lease holder (pid {holder.pid} on {lease['host']})" in refused.err
     assert snapshot(queue.dir) == before
 

@@ -271,7 +271,9 @@ def test_a_root_turned_read_only_under_a_running_worker_loses_and_reruns_nothing
         assert stopped.rc == 1 and TRACEBACK not in stopped.err, stopped
         assert "ctx: EROFS: " in stopped.err and jobs["a1"] in stopped.err, stopped
         assert f"no result of {jobs['a1']} was written" in stopped.err, stopped
-        assert "read-write" in stopped.err and "'ctx queue recover'" in stopped.err, stopped
+        assert (
+            "read-write" in stopped.err and "'ctx queue recover --project proj'" in stopped.err
+        ), stopped
         for answered in (status, listed, shown):
             assert answered.rc == 0 and answered.json(), answered
         counts = status.json()["counts"]

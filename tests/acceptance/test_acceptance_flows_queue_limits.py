@@ -405,7 +405,10 @@ def test_a_damaged_config_stops_every_command_and_is_never_replaced_by_defaults(
             refused = queue.run(*args, input=req)
             assert refused.rc == 1 and refused.out == "", (args, refused)
             assert refused.err.startswith(f"ctx: {said}"), (args, refused)
-            assert "'ctx queue init' writes the default config in its place" in refused.err
+            assert (
+                "'ctx queue init --project proj' writes the default config in its place"
+                in refused.err
+            )
         with_json = queue.run(*commands[round_no + 5], "--json", input=req)
         assert with_json.rc == 1 and with_json.json()["message"] in with_json.err, with_json
         assert snapshot(queue.dir) == before

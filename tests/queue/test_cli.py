@@ -351,7 +351,7 @@ def test_claim_for_a_pid_that_does_not_exist_builds_a_dead_holder(
     assert (done.returncode, done.stdout) == (0, "d.req.json\n")
     assert done.stderr == (
         f"ctx: note: pid {pid} is not running here, so its lease is already gone: "
-        "'ctx queue recover' requeues d.req.json\n"
+        f"'ctx queue recover --project {PROJECT}' requeues d.req.json\n"
     )
     lease = json.loads((qdir(root) / "lease" / "d.req.json" / "worker").read_text())
     assert lease["pid"] == int(pid) and lease["create_time"] is None
@@ -397,7 +397,7 @@ def test_renew_by_a_shell_that_execs_it_in_its_own_process(root: Path, req: Path
     assert left.total_seconds() > 900
     # That process was the holder and has ended with the renew: it says so, and recover
     # does what it says.
-    assert "'ctx queue recover' will requeue x.req.json" in done.stderr
+    assert f"'ctx queue recover --project {PROJECT}' will requeue x.req.json" in done.stderr
     recovered = ctx(root, "queue", "recover", *P)
     assert recovered.returncode == 0 and "requeue  x.req.json" in recovered.stdout
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -232,9 +234,8 @@ def test_what_is_planted_at_a_staging_name_is_removed_by_reconcile(
 
     kind = "symlink" if planted == "symlink" else "FIFO"
     assert blocked.returncode == 1
-    assert f"is a {kind}, not a temp file; 'ctx queue recover --reconcile' removes it" in (
-        blocked.stderr
-    )
+    remedy = f"'ctx queue recover --reconcile --project {PROJECT}' removes it"
+    assert f"is a {kind}, not a temp file; {remedy}" in blocked.stderr
     assert f"temp       inbox/a.req.json.publish.tmp ({kind}, " in status.stdout
     assert reconciled.returncode == 0
     assert "remove   inbox/a.req.json.publish.tmp\n" in reconciled.stdout
@@ -333,3 +334,46 @@ def test_a_command_that_only_reports_works_with_stdout_closed(root: Path) -> Non
     write_json(qdir(root) / "pending" / "waiting.req.json", request())
     assert ctx_without_stdout(root, "queue", "status", *P).returncode == 0
     assert ctx_without_stdout(root, "queue", "recover", *P).returncode == 0
+
+
+def _suggested(text: str) -> list[str]:
+    """The ``'ctx queue …'`` commands a message suggests, as the user would copy them."""
+    return [shlex.split(quoted)[1:] for quoted in re.findall(r"'(ctx queue [^']*)'", text)]
+
+
+@pytest.mark.parametrize(
+    "given",
+    [
+        lambda root: ["--storage", str(root), "--project", PROJECT],
+        lambda root: ["--queue", str(qdir(root))],
+    ],
+    ids=["project", "queue"],
+)
+def test_a_suggested_queue_command_names_the_queue_the_command_was_given(
+    root: Path, tmp_path: Path, given
+) -> None:
+    """§2.4: a refusal or a note that suggests another queue command names the queue it was
+    given, so that the suggestion, copied into a shell where neither CTX_STORAGE nor
+    CTX_PROJECT says it, acts on that queue."""
+    assert (
+        ctx(
+            root, "queue", "publish", *P, "--name", "j", "-", stdin=json.dumps(request())
+        ).returncode
+        == 0
+    )
+    elsewhere = {"CTX_STORAGE": str(tmp_path / "other-root"), "CTX_PROJECT": ""}
+    claimed = ctx(root, "queue", "claim", *given(root), "--pid", str(dead_pid()), env=elsewhere)
+    assert claimed.returncode == 0, claimed.stderr
+    refused = ctx(root, "queue", "finish", *given(root), "--ok", "nosuch", env=elsewhere)
+    assert refused.returncode == 1, refused.stderr
+    suggestions = _suggested(claimed.stderr) + _suggested(refused.stderr)
+    assert [words[1] for words in suggestions] == ["recover", "list"], suggestions
+    for words in suggestions:
+        again = subprocess.run(
+            [sys.executable, "-m", "cortexfs", *words],
+            capture_output=True,
+            text=True,
+            env={**os.environ, **elsewhere},
+        )
+        assert again.returncode == 0, (words, again.stderr)
+    assert tree(qdir(root))["pending"] == ["j.req.json"]  # the recover it suggested requeued j

@@ -105,9 +105,8 @@ def test_renew_and_finish_name_the_forged_lease_and_say_to_repair_it_not_remove_
         assert refused.stderr.startswith(not_a_lease), refused.stderr
         assert f"a conflict that {verb} never resolves; nothing was changed." in refused.stderr
         assert "Repair it by hand, and do not remove it" in refused.stderr
-        assert f"then {verb} again; until then 'ctx queue recover --reconcile' reports" in (
-            refused.stderr
-        )
+        recover = f"'ctx queue recover --reconcile --project {PROJECT}'"
+        assert f"then {verb} again; until then {recover} reports" in refused.stderr
     assert (queue_dir / lease).is_file() and (queue_dir / "claimed" / job / job).is_file()
 
     # As told: the lease names its holder again; J is then finished, and nothing requeues it.
@@ -128,7 +127,7 @@ def test_renew_and_finish_of_a_claim_without_a_lease_say_it_never_ran(
     lease_dir = queue_dir / "lease" / job
     said = (
         f"ctx: ENOENT: job {job} has no lease/{job}/worker: its claim never completed, so it "
-        "never ran; 'ctx queue recover --reconcile' returns it to pending\n"
+        f"never ran; 'ctx queue recover --reconcile --project {PROJECT}' returns it to pending\n"
     )
     (lease_dir / "worker").unlink()
     for remove_the_directory_too in (False, True):

@@ -38,8 +38,8 @@ def test_a_job_that_fills_the_disk_is_left_to_recover_with_one_advice(
         assert worked.stderr.rstrip().endswith(
             f"in its session {session}/worker/events.jsonl and in the tool's log, and finishes "
             f"no job whose call is not on record; no result of {job} was written: free space "
-            "or inodes on that filesystem, then run 'ctx queue recover' once this worker has "
-            "exited (it requeues the job, which runs again)"
+            f"or inodes on that filesystem, then run 'ctx queue recover --project {PROJECT}' once "
+            "this worker has exited (it requeues the job, which runs again)"
         ), worked.stderr
         assert "finish it again" not in worked.stderr + worked.stdout
         assert os.listdir(farm.queue / "claimed") == [job]
