@@ -20,8 +20,9 @@ of authorisation):
                             manual bundle ``cortexfs-docs``, when its uid, gid and groups
                             may list and enter them (``r-x``: X-1 counts the directory's
                             permissions)
-``model/<p>/<m>``           models its policy lets it use (``model:<p>/<m> use``); a provider
-                            when it may use one of its models
+``model/<p>/<m>``           models it may use through the whole chain (``model:<p>/<m> use``:
+                            its policy and the model's own, P-5); a provider when it may use
+                            one of its models
 ==========================  ==========================================================
 
 Every object of the root is seen through the agent's mount of the storage root: without one
@@ -66,7 +67,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from cortexfs.errors import CtxError
 from cortexfs.names import is_object_name
-from cortexfs.policy import check_tool_execute
+from cortexfs.policy import AuthorityRequest, check_authority, check_tool_execute
 from cortexfs.policy.linux import permits
 from cortexfs.storage import DOCS_BUNDLE, ROOT_ENTRIES
 from cortexfs.tools.controls import ToolObject, read_controls, require_available
@@ -287,7 +288,12 @@ class ViewRules:
         return len(rest) >= 3 and self.session_writable(place, rest[1])
 
     def _may_use(self, provider: str, model: str) -> bool:
-        return self.view.allows("model", f"{provider}/{model}", "use")
+        # The agent's own policy first: the cheap half, which denies most models of a root.
+        name = f"{provider}/{model}"
+        if not self.view.allows("model", name, "use"):
+            return False
+        request = AuthorityRequest(self.view.root, self.view.name, "model", name, "use")
+        return check_authority(request, self.view.facts).allowed
 
     def _models_of(self, provider: str) -> list[str]:
         try:

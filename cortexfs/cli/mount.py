@@ -72,20 +72,30 @@ def mount(mountpoint: Path, agent: str | None, storage_dir: Path | None) -> None
 
 
 def _missing_mount_point(mountpoint: Path, options: list[str]) -> str:
-    """What to do about a mount point that does not exist: make it, and, for a user who is not
-    root, mount on a directory of their own instead (``/ctx`` is a directory only root can
-    make), with the same ``options``."""
-    make = f"'mkdir {shlex.quote(str(mountpoint))}'"
+    """What to do about a mount point that does not exist: make it (with its missing parents,
+    ``mkdir -p``), and, for a user who is not root, mount on a directory of their own instead
+    (``/ctx`` is a directory only root can make), with the same ``options``."""
+    absolute = mountpoint.absolute()
+    nearest = _nearest_existing(absolute.parent)
+    mkdir = "mkdir" if nearest == absolute.parent else "mkdir -p"
+    make = f"'{mkdir} {shlex.quote(str(mountpoint))}'"
     reason = f"the mount point {mountpoint} does not exist; create an empty directory there"
     if os.geteuid() == 0:
         return f"{reason} ({make})"
-    parent = mountpoint.absolute().parent
-    if not os.access(parent, os.W_OK | os.X_OK):
-        make += f" as root: you may not create entries in {parent}"
+    if not os.access(nearest, os.W_OK | os.X_OK):
+        make += f" as root: you may not create entries in {nearest}"
     again = shlex.join(["ctx", "mount", *options])
     return (
         f"{reason} ({make}), or mount on a directory of your own: 'mkdir -p ~/ctx && {again} ~/ctx'"
     )
+
+
+def _nearest_existing(directory: Path) -> Path:
+    """``directory``, or the nearest of its ancestors that exists: where a ``mkdir -p`` of a
+    path under it makes its first entry."""
+    while not os.path.lexists(directory) and directory != directory.parent:
+        directory = directory.parent
+    return directory
 
 
 @click.command("umount")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import shlex
 import shutil
 import stat
 import subprocess
@@ -84,7 +85,8 @@ def _require_empty_directory(mountpoint: Path) -> None:
                 raise CtxError(
                     errno.EBUSY,
                     f"{mountpoint} is already a CortexFS mount; unmount it with "
-                    f"'ctx umount {mountpoint}' first, or mount on another empty directory",
+                    f"'ctx umount {shlex.quote(str(mountpoint))}' first, or mount on another "
+                    "empty directory",
                 )
             raise CtxError(
                 errno.ENOTEMPTY,
@@ -97,7 +99,7 @@ def _require_empty_directory(mountpoint: Path) -> None:
     except OSError as exc:
         reason = f"the mount point {mountpoint}: {exc.strerror}"
         if exc.errno == errno.ENOTCONN:  # a mount whose process died is still in the way
-            reason += f"; remove the dead mount with 'ctx umount {mountpoint}'"
+            reason += f"; remove the dead mount with 'ctx umount {shlex.quote(str(mountpoint))}'"
         raise CtxError(exc.errno or errno.EIO, reason) from None
     if not is_directory:
         raise CtxError(
@@ -199,10 +201,14 @@ def _mount_table() -> Iterator[_Mount]:
 
 
 def _absolute(path: Path) -> Path:
-    """``path`` made absolute without touching it: only its parent's links are resolved,
-    since ``stat`` of a mount whose daemon died fails."""
+    """``path`` made absolute as the kernel mounts on it, following symbolic links, without
+    ``stat`` of the path itself (that of a mount whose daemon died fails with ENOTCONN):
+    the parent's links are resolved, and the last name's when it is a link (``lstat``)."""
     absolute = Path(os.path.abspath(path))
-    return absolute.parent.resolve() / absolute.name if absolute.name else absolute
+    if not absolute.name:
+        return absolute
+    where = absolute.parent.resolve() / absolute.name
+    return Path(os.path.realpath(where)) if os.path.islink(where) else where
 
 
 def _unescaped(field: str) -> str:

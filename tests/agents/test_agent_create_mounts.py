@@ -43,6 +43,10 @@ def lead(world: World) -> World:
     for model in ("m1", "m2"):
         (world.root / "model" / "acme" / f"{model}.d").mkdir(parents=True, exist_ok=True)
         (world.root / "model" / "acme" / model).write_text(f"{model}\n")
+    # The model's own policy lets lead use m1 as well (P-5 step 6), so that lead's view shows it.
+    (world.root / "model" / "acme" / "m1.d" / "policy").write_text(
+        "allow lead_t model:acme/m1 use\n"
+    )
     home = home_of(world)
     home.mkdir(mode=0o700, exist_ok=True)
     os.chown(home, world.user.uid, world.user.gid)
