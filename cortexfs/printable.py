@@ -5,6 +5,9 @@ and so do programs built into the storage root (:mod:`cortexfs.tools.core.launch
 
 from __future__ import annotations
 
+import shlex
+from collections.abc import Iterable
+
 
 def printable(text: str) -> str:
     """``text`` safe to show on a terminal: every character that is not printable (a control
@@ -23,6 +26,28 @@ def printable_text(text: str) -> str:
     """:func:`printable` for a page of text: its line ends and tabs are kept, every other
     character that is not printable escaped."""
     return "\n".join("\t".join(map(printable, line.split("\t"))) for line in text.split("\n"))
+
+
+def shell_word(word: str) -> str:
+    """``word`` as a shell reads it back, for a command a message suggests: quoted as
+    ``shlex.quote`` does while it is all printable, else in ANSI-C quotes (``$'a\\nb'``,
+    which bash, zsh, ksh and POSIX.1-2024 shells read), each byte of a character that is not
+    printable written ``\\xHH``, so that :func:`printable` leaves the suggestion as it is
+    and, copied, it names the very path (a line break, an escape, a byte that is not UTF-8)."""
+    if word.isprintable():
+        return shlex.quote(word)
+    spelled = []
+    for char in word:
+        if char.isprintable():
+            spelled.append("\\" + char if char in "\\'" else char)
+        else:
+            spelled.extend(f"\\x{byte:02x}" for byte in char.encode("utf-8", "surrogateescape"))
+    return "$'" + "".join(spelled) + "'"
+
+
+def shell_words(words: Iterable[str]) -> str:
+    """:func:`shell_word` of each of ``words``, joined with spaces: a command line."""
+    return " ".join(shell_word(word) for word in words)
 
 
 def shortened(word: str, shown: int = 64) -> str:

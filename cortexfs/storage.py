@@ -26,7 +26,6 @@ import errno
 import fcntl
 import os
 import pwd
-import shlex
 import stat
 import struct
 from collections.abc import Callable, Iterator, Mapping
@@ -35,6 +34,7 @@ from pathlib import Path
 from cortexfs import bootstrap_repair, durable
 from cortexfs.errors import HOST_SHORTAGES, CtxError, invalid, not_found
 from cortexfs.names import check_object_name
+from cortexfs.printable import shell_word
 
 ROOT_ENTRIES = ("bin", "tool", "agent", "model", "home", "shared")
 ABI_MODE = 0o755  # the root and its six entries: everyone reads and searches, the owner writes
@@ -501,7 +501,7 @@ def _closed_to_agents(root: Path, st: os.stat_result, name: str) -> list[tuple[P
 
 def _closed_warning(root: Path, closed: list[tuple[Path, int]]) -> str:
     listed = ", ".join(f"{path} ({mode:04o})" for path, mode in closed)
-    paths = " ".join(shlex.quote(str(path)) for path, _ in closed)
+    paths = " ".join(shell_word(str(path)) for path, _ in closed)
     return (
         f"others may not read and search (r-x) {listed}: an agent whose uid is neither the "
         "owner nor in the group cannot reach the storage root's objects (EACCES at step 2 of "

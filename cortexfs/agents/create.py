@@ -44,7 +44,7 @@ from cortexfs.errors import CtxError, describe, exists, invalid
 from cortexfs.names import is_object_name
 from cortexfs.policy import Identity
 from cortexfs.policy.controls import parse_identity, read_label
-from cortexfs.policy.linux import closed_directory, unsearchable_above, writable_entries
+from cortexfs.policy.linux import closed_directory, unsearchable, writable_entries
 from cortexfs.policy.mounts import CTX_TARGET, Mount, views_of
 from cortexfs.shared.events import encode_event, make_event
 from cortexfs.tools.pair_layout import PairKind
@@ -265,7 +265,7 @@ def warnings_for(root: Path, request: AgentRequest, identity: Identity) -> tuple
         "label, so the two agents share every grant made to it"
         for owner in label_owners(root, request.label)
     ]
-    unreachable = unsearchable_above(root, identity)
+    unreachable = unsearchable(root, identity)
     if unreachable:
         warnings.append(f"every tool call of the agent will be refused: {unreachable}")
     for space, permissions in request.shared:

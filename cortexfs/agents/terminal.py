@@ -60,6 +60,7 @@ from cortexfs.agents.terminal_runtime import RunDirectory
 from cortexfs.agents.terminal_socket import TerminalClients, socket_address
 from cortexfs.agents.view import WORKSPACE, AgentView
 from cortexfs.errors import CtxError, errno_named_in, invalid, not_found
+from cortexfs.policy.linux import mounted_noexec
 from cortexfs.shared.events import EVENTS_FILE
 from cortexfs.shared.sessions import SessionRef, open_session
 from cortexfs.shared.tree import Ownership, open_beneath
@@ -148,8 +149,16 @@ class Terminal:
             raise CtxError(errno.EPERM, reason)
         if shutil.which("bwrap") is None:
             raise invalid("bubblewrap (bwrap) is not installed; the terminal runs in its sandbox")
-        if not os.access(self.root / "bin" / "tsh", os.X_OK):
-            raise invalid(f"{self.root}/bin/tsh is missing; run 'ctx bootstrap'")
+        tsh = self.root / "bin" / "tsh"
+        if not os.access(tsh, os.X_OK):
+            if os.path.isfile(tsh) and mounted_noexec(tsh):
+                raise CtxError(
+                    errno.EACCES,
+                    f"{tsh} is on a filesystem mounted noexec: the kernel executes nothing "
+                    "there, whatever its mode (T-5); put the storage root on a filesystem "
+                    "mounted with exec",
+                )
+            raise invalid(f"{tsh} is missing; run 'ctx bootstrap'")
         if self.view.workspace is not None and not os.path.isdir(self.view.workspace.source):
             raise CtxError(
                 errno.ENOTDIR, f"the workspace {self.view.workspace.source} is not a directory"

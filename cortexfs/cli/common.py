@@ -18,7 +18,6 @@ import functools
 import json
 import os
 import re
-import shlex
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -42,7 +41,7 @@ from cortexfs.cli.exits import (  # noqa: F401  (re-exported: every command take
 from cortexfs.cli.params import NonEmptyPath
 from cortexfs.errors import CtxError, explain_host_trouble
 from cortexfs.names import check_object_name
-from cortexfs.printable import printable
+from cortexfs.printable import printable, shell_words
 from cortexfs.standard_streams import OutputError, closed_at_start, discard_output
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -93,7 +92,7 @@ def select_queue_in_suggestions(
         words += ["--queue", os.path.abspath(queue_arg)]
     elif project is not None:
         words += ["--project", os.path.abspath(project) if "/" in project else project]
-    click.get_current_context().meta[QUEUE_SELECTION_KEY] = shlex.join(words)
+    click.get_current_context().meta[QUEUE_SELECTION_KEY] = shell_words(words)
 
 
 def for_this_queue(text: str) -> str:

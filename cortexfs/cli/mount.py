@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import errno
 import os
-import shlex
 from pathlib import Path
 
 import click
@@ -17,6 +16,7 @@ from cortexfs.cli.common import (
 )
 from cortexfs.cli.params import NonEmptyPath
 from cortexfs.errors import CtxError
+from cortexfs.printable import shell_word, shell_words
 
 
 @click.command("mount")
@@ -78,13 +78,13 @@ def _missing_mount_point(mountpoint: Path, options: list[str]) -> str:
     absolute = mountpoint.absolute()
     nearest = _nearest_existing(absolute.parent)
     mkdir = "mkdir" if nearest == absolute.parent else "mkdir -p"
-    make = f"'{mkdir} {shlex.quote(str(mountpoint))}'"
+    make = f"'{mkdir} {shell_word(str(mountpoint))}'"
     reason = f"the mount point {mountpoint} does not exist; create an empty directory there"
     if os.geteuid() == 0:
         return f"{reason} ({make})"
     if not os.access(nearest, os.W_OK | os.X_OK):
         make += f" as root: you may not create entries in {nearest}"
-    again = shlex.join(["ctx", "mount", *options])
+    again = shell_words(["ctx", "mount", *options])
     return (
         f"{reason} ({make}), or mount on a directory of your own: 'mkdir -p ~/ctx && {again} ~/ctx'"
     )

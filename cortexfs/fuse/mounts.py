@@ -17,7 +17,6 @@ from __future__ import annotations
 import errno
 import os
 import re
-import shlex
 import shutil
 import stat
 import subprocess
@@ -27,6 +26,7 @@ from typing import NamedTuple
 
 from cortexfs import storage
 from cortexfs.errors import CtxError, invalid, not_found
+from cortexfs.printable import shell_word
 
 FILESYSTEM_TYPE = "fuse.cortexfs"  # what ``subtype=cortexfs`` makes the kernel call it
 MOUNT_TABLE = Path("/proc/self/mountinfo")
@@ -85,7 +85,7 @@ def _require_empty_directory(mountpoint: Path) -> None:
                 raise CtxError(
                     errno.EBUSY,
                     f"{mountpoint} is already a CortexFS mount; unmount it with "
-                    f"'ctx umount {shlex.quote(str(mountpoint))}' first, or mount on another "
+                    f"'ctx umount {shell_word(str(mountpoint))}' first, or mount on another "
                     "empty directory",
                 )
             raise CtxError(
@@ -99,7 +99,7 @@ def _require_empty_directory(mountpoint: Path) -> None:
     except OSError as exc:
         reason = f"the mount point {mountpoint}: {exc.strerror}"
         if exc.errno == errno.ENOTCONN:  # a mount whose process died is still in the way
-            reason += f"; remove the dead mount with 'ctx umount {shlex.quote(str(mountpoint))}'"
+            reason += f"; remove the dead mount with 'ctx umount {shell_word(str(mountpoint))}'"
         raise CtxError(exc.errno or errno.EIO, reason) from None
     if not is_directory:
         raise CtxError(

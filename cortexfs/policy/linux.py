@@ -18,6 +18,7 @@ from pathlib import Path, PurePosixPath
 from typing import NamedTuple
 
 from cortexfs.policy.beneath import Entry, walk
+from cortexfs.printable import shell_word
 
 READ, WRITE, EXECUTE = os.R_OK, os.W_OK, os.X_OK  # 4, 2, 1: the layout of one rwx triplet
 
@@ -121,7 +122,7 @@ def check_access(
         return _refused(
             f"{last.shown} needs {rwx(access)} but {mode} grants {rwx(granted)} to {_who(identity)}"
         )
-    if access & EXECUTE and kind is Kind.FILE and _mounted_noexec(top / relative):
+    if access & EXECUTE and kind is Kind.FILE and mounted_noexec(top / relative):
         return _refused(
             f"{last.shown} is on a filesystem mounted noexec: the kernel executes nothing there, "
             "whatever its mode (T-5); put the storage root on a filesystem mounted with exec"
@@ -143,10 +144,31 @@ def unsearchable_above(top: Path, identity: Identity) -> str:
             return (
                 f"search (x) on {directory}, above {top}, is denied to {_who(identity)} "
                 f"(mode {mode:04o}, owner {_owner(status)}): a process of the agent reaches "
-                f"nothing below it; let it search the directory (chmod o+x {directory}) or "
-                "put the storage root and the agent's mounts where it can"
+                "nothing below it; let it search the directory "
+                f"(chmod o+x {shell_word(str(directory))}) or put the storage root and the "
+                "agent's mounts where it can"
             )
     return ""
+
+
+def unsearchable(top: Path, identity: Identity) -> str:
+    """Why ``identity`` cannot search the directory ``top`` or one above it, or "" when it
+    can search them all: what step 2 meets first for anything below ``top``."""
+    above = unsearchable_above(top, identity)
+    if above:
+        return above
+    try:
+        status = os.stat(top)
+    except OSError:
+        return ""  # what is missing is said where it is used
+    if permits(status, identity, EXECUTE):
+        return ""
+    mode = stat.S_IMODE(status.st_mode)
+    return (
+        f"search (x) on {top} is denied to {_who(identity)} (mode {mode:04o}, owner "
+        f"{_owner(status)}): a process of the agent reaches nothing below it; let it search "
+        f"the directory (chmod o+x {shell_word(str(top))}) or put the storage root where it can"
+    )
 
 
 def closed_directory(top: Path, identity: Identity) -> str:
@@ -198,7 +220,8 @@ def writable_on_walk(entries: list[Entry], identity: Identity) -> list[str]:
     return writable
 
 
-def _mounted_noexec(path: Path) -> bool:
+def mounted_noexec(path: Path) -> bool:
+    """Whether ``path`` lies on a filesystem mounted ``noexec`` (False when it is gone)."""
     try:
         return bool(os.statvfs(path).f_flag & os.ST_NOEXEC)
     except OSError:

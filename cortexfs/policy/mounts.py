@@ -97,7 +97,7 @@ def target_problem(mount: Mount, storage_root: PurePosixPath, agent: str = "") -
     (``PurePosixPath()``) for a mount asked for, not yet recorded: no source may take ``/ctx``
     then.  ``agent`` names the agent whose table it is, for the remedy."""
     target = mount.target
-    if target == CTX_TARGET and mount.source == storage_root:
+    if target == CTX_TARGET and _same_root(mount.source, storage_root):
         return ""
     if target == CTX_TARGET and storage_root != PurePosixPath():
         # What an agent's table holds after its storage root was moved or copied elsewhere:
@@ -125,6 +125,19 @@ def target_problem(mount: Mount, storage_root: PurePosixPath, agent: str = "") -
                 "runs on (its sandbox takes it from the host, or makes it); mount elsewhere"
             )
     return ""
+
+
+def _same_root(source: PurePosixPath, storage_root: PurePosixPath) -> bool:
+    """Whether ``source`` is ``storage_root``: by path, or as the same directory reached by
+    another (a bind mount of the root, whose agents were made through the other path)."""
+    if source == storage_root:
+        return True
+    if storage_root == PurePosixPath():
+        return False
+    try:
+        return os.path.samefile(source, storage_root)
+    except OSError:  # what cannot be looked at is not shown to be the root
+        return False
 
 
 def source_problem(mount: Mount) -> str:

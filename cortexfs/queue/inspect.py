@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shlex
 import stat
 from collections import Counter
 from dataclasses import dataclass, field
@@ -12,6 +11,7 @@ from typing import Any
 from cortexfs import jsontext
 from cortexfs.errors import CtxError, invalid, not_found
 from cortexfs.names import job_name
+from cortexfs.printable import shell_word
 from cortexfs.queue import evidence as ev
 from cortexfs.queue import requests
 from cortexfs.queue.claim_order import scan_pending
@@ -102,7 +102,7 @@ def state_dirs_owned_by_others(queue: Queue) -> list[dict[str, Any]]:
         st = os.fstat(queue.dirs[state])
         if st.st_uid in (queue_owner, 0):
             continue
-        path = shlex.quote(str(queue.path / state))
+        path = shell_word(str(queue.path / state))
         found.append(
             {
                 "path": state,
@@ -132,15 +132,15 @@ def state_dirs_not_giving_the_queue_group(queue: Queue) -> list[dict[str, Any]]:
     group instead, and members of the queue's group are refused it: a claimer finds the
     requests other members publish unreadable, a recover another member's lease.  Nothing
     is refused yet, so it is reported, not refused."""
-    if not queue.group_access:
-        return []  # a queue of one user: groups give nothing
+    if not queue.group_access & stat.S_IWGRP:
+        return []  # no member may make anything in it: whose group an entry gets is moot
     group = os.fstat(queue.root_fd).st_gid
     found = []
     for state in STATE_DIRS:
         st = os.fstat(queue.dirs[state])
         if st.st_mode & stat.S_ISGID and st.st_gid == group:
             continue
-        path = shlex.quote(str(queue.path / state))
+        path = shell_word(str(queue.path / state))
         if st.st_gid == group:
             why, repair = "is not setgid", f"chmod g+s {path}"
         else:

@@ -12,12 +12,12 @@ naming the first such directory, how many there are, and that command.
 from __future__ import annotations
 
 import os
-import shlex
 import stat
 from pathlib import Path
 
 from cortexfs import storage
 from cortexfs.names import is_object_name
+from cortexfs.printable import shell_word
 from cortexfs.shared.spaces import directories_of_other_modes
 
 
@@ -56,7 +56,7 @@ def _warning(name: str, gid: int, found: list[tuple[Path, int, int]]) -> str:
         f"shared space {name}: {first} has mode {mode:04o}, not {wanted:04o}{others}, as an "
         "older version made it: a member may rename or remove entries that are not theirs "
         f"(the queue's state directories, other agents' sessions); run 'ctx shared create "
-        f"{shlex.quote(name)} --group {gid}', which gives them their modes"
+        f"{shell_word(name)} --group {gid}', which gives them their modes"
     )
 
 

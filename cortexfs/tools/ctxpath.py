@@ -30,7 +30,6 @@ from __future__ import annotations
 import errno
 import os
 import re
-import shlex
 import stat
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -40,7 +39,7 @@ from typing import NamedTuple
 from cortexfs import keyvalue
 from cortexfs.errors import CtxError, invalid, not_found
 from cortexfs.names import check_object_name
-from cortexfs.printable import printable
+from cortexfs.printable import printable, shell_word
 from cortexfs.regular_file import read_regular_file
 
 CTX_MOUNT = PurePosixPath("/ctx")
@@ -243,7 +242,7 @@ def _what_to_do(root: Path, skipped: Sequence[str]) -> str:
     ``ctx bootstrap`` mends; else see what is installed."""
     remedies = [f"passed over: {'; '.join(skipped)}"] if skipped else []
     if not (root / "tool").is_dir():
-        bootstrap = f"ctx bootstrap --storage {shlex.quote(str(root))}"
+        bootstrap = f"ctx bootstrap --storage {shell_word(str(root))}"
         remedies.append(
             f"the storage root {root} has no tools yet: '{bootstrap}' installs the core tools"
         )
