@@ -8,6 +8,7 @@ the tree cannot redirect anything outside it.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
@@ -522,12 +523,18 @@ def init_queue(path: Path, ops: durable.FsOps | None = None) -> list[str]:
             # Readable by everyone who may reach the queue whatever the creator's umask: every
             # member of a shared space's group opens the queue through it.
             config = QueueConfig().render().encode()
-            durable.write_file_synced(ops, root_fd, tmp, config, CONFIG_MODE, exact_mode=True)
             try:
+                durable.write_file_synced(ops, root_fd, tmp, config, CONFIG_MODE, exact_mode=True)
                 durable.move_noreplace(ops, root_fd, tmp, root_fd, CONFIG_NAME)
                 created.append(f"{path}/{CONFIG_NAME}")
             except FileExistsError:
-                durable.remove_entries(ops, [(root_fd, tmp, False)])
+                durable.remove_entries(ops, [(root_fd, tmp, False)])  # another init's won
+            except BaseException:
+                # Refused midway (a full disk, an I/O error): no temp of ours outlives it,
+                # where nothing would ever look for it.
+                with contextlib.suppress(OSError):
+                    durable.remove_entries(ops, [(root_fd, tmp, False)])
+                raise
     finally:
         ops.close(root_fd)
     return created

@@ -55,7 +55,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cortexfs import durable, jsontext
-from cortexfs.errors import CtxError, exists, invalid, not_found
+from cortexfs.errors import CtxError, exists, explain_host_trouble, invalid, not_found
 from cortexfs.interrupts import held_interrupts
 from cortexfs.names import job_name
 from cortexfs.queue import evidence as ev
@@ -581,16 +581,16 @@ def claim_job(
         return None  # recover took our empty claim directory for a crash's leftover: lost
     except OSError as exc:  # EMFILE…: J stays pending, claimable, with no claim evidence
         refusal = queue.refusal("claim", "claimed", exc, *_nothing_claimed(job))
-        _abandon_claim_dir(queue, job)
+        _abandon_claim_dir(queue, job, refusal)
         raise refusal from None
     try:
         # Held until the lease is durable: recover must not mistake our half-done claim
         # (a request in claimed/J and no lease yet) for the leftovers of a crash.
         try:
             _lock_job(claim_fd, job)
-        except CtxError:
+        except CtxError as refusal:
             if _still_linked(queue.claimed, job, claim_fd):  # not another claimer's by now
-                _abandon_claim_dir(queue, job)
+                _abandon_claim_dir(queue, job, refusal)
             raise
         if not _still_linked(queue.claimed, job, claim_fd):
             # recover removed our empty claim directory before we locked it: we lost.
@@ -605,7 +605,7 @@ def claim_job(
             durable.sync_dir(ops, queue.claimed)
         except OSError as exc:
             refusal = queue.refusal("claim", "claimed", exc, *_nothing_claimed(job))
-            _abandon_claim_dir(queue, job)
+            _abandon_claim_dir(queue, job, refusal)
             raise refusal from None
         if lstat_at(queue.lease, job) is not None:
             # Lease evidence from an earlier crash: leave the whole job to recover.
@@ -634,7 +634,7 @@ def claim_job(
                     "recover --reconcile' returns it to pending",
                 ) from None
             refusal = queue.refusal("claim", "pending", exc, *_nothing_claimed(job))
-            _abandon_claim_dir(queue, job)
+            _abandon_claim_dir(queue, job, refusal)
             raise refusal from None
         pending_changed(queue, before)  # ours: the order need not list pending/ for it
         refusal: CtxError | None = None
@@ -665,16 +665,41 @@ def claim_job(
         # reconciles it.  A refusal keeps J first in the claim order (Q-9), as recover
         # requeues; what this claimer cannot take is not offered to it again.
         before = pending_stamp(queue.pending)
-        durable.move_noreplace(ops, claim_fd, job, queue.pending, job)
-        offered = [job] if refusal is not None else []
-        pending_changed(queue, before, offered, first=bool(offered))
+        try:
+            durable.move_noreplace(ops, claim_fd, job, queue.pending, job)
+            offered = [job] if refusal is not None else []
+            pending_changed(queue, before, offered, first=bool(offered))
+            if refusal is not None:
+                remove_claim_and_lease(queue, job)  # with the empty lease/J the refusal left
+        except OSError as exc:
+            raise _undo_refused(queue, job, claim_fd, refusal, exc) from None
         if refusal is not None:
-            remove_claim_and_lease(queue, job)  # with the empty lease/J the refusal left
             raise refusal
         _abandon_claim_dir(queue, job)
         return None
     finally:
         ops.close(claim_fd)
+
+
+def _undo_refused(
+    queue: Queue, job: str, claim_fd: int | None, refusal: CtxError | None, exc: OSError
+) -> CtxError:
+    """The error of a claim whose undo the kernel refused too (the disk that refused the
+    lease refuses the way back): where J stands now, which recover settles, instead of the
+    refusal's "nothing was claimed" or a bare errno."""
+    if claim_fd is not None and lstat_at(claim_fd, job) is not None:
+        where = f"its request is in claimed/{job}, with no lease"
+    else:
+        where = f"it is pending, with an empty claimed/{job} left beside it"
+    done, _ = _nothing_claimed(job)
+    first = "" if refusal is None else f"{refusal.message.split(f'; {done}')[0]}; "
+    trouble = explain_host_trouble(exc.errno, filesystem=queue.root_fd, uid=os.geteuid())
+    mend = "" if trouble is None else f"{trouble.remedy}, then "
+    return CtxError(
+        (refusal.errno if refusal is not None else exc.errno) or errno.EIO,
+        f"{first}undoing the claim of {job} was refused as well ({_cause(exc)}): {where}; "
+        f"it never ran: {mend}'ctx queue recover --reconcile' returns it to pending",
+    )
 
 
 def _write_lease(queue: Queue, job: str, lease: Lease) -> None:
@@ -707,11 +732,18 @@ def _write_lease(queue: Queue, job: str, lease: Lease) -> None:
         # Said before the temp file goes: what ran short is measured as it was when the
         # kernel refused (the last inode, which removing the temp would give back).
         refusal = queue.refusal("claim", "lease", exc, *_nothing_claimed(job))
-        _discard_temp(queue, temp)
+        _discard_temp_if_it_may_be(queue, temp)
         raise refusal from None
     except CtxError:
-        _discard_temp(queue, temp)
+        _discard_temp_if_it_may_be(queue, temp)
         raise
+
+
+def _discard_temp_if_it_may_be(queue: Queue, temp: str) -> None:
+    """Remove a temp file of a step that failed, unless the kernel refuses that too: the
+    step's own error is the one to tell, and 'recover --reconcile' removes a stale temp."""
+    with contextlib.suppress(OSError):
+        _discard_temp(queue, temp)
 
 
 def _read_claimed_request(
@@ -744,8 +776,9 @@ def _read_claimed_request(
         return invalid_request(exc.message), exc.message
 
 
-def _abandon_claim_dir(queue: Queue, job: str) -> None:
-    """Undo our ``mkdir claimed/J`` after losing the job.
+def _abandon_claim_dir(queue: Queue, job: str, refusal: CtxError | None = None) -> None:
+    """Undo our ``mkdir claimed/J`` after losing the job, or after ``refusal``, which the
+    caller raises next; when the kernel refuses the undo too, an error saying where J stands.
 
     ENOTEMPTY: the directory is another claimer's.  recover took ours for a crash's empty
     leftover before we opened it (Q-6), the winner made a new one, and that is the one we
@@ -755,9 +788,12 @@ def _abandon_claim_dir(queue: Queue, job: str) -> None:
         durable.remove_entries(queue.ops, [(queue.claimed, job, True)])
     except OSError as exc:
         if exc.errno != errno.ENOTEMPTY:
-            raise
+            raise _undo_refused(queue, job, None, refusal, exc) from None
         return
-    durable.sync_dir(queue.ops, queue.claimed)
+    try:
+        durable.sync_dir(queue.ops, queue.claimed)
+    except OSError as exc:
+        raise _undo_refused(queue, job, None, refusal, exc) from None
 
 
 # --------------------------------------------------------------------------------- renew

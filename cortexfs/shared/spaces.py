@@ -253,16 +253,19 @@ def _one_creator_at_a_time(shared: Path) -> Iterator[None]:
         os.close(fd)  # lets the lock go
 
 
+_DISK_REMEDY = "check that disk (the kernel's log says more)"  # for EIO
+
+
 @contextlib.contextmanager
 def _completing(path: Path, name: str, created: list[str]) -> Iterator[None]:
-    """Turn a shortage or a read-only filesystem (:data:`~cortexfs.errors.HOST_TROUBLES`) that
-    cuts the making of space ``name`` short into an error that says what was made (``created``
-    so far), that the space is incomplete and that running the command again, once the
-    trouble is mended, completes it."""
+    """Turn a shortage or a read-only filesystem (:data:`~cortexfs.errors.HOST_TROUBLES`), or
+    a disk's I/O error, that cuts the making of space ``name`` short into an error that says
+    what was made (``created`` so far), that the space is incomplete and that running the
+    command again, once the trouble is mended, completes it."""
     try:
         yield
     except (OSError, CtxError) as exc:
-        if exc.errno not in HOST_TROUBLES:
+        if exc.errno not in HOST_TROUBLES and exc.errno != errno.EIO:
             raise
         if isinstance(exc, CtxError):
             reason = exc.message
@@ -270,7 +273,7 @@ def _completing(path: Path, name: str, created: list[str]) -> Iterator[None]:
             where = f" (at {os.fsdecode(exc.filename)})" if exc.filename is not None else ""
             reason = f"{exc.strerror}{where}"
         made = f"made {', '.join(created)}, which is kept" if created else "nothing was made"
-        remedy = remedy_for_host_trouble(exc.errno)
+        remedy = remedy_for_host_trouble(exc.errno) or _DISK_REMEDY
         raise CtxError(
             exc.errno,
             f"shared space {path} could not be completed: {reason}; {made}: {remedy}, then "

@@ -72,6 +72,8 @@ def read_one_version(
             if failure is not None:
                 raise failure
             return result
+        if _left_by_an_interrupted_install(directory, name, seconds):
+            break  # no install takes that long between its swaps: waiting changes nothing
         time.sleep(min(0.005 * attempt, 0.05))
     if failure is not None:
         raise failure
@@ -80,6 +82,16 @@ def read_one_version(
         f"{name} kept changing while it was read: an install of it is in progress; retry, "
         "and run 'ctx bootstrap' if an interrupted install left it so",
     )
+
+
+def _left_by_an_interrupted_install(directory: Path, name: str, seconds: float) -> bool:
+    """Whether ``name``'s commit marker has stood for ``seconds`` already: an install that
+    was interrupted between its swaps left it, for ``ctx bootstrap`` to finish."""
+    try:
+        made = os.lstat(directory / commit_marker(name)).st_mtime
+    except FileNotFoundError:
+        return False
+    return time.time() - made > seconds
 
 
 def _identity(path: Path) -> tuple[int, int, int] | None:

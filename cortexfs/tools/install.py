@@ -21,6 +21,7 @@ with nothing changed (:func:`tool_obstacles`).
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import hashlib
 import json
@@ -254,10 +255,10 @@ def _listing(tier: Tier, tool: ToolObject) -> Listing:
     except CtxError as exc:
         if exc.errno != errno.EAGAIN:
             raise
-        # Every call refuses it (EAGAIN) until the install ends or bootstrap finishes it.
-        return Listing(
-            tool.name, tier.name, tool.executable, STATUS_UNAVAILABLE, exc.message, "", []
-        )
+        # Every call refuses it (EAGAIN) until the install ends or bootstrap finishes it;
+        # its description is of one version or the other.
+        listing = _steady_listing(tier, tool)
+        return dataclasses.replace(listing, status=STATUS_UNAVAILABLE, reason=exc.message)
 
 
 def _steady_listing(tier: Tier, tool: ToolObject) -> Listing:

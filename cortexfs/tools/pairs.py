@@ -204,13 +204,16 @@ def install_pair(
                 )
             staging = _Staging(name, os.urandom(6).hex())
             receiver = _receiver(host)
+            marked = False  # the commit marker is durable: from then on the install completes
             try:
                 _stage(ops, dir_fd, staging, kind, entry, entry_mode, controls, receiver)
                 _complete_controls(ops, dir_fd, staging, kind, name + CONTROLS_SUFFIX, receiver)
-                _commit(ops, dir_fd, staging)
+                new_controls = _mark_commit(ops, dir_fd, staging)
+                marked = True
+                _finish_commit(ops, dir_fd, staging, new_controls)
             except BaseException as failure:
                 release()  # the clean-up's descriptors
-                settled = _settle_failed_install(ops, dir_fd, staging)
+                settled = _settle_failed_install(ops, dir_fd, staging, marked)
                 if settled.finished and isinstance(failure, Exception):
                     return had_entry  # committed, and now finished: the install is done
                 if isinstance(failure, OSError | CtxError):
@@ -374,13 +377,14 @@ def _stage(
     durable.move_noreplace(ops, dir_fd, staging.entry_tmp, dir_fd, staging.entry)
 
 
-def _commit(ops: durable.FsOps, dir_fd: int, staging: _Staging) -> None:
-    """Steps 2 to 5: the marker, then the two swaps."""
+def _mark_commit(ops: durable.FsOps, dir_fd: int, staging: _Staging) -> int:
+    """Step 2: the durable marker, naming the new control directory by its inode number,
+    which :func:`_finish_commit` (steps 3 to 5) is given."""
     new_controls = os.stat(staging.controls, dir_fd=dir_fd, follow_symlinks=False).st_ino
     marker = f"{staging.token} {new_controls}\n".encode()
     durable.write_file_synced(ops, dir_fd, commit_marker(staging.name), marker)
     durable.sync_dir(ops, dir_fd)
-    _finish_commit(ops, dir_fd, staging, new_controls)
+    return new_controls
 
 
 def _finish_commit(ops: durable.FsOps, dir_fd: int, staging: _Staging, new_controls: int) -> None:
@@ -561,9 +565,12 @@ def _repair_before_install(
 
 
 def _settle_failed_install(
-    ops: durable.FsOps, dir_fd: int, staging: _Staging
+    ops: durable.FsOps, dir_fd: int, staging: _Staging, marked: bool
 ) -> install_failure.Settled:
-    """Finish this install when its commit marker is durable, else remove all it staged."""
+    """Finish this install when its commit marker is durable, else remove all it staged.
+    ``marked``: the marker was made durable; its absence then means that step 5 removed it
+    and only the sync after could fail: the install is complete (a crash before that sync
+    may bring the marker back, and a repair rolls forward over a commit already whole)."""
     marker = commit_marker(staging.name)
     mine = [staging.entry_tmp, staging.entry, staging.controls, staging.old_controls, marker]
     committed = False
@@ -571,6 +578,8 @@ def _settle_failed_install(
         parsed = None
         if durable.lstat_at(dir_fd, marker) is not None:
             parsed = _parse_marker(_read_marker(dir_fd, marker))
+        elif marked:
+            return install_failure.Settled(committed=True)
         committed = parsed is not None and parsed[0] == staging.token
         if parsed is not None and committed:
             _finish_commit(ops, dir_fd, staging, parsed[1])
