@@ -425,6 +425,12 @@ def ensure_root_abi(root: Path, ops: durable.FsOps | None = None) -> BootstrapRe
         ops.close(root_fd)
     if closed:
         report.warnings.append(_closed_warning(root, closed))
+    if mounted_noexec(root):
+        report.warnings.append(
+            f"{root} is on a filesystem mounted noexec: the kernel executes nothing there, "
+            "whatever its mode, so no tool, worker job or agent terminal of this root can run "
+            "(T-5); put the storage root on a filesystem mounted with exec"
+        )
     if strangers:
         # Never removed (bootstrap destroys no data), never shown: /ctx shows the six.
         report.warnings.append(
@@ -435,6 +441,15 @@ def ensure_root_abi(root: Path, ops: durable.FsOps | None = None) -> BootstrapRe
             f"{'it' if len(strangers) == 1 else 'them'} elsewhere"
         )
     return report
+
+
+def mounted_noexec(path: Path) -> bool:
+    """Whether ``path`` lies on a filesystem mounted ``noexec`` (False when it cannot be
+    looked at: whoever uses it says why)."""
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_NOEXEC)
+    except OSError:
+        return False
 
 
 def _require_administrators_link(root: Path, target: os.stat_result) -> None:

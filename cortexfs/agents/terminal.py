@@ -60,10 +60,10 @@ from cortexfs.agents.terminal_runtime import RunDirectory
 from cortexfs.agents.terminal_socket import TerminalClients, socket_address
 from cortexfs.agents.view import WORKSPACE, AgentView
 from cortexfs.errors import CtxError, errno_named_in, invalid, not_found
-from cortexfs.policy.linux import mounted_noexec
 from cortexfs.shared.events import EVENTS_FILE
 from cortexfs.shared.sessions import SessionRef, open_session
 from cortexfs.shared.tree import Ownership, open_beneath
+from cortexfs.storage import mounted_noexec
 from cortexfs.tools.host_programs import names_setpriv_misreads
 
 STARTUP_SECONDS = 30.0  # for tsh to come up in its sandbox before the start is a failure

@@ -843,12 +843,14 @@ def _render_recover(report: recovery.RecoverReport) -> None:
     # Each untouched line says why: a holder alive or not provably gone (another host, pid
     # namespace), or a job another process was moving.
     alive = f" ({len(report.untouched)} untouched, as listed)" if report.untouched else ""
+    # The stale temps count what is left; what this run removed is said apart.
+    removed = f", {len(report.removed_temps)} temps removed" if report.removed_temps else ""
     failed = f", {len(report.errors)} errors" if report.errors else ""
     requeued, repaired = ("would requeue", "would repair") if dry else ("requeued", "repaired")
     echo_printable(
         f"{len(report.requeued)} {requeued}, {len(report.repaired)} {repaired}, "
         f"{len(report.incomplete)} incomplete, {len(report.conflicts)} conflicts, "
-        f"{len(report.stale_temps)} stale temps{failed}: queue {state}"
+        f"{len(report.stale_temps)} stale temps{removed}{failed}: queue {state}"
         + (" (nothing changed: dry run)" if dry else "")
         + alive
     )

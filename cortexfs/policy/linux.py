@@ -19,6 +19,7 @@ from typing import NamedTuple
 
 from cortexfs.policy.beneath import Entry, walk
 from cortexfs.printable import shell_word
+from cortexfs.storage import mounted_noexec
 
 READ, WRITE, EXECUTE = os.R_OK, os.W_OK, os.X_OK  # 4, 2, 1: the layout of one rwx triplet
 
@@ -218,14 +219,6 @@ def writable_on_walk(entries: list[Entry], identity: Identity) -> list[str]:
             continue  # the kernel lets it rename or remove its own names only
         writable.append(entry.shown)
     return writable
-
-
-def mounted_noexec(path: Path) -> bool:
-    """Whether ``path`` lies on a filesystem mounted ``noexec`` (False when it is gone)."""
-    try:
-        return bool(os.statvfs(path).f_flag & os.ST_NOEXEC)
-    except OSError:
-        return False  # gone since the walk: the exec itself will say so
 
 
 def _status(entry: Entry) -> os.stat_result:

@@ -372,6 +372,13 @@ class Queue:
 
     def _what_ran_short(self, code: int | None) -> tuple[str, str]:
         """`` (what ran short)`` for a refusal's message, and what to do about it."""
+        if code == errno.EXDEV:
+            return (
+                " (a directory of the queue is on another filesystem than the rest, and a "
+                "rename never crosses filesystems)",
+                "put the queue's directories on one filesystem ('findmnt -T DIR' shows which "
+                "each is on)",
+            )
         trouble = explain_host_trouble(code, filesystem=self.root_fd, uid=os.geteuid())
         if trouble is None:
             return "", "fix the cause ('ctx queue status' shows the queue as it stands)"

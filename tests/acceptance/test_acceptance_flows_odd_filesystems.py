@@ -434,6 +434,7 @@ def test_a_state_directory_on_another_filesystem_refuses_each_step_whole(
     disks.tmpfs(queue / "pending", "size=1m,mode=2770")
     line = refused(ctx(root, "queue", "publish", *q, "-", input=json.dumps(STAT_JOB)), "EXDEV")
     assert f"{queue}/pending" in line and "nothing was published" in line, line
+    assert "on another filesystem than the rest" in line, line  # why, and what mends it
     assert os.listdir(queue / "inbox") == os.listdir(queue / "pending") == []
     disks.unmount(queue / "pending")
     (job,) = batch(root, 1)
@@ -494,6 +495,8 @@ def test_a_root_mounted_noexec_refuses_every_call_naming_noexec_and_keeps_its_qu
     error = json.loads(native.lines()[-1])["error"]
     assert (native.rc, error["error"], error["step"]) == (1, "EACCES", 2), native
     assert "noexec" in error["message"], error
+    warned = ctx(root, "bootstrap")  # what it leaves that agents cannot use, it says
+    assert warned.rc == 0 and "mounted noexec" in warned.err + warned.out, warned
     explained = ctx(root, "policy", "explain", AGENT, "tool:fs.stat", "execute")
     assert explained.rc == 1 and "noexec" in explained.out, explained
     (job,) = batch(root, 1)

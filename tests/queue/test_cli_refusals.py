@@ -239,6 +239,7 @@ def test_what_is_planted_at_a_staging_name_is_removed_by_reconcile(
     assert f"temp       inbox/a.req.json.publish.tmp ({kind}, " in status.stdout
     assert reconciled.returncode == 0
     assert "remove   inbox/a.req.json.publish.tmp\n" in reconciled.stdout
+    assert "0 stale temps, 1 temps removed: queue consistent\n" in reconciled.stdout
     assert (again.returncode, again.stdout) == (0, "a.req.json\n")
     assert target.read_text() == "kept"
 
