@@ -28,6 +28,7 @@ from cortexfs.agents.projection import (
 )
 from cortexfs.agents.view import AgentView
 from cortexfs.errors import CtxError
+from cortexfs.printable import printable
 
 
 class Projection:
@@ -64,6 +65,9 @@ class AgentProjection(Projection):
         # ENOENT or EACCES now, not at the first lookup: a mount starts from usable controls.
         self._view: AgentView | None = AgentView.load(root, agent)
         self._tools = RecentDecisions()
+        for problem in self._view.control_problems():
+            # The control counts as empty, and the view shows what an empty one grants.
+            _say(f"warning: agent {agent}'s view grants as if this control were empty: {problem}")
 
     @property
     def view(self) -> AgentView | None:
@@ -139,4 +143,4 @@ def _directory_identity(path: Path) -> tuple[int, int] | None:
 
 def _say(message: str) -> None:
     """A line on the daemon's standard error: what its viewer sees changed, and why."""
-    print(f"ctx mount: {message}", file=sys.stderr, flush=True)
+    print(printable(f"ctx mount: {message}"), file=sys.stderr, flush=True)

@@ -104,3 +104,18 @@ def test_a_view_whose_agent_cannot_be_read_is_empty_until_repaired(
         assert "agent coder's view shows its entries again" in said, said
     assert daemon.returncode == 0, "ended by its SIGTERM, not by a crash"
     assert (coder.root / "shared" / "team" / "made-after").read_text() == "back\n"
+
+
+def test_a_view_mounted_with_a_malformed_policy_says_so_when_it_starts(coder: World) -> None:
+    """F-1, P-8: a policy control that does not parse counts as empty, so the view shows only
+    what an empty policy grants; the mount says so on its standard error as it starts,
+    naming the control, instead of serving a nearly empty view without a word."""
+    policy = coder.root / "agent" / "coder.d" / "policy"
+    policy.write_text(policy.read_text() + "allow coder_t shared:team sing\n")
+    mountpoint = coder.scratch / "ctx"
+    with mounted(coder.root, mountpoint, "--as", "coder") as daemon:
+        assert "team" not in os.listdir(mountpoint / "shared")  # as an empty policy grants
+        os.set_blocking(daemon.stderr.fileno(), False)  # type: ignore[union-attr]
+        said = os.read(daemon.stderr.fileno(), 65536).decode()  # type: ignore[union-attr]
+    assert "warning: agent coder's view grants as if this control were empty" in said, said
+    assert "policy" in said, said
