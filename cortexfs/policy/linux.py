@@ -155,40 +155,39 @@ def unsearchable_above(top: Path, identity: Identity) -> str:
 def unsearchable(top: Path, identity: Identity) -> str:
     """Why ``identity`` cannot search the directory ``top`` or one above it, or "" when it
     can search them all: what step 2 meets first for anything below ``top``."""
-    above = unsearchable_above(top, identity)
-    if above:
-        return above
-    try:
-        status = os.stat(top)
-    except OSError:
-        return ""  # what is missing is said where it is used
-    if permits(status, identity, EXECUTE):
-        return ""
-    mode = stat.S_IMODE(status.st_mode)
+    denied = unsearchable_above(top, identity)
+    if denied or (status := _refusing(top, identity, EXECUTE)) is None:
+        return denied
     return (
-        f"search (x) on {top} is denied to {_who(identity)} (mode {mode:04o}, owner "
-        f"{_owner(status)}): a process of the agent reaches nothing below it; let it search "
-        f"the directory (chmod o+x {shell_word(str(top))}) or put the storage root where it can"
+        f"search (x) on {top} is denied to {_who(identity)} ({_mode_and_owner(status)}): a "
+        "process of the agent reaches nothing below it; let it search the directory "
+        f"(chmod o+x {shell_word(str(top))}) or put the storage root where it can"
     )
 
 
 def closed_directory(top: Path, identity: Identity) -> str:
     """Why ``identity`` cannot list and enter the directory ``top`` (a directory above it it
     may not search, or ``top`` itself without read and search), or "" when it can."""
-    above = unsearchable_above(top, identity)
-    if above:
-        return above
+    denied = unsearchable_above(top, identity)
+    if denied or (status := _refusing(top, identity, READ | EXECUTE)) is None:
+        return denied
+    return (
+        f"read and search (rx) on {top} are denied to {_who(identity)} ({_mode_and_owner(status)})"
+    )
+
+
+def _refusing(top: Path, identity: Identity, access: int) -> os.stat_result | None:
+    """``top``'s status when its mode bits refuse ``identity`` ``access``; None when they
+    grant it, or when ``top`` cannot be looked at (what is missing is said where it is used)."""
     try:
         status = os.stat(top)
     except OSError:
-        return ""  # what is missing is said where it is used
-    if permits(status, identity, READ | EXECUTE):
-        return ""
-    mode = stat.S_IMODE(status.st_mode)
-    return (
-        f"read and search (rx) on {top} are denied to {_who(identity)} (mode {mode:04o}, "
-        f"owner {_owner(status)})"
-    )
+        return None
+    return None if permits(status, identity, access) else status
+
+
+def _mode_and_owner(status: os.stat_result) -> str:
+    return f"mode {stat.S_IMODE(status.st_mode):04o}, owner {_owner(status)}"
 
 
 def writable_entries(top: Path, relative: PurePosixPath, identity: Identity) -> list[str]:

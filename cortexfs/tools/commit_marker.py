@@ -61,14 +61,14 @@ def read_one_version(
     failure: CtxError | OSError | None = None
     while attempt == 0 or time.monotonic() < deadline:
         attempt += 1
-        before = _identity(entry)
+        before = file_identity(entry)
         swapping = commit_in_progress(directory, name)
         try:
             result, failure = read(), None
         except (CtxError, OSError) as exc:  # judged below: a steady version's failure is its own
             failure = exc
         swapping = swapping or commit_in_progress(directory, name)
-        if not swapping and before is not None and before == _identity(entry):
+        if not swapping and before is not None and before == file_identity(entry):
             if failure is not None:
                 raise failure
             return result
@@ -94,8 +94,9 @@ def _left_by_an_interrupted_install(directory: Path, name: str, seconds: float) 
     return time.time() - made > seconds
 
 
-def _identity(path: Path) -> tuple[int, int, int] | None:
-    """The file at ``path``: a reinstall's rename puts another there, or changes its ctime."""
+def file_identity(path: Path) -> tuple[int, int, int] | None:
+    """The file at ``path`` (None when there is none): a reinstall's rename puts another
+    there, or changes its ctime."""
     try:
         status = os.lstat(path)
     except FileNotFoundError:

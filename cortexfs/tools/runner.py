@@ -70,7 +70,7 @@ from cortexfs.shared.sessions import Session, SessionRef, open_session
 from cortexfs.shared.tree import Ownership
 from cortexfs.timefmt import rfc3339
 from cortexfs.tools import hooks, record
-from cortexfs.tools.commit_marker import read_one_version
+from cortexfs.tools.commit_marker import file_identity, read_one_version
 from cortexfs.tools.controls import (
     ToolControls,
     ToolObject,
@@ -296,7 +296,7 @@ class _Call:
         for _ in range(_ADMISSIONS):
             self._admit_call(input_value)
             assert self.tool is not None and self.view is not None
-            now = _file_identity(self.tool.executable)
+            now = file_identity(self.tool.executable)
             if now is None or now == self.executable_identity:
                 return  # the same version; or none at all, which the start reports (ENOENT)
             # Judged again from the start: found again on the CTX_PATH (a link in its place is
@@ -379,7 +379,7 @@ class _Call:
         read while no reinstall is between its two swaps (:mod:`cortexfs.tools.pairs`)."""
 
         def read() -> tuple[tuple[int, int, int] | None, ToolControls, dict[str, list[str]]]:
-            identity = _file_identity(tool.executable)  # the one before and after, when kept
+            identity = file_identity(tool.executable)  # the one before and after, when kept
             controls = read_controls(tool)
             names = {phase: hooks.hook_names(tool, phase) for phase in hooks.PHASES}
             return identity, controls, names
@@ -790,14 +790,6 @@ _ADMISSIONS = 3  # a tool reinstalled during each of them is being reinstalled i
 _SIGNALS_OF_DAMAGE = frozenset(
     {signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE, signal.SIGABRT}
 )
-
-
-def _file_identity(path: Path) -> tuple[int, int, int] | None:
-    try:
-        status = os.lstat(path)
-    except FileNotFoundError:
-        return None
-    return status.st_dev, status.st_ino, status.st_ctime_ns
 
 
 def _milliseconds(seconds: float) -> float:
