@@ -242,9 +242,23 @@ def sync_filesystem(ops: FsOps, fd: int) -> None:
 
     Used for group commits: N files written, one flush.  Linux waits for the writeback and,
     since 5.8, reports its errors.  It also flushes unrelated dirty data on that filesystem,
-    so it is only worth it for batches.
+    so it is only worth it for batches, and only where it is a barrier at all
+    (:func:`syncfs_is_a_barrier`).
     """
     ops.syncfs(fd)
+
+
+def syncfs_is_a_barrier(dir_fd: int) -> bool:
+    """Whether ``syncfs(2)`` on the filesystem holding ``dir_fd`` makes the data written there
+    durable: on the local filesystems of :data:`ATOMIC_RENAME_FILESYSTEMS`, whose drivers
+    write back their own dirty pages.  Elsewhere each file is synced itself: the kernel
+    forwards ``syncfs`` to no FUSE daemon (only to virtiofs), so on a FUSE mount of a
+    storage root (``ctx mount``) it returns 0 having reached nothing, and what a network
+    filesystem's ``syncfs`` does is the client's business."""
+    try:
+        return filesystem_type(dir_fd) in ATOMIC_RENAME_FILESYSTEMS
+    except OSError:
+        return False
 
 
 def grant_group_access(ops: FsOps, fd: int, group_bits: int) -> None:

@@ -347,8 +347,15 @@ class StorageFS(pyfuse3.Operations):
         _call(durable.sync_file, durable.default_ops(), fh, data_only=bool(datasync))
 
     async def fsyncdir(self, fh, datasync):  # type: ignore[no-untyped-def]
-        with self._opened(self._parts_of(self._open_directories[fh].inode), _LIST) as directory:
+        # The directory the handle stands for, or ESTALE: one renamed away outside the mount
+        # and replaced must not be answered by a sync of its successor.
+        inode = self._open_directories[fh].inode
+        parts = self._parts_of(inode)
+        directory = self._holding(self._open(parts, _LIST), inode, parts)
+        try:
             _call(durable.sync_dir, durable.default_ops(), directory)
+        finally:
+            os.close(directory)
 
     async def flush(self, fh):  # type: ignore[no-untyped-def]
         return None
@@ -358,18 +365,26 @@ class StorageFS(pyfuse3.Operations):
         os.close(fh)
 
     async def create(self, parent_inode, name, mode, flags, ctx):  # type: ignore[no-untyped-def]
-        parts = self._child_to_make(parent_inode, name)
+        exclusive = bool(flags & os.O_EXCL)  # the caller's; the daemon's own open is always
+        parts = self._child_to_make(parent_inode, name, existing_ok=not exclusive)
         with self._parent(parts) as parent:
-            # O_EXCL: a file put at the name since the check above is never opened, let alone
-            # given to the caller by _give.
-            with _callers_umask(ctx):
-                fd = _call(
-                    os.open,
-                    parts[-1],
-                    flags | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                    mode & ~ctx.umask,
-                    dir_fd=parent,
-                )
+            # O_EXCL: a file put at the name since the kernel looked is never opened here, let
+            # alone given to the caller by _give.  For a caller who did not ask for O_EXCL it
+            # is ESTALE instead: the kernel then walks the path again, finds that file, and
+            # opens it as any existing file is opened, permissions checked (open(2)).
+            try:
+                with _callers_umask(ctx):
+                    fd = _call(
+                        os.open,
+                        parts[-1],
+                        flags | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                        mode & ~ctx.umask,
+                        dir_fd=parent,
+                    )
+            except pyfuse3.FUSEError as refused:
+                if refused.errno == errno.EEXIST and not exclusive:
+                    raise pyfuse3.FUSEError(errno.ESTALE) from None
+                raise
             try:
                 self._give(fd, ctx, parent)
                 attributes = self._entry(parts, fd)

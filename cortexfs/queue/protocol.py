@@ -280,6 +280,10 @@ def publish_batch(
         return []
     ops = queue.ops
     temps: list[str] = []
+    # Data before names: one barrier for the whole batch where syncfs is one, else
+    # each file synced as it is written (a FUSE mount of the root never sees a syncfs).
+    group_commit = durable.syncfs_is_a_barrier(queue.inbox)
+    write = durable.write_file_unsynced if group_commit else durable.write_file_synced
     ops.step("publish_batch.write")
     try:
         for start in range(0, len(jobs), _HELD_WRITES):
@@ -295,9 +299,7 @@ def publish_batch(
                 ):
                     temp = queue.publish_temp_name(job)
                     try:
-                        durable.write_file_unsynced(
-                            ops, queue.inbox, temp, data, group=queue.file_group
-                        )
+                        write(ops, queue.inbox, temp, data, group=queue.file_group)
                     except FileExistsError:
                         raise _publish_in_progress(queue, job, temp, batch=True) from None
                     except OSError as exc:
@@ -305,11 +307,11 @@ def publish_batch(
                     temps.append(temp)
         for job in jobs:  # holding every staging name (see publish)
             refuse_known_job(queue, job)
-        # One barrier makes every temp file's data durable (Q-7: data before names).
-        try:
-            durable.sync_filesystem(ops, queue.inbox)
-        except OSError as exc:
-            raise queue.refusal("publish", "inbox", exc, *NOTHING_PUBLISHED) from None
+        if group_commit:
+            try:
+                durable.sync_filesystem(ops, queue.inbox)
+            except OSError as exc:
+                raise queue.refusal("publish", "inbox", exc, *NOTHING_PUBLISHED) from None
     except BaseException:
         _discard_temps(queue, temps)
         raise
