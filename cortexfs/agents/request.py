@@ -37,6 +37,7 @@ written and the path recorded (:class:`LinkedSource`): whoever owns the link cho
 from __future__ import annotations
 
 import errno
+import json
 import os
 import stat
 from dataclasses import dataclass
@@ -52,11 +53,15 @@ from cortexfs.policy.mounts import parse_mount_entries, target_problem
 from cortexfs.regular_file import read_regular_file
 from cortexfs.tools.ctxpath import CTX_MOUNT
 from cortexfs.tools.schemas import brief_message
+from cortexfs.tools.spawn import MAX_ARG_STRLEN
 
 if TYPE_CHECKING:
     from jsonschema import ValidationError
 
 MAX_REQUEST_BYTES = 256 * 1024
+# The share of MAX_ARG_STRLEN a request's own mounts may take in CTX_MOUNTS, which also lists
+# the storage view's entries (the tools the agent may run, for one).
+MAX_MOUNTS_ENVIRONMENT = 64 * 1024
 # As many links as the kernel follows in one path lookup (MAXSYMLINKS); past them realpath
 # stops resolving too.
 _MAX_LINKS = 40
@@ -369,6 +374,15 @@ def _mount_problems(mounts: list[list[str]], storage_root: Path) -> list[str]:
                 f"{mount.name!r}; policy names a mount by the last part of its target"
             )
         seen.setdefault(mount.name, mount.target)
+    size = len(json.dumps([[str(m.source), str(m.target), "rw"] for m in table]))
+    if size > MAX_MOUNTS_ENVIRONMENT:
+        problems.append(
+            f"mount: its {len(table)} mounts take {size} bytes of CTX_MOUNTS, the environment "
+            f"variable every tool of the agent is started with, which also lists what the "
+            f"storage view at {CTX_MOUNT} shows; the kernel starts no program with a variable "
+            f"over {MAX_ARG_STRLEN} bytes (E2BIG): keep the mounts within "
+            f"{MAX_MOUNTS_ENVIRONMENT} bytes (fewer mounts, or a common parent mounted once)"
+        )
     return problems
 
 

@@ -436,7 +436,8 @@ def follow_events(
     A file that shrank below what was read (cut by someone who may write it) or that another
     file replaced is read again from its start, as ``tail -F`` does, and ``on_restart`` is
     told why: waiting for it to grow past the old end would skip, silently, every event
-    appended meanwhile.  ``dir_fd`` as for :func:`read_events`."""
+    appended meanwhile.  Read as :func:`stream_events` reads; ``dir_fd`` as for
+    :func:`read_events`."""
     line = 1
     followed = _size_and_identity(path, dir_fd)
     gone = False
@@ -465,13 +466,15 @@ def follow_events(
                 offset, line = 0, 1
         gone = False
         followed = now or followed
+        # Streamed, event by event: what was appended since the last look may be a whole
+        # session moved into place, which a list of it would hold in memory at once.
+        scan = EventScan(end=offset)
         try:
-            scan = read_events(path, offset=offset, first_line=line, dir_fd=dir_fd)
+            yield from stream_events(path, scan, first_line=line, dir_fd=dir_fd)
         except FileNotFoundError:
             if followed is None:
                 raise  # never there: nothing to wait for
             continue  # removed since it was looked at: the next look says so
-        yield from scan.events
         line += scan.lines
         if scan.end == offset:
             time.sleep(poll_interval)

@@ -43,7 +43,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
-import json
 import os
 import signal
 import time
@@ -64,6 +63,7 @@ from cortexfs.errors import (
     remedy_for_host_trouble,
 )
 from cortexfs.interrupts import Stopped
+from cortexfs.jsontext import dumps_utf8
 from cortexfs.policy import Credentials, check_authority, check_tool_execute
 from cortexfs.policy.chain import AuthorityRequest, Decision, Step
 from cortexfs.shared.sessions import Session, SessionRef, open_session
@@ -82,7 +82,14 @@ from cortexfs.tools.core import BOOTSTRAP_TOOLS, NEEDS_CAPABILITY
 from cortexfs.tools.ctxpath import Resolution, tier_location, which
 from cortexfs.tools.result import ERROR, OK, ToolError, ToolResult, decode_output, exit_error
 from cortexfs.tools.schemas import UnusableSchema, validate_input
-from cortexfs.tools.spawn import MAX_OUTPUT_BYTES, Finished, ProcessSpec, run_attached, run_captured
+from cortexfs.tools.spawn import (
+    MAX_ARG_STRLEN,
+    MAX_OUTPUT_BYTES,
+    Finished,
+    ProcessSpec,
+    run_attached,
+    run_captured,
+)
 
 if TYPE_CHECKING:
     from cortexfs.agents.capability import Capability
@@ -510,7 +517,9 @@ class _Call:
                 if self.mode == NATIVE:
                     finished = run_captured(
                         spec,
-                        json.dumps(input_value).encode() + b"\n",
+                        # Compact UTF-8: no larger than the input the caller gave, so
+                        # that what the runner accepted the tool accepts too (toolio).
+                        dumps_utf8(input_value, separators=(",", ":")) + b"\n",
                         on_start=self._started,
                         on_stderr_line=self._stderr_line,
                         on_cut_short=self._cut_short,
@@ -519,7 +528,8 @@ class _Call:
                     finished = run_attached(spec, on_start=self._started)
             except OSError as exc:
                 raise CtxError(
-                    exc.errno or errno.EIO, f"cannot start {spec.argv[0]}: {exc.strerror}"
+                    exc.errno or errno.EIO,
+                    f"cannot start {spec.argv[0]}: {exc.strerror}{_too_big_to_start(spec, exc)}",
                 ) from None
         result = self._finished_result(finished)
         with self._timed("post_hooks"):
@@ -784,9 +794,34 @@ def _session_ref(root: Path, view: AgentView, requested: SessionRef | str | None
 
 _ADMISSIONS = 3  # a tool reinstalled during each of them is being reinstalled in a loop
 
+
 # How a launcher whose bytecode a changed byte corrupted may end: the interpreter executes what
 # the bytes now say, reads or jumps where nothing is (SIGSEGV, SIGBUS, SIGILL, SIGFPE) or fails
 # one of its own assertions (SIGABRT), all before the launcher could name the damage.
+def _too_big_to_start(spec: ProcessSpec, exc: OSError) -> str:
+    """For E2BIG, which of what the call hands the tool the kernel found too big: a variable
+    or an argument over :data:`MAX_ARG_STRLEN` (CTX_MOUNTS of an agent with very many mounts
+    or tools, say), else the whole of them."""
+    if exc.errno != errno.E2BIG:
+        return ""
+    over = [
+        name
+        for name, value in spec.env.items()
+        if len(os.fsencode(f"{name}={value}")) >= MAX_ARG_STRLEN
+    ]
+    over += [
+        f"argument {number}"
+        for number, word in enumerate(spec.argv)
+        if len(os.fsencode(word)) >= MAX_ARG_STRLEN
+    ]
+    if over:
+        return (
+            f" ({', '.join(over)} holds over the {MAX_ARG_STRLEN} bytes the kernel passes in one "
+            "variable or argument; for CTX_MOUNTS, give the agent fewer mounts or tools)"
+        )
+    return " (its arguments and environment together are more than the kernel passes)"
+
+
 _SIGNALS_OF_DAMAGE = frozenset(
     {signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE, signal.SIGABRT}
 )

@@ -37,6 +37,9 @@ from cortexfs.tools import offline, orphans
 from cortexfs.tools.host_programs import find_program, setpriv_id_options
 
 MAX_OUTPUT_BYTES = 16 * 1024 * 1024
+# Linux's MAX_ARG_STRLEN: the most one argument or environment variable (``NAME=value`` and
+# its NUL) of an exec may hold; over it the exec fails with E2BIG.
+MAX_ARG_STRLEN = 32 * 4096
 MAX_STDERR_TAIL = 64 * 1024
 STRAGGLER_GRACE = 1.0
 LONGEST_WAIT = 86_400.0  # seconds the pump sleeps at most before it looks at the deadline again

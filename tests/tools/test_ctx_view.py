@@ -50,6 +50,10 @@ def team(world: World) -> World:
         (world.root / "model" / provider / model).write_text(f"{model}\n")
     with open(world.root / "agent" / "coder.d" / "policy", "a") as policy:
         policy.write("allow coder_t model:acme/m1 use\n")
+    # The model's own policy too (P-5 step 6): m2 and m3 are denied by the agent's already.
+    (world.root / "model" / "acme" / "m1.d" / "policy").write_text(
+        "allow coder_t model:acme/m1 use\n"
+    )
     (world.root / "home" / "12345").mkdir()
     (world.root / "shared" / "cortexfs-docs").mkdir(mode=0o755, exist_ok=True)
     (world.root / "stray").write_text("not in the root ABI\n")

@@ -134,7 +134,7 @@ def read_request(arguments: list[str], shorthand: Shorthand) -> dict[str, Any]:
         if len(arguments) > 1:
             raise ToolFailure(errno_names.EINVAL, "expected one JSON object", usage=True)
         return _parse_object(arguments[0])
-    data = read_stdin(MAX_INPUT_BYTES, "input")
+    data = read_stdin(MAX_INPUT_BYTES, "input", line_end=True)
     if not data.strip():
         return {}
     return _parse_object(data.decode("utf-8", "replace"))
@@ -153,13 +153,14 @@ def main_parameter(key: str) -> Shorthand:
     return request
 
 
-def read_stdin(limit: int, what: str) -> bytes:
+def read_stdin(limit: int, what: str, *, line_end: bool = False) -> bytes:
     """Everything piped in on stdin, at most ``limit`` bytes (else EFBIG); nothing when stdin
-    is a terminal (a person typed the bare command) or closed."""
+    is a terminal (a person typed the bare command) or closed.  ``line_end``: a line break
+    after the ``limit`` bytes is not counted (the runner ends a native input with one)."""
     if sys.stdin is None or sys.stdin.isatty():
         return b""
-    data = sys.stdin.buffer.read(limit + 1)
-    if len(data) > limit:
+    data = sys.stdin.buffer.read(limit + 2)
+    if len(data) > limit and not (line_end and len(data) == limit + 1 and data[-1:] == b"\n"):
         raise ToolFailure(errno_names.EFBIG, f"{what} is larger than {limit} bytes")
     return data
 
