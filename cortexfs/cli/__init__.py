@@ -34,7 +34,8 @@ def main(args: list[str] | None = None, prog_name: str | None = None) -> None:
     except MemoryError:
         from cortexfs.cli.exits import ran_out_of_memory
 
-        ran_out_of_memory(prog_name or "ctx", "--json" in argv)
+        queue_command = _command_of(argv) == "queue"
+        ran_out_of_memory(prog_name or "ctx", "--json" in argv, queue_command=queue_command)
     except (KeyboardInterrupt, RuntimeError) as error:
         # Ctrl-C while modules load, outside what click reports itself: no traceback of the
         # import machinery, the same EINTR as a command interrupted later.
@@ -43,6 +44,17 @@ def main(args: list[str] | None = None, prog_name: str | None = None) -> None:
         from cortexfs.cli.exits import interrupted
 
         interrupted(prog_name or "ctx", "--json" in argv)
+
+
+def _command_of(argv: list[str]) -> str:
+    """The command word of ``argv`` (``queue`` in ``ctx --storage S queue status``)."""
+    words = iter(argv)
+    for word in words:
+        if word == "--storage":
+            next(words, None)  # its value
+        elif not word.startswith("-"):
+            return word
+    return ""
 
 
 def _main(argv: list[str], prog_name: str) -> None:

@@ -62,12 +62,13 @@ def interrupted(prog_name: str, as_json: bool, signum: int = signal.SIGINT) -> N
     sys.exit(128 + signum)
 
 
-def ran_out_of_memory(prog_name: str, as_json: bool) -> NoReturn:
+def ran_out_of_memory(prog_name: str, as_json: bool, *, queue_command: bool = False) -> NoReturn:
     """End a command that ran out of memory (a MemoryError) as every refusal ends (``ctx:
     ENOMEM: …``, the error object on stdout with --json, exit 1), saying what it had changed
-    for good before: never a traceback."""
+    for good before, and for a ``queue_command`` what settles one stopped midway: never a
+    traceback."""
     done = f" after it had done this: {'; '.join(_changes)}" if _changes else ""
-    queue = " ('ctx queue recover' settles a queue command stopped midway)"
+    queue = " ('ctx queue recover' settles a queue command stopped midway)" if queue_command else ""
     error = out_of_memory(f"the command stopped{done}{queue}")
     sys.stderr.write(f"{prog_name}: {printable(str(error))}\n")
     if as_json:
