@@ -43,6 +43,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
+import json
 import os
 import signal
 import time
@@ -79,6 +80,7 @@ from cortexfs.tools.controls import (
     require_available,
 )
 from cortexfs.tools.core import BOOTSTRAP_TOOLS, NEEDS_CAPABILITY
+from cortexfs.tools.core.toolio import MAX_INPUT_BYTES
 from cortexfs.tools.ctxpath import Resolution, tier_location, which
 from cortexfs.tools.result import ERROR, OK, ToolError, ToolResult, decode_output, exit_error
 from cortexfs.tools.schemas import UnusableSchema, validate_input
@@ -517,9 +519,7 @@ class _Call:
                 if self.mode == NATIVE:
                     finished = run_captured(
                         spec,
-                        # Compact UTF-8: no larger than the input the caller gave, so
-                        # that what the runner accepted the tool accepts too (toolio).
-                        dumps_utf8(input_value, separators=(",", ":")) + b"\n",
+                        _encoded_input(input_value),
                         on_start=self._started,
                         on_stderr_line=self._stderr_line,
                         on_cut_short=self._cut_short,
@@ -798,6 +798,17 @@ _ADMISSIONS = 3  # a tool reinstalled during each of them is being reinstalled i
 # How a launcher whose bytecode a changed byte corrupted may end: the interpreter executes what
 # the bytes now say, reads or jumps where nothing is (SIGSEGV, SIGBUS, SIGILL, SIGFPE) or fails
 # one of its own assertions (SIGABRT), all before the launcher could name the damage.
+def _encoded_input(input_value: Any) -> bytes:
+    """The native input as the tool reads it, one line: ``json.dumps``'s form, which tools
+    have always been given; compact UTF-8 when that form would be over what a core tool
+    reads (ASCII escapes triple a text's accented letters), which is never longer than the
+    input the caller gave, so that what the runner accepted the tool accepts too."""
+    data = json.dumps(input_value).encode()
+    if len(data) > MAX_INPUT_BYTES:
+        data = dumps_utf8(input_value, separators=(",", ":"))
+    return data + b"\n"
+
+
 def _too_big_to_start(spec: ProcessSpec, exc: OSError) -> str:
     """For E2BIG, which of what the call hands the tool the kernel found too big: a variable
     or an argument over :data:`MAX_ARG_STRLEN` (CTX_MOUNTS of an agent with very many mounts
