@@ -85,7 +85,7 @@ def select_queue_in_suggestions(
     words: list[str] = []
     if storage_dir is None:
         root_ctx = click.get_current_context().find_root()
-        storage_dir = (root_ctx.obj or {}).get("storage") if root_ctx.obj else None
+        storage_dir = root_ctx.obj.get("storage") if root_ctx.obj else None  # ctx --storage
     if storage_dir is not None:
         words += ["--storage", os.path.abspath(storage_dir)]
     if queue_arg is not None:

@@ -694,12 +694,14 @@ def _undo_refused(
     else:
         where = f"it is pending, with an empty claimed/{job} left beside it"
     done, _ = _nothing_claimed(job)
-    first = "" if refusal is None else f"{refusal.message.split(f'; {done}')[0]}; "
+    first, too = "", ""
+    if refusal is not None:
+        first, too = f"{refusal.message.split(f'; {done}')[0]}; ", " as well"
     trouble = explain_host_trouble(exc.errno, filesystem=queue.root_fd, uid=os.geteuid())
     mend = "" if trouble is None else f"{trouble.remedy}, then "
     return CtxError(
         (refusal.errno if refusal is not None else exc.errno) or errno.EIO,
-        f"{first}undoing the claim of {job} was refused as well ({_cause(exc)}): {where}; "
+        f"{first}undoing the claim of {job} was refused{too} ({_cause(exc)}): {where}; "
         f"it never ran: {mend}'ctx queue recover --reconcile' returns it to pending",
     )
 
