@@ -9,6 +9,7 @@ import os
 import re
 import resource
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -16,8 +17,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from tests.support.users import UnprivilegedUser
 
 REPO = Path(__file__).resolve().parents[2]
 CTX_ARGV = [str(REPO / ".venv" / "bin" / "ctx")]
@@ -467,3 +472,63 @@ def serving(storage: Path, where: Path, *args: str, nofile: int | None = None) -
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def limited(
+    env: dict[str, str],
+    *args,
+    input: str | bytes = b"",
+    fsize: int | None = None,
+    nofile: int | None = None,
+    nproc: int | None = None,
+    address_space: int | None = None,
+    data: int | None = None,
+    cpu: int | None = None,
+    cpu_spent: float = 0.0,
+    sigxfsz=signal.SIG_DFL,
+    user: UnprivilegedUser | None = None,
+    cwd: Path | None = None,
+    timeout: float = 120,
+) -> Run:
+    """``ctx ARGS…`` in a child whose limits (soft and hard, as ``prlimit`` sets them) are
+    the ones given, with ``SIGXFSZ`` set to ``sigxfsz`` before the exec; ``cpu_spent``
+    seconds of CPU are used up in the child first (CPU time survives the exec); ``user``:
+    run as that uid, the limits set after the switch; ``timeout``: one only a hang reaches."""
+    limits = [
+        (resource.RLIMIT_FSIZE, fsize),
+        (resource.RLIMIT_NOFILE, nofile),
+        (resource.RLIMIT_NPROC, nproc),
+        (resource.RLIMIT_AS, address_space),
+        (resource.RLIMIT_DATA, data),
+    ]
+
+    def preexec() -> None:
+        signal.signal(signal.SIGXFSZ, sigxfsz)
+        started = time.process_time()
+        while time.process_time() - started < cpu_spent:
+            pass
+        if cpu is not None:
+            resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 2))
+        for which, value in limits:
+            if value is not None:
+                resource.setrlimit(which, (value, value))
+
+    as_user = {}
+    if user is not None:
+        as_user = {"user": user.uid, "group": user.gid, "extra_groups": []}
+    proc = subprocess.run(
+        [*CTX_ARGV, *map(str, args)],
+        input=input.encode() if isinstance(input, str) else input,
+        capture_output=True,
+        env=env,
+        cwd=cwd,
+        preexec_fn=preexec,
+        timeout=timeout,
+        **as_user,
+    )
+    return Run(
+        [str(a) for a in args],
+        proc.returncode,
+        proc.stdout.decode("utf-8", "replace"),
+        proc.stderr.decode("utf-8", "replace"),
+    )

@@ -46,6 +46,7 @@ from tests.acceptance.ctxcli import (
     tool_manifest,
     wait_for,
 )
+from tests.acceptance.ctxcli import limited as limited_run
 from tests.acceptance.workercli import AGENT, LABEL, allow_in_tool_policy, make_agent
 from tests.support.storage import copy_of_root
 
@@ -78,24 +79,7 @@ def limited(
 ) -> Run:
     """``ctx ARGS…`` with its address space (soft and hard) limited to ``memory`` bytes, its
     children included, and a timeout only a hang reaches."""
-
-    def preexec() -> None:
-        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-
-    proc = subprocess.run(
-        [*CTX_ARGV, *map(str, args)],
-        input=input.encode() if isinstance(input, str) else input,
-        capture_output=True,
-        env=env,
-        preexec_fn=preexec,
-        timeout=TIMEOUT,
-    )
-    return Run(
-        [str(a) for a in args],
-        proc.returncode,
-        proc.stdout.decode("utf-8", "replace"),
-        proc.stderr.decode("utf-8", "replace"),
-    )
+    return limited_run(env, *args, input=input, address_space=memory, timeout=TIMEOUT)
 
 
 def ok(run: Run) -> Run:

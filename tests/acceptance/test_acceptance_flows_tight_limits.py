@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import pwd
-import resource
 import shutil
 import signal
 import subprocess
@@ -25,11 +24,11 @@ from pathlib import Path
 import pytest
 
 from tests.acceptance.ctxcli import (
-    CTX_ARGV,
     QueueCLI,
     Run,
     clean_env,
     ctx_run,
+    limited,
     new_scratch_dir,
     request,
     result,
@@ -37,7 +36,6 @@ from tests.acceptance.ctxcli import (
     tool_manifest,
 )
 from tests.acceptance.workercli import AGENT, allow_in_tool_policy, make_agent, shell_job
-from tests.support.users import UnprivilegedUser
 from tests.support.users import unprivileged_user as unprivileged_user
 
 needs_root = pytest.mark.skipif(
@@ -53,65 +51,6 @@ PUBLISH = ("queue", "publish", "--project", "proj")
 PAGE = 4096
 
 # ------------------------------------------------------------------------------ helpers
-
-
-def limited(
-    env: dict[str, str],
-    *args,
-    input: str | bytes = b"",
-    fsize: int | None = None,
-    nofile: int | None = None,
-    nproc: int | None = None,
-    address_space: int | None = None,
-    data: int | None = None,
-    cpu: int | None = None,
-    cpu_spent: float = 0.0,
-    sigxfsz=signal.SIG_DFL,
-    user: UnprivilegedUser | None = None,
-    cwd: Path | None = None,
-) -> Run:
-    """``ctx ARGS…`` in a child whose limits (soft and hard, as ``prlimit`` sets them) are
-    the ones given, with ``SIGXFSZ`` set to ``sigxfsz`` before the exec; ``cpu_spent``
-    seconds of CPU are used up in the child first (CPU time survives the exec); ``user``:
-    run as that uid, the limits set after the switch."""
-    limits = [
-        (resource.RLIMIT_FSIZE, fsize),
-        (resource.RLIMIT_NOFILE, nofile),
-        (resource.RLIMIT_NPROC, nproc),
-        (resource.RLIMIT_AS, address_space),
-        (resource.RLIMIT_DATA, data),
-    ]
-
-    def preexec() -> None:
-        signal.signal(signal.SIGXFSZ, sigxfsz)
-        started = time.process_time()
-        while time.process_time() - started < cpu_spent:
-            pass
-        if cpu is not None:
-            resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 2))
-        for which, value in limits:
-            if value is not None:
-                resource.setrlimit(which, (value, value))
-
-    as_user = {}
-    if user is not None:
-        as_user = {"user": user.uid, "group": user.gid, "extra_groups": []}
-    proc = subprocess.run(
-        [*CTX_ARGV, *map(str, args)],
-        input=input.encode() if isinstance(input, str) else input,
-        capture_output=True,
-        env=env,
-        cwd=cwd,
-        preexec_fn=preexec,
-        timeout=120,
-        **as_user,
-    )
-    return Run(
-        [str(a) for a in args],
-        proc.returncode,
-        proc.stdout.decode("utf-8", "replace"),
-        proc.stderr.decode("utf-8", "replace"),
-    )
 
 
 def refused(run: Run, code: str) -> None:
