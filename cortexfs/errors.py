@@ -56,6 +56,8 @@ _HOST_REMEDIES = {
 }
 # The host's troubles that remedy_for_host_trouble has words for.
 HOST_TROUBLES = frozenset(_HOST_REMEDIES)
+# What mends an I/O error from a disk, which is none of them: the disk's own trouble.
+DISK_ERROR_REMEDY = "check that disk (the kernel's log says more)"
 
 # What ran short, when the errno alone says it: descriptors are per process or system-wide,
 # and "Too many open files" does not say which limit to raise.

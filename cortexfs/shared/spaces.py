@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cortexfs import durable, storage
-from cortexfs.errors import HOST_TROUBLES, CtxError, remedy_for_host_trouble
+from cortexfs.errors import DISK_ERROR_REMEDY, HOST_TROUBLES, CtxError, remedy_for_host_trouble
 from cortexfs.locks import flock_within
 from cortexfs.names import check_object_name
 from cortexfs.queue.claim_order import start_hint
@@ -253,9 +253,6 @@ def _one_creator_at_a_time(shared: Path) -> Iterator[None]:
         os.close(fd)  # lets the lock go
 
 
-_DISK_REMEDY = "check that disk (the kernel's log says more)"  # for EIO
-
-
 @contextlib.contextmanager
 def _completing(path: Path, name: str, created: list[str]) -> Iterator[None]:
     """Turn a shortage or a read-only filesystem (:data:`~cortexfs.errors.HOST_TROUBLES`), or
@@ -273,7 +270,7 @@ def _completing(path: Path, name: str, created: list[str]) -> Iterator[None]:
             where = f" (at {os.fsdecode(exc.filename)})" if exc.filename is not None else ""
             reason = f"{exc.strerror}{where}"
         made = f"made {', '.join(created)}, which is kept" if created else "nothing was made"
-        remedy = remedy_for_host_trouble(exc.errno) or _DISK_REMEDY
+        remedy = remedy_for_host_trouble(exc.errno) or DISK_ERROR_REMEDY
         raise CtxError(
             exc.errno,
             f"shared space {path} could not be completed: {reason}; {made}: {remedy}, then "

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from cortexfs.errors import (
+    DISK_ERROR_REMEDY,
     HOST_SHORTAGES,
     CtxError,
     describe,
@@ -78,7 +79,7 @@ def host_remedy(code: int | None) -> str:
         errno.EPERM: "make it writable again (an immutable or append-only attribute shows in "
         "'lsattr' and goes with 'chattr -i -a')",
         errno.EACCES: "give the worker's user write access to it (its mode, owner or ACL)",
-        errno.EIO: "check that disk (the kernel's log says more)",
+        errno.EIO: DISK_ERROR_REMEDY,
     }
     code = code or errno.EIO
     # The queue's and the session's files are this process's, and so is the quota they count
