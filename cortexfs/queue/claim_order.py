@@ -171,7 +171,12 @@ def pending_changed(
 ) -> None:
     """Tell the queue's claim order (and this user's hint) what we just did to ``pending/``,
     whose stamp was ``before`` just before we did it."""
-    after = pending_stamp(queue.pending)
+    try:
+        after = pending_stamp(queue.pending)
+    except OSError:
+        # The filesystem failing as a whole (EIO, a FUSE mount that ended), which the step's
+        # own error tells: left untold, the change is one the next claim sees and lists anew.
+        return
     queue.claim_order.changed(queue.path, before, after, added, first=first)
 
 

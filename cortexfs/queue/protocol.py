@@ -163,7 +163,18 @@ def publish(
         _discard_temp(queue, temp)
         raise exists(f"job {job} is already pending; publish under another name") from None
     except OSError as exc:
-        if _moved_in(queue.inbox, temp, queue.pending, job):
+        moved = _moved_in(queue.inbox, temp, queue.pending, job)
+        if isinstance(moved, OSError):
+            raise _not_known_where(
+                "publishing",
+                job,
+                exc,
+                moved,
+                "it may be in pending/ and will then be claimed, so do not publish it again "
+                f"under another name; once the queue can be read, 'ctx queue show {job}' shows "
+                "whether it is",
+            ) from None
+        if moved:
             pending_changed(queue, before, [job])
             raise _published_unsynced([job], exc) from None
         _discard_temp(queue, temp)
@@ -324,10 +335,23 @@ def publish_batch(
         try:
             outcomes = durable.move_noreplace_batch(ops, moves)
         except OSError as exc:  # a barrier failed: what moved is not known to be durable
-            moved = [m.dst for m in moves if _moved_in(m.src_dir, m.src, m.dst_dir, m.dst)]
+            found = [_moved_in(m.src_dir, m.src, m.dst_dir, m.dst) for m in moves]
+            moved = [m.dst for m, there in zip(moves, found, strict=True) if there is True]
             pending_changed(queue, before, moved)
             with contextlib.suppress(OSError):  # the error to report is the first one
                 _discard_temps(queue, [m.src for m in moves if m.dst not in moved])
+            unread = [there for there in found if isinstance(there, OSError)]
+            if unread:
+                lines = [n for n, there in zip(numbers, found, strict=True) if there is not False]
+                raise _not_known_where(
+                    "publishing the jobs of batch",
+                    _line_ranges(lines),
+                    exc,
+                    unread[0],
+                    "they may be in pending/ and will then be claimed, so do not publish them "
+                    "again under other names; once the queue can be read, 'ctx queue show "
+                    "NAME' shows where each stands",
+                ) from None
             if not moved:
                 raise queue.refusal("publish", "pending", exc, *NOTHING_PUBLISHED) from None
             unsynced = _published_unsynced(moved, exc, jobs, numbers)
@@ -393,14 +417,32 @@ def _line_ranges(numbers: Sequence[int]) -> str:
     return f"line{'s' if len(numbers) > 1 else ''} {said}"
 
 
-def _moved_in(src_dir: int, src: str, dst_dir: int, dst: str) -> bool:
+def _moved_in(src_dir: int, src: str, dst_dir: int, dst: str) -> bool | OSError:
     """Whether a move that raised got as far as putting ``src`` at ``dst``: ``dst`` exists,
-    and ``src`` is gone or is the same file (the link strategy stops between the two)."""
-    there = lstat_at(dst_dir, dst)
-    if there is None:
-        return False
-    left = lstat_at(src_dir, src)
+    and ``src`` is gone or is the same file (the link strategy stops between the two).
+
+    The kernel's error when neither can be read: the filesystem failed as a whole (EIO, a
+    FUSE mount that ended), and what the move did is not known, which callers say
+    (:func:`_not_known_where`) rather than guess either way."""
+    try:
+        there = lstat_at(dst_dir, dst)
+        if there is None:
+            return False
+        left = lstat_at(src_dir, src)
+    except OSError as exc:
+        return exc
     return left is None or left.st_ino == there.st_ino
+
+
+def _not_known_where(action: str, job: str, exc: OSError, unread: OSError, then: str) -> CtxError:
+    """The error of ``action`` on J failing where the queue cannot be read back to tell what
+    the failed step did (:func:`_moved_in`): both of its outcomes, and ``then``, what settles
+    either once the queue can be read again."""
+    return CtxError(
+        exc.errno or errno.EIO,
+        f"{action} {job} failed ({_cause(exc)}) and the queue could not be read to tell where "
+        f"{job} stands ({_cause(unread)}): {then}",
+    )
 
 
 def _published_unsynced(
@@ -627,7 +669,17 @@ def claim_job(
             _abandon_claim_dir(queue, job)
             return None
         except OSError as exc:
-            if _moved_in(queue.pending, job, claim_fd, job):
+            moved = _moved_in(queue.pending, job, claim_fd, job)
+            if isinstance(moved, OSError):
+                raise _not_known_where(
+                    "claiming",
+                    job,
+                    exc,
+                    moved,
+                    "it is pending, or in claimed/ with no lease; it never ran, and once the "
+                    "queue can be read 'ctx queue recover --reconcile' returns it to pending",
+                ) from None
+            if moved:
                 # A barrier after the move failed: what a crash there leaves, for recover.
                 raise CtxError(
                     exc.errno or errno.EIO,
@@ -689,10 +741,18 @@ def _undo_refused(
     """The error of a claim whose undo the kernel refused too (the disk that refused the
     lease refuses the way back): where J stands now, which recover settles, instead of the
     refusal's "nothing was claimed" or a bare errno."""
-    if claim_fd is not None and lstat_at(claim_fd, job) is not None:
-        where = f"its request is in claimed/{job}, with no lease"
+    try:
+        claimed = claim_fd is not None and lstat_at(claim_fd, job) is not None
+    except OSError as unread:  # the filesystem failed as a whole: both are possible
+        where = (
+            f"it is pending, or its request is in claimed/{job} with no lease (the queue "
+            f"could not be read to tell: {_cause(unread)})"
+        )
     else:
-        where = f"it is pending, with an empty claimed/{job} left beside it"
+        if claimed:
+            where = f"its request is in claimed/{job}, with no lease"
+        else:
+            where = f"it is pending, with an empty claimed/{job} left beside it"
     done, _ = _nothing_claimed(job)
     first, too = "", ""
     if refusal is not None:
@@ -1058,7 +1118,19 @@ def finish(
             _discard_temp(queue, temp)
             raise _finished_already(queue, job, lease) from None
         except OSError as exc:
-            if _moved_in(queue.inbox, temp, terminal, job + RESULT_SUFFIX):
+            moved = _moved_in(queue.inbox, temp, terminal, job + RESULT_SUFFIX)
+            if isinstance(moved, OSError):
+                raise _not_known_where(
+                    "finishing",
+                    job,
+                    exc,
+                    moved,
+                    f"it stays claimed, and its result may be in {state}/ already; do not run "
+                    f"it again: once the queue can be read, finishing it again with the same "
+                    "outcome completes it, or 'ctx queue recover --reconcile' does once its "
+                    "holder is gone",
+                ) from None
+            if moved:
                 raise _finish_cut_short(queue, job, lease, exc) from None
             _discard_temp(queue, temp)
             raise queue.refusal("finish", state, exc, *_still_claimed(job)) from None
@@ -1254,7 +1326,18 @@ def _finish_cut_short(queue: Queue, job: str, lease: Lease | CtxError, exc: OSEr
     """The error of a finish that failed after its result was in place (an I/O error, a full
     disk): it cannot be undone, so the error says where J stands and what completes it,
     instead of a bare EIO."""
-    assessment = ev.assess(ev.evidence_of(queue, job))
+    try:
+        assessment = ev.assess(ev.evidence_of(queue, job))
+    except OSError as unread:
+        return _not_known_where(
+            "finishing",
+            job,
+            exc,
+            unread,
+            "its result is in place, so do not run it again: once the queue can be read, "
+            f"'ctx queue show {job}' shows what is left, and finishing it again with the same "
+            "outcome or 'ctx queue recover --reconcile' completes it",
+        )
     where = f"job {job} is {assessment.state} ({assessment.detail})"
     if assessment.state != "incomplete":
         then = f"'ctx queue show {job}' shows it"
