@@ -161,9 +161,9 @@ def calling_process(argv: Sequence[str]) -> int:
     for a subreaper in another session, which adopted it when its starter died; and a wrapper
     that leads a session of its own (``setsid timeout 60 …``), which the walk cannot tell from
     one a subreaper adopted (:func:`_may_have_started`).  A subreaper in the same session is
-    taken for the starter.  Nor can a subshell forked for a pipeline or a ``{ …; }`` group
-    inside ``$(…)``, which ends with the command, be told from one that goes on working,
-    ``( … ) &``: scripts pass ``--pid $$`` there.
+    taken for the starter.  Nor can a subshell forked for a pipeline, a ``{ …; }`` group or
+    (bash) a redirection inside ``$(…)``, which ends with the command, be told from one
+    that goes on working, ``( … ) &``: scripts pass ``--pid $$`` there.
 
     A command whose caller ended before it ran (``sh -c 'ctx queue claim … &'``, a ``coproc``
     whose shell has exited) starts from the process that adopted it, init (pid 1) or a
