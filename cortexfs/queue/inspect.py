@@ -22,6 +22,7 @@ from cortexfs.queue.layout import (
     STATE_DIRS,
     Queue,
     kind_of,
+    lock_dir,
     read_regular_file,
 )
 from cortexfs.queue.protocol import read_lease
@@ -232,7 +233,35 @@ def _holder(queue: Queue, job: str) -> dict[str, str]:
 
 def _assess(queue: Queue, job: str, evidence: ev.JobEvidence) -> ev.Assessment:
     """The evidence's assessment, as recover would judge it: a claim whose lease cannot be
-    read is a conflict, since nobody can tell whether its holder runs (Q-6)."""
+    read is a conflict, since nobody can tell whether its holder runs (Q-6).
+
+    What looks incomplete or a conflict may be a claim, finish or recover at work, or one
+    that ended since the scan (a finish removes the lease the scan saw): J is looked at again
+    while no transition holds ``claimed/J``'s lock, as recover does before it acts, and a J
+    whose lock is held is reported as claimed, on its way.  Taking the lock changes nothing,
+    and a transition that meets it waits the instant it is held."""
+    assessment = _judged(queue, job, evidence)
+    if assessment.state not in ("incomplete", "conflict"):
+        return assessment
+    try:
+        claim_fd = queue.open_job_dir("claimed", job)
+    except FileNotFoundError:
+        claim_fd = None
+    except OSError:
+        return assessment  # not this user's to open: reported as it looks
+    try:
+        if claim_fd is not None and not lock_dir(claim_fd, within=0):
+            return ev.Assessment(
+                "claimed",
+                f"a claim, finish or recover is moving it (claimed/{job} is locked)",
+            )
+        return _judged(queue, job, ev.evidence_of(queue, job))
+    finally:
+        if claim_fd is not None:
+            queue.ops.close(claim_fd)
+
+
+def _judged(queue: Queue, job: str, evidence: ev.JobEvidence) -> ev.Assessment:
     assessment = ev.assess(evidence)
     if assessment.state == "claimed":
         try:
