@@ -39,6 +39,7 @@ from cortexfs.cli.exits import (  # noqa: F401  (re-exported: every command take
     usage_problem,
 )
 from cortexfs.cli.params import NonEmptyPath
+from cortexfs.cli.suggested import naming_the_root
 from cortexfs.errors import CtxError, explain_host_trouble
 from cortexfs.names import check_object_name
 from cortexfs.printable import printable, shell_words
@@ -64,12 +65,41 @@ def json_option(fn: F) -> F:
 
 def resolve_storage(storage_dir: Path | None) -> Path:
     """The storage root for this command: subcommand option, then the group's, then R-1."""
+    ctx = click.get_current_context(silent=True)
     if storage_dir is None:
-        ctx = click.get_current_context(silent=True)
         root_ctx = ctx.find_root() if ctx else None
         if root_ctx is not None and root_ctx.obj:
             storage_dir = root_ctx.obj.get("storage")
+    if storage_dir is not None and ctx is not None:
+        ctx.meta[STORAGE_SELECTION_KEY] = os.path.abspath(storage_dir)
     return storage.resolve_root(storage_dir)
+
+
+STORAGE_SELECTION_KEY = "cortexfs.storage_selection"
+
+
+def for_this_storage(text: str) -> str:
+    """``text`` with every ``'ctx …'`` command it suggests naming the storage root this
+    command was given with ``--storage`` (:mod:`cortexfs.cli.suggested`): after the
+    suggested command's words when it has a ``--storage`` of its own (``'ctx session list
+    --storage S AGENT'``), else before them."""
+    ctx = click.get_current_context(silent=True)
+    root = ctx.meta.get(STORAGE_SELECTION_KEY) if ctx is not None else None
+    if ctx is None or root is None:
+        return text
+    group = ctx.find_root().command
+
+    def after_the_command_words(words: list[str]) -> int:
+        command, depth = group, 0
+        while isinstance(command, click.Group) and depth < len(words):
+            sub = command.commands.get(words[depth])
+            if sub is None:
+                break
+            command, depth = sub, depth + 1
+        own = command is not group and any("--storage" in p.opts for p in command.params)
+        return depth if own else 0
+
+    return naming_the_root(text, root, after_the_command_words)
 
 
 QUEUE_SELECTION_KEY = "cortexfs.queue_selection"
@@ -175,7 +205,9 @@ def is_utf8_text(text: str) -> bool:
 
 def fail(error: CtxError, *, as_json: bool = False) -> None:
     """Render a refusal (stderr text; also the JSON object on stdout with --json) and exit."""
-    error.message = for_this_queue(error.message)  # the last use of it: the command ends
+    # The last use of the message (the command ends): its suggestions name the queue and
+    # the storage root this command was given, so that copied they act on the same ones.
+    error.message = for_this_storage(for_this_queue(error.message))
     click.echo(f"{_program()}: {printable(str(error))}", err=True)
     if as_json:
         _emit_json_error(error)

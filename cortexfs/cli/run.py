@@ -11,6 +11,7 @@ import errno
 import functools
 import json
 import math
+import os
 import re
 import sys
 from pathlib import Path
@@ -28,6 +29,7 @@ from cortexfs.cli.exits import (
     reader_gone,
     usage_problem,
 )
+from cortexfs.cli.suggested import naming_the_root
 from cortexfs.errors import CtxError, describe
 from cortexfs.interrupts import Stopped, stops_raise
 from cortexfs.names import check_object_name
@@ -245,6 +247,9 @@ def main(argv: list[str], storage_dir: Path | None = None) -> int:
 
 def _main(argv: list[str], storage_dir: Path | None) -> int:
     options = parse_command_line(argv)
+    global _root_given
+    given = options.storage or storage_dir
+    _root_given = None if given is None else os.path.abspath(given)
     try:
         root = storage.resolve_root(options.storage or storage_dir)
         where = _session(root, options.agent, options.tool, options.session, options.project)
@@ -417,7 +422,13 @@ def _path(text: str) -> Path:
     return Path(text)
 
 
+# The storage root the command line named (--storage), for the commands a refusal suggests.
+_root_given: str | None = None
+
+
 def _say(message: str) -> None:
     """A refusal on stderr, escaped: it quotes paths, controls and hooks' words that others
-    wrote (T-3)."""
+    wrote (T-3); the commands it suggests name the storage root the command line named."""
+    if _root_given is not None:
+        message = naming_the_root(message, _root_given)
     print(printable(f"ctx: {message}"), file=sys.stderr)
