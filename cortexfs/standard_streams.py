@@ -22,8 +22,10 @@ can tell its output failing from a file of its own work failing with the same er
 from __future__ import annotations
 
 import codecs
+import contextlib
 import io
 import os
+import select
 import sys
 from typing import TextIO
 
@@ -40,6 +42,12 @@ def prepare_standard_streams() -> None:
     stdout = sys.stdout
     if isinstance(stdout, io.TextIOWrapper) and _codec(stdout.encoding) != "utf-8":
         stdout.reconfigure(errors="backslashreplace")
+    _drop_what_standard_error_refuses()
+
+
+def writes_utf8(stream: TextIO) -> bool:
+    """Whether ``stream`` writes text as UTF-8 (not in the narrow charset of a locale)."""
+    return _codec(getattr(stream, "encoding", None) or "utf-8") == "utf-8"
 
 
 def _codec(encoding: str) -> str:
@@ -72,6 +80,43 @@ def closed_at_start(fd: int) -> bool:
     """Whether standard descriptor ``fd`` was closed when this process started (it reads or
     writes /dev/null since :func:`reopen_closed_standard_streams`)."""
     return fd in _closed_at_start
+
+
+class _StandardError(io.FileIO):
+    """Standard error, whose writes never end a command: a note or a refusal it refuses
+    (``2>/dev/full``, a reader that left) is dropped, and changes neither what the command did
+    nor its exit status, which say the rest.  Left to fail, it would stop a command midway,
+    lose a ``--json`` error object written after it, or turn the exit status into 120 at the
+    interpreter's last flush.  A full non-blocking pipe is waited on, not dropped."""
+
+    def write(self, data: bytes) -> int:  # type: ignore[override]
+        while True:
+            try:
+                written = super().write(data)
+            except OSError:
+                return len(data)
+            if written is not None:
+                return written
+            select.select([], [self], [])  # non-blocking and full: wait for room
+
+
+def _drop_what_standard_error_refuses() -> None:
+    """``sys.stderr`` on :class:`_StandardError`; its encoding and errors stay as they were."""
+    stream = sys.stderr
+    if isinstance(getattr(getattr(stream, "buffer", None), "raw", None), _StandardError):
+        return
+    try:
+        fd = stream.fileno()
+    except (AttributeError, ValueError, io.UnsupportedOperation):
+        return  # not a descriptor (a caller's own stream): left as it is
+    with contextlib.suppress(OSError):
+        stream.flush()
+    sys.stderr = io.TextIOWrapper(
+        io.BufferedWriter(_StandardError(fd, "w", closefd=False)),
+        encoding=stream.encoding,
+        errors=stream.errors,
+        line_buffering=True,
+    )
 
 
 class OutputError(OSError):

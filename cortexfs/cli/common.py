@@ -43,7 +43,12 @@ from cortexfs.cli.suggested import naming_the_root
 from cortexfs.errors import CtxError, explain_host_trouble
 from cortexfs.names import check_object_name
 from cortexfs.printable import printable, shell_words
-from cortexfs.standard_streams import OutputError, closed_at_start, discard_output
+from cortexfs.standard_streams import (
+    OutputError,
+    closed_at_start,
+    discard_output,
+    writes_utf8,
+)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -161,10 +166,16 @@ def terminal_json(value: Any, separators: tuple[str, str] | None = None) -> str:
     escape sequence, DEL, a bidirectional override: whatever :func:`printable` escapes) is
     written ``\\u009b``, which every JSON reader reads as the same character (T-3)."""
     text = readable_json(value, separators)
-    if text.isprintable():
+    # Under a locale of a narrow charset (ISO-8859-1…) the characters beyond ASCII are
+    # escaped too: written in that charset, the output would not be the UTF-8 JSON requires.
+    ascii_only = not writes_utf8(sys.stdout)
+    if text.isprintable() and (text.isascii() or not ascii_only):
         return text
     return "".join(
-        char if char.isprintable() or char == "\n" else _json_escape(char) for char in text
+        char
+        if (char.isprintable() or char == "\n") and (char.isascii() or not ascii_only)
+        else _json_escape(char)
+        for char in text
     )
 
 

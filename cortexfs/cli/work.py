@@ -42,6 +42,7 @@ from cortexfs.cli.queue import (
     worker_id_option,
 )
 from cortexfs.errors import CtxError
+from cortexfs.printable import printable
 from cortexfs.queue.holder import check_worker_ttl
 from cortexfs.worker.stop_signals import EarlyStop
 
@@ -111,9 +112,11 @@ class Progress:
         done = f"the worker stopped claiming jobs; it finished {jobs}"
         return done + (f"; not shown: {', '.join(self.unshown)}" if self.unshown else "")
 
-    def _echo(self, text: str, *, err: bool = False, nl: bool = True) -> None:
+    def _echo(self, text: str, *, err: bool = False, nl: bool = True, control: str = "") -> None:
+        """``text`` escaped (:func:`printable`: a job's reason quotes what its tool, request
+        or publisher wrote), after the terminal ``control`` of a live line."""
         try:
-            click.echo(text, nl=nl, err=err)
+            click.echo(control + printable(text), nl=nl, err=err)
         except OSError:
             # What is still buffered for that stream can go nowhere either: drop it quietly.
             stream = sys.stderr if err else sys.stdout
@@ -137,7 +140,7 @@ class Progress:
             if self.live:
                 rate = (self.done + self.failed) / max(time.time() - self.started, 1e-9)
                 line = f"done {self.done}  failed {self.failed}  {rate:.1f} jobs/s"
-                self._echo(f"\r\033[K{line}  last: {fields['job']}", nl=False, err=True)
+                self._echo(f"{line}  last: {fields['job']}", control="\r\033[K", nl=False, err=True)
             elif fields["state"] == "done":
                 self._echo(f"done    {fields['job']} ({fields['seconds']:.3f}s)")
             else:
