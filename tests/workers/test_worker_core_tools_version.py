@@ -10,8 +10,11 @@ import sys
 from tests.support.core_names import install_core_tool_of_another_version
 from tests.workers.conftest import AGENT, PROJECT, REPO, Farm
 
+# A command given --storage suggests the bootstrap of that root; one that took it from
+# $CTX_STORAGE, the plain command.
 REFUSAL = (
-    "EINVAL: the core tools in {root} were installed by another version of ctx; run 'ctx bootstrap'"
+    "EINVAL: the core tools in {root} were installed by another version of ctx; run "
+    "'ctx {storage}bootstrap'"
 )
 
 
@@ -34,9 +37,10 @@ def test_workers_refuse_to_start_until_bootstrap_runs(farm: Farm) -> None:
         timeout=120,
     )
 
-    for done, program in ((work, "ctx"), (ready, "tool_worker.py")):
+    for done, program, storage in ((work, "ctx", ""), (ready, "tool_worker.py", "--storage ")):
         assert done.returncode == 1, done.stdout
-        assert done.stderr.startswith(f"{program}: {REFUSAL.format(root=farm.root)}")
+        said = REFUSAL.format(root=farm.root, storage=storage and f"{storage}{farm.root} ")
+        assert done.stderr.startswith(f"{program}: {said}"), done.stderr
     assert (farm.queue / "pending" / job).exists()
     assert sorted(p.name for p in (farm.queue / "claimed").iterdir()) == []
 
@@ -55,5 +59,5 @@ def test_a_shell_worker_refuses_too(farm: Farm) -> None:
     )
 
     assert done.returncode == 1
-    assert REFUSAL.format(root=farm.root) in done.stderr
+    assert REFUSAL.format(root=farm.root, storage="") in done.stderr
     assert (farm.queue / "pending" / job).exists()
