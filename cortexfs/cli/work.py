@@ -77,7 +77,9 @@ class Progress:
     ) -> None:
         self.as_json = as_json
         self.only = only
-        self.live = not as_json and sys.stderr.isatty()
+        # One line rewritten in place needs a terminal that moves its cursor (not TERM=dumb,
+        # an editor's shell buffer); elsewhere each job gets its line.
+        self.live = not as_json and sys.stderr.isatty() and os.environ.get("TERM", "dumb") != "dumb"
         self.done = self.failed = 0
         self.started = time.time()
         self.on_lost_output = on_lost_output

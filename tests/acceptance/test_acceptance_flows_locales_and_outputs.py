@@ -443,6 +443,32 @@ def test_a_worker_on_a_terminal_shows_a_failed_jobs_reason_escaped(
     assert not RAW_CONTROL.search(worked.out), worked
 
 
+@pytest.mark.parametrize("term", ["xterm", "dumb"])
+def test_a_worker_rewrites_its_live_line_only_on_a_terminal_that_moves_its_cursor(
+    searchable_storage: Path, term: str
+) -> None:
+    """W-1 (docs/workers.md: on a terminal the worker keeps one live line of counts): with
+    standard error on a terminal, ``ctx queue work --drain`` rewrites one line (carriage
+    return and erase to its end) under TERM=xterm; under TERM=dumb, which moves no cursor
+    and erases nothing, it writes no escape sequence and gives each job a line of its own."""
+    build_world(searchable_storage, jobs=False)
+    env = base_env(searchable_storage, LANG="C.UTF-8", TERM=term)
+    body = json.dumps(request("fs.stat", input={"path": "/"})).encode()
+    for name in ("one", "two"):
+        sent = ctx("queue", "publish", "--project", "proj", "--name", name, "-", env=env,
+                   input=body)  # fmt: skip
+        assert sent.rc == 0, sent
+    worked = on_terminal(["queue", "work", "--project", "proj", "--drain", "--agent", "ci"], env,
+                         stdout_on_pty=False, stderr_on_pty=True)  # fmt: skip
+    assert worked.rc == 0, worked
+    shown = worked.err
+    if term == "dumb":
+        assert b"\x1b" not in shown and b"\r" not in shown, shown
+        assert b"one.req.json" in shown + worked.out and b"two.req.json" in shown + worked.out
+    else:
+        assert b"\r\x1b[K" in shown, shown
+
+
 # ---------------------------------------------------------------- outputs that refuse writes
 
 
