@@ -1126,7 +1126,7 @@ def finish(
                     exc,
                     moved,
                     f"it stays claimed, and its result may be in {state}/ already; do not run "
-                    f"it again: once the queue can be read, finishing it again with the same "
+                    "it again: once the queue can be read, finishing it again with the same "
                     "outcome completes it, or 'ctx queue recover --reconcile' does once its "
                     "holder is gone",
                 ) from None
