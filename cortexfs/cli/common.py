@@ -39,7 +39,7 @@ from cortexfs.cli.exits import (  # noqa: F401  (re-exported: every command take
     usage_problem,
 )
 from cortexfs.cli.params import NonEmptyPath
-from cortexfs.cli.suggested import naming_the_root
+from cortexfs.cli.suggested import absolute, naming_the_root
 from cortexfs.errors import CtxError, explain_host_trouble
 from cortexfs.names import check_object_name
 from cortexfs.printable import printable, shell_words
@@ -76,7 +76,7 @@ def resolve_storage(storage_dir: Path | None) -> Path:
         if root_ctx is not None and root_ctx.obj:
             storage_dir = root_ctx.obj.get("storage")
     if storage_dir is not None and ctx is not None:
-        ctx.meta[STORAGE_SELECTION_KEY] = os.path.abspath(storage_dir)
+        ctx.meta[STORAGE_SELECTION_KEY] = absolute(storage_dir)
     return storage.resolve_root(storage_dir)
 
 
@@ -85,26 +85,40 @@ STORAGE_SELECTION_KEY = "cortexfs.storage_selection"
 
 def for_this_storage(text: str) -> str:
     """``text`` with every ``'ctx …'`` command it suggests naming the storage root this
-    command was given with ``--storage`` (:mod:`cortexfs.cli.suggested`): after the
-    suggested command's words when it has a ``--storage`` of its own (``'ctx session list
-    --storage S AGENT'``), else before them."""
+    command was given with ``--storage`` (:mod:`cortexfs.cli.suggested`), where
+    :func:`where_storage_goes` puts it."""
     ctx = click.get_current_context(silent=True)
     root = ctx.meta.get(STORAGE_SELECTION_KEY) if ctx is not None else None
     if ctx is None or root is None:
         return text
-    group = ctx.find_root().command
+    return naming_the_root(text, root, where_storage_goes(ctx.find_root().command, ctx))
 
-    def after_the_command_words(words: list[str]) -> int:
+
+def where_storage_goes(
+    group: click.Command, ctx: click.Context
+) -> Callable[[list[str]], int | None]:
+    """Where ``--storage S`` goes in the words of a suggested command: at the end when the
+    command takes ``--storage`` itself, so the suggestion reads as before with the option
+    added (``'ctx bootstrap --storage S'``); after ``ctx`` for ``run``, whose last words are
+    the tool's (``'ctx --storage S run --agent A TOOL'``); nowhere for a command that works
+    on no storage root (``umount``)."""
+
+    def place(words: list[str]) -> int | None:
         command, depth = group, 0
         while isinstance(command, click.Group) and depth < len(words):
-            sub = command.commands.get(words[depth])
+            sub = command.get_command(ctx, words[depth])
             if sub is None:
                 break
             command, depth = sub, depth + 1
-        own = command is not group and any("--storage" in p.opts for p in command.params)
-        return depth if own else 0
+        if command is group:
+            return 0
+        if any(isinstance(param, click.Argument) and param.nargs == -1 for param in command.params):
+            return 0
+        if any("--storage" in param.opts for param in command.params):
+            return len(words)
+        return None
 
-    return naming_the_root(text, root, after_the_command_words)
+    return place
 
 
 QUEUE_SELECTION_KEY = "cortexfs.queue_selection"
@@ -122,11 +136,11 @@ def select_queue_in_suggestions(
         root_ctx = click.get_current_context().find_root()
         storage_dir = root_ctx.obj.get("storage") if root_ctx.obj else None  # ctx --storage
     if storage_dir is not None:
-        words += ["--storage", os.path.abspath(storage_dir)]
+        words += ["--storage", absolute(storage_dir)]
     if queue_arg is not None:
-        words += ["--queue", os.path.abspath(queue_arg)]
+        words += ["--queue", absolute(queue_arg)]
     elif project is not None:
-        words += ["--project", os.path.abspath(project) if "/" in project else project]
+        words += ["--project", absolute(project) if "/" in project else project]
     click.get_current_context().meta[QUEUE_SELECTION_KEY] = shell_words(words)
 
 

@@ -11,7 +11,6 @@ import errno
 import functools
 import json
 import math
-import os
 import re
 import sys
 from pathlib import Path
@@ -29,7 +28,7 @@ from cortexfs.cli.exits import (
     reader_gone,
     usage_problem,
 )
-from cortexfs.cli.suggested import naming_the_root
+from cortexfs.cli.suggested import absolute, naming_the_root
 from cortexfs.errors import CtxError, describe
 from cortexfs.interrupts import Stopped, stops_raise
 from cortexfs.names import check_object_name
@@ -249,7 +248,7 @@ def _main(argv: list[str], storage_dir: Path | None) -> int:
     options = parse_command_line(argv)
     global _root_given
     given = options.storage or storage_dir
-    _root_given = None if given is None else os.path.abspath(given)
+    _root_given = None if given is None else absolute(given)
     try:
         root = storage.resolve_root(options.storage or storage_dir)
         where = _session(root, options.agent, options.tool, options.session, options.project)
@@ -429,6 +428,14 @@ _root_given: str | None = None
 def _say(message: str) -> None:
     """A refusal on stderr, escaped: it quotes paths, controls and hooks' words that others
     wrote (T-3); the commands it suggests name the storage root the command line named."""
-    if _root_given is not None:
-        message = naming_the_root(message, _root_given)
+    if _root_given is not None and "'ctx " in message:
+        # Only here, on the way out of a refused call: the command tree is click's, which a
+        # call does not load (cortexfs.cli).
+        import click
+
+        from cortexfs.cli.common import where_storage_goes
+        from cortexfs.cli.group import main as group
+
+        place = where_storage_goes(group, click.Context(group))
+        message = naming_the_root(message, _root_given, place)
     print(printable(f"ctx: {message}"), file=sys.stderr)
