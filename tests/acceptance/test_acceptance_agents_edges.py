@@ -392,8 +392,9 @@ def test_start_stop_and_their_refusals_say_what_to_do(storage):
         assert again.rc == 1, again
         assert again.err == (
             f"ctx: EEXIST: the terminal of triage in session {session} is already running: "
-            f"watch it with 'ctx agent watch triage --session {session}', end it with "
-            f"'ctx agent stop triage --session {session}', or start another session with "
+            f"watch it with 'ctx agent watch triage --session {session} --storage {storage}', "
+            f"end it with 'ctx agent stop triage --session {session} --storage {storage}', or "
+            "start another session with "
             "--session\n"
         )
         pid = int(Path(started.json()["listening_at"]).with_name("pid").read_text())
@@ -406,7 +407,7 @@ def test_start_stop_and_their_refusals_say_what_to_do(storage):
     assert not Path(started.json()["listening_at"]).exists()
     not_running = (
         f"ctx: ENOENT: no terminal of triage in session {session} is running; start one with "
-        f"'ctx agent start triage --session {session}'\n"
+        f"'ctx agent start triage --session {session} --storage {storage}'\n"
     )
     for command in ("stop", "watch", "attach"):
         r = ctx_run("agent", command, *where)

@@ -355,7 +355,10 @@ def test_the_agent_pages_request_for_a_named_user_is_what_show_and_the_root_choi
     both = ctx_run("--storage", nowhere, "agent", "show", "reviewer", "--storage", desk.storage,
                    env=bare)  # fmt: skip
     assert (both.rc, both.out) == (0, shown.out), both
-    sentence = f"ctx: ENOENT: storage root {nowhere} does not exist; create it with 'ctx bootstrap'"
+    sentence = (
+        f"ctx: ENOENT: storage root {nowhere} does not exist; create it with 'ctx bootstrap "
+        f"--storage {nowhere}'"
+    )
     for argv in (
         ("--storage", nowhere, "agent", "show", "reviewer"),
         ("agent", "create", "--storage", nowhere, desk.top / "reviewer.json"),

@@ -579,7 +579,7 @@ def test_an_agent_terminal_started_by_its_non_root_creator_says_who_may(
         refused.stderr
     )
     assert f"have root run 'ctx --storage {root} agent start mine'" in refused.stderr
-    assert "'ctx run --agent mine TOOL'" in refused.stderr
+    assert f"'ctx --storage {root} run --agent mine TOOL'" in refused.stderr
 
 
 def test_an_agent_that_cannot_reach_the_storage_root_is_warned_of_and_refused_at_step_2(

@@ -283,11 +283,11 @@ def test_a_missing_session_says_what_is_missing_and_how_to_list_the_others(
 
     assert never.returncode == 1 and never.stderr == (
         f"ctx: ENOENT: there is no session home/{uid}/agent/coder/session/never; "
-        "'ctx session list coder' lists the sessions there are\n"
+        f"'ctx session list coder --storage {recorded.root}' lists the sessions there are\n"
     )
-    assert "'ctx session list coder --uid 7'" in elsewhere.stderr
+    assert f"'ctx session list coder --uid 7 --storage {recorded.root}'" in elsewhere.stderr
     assert in_space.returncode == 1
-    assert "'ctx session list coder --project proj'" in in_space.stderr
+    assert f"'ctx session list coder --project proj --storage {recorded.root}'" in (in_space.stderr)
     assert no_space.returncode == 1 and "no shared space 'nospace'" in no_space.stderr
     assert quiet.returncode == 1 and "nothing was recorded in it yet" in quiet.stderr
 

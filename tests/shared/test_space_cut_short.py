@@ -43,7 +43,7 @@ def test_a_space_cut_short_says_that_running_again_completes_it(traversable_tmp:
             made = f"; made {space}" if made_some else "; nothing was made: "
             assert made in first.stderr, (free, first.stderr)
             assert first.stderr.endswith(
-                "free space or inodes on that filesystem, then run 'ctx shared create q' again, "
-                "which completes it\n"
+                "free space or inodes on that filesystem, then run 'ctx shared create q "
+                f"--storage {root}' again, which completes it\n"
             ), (free, first.stderr)
         assert cut_short >= 5, cut_short

@@ -115,7 +115,7 @@ def test_a_core_tools_name_is_refused_in_the_system_tier(
 
     assert refused.returncode == 1, refused
     assert refused.stderr.startswith(f"ctx: EEXIST: {name} is a core tool, maintained by ")
-    assert "'ctx bootstrap'" in refused.stderr and refused.stdout == ""
+    assert f"'ctx bootstrap --storage {root}'" in refused.stderr and refused.stdout == ""
     assert _state(root / "tool" / name) == before  # so bootstrap has nothing to put back
 
 
