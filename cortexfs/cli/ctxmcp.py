@@ -71,8 +71,13 @@ def main(args: list[str] | None = None) -> None:
     prepare_standard_streams()
     for stop in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(stop, _stop)
+    argv = sys.argv[1:] if args is None else list(args)
     try:
-        run_click(ctxmcp, sys.argv[1:] if args is None else list(args), "ctxmcp")
+        run_click(ctxmcp, argv, "ctxmcp")
+    except MemoryError:
+        from cortexfs.cli.exits import ran_out_of_memory
+
+        ran_out_of_memory("ctxmcp", "--json" in argv)
     except _Stopped as stopped:
         # The server is gone; now end as the signal would have ended us.
         signal.signal(stopped.signum, signal.SIG_DFL)

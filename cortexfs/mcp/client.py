@@ -298,7 +298,7 @@ class StdioClient:
             )
         return McpError(
             errno.EIO,
-            f"server {self.spec.name!r} exited (status {status}) before answering {method}"
+            f"server {self.spec.name!r} {_how_it_ended(status)} before answering {method}"
             f"{self._stderr_tail()}",
         )
 
@@ -311,3 +311,15 @@ class StdioClient:
         self._stderr.seek(max(0, size - _STDERR_TAIL))
         tail = self._stderr.read().decode("utf-8", "replace").strip()
         return f"; its stderr ends: {tail}" if tail else ""
+
+
+def _how_it_ended(returncode: int) -> str:
+    """``exited (status 3)``, or ``was killed by SIGXFSZ (exit status 153)`` for a server a
+    signal ended (a negative return code), as a shell reports it."""
+    if returncode >= 0:
+        return f"exited (status {returncode})"
+    try:
+        name = signal.Signals(-returncode).name
+    except ValueError:
+        name = f"signal {-returncode}"
+    return f"was killed by {name} (exit status {128 - returncode})"

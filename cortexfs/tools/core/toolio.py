@@ -95,6 +95,11 @@ def main(
     except OSError as exc:
         reason = f"{exc.filename}: {exc.strerror}" if exc.filename else exc.strerror or str(exc)
         return _fail(tool, ToolFailure(exc.errno or errno_names.EIO, reason), native, program)
+    except MemoryError:
+        # The host's memory or this process's limit of it ran out (a large input, an MCP
+        # server's huge answer): a shortage told by its errno, as any other, not a traceback.
+        reason = "out of memory: free memory, or raise the limit of it ('ulimit -v', 'ulimit -d')"
+        return _fail(tool, ToolFailure(errno_names.ENOMEM, reason), native, program)
     except UnicodeEncodeError as exc:  # JSON can spell "\ud800"; no name or text holds it
         character = exc.object[exc.start : exc.end]
         reason = f"the input holds {character!r}, a lone surrogate, which is not a character"
