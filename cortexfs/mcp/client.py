@@ -29,7 +29,7 @@ from typing import Any
 
 import cortexfs
 from cortexfs import jsontext
-from cortexfs.errors import CtxError
+from cortexfs.errors import CtxError, remedy_for_host_trouble
 from cortexfs.mcp import ACCEPTED_VERSIONS, ANNOUNCED_VERSION
 from cortexfs.mcp.config import ServerSpec
 
@@ -93,9 +93,13 @@ class StdioClient:
             failed = self.spec.command
             if self.spec.cwd is not None and exc.filename == self.spec.cwd:
                 failed = f"its cwd {self.spec.cwd}"
+            mend = remedy_for_host_trouble(exc.errno)
+            if exc.errno == errno.EAGAIN:  # fork refused: this user's limit of processes
+                mend = "end some of this user's processes, or raise its limit ('ulimit -u')"
             raise McpError(
                 exc.errno or errno.ENOEXEC,
-                f"cannot start server {self.spec.name!r} ({failed}): {exc.strerror}",
+                f"cannot start server {self.spec.name!r} ({failed}): {exc.strerror}"
+                + (f"; {mend}, then try again" if mend else ""),
             ) from None
         try:
             self._initialize()

@@ -361,6 +361,7 @@ def test_ctxmcp_without_descriptors_for_its_server_says_emfile_and_makes_nothing
     for run in (listed, projected):
         assert run.rc == 1 and run.err.startswith("ctxmcp: EMFILE: "), run
         assert "server 's'" in run.err, run
+        assert "raise the limit of open files ('ulimit -n')" in run.err, run
     assert not (host.top / "deep").exists()
     assert_nothing_left(host)
     again = host.ctxmcp(*host.project_args(out))
@@ -514,6 +515,7 @@ def test_an_agent_uid_without_a_second_process_gets_eagain_naming_the_server(
     for run in (listed, projected):
         assert run.rc == 1, run
         assert run.err.startswith("ctxmcp: EAGAIN: cannot start server 's'"), run
+        assert "raise its limit ('ulimit -u')" in run.err, run
     assert not out.exists()
 
     host.adopt("--user", user.name)
