@@ -22,7 +22,6 @@ can tell its output failing from a file of its own work failing with the same er
 from __future__ import annotations
 
 import codecs
-import contextlib
 import io
 import os
 import select
@@ -101,21 +100,25 @@ class _StandardError(io.FileIO):
 
 
 def _drop_what_standard_error_refuses() -> None:
-    """``sys.stderr`` on :class:`_StandardError`; its encoding and errors stay as they were."""
-    stream = sys.stderr
-    if isinstance(getattr(getattr(stream, "buffer", None), "raw", None), _StandardError):
-        return
+    """``sys.stderr`` on :class:`_StandardError`, line-buffered as Python makes it."""
+    sys.stderr = _written_through(sys.stderr, _StandardError, line_buffering=True)
+
+
+def _written_through(stream: TextIO, raw: type[io.FileIO], *, line_buffering: bool) -> TextIO:
+    """``stream`` writing through ``raw`` (on its descriptor), its encoding and errors as they
+    were; ``stream`` itself when it already does, or has no descriptor (a caller's own)."""
+    if isinstance(getattr(getattr(stream, "buffer", None), "raw", None), raw):
+        return stream
     try:
         fd = stream.fileno()
     except (AttributeError, ValueError, io.UnsupportedOperation):
-        return  # not a descriptor (a caller's own stream): left as it is
-    with contextlib.suppress(OSError):
-        stream.flush()
-    sys.stderr = io.TextIOWrapper(
-        io.BufferedWriter(_StandardError(fd, "w", closefd=False)),
+        return stream
+    stream.flush()
+    return io.TextIOWrapper(
+        io.BufferedWriter(raw(fd, "w", closefd=False)),
         encoding=stream.encoding,
         errors=stream.errors,
-        line_buffering=True,
+        line_buffering=line_buffering,
     )
 
 
@@ -138,20 +141,9 @@ def tell_output_errors() -> None:
     """Make ``sys.stdout`` raise :class:`OutputError` when its descriptor refuses a write;
     everything else about it (encoding, errors, line buffering) stays as it was.  Once is
     enough: a command that runs another's code (``ctx --storage DIR run``) may call it again."""
-    stream = sys.stdout
-    if isinstance(getattr(getattr(stream, "buffer", None), "raw", None), _StandardOutput):
-        return
-    try:
-        fd = stream.fileno()
-    except (AttributeError, ValueError, io.UnsupportedOperation):
-        return  # not a descriptor (a caller's own stream): left as it is
-    stream.flush()
-    sys.stdout = io.TextIOWrapper(
-        io.BufferedWriter(_StandardOutput(fd, "w", closefd=False)),
-        encoding=stream.encoding,
-        errors=stream.errors,
-        line_buffering=stream.line_buffering,
-    )
+    stdout = sys.stdout
+    buffering = getattr(stdout, "line_buffering", False)
+    sys.stdout = _written_through(stdout, _StandardOutput, line_buffering=buffering)
 
 
 def discard_output(stream: TextIO) -> None:
