@@ -585,19 +585,21 @@ def renew(queue_dir: Path, as_json: bool, job: str, pid: int | None, ttl: float 
         # The shell that claimed may have exec'd this command in its own process (bash
         # does so with the last command of 'bash -c "claim && renew"'): then it is us.
         callers.append(Holder.for_process(os.getpid(), None))
-    with open_queue(queue_dir) as q, held_interrupts():  # no temp left in inbox/
+    # Ctrl-C waits until the renewal is made and said, or never made: no temp left in inbox/,
+    # and no renewal made but unsaid (the EINTR line says that what was printed is done).
+    with open_queue(queue_dir) as q, held_interrupts():
         lease = protocol.renew(q, job, callers, ttl)
-    changed(f"the lease on {job} was renewed until {lease.to_json()['expires_at']}")
+        changed(f"the lease on {job} was renewed until {lease.to_json()['expires_at']}")
+        if as_json:
+            emit_json(lease.to_json())
+        else:
+            click.echo(f"{job} leased until {lease.to_json()['expires_at']}")
     if pid is None and lease.holder.is_same_process(callers[1]):
         _note(
             f"the lease holder is this command's own process (the shell ran it in "
             f"its place), which ends now: 'ctx queue recover' will requeue {job}; renew from "
             "a shell that goes on working on the job"
         )
-    if as_json:
-        emit_json(lease.to_json())
-    else:
-        click.echo(f"{job} leased until {lease.to_json()['expires_at']}")
 
 
 @queue.command()
@@ -801,8 +803,14 @@ def recover(
     filesystem…), what to do, and where the job stands; --dry-run changes nothing, so it
     exits as the queue stands.
     """
-    with open_queue(queue_dir) as q:
-        report = recovery.recover(q, reconcile=reconcile, dry_run=dry_run, grace=grace)
+    try:
+        with open_queue(queue_dir) as q:
+            report = recovery.recover(q, reconcile=reconcile, dry_run=dry_run, grace=grace)
+    except recovery.Interrupted as stop:
+        # Said before the EINTR line, which says that what was printed is done.
+        if not as_json:
+            _render_applied(stop.report)
+        raise KeyboardInterrupt from None
     if not dry_run:
         changed("the queue was recovered (a second 'ctx queue recover' finds nothing more)")
     if as_json:
@@ -813,14 +821,20 @@ def recover(
         sys.exit(EXIT_REFUSED)
 
 
-def _render_recover(report: recovery.RecoverReport) -> None:
-    dry = report.dry_run
-    verb = "would " if dry else ""
+def _render_applied(report: recovery.RecoverReport) -> None:
+    """The requeue and repair lines of ``report`` (with --dry-run, what would be done)."""
+    verb = "would " if report.dry_run else ""
     say = _for_this_queue_printed
     for f in report.requeued:
         say(f"{verb}requeue  {f.job}: {f.detail}")
     for f in report.repaired:
         say(f"{verb}repair   {f.job}: {f.action}: {f.detail}")
+
+
+def _render_recover(report: recovery.RecoverReport) -> None:
+    dry = report.dry_run
+    say = _for_this_queue_printed
+    _render_applied(report)
     for f in report.untouched:
         say(f"untouched {f.job}: {f.detail}")
     for f in report.incomplete:

@@ -116,6 +116,15 @@ class RecoverReport:
         }
 
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C stopped a recover between two jobs: ``report`` holds the transitions it had
+    applied (its requeued and repaired jobs), nothing after them."""
+
+    def __init__(self, report: RecoverReport) -> None:
+        super().__init__()
+        self.report = report
+
+
 def recover(
     queue: Queue, *, reconcile: bool = False, dry_run: bool = False, grace: float | None = None
 ) -> RecoverReport:
@@ -127,6 +136,10 @@ def recover(
     for job in sorted(found.jobs):
         try:
             _recover_job(queue, found.jobs[job], report, reconcile=reconcile, dry_run=dry_run)
+        except KeyboardInterrupt:
+            # Ctrl-C lands between two jobs (each transition holds it): what was done before
+            # is the caller's to say, as a claim or finish under way says what it did.
+            raise Interrupted(report) from None
         except _StoppedPartWay as stopped:
             report.errors.append(_stopped_part_way(queue, found.jobs[job], stopped))
         except (OSError, CtxError) as exc:
@@ -278,8 +291,8 @@ def _recover_job(
         if dry_run:
             report.requeued.append(finding)  # planned, not applied
             return
-        finding.applied = _apply(queue, evidence.job, _requeue, finding, assessment) is None
-        (report.requeued if finding.applied else report.untouched).append(finding)
+        if _apply(queue, evidence.job, _requeue, finding, assessment, report.requeued):
+            report.untouched.append(finding)
         return
     if assessment.state != "incomplete":
         return
@@ -307,13 +320,10 @@ def _recover_job(
     # left untouched (BUSY), not reported as interrupted; a pair whose holder is alive and
     # not moving it comes back HELD, still incomplete (Q-6).
     repair = _REPAIRS[assessment.repair or ""]
-    outcome = _apply(queue, evidence.job, repair, finding, assessment)
-    finding.applied = outcome is None
-    if finding.applied:
-        report.repaired.append(finding)
-    elif outcome == HELD:
+    outcome = _apply(queue, evidence.job, repair, finding, assessment, report.repaired)
+    if outcome == HELD:
         report.incomplete.append(finding)
-    else:
+    elif outcome is not None:
         report.untouched.append(finding)  # another process is completing it right now
 
 
@@ -449,11 +459,18 @@ def _in_motion(queue: Queue, job: str, finding: Finding, scanned: ev.Assessment)
 
 
 def _apply(
-    queue: Queue, job: str, transition: Any, finding: Finding, scanned: ev.Assessment
+    queue: Queue,
+    job: str,
+    transition: Any,
+    finding: Finding,
+    scanned: ev.Assessment,
+    applied: list[Finding],
 ) -> str | None:
-    """Run a transition while holding ``claimed/J``'s lock: None once applied, else why not
-    (BUSY: someone else holds the lock, or the job is no longer what the scan saw; HELD:
-    its lease holder is not provably gone)."""
+    """Run a transition while holding ``claimed/J``'s lock: None once applied, with
+    ``finding`` in ``applied`` (the report's list), else why not (BUSY: someone else holds
+    the lock, or the job is no longer what the scan saw; HELD: its lease holder is not
+    provably gone).  The finding is listed before a Ctrl-C held during the transition goes
+    on: a recover it stops says every job it moved."""
     with _locked_as_scanned(queue, job, finding, scanned) as looked:
         if looked is None:
             return BUSY
@@ -480,6 +497,8 @@ def _apply(
                     after = evidence  # nothing more can be said of it from here
                 reconciling = finding.action != "requeue"
                 raise _StoppedPartWay(exc, evidence, after, action, places, reconciling) from exc
+            finding.applied = True
+            applied.append(finding)
         return None
 
 

@@ -22,6 +22,7 @@ from typing import NamedTuple
 
 from cortexfs import durable
 from cortexfs.errors import CtxError
+from cortexfs.interrupts import held_interrupts
 from cortexfs.storage import not_readable
 
 
@@ -50,13 +51,15 @@ def ensure_directories(
     fd = _open_top(ops, top)
     try:
         for depth, name in enumerate(parts):
-            if durable.make_dir_synced(ops, fd, name, mode):
-                created.append(str(top.joinpath(*parts[: depth + 1])))
+            # Ctrl-C waits for the mode: a directory left with the mkdir's would be left so by
+            # the next run, which leaves what exists as it is.
+            with held_interrupts():
+                made = durable.make_dir_synced(ops, fd, name, mode)
                 inner = _open_level(ops, fd, top, parts[: depth + 1])
-                _require_made_here(ops, inner, top.joinpath(*parts[: depth + 1]))
-                _apply(ops, inner, mode, owner)
-            else:
-                inner = _open_level(ops, fd, top, parts[: depth + 1])
+                if made:
+                    created.append(str(top.joinpath(*parts[: depth + 1])))
+                    _require_made_here(ops, inner, top.joinpath(*parts[: depth + 1]))
+                    _apply(ops, inner, mode, owner)
             ops.close(fd)
             fd = inner
     finally:
