@@ -1,13 +1,14 @@
 """The signals that stop a worker, taken from the first step of its command (SPEC W-4).
 
-SIGTERM and SIGHUP stop a worker: it claims no more jobs, lets the running ones finish, and
-exits 0 (docs/workers.md).  At their default action they end a process at once and without a
-word (exit 143, 129), and the worker's own handlers (:meth:`~cortexfs.worker.loop.Worker.
-install_signal_handlers`) can only be set once the worker is made, after its modules are
-imported, its queue opened and its session created: some 100 ms in which a supervisor's
-SIGTERM would make a starting worker vanish with no word.  So the command takes these signals
-as its first step with an :class:`EarlyStop`, which only notes the signal (whatever startup
-is doing finishes: no session left half made), and stops before it claims anything.
+SIGTERM and SIGHUP (and a first SIGINT) stop a worker: it claims no more jobs, lets the
+running ones finish, and exits 0 (docs/workers.md).  At their default action they end a
+process at once and without a word (exit 143, 129), and the worker's own handlers
+(:meth:`~cortexfs.worker.loop.Worker.install_signal_handlers`) can only be set once the
+worker is made, after its modules are imported, its queue opened and its session created:
+some 100 ms in which a supervisor's SIGTERM would make a starting worker vanish with no word.
+So the command takes these signals as its first step with an :class:`EarlyStop`, which only
+notes the signal (whatever startup is doing finishes: no session left half made), and stops
+before it claims anything.
 
 This module imports nothing of the worker: taking the signals must not wait for the imports.
 """
@@ -31,9 +32,11 @@ class EarlyStop:
 
     @classmethod
     def catch(cls) -> EarlyStop:
-        """Take :data:`STOP_SIGNALS` from now on."""
+        """Take :data:`STOP_SIGNALS` from now on, and SIGINT, whose first arrival stops a
+        worker as they do (a KeyboardInterrupt midway through making the worker's session
+        would leave it half made)."""
         early = cls()
-        for signum in STOP_SIGNALS:
+        for signum in (*STOP_SIGNALS, signal.SIGINT):
             signal.signal(signum, early._note)
         return early
 
