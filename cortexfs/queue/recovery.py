@@ -133,37 +133,38 @@ def recover(
     report = RecoverReport(reconcile=reconcile, dry_run=dry_run)
     found = ev.scan(queue)
     report.ignored = found.ignored
-    for job in sorted(found.jobs):
-        try:
-            _recover_job(queue, found.jobs[job], report, reconcile=reconcile, dry_run=dry_run)
-        except KeyboardInterrupt:
-            # Ctrl-C lands between two jobs (each transition holds it): what was done before
-            # is the caller's to say, as a claim or finish under way says what it did.
-            raise Interrupted(report) from None
-        except _StoppedPartWay as stopped:
-            report.errors.append(_stopped_part_way(queue, found.jobs[job], stopped))
-        except (OSError, CtxError) as exc:
-            # One job we cannot repair (EACCES in a directory another user made, a symlink
-            # swapped in since the scan) must not cost every other job its repair: say what
-            # failed and carry on; the run then ends inconsistent (exit 1).
-            report.errors.append(_failure(queue, exc, found.jobs[job]))
-    for temp in found.temps:
-        if temp.age < grace:
-            continue  # a publish, lease or finish may still be writing it
-        if not reconcile or dry_run:
-            report.stale_temps.append(f"inbox/{temp.name}")  # still there after the run
-            continue
-        try:
-            removed = durable.remove_entries(queue.ops, [(queue.inbox, temp.name, False)])
-        except OSError as exc:
-            report.errors.append(_temp_failure(queue, temp, exc))
-            continue
-        if removed:  # not when another recover removed it first: it lists it
-            report.removed_temps.append(f"inbox/{temp.name}")
-    if report.removed_temps:
-        durable.sync_dir(queue.ops, queue.inbox)
-    if not dry_run:
-        relist_after_recover(queue)
+    try:
+        for job in sorted(found.jobs):
+            try:
+                _recover_job(queue, found.jobs[job], report, reconcile=reconcile, dry_run=dry_run)
+            except _StoppedPartWay as stopped:
+                report.errors.append(_stopped_part_way(queue, found.jobs[job], stopped))
+            except (OSError, CtxError) as exc:
+                # One job we cannot repair (EACCES in a directory another user made, a symlink
+                # swapped in since the scan) must not cost every other job its repair: say what
+                # failed and carry on; the run then ends inconsistent (exit 1).
+                report.errors.append(_failure(queue, exc, found.jobs[job]))
+        for temp in found.temps:
+            if temp.age < grace:
+                continue  # a publish, lease or finish may still be writing it
+            if not reconcile or dry_run:
+                report.stale_temps.append(f"inbox/{temp.name}")  # still there after the run
+                continue
+            try:
+                removed = durable.remove_entries(queue.ops, [(queue.inbox, temp.name, False)])
+            except OSError as exc:
+                report.errors.append(_temp_failure(queue, temp, exc))
+                continue
+            if removed:  # not when another recover removed it first: it lists it
+                report.removed_temps.append(f"inbox/{temp.name}")
+        if report.removed_temps:
+            durable.sync_dir(queue.ops, queue.inbox)
+        if not dry_run:
+            relist_after_recover(queue)
+    except KeyboardInterrupt:
+        # Ctrl-C lands between two steps (each transition holds it): what was done before
+        # is the caller's to say, as a claim or finish under way says what it did.
+        raise Interrupted(report) from None
     return report
 
 

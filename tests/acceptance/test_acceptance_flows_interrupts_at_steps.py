@@ -158,14 +158,6 @@ def pick(steps: list[Step], call: str, contains: str = "", skip: int = 0) -> Ste
     return found[skip]
 
 
-def spread(steps: list[Step], count: int) -> list[Step]:
-    """``count`` steps spread evenly over ``steps``, the first and the last among them."""
-    if len(steps) <= count:
-        return steps
-    picks = {round(i * (len(steps) - 1) / (count - 1)) for i in range(count)}
-    return [steps[i] for i in sorted(picks)]
-
-
 class World:
     """A storage root, its cache directory and a saved copy to start every run from (the
     root keeps its path: ``bin/ctxterm`` names it)."""
@@ -332,7 +324,7 @@ def _transition(world: World, command: str, holder: subprocess.Popen) -> tuple[l
     }[command]  # fmt: skip
 
 
-@pytest.mark.parametrize("command", ["publish", "batch", "claim", "finish"])
+@pytest.mark.parametrize("command", ["batch", "claim", "finish"])
 def test_ctrl_c_at_a_step_of_a_queue_transition_completes_it_prints_it_and_exits_130(
     command, world, holder
 ):
@@ -340,15 +332,21 @@ def test_ctrl_c_at_a_step_of_a_queue_transition_completes_it_prints_it_and_exits
     transition halfway: a claim, publish, finish … under way completes and prints what it
     did, and then the command ends with ``ctx: EINTR: …`` and exit 130"; a batch interrupted
     while its requests are written publishes nothing, once one moves all of them): SIGINT
-    delivered as the command enters a step of its own — the temp file's chmod, an fsync of a
-    file or of a directory after a move, the batch's syncfs, a no-replace rename, the mkdir
-    of the claim — ends it with EINTR and 130, never a traceback, after the transition is
-    whole and printed: no temp left in ``inbox/``, each job in exactly one state, a claim
-    leased to its holder, a finish in ``done/``."""
+    delivered as the command enters one of its system calls — a batch's syncfs (before any
+    move) and its second move; a claim's move of the request (its lease not yet written)
+    and the mkdir of its lease directory; a finish's move of the result (the request still
+    claimed) and the removal of its lease — ends it with EINTR and 130, never a traceback,
+    after the transition is whole and printed: no temp left in ``inbox/``, each job in
+    exactly one state, a claim leased to its holder, a finish in ``done/``."""
     args, stdin = _transition(world, command, holder)
-    # Two or three steps each, the first and the last among them: test_acceptance_interrupts
-    # takes the protocol's named steps already.
-    steps = spread(world.steps(args, stdin), 3 if command in ("claim", "finish") else 2)
+    # Two steps each, between the ones test_acceptance_interrupts takes (the protocol's named
+    # steps, a single publish's among them).
+    steps = world.steps(args, stdin)
+    steps = {
+        "batch": lambda: [pick(steps, "syncfs"), pick(steps, "renameat2", skip=1)],
+        "claim": lambda: [pick(steps, "renameat2"), pick(steps, "mkdirat", skip=1)],
+        "finish": lambda: [pick(steps, "renameat2"), pick(steps, "unlinkat", '"worker"')],
+    }[command]()
     queue = world.queue
     for step in steps:
         where = str(step)
@@ -363,7 +361,7 @@ def test_ctrl_c_at_a_step_of_a_queue_transition_completes_it_prints_it_and_exits
             assert all(s == "pending" for s in states.values()), (where, states)
             continue
         assert printed == ["j1.req.json"], (where, run)
-        expected = {"publish": "pending", "claim": "claimed", "finish": "done"}[command]
+        expected = {"claim": "claimed", "finish": "done"}[command]
         assert states == {"j1.req.json": expected}, (where, states)
         assert queue.state("j1.req.json") == expected, where
         if command == "claim":
@@ -375,38 +373,34 @@ def test_ctrl_c_at_a_step_of_a_queue_transition_completes_it_prints_it_and_exits
 def test_ctrl_c_during_a_renewal_prints_the_renewal_it_made(world, holder):
     """Q-3, §2.4 (docs/queue.md: "a claim, publish, finish, renewal or requeue under way
     completes and prints what it did, and then the command ends with ``ctx: EINTR: …``;
-    what it printed is done"): SIGINT as ``ctx queue renew`` replaces the lease (and as it
-    syncs the lease directory after) renews the lease — its ``expires_at`` moves on — so the
-    command must say so, ``J leased until T``, before its EINTR; it prints nothing, and its
-    EINTR line says only what it printed is done."""
+    what it printed is done"): SIGINT as ``ctx queue renew`` replaces the lease renews the
+    lease — its ``expires_at`` moves on — and the command says so, ``J leased until T``,
+    before its EINTR, leaving no temp in ``inbox/``."""
     assert world.q("publish", "--name", "j1", "-", input=REQUEST).rc == 0
     assert world.q("claim", "--pid", str(holder.pid), "--ttl", "60").rc == 0
     world.keep()
     before = world.queue.lease("j1.req.json")["expires_at"]
     args = ["queue", "renew", "--project", PROJECT, "j1", "--pid", str(holder.pid), "--ttl", "900"]
-    steps = world.steps(args)
-    replace = pick(steps, "renameat", '"worker"')
-    after_replace = steps[steps.index(replace) + 1]
-    for step in (replace, after_replace):
-        run = world.interrupt(args, step, signal.SIGINT)
-        assert_interrupted(run)
-        lease = world.queue.lease("j1.req.json")
-        assert lease["expires_at"] != before and world.queue.entries("inbox") == set()
-        assert run.lines() == [f"j1.req.json leased until {lease['expires_at']}"], (str(step), run)
+    # The renewal's one rename: its new lease over the old (no-replace would refuse).
+    run = world.interrupt(args, Step("renameat", 1, ""), signal.SIGINT, expect='"worker"')
+    assert_interrupted(run)
+    lease = world.queue.lease("j1.req.json")
+    assert lease["expires_at"] != before and world.queue.entries("inbox") == set()
+    assert run.lines() == [f"j1.req.json leased until {lease['expires_at']}"], run
 
 
 # ------------------------------------------------------------------------------ recover
 
 
 def _leftovers(world: World, source: Path) -> None:
-    """Five jobs to settle: a1, a2, a3 claimed by a holder that has exited (requeued); b1
+    """Four jobs to settle: a1, a2 claimed by a holder that has exited (requeued); b1
     claimed without a lease (back to pending); c1 whose finish died after its result moved
     (rolled forward to done); an orphan lease zz; a stale temp in ``inbox/``."""
     copy_of_root(source, world.root)
-    for name in ("a1", "a2", "a3", "b1", "c1"):
+    for name in ("a1", "a2", "b1", "c1"):
         assert world.q("publish", "--name", name, "-", input=REQUEST).rc == 0
     gone = str(dead_pid())
-    for name in ("a1", "a2", "a3", "b1", "c1"):
+    for name in ("a1", "a2", "b1", "c1"):
         claimed = world.q("claim", "--pid", gone)
         assert claimed.out.strip() == f"{name}.req.json", claimed
     q = world.qdir
@@ -432,33 +426,43 @@ def leftovers(_template: Path) -> World:
 
 RECONCILE = ["queue", "recover", "--project", PROJECT, "--reconcile"]
 SETTLED = {
-    **{f"a{n}.req.json": "pending" for n in (1, 2, 3)},
+    **{f"a{n}.req.json": "pending" for n in (1, 2)},
     "b1.req.json": "pending",
     "c1.req.json": "done",
 }
 
 
-def test_ctrl_c_between_the_jobs_a_reconcile_repairs_loses_none_and_the_next_run_completes(
+def moved_and_said(world: World, run: Run) -> tuple[set[str], set[str]]:
+    """The jobs an interrupted reconcile has moved out of ``claimed/`` (every job is in one
+    state), and those its ``requeue J`` and ``repair J`` lines name (the orphan lease ``zz``,
+    which holds no job, left out)."""
+    states = requests_once(world.queue)
+    assert set(states) == set(SETTLED), states
+    moved = {job for job, state in states.items() if state != "claimed"}
+    said = {line.split()[1].rstrip(":") for line in run.lines() if line.split()[:1] in (
+        ["requeue"], ["repair"])}  # fmt: skip
+    return moved, said - {"zz.req.json"}
+
+
+def test_ctrl_c_between_the_jobs_a_reconcile_repairs_names_those_moved_and_loses_none(
     leftovers,
 ):
-    """Q-5, Q-6, I-1, I-5, §2.4 (docs/queue.md: Ctrl-C lands between two jobs, a requeue under
-    way completes): ``ctx queue recover --reconcile`` with five jobs to settle, interrupted
-    as it moves the second one back to pending, as it rolls the finished one forward, and as
-    it removes the stale temp, exits 130 with EINTR and no traceback; every job is then in
-    exactly one state, none is lost; the next ``recover --reconcile`` settles the rest (exit
-    0, queue consistent), and the one after finds nothing to do."""
+    """Q-5, Q-6, I-1, I-5, §2.4 (docs/queue.md: "a … requeue under way completes and prints
+    what it did, and then the command ends with ``ctx: EINTR: …`` and exit 130 …; what it
+    printed is done"): ``ctx queue recover --reconcile`` with four jobs to settle,
+    interrupted as it moves the second one back to pending and as it rolls the finished one
+    forward, exits 130 with EINTR and no traceback, after naming each job it had moved (its
+    ``requeue J`` and ``repair J`` lines); every job is then in exactly one state, none is
+    lost; the next ``recover --reconcile`` settles the rest (exit 0, queue consistent), and
+    the one after finds nothing to do."""
     world = leftovers
-    steps = world.steps(RECONCILE)
-    chosen = [
-        pick(steps, "renameat2", skip=1),
-        pick(steps, "renameat2", '"c1.req.json"'),
-        pick(steps, "unlinkat", "publish.tmp"),
-    ]
-    for step in chosen:
-        where = str(step)
-        run = world.interrupt(RECONCILE, step, signal.SIGINT)
+    # Jobs are settled in name order, one no-replace rename each: a1, a2, b1, c1.
+    for step, job in ((Step("renameat2", 2, ""), "a2"), (Step("renameat2", 4, ""), "c1")):
+        where = f"{step} ({job})"
+        run = world.interrupt(RECONCILE, step, signal.SIGINT, expect=f'"{job}.req.json"')
         assert_interrupted(run)
-        assert set(requests_once(world.queue)) == set(SETTLED), where
+        moved, said = moved_and_said(world, run)
+        assert {"a1.req.json", "a2.req.json"} <= moved and said == moved, (where, run, moved)
         again = world.ctx(*RECONCILE)
         assert again.rc == 0 and "queue consistent" in again.out, (where, again)
         assert requests_once(world.queue) == SETTLED, where
@@ -468,20 +472,21 @@ def test_ctrl_c_between_the_jobs_a_reconcile_repairs_loses_none_and_the_next_run
     assert last.lines()[-1].startswith("0 requeued, 0 repaired, 0 incomplete"), last
 
 
-def test_a_reconcile_stopped_by_ctrl_c_names_the_jobs_it_had_already_moved(leftovers):
-    """Q-5, §2.4 (docs/queue.md: "a … requeue under way completes and prints what it did, and
-    then the command ends with ``ctx: EINTR: …`` and exit 130 …; what it printed is done"):
-    Ctrl-C as ``recover --reconcile`` moves the second of its jobs back to pending leaves the
-    first two requeued; the command must name them (its ``requeue J`` lines) before its
-    EINTR, or a user who reads "what it printed is done" takes the queue as untouched."""
+def test_a_reconcile_stopped_by_ctrl_c_at_its_temp_sweep_names_the_jobs_it_moved(leftovers):
+    """Q-5, Q-6, §2.4 (docs/queue.md: "… requeue under way completes and prints what it did,
+    and then the command ends with ``ctx: EINTR: …`` …; what it printed is done"): Ctrl-C as
+    ``recover --reconcile`` removes the stale temp in ``inbox/`` — every one of its four jobs
+    already requeued or rolled forward — ends it with EINTR and 130; its output must name
+    those four jobs, or a user who reads "what it printed is done" takes the queue as
+    untouched and the job it rolled forward as still claimed."""
     world = leftovers
-    second = pick(world.steps(RECONCILE), "renameat2", skip=1)
-    run = world.interrupt(RECONCILE, second, signal.SIGINT)
+    inbox = world.qdir / "inbox"
+    sweep = Step("unlinkat", 1, "")
+    run = world.interrupt(RECONCILE, sweep, signal.SIGINT, path=inbox, expect="publish.tmp")
     assert_interrupted(run)
-    moved = {j for j, s in requests_once(world.queue).items() if s == "pending"}
-    assert moved == {"a1.req.json", "a2.req.json"}, moved
-    for job in moved:
-        assert f"requeue  {job}" in run.out, run
+    moved, said = moved_and_said(world, run)
+    assert moved == set(SETTLED) and world.queue.entries("inbox") == set(), moved
+    assert said == moved, run
 
 
 # ------------------------------------------------------------------------------ SIGTERM, SIGHUP
@@ -508,13 +513,12 @@ def test_sigterm_or_sighup_at_a_queue_step_is_settled_by_recover_or_the_same_com
     again.  No traceback, nothing printed, each job in one state at the end, run once."""
     args, stdin = _transition(world, command, holder)
     queue = world.queue
-    steps = world.steps(args, stdin)
-    step = {
-        "publish": lambda: pick(steps, "fsync"),  # the temp file's data
-        "claim": lambda: pick(steps, "renameat2"),  # pending/J -> claimed/J/J
-        "finish": lambda: pick(steps, "renameat2"),  # the result into done/
-    }[command]()
-    run = world.interrupt(args, step, signum, stdin)
+    step, expect = {
+        "publish": (Step("fsync", 1, ""), ""),  # the temp file's data
+        "claim": (Step("renameat2", 1, ""), '"j1.req.json"'),  # pending/J -> claimed/J/J
+        "finish": (Step("renameat2", 1, ""), ".result"),  # the result into done/
+    }[command]
+    run = world.interrupt(args, step, signum, stdin, expect=expect)
     assert_ended_by(run, signum)
     assert run.out == "", run
     if command == "publish":
@@ -572,8 +576,8 @@ def test_a_stray_sigpipe_at_a_step_changes_nothing(world, holder):
 @pytest.mark.parametrize(
     ("args", "made"),
     [
-        (["queue", "init", "--project", "fresh"], "queue/inbox"),
-        (["shared", "create", "fresh"], "data"),
+        (["queue", "init", "--project", "fresh"], "queue/inbox"),  # first made in queue/
+        (["shared", "create", "fresh"], "data"),  # second made in the space, after tool/
     ],
     ids=["queue-init", "shared-create"],
 )
@@ -590,9 +594,8 @@ def test_a_space_interrupted_between_mkdir_and_chmod_gets_its_modes_when_run_aga
     world.keep()
     space = world.root / "shared" / "fresh"
     where = space / made
-    steps = world.steps(args, calls="mkdirat")
-    step = pick(steps, "mkdirat", f'"{where.name}"')
-    run = world.interrupt(args, step, signal.SIGINT)
+    step = Step("mkdirat", 1 if made == "queue/inbox" else 2, "")
+    run = world.interrupt(args, step, signal.SIGINT, path=where.parent, expect=f'"{where.name}"')
     assert_interrupted(run)
     again = world.ctx(*args)
     assert again.rc == 0 and TRACEBACK not in again.err, again
@@ -609,13 +612,13 @@ def hidden(directory: Path) -> list[str]:
     return sorted(n for n in os.listdir(directory) if n.startswith(".") and n != ".install-lock")
 
 
-def assert_bootstrap_settles(world: World, where: str, always: bool = False) -> None:
+def assert_bootstrap_settles(world: World, where: str, always: bool = False) -> bool:
     """``ctx bootstrap`` has nothing to do, or names an interrupted install it finishes or
     discards; the next one has nothing to do.  Asked only when the interrupt left a hidden
-    entry in a tier (a staging, a commit marker), unless ``always``."""
+    entry in a tier (a staging, a commit marker), unless ``always``; whether it was asked."""
     tiers = (world.root / "tool", world.root / "agent")
     if not always and not any(hidden(tier) for tier in tiers):
-        return
+        return False
     first = world.ctx("bootstrap")
     assert first.rc == 0 and TRACEBACK not in first.err, (where, first)
     if "nothing to do" not in first.out:
@@ -623,6 +626,7 @@ def assert_bootstrap_settles(world: World, where: str, always: bool = False) -> 
         assert repaired and all("interrupted" in line for line in repaired), (where, first)
         second = world.ctx("bootstrap")
         assert second.rc == 0 and "nothing to do" in second.out, (where, second)
+    return True
 
 
 INSTALL_STEPS = {
@@ -664,6 +668,7 @@ def test_an_install_interrupted_at_a_step_shows_one_whole_version_and_bootstrap_
     args = ["object", "install", manifest, "--tier", "system"]
     steps = world.steps(args, calls="mkdirat,renameat2,renameat,linkat")
     tier = world.root / "tool"
+    asked = False  # bootstrap is asked at least once, at the last step if not before
     for number, (call, contains, signum) in enumerate(INSTALL_STEPS[kind]):
         step = pick(steps, call, contains)
         where = str(step)
@@ -681,7 +686,8 @@ def test_an_install_interrupted_at_a_step_shows_one_whole_version_and_bootstrap_
             policy = (tier / "demo.d" / "policy").read_text()
             assert f"allow {LABEL} tool:demo execute" in policy, where
         assert all(n.startswith(".demo~") for n in hidden(tier)), (where, hidden(tier))
-        assert_bootstrap_settles(world, where, always=number == len(INSTALL_STEPS[kind]) - 1)
+        last = number == len(INSTALL_STEPS[kind]) - 1
+        asked = assert_bootstrap_settles(world, where, always=last and not asked) or asked
         again = world.ctx(*args)
         assert again.rc == 0, (where, again)
         listed = {o["name"]: o for o in world.ctx("object", "list", "--json").json()}
@@ -691,40 +697,31 @@ def test_an_install_interrupted_at_a_step_shows_one_whole_version_and_bootstrap_
 
 
 @needs_root
-def test_an_agent_create_interrupted_at_a_step_is_whole_or_absent_and_made_once(world):
+def test_an_agent_create_stopped_as_it_commits_is_whole_finished_by_bootstrap_and_made_once(
+    world,
+):
     """A-3, R-5, S-3 (an agent is made as a tool is installed, staged and then committed
-    under the ``agent/`` tier's install lock, docs/tools.md): ``ctx agent create``
-    interrupted by Ctrl-C as it commits the agent's controls, and by SIGHUP as it renames
-    its entry into place, ends as that signal says without a traceback; ``ctx agent list``
-    shows ``ci`` whole or not at all; ``ctx bootstrap`` has nothing to do or settles what
-    was left and says so; the same command run again creates it, or refuses with EEXIST
-    when it exists; its log holds one ``agent.created``."""
+    under the ``agent/`` tier's install lock, docs/tools.md): ``ctx agent create`` stopped
+    by SIGHUP (a closed terminal) as it renames its entry into place, its controls already
+    committed, ends as a shell reports SIGHUP, without a traceback; ``ctx agent list`` shows
+    ``ci`` whole; ``ctx bootstrap`` finishes the interrupted commit and says so, the next
+    has nothing to do; the same command run again refuses with EEXIST and overwrites
+    nothing; the agent's log holds one ``agent.created``."""
     world.keep()
     request = json.dumps({"name": AGENT, "label": LABEL, "tools": ["fs.stat"]})
     args = ["agent", "create", "-"]
-    steps = world.steps(args, request, calls="renameat2,renameat")
+    entry = Step("renameat", 1, "")  # the entry into place, the controls committed before
+    run = world.interrupt(args, entry, signal.SIGHUP, request, expect=f'"{AGENT}"')
+    assert_ended_by(run, signal.SIGHUP)
+    listed = world.ctx("agent", "list", "--json").json()
+    assert [a["name"] for a in listed] == [AGENT] and not listed[0]["problems"], listed
     agents = world.root / "agent"
-    chosen = [
-        (pick(steps, "renameat2", f'"{AGENT}.d"'), signal.SIGINT),
-        (pick(steps, "renameat", f'"{AGENT}"'), signal.SIGHUP),
-    ]
-    for number, (step, signum) in enumerate(chosen):
-        where = str(step)
-        run = world.interrupt(args, step, signum, request)
-        assert_ended_by(run, signum)
-        listed = world.ctx("agent", "list", "--json").json()
-        assert [a["name"] for a in listed] in ([], [AGENT]), (where, listed)
-        assert all(not a["problems"] for a in listed), (where, listed)
-        if not listed:
-            assert not (agents / AGENT).exists(), where
-        assert_bootstrap_settles(world, where, always=number == len(chosen) - 1)
-        made = (agents / AGENT).exists()
-        again = world.ctx(*args, input=request)
-        wanted = (1, True) if made else (0, False)
-        assert (again.rc, "EEXIST" in again.err) == wanted, (where, again)
-        assert hidden(agents) == [], where
-        log = (agents / f"{AGENT}.d" / "log").read_text()
-        assert log.count('"agent.created"') == 1, (where, log)
+    assert_bootstrap_settles(world, str(entry), always=True)
+    assert hidden(agents) == [] and (agents / AGENT).exists()
+    again = world.ctx(*args, input=request)
+    assert again.rc == 1 and "EEXIST" in again.err, again
+    log = (agents / f"{AGENT}.d" / "log").read_text()
+    assert log.count('"agent.created"') == 1, log
 
 
 @needs_root
@@ -737,9 +734,8 @@ def test_a_session_repair_interrupted_at_its_cut_leaves_whole_lines(world):
     made = world.ctx("agent", "create", "-", input=request)
     assert made.rc == 0, made
     allow_in_tool_policy(world.root, "fs.stat")
-    for _ in range(2):
-        call = world.ctx("run", "--agent", AGENT, "--session", "s1", "fs.stat", "/ctx")
-        assert call.rc == 0, call
+    call = world.ctx("run", "--agent", AGENT, "--session", "s1", "fs.stat", "/ctx")
+    assert call.rc == 0, call
     uid = pwd.getpwnam("nobody").pw_uid
     events = world.root / "home" / str(uid) / "agent" / AGENT / "session" / "s1" / "events.jsonl"
     whole = events.read_bytes()
@@ -748,16 +744,14 @@ def test_a_session_repair_interrupted_at_its_cut_leaves_whole_lines(world):
         log.write(torn)
     world.keep()
     args = ["session", "repair", AGENT, "s1"]
-    steps = world.steps(args, calls="ftruncate,fsync")
-    cut = pick(steps, "ftruncate")
-    synced = steps[steps.index(cut) + 1]
+    cut, synced = Step("ftruncate", 1, ""), Step("fsync", 1, "")  # on events.jsonl
     for step, signum in ((synced, signal.SIGINT), (cut, signal.SIGHUP)):
         where = f"{step} {signal.Signals(signum).name}"
-        run = world.interrupt(args, step, signum)
+        run = world.interrupt(args, step, signum, path=events)
         assert_ended_by(run, signum)
         assert events.read_bytes() in (whole, whole + torn), where
         shown = world.ctx("session", "show", AGENT, "s1", "--json")
-        assert shown.rc == 0 and len(shown.lines()) == 4, (where, shown)
+        assert shown.rc == 0 and len(shown.lines()) == 2, (where, shown)  # call and result
         again = world.ctx(*args)
         assert again.rc == 0 and events.read_bytes() == whole, (where, again)
 
@@ -894,10 +888,6 @@ def _in_claim(world: World) -> bool:  # claimed/j1 made, the request not yet mov
     ).exists()
 
 
-def _in_result(world: World) -> bool:  # the result written, not yet in done/
-    return any(n.startswith("j1.req.json.result.") for n in os.listdir(world.qdir / "inbox"))
-
-
 def _in_request(world: World) -> bool:  # the result in done/, the request not yet
     q = world.qdir
     return (q / "done" / "j1.req.json.result").exists() and not (
@@ -907,7 +897,6 @@ def _in_request(world: World) -> bool:  # the result in done/, the request not y
 
 MOMENTS = {
     "claim": ("renameat2:when=1", _in_claim),  # pending/J -> claimed/J/J (Q-2)
-    "result": ("renameat2:when=3", _in_result),  # the result into done/ (Q-4 step 2)
     "request": ("renameat2:when=4", _in_request),  # the request into done/ (Q-4 step 3)
 }
 
@@ -915,8 +904,8 @@ MOMENTS = {
 @needs_root
 @pytest.mark.parametrize(
     ("moment", "signum"),
-    [("claim", signal.SIGINT), ("result", signal.SIGTERM), ("request", signal.SIGHUP)],
-    ids=["int-at-claim", "term-at-result", "hup-at-request"],
+    [("claim", signal.SIGINT), ("request", signal.SIGHUP)],
+    ids=["int-at-claim", "hup-at-request"],
 )
 def test_a_worker_signalled_at_a_step_of_its_job_finishes_that_job_once_and_claims_no_more(
     moment, signum, workshop
@@ -924,10 +913,10 @@ def test_a_worker_signalled_at_a_step_of_its_job_finishes_that_job_once_and_clai
     """W-2, W-4, I-3, I-4, Q-2, Q-4 (docs/workers.md "Signals": "SIGTERM, SIGHUP … or a first
     ^C: stop claiming; running jobs finish (or time out); exit 0. The stop event's
     stopped_by names the signal"): a ``ctx queue work --drain`` with three jobs, stopped
-    while its job thread is at the claim's move of the first, at its result's move into
-    ``done/`` or at its request's, finishes that job in ``done/`` (its tool run once), claims
-    no other, exits 0 with a ``stop`` event naming the signal (and an ``interrupt`` event for
-    ^C), no traceback; the other two stay pending and nothing is left to recover."""
+    while its job thread is at the claim's move of the first or at its request's move into
+    ``done/``, finishes that job in ``done/`` (its tool run once), claims no other, exits 0
+    with a ``stop`` event naming the signal (and an ``interrupt`` event for ^C), no
+    traceback; the other two stay pending and nothing is left to recover."""
     world = workshop
     inject, ready = MOMENTS[moment]
     stopped = held_worker(world, inject, lambda: ready(world), signum)
@@ -950,6 +939,38 @@ def test_a_worker_signalled_at_a_step_of_its_job_finishes_that_job_once_and_clai
         assert world.queue.entries(sub) == set(), sub
     dry = world.q("recover", "--dry-run")
     assert dry.rc == 0 and "queue consistent" in dry.out, dry
+
+
+@needs_root
+@pytest.mark.xfail(
+    strict=True,
+    reason="a second ^C ends the worker while its job thread is inside a claim or a finish: "
+    "an empty claimed/J (the job unclaimable until recover --reconcile), or a result beside a "
+    "request still claimed, is left",
+)
+@pytest.mark.parametrize("moment", ["claim", "request"])
+def test_ctrl_c_twice_inside_a_workers_claim_or_finish_leaves_no_transition_halfway(
+    moment, workshop
+):
+    """Q-2, Q-4, Q-6, W-4 (docs/queue.md: "Ctrl-C (SIGINT) never stops a transition halfway:
+    a claim, publish, finish … under way completes"; docs/workers.md: a second ^C aborts, "the
+    worker exits 130 without finishing their jobs. Their leases name a process that no
+    longer exists, so ``ctx queue recover`` puts them back in pending/"): two ^C while the
+    worker's job thread is inside the claim of the first job (``claimed/J`` made, the
+    request not yet moved into it) or inside its finish (the result in ``done/``, the
+    request not yet): the worker exits 130 without a traceback, and the transition it was
+    making is whole — ``ctx queue status`` finds no incomplete pair and plain ``ctx queue
+    recover`` exits 0, each job in one state."""
+    world = workshop
+    inject, ready = MOMENTS[moment]
+    stopped = held_worker(world, inject, lambda: ready(world), signal.SIGINT, signal.SIGINT)
+    assert stopped.in_time, "the signals came after the held step"
+    assert stopped.rc == 130 and TRACEBACK not in stopped.err, stopped
+    states = requests_once(world.queue)
+    assert states["j2.req.json"] == states["j3.req.json"] == "pending", states
+    incomplete = world.q("status", "--json").json()["incomplete"]
+    plain = world.q("recover")
+    assert incomplete == [] and plain.rc == 0, (incomplete, plain)
 
 
 @needs_root
@@ -995,12 +1016,8 @@ def test_ctrl_c_twice_after_a_jobs_tool_ended_finishes_the_job_or_names_what_is_
 @needs_root
 @pytest.mark.parametrize(
     "signum",
-    [
-        signal.SIGTERM,
-        signal.SIGHUP,
-        signal.SIGINT,
-    ],
-    ids=["term", "hup", "int"],
+    [signal.SIGTERM, signal.SIGINT],
+    ids=["term", "int"],
 )
 def test_a_worker_stopped_while_it_makes_its_session_starts_nothing_and_leaves_it_whole(
     signum, workshop
