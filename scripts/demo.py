@@ -191,11 +191,11 @@ def demonstrate() -> int:
 def kill_during_a_job(
     victim: subprocess.Popen[str], jobs: list[str], starts: Path, queue_dir: Path
 ) -> str | None:
-    """SIGKILL ``victim`` once the tool of its third job (or of a later one, should the other
-    worker take all of those first) has recorded its start: inside the 0.4 s it then
-    sleeps.  The job it held, unfinished when it was killed (recover requeues it, and it
-    runs again); None when none was (the other worker drained the queue first, or a machine
-    so slow that the job had finished before the kill)."""
+    """SIGKILL ``victim`` once the tool of its third job of this run's batch has recorded its
+    start: inside the 0.4 s it then sleeps.  The job it held, unfinished when it was killed
+    (recover requeues it, and it runs again); None when none was (the other worker drained
+    the queue before the victim's third claim, or a machine so slow that the job had
+    finished before the kill)."""
     assert victim.stdout is not None
     claimed = 0
     for line in victim.stdout:
