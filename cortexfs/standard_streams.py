@@ -39,7 +39,7 @@ def prepare_standard_streams() -> None:
     than end the command in a traceback.  (Python writes standard error that way already.)"""
     _reopen_closed_standard_streams()
     stdout = sys.stdout
-    if isinstance(stdout, io.TextIOWrapper) and _codec(stdout.encoding) != "utf-8":
+    if isinstance(stdout, io.TextIOWrapper) and not writes_utf8(stdout):
         stdout.reconfigure(errors="backslashreplace")
     _drop_what_standard_error_refuses()
 

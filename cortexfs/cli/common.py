@@ -68,6 +68,9 @@ def json_option(fn: F) -> F:
     return click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")(fn)
 
 
+STORAGE_SELECTION_KEY = "cortexfs.storage_selection"
+
+
 def resolve_storage(storage_dir: Path | None) -> Path:
     """The storage root for this command: subcommand option, then the group's, then R-1."""
     ctx = click.get_current_context(silent=True)
@@ -78,9 +81,6 @@ def resolve_storage(storage_dir: Path | None) -> Path:
     if storage_dir is not None and ctx is not None:
         ctx.meta[STORAGE_SELECTION_KEY] = absolute(storage_dir)
     return storage.resolve_root(storage_dir)
-
-
-STORAGE_SELECTION_KEY = "cortexfs.storage_selection"
 
 
 def for_this_storage(text: str) -> str:

@@ -250,7 +250,7 @@ def _main(argv: list[str], storage_dir: Path | None) -> int:
     given = options.storage or storage_dir
     _root_given = None if given is None else absolute(given)
     try:
-        root = storage.resolve_root(options.storage or storage_dir)
+        root = storage.resolve_root(given)
         where = _session(root, options.agent, options.tool, options.session, options.project)
     except CtxError as error:
         _say(str(error))

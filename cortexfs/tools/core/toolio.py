@@ -36,6 +36,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 from cortexfs import jsontext
+from cortexfs.errors import out_of_memory
 from cortexfs.printable import printable
 
 NATIVE = "native"
@@ -98,7 +99,7 @@ def main(
     except MemoryError:
         # The host's memory or this process's limit of it ran out (a large input, an MCP
         # server's huge answer): a shortage told by its errno, as any other, not a traceback.
-        reason = "out of memory: free memory, or raise the limit of it ('ulimit -v', 'ulimit -d')"
+        reason = out_of_memory(f"{tool} stopped").message
         return _fail(tool, ToolFailure(errno_names.ENOMEM, reason), native, program)
     except UnicodeEncodeError as exc:  # JSON can spell "\ud800"; no name or text holds it
         character = exc.object[exc.start : exc.end]
