@@ -539,6 +539,16 @@ def say_why_left_pending(left_pending: dict[str, str]) -> None:
             _note(f"left pending, {evidence}: {_some(jobs)}; {remedy}")
 
 
+def say_left_claimed(jobs: list[str]) -> None:
+    """Jobs an aborted worker left claimed, their tools killed or never started: named, with
+    what settles them (their leases name the worker, a process gone once it has exited)."""
+    if jobs:
+        _note(
+            f"left claimed, as the worker was aborted before their tools ended: {_some(jobs)}; "
+            "'ctx queue recover' requeues them once this worker has exited, and they run again"
+        )
+
+
 def _some(jobs: list[str], shown: int = 5) -> str:
     """The first names of a list that may be long (a queue of conflicts), and how many more."""
     more = len(jobs) - shown

@@ -137,7 +137,15 @@ class ToolExecutor:
         }
         reason = None if result.error is None else reason_of(result.error)
         unrecorded = None if result.record_error is None else result.record_error.errno
-        return Outcome(result.ok, result.output, reason, details, unrecorded)
+        interrupted = result.error is not None and result.error.errno == errno.EINTR
+        return Outcome(
+            result.ok,
+            result.output,
+            reason,
+            details,
+            unrecorded,
+            interrupted=interrupted and control.stopped(),
+        )
 
 
 class ShellExecutor(ToolExecutor):

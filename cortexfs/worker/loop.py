@@ -65,6 +65,9 @@ class Outcome:
     # The errno with which the host refused to record the call (the session or the tool's log
     # on a full or read-only disk…), whether or not the call had failed already.
     unrecorded: int | None = None
+    # Whether the tool was killed because the worker was aborted or the job given up: its
+    # outcome is not the tool's.
+    interrupted: bool = False
 
 
 # What the host refuses, not a job: a shortage (HOST_SHORTAGES), a read-only filesystem, a file
@@ -222,6 +225,8 @@ class WorkerSummary:
     failure_errno: int | None = None  # its errno, when it had one
     # What a worker draining the queue left pending, and why (protocol.LEFT_PENDING).
     left_pending: dict[str, str] = field(default_factory=dict)
+    # The jobs an abort (a second SIGINT) left claimed, their tools killed or never started.
+    left_claimed: list[str] = field(default_factory=list)
 
     @property
     def rate(self) -> float:
@@ -239,6 +244,7 @@ class WorkerSummary:
             "stopped_by": self.stopped_by,
             "failure": self.failure,
             "left_pending": self.left_pending,
+            "left_claimed": self.left_claimed,
         }
 
 
@@ -441,8 +447,11 @@ class Worker:
             try:
                 for thread in threads:
                     _start(thread, "the slots that started finish the job each runs, then it stops")
-                # Join with a timeout so the main thread keeps handling signals.
-                while any(t.is_alive() for t in threads) and not self.abort.is_set():
+                # Join with a timeout so the main thread keeps handling signals.  An abort
+                # waits too: its tools are killed, so the slots end at once, but a claim or a
+                # finish under way completes first, on the queue's descriptors that are
+                # closed below, and a tool that had ended has its job finished.
+                while any(t.is_alive() for t in threads):
                     for thread in threads:
                         thread.join(0.1)
             except CtxError:
@@ -584,6 +593,8 @@ class Worker:
                 with self._count_lock:
                     self._controls.pop(won.job, None)
             if record is None:
+                with self._count_lock:
+                    self.summary.left_claimed.append(won.job)
                 return  # aborted: the job stays claimed for recover
             with self._count_lock:
                 if record.lost:
@@ -608,10 +619,14 @@ class Worker:
             lease=won.lease.to_json(),
         )
         self.listener("claim", {"job": won.job, "tool": tool})
+        if self.abort.is_set():
+            return None  # the abort came while the claim was under way: the tool never starts
         started = time.time()
         try:
             outcome = self.executor(won, control)
         except Exception as exc:
+            if self.abort.is_set():
+                return None  # what failed may be the abort's doing: left for recover
             code = exc.errno if isinstance(exc, CtxError | OSError) and exc.errno else errno.EIO
             if code in HOST_REFUSALS and isinstance(exc, CtxError | OSError):
                 # The host refused what the worker does around the call (its session on a
@@ -626,8 +641,10 @@ class Worker:
                 ) from exc
             message = f"the worker failed around the call: {type(exc).__name__}: {exc}"
             outcome = failure(ToolError(code, "worker", message))  # the job fails; we go on
-        if self.abort.is_set():
-            return None
+        if self.abort.is_set() and outcome.interrupted:
+            return None  # its tool was killed: the job stays claimed, and runs again
+        # An outcome the tool gave of its own, even after an abort: it is known, so the job is
+        # finished with it rather than run a second time after recover.
         with self._count_lock:
             given_up = control.given_up.is_set()
             control.finishing = not given_up

@@ -57,7 +57,7 @@ R = "[redacted]"
 WORKER_EVENTS = {"start", "claim", "finish", "lost", "renew_failed", "interrupt", "stop"}
 STOP_KEYS = {
     "done", "failed", "lost", "seconds", "rate", "aborted", "stopped_by", "failure",
-    "left_pending",
+    "left_pending", "left_claimed",
 }  # fmt: skip
 
 needs_chattr = pytest.mark.skipif(shutil.which("chattr") is None, reason="needs chattr")

@@ -942,12 +942,6 @@ def test_a_worker_signalled_at_a_step_of_its_job_finishes_that_job_once_and_clai
 
 
 @needs_root
-@pytest.mark.xfail(
-    strict=True,
-    reason="a second ^C ends the worker while its job thread is inside a claim or a finish: "
-    "an empty claimed/J (the job unclaimable until recover --reconcile), or a result beside a "
-    "request still claimed, is left",
-)
 @pytest.mark.parametrize("moment", ["claim", "request"])
 def test_ctrl_c_twice_inside_a_workers_claim_or_finish_leaves_no_transition_halfway(
     moment, workshop
@@ -974,11 +968,6 @@ def test_ctrl_c_twice_inside_a_workers_claim_or_finish_leaves_no_transition_half
 
 
 @needs_root
-@pytest.mark.xfail(
-    strict=True,
-    reason="^C twice after a job's tool exited 0 drops its outcome: the job stays claimed "
-    "(recover requeues it and it runs again) and the worker names neither it nor recover",
-)
 def test_ctrl_c_twice_after_a_jobs_tool_ended_finishes_the_job_or_names_what_is_left(workshop):
     """W-4, I-3, S-2 (docs/workers.md: a second ^C aborts, "running tools are killed, the worker
     exits 130 without finishing their jobs. Their leases name a process that no longer

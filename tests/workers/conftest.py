@@ -88,9 +88,9 @@ class Farm:
             cwd=REPO,
         )
 
-    def abort_with_two_ctrl_c(self) -> tuple[str, int]:
-        """A worker killed by a second ^C while its one job's tool runs (exit 130); the job,
-        left claimed for recover, and the pid the tool had."""
+    def abort_with_two_ctrl_c(self) -> Aborted:
+        """A worker killed by a second ^C while its one job's tool runs (exit 130): the job,
+        left claimed for recover, the pid the tool had, the worker's summary and stderr."""
         pid_file = self.scratch / "logs" / "tool.pid"
         job = self.publish("shell.exec", {"cmd": f"echo $$ > {pid_file}; sleep 60"})
         worker = self.worker()
@@ -103,9 +103,10 @@ class Farm:
         worker.send_signal(signal.SIGINT)
         time.sleep(0.2)
         worker.send_signal(signal.SIGINT)
-        worker.communicate(timeout=60)
-        assert worker.returncode == 130
-        return job, int(pid_file.read_text())
+        out, err = worker.communicate(timeout=60)
+        assert worker.returncode == 130, err
+        stop = json.loads(out.splitlines()[-1])
+        return Aborted(job, int(pid_file.read_text()), stop, err)
 
     def result(self, job: str) -> tuple[str, dict[str, object]]:
         for state in ("done", "failed"):
@@ -114,6 +115,14 @@ class Farm:
                 assert (self.queue / state / job).exists()
                 return state, json.loads(path.read_text())
         raise AssertionError(f"{job} has no terminal pair")
+
+
+@dataclass(frozen=True)
+class Aborted:
+    job: str
+    tool_pid: int
+    stop: dict[str, object]  # the worker's last event
+    stderr: str
 
 
 _template: list[Path] = []  # the root one farm's ctx bootstrap made, copied for the others

@@ -210,7 +210,15 @@ def test_sigterm_lets_the_running_job_finish_and_claims_no_more(farm: Farm) -> N
 
 
 def test_sigint_twice_aborts_and_recover_requeues(farm: Farm) -> None:
-    job, tool_pid = farm.abort_with_two_ctrl_c()
+    """W-4 (docs/workers.md "Signals"): a second ^C kills the running tool and leaves its job
+    claimed, named in the summary and on stderr with the recover that requeues it."""
+    aborted = farm.abort_with_two_ctrl_c()
+    job, tool_pid = aborted.job, aborted.tool_pid
+    assert aborted.stop["aborted"] is True and aborted.stop["left_claimed"] == [job]
+    assert f"left claimed, as the worker was aborted before their tools ended: {job}" in (
+        aborted.stderr
+    )
+    assert f"'ctx queue recover --project {PROJECT}' requeues them" in aborted.stderr
     for _ in range(100):
         if not Path(f"/proc/{tool_pid}").exists():
             break

@@ -63,7 +63,7 @@ def test_every_refusal_of_the_worker_itself_has_an_errno(farm: Farm) -> None:
 
 
 def test_a_tool_killed_by_a_second_ctrl_c_is_recorded_as_interrupted(farm: Farm) -> None:
-    job, _ = farm.abort_with_two_ctrl_c()
+    job = farm.abort_with_two_ctrl_c().job
     assert (farm.queue / "claimed" / job / job).exists(), "left for recover"
 
     session = farm.root / "home" / str(farm.user.uid) / "agent" / AGENT / "session" / "worker"
