@@ -48,6 +48,7 @@ from tests.acceptance.ctxcli import (
     snapshot,
     wait_for,
 )
+from tests.support.strace import can_inject
 from tests.support.users import UnprivilegedUser, members_of
 
 pytestmark = [
@@ -698,18 +699,9 @@ def test_a_tool_reinstalled_while_jobs_flow_keeps_grants_hooks_and_log_and_runs_
 # ------------------------------------------------------------------------------ looking on
 
 
-def _strace_can_inject() -> bool:
-    if shutil.which("strace") is None:
-        return False
-    probe = subprocess.run(
-        ["strace", "-f", "-qq", "--seccomp-bpf", "-o", "/dev/null", "-e", "trace=getpid",
-         "-e", "inject=getpid:error=EIO:when=99", "true"],
-        capture_output=True,
-    )  # fmt: skip
-    return probe.returncode == 0
-
-
-needs_strace = pytest.mark.skipif(not _strace_can_inject(), reason="needs strace injection")
+needs_strace = pytest.mark.skipif(
+    not can_inject("--seccomp-bpf", "-e", "trace=getpid"), reason="needs strace injection"
+)
 # openat(2) by architecture, to tell a traced process stopped in it (/proc/PID/syscall).
 OPENAT = {"x86_64": 257, "aarch64": 56}
 

@@ -15,10 +15,8 @@ only."""
 from __future__ import annotations
 
 import atexit
-import collections
 import json
 import os
-import re
 import shutil
 import subprocess
 from collections.abc import Callable, Iterator
@@ -37,21 +35,9 @@ from tests.acceptance.ctxcli import (
     tool_manifest,
 )
 from tests.support.storage import copy_of_root
-from tests.support.strace import trace_lines
+from tests.support.strace import Step, can_inject, first_process_steps, pick
 
-
-def _strace_can_inject() -> bool:
-    if shutil.which("strace") is None:
-        return False
-    probe = subprocess.run(
-        ["strace", "-f", "-qq", "-o", "/dev/null", "-e", "inject=getpid:error=EIO:when=99",
-         "true"],
-        capture_output=True,
-    )  # fmt: skip
-    return probe.returncode == 0
-
-
-pytestmark = pytest.mark.skipif(not _strace_can_inject(), reason="needs strace fault injection")
+pytestmark = pytest.mark.skipif(not can_inject(), reason="needs strace fault injection")
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="agents run as another uid: needs root")
 
 TOP = scratch_top(__file__)
@@ -67,62 +53,11 @@ TRACED = (
     "fsync,fdatasync,syncfs,rename,renameat,renameat2,link,linkat,unlink,unlinkat,"
     "mkdir,mkdirat,rmdir,openat,write"
 )
-CALL_LINE = re.compile(r"^(\d+)\s+(\w+)\((.*)$")
-TOKEN = re.compile(r"job-\d{8}T\d{6}-[0-9a-f]+|[0-9a-f]{10,}")
 TRACEBACK = "Traceback (most recent call last)"
 STATE_DIRS = ("inbox", "pending", "lease", "claimed", "done", "failed")
 
 
 # ------------------------------------------------------------------------------ tracing
-
-
-@dataclass(frozen=True)
-class Step:
-    """The ``nth`` call of ``call`` made by the command's own process (strace counts each
-    call of each process on its own), as strace printed it."""
-
-    call: str
-    nth: int
-    text: str
-
-    def __str__(self) -> str:
-        return f"{self.call}#{self.nth}: {self.text[:140]}"
-
-    @property
-    def signature(self) -> str:
-        """What identifies the call from one run to the next: its arguments without the
-        random tokens of temp names (for a ``write``, only the descriptor)."""
-        head = re.split(r"\s+=\s", self.text, maxsplit=1)[0].removesuffix(" <unfinished ...>")
-        head = head.rstrip().removesuffix(")")
-        if self.call == "write":
-            head = head.split(",")[0]
-        return TOKEN.sub("~", head)
-
-
-def main_process_steps(trace: Path) -> list[Step]:
-    """The calls of the first process in ``trace`` (the ``ctx`` command), in order."""
-    seen: collections.Counter[str] = collections.Counter()
-    steps: list[Step] = []
-    main = None
-    for line in trace_lines(trace):
-        match = CALL_LINE.match(line)
-        if not match:
-            continue
-        pid, call, rest = match.groups()
-        main = main or pid
-        if pid == main:
-            seen[call] += 1
-            steps.append(Step(call, seen[call], f"{call}({rest}"))
-    return steps
-
-
-def pick(steps: list[Step], call: str, contains: str = "", after: Step | None = None,
-         skip: int = 0) -> Step:  # fmt: skip
-    """The ``skip``-th call ``call`` whose text holds ``contains``, after ``after``."""
-    start = steps.index(after) + 1 if after is not None else 0
-    found = [s for s in steps[start:] if s.call == call and contains in s.text]
-    assert len(found) > skip, (call, contains, str(after), [str(s) for s in steps])
-    return found[skip]
 
 
 # ------------------------------------------------------------------------------ worlds
@@ -191,7 +126,7 @@ class World:
         self.reset()
         done = self.traced(args, input=input)
         assert done.rc == 0, done
-        steps = main_process_steps(self.top / "trace")
+        steps = first_process_steps(self.top / "trace")
         self.reset()
         return steps
 
@@ -207,7 +142,7 @@ class World:
         else:
             fault = f"{step.call}:error={code}:when={step.nth}{'+' if persist else ''}"
         run = self.traced(args, fault, input, step.call)
-        made = main_process_steps(self.top / "trace")
+        made = first_process_steps(self.top / "trace")
         if code is None:
             assert run.rc == -9, (str(step), run)  # strace dies of its tracee's signal
             met = made[-1:]

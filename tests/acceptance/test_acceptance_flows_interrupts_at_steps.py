@@ -19,12 +19,10 @@ install, an agent, a space or a root is whole, or finished by ``ctx bootstrap``.
 from __future__ import annotations
 
 import atexit
-import collections
 import contextlib
 import json
 import os
 import pwd
-import re
 import shutil
 import signal
 import stat
@@ -49,21 +47,16 @@ from tests.acceptance.ctxcli import (
 )
 from tests.acceptance.workercli import allow_in_tool_policy, make_agent, shell_job
 from tests.support.storage import copy_of_root
-from tests.support.strace import trace_lines
+from tests.support.strace import (
+    CALL_LINE,
+    Step,
+    can_inject,
+    first_process_steps,
+    pick,
+    trace_lines,
+)
 
-
-def _strace_can_inject() -> bool:
-    if shutil.which("strace") is None:
-        return False
-    probe = subprocess.run(
-        ["strace", "-f", "-qq", "-o", "/dev/null", "-e", "inject=getpid:error=EIO:when=99",
-         "true"],
-        capture_output=True,
-    )  # fmt: skip
-    return probe.returncode == 0
-
-
-pytestmark = pytest.mark.skipif(not _strace_can_inject(), reason="needs strace fault injection")
+pytestmark = pytest.mark.skipif(not can_inject(), reason="needs strace fault injection")
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="agents run as another uid: needs root")
 
 TOP = scratch_top(__file__)
@@ -74,8 +67,6 @@ OUTPUT = json.dumps({"answer": 42})
 TRACEBACK = "Traceback (most recent call last)"
 # The calls a protocol step makes: an interrupt is delivered as one of them is entered.
 STEP_CALLS = "renameat2,renameat,linkat,mkdirat,unlinkat,fsync,fchmod,ftruncate,syncfs"
-CALL_LINE = re.compile(r"^(\d+)\s+(\w+)\((.*)$")
-TOKEN = re.compile(r"job-\d{8}T\d{6}-[0-9a-f]+|[0-9a-f]{10,}")
 # docs/queue.md: each state directory of a space's queue 02770, queue/ 03770; X-1's space.
 SPACE_MODES = {
     "": 0o3770,
@@ -115,47 +106,6 @@ def assert_ended_by(run: Run, signum: int) -> None:
 
 
 # ------------------------------------------------------------------------------ tracing
-
-
-@dataclass(frozen=True)
-class Step:
-    """The ``nth`` call of ``call`` made by the command's process, as strace printed it."""
-
-    call: str
-    nth: int
-    text: str
-
-    def __str__(self) -> str:
-        return f"{self.call}#{self.nth}: {self.text[:120]}"
-
-    @property
-    def signature(self) -> str:
-        """Its arguments without the random tokens of temp names."""
-        head = re.split(r"\s+=\s", self.text, maxsplit=1)[0]
-        return TOKEN.sub("~", head.removesuffix(" <unfinished ...>").rstrip().removesuffix(")"))
-
-
-def calls_of_first_process(trace: Path) -> list[Step]:
-    """Every call of the first process in ``trace`` (the ``ctx`` command), in order."""
-    seen: collections.Counter[str] = collections.Counter()
-    steps: list[Step] = []
-    main = None
-    for line in trace_lines(trace):
-        match = CALL_LINE.match(line)
-        if not match:
-            continue
-        pid, call, rest = match.groups()
-        main = main or pid
-        if pid == main:
-            seen[call] += 1
-            steps.append(Step(call, seen[call], f"{call}({rest}"))
-    return steps
-
-
-def pick(steps: list[Step], call: str, contains: str = "", skip: int = 0) -> Step:
-    found = [s for s in steps if s.call == call and contains in s.text]
-    assert len(found) > skip, (call, contains, [str(s) for s in steps])
-    return found[skip]
 
 
 class World:
@@ -221,7 +171,7 @@ class World:
                          *CTX_ARGV, *map(str, args)], input)  # fmt: skip
         assert done.rc == 0, done
         self.reset()
-        return [s for s in calls_of_first_process(trace) if str(self.cache) not in s.text]
+        return [s for s in first_process_steps(trace) if str(self.cache) not in s.text]
 
     def interrupt(self, args, step: Step, signum: int, input: str | bytes = b"",
                   path: Path | None = None, expect: str = "") -> Run:  # fmt: skip
