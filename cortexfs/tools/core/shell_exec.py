@@ -16,6 +16,7 @@ SPEC A-1, can do that), which is why ``shell.exec`` is a permission-bearing tool
 from __future__ import annotations
 
 import os
+import signal
 from typing import NoReturn
 
 from cortexfs.tools.core import confine
@@ -36,6 +37,11 @@ def execute(request: dict[str, object], native: bool) -> NoReturn:
         _feed_stdin(require(request, "stdin", str).encode())
     elif native:
         _feed_stdin(b"")
+    # Python ignores SIGPIPE and SIGXFSZ, and an ignored signal stays ignored across exec:
+    # the command gets them back as every program expects them (``yes | head -1`` ends with
+    # 141, a write past ``ulimit -f`` with 153), as subprocess gives them to a manifest tool.
+    for signum in (signal.SIGPIPE, signal.SIGXFSZ):
+        signal.signal(signum, signal.SIG_DFL)
     os.execv(SHELL, [SHELL, "-c", command])
 
 
