@@ -156,10 +156,20 @@ def tail(
     ref = _session_ref(storage_dir, agent, session, project, uid)
     scan = events.EventScan()
     with _session_directory(ref, _listing(agent, project, uid)) as directory:
-        last = collections.deque(
-            events.stream_events(ref.events_path, scan, dir_fd=directory), maxlen=lines
-        )
-        _render(list(last), as_json)
+        # Where each of the last N events starts (past the event before it), not the events:
+        # they are read again from there and printed as read, so that a tail of a long
+        # session holds no more than show does.
+        starts: collections.deque[int] = collections.deque(maxlen=lines)
+        after_previous = scan.end
+        for _ in events.stream_events(ref.events_path, scan, dir_fd=directory):
+            starts.append(after_previous)
+            after_previous = scan.end
+        if starts:
+            again = events.EventScan(end=starts[0])
+            for event in events.stream_events(ref.events_path, again, dir_fd=directory):
+                if again.end > scan.end:
+                    break  # appended since: --follow prints it
+                _render([event], as_json)
         _warn(ref, scan)
         if not follow:
             return
