@@ -545,8 +545,18 @@ class _Call:
         )
 
     def _finished_result(self, finished: Finished) -> ToolResult:
-        output = decode_output(finished.stdout) if self.mode == NATIVE else None
         stderr = finished.stderr_tail.decode("utf-8", "replace")
+        try:
+            output = decode_output(finished.stdout) if self.mode == NATIVE else None
+        except MemoryError:
+            # The tool ran: its exit status stands.  What ran short is the memory to hold its
+            # output decoded (a JSON value takes many times its text), which is not kept.
+            standing = (
+                f"{self.tool_name} ran and exited with status {finished.exit_status}, but its "
+                f"output of {len(finished.stdout)} bytes could not be decoded, and is not kept"
+            )
+            error = ToolError(errno.ENOMEM, "run", out_of_memory(standing).message)
+            return self._result(ERROR, exit_status=finished.exit_status, error=error, stderr=stderr)
         error = None
         if finished.exit_status != 0 and self.interrupted is not None and self.interrupted():
             error = ToolError(
