@@ -598,7 +598,18 @@ def renew(queue_dir: Path, as_json: bool, job: str, pid: int | None, ttl: float 
     # Ctrl-C waits until the renewal is made and said, or never made: no temp left in inbox/,
     # and no renewal made but unsaid (the EINTR line says that what was printed is done).
     with open_queue(queue_dir) as q, held_interrupts():
-        lease = protocol.renew(q, job, callers, ttl)
+        try:
+            lease = protocol.renew(q, job, callers, ttl)
+        except protocol.NotHeld as refusal:
+            if pid is None and refusal.errno == errno.EACCES:
+                # A subshell or a background loop of the script that claimed is a process of
+                # its own: it renews for the claiming shell by naming it.
+                refusal.message += (
+                    "; from another process than the one that claimed (a subshell, a "
+                    "background loop), name the holder with --pid (in the claiming shell: "
+                    "--pid $$)"
+                )
+            raise
         changed(f"the lease on {job} was renewed until {lease.to_json()['expires_at']}")
         if as_json:
             emit_json(lease.to_json())

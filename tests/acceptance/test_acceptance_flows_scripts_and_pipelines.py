@@ -288,8 +288,9 @@ def test_a_background_renewal_loop_keeps_a_short_lease_past_its_first_expiry(
     (``--ttl 5``).
     Past the first expiry the job is still claimed by the script, recover leaves it alone; the
     same renew from a subshell without ``--pid`` is refused (EACCES, exit 1, nothing on stdout,
-    the lease unchanged).  The script finishes the job, and the loop's next renew ends the
-    loop (the lease is gone), so nothing is left running or claimed."""
+    the lease unchanged), saying that ``--pid`` names the holder.  The script finishes the job,
+    and the loop's next renew ends the loop (the lease is gone), so nothing is left running or
+    claimed."""
     job = queue.publish(name="renewed")
     proc = subprocess.Popen(["bash", "-c", RENEWER], env=shell_env(queue, scratch),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
@@ -303,7 +304,8 @@ def test_a_background_renewal_loop_keeps_a_short_lease_past_its_first_expiry(
         assert (first_expiry - datetime.now(UTC)).total_seconds() < 10, first
         assert (scratch / "stray.rc").read_text().strip() == "1"
         assert (scratch / "stray.out").read_text() == ""
-        assert "EACCES" in (scratch / "stray.err").read_text()
+        stray = (scratch / "stray.err").read_text()
+        assert "EACCES" in stray and "name the holder with --pid" in stray, stray
         # Wait until the lease the claim took has run out, then look: renewed, still ours.
         assert wait_for(lambda: datetime.now(UTC) > first_expiry, 30)
         assert wait_for(
