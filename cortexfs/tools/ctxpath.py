@@ -231,16 +231,26 @@ def which_on_user_path(
     check_object_name(name, "tool")
     directory, skipped = _search(name, search_path.directories, has_execute_bit)
     if directory is None:
-        missing = f"{name} is not on CTX_PATH ({':'.join(search_path.entries)})"
+        missing = f"{name} is not on CTX_PATH ({_first_of(search_path.entries, ':')})"
         raise not_found(f"{missing}; {_what_to_do(root, skipped)}")
     return Resolution(name, directory, skipped), search_path
+
+
+# Entries an error names of a list that may be long: a CTX_PATH of thousands of entries makes
+# an error line no one reads whole.
+_NAMED = 16
+
+
+def _first_of(items: Sequence[str], separator: str) -> str:
+    more = len(items) - _NAMED
+    return separator.join(items[:_NAMED]) + (f" … and {more} more" if more > 0 else "")
 
 
 def _what_to_do(root: Path, skipped: Sequence[str]) -> str:
     """What to do about a name found nowhere: what was passed over, and why, is what to mend
     when there is any; a storage root without its system tier has no tool at all yet, which
     ``ctx bootstrap`` mends; else see what is installed."""
-    remedies = [f"passed over: {'; '.join(skipped)}"] if skipped else []
+    remedies = [f"passed over: {_first_of(skipped, '; ')}"] if skipped else []
     if not (root / "tool").is_dir():
         bootstrap = f"ctx bootstrap --storage {shell_word(str(root))}"
         remedies.append(

@@ -13,7 +13,13 @@ import pytest
 from cortexfs.errors import CtxError
 from cortexfs.policy import Identity
 from cortexfs.policy.linux import EXECUTE, permits
-from cortexfs.tools.ctxpath import human_search_path, read_tshrc, view_to_storage, which
+from cortexfs.tools.ctxpath import (
+    human_search_path,
+    read_tshrc,
+    view_to_storage,
+    which,
+    which_on_user_path,
+)
 from tests.support.users import UnprivilegedUser
 from tests.tools.support import World
 
@@ -115,6 +121,24 @@ def test_any_execute_bit_is_a_hit_whoever_it_is_for(tmp_path: Path) -> None:
 
     assert found is not None and found.directory == second
     assert found.skipped == [f"{first / 'tool.x'}: not executable"]
+
+
+def test_a_name_on_no_long_ctx_path_names_its_first_entries_and_how_many_more(
+    tmp_path: Path,
+) -> None:
+    """T-4: ENOENT for a name found nowhere names the search path, but a CTX_PATH of thousands
+    of entries (and as many passed over) is not repeated whole on one line."""
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "t").write_text("not executable\n")
+    entries = [str(plain)] * 3000 + [f"/nowhere/{n}" for n in range(2000)]
+    with pytest.raises(CtxError) as raised:
+        which_on_user_path(tmp_path, "t", uid=1000, environ={"CTX_PATH": ":".join(entries)})
+    message = raised.value.message
+    assert f"t is not on CTX_PATH ({plain}:" in message
+    assert "… and 4984 more)" in message and "/nowhere/1999" not in message
+    assert "… and 2984 more" in message  # of the 3000 non-executable hits passed over
+    assert len(message) < 4096, len(message)
 
 
 def test_search_path_sources_tshrc_then_environment_then_default(tmp_path: Path) -> None:
