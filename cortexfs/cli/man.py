@@ -72,7 +72,7 @@ def _describe(page: manual.Manual) -> dict[str, object]:
 def _note_built_in(page: manual.Manual) -> None:
     if page.path is None:
         echo_printable(
-            f"ctx man: note: {page.why_built_in}; this is the copy built into ctx",
+            f"ctx man: {page.why_built_in}; this is the copy built into ctx",
             err=True,
         )
     elif page.differs_from_built_in():
