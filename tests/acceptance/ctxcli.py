@@ -293,6 +293,28 @@ class QueueCLI:
     def entries(self, sub: str) -> set[str]:
         return set(os.listdir(self.dir / sub))
 
+    def only_result(self, job: str) -> tuple[str, dict]:
+        """The one terminal state holding J's pair, J nowhere else (I-1, Q-6), and its result."""
+        d = self.dir
+        states = [s for s in ("done", "failed") if (d / s / job).is_file()]
+        results = [s for s in ("done", "failed") if (d / s / f"{job}.result").is_file()]
+        assert states == results and len(states) == 1, (job, states, results)
+        for elsewhere in ("pending", "claimed", "lease"):
+            assert not (d / elsewhere / job).exists(), (job, elsewhere)
+        return states[0], json.loads((d / states[0] / f"{job}.result").read_text())
+
+    def assert_settled(self) -> None:
+        """Nothing in flight, and recover (plain, then --reconcile) calls the queue consistent
+        and changes nothing (I-5)."""
+        for sub in ("pending", "claimed", "lease", "inbox"):
+            assert self.entries(sub) == set(), (sub, self.entries(sub))
+        before = snapshot(self.dir)
+        for args in ((), ("--reconcile",)):
+            r = self.run("recover", "--json", *args)
+            assert r.rc == 0 and r.json()["consistent"] is True, r
+            assert r.json()["requeued"] == [] and r.json()["repaired"] == [], r
+        assert snapshot(self.dir) == before
+
     def requests(self) -> dict[str, list[str]]:
         """Every job name with the states its request is in (``claimed`` for
         ``claimed/J/J``): one state each, when nothing was lost or duplicated."""

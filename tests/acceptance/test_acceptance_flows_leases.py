@@ -96,29 +96,6 @@ def gated_job(outbox: Path, tag: str) -> dict:
     )
 
 
-def only_result(queue: QueueCLI, job: str) -> tuple[str, dict]:
-    """The one terminal state holding J's pair, J nowhere else (I-1, Q-6), and its result."""
-    d = queue.dir
-    states = [s for s in ("done", "failed") if (d / s / job).exists()]
-    results = [s for s in ("done", "failed") if (d / s / f"{job}.result").exists()]
-    assert states == results and len(states) == 1, (job, states, results)
-    for elsewhere in ("pending", "claimed", "lease"):
-        assert not (d / elsewhere / job).exists(), (job, elsewhere)
-    return states[0], json.loads((d / states[0] / f"{job}.result").read_text())
-
-
-def settled(queue: QueueCLI) -> None:
-    """Nothing in flight, and recover (plain and --reconcile) finds nothing to do (I-5)."""
-    for sub in ("pending", "claimed", "lease", "inbox"):
-        assert queue.entries(sub) == set(), (sub, queue.entries(sub))
-    before = snapshot(queue.dir)
-    for args in ((), ("--reconcile",)):
-        r = queue.run("recover", "--json", *args)
-        assert r.rc == 0 and r.json()["consistent"] is True, r
-        assert r.json()["requeued"] == [] and r.json()["repaired"] == [], r
-    assert snapshot(queue.dir) == before
-
-
 def jobs_in(report: dict, key: str) -> list[str]:
     return sorted(entry["job"] for entry in report[key])
 
@@ -191,12 +168,12 @@ def test_a_worker_renews_a_short_lease_through_a_long_job_while_a_user_watches(
         period = (rfc3339(expires) - rfc3339(renewed)).total_seconds()
         assert period == pytest.approx(1.2, abs=0.01), (renewed, expires)
     assert runs.read_text() == "run\n"
-    state, res = only_result(queue, job)
+    state, res = queue.only_result(job)
     assert state == "done" and res["status"] == "ok" and "long-done" in json.dumps(res)
     assert res["worker"]["id"] == "slow", res
     summary = events(out)[-1]
     assert summary["event"] == "stop" and summary.get("lost", 0) == 0, summary
-    settled(queue)
+    queue.assert_settled()
 
 
 SHELL_CLAIMER = r"""
@@ -291,14 +268,14 @@ def test_a_shell_claimer_renews_its_own_lease_before_and_after_it_expires(queue,
     assert script.returncode == 0, err
     rc, said, err = step("finish")
     assert rc == 0, err
-    state, res = only_result(queue, job)
+    state, res = queue.only_result(job)
     assert state == "done" and res["output"] == {"by": "shell"}, res
     assert res["worker"]["id"] == "shell-1" and res["worker"]["pid"] == script.pid, res
     assert res["started"] == lease["claimed_at"], res
     rc, said, err = step("finish-again")
     assert rc == 1 and json.loads(said)["error"] == "EEXIST", (said, err)
-    assert only_result(queue, job) == (state, res)
-    settled(queue)
+    assert queue.only_result(job) == (state, res)
+    queue.assert_settled()
 
 
 @needs_root
@@ -365,11 +342,11 @@ def test_a_worker_frozen_past_its_lease_loses_both_jobs_and_writes_nothing(queue
     finished = [e["job"] for e in events(b_out) if e.get("event") == "finish"]
     assert sorted(finished) == sorted(jobs.values()), b_out
     for tag, job in jobs.items():
-        state, res = only_result(queue, job)
+        state, res = queue.only_result(job)
         assert state == "done" and res["worker"]["id"] == "B", res
         assert f"{tag}-2" in json.dumps(res["output"]) and f"{tag}-1" not in json.dumps(res)
         assert lines_of(runs[tag]) == ["run", "run"]
-    settled(queue)
+    queue.assert_settled()
 
 
 def test_a_shells_late_finish_after_its_job_was_claimed_again(queue, child):
@@ -399,7 +376,7 @@ def test_a_shells_late_finish_after_its_job_was_claimed_again(queue, child):
 
         late = queue.run("finish", job, "--ok", "-", "--json", input='{"by": "first"}')
         assert late.rc == 0, late
-        state, res = only_result(queue, job)
+        state, res = queue.only_result(job)
         assert state == "done" and res["output"] == {"by": "first"}, res
         assert (res["worker"]["id"], res["worker"]["pid"]) == ("second", child.pid), res
         kept = (queue.dir / "done" / f"{job}.result").read_bytes()
@@ -413,7 +390,7 @@ def test_a_shells_late_finish_after_its_job_was_claimed_again(queue, child):
         assert queue.entries("failed") == set()
         shown = queue.run("show", job, "--json")
         assert shown.rc == 0 and shown.json()["state"] == "done", shown
-    settled(queue)
+    queue.assert_settled()
 
 
 def test_leases_edited_by_hand_are_judged_as_q3_defines_them(queue, child):
@@ -503,9 +480,9 @@ def test_leases_edited_by_hand_are_judged_as_q3_defines_them(queue, child):
     for job in (jobs["epoch"], jobs["nozone"]):
         queue.finish(job, "--error", {"why": "hand"})
     for name, job in jobs.items():
-        state, _res = only_result(queue, job)
+        state, _res = queue.only_result(job)
         assert state == ("failed" if name in ("epoch", "nozone") else "done"), (name, state)
-    settled(queue)
+    queue.assert_settled()
 
 
 def test_claim_pid_of_a_process_that_then_exits(queue):
@@ -556,5 +533,5 @@ def test_claim_pid_of_a_process_that_then_exits(queue):
     assert queue.finish(job).rc == 0
     assert queue.claim() == later
     queue.finish(later)
-    assert only_result(queue, job)[0] == only_result(queue, later)[0] == "done"
-    settled(queue)
+    assert queue.only_result(job)[0] == queue.only_result(later)[0] == "done"
+    queue.assert_settled()

@@ -38,7 +38,7 @@ from tests.acceptance.ctxcli import (
 )
 from tests.acceptance.ctxcli import limited as limited_run
 from tests.acceptance.workercli import AGENT, LABEL, allow_in_tool_policy, make_agent
-from tests.support.storage import copy_of_root
+from tests.support.storage import copy_of_root, small_tmpfs
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="runs agents as another uid")
 
@@ -143,22 +143,13 @@ def world(_template: Path) -> Iterator[World]:
     """The world on a tmpfs of its own: what a test writes by the thousand is then made and
     removed without waiting on, or slowing, the disk of others."""
     scratch = new_scratch_dir(scratch_top(__file__))
-    disk = scratch / "fs"
-    disk.mkdir()
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=1g,mode=0755", "tmpfs", str(disk)],
-        capture_output=True,
-    )
-    if mounted.returncode != 0:
-        shutil.rmtree(scratch, ignore_errors=True)
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode()}")
     try:
-        root = copy_of_root(_template, disk / "storage")
-        make_agent(root, ["shell.exec"])
-        allow_in_tool_policy(root, "shell.exec")
-        yield World(root, disk)
+        with small_tmpfs(scratch / "fs", "1g", mode=0o755) as disk:
+            root = copy_of_root(_template, disk / "storage")
+            make_agent(root, ["shell.exec"])
+            allow_in_tool_policy(root, "shell.exec")
+            yield World(root, disk)
     finally:
-        subprocess.run(["umount", "-l", str(disk)], check=False)
         shutil.rmtree(scratch, ignore_errors=True)
 
 

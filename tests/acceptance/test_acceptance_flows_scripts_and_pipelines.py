@@ -100,29 +100,6 @@ def bash(
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
-def result_of(queue: QueueCLI, job: str) -> tuple[str, dict]:
-    """J's terminal state and result; J must have exactly one terminal pair and nothing else."""
-    d = queue.dir
-    states = [s for s in ("done", "failed") if (d / s / job).is_file()]
-    results = [s for s in ("done", "failed") if (d / s / f"{job}.result").is_file()]
-    assert states == results and len(states) == 1, (job, states, results)
-    for elsewhere in ("pending", "claimed", "lease"):
-        assert not (d / elsewhere / job).exists(), (job, elsewhere)
-    return states[0], json.loads((d / states[0] / f"{job}.result").read_text())
-
-
-def settled(queue: QueueCLI) -> None:
-    """Nothing in flight, and recover (plain, then --reconcile) calls the queue consistent
-    without changing anything (I-5)."""
-    for sub in ("pending", "claimed", "lease", "inbox"):
-        assert queue.entries(sub) == set(), (sub, queue.entries(sub))
-    before = snapshot(queue.dir)
-    for args in ((), ("--reconcile",)):
-        r = queue.run("recover", "--json", *args)
-        assert r.rc == 0 and r.json()["consistent"] is True, r
-    assert snapshot(queue.dir) == before
-
-
 def no_traceback(text: str) -> None:
     assert "Traceback" not in text and "Exception" not in text, text
 
@@ -207,14 +184,14 @@ def test_a_set_euo_pipefail_worker_loop_drains_what_every_kind_of_input_publishe
     assert holder == [claimed[0], str(script), "alive"], holder
     assert ((scratch / "rc").read_text().strip(), (scratch / "last").read_text()) == ("3", "")
     for job in claimed:
-        state, res = result_of(queue, job)
+        state, res = queue.only_result(job)
         assert state == "done" and res["output"]["job"] == job, res
         # Finished from a subshell: the result names the holder, the script, not the subshell.
         assert res["worker"]["pid"] == script and res["output"]["by"] != script, res
         assert res["worker"]["id"] == "shloop", res
     heredoc = json.loads((queue.dir / "done" / "from-heredoc.req.json").read_text())
     assert heredoc["via"] == "heredoc" and heredoc["tool"] == "fs.stat", heredoc
-    settled(queue)
+    queue.assert_settled()
 
 
 SHARED_LOOP = r"""
@@ -254,9 +231,9 @@ def test_background_shell_workers_share_the_queue_and_each_subshell_holds_its_ow
             claims[job] = int(pid)
     assert sorted(claims) == sorted(jobs), claims
     for job, pid in claims.items():
-        state, res = result_of(queue, job)
+        state, res = queue.only_result(job)
         assert state == "done" and res["worker"]["pid"] == pid == res["output"]["by"], res
-    settled(queue)
+    queue.assert_settled()
 
 
 RENEWER = r"""
@@ -328,9 +305,9 @@ def test_a_background_renewal_loop_keeps_a_short_lease_past_its_first_expiry(
     assert proc.returncode == 0, err
     assert (scratch / "finish.rc").read_text().strip() == "0"
     assert (scratch / "renewer.rc").read_text().strip() == "1"  # renew of a finished job
-    state, res = result_of(queue, job)
+    state, res = queue.only_result(job)
     assert state == "done" and res["output"] == {"renewed": True}, res
-    settled(queue)
+    queue.assert_settled()
 
 
 STOPS_EARLY = r"""
@@ -377,12 +354,12 @@ def test_a_set_e_script_that_stops_mid_job_leaves_it_for_recover_or_fails_it_in_
     no_traceback(ran.stderr)
     failed = (scratch / "trapped-job").read_text().strip()
     assert failed in (stopped, trapped), failed
-    state, res = result_of(queue, failed)
+    state, res = queue.only_result(failed)
     assert state == "failed" and res["output"] == {"why": "exit 1"}, res
     other = trapped if failed == stopped else stopped
     assert queue.claim("--pid", str(os.getpid())) == other  # the one job left, once
     queue.finish(other)
-    settled(queue)
+    queue.assert_settled()
 
 
 # Each: a command line, its documented exit status, and the errno its error must name.
@@ -491,7 +468,7 @@ def test_every_json_answer_is_one_document_a_python_pipeline_reads_whole(
     assert lines[3] == "show claimed alive", lines
     assert lines[4].startswith("renew [") and lines[5].startswith("finish ["), lines
     assert lines[6] == "recover True", lines
-    assert result_of(queue, job)[0] == "done"
+    assert queue.only_result(job)[0] == "done"
     assert queue.state("waiting.req.json") == "pending"
 
 
@@ -540,8 +517,8 @@ echo "relative $?"
     assert lines[4] == "relative 1", ran
     assert "ctx: ENOENT: --storage . is relative" in ran.stderr, ran
     for job in (lines[0].split()[1], gone[1]):
-        assert result_of(queue, job)[0] == "done"
-    settled(queue)
+        assert queue.only_result(job)[0] == "done"
+    queue.assert_settled()
 
 
 # ------------------------------------------------------------------------------ ctx run
@@ -678,7 +655,7 @@ def test_tools_that_publish_a_job_or_run_another_tool_from_their_own_program(
     queue = QueueCLI(root, "proj")
 
     assert (home / "publishes.out").read_text() == "nested.req.json\n"
-    state, res = result_of(queue, "nested.req.json")
+    state, res = queue.only_result("nested.req.json")
     nested = json.loads((queue.dir / state / "nested.req.json").read_text())
     assert nested["from"] == "nest" and nested["input"] == stat_ctx["input"], nested
 
@@ -700,7 +677,7 @@ def test_tools_that_publish_a_job_or_run_another_tool_from_their_own_program(
         ("nested.req.json", "done"),
         ("parent.req.json", "done"),
     ], finished
-    state, res = result_of(queue, "child.req.json")
+    state, res = queue.only_result("child.req.json")
     assert res["output"] == "child-ran\n", res
     assert json.loads((queue.dir / "done" / "child.req.json").read_text())["from"] == "nest"
 

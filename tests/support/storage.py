@@ -34,12 +34,15 @@ def traversable_tmp() -> Iterator[Path]:
 
 
 @contextlib.contextmanager
-def small_tmpfs(mountpoint: Path, size: str) -> Iterator[Path]:
-    """A tmpfs of ``size`` (``1m``, ``8m``…) mounted at ``mountpoint``, which is made here, for
-    the block: a disk to fill, or to remount read-only.  The test is skipped where no tmpfs
-    can be mounted (not root, a container without the right)."""
+def small_tmpfs(mountpoint: Path, size: str, mode: int | None = None) -> Iterator[Path]:
+    """A tmpfs of ``size`` (``1m``, ``8m``…; its top directory ``mode``, else 1777) mounted at
+    ``mountpoint``, which is made here, for the block: a disk to fill, or to remount
+    read-only, or one where what a test makes by the thousand neither waits on nor slows the
+    disk of others.  The test is skipped where no tmpfs can be mounted (not root, a container
+    without the right)."""
     mountpoint.mkdir()
-    mount = ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mountpoint)]
+    options = f"size={size}" + ("" if mode is None else f",mode={mode:04o}")
+    mount = ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mountpoint)]
     if subprocess.run(mount).returncode != 0:
         pytest.skip("cannot mount a tmpfs here")
     try:
