@@ -44,7 +44,7 @@ def start_terminal(root: Path, agent: str, session: str, workspace: Path | None)
     terminal.prepare()
     try:
         terminal.start()
-        (terminal.run_dir / "pid").write_text(str(os.getpid()))
+        terminal.runtime.record_pid(os.getpid())
     except BaseException:
         terminal.close()
         raise

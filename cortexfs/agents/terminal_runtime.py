@@ -65,6 +65,7 @@ _ROOT_KEY_DIGITS = 16  # hex digits of a storage root's key: 64 bits, no two roo
 _SEARCHABLE = 0o711  # others may pass through to a socket they know the name of, not list
 _PRIVATE = 0o700
 _NO_LINK_DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_NO_LINK = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK  # a FIFO planted there never blocks
 _MAKE_ATTEMPTS = 5
 ALIAS_LOCK_SECONDS = 2.0  # an alias's holders keep its lock for a few system calls
 
@@ -120,7 +121,7 @@ class RunDirectory:
         another terminal's end removes meanwhile is made again."""
         above = self.path.parents  # the agent's, the uid's, the storage root's directory
         levels = [RUN_BASE, above[2], above[1], above[0], self.path]
-        RUN_BASE.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+        _make_searchable(RUN_BASE.parent)
         for _ in range(_MAKE_ATTEMPTS):
             try:
                 for directory in levels:
@@ -281,12 +282,36 @@ class RunDirectory:
                     f"one, so look at what it holds, remove it (rmdir {path}) and try again",
                 )
 
-    def recorded_pid(self) -> int | None:
-        """The pid in the pid file: ctxterm's, once it listens."""
+    def record_pid(self, pid: int) -> None:
+        """Write the pid file a stop signals: this uid's alone to write (0644), whatever the
+        umask, since whoever could write it could have root signal any process."""
+        fd = os.open(self.pid_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _NO_LINK, 0o644)
         try:
-            return int(self.pid_file.read_text())
+            os.fchmod(fd, 0o644)
+            os.write(fd, str(pid).encode())
+        finally:
+            os.close(fd)
+
+    def recorded_pid(self) -> int | None:
+        """The pid in the pid file: ctxterm's, once it listens.  None for a pid file that is
+        not this uid's regular file, or that others may write (an older version's, made under
+        a loose umask): a pid anyone could have put there is never signalled."""
+        try:
+            fd = os.open(self.pid_file, os.O_RDONLY | _NO_LINK)
+        except OSError:
+            return None
+        try:
+            status = os.fstat(fd)
+            trusted = (
+                stat.S_ISREG(status.st_mode)
+                and status.st_uid == os.geteuid()
+                and not status.st_mode & 0o022
+            )
+            return int(os.read(fd, 64)) if trusted else None
         except (OSError, ValueError):
             return None
+        finally:
+            os.close(fd)
 
     def _mount_processes(self) -> list[int]:
         """Root's processes serving this directory's view: ``… mount --as AGENT VIEW_DIR``.
@@ -320,6 +345,10 @@ class RunDirectory:
                 with contextlib.suppress(FileExistsError):
                     os.mkdir("terminal", 0o755, dir_fd=session)
             directory = os.open("terminal", _NO_LINK_DIRECTORY, dir_fd=session)
+            if make and os.fstat(directory).st_uid == os.geteuid():
+                # The agent's uid reaches the socket's link through it, whatever the umask
+                # the terminal was started under.
+                os.fchmod(directory, 0o755)
         except OSError as exc:
             if exc.errno == errno.ENOENT:
                 raise
@@ -491,6 +520,18 @@ class RunDirectory:
 
 
 _ROLES = {SOCKET_NAME: "socket", RUN_SOCKET_NAME: "run socket", PID_NAME: "pid file"}
+
+
+def _make_searchable(directory: Path) -> None:
+    """``/run/cortexfs``, searchable by every uid (0755) whatever the umask: an agent's uid
+    passes through it to its terminal's socket.  One of root's that an earlier start left
+    unsearchable (made under ``umask 077``) is given that mode too."""
+    with contextlib.suppress(FileExistsError):
+        directory.mkdir(mode=0o755, parents=True)
+    status = directory.lstat()
+    ours = stat.S_ISDIR(status.st_mode) and status.st_uid == os.geteuid()
+    if ours and status.st_mode & 0o755 != 0o755:
+        directory.chmod(status.st_mode | 0o755)
 
 
 def _still_at(path: Path, fd: int) -> bool:

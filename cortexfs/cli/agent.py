@@ -539,7 +539,7 @@ def _daemonize(terminal: Terminal) -> None:
             os.dup2(devnull, fd)
         try:
             terminal.start()
-            (terminal.run_dir / "pid").write_text(str(os.getpid()))
+            terminal.runtime.record_pid(os.getpid())
         except BaseException as exc:  # reported to the parent, then this process ends
             failure = exc if isinstance(exc, CtxError) else CtxError(errno.EIO, str(exc))
             os.write(ready_write, json.dumps([failure.errno, failure.message]).encode())
