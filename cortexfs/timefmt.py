@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from cortexfs.errors import invalid
 
@@ -14,20 +14,52 @@ from cortexfs.errors import invalid
 MAX_SECONDS = 366 * 24 * 3600.0
 
 
+# The instants every timestamp written here can name: years 1 to 9999 in any offset, a day in
+# from either end (a time read in +14:00 or -12:00 is still one that can be written in UTC).
+EARLIEST = datetime(1, 1, 2, tzinfo=UTC).timestamp()
+LATEST = datetime(9999, 12, 30, tzinfo=UTC).timestamp()
+
+
 def rfc3339(epoch: float | None = None) -> str:
     """Format seconds since the epoch (default: now) as RFC 3339 UTC with microseconds."""
-    moment = datetime.fromtimestamp(time.time() if epoch is None else epoch, tz=UTC)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    m = datetime.fromtimestamp(time.time() if epoch is None else epoch, tz=UTC)
+    # Not strftime's %Y, which the C library leaves unpadded below year 1000 ("999-06-01"),
+    # a form no reader takes for RFC 3339.
+    return (
+        f"{m.year:04d}-{m.month:02d}-{m.day:02d}T{m.hour:02d}:{m.minute:02d}:{m.second:02d}"
+        f".{m.microsecond:06d}Z"
+    )
+
+
+def parse_time(text: str) -> datetime | None:
+    """The moment an RFC 3339 timestamp names (aware), or an ISO 8601 one without a zone
+    (naive); None when ``text`` is neither, or names an instant beyond :data:`EARLIEST` ..
+    :data:`LATEST`.  RFC 3339's lower-case ``t`` and ``z`` (§5.6) are taken, and a leap
+    second (``23:59:60``, §5.7) as the instant after ``23:59:59``, which is what the system
+    clock shows then."""
+    iso = text.strip()
+    if len(iso) > 10 and iso[10] in "t ":
+        iso = iso[:10] + "T" + iso[11:]
+    if iso[-1:] in ("z", "Z"):
+        iso = iso[:-1] + "+00:00"
+    leap = iso[16:19] == ":60" and iso[10:11] == "T"
+    if leap:
+        iso = iso[:16] + ":59" + iso[19:]
+    try:
+        moment = datetime.fromisoformat(iso)
+        epoch = (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
+    except (ValueError, OverflowError):
+        return None
+    if not EARLIEST <= epoch <= LATEST:
+        return None
+    return moment + timedelta(seconds=1) if leap else moment
 
 
 def parse_rfc3339(text: object) -> float:
     """Seconds since the epoch of an RFC 3339 timestamp; EINVAL when it is not one."""
-    if not isinstance(text, str):
+    moment = parse_time(text) if isinstance(text, str) else None
+    if moment is None:
         raise invalid(f"{text!r} is not an RFC 3339 timestamp")
-    try:
-        moment = datetime.fromisoformat(text)
-    except ValueError as exc:
-        raise invalid(f"{text!r} is not an RFC 3339 timestamp") from exc
     if moment.tzinfo is None:
         raise invalid(f"{text!r} has no time zone; RFC 3339 timestamps need one")
     return moment.timestamp()

@@ -17,14 +17,14 @@ import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
+from datetime import UTC
 from functools import cache
 from pathlib import PurePosixPath
 from typing import Any
 
 from cortexfs import jsontext
 from cortexfs.errors import invalid
-from cortexfs.timefmt import rfc3339
+from cortexfs.timefmt import EARLIEST, LATEST, parse_time, rfc3339
 
 # psutil derives create_time from boot time + clock ticks; two readings of the same process
 # agree to well within this, while a reused pid starts at least a tick later.
@@ -479,17 +479,23 @@ def _pid_ns(value: object) -> int:
 
 
 def _time(value: object, key: str) -> float:
-    """Epoch seconds of a lease timestamp: RFC 3339 (no zone: UTC) or a number of seconds."""
+    """Epoch seconds of a lease timestamp: RFC 3339 (no zone: UTC) or a number of seconds,
+    naming an instant of years 1 to 9999 (one that can be written back, and judged)."""
     if isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)
-    if isinstance(value, str):
         try:
-            moment = datetime.fromisoformat(value.strip().upper().replace("Z", "+00:00"))
-        except ValueError:
-            pass
-        else:
+            seconds = float(value)
+        except OverflowError:  # an integer of hundreds of digits
+            seconds = math.inf
+        if EARLIEST <= seconds <= LATEST:  # NaN is in no range
+            return seconds
+    elif isinstance(value, str):
+        moment = parse_time(value)
+        if moment is not None:
             return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
-    raise invalid(f"lease field {key!r} is not a time (RFC 3339 or epoch seconds): {value!r}")
+    raise invalid(
+        f"lease field {key!r} is not a time (RFC 3339 or epoch seconds, of years 1 to 9999): "
+        f"{value!r}"
+    )
 
 
 @dataclass(frozen=True)

@@ -331,7 +331,13 @@ class LeaseKeeper(threading.Thread):
             # Finished meanwhile, or the lease was taken away (expired and requeued, Q-5):
             # nothing to renew; finish will find out and say so.
             return
-        except (CtxError, OSError) as exc:
+        except Exception as exc:
+            # Whatever stops a renewal is refused like a full disk is: said, tried again, the
+            # job given up before its lease lapses.  Never the end of this thread, which
+            # renews every running job's lease: without it they would all lapse while their
+            # tools run, and recover would hand them out a second time (I-4).
+            if not isinstance(exc, CtxError | OSError):
+                exc = CtxError(errno.EIO, f"an unexpected error: {type(exc).__name__}: {exc}")
             with self.lock:
                 if job not in self.expires or job in self.given_up:
                     return
