@@ -523,6 +523,7 @@ def init_queue(path: Path, ops: durable.FsOps | None = None) -> list[str]:
         for name in STATE_DIRS:
             if durable.make_dir_synced(ops, root_fd, name, 0o775):
                 created.append(f"{path}/{name}")
+                _give_the_queue_group(ops, root_fd, name)
                 if name == "pending":
                     start_hint(path)  # an empty pending/ is completely described by no names
         if lstat_at(root_fd, CONFIG_NAME) is None:
@@ -545,6 +546,24 @@ def init_queue(path: Path, ops: durable.FsOps | None = None) -> list[str]:
     finally:
         ops.close(root_fd)
     return created
+
+
+def _give_the_queue_group(ops: durable.FsOps, root_fd: int, name: str) -> None:
+    """A state directory just made in a queue its group may write (one a umask of 002 left
+    group-writable; a shared space's inherits the bit from the space) is made setgid with
+    the queue's group, so that what members make in it is the group's, as ``ctx queue
+    status`` checks (:func:`cortexfs.queue.inspect.state_dirs_not_giving_the_queue_group`)."""
+    queue = os.fstat(root_fd)
+    if not queue.st_mode & stat.S_IWGRP:
+        return
+    fd = ops.open_dir(name, root_fd)
+    try:
+        made = os.fstat(fd)
+        if made.st_gid == queue.st_gid and not made.st_mode & stat.S_ISGID:
+            ops.fchmod(fd, stat.S_IMODE(made.st_mode) | stat.S_ISGID)
+            durable.sync_dir(ops, fd)  # the mode reaches the disk with the directory
+    finally:
+        ops.close(fd)
 
 
 class NotADirectoryOfTheJob(CtxError):

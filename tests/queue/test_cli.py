@@ -54,6 +54,24 @@ def test_init_makes_the_root_abi_and_the_queue(tmp_path: Path) -> None:
     assert ctx(root, "queue", "init", *P).returncode == 0  # idempotent
 
 
+def test_a_queue_a_umask_shares_with_its_group_gets_setgid_state_directories(
+    tmp_path: Path,
+) -> None:
+    """``queue init --queue`` under ``umask 002`` makes a group-writable queue: its state
+    directories are made setgid with the queue's group (what members make there is the
+    group's), so neither init nor status warns about what init itself made."""
+    root, queue = tmp_path / "storage", tmp_path / "q"  # a queue outside the storage root
+    done = ctx(root, "queue", "init", "--queue", str(queue), umask=0o002)
+    assert done.returncode == 0 and "warning" not in done.stderr, done.stderr
+    for state in ("inbox", "pending", "lease", "claimed", "done", "failed"):
+        assert os.stat(queue / state).st_mode & 0o7777 == 0o2775, state
+    status = ctx(root, "queue", "status", "--queue", str(queue), "--json")
+    assert json.loads(status.stdout)["group_not_inherited"] == [], status.stdout
+    private = tmp_path / "private"  # a umask of 022: no group may write, nothing setgid
+    assert ctx(root, "queue", "init", "--queue", str(private), umask=0o022).returncode == 0
+    assert os.stat(private / "pending").st_mode & 0o7777 == 0o755
+
+
 def test_publish_prints_the_name_alone(root: Path, req: Path) -> None:
     done = ctx(root, "queue", "publish", *P, "--name", "build-1", str(req))
     assert (done.returncode, done.stdout) == (0, "build-1.req.json\n")
