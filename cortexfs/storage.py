@@ -99,10 +99,20 @@ def _password_home(uid: int) -> str:
 
 
 def resolve_root(explicit: str | os.PathLike[str] | None = None) -> Path:
-    """``--storage`` beats ``$CTX_STORAGE`` beats the embedded default; always absolute."""
-    if explicit:
-        return _absolute(Path(explicit), "--storage")
-    return root_from_environment() or default_root()
+    """``--storage`` beats ``$CTX_STORAGE`` beats the embedded default; always absolute.
+
+    ENOENT when it is a symbolic link to nothing (``storage/current`` to a release moved
+    away): every command would otherwise meet it in its own way, and bootstrap would make an
+    empty root where the administrator's was."""
+    root = _absolute(Path(explicit), "--storage") if explicit else None
+    root = root or root_from_environment() or default_root()
+    if os.path.islink(root) and not os.path.exists(root):
+        raise not_found(
+            f"storage root {root} is a symbolic link to {os.readlink(root)}, which does not "
+            "exist; point the link at the storage root, or move the root back to where it "
+            "leads, or name another root (--storage DIR or CTX_STORAGE)"
+        )
+    return root
 
 
 def root_from_environment() -> Path | None:

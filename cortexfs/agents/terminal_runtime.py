@@ -415,6 +415,12 @@ class RunDirectory:
             "and start the terminal again",
         )
 
+    def link_target(self) -> str | None:
+        """Where the session's link leads (never followed); None when there is none."""
+        with contextlib.suppress(OSError, CtxError), self.terminal_directory(make=False) as fd:
+            return os.readlink(LINK_NAME, dir_fd=fd)
+        return None
+
     def remove_link(self, *, stale_only: bool = False) -> bool:
         """Remove the session's link; with ``stale_only``, only a link a terminal of this
         directory made (to its socket or to the alias: the link is in this root's session).

@@ -206,6 +206,16 @@ def stop(view: AgentView, session: str) -> Stopped:
         _refuse_to_stop(view, session, run)
     held = run.try_lock()
     if held is None:  # nothing ran here since the machine started; a link may be left
+        if run.link_target() == str(run.alias) and listening(run.alias):
+            # The terminal this session's link leads to runs, but not under the root's path
+            # now: the root was moved (or a link on its path changed) after it started.
+            raise CtxError(
+                errno.EBUSY,
+                f"the terminal of {view.name} in session {session} still runs (it answers at "
+                f"{run.alias}), but it was started when the storage root {view.root} was "
+                "reached by another path: move the root back to where it was, stop the "
+                "terminal there, then move the root again",
+            )
         if run.remove_link(stale_only=True):
             link = terminal_link(run.session)
             return Stopped(None, False, (f"removed the link {link} to a socket that is gone",))

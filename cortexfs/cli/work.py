@@ -357,7 +357,9 @@ def _run(
         worker_id=worker_id,
     )
     progress = Progress(as_json, lambda: worker.stop("output closed"), only)
-    worker = Worker(queue_dir, executor, options, progress, within=project_root(queue_dir))
+    worker = Worker(
+        queue_dir, executor, options, progress, within=project_root(queue_dir), root=root
+    )
     worker.install_signal_handlers()
     # Read only now that the worker's handlers take the signals: none noted is lost between.
     if early_stop.stopped_by is not None:

@@ -375,9 +375,14 @@ class Worker:
         listener: Listener | None = None,
         *,
         within: Path | None = None,
+        root: Path | None = None,
     ) -> None:
         self.queue_dir = queue_dir
         self.within = within  # the storage root of a project's queue: nothing below followed
+        # The storage root the jobs' tools run in, reached by its path at each call, while the
+        # queue is worked through the descriptors opened at the start: see _require_same_root.
+        self.root = root
+        self._root_identity: tuple[int, int] | None = None
         self.executor = executor
         self.options = options or WorkerOptions()
         self.listener = listener or (lambda event, fields: None)
@@ -430,6 +435,9 @@ class Worker:
 
     def run(self) -> WorkerSummary:
         holder = Holder.for_process(worker=self.options.worker_id)
+        if self.root is not None:
+            started_on = os.stat(self.root)
+            self._root_identity = (started_on.st_dev, started_on.st_ino)
         with Queue.open(self.queue_dir, within=self.within) as queue:
             # Refused before the first claim, not by the kernel inside a job slot's thread.
             queue.require_writable("work")
@@ -474,6 +482,32 @@ class Worker:
             self.summary.left_pending = still_pending(queue, self.summary.left_pending)
         self.listener("stop", self.summary.to_json())
         return self.summary
+
+    def _require_same_root(self) -> None:
+        """Before each claim: the storage root's path still names the directory the worker
+        started on.  Moved (``mv``), or a link on its path (``storage/current``) now leading
+        to another release, the queue the worker holds open would go on handing out jobs
+        whose tools, policy and logs the path finds elsewhere, or nowhere: the worker stops,
+        and the job stays pending."""
+        if self.root is None or self._root_identity is None:
+            return
+        try:
+            now = os.stat(self.root)
+        except FileNotFoundError:
+            now = None
+        if now is not None and (now.st_dev, now.st_ino) == self._root_identity:
+            return
+        where = (
+            "no longer exists"
+            if now is None
+            else "now names another directory than the one this worker started on"
+        )
+        raise CtxError(
+            errno.ENOENT if now is None else errno.ESTALE,
+            f"the storage root {self.root} {where} (it was moved, or a link on its path "
+            "changed): the worker claims no more jobs, so that none runs with another root's "
+            "tools, policy and logs; start it again on the root's path",
+        )
 
     def _take_ticket(self) -> bool:
         """Reserve one of the ``--max-jobs`` claims; False when none are left."""
@@ -566,6 +600,7 @@ class Worker:
             if not self._take_ticket():
                 return
             with self._claim_lock:
+                self._require_same_root()
                 try:
                     queue.reread_config()  # the limits for this job are the config's now
                 except (CtxError, OSError) as exc:
