@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import json
 import os
 import select
@@ -42,6 +43,7 @@ MAX_MESSAGE_DEPTH = 512
 # A listing of more pages than this never ends: a server handing out fresh cursors forever.
 MAX_PAGES = 1000
 _STDERR_TAIL = 2000
+_STDERR_KEPT = 1 << 20  # bytes of a server's stderr kept before it is cut back to the tail
 _SHOWN_CHARACTERS = 60  # of a value the server gave where another belongs
 _METHOD_NOT_FOUND = -32601
 # How long a server whose output ended is given to exit, so that its status can be told.
@@ -73,8 +75,11 @@ class StdioClient:
         self._ids = 0
         self._buffer = b""
         self._process: subprocess.Popen[bytes] | None = None
-        # Closed in __exit__ (or by __enter__ when the server cannot start).
+        # Closed in __exit__ (or by __enter__ when the server cannot start).  Append-only, for
+        # the server too (one open file): what it writes after a trim lands after the tail.
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115
+        flags = fcntl.fcntl(self._stderr.fileno(), fcntl.F_GETFL)
+        fcntl.fcntl(self._stderr.fileno(), fcntl.F_SETFL, flags | os.O_APPEND)
 
     def __enter__(self) -> StdioClient:
         try:
@@ -211,6 +216,7 @@ class StdioClient:
         most the client's timeout, or as long as it takes when ``unbounded``."""
         self._ids += 1
         ident = self._ids
+        self._trim_stderr()
         self._send({"jsonrpc": "2.0", "id": ident, "method": method, "params": params})
         until = None if unbounded else time.monotonic() + self.timeout
         while True:
@@ -308,6 +314,19 @@ class StdioClient:
 
     def _broken(self, what: str) -> McpError:
         return McpError(errno.EPROTO, f"server {self.spec.name!r} broke the protocol: {what}")
+
+    def _trim_stderr(self) -> None:
+        """Cut the server's stderr back to its tail once it holds more than
+        :data:`_STDERR_KEPT`: only the tail is ever shown, and a server that logs freely
+        must not fill the disk over a long session.  A line it writes between the read and
+        the cut is lost, which costs nothing but a line of a log no one reads whole."""
+        fd = self._stderr.fileno()
+        size = os.fstat(fd).st_size
+        if size <= _STDERR_KEPT:
+            return
+        tail = os.pread(fd, _STDERR_TAIL, size - _STDERR_TAIL)
+        os.ftruncate(fd, 0)
+        os.write(fd, tail)
 
     def _stderr_tail(self) -> str:
         self._stderr.seek(0, os.SEEK_END)
