@@ -2,8 +2,8 @@
 
 The server is started with the command, arguments and environment of its configuration
 entry, in a process group of its own, and spoken to in newline-delimited JSON-RPC 2.0 on its
-stdin and stdout; its stderr is kept (the tail) for error messages.  The client announces
-:data:`~cortexfs.mcp.ANNOUNCED_VERSION` and refuses any negotiated version outside
+stdin and stdout; its stderr is read as it comes, and its tail kept for error messages.  The
+client announces :data:`~cortexfs.mcp.ANNOUNCED_VERSION` and refuses any negotiated version outside
 :data:`~cortexfs.mcp.ACCEPTED_VERSIONS` — a draft, unknown or future version ends the session
 before anything else is asked.  Requests the server makes of us (``ping``; sampling or roots,
 which this client does not offer) are answered; notifications are read and dropped.
@@ -18,15 +18,14 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import json
 import os
 import select
 import signal
 import subprocess
-import tempfile
+import threading
 import time
-from typing import Any
+from typing import IO, Any
 
 import cortexfs
 from cortexfs import jsontext
@@ -43,7 +42,6 @@ MAX_MESSAGE_DEPTH = 512
 # A listing of more pages than this never ends: a server handing out fresh cursors forever.
 MAX_PAGES = 1000
 _STDERR_TAIL = 2000
-_STDERR_KEPT = 1 << 20  # bytes of a server's stderr kept before it is cut back to the tail
 _SHOWN_CHARACTERS = 60  # of a value the server gave where another belongs
 _METHOD_NOT_FOUND = -32601
 # How long a server whose output ended is given to exit, so that its status can be told.
@@ -75,11 +73,7 @@ class StdioClient:
         self._ids = 0
         self._buffer = b""
         self._process: subprocess.Popen[bytes] | None = None
-        # Closed in __exit__ (or by __enter__ when the server cannot start).  Append-only, for
-        # the server too (one open file): what it writes after a trim lands after the tail.
-        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115
-        flags = fcntl.fcntl(self._stderr.fileno(), fcntl.F_GETFL)
-        fcntl.fcntl(self._stderr.fileno(), fcntl.F_SETFL, flags | os.O_APPEND)
+        self._stderr = _StderrTail()
 
     def __enter__(self) -> StdioClient:
         try:
@@ -87,13 +81,12 @@ class StdioClient:
                 [self.spec.command, *self.spec.args],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
-                stderr=self._stderr,
+                stderr=subprocess.PIPE,
                 env={**os.environ, **self.spec.env},
                 cwd=self.spec.cwd,
                 start_new_session=self.own_process_group,
             )
         except OSError as exc:
-            self._stderr.close()
             # subprocess names what failed: the command, or the cwd it could not enter.
             failed = self.spec.command
             if self.spec.cwd is not None and exc.filename == self.spec.cwd:
@@ -106,6 +99,8 @@ class StdioClient:
                 f"cannot start server {self.spec.name!r} ({failed}): {exc.strerror}"
                 + (f"; {mend}, then try again" if mend else ""),
             ) from None
+        assert self._process.stderr is not None
+        self._stderr.follow(self._process.stderr)
         try:
             self._initialize()
         except BaseException:
@@ -130,7 +125,7 @@ class StdioClient:
             process.wait()
             assert process.stdout is not None
             process.stdout.close()
-        self._stderr.close()
+        self._stderr.close()  # the server's group is gone: its stderr ends
 
     # ---------------------------------------------------------------- the protocol
 
@@ -216,7 +211,6 @@ class StdioClient:
         most the client's timeout, or as long as it takes when ``unbounded``."""
         self._ids += 1
         ident = self._ids
-        self._trim_stderr()
         self._send({"jsonrpc": "2.0", "id": ident, "method": method, "params": params})
         until = None if unbounded else time.monotonic() + self.timeout
         while True:
@@ -315,24 +309,11 @@ class StdioClient:
     def _broken(self, what: str) -> McpError:
         return McpError(errno.EPROTO, f"server {self.spec.name!r} broke the protocol: {what}")
 
-    def _trim_stderr(self) -> None:
-        """Cut the server's stderr back to its tail once it holds more than
-        :data:`_STDERR_KEPT`: only the tail is ever shown, and a server that logs freely
-        must not fill the disk over a long session.  A line it writes between the read and
-        the cut is lost, which costs nothing but a line of a log no one reads whole."""
-        fd = self._stderr.fileno()
-        size = os.fstat(fd).st_size
-        if size <= _STDERR_KEPT:
-            return
-        tail = os.pread(fd, _STDERR_TAIL, size - _STDERR_TAIL)
-        os.ftruncate(fd, 0)
-        os.write(fd, tail)
-
     def _stderr_tail(self) -> str:
-        self._stderr.seek(0, os.SEEK_END)
-        size = self._stderr.tell()
-        self._stderr.seek(max(0, size - _STDERR_TAIL))
-        tail = self._stderr.read().decode("utf-8", "replace").strip()
+        # A server that exited has written its last words: read them before they are shown.
+        ended = self._process is not None and self._process.poll() is not None
+        tail = self._stderr.tail(settle=_EXIT_GRACE if ended else 0.0)
+        tail = tail.decode("utf-8", "replace").strip()
         return f"; its stderr ends: {tail}" if tail else ""
 
 
@@ -346,3 +327,40 @@ def _how_it_ended(returncode: int) -> str:
     except ValueError:
         name = f"signal {-returncode}"
     return f"was killed by {name} (exit status {128 - returncode})"
+
+
+class _StderrTail:
+    """A server's stderr, read as it comes by a thread of its own, of which only the last
+    :data:`_STDERR_TAIL` bytes are kept (for error messages): a server that logs freely, idle
+    or while a call waits, neither blocks on a full pipe nor fills memory or disk."""
+
+    def __init__(self) -> None:
+        self._kept = bytearray()
+        self._lock = threading.Lock()
+        self._reader: threading.Thread | None = None
+
+    def follow(self, pipe: IO[bytes]) -> None:
+        self._reader = threading.Thread(
+            target=self._drain, args=(pipe,), name="mcp-server-stderr", daemon=True
+        )
+        self._reader.start()
+
+    def _drain(self, pipe: IO[bytes]) -> None:
+        with pipe:
+            while chunk := os.read(pipe.fileno(), 65536):
+                with self._lock:
+                    self._kept += chunk
+                    del self._kept[: max(0, len(self._kept) - _STDERR_TAIL)]
+
+    def tail(self, settle: float = 0.0) -> bytes:
+        """The last bytes read; ``settle``: first wait that long for the end of the stream."""
+        if settle and self._reader is not None:
+            self._reader.join(settle)
+        with self._lock:
+            return bytes(self._kept)
+
+    def close(self) -> None:
+        """Wait for the reader to see the end of the server's stderr (its last writer gone);
+        a descendant that kept it open is not waited for long."""
+        if self._reader is not None:
+            self._reader.join(_EXIT_GRACE)
