@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 from cortexfs.errors import invalid
 
@@ -31,12 +31,12 @@ def rfc3339(epoch: float | None = None) -> str:
     )
 
 
-def parse_time(text: str) -> datetime | None:
-    """The moment an RFC 3339 timestamp names (aware), or an ISO 8601 one without a zone
-    (naive); None when ``text`` is neither, or names an instant beyond :data:`EARLIEST` ..
-    :data:`LATEST`.  RFC 3339's lower-case ``t`` and ``z`` (§5.6) are taken, and a leap
-    second (``23:59:60``, §5.7) as the instant after ``23:59:59``, which is what the system
-    clock shows then."""
+def parse_time(text: str) -> tuple[float, bool] | None:
+    """Seconds since the epoch of an RFC 3339 timestamp, or of an ISO 8601 one without a zone
+    (read as UTC), and whether ``text`` gave its zone; None when it is neither, or names an
+    instant beyond :data:`EARLIEST` .. :data:`LATEST`.  RFC 3339's lower-case ``t`` and ``z``
+    (§5.6) are taken, and a leap second (``23:59:60``, §5.7) as the instant after
+    ``23:59:59``, which is what the system clock shows then."""
     iso = text.strip()
     if len(iso) > 10 and iso[10] in "t ":
         iso = iso[:10] + "T" + iso[11:]
@@ -47,19 +47,21 @@ def parse_time(text: str) -> datetime | None:
         iso = iso[:16] + ":59" + iso[19:]
     try:
         moment = datetime.fromisoformat(iso)
-        epoch = (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
+        zoned = moment.tzinfo is not None
+        seconds = (moment if zoned else moment.replace(tzinfo=UTC)).timestamp() + leap
     except (ValueError, OverflowError):
         return None
-    if not EARLIEST <= epoch <= LATEST:
+    if not EARLIEST <= seconds <= LATEST:
         return None
-    return moment + timedelta(seconds=1) if leap else moment
+    return seconds, zoned
 
 
 def parse_rfc3339(text: object) -> float:
     """Seconds since the epoch of an RFC 3339 timestamp; EINVAL when it is not one."""
-    moment = parse_time(text) if isinstance(text, str) else None
-    if moment is None:
+    parsed = parse_time(text) if isinstance(text, str) else None
+    if parsed is None:
         raise invalid(f"{text!r} is not an RFC 3339 timestamp")
-    if moment.tzinfo is None:
+    seconds, zoned = parsed
+    if not zoned:
         raise invalid(f"{text!r} has no time zone; RFC 3339 timestamps need one")
-    return moment.timestamp()
+    return seconds

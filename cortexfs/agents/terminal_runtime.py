@@ -52,6 +52,7 @@ from pathlib import Path
 from cortexfs import durable
 from cortexfs.errors import CtxError
 from cortexfs.fuse.mounts import mounted_type, unmount
+from cortexfs.regular_file import read_regular_file_and_status
 from cortexfs.shared.sessions import SessionRef
 from cortexfs.shared.tree import open_beneath
 
@@ -65,7 +66,6 @@ _ROOT_KEY_DIGITS = 16  # hex digits of a storage root's key: 64 bits, no two roo
 _SEARCHABLE = 0o711  # others may pass through to a socket they know the name of, not list
 _PRIVATE = 0o700
 _NO_LINK_DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_NO_LINK = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK  # a FIFO planted there never blocks
 _MAKE_ATTEMPTS = 5
 ALIAS_LOCK_SECONDS = 2.0  # an alias's holders keep its lock for a few system calls
 
@@ -285,7 +285,8 @@ class RunDirectory:
     def record_pid(self, pid: int) -> None:
         """Write the pid file a stop signals: this uid's alone to write (0644), whatever the
         umask, since whoever could write it could have root signal any process."""
-        fd = os.open(self.pid_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _NO_LINK, 0o644)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(self.pid_file, flags | os.O_NONBLOCK, 0o644)  # a FIFO there: ENXIO
         try:
             os.fchmod(fd, 0o644)
             os.write(fd, str(pid).encode())
@@ -297,21 +298,10 @@ class RunDirectory:
         not this uid's regular file, or that others may write (an older version's, made under
         a loose umask): a pid anyone could have put there is never signalled."""
         try:
-            fd = os.open(self.pid_file, os.O_RDONLY | _NO_LINK)
-        except OSError:
-            return None
-        try:
-            status = os.fstat(fd)
-            trusted = (
-                stat.S_ISREG(status.st_mode)
-                and status.st_uid == os.geteuid()
-                and not status.st_mode & 0o022
-            )
-            return int(os.read(fd, 64)) if trusted else None
+            data, status = read_regular_file_and_status(self.pid_file, 64, owner=os.geteuid())
+            return None if status.st_mode & 0o022 else int(data)
         except (OSError, ValueError):
             return None
-        finally:
-            os.close(fd)
 
     def _mount_processes(self) -> list[int]:
         """Root's processes serving this directory's view: ``… mount --as AGENT VIEW_DIR``.

@@ -17,7 +17,6 @@ import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from datetime import UTC
 from functools import cache
 from pathlib import PurePosixPath
 from typing import Any
@@ -489,9 +488,9 @@ def _time(value: object, key: str) -> float:
         if EARLIEST <= seconds <= LATEST:  # NaN is in no range
             return seconds
     elif isinstance(value, str):
-        moment = parse_time(value)
-        if moment is not None:
-            return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
+        parsed = parse_time(value)  # no zone: UTC
+        if parsed is not None:
+            return parsed[0]
     raise invalid(
         f"lease field {key!r} is not a time (RFC 3339 or epoch seconds, of years 1 to 9999): "
         f"{value!r}"
