@@ -212,9 +212,9 @@ def tree_of(pid: int) -> list[int]:
 
 # ---------------------------------------------------------------------------- the worker
 
-# A stdio MCP server on raw pipes, standard library only: tools ``echo`` (answers with its
-# arguments) and ``hang`` (never answers).
-MINI_SERVER = r"""
+# The wire of the stdio MCP servers below, on raw pipes, standard library only: one JSON-RPC
+# message a line each way.
+WIRE = r"""
 import json, os, sys, time
 
 buffer = b""
@@ -234,7 +234,12 @@ def receive():
         buffer += chunk
     line, _, buffer = buffer.partition(b"\n")
     return json.loads(line)
+"""
 
+# A stdio MCP server: tools ``echo`` (answers with its arguments) and ``hang`` (never answers).
+MINI_SERVER = (
+    WIRE
+    + r"""
 TOOLS = [
     {"name": "echo", "description": "Answers with its arguments.",
      "inputSchema": {"type": "object"}},
@@ -260,6 +265,7 @@ while True:
     else:
         send({"jsonrpc": "2.0", "id": ident, "error": {"code": -32601, "message": "no"}})
 """
+)
 
 WORKER_TOOLS = ["fs.stat", "shell.exec", "mini.echo", "mini.hang"]
 TIMEOUT = "1"  # seconds per job: past a third of --ttl 1, so the lease keeper renews first
@@ -575,27 +581,11 @@ def test_workers_draining_batch_after_batch_keep_the_same_descriptors_threads_an
 # notifications of 1 KB, then, STEPS times, writes STDERR bytes of debug lines to its stderr,
 # creates ``sent<page>-<step>`` in FLAGS and waits for ``go<page>-<step>`` there: the client is
 # then waiting for that one answer, mid-session, and can be looked at.
-PAGED_SERVER = r"""
-import json, os, sys, time
+PAGED_SERVER = (
+    WIRE
+    + r"""
 flags = sys.argv[1]
 pages, steps, stderr_bytes, notes = (int(value) for value in sys.argv[2:6])
-buffer = b""
-
-def send(message):
-    data = json.dumps(message).encode() + b"\n"
-    view = memoryview(data)
-    while view:
-        view = view[os.write(1, view):]
-
-def receive():
-    global buffer
-    while b"\n" not in buffer:
-        chunk = os.read(0, 65536)
-        if not chunk:
-            sys.exit(0)
-        buffer += chunk
-    line, _, buffer = buffer.partition(b"\n")
-    return json.loads(line)
 
 line = b"debug: " + b"d" * 1016 + b"\n"
 page = 0
@@ -627,6 +617,7 @@ while True:
     else:
         send({"jsonrpc": "2.0", "id": ident, "error": {"code": -32601, "message": "no"}})
 """
+)
 PAGES = 6
 
 
