@@ -196,10 +196,14 @@ class KilledJob:
 
 def killed_job(run: DemoRun) -> KilledJob:
     """The job whose lease names the killed worker, its command, and whether that command had
-    recorded its start (its first step: ``echo N $(date …) >> …/starts.log``)."""
+    recorded its start (its first step: ``echo N $(date …) >> …/starts.log``).  The demo's
+    other worker keeps going meanwhile, so a lease directory may not hold its file yet."""
     lease_dir = run.queue_dir / "lease"
     for name in os.listdir(lease_dir):
-        lease = json.loads((lease_dir / name / "worker").read_text())
+        try:
+            lease = json.loads((lease_dir / name / "worker").read_text())
+        except FileNotFoundError:
+            continue  # the demo's other worker is between its claim and its lease (Q-3)
         if lease.get("pid") == run.killed_pid():
             request = json.loads((run.queue_dir / "claimed" / name / name).read_text())
             command = request["input"]["cmd"]
