@@ -409,6 +409,26 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
+def processes_of(top: Path) -> list[int]:
+    """Live processes (not this one) whose command line names something under ``top``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        with contextlib.suppress(OSError):
+            if str(top).encode() in (entry / "cmdline").read_bytes() and alive(int(entry.name)):
+                found.append(int(entry.name))
+    return found
+
+
+def kill_processes_of(top: Path) -> None:
+    """SIGKILL every process of :func:`processes_of` ``top``: what a test started under it and
+    left running (servers, their daemons)."""
+    for pid in processes_of(top):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
 MOUNT_WAIT = 15.0  # seconds for `ctx mount` to mount, and to end after `ctx umount`
 
 

@@ -17,7 +17,6 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import threading
@@ -33,13 +32,15 @@ from tests.acceptance.ctxcli import (
     ROOT_ENTRIES,
     OnStorage,
     Run,
-    alive,
+    kill_processes_of,
     new_scratch_dir,
+    processes_of,
     read_jsonl,
     scratch_top,
     snapshot,
     wait_for,
 )
+from tests.support.mcp_wire import WIRE
 from tests.support.storage import copy_of_root
 
 SCRATCH = scratch_top(__file__)
@@ -64,11 +65,12 @@ pytestmark = [
 #   call      echo | big (``size`` times ``char``) | probe | error (isError, ``message``) |
 #             rpcerror (a JSON-RPC error, ``message``)
 #   probe     {"read": [...], "append": [...], "create": [...], "connect": PORT}
-HOSTILE_SERVER = r"""
-import json, os, socket, sys, time
+HOSTILE_SERVER = (
+    WIRE
+    + r"""
+import socket
 
 SCRIPT = json.loads(sys.argv[1])
-buffer = b""
 
 def trace(**fact):
     if SCRIPT.get("trace"):  # made by the host, writable by all: never created here
@@ -77,20 +79,7 @@ def trace(**fact):
         os.close(fd)
 
 def send(message):
-    data = json.dumps(message, ensure_ascii=SCRIPT.get("ascii", True)).encode() + b"\n"
-    view = memoryview(data)
-    while view:
-        view = view[os.write(1, view):]
-
-def receive():
-    global buffer
-    while b"\n" not in buffer:
-        chunk = os.read(0, 65536)
-        if not chunk:
-            sys.exit(0)
-        buffer += chunk
-    line, _, buffer = buffer.partition(b"\n")
-    return json.loads(line)
+    send_bytes(json.dumps(message, ensure_ascii=SCRIPT.get("ascii", True)).encode() + b"\n")
 
 def chatter(when):
     junk = b"E" * 1023 + b"\n"
@@ -170,6 +159,7 @@ while True:
     else:
         send({"jsonrpc": "2.0", "id": ident, "error": {"code": -32601, "message": "no"}})
 """
+)
 
 OPEN = {"type": "object"}
 SHOUTING = "Greets.\x00 then \x1b]0;PWNED\x07\x1b[2J \u202egnp.exe"
@@ -276,24 +266,6 @@ def host(_template: Path) -> Iterator[Host]:
     finally:
         kill_processes_of(top)
         shutil.rmtree(top, ignore_errors=True)
-
-
-def processes_of(top: Path) -> list[int]:
-    """Live processes (not this one) whose command line names something under ``top``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        with contextlib.suppress(OSError):
-            if str(top).encode() in (entry / "cmdline").read_bytes() and alive(int(entry.name)):
-                found.append(int(entry.name))
-    return found
-
-
-def kill_processes_of(top: Path) -> None:
-    for pid in processes_of(top):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
 
 
 def longest_line(path: Path) -> int:

@@ -17,7 +17,6 @@ processes and uids."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -36,7 +35,9 @@ from tests.acceptance.ctxcli import (
     OnStorage,
     Run,
     alive,
+    kill_processes_of,
     new_scratch_dir,
+    processes_of,
     read_jsonl,
     scratch_top,
     wait_for,
@@ -317,24 +318,6 @@ def host(_template: Path) -> Iterator[Host]:
     finally:
         kill_processes_of(top)
         shutil.rmtree(top, ignore_errors=True)
-
-
-def processes_of(top: Path) -> list[int]:
-    """Live processes (not this one) whose command line names something under ``top``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        with contextlib.suppress(OSError):
-            if str(top).encode() in (entry / "cmdline").read_bytes() and alive(int(entry.name)):
-                found.append(int(entry.name))
-    return found
-
-
-def kill_processes_of(top: Path) -> None:
-    for pid in processes_of(top):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
 
 
 def by_call(events: list[dict]) -> dict[str, dict[str, dict]]:

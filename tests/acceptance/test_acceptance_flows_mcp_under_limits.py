@@ -20,13 +20,11 @@ real processes and uids."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import resource
 import shlex
 import shutil
-import signal
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -40,13 +38,15 @@ from tests.acceptance.ctxcli import (
     OnStorage,
     QueueCLI,
     Run,
-    alive,
     clean_env,
+    kill_processes_of,
     new_scratch_dir,
+    processes_of,
     read_jsonl,
     scratch_top,
     wait_for,
 )
+from tests.support.mcp_wire import WIRE
 from tests.support.storage import copy_of_root
 from tests.support.users import UnprivilegedUser, users_named
 
@@ -81,16 +81,12 @@ pytestmark = [
 # A tools/call acts on its arguments' "how": "echo" (the default) answers with the
 # arguments, "burn" spins until the CPU limit ends it, "pad" answers with "n" empty
 # objects in its structuredContent.
-SERVER = r"""
-import json, os, signal, sys
+SERVER = (
+    WIRE
+    + r"""
+import signal
 
 SCRIPT = json.loads(sys.argv[1])
-buffer = b""
-
-def send_bytes(data):
-    view = memoryview(data)
-    while view:
-        view = view[os.write(1, view):]
 
 def answer(ident, result, pad_key=None, pad=0):
     text = json.dumps(result)
@@ -99,16 +95,6 @@ def answer(ident, result, pad_key=None, pad=0):
         text = text[:where] + "[" + "{}," * (pad - 1) + "{}]" + text[where + 2:]
     send_bytes(b'{"jsonrpc": "2.0", "id": ' + json.dumps(ident).encode() + b', "result": '
                + text.encode() + b"}\n")
-
-def receive():
-    global buffer
-    while b"\n" not in buffer:
-        chunk = os.read(0, 65536)
-        if not chunk:
-            sys.exit(0)
-        buffer += chunk
-    line, _, buffer = buffer.partition(b"\n")
-    return json.loads(line)
 
 def trace(**fact):
     if SCRIPT.get("trace"):
@@ -155,6 +141,7 @@ while True:
         send_bytes(json.dumps({"jsonrpc": "2.0", "id": ident,
                                "error": {"code": -32601, "message": method}}).encode() + b"\n")
 """
+)
 
 
 # ---------------------------------------------------------------------------------- helpers
@@ -295,24 +282,6 @@ def host(_template: Path) -> Iterator[Host]:
     finally:
         kill_processes_of(top)
         shutil.rmtree(top, ignore_errors=True)
-
-
-def processes_of(top: Path) -> list[int]:
-    """Live processes (not this one) whose command line names something under ``top``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        with contextlib.suppress(OSError):
-            if str(top).encode() in (entry / "cmdline").read_bytes() and alive(int(entry.name)):
-                found.append(int(entry.name))
-    return found
-
-
-def kill_processes_of(top: Path) -> None:
-    for pid in processes_of(top):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
 
 
 def frames(run: Run) -> list[dict]:

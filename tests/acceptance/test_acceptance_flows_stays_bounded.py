@@ -58,6 +58,7 @@ from tests.acceptance.ctxcli import (
     wait_for,
 )
 from tests.acceptance.terminalcli import CoderHost, Raw, coder_host
+from tests.support.mcp_wire import WIRE
 from tests.support.storage import copy_of_root, small_tmpfs
 
 SCRATCH = scratch_top(__file__)
@@ -211,30 +212,6 @@ def tree_of(pid: int) -> list[int]:
 
 
 # ---------------------------------------------------------------------------- the worker
-
-# The wire of the stdio MCP servers below, on raw pipes, standard library only: one JSON-RPC
-# message a line each way.
-WIRE = r"""
-import json, os, sys, time
-
-buffer = b""
-
-def send(message):
-    data = json.dumps(message).encode() + b"\n"
-    view = memoryview(data)
-    while view:
-        view = view[os.write(1, view):]
-
-def receive():
-    global buffer
-    while b"\n" not in buffer:
-        chunk = os.read(0, 65536)
-        if not chunk:
-            sys.exit(0)
-        buffer += chunk
-    line, _, buffer = buffer.partition(b"\n")
-    return json.loads(line)
-"""
 
 # A stdio MCP server: tools ``echo`` (answers with its arguments) and ``hang`` (never answers).
 MINI_SERVER = (
