@@ -77,6 +77,7 @@ class CountingOps(FsOps):
 
     def mkdir(self, name: str, dir_fd: int, mode: int = 0o777) -> None:
         self.counts["create"] += 1
+        self.counts["mkdir"] += 1
         super().mkdir(name, dir_fd, mode)
 
 
@@ -96,6 +97,7 @@ class Latencies(NamedTuple):
     create: list[float]
     file_fsync: list[float]
     dir_fsync: list[float]
+    directory: list[float]
 
 
 def fsync_latencies(base: Path, samples: int) -> Latencies:
@@ -103,13 +105,17 @@ def fsync_latencies(base: Path, samples: int) -> Latencies:
     creating those files.  A create costs no barrier, but its cost is the filesystem's, not
     ours: ext4's inode allocator has been seen to take 25 us in one directory of a disk and
     700 us in another of the same disk (a virtual one, after many files came and went), and
-    the lifecycle creates a few entries a job."""
+    the lifecycle creates a few entries a job.  Beside them: a directory made, opened, removed
+    and closed, no barrier either, as a claim makes ``claimed/J`` and ``lease/J`` and a finish
+    removes them (ext4 gives a directory a block of its own, freed when the last descriptor of
+    the removed directory is closed)."""
     probe = base / "fsync-probe"
     probe.mkdir()
     dir_fd = os.open(probe, os.O_RDONLY | os.O_DIRECTORY)
     create_times: list[float] = []
     file_times: list[float] = []
     dir_times: list[float] = []
+    directory_times: list[float] = []
     try:
         for n in range(samples):
             start = time.perf_counter()
@@ -124,10 +130,16 @@ def fsync_latencies(base: Path, samples: int) -> Latencies:
             start = time.perf_counter()
             os.fsync(dir_fd)
             dir_times.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            os.mkdir(f"d{n}", dir_fd=dir_fd)
+            made_fd = os.open(f"d{n}", os.O_RDONLY | os.O_DIRECTORY, dir_fd=dir_fd)
+            os.rmdir(f"d{n}", dir_fd=dir_fd)
+            os.close(made_fd)
+            directory_times.append(time.perf_counter() - start)
     finally:
         os.close(dir_fd)
         shutil.rmtree(probe)
-    return Latencies(create_times, file_times, dir_times)
+    return Latencies(create_times, file_times, dir_times, directory_times)
 
 
 def fsyncs_per_job(
@@ -241,11 +253,12 @@ def dirq_lifecycle(base: Path) -> tuple[Run, str]:
 
 def rates_in_turns(
     contenders: dict[str, tuple[Run, int]], base: Path, rounds: int
-) -> tuple[dict[str, float], tuple[float, float, float]]:
+) -> tuple[dict[str, float], tuple[float, float, float, float]]:
     """Items per second of each contender (``run``, items per turn), and the median latencies
-    of the probes sampled between the turns: create, file fsync, directory fsync."""
+    of the probes sampled between the turns: create, file fsync, directory fsync, a directory
+    made and removed."""
     seconds = dict.fromkeys(contenders, 0.0)
-    samples = Latencies([], [], [])
+    samples = Latencies([], [], [], [])
     for _ in range(rounds):
         for kind, taken in zip(samples, fsync_latencies(base, 20), strict=True):
             kind += taken
@@ -256,8 +269,8 @@ def rates_in_turns(
             os.sync()
             seconds[name] += timed(lambda run=run, items=items: run(items))
     rates = {name: contenders[name][1] * rounds / took for name, took in seconds.items()}
-    t_create, t_file, t_dir = (statistics.median(kind) for kind in samples)
-    return rates, (t_create, t_file, t_dir)
+    t_create, t_file, t_dir, t_directory = (statistics.median(kind) for kind in samples)
+    return rates, (t_create, t_file, t_dir, t_directory)
 
 
 # ------------------------------------------------------------------------ (d) Q-10
@@ -367,7 +380,7 @@ def main() -> int:
             fresh_queue(base, "batch") as batch_q,
         ):
             unsynced = CpuTimed(our_lifecycle(unsynced_q, holder))
-            rates, (t_create, t_file, t_dir) = rates_in_turns(
+            rates, (t_create, t_file, t_dir, t_directory) = rates_in_turns(
                 {
                     "ours": (our_lifecycle(lifecycle_q, holder), per_turn),
                     "unsynced": (unsynced, per_turn),
@@ -408,9 +421,11 @@ def main() -> int:
     figures = {
         "file_create_us": t_create * 1e6,
         "creates_per_job": per_job["create"],
+        "directory_made_and_removed_us": t_directory * 1e6,
+        "directories_per_job": per_job["mkdir"],
         "file_fsync_us": t_file * 1e6,
         "dir_fsync_us": t_dir * 1e6,
-        "fsyncs_per_job": {kind: n for kind, n in per_job.items() if kind != "create"},
+        "fsyncs_per_job": {k: n for k, n in per_job.items() if k not in ("create", "mkdir")},
         "barriers_us": [[what, took * 1e6] for what, took in barriers],
         "floor_jobs_per_s": floor,
         "least_file_per_state_jobs_per_s": least,
@@ -454,6 +469,10 @@ def main() -> int:
     print(f"  fsync latency: file {t_file * 1e6:.0f} us, directory {t_dir * 1e6:.0f} us")
     print(f"  creating a small file (no fsync): {t_create * 1e6:.0f} us; the lifecycle creates "
           f"{per_job['create']} entries a job, batch publish one")  # fmt: skip
+    directories_us = per_job["mkdir"] * t_directory * 1e6
+    print(f"  making and removing a directory (no fsync): {t_directory * 1e6:.0f} us; the "
+          f"lifecycle makes and removes {per_job['mkdir']} a job (claimed/J, lease/J): "
+          f"{directories_us:.0f} us of the fsync-free lifecycle below")  # fmt: skip
     if t_create > SLOW_CREATE:
         # Not a cost of the protocol: the same creates take tens of microseconds elsewhere.
         print(f"  NOTE: creating a file here costs {t_create / SLOW_CREATE:.0f} x the "

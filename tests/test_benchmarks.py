@@ -45,6 +45,8 @@ def test_queue_lifecycle_counts_the_protocols_fsyncs(tmp_path: Path) -> None:
     assert len(figures["barriers_us"]) == 18
     # the entries the protocol creates a job (counted through durable.FsOps)
     assert figures["creates_per_job"] == 5 and figures["file_create_us"] > 0
+    # of which the two directories of a claim, claimed/J and lease/J
+    assert figures["directories_per_job"] == 2 and figures["directory_made_and_removed_us"] > 0
     for rate in ("lifecycle", "persist_queue", "litequeue", "dirq"):
         assert figures[f"{rate}_jobs_per_s"] > 0
     assert set(figures["claim_ms"]["durable"]) == {"1000", "2000"}
