@@ -557,14 +557,22 @@ def _some(jobs: list[str], shown: int = 5) -> str:
 
 def _acknowledge_claim(won: protocol.Claim, as_json: bool) -> None:
     pid = won.lease.holder.pid
-    changed(
+    claimed = (
         f"job {won.job} is claimed and leased to pid {pid} (finish it, or 'ctx queue recover' "
         f"requeues it once pid {pid} is gone)"
     )
-    if as_json:
-        emit_json(won.to_json())
-    else:
-        click.echo(won.job)
+    changed(claimed)
+    try:
+        if as_json:
+            emit_json(won.to_json())
+        else:
+            click.echo(won.job)
+    except BrokenPipeError:
+        # Unlike a listing cut short by '| head -1', a claim whose name nobody read leaves a
+        # job leased to a process that does not know it holds one: said on stderr, then the
+        # quiet exit 141 of every command whose reader left.
+        _note(f"the reader of standard output left before it read the job's name: {claimed}")
+        raise
     if won.invalid_reason is not None:  # see docs/queue.md
         _note(
             f"the request of {won.job} is not valid ({won.invalid_reason}): "

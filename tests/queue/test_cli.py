@@ -927,6 +927,34 @@ def test_a_closed_output_pipe_ends_the_command_quietly(root: Path, req: Path) ->
     assert reader_gone.returncode == 141  # 128 + SIGPIPE, as a shell reports it; 1 is a conflict
 
 
+@pytest.mark.parametrize("as_json", [False, True])
+def test_a_claim_whose_name_nobody_read_says_which_job_is_held(
+    root: Path, req: Path, as_json: bool
+) -> None:
+    """``ctx queue claim | true``: the claim is made before its name is written, so a reader
+    that left cannot undo it; the job is named on stderr with its holder, then exit 141."""
+    job = ctx(root, "queue", "publish", *P, str(req)).stdout.strip()
+    reader_gone = subprocess.Popen(
+        [sys.executable, "-m", "cortexfs", "queue", "claim", *P, *(["--json"] * as_json)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "CTX_STORAGE": str(root)},
+        text=True,
+    )
+    assert reader_gone.stdout is not None
+    reader_gone.stdout.close()
+    _, stderr = reader_gone.communicate(timeout=60)
+
+    assert reader_gone.returncode == 141
+    assert os.listdir(qdir(root) / "claimed") == [job]
+    holder = json.loads((qdir(root) / "lease" / job / "worker").read_text())["pid"]
+    assert stderr == (
+        "ctx: note: the reader of standard output left before it read the job's name: job "
+        f"{job} is claimed and leased to pid {holder} (finish it, or 'ctx queue recover "
+        f"--project {PROJECT}' requeues it once pid {holder} is gone)\n"
+    )
+
+
 @pytest.mark.parametrize(
     ("option", "value"), [("--agent", "bad name"), ("--agent", "a/b"), ("--session", "../s")]
 )
