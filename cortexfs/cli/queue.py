@@ -44,7 +44,13 @@ from cortexfs.names import is_object_name, job_name
 from cortexfs.queue import inspect, layout, protocol, recovery
 from cortexfs.queue.claim_order import HintedClaimOrder
 from cortexfs.queue.evidence import REGULAR_FILE
-from cortexfs.queue.holder import Holder, calling_process, check_ttl, check_worker_id
+from cortexfs.queue.holder import (
+    Holder,
+    calling_process,
+    check_ttl,
+    check_worker_id,
+    process_exists,
+)
 from cortexfs.queue.requests import (
     loads_json,
     not_a_json_number,
@@ -487,7 +493,7 @@ def claim(
             won = protocol.claim(q, holder, ttl, left_pending=left_pending)
             if won is not None:
                 _acknowledge_claim(won, as_json)
-    if won is not None and pid is not None and holder.start_time is None:
+    if won is not None and pid is not None and not process_exists(pid):
         # Taken as named (scripts use a gone pid to hand a job straight to recover), but a
         # mistyped --pid would otherwise make a lease that lasts until the next recover.
         _note(

@@ -10,6 +10,7 @@ keep its job renews its lease before it expires.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -54,17 +55,50 @@ class LocalSystem:
     host: str
     machine_id: str | None
     boot_id: str
-    pid_ns: int
+    pid_ns: int  # 0: not known, /proc showing no entry for this process
+    # Whether /proc is this pid namespace's own, so that a pid of this namespace names the
+    # same process there (see :func:`_proc_is_own`).
+    own_proc: bool = True
 
     @classmethod
     @cache
     def current(cls) -> LocalSystem:
+        try:
+            pid_ns = os.stat("/proc/self/ns/pid").st_ino
+        except OSError:
+            pid_ns = 0
         return cls(
             host=os.uname().nodename,
             machine_id=_read_first_line("/etc/machine-id"),
             boot_id=_read_first_line("/proc/sys/kernel/random/boot_id") or "unknown",
-            pid_ns=os.stat("/proc/self/ns/pid").st_ino,
+            pid_ns=pid_ns,
+            own_proc=_proc_is_own(),
         )
+
+
+def _proc_is_own() -> bool:
+    """Whether the /proc mounted here is this pid namespace's: the pid it gives this process
+    is ``os.getpid()``.  A pid namespace entered without a proc of its own (``unshare --pid``
+    without ``--mount-proc``, ``bwrap --unshare-pid`` without ``--proc``) sees its parent's,
+    where a pid of this namespace names another process, or none."""
+    try:
+        return int(os.readlink("/proc/self")) == os.getpid()
+    except (OSError, ValueError):
+        return False
+
+
+def process_exists(pid: int) -> bool:
+    """Whether ``pid`` names a process of this pid namespace, asked of the kernel rather than
+    of /proc: a /proc mounted ``hidepid=2`` hides other users' processes, and one of another
+    namespace shows other processes under the same numbers.  EPERM means it exists (and is
+    another user's)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _default_worker_id(host: str, pid: int) -> str:
@@ -96,7 +130,10 @@ class Holder:
         """The holder identity of ``pid`` (default: this process) in this pid namespace.
 
         A pid that names no process (``ctx queue claim --pid``) is taken as it is, with no
-        start time: its lease names a holder that :func:`judge` finds gone.
+        start time: its lease names a holder that :func:`judge` finds gone.  So is one that
+        /proc hides (``hidepid=2``, another user's), which :func:`judge` finds alive.  Where
+        /proc is another pid namespace's, no start time is read at all: it would be another
+        process's, and a lease naming it would be judged gone while its holder runs.
         """
         import psutil  # here: publish, finish and list look at no process, and it costs ~40 ms
 
@@ -105,11 +142,11 @@ class Holder:
             raise invalid(f"{pid} is not a process id (1 to {PID_MAX_LIMIT})")
         if worker is not None:
             check_worker_id(worker)
-        try:
-            start_time: float | None = psutil.Process(pid).create_time()
-        except psutil.Error:
-            start_time = None
         here = LocalSystem.current()
+        start_time: float | None = None
+        if here.own_proc:
+            with contextlib.suppress(psutil.Error):
+                start_time = psutil.Process(pid).create_time()
         return cls(
             worker=worker or _default_worker_id(here.host, pid),
             host=here.host,
@@ -169,10 +206,13 @@ def calling_process(argv: Sequence[str]) -> int:
     subreaper, and leases to it.  Pid 1 is taken as it is: it may be the caller itself (a
     container's entrypoint, a test harness run as pid 1).  Such a command needs ``--pid``.
     0 when the parent is outside this process's pid namespace (``nsenter``, ``docker
-    exec``)."""
+    exec``).  The parent, never looked at, where /proc is another pid namespace's: there its
+    number names another process."""
     import psutil  # see Holder.for_process
 
     pid = os.getppid()
+    if not LocalSystem.current().own_proc:
+        return pid
     command = list(argv)  # the command line of the process ``pid`` started
     try:
         while pid > 1:
@@ -522,11 +562,21 @@ def judge(lease: Lease, here: LocalSystem | None = None, now: float | None = Non
         # job by renewing its lease (Q-3), as our worker does while a job runs.
         return Verdict(GONE, f"lease of {where} expired at {rfc3339(lease.expires_at)}")
     if holder.boot_id == here.boot_id and holder.pid_ns == here.pid_ns:
+        if not here.own_proc:
+            if not process_exists(holder.pid):
+                return Verdict(GONE, f"{where} has exited")
+            return Verdict(
+                UNKNOWN,
+                f"{where} exists, but /proc here is another pid namespace's, which cannot tell "
+                "whether it is the process that took the lease",
+            )
         try:
             process = psutil.Process(holder.pid)
             start_time = process.create_time()
             zombie = process.status() == psutil.STATUS_ZOMBIE
         except psutil.NoSuchProcess:
+            if process_exists(holder.pid):  # hidden from this uid (hidepid=2)
+                return Verdict(ALIVE, f"{where} exists but /proc hides it from uid {os.geteuid()}")
             return Verdict(GONE, f"{where} has exited")
         except psutil.Error:
             return Verdict(ALIVE, f"{where} exists but cannot be inspected")

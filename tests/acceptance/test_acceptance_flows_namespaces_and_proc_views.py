@@ -394,11 +394,6 @@ def test_inside_its_own_pid_namespace_recover_requeues_a_dead_holder_at_once_and
     assert queue.state(dead) == "pending" and queue.state(live) == "claimed"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="in a pid namespace whose /proc is the host's, recover looks the namespace's pid up "
-    "in the host's /proc and requeues a live holder's job",
-)
 @pytest.mark.parametrize("how", ["unshare-host-proc", "bwrap-host-proc"])
 def test_recover_in_a_pid_namespace_without_a_proc_of_its_own_never_requeues_a_live_holder(
     queue, procs, box, how
@@ -445,11 +440,6 @@ def test_recover_in_a_pid_namespace_without_a_proc_of_its_own_never_requeues_a_l
 # ============================================================================== hidepid
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="with /proc mounted hidepid=2|invisible a member's recover takes root's live, hidden "
-    "holder for exited (psutil NoSuchProcess) and requeues its job",
-)
 @pytest.mark.parametrize("hidepid", ["2", "invisible"])
 def test_a_member_behind_hidepid_never_requeues_roots_live_claim(den: Den, hidepid):
     """Q-5, Q-6 (a holder that cannot be judged is left alone), I-4: root claims a job of the
@@ -471,11 +461,6 @@ def test_a_member_behind_hidepid_never_requeues_roots_live_claim(den: Den, hidep
         assert q.state(job) == "claimed"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a member's recover behind hidepid=2 requeues the job root's live worker is running, "
-    "so a second claimer runs it again",
-)
 def test_a_member_behind_hidepid_leaves_the_job_of_roots_running_worker_alone(
     den: Den, outbox, procs
 ):

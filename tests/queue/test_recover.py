@@ -19,7 +19,7 @@ import pytest
 from cortexfs.durable import FsOps
 from cortexfs.queue import Holder, Queue, claim, finish, publish, recover
 from cortexfs.queue.evidence import assess, evidence_of
-from cortexfs.queue.holder import LocalSystem
+from cortexfs.queue.holder import GONE, UNKNOWN, Lease, LocalSystem, judge, process_exists
 from tests.queue.helpers import PROJECT, dead_pid, request
 from tests.support.cli import ctx
 from tests.support.locks import wait_for_lock
@@ -105,6 +105,27 @@ def test_a_holder_in_another_pid_namespace_is_judged_by_expiry(queue: Queue, me:
     time.sleep(0.6)
     report = recover(queue)
     assert [f.job for f in report.requeued] == [job] and "expired" in report.requeued[0].detail
+
+
+def test_where_proc_is_another_namespaces_a_pid_is_asked_of_the_kernel_alone(me: Holder) -> None:
+    """Q-5 from a pid namespace that sees its parent's /proc (``unshare --pid`` without
+    ``--mount-proc``), where /proc names other processes under this namespace's numbers: a
+    holder's pid that the kernel knows is never proof of anything (unknown, kept, whatever
+    its start time), and one it does not know has exited."""
+    elsewhere_proc = dataclasses.replace(LocalSystem.current(), own_proc=False)
+    running = Lease.new("j", dataclasses.replace(me, start_time=me.start_time - 1000), 300)
+    gone = Lease.new("j", dataclasses.replace(me, pid=dead_pid()), 300)
+
+    assert judge(running, elsewhere_proc).state == UNKNOWN
+    assert "another pid namespace" in judge(running, elsewhere_proc).reason
+    assert judge(gone, elsewhere_proc).state == GONE
+    # with a /proc of its own, the same start time tells the reused pid
+    assert judge(running).state == GONE
+
+
+def test_this_process_sees_a_proc_of_its_own(me: Holder) -> None:
+    assert LocalSystem.current().own_proc and process_exists(os.getpid())
+    assert not process_exists(dead_pid())
 
 
 def test_another_host_is_judged_by_expiry(queue: Queue, me: Holder) -> None:
