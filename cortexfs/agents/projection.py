@@ -28,25 +28,30 @@ of authorisation):
 Every object of the root is seen through the agent's mount of the storage root: without one
 it may use (``mount:ctx read``, P-5 steps 3 and 5) only ``bin/`` and ``tool/tsh.d/``, the
 terminal's own, are shown.  Anything deeper is visible when its top object is, with one
-exception: the sessions of the other agents of a space, and of the other agents that run as
-the agent's uid and so share its home (S-1, S-6).  The root, each top directory but ``bin``,
-each ``model/<p>`` and each ``shared/<s>/agent/<a>/session/`` or
+exception: the sessions of a space, the agent's own included, and those of the other agents
+that run as the agent's uid and so share its home (S-1, S-6).  The root, each top directory
+but ``bin``, each ``model/<p>``, each ``shared/<s>/agent/<a>/session/`` and each
 ``home/<uid>/agent/<a>/session/`` of another agent are the only directories whose entries are
 decided name by name (:meth:`ViewRules.decides_names`);
-the table below is written for a space, and holds for the home alike (``home/<uid>`` for
-``shared/<s>``, always writable, for ``shared:<s> write``):
+the table below is written for a space, and holds for the other agents of the home alike
+(``home/<uid>`` for ``shared/<s>``, always writable, for ``shared:<s> write``):
 
 ==========================================  ==============================================
 ``shared/<s>/agent/``                       every agent's directory; never changed by the
                                             agent (the runner makes it and its entries)
-``shared/<s>/agent/<self>/``                the agent's own sessions: as the space is
 ``shared/<s>/agent/<a>/``                   listed, and as writable as the space below, but
-                                            itself never renamed or removed by the agent
+                                            itself never renamed or removed by the agent,
+                                            the agent's own as well
 ``shared/<s>/agent/<a>/session/<n>/``       only with ``session:<n> read``; what is inside
                                             changed only with ``session:<n> write`` as well
                                             as ``shared:<s> write``; the directory itself
-                                            never made, renamed or removed by the agent
+                                            never made, renamed or removed by the agent.
+                                            The agent's own sessions too: a shared session
+                                            is the object ``session:<n>`` of the chain
+                                            whoever recorded it (S-6, F-1)
 ==========================================  ==============================================
+
+The agent's own directory in its home, ``home/<uid>/agent/<self>/``, is as the home is.
 
 Writes are allowed only below the agent's home and below spaces its policy lets it write
 (``shared:<s> write``), within those limits; tools, agents and models are the host's, a
@@ -219,19 +224,22 @@ class ViewRules:
         return top == "home" or (top == "shared" and self.view.allows("shared", name, "write"))
 
     def session_writable(self, place: Parts, session: str) -> bool:
-        """Whether what lies in session ``session`` of another agent of ``place`` (a space, or
-        the agent's home) may be changed: the place and the session are both granted for
-        writing (S-6, X-1)."""
+        """Whether what lies in session ``session`` of an agent of ``place`` (a space, or the
+        agent's home) that keeps its sessions by the rules may be changed: the place and the
+        session are both granted for writing (S-6, X-1)."""
         return self.writable_below(place) and self.view.allows("session", session, "write")
 
-    def other_agent(self, parts: Parts) -> bool:
-        """Whether ``parts`` is ``shared/<s>/agent/<a>`` or ``home/<uid>/agent/<a>`` of an
-        agent other than this one (agents that share a uid share its home)."""
+    def keeps_sessions(self, parts: Parts) -> bool:
+        """Whether ``parts`` is an agent's directory whose sessions show and change only as the
+        session rules say (S-6): ``shared/<s>/agent/<a>`` of every agent, this one included
+        (a shared session is the chain's object ``session:<n>`` whoever records in it, so
+        the view decides as ``ctx policy explain`` does), and ``home/<uid>/agent/<a>`` of
+        each other agent (agents that share a uid share its home; the agent's own home
+        sessions are its uid's tier)."""
         return (
             len(parts) == 4
-            and parts[0] in ("shared", "home")
             and parts[2] == "agent"
-            and parts[3] != self.view.name
+            and (parts[0] == "shared" or (parts[0] == "home" and parts[3] != self.view.name))
         )
 
     def decides_names(self, parts: Parts) -> bool:
@@ -242,7 +250,7 @@ class ViewRules:
         if len(parts) == 1:
             return parts[0] != "bin"
         if len(parts) == 5:
-            return self.other_agent(parts[:4]) and parts[4] == "session"
+            return self.keeps_sessions(parts[:4]) and parts[4] == "session"
         return len(parts) == 2 and parts[0] == "model"
 
     @functools.cached_property
@@ -264,23 +272,24 @@ class ViewRules:
         return stat.S_ISDIR(status.st_mode) and permits(status, self.view.identity, _READ_SEARCH)
 
     def _session_visible(self, parts: Parts) -> bool:
-        """Below another agent's ``session/`` in a space or in the home it shares, a session
-        shows only to an agent its policy lets read it (``session:<n> read``, S-6); the
-        space's grant, or the uid, is not enough."""
-        if len(parts) < 6 or not self.other_agent(parts[:4]) or parts[4] != "session":
+        """Below an agent's ``session/`` in a space, or another agent's in the home it shares,
+        a session shows only to an agent its policy lets read it (``session:<n> read``, S-6);
+        the space's grant, or the uid, is not enough."""
+        if len(parts) < 6 or not self.keeps_sessions(parts[:4]) or parts[4] != "session":
             return True
         return self.view.allows("session", parts[5], "read")
 
     def _agents_entry_writable(self, place: Parts, below: Parts) -> bool:
         """Whether ``<place>/agent/<below…>`` may be changed, in a space the agent may write or
-        in its home.  ``agent/``, each other agent's directory, its ``session/`` and each session
-        directory in it are never changed by the agent: a rename of any of them would carry
-        sessions it may not see out from under the rule that hides them."""
+        in its home.  ``agent/``, each agent directory that keeps sessions by the rules, its
+        ``session/`` and each session directory in it are never changed by the agent: a
+        rename of any of them would carry sessions out from under the rule that decides
+        them; what a session holds changes with ``session:<n> write``."""
         if not below:
             return False
         agent, rest = below[0], below[1:]
-        if agent == self.view.name:
-            return True
+        if not self.keeps_sessions((*place, "agent", agent)):
+            return True  # the agent's own directory in its home
         if not rest:
             return False
         if rest[0] != "session":
@@ -371,8 +380,9 @@ def _agents_mounts(
 ) -> list[ViewMount]:
     """The mounts that show ``<place>/agent/`` (a space's, or the home's) as the rules do, on
     top of the place's own mount.  The top of a mount is never written through it, so in a
-    writable place ``agent/`` and each other agent's directory are mounts of their own
-    (read-write, like the place: only their tops are pinned); each other agent's ``session/``
+    writable place ``agent/`` and each agent directory that keeps its sessions by the rules
+    (:meth:`ViewRules.keeps_sessions`) are mounts of their own
+    (read-write, like the place: only their tops are pinned); each such agent's ``session/``
     is a read-only mount listing the sessions the agent may read, and each of those it may
     write is a read-write mount on top.  Only places the agent may read get entries, and only
     for directories that exist: ``CTX_MOUNTS`` is one environment variable."""
@@ -394,7 +404,7 @@ def _agents_mounts(
         return mounts
     for name in entries:
         agent = (*agents, name)
-        if not rules.other_agent(agent) or not _is_directory(root.joinpath(*agent)):
+        if not rules.keeps_sessions(agent) or not _is_directory(root.joinpath(*agent)):
             continue
         if writable_space:
             mounts.append(mount(agent, True))

@@ -899,11 +899,6 @@ def test_named_and_shared_sessions_are_ordinary_directories(world):
 
 @needs_root
 @needs_fuse_as_root
-@pytest.mark.xfail(
-    strict=True,
-    reason="S-6: the agent's mounted view lets it write its own shared session and create new "
-    "ones without session:<name> write (ctx policy explain denies the same at step 5)",
-)
 def test_a_shared_session_is_writable_only_with_the_session_permission(world):
     """S-6, F-1: a shared session is writable to an agent only when Linux permissions, mount
     visibility and policy v0 all allow it (``session:<name> read|write|resume``).  Agent

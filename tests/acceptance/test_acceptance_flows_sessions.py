@@ -312,9 +312,10 @@ def test_a_caller_killed_mid_call_leaves_whole_lines_and_the_session_goes_on(wor
 
 def test_two_agents_of_a_space_keep_their_own_sessions_and_read_another_only_by_rule(world):
     """S-1, S-6, X-1: two agents recording a session of the same name in one shared space each
-    get their own ``agent/<a>/session/<s>/``; in its view, the other agent's session is neither
-    listed nor readable until its policy holds ``session:<name> read``, then it is, holding
-    exactly what ``ctx session show --project`` shows."""
+    get their own ``agent/<a>/session/<s>/``; in its view, a session of the space — the other
+    agent's, and its own alike (a shared session is the chain's ``session:<name>``) — is
+    neither listed nor readable until its policy holds ``session:<name> read``, then it is,
+    holding exactly what ``ctx session show --project`` shows."""
     session = "sync"
     for agent in AGENTS:
         r = world.native(agent, "demo.echo", {"by": agent}, "--project", SPACE,
@@ -329,21 +330,21 @@ def test_two_agents_of_a_space_keep_their_own_sessions_and_read_another_only_by_
             0o660
         )
     other = f"/ctx/shared/{SPACE}/agent/alpha/session"
-    # beta's own session directory it sees whole.
-    own = world.native("beta", "fs.list", {"path": f"/ctx/shared/{SPACE}/agent/beta/session"})
-    assert own.rc == 0 and session in own.out, own
+    own = f"/ctx/shared/{SPACE}/agent/beta/session"
     policy = world.policy("beta")
     kept = policy.read_text()
     try:
-        listing = world.native("beta", "fs.list", {"path": other})
-        assert listing.rc == 0, listing
-        assert json.loads(listing.lines()[-1])["output"]["entries"] == [], listing
+        for sessions in (other, own):
+            listing = world.native("beta", "fs.list", {"path": sessions})
+            assert listing.rc == 0, listing
+            assert json.loads(listing.lines()[-1])["output"]["entries"] == [], listing
         denied = world.native("beta", "fs.read", {"path": f"{other}/{session}/events.jsonl"})
         assert denied.rc != 0 and "EACCES" in denied.out, denied
         policy.write_text(kept + f"allow beta_t session:{session} read\n")
         time.sleep(1.1)
-        listing = world.native("beta", "fs.list", {"path": other})
-        assert listing.rc == 0 and session in listing.out, listing
+        for sessions in (other, own):
+            listing = world.native("beta", "fs.list", {"path": sessions})
+            assert listing.rc == 0 and session in listing.out, listing
         read = world.native("beta", "fs.read", {"path": f"{other}/{session}/events.jsonl"})
         assert read.rc == 0, read
         frame = json.loads(read.lines()[-1])

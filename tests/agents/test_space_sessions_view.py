@@ -3,8 +3,10 @@
 The space's grant (``shared:<s> read|write``) reaches the space; a session of another agent
 in it needs ``session:<name> read`` to be seen and ``session:<name> write`` (with the space's
 write) to be changed, through the tools' ``CTX_MOUNTS`` and through ``ctx mount --as`` alike.
-The agent's own sessions in the space are as the space is.  Real roots, real sessions recorded
-by the runner, real tool processes, a real FUSE mount.
+The agent's own sessions in the space are kept by the same rules: a shared session is the
+chain's object ``session:<name>`` whoever records in it (F-1: the view decides as the chain
+does), and the runner records there whatever the agent may do with it.  Real roots, real
+sessions recorded by the runner, real tool processes, a real FUSE mount.
 """
 
 from __future__ import annotations
@@ -131,14 +133,27 @@ def test_session_write_with_the_spaces_write_makes_it_writable(space: World) -> 
     assert events_of(space, "private1").read_text() == '{"forged":true}\n'
 
 
-def test_the_agents_own_sessions_in_the_space_are_as_the_space_is(space: World) -> None:
+def test_the_agents_own_sessions_in_the_space_are_kept_by_the_session_rules(space: World) -> None:
     mine = "/ctx/shared/rw/agent/fso/session/mine"
+    events = space.root / "shared" / "rw" / "agent" / "fso" / "session" / "mine" / "events.jsonl"
+    note = {"path": f"{mine}/note.txt", "content": "n\n"}
 
+    assert listing(space, "/ctx/shared/rw/agent/fso/session") == []
+    assert refused(space, "fs.read", {"path": f"{mine}/events.jsonl"}) == errno.EACCES
+    assert refused(space, "fs.write", note) == errno.EACCES
+    assert listing(space, "/ctx/shared/rw/agent/fso") == ["session"]  # its directory shows
+    recorded(space, "fso", "mine")  # the runner records there all the same
+
+    grant(space, "fso", "session:mine read")
     assert listing(space, "/ctx/shared/rw/agent/fso/session") == ["mine"]
     assert space.run("fs.read", {"path": f"{mine}/events.jsonl"}, agent="fso").ok
-    note = space.run("fs.write", {"path": f"{mine}/note.txt", "content": "n\n"}, agent="fso")
-    assert note.ok, note
-    recorded(space, "fso", "mine")  # the runner still records there
+    assert refused(space, "fs.write", note) == errno.EROFS
+    forged = {"path": f"{mine}/events.jsonl", "content": '{"forged":true}\n'}
+    assert refused(space, "fs.write", forged) == errno.EROFS
+    assert b"forged" not in events.read_bytes()
+
+    grant(space, "fso", "session:mine write")
+    assert space.run("fs.write", note, agent="fso").ok
     assert listing(space, "/ctx/shared/rw/agent/fso/session", agent="reader") == []
     assert refused(space, "fs.read", {"path": f"{mine}/events.jsonl"}, agent="reader") == (
         errno.EACCES
@@ -176,7 +191,8 @@ def test_the_mount_shows_the_same(space: World) -> None:
         moved = as_user(space.user, f"mv {sessions.parent} {mountpoint}/shared/rw/data/oth")
         assert moved.returncode != 0 and "Permission denied" in moved.stderr, moved
         own = mountpoint / "shared" / "rw" / "agent" / "fso" / "session" / "mine"
-        assert as_user(space.user, f"echo n > {own}/note.txt").returncode == 0
+        unseen = as_user(space.user, f"echo n > {own}/note.txt")
+        assert unseen.returncode != 0 and "nonexistent" in unseen.stderr, unseen  # dash's ENOENT
 
         grant(space, "fso", "session:private1 read")
         time.sleep(1.2)  # the kernel and the view keep an answer for a second
