@@ -303,6 +303,36 @@ class RunDirectory:
         except (OSError, ValueError):
             return None
 
+    def terminal_pid(self) -> int | None:
+        """The pid, as this pid namespace numbers it, of the terminal holding this directory
+        open for its lock: the pid file's when that process does, else the one process found
+        holding it.  A terminal started inside another pid namespace recorded the number it
+        has there, which here may name any process; a stop signals none but the terminal.
+        None while no process holds it (still starting, or gone)."""
+        recorded = self.recorded_pid()
+        if recorded is not None and self._held_open_by(recorded):
+            return recorded
+        pids = (int(entry) for entry in os.listdir("/proc") if entry.isdigit())
+        holders = [pid for pid in pids if self._held_open_by(pid)]
+        return holders[0] if len(holders) == 1 else None
+
+    def _held_open_by(self, pid: int) -> bool:
+        """Whether process ``pid`` has this directory open (not through a link of the same
+        name: the directory's device and inode are compared)."""
+        try:
+            wanted = os.stat(self.path)
+            descriptors = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            return False
+        for fd in descriptors:
+            try:
+                status = os.stat(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue  # closed meanwhile, or not a path (a socket, a pipe)
+            if (status.st_dev, status.st_ino) == (wanted.st_dev, wanted.st_ino):
+                return True
+        return False
+
     def _mount_processes(self) -> list[int]:
         """Root's processes serving this directory's view: ``… mount --as AGENT VIEW_DIR``.
         The view's path holds the root's key, the uid, the agent and the session: no other

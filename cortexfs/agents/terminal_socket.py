@@ -253,7 +253,7 @@ def _end_running(run: RunDirectory, view: AgentView, session: str) -> int | None
     deadline = time.monotonic() + STOP_SECONDS
     signalled = None
     while True:
-        pid = run.recorded_pid()
+        pid = run.terminal_pid()
         if pid is not None and pid != signalled:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)

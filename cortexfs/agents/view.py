@@ -130,7 +130,7 @@ class AgentView(NamedTuple):
         return ":".join(entries)
 
     def tool_directories(self) -> tuple[Path, ...]:
-        return search_path(self.root, self.ctx_path(), "agent").directories
+        return search_path(self.root, self.ctx_path(), "agent", agent_view=True).directories
 
     def visible_mounts(self) -> list[Mount]:
         """The mounts a tool of this agent may use, writable only where the policy says so."""

@@ -207,6 +207,18 @@ def _apply(ops: durable.FsOps, fd: int, mode: int, owner: Ownership | None) -> N
                 "to a group its owner is not in; run as root, or give the agent a gid you "
                 "hold (its identity control)",
             ) from None
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:
+                raise
+            # Inside a user namespace (unshare --map-root-user) a uid or gid its map leaves out
+            # names nobody there: the kernel says EINVAL, which alone names no id.
+            where = os.readlink(f"/proc/self/fd/{fd}")
+            raise CtxError(
+                errno.EINVAL,
+                f"cannot give {where} to uid {owner.uid} and gid {owner.gid}: this user "
+                "namespace maps no such id (see /proc/self/uid_map and gid_map); run where the "
+                "agent's ids exist, or give the agent ids mapped here (its identity control)",
+            ) from None
     # After chown: changing the owner clears the setgid bit on some filesystems.
     os.fchmod(fd, mode)
     durable.sync_dir(ops, fd)

@@ -114,9 +114,15 @@ def human_search_path(
     return search_path(root, text, source)
 
 
-def search_path(root: Path, text: str, source: str) -> SearchPath:
+def search_path(root: Path, text: str, source: str, *, agent_view: bool = False) -> SearchPath:
+    """``text`` (a ``CTX_PATH``) as the directories it names on this host; ``agent_view``: an
+    agent's, whose ``/ctx`` is always the storage root (see :func:`view_to_storage`)."""
     entries = tuple(text.split(":"))
-    directories = tuple(view_to_storage(root, entry) for entry in entries if entry.startswith("/"))
+    directories = tuple(
+        view_to_storage(root, entry, agent_view=agent_view)
+        for entry in entries
+        if entry.startswith("/")
+    )
     return SearchPath(entries, source, directories)
 
 
@@ -176,11 +182,15 @@ def _warn_on_stderr(message: str) -> None:
     print(f"ctx: warning: {printable(message)}", file=sys.stderr)
 
 
-def view_to_storage(root: Path, path: str) -> Path:
-    """A ``/ctx/…`` path as the storage path it names when ``/ctx`` is not mounted here."""
+def view_to_storage(root: Path, path: str, *, agent_view: bool = False) -> Path:
+    """A ``/ctx/…`` path as the storage path it names: for a person, when ``/ctx`` is not
+    mounted here (T-4); in an ``agent_view``, always, since an agent's ``/ctx`` is its own
+    view of this storage root, whatever this host has mounted at ``/ctx`` (another agent's
+    view, another root), and what it may run there is the chain's to decide."""
     pure = PurePosixPath(path)
     below = pure.parts[len(CTX_MOUNT.parts) :]
-    if pure.parts[: len(CTX_MOUNT.parts)] == CTX_MOUNT.parts and not os.path.ismount(CTX_MOUNT):
+    under_ctx = pure.parts[: len(CTX_MOUNT.parts)] == CTX_MOUNT.parts
+    if under_ctx and (agent_view or not os.path.ismount(CTX_MOUNT)):
         return root.joinpath(*below)
     return Path(pure)
 

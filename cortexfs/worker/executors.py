@@ -208,6 +208,11 @@ def _open_worker_session(ref: SessionRef, owner: Ownership) -> Session:
     home = ref.root / "home" / str(owner.uid)
     try:
         return open_session(ref, owner=owner)
+    except CtxError as exc:  # said in full already (an id a user namespace does not map)
+        raise CtxError(
+            exc.errno,
+            f"cannot open the worker's session {ref.path}: {exc.message}; no job was claimed",
+        ) from None
     except OSError as exc:
         refused = f": {os.fsdecode(exc.filename)}" if isinstance(exc.filename, str | bytes) else ""
         said = f"cannot open the worker's session {ref.path} ({exc.strerror}{refused})"

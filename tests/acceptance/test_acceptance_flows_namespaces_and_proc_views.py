@@ -698,11 +698,6 @@ def test_a_user_who_is_uid_0_only_in_its_user_namespace_bootstraps_its_own_root(
         shutil.rmtree(home, ignore_errors=True)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="ctx run as uid 0 of a user namespace refuses with a bare 'EINVAL: <session path>: "
-    "Invalid argument', never saying the agent's uid cannot be used there",
-)
 def test_an_agent_made_in_a_user_namespace_is_refused_with_the_reason(unprivileged_user, storage):
     """A-3, P-5 step 1, T-3: inside ``unshare --map-root-user`` a non-root user is uid 0, so
     `ctx agent create` gives the agent root's default user, nobody (uid 65534), which is not
@@ -901,11 +896,6 @@ def sandbox_with_ctx(*ctx_options: str) -> list[str]:
             "--proc", "/proc", "--dev", "/dev", "--die-with-parent", *ctx_options]  # fmt: skip
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="with /ctx a mount of agent coder's view, ctx run --agent rev resolves rev's tools "
-    "through coder's view (ENOENT), not rev's own /ctx, the storage root",
-)
 def test_ctx_mounted_as_one_agents_view_does_not_decide_what_another_agent_may_run(storage, box):
     """T-4, T-5, A-3 (an agent's /ctx is the storage root, read-only), F-1: in a sandbox whose
     /ctx holds `ctx mount --as coder` (what coder may see, as the README mounts it), agent
@@ -948,12 +938,13 @@ def test_ctx_mounted_as_one_agents_view_does_not_decide_what_another_agent_may_r
     assert "hello from the host" in (box / "run.out").read_text()
 
 
-def test_ctx_bound_to_another_tree_is_where_tools_resolve_and_its_damage_is_named(storage, box):
+def test_ctx_bound_to_another_tree_is_where_a_human_finds_tools_and_never_an_agent(storage, box):
     """T-4, T-8a, T-1: in a sandbox whose /ctx is a bind mount of another tree (not the
-    storage root), `ctx object which --json` searches /ctx/tool itself, as documented (/ctx
-    maps onto the storage root only when nothing is mounted there); a damaged tool found there
-    (no hooks/ in its controls) is refused with ENOEXEC naming /ctx/tool (exit 126) and its
-    program never runs.  With nothing at /ctx the same commands resolve in the storage root."""
+    storage root), `ctx object which --json` (a human's search) looks in /ctx/tool itself, as
+    documented (/ctx maps onto the storage root only when nothing is mounted there), and finds
+    the damaged tool there (no hooks/ in its controls); `ctx run --agent` looks in the storage
+    root, an agent's /ctx being its view of that root, runs the storage root's tool, and the
+    program of the tree never runs.  With nothing at /ctx both resolve in the storage root."""
     need("bwrap")
     make_agent(storage, ["fs.stat"], name="coder")
     allow_in_tool_policy(storage, "fs.stat", "coder_t")
@@ -974,8 +965,7 @@ def test_ctx_bound_to_another_tree_is_where_tools_resolve_and_its_damage_is_name
     found = json.loads(bound.stdout.splitlines()[0])
     assert found["path"] == "/ctx/tool/fs.stat", found
     assert found["search_path"]["directories"][0] == "/ctx/tool", found
-    assert bound.stdout.split()[-1] == "rc=126", bound
-    assert "ENOEXEC" in bound.stderr and "/ctx/tool" in bound.stderr, bound
+    assert bound.stdout.split()[-1] == "rc=0", bound
     assert "Traceback" not in bound.stderr and not trace.exists()
 
     plain = subprocess.run([*sandbox_with_ctx(), "sh", "-c", commands], env=env,
@@ -1002,11 +992,6 @@ def run_dir_free(run_dir: Path) -> bool:
     return True
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="ctx agent stop signals the pid a terminal started inside a pid namespace recorded; "
-    "on the host that number is another process, which gets SIGTERM",
-)
 def test_ctx_agent_stop_on_the_host_never_signals_another_process_for_a_namespaced_terminal(
     _template, procs, box
 ):
