@@ -304,13 +304,14 @@ class RunDirectory:
             return None
 
     def terminal_pid(self) -> int | None:
-        """The pid, as this pid namespace numbers it, of the terminal holding this directory
-        open for its lock: the pid file's when that process does, else the one process found
-        holding it.  A terminal started inside another pid namespace recorded the number it
-        has there, which here may name any process; a stop signals none but the terminal.
-        None while no process holds it (still starting, or gone)."""
+        """The pid, as this pid namespace numbers it, of the terminal that recorded its pid
+        and holds this directory open for its lock: the pid file's when that process holds
+        it, else the one process found holding it.  A terminal started inside another pid
+        namespace recorded the number it has there, which here may name any process; a stop
+        signals none but the terminal.  None while the terminal is still starting (no pid
+        recorded yet) or no process holds the directory."""
         recorded = self.recorded_pid()
-        if recorded is not None and self._held_open_by(recorded):
+        if recorded is None or self._held_open_by(recorded):
             return recorded
         pids = (int(entry) for entry in os.listdir("/proc") if entry.isdigit())
         holders = [pid for pid in pids if self._held_open_by(pid)]

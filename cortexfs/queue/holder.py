@@ -206,8 +206,8 @@ def calling_process(argv: Sequence[str]) -> int:
     subreaper, and leases to it.  Pid 1 is taken as it is: it may be the caller itself (a
     container's entrypoint, a test harness run as pid 1).  Such a command needs ``--pid``.
     0 when the parent is outside this process's pid namespace (``nsenter``, ``docker
-    exec``).  The parent, never looked at, where /proc is another pid namespace's: there its
-    number names another process."""
+    exec``).  Where /proc is another pid namespace's, the parent itself, never looked up
+    there: its number names another process in that /proc."""
     import psutil  # see Holder.for_process
 
     pid = os.getppid()
