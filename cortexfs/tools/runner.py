@@ -51,6 +51,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from cortexfs import capabilities
 from cortexfs.agents.host import require_host_administrator
 from cortexfs.agents.projection import RecentDecisions
 from cortexfs.agents.view import AgentView
@@ -298,6 +299,14 @@ class _Call:
             self.view = AgentView.load(self.root, self.agent).with_workspace(self.workspace)
         with self._stage("session"):
             self._open_session()
+        with self._stage("caller"):
+            # P-5 step 1, the exec uid/gid: a root that may not take the agent's ids would
+            # start the hooks and the tool as root, or not at all (setpriv's own failure).
+            capabilities.require(
+                "running a tool as the agent's uid and gid",
+                capabilities.CAP_SETUID,
+                capabilities.CAP_SETGID,
+            )
 
     def _admit_call_of_one_version(self, input_value: Any) -> None:
         """Admit the call by the tool's controls, again while a reinstall replaced the

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from cortexfs import capabilities
 from cortexfs.agents.host import require_host_administrator
 from cortexfs.agents.view import AgentView
 from cortexfs.errors import CtxError, remedy_for_host_trouble
@@ -44,6 +45,14 @@ class ToolExecutor:
         # once, before any claim, rather than by every job's call after its claim (a worker
         # nobody may run would claim every job only to fail it).
         require_host_administrator(root, "start a worker that runs jobs' tools as an agent")
+        try:
+            capabilities.require(
+                "a worker that runs jobs' tools as the agent's uid and gid",
+                capabilities.CAP_SETUID,
+                capabilities.CAP_SETGID,
+            )
+        except CtxError as refused:  # every job would fail so, none by its own fault
+            raise CtxError(refused.errno, f"{refused.message}; no job was claimed") from None
         view = AgentView.load(root, agent)
         self.root = root
         self.agent = agent

@@ -473,11 +473,6 @@ def test_agent_create_under_a_hardened_set_writes_the_controls_a_full_root_write
     assert sorted(os.listdir(world.storage)) == sorted(os.listdir(other))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="without CAP_SETUID ctx run starts setpriv anyway: exit 127 with setpriv's "
-    "'setresuid failed', recorded as the tool's exit status, errno null",
-)
 def test_run_without_cap_setuid_is_refused_with_eperm_before_the_tool(world: World) -> None:
     """P-5 step 1, T-3, T-7: uid 0 that cannot switch to the agent's uid must not run the tool
     (nor as root): refused like any call the host cannot start, exit 126 with
@@ -493,11 +488,6 @@ def test_run_without_cap_setuid_is_refused_with_eperm_before_the_tool(world: Wor
     assert (last["type"], last["errno"], last["exit_status"]) == ("tool_result", "EPERM", None)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="without CAP_SETGID the native result is the tool's 'exited with status 127' "
-    "(setpriv: setresgid failed) with errno null and stage exit",
-)
 def test_native_run_without_cap_setgid_reports_eperm_not_an_exit_status(world: World) -> None:
     """P-5 step 1, T-3 (agent native mode): the result frame of a call uid 0 could not start
     as the agent's gid carries the errno (EPERM) and no exit status: no tool ran."""
@@ -512,11 +502,6 @@ def test_native_run_without_cap_setgid_reports_eperm_not_an_exit_status(world: W
     assert (result["error"]["error"], result["exit_status"]) == ("EPERM", None), result
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="without CAP_SETUID a pre-hook that never ran is reported as vetoing the call "
-    "(EACCES, 'vetoed the call (exit 127)')",
-)
 def test_a_pre_hook_uid_0_cannot_start_as_the_agent_is_not_a_veto(world: World) -> None:
     """T-6 (a pre-hook vetoes by a non-zero exit), P-5 step 1: a hook that uid 0 could not
     start as the agent never ran and vetoed nothing; the call is refused for the host's
@@ -696,11 +681,6 @@ def test_recover_and_finish_without_dac_override_leave_a_members_claim_whole(
 # ------------------------------------------------------------------------------ workers
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a worker without CAP_SETUID claims every job and finishes it in failed/ "
-    "('exited with status 127: setpriv: setresuid failed'), exit 0",
-)
 def test_a_worker_that_cannot_become_the_agent_claims_nothing(world: World) -> None:
     """W-1, W-2, docs/workers.md ("A host that runs short": what every job would meet is not
     the job's failure): a worker whose uid 0 lacks CAP_SETUID and CAP_SETGID cannot run any
