@@ -20,12 +20,14 @@ from cortexfs.errors import CtxError
 
 # The numbers of linux/capability.h this module asks about.
 CAP_CHOWN = 0
+CAP_FOWNER = 3
 CAP_FSETID = 4
 CAP_SETGID = 6
 CAP_SETUID = 7
 
 _NAMES = {
     CAP_CHOWN: "CAP_CHOWN",
+    CAP_FOWNER: "CAP_FOWNER",
     CAP_FSETID: "CAP_FSETID",
     CAP_SETGID: "CAP_SETGID",
     CAP_SETUID: "CAP_SETUID",

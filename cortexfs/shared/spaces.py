@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cortexfs import durable, storage
+from cortexfs import capabilities, durable, storage
 from cortexfs.errors import DISK_ERROR_REMEDY, HOST_TROUBLES, CtxError, remedy_for_host_trouble
 from cortexfs.locks import flock_within
 from cortexfs.names import check_object_name
@@ -187,7 +187,7 @@ def _check_before_making(
     # not complete: refused with its path before anything is made, as 'ctx queue init' does.
     check_existing_queue(path / QUEUE_DIR, ops, within=root)
     if gid is not None or existing is None:
-        _require_group_of_caller(owner.gid)
+        _require_group_of_caller(owner.gid, existing=existing is not None)
     _require_writable_where_missing(path, name)
     return existing, owner
 
@@ -514,11 +514,22 @@ def _space_directories(path: Path) -> tuple[Path, ...]:
     return (path, *(path / directory for directory in (*SPACE_DIRS, QUEUE_DIR)))
 
 
-def _require_group_of_caller(gid: int) -> None:
+def _require_group_of_caller(gid: int, *, existing: bool) -> None:
     """EPERM, before anything is made, unless the caller may give its files group ``gid``:
     the kernel lets only root chown to a group the caller is not a member of, and would
-    refuse it after the space's directory was already made."""
-    if os.geteuid() == 0 or gid == os.getegid() or gid in os.getgroups():
+    refuse it after the space's directory was already made.  A root must hold the
+    capabilities that takes (and, for an ``existing`` space, the one that changes the modes
+    of directories others own, its members' sessions)."""
+    if gid == os.getegid() or gid in os.getgroups():
+        return
+    if os.geteuid() == 0:
+        # A root whose capability set leaves these out could make the directories but not
+        # give them the group, nor keep their setgid bit (the kernel clears it for a caller
+        # outside the group): refused before anything is made.
+        needed = [capabilities.CAP_CHOWN, capabilities.CAP_FSETID]
+        if existing:
+            needed.append(capabilities.CAP_FOWNER)
+        capabilities.require(f"giving a shared space group {gid} and its setgid bits", *needed)
         return
     raise CtxError(
         errno.EPERM,
