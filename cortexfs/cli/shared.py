@@ -54,8 +54,8 @@ def create(name: str, group: str | None, storage_dir: Path | None, as_json: bool
     lacks, as an older version made them ('repaired  PATH (mode 2770 -> 3770)'), never
     through a link.  Root may regroup any entry (a root whose capability set lacks
     CAP_CHOWN or CAP_FSETID, or CAP_FOWNER for an existing space, is refused naming it,
-    nothing made), anyone else only their own: EPERM, nothing changed; and a directory of the space that
-    belongs to another uid than the space's owner is not repaired but refused (EPERM,
+    nothing made), anyone else only their own: EPERM, nothing changed; and a directory of
+    the space that belongs to another uid than the space's owner is not repaired but refused (EPERM,
     naming it, nothing changed).  A directory this command makes is given its group and
     mode only when it is still the one it made (EEXIST otherwise).  An illegal NAME, or
     cortexfs-docs (the manual bundle), is a usage error (EINVAL, exit 2).  A run cut short
