@@ -31,7 +31,7 @@ import struct
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
-from cortexfs import bootstrap_repair, durable
+from cortexfs import bootstrap_repair, capabilities, durable
 from cortexfs.errors import HOST_SHORTAGES, CtxError, invalid, not_found
 from cortexfs.names import check_object_name
 from cortexfs.printable import shell_word
@@ -406,6 +406,11 @@ def ensure_root_abi(root: Path, ops: durable.FsOps | None = None) -> BootstrapRe
         # would have: root's, the owner could not make a space, a home or a tool of its own in
         # the root it administers.  Only a directory made here, still empty, is given away.
         given_to = root_status.st_uid if os.geteuid() == 0 and root_status.st_uid != 0 else None
+        if given_to is not None and any(durable.lstat_at(root_fd, n) is None for n in ROOT_ENTRIES):
+            capabilities.require(
+                f"making the root entries of {root} its owner's (uid {given_to})",
+                capabilities.CAP_CHOWN,
+            )
         for name in ROOT_ENTRIES:
             st = durable.lstat_at(root_fd, name)
             if st is None:

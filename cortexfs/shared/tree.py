@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
 
-from cortexfs import durable
+from cortexfs import capabilities, durable
 from cortexfs.errors import CtxError
 from cortexfs.interrupts import held_interrupts
 from cortexfs.storage import not_readable
@@ -51,6 +51,14 @@ def ensure_directories(
     fd = _open_top(ops, top)
     try:
         for depth, name in enumerate(parts):
+            if owner is not None and _gives_away(owner) and durable.lstat_at(fd, name) is None:
+                # Asked before the mkdir: one made and then refused its owner would be left
+                # root's, and kept so by every later run.
+                capabilities.require(
+                    f"making {top.joinpath(*parts[: depth + 1])} owned by uid {owner.uid}, "
+                    f"gid {owner.gid}",
+                    capabilities.CAP_CHOWN,
+                )
             # Ctrl-C waits for the mode: a directory left with the mkdir's would be left so by
             # the next run, which leaves what exists as it is.
             with held_interrupts():
@@ -187,6 +195,16 @@ def apply_repairs(ops: durable.FsOps, repairs: Sequence[Repair], *, gid: int) ->
 def close_repairs(ops: durable.FsOps, repairs: Sequence[Repair]) -> None:
     for repair in repairs:
         ops.close(repair.fd)
+
+
+def _gives_away(owner: Ownership) -> bool:
+    """Whether root giving a directory to ``owner`` takes CAP_CHOWN: another uid, or a group
+    root is not in (a file's owner may give it any group of its own without it)."""
+    if os.geteuid() != 0:
+        return False
+    other_uid = owner.uid not in (-1, 0)
+    other_group = owner.gid not in (-1, os.getegid(), *os.getgroups())
+    return other_uid or other_group
 
 
 def _apply(ops: durable.FsOps, fd: int, mode: int, owner: Ownership | None) -> None:

@@ -323,11 +323,6 @@ def test_bootstrap_under_a_hardened_set_makes_what_a_full_root_makes(
     assert tree(reduced, content=False) == full
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bootstrap without CAP_CHOWN of a root another uid owns leaves bin/ (then tool/ …) "
-    "made root-owned; no later run gives them to the owner",
-)
 def test_bootstrap_without_cap_chown_of_a_root_another_uid_owns_makes_nothing(
     scratch: Path, member
 ) -> None:
@@ -559,23 +554,8 @@ def _worker_in_a_new_session(world: World) -> Run:
 @pytest.mark.parametrize(
     ("command", "rc"),
     [
-        pytest.param(
-            _run_in_a_new_home,
-            126,
-            id="run",
-            marks=pytest.mark.xfail(
-                strict=True, reason="ctx run without CAP_CHOWN leaves home/<uid> root:root"
-            ),
-        ),
-        pytest.param(
-            _worker_in_a_new_session,
-            1,
-            id="queue-work",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="queue work without CAP_CHOWN leaves session/<s> root:root 0700",
-            ),
-        ),
+        pytest.param(_run_in_a_new_home, 126, id="run"),
+        pytest.param(_worker_in_a_new_session, 1, id="queue-work"),
     ],
 )
 def test_without_cap_chown_a_refused_call_leaves_the_agents_home_as_it_was(
