@@ -137,6 +137,14 @@ def unmount(mountpoint: Path) -> None:
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         reason = " ".join(done.stderr.split()) or f"{command[0]} exited {done.returncode}"
+        if "Operation not permitted" in reason:
+            # umount2(2)'s EPERM: a root whose capability set leaves out CAP_SYS_ADMIN (a
+            # container's) may not unmount; the mount is in use by nobody's fault.
+            raise CtxError(
+                errno.EPERM,
+                f"cannot unmount {mountpoint}: {reason} (unmounting takes CAP_SYS_ADMIN, "
+                "which a container's root may lack)",
+            )
         raise CtxError(errno.EBUSY, f"cannot unmount {mountpoint}: {reason}")
 
 

@@ -815,11 +815,6 @@ def test_mount_without_cap_sys_admin_is_eperm_and_mounts_nothing(world: World) -
         assert not mounted_at(where) and os.listdir(where) == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="ctx umount reports every fusermount3 failure as EBUSY, also 'Operation not "
-    "permitted' for uid 0 without CAP_SYS_ADMIN",
-)
 @pytest.mark.skipif(not os.path.exists("/dev/fuse"), reason="needs /dev/fuse")
 def test_umount_without_cap_sys_admin_is_eperm_and_keeps_the_mount(bare_world: World) -> None:
     """F-1, docs/mount.md (``ctx umount``: EPERM for a mount the caller may not unmount, EBUSY
