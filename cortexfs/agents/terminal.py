@@ -52,7 +52,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 
-from cortexfs import durable
+from cortexfs import capabilities, durable
 from cortexfs.agents import log as agent_log
 from cortexfs.agents import sandbox
 from cortexfs.agents.run_socket import RunSocket, sandbox_namespace
@@ -149,6 +149,13 @@ class Terminal:
             raise CtxError(errno.EPERM, reason)
         if shutil.which("bwrap") is None:
             raise invalid("bubblewrap (bwrap) is not installed; the terminal runs in its sandbox")
+        needed = [capabilities.CAP_SYS_ADMIN, capabilities.CAP_SETUID, capabilities.CAP_SETGID]
+        if not self.view.allows("network", "default", "connect"):
+            needed.append(capabilities.CAP_NET_ADMIN)  # bwrap's loopback in the new network
+        capabilities.require(
+            f"a terminal of {self.view.name} (its view mounted, its sandbox, tsh as the agent)",
+            *needed,
+        )
         tsh = self.root / "bin" / "tsh"
         if not os.access(tsh, os.X_OK):
             if os.path.isfile(tsh) and mounted_noexec(tsh):
