@@ -35,7 +35,7 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cortexfs import durable, storage
+from cortexfs import capabilities, durable, storage
 from cortexfs.errors import CtxError
 from cortexfs.shared.events import EVENTS_FILE
 from cortexfs.shared.level_walk import (
@@ -158,6 +158,11 @@ def _tighten(
             f"{shown} belongs to uid {status.st_uid} and has mode {current:04o}, which lets "
             f"its group or others read it; only root or its owner may make it {wanted:04o}: "
             "run 'ctx bootstrap' as root",
+        )
+    if os.geteuid() != status.st_uid:
+        capabilities.require(
+            f"making {shown} (uid {status.st_uid}'s, mode {current:04o}) {wanted:04o}",
+            capabilities.CAP_FOWNER,
         )
     ops.fchmod(fd, wanted)
     # The mode reaches the disk before bootstrap reports it repaired.

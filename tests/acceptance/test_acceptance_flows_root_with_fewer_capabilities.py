@@ -838,11 +838,6 @@ def test_session_repair_without_dac_override_cuts_nothing_and_says_eacces(world:
     assert before.endswith(b"\n" + b'{"ts": "torn') and events.read_bytes() == before[:-12]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="session repair without CAP_FOWNER, on a session an older version left 0750, "
-    "says only 'ctx: EPERM: Operation not permitted'",
-)
 def test_session_repair_without_cap_fowner_names_what_it_cannot_tighten(world: World) -> None:
     """S-5, ``ctx session repair --help`` (an older session made 0700/0600 first, each named):
     uid 0 without CAP_FOWNER may not chmod the agent's session; the refusal is EPERM naming
