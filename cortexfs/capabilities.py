@@ -20,6 +20,7 @@ from cortexfs.errors import CtxError
 
 # The numbers of linux/capability.h this module asks about.
 CAP_CHOWN = 0
+CAP_DAC_OVERRIDE = 1
 CAP_FOWNER = 3
 CAP_FSETID = 4
 CAP_SETGID = 6
@@ -29,6 +30,7 @@ CAP_SYS_ADMIN = 21
 
 _NAMES = {
     CAP_CHOWN: "CAP_CHOWN",
+    CAP_DAC_OVERRIDE: "CAP_DAC_OVERRIDE",
     CAP_FOWNER: "CAP_FOWNER",
     CAP_FSETID: "CAP_FSETID",
     CAP_SETGID: "CAP_SETGID",
@@ -59,6 +61,18 @@ def lacking(*capabilities: int) -> list[str]:
     if os.geteuid() != 0 or held is None:
         return []
     return [_NAMES[cap] for cap in capabilities if not held >> cap & 1]
+
+
+def root_without(capability: int) -> str | None:
+    """For a refusal the kernel gave root: what to say instead of "run it as root" when this
+    root lacks ``capability`` (which would have let it through), else None."""
+    missing = lacking(capability)
+    if not missing:
+        return None
+    return (
+        f"this root lacks {missing[0]} (a container's or a service unit's capability set "
+        "leaves it out): run as a root that holds it, or as the owner"
+    )
 
 
 def require(doing: str, *capabilities: int) -> None:

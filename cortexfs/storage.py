@@ -271,6 +271,8 @@ def _refusal(
         if not _in_default_root(path):  # where "a root of your own" would name this one
             fix += f", or {use_own_root()}"
     if fix is None:
+        fix = capabilities.root_without(capabilities.CAP_DAC_OVERRIDE)
+    if fix is None:
         who = "as root or as that owner"
         if st.st_mode & group_bit:
             who = f"as root, as that owner or as a member of group {st.st_gid}"

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from cortexfs import durable, jsontext
+from cortexfs import capabilities, durable, jsontext
 from cortexfs.errors import CtxError, invalid, too_big
 from cortexfs.locks import flock_within
 from cortexfs.shared.tree import Ownership
@@ -540,7 +540,11 @@ def _repair_unwritable(path: Path, dir_fd: int | None, refused: int) -> int:
     if refused == errno.EROFS:
         why, remedy = "while its filesystem is read-only", "remount it read-write and repair again"
     else:
-        why, remedy = "by a caller who may not write it", "repair it as its owner or as root"
+        why = "by a caller who may not write it"
+        remedy = (
+            capabilities.root_without(capabilities.CAP_DAC_OVERRIDE)
+            or "repair it as its owner or as root"
+        )
     raise CtxError(
         refused,
         f"{path} ends with a torn line of {torn} bytes, which cannot be cut {why}; nothing "

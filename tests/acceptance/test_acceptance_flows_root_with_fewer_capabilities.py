@@ -880,19 +880,12 @@ def _message_of_shared_create(world: World, user) -> str:
     return world.without(("chown",), "shared", "create", SPACE, "--group", GROUP).err
 
 
-_NAMES_NO_CAPABILITY = pytest.mark.xfail(
-    strict=True,
-    reason="refusals of uid 0 for a missing capability say 'run it as root' (or 'repair it as "
-    "its owner or as root') and name no capability",
-)
-
-
 @pytest.mark.parametrize(
     "said",
     [
-        pytest.param(_message_of_bootstrap, id="bootstrap", marks=_NAMES_NO_CAPABILITY),
-        pytest.param(_message_of_recover, id="queue-recover", marks=_NAMES_NO_CAPABILITY),
-        pytest.param(_message_of_session_repair, id="session-repair", marks=_NAMES_NO_CAPABILITY),
+        pytest.param(_message_of_bootstrap, id="bootstrap"),
+        pytest.param(_message_of_recover, id="queue-recover"),
+        pytest.param(_message_of_session_repair, id="session-repair"),
         pytest.param(_message_of_shared_create, id="shared-create"),
     ],
 )
