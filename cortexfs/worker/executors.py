@@ -45,15 +45,15 @@ class ToolExecutor:
         # once, before any claim, rather than by every job's call after its claim (a worker
         # nobody may run would claim every job only to fail it).
         require_host_administrator(root, "start a worker that runs jobs' tools as an agent")
+        view = AgentView.load(root, agent)
+        needed = [capabilities.CAP_SETUID, capabilities.CAP_SETGID]
+        if not view.allows("network", "default", "connect"):
+            # Its tools all run offline, in a network namespace a root joins by setns(2).
+            needed.append(capabilities.CAP_SYS_ADMIN)
         try:
-            capabilities.require(
-                "a worker that runs jobs' tools as the agent's uid and gid",
-                capabilities.CAP_SETUID,
-                capabilities.CAP_SETGID,
-            )
+            capabilities.require(f"a worker that runs the tools of agent {agent}", *needed)
         except CtxError as refused:  # every job would fail so, none by its own fault
             raise CtxError(refused.errno, f"{refused.message}; no job was claimed") from None
-        view = AgentView.load(root, agent)
         self.root = root
         self.agent = agent
         self.session_ref = SessionRef.home(root, view.identity.uid, agent, session)
