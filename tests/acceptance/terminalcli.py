@@ -134,6 +134,25 @@ def coder_host(
         shutil.rmtree(top, ignore_errors=True)
 
 
+def tsh_of(session: str) -> int:
+    """The tsh serving ``session``, found by the environment ctxterm gave it."""
+    marker = f"CTX_SESSION={session}".encode()
+    found: list[int] = []
+
+    def look() -> bool:
+        for entry in filter(str.isdigit, os.listdir("/proc")):
+            with contextlib.suppress(OSError):
+                environment = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+                command = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+                if marker in environment and b"/ctx/bin/tsh" in command[1:3]:
+                    found.append(int(entry))
+                    return True
+        return False
+
+    assert wait_for(look, 10), f"no tsh for session {session}"
+    return found[0]
+
+
 def connect(sock: socket.socket, path: Path) -> None:
     """Connect ``sock`` to ``path``, through its open directory when the path is longer than
     a UNIX socket address holds (as the docs tell a client of its own to do)."""

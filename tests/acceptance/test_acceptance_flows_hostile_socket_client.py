@@ -40,7 +40,7 @@ from pathlib import Path
 import pytest
 
 from tests.acceptance.ctxcli import CTX_ARGV, closing_all, read_jsonl, scratch_top, wait_for
-from tests.acceptance.terminalcli import CoderHost, Raw, Term, coder_host
+from tests.acceptance.terminalcli import CoderHost, Raw, Term, coder_host, tsh_of
 from tests.acceptance.test_acceptance_flows_self_update import ended, pending_update
 from tests.support.users import UnprivilegedUser
 from tests.support.users import unprivileged_user as unprivileged_user
@@ -221,28 +221,9 @@ def pid_namespace(pid: int | str) -> int | None:
         return None
 
 
-def tsh_pid(session: str) -> int:
-    """The tsh serving ``session``, found by the environment ctxterm gave it."""
-    marker = f"CTX_SESSION={session}".encode()
-    found: list[int] = []
-
-    def look() -> bool:
-        for entry in filter(str.isdigit, os.listdir("/proc")):
-            with contextlib.suppress(OSError):
-                environment = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
-                command = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-                if marker in environment and b"/ctx/bin/tsh" in command[1:3]:
-                    found.append(int(entry))
-                    return True
-        return False
-
-    assert wait_for(look, 10), f"no tsh for session {session}"
-    return found[0]
-
-
 def sandbox_processes(session: str) -> list[int]:
     """Every process in the pid namespace of the sandbox that runs ``session``'s tsh."""
-    namespace = pid_namespace(tsh_pid(session))
+    namespace = pid_namespace(tsh_of(session))
     return [
         int(p) for p in filter(str.isdigit, os.listdir("/proc")) if pid_namespace(p) == namespace
     ]
@@ -766,7 +747,7 @@ def test_tools_run_from_the_terminal_hold_none_of_its_sockets_or_its_pty_master(
         assert not [d for d in held if d.endswith("ptmx") or str(term.rundir) in d], held
         environment = Path(f"/proc/{tool}/environ").read_bytes().split(b"\0")
         assert not [v for v in environment if v.startswith(b"CTX_RUN_CAPABILITY=")]
-        assert not listeners & set(descriptors(tsh_pid(term.session)))
+        assert not listeners & set(descriptors(tsh_of(term.session)))
 
         (host.ws / "go").touch()
         assert operator.shows("SLOW-DONE") and watcher.shows("SLOW-DONE")

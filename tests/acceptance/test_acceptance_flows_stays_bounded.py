@@ -57,7 +57,7 @@ from tests.acceptance.ctxcli import (
     serving,
     wait_for,
 )
-from tests.acceptance.terminalcli import CoderHost, Raw, coder_host
+from tests.acceptance.terminalcli import CoderHost, Raw, coder_host, tsh_of
 from tests.support.mcp_wire import WIRE
 from tests.support.storage import copy_of_root, small_tmpfs
 
@@ -685,25 +685,6 @@ CALLS = [  # what the operator types each round, and what tsh answers
 def root_key(storage: Path) -> str:
     """The storage root's key in ``/run/cortexfs/terminal`` (docs/tools.md)."""
     return hashlib.sha256(os.fsencode(os.path.realpath(storage))).hexdigest()[:16]
-
-
-def tsh_of(session: str) -> int:
-    """The tsh serving ``session``, found by the environment ctxterm gave it."""
-    marker = f"CTX_SESSION={session}".encode()
-    found: list[int] = []
-
-    def look() -> bool:
-        for entry in filter(str.isdigit, os.listdir("/proc")):
-            with contextlib.suppress(OSError):
-                environment = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
-                command = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-                if marker in environment and b"/ctx/bin/tsh" in command[1:3]:
-                    found.append(int(entry))
-                    return True
-        return False
-
-    assert wait_for(look, 10), f"no tsh for session {session}"
-    return found[0]
 
 
 def killed_while_connected(host: CoderHost, verb: str, session: str) -> None:
