@@ -49,6 +49,18 @@ def test_publish_and_reading_an_unleased_queue_load_no_heavy_module(
     assert loaded == []
 
 
+@pytest.mark.parametrize("command", ["status", "list"])
+def test_reading_a_queue_loads_no_hashing_and_no_fuzzy_matching(
+    storage: dict[str, str], command: str
+) -> None:
+    # hashlib names the claim-order hint of a queue (publish and claim use one); difflib
+    # suggests a command for a typo.  click asks difflib itself for every short option.
+    argv = ["queue", command, "--project", "p"]
+    _, loaded = run_ctx_watching(("hashlib", "difflib"), argv, env=storage)
+
+    assert loaded == []
+
+
 def test_claim_loads_psutil_for_the_holder_and_nothing_else_heavy(storage: dict[str, str]) -> None:
     run_ctx_watching(WATCHED, ["queue", "publish", "--project", "p", "-"], REQUEST, storage)
 

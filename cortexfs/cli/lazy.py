@@ -7,7 +7,6 @@ the step itself.  A :class:`LazyGroup` knows its subcommands by name and ``modul
 
 from __future__ import annotations
 
-import difflib
 import importlib
 
 import click
@@ -44,6 +43,8 @@ class LazyGroup(click.Group):
 
 def _no_such_command(name: str, commands: list[str]) -> str:
     """click's own words for an unknown command, with its suggestions (click 8.4 and later)."""
+    import difflib  # with heapq, a few milliseconds of every start; only a typo needs it
+
     close = sorted(difflib.get_close_matches(name, commands))
     message = f"No such command {name!r}."
     if len(close) == 1:

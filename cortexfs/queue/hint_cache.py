@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 import os
 import stat
 import time
@@ -74,6 +73,8 @@ def _hint_location(queue_path: Path, euid: int, cache_home: str, home: str) -> t
     else:
         environ = {"XDG_CACHE_HOME": cache_home, "HOME": home}
         cache = user_directory("XDG_CACHE_HOME", ".cache", euid, environ) / "cortexfs"
+    import hashlib  # OpenSSL's start, a few milliseconds, paid by the commands that claim
+
     real = os.path.realpath(queue_path)
     key = hashlib.sha256(os.fsencode(real)).hexdigest()[:32]
     return cache / "claim-order" / key, real
