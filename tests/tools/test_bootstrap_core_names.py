@@ -76,16 +76,18 @@ def test_the_problem_carries_eexist_and_names_the_remedy(root: Path, tmp_path: P
     assert tools_of_another_version(root) == []  # the administrator's is no core tool
 
 
+@pytest.mark.parametrize("executable_too", [True, False])
 @pytest.mark.parametrize("origin", [None, b"{not json", b'{"uid": 0}'])
 def test_a_core_tool_whose_origin_a_crash_lost_or_broke_is_repaired(
-    root: Path, origin: bytes | None
+    root: Path, origin: bytes | None, executable_too: bool
 ) -> None:
     control = root / "tool/agent.update.d/origin"
     if origin is None:
         control.unlink()
     else:
         control.write_bytes(origin)
-    (root / "tool/agent.update").write_bytes(b"cut short")
+    if executable_too:
+        (root / "tool/agent.update").write_bytes(b"cut short")
 
     report = storage.bootstrap(root)
 

@@ -86,3 +86,31 @@ def test_the_core_tool_at_that_name_is_still_served_the_capability(world: World)
 
     assert result.ok, result.error
     assert (world.root / "agent/coder.d/system.md").read_text() == "Be brief.\n"
+
+
+def test_the_core_tool_is_served_the_capability_without_its_diagnostic_origin(
+    world: World,
+) -> None:
+    """``origin`` is diagnostic, no stable ABI (T-1): without it, the launcher's stamp of
+    this version's sources is what proves the tool bootstrap's."""
+    granted(world, "agent.update")
+    (world.root / "tool/agent.update.d/origin").unlink()
+
+    result = world.run("agent.update", {"control": "system.md", "content": "Be brief.\n"})
+
+    assert result.ok, result.error
+    assert (world.root / "agent/coder.d/system.md").read_text() == "Be brief.\n"
+
+
+def test_a_program_of_its_own_without_origin_at_a_core_name_is_not_served(
+    world: World,
+) -> None:
+    granted(world, "agent.update")
+    (world.root / "tool/agent.update.d/origin").unlink()
+    (world.root / "tool/agent.update").write_bytes(TELLS_ITS_CAPABILITY.encode())
+
+    result = world.run("agent.update")
+
+    # Not this version's launcher: refused before it runs, and never given the capability.
+    assert not result.ok and result.error is not None
+    assert result.error.stage == "resolve" and result.exit_status is None

@@ -41,7 +41,7 @@ from cortexfs.tools.controls import (
     read_control,
 )
 from cortexfs.tools.core import BOOTSTRAP_TOOLS, CORE_TOOLS, tsh_config
-from cortexfs.tools.core.installed import administrators_manifest
+from cortexfs.tools.core.installed import administrators_manifest, origin_names_core_manifest
 from cortexfs.tools.core.launcher import (
     bundled_modules,
     core_interpreter,
@@ -425,8 +425,13 @@ def _is_current(tool: ToolObject, manifest: Manifest, launcher: bytes, owner: in
             return False
         wanted = manifest.controls()
         unwanted = TOOL_KIND.defined - wanted.keys() - {"origin"}
-        return all(read_control(tool, control) == data for control, data in wanted.items()) and all(
-            read_control(tool, control) is None for control in unwanted
+        # The origin names the manifest of whichever copy of ctx installed it, so it is not
+        # compared byte for byte; one that is gone or names no core manifest is damage to
+        # bootstrap's install like any other, and put back.
+        return (
+            all(read_control(tool, control) == data for control, data in wanted.items())
+            and all(read_control(tool, control) is None for control in unwanted)
+            and origin_names_core_manifest(tool)
         )
     except (OSError, CtxError):
         return False

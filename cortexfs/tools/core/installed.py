@@ -109,17 +109,28 @@ def tools_of_another_version(root: Path, names: Collection[str] = tuple(CORE_MOD
     (:func:`administrators_manifest`), is not counted: the first is bootstrap's to make, the
     second is not a core tool.  Reading this version's sources costs about a millisecond,
     once for all ``names``; each name then a few reads."""
-    interpreter, _ = core_interpreter()
-    sources = sources_digest(bundled_sources(package_parent()))
-    with_bytecode = carries_bytecode(interpreter)
+    stamps = _StampsOfThisVersion()
     another = []
     for name, module in CORE_MODULES.items():
-        if name not in names:
-            continue
-        wanted = (interpreter_line(interpreter), stamp(interpreter, module, sources, with_bytecode))
-        if _of_another_version(root, name, wanted):
+        if name in names and _of_another_version(root, name, stamps.of(module)):
             another.append(name)
     return another
+
+
+class _StampsOfThisVersion:
+    """The interpreter line and stamp this version's bootstrap writes into the launcher of
+    each core module, its sources read once for all."""
+
+    def __init__(self) -> None:
+        self.interpreter, _ = core_interpreter()
+        self.sources = sources_digest(bundled_sources(package_parent()))
+        self.with_bytecode = carries_bytecode(self.interpreter)
+
+    def of(self, module: str) -> tuple[bytes, str]:
+        return (
+            interpreter_line(self.interpreter),
+            stamp(self.interpreter, module, self.sources, self.with_bytecode),
+        )
 
 
 def _of_another_version(root: Path, name: str, wanted: tuple[bytes, str]) -> bool:
@@ -174,16 +185,36 @@ def require_this_versions_tool(root: Path, name: str, not_done: str) -> None:
 
 
 def installed_by_bootstrap(tool: ToolObject) -> bool:
-    """Whether ``tool``, at a core tool's name, proves to be bootstrap's install: its
-    ``origin`` is readable and names ``…/cortexfs/tools/core/manifests/<name>.json``.
-    Stricter than the converse of :func:`administrators_manifest`, which gives a missing or
-    broken origin the benefit of the doubt so that bootstrap repairs it: what the host does
-    for a core tool alone (the run capability of A-5) asks for the evidence."""
+    """Whether ``tool``, at a core tool's name in the system tier, proves to be bootstrap's
+    install: its ``origin`` names ``…/cortexfs/tools/core/manifests/<name>.json``, or, with
+    no ``origin`` at all, its executable carries this version's stamp for that tool's module.
+    Stricter than the converse of :func:`administrators_manifest`, which gives a broken origin
+    the benefit of the doubt so that bootstrap repairs it: what the host does for a core tool
+    alone (the run capability of A-5) asks for evidence.  ``origin`` is diagnostic, no stable
+    ABI (T-1), so its absence is not held against the tool: the stamp, a digest of the sources
+    bootstrap installs, is evidence enough.  An origin that names another manifest, or that
+    cannot be read, is not."""
+    try:
+        if read_control(tool, "origin") is None:
+            return _carries_this_versions_stamp(tool)
+    except CtxError:
+        return False
+    return origin_names_core_manifest(tool)
+
+
+def origin_names_core_manifest(tool: ToolObject) -> bool:
+    """Whether ``tool``'s ``origin`` is readable and names the core manifest of its name, as
+    bootstrap's install writes it (and ``ctx bootstrap`` puts back)."""
     try:
         manifest = _origin_manifest(tool)
     except CtxError:
         return False
     return manifest is not None and _is_core_manifest(manifest, tool.name)
+
+
+def _carries_this_versions_stamp(tool: ToolObject) -> bool:
+    module = CORE_MODULES.get(tool.name)
+    return module is not None and _stamp_of(tool.executable) == _StampsOfThisVersion().of(module)
 
 
 def _is_core_manifest(manifest: str, name: str) -> bool:
