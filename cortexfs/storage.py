@@ -106,13 +106,38 @@ def resolve_root(explicit: str | os.PathLike[str] | None = None) -> Path:
     empty root where the administrator's was."""
     root = _absolute(Path(explicit), "--storage") if explicit else None
     root = root or root_from_environment() or default_root()
-    if os.path.islink(root) and not os.path.exists(root):
+    if os.path.islink(root):
+        _require_followable(root)
+    return root
+
+
+def _require_followable(link: Path) -> None:
+    """ENOENT when the link that names the storage root leads to nothing, ELOOP when the
+    kernel will not follow it (a loop, or a filesystem mounted ``nosymfollow``)."""
+    try:
+        os.stat(link)
+    except FileNotFoundError:
         raise not_found(
-            f"storage root {root} is a symbolic link to {os.readlink(root)}, which does not "
+            f"storage root {link} is a symbolic link to {os.readlink(link)}, which does not "
             "exist; point the link at the storage root, or move the root back to where it "
             "leads, or name another root (--storage DIR or CTX_STORAGE)"
-        )
-    return root
+        ) from None
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            return  # what the link's path says (EACCES…) is each command's to meet and say
+        target = os.path.realpath(link)
+        if target != str(link) and os.path.isdir(target):  # resolved without the kernel's help
+            remedy = f"name the root by its own path, {target}"
+            why = "a filesystem on its way is mounted nosymfollow"
+        else:
+            remedy = "point the link at the storage root"
+            why = "the links lead round in a loop"
+        raise CtxError(
+            errno.ELOOP,
+            f"storage root {link} is a symbolic link to {os.readlink(link)} that the kernel "
+            f"will not follow ({why}); {remedy}, or name another root (--storage DIR or "
+            "CTX_STORAGE)",
+        ) from None
 
 
 def root_from_environment() -> Path | None:
@@ -365,13 +390,16 @@ def ensure_root_abi(root: Path, ops: durable.FsOps | None = None) -> BootstrapRe
     report = BootstrapReport(root=root)
     missing_parents = []
     probe = root
-    while not probe.exists() and probe != probe.parent:
+    # Links on the way to the root are the administrator's (/srv/ctx -> /data/ctx), followed
+    # as every command follows them: by their resolved path, which also finds what a
+    # filesystem mounted nosymfollow would not let the kernel follow.
+    while not os.path.lexists(os.path.realpath(probe)) and probe != probe.parent:
         missing_parents.append(probe)
         probe = probe.parent
     private = _xdg_data_home_and_above()
     for path in reversed(missing_parents):
         try:
-            parent_fd = ops.open_dir(str(path.parent))
+            parent_fd = ops.open_dir(os.path.realpath(path.parent))
             try:
                 mode = PRIVATE_MODE if path in private else ABI_MODE
                 if _make_dir(ops, parent_fd, path.name, mode):

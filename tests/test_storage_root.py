@@ -163,3 +163,36 @@ def test_an_empty_ctx_storage_is_refused_rather_than_read_as_unset(
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
     assert done.stderr.startswith("ctx: EINVAL: CTX_STORAGE is set but empty"), done.stderr
     assert not xdg.exists()
+
+
+def _ctx(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    ctx = str(Path(sys.executable).with_name("ctx"))
+    return subprocess.run([ctx, *map(str, args)], capture_output=True, text=True)
+
+
+def test_a_root_named_by_a_loop_of_links_is_eloop_saying_so(tmp_path: Path) -> None:
+    loop = tmp_path / "current"
+    loop.symlink_to("current")
+
+    done = _ctx("--storage", loop, "queue", "status", "--project", "p")
+
+    assert done.returncode == 1, done.stderr
+    assert done.stderr == (
+        f"ctx: ELOOP: storage root {loop} is a symbolic link to current that the kernel will "
+        "not follow (the links lead round in a loop); point the link at the storage root, or "
+        "name another root (--storage DIR or CTX_STORAGE)\n"
+    )
+
+
+def test_bootstrap_makes_a_new_root_in_a_directory_reached_through_a_link(tmp_path: Path) -> None:
+    """R-1, R-5: the administrator's path to a root may pass through links (``/srv/ctx ->
+    /data/ctx``); bootstrap follows them as every command does."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "srv").symlink_to("data")
+
+    made = _ctx("--storage", tmp_path / "srv" / "deeper" / "st", "bootstrap")
+
+    assert made.returncode == 0, made.stderr
+    assert (tmp_path / "data" / "deeper" / "st" / "tool").is_dir()
+    init = _ctx("--storage", tmp_path / "srv" / "deeper" / "st", "queue", "init", "-p", "p")
+    assert init.returncode == 0, init.stderr
