@@ -63,7 +63,7 @@ from cortexfs.errors import CtxError, errno_named_in, invalid, not_found
 from cortexfs.shared.events import EVENTS_FILE
 from cortexfs.shared.sessions import SessionRef, open_session
 from cortexfs.shared.tree import Ownership, open_beneath
-from cortexfs.storage import mounted_noexec
+from cortexfs.storage import executes_nothing, mounted_noexec
 from cortexfs.tools.host_programs import names_setpriv_misreads
 
 STARTUP_SECONDS = 30.0  # for tsh to come up in its sandbox before the start is a failure
@@ -159,12 +159,7 @@ class Terminal:
         tsh = self.root / "bin" / "tsh"
         if not os.access(tsh, os.X_OK):
             if os.path.isfile(tsh) and mounted_noexec(tsh):
-                raise CtxError(
-                    errno.EACCES,
-                    f"{tsh} is on a filesystem mounted noexec: the kernel executes nothing "
-                    "there, whatever its mode (T-5); put the storage root on a filesystem "
-                    "mounted with exec",
-                )
+                raise CtxError(errno.EACCES, executes_nothing(tsh, tsh, "the storage root"))
             raise invalid(f"{tsh} is missing; run 'ctx bootstrap'")
         if self.view.workspace is not None and not os.path.isdir(self.view.workspace.source):
             raise CtxError(

@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 from cortexfs.policy.beneath import Entry, walk
 from cortexfs.printable import shell_word
-from cortexfs.storage import mounted_noexec
+from cortexfs.storage import executes_nothing, mounted_noexec
 
 READ, WRITE, EXECUTE = os.R_OK, os.W_OK, os.X_OK  # 4, 2, 1: the layout of one rwx triplet
 
@@ -124,10 +124,7 @@ def check_access(
             f"{last.shown} needs {rwx(access)} but {mode} grants {rwx(granted)} to {_who(identity)}"
         )
     if access & EXECUTE and kind is Kind.FILE and mounted_noexec(top / relative):
-        return _refused(
-            f"{last.shown} is on a filesystem mounted noexec: the kernel executes nothing there, "
-            "whatever its mode (T-5); put the storage root on a filesystem mounted with exec"
-        )
+        return _refused(executes_nothing(top / relative, last.shown, "the tool"))
     return PathVerdict(True, 0, f"{last.shown}: {rwx(access)} granted to {_who(identity)} ({mode})")
 
 

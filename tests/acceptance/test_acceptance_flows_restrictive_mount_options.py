@@ -422,11 +422,6 @@ def test_a_tool_whose_interpreter_is_on_a_noexec_mount_is_refused_with_eacces(
         assert "exited with status" not in reason, reason
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a tool on a noexec filesystem mounted below an exec storage root is refused with "
-    "the advice to put the storage root on a filesystem mounted with exec, which it is",
-)
 def test_a_noexec_tool_tier_below_an_exec_root_is_not_blamed_on_the_root(
     mounts: Mounts,
 ) -> None:
