@@ -23,6 +23,7 @@ process group, as a shell's job would, so Ctrl-C and job control reach the tool.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import select
 import selectors
@@ -118,15 +119,47 @@ def run_captured(
             raise
         _kill_group(process.pid)
         exit_status = _exit_status(process.wait())
+    stderr_tail = _utf8_tail(pump.stderr, MAX_STDERR_TAIL)
+    launchers = argv[: len(argv) - len(spec.argv)]
+    if launchers:
+        launcher = "setpriv" if _SETPRIV in launchers else os.path.basename(launchers[0])
+        _raise_launchers_exec_failure(launcher, spec.argv[0], exit_status, stderr_tail)
     return Finished(
         process.pid,
         exit_status,
         bytes(pump.stdout),
-        _utf8_tail(pump.stderr, MAX_STDERR_TAIL),
+        stderr_tail,
         timed_out,
         pump.overflow,
         time.monotonic() - started,
     )
+
+
+def _raise_launchers_exec_failure(
+    launcher: str, program: str, exit_status: int, stderr: bytes
+) -> None:
+    """Raise, as the OSError subprocess raises when it cannot exec ``program`` itself, the
+    exec of ``program`` that the ``launcher`` (setpriv or unshare, see :func:`_launch`)
+    could not make.
+
+    The launcher says so in one line of stderr, ``setpriv: failed to execute PROGRAM:
+    REASON``, and exits 126, or 127 when nothing is at the path, as a shell does.  Without
+    this, a tool the kernel refuses to start (its interpreter on a filesystem mounted
+    noexec, a binary for another machine) would read as a tool that ran and exited 126.  The
+    line's wording follows the tool's locale, so only its shape is relied on, and the reason
+    read back when it is the C locale's (else 126 is EACCES, 127 ENOENT).  A tool that
+    prints such a line and exits so is taken at its word that it did not start."""
+    if exit_status not in (126, 127):
+        return
+    lines = stderr.decode("utf-8", "replace").splitlines()
+    if len(lines) != 1 or not lines[0].startswith(f"{launcher}: ") or program not in lines[0]:
+        return
+    reason = lines[0].rpartition(": ")[2]
+    code = _ERRNO_OF_REASON.get(reason, errno.ENOENT if exit_status == 127 else errno.EACCES)
+    raise OSError(code, os.strerror(code), program)
+
+
+_ERRNO_OF_REASON = {os.strerror(code): code for code in sorted(errno.errorcode, reverse=True)}
 
 
 def run_attached(spec: ProcessSpec, *, on_start: Callable[[int], None] | None = None) -> Finished:

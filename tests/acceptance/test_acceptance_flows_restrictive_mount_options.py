@@ -388,11 +388,6 @@ def test_hooks_on_a_noexec_mount_veto_the_call_and_post_hooks_report_it(mounts: 
     assert runs_in(box) == {"tool": 2} and (box / "hook-post").read_text() == "run\n"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a tool whose exec the kernel refuses (its interpreter on a noexec mount) is "
-    "reported as the tool's own exit status 126 with no errno, not as EACCES",
-)
 def test_a_tool_whose_interpreter_is_on_a_noexec_mount_is_refused_with_eacces(
     mounts: Mounts,
 ) -> None:

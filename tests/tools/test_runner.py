@@ -970,8 +970,11 @@ def test_a_tool_removed_while_the_call_is_admitted_is_missing_not_being_installe
     finally:
         removal.join()
 
-    # As when it is removed after the start: setpriv finds nothing to execute (127).
-    assert result.exit_status == 127 and result.error.stage == "exit", result.error
+    # Gone by the start: nothing to execute, the tool never ran (ENOENT), as a start without
+    # setpriv says it too.
+    assert result.exit_status is None and result.error is not None
+    assert (result.error.errno, result.error.stage) == (errno.ENOENT, "run"), result.error
+    assert "cannot start" in result.error.message
     assert "No such file or directory" in result.error.message
 
 
