@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: install demo test lint crash soak bench
+.PHONY: install demo test lint crash soak flows bench
 
 install:
 	./scripts/install
@@ -30,6 +30,11 @@ bench: install
 # kill fuzz, the 100 000-job claim, the exhaustive crash sweep).
 soak: install
 	$(PY) -m pytest -m slow -n 2 -p no:cacheprovider -q
+
+# Every acceptance flow (tests/acceptance/test_acceptance_flows_*.py): the default suite runs a
+# third of them, a different third at each commit (tests/conftest.py).
+flows: install
+	$(PY) -m pytest tests/acceptance --flows=all -k test_acceptance_flows_ -n 2 -p no:cacheprovider -q
 
 # The whole crash harness of docs/crash-model.md (every crash state, the full mutation check,
 # 600-SIGKILL fuzzes in both move strategies), ending with the result table.

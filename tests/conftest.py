@@ -1,14 +1,25 @@
 """Suite-wide setup: keep the claim-order hints of the tests' throwaway queues out of the
 machine's cache directory (``ctx queue claim`` keeps one per queue, see docs/queue.md), run
 every command with the standard streams a user's shell gives it, and give Hypothesis no
-deadline (the suite runs on loaded CI machines; speed is measured in bench/, not here); and
-one root ``ctx bootstrap`` made, for the tests that each need a fresh copy of one."""
+deadline (the suite runs on loaded CI machines; speed is measured in bench/, not here); one
+root ``ctx bootstrap`` made, for the tests that each need a fresh copy of one; and the slice
+of the acceptance flows the default suite runs.
+
+**The acceptance flows** (``tests/acceptance/test_acceptance_flows_*.py``) are whole
+scenarios, each a user's or an adversary's, of real processes, uids, mounts and namespaces:
+more than half of the suite's time.  A run that names no test (``./scripts/test``, CI) takes
+a third of them, a different third at each commit (by the number of commits, so one commit
+always runs the same tests), so that the default suite stays within about a quarter of an
+hour on two cores; ``--flows=all`` or ``make flows`` runs every one, as does naming their
+files.  ``--flows=K/N`` picks slice K of N."""
 
 from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import tempfile
+import zlib
 from pathlib import Path
 
 import pytest
@@ -16,6 +27,64 @@ from hypothesis import settings
 
 settings.register_profile("suite", deadline=None)
 settings.load_profile("suite")
+
+FLOWS_PREFIX = "test_acceptance_flows_"
+FLOW_SLICES = 3
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--flows",
+        metavar="all|K/N",
+        help="which acceptance flows to run: all, or slice K of N (default, when no test is "
+        f"named: a slice of {FLOW_SLICES} that turns with each commit)",
+    )
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    chosen = _flow_slice(config)
+    if chosen is None:
+        return "acceptance flows: all"
+    return f"acceptance flows: slice {chosen[0]} of {chosen[1]} (--flows=all runs every one)"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    chosen = _flow_slice(config)
+    if chosen is None:
+        return
+    number, slices = chosen
+    kept, left_out = [], []
+    for item in items:
+        in_slice = zlib.crc32(item.nodeid.encode()) % slices == number - 1
+        (kept if in_slice or not item.path.name.startswith(FLOWS_PREFIX) else left_out).append(item)
+    if left_out:
+        config.hook.pytest_deselected(items=left_out)
+        items[:] = kept
+
+
+def _flow_slice(config: pytest.Config) -> tuple[int, int] | None:
+    """(K, N) for slice K of N of the acceptance flows; None for all of them."""
+    chosen = config.getoption("--flows")
+    if chosen == "all" or (chosen is None and config.option.file_or_dir):
+        return None
+    if chosen is None:
+        return _commits() % FLOW_SLICES + 1, FLOW_SLICES
+    number, _, slices = chosen.partition("/")
+    if not (number.isdigit() and slices.isdigit() and 1 <= int(number) <= int(slices)):
+        raise pytest.UsageError(f"--flows={chosen}: give 'all' or K/N with 1 <= K <= N")
+    return int(number), int(slices)
+
+
+def _commits() -> int:
+    """How many commits lead to this checkout's HEAD; 0 outside a git checkout."""
+    counted = subprocess.run(
+        ["git", "rev-list", "--count", "HEAD"],
+        cwd=Path(__file__).parent,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return int(counted.stdout) if counted.returncode == 0 and counted.stdout.strip() else 0
 
 
 def pytest_configure(config: pytest.Config) -> None:
