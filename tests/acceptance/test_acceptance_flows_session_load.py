@@ -276,7 +276,10 @@ def test_followers_show_every_event_once_in_order_through_load_tears_repairs_and
                                  start_new_session=True)  # fmt: skip
         followers.append(piped)
         assert json.loads(piped.stdout.readline()) == middle[-1]
-        time.sleep(0.5)  # every follower has read up to the torn line by now
+        # Every follower reaches the torn line (the text one renders more, and may lag)...
+        caught_up = wait_for(lambda: line_count(as_json) == line_count(as_text) == len(middle), 30)
+        assert caught_up, (line_count(as_json), line_count(as_text), len(middle))
+        time.sleep(0.5)  # ... and shows nothing of it
         assert line_count(as_json) == line_count(as_text) == len(middle)
         assert FRAGMENT not in as_json.read_bytes() + late.read_bytes()
         r = world.ctx("session", "repair", "alpha", session, "--json")
