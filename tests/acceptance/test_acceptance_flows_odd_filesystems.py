@@ -31,6 +31,7 @@ from tests.acceptance.ctxcli import (
     snapshot,
     tool_manifest,
 )
+from tests.support.scratch_mounts import ScratchMounts
 from tests.support.users import UnprivilegedUser
 from tests.support.users import unprivileged_user as unprivileged_user
 
@@ -48,49 +49,6 @@ CACHE = scratch_top(__file__) / f"cache-{os.getpid()}"
 # ------------------------------------------------------------------------------ helpers
 
 
-class Disks:
-    """The filesystems one test mounts below its scratch directory ``top``; :meth:`close`
-    unmounts them in reverse order (lazily when a plain unmount fails) and removes ``top``."""
-
-    def __init__(self, top: Path) -> None:
-        self.top = top
-        self.mounted: list[Path] = []
-
-    def tmpfs(self, where: Path | str, options: str) -> Path:
-        """A tmpfs mounted with ``options`` at ``where`` (relative to ``top``), made here."""
-        path = self.top / where
-        path.mkdir(parents=True, exist_ok=True)
-        made = subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True
-        )
-        if made.returncode != 0:
-            pytest.skip(f"cannot mount a tmpfs here: {made.stderr.decode().strip()}")
-        self.mounted.append(path)
-        return path
-
-    def bind(self, source: Path, where: Path | str) -> Path:
-        path = self.top / where
-        path.mkdir(parents=True, exist_ok=True)
-        made = subprocess.run(["mount", "--bind", str(source), str(path)], capture_output=True)
-        if made.returncode != 0:
-            pytest.skip(f"cannot bind-mount here: {made.stderr.decode().strip()}")
-        self.mounted.append(path)
-        return path
-
-    def remount(self, path: Path, options: str) -> None:
-        subprocess.run(["mount", "-o", f"remount,{options}", str(path)], check=True)
-
-    def unmount(self, path: Path) -> None:
-        if subprocess.run(["umount", str(path)], capture_output=True).returncode != 0:
-            subprocess.run(["umount", "-l", str(path)], capture_output=True)
-        self.mounted.remove(path)
-
-    def close(self) -> None:
-        for path in reversed(list(self.mounted)):
-            self.unmount(path)
-        shutil.rmtree(self.top, ignore_errors=True)
-
-
 @pytest.fixture(scope="module", autouse=True)
 def _hint_cache() -> Iterator[None]:
     yield
@@ -98,8 +56,8 @@ def _hint_cache() -> Iterator[None]:
 
 
 @pytest.fixture
-def disks() -> Iterator[Disks]:
-    made = Disks(new_scratch_dir(scratch_top(__file__)))
+def disks() -> Iterator[ScratchMounts]:
+    made = ScratchMounts(new_scratch_dir(scratch_top(__file__)))
     try:
         yield made
     finally:
@@ -238,7 +196,7 @@ def free_inodes(disk: Path) -> int:
     return os.statvfs(disk).f_ffree
 
 
-def leave_inodes(disks: Disks, disk: Path, left: int) -> None:
+def leave_inodes(disks: ScratchMounts, disk: Path, left: int) -> None:
     """Remount the tmpfs ``disk`` so that exactly ``left`` inodes are free."""
     fs = os.statvfs(disk)
     disks.remount(disk, f"nr_inodes={fs.f_files - fs.f_ffree + left}")
@@ -254,7 +212,7 @@ def hidden(directory: Path) -> set[str]:
 
 
 def test_a_root_remounted_read_only_with_a_claim_held_reads_all_and_writes_nothing(
-    disks: Disks, holder: subprocess.Popen, tmp_path: Path
+    disks: ScratchMounts, holder: subprocess.Popen, tmp_path: Path
 ) -> None:
     """R-1, Q-1 … Q-6, §2.4, W-1, T-8, docs/queue.md ("a write refused because the filesystem
     is mounted read-only is EROFS saying so"): a tmpfs root remounted ``ro`` while one job is
@@ -333,7 +291,7 @@ def test_a_root_remounted_read_only_with_a_claim_held_reads_all_and_writes_nothi
 
 
 def test_a_queue_directory_on_its_own_filesystem_turned_read_only_and_back(
-    disks: Disks, holder: subprocess.Popen
+    disks: ScratchMounts, holder: subprocess.Popen
 ) -> None:
     """Q-1 … Q-6, §2.4 (``--queue DIR``), N-1, docs/queue.md: a queue made with ``--queue``
     on a tmpfs of its own, the storage root on another, writable one.  Read-only, the queue
@@ -389,7 +347,7 @@ def test_a_queue_directory_on_its_own_filesystem_turned_read_only_and_back(
 
 
 def test_a_projects_queue_on_its_own_noexec_filesystem_is_made_whole_and_drained(
-    disks: Disks,
+    disks: ScratchMounts,
 ) -> None:
     """X-1, Q-1 … Q-6, W-1, N-1 ("the queue directory MAY live on a shared filesystem"), T-5:
     a project's ``shared/P/queue`` is the root of a tmpfs of its own, mounted ``noexec`` (a
@@ -418,7 +376,7 @@ def test_a_projects_queue_on_its_own_noexec_filesystem_is_made_whole_and_drained
 
 
 def test_a_state_directory_on_another_filesystem_refuses_each_step_whole(
-    disks: Disks, holder: subprocess.Popen
+    disks: ScratchMounts, holder: subprocess.Popen
 ) -> None:
     """Q-1, Q-2, Q-4, Q-6, I-1, I-2, §2.4: a state directory that is a mount of its own
     cannot take a rename from its siblings (EXDEV).  With ``pending/``, then ``claimed/``,
@@ -457,7 +415,9 @@ def test_a_state_directory_on_another_filesystem_refuses_each_step_whole(
     consistent(root, q, queue, {job: "done"})
 
 
-def test_a_private_queue_on_its_own_filesystem_lists_no_group_warnings(disks: Disks) -> None:
+def test_a_private_queue_on_its_own_filesystem_lists_no_group_warnings(
+    disks: ScratchMounts,
+) -> None:
     """§2.4 ``--queue DIR``, docs/queue.md ("A queue whose directory grants its group nothing
     (a private queue made with --queue) gives nothing either"; "a private queue has no group
     to give and lists none"): ``ctx queue init --queue`` under the usual umask 022 on a tmpfs
@@ -480,7 +440,7 @@ def test_a_private_queue_on_its_own_filesystem_lists_no_group_warnings(disks: Di
 
 
 def test_a_root_mounted_noexec_refuses_every_call_naming_noexec_and_keeps_its_queue(
-    disks: Disks,
+    disks: ScratchMounts,
 ) -> None:
     """T-5, P-5 step 2, W-1, docs/policy.md ("a tool on a filesystem mounted noexec is denied,
     as the kernel would refuse its exec"): on a root mounted ``noexec``, a terminal and a
@@ -506,7 +466,9 @@ def test_a_root_mounted_noexec_refuses_every_call_naming_noexec_and_keeps_its_qu
     assert result["status"] == "error" and "noexec" in result["reason"], result
 
 
-def test_an_agent_terminal_on_a_noexec_root_names_noexec_not_a_missing_tsh(disks: Disks) -> None:
+def test_an_agent_terminal_on_a_noexec_root_names_noexec_not_a_missing_tsh(
+    disks: ScratchMounts,
+) -> None:
     """A-1, H-1, R-5, T-5: ``ctx agent start`` on a root mounted ``noexec`` cannot run
     ``bin/tsh``; it is refused without a traceback, and the reason names the noexec mount.
     It must not send the administrator to ``ctx bootstrap`` for a tsh that is there: bootstrap
@@ -525,7 +487,7 @@ def test_an_agent_terminal_on_a_noexec_root_names_noexec_not_a_missing_tsh(disks
             ctx(root, "agent", "stop", AGENT)
 
 
-def test_a_root_mounted_nosuid_nodev_works_as_any_other(disks: Disks) -> None:
+def test_a_root_mounted_nosuid_nodev_works_as_any_other(disks: ScratchMounts) -> None:
     """R-1, R-5, W-1, T-3: ``nosuid`` and ``nodev`` take nothing CortexFS needs: an agent's
     ``shell.exec`` runs as its uid, and a worker finishes its job in ``done/``."""
     root = make_world(
@@ -542,7 +504,7 @@ def test_a_root_mounted_nosuid_nodev_works_as_any_other(disks: Disks) -> None:
 
 
 def test_few_inodes_bootstrap_install_agent_and_space_stop_whole_and_complete_later(
-    disks: Disks, tmp_path: Path
+    disks: ScratchMounts, tmp_path: Path
 ) -> None:
     """R-5, T-8, A-3, X-1, docs/tools.md ("nothing was installed and nothing of this attempt
     is left: free space or inodes"): on a tmpfs of 60 inodes bootstrap stops with ENOSPC
@@ -597,7 +559,7 @@ def test_few_inodes_bootstrap_install_agent_and_space_stop_whole_and_complete_la
     ok(ctx(root, "queue", "status", "--project", "team"))
 
 
-def test_a_worker_that_runs_out_of_inodes_stops_and_loses_nothing(disks: Disks) -> None:
+def test_a_worker_that_runs_out_of_inodes_stops_and_loses_nothing(disks: ScratchMounts) -> None:
     """W-1, Q-2 … Q-5, I-1, I-3, docs/workers.md: a drain on a root with six inodes to spare
     finishes jobs until a step finds no inode left, then stops (exit 1, ENOSPC, saying its
     filesystem has 0 inodes free and to free inodes); a job it claimed and could not finish
@@ -637,7 +599,9 @@ ODD_NAMES = {
 
 
 @pytest.mark.parametrize("odd", list(ODD_NAMES.values()), ids=list(ODD_NAMES))
-def test_a_root_below_an_odd_name_works_and_never_prints_it_raw(disks: Disks, odd: str) -> None:
+def test_a_root_below_an_odd_name_works_and_never_prints_it_raw(
+    disks: ScratchMounts, odd: str
+) -> None:
     """R-1, Q-1 … Q-5, W-1, T-8a, H-1: a root whose path holds a space, a newline and an
     escape sequence, or bytes that are not UTF-8, is bootstrapped, given an agent and a queue
     whose jobs a worker runs; ``--json`` gives the exact path (the bytes, for one that is not
@@ -682,7 +646,9 @@ def test_a_root_below_an_odd_name_works_and_never_prints_it_raw(disks: Disks, od
 
 
 @pytest.mark.parametrize("odd", list(ODD_NAMES.values()), ids=list(ODD_NAMES))
-def test_the_command_a_refusal_suggests_acts_on_the_same_odd_root(disks: Disks, odd: str) -> None:
+def test_the_command_a_refusal_suggests_acts_on_the_same_odd_root(
+    disks: ScratchMounts, odd: str
+) -> None:
     """R-1, §2.4 and the README ('ctx: ERRNO: what to do'): for a root whose path holds a
     newline and an escape byte, or bytes that are not UTF-8, given with ``--storage``, the
     command that ``queue status`` of a missing queue gives as the remedy, run by a shell as
@@ -706,7 +672,9 @@ def test_the_command_a_refusal_suggests_acts_on_the_same_odd_root(disks: Disks, 
 # ------------------------------------------------------------------------------ bind mounts
 
 
-def test_one_root_through_two_paths_keeps_one_queue(disks: Disks, holder: subprocess.Popen) -> None:
+def test_one_root_through_two_paths_keeps_one_queue(
+    disks: ScratchMounts, holder: subprocess.Popen
+) -> None:
     """R-1, Q-1 … Q-6, I-4, docs/multi-host.md: a root on a tmpfs and a bind mount of that
     tmpfs are one queue under two paths: a name published through one is refused (EEXIST)
     through the other, a claim taken through one is seen alive and left alone by recover
@@ -737,7 +705,7 @@ def test_one_root_through_two_paths_keeps_one_queue(disks: Disks, holder: subpro
 
 
 def test_an_agent_called_through_a_bind_mount_of_its_root_is_not_told_the_root_moved(
-    disks: Disks,
+    disks: ScratchMounts,
 ) -> None:
     """R-1, P-5 step 3, docs/policy.md: an agent created through one path of a root, called
     through a bind mount of the same filesystem (the same directory, device and inode), either
@@ -756,7 +724,9 @@ def test_an_agent_called_through_a_bind_mount_of_its_root_is_not_told_the_root_m
 # ------------------------------------------------------------------------------ mode= and uid=
 
 
-def test_a_root_tmpfs_of_mode_0700_is_named_by_bootstrap_and_by_every_call(disks: Disks) -> None:
+def test_a_root_tmpfs_of_mode_0700_is_named_by_bootstrap_and_by_every_call(
+    disks: ScratchMounts,
+) -> None:
     """R-5, P-5 step 2: a root that is a tmpfs mounted ``mode=0700`` closes it to every
     agent's uid: bootstrap warns, naming the root, its mode and ``chmod o+rx``, and leaves
     the mode as it is; a call is refused at step 2 naming the root; opened with ``chmod``,
@@ -773,7 +743,9 @@ def test_a_root_tmpfs_of_mode_0700_is_named_by_bootstrap_and_by_every_call(disks
     ok(ctx(root, "run", "--agent", AGENT, "fs.stat", "/ctx"))
 
 
-def test_agent_create_warns_when_the_root_itself_is_closed_to_the_agent(disks: Disks) -> None:
+def test_agent_create_warns_when_the_root_itself_is_closed_to_the_agent(
+    disks: ScratchMounts,
+) -> None:
     """A-3, P-5 step 2, docs/policy.md ("ctx agent create warns of one, and of a mount source
     the agent may not read and search"): the storage root is the source of the agent's
     ``/ctx`` mount; a root on a tmpfs of mode 0700 refuses every call of an agent running as
@@ -787,7 +759,9 @@ def test_agent_create_warns_when_the_root_itself_is_closed_to_the_agent(disks: D
     assert any("refused" in w and str(root) in w for w in warnings), made
 
 
-def test_a_world_writable_tmpfs_root_is_refused_by_bootstrap_until_chmod(disks: Disks) -> None:
+def test_a_world_writable_tmpfs_root_is_refused_by_bootstrap_until_chmod(
+    disks: ScratchMounts,
+) -> None:
     """R-5, docs/tools.md (host-owned controls): a tmpfs mounted without ``mode=`` is 1777;
     bootstrap, as a root there, makes what it can and exits 1 naming the root's mode and
     ``chmod go-w``; after that chmod it has nothing to do."""
@@ -802,7 +776,7 @@ def test_a_world_writable_tmpfs_root_is_refused_by_bootstrap_until_chmod(disks: 
 
 
 def test_a_tmpfs_root_owned_by_another_uid_is_bootstrapped_for_that_uid(
-    disks: Disks, unprivileged_user: UnprivilegedUser
+    disks: ScratchMounts, unprivileged_user: UnprivilegedUser
 ) -> None:
     """R-1, R-4, R-5: a root that is a tmpfs mounted ``uid=U,gid=G`` belongs to that user:
     root's bootstrap gives the six root entries it makes to that uid, never leaving one to

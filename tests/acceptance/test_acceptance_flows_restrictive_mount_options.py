@@ -33,6 +33,7 @@ from tests.acceptance.ctxcli import (
     tool_manifest,
     wait_for,
 )
+from tests.support.scratch_mounts import ScratchMounts
 from tests.support.users import UnprivilegedUser, members_of
 from tests.support.users import unprivileged_user as unprivileged_user
 
@@ -53,73 +54,6 @@ needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bu
 # ------------------------------------------------------------------------------ helpers
 
 
-class Mounts:
-    """The filesystems one test mounts below its scratch directory ``top``; :meth:`close`
-    unmounts them in reverse order (lazily when a plain unmount fails) and removes ``top``."""
-
-    def __init__(self, top: Path) -> None:
-        self.top = top
-        self.mounted: list[Path] = []
-
-    def _mount(self, argv: list[str], path: Path) -> Path:
-        made = subprocess.run(argv, capture_output=True)
-        if made.returncode != 0:
-            pytest.skip(f"cannot mount here ({' '.join(argv)}): {made.stderr.decode().strip()}")
-        self.mounted.append(path)
-        return path
-
-    def tmpfs(self, where: Path | str, options: str) -> Path:
-        """A tmpfs mounted with ``options`` at ``where`` (relative to ``top``), made here."""
-        path = self.top / where
-        path.mkdir(parents=True, exist_ok=True)
-        return self._mount(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], path)
-
-    def bind_self(self, path: Path, options: str) -> Path:
-        """``path`` bind-mounted on itself, that mount then remounted ``bind,OPTIONS``."""
-        self._mount(["mount", "--bind", str(path), str(path)], path)
-        self.remount(path, f"bind,{options}")
-        return path
-
-    def ext4(self, where: str, options: str, megabytes: int = 64) -> Path:
-        """A fresh ext4 image below ``top``, loop-mounted with ``options`` at ``where``."""
-        if shutil.which("mkfs.ext4") is None:
-            pytest.skip("mkfs.ext4 is not installed")
-        image = self.top / f"{where}.img"
-        with open(image, "wb") as raw:
-            raw.truncate(megabytes * 1024 * 1024)
-        made = subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], capture_output=True)
-        if made.returncode != 0:
-            pytest.skip(f"mkfs.ext4 failed: {made.stderr.decode().strip()}")
-        path = self.top / where
-        path.mkdir()
-        mounted = self._mount(["mount", "-o", f"loop,{options}", str(image), str(path)], path)
-        mounted.chmod(0o755)
-        return mounted
-
-    def remount(self, path: Path, options: str, tries: int = 1) -> bool:
-        """``mount -o remount,OPTIONS PATH``, tried up to ``tries`` times while the kernel
-        says the mount is busy (a write under way); whether it took."""
-        for _ in range(tries):
-            done = subprocess.run(["mount", "-o", f"remount,{options}", str(path)],
-                                  capture_output=True)  # fmt: skip
-            if done.returncode == 0:
-                return True
-            time.sleep(0.005)
-        if tries == 1:
-            raise AssertionError(f"remount,{options} {path}: {done.stderr.decode()}")
-        return False
-
-    def unmount(self, path: Path) -> None:
-        if subprocess.run(["umount", str(path)], capture_output=True).returncode != 0:
-            subprocess.run(["umount", "-l", str(path)], capture_output=True)
-        self.mounted.remove(path)
-
-    def close(self) -> None:
-        for path in reversed(list(self.mounted)):
-            self.unmount(path)
-        shutil.rmtree(self.top, ignore_errors=True)
-
-
 @pytest.fixture(scope="module", autouse=True)
 def _hint_cache() -> Iterator[None]:
     yield
@@ -127,8 +61,8 @@ def _hint_cache() -> Iterator[None]:
 
 
 @pytest.fixture
-def mounts() -> Iterator[Mounts]:
-    made = Mounts(new_scratch_dir(scratch_top(__file__)))
+def mounts() -> Iterator[ScratchMounts]:
+    made = ScratchMounts(new_scratch_dir(scratch_top(__file__)))
     try:
         yield made
     finally:
@@ -263,7 +197,7 @@ def outbox_in(top: Path) -> Path:
 
 
 def test_tools_installed_on_a_noexec_root_are_refused_by_name_and_each_job_fails_once(
-    mounts: Mounts,
+    mounts: ScratchMounts,
 ) -> None:
     """T-1, T-5, T-7, T-8, P-5 step 2, H-3, W-1, I-1, I-3: on a root mounted ``noexec`` a tool
     installed there is refused (EACCES, step 2, exit 126) naming the tool and noexec;
@@ -301,7 +235,7 @@ def test_tools_installed_on_a_noexec_root_are_refused_by_name_and_each_job_fails
 
 
 def test_a_root_turned_noexec_under_a_draining_worker_runs_nothing_twice_and_loses_nothing(
-    mounts: Mounts,
+    mounts: ScratchMounts,
 ) -> None:
     """W-1, W-4, T-5, P-5 step 2, I-1, I-3, I-4: while a worker drains four ``shell.exec``
     jobs the root is remounted ``noexec`` during the first one.  That job, whose tool runs
@@ -348,7 +282,9 @@ def test_a_root_turned_noexec_under_a_draining_worker_runs_nothing_twice_and_los
     assert sum(runs_in(box).values()) == 1
 
 
-def test_hooks_on_a_noexec_mount_veto_the_call_and_post_hooks_report_it(mounts: Mounts) -> None:
+def test_hooks_on_a_noexec_mount_veto_the_call_and_post_hooks_report_it(
+    mounts: ScratchMounts,
+) -> None:
     """T-6, T-5, P-5 step 2, docs/tools.md (Hooks: "a guard that cannot run must not let calls
     through"): a tool's ``hooks/pre.d`` bind-mounted ``noexec`` holding a hook that would let
     every call through: the call is refused with EACCES naming the hook and noexec, and
@@ -389,7 +325,7 @@ def test_hooks_on_a_noexec_mount_veto_the_call_and_post_hooks_report_it(mounts: 
 
 
 def test_a_tool_whose_interpreter_is_on_a_noexec_mount_is_refused_with_eacces(
-    mounts: Mounts,
+    mounts: ScratchMounts,
 ) -> None:
     """T-1, T-5, W-1, docs/tools.md (stage ``run``: "the process could not start"),
     docs/workers.md (a failed job's ``error`` and ``reason``): a tool whose ``#!`` names an
@@ -418,7 +354,7 @@ def test_a_tool_whose_interpreter_is_on_a_noexec_mount_is_refused_with_eacces(
 
 
 def test_a_noexec_tool_tier_below_an_exec_root_is_not_blamed_on_the_root(
-    mounts: Mounts,
+    mounts: ScratchMounts,
 ) -> None:
     """T-5, P-5 step 2, X-1, docs/policy.md (step 2: "a tool on a filesystem mounted noexec
     is denied"): a shared space's ``tool/`` is a filesystem of its own mounted ``noexec`` (a
@@ -452,7 +388,7 @@ def test_a_noexec_tool_tier_below_an_exec_root_is_not_blamed_on_the_root(
 
 
 def test_a_shared_space_on_a_nosuid_nodev_root_keeps_its_group_and_the_agents_ids(
-    mounts: Mounts,
+    mounts: ScratchMounts,
 ) -> None:
     """X-1, T-5, W-1, R-4, §2.4: ``nosuid`` and ``nodev`` do not touch setgid directories.  On
     such a root ``ctx shared create team --group G`` makes the space setgid in G; a member's
@@ -524,7 +460,9 @@ def attach_and_type(listening_at: str, line: str, expect: str) -> str:
     return data.decode("utf-8", "replace")
 
 
-def test_a_nosymfollow_root_keeps_its_queue_tools_and_terminal_working(mounts: Mounts) -> None:
+def test_a_nosymfollow_root_keeps_its_queue_tools_and_terminal_working(
+    mounts: ScratchMounts,
+) -> None:
     """Q-8, R-1, T-3, T-5, W-1, A-1, A-2, docs/tools.md (the fs.* tools never follow links):
     the storage root and an agent's workspace on ``nosymfollow`` mounts change nothing.  A
     symlink planted in ``pending/`` is listed as ignored and left alone while a worker runs
@@ -569,7 +507,7 @@ def test_a_nosymfollow_root_keeps_its_queue_tools_and_terminal_working(mounts: M
 
 
 def test_a_current_link_on_a_nosymfollow_mount_is_not_called_a_link_to_nothing(
-    mounts: Mounts,
+    mounts: ScratchMounts,
 ) -> None:
     """R-1 (``…/storage/current``), R-5, §2.4, README (``storage/current`` may be a link to a
     release): a root named by the link ``storage/current -> r1`` works; once its filesystem
@@ -594,7 +532,7 @@ def test_a_current_link_on_a_nosymfollow_mount_is_not_called_a_link_to_nothing(
 
 
 def test_bootstrap_through_a_link_on_a_nosymfollow_mount_says_what_stops_it(
-    mounts: Mounts,
+    mounts: ScratchMounts,
 ) -> None:
     """R-1, R-5: a root whose path passes through a directory link on a filesystem mounted
     ``nosymfollow`` (``/srv/ctx -> data``, say).  ``queue status`` reaches it there; bootstrap
@@ -616,7 +554,7 @@ def test_bootstrap_through_a_link_on_a_nosymfollow_mount_says_what_stops_it(
         assert "ELOOP" in boot.err or "nosymfollow" in boot.err, boot
 
 
-def test_a_new_root_directly_below_a_directory_link_is_made(mounts: Mounts) -> None:
+def test_a_new_root_directly_below_a_directory_link_is_made(mounts: ScratchMounts) -> None:
     """R-1, R-5 ("creates or repairs a storage root"): met while setting up the test above,
     on a mount with no restrictive option at all: the deepest existing directory of a new
     root's path is reached through a link (``/srv/ctx -> /data/ctx``, a ``~/.local/share``
@@ -636,7 +574,7 @@ def test_a_new_root_directly_below_a_directory_link_is_made(mounts: Mounts) -> N
 
 
 def test_a_root_turned_read_only_in_the_middle_of_recover_leaves_every_job_recoverable(
-    mounts: Mounts,
+    mounts: ScratchMounts,
 ) -> None:
     """Q-5, Q-6, Q-7, I-1, I-5, §2.4, docs/queue.md ("a write refused because the filesystem
     is mounted read-only is EROFS saying so"): ``ctx queue recover`` requeues 400 jobs whose
@@ -698,7 +636,7 @@ def test_a_root_turned_read_only_in_the_middle_of_recover_leaves_every_job_recov
 # ------------------------------------------------------------------------------ sync, dirsync
 
 
-def test_a_root_on_ext4_mounted_sync_dirsync_works_end_to_end(mounts: Mounts) -> None:
+def test_a_root_on_ext4_mounted_sync_dirsync_works_end_to_end(mounts: ScratchMounts) -> None:
     """R-1, R-5, T-8, W-1, Q-1 … Q-7, S-5: a root on a loop-mounted ext4 image mounted ``sync,
     dirsync`` (every write and directory change synchronous): bootstrap, an install, an agent,
     and a batch of an installed and a core tool's jobs published and drained by a worker
@@ -716,7 +654,7 @@ def test_a_root_on_ext4_mounted_sync_dirsync_works_end_to_end(mounts: Mounts) ->
 # ------------------------------------------------------------------------------ /tmp, TMPDIR
 
 
-def test_tmp_and_tmpdir_on_noexec_mounts_stop_nothing_ctx_runs(mounts: Mounts) -> None:
+def test_tmp_and_tmpdir_on_noexec_mounts_stop_nothing_ctx_runs(mounts: ScratchMounts) -> None:
     """R-5, T-8, W-1, A-1, H-1: with ``/tmp`` remounted ``noexec`` (in a mount namespace of
     the commands' own) and ``$TMPDIR`` a ``noexec`` tmpfs, nothing CortexFS runs is staged
     there: bootstrap of a new root, an install, an agent's call of an installed tool, a
@@ -769,7 +707,7 @@ def test_tmp_and_tmpdir_on_noexec_mounts_stop_nothing_ctx_runs(mounts: Mounts) -
 
 
 def test_a_users_default_root_under_a_noexec_nosuid_home_says_why_nothing_runs(
-    mounts: Mounts, unprivileged_user: UnprivilegedUser
+    mounts: ScratchMounts, unprivileged_user: UnprivilegedUser
 ) -> None:
     """R-1 (the default root ``$HOME/.local/share/cortexfs/storage/current`` of a user with
     no ``XDG_DATA_HOME``), R-5, T-5, P-5 step 2, W-1, H-3: a non-root user whose home is
