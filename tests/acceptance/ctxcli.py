@@ -390,6 +390,20 @@ def closing_all() -> Iterator[list]:
             thing.close()
 
 
+def requests_by_state(queue: Path) -> dict[str, list[str]]:
+    """Every job of ``queue`` with the states its request is in (``claimed`` for
+    ``claimed/J/J``): one state each, unless the queue lost or doubled a job."""
+    seen: dict[str, list[str]] = {}
+    for state in ("pending", "done", "failed"):
+        for name in os.listdir(queue / state):
+            if not name.endswith(".result"):
+                seen.setdefault(name, []).append(state)
+    for name in os.listdir(queue / "claimed"):
+        if (queue / "claimed" / name / name).is_file():
+            seen.setdefault(name, []).append("claimed")
+    return seen
+
+
 def wait_for(predicate, seconds: float = 20, step: float = 0.05) -> bool:
     """Whether ``predicate()`` holds within ``seconds``, asked every ``step``."""
     deadline = time.monotonic() + seconds

@@ -39,6 +39,7 @@ from tests.acceptance.ctxcli import (
     ctx_run,
     needs_fuse_as_root,
     new_scratch_dir,
+    requests_by_state,
     rfc3339,
     scratch_top,
     serving,
@@ -154,19 +155,6 @@ def publish_batch(sides: Sides, side: list[str], requests: list[dict]) -> list[s
     names = done.lines()
     assert len(names) == len(requests) == len(set(names)), done
     return names
-
-
-def requests_by_state(queue: Path) -> dict[str, list[str]]:
-    """Every job with the states its request is in (``claimed`` for ``claimed/J/J``)."""
-    seen: dict[str, list[str]] = {}
-    for state in ("pending", "done", "failed"):
-        for name in os.listdir(queue / state):
-            if not name.endswith(".result"):
-                seen.setdefault(name, []).append(state)
-    for name in os.listdir(queue / "claimed"):
-        if (queue / "claimed" / name / name).is_file():
-            seen.setdefault(name, []).append("claimed")
-    return seen
 
 
 def result_of(queue: Path, job: str) -> dict:

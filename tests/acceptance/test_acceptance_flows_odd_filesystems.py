@@ -27,6 +27,7 @@ from tests.acceptance.ctxcli import (
     Run,
     clean_env,
     new_scratch_dir,
+    requests_by_state,
     scratch_top,
     snapshot,
     tool_manifest,
@@ -161,23 +162,10 @@ def drain(root: Path, *where: str) -> Run:
     )
 
 
-def jobs_in(queue: Path) -> dict[str, list[str]]:
-    """Every job name with the states its request is in (``claimed`` for ``claimed/J/J``)."""
-    seen: dict[str, list[str]] = {}
-    for state in ("pending", "done", "failed"):
-        for name in os.listdir(queue / state):
-            if not name.endswith(".result"):
-                seen.setdefault(name, []).append(state)
-    for name in os.listdir(queue / "claimed"):
-        if (queue / "claimed" / name / name).is_file():
-            seen.setdefault(name, []).append("claimed")
-    return seen
-
-
 def consistent(root: Path, queue_args: tuple, queue: Path, expected: dict[str, str]) -> None:
     """Exactly ``expected`` on disk, one state each, with its whole evidence; ``inbox/``
     empty; status counts them so and ``recover --reconcile`` calls the queue consistent."""
-    assert jobs_in(queue) == {job: [state] for job, state in expected.items()}
+    assert requests_by_state(queue) == {job: [state] for job, state in expected.items()}
     for job, state in expected.items():
         if state in ("done", "failed"):
             assert (queue / state / f"{job}.result").is_file(), job
@@ -401,7 +389,7 @@ def test_a_state_directory_on_another_filesystem_refuses_each_step_whole(
     line = refused(ctx(root, "queue", "claim", *q, "--pid", holder.pid), "EXDEV")
     assert f"job {job} stays pending" in line, line
     assert os.listdir(queue / "claimed") == os.listdir(queue / "lease") == []
-    assert jobs_in(queue) == {job: ["pending"]}
+    assert requests_by_state(queue) == {job: ["pending"]}
     disks.unmount(queue / "claimed")
     assert ok(ctx(root, "queue", "claim", *q, "--pid", holder.pid)).out == f"{job}\n"
 
@@ -575,7 +563,7 @@ def test_a_worker_that_runs_out_of_inodes_stops_and_loses_nothing(disks: Scratch
     stopped = drain(root)
     line = refused(stopped, "ENOSPC")
     assert "0 inodes free" in stopped.err and "free inodes" in line, stopped
-    states = jobs_in(queue)
+    states = requests_by_state(queue)
     held = [j for j in jobs if states[j] == ["claimed"]]
     assert 0 < sum(states[j] == ["done"] for j in jobs) < len(jobs), (stopped, states)
     assert all(states[j] in (["done"], ["pending"], ["claimed"]) for j in jobs), states

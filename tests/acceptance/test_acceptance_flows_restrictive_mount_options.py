@@ -29,6 +29,7 @@ from tests.acceptance.ctxcli import (
     Run,
     clean_env,
     new_scratch_dir,
+    requests_by_state,
     scratch_top,
     tool_manifest,
     wait_for,
@@ -149,19 +150,6 @@ def drain(root: Path, *extra: str, project: str = "proj") -> Run:
     return ctx(root, "queue", "work", "--project", project, "--agent", AGENT, "--drain", *extra)
 
 
-def jobs_in(queue: Path) -> dict[str, list[str]]:
-    """Every job name with the states its request is in (``claimed`` for ``claimed/J/J``)."""
-    seen: dict[str, list[str]] = {}
-    for state in ("pending", "done", "failed"):
-        for name in os.listdir(queue / state):
-            if not name.endswith(".result"):
-                seen.setdefault(name, []).append(state)
-    for name in os.listdir(queue / "claimed"):
-        if (queue / "claimed" / name / name).is_file():
-            seen.setdefault(name, []).append("claimed")
-    return seen
-
-
 def result_of(queue: Path, state: str, job: str) -> dict:
     return json.loads((queue / state / f"{job}.result").read_text())
 
@@ -169,7 +157,7 @@ def result_of(queue: Path, state: str, job: str) -> dict:
 def settled(root: Path, queue: Path, expected: dict[str, str], project: str = "proj") -> None:
     """Exactly ``expected`` on disk, one state each with its result, nothing in flight, and
     ``recover --reconcile`` calls the queue consistent and changes nothing."""
-    assert jobs_in(queue) == {job: [state] for job, state in expected.items()}
+    assert requests_by_state(queue) == {job: [state] for job, state in expected.items()}
     for job, state in expected.items():
         if state in ("done", "failed"):
             assert (queue / state / f"{job}.result").is_file(), job
@@ -271,7 +259,7 @@ def test_a_root_turned_noexec_under_a_draining_worker_runs_nothing_twice_and_los
     assert worker.returncode == 0 and TRACEBACK not in err, (out, err)
     assert "1 done, 3 failed" in out, out
     assert runs_in(box) == {next(t for t in tags if (box / t).exists()): 1}, runs_in(box)
-    states = {job: state for job, (state,) in jobs_in(queue).items()}
+    states = {job: state for job, (state,) in requests_by_state(queue).items()}
     assert sorted(states.values()) == ["done", "failed", "failed", "failed"], states
     for job in jobs:
         if states[job] == "failed":
@@ -600,7 +588,7 @@ def test_a_root_turned_read_only_in_the_middle_of_recover_leaves_every_job_recov
             os.rename(queue / "pending" / job, queue / "claimed" / job / job)
             (queue / "lease" / job).mkdir()
         (queue / "lease" / job / "worker").write_text(json.dumps({**lease, "job": job}))
-    assert jobs_in(queue) == {job: ["claimed"] for job in jobs}
+    assert requests_by_state(queue) == {job: ["claimed"] for job in jobs}
 
     recover = subprocess.Popen(
         [*CTX_ARGV, "queue", "recover", "--project", "proj", "--json"], env=env_for(root),
@@ -622,7 +610,7 @@ def test_a_root_turned_read_only_in_the_middle_of_recover_leaves_every_job_recov
         assert error["error"] == "EROFS" and "read-only" in error["detail"], error
         assert "left as it is" in error["detail"] or "--reconcile" in error["detail"], error
     assert len(report["requeued"]) + len(report["errors"]) == count, report["errors"][:3]
-    states = jobs_in(queue)
+    states = requests_by_state(queue)
     assert set(states) == set(jobs) and all(len(s) == 1 for s in states.values())
 
     mounts.remount(disk, "rw")
@@ -737,6 +725,6 @@ def test_a_users_default_root_under_a_noexec_nosuid_home_says_why_nothing_runs(
     worked = ok(as_user("queue", "work", "--project", "mine", "--agent", "me", "--drain"))
     assert f"failed  {job}" in worked.out, worked
     queue = root / "shared/mine/queue"
-    assert jobs_in(queue) == {job: ["failed"]}
+    assert requests_by_state(queue) == {job: ["failed"]}
     assert NOEXEC_WORDS in result_of(queue, "failed", job)["reason"]
     assert "max_loaded_tools=" in ok(as_user("tool", "tsh.config")).out
