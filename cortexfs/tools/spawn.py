@@ -145,7 +145,7 @@ def _raise_launchers_exec_failure(
     The launcher says so in one line of stderr, ``setpriv: failed to execute PROGRAM:
     REASON``, and exits 126, or 127 when nothing is at the path, as a shell does.  Without
     this, a tool the kernel refuses to start (its interpreter on a filesystem mounted
-    noexec, a binary for another machine) would read as a tool that ran and exited 126.  The
+    noexec, or gone) would read as a tool that ran and exited 126 or 127.  The
     line's wording follows the tool's locale, so only its shape is relied on, and the reason
     read back when it is the C locale's (else 126 is EACCES, 127 ENOENT).  A tool that
     prints such a line and exits so is taken at its word that it did not start."""
