@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from cortexfs.errors import denied
 from cortexfs.storage import require_root, use_own_root
+
+if TYPE_CHECKING:
+    from cortexfs.policy import Identity
 
 
 def is_host_administrator(root: Path, uid: int) -> bool:
@@ -30,3 +34,24 @@ def require_host_administrator(root: Path, action: str) -> None:
             f"only the host administrator (root, or uid {owner} who owns {root}) may {action}; "
             f"run it as one of them, or {use_own_root()}"
         )
+
+
+def require_no_groups_beyond(agent: str, identity: Identity) -> None:
+    """EACCES when this process, not root, holds supplementary groups that agent ``agent``'s
+    ``identity`` leaves out (P-5 step 1, T-5): only root may drop groups, so every tool and
+    hook it started for the agent would hold them, and reach what they guard.  A storage
+    owner may well give an agent fewer groups than its own (``agent create --groups``)."""
+    if os.geteuid() == 0:
+        return
+    extra = sorted(set(os.getgroups()) - identity.groups - {identity.gid})
+    if not extra:
+        return
+    these = f"group{'s' if len(extra) > 1 else ''} {', '.join(map(str, extra))}"
+    given = ", ".join(map(str, sorted(identity.groups))) or "none"
+    raise denied(
+        f"this process holds {these}, which agent {agent!r} is not given (gid "
+        f"{identity.gid}, groups {given}): only root can start its tools without "
+        f"{'them' if len(extra) > 1 else 'it'}; run as root, or from a session without "
+        f"{'them' if len(extra) > 1 else 'it'} (sg, newgrp), or give the agent "
+        f"{'them' if len(extra) > 1 else 'it'} in agent/{agent}.d/identity"
+    )

@@ -231,6 +231,6 @@ def terminal_type() -> str:
 
 def _home_of(uid: int) -> str:
     try:
-        return pwd.getpwuid(uid).pw_dir
+        return pwd.getpwuid(uid).pw_dir or "/"  # an empty home field is no directory
     except KeyError:
         return "/"

@@ -52,7 +52,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from cortexfs import capabilities
-from cortexfs.agents.host import require_host_administrator
+from cortexfs.agents.host import require_host_administrator, require_no_groups_beyond
 from cortexfs.agents.projection import RecentDecisions
 from cortexfs.agents.view import AgentView
 from cortexfs.errors import (
@@ -297,6 +297,8 @@ class _Call:
             require_host_administrator(self.root, "run a tool as an agent")
         with self._stage("agent"):
             self.view = AgentView.load(self.root, self.agent).with_workspace(self.workspace)
+        with self._stage("caller", Step.CREDENTIALS):
+            require_no_groups_beyond(self.agent, self.view.identity)
         with self._stage("session"):
             self._open_session()
         with self._stage("caller"):

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from cortexfs import capabilities
-from cortexfs.agents.host import require_host_administrator
+from cortexfs.agents.host import require_host_administrator, require_no_groups_beyond
 from cortexfs.agents.view import AgentView
 from cortexfs.errors import CtxError, remedy_for_host_trouble
 from cortexfs.queue import Claim
@@ -52,6 +52,7 @@ class ToolExecutor:
             needed.append(capabilities.CAP_SYS_ADMIN)
         try:
             capabilities.require(f"a worker that runs the tools of agent {agent}", *needed)
+            require_no_groups_beyond(agent, view.identity)
         except CtxError as refused:  # every job would fail so, none by its own fault
             raise CtxError(refused.errno, f"{refused.message}; no job was claimed") from None
         self.root = root
