@@ -29,6 +29,7 @@ from typing import Any
 from cortexfs.libc import libc
 
 _PR_SET_PDEATHSIG = 1
+_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
 _ORPHANED = 127  # the exit status of a child whose parent died before it could be told
 
 
@@ -37,12 +38,15 @@ def die_with_parent(parent: int) -> Callable[[], None]:
     groups: the parent-death signal, then a check that the parent is still there — if it died
     before the signal was set, the child is an orphan already and no signal will ever come.
 
-    It runs in a child forked from a process that may have threads, so it does nothing but two
-    system calls through a function looked up before the fork.
+    It runs in a child forked from a process that may have threads, so it does nothing but
+    three system calls through a function looked up before the fork.
     """
     prctl = _prctl()
 
     def in_child() -> None:
+        # No ambient capability of the caller's passes to the tool across the exec (T-5: its
+        # permission is its ids'); a kernel without ambient capabilities refuses, having none.
+        prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
         if prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
             os._exit(_ORPHANED)  # fail closed: a tool that could outlive its caller never runs
         if os.getppid() != parent:

@@ -385,6 +385,11 @@ def _exits_within(pid: int, timeout: float | None) -> bool:
 # and orphans.die_with_parent sets the signal.  Either way, what the tool starts in turn is
 # killed by the orphan guard (:mod:`cortexfs.tools.orphans`) once the caller is gone.
 _SETPRIV = find_program("setpriv")
+# What the tool could inherit of its caller's capabilities across the exec: an ambient set,
+# which a parent may give even a user, and an inheritable set (a root started with securebits
+# that keep capabilities across the switch of ids).  The tool's permission is its uid's,
+# gid's and groups' (T-5), never what the process that started ctx was given.
+_NO_CAPABILITIES_PASSED_ON = ["--inh-caps=-all", "--ambient-caps=-all"]
 
 
 def _launch(
@@ -412,7 +417,7 @@ def _launch(
             groups = sorted(identity.groups)
             options.update(user=identity.uid, group=identity.gid, extra_groups=groups)
         return [*isolation, *spec.argv], options, network_namespace
-    prefix = [_SETPRIV, *id_options, "--pdeathsig=KILL", "--"]
+    prefix = [_SETPRIV, *id_options, *_NO_CAPABILITIES_PASSED_ON, "--pdeathsig=KILL", "--"]
     return [*isolation, *prefix, *spec.argv], {}, network_namespace
 
 
