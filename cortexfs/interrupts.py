@@ -85,6 +85,19 @@ def report_interrupts_later() -> None:
     sys.unraisablehook = hook
 
 
+def reset_inherited_signal_state() -> None:
+    """Undo what a parent may have left set for its children and ctx relies on: a SIGCHLD
+    ignored, under which the kernel reaps every child at once and a wait answers ECHILD (a
+    tool's exit status would be lost, a failing job finished as done), and signals blocked,
+    under which the SIGTERM that stops a worker or a terminal would wait forever.  A service
+    manager, a CI runner or a shell script's ``trap '' CHLD`` leaves them so; ctx, like a
+    daemon starting, begins with no signal blocked and SIGCHLD at its default (which its
+    tools then inherit too).  SIGHUP ignored by ``nohup`` is left as it is."""
+    if signal.getsignal(signal.SIGCHLD) == signal.SIG_IGN:
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, ())
+
+
 class Stopped(BaseException):
     """SIGTERM or SIGHUP, raised where :func:`stops_raise` asked for it.  A BaseException, as
     KeyboardInterrupt is: it ends what runs, and only what must record how it ended (a tool

@@ -25,8 +25,13 @@ def main(args: list[str] | None = None, prog_name: str | None = None) -> None:
     # is not affected.
     atexit.register(gc.freeze)
     with _loading_for_good():
-        from cortexfs.interrupts import caused_by_interrupt, report_interrupts_later
+        from cortexfs.interrupts import (
+            caused_by_interrupt,
+            report_interrupts_later,
+            reset_inherited_signal_state,
+        )
 
+    reset_inherited_signal_state()
     report_interrupts_later()
     argv = sys.argv[1:] if args is None else list(args)
     try:

@@ -66,9 +66,11 @@ def _stop(signum: int, _frame: object) -> None:
 def main(args: list[str] | None = None) -> None:
     """The ``ctxmcp`` console script."""
     from cortexfs.cli.usage import run_click
+    from cortexfs.interrupts import reset_inherited_signal_state
     from cortexfs.standard_streams import prepare_standard_streams
 
     prepare_standard_streams()
+    reset_inherited_signal_state()
     for stop in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(stop, _stop)
     argv = sys.argv[1:] if args is None else list(args)

@@ -1046,11 +1046,6 @@ def test_a_users_ambient_capabilities_never_reach_an_agents_tool(user_root: User
 # ------------------------------------------------------------------------------ signals
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="started with SIGCHLD ignored, ctx run reports a tool that exited 3 as exit_status "
-    "0 / status ok (its children are reaped by the kernel, waitpid says ECHILD)",
-)
 def test_ctx_run_started_with_sigchld_ignored_reports_the_tools_exit_status(
     world: World,
 ) -> None:
@@ -1066,11 +1061,6 @@ def test_ctx_run_started_with_sigchld_ignored_reports_the_tools_exit_status(
     assert (native.rc, result["status"], result["exit_status"]) == (1, "error", 3), native
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a worker started with SIGCHLD ignored finishes a job whose tool exited 3 in done/ "
-    "with status ok",
-)
 def test_a_worker_started_with_sigchld_ignored_fails_a_failing_job(world: World) -> None:
     """W-1 (done/ on success, failed/ on a non-zero exit), I-3: under an inherited SIGCHLD
     ignored, a job whose tool exits 3 is finished in failed/ with exit status 3, one that
@@ -1086,11 +1076,6 @@ def test_a_worker_started_with_sigchld_ignored_fails_a_failing_job(world: World)
     world.queue.assert_settled()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="ctx agent start with SIGCHLD ignored exits 1 'ECHILD: No child processes' while the "
-    "terminal it started keeps running",
-)
 def test_agent_start_with_sigchld_ignored_says_what_it_did(world: World) -> None:
     """A-1, A-2 (docs/tools.md: a start that fails leaves nothing running or mounted), README
     (errors read ``ctx: ERRNO: what to do``): started with SIGCHLD ignored, ``ctx agent
@@ -1123,11 +1108,6 @@ def _blocked_and_pending(pid: int, signum: int) -> bool:
     return bool(int(status_field(text, "SigBlk"), 16) & bit and pending & bit)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a worker started with SIGTERM blocked installs its SIGTERM handler but leaves the "
-    "signal blocked: SIGTERM never stops it",
-)
 def test_a_worker_started_with_sigterm_blocked_still_stops_on_sigterm(world: World) -> None:
     """W-4 (SIGTERM to a worker lets the running job finish, then it exits cleanly),
     docs/workers.md "Signals": a worker whose starter left SIGTERM blocked (the mask is
@@ -1151,11 +1131,6 @@ def test_a_worker_started_with_sigterm_blocked_still_stops_on_sigterm(world: Wor
             worker.wait()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a terminal started with SIGTERM blocked keeps it blocked: the SIGTERM of "
-    "'ctx agent stop' never reaches it (stop ends EBUSY after 30 s)",
-)
 def test_a_terminal_started_with_sigterm_blocked_takes_sigterm(world: World) -> None:
     """A-1, A-2 (docs/tools.md: ``ctx agent stop`` sends the terminal SIGTERM and it ends,
     cleaning up): a terminal whose starter left SIGTERM blocked ends on SIGTERM all the same,
