@@ -150,6 +150,9 @@ class Terminal:
         if shutil.which("bwrap") is None:
             raise invalid("bubblewrap (bwrap) is not installed; the terminal runs in its sandbox")
         needed = [capabilities.CAP_SYS_ADMIN, capabilities.CAP_SETUID, capabilities.CAP_SETGID]
+        # tsh runs undumpable as the agent: the host tells a call from its sandbox by the
+        # caller's pid namespace (/proc/PID/ns/pid), which only CAP_SYS_PTRACE may read there.
+        needed.append(capabilities.CAP_SYS_PTRACE)
         if not self.view.allows("network", "default", "connect"):
             needed.append(capabilities.CAP_NET_ADMIN)  # bwrap's loopback in the new network
         capabilities.require(

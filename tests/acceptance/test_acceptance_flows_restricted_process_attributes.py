@@ -984,11 +984,6 @@ def test_no_setuid_fixup_never_lets_an_agents_tool_keep_roots_capabilities(
         refused_with(run, "EPERM", rc=126)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a root without CAP_SYS_PTRACE starts a terminal whose every tool call is refused "
-    "EACCES 'process N is not in the sandbox', though N is tsh in it",
-)
 def test_a_terminal_of_a_root_without_cap_sys_ptrace_runs_tools_or_is_refused(
     world: World,
 ) -> None:
