@@ -112,6 +112,12 @@ def _what_mounting_needs(code: int) -> str:
     as most distributions ship it) and the setuid fusermount3 that makes the mount for them."""
     if code not in (errno.EACCES, errno.EPERM) or os.geteuid() == 0:
         return ""
+    if _no_new_privs():
+        return (
+            "; this process runs with no_new_privs set (systemd's NoNewPrivileges=, 'setpriv "
+            "--no-new-privs', a container's default), under which the setuid-root fusermount3 "
+            "runs without its privilege: run 'ctx mount' from a session without it, or as root"
+        )
     try:
         device = os.stat("/dev/fuse")
         found = f"/dev/fuse is mode {stat.S_IMODE(device.st_mode):04o}, owner uid {device.st_uid}"
@@ -127,6 +133,15 @@ def _what_mounting_needs(code: int) -> str:
         f"fusermount3 ({found}): run 'ctx mount' as root, or ask an administrator to make "
         "/dev/fuse mode 0666 and fusermount3 setuid root (apt-get install fuse3)"
     )
+
+
+def _no_new_privs() -> bool:
+    """Whether this process may gain no privilege by exec (``NoNewPrivs: 1``)."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as status:
+            return any(line.split() == ["NoNewPrivs:", "1"] for line in status)
+    except OSError:
+        return False
 
 
 def _errno_named_in(message: str) -> int:

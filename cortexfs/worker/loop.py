@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import resource
 import signal
 import threading
 import time
@@ -843,12 +844,24 @@ class Worker:
 
 def _start(thread: threading.Thread, then: str) -> None:
     """Start ``thread``; EAGAIN, saying ``then`` (what the worker does about it), when the
-    host refuses it one: the limit of processes (``ulimit -u``) counts threads too."""
+    host refuses it one: for want of room under the limit of processes (``ulimit -u``),
+    which counts threads too, or of the system's threads, or by a filter on ``clone3`` (a
+    container's seccomp profile).  Python does not say which; the limit is named only when
+    there is one that applies."""
     try:
         thread.start()
     except RuntimeError as exc:
+        limit, _ = resource.getrlimit(resource.RLIMIT_NPROC)
+        if os.geteuid() != 0 and limit != resource.RLIM_INFINITY:
+            why = (
+                f"the limit of processes ('ulimit -u', {limit}), which counts threads, may be "
+                "reached, or a seccomp filter refuses clone3"
+            )
+        else:
+            why = (
+                "no 'ulimit -u' applies to this worker, so the system's threads "
+                "(/proc/sys/kernel/threads-max) ran out, or a seccomp filter refuses clone3"
+            )
         raise CtxError(
-            errno.EAGAIN,
-            f"the worker cannot start its thread {thread.name} ({exc}): the limit of processes "
-            f"('ulimit -u'), which counts threads, is reached; {then}",
+            errno.EAGAIN, f"the worker cannot start its thread {thread.name} ({exc}): {why}; {then}"
         ) from None

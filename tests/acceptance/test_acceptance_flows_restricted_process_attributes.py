@@ -731,11 +731,6 @@ def test_a_worker_whose_namespaces_are_refused_claims_no_job(world: World) -> No
     refused_with(run, "EPERM")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="with clone3 refused (EPERM, older Docker profiles) the worker says the 'ulimit -u' "
-    "process limit is reached, which it is not",
-)
 def test_a_worker_that_cannot_start_threads_says_why_without_inventing_a_limit(
     world: World,
 ) -> None:
@@ -863,11 +858,6 @@ wait $pid; echo $? > "$where.status"
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="ctx mount under no_new_privs (setuid fusermount3 ignored) is EPERM telling to make "
-    "/dev/fuse 0666 and fusermount3 setuid root, both already so; no_new_privs is not named",
-)
 def test_a_users_mount_under_no_new_privs_names_what_stops_fusermount3(
     user_root: UserRoot,
 ) -> None:
