@@ -237,15 +237,30 @@ def sync_file(ops: FsOps, fd: int, *, data_only: bool = False) -> None:
         ops.fsync(fd)
 
 
-def sync_filesystem(ops: FsOps, fd: int) -> None:
+def sync_filesystem(ops: FsOps, fd: int, written: Sequence[str] = ()) -> None:
     """One barrier for everything written to the filesystem holding ``fd`` (``syncfs(2)``).
 
     Used for group commits: N files written, one flush.  Linux waits for the writeback and,
     since 5.8, reports its errors.  It also flushes unrelated dirty data on that filesystem,
     so it is only worth it for batches, and only where it is a barrier at all
-    (:func:`syncfs_is_a_barrier`).
+    (:func:`syncfs_is_a_barrier`).  Where the call itself is refused (ENOSYS or EPERM: a
+    seccomp filter, as some container runtimes install), each of ``written``, regular files
+    named in the directory ``fd``, is synced instead: the same guarantee, a barrier each.
     """
-    ops.syncfs(fd)
+    try:
+        ops.syncfs(fd)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSYS, errno.EPERM) or not written:
+            raise
+        for name in written:
+            file_fd = os.open(name, _SYNC_FLAGS, dir_fd=fd)
+            try:
+                ops.fsync(file_fd)
+            finally:
+                os.close(file_fd)
+
+
+_SYNC_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 def syncfs_is_a_barrier(dir_fd: int) -> bool:

@@ -320,7 +320,7 @@ def publish_batch(
             refuse_known_job(queue, job)
         if group_commit:
             try:
-                durable.sync_filesystem(ops, queue.inbox)
+                durable.sync_filesystem(ops, queue.inbox, written=temps)
             except OSError as exc:
                 raise queue.refusal("publish", "inbox", exc, *NOTHING_PUBLISHED) from None
     except BaseException:

@@ -568,11 +568,6 @@ def test_installs_where_renameat2_is_enosys_finish_or_leave_nothing_half_made(
     assert made or "renameat2" in run.err, run
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="publish --batch with syncfs refused (ENOSYS) publishes nothing and says "
-    "'inbox refused: Function not implemented' instead of syncing each file or naming syncfs",
-)
 def test_a_batch_publish_without_syncfs_publishes_or_names_syncfs(world: World) -> None:
     """Q-1, Q-7 (one group commit per batch, docs/queue.md), CONVENTIONS (an errno and a
     sentence a user can act on): with syncfs(2) refused (ENOSYS), a single publish works (it

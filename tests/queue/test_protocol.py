@@ -181,6 +181,33 @@ def test_batch_issues_one_barrier_for_all_data(queue_dir: Path) -> None:
     assert ops.counts["fsync"] <= 2  # pending/ and inbox/, once each for the whole batch
 
 
+@pytest.mark.parametrize("refusal", [errno.ENOSYS, errno.EPERM])
+def test_a_batch_whose_syncfs_is_refused_syncs_each_file_instead(
+    queue_dir: Path, refusal: int
+) -> None:
+    """A seccomp filter may refuse syncfs(2): the group commit then syncs each file written,
+    before any is moved into pending/ (Q-7), rather than publish nothing."""
+    from tests.queue.helpers import CountingOps
+
+    class WithoutSyncfs(CountingOps):
+        def __init__(self) -> None:
+            super().__init__(move_strategy="rename")
+            self.moved_after_syncs: list[int] = []  # how many fsyncs came before each move
+
+        def syncfs(self, fd: int) -> None:
+            raise OSError(refusal, os.strerror(refusal))
+
+        def rename_noreplace(self, src: str, src_dir_fd: int, dst: str, dst_dir_fd: int) -> None:
+            self.moved_after_syncs.append(self.counts["fsync"])
+            super().rename_noreplace(src, src_dir_fd, dst, dst_dir_fd)
+
+    ops = WithoutSyncfs()
+    with Queue.open(queue_dir, ops) as q:
+        jobs = publish_batch(q, [request(n) for n in range(5)])
+    assert entries(queue_dir, "pending") == sorted(jobs)
+    assert ops.moved_after_syncs and min(ops.moved_after_syncs) >= 5  # each file's data first
+
+
 def test_claim_moves_the_job_and_writes_the_lease(
     queue: Queue, me: Holder, queue_dir: Path
 ) -> None:
