@@ -62,6 +62,16 @@ def _require_working(prefix: tuple[str, ...]) -> None:
         raise _cannot_isolate(message[0])
 
 
+def require_possible() -> None:
+    """EACCES, as a call would be refused, when this host cannot start a process offline:
+    asked once by a worker before it claims a job that would meet it (a seccomp filter may
+    refuse namespaces to a root that holds every capability, as container runtimes do)."""
+    if os.geteuid() == 0:
+        _offline()
+    else:
+        argv_prefix()
+
+
 @contextlib.contextmanager
 def this_thread() -> Iterator[None]:
     """Run the block with the calling thread in the offline namespace (root only): processes

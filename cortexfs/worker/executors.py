@@ -28,6 +28,7 @@ from cortexfs.queue import Claim
 from cortexfs.shared.events import EVENTS_FILE
 from cortexfs.shared.sessions import Session, SessionRef, open_session
 from cortexfs.shared.tree import Ownership
+from cortexfs.tools import offline
 from cortexfs.tools.core.installed import require_this_versions_tools
 from cortexfs.tools.result import ToolError
 from cortexfs.tools.runner import run_native
@@ -47,12 +48,15 @@ class ToolExecutor:
         require_host_administrator(root, "start a worker that runs jobs' tools as an agent")
         view = AgentView.load(root, agent)
         needed = [capabilities.CAP_SETUID, capabilities.CAP_SETGID]
-        if not view.allows("network", "default", "connect"):
+        offline_only = not view.allows("network", "default", "connect")
+        if offline_only:
             # Its tools all run offline, in a network namespace a root joins by setns(2).
             needed.append(capabilities.CAP_SYS_ADMIN)
         try:
             capabilities.require(f"a worker that runs the tools of agent {agent}", *needed)
             require_no_groups_beyond(agent, view.identity)
+            if offline_only:
+                offline.require_possible()
         except CtxError as refused:  # every job would fail so, none by its own fault
             raise CtxError(refused.errno, f"{refused.message}; no job was claimed") from None
         self.root = root
