@@ -32,7 +32,6 @@ import errno
 import json
 import os
 import re
-import select
 import socket
 import struct
 import threading
@@ -43,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 from cortexfs import durable
 from cortexfs.agents import log as agent_log
 from cortexfs.errors import CtxError, denied, exists, invalid, too_big
+from cortexfs.exit_watch import ExitWatch
 from cortexfs.policy import AuthorityRequest, check_authority
 from cortexfs.policy import controls as agent_controls
 from cortexfs.storage import DOCS_BUNDLE
@@ -77,7 +77,7 @@ class Capability:
         # Before the tool can write: credentials come with the writes made after this.
         self._host.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
         self._tool_pid: int | None = None
-        self._tool_exit: int | None = None  # readable once the tool's process has exited
+        self._tool_exit: ExitWatch | None = None
         self._started = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="capability", daemon=True)
 
@@ -86,7 +86,7 @@ class Capability:
         (a pid is free for another process once the tool has exited and been reaped).  The
         tool has its copy of the capability now; ours is closed, one copy fewer to take."""
         self._tool_pid = pid
-        self._tool_exit = os.pidfd_open(pid)
+        self._tool_exit = ExitWatch(pid)
         self._started.set()
         self._tool.close()
 
@@ -111,7 +111,7 @@ class Capability:
             self._thread.join(timeout=5)
             self._host.close()
             if self._tool_exit is not None:
-                os.close(self._tool_exit)
+                self._tool_exit.close()
 
     def _serve(self) -> None:
         """Answer each line the tool's process writes; end at the first write of another
@@ -150,8 +150,7 @@ class Capability:
         """Whether the bound process has not exited: then its pid is still its own, and the
         writer the kernel named by it was the tool."""
         assert self._tool_exit is not None
-        readable, _, _ = select.select([self._tool_exit], [], [], 0)
-        return not readable
+        return not self._tool_exit.exited()
 
     def answer(self, line: bytes) -> dict[str, Any]:
         try:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import select
 import selectors
 import signal
 import subprocess
@@ -33,6 +32,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import IO, Any, NamedTuple
 
+from cortexfs.exit_watch import POLL_SECONDS, ExitWatch
 from cortexfs.policy import Identity
 from cortexfs.tools import offline, orphans
 from cortexfs.tools.host_programs import find_program, setpriv_id_options
@@ -243,15 +243,18 @@ class _Pump:
             self.pipes.pop(self.stdin).close()
         self.selector.register(self.stdout_fd, selectors.EVENT_READ)
         self.selector.register(self.stderr_fd, selectors.EVENT_READ)
-        # Readable once the process has exited (Linux >= 5.3); it is not reaped until waited.
-        self.exit_fd = os.pidfd_open(process.pid)
-        self.selector.register(self.exit_fd, selectors.EVENT_READ)
+        # Readable once the process has exited; it is not reaped until waited.
+        self.exit = ExitWatch(process.pid)
+        if self.exit.fd is not None:
+            self.selector.register(self.exit.fd, selectors.EVENT_READ)
 
     def run(self, deadline: float | None) -> bool:
         """Pump until the tool has exited and closed its output; True if the deadline came first.
 
         The tool's exit is watched through a pidfd, so nothing polls: the pump sleeps until a
         pipe has bytes, the tool exits, a straggler's grace ends or the deadline passes.
+        Without a pidfd (:mod:`cortexfs.exit_watch`) it also wakes to ask whether the tool
+        has exited.
         """
         exited_at: float | None = None
         try:
@@ -265,19 +268,23 @@ class _Pump:
                 limits = [] if deadline is None else [min(deadline - now, LONGEST_WAIT)]
                 if exited_at is not None:
                     limits.append(exited_at + STRAGGLER_GRACE - now)
+                elif self.exit.fd is None:
+                    limits.append(POLL_SECONDS)
                 for key, _ in self.selector.select(min(limits) if limits else None):
-                    if key.fd == self.exit_fd:
+                    if key.fd == self.exit.fd:
                         exited_at = time.monotonic()
-                        self.selector.unregister(self.exit_fd)
+                        self.selector.unregister(self.exit.fd)
                     else:
                         self._serve(key.fd)
+                if exited_at is None and self.exit.fd is None and self.exit.exited():
+                    exited_at = time.monotonic()
             return False
         finally:
             self._flush_partial_line()
             for fd in list(self.pipes):
                 self._close(fd)
             self.selector.close()
-            os.close(self.exit_fd)
+            self.exit.close()
 
     def _serve(self, fd: int) -> None:
         if fd == self.stdin:
@@ -364,12 +371,11 @@ def _utf8_boundary(data: bytes, limit: int) -> int:
 
 def _exits_within(pid: int, timeout: float | None) -> bool:
     """Wait for ``pid`` to exit (without reaping it); False when ``timeout`` passes first."""
-    exit_fd = os.pidfd_open(pid)
+    watch = ExitWatch(pid)
     try:
-        readable, _, _ = select.select([exit_fd], [], [], timeout)
+        return watch.wait(timeout)
     finally:
-        os.close(exit_fd)
-    return bool(readable)
+        watch.close()
 
 
 # How a tool process starts (T-5, I-4).  Two things must hold before the tool's first

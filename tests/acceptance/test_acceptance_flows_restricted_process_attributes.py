@@ -623,11 +623,6 @@ def test_a_waiting_worker_without_inotify_backs_off_and_runs_a_later_job(world: 
     world.queue.assert_settled()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="without pidfd_open (ENOSYS) ctx run kills the started tool and says 'cannot start "
-    "…: Function not implemented', naming neither pidfd_open nor that the process had started",
-)
 def test_ctx_run_without_pidfd_open_runs_the_tool_or_names_the_missing_call(
     world: World,
 ) -> None:
@@ -651,11 +646,6 @@ def test_ctx_run_without_pidfd_open_runs_the_tool_or_names_the_missing_call(
         assert "pidfd_open" in result["error"]["message"], result
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a worker without pidfd_open (ENOSYS) claims every job and fails each one at stage "
-    "run, exit 0, instead of running them or stopping before its first claim",
-)
 def test_a_worker_without_pidfd_open_fails_no_job_for_the_hosts_sake(world: World) -> None:
     """W-1 (failed/ is a tool's failure: non-zero exit, timeout, denial), docs/workers.md ("A
     root that may not become the agent", "A host that runs short": what every job would meet
