@@ -372,7 +372,10 @@ def move_noreplace(ops: FsOps, src_dir: int, src: str, dst_dir: int, dst: str) -
 
     * ``rename`` (atomic-rename filesystems): exactly one of the two names;
     * ``link``: ``dst`` is synced before ``src`` is unlinked, so at least one name survives,
-      possibly both (two links to one inode), never neither.
+      possibly both (two links to one inode), never neither.  A directory has no second name
+      to give: it is renamed, once nothing is found at ``dst`` (a directory made there in the
+      instant between would be replaced if empty; moves of directories are an install's, of
+      names only it makes, under its lock).
     """
     (refused,) = move_noreplace_batch(ops, [Move(src_dir, src, dst_dir, dst)])
     if refused is not None:
@@ -390,19 +393,20 @@ def move_noreplace_batch(ops: FsOps, moves: Sequence[Move]) -> list[OSError | No
         return []
     strategy = move_strategy_for(ops, moves[0].dst_dir)
     outcomes: list[OSError | None] = []
-    for move in moves:
+    renamed: set[int] = set()  # the moves of the link strategy that were a directory's rename
+    for number, move in enumerate(moves):
         try:
             if strategy == MOVE_RENAME:
                 try:
                     ops.rename_noreplace(move.src, move.src_dir, move.dst, move.dst_dir)
                 except OSError as exc:
+                    # renameat2 unsupported here (an old kernel, a filesystem without it, a
+                    # seccomp filter): degrade to the link strategy for the batch.
                     if exc.errno not in (errno.EINVAL, errno.ENOSYS):
                         raise
-                    # renameat2 unsupported here: degrade to the link strategy for the batch.
                     strategy = MOVE_LINK
-                    ops.link(move.src, move.src_dir, move.dst, move.dst_dir)
-            else:
-                ops.link(move.src, move.src_dir, move.dst, move.dst_dir)
+            if strategy == MOVE_LINK and _link_or_rename_directory(ops, move):
+                renamed.add(number)
             outcomes.append(None)
         except OSError as exc:
             outcomes.append(exc)
@@ -410,10 +414,28 @@ def move_noreplace_batch(ops: FsOps, moves: Sequence[Move]) -> list[OSError | No
     sync_dirs(ops, [m.dst_dir for m in done])
     if strategy == MOVE_LINK:
         # The new names are durable; only now may the old ones go.
-        for move in done:
-            ops.unlink(move.src, move.src_dir)
+        for number, move in enumerate(moves):
+            if outcomes[number] is None and number not in renamed:
+                ops.unlink(move.src, move.src_dir)
     sync_dirs(ops, [m.src_dir for m in done])
     return outcomes
+
+
+def _link_or_rename_directory(ops: FsOps, move: Move) -> bool:
+    """Link ``move``'s source at its destination (False); a directory, to which link(2) gives
+    no second name (EPERM), is renamed there instead once nothing is at the destination
+    (True: nothing left to unlink)."""
+    try:
+        ops.link(move.src, move.src_dir, move.dst, move.dst_dir)
+        return False
+    except PermissionError:
+        source = lstat_at(move.src_dir, move.src)
+        if source is None or not stat.S_ISDIR(source.st_mode):
+            raise
+    if lstat_at(move.dst_dir, move.dst) is not None:
+        raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), move.dst)
+    ops.rename(move.src, move.src_dir, move.dst, move.dst_dir)
+    return True
 
 
 def replace_synced(ops: FsOps, src_dir: int, src: str, dst_dir: int, dst: str) -> None:

@@ -530,11 +530,6 @@ def test_the_queue_moves_by_link_and_unlink_where_renameat2_is_enosys(world: Wor
     q.assert_settled()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="without renameat2 (ENOSYS) directories are moved with link(2), which is EPERM: "
-    "installs stop half-committed, leaving ~commit/~controls/~entry and the object unusable",
-)
 @pytest.mark.parametrize("command", ["bootstrap", "agent-create", "object-install"])
 def test_installs_where_renameat2_is_enosys_finish_or_leave_nothing_half_made(
     world: World, command: str
