@@ -27,7 +27,7 @@ import functools
 import os
 import subprocess
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from cortexfs.errors import CtxError
 from cortexfs.libc import check, libc
@@ -93,16 +93,53 @@ def _offline() -> int:
     global _offline_namespace
     with _creating:
         if _offline_namespace is None:
-            own = os.open(_OWN_NAMESPACE, os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                _unshare_network()
-                try:
-                    _offline_namespace = os.open(_OWN_NAMESPACE, os.O_RDONLY | os.O_CLOEXEC)
-                finally:
-                    _setns(own)
-            finally:
-                os.close(own)
+            _offline_namespace = _in_a_thread_of_its_own(_new_offline_namespace)
         return _offline_namespace
+
+
+def _new_offline_namespace() -> int:
+    """A new network namespace, made by the calling thread, which then goes back to its own:
+    proof that a thread can go there and return (a root of a user namespace can leave the
+    network namespace of its parent, but not come back to it)."""
+    own = os.open(_OWN_NAMESPACE, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        _unshare_network()
+        offline = os.open(_OWN_NAMESPACE, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            _setns(own)
+        except OSError as exc:
+            os.close(offline)
+            raise _cannot_isolate(
+                f"setns(CLONE_NEWNET) back from it: {exc.strerror} (a user namespace's root "
+                "cannot return to its parent's network)"
+            ) from None
+        return offline
+    finally:
+        os.close(own)
+
+
+def _in_a_thread_of_its_own(action: Callable[[], int]) -> int:
+    """``action()`` run by a thread that ends with it: a thread left in another namespace by
+    a failure halfway is gone with it, never one of the caller's."""
+    outcome: list[int | BaseException] = []
+
+    def run() -> None:
+        try:
+            outcome.append(action())
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run, name="offline-namespace")
+    try:
+        thread.start()
+    except RuntimeError:  # no thread to spare (what the caller meets next says why)
+        run()
+    else:
+        thread.join()
+    (result,) = outcome
+    if isinstance(result, BaseException):
+        raise result
+    return result
 
 
 def _unshare_network() -> None:

@@ -38,6 +38,10 @@ from cortexfs.worker.loop import JobControl, Outcome, failure, reason_of
 DURABLE_TRANSITIONS = frozenset({"queue.claim", "queue.finish"})
 
 
+def _no_job_claimed(refused: CtxError) -> CtxError:
+    return CtxError(refused.errno, f"{refused.message}; no job was claimed")
+
+
 class ToolExecutor:
     """Run each job's tool as ``agent``, recording the job in the agent's session."""
 
@@ -55,16 +59,20 @@ class ToolExecutor:
         try:
             capabilities.require(f"a worker that runs the tools of agent {agent}", *needed)
             require_no_groups_beyond(agent, view.identity)
-            if offline_only:
-                offline.require_possible()
         except CtxError as refused:  # every job would fail so, none by its own fault
-            raise CtxError(refused.errno, f"{refused.message}; no job was claimed") from None
+            raise _no_job_claimed(refused) from None
         self.root = root
         self.agent = agent
         self.session_ref = SessionRef.home(root, view.identity.uid, agent, session)
         owner = Ownership(view.identity.uid, view.identity.gid)
         self.session: Session = _open_worker_session(self.session_ref, owner)
         self._running: dict[str, int] = {}
+        if offline_only:
+            try:
+                offline.require_possible()  # a seccomp filter may refuse what capabilities allow
+            except CtxError as refused:
+                self.session.close()
+                raise _no_job_claimed(refused) from None
 
     def close(self) -> None:
         self.session.close()
