@@ -661,6 +661,8 @@ def test_tmp_and_tmpdir_on_noexec_mounts_stop_nothing_ctx_runs(mounts: ScratchMo
     def inside(*args: object, input: str = "") -> Run:
         return run_ctx(*args, env=env, input=input, prefix=noexec_tmp)
 
+    if Path(os.path.realpath(CTX_ARGV[0])).is_relative_to("/tmp"):
+        pytest.skip("ctx itself is installed below /tmp, which this test makes noexec")
     options = subprocess.run([*noexec_tmp, "findmnt", "-n", "-o", "OPTIONS", "-T", "/tmp"],
                              capture_output=True, text=True)  # fmt: skip
     if options.returncode != 0:
