@@ -31,7 +31,7 @@ import struct
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
-from cortexfs import bootstrap_repair, capabilities, durable
+from cortexfs import bootstrap_repair, capabilities, durable, mount_table
 from cortexfs.errors import HOST_SHORTAGES, CtxError, invalid, not_found
 from cortexfs.names import check_object_name
 from cortexfs.printable import shell_word
@@ -499,7 +499,7 @@ def executes_nothing(path: Path, shown: object, keep: str) -> str:
     holding it, and the remedy, naming that mount when it can be found (a project's
     ``tool/`` may be a mount of its own below a root that allows exec); ``keep`` is what to
     move elsewhere instead ("the storage root")."""
-    mount = mount_point_of(path)
+    mount = mount_table.mount_point_of(path)
     if mount is None:
         where, remedy = "", f"put {keep} on a filesystem mounted with exec"
     else:
@@ -509,37 +509,6 @@ def executes_nothing(path: Path, shown: object, keep: str) -> str:
         f"{shown} is on a filesystem mounted noexec{where}: the kernel executes nothing there, "
         f"whatever its mode (T-5); {remedy}"
     )
-
-
-def mount_point_of(path: Path) -> str | None:
-    """Where the filesystem holding ``path`` is mounted, as this process's mount table says
-    (the deepest mount point above its resolved path); None when the table cannot be read.
-    Bind mounts of one filesystem share its device number, so only the table tells them
-    apart."""
-    target = os.path.realpath(path)
-    deepest = None
-    try:
-        with open("/proc/self/mountinfo", "rb") as table:
-            for line in table:
-                fields = line.split(b" ", 5)
-                if len(fields) < 5:
-                    continue
-                mount = _unescaped_mount_point(fields[4])
-                inside = target == mount or target.startswith(mount.rstrip("/") + "/")
-                # A later line at the same point is a mount over the earlier one.
-                if inside and (deepest is None or len(mount) >= len(deepest)):
-                    deepest = mount
-    except OSError:
-        return None
-    return deepest
-
-
-def _unescaped_mount_point(field: bytes) -> str:
-    """A mount point as /proc/self/mountinfo spells it, its space, tab, newline and
-    backslash written as octal escapes (``\\040``)."""
-    for escape in (b"\\040", b"\\011", b"\\012", b"\\134"):
-        field = field.replace(escape, bytes([int(escape[1:], 8)]))
-    return os.fsdecode(field)
 
 
 def _require_administrators_link(root: Path, target: os.stat_result) -> None:

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from cortexfs.storage import executes_nothing, mount_point_of
+from cortexfs.mount_table import mount_point_of
+from cortexfs.storage import executes_nothing
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mounts a tmpfs")
 

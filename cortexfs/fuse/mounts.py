@@ -16,20 +16,17 @@ from __future__ import annotations
 
 import errno
 import os
-import re
 import shutil
 import stat
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
-from typing import NamedTuple
 
-from cortexfs import storage
+from cortexfs import mount_table, storage
 from cortexfs.errors import CtxError, invalid, not_found
+from cortexfs.mount_table import Mount
 from cortexfs.printable import shell_word
 
 FILESYSTEM_TYPE = "fuse.cortexfs"  # what ``subtype=cortexfs`` makes the kernel call it
-MOUNT_TABLE = Path("/proc/self/mountinfo")
 
 
 def check_mount_point(root: Path, mountpoint: Path) -> None:
@@ -155,15 +152,15 @@ def mounted_type(mountpoint: Path) -> str | None:
     return None if mount is None else mount.filesystem_type
 
 
-def _topmost_mount(mountpoint: Path) -> _Mount | None:
+def _topmost_mount(mountpoint: Path) -> Mount | None:
     found = None
-    for mount in _mount_table():
+    for mount in mount_table.mounts():
         if mount.mount_point == str(mountpoint):
             found = mount  # a later line is mounted over an earlier one
     return found
 
 
-def _mounted_by(mount: _Mount) -> int | None:
+def _mounted_by(mount: Mount) -> int | None:
     """The uid a FUSE mount was made by (its ``user_id=`` option); None when not said."""
     for option in mount.options.split(","):
         if option.startswith("user_id="):
@@ -186,26 +183,10 @@ def cortexfs_mount_holding(path: Path) -> Path | None:
         except OSError:
             return None  # what cannot be looked at is refused by whoever writes there
     wanted = f"{os.major(device)}:{os.minor(device)}"
-    for mount in _mount_table():
+    for mount in mount_table.mounts():
         if mount.device == wanted and mount.filesystem_type == FILESYSTEM_TYPE:
             return Path(mount.mount_point)
     return None
-
-
-class _Mount(NamedTuple):
-    device: str  # major:minor
-    mount_point: str
-    filesystem_type: str
-    options: str  # the filesystem's own (super) options
-
-
-def _mount_table() -> Iterator[_Mount]:
-    """The lines of ``/proc/self/mountinfo``, in order (proc(5): the optional fields end at
-    the lone ``-`` before the filesystem type)."""
-    for line in MOUNT_TABLE.read_text().splitlines():
-        fields = line.split(" ")
-        kind = fields.index("-") + 1
-        yield _Mount(fields[2], _unescaped(fields[4]), fields[kind], fields[kind + 2])
 
 
 def _absolute(path: Path) -> Path:
@@ -217,8 +198,3 @@ def _absolute(path: Path) -> Path:
         return absolute
     where = absolute.parent.resolve() / absolute.name
     return Path(os.path.realpath(where)) if os.path.islink(where) else where
-
-
-def _unescaped(field: str) -> str:
-    """A mountinfo path field, whose space, tab, newline and backslash are octal escapes."""
-    return re.sub(r"\\([0-7]{3})", lambda octal: chr(int(octal.group(1), 8)), field)
