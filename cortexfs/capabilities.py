@@ -46,12 +46,30 @@ _NAMES = {
 def _effective() -> int | None:
     """This process's effective set, from ``CapEff`` of /proc/self/status; None when it cannot
     be read (no /proc), when nothing is refused on its account."""
+    field = _status_field("CapEff")
+    try:
+        return None if field is None else int(field, 16)
+    except ValueError:
+        return None
+
+
+def no_new_privs() -> bool:
+    """Whether this process may gain no privilege by exec (``NoNewPrivs: 1``: systemd's
+    NoNewPrivileges=, ``setpriv --no-new-privs``), under which setuid programs run without
+    theirs."""
+    return _status_field("NoNewPrivs") == "1"
+
+
+def _status_field(name: str) -> str | None:
+    """The value of field ``name`` of /proc/self/status; None when it is not there or the
+    file cannot be read."""
     try:
         with open("/proc/self/status", encoding="ascii", errors="replace") as status:
             for line in status:
-                if line.startswith("CapEff:"):
-                    return int(line.split()[1], 16)
-    except (OSError, ValueError, IndexError):
+                key, _, value = line.partition(":")
+                if key == name:
+                    return value.strip()
+    except OSError:
         return None
     return None
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pyfuse3
 
+from cortexfs import capabilities
 from cortexfs.errors import CtxError, errno_named_in
 from cortexfs.fuse.mount import StorageFS
 from cortexfs.fuse.projection import Projection
@@ -112,7 +113,7 @@ def _what_mounting_needs(code: int) -> str:
     as most distributions ship it) and the setuid fusermount3 that makes the mount for them."""
     if code not in (errno.EACCES, errno.EPERM) or os.geteuid() == 0:
         return ""
-    if _no_new_privs():
+    if capabilities.no_new_privs():
         return (
             "; this process runs with no_new_privs set (systemd's NoNewPrivileges=, 'setpriv "
             "--no-new-privs', a container's default), under which the setuid-root fusermount3 "
@@ -133,15 +134,6 @@ def _what_mounting_needs(code: int) -> str:
         f"fusermount3 ({found}): run 'ctx mount' as root, or ask an administrator to make "
         "/dev/fuse mode 0666 and fusermount3 setuid root (apt-get install fuse3)"
     )
-
-
-def _no_new_privs() -> bool:
-    """Whether this process may gain no privilege by exec (``NoNewPrivs: 1``)."""
-    try:
-        with open("/proc/self/status", encoding="ascii", errors="replace") as status:
-            return any(line.split() == ["NoNewPrivs:", "1"] for line in status)
-    except OSError:
-        return False
 
 
 def _errno_named_in(message: str) -> int:
