@@ -1,6 +1,7 @@
 """The crash-safe shared job queue of a project: ``shared/<project>/queue/`` (SPEC §2).
 
-The protocol verbs live in :mod:`cortexfs.queue.protocol`, recovery in
+The protocol's state table and step order are in :mod:`cortexfs.queue.protocol`, which names
+its verbs (each lives in a module of its own), recovery in
 :mod:`cortexfs.queue.recovery`, the reading side (status, list, show) in
 :mod:`cortexfs.queue.inspect`.  A project's queue is part of its shared space, which
 :func:`cortexfs.shared.spaces.create_shared_space` makes (with the queue) when it is missing.

@@ -25,7 +25,7 @@ from cortexfs.queue.layout import (
     lock_dir,
     read_regular_file,
 )
-from cortexfs.queue.protocol import read_lease
+from cortexfs.queue.leasing import read_lease
 from cortexfs.timefmt import rfc3339
 
 

@@ -45,7 +45,8 @@ from cortexfs.queue.layout import (
     lock_dir,
     lstat_at,
 )
-from cortexfs.queue.protocol import read_lease, remove_claim_and_lease
+from cortexfs.queue.leasing import read_lease
+from cortexfs.queue.transition import remove_claim_and_lease
 
 
 @dataclass

@@ -43,9 +43,10 @@ from cortexfs.errors import (
 )
 from cortexfs.queue import Claim, Holder, Lease, Queue, claim, finish, renew
 from cortexfs.queue.claim_order import HintedClaimOrder
+from cortexfs.queue.claiming import still_pending
 from cortexfs.queue.holder import check_worker_ttl
 from cortexfs.queue.layout import Refusal
-from cortexfs.queue.protocol import NotHeld, still_pending
+from cortexfs.queue.leasing import NotHeld
 from cortexfs.queue.requests import ResultOverLimit
 from cortexfs.timefmt import rfc3339
 from cortexfs.tools.result import ToolError

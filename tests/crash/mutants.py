@@ -2,7 +2,7 @@
 show that the harness then reports a violation (docs/crash-model.md §5).
 
 A call site is named by the chain of ``cortexfs`` frames that led to the system call plus
-the directory or file it acted on, e.g. ``fsync pending/ @ protocol.publish:102 >
+the directory or file it acted on, e.g. ``fsync pending/ @ publishing.publish:77 >
 durable.move_noreplace:252 > … > durable.sync_dir:183``: the same primitive called from two
 protocol steps, or on two directories, is two sites.  Sites are discovered by running every
 workload with the recorder watching, so the list is exactly what the protocol does.  A mutant
@@ -34,7 +34,7 @@ CONFIGS = ((Mode.ATOMIC, MOVE_RENAME), (Mode.PESSIMISTIC, MOVE_LINK))
 
 # Guards that cannot fire, each with the reason (docs/crash-model.md §5 says the same), and
 # syncs kept for Q-7's letter alone.
-# Keyed by (call, destination, protocol function): line numbers would go stale.
+# Keyed by (call, destination, protocol module.function): line numbers would go stale.
 _FRESH_CLAIM = (
     "claimed/J was created an instant earlier by this claimer, under the mkdir arbitration "
     "(Q-2), and is held under flock: nothing can be in it"
@@ -73,26 +73,26 @@ _REMOVED_NEXT = (
     "from its absence (docs/crash-model.md §8)"
 )
 JUSTIFIED = {
-    ("fsync", "claimed/J/", "protocol._move_request_and_clean_up"): _REMOVED_NEXT,
+    ("fsync", "claimed/J/", "finishing._move_request_and_clean_up"): _REMOVED_NEXT,
     ("fsync", "claimed/J/", "recovery._move_claim_to"): _REMOVED_NEXT,
     ("fsync", "claimed/J/", "recovery._drop_from_claim"): _REMOVED_NEXT,
-    ("fsync", "lease/J/", "protocol.remove_claim_and_lease"): _REMOVED_NEXT,
-    ("rename_noreplace", "claimed/J/J", "protocol.claim_job"): _FRESH_CLAIM,
-    ("link", "claimed/J/J", "protocol.claim_job"): _FRESH_CLAIM,
-    ("rename_noreplace", "lease/J/worker", "protocol._write_lease"): _FRESH_LEASE,
-    ("link", "lease/J/worker", "protocol._write_lease"): _FRESH_LEASE,
-    ("mkdir", "claimed/J", "protocol.claim_job"): (
+    ("fsync", "lease/J/", "transition.remove_claim_and_lease"): _REMOVED_NEXT,
+    ("rename_noreplace", "claimed/J/J", "claiming.claim_job"): _FRESH_CLAIM,
+    ("link", "claimed/J/J", "claiming.claim_job"): _FRESH_CLAIM,
+    ("rename_noreplace", "lease/J/worker", "claiming._write_lease"): _FRESH_LEASE,
+    ("link", "lease/J/worker", "claiming._write_lease"): _FRESH_LEASE,
+    ("mkdir", "claimed/J", "claiming.claim_job"): (
         "claimers that get past it share one claimed/J and are still decided by its lock, the "
         "lease check and the no-replace move out of pending/ (pending/J exists once); it stays "
         "because Q-2 names it and it is the only arbiter where flock is missing (N-1), in a "
         "window no preemption at a protocol step reaches (inside a link-strategy move)"
     ),
-    ("mkdir", "lease/J", "protocol._write_lease"): (
+    ("mkdir", "lease/J", "claiming._write_lease"): (
         "claim_job looks for lease/J while it holds the claimed/J arbitration, and only that "
         "arbitration's winner creates lease/J: it cannot appear in between"
     ),
     **{
-        (call, f"{state}/J", "protocol._move_request_and_clean_up"): _RESULT_ARBITRATES
+        (call, f"{state}/J", "finishing._move_request_and_clean_up"): _RESULT_ARBITRATES
         for call in ("rename_noreplace", "link")
         for state in ("done", "failed")
     },
@@ -101,10 +101,10 @@ JUSTIFIED = {
         for call in ("rename_noreplace", "link")
         for state in ("done", "failed")
     },
-    ("rename_noreplace", "pending/J", "protocol.publish"): _PUBLISHERS_ARBITRATED,
-    ("link", "pending/J", "protocol.publish"): _PUBLISHERS_ARBITRATED,
-    ("rename_noreplace", "pending/J", "protocol.publish_batch"): _PUBLISHERS_ARBITRATED,
-    ("link", "pending/J", "protocol.publish_batch"): _PUBLISHERS_ARBITRATED,
+    ("rename_noreplace", "pending/J", "publishing.publish"): _PUBLISHERS_ARBITRATED,
+    ("link", "pending/J", "publishing.publish"): _PUBLISHERS_ARBITRATED,
+    ("rename_noreplace", "pending/J", "publishing.publish_batch"): _PUBLISHERS_ARBITRATED,
+    ("link", "pending/J", "publishing.publish_batch"): _PUBLISHERS_ARBITRATED,
     ("rename_noreplace", "pending/J", "recovery._move_claim_to"): _PUBLISH_RACE,
     ("link", "pending/J", "recovery._move_claim_to"): _PUBLISH_RACE,
 }

@@ -25,9 +25,11 @@ DURABILITY_CALLS = {
     "sync_filesystem",
     "make_dir_synced",
 }
+# The modules of the protocol's verbs and of recover: every durability call in them is checked.
+PROTOCOL_MODULES = ("publishing", "claiming", "leasing", "finishing", "transition", "recovery")
 # Protocol calls of those primitives that no workload reaches, each with the reason.
 UNREACHED = {
-    ("protocol.claim_job", "move_noreplace"): (
+    ("claiming.claim_job", "move_noreplace"): (
         "puts a claimed request back when it is not a regular file: only something swapped "
         "into pending/ between claim's check and its move (Q-8) gets there; no crash does"
     ),
@@ -53,7 +55,7 @@ def record(table, verdict: Verdict) -> None:
 def durability_calls() -> list[tuple[str, str, int]]:
     """(module.function, primitive, line) of every durability call in the protocol."""
     calls = []
-    for module in ("protocol", "recovery"):
+    for module in PROTOCOL_MODULES:
         source = Path(cortexfs.queue.__file__).with_name(f"{module}.py").read_text()
         for function in ast.walk(ast.parse(source)):
             if not isinstance(function, ast.FunctionDef):

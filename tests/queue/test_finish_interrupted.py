@@ -23,7 +23,7 @@ import pytest
 from cortexfs.durable import FsOps
 from cortexfs.errors import CtxError
 from cortexfs.queue import Holder, Queue, claim, finish, publish, recover
-from cortexfs.queue.protocol import read_lease
+from cortexfs.queue.leasing import read_lease
 from tests.queue.helpers import dead_pid, request
 
 

@@ -21,10 +21,10 @@ from cortexfs.queue import (
     claim,
     finish,
     init_queue,
-    protocol,
     publish,
     recover,
     renew,
+    transition,
 )
 from cortexfs.queue.inspect import status
 from tests.queue.helpers import request
@@ -212,7 +212,7 @@ def held_lock(
 ) -> Iterator[tuple[str, int]]:
     """A claimed job whose ``claimed/J`` another process keeps locked (anyone who may open
     it may), with the wait for the lock cut to half a second."""
-    monkeypatch.setattr(protocol, "LOCK_WAIT_SECONDS", 0.5)
+    monkeypatch.setattr(transition, "LOCK_WAIT_SECONDS", 0.5)
     publish(queue, request(), "a")
     job = claim(queue, me).job
     locker = subprocess.Popen(["flock", str(queue_dir / "claimed" / job), "sleep", "60"])
@@ -246,7 +246,7 @@ def test_a_claim_whose_new_directory_another_process_locks_gives_up_and_leaves_n
 ) -> None:
     """A member locks claimed/J between the claimer's mkdir and its lock: the claim fails
     with EAGAIN once the wait is over, and J is pending as before, claimable."""
-    monkeypatch.setattr(protocol, "LOCK_WAIT_SECONDS", 0.5)
+    monkeypatch.setattr(transition, "LOCK_WAIT_SECONDS", 0.5)
     lockers: list[subprocess.Popen[bytes]] = []
 
     class LockedRightAfterMkdir(FsOps):

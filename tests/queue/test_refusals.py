@@ -13,7 +13,7 @@ import pytest
 
 from cortexfs.durable import FsOps
 from cortexfs.errors import CtxError, remedy_for_host_trouble
-from cortexfs.queue import Holder, Queue, claim, finish, protocol, publish, renew
+from cortexfs.queue import Holder, Queue, claim, claiming, finish, publish, renew
 from tests.queue.helpers import NoDescriptorForTheLease, request
 
 
@@ -218,10 +218,10 @@ def test_a_claimed_request_that_cannot_be_read_is_put_back_and_the_error_raised(
     def failing_read(q: Queue, dir_fd: int, name: str) -> bytes:
         if os.path.samestat(os.stat("..", dir_fd=dir_fd), claimed):
             raise OSError(errno.EIO, os.strerror(errno.EIO), name)
-        return protocol_read(q, dir_fd, name)
+        return read_stored_request(q, dir_fd, name)
 
-    protocol_read = protocol._read_stored_request
-    monkeypatch.setattr(protocol, "_read_stored_request", failing_read)
+    read_stored_request = claiming._read_stored_request
+    monkeypatch.setattr(claiming, "_read_stored_request", failing_read)
     with pytest.raises(CtxError) as refused:
         claim(queue, me)
     assert refused.value.errno == errno.EIO

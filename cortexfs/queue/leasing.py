@@ -1,0 +1,191 @@
+"""Who holds a claimed job (SPEC Q-3): its lease read back, the refusals of a caller that does
+not hold it (:class:`NotHeld`), and renewal by its holder.  A finish asks the same questions
+before it moves anything (:mod:`cortexfs.queue.finishing`).
+"""
+
+from __future__ import annotations
+
+import errno
+from collections.abc import Sequence
+
+from cortexfs import durable
+from cortexfs.errors import CtxError, not_found
+from cortexfs.names import job_name
+from cortexfs.queue.holder import MAX_LEASE_BYTES, MAX_LEASE_TTL, Holder, Lease, check_ttl
+from cortexfs.queue.layout import (
+    LEASE_FILE,
+    NotADirectoryOfTheJob,
+    Queue,
+    lstat_at,
+    read_regular_file,
+)
+from cortexfs.queue.transition import discard_temp, locked_claim
+from cortexfs.timefmt import rfc3339
+
+
+def read_lease(queue: Queue, job: str) -> Lease:
+    """The lease of J; ENOENT when J has none."""
+    try:
+        lease_fd = queue.open_held_job_dir("lease", job)
+    except FileNotFoundError:
+        raise not_found(f"job {job} has no lease; it is not claimed") from None
+    try:
+        data = read_regular_file(lease_fd, LEASE_FILE, MAX_LEASE_BYTES)
+    except FileNotFoundError:
+        raise not_found(f"job {job} has no lease file; run 'ctx queue recover'") from None
+    finally:
+        queue.ops.close(lease_fd)
+    return Lease.decode(data, job)
+
+
+class NotHeld(CtxError):
+    """A renewal or finish refused because J is not the caller's (any more): another holder
+    leases it (EACCES), it is not claimed or claimed without a lease (ENOENT), or it is
+    finished already (EEXIST).  The kernel gives the same errnos for what a host refuses (a
+    directory's mode, a file gone), which say nothing of who holds J: a worker reports a job
+    refused this way as taken away and goes on, and stops for the others."""
+
+
+def not_claimed(queue: Queue, job: str, doing: str = "finishing it") -> CtxError:
+    """EEXIST or ENOENT for J found unclaimed by a transition of a claim (``doing``, what
+    the caller was about to do), saying where J is instead."""
+    for dir_fd, state in ((queue.done, "done"), (queue.failed, "failed")):
+        if lstat_at(dir_fd, job) is not None:
+            return NotHeld(
+                errno.EEXIST,
+                f"job {job} is already {state}; 'ctx queue show {job}' shows its result",
+            )
+    if lstat_at(queue.pending, job) is not None:
+        return NotHeld(errno.ENOENT, f"job {job} is pending, not claimed; claim it before {doing}")
+    return NotHeld(
+        errno.ENOENT,
+        f"job {job} is not claimed, nor pending, done or failed: queue {queue.path} has no such "
+        "job (is it the queue the job was claimed from?); 'ctx queue list' lists the jobs it has",
+    )
+
+
+def renew(queue: Queue, job: str, callers: Sequence[Holder], ttl: float | None = None) -> Lease:
+    """Extend the caller's own lease on J (Q-3) to ``ttl`` seconds from now; EACCES when
+    someone else holds it.  ``callers`` are the processes the caller may be, the first named
+    in a refusal: a command run from a shell leases for the shell, and may be the shell's own
+    process, which ``bash -c 'a && b'`` execs ``b`` in.
+
+    Without ``ttl``, for as long again as the lease was taken or last renewed for (a claim
+    with ``--ttl 1000`` renews for 1000 s, not for the queue's default), so that a renewal
+    never shortens it; the queue's ``lease_ttl`` when that period is not a usable lifetime
+    (a lease written by hand).  Done under ``claimed/J``'s lock, which recover takes before
+    it requeues J: a renewal either lands before recover looks at the lease, or finds J no
+    longer claimed (ENOENT) and never writes a lease for a job that went back to pending.
+    """
+    job = job_name(job)
+    if ttl is not None:
+        ttl = check_ttl(ttl)
+    with locked_claim(queue, job, _no_lease_to_renew):
+        try:
+            current = read_lease(queue, job)
+        except NotADirectoryOfTheJob:
+            raise
+        except CtxError as exc:
+            if exc.errno == errno.ENOENT:
+                raise claimed_without_lease(job) from None
+            raise not_a_lease(job, exc, "renew") from None
+        refuse_other_holder(job, current, callers, "renews its lease")
+        if ttl is None:
+            usable = 0 < current.period <= MAX_LEASE_TTL
+            ttl = check_ttl(current.period if usable else queue.config.lease_ttl)
+        renewed = current.renewed(ttl)
+        ops = queue.ops
+        temp = queue.temp_name(job, "renew")
+        expires = current.to_json()["expires_at"]
+        outcome = (f"the lease on {job} is unchanged (it expires at {expires})", "renew it again")
+        try:
+            lease_fd = queue.open_held_job_dir("lease", job)
+        except OSError as exc:
+            raise queue.refusal("renew a lease", f"lease/{job}", exc, *outcome) from None
+        try:
+            ops.step("renew.write")
+            try:
+                durable.write_file_synced(
+                    ops, queue.inbox, temp, renewed.encode(), group=queue.file_group
+                )
+            except OSError as exc:
+                raise queue.refusal("renew a lease", "inbox", exc, *outcome) from None
+            ops.step("renew.replace")
+            try:
+                durable.replace_synced(ops, queue.inbox, temp, lease_fd, LEASE_FILE)
+            except OSError as exc:
+                if lstat_at(queue.inbox, temp) is None:  # replaced; a sync after it failed
+                    outcome = (
+                        f"the lease on {job} was renewed until {renewed.to_json()['expires_at']}"
+                        f", but a crash may still bring back the old one (expiring at {expires})",
+                        "renew it again",
+                    )
+                else:
+                    discard_temp(queue, temp)
+                raise queue.refusal("renew a lease", f"lease/{job}", exc, *outcome) from None
+        finally:
+            ops.close(lease_fd)
+        return renewed
+
+
+def claimed_without_lease(job: str) -> CtxError:
+    """ENOENT for J claimed (under its lock) with no lease: the claim never completed, so the
+    job never ran (Q-3), and recover --reconcile sends it back to pending (Q-6)."""
+    return NotHeld(
+        errno.ENOENT,
+        f"job {job} has no lease/{job}/{LEASE_FILE}: its claim never completed, so it "
+        "never ran; 'ctx queue recover --reconcile' returns it to pending",
+    )
+
+
+def not_a_lease(job: str, lease: CtxError, verb: str) -> CtxError:
+    """The error of ``verb`` (finish, renew) finding in ``lease/J/worker`` what is not a lease
+    (``lease``: why not), a conflict for a person (Q-6).  It is to be repaired, never removed:
+    a claim without a lease is one that never ran (Q-3), which finish refuses as such and
+    recover --reconcile sends back to pending, when J may well have run."""
+    lease_file = f"lease/{job}/{LEASE_FILE}"
+    return CtxError(
+        lease.errno,
+        f"job {job}'s {lease_file} is not a lease ({lease.message}), a conflict that {verb} "
+        f"never resolves; nothing was changed.  Repair it by hand, and do not remove it "
+        f"(without a lease, {job} counts as never run and is requeued to run again): check "
+        f"which worker holds {job} and whether it still runs (its log, the file's own "
+        f"fields), make {lease_file} a regular file whose JSON names that holder again, then "
+        f"{verb} again; until then 'ctx queue recover --reconcile' reports {job} as a "
+        "conflict and leaves it alone",
+    )
+
+
+def _no_lease_to_renew(queue: Queue, job: str) -> CtxError:
+    """ENOENT, saying where J is instead (pending, done, failed, nowhere)."""
+    where = not_claimed(queue, job, "renewing its lease").message
+    return NotHeld(errno.ENOENT, f"there is no lease to renew: {where}")
+
+
+def refuse_other_holder(job: str, lease: Lease, callers: Sequence[Holder], verb: str) -> None:
+    """EACCES unless one of ``callers`` is the process ``lease`` names."""
+    if not any(lease.holder.is_same_process(caller) for caller in callers):
+        holder = callers[0]
+        theirs = lease.holder
+        raise NotHeld(
+            errno.EACCES,
+            f"job {job} is leased to pid {theirs.pid} on {theirs.host} (worker "
+            f"{theirs.worker}), not to {_caller_apart(theirs, holder)}; only the holder {verb}",
+        )
+
+
+def _caller_apart(theirs: Holder, caller: Holder) -> str:
+    """``caller`` as a refusal names it, saying what sets it apart from the lease's holder
+    when the pid alone does not (a pid is never proof of the same process, Q-5)."""
+    if theirs.pid != caller.pid:
+        return f"pid {caller.pid}"
+    if theirs.boot_id != caller.boot_id:
+        return f"pid {caller.pid} of another boot (the holder's was {theirs.boot_id})"
+    if theirs.pid_ns != caller.pid_ns:
+        return (
+            f"pid {caller.pid} of pid namespace {caller.pid_ns} (the holder's is {theirs.pid_ns})"
+        )
+    started = (
+        "at an unknown time" if caller.start_time is None else f"at {rfc3339(caller.start_time)}"
+    )
+    return f"pid {caller.pid}, another process of that number (started {started})"
