@@ -22,6 +22,7 @@ can tell its output failing from a file of its own work failing with the same er
 from __future__ import annotations
 
 import codecs
+import fcntl
 import io
 import os
 import select
@@ -79,6 +80,15 @@ def closed_at_start(fd: int) -> bool:
     """Whether standard descriptor ``fd`` was closed when this process started (it reads or
     writes /dev/null since :func:`reopen_closed_standard_streams`)."""
     return fd in _closed_at_start
+
+
+def open_write_only(fd: int) -> bool:
+    """Whether descriptor ``fd`` was opened for writing only: a script's ``0>>FILE`` gives a
+    command a standard input that every read refuses (EBADF)."""
+    try:
+        return fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_WRONLY
+    except OSError:
+        return False
 
 
 class _StandardError(io.FileIO):

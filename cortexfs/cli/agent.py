@@ -522,6 +522,18 @@ def _terminal_of(storage_dir: Path | None, name: str, session: str) -> tuple[Pat
     return root, AgentView.load(root, name), session
 
 
+def _close_what_the_caller_passed() -> None:
+    """Close the descriptors above 2 that this command's caller passed down: the terminal
+    outlives the command, and would keep a caller's pipe from ending and its locks held until
+    ``ctx agent stop``.  They are the inheritable ones: what Python opens never is (PEP 446),
+    and a fork, unlike an exec, keeps those too."""
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        with contextlib.suppress(OSError):  # the listing's own descriptor, closed by now
+            if fd > 2 and os.get_inheritable(fd):
+                os.close(fd)
+
+
 def _daemonize(terminal: Terminal) -> None:
     """Leave ``terminal`` running in a process of its own; return once it listens."""
     from cortexfs.agents.ctxterm import take_the_name
@@ -537,6 +549,7 @@ def _daemonize(terminal: Terminal) -> None:
         devnull = os.open(os.devnull, os.O_RDWR)
         for fd in (0, 1, 2):
             os.dup2(devnull, fd)
+        _close_what_the_caller_passed()
         try:
             terminal.start()
             terminal.runtime.record_pid(os.getpid())

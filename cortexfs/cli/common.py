@@ -47,6 +47,7 @@ from cortexfs.standard_streams import (
     OutputError,
     closed_at_start,
     discard_output,
+    open_write_only,
     writes_utf8,
 )
 
@@ -205,13 +206,19 @@ def _json_escape(char: str) -> str:
 def require_standard_input(what: str) -> None:
     """EBADF when standard input was closed at start (``<&-``) and '-' asks for ``what`` (a
     request, a result, a policy): it then reads as /dev/null, and its emptiness would be taken
-    for the ``what`` given — an empty result recorded, an empty policy judged valid."""
+    for the ``what`` given — an empty result recorded, an empty policy judged valid.  EBADF
+    too, naming it, when it was opened for writing only (``0>>FILE``)."""
     if closed_at_start(0):
-        raise CtxError(
-            errno.EBADF,
-            f"standard input is closed: there is no {what} to read; give a FILE, or pipe the "
-            f"{what} in; nothing was done",
-        )
+        state = "closed: there is no"
+    elif open_write_only(0):
+        state = "open for writing only (as '0>FILE' or '0>>FILE' opens it): there is no"
+    else:
+        return
+    raise CtxError(
+        errno.EBADF,
+        f"standard input is {state} {what} to read; give a FILE, or pipe the {what} in; "
+        "nothing was done",
+    )
 
 
 def echo_printable(text: str, *, err: bool = False) -> None:
@@ -241,8 +248,11 @@ def fail(error: CtxError, *, as_json: bool = False) -> None:
 
 def output_failed(error: OSError, prog_name: str | None = None) -> NoReturn:
     """End a command whose standard output could not be written, as
-    :func:`cortexfs.cli.exits.output_failed` says, named as the user typed it."""
-    exits.output_failed(error, prog_name or _program())
+    :func:`cortexfs.cli.exits.output_failed` says, named as the user typed it, and suggesting
+    commands on the queue and storage root it was given, as :func:`fail` does."""
+    exits.output_failed(
+        error, prog_name or _program(), lambda text: for_this_storage(for_this_queue(text))
+    )
 
 
 def _emit_json_error(error: CtxError) -> None:

@@ -12,6 +12,7 @@ import errno
 import json
 import signal
 import sys
+from collections.abc import Callable
 from typing import NoReturn
 
 from cortexfs.errors import CtxError, out_of_memory
@@ -89,14 +90,15 @@ def changed(statement: str) -> None:
     _changes.append(statement)
 
 
-def output_failed(error: OSError, prog_name: str) -> NoReturn:
+def output_failed(error: OSError, prog_name: str, suggest: Callable[[str], str] = str) -> NoReturn:
     """End a command whose standard output could not be written: ``ctx: ENOSPC: cannot write
     standard output (…)``, and what it had :func:`changed`, on standard error; exit
     :data:`EXIT_OUTPUT_FAILED`, which no answer of a command (a denial, a conflict, a
-    refusal) shares.  What stdout still buffers is dropped: it can go nowhere."""
+    refusal) shares.  What stdout still buffers is dropped: it can go nowhere.  ``suggest``
+    rewrites the commands the message suggests (to name the queue the command was given)."""
     discard_output(sys.stdout)
     reason = f"cannot write standard output ({error.strerror or error})"
-    failure = CtxError(error.errno or errno.EIO, "; ".join([reason, *_changes]))
+    failure = CtxError(error.errno or errno.EIO, suggest("; ".join([reason, *_changes])))
     sys.stderr.write(f"{prog_name}: {printable(str(failure))}\n")
     sys.stderr.flush()
     sys.exit(EXIT_OUTPUT_FAILED)

@@ -46,10 +46,11 @@ from cortexfs.queue.claim_order import HintedClaimOrder
 from cortexfs.queue.evidence import REGULAR_FILE
 from cortexfs.queue.holder import (
     Holder,
+    Lease,
     calling_process,
     check_ttl,
     check_worker_id,
-    process_exists,
+    judge,
 )
 from cortexfs.queue.requests import (
     loads_json,
@@ -493,16 +494,25 @@ def claim(
             won = protocol.claim(q, holder, ttl, left_pending=left_pending)
             if won is not None:
                 _acknowledge_claim(won, as_json)
-    if won is not None and pid is not None and not process_exists(pid):
+    if won is not None and pid is not None:
         # Taken as named (scripts use a gone pid to hand a job straight to recover), but a
         # mistyped --pid would otherwise make a lease that lasts until the next recover.
-        _note(
-            f"pid {pid} is not running here, so its lease is already gone: "
-            f"'ctx queue recover' requeues {won.job}"
-        )
+        _note_if_holder_gone(won.lease)
     if won is None:
         say_why_left_pending(left_pending)
         sys.exit(EXIT_NOTHING)  # §2.4: nothing on stdout, with or without --json
+
+
+def _note_if_holder_gone(lease: Lease) -> None:
+    """Say so when the holder a lease was just taken or renewed for, named with --pid, is gone
+    by Q-5's rules (not running here, a zombie, its pid another process's now): the lease is
+    gone with it, and the next recover requeues the job."""
+    verdict = judge(lease)
+    if verdict.gone:
+        _note(
+            f"{verdict.reason}, so its lease is already gone: 'ctx queue recover' requeues "
+            f"{lease.job}"
+        )
 
 
 def _for_this_queue_printed(text: str) -> None:
@@ -629,7 +639,9 @@ def renew(queue_dir: Path, as_json: bool, job: str, pid: int | None, ttl: float 
             emit_json(lease.to_json())
         else:
             click.echo(f"{job} leased until {lease.to_json()['expires_at']}")
-    if pid is None and lease.holder.is_same_process(callers[1]):
+    if pid is not None:
+        _note_if_holder_gone(lease)
+    elif lease.holder.is_same_process(callers[1]):
         _note(
             f"the lease holder is this command's own process (the shell ran it in "
             f"its place), which ends now: 'ctx queue recover' will requeue {job}; renew from "

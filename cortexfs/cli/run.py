@@ -35,7 +35,7 @@ from cortexfs.names import check_object_name
 from cortexfs.printable import printable
 from cortexfs.regular_file import read_up_to
 from cortexfs.shared.sessions import DEFAULT_SESSION, SessionRef
-from cortexfs.standard_streams import OutputError, tell_output_errors
+from cortexfs.standard_streams import OutputError, open_write_only, tell_output_errors
 from cortexfs.timefmt import MAX_SECONDS
 from cortexfs.tools.core.toolio import MAX_INPUT_BYTES
 from cortexfs.tools.result import ToolResult
@@ -298,6 +298,12 @@ def _run_terminal(root: Path, options: argparse.Namespace, where: SessionRef | s
 def _run_native(root: Path, options: argparse.Namespace, where: SessionRef | str) -> int:
     # As much as a core tool reads as its input, and not a byte more than one past it: a
     # source that never ends (/dev/zero) is refused before it fills memory, and nothing runs.
+    if open_write_only(sys.stdin.fileno()):
+        raise CtxError(
+            errno.EBADF,
+            "standard input is open for writing only (as '0>FILE' or '0>>FILE' opens it): "
+            "native mode reads the tool's input from it; pipe the input in; nothing was run",
+        )
     data = read_up_to(sys.stdin.fileno(), MAX_INPUT_BYTES)
     if len(data) > MAX_INPUT_BYTES:
         raise CtxError(
