@@ -23,16 +23,15 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import os
 import pwd
 import stat
-import struct
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 from cortexfs import bootstrap_repair, capabilities, durable, mount_table
 from cortexfs.errors import HOST_SHORTAGES, CtxError, invalid, not_found
+from cortexfs.file_attributes import attribute_refusal
 from cortexfs.names import check_object_name
 from cortexfs.printable import shell_word
 
@@ -223,37 +222,6 @@ def require_writable(directory: Path, action: str, fix: str | None = None) -> No
     if refused is not None:
         raise refused
     raise _refusal(action, f"write in {directory}", st, stat.S_IWGRP, fix, directory)
-
-
-# A directory's attributes (chattr) that refuse what its mode allows, to root too: read with
-# FS_IOC_GETFLAGS of linux/fs.h (_IOR('f', 1, long)), as 'lsattr' reads them.  Immutable
-# refuses every change in the directory; append-only lets entries in but none out.
-_FS_IOC_GETFLAGS = (2 << 30) | (struct.calcsize("l") << 16) | (ord("f") << 8) | 1
-_REFUSING_ATTRIBUTES = (
-    (0x10, "immutable", "i", "nothing in it may be added, moved or removed"),
-    (0x20, "append-only", "a", "entries may be added to it but none moved out or removed"),
-)
-
-
-def attribute_refusal(fd: int, action: str, path: Path) -> CtxError | None:
-    """EPERM for ``action`` when the directory open as ``fd`` (``path``; closed here) has an
-    attribute that refuses changes whatever its mode, which no mode explains and only root
-    may remove; None when it has none (or its filesystem keeps no attributes)."""
-    try:
-        flags = struct.unpack_from("i", fcntl.ioctl(fd, _FS_IOC_GETFLAGS, bytes(8)))[0]
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    for flag, name, letter, meaning in _REFUSING_ATTRIBUTES:
-        if flags & flag:
-            return CtxError(
-                errno.EPERM,
-                f"cannot {action}: {path} is {name} (attribute '{letter}', which 'lsattr -d' "
-                f"shows): {meaning}, by root too; have root remove it with "
-                f"'chattr -{letter} {path}'",
-            )
-    return None
 
 
 def not_readable(path: Path, action: str, fix: str | None = None) -> CtxError:

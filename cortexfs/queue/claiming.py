@@ -233,7 +233,9 @@ def claim_job(
                     f"failed ({kernel_said(exc)}): it has no lease and never ran; 'ctx queue "
                     "recover --reconcile' returns it to pending",
                 ) from None
-            refusal = queue.refusal("claim", "pending", exc, *_nothing_claimed(job))
+            refusal = queue.refusal(
+                "claim", "pending", exc, *_nothing_claimed(job), entries=(f"pending/{job}",)
+            )
             _abandon_claim_dir(queue, job, refusal)
             raise refusal from None
         pending_changed(queue, before)  # ours: the order need not list pending/ for it

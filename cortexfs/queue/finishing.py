@@ -17,6 +17,7 @@ from cortexfs.queue import evidence as ev
 from cortexfs.queue import requests
 from cortexfs.queue.holder import Holder, Lease, judge, once_gone
 from cortexfs.queue.layout import (
+    LEASE_FILE,
     RESULT_SUFFIX,
     NotADirectoryOfTheJob,
     Queue,
@@ -131,6 +132,7 @@ def finish(
             queue.require_writable(
                 "finish", ("inbox", state, "claimed", f"claimed/{job}", "lease", f"lease/{job}")
             )
+            queue.require_changeable("finish", _moved_or_removed(job))
         except CtxError as exc:
             raise CtxError(exc.errno, f"{exc.message}; {_still_claimed(job)[0]}") from None
         temp = queue.temp_name(job, "result")
@@ -164,6 +166,12 @@ def finish(
             raise queue.refusal("finish", state, exc, *_still_claimed(job)) from None
         _move_request_and_clean_up(queue, job, lease, claim_fd, terminal)
         return result
+
+
+def _moved_or_removed(job: str) -> tuple[str, str]:
+    """The files a finish moves (the request) and removes (the lease) once its result is in
+    place: an attribute that pins either must refuse the finish before that."""
+    return f"claimed/{job}/{job}", f"lease/{job}/{LEASE_FILE}"
 
 
 def _move_request_and_clean_up(
@@ -217,6 +225,7 @@ def _complete_finish(
     with the outcome and output asked for again) was in place: the request moves beside it
     and the claim goes, as in :func:`finish`, and the result is returned.  J's lock is held."""
     queue.require_writable("finish", (state, "claimed", f"claimed/{job}", "lease", f"lease/{job}"))
+    queue.require_changeable("finish", _moved_or_removed(job))
     _move_request_and_clean_up(queue, job, lease, claim_fd, queue.dirs[state])
     return recorded
 

@@ -19,16 +19,12 @@ from pathlib import Path
 
 from cortexfs import durable, keyvalue
 from cortexfs.errors import CtxError, explain_host_trouble, invalid, not_found
+from cortexfs.file_attributes import attribute_refusal, entry_attribute_refusal
 from cortexfs.locks import flock_within
 from cortexfs.names import is_decimal
 from cortexfs.queue.claim_order import ClaimOrder, start_hint
 from cortexfs.queue.holder import check_ttl
-from cortexfs.storage import (
-    attribute_refusal,
-    check_space_name,
-    not_readable,
-    require_writable,
-)
+from cortexfs.storage import check_space_name, not_readable, require_writable
 from cortexfs.timefmt import MAX_SECONDS
 
 STATE_DIRS = ("inbox", "pending", "lease", "claimed", "done", "failed")
@@ -315,6 +311,32 @@ class Queue:
                 if refused is not None:
                     raise refused
 
+    def require_changeable(self, action: str, entries: tuple[str, ...]) -> None:
+        """EPERM, naming the attribute and the ``chattr`` that lifts it, when one of the files
+        ``entries`` (paths in the queue: ``claimed/J/J``, ``lease/J/worker``) that ``action``
+        will move, replace or remove is immutable or append-only: its directory's mode allows
+        the step, and the kernel refuses it all the same.  For a transition that cannot undo
+        its later steps (finish), as :meth:`require_writable` is."""
+        for entry in entries:
+            refused = self._pinned(entry, action)
+            if refused is not None:
+                raise refused
+
+    def _pinned(self, entry: str, action: str) -> CtxError | None:
+        """The refusal of ``action`` by an attribute of ``entry`` (``pending/J``,
+        ``lease/J/worker``), or None."""
+        place, _, name = entry.rpartition("/")
+        state, _, job = place.partition("/")
+        try:
+            fd = self.open_job_dir(state, job) if job else os.dup(self.dirs[state])
+        except OSError:
+            return None  # what is missing is the step's own error to tell
+        try:
+            return entry_attribute_refusal(fd, name, f"{action} in queue {self.path}",
+                                           self.path / entry)  # fmt: skip
+        finally:
+            os.close(fd)
+
     def _why_not_writable(self, place: str, action: str) -> CtxError | None:
         """Why this process may not change ``place`` (``pending``, ``claimed/J``), in the
         words of a refusal of ``action``: an immutable or append-only attribute (EPERM, which
@@ -336,23 +358,44 @@ class Queue:
             return exc
         return None
 
-    def refusal(self, action: str, state: str, refused: OSError, done: str, again: str) -> Refusal:
+    def refusal(
+        self,
+        action: str,
+        state: str,
+        refused: OSError,
+        done: str,
+        again: str,
+        entries: tuple[str, ...] = (),
+    ) -> Refusal:
         """The error for ``action`` refused by the kernel (``refused``) in the directory
         ``state`` (``inbox``, ``lease/J``…): it names that directory, says what the command did
         and did not do (``done``: ``nothing was published``) and what to do before ``again``
         (``publish again``).  For EACCES, EPERM or EROFS: an immutable or append-only attribute
         and who may remove it, that its filesystem is read-only, or who may write there; for a
         shortage (ENOSPC, EDQUOT, EMFILE…): what ran short, and what frees it.  Never a bare
-        errno, which says neither where nor whether anything changed."""
-        return self.refusal_among(action, (state,), refused, done, again)
+        errno, which says neither where nor whether anything changed.  ``entries``: the files
+        the step moves or replaces (``pending/J``), whose own attributes are asked first."""
+        return self.refusal_among(action, (state,), refused, done, again, entries)
 
     def refusal_among(
-        self, action: str, places: tuple[str, ...], refused: OSError, done: str, again: str
+        self,
+        action: str,
+        places: tuple[str, ...],
+        refused: OSError,
+        done: str,
+        again: str,
+        entries: tuple[str, ...] = (),
     ) -> Refusal:
         """:meth:`refusal` for a step that changes several directories (``places``, as
         :meth:`require_writable` takes them), when which one refused is not known: it names the
         first of them that refuses now, and all of them when none does (the mode changed back
         since, or a security module refused)."""
+        if refused.errno == errno.EPERM:
+            for entry in entries:
+                explained = self._pinned(entry, action)
+                if explained is not None:
+                    said = f"{explained.message}; {done}"
+                    return Refusal(explained.errno, said, said)
         if refused.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
             for place in places:
                 explained = self._why_not_writable(place, action)

@@ -122,7 +122,10 @@ def renew(queue: Queue, job: str, callers: Sequence[Holder], ttl: float | None =
                     )
                 else:
                     discard_temp(queue, temp)
-                raise queue.refusal("renew a lease", f"lease/{job}", exc, *outcome) from None
+                lease_file = (f"lease/{job}/{LEASE_FILE}",)
+                raise queue.refusal(
+                    "renew a lease", f"lease/{job}", exc, *outcome, entries=lease_file
+                ) from None
         finally:
             ops.close(lease_fd)
         return renewed

@@ -489,6 +489,7 @@ def _apply(
         action = f"{_VERBS[finding.action or '']} {job}"
         places = _places_changed(job, transition, evidence)
         queue.require_writable(action, places)
+        queue.require_changeable(action, _files_moved_or_removed(job, evidence))
         with held_interrupts():  # Ctrl-C lands between two jobs, never inside one's move
             try:
                 transition(queue, job, claim_fd)
@@ -521,6 +522,17 @@ def _places_changed(job: str, transition: Any, evidence: ev.JobEvidence) -> tupl
     if evidence.lease_file:
         places.append(f"lease/{job}")
     return tuple(places)
+
+
+def _files_moved_or_removed(job: str, evidence: ev.JobEvidence) -> tuple[str, ...]:
+    """The files of J a transition of recover moves or removes (its claimed request, its
+    lease file): an immutable or append-only one refuses it midway, which is said first."""
+    files = []
+    if evidence.claim_request is not None:
+        files.append(f"claimed/{job}/{job}")
+    if evidence.lease_file:
+        files.append(f"lease/{job}/{LEASE_FILE}")
+    return tuple(files)
 
 
 def _move_claim_to(queue: Queue, job: str, claim_fd: int, dst_dir: int) -> None:

@@ -32,6 +32,7 @@ from typing import Any
 
 from cortexfs import capabilities, durable, jsontext
 from cortexfs.errors import CtxError, invalid, too_big
+from cortexfs.file_attributes import refusing_attribute
 from cortexfs.locks import flock_within
 from cortexfs.shared.tree import Ownership
 from cortexfs.timefmt import rfc3339
@@ -535,10 +536,14 @@ def _repair_unwritable(path: Path, dir_fd: int | None, refused: int) -> int:
             return 0
         size = os.fstat(fd).st_size
         torn = size - _end_of_last_line(fd, size)
+        pinned = refusing_attribute(fd)
     finally:
         os.close(fd)
     if refused == errno.EROFS:
         why, remedy = "while its filesystem is read-only", "remount it read-write and repair again"
+    elif pinned is not None:
+        why = f"while it is {pinned.name} (attribute '{pinned.letter}', which 'lsattr' shows)"
+        remedy = f"have root remove it with 'chattr -{pinned.letter} {path}' and repair again"
     else:
         why = "by a caller who may not write it"
         remedy = (

@@ -70,7 +70,7 @@ def descriptors_set_aside(dir_fd: int, path: Path) -> Iterator[Callable[[], None
         release()
 
 
-def could_not_look(directory: Path, name: str, exc: OSError) -> CtxError:
+def could_not_look(directory: Path, name: str, exc: OSError | CtxError) -> CtxError:
     """The error of an install of ``name`` that could not settle what interrupted installs
     left in ``directory``, which it does before it makes anything."""
     code = exc.errno or errno.EIO

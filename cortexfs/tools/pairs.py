@@ -79,6 +79,7 @@ from pathlib import Path
 
 from cortexfs import durable
 from cortexfs.errors import CtxError, exists
+from cortexfs.file_attributes import removal_refusal, tree_attribute_refusal
 from cortexfs.locks import LOCK_FILE, flock_within, lock_holders, open_lock_file
 from cortexfs.names import is_object_name
 from cortexfs.tools import install_failure
@@ -202,6 +203,14 @@ def install_pair(
                     f"{directory}/{found[0].sentence()}; it is not ours to replace, so nothing "
                     "was changed: move it away and install again",
                 )
+            if had_entry:
+                # The previous version goes whole once the new one is in: a file of it that
+                # an attribute pins would stop the commit midway, so it refuses it first.
+                pinned = tree_attribute_refusal(
+                    dir_fd, [name, name + CONTROLS_SUFFIX], f"install {directory / name}", directory
+                )
+                if pinned is not None:
+                    raise CtxError(pinned.errno, f"{pinned.message}; nothing was changed")
             staging = _Staging(name, os.urandom(6).hex())
             receiver = _receiver(host)
             marked = False  # the commit marker is durable: from then on the install completes
@@ -560,7 +569,7 @@ def _repair_before_install(
     finished."""
     try:
         return {done for done, what in _repair_locked(ops, dir_fd, kind) if what == _FINISHED}
-    except OSError as exc:
+    except (OSError, CtxError) as exc:
         raise install_failure.could_not_look(directory, name, exc) from exc
 
 
@@ -682,5 +691,8 @@ def _remove(ops: durable.FsOps, dir_fd: int, names: Sequence[str]) -> None:
                 _remove(ops, fd, os.listdir(fd))
             finally:
                 ops.close(fd)
-        durable.remove_entries(ops, [(dir_fd, name, stat.S_ISDIR(status.st_mode))])
+        try:
+            durable.remove_entries(ops, [(dir_fd, name, stat.S_ISDIR(status.st_mode))])
+        except PermissionError as exc:
+            raise removal_refusal(exc, dir_fd, name, "remove what an install left") from exc
     durable.sync_dir(ops, dir_fd)
