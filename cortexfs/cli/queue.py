@@ -534,6 +534,15 @@ def say_why_left_pending(left_pending: dict[str, str]) -> None:
             f"left pending, since uid {os.geteuid()} may not read their "
             f"request: {_some(unreadable)}; a member who may read them claims them"
         )
+    unlinkable = [job for job, why in left_pending.items() if why == protocol.UNLINKABLE]
+    if unlinkable:
+        _note(
+            f"left pending, since this queue moves requests by hard link (its filesystem has "
+            f"no atomic rename, or its config says move=link) and the kernel lets uid "
+            f"{os.geteuid()} link only a file it owns or may write (fs.protected_hardlinks): "
+            f"{_some(unlinkable)}; their owner, or a member who may write them, claims them "
+            "('ctx queue publish' makes a request writable by the queue's group)"
+        )
     held = {
         protocol.CLAIM_LEFT: (
             "with claimed/J there already",

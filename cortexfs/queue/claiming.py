@@ -109,18 +109,11 @@ def still_pending(queue: Queue, left_pending: Mapping[str, str]) -> dict[str, st
 # Why a pending job was passed over by a claim (``left_pending``): each is also a race that a
 # concurrent claimer or recover may be settling at that moment.
 UNREADABLE = "unreadable"  # this uid may not read its request
-
-
+UNLINKABLE = "unlinkable"  # moved by link, and this uid may not link it (protected_hardlinks)
 CLAIM_LEFT = "claimed"  # claimed/J is there already: a claim in progress, or a crash's leftover
-
-
 LEASE_LEFT = "leased"  # lease/J is there without a claim: an earlier crash's leftover
-
-
 FINISHED = "finished"  # J is in done/ or failed/ too: a conflict (Q-6)
-
-
-LEFT_PENDING = (UNREADABLE, CLAIM_LEFT, LEASE_LEFT, FINISHED)
+LEFT_PENDING = (UNREADABLE, UNLINKABLE, CLAIM_LEFT, LEASE_LEFT, FINISHED)
 
 
 def _accepted(queue: Queue, job: str, accepts: Callable[[Mapping[str, Any]], bool]) -> bool:
@@ -233,6 +226,10 @@ def claim_job(
                     f"failed ({kernel_said(exc)}): it has no lease and never ran; 'ctx queue "
                     "recover --reconcile' returns it to pending",
                 ) from None
+            if _not_ours_to_link(queue, job, exc):
+                _abandon_claim_dir(queue, job)
+                passed_over[job] = UNLINKABLE
+                return None
             refusal = queue.refusal(
                 "claim", "pending", exc, *_nothing_claimed(job), entries=(f"pending/{job}",)
             )
@@ -281,6 +278,24 @@ def claim_job(
         return None
     finally:
         ops.close(claim_fd)
+
+
+def _not_ours_to_link(queue: Queue, job: str, refused: OSError) -> bool:
+    """Whether the move of ``pending/J`` was refused because it moves by link and J's request
+    is another uid's that this one may not write: ``fs.protected_hardlinks`` lets no one else
+    link it.  Not the queue's refusal, as a request this uid may not read is not: J stays
+    pending for its owner, or for a member who may write it (``publish`` makes requests
+    group-writable), and the claim goes on to the next job."""
+    if refused.errno != errno.EPERM:
+        return False
+    if durable.move_strategy_for(queue.ops, queue.pending) != durable.MOVE_LINK:
+        return False
+    try:
+        request = os.stat(job, dir_fd=queue.pending, follow_symlinks=False)
+        writable = os.access(job, os.W_OK, dir_fd=queue.pending, effective_ids=True)
+    except OSError:
+        return False
+    return request.st_uid != os.geteuid() and not writable
 
 
 def _undo_refused(
