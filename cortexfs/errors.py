@@ -142,6 +142,13 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+def errno_text(exc: OSError) -> str:
+    """``EIO: Input/output error``: what the kernel reported, without a file name (the
+    message it goes into names the file in its own words)."""
+    name = _errno.errorcode.get(exc.errno or 0, "EIO")
+    return f"{name}: {exc.strerror or exc}"
+
+
 def invalid(message: str) -> CtxError:
     """EINVAL: the input is malformed."""
     return CtxError(_errno.EINVAL, message)

@@ -71,14 +71,7 @@ def attribute_refusal(fd: int, action: str, path: Path) -> CtxError | None:
         attribute = refusing_attribute(fd)
     finally:
         os.close(fd)
-    if attribute is None:
-        return None
-    return CtxError(
-        errno.EPERM,
-        f"cannot {action}: {path} is {attribute.name} (attribute '{attribute.letter}', which "
-        f"'lsattr -d' shows): {attribute.in_directory}, by root too; have root remove it with "
-        f"'chattr -{attribute.letter} {path}'",
-    )
+    return None if attribute is None else _refused_by(attribute, action, path, directory=True)
 
 
 def entry_attribute_refusal(dir_fd: int, name: str, action: str, path: Path) -> CtxError | None:
@@ -106,12 +99,18 @@ def entry_attribute_refusal(dir_fd: int, name: str, action: str, path: Path) -> 
         attribute = refusing_attribute(fd)
     finally:
         os.close(fd)
-    if attribute is None:
-        return None
+    return None if attribute is None else _refused_by(attribute, action, path, directory=False)
+
+
+def _refused_by(attribute: Attribute, action: str, path: Path, *, directory: bool) -> CtxError:
+    """EPERM for ``action``, refused by ``attribute`` of ``path`` (a directory or a file)."""
+    shows, refuses = (
+        ("'lsattr -d'", attribute.in_directory) if directory else ("'lsattr'", attribute.on_file)
+    )
     return CtxError(
         errno.EPERM,
         f"cannot {action}: {path} is {attribute.name} (attribute '{attribute.letter}', which "
-        f"'lsattr' shows): {attribute.on_file}, by root too; have root remove it with "
+        f"{shows} shows): {refuses}, by root too; have root remove it with "
         f"'chattr -{attribute.letter} {path}'",
     )
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cortexfs import durable
-from cortexfs.errors import CtxError, explain_host_trouble
+from cortexfs.errors import CtxError, errno_text, explain_host_trouble
 from cortexfs.queue import requests
 from cortexfs.queue.claim_order import candidates, pending_changed, pending_stamp
 from cortexfs.queue.holder import Holder, Lease, check_ttl, check_worker_id
@@ -22,7 +22,6 @@ from cortexfs.queue.layout import LEASE_FILE, Queue, lstat_at, read_regular_file
 from cortexfs.queue.transition import (
     discard_temp,
     is_regular,
-    kernel_said,
     lock_job,
     moved_in,
     not_known_where,
@@ -223,7 +222,7 @@ def claim_job(
                 raise CtxError(
                     exc.errno or errno.EIO,
                     f"job {job} was moved to claimed/, but syncing the queue after the move "
-                    f"failed ({kernel_said(exc)}): it has no lease and never ran; 'ctx queue "
+                    f"failed ({errno_text(exc)}): it has no lease and never ran; 'ctx queue "
                     "recover --reconcile' returns it to pending",
                 ) from None
             if _not_ours_to_link(queue, job, exc):
@@ -309,7 +308,7 @@ def _undo_refused(
     except OSError as unread:  # the filesystem failed as a whole: both are possible
         where = (
             f"it is pending, or its request is in claimed/{job} with no lease (the queue "
-            f"could not be read to tell: {kernel_said(unread)})"
+            f"could not be read to tell: {errno_text(unread)})"
         )
     else:
         if claimed:
@@ -324,7 +323,7 @@ def _undo_refused(
     mend = "" if trouble is None else f"{trouble.remedy}, then "
     return CtxError(
         (refusal.errno if refusal is not None else exc.errno) or errno.EIO,
-        f"{first}undoing the claim of {job} was refused{too} ({kernel_said(exc)}): {where}; "
+        f"{first}undoing the claim of {job} was refused{too} ({errno_text(exc)}): {where}; "
         f"it never ran: {mend}'ctx queue recover --reconcile' returns it to pending",
     )
 

@@ -11,7 +11,6 @@ complete without losing or duplicating work, or a *conflict* left to a human.
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import stat
 import time
@@ -19,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from cortexfs import jsontext
-from cortexfs.errors import CtxError
+from cortexfs.errors import CtxError, errno_text
 from cortexfs.names import is_job_name, job_name_problem
 from cortexfs.queue.layout import (
     LEASE_FILE,
@@ -287,12 +286,6 @@ def _take_job_dir(
         if ignored is not None:
             ignored.append(Ignored(inner_path, reason))
         evidence.bad.append(inner_path)
-
-
-def errno_text(exc: OSError) -> str:
-    """``EACCES: Permission denied``: an OSError as a report line shows it."""
-    name = errno.errorcode.get(exc.errno or 0, "EIO")
-    return f"{name}: {exc.strerror or exc}"
 
 
 def _scan_terminal(queue: Queue, result: Scan, state: str) -> None:

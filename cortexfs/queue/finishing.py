@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from cortexfs import durable, jsontext
-from cortexfs.errors import CtxError
+from cortexfs.errors import CtxError, errno_text
 from cortexfs.names import job_name
 from cortexfs.queue import evidence as ev
 from cortexfs.queue import requests
@@ -35,7 +35,6 @@ from cortexfs.queue.leasing import (
 )
 from cortexfs.queue.transition import (
     discard_temp,
-    kernel_said,
     locked_claim,
     moved_in,
     not_known_where,
@@ -266,7 +265,7 @@ def _finish_cut_short(queue: Queue, job: str, lease: Lease | CtxError, exc: OSEr
         then = "'ctx queue recover --reconcile' completes it"
     return CtxError(
         exc.errno or errno.EIO,
-        f"finishing {job} failed after its result was in place ({kernel_said(exc)}), so a crash "
+        f"finishing {job} failed after its result was in place ({errno_text(exc)}), so a crash "
         f"may still undo part of it: {where}; {then}",
     )
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from cortexfs import durable
-from cortexfs.errors import CtxError, exists, invalid
+from cortexfs.errors import CtxError, errno_text, exists, invalid
 from cortexfs.interrupts import held_interrupts
 from cortexfs.names import job_name
 from cortexfs.queue import requests
@@ -23,7 +23,6 @@ from cortexfs.queue.layout import Queue, kind_of, lstat_at
 from cortexfs.queue.transition import (
     discard_temp,
     discard_temps,
-    kernel_said,
     moved_in,
     not_known_where,
     terminal_evidence,
@@ -356,7 +355,7 @@ def _published_unsynced(
     return PublishedInPart(
         exc.errno or errno.EIO,
         f"{names} {are} in pending/ and will be claimed, but syncing the queue after the move "
-        f"failed ({kernel_said(exc)}), so a crash may still lose {them}: do not publish {them} "
+        f"failed ({errno_text(exc)}), so a crash may still lose {them}: do not publish {them} "
         f"again; {show}{rest}",
         published,
         unpublished,

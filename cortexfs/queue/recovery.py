@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cortexfs import durable
-from cortexfs.errors import HOST_TROUBLES, CtxError, explain_host_trouble
+from cortexfs.errors import HOST_TROUBLES, CtxError, errno_text, explain_host_trouble
 from cortexfs.interrupts import held_interrupts
 from cortexfs.queue import evidence as ev
 from cortexfs.queue.claim_order import pending_changed, pending_stamp, relist_after_recover
@@ -198,7 +198,7 @@ def _failure(queue: Queue, exc: OSError | CtxError, scanned: ev.JobEvidence) -> 
     if isinstance(exc, CtxError):
         code, detail = exc.code_name, f"{exc}; left as it is"
         return Finding(scanned.job, "error", detail, evidence=scanned.paths(), error=code)
-    code, reason = errno.errorcode.get(exc.errno or 0, "EIO"), ev.errno_text(exc)
+    code, reason = errno.errorcode.get(exc.errno or 0, "EIO"), errno_text(exc)
     trouble = explain_host_trouble(exc.errno, filesystem=queue.root_fd, uid=os.geteuid())
     if trouble is None:
         detail = f"{reason}; left as it is"
@@ -231,7 +231,7 @@ def _stopped_part_way(queue: Queue, scanned: ev.JobEvidence, stopped: _StoppedPa
     else:
         # Not the host's refusal: an entry changed under the transition (a directory swapped
         # for a symbolic link, a name taken meanwhile), which is said with the errno.
-        detail = f"{stopped.action}: {ev.errno_text(exc)}; {where}"
+        detail = f"{stopped.action}: {errno_text(exc)}; {where}"
         code = errno.errorcode.get(exc.errno or 0, "EIO")
     return Finding(scanned.job, "error", detail, evidence=now.paths(), error=code)
 

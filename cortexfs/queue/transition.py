@@ -20,7 +20,7 @@ import stat
 from collections.abc import Callable, Iterator, Sequence
 
 from cortexfs import durable
-from cortexfs.errors import CtxError
+from cortexfs.errors import CtxError, errno_text
 from cortexfs.queue.layout import LEASE_FILE, RESULT_SUFFIX, Queue, kind_of, lock_dir, lstat_at
 
 
@@ -47,15 +47,9 @@ def not_known_where(action: str, job: str, exc: OSError, unread: OSError, then: 
     either once the queue can be read again."""
     return CtxError(
         exc.errno or errno.EIO,
-        f"{action} {job} failed ({kernel_said(exc)}) and the queue could not be read to tell where "
-        f"{job} stands ({kernel_said(unread)}): {then}",
+        f"{action} {job} failed ({errno_text(exc)}) and the queue could not be read to tell where "
+        f"{job} stands ({errno_text(unread)}): {then}",
     )
-
-
-def kernel_said(exc: OSError) -> str:
-    """``EIO: Input/output error``: what the kernel reported, for a message."""
-    name = errno.errorcode.get(exc.errno or 0, "EIO")
-    return f"{name}: {exc.strerror or exc}"
 
 
 def terminal_evidence(queue: Queue, job: str) -> list[tuple[str, str]]:
