@@ -186,10 +186,29 @@ def list_jobs(queue: Queue, state: str | None = None) -> list[dict[str, str]]:
     return listed
 
 
+# How many times show looks at a job that moved while it read its evidence.
+SHOW_ATTEMPTS = 5
+
+
 def show(queue: Queue, job: str) -> dict[str, Any]:
-    """Every piece of evidence for J, with the documents it holds."""
+    """Every piece of evidence for J, with the documents it holds.
+
+    A claim, finish or recover may move J while its evidence is read (a finish removes the
+    lease and the claim directory being read): the evidence is listed again once read, and
+    J is looked at anew until the two listings agree, so that what is shown is one state J
+    was in, never a mix of two or a piece reported missing (at most :data:`SHOW_ATTEMPTS`
+    times; a J that never holds still is shown as last read)."""
     job = job_name(job)
-    evidence = ev.evidence_of(queue, job)
+    for _ in range(SHOW_ATTEMPTS):
+        evidence = ev.evidence_of(queue, job)
+        detail = _shown(queue, job, evidence)
+        if ev.evidence_of(queue, job).paths() == evidence.paths():
+            break
+    return detail
+
+
+def _shown(queue: Queue, job: str, evidence: ev.JobEvidence) -> dict[str, Any]:
+    """:func:`show` of J as ``evidence`` found it."""
     temps = [t for t in ev.scan_inbox(queue) if t.job == job]
     paths = evidence.paths()
     if not paths and not temps:
@@ -300,7 +319,10 @@ def _open_parent(queue: Queue, path: str) -> tuple[int, str, bool]:
 def _read_document(queue: Queue, path: str, limit: int) -> Any:
     """The JSON document at ``path``, read up to ``limit`` bytes (what its kind may reach);
     ``{"unreadable": why}`` otherwise."""
-    dir_fd, name, owned = _open_parent(queue, path)
+    try:
+        dir_fd, name, owned = _open_parent(queue, path)
+    except OSError as exc:  # its directory went (J moved on: show looks again) or is shut
+        return {"unreadable": str(exc)}
     try:
         data = read_regular_file(dir_fd, name, limit)
         return jsontext.loads_strict(data.decode("utf-8"), unique_names=False)
@@ -312,7 +334,10 @@ def _read_document(queue: Queue, path: str, limit: int) -> Any:
 
 
 def _describe(queue: Queue, path: str) -> dict[str, Any]:
-    dir_fd, name, owned = _open_parent(queue, path)
+    try:
+        dir_fd, name, owned = _open_parent(queue, path)
+    except OSError:
+        return {"path": path, "kind": "vanished"}
     try:
         st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
     except OSError:
