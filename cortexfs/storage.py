@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 from cortexfs import bootstrap_repair, capabilities, durable, mount_table
+from cortexfs.absolute_paths import absolute
 from cortexfs.errors import HOST_SHORTAGES, CtxError, invalid, not_found
 from cortexfs.file_attributes import attribute_refusal
 from cortexfs.names import check_object_name
@@ -158,7 +159,7 @@ def root_from_environment() -> Path | None:
 
 def _absolute(path: Path, given_as: str) -> Path:
     try:
-        return path.absolute()
+        return Path(absolute(path))
     except FileNotFoundError:  # getcwd() of a directory that was removed
         raise not_found(
             f"{given_as} {path} is relative, and the current directory no longer exists; "

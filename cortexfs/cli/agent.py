@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from cortexfs.absolute_paths import absolute
 from cortexfs.agents.create import ROOT_DEFAULT_USER, create_agent, default_identity, identity_json
 from cortexfs.agents.request import (
     MAX_REQUEST_BYTES,
@@ -325,8 +326,16 @@ def workspace_directory(workspace: Path | None, no_workspace: bool) -> Path | No
     """The directory to mount at /workspace by default (A-1), or None for none."""
     if workspace is not None and no_workspace:
         raise usage_problem(invalid("give --workspace DIR or --no-workspace, not both"))
-    if no_workspace or workspace is not None:
-        return workspace
+    if no_workspace:
+        return None
+    if workspace is not None:
+        try:
+            return Path(absolute(workspace))  # the terminal outlives this directory
+        except FileNotFoundError:
+            raise not_found(
+                f"--workspace {workspace} is relative, and the current directory no longer "
+                "exists: give an absolute path, or change to a directory that exists"
+            ) from None
     try:
         return Path.cwd()
     except FileNotFoundError:

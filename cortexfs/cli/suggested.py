@@ -12,6 +12,7 @@ import os
 import re
 from collections.abc import Callable
 
+from cortexfs import absolute_paths
 from cortexfs.printable import shell_word
 
 SUGGESTED_COMMAND = re.compile(r"'ctx ([a-z][^']*)'")
@@ -21,7 +22,7 @@ def absolute(path: str | os.PathLike[str]) -> str:
     """``path`` made absolute for a suggestion, as given when it cannot be (relative, from a
     current directory that was removed: the command's own error says so)."""
     try:
-        return os.path.abspath(path)
+        return absolute_paths.absolute(path)
     except OSError:
         return os.fspath(path)
 

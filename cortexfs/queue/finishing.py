@@ -6,6 +6,7 @@ order is in :mod:`cortexfs.queue.protocol`.
 from __future__ import annotations
 
 import errno
+import os
 import stat
 from collections.abc import Mapping
 from typing import Any
@@ -132,6 +133,7 @@ def finish(
                 "finish", ("inbox", state, "claimed", f"claimed/{job}", "lease", f"lease/{job}")
             )
             queue.require_changeable("finish", _moved_or_removed(job))
+            _require_nothing_else(queue, job, claim_fd)
         except CtxError as exc:
             raise CtxError(exc.errno, f"{exc.message}; {_still_claimed(job)[0]}") from None
         temp = queue.temp_name(job, "result")
@@ -171,6 +173,30 @@ def _moved_or_removed(job: str) -> tuple[str, str]:
     """The files a finish moves (the request) and removes (the lease) once its result is in
     place: an attribute that pins either must refuse the finish before that."""
     return f"claimed/{job}/{job}", f"lease/{job}/{LEASE_FILE}"
+
+
+def _require_nothing_else(queue: Queue, job: str, claim_fd: int) -> None:
+    """ENOTEMPTY when ``claimed/J`` or ``lease/J`` holds more than J's own file (one written
+    there by hand, or by a command run in it): a finish removes both once its result is in
+    place, and an ``rmdir`` refused then would leave J finished in part, a conflict."""
+    try:
+        lease_fd = queue.open_job_dir("lease", job)
+    except OSError:
+        lease_fd = None  # no lease directory: finish refuses for that on its own
+    try:
+        for place, dir_fd, own in (("claimed", claim_fd, job), ("lease", lease_fd, LEASE_FILE)):
+            others = [] if dir_fd is None else sorted(set(os.listdir(dir_fd)) - {own})
+            if others:
+                them = "it" if len(others) == 1 else "them"
+                raise CtxError(
+                    errno.ENOTEMPTY,
+                    f"{place}/{job} holds {', '.join(others[:5])} besides {own}: finish would "
+                    f"move J's request and result, then fail to remove {place}/{job}; move "
+                    f"{them} out of the queue, then finish again",
+                )
+    finally:
+        if lease_fd is not None:
+            queue.ops.close(lease_fd)
 
 
 def _move_request_and_clean_up(
@@ -225,6 +251,7 @@ def _complete_finish(
     and the claim goes, as in :func:`finish`, and the result is returned.  J's lock is held."""
     queue.require_writable("finish", (state, "claimed", f"claimed/{job}", "lease", f"lease/{job}"))
     queue.require_changeable("finish", _moved_or_removed(job))
+    _require_nothing_else(queue, job, claim_fd)
     _move_request_and_clean_up(queue, job, lease, claim_fd, queue.dirs[state])
     return recorded
 
