@@ -35,6 +35,7 @@ from cortexfs.errors import HOST_SHORTAGES, CtxError, invalid, not_found
 from cortexfs.file_attributes import attribute_refusal
 from cortexfs.names import check_object_name
 from cortexfs.printable import shell_word
+from cortexfs.user_namespace import unmapped_owner
 
 ROOT_ENTRIES = ("bin", "tool", "agent", "model", "home", "shared")
 ABI_MODE = 0o755  # the root and its six entries: everyone reads and searches, the owner writes
@@ -264,6 +265,8 @@ def _refusal(
         fix = f"you own it, but its mode leaves you out: 'chmod u+{letter}' it"
         if not _in_default_root(path):  # where "a root of your own" would name this one
             fix += f", or {use_own_root()}"
+    if fix is None and os.geteuid() == 0:
+        fix = unmapped_owner(st.st_uid)
     if fix is None:
         fix = capabilities.root_without(capabilities.CAP_DAC_OVERRIDE)
     if fix is None:

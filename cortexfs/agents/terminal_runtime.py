@@ -55,6 +55,7 @@ from cortexfs.fuse.mounts import mounted_type, unmount
 from cortexfs.regular_file import read_regular_file_and_status
 from cortexfs.shared.sessions import SessionRef
 from cortexfs.shared.tree import open_beneath
+from cortexfs.user_namespace import unmapped_owner
 
 RUN_BASE = Path("/run/cortexfs/terminal")
 SOCKET_NAME = "main.sock"
@@ -194,6 +195,14 @@ class RunDirectory:
             what = "a symbolic link" if stat.S_ISLNK(status.st_mode) else "not a directory"
             if stat.S_ISDIR(status.st_mode):
                 what = f"a directory of uid {status.st_uid}"
+            foreign = unmapped_owner(status.st_uid) if stat.S_ISDIR(status.st_mode) else None
+            if foreign is not None:  # the host's, seen from a user namespace: not ours to remove
+                raise CtxError(
+                    errno.EINVAL,
+                    f"{directory} is a directory of the host's, which this user namespace sees "
+                    f"as uid {status.st_uid}: {foreign}; a terminal started in the namespace "
+                    "needs a /run of its own (a private tmpfs)",
+                )
             raise CtxError(
                 errno.EPERM,
                 f"{directory} is {what}, not uid {os.geteuid()}'s directory: whoever owns it "

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
 
-from cortexfs import capabilities, durable
+from cortexfs import capabilities, durable, user_namespace
 from cortexfs.errors import CtxError
 from cortexfs.interrupts import held_interrupts
 from cortexfs.storage import not_readable
@@ -54,11 +54,9 @@ def ensure_directories(
             if owner is not None and _gives_away(owner) and durable.lstat_at(fd, name) is None:
                 # Asked before the mkdir: one made and then refused its owner would be left
                 # root's, and kept so by every later run.
-                capabilities.require(
-                    f"making {top.joinpath(*parts[: depth + 1])} owned by uid {owner.uid}, "
-                    f"gid {owner.gid}",
-                    capabilities.CAP_CHOWN,
-                )
+                made_for = f"{top.joinpath(*parts[: depth + 1])} owned by {_ids(owner)}"
+                capabilities.require(f"making {made_for}", capabilities.CAP_CHOWN)
+                user_namespace.require_mapped(f"make {made_for}", owner.uid, owner.gid)
             # Ctrl-C waits for the mode: a directory left with the mkdir's would be left so by
             # the next run, which leaves what exists as it is.
             with held_interrupts():
@@ -207,6 +205,12 @@ def _gives_away(owner: Ownership) -> bool:
     return other_uid or other_group
 
 
+def _ids(owner: Ownership) -> str:
+    """``uid U, gid G``, or the one of them that is given (-1: left as it is)."""
+    given = [f"{kind} {n}" for kind, n in (("uid", owner.uid), ("gid", owner.gid)) if n != -1]
+    return ", ".join(given)
+
+
 def _apply(ops: durable.FsOps, fd: int, mode: int, owner: Ownership | None) -> None:
     """Owner and mode of an open directory; its own fsync makes the inode change durable.
 
@@ -231,12 +235,8 @@ def _apply(ops: durable.FsOps, fd: int, mode: int, owner: Ownership | None) -> N
             # Inside a user namespace (unshare --map-root-user) a uid or gid its map leaves out
             # names nobody there: the kernel says EINVAL, which alone names no id.
             where = os.readlink(f"/proc/self/fd/{fd}")
-            raise CtxError(
-                errno.EINVAL,
-                f"cannot give {where} to uid {owner.uid} and gid {owner.gid}: this user "
-                "namespace maps no such id (see /proc/self/uid_map and gid_map); run where the "
-                "agent's ids exist, or give the agent ids mapped here (its identity control)",
-            ) from None
+            user_namespace.require_mapped(f"give {where} to {_ids(owner)}", owner.uid, owner.gid)
+            raise
     # After chown: changing the owner clears the setgid bit on some filesystems.
     os.fchmod(fd, mode)
     durable.sync_dir(ops, fd)

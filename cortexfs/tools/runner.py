@@ -51,7 +51,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from cortexfs import capabilities
+from cortexfs import capabilities, user_namespace
 from cortexfs.agents.host import require_host_administrator, require_no_groups_beyond
 from cortexfs.agents.projection import RecentDecisions
 from cortexfs.agents.view import AgentView
@@ -309,6 +309,8 @@ class _Call:
                 capabilities.CAP_SETUID,
                 capabilities.CAP_SETGID,
             )
+            if os.geteuid() == 0:
+                user_namespace.require_setgroups("run a tool as the agent's uid, gid and groups")
 
     def _admit_call_of_one_version(self, input_value: Any) -> None:
         """Admit the call by the tool's controls, again while a reinstall replaced the

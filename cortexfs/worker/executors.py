@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from cortexfs import capabilities
+from cortexfs import capabilities, user_namespace
 from cortexfs.agents.host import require_host_administrator, require_no_groups_beyond
 from cortexfs.agents.view import AgentView
 from cortexfs.errors import CtxError, remedy_for_host_trouble
@@ -67,12 +67,14 @@ class ToolExecutor:
         owner = Ownership(view.identity.uid, view.identity.gid)
         self.session: Session = _open_worker_session(self.session_ref, owner)
         self._running: dict[str, int] = {}
-        if offline_only:
-            try:
+        try:
+            if os.geteuid() == 0:  # as the runner asks once the session is open
+                user_namespace.require_setgroups(f"run the tools of agent {agent}")
+            if offline_only:
                 offline.require_possible()  # a seccomp filter may refuse what capabilities allow
-            except CtxError as refused:
-                self.session.close()
-                raise _no_job_claimed(refused) from None
+        except CtxError as refused:
+            self.session.close()
+            raise _no_job_claimed(refused) from None
 
     def close(self) -> None:
         self.session.close()
