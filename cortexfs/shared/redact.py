@@ -211,6 +211,61 @@ def summarize(value: Any, depth: int = 0) -> Any:
     return _short_text(str(value))
 
 
+# A value shorter than this is not looked for in a message: replacing every "1" or "id" of a
+# message would garble it, and no password is that short.
+_SHORTEST_HIDDEN = 3
+
+
+def hidden_values(value: Any) -> frozenset[str]:
+    """The texts of ``value`` (a call's input, or its argv) that its summary redacts, as a
+    message would quote them: a schema's refusal of the value at ``/passwords/0`` quotes
+    that value, which :func:`without_hidden` then takes out of the message before it is
+    logged, as the input's summary took it out of the input."""
+    found: set[str] = set()
+    _hidden_in(value, summarize(value), found)
+    return frozenset(text for text in found if len(text) >= _SHORTEST_HIDDEN)
+
+
+def without_hidden(text: str, hidden: frozenset[str]) -> str:
+    """``text`` with every value of ``hidden`` (:func:`hidden_values`) replaced, the longest
+    first (one may hold another)."""
+    for value in sorted(hidden, key=len, reverse=True):
+        text = text.replace(value, REDACTED)
+    return text
+
+
+def _hidden_in(value: Any, summary: Any, found: set[str]) -> None:
+    """Add to ``found`` what of ``value`` its ``summary`` (:func:`summarize` of it) redacted,
+    walking the two side by side: a summary keeps the order of keys and items."""
+    if summary == REDACTED and value != REDACTED:
+        found.update(_texts_of(value))
+    elif isinstance(value, dict) and isinstance(summary, dict):
+        for item, said in zip(value.values(), summary.values(), strict=False):
+            _hidden_in(item, said, found)
+    elif isinstance(value, list | tuple) and isinstance(summary, list):
+        for item, said in zip(value, summary, strict=False):
+            _hidden_in(item, said, found)
+    elif isinstance(value, str) and isinstance(summary, str) and summary.endswith(REDACTED):
+        kept = summary.removesuffix(REDACTED)  # an argv word: --password=[redacted]
+        if value.startswith(kept) and len(value) > len(kept):
+            found.add(value[len(kept) :])
+
+
+def _texts_of(value: Any) -> list[str]:
+    """The scalars of ``value`` as a message would quote them."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, bool) or value is None:
+        return []
+    if isinstance(value, int | float):
+        return [json.dumps(value)]
+    if isinstance(value, dict):
+        return [text for item in value.values() for text in _texts_of(item)]
+    if isinstance(value, list | tuple):
+        return [text for item in value for text in _texts_of(item)]
+    return []
+
+
 def _distinct(key: str, taken: dict[str, Any]) -> str:
     """``key``, or ``key#2``, ``key#3``… when a summarised key already took it: two keys
     whose secrets were both redacted stay two entries."""

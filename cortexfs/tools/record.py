@@ -34,7 +34,13 @@ from cortexfs import durable
 from cortexfs.errors import CtxError
 from cortexfs.locks import flock_within, open_lock_file
 from cortexfs.shared.events import EventLog, make_event
-from cortexfs.shared.redact import bounded_summary, summarize, summarize_argv
+from cortexfs.shared.redact import (
+    bounded_summary,
+    hidden_values,
+    summarize,
+    summarize_argv,
+    without_hidden,
+)
 from cortexfs.shared.sessions import Session
 from cortexfs.shared.tree import open_beneath
 from cortexfs.tools.result import ToolResult
@@ -54,7 +60,12 @@ def request_facts(
     return facts
 
 
-def result_facts(result: ToolResult) -> dict[str, Any]:
+def result_facts(result: ToolResult, called_with: Any = None) -> dict[str, Any]:
+    """The facts of a result that may be logged (S-4).  ``called_with``: the call's input (or
+    argv), whose values its summary redacted a message loses too: a schema's refusal quotes
+    the value it refuses (:func:`~cortexfs.shared.redact.hidden_values`)."""
+    messages = result.error is not None or bool(result.post_hooks)
+    hidden = hidden_values(called_with) if messages and called_with is not None else frozenset()
     facts: dict[str, Any] = {
         "call": result.call,
         "exit_status": result.exit_status,
@@ -65,7 +76,7 @@ def result_facts(result: ToolResult) -> dict[str, Any]:
             errno=result.error.code_name,
             stage=result.error.stage,
             step=result.error.step,
-            message=summarize(result.error.message),
+            message=summarize(without_hidden(result.error.message, hidden)),
         )
     if result.output is not None:
         facts["output"] = bounded_summary(result.output)
@@ -73,7 +84,8 @@ def result_facts(result: ToolResult) -> dict[str, Any]:
         # A hook's message is the last line of its stderr: any length, and as apt as the
         # tool's own to hold a secret.
         facts["post_hooks"] = [
-            {**hook, "message": summarize(hook["message"])} for hook in result.post_hooks
+            {**hook, "message": summarize(without_hidden(hook["message"], hidden))}
+            for hook in result.post_hooks
         ]
     return facts
 
@@ -89,6 +101,7 @@ def record_result(
     object_ref: str,
     result: ToolResult,
     request: dict[str, Any],
+    called_with: Any = None,
 ) -> None:
     """``tool_result`` in the session and a line in the tool's log, both durable on return.
 
@@ -100,7 +113,7 @@ def record_result(
     which the tool itself ran, so a tool that locked or broke its session must not keep its
     call out of the log the host owns (T-7).  The first failure is the one raised.
     """
-    facts = result_facts(result)
+    facts = result_facts(result, called_with)
     failures: list[BaseException] = []
     session_name = "" if session is None else session.ref.name
     if session is not None:

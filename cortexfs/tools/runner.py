@@ -222,6 +222,7 @@ class _Call:
         self.environment: dict[str, str] | None = None  # the tool's and its hooks'
         self.capability: Capability | None = None  # served while the tool runs (A-5)
         self.request: dict[str, Any] = {}
+        self.called_with: Any = None  # the input or argv, whose redacted values messages lose
         self.workspace = workspace
         self.stage = "caller"  # the stage in progress, for a failure no stage anticipated
         self.observer_failed = False
@@ -234,6 +235,7 @@ class _Call:
     def execute(self, input_value: Any, argv: list[str] | None) -> ToolResult:
         logged = input_value.text if isinstance(input_value, UnreadableInput) else input_value
         self.request = record.request_facts(self.call, self.mode, logged, argv)
+        self.called_with = logged if argv is None else argv
         try:
             try:
                 result = self._outcome(input_value, argv or [])
@@ -267,7 +269,13 @@ class _Call:
             tool_log = None if self.tool is None else PurePosixPath(self.object_ref + ".d/log")
             try:
                 record.record_result(
-                    self.session, self.root, tool_log, self.object_ref, result, self.request
+                    self.session,
+                    self.root,
+                    tool_log,
+                    self.object_ref,
+                    result,
+                    self.request,
+                    self.called_with,
                 )
                 result = result._replace(recorded=self.session is not None)
             except (OSError, CtxError) as exc:  # a full disk, a read-only filesystem…

@@ -26,6 +26,7 @@ from cortexfs.agents.view import AgentView
 from cortexfs.errors import CtxError, remedy_for_host_trouble
 from cortexfs.queue import Claim
 from cortexfs.shared.events import EVENTS_FILE
+from cortexfs.shared.redact import summarize
 from cortexfs.shared.sessions import Session, SessionRef, open_session
 from cortexfs.shared.tree import Ownership
 from cortexfs.tools import offline
@@ -125,7 +126,15 @@ class ToolExecutor:
         refusal = self.refusal(job)
         if refusal is not None:
             refused = failure(ToolError(errno.EINVAL, "request", refusal))
-            self.record("queue.refuse", job.job, "error", tool=tool, reason=refused.reason)
+            # The tool and the reason quote the stored request, which is anyone's to write:
+            # summarised by the log rule (S-4), as a call's input is.
+            self.record(
+                "queue.refuse",
+                job.job,
+                "error",
+                tool=summarize(tool),
+                reason=summarize(refused.reason),
+            )
             return refused
         self.record("queue.start", job.job, "ok", tool=tool)
 

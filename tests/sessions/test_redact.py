@@ -15,8 +15,10 @@ from cortexfs.shared.redact import (
     MAX_TEXT,
     REDACTED,
     bounded_summary,
+    hidden_values,
     summarize,
     summarize_argv,
+    without_hidden,
 )
 from cortexfs.shared.secret_keys import SECRET_WORDS
 
@@ -579,3 +581,27 @@ def test_pairs_and_command_lines_keep_no_secret_whatever_its_json_type(
     command line written as a JSON list; and a pair's name and value may be under other keys
     than ``name`` and ``value``."""
     assert summarize({"input": value}) == {"input": logged}
+
+
+def test_hidden_values_are_what_the_summary_redacted_as_a_message_quotes_them() -> None:
+    """A message about the input (a schema's refusal of ``/passwords/0``) loses the values the
+    input's summary redacted, and nothing else: a short value or one kept stays."""
+    called_with = {
+        "passwords": ["PW1", 12345],
+        "token": {"github": "ghx-123"},
+        "user": "alice",
+        "pin": "7",
+    }
+    hidden = hidden_values(called_with)
+    assert hidden == {"PW1", "12345", "ghx-123"}
+    said = "at /passwords/0: 'PW1' is not of type 'integer'; alice; 12345; ghx-123"
+    assert without_hidden(said, hidden) == (
+        "at /passwords/0: '[redacted]' is not of type 'integer'; alice; [redacted]; [redacted]"
+    )
+
+
+def test_hidden_values_of_an_argv_are_the_values_of_its_secret_options() -> None:
+    assert hidden_values(["tool", "--password=hunter2", "--api-key", "k-456", "plain"]) == {
+        "hunter2",
+        "k-456",
+    }
