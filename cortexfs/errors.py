@@ -38,6 +38,10 @@ HOST_SHORTAGES = frozenset(
     {_errno.EMFILE, _errno.ENFILE, _errno.ENOMEM, _errno.ENOSPC, _errno.EDQUOT}
 )
 
+# What a host short of resources answers a process it is asked to start: the shortages, and
+# fork's EAGAIN at a limit of processes ('ulimit -u', a cgroup's pids.max).
+PROCESS_SHORTAGES = HOST_SHORTAGES | {_errno.EAGAIN}
+
 # What mends a shortage or a filesystem turned read-only, in the same words wherever a command
 # stops for one: each caller adds its own next step ("and run the command again").
 _HOST_REMEDIES = {

@@ -37,7 +37,7 @@ from cortexfs.cli.common import (
     usage_problem,
 )
 from cortexfs.cli.params import MAX_ID, NonEmptyPath
-from cortexfs.errors import CtxError, invalid, not_found
+from cortexfs.errors import CtxError, describe, invalid, not_found
 from cortexfs.names import is_decimal, object_name_problem
 from cortexfs.policy import AgentFacts, Identity
 from cortexfs.regular_file import read_up_to
@@ -543,6 +543,19 @@ def _close_what_the_caller_passed() -> None:
                 os.close(fd)
 
 
+def _tell_the_starter(ready_write: int, exc: BaseException) -> None:
+    """Tell ``ctx agent start``, waiting on the pipe's other end, why the terminal did not
+    start: the errno of what refused it (EAGAIN: no process could be made)."""
+    if isinstance(exc, CtxError):
+        failure = exc
+    elif isinstance(exc, OSError) and exc.errno:
+        failure = CtxError(exc.errno, describe(exc))
+    else:
+        failure = CtxError(errno.EIO, str(exc))
+    with contextlib.suppress(OSError):  # told already (a pipe closed once it listened)
+        os.write(ready_write, json.dumps([failure.errno, failure.message]).encode())
+
+
 def _daemonize(terminal: Terminal) -> None:
     """Leave ``terminal`` running in a process of its own; return once it listens."""
     from cortexfs.agents.ctxterm import take_the_name
@@ -550,26 +563,31 @@ def _daemonize(terminal: Terminal) -> None:
     ready_read, ready_write = os.pipe()
     child = os.fork()
     if child == 0:
-        os.close(ready_read)
-        os.setsid()
-        if os.fork() != 0:
-            os._exit(0)
-        take_the_name()
-        devnull = os.open(os.devnull, os.O_RDWR)
-        for fd in (0, 1, 2):
-            os.dup2(devnull, fd)
-        _close_what_the_caller_passed()
+        # Nothing of this process may return into the command: whatever fails here is told to
+        # the starter through the pipe, and the process ends.
         try:
-            terminal.start()
-            terminal.runtime.record_pid(os.getpid())
-        except BaseException as exc:  # reported to the parent, then this process ends
-            failure = exc if isinstance(exc, CtxError) else CtxError(errno.EIO, str(exc))
-            os.write(ready_write, json.dumps([failure.errno, failure.message]).encode())
-            terminal.close()
+            os.close(ready_read)
+            os.setsid()
+            if os.fork() != 0:
+                os._exit(0)
+            take_the_name()
+            devnull = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(devnull, fd)
+            _close_what_the_caller_passed()
+            try:
+                terminal.start()
+                terminal.runtime.record_pid(os.getpid())
+            except BaseException as exc:  # reported to the parent, then this process ends
+                _tell_the_starter(ready_write, exc)
+                terminal.close()
+                os._exit(1)
+            os.write(ready_write, b"")
+            os.close(ready_write)
+            os._exit(terminal.serve())
+        except BaseException as exc:  # before the terminal started: its second process refused
+            _tell_the_starter(ready_write, exc)
             os._exit(1)
-        os.write(ready_write, b"")
-        os.close(ready_write)
-        os._exit(terminal.serve())
     os.close(ready_write)
     os.waitpid(child, 0)
     with os.fdopen(ready_read, "rb") as ready:

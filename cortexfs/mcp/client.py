@@ -100,7 +100,17 @@ class StdioClient:
                 + (f"; {mend}, then try again" if mend else ""),
             ) from None
         assert self._process.stderr is not None
-        self._stderr.follow(self._process.stderr)
+        try:
+            self._stderr.follow(self._process.stderr)
+        except RuntimeError as exc:  # no thread to read its stderr: the server cannot be kept
+            self._process.kill()
+            self._process.wait()
+            raise McpError(
+                errno.EAGAIN,
+                f"cannot follow server {self.spec.name!r}: no thread could be started to read "
+                f"its stderr ({exc}): end some of this user's processes, or raise its limit "
+                "('ulimit -u', or the pids.max of its cgroup), then try again",
+            ) from None
         try:
             self._initialize()
         except BaseException:

@@ -33,7 +33,7 @@ import stat
 import time
 from typing import Any, NamedTuple
 
-from cortexfs.errors import HOST_SHORTAGES, CtxError, explain_host_trouble
+from cortexfs.errors import PROCESS_SHORTAGES, CtxError, explain_host_trouble
 from cortexfs.policy.linux import EXECUTE, Identity, Kind, check_access
 from cortexfs.tools.controls import POST_HOOKS, PRE_HOOKS, ToolObject, damaged
 from cortexfs.tools.spawn import ProcessSpec, run_captured
@@ -160,8 +160,9 @@ def _run_one(
     try:
         finished = run_captured(spec, stdin_data, max_output=None)  # stdout is nobody's
     except OSError as exc:
-        if phase == PRE and exc.errno in _HOST_COULD_NOT_START:
-            # No verdict was given: the host ran short, and the call is refused with that
+        if phase == PRE and exc.errno in PROCESS_SHORTAGES:
+            # No verdict was given: the host ran short (of descriptors, memory or processes),
+            # and the call is refused with that
             # errno (a worker then leaves the job claimed), never as a veto for good.  A post
             # hook judges a call that ran: its failure is listed with the result, as ever.
             raise CtxError(
@@ -181,11 +182,6 @@ def _run_one(
     if len(message) > MAX_HOOK_MESSAGE:
         message = message[: MAX_HOOK_MESSAGE - 1] + "…"
     return HookRun(phase, name, finished.exit_status, message)
-
-
-# A hook the host could not start for want of descriptors, memory or processes (fork's
-# EAGAIN under 'ulimit -u') said nothing of the call.
-_HOST_COULD_NOT_START = HOST_SHORTAGES | {errno.EAGAIN}
 
 
 def _short_of(code: int | None) -> str:

@@ -36,6 +36,7 @@ from typing import Any, Protocol
 from cortexfs.errors import (
     DISK_ERROR_REMEDY,
     HOST_SHORTAGES,
+    PROCESS_SHORTAGES,
     CtxError,
     describe,
     out_of_memory,
@@ -109,14 +110,20 @@ def _unrecorded_by_host(outcome: Outcome) -> int | None:
     return outcome.unrecorded if outcome.unrecorded in HOST_REFUSALS else None
 
 
+# The stages that start a process: there an EAGAIN is fork's, a limit of processes reached.
+_STARTING_STAGES = ("hook", "run")
+
+
 def _host_shortage(outcome: Outcome) -> int | None:
     """The errno when ``outcome`` is a tool that never started because the host was short
-    of descriptors, memory or space (:data:`HOST_SHORTAGES`); None otherwise."""
+    of descriptors, memory or space (:data:`HOST_SHORTAGES`), or of processes where a hook or
+    the tool was to start (:data:`PROCESS_SHORTAGES`); None otherwise."""
     error, ran = outcome.details.get("error"), outcome.details.get("exit_status") is not None
     if outcome.ok or ran or not isinstance(error, Mapping):
         return None
     code = error.get("errno")
-    return code if code in HOST_SHORTAGES else None
+    starting = error.get("stage") in _STARTING_STAGES
+    return code if code in (PROCESS_SHORTAGES if starting else HOST_SHORTAGES) else None
 
 
 def _claim_refused(exc: CtxError | OSError) -> CtxError:
@@ -475,6 +482,8 @@ class Worker:
                 for thread in threads:
                     if thread.ident is not None:
                         thread.join()
+                # What the slots that started did is said, as at every stop, before the error.
+                self.listener("stop", self.summary.to_json())
                 raise
             finally:
                 keeper.stopped.set()
