@@ -40,6 +40,7 @@ from cortexfs.cli.params import MAX_ID, NonEmptyPath
 from cortexfs.errors import CtxError, describe, invalid, not_found
 from cortexfs.names import is_decimal, object_name_problem
 from cortexfs.policy import AgentFacts, Identity
+from cortexfs.process_limits import no_process_could_be_made
 from cortexfs.regular_file import read_up_to
 from cortexfs.shared.sessions import DEFAULT_SESSION
 
@@ -548,6 +549,8 @@ def _tell_the_starter(ready_write: int, exc: BaseException) -> None:
     start: the errno of what refused it (EAGAIN: no process could be made)."""
     if isinstance(exc, CtxError):
         failure = exc
+    elif isinstance(exc, OSError) and exc.errno == errno.EAGAIN:  # fork refused
+        failure = CtxError(exc.errno, f"{exc.strerror} ({no_process_could_be_made()})")
     elif isinstance(exc, OSError) and exc.errno:
         failure = CtxError(exc.errno, describe(exc))
     else:

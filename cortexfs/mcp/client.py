@@ -32,6 +32,7 @@ from cortexfs import jsontext
 from cortexfs.errors import CtxError, remedy_for_host_trouble
 from cortexfs.mcp import ACCEPTED_VERSIONS, ANNOUNCED_VERSION
 from cortexfs.mcp.config import ServerSpec
+from cortexfs.process_limits import no_process_could_be_made
 
 DEFAULT_TIMEOUT = 30.0
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
@@ -92,8 +93,8 @@ class StdioClient:
             if self.spec.cwd is not None and exc.filename == self.spec.cwd:
                 failed = f"its cwd {self.spec.cwd}"
             mend = remedy_for_host_trouble(exc.errno)
-            if exc.errno == errno.EAGAIN:  # fork refused: this user's limit of processes
-                mend = "end some of this user's processes, or raise its limit ('ulimit -u')"
+            if exc.errno == errno.EAGAIN:  # fork refused: a limit of processes
+                mend = no_process_could_be_made()
             raise McpError(
                 exc.errno or errno.ENOEXEC,
                 f"cannot start server {self.spec.name!r} ({failed}): {exc.strerror}"
@@ -108,8 +109,7 @@ class StdioClient:
             raise McpError(
                 errno.EAGAIN,
                 f"cannot follow server {self.spec.name!r}: no thread could be started to read "
-                f"its stderr ({exc}): end some of this user's processes, or raise its limit "
-                "('ulimit -u', or the pids.max of its cgroup), then try again",
+                f"its stderr ({exc}): {no_process_could_be_made()}, then try again",
             ) from None
         try:
             self._initialize()

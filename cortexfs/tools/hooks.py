@@ -35,6 +35,7 @@ from typing import Any, NamedTuple
 
 from cortexfs.errors import PROCESS_SHORTAGES, CtxError, explain_host_trouble
 from cortexfs.policy.linux import EXECUTE, Identity, Kind, check_access
+from cortexfs.process_limits import no_process_could_be_made
 from cortexfs.tools.controls import POST_HOOKS, PRE_HOOKS, ToolObject, damaged
 from cortexfs.tools.spawn import ProcessSpec, run_captured
 
@@ -189,7 +190,7 @@ def _short_of(code: int | None) -> str:
     trouble = explain_host_trouble(code)
     if trouble is not None:
         return f"{trouble.aside}: {trouble.remedy}"
-    return " (no process could be made: raise the limit of processes, 'ulimit -u')"
+    return f" ({no_process_could_be_made()})"
 
 
 def _not_runnable(path: os.PathLike[str]) -> str | None:

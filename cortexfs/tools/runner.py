@@ -68,6 +68,7 @@ from cortexfs.interrupts import Stopped
 from cortexfs.jsontext import dumps_utf8
 from cortexfs.policy import Credentials, check_authority, check_tool_execute
 from cortexfs.policy.chain import AuthorityRequest, Decision, Step
+from cortexfs.process_limits import no_process_could_be_made
 from cortexfs.shared.sessions import Session, SessionRef, open_session
 from cortexfs.shared.tree import Ownership
 from cortexfs.timefmt import rfc3339
@@ -550,7 +551,8 @@ class _Call:
             except OSError as exc:
                 raise CtxError(
                     exc.errno or errno.EIO,
-                    f"cannot start {spec.argv[0]}: {exc.strerror}{_too_big_to_start(spec, exc)}",
+                    f"cannot start {spec.argv[0]}: {exc.strerror}{_too_big_to_start(spec, exc)}"
+                    + (f" ({no_process_could_be_made()})" if exc.errno == errno.EAGAIN else ""),
                 ) from None
         result = self._finished_result(finished)
         with self._timed("post_hooks"):

@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import resource
 import signal
 import threading
 import time
@@ -42,6 +41,7 @@ from cortexfs.errors import (
     out_of_memory,
     remedy_for_host_trouble,
 )
+from cortexfs.process_limits import no_process_could_be_made
 from cortexfs.queue import Claim, Holder, Lease, Queue, claim, finish, renew
 from cortexfs.queue.claim_order import HintedClaimOrder
 from cortexfs.queue.claiming import still_pending
@@ -861,17 +861,7 @@ def _start(thread: threading.Thread, then: str) -> None:
     try:
         thread.start()
     except RuntimeError as exc:
-        limit, _ = resource.getrlimit(resource.RLIMIT_NPROC)
-        if os.geteuid() != 0 and limit != resource.RLIM_INFINITY:
-            why = (
-                f"the limit of processes ('ulimit -u', {limit}), which counts threads, may be "
-                "reached, or a seccomp filter refuses clone3"
-            )
-        else:
-            why = (
-                "no 'ulimit -u' applies to this worker, so the system's threads "
-                "(/proc/sys/kernel/threads-max) ran out, or a seccomp filter refuses clone3"
-            )
+        why = no_process_could_be_made()
         raise CtxError(
             errno.EAGAIN, f"the worker cannot start its thread {thread.name} ({exc}): {why}; {then}"
         ) from None

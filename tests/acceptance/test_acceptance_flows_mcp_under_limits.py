@@ -484,7 +484,7 @@ def test_an_agent_uid_without_a_second_process_gets_eagain_naming_the_server(
     for run in (listed, projected):
         assert run.rc == 1, run
         assert run.err.startswith("ctxmcp: EAGAIN: cannot start server 's'"), run
-        assert "raise its limit ('ulimit -u')" in run.err, run
+        assert "no process could be made under 'ulimit -u' (1)" in run.err, run
     assert not out.exists()
 
     host.adopt("--user", user.name)

@@ -80,6 +80,7 @@ BUNDLED = (
     "cortexfs/keyvalue.py",
     "cortexfs/libc.py",
     "cortexfs/printable.py",
+    "cortexfs/process_limits.py",
     "cortexfs/mcp/__init__.py",
     "cortexfs/mcp/client.py",
     "cortexfs/mcp/config.py",
