@@ -37,6 +37,7 @@ from pathlib import Path
 from cortexfs.agents.sandbox import session_processes
 from cortexfs.agents.view import AgentView
 from cortexfs.errors import denied
+from cortexfs.printable import printable
 from cortexfs.shared.sessions import SessionRef
 from cortexfs.tools.spawn import STRAGGLER_GRACE
 
@@ -268,6 +269,8 @@ class RunSocket:
             self.root, self.view.name, tool, argv, session=self.session, workspace=self.workspace
         )
         if result.exit_status is None and result.error is not None:
-            print(f"tsh: {tool}: {result.error}", file=sys.stderr, flush=True)
+            # The error quotes what others wrote (a hook's name and message): never raw onto
+            # the terminal and those watching it.
+            print(printable(f"tsh: {tool}: {result.error}"), file=sys.stderr, flush=True)
             return 126
         return result.exit_status or 0

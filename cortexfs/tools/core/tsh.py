@@ -433,7 +433,8 @@ def _which(context: TshContext, argv: list[str]) -> int:
         return _needs_names("which")
     found = [context.which(word) for word in argv]
     for word, path in zip(argv, found, strict=True):
-        print(path or f"tsh: {word}: not on CTX_PATH", file=sys.stdout if path else sys.stderr)
+        said = path or f"tsh: {word}: not on CTX_PATH"  # a word typed, or a path: anyone's
+        print(printable(said), file=sys.stdout if path else sys.stderr)
     return 0 if all(found) else 1
 
 
@@ -452,7 +453,7 @@ def _each_tool(argv: list[str], verb: str, action: Callable[[str], str | None]) 
     for name in argv:
         problem = action(name)
         if problem:
-            print(f"tsh: {verb}: {name}: {problem}", file=sys.stderr)
+            print(printable(f"tsh: {verb}: {name}: {problem}"), file=sys.stderr)
             status = 1
     return status
 
