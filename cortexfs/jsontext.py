@@ -191,6 +191,20 @@ def lone_surrogate(value: Any) -> str | None:
     return None
 
 
+def shown_as_text(value: Any) -> Any:
+    """``value`` with each lone surrogate of its strings and names replaced by the text of
+    its escape (``\\ud800``, six characters): for words of others that are shown (an MCP
+    server's names and descriptions), not taken back, in output a strict reader of another
+    language takes."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode()
+    if isinstance(value, dict):
+        return {shown_as_text(key): shown_as_text(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [shown_as_text(item) for item in value]
+    return value
+
+
 def not_a_json_number_problem(spelling: object) -> str:
     """What is wrong with a document holding ``spelling`` (``NaN``, ``1e999``, or words for
     them) as a number, to follow ``it``: ``holds NaN, which JSON has no number for``."""

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from cortexfs import jsontext
 from cortexfs.cli.common import (
     EXIT_REFUSED,
     echo_printable,
@@ -114,7 +115,9 @@ def list_command(config_path: Path, server: str, timeout: float, as_json: bool) 
     with StdioClient(spec, timeout=timeout) as client:
         projections = project_tools(server, client.list_tools(), LISTING_CONFIG)
         if as_json:
-            emit_json(_session(client) | {"tools": [p.to_json() for p in projections]})
+            # The server's words: a lone surrogate in them is shown as its escape's text.
+            listing = _session(client) | {"tools": [p.to_json() for p in projections]}
+            emit_json(jsontext.shown_as_text(listing))
             return
     for projection in projections:
         if projection.manifest is None:

@@ -61,7 +61,8 @@ class ToolError(NamedTuple):
             "stage": self.stage,
             "step": self.step,
             "step_name": self.step_name,
-            "message": self.message,
+            # prose: a lone surrogate (a byte of a name that is not UTF-8) as its escape's text
+            "message": self.message.encode("utf-8", "backslashreplace").decode(),
         }
 
 

@@ -290,6 +290,9 @@ def _components(path: object) -> list[str]:
         raise ToolFailure(errno.EINVAL, "a path must be a non-empty string", usage=True)
     if "\0" in path:
         raise ToolFailure(errno.EINVAL, "a path must not contain NUL", usage=True)
+    # Before any mount is judged: a lone surrogate other than a byte escape ("\ud800") names
+    # no file anywhere, and is EINVAL (toolio), not a path outside the agent's view.
+    os.fsencode(path)
     parts = [part for part in path.split("/") if part not in ("", ".")]
     if ".." in parts:
         raise ToolFailure(errno.EINVAL, f"{path!r}: '..' is not allowed in a path", usage=True)
