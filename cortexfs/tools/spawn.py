@@ -28,6 +28,7 @@ import os
 import selectors
 import signal
 import subprocess
+import termios
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import IO, Any, NamedTuple
@@ -177,13 +178,15 @@ def run_attached(spec: ProcessSpec, *, on_start: Callable[[int], None] | None = 
             **options,
         )
     with orphans.GUARD.watching(process.pid):
-        with _foreground(process.pid), _forwarding_signals(process.pid):
+        with _foreground(process.pid) as terminal, _forwarding_signals(process.pid):
             if on_start:
                 on_start(process.pid)
-            timed_out = not _exits_within(process.pid, spec.timeout)
+            timed_out = not _exits_within(process.pid, spec.timeout, terminal)
             if timed_out:
                 _kill_group(process.pid)
             exit_status = _exit_status(process.wait())
+            if terminal is not None and exit_status > 128:
+                terminal.restore_modes()  # killed: what it set of the terminal is undone
         _end_stragglers(process.pid)
     return Finished(
         process.pid, exit_status, b"", b"", timed_out, False, time.monotonic() - started
@@ -369,11 +372,23 @@ def _utf8_boundary(data: bytes, limit: int) -> int:
     return limit
 
 
-def _exits_within(pid: int, timeout: float | None) -> bool:
-    """Wait for ``pid`` to exit (without reaping it); False when ``timeout`` passes first."""
+def _exits_within(pid: int, timeout: float | None, terminal: _Terminal | None = None) -> bool:
+    """Wait for ``pid`` to exit (without reaping it); False when ``timeout`` passes first.
+    With ``terminal`` (a tool run on the caller's terminal), a tool that stops (Ctrl-Z, or
+    reading the terminal from the background) stops this command's job too, as a shell's job
+    stops, and goes on when the job is continued (:meth:`_Terminal.follow_stop`)."""
     watch = ExitWatch(pid)
+    deadline = None if timeout is None else time.monotonic() + timeout
     try:
-        return watch.wait(timeout)
+        while True:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if terminal is None:
+                return watch.wait(left)
+            if watch.wait(POLL_SECONDS if left is None else min(left, POLL_SECONDS)):
+                return True
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            terminal.follow_stop(pid)
     finally:
         watch.close()
 
@@ -436,30 +451,87 @@ def _exit_status(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
+class _Terminal:
+    """The caller's terminal while a tool runs on it, handed over as a shell hands it to a
+    job: the tool's group is its foreground group, and gives it back when it stops."""
+
+    def __init__(self, fd: int, pgid: int) -> None:
+        self.fd, self.pgid, self.own = fd, pgid, os.getpgrp()
+        self.modes = self._modes_now()
+
+    def give(self) -> None:
+        """The terminal to the tool's group, when this command's job has it (not when run in
+        the background), and the group continued in case it touched the terminal before."""
+        with contextlib.suppress(OSError):
+            if os.tcgetpgrp(self.fd) == self.own:
+                os.tcsetpgrp(self.fd, self.pgid)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.pgid, signal.SIGCONT)
+
+    def take_back(self) -> None:
+        """The terminal back to this command's job; nothing when it is gone (hung up)."""
+        with contextlib.suppress(OSError):
+            if os.tcgetpgrp(self.fd) == self.pgid:
+                os.tcsetpgrp(self.fd, self.own)
+
+    def restore_modes(self) -> None:
+        """The terminal's modes as they were before the tool ran (echo, canonical input),
+        after a tool that changed them and was killed or stopped, as a shell restores them."""
+        if self.modes is not None:
+            with contextlib.suppress(termios.error, OSError):
+                termios.tcsetattr(self.fd, termios.TCSADRAIN, self.modes)
+
+    def follow_stop(self, pid: int) -> None:
+        """When the tool has stopped (SIGTSTP, SIGTTIN, SIGTTOU, SIGSTOP), take the terminal
+        back and stop this command's job with the same signal, so that the shell that started
+        it gets its prompt back (``jobs``, ``fg``, ``bg``); continued, hand the terminal to
+        the tool again if the job is in the foreground, and continue the tool."""
+        try:
+            stopped = os.waitid(os.P_PID, pid, os.WSTOPPED | os.WNOHANG)
+        except ChildProcessError:
+            return
+        if stopped is None or os.getpgrp() == os.getsid(0):
+            # No shell with job control above (``sh -c`` as the session's leader): nobody
+            # would continue this command, so it waits on, as such a shell waits.
+            return
+        self.take_back()
+        tools_modes = self._modes_now()
+        self.restore_modes()
+        signum = stopped.si_status if stopped.si_status != signal.SIGSTOP else signal.SIGTSTP
+        os.killpg(self.own, signum)  # the shell sees this job stopped; here we wait for SIGCONT
+        if tools_modes is not None:  # continued: the modes the tool had set, as a shell's fg
+            with contextlib.suppress(termios.error, OSError):
+                termios.tcsetattr(self.fd, termios.TCSADRAIN, tools_modes)
+        self.give()
+
+    def _modes_now(self) -> list[Any] | None:
+        try:
+            return termios.tcgetattr(self.fd)
+        except termios.error:
+            return None
+
+
 @contextlib.contextmanager
-def _foreground(pgid: int) -> Iterator[None]:
-    """Make ``pgid`` the terminal's foreground group while it runs, as a shell does."""
+def _foreground(pgid: int) -> Iterator[_Terminal | None]:
+    """Make ``pgid`` the terminal's foreground group while it runs, as a shell does; the
+    :class:`_Terminal` (None without a terminal).  A command run in the background leaves the
+    terminal to whoever has it until it is brought to the foreground."""
     try:
-        terminal = os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
+        fd = os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
     except OSError:
-        yield
+        yield None
         return
     previous_handler = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
     try:
-        own = os.tcgetpgrp(terminal)
-        if own != os.getpgrp():
-            yield  # we are not in the foreground ourselves; leave the terminal alone
-            return
-        os.tcsetpgrp(terminal, pgid)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pgid, signal.SIGCONT)  # in case it touched the terminal before it was its
+        terminal = _Terminal(fd, pgid)
+        terminal.give()
         try:
-            yield
+            yield terminal
         finally:
-            os.tcsetpgrp(terminal, own)
+            terminal.take_back()  # a terminal hung up meanwhile has no group to give back
     finally:
         signal.signal(signal.SIGTTOU, previous_handler)
-        os.close(terminal)
+        os.close(fd)
 
 
 @contextlib.contextmanager

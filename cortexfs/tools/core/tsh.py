@@ -30,6 +30,7 @@ lists and describes tools only through that view, as the ``fs.*`` tools reach pa
 from __future__ import annotations
 
 import array
+import contextlib
 import errno
 import json
 import os
@@ -37,8 +38,10 @@ import signal
 import socket
 import stat
 import sys
+import termios
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from cortexfs.errors import CtxError
 from cortexfs.names import is_decimal, is_object_name
@@ -334,6 +337,13 @@ def _refuse_tracing() -> None:
     check(libc().prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "prctl(PR_SET_DUMPABLE, 0)")
 
 
+def _terminal_modes() -> list[Any] | None:
+    try:
+        return termios.tcgetattr(sys.stdin.fileno())
+    except termios.error:
+        return None
+
+
 def _interrupt() -> None:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
         connection.connect(os.environ["CTX_RUN_SOCKET"])
@@ -610,6 +620,9 @@ def _run() -> int:
     # script answer with their output alone, which the script can read.
     interactive = sys.stdin.isatty()
     prompt = f"{os.environ.get('CTX_AGENT', 'agent')}$ " if _in_agent_terminal() else "tsh$ "
+    # The terminal's modes as tsh found them: a tool killed by a signal after it changed
+    # them (stty -echo) has them put back, as a shell does, or the next line is typed blind.
+    modes = _terminal_modes() if interactive else None
     status = 0
     while True:
         try:
@@ -632,3 +645,6 @@ def _run() -> int:
         status, done = execute(context, line, status)
         if done:
             return status
+        if modes is not None and status > 128:
+            with contextlib.suppress(termios.error, OSError):
+                termios.tcsetattr(sys.stdin.fileno(), termios.TCSADRAIN, modes)
