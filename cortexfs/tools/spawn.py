@@ -458,6 +458,7 @@ class _Terminal:
     def __init__(self, fd: int, pgid: int) -> None:
         self.fd, self.pgid, self.own = fd, pgid, os.getpgrp()
         self.modes = self._modes_now()
+        self.given = False  # the tool's group was made the foreground group, and not taken back
 
     def give(self) -> None:
         """The terminal to the tool's group, when this command's job has it (not when run in
@@ -465,13 +466,17 @@ class _Terminal:
         with contextlib.suppress(OSError):
             if os.tcgetpgrp(self.fd) == self.own:
                 os.tcsetpgrp(self.fd, self.pgid)
+                self.given = True
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.pgid, signal.SIGCONT)
 
     def take_back(self) -> None:
-        """The terminal back to this command's job; nothing when it is gone (hung up)."""
-        with contextlib.suppress(OSError):
-            if os.tcgetpgrp(self.fd) == self.pgid:
+        """The terminal back to this command's job, from whichever group the tool left it to
+        (a shell run as the tool gives it to its own jobs), when it was given; nothing when
+        the terminal is gone (hung up)."""
+        if self.given:
+            self.given = False
+            with contextlib.suppress(OSError):
                 os.tcsetpgrp(self.fd, self.own)
 
     def restore_modes(self) -> None:
@@ -494,6 +499,12 @@ class _Terminal:
             # No shell with job control above (``sh -c`` as the session's leader): nobody
             # would continue this command, so it waits on, as such a shell waits.
             return
+        wanted_terminal = stopped.si_status in (signal.SIGTTIN, signal.SIGTTOU)
+        if wanted_terminal and self._in_foreground():
+            # Stopped for want of the terminal, which this command's job has by now (``fg``
+            # came before this look): the tool gets it, and goes on.
+            self.give()
+            return
         self.take_back()
         tools_modes = self._modes_now()
         self.restore_modes()
@@ -503,6 +514,12 @@ class _Terminal:
             with contextlib.suppress(termios.error, OSError):
                 termios.tcsetattr(self.fd, termios.TCSADRAIN, tools_modes)
         self.give()
+
+    def _in_foreground(self) -> bool:
+        try:
+            return os.tcgetpgrp(self.fd) == self.own
+        except OSError:
+            return False
 
     def _modes_now(self) -> list[Any] | None:
         try:

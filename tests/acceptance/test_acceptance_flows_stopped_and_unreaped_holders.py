@@ -234,6 +234,10 @@ def start_worker(queue: QueueCLI, wid: str, *args: str, preexec=None) -> subproc
         stderr=subprocess.PIPE,
         text=True,
         preexec_fn=preexec,
+        # A group of its own beside the test's: a group whose members' parents are all
+        # outside its session (the test's own, when its starter has exited) is orphaned, and
+        # the kernel discards SIGTSTP sent to an orphaned group instead of stopping it.
+        process_group=0,
     )
 
 
@@ -254,7 +258,10 @@ def test_stopped_traced_and_frozen_holders_are_alive_until_their_leases_expire(q
     (exit 3, empty stdout).  Once the leases expired, with every holder still stopped, traced
     or frozen, ``show`` calls them gone (expired), ``--dry-run`` plans the requeues and changes
     nothing, and plain ``recover`` requeues every job (exit 0)."""
-    holders = {kind: subprocess.Popen(["sleep", "600"]) for kind in ("stop", "tstp", "trace")}
+    holders = {  # groups of their own: not orphaned, so SIGTSTP stops them (see start_worker)
+        kind: subprocess.Popen(["sleep", "600"], process_group=0)
+        for kind in ("stop", "tstp", "trace")
+    }
     with freezer() as group, killed_at_end(*holders.values()):
         if group is not None:
             holders["frozen"] = subprocess.Popen(["sleep", "600"])
@@ -507,7 +514,10 @@ def test_a_shell_claim_lives_through_sigtstp_and_goes_with_the_shell_unreaped(qu
     out = tmp_path / "out"
     out.mkdir()
     shell = subprocess.Popen(
-        ["bash", "-c", STOPPING_SHELL], env=user_env(queue, OUT=str(out)), stdin=subprocess.DEVNULL
+        ["bash", "-c", STOPPING_SHELL],
+        env=user_env(queue, OUT=str(out)),
+        stdin=subprocess.DEVNULL,
+        process_group=0,  # not orphaned, whoever started the test (see start_worker)
     )
     with killed_at_end(shell):
         assert wait_for(lambda: state_of(shell.pid) == "T", WAIT), state_of(shell.pid)

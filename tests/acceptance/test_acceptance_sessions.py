@@ -548,8 +548,9 @@ def test_s5_one_event_is_one_write_on_an_o_append_descriptor_synced_before_done(
     assert opens and all("O_APPEND" in line for line in opens), opens
     writes = [line for line in trace if re.search(rf"write\(\d+<{re.escape(str(events))}>", line)]
     assert len(writes) == len(events_of(events)) == 2, writes
-    # strace prints the bytes written, then their count: each write is a whole line.
-    assert all(re.search(r'\\n", (\d+)\) = \1$', line) for line in writes), writes
+    # strace prints the bytes written, then their count (a short line padded to a column
+    # before "="): each write is a whole line.
+    assert all(re.search(r'\\n", (\d+)\)\s+=\s+\1$', line) for line in writes), writes
     result_write = next(i for i, line in enumerate(trace) if re.search(r"tool_result", line)
                         and str(events) in line)  # fmt: skip
     frame = next(i for i, line in enumerate(trace) if '\\"type\\": \\"result\\"' in line
