@@ -28,11 +28,7 @@ class CtxError(Exception):
         return f"{self.code_name}: {self.message}"
 
     def to_json(self) -> dict[str, object]:
-        # A message is prose: a byte of a file name that is not UTF-8, which Python holds as a
-        # lone surrogate, is written as the escape a reader sees (\udcff), not as one a
-        # strict JSON reader of another language refuses.
-        message = self.message.encode("utf-8", "backslashreplace").decode()
-        return {"error": self.code_name, "errno": self.errno, "message": message}
+        return {"error": self.code_name, "errno": self.errno, "message": self.message}
 
 
 # What the host ran short of: not the doing of a tool, its caller or a policy, and gone once

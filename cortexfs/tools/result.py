@@ -61,8 +61,7 @@ class ToolError(NamedTuple):
             "stage": self.stage,
             "step": self.step,
             "step_name": self.step_name,
-            # prose: a lone surrogate (a byte of a name that is not UTF-8) as its escape's text
-            "message": self.message.encode("utf-8", "backslashreplace").decode(),
+            "message": self.message,
         }
 
 
