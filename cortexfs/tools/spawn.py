@@ -463,8 +463,8 @@ class _Terminal:
     def give(self) -> None:
         """The terminal to the tool's group, when this command's job has it (not when run in
         the background), and the group continued in case it touched the terminal before."""
-        with contextlib.suppress(OSError):
-            if os.tcgetpgrp(self.fd) == self.own:
+        if self._in_foreground():
+            with contextlib.suppress(OSError):
                 os.tcsetpgrp(self.fd, self.pgid)
                 self.given = True
         with contextlib.suppress(ProcessLookupError):
