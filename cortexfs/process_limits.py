@@ -13,11 +13,7 @@ import os
 import resource
 from pathlib import Path
 
-_CGROUP_ROOTS = (
-    Path("/sys/fs/cgroup"),
-    Path("/sys/fs/cgroup/unified"),
-    Path("/sys/fs/cgroup/pids"),
-)
+from cortexfs.cgroups import process_cgroups
 
 
 def process_limits() -> str:
@@ -39,7 +35,7 @@ def _tightest_pids_max() -> tuple[int, Path] | None:
     """The smallest ``pids.max`` set on this process's cgroup or one above it, with its file;
     None where none is set or none can be read."""
     tightest: tuple[int, Path] | None = None
-    for root, directory in _own_cgroups():
+    for root, directory in process_cgroups("pids"):
         level = directory
         while True:
             try:
@@ -52,27 +48,6 @@ def _tightest_pids_max() -> tuple[int, Path] | None:
                 break
             level = level.parent
     return tightest
-
-
-def _own_cgroups() -> list[tuple[Path, Path]]:
-    """Where this process's cgroups that may hold ``pids.max`` are, as (the hierarchy's
-    mount point, the cgroup's directory): its cgroup v2 (``0::/path``) and its v1 ``pids``
-    one, under each place such a hierarchy is mounted."""
-    try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
-    except OSError:
-        return []
-    relative = [
-        path.lstrip("/")
-        for controllers, path in (line.split(":", 2)[1:] for line in lines if line.count(":") >= 2)
-        if controllers in ("", "pids")
-    ]
-    return [
-        (root, root / path)
-        for root in _CGROUP_ROOTS
-        for path in relative
-        if (root / path / "cgroup.procs").exists()
-    ]
 
 
 def no_process_could_be_made() -> str:

@@ -23,6 +23,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from cortexfs import jsontext
+from cortexfs.cgroups import frozen_cgroup
 from cortexfs.errors import invalid
 from cortexfs.timefmt import EARLIEST, LATEST, parse_time, rfc3339
 
@@ -573,7 +574,7 @@ def judge(lease: Lease, here: LocalSystem | None = None, now: float | None = Non
         try:
             process = psutil.Process(holder.pid)
             start_time = process.create_time()
-            zombie = process.status() == psutil.STATUS_ZOMBIE
+            status = process.status()
         except psutil.NoSuchProcess:
             if process_exists(holder.pid):  # hidden from this uid (hidepid=2)
                 return Verdict(ALIVE, f"{where} exists but /proc hides it from uid {os.geteuid()}")
@@ -582,13 +583,13 @@ def judge(lease: Lease, here: LocalSystem | None = None, now: float | None = Non
             return Verdict(ALIVE, f"{where} exists but cannot be inspected")
         if _started_apart(start_time, holder.start_time):
             return Verdict(GONE, f"{where} has exited; the pid now belongs to another process")
-        if zombie:
+        if status == psutil.STATUS_ZOMBIE:
             return Verdict(GONE, f"{where} has exited (zombie)")
         if holder.start_time is None:
             return Verdict(
                 ALIVE, f"{where} is running (the lease records no start time to tell a reused pid)"
             )
-        return Verdict(ALIVE, f"{where} is running")
+        return Verdict(ALIVE, f"{where} {_how_it_runs(holder.pid, status, lease.expires_at)}")
     if _same_machine(holder, here) and holder.boot_id != here.boot_id:
         return Verdict(GONE, f"{holder.host} rebooted since {where} took the lease")
     return Verdict(
@@ -596,6 +597,24 @@ def judge(lease: Lease, here: LocalSystem | None = None, now: float | None = Non
         f"{where} is outside this pid namespace or host; the lease is valid until "
         f"{rfc3339(lease.expires_at)}",
     )
+
+
+def _how_it_runs(pid: int, status: str, expires_at: float) -> str:
+    """``is running``, or why a live holder does not run: a stopped, traced or frozen process
+    keeps its job (it is alive, Q-5) and may never go on, and a user waiting on its job should
+    be told so rather than see it "running" until its lease expires."""
+    import psutil
+
+    if status == psutil.STATUS_STOPPED:
+        why = "is stopped (SIGSTOP or job control)"
+    elif status == psutil.STATUS_TRACING_STOP:
+        why = "is stopped by its tracer"
+    elif cgroup := frozen_cgroup(pid):
+        why = f"is frozen (cgroup {cgroup})"
+    else:
+        return "is running"
+    until = rfc3339(expires_at)
+    return f"{why}; it keeps its job until it goes on, exits, or its lease expires at {until}"
 
 
 def once_gone(lease: Lease) -> str:

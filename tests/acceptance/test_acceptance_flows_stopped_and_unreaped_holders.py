@@ -257,7 +257,9 @@ def test_stopped_traced_and_frozen_holders_are_alive_until_their_leases_expire(q
     --grace 0`` leave every job untouched (exit 0, consistent), and ``claim`` finds nothing
     (exit 3, empty stdout).  Once the leases expired, with every holder still stopped, traced
     or frozen, ``show`` calls them gone (expired), ``--dry-run`` plans the requeues and changes
-    nothing, and plain ``recover`` requeues every job (exit 0)."""
+    nothing, and plain ``recover`` requeues every job (exit 0).  While alive, each holder's
+    reason says that it does not run (stopped, stopped by its tracer, frozen) rather than
+    "running"."""
     holders = {  # groups of their own: not orphaned, so SIGTSTP stops them (see start_worker)
         kind: subprocess.Popen(["sleep", "600"], process_group=0)
         for kind in ("stop", "tstp", "trace")
@@ -293,9 +295,19 @@ def test_stopped_traced_and_frozen_holders_are_alive_until_their_leases_expire(q
                 assert kept.rc == 0 and kept.json()["consistent"] is True, kept
                 assert kept.json()["requeued"] == [], kept
                 assert jobs_in(kept.json(), "untouched") == everything, kept
+            # alive, and said not to run: a user waiting on the job learns why it does not move
+            why = {
+                "stop": "is stopped (SIGSTOP or job control)",
+                "tstp": "is stopped (SIGSTOP or job control)",
+                "trace": "is stopped by its tracer",
+                "frozen": "is frozen (cgroup ",
+            }
             for kind, job in jobs.items():
                 verdict = holder_of(queue, job)
                 assert verdict["state"] == "alive", (kind, verdict)
+                assert f"pid {holders[kind].pid} on " in verdict["reason"], (kind, verdict)
+                assert why[kind] in verdict["reason"], (kind, verdict)
+                assert "or its lease expires at " in verdict["reason"], (kind, verdict)
             nothing = queue.run("claim", "--pid", str(os.getpid()))
             assert (nothing.rc, nothing.out) == (3, ""), nothing
             assert {kind: queue.state(job) for kind, job in jobs.items()} == dict.fromkeys(

@@ -123,6 +123,79 @@ def test_where_proc_is_another_namespaces_a_pid_is_asked_of_the_kernel_alone(me:
     assert judge(running).state == GONE
 
 
+def test_a_holder_that_does_not_run_is_alive_and_said_to_be_stopped(tmp_path: Path) -> None:
+    """Q-5: a stopped or frozen holder is alive (its job is kept), and the verdict says it
+    does not run, so a user waiting on its job is not told it is "running"."""
+    sleeper = subprocess.Popen(["sleep", "600"], process_group=0)
+    try:
+        lease = Lease.new("j", Holder.for_process(sleeper.pid), 300)
+        assert judge(lease).reason.endswith("is running")
+        os.kill(sleeper.pid, signal.SIGSTOP)
+        assert wait_until(lambda: psutil.Process(sleeper.pid).status() == psutil.STATUS_STOPPED)
+        stopped = judge(lease)
+        assert stopped.state == "alive", stopped
+        assert f"pid {sleeper.pid} on " in stopped.reason, stopped
+        assert "is stopped (SIGSTOP or job control); it keeps its job until it goes on" in (
+            stopped.reason
+        )
+        os.kill(sleeper.pid, signal.SIGCONT)
+        frozen = _frozen_in_a_cgroup(sleeper.pid)
+        if frozen is not None:
+            with frozen:
+                verdict = judge(lease)
+                assert verdict.state == "alive", verdict
+                assert "is frozen (cgroup /sys/fs/cgroup/" in verdict.reason, verdict
+        assert judge(lease).reason.endswith("is running")
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def _frozen_in_a_cgroup(pid: int):
+    """A context in which ``pid`` sits in a frozen cgroup of its own (v2 ``cgroup.freeze``
+    where the v2 tree has it, else the v1 freezer), or None where neither can be made."""
+    import contextlib
+
+    top = Path("/sys/fs/cgroup")
+    for root, freeze, thaw, done in (
+        (top, "cgroup.freeze", ("1", "0"), ("cgroup.events", "frozen 1")),
+        (top / "unified", "cgroup.freeze", ("1", "0"), ("cgroup.events", "frozen 1")),
+        (top / "freezer", "freezer.state", ("FROZEN", "THAWED"), ("freezer.state", "FROZEN")),
+    ):
+        group = root / f"ctx-test-frozen-{os.getpid()}"
+        try:
+            group.mkdir()
+        except OSError:
+            continue
+        if not (group / freeze).exists():
+            group.rmdir()
+            continue
+
+        @contextlib.contextmanager
+        def frozen(group=group, root=root, freeze=freeze, thaw=thaw, done=done):
+            (group / "cgroup.procs").write_text(f"{pid}\n")
+            (group / freeze).write_text(thaw[0])
+            try:
+                assert wait_until(lambda: done[1] in (group / done[0]).read_text().split("\n"))
+                yield
+            finally:
+                (group / freeze).write_text(thaw[1])
+                (root / "cgroup.procs").write_text(f"{pid}\n")
+                group.rmdir()
+
+        return frozen()
+    return None
+
+
+def wait_until(condition, seconds: float = 10.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
 def test_this_process_sees_a_proc_of_its_own(me: Holder) -> None:
     assert LocalSystem.current().own_proc and process_exists(os.getpid())
     assert not process_exists(dead_pid())

@@ -74,6 +74,7 @@ def package_parent() -> Path:
 # and the core tools' manifests, which toolio.core_schema reads their input schemas from.
 BUNDLED = (
     "cortexfs/__init__.py",
+    "cortexfs/cgroups.py",
     "cortexfs/durable.py",
     "cortexfs/errors.py",
     "cortexfs/jsontext.py",
