@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +20,7 @@ from cortexfs.queue import requests
 from cortexfs.queue.claim_order import candidates, pending_changed, pending_stamp
 from cortexfs.queue.holder import Holder, Lease, check_ttl, check_worker_id
 from cortexfs.queue.layout import LEASE_FILE, Queue, lstat_at, read_regular_file
+from cortexfs.queue.leasing import replace_lease
 from cortexfs.queue.transition import (
     discard_temp,
     is_regular,
@@ -257,6 +259,7 @@ def claim_job(
                 refusal = exc  # refused in inbox/, and named so by _write_lease
             else:
                 ops.step("lease.done")
+                lease = _renewed_after_a_stall(queue, job, lease, ttl)
                 return Claim(job, request, lease, invalid_reason)
         # Not a job (Q-8) or not ours to read, or a step the kernel refused (not a crash): J
         # goes back as it was rather than stay claimed without a lease until someone
@@ -363,6 +366,29 @@ def _write_lease(queue: Queue, job: str, lease: Lease) -> None:
     except CtxError:
         _discard_temp_if_it_may_be(queue, temp)
         raise
+
+
+def _renewed_after_a_stall(queue: Queue, job: str, lease: Lease, ttl: float) -> Lease:
+    """``lease``, or a renewal of it when making it durable took half of its lifetime or more.
+
+    A claim stopped between its move and its lease (SIGSTOP, Ctrl-Z, a disk that stalls) for
+    longer than the lease lives would hand its caller a lease that is already the proof of
+    its death (Q-5): the next recover would requeue the job just given, to run twice.  Still
+    under ``claimed/J``'s lock, which recover takes before it judges a lease, so no recover
+    has seen the stale one.  Refused, the job stays claimed under the stale lease, never run,
+    for recover to return once it expires; the caller is told not to run it."""
+    if time.time() < lease.claimed_at + ttl / 2:
+        return lease
+    renewed = lease.renewed(ttl)
+    expires = lease.to_json()["expires_at"]
+    stale = (
+        f"job {job} was claimed, but its claim took so long that its lease expires at "
+        f"{expires} and could not be renewed: do not run it; 'ctx queue recover' returns it "
+        "to pending once that lease has expired",
+        "claim again",
+    )
+    replace_lease(queue, job, lease, renewed, "claim", stale)
+    return renewed
 
 
 def _discard_temp_if_it_may_be(queue: Queue, temp: str) -> None:

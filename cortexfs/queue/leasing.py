@@ -6,6 +6,7 @@ before it moves anything (:mod:`cortexfs.queue.finishing`).
 from __future__ import annotations
 
 import errno
+import stat
 from collections.abc import Sequence
 
 from cortexfs import durable
@@ -21,6 +22,18 @@ from cortexfs.queue.layout import (
 )
 from cortexfs.queue.transition import discard_temp, locked_claim
 from cortexfs.timefmt import rfc3339
+
+
+def _claimed_anew(queue: Queue, job: str) -> bool:
+    """Whether ``claimed/J`` holds J's request after all: a transition finds J unclaimed and
+    then so only when J was requeued and claimed anew while it waited for J's lock."""
+    found = lstat_at(queue.claimed, job)
+    if found is None or not stat.S_ISDIR(found.st_mode):
+        return False
+    try:
+        return lstat_at(queue.claimed, f"{job}/{job}") is not None
+    except OSError:  # replaced meanwhile by something else than a directory
+        return False
 
 
 def read_lease(queue: Queue, job: str) -> Lease:
@@ -57,6 +70,13 @@ def not_claimed(queue: Queue, job: str, doing: str = "finishing it") -> CtxError
             )
     if lstat_at(queue.pending, job) is not None:
         return NotHeld(errno.ENOENT, f"job {job} is pending, not claimed; claim it before {doing}")
+    if _claimed_anew(queue, job):
+        return NotHeld(
+            errno.EACCES,
+            f"job {job} was claimed again, by another claim, while this command waited for it "
+            "(recover returned it to pending, its lease expired or its holder gone): "
+            f"{doing} is that claim's to do; 'ctx queue show {job}' names its holder",
+        )
     return NotHeld(
         errno.ENOENT,
         f"job {job} is not claimed, nor pending, done or failed: queue {queue.path} has no such "
@@ -94,41 +114,50 @@ def renew(queue: Queue, job: str, callers: Sequence[Holder], ttl: float | None =
             usable = 0 < current.period <= MAX_LEASE_TTL
             ttl = check_ttl(current.period if usable else queue.config.lease_ttl)
         renewed = current.renewed(ttl)
-        ops = queue.ops
-        temp = queue.temp_name(job, "renew")
         expires = current.to_json()["expires_at"]
         outcome = (f"the lease on {job} is unchanged (it expires at {expires})", "renew it again")
-        try:
-            lease_fd = queue.open_held_job_dir("lease", job)
-        except OSError as exc:
-            raise queue.refusal("renew a lease", f"lease/{job}", exc, *outcome) from None
-        try:
-            ops.step("renew.write")
-            try:
-                durable.write_file_synced(
-                    ops, queue.inbox, temp, renewed.encode(), group=queue.file_group
-                )
-            except OSError as exc:
-                raise queue.refusal("renew a lease", "inbox", exc, *outcome) from None
-            ops.step("renew.replace")
-            try:
-                durable.replace_synced(ops, queue.inbox, temp, lease_fd, LEASE_FILE)
-            except OSError as exc:
-                if lstat_at(queue.inbox, temp) is None:  # replaced; a sync after it failed
-                    outcome = (
-                        f"the lease on {job} was renewed until {renewed.to_json()['expires_at']}"
-                        f", but a crash may still bring back the old one (expiring at {expires})",
-                        "renew it again",
-                    )
-                else:
-                    discard_temp(queue, temp)
-                lease_file = (f"lease/{job}/{LEASE_FILE}",)
-                raise queue.refusal(
-                    "renew a lease", f"lease/{job}", exc, *outcome, entries=lease_file
-                ) from None
-        finally:
-            ops.close(lease_fd)
+        replace_lease(queue, job, current, renewed, "renew a lease", outcome)
         return renewed
+
+
+def replace_lease(
+    queue: Queue, job: str, current: Lease, lease: Lease, action: str, outcome: tuple[str, str]
+) -> None:
+    """Put ``lease`` in place of ``current`` in ``lease/J/worker`` (temp + fsync, then a
+    rename synced), for a caller that holds ``claimed/J``'s lock.  Refused, it raises the
+    queue's refusal of ``action`` with ``outcome`` (what became of the lease, what to do),
+    and leaves no temp file."""
+    ops = queue.ops
+    temp = queue.temp_name(job, "renew")
+    try:
+        lease_fd = queue.open_held_job_dir("lease", job)
+    except OSError as exc:
+        raise queue.refusal(action, f"lease/{job}", exc, *outcome) from None
+    try:
+        ops.step("renew.write")
+        try:
+            durable.write_file_synced(
+                ops, queue.inbox, temp, lease.encode(), group=queue.file_group
+            )
+        except OSError as exc:
+            raise queue.refusal(action, "inbox", exc, *outcome) from None
+        ops.step("renew.replace")
+        try:
+            durable.replace_synced(ops, queue.inbox, temp, lease_fd, LEASE_FILE)
+        except OSError as exc:
+            if lstat_at(queue.inbox, temp) is None:  # replaced; a sync after it failed
+                outcome = (
+                    f"the lease on {job} was renewed until {lease.to_json()['expires_at']}, but "
+                    "a crash may still bring back the old one (expiring at "
+                    f"{current.to_json()['expires_at']})",
+                    "renew it again",
+                )
+            else:
+                discard_temp(queue, temp)
+            lease_file = (f"lease/{job}/{LEASE_FILE}",)
+            raise queue.refusal(action, f"lease/{job}", exc, *outcome, entries=lease_file) from None
+    finally:
+        ops.close(lease_fd)
 
 
 def claimed_without_lease(job: str) -> CtxError:
@@ -161,8 +190,10 @@ def not_a_lease(job: str, lease: CtxError, verb: str) -> CtxError:
 
 def _no_lease_to_renew(queue: Queue, job: str) -> CtxError:
     """ENOENT, saying where J is instead (pending, done, failed, nowhere)."""
-    where = not_claimed(queue, job, "renewing its lease").message
-    return NotHeld(errno.ENOENT, f"there is no lease to renew: {where}")
+    where = not_claimed(queue, job, "renewing its lease")
+    if where.errno == errno.EACCES:  # another claim's lease
+        return where
+    return NotHeld(errno.ENOENT, f"there is no lease to renew: {where.message}")
 
 
 def refuse_other_holder(job: str, lease: Lease, callers: Sequence[Holder], verb: str) -> None:

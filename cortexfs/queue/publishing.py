@@ -92,6 +92,8 @@ def publish(
         if moved:
             pending_changed(queue, before, [job])
             raise _published_unsynced([job], exc) from None
+        if exc.errno == errno.ENOENT and lstat_at(queue.inbox, temp) is None:
+            raise _staging_removed([temp], "nothing was published; publish again") from None
         discard_temp(queue, temp)
         raise queue.refusal("publish", "pending", exc, *NOTHING_PUBLISHED) from None
     pending_changed(queue, before, [job])
@@ -277,8 +279,13 @@ def publish_batch(
         published = [job for job in jobs if job not in failed]
         pending_changed(queue, before, published)
         if failed:
+            removed = [
+                m.src
+                for m, o in zip(moves, outcomes, strict=True)
+                if isinstance(o, FileNotFoundError) and lstat_at(m.src_dir, m.src) is None
+            ]
             discard_temps(queue, [m.src for m, o in zip(moves, outcomes, strict=True) if o])
-            refusal = _batch_refusal(queue, jobs, numbers, failed)
+            refusal = _batch_refusal(queue, jobs, numbers, failed, removed)
             if not published:
                 raise CtxError(refusal.errno, refusal.message)
             if acknowledge is not None:
@@ -291,11 +298,16 @@ def publish_batch(
 
 
 def _batch_refusal(
-    queue: Queue, jobs: Sequence[str], numbers: Sequence[int], failed: Mapping[str, OSError]
+    queue: Queue,
+    jobs: Sequence[str],
+    numbers: Sequence[int],
+    failed: Mapping[str, OSError],
+    removed: Sequence[str] = (),
 ) -> PublishedInPart:
     """The error of a batch whose moves into ``pending/`` were refused for ``failed``: EEXIST
-    for names that appeared there meanwhile, else what refused the others (ENOSPC…), saying
-    which jobs were published, which requests were not, and how to publish only those."""
+    for names that appeared there meanwhile, ENOENT for staging files ``removed`` meanwhile,
+    else what refused the others (ENOSPC…), saying which jobs were published, which requests
+    were not, and how to publish only those."""
     published = [job for job in jobs if job not in failed]
     where = [number for job, number in zip(jobs, numbers, strict=True) if job in failed]
     action, (outcome, again) = "publish", NOTHING_PUBLISHED
@@ -307,6 +319,9 @@ def _batch_refusal(
         )
         again = "publish those lines again, and only those"
     refused = [job for job, exc in failed.items() if not isinstance(exc, FileExistsError)]
+    if removed:
+        cause = _staging_removed(removed, f"{outcome}; {again}")
+        return PublishedInPart(cause.errno, cause.message, published, list(failed), where)
     if refused:
         cause = queue.refusal(action, "pending", failed[refused[0]], outcome, again)
         return PublishedInPart(cause.errno, cause.message, published, list(failed), where)
@@ -317,6 +332,21 @@ def _batch_refusal(
         published,
         list(failed),
         where,
+    )
+
+
+def _staging_removed(temps: Sequence[str], outcome: str) -> CtxError:
+    """ENOENT for a publish whose staging files in ``inbox/`` were removed before they could
+    move to ``pending/``: 'recover --reconcile' removes temp files older than its grace, and a
+    publish stopped (or stalled) that long finds its own gone.  ``pending/`` refused nothing,
+    and a message that named it would send the user to look for a fault there."""
+    named = ", ".join(f"inbox/{temp}" for temp in temps[:3]) + (", …" if len(temps) > 3 else "")
+    return CtxError(
+        errno.ENOENT,
+        f"the staging file{'s' if len(temps) > 1 else ''} {named} of this publish "
+        f"{'were' if len(temps) > 1 else 'was'} removed before moving to pending/ (by 'ctx "
+        "queue recover --reconcile', which removes temp files older than its grace, or by "
+        f"hand, while this publish was stopped or stalled): {outcome}",
     )
 
 

@@ -86,13 +86,18 @@ def locked_claim(
     queue: Queue, job: str, not_claimed: Callable[[Queue, str], CtxError]
 ) -> Iterator[int]:
     """``claimed/J`` opened and locked (recover takes the same lock before it requeues J), J's
-    request checked to be in it; ``not_claimed(queue, job)`` is the error when it is not."""
+    request checked to be in it; ``not_claimed(queue, job)`` is the error when it is not, or
+    when the directory locked is no longer ``claimed/J`` (J requeued meanwhile)."""
     try:
         claim_fd = queue.open_held_job_dir("claimed", job)
     except FileNotFoundError:
         raise not_claimed(queue, job) from None
     try:
         lock_job(claim_fd, job)
+        if not still_linked(queue.claimed, job, claim_fd):
+            # Requeued while we waited for the lock (recover removes claimed/J under it), and
+            # perhaps claimed anew: what we hold is no longer J's claim, whatever J is now.
+            raise not_claimed(queue, job)
         request = lstat_at(claim_fd, job)
         if request is None:
             raise not_claimed(queue, job)
