@@ -15,7 +15,6 @@ import sys
 from typing import NoReturn
 
 import click
-from click.utils import PacifyFlushWrapper
 
 from cortexfs.cli.exits import (
     EXIT_OK,
@@ -46,12 +45,22 @@ def run_click(
     except OutputError as error:  # from a command without handles_errors (policy, --help)
         output_failed(error, prog_name)
     except SystemExit:
-        if isinstance(sys.stdout, PacifyFlushWrapper):
+        if _hushed_by_click(sys.stdout):
             # click's own answer to a reader that left while it printed (--help, --version):
             # exit 1, where every command of ours ends quietly with 141.
             reader_gone()
         _flush_output(prog_name)
         raise
+
+
+def _hushed_by_click(stream: object) -> bool:
+    """Whether click wrapped ``stream`` to hush its last flush, as it does on EPIPE.  Asked by
+    the wrapper's type name, ``PacifyFlushWrapper`` until click 8.5 made it private and
+    deprecated importing the public name (a warning on every command in Python's dev mode, an
+    error under ``-W error``); ``ctx run`` may put a stream of ours in its place, so ``is``
+    would not tell it either."""
+    kind = type(stream)
+    return kind.__name__.lstrip("_") == "PacifyFlushWrapper" and kind.__module__.startswith("click")
 
 
 def _run(command: click.Command, args: list[str], prog_name: str, obj: object) -> NoReturn:
