@@ -299,6 +299,7 @@ def test_late_finish_says_where_the_job_is_not_that_there_is_no_such_job(
     assert sane(run, 1).rc == 1
     assert sane(queue.run("show", job, "--json"), 0).json()["state"] == "claimed"
     assert "no such job" not in run.err and "not claimed" not in run.err, run
+    assert "EACCES" in run.err and "was claimed again, by another claim" in run.err, run
 
 
 # ------------------------------------------------------------------------------ renew

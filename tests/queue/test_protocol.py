@@ -599,3 +599,56 @@ def test_a_claim_for_a_worker_id_no_lease_may_record_is_refused_before_anything_
     assert os.listdir(queue_dir / "claimed") == os.listdir(queue_dir / "lease") == []
     with pytest.raises(CtxError):
         Holder.for_process(worker=worker or " ")
+
+
+def test_a_claim_stalled_past_its_lease_lifetime_returns_a_renewed_lease(
+    queue_dir: Path, me: Holder
+) -> None:
+    """A claim stopped between its move and its lease for longer than the lease lives (here
+    at ``lease.move``, for twice the ttl) returns a lease renewed under J's lock, never one
+    already expired: recover right after it finds the holder alive and leaves J claimed."""
+    ttl = 0.2
+    stalled = _Preempted("lease.move", lambda: time.sleep(2 * ttl))
+    with Queue.open(queue_dir) as q:
+        job = publish(q, request(), name="slow")
+    with Queue.open(queue_dir, stalled) as q:
+        won = claim(q, me, ttl=ttl)
+    assert won is not None and won.job == job
+    assert won.lease.expires_at > time.time() and won.lease.renewed_at is not None
+    with Queue.open(queue_dir) as q:
+        assert recover(q).requeued == []
+        on_disk = json.loads((queue_dir / "lease" / job / "worker").read_bytes())
+    assert on_disk["expires_at"] == won.lease.to_json()["expires_at"]
+
+
+def test_a_finish_that_waited_while_its_job_was_requeued_and_claimed_again_says_so(
+    queue_dir: Path, me: Holder
+) -> None:
+    """A finish that opened ``claimed/J`` and then waited (stopped before its lock) while J
+    was requeued and claimed anew holds a directory recover removed: refused with EACCES
+    saying J was claimed again, the new claim untouched."""
+    gone = dataclasses.replace(me, pid=dead_pid())
+    with Queue.open(queue_dir) as q:
+        job = publish(q, request(), name="late")
+        assert claim(q, gone) is not None
+
+    def requeued_and_claimed_again() -> None:
+        with Queue.open(queue_dir) as q:
+            assert [f.job for f in recover(q).requeued] == [job]
+            assert claim(q, me) is not None
+
+    class WaitsBeforeItsLock(FsOps):
+        waited = False
+
+        def open_dir(self, name: str, dir_fd: int | None = None) -> int:
+            fd = super().open_dir(name, dir_fd)
+            if name == job and not self.waited:  # claimed/J, opened first
+                self.waited = True
+                requeued_and_claimed_again()
+            return fd
+
+    with Queue.open(queue_dir, WaitsBeforeItsLock()) as q, pytest.raises(CtxError) as refused:
+        finish(q, job, True)
+    assert refused.value.errno == errno.EACCES, refused.value
+    assert "was claimed again, by another claim" in refused.value.message
+    assert entries(queue_dir, "claimed") == [job] and entries(queue_dir, "done") == []
