@@ -31,6 +31,28 @@ def is_decimal(text: str) -> bool:
     return text.isascii() and text.isdigit()
 
 
+# Python reads at most this many digits into an int (``sys.get_int_max_str_digits``) and
+# raises ValueError past it; an id, a count or a size needs far fewer.
+_MOST_DIGITS = 4300
+
+
+def decimal_value(text: str) -> int | None:
+    """The integer ``text`` writes in ASCII digits (:func:`is_decimal`), or None: where it is
+    not one, and where it has more digits than Python reads into an int, which no id, count
+    or size of ours needs (so its caller's range check refuses it, rather than a traceback)."""
+    if is_decimal(text) and len(text) <= _MOST_DIGITS:
+        return int(text)
+    return None
+
+
+def shown_number(text: str, most: int = 40) -> str:
+    """``text`` quoted for a message that refuses it as a number, cut to ``most`` characters
+    with the length said: a refused value of thousands of digits is named, not reprinted."""
+    if len(text) <= most:
+        return repr(text)
+    return f"{text[:most]!r}… ({len(text)} characters)"
+
+
 def object_name_problem(name: object) -> str | None:
     """Why ``name`` is not a legal object name, every rule it breaks, or None when it is."""
     if not isinstance(name, str):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from datetime import UTC, datetime
 
@@ -12,6 +13,11 @@ from cortexfs.errors import invalid
 # timed waits hold (about 292 years of nanoseconds), beyond which a timeout given on the
 # command line would fail only once a job used it.
 MAX_SECONDS = 366 * 24 * 3600.0
+
+# A number of seconds as people write one: digits, a decimal point, an exponent, a sign to be
+# refused by its range.  Not what else Python's float() reads ("1_000", " 5 ", "+5",
+# "infinity", "nan", digits of other scripts), which a control file refuses as much.
+SECONDS_TEXT = re.compile(r"-?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?", re.ASCII)
 
 
 # The instants every timestamp written here can name: years 1 to 9999 in any offset, a day in

@@ -107,7 +107,10 @@ def test_the_manual_bundle_is_not_a_shared_space(storage: Path) -> None:
             "Missing argument 'PERM'",
         ),
         (("queue", "claim", "--project", "p", "--bogus"), "No such option '--bogus'"),
-        (("queue", "claim", "--project", "p", "--ttl", "soon"), "'soon' is not a valid float"),
+        (
+            ("queue", "claim", "--project", "p", "--ttl", "soon"),
+            "'soon' is not a number of seconds",
+        ),
         (("no-such-command",), "No such command 'no-such-command'"),
     ],
 )

@@ -38,7 +38,7 @@ from cortexfs.cli.common import (
 )
 from cortexfs.cli.params import MAX_ID, NonEmptyPath
 from cortexfs.errors import CtxError, describe, invalid, not_found
-from cortexfs.names import is_decimal, object_name_problem
+from cortexfs.names import decimal_value, is_decimal, object_name_problem, shown_number
 from cortexfs.policy import AgentFacts, Identity
 from cortexfs.process_limits import no_process_could_be_made
 from cortexfs.regular_file import read_up_to
@@ -69,7 +69,7 @@ def agent() -> None:
     help=f"Run the agent as this user (name or uid); default: you, or for root the user "
     f"{ROOT_DEFAULT_USER!r} (an agent never runs as root; root and uid 0 are refused).",
 )
-@click.option("--gid", type=int, help="Its primary group (default: the user's).")
+@click.option("--gid", help="Its primary group's id (default: the user's).")
 @click.option(
     "--groups", help="Its supplementary groups, comma-separated ids (default: the user's)."
 )
@@ -79,7 +79,7 @@ def agent() -> None:
 def create(
     request: Path,
     user: str | None,
-    gid: int | None,
+    gid: str | None,
     groups: str | None,
     storage_dir: Path | None,
     as_json: bool,
@@ -254,10 +254,11 @@ def list_command(storage_dir: Path | None, as_json: bool) -> None:
         echo_printable(line)
 
 
-def _identity(user: str | None, gid: int | None, groups: str | None) -> Identity | None:
+def _identity(user: str | None, gid_text: str | None, groups: str | None) -> Identity | None:
     """The identity the options describe; None (the creating user) when none is given."""
-    if user is None and gid is None and groups is None:
+    if user is None and gid_text is None and groups is None:
         return None
+    gid = None if gid_text is None else _parse_id(gid_text, "--gid")
     if user is None:
         default, _ = default_identity()
         uid, primary, extra = default.uid, default.gid, default.groups
@@ -277,7 +278,7 @@ def _identity(user: str | None, gid: int | None, groups: str | None) -> Identity
                 )
             )
     if gid is not None:
-        primary = _parse_id(str(gid), "--gid")
+        primary = gid
     if groups is not None:
         extra = frozenset(_parse_id(group, "--groups") for group in groups.split(",") if group)
     return Identity(uid, primary, extra)
@@ -285,10 +286,12 @@ def _identity(user: str | None, gid: int | None, groups: str | None) -> Identity
 
 def _parse_id(text: str, option: str) -> int:
     """A uid or gid given as ``option``: decimal, from 0 to 2**32 - 2 ((uid_t)-1 is no id)."""
-    number = int(text) if is_decimal(text) else -1
-    if not 0 <= number <= MAX_ID:
+    number = decimal_value(text)
+    if number is None or not 0 <= number <= MAX_ID:
         raise usage_problem(
-            invalid(f"{option} takes ids, integers from 0 to {MAX_ID}: {text!r} is not one")
+            invalid(
+                f"{option} takes ids, integers from 0 to {MAX_ID}: {shown_number(text)} is not one"
+            )
         )
     return number
 

@@ -5,18 +5,28 @@
 * :class:`Seconds` — a duration: a number within its range and finite; ``nan`` compares false
   with every bound and ``inf`` passes a lower one, and neither is a length of time.  At most
   :data:`MAX_SECONDS` unless said otherwise.
+* :class:`Integer` — a count or an id within its range.
 * :data:`UID` — a uid on the command line (``--uid``): 0 to :data:`MAX_ID`; beyond that no
   process or file can have it, and ``(uid_t) -1`` means "no id" to the kernel.
+
+Both numbers are read as people write them: ASCII digits (with a decimal point and an exponent
+for seconds), a minus sign for the range to refuse.  Python's ``int`` and ``float``, which
+click's types call, also read ``1_000``, ``+5``, `` 5 `` and digits of other scripts (``٣``),
+which the queue's control files refuse: a value means the same wherever it is written.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import click
 
-from cortexfs.timefmt import MAX_SECONDS
+from cortexfs.names import shown_number
+from cortexfs.timefmt import MAX_SECONDS, SECONDS_TEXT
+
+_INTEGER_TEXT = re.compile(r"-?[0-9]+", re.ASCII)
 
 MAX_ID = 2**32 - 2  # the largest uid or gid: (uid_t) -1 is "no id" to the kernel
 
@@ -37,10 +47,19 @@ class Seconds(click.FloatRange):
         super().__init__(min, max, **options)
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and not SECONDS_TEXT.fullmatch(value):
+            self.fail(f"{shown_number(value)} is not a number of seconds", param, ctx)
         seconds = super().convert(value, param, ctx)
         if not math.isfinite(seconds):
-            self.fail(f"{value!r} is not a finite number of seconds", param, ctx)
+            self.fail(f"{shown_number(str(value))} is not a finite number of seconds", param, ctx)
         return seconds
 
 
-UID = click.IntRange(0, MAX_ID)
+class Integer(click.IntRange):
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and not (_INTEGER_TEXT.fullmatch(value) and len(value) <= 40):
+            self.fail(f"{shown_number(value)} is not an integer in decimal digits", param, ctx)
+        return super().convert(value, param, ctx)
+
+
+UID = Integer(0, MAX_ID)

@@ -26,7 +26,7 @@ from cortexfs.cli.common import (
 )
 from cortexfs.cli.params import MAX_ID
 from cortexfs.errors import CtxError, invalid
-from cortexfs.names import is_decimal
+from cortexfs.names import decimal_value, is_decimal, shown_number
 from cortexfs.policy import (
     AuthorityRequest,
     Credentials,
@@ -296,10 +296,11 @@ def _standard_input() -> bytes:
 def _parse_peer(peer: str) -> Credentials:
     uid, colon, gid = peer.partition(":")
     if not (colon and is_decimal(uid) and is_decimal(gid)):
-        raise invalid(f"--peer {peer!r} must be UID:GID, e.g. 1000:1000")
-    if max(int(uid), int(gid)) > MAX_ID:
-        raise invalid(f"--peer {peer!r}: a uid or gid is at most {MAX_ID}")
-    return Credentials(int(uid), int(gid))
+        raise invalid(f"--peer {shown_number(peer)} must be UID:GID, e.g. 1000:1000")
+    ids = decimal_value(uid), decimal_value(gid)
+    if ids[0] is None or ids[1] is None or max(ids) > MAX_ID:
+        raise invalid(f"--peer {shown_number(peer)}: a uid or gid is at most {MAX_ID}")
+    return Credentials(*ids)
 
 
 def _exit_usage(error: CtxError, lines: list[str], as_json: bool) -> NoReturn:

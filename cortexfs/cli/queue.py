@@ -36,7 +36,7 @@ from cortexfs.cli.common import (
     usage_problem,
 )
 from cortexfs.cli.lazy import LazyGroup
-from cortexfs.cli.params import NonEmptyPath, Seconds
+from cortexfs.cli.params import Integer, NonEmptyPath, Seconds
 from cortexfs.errors import CtxError, invalid
 from cortexfs.interrupts import held_interrupts
 from cortexfs.jsontext import NotAJsonNumber
@@ -244,11 +244,13 @@ def ttl_option(help_text: str, check: Callable[[float], float] = check_ttl) -> C
         except CtxError as exc:
             raise click.BadParameter(exc.message) from None
 
-    return click.option("--ttl", type=float, callback=checked, help=help_text)
+    return click.option(
+        "--ttl", type=Seconds(min=0, min_open=True), callback=checked, help=help_text
+    )
 
 
 # A pid Linux can give: 1 to PID_MAX_LIMIT (2**22); a larger number names no process, ever.
-PID = click.IntRange(min=1, max=2**22)
+PID = Integer(min=1, max=2**22)
 
 
 def worker_id_option(help_text: str, dest: str = "worker_id") -> Callable[[F], F]:

@@ -31,12 +31,12 @@ from cortexfs.cli.exits import (
 from cortexfs.cli.suggested import absolute, naming_the_root
 from cortexfs.errors import CtxError, describe
 from cortexfs.interrupts import Stopped, stops_raise
-from cortexfs.names import check_object_name
+from cortexfs.names import check_object_name, shown_number
 from cortexfs.printable import printable
 from cortexfs.regular_file import read_up_to
 from cortexfs.shared.sessions import DEFAULT_SESSION, SessionRef
 from cortexfs.standard_streams import OutputError, open_write_only, tell_output_errors
-from cortexfs.timefmt import MAX_SECONDS
+from cortexfs.timefmt import MAX_SECONDS, SECONDS_TEXT
 from cortexfs.tools.core.toolio import MAX_INPUT_BYTES
 from cortexfs.tools.result import ToolResult
 from cortexfs.tools.runner import DEFAULT_TIMEOUT, UnreadableInput, run_native, run_terminal
@@ -407,10 +407,9 @@ def _not_json(error: ValueError) -> str:
 
 
 def _positive_seconds(text: str) -> float:
-    try:
-        seconds = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not SECONDS_TEXT.fullmatch(text):  # as the other commands read seconds (cli/params.py)
+        raise argparse.ArgumentTypeError(f"{shown_number(text)} is not a number of seconds")
+    seconds = float(text)
     if not (seconds > 0 and math.isfinite(seconds)):
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
     if seconds > MAX_SECONDS:

@@ -28,7 +28,7 @@ from cortexfs.cli.common import (
     terminal_json,
     usage_problem,
 )
-from cortexfs.cli.params import UID
+from cortexfs.cli.params import UID, Integer
 from cortexfs.errors import CtxError, invalid, not_found
 from cortexfs.names import check_object_name
 from cortexfs.policy.controls import agent_entry, agent_exists, control_path, read_identity
@@ -135,7 +135,7 @@ def show(
 @click.option(
     "-n",
     "lines",
-    type=click.IntRange(min=0, max=sys.maxsize),
+    type=Integer(min=0, max=sys.maxsize),
     default=10,
     show_default=True,
     help=f"How many of the last events to print first (0 to {sys.maxsize}).",

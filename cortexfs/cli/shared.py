@@ -18,7 +18,7 @@ from cortexfs.cli.common import (
     usage_problem,
 )
 from cortexfs.errors import CtxError, invalid
-from cortexfs.names import is_decimal
+from cortexfs.names import decimal_value, is_decimal, shown_number
 from cortexfs.shared.spaces import check_space_name, create_shared_space
 
 
@@ -104,9 +104,11 @@ _NO_GID = 2**32 - 1  # (gid_t) -1: "leave the group as it is" to chown, never a 
 
 def _gid(group: str) -> int:
     try:
-        gid = int(group) if is_decimal(group) else grp.getgrnam(group).gr_gid
+        gid = decimal_value(group) if is_decimal(group) else grp.getgrnam(group).gr_gid
     except KeyError:
         raise usage_problem(invalid(f"no such group: {group!r}")) from None
-    if gid >= _NO_GID:
-        raise usage_problem(invalid(f"{group} is not a group id (at most {_NO_GID - 1})"))
+    if gid is None or gid >= _NO_GID:
+        raise usage_problem(
+            invalid(f"{shown_number(group)} is not a group id (at most {_NO_GID - 1})")
+        )
     return gid

@@ -31,7 +31,7 @@ from cortexfs.cli.common import (
     object_name_argument,
     suggestions_for_this_queue,
 )
-from cortexfs.cli.params import Seconds
+from cortexfs.cli.params import Integer, Seconds
 from cortexfs.cli.queue import (
     STORAGE_ROOT_KEY,
     open_queue,
@@ -179,10 +179,10 @@ def worker_options(fn: F) -> F:
             "--session", default="worker", show_default=True, help="Session recording the jobs."
         ),
         click.option("--drain", is_flag=True, help="Exit as soon as the queue is empty."),
-        click.option("--max-jobs", type=click.IntRange(min=1), help="Exit after claiming N jobs."),
+        click.option("--max-jobs", type=Integer(min=1), help="Exit after claiming N jobs."),
         click.option(
             "--concurrency",
-            type=click.IntRange(1, MAX_CONCURRENCY),
+            type=Integer(1, MAX_CONCURRENCY),
             default=1,
             show_default=True,
             help=f"Jobs at once (at most {MAX_CONCURRENCY}); each runs its tool in a process of "

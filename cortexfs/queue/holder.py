@@ -513,7 +513,9 @@ def _pid_ns(value: object) -> int:
     """The pid namespace inode: a number, or the ``pid:[N]`` that readlink shows."""
     if isinstance(value, int) and not isinstance(value, bool):
         return value
-    if isinstance(value, str) and (found := re.fullmatch(r"(?:pid:\[)?(\d+)\]?", value)):
+    # An inode number: at most 20 ASCII digits (2**64), where \d would take any script's digits
+    # and int() refuses thousands of them.
+    if isinstance(value, str) and (found := re.fullmatch(r"(?:pid:\[)?([0-9]{1,20})\]?", value)):
         return int(found.group(1))
     raise invalid("lease has no valid field 'pid_ns'")
 

@@ -12,7 +12,6 @@ import contextlib
 import errno
 import fcntl
 import os
-import re
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,11 +20,11 @@ from cortexfs import durable, keyvalue
 from cortexfs.errors import CtxError, explain_host_trouble, invalid, not_found
 from cortexfs.file_attributes import attribute_refusal, entry_attribute_refusal
 from cortexfs.locks import flock_within
-from cortexfs.names import is_decimal
+from cortexfs.names import decimal_value, shown_number
 from cortexfs.queue.claim_order import ClaimOrder, start_hint
 from cortexfs.queue.holder import check_ttl
 from cortexfs.storage import check_space_name, not_readable, require_writable
-from cortexfs.timefmt import MAX_SECONDS
+from cortexfs.timefmt import MAX_SECONDS, SECONDS_TEXT
 
 STATE_DIRS = ("inbox", "pending", "lease", "claimed", "done", "failed")
 CONFIG_MODE = 0o644
@@ -107,20 +106,18 @@ class QueueConfig:
 
 
 def _positive_int(value: str, where: str, key: str) -> int:
-    if not is_decimal(value) or int(value) <= 0:
-        raise invalid(f"{where}: {key} must be a positive integer, not {value!r}")
-    return int(value)
-
-
-# A number of seconds as people write one: digits, a decimal point, an exponent.  Not what
-# else Python's float() reads ("1_000", "infinity", "nan", digits of other scripts).
-_SECONDS = re.compile(r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?", re.ASCII)
+    number = decimal_value(value)
+    if number is None or number <= 0:
+        raise invalid(f"{where}: {key} must be a positive integer, not {shown_number(value)}")
+    return number
 
 
 def _non_negative_float(value: str, where: str, key: str) -> float:
-    number = float(value) if _SECONDS.fullmatch(value) else -1.0
+    number = float(value) if SECONDS_TEXT.fullmatch(value) else -1.0
     if not number >= 0 or number == float("inf"):
-        raise invalid(f"{where}: {key} must be a non-negative number of seconds, not {value!r}")
+        raise invalid(
+            f"{where}: {key} must be a non-negative number of seconds, not {shown_number(value)}"
+        )
     return number
 
 

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 from urllib.parse import unquote
 
-from cortexfs.names import is_decimal
+from cortexfs.names import decimal_value
 
 _REFERENCES = ("$ref", "$dynamicRef")
 # Keywords whose values are data, not schemas: a "$ref" inside an enum is a string like any.
@@ -83,4 +83,5 @@ def _resolves(schema: Any, fragment: str, anchors: set[str]) -> bool:
 
 def _index(token: str) -> int:
     """The array index a JSON Pointer token names, else -1."""
-    return int(token) if is_decimal(token) else -1
+    index = decimal_value(token)
+    return -1 if index is None else index
