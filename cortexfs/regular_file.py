@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import errno
 import os
+import select
 import stat
 
 MAX_POLICY_BYTES = 16 * 1024 * 1024
@@ -95,7 +96,11 @@ def read_up_to(fd: int, limit: int) -> bytes:
     rest of it ever being read.  OSError as ``os.read`` raises it (EISDIR for a directory)."""
     chunks, remaining = [], limit + 1
     while remaining > 0:
-        chunk = os.read(fd, min(remaining, _CHUNK))
+        try:
+            chunk = os.read(fd, min(remaining, _CHUNK))
+        except BlockingIOError:  # a non-blocking pipe, empty for now: not its end
+            select.select([fd], [], [])
+            continue
         if not chunk:
             break
         chunks.append(chunk)

@@ -27,7 +27,7 @@ import io
 import os
 import select
 import sys
-from typing import TextIO
+from typing import Any, BinaryIO, TextIO
 
 _STREAMS = ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w"))
 _closed_at_start: set[int] = set()
@@ -138,13 +138,39 @@ class OutputError(OSError):
 
 
 class _StandardOutput(io.FileIO):
-    def write(self, data: bytes) -> int | None:  # type: ignore[override]
-        try:
-            return super().write(data)
-        except BrokenPipeError:
-            raise
-        except OSError as exc:
-            raise OutputError(exc.errno, exc.strerror) from None
+    """Standard output whose refusals are :class:`OutputError`, and which waits for room when
+    it is non-blocking and full (a pipe whose other end set ``O_NONBLOCK``, as node does, and
+    which a reader empties at its own pace): the output is whole, never cut at 64 KiB."""
+
+    def write(self, data: bytes) -> int:  # type: ignore[override]
+        while True:
+            try:
+                written = super().write(data)
+            except BrokenPipeError:
+                raise
+            except OSError as exc:
+                raise OutputError(exc.errno, exc.strerror) from None
+            if written is not None:
+                return written
+            select.select([], [self], [])
+
+
+class _WaitingInput(io.FileIO):
+    """Standard input that waits when it is non-blocking and empty for now: read as it
+    comes, ``EAGAIN`` reads as its end, and a request, a batch or a result would be taken
+    whole when only its first part had arrived."""
+
+    def readinto(self, buffer: Any) -> int:  # type: ignore[override]
+        while True:
+            got = super().readinto(buffer)
+            if got is not None:
+                return got
+            select.select([self], [], [])
+
+
+def standard_input() -> BinaryIO:
+    """Standard input's bytes, read to their end whether its descriptor blocks or not."""
+    return io.BufferedReader(_WaitingInput(0, "r", closefd=False))
 
 
 def tell_output_errors() -> None:

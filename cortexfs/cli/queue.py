@@ -59,7 +59,12 @@ from cortexfs.queue.requests import (
     parse_request_bytes,
     read_at_most,
 )
-from cortexfs.standard_streams import OutputError, closed_at_start, discard_output
+from cortexfs.standard_streams import (
+    OutputError,
+    closed_at_start,
+    discard_output,
+    standard_input,
+)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -279,7 +284,7 @@ def _opened_input(source: str, what: str) -> Iterator[BinaryIO]:
     with a limit (:func:`read_at_most`)."""
     if source == "-":
         require_standard_input(what)  # closed, it would read as empty: a result may be
-        yield sys.stdin.buffer
+        yield standard_input()
         return
     try:
         stream = open(source, "rb")  # noqa: SIM115  (closed below)

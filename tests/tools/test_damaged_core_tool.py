@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 import zipfile
+import zlib
 from pathlib import Path
 
 import pytest
@@ -46,6 +47,23 @@ def member_data_offset(program: bytes, info: zipfile.ZipInfo) -> int:
     return header + 30 + name_length + extra_length
 
 
+def inflate_breaks(program: bytes, info: zipfile.ZipInfo, start: int) -> int:
+    """The first byte of ``info``'s compressed data from ``start`` on whose flip zlib refuses.
+    Not any byte: zipimport checks no CRC, and a flip that still inflates may land in a string
+    constant of the bytecode, leaving a module that loads and runs (damage only bootstrap's
+    comparison of every byte finds)."""
+    begin = member_data_offset(program, info)
+    data = program[begin : begin + info.compress_size]
+    for offset in range(start, len(data)):
+        damaged = bytearray(data)
+        damaged[offset] ^= 0xFF
+        try:
+            zlib.decompress(bytes(damaged), -zlib.MAX_WBITS)
+        except zlib.error:
+            return begin + offset
+    raise AssertionError(f"no byte of {info.filename} from {start} on breaks its inflation")
+
+
 def central_entry_offset(program: bytes, name: str) -> int:
     """Where the zip directory's entry of ``name`` starts in ``program``."""
     directory = program.rindex(b"PK\x05\x06")
@@ -65,7 +83,7 @@ def damaged_offset(program: bytes, place: str) -> int:
         # imported first, by the __main__
         "the tool's module, compressed": member_data_offset(program, tool_module) + 1,
         # imported by that module
-        "toolio, compressed": member_data_offset(program, toolio) + toolio.compress_size // 2,
+        "toolio, compressed": inflate_breaks(program, toolio, toolio.compress_size // 2),
         # read by run() once the modules are loaded
         "the manifest, compressed": member_data_offset(program, manifest) + 1,
         # the directory entry's offset of toolio's local header (its low byte)

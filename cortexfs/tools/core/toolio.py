@@ -38,6 +38,7 @@ from typing import Any, NamedTuple
 from cortexfs import jsontext
 from cortexfs.errors import out_of_memory
 from cortexfs.printable import printable
+from cortexfs.standard_streams import standard_input
 
 NATIVE = "native"
 MAX_INPUT_BYTES = 16 * 1024 * 1024
@@ -165,7 +166,7 @@ def read_stdin(limit: int, what: str, *, line_end: bool = False) -> bytes:
     after the ``limit`` bytes is not counted (the runner ends a native input with one)."""
     if sys.stdin is None or sys.stdin.isatty():
         return b""
-    data = sys.stdin.buffer.read(limit + 2)
+    data = standard_input().read(limit + 2)  # whole, from a non-blocking pipe too
     if len(data) > limit and not (line_end and len(data) == limit + 1 and data[-1:] == b"\n"):
         raise ToolFailure(errno_names.EFBIG, f"{what} is larger than {limit} bytes")
     return data
