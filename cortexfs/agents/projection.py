@@ -71,6 +71,7 @@ from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, NamedTuple
 
 from cortexfs.errors import CtxError
+from cortexfs.lazy import cached
 from cortexfs.names import is_object_name
 from cortexfs.policy import AuthorityRequest, check_authority, check_tool_execute
 from cortexfs.policy.linux import permits
@@ -253,7 +254,7 @@ class ViewRules:
             return self.keeps_sessions(parts[:4]) and parts[4] == "session"
         return len(parts) == 2 and parts[0] == "model"
 
-    @functools.cached_property
+    @cached
     def sees_storage_root(self) -> bool:
         """Whether the agent may use a mount of the storage root: without one, no object of
         the root passes its authority (P-5 steps 3 and 5), so none is shown (F-1, X-1)."""

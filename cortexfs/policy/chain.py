@@ -41,7 +41,6 @@ agent's controls are read and judged once for all of them.
 from __future__ import annotations
 
 import errno
-import functools
 import os
 import stat
 from collections import Counter
@@ -51,6 +50,7 @@ from pathlib import Path, PurePosixPath
 from typing import NamedTuple
 
 from cortexfs.errors import HOST_SHORTAGES, CtxError, denied, not_found
+from cortexfs.lazy import cached
 from cortexfs.names import check_object_name
 from cortexfs.policy import controls
 from cortexfs.policy.beneath import (
@@ -264,7 +264,7 @@ class AgentFacts:
         # Steps 2 to 6 of each object asked about, by (class, name, permission, location).
         self.decided: dict[tuple[str, str, str, str | None], tuple[StepResult, ...]] = {}
 
-    @functools.cached_property
+    @cached
     def _host_uid(self) -> int:
         return os.stat(self.root).st_uid
 
@@ -275,19 +275,19 @@ class AgentFacts:
         asked = Path(request.root)
         return asked == self._given_root or asked.resolve() == self.root
 
-    @functools.cached_property
+    @cached
     def _agent_controls(self) -> controls.AgentControlFiles:
         """The agent's host-owned controls, read through one descriptor of its directory."""
         return controls.AgentControlFiles(self.root, self.agent)
 
-    @functools.cached_property
+    @cached
     def declared_identity(self) -> Identity:
         """The identity the agent's control names, before step 1 has judged it: ENOENT for a
         missing agent, EACCES for an unusable control."""
         controls.require_agent(self.root, self.agent)
         return controls.read_identity(self.root, self.agent, self._agent_controls)
 
-    @functools.cached_property
+    @cached
     def identity(self) -> Identity:
         """The agent's identity: ENOENT for a missing agent, EACCES for one that is root."""
         identity = self.declared_identity
@@ -298,11 +298,11 @@ class AgentFacts:
             )
         return identity
 
-    @functools.cached_property
+    @cached
     def mounts(self) -> tuple[Mount, ...]:
         return controls.read_mounts(self.root, self.agent, self._agent_controls)
 
-    @functools.cached_property
+    @cached
     def visible_mounts(self) -> tuple[Mount, ...]:
         """The mounts the agent's policy lets it see: what its tools get, less the storage
         root's projection (:func:`~cortexfs.policy.mounts.granted_mounts`)."""
@@ -314,12 +314,12 @@ class AgentFacts:
             )
         )
 
-    @functools.cached_property
+    @cached
     def declared_label(self) -> str:
         """The label the agent's control names, before step 4 has judged its controls."""
         return controls.read_label(self.root, self.agent, self._agent_controls)
 
-    @functools.cached_property
+    @cached
     def label(self) -> str:
         """The agent's label, once none of its host-owned controls is within its reach."""
         label = self.declared_label

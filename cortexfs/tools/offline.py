@@ -41,6 +41,17 @@ _offline_namespace: int | None = None
 _creating = threading.Lock()
 
 
+def _unlocked_in_a_child() -> None:
+    """A child forked while another thread made the namespace inherits the lock held, by a
+    thread it does not have: its first call would wait forever.  The namespace, if made, is
+    inherited with its descriptor."""
+    global _creating
+    _creating = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_unlocked_in_a_child)
+
+
 def argv_prefix() -> list[str]:
     """What a non-root host puts in front of a tool's argv to start it offline."""
     if _UNSHARE is None:

@@ -24,15 +24,18 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import os
 import selectors
 import signal
 import subprocess
 import termios
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import IO, Any, NamedTuple
 
+from cortexfs.errors import CtxError
 from cortexfs.exit_watch import POLL_SECONDS, ExitWatch
 from cortexfs.policy import Identity
 from cortexfs.tools import offline, orphans
@@ -73,6 +76,34 @@ class Finished(NamedTuple):
     seconds: float
 
 
+def _keeping_exit_statuses(run: Callable[..., Finished]) -> Callable[..., Finished]:
+    """``run`` with SIGCHLD at its default while the process runs.  A program that ignores
+    SIGCHLD has the kernel reap its children as they end, and their exit statuses with them:
+    ``subprocess`` then reads ECHILD as exit 0, and a failed tool would be reported a
+    success; the tool, inheriting that disposition, could not wait for its own children
+    either.  Only the main thread may change it: from another, the call is refused first."""
+
+    @functools.wraps(run)
+    def keeping(*args: Any, **options: Any) -> Finished:
+        if signal.getsignal(signal.SIGCHLD) != signal.SIG_IGN:
+            return run(*args, **options)
+        if threading.current_thread() is not threading.main_thread():
+            raise CtxError(
+                errno.EINVAL,
+                "this program ignores SIGCHLD, so the kernel reaps a tool as it ends and its "
+                "exit status is lost; set SIGCHLD back to its default (signal.signal("
+                "signal.SIGCHLD, signal.SIG_DFL)) before running tools from a thread",
+            )
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        try:
+            return run(*args, **options)
+        finally:
+            signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+
+    return keeping
+
+
+@_keeping_exit_statuses
 def run_captured(
     spec: ProcessSpec,
     stdin_data: bytes,
@@ -163,6 +194,7 @@ def _raise_launchers_exec_failure(
 _ERRNO_OF_REASON = {os.strerror(code): code for code in sorted(errno.errorcode, reverse=True)}
 
 
+@_keeping_exit_statuses
 def run_attached(spec: ProcessSpec, *, on_start: Callable[[int], None] | None = None) -> Finished:
     """Run with the caller's stdin, stdout and stderr (terminal CLI mode, T-3)."""
     started = time.monotonic()
@@ -292,7 +324,8 @@ class _Pump:
     def _serve(self, fd: int) -> None:
         if fd == self.stdin:
             try:
-                written = os.write(fd, self.pending[:_CHUNK])
+                with _sigpipe_held():
+                    written = os.write(fd, self.pending[:_CHUNK])
             except BrokenPipeError:
                 written = len(self.pending)  # the tool stopped reading; that is its business
             self.pending = self.pending[written:]
@@ -508,7 +541,9 @@ class _Terminal:
         self.take_back()
         tools_modes = self._modes_now()
         self.restore_modes()
-        signum = stopped.si_status if stopped.si_status != signal.SIGSTOP else signal.SIGTSTP
+        # SIGSTOP is not a job's own stop, and SIGTTOU is blocked in this thread while it runs a
+        # tool (see _foreground): it would stay pending, not stop the job.  Both become SIGTSTP.
+        signum = signal.SIGTTIN if stopped.si_status == signal.SIGTTIN else signal.SIGTSTP
         os.killpg(self.own, signum)  # the shell sees this job stopped; here we wait for SIGCONT
         if tools_modes is not None:  # continued: the modes the tool had set, as a shell's fg
             with contextlib.suppress(termios.error, OSError):
@@ -529,6 +564,24 @@ class _Terminal:
 
 
 @contextlib.contextmanager
+def _sigpipe_held() -> Iterator[None]:
+    """SIGPIPE held off the calling thread, and one that a write raised meanwhile taken back.
+    Python ignores SIGPIPE, so a write to a tool that stopped reading its input fails with
+    EPIPE; a program that embeds the runner may have it at its default, where that write
+    would end the program instead.  A write's SIGPIPE is the writing thread's own."""
+    if signal.getsignal(signal.SIGPIPE) == signal.SIG_IGN:
+        yield
+        return
+    previous_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGPIPE})
+    try:
+        yield
+    finally:
+        if signal.SIGPIPE not in previous_mask:  # else it stays the program's, pending
+            signal.sigtimedwait({signal.SIGPIPE}, 0)
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous_mask)
+
+
+@contextlib.contextmanager
 def _foreground(pgid: int) -> Iterator[_Terminal | None]:
     """Make ``pgid`` the terminal's foreground group while it runs, as a shell does; the
     :class:`_Terminal` (None without a terminal).  A command run in the background leaves the
@@ -538,7 +591,10 @@ def _foreground(pgid: int) -> Iterator[_Terminal | None]:
     except OSError:
         yield None
         return
-    previous_handler = signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+    # Blocked, not ignored: the kernel lets a thread that blocks SIGTTOU change the foreground
+    # group as one that ignores it, and a mask is the calling thread's own, where a handler is
+    # the process's, which only its main thread may set (a program calling from a pool).
+    previous_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTTOU})
     try:
         terminal = _Terminal(fd, pgid)
         terminal.give()
@@ -547,13 +603,18 @@ def _foreground(pgid: int) -> Iterator[_Terminal | None]:
         finally:
             terminal.take_back()  # a terminal hung up meanwhile has no group to give back
     finally:
-        signal.signal(signal.SIGTTOU, previous_handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous_mask)
         os.close(fd)
 
 
 @contextlib.contextmanager
 def _forwarding_signals(pgid: int) -> Iterator[None]:
-    """Pass termination signals sent to the runner on to the tool's process group."""
+    """Pass termination signals sent to the runner on to the tool's process group.  Only from
+    the main thread, the one Python lets set handlers: a call from another thread leaves the
+    process's signals to its program, as they were."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
 
     def forward(signum: int, _frame: object) -> None:
         with contextlib.suppress(ProcessLookupError):
