@@ -51,6 +51,7 @@ from cortexfs.policy import Policy
 from cortexfs.policy.grammar import check_subject_type, policy_object_name_problem
 from cortexfs.policy.mounts import parse_mount_entries, target_problem
 from cortexfs.regular_file import read_regular_file
+from cortexfs.storage import DOCS_BUNDLE
 from cortexfs.tools.ctxpath import CTX_MOUNT
 from cortexfs.tools.schemas import brief_message
 from cortexfs.tools.spawn import MAX_ARG_STRLEN
@@ -222,6 +223,7 @@ def parse_request(document: object, source: str, storage_root: Path) -> AgentReq
     }
     problems += _name_problems(sound)
     problems += _shared_problems(shared)
+    problems += _search_path_problems(shared)
     problems += _mount_problems(sound.get("mount", []), storage_root)
     if problems:
         raise RequestError(source, problems)
@@ -316,6 +318,25 @@ def _shared_problems(shared: dict[str, list[str]]) -> list[str]:
         for space, permissions in shared.items()
         for permission in permissions
         if permission not in SHARED_PERMISSIONS
+    ]
+
+
+def _search_path_problems(shared: dict[str, list[str]]) -> list[str]:
+    """The agent's ``CTX_PATH`` lists ``/ctx/shared/<space>/tool`` for each space it may read
+    (T-4): refused here when the kernel would start none of its tools with it (E2BIG), rather
+    than every call failing later."""
+    readable = [s for s, permissions in shared.items() if "read" in permissions]
+    readable = [s for s in readable if s != DOCS_BUNDLE]  # never on a CTX_PATH
+    longest_home = f"{CTX_MOUNT}/home/{2**32 - 2}/tool"
+    size = len(f"CTX_PATH={CTX_MOUNT}/tool:{longest_home}".encode())
+    size += sum(len(f":{CTX_MOUNT}/shared/{space}/tool".encode()) for space in readable)
+    if size < MAX_ARG_STRLEN:
+        return []
+    return [
+        f"shared: the {len(readable)} spaces it may read make a CTX_PATH of {size} bytes (one "
+        f"{CTX_MOUNT}/shared/<space>/tool entry each), more than the {MAX_ARG_STRLEN} the "
+        "kernel passes a program in one variable (E2BIG), so none of its tools could start: "
+        "grant read on fewer spaces"
     ]
 
 

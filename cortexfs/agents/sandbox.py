@@ -59,8 +59,9 @@ def has_workspace(view: AgentView) -> bool:
 
 
 def shell_environment(view: AgentView, session: str) -> dict[str, str]:
-    """tsh's whole environment: nothing of the host's but ``TERM``."""
-    return {
+    """tsh's whole environment: nothing of the host's but ``TERM``; E2BIG, naming what to
+    shrink, when the kernel would not start tsh with it (:meth:`AgentView.too_big_to_start`)."""
+    environment = {
         "PATH": "/usr/bin:/bin",
         "HOME": str(WORKSPACE) if has_workspace(view) else "/",
         "TERM": terminal_type(),
@@ -70,6 +71,10 @@ def shell_environment(view: AgentView, session: str) -> dict[str, str]:
         "CTX_PATH": view.ctx_path(),
         "CTX_RUN_SOCKET": SANDBOX_RUN_SOCKET,
     }
+    too_big = view.too_big_to_start(environment)
+    if too_big is not None:
+        raise too_big
+    return environment
 
 
 def shell_command(

@@ -33,12 +33,13 @@ through, denies such an agent and says why.
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import json
 import os
 import pwd
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path, PurePosixPath
 from typing import NamedTuple
 
@@ -50,6 +51,7 @@ from cortexfs.policy import controls as agent_controls
 from cortexfs.policy.mounts import Mount, granted_mounts
 from cortexfs.storage import DOCS_BUNDLE
 from cortexfs.tools.ctxpath import CTX_MOUNT, search_path
+from cortexfs.tools.spawn import MAX_ARG_STRLEN
 
 WORKSPACE = PurePosixPath("/workspace")
 TOOL_SEARCH_PATH = "/usr/local/bin:/usr/bin:/bin"
@@ -109,13 +111,51 @@ class AgentView(NamedTuple):
         )
 
     def readable_spaces(self) -> list[str]:
+        return self.spaces_granted("read")
+
+    def spaces_granted(self, permission: str) -> list[str]:
         return sorted(
             rule.object_name
             for rule in self.policy
             if rule.subject == self.label
             and rule.object_class == "shared"
-            and rule.permission == "read"
+            and rule.permission == permission
         )
+
+    def too_big_to_start(self, environment: Mapping[str, str]) -> CtxError | None:
+        """E2BIG naming what to shrink when the kernel would start no program with
+        ``environment`` (a tool's, tsh's): ``CTX_PATH`` or ``CTX_MOUNTS`` over the bytes it
+        passes in one variable; None when both fit.  Said before the start, where the
+        kernel's refusal would name neither the variable nor the grants behind it."""
+        for name in ("CTX_PATH", "CTX_MOUNTS"):
+            if name not in environment:
+                continue
+            size = len(os.fsencode(f"{name}={environment[name]}"))
+            if size < MAX_ARG_STRLEN:
+                continue
+            policy = f"agent/{self.name}.d/policy"
+            if name == "CTX_PATH":
+                spaces = [s for s in self.readable_spaces() if s != DOCS_BUNDLE]
+                missing = sum(not (self.root / "shared" / s).is_dir() for s in spaces)
+                why = (
+                    f"it lists {CTX_MOUNT}/shared/<space>/tool for each of the {len(spaces)} "
+                    f"spaces its policy lets it read (shared:<space> read, {missing} of them "
+                    f"spaces that do not exist): remove from {policy} the grants it does not need"
+                )
+            else:
+                written = len(self.spaces_granted("write"))
+                why = (
+                    f"it lists the agent's {len(self.mounts)} mounts and its view of "
+                    f"{CTX_MOUNT}, with two or three entries for each of the {written} spaces it "
+                    f"may write: give it fewer mounts (agent/{self.name}.d/mount), writable "
+                    f"spaces or tools ({policy})"
+                )
+            return CtxError(
+                errno.E2BIG,
+                f"agent {self.name}'s {name} is {size} bytes, more than the {MAX_ARG_STRLEN} "
+                f"the kernel passes a program in one variable; {why}",
+            )
+        return None
 
     def ctx_path(self) -> str:
         """The runtime-injected ``CTX_PATH`` of this agent, in view terms (T-4)."""

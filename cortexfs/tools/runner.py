@@ -525,6 +525,9 @@ class _Call:
 
     def _run_process(self, spec: ProcessSpec, input_value: Any) -> ToolResult:
         with self._stage("run"):
+            too_big = self.view.too_big_to_start(spec.env)
+            if too_big is not None:
+                raise too_big
             if not os.path.isdir(spec.cwd):
                 # Say which: an exec failing on its working directory also reports ENOENT.
                 fix = f"fix the first mount in agent/{self.agent}.d/mount"

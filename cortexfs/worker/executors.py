@@ -287,4 +287,21 @@ def executor_for(
     # Core tools an older bootstrap copied may read the runner's context in another shape and
     # fail every job: refused here, before any claim, rather than each job moved to failed/.
     require_this_versions_tools(root, "the worker claimed no job")
+    _require_startable_tools(root, agent)
     return kinds[kind](root, agent, session)
+
+
+def _require_startable_tools(root: Path, agent: str) -> None:
+    """E2BIG before any claim when no tool of ``agent`` could be started: its ``CTX_PATH`` or
+    ``CTX_MOUNTS`` is more than the kernel passes in one variable (thousands of spaces in its
+    policy), and every job would otherwise be claimed and moved to failed/ for it."""
+
+    try:
+        view = AgentView.load(root, agent)
+    except CtxError:
+        return  # the agent's own trouble: each call reports it, as before
+    too_big = view.too_big_to_start(
+        view.tool_environment(tool="", session="", call="", mode="native")
+    )
+    if too_big is not None:
+        raise CtxError(too_big.errno, f"{too_big.message}; the worker claimed no job")
