@@ -47,10 +47,12 @@ import socket
 import struct
 import subprocess
 import sys
+import tempfile
 import termios
 import time
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
+from typing import IO
 
 from cortexfs import capabilities, durable
 from cortexfs.agents import log as agent_log
@@ -240,16 +242,34 @@ class Terminal:
 
     def _mount_view(self) -> None:
         self.view_dir.mkdir(mode=0o700, exist_ok=True)
-        self.mount = subprocess.Popen(
-            [sys.executable, "-m", "cortexfs", "--storage", str(self.root), "mount",
-             "--as", self.view.name, str(self.view_dir)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        deadline = time.monotonic() + 30
-        while not os.path.ismount(self.view_dir):
-            if self.mount.poll() is not None or time.monotonic() > deadline:
-                raise CtxError(errno.EIO, f"the view of {self.view.name} could not be mounted")
-            time.sleep(0.05)
+        # Its complaints go to a file of no name, read only when the mount fails: a pipe that
+        # nobody reads while the view serves would stop it once full.
+        with tempfile.TemporaryFile() as complaints:
+            self.mount = subprocess.Popen(
+                [sys.executable, "-m", "cortexfs", "--storage", str(self.root), "mount",
+                 "--as", self.view.name, str(self.view_dir)],
+                stdout=subprocess.DEVNULL, stderr=complaints,
+            )  # fmt: skip
+            deadline = time.monotonic() + 30
+            while not os.path.ismount(self.view_dir):
+                if self.mount.poll() is not None or time.monotonic() > deadline:
+                    raise self._not_mounted(complaints)
+                time.sleep(0.05)
+
+    def _not_mounted(self, complaints: IO[bytes]) -> CtxError:
+        """Why the view could not be mounted: the last line ``ctx mount`` wrote (``ctx:
+        ENOSYS: FUSE support is not installed …``), its errno kept; EIO when it said nothing."""
+        complaints.seek(0)
+        said = complaints.read()[-4096:].decode("utf-8", "replace").strip().splitlines()
+        last = said[-1] if said else ""
+        code, reason = errno.EIO, ""
+        if last.startswith("ctx: "):
+            name, _, reason = last[len("ctx: ") :].partition(": ")
+            code = getattr(errno, name, errno.EIO) if name.isupper() else errno.EIO
+        elif last:
+            reason = last
+        where = f"the view of {self.view.name} could not be mounted"
+        return CtxError(code, f"{where}: {reason}" if reason else where)
 
     def _listen(self) -> None:
         for path, take in (
