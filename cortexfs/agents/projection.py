@@ -70,8 +70,8 @@ from collections.abc import Callable, Sequence
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, NamedTuple
 
+from cortexfs.cached import cached
 from cortexfs.errors import CtxError
-from cortexfs.lazy import cached
 from cortexfs.names import is_object_name
 from cortexfs.policy import AuthorityRequest, check_authority, check_tool_execute
 from cortexfs.policy.linux import permits

@@ -49,8 +49,8 @@ from enum import IntEnum, StrEnum
 from pathlib import Path, PurePosixPath
 from typing import NamedTuple
 
+from cortexfs.cached import cached
 from cortexfs.errors import HOST_SHORTAGES, CtxError, denied, not_found
-from cortexfs.lazy import cached
 from cortexfs.names import check_object_name
 from cortexfs.policy import controls
 from cortexfs.policy.beneath import (
