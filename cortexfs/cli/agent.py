@@ -91,19 +91,18 @@ def create(
       {"name": "reviewer", "label": "reviewer_t", "model": ["openai/gpt-5.6"],
        "tools": ["fs.read"], "shared": {"project-a": ["read"]},
        "mount": [["/work", "/work", "ro"]]}
-    at most 256 KiB (262144 bytes), from a file or standard input alike.
-    A space's permissions are a list or a string ("read write").  The policy grants
-    exactly the listed tools, models, shared spaces and mounts; the storage root is
-    mounted read-only at /ctx (no mount may target /ctx).  Only root or the owner of the
-    storage root may create agents; an existing agent is never overwritten.
 
-    \b
-    The agent runs as you by default.  An agent never runs as root (SPEC P-5):
-    when root creates one without --user, it runs as the unprivileged user
-    'nobody' (its uid and gid from the password database), and the output says so;
-    --user root (or uid 0) is refused (EINVAL, exit 2).  Anyone but root can give an
-    agent only their own uid and groups (EPERM otherwise): only root can run processes as
-    another.
+    It is at most 256 KiB (262144 bytes), from a file or standard input alike.  A space's
+    permissions are a list or a string ("read write").  The policy grants exactly the listed
+    tools, models, shared spaces and mounts; the storage root is mounted read-only at /ctx
+    (no mount may target /ctx).  Only root or the owner of the storage root may create
+    agents; an existing agent is never overwritten.
+
+    The agent runs as you by default.  An agent never runs as root (SPEC P-5): when root
+    creates one without --user, it runs as the unprivileged user 'nobody' (its uid and gid
+    from the password database), and the output says so; --user root (or uid 0) is refused
+    (EINVAL, exit 2).  Anyone but root can give an agent only their own uid and groups (EPERM
+    otherwise): only root can run processes as another.
     """
     root = resolve_storage(storage_dir)
     try:
@@ -392,7 +391,6 @@ def start(
 ) -> None:
     """Start NAME's terminal: tsh in a sandbox, on a PTY that ctxterm owns (SPEC A-1).
 
-    \b
     The sandbox (bubblewrap) shows /ctx as NAME's view of the storage root (ctx mount
     --as NAME), NAME's visible mounts at their targets, /usr and /etc read-only;
     tsh runs there as NAME's uid and runs only CortexFS tools, each through the whole
@@ -400,7 +398,6 @@ def start(
     'ctx agent watch NAME --session S', join with 'ctx agent attach', end with 'exit' in
     tsh or 'ctx agent stop'.  Needs root, bubblewrap and the 'fuse' extra.
 
-    \b
     By default the current directory is mounted at /workspace, read-write as far as
     Linux lets NAME's uid write, and the terminal (and each tool it runs) starts there;
     --workspace DIR mounts DIR instead, --no-workspace nothing.  This grant is for this
@@ -443,7 +440,6 @@ def start(
 def stop(name: str, session: str, storage_dir: Path | None, as_json: bool) -> None:
     """End NAME's terminal: tsh is killed, the view unmounted, the sockets removed.
 
-    \b
     Returns once it has ended and prints 'stopped NAME, session S (pid N)'.  A terminal that
     died without cleaning up (killed: its view still mounted, its mount process running) is
     cleaned up after instead: 'cleaned up after NAME, session S (pid N), which had ended

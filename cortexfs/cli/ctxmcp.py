@@ -164,9 +164,9 @@ def project_command(
 ) -> None:
     """Write a manifest candidate for each of SERVER's tools into OUT.
 
-    \b
     A candidate's mcp locator holds the transport (stdio), --runtime-config, the server and
     the tool; the configuration's command, arguments and environment are never copied.
+
     Tools whose projected name is illegal (R-3), that the server lists more than once
     (neither copy is written), or whose input schema is missing, not a valid JSON Schema,
     of a type that admits no arguments object, nested deeper than a manifest holds, holding
@@ -176,15 +176,22 @@ def project_command(
     --json), and the exit status is then 1; the others are written, all or none.  A
     description longer than 8192 characters is cut to fit, with a note on stderr ('notes'
     in --json).
+
     A listing past 1000 pages, a message nested deeper than 512 levels, or an answer to an
     id that was never asked is the server's protocol error (EPROTO).
+
     An OUT inside /ctx, inside any other 'ctx mount' or inside the storage root, whether or
     not that exists yet, is refused (EINVAL, exit 2) before the server starts and before
     anything is made: ctxmcp writes nothing there (M-1).
+
     A candidate already in OUT is never overwritten silently: the projection is refused
-    with EEXIST before anything is written, unless --replace is given.  Next:
+    with EEXIST before anything is written, unless --replace is given.
+
+    \b
+    Next:
       ctx object check OUT/SERVER.TOOL.manifest.json
-      ctx object install --source STORAGE OUT/SERVER.TOOL.manifest.json --tier system
+      ctx object install --source STORAGE \\
+          OUT/SERVER.TOOL.manifest.json --tier system
     """
     spec = _server(config_path, server)
     try:

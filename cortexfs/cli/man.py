@@ -26,7 +26,6 @@ from cortexfs.printable import printable_text
 def man(topic: str | None, storage_dir: Path | None, as_json: bool) -> None:
     """Print the manual page of TOPIC, or list the topics.
 
-    \b
     Topics: README (the bundle's overview; also readme, README.md), agent, tool, model,
     coreutils, root-abi, session, provider (also accepted as ctx.agent or ctx.agent.md,
     the page's file name).  The page is read from the storage root's bundle,

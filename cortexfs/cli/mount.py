@@ -29,7 +29,6 @@ from cortexfs.printable import shell_word, shell_words
 def mount(mountpoint: Path, agent: str | None, storage_dir: Path | None) -> None:
     """Mount the storage root at MOUNTPOINT (an empty directory) as the root ABI.
 
-    \b
     Runs in the foreground until SIGTERM, SIGINT or SIGHUP ('ctx mount /ctx &' to go on),
     or until 'ctx umount MOUNTPOINT'; either way it unmounts cleanly.  MOUNTPOINT must be
     outside the storage root, and not already a CortexFS mount (EBUSY).  Without --as it shows the

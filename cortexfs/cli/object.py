@@ -10,6 +10,7 @@ from typing import Any
 
 import click
 
+from cortexfs.cli.columns import table
 from cortexfs.cli.common import (
     EXIT_OK,
     EXIT_REFUSED,
@@ -44,13 +45,16 @@ def object_group() -> None:
 
     \b
     A v2 manifest is one JSON object:
-        {"manifest": 2, "kind": "tool", "name": "fs.read", "description": "...",
-         "schema": {...input JSON Schema...}, "cap": {"side_effects": false, "network": false},
-         "exec": "path/to/program"}          (or "mcp": {...}; optional "program": {...})
+      {"manifest": 2, "kind": "tool", "name": "fs.read", "description": "...",
+       "schema": {...input JSON Schema...},
+       "cap": {"side_effects": false, "network": false},
+       "exec": "path/to/program"}
+    ("mcp": {...} in place of "exec" for an MCP tool; "program": {...} optional).
+
     cap is any JSON object of declared facts; side_effects and network, when present, are
-    booleans, and one left out counts as true (the cautious value).
-    Installing grants nothing: a tool runs only when both the agent's and the tool's own
-    policy allow it.  See docs/tools.md.
+    booleans, and one left out counts as true (the cautious value).  Installing grants
+    nothing: a tool runs only when both the agent's and the tool's own policy allow it.  See
+    docs/tools.md.
     """
 
 
@@ -232,6 +236,14 @@ def list_command(tier: str | None, storage_dir: Path | None, as_json: bool) -> N
     if as_json:
         emit_json([listing.to_json() for listing in listings])
         return
-    for listing in listings:
-        about = listing.description + (f"  ({listing.reason})" if listing.reason else "")
-        echo_printable(f"{listing.name:<24} {listing.tier:<16} {listing.status:<12} {about}")
+    rows = [
+        [
+            listing.name,
+            listing.tier,
+            listing.status,
+            listing.description + (f"  ({listing.reason})" if listing.reason else ""),
+        ]
+        for listing in listings
+    ]
+    for line in table(rows):
+        echo_printable(line)

@@ -56,7 +56,8 @@ def policy() -> None:
     Anything not allowed is denied.  Classes and their permissions:
         tool: execute        model: use          shared: read write
         session: read write resume               mount: read write
-        agent: create start stop read write      network: connect (object 'default')
+        agent: create start stop read write
+        network: connect (object 'default')
     See docs/policy.md for the grammar and the six-step authority chain.
     """
 
@@ -123,8 +124,8 @@ def query(
 
     \b
     Example:
-        ctx policy query --policy agent/coder.d/policy --policy tool/fs.read.d/policy \\
-            coder_t tool:fs.read execute
+        ctx policy query --policy agent/coder.d/policy \\
+            --policy tool/fs.read.d/policy coder_t tool:fs.read execute
     """
     try:
         rule = make_rule(subject, object_ref, permission)
@@ -190,6 +191,7 @@ def explain(
         5 object policy      agent/AGENT.d/policy allows the rule, and grants a
                              mount the object is seen through (mount:NAME read)
         6 tool/model policy  the tool's or model's own policy allows it too
+
     The first denial decides.  Exit 0 when allowed, 1 when denied, 2 for a malformed request.
 
     \b

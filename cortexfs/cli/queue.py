@@ -19,6 +19,7 @@ from typing import Any, BinaryIO, NoReturn, TypeVar
 import click
 
 from cortexfs import storage
+from cortexfs.cli.columns import table
 from cortexfs.cli.common import (
     EXIT_NOTHING,
     EXIT_OK,
@@ -824,12 +825,15 @@ def show(queue_dir: Path, as_json: bool, job: str) -> None:
     echo_printable(f"state:  {detail['state']} ({detail['detail']})")
     if detail.get("repair"):
         echo_printable(f"repair: recover --reconcile would apply {detail['repair']}")
+    rows = []
     for item in detail["evidence"]:
         extra = f"{item.get('size', '?')} bytes, {item.get('mtime', '?')}" if "size" in item else ""
-        echo_printable(f"  {item['path']:<40} {item['kind']:<13} {extra}")
+        rows.append([item["path"], item["kind"], extra])
     for temp in detail["temps"]:
         kind = _temp_kind(temp) or "temp file, "
-        echo_printable(f"  {temp['path']:<40} {kind}{temp['age_seconds']:.0f}s old")
+        rows.append([temp["path"], f"{kind}{temp['age_seconds']:.0f}s old"])
+    for line in table(rows):
+        echo_printable(f"  {line}")
     for key in ("request", "lease", "result"):
         if key in detail:
             echo_printable(f"{key}: {readable_json(detail[key])}")

@@ -48,36 +48,40 @@ EXIT_CANNOT_RUN = 126
 SUMMARY = "Run TOOL as AGENT through the whole authority chain (SPEC T-3, P-5, P-6)."
 DESCRIPTION = f"""{SUMMARY}
 
-Options of ctx run come before TOOL; every word after TOOL is the tool's, passed exactly
-as given ('--' and words that look like options included).  A '--' before TOOL ends the
-options, for a TOOL that starts with '-'.
+Options of ctx run come before TOOL; every word after TOOL is the tool's,
+passed exactly as given ('--' and words that look like options included).  A
+'--' before TOOL ends the options, for a TOOL that starts with '-'.
 
-Terminal CLI mode (default): ARGs are passed as they are, stdin/stdout/stderr are the
-tool's (what the tool cannot write is its own business); the exit status is the tool's
-(126: refused, 127: not found; 1 when it exited 0 but its result could not be recorded).
-In either mode a malformed command line (an agent, tool, space or session name that is not
-an object name, R-3) is EINVAL, exit 2, nothing run or recorded.
+Terminal CLI mode (default): ARGs are passed as they are, stdin/stdout/stderr
+are the tool's (what the tool cannot write is its own business); the exit
+status is the tool's (126: refused, 127: not found; 1 when it exited 0 but its
+result could not be recorded).  In either mode a malformed command line (an
+agent, tool, space or session name that is not an object name, R-3) is EINVAL,
+exit 2, nothing run or recorded.
 
-Native mode (--native): the tool's JSON input, at most 16 MiB (else EFBIG, exit 1, nothing
-run or recorded), is read from stdin and checked against its schema; stdout carries JSONL
-frames, one object per line:
+Native mode (--native): the tool's JSON input, at most 16 MiB (else EFBIG,
+exit 1, nothing run or recorded), is read from stdin and checked against its
+schema; stdout carries JSONL frames, one object per line:
   {{"type": "call", ...}}    the tool started (call id, pid)
   {{"type": "stderr", ...}}  one line of the tool's stderr
-  {{"type": "result", ...}}  the outcome: status, output, exit_status, error (errno,
-                           stage, denying chain step), timings; always the last frame
-Exit 0 when the result is ok, 1 otherwise, 2 for unusable input.  When a frame cannot be
-written (a full disk, > /dev/full): exit 74, 'ctx: ENOSPC: cannot write standard output
-(...)' and whether the tool ran and where its result is recorded; a first frame that
-cannot be written kills the tool before it is given its input (stage output; its process
-had started, so it may have begun to act, but it read no input).
-A reader that left (a closed pipe) ends it quietly, exit 141.
+  {{"type": "result", ...}}  the outcome: status, output, exit_status,
+                           error (errno, stage, denying chain step),
+                           timings; always the last frame
+Exit 0 when the result is ok, 1 otherwise, 2 for unusable input.  When a frame
+cannot be written (a full disk, > /dev/full): exit 74, 'ctx: ENOSPC: cannot
+write standard output (...)' and whether the tool ran and where its result is
+recorded; a first frame that cannot be written kills the tool before it is
+given its input (stage output; its process had started, so it may have begun
+to act, but it read no input).  A reader that left (a closed pipe) ends it
+quietly, exit 141.
 
-In either mode, Ctrl-C, SIGTERM or SIGHUP to ctx run stops the tool's process group and
-records the call as ended (EINTR, the result frame in native mode); exit 128 + the signal's
-number (130, 143, 129).
+In either mode, Ctrl-C, SIGTERM or SIGHUP to ctx run stops the tool's process
+group and records the call as ended (EINTR, the result frame in native mode);
+exit 128 + the signal's number (130, 143, 129).
 
-Only the host administrator (root, or the owner of the storage root) may run tools as an
-agent.  Every call is recorded in the session's events.jsonl and the tool's log."""
+Only the host administrator (root, or the owner of the storage root) may run
+tools as an agent.  Every call is recorded in the session's events.jsonl and
+the tool's log."""
 
 
 USAGE = "ctx run [OPTIONS] TOOL [ARGS]..."

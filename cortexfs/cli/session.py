@@ -14,6 +14,7 @@ from typing import Any
 
 import click
 
+from cortexfs.cli.columns import padded
 from cortexfs.cli.common import (
     changed,
     echo_printable,
@@ -394,7 +395,10 @@ def _render(selected: list[dict[str, Any]], as_json: bool) -> None:
         thing, status = _column(event, "object", "-"), _column(event, "status", "-")
         # Whoever may write the file (the agent itself, in its home) chose every character:
         # none reaches the terminal as a control, a line break or a bidirectional override.
-        click.echo(printable(f"{ts}  {kind:<12} {thing:<24} {status:<10} {details}".rstrip()))
+        # Padded by the cells each value takes once printable, so that a wide character or an
+        # escaped tab does not push the columns after it.
+        line = f"{printable(ts)}  {padded(kind, 12)} {padded(thing, 24)} {padded(status, 10)} "
+        click.echo((line + printable(details)).rstrip())
 
 
 def _column(event: dict[str, Any], key: str, missing: str) -> str:

@@ -42,41 +42,34 @@ def bootstrap(source: Path | None, storage_dir: Path | None, as_json: bool) -> N
     'ctx: E<NAME>: ...' line on stderr (the first problem's errno) and exit 1, and a run
     after the cause is removed repairs the rest.
 
-    \b
     What it makes has the modes agents need whatever your umask: the root and its six
     directories 0755.  It never widens the mode of one that exists: when others may not
     read and search one of them, agents cannot use the root, and a 'warning' line names
     them and the chmod that opens them (exit 0).
 
-    \b
     Home sessions an older version made readable by the agent's group (directories 0750,
     events.jsonl 0640) are tightened to 0700 and 0600, never through a link ('repaired',
     with the mode before and after); an entry there that is not the home owner's, or a file
     with several names (hard links), is left as it is and named in a warning.
 
-    \b
     A shared space whose directories an older version made without the modes this one
     gives (queue/ and session directories not sticky) is named in a warning with the
     command that repairs it, 'ctx shared create NAME --group G'; nothing in it is changed.
 
-    \b
     The entry agent/NAME that 'ctx agent create' wrote for another install of ctx, or for
     a root that is not this directory (a root moved or copied; this root through a link is
     this root), is rewritten to run this install on this root ('repaired agent/NAME'); a
     program of another shape there is left as it is.
 
-    \b
     Installs interrupted in a tier are finished or discarded: tool/ first, then the core
     tools; a user's or a space's tier after them, waiting at most 10 s for its
     .install-lock (another process holding it longer is a problem naming its pid).
 
-    \b
     A tool in tool/ that an administrator installed under a name that a later version
     made a core tool's (its origin names a manifest of theirs) is left as it is, and no
     core tool is installed there: a problem names it and what to do (reinstall it under
     another name, remove it, run bootstrap again).
 
-    \b
     The manual bundle shared/cortexfs-docs/ (read with 'ctx man') is installed from the
     copy built into ctx, or from SOURCE/docs/spec/ when SOURCE, a CortexFS source tree of
     the matching version, is given; stale pages are replaced.  A SOURCE without the pages
@@ -84,7 +77,6 @@ def bootstrap(source: Path | None, storage_dir: Path | None, as_json: bool) -> N
     version: one whose pyproject.toml declares another version, or declares this one but
     holds other pages (each named).
 
-    \b
     After installing a new ctx, run 'ctx bootstrap' on each storage root before starting
     workers or terminals (README, 'Upgrading').
     """

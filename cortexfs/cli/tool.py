@@ -72,7 +72,6 @@ _AFTER_DOUBLE_DASH = "cortexfs.tool.after_double_dash"
 def tool(name: str, args: tuple[str, ...], as_json: bool, storage_dir: Path | None) -> None:
     """Run NAME, a safe core CLI implemented inside ctx (tsh.config), as you.
 
-    \b
     NAME must be visible on CTX_PATH ($CTX_HOME/.tshrc, else $CTX_PATH, else
     /ctx/tool:/ctx/home/<uid>/tool), and what it resolves to must be the core tool of
     the storage root's tool/ directory.  Ordinary tools and the core tools that act

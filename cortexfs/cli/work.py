@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 
+from cortexfs.cli.columns import fitted
 from cortexfs.cli.common import (
     changed,
     discard_output,
@@ -143,7 +144,10 @@ class Progress:
             if self.live:
                 rate = (self.done + self.failed) / max(time.time() - self.started, 1e-9)
                 line = f"done {self.done}  failed {self.failed}  {rate:.1f} jobs/s"
-                self._echo(f"{line}  last: {fields['job']}", control="\r\033[K", nl=False, err=True)
+                # One row, however narrow the terminal: a wrapped line leaves its first rows
+                # behind at each redraw, where \r and erase reach only the last.
+                line = fitted(f"{line}  last: {fields['job']}", _columns_of(sys.stderr) - 1)
+                self._echo(line, control="\r\033[K", nl=False, err=True)
             elif fields["state"] == "done":
                 self._echo(f"done    {fields['job']} ({fields['seconds']:.3f}s)")
             else:
@@ -168,6 +172,14 @@ class Progress:
                     + f"{fields['rate']:.1f} jobs/s"
                     + (" (aborted)" if fields["aborted"] else "")
                 )
+
+
+def _columns_of(stream: Any) -> int:
+    """How many columns the terminal of ``stream`` has now (80 when it cannot say)."""
+    try:
+        return os.get_terminal_size(stream.fileno()).columns or 80
+    except (OSError, ValueError, AttributeError):
+        return 80
 
 
 def worker_options(fn: F) -> F:
