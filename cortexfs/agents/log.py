@@ -12,7 +12,9 @@ the fact is about:
 ``terminal.started``  ``ctx agent start``: ``pid`` of ctxterm, ``workspace`` (the host
                       directory at ``/workspace``, or null)
 ``terminal.stopped``  the terminal ended: ``reason`` ``stop`` (SIGTERM, ``ctx agent stop``) or
-                      ``exit`` (tsh exited, ``exit_status``)
+                      ``exit`` (tsh exited, ``exit_status``); or ``lost``: it ended without
+                      cleaning up (killed), found so by the next ``ctx agent stop`` or
+                      ``start`` of its session, which cleaned up after it (``pid``, ``cleaned``)
 ``agent.updated``     ``agent.update`` replaced ``control`` with ``bytes`` bytes (A-5)
 ====================  ==========================================================================
 
@@ -23,10 +25,13 @@ following a link.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from cortexfs import durable
+from cortexfs.errors import CtxError
 from cortexfs.shared.events import EventLog, make_event
 from cortexfs.shared.tree import open_beneath
 
@@ -36,6 +41,17 @@ CREATED = "agent.created"
 TERMINAL_STARTED = "terminal.started"
 TERMINAL_STOPPED = "terminal.stopped"
 UPDATED = "agent.updated"
+
+
+def record_lost_terminal(
+    root: Path, agent: str, session: str, pid: int | None, cleaned: Sequence[str]
+) -> None:
+    """``terminal.stopped`` with reason ``lost`` for a terminal that ended without cleaning
+    up, whose end only the command that cleaned up after it knows: without it the log would
+    read as if that terminal still ran.  A log that cannot be written stops nothing."""
+    with contextlib.suppress(OSError, CtxError):
+        record(root, agent, TERMINAL_STOPPED, session=session, reason="lost", pid=pid,
+               cleaned=list(cleaned))  # fmt: skip
 
 
 def record(

@@ -149,6 +149,7 @@ class RunSocket:
                     return
                 pid = os.fork()
                 if pid == 0:  # the child: this call only, then gone
+                    self._let_go_of_the_terminal(connection)
                     connection.settimeout(None)  # the answer waits for the tool, however long
                     try:
                         status = self._run_tool(tool, [str(arg) for arg in argv], descriptors)
@@ -160,6 +161,19 @@ class RunSocket:
                 for fd in descriptors:
                     with contextlib.suppress(OSError):
                         os.close(fd)
+
+    def _let_go_of_the_terminal(self, connection: socket.socket) -> None:
+        """In a call's child: close what the terminal's loop waits on (its listeners, its
+        clients' connections, the PTY's master, the loop itself), but this call's
+        connection.  Kept open, a terminal killed while the call runs would live on in it:
+        its clients would see no end, and a new client would reach a listener nobody serves."""
+        ours = connection.fileno()
+        for key in list(self.selector.get_map().values()):
+            if key.fd != ours:
+                with contextlib.suppress(OSError):
+                    os.close(key.fd)
+        with contextlib.suppress(OSError):
+            os.close(self.selector.fileno())  # type: ignore[attr-defined]
 
     def interrupt(self) -> None:
         """SIGINT to each running call; the runner passes it on to the tool's group."""

@@ -176,6 +176,10 @@ class Terminal:
         try:
             self.dead_pid = self.runtime.recorded_pid()
             self.cleaned = self.runtime.clean_up()
+            if self.cleaned:
+                agent_log.record_lost_terminal(
+                    self.root, self.view.name, self.session.name, self.dead_pid, self.cleaned
+                )
             identity = self.view.identity
             self.session_made = not os.path.lexists(self.session.path)
             open_session(self.session, owner=Ownership(identity.uid, identity.gid)).close()

@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NamedTuple
 
+from cortexfs.agents import log as agent_log
 from cortexfs.agents.host import is_host_administrator
 from cortexfs.agents.terminal_runtime import LINK_NAME, SOCKET_NAME, RunDirectory, run_directory
 from cortexfs.agents.view import AgentView
@@ -243,6 +244,7 @@ def _clean_up_after(run: RunDirectory, view: AgentView, session: str) -> Stopped
         run.release()
     if not cleaned:
         raise not_running(view.name, session)
+    agent_log.record_lost_terminal(view.root, view.name, session, pid, cleaned)
     return Stopped(pid, False, cleaned)
 
 
