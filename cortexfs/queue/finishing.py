@@ -55,6 +55,7 @@ def finish(
     started: float | None = None,
     extra: Mapping[str, Any] | None = None,
     holder: Holder | None = None,
+    claimed_at: float | None = None,
     enforce_limit: bool = True,
 ) -> dict[str, Any]:
     """Finish a claimed job in ``done/`` (ok) or ``failed/`` (Q-4); returns the result.
@@ -72,9 +73,10 @@ def finish(
     ``holder``: finish only if this process still holds J's lease, EACCES otherwise.  A
     worker passes itself: once its lease expired and recover requeued J (Q-5), J may be
     claimed again by another worker, and the stale holder must not finish (or clean up)
-    the new holder's claim.  ``enforce_limit=False`` is for the small failure record that
-    replaces a result refused for its size: a job is never left claimed for want of room
-    to say why it failed.
+    the new holder's claim; ``claimed_at``, with ``holder``, finishes only the claim made
+    then, not a later claim of J by the same process.  ``enforce_limit=False`` is for the
+    small failure record that replaces a result refused for its size: a job is never left
+    claimed for want of room to say why it failed.
     """
     job = job_name(job)
     ops = queue.ops
@@ -91,7 +93,7 @@ def finish(
                 raise NotHeld(
                     errno.EACCES, f"job {job} is not leased to pid {holder.pid}: {lease.message}"
                 )
-            refuse_other_holder(job, lease, [holder], "finishes the job")
+            refuse_other_holder(job, lease, [holder], "finishes the job", claimed_at)
         terminal = queue.terminal(ok)
         state = "done" if ok else "failed"
         finished = terminal_evidence(queue, job)

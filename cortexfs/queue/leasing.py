@@ -84,11 +84,19 @@ def not_claimed(queue: Queue, job: str, doing: str = "finishing it") -> CtxError
     )
 
 
-def renew(queue: Queue, job: str, callers: Sequence[Holder], ttl: float | None = None) -> Lease:
+def renew(
+    queue: Queue,
+    job: str,
+    callers: Sequence[Holder],
+    ttl: float | None = None,
+    *,
+    claimed_at: float | None = None,
+) -> Lease:
     """Extend the caller's own lease on J (Q-3) to ``ttl`` seconds from now; EACCES when
     someone else holds it.  ``callers`` are the processes the caller may be, the first named
     in a refusal: a command run from a shell leases for the shell, and may be the shell's own
-    process, which ``bash -c 'a && b'`` execs ``b`` in.
+    process, which ``bash -c 'a && b'`` execs ``b`` in.  ``claimed_at``: renew only the lease
+    of the claim made then (see :func:`refuse_other_holder`).
 
     Without ``ttl``, for as long again as the lease was taken or last renewed for (a claim
     with ``--ttl 1000`` renews for 1000 s, not for the queue's default), so that a renewal
@@ -109,7 +117,7 @@ def renew(queue: Queue, job: str, callers: Sequence[Holder], ttl: float | None =
             if exc.errno == errno.ENOENT:
                 raise claimed_without_lease(job) from None
             raise not_a_lease(job, exc, "renew") from None
-        refuse_other_holder(job, current, callers, "renews its lease")
+        refuse_other_holder(job, current, callers, "renews its lease", claimed_at)
         if ttl is None:
             usable = 0 < current.period <= MAX_LEASE_TTL
             ttl = check_ttl(current.period if usable else queue.config.lease_ttl)
@@ -196,9 +204,24 @@ def _no_lease_to_renew(queue: Queue, job: str) -> CtxError:
     return NotHeld(errno.ENOENT, f"there is no lease to renew: {where.message}")
 
 
-def refuse_other_holder(job: str, lease: Lease, callers: Sequence[Holder], verb: str) -> None:
-    """EACCES unless one of ``callers`` is the process ``lease`` names."""
-    if not any(lease.holder.is_same_process(caller) for caller in callers):
+def refuse_other_holder(
+    job: str,
+    lease: Lease,
+    callers: Sequence[Holder],
+    verb: str,
+    claimed_at: float | None = None,
+) -> None:
+    """EACCES unless one of ``callers`` is the process ``lease`` names, and, given
+    ``claimed_at``, the lease is of the claim made then: a process that held J, lost it (its
+    lease expired, recover requeued J) and claimed J again holds the later claim only."""
+    mine = any(lease.holder.is_same_process(caller) for caller in callers)
+    if mine and claimed_at is not None and rfc3339(lease.claimed_at) != rfc3339(claimed_at):
+        raise NotHeld(
+            errno.EACCES,
+            f"job {job} was claimed again at {rfc3339(lease.claimed_at)}, after the claim "
+            f"made at {rfc3339(claimed_at)} lost its lease; only the later claim {verb}",
+        )
+    if not mine:
         holder = callers[0]
         theirs = lease.holder
         raise NotHeld(

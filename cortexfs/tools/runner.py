@@ -128,6 +128,7 @@ def run_native(
     timeout: float | None = DEFAULT_TIMEOUT,
     observer: Observer | None = None,
     interrupted: Callable[[], bool] | None = None,
+    may_start: Callable[[], str | None] | None = None,
 ) -> ToolResult:
     """Run ``tool`` as ``agent`` with ``input_value`` as its JSON input (agent native mode).
 
@@ -147,8 +148,21 @@ def run_native(
     ``interrupted`` says whether the caller was interrupted and killed the tool's process
     group itself (a worker's second SIGINT): a tool that then ends in failure is recorded as
     interrupted, EINTR at stage ``run``, not as a tool that exited non-zero of its own accord.
+    ``may_start`` is asked once more just before the tool's process starts, after the
+    pre-hooks: a reason (a worker's claim of the job was lost while they ran) ends the call
+    there, ECANCELED at stage ``run``, the tool never started.
     """
-    call = _Call(root, agent, tool, NATIVE, session, timeout, observer, interrupted=interrupted)
+    call = _Call(
+        root,
+        agent,
+        tool,
+        NATIVE,
+        session,
+        timeout,
+        observer,
+        interrupted=interrupted,
+        may_start=may_start,
+    )
     return call.execute(input_value, None)
 
 
@@ -197,6 +211,7 @@ class _Call:
         *,
         workspace: Path | None = None,
         interrupted: Callable[[], bool] | None = None,
+        may_start: Callable[[], str | None] | None = None,
     ) -> None:
         self.root, self.agent, self.tool_name, self.mode = root, agent, tool, mode
         self.requested_session, self.timeout, self.observer = session, timeout, observer
@@ -204,6 +219,7 @@ class _Call:
         # it (W-4: a job that exceeds it is finished as failed, however the time went).
         self.deadline: float | None = None
         self.interrupted = interrupted
+        self.may_start = may_start
         self.call = os.urandom(8).hex()
         self.started = rfc3339()
         self.clock = time.monotonic()
@@ -528,6 +544,9 @@ class _Call:
             too_big = self.view.too_big_to_start(spec.env)
             if too_big is not None:
                 raise too_big
+            why_not = None if self.may_start is None else self.may_start()
+            if why_not is not None:
+                raise CtxError(errno.ECANCELED, f"not started: {why_not}")
             if not os.path.isdir(spec.cwd):
                 # Say which: an exec failing on its working directory also reports ENOENT.
                 fix = f"fix the first mount in agent/{self.agent}.d/mount"

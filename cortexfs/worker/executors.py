@@ -138,11 +138,14 @@ class ToolExecutor:
             return refused
         self.record("queue.start", job.job, "ok", tool=tool)
 
+        pgid: int | None = None
+
         def observe(frame: dict[str, Any]) -> None:
+            nonlocal pgid
             if frame.get("type") == "call":
                 # The tool leads a process group of its own: its pid is the group id.
-                self._running[job.job] = int(frame["pid"])
-                if control.stopped():  # aborted, or given up, before the tool was known
+                pgid = self._running[job.job] = int(frame["pid"])
+                if control.stopped():  # aborted, given up or taken before the tool was known
                     self.abort_job(job.job)
 
         try:
@@ -155,9 +158,12 @@ class ToolExecutor:
                 timeout=control.timeout,
                 observer=observe,
                 interrupted=control.stopped,
+                may_start=control.may_start,
             )
         finally:
-            self._running.pop(job.job, None)
+            # Only this call's: a later claim of the job may run its own tool by now.
+            if pgid is not None and self._running.get(job.job) == pgid:
+                del self._running[job.job]
         details: dict[str, Any] = {
             "tool": result.tool,
             "agent": result.agent,

@@ -153,15 +153,24 @@ class JobControl:
     """Handed to the executor: the job's deadline, the worker's abort signal (a second
     SIGINT) and the job's own (its lease could not be kept: :class:`LeaseKeeper`)."""
 
-    def __init__(self, timeout: float, abort: threading.Event) -> None:
+    def __init__(
+        self,
+        timeout: float,
+        abort: threading.Event,
+        claimed_at: float | None = None,
+        may_start: Callable[[], str | None] | None = None,
+    ) -> None:
         self.timeout = timeout
         self.abort = abort
+        self.claimed_at = claimed_at  # which claim of the job this is (its lease's claimed_at)
+        self.may_start = may_start  # asked just before the tool starts: why not, or None
         self.given_up = threading.Event()
+        self.taken = threading.Event()  # its claim was lost: requeued, perhaps claimed again
         self.finishing = False  # set once the execution returned and the finish began
 
     def stopped(self) -> bool:
         """Whether the job's tool is to be killed, or never started."""
-        return self.abort.is_set() or self.given_up.is_set()
+        return self.abort.is_set() or self.given_up.is_set() or self.taken.is_set()
 
 
 class Executor(Protocol):
@@ -286,11 +295,15 @@ class LeaseKeeper(threading.Thread):
         ttl: float,
         on_refused: RenewalRefused,
         on_lapsing: RenewalRefused,
+        on_taken: Callable[[str, float, NotHeld], None] = lambda job, claimed_at, exc: None,
     ) -> None:
         super().__init__(name="lease-keeper", daemon=True)
         self.queue, self.holder, self.ttl = queue, holder, ttl
         self.period = ttl / 3
-        self.on_refused, self.on_lapsing = on_refused, on_lapsing
+        self.on_refused, self.on_lapsing, self.on_taken = on_refused, on_lapsing, on_taken
+        # Which claim of each running job is kept: a worker stopped past its lease may claim
+        # the job again once recover requeued it, and only the later claim is its own.
+        self.claims: dict[str, float] = {}
         self.expires: dict[
             str, float
         ] = {}  # each running job: when its lease, as last written, expires
@@ -300,14 +313,19 @@ class LeaseKeeper(threading.Thread):
         self.stopped = threading.Event()
 
     def keep(self, lease: Lease) -> None:
-        """Renew ``lease``'s job from now on."""
+        """Renew ``lease``'s job from now on (this claim of it, the one it was taken by)."""
         with self.lock:
             self.expires[lease.job] = lease.expires_at
+            self.claims[lease.job] = lease.claimed_at
 
-    def release(self, job: str) -> None:
-        """Renew ``job`` no more (it is finished, lost or left claimed)."""
+    def release(self, job: str, claimed_at: float | None = None) -> None:
+        """Renew ``job`` no more (it is finished, lost or left claimed); given ``claimed_at``,
+        only while that claim is the one kept (a later claim of the job is kept on)."""
         with self.lock:
+            if claimed_at is not None and self.claims.get(job) != claimed_at:
+                return
             self.expires.pop(job, None)
+            self.claims.pop(job, None)
             self.refused.pop(job, None)
             self.given_up.discard(job)
 
@@ -334,11 +352,19 @@ class LeaseKeeper(threading.Thread):
             return min([due, *(self.expires[job] - self.period for job in self.refused)])
 
     def _renew(self, job: str) -> None:
+        with self.lock:
+            claimed_at = self.claims.get(job)
+        if claimed_at is None:
+            return  # released meanwhile
         try:
-            lease = renew(self.queue, job, [self.holder], self.ttl)
-        except NotHeld:
-            # Finished meanwhile, or the lease was taken away (expired and requeued, Q-5):
-            # nothing to renew; finish will find out and say so.
+            lease = renew(self.queue, job, [self.holder], self.ttl, claimed_at=claimed_at)
+        except NotHeld as exc:
+            # Finished meanwhile, or the claim was lost (its lease expired and recover
+            # requeued the job, Q-5; perhaps claimed again since): not ours to run on.
+            with self.lock:
+                ours = self.claims.get(job) == claimed_at
+            if ours:
+                self.on_taken(job, claimed_at, exc)
             return
         except Exception as exc:
             # Whatever stops a renewal is refused like a full disk is: said, tried again, the
@@ -357,7 +383,7 @@ class LeaseKeeper(threading.Thread):
                 self.on_refused(job, exc, expires)
             return
         with self.lock:
-            if job in self.expires:
+            if self.claims.get(job) == claimed_at:
                 self.expires[job] = lease.expires_at
                 self.refused.pop(job, None)
 
@@ -455,7 +481,14 @@ class Worker:
             # workers started side by side are handed different jobs instead of racing for one.
             queue.claim_order = HintedClaimOrder(queue.path)
             ttl = check_worker_ttl(self.options.lease_ttl or queue.config.lease_ttl)
-            keeper = LeaseKeeper(queue, holder, ttl, self._renewal_refused, self._lease_lapsing)
+            keeper = LeaseKeeper(
+                queue,
+                holder,
+                ttl,
+                self._renewal_refused,
+                self._lease_lapsing,
+                self._claim_taken,
+            )
             _start(keeper, "no job was claimed")
             watch = PendingWatch(self.queue_dir / "pending", max_wait=self.options.max_wait)
             self.listener(
@@ -604,6 +637,46 @@ class Worker:
             )
         )
 
+    def _claim_taken(self, job: str, claimed_at: float, exc: NotHeld) -> None:
+        """J's claim was lost while its tool ran or was about to (this worker was stopped past
+        J's lease, and recover requeued J): its tool is killed, or never started, and its
+        outcome is not J's (its finish is refused as a lost claim's), so that J never runs
+        twice at once, nor after another holder finished it."""
+        with self._count_lock:
+            control = self._controls.get(job)
+            if control is None or control.claimed_at != claimed_at or control.finishing:
+                return
+            control.taken.set()
+        self.executor.abort_job(job)
+
+    def _confirmer(
+        self, queue: Queue, holder: Holder, won: Claim, ttl: float, keeper: LeaseKeeper
+    ) -> Callable[[], str | None]:
+        """What the runner asks just before J's tool starts: whether this claim still holds J
+        (a worker stopped past the lease while J's pre-hooks ran finds J requeued, or
+        finished by another), its lease renewed first when less than half of it is left."""
+
+        def still_held() -> str | None:
+            try:
+                lease = renew(queue, won.job, [holder], ttl, claimed_at=won.lease.claimed_at)
+            except NotHeld as exc:
+                return f"this worker's claim of {won.job} was lost: {describe(exc)}"
+            except (CtxError, OSError):
+                return None  # the host's trouble: the keeper says it and gives the job up
+            keeper.keep(lease)
+            return None
+
+        def confirm() -> str | None:
+            with keeper.lock:
+                kept = keeper.claims.get(won.job) == won.lease.claimed_at
+                expires = keeper.expires.get(won.job, 0.0)
+            if kept and expires - time.time() >= ttl / 2:
+                return None  # kept in time by the keeper (an expiry is the only way to lose
+                # a live worker's claim, Q-5): nothing is read or written
+            return still_held()
+
+        return confirm
+
     def _serve(
         self, queue: Queue, holder: Holder, ttl: float, keeper: LeaseKeeper, watch: PendingWatch
     ) -> None:
@@ -634,16 +707,28 @@ class Worker:
                 watch.wait(self.wakeup)
                 continue
             watch.found_work()
-            control = JobControl(self.options.job_timeout, self.abort)
+            control = JobControl(
+                self.options.job_timeout,
+                self.abort,
+                won.lease.claimed_at,
+                self._confirmer(queue, holder, won, ttl, keeper),
+            )
             with self._count_lock:
+                earlier = self._controls.get(won.job)
                 self._controls[won.job] = control
+            if earlier is not None:
+                # Another slot still runs an earlier claim of J, lost while this worker was
+                # stopped past its lease: J was requeued, and is this claim's now.
+                earlier.taken.set()
+                self.executor.abort_job(won.job)
             keeper.keep(won.lease)
             try:
                 record = self._execute_and_finish(queue, holder, won, control)
             finally:
-                keeper.release(won.job)
+                keeper.release(won.job, won.lease.claimed_at)
                 with self._count_lock:
-                    self._controls.pop(won.job, None)
+                    if self._controls.get(won.job) is control:
+                        del self._controls[won.job]
             if record is None:
                 with self._count_lock:
                     self.summary.left_claimed.append(won.job)
@@ -733,7 +818,7 @@ class Worker:
                 "recover' requeues it once this worker has exited",
             )
         try:
-            outcome = self._finish(queue, holder, won.job, outcome, started)
+            outcome = self._finish(queue, holder, won, outcome, started)
         except (CtxError, OSError) as exc:
             if isinstance(exc, NotHeld):
                 # The queue's own refusal: another holder's lease, the job back in pending or
@@ -802,7 +887,7 @@ class Worker:
             self._fail(exc)
 
     def _finish(
-        self, queue: Queue, holder: Holder, job: str, outcome: Outcome, started: float
+        self, queue: Queue, holder: Holder, won: Claim, outcome: Outcome, started: float
     ) -> Outcome:
         """Finish J with ``outcome``, as its lease holder; returns the outcome recorded.
 
@@ -811,6 +896,7 @@ class Worker:
         as someone who no longer holds J's lease (EACCES), or a J that is no longer claimed,
         raises: the job is another holder's now, or back in pending.
         """
+        job = won.job
         worker = holder.summary()
         extra = {"reason": outcome.reason, **outcome.details}
         try:
@@ -823,6 +909,7 @@ class Worker:
                 started=started,
                 extra=extra,
                 holder=holder,
+                claimed_at=won.lease.claimed_at,
             )
             return outcome
         except ResultOverLimit as exc:
@@ -847,6 +934,7 @@ class Worker:
             started=started,
             extra=extra,
             holder=holder,
+            claimed_at=won.lease.claimed_at,
             enforce_limit=False,
         )
         return omitted
