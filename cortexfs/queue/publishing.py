@@ -425,5 +425,23 @@ def refuse_known_job(queue: Queue, job: str) -> None:
     live = ((queue.pending, "pending"), (queue.claimed, "claimed"), (queue.lease, "leased"))
     states = [state for dir_fd, state in live if lstat_at(dir_fd, job) is not None]
     states += [state for state, _ in terminal_evidence(queue, job)]
+    if states == ["claimed"] and _empty_claim(queue, job):
+        raise exists(
+            f"job {job} has an empty claimed/{job}: a claim in progress, or one cut short before "
+            "its request moved in, whose request is nowhere; 'ctx queue recover --reconcile' "
+            "removes it once no claim holds it, or publish under another name"
+        )
     if states:
         raise exists(f"job {job} is already {states[0]}; publish under another name")
+
+
+def _empty_claim(queue: Queue, job: str) -> bool:
+    """Whether ``claimed/J`` is a directory with nothing in it (never followed)."""
+    try:
+        fd = os.open(job, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=queue.claimed)
+    except OSError:
+        return False
+    try:
+        return not os.listdir(fd)
+    finally:
+        os.close(fd)

@@ -652,3 +652,17 @@ def test_a_finish_that_waited_while_its_job_was_requeued_and_claimed_again_says_
     assert refused.value.errno == errno.EACCES, refused.value
     assert "was claimed again, by another claim" in refused.value.message
     assert entries(queue_dir, "claimed") == [job] and entries(queue_dir, "done") == []
+
+
+def test_a_name_held_only_by_an_empty_claim_directory_is_refused_saying_what_removes_it(
+    queue: Queue, queue_dir: Path
+) -> None:
+    """Q-1 refuses a name with evidence anywhere: an empty ``claimed/J`` (a claim cut short
+    before its move) is refused as what it is, with what removes it, not "already claimed"."""
+    (queue_dir / "claimed" / "left.req.json").mkdir()
+    with pytest.raises(CtxError) as refused:
+        publish(queue, request(), name="left")
+    assert refused.value.errno == errno.EEXIST
+    assert "empty claimed/left.req.json" in refused.value.message
+    assert "recover --reconcile" in refused.value.message
+    assert entries(queue_dir, "pending") == [] and entries(queue_dir, "inbox") == []
