@@ -610,6 +610,14 @@ class _Call:
                 f"interrupted: its caller was interrupted and killed its process group (exit "
                 f"status {finished.exit_status})",
             )
+        elif finished.exit_status != 0 and finished.passed_on is not None:
+            name = signal.Signals(finished.passed_on).name
+            error = ToolError(
+                errno.EINTR,
+                "run",
+                f"interrupted: its caller got {name} and passed it on to its process group "
+                f"(exit status {finished.exit_status})",
+            )
         elif finished.timed_out:
             error = ToolError(
                 errno.ETIMEDOUT,

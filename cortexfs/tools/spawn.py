@@ -74,6 +74,9 @@ class Finished(NamedTuple):
     timed_out: bool
     output_overflow: bool
     seconds: float
+    # The signal the caller received and passed on to the tool's group while it ran
+    # (run_attached: SIGTERM from ``timeout``, a service manager's stop); None when none came.
+    passed_on: int | None = None
 
 
 def _keeping_exit_statuses(run: Callable[..., Finished]) -> Callable[..., Finished]:
@@ -209,8 +212,9 @@ def run_attached(spec: ProcessSpec, *, on_start: Callable[[int], None] | None = 
             pass_fds=spec.pass_fds,
             **options,
         )
+    passed_on: list[int] = []
     with orphans.GUARD.watching(process.pid):
-        with _foreground(process.pid) as terminal, _forwarding_signals(process.pid):
+        with _foreground(process.pid) as terminal, _forwarding_signals(process.pid, passed_on):
             if on_start:
                 on_start(process.pid)
             timed_out = not _exits_within(process.pid, spec.timeout, terminal)
@@ -221,7 +225,14 @@ def run_attached(spec: ProcessSpec, *, on_start: Callable[[int], None] | None = 
                 terminal.restore_modes()  # killed: what it set of the terminal is undone
         _end_stragglers(process.pid)
     return Finished(
-        process.pid, exit_status, b"", b"", timed_out, False, time.monotonic() - started
+        process.pid,
+        exit_status,
+        b"",
+        b"",
+        timed_out,
+        False,
+        time.monotonic() - started,
+        passed_on[0] if passed_on else None,
     )
 
 
@@ -608,8 +619,9 @@ def _foreground(pgid: int) -> Iterator[_Terminal | None]:
 
 
 @contextlib.contextmanager
-def _forwarding_signals(pgid: int) -> Iterator[None]:
-    """Pass termination signals sent to the runner on to the tool's process group.  Only from
+def _forwarding_signals(pgid: int, passed_on: list[int]) -> Iterator[None]:
+    """Pass termination signals sent to the runner on to the tool's process group, noting
+    each in ``passed_on``.  Only from
     the main thread, the one Python lets set handlers: a call from another thread leaves the
     process's signals to its program, as they were."""
     if threading.current_thread() is not threading.main_thread():
@@ -617,6 +629,7 @@ def _forwarding_signals(pgid: int) -> Iterator[None]:
         return
 
     def forward(signum: int, _frame: object) -> None:
+        passed_on.append(signum)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pgid, signum)
 

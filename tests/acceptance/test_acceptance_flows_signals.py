@@ -218,7 +218,8 @@ def test_ctx_run_in_terminal_mode_passes_a_signal_to_the_tools_group(queue, agen
     "128 + N after signal N"): ``ctx run --agent`` in terminal mode stopped while its tool
     waits on a background child: the signal reaches the tool's process group, ``ctx run``
     exits with the tool's status 128 + N, no process of the call is left, and the session
-    holds the call and its ``tool_result`` (error, exit status 128 + N)."""
+    holds the call and its ``tool_result`` (error, exit status 128 + N, EINTR at stage
+    ``run``: the call was ended by its caller's signal, as ``ctx run --help`` says)."""
     session = f"term-{signum.name.lower()}"
     cmd = background_tool(outbox, "t")
     argv = [*CTX_ARGV, "run", "--agent", AGENT, "--session", session, "shell.exec"]
@@ -238,6 +239,8 @@ def test_ctx_run_in_terminal_mode_passes_a_signal_to_the_tools_group(queue, agen
     call, result = events
     assert call["call"] == result["call"] and call["mode"] == "terminal", events
     assert result["status"] == "error" and result["exit_status"] == 128 + signum, result
+    assert (result["errno"], result["stage"]) == ("EINTR", "run"), result
+    assert f"ctx: EINTR: interrupted: its caller got {signum.name}" in err, err
 
 
 @needs_root
