@@ -45,13 +45,14 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from cortexfs import jsontext
+from cortexfs.agents.view import agent_ctx_path, spaces_with_tiers
 from cortexfs.errors import CtxError, too_big
 from cortexfs.names import object_name_problem
 from cortexfs.policy import Policy
+from cortexfs.policy.controls import MAX_ID
 from cortexfs.policy.grammar import check_subject_type, policy_object_name_problem
 from cortexfs.policy.mounts import parse_mount_entries, target_problem
 from cortexfs.regular_file import read_regular_file
-from cortexfs.storage import DOCS_BUNDLE
 from cortexfs.tools.ctxpath import CTX_MOUNT
 from cortexfs.tools.schemas import brief_message
 from cortexfs.tools.spawn import MAX_ARG_STRLEN
@@ -326,14 +327,13 @@ def _search_path_problems(shared: dict[str, list[str]]) -> list[str]:
     (T-4): refused here when the kernel would start none of its tools with it (E2BIG), rather
     than every call failing later."""
     readable = [s for s, permissions in shared.items() if "read" in permissions]
-    readable = [s for s in readable if s != DOCS_BUNDLE]  # never on a CTX_PATH
-    longest_home = f"{CTX_MOUNT}/home/{2**32 - 2}/tool"
-    size = len(f"CTX_PATH={CTX_MOUNT}/tool:{longest_home}".encode())
-    size += sum(len(f":{CTX_MOUNT}/shared/{space}/tool".encode()) for space in readable)
+    longest = agent_ctx_path(MAX_ID, readable)  # the uid is not known yet: the longest one's
+    size = len(f"CTX_PATH={longest}".encode())
     if size < MAX_ARG_STRLEN:
         return []
+    spaces = len(spaces_with_tiers(readable))
     return [
-        f"shared: the {len(readable)} spaces it may read make a CTX_PATH of {size} bytes (one "
+        f"shared: the {spaces} spaces it may read make a CTX_PATH of {size} bytes (one "
         f"{CTX_MOUNT}/shared/<space>/tool entry each), more than the {MAX_ARG_STRLEN} the "
         "kernel passes a program in one variable (E2BIG), so none of its tools could start: "
         "grant read on fewer spaces"

@@ -39,7 +39,7 @@ import json
 import os
 import pwd
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path, PurePosixPath
 from typing import NamedTuple
 
@@ -135,7 +135,7 @@ class AgentView(NamedTuple):
                 continue
             policy = f"agent/{self.name}.d/policy"
             if name == "CTX_PATH":
-                spaces = [s for s in self.readable_spaces() if s != DOCS_BUNDLE]
+                spaces = spaces_with_tiers(self.readable_spaces())
                 missing = sum(not (self.root / "shared" / s).is_dir() for s in spaces)
                 why = (
                     f"it lists {CTX_MOUNT}/shared/<space>/tool for each of the {len(spaces)} "
@@ -159,15 +159,7 @@ class AgentView(NamedTuple):
 
     def ctx_path(self) -> str:
         """The runtime-injected ``CTX_PATH`` of this agent, in view terms (T-4)."""
-        entries = [f"{CTX_MOUNT}/tool", f"{CTX_MOUNT}/home/{self.identity.uid}/tool"]
-        # The manual bundle is read, never a tier: manuals grant nothing (D-1, X-2), and a
-        # tool/ put in it must not run for an agent that may read the manuals.
-        entries += [
-            f"{CTX_MOUNT}/shared/{space}/tool"
-            for space in self.readable_spaces()
-            if space != DOCS_BUNDLE
-        ]
-        return ":".join(entries)
+        return agent_ctx_path(self.identity.uid, self.readable_spaces())
 
     def tool_directories(self) -> tuple[Path, ...]:
         return search_path(self.root, self.ctx_path(), "agent", agent_view=True).directories
@@ -256,6 +248,21 @@ class AgentView(NamedTuple):
             "CTX_MOUNTS": json.dumps(mounts),
             "CTX_CWD": str(cwd),
         }
+
+
+def spaces_with_tiers(readable: Iterable[str]) -> list[str]:
+    """The spaces, of those an agent may read, whose ``tool/`` is on its ``CTX_PATH``: all
+    but the manual bundle, which is read, never a tier: manuals grant nothing (D-1, X-2), and
+    a tool/ put in it must not run for an agent that may read the manuals."""
+    return [space for space in readable if space != DOCS_BUNDLE]
+
+
+def agent_ctx_path(uid: int, readable: Iterable[str]) -> str:
+    """The runtime-injected ``CTX_PATH`` of an agent of ``uid`` that may read the spaces
+    ``readable``, in view terms (T-4): the system and home tiers, then each space's."""
+    entries = [f"{CTX_MOUNT}/tool", f"{CTX_MOUNT}/home/{uid}/tool"]
+    entries += [f"{CTX_MOUNT}/shared/{space}/tool" for space in spaces_with_tiers(readable)]
+    return ":".join(entries)
 
 
 DEFAULT_TERM = "xterm-256color"

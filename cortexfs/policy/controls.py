@@ -41,7 +41,7 @@ from cortexfs.storage import require_root
 AGENTS = PurePosixPath("agent")
 HOST_OWNED_CONTROLS = ("identity", "mount", "label", "policy")
 _IDENTITY_KEYS = {"uid", "gid", "groups"}
-_MAX_ID = 2**32 - 2  # (uid_t)-1 means "no id" to the kernel
+MAX_ID = 2**32 - 2  # (uid_t)-1 means "no id" to the kernel
 _NOT_A_FILE = {errno.ELOOP, errno.ENOTDIR, errno.EINVAL, errno.EISDIR}
 
 
@@ -214,12 +214,12 @@ def parse_identity(data: bytes) -> Identity:
         raise invalid("groups must be a list of group ids")
     for value in (uid, gid, *groups):
         if not _is_id(value):
-            raise invalid(f"{value!r} is not a uid or gid (an integer from 0 to {_MAX_ID})")
+            raise invalid(f"{value!r} is not a uid or gid (an integer from 0 to {MAX_ID})")
     return Identity(uid, gid, frozenset(groups))
 
 
 def _is_id(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= _MAX_ID
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_ID
 
 
 def control_limit(path: PurePosixPath) -> int:

@@ -318,6 +318,12 @@ class LeaseKeeper(threading.Thread):
             self.expires[lease.job] = lease.expires_at
             self.claims[lease.job] = lease.claimed_at
 
+    def expiry_of(self, job: str, claimed_at: float) -> float | None:
+        """When the lease of this claim of ``job`` expires, as last written; None when the
+        claim is not the one kept (released, or the job claimed again)."""
+        with self.lock:
+            return self.expires[job] if self.claims.get(job) == claimed_at else None
+
     def release(self, job: str, claimed_at: float | None = None) -> None:
         """Renew ``job`` no more (it is finished, lost or left claimed); given ``claimed_at``,
         only while that claim is the one kept (a later claim of the job is kept on)."""
@@ -656,7 +662,11 @@ class Worker:
         (a worker stopped past the lease while J's pre-hooks ran finds J requeued, or
         finished by another), its lease renewed first when less than half of it is left."""
 
-        def still_held() -> str | None:
+        def confirm() -> str | None:
+            expires = keeper.expiry_of(won.job, won.lease.claimed_at)
+            if expires is not None and expires - time.time() >= ttl / 2:
+                return None  # kept in time by the keeper (an expiry is the only way to lose
+                # a live worker's claim, Q-5): nothing is read or written
             try:
                 lease = renew(queue, won.job, [holder], ttl, claimed_at=won.lease.claimed_at)
             except NotHeld as exc:
@@ -665,15 +675,6 @@ class Worker:
                 return None  # the host's trouble: the keeper says it and gives the job up
             keeper.keep(lease)
             return None
-
-        def confirm() -> str | None:
-            with keeper.lock:
-                kept = keeper.claims.get(won.job) == won.lease.claimed_at
-                expires = keeper.expires.get(won.job, 0.0)
-            if kept and expires - time.time() >= ttl / 2:
-                return None  # kept in time by the keeper (an expiry is the only way to lose
-                # a live worker's claim, Q-5): nothing is read or written
-            return still_held()
 
         return confirm
 
