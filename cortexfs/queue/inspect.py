@@ -257,8 +257,9 @@ def _assess(queue: Queue, job: str, evidence: ev.JobEvidence) -> ev.Assessment:
     What looks incomplete or a conflict may be a claim, finish or recover at work, or one
     that ended since the scan (a finish removes the lease the scan saw): J is looked at again
     while no transition holds ``claimed/J``'s lock, as recover does before it acts, and a J
-    whose lock is held is reported as claimed, on its way.  Taking the lock changes nothing,
-    and a transition that meets it waits the instant it is held."""
+    whose lock is held is reported as where the transition takes it (:func:`_on_its_way`).
+    Taking the lock changes nothing, and a transition that meets it waits the instant it is
+    held."""
     assessment = _judged(queue, job, evidence)
     if assessment.state not in ("incomplete", "conflict"):
         return assessment
@@ -270,14 +271,29 @@ def _assess(queue: Queue, job: str, evidence: ev.JobEvidence) -> ev.Assessment:
         return assessment  # not this user's to open: reported as it looks
     try:
         if claim_fd is not None and not lock_dir(claim_fd, within=0):
-            return ev.Assessment(
-                "claimed",
-                f"a claim, finish or recover is moving it (claimed/{job} is locked)",
-            )
+            return _on_its_way(job, evidence, assessment)
         return _judged(queue, job, ev.evidence_of(queue, job))
     finally:
         if claim_fd is not None:
             queue.ops.close(claim_fd)
+
+
+def _on_its_way(job: str, evidence: ev.JobEvidence, assessment: ev.Assessment) -> ev.Assessment:
+    """J, found incomplete while a transition holds ``claimed/J``'s lock, as that transition
+    leaves it.  Once J's result is in place the finish has passed the point a crash would
+    roll forward from, so J is done (or failed) while the request moves and the claim and
+    lease go, never a claim without its lease; before that, a claim is at work or the
+    requeue of one is: claimed, on its way."""
+    if assessment.state == "incomplete":
+        for state in ("done", "failed"):
+            if getattr(evidence, f"{state}_result"):
+                return ev.Assessment(
+                    state,
+                    f"finished; the rest of its finish is under way (claimed/{job} is locked)",
+                )
+    return ev.Assessment(
+        "claimed", f"a claim, finish or recover is moving it (claimed/{job} is locked)"
+    )
 
 
 def _judged(queue: Queue, job: str, evidence: ev.JobEvidence) -> ev.Assessment:

@@ -57,3 +57,49 @@ def test_a_finish_in_progress_of_a_live_holder_is_untouched_and_consistent(
             finisher.wait()
     assert assess(evidence_of(queue, job)).state == "done"
     assert recover(queue, reconcile=True).consistent
+
+
+@pytest.mark.parametrize(
+    ("step", "lease_gone"),
+    [("finish.request", False), ("finish.cleanup", False), ("finish.cleanup", True)],
+)
+def test_a_job_whose_finish_placed_its_result_reads_as_done_while_the_finish_completes(
+    root: Path, queue: Queue, queue_dir: Path, step: str, lease_gone: bool
+) -> None:
+    """From the moment its result is in place a job is done to every reader, while its finish
+    moves the request and removes the claim and the lease, never a claim without its lease
+    (``lease_gone``: the instant between the lease's removal and the claim directory's)."""
+    job = publish(queue, request(), name="inflight")
+    finisher = subprocess.Popen(
+        [sys.executable, "-m", "tests.queue.finish_paused", str(queue_dir), step],
+        cwd=REPO,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert finisher.stdout is not None and finisher.stdin is not None
+        assert finisher.stdout.readline().strip() == job  # paused, holding claimed/J's lock
+        if lease_gone:
+            (queue_dir / "lease" / job / "worker").unlink()
+        shown = ctx(root, "queue", "show", "--project", PROJECT, job, "--json")
+        assert shown.returncode == 0, shown.stdout + shown.stderr
+        detail = json.loads(shown.stdout)
+        assert detail["state"] == "done", detail
+        assert "the rest of its finish is under way" in detail["detail"]
+        assert detail["result"]["output"] == {"by": finisher.pid}, detail
+        assert detail["request"]["tool"], detail
+        listed = ctx(root, "queue", "list", "--project", PROJECT, "--json")
+        assert json.loads(listed.stdout) == [{"name": job, "state": "done"}], listed.stdout
+        status = ctx(root, "queue", "status", "--project", PROJECT, "--json")
+        assert json.loads(status.stdout)["counts"]["done"] == 1, status.stdout
+
+        finisher.stdin.write("go on\n")
+        finisher.stdin.flush()
+        assert finisher.wait(60) == 0
+    finally:
+        if finisher.poll() is None:
+            finisher.kill()
+            finisher.wait()
+    assert assess(evidence_of(queue, job)).state == "done"
+    assert recover(queue, reconcile=True).consistent
