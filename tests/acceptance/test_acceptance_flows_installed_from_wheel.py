@@ -438,6 +438,11 @@ def test_the_metadata_names_the_python_and_every_distribution_the_code_imports(i
     metadata = wheel_text(install.wheel, ".dist-info/METADATA")
     assert re.search(r"^Requires-Python: >=3\.11$", metadata, flags=re.MULTILINE), metadata
     assert re.search(r"^Version: 0\.1\.0$", metadata, flags=re.MULTILINE)
+    # The licence the metadata declares comes with the wheel, as its text.
+    assert re.search(r"^License-Expression: Apache-2\.0$", metadata, flags=re.MULTILINE)
+    assert re.search(r"^License-File: LICENSE$", metadata, flags=re.MULTILINE), metadata
+    licence = wheel_text(install.wheel, ".dist-info/licenses/LICENSE")
+    assert "Apache License" in licence and "Version 2.0, January 2004" in licence
     requires = declared(metadata)
     assert {"click", "psutil", "jsonschema"} <= {n for n, extra in requires.items() if not extra}
     assert {"pyfuse3", "trio"} <= {n for n, extra in requires.items() if extra == "fuse"}
