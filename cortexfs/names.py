@@ -31,6 +31,8 @@ def is_decimal(text: str) -> bool:
     return text.isascii() and text.isdigit()
 
 
+MAX_ID = 2**32 - 2  # the largest uid or gid: (uid_t) -1 is "no id" to the kernel
+
 # Python reads at most this many digits into an int (``sys.get_int_max_str_digits``) and
 # raises ValueError past it; an id, a count or a size needs far fewer.
 _MOST_DIGITS = 4300

@@ -47,9 +47,8 @@ from typing import TYPE_CHECKING, Any
 from cortexfs import jsontext
 from cortexfs.agents.view import agent_ctx_path, spaces_with_tiers
 from cortexfs.errors import CtxError, too_big
-from cortexfs.names import object_name_problem
+from cortexfs.names import MAX_ID, object_name_problem
 from cortexfs.policy import Policy
-from cortexfs.policy.controls import MAX_ID
 from cortexfs.policy.grammar import check_subject_type, policy_object_name_problem
 from cortexfs.policy.mounts import parse_mount_entries, target_problem
 from cortexfs.regular_file import read_regular_file

@@ -23,12 +23,10 @@ from typing import Any
 
 import click
 
-from cortexfs.names import shown_number
+from cortexfs.names import MAX_ID, shown_number
 from cortexfs.timefmt import MAX_SECONDS, SECONDS_TEXT
 
 _INTEGER_TEXT = re.compile(r"-?[0-9]+", re.ASCII)
-
-MAX_ID = 2**32 - 2  # the largest uid or gid: (uid_t) -1 is "no id" to the kernel
 
 
 class NonEmptyPath(click.Path):

@@ -30,6 +30,7 @@ from pathlib import Path, PurePosixPath
 
 from cortexfs import jsontext
 from cortexfs.errors import HOST_SHORTAGES, CtxError, denied, invalid, not_found, too_big
+from cortexfs.names import MAX_ID
 from cortexfs.policy import beneath
 from cortexfs.policy.decision import Policy
 from cortexfs.policy.grammar import PolicySyntaxError, check_subject_type
@@ -41,7 +42,6 @@ from cortexfs.storage import require_root
 AGENTS = PurePosixPath("agent")
 HOST_OWNED_CONTROLS = ("identity", "mount", "label", "policy")
 _IDENTITY_KEYS = {"uid", "gid", "groups"}
-MAX_ID = 2**32 - 2  # (uid_t)-1 means "no id" to the kernel
 _NOT_A_FILE = {errno.ELOOP, errno.ENOTDIR, errno.EINVAL, errno.EISDIR}
 
 
