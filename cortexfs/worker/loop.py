@@ -126,6 +126,20 @@ def _host_shortage(outcome: Outcome) -> int | None:
     return code if code in (PROCESS_SHORTAGES if starting else HOST_SHORTAGES) else None
 
 
+# The stages that judge the worker's agent and its host, not the job: an error there is met
+# by every job after it, as at the worker's start (a deleted agent, a broken identity).
+_WORKER_STAGES = ("caller", "agent")
+
+
+def _agent_unusable(outcome: Outcome) -> int | None:
+    """The errno when ``outcome`` is a call refused at a stage of :data:`_WORKER_STAGES`
+    before anything ran; None otherwise."""
+    error = outcome.details.get("error")
+    if outcome.ok or not isinstance(error, Mapping) or error.get("stage") not in _WORKER_STAGES:
+        return None
+    return error.get("errno") or errno.EIO
+
+
 def _claim_refused(exc: CtxError | OSError) -> CtxError:
     """A claim the host refused (out of descriptors, a read-only disk…), saying what became of
     the jobs: a claim refused midway is undone (:func:`cortexfs.queue.claim_job`)."""
@@ -816,6 +830,17 @@ class Worker:
             raise CtxError(
                 short,
                 f"job {won.job} did not run: {outcome.reason}; it stays claimed, and 'ctx queue "
+                "recover' requeues it once this worker has exited",
+            )
+        unusable = _agent_unusable(outcome)
+        if unusable is not None:
+            # The agent was deleted or its controls broken since the worker started: no job
+            # can run as it, none by its own fault, and failing them would drain the queue
+            # into failed/ where a worker of another agent could run them.
+            raise CtxError(
+                unusable,
+                f"job {won.job} did not run: {outcome.reason}; no job can run as this "
+                "worker's agent, so the worker stops; the job stays claimed, and 'ctx queue "
                 "recover' requeues it once this worker has exited",
             )
         try:
