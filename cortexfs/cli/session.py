@@ -176,7 +176,11 @@ def tail(
             return
         try:
             followed = events.follow_events(
-                ref.events_path, offset=scan.end, dir_fd=directory, on_restart=_restarted
+                ref.events_path,
+                offset=scan.end,
+                open_directory=lambda: open_session_directory(ref),
+                on_restart=_restarted,
+                on_damaged=lambda read: _warn_damaged(ref, read),
             )
             for event in followed:
                 _render([event], as_json)
@@ -419,6 +423,10 @@ def _warn(ref: SessionRef, scan: events.EventScan) -> None:
             "(skipped; 'ctx session repair' truncates it)",
             err=True,
         )
+    _warn_damaged(ref, scan)
+
+
+def _warn_damaged(ref: SessionRef, scan: events.EventScan) -> None:
     if scan.damaged:
         lines = ", ".join(str(number) for number in scan.damaged[:10])
         more = scan.damaged_count - len(scan.damaged[:10])

@@ -430,68 +430,120 @@ def follow_events(
     offset: int = 0,
     poll_interval: float = 0.2,
     dir_fd: int | None = None,
+    open_directory: Callable[[], int] | None = None,
     on_restart: Callable[[str], None] | None = None,
+    on_damaged: Callable[[EventScan], None] | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Yield events as they are appended (``tail --follow``); runs until the caller stops.
 
-    A file that shrank below what was read (cut by someone who may write it) or that another
-    file replaced is read again from its start, as ``tail -F`` does, and ``on_restart`` is
-    told why: waiting for it to grow past the old end would skip, silently, every event
-    appended meanwhile.  Read as :func:`stream_events` reads; ``dir_fd`` as for
-    :func:`read_events`."""
+    Follows the name, as ``tail -F`` does.  The file is opened by its name at every look, so
+    that one made unreadable ends the following with its error; the descriptor of the file
+    being read is kept until the next look, so that a file renamed away or removed is read to
+    its end before the name is followed further: a follower that fell behind loses none of
+    its events.  A file that shrank below what was read (cut by someone who may write it) or
+    that another file replaced is read again from its start, and ``on_restart`` is told why:
+    waiting for it to grow past the old end would skip, silently, every event appended
+    meanwhile.  A removed file is waited for, and read from its start when one is there again.
+
+    ``dir_fd`` as for :func:`read_events`; ``open_directory``, when given, opens the file's
+    directory anew at each look (the caller closes nothing), so that a directory removed and
+    made again is followed too.  ``on_damaged`` gets the scan of each read that skipped
+    complete lines holding no event (:class:`EventScan` ``damaged``)."""
+    held: int | None = None  # the file being read, until the name leads elsewhere
+    named: int | None = None  # what the name leads to at this look
     line = 1
-    followed = _size_and_identity(path, dir_fd)
     gone = False
-    while True:
-        now = _size_and_identity(path, dir_fd)
-        if now is None and followed is not None:
-            # Removed (and perhaps about to be made again): waited for, as tail -F waits,
-            # and read from its start when a file is there again.
-            if not gone and on_restart is not None:
-                on_restart(f"{path} is gone: waiting for it to appear again")
-            gone = True
-            time.sleep(poll_interval)
-            continue
-        if now is not None and followed is not None:
-            size, identity = now
-            # A file made again after a removal may have the inode number the old one had.
-            if gone or identity != followed[1] or size < offset:
-                if gone:
-                    why = f"{path} appeared again"
-                elif identity != followed[1]:
-                    why = f"{path} was replaced by another file"
-                else:
-                    why = f"{path} shrank to {size} bytes, from the {offset} read"
-                if on_restart is not None:
-                    on_restart(f"{why}: following it again from its start")
-                offset, line = 0, 1
-        gone = False
-        followed = now or followed
-        # Streamed, event by event: what was appended since the last look may be a whole
-        # session moved into place, which a list of it would hold in memory at once.
-        scan = EventScan(end=offset)
-        try:
-            yield from stream_events(path, scan, first_line=line, dir_fd=dir_fd)
-        except FileNotFoundError:
-            if followed is None:
-                raise  # never there: nothing to wait for
-            continue  # removed since it was looked at: the next look says so
-        line += scan.lines
-        if scan.end == offset:
-            time.sleep(poll_interval)
-        offset = scan.end
-
-
-def _size_and_identity(path: Path, dir_fd: int | None) -> tuple[int, tuple[int, int]] | None:
-    """The size and the (device, inode) of the file at ``path``; None when nothing is there."""
     try:
-        if dir_fd is None:
-            status = os.stat(path, follow_symlinks=False)
-        else:
-            status = os.stat(path.name, dir_fd=dir_fd, follow_symlinks=False)
+        held = _open_to_follow(path, dir_fd, open_directory)
+        if held is None:
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(path))
+        while True:
+            # The name is looked up before what is held is read to its end: an event appended
+            # to a file just before it is renamed away is read from the held descriptor.
+            named = _open_to_follow(path, dir_fd, open_directory)
+            if held is not None:
+                scan = EventScan(end=offset)
+                yield from _follow_read(held, scan, line, on_damaged)
+                offset, line = scan.end, line + scan.lines
+                same = named is not None and _identity(named) == _identity(held)
+                os.close(held)
+                held = None
+                if same:
+                    held, named = named, None  # the same file, held through the new descriptor
+                    size = os.fstat(held).st_size
+                    if size < offset:
+                        why = f"{path} shrank to {size} bytes, from the {offset} read"
+                        _restart(on_restart, why)
+                        offset, line = 0, 1
+                    elif scan.lines == 0:
+                        time.sleep(poll_interval)
+                    continue
+            if named is None:
+                if not gone:
+                    _restart(on_restart, f"{path} is gone", "waiting for it to appear again")
+                gone = True
+                time.sleep(poll_interval)
+                continue
+            why = f"{path} appeared again" if gone else f"{path} was replaced by another file"
+            _restart(on_restart, why)
+            held, named, gone, offset, line = named, None, False, 0, 1
+    finally:
+        for fd in (held, named):
+            if fd is not None:
+                os.close(fd)
+
+
+def _restart(
+    on_restart: Callable[[str], None] | None,
+    why: str,
+    then: str = "following it again from its start",
+) -> None:
+    if on_restart is not None:
+        on_restart(f"{why}: {then}")
+
+
+def _follow_read(
+    fd: int, scan: EventScan, first_line: int, on_damaged: Callable[[EventScan], None] | None
+) -> Iterator[dict[str, Any]]:
+    """The events of ``fd`` from ``scan.end`` on, as :func:`stream_events` reads them."""
+    lines = _Lines(fd, scan.end)
+    for number, (text, end) in enumerate(lines, start=first_line):
+        event = scan._take(text, number)
+        scan.end = end
+        if event is not None:
+            yield event
+    scan.torn_tail = lines.torn_tail
+    if scan.damaged_count and on_damaged is not None:
+        on_damaged(scan)
+
+
+def _open_to_follow(
+    path: Path, dir_fd: int | None, open_directory: Callable[[], int] | None
+) -> int | None:
+    """A descriptor of the file at ``path`` now; None when nothing is there (nor, with
+    ``open_directory``, its directory).  Any other error names ``path`` whole."""
+    if open_directory is None:
+        try:
+            return _open_file_to_read(path, dir_fd)
+        except FileNotFoundError:
+            return None
+    try:
+        directory = open_directory()
     except FileNotFoundError:
         return None
-    return status.st_size, (status.st_dev, status.st_ino)
+    except OSError as exc:
+        raise OSError(exc.errno, exc.strerror, str(path)) from None
+    try:
+        return _open_file_to_read(path, directory)
+    except FileNotFoundError:
+        return None
+    finally:
+        os.close(directory)
+
+
+def _identity(fd: int) -> tuple[int, int]:
+    status = os.fstat(fd)
+    return status.st_dev, status.st_ino
 
 
 def repair(path: Path, ops: durable.FsOps | None = None, *, dir_fd: int | None = None) -> int:

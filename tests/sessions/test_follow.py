@@ -3,6 +3,7 @@ as ``tail -F`` waits, said once, and read from the start of the new file."""
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import time
@@ -41,3 +42,80 @@ def test_a_log_removed_and_made_again_is_waited_for_and_read_from_its_start(
     follower.join(timeout=30)
     assert not follower.is_alive()
     assert notes[1:] == [f"{log} appeared again: following it again from its start"]
+
+
+def _follower(
+    log: Path, notes: list[str], damaged: list[list[int]], **options: object
+) -> tuple[threading.Thread, queue.Queue[str]]:
+    seen: queue.Queue[str] = queue.Queue()
+
+    def follow() -> None:
+        followed = follow_events(
+            log,
+            poll_interval=0.01,
+            on_restart=notes.append,
+            on_damaged=lambda scan: damaged.append(list(scan.damaged)),
+            **options,  # type: ignore[arg-type]
+        )
+        for event in followed:
+            seen.put(event["type"])
+            if event["type"] == "last":
+                return
+
+    thread = threading.Thread(target=follow, daemon=True)
+    thread.start()
+    return thread, seen
+
+
+def test_a_log_renamed_away_is_read_to_its_end_before_the_new_one(tmp_path: Path) -> None:
+    """What was appended to a log just before it was renamed away (a rotation) is read from
+    the descriptor held, before the file then at the name: nothing is lost between the two."""
+    log = tmp_path / "events.jsonl"
+    log.write_bytes(FIRST)
+    notes: list[str] = []
+    thread, seen = _follower(log, notes, [])
+    assert seen.get(timeout=30) == "first"
+    with open(log, "ab") as old:
+        old.write(SECOND)
+        log.rename(tmp_path / "events.jsonl.1")  # at once: the follower has not read SECOND
+    log.write_bytes(b'{"ts":"2026-06-22T12:00:02Z","type":"last"}\n')
+    assert [seen.get(timeout=30), seen.get(timeout=30)] == ["second", "last"]
+    thread.join(timeout=30)
+    assert notes[-1].endswith(": following it again from its start"), notes
+
+
+def test_a_directory_made_again_is_followed_and_damaged_lines_are_told(tmp_path: Path) -> None:
+    """With ``open_directory`` the directory is looked up at each look: one removed and made
+    again is followed.  A complete line holding no event is skipped and told, with its
+    number, to ``on_damaged``."""
+    directory = tmp_path / "session"
+    directory.mkdir()
+    log = directory / "events.jsonl"
+    log.write_bytes(FIRST)
+    notes: list[str] = []
+    damaged: list[list[int]] = []
+
+    def open_directory() -> int:
+        return os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+
+    thread, seen = _follower(log, notes, damaged, open_directory=open_directory)
+    assert seen.get(timeout=30) == "first"
+    log.unlink()
+    directory.rmdir()
+    deadline = time.monotonic() + 30
+    while not notes and time.monotonic() < deadline:
+        time.sleep(0.01)
+    directory.mkdir()
+    log.write_bytes(b"no event here\n" + SECOND)
+    assert seen.get(timeout=30) == "second"
+    while not damaged and time.monotonic() < deadline:
+        time.sleep(0.01)
+    with open(log, "ab") as appended:
+        appended.write(b'{"ts":"2026-06-22T12:00:02Z","type":"last"}\n')
+    assert seen.get(timeout=30) == "last"
+    thread.join(timeout=30)
+    assert notes == [
+        f"{log} is gone: waiting for it to appear again",
+        f"{log} appeared again: following it again from its start",
+    ]
+    assert damaged == [[1]]
