@@ -77,6 +77,9 @@ class StorageFS(pyfuse3.Operations):
         # clean`, would leave files behind).
         self._open_directories: dict[int, _Listing] = {}
         self._next_directory_handle = itertools.count(1)
+        # Each node → the version of its file (inode, size, ctime) at its last open: the
+        # kernel keeps a file's cached pages across opens only while that version holds.
+        self._opened_versions: dict[int, tuple[int, int, int]] = {}
 
     # ------------------------------------------------------------------------- names
     #
@@ -237,8 +240,21 @@ class StorageFS(pyfuse3.Operations):
         raise pyfuse3.FUSEError(errno.ESTALE)
 
     def _opened_file(self, inode: int, fd: int, parts: tuple[str, ...]) -> pyfuse3.FileInfo:
+        """The kernel's handle of ``fd``, opened for node ``inode``.  The pages the kernel
+        cached of the file are kept only when it has not changed since its last open here:
+        a file rewritten on the storage root in place, its size and mtime kept (``cp -p``,
+        ``rsync --inplace --times``), looks unchanged to the kernel, which would serve its
+        old bytes for as long as it keeps them.  Its ctime, which no one can set, tells."""
+        try:
+            status = _call(os.fstat, fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        version = (status.st_ino, status.st_size, status.st_ctime_ns)
+        unchanged = self._opened_versions.get(inode) == version
+        self._opened_versions[inode] = version
         self._open_files[fd] = (inode, parts)
-        return pyfuse3.FileInfo(fh=fd)
+        return pyfuse3.FileInfo(fh=fd, keep_cache=unchanged)
 
     # ---------------------------------------------------------------------- reading
 
@@ -260,6 +276,8 @@ class StorageFS(pyfuse3.Operations):
     async def forget(self, inode_list):  # type: ignore[no-untyped-def]
         for inode, count in inode_list:
             self._names.forget(inode, count)
+            if self._names.file(inode) is None:
+                self._opened_versions.pop(inode, None)
 
     async def readlink(self, inode, ctx):  # type: ignore[no-untyped-def]
         parts = self._still(inode)
