@@ -222,6 +222,47 @@ def duplicate_names_problem(names: list[str]) -> str:
     )
 
 
+class Unwritable(ValueError):
+    """A value :func:`dumps_document` cannot write as a document strict readers take back;
+    the message says why, to follow ``it``: ``refers to itself …``."""
+
+
+def dumps_document(
+    value: Any,
+    *,
+    separators: tuple[str, str] | None = None,
+    default: Callable[[Any], Any] | None = None,
+    max_depth: int | None = MAX_DEPTH,
+) -> bytes:
+    """:func:`dumps_utf8` of a value that :func:`loads_strict` will read back as it is, else
+    :class:`Unwritable`: NaN or an infinity, an integer of more digits than Python reads, a
+    value that holds itself, or one nested deeper than ``max_depth`` (None: as deep as the
+    interpreter can write).  ``default`` as for ``json.dumps``."""
+    too_deep = "is nested deeper than " + (
+        f"{max_depth} levels" if max_depth is not None else "Python can write"
+    )
+    try:
+        data = dumps_utf8(value, separators=separators, default=default, allow_nan=False)
+    except RecursionError:
+        raise Unwritable(too_deep) from None
+    except ValueError as exc:
+        raise Unwritable(_unwritable_problem(exc)) from None
+    if max_depth is not None and nested_deeper(value, max_depth):
+        raise Unwritable(too_deep)
+    return data
+
+
+def _unwritable_problem(refusal: ValueError) -> str:
+    """Why ``json.dumps`` refused a value, from its message (CPython's own words)."""
+    said = str(refusal)
+    if said.startswith("Circular reference"):
+        return "refers to itself (a circular reference), which no JSON document can hold"
+    if "digits" in said:
+        digits = sys.get_int_max_str_digits()
+        return f"holds an integer of more than {digits} digits, more than Python reads"
+    return not_a_json_number_problem("a NaN or infinite number")
+
+
 def dumps_utf8(
     value: Any,
     *,

@@ -121,10 +121,28 @@ def _non_negative_float(value: str, where: str, key: str) -> float:
     return number
 
 
+def as_path(path: str | bytes | os.PathLike[str] | os.PathLike[bytes]) -> Path:
+    """``path`` given as ``os`` takes one (a str, bytes or a path-like object) as a Path;
+    TypeError for anything else (None is no path, not a missing one)."""
+    return Path(os.fsdecode(path))
+
+
 def queue_path(root: Path, project: str) -> Path:
     """``<root>/shared/<project>/queue``; the project must be a legal object name (R-3) and a
     possible space: not the manual bundle (X-2)."""
     return root / "shared" / check_space_name(project, "project") / "queue"
+
+
+class _StateDirs(dict[str, int]):
+    """A queue's state directories by name, as descriptors; a closed queue holds none, and
+    asking it for one is a ValueError, as an operation on a closed file is."""
+
+    def __init__(self, path: Path, opened: dict[str, int] | None = None) -> None:
+        super().__init__(opened or {})
+        self.path = path
+
+    def __missing__(self, name: str) -> int:
+        raise ValueError(f"queue {self.path} is closed: open it again with Queue.open")
 
 
 @dataclass
@@ -143,6 +161,9 @@ class Queue:
     # or finish a claim this process leaves behind (Q-5).
     group_access: int = 0
 
+    def __post_init__(self) -> None:
+        self.dirs = _StateDirs(self.path, self.dirs)
+
     # ------------------------------------------------------------------ opening and closing
 
     @classmethod
@@ -155,6 +176,7 @@ class Queue:
         ``ROOT/shared/P/queue``): no component below it is followed either (Q-8), so a
         symlinked ``shared/P`` cannot take the queue outside the root (ELOOP).
         """
+        path = as_path(path)  # str, bytes or PathLike, as os takes them; else TypeError
         ops = ops or durable.default_ops()
         root_fd = _open_queue_dir(ops, path, within)
         queue = cls(
@@ -544,6 +566,7 @@ def init_queue(path: Path, ops: durable.FsOps | None = None) -> list[str]:
     Idempotent.  A default ``config`` is written when none exists, so the knobs are
     discoverable.
     """
+    path = as_path(path)
     ops = ops or durable.default_ops()
     created: list[str] = []
     missing: list[Path] = []

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cortexfs import durable
-from cortexfs.errors import HOST_TROUBLES, CtxError, errno_text, explain_host_trouble
+from cortexfs.errors import HOST_TROUBLES, CtxError, errno_text, explain_host_trouble, invalid
 from cortexfs.interrupts import held_interrupts
 from cortexfs.queue import evidence as ev
 from cortexfs.queue.claim_order import pending_changed, pending_stamp, relist_after_recover
@@ -47,6 +47,7 @@ from cortexfs.queue.layout import (
 )
 from cortexfs.queue.leasing import read_lease
 from cortexfs.queue.transition import remove_claim_and_lease
+from cortexfs.timefmt import MAX_SECONDS
 
 
 @dataclass
@@ -126,11 +127,24 @@ class Interrupted(KeyboardInterrupt):
         self.report = report
 
 
+def _check_grace(grace: float) -> float:
+    usable = isinstance(grace, int | float) and not isinstance(grace, bool)
+    if not (usable and 0 <= grace <= MAX_SECONDS):
+        raise invalid(
+            f"a grace period is a number of seconds from 0 to {MAX_SECONDS:.0f} (366 days), "
+            f"not {grace!r}: a temp file younger than it may still be being written"
+        )
+    return float(grace)
+
+
 def recover(
     queue: Queue, *, reconcile: bool = False, dry_run: bool = False, grace: float | None = None
 ) -> RecoverReport:
-    """Scan the queue once and apply (or, with ``dry_run``, only plan) the transitions above."""
-    grace = queue.config.grace if grace is None else grace
+    """Scan the queue once and apply (or, with ``dry_run``, only plan) the transitions above.
+    ``grace``: the age in seconds below which an inbox temp file is left alone, 0 to
+    :data:`MAX_SECONDS` (EINVAL otherwise, before anything is looked at); the queue's own
+    ``grace`` when None."""
+    grace = queue.config.grace if grace is None else _check_grace(grace)
     report = RecoverReport(reconcile=reconcile, dry_run=dry_run)
     found = ev.scan(queue)
     report.ignored = found.ignored

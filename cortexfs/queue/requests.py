@@ -74,6 +74,8 @@ def request_problems(request: object) -> list[str]:
 
 def complete_request(request: Mapping[str, Any], publisher: str | None = None) -> dict[str, Any]:
     """Validate and fill in ``from`` and ``created`` when the publisher left them out."""
+    if publisher is not None and not isinstance(publisher, str):
+        raise TypeError(f"publisher must be a str naming who publishes, not {type(publisher)}")
     problems = request_problems(request)
     if problems:
         raise invalid("invalid request: " + "; ".join(problems))
@@ -137,11 +139,12 @@ def encode_request(
 def _compact_json(value: Any) -> bytes:
     """``value`` as compact JSON in UTF-8; a lone surrogate (which UTF-8 cannot hold) is kept
     as the ``\\uXXXX`` escape it came as, by escaping every non-ASCII character.  EINVAL for
-    NaN and the infinities, which JSON has no spelling for."""
+    what a claimer could not read back (:func:`jsontext.dumps_document`): NaN and the
+    infinities, integers of too many digits, a value that holds itself, nesting too deep."""
     try:
-        return jsontext.dumps_utf8(value, separators=(",", ":"), allow_nan=False)
-    except ValueError:
-        raise not_a_json_number("request", "a NaN or infinite number") from None
+        return jsontext.dumps_document(value, separators=(",", ":"))
+    except jsontext.Unwritable as exc:
+        raise invalid(f"request is not JSON: it {exc}") from None
 
 
 def _with_fields_first(document: bytes, fields: Mapping[str, Any]) -> bytes:
@@ -324,7 +327,11 @@ class ResultOverLimit(CtxError):
 
 def encode_result(result: Mapping[str, Any], limit: int | None) -> bytes:
     """The bytes of a result; :class:`ResultOverLimit` above ``limit`` (None: no limit)."""
-    data = jsontext.dumps_utf8(result, default=str) + b"\n"
+    try:
+        # A worker's result wraps the tool's output, which may be as deep as a reader takes.
+        data = jsontext.dumps_document(result, default=str, max_depth=None) + b"\n"
+    except jsontext.Unwritable as exc:
+        raise invalid(f"the result is not JSON: it {exc}") from None
     if limit is not None and len(data) > limit:
         raise ResultOverLimit(_over_limit("result", len(data), limit, "max_result_bytes"))
     return data
