@@ -598,8 +598,10 @@ def assert_read_well(readings: Readings, *, expect_motion: bool = True) -> None:
     assert problems == [], "\n\n".join(problems[:8])
     assert set(readings.count) == {" ".join(command) for command in READS}, readings.count
     if expect_motion:
+        # The readers saw jobs on their way and jobs that arrived (which of pending and
+        # claimed a fast worker leaves to be seen depends on the machine's load).
         states = {seen.state for seen in readings.seen}
-        assert {"pending", "claimed"} <= states and states & set(TERMINAL), states
+        assert states & {"pending", "claimed"} and states & set(TERMINAL), states
 
 
 # ------------------------------------------------------------------------------ settling
