@@ -240,9 +240,12 @@ def _is_whole_result(document: Any) -> bool:
 _RESULT_FIELDS = frozenset({"status", "output", "worker", "started", "finished"})
 
 
-def ttl_option(help_text: str, check: Callable[[float], float] = check_ttl) -> Callable[[F], F]:
+def ttl_option(
+    help_text: str, check: Callable[[float], float] = check_ttl, least: float = 0.0
+) -> Callable[[F], F]:
     """``--ttl SECONDS``, checked while click parses (:func:`check_ttl`, or ``check``): a
-    lease lifetime that cannot make a date is a usage error before any job moves."""
+    lease lifetime that cannot make a date is a usage error before any job moves.  The
+    range ``--help`` shows starts above 0, or at ``least`` when ``check`` asks for that."""
 
     def checked(_ctx: click.Context, _param: click.Parameter, ttl: float | None) -> float | None:
         try:
@@ -250,9 +253,8 @@ def ttl_option(help_text: str, check: Callable[[float], float] = check_ttl) -> C
         except CtxError as exc:
             raise click.BadParameter(exc.message) from None
 
-    return click.option(
-        "--ttl", type=Seconds(min=0, min_open=True), callback=checked, help=help_text
-    )
+    seconds = Seconds(min=least, min_open=not least)
+    return click.option("--ttl", type=seconds, callback=checked, help=help_text)
 
 
 # A pid Linux can give: 1 to PID_MAX_LIMIT (2**22); a larger number names no process, ever.

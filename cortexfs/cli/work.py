@@ -45,7 +45,7 @@ from cortexfs.cli.queue import (
 )
 from cortexfs.errors import CtxError
 from cortexfs.printable import printable
-from cortexfs.queue.holder import check_worker_ttl
+from cortexfs.queue.holder import MIN_WORKER_LEASE_TTL, check_worker_ttl
 from cortexfs.worker.stop_signals import EarlyStop
 
 if TYPE_CHECKING:
@@ -211,6 +211,7 @@ def worker_options(fn: F) -> F:
             "Lease lifetime in seconds, at least 1 (default: the queue's lease_ttl); renewed "
             "every third of it while a job runs.",
             check_worker_ttl,
+            least=MIN_WORKER_LEASE_TTL,
         ),
         worker_id_option("Worker id recorded in leases (default: HOST:PID)."),
     )

@@ -444,6 +444,7 @@ class Worker:
         self.summary = WorkerSummary()
         self.stopping = threading.Event()
         self.abort = threading.Event()
+        self.interrupted = False  # a ^C came: the next one aborts (docs/workers.md, Signals)
         self.wakeup = Wakeup()
         self._claimed = 0
         self._count_lock = threading.Lock()
@@ -465,14 +466,16 @@ class Worker:
             self.stop(signal.Signals(signum).name)
 
         def on_int(signum: int, frame: object) -> None:
-            if self.stopping.is_set():
+            if self.interrupted:
                 self.summary.aborted = True
                 self.abort.set()
                 self.executor.abort_running()
                 return
-            # Stopping first: the notice below may wait for a reader that stopped reading
-            # (``| less``), and a second ^C meanwhile runs this handler again, inside that
-            # write; it must find the worker stopping, and abort.
+            # A first ^C, also after a SIGTERM or a failure stopped the worker: the running
+            # jobs finish; only a second one aborts them.  Noted first: the notice below may
+            # wait for a reader that stopped reading (``| less``), and a second ^C meanwhile
+            # runs this handler again, inside that write; it must find the first, and abort.
+            self.interrupted = True
             self.stop("SIGINT")
             try:
                 self.listener("interrupt", {"message": "finishing running jobs; ^C again aborts"})
@@ -500,7 +503,7 @@ class Worker:
             # other workers): the first claim reads a name instead of listing pending/, and
             # workers started side by side are handed different jobs instead of racing for one.
             queue.claim_order = HintedClaimOrder(queue.path)
-            ttl = check_worker_ttl(self.options.lease_ttl or queue.config.lease_ttl)
+            ttl = self._lease_ttl(queue)
             keeper = LeaseKeeper(
                 queue,
                 holder,
@@ -546,6 +549,20 @@ class Worker:
             self.summary.left_pending = still_pending(queue, self.summary.left_pending)
         self.listener("stop", self.summary.to_json())
         return self.summary
+
+    def _lease_ttl(self, queue: Queue) -> float:
+        """The lifetime of this worker's leases: ``--ttl``, else the queue's ``lease_ttl``;
+        EINVAL saying which, when a worker cannot keep it renewed."""
+        if self.options.lease_ttl:
+            return check_worker_ttl(self.options.lease_ttl)
+        try:
+            return check_worker_ttl(queue.config.lease_ttl)
+        except CtxError as exc:
+            raise CtxError(
+                exc.errno,
+                f"{exc.message}; it is the lease_ttl of {queue.path}/config: set lease_ttl "
+                "to 1 or more there, or give this worker --ttl",
+            ) from None
 
     def _require_same_root(self) -> None:
         """Before each claim: the storage root's path still names the directory the worker
