@@ -136,7 +136,7 @@ def _items(items: object, instance: object, path: Path, found: list[Problem], _:
 
 def _enum(choices: list[Any], instance: object, path: Path, found: list[Problem], _: Any) -> None:
     if not any(_json_equal(choice, instance) for choice in choices):
-        found.append((path, f"{show(instance)} is not one of {choices!r}"))
+        found.append((path, f"{show(instance)} is not one of {show(choices)}"))
 
 
 def _const(value: object, instance: object, path: Path, found: list[Problem], _: Any) -> None:
@@ -180,7 +180,8 @@ def _json_equal(one: object, other: object) -> bool:
 
 
 def show(instance: object) -> str:
-    """``instance`` as a message quotes it: its repr, cut to 80 characters."""
+    """``instance`` (or a keyword's value, an enum's choices) as a message quotes it: its
+    repr, cut to 80 characters."""
     text = repr(instance)
     return text if len(text) <= 80 else text[:77] + "..."
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from cortexfs import jsontext
 from cortexfs.errors import invalid
 from cortexfs.tools import schema_subset
-from cortexfs.tools.schema_references import reference_problem
+from cortexfs.tools.schema_references import reference_problems
 
 if TYPE_CHECKING:
     from jsonschema.exceptions import ValidationError
@@ -37,11 +37,18 @@ def schema_problems(schema: object, what: str) -> list[str]:
         return [f"{what} holds {character!r}, a lone surrogate, which is no character"]
     if schema_subset.well_formed(schema):
         return []  # the common keywords only: no reference to resolve
+    declared = schema.get("$schema", "")
+    if not isinstance(declared, str):
+        # Which draft applies is read from it: anything but a URI names none.
+        return [
+            f"{what} is not a valid JSON Schema: $schema must be a string naming a draft's "
+            f"meta-schema (a URI), not {type(declared).__name__}"
+        ]
     text = _canonical(schema)
     problems = [f"{what} is not a valid JSON Schema: {problem}" for problem in _meta_problems(text)]
-    reference = None if problems else reference_problem(schema, what)
-    if problems or reference:
-        return problems + ([reference] if reference else [])
+    problems += reference_problems(schema, what)
+    if problems:
+        return problems
     endless = _endless(text)
     return [f"{what} cannot be applied: {endless}"] if endless else []
 
@@ -94,12 +101,16 @@ def instance_problems(schema: Mapping[str, Any], instance: object) -> list[str]:
     common = schema_subset.problems(schema, instance)
     if common is not None:
         return [f"{_where(path)}{message}" for path, message in common]
+    from referencing.exceptions import Unresolvable
+
     try:
         errors = list(_validator(_canonical(schema)).iter_errors(instance))
     except RecursionError:
         raise UnusableSchema(
             "it refers to itself without end (a $ref cycle that consumes nothing)"
         ) from None
+    except Unresolvable as exc:  # a schema installed before its references were checked
+        raise UnusableSchema(f"a reference of it does not resolve: {exc}") from None
     return [
         f"{_where(tuple(error.absolute_path))}{brief_message(error)}"
         for error in sorted(errors, key=_document_order)
@@ -107,10 +118,13 @@ def instance_problems(schema: Mapping[str, Any], instance: object) -> list[str]:
 
 
 def brief_message(error: ValidationError) -> str:
-    """jsonschema's message, with the value it quotes cut short as the common checks cut it:
-    a description of 200 KB would otherwise be repeated whole in the refusal."""
-    quoted = repr(error.instance)
-    return error.message.replace(quoted, schema_subset.show(error.instance), 1)
+    """jsonschema's message, with the values it quotes (the input's, and the keyword's: an
+    enum's choices) cut short as the common checks cut them: a description of 200 KB, or an
+    enum of 30 000 names, would otherwise be repeated whole in the refusal."""
+    message = error.message
+    for quoted in (error.instance, error.validator_value):
+        message = message.replace(repr(quoted), schema_subset.show(quoted), 1)
+    return message
 
 
 def validate_input(schema: Mapping[str, Any], instance: object, tool: str) -> None:
