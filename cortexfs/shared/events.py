@@ -44,10 +44,18 @@ EVENT_START = b'{"ts":'
 _READ_CHUNK = 64 * 1024
 
 
+# An event carries a tool's input or output, each at most jsontext.MAX_DEPTH deep, a few
+# levels down: room for them, and far from the interpreter's recursion limit.  Readers take
+# no deeper line, so none is written (:func:`encode_event`).
+MAX_EVENT_DEPTH = 2 * jsontext.MAX_DEPTH
+
+
 def make_event(
     event_type: str, *, agent: str, session: str, object: str, status: str, **facts: Any
 ) -> dict[str, Any]:
-    """An event of the minimal shape of S-2 (in that key order) plus extra facts."""
+    """An event of the minimal shape of S-2 (in that key order) plus extra facts.  A fact
+    named ``ts`` or ``type`` is a TypeError, as one named ``agent`` is: the timestamp and the
+    type are what the event is made with, never replaced by a fact."""
     event = {
         "ts": rfc3339(),
         "type": event_type,
@@ -56,19 +64,37 @@ def make_event(
         "object": object,
         "status": status,
     }
+    replaced = [key for key in ("ts", "type") if key in facts]
+    if replaced:
+        raise TypeError(
+            f"make_event() got a fact named {replaced[0]!r}, which the event is made with "
+            "(S-2); give that fact another name"
+        )
     event.update(facts)
     return event
 
 
 def encode_event(event: Mapping[str, Any]) -> bytes:
-    """One compact JSON line; EINVAL unless ``ts`` comes first, EFBIG when it is too long.
+    """One compact JSON line; EINVAL unless ``ts`` comes first or when no reader would take
+    the line back (:func:`parse_event_line`), EFBIG when it is too long.
 
     An event holding a lone surrogate is written all escaped, so it is recorded as it came
     rather than refused (:func:`cortexfs.jsontext.dumps_utf8`).
     """
     if next(iter(event), None) != "ts":
         raise invalid("an event's first key must be 'ts' (readers resynchronise on it)")
-    line = jsontext.dumps_utf8(event, separators=(",", ":"), default=str)
+    try:
+        # As strictly as readers parse a line: NaN, an infinity, an integer of more digits
+        # than Python reads or nesting past MAX_EVENT_DEPTH would be a line every reader
+        # skips as damaged, after the appender reported the event recorded.
+        line = jsontext.dumps_document(
+            event, separators=(",", ":"), default=str, max_depth=MAX_EVENT_DEPTH
+        )
+    except jsontext.Unwritable as exc:
+        raise invalid(
+            f"the event {exc}, so readers would skip its line as damaged; it was not "
+            "recorded: give that fact as text, or summarise it"
+        ) from None
     if len(line) >= MAX_EVENT_BYTES:
         raise too_big(f"an event of {len(line)} bytes exceeds {MAX_EVENT_BYTES}; summarise it")
     return line + b"\n"
@@ -84,7 +110,7 @@ class EventLog:
 
     def __init__(
         self,
-        path: Path,
+        path: str | os.PathLike[str],
         *,
         mode: int = 0o640,
         owner: Ownership | None = None,
@@ -92,10 +118,11 @@ class EventLog:
         dir_fd: int | None = None,
         create: bool = True,
     ) -> None:
-        """Open ``path``; with ``dir_fd`` (which stays the caller's), its name in that directory.
-        Without ``create``, a missing log is FileNotFoundError (a tool's log is a control its
-        installation makes, never a call)."""
-        self.path = path
+        """Open ``path`` (a str or a path-like object, as the readers take it); with ``dir_fd``
+        (which stays the caller's), its name in that directory.  Without ``create``, a missing
+        log is FileNotFoundError (a tool's log is a control its installation makes, never a
+        call)."""
+        path = self.path = Path(path)
         self._ops = ops or durable.default_ops()
         self._threads = threading.Lock()  # guards _appending and the descriptor's flock
         self._appending = 0  # threads of this process between their lock and their unlock
@@ -226,7 +253,7 @@ class EventLog:
 
 
 def append_event(
-    path: Path,
+    path: str | os.PathLike[str],
     event: Mapping[str, Any],
     *,
     durable_event: bool = False,
@@ -396,11 +423,6 @@ def scan_lines(data: bytes, *, offset: int = 0, first_line: int = 1) -> EventSca
     return scan
 
 
-# An event carries a tool's input or output, each at most jsontext.MAX_DEPTH deep, a few
-# levels down: room for them, and far from the interpreter's recursion limit.
-_MAX_DEPTH = 2 * jsontext.MAX_DEPTH
-
-
 def parse_event_line(raw: bytes) -> dict[str, Any] | None:
     """The event on one line, resynchronising past a torn fragment glued in front of it.
 
@@ -413,7 +435,7 @@ def parse_event_line(raw: bytes) -> dict[str, Any] | None:
             # a line nested past the interpreter's recursion would end the reader.  Decoded
             # here, as UTF-8: json.loads would take bytes holding NULs for UTF-16.
             text = raw[start:].decode()
-            event = jsontext.loads_strict(text, unique_names=False, max_depth=_MAX_DEPTH)
+            event = jsontext.loads_strict(text, unique_names=False, max_depth=MAX_EVENT_DEPTH)
         except ValueError:
             event = None
         if isinstance(event, dict) and "ts" in event:

@@ -24,9 +24,10 @@ from typing import Any, NamedTuple
 
 from cortexfs import durable
 from cortexfs.errors import CtxError, invalid, not_found
-from cortexfs.names import check_object_name, is_decimal, is_object_name
+from cortexfs.names import MAX_ID, check_object_name, decimal_value, is_decimal, is_object_name
 from cortexfs.shared.events import EVENTS_FILE, EventLog, make_event
 from cortexfs.shared.tree import Ownership, ensure_directories, ensure_home, open_beneath
+from cortexfs.storage import check_space_name
 
 DEFAULT_SESSION = "default"
 HOME_SESSION_MODE = 0o700  # the agent's own: agents sharing a group read none of it
@@ -54,7 +55,7 @@ class SessionRef(_SessionPlace):
 
     def __new__(
         cls,
-        root: Path,
+        root: str | os.PathLike[str],
         agent: str,
         name: str = DEFAULT_SESSION,
         uid: int | None = None,
@@ -66,16 +67,22 @@ class SessionRef(_SessionPlace):
             raise invalid("a session lives either in a home (uid) or in a shared space")
         if space is not None:
             check_object_name(space, "shared space")
-        if uid is not None and uid < 0:
-            raise invalid(f"{uid} is not a uid")
-        return super().__new__(cls, root, agent, name, uid, space)
+        if uid is not None and not _is_uid(uid):
+            # Refused here, before open_session makes home/<uid>/: a float or a bool would
+            # name a directory (home/1.5, home/True) that no user's home is.
+            raise invalid(f"{uid!r} is not a uid (an integer from 0 to {MAX_ID})")
+        return super().__new__(cls, Path(root), agent, name, uid, space)
 
     @classmethod
-    def home(cls, root: Path, uid: int, agent: str, name: str = DEFAULT_SESSION) -> SessionRef:
+    def home(
+        cls, root: str | os.PathLike[str], uid: int, agent: str, name: str = DEFAULT_SESSION
+    ) -> SessionRef:
         return cls(root, agent, name, uid=uid)
 
     @classmethod
-    def shared(cls, root: Path, space: str, agent: str, name: str = DEFAULT_SESSION) -> SessionRef:
+    def shared(
+        cls, root: str | os.PathLike[str], space: str, agent: str, name: str = DEFAULT_SESSION
+    ) -> SessionRef:
         return cls(root, agent, name, space=space)
 
     @property
@@ -152,10 +159,16 @@ def open_session(
     """Open ``ref`` for recording, creating its directories and ``events.jsonl`` if missing.
 
     ``owner`` is the agent's uid and gid, given to what is created in its home (as root).  A
-    shared session needs its space to exist already (``ctx shared create``): ENOENT otherwise.
+    shared session needs its space to exist already (``ctx shared create``): ENOENT otherwise,
+    and EINVAL in the manual bundle, which is no space (X-2).
     """
     ops = ops or durable.default_ops()
     if ref.space is not None:
+        # X-2: shared/cortexfs-docs is the manual bundle, no space; a session opened there
+        # would write in it.  Refused where sessions are made, not in SessionRef, which only
+        # names a place: 'ctx run --project cortexfs-docs' is refused by the chain (EACCES,
+        # exit 126) before it opens any.
+        check_space_name(ref.space, "shared space")
         mode, events_mode = SHARED_MODE, SHARED_EVENTS_MODE
         owner = Ownership(owner.uid, -1) if owner else None
     else:
@@ -191,6 +204,10 @@ def open_session_directory(ref: SessionRef, ops: durable.FsOps | None = None) ->
     link or not a directory.
     """
     return open_beneath(ops or durable.default_ops(), ref.root, ref.relative.parts)
+
+
+def _is_uid(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_ID
 
 
 def _require_agents_own(ref: SessionRef, uid: int) -> None:
@@ -241,7 +258,10 @@ def homes_with_sessions(root: Path, agent: str) -> list[int]:
         names = os.listdir(root / "home")
     except (FileNotFoundError, NotADirectoryError):
         return []
-    uids = sorted(int(name) for name in names if is_decimal(name))
+    # Only names SessionRef takes for a uid: a home/4294967295 (or one of hundreds of digits)
+    # made by hand is no user's home, and must not end the listing of the others.
+    values = (decimal_value(name) for name in names if is_decimal(name))
+    uids = sorted(uid for uid in values if _is_uid(uid))
     return [uid for uid in uids if _is_dir(SessionRef.home(root, uid, agent).path.parent)]
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import json
 import os
 import stat
 import time
@@ -58,6 +59,18 @@ def request_facts(
     else:
         facts["input"] = bounded_summary(input_value)
     return facts
+
+
+def text_of_input(input_value: Any, problem: str) -> str:
+    """The text a call's record gives for an input no strict reader could take back (NaN, an
+    integer of more digits than Python reads, a value holding itself; ``problem`` says which,
+    to follow ``it``), so that its ``tool_call`` is a line readers read: its summary, secrets
+    redacted, as Python's json writes it (``NaN``, ``Infinity``), or the problem where not even
+    that can be written."""
+    try:
+        return json.dumps(summarize(input_value), default=str)
+    except ValueError:  # an integer of more digits than Python writes
+        return f"[an input that {problem.removeprefix('it ')}]"
 
 
 def result_facts(result: ToolResult, called_with: Any = None) -> dict[str, Any]:

@@ -4,8 +4,9 @@ A call passes these stages in order; the first that refuses ends it, and the res
 that stage (and, for the authority chain, the denying step):
 
 =========  ===================================================================================
-caller     only the host administrator — root, or the owner of the storage root — may run a
-           tool as an agent: nobody else can claim an agent identity
+caller     the call's own arguments hold (a timeout is seconds; a relative root is made
+           absolute); only the host administrator — root, or the owner of the storage root —
+           may run a tool as an agent: nobody else can claim an agent identity
 agent      the agent exists and has an identity
 session    the session is opened; ``tool_call`` is recorded.  The call writes its events
            there, so a session in a shared space needs ``shared:<space> write`` through the
@@ -51,7 +52,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from cortexfs import capabilities, user_namespace
+from cortexfs import capabilities, jsontext, user_namespace
+from cortexfs.absolute_paths import absolute
 from cortexfs.agents.host import require_host_administrator, require_no_groups_beyond
 from cortexfs.agents.projection import RecentDecisions
 from cortexfs.agents.view import AgentView
@@ -71,7 +73,7 @@ from cortexfs.policy.chain import AuthorityRequest, Decision, Step
 from cortexfs.process_limits import no_process_could_be_made
 from cortexfs.shared.sessions import Session, SessionRef, open_session
 from cortexfs.shared.tree import Ownership
-from cortexfs.timefmt import rfc3339
+from cortexfs.timefmt import MAX_SECONDS, rfc3339
 from cortexfs.tools import hooks, record
 from cortexfs.tools.commit_marker import file_identity, read_one_version
 from cortexfs.tools.controls import (
@@ -119,7 +121,7 @@ class UnreadableInput(NamedTuple):
 
 
 def run_native(
-    root: Path,
+    root: str | os.PathLike[str],
     agent: str,
     tool: str,
     input_value: Any,
@@ -136,6 +138,11 @@ def run_native(
     Only a result that cannot be recorded durably (a full disk…) raises, as an OSError, and an
     interrupt (KeyboardInterrupt, :class:`~cortexfs.interrupts.Stopped`) goes on once the call's
     ``tool_result`` is recorded.
+    ``root``, a path (a relative one is taken from the current directory once, as the call
+    starts); anything else is a TypeError.  An input JSON cannot hold as it is (NaN, an
+    integer of more digits than Python reads, a set…) is refused at stage ``schema`` as input
+    that is not JSON is.  ``timeout`` is seconds above 0 and at most a year and a day, or
+    None for none: anything else is refused (EINVAL) before anything is recorded.
     ``session`` is a :class:`SessionRef`, the name of a session in the agent's home, or None
     for its home session ``default``.  ``observer`` receives the frames of docs/tools.md as
     they happen: ``call`` when the tool starts, ``stderr`` per line, ``result`` at the end.
@@ -163,11 +170,11 @@ def run_native(
         interrupted=interrupted,
         may_start=may_start,
     )
-    return call.execute(input_value, None)
+    return call.execute(_json_input(input_value), None)
 
 
 def run_terminal(
-    root: Path,
+    root: str | os.PathLike[str],
     agent: str,
     tool: str,
     argv: list[str],
@@ -201,7 +208,7 @@ class _Call:
 
     def __init__(
         self,
-        root: Path,
+        root: str | os.PathLike[str],
         agent: str,
         tool: str,
         mode: str,
@@ -213,7 +220,10 @@ class _Call:
         interrupted: Callable[[], bool] | None = None,
         may_start: Callable[[], str | None] | None = None,
     ) -> None:
-        self.root, self.agent, self.tool_name, self.mode = root, agent, tool, mode
+        # Made absolute at stage caller (a relative root would name another tree in the
+        # agent's working directory, where the tool starts); a Path at once, so that what is
+        # no path is the caller's TypeError, not the call's failure.
+        self.root, self.agent, self.tool_name, self.mode = Path(root), agent, tool, mode
         self.requested_session, self.timeout, self.observer = session, timeout, observer
         # When the pre-hooks start, the call's timeout starts too: pre-hooks and the tool share
         # it (W-4: a job that exceeds it is finished as failed, however the time went).
@@ -318,6 +328,9 @@ class _Call:
     # ---------------------------------------------------------------------------- stages
 
     def _admit_caller(self) -> None:
+        with self._stage("caller"):
+            self.root = _absolute_root(self.root)
+            _check_timeout(self.timeout)
         with self._stage("caller", Step.CREDENTIALS):
             require_host_administrator(self.root, "run a tool as an agent")
         with self._stage("agent"):
@@ -380,7 +393,12 @@ class _Call:
                 if isinstance(input_value, UnreadableInput):
                     raise invalid(f"the input is not JSON: {input_value.problem}")
                 try:
-                    validate_input(self.controls.schema, input_value, self.tool_name)
+                    # Within the call's time: a pattern that may backtrack for ever is then
+                    # applied in a child process (cortexfs.tools.schema_patterns), rather than
+                    # here, where it would hold every thread of a worker.
+                    validate_input(
+                        self.controls.schema, input_value, self.tool_name, within=self.timeout
+                    )
                 except UnusableSchema as unusable:
                     assert self.tool is not None
                     reason = f"the schema control cannot be applied: {unusable}"
@@ -853,6 +871,59 @@ def _session_ref(root: Path, view: AgentView, requested: SessionRef | str | None
     if requested is None:
         return SessionRef.home(root, view.identity.uid, view.name)
     return SessionRef.home(root, view.identity.uid, view.name, requested)
+
+
+def _absolute_root(root: Path) -> Path:
+    """``root`` made absolute once, as the call starts: the tool and its hooks start in the
+    agent's working directory, where a relative path to their executables would name another
+    file, or none."""
+    try:
+        return Path(absolute(root))
+    except FileNotFoundError:
+        raise not_found(
+            f"the storage root {root} is relative, and the current directory it is taken from "
+            "was removed; give the root as an absolute path"
+        ) from None
+
+
+def _check_timeout(timeout: object) -> None:
+    """EINVAL unless ``timeout`` is None (no timeout) or seconds above 0 and at most
+    :data:`~cortexfs.timefmt.MAX_SECONDS`, the bounds of ``ctx run --timeout``: NaN compares
+    false with every bound, and a str or a bool is no number of seconds, each of which would
+    fail the call only once its pre-hooks or its tool ran."""
+    if timeout is None:
+        return
+    remedy = (
+        f"give seconds above 0 and at most {MAX_SECONDS:.0f} (a year and a day), or None for "
+        "no timeout; the tool did not run"
+    )
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float):
+        raise invalid(f"timeout is a {type(timeout).__name__}, not a number of seconds: {remedy}")
+    if not 0 < timeout <= MAX_SECONDS:
+        # An int of thousands of digits is not repeated in full (nor can be past 4300).
+        big = isinstance(timeout, int) and abs(timeout) >= 10**40
+        shown = "of over 40 digits" if big else repr(timeout)
+        raise invalid(f"timeout {shown} is not a number of seconds the call can take: {remedy}")
+
+
+def _json_input(input_value: Any) -> Any:
+    """``input_value``, or an :class:`UnreadableInput` when no strict reader could take it back
+    as it is: NaN or an infinity, an integer of more digits than Python reads, a value that
+    holds itself, nesting deeper than :data:`~cortexfs.jsontext.MAX_DEPTH`, a value JSON has
+    none for (a set, an object).  docs/tools.md refuses such input at stage ``schema``, as
+    input that is not JSON; recorded as it is, its ``tool_call`` would be a line every reader
+    of the session skips as damaged (S-2), so it is recorded as text."""
+    if isinstance(input_value, UnreadableInput):
+        return input_value
+    try:
+        jsontext.dumps_document(input_value)
+    except jsontext.Unwritable as exc:
+        problem = f"it {exc}"
+    except TypeError as exc:  # json's words: "Object of type set is not JSON serializable"
+        problem = f"it holds a value JSON has none for ({exc})"
+    else:
+        return input_value
+    return UnreadableInput(record.text_of_input(input_value, problem), problem)
 
 
 _ADMISSIONS = 3  # a tool reinstalled during each of them is being reinstalled in a loop

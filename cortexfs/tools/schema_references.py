@@ -37,12 +37,12 @@ def reference_problems(schema: Any, what: str) -> list[str]:
     id_keywords = ("$id", "id") if old_draft else ("$id",)
     anchors = {
         node[keyword]
-        for node, _ in _schemas(schema)
+        for node, _ in schema_nodes(schema)
         for keyword in _ANCHORS
         if isinstance(node.get(keyword), str)
     }
     problems = []
-    for node, top in _schemas(schema):
+    for node, top in schema_nodes(schema):
         for keyword in id_keywords:
             if isinstance(node.get(keyword), str) and not top:
                 problems.append(
@@ -77,7 +77,7 @@ def _endless_reference(schema: Any, anchors: set[str]) -> str | None:
     when there is none.  Iterative (a depth-first walk with an explicit stack)."""
     visiting: set[int] = set()
     done: set[int] = set()
-    for start, _ in _schemas(schema):
+    for start, _ in schema_nodes(schema):
         if id(start) in done:
             continue
         stack: list[tuple[dict[str, Any], Iterator[tuple[str | None, Any]]]] = [
@@ -119,7 +119,7 @@ def _in_place_steps(
                 yield None, subschema
 
 
-def _schemas(schema: Any) -> Iterator[tuple[dict[str, Any], bool]]:
+def schema_nodes(schema: Any) -> Iterator[tuple[dict[str, Any], bool]]:
     """Every object of ``schema`` that is read as a schema, and whether it is the top."""
     pending: list[tuple[Any, bool]] = [(schema, True)]
     while pending:
@@ -156,7 +156,7 @@ def _target(schema: Any, fragment: str, anchors: set[str]) -> Any:
 
 def _anchored(schema: Any, anchor: str) -> Any:
     """The node of ``schema`` that declares ``anchor``."""
-    for node, _ in _schemas(schema):
+    for node, _ in schema_nodes(schema):
         if anchor in (node.get(keyword) for keyword in _ANCHORS):
             return node
     return None

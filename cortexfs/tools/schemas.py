@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from cortexfs import jsontext
 from cortexfs.errors import invalid
-from cortexfs.tools import schema_subset
+from cortexfs.tools import schema_patterns, schema_subset
 from cortexfs.tools.schema_references import reference_problems
 
 if TYPE_CHECKING:
@@ -95,9 +95,19 @@ def _endless(schema_text: str) -> str | None:
     return None
 
 
-def instance_problems(schema: Mapping[str, Any], instance: object) -> list[str]:
+def instance_problems(
+    schema: Mapping[str, Any], instance: object, *, within: float | None = None
+) -> list[str]:
     """Every reason ``instance`` fails ``schema``, in document order; empty when it passes.
-    :class:`UnusableSchema` when the schema cannot be applied to it."""
+    :class:`UnusableSchema` when the schema cannot be applied to it.  ``within``: the
+    seconds the check may take, when a pattern of the schema may backtrack for ever
+    (:mod:`cortexfs.tools.schema_patterns`: then judged in a child process, ETIMEDOUT past
+    them); None judges here, however long it takes."""
+    if within is not None and schema_patterns.may_backtrack(_canonical(schema)):
+        verdict = schema_patterns.judged_within(_canonical(schema), instance, within)
+        if "unusable" in verdict:
+            raise UnusableSchema(verdict["unusable"])
+        return list(verdict["problems"])
     common = schema_subset.problems(schema, instance)
     if common is not None:
         return [f"{_where(path)}{message}" for path, message in common]
@@ -127,9 +137,12 @@ def brief_message(error: ValidationError) -> str:
     return message
 
 
-def validate_input(schema: Mapping[str, Any], instance: object, tool: str) -> None:
-    """EINVAL naming the first violation when ``instance`` is not a valid input of ``tool``."""
-    problems = instance_problems(schema, instance)
+def validate_input(
+    schema: Mapping[str, Any], instance: object, tool: str, *, within: float | None = None
+) -> None:
+    """EINVAL naming the first violation when ``instance`` is not a valid input of ``tool``;
+    ``within`` as for :func:`instance_problems`."""
+    problems = instance_problems(schema, instance, within=within)
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         raise invalid(f"input does not match the schema of {tool}: {problems[0]}{more}")

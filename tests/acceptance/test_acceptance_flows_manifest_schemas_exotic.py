@@ -667,11 +667,6 @@ def backtracking_tool(world: World, name: str) -> bool:
     return True
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="T-3: ctx run --native --timeout 1 spins in the schema stage for minutes on a "
-    "backtracking pattern: the timeout starts only after the schema is judged",
-)
 def test_a_backtracking_pattern_does_not_hang_a_native_call(world: World) -> None:
     """T-3, docs/tools.md (``--timeout``): a pattern that backtracks on the input must give a
     bounded answer - refused at install, or the call ended (a refusal, ETIMEDOUT) well within
@@ -686,11 +681,6 @@ def test_a_backtracking_pattern_does_not_hang_a_native_call(world: World) -> Non
     assert json.loads(r.lines()[-1])["status"] == "error", r
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="W-4: a queue job whose input backtracks on its schema's pattern is not bounded by "
-    "--timeout: the worker spins in the schema stage, the job stays claimed",
-)
 def test_a_backtracking_pattern_does_not_hang_a_worker_past_its_job_timeout(
     world: World,
 ) -> None:

@@ -605,11 +605,6 @@ def test_session_refs_refuse_illegal_names_and_uids_and_make_nothing(storage: Pa
     assert after == before
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="S-1: SessionRef.home(root, 1.5, …) leaves home/1.5/ behind after its TypeError, "
-    "and uid True makes a home named home/True/",
-)
 @pytest.mark.parametrize("uid", ["1.5", "True"])
 def test_a_uid_that_is_no_integer_makes_no_home(storage: Path, uid: str) -> None:
     """S-1: a session lives in ``home/<uid>/``; a uid that is a float or a bool is refused
@@ -628,11 +623,6 @@ def test_a_uid_that_is_no_integer_makes_no_home(storage: Path, uid: str) -> None
     assert out["raised"] in ("CtxError", "TypeError", "ValueError"), out
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="X-2: SessionRef.shared(root, 'cortexfs-docs', …) is accepted and open_session "
-    "makes agent/<a>/session/<s>/events.jsonl inside the manual bundle",
-)
 def test_no_session_is_made_in_the_manual_bundle(storage: Path) -> None:
     """X-2: ``shared/cortexfs-docs`` is the manual bundle, never a shared space; a session
     there is refused with EINVAL, as ``ctx shared create`` and ``ctx queue init`` refuse the
@@ -706,11 +696,6 @@ def test_a_closed_session_refuses_to_record_and_appends_nothing(storage: Path) -
     assert out["events"] == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="S-2: Session.record() of a NaN, an infinity or a value nested 300 deep appends a "
-    "line that every reader then skips as damaged, and reports it recorded",
-)
 @pytest.mark.parametrize("value", ["math.nan", "[math.inf]", "json.loads('[' * 300 + ']' * 300)"])
 def test_a_recorded_event_is_one_every_reader_takes(storage: Path, value: str) -> None:
     """S-2, S-5: what ``record`` returns from was appended as one event readers read back;
@@ -738,11 +723,6 @@ def test_a_recorded_event_is_one_every_reader_takes(storage: Path, value: str) -
         assert out["events"] == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="S-2: Session.record(…, ts='bogus') replaces the event's timestamp with 'bogus' "
-    "(while agent= or session= are a TypeError)",
-)
 def test_a_fact_named_ts_does_not_replace_the_events_timestamp(storage: Path) -> None:
     """S-2: every event starts with ``ts``, RFC 3339 in UTC, set by the recorder; a fact
     named ``ts`` is refused as a fact named ``agent`` is, never written over it."""
@@ -762,11 +742,6 @@ def test_a_fact_named_ts_does_not_replace_the_events_timestamp(storage: Path) ->
     assert out["got"]["raised"] in ("TypeError", "CtxError"), out
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="S-5: EventLog(str) and append_event(str, …) fail with AttributeError \"'str' "
-    "object has no attribute 'parent'\", where read_events(str) reads the same file",
-)
 def test_event_logs_take_a_str_path_as_the_readers_do(storage: Path) -> None:
     """S-5 (docs/sessions.md: ``EventLog(path)``, ``append_event(path, event, …)``): a path
     given as a str is appended to, as ``read_events`` reads one, or refused with a
@@ -857,11 +832,6 @@ def test_run_native_returns_a_refusal_for_bad_names_inputs_and_sessions(
     session_lines(agent_root, "bad-args")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="T-3: run_native(str root, …) returns EIO at stage session naming an internal "
-    "error (\"TypeError: unsupported operand type(s) for /: 'str' and 'str'\")",
-)
 def test_run_native_takes_a_str_root(agent_root: Path) -> None:
     """T-3: the storage root given as a str runs the call as a ``Path`` would, or is refused
     as EINVAL; not reported as an I/O error (EIO) from an internal exception."""
@@ -877,11 +847,6 @@ def test_run_native_takes_a_str_root(agent_root: Path) -> None:
     assert out["ok"] or out["errno"] == 22, out
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="T-3: run_native with a relative root records the call, then fails at stage run "
-    "with 'ENOENT: cannot start st/tool/shell.exec', a path that exists from the caller's cwd",
-)
 def test_run_native_with_a_relative_root_runs_the_tool_it_found(agent_root: Path) -> None:
     """T-3, T-7: a root given relative to the caller's working directory names the same tree
     throughout the call: the tool it resolved there is the one that runs (or the root is
@@ -899,11 +864,6 @@ def test_run_native_with_a_relative_root_runs_the_tool_it_found(agent_root: Path
     assert out["ok"], out
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="T-3: run_native(timeout=nan) is EIO 'ValueError: cannot convert float NaN to "
-    "integer' at stage run, timeout='10' EIO 'TypeError…' at stage hook, not EINVAL",
-)
 @pytest.mark.parametrize("timeout", ["math.nan", "'10'"])
 def test_run_native_refuses_a_timeout_that_is_no_number_of_seconds(
     agent_root: Path, timeout: str
@@ -922,11 +882,6 @@ def test_run_native_refuses_a_timeout_that_is_no_number_of_seconds(
     assert "timeout" in out["message"], out
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="T-3: run_native with an input holding a 5001-digit integer raises ValueError "
-    "'Exceeds the limit (4300 digits)…' out of its input summary",
-)
 def test_run_native_does_not_raise_for_an_input_json_cannot_write(agent_root: Path) -> None:
     """T-3 (docs/tools.md: ``run_native`` never raises for a refused or failed call): an
     input holding an integer of 5 001 digits gives a refused result (EINVAL)."""
@@ -943,11 +898,6 @@ def test_run_native_does_not_raise_for_an_input_json_cannot_write(agent_root: Pa
     session_lines(agent_root, "digits")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="S-2: run_native with a NaN in its input records a tool_call line holding NaN, "
-    "which every session reader skips as damaged, so the call shows only its tool_result",
-)
 def test_a_call_with_nan_in_its_input_leaves_both_events_readable(agent_root: Path) -> None:
     """S-2, T-7: every tool call leaves a ``tool_call`` and a ``tool_result`` that readers
     read back; an input holding NaN is refused (EINVAL) and both its events are JSON."""

@@ -1,0 +1,61 @@
+"""Patterns that may backtrack for ever (cortexfs.tools.schema_patterns): known by their form,
+and an input checked against them in a child process bounded by the call's time."""
+
+from __future__ import annotations
+
+import errno
+import json
+import time
+
+import pytest
+
+from cortexfs.errors import CtxError
+from cortexfs.tools.schema_patterns import may_backtrack
+from cortexfs.tools.schemas import UnusableSchema, instance_problems
+
+
+def text(pattern: str, keyword: str = "pattern") -> str:
+    if keyword == "patternProperties":
+        return json.dumps({"patternProperties": {pattern: {}}})
+    return json.dumps({"properties": {"s": {"type": "string", keyword: pattern}}})
+
+
+@pytest.mark.parametrize(
+    ("pattern", "nested"),
+    [
+        ("^(a+)+$", True),
+        ("^(\\w+\\s?)*$", True),
+        ("(a{1,10})+", True),
+        ("^([a-z0-9-]+\\.)+[a-z]+$", True),  # cannot backtrack for ever, but is of that form
+        ("(\\d{3}-)+", False),  # a fixed count has one way to match
+        ("^[a-z]+$", False),
+        ("(foo|bar)*", False),
+        ("(?:a*+)*", False),  # possessive: gives nothing back
+        ("(unclosed", False),  # not a pattern: the schema's own check refuses it
+    ],
+)
+def test_a_repeat_of_a_repeat_is_known_by_its_form(pattern: str, nested: bool) -> None:
+    assert may_backtrack(text(pattern)) is nested
+    assert may_backtrack(text(pattern, "patternProperties")) is nested
+
+
+def test_an_input_a_pattern_would_backtrack_on_for_ever_is_refused_in_the_time_given() -> None:
+    schema = {"properties": {"s": {"type": "string", "pattern": "^(a+)+$"}}}
+    assert instance_problems(schema, {"s": "aaa"}, within=30) == []
+    assert instance_problems(schema, {"s": "aab"}, within=30) == [
+        "at /s: 'aab' does not match '^(a+)+$'"
+    ]
+    started = time.monotonic()
+    with pytest.raises(CtxError) as refused:
+        instance_problems(schema, {"s": "a" * 40 + "!"}, within=0.5)
+    assert refused.value.errno == errno.ETIMEDOUT
+    assert time.monotonic() - started < 10
+
+
+def test_a_schema_judged_in_the_child_that_cannot_be_applied_says_so() -> None:
+    schema = {
+        "properties": {"s": {"pattern": "^(a+)+$"}, "t": {"$ref": "#/$defs/p"}},
+        "$defs": {"p": {"$ref": "#/$defs/p"}},
+    }
+    with pytest.raises(UnusableSchema):
+        instance_problems(schema, {"t": 1}, within=30)
