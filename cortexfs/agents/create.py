@@ -191,6 +191,8 @@ def create_agent(
             raise
         if not os.path.lexists(directory / request.name):
             raise exists(f"{leftover_controls(request.name)}; nothing was created") from None
+        if not os.path.lexists(directory / f"{request.name}.d"):
+            raise exists(f"{leftover_entry(request.name)}; nothing was created") from None
         raise exists(
             f"{exc.message}: change its controls in agent/{request.name}.d/, or create the "
             "agent under another name"
@@ -214,6 +216,17 @@ def leftover_controls(name: str) -> str:
         f"agent/{name}.d exists without agent/{name}, so it is no agent's controls: left "
         f"when agent/{name} was removed without them, or made by hand; look at what it holds, "
         f"then remove agent/{name}.d to create agent {name}, or create it under another name"
+    )
+
+
+def leftover_entry(name: str) -> str:
+    """What ``agent/<name>`` without ``agent/<name>.d/`` is, and how to settle it: an entry
+    with no controls is no usable agent (no identity, no label), and a create never
+    overwrites it."""
+    return (
+        f"agent/{name} exists but agent/{name}.d does not exist, so it is an agent with no "
+        f"controls: left when agent/{name}.d was removed without it, or made by hand; remove "
+        f"agent/{name} to create agent {name}, or create it under another name"
     )
 
 

@@ -214,6 +214,12 @@ def parse_request(document: object, source: str, storage_root: Path) -> AgentReq
     if not isinstance(document, dict):
         raise RequestError(source, [_describe(error) for error in errors])
     problems = [_describe(error) for error in errors]
+    character = jsontext.lone_surrogate(document)
+    if character is not None:
+        # JSON can spell one ("\ud800"), but no name, path or control file can hold it: the
+        # checks below, which resolve paths and measure names in bytes, are not reached.
+        problems.append(f"the request holds {character!r}, a lone surrogate, which is no character")
+        raise RequestError(source, problems)
     # Every problem at once: what the schema refused is left out of the checks below, which
     # judge the rest of the request as if it were all there is.
     sound = _well_typed(document, errors)
@@ -394,7 +400,9 @@ def _mount_problems(mounts: list[list[str]], storage_root: Path) -> list[str]:
                 f"{mount.name!r}; policy names a mount by the last part of its target"
             )
         seen.setdefault(mount.name, mount.target)
-    size = len(json.dumps([[str(m.source), str(m.target), "rw"] for m in table]))
+    # Measured as the mount control records the sources: as real paths, which a link makes
+    # longer than the path written.
+    size = len(json.dumps([[os.path.realpath(m.source), str(m.target), "rw"] for m in table]))
     if size > MAX_MOUNTS_ENVIRONMENT:
         problems.append(
             f"mount: its {len(table)} mounts take {size} bytes of CTX_MOUNTS, the environment "
