@@ -50,10 +50,18 @@ TOOL_LOG_MODE = 0o640
 
 
 def request_facts(
-    call: str, mode: str, input_value: Any = None, argv: list[str] | None = None
+    call: str,
+    mode: str,
+    input_value: Any = None,
+    argv: list[str] | None = None,
+    job: str | None = None,
 ) -> dict[str, Any]:
-    """The facts of a request that may be logged (S-4)."""
+    """The facts of a request that may be logged (S-4); ``job``, the queue job a worker's
+    call runs, so that the session ties each call to its job even when the worker dies
+    before it records anything of the job's end."""
     facts: dict[str, Any] = {"call": call, "mode": mode}
+    if job is not None:
+        facts["job"] = job
     if argv is not None:
         facts["argv"] = summarize_argv(argv)
     else:

@@ -131,6 +131,7 @@ def run_native(
     observer: Observer | None = None,
     interrupted: Callable[[], bool] | None = None,
     may_start: Callable[[], str | None] | None = None,
+    job: str | None = None,
 ) -> ToolResult:
     """Run ``tool`` as ``agent`` with ``input_value`` as its JSON input (agent native mode).
 
@@ -157,7 +158,8 @@ def run_native(
     interrupted, EINTR at stage ``run``, not as a tool that exited non-zero of its own accord.
     ``may_start`` is asked once more just before the tool's process starts, after the
     pre-hooks: a reason (a worker's claim of the job was lost while they ran) ends the call
-    there, ECANCELED at stage ``run``, the tool never started.
+    there, ECANCELED at stage ``run``, the tool never started.  ``job``: the queue job the
+    call runs (a worker's), recorded in its ``tool_call`` and given to its hooks.
     """
     call = _Call(
         root,
@@ -169,6 +171,7 @@ def run_native(
         observer,
         interrupted=interrupted,
         may_start=may_start,
+        job=job,
     )
     return call.execute(_json_input(input_value), None)
 
@@ -219,7 +222,9 @@ class _Call:
         workspace: Path | None = None,
         interrupted: Callable[[], bool] | None = None,
         may_start: Callable[[], str | None] | None = None,
+        job: str | None = None,
     ) -> None:
+        self.job = job
         # Made absolute at stage caller (a relative root would name another tree in the
         # agent's working directory, where the tool starts); a Path at once, so that what is
         # no path is the caller's TypeError, not the call's failure.
@@ -261,7 +266,7 @@ class _Call:
 
     def execute(self, input_value: Any, argv: list[str] | None) -> ToolResult:
         logged = input_value.text if isinstance(input_value, UnreadableInput) else input_value
-        self.request = record.request_facts(self.call, self.mode, logged, argv)
+        self.request = record.request_facts(self.call, self.mode, logged, argv, self.job)
         self.called_with = logged if argv is None else argv
         try:
             try:

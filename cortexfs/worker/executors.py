@@ -159,6 +159,7 @@ class ToolExecutor:
                 observer=observe,
                 interrupted=control.stopped,
                 may_start=control.may_start,
+                job=job.job,
             )
         finally:
             # Only this call's: a later claim of the job may run its own tool by now.
