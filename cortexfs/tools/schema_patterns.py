@@ -50,9 +50,11 @@ def _patterns(schema: Any) -> Iterator[str]:
 
 
 def _nested_repeat(pattern: str) -> bool:
-    """Whether ``pattern`` holds a repeat that can go round more than once inside another
-    that can, one of them unbounded.  A possessive repeat or an atomic group gives nothing
-    back, so what is inside it counts for nothing."""
+    """Whether ``pattern`` holds, inside a repeat that can go round more than once, a repeat
+    that can too (one of the two unbounded), or, inside an unbounded one, an alternation or
+    an optional part (``^(a|a?)+$``): each gives the repeat more than one way through the
+    same text.  A possessive repeat or an atomic group gives nothing back, so what is inside
+    it counts for nothing."""
     # The parser re itself compiles with, so that what is judged is what re will run.
     from re import _constants as sre
     from re import _parser
@@ -72,11 +74,15 @@ def _nested_repeat(pattern: str) -> bool:
                     if enclosing_unbounded is not None and (unbounded or enclosing_unbounded):
                         return True
                     pending.append((body, unbounded or bool(enclosing_unbounded)))
+                elif least == 0 and enclosing_unbounded:
+                    return True  # an optional part of a repeated one
                 else:
                     pending.append((body, enclosing_unbounded))
             elif op == sre.SUBPATTERN:
                 pending.append((argument[-1], enclosing_unbounded))
             elif op == sre.BRANCH:
+                if enclosing_unbounded:
+                    return True  # an alternation in an unbounded repeat
                 pending.extend((branch, enclosing_unbounded) for branch in argument[1])
             elif op in (sre.ASSERT, sre.ASSERT_NOT):
                 pending.append((argument[1], enclosing_unbounded))

@@ -10,9 +10,12 @@ of schemas.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
-from collections.abc import Mapping
+import sys
+import threading
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from cortexfs import jsontext
@@ -114,10 +117,12 @@ def instance_problems(
     from referencing.exceptions import Unresolvable
 
     try:
-        errors = list(_validator(_canonical(schema)).iter_errors(instance))
+        with _headroom.held():
+            errors = list(_validator(_canonical(schema)).iter_errors(instance))
     except RecursionError:
         raise UnusableSchema(
-            "it refers to itself without end (a $ref cycle that consumes nothing)"
+            "it refers to itself without end (a $ref cycle that consumes nothing), or leads "
+            f"jsonschema deeper than {_RECURSION_FOR_JSONSCHEMA} frames"
         ) from None
     except Unresolvable as exc:  # a schema installed before its references were checked
         raise UnusableSchema(f"a reference of it does not resolve: {exc}") from None
@@ -125,6 +130,40 @@ def instance_problems(
         f"{_where(tuple(error.absolute_path))}{brief_message(error)}"
         for error in sorted(errors, key=_document_order)
     ]
+
+
+class _RecursionHeadroom:
+    """The interpreter's recursion limit raised to ``limit`` while any thread needs it, and
+    the caller's own limit back after the last one (a library caller's limit is its own)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._lock = threading.Lock()
+        self._holders = 0
+        self._callers_limit = 0
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        with self._lock:
+            if self._holders == 0:
+                self._callers_limit = sys.getrecursionlimit()
+                sys.setrecursionlimit(max(self.limit, self._callers_limit))
+            self._holders += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._holders -= 1
+                if self._holders == 0:
+                    sys.setrecursionlimit(self._callers_limit)
+
+
+# jsonschema descends some 25 frames for each level of an input met through references
+# (allOf, anyOf, $ref): an input as deep as any reader takes (jsontext.MAX_DEPTH, 128) needs
+# some 3 200, past Python's default limit of 1 000, and a schema that passed its checks
+# would be called a cycle for it.  Well within an 8 MiB thread stack.
+_RECURSION_FOR_JSONSCHEMA = 6000
+_headroom = _RecursionHeadroom(_RECURSION_FOR_JSONSCHEMA)
 
 
 def brief_message(error: ValidationError) -> str:

@@ -29,7 +29,9 @@ def text(pattern: str, keyword: str = "pattern") -> str:
         ("^([a-z0-9-]+\\.)+[a-z]+$", True),  # cannot backtrack for ever, but is of that form
         ("(\\d{3}-)+", False),  # a fixed count has one way to match
         ("^[a-z]+$", False),
-        ("(foo|bar)*", False),
+        ("^(a|a?)+$", True),  # an optional part of a repeated alternation
+        ("(foo|bar)*", True),  # an alternation in an unbounded repeat, however distinct
+        ("(?:x|y)+z", False),  # one character class to re, not an alternation
         ("(?:a*+)*", False),  # possessive: gives nothing back
         ("(unclosed", False),  # not a pattern: the schema's own check refuses it
     ],

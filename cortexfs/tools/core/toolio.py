@@ -192,8 +192,14 @@ def check_input(tool: str, schema: Mapping[str, Any], request: dict[str, Any]) -
     finer rules of a value (an enum, a bound, the settings inside ``tsh.config``'s ``set``)
     are the tool's own checks, with its own sentences.  jsonschema is not imported: it would
     cost every call of a core tool more than the tool's work."""
+    # A schema of another tool (an MCP server's, projected) may spell these otherwise: a
+    # property's schema as a boolean, draft 3's "required": true in a property, a type of its
+    # own ("any"); what is not the common form is left to the full check of native mode.
     declared = schema.get("properties", {})
-    problems = [f"{key!r} is required" for key in schema.get("required", ()) if key not in request]
+    declared = declared if isinstance(declared, dict) else {}
+    required = schema.get("required", ())
+    required = required if isinstance(required, list) else ()
+    problems = [f"{key!r} is required" for key in required if key not in request]
     unknown = [key for key in request if key not in declared]
     if unknown and schema.get("additionalProperties", True) is False:
         names = ", ".join(repr(key) for key in unknown)
@@ -202,8 +208,9 @@ def check_input(tool: str, schema: Mapping[str, Any], request: dict[str, Any]) -
         takes = f"its inputs: {inputs}" if inputs else "it takes none"
         problems.append(f"{names} {verb} of {tool} ({takes})")
     for key, value in request.items():
-        expected = declared.get(key, {}).get("type")
-        if expected is not None and not _is_json_type(value, expected):
+        property_schema = declared.get(key)
+        expected = property_schema.get("type") if isinstance(property_schema, dict) else None
+        if _known_types(expected) and not _is_json_type(value, expected):
             problems.append(f"{key!r} must be of type {expected}")
     if problems:
         raise ToolFailure(errno_names.EINVAL, "; ".join(problems), usage=True)
@@ -222,6 +229,16 @@ _JSON_TYPES: dict[str, Callable[[object], bool]] = {
         or (isinstance(value, float) and value.is_integer())
     ),
 }
+
+
+def _known_types(expected: object) -> bool:
+    """Whether ``expected`` names JSON types only (a name, or a list of names)."""
+    names = [expected] if isinstance(expected, str) else expected
+    return (
+        isinstance(names, list)
+        and bool(names)
+        and all(isinstance(name, str) and name in _JSON_TYPES for name in names)
+    )
 
 
 def _is_json_type(value: object, expected: str | list[str]) -> bool:
