@@ -33,6 +33,12 @@ def is_decimal(text: str) -> bool:
 
 MAX_ID = 2**32 - 2  # the largest uid or gid: (uid_t) -1 is "no id" to the kernel
 
+
+def is_id(value: object) -> bool:
+    """Whether ``value`` is a uid or gid: an int (not a bool) from 0 to :data:`MAX_ID`."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_ID
+
+
 # Python reads at most this many digits into an int (``sys.get_int_max_str_digits``) and
 # raises ValueError past it; an id, a count or a size needs far fewer.
 _MOST_DIGITS = 4300

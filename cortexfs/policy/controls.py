@@ -30,7 +30,7 @@ from pathlib import Path, PurePosixPath
 
 from cortexfs import jsontext
 from cortexfs.errors import HOST_SHORTAGES, CtxError, denied, invalid, not_found, too_big
-from cortexfs.names import MAX_ID
+from cortexfs.names import MAX_ID, is_id
 from cortexfs.policy import beneath
 from cortexfs.policy.decision import Policy
 from cortexfs.policy.grammar import PolicySyntaxError, check_subject_type
@@ -213,13 +213,9 @@ def parse_identity(data: bytes) -> Identity:
     if not isinstance(groups, list):
         raise invalid("groups must be a list of group ids")
     for value in (uid, gid, *groups):
-        if not _is_id(value):
+        if not is_id(value):
             raise invalid(f"{value!r} is not a uid or gid (an integer from 0 to {MAX_ID})")
     return Identity(uid, gid, frozenset(groups))
-
-
-def _is_id(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_ID
 
 
 def control_limit(path: PurePosixPath) -> int:

@@ -331,15 +331,21 @@ def stream_events(
     """
     fd = _open_file_to_read(path, dir_fd)
     try:
-        lines = _Lines(fd, scan.end)
-        for number, (text, end) in enumerate(lines, start=first_line):
-            event = scan._take(text, number)
-            scan.end = end
-            if event is not None:
-                yield event
-        scan.torn_tail = lines.torn_tail
+        yield from _events_from(fd, scan, first_line)
     finally:
         os.close(fd)
+
+
+def _events_from(fd: int, scan: EventScan, first_line: int) -> Iterator[dict[str, Any]]:
+    """The events of the open file ``fd`` from byte ``scan.end`` on, as :func:`stream_events`
+    yields them, recording in ``scan`` what was read and skipped."""
+    lines = _Lines(fd, scan.end)
+    for number, (text, end) in enumerate(lines, start=first_line):
+        event = scan._take(text, number)
+        scan.end = end
+        if event is not None:
+            yield event
+    scan.torn_tail = lines.torn_tail
 
 
 class _Lines:
@@ -527,14 +533,9 @@ def _restart(
 def _follow_read(
     fd: int, scan: EventScan, first_line: int, on_damaged: Callable[[EventScan], None] | None
 ) -> Iterator[dict[str, Any]]:
-    """The events of ``fd`` from ``scan.end`` on, as :func:`stream_events` reads them."""
-    lines = _Lines(fd, scan.end)
-    for number, (text, end) in enumerate(lines, start=first_line):
-        event = scan._take(text, number)
-        scan.end = end
-        if event is not None:
-            yield event
-    scan.torn_tail = lines.torn_tail
+    """The events of ``fd`` from ``scan.end`` on, as :func:`stream_events` reads them, and
+    ``scan`` to ``on_damaged`` when it skipped damaged lines."""
+    yield from _events_from(fd, scan, first_line)
     if scan.damaged_count and on_damaged is not None:
         on_damaged(scan)
 

@@ -24,7 +24,14 @@ from typing import Any, NamedTuple
 
 from cortexfs import durable
 from cortexfs.errors import CtxError, invalid, not_found
-from cortexfs.names import MAX_ID, check_object_name, decimal_value, is_decimal, is_object_name
+from cortexfs.names import (
+    MAX_ID,
+    check_object_name,
+    decimal_value,
+    is_decimal,
+    is_id,
+    is_object_name,
+)
 from cortexfs.shared.events import EVENTS_FILE, EventLog, make_event
 from cortexfs.shared.tree import Ownership, ensure_directories, ensure_home, open_beneath
 from cortexfs.storage import check_space_name
@@ -67,7 +74,7 @@ class SessionRef(_SessionPlace):
             raise invalid("a session lives either in a home (uid) or in a shared space")
         if space is not None:
             check_object_name(space, "shared space")
-        if uid is not None and not _is_uid(uid):
+        if uid is not None and not is_id(uid):
             # Refused here, before open_session makes home/<uid>/: a float or a bool would
             # name a directory (home/1.5, home/True) that no user's home is.
             raise invalid(f"{uid!r} is not a uid (an integer from 0 to {MAX_ID})")
@@ -206,10 +213,6 @@ def open_session_directory(ref: SessionRef, ops: durable.FsOps | None = None) ->
     return open_beneath(ops or durable.default_ops(), ref.root, ref.relative.parts)
 
 
-def _is_uid(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_ID
-
-
 def _require_agents_own(ref: SessionRef, uid: int) -> None:
     """EACCES unless ``shared/<space>/agent/<agent>/`` and what leads from it to the session
     belong to the agent (or to root, who made them): any member of the space may make
@@ -261,7 +264,7 @@ def homes_with_sessions(root: Path, agent: str) -> list[int]:
     # Only names SessionRef takes for a uid: a home/4294967295 (or one of hundreds of digits)
     # made by hand is no user's home, and must not end the listing of the others.
     values = (decimal_value(name) for name in names if is_decimal(name))
-    uids = sorted(uid for uid in values if _is_uid(uid))
+    uids = sorted(uid for uid in values if is_id(uid))
     return [uid for uid in uids if _is_dir(SessionRef.home(root, uid, agent).path.parent)]
 
 
