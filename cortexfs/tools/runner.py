@@ -934,9 +934,6 @@ def _json_input(input_value: Any) -> Any:
 _ADMISSIONS = 3  # a tool reinstalled during each of them is being reinstalled in a loop
 
 
-# How a launcher whose bytecode a changed byte corrupted may end: the interpreter executes what
-# the bytes now say, reads or jumps where nothing is (SIGSEGV, SIGBUS, SIGILL, SIGFPE) or fails
-# one of its own assertions (SIGABRT), all before the launcher could name the damage.
 def _encoded_input(input_value: Any) -> bytes:
     """The native input as the tool reads it, one line: ``json.dumps``'s form, which tools
     have always been given; compact UTF-8 when that form would be over what a core tool
@@ -972,6 +969,9 @@ def _too_big_to_start(spec: ProcessSpec, exc: OSError) -> str:
     return " (its arguments and environment together are more than the kernel passes)"
 
 
+# How a launcher whose bytecode a changed byte corrupted may end: the interpreter executes what
+# the bytes now say, reads or jumps where nothing is (SIGSEGV, SIGBUS, SIGILL, SIGFPE) or fails
+# one of its own assertions (SIGABRT), all before the launcher could name the damage.
 _SIGNALS_OF_DAMAGE = frozenset(
     {signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE, signal.SIGABRT}
 )

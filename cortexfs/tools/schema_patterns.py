@@ -7,7 +7,7 @@ and the match holds the interpreter's lock all the while — in a worker, the th
 its leases too, so that its jobs' leases lapse and recover hands them to the next worker, which
 hangs in turn.  Such a pattern is known by its form (:func:`may_backtrack`), and an input is
 checked against a schema holding one in a child process given the call's time
-(:func:`problems_within`): a call whose input the pattern cannot judge in that time is refused,
+(:func:`judged_within`): a call whose input the pattern cannot judge in that time is refused,
 ETIMEDOUT, and nothing else waits for it.
 """
 
@@ -30,15 +30,10 @@ from cortexfs.tools.schema_references import schema_nodes
 _CACHED = 256
 
 
-def may_backtrack(schema_text: str) -> bool:
-    """Whether a ``pattern`` (or a ``patternProperties`` name) of the schema whose canonical
-    text is ``schema_text`` repeats a repeat, one of the two without bound."""
-    return _may_backtrack(schema_text)
-
-
-@functools.lru_cache(maxsize=_CACHED)
-def _may_backtrack(schema_text: str) -> bool:
-    return any(_nested_repeat(pattern) for pattern in _patterns(json.loads(schema_text)))
+def may_backtrack(schema: Any) -> bool:
+    """Whether a ``pattern`` (or a ``patternProperties`` name) of ``schema`` is of a form
+    that may backtrack for ever (:func:`_nested_repeat`).  Each pattern is parsed once."""
+    return any(_nested_repeat(pattern) for pattern in _patterns(schema))
 
 
 def _patterns(schema: Any) -> Iterator[str]:
@@ -49,6 +44,7 @@ def _patterns(schema: Any) -> Iterator[str]:
             yield from node["patternProperties"]
 
 
+@functools.lru_cache(maxsize=_CACHED)
 def _nested_repeat(pattern: str) -> bool:
     """Whether ``pattern`` holds, inside a repeat that can go round more than once, a repeat
     that can too (one of the two unbounded), or, inside an unbounded one, an alternation or
@@ -91,14 +87,14 @@ def _nested_repeat(pattern: str) -> bool:
     return False
 
 
-def judged_within(schema_text: str, instance: object, seconds: float) -> dict[str, Any]:
+def judged_within(schema: Any, instance: object, seconds: float) -> dict[str, Any]:
     """What :func:`cortexfs.tools.schemas.instance_problems` finds of ``instance`` against
-    the schema of ``schema_text``, in a child process given ``seconds``: ``{"problems":
+    ``schema``, in a child process given ``seconds``: ``{"problems":
     [...]}``, or ``{"unusable": why}``; ETIMEDOUT when the child could not judge in that
     time (it is killed), EIO when it failed."""
     package_root = str(Path(__file__).resolve().parents[2])
     environment = {**os.environ, "PYTHONPATH": package_root}
-    document = json.dumps({"schema": json.loads(schema_text), "instance": instance})
+    document = json.dumps({"schema": schema, "instance": instance})
     try:
         child = subprocess.run(
             [sys.executable, "-E", "-s", "-m", "cortexfs.tools.schema_patterns"],

@@ -106,8 +106,8 @@ def instance_problems(
     seconds the check may take, when a pattern of the schema may backtrack for ever
     (:mod:`cortexfs.tools.schema_patterns`: then judged in a child process, ETIMEDOUT past
     them); None judges here, however long it takes."""
-    if within is not None and schema_patterns.may_backtrack(_canonical(schema)):
-        verdict = schema_patterns.judged_within(_canonical(schema), instance, within)
+    if within is not None and schema_patterns.may_backtrack(schema):
+        verdict = schema_patterns.judged_within(schema, instance, within)
         if "unusable" in verdict:
             raise UnusableSchema(verdict["unusable"])
         return list(verdict["problems"])

@@ -4,7 +4,6 @@ and an input checked against them in a child process bounded by the call's time.
 from __future__ import annotations
 
 import errno
-import json
 import time
 
 import pytest
@@ -14,10 +13,10 @@ from cortexfs.tools.schema_patterns import may_backtrack
 from cortexfs.tools.schemas import UnusableSchema, instance_problems
 
 
-def text(pattern: str, keyword: str = "pattern") -> str:
+def schema_with(pattern: str, keyword: str = "pattern") -> dict:
     if keyword == "patternProperties":
-        return json.dumps({"patternProperties": {pattern: {}}})
-    return json.dumps({"properties": {"s": {"type": "string", keyword: pattern}}})
+        return {"patternProperties": {pattern: {}}}
+    return {"properties": {"s": {"type": "string", keyword: pattern}}}
 
 
 @pytest.mark.parametrize(
@@ -37,8 +36,8 @@ def text(pattern: str, keyword: str = "pattern") -> str:
     ],
 )
 def test_a_repeat_of_a_repeat_is_known_by_its_form(pattern: str, nested: bool) -> None:
-    assert may_backtrack(text(pattern)) is nested
-    assert may_backtrack(text(pattern, "patternProperties")) is nested
+    assert may_backtrack(schema_with(pattern)) is nested
+    assert may_backtrack(schema_with(pattern, "patternProperties")) is nested
 
 
 def test_an_input_a_pattern_would_backtrack_on_for_ever_is_refused_in_the_time_given() -> None:
