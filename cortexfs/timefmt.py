@@ -26,6 +26,16 @@ EARLIEST = datetime(1, 1, 2, tzinfo=UTC).timestamp()
 LATEST = datetime(9999, 12, 30, tzinfo=UTC).timestamp()
 
 
+def is_seconds(value: object, *, zero: bool = False) -> bool:
+    """Whether ``value`` is a number of seconds a command takes as a period: an int or a
+    float (not a bool) above 0 (from 0 with ``zero``) and at most :data:`MAX_SECONDS`; NaN
+    is none, failing every comparison."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    above_least = value >= 0 if zero else value > 0
+    return above_least and value <= MAX_SECONDS
+
+
 def rfc3339(epoch: float | None = None) -> str:
     """Format seconds since the epoch (default: now) as RFC 3339 UTC with microseconds."""
     m = datetime.fromtimestamp(time.time() if epoch is None else epoch, tz=UTC)

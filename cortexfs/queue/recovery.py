@@ -47,7 +47,7 @@ from cortexfs.queue.layout import (
 )
 from cortexfs.queue.leasing import read_lease
 from cortexfs.queue.transition import remove_claim_and_lease
-from cortexfs.timefmt import MAX_SECONDS
+from cortexfs.timefmt import MAX_SECONDS, is_seconds
 
 
 @dataclass
@@ -128,8 +128,7 @@ class Interrupted(KeyboardInterrupt):
 
 
 def _check_grace(grace: float) -> float:
-    usable = isinstance(grace, int | float) and not isinstance(grace, bool)
-    if not (usable and 0 <= grace <= MAX_SECONDS):
+    if not is_seconds(grace, zero=True):
         raise invalid(
             f"a grace period is a number of seconds from 0 to {MAX_SECONDS:.0f} (366 days), "
             f"not {grace!r}: a temp file younger than it may still be being written"

@@ -73,7 +73,7 @@ from cortexfs.policy.chain import AuthorityRequest, Decision, Step
 from cortexfs.process_limits import no_process_could_be_made
 from cortexfs.shared.sessions import Session, SessionRef, open_session
 from cortexfs.shared.tree import Ownership
-from cortexfs.timefmt import MAX_SECONDS, rfc3339
+from cortexfs.timefmt import MAX_SECONDS, is_seconds, rfc3339
 from cortexfs.tools import hooks, record
 from cortexfs.tools.commit_marker import file_identity, read_one_version
 from cortexfs.tools.controls import (
@@ -904,7 +904,7 @@ def _check_timeout(timeout: object) -> None:
     )
     if isinstance(timeout, bool) or not isinstance(timeout, int | float):
         raise invalid(f"timeout is a {type(timeout).__name__}, not a number of seconds: {remedy}")
-    if not 0 < timeout <= MAX_SECONDS:
+    if not is_seconds(timeout):
         # An int of thousands of digits is not repeated in full (nor can be past 4300).
         big = isinstance(timeout, int) and abs(timeout) >= 10**40
         shown = "of over 40 digits" if big else repr(timeout)
