@@ -3,9 +3,11 @@ interrupted finish (docs/queue.md: a job whose ``claimed/J`` is locked counts as
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,13 +20,11 @@ from tests.support.cli import ctx
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize(
-    ("step", "repair"), [("finish.request", "roll-forward"), ("finish.cleanup", "remove-orphans")]
-)
-def test_a_finish_in_progress_of_a_live_holder_is_untouched_and_consistent(
-    root: Path, queue: Queue, queue_dir: Path, step: str, repair: str
-) -> None:
-    job = publish(queue, request(), name="inflight")
+@contextlib.contextmanager
+def paused_finisher(queue_dir: Path, step: str, job: str) -> Iterator[subprocess.Popen[str]]:
+    """The process of a live holder of ``job`` whose finish is paused at protocol ``step``,
+    holding ``claimed/J``'s lock (tests/queue/finish_paused.py); told to go on when the
+    block ends, it must complete its finish (exit 0); it is killed if the block fails."""
     finisher = subprocess.Popen(
         [sys.executable, "-m", "tests.queue.finish_paused", str(queue_dir), step],
         cwd=REPO,
@@ -35,6 +35,24 @@ def test_a_finish_in_progress_of_a_live_holder_is_untouched_and_consistent(
     try:
         assert finisher.stdout is not None and finisher.stdin is not None
         assert finisher.stdout.readline().strip() == job  # paused, holding claimed/J's lock
+        yield finisher
+        finisher.stdin.write("go on\n")
+        finisher.stdin.flush()
+        assert finisher.wait(60) == 0
+    finally:
+        if finisher.poll() is None:
+            finisher.kill()
+            finisher.wait()
+
+
+@pytest.mark.parametrize(
+    ("step", "repair"), [("finish.request", "roll-forward"), ("finish.cleanup", "remove-orphans")]
+)
+def test_a_finish_in_progress_of_a_live_holder_is_untouched_and_consistent(
+    root: Path, queue: Queue, queue_dir: Path, step: str, repair: str
+) -> None:
+    job = publish(queue, request(), name="inflight")
+    with paused_finisher(queue_dir, step, job):
         scanned = assess(evidence_of(queue, job))
         assert (scanned.state, scanned.repair) == ("incomplete", repair)
 
@@ -47,14 +65,6 @@ def test_a_finish_in_progress_of_a_live_holder_is_untouched_and_consistent(
         assert "interrupted" not in checked.stdout
         after = assess(evidence_of(queue, job))
         assert (after.state, after.repair) == ("incomplete", repair)  # nothing was changed
-
-        finisher.stdin.write("go on\n")
-        finisher.stdin.flush()
-        assert finisher.wait(60) == 0
-    finally:
-        if finisher.poll() is None:
-            finisher.kill()
-            finisher.wait()
     assert assess(evidence_of(queue, job)).state == "done"
     assert recover(queue, reconcile=True).consistent
 
@@ -70,16 +80,7 @@ def test_a_job_whose_finish_placed_its_result_reads_as_done_while_the_finish_com
     moves the request and removes the claim and the lease, never a claim without its lease
     (``lease_gone``: the instant between the lease's removal and the claim directory's)."""
     job = publish(queue, request(), name="inflight")
-    finisher = subprocess.Popen(
-        [sys.executable, "-m", "tests.queue.finish_paused", str(queue_dir), step],
-        cwd=REPO,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert finisher.stdout is not None and finisher.stdin is not None
-        assert finisher.stdout.readline().strip() == job  # paused, holding claimed/J's lock
+    with paused_finisher(queue_dir, step, job) as finisher:
         if lease_gone:
             (queue_dir / "lease" / job / "worker").unlink()
         shown = ctx(root, "queue", "show", "--project", PROJECT, job, "--json")
@@ -93,13 +94,5 @@ def test_a_job_whose_finish_placed_its_result_reads_as_done_while_the_finish_com
         assert json.loads(listed.stdout) == [{"name": job, "state": "done"}], listed.stdout
         status = ctx(root, "queue", "status", "--project", PROJECT, "--json")
         assert json.loads(status.stdout)["counts"]["done"] == 1, status.stdout
-
-        finisher.stdin.write("go on\n")
-        finisher.stdin.flush()
-        assert finisher.wait(60) == 0
-    finally:
-        if finisher.poll() is None:
-            finisher.kill()
-            finisher.wait()
     assert assess(evidence_of(queue, job)).state == "done"
     assert recover(queue, reconcile=True).consistent
