@@ -401,13 +401,22 @@ def _may_have_started(starter: int, pid: int, cmdline: Sequence[str]) -> bool:
 def _started_apart(one: float | None, other: float | None) -> bool:
     """Whether two start times prove two different processes (unknown proves nothing).
 
-    A whole number of seconds is a start time written to the second (by hand, or from an
-    RFC 3339 time without a fraction): the process started within that second, so only a
-    second or more apart proves another process."""
+    An int is a start time written to the second (by hand, or from an RFC 3339 time without
+    a fraction: :func:`_start_time`): the process started within that second, so only a
+    second or more apart proves another process.  A float is psutil's, to the clock tick,
+    also when a tick falls on a whole second (one in a hundred do)."""
     if one is None or other is None:
         return False
-    coarse = float(one).is_integer() or float(other).is_integer()
+    coarse = isinstance(one, int) or isinstance(other, int)
     return abs(one - other) >= (_WHOLE_SECOND_TOLERANCE if coarse else _START_TIME_TOLERANCE)
+
+
+def _start_time(value: object, key: str) -> float:
+    """A lease's start time as :func:`_started_apart` judges it: an int when it was written
+    to the second (a JSON integer, an RFC 3339 time without a fraction), else a float."""
+    seconds = _time(value, key)
+    to_the_second = isinstance(value, int) or (isinstance(value, str) and "." not in value)
+    return int(seconds) if to_the_second and seconds.is_integer() else seconds
 
 
 @dataclass(frozen=True)
@@ -481,7 +490,7 @@ class Lease:
             boot_id=_field(doc, "boot_id", str),
             pid_ns=_pid_ns(doc.get("pid_ns")),
             pid=_pid(doc.get("pid")),
-            start_time=None if start is None else _time(start, start_key),
+            start_time=None if start is None else _start_time(start, start_key),
         )
         renewed = doc.get("renewed_at")
         return cls(
