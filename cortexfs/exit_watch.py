@@ -56,5 +56,5 @@ class ExitWatch:
 
     def close(self) -> None:
         if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
+            fd, self.fd = self.fd, None  # forgotten first: an interrupt cannot close it twice
+            os.close(fd)

@@ -494,8 +494,10 @@ def follow_events(
                 yield from _follow_read(held, scan, line, on_damaged)
                 offset, line = scan.end, line + scan.lines
                 same = named is not None and _identity(named) == _identity(held)
-                os.close(held)
-                held = None
+                # Forgotten before it is closed: a ^C just after the close would otherwise have
+                # the cleanup below close it again (EBADF in place of the interrupt).
+                read, held = held, None
+                os.close(read)
                 if same:
                     held, named = named, None  # the same file, held through the new descriptor
                     size = os.fstat(held).st_size

@@ -161,8 +161,8 @@ for group in $groups; do kill -s KILL -- "-$group" 2>/dev/null; done
 
     def _stop(self) -> None:
         if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+            fd, self._fd = self._fd, None  # forgotten first: an interrupt cannot close it twice
+            os.close(fd)
         if self._guard is not None:
             self._guard.poll()  # reap it if it is gone
             self._guard = None

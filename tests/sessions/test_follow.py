@@ -119,3 +119,36 @@ def test_a_directory_made_again_is_followed_and_damaged_lines_are_told(tmp_path:
         f"{log} appeared again: following it again from its start",
     ]
     assert damaged == [[1]]
+
+
+def test_an_interrupt_just_after_a_close_leaves_the_interrupt_not_ebadf(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """^C lands between bytecodes: just after the close of the descriptor read at a look, the
+    follower's cleanup must not close that descriptor again (the caller would see EBADF, or
+    close a descriptor another thread has since been given, in place of the interrupt)."""
+    from cortexfs.shared import events
+
+    log = tmp_path / "events.jsonl"
+    log.write_bytes(FIRST)
+    real_close = os.close
+    closes = []
+
+    def close_then_interrupt(fd: int) -> None:
+        real_close(fd)
+        closes.append(fd)
+        if len(closes) == 1:
+            raise KeyboardInterrupt
+
+    followed = follow_events(log, poll_interval=0.01)
+    assert next(followed)["type"] == "first"
+    monkeypatch.setattr(events.os, "close", close_then_interrupt)
+    try:
+        next(followed)
+    except KeyboardInterrupt:
+        pass
+    else:
+        raise AssertionError("the interrupt was not raised")
+    finally:
+        monkeypatch.undo()
+    assert len(closes) == len(set(closes)) == 2  # the file read, then the one looked up
