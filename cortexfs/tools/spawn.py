@@ -506,11 +506,15 @@ class _Terminal:
 
     def give(self) -> None:
         """The terminal to the tool's group, when this command's job has it (not when run in
-        the background), and the group continued in case it touched the terminal before."""
+        the background).  The group is not continued here: a Ctrl-Z typed the moment it has
+        the terminal must stop it, and a tool stopped by touching the terminal before it had
+        it is continued by :meth:`follow_stop`, which sees why it stopped."""
         if self._in_foreground():
             with contextlib.suppress(OSError):
                 os.tcsetpgrp(self.fd, self.pgid)
                 self.given = True
+
+    def _continue_tool(self) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.pgid, signal.SIGCONT)
 
@@ -544,10 +548,12 @@ class _Terminal:
             # would continue this command, so it waits on, as such a shell waits.
             return
         wanted_terminal = stopped.si_status in (signal.SIGTTIN, signal.SIGTTOU)
-        if wanted_terminal and self._in_foreground():
+        if wanted_terminal and (self._in_foreground() or self._tools()):
             # Stopped for want of the terminal, which this command's job has by now (``fg``
-            # came before this look): the tool gets it, and goes on.
+            # came before this look), or the tool has (it touched the terminal before it was
+            # handed over): the tool gets it, and goes on.
             self.give()
+            self._continue_tool()
             return
         self.take_back()
         tools_modes = self._modes_now()
@@ -560,12 +566,20 @@ class _Terminal:
             with contextlib.suppress(termios.error, OSError):
                 termios.tcsetattr(self.fd, termios.TCSADRAIN, tools_modes)
         self.give()
+        self._continue_tool()
 
     def _in_foreground(self) -> bool:
+        return self._foreground_group() == self.own
+
+    def _tools(self) -> bool:
+        """Whether the terminal's foreground group is the tool's."""
+        return self._foreground_group() == self.pgid
+
+    def _foreground_group(self) -> int | None:
         try:
-            return os.tcgetpgrp(self.fd) == self.own
+            return os.tcgetpgrp(self.fd)
         except OSError:
-            return False
+            return None
 
     def _modes_now(self) -> list[Any] | None:
         try:
