@@ -268,6 +268,11 @@ def _open_log_if_appendable(
                 log = EventLog(path, mode=TOOL_LOG_MODE, ops=ops, dir_fd=dir_fd, create=False)
                 return log, False
             except CtxError:
+                if _retired(root / relative.parent, dir_fd):
+                    # Refused for the second name a reinstall gave it, which has swapped the
+                    # directories since (and may have removed the old name already): the log
+                    # is looked for in the new one.
+                    continue
                 # What is at the name is no plain file of one name: never appended to, the
                 # session has the result.
                 found = durable.lstat_at(dir_fd, path.name)

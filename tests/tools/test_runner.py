@@ -13,12 +13,14 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import psutil
 import pytest
 
+from cortexfs import durable
+from cortexfs.errors import CtxError
 from cortexfs.locks import LOCK_FILE
 from cortexfs.policy import beneath
 from cortexfs.shared.sessions import SessionRef
@@ -778,6 +780,40 @@ def test_calls_made_while_their_tool_is_reinstalled_again_and_again_are_all_logg
     assert all(result.ok for result in results), [r.error for r in results if not r.ok]
     logged = {line["call"] for line in coder.tool_log("whoami")}
     assert {result.call for result in results} <= logged
+
+
+def test_a_log_refused_for_a_reinstall_that_has_swapped_its_directory_since_is_found(
+    coder: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The narrowest turn of a reinstall: the call's record opens the control directory,
+    the log is refused for the second name the install's carry-over gave it, and before the
+    record looks at the name again the install has swapped the directories and removed the
+    old one's name.  The record finds the log in the new directory (one name again)."""
+    tier = coder.root / "tool"
+    staged = tier / ".whoami~0123456789ab~controls"
+    staged.mkdir()
+    os.link(tier / "whoami.d/log", staged / "log")  # the carry-over
+    real_event_log = record.EventLog
+
+    def refused_then_swapped(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return real_event_log(*args, **kwargs)
+        except CtxError:
+            if staged.exists():  # the install goes on meanwhile: swap, then remove the old
+                tier_fd = os.open(tier, os.O_RDONLY | os.O_DIRECTORY)
+                try:
+                    durable.default_ops().rename_exchange(staged.name, tier_fd, "whoami.d", tier_fd)
+                finally:
+                    os.close(tier_fd)
+                shutil.rmtree(staged)
+            raise
+
+    monkeypatch.setattr(record, "EventLog", refused_then_swapped)
+    log = record._open_tool_log(coder.root, PurePosixPath("tool/whoami.d/log"))
+
+    assert log is not None
+    log.close()
+    assert not staged.exists() and os.stat(tier / "whoami.d/log").st_nlink == 1
 
 
 # A call that waited for an install it did not need would take this long at least.
