@@ -407,7 +407,8 @@ def _end(progress: Progress, summary: WorkerSummary) -> None:
     error that stopped a job slot; return for a worker that stopped as asked."""
     lost = progress.lost_output
     say_why_left_pending(summary.left_pending)  # a drained queue that is not empty
-    say_left_claimed(summary.left_claimed)
+    if summary.aborted:  # a failure's own error names the job it left claimed
+        say_left_claimed(summary.left_claimed)
     if lost is not None:
         # Ended as every command whose output failed: 74 saying what was done (141 quietly
         # when the reader left).

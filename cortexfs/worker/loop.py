@@ -242,6 +242,11 @@ class JobRecord:
         }
 
 
+class LeftClaimed(CtxError):
+    """A failure around a job that stops the worker with the job left claimed, no result
+    written, for ``ctx queue recover`` to requeue once the worker has exited."""
+
+
 @dataclass
 class WorkerSummary:
     done: int = 0
@@ -257,7 +262,8 @@ class WorkerSummary:
     failure_errno: int | None = None  # its errno, when it had one
     # What a worker draining the queue left pending, and why (protocol.LEFT_PENDING).
     left_pending: dict[str, str] = field(default_factory=dict)
-    # The jobs an abort (a second SIGINT) left claimed, their tools killed or never started.
+    # The jobs an abort (a second SIGINT) or a failure that stopped the worker left claimed,
+    # their tools killed, never started, or their calls not on record.
     left_claimed: list[str] = field(default_factory=list)
 
     @property
@@ -756,6 +762,10 @@ class Worker:
             keeper.keep(won.lease)
             try:
                 record = self._execute_and_finish(queue, holder, won, control)
+            except LeftClaimed:
+                with self._count_lock:
+                    self.summary.left_claimed.append(won.job)
+                raise
             finally:
                 keeper.release(won.job, won.lease.claimed_at)
                 with self._count_lock:
@@ -778,15 +788,18 @@ class Worker:
         self, queue: Queue, holder: Holder, won: Claim, control: JobControl
     ) -> JobRecord | None:
         tool = won.request.get("tool")
-        self._record(
-            "queue.claim",
-            won.job,
-            "ok",
-            f"job {won.job} is claimed and did not run; it stays claimed",
-            "run 'ctx queue recover' once this worker has exited (it requeues the job)",
-            tool=tool,
-            lease=won.lease.to_json(),
-        )
+        try:
+            self._record(
+                "queue.claim",
+                won.job,
+                "ok",
+                f"job {won.job} is claimed and did not run; it stays claimed",
+                "run 'ctx queue recover' once this worker has exited (it requeues the job)",
+                tool=tool,
+                lease=won.lease.to_json(),
+            )
+        except CtxError as exc:
+            raise LeftClaimed(exc.errno, exc.message) from exc.__cause__
         self.listener("claim", {"job": won.job, "tool": tool})
         if self.abort.is_set():
             return None  # the abort came while the claim was under way: the tool never starts
@@ -801,7 +814,7 @@ class Worker:
                 # The host refused what the worker does around the call (its session on a
                 # full or read-only disk…): not the job's failure, and the next job would
                 # meet the same.
-                raise CtxError(
+                raise LeftClaimed(
                     code,
                     f"job {won.job} did not run: the worker failed around the call "
                     f"({describe(exc)}; it records every job in {self._session_file()}); it "
@@ -831,7 +844,7 @@ class Worker:
         if unrecorded is not None:
             # The tool ran, but its call is not on record: finishing the job would make an
             # unlogged call a job's outcome, or fail a job for want of disk (docs/workers.md).
-            raise CtxError(
+            raise LeftClaimed(
                 unrecorded,
                 f"job {won.job} was left claimed: {outcome.reason}; this worker records every "
                 f"call in its session {self._session_file()} and in the tool's log, and "
@@ -844,7 +857,7 @@ class Worker:
             # The tool never started for want of descriptors, memory or space: not the job's
             # failure, and every job after it would meet the same.  It stays claimed, and
             # recover requeues it once this worker is gone.
-            raise CtxError(
+            raise LeftClaimed(
                 short,
                 f"job {won.job} did not run: {outcome.reason}; it stays claimed, and 'ctx queue "
                 "recover' requeues it once this worker has exited",
@@ -854,7 +867,7 @@ class Worker:
             # The agent was deleted or its controls broken since the worker started: no job
             # can run as it, none by its own fault, and failing them would drain the queue
             # into failed/ where a worker of another agent could run them.
-            raise CtxError(
+            raise LeftClaimed(
                 unusable,
                 f"job {won.job} did not run: {outcome.reason}; no job can run as this "
                 "worker's agent, so the worker stops; the job stays claimed, and 'ctx queue "

@@ -234,11 +234,15 @@ def test_a_tool_log_that_cannot_be_opened_is_no_silent_gap(farm: Farm) -> None:
     wait_for(started)
     log = farm.root / "tool" / "shell.exec.d" / "log"
     with immutable(log):
-        _, err = worker.communicate(timeout=60)
+        out, err = worker.communicate(timeout=60)
 
     assert worker.returncode == 1, err
     assert f"cannot open the tool's log {log}: Operation not permitted" in err, err
     assert f"job {job} was left claimed" in err
+    stop = [event for event in map(json.loads, out.splitlines()) if event.get("event") == "stop"]
+    assert len(stop) == 1 and stop[0]["left_claimed"] == [job], out
+    stop = stop[0]
+    assert stop["stopped_by"] == "failure" and not stop["aborted"], stop
     assert os.listdir(farm.queue / "done") == []
     assert (farm.queue / "claimed" / job / job).is_file()
 
