@@ -694,15 +694,17 @@ def test_a_watcher_that_trickles_is_let_go_with_an_exact_prefix_of_the_output(
                     break
                 got.extend(chunk)
                 if not full_speed.is_set():
-                    time.sleep(0.1)
+                    # 4 KiB a second: however slowly a loaded machine runs the flood, what
+                    # this watcher takes meanwhile leaves it more than 1 MiB behind.
+                    time.sleep(0.5)
             finished.set()
 
         reader = threading.Thread(target=trickle, daemon=True)
         reader.start()
         began = time.monotonic()
         operator.type("flood")
-        # Wide bounds for a loaded machine: a watcher held back to the trickle's pace (20 KiB
-        # a second) would need two minutes for the 2.4 MB.
+        # Wide bounds for a loaded machine: a watcher held back to the trickle's pace (4 KiB a
+        # second) would need ten minutes for the 2.4 MB.
         assert fast.shows("FLOOD-END", seconds=40) and operator.shows("FLOOD-END", seconds=20)
         assert time.monotonic() - began < 60
         full_speed.set()  # now take whatever is left: the end of the connection must follow
