@@ -42,7 +42,7 @@ from cortexfs.names import check_object_name
 from cortexfs.policy import beneath
 from cortexfs.policy.controls import control_limit, too_large
 from cortexfs.printable import quoted
-from cortexfs.regular_file import MAX_CONTROL_BYTES, read_regular_file
+from cortexfs.regular_file import read_regular_file
 from cortexfs.tools.remedy import is_core_tool, reinstall_advice
 from cortexfs.tools.schemas import schema_problems
 
@@ -341,12 +341,15 @@ def _missing_controls(
         named = (directory.read("name") or b"").decode("utf-8", "replace").strip()
         if named != tool.name:
             problems.append(f"{tool.name}.d/name names {quoted(named)}, not {tool.name}")
-    # Controls no call reads, but listings and people do: over the limit of a control, they
-    # are damage as any other control would be, not shown as empty.
-    for name in _READ_BY_PEOPLE:
+    # Controls no call reads, but listings and people do, and a listing's look at the policy,
+    # which only the chain reads: over their limit, they are damage as any other control
+    # would be (the chain refuses a call for its policy itself, at step 6).
+    sized = _READ_BY_PEOPLE if "policy" in judged_by_the_chain else (*_READ_BY_PEOPLE, "policy")
+    for name in sized:
         status = directory.status(name)
-        if _is(stat.S_ISREG, status) and status.st_size > MAX_CONTROL_BYTES:
-            problems.append(too_large(PurePosixPath(f"{tool.name}.d/{name}")))
+        relative = PurePosixPath(f"{tool.name}.d/{name}")
+        if _is(stat.S_ISREG, status) and status.st_size > control_limit(relative):
+            problems.append(too_large(relative))
     return problems
 
 
