@@ -158,9 +158,14 @@ def read_tshrc(path: Path, *, warn: Warn | None = None) -> str | None:
             ) from None
         if exc.errno == errno.EFBIG:
             raise invalid(f"{path} is larger than {_MAX_TSHRC_BYTES} bytes; {fix}") from None
-        raise
+        # A loop of links, a file its owner made unreadable, a disk's EIO: said as a refusal
+        # naming the file, which a person's tsh warns of and passes over.
+        code = exc.errno or errno.EIO
+        raise CtxError(code, f"{path}: {exc.strerror or exc}; {fix}") from None
     value = None
-    for line in keyvalue.lines(data.decode("utf-8", "replace")):
+    # Bytes that are not UTF-8 are kept as the kernel's (surrogate escapes), as they are kept
+    # in the environment's CTX_PATH: a directory's name is any bytes.
+    for line in keyvalue.lines(data.decode("utf-8", "surrogateescape")):
         if line.key is None or not _KEY.fullmatch(line.key):
             (warn or _warn_on_stderr)(
                 f"{path}:{line.number}: ignored, not KEY=VALUE (.tshrc is data, never run): "
