@@ -211,13 +211,13 @@ def not_a_json_number_problem(spelling: object) -> str:
     return f"holds {spelling}, which JSON has no number for"
 
 
-def duplicate_names_problem(names: list[str]) -> str:
+def duplicate_names_problem(names: list[str], where: str = "in one object") -> str:
     """What is wrong with a document that gives ``names`` twice, to follow its subject:
     ``gives the name 'exec' twice in one object; …``."""
     listed = ", ".join(repr(name) for name in names)
     noun = "name" if len(names) == 1 else "names"
     return (
-        f"gives the {noun} {listed} twice in one object; JSON readers disagree on which one "
+        f"gives the {noun} {listed} twice {where}; JSON readers disagree on which one "
         "counts, so give each name once"
     )
 
@@ -249,7 +249,38 @@ def dumps_document(
         raise Unwritable(_unwritable_problem(exc)) from None
     if max_depth is not None and nested_deeper(value, max_depth):
         raise Unwritable(too_deep)
+    twice = _names_given_twice(value)
+    if twice:
+        where = "in one object once its keys are written as text"
+        raise Unwritable(duplicate_names_problem(twice, where))
     return data
+
+
+def _names_given_twice(value: Any) -> list[str]:
+    """The names an object of ``value`` gives twice once ``json.dumps`` has written its keys
+    as text (``{1: …, "1": …}``, ``{True: …, "true": …}``), in the order met; only an object
+    with a key that is no str can (iteratively: the point is not to recurse)."""
+    twice: list[str] = []
+    pending: list[Any] = [value] if isinstance(value, dict | list) else []
+    while pending:
+        item = pending.pop()
+        if isinstance(item, dict):
+            if not all(type(key) is str for key in item):
+                seen: set[str] = set()
+                for name in map(_name_written, item):
+                    if name in seen and name not in twice:
+                        twice.append(name)
+                    seen.add(name)
+            children = item.values()
+        else:
+            children = item
+        pending.extend(child for child in children if isinstance(child, dict | list))
+    return twice
+
+
+def _name_written(key: Any) -> str:
+    """The name ``json.dumps`` writes for an object's key (a str, number, bool or None)."""
+    return key if isinstance(key, str) else json.dumps(key)
 
 
 def _unwritable_problem(refusal: ValueError) -> str:

@@ -91,3 +91,29 @@ def test_a_control_file_is_read_as_strictly_as_a_manifest(data: bytes, reason: s
     with pytest.raises(ValueError) as refused:
         jsontext.loads_text(data)
     assert str(refused.value).startswith(reason), refused.value
+
+
+@pytest.mark.parametrize(
+    ("value", "name"),
+    [
+        ({1: "a", "1": "b"}, "1"),
+        ({True: 1, "true": 2}, "true"),
+        ({None: 1, "null": 2}, "null"),
+        ({"outer": [{2.5: 1, "2.5": 2}]}, "2.5"),
+    ],
+)
+def test_a_value_whose_keys_collide_once_written_as_text_is_unwritable(
+    value: object, name: str
+) -> None:
+    """``json.dumps`` writes a key that is no str as text: two keys may become one name,
+    which every strict reader of the document then refuses (or reads one of)."""
+    with pytest.raises(jsontext.Unwritable) as caught:
+        jsontext.dumps_document(value)
+    assert f"gives the name {name!r} twice in one object once its keys are written" in str(
+        caught.value
+    )
+
+
+def test_keys_that_are_no_str_but_give_distinct_names_are_written() -> None:
+    written = jsontext.dumps_document({7: "a", "2": "b", False: "c", None: "d"})
+    assert loads_strict(written) == {"7": "a", "2": "b", "false": "c", "null": "d"}

@@ -17,7 +17,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from cortexfs import jsontext
 from cortexfs.errors import CtxError, errno_text
 from cortexfs.names import is_job_name, job_name_problem
 from cortexfs.queue.layout import (
@@ -28,7 +27,7 @@ from cortexfs.queue.layout import (
     lstat_at,
     read_regular_file,
 )
-from cortexfs.queue.requests import stored_result_limit
+from cortexfs.queue.requests import decode_result, stored_result_limit
 
 # The states a job can be in, in the order status reports them.
 STATES = ("pending", "claimed", "done", "failed", "incomplete", "conflict")
@@ -409,7 +408,7 @@ def _unproven(queue: Queue, dir_fd: int, state: str, job: str, st: os.stat_resul
             "max_result_bytes), so it proves nothing of J's run"
         )
     try:
-        result = jsontext.loads_strict(read_regular_file(dir_fd, job + RESULT_SUFFIX, limit))
+        result = decode_result(read_regular_file(dir_fd, job + RESULT_SUFFIX, limit))
     except FileNotFoundError:
         return ""  # gone since it was listed: nothing to judge
     except (OSError, CtxError, ValueError) as exc:

@@ -11,7 +11,7 @@ import stat
 from collections.abc import Mapping
 from typing import Any
 
-from cortexfs import durable, jsontext
+from cortexfs import durable
 from cortexfs.errors import CtxError, errno_text
 from cortexfs.names import job_name
 from cortexfs.queue import evidence as ev
@@ -237,7 +237,7 @@ def _own_result(
     try:
         limit = requests.stored_result_limit(queue.config.max_result_bytes)
         data = read_regular_file(queue.dirs[state], job + RESULT_SUFFIX, limit)
-        recorded = jsontext.loads_strict(data)
+        recorded = requests.decode_result(data)
     except (OSError, CtxError, ValueError):
         return None
     if not isinstance(recorded, dict) or recorded.get("worker") != dict(worker):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import stat
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -232,7 +233,7 @@ def _shown(queue: Queue, job: str, evidence: ev.JobEvidence) -> dict[str, Any]:
         "result": requests.stored_result_limit(queue.config.max_result_bytes),
     }
     for key, path in _documents(queue, evidence):
-        detail[key] = _read_document(queue, path, limits[key])
+        detail[key] = _read_document(queue, path, limits[key], _READERS[key])
     if evidence.lease_file:
         detail["holder"] = _holder(queue, job)
     return detail
@@ -332,16 +333,28 @@ def _open_parent(queue: Queue, path: str) -> tuple[int, str, bool]:
     return queue.open_job_dir(parts[0], parts[1]), parts[2], True
 
 
-def _read_document(queue: Queue, path: str, limit: int) -> Any:
-    """The JSON document at ``path``, read up to ``limit`` bytes (what its kind may reach);
-    ``{"unreadable": why}`` otherwise."""
+# How each document is read, as the queue's own readers read it: a request as a claim
+# does (a name given twice makes it malformed: readers disagree on which one counts), a
+# result one level deeper than a request (it wraps an output), a lease as recover does.
+_READERS: dict[str, Callable[[str], Any]] = {
+    "request": jsontext.loads_strict,
+    "result": lambda text: requests.decode_result(text, unique_names=False),
+    "lease": lambda text: jsontext.loads_strict(text, unique_names=False),
+}
+
+
+def _read_document(queue: Queue, path: str, limit: int, read: Callable[[str], Any]) -> Any:
+    """The JSON document at ``path``, read up to ``limit`` bytes (what its kind may reach)
+    by ``read``; ``{"unreadable": why}`` otherwise."""
     try:
         dir_fd, name, owned = _open_parent(queue, path)
     except OSError as exc:  # its directory went (J moved on: show looks again) or is shut
         return {"unreadable": str(exc)}
     try:
         data = read_regular_file(dir_fd, name, limit)
-        return jsontext.loads_strict(data.decode("utf-8"), unique_names=False)
+        return read(data.decode("utf-8"))
+    except jsontext.DuplicateNames as exc:
+        return {"unreadable": f"it {jsontext.duplicate_names_problem(exc.names)}"}
     except (CtxError, OSError, ValueError) as exc:
         return {"unreadable": str(exc)}
     finally:

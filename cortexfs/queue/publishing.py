@@ -167,7 +167,8 @@ def publish_batch(
     per directory for all their names.  Returns the job names in input order.
 
     Every request is validated first; one invalid request refuses the whole batch (EINVAL
-    listing each bad entry by its 1-based position) and nothing is written.  A crash during
+    listing each bad entry by its 1-based position, or its line with ``line_numbers``) and
+    nothing is written.  A crash during
     the call may publish a prefix of the batch — the batch is durable, not atomic.  So may a
     refusal once the moves into ``pending/`` have begun (ENOSPC when ``pending/`` must grow
     and the disk is full): :class:`PublishedInPart` names what was published and what was
@@ -194,11 +195,14 @@ def publish_batch(
         raise invalid("the batch names the same job twice")
     encoded, problems = [], []
     limit = queue.config.max_request_bytes
-    for position, (request, source) in enumerate(zip(batch, sources, strict=True), start=1):
+    # A bad entry is named where it came from: a line of the caller's input, as its syntax
+    # errors were, else its position in the batch.
+    label = "request" if line_numbers is None else "line"
+    for number, request, source in zip(numbers, batch, sources, strict=True):
         try:
             encoded.append(requests.encode_request(request, limit, publisher, source))
         except CtxError as exc:
-            problems.append(f"request {position}: {exc.message}")
+            problems.append(f"{label} {number}: {exc.message}")
     if problems:
         raise CtxError(errno.EINVAL, "batch refused, nothing published: " + "; ".join(problems))
     for job, given_name in zip(jobs, names, strict=True):

@@ -325,11 +325,22 @@ class ResultOverLimit(CtxError):
         super().__init__(errno.EFBIG, message)
 
 
+# A result wraps an output, which may be as deep as any document a reader takes: one level
+# deeper, as every reader of a result takes it (show, recover, a finish completed again).
+RESULT_MAX_DEPTH = jsontext.MAX_DEPTH + 1
+
+
+def decode_result(data: bytes | str, *, unique_names: bool = True) -> Any:
+    """A result read back from the queue, as :func:`encode_result` writes one."""
+    return jsontext.loads_strict(data, unique_names=unique_names, max_depth=RESULT_MAX_DEPTH)
+
+
 def encode_result(result: Mapping[str, Any], limit: int | None) -> bytes:
-    """The bytes of a result; :class:`ResultOverLimit` above ``limit`` (None: no limit)."""
+    """The bytes of a result; :class:`ResultOverLimit` above ``limit`` (None: no limit);
+    EINVAL for one no reader would take back (an output nested deeper than a document may
+    be, NaN…)."""
     try:
-        # A worker's result wraps the tool's output, which may be as deep as a reader takes.
-        data = jsontext.dumps_document(result, default=str, max_depth=None) + b"\n"
+        data = jsontext.dumps_document(result, default=str, max_depth=RESULT_MAX_DEPTH) + b"\n"
     except jsontext.Unwritable as exc:
         raise invalid(f"the result is not JSON: it {exc}") from None
     if limit is not None and len(data) > limit:

@@ -171,6 +171,39 @@ def test_batch_with_one_bad_request_publishes_nothing(queue: Queue, queue_dir: P
     assert entries(queue_dir, "pending") == [] and entries(queue_dir, "inbox") == []
 
 
+def test_a_batch_given_line_numbers_names_a_bad_request_by_its_line(
+    queue: Queue, queue_dir: Path
+) -> None:
+    """The command line passes where each request came from: a bad one is named by the line
+    of the caller's input, as a line that is no JSON is, whatever blank lines came before."""
+    batch = [request(0), {"tool": "x"}]
+    with pytest.raises(CtxError) as caught:
+        publish_batch(queue, batch, line_numbers=[1, 5])  # type: ignore[list-item]
+    assert "line 5: " in caught.value.message and "request" not in caught.value.message[:40]
+    assert entries(queue_dir, "pending") == [] and entries(queue_dir, "inbox") == []
+
+
+def test_an_output_as_deep_as_a_document_may_be_is_finished_and_shown(queue: Queue) -> None:
+    """A result wraps its output: an output of MAX_DEPTH levels (as deep as a tool's output
+    is read) makes a result one level deeper, which show and a finish completed again read;
+    an output deeper still is refused, the job left claimed."""
+    from cortexfs.jsontext import MAX_DEPTH
+    from cortexfs.queue.inspect import show
+
+    deep: object = []
+    for _ in range(MAX_DEPTH - 1):
+        deep = [deep]
+    publish(queue, request(1))
+    won = claim(queue, Holder.for_process())
+    assert won is not None
+    with pytest.raises(CtxError) as caught:
+        finish(queue, won.job, True, [deep])
+    assert caught.value.errno == errno.EINVAL and "nested deeper" in caught.value.message
+    finish(queue, won.job, True, deep)
+    shown = show(queue, won.job)
+    assert shown["state"] == "done" and shown["result"]["output"] == deep, shown["result"]
+
+
 def test_batch_issues_one_barrier_for_all_data(queue_dir: Path) -> None:
     from tests.queue.helpers import CountingOps
 

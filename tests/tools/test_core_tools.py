@@ -195,6 +195,25 @@ def test_shell_exec_runs_as_the_agent_in_a_confined_directory(agent: World) -> N
     assert as_json.output == {"n": 1}
 
 
+@pytest.mark.parametrize(
+    ("given", "said"),
+    [
+        ({"cmd": "echo a\0b"}, "cmd must not contain NUL"),
+        ({"cmd": "echo \ud800"}, "cmd holds '\\ud800' at character 5, a lone surrogate"),
+        ({"cmd": "cat", "stdin": "x\udcff"}, "stdin holds '\\udcff' at character 1"),
+    ],
+)
+def test_shell_exec_refuses_a_command_or_stdin_no_process_can_be_given(
+    agent: World, given: dict[str, str], said: str
+) -> None:
+    """A NUL ends an argument in the kernel, and a lone surrogate is no text: a bad input
+    (EINVAL, the tool's usage status 2), never a traceback of the tool."""
+    refused = agent.run("shell.exec", given)
+    assert refused.error is not None and refused.error.errno == errno.EINVAL, refused
+    assert said in refused.error.message and refused.exit_status == 2, refused
+    assert "Traceback" not in refused.stderr, refused.stderr
+
+
 @settings(
     max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )

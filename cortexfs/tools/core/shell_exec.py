@@ -15,18 +15,20 @@ SPEC A-1, can do that), which is why ``shell.exec`` is a permission-bearing tool
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
+from collections.abc import Callable
 from typing import NoReturn
 
 from cortexfs.tools.core import confine
-from cortexfs.tools.core.toolio import core_main, main_parameter, require
+from cortexfs.tools.core.toolio import ToolFailure, core_main, main_parameter, require
 
 SHELL = "/bin/sh"
 
 
 def execute(request: dict[str, object], native: bool) -> NoReturn:
-    command = require(request, "cmd", str)
+    command = _shell_text(require(request, "cmd", str), "cmd")
     view = confine.View.from_environment(os.environ)
     directory = confine.open_directory(view.locate(require(request, "cwd", str, str(view.cwd))))
     try:
@@ -34,7 +36,7 @@ def execute(request: dict[str, object], native: bool) -> NoReturn:
     finally:
         os.close(directory)
     if "stdin" in request:
-        _feed_stdin(require(request, "stdin", str).encode())
+        _feed_stdin(_utf8(require(request, "stdin", str), "stdin"))
     elif native:
         _feed_stdin(b"")
     # Python ignores SIGPIPE and SIGXFSZ, and an ignored signal stays ignored across exec:
@@ -43,6 +45,27 @@ def execute(request: dict[str, object], native: bool) -> NoReturn:
     for signum in (signal.SIGPIPE, signal.SIGXFSZ):
         signal.signal(signum, signal.SIG_DFL)
     os.execv(SHELL, [SHELL, "-c", command])
+
+
+def _shell_text(text: str, key: str) -> bytes:
+    """``text`` as the bytes of a command line, as the kernel takes an argument (a byte that
+    is not UTF-8 given as its surrogate escape); a NUL, which no argument can hold, or a lone
+    surrogate of no byte is a bad input (EINVAL)."""
+    if "\0" in text:
+        raise ToolFailure(errno.EINVAL, f"{key} must not contain NUL", usage=True)
+    return _utf8(text, key, os.fsencode)
+
+
+def _utf8(text: str, key: str, encode: Callable[[str], bytes] = str.encode) -> bytes:
+    try:
+        return encode(text)
+    except UnicodeEncodeError as exc:
+        raise ToolFailure(
+            errno.EINVAL,
+            f"{key} holds {text[exc.start]!r} at character {exc.start}, a lone surrogate, "
+            "which is no text",
+            usage=True,
+        ) from None
 
 
 def _feed_stdin(data: bytes) -> None:
