@@ -8,6 +8,7 @@ result is ``{"status": "ok"|"error", "output": ..., "worker": {...}, "started": 
 
 from __future__ import annotations
 
+import codecs
 import errno
 import functools
 import getpass
@@ -181,6 +182,13 @@ def parse_request_bytes(data: bytes, limit: int, where: str = "request") -> dict
     the last — a request that names one tool here and another there."""
     if len(data) > limit:
         raise too_big(_over_limit(where, len(data), limit, "max_request_bytes"))
+    if data.startswith(codecs.BOM_UTF8):
+        # RFC 8259 lets a reader refuse it, and a request is stored as given: a reader that
+        # does not skip it would find no JSON at all.
+        raise invalid(
+            f"{where} starts with a byte order mark (U+FEFF), which is no part of JSON; save "
+            "it as UTF-8 without one"
+        )
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:

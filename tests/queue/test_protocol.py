@@ -204,6 +204,17 @@ def test_an_output_as_deep_as_a_document_may_be_is_finished_and_shown(queue: Que
     assert shown["state"] == "done" and shown["result"]["output"] == deep, shown["result"]
 
 
+def test_a_request_with_a_byte_order_mark_is_refused_saying_so() -> None:
+    """Stored as given, such a request would be no JSON to a reader that does not skip the
+    mark: refused, in words that say what to change (not the JSON reader's)."""
+    from cortexfs.queue.requests import parse_request_bytes
+
+    with pytest.raises(CtxError) as caught:
+        parse_request_bytes(b'\xef\xbb\xbf{"tool": "fs.read", "input": {}}', 1 << 20)
+    assert caught.value.errno == errno.EINVAL
+    assert caught.value.message.startswith("request starts with a byte order mark (U+FEFF)")
+
+
 def test_batch_issues_one_barrier_for_all_data(queue_dir: Path) -> None:
     from tests.queue.helpers import CountingOps
 
