@@ -360,7 +360,7 @@ def _run(
         # Stopped before its session is opened: nothing of the agent's home is made.
         _stopped_while_starting(early_stop.stopped_by, Progress(as_json, lambda: None, only))
         return
-    executor = executor_for(kind, root, agent, session)
+    executor = executor_for(kind, root, agent, session, queue_dir)
     options = WorkerOptions(
         drain=drain,
         max_jobs=max_jobs,

@@ -46,7 +46,9 @@ def _no_job_claimed(refused: CtxError) -> CtxError:
 class ToolExecutor:
     """Run each job's tool as ``agent``, recording the job in the agent's session."""
 
-    def __init__(self, root: Path, agent: str, session: str = "worker") -> None:
+    def __init__(
+        self, root: Path, agent: str, session: str = "worker", queue: Path | None = None
+    ) -> None:
         # Whether the tools may run at all depends only on who started the worker: asked
         # once, before any claim, rather than by every job's call after its claim (a worker
         # nobody may run would claim every job only to fail it).
@@ -64,6 +66,7 @@ class ToolExecutor:
             raise _no_job_claimed(refused) from None
         self.root = root
         self.agent = agent
+        self.queue = None if queue is None else _where_in_root(queue, root)
         self.session_ref = SessionRef.home(root, view.identity.uid, agent, session)
         owner = Ownership(view.identity.uid, view.identity.gid)
         self.session: Session = _open_worker_session(self.session_ref, owner)
@@ -88,11 +91,15 @@ class ToolExecutor:
         started, the finish before the job is reported done.  ``queue.start`` is no transition;
         the fsync of the ``tool_result`` after it makes it durable too.
         """
+        # The object is the job as the queue names it (S-2); ``queue`` says which queue, so
+        # that the jobs of two projects one agent works, named alike, are told apart.
+        where = {} if self.queue is None else {"queue": self.queue}
         self.session.record(
             event,
             object=f"queue/{job}",
             status=status,
             durable_event=event in DURABLE_TRANSITIONS,
+            **where,
             **facts,
         )
 
@@ -279,8 +286,16 @@ def _session_remedy(code: int | None, home: Path, uid: int) -> str:
     return remedy or f"fix what refused it ({refused})"
 
 
+def _where_in_root(queue: Path, root: Path) -> str:
+    """The queue's path from the storage root (``shared/ml/queue``), else as given."""
+    try:
+        return Path(os.path.abspath(queue)).relative_to(os.path.abspath(root)).as_posix()
+    except ValueError:
+        return str(queue)
+
+
 def executor_for(
-    kind: str, root: Path, agent: str | None, session: str
+    kind: str, root: Path, agent: str | None, session: str, queue: Path | None = None
 ) -> ToolExecutor | AgentlessExecutor:
     """The executor of a worker kind: ``tool`` (any tool) or ``shell`` (shell.exec only);
     with no agent, one that refuses every job (:class:`AgentlessExecutor`).  EINVAL when
@@ -295,7 +310,7 @@ def executor_for(
     # fail every job: refused here, before any claim, rather than each job moved to failed/.
     require_this_versions_tools(root, "the worker claimed no job")
     _require_startable_tools(root, agent)
-    return kinds[kind](root, agent, session)
+    return kinds[kind](root, agent, session, queue)
 
 
 def _require_startable_tools(root: Path, agent: str) -> None:

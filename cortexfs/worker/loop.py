@@ -596,6 +596,29 @@ class Worker:
             "tools, policy and logs; start it again on the root's path",
         )
 
+    def _require_same_queue(self, queue: Queue) -> None:
+        """Before each claim: the queue's path still names the directory the worker opened.
+        A project removed (and perhaps made again) leaves the worker holding a queue nobody
+        publishes to: it would wait on it for ever, blind to the jobs of the queue now at
+        that path.  The worker stops, saying so; started again, it works the new one."""
+        opened = os.fstat(queue.root_fd)
+        try:
+            now = os.stat(queue.path, follow_symlinks=False)
+        except FileNotFoundError:
+            now = None
+        if now is not None and (now.st_dev, now.st_ino) == (opened.st_dev, opened.st_ino):
+            return
+        where = (
+            "no longer exists"
+            if now is None
+            else "now names another directory than the one this worker opened"
+        )
+        raise CtxError(
+            errno.ENOENT if now is None else errno.ESTALE,
+            f"the queue {queue.path} {where} (its project was removed, or made again): the "
+            "worker claims no more jobs from it; start it again to work the queue at that path",
+        )
+
     def _take_ticket(self) -> bool:
         """Reserve one of the ``--max-jobs`` claims; False when none are left."""
         with self._count_lock:
@@ -723,6 +746,7 @@ class Worker:
                 return
             with self._claim_lock:
                 self._require_same_root()
+                self._require_same_queue(queue)
                 try:
                     queue.reread_config()  # the limits for this job are the config's now
                 except (CtxError, OSError) as exc:

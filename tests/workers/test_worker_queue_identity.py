@@ -1,0 +1,40 @@
+"""Which queue a worker works: its session says it of every job, and a queue removed under
+it (its project deleted, perhaps made again) stops it instead of leaving it waiting on a
+directory nobody publishes to any more."""
+
+from __future__ import annotations
+
+import shutil
+
+from cortexfs.queue import init_queue
+from tests.workers.conftest import PROJECT, Farm
+from tests.workers.test_worker import events_of
+
+
+def test_each_queue_event_names_the_queue_from_the_storage_root(farm: Farm) -> None:
+    job = farm.publish("shell.exec", {"cmd": "echo hi"})
+    drained = farm.worker("--drain")
+    _, err = drained.communicate(timeout=120)
+    assert drained.returncode == 0, err
+
+    queue_events = [e for e in events_of(farm) if str(e["type"]).startswith("queue.")]
+    assert [e["type"] for e in queue_events] == ["queue.claim", "queue.start", "queue.finish"]
+    assert {(e["object"], e["queue"]) for e in queue_events} == {
+        (f"queue/{job}", f"shared/{PROJECT}/queue")
+    }
+
+
+def test_a_waiting_worker_whose_queue_is_made_again_stops_naming_it(farm: Farm) -> None:
+    waiting = farm.worker()
+    assert waiting.stdout is not None
+    assert '"event": "start"' in waiting.stdout.readline()  # it has opened the queue
+    shutil.rmtree(farm.queue)
+    init_queue(farm.queue)
+    job = farm.publish("shell.exec", {"cmd": "echo hi"})
+    try:
+        _, err = waiting.communicate(timeout=60)
+    finally:
+        waiting.kill()
+    assert waiting.returncode == 1, err
+    assert f"the queue {farm.queue} now names another directory" in err, err
+    assert (farm.queue / "pending" / job).exists()  # left for a worker of the new queue
