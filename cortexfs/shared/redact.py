@@ -191,7 +191,7 @@ def summarize(value: Any, depth: int = 0) -> Any:
             secret = is_secret_key(key) or (names_a_secret and _is_a_value_key(key))
             summary[logged_key] = REDACTED if secret else summarize(item, depth + 1)
         if len(value) > MAX_ITEMS:
-            summary[f"[+{len(value) - MAX_ITEMS} keys]"] = None
+            summary[_distinct(f"[+{len(value) - MAX_ITEMS} keys]", summary)] = None
         return summary
     if isinstance(value, list | tuple):
         if depth >= MAX_DEPTH:
@@ -321,11 +321,20 @@ def _is_a_value_key(key: str) -> bool:
 
 
 def summarize_argv(argv: Sequence[str]) -> list[str]:
-    """An argv safe to log: secret option values redacted, long words shortened."""
-    kept = _summarize_words(argv[:MAX_ITEMS])
+    """An argv safe to log: secret option values redacted, long words shortened, and a byte
+    that is not UTF-8 (which Python gives as a lone surrogate) written as ``\\xNN`` text: a
+    lone surrogate in a record is a line strict readers of other languages refuse."""
+    kept = _summarize_words([_as_text(word) for word in argv[:MAX_ITEMS]])
     if len(argv) > MAX_ITEMS:
         kept.append(f"[+{len(argv) - MAX_ITEMS} words]")
     return kept
+
+
+def _as_text(word: str) -> str:
+    try:
+        return word.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:  # a surrogate of no byte: its escape, as text
+        return word.encode("utf-8", "backslashreplace").decode()
 
 
 def _summarize_words(argv: Sequence[str]) -> list[str]:
@@ -373,8 +382,31 @@ def _introduces_a_secret(word: str) -> bool:
     return word.endswith(":") and is_secret_key(word)
 
 
+# A terminal's control sequences: CSI (colours, cursor moves), also as its 8-bit C1 byte, OSC
+# (titles, hyperlinks) and the two-character escapes.
+_TERMINAL_SEQUENCE = re.compile(
+    r"(?:\x1b\[|\x9b)[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-Z\\-_]"
+)
+
+
 def redact_text(text: str) -> str:
-    """``text`` with the values of the secrets it names replaced (the free-text rule)."""
+    """``text`` with the values of the secrets it names replaced (the free-text rule).
+
+    A tool's coloured output puts control sequences between a secret's name and its value
+    (``ESC[1mPassword:ESC[0m value``), where the rule would take a sequence for the value.
+    Such text is judged without its sequences too; when that finds more to hide, the text
+    is kept without them (the secret matters more than its colours), else as it was."""
+    redacted = _redact_plain(text)
+    if "\x1b" not in text and "\x9b" not in text:
+        return redacted
+    plain = _TERMINAL_SEQUENCE.sub("", text)
+    plain_redacted = _redact_plain(plain)
+    if _TERMINAL_SEQUENCE.sub("", redacted) == plain_redacted:
+        return redacted
+    return plain_redacted
+
+
+def _redact_plain(text: str) -> str:
     if "-----BEGIN" in text:
         text = _PRIVATE_KEY_BLOCK.sub(REDACTED, text)
     text = _KNOWN_TOKEN.sub(REDACTED, text)

@@ -16,6 +16,7 @@ from cortexfs.shared.redact import (
     REDACTED,
     bounded_summary,
     hidden_values,
+    redact_text,
     summarize,
     summarize_argv,
     without_hidden,
@@ -605,3 +606,31 @@ def test_hidden_values_of_an_argv_are_the_values_of_its_secret_options() -> None
         "hunter2",
         "k-456",
     }
+
+
+@pytest.mark.parametrize(
+    ("text", "kept"),
+    [
+        ("\x1b[1mPassword:\x1b[0m s3cret-value", "Password: [redacted]"),
+        ("\x1b[1mpassword\x1b[0m: s3cret-value", "password: [redacted]"),
+        # The rule found the secret through the colours: the text keeps them.
+        (
+            "\x1b[31mfailed\x1b[0m: password=s3cret-value",
+            "\x1b[31mfailed\x1b[0m: password=[redacted]",
+        ),
+        ("\x1b[2J no secret here", "\x1b[2J no secret here"),
+    ],
+)
+def test_a_secret_behind_a_terminals_colours_is_redacted(text: str, kept: str) -> None:
+    assert redact_text(text) == kept
+
+
+def test_the_note_of_keys_left_out_never_replaces_a_kept_key() -> None:
+    value = {"[+1 keys]": "first", **{f"k{n}": n for n in range(20)}}
+    summary = summarize(value)
+    assert summary["[+1 keys]"] == "first" and summary["[+1 keys]#2"] is None
+    assert len(summary) == 21
+
+
+def test_argv_bytes_that_are_not_utf8_are_logged_as_text_not_lone_surrogates() -> None:
+    assert summarize_argv(["caf\udce9", "\ud800", "ok"]) == ["caf\\xe9", "\\ud800", "ok"]
