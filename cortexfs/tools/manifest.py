@@ -283,6 +283,7 @@ def _problems_and_program(
         isinstance(document, dict)
         and isinstance(document.get("exec"), str)
         and document["exec"]
+        and "\0" not in document["exec"]
         and jsontext.lone_surrogate(document["exec"]) is None
     ):
         read = _read_program(document["exec"], origin)
@@ -307,6 +308,8 @@ def _document_problems(document: object) -> list[str]:
         # schema and the program say so as schemas (schema_problems).
         if character is not None and field not in ("schema", "program"):
             problems.append(f"{field}: holds {character!r}, a lone surrogate, not a character")
+    if isinstance(document.get("exec"), str) and "\0" in document["exec"]:
+        problems.append("exec: holds a NUL character, which no path can hold")
     name = document.get("name")
     if isinstance(name, str):
         problem = object_name_problem(name)

@@ -26,6 +26,7 @@ import contextlib
 import errno
 import functools
 import os
+import re
 import selectors
 import signal
 import subprocess
@@ -197,10 +198,35 @@ def _raise_launchers_exec_failure(
 _ERRNO_OF_REASON = {os.strerror(code): code for code in sorted(errno.errorcode, reverse=True)}
 
 
+def _require_interpreter(program: str, cwd: str) -> None:
+    """Raise, as :func:`_raise_launchers_exec_failure` does after the fact, ENOENT for a
+    script whose ``#!`` interpreter is not there (gone, or a ``#!/bin/sh`` saved with CRLF
+    line ends, whose name ends in a carriage return).  On the caller's terminal the
+    launcher's one line goes to the person, not to the runner: looked at before the start,
+    such a tool is recorded as one that could not start, never as a tool that exited 127.
+    The kernel's reading of the line: the name runs to the first blank, line end or NUL, and
+    a relative one is taken from the working directory."""
+    try:
+        with open(program, "rb") as script:
+            head = script.read(_SHEBANG_BYTES)
+    except OSError:
+        return  # the start says what is wrong with the program itself
+    if not head.startswith(b"#!"):
+        return
+    line = head[2:].split(b"\n", 1)[0].split(b"\0", 1)[0].lstrip(b" \t")
+    interpreter = re.split(rb"[ \t]", line, maxsplit=1)[0]
+    if interpreter and not os.path.exists(os.path.join(os.fsencode(cwd), interpreter)):
+        raise OSError(errno.ENOENT, os.strerror(errno.ENOENT), program)
+
+
+_SHEBANG_BYTES = 256  # as much of a script's first line as the kernel reads (BINPRM_BUF_SIZE)
+
+
 @_keeping_exit_statuses
 def run_attached(spec: ProcessSpec, *, on_start: Callable[[int], None] | None = None) -> Finished:
     """Run with the caller's stdin, stdout and stderr (terminal CLI mode, T-3)."""
     started = time.monotonic()
+    _require_interpreter(spec.argv[0], spec.cwd)
     argv, options, network_namespace = _launch(spec)
     with network_namespace:
         process = subprocess.Popen(

@@ -94,6 +94,7 @@ def test_every_problem_is_listed_not_just_the_first(tmp_path: Path) -> None:
         ({"kind": "agent"}, "kind: 'tool' was expected"),
         ({"cap": {"network": "yes"}}, "cap/network: 'yes' is not of type 'boolean'"),
         ({"cap": ["side_effects"]}, "cap: ['side_effects'] is not of type 'object'"),
+        ({"exec": "prog.sh\0x"}, "exec: holds a NUL character, which no path can hold"),
     ],
 )
 def test_one_problem_each(tmp_path: Path, fields: dict[str, Any], fragment: str) -> None:

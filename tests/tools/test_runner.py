@@ -231,6 +231,28 @@ def test_terminal_mode_accepts_an_empty_argv(coder: World) -> None:
     assert result.exit_status == 7 and result.error.stage == "exit"
 
 
+@pytest.mark.parametrize("interpreter", ["/nonexistent/interp", "/bin/sh\r"])
+def test_a_tool_whose_interpreter_is_missing_never_ran_in_either_mode(
+    coder: World, interpreter: str
+) -> None:
+    """docs/tools.md: a tool that could not start is an error at stage run, never an exit
+    status 126 or 127 of a tool that never ran; on a terminal as in native mode (where the
+    launcher's complaint goes to the person, not to the runner)."""
+    coder.install("noint", f"#!{interpreter}\necho ran\n")
+    coder.agent("starter", tools=["noint"])
+    coder.allow_tool("noint", "starter_t")
+    native = coder.run("noint", {}, agent="starter")
+    terminal = run_terminal(coder.root, "starter", "noint", [], timeout=30)
+
+    for result in (native, terminal):
+        assert result.error is not None and result.error.stage == "run", result
+        assert result.error.errno == errno.ENOENT and result.exit_status is None, result
+    results = [e for e in coder.events("starter") if e["type"] == "tool_result"]
+    assert [(e["errno"], e["stage"], e["exit_status"]) for e in results] == [
+        ("ENOENT", "run", None)
+    ] * 2, results
+
+
 def test_ctx_run_terminal_exit_statuses(coder: World) -> None:
     base = [*CTX, "--storage", str(coder.root), "run", "--agent", "coder"]
 
