@@ -378,19 +378,30 @@ def test_ctrl_z_suspends_the_call_to_the_shell_and_fg_resumes_it(host, tag):
     """T-3, docs/tools.md: "on a terminal the tool becomes the foreground process group so
     that Ctrl-C and job control reach it".  Ctrl-Z while a tool runs suspends the job as for
     any command a shell runs: the prompt comes back, and ``fg`` lets the tool finish, ctx
-    exiting 0."""
+    exiting 0.
+
+    The tool waits in a builtin ``read``: a shell that starts a command (dash starts them
+    with vfork) cannot stop until that command has started, while the child a Ctrl-Z stopped
+    before its exec never starts, so no shell above sees the job stop (the shell that
+    started ``ctx run`` would not see it either, were the tool its own job).  Its ``read``
+    may come before ``ctx run`` has handed it the terminal, which stops it (SIGTTIN) until
+    ctx continues it: the key is typed once it reads, as a person types at a prompt."""
     marker = f"{host.top}/{tag}"
-    go = host.top / f"go-{tag}"
-    script = f"echo RE''ADY; while [ ! -e {go} ]; do sleep 0.05; done; echo DO''NE # {marker}"
+    script = f"echo RE''ADY; read line; echo DO''NE-$line # {marker}"
     with interactive_shell(host) as shell:
         mark = shell.type(run_line(tag, script) + "\n")
         assert shell.shows("READY", mark), shell.text()
-        assert shell.until(lambda: tool_has_terminal(shell, marker)), shell.text()
+
+        def reading() -> bool:
+            return tool_has_terminal(shell, marker) and not tool_stopped(marker)
+
+        assert shell.until(reading), shell.text()
         shell.type(CTRL_Z)
         assert shell.until(lambda: shell.prompts(mark) >= 1), shell.text()
         mark = shell.type("fg\n")
-        go.touch()
-        assert shell.shows("DONE", mark) and shell.until(lambda: shell.prompts(mark) >= 1)
+        assert shell.until(reading), shell.text()
+        shell.type("go\n")
+        assert shell.shows("DONE-go", mark) and shell.until(lambda: shell.prompts(mark) >= 1)
         assert shell.last_status() == 0, shell.text()
 
 

@@ -20,7 +20,7 @@ PROMPT = b"job$ "
 
 # The runner, with Ctrl-Z typed the moment the terminal is first the tool's.
 CTRL_Z_AT_HANDOVER = """
-import os, signal
+import os, signal, sys
 from cortexfs.tools import spawn
 
 real_tcsetpgrp = os.tcsetpgrp
@@ -33,7 +33,9 @@ def tcsetpgrp_then_ctrl_z(fd, pgid):
         os.killpg(pgid, signal.SIGTSTP)
 
 os.tcsetpgrp = tcsetpgrp_then_ctrl_z
-tool = ["/bin/sh", "-c", "sleep 0.5; echo DO''NE"]
+# Python, which starts nothing: a shell's vfork of a command would hold the shell itself
+# unstoppable while the Ctrl-Z stops its child before its exec.
+tool = [sys.executable, "-c", "import time; time.sleep(0.5); print('DO' 'NE')"]
 """
 
 # The runner, handing the terminal over only once the tool has tried to read it.
