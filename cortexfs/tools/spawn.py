@@ -29,6 +29,7 @@ import os
 import re
 import selectors
 import signal
+import stat
 import subprocess
 import termios
 import threading
@@ -207,10 +208,17 @@ def _require_interpreter(program: str, cwd: str) -> None:
     The kernel's reading of the line: the name runs to the first blank, line end or NUL, and
     a relative one is taken from the working directory."""
     try:
-        with open(program, "rb") as script:
-            head = script.read(_SHEBANG_BYTES)
+        # Never waited on: a FIFO put at the name since it was resolved is the start's to
+        # refuse.
+        fd = os.open(program, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return  # the start says what is wrong with the program itself
+    try:
+        head = os.read(fd, _SHEBANG_BYTES) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
+    except OSError:
+        return
+    finally:
+        os.close(fd)
     if not head.startswith(b"#!"):
         return
     line = head[2:].split(b"\n", 1)[0].split(b"\0", 1)[0].lstrip(b" \t")
