@@ -65,6 +65,11 @@ def loads_strict(
         return document
 
     hook = noting_duplicates if unique_names else None
+    if isinstance(data, bytes | bytearray):
+        # JSON between programs is UTF-8 (RFC 8259, 8.1), a byte order mark before it
+        # ignored as json.loads ignores it; json.loads would also take bytes that look like
+        # UTF-16 or UTF-32 for such a text, which no other reader does.
+        data = bytes(data).decode("utf-8-sig")
     try:
         value = json.loads(
             data, parse_constant=_refuse_constant, parse_float=_finite, object_pairs_hook=hook

@@ -185,7 +185,10 @@ def load_manifest(path: Path) -> Manifest:
             raise ManifestError(source, [first, *problems], [errno.EINVAL, *codes]) from None
         except jsontext.NotAJsonNumber as exc:
             raise ManifestError(source, [f"not JSON: {exc} is not a JSON number"]) from None
-        except (UnicodeDecodeError, ValueError) as exc:
+        except UnicodeDecodeError as exc:
+            problem = f"not UTF-8, as JSON is: {exc.reason} at byte {exc.start}"
+            raise ManifestError(source, [problem]) from None
+        except ValueError as exc:
             raise ManifestError(source, [f"not JSON: {exc}"]) from None
         return _parse(document, origin)
     finally:

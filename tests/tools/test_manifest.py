@@ -149,6 +149,14 @@ def test_a_key_given_twice_is_refused_not_resolved_by_a_guess(tmp_path: Path) ->
     )
 
 
+def test_a_manifest_in_utf16_is_refused_as_not_utf8(tmp_path: Path) -> None:
+    """JSON between programs is UTF-8 (RFC 8259): Python's reader would guess UTF-16 from
+    the bytes, which no other reader of the manifest does."""
+    path = manifest(tmp_path)
+    path.write_bytes(path.read_text().encode("utf-16"))
+    assert problems_of(path) == ("not UTF-8, as JSON is: invalid start byte at byte 0",)
+
+
 def test_nan_is_not_json(tmp_path: Path) -> None:
     path = manifest(tmp_path, cap={"side_effects": False})
     path.write_text(path.read_text().replace('"side_effects": false', '"cost": NaN'))
