@@ -462,11 +462,14 @@ def exchange_synced(ops: FsOps, dir_fd: int, first: str, second: str) -> None:
     sync_dir(ops, dir_fd)
 
 
-def replace_file_synced(ops: FsOps, dir_fd: int, name: str, data: bytes, mode: int) -> None:
+def replace_file_synced(
+    ops: FsOps, dir_fd: int, name: str, data: bytes, mode: int, *, owner: int | None = None
+) -> None:
     """Replace ``name`` in ``dir_fd`` by a file holding ``data``, whole and durably.
 
     The data is written beside it under a fresh temporary name, given exactly ``mode``
-    (whatever the umask) through its descriptor, fsynced, renamed over ``name``, and the
+    (whatever the umask) and ``owner`` (root only: the uid of the file it replaces, say)
+    through its descriptor, fsynced, renamed over ``name``, and the
     directory synced: readers see the old file or the new one.  On failure the temporary file
     is removed.  For files the caller owns (controls, pages, programs), like
     :func:`replace_synced`, in a directory no other uid may write: the temporary name is
@@ -475,7 +478,7 @@ def replace_file_synced(ops: FsOps, dir_fd: int, name: str, data: bytes, mode: i
     names hold.
     """
     temporary = temporary_name(name)
-    write_file_synced(ops, dir_fd, temporary, data, mode, exact_mode=True)
+    write_file_synced(ops, dir_fd, temporary, data, mode, exact_mode=True, owner=owner)
     try:
         replace_synced(ops, dir_fd, temporary, dir_fd, name)
     except BaseException:

@@ -114,8 +114,10 @@ def effective(text: str) -> dict[str, int]:
     for line in lines:
         if line.key not in DEFAULTS or given.count(line.key) > 1:
             continue
-        if value_problem(line.key, line.value) is None:
-            settings[line.key] = int(line.value)
+        value = _decimal(line.value)  # thousands of leading zeros are no int() to Python
+        if value_problem(line.key, value) is None:
+            assert isinstance(value, int)
+            settings[line.key] = value
     return settings
 
 
@@ -194,7 +196,11 @@ def _changes(requested: object) -> dict[str, int]:
         problem = value_problem(key, value)
         if problem:
             raise ToolFailure(errno.EINVAL, problem, usage=True)
-    return {key: int(value) for key, value in requested.items()}  # "64" is written as 64
+    # "64" is written as 64; "0…064" too, however many its zeros (judged valid above).
+    return {
+        key: int(_decimal(value) if isinstance(value, str) else value)
+        for key, value in requested.items()
+    }
 
 
 def _missing(path: Path) -> ToolFailure:
@@ -253,9 +259,14 @@ def _update_locked(
     old = _read(path, errors="surrogateescape")
     if old is None:
         text, mode = DEFAULT_TEXT, CONFIG_MODE  # made as bootstrap makes it
+        status = os.fstat(directory)
     else:
         text = old
-        mode = stat.S_IMODE(os.stat(path.name, dir_fd=directory, follow_symlinks=False).st_mode)
+        status = os.stat(path.name, dir_fd=directory, follow_symlinks=False)
+        mode = stat.S_IMODE(status.st_mode)
+    # The file is the storage root's owner's (docs/tools.md): root's update keeps it theirs,
+    # as the file it replaces was, or as its directory is when there was none.
+    owner = status.st_uid if os.geteuid() == 0 else None
     shown = _shown(text)
     bad = problems(shown)
     if bad:
@@ -266,7 +277,7 @@ def _update_locked(
         return before, _shown(text)
     try:
         data = text.encode("utf-8", "surrogateescape")
-        durable.replace_file_synced(ops, directory, path.name, data, mode)
+        durable.replace_file_synced(ops, directory, path.name, data, mode, owner=owner)
     except OSError as exc:
         # The replacement is written beside the file first: the OSError names that
         # temporary, which tells the caller nothing about what was refused and why.
