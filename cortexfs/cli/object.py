@@ -230,7 +230,7 @@ def list_command(tier: str | None, storage_dir: Path | None, as_json: bool) -> N
     the agent's at each call (ctx policy explain AGENT tool:NAME execute).
     """
     root = resolve_storage(storage_dir)
-    tiers = [_tier_option(root, tier)] if tier else all_tiers(root, os.getuid())
+    tiers = [_tier_option(root, tier)] if tier is not None else all_tiers(root, os.getuid())
     require_tier(tiers[0])  # a missing root or named tier is ENOENT, not an empty listing
     listings = list_tools(tiers)
     if as_json:

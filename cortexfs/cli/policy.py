@@ -24,7 +24,7 @@ from cortexfs.cli.common import (
     storage_option,
     usage_problem,
 )
-from cortexfs.cli.params import MAX_ID
+from cortexfs.cli.params import MAX_ID, NonEmptyPath
 from cortexfs.errors import CtxError, invalid
 from cortexfs.names import decimal_value, is_decimal, shown_number
 from cortexfs.policy import (
@@ -62,8 +62,12 @@ def policy() -> None:
     """
 
 
+# A policy FILE, or - for standard input; an empty one names no file (a usage error).
+_POLICY_FILE = NonEmptyPath(allow_dash=True, path_type=str)
+
+
 @policy.command()
-@click.argument("files", nargs=-1, required=True, metavar="FILE...")
+@click.argument("files", nargs=-1, required=True, metavar="FILE...", type=_POLICY_FILE)
 @json_option
 def check(files: tuple[str, ...], as_json: bool) -> None:
     """Validate policy FILEs ('-' reads standard input).
@@ -105,6 +109,7 @@ def check(files: tuple[str, ...], as_json: bool) -> None:
     multiple=True,
     required=True,
     metavar="FILE",
+    type=_POLICY_FILE,
     help="A policy to consult; repeat it to require several layers, e.g. agent and tool.",
 )
 @click.argument("subject")
