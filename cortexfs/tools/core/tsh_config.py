@@ -115,8 +115,7 @@ def effective(text: str) -> dict[str, int]:
         if line.key not in DEFAULTS or given.count(line.key) > 1:
             continue
         value = _decimal(line.value)  # thousands of leading zeros are no int() to Python
-        if value_problem(line.key, value) is None:
-            assert isinstance(value, int)
+        if isinstance(value, int) and value_problem(line.key, value) is None:
             settings[line.key] = value
     return settings
 
