@@ -20,10 +20,11 @@ MAX_SECONDS = 366 * 24 * 3600.0
 SECONDS_TEXT = re.compile(r"-?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?", re.ASCII)
 
 
-# The instants every timestamp written here can name: years 1 to 9999 in any offset, a day in
-# from either end (a time read in +14:00 or -12:00 is still one that can be written in UTC).
-EARLIEST = datetime(1, 1, 2, tzinfo=UTC).timestamp()
-LATEST = datetime(9999, 12, 30, tzinfo=UTC).timestamp()
+# The instants every timestamp written here can name: years 1 to 9999 in UTC, to the second
+# (a time read in another offset counts by its instant: 9999-12-31T23:00:00-12:00 is past
+# them).  Whole seconds, which a float holds exactly there, so that each end can be written.
+EARLIEST = datetime(1, 1, 1, tzinfo=UTC).timestamp()
+LATEST = datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC).timestamp()
 
 
 def is_seconds(value: object, *, zero: bool = False) -> bool:
