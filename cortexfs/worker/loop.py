@@ -425,6 +425,21 @@ class LeaseKeeper(threading.Thread):
             self.on_lapsing(job, exc, expires)
 
 
+def _gone_elsewhere(
+    path: Path, identity: tuple[int, int], since: str, *, follow_symlinks: bool = True
+) -> tuple[int, str] | None:
+    """None while ``path`` names the directory of ``identity`` (``st_dev``, ``st_ino``), the
+    one this worker ``since`` (started on, opened); else the errno and the words that say
+    where it went: ENOENT when nothing is there, ESTALE when another directory is."""
+    try:
+        now = os.stat(path, follow_symlinks=follow_symlinks)
+    except FileNotFoundError:
+        return errno.ENOENT, "no longer exists"
+    if (now.st_dev, now.st_ino) == identity:
+        return None
+    return errno.ESTALE, f"now names another directory than the one this worker {since}"
+
+
 class Worker:
     """A claim/execute/finish loop over one queue, ``concurrency`` jobs at a time."""
 
@@ -578,19 +593,12 @@ class Worker:
         and the job stays pending."""
         if self.root is None or self._root_identity is None:
             return
-        try:
-            now = os.stat(self.root)
-        except FileNotFoundError:
-            now = None
-        if now is not None and (now.st_dev, now.st_ino) == self._root_identity:
+        gone = _gone_elsewhere(self.root, self._root_identity, "started on")
+        if gone is None:
             return
-        where = (
-            "no longer exists"
-            if now is None
-            else "now names another directory than the one this worker started on"
-        )
+        code, where = gone
         raise CtxError(
-            errno.ENOENT if now is None else errno.ESTALE,
+            code,
             f"the storage root {self.root} {where} (it was moved, or a link on its path "
             "changed): the worker claims no more jobs, so that none runs with another root's "
             "tools, policy and logs; start it again on the root's path",
@@ -602,19 +610,13 @@ class Worker:
         publishes to: it would wait on it for ever, blind to the jobs of the queue now at
         that path.  The worker stops, saying so; started again, it works the new one."""
         opened = os.fstat(queue.root_fd)
-        try:
-            now = os.stat(queue.path, follow_symlinks=False)
-        except FileNotFoundError:
-            now = None
-        if now is not None and (now.st_dev, now.st_ino) == (opened.st_dev, opened.st_ino):
+        identity = (opened.st_dev, opened.st_ino)
+        gone = _gone_elsewhere(queue.path, identity, "opened", follow_symlinks=False)
+        if gone is None:
             return
-        where = (
-            "no longer exists"
-            if now is None
-            else "now names another directory than the one this worker opened"
-        )
+        code, where = gone
         raise CtxError(
-            errno.ENOENT if now is None else errno.ESTALE,
+            code,
             f"the queue {queue.path} {where} (its project was removed, or made again): the "
             "worker claims no more jobs from it; start it again to work the queue at that path",
         )
