@@ -70,8 +70,9 @@ def _run(command: click.Command, args: list[str], prog_name: str, obj: object) -
         error.show()  # a bare group: its help, which is no error to explain
         sys.exit(EXIT_USAGE)
     except click.UsageError as error:
-        _show_usage_error(error, error.ctx or _context_of(command, args, prog_name), prog_name)
-        if _asks_for_json(command, args, prog_name):
+        context, asks_for_json = _read_line(command, args, prog_name)
+        _show_usage_error(error, error.ctx or context, prog_name)
+        if asks_for_json:
             _emit_usage_error(CtxError(errno.EINVAL, error.format_message()))
         sys.exit(EXIT_USAGE)
     except click.ClickException as error:
@@ -79,7 +80,7 @@ def _run(command: click.Command, args: list[str], prog_name: str, obj: object) -
         sys.exit(error.exit_code)
     except click.Abort:
         # click turns a KeyboardInterrupt (and an EOF at a prompt) into Abort.
-        interrupted(prog_name, _asks_for_json(command, args, prog_name))
+        interrupted(prog_name, _read_line(command, args, prog_name)[1])
     # Without standalone mode click returns what ctx.exit() was given, or the command's
     # return value (None for every ctx command).
     sys.exit(status if isinstance(status, int) else EXIT_OK)
@@ -105,41 +106,33 @@ def _emit_usage_error(error: CtxError) -> None:
         discard_output(sys.stdout)
 
 
-def _asks_for_json(command: click.Command, args: list[str], prog_name: str) -> bool:
-    """Whether ``--json`` is given as an option of the command that has one: not as another
-    option's value (``--worker --json``), nor among the words after a command's operands
-    that are not its options (a tool's argv), nor as an operand after ``--``."""
+def _read_line(
+    command: click.Command, args: list[str], prog_name: str
+) -> tuple[click.Context, bool]:
+    """The context of the deepest subcommand ``args`` name, and whether they give ``--json``
+    as an option of a command that has one: not as another option's value (``--worker
+    --json``), nor among the words after a command's operands that are not its options (a
+    tool's argv), nor as an operand after ``--``.  Click leaves the context out of the error
+    of an option given without its value, whose usage lines are then that command's."""
     context = click.Context(command, info_name=prog_name, **command.context_settings)
-    value_next = False
+    asks_for_json = value_next = False
     for word in args:
         if value_next:
             value_next = False
             continue
         if word == "--":
-            return False
+            break
         subcommand = _subcommand(context, word)
         if subcommand is not None:
             context = subcommand
             continue
         option = _option_named(context, word.partition("=")[0])
-        if option is not None and "--json" in option.opts:
-            return True
         if option is not None:
+            asks_for_json = asks_for_json or "--json" in option.opts
             value_next = not option.is_flag and not option.count and "=" not in word
         elif not word.startswith("-") and not context.allow_interspersed_args:
-            return False  # its operands begin: what follows is theirs
-    return False
-
-
-def _context_of(command: click.Command, args: list[str], prog_name: str) -> click.Context:
-    """The context of the deepest subcommand ``args`` name: click leaves it out of the error
-    of an option given without its value, whose usage lines are then that command's."""
-    context = click.Context(command, info_name=prog_name, **command.context_settings)
-    for word in args:
-        if word == "--":
-            break
-        context = _subcommand(context, word) or context
-    return context
+            break  # its operands begin: what follows is theirs
+    return context, asks_for_json
 
 
 def _subcommand(context: click.Context, word: str) -> click.Context | None:
