@@ -252,35 +252,43 @@ def dumps_document(
         raise Unwritable(too_deep) from None
     except ValueError as exc:
         raise Unwritable(_unwritable_problem(exc)) from None
-    if max_depth is not None and nested_deeper(value, max_depth):
+    deeper, twice = _shape(value, max_depth)
+    if deeper:
         raise Unwritable(too_deep)
-    twice = _names_given_twice(value)
     if twice:
         where = "in one object once its keys are written as text"
         raise Unwritable(duplicate_names_problem(twice, where))
     return data
 
 
-def _names_given_twice(value: Any) -> list[str]:
-    """The names an object of ``value`` gives twice once ``json.dumps`` has written its keys
+def _shape(value: Any, max_depth: int | None) -> tuple[bool, list[str]]:
+    """In one walk of ``value``, level by level (iteratively: the point is not to recurse):
+    whether it nests deeper than ``max_depth`` (None: no bound), as :func:`nested_deeper`
+    says of a bound of 1 or more, and the names an object of it gives twice once ``json.dumps`` has written its keys
     as text (``{1: …, "1": …}``, ``{True: …, "true": …}``), in the order met; only an object
-    with a key that is no str can (iteratively: the point is not to recurse)."""
+    with a key that is no str can."""
     twice: list[str] = []
-    pending: list[Any] = [value] if isinstance(value, dict | list) else []
-    while pending:
-        item = pending.pop()
-        if isinstance(item, dict):
-            if not all(type(key) is str for key in item):
-                seen: set[str] = set()
-                for name in map(_name_written, item):
-                    if name in seen and name not in twice:
-                        twice.append(name)
-                    seen.add(name)
-            children = item.values()
-        else:
-            children = item
-        pending.extend(child for child in children if isinstance(child, dict | list))
-    return twice
+    level: list[Any] = [value] if isinstance(value, dict | list) else []
+    depth = 0
+    while level:
+        depth += 1
+        if max_depth is not None and depth > max_depth:
+            return True, twice
+        below: list[Any] = []
+        for item in level:
+            if isinstance(item, dict):
+                if not all(type(key) is str for key in item):
+                    seen: set[str] = set()
+                    for name in map(_name_written, item):
+                        if name in seen and name not in twice:
+                            twice.append(name)
+                        seen.add(name)
+                children = item.values()
+            else:
+                children = item
+            below.extend(child for child in children if isinstance(child, dict | list))
+        level = below
+    return False, twice
 
 
 def _name_written(key: Any) -> str:
