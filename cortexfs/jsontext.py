@@ -264,9 +264,9 @@ def dumps_document(
 def _shape(value: Any, max_depth: int | None) -> tuple[bool, list[str]]:
     """In one walk of ``value``, level by level (iteratively: the point is not to recurse):
     whether it nests deeper than ``max_depth`` (None: no bound), as :func:`nested_deeper`
-    says of a bound of 1 or more, and the names an object of it gives twice once ``json.dumps`` has written its keys
-    as text (``{1: …, "1": …}``, ``{True: …, "true": …}``), in the order met; only an object
-    with a key that is no str can."""
+    says of a bound of 1 or more, and the names an object of it gives twice once
+    ``json.dumps`` has written its keys as text (``{1: …, "1": …}``, ``{True: …, "true":
+    …}``), in the order met; only an object with a key that is no str can."""
     twice: list[str] = []
     level: list[Any] = [value] if isinstance(value, dict | list) else []
     depth = 0
