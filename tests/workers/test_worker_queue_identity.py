@@ -4,8 +4,10 @@ directory nobody publishes to any more."""
 
 from __future__ import annotations
 
+import os
 import shutil
 
+from cortexfs import durable
 from cortexfs.queue import init_queue
 from tests.workers.conftest import PROJECT, Farm
 from tests.workers.test_worker import events_of
@@ -28,8 +30,16 @@ def test_a_waiting_worker_whose_queue_is_made_again_stops_naming_it(farm: Farm) 
     waiting = farm.worker()
     assert waiting.stdout is not None
     assert '"event": "start"' in waiting.stdout.readline()  # it has opened the queue
-    shutil.rmtree(farm.queue)
-    init_queue(farm.queue)
+    # Made again in one step (a new queue exchanged in, the old one removed after), so that
+    # the worker never looks while nothing is there, which it would call ENOENT.
+    again = farm.queue.with_name("queue-again")
+    init_queue(again)
+    parent = os.open(farm.queue.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        durable.default_ops().rename_exchange(again.name, parent, farm.queue.name, parent)
+    finally:
+        os.close(parent)
+    shutil.rmtree(again)
     job = farm.publish("shell.exec", {"cmd": "echo hi"})
     try:
         _, err = waiting.communicate(timeout=60)
