@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cortexfs import jsontext
-from cortexfs.errors import CtxError, invalid, not_found
+from cortexfs.errors import CtxError, describe, invalid, not_found
 from cortexfs.names import job_name
 from cortexfs.printable import shell_word
 from cortexfs.queue import evidence as ev
@@ -26,7 +26,7 @@ from cortexfs.queue.layout import (
     lock_dir,
     read_regular_file,
 )
-from cortexfs.queue.leasing import read_lease
+from cortexfs.queue.leasing import lease_unreadable, read_lease
 from cortexfs.timefmt import rfc3339
 
 
@@ -246,7 +246,7 @@ def _holder(queue: Queue, job: str) -> dict[str, str]:
     try:
         lease = read_lease(queue, job)
     except (OSError, CtxError) as exc:
-        return {"state": "unreadable", "reason": f"the lease cannot be read ({exc})"}
+        return {"state": "unreadable", "reason": lease_unreadable(job, exc)}
     verdict = judge(lease)
     return {"state": verdict.state, "reason": verdict.reason}
 
@@ -303,7 +303,7 @@ def _judged(queue: Queue, job: str, evidence: ev.JobEvidence) -> ev.Assessment:
         try:
             read_lease(queue, job)
         except (OSError, CtxError) as exc:
-            return ev.unreadable_lease(f"lease/{job}/{LEASE_FILE} cannot be read ({exc})")
+            return ev.unreadable_lease(lease_unreadable(job, exc))
     return assessment
 
 
@@ -349,13 +349,15 @@ def _read_document(queue: Queue, path: str, limit: int, read: Callable[[str], An
     try:
         dir_fd, name, owned = _open_parent(queue, path)
     except OSError as exc:  # its directory went (J moved on: show looks again) or is shut
-        return {"unreadable": str(exc)}
+        return {"unreadable": describe(exc)}
     try:
         data = read_regular_file(dir_fd, name, limit)
         return read(data.decode("utf-8"))
     except jsontext.DuplicateNames as exc:
         return {"unreadable": f"it {jsontext.duplicate_names_problem(exc.names)}"}
-    except (CtxError, OSError, ValueError) as exc:
+    except (CtxError, OSError) as exc:
+        return {"unreadable": describe(exc)}
+    except ValueError as exc:  # not JSON, or not the document its kind must be
         return {"unreadable": str(exc)}
     finally:
         if owned:

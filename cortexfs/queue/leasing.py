@@ -10,7 +10,7 @@ import stat
 from collections.abc import Sequence
 
 from cortexfs import durable
-from cortexfs.errors import CtxError, not_found
+from cortexfs.errors import CtxError, describe, not_found
 from cortexfs.names import job_name
 from cortexfs.queue.holder import MAX_LEASE_BYTES, MAX_LEASE_TTL, Holder, Lease, check_ttl
 from cortexfs.queue.layout import (
@@ -49,6 +49,11 @@ def read_lease(queue: Queue, job: str) -> Lease:
     finally:
         queue.ops.close(lease_fd)
     return Lease.decode(data, job)
+
+
+def lease_unreadable(job: str, exc: OSError | CtxError) -> str:
+    """Why J's lease could not be read, in the errno words every other refusal uses."""
+    return f"lease/{job}/{LEASE_FILE} cannot be read ({describe(exc)})"
 
 
 class NotHeld(CtxError):

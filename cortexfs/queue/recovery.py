@@ -45,7 +45,7 @@ from cortexfs.queue.layout import (
     lock_dir,
     lstat_at,
 )
-from cortexfs.queue.leasing import read_lease
+from cortexfs.queue.leasing import lease_unreadable, read_lease
 from cortexfs.queue.transition import remove_claim_and_lease
 from cortexfs.timefmt import MAX_SECONDS, is_seconds
 
@@ -294,7 +294,8 @@ def _recover_job(
                 finding.detail = f"{verdict.reason}; left alone, it is now {now}"
                 report.untouched.append(finding)
                 return
-            finding.detail = ev.unreadable_lease(verdict.reason).detail  # a human decides
+            unreadable = ev.unreadable_lease(verdict.reason)  # a human decides
+            finding.state, finding.detail = unreadable.state, unreadable.detail
             report.conflicts.append(finding)
             return
         if not verdict.gone:
@@ -412,7 +413,7 @@ def _lease_verdict(queue: Queue, job: str) -> Verdict:
         lease = read_lease(queue, job)
     except (OSError, CtxError) as exc:
         # An unreadable lease proves nothing about its holder: never act on it.
-        return Verdict(UNREADABLE, f"lease/{job}/{LEASE_FILE} cannot be read ({exc})")
+        return Verdict(UNREADABLE, lease_unreadable(job, exc))
     return judge(lease)
 
 

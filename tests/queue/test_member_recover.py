@@ -83,3 +83,30 @@ def test_a_members_recover_names_the_directory_it_may_not_write_and_the_remedy(
     by_root = subprocess.run(argv, capture_output=True, text=True)
     assert by_root.returncode == 0, by_root.stdout
     assert sorted(os.listdir(queue_dir / "pending")) == [job]
+
+
+def test_a_lease_a_member_may_not_read_is_a_conflict_in_errno_words_in_every_reader(
+    old_claim: tuple[Path, str], member: UnprivilegedUser
+) -> None:
+    """Q-6: nobody can tell whether the holder of a lease that cannot be read is alive, so the
+    job is a conflict: recover's ``--json`` says ``conflict`` as status and show do, and the
+    reason is the errno's name, not the language's rendering of the exception."""
+    root, job = old_claim
+    queue_dir = queue_path(root, PROJECT)
+    os.chmod(queue_dir / "lease" / job / "worker", 0o600)
+    before = tree(queue_dir)
+    argv = [*CTX, "--storage", str(root), "queue"]
+
+    recovered = run_as(member, [*argv, "recover", "--project", PROJECT, "--json"])
+    shown = run_as(member, [*argv, "show", "--project", PROJECT, job, "--json"])
+
+    assert recovered.returncode == 1, recovered.stderr
+    [conflict] = json.loads(recovered.stdout)["conflicts"]
+    assert conflict["job"] == job and conflict["state"] == "conflict", conflict
+    reason = f"lease/{job}/worker cannot be read (EACCES: Permission denied: worker)"
+    assert reason in conflict["detail"], conflict
+    assert shown.returncode == 1, shown.stderr
+    holder = json.loads(shown.stdout)["holder"]
+    assert holder == {"state": "unreadable", "reason": reason}, holder
+    assert "Errno" not in recovered.stdout + shown.stdout
+    assert tree(queue_dir) == before
