@@ -1,7 +1,8 @@
 """Usage errors read alike however the line went wrong: an option left without its value
 shows its command's usage lines as any other, the error object goes to stdout only for a line
 that asked for ``--json`` as an option (not as another option's value, nor as a tool's
-argument), and an empty path or tier is refused as malformed (EINVAL, exit 2)."""
+argument), an empty path or tier is refused as malformed (EINVAL, exit 2), and ``ctx run``
+takes its options spelt out, as click takes every other command's."""
 
 from __future__ import annotations
 
@@ -53,3 +54,22 @@ def test_the_error_object_goes_to_stdout_only_when_json_was_asked(
 def test_an_empty_tier_or_policy_file_is_malformed(tmp_path: Path, args: list[str]) -> None:
     refused = ctx(tmp_path, *args)
     assert refused.returncode == 2 and "EINVAL" in refused.stderr, refused
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--agen", "coder", "fs.stat"], "No such option '--agen'. Did you mean '--agent'?"),
+        (["--agent", "coder", "--nat", "fs.stat"], "No such option '--nat'. Did you mean"),
+        (["--agent=coder", "--tim=3", "fs.stat"], "No such option '--tim'. Did you mean"),
+        (["--agent", "coder", "-x", "fs.stat"], "No such option '-x'."),
+        (["--help", "--agen", "coder", "fs.stat"], "No such option '--agen'."),
+    ],
+)
+def test_ctx_run_refuses_a_shortened_or_unknown_option_as_click_does(
+    tmp_path: Path, args: list[str], said: str
+) -> None:
+    refused = ctx(tmp_path, "run", *args)
+    assert refused.returncode == 2 and refused.stdout == "", refused
+    assert refused.stderr.startswith("Usage: ctx run [OPTIONS] TOOL [ARGS]...\n"), refused
+    assert f"ctx: EINVAL: {said}" in refused.stderr, refused

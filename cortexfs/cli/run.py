@@ -7,6 +7,7 @@ what a call needs, because it is started once per tool call.
 from __future__ import annotations
 
 import argparse
+import difflib
 import errno
 import functools
 import json
@@ -133,6 +134,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, bool]]:
     # built with formatters of a set width, and given the real one once built.
     parser = _Parser(
         prog="ctx run",
+        allow_abbrev=False,  # '--nat' is no '--native', as click takes no '--proj' elsewhere
         usage=USAGE,
         description=DESCRIPTION,
         formatter_class=functools.partial(_Formatter, width=80),
@@ -190,6 +192,7 @@ def parse_command_line(argv: list[str]) -> argparse.Namespace:
     """
     parser, takes_value = _parser()
     own, tool, tool_argv = _split(argv, takes_value)
+    _refuse_unknown_options(parser, own, takes_value)
     options = parser.parse_args([*own, "--", *tool] if tool else own)
     # argparse takes the '--' of '--agent=--' for its own and leaves an empty list: the value
     # given was '--', judged as any other (an illegal name; no number, no path).
@@ -217,13 +220,26 @@ def _split(argv: list[str], takes_value: dict[str, bool]) -> tuple[list[str], li
     return argv, [], []
 
 
+def _refuse_unknown_options(
+    parser: argparse.ArgumentParser, own: list[str], takes_value: dict[str, bool]
+) -> None:
+    """The first word of ``own`` (ctx run's part of the command line) naming no option of
+    ctx run, refused in click's words and with its suggestion; before argparse, which would
+    first say that a required option is missing when it was only misspelt."""
+    index = 0
+    while index < len(own):
+        name, equals, _ = own[index].partition("=")
+        if name not in takes_value:
+            near = difflib.get_close_matches(name, [o for o in takes_value if o[:2] == "--"], 1)
+            hint = f" Did you mean '{near[0]}'?" if near else ""
+            parser.error(f"No such option '{name}'.{hint}")
+        index += 2 if not equals and takes_value[name] else 1
+
+
 def _option_takes_value(name: str, takes_value: dict[str, bool]) -> bool:
-    """As argparse reads ``name``: exactly, or as the unambiguous prefix of a long option.
-    An unknown or ambiguous option is argparse's to refuse; it takes no value here."""
-    if name in takes_value:
-        return takes_value[name]
-    matches = [option for option in takes_value if option.startswith(name) and name[:2] == "--"]
-    return len(matches) == 1 and takes_value[matches[0]]
+    """As argparse reads ``name``: exactly, as click reads every other command's options.
+    An unknown option is argparse's to refuse; it takes no value here."""
+    return takes_value.get(name, False)
 
 
 def main(argv: list[str], storage_dir: Path | None = None) -> int:
