@@ -265,20 +265,25 @@ class ViewRules:
         step 2): X-1 makes the directory's permissions part of a space's visibility, so a
         space the kernel would keep the agent out of is not listed either, nor a symbolic link
         in a space's place, which the chain refuses whatever it names."""
+        return self._may_enter(("shared", space))
+
+    def _may_enter(self, parts: Parts) -> bool:
+        """Whether ``parts`` is a directory (never a link to one: the chain follows none, P-5
+        step 2) that the agent's uid, gid and groups may list and enter."""
         try:
-            status = os.lstat(self.view.root / "shared" / space)
+            status = os.lstat(self.view.root.joinpath(*parts))
         except OSError:
             return False
-        # A link in a space's place is no space: the chain follows none (P-5 step 2).
         return stat.S_ISDIR(status.st_mode) and permits(status, self.view.identity, _READ_SEARCH)
 
     def _session_visible(self, parts: Parts) -> bool:
         """Below an agent's ``session/`` in a space, or another agent's in the home it shares,
-        a session shows only to an agent its policy lets read it (``session:<n> read``, S-6);
-        the space's grant, or the uid, is not enough."""
+        a session shows only to an agent its policy lets read it (``session:<n> read``, S-6)
+        and whose uid, gid and groups may list and enter its directory (P-5 step 2, as
+        ``ctx policy explain`` judges it); the space's grant, or the uid, is not enough."""
         if len(parts) < 6 or not self.keeps_sessions(parts[:4]) or parts[4] != "session":
             return True
-        return self.view.allows("session", parts[5], "read")
+        return self.view.allows("session", parts[5], "read") and self._may_enter(parts[:6])
 
     def _agents_entry_writable(self, place: Parts, below: Parts) -> bool:
         """Whether ``<place>/agent/<below…>`` may be changed, in a space the agent may write or

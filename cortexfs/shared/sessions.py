@@ -177,7 +177,9 @@ def open_session(
         # exit 126) before it opens any.
         check_space_name(ref.space, "shared space")
         mode, events_mode = SHARED_MODE, SHARED_EVENTS_MODE
-        owner = Ownership(owner.uid, -1) if owner else None
+        # The space's group, given rather than left to the setgid bit of agent/: a space that
+        # lost it would have the host (root) give its own group to what it makes there.
+        owner = Ownership(owner.uid, _space_group(ref)) if owner else None
     else:
         mode, events_mode = HOME_SESSION_MODE, HOME_EVENTS_MODE
     # Walked without following links: a home or a space belongs to users who could plant one.
@@ -235,14 +237,31 @@ def _require_agents_own(ref: SessionRef, uid: int) -> None:
             )
 
 
+def _space_group(ref: SessionRef) -> int:
+    """The group of ``ref``'s space (ENOENT when there is no such space)."""
+    try:
+        return os.lstat(ref.root / "shared" / str(ref.space)).st_gid
+    except FileNotFoundError:
+        raise _no_space(ref) from None
+
+
+def _no_space(ref: SessionRef) -> CtxError:
+    return not_found(f"there is no shared space {ref.space!r}; create it with 'ctx shared create'")
+
+
 def _create_session_directories(
     ref: SessionRef, mode: int, owner: Ownership | None, ops: durable.FsOps
 ) -> None:
     if ref.space is not None:
         top = ref.root / "shared" / ref.space
         if not top.is_dir():
+            raise _no_space(ref)
+        if not (top / "agent").is_dir():
+            # The space's own agent/ is the host's, made with the space: made here, it would
+            # be the first recording agent's, free to move away every other agent's sessions.
             raise not_found(
-                f"there is no shared space {ref.space!r}; create it with 'ctx shared create'"
+                f"shared space {ref.space!r} has no agent/ directory for its sessions; "
+                f"'ctx shared create {ref.space}' makes what the space lacks"
             )
     else:
         assert ref.uid is not None
