@@ -20,20 +20,13 @@ twice, ``..`` in a mount source), answering EINVAL, which is only ever a fault o
 
 from __future__ import annotations
 
-import errno
-
 from cortexfs.printable import printable
 from cortexfs.tools.core.hostcall import ask_host
-from cortexfs.tools.core.toolio import Reply, ToolFailure, core_main, main_parameter
+from cortexfs.tools.core.toolio import Reply, core_main, main_parameter
 
 
 def create(request: dict[str, object], native: bool) -> Reply:
-    try:
-        answer = ask_host("agent.create", {"op": "agent.create", "request": request})
-    except ToolFailure as refused:
-        if refused.errno == errno.EINVAL:
-            raise ToolFailure(refused.errno, refused.message, usage=True) from None
-        raise
+    answer = ask_host("agent.create", {"op": "agent.create", "request": request})
     warnings = answer.setdefault("warnings", [])
     return Reply(
         answer,

@@ -52,5 +52,8 @@ def ask_host(tool: str, request: dict[str, Any]) -> dict[str, Any]:
             answer = {}
     if not answer.pop("ok", False):
         message = answer.get("message", "the host gave no answer")
-        raise ToolFailure(answer.get("errno", errno.EIO), message)
+        code = answer.get("errno", errno.EIO)
+        # EINVAL is the host's judgement of the input the call was given: a usage error (exit
+        # 2), as the same input refused by the tool's schema is.
+        raise ToolFailure(code, message, usage=code == errno.EINVAL)
     return answer

@@ -144,7 +144,14 @@ def read_request(arguments: list[str], shorthand: Shorthand) -> dict[str, Any]:
     data = read_stdin(MAX_INPUT_BYTES, "input", line_end=True)
     if not data.strip():
         return {}
-    return _parse_object(data.decode("utf-8", "replace"))
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        # Never replaced: fs.write or agent.update would write U+FFFD where the byte was.
+        raise ToolFailure(
+            errno_names.EINVAL, f"input is not UTF-8 text (byte {exc.start} is not)", usage=True
+        ) from None
+    return _parse_object(text)
 
 
 def main_parameter(key: str) -> Shorthand:
