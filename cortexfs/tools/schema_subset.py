@@ -270,7 +270,8 @@ def _flag(value: object) -> bool:
 # formats, and the runner does not ask (nor does jsonschema by default).
 _SHAPES: dict[str, Callable[[object], bool]] = {
     "$schema": _draft,
-    "$id": _string,
+    # No "$id": what it may hold depends on the draft and on where it stands (a fragment,
+    # an id below the top names a resource references resolve to), jsonschema's to judge.
     "$comment": _string,
     "title": _string,
     "description": _string,
