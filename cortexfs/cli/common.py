@@ -152,6 +152,23 @@ def for_this_queue(text: str) -> str:
     return suggestions_for_this_queue()(text)
 
 
+def for_this_queue_in(document: Any) -> Any:
+    """``document`` (what ``--json`` prints) with :func:`for_this_queue` applied to each of
+    its strings: a suggestion in a report's detail names the queue as the text output's does."""
+    rewrite = suggestions_for_this_queue()
+
+    def walk(value: Any) -> Any:
+        if isinstance(value, str):
+            return rewrite(value)
+        if isinstance(value, dict):
+            return {key: walk(item) for key, item in value.items()}
+        if isinstance(value, list):
+            return [walk(item) for item in value]
+        return value
+
+    return walk(document)
+
+
 def suggestions_for_this_queue() -> Callable[[str], str]:
     """:func:`for_this_queue` as this command's context has it now, for threads that have no
     context of their own (a worker's)."""

@@ -29,6 +29,7 @@ from cortexfs.cli.common import (
     emit_json,
     fail,
     for_this_queue,
+    for_this_queue_in,
     handles_errors,
     readable_json,
     require_standard_input,
@@ -752,29 +753,24 @@ def status(queue_dir: Path, as_json: bool) -> None:
         report = inspect.status(q)
     found_conflict = EXIT_REFUSED if report.conflicts else EXIT_OK  # §2.4
     if as_json:
-        emit_json(report.to_json())
+        emit_json(for_this_queue_in(report.to_json()))
         sys.exit(found_conflict)
-    echo_printable(f"queue: {report.path}")
+    say = _for_this_queue_printed  # its suggestions name the queue this command was given
+    say(f"queue: {report.path}")
     for state, count in report.counts.items():
-        echo_printable(f"{state:<11}{count:>8}")
+        say(f"{state:<11}{count:>8}")
     for item in report.incomplete:
-        echo_printable(
-            f"incomplete {item['job']}: {item['detail']} (recover --reconcile: {item['repair']})"
-        )
+        say(f"incomplete {item['job']}: {item['detail']} (recover --reconcile: {item['repair']})")
     for item in report.conflicts:
-        echo_printable(
-            f"conflict   {item['job']}: {item['detail']}; evidence: {', '.join(item['evidence'])}"
-        )
+        say(f"conflict   {item['job']}: {item['detail']}; evidence: {', '.join(item['evidence'])}")
     for entry in report.ignored:
-        echo_printable(f"ignored    {entry.path}: {entry.reason}")
+        say(f"ignored    {entry.path}: {entry.reason}")
     for temp in report.temps:
-        echo_printable(
-            f"temp       {temp['path']} ({_temp_kind(temp)}{temp['age_seconds']:.0f}s old)"
-        )
+        say(f"temp       {temp['path']} ({_temp_kind(temp)}{temp['age_seconds']:.0f}s old)")
     for owned in report.owned_by_others:
-        echo_printable(f"owner      {owned['path']}/: {owned['reason']}; {owned['remedy']}")
+        say(f"owner      {owned['path']}/: {owned['reason']}; {owned['remedy']}")
     for lost in report.group_not_inherited:
-        echo_printable(f"group      {lost['path']}/: {lost['reason']}; {lost['remedy']}")
+        say(f"group      {lost['path']}/: {lost['reason']}; {lost['remedy']}")
     sys.exit(found_conflict)
 
 
@@ -883,7 +879,7 @@ def recover(
     if not dry_run:
         changed("the queue was recovered (a second 'ctx queue recover' finds nothing more)")
     if as_json:
-        emit_json(report.to_json())
+        emit_json(for_this_queue_in(report.to_json()))
     else:
         _render_recover(report)
     if not report.consistent:

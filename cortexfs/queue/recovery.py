@@ -263,6 +263,7 @@ def _temp_failure(queue: Queue, temp: ev.Temp, exc: OSError) -> Finding:
         exc,
         "not removed",
         "run 'ctx queue recover --reconcile' again",
+        entries=(path,),  # its own attribute (chattr +i) before its directory's
     )
     return Finding(path, "error", str(refusal), evidence=[path], error=refusal.code_name)
 
@@ -305,6 +306,7 @@ def _recover_job(
         finding.action = "requeue"
         finding.detail = f"lease holder gone: {verdict.reason}"
         if dry_run:
+            _require_applicable(queue, evidence.job, _requeue, finding, evidence)
             report.requeued.append(finding)  # planned, not applied
             return
         if _apply(queue, evidence.job, _requeue, finding, assessment, report.requeued):
@@ -329,6 +331,8 @@ def _recover_job(
             finding.detail += _left_to_its_holder(queue, evidence.job, verdict)
             report.incomplete.append(finding)
             return
+        repair = _REPAIRS[assessment.repair or ""]
+        _require_applicable(queue, evidence.job, repair, finding, evidence)
         report.repaired.append(finding)  # planned, not applied: the pair stays incomplete
         return
     # A live holder's pair too is judged by _apply, which tries claimed/J's lock before the
@@ -497,13 +501,7 @@ def _apply(
             else:  # claimed again since the scan, by a live holder: its job runs
                 finding.detail += f"; left alone, lease holder {verdict.state}: {verdict.reason}"
             return HELD
-        # Every directory the transition changes, before its first step, as finish checks
-        # (and in its words): a directory an older release made without the group's write
-        # bit (claimed/J 2755) would refuse a move midway with a bare EACCES, naming nothing.
-        action = f"{_VERBS[finding.action or '']} {job}"
-        places = _places_changed(job, transition, evidence)
-        queue.require_writable(action, places)
-        queue.require_changeable(action, _files_moved_or_removed(job, evidence))
+        action, places = _require_applicable(queue, job, transition, finding, evidence)
         with held_interrupts():  # Ctrl-C lands between two jobs, never inside one's move
             try:
                 transition(queue, job, claim_fd)
@@ -517,6 +515,21 @@ def _apply(
             finding.applied = True
             applied.append(finding)
         return None
+
+
+def _require_applicable(
+    queue: Queue, job: str, transition: Any, finding: Finding, evidence: ev.JobEvidence
+) -> tuple[str, tuple[str, ...]]:
+    """What the transition does to J (``requeue J``) and the directories it changes, once
+    every one of them is known to let it, as finish checks before its first step (and in its
+    words): a directory an older release made without the group's write bit (claimed/J 2755)
+    or a file made immutable would refuse a move midway with a bare EACCES or EPERM, naming
+    nothing.  A dry run checks the same, so that what it plans is what the run would do."""
+    action = f"{_VERBS[finding.action or '']} {job}"
+    places = _places_changed(job, transition, evidence)
+    queue.require_writable(action, places)
+    queue.require_changeable(action, _files_moved_or_removed(job, evidence))
+    return action, places
 
 
 def _places_changed(job: str, transition: Any, evidence: ev.JobEvidence) -> tuple[str, ...]:
