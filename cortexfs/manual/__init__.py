@@ -51,7 +51,7 @@ _MAX_PAGE_BYTES = 1024 * 1024
 # Never through a symlink, and never waiting on a FIFO someone put in a page's place: what is
 # opened is checked to be a regular file before it is read.
 _READ_PAGE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-_DIRECTORY_BENEATH = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_DIRECTORY_TO_SEARCH = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
 
 
 # The bundle's README.md is a topic too: ``ctx man README`` (or ``readme``, ``README.md``).
@@ -109,11 +109,16 @@ def _read_page(path: Path) -> bytes:
     file its owner may not read, which would become a page everyone reads, and a FIFO would
     block bootstrap for good."""
     try:
-        return read_regular_file(path, _MAX_PAGE_BYTES)
+        data = read_regular_file(path, _MAX_PAGE_BYTES)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise OSError(errno.ELOOP, "a symbolic link, never followed", str(path)) from None
         raise
+    try:
+        data.decode("utf-8")  # installed, it would be passed over by every reader of it
+    except UnicodeDecodeError as exc:
+        raise OSError(errno.EILSEQ, f"byte {exc.start} is not UTF-8 text", str(path)) from None
+    return data
 
 
 # ---------------------------------------------------------------------------------- install
@@ -166,11 +171,18 @@ def source_version(source: Path) -> str | None:
     import tomllib
 
     try:
-        with open(source / "pyproject.toml", "rb") as stream:
-            project = tomllib.load(stream).get("project", {})
+        # As a page is read: a FIFO there would block bootstrap for good, and a link to
+        # /dev/zero fill its memory.
+        data = read_regular_file(source / "pyproject.toml", _MAX_PAGE_BYTES)
+        project = tomllib.loads(data.decode("utf-8")).get("project", {})
     except FileNotFoundError:
         return None
-    except (OSError, tomllib.TOMLDecodeError) as exc:
+    except OSError as exc:
+        raise invalid(
+            f"{source}/pyproject.toml cannot be read ({exc.strerror}): SOURCE must be a "
+            "CortexFS source tree, whose pyproject.toml is a regular file"
+        ) from None
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise invalid(f"{source}/pyproject.toml cannot be read as TOML ({exc})") from None
     version = project.get("version") if isinstance(project, dict) else None
     return version if isinstance(version, str) else None
@@ -370,19 +382,27 @@ def _read_installed(root: Path, path: Path) -> tuple[str | None, str]:
     shown.  No link below the root is followed: not the page, nor ``man/`` or the bundle in
     its place, which bootstrap would replace and an agent's view does not show."""
     try:
-        fd = _open_page(root, path)
+        parent = _open_page_directory(root, path)
     except FileNotFoundError:
         return None, f"no page is installed at {path} ('ctx bootstrap' installs the bundle)"
     except _LinkOnTheWay as link:
         return None, f"{link.path} is a symbolic link, never followed ({_MOVE_IT})"
     except OSError as exc:
         return None, f"{path} cannot be read ({exc.strerror})"
-    # Checked on the descriptor: a file object refuses a directory with a bare EISDIR.
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        return None, f"{path} is not a regular file ({_MOVE_IT})"
-    with open(fd, "rb") as page:
-        data = page.read(_MAX_PAGE_BYTES)
+    try:
+        data = read_regular_file(path.name, _MAX_PAGE_BYTES, dir_fd=parent)
+    except FileNotFoundError:
+        return None, f"no page is installed at {path} ('ctx bootstrap' installs the bundle)"
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return None, f"{path} is a symbolic link, never followed ({_MOVE_IT})"
+        if exc.errno == errno.EINVAL:  # a directory, FIFO, socket or device
+            return None, f"{path} is not a regular file ({_MOVE_IT})"
+        if exc.errno == errno.EFBIG:  # shown cut short, the page would seem whole
+            return None, f"{path} is larger than {_MAX_PAGE_BYTES} bytes, more than any page"
+        return None, f"{path} cannot be read ({exc.strerror})"
+    finally:
+        os.close(parent)
     try:
         return data.decode("utf-8"), ""
     except UnicodeDecodeError:
@@ -395,17 +415,17 @@ class _LinkOnTheWay(Exception):
         self.path = path
 
 
-def _open_page(root: Path, path: Path) -> int:
-    """``path`` opened for reading, each directory below ``root`` (which may itself be reached
-    through a link, R-1) without following a link; :class:`_LinkOnTheWay` names one met."""
-    parts = path.relative_to(root).parts
-    fd = os.open(os.path.realpath(root), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+def _open_page_directory(root: Path, path: Path) -> int:
+    """The directory of the page ``path``, each directory below ``root`` (which may itself be
+    reached through a link, R-1) opened without following a link, and only to be searched
+    (``O_PATH``): a reader who may pass through a directory (mode 0711) but not list it reads
+    the page as ``cat`` would.  :class:`_LinkOnTheWay` names a link met on the way."""
+    parts = path.relative_to(root).parts[:-1]
+    fd = os.open(os.path.realpath(root), _DIRECTORY_TO_SEARCH)
     try:
         for depth, part in enumerate(parts):
-            last = depth == len(parts) - 1
-            flags = _READ_PAGE if last else _DIRECTORY_BENEATH
             try:
-                inner = os.open(part, flags, dir_fd=fd)
+                inner = os.open(part, _DIRECTORY_TO_SEARCH | os.O_NOFOLLOW, dir_fd=fd)
             except OSError as exc:
                 here = root.joinpath(*parts[: depth + 1])
                 if exc.errno == errno.ELOOP or (exc.errno == errno.ENOTDIR and here.is_symlink()):

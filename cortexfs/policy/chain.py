@@ -626,6 +626,11 @@ class _Evaluation:
         return Outcome.PASS, f"{self._label} (the agent cannot rewrite its own controls)"
 
     def object_policy(self) -> _StepOutcome:
+        bundle_read = ("shared", DOCS_BUNDLE, "read")
+        if (self.object_class, self.object_name, self.permission) == bundle_read:
+            # As every agent's view shows it and its tools read it: the manuals grant nothing
+            # and are granted to no one in particular (X-2, D-1).
+            return Outcome.PASS, f"{DOCS_BUNDLE} is the manual bundle, every agent's to read"
         outcome, detail = self._allowed_by(controls.control_path(self.agent, "policy"))
         if self.object_class != "mount" and self.site is not None:
             detail += f"; {self._granted_mount()}"
