@@ -102,6 +102,7 @@ class Terminal:
         self.session_made = False  # prepare() made the session's directory
         self.run_calls = RunSocket(root, self.view, self.session, self.workspace, self.selector)
         self.resting: dict[socket.socket, tuple[Callable[[socket.socket], None], float]] = {}
+        self.listeners: list[socket.socket] = []
 
     def workspace_source(self) -> PurePosixPath | None:
         """What this terminal shows at ``/workspace``: the agent's own mount there, or the
@@ -285,6 +286,7 @@ class Terminal:
                 listener.bind(address)
             listener.listen(16)
             listener.setblocking(False)
+            self.listeners.append(listener)
             self.selector.register(listener, selectors.EVENT_READ, self._accepting(take))
         # The peer decides: its uid for the terminal socket (refusal()), its pid namespace
         # for the run socket, which tsh reaches through the sandbox's bind (RunSocket).
@@ -487,6 +489,13 @@ class Terminal:
     # ------------------------------------------------------------------- stopping
 
     def close(self) -> None:
+        # No more connections first: a client let go now finds nothing answers, and says the
+        # terminal ended rather than that it was dropped (ctx agent watch).
+        for listener in self.listeners:
+            with contextlib.suppress(KeyError, ValueError):
+                self.selector.unregister(listener)
+            listener.close()
+        self.resting.clear()
         self.clients.close()
         self.run_calls.end()
         if self.shell is not None and self.shell.poll() is None:

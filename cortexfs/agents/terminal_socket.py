@@ -145,7 +145,10 @@ def connect(root: Path, view: AgentView, session: str, mode: bytes) -> Iterator[
             ) from None
         raise not_running(view.name, session) from None
     with connection:
-        connection.sendall(mode + b"\n")
+        # A terminal that turns this client away at once (too many clients) may have closed
+        # before the mode line is sent: its reason is still there to read (relay).
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            connection.sendall(mode + b"\n")
         yield connection
 
 
@@ -161,6 +164,7 @@ def relay(connection: socket.socket, *, write: bool) -> bool:
     if raw:
         tty.setraw(stdin)
     reading = write
+    first = True
     try:
         while True:
             readable = [connection] + ([stdin] if reading else [])
@@ -169,9 +173,15 @@ def relay(connection: socket.socket, *, write: bool) -> bool:
             if not ready:
                 return False  # quiet since the input ended
             if connection in ready:
-                data = connection.recv(65536)
+                try:
+                    data = connection.recv(65536)
+                except ConnectionResetError:
+                    return True
                 if not data:
                     return True
+                if first:
+                    first = False
+                    data = _unless_refused(connection, data)
                 os.write(sys.stdout.fileno(), data)
             if stdin in ready:
                 data = os.read(stdin, 4096)
@@ -179,7 +189,10 @@ def relay(connection: socket.socket, *, write: bool) -> bool:
                 # input all the same: it reaches the terminal before detaching.
                 typed, detach, _ = data.partition(DETACH)
                 if typed:
-                    connection.sendall(typed)
+                    try:
+                        connection.sendall(typed)
+                    except (BrokenPipeError, ConnectionResetError):
+                        return True  # the terminal let this client go, or ended
                 if detach:
                     return False
                 reading = bool(data)
@@ -295,6 +308,42 @@ def _refuse_to_stop(view: AgentView, session: str, run: RunDirectory) -> None:
 # ------------------------------------------------------------------------- the terminal
 
 
+def _unless_refused(connection: socket.socket, data: bytes) -> bytes:
+    """The first bytes the terminal sent, to be shown; CtxError with the terminal's errno and
+    reason when they are its refusal of this client: one line ``ctxterm: ENAME: reason``
+    followed by the end of the connection.  Output that merely begins so (the scrollback)
+    goes on instead, and is shown whole."""
+    if not data.startswith(_REFUSAL):
+        return data
+    connection.settimeout(REFUSAL_SECONDS)
+    try:
+        while b"\n" not in data and len(data) <= _MAX_REFUSAL:
+            more = connection.recv(_MAX_REFUSAL)
+            if not more:
+                break
+            data += more
+        line, _, after = data.partition(b"\n")
+        ended = not after and not connection.recv(1, socket.MSG_PEEK)
+    except (TimeoutError, BlockingIOError):
+        return data  # the connection goes on: output
+    except ConnectionResetError:
+        line, ended = data.partition(b"\n")[0], True
+    finally:
+        connection.settimeout(None)
+    if not ended:
+        return data
+    name, _, reason = line[len(_REFUSAL) :].decode("utf-8", "replace").partition(": ")
+    code = getattr(errno, name, None) if name.isupper() else None
+    if not isinstance(code, int) or not reason:
+        return data
+    raise CtxError(code, f"the terminal refused this client: {reason}")
+
+
+_REFUSAL = b"ctxterm: "
+_MAX_REFUSAL = 4096
+REFUSAL_SECONDS = 1.0  # for the end of the connection after a line that may be a refusal
+
+
 class TerminalClients:
     """The terminal's side of the socket: its clients, their mode lines and the scrollback.
 
@@ -362,6 +411,9 @@ class TerminalClients:
         if problem is not None:
             with contextlib.suppress(OSError):
                 client.send(f"ctxterm: {problem}\n".encode())
+                # Its mode line, if it came, read: a socket closed with bytes unread resets
+                # the connection, and the client would get no reason but ECONNRESET.
+                client.recv(_MAX_MODE_LINE + 1)
             client.close()
             return
         self.peers[client] = uid

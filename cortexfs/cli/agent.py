@@ -489,7 +489,7 @@ def watch(name: str, session: str, storage_dir: Path | None) -> None:
     ):
         closed = terminal_socket.relay(connection, write=False)
     if closed:
-        _say_the_terminal_closed(view.name, session)
+        _say_the_terminal_closed(terminal_socket.socket_path(view, session), view.name, session)
 
 
 @agent.command()
@@ -510,16 +510,26 @@ def attach(name: str, session: str, storage_dir: Path | None) -> None:
     with terminal_socket.connect(root, view, session, b"attach") as connection:
         closed = terminal_socket.relay(connection, write=True)
     if closed:
-        _say_the_terminal_closed(view.name, session)
+        _say_the_terminal_closed(terminal_socket.socket_path(view, session), view.name, session)
 
 
-def _say_the_terminal_closed(agent: str, session: str) -> None:
-    """After the output, which may have left the cursor mid-line (a prompt)."""
-    click.echo(
-        f"\nctx: the terminal of {agent} in session {session} closed the connection: it has "
-        "ended, unless it said above why it refused this client",
-        err=True,
-    )
+def _say_the_terminal_closed(path: Path, agent: str, session: str) -> None:
+    """That the terminal closed the connection: it has ended (exit 0), or, when it still
+    answers at ``path``, it let this client go (ECONNABORTED, exit 1).  After the output,
+    which may have left the cursor mid-line (a prompt)."""
+    from cortexfs.agents import terminal_socket
+
+    where = f"the terminal of {agent} in session {session}"
+    if terminal_socket.listening(path):
+        click.echo(err=True)
+        raise CtxError(
+            errno.ECONNABORTED,
+            f"{where} still runs, but let this client go: it took none of the output for "
+            f"{terminal_socket.STALL_SECONDS:g} s, or fell more than "
+            f"{terminal_socket.MAX_BEHIND // 1024 // 1024} MiB behind it; what it shows is cut "
+            "short: watch again",
+        )
+    click.echo(f"\nctx: {where} closed the connection: it has ended", err=True)
 
 
 def _terminal_of(storage_dir: Path | None, name: str, session: str) -> tuple[Path, AgentView, str]:
