@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from cortexfs import bootstrap_repair, durable, storage
+from cortexfs.errors import CtxError
 from cortexfs.names import is_object_name
 from cortexfs.regular_file import read_regular_file
 from cortexfs.tools.pairs import repair_staged
@@ -93,6 +94,10 @@ def refresh_entries(root: Path, source: Path | None, report: storage.BootstrapRe
         directory_fd = durable.open_dir_path(ops, str(directory))
     except FileNotFoundError:
         return  # the root's step reported the missing directory
+    except CtxError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            return  # a link or a file in its place: the root's step reported that too
+        raise
     try:
         if bootstrap_repair.untrusted(os.fstat(directory_fd), owner):
             return

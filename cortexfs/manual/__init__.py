@@ -197,6 +197,11 @@ def install_bundle(root: Path, source: Path | None, report: storage.BootstrapRep
     except (OSError, CtxError):
         return  # ensure_root_abi has reported what is in the way of shared/
     owner = bootstrap_repair.storage_owner(root)
+    if bootstrap_repair.untrusted(os.fstat(shared_fd), owner):
+        # Whoever else could change shared/ could swap the bundle for their own pages, which
+        # every agent reads: nothing is written there (the root's step reports shared/).
+        ops.close(shared_fd)
+        return
     try:
         bundle_fd = _open_bundle_dir(ops, shared_fd, BUNDLE, f"shared/{BUNDLE}", owner, report)
     finally:

@@ -26,6 +26,7 @@ import errno
 import hashlib
 import json
 import os
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,6 +82,20 @@ class Tier:
 
     def tool(self, name: str) -> ToolObject:
         return ToolObject(name, self.directory)
+
+    def reached_without_links(self) -> bool:
+        """Whether every directory from the storage root down to this tier's is a directory
+        and none a symbolic link: ``shared``, a space or a home is a place others may change,
+        and a link there would lead bootstrap's repairs of the tier outside the root (R-5)."""
+        path = self.root
+        for part in Path(self.location).parts:
+            path = path / part
+            try:
+                if not stat.S_ISDIR(os.lstat(path).st_mode):
+                    return False
+            except OSError:
+                return False
+        return True
 
 
 @dataclass(frozen=True)
@@ -300,9 +315,11 @@ def repair_tier(
     root, give the storage root's owner each tool log root has there, so that the calls that
     owner runs can be recorded (T-7, :func:`cortexfs.tools.pairs.repair_staged`).  ``wait``:
     at most that many seconds for the tier's lock (EAGAIN, naming the holder), else no limit."""
-    if not tier.directory.is_dir():
-        return []
-    return repair_staged(tier.directory, TOOL_KIND, ops, host=storage_owner(tier.root), wait=wait)
+    if not tier.reached_without_links():
+        return []  # nothing of it is the root's to repair: the root's step says what is there
+    return repair_staged(
+        tier.directory, TOOL_KIND, ops, host=storage_owner(tier.root), wait=wait, root=tier.root
+    )
 
 
 def require_tier(tier: Tier) -> None:

@@ -82,6 +82,7 @@ from cortexfs.errors import CtxError, exists
 from cortexfs.file_attributes import removal_refusal, tree_attribute_refusal
 from cortexfs.locks import LOCK_FILE, flock_within, lock_holders, open_lock_file
 from cortexfs.names import is_object_name
+from cortexfs.shared.tree import open_beneath
 from cortexfs.tools import install_failure
 from cortexfs.tools.commit_marker import commit_marker, marked_object
 from cortexfs.tools.pair_layout import CONTROLS_SUFFIX, PairKind, obstacles_at
@@ -247,8 +248,11 @@ def repair_staged(
     *,
     host: int | None = None,
     wait: float | None = None,
+    root: Path | None = None,
 ) -> list[str]:
     """Finish or discard what interrupted installs left in ``directory``; say what was done.
+    With ``root`` (the storage root ``directory`` lies in), the directories below ``root``
+    are reached without following a link (CtxError ELOOP or ENOTDIR for one met).
 
     Run as root with ``host`` (the storage root's owner) another uid, it also gives that uid
     every control of ``kind.host_written`` still root's (module docstring), and says so.
@@ -260,7 +264,10 @@ def repair_staged(
     whose lock another process holds longer has nothing done to it either, and EAGAIN says
     which process holds it."""
     ops = ops or durable.default_ops()
-    dir_fd = durable.open_dir_path(ops, str(directory))
+    if root is None:
+        dir_fd = durable.open_dir_path(ops, str(directory))
+    else:
+        dir_fd = open_beneath(ops, root, directory.relative_to(root).parts)
     try:
         try:
             lock = open_lock_file(dir_fd, directory)

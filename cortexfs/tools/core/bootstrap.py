@@ -122,7 +122,9 @@ def bootstrap_tools(root: Path, source: Path | None, report: storage.BootstrapRe
             _install_program(root, "bin/tsh", tsh, owner, report)
         with report.step("bin/ctxterm"):
             _install_program(root, "bin/ctxterm", render_ctxterm(root), owner, report)
-    tiers = all_tiers(root, os.getuid())
+    # Never a tier reached through a link ('shared' or a space's 'tool' made one by a user):
+    # what it leads to is outside the root, and no repair or report of bootstrap's.
+    tiers = [tier for tier in all_tiers(root, os.getuid()) if tier.reached_without_links()]
     for tier in tiers:
         if tier.name != "system":
             with report.step(tier.location):
