@@ -12,6 +12,7 @@ import functools
 import json
 import os
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO, NoReturn, TypeVar
@@ -504,8 +505,11 @@ def claim(
         with held_interrupts():
             won = protocol.claim(q, holder, ttl, left_pending=left_pending)
             if won is not None:
+                _require_unexpired(won.lease)
                 _acknowledge_claim(won, as_json)
-    if won is not None and pid is not None:
+    if won is not None and pid == os.getpid():
+        _note_holder_is_this_command(won.lease, "claim")
+    elif won is not None and pid is not None:
         # Taken as named (scripts use a gone pid to hand a job straight to recover), but a
         # mistyped --pid would otherwise make a lease that lasts until the next recover.
         _note_if_holder_gone(won.lease)
@@ -514,10 +518,33 @@ def claim(
         sys.exit(EXIT_NOTHING)  # §2.4: nothing on stdout, with or without --json
 
 
+def _require_unexpired(lease: Lease) -> None:
+    """ETIMEDOUT, and J not named, when the lease just taken has expired already (a --ttl
+    shorter than the claim took): the caller would start on a job that recover, judging the
+    expired lease the proof of its holder's death (Q-5), requeues to run again."""
+    if time.time() >= lease.expires_at:
+        raise CtxError(
+            errno.ETIMEDOUT,
+            f"job {lease.job} was claimed, but its lease of {lease.period():g} s expired before "
+            "the claim returned: do not run it; 'ctx queue recover' returns it to pending; "
+            "claim with a longer --ttl",
+        )
+
+
+def _note_holder_is_this_command(lease: Lease, verb: str) -> None:
+    """The lease just taken or renewed names this very command's process (the shell ran it in
+    its place, ``exec``), which ends as it returns."""
+    _note(
+        f"the lease holder is this command's own process (pid {lease.holder.pid}: the shell "
+        f"ran it in its place), which ends now: 'ctx queue recover' will requeue {lease.job}; "
+        f"{verb} from a shell that goes on working on the job"
+    )
+
+
 def _note_if_holder_gone(lease: Lease) -> None:
-    """Say so when the holder a lease was just taken or renewed for, named with --pid, is gone
-    by Q-5's rules (not running here, a zombie, its pid another process's now): the lease is
-    gone with it, and the next recover requeues the job."""
+    """Say so when the holder a lease was just taken or renewed for is gone by Q-5's rules
+    (not running here, a zombie, its pid another process's now, the lease expired already):
+    the lease is gone with it, and the next recover requeues the job."""
     verdict = judge(lease)
     if verdict.gone:
         _note(
@@ -659,14 +686,10 @@ def renew(queue_dir: Path, as_json: bool, job: str, pid: int | None, ttl: float 
             emit_json(lease.to_json())
         else:
             click.echo(f"{job} leased until {lease.to_json()['expires_at']}")
-    if pid is not None:
+    if pid is None and lease.holder.is_same_process(callers[1]):
+        _note_holder_is_this_command(lease, "renew")
+    else:
         _note_if_holder_gone(lease)
-    elif lease.holder.is_same_process(callers[1]):
-        _note(
-            f"the lease holder is this command's own process (the shell ran it in "
-            f"its place), which ends now: 'ctx queue recover' will requeue {job}; renew from "
-            "a shell that goes on working on the job"
-        )
 
 
 @queue.command()

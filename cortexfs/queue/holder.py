@@ -102,6 +102,26 @@ def process_exists(pid: int) -> bool:
     return True
 
 
+def _require_not_a_thread(pid: int) -> None:
+    """EINVAL when ``pid`` is the id of a thread other than its process's first: it answers
+    ``kill(pid, 0)`` and has a /proc entry as a process does, but a lease naming it would be
+    judged gone as soon as that one thread ended, its process still at work on the job."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as status:
+            lines = status.read(4096).splitlines()
+    except OSError:
+        return  # no such process (judged gone), or one /proc hides (judged alive)
+    for line in lines:
+        if line.startswith(b"Tgid:"):
+            process = int(line.split()[1])
+            if process != pid:
+                raise invalid(
+                    f"{pid} is a thread of process {process}, not a process id: name the "
+                    f"process ({process}), which a lease can follow"
+                )
+            return
+
+
 def _default_worker_id(host: str, pid: int) -> str:
     return f"{host}:{pid}"
 
@@ -146,6 +166,7 @@ class Holder:
         here = LocalSystem.current()
         start_time: float | None = None
         if here.own_proc:
+            _require_not_a_thread(pid)
             with contextlib.suppress(psutil.Error):
                 start_time = psutil.Process(pid).create_time()
         return cls(
