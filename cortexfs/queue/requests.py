@@ -251,12 +251,17 @@ class Batch(NamedTuple):
     numbers: list[int]
 
 
+MAX_BAD_LINES_SAID = 20  # of a batch refused, before the reading of it ends
+
+
 def parse_batch(stream: BinaryIO, limit: int) -> Batch:
     """The requests of a JSON Lines batch, with their lines and line numbers.
 
     Every line is held to ``limit`` (max_request_bytes); blank lines are skipped; lines are
-    numbered as ``bytes.splitlines`` splits them.  EINVAL listing every bad line, and nothing
-    returned, when one is bad.  A line that grows past the limit ends the reading: the rest
+    numbered as ``bytes.splitlines`` splits them.  EINVAL naming the bad lines, and nothing
+    returned, when one is bad: every one up to :data:`MAX_BAD_LINES_SAID`, after which the
+    reading ends (a binary file, ``/dev/urandom``, would otherwise make a message as large as
+    itself, or never end).  A line that grows past the limit ends the reading too: the rest
     of the source is never read or held, whatever its size.
     """
     batch = Batch([], [], [])
@@ -269,6 +274,9 @@ def parse_batch(stream: BinaryIO, limit: int) -> Batch:
             break
         if not line.strip():
             continue
+        if len(problems) == MAX_BAD_LINES_SAID:
+            problems.append(f"and more from line {lineno} on, not read")
+            break
         try:
             batch.requests.append(parse_request_bytes(line, limit, f"line {lineno}"))
             batch.lines.append(line)
