@@ -39,6 +39,7 @@ import json
 import os
 import pwd
 import re
+import stat
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path, PurePosixPath
 from typing import NamedTuple
@@ -158,8 +159,18 @@ class AgentView(NamedTuple):
         return None
 
     def ctx_path(self) -> str:
-        """The runtime-injected ``CTX_PATH`` of this agent, in view terms (T-4)."""
-        return agent_ctx_path(self.identity.uid, self.readable_spaces())
+        """The runtime-injected ``CTX_PATH`` of this agent, in view terms (T-4): of the spaces
+        it may read, those that are directories, as its view shows them.  A link in a space's
+        place (``shared/alias -> proj``) is no space to the chain (P-5 step 2), so its tools
+        are not the agent's to find there, before the real space's own."""
+        spaces = [space for space in self.readable_spaces() if self._is_space(space)]
+        return agent_ctx_path(self.identity.uid, spaces)
+
+    def _is_space(self, space: str) -> bool:
+        try:
+            return stat.S_ISDIR(os.lstat(self.root / "shared" / space).st_mode)
+        except OSError:
+            return True  # not there (yet): on the path as granted, found empty
 
     def tool_directories(self) -> tuple[Path, ...]:
         return search_path(self.root, self.ctx_path(), "agent", agent_view=True).directories

@@ -733,6 +733,13 @@ class _Evaluation:
     def _named_mount(self) -> Mount:
         matches = mounts_named(self.mounts, self.object_name)
         if not matches:
+            withheld = [
+                problem
+                for mount, problem in controls.withheld_mounts(self.root, self.agent)
+                if mount.name == self.object_name
+            ]
+            if withheld:  # in its table, but unusable: why, as 'ctx agent show' says it
+                raise denied(f"its mount {self.object_name!r} is withheld: {withheld[0]}")
             raise not_found(f"agent {self.agent!r} has no mount named {self.object_name!r}")
         if len(matches) > 1:
             raise denied(f"{len(matches)} mounts are named {self.object_name!r}; ambiguous")

@@ -77,10 +77,16 @@ def require_agent(root: Path, agent: str) -> None:
     the caller has to fix (a mistyped --storage)."""
     if not agent_exists(root, agent):
         require_root(root)
+        entry = root / agent_entry(agent)
+        what = (
+            "is a symbolic link, never followed: an agent is an entry of its own"
+            if beneath.lstat(root, agent_entry(agent)) is not None
+            else "does not exist"
+        )
         raise not_found(
-            f"there is no agent {agent!r} ({root / agent_entry(agent)} does not exist); 'ctx agent "
-            "list' lists the agents there are, and 'ctx agent create REQUEST.json' makes one "
-            "(the request's form: 'ctx agent create --help')"
+            f"there is no agent {agent!r} ({entry} {what}); 'ctx agent list' lists the agents "
+            "there are, and 'ctx agent create REQUEST.json' makes one (the request's form: "
+            "'ctx agent create --help')"
         )
 
 
