@@ -55,6 +55,8 @@ from cortexfs.tools.ctxpath import CTX_MOUNT, search_path
 from cortexfs.tools.spawn import MAX_ARG_STRLEN
 
 WORKSPACE = PurePosixPath("/workspace")
+# The grants whose objects each take an entry of CTX_MOUNTS (the view lists them one by one).
+_LISTED_IN_VIEW = (("tool", "execute"), ("model", "use"))
 TOOL_SEARCH_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 
@@ -114,6 +116,18 @@ class AgentView(NamedTuple):
     def readable_spaces(self) -> list[str]:
         return self.spaces_granted("read")
 
+    def _granted(self, object_class: str, permission: str) -> int:
+        """How many objects of ``object_class`` this agent's policy grants ``permission`` on."""
+        return len(
+            {
+                rule.object_name
+                for rule in self.policy
+                if rule.subject == self.label
+                and rule.object_class == object_class
+                and rule.permission == permission
+            }
+        )
+
     def spaces_granted(self, permission: str) -> list[str]:
         return sorted(
             rule.object_name
@@ -145,11 +159,13 @@ class AgentView(NamedTuple):
                 )
             else:
                 written = len(self.spaces_granted("write"))
+                tools, models = (self._granted(kind, perm) for kind, perm in _LISTED_IN_VIEW)
                 why = (
                     f"it lists the agent's {len(self.mounts)} mounts and its view of "
-                    f"{CTX_MOUNT}, with two or three entries for each of the {written} spaces it "
-                    f"may write: give it fewer mounts (agent/{self.name}.d/mount), writable "
-                    f"spaces or tools ({policy})"
+                    f"{CTX_MOUNT}: an entry for each of the {tools} tools and {models} models "
+                    f"its policy grants, two or three for each of the {written} spaces it may "
+                    f"write: give it fewer mounts (agent/{self.name}.d/mount), or fewer "
+                    f"writable spaces, tools or models ({policy})"
                 )
             return CtxError(
                 errno.E2BIG,
