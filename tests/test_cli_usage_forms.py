@@ -73,3 +73,19 @@ def test_ctx_run_refuses_a_shortened_or_unknown_option_as_click_does(
     assert refused.returncode == 2 and refused.stdout == "", refused
     assert refused.stderr.startswith("Usage: ctx run [OPTIONS] TOOL [ARGS]...\n"), refused
     assert f"ctx: EINVAL: {said}" in refused.stderr, refused
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["queue", "recover", "-p", "p", "--grace", "1e309"], "'1e309' is not a finite number"),
+        (["queue", "claim", "-p", "p", "--ttl", "1e-400"], "'--ttl': 1e-400 is not in the range"),
+        (["queue", "claim", "-p", "p", "--pid", "0" * 40 + "1"], "has more than 40 digits"),
+    ],
+)
+def test_a_number_out_of_its_range_is_named_as_it_was_typed(
+    tmp_path: Path, args: list[str], said: str
+) -> None:
+    refused = ctx(tmp_path, *args)
+    assert refused.returncode == 2 and refused.stdout == "", refused
+    assert said in refused.stderr, refused

@@ -27,6 +27,7 @@ from cortexfs.names import MAX_ID, shown_number
 from cortexfs.timefmt import MAX_SECONDS, SECONDS_TEXT
 
 _INTEGER_TEXT = re.compile(r"-?[0-9]+", re.ASCII)
+_MAX_DIGITS = 40  # read no further: int() of thousands of digits costs, and no id is that long
 
 
 class NonEmptyPath(click.Path):
@@ -45,8 +46,19 @@ class Seconds(click.FloatRange):
         super().__init__(min, max, **options)
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        if isinstance(value, str) and not SECONDS_TEXT.fullmatch(value):
-            self.fail(f"{shown_number(value)} is not a number of seconds", param, ctx)
+        if isinstance(value, str):
+            if not SECONDS_TEXT.fullmatch(value):
+                self.fail(f"{shown_number(value)} is not a number of seconds", param, ctx)
+            # Judged as typed: click would name the range's failure by the float it made of it
+            # ('inf' for 1e309, '0.0' for 1e-400), which the user did not write.
+            number = float(value)
+            if not math.isfinite(number):
+                self.fail(f"{shown_number(value)} is not a finite number of seconds", param, ctx)
+            try:
+                return super().convert(value, param, ctx)
+            except click.BadParameter:
+                typed = value if len(value) <= 64 else shown_number(value)  # digits, as click
+                self.fail(f"{typed} is not in the range {self._describe_range()}", param, ctx)
         seconds = super().convert(value, param, ctx)
         if not math.isfinite(seconds):
             self.fail(f"{shown_number(str(value))} is not a finite number of seconds", param, ctx)
@@ -55,8 +67,15 @@ class Seconds(click.FloatRange):
 
 class Integer(click.IntRange):
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        if isinstance(value, str) and not (_INTEGER_TEXT.fullmatch(value) and len(value) <= 40):
+        if isinstance(value, str) and not _INTEGER_TEXT.fullmatch(value):
             self.fail(f"{shown_number(value)} is not an integer in decimal digits", param, ctx)
+        if isinstance(value, str) and len(value) > _MAX_DIGITS:
+            self.fail(
+                f"{shown_number(value)} has more than {_MAX_DIGITS} digits, more than any count "
+                "or id",
+                param,
+                ctx,
+            )
         return super().convert(value, param, ctx)
 
 
