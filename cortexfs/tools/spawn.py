@@ -154,8 +154,13 @@ def run_captured(
             if on_cut_short is not None:
                 on_cut_short(_exit_status(process.returncode))
             raise
-        _kill_group(process.pid)
-        exit_status = _exit_status(process.wait())
+        if timed_out or pump.overflow or pump.exited_at is None:  # a timeout, too much output
+            _kill_group(process.pid)
+            exit_status = _exit_status(process.wait())
+        else:
+            # Reaped first: the tool, a zombie until then, would count as a straggler.
+            exit_status = _exit_status(process.wait())
+            _end_stragglers(process.pid, since=pump.exited_at)
     stderr_tail = _utf8_tail(pump.stderr, MAX_STDERR_TAIL)
     launchers = argv[: len(argv) - len(spec.argv)]
     if launchers:
@@ -270,10 +275,11 @@ def run_attached(spec: ProcessSpec, *, on_start: Callable[[int], None] | None = 
     )
 
 
-def _end_stragglers(pgid: int) -> None:
-    """Give what the tool left running in its group :data:`STRAGGLER_GRACE` seconds, then
-    kill the group: no process of a call outlives it."""
-    deadline = time.monotonic() + STRAGGLER_GRACE
+def _end_stragglers(pgid: int, since: float | None = None) -> None:
+    """Give what the tool left running in its group :data:`STRAGGLER_GRACE` seconds from
+    ``since`` (the tool's exit; by default now), then kill the group: no process of a call
+    outlives it."""
+    deadline = (time.monotonic() if since is None else since) + STRAGGLER_GRACE
     while time.monotonic() < deadline:
         try:
             os.killpg(pgid, 0)
@@ -314,6 +320,7 @@ class _Pump:
         self.stderr = bytearray()
         self.partial_line = b""
         self.overflow = False
+        self.exited_at: float | None = None  # when the tool was seen to exit (monotonic)
         self.selector = selectors.DefaultSelector()
         for fd in self.pipes:
             os.set_blocking(fd, False)
@@ -360,6 +367,7 @@ class _Pump:
                     exited_at = time.monotonic()
             return False
         finally:
+            self.exited_at = exited_at
             self._flush_partial_line()
             for fd in list(self.pipes):
                 self._close(fd)
