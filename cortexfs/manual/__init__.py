@@ -33,10 +33,10 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import NamedTuple
 
-from cortexfs import __version__, bootstrap_repair, durable, storage
+from cortexfs import __version__, beneath, bootstrap_repair, durable, storage
 from cortexfs.errors import CtxError, invalid, not_found
 from cortexfs.regular_file import read_regular_file
 
@@ -51,7 +51,6 @@ _MAX_PAGE_BYTES = 1024 * 1024
 # Never through a symlink, and never waiting on a FIFO someone put in a page's place: what is
 # opened is checked to be a regular file before it is read.
 _READ_PAGE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-_DIRECTORY_TO_SEARCH = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
 
 
 # The bundle's README.md is a topic too: ``ctx man README`` (or ``readme``, ``README.md``).
@@ -385,63 +384,38 @@ _MOVE_IT = "move it away; 'ctx bootstrap' then installs the page"
 def _read_installed(root: Path, path: Path) -> tuple[str | None, str]:
     """The text of the installed page at ``path`` in ``root``, or None and why it cannot be
     shown.  No link below the root is followed: not the page, nor ``man/`` or the bundle in
-    its place, which bootstrap would replace and an agent's view does not show."""
+    its place, which bootstrap would replace and an agent's view does not show.  The
+    directories on the way are only searched (``O_PATH``): a reader who may pass through one
+    (mode 0711) but not list it reads the page as ``cat`` would."""
+    top = Path(os.path.realpath(root))  # the root itself may be reached through a link (R-1)
+    relative = PurePosixPath(path.relative_to(root))
     try:
-        parent = _open_page_directory(root, path)
-    except FileNotFoundError:
-        return None, f"no page is installed at {path} ('ctx bootstrap' installs the bundle)"
-    except _LinkOnTheWay as link:
-        return None, f"{link.path} is a symbolic link, never followed ({_MOVE_IT})"
-    except OSError as exc:
-        return None, f"{path} cannot be read ({exc.strerror})"
-    try:
-        data = read_regular_file(path.name, _MAX_PAGE_BYTES, dir_fd=parent)
+        data = beneath.read_file(top, relative, _MAX_PAGE_BYTES)
     except FileNotFoundError:
         return None, f"no page is installed at {path} ('ctx bootstrap' installs the bundle)"
     except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            return None, f"{path} is a symbolic link, never followed ({_MOVE_IT})"
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):  # a link, on the way or at the page
+            link = _link_on_the_way(top, relative)
+            if link is not None:
+                return None, f"{root / link} is a symbolic link, never followed ({_MOVE_IT})"
         if exc.errno == errno.EINVAL:  # a directory, FIFO, socket or device
             return None, f"{path} is not a regular file ({_MOVE_IT})"
         if exc.errno == errno.EFBIG:  # shown cut short, the page would seem whole
             return None, f"{path} is larger than {_MAX_PAGE_BYTES} bytes, more than any page"
         return None, f"{path} cannot be read ({exc.strerror})"
-    finally:
-        os.close(parent)
     try:
         return data.decode("utf-8"), ""
     except UnicodeDecodeError:
         return None, f"{path} is not UTF-8 text ('ctx bootstrap' replaces it)"
 
 
-class _LinkOnTheWay(Exception):
-    def __init__(self, path: Path) -> None:
-        super().__init__(str(path))
-        self.path = path
-
-
-def _open_page_directory(root: Path, path: Path) -> int:
-    """The directory of the page ``path``, each directory below ``root`` (which may itself be
-    reached through a link, R-1) opened without following a link, and only to be searched
-    (``O_PATH``): a reader who may pass through a directory (mode 0711) but not list it reads
-    the page as ``cat`` would.  :class:`_LinkOnTheWay` names a link met on the way."""
-    parts = path.relative_to(root).parts[:-1]
-    fd = os.open(os.path.realpath(root), _DIRECTORY_TO_SEARCH)
+def _link_on_the_way(top: Path, relative: PurePosixPath) -> str | None:
+    """The path below ``top`` of the link a walk to ``relative`` ended at, if it did."""
     try:
-        for depth, part in enumerate(parts):
-            try:
-                inner = os.open(part, _DIRECTORY_TO_SEARCH | os.O_NOFOLLOW, dir_fd=fd)
-            except OSError as exc:
-                here = root.joinpath(*parts[: depth + 1])
-                if exc.errno == errno.ELOOP or (exc.errno == errno.ENOTDIR and here.is_symlink()):
-                    raise _LinkOnTheWay(here) from None
-                raise
-            os.close(fd)
-            fd = inner
-        return fd
-    except BaseException:
-        os.close(fd)
-        raise
+        ended = beneath.walk(top, relative)[-1]
+    except OSError:
+        return None
+    return ended.shown if ended.is_link else None
 
 
 def _decode(data: bytes, where: Path) -> str:

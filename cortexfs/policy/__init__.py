@@ -10,7 +10,7 @@
 The chain's helpers: :mod:`~cortexfs.policy.objects` (where each object lives and which mode
 bits each permission needs), :mod:`~cortexfs.policy.linux` (credentials and mode bits),
 :mod:`~cortexfs.policy.mounts` (mount visibility), :mod:`~cortexfs.policy.controls` (the
-agent's host-owned controls) and :mod:`~cortexfs.policy.beneath` (walking without links).
+agent's host-owned controls) and :mod:`~cortexfs.beneath` (walking without links).
 """
 
 from cortexfs.policy.chain import (

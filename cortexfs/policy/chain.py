@@ -49,17 +49,17 @@ from enum import IntEnum, StrEnum
 from pathlib import Path, PurePosixPath
 from typing import NamedTuple
 
-from cortexfs.cached import cached
-from cortexfs.errors import HOST_SHORTAGES, CtxError, denied, not_found
-from cortexfs.names import check_object_name
-from cortexfs.policy import controls
-from cortexfs.policy.beneath import (
+from cortexfs.beneath import (
     Entry,
     walk,
     walk_to_each,
     walk_to_listings,
     walk_with_children,
 )
+from cortexfs.cached import cached
+from cortexfs.errors import HOST_SHORTAGES, CtxError, denied, not_found
+from cortexfs.names import check_object_name
+from cortexfs.policy import controls
 from cortexfs.policy.decision import Policy
 from cortexfs.policy.grammar import Rule, check_object
 from cortexfs.policy.linux import WRITE, Credentials, Identity, Kind, check_access, writable_on_walk
@@ -412,7 +412,7 @@ class AgentFacts:
         belongs to the host, and the entry below it does too: then nobody else may rename or
         remove that entry (a shared space's root, ``chmod +t``).
 
-        ``entries``: the :func:`~cortexfs.policy.beneath.walk` to ``path``, when the caller has
+        ``entries``: the :func:`~cortexfs.beneath.walk` to ``path``, when the caller has
         made it already (one walk judges several files).
         """
         if entries is None:
@@ -424,7 +424,7 @@ class AgentFacts:
     ) -> dict[str, list[Entry]]:
         """:meth:`require_strict_modes` of each of ``names`` in ``directory`` that exists, in
         that order, at the cost of one walk: a tool's policy and its other controls.  Returns
-        the walk to each of ``names``, as :func:`~cortexfs.policy.beneath.walk` makes it, for
+        the walk to each of ``names``, as :func:`~cortexfs.beneath.walk` makes it, for
         judging them further."""
         entries, children = walk_with_children(self.root, directory, names)
         host = _host_of(entries)

@@ -28,10 +28,9 @@ import stat
 from collections import Counter
 from pathlib import Path, PurePosixPath
 
-from cortexfs import jsontext
+from cortexfs import beneath, jsontext
 from cortexfs.errors import HOST_SHORTAGES, CtxError, denied, invalid, not_found, too_big
 from cortexfs.names import MAX_ID, is_id
-from cortexfs.policy import beneath
 from cortexfs.policy.decision import Policy
 from cortexfs.policy.grammar import PolicySyntaxError, check_subject_type
 from cortexfs.policy.linux import Identity

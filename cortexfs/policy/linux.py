@@ -17,7 +17,7 @@ from enum import Enum
 from pathlib import Path, PurePosixPath
 from typing import NamedTuple
 
-from cortexfs.policy.beneath import Entry, walk
+from cortexfs.beneath import Entry, walk
 from cortexfs.printable import shell_word
 from cortexfs.storage import executes_nothing, mounted_noexec
 
@@ -95,7 +95,7 @@ def check_access(
     anywhere on the way is refused, never followed.  The directories above ``top`` count as
     well: a process of ``identity`` reaches ``top`` through them (a storage root made inside
     a private directory, mode 0700, is out of every agent's reach).  ``entries``: the
-    :func:`~cortexfs.policy.beneath.walk` to ``top/relative``, when the caller has made it
+    :func:`~cortexfs.beneath.walk` to ``top/relative``, when the caller has made it
     (and judges more on it).
     """
     closed_above = unsearchable_above(top, identity)
@@ -200,7 +200,7 @@ def writable_entries(top: Path, relative: PurePosixPath, identity: Identity) -> 
 
 def writable_on_walk(entries: list[Entry], identity: Identity) -> list[str]:
     """:func:`writable_entries` of the entries of a walk already made
-    (:func:`~cortexfs.policy.beneath.walk`)."""
+    (:func:`~cortexfs.beneath.walk`)."""
     writable = []
     for index, entry in enumerate(entries):
         if entry.status is None or entry.is_link:

@@ -18,7 +18,7 @@
     <name>.d/program        optional: a success-result JSON Schema, reserved (C-1, C-2)
 
 ``<dir>`` is a tier: ``tool/``, ``home/<uid>/tool/`` or ``shared/<space>/tool/``.  Controls
-are read without following links (:mod:`cortexfs.policy.beneath`) and no further than their
+are read without following links (:mod:`cortexfs.beneath`) and no further than their
 limit (:func:`cortexfs.policy.controls.control_limit`: 1 MiB, 16 MiB for the policy).  A
 control that is missing or malformed makes the tool unusable (ENOEXEC, "damaged"), one over
 its limit too (EFBIG, naming it and the limit); a malformed ``program`` makes it
@@ -36,10 +36,9 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any, NamedTuple
 
-from cortexfs import jsontext
+from cortexfs import beneath, jsontext
 from cortexfs.errors import HOST_SHORTAGES, CtxError, denied
 from cortexfs.names import check_object_name
-from cortexfs.policy import beneath
 from cortexfs.policy.controls import control_limit, too_large
 from cortexfs.printable import quoted
 from cortexfs.regular_file import read_regular_file

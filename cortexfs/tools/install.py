@@ -26,12 +26,11 @@ import errno
 import hashlib
 import json
 import os
-import stat
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
-from cortexfs import durable, storage
+from cortexfs import beneath, durable, storage
 from cortexfs.bootstrap_repair import storage_owner
 from cortexfs.errors import CtxError, exists, invalid, not_found, too_big
 from cortexfs.names import check_object_name, is_object_name
@@ -87,15 +86,12 @@ class Tier:
         """Whether every directory from the storage root down to this tier's is a directory
         and none a symbolic link: ``shared``, a space or a home is a place others may change,
         and a link there would lead bootstrap's repairs of the tier outside the root (R-5)."""
-        path = self.root
-        for part in Path(self.location).parts:
-            path = path / part
-            try:
-                if not stat.S_ISDIR(os.lstat(path).st_mode):
-                    return False
-            except OSError:
-                return False
-        return True
+        location = PurePosixPath(self.location)
+        try:  # the root itself may be reached through a link (R-1)
+            walked = beneath.walk(Path(os.path.realpath(self.root)), location)
+        except OSError:
+            return False
+        return len(walked) == len(location.parts) + 1 and walked[-1].is_directory
 
 
 @dataclass(frozen=True)

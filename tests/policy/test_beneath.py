@@ -7,7 +7,7 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
-from cortexfs.policy.beneath import walk, walk_to_each, walk_to_listings, walk_with_listing
+from cortexfs.beneath import walk, walk_to_each, walk_to_listings, walk_with_listing
 
 NAMES = ("identity", "mount", "label")
 CASES = [

@@ -10,6 +10,7 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
+from cortexfs import beneath
 from cortexfs.errors import CtxError
 from cortexfs.policy import (
     AuthorityRequest,
@@ -17,7 +18,6 @@ from cortexfs.policy import (
     Decision,
     Outcome,
     Step,
-    beneath,
     chain,
     check_authority,
     check_tool_execute,

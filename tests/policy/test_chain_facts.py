@@ -11,13 +11,13 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
+from cortexfs import beneath
 from cortexfs.policy import (
     AgentFacts,
     AuthorityRequest,
     Credentials,
     Outcome,
     Step,
-    beneath,
     check_authority,
 )
 from cortexfs.policy import controls as agent_controls

@@ -19,10 +19,9 @@ from typing import Any
 import psutil
 import pytest
 
-from cortexfs import durable
+from cortexfs import beneath, durable
 from cortexfs.errors import CtxError
 from cortexfs.locks import LOCK_FILE
-from cortexfs.policy import beneath
 from cortexfs.shared.sessions import SessionRef
 from cortexfs.shared.spaces import create_shared_space
 from cortexfs.tools import controls, record, spawn
