@@ -441,12 +441,12 @@ def test_bootstrap_source_given_relative_linked_or_holding_extra_pages_rebuilds_
     link to the pages (as the repository's own is), and from the repository itself; a page
     SOURCE holds that is no topic is not installed and is no topic of ``ctx man``."""
     env = on(storage)
-    tree = source_tree(tmp_path / "work" / "tree")
+    tree = source_tree(tmp_path / "checkout" / "tree")
     (tree / "docs" / "spec" / "ctx.site.md").write_text("# ctx.site — site notes\n")
     tool = page_path(storage, "tool")
     replace_page(storage, "tool", b"# ctx.tool \xe2\x80\x94 stale\n")
 
-    relative = ctx_run("bootstrap", "--json", "tree/", env=env, cwd=tmp_path / "work")
+    relative = ctx_run("bootstrap", "--json", "tree/", env=env, cwd=tmp_path / "checkout")
     assert relative.rc == 0, relative
     assert relative.json()["repaired"] == [f"{BUNDLE}/man/{MAN_PAGES['tool']}"], relative
     assert tool.read_bytes() == built_in(PAGES["tool"])
@@ -456,7 +456,7 @@ def test_bootstrap_source_given_relative_linked_or_holding_extra_pages_rebuilds_
 
     linked = tmp_path / "linked"
     (linked / "docs").mkdir(parents=True)
-    (linked / "docs" / "spec").symlink_to("../../work/tree/docs/spec")
+    (linked / "docs" / "spec").symlink_to("../../checkout/tree/docs/spec")
     replace_page(storage, "tool", b"# ctx.tool \xe2\x80\x94 stale again\n")
     via_link = ctx_run("bootstrap", "--json", linked, env=env)
     assert via_link.rc == 0, via_link
