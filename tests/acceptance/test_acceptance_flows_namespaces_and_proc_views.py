@@ -153,9 +153,19 @@ def script(box: Path, name: str, text: str) -> str:
     return str(path)
 
 
-def wait_file(path: Path, proc: subprocess.Popen | None = None) -> str:
-    """The content of ``path`` once written (fails early when ``proc`` ended without it)."""
-    ok = wait_for(lambda: path.exists() or (proc is not None and proc.poll() is not None), WAIT)
+def wait_file(path: Path, proc: subprocess.Popen | None = None, *, line: bool = True) -> str:
+    """The content of ``path`` once written (fails early when ``proc`` ended without it): its
+    whole line with ``line`` (``echo $? > F`` makes F empty before it writes), else as soon as
+    it is there (a ``touch`` marker)."""
+
+    def written() -> bool:
+        try:
+            text = path.read_text()
+        except FileNotFoundError:
+            return False
+        return not line or text.endswith("\n")
+
+    ok = wait_for(lambda: written() or (proc is not None and proc.poll() is not None), WAIT)
     if not path.exists():
         said = ""
         if proc is not None and proc.poll() is not None:
@@ -385,7 +395,7 @@ def test_inside_its_own_pid_namespace_recover_requeues_a_dead_holder_at_once_and
     assert jobs_in(report, "untouched") == sorted([dead, live]), report
 
     (box / "go").touch()
-    wait_file(box / "done", ns)
+    wait_file(box / "done", ns, line=False)
     assert (box / "r.rc").read_text().strip() == "0"
     report = json.loads((box / "r.json").read_text())
     assert jobs_in(report, "requeued") == [dead], report
@@ -868,7 +878,7 @@ def test_a_mount_made_in_a_private_mount_namespace_is_not_unmounted_from_outside
         f"ls {w} > {b}/listing; {CTX} umount {w}; echo $? > {b}/umount.rc; wait $P; "
         f"echo $? > {b}/mount.rc\n"
     )], clean_env())  # fmt: skip
-    wait_file(box / "mounted", proc)
+    wait_file(box / "mounted", proc, line=False)
     assert not mounted_at(where) and os.listdir(where) == []
     outside = ctx_run("umount", where)
     assert outside.rc == 1 and outside.err.startswith("ctx: EINVAL: "), outside
