@@ -49,6 +49,7 @@ from cortexfs.errors import CtxError
 from cortexfs.names import check_object_name
 from cortexfs.policy import AgentFacts, Identity, Policy
 from cortexfs.policy import controls as agent_controls
+from cortexfs.policy.linux import permits
 from cortexfs.policy.mounts import Mount, granted_mounts
 from cortexfs.storage import DOCS_BUNDLE
 from cortexfs.tools.ctxpath import CTX_MOUNT, search_path
@@ -57,6 +58,7 @@ from cortexfs.tools.spawn import MAX_ARG_STRLEN
 WORKSPACE = PurePosixPath("/workspace")
 # The grants whose objects each take an entry of CTX_MOUNTS (the view lists them one by one).
 _LISTED_IN_VIEW = (("tool", "execute"), ("model", "use"))
+_LIST_AND_ENTER = 0o5  # r-x: the permission bits that let a uid list a directory and enter it
 TOOL_SEARCH_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 
@@ -175,18 +177,21 @@ class AgentView(NamedTuple):
         return None
 
     def ctx_path(self) -> str:
-        """The runtime-injected ``CTX_PATH`` of this agent, in view terms (T-4): of the spaces
-        it may read, those that are directories, as its view shows them.  A link in a space's
-        place (``shared/alias -> proj``) is no space to the chain (P-5 step 2), so its tools
-        are not the agent's to find there, before the real space's own."""
-        spaces = [space for space in self.readable_spaces() if self._is_space(space)]
+        """The runtime-injected ``CTX_PATH`` of this agent, in view terms (T-4: derived from
+        policy, mounts and uid/gid): of the spaces its policy lets it read, those its view
+        shows, the directories its uid, gid and groups may list and enter (X-1).  A link in
+        a space's place (``shared/alias -> proj``) is no space to the chain (P-5 step 2), and
+        a space regrouped away from the agent is closed to it: the tools of neither are the
+        agent's to find there, before a later space's own."""
+        spaces = [space for space in self.readable_spaces() if self._may_search_space(space)]
         return agent_ctx_path(self.identity.uid, spaces)
 
-    def _is_space(self, space: str) -> bool:
+    def _may_search_space(self, space: str) -> bool:
         try:
-            return stat.S_ISDIR(os.lstat(self.root / "shared" / space).st_mode)
+            status = os.lstat(self.root / "shared" / space)
         except OSError:
             return True  # not there (yet): on the path as granted, found empty
+        return stat.S_ISDIR(status.st_mode) and permits(status, self.identity, _LIST_AND_ENTER)
 
     def tool_directories(self) -> tuple[Path, ...]:
         return search_path(self.root, self.ctx_path(), "agent", agent_view=True).directories

@@ -505,7 +505,7 @@ def claim(
         with held_interrupts():
             won = protocol.claim(q, holder, ttl, left_pending=left_pending)
             if won is not None:
-                _require_unexpired(won.lease)
+                _require_unexpired(won.lease, ttl is not None)
                 _acknowledge_claim(won, as_json)
     if won is not None and pid == os.getpid():
         _note_holder_is_this_command(won.lease, "claim")
@@ -518,16 +518,22 @@ def claim(
         sys.exit(EXIT_NOTHING)  # §2.4: nothing on stdout, with or without --json
 
 
-def _require_unexpired(lease: Lease) -> None:
-    """ETIMEDOUT, and J not named, when the lease just taken has expired already (a --ttl
-    shorter than the claim took): the caller would start on a job that recover, judging the
-    expired lease the proof of its holder's death (Q-5), requeues to run again."""
+def _require_unexpired(lease: Lease, ttl_given: bool) -> None:
+    """ETIMEDOUT, and J not named, when the lease just taken has expired already (a --ttl,
+    or the queue's lease_ttl, shorter than the claim took): the caller would start on a job
+    that recover, judging the expired lease the proof of its holder's death (Q-5), requeues
+    to run again."""
     if time.time() >= lease.expires_at:
+        longer = (
+            "claim with a longer --ttl"
+            if ttl_given
+            else "give the claim a longer --ttl, or the queue a longer lease_ttl in its config"
+        )
         raise CtxError(
             errno.ETIMEDOUT,
-            f"job {lease.job} was claimed, but its lease of {lease.period():g} s expired before "
-            "the claim returned: do not run it; 'ctx queue recover' returns it to pending; "
-            "claim with a longer --ttl",
+            f"job {lease.job} was claimed, but its lease of {lease.period:g} s expired before "
+            f"the claim returned: do not run it; 'ctx queue recover' returns it to pending; "
+            f"{longer}",
         )
 
 

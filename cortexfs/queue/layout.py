@@ -21,6 +21,7 @@ from cortexfs.errors import CtxError, explain_host_trouble, invalid, not_found
 from cortexfs.file_attributes import attribute_refusal, entry_attribute_refusal
 from cortexfs.locks import flock_within
 from cortexfs.names import decimal_value, shown_number
+from cortexfs.printable import quoted
 from cortexfs.queue.claim_order import ClaimOrder, start_hint
 from cortexfs.queue.holder import check_ttl
 from cortexfs.storage import check_space_name, not_readable, require_writable
@@ -65,7 +66,7 @@ class QueueConfig:
         for line in keyvalue.lines(text):
             key, value, where = line.key, line.value, f"{origin}:{line.number}"
             if key is None:
-                raise invalid(f"{where}: expected key=value, got {line.raw!r}")
+                raise invalid(f"{where}: expected key=value, got {quoted(line.raw)}")
             if key in ("max_request_bytes", "max_result_bytes"):
                 values[key] = _positive_int(value, where, key)
             elif key == "lease_ttl":
@@ -79,15 +80,15 @@ class QueueConfig:
                 if values[key] > MAX_SECONDS:  # as recover's --grace is bounded
                     raise invalid(
                         f"{where}: grace must be at most {MAX_SECONDS:.0f} seconds (366 days), "
-                        f"not {value!r}"
+                        f"not {shown_number(value)}"
                     )
             elif key == "move":
                 if value not in (durable.MOVE_RENAME, durable.MOVE_LINK):
-                    raise invalid(f"{where}: move must be 'rename' or 'link', not {value!r}")
+                    raise invalid(f"{where}: move must be 'rename' or 'link', not {quoted(value)}")
                 values[key] = value
             else:
                 known = "max_request_bytes, max_result_bytes, lease_ttl, grace, move"
-                raise invalid(f"{where}: unknown key {key!r} (known keys: {known})")
+                raise invalid(f"{where}: unknown key {quoted(key)} (known keys: {known})")
         return cls(**values)  # type: ignore[arg-type]
 
     def render(self) -> str:
@@ -666,6 +667,10 @@ def read_regular_file(dir_fd: int, name: str, limit: int) -> bytes:
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise CtxError(errno.ELOOP, f"{name} is a symlink; it is never followed") from exc
+        # What open refuses with ENXIO is a socket (or a device without its driver): said as
+        # for a FIFO or a directory, by what it is, rather than as "No such device".
+        if exc.errno == errno.ENXIO and (st := lstat_at(dir_fd, name)) is not None:
+            raise invalid(f"{name} is a {kind_of(st)}, not a regular file") from None
         raise
     try:
         st = os.fstat(fd)
