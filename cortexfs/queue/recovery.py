@@ -164,11 +164,14 @@ def recover(
             if not reconcile or dry_run:
                 report.stale_temps.append(f"inbox/{temp.name}")  # still there after the run
                 continue
-            try:
-                removed = durable.remove_entries(queue.ops, [(queue.inbox, temp.name, False)])
-            except OSError as exc:
-                report.errors.append(_temp_failure(queue, temp, exc))
-                continue
+            with _unless_being_written(queue, temp) as stray:
+                if not stray:
+                    continue
+                try:
+                    removed = durable.remove_entries(queue.ops, [(queue.inbox, temp.name, False)])
+                except OSError as exc:
+                    report.errors.append(_temp_failure(queue, temp, exc))
+                    continue
             if removed:  # not when another recover removed it first: it lists it
                 report.removed_temps.append(f"inbox/{temp.name}")
         if report.removed_temps:
@@ -180,6 +183,25 @@ def recover(
         # is the caller's to say, as a claim or finish under way says what it did.
         raise Interrupted(report) from None
     return report
+
+
+@contextlib.contextmanager
+def _unless_being_written(queue: Queue, temp: ev.Temp) -> Iterator[bool]:
+    """Whether ``temp`` is a stray, with ``claimed/J``'s lock held meanwhile when J has one:
+    the claimer writing J's lease, the renewer and the finisher writing theirs hold that
+    lock (as recover does before it moves J), and a temp of theirs is theirs however long
+    they take, stopped or stalled (Q-6: a live holder's job is never touched); with the
+    lock held, no claim, renew or finish of J starts a step meanwhile.  What a process that
+    crashed left is a stray: the kernel let its lock go with it."""
+    claim_fd = None
+    if temp.job is not None:
+        with contextlib.suppress(OSError):  # no claimed/J (or no directory): nothing to hold
+            claim_fd = queue.open_job_dir("claimed", temp.job)
+    try:
+        yield claim_fd is None or lock_dir(claim_fd, within=0)
+    finally:
+        if claim_fd is not None:
+            queue.ops.close(claim_fd)
 
 
 class _StoppedPartWay(Exception):
