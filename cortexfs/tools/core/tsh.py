@@ -45,7 +45,7 @@ from typing import Any
 
 from cortexfs.errors import CtxError
 from cortexfs.names import is_decimal, is_object_name
-from cortexfs.printable import printable, printable_text
+from cortexfs.printable import printable, printable_text, shortened
 from cortexfs.regular_file import read_regular_file
 from cortexfs.tools.core import confine
 from cortexfs.tools.core.toolio import ToolFailure
@@ -350,33 +350,65 @@ def _interrupt() -> None:
         connection.sendall(b'{"interrupt": true}\n')
 
 
-def _read_line(prompt: str, at_terminal: bool) -> str:
+def _read_line(prompt: str, typing_shown_on: int | None) -> str:
     """The next command line, without its line break, after ``prompt``; EOFError at the end
-    of the input, LineTooLong for a line over its bound.  Not ``input()``: at a terminal that
-    reads through C's ``fgets``, which ends the line at a NUL byte and glues what follows to
-    the next line, so a command typed after a line holding a NUL would run fused to that
-    line's start; and a terminal's own line editing keeps 4095 bytes of a line (see
-    :mod:`cortexfs.tools.core.tsh_line`)."""
+    of the input, LineTooLong for a line over its bound.  ``typing_shown_on``: at a terminal,
+    the descriptor that shows the prompt and the typing (:func:`_where_typing_shows`).
+
+    Not ``input()``: at a terminal that reads through C's ``fgets``, which ends the line at a
+    NUL byte and glues what follows to the next line, so a command typed after a line holding
+    a NUL would run fused to that line's start; and a terminal's own line editing keeps 4095
+    bytes of a line (see :mod:`cortexfs.tools.core.tsh_line`)."""
     # What the last command printed goes out before tsh waits, as input() sends it: a script
     # on a pipe reads the answer before it writes the next line.
     sys.stderr.flush()
-    if at_terminal:
+    if typing_shown_on is not None:
         sys.stdout.flush()
-        typed = read_terminal_line(sys.stdin.fileno(), sys.stdout.fileno(), prompt.encode())
+        typed = read_terminal_line(sys.stdin.fileno(), typing_shown_on, prompt.encode())
         if typed is None:
             raise EOFError
         return typed.decode(sys.stdin.encoding, sys.stdin.errors or "strict")
     sys.stdout.write(prompt)
     sys.stdout.flush()
-    line = sys.stdin.readline(MAX_LINE_BYTES + 1)  # characters: at least as many bytes
+    # Read by characters, which are never fewer than their bytes; the bound is on bytes,
+    # line break apart, as at a terminal.
+    line = sys.stdin.readline(MAX_LINE_BYTES + 1)
     if not line:
         raise EOFError
-    if len(line) > MAX_LINE_BYTES:
+    text = line.removesuffix("\n")
+    if len(text) > MAX_LINE_BYTES or _bytes_of(text) > MAX_LINE_BYTES:
         # The rest of it is read and dropped in bounded pieces, never held whole.
         while line and not line.endswith("\n"):
             line = sys.stdin.readline(1 << 16)
         raise LineTooLong
-    return line[:-1] if line.endswith("\n") else line
+    return text
+
+
+def _where_typing_shows() -> int:
+    """The descriptor that shows the prompt and what is typed at the terminal on stdin: the
+    terminal itself, as a shell shows them whatever its output goes to, so that ``tsh >
+    out.txt`` keeps the file for the tools' output and the person sees what they type.
+    Standard output or error when either is that terminal, else the terminal opened anew."""
+    terminal = os.fstat(sys.stdin.fileno()).st_rdev
+    for fd in (sys.stdout.fileno(), sys.stderr.fileno()):
+        with contextlib.suppress(OSError):
+            if os.isatty(fd) and os.fstat(fd).st_rdev == terminal:
+                return fd
+    try:
+        return os.open("/proc/self/fd/0", os.O_WRONLY | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError:
+        return sys.stdout.fileno()  # a terminal that cannot be opened again: as before
+
+
+def _end_prompt_line(typing_shown_on: int) -> None:
+    """End the line the prompt and the typing are on, where they are shown."""
+    with contextlib.suppress(OSError):  # a terminal gone has no line to end
+        os.write(typing_shown_on, b"\n")
+
+
+def _bytes_of(text: str) -> int:
+    """How many bytes of standard input ``text`` was read from."""
+    return len(text.encode(sys.stdin.encoding, sys.stdin.errors or "strict"))
 
 
 def execute(context: TshContext, line: str, status: int) -> tuple[int, bool]:
@@ -400,9 +432,9 @@ def execute_words(context: TshContext, name: str, argv: list[str], status: int) 
         return builtin(context, argv), False
     if context.which(name) is None:
         # The name is what was typed, escape sequences included: shown escaped to the
-        # terminal and everyone watching it.
+        # terminal and everyone watching it, and cut when it runs to pages.
         print(
-            f"tsh: {printable(name)}: not a tool on CTX_PATH (tsh runs CortexFS tools only)",
+            f"tsh: {_shown(name)}: not a tool on CTX_PATH (tsh runs CortexFS tools only)",
             file=sys.stderr,
         )
         return NOT_FOUND, False
@@ -410,6 +442,15 @@ def execute_words(context: TshContext, name: str, argv: list[str], status: int) 
     if _in_agent_terminal():
         _report_unloaded(context.load(name)[1])  # a tool in use is in the context
     return call(name, argv), False
+
+
+def _shown(word: str) -> str:
+    """A word typed, as a message names it: escaped, and cut past a few lines' length (a
+    line may hold a mebibyte)."""
+    return shortened(printable(word), _SHOWN_WORD)
+
+
+_SHOWN_WORD = 256  # characters: longer than any tool name (R-3) or most paths typed
 
 
 def _exit(argv: list[str], status: int) -> tuple[int, bool]:
@@ -443,8 +484,10 @@ def _which(context: TshContext, argv: list[str]) -> int:
         return _needs_names("which")
     found = [context.which(word) for word in argv]
     for word, path in zip(argv, found, strict=True):
-        said = path or f"tsh: {word}: not on CTX_PATH"  # a word typed, or a path: anyone's
-        print(printable(said), file=sys.stdout if path else sys.stderr)
+        if path:  # a path: anyone's, shown whole
+            print(printable(path))
+        else:
+            print(f"tsh: {_shown(word)}: not on CTX_PATH", file=sys.stderr)
     return 0 if all(found) else 1
 
 
@@ -623,10 +666,11 @@ def _run() -> int:
     # The terminal's modes as tsh found them: a tool killed by a signal after it changed
     # them (stty -echo) has them put back, as a shell does, or the next line is typed blind.
     modes = _terminal_modes() if interactive else None
+    typing_shown_on = _where_typing_shows() if interactive else None
     status = 0
     while True:
         try:
-            line = _read_line(prompt if interactive else "", interactive)
+            line = _read_line(prompt if interactive else "", typing_shown_on)
         except LineTooLong:
             print(
                 f"tsh: E2BIG: a command line holds at most {MAX_LINE_BYTES} bytes; "
@@ -636,11 +680,14 @@ def _run() -> int:
             status = 2
             continue
         except EOFError:
-            if interactive:
-                print()  # end the line the prompt is on
+            if typing_shown_on is not None:
+                _end_prompt_line(typing_shown_on)
             return status
         except KeyboardInterrupt:
-            print()
+            if typing_shown_on is not None:
+                _end_prompt_line(typing_shown_on)
+            else:
+                print()
             continue
         status, done = execute(context, line, status)
         if done:
