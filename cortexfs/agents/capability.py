@@ -53,7 +53,7 @@ from cortexfs.tools.core.hostcall import (
     MAX_UPDATE_BYTES,
     update_too_big,
 )
-from cortexfs.tools.ctxpath import tier_location, which
+from cortexfs.tools.ctxpath import tier_location
 
 if TYPE_CHECKING:
     from cortexfs.agents.view import AgentView
@@ -313,7 +313,7 @@ def _require_no_earlier_sessions(
 def _parent_may_not_execute(view: AgentView, tool: str) -> str:
     """Why the parent may not run ``tool`` as it would find it on its ``CTX_PATH``; "" if it may."""
     # Any execute bit makes a hit (T-4); whether they are the parent's is the chain's step 2.
-    found = which(tool, view.tool_directories())
+    found = view.find_tool(tool)
     if found is None:
         return f"no such tool on its CTX_PATH {view.ctx_path()}"
     tool_object = ToolObject(tool, found.directory)

@@ -52,7 +52,7 @@ from cortexfs.policy import controls as agent_controls
 from cortexfs.policy.linux import permits
 from cortexfs.policy.mounts import Mount, granted_mounts
 from cortexfs.storage import DOCS_BUNDLE
-from cortexfs.tools.ctxpath import CTX_MOUNT, search_path
+from cortexfs.tools.ctxpath import CTX_MOUNT, Resolution, search_path, which
 from cortexfs.tools.spawn import MAX_ARG_STRLEN
 
 WORKSPACE = PurePosixPath("/workspace")
@@ -183,10 +183,14 @@ class AgentView(NamedTuple):
         a space's place (``shared/alias -> proj``) is no space to the chain (P-5 step 2), and
         a space regrouped away from the agent is closed to it: the tools of neither are the
         agent's to find there, before a later space's own."""
-        spaces = [space for space in self.readable_spaces() if self._may_search_space(space)]
-        return agent_ctx_path(self.identity.uid, spaces)
+        return agent_ctx_path(self.identity.uid, self._spaces_on_path(open_to_agent=True))
 
-    def _may_search_space(self, space: str) -> bool:
+    def _spaces_on_path(self, *, open_to_agent: bool) -> list[str]:
+        """The spaces the policy lets the agent read that its uid, gid and groups may enter
+        (``open_to_agent``), or those they may not."""
+        return [s for s in self.readable_spaces() if self._may_enter_space(s) == open_to_agent]
+
+    def _may_enter_space(self, space: str) -> bool:
         try:
             status = os.lstat(self.root / "shared" / space)
         except OSError:
@@ -195,6 +199,19 @@ class AgentView(NamedTuple):
 
     def tool_directories(self) -> tuple[Path, ...]:
         return search_path(self.root, self.ctx_path(), "agent", agent_view=True).directories
+
+    def find_tool(self, name: str) -> Resolution | None:
+        """``name`` as a call of this agent finds it: on its ``CTX_PATH`` (T-4); else, as
+        ``execvp`` answers for a directory it could not search, in a space the policy grants
+        but the agent's ids may not enter (a real space only, never a link in its place), so
+        that the chain refuses the call at step 2 naming the space (EACCES) rather than
+        saying no such tool exists; None when neither holds it."""
+        found = which(name, self.tool_directories())
+        if found is not None:
+            return found
+        closed = spaces_with_tiers(self._spaces_on_path(open_to_agent=False))
+        places = [self.root / "shared" / space for space in closed]
+        return which(name, [place / "tool" for place in places if not place.is_symlink()])
 
     def visible_mounts(self) -> list[Mount]:
         """The mounts a tool of this agent may use, writable only where the policy says so."""

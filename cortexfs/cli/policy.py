@@ -39,7 +39,7 @@ from cortexfs.policy import (
 )
 from cortexfs.policy.grammar import check_object, split_object_ref
 from cortexfs.regular_file import MAX_POLICY_BYTES, read_regular_file, read_up_to
-from cortexfs.tools.ctxpath import tier_location, which
+from cortexfs.tools.ctxpath import tier_location
 
 STDIN = "-"
 
@@ -258,7 +258,7 @@ def _tool_location(root: Path, agent: str, tool: str) -> str | None:
         view = AgentView.load(root, agent)
     except CtxError:
         return None
-    found = which(tool, view.tool_directories())
+    found = view.find_tool(tool)
     return None if found is None else tier_location(root, found.directory)
 
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from cortexfs import beneath, durable, storage
+from cortexfs.absolute_paths import absolute
 from cortexfs.bootstrap_repair import storage_owner
 from cortexfs.errors import CtxError, exists, invalid, not_found, too_big
 from cortexfs.names import check_object_name, is_object_name
@@ -196,6 +197,16 @@ def install_manifest(
     return install_tool(tier, manifest, manifest.read_program(), ops=ops)
 
 
+def _where(source: Path) -> str:
+    """Where the manifest was, as ``origin`` records it: its path made absolute (read later,
+    from anywhere, ``manifest.json`` would name nothing), or as given when the current
+    directory is gone."""
+    try:
+        return absolute(source)
+    except OSError:
+        return str(source)
+
+
 def install_tool(
     tier: Tier,
     manifest: Manifest,
@@ -210,7 +221,7 @@ def install_tool(
     ops = ops or durable.default_ops()
     _ensure_tier(tier, ops)
     origin = {
-        "manifest": str(manifest.source),
+        "manifest": _where(manifest.source),
         "installed": rfc3339(),
         "uid": os.getuid(),
         "sha256": hashlib.sha256(program).hexdigest(),

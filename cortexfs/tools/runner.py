@@ -85,7 +85,7 @@ from cortexfs.tools.controls import (
 )
 from cortexfs.tools.core import BOOTSTRAP_TOOLS, NEEDS_CAPABILITY
 from cortexfs.tools.core.toolio import MAX_INPUT_BYTES
-from cortexfs.tools.ctxpath import Resolution, tier_location, which
+from cortexfs.tools.ctxpath import Resolution, tier_location
 from cortexfs.tools.result import ERROR, OK, ToolError, ToolResult, decode_output, exit_error
 from cortexfs.tools.schemas import UnusableSchema, validate_input
 from cortexfs.tools.spawn import (
@@ -425,7 +425,7 @@ class _Call:
         # by step 2 of the chain with EACCES, as `ctx policy explain` reports it.
         found = self.found  # looked up as the session was opened, with its location
         if found is None:
-            found = which(self.tool_name, self.view.tool_directories())
+            found = self.view.find_tool(self.tool_name)
             if found is None:
                 raise not_found(
                     f"no tool {self.tool_name!r} on the CTX_PATH of agent {self.agent!r} "
@@ -488,7 +488,7 @@ class _Call:
     def _lookup(self) -> Resolution | None:
         assert self.view is not None
         try:
-            found = which(self.tool_name, self.view.tool_directories())
+            found = self.view.find_tool(self.tool_name)
         except CtxError:
             return None  # an illegal name: stage resolve says so
         if found is not None:
