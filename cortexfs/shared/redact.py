@@ -6,13 +6,15 @@ or an object's ``log`` (docs/sessions.md states it for users):
 * a key names a secret when, lower-cased and with everything but letters and digits dropped,
   it contains ``password``, ``passwd``, ``passphrase``, ``secret``, ``token``, ``apikey``,
   ``authorization``, ``credential``, ``privatekey`` or ``cookie`` — not counting the ordinary
-  words that merely start with one (``tokenizer``, ``secretary``) — or when its last word is
+  words that merely start with one (``tokenizer``, ``secretary``) where they are a word of the
+  key (``secret_args`` and ``access_token_issued`` name a secret) — or when its last word is
   ``auth`` (``auth``, ``X-Auth``, ``basicAuth``; not ``author``, ``auth_url``);
 * the value under such a key, whatever its JSON type, is replaced by ``"[redacted]"``; a
   string that looks like a credential whatever its key (``Bearer …``/``Basic …``
   authorisation values, armored private keys) is replaced too; so is the value, of any
   type, of a name/value pair naming a secret (``{"name": "API_TOKEN", "value": …}``,
-  ``{"ParameterKey": …, "ParameterValue": …}``, ``["Cookie", …]``);
+  ``{"ParameterKey": …, "ParameterValue": …}``, ``["Cookie", …]``, ``{"name": "DB
+  Password", "value": …}``);
 * keys are summarised like any other text, so a credential used as a key is replaced; keys
   that become equal are told apart (``[redacted]``, ``[redacted]#2``) so none is merged away;
 * inside any other text — an output that is not JSON, a message, an argv word, a shell
@@ -54,8 +56,9 @@ or an object's ``log`` (docs/sessions.md states it for users):
   how many it dropped; a list keeps :data:`MAX_ITEMS` items and an object its first
   :data:`MAX_ITEMS` keys (``"[+N keys]": null`` says how many went); nesting deeper than
   :data:`MAX_DEPTH` is elided;
-* a summary whose JSON is still longer than :data:`MAX_SUMMARY_BYTES` is replaced by a note
-  of its size, so one event stays one short line.
+* a summary (of an input, an argv or an output) whose JSON is still longer than
+  :data:`MAX_SUMMARY_BYTES` is replaced by a note of its size, so one event stays one short
+  line.
 
 Which keys name a secret is :mod:`cortexfs.shared.secret_keys`; the command-line part is
 :mod:`cortexfs.shared.redact_commands`.  Policy v0 has no class for logging, so this rule
@@ -169,7 +172,18 @@ _NETRC_PASSWORD = re.compile(
 
 def bounded_summary(value: Any) -> Any:
     """:func:`summarize`, then a size note instead when even that is too long."""
-    summary = summarize(value)
+    return _within_size(summarize(value))
+
+
+def bounded_argv_summary(argv: Sequence[str]) -> list[str] | str:
+    """:func:`summarize_argv`, then a size note instead when even that is too long: twenty
+    words of two hundred emoji are 16 000 bytes, and an argv is summarised as an input is."""
+    return _within_size(summarize_argv(argv))
+
+
+def _within_size(summary: Any) -> Any:
+    """``summary``, or the note of its size when its JSON is longer than
+    :data:`MAX_SUMMARY_BYTES`."""
     # Its bytes as an event holds them, where a character of CJK text or an emoji is three
     # or four: counted in characters, a summary of such text could fill four times the line.
     size = len(jsontext.dumps_utf8(summary, separators=(",", ":"), default=str))
@@ -217,21 +231,35 @@ _SHORTEST_HIDDEN = 3
 
 
 def hidden_values(value: Any) -> frozenset[str]:
-    """The texts of ``value`` (a call's input, or its argv) that its summary redacts, as a
-    message would quote them: a schema's refusal of the value at ``/passwords/0`` quotes
-    that value, which :func:`without_hidden` then takes out of the message before it is
-    logged, as the input's summary took it out of the input."""
+    """The texts of ``value`` (a call's input, or its argv) that its summary redacts, whole
+    values and parts of texts alike, as a message would quote them: a schema's refusal of the
+    value at ``/passwords/0`` quotes that value, which :func:`without_hidden` then takes out
+    of the message before it is logged, as the input's summary took it out of the input."""
     found: set[str] = set()
     _hidden_in(value, summarize(value), found)
     return frozenset(text for text in found if len(text) >= _SHORTEST_HIDDEN)
 
 
 def without_hidden(text: str, hidden: frozenset[str]) -> str:
-    """``text`` with every value of ``hidden`` (:func:`hidden_values`) replaced, the longest
-    first (one may hold another)."""
-    for value in sorted(hidden, key=len, reverse=True):
-        text = text.replace(value, REDACTED)
+    """``text`` with every value of ``hidden`` (:func:`hidden_values`) replaced, as it is and
+    as a program that reports its input writes it, the longest first (one may hold another)."""
+    spellings = {spelling for value in hidden for spelling in _spellings(value)}
+    for spelling in sorted(spellings, key=len, reverse=True):
+        text = text.replace(spelling, REDACTED)
     return text
+
+
+def _spellings(value: str) -> set[str]:
+    """``value`` as it is, and as JSON (``\\u00fc`` for ``ü`` unless written as UTF-8, ``\\"``
+    for ``"``) and Python's ``repr`` and ``ascii`` write it between their quotes: a tool that
+    fails printing ``json.dumps`` of what it was given quotes a password so."""
+    return {
+        value,
+        json.dumps(value)[1:-1],
+        json.dumps(value, ensure_ascii=False)[1:-1],
+        repr(value)[1:-1],
+        ascii(value)[1:-1],
+    }
 
 
 def _hidden_in(value: Any, summary: Any, found: set[str]) -> None:
@@ -245,10 +273,45 @@ def _hidden_in(value: Any, summary: Any, found: set[str]) -> None:
     elif isinstance(value, list | tuple) and isinstance(summary, list):
         for item, said in zip(value, summary, strict=False):
             _hidden_in(item, said, found)
-    elif isinstance(value, str) and isinstance(summary, str) and summary.endswith(REDACTED):
-        kept = summary.removesuffix(REDACTED)  # an argv word: --password=[redacted]
-        if value.startswith(kept) and len(value) > len(kept):
-            found.add(value[len(kept) :])
+    elif isinstance(value, str) and isinstance(summary, str) and REDACTED in summary:
+        found.update(_redacted_parts(value, summary))
+
+
+# The note :func:`_short_text` ends a text it cut with, and the redactions of a summary (two
+# side by side are one: nothing kept between them tells where the first ended).
+_CUT_NOTE = re.compile(r"…\[\+[0-9]+ chars\]\Z")
+_REDACTIONS = re.compile(r"(?:\[redacted\])+")
+
+
+def _redacted_parts(text: str, summary: str) -> list[str]:
+    """What of ``text`` its ``summary`` replaced by ``[redacted]``, wherever it stood: an argv
+    word's value (``--password=[redacted]``), and a secret amid a text (``deploy --token
+    [redacted] --verbose``), which a message may quote as well.
+
+    The summary is ``text`` with parts replaced, so what it kept between two redactions is
+    found again in ``text``, in order, and what lies between is a part it hid, without the
+    blanks around it, as a message quotes it.  What a cut summary's last redaction hid up to
+    the cut is not known, and a text kept without its terminal's control sequences
+    (:func:`redact_text`) is not found in order: what is not found is not guessed."""
+    cut = _CUT_NOTE.search(summary)
+    first, *between, last = _REDACTIONS.split(summary[: cut.start()] if cut else summary)
+    if not text.startswith(first):
+        return []
+    parts, position = [], len(first)
+    for kept in between:
+        end = text.find(kept, position)
+        if end < 0:
+            break
+        parts.append(text[position:end])
+        position = end + len(kept)
+    else:
+        if cut:
+            end = text.find(last, position) if last else -1
+        else:
+            end = len(text) - len(last) if text.endswith(last) else -1
+        if end >= position:
+            parts.append(text[position:end])
+    return [part.strip() for part in parts if part.strip() not in ("", REDACTED)]
 
 
 def _texts_of(value: Any) -> list[str]:
@@ -295,9 +358,14 @@ def _summarize_command_line(value: Sequence[Any]) -> list[Any]:
     ]
 
 
+# The name of a pair: a word, or words a form or a variable set writes apart (``DB
+# Password``); the key rule then judges them as one key (``dbpassword``).
+_PAIR_NAME = re.compile(rf"{ARGV_KEY.pattern}(?:[ \t]+{ARGV_KEY.pattern})*")
+
+
 def _is_secret_name(value: Any) -> bool:
-    """Whether ``value`` is a single word naming a secret, as the name of a pair is."""
-    return isinstance(value, str) and bool(ARGV_KEY.fullmatch(value)) and is_secret_key(value)
+    """Whether ``value`` is a name naming a secret, as the name of a pair is."""
+    return isinstance(value, str) and bool(_PAIR_NAME.fullmatch(value)) and is_secret_key(value)
 
 
 def _names_a_secret(value: dict[Any, Any]) -> bool:

@@ -36,10 +36,10 @@ from cortexfs.errors import CtxError
 from cortexfs.locks import flock_within, open_lock_file
 from cortexfs.shared.events import EventLog, make_event
 from cortexfs.shared.redact import (
+    bounded_argv_summary,
     bounded_summary,
     hidden_values,
     summarize,
-    summarize_argv,
     without_hidden,
 )
 from cortexfs.shared.sessions import Session
@@ -63,7 +63,7 @@ def request_facts(
     if job is not None:
         facts["job"] = job
     if argv is not None:
-        facts["argv"] = summarize_argv(argv)
+        facts["argv"] = bounded_argv_summary(argv)
     else:
         facts["input"] = bounded_summary(input_value)
     return facts
@@ -216,7 +216,7 @@ def record_host_call(
                 status=status,
                 mode="host",
                 uid=os.getuid(),
-                argv=summarize_argv(argv),
+                argv=bounded_argv_summary(argv),
                 exit_status=exit_status,
                 **why,
             )
