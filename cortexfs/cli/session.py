@@ -42,6 +42,7 @@ from cortexfs.shared.sessions import (
     list_sessions,
     open_session_directory,
 )
+from cortexfs.standard_streams import discard_output
 from cortexfs.storage import require_root
 
 _S2_KEYS = ("ts", "type", "agent", "session", "object", "status")
@@ -155,29 +156,16 @@ def tail(
     """Print the last events of SESSION; with --follow, keep printing new ones (Ctrl-C stops
     it, exit 0)."""
     ref = _session_ref(storage_dir, agent, session, project, uid)
-    scan = events.EventScan()
     with _session_directory(ref, _listing(agent, project, uid)) as directory:
-        # Where each of the last N events starts (past the event before it), not the events:
-        # they are read again from there and printed as read, so that a tail of a long
-        # session holds no more than show does.
-        starts: collections.deque[int] = collections.deque(maxlen=lines)
-        after_previous = scan.end
-        for _ in events.stream_events(ref.events_path, scan, dir_fd=directory):
-            starts.append(after_previous)
-            after_previous = scan.end
-        if starts:
-            again = events.EventScan(end=starts[0])
-            for event in events.stream_events(ref.events_path, again, dir_fd=directory):
-                if again.end > scan.end:
-                    break  # appended since: --follow prints it
-                _render([event], as_json)
-        _warn(ref, scan)
         if not follow:
+            _print_last(ref, directory, lines, as_json)
             return
         try:
+            scan = _print_last(ref, directory, lines, as_json)
             followed = events.follow_events(
                 ref.events_path,
                 offset=scan.end,
+                first_line=scan.lines + 1,  # numbered as show numbers them
                 open_directory=lambda: open_session_directory(ref),
                 on_restart=_restarted,
                 on_damaged=lambda read: _warn_damaged(ref, read),
@@ -185,7 +173,33 @@ def tail(
             for event in followed:
                 _render([event], as_json)
         except KeyboardInterrupt:
-            return
+            # Ctrl-C is how a follow ends as asked, whether it is still printing the last
+            # events or waiting for new ones.  What standard output still holds is dropped:
+            # written at the exit, it would keep the process there for as long as a reader
+            # that stopped reading leaves the pipe full.
+            discard_output(sys.stdout)
+
+
+def _print_last(ref: SessionRef, directory: int, count: int, as_json: bool) -> events.EventScan:
+    """Print the last ``count`` events of the session (then what the read skipped, on
+    stderr); the scan of the whole file, whose ``end`` and ``lines`` a follow goes on from."""
+    scan = events.EventScan()
+    # Where each of the last N events starts (past the event before it), not the events: they
+    # are read again from there and printed as read, so that a tail of a long session holds
+    # no more than show does.
+    starts: collections.deque[int] = collections.deque(maxlen=count)
+    after_previous = scan.end
+    for _ in events.stream_events(ref.events_path, scan, dir_fd=directory):
+        starts.append(after_previous)
+        after_previous = scan.end
+    if starts:
+        again = events.EventScan(end=starts[0])
+        for event in events.stream_events(ref.events_path, again, dir_fd=directory):
+            if again.end > scan.end:
+                break  # appended since: --follow prints it
+            _render([event], as_json)
+    _warn(ref, scan)
+    return scan
 
 
 def _restarted(why: str) -> None:

@@ -456,6 +456,7 @@ def follow_events(
     path: Path,
     *,
     offset: int = 0,
+    first_line: int = 1,
     poll_interval: float = 0.2,
     dir_fd: int | None = None,
     open_directory: Callable[[], int] | None = None,
@@ -472,14 +473,19 @@ def follow_events(
     that another file replaced is read again from its start, and ``on_restart`` is told why:
     waiting for it to grow past the old end would skip, silently, every event appended
     meanwhile.  A removed file is waited for, and read from its start when one is there again.
+    A name that can no longer be followed (a link, a FIFO or a directory put there, a
+    directory that may not be entered) ends the following with its error, once what is held
+    has been read to its end.
 
-    ``dir_fd`` as for :func:`read_events`; ``open_directory``, when given, opens the file's
-    directory anew at each look (the caller closes nothing), so that a directory removed and
-    made again is followed too.  ``on_damaged`` gets the scan of each read that skipped
-    complete lines holding no event (:class:`EventScan` ``damaged``)."""
+    ``first_line`` is the number of the line at ``offset`` (one more than the lines read
+    before it), so that the damaged lines told are numbered as :func:`read_events` numbers
+    them from the file's start.  ``dir_fd`` as for :func:`read_events`; ``open_directory``,
+    when given, opens the file's directory anew at each look (the caller closes nothing), so
+    that a directory removed and made again is followed too.  ``on_damaged`` gets the scan of
+    each read that skipped complete lines holding no event (:class:`EventScan` ``damaged``)."""
     held: int | None = None  # the file being read, until the name leads elsewhere
     named: int | None = None  # what the name leads to at this look
-    line = 1
+    line = first_line
     gone = False
     try:
         held = _open_to_follow(path, dir_fd, open_directory)
@@ -488,7 +494,15 @@ def follow_events(
         while True:
             # The name is looked up before what is held is read to its end: an event appended
             # to a file just before it is renamed away is read from the held descriptor.
-            named = _open_to_follow(path, dir_fd, open_directory)
+            try:
+                named = _open_to_follow(path, dir_fd, open_directory)
+            except (CtxError, OSError):
+                # Whatever took the name, the held file was the one followed until then: the
+                # events a follower that fell behind has not read yet are still yielded before
+                # the refusal ends the following.
+                if held is not None:
+                    yield from _follow_read(held, EventScan(end=offset), line, on_damaged)
+                raise
             if held is not None:
                 scan = EventScan(end=offset)
                 yield from _follow_read(held, scan, line, on_damaged)
