@@ -12,6 +12,8 @@ What the server writes is read as a server's words, never trusted to be sane: a 
 larger than :data:`MAX_MESSAGE_BYTES` or nested deeper than :data:`MAX_MESSAGE_DEPTH`, a
 listing of more than :data:`MAX_PAGES` pages, or a ``tools/call`` result holding a lone
 surrogate (no character, so no text output can hold it) breaks the protocol (``EPROTO``).
+A server that exits before it answers is ``EIO`` with how it ended, whether its output ends
+with it or a process it started (a launcher's helper) holds that output open.
 """
 
 from __future__ import annotations
@@ -47,6 +49,13 @@ _SHOWN_CHARACTERS = 60  # of a value the server gave where another belongs
 _METHOD_NOT_FOUND = -32601
 # How long a server whose output ended is given to exit, so that its status can be told.
 _EXIT_GRACE = 2.0
+# How often a wait for an answer looks whether the server is still running: a process it
+# started (a launcher's helper) may hold its output open, which then never ends when it exits.
+_EXIT_POLL = 0.1
+# How long the stderr of a server that ended must stay silent to be taken as all it wrote,
+# when a process it started holds it open: the server's last words are in the pipe already,
+# and its reader takes them at once.
+_STDERR_QUIET = 0.1
 
 
 class McpError(CtxError):
@@ -187,7 +196,8 @@ class StdioClient:
     ) -> dict[str, Any]:
         """One ``tools/call``.  ``unbounded``: no deadline of the client's own, for a caller that
         is bounded already (a tool call, which the runner's timeout kills): a remote tool
-        may take as long as the call was given, not the client's timeout."""
+        may take as long as the call was given, not the client's timeout; a server that exits
+        meanwhile ends the wait all the same (EIO)."""
         params = {"name": name, "arguments": arguments}
         result = self.request("tools/call", params, unbounded=unbounded)
         if not isinstance(result, dict):
@@ -275,7 +285,11 @@ class StdioClient:
                 )
             assert self._process is not None and self._process.stdout is not None
             stdout = self._process.stdout.fileno()
-            if not select.select([stdout], [], [], remaining)[0]:
+            wait = _EXIT_POLL if remaining is None else min(remaining, _EXIT_POLL)
+            if not select.select([stdout], [], [], wait)[0]:
+                # Whatever it wrote before it exited is in the pipe by then: read it first.
+                if self._process.poll() is not None and not select.select([stdout], [], [], 0)[0]:
+                    raise self._exited(method, until)
                 continue
             chunk = os.read(stdout, 65536)
             if not chunk:
@@ -296,10 +310,10 @@ class StdioClient:
         return message
 
     def _exited(self, method: str, until: float | None = None) -> McpError:
-        """EIO for a server whose output ended before it answered ``method``.  It can answer
-        nothing more, so it is given no longer than a moment (and never past ``until``) to
-        exit, for its status: a server that closed its output and lives on is stopped by
-        :meth:`__exit__`, not waited for."""
+        """EIO for a server whose output ended, or that exited, before it answered ``method``.
+        It can answer nothing more, so it is given no longer than a moment (and never past
+        ``until``) to exit, for its status: a server that closed its output and lives on is
+        stopped by :meth:`__exit__`, not waited for."""
         assert self._process is not None
         moment = _EXIT_GRACE if until is None else min(_EXIT_GRACE, until - time.monotonic())
         try:
@@ -346,7 +360,9 @@ class _StderrTail:
 
     def __init__(self) -> None:
         self._kept = bytearray()
-        self._lock = threading.Lock()
+        self._heard = threading.Condition()  # notified at each chunk read, and at the end
+        self._chunks = 0
+        self._ended = False
         self._reader: threading.Thread | None = None
 
     def follow(self, pipe: IO[bytes]) -> None:
@@ -356,21 +372,44 @@ class _StderrTail:
         self._reader.start()
 
     def _drain(self, pipe: IO[bytes]) -> None:
-        with pipe:
-            while chunk := os.read(pipe.fileno(), 65536):
-                with self._lock:
-                    self._kept += chunk
-                    del self._kept[: max(0, len(self._kept) - _STDERR_TAIL)]
+        try:
+            with pipe:
+                while chunk := os.read(pipe.fileno(), 65536):
+                    with self._heard:
+                        self._kept += chunk
+                        del self._kept[: max(0, len(self._kept) - _STDERR_TAIL)]
+                        self._chunks += 1
+                        self._heard.notify_all()
+        finally:
+            with self._heard:
+                self._ended = True
+                self._heard.notify_all()
 
     def tail(self, settle: float = 0.0) -> bytes:
-        """The last bytes read; ``settle``: first wait that long for the end of the stream."""
-        if settle and self._reader is not None:
-            self._reader.join(settle)
-        with self._lock:
+        """The last bytes read; ``settle``: first wait at most that long for the server's last
+        words (:meth:`_settle`)."""
+        self._settle(settle)
+        with self._heard:
             return bytes(self._kept)
 
     def close(self) -> None:
         """Wait for the reader to see the end of the server's stderr (its last writer gone);
-        a descendant that kept it open is not waited for long."""
-        if self._reader is not None:
-            self._reader.join(_EXIT_GRACE)
+        a descendant that kept it open is waited for only until it falls silent."""
+        self._settle(_EXIT_GRACE)
+
+    def _settle(self, longest: float) -> None:
+        """Wait, at most ``longest`` seconds, for the end of the stream, or for it to stay
+        silent for :data:`_STDERR_QUIET`: once the server has ended, only a process it started
+        can hold its stderr open, and what that one writes is not the server's to say."""
+        if self._reader is None:
+            return
+        deadline = time.monotonic() + longest
+        with self._heard:
+            while not self._ended:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                heard = self._chunks
+                self._heard.wait(min(left, _STDERR_QUIET))
+                if self._chunks == heard and not self._ended:
+                    return

@@ -287,7 +287,10 @@ def write_candidates(
     server started (the server runs as the caller) cannot lead the candidates there.  Every
     candidate is first written and synced under a temporary name; only when all are does each
     take its name.  A failure (``ENOSPC``, say) removes what this projection wrote, the
-    directories it made included, and says so.
+    directories it made included, and says so.  An interruption (Ctrl-C, or SIGTERM and
+    SIGHUP, which ctxmcp raises as an exception too) leaves no temporary either, and without
+    ``replace`` takes back every candidate that took its name, so that nothing was written;
+    with it, the candidates replaced before it stay so.
 
     A candidate already in ``out`` is never overwritten silently: without ``replace`` the
     whole projection is refused with EEXIST, naming them, before anything is written (and a
@@ -299,16 +302,25 @@ def write_candidates(
     contents = [(p, candidate_bytes(p.manifest)) for p in wanted if p.manifest is not None]
     ops = ops or durable.default_ops()
     check_out_directory(out, root)
+    staged: list[_Staged] = []
     made = _make_out(out)
     try:
         out_fd = _open_out(out)
         try:
             refuse_inside(out_fd, out, forbidden_directories(root))
             _refuse_names_in_the_way(out_fd, out, wanted, replace=replace)
-            staged = _stage(ops, out_fd, out, contents)
+            _stage(ops, out_fd, out, contents, staged)
             if replace:
                 return _replace_into_place(ops, out_fd, out, staged)
             return _move_into_place(ops, out_fd, out, staged)
+        except BaseException as stop:
+            # An interruption lands between any two steps, where no failure's own handling
+            # runs; tidying up must not fail in its place, or ctxmcp would not end as the
+            # signal ends it.
+            _remove_quietly(out_fd, [entry.temporary for entry in staged])
+            if not replace and not isinstance(stop, Exception):
+                _take_back(ops, out_fd, staged)
+            raise
         finally:
             os.close(out_fd)
     except BaseException:
@@ -345,29 +357,38 @@ def _refuse_names_in_the_way(
 class _Staged(NamedTuple):
     path: Path  # the candidate's name in OUT
     temporary: str  # where it is, whole and synced, until it takes that name
+    # The device and inode of the file once written: what tells it, under the candidate's
+    # name, from a file another process put there.
+    written: tuple[int, int] | None = None
 
 
 def _stage(
-    ops: durable.FsOps, out_fd: int, out: Path, contents: list[tuple[Projection, bytes]]
-) -> list[_Staged]:
-    """Every candidate written and synced under a temporary name in ``out``; on failure the
-    ones written are removed and the error says that nothing was written."""
-    staged: list[_Staged] = []
+    ops: durable.FsOps,
+    out_fd: int,
+    out: Path,
+    contents: list[tuple[Projection, bytes]],
+    staged: list[_Staged],
+) -> None:
+    """Every candidate written and synced under a temporary name in ``out``, each entered in
+    ``staged`` before its file is made, so that whatever stops the projection finds every
+    temporary it made; on failure the ones written are removed and the error says that
+    nothing was written."""
     for projection, data in contents:
         path = candidate_path(out, projection)
         temporary = f".{path.name}.{os.urandom(6).hex()}.tmp"
+        staged.append(_Staged(path, temporary))
         try:
             durable.write_file_synced(ops, out_fd, temporary, data, _CANDIDATE_MODE)
+            status = os.stat(temporary, dir_fd=out_fd, follow_symlinks=False)
         except OSError as exc:
-            _remove(out_fd, [entry.temporary for entry in staged] + [temporary])
+            _remove(out_fd, [entry.temporary for entry in staged])
             raise CtxError(
                 exc.errno or errno.EIO,
                 f"cannot write the candidate {path}: {exc.strerror or exc}; nothing was "
                 f"written (none of the {len(contents)} candidates is in {out}); make room or "
                 "give another --out, then project again",
             ) from None
-        staged.append(_Staged(path, temporary))
-    return staged
+        staged[-1] = staged[-1]._replace(written=(status.st_dev, status.st_ino))
 
 
 def _move_into_place(
@@ -433,3 +454,22 @@ def _remove(out_fd: int, names: list[str]) -> None:
     for name in names:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(name, dir_fd=out_fd)
+
+
+def _remove_quietly(out_fd: int, names: list[str]) -> None:
+    """:func:`_remove`, each name that cannot be removed left as it is."""
+    for name in names:
+        with contextlib.suppress(OSError):
+            os.unlink(name, dir_fd=out_fd)
+
+
+def _take_back(ops: durable.FsOps, out_fd: int, staged: list[_Staged]) -> None:
+    """Remove, quietly, each candidate of ``staged`` that took its name: only where that
+    name holds the very file this projection wrote."""
+    for entry in staged:
+        with contextlib.suppress(OSError):
+            status = durable.lstat_at(out_fd, entry.path.name)
+            if status is not None and (status.st_dev, status.st_ino) == entry.written:
+                os.unlink(entry.path.name, dir_fd=out_fd)
+    with contextlib.suppress(OSError):
+        durable.sync_dir(ops, out_fd)

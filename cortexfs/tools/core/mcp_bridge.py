@@ -23,7 +23,8 @@ authority chain, in terminal or native mode — and:
    may change the file through one of its read-write mounts;
 3. starts that stdio server in the tool's own process group (a timeout of the call kills it
    too), negotiates a version of M-2, and calls the remote tool with the call's input, waiting
-   for its answer as long as the call's own timeout lets it run;
+   for its answer as long as the call's own timeout lets it run and the server runs (one that
+   exits first is EIO naming how it ended, even while a process it started holds its output);
 4. answers with the result: in native mode the MCP result object (``content``,
    ``structuredContent`` when given, ``isError``); in terminal mode the text of its content.
    A result marked ``isError`` makes the call fail (exit 1).
