@@ -35,13 +35,8 @@ from cortexfs import durable
 from cortexfs.errors import CtxError
 from cortexfs.locks import flock_within, open_lock_file
 from cortexfs.shared.events import EventLog, make_event
-from cortexfs.shared.redact import (
-    bounded_argv_summary,
-    bounded_summary,
-    hidden_values,
-    summarize,
-    without_hidden,
-)
+from cortexfs.shared.redact import bounded_argv_summary, bounded_summary, summarize
+from cortexfs.shared.redact_quoted import hidden_values, without_hidden
 from cortexfs.shared.sessions import Session
 from cortexfs.shared.tree import open_beneath
 from cortexfs.tools.result import ToolResult
@@ -84,7 +79,7 @@ def text_of_input(input_value: Any, problem: str) -> str:
 def result_facts(result: ToolResult, called_with: Any = None) -> dict[str, Any]:
     """The facts of a result that may be logged (S-4).  ``called_with``: the call's input (or
     argv), whose values its summary redacted a message loses too: a schema's refusal quotes
-    the value it refuses (:func:`~cortexfs.shared.redact.hidden_values`)."""
+    the value it refuses (:func:`~cortexfs.shared.redact_quoted.hidden_values`)."""
     messages = result.error is not None or bool(result.post_hooks)
     hidden = hidden_values(called_with) if messages and called_with is not None else frozenset()
     facts: dict[str, Any] = {

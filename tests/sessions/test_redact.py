@@ -15,12 +15,11 @@ from cortexfs.shared.redact import (
     MAX_TEXT,
     REDACTED,
     bounded_summary,
-    hidden_values,
     redact_text,
     summarize,
     summarize_argv,
-    without_hidden,
 )
+from cortexfs.shared.redact_quoted import hidden_values, without_hidden
 from cortexfs.shared.secret_keys import SECRET_WORDS
 
 
