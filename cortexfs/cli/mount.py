@@ -14,6 +14,7 @@ from cortexfs.cli.common import (
     resolve_storage,
     storage_option,
 )
+from cortexfs.cli.exits import usage_problem
 from cortexfs.cli.params import NonEmptyPath
 from cortexfs.errors import CtxError
 from cortexfs.printable import shell_word, shell_words
@@ -98,14 +99,23 @@ def _nearest_existing(directory: Path) -> Path:
 
 
 @click.command("umount")
-@click.argument("mountpoint", type=NonEmptyPath(path_type=Path))
+@click.argument("mountpoint", type=NonEmptyPath(path_type=Path), required=False)
 @handles_errors
-def umount(mountpoint: Path) -> None:
+def umount(mountpoint: Path | None) -> None:
     """Unmount a storage root mounted with 'ctx mount'; its process then exits.
 
     Also removes a mount whose process was killed ('Transport endpoint is not connected').
-    Anything at MOUNTPOINT that 'ctx mount' did not make is refused (EINVAL).
+    Anything at MOUNTPOINT that 'ctx mount' did not make is refused (EINVAL).  Without
+    MOUNTPOINT, the one storage root mounted with 'ctx mount' by you (by anyone, for root)
+    is unmounted: none is ENOENT, several EINVAL (exit 2), naming them.
     """
-    from cortexfs.fuse.mounts import unmount
+    from cortexfs.fuse.mounts import the_only_mount, unmount
 
+    if mountpoint is None:
+        try:
+            mountpoint = the_only_mount()
+        except CtxError as exc:
+            if exc.errno == errno.EINVAL:
+                raise usage_problem(exc) from None
+            raise
     unmount(mountpoint)

@@ -145,6 +145,28 @@ def unmount(mountpoint: Path) -> None:
         raise CtxError(errno.EBUSY, f"cannot unmount {mountpoint}: {reason}")
 
 
+def the_only_mount() -> Path:
+    """Where the one CortexFS mount this user may unmount is (``ctx umount`` without a
+    MOUNTPOINT, as SPEC F-1 writes it): the caller's own mounts, or every one for root.
+    ENOENT when there is none; EINVAL, naming them, when there are several."""
+    mine = sorted(
+        {
+            mount.mount_point
+            for mount in mount_table.mounts()
+            if mount.filesystem_type == FILESYSTEM_TYPE
+            and (os.geteuid() == 0 or _mounted_by(mount) in (None, os.geteuid()))
+        }
+    )
+    if not mine:
+        raise not_found("no storage root is mounted with 'ctx mount' here: nothing to unmount")
+    if len(mine) > 1:
+        raise invalid(
+            f"{len(mine)} storage roots are mounted with 'ctx mount' ({', '.join(mine)}): "
+            "name the MOUNTPOINT to unmount"
+        )
+    return Path(mine[0])
+
+
 def mounted_type(mountpoint: Path) -> str | None:
     """The filesystem type of the topmost mount at ``mountpoint`` (absolute, normalised);
     None when nothing is mounted there."""
