@@ -48,6 +48,15 @@ def rfc3339(epoch: float | None = None) -> str:
     )
 
 
+def file_time(epoch: float) -> str | None:
+    """A file's time as :func:`rfc3339` writes it; None when it lies outside RFC 3339's years
+    1 to 9999, which tmpfs and btrfs keep (``touch -d @253402300800``)."""
+    try:
+        return rfc3339(epoch)
+    except (ValueError, OverflowError, OSError):
+        return None
+
+
 def parse_time(text: str) -> tuple[float, bool] | None:
     """Seconds since the epoch of an RFC 3339 timestamp, or of an ISO 8601 one without a zone
     (read as UTC), and whether ``text`` gave its zone; None when it is neither, or names an

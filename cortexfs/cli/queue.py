@@ -854,7 +854,8 @@ def show(queue_dir: Path, as_json: bool, job: str) -> None:
         echo_printable(f"repair: recover --reconcile would apply {detail['repair']}")
     rows = []
     for item in detail["evidence"]:
-        extra = f"{item.get('size', '?')} bytes, {item.get('mtime', '?')}" if "size" in item else ""
+        mtime = item.get("mtime") or "a time beyond years 1 to 9999"
+        extra = f"{item.get('size', '?')} bytes, {mtime}" if "size" in item else ""
         rows.append([item["path"], item["kind"], extra])
     for temp in detail["temps"]:
         kind = _temp_kind(temp) or "temp file, "

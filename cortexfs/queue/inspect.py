@@ -27,7 +27,7 @@ from cortexfs.queue.layout import (
     read_regular_file,
 )
 from cortexfs.queue.leasing import lease_unreadable, read_lease
-from cortexfs.timefmt import rfc3339
+from cortexfs.timefmt import file_time
 
 
 @dataclass
@@ -380,6 +380,6 @@ def _describe(queue: Queue, path: str) -> dict[str, Any]:
         "path": path,
         "kind": kind_of(st),
         "size": st.st_size,
-        "mtime": rfc3339(st.st_mtime),
+        "mtime": file_time(st.st_mtime),  # None beyond RFC 3339's years
         "inode": st.st_ino,
     }

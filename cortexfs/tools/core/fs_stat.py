@@ -11,7 +11,7 @@ import errno
 import os
 import stat
 
-from cortexfs.timefmt import rfc3339
+from cortexfs.timefmt import file_time
 from cortexfs.tools.core import confine
 from cortexfs.tools.core.fs_list import entry_type
 from cortexfs.tools.core.toolio import Reply, ToolFailure, core_main, main_parameter, require
@@ -41,9 +41,10 @@ def stat_entry(request: dict[str, object], native: bool) -> Reply:
         "mode": f"{stat.S_IMODE(status.st_mode):04o}",
         "uid": status.st_uid,
         "gid": status.st_gid,
-        "mtime": rfc3339(status.st_mtime),
+        "mtime": file_time(status.st_mtime),  # None beyond RFC 3339's years 1 to 9999
     }
-    text = "".join(f"{key}: {value}\n" for key, value in facts.items())
+    shown = {**facts, "mtime": facts["mtime"] or "a time beyond years 1 to 9999"}
+    text = "".join(f"{key}: {value}\n" for key, value in shown.items())
     return Reply(facts, text=os.fsencode(text))
 
 
