@@ -168,21 +168,27 @@ def claim_job(
         _abandon_claim_dir(queue, job, refusal)
         raise refusal from None
     try:
-        # Held until the lease is durable: recover must not mistake our half-done claim
-        # (a request in claimed/J and no lease yet) for the leftovers of a crash.
         try:
+            # First of all: whoever looks at, recovers or finishes the job may be another
+            # member of the queue's group, and must be able to read and change claimed/J
+            # whatever this process's umask, even where the claim stops right here.
+            durable.grant_group_access(ops, claim_fd, queue.group_access)
+            # Held until the lease is durable: recover must not mistake our half-done claim
+            # (a request in claimed/J and no lease yet) for the leftovers of a crash.
             lock_job(claim_fd, job)
-        except CtxError as refusal:
+        except (OSError, CtxError) as exc:
+            refusal = (
+                exc
+                if isinstance(exc, CtxError)
+                else queue.refusal("claim", "claimed", exc, *_nothing_claimed(job))
+            )
             if still_linked(queue.claimed, job, claim_fd):  # not another claimer's by now
                 _abandon_claim_dir(queue, job, refusal)
-            raise
+            raise refusal from None
         if not still_linked(queue.claimed, job, claim_fd):
             # recover removed our empty claim directory before we locked it: we lost.
             return None
         try:
-            # Before the request moves in: whoever recovers or finishes the job may be another
-            # member of the queue's group, and must be able to move it out again.
-            durable.grant_group_access(ops, claim_fd, queue.group_access)
             # Durable before anything moves into it: a rename may reach the disk ahead of the
             # mkdir of its destination directory, and the request would then be unreachable
             # (I-1).
@@ -346,13 +352,18 @@ def _write_lease(queue: Queue, job: str, lease: Lease) -> None:
         raise queue.refusal("claim", "inbox", exc, *_nothing_claimed(job)) from None
     try:
         ops.step("lease.mkdir")
-        if not durable.make_dir_synced(ops, queue.lease, job, 0o775):
+        try:
+            ops.mkdir(job, queue.lease, 0o775)
+        except FileExistsError:
             raise CtxError(
                 errno.EEXIST, f"lease/{job} appeared during the claim; run 'ctx queue recover'"
-            )
+            ) from None
         lease_fd = queue.open_job_dir("lease", job)
         try:
-            durable.grant_group_access(ops, lease_fd, queue.group_access)  # as for claimed/J
+            # As for claimed/J, before anything can stop the claim; then lease/J is made
+            # durable, as make_dir_synced would, before the lease moves into it.
+            durable.grant_group_access(ops, lease_fd, queue.group_access)
+            durable.sync_dir(ops, queue.lease)
             ops.step("lease.move")
             durable.move_noreplace(ops, queue.inbox, temp, lease_fd, LEASE_FILE)
         finally:
