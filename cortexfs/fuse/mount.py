@@ -404,7 +404,7 @@ class StorageFS(pyfuse3.Operations):
                     raise pyfuse3.FUSEError(errno.ESTALE) from None
                 raise
             try:
-                self._give(fd, ctx, parent)
+                self._give(fd, ctx, parent, set_id=mode & ~ctx.umask & _SET_ID)
                 attributes = self._entry(parts, fd)
             except BaseException:
                 _take_back(parent, parts[-1], os.fstat(fd))
@@ -583,13 +583,25 @@ class StorageFS(pyfuse3.Operations):
                     raise pyfuse3.FUSEError(errno.EEXIST)
         return parts
 
-    def _give(self, fd: int, ctx: pyfuse3.RequestContext, parent: int) -> None:
+    def _give(self, fd: int, ctx: pyfuse3.RequestContext, parent: int, *, set_id: int = 0) -> None:
         """What a caller creates is the caller's, as it would be on a local filesystem: its
         uid, and its gid unless the directory (``parent``) is setgid, whose group the entry
-        keeps (a shared space, X-1, stays usable by its group through the mount too)."""
-        if os.geteuid() == 0:
-            setgid = _call(os.fstat, parent).st_mode & stat.S_ISGID
-            _call(os.fchown, fd, ctx.uid, -1 if setgid else ctx.gid)
+        keeps (a shared space, X-1, stays usable by its group through the mount too).
+
+        ``set_id``: the set-user-ID and set-group-ID bits the caller's file was made with,
+        which the kernel takes off a regular file at any change of its owner, root's too:
+        given back as the caller's own creation would keep them (set-group-ID only where
+        the caller is in the file's group, as the kernel judges at a creation)."""
+        if os.geteuid() != 0:
+            return
+        setgid = _call(os.fstat, parent).st_mode & stat.S_ISGID
+        _call(os.fchown, fd, ctx.uid, -1 if setgid else ctx.gid)
+        if set_id:
+            status = _call(os.fstat, fd)
+            if status.st_gid != ctx.gid and not _in_group(ctx, status.st_gid):
+                set_id &= ~stat.S_ISGID
+            if set_id:
+                _call(os.fchmod, fd, stat.S_IMODE(status.st_mode) | set_id)
 
 
 def _take_back(parent: int, name: str, made: os.stat_result | None) -> None:
@@ -615,6 +627,19 @@ def _not_a_root_entry(parts: tuple[str, ...]) -> None:
     them (the projection shows no other name at the root)."""
     if len(parts) == 1:
         raise pyfuse3.FUSEError(errno.EPERM)
+
+
+def _in_group(ctx: pyfuse3.RequestContext, gid: int) -> bool:
+    """Whether the caller of ``ctx`` is root or has ``gid`` among its supplementary groups
+    (which a request does not carry: read from its process, while it waits on the call)."""
+    if ctx.uid == 0:
+        return True
+    try:
+        status = Path(f"/proc/{ctx.pid}/status").read_text()
+    except OSError:
+        return False
+    groups = next((line for line in status.splitlines() if line.startswith("Groups:")), "")
+    return str(gid) in groups.split()[1:]
 
 
 @contextlib.contextmanager
@@ -700,6 +725,7 @@ def _same_file(first: os.stat_result | None, second: os.stat_result | None) -> b
 
 _RENAME_FLAGS = pyfuse3.RENAME_EXCHANGE | pyfuse3.RENAME_NOREPLACE  # the ones passed through
 _WRITING = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND
+_SET_ID = stat.S_ISUID | stat.S_ISGID
 _WALK = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
 _LIST = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
