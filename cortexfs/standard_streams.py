@@ -16,7 +16,9 @@ output) refuses to start without it rather than act and print into /dev/null.
 An open standard output may still refuse what is written (``> /dev/full``, a full disk):
 after :func:`tell_output_errors` that failure is an :class:`OutputError`, so that a command
 can tell its output failing from a file of its own work failing with the same errno, and
-:func:`discard_output` drops what such a stream still holds.
+:func:`discard_output` drops what such a stream still holds.  :func:`write_some` writes
+with the same refusals, unbuffered, for a caller that must know what an interruption left
+unwritten.
 """
 
 from __future__ import annotations
@@ -153,6 +155,24 @@ class _StandardOutput(io.FileIO):
             if written is not None:
                 return written
             select.select([], [self], [])
+
+
+def write_some(fd: int, data: bytes | memoryview) -> int:
+    """One write of ``data`` (not empty) to output descriptor ``fd``: how many of its bytes
+    went out, as :class:`_StandardOutput` writes (a refusal an :class:`OutputError`, a reader
+    that left a ``BrokenPipeError``, room waited for when ``fd`` is non-blocking and full).
+    Unbuffered, so that a caller keeping count of what went out knows what an interruption
+    (Ctrl-C, SIGTERM) left unwritten: a buffered stream keeps what a raising write was given,
+    and writes it again at its next flush, bytes that had gone out included."""
+    while True:
+        try:
+            return os.write(fd, data)
+        except BlockingIOError:
+            select.select([], [fd], [])
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise OutputError(exc.errno, exc.strerror) from None
 
 
 class _WaitingInput(io.FileIO):

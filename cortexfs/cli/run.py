@@ -7,6 +7,7 @@ what a call needs, because it is started once per tool call.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import errno
 import functools
@@ -36,7 +37,13 @@ from cortexfs.names import check_object_name, shown_number
 from cortexfs.printable import printable
 from cortexfs.regular_file import read_up_to
 from cortexfs.shared.sessions import DEFAULT_SESSION, SessionRef
-from cortexfs.standard_streams import OutputError, open_write_only, tell_output_errors
+from cortexfs.standard_streams import (
+    OutputError,
+    closed_at_start,
+    open_write_only,
+    tell_output_errors,
+    write_some,
+)
 from cortexfs.timefmt import MAX_SECONDS, SECONDS_TEXT
 from cortexfs.tools.core.toolio import MAX_INPUT_BYTES
 from cortexfs.tools.result import ToolResult
@@ -45,6 +52,9 @@ from cortexfs.tools.runner import DEFAULT_TIMEOUT, UnreadableInput, run_native, 
 # The shell's convention for a command that was not found / could not be run (terminal mode).
 EXIT_NOT_FOUND = 127
 EXIT_CANNOT_RUN = 126
+
+# Where native mode writes its frames: the descriptor, whatever sys.stdout is.
+_STANDARD_OUTPUT = 1
 
 SUMMARY = "Run TOOL as AGENT through the whole authority chain (SPEC T-3, P-5, P-6)."
 DESCRIPTION = f"""{SUMMARY}
@@ -68,12 +78,14 @@ schema; stdout carries JSONL frames, one object per line:
   {{"type": "result", ...}}  the outcome: status, output, exit_status,
                            error (errno, stage, denying chain step),
                            timings; always the last frame
-Exit 0 when the result is ok, 1 otherwise, 2 for unusable input.  When a frame
-cannot be written (a full disk, > /dev/full): exit 74, 'ctx: ENOSPC: cannot
-write standard output (...)' and whether the tool ran and where its result is
-recorded; a first frame that cannot be written kills the tool before it is
-given its input (stage output; its process had started, so it may have begun
-to act, but it read no input).  A reader that left (a closed pipe) ends it
+Exit 0 when the result is ok, 2 for input that is not JSON or that its
+schema refuses (EINVAL), 1 otherwise.  When a frame cannot be written (a full
+disk, > /dev/full): exit 74, 'ctx: ENOSPC: cannot write standard output (...)'
+and whether the tool ran and where its result is recorded; a first frame that
+cannot be written kills the tool before it is given its input (stage output;
+its process had started, so it may have begun to act, but it read no input).
+A standard output closed at start ('>&-') is refused so before anything is run
+or recorded (EBADF, exit 74).  A reader that left (a closed pipe) ends it
 quietly, exit 141.
 
 In either mode, Ctrl-C, SIGTERM or SIGHUP to ctx run stops the tool's process
@@ -316,6 +328,16 @@ def _run_terminal(root: Path, options: argparse.Namespace, where: SessionRef | s
 
 
 def _run_native(root: Path, options: argparse.Namespace, where: SessionRef | str) -> int:
+    if closed_at_start(_STANDARD_OUTPUT):
+        # Reopened on /dev/null at start: the frames, the whole answer, would go nowhere, and
+        # a tool run so would do its work unseen.  Refused with the errno of an output that
+        # cannot take the call frame (1</dev/null), but before anything is run or recorded.
+        raise OutputError(
+            errno.EBADF,
+            "closed when ctx started ('>&-'), and native mode writes its frames there; nothing "
+            "was run or recorded: run ctx with standard output open (redirect it to a file to "
+            "keep the frames)",
+        )
     # As much as a core tool reads as its input, and not a byte more than one past it: a
     # source that never ends (/dev/zero) is refused before it fills memory, and nothing runs.
     if open_write_only(sys.stdin.fileno()):
@@ -340,15 +362,22 @@ def _run_native(root: Path, options: argparse.Namespace, where: SessionRef | str
         # session its tool_call/tool_result (exit 2, as for an input its schema refuses).
         input_value = UnreadableInput(data.decode("utf-8", "replace"), _not_json(exc))
     frames = _Frames()
-    result = run_native(
-        root,
-        options.agent,
-        options.tool,
-        input_value,
-        session=where,
-        timeout=DEFAULT_TIMEOUT if options.timeout is None else options.timeout,
-        observer=frames,
-    )
+    try:
+        result = run_native(
+            root,
+            options.agent,
+            options.tool,
+            input_value,
+            session=where,
+            timeout=DEFAULT_TIMEOUT if options.timeout is None else options.timeout,
+            observer=frames,
+        )
+    except (KeyboardInterrupt, Stopped):
+        # A stop that cut the result frame leaves it whole too; the stop is what ends ctx,
+        # whatever becomes of the rest.
+        with contextlib.suppress(OSError):
+            frames.finish_begun()
+        raise
     if frames.lost is not None:
         changed(_what_became_of(result))
         raise frames.lost
@@ -358,18 +387,38 @@ def _run_native(root: Path, options: argparse.Namespace, where: SessionRef | str
 class _Frames:
     """The observer of a native call: each frame one line on standard output, written out as
     it comes.  The first that cannot be written is :attr:`lost`; the runner then gives no more
-    (and runs no tool whose ``call`` frame it was), and the call's result is still recorded."""
+    (and runs no tool whose ``call`` frame it was), and the call's result is still recorded.
+
+    A stop (Ctrl-C, SIGTERM) may come while a frame waits for a slow reader; each frame still
+    reaches standard output at most once, and whole.  It is written straight to the
+    descriptor, counting what went out, where a buffered stream would keep the frame a stop
+    interrupted and write it again with the next one.  A frame the stop cut before any of it
+    went out is dropped: a stop that came as that write ended leaves no count to say it went
+    out (a frame of up to 4 KiB goes into a pipe in one write or not at all).  One cut after
+    is finished before the next frame, which after a stop is the ``result``."""
 
     def __init__(self) -> None:
         self.lost: OSError | None = None
+        self.begun = memoryview(b"")  # what a stop left unwritten of a frame begun
 
     def __call__(self, frame: dict[str, Any]) -> None:
         try:
-            sys.stdout.write(json.dumps(frame, default=str) + "\n")
-            sys.stdout.flush()
+            self.finish_begun()
+            self._write(memoryview((json.dumps(frame, default=str) + "\n").encode()))
         except OSError as error:
             self.lost = error
             raise
+
+    def finish_begun(self) -> None:
+        """Write the rest of the frame a stop cut after its first bytes, if any (none once
+        the frames are lost: the runner gives no more)."""
+        if self.lost is None:
+            self._write(self.begun)
+
+    def _write(self, line: memoryview) -> None:
+        while line:
+            line = line[write_some(_STANDARD_OUTPUT, line) :]
+            self.begun = line
 
 
 def _what_became_of(result: ToolResult) -> str:
@@ -393,9 +442,13 @@ def _what_became_of(result: ToolResult) -> str:
 
 
 def _native_exit(result: ToolResult) -> int:
+    """0 for ``ok``; 2 for an input that is not JSON or that the schema refuses (EINVAL at
+    stage ``schema``), which the caller must change; 1 for every other failure, a schema
+    check that ran out of the call's time (ETIMEDOUT) or a damaged schema (ENOEXEC) too."""
     if result.ok:
         return EXIT_OK
-    if result.error is not None and result.error.stage == "schema":
+    error = result.error
+    if error is not None and (error.errno, error.stage) == (errno.EINVAL, "schema"):
         return EXIT_USAGE
     return EXIT_REFUSED
 

@@ -138,7 +138,8 @@ def run_native(
     Never raises for a refused or failed call: the :class:`ToolResult` says what happened.
     Only a result that cannot be recorded durably (a full disk…) raises, as an OSError, and an
     interrupt (KeyboardInterrupt, :class:`~cortexfs.interrupts.Stopped`) goes on once the call's
-    ``tool_result`` is recorded.
+    ``tool_result`` is recorded (keeping what a tool it cut short had written, and how it
+    ended) and its ``result`` frame given.
     ``root``, a path (a relative one is taken from the current directory once, as the call
     starts); anything else is a TypeError.  An input JSON cannot hold as it is (NaN, an
     integer of more digits than Python reads, a set…) is refused at stage ``schema`` as input
@@ -152,7 +153,10 @@ def run_native(
     given its input (its process has started by then: the frame carries its pid), and the call
     ends at stage ``output`` with that errno; at a later
     frame the observer is given no more frames, and the call goes on to its end and is
-    recorded as if nobody watched, rather than kill a tool midway through what it does.
+    recorded as if nobody watched, rather than kill a tool midway through what it does.  An
+    interrupt it raises (one that came while it took a frame) ends the call, and the ``result``
+    frame is the only one it is given after: the stderr lines the interrupt cut off would be
+    missing between its frames and a later one.
     ``interrupted`` says whether the caller was interrupted and killed the tool's process
     group itself (a worker's second SIGINT): a tool that then ends in failure is recorded as
     interrupted, EINTR at stage ``run``, not as a tool that exited non-zero of its own accord.
@@ -239,9 +243,10 @@ class _Call:
         self.started = rfc3339()
         self.clock = time.monotonic()
         self.timings: dict[str, float] = {}
-        # How the tool's process ended when an interruption cut the call short (None: it had
-        # not started, or was not ended by the cut): the call's tool_result says so.
-        self.cut_short_status: int | None = None
+        # How the tool's process ended, of itself or killed when an interruption cut the call
+        # short, and what it had written (None until then): the result of a call that an
+        # interruption ended keeps them, as a timeout's does.
+        self.finished: Finished | None = None
         self.view: AgentView | None = None
         self.session_ref: SessionRef | None = None
         self.session: Session | None = None
@@ -258,6 +263,7 @@ class _Call:
         self.workspace = workspace
         self.stage = "caller"  # the stage in progress, for a failure no stage anticipated
         self.observer_failed = False
+        self.observer_interrupted = False  # a frame it was taking was cut by an interruption
         self.unrecorded_call: CtxError | OSError | None = None  # the session refused tool_call
 
     @property
@@ -275,8 +281,7 @@ class _Call:
                 # KeyboardInterrupt, Stopped, SystemExit: the caller goes on unwinding, but a
                 # recorded tool_call still gets its tool_result, and a native caller its result
                 # frame.
-                error = self._unexpected(interruption)
-                self._finish(self._result(ERROR, error=error, exit_status=self.cut_short_status))
+                self._finish(self._interrupted_result(self._unexpected(interruption)))
                 raise
             return self._finish(result)
         finally:
@@ -318,6 +323,24 @@ class _Call:
                 result = result._replace(record_error=ToolError(code, "record", missing))
         self._emit({"type": "result", **result.to_json()})
         return result
+
+    def _interrupted_result(self, error: ToolError) -> ToolResult:
+        """The result of a call an interruption ended with ``error``: a tool that had started
+        keeps its exit status, its output (decoded as after a normal end) and its stderr."""
+        finished = self.finished
+        if finished is None:
+            return self._result(ERROR, error=error)
+        try:
+            output = decode_output(finished.stdout) if self.mode == NATIVE else None
+        except MemoryError:
+            output = None  # the memory to hold it decoded ran short; the interruption stands
+        return self._result(
+            ERROR,
+            output=output,
+            exit_status=finished.exit_status,
+            error=error,
+            stderr=finished.stderr_tail.decode("utf-8", "replace"),
+        )
 
     def _unexpected(self, exc: BaseException) -> ToolError:
         if isinstance(exc, KeyboardInterrupt):
@@ -593,6 +616,7 @@ class _Call:
                     )
                 else:
                     finished = run_attached(spec, on_start=self._started)
+                self.finished = finished
             except OSError as exc:
                 raise CtxError(
                     exc.errno or errno.EIO,
@@ -789,8 +813,8 @@ class _Call:
             **fields,
         )
 
-    def _cut_short(self, exit_status: int) -> None:
-        self.cut_short_status = exit_status
+    def _cut_short(self, finished: Finished) -> None:
+        self.finished = finished
 
     def _started(self, pid: int) -> None:
         if self.capability is not None:
@@ -812,8 +836,12 @@ class _Call:
 
     def _emit(self, frame: Frame) -> None:
         """Hand ``frame`` to the observer; one that failed is given no more (see
-        :func:`run_native`)."""
+        :func:`run_native`), one interrupted while it took a frame only the ``result``."""
         if self.observer is None or self.observer_failed:
+            return
+        if self.observer_interrupted and frame["type"] != "result":
+            # The stderr lines the interruption cut off would be missing between the frames
+            # it got and a later one (the start of a line read in part among them).
             return
         try:
             self.observer(frame)
@@ -832,6 +860,9 @@ class _Call:
                     "input",
                 )
             ) from None
+        except BaseException:  # KeyboardInterrupt, Stopped: the call ends, with its result
+            self.observer_interrupted = True
+            raise
 
 
 def _unrecorded(result: ToolResult, exc: OSError | CtxError) -> ToolResult:

@@ -122,8 +122,9 @@ def run_captured(
 
     ``max_output`` None: stdout is read and dropped (a hook's, which nobody reads), so that
     however much the process writes there it neither blocks nor is stopped for it.
-    ``on_cut_short`` is given the exit status of a process this call killed because an
-    exception (an interruption, a failing ``on_start``) cut it short, before that goes on."""
+    ``on_cut_short`` is given how a process ended that this call killed because an exception
+    (an interruption, a failing ``on_start``) cut it short, with what it had written by then,
+    before that goes on: a tool that ran keeps its output."""
     started = time.monotonic()
     argv, options, network_namespace = _launch(spec)
     with network_namespace:
@@ -140,6 +141,7 @@ def run_captured(
             **options,
         )
     with orphans.GUARD.watching(process.pid):
+        pump: _Pump | None = None
         try:
             if on_start:
                 on_start(process.pid)
@@ -152,7 +154,17 @@ def run_captured(
             with process:  # closes the pipes the pump may never have taken, and reaps
                 pass
             if on_cut_short is not None:
-                on_cut_short(_exit_status(process.returncode))
+                on_cut_short(
+                    Finished(
+                        process.pid,
+                        _exit_status(process.returncode),
+                        b"" if pump is None else bytes(pump.stdout),
+                        b"" if pump is None else _utf8_tail(pump.stderr, MAX_STDERR_TAIL),
+                        False,
+                        pump is not None and pump.overflow,
+                        time.monotonic() - started,
+                    )
+                )
             raise
         if timed_out or pump.overflow or pump.exited_at is None:  # a timeout, too much output
             _kill_group(process.pid)
