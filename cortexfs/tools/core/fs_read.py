@@ -15,15 +15,18 @@ from cortexfs.tools.core import confine
 from cortexfs.tools.core.toolio import Reply, ToolFailure, core_main, main_parameter, require
 
 MAX_LENGTH = 1024 * 1024
+MAX_OFFSET = (1 << 63) - 1  # the largest file offset the kernel takes (off_t)
 
 
 def read(request: dict[str, object], native: bool) -> Reply:
     place = confine.View.from_environment(os.environ).locate(require(request, "path", str))
     offset = require(request, "offset", int, 0)
     length = require(request, "length", int, MAX_LENGTH)
-    if offset < 0 or not 0 <= length <= MAX_LENGTH:
+    if not 0 <= offset <= MAX_OFFSET or not 0 <= length <= MAX_LENGTH:
         raise ToolFailure(
-            errno.EINVAL, f"offset must be >= 0 and length from 0 to {MAX_LENGTH}", usage=True
+            errno.EINVAL,
+            f"offset must be from 0 to {MAX_OFFSET} and length from 0 to {MAX_LENGTH}",
+            usage=True,
         )
     fd, status = confine.open_regular_file(place)
     try:

@@ -47,8 +47,14 @@ def write(request: dict[str, object], native: bool) -> Reply:
         existing = confine.lstat_at(parent, place.name)
         confine.refuse_link(place, existing)
         confine.refuse_file_named_as_directory(place, existing)
+        if existing is not None and stat.S_ISDIR(existing.st_mode):
+            raise ToolFailure(errno.EISDIR, f"{place.view} is a directory; fs.write writes a file")
         if existing is not None and not stat.S_ISREG(existing.st_mode):
-            raise ToolFailure(errno.EISDIR, f"{place.view} exists and is not a regular file")
+            raise ToolFailure(
+                errno.EINVAL,
+                f"{place.view} exists and is a {_kind(existing)}, not a regular file; nothing "
+                "was written",
+            )
         if place.names_directory:
             raise ToolFailure(
                 errno.EISDIR, f"{place.view}/ names a directory; fs.write writes a file"
@@ -59,16 +65,18 @@ def write(request: dict[str, object], native: bool) -> Reply:
         # (a group-writable file in a shared space stays so); never setuid, setgid or sticky
         # bits on content the agent wrote.
         mode = existing.st_mode & 0o777 if existing else 0o644
-        temporary = f".{place.name}.{os.urandom(6).hex()}.tmp"
+        temporary = _temporary_name(place.name)
         with confine.reporting(place):
             durable.write_file_synced(
                 ops, parent, temporary, data, mode, exact_mode=existing is not None
             )
             try:
-                if existing is None:
-                    durable.move_noreplace(ops, parent, temporary, parent, place.name)
-                else:
+                # With overwrite, a file another writer made since the look above is replaced
+                # as one found there would be: the call asked for this content at the name.
+                if overwrite:
                     durable.replace_synced(ops, parent, temporary, parent, place.name)
+                else:
+                    durable.move_noreplace(ops, parent, temporary, parent, place.name)
             except BaseException:
                 durable.remove_entries(ops, [(parent, temporary, False)])
                 raise
@@ -80,6 +88,32 @@ def write(request: dict[str, object], native: bool) -> Reply:
     return Reply(
         {"path": str(place.view), "bytes": len(data), "created": existing is None}, text=text
     )
+
+
+# The longest name a directory entry may have (NAME_MAX of Linux's filesystems), in bytes.
+_NAME_MAX = 255
+
+
+def _temporary_name(name: str) -> str:
+    """A hidden name beside ``name`` for its new contents: ``name``'s own with a random part,
+    or the random part alone where that would pass :data:`_NAME_MAX` (a legal name of 238
+    bytes or more could not be written)."""
+    random_part = f".{os.urandom(6).hex()}.tmp"
+    temporary = f".{name}{random_part}"
+    return temporary if len(os.fsencode(temporary)) <= _NAME_MAX else f".fs.write{random_part}"
+
+
+def _kind(status: os.stat_result) -> str:
+    """A word for what is at a name that is no regular file nor directory."""
+    for test, word in (
+        (stat.S_ISFIFO, "FIFO"),
+        (stat.S_ISSOCK, "socket"),
+        (stat.S_ISCHR, "character device"),
+        (stat.S_ISBLK, "block device"),
+    ):
+        if test(status.st_mode):
+            return word
+    return "special file"
 
 
 def path_and_stdin(arguments: list[str]) -> dict[str, object]:
