@@ -259,7 +259,7 @@ def fail(error: CtxError, *, as_json: bool = False) -> None:
     error.message = for_this_storage(for_this_queue(error.message))
     click.echo(f"{_program()}: {printable(str(error))}", err=True)
     if as_json:
-        _emit_json_error(error)
+        emit_json_error(error)
     sys.exit(exit_status(error))
 
 
@@ -272,7 +272,7 @@ def output_failed(error: OSError, prog_name: str | None = None) -> NoReturn:
     )
 
 
-def _emit_json_error(error: CtxError) -> None:
+def emit_json_error(error: CtxError) -> None:
     """The error object on stdout, unless stdout is what failed (``--json > /dev/full``, a
     reader that left): the line on stderr has said it all then."""
     try:
@@ -296,7 +296,7 @@ def fail_with_problems(source: object, error: CtxError, problems: list[str], as_
     for problem in problems:
         click.echo(printable(f"{_program()}: {error.code_name}: {source}: {problem}"), err=True)
     if as_json:
-        _emit_json_error(error)
+        emit_json_error(error)
     sys.exit(exit_status(error))
 
 

@@ -17,6 +17,7 @@ from cortexfs.cli.common import (
     EXIT_USAGE,
     echo_printable,
     emit_json,
+    emit_json_error,
     handles_errors,
     json_option,
     require_standard_input,
@@ -315,5 +316,5 @@ def _exit_usage(error: CtxError, lines: list[str], as_json: bool) -> NoReturn:
     for line in lines:
         echo_printable(line, err=True)
     if as_json:
-        emit_json(error.to_json())
+        emit_json_error(error)  # stays exit 2 when the object cannot be written (P-8)
     sys.exit(EXIT_USAGE)
