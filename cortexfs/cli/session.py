@@ -301,6 +301,14 @@ def list_command(
     ref = _session_ref(storage_dir, agent, DEFAULT_SESSION, project, uid)
     _require_space(ref, project)
     names = list_sessions(ref.path.parent, root=ref.root)
+    kept_there = ref.path.parents[1]  # <home or space>/agent/<agent>
+    if not names and not agent_exists(ref.root, agent) and not os.path.lexists(kept_there):
+        # As without --project or --uid: an agent that is not, and never kept sessions
+        # there, is no empty list (a misspelt name would read as "no sessions").
+        raise not_found(
+            f"there is no agent {agent!r} ({ref.root / agent_entry(agent)} does not exist), "
+            f"and {kept_there} holds no sessions of it"
+        )
     if as_json:
         emit_json([{"name": name, "path": str(ref.path.parent / name)} for name in names])
     else:

@@ -120,7 +120,7 @@ def _tighten_events(
     except OSError as exc:
         if exc.errno in (errno.ENOENT, errno.ELOOP, errno.ENXIO):
             return
-        raise
+        raise OSError(exc.errno, exc.strerror, shown) from None  # named whole, not as the file
     try:
         if stat.S_ISREG(os.fstat(fd).st_mode):
             _tighten(ops, fd, HOME_EVENTS_MODE, shown, owner, done)

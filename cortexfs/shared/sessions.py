@@ -301,6 +301,14 @@ def list_sessions(parent: Path, *, root: Path) -> list[str]:
     try:
         names = os.listdir(fd)
         return sorted(name for name in names if is_object_name(name) and _is_dir_at(fd, name))
+    except PermissionError:
+        # Its names could be read but not looked up (r without x): which of them are
+        # sessions is not known, and an empty list would say there are none.
+        raise CtxError(
+            errno.EACCES,
+            f"{parent} may be listed but not searched by uid {os.geteuid()} (its mode lacks x "
+            "for it), so its sessions cannot be told from its other entries",
+        ) from None
     finally:
         os.close(fd)
 
@@ -308,7 +316,7 @@ def list_sessions(parent: Path, *, root: Path) -> list[str]:
 def _is_dir_at(dir_fd: int, name: str) -> bool:
     try:
         return stat.S_ISDIR(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
-    except (FileNotFoundError, NotADirectoryError, PermissionError):
+    except (FileNotFoundError, NotADirectoryError):
         return False
 
 
