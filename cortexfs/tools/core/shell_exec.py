@@ -30,9 +30,13 @@ SHELL = "/bin/sh"
 def execute(request: dict[str, object], native: bool) -> NoReturn:
     command = _shell_text(require(request, "cmd", str), "cmd")
     view = confine.View.from_environment(os.environ)
-    directory = confine.open_directory(view.locate(require(request, "cwd", str, str(view.cwd))))
+    place = view.locate(require(request, "cwd", str, str(view.cwd)))
+    directory = confine.open_directory(place)
     try:
-        os.fchdir(directory)
+        # Within the reporting: the directory opens without search permission (O_PATH), and
+        # the kernel refuses only here, which must name the directory as fs.list names it.
+        with confine.reporting(place):
+            os.fchdir(directory)
     finally:
         os.close(directory)
     if "stdin" in request:
