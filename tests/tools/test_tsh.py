@@ -79,6 +79,24 @@ def run_tsh(
     )
 
 
+def test_a_line_starting_with_a_hash_is_a_comment_and_keeps_the_last_status(
+    tmp_path: Path,
+) -> None:
+    """A script piped to tsh may comment its lines, as a shell script does: a comment runs
+    nothing and leaves ``$?`` as the line before set it; a quoted ``#`` is a word."""
+    root = tmp_path / "storage"
+    storage.bootstrap(root)
+    script = "which nosuch\n  # which fs.stat, or 'an unclosed quote\n#\n"
+
+    commented = run_tsh(root, script=script)
+    quoted = run_tsh(root, script="'#not' a comment\n")
+
+    assert commented.returncode == 1, commented  # which's status, not the comments'
+    assert commented.stdout == "" and "nosuch" in commented.stderr
+    assert "No closing quotation" not in commented.stderr
+    assert quoted.returncode == 127 and "#not: not a tool" in quoted.stderr, quoted
+
+
 def test_tsh_with_arguments_runs_that_one_command_line(tmp_path: Path) -> None:
     """T-3's ``tsh TOOL ARG...``: one command, its words as given, tsh's status is its status;
     standalone, running a tool is still refused (H-2) and a host command is not a tool."""

@@ -412,7 +412,11 @@ def _bytes_of(text: str) -> int:
 
 
 def execute(context: TshContext, line: str, status: int) -> tuple[int, bool]:
-    """Run one command line; the new ``$?`` and whether tsh should exit."""
+    """Run one command line; the new ``$?`` and whether tsh should exit.  A line whose first
+    word starts with an unquoted ``#`` is a comment, as in a shell script piped in: no tool
+    name starts so (R-3), and ``$?`` stays as it was."""
+    if line.lstrip(" \t").startswith("#"):
+        return status, False
     try:
         words = split_words(line)
     except ValueError as exc:
