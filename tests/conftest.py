@@ -29,7 +29,7 @@ settings.register_profile("suite", deadline=None)
 settings.load_profile("suite")
 
 FLOWS_PREFIX = "test_acceptance_flows_"
-FLOW_SLICES = 4
+FLOW_SLICES = 6
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
