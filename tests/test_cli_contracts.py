@@ -227,6 +227,22 @@ def test_a_closed_stdin_reads_as_empty_not_as_a_crash(
     assert os.listdir(storage / "shared" / "p" / "queue" / "pending") == []
 
 
+def test_a_native_call_with_stdin_closed_is_ebadf_and_nothing_is_recorded(storage: Path) -> None:
+    """No input at all is not an empty input: ``ctx run --native … <&-`` is refused as the
+    queue commands refuse it, before the call is recorded in any session."""
+    argv = [sys.executable, "-m", "cortexfs", "run", "--storage", str(storage), "--native"]
+    refused = subprocess.run(
+        ["/bin/sh", "-c", '"$@" <&-', "sh", *argv, "--agent", "a", "fs.read"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+    assert refused.returncode == 1 and refused.stdout == "", refused
+    assert refused.stderr.startswith("ctx: EBADF: standard input is closed"), refused.stderr
+    assert not (storage / "home").exists() or not any((storage / "home").rglob("events.jsonl"))
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to read as another uid")
 @pytest.mark.parametrize("command", [("object", "check"), ("agent", "create")])
 def test_an_unreadable_file_is_eacces_exit_1_like_a_missing_one_is_enoent(

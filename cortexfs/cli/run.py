@@ -340,11 +340,19 @@ def _run_native(root: Path, options: argparse.Namespace, where: SessionRef | str
         )
     # As much as a core tool reads as its input, and not a byte more than one past it: a
     # source that never ends (/dev/zero) is refused before it fills memory, and nothing runs.
-    if open_write_only(sys.stdin.fileno()):
+    # A stdin closed at start reads as /dev/null: its emptiness would be taken for an empty
+    # input, refused as unusable and recorded as the call's, where no input was given at all.
+    if closed_at_start(sys.stdin.fileno()):
+        state = "closed when ctx started ('<&-')"
+    elif open_write_only(sys.stdin.fileno()):
+        state = "open for writing only (as '0>FILE' or '0>>FILE' opens it)"
+    else:
+        state = None
+    if state is not None:
         raise CtxError(
             errno.EBADF,
-            "standard input is open for writing only (as '0>FILE' or '0>>FILE' opens it): "
-            "native mode reads the tool's input from it; pipe the input in; nothing was run",
+            f"standard input is {state}: native mode reads the tool's input from it; pipe the "
+            "input in; nothing was run or recorded",
         )
     data = read_up_to(sys.stdin.fileno(), MAX_INPUT_BYTES)
     if len(data) > MAX_INPUT_BYTES:
