@@ -677,7 +677,7 @@ def claim_held_still(world: World, member: Member, stage: str, job: str) -> int:
     )  # fmt: skip
     world.started.append(tracer)
     assert wait_for(lambda: "stopped by SIGSTOP" in said(log) or tracer.poll() is not None)
-    stop = re.search(r"^(\d+) --- stopped by SIGSTOP", said(log), re.MULTILINE)
+    stop = re.search(r"^(\d+) +--- stopped by SIGSTOP", said(log), re.MULTILINE)
     assert stop is not None, (tracer.returncode, said(log))
     claimer = int(stop[1])
     world.traced.append(claimer)
