@@ -142,7 +142,7 @@ class Terminal:
 
 class World:
     """A bootstrapped root whose agents may run ``shell.exec`` (both layers of P-6), each with
-    the host directory ``ws`` mounted read-write at ``/work``."""
+    the host directory ``ws`` mounted read-write at ``/proj``."""
 
     def __init__(self, top: Path, storage: Path) -> None:
         self.top = top
@@ -156,7 +156,7 @@ class World:
             "name": name,
             "label": f"{name}_t",
             "tools": ["shell.exec"],
-            "mount": [[str(self.ws), "/work", "rw"]],
+            "mount": [[str(self.ws), "/proj", "rw"]],
         }
         made = ctx_run(
             "agent", "create", "-", "--json", *options, input=json.dumps(request), env=self.env
@@ -374,8 +374,8 @@ def test_cwd_is_a_view_path_and_the_command_stands_in_the_host_directory(world: 
     places = {
         None: world.ws,
         "sub": world.ws / "sub",
-        "/work/sub": world.ws / "sub",
-        "/work//sub/./": world.ws / "sub",
+        "/proj/sub": world.ws / "sub",
+        "/proj//sub/./": world.ws / "sub",
         "/ctx": world.storage,
         f"/ctx/home/{uid}": world.storage / "home" / str(uid),
     }
@@ -384,22 +384,22 @@ def test_cwd_is_a_view_path_and_the_command_stands_in_the_host_directory(world: 
         native = world.native(value)
         assert native.rc == 0, (cwd, native)
         assert native.result["output"] == f"{host}\n", (cwd, native.result)
-    terminal = world.terminal(json.dumps({"cmd": "pwd", "cwd": "/work/sub"}))
+    terminal = world.terminal(json.dumps({"cmd": "pwd", "cwd": "/proj/sub"}))
     assert (terminal.rc, terminal.out) == (0, f"{world.ws / 'sub'}\n".encode()), terminal
 
 
 def test_cwd_outside_the_view_or_through_a_link_is_refused_with_its_errno(world: World) -> None:
     refused = {
         "/etc": ("EACCES", 13, 1, "/etc is outside every mount visible to the agent"),
-        "/work/../etc": ("EINVAL", 22, 2, "'/work/../etc': '..' is not allowed in a path"),
-        "/work/alink": (
+        "/proj/../etc": ("EINVAL", 22, 2, "'/proj/../etc': '..' is not allowed in a path"),
+        "/proj/alink": (
             "ELOOP",
             40,
             1,
-            "/work/alink is a symbolic link; links are never followed",
+            "/proj/alink is a symbolic link; links are never followed",
         ),
-        "/work/afile": ("ENOTDIR", 20, 1, "/work/afile is not a directory"),
-        "/work/missing": ("ENOENT", 2, 1, "/work/missing does not exist"),
+        "/proj/afile": ("ENOTDIR", 20, 1, "/proj/afile is not a directory"),
+        "/proj/missing": ("ENOENT", 2, 1, "/proj/missing does not exist"),
         "/ctx/agent/other": (
             "EACCES",
             13,
@@ -420,7 +420,7 @@ def test_cwd_outside_the_view_or_through_a_link_is_refused_with_its_errno(world:
         assert result["error"]["message"] == f"shell.exec exited with status {status}: {message}"
         assert result["stderr"] == f"shell.exec: {name}: {message}\n"
 
-        if cwd in ("/work/../etc", "/work/alink", "/ctx/agent/other"):
+        if cwd in ("/proj/../etc", "/proj/alink", "/ctx/agent/other"):
             terminal = world.terminal(json.dumps({"cmd": f"touch {marker}", "cwd": cwd}))
             assert (terminal.rc, terminal.out) == (status, b""), (cwd, terminal)
             assert terminal.err == f"shell.exec: {name}: {message}\n"
@@ -450,11 +450,11 @@ def test_a_cwd_the_agent_may_not_enter_is_refused_naming_it(world: World) -> Non
     native = world.native({"cmd": "pwd", "cwd": "private"})
     assert native.rc == 1 and native.result["exit_status"] == 1, native
     assert native.result["error"]["error"] == "EACCES", native.result
-    terminal = world.terminal(json.dumps({"cmd": "pwd", "cwd": "/work/private"}))
+    terminal = world.terminal(json.dumps({"cmd": "pwd", "cwd": "/proj/private"}))
     assert terminal.rc == 1 and terminal.out == b"", terminal
     assert terminal.err.startswith("shell.exec: EACCES: "), terminal
-    assert "/work/private" in native.result["error"]["message"], native.result
-    assert "/work/private" in terminal.err, terminal
+    assert "/proj/private" in native.result["error"]["message"], native.result
+    assert "/proj/private" in terminal.err, terminal
 
 
 # ------------------------------------------------------------------------------ exit
@@ -788,9 +788,9 @@ def test_the_environment_is_exactly_the_documented_one_in_every_way_of_running(
         assert env["PATH"] == TOOL_PATH and env["LANG"] == "C.UTF-8"
         assert env["HOME"] == nobody.pw_dir
         assert (env["CTX_AGENT"], env["CTX_TOOL"], env["CTX_MODE"]) == ("sx", "shell.exec", mode)
-        assert (env["CTX_SESSION"], env["CTX_CALL"], env["CTX_CWD"]) == (session, call, "/work")
+        assert (env["CTX_SESSION"], env["CTX_CALL"], env["CTX_CWD"]) == (session, call, "/proj")
         assert env["CTX_PATH"] == f"/ctx/tool:/ctx/home/{nobody.pw_uid}/tool"
-        assert json.loads(env["CTX_MOUNTS"])[0] == [str(world.ws), "/work", "rw"]
+        assert json.loads(env["CTX_MOUNTS"])[0] == [str(world.ws), "/proj", "rw"]
         # The planted program is not found, and the locale counts characters, not bytes.
         assert rest == "/usr/bin/id\n1\n", (mode, rest)
         for name in SECRET_NAMES:

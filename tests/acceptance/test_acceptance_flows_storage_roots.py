@@ -137,7 +137,7 @@ def test_relative_storage_and_ctx_storage_name_roots_below_the_current_directory
     default root, an agent's /ctx mount) holds the absolute path, so the root still works from
     anywhere else; from another directory the same relative name is another (missing) root,
     reported by its absolute path with the command that makes it."""
-    work, elsewhere = place / "work", place / "elsewhere"
+    work, elsewhere = place / "site", place / "elsewhere"
     work.mkdir()
     elsewhere.mkdir()
 
@@ -167,7 +167,7 @@ def test_relative_storage_and_ctx_storage_name_roots_below_the_current_directory
     assert [str(work / "opt-root"), "/ctx", "ro"] in mounts, mounts
 
     # The same root, named relatively from another directory, and absolutely from anywhere.
-    relative = ["--storage", "../work/env-root"]
+    relative = ["--storage", "../site/env-root"]
     status = ctx_run("queue", "status", "--project", "p", "--json", *relative, cwd=elsewhere)
     assert status.rc == 0 and status.json()["counts"]["pending"] == 1, status
     shown = Path(status.json()["queue"])
