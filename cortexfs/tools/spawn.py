@@ -154,17 +154,7 @@ def run_captured(
             with process:  # closes the pipes the pump may never have taken, and reaps
                 pass
             if on_cut_short is not None:
-                on_cut_short(
-                    Finished(
-                        process.pid,
-                        _exit_status(process.returncode),
-                        b"" if pump is None else bytes(pump.stdout),
-                        b"" if pump is None else _utf8_tail(pump.stderr, MAX_STDERR_TAIL),
-                        False,
-                        pump is not None and pump.overflow,
-                        time.monotonic() - started,
-                    )
-                )
+                on_cut_short(_captured(process, pump, _exit_status(process.returncode), started))
             raise
         if timed_out or pump.overflow or pump.exited_at is None:  # a timeout, too much output
             _kill_group(process.pid)
@@ -173,18 +163,31 @@ def run_captured(
             # Reaped first: the tool, a zombie until then, would count as a straggler.
             exit_status = _exit_status(process.wait())
             _end_stragglers(process.pid, since=pump.exited_at)
-    stderr_tail = _utf8_tail(pump.stderr, MAX_STDERR_TAIL)
+    finished = _captured(process, pump, exit_status, started, timed_out=timed_out)
     launchers = argv[: len(argv) - len(spec.argv)]
     if launchers:
         launcher = "setpriv" if _SETPRIV in launchers else os.path.basename(launchers[0])
-        _raise_launchers_exec_failure(launcher, spec.argv[0], exit_status, stderr_tail)
+        _raise_launchers_exec_failure(launcher, spec.argv[0], exit_status, finished.stderr_tail)
+    return finished
+
+
+def _captured(
+    process: subprocess.Popen[bytes],
+    pump: _Pump | None,
+    exit_status: int,
+    started: float,
+    *,
+    timed_out: bool = False,
+) -> Finished:
+    """How ``process`` ended, with what ``pump`` took of its output (nothing when the pump
+    never started: a call cut short before it)."""
     return Finished(
         process.pid,
         exit_status,
-        bytes(pump.stdout),
-        stderr_tail,
+        b"" if pump is None else bytes(pump.stdout),
+        b"" if pump is None else _utf8_tail(pump.stderr, MAX_STDERR_TAIL),
         timed_out,
-        pump.overflow,
+        pump is not None and pump.overflow,
         time.monotonic() - started,
     )
 
