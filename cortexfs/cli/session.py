@@ -157,18 +157,26 @@ def tail(
     it, exit 0)."""
     ref = _session_ref(storage_dir, agent, session, project, uid)
     with _session_directory(ref, _listing(agent, project, uid)) as directory:
+        read = events.open_to_read(ref.events_path, directory)
         if not follow:
-            _print_last(ref, directory, lines, as_json)
+            try:
+                _print_last(ref, read, lines, as_json)
+            finally:
+                os.close(read)
             return
         try:
-            scan = _print_last(ref, directory, lines, as_json)
+            scan = _print_last(ref, read, lines, as_json)
+            # The file the last events were printed from is handed over, not opened again by
+            # its name: one removed or renamed away meanwhile is still read to its end, then
+            # its name waited for.
             followed = events.follow_events(
                 ref.events_path,
                 offset=scan.end,
                 first_line=scan.lines + 1,  # numbered as show numbers them
                 open_directory=lambda: open_session_directory(ref),
                 on_restart=_restarted,
-                on_damaged=lambda read: _warn_damaged(ref, read),
+                on_damaged=lambda damaged: _warn_damaged(ref, damaged),
+                held=read,
             )
             for event in followed:
                 _render([event], as_json)
@@ -180,21 +188,22 @@ def tail(
             discard_output(sys.stdout)
 
 
-def _print_last(ref: SessionRef, directory: int, count: int, as_json: bool) -> events.EventScan:
-    """Print the last ``count`` events of the session (then what the read skipped, on
-    stderr); the scan of the whole file, whose ``end`` and ``lines`` a follow goes on from."""
+def _print_last(ref: SessionRef, read: int, count: int, as_json: bool) -> events.EventScan:
+    """Print the last ``count`` events of the session's file open as ``read`` (then what the
+    read skipped, on stderr); the scan of the whole file, whose ``end`` and ``lines`` a follow
+    goes on from."""
     scan = events.EventScan()
     # Where each of the last N events starts (past the event before it), not the events: they
     # are read again from there and printed as read, so that a tail of a long session holds
     # no more than show does.
     starts: collections.deque[int] = collections.deque(maxlen=count)
     after_previous = scan.end
-    for _ in events.stream_events(ref.events_path, scan, dir_fd=directory):
+    for _ in events.stream_open_events(read, scan):
         starts.append(after_previous)
         after_previous = scan.end
     if starts:
         again = events.EventScan(end=starts[0])
-        for event in events.stream_events(ref.events_path, again, dir_fd=directory):
+        for event in events.stream_open_events(read, again):
             if again.end > scan.end:
                 break  # appended since: --follow prints it
             _render([event], as_json)

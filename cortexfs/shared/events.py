@@ -329,16 +329,17 @@ def stream_events(
     line longer than any event (which no writer writes, :func:`encode_event`) is a damaged
     line like any other, and an unterminated last line of any length a torn one.
     """
-    fd = _open_file_to_read(path, dir_fd)
+    fd = open_to_read(path, dir_fd)
     try:
-        yield from _events_from(fd, scan, first_line)
+        yield from stream_open_events(fd, scan, first_line)
     finally:
         os.close(fd)
 
 
-def _events_from(fd: int, scan: EventScan, first_line: int) -> Iterator[dict[str, Any]]:
-    """The events of the open file ``fd`` from byte ``scan.end`` on, as :func:`stream_events`
-    yields them, recording in ``scan`` what was read and skipped."""
+def stream_open_events(fd: int, scan: EventScan, first_line: int = 1) -> Iterator[dict[str, Any]]:
+    """The events of the open file ``fd`` (which stays the caller's) from byte ``scan.end``
+    on, as :func:`stream_events` yields them, recording in ``scan`` what was read and
+    skipped.  Read by offset: the descriptor's own position is neither used nor moved."""
     lines = _Lines(fd, scan.end)
     for number, (text, end) in enumerate(lines, start=first_line):
         event = scan._take(text, number)
@@ -398,7 +399,10 @@ def _next_data(fd: int, offset: int) -> int:
         raise
 
 
-def _open_file_to_read(path: Path, dir_fd: int | None) -> int:
+def open_to_read(path: Path, dir_fd: int | None = None) -> int:
+    """A descriptor of the events file ``path`` (``dir_fd`` as for :func:`read_events`) for
+    reading.  A symbolic link or anything but a regular file is refused (EINVAL); any other
+    error is an OSError naming ``path`` whole."""
     try:
         fd = _open_file(path, os.O_RDONLY, dir_fd)
     except OSError as exc:
@@ -462,6 +466,7 @@ def follow_events(
     open_directory: Callable[[], int] | None = None,
     on_restart: Callable[[str], None] | None = None,
     on_damaged: Callable[[EventScan], None] | None = None,
+    held: int | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Yield events as they are appended (``tail --follow``); runs until the caller stops.
 
@@ -482,13 +487,19 @@ def follow_events(
     them from the file's start.  ``dir_fd`` as for :func:`read_events`; ``open_directory``,
     when given, opens the file's directory anew at each look (the caller closes nothing), so
     that a directory removed and made again is followed too.  ``on_damaged`` gets the scan of
-    each read that skipped complete lines holding no event (:class:`EventScan` ``damaged``)."""
-    held: int | None = None  # the file being read, until the name leads elsewhere
+    each read that skipped complete lines holding no event (:class:`EventScan` ``damaged``).
+
+    ``held``, when given, is a descriptor of the file the caller has read up to ``offset``,
+    which the follow takes over (and closes): what is appended to that file from then on is
+    read, even when it is renamed away or removed before the first look.  Without it the
+    file is opened by its name, and its absence is an error (ENOENT)."""
+    # held: the file being read, until the name leads elsewhere
     named: int | None = None  # what the name leads to at this look
     line = first_line
     gone = False
     try:
-        held = _open_to_follow(path, dir_fd, open_directory)
+        if held is None:
+            held = _open_to_follow(path, dir_fd, open_directory)
         if held is None:
             raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(path))
         while True:
@@ -551,7 +562,7 @@ def _follow_read(
 ) -> Iterator[dict[str, Any]]:
     """The events of ``fd`` from ``scan.end`` on, as :func:`stream_events` reads them, and
     ``scan`` to ``on_damaged`` when it skipped damaged lines."""
-    yield from _events_from(fd, scan, first_line)
+    yield from stream_open_events(fd, scan, first_line)
     if scan.damaged_count and on_damaged is not None:
         on_damaged(scan)
 
@@ -563,7 +574,7 @@ def _open_to_follow(
     ``open_directory``, its directory).  Any other error names ``path`` whole."""
     if open_directory is None:
         try:
-            return _open_file_to_read(path, dir_fd)
+            return open_to_read(path, dir_fd)
         except FileNotFoundError:
             return None
     try:
@@ -573,7 +584,7 @@ def _open_to_follow(
     except OSError as exc:
         raise OSError(exc.errno, exc.strerror, str(path)) from None
     try:
-        return _open_file_to_read(path, directory)
+        return open_to_read(path, directory)
     except FileNotFoundError:
         return None
     finally:

@@ -3,6 +3,7 @@ as ``tail -F`` waits, said once, and read from the start of the new file."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import threading
@@ -152,3 +153,32 @@ def test_an_interrupt_just_after_a_close_leaves_the_interrupt_not_ebadf(
     finally:
         monkeypatch.undo()
     assert len(closes) == len(set(closes)) == 2  # the file read, then the one looked up
+
+
+def test_a_log_handed_over_is_read_to_its_end_though_removed_before_the_first_look(
+    tmp_path: Path,
+) -> None:
+    """``held``: the caller (``tail --follow``, which has printed the last events from it)
+    hands its descriptor over.  The log renamed away before the follow's first look, with an
+    event appended to it meanwhile, is read to its end; then its name is waited for."""
+    log = tmp_path / "events.jsonl"
+    log.write_bytes(FIRST)
+    read = os.open(log, os.O_RDONLY)
+    with open(log, "ab") as old:
+        old.write(SECOND)
+    log.rename(tmp_path / "events.jsonl.1")
+    notes: list[str] = []
+    thread, seen = _follower(log, notes, [], offset=len(FIRST), first_line=2, held=read)
+    assert seen.get(timeout=30) == "second"
+    deadline = time.monotonic() + 30
+    while not notes and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert notes == [f"{log} is gone: waiting for it to appear again"]
+    log.write_bytes(b'{"ts":"2026-06-22T12:00:02Z","type":"last"}\n')
+    assert seen.get(timeout=30) == "last"
+    thread.join(timeout=30)
+    assert not thread.is_alive()
+    # Closed by the follow, which took it over (its number may since lead to another file).
+    rotated = str(tmp_path / "events.jsonl.1")
+    with contextlib.suppress(FileNotFoundError):
+        assert os.readlink(f"/proc/self/fd/{read}") != rotated, "the descriptor was left open"
