@@ -34,6 +34,7 @@ from cortexfs.errors import CtxError, invalid, not_found
 from cortexfs.names import check_object_name
 from cortexfs.policy.controls import agent_entry, agent_exists, control_path, read_identity
 from cortexfs.shared import events
+from cortexfs.shared.follow import follow_events
 from cortexfs.shared.home_sessions import Tightening, tighten_session
 from cortexfs.shared.sessions import (
     DEFAULT_SESSION,
@@ -169,7 +170,7 @@ def tail(
             # The file the last events were printed from is handed over, not opened again by
             # its name: one removed or renamed away meanwhile is still read to its end, then
             # its name waited for.
-            followed = events.follow_events(
+            followed = follow_events(
                 ref.events_path,
                 offset=scan.end,
                 first_line=scan.lines + 1,  # numbered as show numbers them

@@ -10,7 +10,7 @@ import threading
 import time
 from pathlib import Path
 
-from cortexfs.shared.events import follow_events
+from cortexfs.shared.follow import follow_events
 
 FIRST = b'{"ts":"2026-06-22T12:00:00Z","type":"first"}\n'
 SECOND = b'{"ts":"2026-06-22T12:00:01Z","type":"second"}\n'
