@@ -23,15 +23,11 @@ from cortexfs.cli.common import (
 )
 from cortexfs.cli.params import NonEmptyPath, Seconds
 from cortexfs.errors import CtxError
+from cortexfs.mcp.candidates import write_candidates
 from cortexfs.mcp.client import DEFAULT_TIMEOUT, StdioClient
 from cortexfs.mcp.config import ServerSpec, load_server
-from cortexfs.mcp.project import (
-    LISTING_CONFIG,
-    check_out_directory,
-    check_runtime_config,
-    project_tools,
-    write_candidates,
-)
+from cortexfs.mcp.out_directory import check_out_directory
+from cortexfs.mcp.project import LISTING_CONFIG, check_runtime_config, project_tools
 from cortexfs.printable import shortened
 
 _CONFIG = click.option(

@@ -3,7 +3,8 @@
 An MCP server is a *source* of tools, never a root object: there is no ``/ctx/mcp``.
 ``ctxmcp`` talks to one explicitly chosen **stdio** server (:mod:`~cortexfs.mcp.client`),
 lists its tools, and projects them into v2 manifest *candidates*
-(:mod:`~cortexfs.mcp.project`): files in a directory the caller names, each naming its tool
+(:mod:`~cortexfs.mcp.project`), written as files in a directory the caller names
+(:mod:`~cortexfs.mcp.candidates`), each naming its tool
 ``<server>.<remote_tool>`` and locating it with a strict ``mcp`` locator.  It installs
 nothing, grants nothing and writes nothing under the storage root; installing a candidate is
 the ordinary ``ctx object install``.  The server's configuration (command, arguments,

@@ -24,7 +24,8 @@ import pytest
 from cortexfs import durable
 from cortexfs.errors import CtxError
 from cortexfs.mcp import ACCEPTED_VERSIONS, ANNOUNCED_VERSION
-from cortexfs.mcp.project import Projection, write_candidates
+from cortexfs.mcp.candidates import write_candidates
+from cortexfs.mcp.project import Projection
 from tests.fuse.support import NEEDS_A_MOUNT, mounted
 from tests.support.cli import ctx
 from tests.support.users import UnprivilegedUser

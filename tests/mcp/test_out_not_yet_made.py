@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from cortexfs.errors import CtxError
-from cortexfs.mcp.project import project_tools, write_candidates
+from cortexfs.mcp.candidates import write_candidates
+from cortexfs.mcp.project import project_tools
 from tests.mcp.test_ctxmcp import RUNTIME_CONFIG, ctxmcp, scripted, tool
 
 CTX = Path("/ctx")
