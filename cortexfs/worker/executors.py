@@ -33,7 +33,7 @@ from cortexfs.tools import offline
 from cortexfs.tools.core.installed import require_this_versions_tools
 from cortexfs.tools.result import ToolError
 from cortexfs.tools.runner import run_native
-from cortexfs.worker.loop import JobControl, Outcome, failure, reason_of
+from cortexfs.worker.outcome import JobControl, Outcome, failure, reason_of
 
 # Queue transitions (S-5): durable in the session before they are reported or acted on.
 DURABLE_TRANSITIONS = frozenset({"queue.claim", "queue.finish"})

@@ -1,10 +1,10 @@
 """The worker: claim, lease, execute, finish — N jobs at a time (SPEC §3, W-1..W-4).
 
 One worker process holds every lease it takes (the lease names this process) and is the only
-process that renews them (Q-3): a :class:`LeaseKeeper` thread rewrites the leases of running
-jobs every third of their lifetime.  What "execute" means is the :class:`Executor`'s business
-(running a tool through the authority chain, a shell command…); the loop only guarantees the
-queue discipline around it:
+process that renews them (Q-3): a :class:`~cortexfs.worker.lease_keeper.LeaseKeeper` thread
+rewrites the leases of running jobs every third of their lifetime.  What "execute" means is
+the :class:`~cortexfs.worker.outcome.Executor`'s business (running a tool through the
+authority chain, a shell command…); the loop only guarantees the queue discipline around it:
 
 * execution starts only after :func:`~cortexfs.queue.claim` returned, i.e. after the claim and
   the lease are durable (I-4);
@@ -30,19 +30,17 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from cortexfs.errors import (
-    DISK_ERROR_REMEDY,
     HOST_SHORTAGES,
     PROCESS_SHORTAGES,
     CtxError,
     describe,
     out_of_memory,
-    remedy_for_host_trouble,
 )
 from cortexfs.process_limits import no_process_could_be_made
-from cortexfs.queue import Claim, Holder, Lease, Queue, claim, finish, renew
+from cortexfs.queue import Claim, Holder, Queue, claim, finish, renew
 from cortexfs.queue.claim_order import HintedClaimOrder
 from cortexfs.queue.claiming import still_pending
 from cortexfs.queue.holder import check_worker_ttl
@@ -52,46 +50,18 @@ from cortexfs.queue.requests import ResultOverLimit
 from cortexfs.timefmt import rfc3339
 from cortexfs.tools.result import ToolError
 from cortexfs.worker.inotify import PendingWatch, Wakeup
+from cortexfs.worker.lease_keeper import LeaseKeeper
+from cortexfs.worker.outcome import (
+    HOST_REFUSALS,
+    Executor,
+    JobControl,
+    Outcome,
+    failure,
+    host_remedy,
+)
 from cortexfs.worker.stop_signals import STOP_SIGNALS
 
 EXIT_ABORTED = 130
-
-
-@dataclass
-class Outcome:
-    """What an execution produced: success, the output, and facts for the result file."""
-
-    ok: bool
-    output: Any = None
-    reason: str | None = None
-    details: dict[str, Any] = field(default_factory=dict)
-    # The errno with which the host refused to record the call (the session or the tool's log
-    # on a full or read-only disk…), whether or not the call had failed already.
-    unrecorded: int | None = None
-    # Whether the tool was killed because the worker was aborted or the job given up: its
-    # outcome is not the tool's.
-    interrupted: bool = False
-
-
-# What the host refuses, not a job: a shortage (HOST_SHORTAGES), a read-only filesystem, a file
-# or directory that is immutable (EPERM even for root) or whose mode leaves the worker out, a
-# failing disk.  A job that meets one of them is no more the job's failure than a full disk.
-HOST_REFUSALS = HOST_SHORTAGES | {errno.EROFS, errno.EPERM, errno.EACCES, errno.EIO}
-
-
-def host_remedy(code: int | None) -> str:
-    """What mends the host refusal ``code`` (:data:`HOST_REFUSALS`), for a stop message."""
-    worker_refusals = {
-        errno.EPERM: "make it writable again (an immutable or append-only attribute shows in "
-        "'lsattr' and goes with 'chattr -i -a')",
-        errno.EACCES: "give the worker's user write access to it (its mode, owner or ACL)",
-        errno.EIO: DISK_ERROR_REMEDY,
-    }
-    code = code or errno.EIO
-    # The queue's and the session's files are this process's, and so is the quota they count
-    # against.
-    remedy = remedy_for_host_trouble(code, uid=os.geteuid())
-    return remedy or worker_refusals.get(code, "fix the cause")
 
 
 def _cause(exc: CtxError | OSError) -> str:
@@ -148,66 +118,6 @@ def _claim_refused(exc: CtxError | OSError) -> CtxError:
         f"a claim failed ({describe(exc)}); a claim refused midway is undone, and 'ctx "
         "queue recover --reconcile' settles whatever could not be undone",
     )
-
-
-def failure(error: ToolError, details: Mapping[str, Any] | None = None) -> Outcome:
-    """A job failed by ``error``: its ``reason`` (:func:`reason_of`) and its ``error`` object,
-    the one shape every failed result has (the tool runner's, docs/tools.md), over the other
-    facts in ``details``."""
-    return Outcome(False, None, reason_of(error), {**(details or {}), "error": error.to_json()})
-
-
-def reason_of(error: ToolError) -> str:
-    """A failed job's ``reason``: ``EACCES: step 6 (tool/model policy): … [authorize]`` — the
-    errno when there is one, the sentence, the stage."""
-    return f"{error} [{error.stage}]"
-
-
-class JobControl:
-    """Handed to the executor: the job's deadline, the worker's abort signal (a second
-    SIGINT) and the job's own (its lease could not be kept: :class:`LeaseKeeper`)."""
-
-    def __init__(
-        self,
-        timeout: float,
-        abort: threading.Event,
-        claimed_at: float | None = None,
-        may_start: Callable[[], str | None] | None = None,
-    ) -> None:
-        self.timeout = timeout
-        self.abort = abort
-        self.claimed_at = claimed_at  # which claim of the job this is (its lease's claimed_at)
-        self.may_start = may_start  # asked just before the tool starts: why not, or None
-        self.given_up = threading.Event()
-        self.taken = threading.Event()  # its claim was lost: requeued, perhaps claimed again
-        self.finishing = False  # set once the execution returned and the finish began
-
-    def stopped(self) -> bool:
-        """Whether the job's tool is to be killed, or never started."""
-        return self.abort.is_set() or self.given_up.is_set() or self.taken.is_set()
-
-
-class Executor(Protocol):
-    """Runs claimed jobs, records queue transitions in its session, can kill what it runs."""
-
-    def __call__(self, job: Claim, control: JobControl) -> Outcome: ...
-
-    def record(self, event: str, job: str, status: str, **facts: Any) -> None: ...
-
-    def abort_running(self) -> None: ...
-
-    def abort_job(self, job: str) -> None:
-        """Kill what runs for ``job`` (its lease could not be kept)."""
-        ...
-
-    @property
-    def session_file(self) -> Path | None:
-        """Where the executor records the jobs (``events.jsonl``), for messages."""
-        ...
-
-    def accepts(self, request: Mapping[str, Any]) -> bool:
-        """Whether to claim a pending job with this request at all (others stay pending)."""
-        ...
 
 
 @dataclass
@@ -287,142 +197,6 @@ class WorkerSummary:
 
 
 Listener = Callable[[str, dict[str, Any]], None]
-
-
-RenewalRefused = Callable[[str, CtxError | OSError, float], None]
-
-
-class LeaseKeeper(threading.Thread):
-    """Renews this worker's leases of running jobs every third of their lifetime.
-
-    A job claimed just after a round is renewed at the next one, a third of the lifetime
-    later: every lease is renewed with at least two thirds of its lifetime left.  An expired
-    lease is proof that its holder is gone (Q-5), so a lease must never get that far while
-    its job runs.
-
-    A renewal the host refuses (a full disk, a read-only or immutable directory, an I/O
-    error) is said at once (``on_refused``) and tried again every round.  When such a lease
-    has less than one round left, it would lapse before the next one, and recover would
-    requeue its job while it still runs: it is tried once more, and if that fails too its
-    job is given up (``on_lapsing``: its tool killed, the job left claimed) before it lapses.
-    Both are called with the job, the refusal and when the lease expires.
-    """
-
-    def __init__(
-        self,
-        queue: Queue,
-        holder: Holder,
-        ttl: float,
-        on_refused: RenewalRefused,
-        on_lapsing: RenewalRefused,
-        on_taken: Callable[[str, float, NotHeld], None] = lambda job, claimed_at, exc: None,
-    ) -> None:
-        super().__init__(name="lease-keeper", daemon=True)
-        self.queue, self.holder, self.ttl = queue, holder, ttl
-        self.period = ttl / 3
-        self.on_refused, self.on_lapsing, self.on_taken = on_refused, on_lapsing, on_taken
-        # Which claim of each running job is kept: a worker stopped past its lease may claim
-        # the job again once recover requeued it, and only the later claim is its own.
-        self.claims: dict[str, float] = {}
-        self.expires: dict[
-            str, float
-        ] = {}  # each running job: when its lease, as last written, expires
-        self.refused: dict[str, CtxError | OSError] = {}  # jobs whose last renewal the host refused
-        self.given_up: set[str] = set()
-        self.lock = threading.Lock()
-        self.stopped = threading.Event()
-
-    def keep(self, lease: Lease) -> None:
-        """Renew ``lease``'s job from now on (this claim of it, the one it was taken by)."""
-        with self.lock:
-            self.expires[lease.job] = lease.expires_at
-            self.claims[lease.job] = lease.claimed_at
-
-    def expiry_of(self, job: str, claimed_at: float) -> float | None:
-        """When the lease of this claim of ``job`` expires, as last written; None when the
-        claim is not the one kept (released, or the job claimed again)."""
-        with self.lock:
-            return self.expires[job] if self.claims.get(job) == claimed_at else None
-
-    def release(self, job: str, claimed_at: float | None = None) -> None:
-        """Renew ``job`` no more (it is finished, lost or left claimed); given ``claimed_at``,
-        only while that claim is the one kept (a later claim of the job is kept on)."""
-        with self.lock:
-            if claimed_at is not None and self.claims.get(job) != claimed_at:
-                return
-            self.expires.pop(job, None)
-            self.claims.pop(job, None)
-            self.refused.pop(job, None)
-            self.given_up.discard(job)
-
-    def run(self) -> None:
-        due = time.time() + self.period
-        while not self.stopped.wait(max(0.0, self._next_wake(due) - time.time())):
-            now = time.time()
-            with self.lock:
-                if now >= due:
-                    due = now + self.period
-                    jobs = sorted(set(self.expires) - self.given_up)
-                else:  # a refused lease about to have less than a round left: a last try
-                    jobs = sorted(j for j in self.refused if self._last_round(j, now))
-            for job in jobs:
-                self._renew(job)
-            self._give_up_lapsing()
-
-    def _last_round(self, job: str, now: float) -> bool:
-        return self.expires[job] - now < self.period
-
-    def _next_wake(self, due: float) -> float:
-        """The next round, or sooner the moment a refused lease has one round left."""
-        with self.lock:
-            return min([due, *(self.expires[job] - self.period for job in self.refused)])
-
-    def _renew(self, job: str) -> None:
-        with self.lock:
-            claimed_at = self.claims.get(job)
-        if claimed_at is None:
-            return  # released meanwhile
-        try:
-            lease = renew(self.queue, job, [self.holder], self.ttl, claimed_at=claimed_at)
-        except NotHeld as exc:
-            # Finished meanwhile, or the claim was lost (its lease expired and recover
-            # requeued the job, Q-5; perhaps claimed again since): not ours to run on.
-            with self.lock:
-                ours = self.claims.get(job) == claimed_at
-            if ours:
-                self.on_taken(job, claimed_at, exc)
-            return
-        except Exception as exc:
-            # Whatever stops a renewal is refused like a full disk is: said, tried again, the
-            # job given up before its lease lapses.  Never the end of this thread, which
-            # renews every running job's lease: without it they would all lapse while their
-            # tools run, and recover would hand them out a second time (I-4).
-            if not isinstance(exc, CtxError | OSError):
-                exc = CtxError(errno.EIO, f"an unexpected error: {type(exc).__name__}: {exc}")
-            with self.lock:
-                if job not in self.expires or job in self.given_up:
-                    return
-                first = job not in self.refused
-                self.refused[job] = exc
-                expires = self.expires[job]
-            if first:
-                self.on_refused(job, exc, expires)
-            return
-        with self.lock:
-            if self.claims.get(job) == claimed_at:
-                self.expires[job] = lease.expires_at
-                self.refused.pop(job, None)
-
-    def _give_up_lapsing(self) -> None:
-        now = time.time()
-        with self.lock:
-            lapsing = [
-                (j, self.refused.pop(j)) for j in sorted(self.refused) if self._last_round(j, now)
-            ]
-            self.given_up.update(job for job, _ in lapsing)
-            expiries = [self.expires[job] for job, _ in lapsing]
-        for (job, exc), expires in zip(lapsing, expiries, strict=True):
-            self.on_lapsing(job, exc, expires)
 
 
 def _gone_elsewhere(
@@ -657,9 +431,9 @@ class Worker:
         self.stop("failure")
 
     def _renewal_refused(self, job: str, exc: CtxError | OSError, expires: float) -> None:
-        """The host refused to renew J's lease (:class:`LeaseKeeper`): said at once on every
-        channel that may still work, and no more jobs are claimed; J runs on while the
-        keeper tries again."""
+        """The host refused to renew J's lease (the lease keeper's ``on_refused``): said at
+        once on every channel that may still work, and no more jobs are claimed; J runs on
+        while the keeper tries again."""
         code = exc.errno or errno.EIO
         reason = (
             f"its lease could not be renewed ({_cause(exc)}); the worker claims no more jobs "

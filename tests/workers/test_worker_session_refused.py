@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from cortexfs.worker.executors import _session_remedy
-from cortexfs.worker.loop import host_remedy
+from cortexfs.worker.outcome import host_remedy
 from tests.support.storage import small_tmpfs
 from tests.workers.conftest import AGENT, PROJECT, Farm, make_farm
 

@@ -15,7 +15,8 @@ from cortexfs.errors import CtxError
 from cortexfs.queue import Queue, init_queue, publish
 from cortexfs.tools.result import ToolError
 from cortexfs.worker import loop
-from cortexfs.worker.loop import Outcome, Worker, WorkerOptions, failure
+from cortexfs.worker.loop import Worker, WorkerOptions
+from cortexfs.worker.outcome import Outcome, failure
 from tests.queue.helpers import NoDescriptorForTheLease, request
 
 
