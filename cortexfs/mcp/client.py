@@ -11,7 +11,9 @@ which this client does not offer) are answered; notifications are read and dropp
 What the server writes is read as a server's words, never trusted to be sane: a message
 larger than :data:`MAX_MESSAGE_BYTES` or nested deeper than :data:`MAX_MESSAGE_DEPTH`, a
 listing of more than :data:`MAX_PAGES` pages, or a ``tools/call`` result holding a lone
-surrogate (no character, so no text output can hold it) breaks the protocol (``EPROTO``).
+surrogate (no character, so no text output can hold it), a text item whose text is no
+string, or nested deeper than a tool's output may be (:data:`cortexfs.jsontext.MAX_DEPTH`)
+breaks the protocol (``EPROTO``).
 A server that exits before it answers is ``EIO`` with how it ended, whether its output ends
 with it or a process it started (a launcher's helper) holds that output open.
 """
@@ -209,6 +211,26 @@ class StdioClient:
             raise self._broken(f"its tools/call result has {what}; MCP requires a list of items")
         if not all(isinstance(item, dict) for item in result["content"]):
             raise self._broken("its tools/call result's content holds an item that is no object")
+        for item in result["content"]:
+            # A text item's text is what a terminal caller is shown: anything but a string
+            # would be shown in a spelling the server never sent (``None``, ``{'a': 1}``).
+            if ("text" in item or item.get("type") == "text") and not isinstance(
+                item.get("text"), str
+            ):
+                shown = json.dumps(item.get("text"))[:_SHOWN_CHARACTERS]
+                raise self._broken(
+                    f"its tools/call result's content holds a text item whose text is {shown}, "
+                    "not a string"
+                )
+        # Its content and structured content, in an object, are the call's output, which
+        # every reader takes only this deep (a result file, a session event, a native
+        # frame): deeper, it would reach the caller as the text of its JSON, not the object.
+        passed_on = [result["content"], result.get("structuredContent")]
+        if any(jsontext.nested_deeper(part, jsontext.MAX_DEPTH - 1) for part in passed_on):
+            raise self._broken(
+                f"its tools/call result is nested deeper than {jsontext.MAX_DEPTH} levels, "
+                "deeper than a tool's output may be"
+            )
         if not isinstance(result.get("isError", False), bool):
             shown = json.dumps(result["isError"])[:_SHOWN_CHARACTERS]
             raise self._broken(f"its tools/call result's isError is {shown}, not true or false")

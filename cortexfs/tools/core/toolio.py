@@ -38,7 +38,7 @@ from typing import Any, NamedTuple
 from cortexfs import jsontext
 from cortexfs.errors import out_of_memory
 from cortexfs.printable import printable
-from cortexfs.standard_streams import standard_input
+from cortexfs.standard_streams import discard_output, standard_input
 
 NATIVE = "native"
 MAX_INPUT_BYTES = 16 * 1024 * 1024
@@ -107,13 +107,37 @@ def main(
         reason = f"the input holds {character!r}, a lone surrogate, which is not a character"
         failure = ToolFailure(errno_names.EINVAL, reason, usage=True)  # the input is wrong
         return _fail(tool, failure, native, program)
-    if native:
-        sys.stdout.buffer.write(json_line(reply.data))
-    else:
-        sys.stdout.buffer.write(reply.text)
+    lost = _write_output(tool, json_line(reply.data) if native else reply.text, program)
+    if not native:
         sys.stderr.buffer.write(reply.stderr)
-    sys.stdout.flush()
-    return reply.exit_status
+    return reply.exit_status if lost is None else lost
+
+
+# The reader of the output left (`fs.read F | head -c 10`): 128 + SIGPIPE, quietly, as a shell
+# reports a command that SIGPIPE ended (and as ``ctx`` does).
+EXIT_READER_GONE = 141
+# The output could not be written (a full disk, ``> /dev/full``): EX_IOERR, as ``ctx`` says it.
+EXIT_OUTPUT_FAILED = 74
+
+
+def _write_output(tool: str, data: bytes, program: str | None) -> int | None:
+    """Write ``data`` on stdout; None when it was written, else the exit status that says why
+    not (:data:`EXIT_READER_GONE`, :data:`EXIT_OUTPUT_FAILED` with a line on stderr), never a
+    traceback.  What stdout still buffers is dropped then, so that the interpreter's last
+    flush does not fail again (exit 120)."""
+    try:
+        sys.stdout.buffer.write(data)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        discard_output(sys.stdout)
+        return EXIT_READER_GONE
+    except OSError as exc:
+        discard_output(sys.stdout)
+        code = exc.errno or errno_names.EIO
+        reason = f"cannot write standard output ({exc.strerror or 'I/O error'})"
+        _say(tool, errno_names.errorcode.get(code, f"E{code}"), reason, program)
+        return EXIT_OUTPUT_FAILED
+    return None
 
 
 def core_main(
@@ -284,14 +308,21 @@ def _parse_object(text: str) -> dict[str, Any]:
 
 def _fail(tool: str, failure: ToolFailure, native: bool, program: str | None) -> int:
     name = errno_names.errorcode.get(failure.errno, f"E{failure.errno}")
-    # One line, shown escaped: a message may quote what others wrote (an MCP server's error
-    # text, a file name), which must not reach the caller's terminal as escape sequences.
-    message = printable(failure.message)
-    if program:
-        sys.stderr.write(f"{program}: {name}: {tool}: {message}\n")
-    else:
-        sys.stderr.write(f"{tool}: {name}: {message}\n")
+    _say(tool, name, failure.message, program)
     if native:
         report = {"error": name, "errno": failure.errno, "message": failure.message}
-        sys.stdout.write(json.dumps(report) + "\n")
+        lost = _write_output(tool, (json.dumps(report) + "\n").encode(), program)
+        if lost is not None:
+            return lost
     return 2 if failure.usage else 1
+
+
+def _say(tool: str, name: str, message: str, program: str | None) -> None:
+    """``<tool>: <ERRNO>: <sentence>`` on stderr (``<program>: <ERRNO>: <tool>: …`` for a tool
+    run inside ``program``).  One line, shown escaped: a message may quote what others wrote
+    (an MCP server's error text, a file name), which must not reach the caller's terminal as
+    escape sequences."""
+    if program:
+        sys.stderr.write(f"{program}: {name}: {tool}: {printable(message)}\n")
+    else:
+        sys.stderr.write(f"{tool}: {name}: {printable(message)}\n")
