@@ -269,12 +269,16 @@ class StdioClient:
                     f"id {ident}"
                 )
             if "error" in message:
-                error = message["error"] if isinstance(message["error"], dict) else {}
-                raise McpError(
-                    errno.EREMOTEIO,
-                    f"server {self.spec.name!r} refused {method}: "
-                    f"{error.get('message', 'no message')} (code {error.get('code')})",
-                )
+                error = message["error"]
+                if not isinstance(error, dict):
+                    shown = json.dumps(error)[:_SHOWN_CHARACTERS]
+                    raise self._broken(f"its error answer to {method} is {shown}, not an object")
+                told = error.get("message")
+                # Shown as the server spelt them (JSON), never in Python's spelling (None).
+                text = told if isinstance(told, str) and told else "no message"
+                code = json.dumps(error.get("code"))[:_SHOWN_CHARACTERS]
+                refused = f"server {self.spec.name!r} refused {method}"
+                raise McpError(errno.EREMOTEIO, f"{refused}: {text} (code {code})")
             return message.get("result")
 
     def _answer(self, message: dict[str, Any]) -> None:

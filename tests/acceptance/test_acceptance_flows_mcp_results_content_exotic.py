@@ -664,6 +664,7 @@ def test_progress_log_and_ping_before_the_result(host: Host) -> None:
         "null-text",
         "object-text",
         "deep",
+        "rpc-error-bare",
     ],
 )
 def test_a_broken_result_is_eproto_in_both_modes_and_recorded(host: Host, how: str) -> None:
@@ -674,7 +675,8 @@ def test_a_broken_result_is_eproto_in_both_modes_and_recorded(host: Host, how: s
     ``structuredContent`` 200 levels deep (deeper than a tool's output may be, which would
     reach a native caller as a string of JSON text): the server's fault, ``EPROTO``, exit 1
     in both modes, never a success with the data dropped and never a hang; the call is
-    recorded as an error in the session and the log."""
+    recorded as an error in the session and the log.  So is a JSON-RPC error that is not an
+    object (``"error": "boom"``), which has neither the message nor the code to show."""
     session = f"broken-{how}"
     ran, frames = host.native("raw.act", {"how": how}, session)
     assert ran.rc == 1, ran
