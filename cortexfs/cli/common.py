@@ -239,8 +239,10 @@ def require_standard_input(what: str) -> None:
 
 
 def echo_printable(text: str, *, err: bool = False) -> None:
-    """``click.echo`` of :func:`printable` ``text``."""
-    click.echo(printable(text), err=err)
+    """``click.echo`` of :func:`printable` ``text``; on stderr (a note, a warning) with the
+    commands it suggests naming the storage root this command was given
+    (:func:`for_this_storage`), as a refusal's do."""
+    click.echo(printable(for_this_storage(text) if err else text), err=err)
 
 
 def is_utf8_text(text: str) -> bool:

@@ -41,10 +41,23 @@ def check_mount_point(root: Path, mountpoint: Path) -> None:
     _require_outside(root, mountpoint)
     served_by = cortexfs_mount_holding(root)
     if served_by is not None:
+        # The mount shows another storage root's files at the same places: what lies at
+        # ``root`` is that root's own directory of the same relative path (that root itself
+        # only when nothing follows the mount point).
+        try:
+            below = Path(os.path.realpath(root)).relative_to(os.path.realpath(served_by))
+        except ValueError:  # reached through another mount point of the same mount
+            below = Path(".")
+        instead = (
+            "the storage root that mount serves"
+            if below == Path(".")
+            else f"the directory {below} of the storage root that mount serves (the path "
+            f"that mount's --storage was given, then /{below})"
+        )
         raise invalid(
             f"the storage root {root} lies on the CortexFS mount {served_by}: a mount served "
             "from another mount's answers can end up waiting on itself; nothing was mounted: "
-            "give --storage the storage root that mount serves"
+            f"give --storage {instead}"
         )
 
 
