@@ -27,7 +27,9 @@ it is never written to the agent's controls.
 
 A malformed label, policy or mount control counts as empty here, each on its own
 (:meth:`AgentView.control_problems` says why); the authority chain, which every call goes
-through, denies such an agent and says why.
+through, denies such an agent and says why.  So does a policy the agent, or a uid other than
+the host's, could rewrite (step 4 of the chain): a grant it could give itself is no grant, in
+its view as in its calls.
 """
 
 from __future__ import annotations
@@ -82,7 +84,7 @@ class AgentView(NamedTuple):
         with contextlib.suppress(CtxError):
             label = facts.declared_label
         with contextlib.suppress(CtxError):
-            policy = facts.policy(agent_controls.control_path(name, "policy"))
+            policy = facts.granting_policy()
         with contextlib.suppress(CtxError):
             mounts = facts.mounts
         return cls(root, name, identity, label, policy, mounts, facts)
@@ -99,6 +101,11 @@ class AgentView(NamedTuple):
             try:
                 read()
             except CtxError as exc:
+                problems.append(exc.message)
+        if not problems:
+            try:
+                self.facts.granting_policy()
+            except CtxError as exc:  # step 4: a policy the agent could rewrite grants nothing
                 problems.append(exc.message)
         return problems
 

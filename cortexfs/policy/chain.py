@@ -329,6 +329,12 @@ class AgentFacts:
             self.require_host_owned(path, entries)
         return label
 
+    def granting_policy(self) -> Policy:
+        """The agent's own policy, once step 4 has judged its controls (:attr:`label`): a
+        policy within another's reach than the host's grants nothing (its refusal raised)."""
+        self.label  # noqa: B018 (the judgement, cached, raises)
+        return self.policy(controls.control_path(self.agent, "policy"))
+
     def writes_through(self, view: View) -> bool:
         """Whether the agent may change what it sees at ``view``: through a read-write mount,
         or through its mount of the storage root, which its tools get as the agent's view of
