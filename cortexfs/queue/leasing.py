@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import stat
+import time
 from collections.abc import Sequence
 
 from cortexfs import durable
@@ -106,7 +107,8 @@ def renew(
     Without ``ttl``, for as long again as the lease was taken or last renewed for (a claim
     with ``--ttl 1000`` renews for 1000 s, not for the queue's default), so that a renewal
     never shortens it; the queue's ``lease_ttl`` when that period is not a usable lifetime
-    (a lease written by hand).  Done under ``claimed/J``'s lock, which recover takes before
+    (a lease written by hand), unless the lease lasts longer already: then it is left as it
+    is, and returned.  Done under ``claimed/J``'s lock, which recover takes before
     it requeues J: a renewal either lands before recover looks at the lease, or finds J no
     longer claimed (ENOENT) and never writes a lease for a job that went back to pending.
     """
@@ -126,6 +128,8 @@ def renew(
         if ttl is None:
             usable = 0 < current.period <= MAX_LEASE_TTL
             ttl = check_ttl(current.period if usable else queue.config.lease_ttl)
+            if not usable and current.expires_at > time.time() + ttl:
+                return current  # lasts longer already: a renewal never shortens a lease
         renewed = current.renewed(ttl)
         expires = current.to_json()["expires_at"]
         outcome = (f"the lease on {job} is unchanged (it expires at {expires})", "renew it again")
