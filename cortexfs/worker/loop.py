@@ -639,6 +639,8 @@ class Worker:
                 "recover' requeues it once this worker has exited"
             )
             self._record_lost(won.job, reason)
+            with self._count_lock:
+                self.summary.left_claimed.append(won.job)
             return JobRecord(won.job, False, reason, time.time() - started, tool, lost=True)
         unrecorded = _unrecorded_by_host(outcome)
         if unrecorded is not None:
@@ -695,6 +697,8 @@ class Worker:
                 )
                 self._fail(CtxError(exc.errno or errno.EIO, f"job {won.job} {reason}"))
             self._record_lost(won.job, reason)
+            with self._count_lock:
+                self.summary.left_claimed.append(won.job)
             return JobRecord(won.job, False, reason, time.time() - started, tool, lost=True)
         state = "done" if outcome.ok else "failed"
         self._record(

@@ -475,7 +475,8 @@ def test_a_lease_edited_into_garbage_under_a_running_worker_is_given_up_not_lost
     docs/workers.md "A renewal the host refuses": a worker's lease is overwritten with
     garbage while its job runs.  The worker says ``renew_failed`` (EINVAL), kills the job's
     tool before the lease it wrote would expire, stops claiming (a second job stays pending)
-    and exits 1 with EINVAL.  The garbage stays; ``recover`` reports the conflict (exit 1) and
+    and exits 1 with EINVAL, naming the job among those it left claimed.  The garbage stays;
+    ``recover`` reports the conflict (exit 1) and
     moves nothing.  Repaired by hand to name the exited worker, ``recover`` requeues the job,
     and a second worker runs both jobs: nothing lost, nothing run twice at once."""
     job = queue.publish(first_run_hangs(outbox, "junk"), name="junk")
@@ -491,6 +492,7 @@ def test_a_lease_edited_into_garbage_under_a_running_worker_is_given_up_not_lost
     failed = [e for e in seen if e.get("event") == "renew_failed"]
     assert failed and failed[0]["job"] == job and failed[0]["error"] == "EINVAL", seen
     assert seen[-1]["error"] == "EINVAL" and job in seen[-1]["message"], seen[-1]
+    assert [e.get("left_claimed") for e in seen if e.get("event") == "stop"] == [[job]], seen
     assert "ctx: EINVAL:" in err, err
     first_pid = int((outbox / "junk.pid-1").read_text())
     assert wait_for(lambda: not alive(first_pid), WAIT)
