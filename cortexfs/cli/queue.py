@@ -814,7 +814,7 @@ def _temp_kind(temp: dict[str, Any]) -> str:
 @click.option(
     "--state",
     type=click.Choice(["pending", "claimed", "done", "failed", "incomplete", "conflict"]),
-    help="Only jobs in this state (pending ones in claim order).",
+    help="Only jobs in this state (pending ones in the order your next claims take them).",
 )
 def list_command(queue_dir: Path, as_json: bool, state: str | None) -> None:
     """List jobs: one name per line with --state, else 'STATE NAME' lines.

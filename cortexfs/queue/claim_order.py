@@ -166,6 +166,19 @@ def candidates(queue: Queue) -> Iterator[str]:
     return queue.claim_order.take(queue.pending)
 
 
+def pending_in_claim_order(queue: Queue) -> list[str]:
+    """The job names in ``pending/`` in the order this user's next claims take them, for a
+    reader (``ctx queue list --state pending``): this user's hint when it accounts for
+    pending/ as it stands — a claim reads it too, and a request whose mtime changed in place
+    since (an edit, a ``touch``) keeps its place there — else pending/ listed as a claim
+    lists it.  Nothing is written."""
+    stamp = pending_stamp(queue.pending)
+    names = None
+    with contextlib.suppress(OSError, ValueError):
+        names = HintFile.of(queue.path).current_names(queue.pending, stamp)
+    return scan_pending(queue.pending) if names is None else names
+
+
 def pending_changed(
     queue: Queue, before: str, added: Sequence[str] = (), *, first: bool = False
 ) -> None:

@@ -15,7 +15,7 @@ from cortexfs.names import job_name
 from cortexfs.printable import shell_word
 from cortexfs.queue import evidence as ev
 from cortexfs.queue import requests
-from cortexfs.queue.claim_order import scan_pending
+from cortexfs.queue.claim_order import pending_in_claim_order
 from cortexfs.queue.holder import MAX_LEASE_BYTES, judge
 from cortexfs.queue.layout import (
     LEASE_FILE,
@@ -169,9 +169,9 @@ def list_jobs(queue: Queue, state: str | None = None) -> list[dict[str, str]]:
     if state is not None and state not in ev.STATES:
         raise invalid(f"unknown state {state!r}; choose one of {', '.join(ev.STATES)}")
     if state == "pending":
-        # The claim order is exactly what a worker would take next.
+        # The claim order is exactly what this user's next claims take.
         jobs = []
-        for name in scan_pending(queue.pending):
+        for name in pending_in_claim_order(queue):
             assessment = ev.assess(ev.evidence_of(queue, name))
             if assessment.state == "pending":
                 jobs.append({"name": name, "state": "pending"})
