@@ -108,7 +108,11 @@ def check_access(
         if not permits(_status(directory), identity, EXECUTE):
             return _refused(f"search (x) on {directory.shown} is denied to {_who(identity)}")
     if last.status is None:
-        return PathVerdict(False, errno.ENOENT, f"{last.shown} does not exist")
+        asked = relative.as_posix()
+        if last.shown == asked:
+            return PathVerdict(False, errno.ENOENT, f"{asked} does not exist")
+        # Named whole, then where it ends: 'model:no/such' is not provider 'no' alone.
+        return PathVerdict(False, errno.ENOENT, f"{asked} does not exist: {last.shown} is missing")
     if last.is_link:
         return _refused(f"{last.shown} is a symbolic link; links are never followed")
     if len(entries) < len(relative.parts) + 1:

@@ -1709,7 +1709,10 @@ def test_model_objects_are_judged_at_steps_2_and_6(team: World) -> None:
     def last() -> str:
         return team.ctx("policy", "explain", "coder", "model:openai/gpt-5.6", "use").lines()[-1]
 
-    assert last() == "deny: ENOENT: step 2 (mode bits): model/openai does not exist"
+    assert last() == (
+        "deny: ENOENT: step 2 (mode bits): model/openai/gpt-5.6 does not exist: "
+        "model/openai is missing"
+    )
     (root / "model/openai/gpt-5.6.d").mkdir(parents=True)
     (root / "model/openai/gpt-5.6").write_text("")
     assert last() == (
