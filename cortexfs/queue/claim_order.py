@@ -167,16 +167,20 @@ def candidates(queue: Queue) -> Iterator[str]:
 
 
 def pending_in_claim_order(queue: Queue) -> list[str]:
-    """The job names in ``pending/`` in the order this user's next claims take them, for a
-    reader (``ctx queue list --state pending``): this user's hint when it accounts for
-    pending/ as it stands — a claim reads it too, and a request whose mtime changed in place
-    since (an edit, a ``touch``) keeps its place there — else pending/ listed as a claim
-    lists it.  Nothing is written."""
-    stamp = pending_stamp(queue.pending)
-    names = None
+    """The job names in ``pending/``, each once, in the order this user's next claims take
+    them, for a reader (``ctx queue list --state pending``): first as this user's hint
+    orders them when it accounts for pending/ as it stands — a claim reads it too, and a
+    request whose mtime changed in place since (an edit, a ``touch``) keeps its place there
+    — then the rest as a listing orders them (a name a killed claim took off the hint, which
+    a claim lists pending/ for once the hint is used up).  The hint is a hint: a name in it
+    twice counts once, and one no longer pending is left to the caller's look at its
+    evidence.  Nothing is written."""
+    listed = scan_pending(queue.pending)
+    hinted: list[str] = []
     with contextlib.suppress(OSError, ValueError):
-        names = HintFile.of(queue.path).current_names(queue.pending, stamp)
-    return scan_pending(queue.pending) if names is None else names
+        stamp = pending_stamp(queue.pending)
+        hinted = HintFile.of(queue.path).current_names(queue.pending, stamp) or []
+    return list(dict.fromkeys([*hinted, *listed]))
 
 
 def pending_changed(

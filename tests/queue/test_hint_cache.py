@@ -11,8 +11,15 @@ from pathlib import Path
 import pytest
 
 from cortexfs.queue import Holder, Queue, claim, init_queue, publish
-from cortexfs.queue.claim_order import HintedClaimOrder, hint_path
+from cortexfs.queue.claim_order import (
+    HintedClaimOrder,
+    HintFile,
+    hint_path,
+    pending_in_claim_order,
+    pending_stamp,
+)
 from cortexfs.queue.hint_cache import PRUNE_INTERVAL, PRUNED_MARKER, UNUSED_SECONDS
+from cortexfs.queue.inspect import list_jobs
 from tests.queue.helpers import PROJECT, request
 from tests.support.cli import ctx
 
@@ -126,3 +133,18 @@ def test_a_claim_served_by_its_hint_never_looks_at_the_cache(
         assert claim(q, me).job == "two.req.json"  # type: ignore[union-attr]
         assert q.claim_order.scans == 1
     assert not hint_path(gone).exists()
+
+
+def test_list_follows_the_hint_and_names_every_pending_job_once(
+    cache: Path, queue_dir: Path
+) -> None:
+    """``list --state pending`` takes the order of the caller's hint when it accounts for
+    pending/ as it stands, but the hint is only a hint: a name in it twice is listed once,
+    and a pending job missing from it (one a killed claim took off) is listed after it."""
+    with Queue.open(queue_dir) as q:
+        names = [publish(q, request(), name=n) for n in ("a", "b", "c")]
+        hint = HintFile.of(q.path)
+        hint.reset([names[2], names[0], names[2]], pending_stamp(q.pending))
+        assert pending_in_claim_order(q) == [names[2], names[0], names[1]]
+        listed = [job["name"] for job in list_jobs(q, "pending")]
+    assert listed == [names[2], names[0], names[1]]
