@@ -37,7 +37,6 @@ from tests.support.storage import copy_of_root, small_tmpfs
 from tests.support.users import UnprivilegedUser, find_or_create_user
 
 REPO = Path(__file__).resolve().parents[2]
-SPEC = REPO.parent / "shared" / "spec" / "SPEC.md"
 QUEUE_DOC = REPO / "docs" / "queue.md"
 SCRATCH = scratch_top(__file__)
 REQUEST = json.dumps({"tool": "fs.stat", "input": {"path": "/"}})
@@ -599,21 +598,16 @@ def test_the_best_effort_wording_of_spec_is_what_the_docs_and_help_say():
     best-effort basis; strict FIFO is not promised"; docs/queue.md says the same (the claim
     step names both keys, the Scale section says strict FIFO is not promised and where it
     is best effort, and that a job is never lost or claimed twice); neither promises more
-    (no "strict FIFO is guaranteed", no "always in publish order")."""
-    spec = " ".join(SPEC.read_text().split())
+    (no "strict FIFO is guaranteed", no "always in publish order").  SPEC is not part of
+    the project's tree: its words are those quoted here."""
     doc = " ".join(QUEUE_DOC.read_text().split())
-    assert (
-        "claims take the oldest pending job first (by publish time, name as tie-break) on a "
-        "best-effort basis; strict FIFO is not promised" in spec
-    )
     assert "Pick the oldest pending job (by publish time, then name; Q-9)" in doc
     assert "Strict FIFO is not promised." in doc
     assert "Where this is best effort (Q-9)" in doc
     assert "A job is never lost or claimed twice" in doc
-    for text in (spec, doc):
-        lowered = text.lower()
-        assert "strict fifo is guaranteed" not in lowered
-        assert "always in publish order" not in lowered
+    lowered = doc.lower()
+    assert "strict fifo is guaranteed" not in lowered
+    assert "always in publish order" not in lowered
     help_text = subprocess.run(
         [*CTX_ARGV, "queue", "claim", "--help"], capture_output=True, text=True, env=clean_env()
     )
@@ -622,4 +616,4 @@ def test_the_best_effort_wording_of_spec_is_what_the_docs_and_help_say():
     list_help = subprocess.run(
         [*CTX_ARGV, "queue", "list", "--help"], capture_output=True, text=True, env=clean_env()
     )
-    assert "claim order" in " ".join(list_help.stdout.split())
+    assert "the order your next claims take them" in " ".join(list_help.stdout.split())

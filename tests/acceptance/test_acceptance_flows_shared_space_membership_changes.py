@@ -462,7 +462,10 @@ def test_a_running_worker_stops_when_its_space_is_removed_and_made_again(world: 
         rest = worker.communicate(timeout=CALL)[0].decode()
         assert worker.returncode == 1, (rest, err.read_text())
         said = err.read_text()
-        assert "ESTALE" in said and str(world.space() / "queue") in said, said
+        # ESTALE when it looks once the space is made again; ENOENT when it looks while
+        # nothing is there (docs/workers.md): the worker's wakeup races the test's rmtree.
+        assert "ESTALE" in said or "ENOENT" in said, said
+        assert str(world.space() / "queue") in said, said
         # the new space's job was left alone for a worker started on it
         queue = world.space() / "queue"
         assert os.listdir(queue / "pending") == ["fresh.req.json"]
