@@ -75,7 +75,12 @@ def not_claimed(queue: Queue, job: str, doing: str = "finishing it") -> CtxError
                 f"job {job} is already {state}; 'ctx queue show {job}' shows its result",
             )
     if lstat_at(queue.pending, job) is not None:
-        return NotHeld(errno.ENOENT, f"job {job} is pending, not claimed; claim it before {doing}")
+        return NotHeld(
+            errno.ENOENT,
+            f"job {job} is pending, not claimed: it was never claimed, or 'ctx queue recover' "
+            "returned it to pending once its lease had expired or its holder was gone, to run "
+            f"again; {doing} is for the claim that next takes it ('ctx queue claim')",
+        )
     if _claimed_anew(queue, job):
         return NotHeld(
             errno.EACCES,

@@ -589,14 +589,18 @@ def test_a_finish_meeting_a_result_that_is_no_file_calls_it_a_conflict(
     assert entries(queue_dir, "claimed") == ["odd.req.json"]
 
 
-def test_renewing_a_pending_job_says_to_claim_it_before_renewing(queue: Queue, me: Holder) -> None:
+def test_renewing_a_pending_job_says_why_it_may_be_pending(queue: Queue, me: Holder) -> None:
+    """A holder whose lease lapsed and whose job recover requeued is told so may be why, not
+    only to claim it (which, while its first run goes on, would run it twice)."""
     job = publish(queue, request(), name="waiting")
     with pytest.raises(CtxError) as refused:
         renew(queue, job, [me])
     assert refused.value.errno == errno.ENOENT
     assert refused.value.message == (
-        "there is no lease to renew: job waiting.req.json is pending, not claimed; claim it "
-        "before renewing its lease"
+        "there is no lease to renew: job waiting.req.json is pending, not claimed: it was never "
+        "claimed, or 'ctx queue recover' returned it to pending once its lease had expired or "
+        "its holder was gone, to run again; renewing its lease is for the claim that next "
+        "takes it ('ctx queue claim')"
     )
 
 
