@@ -79,7 +79,7 @@ def not_claimed(queue: Queue, job: str, doing: str = "finishing it") -> CtxError
             errno.ENOENT,
             f"job {job} is pending, not claimed: it was never claimed, or 'ctx queue recover' "
             "returned it to pending once its lease had expired or its holder was gone, to run "
-            f"again; {doing} is for the claim that next takes it ('ctx queue claim')",
+            f"again; claim it before {doing}, never beside a run of it still going on",
         )
     if _claimed_anew(queue, job):
         return NotHeld(

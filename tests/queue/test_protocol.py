@@ -599,8 +599,8 @@ def test_renewing_a_pending_job_says_why_it_may_be_pending(queue: Queue, me: Hol
     assert refused.value.message == (
         "there is no lease to renew: job waiting.req.json is pending, not claimed: it was never "
         "claimed, or 'ctx queue recover' returned it to pending once its lease had expired or "
-        "its holder was gone, to run again; renewing its lease is for the claim that next "
-        "takes it ('ctx queue claim')"
+        "its holder was gone, to run again; claim it before renewing its lease, never beside "
+        "a run of it still going on"
     )
 
 
