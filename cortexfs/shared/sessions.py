@@ -231,9 +231,10 @@ def _require_agents_own(ref: SessionRef, uid: int) -> None:
             raise CtxError(
                 errno.EACCES,
                 f"{where} belongs to uid {status.st_uid}, not to agent {ref.agent!r} (uid "
-                f"{uid}): another member of space {ref.space!r} made it; the host "
-                "administrator removes it after reading what it holds, and the agent's next "
-                "call makes its own",
+                f"{uid}): another member of space {ref.space!r} made it, or an earlier agent "
+                f"of that name ran as uid {status.st_uid} and recorded there; the host "
+                "administrator moves it away after reading what it holds (keeping what an "
+                "earlier agent recorded), and the agent's next call makes its own",
             )
 
 
