@@ -5,7 +5,8 @@ all of them (T-6): a name starting with ``.`` hides no hook, so an executable no
 default still guards the calls (a hook is disabled by taking its execute bits away).  A
 dot-named entry that is no regular file is not even a failed hook: editors leave such links
 beside the file they edit.  Each reads one JSON object on stdin: the call (tool, agent,
-session, call id, mode, input or argv) and, after the call, its result.
+session, call id, mode, and the input or argv whole, as the tool gets it, never the logged
+summary a guard could be slipped past) and, after the call, its result.
 
 * A pre-hook may veto the call: a non-zero exit or a timeout refuses it with EACCES, naming
   the hook and quoting the last line of its stderr.
@@ -61,9 +62,17 @@ class HookRun(NamedTuple):
     def passed(self) -> bool:
         return self.exit_status == 0
 
+    @property
+    def shown(self) -> str:
+        """``hooks/pre.d/NAME`` as records and messages give it: a byte of the name that is not
+        UTF-8 (a lone surrogate to Python) as the text ``\\xNN``, which every strict reader
+        takes, not a lone surrogate, which readers of other languages refuse."""
+        name = self.name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        return f"{_PHASE_DIRECTORIES[self.phase]}/{name}"
+
     def to_json(self) -> dict[str, object]:
         return {
-            "hook": f"{_PHASE_DIRECTORIES[self.phase]}/{self.name}",
+            "hook": self.shown,
             "exit_status": self.exit_status,
             "message": self.message,
         }

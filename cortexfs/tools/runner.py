@@ -438,7 +438,7 @@ class _Call:
             if runs and not runs[-1].passed:
                 veto = runs[-1]
                 raise denied(
-                    f"hooks/pre.d/{veto.name} vetoed the call (exit {veto.exit_status})"
+                    f"{veto.shown} vetoed the call (exit {veto.exit_status})"
                     + (f": {veto.message}" if veto.message else "")
                 )
 
@@ -720,11 +720,17 @@ class _Call:
         names = self.hook_names.get(phase, [])
         if not names:
             return []
+        # The request whole, not as it is logged: a guard judges what the tool will be given,
+        # and a summary cut at 200 characters, its secrets redacted, would let a call padded
+        # past the cut through unjudged.
+        asked = "argv" if "argv" in self.request else "input"
+        whole = {asked: self.called_with}
         context = {
             "tool": self.tool_name,
             "agent": self.agent,
             "session": str(self.session_ref),
             **self.request,
+            **whole,
             **extra,
         }
         # Post-hooks see a result already decided, so the call's timeout no longer bounds them.
