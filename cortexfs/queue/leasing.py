@@ -62,7 +62,14 @@ class NotHeld(CtxError):
     leases it (EACCES), it is not claimed or claimed without a lease (ENOENT), or it is
     finished already (EEXIST).  The kernel gives the same errnos for what a host refuses (a
     directory's mode, a file gone), which say nothing of who holds J: a worker reports a job
-    refused this way as taken away and goes on, and stops for the others."""
+    refused this way as taken away and goes on, and stops for the others.
+
+    ``fact`` is where J is, without the advice to a person at a shell that the message adds
+    (``claim it before …``): a worker's report says what the worker does instead."""
+
+    def __init__(self, code: int, fact: str, advice: str = "") -> None:
+        super().__init__(code, f"{fact}; {advice}" if advice else fact)
+        self.fact = fact
 
 
 def not_claimed(queue: Queue, job: str, doing: str = "finishing it") -> CtxError:
@@ -79,7 +86,8 @@ def not_claimed(queue: Queue, job: str, doing: str = "finishing it") -> CtxError
             errno.ENOENT,
             f"job {job} is pending, not claimed: it was never claimed, or 'ctx queue recover' "
             "returned it to pending once its lease had expired or its holder was gone, to run "
-            f"again; claim it before {doing}, never beside a run of it still going on",
+            "again",
+            f"claim it before {doing}, never beside a run of it still going on",
         )
     if _claimed_anew(queue, job):
         return NotHeld(

@@ -33,7 +33,7 @@ from cortexfs.tools import offline
 from cortexfs.tools.core.installed import require_this_versions_tools
 from cortexfs.tools.result import ToolError
 from cortexfs.tools.runner import run_native
-from cortexfs.worker.outcome import JobControl, Outcome, failure, reason_of
+from cortexfs.worker.outcome import JobControl, Outcome, failure, host_remedy, reason_of
 
 # Queue transitions (S-5): durable in the session before they are reported or acted on.
 DURABLE_TRANSITIONS = frozenset({"queue.claim", "queue.finish"})
@@ -272,7 +272,10 @@ def _open_worker_session(ref: SessionRef, owner: Ownership) -> Session:
 
 def _session_remedy(code: int | None, home: Path, uid: int) -> str:
     """What lets a worker open its session after ``code``: ownership only for a permission
-    refusal (a worker run as root creates what is missing, for any uid)."""
+    refusal of a worker not run as root (one run as root creates what is missing, for any
+    uid); root refused EPERM meets a file's attribute (immutable, append-only)."""
+    if code == errno.EPERM and os.geteuid() == 0:
+        return host_remedy(code)
     if code in (errno.EACCES, errno.EPERM):
         return (
             f"the worker records every job there and creates what is missing, from {home} "

@@ -683,8 +683,9 @@ class Worker:
                 # finished by someone else.  The same errnos from the kernel (a directory's
                 # mode: EACCES) are the host's, and stop the worker below.
                 reason = (
-                    f"not finished by this worker: {describe(exc)}; its outcome is discarded "
-                    "(if its lease expired and recover requeued the job, the job runs again)"
+                    f"not finished by this worker: {exc.code_name}: {exc.fact}; its outcome is "
+                    "discarded (if its lease expired and recover requeued the job, the job runs "
+                    "again)"
                 )
             else:
                 # Recording the outcome failed (ENOSPC, EROFS, EIO…): the next job's would too.
@@ -696,9 +697,9 @@ class Worker:
                     "requeues it to run again, once this worker has exited"
                 )
                 self._fail(CtxError(exc.errno or errno.EIO, f"job {won.job} {reason}"))
+                with self._count_lock:
+                    self.summary.left_claimed.append(won.job)  # J is as it was: still claimed
             self._record_lost(won.job, reason)
-            with self._count_lock:
-                self.summary.left_claimed.append(won.job)
             return JobRecord(won.job, False, reason, time.time() - started, tool, lost=True)
         state = "done" if outcome.ok else "failed"
         self._record(
