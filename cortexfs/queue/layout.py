@@ -342,6 +342,22 @@ class Queue:
             if refused is not None:
                 raise refused
 
+    def refusal_now(
+        self, action: str, places: tuple[str, ...], entries: tuple[str, ...] = ()
+    ) -> CtxError | None:
+        """What would refuse ``action`` now, asked without trying it (a dry run): an
+        immutable or append-only attribute of one of the files ``entries`` or of the
+        directories ``places``, a read-only filesystem, a mode; None when nothing does."""
+        for entry in entries:
+            refused = self._pinned(entry, action)
+            if refused is not None:
+                return refused
+        for place in places:
+            refused = self._why_not_writable(place, action)
+            if refused is not None:
+                return refused
+        return None
+
     def _pinned(self, entry: str, action: str) -> CtxError | None:
         """The refusal of ``action`` by an attribute of ``entry`` (``pending/J``,
         ``lease/J/worker``), or None."""

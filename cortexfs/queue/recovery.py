@@ -162,6 +162,10 @@ def recover(
             if temp.age < grace:
                 continue  # a publish, lease or finish may still be writing it
             if not reconcile or dry_run:
+                refused = _temp_removal_refused(queue, temp) if reconcile else None
+                if refused is not None:  # a dry run makes the run's checks
+                    report.errors.append(refused)
+                    continue
                 report.stale_temps.append(f"inbox/{temp.name}")  # still there after the run
                 continue
             with _unless_being_written(queue, temp) as stray:
@@ -275,6 +279,18 @@ def _stopped_part_way(queue: Queue, scanned: ev.JobEvidence, stopped: _StoppedPa
 # read-only filesystem, a shortage, a failing disk.  Any other errno (EEXIST: the job showed up
 # at its destination meanwhile) is about the job, and is said as it is.
 _REFUSALS_OF_THE_HOST = HOST_TROUBLES | {errno.EACCES, errno.EPERM, errno.EIO}
+
+
+def _temp_removal_refused(queue: Queue, temp: ev.Temp) -> Finding | None:
+    """The error a dry run of ``--reconcile`` reports for a stray temp the run would be
+    refused to remove (an immutable or append-only attribute of the file or of ``inbox/``, a
+    read-only filesystem, a mode), in the words the run's refusal uses, as
+    :func:`_require_applicable` checks a job's transition; None when nothing refuses it."""
+    path = f"inbox/{temp.name}"
+    refused = queue.refusal_now(f"remove the stray temp file {path}", ("inbox",), (path,))
+    if refused is None:
+        return None
+    return _temp_failure(queue, temp, OSError(refused.errno, os.strerror(refused.errno)))
 
 
 def _temp_failure(queue: Queue, temp: ev.Temp, exc: OSError) -> Finding:
