@@ -126,6 +126,7 @@ def run_captured(
     (an interruption, a failing ``on_start``) cut it short, with what it had written by then,
     before that goes on: a tool that ran keeps its output."""
     started = time.monotonic()
+    _require_startable(spec.argv[0], spec.cwd)
     argv, options, network_namespace = _launch(spec)
     with network_namespace:
         process = subprocess.Popen(
@@ -219,14 +220,20 @@ def _raise_launchers_exec_failure(
 _ERRNO_OF_REASON = {os.strerror(code): code for code in sorted(errno.errorcode, reverse=True)}
 
 
-def _require_interpreter(program: str, cwd: str) -> None:
-    """Raise, as :func:`_raise_launchers_exec_failure` does after the fact, ENOENT for a
-    script whose ``#!`` interpreter is not there (gone, or a ``#!/bin/sh`` saved with CRLF
-    line ends, whose name ends in a carriage return).  On the caller's terminal the
-    launcher's one line goes to the person, not to the runner: looked at before the start,
-    such a tool is recorded as one that could not start, never as a tool that exited 127.
-    The kernel's reading of the line: the name runs to the first blank, line end or NUL, and
-    a relative one is taken from the working directory."""
+def _require_startable(program: str, cwd: str) -> None:
+    """Raise, as the kernel refuses the exec, ENOEXEC for a file of text with no ``#!`` line
+    (an empty or truncated script): setpriv and unshare start a program with ``execvp``,
+    which runs such a file with ``/bin/sh`` instead, where Python's own exec (a caller not
+    root) is refused — an emptied guard must not let every call through as an empty script.
+    And, as :func:`_raise_launchers_exec_failure` does after the fact, ENOENT for a script
+    whose ``#!`` interpreter is not there (gone, or a ``#!/bin/sh`` saved with CRLF line
+    ends, whose name ends in a carriage return).  On the caller's terminal the launcher's one
+    line goes to the person, not to the runner: looked at before the start, such a tool is
+    recorded as one that could not start, never as a tool that exited 127.  The kernel's
+    reading of the line: the name runs to the first blank, line end or NUL, and a relative
+    one is taken from the working directory."""
+    if not os.path.isabs(program):
+        return  # a name looked for on PATH, or relative to another directory: the start's
     try:
         # Never waited on: a FIFO put at the name since it was resolved is the start's to
         # refuse.
@@ -240,6 +247,8 @@ def _require_interpreter(program: str, cwd: str) -> None:
     finally:
         os.close(fd)
     if not head.startswith(b"#!"):
+        if b"\0" not in head:  # text, or nothing: a binary format is the kernel's to judge
+            raise OSError(errno.ENOEXEC, os.strerror(errno.ENOEXEC), program)
         return
     line = head[2:].split(b"\n", 1)[0].split(b"\0", 1)[0].lstrip(b" \t")
     interpreter = re.split(rb"[ \t]", line, maxsplit=1)[0]
@@ -254,7 +263,7 @@ _SHEBANG_BYTES = 256  # as much of a script's first line as the kernel reads (BI
 def run_attached(spec: ProcessSpec, *, on_start: Callable[[int], None] | None = None) -> Finished:
     """Run with the caller's stdin, stdout and stderr (terminal CLI mode, T-3)."""
     started = time.monotonic()
-    _require_interpreter(spec.argv[0], spec.cwd)
+    _require_startable(spec.argv[0], spec.cwd)
     argv, options, network_namespace = _launch(spec)
     with network_namespace:
         process = subprocess.Popen(

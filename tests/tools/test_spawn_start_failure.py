@@ -35,6 +35,10 @@ def _program(tmp_path: Path, text: str) -> str:
     [
         ("#!/nonexistent/interpreter\n", errno.ENOENT),
         ("#!/etc/passwd\n", errno.EACCES),  # an interpreter that is no program
+        # No '#!' line: the kernel refuses it, where setpriv's execvp would run it with sh
+        # (an emptied or truncated guard would then let every call through).
+        ("", errno.ENOEXEC),
+        ("exit 0\n", errno.ENOEXEC),
     ],
 )
 def test_a_program_the_kernel_refuses_raises_the_exec_s_errno(
