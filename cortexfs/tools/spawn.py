@@ -241,7 +241,9 @@ def _require_startable(program: str, cwd: str) -> None:
     except OSError:
         return  # the start says what is wrong with the program itself
     try:
-        head = os.read(fd, _SHEBANG_BYTES) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return  # no program: the start's to refuse, with the kernel's errno
+        head = os.read(fd, _SHEBANG_BYTES)
     except OSError:
         return
     finally:
