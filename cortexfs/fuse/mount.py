@@ -332,17 +332,36 @@ class StorageFS(pyfuse3.Operations):
         try:
             parts = self._parts_of(inode)
         except pyfuse3.FUSEError:  # reopened by descriptor (/proc/PID/fd/N) once unlinked
-            descriptor, parts = self._open_file(inode)
-            if flags & _WRITING:
-                self._writable(parts)
-            reopened = await _once_no_lease_holds_it(
-                lambda: _open_at_once(f"/proc/self/fd/{descriptor}", flags)
-            )
-            return self._opened_file(inode, reopened, parts)
+            return await self._open_by_descriptor(inode, flags)
         if flags & _WRITING:
             self._writable(parts)
-        opened = await _once_no_lease_holds_it(lambda: self._reopened(inode, parts, flags))
+        try:
+            opened = await _once_no_lease_holds_it(lambda: self._reopened(inode, parts, flags))
+        except pyfuse3.FUSEError as gone:
+            if not self._gone_but_open(inode, gone):
+                raise
+            return await self._open_by_descriptor(inode, flags)
         return self._opened_file(inode, opened, parts)
+
+    async def _open_by_descriptor(self, inode: int, flags: int) -> pyfuse3.FileInfo:
+        """``inode`` opened again through a descriptor it is open by (``/proc/PID/fd/N``),
+        as writable as its name was: no name leads to it any more."""
+        descriptor, parts = self._open_file(inode)
+        if flags & _WRITING:
+            self._writable(parts)
+        reopened = await _once_no_lease_holds_it(
+            lambda: _open_at_once(f"/proc/self/fd/{descriptor}", flags)
+        )
+        return self._opened_file(inode, reopened, parts)
+
+    def _gone_but_open(self, inode: int, refused: pyfuse3.FUSEError) -> bool:
+        """Whether ``refused`` says the name of ``inode`` no longer leads to it — the file
+        was unlinked (ENOENT) or replaced (ESTALE) on the storage root itself, not through
+        the mount — while a descriptor of it is open here: a caller holding it may still
+        change it, as on a local filesystem (``ftruncate``, ``fchmod``, a reopen)."""
+        if refused.errno not in (errno.ENOENT, errno.ESTALE):
+            return False
+        return any(held == inode for held, _ in self._open_files.values())
 
     async def read(self, fh, off, size):  # type: ignore[no-untyped-def]
         return _call(os.pread, fh, size, off)
@@ -395,7 +414,7 @@ class StorageFS(pyfuse3.Operations):
                     fd = _call(
                         os.open,
                         parts[-1],
-                        flags | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                        flags & ~_NOT_OURS | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                         mode & ~ctx.umask,
                         dir_fd=parent,
                     )
@@ -515,7 +534,12 @@ class StorageFS(pyfuse3.Operations):
             return await self._set_by_descriptor(inode, attr, fields, fh)
         if not _truncates_an_open_file(fields, fh):
             self._writable(parts)
-        parts = self._still(inode)
+        try:
+            parts = self._still(inode)
+        except pyfuse3.FUSEError as gone:
+            if not self._gone_but_open(inode, gone):
+                raise
+            return await self._set_by_descriptor(inode, attr, fields, fh)
         if fields.update_size:
             if fh is not None:
                 _call(os.truncate, fh, attr.st_size)
@@ -726,6 +750,10 @@ def _same_file(first: os.stat_result | None, second: os.stat_result | None) -> b
 _RENAME_FLAGS = pyfuse3.RENAME_EXCHANGE | pyfuse3.RENAME_NOREPLACE  # the ones passed through
 _WRITING = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND
 _SET_ID = stat.S_ISUID | stat.S_ISGID
+# Flags of the caller's open that the daemon's own open of the file must not take: with
+# O_DIRECT, its reads and writes (pyfuse3's buffers, aligned to nothing) would be refused
+# EINVAL; what the caller asked of its I/O is the kernel's side of the mount.
+_NOT_OURS = os.O_DIRECT
 _WALK = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
 _LIST = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -745,7 +773,7 @@ def _open_at_once(reopened: str, flags: int) -> int:
     EWOULDBLOCK for a caller that asked for ``O_NONBLOCK``, as on a local filesystem.  Not
     ``O_NOFOLLOW`` either, which that link itself would fail (ELOOP), nor ``O_CREAT``: the
     file is there already."""
-    asked = (flags & ~(os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW)) | os.O_CLOEXEC
+    asked = (flags & ~(os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | _NOT_OURS)) | os.O_CLOEXEC
     try:
         fd = os.open(reopened, asked | os.O_NONBLOCK)
     except BlockingIOError:
