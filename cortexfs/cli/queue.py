@@ -13,6 +13,7 @@ import json
 import os
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO, NoReturn, TypeVar
@@ -750,6 +751,17 @@ def _result_output(q: layout.Queue, result_source: str | None, ok: bool) -> Any:
         except (UnicodeDecodeError, json.JSONDecodeError):
             output = raw.decode("utf-8", "replace")
         if _is_whole_result(output):
+            # Readers disagree on a name given twice (the first, the last): a status named
+            # twice could say error to one reader of done/ and ok to another.
+            named = Counter(name for name, _ in json.loads(raw.decode(), object_pairs_hook=list))
+            twice = sorted(name for name, times in named.items() if times > 1)
+            if twice:
+                raise usage_problem(
+                    invalid(
+                        f"the result file names {', '.join(map(repr, twice))} more than once "
+                        "in its top object; give each once (nothing was finished)"
+                    )
+                )
             if output["status"] != ("ok" if ok else "error"):
                 raise usage_problem(
                     invalid(

@@ -201,7 +201,9 @@ def parse_request_bytes(data: bytes, limit: int, where: str = "request") -> dict
         raise invalid(f"{where} {jsontext.duplicate_names_problem(exc.names)}") from None
     except json.JSONDecodeError as exc:
         raise invalid(
-            f"{where} is not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+            # Python's message for a control character ends in "at" already.
+            f"{where} is not JSON: {exc.msg.removesuffix(' at')} at line {exc.lineno} column "
+            f"{exc.colno}"
         ) from exc
     if not isinstance(value, dict):
         raise invalid(f"{where} must be one JSON object, not {type(value).__name__}")
