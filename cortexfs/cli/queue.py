@@ -344,9 +344,13 @@ def init(queue_dir: Path, as_json: bool) -> None:
     # What exists is checked as every other command checks it, before anything is made.
     layout.check_existing_queue(queue_dir, within=within)
     if within is not None:
-        from cortexfs.shared.spaces import create_shared_space  # only init needs it
+        from cortexfs.shared.space_modes_check import space_modes_warning  # only init needs
+        from cortexfs.shared.spaces import create_shared_space  # them
 
         created = create_shared_space(root, queue_dir.parent.name).created
+        # What exists is kept as it is, and a mode it should have and lacks named.
+        if (warning := space_modes_warning(queue_dir.parent)) is not None:
+            echo_printable(f"ctx: warning: {warning}", err=True)
     else:
         # A queue directory anywhere else (--queue DIR, an absolute --project path) is only
         # a queue: a path that merely looks like X/shared/N/queue does not make X a root.

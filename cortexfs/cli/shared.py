@@ -19,6 +19,7 @@ from cortexfs.cli.common import (
 )
 from cortexfs.errors import CtxError, invalid
 from cortexfs.names import decimal_value, is_decimal, shown_number
+from cortexfs.shared.space_modes_check import space_modes_warning
 from cortexfs.shared.spaces import check_space_name, create_shared_space
 
 
@@ -72,6 +73,9 @@ def create(name: str, group: str | None, storage_dir: Path | None, as_json: bool
     gid = None if group is None else _gid(group)
     report = create_shared_space(resolve_storage(storage_dir), name, gid=gid)
     changed(f"shared space {name} is complete ({report.path})")
+    # Without --group what exists is kept as it is, and a mode it should have and lacks named.
+    if gid is None and (warning := space_modes_warning(report.path)) is not None:
+        echo_printable(f"ctx: warning: {warning}", err=True)
     if as_json:
         emit_json(report.to_json())
         return

@@ -12,7 +12,9 @@ import contextlib
 import errno
 import fcntl
 import os
+import re
 import stat
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -606,6 +608,7 @@ def init_queue(path: Path, ops: durable.FsOps | None = None) -> list[str]:
                 _give_the_queue_group(ops, root_fd, name)
                 if name == "pending":
                     start_hint(path)  # an empty pending/ is completely described by no names
+        _remove_stray_config_temps(ops, root_fd)
         if lstat_at(root_fd, CONFIG_NAME) is None:
             tmp = f".{CONFIG_NAME}.{os.urandom(6).hex()}{TEMP_SUFFIX}"
             # Readable by everyone who may reach the queue whatever the creator's umask: every
@@ -626,6 +629,29 @@ def init_queue(path: Path, ops: durable.FsOps | None = None) -> list[str]:
     finally:
         ops.close(root_fd)
     return created
+
+
+# A config temp younger than this may be another init's, still being written.
+_CONFIG_TEMP_GRACE = 60.0
+
+
+def _remove_stray_config_temps(ops: durable.FsOps, root_fd: int) -> None:
+    """Remove the temps of ``config`` an init killed before its rename left in the queue's
+    directory, once they are a minute old: nothing but init makes them, and nothing else
+    looks there for them (recover sweeps ``inbox/``)."""
+    stray = re.compile(rf"\.{re.escape(CONFIG_NAME)}\.[0-9a-f]{{12}}{re.escape(TEMP_SUFFIX)}")
+    old = time.time() - _CONFIG_TEMP_GRACE
+    names = [
+        name
+        for name in os.listdir(root_fd)
+        if stray.fullmatch(name)
+        and (status := lstat_at(root_fd, name)) is not None
+        and stat.S_ISREG(status.st_mode)
+        and status.st_mtime < old
+    ]
+    if names:
+        with contextlib.suppress(OSError):  # left for the next init, as it was
+            durable.remove_entries(ops, [(root_fd, name, False) for name in names])
 
 
 def _give_the_queue_group(ops: durable.FsOps, root_fd: int, name: str) -> None:

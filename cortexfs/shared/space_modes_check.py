@@ -49,13 +49,30 @@ def warn_of_spaces_of_older_modes(
                 report.warnings.append(_warning(name, status.st_gid, found))
 
 
+def space_modes_warning(path: Path) -> str | None:
+    """The warning for the space at ``path`` when some of its directories have another mode
+    than this version gives them; None when none has, or the space cannot be read.  For the
+    commands that complete a space and change nothing that exists (``ctx queue init``,
+    ``ctx shared create`` without ``--group``): one stopped between a ``mkdir`` and the mode
+    it gives is then completed by the repair this names, not left unsaid."""
+    try:
+        status = os.lstat(path)
+        if not stat.S_ISDIR(status.st_mode):
+            return None
+        found = directories_of_other_modes(path)
+    except (FileNotFoundError, PermissionError):
+        return None
+    return _warning(path.name, status.st_gid, found) if found else None
+
+
 def _warning(name: str, gid: int, found: list[tuple[Path, int, int]]) -> str:
     (first, mode, wanted), more = found[0], len(found) - 1
     others = f" (and {more} more)" if more else ""
     return (
         f"shared space {name}: {first} has mode {mode:04o}, not {wanted:04o}{others}, as an "
-        "older version made it: a member may rename or remove entries that are not theirs "
-        f"(the queue's state directories, other agents' sessions); run 'ctx shared create "
+        "older version made it or a create stopped midway left it: members may be refused "
+        "what the space is for, or rename or remove entries that are not theirs (the queue's "
+        f"state directories, other agents' sessions); run 'ctx shared create "
         f"{shell_word(name)} --group {gid}', which gives them their modes"
     )
 
