@@ -445,10 +445,16 @@ def _ensure_tsh_config(root: Path, owner: int, report: storage.BootstrapReport) 
     FIFO.  ``tool/tsh.d`` is checked first: nothing is read or written in it while another
     uid could change it (:func:`_report_held_directories` reported it)."""
     ops = durable.default_ops()
+    # The config is the storage root's owner's to change (H-4), also in a root that root
+    # bootstraps for another uid: its directory (where an update takes its lock) and the file.
+    receiver = owner if os.geteuid() == 0 and owner != 0 else None
     tool_fd = durable.open_dir_path(ops, str(root / "tool"))
     try:
+        # Made by this bootstrap, here or as tool/tsh's control directory just before.
+        made = "tool/tsh" in report.created
         if durable.make_dir_synced(ops, tool_fd, "tsh.d", 0o755):
             report.created.append("tool/tsh.d")
+            made = True
         controls = durable.lstat_at(tool_fd, "tsh.d")
         if controls is None or not stat.S_ISDIR(controls.st_mode):
             report.add_problem("tool/tsh.d is not a directory; left untouched", errno.ENOTDIR)
@@ -459,11 +465,14 @@ def _ensure_tsh_config(root: Path, owner: int, report: storage.BootstrapReport) 
     try:
         if bootstrap_repair.untrusted(os.fstat(config_dir), owner):
             return  # reported by _report_held_directories
+        _give_roots(ops, config_dir, None, receiver, "tool/tsh.d", None if made else report)
         bootstrap_repair.sweep_temporaries(ops, config_dir, ["config"], "tool/tsh.d", report)
         existing = durable.lstat_at(config_dir, "config")
         if existing is None:
             temporary = durable.temporary_name("config")
-            durable.write_file_synced(ops, config_dir, temporary, tsh_config.DEFAULT_TEXT.encode())
+            durable.write_file_synced(
+                ops, config_dir, temporary, tsh_config.DEFAULT_TEXT.encode(), owner=receiver
+            )
             try:
                 durable.move_noreplace(ops, config_dir, temporary, config_dir, "config")
             except FileExistsError:
@@ -489,11 +498,40 @@ def _ensure_tsh_config(root: Path, owner: int, report: storage.BootstrapReport) 
                 "tool/tsh.d/config is not a regular file; left untouched", errno.EEXIST
             )
         else:
+            _give_roots(ops, config_dir, "config", receiver, "tool/tsh.d/config", report)
             data = read_regular_file("config", tsh_config.MAX_CONFIG_BYTES, dir_fd=config_dir)
             for problem in tsh_config.problems(data.decode("utf-8", "replace")):
                 report.add_problem(f"tool/{problem}", errno.EINVAL)
     finally:
         ops.close(config_dir)
+
+
+def _give_roots(
+    ops: durable.FsOps,
+    dir_fd: int,
+    name: str | None,
+    receiver: int | None,
+    shown: str,
+    report: storage.BootstrapReport | None,
+) -> None:
+    """Give ``receiver`` the entry ``name`` of ``dir_fd`` (``dir_fd`` itself when None) when
+    root has it, as an older bootstrap by root left it, and say so in ``report`` (None: one
+    made by this bootstrap, given as part of its making); nothing without a receiver."""
+    if receiver is None:
+        return
+    flags = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = dir_fd if name is None else os.open(name, flags, dir_fd=dir_fd)
+    try:
+        if os.fstat(fd).st_uid != 0:
+            return
+        ops.chown_opened(fd, receiver)
+    finally:
+        if fd != dir_fd:
+            os.close(fd)
+    if report is not None:
+        report.repaired.append(
+            f"{shown}: owner uid 0, now uid {receiver}, the storage root's owner, who changes it"
+        )
 
 
 storage.register_bootstrap_step(bootstrap_tools)
