@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -81,12 +82,23 @@ def loads_strict(
     except ValueError:  # int() refuses that many digits
         digits = sys.get_int_max_str_digits()
         problem = f"an integer of more than {digits} digits, more than Python reads"
-        raise json.JSONDecodeError(problem, _text(data), 0) from None
+        text = _text(data)
+        raise json.JSONDecodeError(problem, text, _long_integer_at(text, digits)) from None
     if duplicates:
         raise DuplicateNames(duplicates)
     if nested_deeper(value, max_depth):
         raise _too_deep(data, max_depth)
     return value
+
+
+def _long_integer_at(text: str, digits: int) -> int:
+    """Where the first number of more than ``digits`` digits starts in ``text``, strings
+    passed over (0 when none is found: the error then points at the document)."""
+    pattern = re.compile(rf'"(?:[^"\\]|\\.)*"|(-?[0-9]{{{digits + 1},}})')
+    for found in pattern.finditer(text):
+        if found.group(1) is not None:
+            return found.start(1)
+    return 0
 
 
 def loads_text(data: bytes) -> Any:
@@ -113,7 +125,9 @@ def loads_text(data: bytes) -> Any:
     except NotAJsonNumber as exc:
         raise ValueError(f"{exc} is not a JSON number") from None
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{exc.msg} at line {exc.lineno}, column {exc.colno}") from None
+        # Python's message for a control character ends in "at" already.
+        problem = exc.msg.removesuffix(" at")
+        raise ValueError(f"{problem} at line {exc.lineno}, column {exc.colno}") from None
 
 
 def _refuse_constant(name: str) -> Any:

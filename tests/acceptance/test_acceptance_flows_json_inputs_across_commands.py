@@ -539,11 +539,6 @@ def test_object_check_and_install_agree_on_each_manifest(world: World, case: str
     assert schema == value_of(manifest_docs(name)[case])["schema"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="T-8: an integer of 5000 digits on line 8 of a manifest is reported "
-    "'at line 1 column 1 (char 0)'",
-)
 def test_a_huge_integer_is_reported_where_it_stands(world: World) -> None:
     """T-8, §2.4 (``FILE: EINVAL: sentence``): a manifest written one member a line, whose
     schema on line 8 holds an integer of 5000 digits, is refused; the position the refusal
@@ -668,11 +663,6 @@ def test_tsh_config_takes_an_object_with_crlf_line_ends_and_drops_no_setting(
         config.write_bytes(kept)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="H-3: tsh.config refuses a byte order mark on stdin with Python's advice "
-    "'Unexpected UTF-8 BOM (decode using utf-8-sig)'",
-)
 def test_tsh_config_on_stdin_names_a_byte_order_mark_as_the_other_commands_do(
     world: World,
 ) -> None:
@@ -690,11 +680,6 @@ def test_tsh_config_on_stdin_names_a_byte_order_mark_as_the_other_commands_do(
         names_the_byte_order_mark(run)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="H-4: a tsh config saved with a byte order mark loses its first setting with a "
-    "warning that 'max_loaded_tools=8' is not key=value, the mark never named",
-)
 def test_a_tsh_config_saved_with_a_byte_order_mark_is_read_or_the_mark_is_named(
     world: World,
 ) -> None:

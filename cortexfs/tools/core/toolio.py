@@ -292,6 +292,8 @@ def require(request: Mapping[str, Any], key: str, kind: type, default: Any = REQ
 
 
 def _parse_object(text: str) -> dict[str, Any]:
+    # A byte order mark before the JSON is ignored, as ctx run --native ignores it.
+    text = text.removeprefix("\ufeff")
     try:
         # Strict, as ctx run reads it: a name given twice would have the tool act on the
         # value a reviewer of its logged input did not see first (agent.create's label, say).

@@ -67,6 +67,12 @@ def problems(text: str) -> list[str]:
     first_line: dict[str, int] = {}
     for line in keyvalue.lines(text):
         where = f"tsh.d/config:{line.number}"
+        if line.key is not None and line.key.startswith("\ufeff"):
+            found.append(
+                f"{where}: the line starts with a byte order mark (U+FEFF), which is no part "
+                "of a key, so the setting is not read: save the file without it"
+            )
+            continue
         if line.key not in DEFAULTS:
             found.append(f"{where}: expected one of {', '.join(DEFAULTS)} as key=value")
             continue
