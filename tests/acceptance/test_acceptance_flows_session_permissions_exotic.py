@@ -370,6 +370,8 @@ def test_a_session_directory_made_by_hand_keeps_its_modes_and_its_owner_is_check
     agent's with the space's group; one a
     member (``wb``'s uid) made in ``wr``'s ``session/`` is refused with EACCES naming the
     directory and its owner, and nothing is written in it."""
+    # The agent's session/ as the runner makes it (another test may not have made it first).
+    assert world.record("wr", "first", "--project", SPACE).rc == 0
     byroot = world.shared_session("wr", "byroot")
     byroot.mkdir(mode=0o700)
     byroot.chmod(0o2700)  # as mkdir(1) leaves it below the setgid session/
