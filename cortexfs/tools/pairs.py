@@ -330,7 +330,7 @@ def _give_host_written(
             continue  # not a control directory (a link, a file): the layout check says so
         try:
             for control in sorted(kind.host_written):
-                if _give_if_roots(ops, controls_fd, control, receiver):
+                if give_if_roots(ops, controls_fd, control, receiver):
                     given.append(
                         f"{directory}/{entry}/{control}: owner uid 0, now uid {receiver}, the "
                         "storage root's owner, who records in it the calls it runs"
@@ -665,7 +665,7 @@ def _make_dirs(ops: durable.FsOps, top_fd: int, relative: str) -> None:
         ops.close(fd)
 
 
-def _give_if_roots(ops: durable.FsOps, dir_fd: int, name: str, receiver: int) -> bool:
+def give_if_roots(ops: durable.FsOps, dir_fd: int, name: str, receiver: int) -> bool:
     """Give the regular file ``name`` of ``dir_fd`` to uid ``receiver``, its group and mode
     kept, and sync it, when root owns it and it has no other name; whether it was given.
     Never through a link: the file is opened as it is, and judged by what was opened."""

@@ -62,6 +62,7 @@ from cortexfs.tools.install import (
     tool_obstacles,
 )
 from cortexfs.tools.manifest import Manifest, parse_manifest
+from cortexfs.tools.pairs import give_if_roots
 from cortexfs.tools.remedy import reinstall_advice
 
 MANIFESTS = Path(__file__).parent / "manifests"
@@ -465,7 +466,10 @@ def _ensure_tsh_config(root: Path, owner: int, report: storage.BootstrapReport) 
     try:
         if bootstrap_repair.untrusted(os.fstat(config_dir), owner):
             return  # reported by _report_held_directories
-        _give_roots(ops, config_dir, None, receiver, "tool/tsh.d", None if made else report)
+        if receiver is not None and os.fstat(config_dir).st_uid == 0:
+            ops.chown_opened(config_dir, receiver)
+            if not made:
+                report.repaired.append(_given("tool/tsh.d", receiver))
         bootstrap_repair.sweep_temporaries(ops, config_dir, ["config"], "tool/tsh.d", report)
         existing = durable.lstat_at(config_dir, "config")
         if existing is None:
@@ -498,7 +502,8 @@ def _ensure_tsh_config(root: Path, owner: int, report: storage.BootstrapReport) 
                 "tool/tsh.d/config is not a regular file; left untouched", errno.EEXIST
             )
         else:
-            _give_roots(ops, config_dir, "config", receiver, "tool/tsh.d/config", report)
+            if receiver is not None and give_if_roots(ops, config_dir, "config", receiver):
+                report.repaired.append(_given("tool/tsh.d/config", receiver))
             data = read_regular_file("config", tsh_config.MAX_CONFIG_BYTES, dir_fd=config_dir)
             for problem in tsh_config.problems(data.decode("utf-8", "replace")):
                 report.add_problem(f"tool/{problem}", errno.EINVAL)
@@ -506,32 +511,9 @@ def _ensure_tsh_config(root: Path, owner: int, report: storage.BootstrapReport) 
         ops.close(config_dir)
 
 
-def _give_roots(
-    ops: durable.FsOps,
-    dir_fd: int,
-    name: str | None,
-    receiver: int | None,
-    shown: str,
-    report: storage.BootstrapReport | None,
-) -> None:
-    """Give ``receiver`` the entry ``name`` of ``dir_fd`` (``dir_fd`` itself when None) when
-    root has it, as an older bootstrap by root left it, and say so in ``report`` (None: one
-    made by this bootstrap, given as part of its making); nothing without a receiver."""
-    if receiver is None:
-        return
-    flags = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
-    fd = dir_fd if name is None else os.open(name, flags, dir_fd=dir_fd)
-    try:
-        if os.fstat(fd).st_uid != 0:
-            return
-        ops.chown_opened(fd, receiver)
-    finally:
-        if fd != dir_fd:
-            os.close(fd)
-    if report is not None:
-        report.repaired.append(
-            f"{shown}: owner uid 0, now uid {receiver}, the storage root's owner, who changes it"
-        )
+def _given(shown: str, receiver: int) -> str:
+    """What a repair says of a control root had that it gave the storage root's owner."""
+    return f"{shown}: owner uid 0, now uid {receiver}, the storage root's owner, who changes it"
 
 
 storage.register_bootstrap_step(bootstrap_tools)
