@@ -409,12 +409,13 @@ class StorageFS(pyfuse3.Operations):
             # alone given to the caller by _give.  For a caller who did not ask for O_EXCL it
             # is ESTALE instead: the kernel then walks the path again, finds that file, and
             # opens it as any existing file is opened, permissions checked (open(2)).
+            made_here = (flags & ~_NOT_OURS) | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
             try:
                 with _callers_umask(ctx):
                     fd = _call(
                         os.open,
                         parts[-1],
-                        flags & ~_NOT_OURS | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                        made_here,
                         mode & ~ctx.umask,
                         dir_fd=parent,
                     )

@@ -428,18 +428,13 @@ class Queue:
         :meth:`require_writable` takes them), when which one refused is not known: it names the
         first of them that refuses now, and all of them when none does (the mode changed back
         since, or a security module refused)."""
-        if refused.errno == errno.EPERM:
-            for entry in entries:
-                explained = self._pinned(entry, action)
-                if explained is not None:
-                    said = f"{explained.message}; {done}"
-                    return Refusal(explained.errno, said, said)
         if refused.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-            for place in places:
-                explained = self._why_not_writable(place, action)
-                if explained is not None:
-                    said = f"{explained.message}; {done}"
-                    return Refusal(explained.errno, said, said)
+            # Only EPERM comes of an attribute of an entry (immutable, append-only).
+            pinnable = entries if refused.errno == errno.EPERM else ()
+            explained = self.refusal_now(action, places, pinnable)
+            if explained is not None:
+                said = f"{explained.message}; {done}"
+                return Refusal(explained.errno, said, said)
         if len(places) == 1:
             where = str(self.path / places[0])
         else:
