@@ -60,6 +60,15 @@ MAX_CONCURRENCY = 1024
 # What a ready program prints without --json: the jobs it finished (or lost) and its summary.
 FINISHED_EVENTS = frozenset({"finish", "lost", "stop"})
 
+# The field of each event that the worker words itself (a finished job's reason is its tool's):
+# a 'ctx queue …' it suggests is made to name this worker's queue, in text and JSON alike.
+_WORKERS_OWN_WORDS = {
+    "lost": "reason",
+    "renew_failed": "reason",
+    "interrupt": "message",
+    "stop": "failure",
+}
+
 
 class Progress:
     """What the worker shows: a live line on a terminal, plain lines otherwise, or JSON lines
@@ -129,12 +138,14 @@ class Progress:
             raise
 
     def _show(self, event: str, fields: dict[str, Any]) -> None:
+        advising = _WORKERS_OWN_WORDS.get(event)
+        if advising is not None and isinstance(fields.get(advising), str):
+            fields = {**fields, advising: self.for_this_queue(fields[advising])}
         if self.as_json:
             if self.only is None or event in self.only:
                 self._echo(json.dumps({"event": event, **fields}, default=str))
             elif event == "renew_failed":  # a ready program's stdout is its finished jobs
-                reason = self.for_this_queue(fields["reason"])
-                self._echo(f"renew   {fields['job']}: {reason}", err=True)
+                self._echo(f"renew   {fields['job']}: {fields['reason']}", err=True)
             return
         if event == "finish":
             if fields["state"] == "done":
@@ -156,15 +167,14 @@ class Progress:
             if self.live:
                 self._echo("", err=True)
             word = "lost" if event == "lost" else "renew"
-            reason = self.for_this_queue(fields["reason"])
-            self._echo(f"{word:<8}{fields['job']}: {reason}", err=True)
+            self._echo(f"{word:<8}{fields['job']}: {fields['reason']}", err=True)
         elif event == "start" and not self.live:
             self._echo(f"worker {fields['worker']} started (waiting with {fields['wait']})")
         elif event in ("interrupt", "stop"):
             if self.live:
                 self._echo("", err=True)
             if event == "interrupt":
-                self._echo(self.for_this_queue(fields["message"]), err=True)
+                self._echo(fields["message"], err=True)
             else:
                 self._echo(
                     f"worker stopped: {fields['done']} done, {fields['failed']} failed, "

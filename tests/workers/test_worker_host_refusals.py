@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -243,6 +244,10 @@ def test_a_tool_log_that_cannot_be_opened_is_no_silent_gap(farm: Farm) -> None:
     assert len(stop) == 1 and stop[0]["left_claimed"] == [job], out
     stop = stop[0]
     assert stop["stopped_by"] == "failure" and not stop["aborted"], stop
+    # The stop event suggests what the error after it does, naming this worker's queue.
+    suggested = re.findall(r"'ctx queue [^']*'", stop["failure"])
+    assert suggested and all(command in err for command in suggested), (stop, err)
+    assert all(" --" in command for command in suggested), suggested
     assert os.listdir(farm.queue / "done") == []
     assert (farm.queue / "claimed" / job / job).is_file()
 
