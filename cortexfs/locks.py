@@ -29,6 +29,8 @@ import fcntl
 import os
 import stat
 import time
+from collections.abc import Callable
+from contextvars import ContextVar
 from pathlib import Path
 
 from cortexfs.errors import CtxError
@@ -53,6 +55,30 @@ def flock_within(fd: int, kind: int, seconds: float) -> bool:
                 return False
         time.sleep(pause)
         pause = min(2 * pause, 0.05)
+
+
+# Told, once, that a lock is being waited for without a time limit and who holds it: the
+# command line makes it a line on stderr, so that a command waiting behind a stuck install says
+# why it does nothing; a library caller is told nothing.
+WAITING_NOTICE: ContextVar[Callable[[str], None] | None] = ContextVar(
+    "waiting_notice", default=None
+)
+
+
+def flock_saying_so(fd: int, kind: int, path: Path) -> None:
+    """``flock(fd, kind)`` of the lock file ``path`` without a time limit, telling
+    :data:`WAITING_NOTICE` which processes hold it when it must be waited for."""
+    if flock_within(fd, kind, 0):
+        return
+    tell = WAITING_NOTICE.get()
+    if tell is not None:
+        holders = lock_holders(fd)
+        by = f" by pid {', '.join(map(str, holders))}" if holders else ""
+        tell(
+            f"waiting for {path}, held{by}: a change to {path.parent} waits for the one "
+            "before it to end (Ctrl-C stops waiting, and nothing is changed)"
+        )
+    fcntl.flock(fd, kind)
 
 
 def open_lock_file(dir_fd: int, directory: Path, *, create: bool = True) -> int:

@@ -41,6 +41,10 @@ def main(ctx: click.Context, storage: Path | None) -> None:
     $XDG_DATA_HOME/cortexfs/storage/current for other users.
     """
     ctx.obj = {"storage": storage}
+    from cortexfs.locks import WAITING_NOTICE
+    from cortexfs.printable import printable
+
+    WAITING_NOTICE.set(lambda notice: click.echo(f"{ctx.info_name}: {printable(notice)}", err=True))
 
 
 @main.command(

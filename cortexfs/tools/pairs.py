@@ -80,7 +80,13 @@ from pathlib import Path
 from cortexfs import durable
 from cortexfs.errors import CtxError, exists
 from cortexfs.file_attributes import removal_refusal, tree_attribute_refusal
-from cortexfs.locks import LOCK_FILE, flock_within, lock_holders, open_lock_file
+from cortexfs.locks import (
+    LOCK_FILE,
+    flock_saying_so,
+    flock_within,
+    lock_holders,
+    open_lock_file,
+)
 from cortexfs.names import is_object_name
 from cortexfs.shared.tree import open_beneath
 from cortexfs.tools import install_failure
@@ -630,7 +636,7 @@ def _exclusive(lock: int, directory: Path, wait: float | None = None) -> Iterato
     naming the holders :func:`cortexfs.locks.lock_holders` finds."""
     try:
         if wait is None:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+            flock_saying_so(lock, fcntl.LOCK_EX, directory / LOCK_FILE)
         elif not flock_within(lock, fcntl.LOCK_EX, wait):
             raise _still_locked(lock, directory, wait)
         yield

@@ -3,6 +3,8 @@ or that may write it can hold a lock file of its own put there."""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -43,13 +45,14 @@ def held_by(user: UnprivilegedUser, *directories: Path) -> Iterator[list[int]]:
                 extra_groups=[],
                 stdout=subprocess.PIPE,
                 text=True,
+                start_new_session=True,  # flock's child holds the lock too: both are ended
             )
             holders.append(holder)
             assert holder.stdout is not None and holder.stdout.readline() == "held\n", directory
         yield [holder.pid for holder in holders]
     finally:
         for holder in holders:
-            holder.kill()
+            os.killpg(holder.pid, signal.SIGKILL)
             holder.wait()
             if holder.stdout is not None:
                 holder.stdout.close()

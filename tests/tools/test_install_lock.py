@@ -10,7 +10,10 @@ from __future__ import annotations
 import errno
 import json
 import os
+import select
+import signal
 import stat
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -22,7 +25,7 @@ from cortexfs.tools.core import tsh_config
 from cortexfs.tools.install import TOOL_KIND
 from cortexfs.tools.pairs import install_pair, repair_staged
 from tests.support.users import UnprivilegedUser, access_as
-from tests.tools.held_locks import ctx, held_by
+from tests.tools.held_locks import CTX, PATIENCE, ctx, held_by
 from tests.tools.support import World, effective_user
 
 CONTROLS = {
@@ -242,3 +245,49 @@ def test_a_lock_file_another_uid_put_in_the_tier_is_refused_not_waited_for(
     )
     assert f"('rm {tier / LOCK_FILE}')" in refused.value.message
     assert sorted(os.listdir(tier)) == [LOCK_FILE, "probe", "probe.d"]
+
+
+def test_an_install_waiting_behind_a_held_lock_says_who_holds_it_then_installs(
+    world: World,
+) -> None:
+    """An install waits for the one before it without a time limit; one that is stuck must
+    not leave the next command silent: it names the lock file and its holder, then installs
+    once the lock is let go."""
+    manifest = tool_manifest(world, "probe")
+    lock = world.root / "tool" / LOCK_FILE
+    assert lock.is_file()  # bootstrap made it
+    holder = subprocess.Popen(
+        ["flock", "--exclusive", "--close", str(lock), "sh", "-c", "echo held; exec sleep 600"],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its sleep, which does not hold the lock, ends with it
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        installing = subprocess.Popen(
+            [*CTX, "--storage", str(world.root), "object", "install", str(manifest),
+             "--tier", "system"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        assert installing.stderr is not None
+        said_in_time = select.select([installing.stderr], [], [], PATIENCE)[0]
+        said = installing.stderr.readline() if said_in_time else "(nothing said)"
+        assert installing.poll() is None, said
+        assert said == (
+            f"ctx: waiting for {lock}, held by pid {holder.pid}: a change to {lock.parent} "
+            "waits for the one before it to end (Ctrl-C stops waiting, and nothing is "
+            "changed)\n"
+        )
+        assert not (world.root / "tool" / "probe").exists()
+    except BaseException:
+        installing.kill()
+        raise
+    finally:
+        os.killpg(holder.pid, signal.SIGKILL)
+        holder.wait()
+        holder.stdout.close()
+    _, err = installing.communicate(timeout=PATIENCE)
+    assert installing.returncode == 0, err
+    assert (world.root / "tool" / "probe").is_file()
