@@ -68,7 +68,9 @@ def mount(mountpoint: Path, agent: str | None, storage_dir: Path | None) -> None
     except ImportError as exc:
         reason = f"FUSE support is not installed (the 'fuse' extra): {exc}"
         raise CtxError(errno.ENOSYS, reason) from None
-    serve(root, mountpoint, projection, allow_other=os.geteuid() == 0)
+    as_agent = [] if agent is None else ["--as", agent]
+    again = ["ctx", "mount", str(mountpoint.absolute()), *as_agent]
+    serve(root, mountpoint, projection, allow_other=os.geteuid() == 0, command=shell_words(again))
 
 
 def _missing_mount_point(mountpoint: Path, options: list[str]) -> str:

@@ -384,7 +384,9 @@ def _home_uid(root: Path, agent: str) -> int:
 
 def _require_space(ref: SessionRef, project: str | None) -> None:
     if project is not None and not ref.path.parents[3].is_dir():  # shared/<project>
-        raise not_found(f"there is no shared space {project!r}; make it with 'ctx shared create'")
+        raise not_found(
+            f"there is no shared space {project!r}; make it with 'ctx shared create {project}'"
+        )
 
 
 def _listing(agent: str, project: str | None, uid: int | None) -> str:
@@ -452,10 +454,17 @@ def _warn(ref: SessionRef, scan: events.EventScan) -> None:
     if scan.torn_tail:
         echo_printable(
             f"ctx: note: {ref.events_path} ends with a torn line of {scan.torn_tail} bytes "
-            "(skipped; 'ctx session repair' truncates it)",
+            f"(skipped; '{_repair_command(ref)}' truncates it)",
             err=True,
         )
     _warn_damaged(ref, scan)
+
+
+def _repair_command(ref: SessionRef) -> str:
+    """The command that repairs the session ``ref`` (its names are legal object names, R-3:
+    nothing in them needs quoting)."""
+    where = f"--project {ref.space}" if ref.space is not None else f"--uid {ref.uid}"
+    return f"ctx session repair {ref.agent} --session {ref.name} {where}"
 
 
 def _warn_damaged(ref: SessionRef, scan: events.EventScan) -> None:

@@ -25,8 +25,17 @@ from cortexfs.fuse.mount import StorageFS
 from cortexfs.fuse.projection import Projection
 
 
-def serve(root: Path, mountpoint: Path, projection: Projection, *, allow_other: bool) -> None:
+def serve(
+    root: Path,
+    mountpoint: Path,
+    projection: Projection,
+    *,
+    allow_other: bool,
+    command: str = "ctx mount",
+) -> None:
     """Mount, answer until SIGTERM, SIGINT, SIGHUP or an unmount, then unmount cleanly.
+    ``command`` is the one that makes this mount, for an error to suggest running again
+    (as root, say).
 
     SIGHUP too: a mount started from a terminal ('ctx mount /ctx &') gets it when the terminal
     closes.  The three are held back from the moment the mount exists until they can be
@@ -44,7 +53,7 @@ def serve(root: Path, mountpoint: Path, projection: Projection, *, allow_other: 
     operations = StorageFS(root, projection)
     signal.pthread_sigmask(signal.SIG_BLOCK, stops)
     try:
-        _mount(operations, mountpoint, options)
+        _mount(operations, mountpoint, options, command)
     except BaseException:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)  # nothing was mounted
         raise
@@ -74,7 +83,7 @@ def serve(root: Path, mountpoint: Path, projection: Projection, *, allow_other: 
         pyfuse3.close(unmount=True)
 
 
-def _mount(operations: StorageFS, mountpoint: Path, options: set[str]) -> None:
+def _mount(operations: StorageFS, mountpoint: Path, options: set[str], command: str) -> None:
     """``pyfuse3.init``, whose failure is a :class:`CtxError` with the errno libfuse met.
 
     libfuse says why on standard error (``fuse: failed to open /dev/fuse: Permission
@@ -104,10 +113,11 @@ def _mount(operations: StorageFS, mountpoint: Path, options: set[str]) -> None:
         pyfuse3.close(unmount=False)  # the session libfuse made for the mount that failed
     reason = message or str(failure)
     code = _errno_named_in(reason)
-    raise CtxError(code, f"cannot mount {mountpoint}: {reason}{_what_mounting_needs(code)}")
+    needs = _what_mounting_needs(code, command)
+    raise CtxError(code, f"cannot mount {mountpoint}: {reason}{needs}")
 
 
-def _what_mounting_needs(code: int) -> str:
+def _what_mounting_needs(code: int, command: str) -> str:
     """What to do when the kernel refused the mount for want of privilege ('' otherwise): as
     root libfuse opens /dev/fuse itself; anyone else needs /dev/fuse open to them (mode 0666,
     as most distributions ship it) and the setuid fusermount3 that makes the mount for them."""
@@ -117,7 +127,7 @@ def _what_mounting_needs(code: int) -> str:
         return (
             "; this process runs with no_new_privs set (systemd's NoNewPrivileges=, 'setpriv "
             "--no-new-privs', a container's default), under which the setuid-root fusermount3 "
-            "runs without its privilege: run 'ctx mount' from a session without it, or as root"
+            f"runs without its privilege: run '{command}' from a session without it, or as root"
         )
     try:
         device = os.stat("/dev/fuse")
@@ -131,7 +141,7 @@ def _what_mounting_needs(code: int) -> str:
         found += f"; {helper} is not setuid root"
     return (
         f"; a user other than root mounts with read-write access to /dev/fuse and a setuid-root "
-        f"fusermount3 ({found}): run 'ctx mount' as root, or ask an administrator to make "
+        f"fusermount3 ({found}): run '{command}' as root, or ask an administrator to make "
         "/dev/fuse mode 0666 and fusermount3 setuid root (apt-get install fuse3)"
     )
 

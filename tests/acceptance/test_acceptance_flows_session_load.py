@@ -298,7 +298,8 @@ def test_followers_show_every_event_once_in_order_through_load_tears_repairs_and
         # It said only what it found at its start (the torn line), nothing of the pipe.
         assert piped.stderr.read().decode().splitlines() == [
             f"ctx: note: {events_file} ends with a torn line of {len(FRAGMENT)} bytes "
-            "(skipped; 'ctx session repair' truncates it)"
+            f"(skipped; 'ctx session repair alpha --session {session} --uid {world.user.uid}' "
+            "truncates it)"
         ]
 
         final = strict_lines(events_file)
