@@ -65,10 +65,16 @@ WAITING_NOTICE: ContextVar[Callable[[str], None] | None] = ContextVar(
 )
 
 
+# A lock still held after this many seconds is waited for aloud: two commands run at once
+# take turns within milliseconds, and say nothing.
+QUIET_WAIT = 1.0
+
+
 def flock_saying_so(fd: int, kind: int, path: Path) -> None:
     """``flock(fd, kind)`` of the lock file ``path`` without a time limit, telling
-    :data:`WAITING_NOTICE` which processes hold it when it must be waited for."""
-    if flock_within(fd, kind, 0):
+    :data:`WAITING_NOTICE` which processes hold it when it is still held after
+    :data:`QUIET_WAIT` seconds."""
+    if flock_within(fd, kind, QUIET_WAIT):
         return
     tell = WAITING_NOTICE.get()
     if tell is not None:

@@ -19,6 +19,7 @@ from pathlib import Path, PurePosixPath
 import click
 
 from cortexfs.cli.common import (
+    for_this_storage,
     handles_errors,
     object_name_argument,
     resolve_storage,
@@ -41,7 +42,7 @@ from cortexfs.tools.record import record_host_call
 # name -> the CLI: (the executable CTX_PATH resolved, its arguments) -> exit status
 SAFE_CORE_CLIS: dict[str, Callable[[Path, list[str]], int]] = {
     "tsh.config": lambda executable, argv: tsh_config.run_configure(
-        tsh_config.config_path(str(executable)), argv, program="ctx"
+        tsh_config.config_path(str(executable)), argv, program="ctx", suggest=for_this_storage
     ),
 }
 

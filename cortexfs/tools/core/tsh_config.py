@@ -31,6 +31,7 @@ import fcntl
 import os
 import stat
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -390,16 +391,33 @@ def _refused(path: Path, exc: OSError) -> Exception:
     )
 
 
-def run_configure(path: Path, argv: list[str], program: str | None = None) -> int:
+def run_configure(
+    path: Path,
+    argv: list[str],
+    program: str | None = None,
+    suggest: Callable[[str], str] | None = None,
+) -> int:
     """The tool's command line on the configuration at ``path`` (inside ``program``, if any:
-    see :func:`toolio.main`)."""
-    return core_main(
-        TOOL,
-        settings_from_arguments,
-        lambda request, native: configure(path, request, native, program),
-        argv,
-        program,
-    )
+    see :func:`toolio.main`).  ``suggest`` rewrites what it says, so that a command it
+    suggests (``'ctx bootstrap'``) names the storage root ``program`` was given."""
+
+    def handle(request: dict[str, Any], native: bool) -> Reply:
+        if suggest is None:
+            return configure(path, request, native, program)
+        try:
+            reply = configure(path, request, native, program)
+        except ToolFailure as refused:
+            said = suggest(refused.message)
+            raise ToolFailure(refused.errno, said, usage=refused.usage) from None
+        warnings = [suggest(note) for note in reply.data["warnings"]]
+        return reply._replace(
+            data={**reply.data, "warnings": warnings},
+            stderr=suggest(reply.stderr.decode("utf-8", "surrogateescape")).encode(
+                "utf-8", "surrogateescape"
+            ),
+        )
+
+    return core_main(TOOL, settings_from_arguments, handle, argv, program)
 
 
 def run() -> int:
