@@ -16,6 +16,7 @@ from cortexfs.names import job_name
 from cortexfs.queue.holder import MAX_LEASE_BYTES, MAX_LEASE_TTL, Holder, Lease, check_ttl
 from cortexfs.queue.layout import (
     LEASE_FILE,
+    RESULT_SUFFIX,
     NotADirectoryOfTheJob,
     Queue,
     lstat_at,
@@ -76,10 +77,22 @@ def not_claimed(queue: Queue, job: str, doing: str = "finishing it") -> CtxError
     """EEXIST or ENOENT for J found unclaimed by a transition of a claim (``doing``, what
     the caller was about to do), saying where J is instead."""
     for dir_fd, state in ((queue.done, "done"), (queue.failed, "failed")):
-        if lstat_at(dir_fd, job) is not None:
+        request = lstat_at(dir_fd, job) is not None
+        result = lstat_at(dir_fd, job + RESULT_SUFFIX) is not None
+        if request and result:
             return NotHeld(
                 errno.EEXIST,
                 f"job {job} is already {state}; 'ctx queue show {job}' shows its result",
+            )
+        if request or result:
+            # Half a terminal pair (the other half removed by hand, or lost): a conflict
+            # recover reports and never settles, and no finish may write over it.
+            half, missing = (job, job + RESULT_SUFFIX) if request else (job + RESULT_SUFFIX, job)
+            return NotHeld(
+                errno.EEXIST,
+                f"job {job} is already {state}, as {state}/{half} says, but {state}/{missing} "
+                f"is missing: a conflict 'ctx queue status' reports, which no finish settles; "
+                f"'ctx queue show {job}' shows what is left of it",
             )
     if lstat_at(queue.pending, job) is not None:
         return NotHeld(
