@@ -99,6 +99,24 @@ def _password_home(uid: int) -> str:
         return "/"
 
 
+# The most bytes a path given to the kernel may hold, its NUL included (Linux's PATH_MAX).
+PATH_MAX = 4096
+
+
+def require_openable_path(root: Path) -> None:
+    """ENAMETOOLONG for a root whose path the kernel refuses in every call (longer than
+    PATH_MAX), as given or as its links resolve: bootstrap would otherwise make the
+    directories above it that fit, and leave them, before the first that does not."""
+    for path in (os.fsencode(root), os.fsencode(os.path.realpath(root))):
+        if len(path) >= PATH_MAX:
+            raise CtxError(
+                errno.ENAMETOOLONG,
+                f"the storage root {root} is a path of {len(path)} bytes, where the kernel "
+                f"takes at most {PATH_MAX - 1}: nothing was made; choose a shorter storage "
+                "root path (--storage DIR or CTX_STORAGE)",
+            )
+
+
 def resolve_root(explicit: str | os.PathLike[str] | None = None) -> Path:
     """``--storage`` beats ``$CTX_STORAGE`` beats the embedded default; always absolute.
 
@@ -107,6 +125,8 @@ def resolve_root(explicit: str | os.PathLike[str] | None = None) -> Path:
     empty root where the administrator's was."""
     root = _absolute(Path(explicit), "--storage") if explicit else None
     root = root or root_from_environment() or default_root()
+    if len(os.fsencode(root)) >= PATH_MAX:  # the links it may hold are resolved by bootstrap
+        require_openable_path(root)
     if os.path.islink(root):
         _require_followable(root)
     return root
@@ -360,6 +380,7 @@ def ensure_root_abi(root: Path, ops: durable.FsOps | None = None) -> BootstrapRe
     """
     ops = ops or durable.default_ops()
     report = BootstrapReport(root=root)
+    require_openable_path(root)
     missing_parents = []
     probe = root
     # Links on the way to the root are the administrator's (/srv/ctx -> /data/ctx), followed
