@@ -205,6 +205,7 @@ def parse_command_line(argv: list[str]) -> argparse.Namespace:
     parser, takes_value = _parser()
     own, tool, tool_argv = _split(argv, takes_value)
     _refuse_unknown_options(parser, own, takes_value)
+    own = _joined_with_values(own, takes_value)
     options = parser.parse_args([*own, "--", *tool] if tool else own)
     # argparse takes the '--' of '--agent=--' for its own and leaves an empty list: the value
     # given was '--', judged as any other (an illegal name; no number, no path).
@@ -230,6 +231,22 @@ def _split(argv: list[str], takes_value: dict[str, bool]) -> tuple[list[str], li
         name, equals, _ = word.partition("=")
         index += 2 if not equals and _option_takes_value(name, takes_value) else 1
     return argv, [], []
+
+
+def _joined_with_values(own: list[str], takes_value: dict[str, bool]) -> list[str]:
+    """``own`` with each option that takes a value joined to it (``--storage=-r``): the word
+    after such an option is its value whatever it starts with, as click reads every other
+    command's options, where argparse would take ``--storage -r`` for a missing value."""
+    joined, index = [], 0
+    while index < len(own):
+        word = own[index]
+        if "=" not in word and takes_value.get(word, False) and index + 1 < len(own):
+            joined.append(f"{word}={own[index + 1]}")
+            index += 2
+        else:
+            joined.append(word)
+            index += 1
+    return joined
 
 
 def _refuse_unknown_options(

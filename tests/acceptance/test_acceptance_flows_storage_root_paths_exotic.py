@@ -471,11 +471,6 @@ def test_a_root_path_longer_than_path_max_is_refused_before_anything_is_made(
         assert "shorter" in line, refused
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="R-1: 'ctx run --storage -x' (a relative root whose name starts with a dash) is "
-    "refused \"Option '--storage' requires an argument\"; every other command takes it",
-)
 def test_ctx_run_takes_a_storage_value_with_a_leading_dash_as_every_command_does(
     place: Path,
 ) -> None:
