@@ -34,7 +34,7 @@ from cortexfs.names import MAX_ID, is_id
 from cortexfs.policy.decision import Policy
 from cortexfs.policy.grammar import PolicySyntaxError, check_subject_type
 from cortexfs.policy.linux import Identity
-from cortexfs.policy.mounts import Mount, mount_problem, parse_mount_table
+from cortexfs.policy.mounts import CTX_TARGET, Mount, mount_problem, parse_mount_table
 from cortexfs.regular_file import MAX_CONTROL_BYTES, MAX_POLICY_BYTES, read_regular_file
 from cortexfs.storage import require_root
 
@@ -183,7 +183,15 @@ def _judged_mounts(
     except CtxError as exc:
         raise denied(f"{path} is invalid: {exc.message}") from None
     storage_root = PurePosixPath(os.path.realpath(root))
-    return [(mount, mount_problem(mount, storage_root, agent)) for mount in mounts]
+    judged = []
+    for mount in mounts:
+        problem = mount_problem(mount, storage_root, agent)
+        if not problem and mount.target == CTX_TARGET and mount.source != storage_root:
+            # The same directory as this root reached by another path (a bind mount of it):
+            # the mount is judged, shown and bound as this root, which its objects lie under.
+            mount = mount._replace(source=storage_root)
+        judged.append((mount, problem))
+    return judged
 
 
 def read_label(root: Path, agent: str, files: AgentControlFiles | None = None) -> str:

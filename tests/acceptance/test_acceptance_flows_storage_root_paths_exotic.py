@@ -534,12 +534,6 @@ def test_a_root_inside_a_bind_mount_is_used_by_the_path_it_was_made_through(
 
 
 @needs_root
-@pytest.mark.xfail(
-    strict=True,
-    reason="P-5: through a second bind mount of the root, every call is refused 'tool/fs.stat "
-    "is under none of the mounts' naming neither path, while agent show reports no withheld "
-    "mount",
-)
 def test_a_root_reached_through_a_second_bind_mount_works_or_says_why_not(
     place: Path, mounts: ScratchMounts
 ) -> None:
