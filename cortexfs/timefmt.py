@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from cortexfs.errors import invalid
 
@@ -25,6 +25,7 @@ SECONDS_TEXT = re.compile(r"-?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+
 # them).  Whole seconds, which a float holds exactly there, so that each end can be written.
 EARLIEST = datetime(1, 1, 1, tzinfo=UTC).timestamp()
 LATEST = datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC).timestamp()
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def is_seconds(value: object, *, zero: bool = False) -> bool:
@@ -39,7 +40,10 @@ def is_seconds(value: object, *, zero: bool = False) -> bool:
 
 def rfc3339(epoch: float | None = None) -> str:
     """Format seconds since the epoch (default: now) as RFC 3339 UTC with microseconds."""
-    m = datetime.fromtimestamp(time.time() if epoch is None else epoch, tz=UTC)
+    return _written(datetime.fromtimestamp(time.time() if epoch is None else epoch, tz=UTC))
+
+
+def _written(m: datetime) -> str:
     # Not strftime's %Y, which the C library leaves unpadded below year 1000 ("999-06-01"),
     # a form no reader takes for RFC 3339.
     return (
@@ -48,11 +52,15 @@ def rfc3339(epoch: float | None = None) -> str:
     )
 
 
-def file_time(epoch: float) -> str | None:
-    """A file's time as :func:`rfc3339` writes it; None when it lies outside RFC 3339's years
-    1 to 9999, which tmpfs and btrfs keep (``touch -d @253402300800``)."""
+def file_time(nanoseconds: int) -> str | None:
+    """A file's time in nanoseconds (``st_mtime_ns``) as :func:`rfc3339` writes it, cut to
+    the microsecond as ``stat`` and ``ls --full-time`` cut it (a float's seconds would be
+    rounded, into the next microsecond half the time); None when it lies outside RFC 3339's
+    years 1 to 9999, which tmpfs and btrfs keep (``touch -d @253402300800``)."""
     try:
-        return rfc3339(epoch)
+        # In whole microseconds, counted exactly: a float of seconds holds no microsecond
+        # beyond some 2**33 s (year 2242) exactly.
+        return _written(_EPOCH + timedelta(microseconds=nanoseconds // 1000))
     except (ValueError, OverflowError, OSError):
         return None
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from cortexfs.timefmt import parse_time, rfc3339
+from cortexfs.timefmt import file_time, parse_time, rfc3339
 
 
 @pytest.mark.parametrize(
@@ -26,3 +26,20 @@ def test_the_first_and_last_instants_of_years_1_to_9999_are_times(text: str, wri
 )
 def test_an_instant_past_either_end_is_no_time(text: str) -> None:
     assert parse_time(text) is None
+
+
+@pytest.mark.parametrize(
+    ("nanoseconds", "written"),
+    [
+        # stat(1) shows .651308886: the microsecond it lies in, never the next one.
+        (1_764_999_999_651_308_886, "2025-12-06T05:46:39.651308Z"),
+        (1_764_999_999_999_999_999, "2025-12-06T05:46:39.999999Z"),
+        (-500_000_001, "1969-12-31T23:59:59.499999Z"),
+        (253_402_300_799_999_999_999, "9999-12-31T23:59:59.999999Z"),
+        (253_402_300_800_000_000_000, None),  # year 10000: kept by tmpfs, no RFC 3339 time
+    ],
+)
+def test_a_files_time_is_cut_to_its_microsecond_as_stat_shows_it(
+    nanoseconds: int, written: str | None
+) -> None:
+    assert file_time(nanoseconds) == written

@@ -380,6 +380,6 @@ def _describe(queue: Queue, path: str) -> dict[str, Any]:
         "path": path,
         "kind": kind_of(st),
         "size": st.st_size,
-        "mtime": file_time(st.st_mtime),  # None beyond RFC 3339's years
+        "mtime": file_time(st.st_mtime_ns),  # None beyond RFC 3339's years
         "inode": st.st_ino,
     }

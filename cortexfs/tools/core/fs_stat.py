@@ -41,7 +41,7 @@ def stat_entry(request: dict[str, object], native: bool) -> Reply:
         "mode": f"{stat.S_IMODE(status.st_mode):04o}",
         "uid": status.st_uid,
         "gid": status.st_gid,
-        "mtime": file_time(status.st_mtime),  # None beyond RFC 3339's years 1 to 9999
+        "mtime": file_time(status.st_mtime_ns),  # None beyond RFC 3339's years 1 to 9999
     }
     shown = {**facts, "mtime": facts["mtime"] or "a time beyond years 1 to 9999"}
     text = "".join(f"{key}: {value}\n" for key, value in shown.items())
