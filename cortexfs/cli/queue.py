@@ -796,6 +796,12 @@ def status(queue_dir: Path, as_json: bool) -> None:
     """
     with open_queue(queue_dir) as q:
         report = inspect.status(q)
+        if not os.path.lexists(q.path / layout.CONFIG_NAME):
+            # Its limits would pass for the ones set (a lowered max_request_bytes) otherwise.
+            _note(
+                f"{q.path / layout.CONFIG_NAME} is missing, so every limit is the default; "
+                "'ctx queue init' writes the default config in its place"
+            )
     found_conflict = EXIT_REFUSED if report.conflicts else EXIT_OK  # §2.4
     if as_json:
         emit_json(for_this_queue_in(report.to_json()))

@@ -414,7 +414,8 @@ def _session_directory(ref: SessionRef, listing: str) -> Iterator[int]:
             os.stat(events.EVENTS_FILE, dir_fd=directory, follow_symlinks=False)
         except FileNotFoundError:
             raise not_found(
-                f"session {ref} has no events.jsonl: nothing was recorded in it yet"
+                f"session {ref} has no events.jsonl: nothing was recorded in it yet, or the "
+                "file was removed (the next event recorded in the session makes it again)"
             ) from None
         yield directory
     finally:

@@ -642,6 +642,23 @@ def test_status_json_gives_each_count_at_the_top_level_and_in_counts(root: Path,
     assert list(status)[:7] == ["queue", *counts, "counts"]
 
 
+def test_status_says_that_a_missing_config_leaves_every_limit_at_its_default(
+    root: Path, req: Path
+) -> None:
+    """A queue whose config was removed works with the default limits: status says so, as
+    a lowered max_request_bytes would otherwise pass for still set; the JSON is unchanged."""
+    ctx(root, "queue", "publish", *P, "--name", "a", str(req))
+    quiet = ctx(root, "queue", "status", *P)
+    assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr
+    (qdir(root) / "config").unlink()
+    for options in ((), ("--json",)):
+        status = ctx(root, "queue", "status", *P, *options)
+        assert status.returncode == 0, status.stderr
+        assert status.stderr.startswith(f"ctx: note: {qdir(root) / 'config'} is missing"), status
+        assert "'ctx queue init" in status.stderr
+    assert json.loads(status.stdout)["pending"] == 1
+
+
 def test_status_list_and_show(root: Path, req: Path) -> None:
     for name in ("a", "b", "c"):
         ctx(root, "queue", "publish", *P, "--name", name, str(req))
