@@ -317,7 +317,10 @@ def test_the_agent_pages_request_for_a_named_user_is_what_show_and_the_root_choi
     entry = desk.storage / "agent" / "reviewer"
     assert made.out == f"created agent reviewer: {entry} (uid {uid}, gid {gid})\n", made
     warnings = [line for line in made.err.splitlines() if line.startswith("ctx: warning: ")]
-    assert len(warnings) == 1 and str(source) in warnings[0], made.err
+    # The page's space and mount source are both yet to be made: each is said.
+    assert len(warnings) == 2, made.err
+    assert "shared:project-a names no shared space yet" in warnings[0], made.err
+    assert str(source) in warnings[1], made.err
 
     controls = desk.storage / "agent" / "reviewer.d"
     assert sorted(rules_of(controls / "policy")) == sorted(

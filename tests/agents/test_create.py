@@ -377,6 +377,8 @@ def test_create_warns_of_shared_grants_that_grant_nothing(world: World) -> None:
         "shared": {"cortexfs-docs": ["read", "write"], "proj": ["write"], "ok": ["read", "write"]},
     }
 
+    assert ctx(world.root, "shared", "create", "ok").returncode == 0
+
     done = subprocess.run(base, input=json.dumps(request), capture_output=True, text=True)
 
     assert done.returncode == 0, done.stderr
@@ -384,6 +386,8 @@ def test_create_warns_of_shared_grants_that_grant_nothing(world: World) -> None:
     assert warned == [
         "ctx: warning: shared:cortexfs-docs write grants nothing: the manual bundle is "
         "read-only (D-1)",
+        "ctx: warning: shared:proj names no shared space yet: the grant takes effect once "
+        f"'ctx shared create proj --storage {world.root}' makes it",
         "ctx: warning: shared:proj write without read grants nothing: a space the agent may "
         "not read is not in its view, so it can write nothing there (add read)",
     ]
