@@ -40,6 +40,7 @@ from cortexfs.policy import (
 )
 from cortexfs.policy.grammar import check_object, split_object_ref
 from cortexfs.regular_file import MAX_POLICY_BYTES, read_regular_file, read_up_to
+from cortexfs.tools.controls import ToolObject, read_controls, require_available
 from cortexfs.tools.ctxpath import tier_location
 
 STDIN = "-"
@@ -232,7 +233,27 @@ def explain(
         )
     else:
         _render(agent, object_ref, permission, decision)
+    if decision.allowed and object_class == "tool":
+        _note_unavailable(root, agent, object_name)
     sys.exit(EXIT_OK if decision.allowed else EXIT_REFUSED)
+
+
+def _note_unavailable(root: Path, agent: str, tool: str) -> None:
+    """A note when the tool the chain allows cannot run all the same: its status is not
+    ``available`` (an administrator disabled it), which a call meets before the chain, and
+    the agent's view leaves out; the chain itself says nothing of a status."""
+    try:
+        found = AgentView.load(root, agent).find_tool(tool)
+        if found is None:
+            return
+        tool_object = ToolObject(tool, found.directory)
+        require_available(tool_object, read_controls(tool_object))
+    except CtxError as refusal:
+        echo_printable(
+            f"ctx: note: the chain allows it, but a call is refused before the chain: "
+            f"{refusal.message}",
+            err=True,
+        )
 
 
 def _render(agent: str, object_ref: str, permission: str, decision: Decision) -> None:

@@ -238,6 +238,37 @@ def test_explain_walks_the_six_steps(root: Path, coder: Path, user: Unprivileged
     assert json.loads(peer.stdout)["step_name"] == "peer credentials"
 
 
+def test_explain_notes_a_tool_the_chain_allows_whose_status_refuses_calls(
+    root: Path, coder: Path
+) -> None:
+    """The status control is no step of the chain, but a call meets it first: an allowed
+    explanation of a disabled tool says so, and stays the chain's answer (exit 0)."""
+    add_tool(root, "fs.read", policy=FS_READ)
+    request = ["explain", "--storage", str(root), "coder", "tool:fs.read", "execute"]
+    incomplete = ctx(*request)
+    assert incomplete.returncode == 0, incomplete.stderr
+    assert "a call is refused before the chain: tool fs.read in" in incomplete.stderr
+    assert "is damaged: fs.read.d/name is missing" in incomplete.stderr
+    controls = root / "tool" / "fs.read.d"
+    for name, text in (("name", "fs.read\n"), ("description", "Reads.\n"), ("cap", "{}\n"),
+                       ("schema", '{"type": "object"}\n'), ("status", "available\n"),
+                       ("log", "")):  # fmt: skip
+        write(controls / name, text)
+    for hooks in ("hooks/pre.d", "hooks/post.d"):
+        (controls / hooks).mkdir(parents=True)
+    assert ctx(*request).stderr == ""
+    write(controls / "status", "disabled\n")
+
+    for options in ((), ("--json",)):
+        noted = ctx(*request, *options)
+        assert noted.returncode == 0, noted.stderr
+        assert noted.stderr == (
+            "ctx: note: the chain allows it, but a call is refused before the chain: tool "
+            "fs.read is not available (status: disabled); it runs again once its status "
+            "control fs.read.d/status reads 'available'\n"
+        )
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to set owners and uids")
 def test_explain_judges_the_tool_the_agents_ctx_path_finds(
     root: Path, coder: Path, user: UnprivilegedUser
