@@ -180,6 +180,7 @@ class ToolExecutor:
             "exit_status": result.exit_status,
             "error": None if result.error is None else result.error.to_json(),
             "stderr": result.stderr[-4096:],
+            "post_hooks": list(result.post_hooks),  # a job done all the same (T-6)
             "timings_ms": result.timings,
         }
         reason = None if result.error is None else reason_of(result.error)

@@ -458,6 +458,9 @@ def test_every_way_a_call_ends_is_one_finished_job_with_its_reason(
     assert posted["post_hooks"] == [
         {"hook": "hooks/post.d/10-after", "exit_status": 4, "message": "post complains"}
     ]
+    # The job's own result says it too: a reader of done/ need not find the session.
+    assert results["post"]["post_hooks"] == posted["post_hooks"], results["post"]
+    assert results["last"]["post_hooks"] == [], results["last"]
     summary = stop_event(events)
     failed = sum(1 for spec in ABI_JOBS.values() if spec[2] == "failed")
     assert (summary["done"], summary["failed"], summary["lost"]) == (
