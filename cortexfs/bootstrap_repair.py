@@ -144,7 +144,17 @@ def kept_problem(shown: str, status: os.stat_result, owner: int, path: str) -> s
     ``path``) that another uid could have changed: it is left as it is, and a person checks
     what it holds before giving it back."""
     why = untrusted(status, owner)
-    if stat.S_ISDIR(status.st_mode):
+    trusted_owner = status.st_uid in (0, owner)
+    if stat.S_ISDIR(status.st_mode) and status.st_mode & stat.S_ISVTX and trusted_owner:
+        # The sticky bit keeps others from renaming or removing what is there (when the
+        # directory and its entries are the administrator's), not from putting an entry
+        # where there was none.
+        what = (
+            "a file the administrator had not made yet (a policy, a hook...) could have been "
+            "put in it"
+        )
+        check = "check what it holds"
+    elif stat.S_ISDIR(status.st_mode):
         what = (
             "the administrator's files in it (a policy, a hook...) could have been renamed, "
             "replaced or removed"
@@ -154,7 +164,7 @@ def kept_problem(shown: str, status: os.stat_result, owner: int, path: str) -> s
         what = "what it says is the administrator's and could have been rewritten"
         check = "check its content"
     fix = []
-    if status.st_uid not in (0, owner):
+    if not trusted_owner:
         fix.append(f"'chown {owner} {path}'")
     if status.st_mode & LOOSE_BITS:
         fix.append(f"'chmod go-w {path}'")

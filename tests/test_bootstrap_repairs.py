@@ -332,6 +332,35 @@ def test_a_directory_holding_the_administrators_files_is_reported_untouched(
     assert not (root / "tool/fs.list.d/cap").exists()
 
 
+@pytest.mark.parametrize("sticky_owner", ["the administrator", "another uid"])
+def test_a_sticky_directory_others_may_write_is_reported_for_what_they_could_add(
+    root: Path, sticky_owner: str, unprivileged_user: UnprivilegedUser
+) -> None:
+    """A sticky directory of the administrator's keeps its entries from others, who may still
+    put a file where none was; one of another uid's is as any directory that uid may write."""
+    path = root / "tool/fs.list.d/hooks/pre.d"
+    path.chmod(0o1777)
+    if sticky_owner == "another uid":
+        os.chown(path, unprivileged_user.uid, unprivileged_user.gid)
+
+    report = storage.bootstrap(root)
+
+    owner = root.stat().st_uid
+    if sticky_owner == "another uid":
+        said = (
+            "the administrator's files in it (a policy, a hook...) could have been renamed, "
+            f"replaced or removed by another uid, so bootstrap leaves it as it is; check what "
+            f"it holds, then 'chown {owner} {path}' and 'chmod go-w {path}'"
+        )
+    else:
+        said = (
+            "a file the administrator had not made yet (a policy, a hook...) could have been "
+            "put in it by another uid, so bootstrap leaves it as it is; check what it holds, "
+            f"then 'chmod go-w {path}'"
+        )
+    assert len(report.problems) == 1 and report.problems[0].endswith(said), report.problems
+
+
 def test_a_loose_tsh_d_is_neither_written_nor_read(
     traversable_tmp: Path, unprivileged_user: UnprivilegedUser, tmp_path: Path
 ) -> None:
