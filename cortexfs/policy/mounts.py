@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 from collections import Counter
 from collections.abc import Callable, Sequence
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 from typing import NamedTuple
 
 from cortexfs import jsontext
@@ -100,6 +100,15 @@ def target_problem(mount: Mount, storage_root: PurePosixPath, agent: str = "") -
     if target == CTX_TARGET and _same_root(mount.source, storage_root):
         return ""
     if target == CTX_TARGET and storage_root != PurePosixPath():
+        from cortexfs.fuse.mounts import cortexfs_mount_holding
+
+        if cortexfs_mount_holding(Path(storage_root)) is not None:
+            return (
+                f"the mount at {CTX_TARGET} names the storage root {mount.source}, and this "
+                f"root {storage_root} is a CortexFS mount ('ctx mount'): agents are judged "
+                "and run on a storage root itself, never through a mount of it; name the "
+                "root itself (--storage DIR or CTX_STORAGE)"
+            )
         # What an agent's table holds after its storage root was moved or copied elsewhere:
         # the mount agent create recorded names the root as it was then.
         table = f"agent/{agent}.d/mount" if agent else "the agent's mount table"

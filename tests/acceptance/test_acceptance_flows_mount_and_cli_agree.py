@@ -464,6 +464,13 @@ def test_ctx_pointed_at_the_mount_answers_as_pointed_at_the_storage_root(world):
         assert on_root.rc == 0, on_root
         assert on_mount.rc == on_root.rc, on_mount
         assert on_mount.out.replace(str(world.host), str(world.storage)) == on_root.out, command
+    # The agent-facing commands judge an agent on the storage root itself: through the mount
+    # they withhold its /ctx, saying that it is a mount of the root, not another root.
+    shown = world.ctx("agent", "show", AGENT, "--json", "--storage", world.host)
+    withheld = shown.json()["withheld_mounts"]
+    assert shown.rc == 0 and withheld, shown
+    said = json.dumps(withheld)
+    assert "is a CortexFS mount ('ctx mount')" in said and "moved or copied" not in said, said
 
 
 # ------------------------------------------------------------------ sessions (§4)
