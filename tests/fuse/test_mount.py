@@ -224,7 +224,8 @@ def test_a_mount_the_kernel_refuses_is_an_errno_not_a_traceback(world: World) ->
     assert len(refused.stderr.splitlines()) == 1, refused.stderr
     # What the user lacks and what to do, not only what libfuse met.
     assert "/dev/fuse is mode 0600" in refused.stderr, refused.stderr
-    assert f"run 'ctx mount --storage {world.root}' as root, or ask an administrator" in (
+    # The command to run as root names the mount point and the root, as given.
+    assert f"run 'ctx mount {mountpoint} --storage {world.root}' as root, or ask an " in (
         refused.stderr
     )
     assert not os.path.ismount(mountpoint)
