@@ -279,8 +279,16 @@ class RunSocket:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)  # forwarded to the tool
+        # tsh runs with the ids the agent had when its terminal started (_check_peer).
+        identity = self.view.identity
         result = run_terminal(
-            self.root, self.view.name, tool, argv, session=self.session, workspace=self.workspace
+            self.root,
+            self.view.name,
+            tool,
+            argv,
+            session=self.session,
+            workspace=self.workspace,
+            asking=(identity.uid, identity.gid),
         )
         if result.exit_status is None and result.error is not None:
             # The error quotes what others wrote (a hook's name and message): never raw onto

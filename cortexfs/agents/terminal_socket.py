@@ -55,7 +55,28 @@ CLOSING_SECONDS = 1.0  # for all clients together to take their last output as t
 
 def socket_path(view: AgentView, session: str) -> Path:
     """Where the terminal of ``view``'s ``session`` listens."""
-    return run_directory(view.root, view.identity.uid, view.name, session) / SOCKET_NAME
+    return run_directory(view.root, terminal_uid(view, session), view.name, session) / SOCKET_NAME
+
+
+def terminal_uid(view: AgentView, session: str) -> int:
+    """The uid the terminal of ``view``'s ``session`` runs as: the agent's; or, when none was
+    started under it, the one other uid one was started under: the agent's identity was
+    changed since, and tsh keeps the ids it started with (its calls are refused, P-5 step
+    1), but it must still be found to be stopped."""
+    uid = view.identity.uid
+    own = run_directory(view.root, uid, view.name, session)
+    if os.path.lexists(own):
+        return uid
+    by_uid = own.parents[2]  # <RUN_BASE>/<the root's key>/<uid>/<agent>/<session>
+    try:
+        others = [
+            int(entry)
+            for entry in os.listdir(by_uid)
+            if entry.isdigit() and os.path.lexists(by_uid / entry / view.name / session)
+        ]
+    except OSError:
+        return uid
+    return others[0] if len(others) == 1 else uid
 
 
 def terminal_link(session: SessionRef) -> Path:
@@ -215,7 +236,7 @@ def stop(view: AgentView, session: str) -> Stopped:
     is left.  A terminal that died without cleaning up (killed: its view still mounted) is
     cleaned up after instead.  ENOENT when none runs and none left anything, EPERM when this
     user may not end it (root started it), EBUSY when it does not end."""
-    run = RunDirectory(view.root, view.identity.uid, view.name, session)
+    run = RunDirectory(view.root, terminal_uid(view, session), view.name, session)
     if os.geteuid() != 0:
         _refuse_to_stop(view, session, run)
     held = run.try_lock()

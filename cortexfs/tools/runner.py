@@ -189,13 +189,19 @@ def run_terminal(
     session: SessionRef | str | None = None,
     timeout: float | None = None,
     workspace: Path | None = None,
+    asking: tuple[int, int] | None = None,
 ) -> ToolResult:
     """Run ``tool`` as ``agent`` with ``argv``, on the caller's stdin/stdout/stderr (T-3).
 
     ``workspace`` is the directory an agent terminal shows at ``/workspace`` when the agent's
-    mounts have none (A-1): the tool sees it there too, read-write.
+    mounts have none (A-1): the tool sees it there too, read-write.  ``asking``: the uid and
+    gid of the process that asks for the call on the agent's behalf (tsh in its terminal, by
+    its socket's peer credentials), refused at step 1 of the chain unless they are still the
+    agent's identity as this call reads it.
     """
-    call = _Call(root, agent, tool, TERMINAL, session, timeout, None, workspace=workspace)
+    call = _Call(
+        root, agent, tool, TERMINAL, session, timeout, None, workspace=workspace, asking=asking
+    )
     return call.execute(None, argv)
 
 
@@ -227,8 +233,10 @@ class _Call:
         interrupted: Callable[[], bool] | None = None,
         may_start: Callable[[], str | None] | None = None,
         job: str | None = None,
+        asking: tuple[int, int] | None = None,
     ) -> None:
         self.job = job
+        self.asking = asking
         # Made absolute at stage caller (a relative root would name another tree in the
         # agent's working directory, where the tool starts); a Path at once, so that what is
         # no path is the caller's TypeError, not the call's failure.
@@ -365,6 +373,7 @@ class _Call:
             self.view = AgentView.load(self.root, self.agent).with_workspace(self.workspace)
         with self._stage("caller", Step.CREDENTIALS):
             require_no_groups_beyond(self.agent, self.view.identity)
+            self._require_asked_by_the_agent()
         with self._stage("session"):
             self._open_session()
         with self._stage("caller"):
@@ -377,6 +386,22 @@ class _Call:
             )
             if os.geteuid() == 0:
                 user_namespace.require_setgroups("run a tool as the agent's uid, gid and groups")
+
+    def _require_asked_by_the_agent(self) -> None:
+        """EACCES unless the process asking (``asking``) runs with the agent's uid and gid as
+        the agent's identity has them now: a terminal started before its identity was changed
+        runs tsh with the old ids, and its calls would run with the new ones (P-5 step 1)."""
+        assert self.view is not None
+        identity = self.view.identity
+        if self.asking is None or self.asking == (identity.uid, identity.gid):
+            return
+        uid, gid = self.asking
+        raise denied(
+            f"the call is asked for by uid {uid} gid {gid}, and agent {self.agent}'s identity "
+            f"is uid {identity.uid} gid {identity.gid} now (agent/{self.agent}.d/identity "
+            "changed since its terminal started): stop the terminal and start it again (ctx "
+            "agent stop, then ctx agent start) to run it with those ids"
+        )
 
     def _admit_call_of_one_version(self, input_value: Any) -> None:
         """Admit the call by the tool's controls, again while a reinstall replaced the
