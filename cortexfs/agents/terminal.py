@@ -59,7 +59,7 @@ from cortexfs.agents import log as agent_log
 from cortexfs.agents import sandbox
 from cortexfs.agents.run_socket import RunSocket, sandbox_namespace
 from cortexfs.agents.terminal_runtime import RunDirectory
-from cortexfs.agents.terminal_socket import TerminalClients, socket_address
+from cortexfs.agents.terminal_socket import TerminalClients, socket_address, terminal_uid
 from cortexfs.agents.view import WORKSPACE, AgentView
 from cortexfs.errors import CtxError, errno_named_in, invalid, not_found
 from cortexfs.shared.events import EVENTS_FILE
@@ -82,6 +82,16 @@ class Terminal:
         self.root = root
         self.workspace = None if workspace is None else Path(os.path.realpath(workspace))
         self.view = AgentView.load(root, agent).with_workspace(self.workspace)
+        started_as = terminal_uid(self.view, session)
+        if started_as != self.view.identity.uid:
+            # Another of this session, of the agent's old ids, would run beside it unseen.
+            raise CtxError(
+                errno.EEXIST,
+                f"the terminal of {agent} in session {session} was started as uid "
+                f"{started_as}, before agent/{agent}.d/identity changed to uid "
+                f"{self.view.identity.uid}, and was not stopped: end it with 'ctx agent stop "
+                f"{agent} --session {session}', then start it again",
+            )
         self.session = SessionRef.home(root, self.view.identity.uid, agent, session)
         self.runtime = RunDirectory(root, self.view.identity.uid, agent, session)
         self.run_dir = self.runtime.path

@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import socket
 import threading
 import time
@@ -130,8 +131,29 @@ def coder_host(
         yield host
     finally:
         for session in host.started:
-            ctx_run("agent", "stop", "coder", "--session", session, env=env)
+            stopped = ctx_run("agent", "stop", "coder", "--session", session, env=env)
+            if stopped.rc != 0:  # a test took away what stop finds it by (the agent itself)
+                _end_terminal_of(storage, session)
         shutil.rmtree(top, ignore_errors=True)
+
+
+def _end_terminal_of(storage: Path, session: str) -> None:
+    """SIGTERM to the terminal of ``session`` on ``storage`` that ``ctx agent stop`` could not
+    end (it then unmounts its view and removes its runtime directory), SIGKILL after 15 s: no
+    terminal of a test outlives it."""
+    wanted = f"CTX_STORAGE={storage}".encode()
+    ends: list[int] = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError):
+            command = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            environment = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+            if b"start" in command and session.encode() in command and wanted in environment:
+                os.kill(int(entry), signal.SIGTERM)
+                ends.append(int(entry))
+    for pid in ends:
+        if not wait_for(lambda pid=pid: not os.path.exists(f"/proc/{pid}/cmdline"), 15):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def tsh_of(session: str) -> int:

@@ -194,6 +194,10 @@ def test_the_agents_uid_changed_under_its_terminal_stop_still_finds_it(host: Cod
     pid = ctxterm_pid(term)
     try:
         identity.write_text(json.dumps({**json.loads(before), "uid": host.uid - 1}))
+        second = host.ctx("agent", "start", "coder", "--session", term.session)
+        assert second.rc == 1 and "EEXIST" in second.err, second
+        assert f"started as uid {host.uid}" in second.err and "'ctx agent stop" in second.err
+        assert alive(pid)
         stopped = host.ctx("agent", "stop", "coder", "--session", term.session)
         assert stopped.rc == 0, stopped
         assert wait_for(lambda: left_of(term, pid) == {}, 15), left_of(term, pid)
