@@ -242,6 +242,7 @@ def install_tool(
         settled_by="running the same command again, or 'ctx bootstrap',",
         host=storage_owner(tier.root),
         unless_current=unless_current,
+        root=tier.root,
     )
     if replaced is None:
         return None
@@ -360,6 +361,16 @@ def _require_writable_tier(tier: Tier) -> None:
 
 def _ensure_tier(tier: Tier, ops: durable.FsOps) -> None:
     require_tier(tier)
+    if tier.name != "user" and not tier.reached_without_links():
+        # A space is its owner's to change: a link put at shared/<space> would lead the
+        # install (as root, too) out of the storage root.
+        raise CtxError(
+            errno.ELOOP,
+            f"tier {tier.name} is not reached without a symbolic link from the storage root "
+            f"{tier.root} ({tier.location} runs through one, or through something not a "
+            "directory): an install never follows one; make it a directory of the root "
+            "again ('ctx bootstrap' says what is there)",
+        )
     _require_writable_tier(tier)
     if tier.name == "user":
         owner = user_ownership(int(tier.location.split("/")[1]))

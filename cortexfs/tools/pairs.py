@@ -148,6 +148,7 @@ def install_pair(
     settled_by: str = "running the same command again",
     host: int | None = None,
     unless_current: Callable[[], bool] | None = None,
+    root: Path | None = None,
 ) -> bool | None:
     """Install ``name`` in ``directory``; True when it replaced a previous version.
 
@@ -170,11 +171,18 @@ def install_pair(
 
     ``host``: the uid of the storage root's owner, who is given the controls of
     ``kind.host_written`` this install makes when it runs as root (module docstring).
+
+    ``root``: the storage root ``directory`` lies in, reached from there without following
+    a link (ELOOP or ENOTDIR for one met): a space or a home on the way is a place others may
+    change, and a link put there would lead the install out of the root.
     """
     if replace and not controls.keys() <= kind.defined:
         raise ValueError(f"a reinstall replaces only defined controls, not {sorted(controls)}")
     ops = ops or durable.default_ops()
-    dir_fd = durable.open_dir_path(ops, str(directory))
+    if root is None:
+        dir_fd = durable.open_dir_path(ops, str(directory))
+    else:
+        dir_fd = open_beneath(ops, root, directory.relative_to(root).parts)
     try:
         try:
             lock = open_lock_file(dir_fd, directory)

@@ -291,3 +291,23 @@ def test_an_install_waiting_behind_a_held_lock_says_who_holds_it_then_installs(
     _, err = installing.communicate(timeout=PATIENCE)
     assert installing.returncode == 0, err
     assert (world.root / "tool" / "probe").is_file()
+
+
+def test_an_install_beneath_a_root_follows_no_link_on_the_way(tmp_path: Path) -> None:
+    """A space is its owner's to change: with the root given, a link put at ``shared/<space>``
+    (after any check of the tier) is refused at the open, and nothing is written where it
+    leads."""
+    root = tmp_path / "root"
+    (root / "shared").mkdir(parents=True)
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "tool").mkdir(parents=True)
+    (root / "shared" / "sp").symlink_to(elsewhere)
+
+    with pytest.raises((OSError, CtxError)) as refused:
+        install_pair(
+            root / "shared" / "sp" / "tool", "probe", TOOL_KIND, entry=b"#!/bin/sh\n",
+            controls=CONTROLS, replace=True, root=root,
+        )  # fmt: skip
+
+    assert refused.value.errno in (errno.ELOOP, errno.ENOTDIR), refused.value
+    assert os.listdir(elsewhere / "tool") == []
