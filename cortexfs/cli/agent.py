@@ -21,7 +21,7 @@ from cortexfs.agents.request import (
     load_request,
     parse_request_bytes,
 )
-from cortexfs.agents.view import AgentView
+from cortexfs.agents.view import WORKSPACE, AgentView
 from cortexfs.cli.common import (
     F,
     changed,
@@ -374,6 +374,16 @@ def terminal_facts(terminal: Terminal) -> dict[str, object]:
     return facts
 
 
+def _workspace_kind(terminal: Terminal) -> str:
+    """Whose the terminal's ``/workspace`` is: the default its starter gave (this terminal's
+    only, read-write), or the agent's own mount there, which wins over it, with its mode."""
+    if terminal.view.workspace is not None:
+        return "read-write, this terminal only"
+    own = next(m for m in terminal.view.visible_mounts() if m.target == WORKSPACE)
+    mode = "read-write" if own.writable else "read-only"
+    return f"{mode}, agent {terminal.view.name}'s own mount"
+
+
 @agent.command()
 @click.argument("name")
 @_SESSION
@@ -424,7 +434,7 @@ def start(
         return
     echo_printable(f"started {name}, session {session}: {facts['socket']}")
     if facts["workspace"] is not None:
-        echo_printable(f"/workspace is {facts['workspace']} (read-write, this terminal only)")
+        echo_printable(f"/workspace is {facts['workspace']} ({_workspace_kind(terminal)})")
     echo_printable(
         f"watch: ctx agent watch {name} --session {session}   "
         f"join: ctx agent attach {name} --session {session}"
