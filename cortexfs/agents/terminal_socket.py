@@ -144,6 +144,23 @@ def not_running(name: str, session: str) -> CtxError:
     )
 
 
+def _not_answering(view: AgentView, session: str, path: Path, exc: OSError) -> CtxError:
+    """Why nothing answered at the terminal socket ``path``: no terminal runs (ENOENT, start
+    one); or one does, whose socket was removed or replaced since it started (ECONNREFUSED):
+    'ctx agent start' would refuse to start another, so the way out is to stop it."""
+    run = RunDirectory(view.root, terminal_uid(view, session), view.name, session)
+    pid = run.terminal_pid()
+    if pid is None:
+        return not_running(view.name, session)
+    return CtxError(
+        errno.ECONNREFUSED,
+        f"the terminal of {view.name} in session {session} runs (pid {pid}) but does not "
+        f"answer at its socket {path} ({exc.strerror}: removed or replaced since it "
+        f"started): end it with 'ctx agent stop {view.name} --session {session}', then "
+        "start it again",
+    )
+
+
 @contextlib.contextmanager
 def connect(root: Path, view: AgentView, session: str, mode: bytes) -> Iterator[socket.socket]:
     """The terminal socket of ``view``'s ``session``, connected in ``mode``: EACCES when this
@@ -164,7 +181,7 @@ def connect(root: Path, view: AgentView, session: str, mode: bytes) -> Iterator[
                 f"to uid {os.geteuid()} ({exc.strerror}); a terminal started by an older ctx "
                 "keeps it root's: restart it, or watch as root"
             ) from None
-        raise not_running(view.name, session) from None
+        raise _not_answering(view, session, path, exc) from None
     with connection:
         # A terminal that turns this client away at once (too many clients) may have closed
         # before the mode line is sent: its reason is still there to read (relay).

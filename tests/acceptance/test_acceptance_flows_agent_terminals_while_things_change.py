@@ -237,11 +237,6 @@ def test_the_agents_controls_removed_under_its_terminal(host: CoderHost) -> None
                     os.rename(kept / name, agent_dir / name)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="A-2: with main.sock unlinked, 'ctx agent watch' says ENOENT no terminal is running "
-    "(start one) while 'ctx agent start' refuses with EEXIST: it is already running",
-)
 def test_the_terminals_socket_unlinked_watch_start_and_stop_agree(host: CoderHost) -> None:
     """A-2: the terminal's ``main.sock`` unlinked from its runtime directory while it runs
     (a cleaner of /run, a hand): ``ctx agent start`` refuses, as the terminal runs; ``ctx
@@ -255,6 +250,8 @@ def test_the_terminals_socket_unlinked_watch_start_and_stop_agree(host: CoderHos
     assert watched.rc != 0, watched
     stop(host, term)
     assert "is running; start one" not in watched.err, watched
+    assert watched.err.startswith("ctx: ECONNREFUSED: the terminal of coder in session "), watched
+    assert f"'ctx agent stop coder --session {term.session}', then start" in watched.err
 
 
 def test_the_terminals_socket_unlinked_stop_still_ends_it(host: CoderHost) -> None:
