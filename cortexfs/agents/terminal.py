@@ -59,7 +59,12 @@ from cortexfs.agents import log as agent_log
 from cortexfs.agents import sandbox
 from cortexfs.agents.run_socket import RunSocket, sandbox_namespace
 from cortexfs.agents.terminal_runtime import RunDirectory
-from cortexfs.agents.terminal_socket import TerminalClients, socket_address, terminal_uid
+from cortexfs.agents.terminal_socket import (
+    TerminalClients,
+    Whose,
+    socket_address,
+    terminal_uid,
+)
 from cortexfs.agents.view import WORKSPACE, AgentView
 from cortexfs.errors import CtxError, errno_named_in, invalid, not_found
 from cortexfs.shared.events import EVENTS_FILE
@@ -82,7 +87,7 @@ class Terminal:
         self.root = root
         self.workspace = None if workspace is None else Path(os.path.realpath(workspace))
         self.view = AgentView.load(root, agent).with_workspace(self.workspace)
-        started_as = terminal_uid(self.view, session)
+        started_as = terminal_uid(Whose.of(self.view), session)
         if started_as != self.view.identity.uid:
             # Another of this session, of the agent's old ids, would run beside it unseen.
             raise CtxError(

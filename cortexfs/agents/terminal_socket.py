@@ -34,7 +34,12 @@ from typing import NamedTuple
 
 from cortexfs.agents import log as agent_log
 from cortexfs.agents.host import is_host_administrator
-from cortexfs.agents.terminal_runtime import LINK_NAME, SOCKET_NAME, RunDirectory, run_directory
+from cortexfs.agents.terminal_runtime import (
+    LINK_NAME,
+    RUN_BASE,
+    RunDirectory,
+    root_key,
+)
 from cortexfs.agents.view import AgentView
 from cortexfs.errors import CtxError, denied, not_found
 from cortexfs.shared.sessions import SessionRef
@@ -55,28 +60,47 @@ CLOSING_SECONDS = 1.0  # for all clients together to take their last output as t
 
 def socket_path(view: AgentView, session: str) -> Path:
     """Where the terminal of ``view``'s ``session`` listens."""
-    return run_directory(view.root, terminal_uid(view, session), view.name, session) / SOCKET_NAME
+    return _run_directory(Whose.of(view), session).main_socket
 
 
-def terminal_uid(view: AgentView, session: str) -> int:
-    """The uid the terminal of ``view``'s ``session`` runs as: the agent's; or, when none was
+class Whose(NamedTuple):
+    """The agent whose terminal is looked for: its storage root, its name, and the uid of its
+    identity; None when its controls are gone (removed by hand while its terminal ran)."""
+
+    root: Path
+    name: str
+    uid: int | None
+
+    @classmethod
+    def of(cls, view: AgentView) -> Whose:
+        return cls(view.root, view.name, view.identity.uid)
+
+
+def terminal_uid(whose: Whose, session: str) -> int | None:
+    """The uid the terminal of ``whose``'s ``session`` runs as: the agent's; or, when none was
     started under it, the one other uid one was started under: the agent's identity was
-    changed since, and tsh keeps the ids it started with (its calls are refused, P-5 step
-    1), but it must still be found to be stopped."""
-    uid = view.identity.uid
-    own = run_directory(view.root, uid, view.name, session)
-    if os.path.lexists(own):
-        return uid
-    by_uid = own.parents[2]  # <RUN_BASE>/<the root's key>/<uid>/<agent>/<session>
+    changed (or its controls removed) since, and tsh keeps the ids it started with (its
+    calls are refused, P-5 step 1), but it must still be found to be stopped.  None for an
+    agent without an identity whose terminal is found under no uid, or under several."""
+    base = RUN_BASE / root_key(whose.root)  # <base>/<uid>/<agent>/<session>
+    if whose.uid is not None and os.path.lexists(base / str(whose.uid) / whose.name / session):
+        return whose.uid
     try:
         others = [
             int(entry)
-            for entry in os.listdir(by_uid)
-            if entry.isdigit() and os.path.lexists(by_uid / entry / view.name / session)
+            for entry in os.listdir(base)
+            if entry.isdigit() and os.path.lexists(base / entry / whose.name / session)
         ]
     except OSError:
-        return uid
-    return others[0] if len(others) == 1 else uid
+        others = []
+    return others[0] if len(others) == 1 else whose.uid
+
+
+def _run_directory(whose: Whose, session: str) -> RunDirectory:
+    uid = terminal_uid(whose, session)
+    if uid is None:
+        raise not_running(whose.name, session)
+    return RunDirectory(whose.root, uid, whose.name, session)
 
 
 def terminal_link(session: SessionRef) -> Path:
@@ -148,7 +172,7 @@ def _not_answering(view: AgentView, session: str, path: Path, exc: OSError) -> C
     """Why nothing answered at the terminal socket ``path``: no terminal runs (ENOENT, start
     one); or one does, whose socket was removed or replaced since it started (ECONNREFUSED):
     'ctx agent start' would refuse to start another, so the way out is to stop it."""
-    run = RunDirectory(view.root, terminal_uid(view, session), view.name, session)
+    run = _run_directory(Whose.of(view), session)
     pid = run.terminal_pid()
     if pid is None:
         return not_running(view.name, session)
@@ -248,14 +272,14 @@ class Stopped(NamedTuple):
     cleaned: tuple[str, ...]
 
 
-def stop(view: AgentView, session: str) -> Stopped:
-    """End the terminal of ``view``'s ``session`` and return once it has ended and nothing of it
+def stop(whose: Whose, session: str) -> Stopped:
+    """End the terminal of ``whose``'s ``session`` and return once it has ended and nothing of it
     is left.  A terminal that died without cleaning up (killed: its view still mounted) is
     cleaned up after instead.  ENOENT when none runs and none left anything, EPERM when this
     user may not end it (root started it), EBUSY when it does not end."""
-    run = RunDirectory(view.root, terminal_uid(view, session), view.name, session)
+    run = _run_directory(whose, session)
     if os.geteuid() != 0:
-        _refuse_to_stop(view, session, run)
+        _refuse_to_stop(whose, session, run)
     held = run.try_lock()
     if held is None:  # nothing ran here since the machine started; a link may be left
         if run.link_target() == str(run.alias) and listening(run.alias):
@@ -263,18 +287,18 @@ def stop(view: AgentView, session: str) -> Stopped:
             # now: the root was moved (or a link on its path changed) after it started.
             raise CtxError(
                 errno.EBUSY,
-                f"the terminal of {view.name} in session {session} still runs (it answers at "
-                f"{run.alias}), but it was started when the storage root {view.root} was "
+                f"the terminal of {whose.name} in session {session} still runs (it answers at "
+                f"{run.alias}), but it was started when the storage root {whose.root} was "
                 "reached by another path: move the root back to where it was, stop the "
                 "terminal there, then move the root again",
             )
         if run.remove_link(stale_only=True):
             link = terminal_link(run.session)
             return Stopped(None, False, (f"removed the link {link} to a socket that is gone",))
-        raise not_running(view.name, session)
+        raise not_running(whose.name, session)
     if held:
-        return _clean_up_after(run, view, session)
-    pid = _end_running(run, view, session)
+        return _clean_up_after(run, whose, session)
+    pid = _end_running(run, whose, session)
     if not run.locked:
         return Stopped(pid, True, ())  # it ended and removed its directory, as it should
     try:  # it ended and left something behind (an unmount that failed)
@@ -285,7 +309,7 @@ def stop(view: AgentView, session: str) -> Stopped:
     return Stopped(pid, True, cleaned)
 
 
-def _clean_up_after(run: RunDirectory, view: AgentView, session: str) -> Stopped:
+def _clean_up_after(run: RunDirectory, whose: Whose, session: str) -> Stopped:
     """No terminal runs (the caller holds the lock): remove what one that died left."""
     try:
         pid = run.recorded_pid()
@@ -294,12 +318,13 @@ def _clean_up_after(run: RunDirectory, view: AgentView, session: str) -> Stopped
     finally:
         run.release()
     if not cleaned:
-        raise not_running(view.name, session)
-    agent_log.record_lost_terminal(view.root, view.name, session, pid, cleaned)
+        raise not_running(whose.name, session)
+    if whose.uid is not None:  # an agent whose controls are gone has no log to keep it in
+        agent_log.record_lost_terminal(whose.root, whose.name, session, pid, cleaned)
     return Stopped(pid, False, cleaned)
 
 
-def _end_running(run: RunDirectory, view: AgentView, session: str) -> int | None:
+def _end_running(run: RunDirectory, whose: Whose, session: str) -> int | None:
     """SIGTERM to the terminal that holds the lock, once its pid file names it (a terminal
     still starting has none yet); its pid once the lock is free, held here if the directory
     is still there (what the terminal left, for the caller to clean up)."""
@@ -318,29 +343,29 @@ def _end_running(run: RunDirectory, view: AgentView, session: str) -> int | None
             kill = f"'kill -9 {signalled}'" if signalled else "killing it"
             raise CtxError(
                 errno.EBUSY,
-                f"the terminal of {view.name} {which} did not stop within {STOP_SECONDS:.0f} s;"
-                f" after {kill}, 'ctx agent stop {view.name} --session {session}' cleans up "
+                f"the terminal of {whose.name} {which} did not stop within {STOP_SECONDS:.0f} s;"
+                f" after {kill}, 'ctx agent stop {whose.name} --session {session}' cleans up "
                 "after it",
             )
         time.sleep(0.05)
 
 
-def _refuse_to_stop(view: AgentView, session: str, run: RunDirectory) -> None:
+def _refuse_to_stop(whose: Whose, session: str, run: RunDirectory) -> None:
     """Only root ends a terminal (root started it) or cleans up after one: EPERM when there
     is one, ENOENT when there is none."""
     if listening(run.main_socket):
         raise CtxError(
             errno.EPERM,
-            f"the terminal of {view.name} runs as root, who started it; stop it as root",
+            f"the terminal of {whose.name} runs as root, who started it; stop it as root",
         )
     if run.pid_file.exists():
         raise CtxError(
             errno.EPERM,
-            f"the terminal of {view.name} in session {session} ended without cleaning up (its "
+            f"the terminal of {whose.name} in session {session} ended without cleaning up (its "
             f"view may still be mounted); root cleans up after it with 'ctx agent stop "
-            f"{view.name} --session {session}'",
+            f"{whose.name} --session {session}'",
         )
-    raise not_running(view.name, session)
+    raise not_running(whose.name, session)
 
 
 # ------------------------------------------------------------------------- the terminal

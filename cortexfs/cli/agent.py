@@ -48,6 +48,7 @@ STDIN = "-"
 STDIN_NAME = "<stdin>"  # how a request read from standard input is named in its errors
 
 if TYPE_CHECKING:
+    from cortexfs.agents import terminal_socket
     from cortexfs.agents.terminal import Terminal
 
 
@@ -458,16 +459,16 @@ def stop(name: str, session: str, storage_dir: Path | None, as_json: bool) -> No
     cleaned up.  ENOENT (exit 1) when no terminal runs and none left anything."""
     from cortexfs.agents import terminal_socket
 
-    _, view, session = _terminal_of(storage_dir, name, session)
-    stopped = terminal_socket.stop(view, session)
-    changed(f"agent {view.name}'s terminal, session {session}, was stopped")
+    whose, session = _terminal_to_stop(storage_dir, name, session)
+    stopped = terminal_socket.stop(whose, session)
+    changed(f"agent {whose.name}'s terminal, session {session}, was stopped")
     if as_json:
-        facts: dict[str, object] = {"agent": view.name, "session": session, "pid": stopped.pid}
+        facts: dict[str, object] = {"agent": whose.name, "session": session, "pid": stopped.pid}
         if stopped.cleaned:
             facts.update(running=stopped.running, cleaned=list(stopped.cleaned))
         emit_json(facts)
         return
-    terminal = f"{view.name}, session {session}"
+    terminal = f"{whose.name}, session {session}"
     if stopped.pid is not None:
         terminal += f" (pid {stopped.pid})"
     done = "; ".join(stopped.cleaned)
@@ -549,6 +550,28 @@ def _terminal_of(storage_dir: Path | None, name: str, session: str) -> tuple[Pat
     session = object_name_argument(session, "session")
     root = resolve_storage(storage_dir)
     return root, AgentView.load(root, name), session
+
+
+def _terminal_to_stop(
+    storage_dir: Path | None, name: str, session: str
+) -> tuple[terminal_socket.Whose, str]:
+    """The agent whose terminal of ``session`` is to be stopped: as :func:`_terminal_of`; or,
+    when the agent's controls were removed while its terminal ran, the agent by its name
+    alone, if a terminal of the session is found (it must still be stoppable); the agent's
+    ENOENT otherwise."""
+    from cortexfs.agents import terminal_socket
+
+    name = object_name_argument(name, "agent")
+    session = object_name_argument(session, "session")
+    root = resolve_storage(storage_dir)
+    try:
+        return terminal_socket.Whose.of(AgentView.load(root, name)), session
+    except CtxError as missing:
+        gone = missing.errno == errno.ENOENT and not os.path.lexists(root / "agent" / name)
+        whose = terminal_socket.Whose(root, name, None)
+        if not gone or not root.is_dir() or terminal_socket.terminal_uid(whose, session) is None:
+            raise
+        return whose, session
 
 
 def _close_what_the_caller_passed() -> None:

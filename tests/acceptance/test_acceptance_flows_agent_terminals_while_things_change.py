@@ -205,11 +205,6 @@ def test_the_agents_uid_changed_under_its_terminal_stop_still_finds_it(host: Cod
         identity.write_text(before)  # the fixture's stop then ends the terminal
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="A-1: with agent/coder and coder.d removed, 'ctx agent stop coder' says ENOENT "
-    "there is no agent, and its running terminal (ctxterm, tsh, view mount) is left running",
-)
 def test_the_agents_controls_removed_under_its_terminal(host: CoderHost) -> None:
     """A-1, A-3: ``agent/coder`` and ``agent/coder.d`` removed by hand while the terminal
     runs: the next call is refused with a reason and the terminal goes on; ``ctx agent stop

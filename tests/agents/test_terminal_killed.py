@@ -202,7 +202,7 @@ def test_only_root_cleans_up_after_a_killed_terminal(world: World) -> None:
         view = AgentView.load(world.root, agent)
 
         with effective_user(world.user), pytest.raises(CtxError) as refused:
-            terminal_socket.stop(view, session)
+            terminal_socket.stop(terminal_socket.Whose.of(view), session)
 
         assert refused.value.errno == errno.EPERM
         assert "ended without cleaning up" in refused.value.message
