@@ -96,6 +96,37 @@ def terminal_uid(whose: Whose, session: str) -> int | None:
     return others[0] if len(others) == 1 else whose.uid
 
 
+class Running(NamedTuple):
+    """A terminal of an agent that runs: its session, the uid it runs as, ctxterm's pid."""
+
+    session: str
+    uid: int
+    pid: int
+
+
+def running_terminals(root: Path, agent: str) -> list[Running]:
+    """The terminals of ``agent`` on ``root`` that run now, by session: those whose runtime
+    directory a process holds open (its lock), under whichever uid each started as.  What
+    this uid may not look at (another's pid file or descriptors) is not listed."""
+    base = RUN_BASE / root_key(root)
+    found = []
+    try:
+        uids = sorted(int(entry) for entry in os.listdir(base) if entry.isdigit())
+    except OSError:
+        return []
+    for uid in uids:
+        try:
+            sessions = sorted(os.listdir(base / str(uid) / agent))
+        except OSError:
+            continue
+        for session in sessions:
+            with contextlib.suppress(OSError, CtxError):
+                pid = RunDirectory(root, uid, agent, session).terminal_pid()
+                if pid is not None:
+                    found.append(Running(session, uid, pid))
+    return found
+
+
 def _run_directory(whose: Whose, session: str) -> RunDirectory:
     uid = terminal_uid(whose, session)
     if uid is None:

@@ -147,12 +147,14 @@ def show(name: str, storage_dir: Path | None, as_json: bool) -> None:
     directory; a mount of the control that is never used (a system directory as its target, a
     source that is no longer the real path recorded) is listed as withheld, with the reason,
     and a label, policy or mount control that is unusable (and so grants nothing) as a
-    problem.
+    problem; the terminals of NAME that run, by session (with --json, "terminals": [{"session",
+    "uid", "pid"}]), a uid other than its identity's when one was changed since it started.
     The storage root at /ctx reaches a tool only as NAME's view of it (ctx mount
     --as NAME): with --json, "tool_mounts" are the mounts its tools get (CTX_MOUNTS), the
     root as filtered mounts, each showing only the names listed, read-write only for its
     home and the spaces it may write.
     """
+    from cortexfs.agents.terminal_socket import running_terminals
     from cortexfs.policy.controls import withheld_mounts
 
     name = object_name_argument(name, "agent")
@@ -178,6 +180,7 @@ def show(name: str, storage_dir: Path | None, as_json: bool) -> None:
         ],
         "cwd": str(cwd),
         "problems": view.control_problems(),
+        "terminals": [terminal._asdict() for terminal in running_terminals(root, name)],
     }
     if as_json:
         emit_json({**facts, "tool_mounts": [mount.to_json() for mount in view.tool_mounts()]})
@@ -195,6 +198,9 @@ def show(name: str, storage_dir: Path | None, as_json: bool) -> None:
     echo_printable(f"cwd: {cwd}")
     for problem in facts["problems"]:
         echo_printable(f"problem: {problem}")
+    for running in facts["terminals"]:
+        again = "" if running["uid"] == ids.uid else f", as uid {running['uid']}"
+        echo_printable(f"terminal: session {running['session']} (pid {running['pid']}{again})")
 
 
 @agent.command("list")

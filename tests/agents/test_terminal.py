@@ -279,6 +279,12 @@ def test_stop_ends_a_running_terminal(world: World, terminal: dict[str, str]) ->
     pid = int(Path(terminal["listening_at"]).parent.joinpath("pid").read_text())
     # the process that owns the PTY is ctxterm, as ps and pgrep -x name it.
     assert Path(f"/proc/{pid}/comm").read_text() == "ctxterm\n"
+    shown = ctx(world.root, "agent", "show", "coder", "--json")
+    uid = json.loads(shown.stdout)["identity"]["uid"]
+    running = {"session": terminal["session"], "uid": uid, "pid": pid}
+    assert json.loads(shown.stdout)["terminals"] == [running], shown.stdout
+    said = ctx(world.root, "agent", "show", "coder").stdout
+    assert f"terminal: session {terminal['session']} (pid {pid})\n" in said, said
     stopped = ctx(world.root, "agent", "stop", "coder", "--session", terminal["session"])
 
     assert stopped.returncode == 0, stopped.stderr
@@ -293,6 +299,8 @@ def test_stop_ends_a_running_terminal(world: World, terminal: dict[str, str]) ->
     assert (ended["type"], ended["reason"]) == ("terminal.stopped", "stop")
     again = ctx(world.root, "agent", "stop", "coder", "--session", terminal["session"])
     assert again.returncode == 1 and "ENOENT" in again.stderr
+    shown = ctx(world.root, "agent", "show", "coder", "--json")
+    assert json.loads(shown.stdout)["terminals"] == [], shown.stdout
 
 
 def test_a_session_runs_once(world: World, terminal: dict[str, str]) -> None:
