@@ -335,6 +335,12 @@ def require_tier(tier: Tier) -> None:
     tier does not exist.  A user tier is made by the first install into it: before that it
     simply holds no tool."""
     storage.require_root(tier.root)
+    if tier.name == "user" and not (tier.root / "home").is_dir():
+        # The homes are the root's (R-2): a root without them was never bootstrapped.
+        raise not_found(
+            f"tier user has no {tier.root / 'home'}: {tier.root} is no storage root (or a "
+            "damaged one); run 'ctx bootstrap'"
+        )
     if tier.name != "user" and not tier.directory.is_dir():
         space = tier.location.split("/")[1] if tier.name != "system" else None
         fix = f"create it with 'ctx shared create {space}'" if space else "run 'ctx bootstrap'"
