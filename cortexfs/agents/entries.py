@@ -116,8 +116,25 @@ def refresh_entries(root: Path, source: Path | None, report: storage.BootstrapRe
             # earlier create left root's in a root another uid owns is given to that owner,
             # who records in it (as for the tools' logs).
             report.repaired += repair_staged(directory, AGENT_KIND, ops, host=owner)
+        report.warnings += _halves_of_agents(sorted(os.listdir(directory_fd)))
     finally:
         os.close(directory_fd)
+
+
+def _halves_of_agents(names: list[str]) -> list[str]:
+    """A warning for each agent of which only the entry or only its controls are left (the
+    other removed by hand: an install cut short was settled before): no agent, and nothing
+    bootstrap may make up, but a name ``ctx agent create`` refuses until it is moved away."""
+    entries = {name for name in names if is_object_name(name)}
+    controls = {name[:-2] for name in names if name.endswith(".d") and is_object_name(name[:-2])}
+    warnings = []
+    for name in sorted(entries ^ controls):
+        left, missing = (name, f"{name}.d") if name in entries else (f"{name}.d", name)
+        warnings.append(
+            f"agent/{left} is left without agent/{missing}, so there is no agent {name}; move "
+            f"agent/{left} away, then 'ctx agent create' makes the agent again"
+        )
+    return warnings
 
 
 def _refresh_entry(

@@ -113,3 +113,25 @@ def test_the_shape_is_that_of_the_named_agent_and_nothing_more() -> None:
     assert not written_by_ctx(written + b"import os\n", "alice")
     assert not written_by_ctx(written.replace(b"agent', 'start'", b"agent', 'stop'"), "alice")
     assert not written_by_ctx(b"\xff" + written, "alice")
+
+
+def test_bootstrap_warns_of_an_agent_of_which_only_one_half_is_left(root: Path) -> None:
+    """An entry without its controls, or controls without their entry (the other removed by
+    hand), is no agent and a name ``ctx agent create`` refuses: bootstrap says so, and makes
+    nothing up."""
+    for name in ("halfa", "halfb"):
+        made = ctx(root, "agent", "create", "-", stdin=json.dumps({"name": name, "label": "h_t"}))
+        assert made.returncode == 0, made.stderr
+    (root / "agent" / "halfa").unlink()
+    shutil.rmtree(root / "agent" / "halfb.d")
+
+    booted = ctx(root, "bootstrap", "--json")
+
+    assert booted.returncode == 0, booted.stderr
+    assert json.loads(booted.stdout)["warnings"] == [
+        "agent/halfa.d is left without agent/halfa, so there is no agent halfa; move "
+        "agent/halfa.d away, then 'ctx agent create' makes the agent again",
+        "agent/halfb is left without agent/halfb.d, so there is no agent halfb; move "
+        "agent/halfb away, then 'ctx agent create' makes the agent again",
+    ]
+    assert not (root / "agent" / "halfa").exists() and not (root / "agent" / "halfb.d").exists()
