@@ -334,6 +334,12 @@ def _session_ref(
         # Every name first: a malformed one is a usage error whatever the root and the agents.
         check_object_name(agent, "agent")
         check_object_name(session, "session")
+        if project is not None and uid is not None:
+            # A session lives in a home (--uid) or in a space (--project), never both (S-1).
+            raise invalid(
+                f"--project {project} names a session in a shared space and --uid {uid} one "
+                "in a home: give one of them"
+            )
         if project is not None:
             ref = SessionRef.shared(root, project, agent, session)
         else:

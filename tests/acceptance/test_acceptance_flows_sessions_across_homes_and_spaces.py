@@ -457,13 +457,14 @@ def test_the_agents_uid_reads_its_space_sessions_only_with_the_spaces_group(worl
     refused(r, 1, "EACCES", f"home/{world.a.uid}")
 
 
-def test_uid_names_a_home_and_the_space_is_read_whatever_uid_says(world):
+def test_uid_names_a_home_and_with_project_it_is_a_usage_error(world):
     """docs/sessions.md "Commands" (``--uid`` is the home's uid; ``--project P`` means the
-    session in ``shared/P/``): with ``--project``, ``list``, ``show``, ``tail`` and ``repair``
-    read the space whatever ``--uid`` names (the agent's uid, another member's, one with no
-    home); without it, ``--uid`` of a home that holds no session of the agent lists nothing
-    and ``show`` is ENOENT naming the ``ctx session list ... --uid`` command; a ``--uid`` out
-    of range is EINVAL, exit 2, with ``--project`` too."""
+    session in ``shared/P/``): with ``--project``, a ``--uid`` of any value makes ``list``,
+    ``show``, ``tail`` and ``repair`` a usage error (EINVAL, exit 2: a session lives in a home
+    or in a space, S-1), never one of the two taken silently; without it, ``--uid`` of a home
+    that holds no session of the agent lists nothing and ``show`` is ENOENT naming the ``ctx
+    session list ... --uid`` command; a ``--uid`` out of range is EINVAL, exit 2, with
+    ``--project`` too."""
     session = "uids"
     ok(world.run("al", session, "spa", {"tag": "spa"}))
     ok(world.run("al", session, "home", {"tag": "home"}))
@@ -471,12 +472,16 @@ def test_uid_names_a_home_and_the_space_is_read_whatever_uid_says(world):
     assert tags_of(expected) == ["spa"]
     for uid in (world.a.uid, world.b.uid, 4294967294):
         with_uid = ("--project", "spa", "--uid", str(uid))
-        assert session in world.session("list", "al", *with_uid).lines(), uid
-        assert json_lines(world.session("show", "al", session, *with_uid, "--json")) == expected
-        tailed = world.session("tail", "al", session, *with_uid, "-n", "1", "--json")
-        assert json_lines(tailed) == expected[-1:], uid
-        r = world.session("repair", "al", session, *with_uid, "--json")
-        assert r.rc == 0 and r.json()["session"] == world.relative("al", session, "spa"), r
+        for command in (
+            ("list", "al", *with_uid),
+            ("show", "al", session, *with_uid, "--json"),
+            ("tail", "al", session, *with_uid, "-n", "1"),
+            ("repair", "al", session, *with_uid),
+        ):
+            refused(world.session(*command), 2, "EINVAL", "give one of them")
+    assert json_lines(world.session("show", "al", session, "--project", "spa", "--json")) == (
+        expected
+    )
     other = str(world.b.uid)
     r = world.session("list", "al", "--uid", other, "--json")
     assert (r.rc, r.json()) == (0, []), r
