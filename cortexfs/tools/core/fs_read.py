@@ -30,10 +30,15 @@ def read(request: dict[str, object], native: bool) -> Reply:
         )
     fd, status = confine.open_regular_file(place)
     try:
-        data = os.pread(fd, length, offset)
+        # A byte past what is asked says whether the file goes on, which its size does not
+        # (0 for a file of /proc, a page for one of /sys, another for a file that grows); the
+        # range never passes the largest offset, which the kernel refuses whole (EINVAL).
+        wanted = min(length + 1, MAX_OFFSET - offset)
+        data = os.pread(fd, wanted, offset) if wanted > 0 else b""
     finally:
         os.close(fd)
-    truncated = offset + len(data) < status.st_size
+    truncated = len(data) > length
+    data = data[:length]
     try:
         content, encoding = data.decode("utf-8"), "utf-8"
     except UnicodeDecodeError:

@@ -284,6 +284,9 @@ def require(request: Mapping[str, Any], key: str, kind: type, default: Any = REQ
             raise ToolFailure(errno_names.EINVAL, f"{key!r} is required", usage=True)
         return default
     value = request[key]
+    if kind is int and isinstance(value, float) and value.is_integer():
+        # 1.0 is an integer as JSON Schema counts (the schema let it through): taken as 1.
+        return int(value)
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         raise ToolFailure(
             errno_names.EINVAL, f"{key!r} must be of type {kind.__name__}", usage=True
