@@ -29,6 +29,7 @@ from cortexfs.mcp.config import ServerSpec, load_server
 from cortexfs.mcp.out_directory import check_out_directory
 from cortexfs.mcp.project import LISTING_CONFIG, check_runtime_config, project_tools
 from cortexfs.printable import shortened
+from cortexfs.tools import orphans
 
 _CONFIG = click.option(
     "--config",
@@ -108,7 +109,7 @@ def ctxmcp() -> None:
 def list_command(config_path: Path, server: str, timeout: float, as_json: bool) -> None:
     """List SERVER's tools with the name each would be projected as, or why it would not."""
     spec = _server(config_path, server)
-    with StdioClient(spec, timeout=timeout) as client:
+    with StdioClient(spec, timeout=timeout, guard=orphans.GUARD.watching) as client:
         projections = project_tools(server, client.list_tools(), LISTING_CONFIG)
         if as_json:
             # The server's words: a lone surrogate in them is shown as its escape's text.
@@ -196,7 +197,7 @@ def project_command(
         check_out_directory(out, root)
     except CtxError as error:
         raise usage_problem(error) from None
-    with StdioClient(spec, timeout=timeout) as client:
+    with StdioClient(spec, timeout=timeout, guard=orphans.GUARD.watching) as client:
         projections = project_tools(server, client.list_tools(), runtime_config)
         session = _session(client)
     # Checked again on the directory written through: the server ran meanwhile (M-1).

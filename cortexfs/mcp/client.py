@@ -29,6 +29,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from typing import IO, Any
 
 import cortexfs
@@ -74,12 +75,17 @@ class StdioClient:
         *,
         timeout: float = DEFAULT_TIMEOUT,
         own_process_group: bool = True,
+        guard: Callable[[int], contextlib.AbstractContextManager[None]] | None = None,
     ) -> None:
         self.spec = spec
         self.timeout = timeout
         # A session of its own for the server, killed whole at the end (ctxmcp); or a child
         # in the caller's group, which whoever bounds the caller kills with it (a tool call).
         self.own_process_group = own_process_group
+        # Given the server's process group as it starts, until it is killed at the end: what
+        # kills the group should this process be killed first (SIGKILL ends no block).
+        self.guard = guard
+        self._guarded = contextlib.ExitStack()
         self.protocol_version = ""
         self.server_info: dict[str, Any] = {}
         self._ids = 0
@@ -111,6 +117,12 @@ class StdioClient:
                 f"cannot start server {self.spec.name!r} ({failed}): {exc.strerror}"
                 + (f"; {mend}, then try again" if mend else ""),
             ) from None
+        if self.guard is not None:
+            try:
+                self._guarded.enter_context(self.guard(self._process.pid))
+            except BaseException:
+                self.__exit__(None, None, None)
+                raise
         assert self._process.stderr is not None
         try:
             self._stderr.follow(self._process.stderr)
@@ -144,6 +156,7 @@ class StdioClient:
                 else:
                     process.kill()
             process.wait()
+            self._guarded.close()
             assert process.stdout is not None
             process.stdout.close()
         self._stderr.close()  # the server's group is gone: its stderr ends
