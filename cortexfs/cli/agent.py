@@ -199,8 +199,8 @@ def show(name: str, storage_dir: Path | None, as_json: bool) -> None:
     for problem in facts["problems"]:
         echo_printable(f"problem: {problem}")
     for running in facts["terminals"]:
-        again = "" if running["uid"] == ids.uid else f", as uid {running['uid']}"
-        echo_printable(f"terminal: session {running['session']} (pid {running['pid']}{again})")
+        former_uid = "" if running["uid"] == ids.uid else f", as uid {running['uid']}"
+        echo_printable(f"terminal: session {running['session']} (pid {running['pid']}{former_uid})")
 
 
 @agent.command("list")
