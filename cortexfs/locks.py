@@ -82,7 +82,7 @@ def flock_saying_so(fd: int, kind: int, path: Path) -> None:
         by = f" by pid {', '.join(map(str, holders))}" if holders else ""
         tell(
             f"waiting for {path}, held{by}: a change to {path.parent} waits for the one "
-            "before it to end (Ctrl-C stops waiting, and nothing is changed)"
+            "before it to end (Ctrl-C stops waiting, and makes nothing of this change)"
         )
     fcntl.flock(fd, kind)
 

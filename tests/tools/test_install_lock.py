@@ -277,8 +277,8 @@ def test_an_install_waiting_behind_a_held_lock_says_who_holds_it_then_installs(
         assert installing.poll() is None, said
         assert said == (
             f"ctx: waiting for {lock}, held by pid {holder.pid}: a change to {lock.parent} "
-            "waits for the one before it to end (Ctrl-C stops waiting, and nothing is "
-            "changed)\n"
+            "waits for the one before it to end (Ctrl-C stops waiting, and makes nothing of "
+            "this change)\n"
         )
         assert not (world.root / "tool" / "probe").exists()
     except BaseException:
