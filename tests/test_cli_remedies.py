@@ -43,7 +43,7 @@ def test_ctx_run_reports_a_missing_option_as_every_other_command_does(tmp_path: 
         missing = ctx(tmp_path / "root", *prefix, "run", "fs.stat")
         assert missing.returncode == 2
         assert missing.stderr == (
-            "Usage: ctx run --agent AGENT [OPTIONS] TOOL [ARGS]...\n"
+            "Usage: ctx run [OPTIONS] TOOL [ARGS]...\n"
             "Try 'ctx run --help' for help.\n\n"
             "ctx: EINVAL: Missing option '--agent'.\n"
         )
@@ -57,8 +57,7 @@ def test_ctx_run_reports_a_missing_option_as_every_other_command_does(tmp_path: 
     no_value = ctx(tmp_path / "root", "run", "--agent")
     assert _last_line(no_value.stderr) == "ctx: EINVAL: Option '--agent' requires an argument."
     helped = ctx(tmp_path / "root", "run", "--help")
-    assert helped.returncode == 0, helped
-    assert helped.stdout.startswith("Usage: ctx run --agent AGENT [OPTIONS] TOOL"), helped
+    assert helped.returncode == 0 and helped.stdout.startswith("Usage: ctx run [OPTIONS] TOOL")
 
 
 def test_running_a_tool_as_an_agent_that_does_not_exist_says_how_to_make_one(

@@ -97,7 +97,7 @@ tools as an agent.  Every call is recorded in the session's events.jsonl and
 the tool's log."""
 
 
-USAGE = "ctx run --agent AGENT [OPTIONS] TOOL [ARGS]..."
+USAGE = "ctx run [OPTIONS] TOOL [ARGS]..."
 
 
 class _Parser(argparse.ArgumentParser):
