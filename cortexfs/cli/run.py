@@ -153,7 +153,9 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, bool]]:
     )
     options = [
         parser.add_argument(
-            "--agent", required=True, help="the agent whose identity, mounts and policy apply"
+            "--agent",
+            required=True,
+            help="the agent whose identity, mounts and policy apply [required]",
         ),
         parser.add_argument(
             "--session",
