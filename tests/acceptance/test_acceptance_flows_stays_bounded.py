@@ -637,7 +637,9 @@ def paged_session(pages: int, steps: int, stderr_bytes: int, notes: int) -> Page
         try:
             for flag in (f"{page}-{step}" for page in range(pages) for step in range(steps)):
                 assert wait_for(lambda flag=flag: (flags / f"sent{flag}").exists(), 30), flag
-                samples.append(steady_sample(client.pid, children=1))
+                # Its server, and the orphan guard that ends the server's group should ctxmcp
+                # be killed (M-1).
+                samples.append(steady_sample(client.pid, children=2))
                 unlinked.append(unlinked_bytes(client.pid))
                 (flags / f"go{flag}").touch()
             out, err = client.communicate(timeout=60)
@@ -659,15 +661,17 @@ def test_an_mcp_session_of_many_pages_and_notifications_keeps_its_descriptors_an
     """M-1, M-3 (docs/tools.md: a listing of up to 1000 pages; notifications are read and
     dropped): one ``ctxmcp list`` session asks for six pages of a listing, each answer
     preceded by 300 notifications of 1 KB; looked at while it waits for each page, the
-    client holds the same descriptors and threads, only its server as child, no zombie,
-    about the same memory; it lists the six tools and ends its server."""
+    client holds the same descriptors and threads, only its server and its orphan guard as
+    children, no zombie, about the same memory; it lists the six tools and ends its server."""
     session = paged_session(PAGES, steps=1, stderr_bytes=1024, notes=300)
     assert session.rc == 0, session.err
     assert [line.split("\t")[0] for line in session.out.splitlines()] == [
         f"paged.t{n}" for n in range(1, PAGES + 1)
     ], session.out
     first, later = session.samples[0], session.samples[1:]
-    assert len(first.children) == 1 and "paged.py" in first.children[0], first.children
+    servers = [child for child in first.children if "paged.py" in child]
+    guards = [child for child in first.children if "kill -s KILL" in child]
+    assert len(servers) == len(guards) == 1 == len(first.children) - 1, first.children
     assert_bounded("ctxmcp list", first, later)
 
 
