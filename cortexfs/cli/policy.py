@@ -234,19 +234,17 @@ def explain(
     else:
         _render(agent, object_ref, permission, decision)
     if decision.allowed and object_class == "tool":
-        _note_unavailable(root, agent, object_name)
+        _note_unavailable(root / (location or "tool"), object_name)
     sys.exit(EXIT_OK if decision.allowed else EXIT_REFUSED)
 
 
-def _note_unavailable(root: Path, agent: str, tool: str) -> None:
-    """A note when the tool the chain allows cannot run all the same: its status is not
-    ``available`` (an administrator disabled it), which a call meets before the chain, and
-    the agent's view leaves out; the chain itself says nothing of a status."""
+def _note_unavailable(tier: Path, tool: str) -> None:
+    """A note when the tool the chain allows, in the tier it judged, cannot run all the same:
+    its status is not ``available`` (an administrator disabled it) or it is damaged, which a
+    call meets before the chain, and the agent's view leaves out; the chain itself says
+    nothing of either."""
+    tool_object = ToolObject(tool, tier)
     try:
-        found = AgentView.load(root, agent).find_tool(tool)
-        if found is None:
-            return
-        tool_object = ToolObject(tool, found.directory)
         require_available(tool_object, read_controls(tool_object))
     except CtxError as refusal:
         echo_printable(
