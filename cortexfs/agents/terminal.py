@@ -67,6 +67,7 @@ from cortexfs.agents.terminal_socket import (
 )
 from cortexfs.agents.view import WORKSPACE, AgentView
 from cortexfs.errors import CtxError, errno_named_in, invalid, not_found
+from cortexfs.policy.mounts import Mount
 from cortexfs.shared.events import EVENTS_FILE
 from cortexfs.shared.sessions import SessionRef, open_session
 from cortexfs.shared.tree import Ownership, open_beneath
@@ -119,10 +120,15 @@ class Terminal:
         self.resting: dict[socket.socket, tuple[Callable[[socket.socket], None], float]] = {}
         self.listeners: list[socket.socket] = []
 
+    def workspace_mount(self) -> Mount | None:
+        """The mount this terminal shows at ``/workspace``: the agent's own mount there, or
+        the default the host gave (A-1); None for neither."""
+        return next((m for m in self.view.visible_mounts() if m.target == WORKSPACE), None)
+
     def workspace_source(self) -> PurePosixPath | None:
-        """What this terminal shows at ``/workspace``: the agent's own mount there, or the
-        default the host gave (A-1); None for neither."""
-        return next((m.source for m in self.view.visible_mounts() if m.target == WORKSPACE), None)
+        """The directory this terminal shows at ``/workspace``; None for none."""
+        mount = self.workspace_mount()
+        return None if mount is None else mount.source
 
     def workspace_overridden(self) -> str | None:
         """Why the directory given for ``/workspace`` is not mounted: the agent's mount

@@ -86,6 +86,25 @@ def run_directory(root: Path, uid: int, agent: str, session: str) -> Path:
     return RUN_BASE / root_key(root) / str(uid) / agent / session
 
 
+def started_uids(root: Path) -> list[int]:
+    """The uids terminals of ``root`` were started under: the first level of its runtime
+    directories, in order; none when no terminal of it was ever started on this host."""
+    try:
+        entries = os.listdir(RUN_BASE / root_key(root))
+    except OSError:
+        return []
+    return sorted(int(entry) for entry in entries if entry.isascii() and entry.isdigit())
+
+
+def started_sessions(root: Path, uid: int, agent: str) -> list[str]:
+    """The sessions of ``agent`` whose terminals were started under ``uid`` on ``root`` and
+    whose runtime directories are still there, in order."""
+    try:
+        return sorted(os.listdir(RUN_BASE / root_key(root) / str(uid) / agent))
+    except OSError:
+        return []
+
+
 def alias_directory(uid: int, agent: str, session: str) -> Path:
     """Where A-2's root-less path to the terminal socket of ``agent`` (running as ``uid``) in
     ``session`` is: the directory of the alias of one root's terminal."""

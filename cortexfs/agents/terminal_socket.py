@@ -36,9 +36,10 @@ from cortexfs.agents import log as agent_log
 from cortexfs.agents.host import is_host_administrator
 from cortexfs.agents.terminal_runtime import (
     LINK_NAME,
-    RUN_BASE,
     RunDirectory,
-    root_key,
+    run_directory,
+    started_sessions,
+    started_uids,
 )
 from cortexfs.agents.view import AgentView
 from cortexfs.errors import CtxError, denied, not_found
@@ -82,17 +83,13 @@ def terminal_uid(whose: Whose, session: str) -> int | None:
     changed (or its controls removed) since, and tsh keeps the ids it started with (its
     calls are refused, P-5 step 1), but it must still be found to be stopped.  None for an
     agent without an identity whose terminal is found under no uid, or under several."""
-    base = RUN_BASE / root_key(whose.root)  # <base>/<uid>/<agent>/<session>
-    if whose.uid is not None and os.path.lexists(base / str(whose.uid) / whose.name / session):
+
+    def started_under(uid: int) -> bool:
+        return os.path.lexists(run_directory(whose.root, uid, whose.name, session))
+
+    if whose.uid is not None and started_under(whose.uid):
         return whose.uid
-    try:
-        others = [
-            int(entry)
-            for entry in os.listdir(base)
-            if entry.isdigit() and os.path.lexists(base / entry / whose.name / session)
-        ]
-    except OSError:
-        others = []
+    others = [uid for uid in started_uids(whose.root) if started_under(uid)]
     return others[0] if len(others) == 1 else whose.uid
 
 
@@ -108,18 +105,9 @@ def running_terminals(root: Path, agent: str) -> list[Running]:
     """The terminals of ``agent`` on ``root`` that run now, by session: those whose runtime
     directory a process holds open (its lock), under whichever uid each started as.  What
     this uid may not look at (another's pid file or descriptors) is not listed."""
-    base = RUN_BASE / root_key(root)
     found = []
-    try:
-        uids = sorted(int(entry) for entry in os.listdir(base) if entry.isdigit())
-    except OSError:
-        return []
-    for uid in uids:
-        try:
-            sessions = sorted(os.listdir(base / str(uid) / agent))
-        except OSError:
-            continue
-        for session in sessions:
+    for uid in started_uids(root):
+        for session in started_sessions(root, uid, agent):
             with contextlib.suppress(OSError, CtxError):
                 pid = RunDirectory(root, uid, agent, session).terminal_pid()
                 if pid is not None:

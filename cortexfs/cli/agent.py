@@ -21,7 +21,7 @@ from cortexfs.agents.request import (
     load_request,
     parse_request_bytes,
 )
-from cortexfs.agents.view import WORKSPACE, AgentView
+from cortexfs.agents.view import AgentView
 from cortexfs.cli.common import (
     F,
     changed,
@@ -386,8 +386,8 @@ def _workspace_kind(terminal: Terminal) -> str:
     only, read-write), or the agent's own mount there, which wins over it, with its mode."""
     if terminal.view.workspace is not None:
         return "read-write, this terminal only"
-    own = next(m for m in terminal.view.visible_mounts() if m.target == WORKSPACE)
-    mode = "read-write" if own.writable else "read-only"
+    own = terminal.workspace_mount()
+    mode = "read-write" if own is not None and own.writable else "read-only"
     return f"{mode}, agent {terminal.view.name}'s own mount"
 
 
