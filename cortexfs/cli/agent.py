@@ -23,6 +23,7 @@ from cortexfs.agents.request import (
 )
 from cortexfs.agents.view import AgentView
 from cortexfs.cli.common import (
+    STORAGE_SELECTION_KEY,
     F,
     changed,
     echo_printable,
@@ -40,6 +41,7 @@ from cortexfs.cli.params import MAX_ID, NonEmptyPath
 from cortexfs.errors import CtxError, describe, invalid, not_found
 from cortexfs.names import decimal_value, is_decimal, object_name_problem, shown_number
 from cortexfs.policy import AgentFacts, Identity
+from cortexfs.printable import shell_word
 from cortexfs.process_limits import no_process_could_be_made
 from cortexfs.regular_file import read_up_to
 from cortexfs.shared.sessions import DEFAULT_SESSION
@@ -442,9 +444,12 @@ def start(
     echo_printable(f"started {name}, session {session}: {facts['socket']}")
     if facts["workspace"] is not None:
         echo_printable(f"/workspace is {facts['workspace']} ({_workspace_kind(terminal)})")
+    # Copied into a shell without $CTX_STORAGE, the commands must still reach this root.
+    selected = click.get_current_context().meta.get(STORAGE_SELECTION_KEY)
+    on_root = "" if selected is None else f" --storage {shell_word(selected)}"
     echo_printable(
-        f"watch: ctx agent watch {name} --session {session}   "
-        f"join: ctx agent attach {name} --session {session}"
+        f"watch: ctx agent watch {name} --session {session}{on_root}   "
+        f"join: ctx agent attach {name} --session {session}{on_root}"
     )
 
 

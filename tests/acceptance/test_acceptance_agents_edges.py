@@ -434,8 +434,10 @@ def test_start_and_stop_say_what_they_did(storage):
     link = home / "session" / session / "terminal"
     assert started.lines() == [
         f"started triage, session {session}: {link / 'main.sock'}",
-        f"watch: ctx agent watch triage --session {session}   "
-        f"join: ctx agent attach triage --session {session}",
+        # Given --storage, the commands it suggests name the root too, so that they reach it
+        # from a shell without $CTX_STORAGE.
+        f"watch: ctx agent watch triage --session {session} --storage {storage}   "
+        f"join: ctx agent attach triage --session {session} --storage {storage}",
     ], started
     assert stopped.rc == 0, stopped
 
