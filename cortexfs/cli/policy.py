@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import os
 import sys
 from pathlib import Path
 from typing import NoReturn
@@ -168,7 +169,8 @@ def query(
     metavar="DIR",
     help="Storage directory holding a tool (default: where the agent's CTX_PATH finds it, "
     "else tool; or home/UID/tool, shared/SPACE/tool) or a session (home/UID/agent/AGENT/session, "
-    "shared/SPACE/agent/AGENT/session; required for sessions).",
+    "shared/SPACE/agent/AGENT/session; required for sessions), relative to the storage root "
+    "or an absolute path within it.",
 )
 @click.option(
     "--peer",
@@ -211,6 +213,8 @@ def explain(
         check_object(object_class, object_name, permission)
         caller = None if peer is None else _parse_peer(peer)
         root = resolve_storage(storage_dir)
+        if location is not None and os.path.isabs(location):
+            location = _within_root(root, location)
         if object_class == "tool" and location is None:
             location = _tool_location(root, agent, object_name)
         request = AuthorityRequest(
@@ -268,6 +272,20 @@ def _render(agent: str, object_ref: str, permission: str, decision: Decision) ->
     else:
         code = errno.errorcode.get(decision.errno, str(decision.errno))
         echo_printable(f"deny: {code}: {decision.reason}")
+
+
+def _within_root(root: Path, location: str) -> str:
+    """An absolute ``--location`` (as ``object which`` and ``object list`` print a tool's
+    directory) as the storage root's own path to it; EINVAL for one outside the root."""
+    given = os.path.normpath(location)
+    for base in (os.path.normpath(root), os.path.realpath(root)):
+        relative = os.path.relpath(given, base)
+        if relative != os.curdir and relative.split(os.sep)[0] != os.pardir:
+            return relative
+    raise invalid(
+        f"{location!r} names no directory within the storage root {str(root)!r}; give the one "
+        "(tool, home/UID/tool, shared/SPACE/tool, or a session directory)"
+    )
 
 
 def _tool_location(root: Path, agent: str, tool: str) -> str | None:

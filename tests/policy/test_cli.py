@@ -291,6 +291,31 @@ def test_explain_judges_the_tool_the_agents_ctx_path_finds(
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to set owners and uids")
+def test_explain_takes_a_location_as_object_which_prints_it(
+    root: Path, coder: Path, user: UnprivilegedUser
+) -> None:
+    """An absolute --location within the root (the directory of what ``object which``
+    prints) is that tier; one outside the root, or the root itself, is EINVAL, exit 2."""
+    home_tier = f"home/{user.uid}/tool"
+    add_tool(root, "fs.read", policy=FS_READ, location=home_tier)
+    request = ["explain", "--storage", str(root), "coder", "tool:fs.read", "execute", "--json"]
+
+    for location in (root / home_tier, f"{root}/{home_tier}/", f"{root}/tool/../{home_tier}"):
+        absolute = ctx(*request, "--location", str(location))
+        assert absolute.returncode == 0, absolute.stderr
+        assert json.loads(absolute.stdout) == json.loads(
+            ctx(*request, "--location", home_tier).stdout
+        )
+    system = ctx(*request, "--location", str(root / "tool"))
+    assert system.returncode == 1
+    assert json.loads(system.stdout)["errno"] == "ENOENT"
+    for outside in ("/etc", str(root), str(root.parent)):
+        refused = ctx(*request, "--location", outside)
+        assert refused.returncode == 2, refused
+        assert f"names no directory within the storage root {str(root)!r}" in refused.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to set owners and uids")
 def test_explain_a_malformed_request_exits_2(root: Path, coder: Path) -> None:
     for request in (
         ["coder", "tool:*", "execute"],
