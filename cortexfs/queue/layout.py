@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import math
 import os
 import re
 import stat
@@ -25,7 +26,7 @@ from cortexfs.locks import flock_within
 from cortexfs.names import decimal_value, shown_number
 from cortexfs.printable import quoted
 from cortexfs.queue.claim_order import ClaimOrder, start_hint
-from cortexfs.queue.holder import check_ttl
+from cortexfs.queue.holder import MAX_LEASE_TTL
 from cortexfs.storage import check_space_name, not_readable, require_writable
 from cortexfs.timefmt import MAX_SECONDS, SECONDS_TEXT
 
@@ -72,11 +73,7 @@ class QueueConfig:
             if key in ("max_request_bytes", "max_result_bytes"):
                 values[key] = _positive_int(value, where, key)
             elif key == "lease_ttl":
-                seconds = _non_negative_float(value, where, key)
-                try:
-                    values[key] = check_ttl(seconds)
-                except CtxError as exc:
-                    raise invalid(f"{where}: lease_ttl: {exc.message}") from None
+                values[key] = _lease_ttl(value, where)
             elif key == "grace":
                 values[key] = _non_negative_float(value, where, key)
                 if values[key] > MAX_SECONDS:  # as recover's --grace is bounded
@@ -112,6 +109,18 @@ def _positive_int(value: str, where: str, key: str) -> int:
     number = decimal_value(value)
     if number is None or number <= 0:
         raise invalid(f"{where}: {key} must be a positive integer, not {shown_number(value)}")
+    return number
+
+
+def _lease_ttl(value: str, where: str) -> float:
+    """A lease lifetime as ``claim --ttl`` takes it; refused naming that rule (above 0: a
+    negative value breaks it as 0 does) and the value as written."""
+    number = float(value) if SECONDS_TEXT.fullmatch(value) else math.nan
+    if not 0 < number <= MAX_LEASE_TTL:
+        raise invalid(
+            f"{where}: lease_ttl must be a number of seconds above 0 and at most "
+            f"{MAX_LEASE_TTL:.0f} (366 days), not {shown_number(value)}"
+        )
     return number
 
 
