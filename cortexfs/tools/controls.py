@@ -226,9 +226,9 @@ def _checked_controls(directory: _ControlDirectory) -> ToolControls:
     # The tool's own policy is the authority chain's to judge (step 6: a missing or linked
     # policy allows nothing), which every call asks next: refused there, the call says
     # EACCES and the step, as 'ctx policy explain' does (P-5, P-6).
-    missing = _missing_controls(directory, judged_by_the_chain=("policy",))
-    if missing:
-        raise damaged(tool, missing[0])
+    problems = _control_problems(directory, judged_by_the_chain=("policy",))
+    if problems:
+        raise damaged(tool, *problems[0])
     schema = _read_json(directory, "schema")
     cap = _read_json(directory, "cap")
     if not isinstance(cap, dict):
@@ -322,24 +322,35 @@ _READ_BY_PEOPLE = ("description", "origin")
 def _missing_controls(
     directory: _ControlDirectory, judged_by_the_chain: tuple[str, ...] = ()
 ) -> list[str]:
-    """The controls of T-1 that are missing or of the wrong kind, and a ``name`` control that
-    names another tool: a call of such a tool is refused as damaged, as ``ctx object list``
-    reports it, never run with what happens to be there.  ``judged_by_the_chain``: controls
-    left to the authority chain, which refuses the call for them itself."""
+    """What :func:`_control_problems` finds, each said as a sentence."""
+    return [reason for reason, _ in _control_problems(directory, judged_by_the_chain)]
+
+
+def _control_problems(
+    directory: _ControlDirectory, judged_by_the_chain: tuple[str, ...] = ()
+) -> list[tuple[str, int]]:
+    """The controls of T-1 that are missing or of the wrong kind (ENOEXEC), over their limit
+    (EFBIG), and a ``name`` control that names another tool (ENOEXEC), each with its errno:
+    a call of such a tool is refused as damaged, as ``ctx object list`` reports it, never
+    run with what happens to be there.  ``judged_by_the_chain``: controls left to the
+    authority chain, which refuses the call for them itself."""
     tool = directory.tool
     problems = []
     for name in REQUIRED_FILES:
         status = directory.status(name)
         if name not in judged_by_the_chain and not _is(stat.S_ISREG, status):
-            problems.append(f"{tool.name}.d/{name} is {_missing_or(status, 'file')}")
+            shape = _missing_or(status, "file")
+            problems.append((f"{tool.name}.d/{name} is {shape}", errno.ENOEXEC))
     for name in HOOK_DIRS:
         status = directory.status(name)
         if not _is(stat.S_ISDIR, status):
-            problems.append(f"{tool.name}.d/{name}/ is {_missing_or(status, 'directory')}")
+            shape = _missing_or(status, "directory")
+            problems.append((f"{tool.name}.d/{name}/ is {shape}", errno.ENOEXEC))
     if not problems:
         named = (directory.read("name") or b"").decode("utf-8", "replace").strip()
         if named != tool.name:
-            problems.append(f"{tool.name}.d/name names {quoted(named)}, not {tool.name}")
+            other = f"{tool.name}.d/name names {quoted(named)}, not {tool.name}"
+            problems.append((other, errno.ENOEXEC))
     # Controls no call reads, but listings and people do, and a listing's look at the policy,
     # which only the chain reads: over their limit, they are damage as any other control
     # would be (the chain refuses a call for its policy itself, at step 6).
@@ -348,7 +359,7 @@ def _missing_controls(
         status = directory.status(name)
         relative = PurePosixPath(f"{tool.name}.d/{name}")
         if _is(stat.S_ISREG, status) and status.st_size > control_limit(relative):
-            problems.append(too_large(relative))
+            problems.append((too_large(relative), errno.EFBIG))
     return problems
 
 
