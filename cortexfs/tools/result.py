@@ -134,10 +134,12 @@ def exit_error(tool: str, exit_status: int, output: Any, stderr: str) -> ToolErr
     is no errno, and the call's error names none (null), as for a tool that printed nothing.
     """
     code, message = 0, ""
-    if isinstance(output, dict) and _names_an_errno(output.get("errno")):
-        code = output["errno"]
-        told = output.get("message", "")
-        message = told if isinstance(told, str) else ""
+    if (
+        isinstance(output, dict)
+        and _names_an_errno(output.get("errno"))
+        and isinstance(output.get("message"), str)
+    ):
+        code, message = output["errno"], output["message"]
     detail = message or (stderr.strip().splitlines() or [""])[-1]
     return ToolError(
         code, "exit", f"{tool} exited with status {exit_status}" + (f": {detail}" if detail else "")
