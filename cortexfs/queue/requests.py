@@ -280,11 +280,19 @@ def parse_batch(stream: BinaryIO, limit: int) -> Batch:
             problems.append(f"and more from line {lineno} on, not read")
             break
         try:
-            batch.requests.append(parse_request_bytes(line, limit, f"line {lineno}"))
-            batch.lines.append(line)
-            batch.numbers.append(lineno)
+            request = parse_request_bytes(line, limit, f"line {lineno}")
         except CtxError as exc:
             problems.append(exc.message)
+            continue
+        # Its fields too, as publishing would judge them: the refusal names every bad line,
+        # not the lines that are no JSON while others that are hold a bad field.
+        wrong = request_problems(request)
+        if wrong:
+            problems.append(f"line {lineno}: invalid request: " + "; ".join(wrong))
+            continue
+        batch.requests.append(request)
+        batch.lines.append(line)
+        batch.numbers.append(lineno)
     if problems:
         raise invalid("batch refused, nothing published: " + "; ".join(problems))
     if not batch.requests:
