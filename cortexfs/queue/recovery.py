@@ -344,7 +344,7 @@ def _recover_job(
         finding.action = "requeue"
         finding.detail = f"lease holder gone: {verdict.reason}"
         if dry_run:
-            _require_applicable(queue, evidence.job, _requeue, finding, evidence)
+            _require_applicable(queue, evidence.job, _requeue, finding, evidence, dry_run=True)
             report.requeued.append(finding)  # planned, not applied
             return
         if _apply(queue, evidence.job, _requeue, finding, assessment, report.requeued):
@@ -370,7 +370,7 @@ def _recover_job(
             report.incomplete.append(finding)
             return
         repair = _REPAIRS[assessment.repair or ""]
-        _require_applicable(queue, evidence.job, repair, finding, evidence)
+        _require_applicable(queue, evidence.job, repair, finding, evidence, dry_run=True)
         report.repaired.append(finding)  # planned, not applied: the pair stays incomplete
         return
     # A live holder's pair too is judged by _apply, which tries claimed/J's lock before the
@@ -556,17 +556,31 @@ def _apply(
 
 
 def _require_applicable(
-    queue: Queue, job: str, transition: Any, finding: Finding, evidence: ev.JobEvidence
+    queue: Queue,
+    job: str,
+    transition: Any,
+    finding: Finding,
+    evidence: ev.JobEvidence,
+    *,
+    dry_run: bool = False,
 ) -> tuple[str, tuple[str, ...]]:
     """What the transition does to J (``requeue J``) and the directories it changes, once
     every one of them is known to let it, as finish checks before its first step (and in its
     words): a directory an older release made without the group's write bit (claimed/J 2755)
     or a file made immutable would refuse a move midway with a bare EACCES or EPERM, naming
-    nothing.  A dry run checks the same, so that what it plans is what the run would do."""
+    nothing.  A dry run checks the same and, since it tries nothing, the attributes of those
+    directories too (an append-only ``claimed/J``, which the run meets at its move), so that
+    what it plans is what the run would do."""
     action = f"{_VERBS[finding.action or '']} {job}"
     places = _places_changed(job, transition, evidence)
+    files = _files_moved_or_removed(job, evidence)
+    if dry_run:
+        refused = queue.refusal_now(action, places, files)
+        if refused is not None:
+            raise refused
+        return action, places
     queue.require_writable(action, places)
-    queue.require_changeable(action, _files_moved_or_removed(job, evidence))
+    queue.require_changeable(action, files)
     return action, places
 
 

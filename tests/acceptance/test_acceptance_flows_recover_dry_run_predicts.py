@@ -798,8 +798,9 @@ def test_a_requeue_an_append_only_lease_directory_stops_then_reconcile_completes
     queue, cache, base
 ):
     """Q-5, Q-6, I-5, docs/queue.md: a gone holder's claim whose ``lease/J`` is append-only
-    (which, the page says, a write check does not see).  The dry run changes nothing and
-    plans the requeue (exit 0: the queue it leaves is consistent); the run moves the request
+    (which, the page says, a write check does not see, and the dry run looks at).  The dry
+    run changes nothing and predicts the refusal (exit 1: the job would be left as it is,
+    with the attribute and the ``chattr -a`` that lifts it); the run moves the request
     back to pending, is refused the lease's removal, and says so — the attribute, the
     ``chattr -a`` that lifts it, and "stopped part-way: it is now incomplete ... for 'ctx
     queue recover --reconcile' to complete" — exit 1.  Lifted, the --reconcile dry run plans
@@ -812,7 +813,11 @@ def test_a_requeue_an_append_only_lease_directory_stops_then_reconcile_completes
         before = tree(queue.dir)
         dry = recover(queue, cache, "--dry-run", "--json")
         assert tree(queue.dir) == before, dry
-        assert dry.rc == 0 and [f["job"] for f in dry.json()["requeued"]] == [j], dry
+        assert dry.rc == 1 and dry.json()["requeued"] == [], dry
+        (predicted,) = dry.json()["errors"]
+        assert (predicted["job"], predicted["error"]) == (j, "EPERM"), dry
+        for words in ("append-only", f"chattr -a {lease_dir}"):
+            assert words in predicted["detail"], (words, predicted)
         real = recover(queue, cache, "--json")
         assert real.rc == 1, real
         (error,) = real.json()["errors"]

@@ -73,11 +73,18 @@ def test_a_move_the_kernel_refuses_after_the_check_names_the_directory_and_the_r
     )
 
     with attribute(claim_dir, "a"):
+        # The dry run, which tries nothing, looks at the attribute and predicts the refusal.
+        predicted = ctx(root, "queue", "recover", "--project", PROJECT, "--dry-run")
+        untouched = tree(queue_dir)
         said = ctx(root, "queue", "recover", "--project", PROJECT)
         after = tree(queue_dir)
         as_json = ctx(root, "queue", "recover", "--project", PROJECT, "--json")
         stands = status(root)
 
+    assert predicted.returncode == 1, predicted.stdout
+    assert f"error    {stuck}: {refusal}" in predicted.stdout.splitlines()
+    assert "1 would requeue" in predicted.stdout and "1 errors" in predicted.stdout
+    assert f"claimed/{freed}/{freed}" in untouched  # the dry run moved nothing
     assert said.returncode == 1, said.stderr  # a job could not be handled (Q-6, §2.4)
     assert f"error    {stuck}: {refusal}" in said.stdout.splitlines()
     assert "1 requeued" in said.stdout and "1 errors: queue NOT consistent" in said.stdout
