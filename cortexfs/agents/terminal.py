@@ -195,9 +195,11 @@ class Terminal:
         self._require_mount_sources()
         self._require_ids_setpriv_reads_as_numbers()
         self.runtime.make_and_lock()
+        cleaned_up = False  # until then, what is here is a dead terminal's, and stays
         try:
             self.dead_pid = self.runtime.recorded_pid()
             self.cleaned = self.runtime.clean_up()
+            cleaned_up = True
             if self.cleaned:
                 agent_log.record_lost_terminal(
                     self.root, self.view.name, self.session.name, self.dead_pid, self.cleaned
@@ -207,7 +209,9 @@ class Terminal:
             open_session(self.session, owner=Ownership(identity.uid, identity.gid)).close()
             self.runtime.require_link_place()
         except BaseException:
-            self.runtime.remove()
+            # A clean-up refused (a view that cannot be unmounted: EBUSY) leaves the dead
+            # terminal's files as they are, for 'ctx agent stop' or the next start to name.
+            self.runtime.remove(files=cleaned_up)
             self.runtime.release()
             raise
 

@@ -232,8 +232,10 @@ class RunDirectory:
 
     # ------------------------------------------------------------------- removing
 
-    def remove(self) -> None:
+    def remove(self, *, files: bool = True) -> None:
         """Remove the files and the directories of the terminal; the caller holds the lock.
+        Without ``files``, only the directories that are empty: a start refused before its
+        clean-up ended leaves a dead terminal's files (and alias) for the next to name.
 
         Never a recursive removal: the view's mount point may still be mounted (an unmount
         that failed), and removing through it would remove the agent's files.  The session's
@@ -243,11 +245,12 @@ class RunDirectory:
         starting meanwhile makes them again: :meth:`make_and_lock`.)  The base goes only if
         this one made it.
         """
-        self.release_alias()
-        for path in (self.main_socket, self.run_socket, self.pid_file):
-            # A directory in a file's place stays (clean_up said so): the rest still goes.
-            with contextlib.suppress(FileNotFoundError, IsADirectoryError):
-                path.unlink()
+        if files:
+            self.release_alias()
+            for path in (self.main_socket, self.run_socket, self.pid_file):
+                # A directory in a file's place stays (clean_up said so): the rest still goes.
+                with contextlib.suppress(FileNotFoundError, IsADirectoryError):
+                    path.unlink()
         above = self.path.parents
         emptied = [self.view_dir, self.view_dir.parent, self.path, above[0], above[1], above[2]]
         if RUN_BASE in self.made:
