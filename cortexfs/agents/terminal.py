@@ -115,7 +115,10 @@ class Terminal:
         self.mount: subprocess.Popen[bytes] | None = None
         self.stopping = False
         self.started = False  # tsh runs and the start is recorded
-        self.session_made = False  # prepare() made the session's directory
+        # What prepare() made for the session, which a start that fails takes away: the
+        # directories from the session's up (deepest first), its events.jsonl, its terminal/.
+        self.made_for_session: list[PurePosixPath] = []
+        self.made_in_session: list[str] = []
         self.run_calls = RunSocket(root, self.view, self.session, self.workspace, self.selector)
         self.resting: dict[socket.socket, tuple[Callable[[socket.socket], None], float]] = {}
         self.listeners: list[socket.socket] = []
@@ -205,15 +208,25 @@ class Terminal:
                     self.root, self.view.name, self.session.name, self.dead_pid, self.cleaned
                 )
             identity = self.view.identity
-            self.session_made = not os.path.lexists(self.session.path)
+            self._note_what_the_session_lacks()
             open_session(self.session, owner=Ownership(identity.uid, identity.gid)).close()
             self.runtime.require_link_place()
         except BaseException:
             # A clean-up refused (a view that cannot be unmounted: EBUSY) leaves the dead
             # terminal's files as they are, for 'ctx agent stop' or the next start to name.
             self.runtime.remove(files=cleaned_up)
+            self._remove_unused_session()
             self.runtime.release()
             raise
+
+    def _note_what_the_session_lacks(self) -> None:
+        """Before the session is opened: what opening it and linking its terminal will make."""
+        for relative in (self.session.relative, *self.session.relative.parents[:-1]):
+            if os.path.lexists(self.root / relative):
+                break
+            self.made_for_session.append(relative)
+        lacking = (EVENTS_FILE, "terminal")
+        self.made_in_session = [n for n in lacking if not os.path.lexists(self.session.path / n)]
 
     def cleaned_warning(self) -> str | None:
         """What the start cleaned up after a terminal of this session that had died (killed,
@@ -533,29 +546,35 @@ class Terminal:
                 self.mount.wait(timeout=10)
         self.runtime.remove_link()
         self.runtime.remove()
-        if self.session_made and not self.started:
+        if not self.started:
             self._remove_unused_session()
         self.runtime.release()  # last: until here a start of this session would be refused
 
     def _remove_unused_session(self) -> None:
-        """A start that failed leaves no session of its own making behind: the directory goes
-        when it holds nothing but the empty ``events.jsonl`` (and ``terminal/``) it was given.
-        It is the agent's uid's to write, so it is reached without following any link."""
+        """A start that failed leaves nothing of its own making in the session: the empty
+        ``events.jsonl`` and ``terminal/`` it made, then the directories it made from the
+        session's up, each when empty.  It is the agent's uid's to write, so it is reached
+        without following any link."""
         ops = durable.default_ops()
         with contextlib.suppress(OSError, CtxError):
-            sessions = open_beneath(ops, self.root, self.session.relative.parent.parts)
+            session = open_beneath(ops, self.root, self.session.relative.parts)
             try:
-                session = os.open(self.session.name, _NO_LINK_DIRECTORY, dir_fd=sessions)
-                try:
-                    if os.stat(EVENTS_FILE, dir_fd=session, follow_symlinks=False).st_size == 0:
-                        os.unlink(EVENTS_FILE, dir_fd=session)
+                if "terminal" in self.made_in_session:
                     with contextlib.suppress(OSError):
                         os.rmdir("terminal", dir_fd=session)
-                finally:
-                    os.close(session)
-                os.rmdir(self.session.name, dir_fd=sessions)
+                if EVENTS_FILE in self.made_in_session:
+                    events = os.stat(EVENTS_FILE, dir_fd=session, follow_symlinks=False)
+                    if events.st_size == 0:
+                        os.unlink(EVENTS_FILE, dir_fd=session)
             finally:
-                os.close(sessions)
+                os.close(session)
+        for relative in self.made_for_session:  # deepest first
+            with contextlib.suppress(OSError, CtxError):
+                parent = open_beneath(ops, self.root, relative.parent.parts)
+                try:
+                    os.rmdir(relative.name, dir_fd=parent)
+                finally:
+                    os.close(parent)
 
 
 def _readable_within(fd: int, timeout: float) -> bool:

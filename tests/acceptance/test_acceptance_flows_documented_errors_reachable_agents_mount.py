@@ -1201,7 +1201,8 @@ def test_ctx_agent_start_refusals_leave_nothing_running(
     it said and its errno (EROFS), exit 1, with nothing left running or mounted and no
     ``terminal.started`` logged; a directory planted where the session's ``terminal/main.sock``
     link goes is EISDIR; a directory where the pid file belongs is EISDIR to ``start`` and
-    ``stop``; a runtime directory level that is not root's is EPERM, naming it."""
+    ``stop``; a runtime directory level that is not root's is EPERM, naming it.  The homes
+    are left as they were: no session, events file or directory of the start's making."""
     agent = f"a{uuid.uuid4().hex[:8]}" if own_agent else "coder"
     session = f"r{uuid.uuid4().hex[:10]}"
     mine = RUN_BASE / root_key(host.storage) / str(host.uid) / agent
@@ -1210,6 +1211,7 @@ def test_ctx_agent_start_refusals_leave_nothing_running(
     try:
         errno_name, verbs = prepare(host, agent, session, unprivileged_user)
         controls = snapshot(host.storage / "agent")
+        homes = snapshot(host.storage / "home")
         planted = sorted(map(str, mine.rglob("*"))) if mine.exists() else []
         for verb in verbs.split(" and "):
             extra = ("--no-workspace",) if verb == "start" else ()
@@ -1221,6 +1223,7 @@ def test_ctx_agent_start_refusals_leave_nothing_running(
         log = read_jsonl(host.storage / "agent" / f"{agent}.d" / "log")
         assert [e for e in log if e.get("session") == session] == []
         assert snapshot(host.storage / "agent") == controls
+        assert snapshot(host.storage / "home") == homes  # no session left of the start's making
         assert mounts_under(mine) == []
         assert (sorted(map(str, mine.rglob("*"))) if mine.exists() else []) == planted
         assert not os.path.lexists(RUN_BASE / str(host.uid) / agent / session)
