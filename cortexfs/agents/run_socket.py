@@ -6,7 +6,11 @@ one JSON message, with tsh's stdin, stdout and stderr passed along (``SCM_RIGHTS
 * ``{"tool": NAME, "argv": [...]}``: run the tool as the agent in a child process of the
   terminal — :func:`~cortexfs.tools.runner.run_terminal`, the whole authority chain, hooks, the
   tool's log and the session's events, as ``ctx run`` — which answers
-  ``{"exit_status": N}`` on the connection when the tool has ended;
+  ``{"exit_status": N}`` on the connection when the tool has ended.  With ``"terminal":
+  true`` tsh has let go of the PTY, its controlling terminal, for the tool to lead it (H-5):
+  the tool starts a session of its own with the PTY as its controlling terminal, so that
+  Ctrl-C, Ctrl-Z and ``/dev/tty`` reach it as on any terminal, and tsh takes the PTY back
+  once the answer has come;
 * ``{"interrupt": true}``: SIGINT to every running call (Ctrl-C in the terminal), which the
   runner passes on to the tool's process group.
 
@@ -34,7 +38,7 @@ import sys
 import time
 from pathlib import Path
 
-from cortexfs.agents.sandbox import session_processes
+from cortexfs.agents.sandbox import sandbox_processes
 from cortexfs.agents.view import AgentView
 from cortexfs.errors import denied
 from cortexfs.printable import printable
@@ -73,7 +77,7 @@ def sandbox_namespace(shell_session: int) -> Namespace | None:
     process's own, that they live in.  None when there is not exactly one such."""
     own = pid_namespace(os.getpid())
     found: set[Namespace] = set()
-    for pid in session_processes(shell_session):
+    for pid in sandbox_processes(shell_session):
         namespace = pid_namespace(pid)
         if namespace is not None and namespace != own:
             found.add(namespace)
@@ -152,7 +156,9 @@ class RunSocket:
                     self._let_go_of_the_terminal(connection)
                     connection.settimeout(None)  # the answer waits for the tool, however long
                     try:
-                        status = self._run_tool(tool, [str(arg) for arg in argv], descriptors)
+                        leads = request.get("terminal") is True
+                        words = [str(arg) for arg in argv]
+                        status = self._run_tool(tool, words, descriptors, leads_terminal=leads)
                         connection.sendall(json.dumps({"exit_status": status}).encode() + b"\n")
                     finally:
                         os._exit(0)
@@ -267,7 +273,9 @@ class RunSocket:
                 f"{agent} TOOL' as the host administrator"
             )
 
-    def _run_tool(self, tool: str, argv: list[str], descriptors: list[int]) -> int:
+    def _run_tool(
+        self, tool: str, argv: list[str], descriptors: list[int], *, leads_terminal: bool
+    ) -> int:
         """In the call's child: tsh's descriptors become its own, then the tool runs."""
         from cortexfs.tools.runner import run_terminal
 
@@ -289,6 +297,7 @@ class RunSocket:
             session=self.session,
             workspace=self.workspace,
             asking=(identity.uid, identity.gid),
+            leads_terminal=leads_terminal,
         )
         if result.exit_status is None and result.error is not None:
             # The error quotes what others wrote (a hook's name and message): never raw onto

@@ -27,11 +27,9 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import os
 import signal
 import stat
-import termios
 from collections.abc import Iterator, Sequence
 from pathlib import Path, PurePosixPath
 from typing import NamedTuple
@@ -39,10 +37,11 @@ from typing import NamedTuple
 from cortexfs.agents.view import WORKSPACE, AgentView, terminal_type
 from cortexfs.errors import CtxError
 from cortexfs.policy.mounts import CTX_TARGET, Mount, mount_problem
+from cortexfs.tools.spawn import session_processes
 
 SANDBOX_RUN_SOCKET = "/run/ctx/run.sock"
 SANDBOX_TSH = "/ctx/bin/tsh"
-_SANDBOX_PROGRAMS = (b"bwrap", b"setpriv")  # what runs before tsh in the shell's session
+_SANDBOX_PROGRAMS = (b"bwrap", b"setpriv")  # what runs before tsh in the sandbox
 _SYSTEM_DIRS = ("/usr", "/etc")
 _WALKED = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -103,30 +102,34 @@ def shell_command(
     ]  # fmt: skip
 
 
-def take_terminal() -> None:
-    """In the shell's process, before exec: the PTY on stdin becomes its controlling terminal,
-    and Ctrl-C on it no longer ends the sandbox's own processes (the signal reaches the whole
-    foreground group); tsh asks for SIGINT back for itself."""
-    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+def spare_the_sandbox() -> None:
+    """In the shell's process, before exec: Ctrl-C and Ctrl-\\ never end the sandbox's own
+    processes.  The PTY is nobody's controlling terminal yet: tsh leads a session of its own
+    and takes it (so that it can let go of it for a tool to lead, H-5), and asks for SIGINT
+    back for itself."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGQUIT, signal.SIG_IGN)
 
 
-def session_processes(session_id: int) -> Iterator[int]:
-    """The pids of the processes in the session ``session_id`` (the shell's: it was started
-    as a session leader), as ``/proc`` lists them now; one gone meanwhile is left out."""
+def sandbox_processes(shell_session: int) -> Iterator[int]:
+    """The pids of the sandbox's processes, as ``/proc`` lists them now: those of the session
+    ``shell_session`` (bubblewrap's, started as a session leader) and their children, among
+    them tsh, which leads a session of its own; one gone meanwhile is left out."""
+    in_session = set(session_processes(shell_session))
+    yield from in_session
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        with contextlib.suppress(OSError):  # gone meanwhile
-            if os.getsid(int(entry)) == session_id:
-                yield int(entry)
+        if entry.isdigit() and int(entry) not in in_session:
+            with contextlib.suppress(OSError, ValueError, IndexError):  # gone meanwhile
+                stat_line = Path("/proc", entry, "stat").read_bytes()
+                parent = int(stat_line.rsplit(b")", 1)[1].split()[1])
+                if parent in in_session:
+                    yield int(entry)
 
 
-def tsh_runs(session_id: int) -> bool:
-    """Whether tsh itself (not bubblewrap or setpriv before it) runs in the session
-    ``session_id``."""
-    for pid in session_processes(session_id):
+def tsh_runs(shell_session: int) -> bool:
+    """Whether tsh itself (not bubblewrap or setpriv before it) runs in the sandbox started
+    as the leader of ``shell_session``."""
+    for pid in sandbox_processes(shell_session):
         try:
             argv = Path("/proc", str(pid), "cmdline").read_bytes().split(b"\0")
         except OSError:

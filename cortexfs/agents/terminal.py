@@ -370,7 +370,7 @@ class Terminal:
                     stderr=slave,
                     env=sandbox.shell_environment(self.view, self.session.name),
                     start_new_session=True,
-                    preexec_fn=sandbox.take_terminal,
+                    preexec_fn=sandbox.spare_the_sandbox,
                     pass_fds=[source.descriptor for source in sources],
                 )
             finally:

@@ -190,6 +190,7 @@ def run_terminal(
     timeout: float | None = None,
     workspace: Path | None = None,
     asking: tuple[int, int] | None = None,
+    leads_terminal: bool = False,
 ) -> ToolResult:
     """Run ``tool`` as ``agent`` with ``argv``, on the caller's stdin/stdout/stderr (T-3).
 
@@ -197,11 +198,14 @@ def run_terminal(
     mounts have none (A-1): the tool sees it there too, read-write.  ``asking``: the uid and
     gid of the process that asks for the call on the agent's behalf (tsh in its terminal, by
     its socket's peer credentials), refused at step 1 of the chain unless they are still the
-    agent's identity as this call reads it.
+    agent's identity as this call reads it.  ``leads_terminal``: the asker let go of the
+    terminal on stdin, and the tool takes it as its own controlling terminal, leading a
+    session of its own (H-5: a shell typed at tsh has job control, a program opens /dev/tty).
     """
     call = _Call(
         root, agent, tool, TERMINAL, session, timeout, None, workspace=workspace, asking=asking
     )
+    call.leads_terminal = leads_terminal
     return call.execute(None, argv)
 
 
@@ -237,6 +241,7 @@ class _Call:
     ) -> None:
         self.job = job
         self.asking = asking
+        self.leads_terminal = False  # run_terminal's leads_terminal
         # Made absolute at stage caller (a relative root would name another tree in the
         # agent's working directory, where the tool starts); a Path at once, so that what is
         # no path is the caller's TypeError, not the call's failure.
@@ -640,7 +645,8 @@ class _Call:
                         on_cut_short=self._cut_short,
                     )
                 else:
-                    finished = run_attached(spec, on_start=self._started)
+                    leading = spec._replace(leads_terminal=self.leads_terminal)
+                    finished = run_attached(leading, on_start=self._started)
                 self.finished = finished
             except OSError as exc:
                 raise CtxError(

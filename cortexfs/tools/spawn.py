@@ -17,7 +17,9 @@
 
 Captured calls (native mode, hooks) detach from the terminal (a new session).  Attached calls
 (terminal CLI mode) inherit stdin, stdout and stderr and, on a terminal, become its foreground
-process group, as a shell's job would, so Ctrl-C and job control reach the tool.
+process group, as a shell's job would, so Ctrl-C and job control reach the tool.  A tool typed
+at tsh, whose terminal tsh has let go of, leads a session of its own with that terminal as its
+controlling terminal (``leads_terminal``); every process left in that session is the call's.
 """
 
 from __future__ import annotations
@@ -64,6 +66,9 @@ class ProcessSpec(NamedTuple):
     timeout: float | None
     pass_fds: tuple[int, ...] = ()  # descriptors the process inherits (a capability channel)
     network: bool = False  # may it reach the network (P-4)? see cortexfs.tools.offline
+    # run_attached only: the tool leads a session of its own whose controlling terminal is
+    # its stdin, which its caller has let go of (a command line typed at tsh, H-5)
+    leads_terminal: bool = False
 
 
 class Finished(NamedTuple):
@@ -127,6 +132,7 @@ def run_captured(
     before that goes on: a tool that ran keeps its output."""
     started = time.monotonic()
     _require_startable(spec.argv[0], spec.cwd)
+    spec = spec._replace(leads_terminal=spec.leads_terminal and _SETSID is not None)
     argv, options, network_namespace = _launch(spec)
     with network_namespace:
         process = subprocess.Popen(
@@ -263,32 +269,38 @@ _SHEBANG_BYTES = 256  # as much of a script's first line as the kernel reads (BI
 
 @_keeping_exit_statuses
 def run_attached(spec: ProcessSpec, *, on_start: Callable[[int], None] | None = None) -> Finished:
-    """Run with the caller's stdin, stdout and stderr (terminal CLI mode, T-3)."""
+    """Run with the caller's stdin, stdout and stderr (terminal CLI mode, T-3); leading the
+    terminal on stdin when ``spec.leads_terminal`` says to and setsid(1) is there."""
     started = time.monotonic()
     _require_startable(spec.argv[0], spec.cwd)
+    spec = spec._replace(leads_terminal=spec.leads_terminal and _SETSID is not None)
     argv, options, network_namespace = _launch(spec)
     with network_namespace:
         process = subprocess.Popen(
             argv,
             env=dict(spec.env),
             cwd=spec.cwd,
-            process_group=0,
+            # Leading a terminal, the tool's own session (setsid(1) makes it, and would fork
+            # if the process led a group already) is its process group too.
+            process_group=None if spec.leads_terminal else 0,
             close_fds=True,
             pass_fds=spec.pass_fds,
             **options,
         )
     passed_on: list[int] = []
+    leads = spec.leads_terminal
     with orphans.GUARD.watching(process.pid):
-        with _foreground(process.pid) as terminal, _forwarding_signals(process.pid, passed_on):
+        foreground = contextlib.nullcontext() if leads else _foreground(process.pid)
+        with foreground as terminal, _forwarding_signals(process.pid, passed_on):
             if on_start:
                 on_start(process.pid)
             timed_out = not _exits_within(process.pid, spec.timeout, terminal)
             if timed_out:
-                _kill_group(process.pid)
+                _kill_call(process.pid, session=leads)
             exit_status = _exit_status(process.wait())
             if terminal is not None and exit_status > 128:
                 terminal.restore_modes()  # killed: what it set of the terminal is undone
-        _end_stragglers(process.pid)
+        _end_stragglers(process.pid, session=leads)
     return Finished(
         process.pid,
         exit_status,
@@ -301,20 +313,33 @@ def run_attached(spec: ProcessSpec, *, on_start: Callable[[int], None] | None = 
     )
 
 
-def _end_stragglers(pgid: int, since: float | None = None) -> None:
+def _end_stragglers(pgid: int, since: float | None = None, *, session: bool = False) -> None:
     """Give what the tool left running in its group :data:`STRAGGLER_GRACE` seconds from
     ``since`` (the tool's exit; by default now), then kill the group: no process of a call
-    outlives it."""
+    outlives it.  With ``session``, the tool led a session of its own (and ``pgid`` is its
+    id): the groups an interactive shell made there for its jobs are the call's too."""
     deadline = (time.monotonic() if since is None else since) + STRAGGLER_GRACE
     while time.monotonic() < deadline:
         try:
             os.killpg(pgid, 0)
         except ProcessLookupError:
-            return  # the group is empty
+            if not (session and any(session_processes(pgid))):
+                return  # the call's processes are gone
         except PermissionError:
             break  # members we may not signal: the kill below says the same
         time.sleep(0.02)
-    _kill_group(pgid)
+    _kill_call(pgid, session=session)
+
+
+def session_processes(session_id: int) -> Iterator[int]:
+    """The pids of the processes in the session ``session_id``, as ``/proc`` lists them now;
+    one gone meanwhile is left out."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        with contextlib.suppress(OSError):  # gone meanwhile
+            if os.getsid(int(entry)) == session_id:
+                yield int(entry)
 
 
 class _Pump:
@@ -518,6 +543,10 @@ def _exits_within(pid: int, timeout: float | None, terminal: _Terminal | None = 
 # and orphans.die_with_parent sets the signal.  Either way, what the tool starts in turn is
 # killed by the orphan guard (:mod:`cortexfs.tools.orphans`) once the caller is gone.
 _SETPRIV = find_program("setpriv")
+# setsid(1) --ctty: a tool that leads the terminal its caller let go of (tsh's, H-5) starts a
+# session of its own and takes that terminal as its controlling terminal, then execs the tool.
+# Without it the tool runs as any attached call, on the terminal but not leading it.
+_SETSID = find_program("setsid")
 # What the tool could inherit of its caller's capabilities across the exec: an ambient set,
 # which a parent may give even a user, and an inheritable set (a root started with securebits
 # that keep capabilities across the switch of ids).  The tool's permission is its uid's,
@@ -544,19 +573,32 @@ def _launch(
             # same uid mapped, which keeps the parent-death signal set after it.
             isolation = offline.argv_prefix()
     id_options = [] if identity is None else setpriv_id_options(identity)
+    # After the switch of ids, so that taking the terminal can never be a privileged steal of
+    # one its caller still holds: it succeeds only on a terminal no session has.
+    leading = [_SETSID, "--ctty"] if spec.leads_terminal else []
     if _SETPRIV is None or id_options is None:
         options: dict[str, Any] = {"preexec_fn": orphans.die_with_parent(os.getpid())}
         if identity is not None:
             groups = sorted(identity.groups)
             options.update(user=identity.uid, group=identity.gid, extra_groups=groups)
-        return [*isolation, *spec.argv], options, network_namespace
+        return [*isolation, *leading, *spec.argv], options, network_namespace
     prefix = [_SETPRIV, *id_options, *_NO_CAPABILITIES_PASSED_ON, "--pdeathsig=KILL", "--"]
-    return [*isolation, *prefix, *spec.argv], {}, network_namespace
+    return [*isolation, *prefix, *leading, *spec.argv], {}, network_namespace
 
 
 def _kill_group(pgid: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
+
+
+def _kill_call(pgid: int, *, session: bool) -> None:
+    """SIGKILL to the call's group and, when the tool led a session of its own, to every
+    process of that session."""
+    _kill_group(pgid)
+    if session:
+        for pid in session_processes(pgid):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def _exit_status(returncode: int) -> int:

@@ -677,11 +677,6 @@ def test_a_tool_typed_at_tsh_gets_the_terminal_environment_and_the_starters_proc
 
 
 @needs_terminal
-@pytest.mark.xfail(
-    strict=True,
-    reason="H-5: a tool typed at tsh runs on the agent's PTY without it as its controlling "
-    "terminal (tty_nr 0, no foreground group): bash says 'no job control', /dev/tty is ENXIO",
-)
 def test_a_tool_typed_at_tsh_leads_the_agents_terminal_as_on_any_terminal(host: Host) -> None:
     """H-5 (interactive shells are ordinary tools), T-3 and docs/tools.md ("on a terminal
     the tool becomes the foreground process group so that Ctrl-C and job control reach it";

@@ -32,6 +32,7 @@ from __future__ import annotations
 import array
 import contextlib
 import errno
+import fcntl
 import json
 import os
 import signal
@@ -39,6 +40,7 @@ import socket
 import stat
 import sys
 import termios
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -282,8 +284,10 @@ def tools(context: TshContext) -> list[str]:
 def call(name: str, argv: list[str]) -> int:
     """Have the host run ``name`` with ``argv`` on this terminal; its exit status.
 
-    Ctrl-C reaches tsh, not the tool (which the host runs): tsh asks the host to interrupt
-    the running call, then waits for its status as usual."""
+    The tool leads the terminal while it runs (the host starts it in a session of its own
+    with the PTY as its controlling terminal), so Ctrl-C, Ctrl-Z and ``/dev/tty`` reach it as
+    they reach a shell's job.  Where tsh leads no terminal, Ctrl-C reaches tsh, which asks
+    the host to interrupt the running call, then waits for its status as usual."""
     if _as_agent_tool():
         print(
             f"tsh: {name}: EACCES: this tsh runs as a tool of agent "
@@ -302,7 +306,11 @@ def call(name: str, argv: list[str]) -> int:
             file=sys.stderr,
         )
         return CANNOT_RUN
-    request = json.dumps({"tool": name, "argv": argv}).encode() + b"\n"
+    # The tool leads the terminal while it runs, as a shell's job does (H-5): tsh lets go of
+    # it and takes it back once the host has answered.
+    let_go = _let_go_of_terminal()
+    message = {"tool": name, "argv": argv, **({"terminal": True} if let_go else {})}
+    request = json.dumps(message).encode() + b"\n"
     descriptors = array.array("i", [0, 1, 2])
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
@@ -322,6 +330,62 @@ def call(name: str, argv: list[str]) -> int:
     except (OSError, KeyError, ValueError, AttributeError) as exc:
         print(f"tsh: {name}: the host did not run it: {exc}", file=sys.stderr)
         return CANNOT_RUN
+    finally:
+        if let_go:
+            _take_terminal_back()
+
+
+# How long tsh tries to take its terminal back after a call: the tool's session lets go of it
+# as its leader exits, which comes before the host's answer; a straggler of the call that led
+# a session of its own holds it until the host has killed it.
+TAKE_BACK_SECONDS = 2.0
+
+
+def _lead_terminal() -> None:
+    """In an agent terminal: lead a session of tsh's own whose controlling terminal is the
+    PTY on stdin, so that tsh can let go of it for each tool it runs (:func:`call`).  Where
+    it cannot, tsh runs on as it was started, and its tools run on the PTY without leading it."""
+    with contextlib.suppress(OSError):
+        if os.getsid(0) != os.getpid():
+            os.setsid()
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+
+def _let_go_of_terminal() -> bool:
+    """Let go of the controlling terminal tsh leads, for the next tool to lead it; False when
+    tsh leads none.  The kernel hangs up the terminal's foreground group as it lets go, which
+    is tsh's own: ignored for that moment."""
+    try:
+        if os.getsid(0) != os.getpid() or os.tcgetpgrp(0) != os.getpgrp():
+            return False
+    except OSError:
+        return False
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        fcntl.ioctl(0, termios.TIOCNOTTY)
+    except OSError:
+        return False
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+    return True
+
+
+def _take_terminal_back() -> None:
+    deadline = time.monotonic() + TAKE_BACK_SECONDS
+    while True:
+        try:
+            fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+            return
+        except OSError as exc:
+            if exc.errno != errno.EPERM or time.monotonic() >= deadline:
+                code = errno.errorcode.get(exc.errno or errno.EIO, "EIO")
+                print(
+                    f"tsh: {code}: cannot take the terminal back ({exc.strerror}): Ctrl-C and "
+                    "Ctrl-Z reach the next tools through the host alone",
+                    file=sys.stderr,
+                )
+                return
+        time.sleep(0.01)
 
 
 PR_SET_DUMPABLE = 4
@@ -666,6 +730,8 @@ def _run() -> int:
     # As a POSIX shell does, prompt only a person at a terminal: commands piped in from a
     # script answer with their output alone, which the script can read.
     interactive = sys.stdin.isatty()
+    if interactive and _in_agent_terminal():
+        _lead_terminal()
     prompt = f"{os.environ.get('CTX_AGENT', 'agent')}$ " if _in_agent_terminal() else "tsh$ "
     # The terminal's modes as tsh found them: a tool killed by a signal after it changed
     # them (stty -echo) has them put back, as a shell does, or the next line is typed blind.
