@@ -12,7 +12,8 @@ not go on beside the second.  Two mechanisms, because one is not enough:
   call).  Never start a tool from a thread that may end before it.
 * the **orphan guard** (:class:`OrphanGuard`): what the first process started (a shell forks
   its commands) would be reparented to init and run on; the guard kills the call's whole
-  process group once the caller is gone.
+  process group once the caller is gone, and the whole session of a call that leads one (a
+  tool typed at tsh, whose shell may put its jobs in groups of their own).
 """
 
 from __future__ import annotations
@@ -84,6 +85,8 @@ class OrphanGuard:
     cancels it instead.
     """
 
+    # A session is registered as ``+sSID``: a call that leads one (a tool typed at tsh) may
+    # leave processes there in groups of its own (a shell's jobs), found by /proc's stat.
     _SCRIPT = """
 trap '' HUP INT QUIT TERM PIPE
 groups=' '
@@ -94,29 +97,42 @@ while read -r line; do
         case $groups in *" $group "*) groups="${groups%% $group *} ${groups#* $group }" ;; esac ;;
     esac
 done
-for group in $groups; do kill -s KILL -- "-$group" 2>/dev/null; done
+for group in $groups; do
+    case $group in
+    s*) for process in /proc/[0-9]*; do
+            { read -r stat < "$process/stat"; } 2>/dev/null || continue
+            set -- ${stat##*) }
+            [ "$4" = "${group#s}" ] && kill -s KILL "${process#/proc/}" 2>/dev/null
+        done ;;
+    *) kill -s KILL -- "-$group" 2>/dev/null ;;
+    esac
+done
 """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._groups: set[int] = set()
+        self._groups: set[str] = set()  # process groups' ids, and sessions' as sSID
         self._fd: int | None = None
         self._guard: subprocess.Popen[bytes] | None = None
         self._unsent: list[str] = []  # lines the pipe had no room for yet, oldest first
         os.register_at_fork(after_in_child=self._forget)
 
     @contextlib.contextmanager
-    def watching(self, pgid: int) -> Iterator[None]:
-        """Guard ``pgid`` while the block runs: the block ends with the group killed."""
+    def watching(self, pgid: int, *, session: bool = False) -> Iterator[None]:
+        """Guard ``pgid`` while the block runs: the block ends with the group killed.  With
+        ``session``, ``pgid`` leads a session too, whose every process is killed."""
+        names = [str(pgid), *([f"s{pgid}"] if session else [])]
         with self._lock:
-            self._groups.add(pgid)
-            self._send(f"+{pgid}\n")
+            for name in names:
+                self._groups.add(name)
+                self._send(f"+{name}\n")
         try:
             yield
         finally:
             with self._lock:
-                self._groups.discard(pgid)
-                self._send(f"-{pgid}\n")
+                for name in names:
+                    self._groups.discard(name)
+                    self._send(f"-{name}\n")
 
     def _send(self, line: str) -> None:
         if self._fd is None:

@@ -289,7 +289,7 @@ def run_attached(spec: ProcessSpec, *, on_start: Callable[[int], None] | None = 
         )
     passed_on: list[int] = []
     leads = spec.leads_terminal
-    with orphans.GUARD.watching(process.pid):
+    with orphans.GUARD.watching(process.pid, session=leads):
         foreground = contextlib.nullcontext() if leads else _foreground(process.pid)
         with foreground as terminal, _forwarding_signals(process.pid, passed_on):
             if on_start:

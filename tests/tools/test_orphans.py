@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -64,3 +65,42 @@ def is_running(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+SESSION_CALL = """
+import os, subprocess, time
+from cortexfs.tools.orphans import GUARD
+
+# A call that leads a session of its own, as a shell typed at tsh does, with a job of that
+# shell's in a process group of its own; this process then dies without a word.
+JOB = "import os, time; os.setpgid(0, 0); print(os.getpid(), flush=True); time.sleep(120)"
+leader = subprocess.Popen(
+    ["/bin/sh", "-c", f"python3 -c '{JOB}' & exec sleep 120"],
+    start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+)
+job = int(leader.stdout.readline())
+with GUARD.watching(leader.pid, session=True):
+    print(leader.pid, job, GUARD._guard.pid, flush=True)
+    os._exit(0)
+"""
+
+
+def test_a_call_that_leads_a_session_has_every_process_of_it_killed() -> None:
+    """A session registered with the guard (a tool that leads the terminal, H-5) is killed
+    whole when the guard's process is gone: its job in another group too, which the group's
+    kill would miss."""
+    done = subprocess.run(
+        [sys.executable, "-c", SESSION_CALL], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    leader, job, guard = map(int, done.stdout.split())
+    try:
+        assert (os.getsid(job), os.getpgid(job)) == (leader, job), "a job in a group of its own"
+        deadline = time.monotonic() + 30
+        while is_running(guard) or is_running(leader) or is_running(job):
+            assert time.monotonic() < deadline, "the session outlived its call"
+            time.sleep(0.05)
+    finally:
+        for pid in (leader, job):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
