@@ -43,7 +43,7 @@ from cortexfs.agents.view import AgentView
 from cortexfs.errors import denied
 from cortexfs.printable import printable
 from cortexfs.shared.sessions import SessionRef
-from cortexfs.tools.spawn import STRAGGLER_GRACE
+from cortexfs.tools.spawn import STRAGGLER_GRACE, children_of
 
 _MAX_REQUEST = 1024 * 1024
 REQUEST_SECONDS = 2.0  # for tsh's message to arrive once it has connected
@@ -53,6 +53,9 @@ CALL_END_SECONDS = 2.0  # for the calls running when the terminal ends to record
 # the shell left in its group STRAGGLER_GRACE to go before it records, and the record
 # needs its moment too; a call killed before then keeps its tool_call alone.
 HANGUP_SECONDS = STRAGGLER_GRACE + 1.0
+# Then for those whose tool was killed to record its end: the runner's own kill of what the
+# tool left (STRAGGLER_GRACE after it), and the record.
+RECORD_SECONDS = STRAGGLER_GRACE + 1.0
 _REFUSED = 126  # tsh's status for a call the host did not run
 Request = dict[str, object]
 Namespace = tuple[int, int]  # a pid namespace: the device and inode of /proc/<pid>/ns/pid
@@ -191,9 +194,12 @@ class RunSocket:
         (the runner passes SIGINT on to its tool's group and records the call's result).
         One still running after ``grace`` seconds (an interactive shell ignores SIGINT) is
         told the terminal hung up, SIGHUP, as a closing terminal tells its shell, which
-        ends on it, and its result is recorded too; one still running
-        :data:`HANGUP_SECONDS` later is killed, and its tool with it (the tool dies with the
-        process that started it: its parent-death signal), its result unrecorded."""
+        ends on it, and its result is recorded too; one whose tool still runs
+        :data:`HANGUP_SECONDS` later (it ignores both) has its tool's group killed, and its
+        result is recorded as the tool's death by SIGKILL; a call still running
+        :data:`RECORD_SECONDS` later is killed, and whatever it started with it (the tool
+        dies with the process that started it: its parent-death signal), its result
+        unrecorded."""
         for connection in list(self.waiting):
             self._stop_waiting(connection)
             connection.close()
@@ -202,6 +208,12 @@ class RunSocket:
         if self.calls:
             self._signal_calls(signal.SIGHUP)
             self._wait_for_calls(HANGUP_SECONDS)
+        if self.calls:
+            # Each call's children are its tool and hooks, each the leader of its own group.
+            for child in children_of(self.calls):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(child, signal.SIGKILL)
+            self._wait_for_calls(RECORD_SECONDS)
         for pid in self.calls:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)

@@ -25,7 +25,6 @@ tsh runs as the agent's uid, gid and exactly its groups, with no capabilities an
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import signal
@@ -37,7 +36,7 @@ from typing import NamedTuple
 from cortexfs.agents.view import WORKSPACE, AgentView, terminal_type
 from cortexfs.errors import CtxError
 from cortexfs.policy.mounts import CTX_TARGET, Mount, mount_problem
-from cortexfs.tools.spawn import session_processes
+from cortexfs.tools.spawn import children_of, session_processes
 
 SANDBOX_RUN_SOCKET = "/run/ctx/run.sock"
 SANDBOX_TSH = "/ctx/bin/tsh"
@@ -117,13 +116,7 @@ def sandbox_processes(shell_session: int) -> Iterator[int]:
     them tsh, which leads a session of its own; one gone meanwhile is left out."""
     in_session = set(session_processes(shell_session))
     yield from in_session
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) not in in_session:
-            with contextlib.suppress(OSError, ValueError, IndexError):  # gone meanwhile
-                stat_line = Path("/proc", entry, "stat").read_bytes()
-                parent = int(stat_line.rsplit(b")", 1)[1].split()[1])
-                if parent in in_session:
-                    yield int(entry)
+    yield from (pid for pid in children_of(in_session) if pid not in in_session)
 
 
 def tsh_runs(shell_session: int) -> bool:

@@ -36,7 +36,7 @@ import subprocess
 import termios
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import IO, Any, NamedTuple
 
 from cortexfs.errors import CtxError
@@ -300,7 +300,10 @@ def run_attached(spec: ProcessSpec, *, on_start: Callable[[int], None] | None = 
             exit_status = _exit_status(process.wait())
             if terminal is not None and exit_status > 128:
                 terminal.restore_modes()  # killed: what it set of the terminal is undone
-        _end_stragglers(process.pid, session=leads)
+        if timed_out:
+            _kill_call(process.pid, session=leads)  # killed at its timeout: no grace for any
+        else:
+            _end_stragglers(process.pid, session=leads)
     return Finished(
         process.pid,
         exit_status,
@@ -329,6 +332,18 @@ def _end_stragglers(pgid: int, since: float | None = None, *, session: bool = Fa
             break  # members we may not signal: the kill below says the same
         time.sleep(0.02)
     _kill_call(pgid, session=session)
+
+
+def children_of(parents: Collection[int]) -> Iterator[int]:
+    """The pids of the children of ``parents``, as ``/proc`` lists them now; one gone
+    meanwhile is left out."""
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError, ValueError, IndexError):  # gone meanwhile
+                with open(f"/proc/{entry}/stat", "rb") as stat_file:
+                    fields = stat_file.read().rsplit(b")", 1)[1].split()
+                if int(fields[1]) in parents:  # state, then the parent's pid
+                    yield int(entry)
 
 
 def session_processes(session_id: int) -> Iterator[int]:
