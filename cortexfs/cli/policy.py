@@ -276,12 +276,12 @@ def _render(agent: str, object_ref: str, permission: str, decision: Decision) ->
 
 def _within_root(root: Path, location: str) -> str:
     """An absolute ``--location`` (as ``object which`` and ``object list`` print a tool's
-    directory) as the storage root's own path to it; EINVAL for one outside the root."""
-    given = os.path.normpath(location)
-    for base in (os.path.normpath(root), os.path.realpath(root)):
-        relative = os.path.relpath(given, base)
-        if relative != os.curdir and relative.split(os.sep)[0] != os.pardir:
-            return relative
+    directory) as the storage root's own path to it, for the chain to judge as it judges
+    one given so; EINVAL for one outside the root."""
+    for base in (os.fspath(root), os.path.realpath(root)):
+        prefix = base.rstrip("/") + "/"
+        if location.startswith(prefix) and location != prefix:
+            return location[len(prefix) :]
     raise invalid(
         f"{location!r} names no directory within the storage root {str(root)!r}; give the one "
         "(tool, home/UID/tool, shared/SPACE/tool, or a session directory)"

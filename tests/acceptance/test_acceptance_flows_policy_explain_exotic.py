@@ -395,11 +395,13 @@ def test_network_names_other_than_default_are_refused_everywhere(base: World) ->
 
 
 def test_odd_locations_are_einval_or_judged_without_following_a_link(fresh: World) -> None:
-    """P-5 step 2, P-8: ``--location`` takes the documented forms only: a trailing slash,
-    ``./``, ``..``, an absolute path, blanks, a non-numeric home, the manual bundle are
-    malformed (exit 2, the location quoted); a space reached through a symbolic link is
-    refused at step 2 naming the link, for a tool and for a session, never followed to the
-    space it leads to; a location given for a class that has one place is EINVAL too."""
+    """P-5 step 2, P-8: ``--location`` takes the documented forms only, relative to the
+    root or absolute within it: a trailing slash, ``./``, ``..``, an absolute path outside the
+    root, blanks, a non-numeric home, the manual bundle are malformed (exit 2, the location
+    quoted), and an absolute path within the root is judged as its relative form; a space
+    reached through a symbolic link is refused at step 2 naming the link, for a tool and for
+    a session, never followed to the space it leads to; a location given for a class that
+    has one place is EINVAL too."""
     w = fresh
     (w.storage / "shared" / "alias").symlink_to("proj")
     root = str(w.storage)
@@ -407,7 +409,7 @@ def test_odd_locations_are_einval_or_judged_without_following_a_link(fresh: Worl
         "tool/",
         "./tool",
         "tool/../tool",
-        f"{root}/tool",
+        f"{w.storage.parent}/tool",
         "shared/proj/tool/",
         "shared/../tool",
         "home/x/tool",
@@ -420,6 +422,9 @@ def test_odd_locations_are_einval_or_judged_without_following_a_link(fresh: Worl
     ):
         error = w.refused("coder", "tool:demo.echo", "execute", "--location", location)
         assert repr(location) in error["message"], error
+    absolute = w.explain("coder", "tool:demo.echo", "execute", "--location", f"{root}/tool")
+    relative = w.explain("coder", "tool:demo.echo", "execute", "--location", "tool")
+    assert (absolute[0].rc, absolute[1]) == (relative[0].rc, relative[1])
     for location in (
         f"{CODER_SESSIONS}/",
         "shared/proj/agent/coder/session/.",

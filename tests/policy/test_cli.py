@@ -295,17 +295,21 @@ def test_explain_takes_a_location_as_object_which_prints_it(
     root: Path, coder: Path, user: UnprivilegedUser
 ) -> None:
     """An absolute --location within the root (the directory of what ``object which``
-    prints) is that tier; one outside the root, or the root itself, is EINVAL, exit 2."""
+    prints) is judged as the root's own path to it; one outside the root, or the root
+    itself, is EINVAL, exit 2."""
     home_tier = f"home/{user.uid}/tool"
     add_tool(root, "fs.read", policy=FS_READ, location=home_tier)
     request = ["explain", "--storage", str(root), "coder", "tool:fs.read", "execute", "--json"]
 
-    for location in (root / home_tier, f"{root}/{home_tier}/", f"{root}/tool/../{home_tier}"):
-        absolute = ctx(*request, "--location", str(location))
-        assert absolute.returncode == 0, absolute.stderr
-        assert json.loads(absolute.stdout) == json.loads(
-            ctx(*request, "--location", home_tier).stdout
-        )
+    absolute = ctx(*request, "--location", str(root / home_tier))
+    assert absolute.returncode == 0, absolute.stderr
+    relative = ctx(*request, "--location", home_tier)
+    assert json.loads(absolute.stdout) == json.loads(relative.stdout)
+    for odd in (f"{root}/{home_tier}/", f"{root}/tool/../{home_tier}"):
+        malformed = ctx(*request, "--location", odd)  # judged as its relative form would be
+        assert malformed.returncode == 2, malformed
+        within = odd[len(str(root)) + 1 :]
+        assert f"{within!r} is not a place where a tool lives" in malformed.stderr
     system = ctx(*request, "--location", str(root / "tool"))
     assert system.returncode == 1
     assert json.loads(system.stdout)["errno"] == "ENOENT"
