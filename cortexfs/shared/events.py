@@ -227,6 +227,18 @@ class EventLog:
             if self._appending == 0:
                 fcntl.flock(self._fd, fcntl.LOCK_UN)
 
+    def moved(self) -> bool:
+        """Whether the log's name now holds another file, or none: it was renamed away (a
+        rotation) or removed since it was opened."""
+        try:
+            named = os.stat(self.path, follow_symlinks=False)
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return False  # nothing to tell: appends go on where they went
+        held = os.fstat(self._fd)
+        return (named.st_dev, named.st_ino) != (held.st_dev, held.st_ino)
+
     def sync(self) -> None:
         """Make every event appended so far durable (one fsync for several appends)."""
         try:

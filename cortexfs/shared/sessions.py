@@ -19,6 +19,8 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import threading
+from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import Any, NamedTuple
 
@@ -116,11 +118,29 @@ class SessionRef(_SessionPlace):
 
 
 class Session:
-    """A session opened for recording; one descriptor serves every event."""
+    """A session opened for recording; one descriptor serves every event.
 
-    def __init__(self, ref: SessionRef, log: EventLog) -> None:
+    With ``reopen`` (a long-lived recorder: a worker), an ``events.jsonl`` renamed away (a
+    rotation, docs/sessions.md) is followed: the next event goes to a new file at the name,
+    where the tool calls' events go, rather than on into the renamed one.  The renamed log
+    stays open until the session closes: another thread may be appending to it."""
+
+    def __init__(
+        self, ref: SessionRef, log: EventLog, reopen: Callable[[], EventLog] | None = None
+    ) -> None:
         self.ref = ref
         self._log = log
+        self._reopen = reopen
+        self._rotated: list[EventLog] = []
+        self._swap = threading.Lock()
+
+    def _current_log(self) -> EventLog:
+        if self._reopen is not None and self._log.moved():
+            with self._swap:
+                if self._log.moved():
+                    self._rotated.append(self._log)
+                    self._log = self._reopen()
+        return self._log
 
     def record(
         self,
@@ -140,15 +160,17 @@ class Session:
             status=status,
             **facts,
         )
-        self._log.append(event, durable_event=durable_event)
+        self._current_log().append(event, durable_event=durable_event)
         return event
 
     def sync(self) -> None:
         """Make every event recorded so far durable."""
-        self._log.sync()
+        for log in (*self._rotated, self._log):
+            log.sync()
 
     def close(self) -> None:
-        self._log.close()
+        for log in (*self._rotated, self._log):
+            log.close()
 
     def __enter__(self) -> Session:
         return self
@@ -162,14 +184,22 @@ def open_session(
     *,
     owner: Ownership | None = None,
     ops: durable.FsOps | None = None,
+    follow_rotation: bool = False,
 ) -> Session:
     """Open ``ref`` for recording, creating its directories and ``events.jsonl`` if missing.
 
     ``owner`` is the agent's uid and gid, given to what is created in its home (as root).  A
     shared session needs its space to exist already (``ctx shared create``): ENOENT otherwise,
-    and EINVAL in the manual bundle, which is no space (X-2).
+    and EINVAL in the manual bundle, which is no space (X-2).  ``follow_rotation``: see
+    :class:`Session`.
     """
-    ops = ops or durable.default_ops()
+    log = _open_events(ref, owner, ops or durable.default_ops())
+    if not follow_rotation:
+        return Session(ref, log)
+    return Session(ref, log, lambda: _open_events(ref, owner, ops or durable.default_ops()))
+
+
+def _open_events(ref: SessionRef, owner: Ownership | None, ops: durable.FsOps) -> EventLog:
     if ref.space is not None:
         # X-2: shared/cortexfs-docs is the manual bundle, no space; a session opened there
         # would write in it.  Refused where sessions are made, not in SessionRef, which only
@@ -198,10 +228,9 @@ def open_session(
     try:
         if ref.space is not None and owner is not None:
             _require_agents_own(ref, owner.uid)
-        log = EventLog(ref.events_path, mode=events_mode, owner=owner, ops=ops, dir_fd=dir_fd)
+        return EventLog(ref.events_path, mode=events_mode, owner=owner, ops=ops, dir_fd=dir_fd)
     finally:
         ops.close(dir_fd)
-    return Session(ref, log)
 
 
 def open_session_directory(ref: SessionRef, ops: durable.FsOps | None = None) -> int:

@@ -255,7 +255,9 @@ def _open_worker_session(ref: SessionRef, owner: Ownership) -> Session:
     kernel refused.  Nothing is claimed before it is open."""
     home = ref.root / "home" / str(owner.uid)
     try:
-        return open_session(ref, owner=owner)
+        # Long-lived: an events.jsonl renamed away is followed, so that the queue's events
+        # stay beside the tool calls', which each call records by the name.
+        return open_session(ref, owner=owner, follow_rotation=True)
     except CtxError as exc:  # said in full already (an id a user namespace does not map)
         raise CtxError(
             exc.errno,
