@@ -90,12 +90,19 @@ def parse_time(text: str) -> tuple[float, bool] | None:
     return seconds, zoned
 
 
+# RFC 3339 §5.6's date-time (with §5.6's note: a space may stand for the "T"), the zone
+# optional here so that a timestamp without one is told so; ISO 8601's other forms (basic
+# format, week dates, no seconds, an offset without its colon) are no RFC 3339.
+_RFC3339_LOCAL = r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]+)?"
+_RFC3339 = re.compile(rf"{_RFC3339_LOCAL}(?P<zone>[Zz]|[+-][0-9]{{2}}:[0-9]{{2}})?", re.ASCII)
+
+
 def parse_rfc3339(text: object) -> float:
     """Seconds since the epoch of an RFC 3339 timestamp; EINVAL when it is not one."""
-    parsed = parse_time(text) if isinstance(text, str) else None
-    if parsed is None:
+    form = _RFC3339.fullmatch(text.strip()) if isinstance(text, str) else None
+    parsed = None if form is None else parse_time(form.string)
+    if form is None or parsed is None:
         raise invalid(f"{text!r} is not an RFC 3339 timestamp")
-    seconds, zoned = parsed
-    if not zoned:
+    if form["zone"] is None:
         raise invalid(f"{text!r} has no time zone; RFC 3339 timestamps need one")
-    return seconds
+    return parsed[0]

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from cortexfs.timefmt import file_time, parse_time, rfc3339
+from cortexfs.errors import CtxError
+from cortexfs.timefmt import file_time, parse_rfc3339, parse_time, rfc3339
 
 
 @pytest.mark.parametrize(
@@ -43,3 +44,33 @@ def test_a_files_time_is_cut_to_its_microsecond_as_stat_shows_it(
     nanoseconds: int, written: str | None
 ) -> None:
     assert file_time(nanoseconds) == written
+
+
+@pytest.mark.parametrize(
+    "stamp",
+    [
+        "20260622T120000Z",
+        "2026-W25-1T12:00:00Z",
+        "2026-06-22T12:00Z",
+        "2026-06-22T12:00:00+0000",
+        "2026-06-22T12Z",
+        "2026-06-22T12:00:00,5Z",
+        "2026-06-22T12:00:00 Z",
+    ],
+)
+def test_iso_8601_forms_rfc_3339_does_not_allow_are_refused(stamp: str) -> None:
+    with pytest.raises(CtxError, match="is not an RFC 3339 timestamp"):
+        parse_rfc3339(stamp)
+
+
+@pytest.mark.parametrize(
+    "stamp",
+    [
+        "2026-06-22T12:00:00Z",
+        "2026-06-22t12:00:00.5z",
+        "2026-06-22 12:00:00+02:00",
+        "2016-12-31T23:59:60Z",
+    ],
+)
+def test_rfc_3339_date_times_are_taken(stamp: str) -> None:
+    assert parse_rfc3339(stamp) > 0
