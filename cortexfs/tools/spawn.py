@@ -132,8 +132,7 @@ def run_captured(
     before that goes on: a tool that ran keeps its output."""
     started = time.monotonic()
     _require_startable(spec.argv[0], spec.cwd)
-    spec = spec._replace(leads_terminal=spec.leads_terminal and _SETSID is not None)
-    argv, options, network_namespace = _launch(spec)
+    argv, options, network_namespace = _launch(spec._replace(leads_terminal=False))
     with network_namespace:
         process = subprocess.Popen(
             argv,

@@ -380,8 +380,8 @@ def _take_terminal_back() -> None:
             if exc.errno != errno.EPERM or time.monotonic() >= deadline:
                 code = errno.errorcode.get(exc.errno or errno.EIO, "EIO")
                 print(
-                    f"tsh: {code}: cannot take the terminal back ({exc.strerror}): Ctrl-C and "
-                    "Ctrl-Z reach the next tools through the host alone",
+                    f"tsh: {code}: cannot take the terminal back ({exc.strerror}): Ctrl-C "
+                    "reaches neither tsh nor its tools until the terminal is started again",
                     file=sys.stderr,
                 )
                 return
