@@ -26,7 +26,7 @@ from cortexfs.locks import flock_within
 from cortexfs.names import decimal_value, shown_number
 from cortexfs.printable import quoted
 from cortexfs.queue.claim_order import ClaimOrder, start_hint
-from cortexfs.queue.holder import MAX_LEASE_TTL
+from cortexfs.queue.holder import MAX_LEASE_TTL, check_ttl
 from cortexfs.storage import check_space_name, not_readable, require_writable
 from cortexfs.timefmt import MAX_SECONDS, SECONDS_TEXT
 
@@ -116,12 +116,13 @@ def _lease_ttl(value: str, where: str) -> float:
     """A lease lifetime as ``claim --ttl`` takes it; refused naming that rule (above 0: a
     negative value breaks it as 0 does) and the value as written."""
     number = float(value) if SECONDS_TEXT.fullmatch(value) else math.nan
-    if not 0 < number <= MAX_LEASE_TTL:
+    try:
+        return check_ttl(number)  # the rule claim --ttl follows, in one place
+    except CtxError:
         raise invalid(
             f"{where}: lease_ttl must be a number of seconds above 0 and at most "
             f"{MAX_LEASE_TTL:.0f} (366 days), not {shown_number(value)}"
-        )
-    return number
+        ) from None
 
 
 def _non_negative_float(value: str, where: str, key: str) -> float:
