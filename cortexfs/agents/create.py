@@ -122,11 +122,14 @@ def create_agent(
     *,
     parent: str | None = None,
     session: str = "",
+    default_user: str | None = None,
     ops: durable.FsOps | None = None,
 ) -> CreatedAgent:
     """Create ``request``'s agent in ``root``; EEXIST when it exists, EACCES for non-admins.
 
-    ``identity`` None means :func:`default_identity`; an identity with uid 0 is EINVAL.  The
+    ``identity`` None means :func:`default_identity`; an identity with uid 0 is EINVAL.
+    ``default_user`` names the user a given identity was defaulted to (root's, under another
+    group), which the result reports as when ``identity`` is None.  The
     creation is recorded in the agent's log and, for a child made by agent ``parent`` (A-4)
     during a call in ``session``, in the parent's log too.  The result carries the same
     :func:`warnings_for` either way: ``ctx agent create`` prints them, ``agent.create`` returns
@@ -134,7 +137,6 @@ def create_agent(
     """
     storage.require_root(root)
     require_host_administrator(root, "create agents")
-    default_user = None
     if identity is None:
         identity, default_user = default_identity()
     if identity.uid == 0:

@@ -119,7 +119,8 @@ def create(
     except RequestError as exc:
         source = STDIN_NAME if str(request) == STDIN else request
         fail_with_problems(source, exc, exc.problems, as_json)
-    created = create_agent(root, parsed, _identity(user, gid, groups))
+    identity, default_user = _identity(user, gid, groups)
+    created = create_agent(root, parsed, identity, default_user=default_user)
     changed(f"agent {created.name} was created (do not create it again)")
     if as_json:
         emit_json(created.to_json())
@@ -262,13 +263,17 @@ def list_command(storage_dir: Path | None, as_json: bool) -> None:
         echo_printable(line)
 
 
-def _identity(user: str | None, gid_text: str | None, groups: str | None) -> Identity | None:
-    """The identity the options describe; None (the creating user) when none is given."""
+def _identity(
+    user: str | None, gid_text: str | None, groups: str | None
+) -> tuple[Identity | None, str | None]:
+    """The identity the options describe (None: the creating user's, when none is given),
+    and the user it defaulted to when ``--gid`` or ``--groups`` came without ``--user``."""
     if user is None and gid_text is None and groups is None:
-        return None
+        return None, None
     gid = None if gid_text is None else _parse_id(gid_text, "--gid")
+    default_user = None
     if user is None:
-        default, _ = default_identity()
+        default, default_user = default_identity()
         uid, primary, extra = default.uid, default.gid, default.groups
     else:
         entry = _lookup_user(user)
@@ -289,7 +294,7 @@ def _identity(user: str | None, gid_text: str | None, groups: str | None) -> Ide
         primary = gid
     if groups is not None:
         extra = frozenset(_parse_id(group, "--groups") for group in groups.split(",") if group)
-    return Identity(uid, primary, extra)
+    return Identity(uid, primary, extra), default_user
 
 
 def _parse_id(text: str, option: str) -> int:
