@@ -40,7 +40,7 @@ from cortexfs.agents.entries import entry_program
 from cortexfs.agents.host import require_host_administrator
 from cortexfs.agents.request import AgentRequest
 from cortexfs.bootstrap_repair import storage_owner
-from cortexfs.errors import CtxError, describe, exists, invalid
+from cortexfs.errors import CtxError, describe, exists, invalid, not_found
 from cortexfs.names import is_object_name
 from cortexfs.policy import Identity
 from cortexfs.policy.controls import parse_identity, read_label
@@ -137,6 +137,12 @@ def create_agent(
     """
     storage.require_root(root)
     require_host_administrator(root, "create agents")
+    if not (root / "agent").is_dir():
+        # The agents' directory is the root's (R-2): a root without it was never bootstrapped.
+        raise not_found(
+            f"{root} has no directory agent/: it is no storage root (or a damaged one); "
+            "run 'ctx bootstrap'"
+        )
     if identity is None:
         identity, default_user = default_identity()
     if identity.uid == 0:
