@@ -397,7 +397,7 @@ def _stage(
     ops.mkdir(staging.controls, dir_fd, 0o755)
     controls_fd = ops.open_dir(staging.controls, dir_fd)
     try:
-        os.fchmod(controls_fd, 0o755)
+        _set_directory_mode(controls_fd)
         for control, data in controls.items():
             _write_control(ops, kind, controls_fd, control, data, receiver)
         durable.sync_dir(ops, controls_fd)
@@ -663,6 +663,13 @@ def _still_locked(lock: int, directory: Path, wait: float) -> CtxError:
     )
 
 
+def _set_directory_mode(dir_fd: int) -> None:
+    """0755, whatever the installer's umask, keeping the setgid bit a space's directory gave
+    the new one: what is made in a shared space belongs to the space's group (X-1), whether
+    the tool was installed before the space had its group or after."""
+    os.fchmod(dir_fd, 0o755 | (os.fstat(dir_fd).st_mode & stat.S_ISGID))
+
+
 def _make_dirs(ops: durable.FsOps, top_fd: int, relative: str) -> None:
     fd = os.dup(top_fd)
     try:
@@ -672,7 +679,7 @@ def _make_dirs(ops: durable.FsOps, top_fd: int, relative: str) -> None:
             if created:
                 # Exact, whatever the installer's umask: the agents a tool runs as list and
                 # run its hooks (hooks/pre.d, hooks/post.d).
-                os.fchmod(inner, 0o755)
+                _set_directory_mode(inner)
             ops.close(fd)
             fd = inner
     finally:
