@@ -129,7 +129,7 @@ def show(
     with _session_directory(ref, _listing(agent, project, uid)) as directory:
         # Printed as read: a long session is never held in memory whole.
         for event in events.stream_events(ref.events_path, scan, dir_fd=directory):
-            _render([event], as_json)
+            _render(event, ref, as_json)
     _warn(ref, scan)
 
 
@@ -180,7 +180,7 @@ def tail(
                 held=read,
             )
             for event in followed:
-                _render([event], as_json)
+                _render(event, ref, as_json)
         except KeyboardInterrupt:
             # Ctrl-C is how a follow ends as asked, whether it is still printing the last
             # events or waiting for new ones.  What standard output still holds is dropped:
@@ -207,7 +207,7 @@ def _print_last(ref: SessionRef, read: int, count: int, as_json: bool) -> events
         for event in events.stream_open_events(read, again):
             if again.end > scan.end:
                 break  # appended since: --follow prints it
-            _render([event], as_json)
+            _render(event, ref, as_json)
     _warn(ref, scan)
     return scan
 
@@ -428,22 +428,28 @@ def _session_directory(ref: SessionRef, listing: str) -> Iterator[int]:
         os.close(directory)
 
 
-def _render(selected: list[dict[str, Any]], as_json: bool) -> None:
-    for event in selected:
-        if as_json:
-            # As events.jsonl holds it, compact, keys in order; terminal-safe all the same.
-            click.echo(terminal_json(event, separators=(",", ":")))
-            continue
-        rest = {key: value for key, value in event.items() if key not in _S2_KEYS}
-        details = " ".join(f"{key}={readable_json(value)}" for key, value in rest.items())
-        ts, kind = _column(event, "ts", "?"), _column(event, "type", "?")
-        thing, status = _column(event, "object", "-"), _column(event, "status", "-")
-        # Whoever may write the file (the agent itself, in its home) chose every character:
-        # none reaches the terminal as a control, a line break or a bidirectional override.
-        # Padded by the cells each value takes once printable, so that a wide character or an
-        # escaped tab does not push the columns after it.
-        line = f"{printable(ts)}  {padded(kind, 12)} {padded(thing, 24)} {padded(status, 10)} "
-        click.echo((line + printable(details)).rstrip())
+def _render(event: dict[str, Any], ref: SessionRef, as_json: bool) -> None:
+    if as_json:
+        # As events.jsonl holds it, compact, keys in order; terminal-safe all the same.
+        click.echo(terminal_json(event, separators=(",", ":")))
+        return
+    # The agent and session go without saying, unless the event names others: whoever may
+    # write the file (the agent itself, in its home) could make a line claim another's.
+    own = {"agent": ref.agent, "session": ref.name}
+    rest = {
+        key: value
+        for key, value in event.items()
+        if key not in _S2_KEYS or (key in own and value != own[key])
+    }
+    details = " ".join(f"{key}={readable_json(value)}" for key, value in rest.items())
+    ts, kind = _column(event, "ts", "?"), _column(event, "type", "?")
+    thing, status = _column(event, "object", "-"), _column(event, "status", "-")
+    # Whoever may write the file chose every character: none reaches the terminal as a
+    # control, a line break or a bidirectional override.  Padded by the cells each value takes
+    # once printable, so that a wide character or an escaped tab does not push the columns
+    # after it.
+    line = f"{printable(ts)}  {padded(kind, 12)} {padded(thing, 24)} {padded(status, 10)} "
+    click.echo((line + printable(details)).rstrip())
 
 
 def _column(event: dict[str, Any], key: str, missing: str) -> str:
