@@ -29,6 +29,7 @@ from cortexfs.cli.common import (
     echo_printable,
     emit_json,
     fail_with_problems,
+    for_this_storage,
     handles_errors,
     json_option,
     object_name_argument,
@@ -123,7 +124,8 @@ def create(
     created = create_agent(root, parsed, identity, default_user=default_user)
     changed(f"agent {created.name} was created (do not create it again)")
     if as_json:
-        emit_json(created.to_json())
+        # Its warnings' suggested commands name the root this one was given, as on stderr.
+        emit_json({**created.to_json(), "warnings": list(map(for_this_storage, created.warnings))})
     else:
         ids = created.identity
         echo_printable(

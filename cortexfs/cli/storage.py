@@ -15,6 +15,7 @@ from cortexfs.cli.common import (
     EXIT_REFUSED,
     changed,
     emit_json,
+    for_this_storage,
     handles_errors,
     json_option,
     printable,
@@ -88,6 +89,9 @@ def bootstrap(source: Path | None, storage_dir: Path | None, as_json: bool) -> N
     report = storage.bootstrap(root, source)
     if report.created or report.repaired:
         changed(f"the storage root {root} was bootstrapped (running it again is safe)")
+    # The commands its lines suggest act on the root this one was given (--storage).
+    report.problems[:] = map(for_this_storage, report.problems)
+    report.warnings[:] = map(for_this_storage, report.warnings)
     if as_json:
         emit_json(report.to_json())
         _end(report)
@@ -114,5 +118,5 @@ def _end(report: storage.BootstrapReport) -> None:
     if error is None:
         sys.exit(EXIT_OK)
     sys.stdout.flush()
-    click.echo(f"ctx: {printable(str(error))}", err=True)
+    click.echo(f"ctx: {printable(for_this_storage(str(error)))}", err=True)
     sys.exit(EXIT_REFUSED)
