@@ -248,12 +248,16 @@ def create_child(call: Capability, request: dict[str, Any]) -> dict[str, Any]:
         # label's owner.
         raise exists(f"agent/{child.name} already exists; an agent is never overwritten")
     _require_no_earlier_sessions(root, child.name, view.identity.uid, child.shared)
-    owner = next((agent for agent in label_owners(root, child.label) if agent != parent), None)
-    if owner is not None and child.label != view.label:
-        raise denied(
-            f"label {child.label} is agent {owner}'s: a child takes a label of its own or its "
-            "parent's, since tool and model policies grant by label (A-4)"
-        )
+
+    def require_label_of_its_own() -> None:
+        owner = next((agent for agent in label_owners(root, child.label) if agent != parent), None)
+        if owner is not None and child.label != view.label:
+            raise denied(
+                f"label {child.label} is agent {owner}'s: a child takes a label of its own or "
+                "its parent's, since tool and model policies grant by label (A-4)"
+            )
+
+    require_label_of_its_own()
     missing = [
         f"tool:{tool} execute ({reason})"
         for tool in child.tools
@@ -285,7 +289,15 @@ def create_child(call: Capability, request: dict[str, Any]) -> dict[str, Any]:
     child = dataclasses.replace(
         child, mounts=tuple((str(real), target, mode) for real, target, mode in judged)
     )
-    created = create_agent(root, child, view.identity, parent=parent, session=call.session)
+    # Asked again under agent/'s install lock: another child made meanwhile may have taken it.
+    created = create_agent(
+        root,
+        child,
+        view.identity,
+        parent=parent,
+        session=call.session,
+        refuse_under_lock=require_label_of_its_own,
+    )
     return {
         "agent": created.name,
         "label": child.label,
@@ -407,10 +419,11 @@ class _Reach:
 
     def _holds_sessions_of_others(self, real: PurePosixPath) -> bool:
         """Whether ``real`` is ``shared/`` or ``home/``, a space or a home, its ``agent/``,
-        or another agent's directory or ``session/`` in it: the sessions other agents record
-        there later — another agent of the same uid, in a home — would show through a mount of
-        it unfiltered, whoever may read them (S-6), and for as long as the child exists.  The
-        parent's projection filters them at each call; a mount is made once."""
+        or another agent's directory or anything in it (its ``session/``, a session not made
+        yet): the sessions other agents record there later — another agent of the same uid,
+        in a home — would show through a mount of it unfiltered, whoever may read them (S-6),
+        and for as long as the child exists.  The parent's projection filters them at each
+        call; a mount is made once."""
         if self.root not in real.parents:
             return False
         parts = real.relative_to(self.root).parts
@@ -420,7 +433,7 @@ class _Reach:
             return True  # every space or home, or this one, holds agent/
         if parts[2] != "agent":
             return False
-        return len(parts) == 3 or (parts[3] != self.parent and len(parts) <= 5)
+        return len(parts) == 3 or parts[3] != self.parent
 
     def _shows(self, index: int, real: PurePosixPath, writable: bool) -> bool:
         mount = self.mounts[index]

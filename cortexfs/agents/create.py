@@ -31,6 +31,7 @@ import errno
 import json
 import os
 import pwd
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -123,13 +124,16 @@ def create_agent(
     parent: str | None = None,
     session: str = "",
     default_user: str | None = None,
+    refuse_under_lock: Callable[[], None] | None = None,
     ops: durable.FsOps | None = None,
 ) -> CreatedAgent:
     """Create ``request``'s agent in ``root``; EEXIST when it exists, EACCES for non-admins.
 
     ``identity`` None means :func:`default_identity`; an identity with uid 0 is EINVAL.
     ``default_user`` names the user a given identity was defaulted to (root's, under another
-    group), which the result reports as when ``identity`` is None.  The
+    group), which the result reports as when ``identity`` is None.  ``refuse_under_lock``
+    raises the refusal of a creation that another one made meanwhile wrong, judged under
+    ``agent/``'s install lock (:func:`~cortexfs.tools.pairs.install_pair`).  The
     creation is recorded in the agent's log and, for a child made by agent ``parent`` (A-4)
     during a call in ``session``, in the parent's log too.  The result carries the same
     :func:`warnings_for` either way: ``ctx agent create`` prints them, ``agent.create`` returns
@@ -193,6 +197,7 @@ def create_agent(
             replace=False,
             ops=ops,
             host=storage_owner(root),
+            refuse_under_lock=refuse_under_lock,
         )
     except CtxError as exc:
         if exc.errno != errno.EEXIST:

@@ -148,6 +148,7 @@ def install_pair(
     settled_by: str = "running the same command again",
     host: int | None = None,
     unless_current: Callable[[], bool] | None = None,
+    refuse_under_lock: Callable[[], None] | None = None,
     root: Path | None = None,
 ) -> bool | None:
     """Install ``name`` in ``directory``; True when it replaced a previous version.
@@ -156,6 +157,10 @@ def install_pair(
     settled, whether what is installed is already this version; if so, nothing is done and
     None is returned.  Asked before the lock instead, two runs at once (two bootstraps) would
     both find the object missing, and the second would install it again behind the first.
+
+    ``refuse_under_lock``: called under the lock once the name is found free, to raise the
+    refusal of an install that another install into the directory could make wrong between a
+    look before the lock and the install (two agents made at once taking one label).
 
     ``controls`` must define exactly the controls of ``kind.defined`` this version has; a new
     object (without ``replace``) may also give the first content of a default control (an
@@ -218,6 +223,8 @@ def install_pair(
                     f"{directory}/{found[0].sentence()}; it is not ours to replace, so nothing "
                     "was changed: move it away and install again",
                 )
+            if refuse_under_lock is not None:
+                refuse_under_lock()
             if had_entry:
                 # The previous version goes whole once the new one is in: a file of it that
                 # an attribute pins would stop the commit midway, so it refuses it first.
