@@ -22,12 +22,18 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
+import functools
+import inspect
 import itertools
 import os
 import stat
+import sys
+import traceback
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 import pyfuse3
 import trio
@@ -56,6 +62,40 @@ class _Listing:
     names: list[str] | None = None
 
 
+_Operations = TypeVar("_Operations", bound=type[pyfuse3.Operations])
+
+
+def _answering_eio_for_bugs(handler: Callable[..., Any]) -> Callable[..., Any]:
+    """``handler``, answering EIO, with the traceback on ``ctx mount``'s standard error, for
+    an error that is not a :class:`pyfuse3.FUSEError`: pyfuse3 ends its main loop on one,
+    and one bad request would leave a dead mount that fails every access with ENOTCONN."""
+
+    @functools.wraps(handler)
+    async def answering(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return await handler(*args, **kwargs)
+        except pyfuse3.FUSEError:
+            raise
+        except Exception:
+            print(
+                f"ctx mount: {handler.__name__} answered EIO for an error of its own:",
+                file=sys.stderr,
+            )
+            traceback.print_exc()
+            raise pyfuse3.FUSEError(errno.EIO) from None
+
+    return answering
+
+
+def _every_request_answered(operations: _Operations) -> _Operations:
+    """``operations`` with each request handler it defines :func:`_answering_eio_for_bugs`."""
+    for name, handler in list(vars(operations).items()):
+        if hasattr(pyfuse3.Operations, name) and inspect.iscoroutinefunction(handler):
+            setattr(operations, name, _answering_eio_for_bugs(handler))
+    return operations
+
+
+@_every_request_answered
 class StorageFS(pyfuse3.Operations):
     """The storage root, as ``projection`` lets its viewer see it."""
 
@@ -80,6 +120,9 @@ class StorageFS(pyfuse3.Operations):
         # Each node → the version of its file (inode, size, ctime) at its last open: the
         # kernel keeps a file's cached pages across opens only while that version holds.
         self._opened_versions: dict[int, tuple[int, int, int]] = {}
+        # The descriptors opened for appending, whose writes come straight, not through the
+        # kernel's page cache (see _opened_file).
+        self._appending: set[int] = set()
 
     # ------------------------------------------------------------------------- names
     #
@@ -254,7 +297,15 @@ class StorageFS(pyfuse3.Operations):
         unchanged = self._opened_versions.get(inode) == version
         self._opened_versions[inode] = version
         self._open_files[fd] = (inode, parts)
-        return pyfuse3.FileInfo(fh=fd, keep_cache=unchanged)
+        # An appender's write(2) must reach the file as one append (S-5: a line is never
+        # torn by another appender, one on the storage root included).  Through the page
+        # cache the kernel may split it where a page is not cached yet, into writes the
+        # descriptor's O_APPEND puts at the end one by one; direct I/O sends it whole (up to
+        # the kernel's largest FUSE request, 128 KiB by default).
+        appending = bool(fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_APPEND)
+        if appending:
+            self._appending.add(fd)
+        return pyfuse3.FileInfo(fh=fd, keep_cache=unchanged, direct_io=appending)
 
     # ---------------------------------------------------------------------- reading
 
@@ -378,7 +429,10 @@ class StorageFS(pyfuse3.Operations):
     # ---------------------------------------------------------------------- writing
 
     async def write(self, fh, off, buf):  # type: ignore[no-untyped-def]
-        return _call(os.pwrite, fh, buf, off)
+        written = _call(os.pwrite, fh, buf, off)
+        if fh in self._appending:
+            _clear_set_id_bits(fh)
+        return written
 
     async def fsync(self, fh, datasync):  # type: ignore[no-untyped-def]
         _call(durable.sync_file, durable.default_ops(), fh, data_only=bool(datasync))
@@ -399,6 +453,7 @@ class StorageFS(pyfuse3.Operations):
 
     async def release(self, fh):  # type: ignore[no-untyped-def]
         self._open_files.pop(fh, None)
+        self._appending.discard(fh)
         os.close(fh)
 
     async def create(self, parent_inode, name, mode, flags, ctx):  # type: ignore[no-untyped-def]
@@ -559,13 +614,15 @@ class StorageFS(pyfuse3.Operations):
                 _call(os.chmod, f"/proc/self/fd/{handle}", stat.S_IMODE(attr.st_mode))
             finally:
                 os.close(handle)
+        # The root of the view has no name in a parent: it is "." of its own descriptor.
+        name = parts[-1] if parts else "."
         with self._parent(parts) as parent:
             if fields.update_uid or fields.update_gid:
                 uid, gid = _owner_asked(attr, fields)
-                _call(os.chown, parts[-1], uid, gid, dir_fd=parent, follow_symlinks=False)
+                _call(os.chown, name, uid, gid, dir_fd=parent, follow_symlinks=False)
             if fields.update_atime or fields.update_mtime:
                 times = _times_asked(attr, fields, self._lstat(parts))
-                _call(os.utime, parts[-1], ns=times, dir_fd=parent, follow_symlinks=False)
+                _call(os.utime, name, ns=times, dir_fd=parent, follow_symlinks=False)
         return self._described(self._lstat(parts), inode)
 
     async def _set_by_descriptor(self, inode, attr, fields, fh):  # type: ignore[no-untyped-def]
@@ -627,6 +684,19 @@ class StorageFS(pyfuse3.Operations):
                 set_id &= ~stat.S_ISGID
             if set_id:
                 _call(os.fchmod, fd, stat.S_IMODE(status.st_mode) | set_id)
+
+
+def _clear_set_id_bits(fd: int) -> None:
+    """Clear the set-user-ID bit of the file a write went to, and its set-group-ID bit when
+    group execution is on, as Linux does for a writer without CAP_FSETID (POSIX lets write(2)
+    clear them for any writer).  The kernel does it itself for writes through its page cache;
+    for direct ones (an appender's) it leaves it to the daemon, which cannot tell who wrote.
+    Best effort: a file this daemon may not chmod keeps them, as it would have to."""
+    mode = os.fstat(fd).st_mode
+    kill = mode & stat.S_ISUID | (mode & stat.S_ISGID if mode & stat.S_IXGRP else 0)
+    if kill:
+        with contextlib.suppress(PermissionError):
+            os.fchmod(fd, stat.S_IMODE(mode) & ~kill)
 
 
 def _take_back(parent: int, name: str, made: os.stat_result | None) -> None:

@@ -165,3 +165,19 @@ def test_a_file_renamed_onto_a_known_name_is_not_acted_on_for_its_old_inode(
         assert stale.value.errno == errno.ESTALE
     assert (d / "mine").stat().st_mode & 0o777 == 0o600
     assert (d / "sub" / "private-name").exists()
+
+
+def test_an_error_of_the_daemons_own_is_eio_said_on_stderr_and_the_mount_goes_on(
+    fs: tuple[StorageFS, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A request that meets a bug of the daemon (here a file handle of the wrong type, which
+    no kernel sends) is answered EIO with the traceback on stderr, not raised out of
+    pyfuse3's main loop, which would end the mount for every process using it."""
+    storage, _ = fs
+    with pytest.raises(pyfuse3.FUSEError) as refused:
+        run(storage.read, "not a handle", 0, 1)
+    assert refused.value.errno == errno.EIO
+    said = capsys.readouterr().err
+    assert "ctx mount: read answered EIO for an error of its own:" in said, said
+    assert "Traceback" in said, said
+    assert run(storage.getattr, pyfuse3.ROOT_INODE).st_ino == pyfuse3.ROOT_INODE
