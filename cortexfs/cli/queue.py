@@ -606,6 +606,11 @@ def say_why_left_pending(left_pending: dict[str, str]) -> None:
             "as J is in done/ or failed/ too, a conflict",
             "'ctx queue show J' lists its evidence; a conflict is never resolved for you",
         ),
+        protocol.RECOVERED: (
+            "as a 'ctx queue recover --reconcile' running meanwhile took each fresh claimed/J "
+            "for a crash's leftover",
+            "claim again once it is done",
+        ),
     }
     for why, (evidence, remedy) in held.items():
         jobs = [job for job, reason in left_pending.items() if reason == why]

@@ -79,6 +79,7 @@ def claim(
     record (:func:`check_worker_id`).
     """
     check_worker_id(holder.worker)
+    passed_over: dict[str, str] = {}
     tried: set[str] = set()
     for job in candidates(queue):
         # A name the claim order offers again (another process put it back meanwhile, or
@@ -88,15 +89,20 @@ def claim(
         tried.add(job)
         if accepts is not None and not _accepted(queue, job, accepts):
             continue
-        won = claim_job(queue, job, holder, ttl, left_pending)
+        won = claim_job(queue, job, holder, ttl, passed_over)
+        for _ in range(_RETRIES_AFTER_RECOVER):
+            # Nobody won J when a recover took our fresh claimed/J away: it is as pending and
+            # claimable as before, and claimed again rather than passed over.
+            if won is not None or passed_over.get(job) != RECOVERED:
+                break
+            del passed_over[job]
+            won = claim_job(queue, job, holder, ttl, passed_over)
         if won is not None:
             return won
-    if left_pending:
+    if left_pending is not None:
         # Passed over in a race that is settled by now (another claimer won J) is no reason
         # to give: only what is still pending is kept.
-        kept = still_pending(queue, left_pending)
-        left_pending.clear()
-        left_pending.update(kept)
+        left_pending.update(still_pending(queue, passed_over))
     return None
 
 
@@ -114,7 +120,11 @@ UNLINKABLE = "unlinkable"  # moved by link, and this uid may not link it (protec
 CLAIM_LEFT = "claimed"  # claimed/J is there already: a claim in progress, or a crash's leftover
 LEASE_LEFT = "leased"  # lease/J is there without a claim: an earlier crash's leftover
 FINISHED = "finished"  # J is in done/ or failed/ too: a conflict (Q-6)
-LEFT_PENDING = (UNREADABLE, UNLINKABLE, CLAIM_LEFT, LEASE_LEFT, FINISHED)
+# recover --reconcile removed our fresh, empty claimed/J, taking it for a crash's leftover
+RECOVERED = "recovered"
+LEFT_PENDING = (UNREADABLE, UNLINKABLE, CLAIM_LEFT, LEASE_LEFT, FINISHED, RECOVERED)
+# How many times claim() tries again a job whose fresh claimed/J a recover took away.
+_RETRIES_AFTER_RECOVER = 2
 
 
 def _accepted(queue: Queue, job: str, accepts: Callable[[Mapping[str, Any]], bool]) -> bool:
@@ -162,7 +172,9 @@ def claim_job(
     try:
         claim_fd = queue.open_job_dir("claimed", job)
     except FileNotFoundError:
-        return None  # recover took our empty claim directory for a crash's leftover: lost
+        # recover took our empty claim directory for a crash's leftover: J is still pending.
+        passed_over[job] = RECOVERED
+        return None
     except OSError as exc:  # EMFILE…: J stays pending, claimable, with no claim evidence
         refusal = queue.refusal("claim", "claimed", exc, *_nothing_claimed(job))
         _abandon_claim_dir(queue, job, refusal)
@@ -186,7 +198,9 @@ def claim_job(
                 _abandon_claim_dir(queue, job, refusal)
             raise refusal from None
         if not still_linked(queue.claimed, job, claim_fd):
-            # recover removed our empty claim directory before we locked it: we lost.
+            # recover removed our empty claim directory before we locked it (another claimer
+            # may have made one since, or none: J may still be pending).
+            passed_over[job] = RECOVERED
             return None
         try:
             # Durable before anything moves into it: a rename may reach the disk ahead of the

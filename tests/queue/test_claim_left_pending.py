@@ -116,3 +116,43 @@ def test_a_race_settled_by_the_end_of_the_claim_is_no_reason_given(
         (qdir / "claimed" / "raced.req.json").mkdir()
         assert protocol.claim(q, me, left_pending=left) is None
     assert left == {"raced.req.json": protocol.CLAIM_LEFT}  # the same, unsettled, is kept
+
+
+class _RecoverTakesTheFreshClaim(durable.FsOps):
+    """A ``recover --reconcile`` running meanwhile removes our empty ``claimed/J`` right
+    after its ``mkdir``, as the orphan a crash leaves looks, the first ``times`` claims."""
+
+    def __init__(self, claimed: Path, times: int) -> None:
+        super().__init__()
+        self.claimed, self.times = claimed, times
+
+    def mkdir(self, name: str, dir_fd: int, mode: int = 0o777) -> None:
+        super().mkdir(name, dir_fd, mode)
+        if self.times > 0 and Path(f"/proc/self/fd/{dir_fd}").resolve() == self.claimed:
+            self.times -= 1
+            (self.claimed / name).rmdir()
+
+
+def test_a_claim_recover_took_back_is_claimed_again_as_nobody_won_it(
+    root: Path, tmp_path: Path, me: Holder
+) -> None:
+    qdir = _queue(root)
+    _publish(root, tmp_path, "taken")
+    left: dict[str, str] = {}
+    with Queue.open(qdir, ops=_RecoverTakesTheFreshClaim(qdir / "claimed", times=1)) as q:
+        won = protocol.claim(q, me, left_pending=left)
+    assert won is not None and won.job == "taken.req.json", left
+    assert (qdir / "claimed" / "taken.req.json" / "taken.req.json").is_file()
+
+
+def test_a_claim_recover_keeps_taking_back_is_passed_over_saying_so(
+    root: Path, tmp_path: Path, me: Holder
+) -> None:
+    qdir = _queue(root)
+    _publish(root, tmp_path, "taken")
+    left: dict[str, str] = {}
+    with Queue.open(qdir, ops=_RecoverTakesTheFreshClaim(qdir / "claimed", times=100)) as q:
+        assert protocol.claim(q, me, left_pending=left) is None
+    assert left == {"taken.req.json": protocol.RECOVERED}
+    assert (qdir / "pending" / "taken.req.json").is_file()
+    assert list((qdir / "claimed").iterdir()) == []
