@@ -242,6 +242,13 @@ class StorageFS(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.ENOENT)
         return parts
 
+    def _visible(self, parts: tuple[str, ...]) -> None:
+        """ENOENT unless the viewer may see ``parts`` now: a node the kernel learned of
+        before a grant was revoked (a working directory, an ``O_PATH`` descriptor) is no way
+        around the view."""
+        if not self.projection.visible(parts):
+            raise pyfuse3.FUSEError(errno.ENOENT)
+
     def _writable(self, parts: tuple[str, ...]) -> None:
         if not self.projection.writable(parts):
             raise pyfuse3.FUSEError(errno.EACCES)
@@ -314,7 +321,9 @@ class StorageFS(pyfuse3.Operations):
 
     async def getattr(self, inode, ctx=None):  # type: ignore[no-untyped-def]
         try:
-            _, status = self._checked(inode)
+            parts, status = self._checked(inode)
+            if not self._is_open(inode):  # an open file is described by its descriptor
+                self._visible(parts)
         except pyfuse3.FUSEError:
             if not self._is_open(inode):
                 raise
@@ -336,7 +345,9 @@ class StorageFS(pyfuse3.Operations):
             return os.fsencode(_call(os.readlink, parts[-1], dir_fd=parent))
 
     async def opendir(self, inode, ctx):  # type: ignore[no-untyped-def]
-        if not stat.S_ISDIR(self._lstat(self._still(inode)).st_mode):
+        parts = self._still(inode)
+        self._visible(parts)
+        if not stat.S_ISDIR(self._lstat(parts).st_mode):
             raise pyfuse3.FUSEError(errno.ENOTDIR)
         handle = next(self._next_directory_handle)
         self._open_directories[handle] = _Listing(inode)
@@ -349,9 +360,13 @@ class StorageFS(pyfuse3.Operations):
         if start_id == 0 or listing.names is None:  # a listing from the start (rewinddir too)
             directory = self._holding(self._open(parts, _LIST), inode, parts)
             try:
-                listing.names = [".", "..", *sorted(_call(os.listdir, directory))]
+                on_disk = sorted(_call(os.listdir, directory))
             finally:
                 os.close(directory)
+            # Only the names the viewer may see count: an offset past a hidden one would tell
+            # how many are hidden, and where.  One hidden since is skipped below.
+            shown = [name for name in on_disk if self.projection.visible((*parts, name))]
+            listing.names = [".", "..", *shown]
         names = listing.names
         for index, name in enumerate(names[start_id:], start=start_id):
             if name in (".", ".."):  # the kernel holds no entry for either: not remembered
@@ -384,6 +399,7 @@ class StorageFS(pyfuse3.Operations):
             parts = self._parts_of(inode)
         except pyfuse3.FUSEError:  # reopened by descriptor (/proc/PID/fd/N) once unlinked
             return await self._open_by_descriptor(inode, flags)
+        self._visible(parts)
         if flags & _WRITING:
             self._writable(parts)
         try:
@@ -398,6 +414,7 @@ class StorageFS(pyfuse3.Operations):
         """``inode`` opened again through a descriptor it is open by (``/proc/PID/fd/N``),
         as writable as its name was: no name leads to it any more."""
         descriptor, parts = self._open_file(inode)
+        self._visible(parts)
         if flags & _WRITING:
             self._writable(parts)
         reopened = await _once_no_lease_holds_it(
