@@ -19,7 +19,7 @@ from cortexfs.errors import CtxError, errno_text, explain_host_trouble
 from cortexfs.queue import requests
 from cortexfs.queue.claim_order import candidates, pending_changed, pending_stamp
 from cortexfs.queue.holder import Holder, Lease, check_ttl, check_worker_id
-from cortexfs.queue.layout import LEASE_FILE, Queue, lstat_at, read_regular_file
+from cortexfs.queue.layout import LEASE_FILE, DirLock, Queue, lstat_at, read_regular_file
 from cortexfs.queue.leasing import replace_lease
 from cortexfs.queue.transition import (
     discard_temp,
@@ -187,7 +187,7 @@ def claim_job(
             durable.grant_group_access(ops, claim_fd, queue.group_access)
             # Held until the lease is durable: recover must not mistake our half-done claim
             # (a request in claimed/J and no lease yet) for the leftovers of a crash.
-            lock_job(claim_fd, job)
+            lock = lock_job(claim_fd, job)
         except (OSError, CtxError) as exc:
             refusal = (
                 exc
@@ -279,6 +279,9 @@ def claim_job(
                 refusal = exc  # refused in inbox/, and named so by _write_lease
             else:
                 ops.step("lease.done")
+                if lock is DirLock.UNSUPPORTED and _taken_back_meanwhile(queue, job, claim_fd):
+                    passed_over[job] = RECOVERED
+                    return None
                 lease = _renewed_after_a_stall(queue, job, lease, ttl)
                 return Claim(job, request, lease, invalid_reason)
         # Not a job (Q-8) or not ours to read, or a step the kernel refused (not a crash): J
@@ -300,6 +303,26 @@ def claim_job(
         return None
     finally:
         ops.close(claim_fd)
+
+
+def _taken_back_meanwhile(queue: Queue, job: str, claim_fd: int) -> bool:
+    """Whether a recover took J's claimed request back to ``pending/`` before its lease was
+    in place, which only a filesystem refusing ``flock`` allows (J's lock was no lock, and
+    the claim was older than a lease lifetime: a claimer stalled that long): the lease just
+    written, ours since ``lease/J`` was made by us, is withdrawn, and J is claimed anew or
+    left pending (Q-3: nothing runs on a claim that is not there)."""
+    if lstat_at(claim_fd, job) is not None:
+        return False
+    ops = queue.ops
+    lease_fd = queue.open_job_dir("lease", job)
+    try:
+        durable.remove_entries(ops, [(lease_fd, LEASE_FILE, False)])
+        durable.sync_dir(ops, lease_fd)
+    finally:
+        ops.close(lease_fd)
+    durable.remove_entries(ops, [(queue.lease, job, True)])
+    durable.sync_dir(ops, queue.lease)
+    return True
 
 
 def _not_ours_to_link(queue: Queue, job: str, refused: OSError) -> bool:

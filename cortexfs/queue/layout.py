@@ -9,6 +9,7 @@ the tree cannot redirect anything outside it.
 from __future__ import annotations
 
 import contextlib
+import enum
 import errno
 import fcntl
 import math
@@ -741,19 +742,33 @@ def read_regular_file(dir_fd: int, name: str, limit: int) -> bytes:
         os.close(fd)
 
 
-def lock_dir(fd: int, *, within: float) -> bool:
+class DirLock(enum.Enum):
+    """What :func:`take_dir_lock` got: the lock, nothing (another holds it), or no lock to
+    be had (the filesystem refuses ``flock`` on directories, as some NFS setups do)."""
+
+    HELD = "held"
+    BUSY = "busy"
+    UNSUPPORTED = "unsupported"
+
+
+def take_dir_lock(fd: int, *, within: float) -> DirLock:
     """Take an exclusive ``flock`` on a directory descriptor, waiting at most ``within``
-    seconds (0: not at all); False if it is still busy then.
+    seconds (0: not at all).
 
     Used on ``claimed/J`` by whoever is in the middle of a transition of J (a claimer before
     its lease exists, a finisher, recover) so that recover never acts on a half-done step of
-    a live process.  The kernel drops the lock when the holder dies.  Filesystems without
-    flock on directories (some NFS setups) report the lock as taken by us and rely on the
-    liveness rules alone.
-    """
+    a live process.  The kernel drops the lock when the holder dies.  Where the filesystem
+    refuses it, the caller goes on without it and relies on the liveness rules (and, for a
+    claim at work, on time: :mod:`cortexfs.queue.recovery`)."""
     try:
-        return flock_within(fd, fcntl.LOCK_EX, within)
+        return DirLock.HELD if flock_within(fd, fcntl.LOCK_EX, within) else DirLock.BUSY
     except OSError as exc:
         if exc.errno in (errno.EBADF, errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL):
-            return True
+            return DirLock.UNSUPPORTED
         raise
+
+
+def lock_dir(fd: int, *, within: float) -> bool:
+    """:func:`take_dir_lock`: False when another process holds the lock; True when it is
+    ours, or when the filesystem has none to give."""
+    return take_dir_lock(fd, within=within) is not DirLock.BUSY

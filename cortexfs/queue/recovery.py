@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,9 +42,11 @@ from cortexfs.queue.holder import GONE, Verdict, judge, once_gone
 from cortexfs.queue.layout import (
     LEASE_FILE,
     RESULT_SUFFIX,
+    DirLock,
     Queue,
     lock_dir,
     lstat_at,
+    take_dir_lock,
 )
 from cortexfs.queue.leasing import lease_unreadable, read_lease
 from cortexfs.queue.transition import remove_claim_and_lease
@@ -472,7 +475,8 @@ def _locked_as_scanned(
     except FileNotFoundError:
         claim_fd = None
     try:
-        if claim_fd is not None and not lock_dir(claim_fd, within=0):
+        lock = None if claim_fd is None else take_dir_lock(claim_fd, within=0)
+        if lock is DirLock.BUSY:
             busy = "left alone, another process is moving this job"
             if scanned.state == "incomplete":
                 # What the scan saw is a step of that move, not the crash leftover the
@@ -498,10 +502,31 @@ def _locked_as_scanned(
             finding.detail += f"; left alone, it is now {now}"
             yield None
             return
+        if lock is DirLock.UNSUPPORTED and _may_be_a_claim_at_work(queue, claim_fd, current):
+            finding.detail += (
+                f"; left alone: this filesystem refuses flock, so a claim in progress looks "
+                f"the same until claimed/{job} is older than the lease lifetime "
+                f"({queue.config.lease_ttl:g} s, queue/config lease_ttl)"
+            )
+            yield None
+            return
         yield claim_fd, evidence, current
     finally:
         if claim_fd is not None:
             queue.ops.close(claim_fd)
+
+
+def _may_be_a_claim_at_work(queue: Queue, claim_fd: int, current: ev.Assessment) -> bool:
+    """Whether ``claimed/J``, its lock no lock (a filesystem refusing flock), may be a claim at
+    work rather than a crash's leftover: an empty claim directory, or a claimed request with
+    no lease yet, made less than a lease lifetime ago.  A claimer stalled longer than that is
+    taken for gone, as a lease holder is once its lease has expired (Q-5); it then finds its
+    request taken back and withdraws its lease (:mod:`cortexfs.queue.claiming`)."""
+    if current.repair not in (ev.REQUEUE_UNLEASED, ev.REMOVE_ORPHANS):
+        return False
+    made = os.fstat(claim_fd)
+    age = time.time() - made.st_mtime
+    return age < queue.config.lease_ttl
 
 
 def _in_motion(queue: Queue, job: str, finding: Finding, scanned: ev.Assessment) -> bool:

@@ -21,7 +21,15 @@ from collections.abc import Callable, Iterator, Sequence
 
 from cortexfs import durable
 from cortexfs.errors import CtxError, errno_text
-from cortexfs.queue.layout import LEASE_FILE, RESULT_SUFFIX, Queue, kind_of, lock_dir, lstat_at
+from cortexfs.queue.layout import (
+    LEASE_FILE,
+    RESULT_SUFFIX,
+    DirLock,
+    Queue,
+    kind_of,
+    lstat_at,
+    take_dir_lock,
+)
 
 
 def moved_in(src_dir: int, src: str, dst_dir: int, dst: str) -> bool | OSError:
@@ -115,10 +123,11 @@ def locked_claim(
 LOCK_WAIT_SECONDS = 30.0
 
 
-def lock_job(claim_fd: int, job: str) -> None:
+def lock_job(claim_fd: int, job: str) -> DirLock:
     """J's lock (``claimed/J``), waited for at most :data:`LOCK_WAIT_SECONDS`; EAGAIN, naming
-    the processes that hold it, after that."""
-    if not lock_dir(claim_fd, within=LOCK_WAIT_SECONDS):
+    the processes that hold it, after that.  ``UNSUPPORTED`` where the filesystem has none."""
+    taken = take_dir_lock(claim_fd, within=LOCK_WAIT_SECONDS)
+    if taken is DirLock.BUSY:
         holders = ", ".join(str(pid) for pid in _flock_holders(claim_fd)) or "unknown"
         raise CtxError(
             errno.EAGAIN,
@@ -126,6 +135,7 @@ def lock_job(claim_fd: int, job: str) -> None:
             f"{LOCK_WAIT_SECONDS:g} s, where a claim, finish or recover holds it for a "
             "moment: that process is stuck, or not a queue command; end it, then try again",
         )
+    return taken
 
 
 def _flock_holders(fd: int) -> list[int]:

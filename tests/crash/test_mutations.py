@@ -33,6 +33,11 @@ UNREACHED = {
         "puts a claimed request back when it is not a regular file: only something swapped "
         "into pending/ between claim's check and its move (Q-8) gets there; no crash does"
     ),
+    ("claiming._taken_back_meanwhile", "sync_dir"): (
+        "withdraws the lease of a claim that a recover took back, on a filesystem without "
+        "flock, once the claim was stalled past a lease lifetime: a race of two live "
+        "processes, which no crash point stages (tests/queue/test_claim_without_flock.py does)"
+    ),
 }
 
 
