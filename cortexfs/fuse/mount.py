@@ -322,8 +322,10 @@ class StorageFS(pyfuse3.Operations):
     async def getattr(self, inode, ctx=None):  # type: ignore[no-untyped-def]
         try:
             parts, status = self._checked(inode)
-            if not self._is_open(inode):  # an open file is described by its descriptor
-                self._visible(parts)
+            # Hidden since the kernel learned of it: described only while a descriptor of it
+            # is open (a file opened before a revocation goes on being used, and stat'ed).
+            if not self.projection.visible(parts) and not self._is_open(inode):
+                raise pyfuse3.FUSEError(errno.ENOENT)
         except pyfuse3.FUSEError:
             if not self._is_open(inode):
                 raise
