@@ -77,11 +77,13 @@ def _answering_eio_for_bugs(handler: Callable[..., Any]) -> Callable[..., Any]:
         except pyfuse3.FUSEError:
             raise
         except Exception:
-            print(
-                f"ctx mount: {handler.__name__} answered EIO for an error of its own:",
-                file=sys.stderr,
-            )
-            traceback.print_exc()
+            # Said where it can be: a terminal gone since the mount began is no reason to end.
+            with contextlib.suppress(OSError, ValueError):
+                print(
+                    f"ctx mount: {handler.__name__} answered EIO for an error of its own:",
+                    file=sys.stderr,
+                )
+                traceback.print_exc()
             raise pyfuse3.FUSEError(errno.EIO) from None
 
     return answering
