@@ -440,7 +440,8 @@ def test_a_root_near_path_max_keeps_its_queue_and_bootstrap_says_what_it_could_n
     boot = on(root, "bootstrap")
     assert boot.rc == 1, boot
     line = error_line(boot, "ENAMETOOLONG")
-    assert "a shorter storage root path" in line and "run 'ctx bootstrap' again" in line, boot
+    assert "a shorter storage root path" in line, boot
+    assert "run 'ctx bootstrap --storage " in line and "' again, which" in line, boot
     assert on(root, "queue", "init", "--project", "p").rc == 0
     sent = on(root, "queue", "publish", "--project", "p", "--name", "j", "-", stdin=JOB)
     assert sent.rc == 0, sent

@@ -64,7 +64,8 @@ def test_bootstrap_names_the_space_and_shared_create_gives_sessions_their_mode(
         f"warning   shared space proj: {space / 'queue'} has mode 2770, not 3770 (and 3 more)"
         in (booted.stdout)
     )
-    assert f"run 'ctx shared create proj --group {gid}'" in booted.stdout
+    # The command it suggests names the storage root bootstrap was given.
+    assert f"run 'ctx shared create proj --group {gid} --storage {root}'" in booted.stdout
     assert mode(sessions / "ps") == OLD_MODE  # bootstrap changes nothing in a space
 
     created = ctx(root, "shared", "create", "proj", "--group", str(gid))
