@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.acceptance.ctxcli import CTX_ARGV, OnStorage, Run, ctx_run, scratch_top
+from tests.acceptance.ctxcli import CTX_ARGV, OnStorage, Run, scratch_top
 from tests.acceptance.workercli import AGENT, LABEL, allow_in_tool_policy, make_agent
 from tests.support.users import UnprivilegedUser, find_or_create_user
 
@@ -118,7 +118,9 @@ class Day(OnStorage):
         return r, frames[-1]
 
     def bootstrap(self) -> tuple[Run, dict]:
-        r = ctx_run("bootstrap", "--storage", self.storage, "--json")
+        # On the root the environment names, as the other commands here: the commands its
+        # warnings suggest then name no --storage (they name the one a command was given).
+        r = self.ctx("bootstrap", "--json")
         return r, r.json()
 
     def session_results(self) -> list[dict]:

@@ -468,9 +468,11 @@ def test_installs_and_agents_made_under_unusual_umasks_pass_the_chain(world: Wor
 
     for name, executable in installed.items():
         assert (mode(executable), owner(executable)[0]) == (0o755, 0), name
+        # A space's tool/ is setgid: the directories made in it keep that bit.
+        in_space = executable.parent.stat().st_mode & stat.S_ISGID
         for path in every_entry(executable.with_name(f"{name}.d")):
             bits = mode(path)
-            wanted = 0o755 if path.is_dir() else 0o640 if path.name == "log" else 0o644
+            wanted = (0o755 | in_space) if path.is_dir() else 0o640 if path.name == "log" else 0o644
             assert bits == wanted and owner(path)[0] == 0, (path, oct(bits))
 
     callable_ = ["p077", "s002"]  # a space's tool made under 077, a system one under 002
