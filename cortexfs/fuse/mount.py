@@ -240,8 +240,7 @@ class StorageFS(pyfuse3.Operations):
         if text in (".", "..") or "/" in text:
             raise pyfuse3.FUSEError(errno.EINVAL)
         parts = (*self._still(parent), text)
-        if not self.projection.visible(parts):
-            raise pyfuse3.FUSEError(errno.ENOENT)
+        self._visible(parts)
         return parts
 
     def _visible(self, parts: tuple[str, ...]) -> None:
@@ -589,8 +588,7 @@ class StorageFS(pyfuse3.Operations):
         the directory the name is made in must be writable in this view, as for a rename —
         a name in a writable place must not open a file of a read-only one to writes."""
         source = self._still(inode)
-        if not self.projection.visible(source):
-            raise pyfuse3.FUSEError(errno.ENOENT)
+        self._visible(source)
         self._writable(source)
         new = self._child_to_make(new_parent_inode, new_name)
         with self._parent(source) as directory, self._parent(new) as target:
