@@ -117,6 +117,22 @@ def require_openable_path(root: Path) -> None:
             )
 
 
+def one_storage_option(
+    before: str | os.PathLike[str] | None, after: str | os.PathLike[str] | None
+) -> str | os.PathLike[str] | None:
+    """The ``--storage`` of a command line that may give it before the command (``ctx
+    --storage A queue status``) and after it: EINVAL when both are given and name two
+    directories, where taking either would act on a root the other word did not mean."""
+    if before is None or after is None:
+        return after if before is None else before
+    if os.path.realpath(before) != os.path.realpath(after):
+        raise invalid(
+            f"two storage roots given: --storage {os.fspath(before)!r} before the command and "
+            f"--storage {os.fspath(after)!r} after it; give one"
+        )
+    return after
+
+
 def resolve_root(explicit: str | os.PathLike[str] | None = None) -> Path:
     """``--storage`` beats ``$CTX_STORAGE`` beats the embedded default; always absolute.
 
@@ -196,6 +212,20 @@ def require_root(root: Path) -> Path:
             raise not_a_directory(root)
         raise not_found(f"storage root {root} does not exist; create it with 'ctx bootstrap'")
     return root
+
+
+def require_agents_directory(root: Path) -> Path:
+    """``root``'s ``agent/`` directory, or ENOENT naming bootstrap: the agents' directory is
+    the root's (R-2), so a root without it was never bootstrapped (or was damaged), and
+    neither an empty listing nor the kernel's bare 'No such file' would say so."""
+    require_root(root)
+    agents = root / "agent"
+    if not agents.is_dir():
+        raise not_found(
+            f"{root} has no directory agent/: it is no storage root (or a damaged one); "
+            "run 'ctx bootstrap'"
+        )
+    return agents
 
 
 def not_a_directory(root: Path) -> CtxError:

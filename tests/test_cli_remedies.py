@@ -162,3 +162,65 @@ def test_every_command_that_meets_a_missing_agent_says_how_to_make_one(tmp_path:
     remedy = "'ctx agent create REQUEST.json' makes one"
     assert remedy in json.loads(native.stdout.splitlines()[-1])["error"]["message"]
     assert remedy in explained.stdout + explained.stderr
+
+
+def test_listing_the_agents_of_a_directory_never_bootstrapped_says_to_bootstrap_it(
+    tmp_path: Path,
+) -> None:
+    """An empty listing would read as "no agents yet" of a root that is no root at all."""
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    for extra in ([], ["--json"]):
+        listed = ctx(plain, "agent", "list", "--storage", str(plain), *extra)
+        assert (listed.returncode, _last_line(listed.stderr)) == (
+            1,
+            f"ctx: ENOENT: {plain} has no directory agent/: it is no storage root (or a damaged "
+            f"one); run 'ctx bootstrap --storage {plain}'",
+        )
+    assert json.loads(listed.stdout)["error"] == "ENOENT"
+    assert os.listdir(plain) == []
+
+
+def test_policy_explain_suggests_commands_on_the_root_it_was_given(tmp_path: Path) -> None:
+    """The reason a step gives is a refusal's text: what it suggests acts on the root asked
+    about, in the table, the last line and the JSON alike."""
+    root = tmp_path / "root"
+    assert ctx(root, "bootstrap").returncode == 0
+    asked = ["policy", "explain", "coder", "tool:fs.stat", "execute", "--storage", str(root)]
+    elsewhere = {"CTX_STORAGE": str(tmp_path / "other")}
+    text = ctx(root, *asked, env=elsewhere)
+    suggestion = f"'ctx agent create REQUEST.json --storage {root}' makes one"
+    assert text.returncode == 1
+    assert suggestion in text.stdout.splitlines()[1]  # step 1's line of the table
+    assert suggestion in text.stdout.splitlines()[-1]  # the deny line
+    decision = json.loads(ctx(root, *asked, "--json", env=elsewhere).stdout)
+    assert suggestion in decision["reason"] and suggestion in decision["steps"][0]["detail"]
+    unnamed = ctx(root, *asked[:-2])  # no --storage given: none is added
+    assert "'ctx agent create REQUEST.json' makes one" in unnamed.stdout
+
+
+def test_two_storage_roots_on_one_command_line_are_a_usage_error(tmp_path: Path) -> None:
+    """``ctx --storage A CMD --storage B``: taking either would act on a root the other word
+    did not mean, so neither is taken; the same root given twice is one root."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    for root in (first, second):
+        assert ctx(root, "bootstrap").returncode == 0
+    said = (
+        f"ctx: EINVAL: two storage roots given: --storage '{first}' before the command and "
+        f"--storage '{second}' after it; give one"
+    )
+    for words in (
+        ["queue", "init", "--project", "p"],
+        ["run", "--agent", "coder", "fs.stat", "/"],
+        ["run", "--agent", "coder", "--native", "fs.stat"],
+    ):
+        at = words.index("--project") if "init" in words else 1
+        both = [*words[:at], "--storage", str(second), *words[at:]]
+        refused = ctx(first, "--storage", str(first), *both, stdin='{"path": "/"}')
+        assert (refused.returncode, _last_line(refused.stderr)) == (2, said), words
+    assert not (first / "shared" / "p").exists() and not (second / "shared" / "p").exists()
+    again = ctx(
+        first, "--storage", str(first), "queue", "init", "--storage", f"{first}/.", "-p", "p"
+    )
+    assert again.returncode == 0, again.stderr
+    assert (first / "shared" / "p" / "queue").is_dir()

@@ -41,7 +41,7 @@ from cortexfs.agents.entries import entry_program
 from cortexfs.agents.host import require_host_administrator
 from cortexfs.agents.request import AgentRequest
 from cortexfs.bootstrap_repair import storage_owner
-from cortexfs.errors import CtxError, describe, exists, invalid, not_found
+from cortexfs.errors import CtxError, describe, exists, invalid
 from cortexfs.names import is_object_name
 from cortexfs.policy import Identity
 from cortexfs.policy.controls import parse_identity, read_label
@@ -141,12 +141,7 @@ def create_agent(
     """
     storage.require_root(root)
     require_host_administrator(root, "create agents")
-    if not (root / "agent").is_dir():
-        # The agents' directory is the root's (R-2): a root without it was never bootstrapped.
-        raise not_found(
-            f"{root} has no directory agent/: it is no storage root (or a damaged one); "
-            "run 'ctx bootstrap'"
-        )
+    storage.require_agents_directory(root)
     if identity is None:
         identity, default_user = default_identity()
     if identity.uid == 0:

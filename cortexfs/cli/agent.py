@@ -218,17 +218,14 @@ def list_command(storage_dir: Path | None, as_json: bool) -> None:
     An agent whose controls cannot be used (a missing identity, a malformed label, policy or
     mount control) is listed with its problems ('ctx agent show NAME' says more).  With
     --json, one JSON array of {"name", "label", "identity", "problems"} objects, identity
-    (or label) null when it cannot be read.
+    (or label) null when it cannot be read.  A root without its agent/ directory (never
+    bootstrapped) is ENOENT, exit 1, naming 'ctx bootstrap'.
     """
     from cortexfs.policy.controls import agent_exists
-    from cortexfs.storage import require_root
+    from cortexfs.storage import require_agents_directory
 
     root = resolve_storage(storage_dir)
-    require_root(root)
-    try:
-        entries = sorted(os.listdir(root / "agent"))
-    except FileNotFoundError:
-        entries = []
+    entries = sorted(os.listdir(require_agents_directory(root)))
     agents = []
     for name in entries:
         if name.endswith(".d") or object_name_problem(name) or not agent_exists(root, name):

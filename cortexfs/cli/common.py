@@ -75,10 +75,12 @@ STORAGE_SELECTION_KEY = "cortexfs.storage_selection"
 def resolve_storage(storage_dir: Path | None) -> Path:
     """The storage root for this command: subcommand option, then the group's, then R-1."""
     ctx = click.get_current_context(silent=True)
-    if storage_dir is None:
-        root_ctx = ctx.find_root() if ctx else None
-        if root_ctx is not None and root_ctx.obj:
-            storage_dir = root_ctx.obj.get("storage")
+    root_ctx = ctx.find_root() if ctx else None
+    if root_ctx is not None and root_ctx.obj:
+        try:
+            storage_dir = storage.one_storage_option(root_ctx.obj.get("storage"), storage_dir)
+        except CtxError as error:
+            raise usage_problem(error) from None
     if storage_dir is not None and ctx is not None:
         ctx.meta[STORAGE_SELECTION_KEY] = absolute(storage_dir)
     return storage.resolve_root(storage_dir)

@@ -38,7 +38,9 @@ def main(ctx: click.Context, storage: Path | None) -> None:
 
     The storage root is chosen by --storage, else $CTX_STORAGE, else
     /var/lib/cortexfs/storage/current for root and
-    $XDG_DATA_HOME/cortexfs/storage/current for other users.
+    $XDG_DATA_HOME/cortexfs/storage/current for other users.  --storage may be
+    given here or after the command; given both ways, it must name the same root
+    (else EINVAL, exit 2).
     """
     ctx.obj = {"storage": storage}
     from cortexfs.locks import WAITING_NOTICE

@@ -19,6 +19,7 @@ from cortexfs.cli.common import (
     echo_printable,
     emit_json,
     emit_json_error,
+    for_this_storage,
     handles_errors,
     json_option,
     require_standard_input,
@@ -232,9 +233,12 @@ def explain(
             raise usage_problem(exc) from None
         raise
     if as_json:
-        emit_json(
-            {"agent": agent, "object": object_ref, "permission": permission, **decision.to_json()}
-        )
+        facts = decision.to_json()
+        # The commands a reason suggests act on the root asked about, as an error's do.
+        facts["reason"] = for_this_storage(decision.reason)
+        for step in facts["steps"]:
+            step["detail"] = for_this_storage(step["detail"])
+        emit_json({"agent": agent, "object": object_ref, "permission": permission, **facts})
     else:
         _render(agent, object_ref, permission, decision)
     if decision.allowed and object_class == "tool":
@@ -264,14 +268,13 @@ def _render(agent: str, object_ref: str, permission: str, decision: Decision) ->
         verdict = str(result.outcome)
         if result.errno:
             verdict += f" {errno.errorcode.get(result.errno, result.errno)}"
-        echo_printable(
-            f"  {int(result.step)} {result.step.title:<18} {verdict:<12} {result.detail}"
-        )
+        detail = for_this_storage(result.detail)
+        echo_printable(f"  {int(result.step)} {result.step.title:<18} {verdict:<12} {detail}")
     if decision.allowed:
         click.echo("allow")
     else:
         code = errno.errorcode.get(decision.errno, str(decision.errno))
-        echo_printable(f"deny: {code}: {decision.reason}")
+        echo_printable(f"deny: {code}: {for_this_storage(decision.reason)}")
 
 
 def _within_root(root: Path, location: str) -> str:

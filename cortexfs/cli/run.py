@@ -298,9 +298,12 @@ def main(argv: list[str], storage_dir: Path | None = None) -> int:
 def _main(argv: list[str], storage_dir: Path | None) -> int:
     options = parse_command_line(argv)
     global _root_given
-    given = options.storage or storage_dir
-    _root_given = None if given is None else absolute(given)
     try:
+        try:
+            given = storage.one_storage_option(storage_dir, options.storage)
+        except CtxError as error:
+            raise usage_problem(error) from None
+        _root_given = None if given is None else absolute(given)
         root = storage.resolve_root(given)
         where = _session(root, options.agent, options.tool, options.session, options.project)
     except CtxError as error:
