@@ -16,6 +16,7 @@ import math
 import os
 import re
 import time
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import cache
@@ -71,7 +72,7 @@ class LocalSystem:
         return cls(
             host=os.uname().nodename,
             machine_id=_read_first_line("/etc/machine-id"),
-            boot_id=_read_first_line("/proc/sys/kernel/random/boot_id") or "unknown",
+            boot_id=_boot_of(_read_first_line("/proc/sys/kernel/random/boot_id")),
             pid_ns=pid_ns,
             own_proc=_proc_is_own(),
         )
@@ -508,7 +509,7 @@ class Lease:
             worker=_field(doc, "worker", str),
             host=_field(doc, "host", str),
             machine_id=machine_id if isinstance(machine_id, str) else None,
-            boot_id=_field(doc, "boot_id", str),
+            boot_id=_boot_id(doc.get("boot_id")),
             pid_ns=_pid_ns(doc.get("pid_ns")),
             pid=_pid(doc.get("pid")),
             start_time=None if start is None else _start_time(start, start_key),
@@ -537,6 +538,36 @@ def _pid(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= PID_MAX_LIMIT:
         raise invalid(f"lease has no valid field 'pid' (a process id, 1 to {PID_MAX_LIMIT})")
     return value
+
+
+# What a lease says of a boot its holder could not read (no /proc/sys/kernel/random/boot_id):
+# no proof of a reboot, whatever boot the reader is in.
+UNKNOWN_BOOT = "unknown"
+
+
+def _boot_of(text: str | None) -> str:
+    """This machine's boot id in the one spelling compared, or :data:`UNKNOWN_BOOT`."""
+    return _one_spelling(text or "") or UNKNOWN_BOOT
+
+
+def _boot_id(value: object) -> str:
+    """The holder's boot, in the one spelling compared: Q-3's boot id is the content of the
+    holder's /proc/sys/kernel/random/boot_id, a UUID, and the same boot written with that
+    file's newline, in capitals or without dashes must not read as a reboot, which would
+    requeue the job of a live holder (Q-5).  Empty, it names no boot anybody can compare:
+    the lease is unreadable, a conflict for a person (Q-6)."""
+    boot = _one_spelling(value) if isinstance(value, str) and len(value) <= 256 else ""
+    if not boot:
+        raise invalid("lease has no valid field 'boot_id' (the holder's boot id, a UUID)")
+    return boot
+
+
+def _one_spelling(boot: str) -> str:
+    """``boot`` trimmed and in lower case; a UUID in its canonical form."""
+    boot = boot.strip().lower()
+    with contextlib.suppress(ValueError):
+        return str(uuid.UUID(boot))
+    return boot
 
 
 def _pid_ns(value: object) -> int:
@@ -622,7 +653,11 @@ def judge(lease: Lease, here: LocalSystem | None = None, now: float | None = Non
                 ALIVE, f"{where} is running (the lease records no start time to tell a reused pid)"
             )
         return Verdict(ALIVE, f"{where} {_how_it_runs(holder.pid, status, lease.expires_at)}")
-    if _same_machine(holder, here) and holder.boot_id != here.boot_id:
+    if (
+        _same_machine(holder, here)
+        and holder.boot_id != here.boot_id
+        and UNKNOWN_BOOT not in (holder.boot_id, here.boot_id)
+    ):
         return Verdict(GONE, f"{holder.host} rebooted since {where} took the lease")
     return Verdict(
         UNKNOWN,

@@ -217,6 +217,34 @@ def test_the_same_host_after_a_reboot_counts_as_gone(queue: Queue, me: Holder) -
     assert [f.job for f in report.requeued] == [job] and "rebooted" in report.requeued[0].detail
 
 
+@pytest.mark.parametrize(
+    "spelt", [str.upper, lambda boot: boot + "\n", lambda boot: boot.replace("-", "")]
+)
+def test_this_boot_spelt_another_way_is_no_reboot(queue: Queue, me: Holder, spelt) -> None:
+    """Q-3's boot id is the content of the holder's boot_id file: with that file's newline,
+    in capitals or without dashes it names this boot, and its live holder keeps the job."""
+    job = claimed_by(queue, dataclasses.replace(me, boot_id=spelt(me.boot_id)))
+    assert recover(queue).requeued == []
+    assert state_of(queue, job) == "claimed"
+
+
+def test_a_lease_naming_no_boot_is_a_conflict_never_requeued(queue: Queue, me: Holder) -> None:
+    job = claimed_by(queue, dataclasses.replace(me, boot_id=" ", pid=dead_pid()))
+    report = recover(queue, reconcile=True)
+    assert report.requeued == [] and [c.job for c in report.conflicts] == [job]
+    assert "'boot_id'" in report.conflicts[0].detail
+    assert state_of(queue, job) == "claimed"
+
+
+def test_a_boot_that_could_not_be_read_is_no_proof_of_a_reboot(queue: Queue, me: Holder) -> None:
+    """A holder that could not read its boot id wrote ``unknown``: on its own host, with its
+    pid gone, that is a pid alone, never proof (Q-5); its lease's expiry decides."""
+    unread = dataclasses.replace(me, boot_id="unknown", pid_ns=me.pid_ns + 1, pid=dead_pid())
+    job = claimed_by(queue, unread, ttl=300)
+    assert recover(queue).requeued == []
+    assert state_of(queue, job) == "claimed"
+
+
 def test_dry_run_changes_nothing(queue: Queue, me: Holder, queue_dir: Path) -> None:
     job = claimed_by(queue, dataclasses.replace(me, pid=dead_pid()))
     report = recover(queue, dry_run=True)
