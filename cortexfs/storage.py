@@ -27,7 +27,7 @@ import os
 import pwd
 import stat
 from collections.abc import Callable, Iterator, Mapping
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from cortexfs import bootstrap_repair, capabilities, durable, mount_table
 from cortexfs.absolute_paths import absolute
@@ -212,6 +212,29 @@ def require_root(root: Path) -> Path:
             raise not_a_directory(root)
         raise not_found(f"storage root {root} does not exist; create it with 'ctx bootstrap'")
     return root
+
+
+def place_in_root(root: Path, path: str | os.PathLike[str]) -> PurePosixPath | None:
+    """Where ``path`` lies in storage root ``root``, relative to it, or None when outside it.
+
+    Judged by path, then by the identity (device and inode) of each directory above it: a
+    bind mount of the root, or of a directory above it, names the same directory otherwise,
+    and what is made through it is made in the root all the same (R-2)."""
+    real_root, real_path = os.path.realpath(root), Path(os.path.realpath(path))
+    if os.path.commonpath([real_root, real_path]) == real_root:
+        return PurePosixPath(os.path.relpath(real_path, real_root))
+    try:
+        root_status = os.stat(real_root)
+    except OSError:
+        return None
+    for directory in (real_path, *real_path.parents):
+        try:
+            status = os.stat(directory)
+        except OSError:
+            continue  # not there yet, or not ours to look at: not the root
+        if (status.st_dev, status.st_ino) == (root_status.st_dev, root_status.st_ino):
+            return PurePosixPath(real_path.relative_to(directory))
+    return None
 
 
 def require_agents_directory(root: Path) -> Path:

@@ -15,7 +15,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO, NoReturn, TypeVar
 
 import click
@@ -183,7 +183,13 @@ def _outside_the_root_abi(root: Path, queue_dir: Path, option: str) -> Path:
         return queue_dir
     real_root = os.path.realpath(root)
     if os.path.commonpath([real_root, real_queue]) != real_root:
-        return queue_dir
+        # Outside by path; inside all the same when a directory above it is the root under
+        # another name (a bind mount), through which a ROOT/queue would be made as well.
+        place = storage.place_in_root(root, queue_dir)
+        if place is None or (
+            _is_project_queue_place(place) and place.parts[1] != storage.DOCS_BUNDLE
+        ):
+            return queue_dir
     leads_to = Path(real_queue)
     if real_queue != os.path.normpath(queue_dir) and _is_project_queue(root, leads_to):
         project = leads_to.parent.name
@@ -199,6 +205,17 @@ def _outside_the_root_abi(root: Path, queue_dir: Path, option: str) -> Path:
             f"{', '.join(storage.ROOT_ENTRIES)} (R-2), and queues are shared/NAME/queue; "
             "use --project NAME"
         )
+    )
+
+
+def _is_project_queue_place(place: PurePosixPath) -> bool:
+    """Whether ``place``, a path within a storage root, is a project's queue there."""
+    parts = place.parts
+    return (
+        len(parts) == 3
+        and parts[0] == "shared"
+        and parts[2] == "queue"
+        and (is_object_name(parts[1]))
     )
 
 

@@ -879,6 +879,34 @@ def test_an_unusable_ttl_is_refused_before_anything_moves(root: Path, req: Path,
     assert (qdir(root) / "pending" / job).exists()
 
 
+@pytest.fixture
+def root_bound_elsewhere(root: Path, tmp_path: Path):
+    """The storage root under a second name: a bind mount of it (root only)."""
+    if os.geteuid() != 0:
+        pytest.skip("a bind mount needs root")
+    alias = tmp_path / "alias"
+    alias.mkdir()
+    subprocess.run(["mount", "--bind", str(root), str(alias)], check=True)
+    try:
+        yield alias
+    finally:
+        subprocess.run(["umount", "-l", str(alias)], check=True)
+
+
+def test_a_queue_path_through_a_bind_mount_of_the_root_is_judged_as_inside_it(
+    root: Path, root_bound_elsewhere: Path
+) -> None:
+    """R-2: the same directory under another name is the root all the same: ALIAS/queue
+    would make ROOT/queue, and is refused; ALIAS/shared/P/queue is P's queue."""
+    alias = root_bound_elsewhere
+    refused = ctx(root, "queue", "init", "--queue", str(alias / "queue"))
+    assert refused.returncode == 2 and "is not a project's queue" in refused.stderr
+    assert not (root / "queue").exists()
+    made = ctx(root, "queue", "init", "--queue", str(alias / "shared" / "p" / "queue"))
+    assert made.returncode == 0, made.stderr
+    assert (root / "shared" / "p" / "queue" / "pending").is_dir()
+
+
 @pytest.mark.parametrize(
     ("option", "value"),
     [("--timeout", "1e10"), ("--timeout", "31622401"), ("--concurrency", "1025")],
