@@ -35,11 +35,26 @@ def hidden_values(value: Any) -> frozenset[str]:
 
 def without_hidden(text: str, hidden: frozenset[str]) -> str:
     """``text`` with every value of ``hidden`` (:func:`hidden_values`) replaced, as it is and
-    as a program that reports its input writes it, the longest first (one may hold another)."""
-    spellings = {spelling for value in hidden for spelling in _spellings(value)}
-    for spelling in sorted(spellings, key=len, reverse=True):
-        text = text.replace(spelling, REDACTED)
-    return text
+    as a program that reports its input writes it.
+
+    Every character any occurrence covers goes, and a run of them becomes one ``[redacted]``:
+    replacing one value after another would leave of two overlapping values (``abcd`` and
+    ``bcde`` in ``abcde``) what the first replacement cut out of the second, and which that
+    is would depend on the order the values came in."""
+    spellings = {spelling for value in hidden for spelling in _spellings(value) if spelling}
+    found: list[tuple[int, int]] = []
+    for spelling in spellings:
+        at = text.find(spelling)
+        while at != -1:
+            found.append((at, at + len(spelling)))
+            at = text.find(spelling, at + 1)
+    pieces: list[str] = []
+    kept_from = 0  # where the text not yet copied or covered begins
+    for start, end in sorted(found):
+        if start > kept_from or not pieces:
+            pieces += [text[kept_from:start], REDACTED]
+        kept_from = max(kept_from, end)
+    return "".join([*pieces, text[kept_from:]])
 
 
 def _spellings(value: str) -> set[str]:

@@ -1299,13 +1299,6 @@ def test_bootstrap_through_a_link_to_the_root_changes_nothing(
 FAILING = '#!/bin/sh\necho "abcde" >&2\nexit 3\n'
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="S-4: the message logged for one failing call (tool stderr 'abcde', input "
-    "{'password': 'abcd', 'token': 'bcde'}) is 'a[redacted]' under some PYTHONHASHSEED "
-    "values and '[redacted]e' under others: hidden values of equal length are replaced in "
-    "set order, so the session and the tool's log differ for the same call",
-)
 def test_the_logged_message_of_a_call_is_the_same_whatever_the_hash_seed(
     searchable_storage: Path, tmp_path: Path
 ) -> None:

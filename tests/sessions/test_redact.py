@@ -633,3 +633,15 @@ def test_the_note_of_keys_left_out_never_replaces_a_kept_key() -> None:
 
 def test_argv_bytes_that_are_not_utf8_are_logged_as_text_not_lone_surrogates() -> None:
     assert summarize_argv(["caf\udce9", "\ud800", "ok"]) == ["caf\\xe9", "\\ud800", "ok"]
+
+
+@pytest.mark.parametrize("order", [("abcd", "bcde"), ("bcde", "abcd")])
+def test_overlapping_hidden_values_leave_nothing_of_either_whatever_their_order(
+    order: tuple[str, str],
+) -> None:
+    """A message quoting ``abcde``, where ``abcd`` and ``bcde`` are both hidden, loses the
+    whole of it: replacing one value after the other left a letter of the second, which
+    letter depending on the order the set gave (the hash seed)."""
+    hidden = frozenset(order)
+    assert without_hidden("status 3: abcde.", hidden) == "status 3: [redacted]."
+    assert without_hidden("abcd, bcde and abcd", hidden) == "[redacted], [redacted] and [redacted]"
