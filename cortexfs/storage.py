@@ -198,10 +198,17 @@ def _absolute(path: Path, given_as: str) -> Path:
     try:
         return Path(absolute(path))
     except FileNotFoundError:  # getcwd() of a directory that was removed
-        raise not_found(
-            f"{given_as} {path} is relative, and the current directory no longer exists; "
-            "give an absolute path, or change to a directory that exists"
-        ) from None
+        raise relative_to_a_removed_directory(path, given_as) from None
+
+
+def relative_to_a_removed_directory(path: Path, given_as: str) -> CtxError:
+    """ENOENT for ``path``, given as ``given_as`` (an option, a variable), relative to a
+    current directory that was removed: getcwd's bare "No such file or directory" would
+    name neither the path nor the way out."""
+    return not_found(
+        f"{given_as} {path} is relative, and the current directory no longer exists; "
+        "give an absolute path, or change to a directory that exists"
+    )
 
 
 def require_root(root: Path) -> Path:

@@ -138,6 +138,59 @@ def test_a_relative_root_from_a_removed_directory_is_named_in_the_refusal(
     )
 
 
+@pytest.mark.parametrize("option", ["--queue", "--project"])
+def test_a_relative_queue_path_from_a_removed_directory_is_named_in_the_refusal(
+    tmp_path: Path, option: str
+) -> None:
+    """As for a relative root: getcwd's bare "No such file or directory" names nothing."""
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    script = (
+        "import os, sys; os.chdir(sys.argv[1]); os.rmdir(sys.argv[1]); "
+        "from cortexfs.cli import main; sys.argv = ['ctx', *sys.argv[2:]]; main()"
+    )
+    command = ["queue", "status", "--storage", str(tmp_path / "root"), option, "q/queue"]
+
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(gone), *command], capture_output=True, text=True
+    )
+
+    if option == "--project":  # a relative project path must name an existing queue
+        assert done.returncode == 2 and "is neither a project name" in done.stderr
+        return
+    assert (done.returncode, done.stderr) == (
+        1,
+        f"ctx: ENOENT: {option} q/queue is relative, and the current directory no longer "
+        "exists; give an absolute path, or change to a directory that exists\n",
+    )
+
+
+@pytest.mark.parametrize("command", [["mount", "mnt"], ["umount", "mnt"]])
+def test_any_relative_path_from_a_removed_directory_is_refused_with_the_reason(
+    tmp_path: Path, command: list[str]
+) -> None:
+    """Where no command names the path itself, the refusal still says what went wrong, not
+    getcwd's bare "No such file or directory"."""
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    script = (
+        "import os, sys; os.chdir(sys.argv[1]); os.rmdir(sys.argv[1]); "
+        "from cortexfs.cli import main; sys.argv = ['ctx', *sys.argv[2:]]; main()"
+    )
+    root = ["--storage", str(tmp_path / "root")]
+    subprocess.run([sys.executable, "-m", "cortexfs", *root, "bootstrap"], check=True)
+
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(gone), *root, *command], capture_output=True, text=True
+    )
+
+    assert (done.returncode, done.stderr) == (
+        1,
+        "ctx: ENOENT: the current directory no longer exists, and a relative path given is "
+        "read against it; give absolute paths, or change to a directory that exists\n",
+    )
+
+
 @pytest.mark.parametrize("command", [["bootstrap"], ["queue", "init", "--project", "p"]])
 def test_an_empty_ctx_storage_is_refused_rather_than_read_as_unset(
     traversable_tmp: Path, command: list[str]

@@ -349,12 +349,26 @@ def unexpected_error(exc: OSError) -> CtxError:
             if refusal is not None:
                 return refusal
         said = f"{path}: {said}"
+    elif exc.errno == errno.ENOENT and _current_directory_removed():
+        # getcwd's refusal, met making a relative path absolute: it names no path at all.
+        said = (
+            "the current directory no longer exists, and a relative path given is read "
+            "against it; give absolute paths, or change to a directory that exists"
+        )
     trouble = explain_host_trouble(exc.errno)
     if trouble is not None:
         # What the host ran short of is mended outside the command, never by changing what
         # it was given: say what, as every command that meets it on a known step does.
         said = f"{said}{trouble.aside}: {trouble.remedy}, then run the command again"
     return CtxError(exc.errno or 5, said)
+
+
+def _current_directory_removed() -> bool:
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        return True
+    return False
 
 
 def _settle_stdout() -> None:

@@ -130,7 +130,7 @@ def _queue_dir(storage_dir: Path | None, project: str | None, queue_arg: Path | 
     if queue_arg is not None and project is not None:
         raise click.UsageError("give either --project or --queue, not both")
     if queue_arg is not None:
-        return _outside_the_root_abi(root, queue_arg.absolute(), "--queue")
+        return _outside_the_root_abi(root, _absolute(queue_arg, "--queue"), "--queue")
     if project == "":
         raise usage_problem(invalid("--project '' is empty: give a project name (R-3)"))
     if project is None:
@@ -143,7 +143,7 @@ def _queue_dir(storage_dir: Path | None, project: str | None, queue_arg: Path | 
         # counts only when it names an existing queue, so that a mistyped name such as
         # '--project ../escape' never makes a queue outside the storage root.
         if os.path.isabs(project) or _is_queue_directory(Path(project)):
-            return _outside_the_root_abi(root, Path(project).absolute(), "--project")
+            return _outside_the_root_abi(root, _absolute(Path(project), "--project"), "--project")
         raise usage_problem(
             invalid(
                 f"--project {project!r} is neither a project name (a name holds no '/', R-3) "
@@ -156,6 +156,15 @@ def _queue_dir(storage_dir: Path | None, project: str | None, queue_arg: Path | 
         return layout.queue_path(resolve_storage(storage_dir), project)
     except CtxError as exc:
         raise usage_problem(exc) from None
+
+
+def _absolute(queue_dir: Path, option: str) -> Path:
+    """``queue_dir`` against the current directory, its ``..`` kept for
+    :func:`_outside_the_root_abi` to judge."""
+    try:
+        return queue_dir.absolute()
+    except FileNotFoundError:  # getcwd() of a directory that was removed
+        raise storage.relative_to_a_removed_directory(queue_dir, option) from None
 
 
 def _outside_the_root_abi(root: Path, queue_dir: Path, option: str) -> Path:

@@ -635,13 +635,6 @@ def test_relative_storage_in_a_directory_that_no_longer_exists_says_so(world: Wo
     assert gone.err.startswith("ctx: ENOENT: CTX_STORAGE my-root-dir is relative"), gone
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="§2.4: a relative --queue given where the working directory no longer exists is "
-    "refused with the bare 'ctx: ENOENT: No such file or directory', naming neither the "
-    "queue nor what to do, where a relative --storage there names itself and the reason "
-    "(README: errors read 'ctx: ERRNO: what to do')",
-)
 def test_relative_queue_in_a_directory_that_no_longer_exists_is_named(world: World) -> None:
     env = base_env(world.storage)
     for n, verb in enumerate((["status"], ["list", "--json"], ["show", "j"], ["claim"])):
