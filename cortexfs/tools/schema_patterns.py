@@ -97,7 +97,7 @@ def judged_within(schema: Any, instance: object, seconds: float) -> dict[str, An
     document = json.dumps({"schema": schema, "instance": instance})
     try:
         child = subprocess.run(
-            [sys.executable, "-E", "-s", "-m", "cortexfs.tools.schema_patterns"],
+            [sys.executable, "-E", "-s", "-m", "cortexfs.tools.schema_patterns", str(os.getpid())],
             input=document.encode(),
             capture_output=True,
             timeout=seconds,
@@ -119,9 +119,13 @@ def judged_within(schema: Any, instance: object, seconds: float) -> dict[str, An
 
 def _judge_from_stdin() -> None:
     """The child of :func:`judged_within`: the schema and instance on stdin, the verdict on
-    stdout."""
+    stdout.  Its first step: dying with the process that started it (its pid is the only
+    argument), which a SIGKILL gives no time to kill a judge that may spin for as long as
+    a pattern's backtracking takes (I-4: nothing of a call outlives its caller)."""
+    from cortexfs.tools import orphans
     from cortexfs.tools.schemas import UnusableSchema, instance_problems
 
+    orphans.die_with_parent(int(sys.argv[1]))()
     given = json.load(sys.stdin.buffer)
     try:
         problems = instance_problems(given["schema"], given["instance"])

@@ -682,13 +682,6 @@ def test_a_schema_judge_goes_with_a_native_call_stopped_by_sigterm(world):
             os.kill(pid, signal.SIGKILL)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="I-4: ctx run --native SIGKILLed while a risky schema pattern is judged leaves the "
-    "judging helper (python -m cortexfs.tools.schema_patterns) running as an orphan of init, "
-    "burning CPU with no timeout of its own, where docs/tools.md says no process of a call "
-    "outlives the process that started it",
-)
 def test_a_schema_judge_goes_with_a_native_call_that_was_sigkilled(world):
     """I-4, docs/tools.md "Process group and bounds" ("Nor does any outlive the process that
     started the call, even a SIGKILLed worker…"): ``ctx run --native`` SIGKILLed while the
@@ -850,13 +843,6 @@ def test_a_workers_guard_that_was_killed_is_reaped_and_replaced(world):
     assert sleepers(mark) == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="I-4: a worker SIGKILLed while a job's input is judged against a risky schema "
-    "pattern leaves the judging helper running as an orphan (no parent-death signal, no "
-    "guard, no timeout of its own), where docs/workers.md says that if the worker is killed, "
-    "so is everything the job started",
-)
 def test_a_schema_judge_goes_with_a_worker_that_was_sigkilled(world):
     """I-4, docs/workers.md "One job" ("if the worker is killed, so is everything the tool
     started, and the job's re-execution after recover never runs beside a leftover of the

@@ -3,9 +3,13 @@ and an input checked against them in a child process bounded by the call's time.
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import subprocess
+import sys
 import time
 
+import psutil
 import pytest
 
 from cortexfs.errors import CtxError
@@ -60,3 +64,40 @@ def test_a_schema_judged_in_the_child_that_cannot_be_applied_says_so() -> None:
     }
     with pytest.raises(UnusableSchema):
         instance_problems(schema, {"t": 1}, within=30)
+
+
+def test_the_judge_of_an_input_dies_with_the_process_that_asked_for_it() -> None:
+    """I-4: a caller SIGKILLed while its input is judged (a worker, a ``ctx run``) takes the
+    judge with it, which would otherwise spin on the backtracking pattern, an orphan with
+    no bound of its own."""
+    asking = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "from cortexfs.tools.schemas import instance_problems; instance_problems("
+            "{'properties': {'s': {'type': 'string', 'pattern': '^(a+)+$'}}}, "
+            "{'s': 'a' * 40 + '!'}, within=300)",
+        ]
+    )
+    judges: list[psutil.Process] = []
+    try:
+        deadline = time.monotonic() + 30
+        while not judges and time.monotonic() < deadline:
+            time.sleep(0.05)
+            judges = [
+                child
+                for child in psutil.Process(asking.pid).children()
+                if "cortexfs.tools.schema_patterns" in child.cmdline()
+            ]
+        assert judges, "the input was never given to a judge"
+        time.sleep(0.5)  # the judge is past its start, at work on the pattern
+        asking.kill()
+        asking.wait()
+        _, alive = psutil.wait_procs(judges, timeout=10)
+        assert alive == [], "the judge outlived the process that started it"
+    finally:
+        asking.kill()
+        asking.wait()
+        for judge in judges:
+            with contextlib.suppress(psutil.Error):
+                judge.kill()
