@@ -149,6 +149,16 @@ def install(
         fail_with_problems(manifest, exc, exc.problems, as_json)
     installed = install_manifest(root, loaded, target)
     changed(f"{installed.name} was installed in tier {installed.tier} (do not install it again)")
+    if installed.took_leftover_controls:
+        # Said on stderr in either mode: the rules of a policy written for a program removed
+        # since now apply to this one, which only its administrator can judge.
+        echo_printable(
+            f"ctx: warning: {installed.path}.d was there without its executable (a removal "
+            "done half, or a damaged tool): its policy, status, hooks and log were kept, as a "
+            "reinstall keeps them, and its policy's rules apply to this program; to install it "
+            f"as a new tool, remove {installed.path}.d and install again",
+            err=True,
+        )
     if as_json:
         emit_json(installed.to_json())
     else:

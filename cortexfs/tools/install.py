@@ -101,6 +101,9 @@ class Installed:
     tier: str
     path: Path
     replaced: bool
+    # The control directory was there without its executable (a removal done half, or a
+    # damaged tool): its local state was taken as a reinstall takes it, policy included.
+    took_leftover_controls: bool = False
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -108,6 +111,7 @@ class Installed:
             "tier": self.tier,
             "path": str(self.path),
             "replaced": self.replaced,
+            "took_leftover_controls": self.took_leftover_controls,
         }
 
 
@@ -231,6 +235,14 @@ def install_tool(
     oversized = oversized_controls(controls)
     if oversized:  # refused now rather than installed as a tool found damaged
         raise too_big(f"{manifest.source}: {oversized[0]}")
+    leftover: list[bool] = []
+
+    def note_leftover_controls() -> None:  # under the tier's lock: what the install meets
+        entry = tier.directory / manifest.name
+        leftover.append(
+            not os.path.lexists(entry) and (tier.directory / f"{entry.name}.d").is_dir()
+        )
+
     replaced = install_pair(
         tier.directory,
         manifest.name,
@@ -242,11 +254,13 @@ def install_tool(
         settled_by="running the same command again, or 'ctx bootstrap',",
         host=storage_owner(tier.root),
         unless_current=unless_current,
+        refuse_under_lock=note_leftover_controls,
         root=tier.root,
     )
     if replaced is None:
         return None
-    return Installed(manifest.name, tier.name, tier.directory / manifest.name, replaced)
+    path = tier.directory / manifest.name
+    return Installed(manifest.name, tier.name, path, replaced, any(leftover))
 
 
 def tool_obstacles(tier: Tier, name: str) -> list[Obstacle]:

@@ -868,6 +868,7 @@ def test_object_install_tier_places_the_tool_and_json_says_where(
             "tier": tier,
             "path": str(directory / "hello"),
             "replaced": False,
+            "took_leftover_controls": False,
         }, r
         assert os.access(directory / "hello", os.X_OK) and (directory / "hello.d").is_dir()
     again = on(storage, "object", "install", manifest, "--tier", "user", "--json")

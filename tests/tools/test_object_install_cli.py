@@ -183,3 +183,24 @@ def test_a_user_running_with_another_group_installs_in_their_own_tier(
     home = root / "home" / str(unprivileged_user.uid)
     assert (home.stat().st_uid, home.stat().st_gid) == (unprivileged_user.uid, other_group)
     assert (home / "tool" / "mine").is_file()
+
+
+def test_an_install_over_controls_left_without_their_executable_says_it_kept_them(
+    roots: list[Path], tmp_path: Path
+) -> None:
+    """Between the two steps of a removal (docs/tools.md), an install is a reinstall: the
+    grants in the controls left there apply to the new program, which is never left unsaid
+    (T-8: installing grants nothing of itself)."""
+    root, path = roots[0], manifest(tmp_path, "hello")
+    assert ctx("object", "install", "--storage", root, "--tier", "system", path).returncode == 0
+    policy = root / "tool" / "hello.d" / "policy"
+    policy.write_text(policy.read_text() + "allow ci_t tool:hello execute\n")
+    (root / "tool" / "hello").unlink()
+
+    again = ctx("object", "install", "--storage", root, "--tier", "system", "--json", path)
+
+    assert again.returncode == 0 and json.loads(again.stdout)["took_leftover_controls"] is True
+    assert again.stderr.startswith(f"ctx: warning: {root}/tool/hello.d was there without its ")
+    assert "allow ci_t tool:hello execute" in policy.read_text()
+    plain = ctx("object", "install", "--storage", root, "--tier", "system", "--json", path)
+    assert json.loads(plain.stdout)["took_leftover_controls"] is False and plain.stderr == ""
