@@ -232,7 +232,8 @@ def list_command(tier: str | None, storage_dir: Path | None, as_json: bool) -> N
     ENOENT (exit 1) when the storage root, or the tier named with --tier (a shared space, the
     system tier), does not exist; a malformed --tier is a usage error (EINVAL, exit 2).
 
-    Without --tier: the system tier, your user tier and every shared space's tier.  The status
+    Without --tier: the system tier, your user tier and every shared space's tier; a tier you
+    may not list is left out with a note on stderr (a space of a group you are not in).  The status
     is what a call would meet: available, disabled, unavailable (with its reason: a status
     control reading none of its settings is quoted; a malformed program control makes a tool
     unavailable, SPEC C-2) or damaged (a control of its layout missing or malformed; see
@@ -242,7 +243,14 @@ def list_command(tier: str | None, storage_dir: Path | None, as_json: bool) -> N
     root = resolve_storage(storage_dir)
     tiers = [_tier_option(root, tier)] if tier is not None else all_tiers(root, os.getuid())
     require_tier(tiers[0])  # a missing root or named tier is ENOENT, not an empty listing
-    listings = list_tools(tiers)
+    unreadable: list[Tier] = []
+    listings = list_tools(tiers, unreadable)
+    for tier in unreadable:  # a listing that leaves a tier out unsaid would read as complete
+        echo_printable(
+            f"ctx: note: tier {tier.name} ({tier.directory}) cannot be listed by uid "
+            f"{os.getuid()} (Permission denied): its tools are left out",
+            err=True,
+        )
     if as_json:
         emit_json([listing.to_json() for listing in listings])
         return

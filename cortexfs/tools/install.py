@@ -268,13 +268,18 @@ def tool_obstacles(tier: Tier, name: str) -> list[Obstacle]:
     return obstacles(tier.directory, name, TOOL_KIND)
 
 
-def list_tools(tiers: list[Tier]) -> list[Listing]:
-    """Every installed tool of ``tiers`` (hidden staging names and strays are not tools)."""
+def list_tools(tiers: list[Tier], unreadable: list[Tier] | None = None) -> list[Listing]:
+    """Every installed tool of ``tiers`` (hidden staging names and strays are not tools);
+    the tiers this process may not list go to ``unreadable``."""
     found = []
     for tier in tiers:
         try:
             names = sorted(os.listdir(tier.directory))
-        except (FileNotFoundError, NotADirectoryError, PermissionError):
+        except PermissionError:
+            if unreadable is not None:
+                unreadable.append(tier)
+            continue
+        except (FileNotFoundError, NotADirectoryError):
             continue
         for name in names:
             if not is_object_name(name) or not os.path.isfile(tier.directory / name):

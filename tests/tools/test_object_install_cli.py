@@ -204,3 +204,28 @@ def test_an_install_over_controls_left_without_their_executable_says_it_kept_the
     assert "allow ci_t tool:hello execute" in policy.read_text()
     plain = ctx("object", "install", "--storage", root, "--tier", "system", "--json", path)
     assert json.loads(plain.stdout)["took_leftover_controls"] is False and plain.stderr == ""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run as another user")
+def test_a_tier_the_caller_may_not_list_is_left_out_with_a_note(
+    traversable_tmp: Path, unprivileged_user: UnprivilegedUser
+) -> None:
+    """A listing that left a space's tier out unsaid would read as complete."""
+    root = traversable_tmp / "storage"
+    assert ctx("bootstrap", "--storage", root).returncode == 0
+    assert ctx("shared", "create", "team", "--storage", root).returncode == 0
+    path = manifest(traversable_tmp, "mine")
+    made = ctx("object", "install", "--storage", root, "--tier", "shared:team", path)
+    assert made.returncode == 0, made.stderr
+    os.chmod(root / "shared" / "team", 0o2770)  # the space's group only: the user is not in it
+    as_user = ["setpriv", f"--reuid={unprivileged_user.uid}", f"--regid={unprivileged_user.gid}"]
+    command = [*as_user, "--clear-groups", *CTX, "object", "list", "--storage", str(root)]
+
+    listed = subprocess.run([*command, "--json"], capture_output=True, text=True, cwd="/")
+
+    assert listed.returncode == 0
+    assert "mine" not in [tool["name"] for tool in json.loads(listed.stdout)]
+    assert listed.stderr == (
+        f"ctx: note: tier shared:team ({root}/shared/team/tool) cannot be listed by uid "
+        f"{unprivileged_user.uid} (Permission denied): its tools are left out\n"
+    )
