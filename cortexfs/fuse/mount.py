@@ -40,6 +40,7 @@ import trio
 
 from cortexfs import durable
 from cortexfs.agents.projection import FRESH_SECONDS
+from cortexfs.fuse.access import EXECUTE, READ, WRITE, acl_allows, caller_groups
 from cortexfs.fuse.identity import Identity, generation_of, identity_of
 from cortexfs.fuse.inodes import InodeNames
 from cortexfs.fuse.projection import Projection
@@ -212,7 +213,9 @@ class StorageFS(pyfuse3.Operations):
                 raise pyfuse3.FUSEError(errno.ESTALE)
         return fd
 
-    def _reopened(self, inode: int, parts: Sequence[str], flags: int) -> int:
+    def _reopened(
+        self, inode: int, parts: Sequence[str], flags: int, ctx: pyfuse3.RequestContext
+    ) -> int:
         """Node ``inode``'s file, reached by ``parts``, opened with ``flags``: the name is
         opened ``O_PATH`` first (which waits on no FIFO, wakes no device and truncates
         nothing), checked to hold the node's file (:meth:`_holding`) and to be a regular file
@@ -222,8 +225,9 @@ class StorageFS(pyfuse3.Operations):
         directory would keep the daemon waiting for a writer that may never come, and every
         caller of the mount, ``ctx umount`` included, waiting behind it; ``O_TRUNC`` would
         have emptied the file now at the name, perhaps one the caller may not write, before
-        the check.  :class:`_LeaseBreaking` while another process's lease on the file is
-        being broken (:func:`_open_at_once`)."""
+        the check.  EACCES where the file's ACL refuses the caller what ``flags`` ask
+        (:func:`_acl_permits`).  :class:`_LeaseBreaking` while another process's lease on
+        the file is being broken (:func:`_open_at_once`)."""
         handle = self._holding(self._open(parts, os.O_PATH), inode, parts)
         try:
             kind = stat.S_IFMT(_call(os.fstat, handle).st_mode)
@@ -231,6 +235,7 @@ class StorageFS(pyfuse3.Operations):
                 raise pyfuse3.FUSEError(errno.ELOOP)
             if kind not in (stat.S_IFREG, stat.S_IFDIR):
                 raise pyfuse3.FUSEError(errno.ESTALE)
+            _acl_permits(handle, ctx, _asked_by_open(flags))
             return _open_at_once(f"/proc/self/fd/{handle}", flags)
         finally:
             os.close(handle)
@@ -350,8 +355,13 @@ class StorageFS(pyfuse3.Operations):
     async def opendir(self, inode, ctx):  # type: ignore[no-untyped-def]
         parts = self._still(inode)
         self._visible(parts)
-        if not stat.S_ISDIR(self._lstat(parts).st_mode):
-            raise pyfuse3.FUSEError(errno.ENOTDIR)
+        directory = self._holding(self._open(parts, os.O_PATH), inode, parts)
+        try:
+            if not stat.S_ISDIR(_call(os.fstat, directory).st_mode):
+                raise pyfuse3.FUSEError(errno.ENOTDIR)
+            _acl_permits(directory, ctx, READ)
+        finally:
+            os.close(directory)
         handle = next(self._next_directory_handle)
         self._open_directories[handle] = _Listing(inode)
         return handle
@@ -401,25 +411,28 @@ class StorageFS(pyfuse3.Operations):
         try:
             parts = self._parts_of(inode)
         except pyfuse3.FUSEError:  # reopened by descriptor (/proc/PID/fd/N) once unlinked
-            return await self._open_by_descriptor(inode, flags)
+            return await self._open_by_descriptor(inode, flags, ctx)
         self._visible(parts)
         if flags & _WRITING:
             self._writable(parts)
         try:
-            opened = await _once_no_lease_holds_it(lambda: self._reopened(inode, parts, flags))
+            opened = await _once_no_lease_holds_it(lambda: self._reopened(inode, parts, flags, ctx))
         except pyfuse3.FUSEError as gone:
             if not self._gone_but_open(inode, gone):
                 raise
-            return await self._open_by_descriptor(inode, flags)
+            return await self._open_by_descriptor(inode, flags, ctx)
         return self._opened_file(inode, opened, parts)
 
-    async def _open_by_descriptor(self, inode: int, flags: int) -> pyfuse3.FileInfo:
+    async def _open_by_descriptor(
+        self, inode: int, flags: int, ctx: pyfuse3.RequestContext
+    ) -> pyfuse3.FileInfo:
         """``inode`` opened again through a descriptor it is open by (``/proc/PID/fd/N``),
         as writable as its name was: no name leads to it any more."""
         descriptor, parts = self._open_file(inode)
         self._visible(parts)
         if flags & _WRITING:
             self._writable(parts)
+        _acl_permits(descriptor, ctx, _asked_by_open(flags))
         reopened = await _once_no_lease_holds_it(
             lambda: _open_at_once(f"/proc/self/fd/{descriptor}", flags)
         )
@@ -485,6 +498,7 @@ class StorageFS(pyfuse3.Operations):
             # is ESTALE instead: the kernel then walks the path again, finds that file, and
             # opens it as any existing file is opened, permissions checked (open(2)).
             made_here = (flags & ~_NOT_OURS) | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            _acl_permits(parent, ctx, WRITE | EXECUTE)
             try:
                 with _callers_umask(ctx):
                     fd = _call(
@@ -510,6 +524,7 @@ class StorageFS(pyfuse3.Operations):
     async def mkdir(self, parent_inode, name, mode, ctx):  # type: ignore[no-untyped-def]
         parts = self._child_to_make(parent_inode, name)
         with self._parent(parts) as parent:
+            _acl_permits(parent, ctx, WRITE | EXECUTE)
             with _callers_umask(ctx):
                 _call(os.mkdir, parts[-1], mode & ~ctx.umask, dir_fd=parent)
             try:
@@ -536,6 +551,7 @@ class StorageFS(pyfuse3.Operations):
         _not_a_root_entry(parts)
         self._writable(parts)
         with self._parent(parts) as parent:
+            _acl_permits(parent, ctx, WRITE | EXECUTE)
             doomed = durable.lstat_at(parent, parts[-1])
             _call(os.unlink, parts[-1], dir_fd=parent)
         # Other names of the file (hard links) stay.
@@ -546,6 +562,7 @@ class StorageFS(pyfuse3.Operations):
         _not_a_root_entry(parts)
         self._writable(parts)
         with self._parent(parts) as parent:
+            _acl_permits(parent, ctx, WRITE | EXECUTE)
             _call(os.rmdir, parts[-1], dir_fd=parent)
         self._names.removed(parts, last_name=True)
 
@@ -567,8 +584,18 @@ class StorageFS(pyfuse3.Operations):
             new = self._child_to_make(parent_new, name_new, existing_ok=True)
             _not_a_root_entry(new)
         with self._parent(old) as source, self._parent(new) as target:
+            _acl_permits(source, ctx, WRITE | EXECUTE)
             replaced = durable.lstat_at(target, new[-1])
             moving = durable.lstat_at(source, old[-1])
+            if parent_old != parent_new:
+                _acl_permits(target, ctx, WRITE | EXECUTE)
+                # A directory moved to another one has its ".." changed: the kernel asks
+                # write on it too (an exchange moves both).
+                exchanged = replaced if flags & pyfuse3.RENAME_EXCHANGE else None
+                moved = ((source, old[-1], moving), (target, new[-1], exchanged))
+                for directory, entry, status in moved:
+                    if status is not None and stat.S_ISDIR(status.st_mode):
+                        _acl_permits_at(directory, entry, ctx, WRITE)
             if flags & (pyfuse3.RENAME_EXCHANGE | pyfuse3.RENAME_NOREPLACE):
                 _renameat2(source, old[-1], target, new[-1], flags)
             else:
@@ -592,6 +619,7 @@ class StorageFS(pyfuse3.Operations):
         self._writable(source)
         new = self._child_to_make(new_parent_inode, new_name)
         with self._parent(source) as directory, self._parent(new) as target:
+            _acl_permits(target, ctx, WRITE | EXECUTE)
             _call(
                 os.link,
                 source[-1],
@@ -606,7 +634,7 @@ class StorageFS(pyfuse3.Operations):
         try:
             parts = self._parts_of(inode)
         except pyfuse3.FUSEError:
-            return await self._set_by_descriptor(inode, attr, fields, fh)
+            return await self._set_by_descriptor(inode, attr, fields, fh, ctx)
         if not _truncates_an_open_file(fields, fh):
             self._writable(parts)
         try:
@@ -614,13 +642,13 @@ class StorageFS(pyfuse3.Operations):
         except pyfuse3.FUSEError as gone:
             if not self._gone_but_open(inode, gone):
                 raise
-            return await self._set_by_descriptor(inode, attr, fields, fh)
+            return await self._set_by_descriptor(inode, attr, fields, fh, ctx)
         if fields.update_size:
             if fh is not None:
                 _call(os.truncate, fh, attr.st_size)
             else:
                 file = await _once_no_lease_holds_it(
-                    lambda: self._reopened(inode, parts, os.O_WRONLY)
+                    lambda: self._reopened(inode, parts, os.O_WRONLY, ctx)
                 )
                 try:
                     _call(os.truncate, file, attr.st_size)
@@ -644,7 +672,7 @@ class StorageFS(pyfuse3.Operations):
                 _call(os.utime, name, ns=times, dir_fd=parent, follow_symlinks=False)
         return self._described(self._lstat(parts), inode)
 
-    async def _set_by_descriptor(self, inode, attr, fields, fh):  # type: ignore[no-untyped-def]
+    async def _set_by_descriptor(self, inode, attr, fields, fh, ctx):  # type: ignore[no-untyped-def]
         """``setattr`` on a file no name leads to any more, through a descriptor it is open
         by (``ftruncate``, ``fchmod``… after an unlink), as writable as its name was."""
         descriptor, parts = self._open_file(inode)
@@ -654,6 +682,7 @@ class StorageFS(pyfuse3.Operations):
             if fh is not None:
                 _call(os.truncate, fh, attr.st_size)
             else:  # opened, not truncated by path, which would wait out a lease in place
+                _acl_permits(descriptor, ctx, WRITE)
                 file = await _once_no_lease_holds_it(
                     lambda: _open_at_once(f"/proc/self/fd/{descriptor}", os.O_WRONLY)
                 )
@@ -744,22 +773,52 @@ def _not_a_root_entry(parts: tuple[str, ...]) -> None:
 
 
 def _in_group(ctx: pyfuse3.RequestContext, gid: int) -> bool:
-    """Whether the caller of ``ctx`` is root or has ``gid`` among its supplementary groups
-    (which a request does not carry: read from its process, while it waits on the call)."""
+    """Whether the caller of ``ctx`` is root or has ``gid`` among its groups
+    (:func:`~cortexfs.fuse.access.caller_groups`)."""
     if ctx.uid == 0:
         return True
+    groups = caller_groups(ctx)
+    return groups is not None and gid in groups
+
+
+def _acl_permits(descriptor: int, ctx: pyfuse3.RequestContext, wanted: int) -> None:
+    """EACCES unless the storage root would let the caller of ``ctx`` have ``wanted`` of the
+    file ``descriptor`` holds.  The kernel checked the mode bits only, and for a file with
+    an ACL they may show more than the ACL gives the caller (:mod:`cortexfs.fuse.access`):
+    the daemon, root, would otherwise open, make or remove for the caller what it may not."""
+    if not _call(acl_allows, descriptor, ctx, wanted):
+        raise pyfuse3.FUSEError(errno.EACCES)
+
+
+def _acl_permits_at(directory: int, name: str, ctx: pyfuse3.RequestContext, wanted: int) -> None:
+    """:func:`_acl_permits` for ``name`` in ``directory``, never followed if a link."""
+    entry = _call(os.open, name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=directory)
     try:
-        status = Path(f"/proc/{ctx.pid}/status").read_text()
-    except OSError:
-        return False
-    groups = next((line for line in status.splitlines() if line.startswith("Groups:")), "")
-    return str(gid) in groups.split()[1:]
+        _acl_permits(entry, ctx, wanted)
+    finally:
+        os.close(entry)
+
+
+def _asked_by_open(flags: int) -> int:
+    """What an open with the kernel's ``flags`` asks of the file, as the kernel judges it:
+    execution alone for the open execve(2) makes (a program may be executable and not
+    readable), else read and write as the access mode says, and write for ``O_TRUNC``."""
+    if flags & _EXECUTING:
+        return EXECUTE
+    access_mode = flags & os.O_ACCMODE
+    asked = 0 if access_mode == os.O_WRONLY else READ
+    if access_mode != os.O_RDONLY or flags & os.O_TRUNC:
+        asked |= WRITE
+    return asked
 
 
 @contextlib.contextmanager
 def _callers_umask(ctx: pyfuse3.RequestContext) -> Iterator[None]:
     """The daemon's own umask set aside while it makes a file or a directory for ``ctx``,
-    whose mode the kernel passes unmasked and which is masked with the caller's umask."""
+    whose mode is masked with the caller's umask only.  The kernel has masked it already
+    (pyfuse3 does not ask it for ``FUSE_DONT_MASK``, which would leave that to the daemon),
+    even in a directory with a default ACL, where the storage root would not (docs/mount.md,
+    *Permissions and ACLs*)."""
     own = os.umask(0)
     try:
         yield
@@ -839,6 +898,9 @@ def _same_file(first: os.stat_result | None, second: os.stat_result | None) -> b
 
 _RENAME_FLAGS = pyfuse3.RENAME_EXCHANGE | pyfuse3.RENAME_NOREPLACE  # the ones passed through
 _WRITING = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND
+# __FMODE_EXEC: the kernel's mark on the open of a program execve(2) makes, which it passes on
+# in the open's flags.
+_EXECUTING = 0o40
 _SET_ID = stat.S_ISUID | stat.S_ISGID
 # Flags of the caller's open that the daemon's own open of the file must not take: with
 # O_DIRECT, its reads and writes (pyfuse3's buffers, aligned to nothing) would be refused

@@ -1378,12 +1378,6 @@ def test_a_default_acl_shapes_new_files_through_the_mount_as_on_the_storage_root
     assert_same(through, on_disk)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="F-1: a group member whom a file's ACL gives only read (group::r--, mask rw-) "
-    "can append to it through the host's view (the kernel checks the mask as group bits), "
-    "where the storage root refuses it with EACCES",
-)
 def test_a_file_acl_denying_a_group_write_is_not_bypassed_through_the_host_view(world):
     """docs/mount.md: "The host's view is the storage root", and a file "keeps the owner
     and mode it has on disk".  A file of root's whose ACL lets a named user write but its
