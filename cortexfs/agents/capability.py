@@ -39,7 +39,7 @@ from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
-from cortexfs import durable
+from cortexfs import durable, jsontext
 from cortexfs.agents import log as agent_log
 from cortexfs.errors import CtxError, denied, exists, invalid, too_big
 from cortexfs.exit_watch import ExitWatch
@@ -154,7 +154,9 @@ class Capability:
 
     def answer(self, line: bytes) -> dict[str, Any]:
         try:
-            request = json.loads(line)
+            # Strict: nesting past MAX_DEPTH is a ValueError here, where json.loads would
+            # recurse until the thread answering the tool died of it.
+            request = jsontext.loads_strict(line, unique_names=False)
             asked = request.get("op") if isinstance(request, dict) else None
             if asked not in OPERATIONS:
                 raise invalid(f"the capability answers {' and '.join(OPERATIONS)} only")

@@ -38,6 +38,7 @@ import sys
 import time
 from pathlib import Path
 
+from cortexfs import jsontext
 from cortexfs.agents.sandbox import sandbox_processes
 from cortexfs.agents.view import AgentView
 from cortexfs.errors import denied
@@ -263,7 +264,7 @@ class RunSocket:
                     os.close(fd)
             raise
         try:
-            request = json.loads(message)
+            request = jsontext.loads_strict(message, unique_names=False)  # nesting bounded
         except ValueError:
             return None, descriptors
         return (request if isinstance(request, dict) else None), descriptors

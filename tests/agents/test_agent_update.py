@@ -76,6 +76,18 @@ def test_the_capability_is_bound_to_the_calling_agent(world: World) -> None:
     assert system_md(world) == "mine" and system_md(world, "other") == others
 
 
+def test_a_request_nested_past_any_json_document_is_answered_einval(world: World) -> None:
+    """A tool's request is bounded as every JSON the host reads: nesting past its limit is
+    refused in the answer, where the reader would recurse until the thread serving the
+    capability died and the tool was answered nothing."""
+    granted(world)
+    capability = Capability(world.root, "coder", "agent.update")
+
+    answer = capability.answer(b"[" * 100_000 + b"]" * 100_000)
+
+    assert answer["error"] == "EINVAL" and "nested deeper" in answer["message"], answer
+
+
 # Writes one request on the descriptor it is given, then prints the answer (or nothing).
 WRITER = """
 import os, sys
