@@ -39,6 +39,7 @@ from cortexfs.policy import (
     all_allow,
     check_authority,
     make_rule,
+    refusal_of_this_process,
 )
 from cortexfs.policy.grammar import check_object, split_object_ref
 from cortexfs.regular_file import MAX_POLICY_BYTES, read_regular_file, read_up_to
@@ -294,12 +295,27 @@ def _within_root(root: Path, location: str) -> str:
 def _tool_location(root: Path, agent: str, tool: str) -> str | None:
     """The tier where AGENT's CTX_PATH finds TOOL (T-4), as ``ctx run`` finds it, so that the
     explanation judges the file a call would run; None (the system tier) when the agent or
-    the tool is not found, which the chain then reports."""
+    the tool is not found, which the chain then reports.
+
+    The search looks with this process's rights and passes over a directory it may not
+    enter.  Where the agent's own would not (a space whose group this user is not in), the
+    tool found after it, or none, need not be the agent's: EACCES naming that directory,
+    rather than a verdict on another file (:func:`refusal_of_this_process`)."""
     try:
         view = AgentView.load(root, agent)
     except CtxError:
         return None
     found = view.find_tool(tool)
+    for directory in view.tool_directories():
+        if found is not None and directory == found.directory:
+            break
+        try:
+            os.lstat(directory / tool)
+        except OSError as exc:
+            question = f"execute tool:{tool}"
+            refusal = refusal_of_this_process(view.facts, question, directory / tool, exc)
+            if refusal is not None:
+                raise refusal from None
     return None if found is None else tier_location(root, found.directory)
 
 

@@ -5,7 +5,9 @@
   per decision, no I/O (P-2, P-6).
 * :mod:`~cortexfs.policy.chain` — :func:`check_authority`, the six steps of P-5 over a storage
   root, and :func:`check_tool_execute`, the tool runner's two-layer question (P-6);
-  :class:`AgentFacts` reads an agent's controls once for many questions.
+  :func:`caller_refusal`, step 1 alone, asked before anything is made for a request;
+  :func:`refusal_of_this_process`, the error for what the asking process, not the agent,
+  may not read; :class:`AgentFacts` reads an agent's controls once for many questions.
 
 The chain's helpers: :mod:`~cortexfs.policy.objects` (where each object lives and which mode
 bits each permission needs), :mod:`~cortexfs.policy.linux` (credentials and mode bits),
@@ -20,8 +22,10 @@ from cortexfs.policy.chain import (
     Outcome,
     Step,
     StepResult,
+    caller_refusal,
     check_authority,
     check_tool_execute,
+    refusal_of_this_process,
 )
 from cortexfs.policy.decision import Policy, all_allow, tool_execute_allowed
 from cortexfs.policy.grammar import (
@@ -51,11 +55,13 @@ __all__ = [
     "Step",
     "StepResult",
     "all_allow",
+    "caller_refusal",
     "check_authority",
     "check_tool_execute",
     "make_rule",
     "parse_rule",
     "parse_rules",
     "parse_rules_bytes",
+    "refusal_of_this_process",
     "tool_execute_allowed",
 ]

@@ -30,7 +30,11 @@
 
 A request names an agent, an object and a permission, nothing more: the label and every rule
 come from host-owned files, so a prompt or a model's output has no way in (P-6).  Every step
-fails closed: a control that cannot be read denies with EACCES.
+fails closed: a control that cannot be read denies with EACCES.  That is a verdict on the agent
+only when the process reading is root or runs as the agent's uid: one of another uid (a user
+explaining another's agent) meets refusals of its own, which say nothing of the agent, so it
+gets no verdict but an EACCES error naming what it may not reach
+(:func:`refusal_of_this_process`).
 
 Steps 1 and 4, and the reading of step 3's mounts and step 5's policy, depend on the agent
 alone.  Whoever asks about many objects at once (the projection of ``/ctx`` asks about every
@@ -65,7 +69,7 @@ from cortexfs.policy.grammar import Rule, check_object
 from cortexfs.policy.linux import WRITE, Credentials, Identity, Kind, check_access, writable_on_walk
 from cortexfs.policy.mounts import CTX_TARGET, Mount, View, granted_mounts, mounts_named, views_of
 from cortexfs.policy.objects import NEEDED_ACCESS, TOOL_CONTROLS, Site, storage_site
-from cortexfs.storage import DOCS_BUNDLE, require_root
+from cortexfs.storage import DOCS_BUNDLE, not_reachable, require_root
 from cortexfs.strict_modes import loose_entry
 
 
@@ -184,14 +188,15 @@ def check_authority(request: AuthorityRequest, facts: AgentFacts | None = None) 
     decides several requests together (read once, see :class:`AgentFacts`).
 
     Raises EINVAL for a malformed request (unknown class, a permission of another class, an
-    illegal name or location) and ENOENT when the storage root is missing; every other
-    answer, including a missing agent or object, is a :class:`Decision`.
+    illegal name or location), ENOENT when the storage root is missing, and EACCES when this
+    process, not the agent, may not reach what decides the answer
+    (:func:`refusal_of_this_process`); every other answer, including a missing agent or
+    object, is a :class:`Decision`.
     """
     evaluation = _Evaluation(request, facts)
     results = [_run_step(Step.CREDENTIALS, _Evaluation.peer_credentials, evaluation)]
     if results[0].outcome is not Outcome.PASS:
-        results += [StepResult(step, Outcome.NOT_REACHED, _NOT_REACHED) for step, _ in _STEPS[1:]]
-        return Decision(tuple(results))
+        return Decision((results[0], *_not_reached_after(Step.CREDENTIALS)))
     # Steps 2 to 6 ask about the agent and the object, not about who asks: the answer one
     # request of these facts got is the answer for the next (the projection asks about the
     # tool the runner has just authorised).
@@ -209,6 +214,75 @@ def check_authority(request: AuthorityRequest, facts: AgentFacts | None = None) 
 _NOT_REACHED = "an earlier step denied"
 
 
+def _not_reached_after(step: Step) -> list[StepResult]:
+    return [StepResult(later, Outcome.NOT_REACHED, _NOT_REACHED) for later in Step if later > step]
+
+
+def caller_refusal(
+    root: Path, agent: str, caller: Credentials, facts: AgentFacts | None = None
+) -> Decision | None:
+    """The chain's decision when its step 1 refuses ``caller`` as ``agent`` (the later steps
+    not reached); None when ``caller`` is the agent.
+
+    Step 1 depends on neither the object nor the permission, so whoever makes something for a
+    request before the whole chain judges it asks this first: the tool runner, before it
+    makes the session of the call in the agent's home (S-1), so that a caller who is not the
+    agent leaves nothing behind.
+    """
+    if facts is None:
+        facts = AgentFacts(root, agent)
+    try:
+        _judge_caller(facts, caller)
+    except CtxError as exc:
+        denial = StepResult(Step.CREDENTIALS, Outcome.DENY, exc.message, exc.errno)
+        return Decision((denial, *_not_reached_after(Step.CREDENTIALS)))
+    return None
+
+
+def refusal_of_this_process(
+    facts: AgentFacts, question: str, path: Path, exc: OSError
+) -> CtxError | None:
+    """The EACCES to raise instead of a verdict when ``exc``, met while reading ``path`` to
+    judge whether agent ``facts.agent`` may ``question`` (``execute tool:fs.read``), is this
+    process's own refusal and not the agent's; None when it is no refusal (not EACCES or
+    EPERM) or one the agent meets too.
+
+    The chain reads the storage root with this process's rights and judges the agent's
+    from the mode bits.  Root reads everything (what refuses it, an attribute or a FUSE
+    mount, refuses the agent's tools too), and a process of the agent's own uid is refused
+    what the agent is: there a refusal denies, failing closed.  Any other uid (another user
+    asking ``ctx policy explain`` about someone's agent) may be refused what the agent may
+    read: a denial would be a false verdict on the agent, so the error names the directory
+    that process may not enter, and says that the refusal is its own.
+    """
+    if exc.errno not in (errno.EACCES, errno.EPERM) or _reads_as_the_agent(facts):
+        return None
+    fix = (
+        f"that refusal is uid {os.geteuid()}'s own and says nothing of agent {facts.agent!r}, "
+        "so no verdict is given: ask as root, or as a user who may read what the chain reads "
+        "(the agent's uid, say)"
+    )
+    action = f"judge whether agent {facts.agent!r} may {question}"
+    refusal = not_reachable(path, action, fix)
+    if refusal is not None:
+        return refusal
+    refused = exc.filename if isinstance(exc.filename, str) else path
+    return CtxError(
+        errno.EACCES, f"cannot {action}: uid {os.geteuid()} may not read {refused}; {fix}"
+    )
+
+
+def _reads_as_the_agent(facts: AgentFacts) -> bool:
+    """Whether the refusals this process meets are the agent's: it is root, or runs as the
+    agent's uid (the runner of a storage owner, the agent's own explanation)."""
+    if os.geteuid() == 0:
+        return True
+    try:
+        return facts.declared_identity.uid == os.geteuid()
+    except CtxError:
+        return False  # an agent whose uid cannot be told: nobody asks as it
+
+
 def _run_step(
     step: Step, run: Callable[[_Evaluation], _StepOutcome], evaluation: _Evaluation
 ) -> StepResult:
@@ -217,6 +291,11 @@ def _run_step(
     except CtxError as exc:
         return StepResult(step, Outcome.DENY, exc.message, exc.errno)
     except OSError as exc:
+        refusal = refusal_of_this_process(
+            evaluation.facts, evaluation.question, evaluation.read_by(step), exc
+        )
+        if refusal is not None:
+            raise refusal from None
         reason = f"cannot be checked, so it is denied: {exc.strerror or exc}"
         # Denied either way; the errno says whether for a verdict or for the host's state.
         code = exc.errno if exc.errno in HOST_SHORTAGES else errno.EACCES
@@ -565,16 +644,25 @@ class _Evaluation:
         request = self.request
         return (self.object_class, self.object_name, self.permission, request.location)
 
+    @property
+    def question(self) -> str:
+        """What is asked, as an error says it: ``execute tool:fs.read``."""
+        return f"{self.permission} {self.object_ref}"
+
+    def read_by(self, step: Step) -> Path:
+        """What ``step`` reads for this request, to name it when this process may not: the
+        object (a mount's source) at step 2, the object's own policy at step 6, else the
+        agent's controls."""
+        if step is Step.MODE_BITS and self.object_class == "mount":
+            return Path(self._named_mount().source)  # found before its source was read
+        if step is Step.MODE_BITS and self.site is not None:
+            return self.root / self.site.path
+        if step is Step.OWN_POLICY and self.site is not None and self.site.own_policy is not None:
+            return self.root / self.site.own_policy
+        return self.root / controls.control_dir(self.agent)
+
     def peer_credentials(self) -> _StepOutcome:
-        identity = self.facts.identity
-        caller = self.request.caller
-        if caller is None:
-            return Outcome.PASS, f"asked as agent {self.agent!r} itself ({identity.credentials})"
-        if caller != identity.credentials:
-            raise denied(
-                f"the caller is {caller}, but agent {self.agent!r} is {identity.credentials}"
-            )
-        return Outcome.PASS, f"{caller} is agent {self.agent!r}"
+        return _judge_caller(self.facts, self.request.caller)
 
     def mode_bits(self) -> _StepOutcome:
         if self.object_class == "mount":
@@ -756,6 +844,16 @@ class _Evaluation:
         if rule not in self.facts.policy(path):
             raise denied(f"{path} has no rule '{rule}'")
         return Outcome.PASS, f"{path}: {rule}"
+
+
+def _judge_caller(facts: AgentFacts, caller: Credentials | None) -> _StepOutcome:
+    """Step 1: ``caller`` (None: the agent asking for itself) is agent ``facts.agent``."""
+    identity = facts.identity
+    if caller is None:
+        return Outcome.PASS, f"asked as agent {facts.agent!r} itself ({identity.credentials})"
+    if caller != identity.credentials:
+        raise denied(f"the caller is {caller}, but agent {facts.agent!r} is {identity.credentials}")
+    return Outcome.PASS, f"{caller} is agent {facts.agent!r}"
 
 
 _STEPS: tuple[tuple[Step, Callable[[_Evaluation], _StepOutcome]], ...] = (

@@ -1,0 +1,93 @@
+"""``ctx policy explain`` asked by a uid that may not read what decides the answer (SPEC P-5,
+T-4): the chain reads with the asking process's rights, so a refusal that process meets says
+nothing of the agent.  It gets an EACCES naming the directory it may not enter, never a
+verdict on the agent (a tool said not to exist, a step denied for the asker's refusal)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.storage import add_agent, add_tool
+from tests.support.users import UnprivilegedUser
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="runs ctx under other ids")
+
+CTX = str(Path(sys.executable).with_name("ctx"))
+ASKER = 47_930  # a uid and gid in no user or group database, in no group of the space
+POLICY = (
+    "allow coder_t mount:ctx read\n"
+    "allow coder_t shared:team read\n"
+    "allow coder_t tool:probe execute\n"
+)
+EXPLAIN = ["policy", "explain", "coder", "tool:probe", "execute"]
+
+
+def _ctx(root: Path, *args: str, uid: int = 0, gid: int = 0) -> subprocess.CompletedProcess[str]:
+    env = {"PATH": "/usr/bin:/bin", "HOME": "/", "LANG": "C.UTF-8"}
+    return subprocess.run(
+        [CTX, "--storage", str(root), *args],
+        user=uid,
+        group=gid,
+        extra_groups=[],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+@pytest.fixture
+def space(root: Path, user: UnprivilegedUser) -> Path:
+    """Agent ``coder`` (the test user) may run ``probe`` of space ``team``, which only root
+    and the agent's group may enter (``root:<its gid>``, 0750)."""
+    add_agent(root, "coder", uid=user.uid, gid=user.gid, policy=POLICY)
+    probe_policy = "allow coder_t tool:probe execute\n"
+    add_tool(root, "probe", policy=probe_policy, location="shared/team/tool")
+    team = root / "shared" / "team"
+    os.chown(team, 0, user.gid)
+    team.chmod(0o750)
+    return team
+
+
+def _refused_as_the_askers_own(done: subprocess.CompletedProcess[str], space: Path) -> None:
+    assert (done.returncode, done.stdout) == (1, ""), done
+    assert done.stderr.startswith(
+        f"ctx: EACCES: cannot judge whether agent 'coder' may execute tool:probe: uid {ASKER} "
+        f"may not enter {space} (owner uid 0, group "
+    ), done.stderr
+    assert f"that refusal is uid {ASKER}'s own and says nothing of agent 'coder'" in done.stderr
+
+
+def test_root_and_the_agents_uid_see_the_agent_allowed(
+    root: Path, space: Path, user: UnprivilegedUser
+) -> None:
+    for uid, gid in ((0, 0), (user.uid, user.gid)):
+        done = _ctx(root, *EXPLAIN, uid=uid, gid=gid)
+        assert (done.returncode, done.stdout.splitlines()[-1]) == (0, "allow"), done
+
+
+def test_a_space_the_asker_may_not_enter_is_named_not_passed_over(root: Path, space: Path) -> None:
+    """The agent's CTX_PATH finds probe in the space; the asker's lookup could not look
+    there, and must not judge tool/probe instead (ENOENT, a false verdict)."""
+    _refused_as_the_askers_own(_ctx(root, *EXPLAIN, uid=ASKER, gid=ASKER), space)
+
+
+def test_the_askers_refusal_at_step_2_is_no_denial_of_the_agent(root: Path, space: Path) -> None:
+    located = [*EXPLAIN, "--location", "shared/team/tool"]
+    _refused_as_the_askers_own(_ctx(root, *located, uid=ASKER, gid=ASKER), space)
+
+
+def test_a_refusal_the_agents_own_uid_meets_still_denies(
+    root: Path, space: Path, user: UnprivilegedUser
+) -> None:
+    """What the agent's own uid may not reach, the agent may not: a verdict, failing closed."""
+    space.chmod(0o700)
+    located = [*EXPLAIN, "--location", "shared/team/tool"]
+    done = _ctx(root, *located, uid=user.uid, gid=user.gid)
+    assert done.returncode == 1 and done.stderr == "", done
+    assert done.stdout.splitlines()[-1].startswith("deny: EACCES: step 2 (mode bits): "), done
