@@ -2,7 +2,9 @@
 
 Agents are created, and tools are run *as* an agent, only by the host administrator — root,
 or the owner of the storage root (a personal root under ``~/.local/share``).  Nobody else can
-claim an agent identity: a process that is neither is refused before anything is read.
+claim an agent identity: a process that is neither is refused before anything is read.  A
+storage owner who is not root keeps its own uid, gid and groups: it runs only agents whose
+identity is its own, and cannot make an agent's home for another uid (S-1).
 """
 
 from __future__ import annotations
@@ -54,4 +56,26 @@ def require_no_groups_beyond(agent: str, identity: Identity) -> None:
         f"{'them' if len(extra) > 1 else 'it'}; run as root, or from a session without "
         f"{'them' if len(extra) > 1 else 'it'} (sg, newgrp), or give the agent "
         f"{'them' if len(extra) > 1 else 'it'} in agent/{agent}.d/identity"
+    )
+
+
+def only_root_runs_as_another() -> str:
+    """What a host administrator who is not root can do when step 1 of the chain refuses it
+    an agent of another uid than its own (P-5): only root may start a process as another
+    uid, which no group given the agent, nor any other change of the owner's, mends."""
+    return (
+        "only root may start a process as another uid: run it as root, or use an agent whose "
+        f"identity is your own uid ({os.geteuid()})"
+    )
+
+
+def session_home_remedy(home: Path, uid: int, records: str, start: str) -> str:
+    """What lets a host administrator who is not root record in a session of agent uid
+    ``uid`` below its home ``home`` (``ROOT/home/<uid>``) once the kernel refused making it
+    (EACCES, EPERM): only root gives what it creates to another uid, or creates in a
+    ``home/`` it does not own.  ``records``: what records there (``the worker records every
+    job``); ``start``: how it is started again (``start it``)."""
+    return (
+        f"{records} there and creates what is missing, from {home} down, for the agent's "
+        f"uid {uid}: {start} as root, or create {home} owned by uid {uid} first"
     )

@@ -8,6 +8,9 @@ caller     the call's own arguments hold (a timeout is seconds; a relative root 
            absolute); only the host administrator — root, or the owner of the storage root —
            may run a tool as an agent: nobody else can claim an agent identity
 agent      the agent exists and has an identity
+authorize  for a caller of another uid than the agent's, step 1 of the chain alone: only
+           root runs a tool as another uid, and one refused so makes no session in the
+           agent's home, which would be the caller's own (S-1)
 session    the session is opened; ``tool_call`` is recorded.  The call writes its events
            there, so a session in a shared space needs ``shared:<space> write`` through the
            whole authority chain (S-6, X-1), checked before anything is created
@@ -54,7 +57,12 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from cortexfs import capabilities, jsontext, user_namespace
 from cortexfs.absolute_paths import absolute
-from cortexfs.agents.host import require_host_administrator, require_no_groups_beyond
+from cortexfs.agents.host import (
+    only_root_runs_as_another,
+    require_host_administrator,
+    require_no_groups_beyond,
+    session_home_remedy,
+)
 from cortexfs.agents.projection import RecentDecisions
 from cortexfs.agents.view import AgentView
 from cortexfs.errors import (
@@ -68,7 +76,7 @@ from cortexfs.errors import (
 )
 from cortexfs.interrupts import Stopped
 from cortexfs.jsontext import dumps_utf8
-from cortexfs.policy import Credentials, check_authority, check_tool_execute
+from cortexfs.policy import Credentials, caller_refusal, check_authority, check_tool_execute
 from cortexfs.policy.chain import AuthorityRequest, Decision, Step
 from cortexfs.process_limits import no_process_could_be_made
 from cortexfs.shared.sessions import Session, SessionRef, open_session
@@ -376,6 +384,8 @@ class _Call:
             require_host_administrator(self.root, "run a tool as an agent")
         with self._stage("agent"):
             self.view = AgentView.load(self.root, self.agent).with_workspace(self.workspace)
+        with self._stage("authorize"):
+            self._require_caller_is_the_agent()
         with self._stage("caller", Step.CREDENTIALS):
             require_no_groups_beyond(self.agent, self.view.identity)
             self._require_asked_by_the_agent()
@@ -391,6 +401,21 @@ class _Call:
             )
             if os.geteuid() == 0:
                 user_namespace.require_setgroups("run a tool as the agent's uid, gid and groups")
+
+    def _require_caller_is_the_agent(self) -> None:
+        """Step 1 of the chain, before the session, for a caller of another uid than the
+        agent's (a storage owner, not root, running an agent root made for another user): it
+        would otherwise make the agent's home as its own, and record there a call that was
+        never the agent's (S-1).  Said before the groups this process holds, which could not
+        mend it.  Root runs the call with the agent's own ids, and a caller of the agent's
+        uid makes the session the agent's (or is told why it cannot: a gid it may not give),
+        so for them step 1 is judged, and recorded, with the rest of the chain."""
+        assert self.view is not None
+        if os.geteuid() in (0, self.view.identity.uid):
+            return
+        refusal = caller_refusal(self.root, self.agent, self._caller(), self.view.facts)
+        if refusal is not None:
+            self._require(refusal, "authorize", otherwise=only_root_runs_as_another())
 
     def _require_asked_by_the_agent(self) -> None:
         """EACCES unless the process asking (``asking``) runs with the agent's uid and gid as
@@ -524,7 +549,10 @@ class _Call:
             self._require(decision, "session", if_missing=missing)
         identity = self.view.identity
         self.session_ref = ref
-        self.session = open_session(ref, owner=Ownership(identity.uid, identity.gid))
+        try:
+            self.session = open_session(ref, owner=Ownership(identity.uid, identity.gid))
+        except OSError as exc:
+            raise self._session_not_made(ref, exc) from None
         # Looked up before tool_call is recorded, so that it names the object its tool_result
         # will name (shared/<space>/tool/<name> for a space's tool); stage resolve judges it.
         self.found = self._lookup()
@@ -537,6 +565,25 @@ class _Call:
             self.session = None
             self.unrecorded_call = exc
             raise
+
+    def _session_not_made(self, ref: SessionRef, exc: OSError) -> OSError | CtxError:
+        """What to raise when the session ``ref`` could not be made: for a storage owner's
+        call refused in the agent's home (a ``home/`` root owns, a home removed), the session,
+        what the kernel refused and what to do, as ``ctx queue work`` says it (only root makes
+        what is missing for another owner); ``exc`` as it is otherwise."""
+        refused = exc.errno in (errno.EACCES, errno.EPERM)
+        if ref.space is not None or not refused or os.geteuid() == 0:
+            return exc
+        assert self.view is not None
+        uid = self.view.identity.uid
+        home = self.root / "home" / str(uid)
+        where = f": {os.fsdecode(exc.filename)}" if isinstance(exc.filename, str | bytes) else ""
+        remedy = session_home_remedy(home, uid, "the call records its events", "run it")
+        return CtxError(
+            exc.errno or errno.EACCES,
+            f"cannot open the session {ref.path} ({exc.strerror}{where}); the tool did not "
+            f"run: {remedy}, then make the call again",
+        )
 
     def _lookup(self) -> Resolution | None:
         assert self.view is not None
@@ -798,14 +845,18 @@ class _Call:
             return self.view.identity.credentials
         return Credentials(os.geteuid(), os.getegid())
 
-    def _require(self, decision: Decision, stage: str, if_missing: str = "") -> None:
+    def _require(
+        self, decision: Decision, stage: str, if_missing: str = "", otherwise: str = ""
+    ) -> None:
         """Refuse the call at ``stage`` when ``decision`` denies it; ``if_missing`` is what to
-        do when the object does not exist (ENOENT), added to the reason."""
+        do when the object does not exist (ENOENT), ``otherwise`` for any other denial, added
+        to the reason."""
         if decision.denial is not None:
             step = decision.denial.step
             reason = decision.reason
-            if if_missing and decision.errno == errno.ENOENT:
-                reason = f"{reason}; {if_missing}"
+            remedy = if_missing if decision.errno == errno.ENOENT else otherwise
+            if remedy:
+                reason = f"{reason}; {remedy}"
             raise _Refused(ToolError(decision.errno, stage, reason, int(step), step.title))
 
     @contextlib.contextmanager

@@ -21,7 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from cortexfs import capabilities, user_namespace
-from cortexfs.agents.host import require_host_administrator, require_no_groups_beyond
+from cortexfs.agents.host import (
+    require_host_administrator,
+    require_no_groups_beyond,
+    session_home_remedy,
+)
 from cortexfs.agents.view import AgentView
 from cortexfs.errors import CtxError, remedy_for_host_trouble
 from cortexfs.queue import Claim
@@ -280,11 +284,7 @@ def _session_remedy(code: int | None, home: Path, uid: int) -> str:
     if code == errno.EPERM and os.geteuid() == 0:
         return host_remedy(code)
     if code in (errno.EACCES, errno.EPERM):
-        return (
-            f"the worker records every job there and creates what is missing, from {home} "
-            f"down, for the agent's uid {uid}: start it as root, or create {home} owned by "
-            f"uid {uid} first"
-        )
+        return session_home_remedy(home, uid, "the worker records every job", "start it")
     refused = os.strerror(code or errno.EIO)
     # A quota is charged to the uid that creates the files, this process's: root, which gives
     # what it creates to the agent, is exempt from quota limits.

@@ -914,15 +914,6 @@ def _explains_or_says_who_may_not_read(world: World, *where: str) -> None:
         assert same or refused, (user.name, got)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "P-5: ctx policy explain run by a uid that may not enter the space answers 'deny: "
-        "ENOENT: step 2 (mode bits): tool/probe does not exist' for a space tool the chain "
-        "allows the agent (root's explain says allow), a false verdict instead of an EACCES "
-        "naming the directory the caller may not read"
-    ),
-)
 def test_a_non_members_explain_of_a_space_tool_is_no_false_verdict(world: World) -> None:
     """P-5, docs/tools.md (CTX_PATH of an agent: a space's tool is "refused … rather than said
     not to exist"): the agent may run probe; whoever asks must not be told it does not
@@ -930,15 +921,6 @@ def test_a_non_members_explain_of_a_space_tool_is_no_false_verdict(world: World)
     _explains_or_says_who_may_not_read(world)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "P-5: with --location shared/team/tool, a non-member's ctx policy explain answers "
-        "'deny: EACCES: step 2 (mode bits): cannot be checked, so it is denied: Permission "
-        "denied', charging the agent with the caller's refusal and naming neither the "
-        "directory nor the caller's uid"
-    ),
-)
 def test_a_non_members_explain_at_the_spaces_location_says_who_may_not_read(world: World):
     """P-5, ``ctx policy explain --help`` (step 2 judges the agent's bits, not the caller's):
     the caller's own refusal must be said as such."""
@@ -1070,15 +1052,6 @@ def test_the_owner_gives_an_agent_only_their_own_identity(world: World) -> None:
     assert snapshot(root) == before
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "P-5: the storage owner running an agent of another uid is told only that the process "
-        "holds a group the agent lacks and to give the agent that group, which cannot help "
-        "(docs/tools.md Identity: step 1 refuses any uid but the owner's own); the agent's "
-        "uid is never named"
-    ),
-)
 def test_the_owner_refused_an_agent_of_another_uid_is_told_of_the_uid(fresh_owner: World):
     """P-5 step 1, docs/tools.md ("A non-root host administrator can run agents whose identity
     is their own uid only"): root makes agent porter (the agent's uid) on the owner's root;
@@ -1095,14 +1068,6 @@ def test_the_owner_refused_an_agent_of_another_uid_is_told_of_the_uid(fresh_owne
     assert f"uid {people.agent.uid}" in ran.err, ran
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "S-1: a ctx run of another uid's agent by a non-root storage owner, refused at step 1, "
-        "has already made home/<agent uid>/agent/porter/session/default owned by the owner's "
-        "uid (docs/sessions.md: a home is the agent's uid's), left behind by a refused call"
-    ),
-)
 def test_the_owners_refused_call_of_another_uids_agent_leaves_no_home(fresh_owner: World):
     """P-5 step 1, S-1, docs/sessions.md (home directories belong to "the agent's uid and
     gid"): root makes agent porter (the agent's uid, with the owner's group among its groups)
@@ -1144,15 +1109,6 @@ def _owner_without_home(world: World) -> tuple[Path, str]:
     return root, job.out.strip()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "S-1: the storage owner whose home/<uid> is missing under a root-owned home/ gets "
-        "'EACCES: …/home/<uid>/agent/own/session/default: Permission denied; the tool did not "
-        "run' from ctx run, naming neither the directory that refused nor what to do, where "
-        "ctx queue work in the same case names both (docs/workers.md)"
-    ),
-)
 def test_an_owner_without_a_home_is_told_which_directory_refused_and_what_to_do(
     fresh_owner: World,
 ) -> None:
