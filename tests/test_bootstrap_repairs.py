@@ -643,3 +643,35 @@ def test_an_entry_another_bootstrap_made_first_is_not_reported_created(tmp_path:
     assert (root / "shared").is_dir()
     assert "shared" not in report.created
     assert {"bin", "tool", "home"} <= set(report.created), report.created
+
+
+def test_a_root_bootstrapped_through_a_link_and_by_its_path_is_left_as_it_is(
+    tmp_path: Path,
+) -> None:
+    """R-5: run again, bootstrap changes nothing, whichever name of the root it is given: its
+    ctxterm keeps naming the root as the first run named it (a link such as
+    ``storage/current`` stays followed after a switch of it), where each run rewrote it."""
+    root, link = tmp_path / "root", tmp_path / "current"
+    root.mkdir()
+    link.symlink_to(root.name)
+    assert ctx(link, "bootstrap").returncode == 0
+    for name in (root, link, root):
+        again = ctx(name, "bootstrap", "--json")
+        assert again.returncode == 0 and json.loads(again.stdout)["repaired"] == [], again.stdout
+    assert f"main(storage={str(link)!r})" in (root / "bin" / "ctxterm").read_text()
+
+
+def test_a_core_tools_origin_nested_past_any_json_is_repaired_as_any_that_is_no_json(
+    tmp_path: Path,
+) -> None:
+    """R-5, T-1: an ``origin`` nested thousands deep is no JSON a reader takes (it recursed
+    until bootstrap died); bootstrap writes it back as it writes back one that is no JSON."""
+    root = tmp_path / "root"
+    assert ctx(root, "bootstrap").returncode == 0
+    origin = root / "tool" / "fs.list.d" / "origin"
+    origin.write_text("[" * 5000 + "]" * 5000)
+
+    repaired = ctx(root, "bootstrap")
+
+    assert repaired.returncode == 0 and "Traceback" not in repaired.stderr, repaired.stderr
+    assert isinstance(json.loads(origin.read_text()), dict)

@@ -1268,13 +1268,6 @@ def test_bootstrap_run_again_anywhere_any_way_changes_nothing(storage: Path) -> 
     assert answer(again) == answer(plain), again
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="R-5: bootstrap run through a symbolic link to the storage root rewrites "
-    "bin/ctxterm to name the link ('repaired  bin/ctxterm'), and run again through the real "
-    "path rewrites it back, each time; the docs say a second run changes nothing, and that "
-    "this root through a link is this root",
-)
 def test_bootstrap_through_a_link_to_the_root_changes_nothing(
     storage: Path, tmp_path: Path
 ) -> None:

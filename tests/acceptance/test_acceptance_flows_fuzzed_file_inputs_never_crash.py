@@ -955,12 +955,6 @@ def test_bootstrap_repairs_an_origin_that_is_not_json(storage: Path):
     assert strict(origin_of(storage, "fs.read").read_text())["manifest"].endswith("fs.read.json")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="R-5: an origin control of a core tool holding JSON nested ~1000 levels deep makes "
-    "'ctx bootstrap' die with a RecursionError traceback instead of repairing it as it "
-    "repairs any other origin that is not JSON.",
-)
 def test_bootstrap_repairs_an_origin_nested_past_the_interpreter(storage: Path):
     origin_of(storage, "fs.read").write_bytes(b"[" * 5000 + b"]" * 5000)
     r = ctx_run("bootstrap", "--storage", storage)
@@ -969,12 +963,6 @@ def test_bootstrap_repairs_an_origin_nested_past_the_interpreter(storage: Path):
     assert strict(origin_of(storage, "fs.read").read_text())["manifest"].endswith("fs.read.json")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="T-1: origin is diagnostic only, yet a core tool whose origin is JSON nested "
-    "~1000 levels deep fails every call with 'EIO: RecursionError: maximum recursion depth "
-    "exceeded…', where an origin that is merely not JSON changes nothing.",
-)
 def test_a_deeply_nested_origin_changes_a_call_no_more_than_a_broken_one(echo):
     echo.allow_tool("fz_t", "fs.list")
     with (echo.storage / "agent" / "fz.d" / "policy").open("a") as policy:
@@ -988,12 +976,6 @@ def test_a_deeply_nested_origin_changes_a_call_no_more_than_a_broken_one(echo):
     assert deep["error"] == broken["error"], (broken, deep)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="W-2: with the origin control of core tool fs.list holding JSON nested ~1000 "
-    "levels deep, 'ctx queue work --drain' dies at start with a RecursionError traceback "
-    "(exit 1, no errno) and leaves a pending fz.echo job unprocessed.",
-)
 def test_a_deeply_nested_origin_does_not_stop_a_worker(echo):
     queue = QueueCLI(echo.storage, "proj")
     job = queue.publish({"tool": "fz.echo", "input": {"a": "x"}})

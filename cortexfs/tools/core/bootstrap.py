@@ -21,10 +21,12 @@ controls in ``tool/tsh.d/`` beside ``config``) whose program is ``bin/tsh``'s, a
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import errno
 import json
 import os
+import re
 import stat
 import tempfile
 from pathlib import Path
@@ -122,7 +124,7 @@ def bootstrap_tools(root: Path, source: Path | None, report: storage.BootstrapRe
         with report.step("bin/tsh"):
             _install_program(root, "bin/tsh", tsh, owner, report)
         with report.step("bin/ctxterm"):
-            _install_program(root, "bin/ctxterm", render_ctxterm(root), owner, report)
+            _install_program(root, "bin/ctxterm", _ctxterm_of(root), owner, report)
     # Never a tier reached through a link ('shared' or a space's 'tool' made one by a user):
     # what it leads to is outside the root, and no repair or report of bootstrap's.
     tiers = [tier for tier in all_tiers(root, os.getuid()) if tier.reached_without_links()]
@@ -190,6 +192,29 @@ def _is_real_directory(path: Path) -> bool:
 # How much larger than the launcher this process renders an installed one is read, at most:
 # its bytecode may differ in marshal's flags and back-references alone (same_program).
 _READ_LIMIT_FACTOR = 2
+
+
+def _ctxterm_of(root: Path) -> bytes:
+    """``bin/ctxterm`` for ``root``, naming the root as the installed one does when that
+    names this very directory: a root bootstrapped through a link to it, and then by its own
+    path, would otherwise have its ctxterm rewritten at each run (R-5: a second run changes
+    nothing).  A link such as ``storage/current`` stays the name a switch of it is followed
+    by."""
+    program = render_ctxterm(root)
+    try:
+        installed = read_regular_file(root / "bin" / "ctxterm", _READ_LIMIT_FACTOR * len(program))
+    except (OSError, CtxError):
+        return program
+    named = re.search(rb"^main\(storage=(.*)\)$", installed, re.MULTILINE)
+    try:
+        path = ast.literal_eval(named[1].decode()) if named else None
+    except (ValueError, SyntaxError, UnicodeDecodeError, MemoryError, RecursionError):
+        return program
+    if not isinstance(path, str) or not os.path.isabs(path):
+        return program
+    if os.path.realpath(path) != os.path.realpath(root):
+        return program
+    return render_ctxterm(Path(path))
 
 
 def _install_program(

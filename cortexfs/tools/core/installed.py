@@ -30,13 +30,13 @@ Two questions are answered here without installing anything:
 from __future__ import annotations
 
 import errno
-import json
 import os
 import stat
 from collections.abc import Collection
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
+from cortexfs import jsontext
 from cortexfs.errors import HOST_SHORTAGES, CtxError
 from cortexfs.tools.controls import ToolObject, read_control
 from cortexfs.tools.core import CORE_TOOLS
@@ -94,7 +94,9 @@ def _origin_manifest(tool: ToolObject) -> str | None:
     or names none.  CtxError when it cannot be read."""
     data = read_control(tool, "origin")
     try:
-        origin = json.loads(data) if data is not None else None
+        # Strict, as every JSON an administrator may edit is read: nested past the limit it
+        # is no JSON, where json.loads recursed until the command died (RecursionError).
+        origin = jsontext.loads_strict(data, unique_names=False) if data is not None else None
     except ValueError:
         return None
     manifest = origin.get("manifest") if isinstance(origin, dict) else None
