@@ -90,7 +90,8 @@ quietly, exit 141.
 
 In either mode, Ctrl-C, SIGTERM or SIGHUP to ctx run stops the tool's process
 group and records the call as ended (EINTR, the result frame in native mode);
-exit 128 + the signal's number (130, 143, 129).
+exit 128 + the signal's number (130, 143, 129).  In terminal mode the group is
+given the signal first, and killed if it still runs 2 s later.
 
 Only the host administrator (root, or the owner of the storage root) may run
 tools as an agent.  Every call is recorded in the session's events.jsonl and
@@ -343,6 +344,10 @@ def _run_terminal(root: Path, options: argparse.Namespace, where: SessionRef | s
         return EXIT_NOT_FOUND if missing else EXIT_CANNOT_RUN
     if result.error is not None and result.error.stage == "run":
         _say(str(result.error))
+    if result.passed_on is not None and result.error is not None and result.error.stage == "run":
+        # Ended as the signal asked of ctx run (its help): the tool may have ignored it and
+        # been killed, an exit status no caller of ctx run sent.
+        return 128 + result.passed_on
     if result.error is not None and result.error.stage == "record":
         _say(str(result.error))  # the tool's output is out; the record of it is not
         return result.exit_status or EXIT_REFUSED

@@ -70,7 +70,7 @@ class ToolResult(NamedTuple):
     ``recorded`` says whether its ``tool_result`` is durably in the call's session (T-7), and
     ``record_error`` why the host could not record it, when it could not (stage ``record``;
     ``error`` is then the call's own first error, if it had one); neither is part of the
-    result's JSON, which is what is recorded."""
+    result's JSON, which is what is recorded, nor is ``passed_on``."""
 
     status: str
     tool: str
@@ -88,6 +88,9 @@ class ToolResult(NamedTuple):
     timings: Mapping[str, float] = MappingProxyType({})
     recorded: bool = False
     record_error: ToolError | None = None
+    # The termination signal the caller got and passed on to the tool's process group
+    # (terminal mode): the command then ends as that signal asked, 128 + its number.
+    passed_on: int | None = None
 
     @property
     def ok(self) -> bool:

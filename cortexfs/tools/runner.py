@@ -99,6 +99,7 @@ from cortexfs.tools.schemas import UnusableSchema, validate_input
 from cortexfs.tools.spawn import (
     MAX_ARG_STRLEN,
     MAX_OUTPUT_BYTES,
+    SIGNALLED_GRACE,
     Finished,
     ProcessSpec,
     run_attached,
@@ -712,6 +713,7 @@ class _Call:
             error=result.error,
             stderr=result.stderr,
             post_hooks=failed,
+            passed_on=result.passed_on,
         )
 
     def _finished_result(self, finished: Finished) -> ToolResult:
@@ -740,8 +742,9 @@ class _Call:
             error = ToolError(
                 errno.EINTR,
                 "run",
-                f"interrupted: its caller got {name} and passed it on to its process group "
-                f"(exit status {finished.exit_status})",
+                f"interrupted: its caller got {name} and passed it on to its process group, "
+                f"killed if it still ran {SIGNALLED_GRACE:g} s later (exit status "
+                f"{finished.exit_status})",
             )
         elif finished.timed_out:
             error = ToolError(
@@ -764,7 +767,12 @@ class _Call:
             )
         status = OK if error is None else ERROR
         return self._result(
-            status, output=output, exit_status=finished.exit_status, error=error, stderr=stderr
+            status,
+            output=output,
+            exit_status=finished.exit_status,
+            error=error,
+            stderr=stderr,
+            passed_on=finished.passed_on if error is not None else None,
         )
 
     def _damage_that_ended_it(self, exit_status: int) -> ToolError | None:

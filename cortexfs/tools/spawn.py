@@ -51,6 +51,11 @@ MAX_OUTPUT_BYTES = 16 * 1024 * 1024
 MAX_ARG_STRLEN = 32 * 4096
 MAX_STDERR_TAIL = 64 * 1024
 STRAGGLER_GRACE = 1.0
+# How long a tool run on the caller's terminal has to end once a termination signal sent to
+# its caller was passed on to it (a service manager's SIGTERM, a hangup): a tool that
+# ignores the signal is then killed, as the signal asked of the command (T-3).
+SIGNALLED_GRACE = 2.0
+_LOOK_AGAIN_SECONDS = 0.1
 LONGEST_WAIT = 86_400.0  # seconds the pump sleeps at most before it looks at the deadline again
 _CHUNK = 64 * 1024
 _FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
@@ -293,16 +298,17 @@ def run_attached(spec: ProcessSpec, *, on_start: Callable[[int], None] | None = 
         with foreground as terminal, _forwarding_signals(process.pid, passed_on):
             if on_start:
                 on_start(process.pid)
-            timed_out = not _exits_within(process.pid, spec.timeout, terminal)
-            if timed_out:
+            killed = not _exits_within(process.pid, spec.timeout, terminal, passed_on)
+            if killed:
                 _kill_call(process.pid, session=leads)
             exit_status = _exit_status(process.wait())
             if terminal is not None and exit_status > 128:
                 terminal.restore_modes()  # killed: what it set of the terminal is undone
-        if timed_out:
-            _kill_call(process.pid, session=leads)  # killed at its timeout: no grace for any
+        if killed:
+            _kill_call(process.pid, session=leads)  # killed: no grace left for any
         else:
             _end_stragglers(process.pid, session=leads)
+    timed_out = killed and not passed_on
     return Finished(
         process.pid,
         exit_status,
@@ -523,23 +529,37 @@ def _utf8_boundary(data: bytes, limit: int) -> int:
     return limit
 
 
-def _exits_within(pid: int, timeout: float | None, terminal: _Terminal | None = None) -> bool:
-    """Wait for ``pid`` to exit (without reaping it); False when ``timeout`` passes first.
-    With ``terminal`` (a tool run on the caller's terminal), a tool that stops (Ctrl-Z, or
-    reading the terminal from the background) stops this command's job too, as a shell's job
-    stops, and goes on when the job is continued (:meth:`_Terminal.follow_stop`)."""
+def _exits_within(
+    pid: int,
+    timeout: float | None,
+    terminal: _Terminal | None = None,
+    passed_on: Sequence[int] = (),
+) -> bool:
+    """Wait for ``pid`` to exit (without reaping it); False when ``timeout`` passes first, or
+    :data:`SIGNALLED_GRACE` after a signal was first noted in ``passed_on`` (it grows while
+    we wait: see :func:`_forwarding_signals`).  With ``terminal`` (a tool run on the caller's
+    terminal), a tool that stops (Ctrl-Z, or reading the terminal from the background) stops
+    this command's job too, as a shell's job stops, and goes on when the job is continued
+    (:meth:`_Terminal.follow_stop`)."""
     watch = ExitWatch(pid)
     deadline = None if timeout is None else time.monotonic() + timeout
+    signalled = False
     try:
         while True:
+            if passed_on and not signalled:
+                signalled = True
+                given_up = time.monotonic() + SIGNALLED_GRACE
+                deadline = given_up if deadline is None else min(deadline, given_up)
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if terminal is None:
-                return watch.wait(left)
-            if watch.wait(POLL_SECONDS if left is None else min(left, POLL_SECONDS)):
+            # A signal's handler runs within the wait, which then goes on where it was:
+            # the wait is cut in steps so that what the handler noted is looked at.
+            step = POLL_SECONDS if terminal is not None else _LOOK_AGAIN_SECONDS
+            if watch.wait(step if left is None else min(left, step)):
                 return True
             if deadline is not None and time.monotonic() >= deadline:
                 return False
-            terminal.follow_stop(pid)
+            if terminal is not None:
+                terminal.follow_stop(pid)
     finally:
         watch.close()
 

@@ -472,12 +472,6 @@ def test_terminal_mode_sigterm_ends_the_tool_and_a_child_that_ignores_it(world):
     assert sleepers(mark) == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="T-3: in terminal mode SIGTERM or SIGHUP to ctx run is only passed on to the tool's "
-    "group, so a tool that ignores it keeps ctx run waiting for ever, where ctx run --help "
-    "says the signal stops the tool's process group and ctx run exits 143 (as --native does)",
-)
 def test_terminal_mode_sigterm_ends_a_tool_that_ignores_it(world):
     """T-3, ``ctx run --help``: "In either mode, Ctrl-C, SIGTERM or SIGHUP to ctx run stops
     the tool's process group and records the call as ended …; exit 128 + the signal's

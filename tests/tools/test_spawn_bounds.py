@@ -3,9 +3,13 @@ stderr line without end passed on in pieces rather than held whole."""
 
 from __future__ import annotations
 
+import json
 import os
+import signal
+import subprocess
+import sys
 
-from cortexfs.tools.spawn import MAX_STDERR_TAIL, ProcessSpec, run_captured
+from cortexfs.tools.spawn import MAX_STDERR_TAIL, SIGNALLED_GRACE, ProcessSpec, run_captured
 
 
 def _shell(script: str) -> ProcessSpec:
@@ -59,3 +63,32 @@ def test_the_stderr_tail_starts_at_a_character_the_tool_wrote() -> None:
     tail = finished.stderr_tail.decode()  # strict: a cut character would raise here
     assert len(finished.stderr_tail) <= MAX_STDERR_TAIL
     assert ("€" * 30_000 + "\nlast\n").endswith(tail) and len(tail) > 20_000
+
+
+# Runs a tool on the caller's streams that ignores SIGTERM (and its child too), then gets
+# SIGTERM itself once the tool runs; prints how the tool ended and how long that took.
+_SIGNALLED_CALLER = """
+import json, os, signal, threading, time
+from cortexfs.tools.spawn import ProcessSpec, run_attached
+script = "trap '' TERM; sleep 300 & sleep 300"
+spec = ProcessSpec(["/bin/sh", "-c", script], dict(os.environ), "/", None, timeout=60, network=True)
+started = time.monotonic()
+def signalled(pid):
+    threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
+finished = run_attached(spec, on_start=signalled)
+print(json.dumps([finished.exit_status, finished.passed_on, finished.timed_out,
+                  time.monotonic() - started]))
+"""
+
+
+def test_a_tool_on_the_callers_terminal_that_ignores_a_passed_on_signal_is_killed() -> None:
+    """T-3: a termination signal to the caller is passed on to the tool's group, which has
+    SIGNALLED_GRACE to end; one that ignores it is killed then (not a timeout: the call was
+    ended by the signal), where the caller waited for it as long as its timeout."""
+    done = subprocess.run(
+        [sys.executable, "-c", _SIGNALLED_CALLER], capture_output=True, text=True, timeout=60
+    )
+
+    exit_status, passed_on, timed_out, took = json.loads(done.stdout)
+    assert (exit_status, passed_on, timed_out) == (137, signal.SIGTERM, False), done.stderr
+    assert SIGNALLED_GRACE <= took < SIGNALLED_GRACE + 5
