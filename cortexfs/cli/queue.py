@@ -221,10 +221,7 @@ def _is_project_queue_place(place: PurePosixPath) -> bool:
     """Whether ``place``, a path within a storage root, is a project's queue there."""
     parts = place.parts
     return (
-        len(parts) == 3
-        and parts[0] == "shared"
-        and parts[2] == "queue"
-        and (is_object_name(parts[1]))
+        len(parts) == 3 and (parts[0], parts[2]) == ("shared", "queue") and is_object_name(parts[1])
     )
 
 

@@ -67,19 +67,7 @@ def _require_outside(root: Path, mountpoint: Path) -> None:
     it): the file's identity (device and inode) is compared, not only its path.  A mount
     placed there, or propagated there from a shared bind mount, would be walked by the
     daemon itself, which would then wait on its own answers, and every caller with it."""
-    served, where = Path(os.path.realpath(root)), Path(os.path.realpath(mountpoint))
-    inside = where == served or served in where.parents
-    if not inside:
-        root_status = os.stat(served)
-        for directory in (where, *where.parents):
-            try:
-                status = os.stat(directory)
-            except OSError:
-                continue  # cannot be looked at: not the root the daemon opened
-            if (status.st_dev, status.st_ino) == (root_status.st_dev, root_status.st_ino):
-                inside = True
-                break
-    if inside:
+    if storage.place_in_root(root, mountpoint) is not None:
         raise invalid(
             f"the mount point {mountpoint} is inside the storage root {root} (by path, or "
             "through a bind mount or another name for it), which the mount serves from: it "
