@@ -158,16 +158,14 @@ def test_the_storage_root_before_or_after_the_subcommand_and_in_the_environment(
         assert listed[where].rc == 0 and set(listed[where].out.split()) == names, listed
     assert (listed["environment"].rc, listed["environment"].out) == (0, b""), listed
 
-    # Both, naming two roots: the command works in exactly one of them and says which.
+    # Both, naming two roots: a usage error (EINVAL, exit 2) that acts on neither.
     status = ctx("--storage", b, "queue", "status", "--project", "proj", "--storage", a,
                  "--json", env=clean_env())  # fmt: skip
-    assert status.rc == 0, status
-    used = Path(json.loads(status.out)["queue"]).parent.parent.parent
-    assert used in (a, b), status
+    assert status.rc == 2 and json.loads(status.out)["error"] == "EINVAL", status
     twice = ctx("--storage", b, "queue", "publish", "--project", "proj", "--name", "twice",
                 "--storage", a, "-", env=clean_env(), input=REQUEST)  # fmt: skip
-    assert (twice.rc, twice.out) == (0, b"twice.req.json\n"), twice
-    assert [("twice.req.json" in pending(root)) for root in (a, b)] == [used == a, used == b]
+    assert (twice.rc, twice.out) == (2, b""), twice
+    assert [("twice.req.json" in pending(root)) for root in (a, b)] == [False, False]
 
     # One root both ways, through another spelling of it, installs; two roots install nothing.
     manifest = tool_manifest(tmp_path / "m", "demo.cli", "#!/bin/sh\necho hi\n")

@@ -167,9 +167,10 @@ def test_bootstrap_three_roots_each_way_of_naming_one(place: Path) -> None:
 def test_subcommand_storage_beats_group_storage_beats_environment(
     _template: Path, place: Path
 ) -> None:
-    """R-1, §2.4: with ``CTX_STORAGE=B``, ``ctx --storage A queue …`` acts on A, and a
-    ``--storage`` after the subcommand wins over the group's; the other root is untouched
-    and every queue path printed is the root acted on."""
+    """R-1, §2.4: with ``CTX_STORAGE=B``, ``ctx --storage A queue …`` acts on A; a
+    ``--storage`` after the subcommand naming another root than the group's is a usage error
+    (EINVAL, exit 2) acting on neither, and the same root given both ways (one through
+    another spelling of it) is one root; every queue path printed is the root acted on."""
     a, b = fresh_root(_template, place / "a"), fresh_root(_template, place / "b")
     env_b = clean_env(CTX_STORAGE=str(b))
     before_b = snapshot(b)
@@ -182,8 +183,14 @@ def test_subcommand_storage_beats_group_storage_beats_environment(
     assert (a / "shared/proj/queue/pending/j1.req.json").is_file()
     assert snapshot(b) == before_b
 
-    status = ctx_run(
+    two = ctx_run(
         "--storage", b, "queue", "status", "--project", "proj", "--storage", "a/",
+        env=env_b, cwd=place,
+    )  # fmt: skip
+    assert (two.rc, two.out) == (2, ""), two
+    assert "ctx: EINVAL: two storage roots given" in two.err, two
+    status = ctx_run(
+        "--storage", a, "queue", "status", "--project", "proj", "--storage", "a/",
         env=env_b, cwd=place,
     )  # fmt: skip
     assert status.rc == 0, status
