@@ -414,6 +414,14 @@ class _Call:
         assert self.view is not None
         if os.geteuid() in (0, self.view.identity.uid):
             return
+        try:
+            made = _session_ref(self.root, self.view, self.requested_session).events_path
+        except CtxError:
+            made = None  # a session it cannot name: stage session says why
+        if made is not None and os.path.lexists(made):
+            # Nothing left to make: the refusal is recorded there with the rest of the chain,
+            # as a worker records every job's call in the session it opened first (S-2).
+            return
         refusal = caller_refusal(self.root, self.agent, self._caller(), self.view.facts)
         if refusal is not None:
             self._require(refusal, "authorize", otherwise=only_root_runs_as_another())

@@ -741,8 +741,8 @@ def test_sigterm_to_ctx_run_reaches_the_command_and_its_children(world: World) -
             proc.wait()
     assert proc.returncode == 143, (out, err)
     assert err.decode() == (
-        "ctx: EINTR: interrupted: its caller got SIGTERM and passed it on to its process group "
-        "(exit status 143)\n"
+        "ctx: EINTR: interrupted: its caller got SIGTERM and passed it on to its process group, "
+        "killed if it still ran 2 s later (exit status 143)\n"
     )
     for pid in pids:
         assert gone(pid), pid
