@@ -352,12 +352,17 @@ def test_the_agent_pages_request_for_a_named_user_is_what_show_and_the_root_choi
     assert facts["ctx_path"] == f"/ctx/tool:/ctx/home/{uid}/tool:/ctx/shared/project-a/tool"
     assert (facts["label"], facts["cwd"]) == ("reviewer_t", "/workspace"), shown.out
 
-    # ctx.root-abi, "Choosing the storage root": the subcommand's --storage wins
+    # ctx.root-abi, "Choosing the storage root": --storage given to ctx and to the subcommand
+    # must name one root; two are a usage error that acts on neither
     nowhere = desk.top / "no-root"
     bare = clean_env()
     both = ctx_run("--storage", nowhere, "agent", "show", "reviewer", "--storage", desk.storage,
                    env=bare)  # fmt: skip
-    assert (both.rc, both.out) == (0, shown.out), both
+    assert (both.rc, both.out) == (2, ""), both
+    assert "ctx: EINVAL: two storage roots given" in both.err, both
+    same = ctx_run("--storage", desk.storage, "agent", "show", "reviewer", "--storage",
+                   desk.storage, env=bare)  # fmt: skip
+    assert (same.rc, same.out) == (0, shown.out), same
     sentence = (
         f"ctx: ENOENT: storage root {nowhere} does not exist; create it with 'ctx bootstrap "
         f"--storage {nowhere}'"
