@@ -21,12 +21,10 @@ controls in ``tool/tsh.d/`` beside ``config``) whose program is ``bin/tsh``'s, a
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import errno
 import json
 import os
-import re
 import stat
 import tempfile
 from pathlib import Path
@@ -47,6 +45,7 @@ from cortexfs.tools.core.installed import administrators_manifest, origin_names_
 from cortexfs.tools.core.launcher import (
     bundled_modules,
     core_interpreter,
+    ctxterm_root,
     package_parent,
     render_ctxterm,
     render_launcher,
@@ -205,14 +204,8 @@ def _ctxterm_of(root: Path) -> bytes:
         installed = read_regular_file(root / "bin" / "ctxterm", _READ_LIMIT_FACTOR * len(program))
     except (OSError, CtxError):
         return program
-    named = re.search(rb"^main\(storage=(.*)\)$", installed, re.MULTILINE)
-    try:
-        path = ast.literal_eval(named[1].decode()) if named else None
-    except (ValueError, SyntaxError, UnicodeDecodeError, MemoryError, RecursionError):
-        return program
-    if not isinstance(path, str) or not os.path.isabs(path):
-        return program
-    if os.path.realpath(path) != os.path.realpath(root):
+    path = ctxterm_root(installed)
+    if path is None or os.path.realpath(path) != os.path.realpath(root):
         return program
     return render_ctxterm(Path(path))
 

@@ -377,6 +377,20 @@ def render_ctxterm(root: Path) -> bytes:
     ).encode()
 
 
+def ctxterm_root(program: bytes) -> str | None:
+    """The storage root a ``bin/ctxterm`` of :func:`render_ctxterm` names, an absolute path;
+    None for a program of any other form."""
+    import ast  # here: only bootstrap reads an installed ctxterm back
+    import re
+
+    named = re.search(rb"^main\(storage=(.*)\)$", program, re.MULTILINE)
+    try:
+        path = ast.literal_eval(named[1].decode()) if named else None
+    except (ValueError, SyntaxError, UnicodeDecodeError, MemoryError, RecursionError):
+        return None
+    return path if isinstance(path, str) and os.path.isabs(path) else None
+
+
 def _unchecked_bytecode(source: bytes, name: str) -> bytes:
     """A PEP 552 .pyc: magic, flags (hash-based, not checked), source hash, code."""
     import importlib.util  # here: ~0.8 ms that judging a stamp at each ctx run need not pay
