@@ -104,6 +104,13 @@ class CoderHost(OnStorage):
         assert os.path.samefile(link, listening_at), (link, listening_at)  # the link leads there
         return Term(session, link, listening_at)
 
+    def stop(self, session: str) -> None:
+        """``ctx agent stop coder --session SESSION``, which must say it stopped the terminal;
+        no longer stopped when the host is taken down."""
+        stopped = self.ctx("agent", "stop", "coder", "--session", session)
+        self.started.remove(session)
+        assert stopped.rc == 0 and "stopped coder" in stopped.out, stopped
+
 
 @contextlib.contextmanager
 def coder_host(

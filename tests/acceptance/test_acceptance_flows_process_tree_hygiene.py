@@ -914,9 +914,7 @@ def test_a_terminal_started_and_stopped_leaves_no_process_mount_socket_or_direct
     family = family_of(coder, term)
     assert len(family.pids) >= 4, family  # ctxterm, the view's mount, bubblewrap, tsh
     assert mounts_under(str(family.rundir)), "no view is mounted"
-    stopped = coder.ctx("agent", "stop", "coder", "--session", term.session)
-    coder.started.remove(term.session)
-    assert stopped.rc == 0 and "stopped coder" in stopped.out, stopped
+    coder.stop(term.session)
     assert_nothing_left_of(coder, family)
 
 
@@ -1028,9 +1026,7 @@ def test_a_killed_terminal_is_cleaned_by_the_next_start_which_leaves_one_of_each
     assert len(mounts_under(str(first.rundir))) == 1, mounts_under(str(first.rundir))
     second = family_of(coder, term)
     assert second.ctxterm != first.ctxterm
-    stopped = coder.ctx("agent", "stop", "coder", "--session", term.session)
-    coder.started.remove(term.session)
-    assert stopped.rc == 0 and "stopped coder" in stopped.out, stopped
+    coder.stop(term.session)
     assert_nothing_left_of(coder, second)
 
 
@@ -1047,9 +1043,7 @@ def test_a_terminal_whose_view_process_died_is_stopped_with_nothing_left(coder):
     assert len(views) == 1, [cmdline(c) for c in children(family.ctxterm)]
     os.kill(views[0], signal.SIGKILL)
     assert wait_for(lambda: not alive(views[0]), WAIT)
-    stopped = coder.ctx("agent", "stop", "coder", "--session", term.session)
-    coder.started.remove(term.session)
-    assert stopped.rc == 0 and "stopped coder" in stopped.out, stopped
+    coder.stop(term.session)
     assert_nothing_left_of(coder, family)
 
 
