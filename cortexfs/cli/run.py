@@ -48,6 +48,7 @@ from cortexfs.timefmt import MAX_SECONDS, SECONDS_TEXT
 from cortexfs.tools.core.toolio import MAX_INPUT_BYTES
 from cortexfs.tools.result import ToolResult
 from cortexfs.tools.runner import DEFAULT_TIMEOUT, UnreadableInput, run_native, run_terminal
+from cortexfs.tools.spawn import SIGNALLED_GRACE
 
 # The shell's convention for a command that was not found / could not be run (terminal mode).
 EXIT_NOT_FOUND = 127
@@ -336,7 +337,13 @@ def _main(argv: list[str], storage_dir: Path | None) -> int:
 
 def _run_terminal(root: Path, options: argparse.Namespace, where: SessionRef | str) -> int:
     result = run_terminal(
-        root, options.agent, options.tool, options.args, session=where, timeout=options.timeout
+        root,
+        options.agent,
+        options.tool,
+        options.args,
+        session=where,
+        timeout=options.timeout,
+        signalled_grace=SIGNALLED_GRACE,
     )
     if result.exit_status is None and result.error is not None:
         _say(str(result.error))

@@ -99,7 +99,6 @@ from cortexfs.tools.schemas import UnusableSchema, validate_input
 from cortexfs.tools.spawn import (
     MAX_ARG_STRLEN,
     MAX_OUTPUT_BYTES,
-    SIGNALLED_GRACE,
     Finished,
     ProcessSpec,
     run_attached,
@@ -200,6 +199,7 @@ def run_terminal(
     workspace: Path | None = None,
     asking: tuple[int, int] | None = None,
     leads_terminal: bool = False,
+    signalled_grace: float | None = None,
 ) -> ToolResult:
     """Run ``tool`` as ``agent`` with ``argv``, on the caller's stdin/stdout/stderr (T-3).
 
@@ -210,11 +210,14 @@ def run_terminal(
     agent's identity as this call reads it.  ``leads_terminal``: the asker let go of the
     terminal on stdin, and the tool takes it as its own controlling terminal, leading a
     session of its own (H-5: a shell typed at tsh has job control, a program opens /dev/tty).
+    ``signalled_grace``: seconds the tool has to end once a signal sent to this process was
+    passed on to it, then it is killed (``ctx run``); None passes the signal on only.
     """
     call = _Call(
         root, agent, tool, TERMINAL, session, timeout, None, workspace=workspace, asking=asking
     )
     call.leads_terminal = leads_terminal
+    call.signalled_grace = signalled_grace
     return call.execute(None, argv)
 
 
@@ -251,6 +254,7 @@ class _Call:
         self.job = job
         self.asking = asking
         self.leads_terminal = False  # run_terminal's leads_terminal
+        self.signalled_grace: float | None = None  # and its signalled_grace
         # Made absolute at stage caller (a relative root would name another tree in the
         # agent's working directory, where the tool starts); a Path at once, so that what is
         # no path is the caller's TypeError, not the call's failure.
@@ -701,7 +705,9 @@ class _Call:
                         on_cut_short=self._cut_short,
                     )
                 else:
-                    leading = spec._replace(leads_terminal=self.leads_terminal)
+                    leading = spec._replace(
+                        leads_terminal=self.leads_terminal, signalled_grace=self.signalled_grace
+                    )
                     finished = run_attached(leading, on_start=self._started)
                 self.finished = finished
             except OSError as exc:
@@ -750,9 +756,13 @@ class _Call:
             error = ToolError(
                 errno.EINTR,
                 "run",
-                f"interrupted: its caller got {name} and passed it on to its process group, "
-                f"killed if it still ran {SIGNALLED_GRACE:g} s later (exit status "
-                f"{finished.exit_status})",
+                f"interrupted: its caller got {name} and passed it on to its process group"
+                + (
+                    ""
+                    if self.signalled_grace is None
+                    else f", killed if it still ran {self.signalled_grace:g} s later"
+                )
+                + f" (exit status {finished.exit_status})",
             )
         elif finished.timed_out:
             error = ToolError(

@@ -52,8 +52,9 @@ MAX_ARG_STRLEN = 32 * 4096
 MAX_STDERR_TAIL = 64 * 1024
 STRAGGLER_GRACE = 1.0
 # How long a tool run on the caller's terminal has to end once a termination signal sent to
-# its caller was passed on to it (a service manager's SIGTERM, a hangup): a tool that
-# ignores the signal is then killed, as the signal asked of the command (T-3).
+# its caller was passed on to it (a service manager's SIGTERM to ctx run, a hangup), when the
+# caller asks for it (ProcessSpec.signalled_grace): a tool that ignores the signal is then
+# killed, as the signal asked of the command (T-3).
 SIGNALLED_GRACE = 2.0
 _LOOK_AGAIN_SECONDS = 0.1
 LONGEST_WAIT = 86_400.0  # seconds the pump sleeps at most before it looks at the deadline again
@@ -74,6 +75,10 @@ class ProcessSpec(NamedTuple):
     # run_attached only: the tool leads a session of its own whose controlling terminal is
     # its stdin, which its caller has let go of (a command line typed at tsh, H-5)
     leads_terminal: bool = False
+    # run_attached only: seconds the tool's group has to end once a signal sent to its
+    # caller was passed on to it, then killed; None leaves the end to the caller (a
+    # terminal's call, whose Ctrl-C an interactive tool may take and go on)
+    signalled_grace: float | None = None
 
 
 class Finished(NamedTuple):
@@ -298,7 +303,10 @@ def run_attached(spec: ProcessSpec, *, on_start: Callable[[int], None] | None = 
         with foreground as terminal, _forwarding_signals(process.pid, passed_on):
             if on_start:
                 on_start(process.pid)
-            killed = not _exits_within(process.pid, spec.timeout, terminal, passed_on)
+            signalled = passed_on if spec.signalled_grace is not None else ()
+            killed = not _exits_within(
+                process.pid, spec.timeout, terminal, signalled, spec.signalled_grace or 0.0
+            )
             if killed:
                 _kill_call(process.pid, session=leads)
             exit_status = _exit_status(process.wait())
@@ -534,10 +542,11 @@ def _exits_within(
     timeout: float | None,
     terminal: _Terminal | None = None,
     passed_on: Sequence[int] = (),
+    grace: float = SIGNALLED_GRACE,
 ) -> bool:
     """Wait for ``pid`` to exit (without reaping it); False when ``timeout`` passes first, or
-    :data:`SIGNALLED_GRACE` after a signal was first noted in ``passed_on`` (it grows while
-    we wait: see :func:`_forwarding_signals`).  With ``terminal`` (a tool run on the caller's
+    ``grace`` seconds after a signal was first noted in ``passed_on`` (it grows while we
+    wait: see :func:`_forwarding_signals`).  With ``terminal`` (a tool run on the caller's
     terminal), a tool that stops (Ctrl-Z, or reading the terminal from the background) stops
     this command's job too, as a shell's job stops, and goes on when the job is continued
     (:meth:`_Terminal.follow_stop`)."""
@@ -548,7 +557,7 @@ def _exits_within(
         while True:
             if passed_on and not signalled:
                 signalled = True
-                given_up = time.monotonic() + SIGNALLED_GRACE
+                given_up = time.monotonic() + grace
                 deadline = given_up if deadline is None else min(deadline, given_up)
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             # A signal's handler runs within the wait, which then goes on where it was:

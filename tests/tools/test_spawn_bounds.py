@@ -69,9 +69,10 @@ def test_the_stderr_tail_starts_at_a_character_the_tool_wrote() -> None:
 # SIGTERM itself once the tool runs; prints how the tool ended and how long that took.
 _SIGNALLED_CALLER = """
 import json, os, signal, threading, time
-from cortexfs.tools.spawn import ProcessSpec, run_attached
+from cortexfs.tools.spawn import SIGNALLED_GRACE, ProcessSpec, run_attached
 script = "trap '' TERM; sleep 300 & sleep 300"
-spec = ProcessSpec(["/bin/sh", "-c", script], dict(os.environ), "/", None, timeout=60, network=True)
+spec = ProcessSpec(["/bin/sh", "-c", script], dict(os.environ), "/", None, timeout=60,
+                   network=True, signalled_grace=SIGNALLED_GRACE)
 started = time.monotonic()
 def signalled(pid):
     threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
