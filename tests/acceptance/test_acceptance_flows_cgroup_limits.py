@@ -1,10 +1,10 @@
 """CortexFS under the limits of a control group of its own (SPEC §2 Q-1, Q-5, Q-6, I-1, I-2,
 I-4, I-5, §2.4, §3 W-1 … W-4, §4 S-2, S-5, §6 T-3, T-6, T-7, §8 A-1, §10 M-1): real ``ctx``,
 ``ctxmcp`` and worker processes started inside a new child cgroup under ``/sys/fs/cgroup``
-whose ``memory``, ``pids`` or ``cpu`` limit the kernel enforces on them and on everything they
-start.  Unlike the per-process rlimits of the tight-limits file, a cgroup limit binds root as
-well, counts every thread and process of the whole tree, and ends a process with the OOM
-killer's SIGKILL rather than with ``ENOMEM``.
+whose ``memory`` or ``pids`` limit, or whose freezer, the kernel applies to them and to
+everything they start.  Unlike the per-process rlimits of the tight-limits file, a cgroup
+limit binds root as well, counts every thread and process of the whole tree, and ends a
+process with the OOM killer's SIGKILL rather than with ``ENOMEM``.
 
 * memory: a tool the OOM killer ends fails its call (``exit_status`` 137, stage ``exit``) and
   its job once, and the worker goes on; a worker the OOM killer chooses mid-job leaves the job
@@ -15,8 +15,9 @@ killer's SIGKILL rather than with ``ENOMEM``.
   host cannot start (``EAGAIN``) is a host shortage, not a job's failure; a worker whose slot
   thread cannot start still ends its ``--json`` output with its summary; ``ctx agent start``
   and ``ctxmcp`` refuse with ``EAGAIN`` and leave nothing running.
-* cpu: a worker throttled by ``cpu.max`` (``cfs_quota_us``) until its lease lapses has the job
-  requeued by ``recover``; it reports the job ``lost`` and it is finished once.
+* freezer: a worker frozen (``cgroup.freeze``, v1 ``freezer.state``), as a starved process is,
+  until its lease lapses has the job requeued by ``recover``; it reports the job ``lost`` and
+  it is finished once.
 
 Each test makes its own cgroups and removes them (killing, by pid, whatever of its own is
 still in them).  cgroup v2 is used where the unified hierarchy holds the controllers (they
@@ -27,6 +28,7 @@ made the tests are skipped."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import itertools
 import json
 import os
@@ -104,15 +106,18 @@ class Cgroup:
     def limit_pids(self, n: int) -> None:
         _write(self._dir("pids") / "pids.max", n)
 
-    def throttle(self, quota_us: int | None, period_us: int = 1_000_000) -> None:
-        """``cpu.max`` ``QUOTA PERIOD`` (v1 ``cpu.cfs_quota_us``/``cpu.cfs_period_us``);
-        ``None``: no quota."""
-        d = self._dir("cpu")
+    def freeze(self, frozen: bool) -> None:
+        """Freeze or thaw every process of the group, and wait until the kernel says it is
+        done (v2 ``cgroup.events`` ``frozen``, v1 ``freezer.state``)."""
+        d = self._dir("freezer")
         if self.v2:
-            _write(d / "cpu.max", f"{'max' if quota_us is None else quota_us} {period_us}")
+            _write(d / "cgroup.freeze", int(frozen))
+            state, want = d / "cgroup.events", f"frozen {int(frozen)}"
         else:
-            _write(d / "cpu.cfs_period_us", period_us)
-            _write(d / "cpu.cfs_quota_us", -1 if quota_us is None else quota_us)
+            want = "FROZEN" if frozen else "THAWED"
+            _write(d / "freezer.state", want)
+            state = d / "freezer.state"
+        assert wait_for(lambda: want in state.read_text().splitlines(), WAIT), f"{d}: not {want}"
 
     def pids_current(self) -> int:
         return int((self._dir("pids") / "pids.current").read_text())
@@ -142,9 +147,9 @@ class Cgroup:
     def remove(self) -> None:
         """SIGKILL, by pid, what is still in the group (what this test started there), then
         remove its directories."""
-        if "cpu" in self.dirs:  # a throttled process takes long to die
-            with contextlib.suppress(OSError):
-                self.throttle(None)
+        if "freezer" in self.dirs:  # a frozen process dies only once thawed
+            with contextlib.suppress(OSError, AssertionError):
+                self.freeze(False)
         deadline = time.monotonic() + WAIT
         for d in set(self.dirs.values()):
             while d.exists():
@@ -163,9 +168,11 @@ class Cgroup:
 
 
 LIMIT_FILES = {
-    True: {"memory": "memory.max", "pids": "pids.max", "cpu": "cpu.max"},
-    False: {"memory": "memory.limit_in_bytes", "pids": "pids.max", "cpu": "cpu.cfs_quota_us"},
+    True: {"memory": "memory.max", "pids": "pids.max", "freezer": "cgroup.freeze"},
+    False: {"memory": "memory.limit_in_bytes", "pids": "pids.max", "freezer": "freezer.state"},
 }
+# In v2 every child group can be frozen: freezing is no controller to enable.
+BUILT_IN_V2 = frozenset({"freezer"})
 
 
 def new_cgroup(controllers: tuple[str, ...]) -> Cgroup:
@@ -173,12 +180,12 @@ def new_cgroup(controllers: tuple[str, ...]) -> Cgroup:
     name = f"ctx-cgroup-limits-{os.getpid()}-{next(_numbers)}"
     if (CGROUP / "cgroup.controllers").is_file():
         available = (CGROUP / "cgroup.controllers").read_text().split()
-        missing = [c for c in controllers if c not in available]
+        missing = [c for c in controllers if c not in available and c not in BUILT_IN_V2]
         if missing:
             pytest.skip(f"cgroup v2 at {CGROUP} lacks the controllers {missing}")
         enabled = (CGROUP / "cgroup.subtree_control").read_text().split()
         for c in controllers:
-            if c not in enabled:
+            if c not in enabled and c not in BUILT_IN_V2:
                 try:
                     _write(CGROUP / "cgroup.subtree_control", f"+{c}")
                 except OSError as exc:
@@ -352,11 +359,11 @@ def start_worker(
 
 
 @contextlib.contextmanager
-def unthrottled_at_end(group: Cgroup) -> Iterator[None]:
+def thawed_at_end(group: Cgroup) -> Iterator[None]:
     try:
         yield
     finally:
-        group.throttle(None)
+        group.freeze(False)
 
 
 @contextlib.contextmanager
@@ -860,53 +867,53 @@ def test_ctxmcp_short_of_processes_says_eagain_and_leaves_no_server(world, cgrou
     assert wrong == []
 
 
-# ------------------------------------------------------------------------------ cpu
+# ------------------------------------------------------------------------------ freezer
 
 
-SPINNERS = 8
+def lock_is_free(directory: Path) -> bool:
+    """Whether nobody holds ``directory``'s ``flock`` (the lock a transition of a job holds
+    on ``claimed/J``, docs/queue.md), taken and let go at once to find out."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+    return True
 
 
-def test_a_worker_throttled_past_its_lease_reports_the_job_lost_and_it_ends_once(world, cgroups):
+def test_a_worker_frozen_past_its_lease_reports_the_job_lost_and_it_ends_once(world, cgroups):
     """Q-3, Q-5, I-3, W-1, docs/workers.md ("A lease taken away"): a worker with a one-second
-    lease whose cgroup is throttled to 1 ms of CPU a second (its tool and other processes
-    spinning in the same cgroup) cannot renew in time; ``recover`` then requeues the job of
-    the expired lease (exit 0) although the worker lives.  Unthrottled, the worker's tool
-    ends; its finish is refused by the queue and the worker reports the job ``lost``
-    (``--json`` event and summary, ``queue.lost`` in its session) instead of writing
-    anything; the job runs again under a new lease and ends in ``done/`` once."""
-    group = cgroups("cpu")
-    req, out, release = gated(world, "slow", busy=True)
+    lease whose cgroup is frozen, as a process the host starves is, cannot renew in time;
+    ``recover`` then requeues the job of the expired lease (exit 0) although the worker
+    lives.  Thawed, the worker's tool ends; its finish is refused by the queue and the worker
+    reports the job ``lost`` (``--json`` event and summary, ``queue.lost`` in its session)
+    instead of writing anything; the job runs again under a new lease and ends in ``done/``
+    once.  The worker is frozen between two renewals: one frozen in the middle of a renewal
+    keeps ``claimed/J``'s lock, and ``recover`` rightly leaves a locked claim alone."""
+    group = cgroups("freezer")
+    req, out, release = gated(world, "slow")
     job = publish(world, req, "slow")
     worker = start_worker(group, world.env, world.scratch, "--drain", "--ttl", "1")
-    with stopped_at_end(worker), unthrottled_at_end(group):
+    with stopped_at_end(worker), thawed_at_end(group):
         assert wait_for(lambda: "start" in text_of(out), WAIT), worker.err.read_text()
-        # Spinning beside it, these leave the worker a fraction of the millisecond.
-        spinners = [
-            subprocess.Popen(["/bin/sh", "-c", "while :; do :; done"], preexec_fn=group.join)
-            for _ in range(SPINNERS)
-        ]
-        group.throttle(1000)
-        requeued: list = []
+        claimed = world.queue.dir / "claimed" / job
 
-        def requeue_when_lapsed() -> bool:
-            lease = world.queue.dir / "lease" / job / "worker"
-            with contextlib.suppress(OSError, ValueError):
-                if expired(json.loads(lease.read_text())["expires_at"]):
-                    r = world.queue.run("recover", "--json", env=world.env)
-                    assert r.rc == 0 and TRACEBACK not in r.err, r
-                    requeued.extend(x["job"] for x in r.json()["requeued"])
-            return bool(requeued)
+        def frozen_between_renewals() -> bool:
+            group.freeze(True)
+            if lock_is_free(claimed):
+                return True
+            group.freeze(False)
+            return False
 
-        # Longer than the other waits: a worker throttled while it renews holds claimed/J's
-        # lock through most of that renewal, and recover, finding J busy, leaves it until a
-        # look finds the lock free (on a loaded machine, seconds apart; a whole default suite
-        # beside it once took more than 60 s).
-        assert wait_for(requeue_when_lapsed, 6 * WAIT), "the lease never lapsed"
-        assert requeued == [job]
-        group.throttle(None)  # first: a throttled process takes long to die
-        for spinner in spinners:
-            spinner.kill()
-            spinner.wait()
+        assert wait_for(frozen_between_renewals, WAIT), "claimed/J's lock was never free"
+        lease = world.queue.dir / "lease" / job / "worker"
+        assert wait_for(lambda: expired(json.loads(lease.read_text())["expires_at"]), WAIT)
+        r = world.queue.run("recover", "--json", env=world.env)
+        assert r.rc == 0 and TRACEBACK not in r.err, r
+        assert [x["job"] for x in r.json()["requeued"]] == [job], r.out
+        group.freeze(False)
         release.touch()
         assert worker.end(60) == 0, worker.err.read_text()
     events = worker.events()
