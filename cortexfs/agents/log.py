@@ -5,18 +5,21 @@ One event per line, with the shape of S-2 and written as a session's events are
 the action is reported done (S-5).  The ``agent`` key names whose log it is, ``object`` what
 the fact is about:
 
-====================  ==========================================================================
-``agent.created``     the agent was made: ``by`` (``ctx agent create`` or ``agent.create``),
-                      ``label``, ``uid``, ``gid``, and for a child its ``parent``.  A parent's log
-                      gets the same type with ``object`` ``agent/<child>`` and ``child``
-``terminal.started``  ``ctx agent start``: ``pid`` of ctxterm, ``workspace`` (the host
-                      directory at ``/workspace``, or null)
-``terminal.stopped``  the terminal ended: ``reason`` ``stop`` (SIGTERM, ``ctx agent stop``) or
-                      ``exit`` (tsh exited, ``exit_status``); or ``lost``: it ended without
-                      cleaning up (killed), found so by the next ``ctx agent stop`` or
-                      ``start`` of its session, which cleaned up after it (``pid``, ``cleaned``)
-``agent.updated``     ``agent.update`` replaced ``control`` with ``bytes`` bytes (A-5)
-====================  ==========================================================================
+======================  ========================================================================
+``agent.created``       the agent was made: ``by`` (``ctx agent create`` or ``agent.create``),
+                        ``label``, ``uid``, ``gid``, and for a child its ``parent``.  A parent's log
+                        gets the same type with ``object`` ``agent/<child>`` and ``child``
+``terminal.started``    ``ctx agent start``: ``pid`` of ctxterm, ``workspace`` (the host
+                        directory at ``/workspace``, or null)
+``terminal.stopped``    the terminal ended: ``reason`` ``stop`` (SIGTERM, ``ctx agent stop``) or
+                        ``exit`` (tsh exited, ``exit_status``); or ``lost``: it ended without
+                        cleaning up (killed), found so by the next ``ctx agent stop`` or
+                        ``start`` of its session, which cleaned up after it (``pid``, ``cleaned``)
+``terminal.view_lost``  the mount of the agent's view ended while the terminal served on (the
+                        agent's ``/ctx`` answers ``ENOTCONN`` until a stop and a start): ``pid``
+                        of the mount, its ``exit_status`` (128 + N after signal N)
+``agent.updated``       ``agent.update`` replaced ``control`` with ``bytes`` bytes (A-5)
+======================  ========================================================================
 
 Facts only (S-4): never a prompt, a control's content or a policy's text.  The log belongs to
 the host like the other controls (root's, mode 0640); its directory is reached without
@@ -40,6 +43,7 @@ LOG_MODE = 0o640
 CREATED = "agent.created"
 TERMINAL_STARTED = "terminal.started"
 TERMINAL_STOPPED = "terminal.stopped"
+TERMINAL_VIEW_LOST = "terminal.view_lost"
 UPDATED = "agent.updated"
 
 

@@ -67,12 +67,14 @@ from cortexfs.agents.terminal_socket import (
 )
 from cortexfs.agents.view import WORKSPACE, AgentView
 from cortexfs.errors import CtxError, errno_named_in, invalid, not_found
+from cortexfs.fuse.mounts import mounted_type, unmount
 from cortexfs.policy.mounts import Mount
 from cortexfs.shared.events import EVENTS_FILE
 from cortexfs.shared.sessions import SessionRef, open_session
 from cortexfs.shared.tree import Ownership, open_beneath
 from cortexfs.storage import executes_nothing, mounted_noexec
 from cortexfs.tools.host_programs import names_setpriv_misreads
+from cortexfs.tools.spawn import shell_status
 
 STARTUP_SECONDS = 30.0  # for tsh to come up in its sandbox before the start is a failure
 TYPED_BACKLOG = 64 * 1024  # bytes typed but not yet taken by the PTY before clients wait
@@ -113,6 +115,7 @@ class Terminal:
         self.typed = bytearray()  # what attached clients typed that the PTY has not taken yet
         self.shell: subprocess.Popen[bytes] | None = None
         self.mount: subprocess.Popen[bytes] | None = None
+        self.view_lost = False  # the view's mount ended while the terminal served
         self.stopping = False
         self.started = False  # tsh runs and the start is recorded
         # What prepare() made for the session, which a start that fails takes away: the
@@ -440,6 +443,7 @@ class Terminal:
                 for key, _ in self.selector.select(timeout=0.2):
                     key.data(key.fileobj)
                 self.run_calls.reap()
+                self._notice_view_lost()
                 self.run_calls.drop_silent()
                 self.clients.drop_silent()
                 self._wake_rested()
@@ -451,19 +455,38 @@ class Terminal:
             self.run_calls.end()  # their results are recorded before the terminal's end
             self._record_stopped()
             self.close()
-        return self._shell_status() or 0
+        return self._tsh_status() or 0
 
-    def _shell_status(self) -> int | None:
+    def _notice_view_lost(self) -> None:
+        """Reap the view's mount once it has ended (killed, or out of memory), which would
+        otherwise wait as a zombie until the terminal ends, and say so in the agent's log
+        once: the agent's ``/ctx`` answers ``ENOTCONN`` from then on, and only a stop and a
+        start give it a view again.  The terminal serves on, its clients kept (tsh says why it
+        finds no tool): what the agent was doing is for its administrator to judge."""
+        if self.mount is None or self.view_lost or self.mount.poll() is None:
+            return
+        self.view_lost = True
+        with contextlib.suppress(OSError, CtxError):
+            agent_log.record(
+                self.root,
+                self.view.name,
+                agent_log.TERMINAL_VIEW_LOST,
+                session=self.session.name,
+                pid=self.mount.pid,
+                exit_status=shell_status(self.mount.returncode),
+            )
+
+    def _tsh_status(self) -> int | None:
         """tsh's exit status as a shell reports it (128 + N after signal N, as a stop's
         SIGKILL leaves it); None while it runs.  A negative return code would reach the
         caller of ctxterm as its low byte (247 for SIGKILL)."""
         status = None if self.shell is None else self.shell.poll()
-        return status if status is None or status >= 0 else 128 - status
+        return None if status is None else shell_status(status)
 
     def _record_stopped(self) -> None:
         """The end, in the agent's log before the sockets go (``ctx agent stop`` waits for
         them to go); a log that cannot be written does not keep the terminal from ending."""
-        exit_status = self._shell_status()
+        exit_status = self._tsh_status()
         facts: dict[str, object] = {"reason": "stop" if self.stopping else "exit"}
         if exit_status is not None:
             facts["exit_status"] = exit_status
@@ -544,6 +567,11 @@ class Terminal:
             self.mount.send_signal(signal.SIGTERM)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.mount.wait(timeout=10)
+        if self.mount is not None and mounted_type(self.view_dir) is not None:
+            # A mount process that died (the view lost) left its mount point answering
+            # ENOTCONN, and its directory could not be removed while mounted.
+            with contextlib.suppress(CtxError):
+                unmount(self.view_dir)
         self.runtime.remove_link()
         self.runtime.remove()
         if not self.started:

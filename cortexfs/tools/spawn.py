@@ -170,14 +170,14 @@ def run_captured(
             with process:  # closes the pipes the pump may never have taken, and reaps
                 pass
             if on_cut_short is not None:
-                on_cut_short(_captured(process, pump, _exit_status(process.returncode), started))
+                on_cut_short(_captured(process, pump, shell_status(process.returncode), started))
             raise
         if timed_out or pump.overflow or pump.exited_at is None:  # a timeout, too much output
             _kill_group(process.pid)
-            exit_status = _exit_status(process.wait())
+            exit_status = shell_status(process.wait())
         else:
             # Reaped first: the tool, a zombie until then, would count as a straggler.
-            exit_status = _exit_status(process.wait())
+            exit_status = shell_status(process.wait())
             _end_stragglers(process.pid, since=pump.exited_at)
     finished = _captured(process, pump, exit_status, started, timed_out=timed_out)
     launchers = argv[: len(argv) - len(spec.argv)]
@@ -309,7 +309,7 @@ def run_attached(spec: ProcessSpec, *, on_start: Callable[[int], None] | None = 
             )
             if killed:
                 _kill_call(process.pid, session=leads)
-            exit_status = _exit_status(process.wait())
+            exit_status = shell_status(process.wait())
             if terminal is not None and exit_status > 128:
                 terminal.restore_modes()  # killed: what it set of the terminal is undone
         if killed:
@@ -644,7 +644,9 @@ def _kill_call(pgid: int, *, session: bool) -> None:
                 os.kill(pid, signal.SIGKILL)
 
 
-def _exit_status(returncode: int) -> int:
+def shell_status(returncode: int) -> int:
+    """A process's end as a shell reports it: 128 + N after signal N (subprocess's -N), which
+    reaching a caller as a status byte would read as 256 - N."""
     return 128 - returncode if returncode < 0 else returncode
 
 

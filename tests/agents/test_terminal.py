@@ -8,6 +8,7 @@ speak the socket protocol of A-2 directly: one mode line, then raw bytes.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import pwd
@@ -396,6 +397,51 @@ def test_a_hangup_ends_the_terminal_as_a_stop_does(world: World, terminal: dict[
         assert time.monotonic() < deadline, "the terminal did not end on SIGHUP"
         time.sleep(0.1)
     assert lifecycle(world, terminal["session"])[-1]["type"] == "terminal.stopped"
+
+
+def test_a_view_whose_mount_dies_is_reaped_logged_and_unmounted_at_the_stop(
+    world: World, terminal: dict[str, str]
+) -> None:
+    run_dir = Path(terminal["listening_at"]).parent
+    ctxterm = int(run_dir.joinpath("pid").read_text())
+    children = Path(f"/proc/{ctxterm}/task/{ctxterm}/children").read_text().split()
+    mounts = [int(p) for p in children if b"mount" in Path(f"/proc/{p}/cmdline").read_bytes()]
+    assert len(mounts) == 1, children
+    view = run_dir / "private" / "ctx"  # where the terminal mounts the agent's view
+    assert os.path.ismount(view)
+
+    os.kill(mounts[0], signal.SIGKILL)
+
+    deadline = time.monotonic() + 20
+    while not [e for e in lifecycle(world, terminal["session"]) if e["type"].endswith("view_lost")]:
+        assert time.monotonic() < deadline, lifecycle(world, terminal["session"])
+        time.sleep(0.1)
+    lost = lifecycle(world, terminal["session"])[-1]
+    assert (lost["type"], lost["pid"], lost["exit_status"]) == (
+        "terminal.view_lost",
+        mounts[0],
+        137,
+    )
+    assert not Path(f"/proc/{mounts[0]}").exists()  # reaped, not a zombie under ctxterm
+    with pytest.raises(OSError) as gone:
+        os.listdir(view)
+    assert gone.value.errno == errno.ENOTCONN
+    client = Client(terminal["listening_at"], "attach")  # the terminal serves on, saying so
+    client.expect(r"coder\$ ")
+    client.type("fs.stat /workspace")
+    said = client.expect(r"stop and start the terminal\r?\n")
+    assert "fs.stat: not a tool on CTX_PATH: the CTX_PATH directory /ctx/" in said, said
+    assert "cannot be reached (ENOTCONN: " in said, said
+    client.close()
+
+    stopped = ctx(world.root, "agent", "stop", "coder", "--session", terminal["session"])
+
+    assert stopped.returncode == 0, stopped.stderr
+    assert not view.exists() and not os.path.ismount(view)
+    assert [e["type"] for e in lifecycle(world, terminal["session"])][-2:] == [
+        "terminal.view_lost",
+        "terminal.stopped",
+    ]
 
 
 def test_a_uid_that_may_not_watch_is_turned_away_at_once(terminal: dict[str, str]) -> None:

@@ -501,15 +501,32 @@ def execute_words(context: TshContext, name: str, argv: list[str], status: int) 
     if context.which(name) is None:
         # The name is what was typed, escape sequences included: shown escaped to the
         # terminal and everyone watching it, and cut when it runs to pages.
-        print(
-            f"tsh: {_shown(name)}: not a tool on CTX_PATH (tsh runs CortexFS tools only)",
-            file=sys.stderr,
-        )
+        print(f"tsh: {_shown(name)}: {_why_not_found(context)}", file=sys.stderr)
         return NOT_FOUND, False
     sys.stdout.flush()
     if _in_agent_terminal():
         _report_unloaded(context.load(name)[1])  # a tool in use is in the context
     return call(name, argv), False
+
+
+def _why_not_found(context: TshContext) -> str:
+    """Why a name was not found: no tool has it, or a CTX_PATH directory could not be looked
+    in — ``/ctx`` of a terminal whose view's mount ended answers ``ENOTCONN`` until the host
+    stops and starts the terminal again."""
+    unreachable = context.unreachable()
+    if unreachable is None:
+        return f"{NOT_ON_PATH} (tsh runs CortexFS tools only)"
+    directory, exc = unreachable
+    code = errno.errorcode.get(exc.errno or errno.EIO, "EIO")
+    remedy = (
+        "this terminal's view of /ctx has ended: ask the host to stop and start the terminal"
+        if exc.errno == errno.ENOTCONN
+        else "ask the host to look at its filesystem"
+    )
+    return (
+        f"{NOT_ON_PATH}: the CTX_PATH directory {_shown(directory)} cannot be reached "
+        f"({code}: {exc.strerror}); {remedy}"
+    )
 
 
 def _shown(word: str) -> str:

@@ -86,6 +86,9 @@ _UNUSABLE = {
 }
 
 
+_FAILING_FILESYSTEM = frozenset({errno.ENOTCONN, errno.EIO, errno.ESTALE})
+
+
 class TshContext:
     """The loaded metadata and the tool-path cache of one tsh."""
 
@@ -114,6 +117,19 @@ class TshContext:
         else:
             self.paths.put(name, found)  # a pinned name stays pinned, with its new path
         return None if found is None else found.path
+
+    def unreachable(self) -> tuple[str, OSError] | None:
+        """The first CTX_PATH directory whose filesystem fails to answer (``ENOTCONN`` of a
+        view whose mount ended, ``EIO``, ``ESTALE``), with the error: a lookup finds nothing
+        there, which would otherwise read as a name no tool has.  A directory missing or
+        closed to this uid is no failure: it holds no tool of this user's."""
+        for directory in self._search_path():
+            try:
+                os.stat(directory)
+            except OSError as exc:
+                if exc.errno in _FAILING_FILESYSTEM:
+                    return directory, exc
+        return None
 
     def rehash(self) -> None:
         """Forget every unpinned path (like a POSIX shell's ``hash -r``)."""
