@@ -36,6 +36,7 @@ from cortexfs.cli.common import (
     require_standard_input,
     resolve_storage,
     storage_option,
+    under_way,
     usage_problem,
 )
 from cortexfs.cli.params import MAX_ID, NonEmptyPath
@@ -437,7 +438,11 @@ def start(
     require_host_administrator(root, "start an agent")
     terminal = Terminal(root, name, session, directory)
     terminal.prepare()
-    _daemonize(terminal)
+    with under_way(
+        f"agent {name}'s terminal, session {session}, was starting ('ctx agent list' shows "
+        f"whether it runs, 'ctx agent stop {name} --session {session}' ends it)"
+    ):
+        _daemonize(terminal)
     changed(f"agent {name}'s terminal, session {session}, was started ('ctx agent stop' ends it)")
     for warning in start_warnings(terminal, explicit_workspace=workspace is not None):
         echo_printable(f"ctx: warning: {warning}", err=True)

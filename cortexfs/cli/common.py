@@ -36,6 +36,7 @@ from cortexfs.cli.exits import (  # noqa: F401  (re-exported: every command take
     EXIT_USAGE,
     changed,
     exit_status,
+    under_way,
     usage_problem,
 )
 from cortexfs.cli.params import NonEmptyPath

@@ -8,11 +8,12 @@ command ends through here, the click commands by way of :mod:`cortexfs.cli.commo
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import NoReturn
 
 from cortexfs.errors import CtxError, out_of_memory
@@ -52,10 +53,18 @@ def interrupted(prog_name: str, as_json: bool, signum: int = signal.SIGINT) -> N
 
     Written without click: a Ctrl-C may land while click itself is being imported."""
     how = "interrupted" if signum == signal.SIGINT else "stopped"
+    context = "".join(
+        f", {words}: {'; '.join(statements)}"
+        for words, statements in (
+            ("after it had done this", _changes),
+            ("while this was under way, and may be done now", _under_way),
+        )
+        if statements
+    )
     error = CtxError(
         errno.EINTR,
-        f"{how} ({signal.Signals(signum).name}) before the command completed: what it printed "
-        "is done; check the rest and run it again if it is still wanted",
+        f"{how} ({signal.Signals(signum).name}) before the command completed{context}: what it "
+        "printed is done; check the rest and run it again if it is still wanted",
     )
     sys.stderr.write(f"{prog_name}: {error}\n")
     if as_json:
@@ -80,6 +89,28 @@ def ran_out_of_memory(prog_name: str, as_json: bool, *, queue_command: bool = Fa
 # What this command has changed so far, each as a sentence saying what not to do again
 # (:func:`changed`).  A process runs one command.
 _changes: list[str] = []
+
+
+# What this command has set going and cannot tell yet whether it happened, each as a
+# sentence saying how to find out or undo it (:func:`under_way`).
+_under_way: list[str] = []
+
+
+@contextlib.contextmanager
+def under_way(statement: str) -> Iterator[None]:
+    """Within the block, an interruption says ``statement`` may have happened: a step handed
+    to another process (a terminal that starts in a process of its own) goes on whatever
+    becomes of this one, and "run it again" alone would send the user into its ``EEXIST``."""
+    _under_way.append(statement)
+    try:
+        yield
+    except Exception:  # the step failed, and says so: nothing is under way any more
+        _under_way.remove(statement)
+        raise
+    else:
+        _under_way.remove(statement)
+    # An interrupt (KeyboardInterrupt, or SystemExit on its way out) leaves it for
+    # interrupted() to say.
 
 
 def changed(statement: str) -> None:

@@ -399,6 +399,53 @@ def test_a_hangup_ends_the_terminal_as_a_stop_does(world: World, terminal: dict[
     assert lifecycle(world, terminal["session"])[-1]["type"] == "terminal.stopped"
 
 
+def test_a_start_interrupted_while_its_terminal_starts_says_it_may_run_and_how_to_end_it(
+    world: World,
+) -> None:
+    world.agent("coder", tools=["fs.stat"])
+    session = fresh_session()
+    argv = [sys.executable, "-m", "cortexfs", "agent", "start", "coder", "--session", session]
+    start = subprocess.Popen(
+        argv, env={**os.environ, "CTX_STORAGE": str(world.root)}, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        # The terminal starts in a process of its own, whose view's mount process (named by
+        # the session) is held stopped: the start waits for it, and cannot end meanwhile.
+        deadline = time.monotonic() + 30
+        while not (mounts := _processes_naming(session.encode(), b"mount")):
+            assert time.monotonic() < deadline and start.poll() is None, start.communicate()
+            time.sleep(0.005)
+        for pid in mounts:
+            os.kill(pid, signal.SIGSTOP)
+        start.send_signal(signal.SIGINT)
+        _, err = start.communicate(timeout=60)
+        for pid in mounts:
+            os.kill(pid, signal.SIGCONT)
+    finally:
+        stopped = ctx(world.root, "agent", "stop", "coder", "--session", session)
+
+    assert start.returncode == 130, err
+    assert err.lstrip("\n").startswith(  # click starts a new line after the ^C
+        "ctx: EINTR: interrupted (SIGINT) before the command completed, while this was under "
+        f"way, and may be done now: agent coder's terminal, session {session}, was starting "
+    ), err
+    assert f"'ctx agent stop coder --session {session}' ends it" in err, err
+    assert stopped.returncode == 0, stopped.stderr  # it had started: the stop ended it
+
+
+def _processes_naming(*words: bytes) -> list[int]:
+    """The processes whose command line holds every word."""
+    found = []
+    for entry in os.listdir("/proc"):
+        with contextlib.suppress(OSError):
+            if entry.isdigit() and all(
+                w in Path(f"/proc/{entry}/cmdline").read_bytes() for w in words
+            ):
+                found.append(int(entry))
+    return found
+
+
 def test_a_view_whose_mount_dies_is_reaped_logged_and_unmounted_at_the_stop(
     world: World, terminal: dict[str, str]
 ) -> None:
