@@ -42,7 +42,7 @@ from typing import IO, Any, NamedTuple
 from cortexfs.errors import CtxError
 from cortexfs.exit_watch import POLL_SECONDS, ExitWatch
 from cortexfs.policy import Identity
-from cortexfs.tools import offline, orphans
+from cortexfs.tools import no_typing, offline, orphans
 from cortexfs.tools.host_programs import find_program, setpriv_id_options
 
 MAX_OUTPUT_BYTES = 16 * 1024 * 1024
@@ -284,6 +284,7 @@ def run_attached(spec: ProcessSpec, *, on_start: Callable[[int], None] | None = 
     _require_startable(spec.argv[0], spec.cwd)
     spec = spec._replace(leads_terminal=spec.leads_terminal and _SETSID is not None)
     argv, options, network_namespace = _launch(spec)
+    options = _typing_refused(options, spec)
     with network_namespace:
         process = subprocess.Popen(
             argv,
@@ -627,6 +628,28 @@ def _launch(
         return [*isolation, *leading, *spec.argv], options, network_namespace
     prefix = [_SETPRIV, *id_options, *_NO_CAPABILITIES_PASSED_ON, "--pdeathsig=KILL", "--"]
     return [*isolation, *prefix, *leading, *spec.argv], {}, network_namespace
+
+
+def _typing_refused(options: dict[str, Any], spec: ProcessSpec) -> dict[str, Any]:
+    """``options`` with :mod:`cortexfs.tools.no_typing`'s filter set in the child, for a
+    tool on its caller's terminal under another identity than the caller's: root's terminal
+    is lent to the agent's tool for its input and output, never for typing into it.  The
+    filter makes Python fork, where setpriv alone would let it vfork: a terminal-mode call
+    pays that, native calls and workers (no terminal) do not."""
+    if spec.identity is None or os.geteuid() != 0:
+        return options
+    refuse = no_typing.refuse_typing()
+    if refuse is None:
+        return options
+    then = options.get("preexec_fn")
+    if then is None:
+        return {**options, "preexec_fn": refuse}
+
+    def both() -> None:
+        refuse()
+        then()
+
+    return {**options, "preexec_fn": both}
 
 
 def _kill_group(pgid: int) -> None:
