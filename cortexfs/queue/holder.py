@@ -554,8 +554,10 @@ def _boot_id(value: object) -> str:
     """The holder's boot, in the one spelling compared: Q-3's boot id is the content of the
     holder's /proc/sys/kernel/random/boot_id, a UUID, and the same boot written with that
     file's newline, in capitals or without dashes must not read as a reboot, which would
-    requeue the job of a live holder (Q-5).  Empty, it names no boot anybody can compare:
-    the lease is unreadable, a conflict for a person (Q-6)."""
+    requeue the job of a live holder (Q-5).  Anything else — empty, a misspelt ``unknown``,
+    a UUID with a character more — names no boot anybody can compare, and differing from
+    this boot's would read as a reboot: the lease is unreadable, a conflict for a person
+    (Q-6)."""
     boot = _one_spelling(value) if isinstance(value, str) and len(value) <= 256 else ""
     if not boot:
         raise invalid("lease has no valid field 'boot_id' (the holder's boot id, a UUID)")
@@ -563,11 +565,15 @@ def _boot_id(value: object) -> str:
 
 
 def _one_spelling(boot: str) -> str:
-    """``boot`` trimmed and in lower case; a UUID in its canonical form."""
+    """``boot`` trimmed and in lower case: a UUID in its canonical form, or
+    :data:`UNKNOWN_BOOT`; empty for any other text."""
     boot = boot.strip().lower()
-    with contextlib.suppress(ValueError):
-        return str(uuid.UUID(boot))
-    return boot
+    if boot == UNKNOWN_BOOT:
+        return boot
+    if boot.isascii():  # int(), under uuid.UUID, would take any script's digits
+        with contextlib.suppress(ValueError):
+            return str(uuid.UUID(boot))
+    return ""
 
 
 def _pid_ns(value: object) -> int:

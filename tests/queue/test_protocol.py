@@ -320,7 +320,10 @@ def test_renew_extends_only_the_holders_lease(queue: Queue, me: Holder, queue_di
     ("apart", "told"),
     [
         ({"pid_ns": 4026599999}, " of pid namespace 4026599999 (the holder's is "),
-        ({"boot_id": "another-boot"}, " of another boot (the holder's was "),
+        (
+            {"boot_id": "0b7d4b4e-2f3a-4d6c-8e1f-5a9c7b3d2e10"},
+            " of another boot (the holder's was ",
+        ),
         ({"start_time": 1.0}, ", another process of that number (started at 1970-01-01T"),
     ],
 )

@@ -203,7 +203,11 @@ def test_this_process_sees_a_proc_of_its_own(me: Holder) -> None:
 
 def test_another_host_is_judged_by_expiry(queue: Queue, me: Holder) -> None:
     remote = dataclasses.replace(
-        me, host="elsewhere", machine_id="0" * 32, boot_id="other-boot", pid=dead_pid()
+        me,
+        host="elsewhere",
+        machine_id="0" * 32,
+        boot_id="5e1f0d0a-7c2b-4c1e-9a59-0b8e3c1d2f40",
+        pid=dead_pid(),
     )
     job = claimed_by(queue, remote, ttl=300)
     assert recover(queue).requeued == []
@@ -211,7 +215,7 @@ def test_another_host_is_judged_by_expiry(queue: Queue, me: Holder) -> None:
 
 
 def test_the_same_host_after_a_reboot_counts_as_gone(queue: Queue, me: Holder) -> None:
-    before_reboot = dataclasses.replace(me, boot_id="an-earlier-boot")
+    before_reboot = dataclasses.replace(me, boot_id="0b7d4b4e-2f3a-4d6c-8e1f-5a9c7b3d2e10")
     job = claimed_by(queue, before_reboot, ttl=300)
     report = recover(queue)
     assert [f.job for f in report.requeued] == [job] and "rebooted" in report.requeued[0].detail
@@ -230,6 +234,22 @@ def test_this_boot_spelt_another_way_is_no_reboot(queue: Queue, me: Holder, spel
 
 def test_a_lease_naming_no_boot_is_a_conflict_never_requeued(queue: Queue, me: Holder) -> None:
     job = claimed_by(queue, dataclasses.replace(me, boot_id=" ", pid=dead_pid()))
+    report = recover(queue, reconcile=True)
+    assert report.requeued == [] and [c.job for c in report.conflicts] == [job]
+    assert "'boot_id'" in report.conflicts[0].detail
+    assert state_of(queue, job) == "claimed"
+
+
+@pytest.mark.parametrize(
+    "misspelt",
+    ["unknown.", "unkown", "\uff55nknown", "{boot}.", "{boot}x", "\uff10{boot}"],
+)
+def test_a_boot_id_that_is_no_uuid_nor_unknown_is_a_conflict_never_a_reboot(
+    queue: Queue, me: Holder, misspelt: str
+) -> None:
+    """Q-5: a boot id that is not this boot nor another UUID, nor ``unknown``, names no boot:
+    read as another boot it would requeue the job of a live holder, which would run twice."""
+    job = claimed_by(queue, dataclasses.replace(me, boot_id=misspelt.format(boot=me.boot_id)))
     report = recover(queue, reconcile=True)
     assert report.requeued == [] and [c.job for c in report.conflicts] == [job]
     assert "'boot_id'" in report.conflicts[0].detail
