@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import errno
 import os
-import shutil
 import stat
 import subprocess
 from pathlib import Path
@@ -25,6 +24,7 @@ from cortexfs import mount_table, storage
 from cortexfs.errors import CtxError, invalid, not_found
 from cortexfs.mount_table import Mount
 from cortexfs.printable import shell_word
+from cortexfs.tools.host_programs import find_program
 
 FILESYSTEM_TYPE = "fuse.cortexfs"  # what ``subtype=cortexfs`` makes the kernel call it
 
@@ -129,9 +129,19 @@ def unmount(mountpoint: Path) -> None:
             f"cannot unmount {mountpoint}: it was mounted by uid {owner}, and only that uid "
             "or root may unmount it",
         )
-    command = ["fusermount3", "-u", str(where)]
-    if shutil.which("fusermount3") is None:
-        command = ["umount", str(where)]
+    # As root, the program is found among PATH's trusted entries only: one found in the
+    # working directory or in a directory another uid may write would run as root.
+    fusermount, umount = find_program("fusermount3"), find_program("umount")
+    if fusermount is not None:
+        command = [fusermount, "-u", str(where)]
+    elif umount is not None:
+        command = [umount, str(where)]
+    else:
+        raise not_found(
+            f"cannot unmount {mountpoint}: neither fusermount3 (package fuse3) nor umount "
+            "(util-linux) is in a trusted directory of PATH"
+            + (" (one owned by root, not writable by others)" if os.geteuid() == 0 else "")
+        )
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         reason = " ".join(done.stderr.split()) or f"{command[0]} exited {done.returncode}"

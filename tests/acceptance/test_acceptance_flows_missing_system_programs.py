@@ -562,12 +562,6 @@ def test_umount_with_neither_fusermount3_nor_umount_says_so_and_keeps_the_mount(
         assert done.rc == 0 and not mounted_at(where), done
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="F-1: with fusermount3 missing and '.' on PATH, root's ctx umount runs the umount "
-    "another uid left in the current directory (and reports EBUSY), where docs/tools.md has "
-    "root take setpriv/unshare only from absolute, root-owned PATH entries",
-)
 def test_umount_without_fusermount3_never_runs_an_umount_from_the_current_directory(
     host: Host, here: Path, paths: Paths, outbox: Path
 ) -> None:
