@@ -66,10 +66,18 @@ def request_problems(request: object) -> list[str]:
     if "from" in request and not isinstance(request["from"], str):
         problems.append("field 'from' must be a string")
     if "created" in request:
+        created = request["created"]
         try:
-            parse_rfc3339(request["created"])
+            parse_rfc3339(created)
         except CtxError as exc:
             problems.append(f"field 'created': {exc.message}")
+        else:
+            if created != created.strip():
+                # Kept as written: a stamp stored with a blank or a line break around
+                # it is no RFC 3339 timestamp to whoever reads it back.
+                problems.append(
+                    f"field 'created': {created!r} has blanks around the RFC 3339 timestamp"
+                )
     return problems
 
 

@@ -831,12 +831,6 @@ def test_hand_edited_mount_mode_and_label_spelt_otherwise_grant_nothing(
 # ===================================================================== requests, results, leases
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Q-1: a request whose 'created' has blanks around an RFC 3339 stamp (' …Z', '…Z\\n', "
-    "'…Z' + U+00A0 or U+2028) is published and stored with them, where SPEC §2.1 and "
-    "docs/queue.md say a created given must be an RFC 3339 timestamp (kept as written)",
-)
 def test_created_with_blanks_around_the_stamp_is_not_rfc3339(queue):
     """§2.1, docs/queue.md: a ``created`` given must be an RFC 3339 timestamp with a zone, kept
     as written.  One with a blank, a newline, a no-break space or a line separator around it is

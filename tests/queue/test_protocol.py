@@ -60,6 +60,19 @@ def test_publish_keeps_from_and_created_when_given(queue: Queue, queue_dir: Path
     assert stored["from"] == "coder" and stored["created"] == "2026-01-01T00:00:00Z"
 
 
+@pytest.mark.parametrize("blank", [" ", "\n", "\t", "\u00a0", "\u2028"])
+def test_a_created_with_blanks_around_its_stamp_is_refused(
+    queue: Queue, queue_dir: Path, blank: str
+) -> None:
+    """Q-1: ``created`` is kept as written, so it must be the RFC 3339 timestamp itself."""
+    for created in (blank + "2026-01-01T00:00:00Z", "2026-01-01T00:00:00Z" + blank):
+        with pytest.raises(CtxError) as caught:
+            publish(queue, {**request(), "created": created})
+        assert caught.value.errno == errno.EINVAL
+        assert "blanks around the RFC 3339 timestamp" in caught.value.message
+    assert os.listdir(queue_dir / "pending") == [] and os.listdir(queue_dir / "inbox") == []
+
+
 def test_the_default_publisher_follows_the_environment_of_each_publish(
     queue: Queue, queue_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
