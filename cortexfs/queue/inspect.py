@@ -23,7 +23,7 @@ from cortexfs.queue.layout import (
     STATE_DIRS,
     Queue,
     kind_of,
-    lock_dir,
+    read_lock_dir,
     read_regular_file,
 )
 from cortexfs.queue.leasing import lease_unreadable, read_lease
@@ -259,8 +259,8 @@ def _assess(queue: Queue, job: str, evidence: ev.JobEvidence) -> ev.Assessment:
     that ended since the scan (a finish removes the lease the scan saw): J is looked at again
     while no transition holds ``claimed/J``'s lock, as recover does before it acts, and a J
     whose lock is held is reported as where the transition takes it (:func:`_on_its_way`).
-    Taking the lock changes nothing, and a transition that meets it waits the instant it is
-    held."""
+    Taking the lock (a shared one) changes nothing, and a transition or recover that meets
+    it waits the instant it is held."""
     assessment = _judged(queue, job, evidence)
     if assessment.state not in ("incomplete", "conflict"):
         return assessment
@@ -271,7 +271,7 @@ def _assess(queue: Queue, job: str, evidence: ev.JobEvidence) -> ev.Assessment:
     except OSError:
         return assessment  # not this user's to open: reported as it looks
     try:
-        if claim_fd is not None and not lock_dir(claim_fd, within=0):
+        if claim_fd is not None and not read_lock_dir(claim_fd):
             return _on_its_way(job, evidence, assessment)
         return _judged(queue, job, ev.evidence_of(queue, job))
     finally:

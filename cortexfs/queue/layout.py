@@ -751,9 +751,16 @@ class DirLock(enum.Enum):
     UNSUPPORTED = "unsupported"
 
 
-def take_dir_lock(fd: int, *, within: float) -> DirLock:
+# How long recover waits for readers (status, list, show) to end their look at a job, whose
+# shared lock it finds where it wants the exclusive one: a look is a few reads, and a reader
+# stopped longer than this keeps the job untouched for this run, as a transition would.
+READERS_WAIT_SECONDS = 10.0
+
+
+def take_dir_lock(fd: int, *, within: float, past_readers: float = 0.0) -> DirLock:
     """Take an exclusive ``flock`` on a directory descriptor, waiting at most ``within``
-    seconds (0: not at all).
+    seconds (0: not at all), and, when only readers hold its shared lock
+    (:func:`read_lock_dir`), at most ``past_readers`` seconds more for them to let go.
 
     Used on ``claimed/J`` by whoever is in the middle of a transition of J (a claimer before
     its lease exists, a finisher, recover) so that recover never acts on a half-done step of
@@ -761,14 +768,34 @@ def take_dir_lock(fd: int, *, within: float) -> DirLock:
     refuses it, the caller goes on without it and relies on the liveness rules (and, for a
     claim at work, on time: :mod:`cortexfs.queue.recovery`)."""
     try:
-        return DirLock.HELD if flock_within(fd, fcntl.LOCK_EX, within) else DirLock.BUSY
+        if flock_within(fd, fcntl.LOCK_EX, within):
+            return DirLock.HELD
+        # A shared lock to be had means no transition holds J: only readers, each for a look.
+        if past_readers and flock_within(fd, fcntl.LOCK_SH, 0):
+            if flock_within(fd, fcntl.LOCK_EX, past_readers):
+                return DirLock.HELD
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        return DirLock.BUSY
     except OSError as exc:
         if exc.errno in (errno.EBADF, errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL):
             return DirLock.UNSUPPORTED
         raise
 
 
-def lock_dir(fd: int, *, within: float) -> bool:
+def lock_dir(fd: int, *, within: float, past_readers: float = 0.0) -> bool:
     """:func:`take_dir_lock`: False when another process holds the lock; True when it is
     ours, or when the filesystem has none to give."""
-    return take_dir_lock(fd, within=within) is not DirLock.BUSY
+    return take_dir_lock(fd, within=within, past_readers=past_readers) is not DirLock.BUSY
+
+
+def read_lock_dir(fd: int) -> bool:
+    """A shared ``flock`` on ``claimed/J``, not waited for, for a reader that looks at J
+    again: False when a transition holds J's exclusive lock (J is moving).  Shared, it keeps
+    no other reader out, and recover waits for it (``past_readers``) rather than take J for
+    a job in motion (Q-6: status, list and show read the queue, they never hold it up)."""
+    try:
+        return flock_within(fd, fcntl.LOCK_SH, 0)
+    except OSError as exc:
+        if exc.errno in (errno.EBADF, errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL):
+            return True
+        raise

@@ -41,6 +41,7 @@ from cortexfs.queue.claim_order import pending_changed, pending_stamp, relist_af
 from cortexfs.queue.holder import GONE, Verdict, judge, once_gone
 from cortexfs.queue.layout import (
     LEASE_FILE,
+    READERS_WAIT_SECONDS,
     RESULT_SUFFIX,
     DirLock,
     Queue,
@@ -205,7 +206,7 @@ def _unless_being_written(queue: Queue, temp: ev.Temp) -> Iterator[bool]:
         with contextlib.suppress(OSError):  # no claimed/J (or no directory): nothing to hold
             claim_fd = queue.open_job_dir("claimed", temp.job)
     try:
-        yield claim_fd is None or lock_dir(claim_fd, within=0)
+        yield claim_fd is None or lock_dir(claim_fd, within=0, past_readers=READERS_WAIT_SECONDS)
     finally:
         if claim_fd is not None:
             queue.ops.close(claim_fd)
@@ -475,7 +476,11 @@ def _locked_as_scanned(
     except FileNotFoundError:
         claim_fd = None
     try:
-        lock = None if claim_fd is None else take_dir_lock(claim_fd, within=0)
+        lock = (
+            None
+            if claim_fd is None
+            else take_dir_lock(claim_fd, within=0, past_readers=READERS_WAIT_SECONDS)
+        )
         if lock is DirLock.BUSY:
             busy = "left alone, another process is moving this job"
             if scanned.state == "incomplete":

@@ -1156,13 +1156,6 @@ def holds_flock(path: Path) -> bool:
 
 
 @pytest.mark.skipif(shutil.which("strace") is None, reason="needs strace")
-@pytest.mark.xfail(
-    strict=True,
-    reason="Q-6: ctx queue status takes claimed/J's exclusive lock to look at an incomplete "
-    "job (docs/queue.md: status, list and show read the queue without its locks), so a "
-    "recover --reconcile run meanwhile leaves the claim without a lease as it is, calls the "
-    "queue consistent and exits 0",
-)
 def test_recover_while_status_reads_does_not_call_an_incomplete_queue_consistent(
     spare: tuple[Path, Caller],
 ) -> None:

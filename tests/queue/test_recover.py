@@ -316,6 +316,30 @@ def test_a_claim_in_progress_is_left_alone(queue: Queue, queue_dir: Path) -> Non
     assert state_of(queue, job) == "pending"
 
 
+def test_a_reader_looking_at_a_claim_holds_up_recover_only_for_its_look(
+    queue: Queue, queue_dir: Path
+) -> None:
+    """Q-6: status, list and show look at an incomplete job again under claimed/J's shared
+    lock; recover, meeting it, waits for the look to end rather than take the job for one a
+    transition moves and call the queue consistent with the pair still incomplete."""
+    job = publish(queue, request(), name="looked-at")
+    crash_after_claim_before_lease(queue_dir, job)
+    reader = subprocess.Popen(
+        ["flock", "--shared", str(queue_dir / "claimed" / job), "sleep", "1"],
+        start_new_session=True,
+    )
+    try:
+        wait_for_lock(queue_dir / "claimed" / job, held=True)
+        started = time.monotonic()
+        report = recover(queue, reconcile=True)
+        assert time.monotonic() - started >= 0.5  # it waited for the reader
+        assert [f.job for f in report.repaired] == [job] and report.consistent, report
+        assert state_of(queue, job) == "pending"
+    finally:
+        os.killpg(reader.pid, signal.SIGKILL)
+        reader.wait()
+
+
 @pytest.mark.parametrize("ok", [True, False])
 def test_a_result_with_its_request_still_claimed_rolls_forward(
     queue: Queue, me: Holder, queue_dir: Path, ok: bool
