@@ -11,6 +11,9 @@ CLI mode).
 The command runs with the agent's uid, gid and groups and the tool's environment, so the
 kernel's mode bits bound what it can touch; it is not confined to the mounts (only a sandbox,
 SPEC A-1, can do that), which is why ``shell.exec`` is a permission-bearing tool (H-3).
+
+A host without a shell the agent may run at ``/bin/sh`` fails the call with the kernel's errno
+(ENOENT when it is missing) and a sentence naming ``/bin/sh``.
 """
 
 from __future__ import annotations
@@ -48,7 +51,17 @@ def execute(request: dict[str, object], native: bool) -> NoReturn:
     # 141, a write past ``ulimit -f`` with 153), as subprocess gives them to a manifest tool.
     for signum in (signal.SIGPIPE, signal.SIGXFSZ):
         signal.signal(signum, signal.SIG_DFL)
-    os.execv(SHELL, [SHELL, "-c", command])
+    try:
+        os.execv(SHELL, [SHELL, "-c", command])
+    except OSError as exc:
+        if exc.errno == errno.E2BIG:
+            raise  # the command line is too long for any program, not the shell at fault
+        # The kernel names no path: alone, "ENOENT: No such file or directory" does not say
+        # that it is the shell the host lacks.
+        raise ToolFailure(
+            exc.errno,
+            f"cannot run {SHELL}: {exc.strerror}; shell.exec needs a POSIX shell at {SHELL}",
+        ) from None
 
 
 def _shell_text(text: str, key: str) -> bytes:
