@@ -63,8 +63,9 @@ def page_name(topic: str) -> str:
 
 
 def topic_of(name: str) -> str:
-    """The topic a user names: ``agent``, ``ctx.agent`` or ``ctx.agent.md``; ``README``,
-    ``readme`` or ``README.md`` for the bundle's README."""
+    """The topic a user names: ``agent``, ``ctx.agent`` or ``ctx.agent.md``; ``README`` in
+    any case, with or without ``.md``, for the bundle's README (a file name, which users
+    spell as their systems show it)."""
     if name.lower() in (README_TOPIC.lower(), README.lower()):
         return README_TOPIC
     topic = name.removesuffix(".md").removeprefix("ctx.")
