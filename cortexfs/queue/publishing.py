@@ -435,6 +435,14 @@ def refuse_known_job(queue: Queue, job: str) -> None:
             "its request moved in, whose request is nowhere; 'ctx queue recover --reconcile' "
             "removes it once no claim holds it, or publish under another name"
         )
+    terminal = [state for state in states if state in ("done", "failed")]
+    if terminal and terminal != states:
+        # It ran: a claim or lease left beside its result is a finish cut short in its
+        # clean-up (or at work), which status and show name so, never a job still claimed.
+        raise exists(
+            f"job {job} is already {terminal[0]}, with a leftover claimed/{job} or lease/{job} "
+            "that 'ctx queue recover --reconcile' removes; publish under another name"
+        )
     if states:
         raise exists(f"job {job} is already {states[0]}; publish under another name")
 

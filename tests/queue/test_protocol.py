@@ -416,6 +416,22 @@ def test_finish_refuses_what_is_not_claimed(queue: Queue, me: Holder) -> None:
     assert caught.value.errno == errno.EEXIST and "done" in caught.value.message
 
 
+def test_publish_of_a_finished_job_with_a_leftover_claim_says_it_is_done(
+    queue: Queue, me: Holder, queue_dir: Path
+) -> None:
+    """Q-1: a finish cut short in its clean-up leaves claimed/J and lease/J beside J's result:
+    J ran, and a publish under its name says so (as status and show do), not "claimed"."""
+    publish(queue, request(), name="ran")
+    won = claim(queue, me)
+    assert won is not None
+    os.rename(queue_dir / "claimed" / won.job / won.job, queue_dir / "done" / won.job)
+    (queue_dir / "done" / (won.job + ".result")).write_text('{"status": "ok", "output": null}')
+    with pytest.raises(CtxError) as caught:
+        publish(queue, request(), name="ran")
+    assert caught.value.errno == errno.EEXIST
+    assert f"job {won.job} is already done, with a leftover claimed/" in caught.value.message
+
+
 def test_finish_never_overwrites_an_existing_result(
     queue: Queue, me: Holder, queue_dir: Path
 ) -> None:
