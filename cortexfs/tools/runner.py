@@ -100,6 +100,7 @@ from cortexfs.tools.spawn import (
     MAX_ARG_STRLEN,
     MAX_OUTPUT_BYTES,
     Finished,
+    InterpreterRefused,
     ProcessSpec,
     run_attached,
     run_captured,
@@ -710,6 +711,13 @@ class _Call:
                     )
                     finished = run_attached(leading, on_start=self._started)
                 self.finished = finished
+            except InterpreterRefused as exc:
+                # The errno's words alone would read as the tool's own ("No such file or
+                # directory" of a tool that is there): the interpreter at fault is named.
+                raise CtxError(
+                    exc.errno or errno.EIO,
+                    f"cannot start {spec.argv[0]}: {exc.reason} ({exc.strerror})",
+                ) from None
             except OSError as exc:
                 raise CtxError(
                     exc.errno or errno.EIO,

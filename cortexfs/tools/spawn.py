@@ -5,9 +5,10 @@
   tool touches.  Otherwise it runs as the host user, which the authority chain has already
   checked is the agent's identity (P-5 step 1).
 * **Process group.**  Every call gets a process group of its own; a timeout kills the whole
-  group with SIGKILL, and so does the end of a captured call: a tool's stragglers get
-  :data:`STRAGGLER_GRACE` seconds after the tool exits, then the group is killed, so no process
-  of a call outlives it.
+  group with SIGKILL, and so does the end of a call: a tool's stragglers get
+  :data:`STRAGGLER_GRACE` seconds after the tool exits (less when the timeout comes first),
+  then the group is killed, so no process of a call outlives it.  The tool's own exit decides
+  how the call ended: a straggler never makes a tool that exited in time a timeout.
 * **Bounds.**  Captured output is limited (:data:`MAX_OUTPUT_BYTES`); a tool that writes more
   is killed.  The environment is exactly the one given: nothing leaks in from the host's.
 * **No orphans.**  A call's processes die with the process that started them, even when it is
@@ -37,11 +38,14 @@ import termios
 import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import IO, Any, NamedTuple
 
 from cortexfs.errors import CtxError
 from cortexfs.exit_watch import POLL_SECONDS, ExitWatch
 from cortexfs.policy import Identity
+from cortexfs.policy.linux import permits
+from cortexfs.storage import mounted_noexec
 from cortexfs.tools import no_typing, offline, orphans
 from cortexfs.tools.host_programs import find_program, setpriv_id_options
 
@@ -141,7 +145,8 @@ def run_captured(
     (an interruption, a failing ``on_start``) cut it short, with what it had written by then,
     before that goes on: a tool that ran keeps its output."""
     started = time.monotonic()
-    _require_startable(spec.argv[0], spec.cwd)
+    deadline = None if spec.timeout is None else started + spec.timeout
+    _require_startable(spec)
     argv, options, network_namespace = _launch(spec._replace(leads_terminal=False))
     with network_namespace:
         process = subprocess.Popen(
@@ -162,7 +167,6 @@ def run_captured(
             if on_start:
                 on_start(process.pid)
             pump = _Pump(process, stdin_data, max_output, on_stderr_line)
-            deadline = None if spec.timeout is None else started + spec.timeout
             timed_out = pump.run(deadline)
         except BaseException:
             # The caller's on_start or the pump failed: no process of a call outlives it.
@@ -178,7 +182,7 @@ def run_captured(
         else:
             # Reaped first: the tool, a zombie until then, would count as a straggler.
             exit_status = shell_status(process.wait())
-            _end_stragglers(process.pid, since=pump.exited_at)
+            _end_stragglers(process.pid, _stragglers_end(pump.exited_at, deadline))
     finished = _captured(process, pump, exit_status, started, timed_out=timed_out)
     launchers = argv[: len(argv) - len(spec.argv)]
     if launchers:
@@ -235,45 +239,148 @@ def _raise_launchers_exec_failure(
 _ERRNO_OF_REASON = {os.strerror(code): code for code in sorted(errno.errorcode, reverse=True)}
 
 
-def _require_startable(program: str, cwd: str) -> None:
+class InterpreterRefused(OSError):
+    """The exec of a script refused before the start for the interpreter its ``#!`` line
+    names (``filename2``; ``filename`` is the script), as the kernel would refuse it; its
+    errno alone would name neither that interpreter nor what is wrong with it, which
+    ``reason`` says."""
+
+    def __init__(self, code: int, program: str, interpreter: str, reason: str) -> None:
+        super().__init__(code, os.strerror(code), program, None, interpreter)
+        self.reason = reason
+
+
+def _require_startable(spec: ProcessSpec) -> None:
     """Raise, as the kernel refuses the exec, ENOEXEC for a file of text with no ``#!`` line
     (an empty or truncated script): setpriv and unshare start a program with ``execvp``,
     which runs such a file with ``/bin/sh`` instead, where Python's own exec (a caller not
     root) is refused — an emptied guard must not let every call through as an empty script.
-    And, as :func:`_raise_launchers_exec_failure` does after the fact, ENOENT for a script
-    whose ``#!`` interpreter is not there (gone, or a ``#!/bin/sh`` saved with CRLF line
-    ends, whose name ends in a carriage return).  On the caller's terminal the launcher's one
-    line goes to the person, not to the runner: looked at before the start, such a tool is
-    recorded as one that could not start, never as a tool that exited 127.  The kernel's
-    reading of the line: the name runs to the first blank, line end or NUL, and a relative
-    one is taken from the working directory."""
+    And :class:`InterpreterRefused` for a script whose ``#!`` interpreter the kernel would
+    refuse: ENOENT for one that is not there (gone, or a ``#!/bin/sh`` saved with CRLF line
+    ends, whose name ends in a carriage return); EACCES for one that is no regular file, lies
+    on a filesystem mounted noexec, or has no execute bit for the identity the exec is made
+    as (the agent's, judged by its mode bits: root's own access() would grant any bit);
+    ENOEXEC for one that is itself a text with no ``#!`` line (an empty file): execvp would
+    run the script with ``/bin/sh`` then too.  On the caller's terminal the
+    launcher's one line goes to the person, not to the runner: looked at before the start,
+    such a tool is recorded as one that could not start, never as a tool that exited 126 or
+    127.  An interpreter that is a script is judged as the kernel follows it, up to
+    :data:`_MOST_INTERPRETERS` deep.  The kernel's reading of the line: the name runs to the
+    first blank, line end or NUL, and a relative one is taken from the working directory."""
+    program = spec.argv[0]
     if not os.path.isabs(program):
         return  # a name looked for on PATH, or relative to another directory: the start's
-    try:
-        # Never waited on: a FIFO put at the name since it was resolved is the start's to
-        # refuse.
-        fd = os.open(program, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return  # the start says what is wrong with the program itself
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return  # no program: the start's to refuse, with the kernel's errno
-        head = os.read(fd, _SHEBANG_BYTES)
-    except OSError:
-        return
-    finally:
-        os.close(fd)
-    if not head.startswith(b"#!"):
-        if b"\0" not in head:  # text, or nothing: a binary format is the kernel's to judge
-            raise OSError(errno.ENOEXEC, os.strerror(errno.ENOEXEC), program)
-        return
-    line = head[2:].split(b"\n", 1)[0].split(b"\0", 1)[0].lstrip(b" \t")
-    interpreter = re.split(rb"[ \t]", line, maxsplit=1)[0]
-    if interpreter and not os.path.exists(os.path.join(os.fsencode(cwd), interpreter)):
-        raise OSError(errno.ENOENT, os.strerror(errno.ENOENT), program)
+    identity = spec.identity if os.geteuid() == 0 else None  # as _launch starts it
+    # The file looked at last (the tool, then each interpreter in turn), its first bytes, and
+    # the script whose #! line named it.
+    script, head, named_by = program, _head_of(program), program
+    for _ in range(_MOST_INTERPRETERS):
+        named = None if head is None else _interpreter_named(head)
+        if named is None:
+            break
+        interpreter = os.fsdecode(os.path.join(os.fsencode(spec.cwd), named))
+        refusal = _interpreter_refusal(interpreter, identity)
+        if refusal is not None:
+            code, what = refusal
+            reason = _its_interpreter(interpreter, script, program, what)
+            raise InterpreterRefused(code, program, interpreter, reason)
+        script, head, named_by = interpreter, _head_of(interpreter), script
+    if head is None or (not head.startswith(b"#!") and b"\0" in head):
+        return  # no regular file to read, or a binary format: the kernel's to judge
+    if _interpreter_named(head) is not None:
+        return  # deeper than the kernel follows: its ELOOP is the start's to report
+    if script == program:
+        raise OSError(errno.ENOEXEC, os.strerror(errno.ENOEXEC), program)
+    what = (
+        "is no program: a text with no #! line of its own (an empty file, say), which the "
+        "kernel does not execute"
+    )
+    reason = _its_interpreter(script, named_by, program, what)
+    raise InterpreterRefused(errno.ENOEXEC, program, script, reason)
 
 
 _SHEBANG_BYTES = 256  # as much of a script's first line as the kernel reads (BINPRM_BUF_SIZE)
+# How many interpreters in turn the kernel follows, a script's interpreter being a script
+# itself, before it refuses the exec (ELOOP).
+_MOST_INTERPRETERS = 4
+
+
+def _head_of(path: str) -> bytes | None:
+    """The first bytes of the regular file at ``path``, as many as the kernel reads to know
+    how to start it; None when it is no regular file or cannot be read (the start then says
+    what is wrong with it, with the kernel's errno)."""
+    try:
+        # Never waited on: a FIFO put at the name since it was resolved is the start's to
+        # refuse.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        return os.read(fd, _SHEBANG_BYTES)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _interpreter_named(head: bytes) -> bytes | None:
+    """The interpreter the ``#!`` line at the start of ``head`` names; None without such a
+    line, or when it names none (which the kernel refuses as ENOEXEC, as it refuses a text
+    with no ``#!`` line: the caller judges both alike)."""
+    if not head.startswith(b"#!"):
+        return None
+    line = head[2:].split(b"\n", 1)[0].split(b"\0", 1)[0].lstrip(b" \t")
+    return re.split(rb"[ \t]", line, maxsplit=1)[0] or None
+
+
+def _interpreter_refusal(interpreter: str, identity: Identity | None) -> tuple[int, str] | None:
+    """The errno the kernel refuses the exec of ``interpreter`` with, as ``identity`` (None:
+    this process) would make it, and what is wrong with it; None when it would open it."""
+    try:
+        status = os.stat(interpreter)
+    except OSError as exc:
+        code = exc.errno or errno.ENOENT
+        reached = "is not there" if code == errno.ENOENT else f"cannot be reached ({exc.strerror})"
+        return code, reached
+    if not stat.S_ISREG(status.st_mode):
+        return errno.EACCES, "is not a regular file, which the kernel does not execute"
+    if mounted_noexec(Path(interpreter)):
+        return errno.EACCES, "is on a filesystem mounted noexec, where the kernel executes nothing"
+    if identity is None:
+        if os.access(interpreter, os.X_OK):
+            return None
+        uid, gid = os.geteuid(), os.getegid()
+    else:
+        # By the agent's mode bits, as T-5 has it: setpriv makes the exec still holding
+        # root's capabilities, which pass any execute bit and search every directory.
+        who = f"uid {identity.uid} gid {identity.gid}"
+        for directory in reversed(Path(os.path.realpath(interpreter)).parents):
+            with contextlib.suppress(OSError):  # gone meanwhile: the start says so
+                above = os.stat(directory)
+                if not permits(above, identity, os.X_OK):
+                    return errno.EACCES, (
+                        f"lies below {directory}, which the tool's {who} may not search "
+                        f"({_mode_and_owner(above)})"
+                    )
+        if permits(status, identity, os.X_OK):
+            return None
+        uid, gid = identity.uid, identity.gid
+    return errno.EACCES, (
+        f"has no execute bit for the tool's uid {uid} gid {gid} ({_mode_and_owner(status)})"
+    )
+
+
+def _mode_and_owner(status: os.stat_result) -> str:
+    return f"mode {stat.S_IMODE(status.st_mode):04o}, owner {status.st_uid}:{status.st_gid}"
+
+
+def _its_interpreter(interpreter: str, script: str, program: str, what: str) -> str:
+    """What :class:`InterpreterRefused` says of ``interpreter``, named on the ``#!`` line of
+    ``script`` (``program`` itself, or an interpreter of it that is a script)."""
+    where = "its #! line" if script == program else f"the #! line of {script}"
+    return f"its interpreter {interpreter}, named on {where}, {what}"
 
 
 @_keeping_exit_statuses
@@ -281,42 +388,48 @@ def run_attached(spec: ProcessSpec, *, on_start: Callable[[int], None] | None = 
     """Run with the caller's stdin, stdout and stderr (terminal CLI mode, T-3); leading the
     terminal on stdin when ``spec.leads_terminal`` says to and setsid(1) is there."""
     started = time.monotonic()
-    _require_startable(spec.argv[0], spec.cwd)
+    deadline = None if spec.timeout is None else started + spec.timeout
+    _require_startable(spec)
     spec = spec._replace(leads_terminal=spec.leads_terminal and _SETSID is not None)
     argv, options, network_namespace = _launch(spec)
     options = _typing_refused(options, spec)
-    with network_namespace:
-        process = subprocess.Popen(
-            argv,
-            env=dict(spec.env),
-            cwd=spec.cwd,
-            # Leading a terminal, the tool's own session (setsid(1) makes it, and would fork
-            # if the process led a group already) is its process group too.
-            process_group=None if spec.leads_terminal else 0,
-            close_fds=True,
-            pass_fds=spec.pass_fds,
-            **options,
-        )
     passed_on: list[int] = []
     leads = spec.leads_terminal
-    with orphans.GUARD.watching(process.pid, session=leads):
-        foreground = contextlib.nullcontext() if leads else _foreground(process.pid)
-        with foreground as terminal, _forwarding_signals(process.pid, passed_on):
-            if on_start:
-                on_start(process.pid)
-            signalled = passed_on if spec.signalled_grace is not None else ()
-            killed = not _exits_within(
-                process.pid, spec.timeout, terminal, signalled, spec.signalled_grace or 0.0
+    # Forwarding from before the start: a signal that comes while the tool starts (the guard
+    # told of it, the terminal handed over) reaches the tool, as one a moment later does.
+    with _forwarding_signals(passed_on) as pass_on_to:
+        with network_namespace:
+            process = subprocess.Popen(
+                argv,
+                env=dict(spec.env),
+                cwd=spec.cwd,
+                # Leading a terminal, the tool's own session (setsid(1) makes it, and would
+                # fork if the process led a group already) is its process group too.
+                process_group=None if spec.leads_terminal else 0,
+                close_fds=True,
+                pass_fds=spec.pass_fds,
+                **options,
             )
+        pass_on_to(process.pid)
+        with orphans.GUARD.watching(process.pid, session=leads):
+            foreground = contextlib.nullcontext() if leads else _foreground(process.pid)
+            with foreground as terminal:
+                if on_start:
+                    on_start(process.pid)
+                signalled = passed_on if spec.signalled_grace is not None else ()
+                killed = not _exits_within(
+                    process.pid, deadline, terminal, signalled, spec.signalled_grace or 0.0
+                )
+                if killed:
+                    _kill_call(process.pid, session=leads)
+                exit_status = shell_status(process.wait())
+                if terminal is not None and exit_status > 128:
+                    terminal.restore_modes()  # killed: what it set of the terminal is undone
             if killed:
-                _kill_call(process.pid, session=leads)
-            exit_status = shell_status(process.wait())
-            if terminal is not None and exit_status > 128:
-                terminal.restore_modes()  # killed: what it set of the terminal is undone
-        if killed:
-            _kill_call(process.pid, session=leads)  # killed: no grace left for any
-        else:
-            _end_stragglers(process.pid, session=leads)
+                _kill_call(process.pid, session=leads)  # killed: no grace left for any
+            else:
+                until = _stragglers_end(time.monotonic(), deadline)
+                _end_stragglers(process.pid, until, session=leads)
     timed_out = killed and not passed_on
     return Finished(
         process.pid,
@@ -330,13 +443,22 @@ def run_attached(spec: ProcessSpec, *, on_start: Callable[[int], None] | None = 
     )
 
 
-def _end_stragglers(pgid: int, since: float | None = None, *, session: bool = False) -> None:
-    """Give what the tool left running in its group :data:`STRAGGLER_GRACE` seconds from
-    ``since`` (the tool's exit; by default now), then kill the group: no process of a call
-    outlives it.  With ``session``, the tool led a session of its own (and ``pgid`` is its
-    id): the groups an interactive shell made there for its jobs are the call's too."""
-    deadline = (time.monotonic() if since is None else since) + STRAGGLER_GRACE
-    while time.monotonic() < deadline:
+def _stragglers_end(exited_at: float, deadline: float | None) -> float:
+    """When what a tool that exited at ``exited_at`` left running in its group is killed:
+    :data:`STRAGGLER_GRACE` seconds later, or at the call's ``deadline`` when that comes
+    first.  The tool's own exit decides how the call ended (W-4 times out a tool, not what it
+    left behind), so a straggler never turns a tool that exited in time into a timeout, nor
+    outlives the call's timeout."""
+    grace_ends = exited_at + STRAGGLER_GRACE
+    return grace_ends if deadline is None else min(grace_ends, deadline)
+
+
+def _end_stragglers(pgid: int, until: float, *, session: bool = False) -> None:
+    """Let what the tool left running in its group go on until ``until`` (see
+    :func:`_stragglers_end`), then kill the group: no process of a call outlives it.  With
+    ``session``, the tool led a session of its own (and ``pgid`` is its id): the groups an
+    interactive shell made there for its jobs are the call's too."""
+    while time.monotonic() < until:
         try:
             os.killpg(pgid, 0)
         except ProcessLookupError:
@@ -416,7 +538,8 @@ class _Pump:
             self.selector.register(self.exit.fd, selectors.EVENT_READ)
 
     def run(self, deadline: float | None) -> bool:
-        """Pump until the tool has exited and closed its output; True if the deadline came first.
+        """Pump until the tool has exited and closed its output, or its stragglers' time is up
+        (:func:`_stragglers_end`); True if the deadline came before the tool exited.
 
         The tool's exit is watched through a pidfd, so nothing polls: the pump sleeps until a
         pipe has bytes, the tool exits, a straggler's grace ends or the deadline passes.
@@ -427,8 +550,10 @@ class _Pump:
         try:
             while not self.overflow:
                 now = time.monotonic()
-                if exited_at is not None and (not self.pipes or now - exited_at > STRAGGLER_GRACE):
-                    return False
+                if exited_at is not None and (
+                    not self.pipes or now >= _stragglers_end(exited_at, deadline)
+                ):
+                    return False  # the tool exited in time: its stragglers make no timeout
                 if deadline is not None and now >= deadline:
                     return True
                 # epoll takes milliseconds in a C int: a longer wait is taken in turns.
@@ -540,19 +665,18 @@ def _utf8_boundary(data: bytes, limit: int) -> int:
 
 def _exits_within(
     pid: int,
-    timeout: float | None,
+    deadline: float | None,
     terminal: _Terminal | None = None,
     passed_on: Sequence[int] = (),
     grace: float = SIGNALLED_GRACE,
 ) -> bool:
-    """Wait for ``pid`` to exit (without reaping it); False when ``timeout`` passes first, or
-    ``grace`` seconds after a signal was first noted in ``passed_on`` (it grows while we
-    wait: see :func:`_forwarding_signals`).  With ``terminal`` (a tool run on the caller's
-    terminal), a tool that stops (Ctrl-Z, or reading the terminal from the background) stops
-    this command's job too, as a shell's job stops, and goes on when the job is continued
-    (:meth:`_Terminal.follow_stop`)."""
+    """Wait for ``pid`` to exit (without reaping it); False when ``deadline`` (a
+    :func:`time.monotonic` time) passes first, or ``grace`` seconds after a signal was first
+    noted in ``passed_on`` (it grows while we wait: see :func:`_forwarding_signals`).  With
+    ``terminal`` (a tool run on the caller's terminal), a tool that stops (Ctrl-Z, or
+    reading the terminal from the background) stops this command's job too, as a shell's job
+    stops, and goes on when the job is continued (:meth:`_Terminal.follow_stop`)."""
     watch = ExitWatch(pid)
-    deadline = None if timeout is None else time.monotonic() + timeout
     signalled = False
     try:
         while True:
@@ -721,17 +845,20 @@ class _Terminal:
             stopped = os.waitid(os.P_PID, pid, os.WSTOPPED | os.WNOHANG)
         except ChildProcessError:
             return
-        if stopped is None or os.getpgrp() == os.getsid(0):
-            # No shell with job control above (``sh -c`` as the session's leader): nobody
-            # would continue this command, so it waits on, as such a shell waits.
+        if stopped is None:
             return
         wanted_terminal = stopped.si_status in (signal.SIGTTIN, signal.SIGTTOU)
         if wanted_terminal and (self._in_foreground() or self._tools()):
             # Stopped for want of the terminal, which this command's job has by now (``fg``
             # came before this look), or the tool has (it touched the terminal before it was
-            # handed over): the tool gets it, and goes on.
+            # handed over): the tool gets it, and goes on.  Looked at first: this command
+            # may lead the terminal's session itself (under sshd), with no shell above.
             self.give()
             self._continue_tool()
+            return
+        if os.getpgrp() == os.getsid(0):
+            # No shell with job control above (``sh -c`` as the session's leader): nobody
+            # would continue this command, so it waits on, as such a shell waits.
             return
         self.take_back()
         tools_modes = self._modes_now()
@@ -811,23 +938,48 @@ def _foreground(pgid: int) -> Iterator[_Terminal | None]:
 
 
 @contextlib.contextmanager
-def _forwarding_signals(pgid: int, passed_on: list[int]) -> Iterator[None]:
+def _forwarding_signals(passed_on: list[int]) -> Iterator[Callable[[int], None]]:
     """Pass termination signals sent to the runner on to the tool's process group, noting
-    each in ``passed_on``.  Only from
-    the main thread, the one Python lets set handlers: a call from another thread leaves the
-    process's signals to its program, as they were."""
+    each in ``passed_on``; what it yields is to be given the group's id as soon as the tool
+    is started.  A signal that comes before that is passed on then, so that one sent as the
+    tool starts reaches it rather than end this command, the tool killed without it; one
+    that comes when no tool was started (its start failed) is the program's again, raised
+    once its handlers are back.  Only from the main thread, the one Python lets set
+    handlers: a call from another thread leaves the process's signals to its program, as
+    they were."""
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield lambda _pgid: None
         return
+    group: list[int] = []  # the tool's process group, once started
+    early: list[int] = []  # the signals that came before it was
 
     def forward(signum: int, _frame: object) -> None:
         passed_on.append(signum)
+        if not group:
+            early.append(signum)
+            return
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(pgid, signum)
+            os.killpg(group[0], signum)
+
+    def started(pgid: int) -> None:
+        # A handler runs between two steps of this function, never within one: once the
+        # group is known, forward passes each new signal on itself, and none comes early.
+        group.append(pgid)
+        while early:
+            signum = early.pop(0)
+            try:
+                os.killpg(pgid, signum)
+            except ProcessLookupError:
+                # No group yet: setsid(1) has still to make the session of a tool that leads
+                # its terminal, and the process that will make it gets the signal.
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pgid, signum)
 
     previous = {signum: signal.signal(signum, forward) for signum in _FORWARDED_SIGNALS}
     try:
-        yield
+        yield started
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+        if early:
+            signal.raise_signal(early[0])

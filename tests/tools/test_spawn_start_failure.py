@@ -39,6 +39,7 @@ def _program(tmp_path: Path, text: str) -> str:
         # (an emptied or truncated guard would then let every call through).
         ("", errno.ENOEXEC),
         ("exit 0\n", errno.ENOEXEC),
+        ("#! \t\nexit 0\n", errno.ENOEXEC),  # a '#!' line that names no interpreter
     ],
 )
 def test_a_program_the_kernel_refuses_raises_the_exec_s_errno(

@@ -8,11 +8,14 @@ whose ``tcsetpgrp`` comes late)."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import pty
 import select
 import signal
+import subprocess
 import sys
+import termios
 import time
 from pathlib import Path
 
@@ -132,3 +135,52 @@ def test_a_tool_that_read_the_terminal_before_it_was_handed_over_goes_on(
         assert b"Stopped" not in shell.screen[mark:], shell.screen
     finally:
         shell.close()
+
+
+def _lead_a_terminal() -> None:
+    """In the child: a session of its own whose controlling terminal is its stdin, as sshd, a
+    terminal emulator or ``docker exec -t`` start a program."""
+    os.setsid()
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+
+def test_a_runner_leading_its_terminal_continues_a_tool_that_set_modes_before_handover(
+    tmp_path: Path,
+) -> None:
+    """No shell above: the runner leads the terminal's session itself.  The tool sets the
+    terminal's modes before it is handed over (SIGTTOU stops it); it is handed the terminal
+    and continued, and the runner returns its status, where it waited for ever."""
+    runner = tmp_path / "runner.py"
+    runner.write_text(
+        LATE_HANDOVER.replace(
+            'tool = ["/bin/sh", "-c", "read line; echo GOT-$line"]',
+            'tool = ["/bin/sh", "-c", "stty -echo; stty echo; exit 5"]',
+        )
+        + RUN
+    )
+    master, slave = pty.openpty()
+    process = subprocess.Popen(
+        [sys.executable, str(runner)],
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        preexec_fn=_lead_a_terminal,
+    )
+    os.close(slave)
+    try:
+        process.wait(timeout=20)
+        shown = b""
+        while select.select([master], [], [], 0)[0]:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            shown += chunk
+        assert b"status=5" in shown, shown
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        os.close(master)
