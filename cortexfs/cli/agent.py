@@ -439,8 +439,8 @@ def start(
     terminal = Terminal(root, name, session, directory)
     terminal.prepare()
     with under_way(
-        f"agent {name}'s terminal, session {session}, was starting ('ctx agent list' shows "
-        f"whether it runs, 'ctx agent stop {name} --session {session}' ends it)"
+        f"agent {name}'s terminal, session {session}, was starting ('ctx agent show {name}' "
+        f"lists the terminals that run, 'ctx agent stop {name} --session {session}' ends it)"
     ):
         _daemonize(terminal)
     changed(f"agent {name}'s terminal, session {session}, was started ('ctx agent stop' ends it)")
