@@ -66,7 +66,7 @@ def interrupted(prog_name: str, as_json: bool, signum: int = signal.SIGINT) -> N
         f"{how} ({signal.Signals(signum).name}) before the command completed{context}: what it "
         "printed is done; check the rest and run it again if it is still wanted",
     )
-    sys.stderr.write(f"{prog_name}: {error}\n")
+    sys.stderr.write(f"{prog_name}: {printable(str(error))}\n")
     if as_json:
         sys.stdout.write(json.dumps(error.to_json()) + "\n")
     sys.exit(128 + signum)
