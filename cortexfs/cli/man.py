@@ -26,7 +26,7 @@ from cortexfs.printable import printable_text
 def man(topic: str | None, storage_dir: Path | None, as_json: bool) -> None:
     """Print the manual page of TOPIC, or list the topics.
 
-    Topics: README (the bundle's overview; any case, with or without .md), agent, tool, model,
+    Topics: README (the bundle's overview; also readme, README.md), agent, tool, model,
     coreutils, root-abi, session, provider (also accepted as ctx.agent or ctx.agent.md,
     the page's file name).  The page is read from the storage root's bundle,
     shared/cortexfs-docs/README.md or shared/cortexfs-docs/man/ctx.TOPIC.md; where none is

@@ -47,16 +47,25 @@ def test_one_that_does_not_follow_keeps_appending_to_the_renamed_file(tmp_path: 
 def test_threads_recording_across_a_rotation_lose_no_event(tmp_path: Path) -> None:
     ref = _session(tmp_path)
     rotated = ref.events_path.with_name("events.jsonl.1")
+    # Each thread records half its events, waits for the rotation (or a moment, whichever
+    # comes first), then records the rest: the rename lands between records on any machine.
+    halfway = threading.Barrier(5)
+    rotated_now = threading.Event()
     with open_session(ref, follow_rotation=True) as session:
 
         def record(n: int) -> None:
             for i in range(200):
+                if i == 100:
+                    halfway.wait()
+                    rotated_now.wait(timeout=0.01 * n)  # some record while it happens
                 session.record("e", object=f"o{n}-{i}", status="ok")
 
         threads = [threading.Thread(target=record, args=(n,)) for n in range(4)]
         for thread in threads:
             thread.start()
+        halfway.wait()
         ref.events_path.rename(rotated)
+        rotated_now.set()
         for thread in threads:
             thread.join()
     seen = read_events(rotated).events + read_events(ref.events_path).events
