@@ -520,8 +520,10 @@ def test_view_lazily_unmounted_by_hand_keeps_the_terminal_until_stopped(life: Li
 
 
 def test_stop_after_the_view_mount_process_was_killed(life: Life) -> None:
-    """``kill -9`` of the view's mount process under a running terminal: the stop ends the
-    terminal, says it unmounted the dead view, and leaves nothing mounted or running."""
+    """``kill -9`` of the view's mount process under a running terminal: the terminal notes
+    the view lost in the agent's log (docs/sessions.md, ``terminal.view_lost``) and, at the
+    stop, unmounts the dead view itself; the stop ends the terminal and leaves nothing
+    mounted or running."""
     assert life.start("s").rc == 0
     [mount_process] = [
         p
@@ -530,9 +532,14 @@ def test_stop_after_the_view_mount_process_was_killed(life: Life) -> None:
     ]
     os.kill(mount_process, signal.SIGKILL)
     assert wait_for(lambda: not alive(mount_process), 10)
+    log = life.host.storage / "agent" / "coder.d" / "log"
+    assert wait_for(lambda: "terminal.view_lost" in log.read_text(), 10), log.read_text()
     stopped = life.stop("s")
     assert stopped.rc == 0 and stopped.out.startswith("stopped coder, session s"), stopped
-    assert "unmounted its view" in stopped.out, stopped
+    lost = [e for e in read_jsonl(log) if e["type"] == "terminal.view_lost"]
+    assert [(e["session"], e["pid"], e["exit_status"]) for e in lost] == [
+        ("s", mount_process, 137)
+    ], lost
     assert life.leftovers("s") == {} and life.nothing_left() == {}
 
 
