@@ -289,6 +289,14 @@ def _dead(pid: int) -> bool:
         return True
 
 
+def _cmdline(process: psutil.Process) -> list[str]:
+    """A child's command line; none for one that ended meanwhile (a zombie, or reaped)."""
+    try:
+        return process.cmdline()
+    except psutil.NoSuchProcess:  # ZombieProcess too
+        return []
+
+
 def test_a_sigkilled_workers_tool_processes_are_gone_within_a_second(farm: Farm) -> None:
     """I-4, W-3: after a worker is SIGKILLed, recover may run the job again; nothing of the
     first run may still be running then, not even what the tool started (dash forks
@@ -297,7 +305,7 @@ def test_a_sigkilled_workers_tool_processes_are_gone_within_a_second(farm: Farm)
     worker = farm.worker()
     deadline = time.monotonic() + 30
     tool_processes: list[psutil.Process] = []
-    while not any(p.cmdline() == ["sleep", "30"] for p in tool_processes):
+    while not any(_cmdline(p) == ["sleep", "30"] for p in tool_processes):
         assert time.monotonic() < deadline, "the tool never started"
         time.sleep(0.05)
         with contextlib.suppress(psutil.NoSuchProcess):
@@ -309,7 +317,7 @@ def test_a_sigkilled_workers_tool_processes_are_gone_within_a_second(farm: Farm)
     while time.monotonic() - killed_at < 1 and not all(_dead(p.pid) for p in tool_processes):
         time.sleep(0.02)
 
-    running = [p.cmdline() for p in tool_processes if not _dead(p.pid)]
+    running = [_cmdline(p) for p in tool_processes if not _dead(p.pid)]
     assert not running, f"still running a second after the worker was killed: {running}"
 
 
