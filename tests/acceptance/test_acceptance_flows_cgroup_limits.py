@@ -28,7 +28,6 @@ made the tests are skipped."""
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import itertools
 import json
 import os
@@ -56,6 +55,7 @@ from tests.acceptance.ctxcli import (
     wait_for,
 )
 from tests.acceptance.workercli import AGENT, allow_in_tool_policy, make_agent, shell_job
+from tests.support.locks import lock_is_free
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="making cgroups needs root")
 
@@ -868,19 +868,6 @@ def test_ctxmcp_short_of_processes_says_eagain_and_leaves_no_server(world, cgrou
 
 
 # ------------------------------------------------------------------------------ freezer
-
-
-def lock_is_free(directory: Path) -> bool:
-    """Whether nobody holds ``directory``'s ``flock`` (the lock a transition of a job holds
-    on ``claimed/J``, docs/queue.md), taken and let go at once to find out."""
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    finally:
-        os.close(fd)
-    return True
 
 
 def test_a_worker_frozen_past_its_lease_reports_the_job_lost_and_it_ends_once(world, cgroups):

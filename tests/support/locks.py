@@ -8,21 +8,23 @@ import time
 from pathlib import Path
 
 
-def wait_for_lock(path: Path, *, held: bool) -> None:
-    """Wait until another process holds (or no longer holds) the flock on ``path``."""
+def lock_is_free(path: Path) -> bool:
+    """Whether no process holds a flock on the directory ``path``: the lock is taken and let
+    go at once to find out."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        for _ in range(1000):
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                if held:
-                    return
-            else:
-                fcntl.flock(fd, fcntl.LOCK_UN)
-                if not held:
-                    return
-            time.sleep(0.01)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
     finally:
-        os.close(fd)
+        os.close(fd)  # lets the lock go, when it was had
+    return True
+
+
+def wait_for_lock(path: Path, *, held: bool) -> None:
+    """Wait until another process holds (or no longer holds) the flock on ``path``."""
+    for _ in range(1000):
+        if lock_is_free(path) != held:
+            return
+        time.sleep(0.01)
     raise AssertionError(f"the lock on {path} never became {'held' if held else 'free'}")
