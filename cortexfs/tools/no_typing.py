@@ -30,7 +30,7 @@ import struct
 from collections.abc import Callable
 from typing import Any
 
-from cortexfs.libc import libc
+from cortexfs.libc import prctl as libc_prctl
 
 _PR_SET_NO_NEW_PRIVS, _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 38, 22, 2
 _SECCOMP_RET_ALLOW = 0x7FFF0000
@@ -116,9 +116,7 @@ def refuse_typing() -> Callable[[], None] | None:
         return None
     import ctypes
 
-    prctl = libc().prctl
-    prctl.argtypes = [ctypes.c_int, *[ctypes.c_ulong] * 4]  # as orphans' own prctl
-    prctl.restype = ctypes.c_int
+    prctl = libc_prctl()
     pointer = ctypes.addressof(made[1])
 
     def in_child() -> None:

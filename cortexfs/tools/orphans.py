@@ -19,15 +19,13 @@ not go on beside the second.  Two mechanisms, because one is not enough:
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import signal
 import subprocess
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
 
-from cortexfs.libc import libc
+from cortexfs.libc import prctl as libc_prctl
 
 _PR_SET_PDEATHSIG = 1
 _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
@@ -42,7 +40,7 @@ def die_with_parent(parent: int) -> Callable[[], None]:
     It runs in a child forked from a process that may have threads, so it does nothing but
     three system calls through a function looked up before the fork.
     """
-    prctl = _prctl()
+    prctl = libc_prctl()
 
     def in_child() -> None:
         # No ambient capability of the caller's passes to the tool across the exec (T-5: its
@@ -54,16 +52,6 @@ def die_with_parent(parent: int) -> Callable[[], None]:
             os._exit(_ORPHANED)
 
     return in_child
-
-
-@functools.cache
-def _prctl() -> Any:
-    import ctypes
-
-    prctl = libc().prctl
-    prctl.argtypes = [ctypes.c_int, *[ctypes.c_ulong] * 4]
-    prctl.restype = ctypes.c_int
-    return prctl
 
 
 class OrphanGuard:
