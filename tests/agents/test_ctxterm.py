@@ -139,10 +139,10 @@ def test_ctxterm_command_line_reads_as_ctxs_does(world: World) -> None:
 
 
 def test_the_process_takes_the_name_ctxterm_whatever_prctl_was_set_up_for_before() -> None:
-    """The orphan guard gives the C library's shared prctl integer argument types; naming the
-    process must not depend on who called prctl first."""
+    """cortexfs.libc's shared prctl gives the C library's prctl integer argument types;
+    naming the process must not depend on who called prctl first."""
     script = (
-        "from cortexfs.tools import orphans; orphans._prctl()\n"
+        "from cortexfs.libc import prctl; prctl()\n"
         "from cortexfs.agents.ctxterm import take_the_name; take_the_name()\n"
         "print(open('/proc/self/comm').read(), end='')\n"
     )
