@@ -38,7 +38,7 @@ from cortexfs.errors import PROCESS_SHORTAGES, CtxError, explain_host_trouble
 from cortexfs.policy.linux import EXECUTE, Identity, Kind, check_access
 from cortexfs.process_limits import no_process_could_be_made
 from cortexfs.tools.controls import POST_HOOKS, PRE_HOOKS, ToolObject, damaged
-from cortexfs.tools.spawn import ProcessSpec, run_captured
+from cortexfs.tools.spawn import InterpreterRefused, ProcessSpec, run_captured
 
 HOOK_TIMEOUT = 10.0
 # A hook's message is the last line of its stderr, cut to this many characters: enough for a
@@ -180,6 +180,8 @@ def _run_one(
                 f"{_PHASE_DIRECTORIES[phase]}/{name} could not be started: "
                 f"{exc.strerror}{_short_of(exc.errno)}; it gave no verdict",
             ) from None
+        if isinstance(exc, InterpreterRefused):  # its errno's words alone name no culprit
+            return HookRun(phase, name, 126, f"cannot be run: {exc.reason} ({exc.strerror})")
         return HookRun(phase, name, 126, f"cannot be run: {exc.strerror}")
     if finished.timed_out:
         if call_timeout_left:

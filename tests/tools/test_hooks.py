@@ -138,6 +138,24 @@ def test_a_pre_hook_that_looks_like_one_but_cannot_run_vetoes(hooked: World) -> 
     assert "10-link vetoed the call (exit 126): is a symbolic link" in refused_as_link.error.message
 
 
+def test_a_pre_hook_whose_interpreter_is_missing_vetoes_naming_the_interpreter(
+    hooked: World,
+) -> None:
+    """T-6: the veto says what cannot run, the interpreter on the hook's #! line, not only
+    the errno's words, which would read as the hook itself missing."""
+    hook = hooked.root / "tool/echo.d/hooks/pre.d/10-gone-interpreter"
+    hook.write_text("#!/nonexistent/interpreter\nexit 0\n")
+    hook.chmod(0o755)
+
+    refused = hooked.run("echo", {})
+
+    assert refused.error.stage == "hook"
+    assert "10-gone-interpreter vetoed the call (exit 126): cannot be run: its interpreter " in (
+        refused.error.message
+    )
+    assert "/nonexistent/interpreter, named on its #! line, is not there" in refused.error.message
+
+
 def test_a_pre_hook_in_a_directory_the_agent_may_not_search_vetoes(hooked: World) -> None:
     """The agent's search of the directories on the way counts as the kernel counts it: a
     program (no script, whose shell would fail to read it) behind a directory only root may
