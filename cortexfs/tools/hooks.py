@@ -38,7 +38,8 @@ from cortexfs.errors import PROCESS_SHORTAGES, CtxError, explain_host_trouble
 from cortexfs.policy.linux import EXECUTE, Identity, Kind, check_access
 from cortexfs.process_limits import no_process_could_be_made
 from cortexfs.tools.controls import POST_HOOKS, PRE_HOOKS, ToolObject, damaged
-from cortexfs.tools.spawn import InterpreterRefused, ProcessSpec, run_captured
+from cortexfs.tools.spawn import ProcessSpec, run_captured
+from cortexfs.tools.startable import InterpreterRefused
 
 HOOK_TIMEOUT = 10.0
 # A hook's message is the last line of its stderr, cut to this many characters: enough for a

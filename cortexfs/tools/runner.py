@@ -100,11 +100,11 @@ from cortexfs.tools.spawn import (
     MAX_ARG_STRLEN,
     MAX_OUTPUT_BYTES,
     Finished,
-    InterpreterRefused,
     ProcessSpec,
     run_attached,
     run_captured,
 )
+from cortexfs.tools.startable import InterpreterRefused
 
 if TYPE_CHECKING:
     from cortexfs.agents.capability import Capability
