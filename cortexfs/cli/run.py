@@ -45,6 +45,7 @@ from cortexfs.standard_streams import (
     write_some,
 )
 from cortexfs.timefmt import MAX_SECONDS, SECONDS_TEXT
+from cortexfs.tools import orphans
 from cortexfs.tools.core.toolio import MAX_INPUT_BYTES
 from cortexfs.tools.result import ToolResult
 from cortexfs.tools.runner import DEFAULT_TIMEOUT, UnreadableInput, run_native, run_terminal
@@ -322,7 +323,11 @@ def _main(argv: list[str], storage_dir: Path | None) -> int:
         with stops_raise():
             if options.native:
                 return _run_native(root, options, where)
-            return _run_terminal(root, options, where)
+            # The terminal is lent for the call only: what the call leaves running outside
+            # its group (a daemon that left with setsid, keeping that terminal) is this
+            # command's to end as it returns.
+            with orphans.adopting():
+                return _run_terminal(root, options, where)
     except Stopped as stop:
         interrupted("ctx", False, stop.signum)  # the native caller had the result frame
     except CtxError as error:

@@ -14,6 +14,11 @@ not go on beside the second.  Two mechanisms, because one is not enough:
   its commands) would be reparented to init and run on; the guard kills the call's whole
   process group once the caller is gone, and the whole session of a call that leads one (a
   tool typed at tsh, whose shell may put its jobs in groups of their own).
+
+A process that left its call's group and session (``setsid``, a daemon's double fork) is out
+of reach of both.  A command that makes calls and then ends (``ctx run``) takes it in as
+:func:`adopting` says: the kernel reparents such a process to the command rather than to init,
+and the command kills it as it ends.
 """
 
 from __future__ import annotations
@@ -23,13 +28,17 @@ import os
 import signal
 import subprocess
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 
 from cortexfs.libc import prctl as libc_prctl
 
 _PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
 _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
 _ORPHANED = 127  # the exit status of a child whose parent died before it could be told
+# How many times the processes below an adopting command are killed, at most: a kill orphans
+# what the killed process had started, which is reparented to the command for the next round.
+_ADOPTED_ROUNDS = 100
 
 
 def die_with_parent(parent: int) -> Callable[[], None]:
@@ -52,6 +61,61 @@ def die_with_parent(parent: int) -> Callable[[], None]:
             os._exit(_ORPHANED)
 
     return in_child
+
+
+@contextlib.contextmanager
+def adopting() -> Iterator[None]:
+    """While the block runs, this process is where the kernel reparents the orphans of the
+    calls it makes (a child subreaper), not init; as the block ends, every process still
+    below it but the orphan guard is killed.  For a command that makes its calls and ends
+    (``ctx run``), not for one whose other calls go on meanwhile: nothing a call started, in
+    its group or not, outlives the command — no daemon that left with ``setsid`` keeping the
+    terminal the tool was lent, to read what is typed there once the command has returned.
+
+    A kernel that refuses (older than 3.4) leaves orphans to init, as before."""
+    adopted = libc_prctl()(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    try:
+        yield
+    finally:
+        if adopted:
+            _end_adopted(sparing=GUARD.pids())
+            libc_prctl()(_PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+
+
+def _end_adopted(sparing: Collection[int]) -> None:
+    """SIGKILL to every process below this one but ``sparing`` and theirs, round after round
+    until none is left (each kill orphans its children, which come to this process), and the
+    killed children of this process reaped."""
+    for _ in range(_ADOPTED_ROUNDS):
+        below = _below(os.getpid(), sparing)
+        if not below:
+            return
+        for pid in below:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        for pid in below:
+            with contextlib.suppress(ChildProcessError):  # not ours, or reaped already
+                os.waitpid(pid, 0)
+
+
+def _below(ancestor: int, sparing: Collection[int]) -> list[int]:
+    """The processes below ``ancestor`` as ``/proc`` shows them now, but ``sparing`` and
+    what is below them."""
+    parents: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError, ValueError, IndexError):  # gone meanwhile
+                with open(f"/proc/{entry}/stat", "rb") as stat_file:
+                    parent = int(stat_file.read().rsplit(b")", 1)[1].split()[1])
+                parents.setdefault(parent, []).append(int(entry))
+    found: list[int] = []
+    pending = [ancestor]
+    while pending:
+        for child in parents.get(pending.pop(), []):
+            if child not in sparing:
+                found.append(child)
+                pending.append(child)
+    return found
 
 
 class OrphanGuard:
@@ -121,6 +185,11 @@ done
                 for name in names:
                     self._groups.discard(name)
                     self._send(f"-{name}\n")
+
+    def pids(self) -> list[int]:
+        """The guard's process id, when it runs."""
+        guard = self._guard
+        return [] if guard is None else [guard.pid]
 
     def _send(self, line: str) -> None:
         if self._fd is None:

@@ -216,12 +216,13 @@ def test_ctx_run_passes_a_tool_only_its_standard_streams_and_its_daemon_keeps_no
     queue: QueueCLI, agent: str, scratch: Path, box: Path
 ) -> None:
     """T-3 ("stdin, stdout and stderr are the caller's"), T-5, docs/tools.md *Process group
-    and bounds* (a process that calls setsid(2) outlives the call): started with a pipe's
-    write end and a flocked file beside its standard streams, ``ctx run`` gives the tool
-    descriptors 0, 1 and 2 only, in terminal and native mode; a tool that leaves a daemon in
-    a session of its own ends the call at once, and once ``ctx run`` has exited the caller's
-    lock is free and its pipe at end-of-file, while the daemon, alive, holds /dev/null
-    only."""
+    and bounds* (a process that calls setsid(2) outlives a native call; ``ctx run`` in
+    terminal mode kills it as it returns): started with a pipe's write end and a flocked file
+    beside its standard streams, ``ctx run`` gives the tool descriptors 0, 1 and 2 only, in
+    terminal and native mode; a tool that leaves a daemon in a session of its own ends the
+    call at once, and once ``ctx run`` has exited the caller's lock is free and its pipe at
+    end-of-file, the daemon of a native call, alive, holding /dev/null only, and that of a
+    terminal-mode call gone."""
     install(queue.storage, scratch, "fd.probe", PROBE)
     install(queue.storage, scratch, "fd.daemon", daemon_program(box))
     env = clean_env(CTX_STORAGE=str(queue.storage))
@@ -241,19 +242,27 @@ def test_ctx_run_passes_a_tool_only_its_standard_streams_and_its_daemon_keeps_no
             assert set(probe["fds"]) == STANDARD, (mode, probe)
             assert given.lock_free() and wait_for(given.at_eof, 10)
 
-    with handed(scratch) as given:
-        ran = subprocess.run([CTX, "run", "--agent", AGENT, "fd.daemon"],
-                             stdin=subprocess.DEVNULL, capture_output=True, env=env,
-                             timeout=60, pass_fds=given.fds)  # fmt: skip
-        given.let_go()
-        assert ran.returncode == 0 and json.loads(ran.stdout) == {"daemon": True}, ran
-        [result] = [e for e in read_jsonl(session_log(queue.storage, "default"))
-                    if e["type"] == "tool_result" and e["object"] == "tool/fd.daemon"]  # fmt: skip
-        daemon = daemon_pid(box, result["call"])
-        assert alive(daemon)
-        assert given.lock_free(), fds_of(daemon)
-        assert wait_for(given.at_eof, 10), fds_of(daemon)
-        assert fds_of(daemon) == {fd: "/dev/null" for fd in STANDARD}
+    for mode in (("--native",), ()):
+        with handed(scratch) as given:
+            ran = subprocess.run([CTX, "run", "--agent", AGENT, *mode, "fd.daemon"],
+                                 input=b"{}", capture_output=True, env=env, timeout=60,
+                                 pass_fds=given.fds)  # fmt: skip
+            given.let_go()
+            assert ran.returncode == 0, ran
+            said = json.loads(ran.stdout.decode().splitlines()[-1])
+            assert (said["output"] if mode else said) == {"daemon": True}, ran
+            events = read_jsonl(session_log(queue.storage, "default"))
+            results = [e for e in events if e["type"] == "tool_result"]
+            result = [e for e in results if e["object"] == "tool/fd.daemon"][-1]
+            daemon = daemon_pid(box, result["call"])
+            assert given.lock_free(), fds_of(daemon)
+            assert wait_for(given.at_eof, 10), fds_of(daemon)
+            if mode:
+                assert alive(daemon)
+                assert fds_of(daemon) == {fd: "/dev/null" for fd in STANDARD}
+                os.kill(daemon, signal.SIGKILL)
+            else:
+                assert not alive(daemon), "ctx run in terminal mode returned before its end"
 
 
 def session_log(storage: Path, session: str) -> Path:
@@ -285,7 +294,8 @@ def test_a_users_own_agent_run_under_flock_leaves_the_lock_and_the_pipe_to_the_u
     """T-3, T-5 as a non-root owner of a storage root (the tool runs under ``unshare``, with
     the user's own uid): ``flock LOCK ctx run …`` whose tool leaves a setsid daemon, with a
     pipe's write end on descriptor 7, ends; the reader of the pipe sees end-of-file (it does
-    not wait for its ``timeout``) and the lock is free again, the daemon still running."""
+    not wait for its ``timeout``) and the lock is free again, the daemon gone (ctx run in
+    terminal mode kills what its call left running outside its group as it returns)."""
     user = unprivileged_user
     home = scratch / "user"
     home.mkdir()
@@ -301,7 +311,8 @@ def test_a_users_own_agent_run_under_flock_leaves_the_lock_and_the_pipe_to_the_u
     assert "run=0" in ran.stderr, ran
     assert ran.stdout.splitlines() == ["reader=0", "lock=free"], ran
     daemons = list(box.glob("daemon.*"))
-    assert len(daemons) == 1 and alive(int(daemons[0].read_text())), daemons
+    # Terminal mode: the daemon left its call's session, and ctx run killed it as it returned.
+    assert len(daemons) == 1 and not alive(int(daemons[0].read_text())), daemons
 
 
 # ------------------------------------------------------------------------------ workers

@@ -879,11 +879,6 @@ def test_a_tool_cannot_type_into_the_administrators_shell(world: World, box: Pat
     assert got == ["typed-by-root"], (shown, out.read_text() if out.exists() else None)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="T-5: a daemon a terminal-mode `ctx run` tool leaves keeps the administrator's "
-    "terminal and reads what root types there after ctx run has returned",
-)
 def test_a_tools_daemon_cannot_read_what_the_administrator_types_after_the_call(
     world: World, box: Path
 ) -> None:

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 import psutil
 
@@ -104,3 +105,59 @@ def test_a_call_that_leads_a_session_has_every_process_of_it_killed() -> None:
         for pid in (leader, job):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+ADOPTING_CALLER = """
+import os, subprocess
+from cortexfs.tools.orphans import GUARD, adopting
+
+# A daemon's double fork into a session of its own, and a process that left with setsid while
+# its parent lives on: both are out of the call's group and session.
+CALL = "setsid sh -c 'sleep 120 & echo $!'; setsid sleep 120 & echo $!; sleep 120"
+with adopting():
+    with GUARD.watching(os.getpid() + 10**7):  # the guard runs, and must be spared
+        call = subprocess.Popen(["/bin/sh", "-c", CALL], stdout=subprocess.PIPE, text=True,
+                                start_new_session=True)
+        left = [call.stdout.readline().strip() for _ in range(2)]
+        print(call.pid, *left, GUARD.pids()[0], flush=True)
+        os.kill(call.pid, 9)
+        call.wait()
+        input()  # the test looks at the processes first
+print("ended", flush=True)
+input()
+"""
+
+
+def until(condition: Callable[[], bool], seconds: float = 10.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_a_command_adopting_its_calls_orphans_kills_what_left_their_group_as_it_ends() -> None:
+    """adopting (ctx run): what a call left running in sessions of its own, orphaned (a
+    daemon's double fork) or not, is killed as the block ends, while the command still runs;
+    the orphan guard, which serves every call of the command, is spared."""
+    command = subprocess.Popen(
+        [sys.executable, "-c", ADOPTING_CALLER],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert command.stdin and command.stdout
+    try:
+        _, orphan, setsid_child, guard = map(int, command.stdout.readline().split())
+        # Orphaned by its parent's exit: the command has it, not init.
+        assert until(lambda: psutil.Process(orphan).ppid() == command.pid)
+        assert until(lambda: os.getsid(setsid_child) == setsid_child)  # setsid(1) has run
+        command.stdin.write("\n")
+        command.stdin.flush()
+        assert command.stdout.readline() == "ended\n"
+        assert not is_running(orphan) and not is_running(setsid_child)
+        assert is_running(guard)
+    finally:
+        command.kill()
+        command.wait()
