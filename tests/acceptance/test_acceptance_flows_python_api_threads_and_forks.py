@@ -576,25 +576,33 @@ def test_a_child_forked_while_other_threads_are_calling_runs_its_own_call(own_ro
         threads = [threading.Thread(target=busy) for _ in range(4)]
         [t.start() for t in threads]
         time.sleep(0.2)
-        statuses = []
+        statuses, told = [], []
         for i in range(25):
             time.sleep(0.003 * (i % 5))
+            said, says = os.pipe()
             pid = os.fork()
             if pid == 0:
                 signal.alarm(3)  # a child that has not finished its call by then is stuck
                 r = call(f"echo c{i}", "forked-busy")
-                os._exit(0 if summary(r) == [True, f"c{i}\\n", 0, None] else 1)
+                got = summary(r) + [r.error and r.error.message]
+                os.write(says, json.dumps(got).encode())  # what went wrong, if anything did
+                os._exit(0 if got[:4] == [True, f"c{i}\\n", 0, None] else 1)
+            os.close(says)
             status = os.waitpid(pid, 0)[1]
             statuses.append(os.waitstatus_to_exitcode(status))
+            told.append(os.read(said, 1 << 16).decode())
+            os.close(said)
             if status:
                 break
         stop.set()
         [t.join() for t in threads]
-        done(statuses)
+        done([statuses, told[-1]])
         """,
         timeout=40,
     )
-    assert all(status == 0 for status in out), out  # -14: killed by its alarm, stuck
+    statuses, last_child_said = out
+    # -14: killed by its alarm, stuck; else the last child's summary says what it got
+    assert all(status == 0 for status in statuses), (statuses, last_child_said)
 
 
 # -------------------------------------------------------------- dispositions a caller sets
