@@ -76,15 +76,20 @@ def shell_environment(view: AgentView, session: str) -> dict[str, str]:
 
 
 def shell_command(
-    view: AgentView, view_dir: Path, run_socket: Path, sources: Sequence[BoundSource]
+    bwrap: str,
+    view: AgentView,
+    view_dir: Path,
+    run_socket: Path,
+    sources: Sequence[BoundSource],
 ) -> list[str]:
-    """The command line that starts tsh in the sandbox: ``view_dir`` is where the agent's
-    view is mounted on the host, ``run_socket`` the terminal's run socket, ``sources`` the
-    agent's mounts (:func:`open_mount_sources`), whose descriptors bubblewrap must inherit."""
+    """The command line that starts tsh in the sandbox, by bubblewrap at ``bwrap``:
+    ``view_dir`` is where the agent's view is mounted on the host, ``run_socket`` the
+    terminal's run socket, ``sources`` the agent's mounts (:func:`open_mount_sources`),
+    whose descriptors bubblewrap must inherit."""
     identity = view.identity
     groups = ",".join(str(g) for g in sorted(identity.groups))
     return [
-        "bwrap", "--die-with-parent", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
+        bwrap, "--die-with-parent", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
         *_network_isolation(view),
         "--hostname", view.name, "--proc", "/proc", "--dev", "/dev",
         "--tmpfs", "/tmp", "--tmpfs", "/run",

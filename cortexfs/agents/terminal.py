@@ -41,7 +41,6 @@ import errno
 import fcntl
 import os
 import selectors
-import shutil
 import signal
 import socket
 import struct
@@ -73,7 +72,7 @@ from cortexfs.shared.events import EVENTS_FILE
 from cortexfs.shared.sessions import SessionRef, open_session
 from cortexfs.shared.tree import Ownership, open_beneath
 from cortexfs.storage import executes_nothing, mounted_noexec
-from cortexfs.tools.host_programs import names_setpriv_misreads
+from cortexfs.tools.host_programs import find_program, names_setpriv_misreads
 from cortexfs.tools.spawn import shell_status
 
 STARTUP_SECONDS = 30.0  # for tsh to come up in its sandbox before the start is a failure
@@ -114,6 +113,7 @@ class Terminal:
         self.pty_closed = False  # every process on the shell side has let go of it
         self.typed = bytearray()  # what attached clients typed that the PTY has not taken yet
         self.shell: subprocess.Popen[bytes] | None = None
+        self.bwrap = "bwrap"  # bubblewrap, as prepare finds it
         self.mount: subprocess.Popen[bytes] | None = None
         self.view_lost = False  # the view's mount ended while the terminal served
         self.stopping = False
@@ -177,8 +177,15 @@ class Terminal:
                 f"{agent} TOOL'"
             )
             raise CtxError(errno.EPERM, reason)
-        if shutil.which("bwrap") is None:
-            raise invalid("bubblewrap (bwrap) is not installed; the terminal runs in its sandbox")
+        # Root runs it before any switch of ids: found as the runner finds setpriv, on PATH's
+        # absolute directories of root's only, and run from where it was found.
+        bwrap = find_program("bwrap")
+        if bwrap is None:
+            raise invalid(
+                "bubblewrap (bwrap) is not installed (looked for in PATH's absolute "
+                "directories that only root may change); the terminal runs in its sandbox"
+            )
+        self.bwrap = bwrap
         needed = [capabilities.CAP_SYS_ADMIN, capabilities.CAP_SETUID, capabilities.CAP_SETGID]
         # tsh runs undumpable as the agent: the host tells a call from its sandbox by the
         # caller's pid namespace (/proc/PID/ns/pid), which only CAP_SYS_PTRACE may read there.
@@ -367,7 +374,9 @@ class Terminal:
             try:
                 fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
                 self.shell = subprocess.Popen(
-                    sandbox.shell_command(self.view, self.view_dir, self.run_socket, sources),
+                    sandbox.shell_command(
+                        self.bwrap, self.view, self.view_dir, self.run_socket, sources
+                    ),
                     stdin=slave,
                     stdout=slave,
                     stderr=slave,

@@ -502,6 +502,31 @@ def test_a_terminal_without_bubblewrap_says_so_and_leaves_nothing(
     host.assert_nothing_left(session)
 
 
+def test_a_terminal_starts_with_the_bwrap_found_on_path_outside_the_system_directories(
+    host: Host, here: Path
+) -> None:
+    """A-1, docs/tools.md (root's launchers are looked for on PATH's absolute directories of
+    root's): with bubblewrap gone from /usr/bin but installed in another directory of root's
+    on PATH (/usr/local/bin, say), ``ctx agent start`` runs that one, where it had checked
+    PATH but run ``bwrap`` from /usr/bin:/bin; the terminal then stops cleanly."""
+    setup = hiding(host.top, "bwrap")
+    local = new_scratch_dir(here, "local-") / "bin"
+    local.mkdir(mode=0o755)
+    local.chmod(0o755)
+    shutil.copy2("/usr/bin/bwrap", local / "bwrap")
+    env = host.env()
+    env["PATH"] = f"{local}:{env['PATH']}"
+    session = host.session()
+    start = in_namespace(setup, [CTX, "agent", "start", "coder", "--session", session, "--json"],
+                         env, cwd=host.workspace)  # fmt: skip
+    try:
+        assert start.rc == 0, start
+    finally:
+        stop = host.ctx("agent", "stop", "coder", "--session", session)
+    assert stop.rc == 0, stop
+    assert wait_for(lambda: processes_of(Path(session)) == [], 5)
+
+
 # ---------------------------------------------------------------- FUSE
 
 

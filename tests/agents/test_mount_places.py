@@ -198,7 +198,7 @@ def _binds(view: AgentView) -> list[tuple[str, str]]:
     the directory its descriptor holds open, as the kernel names it."""
     sources = sandbox.open_mount_sources(view)
     try:
-        command = sandbox.shell_command(view, Path("/view"), Path("/run.sock"), sources)
+        command = sandbox.shell_command("bwrap", view, Path("/view"), Path("/run.sock"), sources)
         binds = []
         for index, word in enumerate(command):
             if word in ("--bind", "--ro-bind"):
