@@ -26,6 +26,7 @@ Nothing here is evidence: a hint removed, or never written, costs its queue one 
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import os
 import stat
@@ -99,8 +100,19 @@ def _roots_own_directory(path: str) -> bool:
     return stat.S_ISDIR(status.st_mode) and status.st_uid == 0
 
 
+# A hint is ``BASE/cortexfs/claim-order/KEY``: BASE (``~/.cache``, ``$XDG_CACHE_HOME``,
+# ``/var/cache``) may be made, as the XDG base directory specification has it, but not what
+# holds it: a home directory that is missing is not a cache's to make.
+_LEVELS_BELOW_THE_BASES_PARENT = 3
+
+
 def make_private_directories(directory: Path) -> None:
-    """``directory`` and its missing parents, each one made mode 0700 whatever the umask."""
+    """``directory`` (a hint's, ``BASE/cortexfs/claim-order``) and its missing parents up to
+    BASE, each one made mode 0700 whatever the umask; FileNotFoundError, making nothing, when
+    the directory that holds BASE (the home) is missing."""
+    top = directory.parents[_LEVELS_BELOW_THE_BASES_PARENT - 1]
+    if not os.path.isdir(top):
+        raise FileNotFoundError(errno.ENOENT, "no directory to keep a cache in", str(top))
     missing = []
     while not os.path.isdir(directory):
         missing.append(directory)

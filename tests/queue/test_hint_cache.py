@@ -148,3 +148,22 @@ def test_list_follows_the_hint_and_names_every_pending_job_once(
         assert pending_in_claim_order(q) == [names[2], names[0], names[1]]
         listed = [job["name"] for job in list_jobs(q, "pending")]
     assert listed == [names[2], names[0], names[1]]
+
+
+def test_a_claim_never_makes_the_directory_its_cache_directory_would_be_in(
+    tmp_path: Path,
+) -> None:
+    """A missing home (``HOME``, or what holds ``XDG_CACHE_HOME``) is not a cache's to make:
+    the claim works without its hint, and nothing is created there."""
+    root = tmp_path / "storage"
+    root.mkdir()
+    home = tmp_path / "gone-home"
+    env = {"XDG_CACHE_HOME": str(home / ".cache"), "HOME": str(home)}
+    assert ctx(root, "queue", "init", "--project", PROJECT, env=env).returncode == 0
+    (root / "shared" / PROJECT / "queue" / "pending" / "j.req.json").write_text('{"tool":"t"}')
+
+    claimed = ctx(root, "queue", "claim", "--project", PROJECT, env=env)
+
+    assert claimed.returncode == 0, claimed.stderr
+    assert claimed.stdout.split()[0] == "j.req.json", claimed.stdout
+    assert not home.exists()
