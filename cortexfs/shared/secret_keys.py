@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import re
+import unicodedata
 
 REDACTED = "[redacted]"
 
@@ -35,6 +36,9 @@ ARGV_KEY = re.compile(r"-*[A-Za-z0-9_.]+(?:-[A-Za-z0-9_.]+)*")
 
 def is_secret_key(key: str) -> bool:
     """Whether ``key`` names a secret (see the rule of :mod:`cortexfs.shared.redact`)."""
+    # Compatibility forms first: a fullwidth ``ＰＡＳＳＷＯＲＤ`` or a ligature names the same
+    # key to the program that reads it, and is beyond ASCII, which the rule drops.
+    key = unicodedata.normalize("NFKC", key)
     normalised = _KEY_CHARACTERS.sub("", key.lower())
     if any(word in normalised for word in SECRET_WORDS):
         ordinary_removed = _KEY_CHARACTERS.sub("", _without_ordinary_words(key).lower())

@@ -447,6 +447,18 @@ def test_ordinary_words_that_look_like_secret_names_are_kept(value: object) -> N
     assert summarize(value) == value
 
 
+def test_keys_in_compatibility_forms_name_the_secret_they_spell() -> None:
+    """S-4: a fullwidth PASSWORD is the key it spells once NFKC-normalised, as the program
+    that reads the input may well take it; a fullwidth ordinary word stays ordinary."""
+
+    def fullwidth(word: str) -> str:
+        return "".join(chr(ord(c) + 0xFEE0) for c in word)
+
+    password, token, author = fullwidth("PASSWORD"), fullwidth("Token"), fullwidth("author")
+    summary = summarize({password: "p", token: "t", author: "a"})
+    assert summary == {password: REDACTED, token: REDACTED, author: "a"}
+
+
 def test_ordinary_words_keep_nothing_they_are_joined_to() -> None:
     assert summarize({"tokenizer_secret": "s", "author_password": "p"}) == {
         "tokenizer_secret": REDACTED,
