@@ -110,7 +110,8 @@ def make_private_directories(directory: Path) -> None:
     """``directory`` (a hint's, ``BASE/cortexfs/claim-order``) and its missing parents up to
     BASE, each one made mode 0700 whatever the umask; FileNotFoundError, making nothing, when
     the directory that holds BASE (the home) is missing."""
-    top = directory.parents[_LEVELS_BELOW_THE_BASES_PARENT - 1]
+    parents = directory.parents
+    top = parents[min(_LEVELS_BELOW_THE_BASES_PARENT, len(parents)) - 1]  # BASE may be /
     if not os.path.isdir(top):
         raise FileNotFoundError(errno.ENOENT, "no directory to keep a cache in", str(top))
     missing = []

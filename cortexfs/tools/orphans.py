@@ -28,6 +28,7 @@ import os
 import signal
 import subprocess
 import threading
+import time
 from collections.abc import Callable, Collection, Iterator
 
 from cortexfs.libc import prctl as libc_prctl
@@ -36,9 +37,12 @@ _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 _PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
 _ORPHANED = 127  # the exit status of a child whose parent died before it could be told
-# How many times the processes below an adopting command are killed, at most: a kill orphans
-# what the killed process had started, which is reparented to the command for the next round.
+# How many times the processes below an adopting command are killed, at most, and the pause
+# between two rounds: a kill orphans what the killed process had started, which is reparented
+# to the command for the next round; one that does not die (stuck in the kernel, on a hung
+# FUSE mount say) is given up after a second rather than hold the command's exit.
 _ADOPTED_ROUNDS = 100
+_ADOPTED_PAUSE = 0.01
 
 
 def die_with_parent(parent: int) -> Callable[[], None]:
@@ -84,8 +88,8 @@ def adopting() -> Iterator[None]:
 
 def _end_adopted(sparing: Collection[int]) -> None:
     """SIGKILL to every process below this one but ``sparing`` and theirs, round after round
-    until none is left (each kill orphans its children, which come to this process), and the
-    killed children of this process reaped."""
+    until none is left (each kill orphans its children, which come to this process), the
+    children of this process that died reaped."""
     for _ in range(_ADOPTED_ROUNDS):
         below = _below(os.getpid(), sparing)
         if not below:
@@ -93,9 +97,10 @@ def _end_adopted(sparing: Collection[int]) -> None:
         for pid in below:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
+        time.sleep(_ADOPTED_PAUSE)
         for pid in below:
             with contextlib.suppress(ChildProcessError):  # not ours, or reaped already
-                os.waitpid(pid, 0)
+                os.waitpid(pid, os.WNOHANG)
 
 
 def _below(ancestor: int, sparing: Collection[int]) -> list[int]:
