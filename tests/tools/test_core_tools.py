@@ -6,6 +6,7 @@ import base64
 import errno
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -180,6 +181,21 @@ def test_a_trailing_slash_names_a_directory_as_it_does_to_the_kernel(
     assert (agent.workspace / "a.txt").read_text() == "inside\n"
     assert not (agent.workspace / "fresh").exists()
     assert agent.run("fs.stat", {"path": "sub/"}).output["type"] == "directory"
+
+
+def test_fs_read_refuses_a_socket_by_its_type_as_a_fifo_or_a_device(agent: World) -> None:
+    """docs/tools.md: fs.read of a FIFO, a socket or a device is EINVAL, and ``sock/`` is
+    ENOTDIR, where the kernel's open of a socket (ENXIO) would have answered for it."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(agent.workspace / "sock"))
+    os.mkfifo(agent.workspace / "fifo")
+    try:
+        for path, code in (("sock", errno.EINVAL), ("sock/", errno.ENOTDIR),
+                           ("fifo", errno.EINVAL)):  # fmt: skip
+            refused, message = failure(agent, "fs.read", {"path": path})
+            assert refused == code, (path, message)
+    finally:
+        listener.close()
 
 
 def test_shell_exec_runs_as_the_agent_in_a_confined_directory(agent: World) -> None:

@@ -184,22 +184,32 @@ def open_regular_file(place: Place) -> tuple[int, os.stat_result]:
     a FIFO, and only a regular file (EISDIR for a directory, EINVAL for anything else)."""
     parent = open_parent(place)
     try:
-        refuse_link(place, lstat_at(parent, place.name))
+        found = lstat_at(parent, place.name)
+        refuse_link(place, found)
+        if found is not None and stat.S_ISSOCK(found.st_mode):
+            # No socket can be opened (the kernel's ENXIO): judged by its type, as any other.
+            refuse_all_but_a_regular_file(place, found)
         with reporting(place):
             fd = os.open(place.name, _READABLE, dir_fd=parent)
     finally:
         os.close(parent)
     status = os.fstat(fd)
     try:
-        refuse_file_named_as_directory(place, status)
-        if stat.S_ISDIR(status.st_mode):
-            raise ToolFailure(errno.EISDIR, f"{place.view} is a directory, not a file")
-        if not stat.S_ISREG(status.st_mode):
-            raise ToolFailure(errno.EINVAL, f"{place.view} is not a regular file")
+        refuse_all_but_a_regular_file(place, status)
     except ToolFailure:
         os.close(fd)
         raise
     return fd, status
+
+
+def refuse_all_but_a_regular_file(place: Place, status: os.stat_result) -> None:
+    """ENOTDIR for ``a.txt/``, EISDIR for a directory, EINVAL for anything else that is not
+    a regular file (a FIFO, a socket, a device)."""
+    refuse_file_named_as_directory(place, status)
+    if stat.S_ISDIR(status.st_mode):
+        raise ToolFailure(errno.EISDIR, f"{place.view} is a directory, not a file")
+    if not stat.S_ISREG(status.st_mode):
+        raise ToolFailure(errno.EINVAL, f"{place.view} is not a regular file")
 
 
 def refuse_file_named_as_directory(place: Place, status: os.stat_result | None) -> None:
