@@ -293,11 +293,13 @@ def _session_remedy(code: int | None, home: Path, uid: int) -> str:
 
 
 def _where_in_root(queue: Path, root: Path) -> str:
-    """The queue's path from the storage root (``shared/ml/queue``), else as given."""
-    try:
-        return Path(os.path.abspath(queue)).relative_to(os.path.abspath(root)).as_posix()
-    except ValueError:
-        return str(queue)
+    """The queue's path from the storage root (``shared/ml/queue``), else as given: by the
+    paths as written, then by the directories they name, so that a queue named through a
+    link to the root (``storage/current``) is the same queue as one named without it."""
+    for resolve in (os.path.abspath, os.path.realpath):
+        with contextlib.suppress(ValueError):
+            return Path(resolve(queue)).relative_to(resolve(root)).as_posix()
+    return str(queue)
 
 
 def executor_for(

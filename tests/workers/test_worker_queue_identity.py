@@ -26,6 +26,22 @@ def test_each_queue_event_names_the_queue_from_the_storage_root(farm: Farm) -> N
     }
 
 
+def test_a_queue_named_through_a_link_to_the_root_is_named_from_the_root(farm: Farm) -> None:
+    """A link to the storage root (``storage/current``) in the queue's path names the same
+    queue: its events say ``shared/P/queue``, not the path as given."""
+    current = farm.scratch / "current"
+    current.symlink_to(farm.root)
+    job = farm.publish("shell.exec", {"cmd": "echo hi"})
+    drained = farm.worker("--project", f"{current}/shared/{PROJECT}/queue", "--drain")
+    _, err = drained.communicate(timeout=120)
+    assert drained.returncode == 0, err
+
+    queue_events = [e for e in events_of(farm) if str(e["type"]).startswith("queue.")]
+    assert {(e["object"], e["queue"]) for e in queue_events} == {
+        (f"queue/{job}", f"shared/{PROJECT}/queue")
+    }
+
+
 def test_a_waiting_worker_whose_queue_is_made_again_stops_naming_it(farm: Farm) -> None:
     waiting = farm.worker()
     assert waiting.stdout is not None
