@@ -12,6 +12,7 @@ import contextlib
 import grp
 import os
 import pwd
+import stat
 from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -51,7 +52,10 @@ def find_program(name: str) -> str | None:
 
 def _only_root_may_replace(directory: str, program: str) -> bool:
     """Whether ``program`` and ``directory``, links followed, are root's and writable by no
-    one else (a sticky directory, such as /tmp, still lets others plant names)."""
+    one else (a sticky directory, such as /tmp, still lets others plant names), and so is
+    each directory above: one that another uid may write could have root's directory renamed
+    away and another put in its place — but for a sticky one (/tmp), where only the owner of
+    an entry, root here, may rename it."""
     for path in (program, directory):
         try:
             status = os.stat(path)
@@ -59,7 +63,17 @@ def _only_root_may_replace(directory: str, program: str) -> bool:
             return False
         if status.st_uid != 0 or status.st_mode & 0o022:
             return False
-    return True
+    above = os.path.dirname(os.path.realpath(directory))
+    while True:
+        try:
+            status = os.stat(above)
+        except OSError:
+            return False
+        if status.st_uid != 0 or (status.st_mode & 0o022 and not status.st_mode & stat.S_ISVTX):
+            return False
+        if above == "/":
+            return True
+        above = os.path.dirname(above)
 
 
 def setpriv_id_options(identity: Identity) -> list[str] | None:

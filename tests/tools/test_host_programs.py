@@ -70,6 +70,21 @@ def test_an_unset_path_searches_the_system_default(monkeypatch: pytest.MonkeyPat
     assert find_program("sh") == shutil.which("sh") is not None
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="root's lookup is the one that judges owners")
+@pytest.mark.parametrize(("mode", "found"), [(0o755, True), (0o1777, True), (0o777, False)])
+def test_root_takes_no_program_from_below_a_directory_others_may_rename_things_in(
+    bins: dict[str, Path], monkeypatch: pytest.MonkeyPatch, mode: int, found: bool
+) -> None:
+    """Root's program in root's directory, below a directory another uid may write to: that
+    uid could rename root's directory away and put its own there, unless the directory is
+    sticky (only an entry's owner may rename it)."""
+    above = bins["exec"].parent
+    above.chmod(mode)
+    monkeypatch.setenv("PATH", str(bins["exec"]))
+
+    assert find_program("prog") == (str(bins["exec"] / "prog") if found else None)
+
+
 def _ids_under_setpriv(options: list[str]) -> tuple[int, int, list[int]]:
     """The uid, gid and supplementary groups a process started by setpriv with ``options``
     has."""
