@@ -317,6 +317,15 @@ def test_explain_takes_a_location_as_object_which_prints_it(
         refused = ctx(*request, "--location", outside)
         assert refused.returncode == 2, refused
         assert f"names no directory within the storage root {str(root)!r}" in refused.stderr
+    current = root.parent / "current"  # a link to the root, as storage/current is
+    current.symlink_to(root)
+    linked = ctx(*request, "--location", f"{current}/{home_tier}")
+    assert linked.returncode == 0, linked.stderr
+    assert json.loads(linked.stdout) == json.loads(relative.stdout)
+    malformed = ctx(*request, "--location", f"{current}/{home_tier}/")
+    assert f"'{home_tier}/' is not a place where a tool lives" in malformed.stderr
+    refused = ctx(*request, "--location", str(current))
+    assert refused.returncode == 2 and "names no directory within" in refused.stderr
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to set owners and uids")
