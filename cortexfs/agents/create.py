@@ -276,7 +276,8 @@ def warnings_for(root: Path, request: AgentRequest, identity: Identity) -> tuple
     (``agent.create``) alike: a label another agent has (tool and model policies grant
     by label, so the two agents share every such grant), a storage root the agent's uid
     cannot reach through the directories above it (every tool call is refused at step 2), a
-    shared grant of a space not made yet, or one that grants nothing (write to the manuals,
+    shared grant of a space not made yet (or whose name holds a link or a file), or one that
+    grants nothing (write to the manuals,
     or to a space it may not read), a mount whose source does not exist (the agent's
     terminal does not start until it does) or is closed to the agent's uid, a source
     recorded as a real path that another uid's symbolic link chose, and a read-write mount
@@ -291,10 +292,17 @@ def warnings_for(root: Path, request: AgentRequest, identity: Identity) -> tuple
     if unreachable:
         warnings.append(f"every tool call of the agent will be refused: {unreachable}")
     for space, permissions in request.shared:
-        if space != storage.DOCS_BUNDLE and not os.path.lexists(root / "shared" / space):
+        place = root / "shared" / space
+        if space != storage.DOCS_BUNDLE and not os.path.lexists(place):
             warnings.append(
                 f"shared:{space} names no shared space yet: the grant takes effect once "
                 f"'ctx shared create {space}' makes it"
+            )
+        elif space != storage.DOCS_BUNDLE and (place.is_symlink() or not place.is_dir()):
+            what = "a symbolic link" if place.is_symlink() else "no directory"
+            warnings.append(
+                f"shared:{space} names {what} at {place}, which is no shared space: the grant "
+                f"takes effect once it is removed and 'ctx shared create {space}' makes it"
             )
         if space == storage.DOCS_BUNDLE and "write" in permissions:
             warnings.append(

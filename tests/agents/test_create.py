@@ -393,6 +393,28 @@ def test_create_warns_of_shared_grants_that_grant_nothing(world: World) -> None:
     ]
 
 
+def test_create_warns_of_a_shared_grant_whose_name_holds_a_link_or_a_file(
+    world: World, tmp_path: Path
+) -> None:
+    """A name under shared/ that is a link or a file is no space (every command refuses it):
+    the grant is said to grant nothing until the space is made."""
+    (world.root / "shared" / "linked").symlink_to(tmp_path)
+    (world.root / "shared" / "filed").write_text("not a space\n")
+    base = [*CTX, "--storage", str(world.root), "agent", "create", "-", "--user", world.user.name]
+    request = {"name": "l", "label": "l_t", "shared": {"linked": ["read"], "filed": ["read"]}}
+
+    done = subprocess.run(base, input=json.dumps(request), capture_output=True, text=True)
+
+    assert done.returncode == 0, done.stderr
+    warned = [line for line in done.stderr.splitlines() if line.startswith("ctx: warning:")]
+    assert warned == [
+        f"ctx: warning: shared:{name} names {what} at {world.root}/shared/{name}, which is no "
+        f"shared space: the grant takes effect once it is removed and 'ctx shared create "
+        f"{name} --storage {world.root}' makes it"
+        for name, what in (("linked", "a symbolic link"), ("filed", "no directory"))
+    ]
+
+
 def test_each_problem_of_a_request_reads_like_every_ctx_error(world: World, tmp_path: Path) -> None:
     """``ctx: EINVAL: SOURCE: <problem>``, one line each, for a file and for stdin."""
     request_file = tmp_path / "bad.json"
