@@ -557,9 +557,10 @@ def _require_unexpired(lease: Lease, ttl_given: bool) -> None:
             if ttl_given
             else "give the claim a longer --ttl, or the queue a longer lease_ttl in its config"
         )
+        period = round(lease.period, 6)  # as its stamps hold it: to the microsecond
         raise CtxError(
             errno.ETIMEDOUT,
-            f"job {lease.job} was claimed, but its lease of {lease.period:g} s expired before "
+            f"job {lease.job} was claimed, but its lease of {period:g} s expired before "
             f"the claim returned: do not run it; 'ctx queue recover' returns it to pending; "
             f"{longer}",
         )

@@ -349,6 +349,17 @@ def test_claim_json_and_options(root: Path, req: Path) -> None:
     assert claimed["lease"]["pid"] == os.getpid() and claimed["lease"]["worker"] == "w-1"
 
 
+def test_a_claim_whose_lease_expired_before_it_returned_gives_its_period_as_the_lease_has_it(
+    root: Path, req: Path
+) -> None:
+    """A microsecond's lease (the stamps' resolution) is said as 1e-06 s, not as the float
+    its two stamps' difference makes."""
+    ctx(root, "queue", "publish", *P, "--name", "short", str(req))
+    done = ctx(root, "queue", "claim", *P, "--ttl", "0.000001")
+    assert done.returncode == 1, done.stderr
+    assert "its lease of 1e-06 s expired before the claim returned" in done.stderr, done.stderr
+
+
 def test_claim_on_an_empty_queue_exits_3_silently(root: Path) -> None:
     done = ctx(root, "queue", "claim", *P)
     assert (done.returncode, done.stdout) == (3, "")
