@@ -117,9 +117,10 @@ class FsOps:
         """chmod of the entry open as ``fd``, an ``O_PATH`` descriptor."""
         os.chmod(f"/proc/self/fd/{fd}", mode)
 
-    def chown_opened(self, fd: int, uid: int) -> None:
-        """Give the entry open as ``fd`` (an ``O_PATH`` descriptor) to ``uid``, group kept."""
-        os.chown(f"/proc/self/fd/{fd}", uid, -1)
+    def chown_opened(self, fd: int, uid: int, gid: int = -1) -> None:
+        """Give the entry open as ``fd`` (an ``O_PATH`` descriptor) to ``uid`` and ``gid``
+        (-1: the group kept)."""
+        os.chown(f"/proc/self/fd/{fd}", uid, gid)
 
     def fsync(self, fd: int) -> None:
         os.fsync(fd)
@@ -306,15 +307,16 @@ def write_file_synced(
     group: int = 0,
     exact_mode: bool = False,
     owner: int | None = None,
+    owner_group: int = -1,
 ) -> None:
     """Create ``name`` (which must not exist) holding ``data``, and fsync it.
 
     On return the file's data and size are durable; its *name* is not, until ``dir_fd`` is
     synced.  ``group``: access bits the file's group gets whatever the umask
     (:func:`grant_group_access`).  ``exact_mode``: the file gets ``mode`` itself, not ``mode``
-    less the umask (a replacement that keeps the bits of the file it replaces).  ``owner``:
-    the uid the file is given (root only), durable with it.  On failure the partial file is
-    removed.
+    less the umask (a replacement that keeps the bits of the file it replaces).  ``owner``
+    and ``owner_group``: the uid and gid (-1: as created) the file is given (root only),
+    durable with it.  On failure the partial file is removed.
     """
     fd = ops.create_file(name, dir_fd, mode)
     try:
@@ -322,7 +324,7 @@ def write_file_synced(
             ops.fchmod(fd, mode)
         grant_group_access(ops, fd, group)
         if owner is not None:
-            ops.chown_opened(fd, owner)
+            ops.chown_opened(fd, owner, owner_group)
         ops.write(fd, data)
         ops.fsync(fd)
     except BaseException:

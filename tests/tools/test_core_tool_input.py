@@ -266,3 +266,23 @@ def test_a_value_of_the_wrong_type_is_named(root: Path, kept: Path) -> None:
     refused_as_input(done, "fs.read", "offset")
     assert "'offset' must be of type integer" in done.stderr.decode()
     assert "length" not in done.stderr.decode()  # 2.0 is an integer, to JSON Schema
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root may keep another user's ownership")
+def test_fs_write_run_by_root_over_another_users_file_leaves_it_theirs(
+    root: Path, tmp_path: Path
+) -> None:
+    """Root replaces a file as GNU sed -i does: the new content keeps the owner, the group
+    and the permission bits of the file it replaces."""
+    path = tmp_path / "theirs.txt"
+    path.write_text("old\n")
+    os.chown(path, 4242, 4343)
+    path.chmod(0o640)
+
+    request = {"path": str(path), "content": "new\n"}
+    done = call(root, "fs.write", stdin=json.dumps(request).encode())
+
+    assert done.returncode == 0, done.stderr
+    status = path.stat()
+    assert (status.st_uid, status.st_gid, status.st_mode & 0o7777) == (4242, 4343, 0o640)
+    assert path.read_text() == "new\n"

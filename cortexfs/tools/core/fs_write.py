@@ -65,10 +65,20 @@ def write(request: dict[str, object], native: bool) -> Reply:
         # (a group-writable file in a shared space stays so); never setuid, setgid or sticky
         # bits on content the agent wrote.
         mode = existing.st_mode & 0o777 if existing else 0o644
+        # Root (a person running the tool, an agent with uid 0) keeps the owner and group of
+        # the file it replaces, as GNU sed -i does: another user's file stays theirs.
+        kept = existing is not None and os.geteuid() == 0
         temporary = _temporary_name(place.name)
         with confine.reporting(place):
             durable.write_file_synced(
-                ops, parent, temporary, data, mode, exact_mode=existing is not None
+                ops,
+                parent,
+                temporary,
+                data,
+                mode,
+                exact_mode=existing is not None,
+                owner=existing.st_uid if kept and existing else None,
+                owner_group=existing.st_gid if kept and existing else -1,
             )
             try:
                 # With overwrite, a file another writer made since the look above is replaced
