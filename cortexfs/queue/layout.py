@@ -322,6 +322,15 @@ class Queue:
             found = lstat_at(self.dirs[state], job)
             if found is None:
                 raise
+            if stat.S_ISDIR(found.st_mode):
+                # Swapped back since the open met something else there: say what it met.
+                raise NotADirectoryOfTheJob(
+                    exc.errno,
+                    f"job {job}'s {state}/{job} was no directory when this command opened it "
+                    "(a symbolic link or a file, which a queue command never follows, Q-8), "
+                    "and is a directory again now: another process is exchanging it; nothing "
+                    f"was changed: 'ctx queue show {job}' lists its evidence",
+                ) from None
             raise NotADirectoryOfTheJob(
                 errno.ELOOP if stat.S_ISLNK(found.st_mode) else errno.ENOTDIR,
                 f"job {job}'s {state}/{job} is a {kind_of(found)}, not a directory: a conflict "

@@ -389,3 +389,36 @@ def test_a_queue_that_cannot_be_opened_for_want_of_descriptors_says_so_whole(
         "limit of open files ('ulimit -n'), then run the command again"
     )
     assert sorted(os.listdir("/proc/self/fd")) == before
+
+
+class MeetsALinkAtTheClaim(FsOps):
+    """Real operations, but the open of ``claimed/J`` meets something that is no directory
+    (ELOOP, as O_NOFOLLOW meets a link), as when another member has just swapped a link in
+    and back again."""
+
+    claimed: int | None = None
+
+    def open_dir(self, name: str, dir_fd: int | None = None) -> int:
+        if self.claimed is not None and dir_fd == self.claimed:
+            raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), name)
+        return super().open_dir(name, dir_fd)
+
+
+def test_a_finish_that_met_a_swapped_claim_says_what_it_met_not_what_is_back(
+    queue: Queue, queue_dir: Path, me: Holder
+) -> None:
+    """Q-8: the refusal names what the open met, never "a directory, not a directory" when
+    the directory is back by the time it looks again; nothing is changed."""
+    job = publish(queue, request(), "swapped")
+    assert claim(queue, me).job == job
+
+    ops = MeetsALinkAtTheClaim()
+    with Queue.open(queue_dir, ops) as q:
+        ops.claimed = q.claimed
+        with pytest.raises(CtxError) as refused:
+            finish(q, job, True, {"answer": 1})
+
+    assert refused.value.errno == errno.ELOOP
+    assert "was no directory when this command opened it" in refused.value.message
+    assert "is a directory, not a directory" not in refused.value.message
+    assert tree(queue_dir)["claimed"] == [job] and tree(queue_dir)["done"] == []
