@@ -23,6 +23,7 @@ from cortexfs.queue.holder import GONE, UNKNOWN, Lease, LocalSystem, judge, proc
 from tests.queue.helpers import PROJECT, dead_pid, request
 from tests.support.cli import ctx
 from tests.support.locks import wait_for_lock
+from tests.support.waiting import wait_until
 
 
 def state_of(queue: Queue, job: str) -> str:
@@ -185,15 +186,6 @@ def _frozen_in_a_cgroup(pid: int):
 
         return frozen()
     return None
-
-
-def wait_until(condition, seconds: float = 10.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 def test_this_process_sees_a_proc_of_its_own(me: Holder) -> None:

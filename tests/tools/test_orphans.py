@@ -8,9 +8,10 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 
 import psutil
+
+from tests.support.waiting import wait_until
 
 BEYOND_PID_MAX = 2**22 + 1  # no process group can have this number: safe for a guard to kill
 
@@ -128,15 +129,6 @@ input()
 """
 
 
-def until(condition: Callable[[], bool], seconds: float = 10.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
-
-
 def test_a_command_adopting_its_calls_orphans_kills_what_left_their_group_as_it_ends() -> None:
     """adopting (ctx run): what a call left running in sessions of its own, orphaned (a
     daemon's double fork) or not, is killed as the block ends, while the command still runs;
@@ -151,8 +143,8 @@ def test_a_command_adopting_its_calls_orphans_kills_what_left_their_group_as_it_
     try:
         _, orphan, setsid_child, guard = map(int, command.stdout.readline().split())
         # Orphaned by its parent's exit: the command has it, not init.
-        assert until(lambda: psutil.Process(orphan).ppid() == command.pid)
-        assert until(lambda: os.getsid(setsid_child) == setsid_child)  # setsid(1) has run
+        assert wait_until(lambda: psutil.Process(orphan).ppid() == command.pid)
+        assert wait_until(lambda: os.getsid(setsid_child) == setsid_child)  # setsid(1) has run
         command.stdin.write("\n")
         command.stdin.flush()
         assert command.stdout.readline() == "ended\n"
