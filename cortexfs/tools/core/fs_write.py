@@ -67,7 +67,7 @@ def write(request: dict[str, object], native: bool) -> Reply:
         mode = existing.st_mode & 0o777 if existing else 0o644
         # Root (a person running the tool, an agent with uid 0) keeps the owner and group of
         # the file it replaces, as GNU sed -i does: another user's file stays theirs.
-        kept = existing is not None and os.geteuid() == 0
+        owned_by = existing if existing is not None and os.geteuid() == 0 else None
         temporary = _temporary_name(place.name)
         with confine.reporting(place):
             durable.write_file_synced(
@@ -77,8 +77,8 @@ def write(request: dict[str, object], native: bool) -> Reply:
                 data,
                 mode,
                 exact_mode=existing is not None,
-                owner=existing.st_uid if kept and existing else None,
-                owner_group=existing.st_gid if kept and existing else -1,
+                owner=None if owned_by is None else owned_by.st_uid,
+                owner_group=-1 if owned_by is None else owned_by.st_gid,
             )
             try:
                 # With overwrite, a file another writer made since the look above is replaced
