@@ -292,18 +292,8 @@ def warnings_for(root: Path, request: AgentRequest, identity: Identity) -> tuple
     if unreachable:
         warnings.append(f"every tool call of the agent will be refused: {unreachable}")
     for space, permissions in request.shared:
-        place = root / "shared" / space
-        if space != storage.DOCS_BUNDLE and not os.path.lexists(place):
-            warnings.append(
-                f"shared:{space} names no shared space yet: the grant takes effect once "
-                f"'ctx shared create {space}' makes it"
-            )
-        elif space != storage.DOCS_BUNDLE and (place.is_symlink() or not place.is_dir()):
-            what = "a symbolic link" if place.is_symlink() else "no directory"
-            warnings.append(
-                f"shared:{space} names {what} at {place}, which is no shared space: the grant "
-                f"takes effect once it is removed and 'ctx shared create {space}' makes it"
-            )
+        if space != storage.DOCS_BUNDLE:
+            warnings.extend(_space_not_there(root / "shared" / space, space))
         if space == storage.DOCS_BUNDLE and "write" in permissions:
             warnings.append(
                 f"shared:{space} write grants nothing: the manual bundle is read-only (D-1)"
@@ -402,3 +392,19 @@ def _system_prompt(request: AgentRequest) -> str:
         f"You are the agent {request.name}.  Your tools: {tools}.\n"
         "Nothing written here grants a permission; your policy does (SPEC P-6).\n"
     )
+
+
+def _space_not_there(place: Path, space: str) -> list[str]:
+    """What a shared grant of ``space`` is told when nothing, or no space, is at ``place``."""
+    if not os.path.lexists(place):
+        return [
+            f"shared:{space} names no shared space yet: the grant takes effect once "
+            f"'ctx shared create {space}' makes it"
+        ]
+    if place.is_symlink() or not place.is_dir():
+        what = "a symbolic link" if place.is_symlink() else "no directory"
+        return [
+            f"shared:{space} names {what} at {place}, which is no shared space: the grant "
+            f"takes effect once it is removed and 'ctx shared create {space}' makes it"
+        ]
+    return []
