@@ -74,6 +74,7 @@ from cortexfs.shared.tree import Ownership, open_beneath
 from cortexfs.storage import executes_nothing, mounted_noexec
 from cortexfs.tools.host_programs import find_program, names_setpriv_misreads
 from cortexfs.tools.spawn import shell_status
+from cortexfs.user_namespace import in_a_user_namespace
 
 STARTUP_SECONDS = 30.0  # for tsh to come up in its sandbox before the start is a failure
 TYPED_BACKLOG = 64 * 1024  # bytes typed but not yet taken by the PTY before clients wait
@@ -177,15 +178,6 @@ class Terminal:
                 f"{agent} TOOL'"
             )
             raise CtxError(errno.EPERM, reason)
-        # Root runs it before any switch of ids: found as the runner finds setpriv, on PATH's
-        # absolute directories of root's only, and run from where it was found.
-        bwrap = find_program("bwrap")
-        if bwrap is None:
-            raise invalid(
-                "bubblewrap (bwrap) is not installed (looked for in PATH's absolute "
-                "directories that only root may change); the terminal runs in its sandbox"
-            )
-        self.bwrap = bwrap
         needed = [capabilities.CAP_SYS_ADMIN, capabilities.CAP_SETUID, capabilities.CAP_SETGID]
         # tsh runs undumpable as the agent: the host tells a call from its sandbox by the
         # caller's pid namespace (/proc/PID/ns/pid), which only CAP_SYS_PTRACE may read there.
@@ -196,6 +188,23 @@ class Terminal:
             f"a terminal of {self.view.name} (its view mounted, its sandbox, tsh as the agent)",
             *needed,
         )
+        # Root runs it before any switch of ids: found as the runner finds setpriv, on PATH's
+        # absolute directories of root's only, and run from where it was found.  Looked for
+        # after the capabilities: in a user namespace no directory is root's, and what to say
+        # there is that the namespace lacks them.
+        bwrap = find_program("bwrap")
+        if bwrap is None and in_a_user_namespace():
+            raise invalid(
+                "no bubblewrap (bwrap) in a directory of root's: in this user namespace the "
+                "host's root is not mapped, so no system directory is root's here; the "
+                "terminal runs in its sandbox: start it outside the namespace, as root"
+            )
+        if bwrap is None:
+            raise invalid(
+                "bubblewrap (bwrap) is not installed (looked for in PATH's absolute "
+                "directories that only root may change); the terminal runs in its sandbox"
+            )
+        self.bwrap = bwrap
         tsh = self.root / "bin" / "tsh"
         if not os.access(tsh, os.X_OK):
             if os.path.isfile(tsh) and mounted_noexec(tsh):
