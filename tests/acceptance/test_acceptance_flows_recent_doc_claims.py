@@ -112,6 +112,20 @@ def grant(storage: Path, agent: str, tool: str) -> None:
         rules.write(f"allow {agent}_t tool:{tool} execute\n")
 
 
+def coder_allowed(storage: Path, tool: str) -> None:
+    """Agent ``coder`` (label ``coder_t``) made with ``tool`` in its request and granted it
+    in the tool's policy: both layers of P-6."""
+    r = on(
+        storage,
+        "agent",
+        "create",
+        "-",
+        input=json.dumps({"name": "coder", "label": "coder_t", "tools": [tool]}),
+    )
+    assert r.rc == 0, r
+    grant(storage, "coder", tool)
+
+
 def events(storage: Path, uid: int, agent: str, session: str) -> list[dict]:
     return read_jsonl(
         storage / "home" / str(uid) / "agent" / agent / "session" / session / "events.jsonl"
@@ -872,15 +886,7 @@ def test_explain_allows_a_disabled_or_damaged_tool_with_a_note_in_both_outputs(
     stderr (``ctx: note: the chain allows it, but a call is refused before the chain: tool
     fs.write is not available (status: disabled); …``), and still exits 0"."""
     storage = searchable_storage
-    r = on(
-        storage,
-        "agent",
-        "create",
-        "-",
-        input=json.dumps({"name": "coder", "label": "coder_t", "tools": ["fs.write"]}),
-    )
-    assert r.rc == 0, r
-    grant(storage, "coder", "fs.write")
+    coder_allowed(storage, "fs.write")
     controls = storage / "tool" / "fs.write.d"
     quiet = on(storage, "policy", "explain", "coder", "tool:fs.write", "execute", "--json")
     assert quiet.rc == 0 and quiet.json()["allowed"] is True and quiet.err == "", quiet
@@ -907,15 +913,7 @@ def test_explain_location_takes_an_absolute_directory_within_the_root(
     one outside the root is ``EINVAL``)" — also when the root is named through a link, as
     ``storage/current`` is."""
     storage = searchable_storage
-    r = on(
-        storage,
-        "agent",
-        "create",
-        "-",
-        input=json.dumps({"name": "coder", "label": "coder_t", "tools": ["fs.read"]}),
-    )
-    assert r.rc == 0, r
-    grant(storage, "coder", "fs.read")
+    coder_allowed(storage, "fs.read")
     link = tmp_path / "current"
     link.symlink_to(storage)
     for root in (storage, link):

@@ -502,6 +502,19 @@ class Space:
             jobs.append(done.stdout.strip())
         return jobs
 
+    def claims_swapped_for_links(self, jobs: list[str]) -> tuple[list, list]:
+        """For each job, a directory of root's outside the root holding a canary file named
+        like the job, and the pair (``claimed/J``, a member's link to that directory) to
+        swap: the canaries to check, and the pairs."""
+        canaries, pairs = [], []
+        for n, job in enumerate(jobs):
+            outside = self.out / f"c{n:02d}"
+            outside.mkdir()
+            canaries.append(canary_file(outside / job, f"canary {n}\n"))
+            canaries.append(Canary(outside))
+            pairs.append((self.q / "claimed" / job, self.link_of_member(f"l{n:02d}", outside)))
+        return canaries, pairs
+
     def link_of_member(self, name: str, target: Path) -> Path:
         """A symbolic link of the member's, in its own directory, to ``target``."""
         link = self.mine / name
@@ -570,13 +583,7 @@ def test_finish_never_moves_a_request_out_of_a_claim_swapped_for_a_link(space: S
     refused with an errno."""
     jobs = space.publish(10)
     assert space.claim_all(10) == jobs
-    canaries, pairs = [], []
-    for n, job in enumerate(jobs):
-        outside = space.out / f"c{n:02d}"
-        outside.mkdir()
-        canaries.append(canary_file(outside / job, f"canary {n}\n"))
-        canaries.append(Canary(outside))
-        pairs.append((space.q / "claimed" / job, space.link_of_member(f"l{n:02d}", outside)))
+    canaries, pairs = space.claims_swapped_for_links(jobs)
     with swapping(space.top, pairs, user=space.member) as swapped:
         for job in jobs:
             done = space.queue("finish", job, "--ok", "-", stdin='{"answer": 1}')
@@ -627,13 +634,7 @@ def test_recover_never_requeues_through_a_claim_swapped_for_a_link(space: Space)
     for job in jobs:
         os.unlink(space.q / "lease" / job / "worker")
         os.rmdir(space.q / "lease" / job)
-    canaries, pairs = [], []
-    for n, job in enumerate(jobs):
-        outside = space.out / f"c{n:02d}"
-        outside.mkdir()
-        canaries.append(canary_file(outside / job, f"canary {n}\n"))
-        canaries.append(Canary(outside))
-        pairs.append((space.q / "claimed" / job, space.link_of_member(f"l{n:02d}", outside)))
+    canaries, pairs = space.claims_swapped_for_links(jobs)
     with swapping(space.top, pairs, user=space.member) as swapped:
         for _ in range(8):
             done = space.queue("recover", "--reconcile", "--grace", "0", "--json")
