@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from cortexfs.errors import CtxError
+from cortexfs.tools import ecma_regex
 from cortexfs.tools.schema_references import schema_nodes
 
 _CACHED = 256
@@ -56,7 +57,7 @@ def _nested_repeat(pattern: str) -> bool:
     from re import _parser
 
     try:
-        parsed = _parser.parse(pattern)
+        parsed = _parser.parse(ecma_regex.python_pattern(pattern))
     except (re.error, RecursionError, OverflowError):
         return False  # not a pattern re compiles: the schema's own check refuses it
     pending: list[tuple[Any, bool | None]] = [(parsed, None)]  # (items, the enclosing repeat)

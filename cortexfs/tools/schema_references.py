@@ -21,7 +21,7 @@ from cortexfs.names import decimal_value
 _REFERENCES = ("$ref", "$dynamicRef")
 _ANCHORS = ("$anchor", "$dynamicAnchor")
 # Keywords whose values are data, not schemas: a "$ref" inside an enum is a string like any.
-_DATA_KEYWORDS = frozenset({"const", "default", "enum", "examples"})
+DATA_KEYWORDS = frozenset({"const", "default", "enum", "examples"})
 # Drafts 3 and 4 spell $id as "id".
 _OLD_DRAFTS = ("draft-03", "draft-04")
 # Keywords that apply a subschema to the very instance in hand: a cycle through them and
@@ -129,7 +129,7 @@ def schema_nodes(schema: Any) -> Iterator[tuple[dict[str, Any], bool]]:
         elif isinstance(node, dict):
             yield node, top
             pending.extend(
-                (value, False) for key, value in node.items() if key not in _DATA_KEYWORDS
+                (value, False) for key, value in node.items() if key not in DATA_KEYWORDS
             )
 
 

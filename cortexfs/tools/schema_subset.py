@@ -16,6 +16,8 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from cortexfs.tools import ecma_regex
+
 _OLD_DRAFTS = ("draft-03", "draft-04")  # different meanings (boolean exclusiveMinimum…)
 
 Path = tuple[str | int, ...]
@@ -163,7 +165,7 @@ def _bound(
 
 
 def _pattern(pattern: str, instance: object, path: Path, found: list[Problem], _: Any) -> None:
-    if isinstance(instance, str) and re.search(pattern, instance) is None:
+    if isinstance(instance, str) and ecma_regex.compiled(pattern).search(instance) is None:
         found.append((path, f"{show(instance)} does not match {pattern!r}"))
 
 
@@ -243,7 +245,7 @@ def _regex(value: object) -> bool:
     if not isinstance(value, str):
         return False
     try:
-        re.compile(value)
+        ecma_regex.compiled(value)
     except re.error:
         return False
     return True

@@ -11,8 +11,10 @@ of schemas.
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import json
+import re
 import sys
 import threading
 from collections.abc import Iterator, Mapping
@@ -20,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 from cortexfs import jsontext
 from cortexfs.errors import invalid
-from cortexfs.tools import schema_patterns, schema_subset
-from cortexfs.tools.schema_references import reference_problems
+from cortexfs.tools import ecma_regex, schema_patterns, schema_subset
+from cortexfs.tools.schema_references import DATA_KEYWORDS, reference_problems
 
 if TYPE_CHECKING:
     from jsonschema.exceptions import ValidationError
@@ -64,10 +66,10 @@ def _meta_problems(schema_text: str) -> tuple[str, ...]:
     schema = json.loads(schema_text)
     validator_class = jsonschema.validators.validator_for(schema)
     # With the formats the meta-schema names checked: a "pattern" must be a regex that
-    # compiles, which validating an input would find only by failing.
-    meta_validator = validator_class(
-        validator_class.META_SCHEMA, format_checker=validator_class.FORMAT_CHECKER
-    )
+    # compiles (as ECMA-262 reads it), which validating an input would find only by failing.
+    format_checker = copy.deepcopy(validator_class.FORMAT_CHECKER)
+    format_checker.checks("regex", raises=re.error)(ecma_regex.compiled)
+    meta_validator = validator_class(validator_class.META_SCHEMA, format_checker=format_checker)
     return tuple(
         f"{_where(tuple(error.absolute_path))}{brief_message(error)}"
         for error in meta_validator.iter_errors(schema)
@@ -169,10 +171,15 @@ _headroom = _RecursionHeadroom(_RECURSION_FOR_JSONSCHEMA)
 def brief_message(error: ValidationError) -> str:
     """jsonschema's message, with the values it quotes (the input's, and the keyword's: an
     enum's choices) cut short as the common checks cut them: a description of 200 KB, or an
-    enum of 30 000 names, would otherwise be repeated whole in the refusal."""
+    enum of 30 000 names, would otherwise be repeated whole in the refusal.  A pattern is
+    quoted as the schema holds it, not as :func:`_validator` gave it to jsonschema."""
     message = error.message
     for quoted in (error.instance, error.validator_value):
         message = message.replace(repr(quoted), schema_subset.show(quoted), 1)
+    holder = error.schema if isinstance(error.schema, dict) else {}
+    patterns = [holder.get("pattern"), *holder.get("patternProperties", ())]
+    for python in filter(None, patterns):
+        message = message.replace(repr(python), repr(ecma_regex.written(python)))
     return message
 
 
@@ -193,7 +200,31 @@ def _validator(schema_text: str) -> Validator:
 
     schema = json.loads(schema_text)
     validator_class = jsonschema.validators.validator_for(schema)
-    return validator_class(schema)  # type: ignore[no-any-return]
+    return validator_class(_with_python_patterns(schema))  # type: ignore[no-any-return]
+
+
+def _with_python_patterns(schema: Any) -> Any:
+    """``schema`` with each ``pattern`` and ``patternProperties`` name rewritten into the
+    Python pattern of its ECMA-262 meaning (:mod:`cortexfs.tools.ecma_regex`), which
+    jsonschema's ``re.search`` then runs; data (an ``enum``, a ``const``…) is left alone."""
+    if isinstance(schema, list):
+        return [_with_python_patterns(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    rewritten: dict[str, Any] = {}
+    for keyword, value in schema.items():
+        if keyword in DATA_KEYWORDS:
+            rewritten[keyword] = value
+        elif keyword == "pattern" and isinstance(value, str):
+            rewritten[keyword] = ecma_regex.python_pattern(value)
+        elif keyword == "patternProperties" and isinstance(value, dict):
+            rewritten[keyword] = {
+                ecma_regex.python_pattern(name): _with_python_patterns(subschema)
+                for name, subschema in value.items()
+            }
+        else:
+            rewritten[keyword] = _with_python_patterns(value)
+    return rewritten
 
 
 def _canonical(schema: Mapping[str, Any]) -> str:

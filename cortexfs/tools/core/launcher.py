@@ -100,6 +100,7 @@ BUNDLED = (
     "cortexfs/tools/core/tsh_context.py",
     "cortexfs/tools/core/tsh_line.py",
     "cortexfs/tools/ctxpath.py",
+    "cortexfs/tools/ecma_regex.py",
     "cortexfs/tools/schema_subset.py",
     "cortexfs/tools/tinylfu.py",
     *(f"cortexfs/tools/core/{module}.py" for module in sorted(set(CORE_TOOLS.values()))),

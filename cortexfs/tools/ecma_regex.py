@@ -1,0 +1,107 @@
+"""A schema's ``pattern`` with the meaning JSON Schema gives it, run by Python's ``re``
+(SPEC T-1; docs/tools.md, *How an input is checked*).
+
+JSON Schema's patterns are ECMA-262 regular expressions.  Python's ``re`` reads most of one
+the same way, but not where a tool author keeps an input to one line or to ASCII digits:
+``$`` also matches before a last newline, ``\\d`` and ``\\w`` take any Unicode digit and
+letter, ``.`` takes a carriage return and the Unicode line and paragraph separators, and
+``\\s`` misses the byte order mark and takes the separators U+001C to U+001F.
+:func:`python_pattern` rewrites a pattern into the Python pattern of ECMA-262's meaning,
+which both checkers (the schema subset and jsonschema) then run:
+
+* the whole pattern is scoped ASCII (``(?a:…)``): ``\\d``, ``\\w`` and ``\\b`` as ECMA-262;
+* ``$`` outside a class is ``\\Z``, the end of the text only;
+* ``.`` outside a class is every character but the four line terminators;
+* ``\\s`` is ECMA-262's white space and line terminators (``\\S`` outside a class too);
+* ``(?<name>…)`` and ``\\k<name>`` are Python's ``(?P<name>…)`` and ``(?P=name)``;
+* ``[]`` matches nothing and ``[^]`` any character; a ``[`` inside a class is itself.
+
+Anything else is kept as written, so a schema written for Python's reading (``\\Z``,
+``(?P<n>…)``, leading flags ``(?i)``, ``(?m)``, ``(?s)``, ``(?x)``) means what it meant.
+``\\S`` inside a class keeps Python's ASCII meaning.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+
+# ECMA-262 WhiteSpace and LineTerminator (ECMAScript 2023, 12.2 and 12.3), as class members.
+_WHITE = "\\t\\n\\v\\f\\r \\xa0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000\\ufeff"
+_NOT_A_LINE_END = "[^\\n\\r\\u2028\\u2029]"
+# Members Python reads as set operations to come (a FutureWarning now): literal in ECMA-262.
+_LITERAL_IN_CLASS = frozenset("[&~|")
+
+
+# Each rewritten pattern and the pattern written, for the messages that quote one.
+_WRITTEN: dict[str, str] = {}
+
+
+def written(python: str) -> str:
+    """The pattern a schema holds, of a :func:`python_pattern` run; itself when unknown."""
+    return _WRITTEN.get(python, python)
+
+
+@functools.lru_cache(maxsize=1024)
+def python_pattern(pattern: str) -> str:
+    """The Python pattern that matches what ECMA-262 matches with ``pattern``."""
+    # Python's global flags, which only lead a pattern, become flags of the scope: a pattern
+    # stays one group, which jsonschema may join to others with "|".  ASCII is not theirs
+    # to change.
+    leading = re.match(r"(?:\(\?[aiLmsux]+\))*", pattern)[0]  # type: ignore[index]
+    flags = "".join(sorted(set(leading) & set("imsx")))
+    out: list[str] = []
+    in_class = False
+    i = len(leading)
+    while i < len(pattern):
+        char = pattern[i]
+        if char == "\\" and i + 1 < len(pattern):
+            escaped = pattern[i + 1]
+            named = re.match(r"k<([A-Za-z_][A-Za-z0-9_]*)>", pattern[i + 1 :])
+            if escaped == "s":
+                out.append(_WHITE if in_class else f"[{_WHITE}]")
+            elif escaped == "S" and not in_class:
+                out.append(f"[^{_WHITE}]")
+            elif named and not in_class:
+                out.append(f"(?P={named[1]})")
+                i += len(named[0]) + 1
+                continue
+            else:
+                out.append(pattern[i : i + 2])
+            i += 2
+            continue
+        if in_class:
+            if char == "]":
+                in_class = False
+            out.append("\\" + char if char in _LITERAL_IN_CLASS else char)
+        elif char == "[":
+            opening = "[^" if pattern.startswith("[^", i) else "["
+            if pattern.startswith("]", i + len(opening)):
+                out.append("(?!)" if opening == "[" else "(?s:.)")
+                i += len(opening) + 1
+                continue
+            out.append(opening)
+            in_class = True
+            i += len(opening)
+            continue
+        elif char == "$":
+            out.append("\\Z")
+        elif char == ".":
+            out.append(_NOT_A_LINE_END)
+        elif pattern.startswith("(?<", i) and not pattern.startswith(("(?<=", "(?<!"), i):
+            out.append("(?P<")
+            i += 3
+            continue
+        else:
+            out.append(char)
+        i += 1
+    python = f"(?a{flags}:" + "".join(out) + ")"
+    if len(_WRITTEN) < 4096:  # the patterns of a few hundred schemas
+        _WRITTEN[python] = pattern
+    return python
+
+
+@functools.lru_cache(maxsize=1024)
+def compiled(pattern: str) -> re.Pattern[str]:
+    """:func:`python_pattern` of ``pattern``, compiled; ``re.error`` when it is no pattern."""
+    return re.compile(python_pattern(pattern))
