@@ -142,8 +142,13 @@ def runs_of(out: Path) -> list[RunLine]:
     if not path.exists():
         return []
     found = []
-    for line in path.read_text().split("\n")[:-1]:  # not a line being written
-        tag, session, call, pid, start = line.split()
+    text = path.read_text()
+    for line in text.split("\n")[:-1]:  # not a line being written
+        fields = line.split()
+        # A line of other than five fields was seen twice under load; the whole log says
+        # which field went missing and next to which runs.
+        assert len(fields) == 5, (line, text)
+        tag, session, call, pid, start = fields
         found.append(RunLine(tag, session, call, int(pid), float(start)))
     return found
 
