@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from cortexfs import capabilities, user_namespace
+from cortexfs import capabilities, storage, user_namespace
 from cortexfs.agents.host import (
     require_host_administrator,
     require_no_groups_beyond,
@@ -293,13 +293,11 @@ def _session_remedy(code: int | None, home: Path, uid: int) -> str:
 
 
 def _where_in_root(queue: Path, root: Path) -> str:
-    """The queue's path from the storage root (``shared/ml/queue``), else as given: by the
-    paths as written, then by the directories they name, so that a queue named through a
-    link to the root (``storage/current``) is the same queue as one named without it."""
-    for resolve in (os.path.abspath, os.path.realpath):
-        with contextlib.suppress(ValueError):
-            return Path(resolve(queue)).relative_to(resolve(root)).as_posix()
-    return str(queue)
+    """The queue's path from the storage root (``shared/ml/queue``), else as given: a queue
+    named through a link to the root (``storage/current``), or a bind mount of it, is the
+    same queue as one named without it (:func:`~cortexfs.storage.place_in_root`)."""
+    place = storage.place_in_root(root, queue)
+    return str(queue) if place is None else place.as_posix()
 
 
 def executor_for(
