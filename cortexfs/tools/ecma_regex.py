@@ -14,6 +14,7 @@ which both checkers (the schema subset and jsonschema) then run:
 * ``.`` outside a class is every character but the four line terminators;
 * ``\\s`` is ECMA-262's white space and line terminators (``\\S`` outside a class too);
 * ``(?<name>…)`` and ``\\k<name>`` are Python's ``(?P<name>…)`` and ``(?P=name)``;
+* ``\\u{1F600}`` is the code point, ``\\cJ`` the control character;
 * ``[]`` matches nothing and ``[^]`` any character; a ``[`` inside a class is itself.
 
 Anything else is kept as written, so a schema written for Python's reading (``\\Z``,
@@ -25,10 +26,16 @@ from __future__ import annotations
 
 import functools
 import re
+import sys
 
 # ECMA-262 WhiteSpace and LineTerminator (ECMAScript 2023, 12.2 and 12.3), as class members.
 _WHITE = "\\t\\n\\v\\f\\r \\xa0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000\\ufeff"
 _NOT_A_LINE_END = "[^\\n\\r\\u2028\\u2029]"
+_ESCAPE = re.compile(
+    r"\\(?:k<(?P<name>[A-Za-z_][A-Za-z0-9_]*)>|u\{(?P<code>[0-9A-Fa-f]{1,6})\}"
+    r"|c(?P<control>[A-Za-z])|(?P<other>.))",
+    re.DOTALL,
+)
 # Members Python reads as set operations to come (a FutureWarning now): literal in ECMA-262.
 _LITERAL_IN_CLASS = frozenset("[&~|")
 
@@ -55,20 +62,10 @@ def python_pattern(pattern: str) -> str:
     i = len(leading)
     while i < len(pattern):
         char = pattern[i]
-        if char == "\\" and i + 1 < len(pattern):
-            escaped = pattern[i + 1]
-            named = re.match(r"k<([A-Za-z_][A-Za-z0-9_]*)>", pattern[i + 1 :])
-            if escaped == "s":
-                out.append(_WHITE if in_class else f"[{_WHITE}]")
-            elif escaped == "S" and not in_class:
-                out.append(f"[^{_WHITE}]")
-            elif named and not in_class:
-                out.append(f"(?P={named[1]})")
-                i += len(named[0]) + 1
-                continue
-            else:
-                out.append(pattern[i : i + 2])
-            i += 2
+        escape = _ESCAPE.match(pattern, i)
+        if escape:
+            out.append(_python_escape(escape, in_class))
+            i = escape.end()
             continue
         if in_class:
             if char == "]":
@@ -99,6 +96,21 @@ def python_pattern(pattern: str) -> str:
     if len(_WRITTEN) < 4096:  # the patterns of a few hundred schemas
         _WRITTEN[python] = pattern
     return python
+
+
+def _python_escape(escape: re.Match[str], in_class: bool) -> str:
+    """The Python spelling of one escape of an ECMA-262 pattern."""
+    if escape["name"] and not in_class:
+        return f"(?P={escape['name']})"
+    if escape["code"] and int(escape["code"], 16) <= sys.maxunicode:
+        return f"\\U{int(escape['code'], 16):08x}"
+    if escape["control"]:
+        return f"\\x{ord(escape['control']) % 32:02x}"
+    if escape["other"] == "s":
+        return _WHITE if in_class else f"[{_WHITE}]"
+    if escape["other"] == "S" and not in_class:
+        return f"[^{_WHITE}]"
+    return escape[0]
 
 
 @functools.lru_cache(maxsize=1024)

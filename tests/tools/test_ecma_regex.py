@@ -30,6 +30,8 @@ CASES = [
     ("^(?<twice>ab)\\k<twice>$", "abba", False),
     ("^[[]$", "[", True),
     ("^\\$$", "$", True),
+    ("^\\u{1F600}$", "\U0001f600", True),
+    ("^\\cJ$", "\n", True),
     ("^a$|^b$", "b\n", False),
     ("(?<=a)b", "ab", True),
     ("x\\Z", "x", True),  # Python's own spellings keep their meaning
@@ -76,7 +78,7 @@ def test_a_refusal_quotes_the_pattern_as_the_schema_holds_it() -> None:
 def test_a_pattern_is_refused_when_ecma_262_cannot_read_it_and_taken_when_only_python_cannot() -> (
     None
 ):
-    for pattern in ("(", "a{2,1}", "\\"):
+    for pattern in ("(", "a{2,1}", "\\", "\\u{110000}"):
         assert schema_problems({"pattern": pattern}, "schema"), pattern
         assert schema_problems({"allOf": [{"pattern": pattern}]}, "schema"), pattern
     # A named group as ECMA-262 spells it, which Python's re alone refuses.
