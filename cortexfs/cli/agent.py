@@ -68,7 +68,7 @@ def agent() -> None:
 
 
 @agent.command()
-@click.argument("request", type=NonEmptyPath(path_type=Path, readable=False))
+@click.argument("request", type=NonEmptyPath(path_type=Path))
 @click.option(
     "--user",
     help=f"Run the agent as this user (name or uid); default: you, or for root the user "

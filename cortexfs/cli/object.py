@@ -59,9 +59,7 @@ def object_group() -> None:
 
 
 @object_group.command()
-@click.argument(
-    "manifests", nargs=-1, required=True, type=NonEmptyPath(path_type=Path, readable=False)
-)
+@click.argument("manifests", nargs=-1, required=True, type=NonEmptyPath(path_type=Path))
 @json_option
 def check(manifests: tuple[Path, ...], as_json: bool) -> None:
     """Validate MANIFEST files (SPEC T-8).
@@ -103,7 +101,7 @@ def check(manifests: tuple[Path, ...], as_json: bool) -> None:
 
 
 @object_group.command()
-@click.argument("manifest", type=NonEmptyPath(path_type=Path, readable=False))
+@click.argument("manifest", type=NonEmptyPath(path_type=Path))
 @click.option(
     "--tier",
     required=True,

@@ -1,7 +1,8 @@
 """Parameter types shared by the command lines: what click's own types let through.
 
 * :class:`NonEmptyPath` — an empty string is no path: ``Path("")`` is the current directory, so
-  ``--storage ''`` would bootstrap, and ``--queue ''`` make a queue in, wherever the shell is.
+  ``--storage ''`` would bootstrap, and ``--queue ''`` make a queue in, wherever the shell is;
+  and whether a path may be read is the command's to find, with the kernel's errno.
 * :class:`Seconds` — a duration: a number within its range and finite; ``nan`` compares false
   with every bound and ``inf`` passes a lower one, and neither is a length of time.  At most
   :data:`MAX_SECONDS` unless said otherwise.
@@ -31,6 +32,14 @@ _MAX_DIGITS = 40  # read no further: int() of thousands of digits costs, and no 
 
 
 class NonEmptyPath(click.Path):
+    """click's path, but for the empty string, and with readability left to the command:
+    click's ``access(R_OK)`` would refuse as a usage error (EINVAL, exit 2) a storage root
+    other uids may search but not list, which the commands use as they are meant to, and a
+    file that cannot be read, which the command names with the kernel's EACCES."""
+
+    def __init__(self, *, readable: bool = False, **options: Any) -> None:
+        super().__init__(readable=readable, **options)
+
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         if isinstance(value, str | bytes) and not value:
             self.fail("an empty string names no path", param, ctx)

@@ -69,7 +69,7 @@ def policy() -> None:
 
 # A policy FILE, or - for standard input; an empty one names no file (a usage error).  What
 # the file is, and whether it can be read, is for the command to say (EACCES, exit 1).
-_POLICY_FILE = NonEmptyPath(allow_dash=True, path_type=str, readable=False)
+_POLICY_FILE = NonEmptyPath(allow_dash=True, path_type=str)
 
 
 @policy.command()
