@@ -576,9 +576,9 @@ def _terminal_to_stop(
     storage_dir: Path | None, name: str, session: str
 ) -> tuple[terminal_socket.Whose, str]:
     """The agent whose terminal of ``session`` is to be stopped: as :func:`_terminal_of`; or,
-    when the agent's controls were removed while its terminal ran, the agent by its name
-    alone, if a terminal of the session is found (it must still be stoppable); the agent's
-    ENOENT otherwise."""
+    when the agent's controls were removed or damaged while its terminal ran, the agent by
+    its name alone, if a terminal of the session is found: it must still be stoppable (a
+    warning names what is wrong with the controls).  The agent's error otherwise."""
     from cortexfs.agents import terminal_socket
 
     name = object_name_argument(name, "agent")
@@ -586,11 +586,15 @@ def _terminal_to_stop(
     root = resolve_storage(storage_dir)
     try:
         return terminal_socket.Whose.of(AgentView.load(root, name)), session
-    except CtxError as missing:
-        gone = missing.errno == errno.ENOENT and not os.path.lexists(root / "agent" / name)
+    except CtxError as unusable:
         whose = terminal_socket.Whose(root, name, None)
-        if not gone or not root.is_dir() or terminal_socket.terminal_uid(whose, session) is None:
+        if not root.is_dir() or terminal_socket.terminal_uid(whose, session) is None:
             raise
+        if os.path.lexists(root / "agent" / name):  # there, but its controls are not
+            echo_printable(
+                f"ctx: warning: {unusable.message}; the terminal was found by the agent's name",
+                err=True,
+            )
         return whose, session
 
 
