@@ -224,6 +224,14 @@ def shown_as_text(value: Any) -> Any:
     return value
 
 
+def spelt(value: Any, shown: int = 80) -> str:
+    """``value`` as JSON spells it, for a message about a JSON document: ``true``, ``null``,
+    ``["/tmp"]``, where Python's repr would say ``True``, ``None``, ``['/tmp']``, which the
+    document's writer never wrote.  Compact, cut to ``shown`` characters."""
+    text = json.dumps(value, ensure_ascii=False, separators=(", ", ": "), default=repr)
+    return text if len(text) <= shown else text[: shown - 3] + "..."
+
+
 def not_a_json_number_problem(spelling: object) -> str:
     """What is wrong with a document holding ``spelling`` (``NaN``, ``1e999``, or words for
     them) as a number, to follow ``it``: ``holds NaN, which JSON has no number for``."""

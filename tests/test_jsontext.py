@@ -117,3 +117,14 @@ def test_a_value_whose_keys_collide_once_written_as_text_is_unwritable(
 def test_keys_that_are_no_str_but_give_distinct_names_are_written() -> None:
     written = jsontext.dumps_document({7: "a", "2": "b", False: "c", None: "d"})
     assert loads_strict(written) == {"7": "a", "2": "b", "false": "c", "null": "d"}
+
+
+def test_a_message_spells_a_documents_value_as_json_does() -> None:
+    assert [jsontext.spelt(v) for v in (True, None, ["/tmp"], {"page": 2}, "1000")] == [
+        "true",
+        "null",
+        '["/tmp"]',
+        '{"page": 2}',
+        '"1000"',
+    ]
+    assert jsontext.spelt("x" * 200, 20) == '"' + "x" * 16 + "..."

@@ -176,7 +176,8 @@ class StdioClient:
         if version not in ACCEPTED_VERSIONS:
             raise McpError(
                 errno.EPROTO,
-                f"server {self.spec.name!r} negotiated protocol version {version!r}; ctxmcp "
+                f"server {self.spec.name!r} negotiated protocol version "
+                f"{jsontext.spelt(version, _SHOWN_CHARACTERS)}; ctxmcp "
                 f"accepts only {', '.join(ACCEPTED_VERSIONS)} (M-2)",
             )
         self.protocol_version = version
@@ -200,7 +201,8 @@ class StdioClient:
             if not cursor:
                 return tools
             if not isinstance(cursor, str):
-                raise self._broken(f"its tools/list nextCursor {cursor!r} is not a string")
+                shown = jsontext.spelt(cursor, _SHOWN_CHARACTERS)
+                raise self._broken(f"its tools/list nextCursor {shown} is not a string")
             if cursor in seen:  # the same page again: it would never end
                 raise self._broken(f"its tools/list gave the cursor {cursor!r} twice")
             seen.add(cursor)

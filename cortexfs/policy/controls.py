@@ -227,7 +227,9 @@ def parse_identity(data: bytes) -> Identity:
         raise invalid("groups must be a list of group ids")
     for value in (uid, gid, *groups):
         if not is_id(value):
-            raise invalid(f"{value!r} is not a uid or gid (an integer from 0 to {MAX_ID})")
+            raise invalid(
+                f"{jsontext.spelt(value)} is not a uid or gid (an integer from 0 to {MAX_ID})"
+            )
     return Identity(uid, gid, frozenset(groups))
 
 

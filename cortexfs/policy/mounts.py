@@ -226,7 +226,9 @@ def at_or_below(path: PurePosixPath, top: PurePosixPath) -> bool:
 def _parse_mount(number: int, entry: object) -> Mount:
     where = f"mount entry {number}"
     if not (isinstance(entry, list) and len(entry) == 3):
-        raise invalid(f"{where} must be a [source, target, mode] triple, not {entry!r}")
+        raise invalid(
+            f"{where} must be a [source, target, mode] triple, not {jsontext.spelt(entry)}"
+        )
     source, target, mode = entry
     if mode not in MOUNT_MODES:
         raise invalid(f"{where}: mode {mode!r} must be 'ro' or 'rw'")

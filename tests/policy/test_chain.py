@@ -127,7 +127,7 @@ def test_a_missing_agent_is_enoent(root: Path, user: UnprivilegedUser) -> None:
         ("{", "identity is invalid"),
         ('{"uid": 1000, "gid": 1000}', "identity is invalid"),
         ('{"uid": "1000", "gid": 1000, "groups": []}', "is not a uid or gid"),
-        ('{"uid": true, "gid": 1000, "groups": []}', "is not a uid or gid"),
+        ('{"uid": true, "gid": 1000, "groups": []}', "true is not a uid or gid"),
         ('{"uid": 0, "gid": 0, "groups": []}', "never runs as root"),
     ],
 )
