@@ -44,7 +44,7 @@ from cortexfs.shared.sessions import (
     open_session_directory,
 )
 from cortexfs.standard_streams import discard_output
-from cortexfs.storage import require_root
+from cortexfs.storage import check_space_name, require_root
 
 _S2_KEYS = ("ts", "type", "agent", "session", "object", "status")
 
@@ -341,6 +341,9 @@ def _session_ref(
                 "in a home: give one of them"
             )
         if project is not None:
+            # The manual bundle is no space and holds no session: none is ever made
+            # there, so a listing there is no empty one but a misnamed project.
+            check_space_name(project, "project")
             ref = SessionRef.shared(root, project, agent, session)
         else:
             if uid is None:

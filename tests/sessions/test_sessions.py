@@ -176,6 +176,16 @@ def test_a_count_or_uid_out_of_its_range_is_a_usage_error(
     assert most.returncode == 0 and len(most.stdout.splitlines()) == 6, most.stderr
 
 
+@pytest.mark.parametrize("command", ["list", "show", "tail", "repair"])
+def test_the_manual_bundle_is_no_project_of_sessions(recorded: World, command: str) -> None:
+    """X-2: no session is ever made in shared/cortexfs-docs, so naming it is a misnamed
+    project (EINVAL, exit 2), not an empty listing, as the queue commands have it."""
+    refused = ctx(recorded, command, "coder", "--project", "cortexfs-docs", "--json")
+
+    assert (refused.returncode, json.loads(refused.stdout)["error"]) == (2, "EINVAL")
+    assert "manual bundle (X-2)" in refused.stderr
+
+
 def test_ctx_session_list_json_gives_names_as_the_text_does(recorded: World) -> None:
     recorded.run("fs.stat", {"path": "/workspace"}, session="review")
     parent = SessionRef.home(recorded.root, recorded.user.uid, "coder").path.parent
