@@ -160,6 +160,8 @@ def claim_job(
     check_worker_id(holder.worker)  # a lease its own readers would refuse never runs a job
     if not is_regular(lstat_at(queue.pending, job)):
         return None
+    # Before claimed/J is made: the lease is staged in inbox/ (_write_lease).
+    queue.require_unpinned("claim", ("inbox",), _nothing_claimed(job)[0])
     passed_over = left_pending if left_pending is not None else {}
     ops.step("claim.mkdir")
     try:

@@ -350,8 +350,23 @@ class Queue:
             parent, name = (self.dirs[state], job) if job else (self.root_fd, state)
             if not os.access(name, os.W_OK | os.X_OK, dir_fd=parent, effective_ids=True):
                 refused = self._why_not_writable(place, action)
-                if refused is not None:
-                    raise refused
+            else:
+                # access(2) knows the immutable attribute but not the append-only one, which
+                # lets entries in and never out: asked of each directory all the same.
+                refused = self._attribute_refusal(place, action)
+            if refused is not None:
+                raise refused
+
+    def require_unpinned(self, action: str, places: tuple[str, ...], done: str) -> None:
+        """EPERM naming the attribute and the ``chattr`` that lifts it, followed by ``done``
+        (what the step did: ``nothing was published``), when a directory of ``places`` is
+        immutable or append-only.  Asked by a step that stages a file in ``inbox/`` and then
+        moves it out, before it writes anything: an append-only inbox lets the file in, and
+        neither out nor away again."""
+        for place in places:
+            refused = self._attribute_refusal(place, action)
+            if refused is not None:
+                raise CtxError(refused.errno, f"{refused.message}; {done}")
 
     def require_changeable(self, action: str, entries: tuple[str, ...]) -> None:
         """EPERM, naming the attribute and the ``chattr`` that lifts it, when one of the files
@@ -400,21 +415,25 @@ class Queue:
         words of a refusal of ``action``: an immutable or append-only attribute (EPERM, which
         no mode explains), a read-only filesystem (EROFS), or who may write there (EACCES).
         None when nothing refuses it now."""
-        doing = f"{action} in queue {self.path}"
-        path = self.path / place
+        refused = self._attribute_refusal(place, action)
+        if refused is not None:
+            return refused
+        try:
+            require_writable(self.path / place, f"{action} in queue {self.path}")
+        except CtxError as exc:
+            return exc
+        return None
+
+    def _attribute_refusal(self, place: str, action: str) -> CtxError | None:
+        """The refusal of ``action`` by an attribute of the directory ``place`` (``inbox``,
+        ``claimed/J``), or None: none, or no such directory (its mode or its absence is
+        the step's own error to tell)."""
         state, _, job = place.partition("/")
         try:
             fd = self.open_job_dir(state, job) if job else os.dup(self.dirs[state])
         except OSError:
-            fd = None  # then its mode or its absence says why
-        refused = None if fd is None else attribute_refusal(fd, doing, path)
-        if refused is not None:
-            return refused
-        try:
-            require_writable(path, doing)
-        except CtxError as exc:
-            return exc
-        return None
+            return None
+        return attribute_refusal(fd, f"{action} in queue {self.path}", self.path / place)
 
     def refusal(
         self,

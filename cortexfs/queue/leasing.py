@@ -171,6 +171,7 @@ def replace_lease(
     queue's refusal of ``action`` with ``outcome`` (what became of the lease, what to do),
     and leaves no temp file."""
     ops = queue.ops
+    queue.require_unpinned(action, ("inbox",), outcome[0])
     temp = queue.temp_name(job, "renew")
     try:
         lease_fd = queue.open_held_job_dir("lease", job)

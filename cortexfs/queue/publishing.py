@@ -55,6 +55,7 @@ def publish(
     if name is not None:  # a name just made up has no evidence to find yet
         refuse_known_job(queue, job)  # early and cheap; the check that counts comes below
     ops = queue.ops
+    queue.require_unpinned("publish", ("inbox",), NOTHING_PUBLISHED[0])
     temp = queue.publish_temp_name(job)
     ops.step("publish.write")
     try:
@@ -211,6 +212,7 @@ def publish_batch(
     if not jobs:
         return []
     ops = queue.ops
+    queue.require_unpinned("publish", ("inbox",), NOTHING_PUBLISHED[0])
     temps: list[str] = []
     # Data before names: one barrier for the whole batch where syncfs is one, else
     # each file synced as it is written (a FUSE mount of the root never sees a syncfs).

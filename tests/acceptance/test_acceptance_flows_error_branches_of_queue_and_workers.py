@@ -98,64 +98,30 @@ INBOX_STEPS = [
         GOOD,
         "nothing was published",
         id="publish",
-        marks=pytest.mark.xfail(
-            strict=True,
-            reason="Q-1: publish into an append-only inbox/ fails with a bare 'EPERM: "
-            "fresh.req.json.publish.tmp: Operation not permitted', where docs/queue.md says a "
-            "refusal by an append-only attribute is EPERM naming it and its 'chattr -a DIR', "
-            "and that publish says 'nothing was published'",
-        ),
     ),
     pytest.param(
         ("publish", "--batch", "-"),
         f"{GOOD}\n{GOOD}\n",
         "nothing was published",
         id="batch",
-        marks=pytest.mark.xfail(
-            strict=True,
-            reason="Q-1: publish --batch into an append-only inbox/ fails with a bare 'EPERM: "
-            "job-….publish.tmp: Operation not permitted', where docs/queue.md says a refusal "
-            "by an append-only attribute is EPERM naming it and its 'chattr -a DIR'",
-        ),
     ),
     pytest.param(
         ("claim", "--pid", "{holder}"),
         "",
         "nothing was claimed",
         id="claim",
-        marks=pytest.mark.xfail(
-            strict=True,
-            reason="Q-3: a claim whose lease temp cannot leave an append-only inbox/ says "
-            "'Q/lease refused: Operation not permitted', blaming lease/ and naming no "
-            "attribute, where docs/queue.md says such a refusal is EPERM naming the attribute "
-            "and its 'chattr -a DIR'",
-        ),
     ),
     pytest.param(
         ("finish", "{held}", "--ok", "-"),
         '"out"',
         "no result of it was written",
         id="finish",
-        marks=pytest.mark.xfail(
-            strict=True,
-            reason="Q-4: finish with an append-only inbox/ fails with a bare 'EPERM: "
-            "J.result.….tmp: Operation not permitted', where docs/queue.md says a refusal by "
-            "an append-only attribute is EPERM naming it and its 'chattr -a DIR', the job "
-            "staying claimed with no result written",
-        ),
     ),
     pytest.param(
         ("renew", "{held}", "--pid", "{holder}"),
         "",
         "unchanged",
         id="renew",
-        marks=pytest.mark.xfail(
-            strict=True,
-            reason="Q-3: renew with an append-only inbox/ fails with a bare 'EPERM: "
-            "J.renew.….tmp: Operation not permitted', where docs/queue.md says a refusal by an "
-            "append-only attribute is EPERM naming it and its 'chattr -a DIR', and that renew "
-            "says the lease is unchanged",
-        ),
     ),
 ]
 
@@ -188,13 +154,6 @@ def test_a_step_refused_by_an_append_only_inbox_names_the_attribute(
 
 
 @needs_root
-@pytest.mark.xfail(
-    strict=True,
-    reason="Q-3: a worker whose claim is refused by an append-only inbox/ stops saying "
-    "'Q/lease refused: Operation not permitted', blaming lease/ and naming no attribute, "
-    "where docs/queue.md and docs/workers.md say such a refusal is EPERM naming the "
-    "attribute and its 'chattr -a DIR'",
-)
 def test_a_worker_whose_claim_an_append_only_inbox_refuses_names_the_attribute(
     searchable_storage: Path,
 ) -> None:
@@ -223,15 +182,6 @@ FINISH_PINS = ["claimed/{J}", "lease/{J}", "claimed", "lease"]
 
 
 @needs_root
-@pytest.mark.xfail(
-    strict=True,
-    reason="Q-4: with an append-only claimed/J, lease/J, claimed/ or lease/ (chattr +a), "
-    "finish moves the result (and the request) into done/, then fails with a bare 'EPERM: "
-    "Operation not permitted' and leaves an incomplete pair, where docs/queue.md says finish "
-    "checks first every directory it changes (claimed/, lease/ and the job's own claimed/J "
-    "and lease/J), nothing has moved when it refuses, and an append-only refusal is EPERM "
-    "naming the attribute and its 'chattr -a DIR'",
-)
 @pytest.mark.parametrize("pinned", FINISH_PINS)
 def test_finish_refused_by_an_append_only_directory_moves_nothing(
     queue: QueueCLI, holder, pinned: str
