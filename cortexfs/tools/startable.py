@@ -1,8 +1,9 @@
 """Whether the kernel will start a tool's program, judged before the start (T-5).
 
 The tool is started through setpriv or unshare, which exec it with ``execvp``: a text with no
-``#!`` line would run as a ``/bin/sh`` script where the kernel refuses it, and a launcher's
-one-line complaint about an interpreter would read as the tool's own exit status 126 or 127.
+``#!`` line, or a binary in no format the kernel starts, would run as a ``/bin/sh`` script
+where the kernel refuses it, and a launcher's one-line complaint about an interpreter would
+read as the tool's own exit status 126 or 127.
 So a script's ``#!`` interpreter, and that interpreter's own, are looked at first, as the
 kernel reads them and as the agent's identity would be refused them (setpriv makes the exec
 still holding root's capabilities, which pass any execute bit).
@@ -15,6 +16,7 @@ import errno
 import os
 import re
 import stat
+import struct
 from pathlib import Path
 
 from cortexfs.policy import Identity
@@ -36,7 +38,9 @@ class InterpreterRefused(OSError):
 def require_startable(program: str, cwd: str, identity: Identity | None) -> None:
     """Raise, as the kernel refuses the exec of ``program`` started in ``cwd`` as ``identity``
     (None: as this process), ENOEXEC for a file of text with no ``#!`` line (an empty or
-    truncated script): setpriv and unshare start a program with ``execvp``,
+    truncated script), or for a binary in no format the kernel starts (an ELF file cut
+    short, no ``binfmt_misc`` format registered): setpriv and unshare start a program with
+    ``execvp``,
     which runs such a file with ``/bin/sh`` instead, where Python's own exec (a caller not
     root) is refused — an emptied guard must not let every call through as an empty script.
     And :class:`InterpreterRefused` for a script whose ``#!`` interpreter the kernel would
@@ -67,15 +71,20 @@ def require_startable(program: str, cwd: str, identity: Identity | None) -> None
             reason = _its_interpreter(interpreter, script, program, what)
             raise InterpreterRefused(code, program, interpreter, reason)
         script, head, named_by = interpreter, _head_of(interpreter), script
-    if head is None or (not head.startswith(b"#!") and b"\0" in head):
-        return  # no regular file to read, or a binary format: the kernel's to judge
-    if _interpreter_named(head) is not None:
+    if head is None:
+        return  # no regular file to read: the start says what is wrong with it
+    binary = not head.startswith(b"#!") and b"\0" in head
+    if binary and _a_binary_the_kernel_may_start(script, head):
+        return  # the kernel's to judge further
+    if not binary and _interpreter_named(head) is not None:
         return  # deeper than the kernel follows: its ELOOP is the start's to report
     if script == program:
         raise OSError(errno.ENOEXEC, os.strerror(errno.ENOEXEC), program)
     what = (
-        "is no program: a text with no #! line of its own (an empty file, say), which the "
-        "kernel does not execute"
+        "is no program: a file in no format the kernel executes (an ELF file cut short, say)"
+        if binary
+        else "is no program: a text with no #! line of its own (an empty file, say), which "
+        "the kernel does not execute"
     )
     reason = _its_interpreter(script, named_by, program, what)
     raise InterpreterRefused(errno.ENOEXEC, program, script, reason)
@@ -85,6 +94,51 @@ _SHEBANG_BYTES = 256  # as much of a script's first line as the kernel reads (BI
 # How many interpreters in turn the kernel follows, a script's interpreter being a script
 # itself, before it refuses the exec (ELOOP).
 _MOST_INTERPRETERS = 4
+
+
+# What the kernel reads of an ELF file before it starts it: e_ident's class (32 or 64 bits)
+# and byte order, then from offset 16 e_type, e_machine, e_version, e_entry, e_phoff, e_shoff,
+# e_flags, e_ehsize, e_phentsize and e_phnum.
+_ELF_HEADERS = {1: ("HHIIIIIHHH", 52), 2: ("HHIQQQIHHH", 64)}
+_ELF_RUNNABLE_TYPES = (2, 3)  # ET_EXEC, ET_DYN
+_BINFMT_MISC = Path("/proc/sys/fs/binfmt_misc")
+
+
+def _a_binary_the_kernel_may_start(path: str, head: bytes) -> bool:
+    """Whether a file that is no script (a NUL in its first bytes, no ``#!``) is in a format
+    the kernel may start: an ELF file whose header and program headers it holds whole, or
+    anything while a ``binfmt_misc`` format is registered, whose rules are the kernel's.
+    What the kernel refuses (ENOEXEC) setpriv's ``execvp`` would hand to ``/bin/sh`` as a
+    script: the lines of a binary cut short would run as commands."""
+    if head.startswith(b"\x7fELF"):
+        return _whole_elf(path, head)
+    return _binfmt_misc_formats()
+
+
+def _whole_elf(path: str, head: bytes) -> bool:
+    layout = _ELF_HEADERS.get(head[4]) if len(head) > 5 else None
+    if layout is None or head[5] not in (1, 2):
+        return False
+    fields, size = layout
+    if len(head) < size:
+        return False  # the file ends inside its own header
+    order = "<" if head[5] == 1 else ">"
+    unpacked = struct.unpack_from(order + fields, head, 16)
+    kind, table, entry_size, entries = unpacked[0], unpacked[4], unpacked[8], unpacked[9]
+    try:
+        length = os.stat(path).st_size
+    except OSError:
+        return True  # gone meanwhile: the start says so
+    return kind in _ELF_RUNNABLE_TYPES and entries > 0 and table + entry_size * entries <= length
+
+
+def _binfmt_misc_formats() -> bool:
+    """Whether formats are registered with ``binfmt_misc`` (its ``register`` and ``status``
+    files aside); none is known where it is not mounted."""
+    try:
+        return any(name not in ("register", "status") for name in os.listdir(_BINFMT_MISC))
+    except OSError:
+        return False
 
 
 def _head_of(path: str) -> bytes | None:

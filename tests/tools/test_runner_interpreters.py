@@ -111,3 +111,29 @@ def test_ctx_run_on_a_terminal_is_126_naming_the_interpreter_and_no_launchers_li
         f"{world.user.uid} gid {world.user.gid} (mode 0644, owner 0:0) (Permission denied)"
     ], ran
     assert not mark.exists()
+
+
+@pytest.mark.parametrize(
+    "program",
+    [b"\x00\x01binary\n", Path("/bin/true").read_bytes()[:200]],
+    ids=["no-format", "elf-cut-short"],
+)
+def test_a_binary_the_kernel_will_not_start_is_never_run_as_a_script(
+    world: World, program: bytes
+) -> None:
+    """T-5: a program with a NUL in its first bytes and no format the kernel starts (no
+    ELF whole, no binfmt_misc format here) is ENOEXEC at stage run: setpriv's execvp would
+    hand it to /bin/sh, which would run its lines as commands."""
+    mark = world.workspace / "ran"
+    installed = world.install("binary", f"#!/bin/sh\ntouch {mark}\n")
+    world.agent("coder", tools=["binary"])
+    world.allow_tool("binary")
+    installed.path.write_bytes(program + f"\ntouch {mark}\n".encode())
+
+    native = world.run("binary", {})
+    terminal = run_terminal(world.root, "coder", "binary", [], timeout=30)
+
+    for result in (native, terminal):
+        assert result.error is not None and result.exit_status is None, result
+        assert (result.error.errno, result.error.stage) == (errno.ENOEXEC, "run"), result
+    assert not mark.exists(), "the program ran as a shell script"
