@@ -500,6 +500,11 @@ class _Call:
                     assert self.tool is not None
                     reason = f"the schema control cannot be applied: {unusable}"
                     raise damaged(self.tool, reason) from None
+        if self.hook_names.get(hooks.PRE):
+            with self._stage("run"):
+                # The hooks start where the tool does: a directory that is not there would
+                # otherwise read as a guard that could not run, and veto the call.
+                self._require_working_directory(str(self.view.working_directory()[1]))
         with self._stage("hook"):
             if self.timeout is not None:
                 self.deadline = time.monotonic() + self.timeout
@@ -684,18 +689,7 @@ class _Call:
             why_not = None if self.may_start is None else self.may_start()
             if why_not is not None:
                 raise CtxError(errno.ECANCELED, f"not started: {why_not}")
-            if not os.path.isdir(spec.cwd):
-                # Say which: an exec failing on its working directory also reports ENOENT.
-                fix = f"fix the first mount in agent/{self.agent}.d/mount"
-                if os.path.exists(spec.cwd):
-                    raise CtxError(
-                        errno.ENOTDIR,
-                        f"agent {self.agent}'s working directory {spec.cwd} is not a "
-                        f"directory; {fix}",
-                    )
-                raise not_found(
-                    f"agent {self.agent}'s working directory {spec.cwd} does not exist; {fix}"
-                )
+            self._require_working_directory(spec.cwd)
             try:
                 if self.mode == NATIVE:
                     finished = run_captured(
@@ -826,6 +820,20 @@ class _Call:
         )
 
     # --------------------------------------------------------------------------- helpers
+
+    def _require_working_directory(self, cwd: str) -> None:
+        """ENOENT or ENOTDIR naming the agent's working directory, where the tool and its
+        hooks start, when it is not a directory: an exec failing on it reports ENOENT as if
+        the program were missing."""
+        if os.path.isdir(cwd):
+            return
+        fix = f"fix the first mount in agent/{self.agent}.d/mount"
+        if os.path.exists(cwd):
+            raise CtxError(
+                errno.ENOTDIR,
+                f"agent {self.agent}'s working directory {cwd} is not a directory; {fix}",
+            )
+        raise not_found(f"agent {self.agent}'s working directory {cwd} does not exist; {fix}")
 
     def _hooks(self, phase: str, extra: dict[str, Any]) -> list[hooks.HookRun]:
         assert self.tool is not None

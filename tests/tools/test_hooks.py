@@ -156,6 +156,38 @@ def test_a_pre_hook_whose_interpreter_is_missing_vetoes_naming_the_interpreter(
     assert "/nonexistent/interpreter, named on its #! line, is not there" in refused.error.message
 
 
+@pytest.mark.parametrize(
+    "program",
+    [b"\x00\x01guard\nexit 0\n", Path("/bin/true").read_bytes()[:200]],
+    ids=["no-format", "elf-cut-short"],
+)
+def test_a_pre_hook_the_kernel_will_not_start_vetoes(hooked: World, program: bytes) -> None:
+    """T-6: a guard in no format the kernel starts cannot run, and must not let the call
+    through as the shell script setpriv's execvp would make of it."""
+    hook = hooked.root / "tool/echo.d/hooks/pre.d/10-guard"
+    hook.write_bytes(program)
+    hook.chmod(0o755)
+
+    refused = hooked.run("echo", {"x": 1})
+
+    assert not refused.ok and refused.error.stage == "hook", refused
+    assert "10-guard vetoed the call (exit 126): cannot be run" in refused.error.message
+
+
+def test_a_missing_working_directory_is_named_before_any_hook_is_blamed(hooked: World) -> None:
+    """The hooks start where the tool does: with the agent's working directory gone, the
+    call names that directory (ENOENT, stage run), not an intact guard that could not
+    start there."""
+    add_hook(hooked, "pre", "10-guard")
+    workspace = hooked.workspace
+    workspace.rename(workspace.with_name("moved"))
+
+    refused = hooked.run("echo", {"x": 1})
+
+    assert (refused.error.errno, refused.error.stage) == (errno.ENOENT, "run"), refused
+    assert f"working directory {workspace} does not exist" in refused.error.message
+
+
 def test_a_pre_hook_in_a_directory_the_agent_may_not_search_vetoes(hooked: World) -> None:
     """The agent's search of the directories on the way counts as the kernel counts it: a
     program (no script, whose shell would fail to read it) behind a directory only root may
