@@ -631,9 +631,16 @@ def _settle_failed_install(
 
 
 def _read_marker(dir_fd: int, name: str) -> str:
-    """The text of a small file of ``dir_fd``, never through a symlink."""
-    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    """The text of a small file of ``dir_fd``, never through a symlink, and never waiting on
+    a FIFO someone made at its name: what is there and is no regular file is an OSError
+    naming it (a directory's read would say EISDIR without a name)."""
+    opening = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    fd = os.open(name, opening, dir_fd=dir_fd)
     try:
+        kind = os.fstat(fd).st_mode
+        if not stat.S_ISREG(kind):
+            refused = errno.EISDIR if stat.S_ISDIR(kind) else errno.EINVAL
+            raise OSError(refused, f"{os.strerror(refused)}: it is no regular file", name)
         return os.read(fd, 4096).decode("ascii", "replace")
     finally:
         os.close(fd)

@@ -314,15 +314,6 @@ def test_a_link_at_a_commit_marker_is_named_and_never_followed(world):
     assert target.read_text() == "0123456789ab 42\n"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "R-5: a directory at tool/.t~commit makes 'ctx object install' fail with 'settling what "
-        "interrupted installs left in <root>/tool failed (EISDIR: Is a directory)' and 'ctx "
-        "bootstrap' report 'tool: Is a directory (<root>/tool)', neither naming the entry at "
-        "fault (a link there is named: '.t~commit')"
-    ),
-)
 def test_a_directory_at_a_commit_marker_is_named_by_install_and_bootstrap(world):
     """docs/tools.md "How an install stays atomic", "ctx bootstrap" (a problem is reported
     naming what is in the way and left as it is): a directory someone made at ``.t~commit``
@@ -343,14 +334,6 @@ def test_a_directory_at_a_commit_marker_is_named_by_install_and_bootstrap(world)
     assert [p for p in booted.json()["problems"] if ".t~commit" in p], booted
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "R-5: a FIFO at a commit marker's name (.t~commit) makes 'ctx object install' of any "
-        "tool into that tier and 'ctx bootstrap' wait for ever, blocked opening it to read "
-        "the marker, where every other reader of a tier refuses a FIFO and never waits on it"
-    ),
-)
 def test_a_fifo_at_a_commit_marker_is_never_waited_on(world):
     """docs/tools.md ("never waiting on a FIFO", "ctx bootstrap": a problem is reported and
     left as it was): a FIFO at ``.u~commit`` in space ``lab``'s tier and at ``.t~commit`` in
@@ -600,15 +583,6 @@ def test_an_interpreter_the_kernel_would_refuse_is_named_at_stage_run(world, too
     assert not world.ran(tool)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "T-5: a tool program holding a NUL and no format the kernel starts (a binary cut "
-        "short) is handed by setpriv's execvp to /bin/sh as a script: its lines run as "
-        "commands and the call ends ok (exit 0), where docs/tools.md stage run promises "
-        "ENOEXEC for a program the kernel will not start, never run with /bin/sh"
-    ),
-)
 def test_a_program_the_kernel_will_not_start_is_never_run_as_a_shell_script(world):
     """T-5, docs/tools.md stage ``run`` (``ENOEXEC`` … "with which setpriv's execvp would
     otherwise have run the tool with ``/bin/sh``"): a program file that holds a NUL and is
@@ -646,16 +620,6 @@ def test_a_working_directory_that_is_gone_is_named_with_the_mount_to_fix(world, 
     assert terminal.err == f"ctx: {errno_word}: {error['message']}\n", terminal
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "T-6: with the agent's working directory removed, a pre-hook that is intact is "
-        "reported as vetoing the call ('EACCES: hooks/pre.d/10-guard vetoed the call (exit "
-        "126): cannot be run: No such file or directory'), naming neither the directory nor "
-        "the fix, where the same call without the hook is 'ENOENT: agent coder's working "
-        "directory … does not exist; fix the first mount in agent/coder.d/mount'"
-    ),
-)
 def test_a_working_directory_that_is_gone_is_not_blamed_on_an_intact_pre_hook(world):
     """T-6, docs/tools.md "Hooks" (a pre-hook vetoes by its exit; the veto names the hook
     and quotes it) and stage ``run``: a guard that would pass every call cannot start only
@@ -703,14 +667,6 @@ def test_a_hook_whose_interpreter_is_not_there_is_a_veto_naming_it_or_a_failed_p
     assert (logged["call"], logged["post_hooks"]) == (result["call"], failed), logged
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "T-6: a pre-hook that holds a NUL and no format the kernel starts is run by /bin/sh "
-        "as a script and its 'exit 0' lets the call through, where docs/tools.md says a "
-        "guard that cannot run is a failed hook, a veto"
-    ),
-)
 def test_a_pre_hook_the_kernel_will_not_start_vetoes_the_call(world):
     """T-6, docs/tools.md "Hooks" ("a guard that cannot run must not let calls through"): a
     pre-hook whose file the kernel cannot start (a NUL, no ``#!`` line, no binary format)

@@ -8,6 +8,7 @@ import json
 import multiprocessing
 import os
 import shutil
+import stat
 import subprocess
 import sys
 from collections.abc import Callable
@@ -17,6 +18,7 @@ from typing import Any
 import pytest
 
 from cortexfs import durable, storage
+from cortexfs.errors import CtxError
 from cortexfs.locks import LOCK_FILE
 from cortexfs.policy import Policy
 from cortexfs.tools.commit_marker import commit_in_progress
@@ -463,3 +465,24 @@ def test_listing_a_user_tier_nobody_installed_into_is_empty(tmp_path: Path) -> N
     completed = _run([*CTX, "--storage", str(root), "object", "list", "--tier", "user", "--json"])
 
     assert (completed.returncode, json.loads(completed.stdout)) == (0, [])
+
+
+@pytest.mark.parametrize("odd", ["directory", "fifo"])
+def test_what_is_no_file_at_a_commit_markers_name_is_named_and_never_waited_on(
+    tier: Tier, tmp_path: Path, odd: str
+) -> None:
+    """R-5, T-8: a directory or a FIFO someone made at ``.t~commit`` is no marker of an
+    interrupted install: install and repair refuse naming it, at once (a FIFO is never
+    opened to wait for a writer), and leave it as it is."""
+    marker = tier.directory / ".t~commit"
+    if odd == "directory":
+        marker.mkdir()
+    else:
+        os.mkfifo(marker)
+
+    for attempt in (lambda: install_tool(tier, *version(tmp_path, 1)), lambda: repair_tier(tier)):
+        with pytest.raises((OSError, CtxError)) as refused:
+            attempt()
+        assert ".t~commit" in str(refused.value), refused.value
+    assert marker.is_dir() if odd == "directory" else stat.S_ISFIFO(marker.lstat().st_mode)
+    assert not tier.tool("probe").executable.exists()
