@@ -224,3 +224,25 @@ def test_two_storage_roots_on_one_command_line_are_a_usage_error(tmp_path: Path)
     )
     assert again.returncode == 0, again.stderr
     assert (first / "shared" / "p" / "queue").is_dir()
+
+
+def test_a_queue_command_on_a_root_its_owner_may_not_list_names_the_root(
+    traversable_tmp: Path, unprivileged_user: UnprivilegedUser
+) -> None:
+    """R-1: the user's own root, with a project's queue, made 0300 (entered, never listed):
+    the queue command names the root as what refuses, with the chmod that lifts it, whether
+    the project is there or not — not the queue, whose mode is not at fault."""
+    root = make_root(traversable_tmp)
+    ctx(root, "queue", "init", "--project", "proj")
+    for entry in (root, *root.rglob("*")):
+        os.lchown(entry, unprivileged_user.uid, unprivileged_user.gid)
+    root.chmod(0o300)
+    environment = {**os.environ, "CTX_STORAGE": str(root)}
+    for project in ("proj", "absent"):
+        status = [sys.executable, "-m", "cortexfs", "queue", "status", "--project", project]
+        refused = run_as(unprivileged_user, status, env=environment)
+        assert refused.returncode == 1, refused
+        assert refused.stderr.startswith("ctx: EACCES: "), refused
+        assert f"may not read {root} (" in refused.stderr, refused.stderr
+        assert "'chmod u+r' it" in refused.stderr, refused.stderr
+        assert "No such file" not in refused.stderr, refused.stderr

@@ -516,13 +516,18 @@ def open_dir_below(ops: durable.FsOps, top: Path, path: Path) -> int:
 
     ``top`` itself is reached as it is named: a storage root may be a symlink its
     administrator made (``storage/current`` -> a release).  ELOOP naming the first component
-    that is a symlink, ENOTDIR one that is not a directory, FileNotFoundError a missing one.
+    that is a symlink, ENOTDIR one that is not a directory, FileNotFoundError a missing one,
+    PermissionError naming the directory that refused (``top`` itself: a root its owner may
+    enter but not list).
     """
     try:
         names = path.relative_to(top).parts
     except ValueError:
         raise invalid(f"{path} does not lie below {top}") from None
-    fd = durable.open_dir_path(ops, os.path.realpath(top))
+    try:
+        fd = durable.open_dir_path(ops, os.path.realpath(top))
+    except PermissionError as exc:
+        raise PermissionError(exc.errno, exc.strerror, str(top)) from None
     reached = top
     for name in names:
         reached = reached / name
@@ -531,6 +536,8 @@ def open_dir_below(ops: durable.FsOps, top: Path, path: Path) -> int:
         except OSError as exc:
             found = lstat_at(fd, name) if exc.errno in (errno.ELOOP, errno.ENOTDIR) else None
             ops.close(fd)
+            if isinstance(exc, PermissionError):
+                raise PermissionError(exc.errno, exc.strerror, str(reached)) from None
             if found is not None and stat.S_ISLNK(found.st_mode):
                 raise CtxError(
                     errno.ELOOP,
@@ -553,8 +560,11 @@ def _open_queue_dir(ops: durable.FsOps, path: Path, within: Path | None) -> int:
         return open_dir_below(ops, within, path)
     except FileNotFoundError as exc:
         raise not_found(f"no queue at {path}; create it with 'ctx queue init'") from exc
-    except PermissionError:
-        raise not_readable(Path(path), f"open queue {path}") from None
+    except PermissionError as exc:
+        # The directory that refused, which is the storage root above the queue, say, that
+        # its owner made unlistable, not necessarily the queue.
+        refused = Path(exc.filename) if exc.filename else Path(path)
+        raise not_readable(refused, f"open queue {path}") from None
     except OSError as exc:
         trouble = explain_host_trouble(exc.errno)
         if trouble is None:
