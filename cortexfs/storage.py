@@ -343,7 +343,7 @@ def _refusal(
         # Telling its owner to run as its owner would help nobody: the mode is what is missing.
         letter = {stat.S_IWGRP: "w", stat.S_IRGRP: "r", stat.S_IXGRP: "x"}.get(group_bit, "rwx")
         fix = f"you own it, but its mode leaves you out: 'chmod u+{letter}' it"
-        if not _in_default_root(path):  # where "a root of your own" would name this one
+        if not _default_root_behind(path, group_bit):  # "a root of your own" is no way out
             fix += f", or {use_own_root()}"
     if fix is None and os.geteuid() == 0:
         fix = unmapped_owner(st.st_uid)
@@ -353,7 +353,14 @@ def _refusal(
         who = "as root or as that owner"
         if st.st_mode & group_bit:
             who = f"as root, as that owner or as a member of group {st.st_gid}"
-        fix = f"run it {who}, or {use_own_root()}"
+        instead = use_own_root()
+        if group_bit == stat.S_IXGRP and _default_root_behind(path, group_bit):
+            instead = "use another storage root (--storage DIR or CTX_STORAGE)"
+        fix = f"run it {who}, or {instead}"
+        if group_bit == stat.S_IXGRP:
+            # A directory on the way (another user's 0700 home): what is below may well be
+            # the caller's, and a search bit its owner grants opens the way to it alone.
+            fix = f"have that owner grant you search (x) on it, or {fix}"
     return CtxError(
         errno.EACCES,
         f"cannot {action}: uid {os.geteuid()} may not {what} (owner uid {st.st_uid}, group "
@@ -361,9 +368,16 @@ def _refusal(
     )
 
 
-def _in_default_root(path: Path) -> bool:
+def _default_root_behind(path: Path, group_bit: int) -> bool:
+    """Whether this user's default storage root is refused by ``path`` too, so that "a root
+    of your own" would be no way out: ``path`` is that root or lies inside it, or, refused
+    search (``group_bit`` ``S_IXGRP``), lies on the way to it (``$XDG_DATA_HOME`` below a
+    directory the user may not enter)."""
     real, default = os.path.realpath(path), os.path.realpath(default_root())
-    return real == default or real.startswith(default.rstrip("/") + "/")
+    pairs = [(real, default)] + ([(default, real)] if group_bit == stat.S_IXGRP else [])
+    return any(
+        inner == outer or inner.startswith(outer.rstrip("/") + "/") for inner, outer in pairs
+    )
 
 
 class BootstrapReport:
@@ -446,7 +460,7 @@ def ensure_root_abi(root: Path, ops: durable.FsOps | None = None) -> BootstrapRe
     # Links on the way to the root are the administrator's (/srv/ctx -> /data/ctx), followed
     # as every command follows them: by their resolved path, which also finds what a
     # filesystem mounted nosymfollow would not let the kernel follow.
-    while not os.path.lexists(os.path.realpath(probe)) and probe != probe.parent:
+    while _known_missing(probe) and probe != probe.parent:
         missing_parents.append(probe)
         probe = probe.parent
     private = _xdg_data_home_and_above()
@@ -477,6 +491,10 @@ def ensure_root_abi(root: Path, ops: durable.FsOps | None = None) -> BootstrapRe
         root_fd = durable.open_dir_path(ops, os.path.realpath(root))
     except NotADirectoryError as exc:
         raise not_a_directory(root) from exc
+    except PermissionError:
+        # A directory on the way that may not be searched, or a root its mode leaves the
+        # caller out of reading (0300): the kernel's refusal names neither which nor the fix.
+        raise not_readable(root, f"open the storage root {root}") from None
     except CtxError as exc:
         if exc.errno == errno.ENOTDIR:
             raise not_a_directory(root) from None
@@ -536,6 +554,20 @@ def ensure_root_abi(root: Path, ops: durable.FsOps | None = None) -> BootstrapRe
             f"{'it' if len(strangers) == 1 else 'them'} elsewhere"
         )
     return report
+
+
+def _known_missing(path: Path) -> bool:
+    """Whether nothing is at ``path`` (links on the way resolved), as far as this process may
+    look: a path below a directory it may not search is not known to be missing, so bootstrap
+    does not try to make it (and be refused naming a directory that exists); opening the
+    root then names the directory that refuses."""
+    try:
+        os.lstat(os.path.realpath(path))
+    except PermissionError:
+        return False
+    except OSError:
+        return True
+    return False
 
 
 def mounted_noexec(path: Path) -> bool:
