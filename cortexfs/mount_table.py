@@ -39,14 +39,21 @@ def mounts() -> Iterator[Mount]:
 def mount_point_of(path: Path) -> str | None:
     """Where the filesystem holding ``path`` is mounted: the deepest mount point above its
     resolved path, the last mounted there; None when the table cannot be read."""
+    mount = mount_holding(path)
+    return None if mount is None else mount.mount_point
+
+
+def mount_holding(path: Path) -> Mount | None:
+    """The mount that holds ``path``: the one at the deepest mount point above its resolved
+    path, the last mounted there; None when the table cannot be read."""
     target = os.path.realpath(path)
     deepest = None
     try:
         for mount in mounts():
             point = mount.mount_point
             inside = target == point or target.startswith(point.rstrip("/") + "/")
-            if inside and (deepest is None or len(point) >= len(deepest)):
-                deepest = point
+            if inside and (deepest is None or len(point) >= len(deepest.mount_point)):
+                deepest = mount
     except OSError:
         return None
     return deepest

@@ -49,7 +49,7 @@ def mount(mountpoint: Path, agent: str | None, storage_dir: Path | None) -> None
     try:
         check_mount_point(root, mountpoint)
     except CtxError as error:
-        if error.errno == errno.ENOENT and root.is_dir() and not os.path.lexists(mountpoint):
+        if error.errno == errno.ENOENT and root.is_dir() and not os.path.exists(mountpoint):
             options = [] if agent is None else ["--as", agent]
             given = storage_dir or (click.get_current_context().find_root().obj or {}).get(
                 "storage"
@@ -76,19 +76,30 @@ def mount(mountpoint: Path, agent: str | None, storage_dir: Path | None) -> None
 def _missing_mount_point(mountpoint: Path, options: list[str]) -> str:
     """What to do about a mount point that does not exist: make it (with its missing parents,
     ``mkdir -p``), and, for a user who is not root, mount on a directory of their own instead
-    (``/ctx`` is a directory only root can make), with the same ``options``."""
-    absolute = mountpoint.absolute()
-    nearest = _nearest_existing(absolute.parent)
-    mkdir = "mkdir" if nearest == absolute.parent else "mkdir -p"
-    make = f"'{mkdir} {shell_word(str(mountpoint))}'"
+    (``/ctx`` is a directory only root can make), with the same ``options``.  A symbolic link
+    to nothing is no missing name (a mkdir of it fails with EEXIST): the kernel would mount
+    where it leads, so that directory is the one to make, or the link the one to remove."""
+    made, shown = mountpoint.absolute(), mountpoint  # shown: as the mkdir names it
     reason = f"the mount point {mountpoint} does not exist; create an empty directory there"
+    instead = ""
+    if os.path.islink(made):
+        reason = (
+            f"the mount point {mountpoint} is a symbolic link to {os.readlink(made)}, which "
+            "does not exist; create the empty directory it leads to"
+        )
+        instead = ", or remove the link and create an empty directory in its place"
+        made = shown = Path(os.path.realpath(made))
+    nearest = _nearest_existing(made.parent)
+    mkdir = "mkdir" if nearest == made.parent else "mkdir -p"
+    make = f"'{mkdir} {shell_word(str(shown))}'"
     if os.geteuid() == 0:
-        return f"{reason} ({make})"
+        return f"{reason} ({make}){instead}"
     if not os.access(nearest, os.W_OK | os.X_OK):
         make += f" as root: you may not create entries in {nearest}"
     again = shell_words(["ctx", "mount", *options])
     return (
-        f"{reason} ({make}), or mount on a directory of your own: 'mkdir -p ~/ctx && {again} ~/ctx'"
+        f"{reason} ({make}){instead}, or mount on a directory of your own: "
+        f"'mkdir -p ~/ctx && {again} ~/ctx'"
     )
 
 

@@ -78,14 +78,19 @@ def _require_outside(root: Path, mountpoint: Path) -> None:
 def _require_empty_directory(mountpoint: Path) -> None:
     try:
         is_directory = stat.S_ISDIR(os.stat(mountpoint).st_mode)
-        if is_directory and os.listdir(mountpoint):
-            if mounted_type(_absolute(mountpoint)) == FILESYSTEM_TYPE:
-                raise CtxError(
-                    errno.EBUSY,
-                    f"{mountpoint} is already a CortexFS mount; unmount it with "
-                    f"'ctx umount {shell_word(str(mountpoint))}' first, or mount on another "
-                    "empty directory",
-                )
+        # Listed first: a dead mount may still answer stat from the kernel's cache, never a
+        # listing (ENOTCONN).  Then the mount table, whatever the listing held: a CortexFS
+        # mount may list nothing (an agent's view while its entry cannot be read), and one
+        # mounted over it would hide it while it still serves.
+        listed = os.listdir(mountpoint) if is_directory else []
+        if is_directory and mounted_type(_absolute(mountpoint)) == FILESYSTEM_TYPE:
+            raise CtxError(
+                errno.EBUSY,
+                f"{mountpoint} is already a CortexFS mount; unmount it with "
+                f"'ctx umount {shell_word(str(mountpoint))}' first, or mount on another "
+                "empty directory",
+            )
+        if listed:
             raise CtxError(
                 errno.ENOTEMPTY,
                 f"the mount point {mountpoint} is not empty; mount on an empty directory",
@@ -97,12 +102,27 @@ def _require_empty_directory(mountpoint: Path) -> None:
     except OSError as exc:
         reason = f"the mount point {mountpoint}: {exc.strerror}"
         if exc.errno == errno.ENOTCONN:  # a mount whose process died is still in the way
-            reason += f"; remove the dead mount with 'ctx umount {shell_word(str(mountpoint))}'"
+            reason += _dead_mount_remedy(mountpoint)
         raise CtxError(exc.errno or errno.EIO, reason) from None
     if not is_directory:
         raise CtxError(
             errno.ENOTDIR, f"the mount point {mountpoint} is not a directory; give an empty one"
         )
+
+
+def _dead_mount_remedy(path: Path) -> str:
+    """How to remove the dead mount that ``path`` lies on, named by its own mount point from
+    the mount table: ``path`` may lie below it (``/ctx/home``), and no unmount of a path that
+    is no mount point removes it."""
+    dead = mount_table.mount_holding(path)
+    if dead is None:  # the table cannot be read: the path given is the best guess
+        return f"; remove the dead mount with 'ctx umount {shell_word(str(path))}'"
+    if dead.filesystem_type != FILESYSTEM_TYPE:
+        return (
+            f"; the {dead.filesystem_type} mount at {dead.mount_point} lost its process, and "
+            "is not one of 'ctx mount': unmount it with umount(8)"
+        )
+    return f"; remove the dead mount with 'ctx umount {shell_word(dead.mount_point)}'"
 
 
 def unmount(mountpoint: Path) -> None:
@@ -225,9 +245,27 @@ def cortexfs_mount_holding(path: Path) -> Path | None:
 def _absolute(path: Path) -> Path:
     """``path`` made absolute as the kernel mounts on it, following symbolic links, without
     ``stat`` of the path itself (that of a mount whose daemon died fails with ENOTCONN):
-    the parent's links are resolved, and the last name's when it is a link (``lstat``)."""
+    the parent's links are resolved, and the last name's when it is a link (``lstat``).
+    ELOOP when they lead round in a loop, as the kernel would say."""
     absolute = Path(os.path.abspath(path))
     if not absolute.name:
         return absolute
-    where = absolute.parent.resolve() / absolute.name
-    return Path(os.path.realpath(where)) if os.path.islink(where) else where
+    where = _resolved(absolute.parent, path) / absolute.name
+    return _resolved(where, path) if os.path.islink(where) else where
+
+
+def _resolved(path: Path, given: Path) -> Path:
+    """``path`` with its links resolved; what is missing or cannot be looked at (a dead
+    mount, a directory the caller may not search) is kept as it is written, for the mount
+    table to judge.  A loop is ELOOP naming ``given``: a path resolved as far as the loop
+    would name neither a mount nor what is wrong."""
+    try:
+        return Path(os.path.realpath(path, strict=True))
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise CtxError(
+                errno.ELOOP,
+                f"{given}: {exc.strerror} (its symbolic links lead round in a loop); name "
+                "the mount point by a path without the loop",
+            ) from None
+        return Path(os.path.realpath(path))

@@ -224,13 +224,6 @@ def names_alone(text: str, path: Path) -> bool:
 
 
 @needs_root
-@pytest.mark.xfail(
-    strict=True,
-    reason="R-5: ctx bootstrap of the user's own storage root of mode 0300 (its owner may "
-    "not list it) ends 'ctx: EACCES: ROOT: Permission denied' and nothing more, where README "
-    "promises 'ctx: ERRNO: what to do' and bootstrap tells the owner of a root it may not "
-    "write to 'chmod u+w' it",
-)
 def test_bootstrap_of_a_root_its_owner_may_not_list_says_what_to_do(
     scratch: Path, unprivileged_user: UnprivilegedUser
 ) -> None:
@@ -249,13 +242,6 @@ def test_bootstrap_of_a_root_its_owner_may_not_list_says_what_to_do(
 
 
 @needs_root
-@pytest.mark.xfail(
-    strict=True,
-    reason="R-1: on the user's own storage root of mode 0300 (its owner may not list it) "
-    "queue commands answer EACCES naming the queue directory ('you own it, but its mode "
-    "leaves you out: chmod u+r it', though it is 3770) or, for a project not there, EACCES "
-    "with 'No such file or directory', and never name the root, which is what refuses",
-)
 @pytest.mark.parametrize("project", ["proj", "absent"], ids=["its project", "no such project"])
 def test_queue_commands_on_a_root_its_owner_may_not_list_name_the_root(
     scratch: Path, unprivileged_user: UnprivilegedUser, project: str
@@ -276,13 +262,6 @@ def test_queue_commands_on_a_root_its_owner_may_not_list_name_the_root(
 
 
 @needs_root
-@pytest.mark.xfail(
-    strict=True,
-    reason="R-5: ctx bootstrap of an existing root below a directory the user may not search "
-    "says 'cannot create DIR … create it yourself' of a directory that exists (EACCES), "
-    "where its help promises each problem names its path and the directory at fault is the "
-    "one above, which every other command names ('may not enter')",
-)
 @pytest.mark.parametrize("named_by", ["--storage", "XDG_DATA_HOME"])
 def test_bootstrap_below_a_directory_the_user_may_not_search_names_that_directory(
     _template: Path, scratch: Path, unprivileged_user: UnprivilegedUser, named_by: str
@@ -478,13 +457,6 @@ def test_a_source_the_command_line_refuses_makes_no_root(scratch: Path, source: 
 
 
 @needs_fuse
-@pytest.mark.xfail(
-    strict=True,
-    reason="F-1: 'ctx mount' on a mount point that is a live CortexFS mount showing an empty "
-    "agent view (agent entry renamed away) mounts a second CortexFS mount over it, where "
-    "'ctx mount --help' and docs/mount.md refuse a mount point that is already a CortexFS "
-    "mount with EBUSY",
-)
 def test_a_mount_point_showing_an_empty_agent_view_is_still_a_cortexfs_mount(
     root: Path, scratch: Path
 ) -> None:
@@ -522,13 +494,6 @@ def test_a_mount_point_showing_an_empty_agent_view_is_still_a_cortexfs_mount(
 
 
 @needs_fuse
-@pytest.mark.xfail(
-    strict=True,
-    reason="F-1: a mount point that is a symbolic link to nothing is refused ENOENT 'does "
-    "not exist; create an empty directory there', with no mkdir and without naming where "
-    "the link leads (a mkdir there fails EEXIST), where docs/mount.md answers a missing "
-    "mount point with the mkdir that makes it",
-)
 def test_a_mount_point_that_is_a_link_to_nothing_is_answered_with_what_makes_it(
     root: Path, scratch: Path
 ) -> None:
@@ -546,13 +511,6 @@ def test_a_mount_point_that_is_a_link_to_nothing_is_answered_with_what_makes_it(
 
 
 @needs_fuse
-@pytest.mark.xfail(
-    strict=True,
-    reason="F-1: 'ctx umount' of a path whose directory is a loop of symbolic links ends in "
-    "a Python traceback (RuntimeError: Symlink loop from …), exit 1, with no 'ctx: ERRNO: …' "
-    "line, where README says errors read 'ctx: ERRNO: what to do' and 'ctx mount' of the same "
-    "path says ELOOP",
-)
 def test_umount_of_a_path_through_a_loop_of_links_is_an_error_line_not_a_traceback(
     root: Path, scratch: Path
 ) -> None:
@@ -574,13 +532,6 @@ def test_umount_of_a_path_through_a_loop_of_links_is_an_error_line_not_a_traceba
 
 
 @needs_fuse
-@pytest.mark.xfail(
-    strict=True,
-    reason="F-1: 'ctx mount' on a directory below a mount whose process died answers "
-    "ENOTCONN with the way out 'ctx umount <that directory>', which is no mount point: run "
-    "as said it is ENOENT 'does not exist' and the dead mount stays, where docs/mount.md "
-    "says 'ctx umount' removes the dead mount",
-)
 def test_the_umount_suggested_for_a_dead_mount_above_the_mount_point_removes_it(
     root: Path, scratch: Path
 ) -> None:
