@@ -639,6 +639,10 @@ def say_why_left_pending(left_pending: dict[str, str]) -> None:
     for why, (evidence, remedy) in held.items():
         jobs = [job for job, reason in left_pending.items() if reason == why]
         if jobs:
+            # A command to copy names the job itself when there is one.
+            remedy = remedy.replace(
+                "show J'", f"show {jobs[0]}'" if len(jobs) == 1 else "show J' of each"
+            )
             _note(f"left pending, {evidence}: {_some(jobs)}; {remedy}")
 
 

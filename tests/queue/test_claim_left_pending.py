@@ -67,7 +67,7 @@ def test_a_job_both_pending_and_finished_is_named_as_a_conflict(root: Path, tmp_
     done = ctx(root, "queue", "claim", *P, "--json")
     assert (done.returncode, done.stdout) == (3, "")
     assert "done/ or failed/ too, a conflict: twice.req.json" in done.stderr
-    assert "ctx queue show J" in done.stderr
+    assert "'ctx queue show twice.req.json --project" in done.stderr
 
 
 def test_a_long_list_of_held_jobs_is_cut_with_a_count(root: Path, tmp_path: Path) -> None:
