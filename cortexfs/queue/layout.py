@@ -561,8 +561,8 @@ def _open_queue_dir(ops: durable.FsOps, path: Path, within: Path | None) -> int:
     except FileNotFoundError as exc:
         raise not_found(f"no queue at {path}; create it with 'ctx queue init'") from exc
     except PermissionError as exc:
-        # The directory that refused, which is the storage root above the queue, say, that
-        # its owner made unlistable, not necessarily the queue.
+        # Named by the directory that refused, which need not be the queue: the storage
+        # root above it, say, that its owner made unlistable.
         refused = Path(exc.filename) if exc.filename else Path(path)
         raise not_readable(refused, f"open queue {path}") from None
     except OSError as exc:
