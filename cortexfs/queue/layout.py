@@ -28,7 +28,7 @@ from cortexfs.names import decimal_value, shown_number
 from cortexfs.printable import quoted
 from cortexfs.queue.claim_order import ClaimOrder, start_hint
 from cortexfs.queue.holder import MAX_LEASE_TTL, check_ttl
-from cortexfs.storage import check_space_name, not_readable, require_writable
+from cortexfs.storage import check_space_name, not_reachable, not_readable, require_writable
 from cortexfs.timefmt import MAX_SECONDS, SECONDS_TEXT
 
 STATE_DIRS = ("inbox", "pending", "lease", "claimed", "done", "failed")
@@ -561,15 +561,27 @@ def _open_queue_dir(ops: durable.FsOps, path: Path, within: Path | None) -> int:
     except FileNotFoundError as exc:
         raise not_found(f"no queue at {path}; create it with 'ctx queue init'") from exc
     except PermissionError as exc:
-        # Named by the directory that refused, which need not be the queue: the storage
-        # root above it, say, that its owner made unlistable.
-        refused = Path(exc.filename) if exc.filename else Path(path)
-        raise not_readable(refused, f"open queue {path}") from None
+        raise _refused_opening_queue(Path(path), exc) from None
     except OSError as exc:
         trouble = explain_host_trouble(exc.errno)
         if trouble is None:
             raise
         raise _cannot_open(path, exc, trouble.aside, trouble.remedy) from None
+
+
+def _refused_opening_queue(path: Path, exc: PermissionError) -> CtxError:
+    """The EACCES for queue ``path`` whose opening the kernel refused at the directory
+    ``exc`` names, which need not be the queue: the storage root above it, say, that its
+    owner made unlistable.  One on the way is named as a directory the caller may not
+    enter, when it may not; else as one it may not read."""
+    action = f"open queue {path}"
+    refused = Path(exc.filename) if exc.filename else path
+    if refused != path and refused in path.parents:
+        below = refused / path.relative_to(refused).parts[0]
+        on_the_way = not_reachable(below, action)
+        if on_the_way is not None:
+            return on_the_way
+    return not_readable(refused, action)
 
 
 def _cannot_open(
