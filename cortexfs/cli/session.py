@@ -237,21 +237,23 @@ def repair(
     than one name (a hard link), is not changed but named in a 'ctx: warning:' line.  Exit
     0 either way, on a read-only filesystem too when nothing is torn; a torn line there
     cannot be cut (EROFS, exit 1, nothing changed).  A repair refused (a hard-linked
-    events.jsonl, EINVAL) leaves the file as it is; the modes tightened before are kept, and
-    the refusal says so.
+    events.jsonl, EINVAL; an immutable one, EPERM naming the attribute and the chattr that
+    lifts it) leaves the file as it is; the modes tightened before are kept, and the refusal
+    says so.
     """
     ref = _session_ref(storage_dir, agent, session, project, uid)
+    done = Tightening()
     with _session_directory(ref, _listing(agent, project, uid)) as directory:
-        # A home session an older version made readable by the agent's group is the agent's
-        # alone again (as 'ctx bootstrap' makes every one).
-        done = Tightening() if ref.space is not None else _tightened(directory, ref)
-        for line in done.left:
-            click.echo(printable(f"ctx: warning: {line}"), err=True)
-        if not as_json:
-            # Said before the repair, which may still be refused: the modes changed either way.
-            for line in done.tightened:
-                click.echo(printable(f"tightened {line}"))
         try:
+            try:
+                if ref.space is None:
+                    # A home session an older version made readable by the agent's group is
+                    # the agent's alone again (as 'ctx bootstrap' makes every one).
+                    _tighten(directory, ref, done)
+            finally:
+                # Said before the repair, which may still be refused, and also when the
+                # tightening itself was refused part-way: the modes changed either way.
+                _say_tightened(done, as_json)
             removed = events.repair(ref.events_path, dir_fd=directory)
         except (CtxError, OSError) as exc:
             if not done.tightened:
@@ -282,15 +284,24 @@ def repair(
         echo_printable(f"nothing to do: {ref.events_path} ends with a complete line")
 
 
-def _tightened(directory: int, ref: SessionRef) -> Tightening:
-    """:func:`tighten_session`, except on a read-only filesystem, where nothing can change
-    (and the torn line, if any, is refused with EROFS by the repair itself)."""
+def _tighten(directory: int, ref: SessionRef, done: Tightening) -> None:
+    """:func:`tighten_session` into ``done``, except on a read-only filesystem, where nothing
+    can change (and the torn line, if any, is refused with EROFS by the repair itself)."""
     try:
-        return tighten_session(directory, str(ref.path))
+        tighten_session(directory, str(ref.path), done)
     except OSError as exc:
         if exc.errno != errno.EROFS:
             raise
-        return Tightening()
+
+
+def _say_tightened(done: Tightening, as_json: bool) -> None:
+    """What a repair left as it is (a warning each, on stderr) and, in text, what it
+    tightened (``--json`` gives both in its answer)."""
+    for line in done.left:
+        click.echo(printable(f"ctx: warning: {line}"), err=True)
+    if not as_json:
+        for line in done.tightened:
+            click.echo(printable(f"tightened {line}"))
 
 
 @session.command("list")

@@ -581,9 +581,30 @@ def _truncate_torn_line(ops: durable.FsOps, fd: int, path: Path | None = None) -
     keep = _end_of_last_line(fd, size)
     if keep == size:
         return 0
-    ops.truncate(fd, keep)
+    try:
+        ops.truncate(fd, keep)
+    except OSError as exc:
+        raise _cut_refused(exc, fd, path, size - keep) from None
     ops.fsync(fd)
     return size - keep
+
+
+def _cut_refused(exc: OSError, fd: int, path: Path | None, torn: int) -> CtxError | OSError:
+    """The error of cutting the ``torn`` bytes of the log open as ``fd`` that the kernel
+    refused with ``exc``, naming the log: a truncate names no file.  An append-only log,
+    which an appender opens (``O_APPEND``) but may never cut, to root too, is refused with
+    its attribute and the ``chattr`` that lifts it, not a bare "Operation not permitted"."""
+    pinned = refusing_attribute(fd) if exc.errno == errno.EPERM else None
+    if pinned is None:
+        return OSError(exc.errno, exc.strerror, None if path is None else str(path))
+    shown = path or "the event log"
+    return CtxError(
+        errno.EPERM,
+        f"{shown} ends with a torn line of {torn} bytes, which cannot be cut while it is "
+        f"{pinned.name} (attribute '{pinned.letter}', which 'lsattr' shows), and no event is "
+        "appended after a torn line (it would be glued onto it); nothing was changed: have "
+        f"root lift the attribute with 'chattr -i -a {shown}', and the next append cuts it",
+    )
 
 
 def _ends_torn(fd: int) -> bool:

@@ -37,6 +37,7 @@ from pathlib import Path
 
 from cortexfs import capabilities, durable, storage
 from cortexfs.errors import CtxError
+from cortexfs.file_attributes import refusing_attribute
 from cortexfs.shared.events import EVENTS_FILE
 from cortexfs.shared.level_walk import (
     SESSION_LEVELS,
@@ -97,17 +98,16 @@ def _tighten_home(ops: durable.FsOps, homes_fd: int, uid: str, home: str, done: 
         os.close(top)
 
 
-def tighten_session(session_fd: int, shown: str) -> Tightening:
+def tighten_session(session_fd: int, shown: str, done: Tightening) -> None:
     """The home session open as ``session_fd`` (its directory, reached without following a
     link) and its ``events.jsonl`` tightened as bootstrap does, for ``ctx session repair``,
-    with the session directory's owner as the home owner.  EPERM when the caller is neither
-    root nor their owner."""
+    with the session directory's owner as the home owner; each change is added to ``done`` as
+    it is made, so that a refusal of the file still leaves the directory's change said.
+    EPERM when the caller is neither root nor their owner, or an attribute refuses it."""
     ops = durable.default_ops()
-    done = Tightening()
     owner = os.fstat(session_fd).st_uid
     _tighten(ops, session_fd, HOME_SESSION_MODE, shown, owner, done)
     _tighten_events(ops, session_fd, f"{shown}/{EVENTS_FILE}", owner, done)
-    return done
 
 
 def _tighten_events(
@@ -164,13 +164,45 @@ def _tighten(
             f"making {shown} (uid {status.st_uid}'s, mode {current:04o}) {wanted:04o}",
             capabilities.CAP_FOWNER,
         )
-    ops.fchmod(fd, wanted)
+    try:
+        ops.fchmod(fd, wanted)
+    except PermissionError as exc:
+        # Refused to the owner and to root alike: an attribute, which the kernel's bare
+        # "Operation not permitted" does not name.
+        raise _mode_change_refused(fd, status, shown, wanted) or OSError(
+            exc.errno, exc.strerror, shown
+        ) from None
     # The mode reaches the disk before bootstrap reports it repaired.
     if stat.S_ISDIR(status.st_mode):
         durable.sync_dir(ops, fd)
     else:
         ops.fsync(fd)
     done.tightened.append(f"{shown} (mode {current:04o} -> {wanted:04o})")
+
+
+def _mode_change_refused(
+    fd: int, status: os.stat_result, shown: str, wanted: int
+) -> CtxError | None:
+    """EPERM naming the attribute of the entry open as ``fd`` (``shown``) that refuses a
+    change of its mode whatever its owner (immutable, append-only) and the ``chattr`` that
+    lifts it; None when it has none."""
+    attribute = refusing_attribute(fd)
+    if attribute is None:
+        return None
+    lister = "'lsattr -d'" if stat.S_ISDIR(status.st_mode) else "'lsattr'"
+    try:
+        # Where the kernel has it: bootstrap shows the entry relative to the storage root,
+        # and chattr needs a path that works from anywhere.
+        path = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        path = shown
+    return CtxError(
+        errno.EPERM,
+        f"cannot make {shown} {wanted:04o} (mode {stat.S_IMODE(status.st_mode):04o}): it is "
+        f"{attribute.name} (attribute '{attribute.letter}', which {lister} shows), which "
+        "refuses a change of its mode, by root too; have root remove it with "
+        f"'chattr -{attribute.letter} {path}', then run the command again",
+    )
 
 
 def _not_the_owners(status: os.stat_result, owner: int) -> str:

@@ -36,7 +36,7 @@ from cortexfs.names import (
 )
 from cortexfs.shared.events import EVENTS_FILE, EventLog, make_event
 from cortexfs.shared.tree import Ownership, ensure_directories, ensure_home, open_beneath
-from cortexfs.storage import check_space_name
+from cortexfs.storage import check_space_name, not_readable
 
 DEFAULT_SESSION = "default"
 HOME_SESSION_MODE = 0o700  # the agent's own: agents sharing a group read none of it
@@ -303,13 +303,20 @@ def homes_with_sessions(root: Path, agent: str) -> list[int]:
     """The uids whose home holds a session directory of ``agent``, in numeric order.
 
     Sessions are ordinary directories (S-1): they outlive the agent that wrote them, so they
-    are found by looking, not through ``agent/<name>``.
+    are found by looking, not through ``agent/<name>``.  EACCES, naming ``home/`` and who may
+    read it, when the caller may not list it.
     """
     check_object_name(agent, "agent")
     try:
         names = os.listdir(root / "home")
     except (FileNotFoundError, NotADirectoryError):
         return []
+    except PermissionError:
+        # Whose homes hold them is not known: the caller is told which directory refused and
+        # who may read it, not only the kernel's "Permission denied".
+        raise not_readable(
+            root / "home", f"find the homes holding sessions of agent {agent!r}"
+        ) from None
     # Only names SessionRef takes for a uid: a home/4294967295 (or one of hundreds of digits)
     # made by hand is no user's home, and must not end the listing of the others.
     values = (decimal_value(name) for name in names if is_decimal(name))

@@ -344,8 +344,10 @@ def _regroup(path: Path, old_gid: int, new_gid: int) -> tuple[int, list[dict[str
     Each entry is opened without following a link and changed through its descriptor, after
     checking it is still the entry listed: a member who swaps an entry for a link, or for a
     hard link to a file elsewhere, while root regroups the space cannot make root give the
-    group anything outside it.  Symbolic links, sockets and devices are neither opened nor
-    changed (a link's group grants nothing).  A change of group keeps a directory's setgid
+    group anything outside it.  Symbolic links are neither opened nor changed (a link's group
+    grants nothing); a socket or a device node, whose group bits say who may connect to it or
+    use the device, is opened ``O_PATH`` (neither connected to nor opened as the device) and
+    changed as the others are.  A change of group keeps a directory's setgid
     bit (the kernel clears set-id bits of files only).  A caller other than root may change
     only its own entries, so it must own every one of them: EPERM, before anything changes,
     names the first it does not.
@@ -369,7 +371,7 @@ def _regroup(path: Path, old_gid: int, new_gid: int) -> tuple[int, list[dict[str
             reason = "it has other names (hard links), which may lie outside the space"
             kept.append({"path": shown, "reason": reason})
             return
-        os.fchown(fd, -1, new_gid)
+        _give_group(fd, status, new_gid)
         changed += 1
 
     def too_deep(shown: str) -> None:
@@ -384,13 +386,17 @@ def _regroup(path: Path, old_gid: int, new_gid: int) -> tuple[int, list[dict[str
 
 MAX_REGROUP_DEPTH = 256  # directories below the space a regroup enters: one descriptor each
 _ENTRY_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+# A socket cannot be opened, and opening a device node would open the device: both are
+# reached through a descriptor of the entry alone.
+_PATH_ONLY_TYPES = (stat.S_IFSOCK, stat.S_IFCHR, stat.S_IFBLK)
+_PATH_ONLY_FLAGS = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
 _DIRECTORY_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 Visitor = Callable[[int, os.stat_result, str], None]
 
 
 def _visit_beneath(path: Path, visit: Visitor, too_deep: Callable[[str], None]) -> None:
-    """Call ``visit(fd, fstat, shown)`` for every directory, regular file and FIFO below
-    ``path``, then for ``path`` itself, each opened relative to a descriptor of its own
+    """Call ``visit(fd, fstat, shown)`` for every entry below ``path`` but symbolic links,
+    then for ``path`` itself, each opened relative to a descriptor of its own
     directory with ``O_NOFOLLOW``: what is visited is what was listed, never what a link
     names.  The walk keeps its own stack and enters no directory deeper than
     :data:`MAX_REGROUP_DEPTH` (``too_deep`` hears of each), so no tree a member makes stops
@@ -450,16 +456,18 @@ def _visit_below(top_fd: int, shown: str, visit: Visitor, too_deep: Callable[[st
 
 
 def _open_listed(dir_fd: int, name: str) -> tuple[int, os.stat_result] | None:
-    """``name`` in ``dir_fd`` opened without following a link, and its ``fstat``; None when
-    it is a link, socket or device (never opened), or gone or replaced since it was listed."""
+    """``name`` in ``dir_fd`` opened without following a link (a socket or a device node
+    ``O_PATH``: :data:`_PATH_ONLY_TYPES`), and its ``fstat``; None when it is a link (never
+    opened), or gone or replaced since it was listed."""
     try:
         listed = os.lstat(name, dir_fd=dir_fd)
     except FileNotFoundError:
         return None
-    if stat.S_IFMT(listed.st_mode) not in (stat.S_IFDIR, stat.S_IFREG, stat.S_IFIFO):
+    if stat.S_ISLNK(listed.st_mode):
         return None
+    path_only = stat.S_IFMT(listed.st_mode) in _PATH_ONLY_TYPES
     try:
-        fd = os.open(name, _ENTRY_FLAGS, dir_fd=dir_fd)
+        fd = os.open(name, _PATH_ONLY_FLAGS if path_only else _ENTRY_FLAGS, dir_fd=dir_fd)
     except OSError as exc:
         if exc.errno in (errno.ENOENT, errno.ELOOP, errno.ENXIO):
             return None
@@ -469,6 +477,16 @@ def _open_listed(dir_fd: int, name: str) -> tuple[int, os.stat_result] | None:
         os.close(fd)
         return None
     return fd, status
+
+
+def _give_group(fd: int, status: os.stat_result, gid: int) -> None:
+    """Group ``gid`` for the entry open as ``fd`` (by :func:`_open_listed`; ``status`` its
+    fstat), through that descriptor: an ``O_PATH`` one, which fchown refuses, through the
+    ``/proc/self/fd`` entry that names the very inode it was opened on."""
+    if stat.S_IFMT(status.st_mode) in _PATH_ONLY_TYPES:
+        durable.default_ops().chown_opened(fd, -1, gid)
+    else:
+        os.fchown(fd, -1, gid)
 
 
 def _bootstrap(root: Path) -> list[str]:

@@ -27,15 +27,22 @@ import json
 import os
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from cortexfs import durable
 from cortexfs.errors import CtxError
+from cortexfs.jsontext import dumps_utf8
 from cortexfs.locks import flock_within, open_lock_file
 from cortexfs.shared.events import EventLog, make_event
-from cortexfs.shared.redact import bounded_argv_summary, bounded_summary, summarize
+from cortexfs.shared.redact import (
+    MAX_ITEMS,
+    MAX_SUMMARY_BYTES,
+    bounded_argv_summary,
+    bounded_summary,
+    summarize,
+)
 from cortexfs.shared.redact_quoted import hidden_values, without_hidden
 from cortexfs.shared.sessions import Session
 from cortexfs.shared.tree import open_beneath
@@ -97,13 +104,38 @@ def result_facts(result: ToolResult, called_with: Any = None) -> dict[str, Any]:
     if result.output is not None:
         facts["output"] = bounded_summary(result.output)
     if result.post_hooks:
+        listed = _logged_post_hooks(result.post_hooks, hidden)
+        facts["post_hooks"] = listed
+        if len(listed) < len(result.post_hooks):
+            facts["post_hooks_unlisted"] = len(result.post_hooks) - len(listed)
+    return facts
+
+
+# The failed post-hooks a result's record lists, and the bytes they may take there, as a
+# summary may (:data:`~cortexfs.shared.redact.MAX_SUMMARY_BYTES`): a tool may have any number
+# of hooks, each named by up to 255 bytes, and listed whole they could make the event longer
+# than any event may be (EFBIG), leaving the call's tool_call without its tool_result.
+LOGGED_POST_HOOKS = MAX_ITEMS
+LOGGED_POST_HOOKS_BYTES = MAX_SUMMARY_BYTES
+
+
+def _logged_post_hooks(
+    post_hooks: Sequence[Mapping[str, Any]], hidden: frozenset[str]
+) -> list[dict[str, Any]]:
+    """The first of ``post_hooks`` as a record gives them: at most :data:`LOGGED_POST_HOOKS`,
+    and no more than fit in :data:`LOGGED_POST_HOOKS_BYTES` (the first always does: its name
+    and summarised message are a few KiB at most)."""
+    listed: list[dict[str, Any]] = []
+    size = 0
+    for hook in post_hooks[:LOGGED_POST_HOOKS]:
         # A hook's message is the last line of its stderr: any length, and as apt as the
         # tool's own to hold a secret.
-        facts["post_hooks"] = [
-            {**hook, "message": summarize(without_hidden(hook["message"], hidden))}
-            for hook in result.post_hooks
-        ]
-    return facts
+        entry = {**hook, "message": summarize(without_hidden(hook["message"], hidden))}
+        size += len(dumps_utf8(entry, separators=(",", ":"), default=str)) + 1
+        if listed and size > LOGGED_POST_HOOKS_BYTES:
+            break
+        listed.append(entry)
+    return listed
 
 
 def record_requested(session: Session, object_ref: str, facts: dict[str, Any]) -> None:

@@ -274,14 +274,6 @@ def test_a_space_that_is_a_link_is_never_followed_by_a_reader(world: World, scra
 # ---------------------------------------------------------- readers: homes closed to a caller
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="S-1: with home/ closed to the caller, a reader of an agent that does not exist "
-    "(or is gone) says only "
-    "'EACCES: ROOT/home: Permission denied', not who may read it as ctx.session promises "
-    "('EACCES, naming its whole path and who may read it') and as the same command with "
-    "--uid says ('owner uid 0, group 0, mode 0700')",
-)
 def test_a_closed_home_directory_is_eacces_saying_who_may_read_it(world: World) -> None:
     """ctx.session "ctx session": exit 1 when "a directory on the way is closed to you
     (EACCES, naming its whole path and who may read it)"; ``home/`` closed (0700, root's) is
@@ -346,13 +338,6 @@ def test_a_member_may_read_an_older_home_session_but_its_repair_is_eperm_naming_
     assert [m for m, _, _ in modes(directory, events)] == [0o700, 0o600]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="S-5: ctx session repair of an older-mode home session whose directory is "
-    "immutable (chattr +i) fails with a bare 'EPERM: Operation not permitted', naming "
-    "neither the directory nor the attribute, where every other refusal of repair names the "
-    "file and an immutable or append-only events.jsonl is named with its 'chattr -i'",
-)
 def test_repair_of_an_older_session_whose_directory_is_immutable_names_it(world: World) -> None:
     """docs/sessions.md "Sessions made by older versions", "Reading, torn lines and repair":
     repair first takes the group's bits from an older home session; a directory pinned by
@@ -373,14 +358,6 @@ def test_repair_of_an_older_session_whose_directory_is_immutable_names_it(world:
 
 
 @pytest.mark.parametrize("case", ["immutable", "foreign"])
-@pytest.mark.xfail(
-    strict=True,
-    reason="S-5: ctx session repair of an older-mode home session tightens the directory "
-    "(0750 -> 0700), then fails on its events.jsonl (immutable: bare 'EPERM: Operation not "
-    "permitted'; root's, run by the agent: 'EACCES: PATH: Permission denied') without "
-    "saying that it tightened the directory, as the refusals after a tightening say "
-    "('(before that, it tightened PATH (mode 0750 -> 0700))')",
-)
 def test_repair_refused_by_its_events_file_says_what_it_tightened_before(
     world: World, case: str
 ) -> None:
@@ -563,13 +540,6 @@ def test_a_worker_on_an_append_only_log_with_a_torn_line_names_its_session(
     assert queue.entries("claimed") == set() and queue.entries("lease") == set()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="S-5: ctx run of an agent whose events.jsonl is append-only (chattr +a) with a "
-    "torn last line is refused with 'EPERM: Operation not permitted; the tool did not run' "
-    "(stage session), naming neither the session log nor the attribute, where an immutable "
-    "log is named and the worker names both",
-)
 def test_a_call_on_an_append_only_log_with_a_torn_line_names_the_log(world: World) -> None:
     """docs/sessions.md "Reading, torn lines and repair": the next appender cuts a torn line
     before its first append; an append-only file refuses the cut, to root too.  The call is
@@ -642,13 +612,6 @@ def many_failing_post_hooks(world: World, count: int = 220) -> None:
         (hooks / f"h{number:03d}{'x' * 236}").symlink_to("/nonexistent")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="S-2: a call whose failed post-hooks are many (220 with long names) leaves its "
-    "tool_call without a tool_result in the session and no line in the tool's log (T-7): "
-    "the post_hooks list is not bounded, the event exceeds 64 KiB and is refused with EFBIG, "
-    "where docs/sessions.md says a recorded tool_call always gets its tool_result",
-)
 def test_a_call_with_many_failed_post_hooks_still_records_its_result(world: World) -> None:
     """docs/sessions.md "Events": "A recorded tool_call always gets its tool_result, whatever
     goes wrong after it" (only a session that cannot be written at all keeps it without),
@@ -664,13 +627,6 @@ def test_a_call_with_many_failed_post_hooks_still_records_its_result(world: Worl
     assert [e["type"] for e in log if e.get("call") == call] == ["tool_result"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="W-1: a worker's job whose call has many failed post-hooks is finished in failed/ "
-    "with 'EFBIG: ... its result could not be recorded', its tool_call left without a "
-    "tool_result, where docs/tools.md (stage record) says a worker finishes no job whose "
-    "call could not be recorded (it stays claimed for recover)",
-)
 def test_a_worker_job_with_many_failed_post_hooks_is_no_unrecorded_outcome(world: World) -> None:
     """docs/tools.md stage ``record``, docs/workers.md: an unlogged call is no job's outcome.
     Either the call is recorded whole (its tool_result in the worker's session) and the job
@@ -914,13 +870,6 @@ def test_a_regroup_keeps_a_hard_linked_file_and_lists_it(storage: Path, scratch:
     assert os.stat(storage / "shared" / "hl" / "data").st_gid == gid
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="X-1: 'ctx shared create --group G' gives G every entry of the old group but "
-    "leaves a socket in data/ with the old group (whose bits decide who may connect) and "
-    "does not list it as kept, where its help says every entry is regrouped and what keeps "
-    "the old group is listed as kept",
-)
 def test_a_regroup_gives_a_socket_the_group_or_lists_it_kept(storage: Path) -> None:
     """``ctx shared create --help``: --group G for a space of another group "gives G every
     entry of the space that had its old group, never through a link; a file with other names

@@ -29,6 +29,7 @@ from cortexfs.shared.events import (
     scan_lines,
 )
 from cortexfs.shared.tree import Ownership
+from tests.support.storage import attribute
 
 WRITERS = 8
 EVENTS_PER_WRITER = 10_000
@@ -278,6 +279,42 @@ def test_a_log_kept_open_cuts_a_fragment_another_writer_left_before_its_next_app
         kept_open.append(next_one)
 
     assert path.read_bytes() == encode_event(first) + encode_event(next_one)
+
+
+TORN = b'{"ts":"2026-01-01T00:00:00Z","type":"to'
+
+
+@pytest.mark.parametrize("found_by", ["open", "append"])
+def test_an_append_only_log_ending_torn_is_refused_naming_it_and_its_attribute(
+    tmp_path: Path, found_by: str
+) -> None:
+    """chattr +a lets an appender open the log but refuses the cut of its torn line, to root
+    too, which the kernel says only as 'Operation not permitted': the refusal names the log,
+    the torn bytes, the attribute and the chattr that lifts it, and nothing is written."""
+    path = tmp_path / "events.jsonl"
+    first = make_event("e", agent="a", session="s", object="o", status="first")
+    append_event(path, first)
+    kept_open = EventLog(path) if found_by == "append" else None
+    try:
+        with open(path, "ab") as other_writer:
+            other_writer.write(TORN)  # killed here
+        with attribute(path, "a"), pytest.raises(CtxError) as refused:
+            if kept_open is None:
+                EventLog(path)
+            else:
+                kept_open.append(first)
+    finally:
+        if kept_open is not None:
+            kept_open.close()
+
+    assert refused.value.errno == errno.EPERM
+    assert refused.value.message == (
+        f"{path} ends with a torn line of {len(TORN)} bytes, which cannot be cut while it is "
+        "append-only (attribute 'a', which 'lsattr' shows), and no event is appended after a "
+        "torn line (it would be glued onto it); nothing was changed: have root lift the "
+        f"attribute with 'chattr -i -a {path}', and the next append cuts it"
+    )
+    assert path.read_bytes() == encode_event(first) + TORN
 
 
 def test_threads_appending_through_one_log_lose_nothing(tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ import cortexfs.shared.home_sessions  # noqa: F401  (registers its bootstrap ste
 from cortexfs import storage
 from cortexfs.shared.sessions import SessionRef, open_session
 from cortexfs.shared.tree import Ownership
+from tests.support.storage import attribute
 from tests.support.users import UnprivilegedUser, access_as, run_as
 
 CTX = [sys.executable, "-c", "from cortexfs.cli import main; main()"]
@@ -267,3 +268,89 @@ def test_bootstrap_tightens_only_the_levels_of_a_session(
     assert mode(pub / "x/events.jsonl") == 0o644
     assert not [line for line in report.repaired if "/pub" in line]
     assert mode(home / LEVELS[-1] / "events.jsonl") == 0o600
+
+
+def test_session_repair_in_an_immutable_directory_names_the_attribute_and_changes_nothing(
+    old_home: tuple[Path, Path], unprivileged_user: UnprivilegedUser
+) -> None:
+    """chattr +i refuses the chmod to root too, which the kernel says only as 'Operation not
+    permitted': the refusal names the directory, the attribute and the chattr that lifts it."""
+    root, home = old_home
+    session = home / LEVELS[-1]
+    repair = ["session", "repair", "alice", "--session", "s1", "--json"]
+
+    with attribute(session, "i"):
+        done = ctx(root, *repair, "--uid", str(unprivileged_user.uid))
+        modes = (mode(session), mode(session / "events.jsonl"))
+
+    assert done.returncode == 1, done
+    refusal = json.loads(done.stdout)
+    assert refusal["error"] == "EPERM", done
+    assert refusal["message"] == (
+        f"cannot make {session} 0700 (mode 0750): it is immutable (attribute 'i', which "
+        "'lsattr -d' shows), which refuses a change of its mode, by root too; have root "
+        f"remove it with 'chattr -i {session}', then run the command again"
+    )
+    assert modes == (0o750, 0o640)
+
+
+def test_bootstrap_names_the_attribute_of_an_immutable_home_session(
+    old_home: tuple[Path, Path], unprivileged_user: UnprivilegedUser
+) -> None:
+    root, home = old_home
+    session = home / LEVELS[-1]
+
+    with attribute(session, "i"):
+        report = storage.bootstrap(root)
+
+    shown = f"home/{unprivileged_user.uid}"
+    assert [problem for problem in report.problems if problem.startswith(shown)] == [
+        f"{shown}: EPERM: cannot make {shown}/{LEVELS[-1]} 0700 (mode 0750): it is immutable "
+        "(attribute 'i', which 'lsattr -d' shows), which refuses a change of its mode, by "
+        f"root too; have root remove it with 'chattr -i {os.path.realpath(session)}', then "
+        "run the command again; left as it was"
+    ]
+
+
+def test_session_repair_refused_by_an_immutable_events_file_says_it_tightened_the_directory(
+    old_home: tuple[Path, Path], unprivileged_user: UnprivilegedUser
+) -> None:
+    root, home = old_home
+    session = home / LEVELS[-1]
+    events = session / "events.jsonl"
+    repair = ["session", "repair", "alice", "--session", "s1"]
+
+    with attribute(events, "i"):
+        done = ctx(root, *repair, "--uid", str(unprivileged_user.uid))
+
+    assert done.returncode == 1, done
+    assert done.stdout == f"tightened {session} (mode 0750 -> 0700)\n"
+    assert done.stderr == (
+        f"ctx: EPERM: cannot make {events} 0600 (mode 0640): it is immutable (attribute 'i', "
+        "which 'lsattr' shows), which refuses a change of its mode, by root too; have root "
+        f"remove it with 'chattr -i {events}', then run the command again (before that, it "
+        f"tightened {session} (mode 0750 -> 0700))\n"
+    )
+    assert (mode(session), mode(events)) == (0o700, 0o640)
+
+
+def test_session_repair_by_the_agent_refused_its_events_file_says_it_tightened_the_directory(
+    old_home: tuple[Path, Path], unprivileged_user: UnprivilegedUser
+) -> None:
+    """An events.jsonl left root's (0640) may not even be opened by the agent's uid, whose
+    session directory the repair has already made 0700."""
+    root, home = old_home
+    session = home / LEVELS[-1]
+    events = session / "events.jsonl"
+    os.chown(events, 0, 0)
+    repair = ["session", "repair", "alice", "--session", "s1", "--json"]
+
+    done = run_as(unprivileged_user, [*CTX, "--storage", str(root), *repair])
+
+    assert done.returncode == 1, done
+    refusal = json.loads(done.stdout)
+    assert (refusal["error"], refusal["message"]) == (
+        "EACCES",
+        f"Permission denied: {events} (before that, it tightened {session} (mode 0750 -> 0700))",
+    )
+    assert (mode(session), mode(events)) == (0o700, 0o640)

@@ -369,6 +369,30 @@ def test_a_member_of_the_group_of_a_closed_home_is_not_told_to_join_it(recorded:
     assert "group" not in answer.stderr.partition("); ")[2], answer.stderr
 
 
+@pytest.mark.parametrize("command", ["show", "tail", "list", "repair"])
+def test_a_closed_home_directory_on_the_way_to_a_gone_agents_sessions_names_who_may_read_it(
+    recorded: World, command: str
+) -> None:
+    """The homes holding the sessions of an agent that is gone (or never was) are found by
+    listing home/: closed to the caller, it is EACCES naming home/, its owner, group and
+    mode, not the kernel's bare 'home: Permission denied'."""
+    stranger = UnprivilegedUser("stranger", recorded.user.uid + 1000, recorded.user.gid + 1000)
+    home = recorded.root / "home"
+    home.chmod(0o700)
+
+    answer = run_as(
+        stranger, [*CTX, "--storage", str(recorded.root), "session", command, "ghost", "--json"]
+    )
+
+    assert answer.returncode == 1, answer
+    refusal = json.loads(answer.stdout)
+    assert refusal["error"] == "EACCES", answer
+    assert refusal["message"].startswith(
+        "cannot find the homes holding sessions of agent 'ghost': "
+        f"uid {stranger.uid} may not read {home} (owner uid 0, group 0, mode 0700); "
+    ), answer
+
+
 def _forget_agent(world: World, agent: str) -> None:
     (world.root / "agent" / agent).unlink()
     shutil.rmtree(world.root / "agent" / f"{agent}.d")

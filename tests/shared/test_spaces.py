@@ -531,3 +531,42 @@ def test_a_member_asking_for_a_repair_of_roots_directory_is_told_who_may(world: 
     assert refused.stderr.startswith(f"ctx: EPERM: {data}: its group"), refused.stderr
     assert "only root or its owner, uid 0, may change them" in refused.stderr
     assert stat.S_IMODE(os.stat(data).st_mode) == 0o2750
+
+
+def bind_socket(path: Path) -> None:
+    """A UNIX socket bound at ``path`` (bound from its directory: a socket address holds a
+    shorter path than a test's directory may have); nobody listens on it."""
+    script = "import socket, sys; socket.socket(socket.AF_UNIX).bind(sys.argv[1])"
+    subprocess.run([sys.executable, "-c", script, path.name], cwd=path.parent, check=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="makes a device node: needs root")
+def test_a_regroup_gives_sockets_and_device_nodes_the_group_but_keeps_a_second_name(
+    world: World, tmp_path: Path
+) -> None:
+    """A socket's or a device node's group bits say who may connect to it or use the device:
+    a regroup gives them the new group as every other entry, through a descriptor of the
+    entry alone (never connecting to it, never opening the device); one with a second name,
+    which may lie outside the space, keeps its group and is listed as kept."""
+    create_shared_space(world.root, "team", gid=SPACE_GROUP)
+    data = world.root / "shared" / "team" / "data"
+    socket_path, device = data / "app.sock", data / "null"
+    bind_socket(socket_path)
+    os.mknod(device, 0o660 | stat.S_IFCHR, os.makedev(1, 3))
+    outside = tmp_path / "outside.sock"
+    bind_socket(outside)
+    os.link(outside, data / "linked.sock")
+    for entry in (socket_path, device, outside):
+        os.chown(entry, -1, SPACE_GROUP)
+
+    report = create_shared_space(world.root, "team", gid=SPACE_GROUP + 1)
+
+    assert os.lstat(socket_path).st_gid == SPACE_GROUP + 1
+    assert os.lstat(device).st_gid == SPACE_GROUP + 1
+    assert os.lstat(outside).st_gid == SPACE_GROUP
+    assert report.kept == [
+        {
+            "path": str(data / "linked.sock"),
+            "reason": "it has other names (hard links), which may lie outside the space",
+        }
+    ]
