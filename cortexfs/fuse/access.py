@@ -59,7 +59,7 @@ def acl_allows(descriptor: int, caller: Caller, wanted: int) -> bool:
     checked, are the whole verdict, and for root, whose capabilities override an ACL as
     they override mode bits.  False when the answer turns on the caller's supplementary
     groups and they cannot be read.  OSError (EIO for an ACL the kernel would not have
-    stored) when the file cannot be asked."""
+    stored) when the file cannot be asked, and as :func:`caller_groups` raises it."""
     if caller.uid == 0:
         return True
     try:
@@ -98,10 +98,14 @@ def acl_allows(descriptor: int, caller: Caller, wanted: int) -> bool:
 def caller_groups(caller: Caller) -> frozenset[int] | None:
     """The caller's gid and supplementary groups, which a request does not carry: read from
     its thread while it waits on the call.  None when they cannot be read (a caller in
-    another pid namespace, whose id the kernel gives as 0)."""
+    another pid namespace, whose id the kernel gives as 0).  OSError (EMFILE, ENFILE) when
+    no descriptor is left to read them with: a shortage says nothing of the caller, whom
+    None would refuse (or deny a set-group-ID bit) for it."""
     try:
         status = Path(f"/proc/{caller.pid}/status").read_text() if caller.pid else ""
-    except OSError:
+    except OSError as exc:
+        if exc.errno in (errno.EMFILE, errno.ENFILE):
+            raise
         return None
     for line in status.splitlines():
         if line.startswith("Groups:"):

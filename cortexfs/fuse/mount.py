@@ -69,7 +69,10 @@ _Operations = TypeVar("_Operations", bound=type[pyfuse3.Operations])
 def _answering_eio_for_bugs(handler: Callable[..., Any]) -> Callable[..., Any]:
     """``handler``, answering EIO, with the traceback on ``ctx mount``'s standard error, for
     an error that is not a :class:`pyfuse3.FUSEError`: pyfuse3 ends its main loop on one,
-    and one bad request would leave a dead mount that fails every access with ENOTCONN."""
+    and one bad request would leave a dead mount that fails every access with ENOTCONN.
+    Running out of file descriptors is no such error, wherever the daemon meets it (an
+    agent's controls are read by the policy library, with descriptors of its own): EMFILE
+    or ENFILE, as any open the daemon makes itself answers it."""
 
     @functools.wraps(handler)
     async def answering(*args: Any, **kwargs: Any) -> Any:
@@ -77,7 +80,9 @@ def _answering_eio_for_bugs(handler: Callable[..., Any]) -> Callable[..., Any]:
             return await handler(*args, **kwargs)
         except pyfuse3.FUSEError:
             raise
-        except Exception:
+        except Exception as exc:
+            if isinstance(exc, OSError) and exc.errno in _SHORT_OF_DESCRIPTORS:
+                raise pyfuse3.FUSEError(exc.errno) from None
             # Said where it can be: a terminal gone since the mount began is no reason to end.
             with contextlib.suppress(OSError, ValueError):
                 print(
@@ -137,8 +142,10 @@ class StorageFS(pyfuse3.Operations):
 
     @contextlib.contextmanager
     def _parent(self, parts: Sequence[str]) -> Iterator[int]:
-        """A descriptor of the directory holding ``parts[-1]``, walked without links."""
-        fd = os.open(".", _WALK, dir_fd=self._root_fd)
+        """A descriptor of the directory holding ``parts[-1]``, walked without links.  A
+        daemon out of descriptors answers EMFILE here as at every other open, not a bug's
+        EIO."""
+        fd = _call(os.open, ".", _WALK, dir_fd=self._root_fd)
         try:
             for name in parts[:-1]:
                 child = _call(os.open, name, _WALK | os.O_NOFOLLOW, dir_fd=fd)
@@ -349,6 +356,7 @@ class StorageFS(pyfuse3.Operations):
 
     async def readlink(self, inode, ctx):  # type: ignore[no-untyped-def]
         parts = self._still(inode)
+        self._visible(parts)  # an O_PATH descriptor of a link hidden since reads no target
         with self._parent(parts) as parent:
             return os.fsencode(_call(os.readlink, parts[-1], dir_fd=parent))
 
@@ -381,6 +389,7 @@ class StorageFS(pyfuse3.Operations):
             shown = [name for name in on_disk if self.projection.visible((*parts, name))]
             listing.names = [".", "..", *shown]
         names = listing.names
+        replied = False
         for index, name in enumerate(names[start_id:], start=start_id):
             if name in (".", ".."):  # the kernel holds no entry for either: not remembered
                 itself = parts if name == "." else parts[:-1]
@@ -389,20 +398,29 @@ class StorageFS(pyfuse3.Operations):
                 attributes = self._described(status, node)
                 if not pyfuse3.readdir_reply(token, os.fsencode(name), attributes, index + 1):
                     return
+                replied = True
                 continue
             child = (*parts, name)
             if not self.projection.visible(child):
                 continue
             try:
                 status, identity = self._identified(child)
-            except pyfuse3.FUSEError:
-                continue  # removed meanwhile
+            except pyfuse3.FUSEError as failed:
+                if failed.errno not in _SHORT_OF_DESCRIPTORS:
+                    continue  # removed meanwhile
+                # Never skipped: a listing that quietly ended here would look complete.  The
+                # entries given so far stand (the kernel asks again from the last one), and
+                # EMFILE comes when the next request starts at this name.
+                if replied:
+                    return
+                raise
             node = self._names.node_for(status.st_ino, identity)
             attributes = self._described(status, node, identity)
             if not pyfuse3.readdir_reply(token, os.fsencode(name), attributes, index + 1):
                 return
             # An entry the kernel now holds.
             self._names.remember(node, child, status.st_ino, identity)
+            replied = True
 
     async def releasedir(self, fh):  # type: ignore[no-untyped-def]
         self._open_directories.pop(fh, None)
@@ -462,10 +480,9 @@ class StorageFS(pyfuse3.Operations):
     # ---------------------------------------------------------------------- writing
 
     async def write(self, fh, off, buf):  # type: ignore[no-untyped-def]
-        written = _call(os.pwrite, fh, buf, off)
         if fh in self._appending:
             _clear_set_id_bits(fh)
-        return written
+        return _call(os.pwrite, fh, buf, off)
 
     async def fsync(self, fh, datasync):  # type: ignore[no-untyped-def]
         _call(durable.sync_file, durable.default_ops(), fh, data_only=bool(datasync))
@@ -735,16 +752,20 @@ class StorageFS(pyfuse3.Operations):
 
 
 def _clear_set_id_bits(fd: int) -> None:
-    """Clear the set-user-ID bit of the file a write went to, and its set-group-ID bit when
-    group execution is on, as Linux does for a writer without CAP_FSETID (POSIX lets write(2)
-    clear them for any writer).  The kernel does it itself for writes through its page cache;
-    for direct ones (an appender's) it leaves it to the daemon, which cannot tell who wrote.
-    Best effort: a file this daemon may not chmod keeps them, as it would have to."""
-    mode = os.fstat(fd).st_mode
+    """Clear the set-user-ID bit of the file a write is about to go to, and its set-group-ID
+    bit when group execution is on, as Linux does for a writer without CAP_FSETID (POSIX lets
+    write(2) clear them for any writer).  The kernel does it itself for writes through its
+    page cache; for direct ones (an appender's) it leaves it to the daemon, which cannot tell
+    who writes.  Before the write, as the kernel does it: a file whose bits cannot be cleared
+    (append-only, ``chattr +a``) refuses the write with EPERM, as the storage root refuses
+    it, and is never written while still set-user-ID.  A daemon that is not root has its
+    own write(2) do it, as for any writer without CAP_FSETID."""
+    if os.geteuid() != 0:
+        return
+    mode = _call(os.fstat, fd).st_mode
     kill = mode & stat.S_ISUID | (mode & stat.S_ISGID if mode & stat.S_IXGRP else 0)
     if kill:
-        with contextlib.suppress(PermissionError):
-            os.fchmod(fd, stat.S_IMODE(mode) & ~kill)
+        _call(os.fchmod, fd, stat.S_IMODE(mode) & ~kill)
 
 
 def _take_back(parent: int, name: str, made: os.stat_result | None) -> None:
@@ -777,7 +798,7 @@ def _in_group(ctx: pyfuse3.RequestContext, gid: int) -> bool:
     (:func:`~cortexfs.fuse.access.caller_groups`)."""
     if ctx.uid == 0:
         return True
-    groups = caller_groups(ctx)
+    groups = _call(caller_groups, ctx)
     return groups is not None and gid in groups
 
 
@@ -907,6 +928,7 @@ _SET_ID = stat.S_ISUID | stat.S_ISGID
 # EINVAL; what the caller asked of its I/O is the kernel's side of the mount.
 _NOT_OURS = os.O_DIRECT
 _WALK = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
+_SHORT_OF_DESCRIPTORS = (errno.EMFILE, errno.ENFILE)
 _LIST = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 

@@ -648,13 +648,6 @@ def chattr(flag: str, path: Path) -> None:
         pytest.skip(f"chattr {flag} does not work here: {done.stderr.strip()}")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="F-1: an O_APPEND write by a user through the mount to an append-only (chattr +a) "
-    "set-user-ID file succeeds and leaves the bit set (the daemon's chmod is refused EPERM "
-    "and ignored), where docs/mount.md says such a write clears it and the storage root "
-    "refuses the write (EPERM)",
-)
 def test_an_append_to_an_append_only_set_user_id_file_never_keeps_the_bit(world):
     """docs/mount.md, *Appends*: a write on a descriptor opened with ``O_APPEND`` "clears the
     file's set-user-ID bit … whoever writes".  Another owner's set-user-ID file (04777) made
@@ -900,12 +893,6 @@ e("read", lambda: open(p("tool", "tsh.d", "config")).read())
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="F-1: a mount whose daemon has no descriptor left answers lookups EIO with a "
-    "traceback ('lookup answered EIO for an error of its own': OSError EMFILE in "
-    "StorageFS._parent) at some limits, where at others it answers EMFILE",
-)
 def test_a_mount_left_without_descriptors_answers_emfile_and_never_a_bugs_eio(world):
     """docs/mount.md, *Errors of its own* (EIO with the traceback is the answer to a request
     the daemon fails "because of an error of its own (a bug)"), and F-1: ``ctx mount``
@@ -954,13 +941,6 @@ print(json.dumps(after), flush=True)
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="F-1: readlink through an O_PATH descriptor of a symbolic link, held since before "
-    "its space was hidden from the agent, still answers the link's target, where fstat of "
-    "that descriptor and the name are ENOENT (docs/mount.md: an O_PATH descriptor is no way "
-    "around the revocation; the daemon's readlink never asks the view)",
-)
 def test_a_link_held_by_an_o_path_descriptor_tells_nothing_once_its_space_is_hidden(world):
     """docs/mount.md, *Open files*: "What opens nothing by itself is no way around the
     revocation: an ``O_PATH`` descriptor … is ENOENT …, as the name is", and F-1 (reads

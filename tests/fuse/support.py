@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -29,14 +31,23 @@ NEEDS_A_MOUNT = [
 
 
 @contextmanager
-def mounted(root: Path, mountpoint: Path, *args: str) -> Iterator[subprocess.Popen[str]]:
-    """``ctx mount`` running in the background until the block ends (then SIGTERM)."""
+def mounted(
+    root: Path, mountpoint: Path, *args: str, open_files: int | None = None
+) -> Iterator[subprocess.Popen[str]]:
+    """``ctx mount`` running in the background until the block ends (then SIGTERM);
+    ``open_files``: the most descriptors it may hold (``ulimit -n``)."""
     mountpoint.mkdir(exist_ok=True)
+    limited = None
+    if open_files is not None:
+        limited = functools.partial(
+            resource.setrlimit, resource.RLIMIT_NOFILE, (open_files, open_files)
+        )
     process = subprocess.Popen(
         [sys.executable, "-m", "cortexfs", "--storage", str(root), "mount", *args, str(mountpoint)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=limited,
     )
     deadline = time.monotonic() + 30
     while not os.path.ismount(mountpoint):

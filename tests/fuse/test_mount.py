@@ -338,6 +338,30 @@ def test_a_space_dropped_from_the_agents_policy_disappears_from_the_view(coder: 
         assert sorted(os.listdir(mountpoint / "shared")) == ["cortexfs-docs", "team"]
 
 
+def test_a_link_held_by_an_o_path_descriptor_reads_nothing_once_its_space_is_hidden(
+    coder: World,
+) -> None:
+    """docs/mount.md, *Open files*: what opens nothing by itself is no way around a
+    revocation.  An ``O_PATH`` descriptor of a symbolic link in a space dropped from the
+    agent's policy since reads no target through ``readlinkat(fd, "")``: ENOENT, as its
+    name is."""
+    mountpoint = coder.scratch / "ctx"
+    (coder.root / "shared" / "audit" / "ln").symlink_to("the-target")
+    policy = coder.root / "agent" / "coder.d" / "policy"
+    with mounted(coder.root, mountpoint, "--as", "coder"):
+        link = os.open(mountpoint / "shared" / "audit" / "ln", os.O_PATH | os.O_NOFOLLOW)
+        try:
+            assert os.readlink("", dir_fd=link) == "the-target"
+            kept = [line for line in policy.read_text().splitlines() if "shared:audit" not in line]
+            policy.write_text("\n".join(kept) + "\n")
+            time.sleep(1.5)  # the agent's controls are read again once a second old
+            with pytest.raises(OSError) as hidden:
+                os.readlink("", dir_fd=link)
+            assert hidden.value.errno == errno.ENOENT
+        finally:
+            os.close(link)
+
+
 def test_an_unknown_agent_is_refused_before_anything_is_mounted(world: World) -> None:
     mountpoint = world.scratch / "ctx"
     mountpoint.mkdir()

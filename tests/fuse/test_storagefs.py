@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -181,3 +182,41 @@ def test_an_error_of_the_daemons_own_is_eio_said_on_stderr_and_the_mount_goes_on
     assert "ctx mount: read answered EIO for an error of its own:" in said, said
     assert "Traceback" in said, said
     assert run(storage.getattr, pyfuse3.ROOT_INODE).st_ino == pyfuse3.ROOT_INODE
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root (chattr +a; the daemon's chmod)")
+def test_an_append_clears_the_set_user_id_bit_or_is_refused_with_nothing_written(
+    fs: tuple[StorageFS, Path],
+) -> None:
+    """docs/mount.md, *Appends*: an append through the mount clears a file's set-user-ID
+    bit, whoever writes.  An append-only file's bit cannot be cleared (``chattr +a``): the
+    append is EPERM with nothing written, as the storage root refuses it, never bytes added
+    to a file still set-user-ID."""
+    storage, tmp_path = fs
+    zero = tmp_path / "storage" / "home" / "0"
+    for name in ("plain", "append-only"):
+        (zero / name).write_text("one\n")
+        os.chown(zero / name, 4321, 4322)  # another owner's, as the daemon is root
+        (zero / name).chmod(0o4777)
+    chattr = subprocess.run(["chattr", "+a", str(zero / "append-only")], capture_output=True)
+    if chattr.returncode != 0:
+        pytest.skip(f"chattr +a does not work here: {chattr.stderr.decode().strip()}")
+    try:
+        answers = {}
+        for name in ("plain", "append-only"):
+            node = looked_up(storage, "home", "0", name)
+            opened = run(storage.open, node, os.O_WRONLY | os.O_APPEND, Caller())
+            try:
+                run(storage.write, opened.fh, 0, b"two\n")
+                answers[name] = "ok"
+            except pyfuse3.FUSEError as refused:
+                answers[name] = errno.errorcode[refused.errno]
+            finally:
+                run(storage.release, opened.fh)
+        mode = {name: oct((zero / name).stat().st_mode & 0o7777) for name in answers}
+        content = {name: (zero / name).read_text() for name in answers}
+    finally:
+        subprocess.run(["chattr", "-a", str(zero / "append-only")], capture_output=True)
+    assert answers == {"plain": "ok", "append-only": "EPERM"}
+    assert mode == {"plain": "0o777", "append-only": "0o4777"}
+    assert content == {"plain": "one\ntwo\n", "append-only": "one\n"}
