@@ -280,12 +280,6 @@ def test_a_ctx_mounts_a_person_made_up_is_einval_naming_it(
         pytest.param("bin/tsh", 1, id="tsh-a-number-for-a-source"),
     ],
 )
-@pytest.mark.xfail(
-    strict=True,
-    reason="T-2: a CTX_MOUNTS whose source is a number or holds a NUL makes a core tool run by "
-    "hand (and tsh) die with a Python traceback (AttributeError/ValueError, exit 1) instead of "
-    "the 'CTX_MOUNTS is malformed' EINVAL line docs/tools.md promises for every failure",
-)
 def test_a_ctx_mounts_source_that_is_no_path_is_einval_not_a_traceback(
     storage, tmp_path, program, source
 ):
@@ -404,12 +398,6 @@ def test_what_a_run_socket_answers_that_is_no_status_is_126_and_runs_nothing(sto
         pytest.param(b'{"exit_status": 1e400}\n', id="an-infinity"),
     ],
 )
-@pytest.mark.xfail(
-    strict=True,
-    reason="H-2: a person's tsh whose run socket answers an exit_status of null, an object or "
-    "1e400 dies with a Python traceback (TypeError/OverflowError, exit 1) instead of 'the host "
-    "did not run it' and the exit status 126 tsh --help gives a tool that cannot be run",
-)
 def test_a_status_of_no_number_from_a_run_socket_is_126_not_a_traceback(storage, answer):
     """tsh's help ("126 when it cannot be run"), as for a status that is a word (above): a
     status of ``null``, an object or an infinity is no exit status either — exit 126, one
@@ -428,12 +416,6 @@ def test_a_status_of_no_number_from_a_run_socket_is_126_not_a_traceback(storage,
         pytest.param(["load"], 1, id="load"),
         pytest.param(["exit"], 2, id="exit"),
     ],
-)
-@pytest.mark.xfail(
-    strict=True,
-    reason="H-1: the built-ins load/describe/pin/unpin/unload and exit name a 400-character "
-    "word whole in their refusal, while docs/tools.md says 'A message naming a word typed cuts "
-    "it past 256 characters, saying how long it was'",
 )
 def test_a_built_in_refusing_a_long_word_cuts_it_past_256_characters(storage, argv, status):
     """docs/tools.md "The agent terminal": "A message naming a word typed cuts it past 256
@@ -549,12 +531,6 @@ def test_a_directory_the_agent_may_not_search_is_named_by_list_write_and_shell_e
 
 
 @pytest.mark.parametrize("tool", ["fs.read", "fs.stat"])
-@pytest.mark.xfail(
-    strict=True,
-    reason="T-5: fs.read and fs.stat of shut/x, below a directory the agent may not search, "
-    "say 'EACCES: x: Permission denied' - a bare name - where fs.list, fs.write and shell.exec "
-    "name the view path /workspace/shut(/x) as docs/tools.md's confined view paths are named",
-)
 def test_a_directory_the_agent_may_not_search_is_named_by_read_and_stat(world, tool):
     """T-5, docs/tools.md "Paths are confined": the refusal of the kernel below a directory
     the agent's uid may not search names the path in the agent's view, as the other tools
@@ -653,13 +629,6 @@ def test_tsh_run_as_the_agents_tool_names_a_bad_line_of_its_config(world):
 
 
 @pytest.mark.parametrize("shape", ["fifo", "link"])
-@pytest.mark.xfail(
-    strict=True,
-    reason="H-4: tsh run as the agent's tool (ctx run --agent coder tsh ...) says nothing of a "
-    "tool/tsh.d/config that is a FIFO or a symbolic link and silently takes the defaults, while "
-    "docs/tools.md says such a config 'is said on stderr, as a bad line is' (the terminal's "
-    "and a person's tsh say it)",
-)
 def test_tsh_run_as_the_agents_tool_says_when_it_cannot_use_its_config(world, shape):
     """H-4, docs/tools.md "The agent terminal": "A ``tool/tsh.d/config`` that cannot be read
     (a link, a FIFO, over 64 KiB) is said on stderr, as a bad line is, and the defaults
@@ -972,12 +941,6 @@ def test_when_the_terminals_view_has_ended_a_call_says_why_no_tool_is_found(host
 
 
 @needs_terminal
-@pytest.mark.xfail(
-    strict=True,
-    reason="A-1: once the terminal's view of /ctx has ended, tsh's 'which fs.stat' and "
-    "'describe fs.stat' say only 'not on CTX_PATH', while docs/sessions.md (terminal.view_lost) "
-    "says /ctx answers ENOTCONN 'and tsh says so when it finds no tool', as a call of it does",
-)
 def test_when_the_terminals_view_has_ended_which_and_describe_say_why(host):
     """docs/sessions.md ``terminal.view_lost``: "tsh says so when it finds no tool".
     ``which`` and ``describe`` find no tool then either, and must say why (``ENOTCONN``,

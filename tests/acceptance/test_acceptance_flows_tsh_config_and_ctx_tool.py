@@ -18,6 +18,7 @@ what ``tsh.config`` reports."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -521,13 +522,12 @@ def test_a_read_only_or_full_filesystem_refuses_an_update_with_its_errno_and_kee
                 if args[0] == "--json":
                     assert done.json()["error"] == "EROFS", done
             subprocess.run(["mount", "-o", "remount,rw", str(disk)], check=True)
-            with open(disk / "filler", "wb") as filler:
-                try:
-                    while True:
-                        filler.write(b"\0" * 65536)
-                        filler.flush()
-                except OSError:
-                    pass
+            # Unbuffered, down to the last byte: a buffered tail would fail again at close.
+            with open(disk / "filler", "wb", buffering=0) as filler:
+                for chunk in (65536, 4096, 1):
+                    with contextlib.suppress(OSError):
+                        while filler.write(b"\0" * chunk):
+                            pass
             full = desk.ctx("tool", "--json", "tsh.config", "cache_capacity=9")
             no_traceback(full)
             assert full.rc == 1 and full.json()["error"] == "ENOSPC", full

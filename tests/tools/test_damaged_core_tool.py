@@ -88,9 +88,12 @@ def damaged_offset(program: bytes, place: str) -> int:
         "the manifest, compressed": member_data_offset(program, manifest) + 1,
         # the directory entry's offset of toolio's local header (its low byte)
         "toolio's entry in the zip directory": central_entry_offset(program, toolio.filename) + 42,
-        # the directory entry's compressed size of the tool's module
+        # the directory entry's compressed size of the tool's module: its third byte, so that
+        # the size runs past the archive's end whatever the module's size is; a low byte under
+        # 0x80 flipped makes it at most 255 bytes larger, and the module still inflates whole
+        # (zlib stops at the end of its stream), so that flip would damage nothing
         "the module's size in the zip directory": (
-            central_entry_offset(program, tool_module.filename) + 20
+            central_entry_offset(program, tool_module.filename) + 22
         ),
     }[place]
 

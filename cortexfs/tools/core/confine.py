@@ -132,12 +132,24 @@ def _mount(entry: object) -> Mount:
             f"{entry!r} is not [source, target, mode] or [source, target, mode, names]"
         )
     source, target, mode = entry[:3]
+    # Judged here, with the table: a source no walk can take (a number, a NUL, a lone
+    # surrogate no file name holds) would fail at the first look as a crash, not a refusal.
+    if not isinstance(source, str) or "\0" in source or not _encodable(source):
+        raise ValueError(f"the source of the mount at {target!r} is no path: {source!r}")
     names = None
     if len(entry) == 4:
         if not isinstance(entry[3], list) or not all(isinstance(n, str) for n in entry[3]):
             raise TypeError(f"the names of the mount at {target!r} must be a list of strings")
         names = frozenset(entry[3])
     return Mount(source, PurePosixPath(target), mode == "rw", names)
+
+
+def _encodable(name: str) -> bool:
+    try:
+        os.fsencode(name)
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def listed(place: Place, names: Iterable[str]) -> list[str]:
@@ -184,7 +196,10 @@ def open_regular_file(place: Place) -> tuple[int, os.stat_result]:
     a FIFO, and only a regular file (EISDIR for a directory, EINVAL for anything else)."""
     parent = open_parent(place)
     try:
-        found = lstat_at(parent, place.name)
+        # A directory on the way the agent may not search refuses the look itself (EACCES):
+        # named by its view path, as the walk names it, not by the last component alone.
+        with reporting(place):
+            found = lstat_at(parent, place.name)
         refuse_link(place, found)
         if found is not None and stat.S_ISSOCK(found.st_mode):
             # No socket can be opened (the kernel's ENXIO): judged by its type, as any other.

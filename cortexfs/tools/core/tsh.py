@@ -51,8 +51,15 @@ from cortexfs.printable import printable, printable_text, shortened
 from cortexfs.regular_file import read_regular_file
 from cortexfs.tools.core import confine
 from cortexfs.tools.core.toolio import ToolFailure
-from cortexfs.tools.core.tsh_config import MAX_CONFIG_BYTES, effective, problems
-from cortexfs.tools.core.tsh_context import ToolInfo, TshContext, json_or_none, read_settings
+from cortexfs.tools.core.tsh_config import DEFAULTS, MAX_CONFIG_BYTES
+from cortexfs.tools.core.tsh_context import (
+    ToolInfo,
+    TshContext,
+    json_or_none,
+    read_settings,
+    settings_of,
+    unreadable_settings,
+)
 from cortexfs.tools.core.tsh_line import (
     MAX_LINE_BYTES,
     LineTooLong,
@@ -82,6 +89,7 @@ exit 126); its CTX_PATH comes from $CTX_HOME/.tshrc, else the environment, else
 127 when NAME is no tool on CTX_PATH, 126 when it cannot be run.
 """
 NOT_FOUND = 127
+NOT_ON_PATH = "not a tool on CTX_PATH"
 CANNOT_RUN = 126
 # What ctx answers when its output cannot be written (cortexfs.cli.exits), tsh answers too: a
 # reader that left (`tsh tools | head -1`) ends it quietly, a full disk or /dev/full is said.
@@ -185,9 +193,20 @@ class AgentToolContext(TshContext):
 
     @classmethod
     def read_settings(cls, view: confine.View) -> tuple[dict[str, int], list[str]]:
-        """H-4's settings from ``tool/tsh.d/config`` in the view (always visible there)."""
-        text = _read_in_view(view, cls.CONFIG, MAX_CONFIG_BYTES)
-        return effective(text or ""), problems(text or "")
+        """H-4's settings from ``tool/tsh.d/config`` in the view (always visible there), and
+        what is wrong with it: a config that cannot be used (a link, a FIFO, too large) is
+        said as the terminal's tsh says it, naming the view path."""
+        try:
+            place = view.locate(cls.CONFIG)
+        except ToolFailure:
+            return dict(DEFAULTS), []  # a view without /ctx holds no config: the defaults
+        try:
+            data = _bytes_in_view(place, MAX_CONFIG_BYTES)
+        except ToolFailure as failure:  # the walk to it: tsh.d missing, a link…
+            return unreadable_settings(cls.CONFIG, OSError(failure.errno, failure.message))
+        except OSError as exc:
+            return unreadable_settings(cls.CONFIG, exc)
+        return settings_of(data)
 
     def which(self, name: str) -> str | None:
         if not is_object_name(name):
@@ -196,6 +215,12 @@ class AgentToolContext(TshContext):
             path = f"{directory.rstrip('/')}/{name}"
             if self._is_executable_file(path):
                 return path
+        return None
+
+    def unreachable(self) -> tuple[str, OSError] | None:
+        """None: the CTX_PATH entries here are view paths, looked in through the mounts'
+        sources, so the host's own ``/ctx/tool`` (whatever is there, or nothing) says nothing
+        of them, and no terminal's view is there to have ended."""
         return None
 
     def names_in(self, directory: str) -> list[str]:
@@ -252,17 +277,19 @@ def _read_in_view(view: confine.View, path: str, limit: int) -> str | None:
     """The text of the regular file at view path ``path``; None when the view does not show
     it, it is not a regular file (a link, a FIFO), cannot be read or is over ``limit``."""
     try:
-        place = view.locate(path)
-        parent = confine.open_parent(place)
+        return _bytes_in_view(view.locate(path), limit).decode("utf-8", "replace")
     except (ToolFailure, OSError):
         return None
+
+
+def _bytes_in_view(place: confine.Place, limit: int) -> bytes:
+    """The bytes of the regular file at ``place``, at most ``limit``: ToolFailure when the
+    walk to its directory is refused, OSError as :func:`read_regular_file` raises it."""
+    parent = confine.open_parent(place)
     try:
-        data = read_regular_file(place.name, limit, dir_fd=parent)
-    except OSError:
-        return None
+        return read_regular_file(place.name, limit, dir_fd=parent)
     finally:
         os.close(parent)
-    return data.decode("utf-8", "replace")
 
 
 def tools(context: TshContext) -> list[str]:
@@ -326,13 +353,23 @@ def call(name: str, argv: list[str]) -> int:
         outcome = json.loads(answer)
         if outcome.get("error"):  # refused by the host before anything ran
             print(f"tsh: {name}: {outcome['error']}", file=sys.stderr)
-        return int(outcome["exit_status"])
+        return _exit_status(outcome["exit_status"])
     except (OSError, KeyError, ValueError, AttributeError) as exc:
         print(f"tsh: {name}: the host did not run it: {exc}", file=sys.stderr)
         return CANNOT_RUN
     finally:
         if let_go:
             _take_terminal_back()
+
+
+def _exit_status(value: object) -> int:
+    """The exit status the host answered; ValueError for anything else (``null``, an object,
+    ``1e400``, which ``int()`` refuses with a TypeError or an OverflowError): the host did
+    not run the tool, as for an answer that is not an object."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 255:
+        return value
+    shown = shortened(json.dumps(value))
+    raise ValueError(f"its answer's exit_status is {shown}, which is no exit status (0 to 255)")
 
 
 # How long tsh tries to take its terminal back after a call: the tool's session lets go of it
@@ -510,12 +547,29 @@ def execute_words(context: TshContext, name: str, argv: list[str], status: int) 
 
 
 def _why_not_found(context: TshContext) -> str:
-    """Why a name was not found: no tool has it, or a CTX_PATH directory could not be looked
-    in — ``/ctx`` of a terminal whose view's mount ended answers ``ENOTCONN`` until the host
-    stops and starts the terminal again."""
+    """Why a name typed as a command was not found: no tool has it (tsh runs nothing else),
+    or a CTX_PATH directory could not be looked in (:func:`_not_on_path`)."""
+    why = _unreachable(context)
+    if why is None:
+        return f"{NOT_ON_PATH} (tsh runs CortexFS tools only)"
+    return f"{NOT_ON_PATH}: {why}"
+
+
+def _not_on_path(context: TshContext, said: str = NOT_ON_PATH) -> str:
+    """``said`` of a name ``which``, ``load``, ``describe`` or ``pin`` did not find, and why
+    when a CTX_PATH directory could not be looked in: without it, a terminal whose view has
+    ended would read as one that holds no such tool."""
+    why = _unreachable(context)
+    return said if why is None else f"{said}: {why}"
+
+
+def _unreachable(context: TshContext) -> str | None:
+    """Which CTX_PATH directory could not be looked in, why and what to do; None when each
+    could.  ``/ctx`` of a terminal whose view's mount ended answers ``ENOTCONN`` until the
+    host stops and starts the terminal again."""
     unreachable = context.unreachable()
     if unreachable is None:
-        return f"{NOT_ON_PATH} (tsh runs CortexFS tools only)"
+        return None
     directory, exc = unreachable
     code = errno.errorcode.get(exc.errno or errno.EIO, "EIO")
     remedy = (
@@ -524,7 +578,7 @@ def _why_not_found(context: TshContext) -> str:
         else "ask the host to look at its filesystem"
     )
     return (
-        f"{NOT_ON_PATH}: the CTX_PATH directory {_shown(directory)} cannot be reached "
+        f"the CTX_PATH directory {_shown(directory)} cannot be reached "
         f"({code}: {exc.strerror}); {remedy}"
     )
 
@@ -549,7 +603,7 @@ def _exit(argv: list[str], status: int) -> tuple[int, bool]:
     number = argv[0].removeprefix("-")
     if not is_decimal(number):
         print(
-            f"tsh: exit: {printable(argv[0])}: a decimal number is needed (exit [N])",
+            f"tsh: exit: {_shown(argv[0])}: a decimal number is needed (exit [N])",
             file=sys.stderr,
         )
         return 2, True
@@ -572,7 +626,8 @@ def _which(context: TshContext, argv: list[str]) -> int:
         if path:  # a path: anyone's, shown whole
             print(printable(path))
         else:
-            print(f"tsh: {_shown(word)}: not on CTX_PATH", file=sys.stderr)
+            why = _not_on_path(context, "not on CTX_PATH")
+            print(f"tsh: {_shown(word)}: {why}", file=sys.stderr)
     return 0 if all(found) else 1
 
 
@@ -591,7 +646,7 @@ def _each_tool(argv: list[str], verb: str, action: Callable[[str], str | None]) 
     for name in argv:
         problem = action(name)
         if problem:
-            print(printable(f"tsh: {verb}: {name}: {problem}"), file=sys.stderr)
+            print(f"tsh: {verb}: {_shown(name)}: {printable(problem)}", file=sys.stderr)
             status = 1
     return status
 
@@ -614,9 +669,6 @@ def _without_arguments(verb: str, builtin: Builtin) -> Builtin:
     return checked
 
 
-NOT_ON_PATH = "not a tool on CTX_PATH"
-
-
 def _loading(verb: str, show: Callable[[ToolInfo], str]) -> Builtin:
     """A built-in that loads each named tool into the context and prints ``show(info)``."""
 
@@ -625,7 +677,7 @@ def _loading(verb: str, show: Callable[[ToolInfo], str]) -> Builtin:
             try:
                 info, unloaded = context.load(name)
             except LookupError:
-                return NOT_ON_PATH
+                return _not_on_path(context)
             print(printable_text(show(info)))  # a tool's description, its author's words
             _report_unloaded(unloaded)
             return None
@@ -640,7 +692,7 @@ def _pin(context: TshContext, argv: list[str]) -> int:
         try:
             print(f"{printable(context.pin(name).summary())}  (pinned)")
         except LookupError:
-            return NOT_ON_PATH
+            return _not_on_path(context)
         return None
 
     return _each_tool(argv, "pin", pin)

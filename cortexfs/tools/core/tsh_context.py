@@ -69,14 +69,25 @@ def read_settings(config: str) -> tuple[dict[str, int], list[str]]:
     Read as a control is: never through a symlink, never waiting on a FIFO."""
     try:
         data = read_regular_file(config, MAX_CONFIG_BYTES)
-    except (FileNotFoundError, NotADirectoryError):
-        return dict(DEFAULTS), []  # no config: every default, as H-4 gives them
     except OSError as exc:
-        # Said, as a bad line is: tsh.config refuses the same file with its errno.
-        why = _UNUSABLE.get(exc.errno, exc.strerror)
-        return dict(DEFAULTS), [f"{config} cannot be read ({why}): every setting"]
+        return unreadable_settings(config, exc)
+    return settings_of(data)
+
+
+def settings_of(data: bytes) -> tuple[dict[str, int], list[str]]:
+    """The effective settings of a config file's ``data`` and what is wrong with its lines."""
     text = data.decode("utf-8", "replace")
     return effective(text), problems(text)
+
+
+def unreadable_settings(config: str, exc: OSError) -> tuple[dict[str, int], list[str]]:
+    """The defaults, for the config file at ``config`` that reading refused with ``exc``, and
+    why, unless there is no such file."""
+    if isinstance(exc, FileNotFoundError | NotADirectoryError):
+        return dict(DEFAULTS), []  # no config: every default, as H-4 gives them
+    # Said, as a bad line is: tsh.config refuses the same file with its errno.
+    why = _UNUSABLE.get(exc.errno, exc.strerror)
+    return dict(DEFAULTS), [f"{config} cannot be read ({why}): every setting"]
 
 
 _UNUSABLE = {
