@@ -41,6 +41,7 @@ from cortexfs.policy import (
     make_rule,
     refusal_of_this_process,
 )
+from cortexfs.policy.controls import UnreadableControl
 from cortexfs.policy.grammar import check_object, split_object_ref
 from cortexfs.regular_file import MAX_POLICY_BYTES, read_regular_file, read_up_to
 from cortexfs.tools.controls import ToolObject, read_controls, require_available
@@ -308,11 +309,21 @@ def _tool_location(root: Path, agent: str, tool: str) -> str | None:
     The search looks with this process's rights and passes over a directory it may not
     enter.  Where the agent's own would not (a space whose group this user is not in), the
     tool found after it, or none, need not be the agent's: EACCES naming that directory,
-    rather than a verdict on another file (:func:`refusal_of_this_process`)."""
+    rather than a verdict on another file (:func:`refusal_of_this_process`).  So too when
+    it may not read the agent's label or policy, which decide the spaces on that CTX_PATH."""
     try:
         view = AgentView.load(root, agent)
     except CtxError:
         return None
+    question = f"execute tool:{tool}"
+    try:
+        view.facts.granting_policy()
+    except UnreadableControl as exc:
+        refusal = refusal_of_this_process(view.facts, question, root / exc.path, exc.refusal)
+        if refusal is not None:
+            raise refusal from None
+    except CtxError:
+        pass  # the agent's own problem: the chain denies for it at its step
     found = view.find_tool(tool)
     for directory in view.tool_directories():
         if found is not None and directory == found.directory:
@@ -320,7 +331,6 @@ def _tool_location(root: Path, agent: str, tool: str) -> str | None:
         try:
             os.lstat(directory / tool)
         except OSError as exc:
-            question = f"execute tool:{tool}"
             refusal = refusal_of_this_process(view.facts, question, directory / tool, exc)
             if refusal is not None:
                 raise refusal from None

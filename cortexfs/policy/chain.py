@@ -69,7 +69,7 @@ from cortexfs.policy.grammar import Rule, check_object
 from cortexfs.policy.linux import WRITE, Credentials, Identity, Kind, check_access, writable_on_walk
 from cortexfs.policy.mounts import CTX_TARGET, Mount, View, granted_mounts, mounts_named, views_of
 from cortexfs.policy.objects import NEEDED_ACCESS, TOOL_CONTROLS, Site, storage_site
-from cortexfs.storage import DOCS_BUNDLE, not_reachable, require_root
+from cortexfs.storage import DOCS_BUNDLE, not_reachable, not_readable, require_root
 from cortexfs.strict_modes import loose_entry
 
 
@@ -253,7 +253,8 @@ def refusal_of_this_process(
     what the agent is: there a refusal denies, failing closed.  Any other uid (another user
     asking ``ctx policy explain`` about someone's agent) may be refused what the agent may
     read: a denial would be a false verdict on the agent, so the error names the directory
-    that process may not enter, and says that the refusal is its own.
+    that process may not enter, or else the file it may not read (a control only root may
+    read), with its owner and mode, and says that the refusal is its own.
     """
     if exc.errno not in (errno.EACCES, errno.EPERM) or _reads_as_the_agent(facts):
         return None
@@ -266,10 +267,9 @@ def refusal_of_this_process(
     refusal = not_reachable(path, action, fix)
     if refusal is not None:
         return refusal
-    refused = exc.filename if isinstance(exc.filename, str) else path
-    return CtxError(
-        errno.EACCES, f"cannot {action}: uid {os.geteuid()} may not read {refused}; {fix}"
-    )
+    # A name read relative to a directory's descriptor says nothing of where it is.
+    named = isinstance(exc.filename, str) and os.path.isabs(exc.filename)
+    return not_readable(Path(exc.filename) if named else path, action, fix)
 
 
 def _reads_as_the_agent(facts: AgentFacts) -> bool:
@@ -288,19 +288,26 @@ def _run_step(
 ) -> StepResult:
     try:
         outcome, detail = run(evaluation)
+    except controls.UnreadableControl as exc:
+        # Failing closed is a verdict only when the agent is refused that control too.
+        _raise_refusal_of_this_process(evaluation, evaluation.root / exc.path, exc.refusal)
+        return StepResult(step, Outcome.DENY, exc.message, exc.errno)
     except CtxError as exc:
         return StepResult(step, Outcome.DENY, exc.message, exc.errno)
     except OSError as exc:
-        refusal = refusal_of_this_process(
-            evaluation.facts, evaluation.question, evaluation.read_by(step), exc
-        )
-        if refusal is not None:
-            raise refusal from None
+        _raise_refusal_of_this_process(evaluation, evaluation.read_by(step), exc)
         reason = f"cannot be checked, so it is denied: {exc.strerror or exc}"
         # Denied either way; the errno says whether for a verdict or for the host's state.
         code = exc.errno if exc.errno in HOST_SHORTAGES else errno.EACCES
         return StepResult(step, Outcome.DENY, reason, code)
     return StepResult(step, outcome, detail)
+
+
+def _raise_refusal_of_this_process(evaluation: _Evaluation, path: Path, exc: OSError) -> None:
+    """Raise :func:`refusal_of_this_process` for ``exc``, met reading ``path``, when it is one."""
+    refusal = refusal_of_this_process(evaluation.facts, evaluation.question, path, exc)
+    if refusal is not None:
+        raise refusal from None
 
 
 def check_tool_execute(

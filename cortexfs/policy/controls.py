@@ -16,7 +16,8 @@ never grant anything).  Every control is read without following links and no fur
 limit (:data:`~cortexfs.regular_file.MAX_POLICY_BYTES` for a policy,
 :data:`~cortexfs.regular_file.MAX_CONTROL_BYTES` for the others), and every failure to read one
 fails closed: EFBIG for a control over its limit, EACCES otherwise; only a missing agent is
-ENOENT.
+ENOENT.  A control the kernel refused this process (:class:`UnreadableControl`) keeps that
+refusal, for the chain to tell whether it is the agent's too.
 """
 
 from __future__ import annotations
@@ -89,6 +90,18 @@ def require_agent(root: Path, agent: str) -> None:
         )
 
 
+class UnreadableControl(CtxError):
+    """The EACCES of a control the kernel refused this process to read (EACCES or EPERM),
+    keeping that ``refusal``: the chain reads with the asking process's rights, so it asks
+    whether the agent would be refused too before it calls this a verdict on the agent
+    (:func:`~cortexfs.policy.chain.refusal_of_this_process`)."""
+
+    def __init__(self, path: PurePosixPath, refusal: OSError) -> None:
+        super().__init__(errno.EACCES, f"{path} cannot be read safely: {refusal.strerror}")
+        self.path = path
+        self.refusal = refusal
+
+
 class AgentControlFiles:
     """An agent's host-owned controls (:data:`HOST_OWNED_CONTROLS`) read together, through one
     descriptor of ``agent/<name>.d/`` opened without following links, where reading each by
@@ -125,6 +138,8 @@ class AgentControlFiles:
     def read(self, path: PurePosixPath) -> bytes | None:
         """The control at ``path`` (one of :meth:`holds`), as :func:`_read_optional` reads it."""
         outcome = self._read[path]
+        if isinstance(outcome, UnreadableControl):
+            raise UnreadableControl(outcome.path, outcome.refusal)
         if isinstance(outcome, CtxError):
             raise CtxError(outcome.errno, outcome.message)
         return outcome
@@ -283,5 +298,7 @@ def _unread(path: PurePosixPath, exc: OSError) -> None:
         raise CtxError(exc.errno, f"{path} cannot be read now: {exc.strerror}") from None
     if exc.errno == errno.EFBIG:  # denied all the same, saying what to fix
         raise too_big(f"{too_large(path)}, so it is not read; rewrite it") from None
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        raise UnreadableControl(path, exc) from None
     reason = "a link or not a regular file" if exc.errno in _NOT_A_FILE else exc.strerror
     raise denied(f"{path} cannot be read safely: {reason}") from None

@@ -91,3 +91,64 @@ def test_a_refusal_the_agents_own_uid_meets_still_denies(
     done = _ctx(root, *located, uid=user.uid, gid=user.gid)
     assert done.returncode == 1 and done.stderr == "", done
     assert done.stdout.splitlines()[-1].startswith("deny: EACCES: step 2 (mode bits): "), done
+
+
+PRIVATE_CONTROLS = {  # a control the chain reads for tool:probe, and the step reading it
+    "agent/coder.d/label": 4,
+    "agent/coder.d/policy": 5,
+    "tool/probe.d/policy": 6,
+}
+
+
+@pytest.fixture
+def system_probe(root: Path, user: UnprivilegedUser) -> None:
+    """Agent ``coder`` (the test user) may run ``probe`` of the system tier."""
+    add_agent(root, "coder", uid=user.uid, gid=user.gid, policy=POLICY)
+    add_tool(root, "probe", policy="allow coder_t tool:probe execute\n")
+
+
+@pytest.mark.parametrize("control", PRIVATE_CONTROLS)
+def test_a_control_the_asker_may_not_read_is_no_denial_of_the_agent(
+    root: Path, system_probe: None, user: UnprivilegedUser, control: str
+) -> None:
+    """A control made 0600 by root (private to the host, as a grant may be; root's calls
+    read it): the asker's refusal to read it is named as the asker's own, with the file's
+    owner and mode, and no step is said to deny; the agent's own uid, refused it too, gets
+    the verdict, denied at the step that reads it, failing closed."""
+    private = root / control
+    private.chmod(0o600)
+    as_root = _ctx(root, *EXPLAIN)
+    assert (as_root.returncode, as_root.stdout.splitlines()[-1]) == (0, "allow"), as_root
+    done = _ctx(root, *EXPLAIN, uid=ASKER, gid=ASKER)
+    assert (done.returncode, done.stdout) == (1, ""), done
+    assert done.stderr.startswith(
+        f"ctx: EACCES: cannot judge whether agent 'coder' may execute tool:probe: uid {ASKER} "
+        f"may not read {private} (owner uid 0, group 0, mode 0600); that refusal is "
+        f"uid {ASKER}'s own and says nothing of agent 'coder'"
+    ), done.stderr
+    as_agent = _ctx(root, *EXPLAIN, uid=user.uid, gid=user.gid)
+    assert (as_agent.returncode, as_agent.stderr) == (1, ""), as_agent
+    step = PRIVATE_CONTROLS[control]
+    assert as_agent.stdout.splitlines()[-1].startswith(
+        f"deny: EACCES: step {step} ("
+    ) and as_agent.stdout.splitlines()[-1].endswith(
+        f"{control} cannot be read safely: Permission denied"
+    ), as_agent
+
+
+def test_a_policy_the_asker_may_not_read_hides_where_the_agent_finds_the_tool(
+    root: Path, space: Path
+) -> None:
+    """The agent's CTX_PATH holds the spaces its policy grants: unread, the tier the agent's
+    lookup finds probe in cannot be told, and the system tier's lack of it is no verdict."""
+    space.chmod(0o755)
+    policy = root / "agent" / "coder.d" / "policy"
+    policy.chmod(0o600)
+    done = _ctx(root, *EXPLAIN, uid=ASKER, gid=ASKER)
+    assert (done.returncode, done.stdout) == (1, ""), done
+    assert done.stderr.startswith(
+        f"ctx: EACCES: cannot judge whether agent 'coder' may execute tool:probe: uid {ASKER} "
+        f"may not read {policy} (owner uid 0, group 0, mode 0600); "
+    ), done.stderr
+    as_root = _ctx(root, *EXPLAIN)
+    assert (as_root.returncode, as_root.stdout.splitlines()[-1]) == (0, "allow"), as_root
