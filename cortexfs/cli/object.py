@@ -36,7 +36,21 @@ from cortexfs.tools.install import (
     parse_tier,
     require_tier,
 )
-from cortexfs.tools.manifest import ManifestError, load_manifest
+from cortexfs.tools.manifest import ManifestError, load_manifest, names_a_directory
+
+
+class _ManifestPath(NonEmptyPath):
+    """A MANIFEST argument: a Path, but for a name ending in ``/`` (or ``/.``), kept as the
+    text given: the kernel takes it for a directory's (ENOTDIR for a file), and
+    :func:`~cortexfs.tools.manifest.load_manifest` refuses it so, where a Path, dropping the
+    slash, would name the file before it."""
+
+    def __init__(self) -> None:
+        super().__init__(path_type=Path)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        path = super().convert(value, param, ctx)
+        return value if isinstance(value, str) and names_a_directory(value) else path
 
 
 @click.group("object")
@@ -59,9 +73,9 @@ def object_group() -> None:
 
 
 @object_group.command()
-@click.argument("manifests", nargs=-1, required=True, type=NonEmptyPath(path_type=Path))
+@click.argument("manifests", nargs=-1, required=True, type=_ManifestPath())
 @json_option
-def check(manifests: tuple[Path, ...], as_json: bool) -> None:
+def check(manifests: tuple[Path | str, ...], as_json: bool) -> None:
     """Validate MANIFEST files (SPEC T-8).
 
     Exit 0 when every manifest is valid.  Otherwise exit 1 and print every reason, one line
@@ -101,7 +115,7 @@ def check(manifests: tuple[Path, ...], as_json: bool) -> None:
 
 
 @object_group.command()
-@click.argument("manifest", type=NonEmptyPath(path_type=Path))
+@click.argument("manifest", type=_ManifestPath())
 @click.option(
     "--tier",
     required=True,
@@ -118,7 +132,7 @@ def check(manifests: tuple[Path, ...], as_json: bool) -> None:
 @json_option
 @handles_errors
 def install(
-    manifest: Path,
+    manifest: Path | str,
     tier: str,
     source_dir: Path | None,
     storage_dir: Path | None,
@@ -234,9 +248,10 @@ def list_command(tier: str | None, storage_dir: Path | None, as_json: bool) -> N
     may not list is left out with a note on stderr (a space of a group you are not in).  The status
     is what a call would meet: available, disabled, unavailable (with its reason: a status
     control reading none of its settings is quoted; a malformed program control makes a tool
-    unavailable, SPEC C-2) or damaged (a control of its layout missing or malformed; see
-    --json's problems).  Who may run it is not listed: the tool's own policy is judged with
-    the agent's at each call (ctx policy explain AGENT tool:NAME execute).
+    unavailable, SPEC C-2), damaged (a control of its layout missing or malformed; see
+    --json's problems) or unknown (a control you may not read, named in its reason: a call
+    reads it with the runner's rights).  Who may run it is not listed: the tool's own policy
+    is judged with the agent's at each call (ctx policy explain AGENT tool:NAME execute).
     """
     root = resolve_storage(storage_dir)
     tiers = [_tier_option(root, tier)] if tier is not None else all_tiers(root, os.getuid())

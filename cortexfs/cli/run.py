@@ -13,6 +13,7 @@ import errno
 import functools
 import json
 import math
+import os
 import re
 import sys
 from pathlib import Path
@@ -44,10 +45,10 @@ from cortexfs.standard_streams import (
     tell_output_errors,
     write_some,
 )
-from cortexfs.timefmt import MAX_SECONDS, SECONDS_TEXT
+from cortexfs.timefmt import MAX_SECONDS, SECONDS_TEXT, rfc3339
 from cortexfs.tools import orphans
-from cortexfs.tools.core.toolio import MAX_INPUT_BYTES
-from cortexfs.tools.result import ToolResult
+from cortexfs.tools.core.toolio import MAX_INPUT_BYTES, NATIVE
+from cortexfs.tools.result import ERROR, ToolError, ToolResult
 from cortexfs.tools.runner import DEFAULT_TIMEOUT, UnreadableInput, run_native, run_terminal
 from cortexfs.tools.spawn import SIGNALLED_GRACE
 
@@ -312,12 +313,17 @@ def _main(argv: list[str], storage_dir: Path | None) -> int:
     except CtxError as error:
         _say(str(error))
         status = exit_status(error)
+        if options.native and status == EXIT_REFUSED:
+            _answer_without_a_root(options, error.errno, error.message)
         # Refused before any call was made (an empty CTX_STORAGE names no root): in terminal
         # mode that is the shell's "cannot run" (126), as for a call the runner refuses,
         # never a status the tool could have exited with.
         return EXIT_CANNOT_RUN if status == EXIT_REFUSED and not options.native else status
     except OSError as error:
         _say(describe(error))
+        if options.native:  # the frame's error has the errno apart from its sentence
+            said = describe(error).split(": ", 1)[-1]
+            _answer_without_a_root(options, error.errno or errno.EIO, said)
         return EXIT_REFUSED if options.native else EXIT_CANNOT_RUN
     try:
         with stops_raise():
@@ -466,6 +472,26 @@ class _Frames:
         while line:
             line = line[write_some(_STANDARD_OUTPUT, line) :]
             self.begun = line
+
+
+def _answer_without_a_root(options: argparse.Namespace, code: int, message: str) -> None:
+    """The ``result`` frame of a native call refused before the runner could be given a
+    storage root (one named through a loop of links, an empty CTX_STORAGE): native mode's
+    answer comes always, last, as the runner's does for a root that does not exist (stage
+    ``agent``, nothing run or recorded)."""
+    now = rfc3339()
+    result = ToolResult(
+        status=ERROR,
+        tool=options.tool,
+        agent=options.agent,
+        session="",
+        call=os.urandom(8).hex(),
+        mode=NATIVE,
+        started=now,
+        finished=now,
+        error=ToolError(code, "agent", message),
+    )
+    _Frames()({"type": "result", **result.to_json()})
 
 
 def _what_became_of(result: ToolResult) -> str:

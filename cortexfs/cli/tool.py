@@ -30,8 +30,8 @@ from cortexfs.fuse.mounts import cortexfs_mount_holding
 from cortexfs.tools.controls import (
     ToolObject,
     damaged,
-    layout_problems,
     read_controls,
+    readable_layout_problems,
     require_available,
 )
 from cortexfs.tools.core import CORE_TOOLS, tsh_config
@@ -112,13 +112,15 @@ def tool(name: str, args: tuple[str, ...], as_json: bool, storage_dir: Path | No
             "ctx tool runs only the core CLIs"
         )
     # The tool's controls hold for this way in too (T-1): a damaged tool is refused (ENOEXEC),
-    # one its administrator disabled too (EACCES), and the call is logged (T-7).  Its hooks
-    # run under an agent's identity, for agent calls; this call is the caller's own.
+    # one its administrator disabled too (EACCES), and the call is logged (T-7).  A control
+    # the caller may not read is its own refusal (EACCES, saying who may), no damage that
+    # bootstrap would mend.  Its hooks run under an agent's identity, for agent calls; this
+    # call is the caller's own.
     core_tool = ToolObject(name, root / "tool")
     log = PurePosixPath("tool", *core_tool.relative_control("log").parts)
     try:
         # Every control, its own policy too: no chain runs here to refuse a tool without one.
-        problems = layout_problems(core_tool)
+        problems = readable_layout_problems(core_tool)
         if problems:
             raise damaged(core_tool, problems[0])
         require_available(core_tool, read_controls(core_tool))

@@ -22,7 +22,9 @@ are read without following links (:mod:`cortexfs.beneath`) and no further than t
 limit (:func:`cortexfs.policy.controls.control_limit`: 1 MiB, 16 MiB for the policy).  A
 control that is missing or malformed makes the tool unusable (ENOEXEC, "damaged"), one over
 its limit too (EFBIG, naming it and the limit); a malformed ``program`` makes it
-*unavailable* (C-2); ``status`` other than ``available`` refuses every call.
+*unavailable* (C-2); ``status`` other than ``available`` refuses every call.  A control the
+reading process may not read is none of these (:class:`ControlRefused`): that refusal is the
+reader's own, and a reader that may (root, whose calls run the tool) meets the tool as it is.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from cortexfs.names import check_object_name
 from cortexfs.policy.controls import control_limit, too_large
 from cortexfs.printable import quoted
 from cortexfs.regular_file import read_regular_file
+from cortexfs.storage import not_readable
 from cortexfs.tools.remedy import is_core_tool, reinstall_advice
 from cortexfs.tools.schemas import schema_problems
 
@@ -137,6 +140,16 @@ def damaged(tool: ToolObject, reason: str, code: int = errno.ENOEXEC) -> Damaged
     return Damaged(tool, reason, code)
 
 
+class ControlRefused(CtxError):
+    """EACCES (or EPERM): this process may not read a control of a tool, or its control
+    directory.  Not damage: the tool may be whole, and bootstrap or a reinstall would find
+    nothing to mend; the sentence names what this uid may not read and who may."""
+
+
+# What the kernel answers a process whose ids (or an attribute of the file) leave it out.
+_REFUSALS = frozenset({errno.EACCES, errno.EPERM})
+
+
 def read_control(tool: ToolObject, name: str) -> bytes | None:
     """The bytes of one control, None when it is absent; links are never followed, and no
     more than the control's limit is read (EFBIG beyond it)."""
@@ -167,7 +180,8 @@ class _ControlDirectory:
                 reason = f"its control directory {tool.name}.d/ is missing or not a directory"
                 raise damaged(tool, reason) from None
             now = " now" if exc.errno in HOST_SHORTAGES else ""
-            raise CtxError(
+            refused = ControlRefused if exc.errno in _REFUSALS else CtxError
+            raise refused(
                 exc.errno or errno.EIO,
                 f"{tool.directory / tool.name}.d cannot be opened{now}: {exc.strerror}",
             ) from None
@@ -184,6 +198,10 @@ class _ControlDirectory:
             return os.stat(name, dir_fd=self.fd, follow_symlinks=False)
         except (FileNotFoundError, NotADirectoryError):  # e.g. a file where <name>.d/ belongs
             return None
+        except OSError as exc:
+            if exc.errno in _REFUSALS:
+                raise self._refused(name) from None
+            raise
 
     def read(self, name: str) -> bytes | None:
         """:func:`read_control`."""
@@ -203,7 +221,16 @@ class _ControlDirectory:
                 ) from None
             if exc.errno == errno.EFBIG:  # said as damage, with the errno of what is wrong
                 raise damaged(tool, too_large(relative), errno.EFBIG) from None
+            if exc.errno in _REFUSALS:  # this process's ids, not the tool, are at fault
+                raise self._refused(name) from None
             raise damaged(tool, f"{name} cannot be read safely ({exc.strerror})") from None
+
+    def _refused(self, name: str) -> ControlRefused:
+        """The refusal to read control ``name``: the directory on the way this process may
+        not enter, or else the control, with its owner and mode, and who may read it."""
+        tool = self.tool
+        refusal = not_readable(tool.control(name), f"read the {name} control of tool {tool.name}")
+        return ControlRefused(refusal.errno, refusal.message)
 
 
 def parse_status(data: bytes) -> str:
@@ -290,7 +317,20 @@ def layout_problems(tool: ToolObject) -> list[str]:
 
     The ``status`` an administrator wrote (``disabled``, ``unavailable: <reason>``) is a
     setting, not damage, and a ``program`` control that fails C-2 makes the tool unavailable,
-    not damaged: neither is a layout problem (see :func:`read_controls`'s status)."""
+    not damaged: neither is a layout problem (see :func:`read_controls`'s status).  A control
+    this process may not read is listed too, as keeping the tool from being judged complete
+    (bootstrap, as the storage root's owner, puts such a core tool back); whoever tells a
+    user what a call meets asks :func:`readable_layout_problems`, which says the refusal."""
+    try:
+        return readable_layout_problems(tool)
+    except ControlRefused as refusal:
+        return [refusal.message]
+
+
+def readable_layout_problems(tool: ToolObject) -> list[str]:
+    """:func:`layout_problems` when this process may read every control of ``tool``; else
+    :class:`ControlRefused`, which is this process's own refusal, not the tool's damage: a
+    reader that may read them (root, whose calls run the tool) may find it complete."""
     problems = []
     try:
         status = os.lstat(tool.executable)
@@ -300,11 +340,15 @@ def layout_problems(tool: ToolObject) -> list[str]:
         problems.append(f"{tool.name} is missing")
     try:
         problems += _missing_controls(_ControlDirectory(tool))
+    except ControlRefused:
+        raise
     except CtxError as exc:  # a name control over its limit or unreadable: damage all the same
         problems.append(_problem(exc))
     if not problems:
         try:
             read_controls(tool)
+        except ControlRefused:
+            raise
         except CtxError as exc:
             problems.append(_problem(exc))
     return problems

@@ -43,11 +43,12 @@ from cortexfs.tools.controls import (
     STATUS_AVAILABLE,
     STATUS_DISABLED,
     STATUS_UNAVAILABLE,
+    ControlRefused,
     ToolObject,
-    layout_problems,
     program_problem,
     read_control,
     read_controls,
+    readable_layout_problems,
 )
 from cortexfs.tools.core import BOOTSTRAP_TOOLS
 from cortexfs.tools.manifest import Manifest, oversized_controls
@@ -116,6 +117,10 @@ class Installed:
 
 
 STATUS_DAMAGED = "damaged"
+# What a lister that may not read a control of the tool says: not damage, since a call runs
+# with other rights (root's runner), and whether it meets the tool available is not for the
+# lister to tell.
+STATUS_UNKNOWN = "unknown"
 
 
 @dataclass(frozen=True)
@@ -126,7 +131,8 @@ class Listing:
     ``problems``), else the status control's word (``available``, ``disabled``,
     ``unavailable``), except that a ``program`` control failing C-2 makes it ``unavailable``
     whatever the control says.  ``reason`` is the text after ``unavailable:`` (the C-2 reason,
-    or the administrator's)."""
+    or the administrator's).  ``unknown`` when the lister may not read a control: ``reason``
+    names it and who may read it."""
 
     name: str
     tier: str
@@ -309,13 +315,16 @@ def _steady_listing(tier: Tier, tool: ToolObject) -> Listing:
     except CtxError:  # a damaged control directory: layout_problems says what is wrong
         description = ""
     summary = description.strip().splitlines()[0] if description.strip() else ""
-    problems = layout_problems(tool)
-    if problems:
-        status, reason = STATUS_DAMAGED, ""
-    else:
-        status, reason = _status_and_reason(read_controls(tool).status)
-        if program_problem(tool):
-            problems = [f"{tool.name}.d/program: {reason}"]
+    try:
+        problems = readable_layout_problems(tool)
+        if problems:
+            status, reason = STATUS_DAMAGED, ""
+        else:
+            status, reason = _status_and_reason(read_controls(tool).status)
+            if program_problem(tool):
+                problems = [f"{tool.name}.d/program: {reason}"]
+    except ControlRefused as refusal:
+        status, reason, problems = STATUS_UNKNOWN, refusal.message, []
     return Listing(tool.name, tier.name, tool.executable, status, reason, summary, problems)
 
 

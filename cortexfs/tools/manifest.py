@@ -39,7 +39,7 @@ import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from cortexfs import jsontext
 from cortexfs.errors import HOST_SHORTAGES, CtxError, invalid
@@ -160,13 +160,25 @@ class _Origin:
     authors: frozenset[int] = frozenset()
 
 
-def load_manifest(path: Path) -> Manifest:
+def names_a_directory(path: str) -> bool:
+    """Whether ``path`` ends in ``/`` or ``/.``: the kernel then takes the name before it for
+    a directory's, and answers ENOTDIR for a file there, where :class:`~pathlib.Path`, which
+    drops both, would name the file."""
+    return path.endswith(("/", "/."))
+
+
+def load_manifest(path: Path | str) -> Manifest:
     """Read and validate the manifest at ``path``; :class:`ManifestError` lists every problem.
 
     The manifest is read as a regular file (a final link followed: it is the file the caller
     named), at most :data:`MAX_MANIFEST_BYTES`, never waiting on a FIFO; its program is read
-    from the directory the manifest was read from (:func:`_read_program`)."""
+    from the directory the manifest was read from (:func:`_read_program`).  A ``path`` given
+    as text that :func:`names_a_directory` names no manifest: ENOTDIR for a file there, as
+    the kernel says, EINVAL for a directory."""
     source = str(path)
+    if names_a_directory(source):
+        _refuse_a_directory_name(source)
+    path = Path(path)
     try:
         directory = os.open(path.parent, _PLACE | os.O_DIRECTORY)
     except OSError as exc:
@@ -195,6 +207,22 @@ def load_manifest(path: Path) -> Manifest:
         os.close(directory)
 
 
+def _refuse_a_directory_name(source: str) -> NoReturn:
+    """Refuse the manifest ``source``, a name ending in ``/``, with what the kernel answers."""
+    try:
+        os.stat(source)
+    except OSError as exc:
+        raise _unreadable(source, exc) from None
+    raise _not_a_regular_file(source)
+
+
+def _not_a_regular_file(source: str) -> CtxError:
+    return invalid(
+        f"{source} is not a regular file (a FIFO, device or directory); give a manifest file; "
+        "nothing was read from it"
+    )
+
+
 def _read_manifest_file(path: Path, directory: int) -> tuple[bytes, frozenset[int]]:
     """The manifest's bytes and its authors (see :class:`_Origin`)."""
     source = str(path)
@@ -208,10 +236,7 @@ def _read_manifest_file(path: Path, directory: int) -> tuple[bytes, frozenset[in
                 source, [f"a manifest is at most {MAX_MANIFEST_BYTES} bytes"]
             ) from None
         if exc.errno == errno.EINVAL:
-            raise invalid(
-                f"{source} is not a regular file (a FIFO, device or directory); give a "
-                "manifest file; nothing was read from it"
-            ) from None
+            raise _not_a_regular_file(source) from None
         raise _unreadable(source, exc) from None
     owners = {status.st_uid}
     try:
@@ -363,7 +388,7 @@ def _read_program(value: str, origin: _Origin) -> bytes | tuple[int, str]:
     not reach (a private directory of someone else's inside a shared one, a home of mode
     0700), is refused (EACCES), for root must not read on their behalf what every agent would
     read once installed."""
-    shown = _exec_path(value, origin.source.parent)
+    shown: Path | str = _exec_path(value, origin.source.parent)
     parts = [part for part in value.split("/") if part not in ("", ".")]
     outside = value.startswith("/") or ".." in parts
     if outside and origin.authors:
@@ -375,6 +400,8 @@ def _read_program(value: str, origin: _Origin) -> bytes | tuple[int, str]:
         )
     if not parts:
         return errno.EINVAL, f"exec: {shown} is not a regular file (a FIFO, device or directory)"
+    if names_a_directory(value):
+        shown = f"{shown}/"  # as the kernel reads it: the slash the walk drops decides
     absolute = value.startswith("/")
     try:
         if absolute:
@@ -397,6 +424,8 @@ def _read_program(value: str, origin: _Origin) -> bytes | tuple[int, str]:
             if owned:
                 os.close(directory)
             directory, owned = inner, True
+        if names_a_directory(value):
+            return _named_as_a_directory(directory, parts[-1], origin, shown, value)
         try:
             data, status = read_regular_file_and_status(
                 parts[-1], MAX_PROGRAM_BYTES, dir_fd=directory
@@ -427,8 +456,21 @@ def _read_program(value: str, origin: _Origin) -> bytes | tuple[int, str]:
     return data
 
 
+def _named_as_a_directory(
+    directory: int, name: str, origin: _Origin, shown: Path | str, value: str
+) -> tuple[int, str]:
+    """The problem of an ``exec`` ending in ``/``: it names the directory ``name`` in
+    ``directory``, never a program; the kernel's answer (ENOTDIR for a file, ELOOP for a link)
+    is said as the walk's are, and a directory is no regular file."""
+    try:
+        os.close(os.open(name, _PLACE | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=directory))
+    except OSError as exc:
+        return _refusal(exc, origin, shown, value, _link_target(directory, name))
+    return errno.EINVAL, f"exec: {shown} is not a regular file (a FIFO, device or directory)"
+
+
 def _refusal(
-    exc: OSError, origin: _Origin, shown: Path, component: str, link: str | None
+    exc: OSError, origin: _Origin, shown: Path | str, component: str, link: str | None
 ) -> tuple[int, str]:
     """The problem of an ``exec`` that could not be read; ``link`` is the target of the
     component (the file, when the walk got there) that is a symbolic link, if one is.  What

@@ -232,13 +232,6 @@ def test_a_program_over_64_mib_is_einval_for_check_and_install_and_64_mib_is_not
     assert (fits.rc, fits.out, fits.err) == (0, f"{m}: valid (big)\n", ""), fits
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="T-8: a path ending in '/' names a directory (the kernel answers ENOTDIR for a "
-    "regular file), yet 'ctx object check' calls valid both a manifest whose exec is 't.sh/' "
-    "and the argument 't.json/', reading the regular file before the slash, and install "
-    "installs it",
-)
 @pytest.mark.parametrize("where", ["exec", "manifest argument"])
 def test_a_path_ending_in_a_slash_names_no_regular_file(
     storage: Path, tmp_path: Path, where: str
@@ -510,13 +503,6 @@ def test_a_tshrc_the_user_may_not_read_is_eacces_naming_it_and_what_to_do(
 
 
 @needs_root
-@pytest.mark.xfail(
-    strict=True,
-    reason="T-8a: 'ctx object list' run by another uid lists a tool whose schema control "
-    "that uid may not read as 'damaged' (problem 'schema cannot be read safely'), while root "
-    "lists it available and every call meets it available: the listing's own refusal is "
-    "reported as a fact of the tool",
-)
 def test_a_control_the_lister_may_not_read_does_not_make_a_tool_damaged(
     world: World, unprivileged_user: UnprivilegedUser
 ) -> None:
@@ -609,13 +595,6 @@ def test_ctx_tool_refusals_in_json_are_error_objects_and_change_nothing(storage:
 
 
 @needs_root
-@pytest.mark.xfail(
-    strict=True,
-    reason="H-3: 'ctx tool tsh.config' run by a user who may not read its status control "
-    "(0600, root's) is refused ENOEXEC 'tool tsh.config … is damaged … repair the storage "
-    "root (ctx bootstrap)', where root runs it and bootstrap finds nothing to repair: the "
-    "caller's own refusal is called damage",
-)
 def test_ctx_tool_refusal_for_a_control_the_caller_may_not_read_is_not_damage(
     world: World, unprivileged_user: UnprivilegedUser
 ) -> None:
@@ -770,13 +749,6 @@ def test_explain_with_a_location_outside_the_root_is_a_malformed_request(
 
 
 @needs_root
-@pytest.mark.xfail(
-    strict=True,
-    reason="P-5: 'ctx policy explain' run by a user who may not read the agent's policy "
-    "(0600, root's) prints a verdict, 'deny: EACCES: step 5 … cannot be read safely', on "
-    "stdout, where root's explanation allows: docs/policy.md says such a caller gets no "
-    "verdict but 'ctx: EACCES: cannot judge whether agent …' on stderr",
-)
 def test_explain_by_a_user_who_may_not_read_the_agents_policy_gives_no_verdict(
     world: World, unprivileged_user: UnprivilegedUser
 ) -> None:
@@ -853,13 +825,6 @@ def test_run_native_with_arguments_after_the_tool_is_a_usage_error(storage: Path
     assert snapshot(storage) == before
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="T-3: 'ctx run --native' with a storage root named through a loop of links, or "
-    "CTX_STORAGE set but empty, prints no result frame (only a stderr line), where a root "
-    "that is missing or not a directory gets the result frame docs/tools.md promises "
-    "'always, last'",
-)
 @pytest.mark.parametrize("root", ["a loop of links", "CTX_STORAGE set but empty"])
 def test_run_native_answers_a_root_it_cannot_use_with_its_result_frame(
     tmp_path: Path, root: str
