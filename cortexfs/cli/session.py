@@ -354,7 +354,7 @@ def _session_ref(
         if project is not None:
             # The manual bundle is no space and holds no session: none is ever made
             # there, so a listing there is no empty one but a misnamed project.
-            check_space_name(project, "project")
+            check_space_name(project, "shared space")
             ref = SessionRef.shared(root, project, agent, session)
         else:
             if uid is None:

@@ -483,12 +483,13 @@ def test_a_program_replaced_by_a_special_entry_is_damaged_and_reinstall_says_wha
 
 
 @needs_root
-def test_a_program_the_listing_uid_cannot_read_is_damaged_for_it_not_a_traceback(
+def test_a_program_the_listing_uid_cannot_read_is_unknown_to_it_not_a_traceback(
     bench, unprivileged_user
 ):
     """C-2, T-8a, as a non-root user: a system tool's program control made readable by root
-    alone (mode 0600) lists as damaged for an unprivileged uid — the problem names the
-    program and the refusal — with exit 0 and no traceback, while root still lists it
+    alone (mode 0600) lists as ``unknown`` for an unprivileged uid (docs/tools.md: what a
+    call meets is not for that uid to tell) — the reason names the program control and who
+    may read it — with exit 0 and no traceback, while root still lists it
     available and a call still runs; the user's ``ctx object check`` of a manifest whose
     program is not an object is refused as root's is."""
     bench.working()
@@ -499,8 +500,8 @@ def test_a_program_the_listing_uid_cannot_read_is_damaged_for_it_not_a_traceback
     listed = run_as(unprivileged_user, [ctx, "object", "list", "--json"], env=env)
     assert listed.returncode == 0 and "Traceback" not in listed.stderr, listed
     [entry] = [e for e in json.loads(listed.stdout) if e["name"] == TOOL]
-    assert entry["status"] == "damaged", entry
-    assert any("program" in p and "ermission" in p for p in entry["problems"]), entry
+    assert (entry["status"], entry["problems"]) == ("unknown", []), entry
+    assert "program" in entry["reason"] and "may not read" in entry["reason"], entry
     assert bench.entry()["status"] == "available"
     ran = bench.call("root-reads-it")
     assert (ran.rc, ran.out) == (0, "argv:root-reads-it\n"), ran

@@ -794,17 +794,16 @@ def test_dry_run_promises_no_temp_removal_the_run_is_refused(_template, kind):
         shutil.rmtree(top, ignore_errors=True)
 
 
-def test_a_requeue_an_append_only_lease_directory_stops_then_reconcile_completes(
+def test_a_requeue_an_append_only_lease_directory_is_refused_before_it_moves_anything(
     queue, cache, base
 ):
     """Q-5, Q-6, I-5, docs/queue.md: a gone holder's claim whose ``lease/J`` is append-only
     (which, the page says, a write check does not see, and the dry run looks at).  The dry
     run changes nothing and predicts the refusal (exit 1: the job would be left as it is,
-    with the attribute and the ``chattr -a`` that lifts it); the run moves the request
-    back to pending, is refused the lease's removal, and says so — the attribute, the
-    ``chattr -a`` that lifts it, and "stopped part-way: it is now incomplete ... for 'ctx
-    queue recover --reconcile' to complete" — exit 1.  Lifted, the --reconcile dry run plans
-    exactly the completion the run then applies (exit 0), and a second run changes nothing."""
+    with the attribute and the ``chattr -a`` that lifts it); the run, which asks the same
+    before it moves anything, is refused alike and leaves the job as it is, exit 1.
+    Lifted, the dry run plans the requeue the run then applies, and a second run changes
+    nothing."""
     j = job("stuck")
     _claimed(queue, j, base.dead)
     age_state_dirs(queue)
@@ -819,14 +818,13 @@ def test_a_requeue_an_append_only_lease_directory_stops_then_reconcile_completes
         for words in ("append-only", f"chattr -a {lease_dir}"):
             assert words in predicted["detail"], (words, predicted)
         real = recover(queue, cache, "--json")
-        assert real.rc == 1, real
+        assert real.rc == 1 and tree(queue.dir) == before, real
         (error,) = real.json()["errors"]
         assert (error["job"], error["error"]) == (j, "EPERM"), real
-        for words in ("append-only", f"chattr -a {lease_dir}", "stopped part-way", "--reconcile"):
+        for words in ("append-only", f"chattr -a {lease_dir}", "left as it is"):
             assert words in error["detail"], (words, error)
-        assert (queue.dir / "pending" / j).is_file() and (lease_dir / "worker").is_file()
-    dry, real = dry_then_real(queue, cache, "--reconcile")
-    assert dry.rc == 1 and real.rc == 0, (dry, real)
-    assert [(f["job"], f["action"]) for f in real.json()["repaired"]] == [(j, "remove-orphans")]
+    dry, real = dry_then_real(queue, cache)
+    assert real.rc == 0, (dry, real)
+    assert [f["job"] for f in real.json()["requeued"]] == [j]
     assert where(queue, j) == "pending"
-    assert_no_op(queue, cache, real, "--reconcile")
+    assert_no_op(queue, cache, real)
