@@ -798,7 +798,7 @@ def test_a_requeue_an_append_only_lease_directory_is_refused_before_it_moves_any
     queue, cache, base
 ):
     """Q-5, Q-6, I-5, docs/queue.md: a gone holder's claim whose ``lease/J`` is append-only
-    (which, the page says, a write check does not see, and the dry run looks at).  The dry
+    (which access(2) does not see, and recover, dry or not, looks at).  The dry
     run changes nothing and predicts the refusal (exit 1: the job would be left as it is,
     with the attribute and the ``chattr -a`` that lifts it); the run, which asks the same
     before it moves anything, is refused alike and leaves the job as it is, exit 1.
