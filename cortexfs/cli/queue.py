@@ -626,10 +626,7 @@ def say_why_left_pending(left_pending: dict[str, str]) -> None:
             "with a lease/J and no claim",
             "'ctx queue recover --reconcile' removes that lease once its holder is gone",
         ),
-        protocol.FINISHED: (
-            "as J is in done/ or failed/ too, a conflict",
-            "'ctx queue show J' lists its evidence; a conflict is never resolved for you",
-        ),
+        protocol.FINISHED: ("as J is in done/ or failed/ too, a conflict", _conflict_remedy),
         protocol.RECOVERED: (
             "as a 'ctx queue recover --reconcile' running meanwhile took each fresh claimed/J "
             "for a crash's leftover",
@@ -639,11 +636,15 @@ def say_why_left_pending(left_pending: dict[str, str]) -> None:
     for why, (evidence, remedy) in held.items():
         jobs = [job for job, reason in left_pending.items() if reason == why]
         if jobs:
-            # A command to copy names the job itself when there is one.
-            remedy = remedy.replace(
-                "show J'", f"show {jobs[0]}'" if len(jobs) == 1 else "show J' of each"
-            )
-            _note(f"left pending, {evidence}: {_some(jobs)}; {remedy}")
+            said = remedy(jobs) if callable(remedy) else remedy
+            _note(f"left pending, {evidence}: {_some(jobs)}; {said}")
+
+
+def _conflict_remedy(jobs: list[str]) -> str:
+    """What to do about jobs both pending and finished: look at their evidence, with a
+    command to copy that names the job itself when there is one."""
+    show = f"'ctx queue show {jobs[0]}'" if len(jobs) == 1 else "'ctx queue show J' of each"
+    return f"{show} lists its evidence; a conflict is never resolved for you"
 
 
 def say_left_claimed(jobs: list[str]) -> None:

@@ -70,6 +70,17 @@ def test_a_job_both_pending_and_finished_is_named_as_a_conflict(root: Path, tmp_
     assert "'ctx queue show twice.req.json --project" in done.stderr
 
 
+def test_several_conflicts_are_given_the_command_for_each(root: Path, tmp_path: Path) -> None:
+    qdir = _queue(root)
+    for name in ("one", "two"):
+        _publish(root, tmp_path, name)
+        write_json(qdir / "failed" / f"{name}.req.json", request(1))
+    done = ctx(root, "queue", "claim", *P)
+    assert (done.returncode, done.stdout) == (3, "")
+    assert "a conflict: one.req.json, two.req.json; 'ctx queue show J --project" in done.stderr
+    assert "' of each lists its evidence" in done.stderr
+
+
 def test_a_long_list_of_held_jobs_is_cut_with_a_count(root: Path, tmp_path: Path) -> None:
     qdir = _queue(root)
     lines = "".join(json.dumps(request(n)) + "\n" for n in range(8))
