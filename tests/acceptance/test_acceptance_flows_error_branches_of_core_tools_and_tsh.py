@@ -356,17 +356,24 @@ def test_a_run_socket_that_is_not_there_is_126_naming_the_tool_and_nothing_runs(
     data = json.dumps({"path": str(target), "content": "x"})
     run = persons_tsh(storage, where, "fs.write", data, sock=where / "nothing.sock")
     assert (run.rc, run.out) == (126, ""), run
-    assert one_line(run.err) and run.err.startswith("tsh: fs.write: the host did not run it: ")
+    assert one_line(run.err), run
+    assert run.err.startswith("tsh: fs.write: ENOENT: the host did not run it: its run socket "), (
+        run
+    )
+    assert run.err.endswith("nothing.sock: No such file or directory\n"), run
     assert not target.exists()
     shutil.rmtree(where)
+
+
+NOT_RUN = "tsh: fs.write: EPROTO: the host did not run it: "
 
 
 @pytest.mark.parametrize(
     ("answer", "said"),
     [
-        pytest.param(b"[]\n", "tsh: fs.write: the host did not run it: ", id="not-an-object"),
-        pytest.param(None, "tsh: fs.write: the host did not run it: ", id="no-answer"),
-        pytest.param(b'{"exit_status": "x"}\n', "tsh: fs.write: the host did not run it: ",
+        pytest.param(b"[]\n", NOT_RUN, id="not-an-object"),
+        pytest.param(None, NOT_RUN, id="no-answer"),
+        pytest.param(b'{"exit_status": "x"}\n', NOT_RUN,
                      id="a-status-that-is-no-number"),
         pytest.param(b'{"error": "EACCES: refused by this host", "exit_status": 126}\n',
                      "tsh: fs.write: EACCES: refused by this host\n", id="a-refusal"),
@@ -407,7 +414,9 @@ def test_a_status_of_no_number_from_a_run_socket_is_126_not_a_traceback(storage,
         run = persons_tsh(storage, where, "fs.stat", "/", sock=where / "run.sock")
     shutil.rmtree(where)
     assert "Traceback" not in run.err, run
-    assert run.rc == 126 and run.err.startswith("tsh: fs.stat: the host did not run it"), run
+    assert run.rc == 126 and run.err.startswith("tsh: fs.stat: EPROTO: the host did not run it"), (
+        run
+    )
 
 
 @pytest.mark.parametrize(

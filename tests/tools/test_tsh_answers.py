@@ -94,9 +94,55 @@ def test_an_answer_holding_no_exit_status_is_126_the_host_did_not_run_it(
 
     assert (run.returncode, run.stdout) == (126, ""), run
     assert run.stderr == (
-        f"tsh: fs.stat: the host did not run it: its answer's exit_status is {shown}, which "
-        "is no exit status (0 to 255)\n"
+        "tsh: fs.stat: EPROTO: the host did not run it: its answer's exit_status is "
+        f"{shown}, which is no exit status (0 to 255)\n"
     ), run.stderr
+
+
+@pytest.mark.parametrize(
+    ("answer", "said"),
+    [
+        pytest.param(b"", "it closed its run socket without an answer", id="nothing"),
+        pytest.param(b"ok\x1b[2J\n", "its answer is no JSON: ok\\x1b[2J", id="no-json"),
+        pytest.param(b"[3]\n", "its answer is no JSON object with an exit_status: [3]",
+                     id="no-object"),
+        pytest.param(b'{"status": 3}\n', "its answer is no JSON object with an exit_status: "
+                     '{"status": 3}', id="no-exit-status"),
+    ],
+)  # fmt: skip
+def test_an_answer_that_is_no_outcome_is_eproto_saying_what_it_was(
+    root: Path, tmp_path: Path, answer: bytes, said: str
+) -> None:
+    """An answer is one JSON object with an exit status; anything else is a protocol error
+    (EPROTO) saying what came instead, printable, never Python's own words for it."""
+    where = tmp_path / "run.sock"
+    host = serve_once(where, answer)
+
+    run = tsh(root, "fs.stat", "/", CTX_RUN_SOCKET=str(where))
+    host.join(30)
+
+    assert (run.returncode, run.stdout) == (126, ""), run
+    assert run.stderr == f"tsh: fs.stat: EPROTO: the host did not run it: {said}\n", run
+
+
+def test_a_run_socket_that_is_not_there_is_named_with_its_errno(tmp_path: Path, root: Path) -> None:
+    where = tmp_path / "gone.sock"
+    run = tsh(root, "fs.stat", "/", CTX_RUN_SOCKET=str(where))
+    assert (run.returncode, run.stdout) == (126, ""), run
+    assert run.stderr == (
+        f"tsh: fs.stat: ENOENT: the host did not run it: its run socket {where}: No such file "
+        "or directory\n"
+    ), run
+
+
+def test_a_refusal_the_host_answers_is_printed_printable(root: Path, tmp_path: Path) -> None:
+    where = tmp_path / "run.sock"
+    host = serve_once(where, b'{"error": "EACCES: no\\u001b[2J", "exit_status": 126}\n')
+
+    run = tsh(root, "fs.stat", "/", CTX_RUN_SOCKET=str(where))
+    host.join(30)
+
+    assert (run.returncode, run.stderr) == (126, "tsh: fs.stat: EACCES: no\\x1b[2J\n"), run
 
 
 def test_an_exit_status_the_host_answers_is_tshs(root: Path, tmp_path: Path) -> None:

@@ -350,16 +350,41 @@ def call(name: str, argv: list[str]) -> int:
                     break
                 except KeyboardInterrupt:
                     _interrupt()
-        outcome = json.loads(answer)
+        outcome = _host_outcome(answer)
         if outcome.get("error"):  # refused by the host before anything ran
-            print(f"tsh: {name}: {outcome['error']}", file=sys.stderr)
+            print(f"tsh: {name}: {printable(str(outcome['error']))}", file=sys.stderr)
         return _exit_status(outcome["exit_status"])
-    except (OSError, KeyError, ValueError, AttributeError) as exc:
-        print(f"tsh: {name}: the host did not run it: {exc}", file=sys.stderr)
+    except OSError as exc:
+        code = errno.errorcode.get(exc.errno or errno.EIO, "EIO")
+        where = printable(os.environ["CTX_RUN_SOCKET"])
+        print(
+            f"tsh: {name}: {code}: the host did not run it: its run socket {where}: "
+            f"{exc.strerror or exc}",
+            file=sys.stderr,
+        )
+        return CANNOT_RUN
+    except ValueError as exc:  # an answer that is no JSON, or holds no exit status
+        print(f"tsh: {name}: EPROTO: the host did not run it: {exc}", file=sys.stderr)
         return CANNOT_RUN
     finally:
         if let_go:
             _take_terminal_back()
+
+
+def _host_outcome(answer: bytes) -> dict[str, Any]:
+    """The host's answer to a command line: one JSON object holding its exit status;
+    ValueError saying what it was instead."""
+    if not answer:
+        raise ValueError("it closed its run socket without an answer")
+    try:
+        outcome = json.loads(answer)
+    except ValueError:  # no JSON, or no UTF-8
+        text = answer.decode("utf-8", "backslashreplace").rstrip("\n")
+        raise ValueError(f"its answer is no JSON: {shortened(printable(text))}") from None
+    if not isinstance(outcome, dict) or "exit_status" not in outcome:
+        shown = shortened(printable(json.dumps(outcome)))
+        raise ValueError(f"its answer is no JSON object with an exit_status: {shown}")
+    return outcome
 
 
 def _exit_status(value: object) -> int:
