@@ -155,8 +155,6 @@ def recover(
         for job in sorted(found.jobs):
             try:
                 _recover_job(queue, found.jobs[job], report, reconcile=reconcile, dry_run=dry_run)
-            except _StoppedPartWay as stopped:
-                report.errors.append(_stopped_part_way(queue, found.jobs[job], stopped))
             except (OSError, CtxError) as exc:
                 # One job we cannot repair (EACCES in a directory another user made, a symlink
                 # swapped in since the scan) must not cost every other job its repair: say what
@@ -234,23 +232,30 @@ class _StoppedPartWay(Exception):
         self.action, self.places, self.reconciling = action, places, reconciling
 
 
-def _failure(queue: Queue, exc: OSError | CtxError, scanned: ev.JobEvidence) -> Finding:
-    """What recover could not do for a job it left as it was, with the errno that stopped it
-    and, for a shortage of the host's, what ran short and what mends it (never a bare
-    'Too many open files')."""
+def _failure(
+    queue: Queue, exc: OSError | CtxError, scanned: ev.JobEvidence, attempted: str | None = None
+) -> Finding:
+    """What recover could not do for a job it left as it was (``attempted``, the transition
+    it was making, if it had got that far), with the errno that stopped it and, for a
+    shortage of the host's, what ran short and what mends it (never a bare 'Too many open
+    files')."""
     if isinstance(exc, CtxError):
         code, detail = exc.code_name, f"{exc}; left as it is"
-        return Finding(scanned.job, "error", detail, evidence=scanned.paths(), error=code)
+        return Finding(
+            scanned.job, "error", detail, attempted, evidence=scanned.paths(), error=code
+        )
     code, reason = errno.errorcode.get(exc.errno or 0, "EIO"), errno_text(exc)
     trouble = explain_host_trouble(exc.errno, filesystem=queue.root_fd, uid=os.geteuid())
     if trouble is None:
         detail = f"{reason}; left as it is"
     else:
         detail = f"{reason}{trouble.aside}; left as it is: {trouble.remedy}, then recover again"
-    return Finding(scanned.job, "error", detail, evidence=scanned.paths(), error=code)
+    return Finding(scanned.job, "error", detail, attempted, evidence=scanned.paths(), error=code)
 
 
-def _stopped_part_way(queue: Queue, scanned: ev.JobEvidence, stopped: _StoppedPartWay) -> Finding:
+def _stopped_part_way(
+    queue: Queue, scanned: ev.JobEvidence, stopped: _StoppedPartWay, attempted: str | None
+) -> Finding:
     """What recover could not do for a job whose transition the kernel refused, and where
     the job stands now: as it was, or, when part of it changed, the state the next run
     handles (the report must not say the job was left as it was).  A refusal says which
@@ -276,7 +281,7 @@ def _stopped_part_way(queue: Queue, scanned: ev.JobEvidence, stopped: _StoppedPa
         # for a symbolic link, a name taken meanwhile), which is said with the errno.
         detail = f"{stopped.action}: {errno_text(exc)}; {where}"
         code = errno.errorcode.get(exc.errno or 0, "EIO")
-    return Finding(scanned.job, "error", detail, evidence=now.paths(), error=code)
+    return Finding(scanned.job, "error", detail, attempted, evidence=now.paths(), error=code)
 
 
 # What the host refuses a step for, whatever the job: a directory's mode or attribute, a
@@ -313,6 +318,7 @@ def _temp_failure(queue: Queue, temp: ev.Temp, exc: OSError) -> Finding:
 def _recover_job(
     queue: Queue, evidence: ev.JobEvidence, report: RecoverReport, *, reconcile: bool, dry_run: bool
 ) -> None:
+    scanned_evidence = evidence
     assessment = ev.assess(evidence)
     if assessment.state in ("conflict", "incomplete"):
         scanned = assessment
@@ -324,6 +330,28 @@ def _recover_job(
             report.untouched.append(Finding(evidence.job, scanned.state, detail, evidence=[]))
             return
     finding = Finding(evidence.job, assessment.state, assessment.detail, evidence=evidence.paths())
+    # What stops J's transition is reported with the transition it stopped (its ``action``,
+    # never applied): a script reading ``errors`` knows what was tried, as the text says.
+    try:
+        _judge(queue, evidence, assessment, finding, report, reconcile=reconcile, dry_run=dry_run)
+    except _StoppedPartWay as stopped:
+        report.errors.append(_stopped_part_way(queue, scanned_evidence, stopped, finding.action))
+    except (OSError, CtxError) as exc:
+        report.errors.append(_failure(queue, exc, scanned_evidence, finding.action))
+
+
+def _judge(
+    queue: Queue,
+    evidence: ev.JobEvidence,
+    assessment: ev.Assessment,
+    finding: Finding,
+    report: RecoverReport,
+    *,
+    reconcile: bool,
+    dry_run: bool,
+) -> None:
+    """Report J, as ``finding``, under what its evidence makes it, and make (or, in a dry run,
+    plan) the transition that settles it when one may be made."""
     if assessment.state == "conflict":
         report.conflicts.append(finding)
         return

@@ -76,6 +76,7 @@ def test_a_members_recover_names_the_directory_it_may_not_write_and_the_remedy(
     assert as_json.returncode == 1, as_json.stderr
     [error] = json.loads(as_json.stdout)["errors"]
     assert error["error"] == "EACCES" and error["detail"].startswith(refusal)
+    assert (error["action"], error["applied"]) == ("requeue", False)
     assert error["detail"].endswith("; left as it is")
     assert tree(queue_dir) == before
     assert stat.S_IMODE(os.stat(claim_dir).st_mode) == 0o2755

@@ -91,6 +91,7 @@ def test_a_move_the_kernel_refuses_after_the_check_names_the_directory_and_the_r
     assert as_json.returncode == 1, as_json.stderr
     [error] = json.loads(as_json.stdout)["errors"]
     assert error["error"] == "EPERM" and error["detail"] == refusal
+    assert (error["action"], error["applied"]) == ("requeue", False)  # what was tried
     # Nothing half-moved: the refused job is claimed and leased as before, the other pending.
     assert f"claimed/{stuck}/{stuck}" in after and f"lease/{stuck}/worker" in after
     assert f"pending/{stuck}" not in after and f"pending/{freed}" in after
@@ -227,7 +228,7 @@ def test_a_stray_temp_file_recover_may_not_remove_names_the_directory(root: Path
         said = ctx(root, "queue", "recover", "--project", PROJECT, "--reconcile", "--json")
 
     [error] = json.loads(said.stdout)["errors"]
-    assert error["error"] == "EPERM"
+    assert error["error"] == "EPERM" and error["action"] is None  # a temp is no job's transition
     assert error["detail"] == (
         f"EPERM: cannot remove the stray temp file inbox/{temp.name} in queue {queue_dir}: "
         f"{inbox} is immutable (attribute 'i', which 'lsattr -d' shows): nothing in it may be "
