@@ -219,10 +219,25 @@ class Queue:
             raise not_readable(self.path / name, f"open queue {self.path}") from None
         except OSError as exc:
             if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                raise CtxError(
-                    exc.errno, f"{self.path}/{name} is not a real directory; refusing to use it"
-                ) from exc
+                raise self._not_a_real_directory(name, exc) from exc
             raise self._refused_opening(name, exc) from None
+
+    def _not_a_real_directory(self, name: str, exc: OSError) -> CtxError:
+        """A state directory that is a link (ELOOP, as a link anywhere on a queue's path:
+        the kernel says ENOTDIR of a link opened as a directory without following it) or
+        another kind of file (ENOTDIR)."""
+        try:
+            is_link = stat.S_ISLNK(os.lstat(name, dir_fd=self.root_fd).st_mode)
+        except OSError:
+            is_link = exc.errno == errno.ELOOP
+        if is_link:
+            return CtxError(
+                errno.ELOOP,
+                f"{self.path}/{name} is a symlink, not a real directory; refusing to follow it",
+            )
+        return CtxError(
+            errno.ENOTDIR, f"{self.path}/{name} is not a real directory; refusing to use it"
+        )
 
     def reread_config(self) -> None:
         """Read ``config`` again: a long-lived user of the queue (a worker, before each claim)

@@ -254,8 +254,9 @@ def test_a_state_directory_that_is_no_real_directory_is_refused_by_every_command
     """Q-8, docs/queue.md "Command line" (init): a state directory that is not a real one is
     refused with its full path before anything is made; a link is never followed.  Every
     command, ``init`` and ``work`` included, exits 1 with ENOTDIR "Q/pending is not a real
-    directory; refusing to use it", and neither the queue nor what the link leads to
-    changes."""
+    directory; refusing to use it" for a file, ELOOP "Q/pending is a symlink, not a real
+    directory; refusing to follow it" for a link (as a link anywhere on a queue's path), and
+    neither the queue nor what the link leads to changes."""
     pending = queue.dir / "pending"
     pending.rmdir()
     elsewhere = tmp_path / "elsewhere"
@@ -268,8 +269,13 @@ def test_a_state_directory_that_is_no_real_directory_is_refused_by_every_command
     before, outside = snapshot(queue.dir), snapshot(elsewhere)
     for argv, given in every_command(holder.pid):
         r = queue.run(argv[0], *argv[1:], "--json", input=given)
-        said = refused(r, "ENOTDIR")
-        assert said == f"{pending} is not a real directory; refusing to use it", (argv, r)
+        if kind == "symlink":
+            said = refused(r, "ELOOP")
+            expected = f"{pending} is a symlink, not a real directory; refusing to follow it"
+        else:
+            said = refused(r, "ENOTDIR")
+            expected = f"{pending} is not a real directory; refusing to use it"
+        assert said == expected, (argv, r)
         assert snapshot(queue.dir) == before and snapshot(elsewhere) == outside, argv
 
 

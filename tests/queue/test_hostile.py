@@ -165,8 +165,19 @@ def test_a_state_directory_replaced_by_a_symlink_is_refused(
     (queue_dir / state).symlink_to(elsewhere)
     with pytest.raises(CtxError) as caught:
         Queue.open(queue_dir)
-    assert caught.value.errno in (errno.ELOOP, errno.ENOTDIR)
-    assert "not a real directory" in caught.value.message
+    assert caught.value.errno == errno.ELOOP  # as a link anywhere on a queue's path
+    assert caught.value.message == (
+        f"{queue_dir}/{state} is a symlink, not a real directory; refusing to follow it"
+    )
+
+
+def test_a_state_directory_that_is_a_file_is_refused(queue_dir: Path) -> None:
+    os.rmdir(queue_dir / "done")
+    (queue_dir / "done").write_text("{}")
+    with pytest.raises(CtxError) as caught:
+        Queue.open(queue_dir)
+    assert caught.value.errno == errno.ENOTDIR
+    assert caught.value.message == f"{queue_dir}/done is not a real directory; refusing to use it"
 
 
 def test_a_queue_path_that_is_a_symlink_is_refused(queue_dir: Path, tmp_path: Path) -> None:
