@@ -45,6 +45,9 @@ def mount(mountpoint: Path, agent: str | None, storage_dir: Path | None) -> None
     from cortexfs.fuse.mounts import check_mount_point
     from cortexfs.fuse.projection import AgentProjection, Projection
 
+    # A malformed name is a usage error whatever the mount point: it comes first, and the
+    # advice for a missing mount point never repeats it.
+    name = None if agent is None else object_name_argument(agent, "agent")
     root = resolve_storage(storage_dir)
     try:
         check_mount_point(root, mountpoint)
@@ -58,11 +61,7 @@ def mount(mountpoint: Path, agent: str | None, storage_dir: Path | None) -> None
                 options += ["--storage", str(given)]
             raise CtxError(errno.ENOENT, _missing_mount_point(mountpoint, options)) from None
         raise
-    projection = (
-        Projection()
-        if agent is None
-        else AgentProjection(root, object_name_argument(agent, "agent"))
-    )
+    projection = Projection() if name is None else AgentProjection(root, name)
     try:
         from cortexfs.fuse.daemon import serve
     except ImportError as exc:

@@ -110,3 +110,15 @@ def test_a_mount_point_below_a_dead_mount_names_the_umount_that_removes_it(
     finally:
         if in_mount_table(dead):  # the dead mount would outlive the test
             subprocess.run(["umount", "--lazy", str(dead)], check=False)
+
+
+def test_a_malformed_agent_name_is_a_usage_error_before_the_mount_point_is_looked_at(
+    world: World,
+) -> None:
+    """A usage error is exit 2 whatever else is wrong: the advice for a missing mount point
+    would otherwise repeat ``--as`` with the name it cannot take."""
+    missing = world.scratch / "no" / "such"
+    refused = ctx_mount(world.root, missing, "--as", "bad name")
+    assert refused.returncode == 2, refused
+    assert refused.stderr.startswith("ctx: EINVAL: illegal agent name: 'bad name' holds ' '")
+    assert not missing.parent.exists()
