@@ -35,3 +35,21 @@ def test_json_output_keeps_the_name_as_it_is(tmp_path: Path) -> None:
     report = json.loads(ctx(root, "bootstrap", "--json").stdout)
 
     assert any(PLANTED in line for line in report["repaired"])
+
+
+def test_json_output_of_a_run_with_problems_holds_its_error_as_every_json_error_does(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "storage"
+    root.mkdir()
+    (root / "tool").write_text("someone's notes\n")  # in the way of tool/
+
+    run = ctx(root, "bootstrap", "--json")
+
+    assert run.returncode == 1, run.stderr
+    report = json.loads(run.stdout)
+    assert report["problems"] == ["tool: exists but is not a directory; left untouched"]
+    assert (report["error"], report["errno"]) == ("ENOTDIR", 20)
+    assert run.stderr == f"ctx: ENOTDIR: {report['message']}\n"
+    clean = json.loads(ctx(root.parent / "other", "bootstrap", "--json").stdout)
+    assert set(clean) == {"root", "created", "repaired", "problems", "warnings"}

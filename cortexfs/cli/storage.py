@@ -41,7 +41,9 @@ def bootstrap(source: Path | None, storage_dir: Path | None, as_json: bool) -> N
     problem it left alone (something in the way that is not ours to remove, a full disk, a
     path too long), each naming its path; when there is one it ends with a
     'ctx: E<NAME>: ...' line on stderr (the first problem's errno) and exit 1, and a run
-    after the cause is removed repairs the rest.
+    after the cause is removed repairs the rest.  --json prints {"root", "created",
+    "repaired", "problems", "warnings"}, and with a problem that line's "error", "errno"
+    and "message" too.
 
     What it makes has the modes agents need whatever your umask: the root and its six
     directories 0755.  It never widens the mode of one that exists: when others may not
@@ -93,7 +95,13 @@ def bootstrap(source: Path | None, storage_dir: Path | None, as_json: bool) -> N
     report.problems[:] = map(for_this_storage, report.problems)
     report.warnings[:] = map(for_this_storage, report.warnings)
     if as_json:
-        emit_json(report.to_json())
+        # Problems left make the run's error, given as every --json error is (its errno word,
+        # number and message) beside the report: a script reads why without parsing stderr.
+        error = report.error()
+        said = (
+            {} if error is None else {**error.to_json(), "message": for_this_storage(error.message)}
+        )
+        emit_json({**report.to_json(), **said})
         _end(report)
     # Names below homes and spaces are their users' choice: escaped, they cannot drive the
     # administrator's terminal.
