@@ -115,5 +115,13 @@ def _python_escape(escape: re.Match[str], in_class: bool) -> str:
 
 @functools.lru_cache(maxsize=1024)
 def compiled(pattern: str) -> re.Pattern[str]:
-    """:func:`python_pattern` of ``pattern``, compiled; ``re.error`` when it is no pattern."""
-    return re.compile(python_pattern(pattern))
+    """:func:`python_pattern` of ``pattern``, compiled; ``re.error`` when it is no pattern,
+    or one ``re`` cannot compile: a repeat count past its limit (``a{4294967296}``) raises
+    OverflowError, groups nested past the interpreter's recursion limit RecursionError, and
+    every caller judges a pattern by ``re.error`` alone."""
+    try:
+        return re.compile(python_pattern(pattern))
+    except OverflowError as exc:
+        raise re.error(f"too large to compile: {exc}") from None
+    except RecursionError:
+        raise re.error("too large to compile: its groups are nested too deep") from None

@@ -97,3 +97,17 @@ def test_the_rewriting_is_scoped_so_patterns_joined_with_a_bar_still_compile() -
     # jsonschema joins patternProperties names with "|" to find additional properties.
     joined = "|".join(ecma_regex.python_pattern(p) for p in ("^b$", "(?i)^a$", "[]"))
     assert re.compile(joined).search("A") and not re.compile(joined).search("B")
+
+
+@pytest.mark.parametrize(
+    "pattern", ["a{4294967296}", "(" * 1000 + "a" + ")" * 1000], ids=["a-huge-count", "deep"]
+)
+def test_a_pattern_too_large_for_re_is_no_pattern_for_either_checker(pattern: str) -> None:
+    """re raises OverflowError for a count past its limit and RecursionError for groups
+    nested past the interpreter's recursion limit: each is a schema's problem, never an
+    exception out of the check."""
+    with pytest.raises(re.error, match="too large to compile"):
+        ecma_regex.compiled(pattern)
+    assert schema_problems({"pattern": pattern}, "schema"), pattern
+    assert schema_problems({"allOf": [{"pattern": pattern}]}, "schema"), pattern
+    assert schema_problems({"patternProperties": {pattern: {}}}, "schema"), pattern
