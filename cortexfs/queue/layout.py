@@ -489,6 +489,8 @@ class Queue:
             if explained is not None:
                 said = f"{explained.message}; {done}"
                 return Refusal(explained.errno, said, said)
+        if refused.errno == errno.EXDEV:
+            places = self._on_other_mounts(places) or places
         if len(places) == 1:
             where = str(self.path / places[0])
         else:
@@ -499,6 +501,25 @@ class Queue:
             f"{shortage}; {done}: {fix}"
         )
         return Refusal(refused.errno or errno.EIO, f"{cause}, then {again}", cause)
+
+    def _on_other_mounts(self, places: tuple[str, ...]) -> tuple[str, ...]:
+        """Those of ``places`` (``pending``, ``claimed/J``) on another mount than the queue
+        directory itself (another filesystem, or a bind mount of the same one: a rename
+        crosses neither), as far as the kernel tells."""
+        queue_mount = _mount_of(self.root_fd)
+        apart = []
+        for place in places:
+            state, _, job = place.partition("/")
+            try:
+                fd = self.open_job_dir(state, job) if job else os.dup(self.dirs[state])
+            except (OSError, KeyError):
+                continue
+            try:
+                if _mount_of(fd) != queue_mount:
+                    apart.append(place)
+            finally:
+                os.close(fd)
+        return tuple(apart)
 
     def _what_ran_short(self, code: int | None) -> tuple[str, str]:
         """`` (what ran short)`` for a refusal's message, and what to do about it."""
@@ -523,6 +544,19 @@ class Queue:
         arbitration between publishers of the same name (Q-1), as ``mkdir claimed/J`` is
         between claimers; the move into ``pending/`` releases it."""
         return f"{job}.publish{TEMP_SUFFIX}"
+
+
+def _mount_of(fd: int) -> tuple[str, int]:
+    """Which mount ``fd`` lies on: its mount id (``/proc/self/fdinfo``), else, where that
+    cannot be read, its device (which tells filesystems apart, not bind mounts)."""
+    try:
+        with open(f"/proc/self/fdinfo/{fd}", "rb") as info:
+            for line in info:
+                if line.startswith(b"mnt_id:"):
+                    return ("mount", int(line.split()[1]))
+    except (OSError, ValueError, IndexError):
+        pass
+    return ("device", os.fstat(fd).st_dev)
 
 
 def open_dir_below(ops: durable.FsOps, top: Path, path: Path) -> int:

@@ -287,7 +287,7 @@ def _stopped_part_way(
 # What the host refuses a step for, whatever the job: a directory's mode or attribute, a
 # read-only filesystem, a shortage, a failing disk.  Any other errno (EEXIST: the job showed up
 # at its destination meanwhile) is about the job, and is said as it is.
-_REFUSALS_OF_THE_HOST = HOST_TROUBLES | {errno.EACCES, errno.EPERM, errno.EIO}
+_REFUSALS_OF_THE_HOST = HOST_TROUBLES | {errno.EACCES, errno.EPERM, errno.EIO, errno.EXDEV}
 
 
 def _temp_removal_refused(queue: Queue, temp: ev.Temp) -> Finding | None:

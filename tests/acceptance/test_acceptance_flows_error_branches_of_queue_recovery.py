@@ -508,7 +508,7 @@ def test_a_requeue_into_a_pending_dir_on_another_filesystem_leaves_the_job_as_it
     found = report(queue, status=1)
     entry = the_error(found, j)
     assert (entry["error"], entry["action"]) == ("EXDEV", "requeue"), entry
-    assert entry["detail"].endswith("left as it is"), entry
+    assert "; left as it is: put the queue's directories on one filesystem" in entry["detail"]
     assert found["requeued"] == [] and os.listdir(elsewhere) == [], found
     mounts.unmount(covered)
     assert snapshot(queue.dir) == before
@@ -532,17 +532,6 @@ def _crossing_done(queue: QueueCLI, mounts: ScratchMounts) -> tuple[str, Path, t
 
 
 @needs_root
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "Q-5: recover's requeue (and roll-forward) refused by the kernel with EXDEV (pending/ "
-        "or done/ a mount of another filesystem) says only 'requeue J: EXDEV: Invalid "
-        "cross-device link; left as it is', naming neither the directory nor what to do, "
-        "where docs/queue.md says the error line names the directory that refused and why, "
-        "as finish would (finish names it: a directory of the queue on another filesystem, "
-        "put them on one)"
-    ),
-)
 @pytest.mark.parametrize("setup", [_crossing_pending, _crossing_done], ids=["requeue", "roll"])
 def test_a_recover_refused_across_filesystems_names_the_directory_and_the_remedy(
     queue: QueueCLI, mounts: ScratchMounts, setup

@@ -236,3 +236,32 @@ def test_a_stray_temp_file_recover_may_not_remove_names_the_directory(root: Path
         "not removed"
     )
     assert temp.exists()
+
+
+def test_a_requeue_across_mounts_names_the_directory_on_the_other_mount(
+    root: Path, tmp_path: Path
+) -> None:
+    """A bind mount over pending/ (of the same filesystem: a rename crosses no mount) makes
+    the requeue EXDEV; the error names pending/, not a list of every directory the move
+    changes, says why and what mends it, and the job is left as it was."""
+    queue_dir = queue_path(root, PROJECT)
+    [job] = abandoned_jobs(queue_dir, "crossing")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    before = tree(queue_dir)
+    subprocess.run(["mount", "--bind", str(elsewhere), str(queue_dir / "pending")], check=True)
+    try:
+        said = ctx(root, "queue", "recover", "--project", PROJECT, "--json")
+    finally:
+        subprocess.run(["umount", str(queue_dir / "pending")], check=True)
+
+    assert said.returncode == 1, said.stderr
+    [error] = json.loads(said.stdout)["errors"]
+    assert (error["error"], error["action"]) == ("EXDEV", "requeue")
+    assert error["detail"].startswith(
+        f"EXDEV: cannot requeue {job} in queue {queue_dir}: {queue_dir / 'pending'} refused: "
+        "Invalid cross-device link (a directory of the queue is on another filesystem than "
+        "the rest, and a rename never crosses filesystems); left as it is: put the queue's "
+        "directories on one filesystem"
+    ), error["detail"]
+    assert tree(queue_dir) == before and os.listdir(elsewhere) == []
