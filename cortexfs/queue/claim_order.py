@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from cortexfs import jsontext
 from cortexfs.names import is_job_name
 from cortexfs.queue.hint_cache import (
     create_private_file,
@@ -256,7 +257,9 @@ def recorded_queue(fd: int) -> str | None:
     header = _Header.decode(os.pread(fd, _HEADER, 0))
     if header is None:
         raise ValueError("not a claim-order hint")
-    queue = json.loads(os.pread(fd, header.start - _HEADER, _HEADER))
+    # Read strictly: a garbled hint nested deep enough (``[[[[…``) would make json.loads
+    # raise RecursionError, which is no ValueError, and stop the claim that pruned it.
+    queue = jsontext.loads_strict(os.pread(fd, header.start - _HEADER, _HEADER))
     if queue is not None and not isinstance(queue, str):
         raise ValueError("not a claim-order hint")
     return queue

@@ -704,16 +704,6 @@ def test_a_finished_pair_whose_result_cannot_be_read_is_shown_unreadable(
 # ------------------------------------------------------------ a garbled claim-order hint
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "Q-9: a garbled file in the user's claim-order cache (a hint header followed by a "
-        "queue line nested 5 000 arrays deep) makes the claim's clean-up of that directory "
-        "raise RecursionError: 'ctx queue claim' dies with a Python traceback (exit 1) and "
-        "claims nothing, where docs/queue.md says the hint is a hint, not evidence, and "
-        "files there that are no hint are cleaned"
-    ),
-)
 def test_a_garbled_file_in_the_claim_order_cache_never_stops_a_claim(queue: QueueCLI) -> None:
     """Q-9, Q-10, docs/queue.md "Scale" (the claim order is a per-user cache file, a hint
     and never evidence; losing it costs one listing; now and then the cache directory is

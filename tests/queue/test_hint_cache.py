@@ -167,3 +167,23 @@ def test_a_claim_never_makes_the_directory_its_cache_directory_would_be_in(
     assert claimed.returncode == 0, claimed.stderr
     assert claimed.stdout.split()[0] == "j.req.json", claimed.stdout
     assert not home.exists()
+
+
+def test_a_garbled_file_nested_deep_is_pruned_as_no_hint(cache: Path, tmp_path: Path) -> None:
+    """A crash or another program may leave anything in the cache: a queue line nested
+    thousands of arrays deep is no hint (json.loads would raise RecursionError, which no
+    pruning expects), removed once an hour old, and the queue's own hint is written anyway."""
+    init_queue(tmp_path / "first" / "queue")
+    directory = hint_path(tmp_path / "first" / "queue").parent
+    line = b"[" * 5000 + b"\n"
+    start = 128 + len(line)
+    header = f"{start:020d} {0:020d} {0:020d} {start:020d} -".ljust(127).encode() + b"\n"
+    garbled = directory / ("0123456789abcdef" * 2)
+    garbled.write_bytes(header + line)
+    age(garbled, PRUNE_INTERVAL + 60)
+    age(directory / PRUNED_MARKER, PRUNE_INTERVAL + 1)
+
+    init_queue(tmp_path / "second" / "queue")
+
+    assert not garbled.exists()
+    assert hint_path(tmp_path / "second" / "queue").exists()
