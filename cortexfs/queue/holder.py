@@ -665,6 +665,16 @@ def judge(lease: Lease, here: LocalSystem | None = None, now: float | None = Non
         and UNKNOWN_BOOT not in (holder.boot_id, here.boot_id)
     ):
         return Verdict(GONE, f"{holder.host} rebooted since {where} took the lease")
+    if _same_machine(holder, here) and UNKNOWN_BOOT in (holder.boot_id, here.boot_id):
+        # Not another host nor pid namespace: a boot id that could not be read proves no
+        # reboot, and so nothing of the pid either.
+        whose = "the lease's" if holder.boot_id == UNKNOWN_BOOT else "this host's"
+        return Verdict(
+            UNKNOWN,
+            f"{where} cannot be judged: {whose} boot id is unknown, so whether {holder.host} "
+            "rebooted since the lease was taken cannot be told; the lease is valid until "
+            f"{rfc3339(lease.expires_at)}",
+        )
     return Verdict(
         UNKNOWN,
         f"{where} is outside this pid namespace or host; the lease is valid until "

@@ -406,15 +406,6 @@ def test_a_lease_whose_holder_could_not_read_its_boot_is_kept_until_it_expires(
     assert report(queue, status=0)["requeued"] == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "Q-5: a lease of this host and this pid namespace whose boot_id is 'unknown' is "
-        "judged 'unknown' with the reason 'pid N on H is outside this pid namespace or host', "
-        "which the lease itself contradicts; docs/queue.md says 'unknown' is a holder that "
-        "could not read its boot id, which proves no reboot"
-    ),
-)
 def test_the_verdict_on_a_holder_of_unknown_boot_says_the_boot_is_unknown(
     queue: QueueCLI,
 ) -> None:

@@ -213,6 +213,20 @@ def test_the_same_host_after_a_reboot_counts_as_gone(queue: Queue, me: Holder) -
     assert [f.job for f in report.requeued] == [job] and "rebooted" in report.requeued[0].detail
 
 
+def test_a_lease_of_an_unknown_boot_here_is_left_saying_the_boot_is_unknown(
+    queue: Queue, me: Holder
+) -> None:
+    """Q-5: ``unknown`` proves no reboot, so a dead pid of such a lease of this host and pid
+    namespace is no proof either; the reason says the boot is what is not known, never that
+    the holder runs on another host or pid namespace, which the lease does not say."""
+    job = claimed_by(queue, dataclasses.replace(me, boot_id="unknown", pid=dead_pid()))
+    report = recover(queue)
+    assert report.requeued == [] and state_of(queue, job) == "claimed"
+    [left] = report.untouched
+    assert "the lease's boot id is unknown" in left.detail, left.detail
+    assert "outside this pid namespace or host" not in left.detail
+
+
 @pytest.mark.parametrize(
     "spelt", [str.upper, lambda boot: boot + "\n", lambda boot: boot.replace("-", "")]
 )
