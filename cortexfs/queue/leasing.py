@@ -109,6 +109,16 @@ def not_claimed(queue: Queue, job: str, doing: str = "finishing it") -> CtxError
             "(recover returned it to pending, its lease expired or its holder gone): "
             f"{doing} is that claim's to do; 'ctx queue show {job}' names its holder",
         )
+    if lstat_at(queue.lease, job) is not None:
+        # Its request gone from claimed/ (a crash between the steps of a requeue, or removed
+        # by hand): no claim left to act on, and no job to run, but not "no such job".
+        return NotHeld(
+            errno.ENOENT,
+            f"job {job} is not claimed: only its lease, lease/{job}, is left, with no request "
+            "in claimed/, pending/, done/ or failed/ (an incomplete job)",
+            f"'ctx queue show {job}' shows what is left of it, and 'ctx queue recover "
+            "--reconcile' removes that lease once its holder is gone",
+        )
     return NotHeld(
         errno.ENOENT,
         f"job {job} is not claimed, nor pending, done or failed: queue {queue.path} has no such "
@@ -237,7 +247,10 @@ def _no_lease_to_renew(queue: Queue, job: str) -> CtxError:
     where = not_claimed(queue, job, "renewing its lease")
     if where.errno == errno.EACCES:  # another claim's lease
         return where
-    return NotHeld(errno.ENOENT, f"there is no lease to renew: {where.message}")
+    orphan = lstat_at(queue.lease, job) is not None  # a lease with no claim to renew
+    return NotHeld(
+        errno.ENOENT, f"there is no {'claim' if orphan else 'lease'} to renew: {where.message}"
+    )
 
 
 def refuse_other_holder(

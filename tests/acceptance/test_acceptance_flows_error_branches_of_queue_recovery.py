@@ -310,16 +310,6 @@ def test_a_claim_whose_lease_directory_is_empty_never_ran_and_is_requeued_by_rec
 # ------------------------------------------------------------------ an orphan lease of one's own
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "Q-6: renew and finish of a job whose only evidence is its lease/J/worker (an orphan "
-        "lease naming the caller, which list and show give as an incomplete job) say 'there "
-        "is no lease to renew' and 'queue Q has no such job', sending the user to 'ctx queue "
-        "list', which lists the job; docs/queue.md says finish and renew of a job that is "
-        "not claimed say where it is instead"
-    ),
-)
 def test_renew_and_finish_of_a_job_left_as_an_orphan_lease_say_where_it_is(
     queue: QueueCLI, holder
 ) -> None:

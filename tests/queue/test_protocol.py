@@ -416,6 +416,31 @@ def test_finish_refuses_what_is_not_claimed(queue: Queue, me: Holder) -> None:
     assert caught.value.errno == errno.EEXIST and "done" in caught.value.message
 
 
+def test_finish_and_renew_of_a_job_left_as_its_lease_alone_name_that_lease(
+    queue: Queue, me: Holder, queue_dir: Path
+) -> None:
+    """Q-6: a job whose request left claimed/ and whose lease stayed (an incomplete job) is
+    not "no such job": finish and renew name the lease left and what settles it."""
+    publish(queue, request(), name="orphan")
+    won = claim(queue, me)
+    assert won is not None
+    os.unlink(queue_dir / "claimed" / won.job / won.job)
+    os.rmdir(queue_dir / "claimed" / won.job)
+    acts = [
+        (lambda: finish(queue, won.job, True), "job"),
+        (lambda: renew(queue, won.job, [me]), "there is no claim to renew: job"),
+    ]
+    for act, opening in acts:
+        with pytest.raises(CtxError) as caught:
+            act()
+        assert caught.value.errno == errno.ENOENT
+        assert caught.value.message.startswith(
+            f"{opening} {won.job} is not claimed: only its lease, lease/{won.job}, is left"
+        ), caught.value.message
+        assert "recover --reconcile" in caught.value.message
+    assert entries(queue_dir, "lease") == [won.job]
+
+
 def test_publish_of_a_finished_job_with_a_leftover_claim_says_it_is_done(
     queue: Queue, me: Holder, queue_dir: Path
 ) -> None:
