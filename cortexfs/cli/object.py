@@ -254,8 +254,19 @@ def list_command(tier: str | None, storage_dir: Path | None, as_json: bool) -> N
     is judged with the agent's at each call (ctx policy explain AGENT tool:NAME execute).
     """
     root = resolve_storage(storage_dir)
-    tiers = [_tier_option(root, tier)] if tier is not None else all_tiers(root, os.getuid())
+    spaces_unlisted: list[Path] = []
+    tiers = (
+        [_tier_option(root, tier)]
+        if tier is not None
+        else all_tiers(root, os.getuid(), spaces_unlisted)
+    )
     require_tier(tiers[0])  # a missing root or named tier is ENOENT, not an empty listing
+    for shared in spaces_unlisted:
+        echo_printable(
+            f"ctx: note: {shared} cannot be listed by uid {os.getuid()} (Permission denied), "
+            "so the tiers of its spaces are left out: name one with --tier shared:NAME",
+            err=True,
+        )
     unreadable: list[Tier] = []
     listings = list_tools(tiers, unreadable)
     for tier in unreadable:  # a listing that leaves a tier out unsaid would read as complete

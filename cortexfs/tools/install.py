@@ -170,12 +170,21 @@ def parse_tier(root: Path, text: str, *, uid: int | None = None) -> Tier:
     raise invalid(f"unknown tier {text!r}; use system, user or shared:<name>")
 
 
-def all_tiers(root: Path, uid: int) -> list[Tier]:
-    """The system tier, ``uid``'s user tier and every shared space's tier, in that order."""
+def all_tiers(root: Path, uid: int, unlisted: list[Path] | None = None) -> list[Tier]:
+    """The system tier, ``uid``'s user tier and every shared space's tier, in that order.
+
+    ``shared/`` that the caller may search but not list (mode 0711) hides which spaces there
+    are: with ``unlisted`` given, it is noted there and the other tiers are returned (a
+    listing leaves the spaces out, saying so); without, PermissionError."""
     tiers = [parse_tier(root, "system"), parse_tier(root, "user", uid=uid)]
     try:
         spaces = sorted(os.listdir(root / "shared"))
     except (FileNotFoundError, NotADirectoryError):
+        spaces = []
+    except PermissionError:
+        if unlisted is None:
+            raise
+        unlisted.append(root / "shared")
         spaces = []
     tiers += [
         parse_tier(root, f"shared:{space}")
@@ -372,6 +381,13 @@ def require_tier(tier: Tier) -> None:
     if tier.name != "user" and not tier.directory.is_dir():
         space = tier.location.split("/")[1] if tier.name != "system" else None
         fix = f"create it with 'ctx shared create {space}'" if space else "run 'ctx bootstrap'"
+        if os.path.lexists(tier.directory) and not os.path.islink(tier.directory):
+            # A file in the way: the command that makes the directory would refuse it too.
+            raise CtxError(
+                errno.ENOTDIR,
+                f"tier {tier.name}: {tier.directory} is not a directory; move it aside, then "
+                f"{fix.replace('create it with', 'create the directory with')}",
+            )
         raise not_found(f"tier {tier.name} has no directory {tier.directory}; {fix}")
 
 

@@ -331,13 +331,6 @@ def test_a_root_without_its_system_tier_is_enoent_naming_bootstrap_which_mends_i
     assert again.rc == 0 and (tier / "after.boot").read_text() == V1, again
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="T-8: a regular file at shared/<space>/tool makes 'ctx object install --tier "
-    "shared:<space>' say ENOENT 'has no directory …; create it with ctx shared create <space>', "
-    "which then refuses ENOTDIR (the file is in the way); ctx shared create and bootstrap, "
-    "like docs/tools.md for a file where a directory belongs, say ENOTDIR naming the file",
-)
 def test_a_file_at_a_space_tier_is_enotdir_naming_the_file_in_the_way(world: World) -> None:
     """T-8, X-1, docs/tools.md "How an install stays atomic" (a file where a directory
     belongs is ``ENOTDIR``, naming the path: move it away): a regular file sits at
@@ -891,13 +884,6 @@ def test_naming_a_space_the_user_may_not_enter_is_eacces_naming_the_directory(
     assert error["message"] == said
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="T-8a: with shared/ searchable but not listable (mode 0711), 'ctx object list' "
-    "run by a user fails 'EACCES: …/shared: Permission denied' (exit 1) and lists nothing, "
-    "where its help says a tier the user may not list is left out with a note and the "
-    "others (the system tier, the user's own) are listed",
-)
 def test_a_shared_directory_the_user_may_not_list_leaves_the_spaces_out_with_a_note(
     shared: Shared,
 ) -> None:
