@@ -61,7 +61,9 @@ from cortexfs.agents.terminal_runtime import RunDirectory
 from cortexfs.agents.terminal_socket import (
     TerminalClients,
     Whose,
+    answers_by_another_path,
     socket_address,
+    started_by_another_path,
     terminal_uid,
 )
 from cortexfs.agents.view import WORKSPACE, AgentView
@@ -216,6 +218,15 @@ class Terminal:
             )
         self._require_mount_sources()
         self._require_ids_setpriv_reads_as_numbers()
+        if answers_by_another_path(self.runtime):
+            # Its directory is under the root's old key: the lock taken next says nothing of
+            # it, and the clean-up would take its link for a dead terminal's.
+            raise CtxError(
+                errno.EEXIST,
+                f"{started_by_another_path(self.runtime)}: move the root back to where it was "
+                "and stop the terminal there, then move the root again and start it; or start "
+                "another session with --session",
+            )
         self.runtime.make_and_lock()
         cleaned_up = False  # until then, what is here is a dead terminal's, and stays
         try:

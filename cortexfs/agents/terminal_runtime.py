@@ -338,12 +338,15 @@ class RunDirectory:
         """The pid, as this pid namespace numbers it, of the terminal that recorded its pid
         and holds this directory open for its lock: the pid file's when that process holds
         it, else the one process found holding it.  A terminal started inside another pid
-        namespace recorded the number it has there, which here may name any process; a stop
+        namespace recorded the number it has there, which here may name any process; a pid
+        file others may write (or not this uid's) names whatever its writer chose: a stop
         signals none but the terminal.  None while the terminal is still starting (no pid
-        recorded yet) or no process holds the directory."""
+        file yet) or no process holds the directory."""
         recorded = self.recorded_pid()
-        if recorded is None or self._held_open_by(recorded):
+        if recorded is not None and self._held_open_by(recorded):
             return recorded
+        if not os.path.lexists(self.pid_file):
+            return None  # still starting: a stop waits for the pid it records
         pids = (int(entry) for entry in os.listdir("/proc") if entry.isdigit())
         holders = [pid for pid in pids if self._held_open_by(pid)]
         return holders[0] if len(holders) == 1 else None

@@ -177,6 +177,30 @@ def listening(path: Path) -> bool:
     return True
 
 
+def answers_by_another_path(run: RunDirectory) -> bool:
+    """Whether the session's link leads, through the alias, to a terminal that answers but
+    is not ``run``'s: one started when the storage root was reached by another path (moved
+    since, or a link on its path changed).  Its directory is under the root's old key, so
+    this one's lock is free, yet it is this root's terminal of the session all the same."""
+    if run.link_target() != str(run.alias):
+        return False
+    try:
+        leads_to = os.readlink(run.alias)
+    except OSError:
+        leads_to = None
+    return leads_to != str(run.main_socket) and listening(run.alias)
+
+
+def started_by_another_path(run: RunDirectory) -> str:
+    """The terminal :func:`answers_by_another_path` found, in words: neither stopped nor
+    started again on the root's path now, but on the path it was started on."""
+    return (
+        f"the terminal of {run.agent} in session {run.session.name} still runs (it answers at "
+        f"{run.alias}), but it was started when the storage root {run.root} was reached by "
+        "another path"
+    )
+
+
 # ------------------------------------------------------------------------- the client
 
 
@@ -301,15 +325,11 @@ def stop(whose: Whose, session: str) -> Stopped:
         _refuse_to_stop(whose, session, run)
     held = run.try_lock()
     if held is None:  # nothing ran here since the machine started; a link may be left
-        if run.link_target() == str(run.alias) and listening(run.alias):
-            # The terminal this session's link leads to runs, but not under the root's path
-            # now: the root was moved (or a link on its path changed) after it started.
+        if answers_by_another_path(run):
             raise CtxError(
                 errno.EBUSY,
-                f"the terminal of {whose.name} in session {session} still runs (it answers at "
-                f"{run.alias}), but it was started when the storage root {whose.root} was "
-                "reached by another path: move the root back to where it was, stop the "
-                "terminal there, then move the root again",
+                f"{started_by_another_path(run)}: move the root back to where it was, stop "
+                "the terminal there, then move the root again",
             )
         if run.remove_link(stale_only=True):
             link = terminal_link(run.session)
