@@ -21,13 +21,14 @@ twice, ``..`` in a mount source), answering EINVAL, which is only ever a fault o
 from __future__ import annotations
 
 from cortexfs.printable import printable
-from cortexfs.tools.core.hostcall import ask_host
+from cortexfs.tools.core.hostcall import COUNT, TEXT, TEXTS, ask_host
 from cortexfs.tools.core.toolio import Reply, core_main, main_parameter
 
 
 def create(request: dict[str, object], native: bool) -> Reply:
-    answer = ask_host("agent.create", {"op": "agent.create", "request": request})
-    warnings = answer.setdefault("warnings", [])
+    facts = {"agent": TEXT, "label": TEXT, "uid": COUNT, "warnings": TEXTS}
+    answer = ask_host("agent.create", {"op": "agent.create", "request": request}, facts)
+    warnings = answer["warnings"]
     return Reply(
         answer,
         text=f"created agent {answer['agent']}\n".encode(),

@@ -13,7 +13,13 @@ from __future__ import annotations
 
 import errno
 
-from cortexfs.tools.core.hostcall import MAX_UPDATE_BYTES, ask_host, update_too_big
+from cortexfs.tools.core.hostcall import (
+    COUNT,
+    MAX_UPDATE_BYTES,
+    TEXT,
+    ask_host,
+    update_too_big,
+)
 from cortexfs.tools.core.toolio import Reply, ToolFailure, core_main, main_parameter, require
 
 
@@ -26,7 +32,7 @@ def update(request: dict[str, object], native: bool) -> Reply:
         # outgrow the host's request line, which ends the call unanswered.
         raise ToolFailure(errno.EFBIG, update_too_big(control, size))
     message = {"op": "agent.update", "control": control, "content": content}
-    answer = ask_host("agent.update", message)
+    answer = ask_host("agent.update", message, {"agent": TEXT, "control": TEXT, "bytes": COUNT})
     return Reply(answer, text=f"{control} of agent {answer['agent']} updated\n".encode())
 
 
