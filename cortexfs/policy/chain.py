@@ -47,7 +47,6 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from collections import Counter
 from collections.abc import Callable, Sequence
 from enum import IntEnum, StrEnum
 from pathlib import Path, PurePosixPath
@@ -67,7 +66,15 @@ from cortexfs.policy import controls
 from cortexfs.policy.decision import Policy
 from cortexfs.policy.grammar import Rule, check_object
 from cortexfs.policy.linux import WRITE, Credentials, Identity, Kind, check_access, writable_on_walk
-from cortexfs.policy.mounts import CTX_TARGET, Mount, View, granted_mounts, mounts_named, views_of
+from cortexfs.policy.mounts import (
+    CTX_TARGET,
+    Mount,
+    View,
+    at_or_below,
+    granted_mounts,
+    mounts_named,
+    views_of,
+)
 from cortexfs.policy.objects import NEEDED_ACCESS, TOOL_CONTROLS, Site, storage_site
 from cortexfs.storage import DOCS_BUNDLE, not_reachable, not_readable, require_root
 from cortexfs.strict_modes import loose_entry
@@ -295,7 +302,11 @@ def _run_step(
     except CtxError as exc:
         return StepResult(step, Outcome.DENY, exc.message, exc.errno)
     except OSError as exc:
-        _raise_refusal_of_this_process(evaluation, evaluation.read_by(step), exc)
+        read = evaluation.read_by(step)
+        _raise_refusal_of_this_process(evaluation, read, exc)
+        if exc.errno in (errno.EACCES, errno.EPERM):  # the agent's refusal too: a verdict
+            reason = _refused_to_the_agent(evaluation, step, read, exc)
+            return StepResult(step, Outcome.DENY, reason, errno.EACCES)
         reason = f"cannot be checked, so it is denied: {exc.strerror or exc}"
         # Denied either way; the errno says whether for a verdict or for the host's state.
         code = exc.errno if exc.errno in HOST_SHORTAGES else errno.EACCES
@@ -308,6 +319,25 @@ def _raise_refusal_of_this_process(evaluation: _Evaluation, path: Path, exc: OSE
     refusal = refusal_of_this_process(evaluation.facts, evaluation.question, path, exc)
     if refusal is not None:
         raise refusal from None
+
+
+def _refused_to_the_agent(evaluation: _Evaluation, step: Step, path: Path, exc: OSError) -> str:
+    """Why ``step`` denies when this process, whose refusals are the agent's
+    (:func:`_reads_as_the_agent`), was refused ``exc`` on the way to ``path``, what the step
+    reads (:meth:`_Evaluation.read_by`): the directory on the way it may not search, in the
+    words step 2 uses when it can judge the bits (asked as root), else the file refused —
+    never a bare "Permission denied" that leaves the administrator to guess what to open."""
+    uid = evaluation.identity.uid  # step 1 passed: only then do later steps run
+    for directory in reversed(path.parents):
+        if not os.access(directory, os.X_OK, effective_ids=True):
+            closed = f"search (x) on {evaluation.shown(directory)} is denied to uid {uid}"
+            if step is Step.MODE_BITS:
+                return closed
+            return f"{evaluation.shown(path)} cannot be read: {closed}"
+    # A name read relative to a directory's descriptor says nothing of where it is.
+    named = isinstance(exc.filename, str) and os.path.isabs(exc.filename)
+    refused = Path(exc.filename) if named else path
+    return f"{evaluation.shown(refused)} cannot be read, so it is denied: {exc.strerror or exc}"
 
 
 def check_tool_execute(
@@ -442,8 +472,6 @@ class AgentFacts:
         if view.mount.writable:
             return ""
         if PurePosixPath(view.mount.source) != PurePosixPath(self.root):
-            if any(m.target == view.mount.target and m.writable for m in self.mounts):
-                return f"its policy has no 'mount:{view.mount.name} write' for {view.mount}"
             return f"its mount {view.mount} is read-only"
         parts = view.path.relative_to(view.mount.target).parts
         if len(parts) < 2 or parts[0] not in ("home", "shared"):
@@ -656,6 +684,12 @@ class _Evaluation:
         """What is asked, as an error says it: ``execute tool:fs.read``."""
         return f"{self.permission} {self.object_ref}"
 
+    def shown(self, path: Path) -> str:
+        """``path`` as the steps' reasons show it: relative to the storage root below it."""
+        if path != self.root and path.is_relative_to(self.root):
+            return str(path.relative_to(self.root))
+        return str(path)
+
     def read_by(self, step: Step) -> Path:
         """What ``step`` reads for this request, to name it when this process may not: the
         object (a mount's source) at step 2, the object's own policy at step 6, else the
@@ -695,17 +729,23 @@ class _Evaluation:
             return Outcome.PASS, f"the agent has mount {mount}"
         if self.site is None:
             return Outcome.NOT_APPLICABLE, f"{self.object_ref} has no file on disk"
-        views = views_of(self.mounts, PurePosixPath(self.root, self.site.path))
+        host_path = PurePosixPath(self.root, self.site.path)
+        views = views_of(self.mounts, host_path)
         if not views:
+            withheld = self._withheld_showing(host_path, writes=False)
             raise denied(
                 f"{self.site.path} is under none of the mounts of agent {self.agent!r}"
-                + self._storage_mount_withheld()
+                + (f": {withheld}" if withheld else "")
             )
         if self.access & WRITE:
             writable = [view for view in views if self.facts.writes_through(view)]
             if not writable:
                 why = self.facts.read_only_reason(views[0])
-                raise denied(f"{self.site.path} is visible to the agent only read-only: {why}")
+                withheld = self._withheld_showing(host_path, writes=True)
+                raise denied(
+                    f"{self.site.path} is visible to the agent only read-only: {why}"
+                    + (f"; {withheld}" if withheld else "")
+                )
             views = writable
         view = views[0]
         detail = f"{self.site.path} appears at {view.path} through {view.mount}"
@@ -713,14 +753,20 @@ class _Evaluation:
             detail += ", writable in the agent's view of the storage root"
         return Outcome.PASS, detail
 
-    def _storage_mount_withheld(self) -> str:
-        """Why the agent's table has no usable mount of the storage root, when it names one at
-        ``/ctx`` that is withheld (another root's, after this one was moved or copied); else
-        "".  Read only for a denial, so the table is read again here."""
-        for mount, problem in controls.withheld_mounts(self.root, self.agent):
-            if mount.target == CTX_TARGET:
-                return f": {problem}"
-        return ""
+    def _withheld_showing(self, host_path: PurePosixPath, *, writes: bool) -> str:
+        """Why the mounts of the agent's table that would show ``host_path`` (writably, when
+        ``writes``) are withheld, each reason once, as ``ctx agent show`` says it (two mounts
+        of one name share theirs); "" when none would.  Its mount at ``/ctx`` counts whatever
+        its source: one that names another root (this one moved or copied since) is meant as
+        this one.  Step 3 sees through none of them, and says so rather than leave the table or
+        the policy to be blamed.  Read only for a denial, so the table is read again here."""
+        problems = [
+            problem
+            for mount, problem in controls.withheld_mounts(self.root, self.agent)
+            if mount.target == CTX_TARGET
+            or (at_or_below(host_path, mount.source) and (mount.writable or not writes))
+        ]
+        return "; ".join(dict.fromkeys(problems))
 
     def label(self) -> _StepOutcome:
         self._label = self.facts.label
@@ -755,16 +801,9 @@ class _Evaluation:
         found = views_of(self.mounts, host_path)
         if writes:
             found = [view for view in found if self.facts.writes_through(view)]
-        names = Counter(mount.name for mount in self.mounts)
         policy = self.facts.policy(controls.control_path(self.agent, "policy"))
         lacking = []
         for mount in dict.fromkeys(view.mount for view in found):
-            if names[mount.name] > 1:
-                lacking.append(
-                    f"{names[mount.name]} mounts are named {mount.name!r}, so no rule "
-                    "can say which it grants"
-                )
-                continue
             needed = (
                 ["read", "write"]
                 if writes and PurePosixPath(mount.source) != PurePosixPath(self.root)
@@ -832,6 +871,7 @@ class _Evaluation:
         return self.facts.mounts
 
     def _named_mount(self) -> Mount:
+        # No two usable mounts share a name: two that would are both withheld.
         matches = mounts_named(self.mounts, self.object_name)
         if not matches:
             withheld = [
@@ -842,8 +882,6 @@ class _Evaluation:
             if withheld:  # in its table, but unusable: why, as 'ctx agent show' says it
                 raise denied(f"its mount {self.object_name!r} is withheld: {withheld[0]}")
             raise not_found(f"agent {self.agent!r} has no mount named {self.object_name!r}")
-        if len(matches) > 1:
-            raise denied(f"{len(matches)} mounts are named {self.object_name!r}; ambiguous")
         return matches[0]
 
     def _allowed_by(self, path: PurePosixPath) -> _StepOutcome:

@@ -160,8 +160,9 @@ def read_mounts(
     """The agent's usable mounts; none when the control is absent.
 
     A mount :func:`withheld_mounts` names is left out: never shown to a tool, never bound in
-    the terminal's sandbox.  Sources are used as recorded, never resolved again: a link put on
-    the way since would otherwise lead the mount wherever its writer chose.
+    the terminal's sandbox, never a way the chain sees an object.  Sources are used as
+    recorded, never resolved again: a link put on the way since would otherwise lead the mount
+    wherever its writer chose.  No two of them share a name.
     """
     return tuple(mount for mount, problem in _judged_mounts(root, agent, files) if not problem)
 
@@ -171,24 +172,13 @@ def withheld_mounts(root: Path, agent: str) -> tuple[tuple[Mount, str], ...]:
     system or the storage view owns, a source that is no longer the real path recorded, or a
     name (its target's last component) that another usable mount has too, which no policy
     rule could grant one of (:func:`~cortexfs.policy.mounts.granted_mounts`)."""
-    judged = _judged_mounts(root, agent)
-    named = Counter(mount.name for mount, problem in judged if not problem)
-    withheld = []
-    for mount, problem in judged:
-        if not problem and named[mount.name] > 1:
-            problem = (
-                f"{named[mount.name]} mounts are named {mount.name!r} (the last component of "
-                f"their targets): a rule 'mount:{mount.name}' could not say which it grants, "
-                "so none of them is used"
-            )
-        if problem:
-            withheld.append((mount, problem))
-    return tuple(withheld)
+    return tuple((mount, problem) for mount, problem in _judged_mounts(root, agent) if problem)
 
 
 def _judged_mounts(
     root: Path, agent: str, files: AgentControlFiles | None = None
 ) -> list[tuple[Mount, str]]:
+    """Each mount of the agent's control with why it is withheld ("" for a usable one)."""
     path = control_path(agent, "mount")
     data = _read_optional(root, path, files)
     if data is None:
@@ -206,7 +196,20 @@ def _judged_mounts(
             # the mount is judged, shown and bound as this root, which its objects lie under.
             mount = mount._replace(source=storage_root)
         judged.append((mount, problem))
-    return judged
+    # Judged after the places: a mount withheld for its place leaves its name to the other.
+    named = Counter(mount.name for mount, problem in judged if not problem)
+    return [(mount, problem or _shared_name(mount, named[mount.name])) for mount, problem in judged]
+
+
+def _shared_name(mount: Mount, sharing: int) -> str:
+    """Why ``mount`` is withheld when ``sharing`` usable mounts, itself among them, have its
+    name: all of them are, as no rule could grant one; "" for a name of its own."""
+    if sharing < 2:
+        return ""
+    return (
+        f"{sharing} mounts are named {mount.name!r} (the last component of their targets): a "
+        f"rule 'mount:{mount.name}' could not say which it grants, so none of them is used"
+    )
 
 
 def read_label(root: Path, agent: str, files: AgentControlFiles | None = None) -> str:

@@ -486,13 +486,6 @@ def test_step_2_for_a_mount_judges_its_source_by_itself(world):
 
 
 @needs_root
-@pytest.mark.xfail(
-    strict=True,
-    reason="P-5: asked as the agent's own uid, step 2 for a model below a directory the agent "
-    "may not search says 'cannot be checked, so it is denied: Permission denied', naming no "
-    "directory, where root's explanation and docs/policy.md say 'search (x) on model/acme is "
-    "denied to uid N'",
-)
 def test_the_agents_own_explanation_names_the_directory_it_may_not_search(world):
     """P-5 step 2, docs/policy.md ("a refusal is a verdict on the agent when that process is
     root or runs as the agent's uid"; "EACCES: step 2 (mode bits): search (x) on tool is
@@ -635,13 +628,6 @@ SHARED_NAMES = {
 
 
 @needs_root
-@pytest.mark.xfail(
-    strict=True,
-    reason="P-5: with two mounts named 'sp' (withheld, 'ctx agent show' says) the chain's reason "
-    "says the policy lacks 'mount:sp write' / does not grant mount sp ('it lacks 2 mounts are "
-    "named …', twice) though the policy holds those rules; docs/tools.md: such mounts are "
-    "withheld and refused saying why",
-)
 @pytest.mark.parametrize("case", sorted(SHARED_NAMES))
 def test_a_reason_never_blames_the_policy_for_a_mount_rule_it_holds(world, case):
     """P-5, docs/tools.md (a mount is named by the last component of its target, so two may
@@ -664,13 +650,6 @@ def test_a_reason_never_blames_the_policy_for_a_mount_rule_it_holds(world, case)
 
 
 @needs_root
-@pytest.mark.xfail(
-    strict=True,
-    reason="P-5: 'ctx policy explain coder mount:data read' with two mounts named 'data' says "
-    "'2 mounts are named 'data'; ambiguous'; docs/tools.md: a withheld mount (two targets "
-    'ending in one name among them) is refused at step 2 with "its mount … is withheld" and '
-    "why, as 'ctx agent show' says it",
-)
 def test_a_mount_request_for_a_name_two_mounts_share_is_refused_as_withheld(world):
     """P-5 step 2, docs/tools.md (*Agents, host side*: a withheld mount "is given to no tool
     and bound in no sandbox, and the chain refuses ``mount:<name>`` at step 2 (EACCES, 'its

@@ -5,6 +5,7 @@ verdict on the agent (a tool said not to exist, a step denied for the asker's re
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -152,3 +153,43 @@ def test_a_policy_the_asker_may_not_read_hides_where_the_agent_finds_the_tool(
     ), done.stderr
     as_root = _ctx(root, *EXPLAIN)
     assert (as_root.returncode, as_root.stdout.splitlines()[-1]) == (0, "allow"), as_root
+
+
+def _explained(root: Path, obj: str, perm: str, uid: int, gid: int) -> dict[str, object]:
+    done = _ctx(root, "policy", "explain", "coder", obj, perm, "--json", uid=uid, gid=gid)
+    assert (done.returncode, done.stderr) == (1, ""), done
+    return json.loads(done.stdout)
+
+
+def test_the_agents_own_uid_is_told_which_directory_it_may_not_search(
+    root: Path, user: UnprivilegedUser
+) -> None:
+    """P-5 step 2: a provider directory closed to the agent (root's, 0700) denies
+    ``model:acme/m1 use``.  Root judges the bits and names it; the agent's own uid, refused
+    the directory itself, gets the same verdict naming the same directory, not a bare
+    "Permission denied"."""
+    add_agent(root, "coder", uid=user.uid, gid=user.gid, policy=POLICY)
+    model = root / "model" / "acme" / "m1"
+    model.parent.mkdir(mode=0o700)
+    model.write_text("{}\n")
+    (root / "model" / "acme" / "m1.d").mkdir(mode=0o755)
+    (root / "model" / "acme" / "m1.d" / "policy").write_text("allow coder_t model:acme/m1 use\n")
+    reason = f"step 2 (mode bits): search (x) on model/acme is denied to uid {user.uid}"
+    for uid, gid in ((0, 0), (user.uid, user.gid)):
+        facts = _explained(root, "model:acme/m1", "use", uid, gid)
+        assert (facts["step"], facts["errno"], facts["reason"]) == (2, "EACCES", reason), facts
+
+
+def test_the_agents_own_uid_is_told_which_directory_hides_a_tools_policy(
+    root: Path, system_probe: None, user: UnprivilegedUser
+) -> None:
+    """P-5 step 6: a tool directory ``tool/probe.d`` only root may enter keeps its policy from
+    the agent's uid, which fails closed naming the directory and the policy behind it."""
+    (root / "tool" / "probe.d").chmod(0o700)
+    facts = _explained(root, "tool:probe", "execute", user.uid, user.gid)
+    assert (facts["step"], facts["errno"], facts["reason"]) == (
+        6,
+        "EACCES",
+        f"step 6 (tool/model policy): tool/probe.d/policy cannot be read: search (x) on "
+        f"tool/probe.d is denied to uid {user.uid}",
+    ), facts
