@@ -336,7 +336,10 @@ class StdioClient:
             if not chunk:
                 raise self._exited(method, until)
             self._buffer += chunk
-            if len(self._buffer) > MAX_MESSAGE_BYTES:
+            # The message is what comes before its line break: one read may bring the start
+            # of the next message too, which is none of this one's size.
+            end = self._buffer.find(b"\n")
+            if (len(self._buffer) if end < 0 else end) > MAX_MESSAGE_BYTES:
                 raise self._broken(f"a message is larger than {MAX_MESSAGE_BYTES} bytes")
         line, _, self._buffer = self._buffer.partition(b"\n")
         try:

@@ -92,3 +92,22 @@ def test_listing_entries_that_are_not_tools_are_reported_and_skipped(tmp_path: P
     problems = [entry["problem"] for entry in json.loads(report.stdout)["skipped"]]
     assert len(problems) == 3 and all("not a tool object" in p for p in problems)
     assert listed.stdout.count("not projectable") == 3 and "fake.good" in listed.stdout
+
+
+@pytest.mark.parametrize("size", [16 * 1024 * 1024 - 1, 16 * 1024 * 1024])
+def test_a_message_of_16_mib_is_read_whatever_follows_it_in_the_same_read(
+    tmp_path: Path, size: int
+) -> None:
+    """The limit is a message's own size, without its line break: a notification of up to
+    16 MiB followed at once by the listing is no message over the limit, though one read of
+    the pipe brings the end of the one and the start of the other."""
+    opening = '{"jsonrpc":"2.0","method":"notifications/message","params":{"data":"'
+    closing = '"}}'
+    notice = opening + "x" * (size - len(opening) - len(closing)) + closing
+    listing = RESPONSE + json.dumps({"tools": [tool("t" * 70000)]}) + "}"
+    config = scripted(tmp_path, list_raw=notice + "\n" + listing)
+
+    done = ctxmcp("list", "--config", str(config), "--server", "fake", "--json")
+
+    assert done.returncode == 0, done.stderr[-300:]
+    assert "larger than" not in done.stderr
