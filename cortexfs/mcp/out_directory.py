@@ -61,6 +61,15 @@ def check_out_directory(out: Path, root: Path | None) -> None:
             f"--out {out}: ctxmcp may not write into {existing}; give a directory you may "
             "write (nothing was written)",
         )
+    if existing == out and not os.access(out, os.R_OK, effective_ids=True):
+        # The candidates are made durable through a descriptor of --out, which open(2) gives
+        # only to a reader: refused here, before the server starts, not once it has run.
+        raise CtxError(
+            errno.EACCES,
+            f"--out {out}: ctxmcp may write into it but not read it, and it opens it to make "
+            "the candidates durable (an fsync of the directory); give a directory you may "
+            "read and write (nothing was written)",
+        )
     fd = _open_place(existing, out)
     try:
         refuse_inside(fd, out, forbidden_directories(root))

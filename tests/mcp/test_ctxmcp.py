@@ -25,6 +25,7 @@ from cortexfs import durable
 from cortexfs.errors import CtxError
 from cortexfs.mcp import ACCEPTED_VERSIONS, ANNOUNCED_VERSION
 from cortexfs.mcp.candidates import write_candidates
+from cortexfs.mcp.out_directory import check_out_directory
 from cortexfs.mcp.project import Projection
 from tests.fuse.support import NEEDS_A_MOUNT, mounted
 from tests.support.cli import ctx
@@ -616,6 +617,27 @@ def test_an_out_directory_the_user_may_not_write_is_refused_naming_it(
     assert refused.value.message.startswith(f"--out {out}: ctxmcp may not write into {out};")
     assert "give a directory you may write" in refused.value.message
     assert os.listdir(out) == []
+
+
+def test_an_out_directory_the_user_may_write_but_not_read_is_refused_before_the_server(
+    traversable_tmp: Path, unprivileged_user: UnprivilegedUser
+) -> None:
+    """A drop directory (0300) takes new files, but the candidates are made durable through
+    a descriptor of it, which only a reader gets: refused by the check made before the
+    server starts, saying so, not by the write after it ran."""
+    out = traversable_tmp / "drop"
+    out.mkdir()
+    os.chown(out, unprivileged_user.uid, unprivileged_user.gid)
+    out.chmod(0o300)
+
+    with effective_user(unprivileged_user), pytest.raises(CtxError) as refused:
+        check_out_directory(out, None)
+
+    assert refused.value.errno == errno.EACCES
+    assert refused.value.message.startswith(
+        f"--out {out}: ctxmcp may write into it but not read it, and it opens it to make the "
+        "candidates durable"
+    )
 
 
 class _RecordingOps(durable.FsOps):
