@@ -139,6 +139,18 @@ def test_help_shows_what_a_server_wrote_escaped(world: World) -> None:
     assert helped.stdout.startswith(b"harmless\\x1b]0;owned\\x07\\x1b[2J\\u202egnp.exe")
 
 
+def test_help_shows_a_description_that_is_not_utf8_as_a_listing_does(echo: World) -> None:
+    """A byte of the description that is no UTF-8 (written there by hand) is shown replaced,
+    as ``ctx object list`` shows it, not taken for a damaged tool that no listing reports."""
+    (echo.root / "tool/fake.echo.d/description").write_bytes(b"Echoes \xff the input.\n")
+    run = ["--storage", str(echo.root), "run", "--agent", "coder", "fake.echo", "--help"]
+
+    helped = subprocess.run([*CTX, *run], capture_output=True, text=True, stdin=subprocess.DEVNULL)
+
+    assert helped.returncode == 0, helped.stderr
+    assert helped.stdout.startswith("Echoes \ufffd the input.\n")
+
+
 def test_the_tool_is_refused_without_the_agents_grant(echo: World) -> None:
     echo.agent("other", tools=[])
 

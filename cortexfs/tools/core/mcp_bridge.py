@@ -304,7 +304,11 @@ def _server(locator: dict[str, str], tool_owner: int) -> ServerSpec:
 def describe(executable: str) -> Reply:
     """The tool's ``description`` and ``schema`` controls, for a person asking for help: the
     server wrote both, so what is not printable is shown escaped, never sent to the terminal."""
-    _, description = _json_control(executable, "description", "description", bytes.decode)
+    # Read as 'ctx object list' reads it: a byte that is not UTF-8 is shown replaced, not
+    # taken for damage that no listing reports.
+    _, description = _json_control(
+        executable, "description", "description", lambda data: data.decode("utf-8", "replace")
+    )
     description = "\n".join(printable(line) for line in description.splitlines())
     schema = json.dumps(read_schema(executable), indent=2)  # ASCII: JSON escapes the rest
     text = f"{description.rstrip()}\n\ninput (a JSON object) as its schema states it:\n{schema}\n"
