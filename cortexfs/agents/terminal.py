@@ -211,7 +211,8 @@ class Terminal:
         if not os.access(tsh, os.X_OK):
             if os.path.isfile(tsh) and mounted_noexec(tsh):
                 raise CtxError(errno.EACCES, executes_nothing(tsh, tsh, "the storage root"))
-            raise invalid(f"{tsh} is missing; run 'ctx bootstrap'")
+            shape = "is not executable" if os.path.lexists(tsh) else "is missing"
+            raise invalid(f"{tsh} {shape}; run 'ctx bootstrap'")
         if self.view.workspace is not None and not os.path.isdir(self.view.workspace.source):
             raise CtxError(
                 errno.ENOTDIR, f"the workspace {self.view.workspace.source} is not a directory"

@@ -108,7 +108,8 @@ class PolicySyntaxError(CtxError):
 
     def __init__(self, problems: Sequence[PolicyProblem]) -> None:
         first = problems[0]
-        more = f" (and {len(problems) - 1} more invalid lines)" if len(problems) > 1 else ""
+        others = len(problems) - 1
+        more = f" (and {others} more invalid line{'s' if others > 1 else ''})" if others else ""
         super().__init__(errno.EINVAL, f"{first.source}:{first.line}: {first.reason}{more}")
         self.problems = tuple(problems)
 

@@ -401,23 +401,24 @@ def _unproven(queue: Queue, dir_fd: int, state: str, job: str, st: os.stat_resul
     is the one its directory holds (``ok`` in done/, ``error`` in failed/), it is something
     else put there, and proves nothing of J's run."""
     path = f"{state}/{job}{RESULT_SUFFIX}"
+    nothing = f"so it proves nothing of the run of {job}"
     limit = stored_result_limit(queue.config.max_result_bytes)
     if st.st_size > limit:
         return (
             f"{path} is {st.st_size} bytes, more than any finish writes ({limit}, after "
-            "max_result_bytes), so it proves nothing of J's run"
+            f"max_result_bytes), {nothing}"
         )
     try:
         result = decode_result(read_regular_file(dir_fd, job + RESULT_SUFFIX, limit))
     except FileNotFoundError:
         return ""  # gone since it was listed: nothing to judge
     except (OSError, CtxError, ValueError) as exc:
-        return f"{path} cannot be read as a result ({exc}), so it proves nothing of J's run"
+        return f"{path} cannot be read as a result ({exc}), {nothing}"
     wanted = "ok" if state == "done" else "error"
     if not isinstance(result, dict) or result.get("status") != wanted:
         return (
             f"{path} is not a result object with status {wanted!r}, as a finish writes in "
-            f"{state}/, so it proves nothing of J's run"
+            f"{state}/, {nothing}"
         )
     return ""
 

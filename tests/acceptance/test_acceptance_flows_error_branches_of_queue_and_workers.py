@@ -677,7 +677,7 @@ def test_a_result_that_proves_nothing_beside_a_claim_is_a_conflict_finish_refuse
     """docs/queue.md "What a crash leaves": a result beside a claimed request that is larger
     than any finish writes, or not a result object whose ``status`` is its directory's, is
     something else put there and proves nothing of the job's run: a conflict (``status``
-    exit 1, "proves nothing of J's run"), never rolled forward by ``recover --reconcile``
+    exit 1, "proves nothing of the run of J"), never rolled forward by ``recover --reconcile``
     (exit 1); ``finish`` refuses it (EEXIST, exit 1) as a conflict a person must repair,
     writing nothing."""
     held = claimed_for(queue, "held", holder.pid)
@@ -688,7 +688,8 @@ def test_a_result_that_proves_nothing_beside_a_claim_is_a_conflict_finish_refuse
     status = queue.run("status", "--json")
     assert status.rc == 1, status
     (conflict,) = status.json()["conflicts"]
-    assert why in conflict["detail"] and "proves nothing of J's run" in conflict["detail"]
+    assert why in conflict["detail"], conflict
+    assert f"proves nothing of the run of {held}" in conflict["detail"], conflict
     recovered = queue.run("recover", "--reconcile", "--json")
     assert recovered.rc == 1 and recovered.json()["repaired"] == [], recovered
     said = refused(queue.run("finish", held, "--ok", "-", "--json", input='"out"'), "EEXIST")

@@ -271,6 +271,8 @@ def test_a_bin_tsh_that_cannot_be_executed_is_named_with_ctx_bootstrap_as_the_wa
         run, prog, _ = start_with(front, host, session)
         message = refused_json(run, "EINVAL", 1, prog)
         assert message.startswith(f"{tsh} ") and message.endswith("; run 'ctx bootstrap'"), run
+        shape = "is missing" if damage == "removed" else "is not executable"
+        assert message == f"{tsh} {shape}; run 'ctx bootstrap'", run
     assert snapshot(host.storage) == before
     nothing_left(host, session)
     if damage != "removed":

@@ -183,6 +183,12 @@ def test_every_bad_line_is_reported_with_its_number() -> None:
     assert "(and 2 more invalid lines)" in raised.value.message
 
 
+def test_one_more_invalid_line_is_said_in_the_singular() -> None:
+    with pytest.raises(PolicySyntaxError) as raised:
+        parse_rules("allow a agent:* create\nallow a tool:x write\n", source="p")
+    assert raised.value.message.endswith("(and 1 more invalid line)"), raised.value.message
+
+
 LONG = "x" * 100_000
 
 
