@@ -313,7 +313,8 @@ class StdioClient:
             self._process.stdin.write(json.dumps(message).encode() + b"\n")
             self._process.stdin.flush()
         except BrokenPipeError:
-            raise self._exited(str(message.get("method", "a response"))) from None
+            sent = str(message.get("method", "a response"))
+            raise self._exited(sent, sending=True) from None
 
     def _receive(self, method: str, until: float | None) -> dict[str, Any]:
         while b"\n" not in self._buffer:
@@ -353,8 +354,11 @@ class StdioClient:
             raise self._broken(f"it wrote a line that is not JSON-RPC 2.0: {line[:80]!r}")
         return message
 
-    def _exited(self, method: str, until: float | None = None) -> McpError:
-        """EIO for a server whose output ended, or that exited, before it answered ``method``.
+    def _exited(
+        self, method: str, until: float | None = None, *, sending: bool = False
+    ) -> McpError:
+        """EIO for a server whose output ended, or that exited, before it answered ``method``
+        (or, ``sending``, whose input was closed before ``method`` could be sent to it).
         It can answer nothing more, so it is given no longer than a moment (and never past
         ``until``) to exit, for its status: a server that closed its output and lives on is
         stopped by :meth:`__exit__`, not waited for."""
@@ -363,11 +367,18 @@ class StdioClient:
         try:
             status = self._process.wait(timeout=max(0.0, moment))
         except subprocess.TimeoutExpired:
+            closed = (
+                f"closed its input before it was sent {method}"
+                if sending
+                else f"closed its output before answering {method}"
+            )
             return McpError(
                 errno.EIO,
-                f"server {self.spec.name!r} closed its output before answering {method} and "
-                f"went on running; it was stopped{self._stderr_tail()}",
+                f"server {self.spec.name!r} {closed} and went on running; it was stopped"
+                f"{self._stderr_tail()}",
             )
+        # Whether a server that exits at once was sent the request first is the scheduler's
+        # choice: said alike either way.
         return McpError(
             errno.EIO,
             f"server {self.spec.name!r} {_how_it_ended(status)} before answering {method}"
