@@ -386,14 +386,29 @@ class Worker:
         opened = os.fstat(queue.root_fd)
         identity = (opened.st_dev, opened.st_ino)
         gone = _gone_elsewhere(queue.path, identity, "opened", follow_symlinks=False)
-        if gone is None:
-            return
-        code, where = gone
-        raise CtxError(
-            code,
-            f"the queue {queue.path} {where} (its project was removed, or made again): the "
-            "worker claims no more jobs from it; start it again to work the queue at that path",
-        )
+        if gone is not None:
+            code, where = gone
+            raise CtxError(
+                code,
+                f"the queue {queue.path} {where} (its project was removed, or made again): the "
+                "worker claims no more jobs from it; start it again to work the queue at that "
+                "path",
+            )
+        # A state directory replaced by hand (pending/ moved aside and made again) would be
+        # as blind: jobs published into the new one would wait for ever.
+        for name, fd in queue.dirs.items():
+            held = os.fstat(fd)
+            gone = _gone_elsewhere(
+                queue.path / name, (held.st_dev, held.st_ino), "opened", follow_symlinks=False
+            )
+            if gone is not None:
+                code, where = gone
+                raise CtxError(
+                    code,
+                    f"{queue.path / name} {where} (replaced or moved by hand): the worker "
+                    "claims no more jobs from the queue; start it again to work the queue as "
+                    "it is now ('ctx queue status' shows it)",
+                )
 
     def _take_ticket(self) -> bool:
         """Reserve one of the ``--max-jobs`` claims; False when none are left."""

@@ -64,3 +64,29 @@ def test_a_waiting_worker_whose_queue_is_made_again_stops_naming_it(farm: Farm) 
     assert waiting.returncode == 1, err
     assert f"the queue {farm.queue} now names another directory" in err, err
     assert (farm.queue / "pending" / job).exists()  # left for a worker of the new queue
+
+
+def test_a_waiting_worker_whose_pending_directory_is_replaced_stops_naming_it(
+    farm: Farm,
+) -> None:
+    """pending/ moved aside and made again by hand: the worker's watch and descriptor are the
+    old directory's, so jobs published into the new one would wait for ever; it stops instead,
+    naming it, and the job is left for a worker started anew."""
+    waiting = farm.worker()
+    assert waiting.stdout is not None
+    assert '"event": "start"' in waiting.stdout.readline()
+    pending = farm.queue / "pending"
+    aside = farm.queue.parent / "pending.old"
+    made = farm.queue.parent / "pending.new"
+    made.mkdir()
+    os.chmod(made, os.stat(pending).st_mode & 0o7777)
+    os.rename(pending, aside)
+    os.rename(made, pending)
+    job = farm.publish("shell.exec", {"cmd": "echo hi"})
+    try:
+        _, err = waiting.communicate(timeout=60)
+    finally:
+        waiting.kill()
+    assert waiting.returncode == 1, err
+    assert f"{pending} now names another directory than the one this worker opened" in err, err
+    assert (pending / job).exists()
