@@ -356,21 +356,13 @@ def _run(
     first claim: one line on stderr, the summary of a worker that claimed nothing, exit 0.
     """
     from cortexfs.worker.executors import executor_for
-    from cortexfs.worker.loop import EXIT_ABORTED, Worker, WorkerOptions
+    from cortexfs.worker.loop import EXIT_ABORTED, Worker, WorkerOptions, check_workable
 
     root = click.get_current_context().meta[STORAGE_ROOT_KEY]
     # A malformed name is a malformed command line (exit 2), found before any job is claimed.
     session = object_name_argument(session, "session")
     if agent is not None:
         agent = object_name_argument(agent, "agent")
-    # Refused as by every other command (a project's queue reached through a symlink, ELOOP;
-    # a queue that is not one), before the worker starts and claims anything.
-    open_queue(queue_dir).close()
-    if early_stop.stopped_by is not None:
-        # Stopped before its session is opened: nothing of the agent's home is made.
-        _stopped_while_starting(early_stop.stopped_by, Progress(as_json, lambda: None, only))
-        return
-    executor = executor_for(kind, root, agent, session, queue_dir)
     options = WorkerOptions(
         drain=drain,
         max_jobs=max_jobs,
@@ -379,6 +371,16 @@ def _run(
         job_timeout=timeout,
         worker_id=worker_id,
     )
+    # Refused as by every other command (a project's queue reached through a symlink, ELOOP;
+    # a queue that is not one), and for what no worker can work (a directory pinned by its
+    # attribute, a lease_ttl too short), before the worker's session is made.
+    with open_queue(queue_dir) as queue:
+        check_workable(queue, options)
+    if early_stop.stopped_by is not None:
+        # Stopped before its session is opened: nothing of the agent's home is made.
+        _stopped_while_starting(early_stop.stopped_by, Progress(as_json, lambda: None, only))
+        return
+    executor = executor_for(kind, root, agent, session, queue_dir)
     progress = Progress(as_json, lambda: worker.stop("output closed"), only)
     worker = Worker(
         queue_dir, executor, options, progress, within=project_root(queue_dir), root=root

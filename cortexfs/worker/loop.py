@@ -214,6 +214,30 @@ def _gone_elsewhere(
     return errno.ESTALE, f"now names another directory than the one this worker {since}"
 
 
+def check_workable(queue: Queue, options: WorkerOptions) -> None:
+    """What refuses a worker on ``queue`` before its first claim: a directory it may not
+    change (its mode, an immutable or append-only attribute), a lease lifetime it cannot keep
+    renewed.  Asked by the command line before the worker's session is made, so that a
+    refused worker leaves nothing of it, and by :meth:`Worker.run` again."""
+    queue.require_writable("work")
+    lease_ttl_of(queue, options)
+
+
+def lease_ttl_of(queue: Queue, options: WorkerOptions) -> float:
+    """The lifetime of a worker's leases: ``--ttl``, else the queue's ``lease_ttl``; EINVAL
+    saying which, when a worker cannot keep it renewed."""
+    if options.lease_ttl:
+        return check_worker_ttl(options.lease_ttl)
+    try:
+        return check_worker_ttl(queue.config.lease_ttl)
+    except CtxError as exc:
+        raise CtxError(
+            exc.errno,
+            f"{exc.message}; it is the lease_ttl of {queue.path}/config: set lease_ttl to 1 or "
+            "more there, or give this worker --ttl",
+        ) from None
+
+
 class Worker:
     """A claim/execute/finish loop over one queue, ``concurrency`` jobs at a time."""
 
@@ -293,12 +317,12 @@ class Worker:
             self._root_identity = (started_on.st_dev, started_on.st_ino)
         with Queue.open(self.queue_dir, within=self.within) as queue:
             # Refused before the first claim, not by the kernel inside a job slot's thread.
-            queue.require_writable("work")
+            check_workable(queue, self.options)
             # The claim order this user's other claimers on this host share (ctx queue claim,
             # other workers): the first claim reads a name instead of listing pending/, and
             # workers started side by side are handed different jobs instead of racing for one.
             queue.claim_order = HintedClaimOrder(queue.path)
-            ttl = self._lease_ttl(queue)
+            ttl = lease_ttl_of(queue, self.options)
             keeper = LeaseKeeper(
                 queue,
                 holder,
@@ -344,20 +368,6 @@ class Worker:
             self.summary.left_pending = still_pending(queue, self.summary.left_pending)
         self.listener("stop", self.summary.to_json())
         return self.summary
-
-    def _lease_ttl(self, queue: Queue) -> float:
-        """The lifetime of this worker's leases: ``--ttl``, else the queue's ``lease_ttl``;
-        EINVAL saying which, when a worker cannot keep it renewed."""
-        if self.options.lease_ttl:
-            return check_worker_ttl(self.options.lease_ttl)
-        try:
-            return check_worker_ttl(queue.config.lease_ttl)
-        except CtxError as exc:
-            raise CtxError(
-                exc.errno,
-                f"{exc.message}; it is the lease_ttl of {queue.path}/config: set lease_ttl "
-                "to 1 or more there, or give this worker --ttl",
-            ) from None
 
     def _require_same_root(self) -> None:
         """Before each claim: the storage root's path still names the directory the worker

@@ -9,7 +9,7 @@ import shutil
 
 from cortexfs import durable
 from cortexfs.queue import init_queue
-from tests.workers.conftest import PROJECT, Farm
+from tests.workers.conftest import AGENT, PROJECT, Farm
 from tests.workers.test_worker import events_of
 
 
@@ -90,3 +90,18 @@ def test_a_waiting_worker_whose_pending_directory_is_replaced_stops_naming_it(
     assert waiting.returncode == 1, err
     assert f"{pending} now names another directory than the one this worker opened" in err, err
     assert (pending / job).exists()
+
+
+def test_a_worker_refused_before_its_first_claim_makes_no_session(farm: Farm) -> None:
+    """A queue no worker can work (a lease_ttl too short for one to keep renewed) is refused
+    before the worker's session is made: nothing of the agent's home is left behind."""
+    config = farm.queue / "config"
+    config.write_text(config.read_text() + "lease_ttl=0.5\n")
+    session = farm.root / "home" / str(farm.user.uid) / "agent" / AGENT / "session" / "worker"
+
+    refused = farm.worker("--drain")
+    out, err = refused.communicate(timeout=60)
+
+    assert refused.returncode == 1, err
+    assert "it is the lease_ttl of" in err or "it is the lease_ttl of" in out, (out, err)
+    assert not session.exists()

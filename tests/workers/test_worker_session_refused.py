@@ -64,8 +64,14 @@ def test_a_session_refused_for_want_of_inodes_or_a_writable_disk_gets_advice_tha
         assert (farm.queue / "pending" / job).is_file()
 
         subprocess.run(["rm", "-rf", str(disk / "fill")], check=True)
-        subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
-        read_only = work_in_a_new_session(farm, "fresh")
+        # The homes alone read-only (a whole read-only disk refuses the queue first, before
+        # any session is made).
+        subprocess.run(["mount", "--bind", str(home), str(home)], check=True)
+        subprocess.run(["mount", "-o", "remount,ro,bind", str(home)], check=True)
+        try:
+            read_only = work_in_a_new_session(farm, "fresh")
+        finally:
+            subprocess.run(["umount", str(home)], check=True)
 
         assert read_only.returncode == 1, read_only.stderr
         assert read_only.stderr.startswith(
@@ -75,7 +81,6 @@ def test_a_session_refused_for_want_of_inodes_or_a_writable_disk_gets_advice_tha
         assert claimed_none in read_only.stderr
         assert "start it as root" not in read_only.stderr
         assert (farm.queue / "pending" / job).is_file()
-        subprocess.run(["mount", "-o", "remount,rw", str(disk)], check=True)
 
 
 def test_a_session_refused_for_a_disk_quota_names_the_uid_whose_quota_it_is(
