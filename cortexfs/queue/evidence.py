@@ -24,6 +24,7 @@ from cortexfs.queue.layout import (
     RESULT_SUFFIX,
     TEMP_SUFFIX,
     Queue,
+    kind_of,
     lstat_at,
     read_regular_file,
 )
@@ -421,6 +422,33 @@ def _unproven(queue: Queue, dir_fd: int, state: str, job: str, st: os.stat_resul
             f"{state}/, {nothing}"
         )
     return ""
+
+
+def no_job_but(queue: Queue, job: str) -> list[str]:
+    """The entries at J's name when none of them is a queue file (a directory in
+    ``pending/``, a FIFO at ``lease/J``…): J is then no job, only names ``status`` lists as
+    ignored (Q-8), which a command acting on J must say so instead of calling them a job,
+    a lease or a conflict; empty when J has evidence of its own, or nothing at all."""
+    evidence = evidence_of(queue, job)
+    return evidence.bad if assess(evidence).state == IGNORED else []
+
+
+def no_job_here(queue: Queue, job: str, entries: list[str]) -> str:
+    """What stands at J's name when it is :func:`no_job_but` those ``entries``, each with
+    its kind (a directory, a FIFO…)."""
+    shown = []
+    for entry in entries:
+        try:
+            found = os.lstat(entry, dir_fd=queue.root_fd)
+        except OSError:
+            shown.append(entry)  # gone since: named as it was found
+        else:
+            shown.append(f"{entry} ({kind_of(found)})")
+    return (
+        f"{' and '.join(shown)} {'is' if len(shown) == 1 else 'are'} no queue file (the wrong "
+        f"kind of entry, never followed or moved), so {job} is no job: 'ctx queue status' "
+        "lists it as ignored"
+    )
 
 
 def assess(e: JobEvidence) -> Assessment:

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from cortexfs import durable
 from cortexfs.errors import CtxError, describe, not_found
 from cortexfs.names import job_name
+from cortexfs.queue import evidence as ev
 from cortexfs.queue.holder import MAX_LEASE_BYTES, MAX_LEASE_TTL, Holder, Lease, check_ttl
 from cortexfs.queue.layout import (
     LEASE_FILE,
@@ -76,6 +77,9 @@ class NotHeld(CtxError):
 def not_claimed(queue: Queue, job: str, doing: str = "finishing it") -> CtxError:
     """EEXIST or ENOENT for J found unclaimed by a transition of a claim (``doing``, what
     the caller was about to do), saying where J is instead."""
+    if entries := ev.no_job_but(queue, job):
+        said = ev.no_job_here(queue, job, entries)
+        return NotHeld(errno.ENOENT, f"job {job} is not claimed: {said}")
     for dir_fd, state in ((queue.done, "done"), (queue.failed, "failed")):
         request = lstat_at(dir_fd, job) is not None
         result = lstat_at(dir_fd, job + RESULT_SUFFIX) is not None

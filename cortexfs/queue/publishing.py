@@ -17,6 +17,7 @@ from cortexfs import durable
 from cortexfs.errors import CtxError, errno_text, exists, invalid
 from cortexfs.interrupts import held_interrupts
 from cortexfs.names import job_name
+from cortexfs.queue import evidence as ev
 from cortexfs.queue import requests
 from cortexfs.queue.claim_order import pending_changed, pending_stamp
 from cortexfs.queue.layout import Queue, kind_of, lstat_at
@@ -431,6 +432,11 @@ def refuse_known_job(queue: Queue, job: str) -> None:
     live = ((queue.pending, "pending"), (queue.claimed, "claimed"), (queue.lease, "leased"))
     states = [state for dir_fd, state in live if lstat_at(dir_fd, job) is not None]
     states += [state for state, _ in terminal_evidence(queue, job)]
+    if states and (entries := ev.no_job_but(queue, job)):
+        raise exists(
+            f"{ev.no_job_here(queue, job, entries)}: move {'it' if len(entries) == 1 else 'them'} "
+            "aside, or publish under another name"
+        )
     if states == ["claimed"] and _empty_claim(queue, job):
         raise exists(
             f"job {job} has an empty claimed/{job}: a claim in progress, or one cut short before "

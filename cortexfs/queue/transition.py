@@ -21,10 +21,12 @@ from collections.abc import Callable, Iterator, Sequence
 
 from cortexfs import durable
 from cortexfs.errors import CtxError, errno_text
+from cortexfs.queue import evidence as ev
 from cortexfs.queue.layout import (
     LEASE_FILE,
     RESULT_SUFFIX,
     DirLock,
+    NotADirectoryOfTheJob,
     Queue,
     kind_of,
     lstat_at,
@@ -100,6 +102,12 @@ def locked_claim(
         claim_fd = queue.open_held_job_dir("claimed", job)
     except FileNotFoundError:
         raise not_claimed(queue, job) from None
+    except NotADirectoryOfTheJob:
+        # A file or a link at claimed/J beside nothing of J's is no conflict but no job at
+        # all (status lists it as ignored), which not_claimed says.
+        if ev.no_job_but(queue, job):
+            raise not_claimed(queue, job) from None
+        raise
     try:
         lock_job(claim_fd, job)
         if not still_linked(queue.claimed, job, claim_fd):

@@ -224,12 +224,6 @@ def test_a_document_that_is_no_object_is_refused_as_a_request(
 # ------------------------------------------------- names whose only entries are not jobs
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Q-8: publish --name J over a directory at pending/J or a FIFO at lease/J says "
-    "'job J is already pending' / 'already leased', while show and status call the name "
-    "ignored, not a job, and the refusal never says what stands there",
-)
 @pytest.mark.parametrize(("place", "kind"), [("pending", "directory"), ("lease", "FIFO")])
 def test_publish_over_an_entry_that_is_no_job_says_what_stands_there(
     queue: QueueCLI, place: str, kind: str
@@ -252,13 +246,6 @@ def test_publish_over_an_entry_that_is_no_job_says_what_stands_there(
     assert f"{place}/{job('odd')}" in said and kind in said, said
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Q-8, Q-6: finish and renew of a name whose only entry is a regular file at "
-    "lease/J call it an incomplete job whose lease 'ctx queue recover --reconcile' removes; "
-    "run as told, recover --reconcile lists it as ignored, leaves it, and calls the queue "
-    "consistent",
-)
 def test_finish_and_renew_of_a_lone_file_at_a_lease_name_send_to_a_repair_that_works(
     queue: QueueCLI,
 ) -> None:
@@ -280,25 +267,17 @@ def test_finish_and_renew_of_a_lone_file_at_a_lease_name_send_to_a_repair_that_w
             assert not os.path.lexists(lease), (said, reconciled)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Q-8: finish and renew of a name whose only entry is a FIFO at done/J.result (or a "
-    "regular file at claimed/J) call J a conflict ('a conflict ctx queue status reports'), "
-    "while status lists the name only as ignored, 0 conflicts, exit 0",
-)
 @pytest.mark.parametrize(
-    ("entry", "code"),
-    [("done/{J}.result", "EEXIST"), ("claimed/{J}", "ENOTDIR")],
-    ids=["fifo-result", "file-claim"],
+    "entry", ["done/{J}.result", "claimed/{J}"], ids=["fifo-result", "file-claim"]
 )
 def test_finish_of_a_name_status_calls_ignored_does_not_call_it_a_conflict(
-    queue: QueueCLI, entry: str, code: str
+    queue: QueueCLI, entry: str
 ) -> None:
     """docs/queue.md "What is not a job": evidence of the wrong type beside real evidence
     makes a job a conflict, but "a name whose only entries are of the wrong kind is not a job
     at all and is only listed as ignored" — by status, show and list alike.  finish and renew
     of such a name are refused (nothing changes), and what they say agrees with status: no
-    conflict that status would report."""
+    conflict that status would report: J is not claimed (ENOENT), and no job."""
     path = queue.dir / entry.format(J=job("odd"))
     if entry.startswith("done"):
         os.mkfifo(path)
@@ -309,20 +288,15 @@ def test_finish_of_a_name_status_calls_ignored_does_not_call_it_a_conflict(
     ignored = [item["path"] for item in status.json()["ignored"]]
     assert str(path.relative_to(queue.dir)) in ignored, ignored
     before = snapshot(queue.dir)
-    said = [refused(queue.run("finish", "odd", "--ok", "--json"), code)]
+    said = [refused(queue.run("finish", "odd", "--ok", "--json"), "ENOENT")]
     renewed = queue.run("renew", "odd", "--pid", str(os.getpid()), "--json")
-    said.append(refused(renewed, "ENOENT" if code == "EEXIST" else code))
+    said.append(refused(renewed, "ENOENT"))
     assert snapshot(queue.dir) == before
     for message in said:
         assert "conflict" not in message, message
+        assert f"{job('odd')} is no job" in message, message
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Q-8: finish of a name whose only entry is a directory at pending/J says 'job J is "
-    "pending, not claimed ... claim it before finishing it', yet claim exits 3 and list "
-    "--state pending lists nothing: the name is ignored, not a pending job",
-)
 def test_finish_of_a_directory_at_a_pending_name_does_not_send_to_a_claim(
     queue: QueueCLI, child
 ) -> None:

@@ -771,3 +771,21 @@ def test_a_name_held_only_by_an_empty_claim_directory_is_refused_saying_what_rem
     assert "empty claimed/left.req.json" in refused.value.message
     assert "recover --reconcile" in refused.value.message
     assert entries(queue_dir, "pending") == [] and entries(queue_dir, "inbox") == []
+
+
+def test_a_name_whose_only_entries_are_no_queue_files_is_said_to_be_no_job(
+    queue: Queue, me: Holder, queue_dir: Path
+) -> None:
+    """Q-8: status lists such a name as ignored; publish, finish and renew say the same of
+    it (what stands there, of what kind), never a job pending, leased or in conflict."""
+    (queue_dir / "pending" / "odd.req.json").mkdir()
+    os.mkfifo(queue_dir / "lease" / "odd.req.json")
+    said = "pending/odd.req.json (directory) and lease/odd.req.json (FIFO) are no queue file"
+    with pytest.raises(CtxError) as published:
+        publish(queue, request(), name="odd")
+    assert published.value.errno == errno.EEXIST and said in published.value.message
+    for act in (lambda: finish(queue, "odd.req.json", True), lambda: renew(queue, "odd", [me])):
+        with pytest.raises(CtxError) as refused:
+            act()
+        assert refused.value.errno == errno.ENOENT, refused.value.message
+        assert said in refused.value.message and "conflict" not in refused.value.message
