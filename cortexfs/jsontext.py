@@ -232,6 +232,23 @@ def spelt(value: Any, shown: int = 80) -> str:
     return text if len(text) <= shown else text[: shown - 3] + "..."
 
 
+def what_it_is(value: Any) -> str:
+    """A parsed JSON value's type as JSON names it, with its article (``an array``,
+    ``null``), for a message about a document of the wrong shape: Python's names (``list``,
+    ``NoneType``) mean nothing to whoever wrote the JSON."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    return "an object" if isinstance(value, dict) else type(value).__name__
+
+
 def not_a_json_number_problem(spelling: object) -> str:
     """What is wrong with a document holding ``spelling`` (``NaN``, ``1e999``, or words for
     them) as a number, to follow ``it``: ``holds NaN, which JSON has no number for``."""

@@ -128,3 +128,9 @@ def test_a_message_spells_a_documents_value_as_json_does() -> None:
         '"1000"',
     ]
     assert jsontext.spelt("x" * 200, 20) == '"' + "x" * 16 + "..."
+
+
+def test_a_value_of_the_wrong_shape_is_named_as_json_names_it() -> None:
+    values = [None, True, 0, 1.5, "x", [], {}]
+    named = ["null", "a boolean", "a number", "a number", "a string", "an array", "an object"]
+    assert [jsontext.what_it_is(value) for value in values] == named

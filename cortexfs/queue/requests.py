@@ -52,7 +52,7 @@ def _login_name(uid: int, login_variables: tuple[str | None, ...]) -> str:
 def request_problems(request: object) -> list[str]:
     """Every reason ``request`` is not a valid request (empty when it is)."""
     if not isinstance(request, Mapping):
-        return [f"a request must be one JSON object, not {type(request).__name__}"]
+        return [f"a request must be one JSON object, not {jsontext.what_it_is(request)}"]
     problems = []
     tool = request.get("tool")
     if not isinstance(tool, str):
@@ -214,7 +214,7 @@ def parse_request_bytes(data: bytes, limit: int, where: str = "request") -> dict
             f"{exc.colno}"
         ) from exc
     if not isinstance(value, dict):
-        raise invalid(f"{where} must be one JSON object, not {type(value).__name__}")
+        raise invalid(f"{where} must be one JSON object, not {jsontext.what_it_is(value)}")
     return value
 
 

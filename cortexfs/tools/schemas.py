@@ -35,7 +35,7 @@ _CACHED_VALIDATORS = 256
 def schema_problems(schema: object, what: str) -> list[str]:
     """Why ``schema`` is not a usable JSON Schema object; empty when it is one."""
     if not isinstance(schema, dict):
-        return [f"{what} must be a JSON Schema object, not {type(schema).__name__}"]
+        return [f"{what} must be a JSON Schema object, not {jsontext.what_it_is(schema)}"]
     character = jsontext.lone_surrogate(schema)
     if character is not None:
         # JSON can spell one ("\\ud800"), but no UTF-8 control can hold it.
@@ -47,7 +47,7 @@ def schema_problems(schema: object, what: str) -> list[str]:
         # Which draft applies is read from it: anything but a URI names none.
         return [
             f"{what} is not a valid JSON Schema: $schema must be a string naming a draft's "
-            f"meta-schema (a URI), not {type(declared).__name__}"
+            f"meta-schema (a URI), not {jsontext.what_it_is(declared)}"
         ]
     text = _canonical(schema)
     problems = [f"{what} is not a valid JSON Schema: {problem}" for problem in _meta_problems(text)]

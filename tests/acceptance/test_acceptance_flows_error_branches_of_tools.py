@@ -693,7 +693,7 @@ def test_a_pre_hook_the_kernel_will_not_start_vetoes_the_call(world):
             "schema refers to '#/$defs/gone', which it does not hold",
             id="a-reference-to-nothing",
         ),
-        pytest.param(False, "schema must be a JSON Schema object, not bool", id="false"),
+        pytest.param(False, "schema must be a JSON Schema object, not a boolean", id="false"),
     ],
 )
 def test_a_schema_control_edited_into_what_no_input_can_be_checked_by_is_damage(

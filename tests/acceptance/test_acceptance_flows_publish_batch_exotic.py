@@ -216,7 +216,7 @@ def test_lines_that_are_json_but_no_request_are_each_named(queue):
     ]
     refused = batch(queue, b"\n".join(lines) + b"\n")
     refused_whole(queue, refused, before, 2, 3, 5, 6, 7)
-    assert "line 2 must be one JSON object, not list" in refused.err, refused
+    assert "line 2 must be one JSON object, not an array" in refused.err, refused
 
     not_requests = [line(0), b'{"tool": "fs.stat"}', line(2), b'{"tool": "../x", "input": {}}']
     refused = batch(queue, b"\n".join(not_requests) + b"\n")
