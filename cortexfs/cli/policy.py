@@ -131,7 +131,8 @@ def query(
     Prints 'allow' (exit 0) when every given policy holds the rule
     'allow SUBJECT CLASS:NAME PERM', else 'deny' (exit 1): the two-layer rule of P-6 when
     given the agent's and the tool's policy.  A malformed query or policy (one larger than
-    16 MiB included) exits 2 with EINVAL on standard error.  --json prints {"decision",
+    16 MiB included) exits 2 with EINVAL on standard error, and so does a --policy
+    FILE that cannot be read, with its errno (ENOENT, EACCES).  --json prints {"decision",
     "rule", "policies": [{"policy", "allows"}]} instead (the error object on a malformed one).
 
     \b

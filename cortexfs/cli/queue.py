@@ -895,7 +895,8 @@ def list_command(queue_dir: Path, as_json: bool, state: str | None) -> None:
 def show(queue_dir: Path, as_json: bool, job: str) -> None:
     """Every piece of evidence for JOB, with its request, lease and result.
 
-    Exit 1 when JOB is a conflict (SPEC §2.4), else 0.
+    Exit 1 when JOB is a conflict (SPEC §2.4), or when the queue holds nothing at its name
+    (ENOENT, naming 'ctx queue list'), else 0.
     """
     job = _job_argument(job)
     with open_queue(queue_dir) as q:
