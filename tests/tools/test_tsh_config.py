@@ -397,3 +397,13 @@ def _reinstall_tsh_until_stopped(root: Path, stop: Any) -> None:
     while not stop.is_set() or rounds == 0:
         install_tool(parse_tier(root, "system"), manifest, launcher + b"#" * (rounds % 2))
         rounds += 1
+
+
+def test_a_json_value_of_the_wrong_kind_is_spelt_as_json_spells_it() -> None:
+    from cortexfs.tools.core.tsh_config import value_problem
+
+    assert value_problem("cache_capacity", True) == (
+        "cache_capacity must be a positive integer, not true"
+    )
+    assert value_problem("cache_capacity", 2.5).endswith("not 2.5")
+    assert value_problem("cache_capacity", "abc").endswith("not 'abc'")

@@ -35,7 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from cortexfs import durable, keyvalue
+from cortexfs import durable, jsontext, keyvalue
 from cortexfs.names import is_decimal
 from cortexfs.printable import quoted
 from cortexfs.regular_file import read_regular_file
@@ -97,7 +97,9 @@ def value_problem(key: str, value: object) -> str | None:
         if isinstance(value, str) and is_decimal(value):  # too long for _decimal to read
             most = f"at most {_LIMITS[key]}" if key in _LIMITS else "a smaller number"
             return f"{key} must be {most}, not a number of {len(value)} digits"
-        return f"{key} must be a positive integer, not {quoted(str(value))}"
+        # A word of the command line is quoted; a JSON value is spelt as JSON spells it.
+        shown = quoted(value) if isinstance(value, str) else jsontext.spelt(value)
+        return f"{key} must be a positive integer, not {shown}"
     limit = _LIMITS.get(key)
     if limit is not None and value > limit:
         return f"{key} must be at most {limit}, not {value}"
