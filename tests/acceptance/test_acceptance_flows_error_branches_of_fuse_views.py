@@ -734,12 +734,6 @@ MOVES = {
 }
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="F-1: a directory listed through the mount while it is renamed on the storage root "
-    "(or through another mount of it) gives a listing that quietly stops early, with no error; "
-    "docs/mount.md (Listings) says every untouched entry shows exactly once",
-)
 @pytest.mark.parametrize("how", list(MOVES))
 def test_a_directory_moved_while_listed_is_listed_whole_or_refused(world, how):
     """docs/mount.md, *Listings* ("Each open directory lists the names it held when its
@@ -773,12 +767,6 @@ def test_a_directory_moved_while_listed_is_listed_whole_or_refused(world, how):
     assert_no_traceback(world.said(world.host), world.said(world.view))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="F-1: a directory listed through the mount while another directory takes its name "
-    "on the storage root goes on with that other directory's entries (their types and inode "
-    "numbers) under the listed one's names; docs/mount.md (Names) says ESTALE",
-)
 def test_a_directory_replaced_while_listed_never_lists_the_other_ones(world):
     """docs/mount.md, *Names* ("an operation on the old name is … ESTALE when the name now
     leads to another file") and *Identity* (what the kernel holds "stands for that file
