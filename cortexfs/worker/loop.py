@@ -219,8 +219,11 @@ def check_workable(queue: Queue, options: WorkerOptions) -> None:
     change (its mode, an immutable or append-only attribute), a lease lifetime it cannot keep
     renewed.  Asked by the command line before the worker's session is made, so that a
     refused worker leaves nothing of it, and by :meth:`Worker.run` again."""
-    queue.require_writable("work")
-    lease_ttl_of(queue, options)
+    try:
+        queue.require_writable("work")
+        lease_ttl_of(queue, options)
+    except CtxError as exc:
+        raise CtxError(exc.errno, f"{exc.message}; no job was claimed") from None
 
 
 def lease_ttl_of(queue: Queue, options: WorkerOptions) -> float:

@@ -1000,7 +1000,7 @@ def test_a_config_lease_ttl_no_worker_may_keep_is_mended_by_the_ttl_it_names(
     message = refused_at_start(done, "EINVAL")
     assert snapshot(queue.dir) == before
     assert f"it is the lease_ttl of {config}: set lease_ttl to 1 or more there" in message
-    assert message.endswith("or give this worker --ttl"), message
+    assert message.endswith("or give this worker --ttl; no job was claimed"), message
     again = drain(queue, "--ttl", "2")
     assert again.returncode == 0, again
     finished_once(queue, job)
