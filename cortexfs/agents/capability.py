@@ -45,6 +45,7 @@ from cortexfs.errors import CtxError, denied, exists, invalid, too_big
 from cortexfs.exit_watch import ExitWatch
 from cortexfs.policy import AuthorityRequest, check_authority
 from cortexfs.policy import controls as agent_controls
+from cortexfs.shared.events import EventLog
 from cortexfs.storage import DOCS_BUNDLE
 from cortexfs.tools.controls import ToolObject, read_controls, require_available
 from cortexfs.tools.core.hostcall import (
@@ -170,12 +171,23 @@ class Capability:
             return error.to_json()
         except ValueError as exc:
             return invalid(f"the request is not JSON: {exc}").to_json()
+        except OSError as exc:
+            # A refusal of the kernel an operation did not put in its own words is answered
+            # all the same: unanswered, the tool could say only that the host gave no answer,
+            # which is what a capability used by another process gets.
+            return CtxError(exc.errno or errno.EIO, _in_words(exc)).to_json()
+
+
+def _in_words(exc: CtxError | OSError) -> str:
+    """What ``exc`` says, without its errno's word (the answer carries that on its own)."""
+    if isinstance(exc, CtxError):
+        return exc.message
+    return f"{exc.filename}: {exc.strerror}" if exc.filename else str(exc.strerror or exc)
 
 
 def update_control(call: Capability, request: dict[str, Any]) -> dict[str, Any]:
     """A-5: replace the calling agent's ``system.md`` or ``prompt.template.md``, atomically;
     the fact (never the content, S-4) goes to its log."""
-    root, agent = call.root, call.agent
     control, content = request.get("control"), request.get("content")
     if control not in UPDATABLE:
         raise invalid(
@@ -202,19 +214,66 @@ def update_control(call: Capability, request: dict[str, Any]) -> dict[str, Any]:
             f"character {control_character.start()}; {control} is text: tabs and line ends "
             "are its only control characters"
         )
+    _replace_recorded(call, control, data)
+    return {"agent": call.agent, "control": control, "bytes": len(data)}
+
+
+def _replace_recorded(call: Capability, control: str, data: bytes) -> None:
+    """Replace the calling agent's ``control`` by ``data`` and record it in the agent's log.
+
+    The rename is the update: the new file is written beside the control and the log opened
+    before it, so that an update the log cannot record (a directory or an immutable file at
+    its name) is refused while nothing has changed, as one the directory cannot take (full,
+    read-only) is — never reported failed after the next run's prompt has changed (A-5,
+    S-3).  Every refusal names what refused, with its errno."""
+    root, agent = call.root, call.agent
     ops = durable.default_ops()
     directory = durable.open_dir_path(ops, str(root / "agent" / f"{agent}.d"))
+    staged = durable.temporary_name(control)
     try:
-        durable.replace_file_synced(ops, directory, control, data, 0o644)
-    except OSError as exc:
-        reason = f"cannot replace {control}: {exc.strerror}"
-        raise CtxError(exc.errno or errno.EIO, reason) from None
+        try:
+            durable.write_file_synced(ops, directory, staged, data, 0o644, exact_mode=True)
+            with _log_to_record(control, root, agent) as log:
+                durable.replace_synced(ops, directory, staged, directory, control)
+                _record_update(log, call, control, len(data))
+        except OSError as exc:
+            reason = f"cannot replace {control}: {exc.strerror}"
+            raise CtxError(exc.errno or errno.EIO, reason) from None
+        finally:
+            # Left only by a refusal (the log's, the rename's): once it has replaced the
+            # control, or when it was never made, there is nothing to remove.
+            with contextlib.suppress(OSError):
+                ops.unlink(staged, directory)
     finally:
         ops.close(directory)
-    agent_log.record(
-        root, agent, agent_log.UPDATED, session=call.session, control=control, bytes=len(data)
+
+
+def _log_to_record(control: str, root: Path, agent: str) -> EventLog:
+    """The agent's log, open to record the update of ``control``; its refusal, saying that
+    ``control`` was left unchanged."""
+    try:
+        return agent_log.open_log(root, agent)
+    except CtxError as exc:
+        raise CtxError(
+            exc.errno,
+            f"{control} was left unchanged, for its update could not be recorded: {exc.message}",
+        ) from None
+
+
+def _record_update(log: EventLog, call: Capability, control: str, size: int) -> None:
+    """Append ``agent.updated`` once ``control`` is replaced; its refusal (the disk filled up
+    since the log was opened, say) says that the control was replaced all the same."""
+    fact = agent_log.make_fact(
+        call.agent, agent_log.UPDATED, session=call.session, control=control, bytes=size
     )
-    return {"agent": agent, "control": control, "bytes": len(data)}
+    try:
+        log.append(fact, durable_event=True)
+    except (CtxError, OSError) as exc:
+        raise CtxError(
+            exc.errno or errno.EIO,
+            f"{control} was replaced, but agent {call.agent}'s log could not record it: "
+            f"{_in_words(exc)}",
+        ) from None
 
 
 def create_child(call: Capability, request: dict[str, Any]) -> dict[str, Any]:
@@ -249,7 +308,6 @@ def create_child(call: Capability, request: dict[str, Any]) -> dict[str, Any]:
         # Before the label check, which would otherwise name the existing child as the
         # label's owner.
         raise exists(f"agent/{child.name} already exists; an agent is never overwritten")
-    _require_no_earlier_sessions(root, child.name, view.identity.uid, child.shared)
 
     def require_label_of_its_own() -> None:
         owner = next((agent for agent in label_owners(root, child.label) if agent != parent), None)
@@ -286,6 +344,10 @@ def create_child(call: Capability, request: dict[str, Any]) -> dict[str, Any]:
     ]
     if missing:
         raise denied(f"agent.create attenuates (A-4): {parent} does not hold {'; '.join(missing)}")
+    # Only now, when every space the child is granted is one the parent may use (S-6): a
+    # space it may not read is EACCES above, whatever it holds, never an EEXIST that tells
+    # the parent what lies in a directory its uid may not even search.
+    _require_no_earlier_sessions(root, child.name, view.identity.uid, child.shared)
     # The child's mounts are the real paths judged here: a link on the way, repointed later,
     # would otherwise lead them somewhere else.
     child = dataclasses.replace(

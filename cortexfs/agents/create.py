@@ -37,7 +37,7 @@ from pathlib import Path, PurePosixPath
 
 from cortexfs import durable, storage
 from cortexfs.agents import log as agent_log
-from cortexfs.agents.entries import entry_program
+from cortexfs.agents.entries import agents_directory, entry_program
 from cortexfs.agents.host import require_host_administrator
 from cortexfs.agents.request import AgentRequest
 from cortexfs.bootstrap_repair import storage_owner
@@ -141,7 +141,7 @@ def create_agent(
     """
     storage.require_root(root)
     require_host_administrator(root, "create agents")
-    storage.require_agents_directory(root)
+    agents_directory(root)
     if identity is None:
         identity, default_user = default_identity()
     if identity.uid == 0:

@@ -33,6 +33,26 @@ ENTRY_MODE = 0o755
 _LARGEST_ENTRY = 64 * 1024  # far more than any entry ctx writes: what is longer is not one
 
 
+def agents_directory(root: Path) -> Path:
+    """``root``'s own ``agent/`` directory, where agents are made and listed: ELOOP naming it
+    when it is a symbolic link, which is never followed (R-2: a link there would make and list
+    the agents of whatever tree it leads to, as ``ctx bootstrap`` reports it); ENOENT naming
+    ``ctx bootstrap`` when there is none (:func:`storage.require_agents_directory`)."""
+    storage.require_root(root)
+    agents = root / "agent"
+    if os.path.islink(agents):
+        raise CtxError(errno.ELOOP, linked_agents_directory(agents))
+    return storage.require_agents_directory(root)
+
+
+def linked_agents_directory(agents: Path) -> str:
+    """What a symbolic link at ``agents`` (a root's ``agent/``) is, and what to do about it."""
+    return (
+        f"{agents} is a symbolic link, never followed: the agents of a storage root are those "
+        "of its own directory agent/ (R-2); put the directory the link leads to in its place"
+    )
+
+
 def entry_program(root: Path, name: str) -> bytes:
     """The agent's executable entry, run by the host: ``ctx agent start <name>`` (A-1)."""
     return _entry_text(sys.executable, repr(str(root)), name).encode()

@@ -79,7 +79,20 @@ class AgentView(NamedTuple):
         """ENOENT when the agent does not exist, EACCES when its identity is unusable."""
         check_object_name(name, "agent")
         facts = AgentFacts(root, name)
-        identity = facts.declared_identity  # read once for the view and the chain's step 1
+        try:
+            identity = facts.declared_identity  # read once for the view and the chain's step 1
+        except CtxError as exc:
+            if exc.errno != errno.ENOENT or not os.path.islink(root / "agent"):
+                raise
+            # Not "agent/NAME does not exist", which it may through the link: say why it is
+            # no agent of this root.  (Imported here, for a refusal only: the entries' module
+            # brings the installer's, which no call of a tool needs.)
+            from cortexfs.agents.entries import linked_agents_directory
+
+            raise CtxError(
+                errno.ENOENT,
+                f"there is no agent {name!r} in {root}: {linked_agents_directory(root / 'agent')}",
+            ) from None
         label, policy, mounts = "", Policy(), ()
         with contextlib.suppress(CtxError):
             label = facts.declared_label

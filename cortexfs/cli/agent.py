@@ -220,13 +220,14 @@ def list_command(storage_dir: Path | None, as_json: bool) -> None:
     mount control) is listed with its problems ('ctx agent show NAME' says more).  With
     --json, one JSON array of {"name", "label", "identity", "problems"} objects, identity
     (or label) null when it cannot be read.  A root without its agent/ directory (never
-    bootstrapped) is ENOENT, exit 1, naming 'ctx bootstrap'.
+    bootstrapped) is ENOENT, exit 1, naming 'ctx bootstrap'; an agent/ that is a symbolic
+    link is never followed: ELOOP, exit 1, naming it, as for 'ctx agent create'.
     """
+    from cortexfs.agents.entries import agents_directory
     from cortexfs.policy.controls import agent_exists
-    from cortexfs.storage import require_agents_directory
 
     root = resolve_storage(storage_dir)
-    entries = sorted(os.listdir(require_agents_directory(root)))
+    entries = sorted(os.listdir(agents_directory(root)))
     agents = []
     for name in entries:
         if name.endswith(".d") or object_name_problem(name) or not agent_exists(root, name):

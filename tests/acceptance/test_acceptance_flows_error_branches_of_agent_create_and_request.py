@@ -483,12 +483,6 @@ def test_an_agent_directory_that_is_a_link_is_never_written_through(
     assert snapshot(other) == before
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="R-2: 'ctx agent list' on a root whose agent/ is a symbolic link (to a directory of "
-    "agents) exits 0 listing nothing, while create refuses it ELOOP and bootstrap reports it "
-    "'not a directory'; its help says a root without its agent/ directory is ENOENT, exit 1",
-)
 def test_agent_list_on_an_agent_directory_that_is_a_link_is_an_error_not_an_empty_list(
     storage: Path, scratch: Path
 ) -> None:
@@ -585,12 +579,6 @@ def test_sessions_an_earlier_agent_left_in_a_granted_space_refuse_the_child(host
     assert shared_rules(host.storage / "agent" / "kid.d") == ["allow kid_t shared:proj read"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="S-6: agent.create asked for a child granted a space its parent may not read "
-    "answers EEXIST naming shared/proj/agent/kid, a directory the parent's uid may not even "
-    "search, instead of the EACCES for the shared:proj read it does not hold (A-4)",
-)
 def test_a_space_the_parent_may_not_read_is_eacces_whatever_that_space_holds(
     host: Host,
 ) -> None:
@@ -709,11 +697,6 @@ def updater(host: Host) -> Host:
     return host
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="A-5: agent.update whose agent's log is a directory replaces system.md and then "
-    "fails EINVAL with exit 2 (bad input), so a call reported failed has changed the control",
-)
 def test_an_update_while_the_agents_log_is_a_directory_is_done_whole_or_not_at_all(
     updater: Host,
 ) -> None:
@@ -725,12 +708,6 @@ def test_an_update_while_the_agents_log_is_a_directory_is_done_whole_or_not_at_a
     update_outcome_is_whole(updater, r, "first\n", "second\n")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="A-5: agent.update whose agent's log cannot be opened (immutable) replaces "
-    "system.md, then the host drops the call: 'EIO: the host gave no answer', exit 1, which "
-    "the docs give only for a capability used by another process",
-)
 def test_an_update_while_the_agents_log_cannot_be_appended_is_done_whole_or_not_at_all(
     updater: Host,
 ) -> None:

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from cortexfs.shared.spaces import create_shared_space
 from tests.support.cli import ctx
 from tests.tools.support import World
 
@@ -224,4 +225,43 @@ def test_a_tool_the_parent_cannot_execute_is_refused_by_the_mode_bits_step(lead:
     assert "tool:fs.stat execute" in result.output["message"]
     assert "no such tool" not in result.output["message"]
     assert "step 2" in result.output["message"], result.output["message"]
+    assert not (lead.root / "agent" / "helper").exists()
+
+
+def test_a_space_the_parent_may_not_read_is_eacces_whatever_it_holds(lead: World) -> None:
+    """S-6, A-4: the sessions an earlier agent left in a space are looked for only in the
+    spaces the attenuation let through: for one the parent may not read, the answer is the
+    EACCES of what it does not hold, the same whether the space holds the child's name or
+    not — never an EEXIST naming a directory the parent's uid may not even search."""
+    create_shared_space(lead.root, "team", gid=0)  # root's group: closed to lead
+    request = helper(lead, shared={"team": ["read"]})
+
+    before = create(lead, request)
+    (lead.root / "shared" / "team" / "agent" / "helper" / "session").mkdir(parents=True)
+    after = create(lead, request)
+
+    for result in (before, after):
+        assert not result.ok and result.output["error"] == "EACCES", result.output
+        assert "does not hold shared:team read" in result.output["message"]
+    assert after.output["message"] == before.output["message"]
+    assert not (lead.root / "agent" / "helper").exists()
+
+
+def test_sessions_an_earlier_agent_left_in_a_granted_space_refuse_the_child(
+    lead: World,
+) -> None:
+    """A-4: in a space the parent may read, the child's name holding an earlier agent's
+    sessions is EEXIST naming them: the child would read them as its own."""
+    create_shared_space(lead.root, "team", gid=lead.user.gid)
+    with open(lead.root / "agent" / "lead.d" / "policy", "a") as policy:
+        policy.write("allow lead_t shared:team read\n")
+    (lead.root / "shared" / "team" / "agent" / "helper" / "session" / "old").mkdir(parents=True)
+
+    result = create(lead, helper(lead, shared={"team": ["read"]}))
+
+    assert not result.ok and result.output["error"] == "EEXIST", result.output
+    assert (
+        "shared/team/agent/helper holds the sessions of an earlier agent"
+        in (result.output["message"])
+    )
     assert not (lead.root / "agent" / "helper").exists()
