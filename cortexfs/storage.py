@@ -31,7 +31,14 @@ from pathlib import Path, PurePosixPath
 
 from cortexfs import bootstrap_repair, capabilities, durable, mount_table
 from cortexfs.absolute_paths import absolute
-from cortexfs.errors import HOST_SHORTAGES, CtxError, invalid, not_found
+from cortexfs.errors import (
+    HOST_SHORTAGES,
+    CtxError,
+    HostTrouble,
+    explain_host_trouble,
+    invalid,
+    not_found,
+)
 from cortexfs.file_attributes import attribute_refusal
 from cortexfs.names import check_object_name
 from cortexfs.printable import shell_word
@@ -443,6 +450,37 @@ class BootstrapReport:
         }
 
 
+class RootDirectoriesCutShort(CtxError):
+    """The host ran short (:data:`~cortexfs.errors.HOST_SHORTAGES`: space, inodes,
+    descriptors, memory) while :func:`ensure_root_abi` made the storage root's own
+    directories, the root's and those above it.  The error names the directory it could not
+    make by its full path (the kernel names only the last component given to mkdirat), and
+    ``report`` holds what was made before it, which bootstrap prints with :attr:`problem`
+    (R-5: what was created, and every problem, each naming its path)."""
+
+    def __init__(self, report: BootstrapReport, shown: str, path: Path, exc: OSError) -> None:
+        code = exc.errno or errno.EIO
+        trouble = _host_trouble(code, path.parent)
+        aside, remedy = (trouble.aside, trouble.remedy) if trouble else ("", "free it")
+        super().__init__(code, f"cannot create {path}: {exc.strerror}{aside}")
+        self.report = report
+        # Every later directory and step would meet the same shortage: bootstrap stops here.
+        self.problem = f"{shown}: {self}; bootstrap made nothing after it: {remedy}"
+
+
+def _host_trouble(code: int, directory: Path) -> HostTrouble | None:
+    """What ran short, and what mends it, for ``code`` met making an entry of
+    ``directory``: for ENOSPC, the free bytes and inodes of its filesystem."""
+    try:
+        fd = os.open(os.path.realpath(directory), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return explain_host_trouble(code)  # no descriptor left, or no directory: the errno says
+    try:
+        return explain_host_trouble(code, filesystem=fd)
+    finally:
+        os.close(fd)
+
+
 def ensure_root_abi(root: Path, ops: durable.FsOps | None = None) -> BootstrapReport:
     """Create the storage root and its six root entries where missing; never touch anything else.
 
@@ -450,7 +488,9 @@ def ensure_root_abi(root: Path, ops: durable.FsOps | None = None) -> BootstrapRe
     the private ones of :func:`_xdg_data_home_and_above`), whatever the umask.  A root entry
     that exists but is not a directory (a file, a symlink) is reported as a problem and left
     alone: bootstrap never destroys user data.  Existing directories keep their modes; those
-    others may not read and search are a warning (:func:`_closed_to_agents`).
+    others may not read and search are a warning (:func:`_closed_to_agents`).  The host
+    running short while they are made is :class:`RootDirectoriesCutShort`, carrying the
+    report of what was made.
     """
     ops = ops or durable.default_ops()
     report = BootstrapReport(root=root)
@@ -474,8 +514,8 @@ def ensure_root_abi(root: Path, ops: durable.FsOps | None = None) -> BootstrapRe
             finally:
                 ops.close(parent_fd)
         except OSError as exc:
-            if exc.errno in HOST_SHORTAGES:
-                raise  # the host ran short, not this path: said as such, with what was made
+            if exc.errno in HOST_SHORTAGES:  # not this path's doing: said with what was made
+                raise RootDirectoriesCutShort(report, str(path), path, exc) from None
             # The storage root's own directories are made here; a kernel's refusal names only
             # the last component, which says nothing of which root or what to do.
             raise CtxError(
@@ -519,7 +559,7 @@ def ensure_root_abi(root: Path, ops: durable.FsOps | None = None) -> BootstrapRe
                     made = _make_dir(ops, root_fd, name, ABI_MODE, owner=given_to)
                 except OSError as exc:
                     if exc.errno in HOST_SHORTAGES:
-                        raise
+                        raise RootDirectoriesCutShort(report, name, root / name, exc) from None
                     # The kernel names only the entry: say which root, and that the directory
                     # may be no place for one (/proc, /sys).
                     raise CtxError(
@@ -694,7 +734,13 @@ def bootstrap(root: Path, source: Path | None = None) -> BootstrapReport:
         check(source)
     if os.path.isdir(root):
         require_writable(root, f"bootstrap the storage root {root}")
-    report = ensure_root_abi(root)
+    try:
+        report = ensure_root_abi(root)
+    except RootDirectoriesCutShort as short:
+        # What was made is named, and the shortage is the run's problem; the later steps
+        # would each meet it again, in a root without its six entries.
+        short.report.add_problem(short.problem, short.errno)
+        return short.report
     with report.step(str(root)):
         _tighten_root_abi(root, report)
     # The later steps (core tools, tsh config, manual bundle) create files and directories that

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import resource
+import signal
 import stat
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -14,7 +18,7 @@ import cortexfs
 from cortexfs import manual, storage
 from cortexfs.errors import CtxError
 from tests.support.cli import ctx
-from tests.support.storage import copy_of_root
+from tests.support.storage import attribute, copy_of_root
 
 REPOSITORY = Path(__file__).resolve().parent.parent
 PAGES = [manual.README] + [manual.page_name(topic) for topic in manual.TOPICS]
@@ -158,6 +162,101 @@ def test_something_else_in_the_bundles_place_is_a_problem_left_alone(tmp_path: P
     assert done.returncode == 1
     assert "shared/cortexfs-docs: exists but is not a directory; left untouched" in done.stdout
     assert (root / "shared" / "cortexfs-docs").read_text() == "in the way\n"
+
+
+def _problems(stdout: str, below: str = "") -> list[str]:
+    """The ``problem`` lines of a bootstrap's output, without the word, on paths ``below``."""
+    lines = [line.split(None, 1)[1] for line in stdout.splitlines() if line.startswith("problem")]
+    return [line for line in lines if line.startswith(below)]
+
+
+def _limited_bootstrap(root: Path, file_size: int) -> subprocess.CompletedProcess[str]:
+    """``ctx bootstrap`` in a process that may write no file larger than ``file_size`` bytes
+    (SIGXFSZ ignored, as ctx ignores it): a write past it fails EFBIG."""
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (file_size, file_size))
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+
+    return subprocess.run(
+        [sys.executable, "-m", "cortexfs", "--storage", str(root), "bootstrap"],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        preexec_fn=limit,
+        timeout=120,
+    )
+
+
+def test_each_page_is_its_own_step_one_not_written_keeps_none_of_the_others_out(
+    root: Path,
+) -> None:
+    """R-5 (repairs what it can), ``ctx bootstrap --help`` (every problem names its path):
+    every page removed, and no file larger than 8 KiB may be written.  The pages that fit
+    (README.md, ctx.model.md, ctx.provider.md) are installed, whatever their order among the
+    others; each page that does not is a problem naming it (EFBIG), never the module that
+    installs them nor the temporary name it wrote; a run without the limit installs them."""
+    pages = {name: bundle(root) / name for name in PAGES}
+    pages.update({name: bundle(root) / "man" / name for name in PAGES if name != manual.README})
+    for path in pages.values():
+        path.unlink()
+    limit = 8192
+    fitting = {name for name, data in built_in().items() if len(data) <= limit}
+    assert fitting and fitting != set(PAGES)
+
+    cut = _limited_bootstrap(root, limit)
+    completed = ctx(root, "bootstrap")
+
+    assert cut.returncode == 1, cut.stdout
+    assert cut.stderr.startswith("ctx: EFBIG: "), cut.stderr
+    where = {name: str(path.relative_to(root)) for name, path in pages.items()}
+    created = [line.split()[1] for line in cut.stdout.splitlines() if line.startswith("created")]
+    assert sorted(created) == sorted(where[name] for name in fitting), cut.stdout
+    # The core tools, whose launchers are written to a scratch file to be compared, meet the
+    # limit too: only the bundle's problems are this test's.
+    assert _problems(cut.stdout, "shared/") == [
+        f"{where[name]}: File too large ({root}/{where[name]}); left as it was"
+        for name in PAGES
+        if name not in fitting
+    ], cut.stdout
+    assert not [name for name in os.listdir(bundle(root) / "man") if name.startswith(".")]
+    assert completed.returncode == 0, completed.stdout
+    assert installed(root) == built_in()
+
+
+@pytest.mark.parametrize("immutable", ["page", "man"])
+def test_a_page_an_attribute_keeps_from_being_written_names_it_and_its_chattr(
+    root: Path, immutable: str
+) -> None:
+    """R-5, D-1: ``ctx.agent.md`` is stale and ``ctx.provider.md`` removed; the stale page
+    (or the whole ``man/``) is immutable.  What is refused is a problem naming the page, the
+    attribute and the ``chattr -i`` that lifts it (EPERM); ``ctx.provider.md`` is put back
+    unless ``man/`` itself refuses it, which is then a problem of its own."""
+    man = bundle(root) / "man"
+    agent, provider = man / "ctx.agent.md", man / "ctx.provider.md"
+    agent.chmod(0o644)
+    agent.write_text("# a page of another release\n")
+    agent.chmod(0o444)
+    provider.unlink()
+    held = agent if immutable == "page" else man
+
+    with attribute(held, "i"):
+        done = ctx(root, "bootstrap")
+
+    assert done.returncode == 1, done.stdout
+    assert done.stderr.startswith("ctx: EPERM: "), done.stderr
+    problems = _problems(done.stdout)
+    refused = ["ctx.agent.md"] if immutable == "page" else ["ctx.agent.md", "ctx.provider.md"]
+    assert [line.split(":")[0] for line in problems] == [
+        f"shared/cortexfs-docs/man/{name}" for name in refused
+    ], done.stdout
+    for line in problems:
+        assert f"{held} is immutable (attribute 'i'" in line, line
+        assert f"'chattr -i {held}'" in line and ".tmp" not in line, line
+    assert provider.is_file() is (immutable == "page")
+    assert ("created   shared/cortexfs-docs/man/ctx.provider.md" in done.stdout) is (
+        immutable == "page"
+    )
 
 
 def test_bootstrap_source_installs_the_pages_of_that_tree(root: Path, tmp_path: Path) -> None:

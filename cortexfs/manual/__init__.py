@@ -8,7 +8,9 @@ topic): that is the built-in copy, and the repository's ``docs/spec/`` is the sa
 differ from its source is stale and replaced, atomically: a reader sees the old page or the
 new one, never a mixture; so is one another uid than the storage root's owner (or root) owns,
 and a link, FIFO or socket in a page's place.  The two directories are given back their mode
-(0755) and owner before a page is written in them (:mod:`cortexfs.bootstrap_repair`).
+(0755) and owner before a page is written in them (:mod:`cortexfs.bootstrap_repair`).  Each
+page is a step of its own: one that cannot be written (a full disk, a file-size limit, an
+immutable page or ``man/``) is a problem naming that page, and the others are installed.
 ``man/`` mirrors the pages installed: a ``ctx.*.md`` there that is not one of them (a page an
 older release had) is removed.  Anything else in the bundle is left alone.
 
@@ -30,6 +32,7 @@ the ``ctx.*.md`` namespace on disk; ``README`` (also ``readme``, ``README.md``) 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
@@ -38,6 +41,7 @@ from typing import NamedTuple
 
 from cortexfs import __version__, beneath, bootstrap_repair, durable, storage
 from cortexfs.errors import CtxError, invalid, not_found
+from cortexfs.file_attributes import attribute_refusal, entry_attribute_refusal
 from cortexfs.regular_file import read_regular_file
 
 BUNDLE = storage.DOCS_BUNDLE
@@ -189,8 +193,14 @@ def source_version(source: Path) -> str | None:
 
 
 def install_bundle(root: Path, source: Path | None, report: storage.BootstrapReport) -> None:
-    """The bootstrap step: create the bundle, replace its stale pages, report what changed."""
-    pages = built_in_pages() if source is None else source_pages(source)
+    """The bootstrap step: create the bundle, replace its stale pages, report what changed.
+    What keeps the bundle from being made is a problem naming it; each page is a step of its
+    own (:func:`_install_page`)."""
+    with report.step(f"shared/{BUNDLE}"):
+        _install_bundle(root, built_in_pages() if source is None else source_pages(source), report)
+
+
+def _install_bundle(root: Path, pages: Pages, report: storage.BootstrapReport) -> None:
     ops = durable.default_ops()
     try:
         shared_fd = durable.open_dir_path(ops, str(root / "shared"))
@@ -221,9 +231,10 @@ def install_bundle(root: Path, source: Path | None, report: storage.BootstrapRep
             bootstrap_repair.sweep_temporaries(ops, man_fd, names, where, report)
             for topic, page in pages.man.items():
                 _install_page(ops, man_fd, page_name(topic), page, where, owner, report)
-            _remove_other_pages(
-                ops, man_fd, {page_name(topic) for topic in pages.man}, where, report
-            )
+            with report.step(where):
+                _remove_other_pages(
+                    ops, man_fd, {page_name(topic) for topic in pages.man}, where, report
+                )
         finally:
             ops.close(man_fd)
     finally:
@@ -295,25 +306,53 @@ def _install_page(
     owner: int,
     report: storage.BootstrapReport,
 ) -> None:
-    existing = durable.lstat_at(dir_fd, name)
-    replaced = ""
-    if existing is not None:
-        if stat.S_ISDIR(existing.st_mode):
-            report.problems.append(f"{where}/{name}: a directory, not a page; left untouched")
-            return
-        kind = bootstrap_repair.stand_in(existing)
-        if kind:
-            # The bundle is the system's (X-2): a link, FIFO or socket at a page's name is
-            # replaced by the page, the rename never following it to what it names.
-            replaced = f" (it was a {kind})"
-        elif (
-            stat.S_IMODE(existing.st_mode) == PAGE_MODE
-            and existing.st_uid in (0, owner)  # else its owner could chmod it and rewrite it
-            and _read_at(dir_fd, name, page) == page
-        ):
-            return
-    durable.replace_file_synced(ops, dir_fd, name, page, PAGE_MODE)
-    (report.created if existing is None else report.repaired).append(f"{where}/{name}{replaced}")
+    """Page ``name`` of ``dir_fd`` (``where`` in the root) made, or replaced when stale.  A
+    step of its own (R-5 repairs what it can): a page that cannot be written (a full disk,
+    an immutable page) is a problem naming it, and the pages after it are installed all the
+    same."""
+    shown = f"{where}/{name}"
+    with report.step(shown):
+        existing = durable.lstat_at(dir_fd, name)
+        replaced = ""
+        if existing is not None:
+            if stat.S_ISDIR(existing.st_mode):
+                report.problems.append(f"{shown}: a directory, not a page; left untouched")
+                return
+            kind = bootstrap_repair.stand_in(existing)
+            if kind:
+                # The bundle is the system's (X-2): a link, FIFO or socket at a page's name is
+                # replaced by the page, the rename never following it to what it names.
+                replaced = f" (it was a {kind})"
+            elif (
+                stat.S_IMODE(existing.st_mode) == PAGE_MODE
+                and existing.st_uid in (0, owner)  # else its owner could chmod it and rewrite it
+                and _read_at(dir_fd, name, page) == page
+            ):
+                return
+        try:
+            durable.replace_file_synced(ops, dir_fd, name, page, PAGE_MODE)
+        except OSError as exc:
+            raise _not_written(exc, dir_fd, name, report.root / shown) from None
+        (report.created if existing is None else report.repaired).append(f"{shown}{replaced}")
+
+
+def _not_written(exc: OSError, dir_fd: int, name: str, path: Path) -> OSError | CtxError:
+    """The error of page ``name`` of ``dir_fd`` (``path``) that could not be written: the
+    kernel names the temporary file the page was written to, removed by now, or nothing at
+    all (a full disk refuses a ``write``), where the page is what was not installed.  An
+    EPERM that an attribute of the page or of its directory explains names that attribute
+    and the ``chattr`` that lifts it: no mode explains it, to root least of all."""
+    if exc.errno == errno.EPERM:
+        action = f"write the manual page {name}"
+        refused = entry_attribute_refusal(dir_fd, name, action, path)
+        if refused is not None:
+            return refused
+        with contextlib.suppress(OSError):
+            directory_fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=dir_fd)
+            refused = attribute_refusal(directory_fd, action, path.parent)  # closes it
+        if refused is not None:
+            return refused
+    return OSError(exc.errno, exc.strerror, str(path))
 
 
 def _read_at(dir_fd: int, name: str, expected: bytes) -> bytes | None:

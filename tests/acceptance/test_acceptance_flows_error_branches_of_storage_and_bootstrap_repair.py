@@ -302,15 +302,6 @@ def test_a_root_named_through_a_link_is_bootstrapped_only_when_its_administrator
 
 
 @needs_root
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "R-5: when the filesystem runs out of inodes while bootstrap makes the root's own "
-        "directories it prints no report of those it made (they are left) and its error "
-        "names only the last component ('home', 's'), where 'ctx bootstrap --help' says it "
-        "prints what was created and every problem naming its path"
-    ),
-)
 @pytest.mark.parametrize(
     ("inodes", "path"),
     [(6, "s"), (4, "a/b/c/s")],
@@ -535,14 +526,6 @@ def test_a_root_root_bootstrapped_for_a_user_is_repaired_by_root_not_by_that_use
 
 
 @needs_root
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "R-5/D-1: a stale page bootstrap cannot replace (immutable) stops the whole bundle "
-        "step, so a missing page it could make is not made, while its error says 'what it "
-        "could make is made'"
-    ),
-)
 def test_one_page_bootstrap_cannot_replace_does_not_keep_it_from_the_others(
     storage: Path,
 ) -> None:
@@ -562,14 +545,6 @@ def test_one_page_bootstrap_cannot_replace_does_not_keep_it_from_the_others(
         assert f"created   {BUNDLE}/man/{MAN_PAGES['provider']}" in run.lines(), run
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "R-5: a page of the manual bundle bootstrap cannot write is the problem "
-        "'cortexfs.manual: <strerror> (<the root, or a temporary name>)': it names a Python "
-        "module, not the page, where 'ctx bootstrap --help' says each problem names its path"
-    ),
-)
 @pytest.mark.parametrize("cause", ["full disk", "file-size limit", "immutable page"])
 def test_a_page_bootstrap_cannot_write_is_a_problem_naming_that_page(
     storage: Path, mounts: ScratchMounts, cause: str
