@@ -43,7 +43,7 @@ from cortexfs.shared.sessions import (
     list_sessions,
     open_session_directory,
 )
-from cortexfs.standard_streams import discard_output
+from cortexfs.standard_streams import OutputError, discard_output
 from cortexfs.storage import check_space_name, require_root
 
 _S2_KEYS = ("ts", "type", "agent", "session", "object", "status")
@@ -253,13 +253,13 @@ def repair(
             finally:
                 # Said before the repair, which may still be refused, and also when the
                 # tightening itself was refused part-way: the modes changed either way.
-                _say_tightened(done, as_json)
+                output_lost = _say_tightened(done, as_json)
             removed = events.repair(ref.events_path, dir_fd=directory)
         except (CtxError, OSError) as exc:
             if not done.tightened:
                 raise
             # Refused after the modes changed: said, also with --json, where no line said it.
-            said = exc.message if isinstance(exc, CtxError) else f"{exc.strerror}: {exc.filename}"
+            said = exc.message if isinstance(exc, CtxError) else _os_error_said(exc)
             tightened = "; ".join(done.tightened)
             raise CtxError(
                 exc.errno or errno.EIO, f"{said} (before that, it tightened {tightened})"
@@ -268,6 +268,8 @@ def repair(
         changed(f"a torn last line of {removed} bytes was truncated from {ref.events_path}")
     if done.tightened:
         changed(f"{ref.path} was made readable by the agent alone")
+    if output_lost is not None:
+        raise output_lost  # ends the command saying what it changed (exit 74, or 141)
     if as_json:
         emit_json(
             {
@@ -294,14 +296,29 @@ def _tighten(directory: int, ref: SessionRef, done: Tightening) -> None:
             raise
 
 
-def _say_tightened(done: Tightening, as_json: bool) -> None:
+def _say_tightened(done: Tightening, as_json: bool) -> OSError | None:
     """What a repair left as it is (a warning each, on stderr) and, in text, what it
-    tightened (``--json`` gives both in its answer)."""
+    tightened (``--json`` gives both in its answer).
+
+    A standard output that refuses the lines (``> /dev/full``, a reader that left) is
+    returned, not raised: the repair still cuts the torn line, and the command then ends as
+    every command whose output failed ends, saying what it changed, rather than as a refusal
+    of a repair it never tried."""
     for line in done.left:
         click.echo(printable(f"ctx: warning: {line}"), err=True)
-    if not as_json:
+    if as_json:
+        return None
+    try:
         for line in done.tightened:
             click.echo(printable(f"tightened {line}"))
+    except (OutputError, BrokenPipeError) as lost:
+        return lost
+    return None
+
+
+def _os_error_said(exc: OSError) -> str:
+    """An OSError as a sentence: its reason, then the path it names, if it names one."""
+    return exc.strerror if exc.filename is None else f"{exc.strerror}: {exc.filename}"
 
 
 @session.command("list")

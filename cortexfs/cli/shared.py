@@ -57,7 +57,9 @@ def create(name: str, group: str | None, storage_dir: Path | None, as_json: bool
     CAP_CHOWN or CAP_FSETID, or CAP_FOWNER for an existing space, is refused naming it,
     nothing made), anyone else only their own: EPERM, nothing changed; and a directory of
     the space that belongs to another uid than the space's owner is not repaired but refused (EPERM,
-    naming it, nothing changed).  A directory this command makes is given its group and
+    naming it, nothing changed).  A missing tool/ or agent/ of an existing space is made
+    only by its owner or root, never by another member, whose own it would be (EPERM,
+    naming it, nothing made).  A directory this command makes is given its group and
     mode only when it is still the one it made (EEXIST otherwise).  An illegal NAME, or
     cortexfs-docs (the manual bundle), is a usage error (EINVAL, exit 2).  A run cut short
     (ENOSPC, EDQUOT, EMFILE, EROFS: exit 1) names what it made, which is kept; the same

@@ -9,7 +9,9 @@ removes another's (the host's ``tool/``, ``data/``, ``queue/``, the queue's six 
 and its config, another agent's sessions).  ``tool/`` is the host's
 (02750): its tools run under the agents' grants, so no member may put code there for another
 to run; the space's owner (who made it) installs them (``ctx object install --tier
-shared:<name>``), and the authority chain refuses a tool any other uid could change.
+shared:<name>``), and the authority chain refuses a tool any other uid could change.  So a
+member completing a space never makes its ``tool/`` or ``agent/``, which would be the member's
+(:func:`_require_owner_where_owners_alone`): only the space's owner or root does.
 
 Whether an agent may use the space is decided by its uid, gid and groups (the mode bits), its
 mounts and policy v0 (``shared:<name> read|write``), through the authority chain; the space
@@ -105,9 +107,11 @@ def create_shared_space(
     lack (:mod:`cortexfs.shared.session_modes`).
     Every directory made or changed is reached without following a link, and changed only
     when it is this process's own (made here) or, for a repair, the space owner's: EEXIST or
-    EPERM names one that is not.  A queue that every queue command would refuse (a config
-    that is a FIFO or a link, a state directory that is not a real one) is refused with its
-    path (:func:`~cortexfs.queue.layout.check_existing_queue`) before anything is made.  A
+    EPERM names one that is not.  A missing ``tool/`` or ``agent/`` of an existing space is
+    made only by its owner or root: EPERM for anyone else, before anything is made.  A queue
+    that every queue command would refuse (a config that is a FIFO or a link, a state
+    directory that is not a real one) is refused with its path
+    (:func:`~cortexfs.queue.layout.check_existing_queue`) before anything is made.  A
     storage root that does not exist (or is an empty directory) is bootstrapped first,
     whole.  Creators run one at a time (:func:`_one_creator_at_a_time`): a second one
     completes, or regroups, the space the first made, as if run after it.
@@ -189,6 +193,7 @@ def _check_before_making(
     if gid is not None or existing is None:
         _require_group_of_caller(owner.gid, existing=existing is not None)
     _require_writable_where_missing(path, name)
+    _require_owner_where_owners_alone(path, name)
     return existing, owner
 
 
@@ -525,6 +530,37 @@ def _require_writable_where_missing(path: Path, name: str) -> None:
             if entry.parent.is_dir():
                 storage.require_writable(entry.parent, f"create shared space {name}")
             return
+
+
+# The space's directories only its owner or root may make, and what a member who made one
+# could do there: the sticky bit spares no entry from the directory's own owner.
+_OWNERS_ALONE = {
+    "tool": "put code in it for the agents to run",
+    "agent": "rename or remove the other agents' sessions",
+}
+
+
+def _require_owner_where_owners_alone(path: Path, name: str) -> None:
+    """EPERM, before anything is made, when a caller who is neither root nor the owner of the
+    existing space at ``path`` would make its missing ``tool/`` or ``agent/``: the directory
+    would be the caller's.  It cannot be made the space owner's instead, since only root
+    gives a directory to another uid.  A new space is the caller's whole, and a complete one
+    needs nothing made."""
+    try:
+        space_owner = os.lstat(path).st_uid
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    if os.geteuid() in (0, space_owner):
+        return
+    who = "root" if space_owner == 0 else f"the space's owner (uid {space_owner}) or root"
+    for directory, would_let in _OWNERS_ALONE.items():
+        if not os.path.lexists(path / directory):
+            raise CtxError(
+                errno.EPERM,
+                f"{path / directory} is missing, and only {who} may make it: made by uid "
+                f"{os.geteuid()} it would be theirs, who could then {would_let}; nothing was "
+                f"made (have {who} run 'ctx shared create {name}')",
+            )
 
 
 def _space_directories(path: Path) -> tuple[Path, ...]:

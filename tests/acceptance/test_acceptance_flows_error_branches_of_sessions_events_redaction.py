@@ -478,14 +478,6 @@ def test_repair_to_a_full_standard_output_says_what_it_cut(root: Path) -> None:
     assert events.read_bytes() == EVENT
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="S-5: 'ctx session repair > /dev/full' of an older home session exits 1 with "
-    "'ENOSPC: No space left on device: None (before that, it tightened …)', naming no "
-    "standard output and leaving the torn line uncut, where the same repair of a session "
-    "it does not tighten (and every other session command) says 'cannot write standard "
-    "output', exit 74, after doing its work",
-)
 def test_repair_that_tightens_to_a_full_standard_output_says_so_and_cuts(root: Path) -> None:
     """The same full standard output, for a repair that first tightens an older session
     (its text output lists what it tightened): exit 74, the standard output named, no
@@ -869,13 +861,6 @@ def test_a_regroup_keeps_what_lies_deeper_than_it_walks_and_regroups_special_fil
     assert os.lstat(space / "data" / "null").st_rdev == os.makedev(1, 3)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="X-1: a member who runs 'ctx shared create' to complete a space whose agent/ is "
-    "missing is given that agent/ (mode 3770, the member's own), so the member can rename "
-    "another agent's sessions away, where docs/sessions.md says members never rename or "
-    "remove another's entries there and the space's own directories are the owner's",
-)
 def test_a_member_completing_a_space_cannot_then_move_another_agents_sessions(
     searchable_storage: Path,
 ) -> None:

@@ -354,3 +354,64 @@ def test_session_repair_by_the_agent_refused_its_events_file_says_it_tightened_t
         f"Permission denied: {events} (before that, it tightened {session} (mode 0750 -> 0700))",
     )
     assert (mode(session), mode(events)) == (0o700, 0o640)
+
+
+def test_session_repair_to_a_full_standard_output_still_cuts_and_says_what_it_did(
+    old_home: tuple[Path, Path], unprivileged_user: UnprivilegedUser
+) -> None:
+    """The 'tightened' lines refused by standard output (> /dev/full) do not stop the repair:
+    the torn line is cut, and the command ends as an output failure (exit 74), saying all it
+    changed, not as a refusal of the repair."""
+    root, home = old_home
+    session = home / LEVELS[-1]
+    events = session / "events.jsonl"
+    whole = events.read_bytes()
+    torn = b'{"ts":"2026-06-22T12:00:01Z","type":"tool_ca'
+    events.write_bytes(whole + torn)
+    repair = ["session", "repair", "alice", "--session", "s1"]
+
+    with open("/dev/full", "wb") as full:
+        done = subprocess.run(
+            [*CTX, "--storage", str(root), *repair, "--uid", str(unprivileged_user.uid)],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    assert done.returncode == 74, done.stderr
+    assert done.stderr == (
+        "ctx: ENOSPC: cannot write standard output (No space left on device); a torn last "
+        f"line of {len(torn)} bytes was truncated from {events}; {session} was made readable "
+        "by the agent alone\n"
+    )
+    assert events.read_bytes() == whole
+    assert (mode(session), mode(events)) == (0o700, 0o600)
+
+
+def test_session_repair_whose_reader_left_still_cuts_the_torn_line(
+    old_home: tuple[Path, Path], unprivileged_user: UnprivilegedUser
+) -> None:
+    """A reader that left before the 'tightened' lines (a closed pipe) ends the command as
+    every command whose reader left (141, quietly), once the repair is made."""
+    root, home = old_home
+    session = home / LEVELS[-1]
+    events = session / "events.jsonl"
+    whole = events.read_bytes()
+    events.write_bytes(whole + b'{"ts":"2026')
+    repair = ["session", "repair", "alice", "--session", "s1"]
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+
+    try:
+        done = subprocess.run(
+            [*CTX, "--storage", str(root), *repair, "--uid", str(unprivileged_user.uid)],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+    finally:
+        os.close(write_end)
+
+    assert (done.returncode, done.stderr) == (141, "")
+    assert events.read_bytes() == whole
+    assert (mode(session), mode(events)) == (0o700, 0o600)
