@@ -81,7 +81,9 @@ def written_by_ctx(program: bytes, name: str) -> WrittenEntry | None:
         return None
     try:
         root = ast.literal_eval(written["root"])
-    except (ValueError, SyntaxError):
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        # An expression nested past the parser's limits (a hand-edited entry of
+        # ``1+1+…``) is no string literal either, not a failure of bootstrap.
         root = None
     # An entry of this shape whose root is no string literal runs nothing: it is one to rewrite.
     return WrittenEntry(written["interpreter"], root if isinstance(root, str) else "")

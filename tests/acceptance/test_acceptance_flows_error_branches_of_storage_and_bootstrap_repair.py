@@ -741,14 +741,6 @@ def test_an_agent_entry_naming_no_root_string_is_rewritten_for_this_root(storage
     assert entry.read_text() == written
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "R-5/A-3: an agent entry of ctx agent create's shape whose root literal nests deeply "
-        "stops bootstrap before its later steps with a Python traceback (RecursionError) or a "
-        "false 'ENOMEM: out of memory', instead of rewriting or leaving the entry"
-    ),
-)
 @pytest.mark.parametrize(
     "literal", ["1" + "+1" * 25000, "-" * 50000 + "1"], ids=["a long sum", "many signs"]
 )

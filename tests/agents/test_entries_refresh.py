@@ -115,6 +115,15 @@ def test_the_shape_is_that_of_the_named_agent_and_nothing_more() -> None:
     assert not written_by_ctx(b"\xff" + written, "alice")
 
 
+@pytest.mark.parametrize("literal", ["+".join(["1"] * 25_000), "-" * 50_000 + "1"])
+def test_a_root_nested_past_the_parsers_limits_is_an_entry_to_rewrite(literal: str) -> None:
+    """An entry hand-edited so that its root is an expression nested deep enough to exhaust
+    the parser (RecursionError) or its memory runs nothing: one to rewrite, never an error
+    out of bootstrap."""
+    written = entry_program(Path("/srv/root"), "alice").replace(b"'/srv/root'", literal.encode())
+    assert written_by_ctx(written, "alice") == WrittenEntry(sys.executable, "")
+
+
 def test_bootstrap_warns_of_an_agent_of_which_only_one_half_is_left(root: Path) -> None:
     """An entry without its controls, or controls without their entry (the other removed by
     hand), is no agent and a name ``ctx agent create`` refuses: bootstrap says so, and makes
