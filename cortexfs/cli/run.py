@@ -198,7 +198,10 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, bool]]:
     return parser, takes_value
 
 
-_NAMES = ("agent", "session", "project")  # the options whose value is a name
+# The options whose value '--' may be: a name (R-3, judged as any other: an illegal one), and a
+# storage root, a directory '--' names as click's --storage takes it for every other command
+# .  A timeout of '--' is no number of seconds.
+_DOUBLE_DASH_VALUES = {"agent": str, "session": str, "project": str, "storage": Path}
 
 
 def parse_command_line(argv: list[str]) -> argparse.Namespace:
@@ -214,11 +217,11 @@ def parse_command_line(argv: list[str]) -> argparse.Namespace:
     own = _joined_with_values(own, takes_value)
     options = parser.parse_args([*own, "--", *tool] if tool else own)
     # argparse takes the '--' of '--agent=--' for its own and leaves an empty list: the value
-    # given was '--', judged as any other (an illegal name; no number, no path).
+    # given was '--', judged as any other (an illegal name, the directory '--'; no number).
     for dest in [dest for dest, value in vars(options).items() if value == [] and dest != "args"]:
-        if dest not in _NAMES:
+        if dest not in _DOUBLE_DASH_VALUES:
             parser.error(f"argument --{dest}: invalid value: '--'")
-        setattr(options, dest, "--")
+        setattr(options, dest, _DOUBLE_DASH_VALUES[dest]("--"))
     if options.native and tool_argv:
         parser.error("native mode takes its input on stdin, not as arguments")
     options.args = tool_argv
@@ -363,8 +366,9 @@ def _run_terminal(root: Path, options: argparse.Namespace, where: SessionRef | s
     if result.error is not None and result.error.stage == "run":
         _say(str(result.error))
     if result.passed_on is not None and result.error is not None and result.error.stage == "run":
-        # Ended as the signal asked of ctx run (its help): the tool may have ignored it and
-        # been killed, an exit status no caller of ctx run sent.
+        # Ended as the signal asked of ctx run (its help), whatever the tool exited with: it
+        # may have handled the signal and exited 0, or ignored it and been killed, an exit
+        # status no caller of ctx run sent.
         return 128 + result.passed_on
     if result.error is not None and result.error.stage == "record":
         _say(str(result.error))  # the tool's output is out; the record of it is not
@@ -491,7 +495,13 @@ def _answer_without_a_root(options: argparse.Namespace, code: int, message: str)
         finished=now,
         error=ToolError(code, "agent", message),
     )
-    _Frames()({"type": "result", **result.to_json()})
+    try:
+        _Frames()({"type": "result", **result.to_json()})
+    except OSError:
+        # Said as for every other call whose frame is lost (_run_native): its caller has no
+        # other way to learn that the tool did not run and nothing was recorded.
+        changed(_what_became_of(result))
+        raise
 
 
 def _what_became_of(result: ToolResult) -> str:
@@ -508,7 +518,12 @@ def _what_became_of(result: ToolResult) -> str:
         if error is not None and error.stage not in ("exit", "record"):
             ran += failure  # timed out, killed for its output or for its caller's interrupt
     if result.recorded:
-        return f"{ran}; the call is recorded in session {result.session}"
+        said = f"{ran}; the call is recorded in session {result.session}"
+        if result.record_error is not None:
+            # The session, written first, holds the call: only the tool's log refused its
+            # line (T-7), and the reason names it.
+            said += f", but not in the tool's log ({result.record_error})"
+        return said
     if result.session:
         return f"{ran}, but the call could not be recorded in session {result.session}"
     return f"{ran}; nothing was recorded"

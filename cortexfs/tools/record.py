@@ -29,7 +29,7 @@ import stat
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, NamedTuple
 
 from cortexfs import durable
 from cortexfs.errors import CtxError
@@ -142,6 +142,14 @@ def record_requested(session: Session, object_ref: str, facts: dict[str, Any]) -
     session.record("tool_call", object=object_ref, status="ok", **facts)
 
 
+class Recorded(NamedTuple):
+    """What became of a result's records: whether its ``tool_result`` is durably in the
+    session, and the first failure of either record (None when both were made)."""
+
+    in_session: bool
+    failure: CtxError | OSError | None = None
+
+
 def record_result(
     session: Session | None,
     root: Path,
@@ -150,7 +158,7 @@ def record_result(
     result: ToolResult,
     request: dict[str, Any],
     called_with: Any = None,
-) -> None:
+) -> Recorded:
     """``tool_result`` in the session and a line in the tool's log, both durable on return.
 
     The session's line comes first, so that a ``tool_call`` is never left without its
@@ -159,10 +167,12 @@ def record_result(
     the second file's append too, and the second fsync finds little left.  Each record is
     written whatever became of the other: the session belongs to the agent's uid, under
     which the tool itself ran, so a tool that locked or broke its session must not keep its
-    call out of the log the host owns (T-7).  The first failure is the one raised.
+    call out of the log the host owns (T-7).  The first failure is returned, not raised, with
+    whether the session holds the result all the same: a log that refused its line must not
+    be told as a session that lacks the call.
     """
     facts = result_facts(result, called_with)
-    failures: list[BaseException] = []
+    failures: list[CtxError | OSError] = []
     session_name = "" if session is None else session.ref.name
     if session is not None:
         try:
@@ -170,6 +180,7 @@ def record_result(
         except (CtxError, OSError) as exc:
             failures.append(exc)
             session = None  # nothing of this call's to sync there
+    in_session = False
     log = None
     if tool_log is not None:
         try:
@@ -189,23 +200,24 @@ def record_result(
             )
             _each_of(failures, log.append, line)
         if session is not None:
-            _each_of(failures, session.sync)
+            in_session = _each_of(failures, session.sync)
         if log is not None:
             _each_of(failures, log.sync)
     finally:
         if log is not None:
             log.close()
-    if failures:
-        raise failures[0]
+    return Recorded(in_session, failures[0] if failures else None)
 
 
-def _each_of(failures: list[BaseException], action: Callable[..., object], *args: Any) -> None:
+def _each_of(failures: list[CtxError | OSError], action: Callable[..., object], *args: Any) -> bool:
     """``action(*args)``, its failure added to ``failures`` rather than raised: what the
-    other record still needs is done all the same."""
+    other record still needs is done all the same.  Whether it was done."""
     try:
         action(*args)
     except (CtxError, OSError) as exc:
         failures.append(exc)
+        return False
+    return True
 
 
 def record_host_call(

@@ -331,19 +331,18 @@ class _Call:
         """Record ``result`` durably (session, then the tool's log) and emit its frame."""
         with self._timed("record"):
             tool_log = None if self.tool is None else PurePosixPath(self.object_ref + ".d/log")
-            try:
-                record.record_result(
-                    self.session,
-                    self.root,
-                    tool_log,
-                    self.object_ref,
-                    result,
-                    self.request,
-                    self.called_with,
-                )
-                result = result._replace(recorded=self.session is not None)
-            except (OSError, CtxError) as exc:  # a full disk, a read-only filesystem…
-                result = _unrecorded(result, exc)
+            recorded = record.record_result(
+                self.session,
+                self.root,
+                tool_log,
+                self.object_ref,
+                result,
+                self.request,
+                self.called_with,
+            )
+            result = result._replace(recorded=recorded.in_session)
+            if recorded.failure is not None:  # a full disk, a read-only filesystem…
+                result = _unrecorded(result, recorded.failure)
             if self.unrecorded_call is not None:  # said by the error of stage session
                 missing = f"the call could not be recorded ({describe(self.unrecorded_call)})"
                 code = self.unrecorded_call.errno or errno.EIO
@@ -753,7 +752,14 @@ class _Call:
                 f"interrupted: its caller was interrupted and killed its process group (exit "
                 f"status {finished.exit_status})",
             )
-        elif finished.exit_status != 0 and finished.passed_on is not None:
+        elif finished.passed_on is not None and (
+            finished.exit_status != 0 or self.signalled_grace is not None
+        ):
+            # A caller that gives the group a grace (ctx run) was itself asked to stop, and
+            # the call ends as stopped whatever the tool exited with once it had the signal,
+            # 0 included (docs/tools.md: handled or killed, either way EINTR).  A terminal's
+            # Ctrl-C, passed on with no grace, is an interactive tool's to take and go on:
+            # only a failure after it is the interruption's.
             name = signal.Signals(finished.passed_on).name
             error = ToolError(
                 errno.EINTR,
@@ -998,15 +1004,32 @@ class _Call:
 def _unrecorded(result: ToolResult, exc: OSError | CtxError) -> ToolResult:
     """``result``, which could not be recorded (T-7): a failed call, whatever the tool did,
     so that no caller takes an unlogged call for a good one; its output and exit status are
-    kept, since the tool may have run and changed things."""
+    kept, since the tool may have run and changed things.
+
+    A result its session holds (``recorded``) lacks only the tool's log, which ``exc`` names:
+    its ``record_error`` then says that alone, for the caller that tells what became of the
+    call (``ctx run`` whose frames were lost), which must not send anyone to a session that
+    has it."""
+    code = exc.errno or errno.EIO
     ran = "did not run" if result.exit_status is None else f"exited {result.exit_status}"
     missing = f"its result could not be recorded ({describe(exc)})"
-    record_error = ToolError(exc.errno or errno.EIO, "record", f"the tool {ran}, but {missing}")
+    if result.recorded:
+        missing += f"; session {result.session} holds it"
+    said = f"the tool {ran}, but {missing}"
     if result.error is not None:
         error = result.error._replace(message=f"{result.error.message}; and {missing}")
     else:
-        error = record_error
+        error = ToolError(code, "record", said)
+    record_error = ToolError(code, "record", _without_errno(exc) if result.recorded else said)
     return result._replace(status=ERROR, error=error, record_error=record_error)
+
+
+def _without_errno(exc: OSError | CtxError) -> str:
+    """What :func:`~cortexfs.errors.describe` says of ``exc`` (the file it names, the
+    system's words), without the errno name a :class:`ToolError` carries apart."""
+    if isinstance(exc, CtxError):
+        return exc.message
+    return describe(exc).split(": ", 1)[-1] if exc.errno else describe(exc)
 
 
 # The stages before the tool is started: a failure there means it never ran, so the same call

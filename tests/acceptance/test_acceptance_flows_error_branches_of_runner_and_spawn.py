@@ -302,12 +302,6 @@ def test_a_double_dash_given_as_the_timeout_is_judged_as_that_value(world):
     assert not world.ran() and world.records() == before
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="R-1: 'ctx run --storage=-- …' refuses the storage root named '--' ('Invalid value "
-    "for '--storage': invalid value: '--'', exit 2), which 'ctx --storage=-- run …' and every "
-    "other command's --storage (ctx object list --storage=--) take as the directory it names",
-)
 def test_a_storage_root_named_double_dash_is_a_directory_like_any_other(world):
     """R-1: ``--storage DIR`` overrides the default everywhere; ``--`` is a directory name
     like any other, which click's commands and ``ctx --storage=-- run`` take as the root it
@@ -434,14 +428,6 @@ def test_a_root_that_names_no_directory_is_refused_in_both_modes(world, shape):
     assert not world.ran() and world.records() == before
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="T-3: with CTX_STORAGE set but empty and standard output /dev/full, 'ctx run "
-    "--native' ends 'ctx: ENOSPC: cannot write standard output (No space left on device)' "
-    "without saying whether the tool ran and where the call is recorded, which its help "
-    "promises and which it says for a root that does not exist ('t did not run (…); nothing "
-    "was recorded')",
-)
 def test_a_root_refusal_whose_frame_cannot_be_written_says_what_became_of_the_call(world):
     """``ctx run --help``: when a frame cannot be written (``> /dev/full``), exit 74,
     ``ctx: ENOSPC: cannot write standard output (...)`` and whether the tool ran and where
@@ -792,13 +778,6 @@ def test_a_tool_that_handles_its_callers_signal_and_fails_ends_as_interrupted(wo
     assert (result["errno"], result["stage"], result["exit_status"]) == ("EINTR", "run", 5)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="T-3: a terminal-mode tool that handles the SIGTERM ctx run passed on and exits 0 "
-    "makes 'ctx run' exit 0 and records the call 'ok'; docs/tools.md and 'ctx run --help' "
-    "say either way (handled or killed) the call ends as EINTR at stage run and ctx run exits "
-    "128 + the signal's number (143)",
-)
 def test_a_tool_that_handles_its_callers_signal_and_exits_0_still_ends_as_interrupted(world):
     """``ctx run --help``: SIGTERM to ``ctx run`` stops the tool's process group and records
     the call as ended (EINTR); exit 128 + the signal's number; docs/tools.md: the group may
@@ -963,12 +942,6 @@ def test_frames_lost_to_a_full_disk_after_a_timeout_say_the_tool_ran_and_timed_o
     assert wait_for(lambda: not alive(child), 5), child
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="T-7: with the tool's log immutable (chattr +i) and standard output /dev/full, "
-    "'ctx run --native' says '…, but the call could not be recorded in session S' although S "
-    "holds the call's tool_call and tool_result; only the tool's log lacks it",
-)
 def test_a_tool_log_that_cannot_be_written_is_not_blamed_on_the_session(world):
     """docs/tools.md: when the frames cannot be written, ctx says what became of the call:
     ``… the call is recorded in session …``, or ``…, but the call could not be recorded …``

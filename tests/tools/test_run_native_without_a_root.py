@@ -70,3 +70,29 @@ def test_a_malformed_command_line_has_no_frame(tmp_path: Path) -> None:
     done = _run("", "--native", "--storage", str(tmp_path / "a"), before=before)
     assert (done.returncode, done.stdout) == (2, ""), done
     assert done.stderr.startswith("ctx: EINVAL: two storage roots given: "), done
+
+
+def test_a_frame_that_cannot_be_written_says_the_tool_did_not_run(
+    unusable_root: tuple[str, str],
+) -> None:
+    """The help: when a frame cannot be written (``> /dev/full``), exit 74 and
+    ``ctx: ENOSPC: cannot write standard output (…)`` saying whether the tool ran and where
+    its result is recorded: here nowhere, as for every call refused before its session."""
+    storage, code = unusable_root
+    env = {"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", "LANG": "C.UTF-8"}
+    with open("/dev/full", "wb") as full:
+        done = subprocess.run(
+            [CTX, "run", "--native", "--agent", "coder", "fs.read"],
+            input=b"{}",
+            stdout=full,
+            stderr=subprocess.PIPE,
+            env={**env, "CTX_STORAGE": storage},
+            timeout=60,
+        )
+    said = done.stderr.decode().splitlines()[-1]
+    assert done.returncode == 74, done.stderr
+    assert said.startswith(
+        "ctx: ENOSPC: cannot write standard output (No space left on device); fs.read did not "
+        f"run ({code}: "
+    ), said
+    assert said.endswith(" [agent]); nothing was recorded"), said
