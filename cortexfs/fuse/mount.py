@@ -388,8 +388,8 @@ class StorageFS(pyfuse3.Operations):
             # how many are hidden, and where.  One hidden since is skipped below.
             shown = [name for name in on_disk if self.projection.visible((*parts, name))]
             listing.names = [".", "..", *shown]
-        else:
-            self._still_listed_here(inode, parts)
+        elif not self._still_listed_here(inode, parts):
+            return  # removed (or moved away): its listing ends here
         names = listing.names
         replied = False
         for index, name in enumerate(names[start_id:], start=start_id):
@@ -409,15 +409,17 @@ class StorageFS(pyfuse3.Operations):
                 status, identity = self._identified(child)
             except pyfuse3.FUSEError as failed:
                 if failed.errno not in _SHORT_OF_DESCRIPTORS:
-                    # Removed meanwhile, or the directory itself moved or was replaced, which
-                    # makes every name after it miss: ENOENT or ESTALE, never a listing that
-                    # quietly ends short (the entries given so far stand).
+                    # Removed meanwhile; or the directory itself went, and every name after
+                    # it would miss: its listing ends, or is ESTALE when another directory
+                    # has its name (the entries given so far stand).
                     try:
-                        self._still_listed_here(inode, parts)
+                        still = self._still_listed_here(inode, parts)
                     except pyfuse3.FUSEError:
                         if replied:
                             return
                         raise
+                    if not still:
+                        return
                     continue
                 # Never skipped: a listing that quietly ended here would look complete.  The
                 # entries given so far stand (the kernel asks again from the last one), and
@@ -433,19 +435,21 @@ class StorageFS(pyfuse3.Operations):
             self._names.remember(node, child, status.st_ino, identity)
             replied = True
 
-    def _still_listed_here(self, inode: int, parts: Sequence[str]) -> None:
-        """ESTALE unless ``parts`` still names directory ``inode``: a listing that goes on
-        looks each name up by that path, and would otherwise read another directory's
-        entries, or none, under the listed one's names.  Never ENOENT for a directory moved
-        away: glibc's readdir takes ENOENT from getdents for the end of the listing (a
-        directory removed while read), which would read as complete."""
+    def _still_listed_here(self, inode: int, parts: Sequence[str]) -> bool:
+        """Whether ``parts`` still names directory ``inode``, which a listing that goes on
+        reads each name by; ESTALE when another directory has taken that name, whose entries
+        would otherwise be given under the listed one's names.  False when nothing is there:
+        the directory was removed, and its listing ends, as a removed directory's does on a
+        local disk (glibc reads the kernel's ENOENT so); one moved away ends alike, since
+        the daemon reaches it by name only."""
         try:
             directory = self._open(parts, _LIST)
         except pyfuse3.FUSEError as failed:
             if failed.errno == errno.ENOENT:
-                raise pyfuse3.FUSEError(errno.ESTALE) from None
+                return False
             raise
         os.close(self._holding(directory, inode, parts))
+        return True
 
     async def releasedir(self, fh):  # type: ignore[no-untyped-def]
         self._open_directories.pop(fh, None)
