@@ -666,7 +666,7 @@ def tsh_config(storage: Path, *argv: str) -> Run:
         pytest.param({"set": {"cache_size": 3}}, "unknown setting 'cache_size'; known: "
                      "max_loaded_tools, cache_capacity, window_percent", id="an-unknown-key"),
         pytest.param({"set": {"cache_capacity": 40, "window_percent": 0}},
-                     "window_percent must be a positive integer, not '0'",
+                     "window_percent must be a positive integer, not 0",
                      id="a-bad-value-beside-a-good-one"),
     ],
 )  # fmt: skip

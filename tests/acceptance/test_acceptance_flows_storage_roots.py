@@ -363,7 +363,8 @@ def test_a_root_on_a_read_only_bind_mount_answers_reads_and_refuses_writes_with_
             ("bootstrap",): "",
             ("object", "install", str(manifest), "--tier", "system"): "tool",
             ("agent", "create", "-"): "agent",
-            ("queue", "work", "--project", "p", "--drain", "--agent", "ci"): "home",
+            # The queue is refused before the worker's session is made in home/.
+            ("queue", "work", "--project", "p", "--drain", "--agent", "ci"): "shared/p/queue",
         }
         for args, where in writes.items():
             stdin = json.dumps({"name": "x", "label": "x_t"}) if "agent" in args else JOB
