@@ -227,9 +227,10 @@ class Queue:
         the kernel says ENOTDIR of a link opened as a directory without following it) or
         another kind of file (ENOTDIR)."""
         try:
-            is_link = stat.S_ISLNK(os.lstat(name, dir_fd=self.root_fd).st_mode)
+            found = lstat_at(self.root_fd, name)
         except OSError:
-            is_link = exc.errno == errno.ELOOP
+            found = None
+        is_link = exc.errno == errno.ELOOP if found is None else stat.S_ISLNK(found.st_mode)
         if is_link:
             return CtxError(
                 errno.ELOOP,
@@ -443,12 +444,17 @@ class Queue:
         """The refusal of ``action`` by an attribute of the directory ``place`` (``inbox``,
         ``claimed/J``), or None: none, or no such directory (its mode or its absence is
         the step's own error to tell)."""
-        state, _, job = place.partition("/")
         try:
-            fd = self.open_job_dir(state, job) if job else os.dup(self.dirs[state])
+            fd = self._open_place(place)
         except OSError:
             return None
         return attribute_refusal(fd, f"{action} in queue {self.path}", self.path / place)
+
+    def _open_place(self, place: str) -> int:
+        """A descriptor of its own (the caller closes it) of the directory ``place``, as
+        :meth:`require_writable` names them: a state (``inbox``) or a job's (``claimed/J``)."""
+        state, _, job = place.partition("/")
+        return self.open_job_dir(state, job) if job else os.dup(self.dirs[state])
 
     def refusal(
         self,
@@ -509,10 +515,9 @@ class Queue:
         queue_mount = _mount_of(self.root_fd)
         apart = []
         for place in places:
-            state, _, job = place.partition("/")
             try:
-                fd = self.open_job_dir(state, job) if job else os.dup(self.dirs[state])
-            except (OSError, KeyError):
+                fd = self._open_place(place)
+            except OSError:
                 continue
             try:
                 if _mount_of(fd) != queue_mount:
