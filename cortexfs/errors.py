@@ -85,14 +85,18 @@ class HostTrouble(NamedTuple):
         return f" ({self.ran_short})" if self.ran_short else ""
 
 
+# Where a refusal happened, for what the host ran short of: a descriptor or a path on it.
+Filesystem = int | str | _os.PathLike[str]
+
+
 def explain_host_trouble(
-    code: int | None, *, filesystem: int | None = None, uid: int | None = None
+    code: int | None, *, filesystem: Filesystem | None = None, uid: int | None = None
 ) -> HostTrouble | None:
     """What ran short and what mends it, for ``code`` one of :data:`HOST_TROUBLES`; None for
     any other.
 
-    ``filesystem``, a descriptor on the filesystem that refused: for ENOSPC its free bytes and
-    inodes are told, and a filesystem out of inodes with bytes left is told to free inodes
+    ``filesystem``, a descriptor or a path on the filesystem that refused: for ENOSPC its free
+    bytes and inodes are told, and a filesystem out of inodes with bytes left is told to free inodes
     (told to free space, a user deletes big files, which frees no inode).  ``uid``, the user
     whose disk quota it is: for EDQUOT the remedy names it.
     """
@@ -106,11 +110,11 @@ def explain_host_trouble(
     return HostTrouble(_RAN_SHORT.get(code, ""), remedy)
 
 
-def _filesystem_full(fd: int) -> HostTrouble | None:
-    """The free bytes and inodes of the filesystem of ``fd``, and whether inodes or space is
-    to be freed; None when the kernel does not say."""
+def _filesystem_full(filesystem: Filesystem) -> HostTrouble | None:
+    """The free bytes and inodes of the filesystem of ``filesystem`` (a descriptor or a path),
+    and whether inodes or space is to be freed; None when the kernel does not say."""
     try:
-        free = _os.fstatvfs(fd)
+        free = _os.statvfs(filesystem)
     except OSError:
         return None
     room = (

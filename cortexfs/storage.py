@@ -34,7 +34,6 @@ from cortexfs.absolute_paths import absolute
 from cortexfs.errors import (
     HOST_SHORTAGES,
     CtxError,
-    HostTrouble,
     explain_host_trouble,
     invalid,
     not_found,
@@ -332,13 +331,22 @@ def not_reachable(path: Path, action: str, fix: str | None = None) -> CtxError |
     """The EACCES for ``action`` when a directory on the way to ``path`` may not be entered by
     this process, naming it, who owns it, its mode and what to do (as :func:`not_readable`);
     None when every directory on the way may be entered."""
+    ancestor = closed_on_the_way(path)
+    if ancestor is None:
+        return None
+    try:
+        st = os.stat(ancestor)
+    except OSError as exc:
+        return CtxError(errno.EACCES, f"cannot {action}: {ancestor}: {exc.strerror}")
+    return _refusal(action, f"enter {ancestor}", st, stat.S_IXGRP, fix, ancestor)
+
+
+def closed_on_the_way(path: Path) -> Path | None:
+    """The first directory on the way to ``path``, from ``/`` down, that this process may not
+    search (enter); None when it may enter every one."""
     for ancestor in reversed(path.absolute().parents):
         if not os.access(ancestor, os.X_OK, effective_ids=True):
-            try:
-                st = os.stat(ancestor)
-            except OSError as exc:
-                return CtxError(errno.EACCES, f"cannot {action}: {ancestor}: {exc.strerror}")
-            return _refusal(action, f"enter {ancestor}", st, stat.S_IXGRP, fix, ancestor)
+            return ancestor
     return None
 
 
@@ -460,25 +468,12 @@ class RootDirectoriesCutShort(CtxError):
 
     def __init__(self, report: BootstrapReport, shown: str, path: Path, exc: OSError) -> None:
         code = exc.errno or errno.EIO
-        trouble = _host_trouble(code, path.parent)
+        trouble = explain_host_trouble(code, filesystem=path.parent)
         aside, remedy = (trouble.aside, trouble.remedy) if trouble else ("", "free it")
         super().__init__(code, f"cannot create {path}: {exc.strerror}{aside}")
         self.report = report
         # Every later directory and step would meet the same shortage: bootstrap stops here.
         self.problem = f"{shown}: {self}; bootstrap made nothing after it: {remedy}"
-
-
-def _host_trouble(code: int, directory: Path) -> HostTrouble | None:
-    """What ran short, and what mends it, for ``code`` met making an entry of
-    ``directory``: for ENOSPC, the free bytes and inodes of its filesystem."""
-    try:
-        fd = os.open(os.path.realpath(directory), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError:
-        return explain_host_trouble(code)  # no descriptor left, or no directory: the errno says
-    try:
-        return explain_host_trouble(code, filesystem=fd)
-    finally:
-        os.close(fd)
 
 
 def ensure_root_abi(root: Path, ops: durable.FsOps | None = None) -> BootstrapReport:

@@ -76,7 +76,13 @@ from cortexfs.policy.mounts import (
     views_of,
 )
 from cortexfs.policy.objects import NEEDED_ACCESS, TOOL_CONTROLS, Site, storage_site
-from cortexfs.storage import DOCS_BUNDLE, not_reachable, not_readable, require_root
+from cortexfs.storage import (
+    DOCS_BUNDLE,
+    closed_on_the_way,
+    not_reachable,
+    not_readable,
+    require_root,
+)
 from cortexfs.strict_modes import loose_entry
 
 
@@ -328,12 +334,12 @@ def _refused_to_the_agent(evaluation: _Evaluation, step: Step, path: Path, exc: 
     words step 2 uses when it can judge the bits (asked as root), else the file refused —
     never a bare "Permission denied" that leaves the administrator to guess what to open."""
     uid = evaluation.identity.uid  # step 1 passed: only then do later steps run
-    for directory in reversed(path.parents):
-        if not os.access(directory, os.X_OK, effective_ids=True):
-            closed = f"search (x) on {evaluation.shown(directory)} is denied to uid {uid}"
-            if step is Step.MODE_BITS:
-                return closed
-            return f"{evaluation.shown(path)} cannot be read: {closed}"
+    directory = closed_on_the_way(path)
+    if directory is not None:
+        closed = f"search (x) on {evaluation.shown(directory)} is denied to uid {uid}"
+        if step is Step.MODE_BITS:
+            return closed
+        return f"{evaluation.shown(path)} cannot be read: {closed}"
     # A name read relative to a directory's descriptor says nothing of where it is.
     named = isinstance(exc.filename, str) and os.path.isabs(exc.filename)
     refused = Path(exc.filename) if named else path
