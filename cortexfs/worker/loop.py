@@ -241,6 +241,13 @@ def lease_ttl_of(queue: Queue, options: WorkerOptions) -> float:
         ) from None
 
 
+def _gone_from(path: Path, held: int) -> tuple[int, str] | None:
+    """:func:`_gone_elsewhere` for the directory this worker opened as ``held``, which
+    ``path`` named then (its last component never followed)."""
+    opened = os.fstat(held)
+    return _gone_elsewhere(path, (opened.st_dev, opened.st_ino), "opened", follow_symlinks=False)
+
+
 class Worker:
     """A claim/execute/finish loop over one queue, ``concurrency`` jobs at a time."""
 
@@ -396,9 +403,7 @@ class Worker:
         A project removed (and perhaps made again) leaves the worker holding a queue nobody
         publishes to: it would wait on it for ever, blind to the jobs of the queue now at
         that path.  The worker stops, saying so; started again, it works the new one."""
-        opened = os.fstat(queue.root_fd)
-        identity = (opened.st_dev, opened.st_ino)
-        gone = _gone_elsewhere(queue.path, identity, "opened", follow_symlinks=False)
+        gone = _gone_from(queue.path, queue.root_fd)
         if gone is not None:
             code, where = gone
             raise CtxError(
@@ -410,10 +415,7 @@ class Worker:
         # A state directory replaced by hand (pending/ moved aside and made again) would be
         # as blind: jobs published into the new one would wait for ever.
         for name, fd in queue.dirs.items():
-            held = os.fstat(fd)
-            gone = _gone_elsewhere(
-                queue.path / name, (held.st_dev, held.st_ino), "opened", follow_symlinks=False
-            )
+            gone = _gone_from(queue.path / name, fd)
             if gone is not None:
                 code, where = gone
                 raise CtxError(
