@@ -56,10 +56,12 @@ LEASE_RETRY_SECONDS = 0.05
 
 @dataclass
 class _Listing:
-    """An open directory handle: the directory's node, and the names the kernel's offsets
-    into its listing count through (None until the first ``readdir``)."""
+    """An open directory handle: the directory's node, a descriptor of the directory itself
+    (``O_PATH``), and the names the kernel's offsets into its listing count through (None
+    until the first ``readdir``)."""
 
     inode: int
+    held: int
     names: list[str] | None = None
 
 
@@ -155,15 +157,6 @@ class StorageFS(pyfuse3.Operations):
         finally:
             os.close(fd)
 
-    @contextlib.contextmanager
-    def _opened(self, parts: Sequence[str], flags: int, mode: int = 0o777) -> Iterator[int]:
-        """``parts`` opened with ``flags`` (never through a link), closed at the end."""
-        fd = self._open(parts, flags, mode)
-        try:
-            yield fd
-        finally:
-            os.close(fd)
-
     def _open(self, parts: Sequence[str], flags: int, mode: int = 0o777) -> int:
         if not parts:
             return _call(os.open, ".", flags, dir_fd=self._root_fd)
@@ -182,8 +175,8 @@ class StorageFS(pyfuse3.Operations):
         """The status and the identity of what ``parts`` leads to, both of that one file."""
         if not parts:
             return _call(os.fstat, self._root_fd), None
-        with self._opened(parts, os.O_PATH) as handle:
-            return _call(os.fstat, handle), _call(identity_of, handle)
+        with self._parent(parts) as parent:
+            return _identified_in(parent, parts[-1])
 
     def _parts_of(self, inode: int) -> tuple[str, ...]:
         try:
@@ -368,10 +361,11 @@ class StorageFS(pyfuse3.Operations):
             if not stat.S_ISDIR(_call(os.fstat, directory).st_mode):
                 raise pyfuse3.FUSEError(errno.ENOTDIR)
             _acl_permits(directory, ctx, READ)
-        finally:
+        except BaseException:
             os.close(directory)
+            raise
         handle = next(self._next_directory_handle)
-        self._open_directories[handle] = _Listing(inode)
+        self._open_directories[handle] = _Listing(inode, directory)
         return handle
 
     async def readdir(self, fh, start_id, token):  # type: ignore[no-untyped-def]
@@ -388,8 +382,12 @@ class StorageFS(pyfuse3.Operations):
             # how many are hidden, and where.  One hidden since is skipped below.
             shown = [name for name in on_disk if self.projection.visible((*parts, name))]
             listing.names = [".", "..", *shown]
-        elif not self._still_listed_here(inode, parts):
-            return  # removed (or moved away): its listing ends here
+        elif _call(os.fstat, listing.held).st_nlink == 0:
+            return  # removed: its listing ends here, as a removed directory's does on a disk
+        # Once begun, a listing goes on in the directory it began in, reached through the
+        # descriptor held since it was opened, not by its name: one moved or replaced on the
+        # storage root meanwhile lists the rest of its own entries, as on a local disk, never
+        # another directory's, and never ends short.
         names = listing.names
         replied = False
         for index, name in enumerate(names[start_id:], start=start_id):
@@ -406,21 +404,10 @@ class StorageFS(pyfuse3.Operations):
             if not self.projection.visible(child):
                 continue
             try:
-                status, identity = self._identified(child)
+                status, identity = _identified_in(listing.held, name)
             except pyfuse3.FUSEError as failed:
                 if failed.errno not in _SHORT_OF_DESCRIPTORS:
-                    # Removed meanwhile; or the directory itself went, and every name after
-                    # it would miss: its listing ends, or is ESTALE when another directory
-                    # has its name (the entries given so far stand).
-                    try:
-                        still = self._still_listed_here(inode, parts)
-                    except pyfuse3.FUSEError:
-                        if replied:
-                            return
-                        raise
-                    if not still:
-                        return
-                    continue
+                    continue  # removed meanwhile
                 # Never skipped: a listing that quietly ended here would look complete.  The
                 # entries given so far stand (the kernel asks again from the last one), and
                 # EMFILE comes when the next request starts at this name.
@@ -435,24 +422,10 @@ class StorageFS(pyfuse3.Operations):
             self._names.remember(node, child, status.st_ino, identity)
             replied = True
 
-    def _still_listed_here(self, inode: int, parts: Sequence[str]) -> bool:
-        """Whether ``parts`` still names directory ``inode``, which a listing that goes on
-        reads each name by; ESTALE when another directory has taken that name, whose entries
-        would otherwise be given under the listed one's names.  False when nothing is there:
-        the directory was removed, and its listing ends, as a removed directory's does on a
-        local disk (glibc reads the kernel's ENOENT so); one moved away ends alike, since
-        the daemon reaches it by name only."""
-        try:
-            directory = self._open(parts, _LIST)
-        except pyfuse3.FUSEError as failed:
-            if failed.errno == errno.ENOENT:
-                return False
-            raise
-        os.close(self._holding(directory, inode, parts))
-        return True
-
     async def releasedir(self, fh):  # type: ignore[no-untyped-def]
-        self._open_directories.pop(fh, None)
+        listing = self._open_directories.pop(fh, None)
+        if listing is not None:
+            os.close(listing.held)
 
     async def open(self, inode, flags, ctx):  # type: ignore[no-untyped-def]
         try:
@@ -999,6 +972,15 @@ async def _once_no_lease_holds_it(open_it: Callable[[], int]) -> int:
             return open_it()
         except _LeaseBreaking:
             await trio.sleep(LEASE_RETRY_SECONDS)
+
+
+def _identified_in(directory: int, name: str) -> tuple[os.stat_result, Identity | None]:
+    """The status and the identity of entry ``name`` of ``directory`` (never followed)."""
+    handle = _call(os.open, name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=directory)
+    try:
+        return _call(os.fstat, handle), _call(identity_of, handle)
+    finally:
+        os.close(handle)
 
 
 def _call(function, *args, **kwargs):  # type: ignore[no-untyped-def]

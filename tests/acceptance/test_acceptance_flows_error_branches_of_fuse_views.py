@@ -734,14 +734,6 @@ MOVES = {
 }
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="F-1: a directory moved away on the storage root while it is listed through the "
-    "mount ends its listing short with no error (the daemon reaches it by name only, and a "
-    "name gone reads as a directory removed, whose listing ends there as on a local disk), "
-    "where docs/mount.md's 'every other entry shows exactly once' is kept by a local disk; "
-    "documented as a limit (docs/mount.md, Listings)",
-)
 @pytest.mark.parametrize("how", list(MOVES))
 def test_a_directory_moved_while_listed_is_listed_whole_or_refused(world, how):
     """docs/mount.md, *Listings* ("Each open directory lists the names it held when its

@@ -151,7 +151,10 @@ def test_a_listing_the_daemon_cannot_go_on_with_is_emfile_never_cut_short(world:
     """A directory listed in several reads, while the daemon's descriptors are all taken by
     files open through the mount: the next read is EMFILE, not the end of the listing (a
     listing cut short reads as complete: ``rm -r`` then meets ENOTEMPTY, a backup misses
-    files); once they are closed, the listing is whole."""
+    files); once they are closed, the listing is whole.  Every open by name asks the daemon
+    for two descriptors at once, and a listing going on for one (its entries are read in
+    the directory it holds open): the last one is taken by reopening a file unlinked while
+    open, which asks for one alone."""
     many = world.root / "home" / "0" / "many"
     many.mkdir(parents=True, exist_ok=True)
     names = {f"an-entry-with-a-rather-long-name-{i:04d}" for i in range(300)}
@@ -166,12 +169,14 @@ def test_a_listing_the_daemon_cannot_go_on_with_is_emfile_never_cut_short(world:
         through = mountpoint / "home" / "0"
         listing = os.scandir(through / "many")
         seen = {next(listing).name}
-        opened: list[int] = []
+        opened = [os.open(through / "held" / "f0", os.O_RDONLY)]
+        os.unlink(through / "held" / "f0")
         try:
             with pytest.raises(OSError) as starved:
-                for i in range(200):
+                for i in range(1, 200):
                     opened.append(os.open(through / "held" / f"f{i}", os.O_RDONLY))
             assert starved.value.errno == errno.EMFILE
+            opened.append(os.open(f"/proc/self/fd/{opened[0]}", os.O_RDONLY))
             with pytest.raises(OSError) as refused:
                 seen |= {entry.name for entry in listing}
             assert refused.value.errno == errno.EMFILE, len(seen)
