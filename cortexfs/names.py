@@ -84,6 +84,10 @@ def object_name_problem(name: object) -> str | None:
     return f"{shown} " + "; and it ".join(problems)
 
 
+# The characters a refusal names of those a name may not hold; the rest are counted.
+_MOST_CHARACTERS_NAMED = 8
+
+
 def _character_problems(name: str) -> list[str]:
     """What is wrong with the characters of ``name``, a name the pattern refused: its first
     character, the characters no name may hold (a letter outside ASCII among them), or both —
@@ -92,10 +96,16 @@ def _character_problems(name: str) -> list[str]:
     if not _ALNUM.fullmatch(name[0]):
         problems.append(f"must start with a letter or digit, not {name[0]!r}")
     rest = name[1:]  # a foreign first character is named once, by the rule above
-    foreign = sorted(set(_FOREIGN.findall(rest)), key=rest.index)
+    foreign = list(dict.fromkeys(_FOREIGN.findall(rest)))  # each once, in order of appearance
     if foreign:
-        quoted = [repr(char) for char in foreign]
-        listed = quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} and {quoted[-1]}"
+        quoted = [repr(char) for char in foreign[:_MOST_CHARACTERS_NAMED]]
+        others = len(foreign) - len(quoted)
+        if others:  # a long argument of foreign text is not listed back whole
+            listed = f"{', '.join(quoted)} and {others} other character{'s' * (others > 1)}"
+        elif len(quoted) == 1:
+            listed = quoted[0]
+        else:
+            listed = f"{', '.join(quoted[:-1])} and {quoted[-1]}"
         problems.append(
             f"holds {listed}, which an object name may not hold (allowed: A-Z a-z 0-9 . _ -)"
         )

@@ -29,6 +29,8 @@ ALLOWED = "(allowed: A-Z a-z 0-9 . _ -)"
         ("-x", "'-x' must start with a letter or digit, not '-'"),
         ("/x", "'/x' must start with a letter or digit, not '/'"),
         ("../x", "'../x' must start with a letter or digit, not '.'; and it holds '/', which"),
+        ("a:/ !@#$%", "'a:/ !@#$%' holds ':', '/', ' ', '!', '@', '#', '$' and '%', which"),
+        ("a:/ !@#$%^&", "'a:/ !@#$%^&' holds ':', '/', ' ', '!', '@', '#', '$', '%' and 2 other"),
     ],
 )
 def test_the_problem_names_the_offending_characters(name: str, problem: str) -> None:
@@ -107,3 +109,13 @@ def test_a_long_refused_name_is_shown_shortened() -> None:
 
     assert found is not None and len(found) < 300, found[:400]
     assert "is 200000 bytes long" in found
+
+
+def test_a_long_name_of_foreign_characters_is_refused_in_one_short_line() -> None:
+    """A name of 5000 characters no name may hold names eight of them and counts the rest,
+    as it shortens the name itself: the refusal is a line to read, not the argument back."""
+    name = "a" + "".join(chr(0x4E00 + n) for n in range(5000))
+    found = object_name_problem(name)
+
+    assert found is not None and len(found) < 400, len(found or "")
+    assert "is 15001 bytes long" in found and "and 4992 other characters, which" in found
