@@ -43,6 +43,7 @@ from cortexfs.policy import (
 )
 from cortexfs.policy.controls import UnreadableControl
 from cortexfs.policy.grammar import check_object, split_object_ref
+from cortexfs.policy.objects import check_location
 from cortexfs.regular_file import MAX_POLICY_BYTES, read_regular_file, read_up_to
 from cortexfs.tools.controls import ToolObject, read_controls, require_available
 from cortexfs.tools.ctxpath import tier_location
@@ -218,7 +219,8 @@ def explain(
         caller = None if peer is None else _parse_peer(peer)
         root = resolve_storage(storage_dir)
         if location is not None and os.path.isabs(location):
-            location = _within_root(root, location)
+            given, location = location, _within_root(root, location)
+            check_location(object_class, location, as_given=given)
         if object_class == "tool" and location is None:
             location = _tool_location(root, agent, object_name)
         request = AuthorityRequest(

@@ -114,8 +114,12 @@ def storage_site(
     return None
 
 
-def check_location(object_class: str, location: str | None) -> PurePosixPath | None:
-    """The validated directory holding a tool or a session; EINVAL for anything else."""
+def check_location(
+    object_class: str, location: str | None, as_given: str | None = None
+) -> PurePosixPath | None:
+    """The validated directory holding a tool or a session; EINVAL for anything else, which
+    quotes the location ``as_given`` by the user when it was given otherwise (an absolute
+    path to the same place)."""
     pattern = _LOCATED_CLASSES.get(object_class)
     if pattern is None:
         if location is not None:
@@ -130,12 +134,13 @@ def check_location(object_class: str, location: str | None) -> PurePosixPath | N
         )
     match = pattern.fullmatch(location)
     names = [] if match is None else [name for name in match.groupdict().values() if name]
+    shown = repr(location if as_given is None else as_given)
     if match is None or not all(is_object_name(name) for name in names):
-        raise invalid(f"{location!r} is not a place where a {object_class} lives")
+        raise invalid(f"{shown} is not a place where a {object_class} lives")
     if match["space"] == DOCS_BUNDLE:
         what = "no tier: no tool there is ever run" if object_class == "tool" else "no sessions"
         raise invalid(
-            f"{location!r} lies in {DOCS_BUNDLE}, the system-maintained manual bundle (X-2), "
+            f"{shown} lies in {DOCS_BUNDLE}, the system-maintained manual bundle (X-2), "
             f"which holds {what}"
         )
     return PurePosixPath(location)

@@ -308,8 +308,7 @@ def test_explain_takes_a_location_as_object_which_prints_it(
     for odd in (f"{root}/{home_tier}/", f"{root}/tool/../{home_tier}"):
         malformed = ctx(*request, "--location", odd)  # judged as its relative form would be
         assert malformed.returncode == 2, malformed
-        within = odd[len(str(root)) + 1 :]
-        assert f"{within!r} is not a place where a tool lives" in malformed.stderr
+        assert f"{odd!r} is not a place where a tool lives" in malformed.stderr  # as given
     system = ctx(*request, "--location", str(root / "tool"))
     assert system.returncode == 1
     assert json.loads(system.stdout)["errno"] == "ENOENT"
@@ -323,7 +322,7 @@ def test_explain_takes_a_location_as_object_which_prints_it(
     assert linked.returncode == 0, linked.stderr
     assert json.loads(linked.stdout) == json.loads(relative.stdout)
     malformed = ctx(*request, "--location", f"{current}/{home_tier}/")
-    assert f"'{home_tier}/' is not a place where a tool lives" in malformed.stderr
+    assert f"'{current}/{home_tier}/' is not a place where a tool lives" in malformed.stderr
     refused = ctx(*request, "--location", str(current))
     assert refused.returncode == 2 and "names no directory within" in refused.stderr
 
