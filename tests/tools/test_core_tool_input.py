@@ -268,6 +268,17 @@ def test_a_value_of_the_wrong_type_is_named(root: Path, kept: Path) -> None:
     assert "length" not in done.stderr.decode()  # 2.0 is an integer, to JSON Schema
 
 
+def test_a_value_only_the_tool_checks_is_named_in_json_words(root: Path, tmp_path: Path) -> None:
+    """``encoding``'s schema is an enum, no type, so the schema check lets a number through
+    to the tool, whose refusal names the JSON type as the schema check's would."""
+    target = tmp_path / "e.txt"
+    done = call(root, "fs.write", json.dumps({"path": str(target), "content": "x", "encoding": 5}))
+
+    refused_as_input(done, "fs.write", "encoding")
+    assert done.stderr.decode() == "fs.write: EINVAL: 'encoding' must be of type string\n"
+    assert not target.exists()
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="only root may keep another user's ownership")
 def test_fs_write_run_by_root_over_another_users_file_leaves_it_theirs(
     root: Path, tmp_path: Path

@@ -157,6 +157,46 @@ def test_fs_write_is_refused_by_the_kernel_where_the_agent_may_not_write(agent: 
     assert code == errno.EACCES and not (locked / "x").exists()
 
 
+def test_fs_write_into_a_drop_box_it_may_not_read(agent: World) -> None:
+    """docs/tools.md: a write asks what a rename asks, write and search on the directory; in
+    root's ``drop`` (mode 1733), which the agent may not read, a file is made and replaced
+    all the same, and no temporary file stays behind."""
+    drop = agent.workspace / "drop"
+    drop.mkdir()
+    drop.chmod(0o1733)
+
+    created = agent.run("fs.write", {"path": "drop/n.txt", "content": "one"})
+    replaced = agent.run("fs.write", {"path": "drop/n.txt", "content": "two"})
+    kept = agent.run("fs.write", {"path": "drop/n.txt", "content": "no", "overwrite": False})
+
+    assert created.ok and created.output["created"] is True, created
+    assert replaced.ok and replaced.output["created"] is False, replaced
+    assert kept.error is not None and kept.error.errno == errno.EEXIST, kept
+    assert (drop / "n.txt").read_text() == "two"
+    assert os.listdir(drop) == ["n.txt"]
+
+
+def test_fs_write_in_an_append_only_directory_is_refused_before_writing(agent: World) -> None:
+    """An append-only directory lets the temporary file in and neither out nor away: EPERM
+    naming the attribute and ``chattr -a``, and nothing written."""
+    log = agent.workspace / "log"
+    log.mkdir()
+    (log / "old.txt").write_text("old\n")
+    if subprocess.run(["chattr", "+a", str(log)], capture_output=True).returncode != 0:
+        pytest.skip("this filesystem keeps no attributes")
+    try:
+        refused = agent.run("fs.write", {"path": "log/old.txt", "content": "new"})
+        listed = sorted(os.listdir(log))
+    finally:
+        subprocess.run(["chattr", "-a", str(log)], check=True)
+
+    assert refused.error is not None and refused.error.errno == errno.EPERM, refused
+    message = refused.output["message"]
+    assert message.startswith("/workspace/log/old.txt: /workspace/log is append-only"), message
+    assert "'chattr -a'" in message, message
+    assert listed == ["old.txt"] and (log / "old.txt").read_text() == "old\n"
+
+
 @pytest.mark.parametrize(
     ("tool", "request_", "code"),
     [

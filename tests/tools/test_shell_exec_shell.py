@@ -65,7 +65,13 @@ def test_a_host_without_bin_sh_is_refused_naming_the_shell(agent: World) -> None
 
 def test_a_command_too_long_for_the_kernel_is_e2big_not_a_missing_shell(agent: World) -> None:
     """The shell is there: a command line over the kernel's bound of one argument (128 KiB)
-    is refused as too long, and the sentence does not send the caller looking for a shell."""
+    is refused as too long, and the sentence does not send the caller looking for a shell: it
+    names cmd, its size and the bound."""
     refused = agent.run("shell.exec", {"cmd": "true #" + "x" * 200_000})
     assert refused.error is not None and refused.error.errno == errno.E2BIG, refused
     assert "/bin/sh" not in refused.error.message, refused
+    limit = 32 * os.sysconf("SC_PAGE_SIZE")
+    assert refused.output["message"] == (
+        f"cmd is 200006 bytes, more than the kernel passes to a program as one argument "
+        f"({limit} bytes, its final NUL included); nothing was run"
+    ), refused

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import json
 import os
 import stat
@@ -174,12 +175,36 @@ def open_directory(place: Place, *, listable: bool = False) -> int:
 
 
 def open_parent(place: Place, *, writable: bool = False) -> int:
-    """A descriptor of the directory holding ``place`` (readable, for fsync, when writing)."""
+    """A descriptor of the directory holding ``place``: ``O_PATH``, or, ``writable``, readable
+    so that it can be synced — unless the agent may write and search that directory but not
+    read it (a drop box, mode 1733), which a file may be written into all the same: it stays
+    ``O_PATH`` then (:func:`readable` tells)."""
     if not place.parts:
         raise ToolFailure(errno.EISDIR, f"{place.view} is the top of a mount")
-    return open_directory(
-        Place(place.view.parent, place.mount, place.parts[:-1], True), listable=writable
-    )
+    parent = Place(place.view.parent, place.mount, place.parts[:-1], True)
+    fd = open_directory(parent)
+    if not writable:
+        return fd
+    try:
+        reopened = os.open(".", _LISTABLE, dir_fd=fd)
+    except OSError as exc:
+        if isinstance(exc, PermissionError) and _writable_and_searchable(fd):
+            return fd
+        os.close(fd)
+        raise _failure(exc, parent.view) from None
+    os.close(fd)
+    return reopened
+
+
+def _writable_and_searchable(fd: int) -> bool:
+    """Whether the agent may make an entry in the directory open as ``fd`` and look it up:
+    what a write there asks, reading it or not."""
+    return os.access(".", os.W_OK | os.X_OK, dir_fd=fd, effective_ids=True)
+
+
+def readable(fd: int) -> bool:
+    """Whether ``fd`` may be read (and synced): not an ``O_PATH`` descriptor."""
+    return not fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_PATH
 
 
 @contextlib.contextmanager
@@ -192,8 +217,9 @@ def reporting(place: Place) -> Iterator[None]:
 
 
 def open_regular_file(place: Place) -> tuple[int, os.stat_result]:
-    """``place`` opened for reading, with its status: never through a link, never waiting on
-    a FIFO, and only a regular file (EISDIR for a directory, EINVAL for anything else)."""
+    """``place`` opened for reading, with its status: never through a link, and only a regular
+    file (EISDIR for a directory, EINVAL for anything else), judged before it is opened: a
+    FIFO, a socket or a device is never opened."""
     parent = open_parent(place)
     try:
         # A directory on the way the agent may not search refuses the look itself (EACCES):
@@ -201,13 +227,16 @@ def open_regular_file(place: Place) -> tuple[int, os.stat_result]:
         with reporting(place):
             found = lstat_at(parent, place.name)
         refuse_link(place, found)
-        if found is not None and stat.S_ISSOCK(found.st_mode):
-            # No socket can be opened (the kernel's ENXIO): judged by its type, as any other.
+        if found is not None:
+            # Judged by its type before any open: opening a FIFO lets a writer waiting for
+            # its reader through (then breaks its pipe), and a device answers its driver's
+            # open (ENXIO without one; a loop node makes the kernel create the device).
             refuse_all_but_a_regular_file(place, found)
         with reporting(place):
             fd = os.open(place.name, _READABLE, dir_fd=parent)
     finally:
         os.close(parent)
+    # Judged again as opened: something else may have been put at the name since the look.
     status = os.fstat(fd)
     try:
         refuse_all_but_a_regular_file(place, status)

@@ -34,7 +34,8 @@ def read(request: dict[str, object], native: bool) -> Reply:
         # (0 for a file of /proc, a page for one of /sys, another for a file that grows); the
         # range never passes the largest offset, which the kernel refuses whole (EINVAL).
         wanted = min(length + 1, MAX_OFFSET - offset)
-        data = os.pread(fd, wanted, offset) if wanted > 0 else b""
+        with confine.reporting(place):  # a read the kernel fails (EIO) names the file too
+            data = os.pread(fd, wanted, offset) if wanted > 0 else b""
     finally:
         os.close(fd)
     truncated = len(data) > length

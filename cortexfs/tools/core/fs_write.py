@@ -4,9 +4,10 @@ Input ``{"path": str, "content": str, "encoding": "utf-8"|"base64" = "utf-8",
 "overwrite": bool = true}``.  The new contents go to a hidden temporary file in the same
 directory, are fsynced, and replace the file in one rename (or, with ``overwrite`` false, are
 moved in without replacing anything: EEXIST when the file exists); the directory is synced
-before the tool answers, through :mod:`cortexfs.durable`.  A replaced file keeps its permission
-bits whatever the umask (never setuid, setgid or sticky bits); a new one gets 0644 less the
-umask.  Native output ``{"path", "bytes", "created"}``.
+before the tool answers, through :mod:`cortexfs.durable` (its whole filesystem, where the
+agent may write and search the directory but not read it: a drop box).  A replaced file keeps
+its permission bits whatever the umask (never setuid, setgid or sticky bits); a new one gets
+0644 less the umask.  Native output ``{"path", "bytes", "created"}``.
 
 The shorthand ``fs.write PATH < FILE`` takes the contents from stdin: it stands for
 ``{"path": PATH, "content": …}``, UTF-8 text as it is, other bytes in base64.  Nothing on
@@ -23,6 +24,7 @@ import os
 import stat
 
 from cortexfs import durable
+from cortexfs.file_attributes import refusing_attribute
 from cortexfs.tools.core import confine
 from cortexfs.tools.core.toolio import (
     Reply,
@@ -61,6 +63,16 @@ def write(request: dict[str, object], native: bool) -> Reply:
             )
         if existing is not None and not overwrite:
             raise ToolFailure(errno.EEXIST, f"{place.view} exists and overwrite is false")
+        directory_readable = confine.readable(parent)
+        if directory_readable:
+            _refuse_append_only(place, parent)
+        elif not durable.syncfs_is_a_barrier(parent):
+            raise ToolFailure(
+                errno.EACCES,
+                f"{place.view}: the agent may not read {place.view.parent}, and on its "
+                "filesystem only a sync of the directory itself makes a new name durable; "
+                "nothing was written",
+            )
         # A replacement keeps the permission bits it replaces, whatever this process's umask
         # (a group-writable file in a shared space stays so); never setuid, setgid or sticky
         # bits on content the agent wrote.
@@ -83,7 +95,9 @@ def write(request: dict[str, object], native: bool) -> Reply:
             try:
                 # With overwrite, a file another writer made since the look above is replaced
                 # as one found there would be: the call asked for this content at the name.
-                if overwrite:
+                if not directory_readable:
+                    _move_unlisted(ops, parent, temporary, place.name, overwrite)
+                elif overwrite:
                     durable.replace_synced(ops, parent, temporary, parent, place.name)
                 else:
                     durable.move_noreplace(ops, parent, temporary, parent, place.name)
@@ -98,6 +112,47 @@ def write(request: dict[str, object], native: bool) -> Reply:
     return Reply(
         {"path": str(place.view), "bytes": len(data), "created": existing is None}, text=text
     )
+
+
+def _refuse_append_only(place: confine.Place, parent: int) -> None:
+    """EPERM, before anything is written, when the directory holding ``place`` (open as
+    ``parent``) is append-only: it would let the temporary file in, and neither move it to
+    its name nor remove it again.  (An immutable one refuses the temporary file itself.)"""
+    attribute = refusing_attribute(parent)
+    if attribute is None or attribute.letter != "a":
+        return
+    raise ToolFailure(
+        errno.EPERM,
+        f"{place.view}: {place.view.parent} is {attribute.name} (attribute "
+        f"'{attribute.letter}', which 'lsattr -d' shows): {attribute.in_directory}, by root "
+        "too, so the temporary file fs.write writes first could not be renamed to its name; "
+        f"nothing was written; have root lift it with 'chattr -{attribute.letter}' on that "
+        "directory",
+    )
+
+
+def _move_unlisted(
+    ops: durable.FsOps, parent: int, temporary: str, name: str, overwrite: bool
+) -> None:
+    """Move ``temporary`` to ``name`` in a directory the agent may write and search but not
+    read (``parent`` is ``O_PATH``), which the kernel lets no process of the agent's open to
+    sync.  The new name is made durable by a sync of the whole filesystem instead, through
+    the new file's own descriptor (opened before the move: what a failed open leaves is the
+    temporary file, which the caller removes); the caller asked before writing whether such
+    a sync is a barrier there."""
+    fd = os.open(temporary, _SYNC_THROUGH, dir_fd=parent)
+    try:
+        if overwrite:
+            ops.rename(temporary, parent, name, parent)
+        else:
+            ops.rename_noreplace(temporary, parent, name, parent)
+        durable.sync_filesystem(ops, fd)
+    finally:
+        os.close(fd)
+
+
+# The new file, opened only to reach its filesystem: never through a link, never waiting.
+_SYNC_THROUGH = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 # The longest name a directory entry may have (NAME_MAX of Linux's filesystems), in bytes.

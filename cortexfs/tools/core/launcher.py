@@ -77,6 +77,7 @@ BUNDLED = (
     "cortexfs/cgroups.py",
     "cortexfs/durable.py",
     "cortexfs/errors.py",
+    "cortexfs/file_attributes.py",
     "cortexfs/jsontext.py",
     "cortexfs/keyvalue.py",
     "cortexfs/libc.py",

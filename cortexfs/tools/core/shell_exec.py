@@ -13,7 +13,8 @@ kernel's mode bits bound what it can touch; it is not confined to the mounts (on
 SPEC A-1, can do that), which is why ``shell.exec`` is a permission-bearing tool (H-3).
 
 A host without a shell the agent may run at ``/bin/sh`` fails the call with the kernel's errno
-(ENOENT when it is missing) and a sentence naming ``/bin/sh``.
+(ENOENT when it is missing) and a sentence naming ``/bin/sh``; a ``cmd`` longer than the kernel
+passes to a program as one argument fails with E2BIG, naming its size and that bound.
 """
 
 from __future__ import annotations
@@ -55,13 +56,31 @@ def execute(request: dict[str, object], native: bool) -> NoReturn:
         os.execv(SHELL, [SHELL, "-c", command])
     except OSError as exc:
         if exc.errno == errno.E2BIG:
-            raise  # the command line is too long for any program, not the shell at fault
+            # Too long for any program, not the shell at fault; and the kernel's bare "Argument
+            # list too long" names neither the input nor the bound it passed.
+            raise ToolFailure(errno.E2BIG, _too_long(command)) from None
         # The kernel names no path: alone, "ENOENT: No such file or directory" does not say
         # that it is the shell the host lacks.
         raise ToolFailure(
             exc.errno,
             f"cannot run {SHELL}: {exc.strerror}; shell.exec needs a POSIX shell at {SHELL}",
         ) from None
+
+
+def _too_long(command: bytes) -> str:
+    """Why the kernel refused to start ``command`` (E2BIG): longer than one argument may be
+    (``MAX_ARG_STRLEN`` of linux/binfmts.h, 32 pages, its final NUL included), or, short of
+    that, more than the arguments and environment of a program may hold together."""
+    limit = 32 * os.sysconf("SC_PAGE_SIZE")
+    if len(command) >= limit:
+        return (
+            f"cmd is {len(command)} bytes, more than the kernel passes to a program as one "
+            f"argument ({limit} bytes, its final NUL included); nothing was run"
+        )
+    return (
+        f"cmd ({len(command)} bytes) and the environment together are more than the kernel "
+        "passes to a program; nothing was run"
+    )
 
 
 def _shell_text(text: str, key: str) -> bytes:

@@ -289,9 +289,21 @@ def require(request: Mapping[str, Any], key: str, kind: type, default: Any = REQ
         return int(value)
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         raise ToolFailure(
-            errno_names.EINVAL, f"{key!r} must be of type {kind.__name__}", usage=True
+            errno_names.EINVAL, f"{key!r} must be of type {_JSON_NAMES[kind]}", usage=True
         )
     return value
+
+
+# The JSON type each Python type :func:`require` checks stands for, as check_input names it:
+# the input is JSON, and Python's names (str, dict) mean nothing to whoever wrote it.
+_JSON_NAMES: dict[type, str] = {
+    str: "string",
+    int: "integer",
+    float: "number",
+    bool: "boolean",
+    list: "array",
+    dict: "object",
+}
 
 
 def _parse_object(text: str) -> dict[str, Any]:
