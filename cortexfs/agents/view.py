@@ -105,21 +105,20 @@ class AgentView(NamedTuple):
     def control_problems(self) -> list[str]:
         """Why a label, policy or mount control of the agent is unusable (each then counts
         as empty here, and the authority chain denies with the same reason)."""
-        problems = []
+        problems: list[str] = []
         for read in (
             lambda: self.facts.declared_label,
             lambda: self.facts.policy(agent_controls.control_path(self.name, "policy")),
             lambda: self.facts.mounts,
+            # Step 4, judged whatever the label: a policy the agent could rewrite grants
+            # nothing, and an administrator told of both fixes both at once.
+            self.facts.require_host_owned_controls,
         ):
             try:
                 read()
             except CtxError as exc:
-                problems.append(exc.message)
-        if not problems:
-            try:
-                self.facts.granting_policy()
-            except CtxError as exc:  # step 4: a policy the agent could rewrite grants nothing
-                problems.append(exc.message)
+                if exc.message not in problems:  # the mount table, read again by step 4
+                    problems.append(exc.message)
         return problems
 
     def with_workspace(self, directory: Path | None) -> AgentView:

@@ -445,11 +445,17 @@ class AgentFacts:
     def label(self) -> str:
         """The agent's label, once none of its host-owned controls is within its reach."""
         label = self.declared_label
+        self.require_host_owned_controls()
+        return label
+
+    def require_host_owned_controls(self) -> None:
+        """Step 4's judgement of the controls themselves (:meth:`require_strict_modes`,
+        :meth:`require_host_owned`), which needs no label: whoever lists what is wrong with
+        an agent says it of a policy within another's reach whatever its label says."""
         directory = controls.control_dir(self.agent)
         for path, entries in walk_to_each(self.root, directory, controls.HOST_OWNED_CONTROLS):
             self.require_strict_modes(path, entries=entries)
             self.require_host_owned(path, entries)
-        return label
 
     def granting_policy(self) -> Policy:
         """The agent's own policy, once step 4 has judged its controls (:attr:`label`): a
@@ -475,10 +481,8 @@ class AgentFacts:
         """Why :meth:`writes_through` says no for ``view``, in words an administrator can act
         on; "" when it says yes.  One decision for both, so that the answer and its reason
         cannot drift apart."""
-        if view.mount.writable:
-            return ""
         if PurePosixPath(view.mount.source) != PurePosixPath(self.root):
-            return f"its mount {view.mount} is read-only"
+            return "" if view.mount.writable else f"its mount {view.mount} is read-only"
         parts = view.path.relative_to(view.mount.target).parts
         if len(parts) < 2 or parts[0] not in ("home", "shared"):
             return "in its view of the storage root only its home and spaces are ever writable"
@@ -755,7 +759,7 @@ class _Evaluation:
             views = writable
         view = views[0]
         detail = f"{self.site.path} appears at {view.path} through {view.mount}"
-        if self.access & WRITE and not view.mount.writable:
+        if self.access & WRITE and PurePosixPath(view.mount.source) == PurePosixPath(self.root):
             detail += ", writable in the agent's view of the storage root"
         return Outcome.PASS, detail
 

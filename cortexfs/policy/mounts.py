@@ -99,6 +99,14 @@ def target_problem(mount: Mount, storage_root: PurePosixPath, agent: str = "") -
     target = mount.target
     if target == CTX_TARGET and _same_root(mount.source, storage_root):
         return ""
+    table = f"agent/{agent}.d/mount" if agent else "the agent's mount table"
+    if target == CTX_TARGET and at_or_below(mount.source, storage_root):
+        return (
+            f"the mount at {CTX_TARGET} names {mount.source}, a directory inside this storage "
+            f"root {storage_root}, not the root itself: only the root may take {CTX_TARGET} "
+            "(the agent's view of it already shows only what its policy grants); set its "
+            f"source to {storage_root} in {table}"
+        )
     if target == CTX_TARGET and storage_root != PurePosixPath():
         from cortexfs.fuse.mounts import cortexfs_mount_holding
 
@@ -111,7 +119,6 @@ def target_problem(mount: Mount, storage_root: PurePosixPath, agent: str = "") -
             )
         # What an agent's table holds after its storage root was moved or copied elsewhere:
         # the mount agent create recorded names the root as it was then.
-        table = f"agent/{agent}.d/mount" if agent else "the agent's mount table"
         return (
             f"the mount at {CTX_TARGET} names another storage root ({mount.source}, not this "
             f"root {storage_root}): the agent was made for another root (one moved or copied "
@@ -240,6 +247,16 @@ def _parse_mount(number: int, entry: object) -> Mount:
 def _absolute(where: str, role: str, path: object) -> PurePosixPath:
     if not isinstance(path, str) or not path.startswith("/") or "\0" in path:
         raise invalid(f"{where}: the {role} must be an absolute path, not {path!r}")
+    try:
+        path.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError as exc:
+        # JSON can spell a surrogate that stands for no byte ("\ud800"), so for no path: the
+        # kernel could not be given it.  One of \udc80 to \udcff is a byte of a name that
+        # is not UTF-8, as a table written from such a path holds it.
+        raise invalid(
+            f"{where}: the {role} {path!r} holds {path[exc.start]!r}, a lone surrogate that "
+            "stands for no byte, which no path can hold"
+        ) from None
     parts = [part for part in path.split("/") if part]
     if any(part in (".", "..") for part in parts):
         raise invalid(f"{where}: the {role} {path!r} must not contain '.' or '..'")

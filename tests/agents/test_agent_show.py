@@ -78,6 +78,20 @@ def test_show_keeps_the_label_and_names_an_invalid_policy(coder: World) -> None:
     assert f"problem: {problem}" in text.stdout
 
 
+def test_every_unusable_control_is_a_problem_at_once(coder: World) -> None:
+    """A label that names no subject type does not hide a policy the agent could rewrite:
+    step 4 judges the controls themselves without the label."""
+    controls = coder.root / "agent" / "coder.d"
+    (controls / "label").write_text("coder t\n")
+    (controls / "policy").chmod(0o666)
+
+    problems = AgentView.load(coder.root, "coder").control_problems()
+
+    label, policy = problems
+    assert label.startswith("agent/coder.d/label is invalid"), problems
+    assert policy.startswith("agent/coder.d/policy is not host-owned"), problems
+
+
 def test_show_of_a_sound_agent_lists_no_problem(coder: World) -> None:
     shown = ctx(coder.root, "agent", "show", "coder", "--json")
 

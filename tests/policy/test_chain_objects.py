@@ -93,6 +93,24 @@ def test_a_shared_space_needs_mode_bits_a_mount_and_policy(
     assert ask(root, "shared:project-b", "read").errno == errno.ENOENT
 
 
+def test_the_roots_mount_written_read_write_widens_no_view(
+    root: Path, coder: Path, user: UnprivilegedUser
+) -> None:
+    """Its tools get the agent's view of the root whatever the mode its control gives that
+    mount: a space its policy lets it write but not read is hidden there, so not writable."""
+    space = root / "shared" / "project-a"
+    space.mkdir(mode=0o777)
+    space.chmod(0o777)
+    write(coder / "identity", json.dumps({"uid": user.uid, "gid": user.gid, "groups": []}))
+    mount(coder, [str(root), "/ctx", "rw"])
+    grant(coder, "mount:ctx write", "shared:project-a write")
+    decision = ask(root, "shared:project-a", "write")
+    assert (decision.step, decision.errno) == (Step.VISIBILITY, errno.EACCES), decision.reason
+    assert "'shared:project-a read' and 'shared:project-a write'" in decision.reason
+    grant(coder, "mount:ctx write", "shared:project-a write", "shared:project-a read")
+    assert ask(root, "shared:project-a", "write").allowed
+
+
 def test_a_session_is_found_through_its_location(root: Path, coder: Path) -> None:
     sessions = root / "shared" / "project-a" / "agent" / "reviewer" / "session"
     (sessions / "design-review").mkdir(parents=True)

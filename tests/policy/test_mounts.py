@@ -9,7 +9,14 @@ from pathlib import PurePosixPath as P
 import pytest
 
 from cortexfs.errors import CtxError
-from cortexfs.policy.mounts import Mount, at_or_below, mounts_named, parse_mount_table, views_of
+from cortexfs.policy.mounts import (
+    Mount,
+    at_or_below,
+    mounts_named,
+    parse_mount_table,
+    target_problem,
+    views_of,
+)
 
 
 def table(*triples: list[str]) -> tuple[Mount, ...]:
@@ -96,6 +103,8 @@ def test_paths_are_normalised() -> None:
         b'[["/x", "/y/./z", "ro"]]',
         b'[[1, "/y", "ro"]]',
         b'[["/x\\u0000", "/y", "ro"]]',
+        b'[["/x/\\ud800", "/y", "ro"]]',
+        b'[["/x", "/y\\udc7f", "ro"]]',
         b"\xff",
     ],
 )
@@ -103,3 +112,32 @@ def test_malformed_tables_are_einval(data: bytes) -> None:
     with pytest.raises(CtxError) as raised:
         parse_mount_table(data)
     assert raised.value.errno == errno.EINVAL
+
+
+def test_a_lone_surrogate_names_no_path_and_is_said_so() -> None:
+    """JSON can spell one, but no byte string holds it: the entry is refused before any
+    path is made of it, naming the entry, the role and the character."""
+    with pytest.raises(CtxError) as raised:
+        parse_mount_table(b'[["/srv/ok", "/a", "ro"], ["/srv/\\ud800", "/b", "ro"]]')
+    assert raised.value.message == (
+        "mount entry 2: the source '/srv/\\ud800' holds '\\ud800', a lone surrogate that "
+        "stands for no byte, which no path can hold"
+    )
+
+
+def test_a_byte_of_a_name_that_is_not_utf8_is_its_surrogate_escape() -> None:
+    """A table written from a path that is not UTF-8 holds each odd byte as the surrogate
+    that stands for it: that path, not a lone surrogate."""
+    (mount,) = parse_mount_table(b'[["/srv/bad\\udcff", "/a", "ro"]]')
+    assert bytes(mount.source) == b"/srv/bad\xff"
+
+
+def test_a_directory_inside_the_root_at_ctx_is_not_called_another_root() -> None:
+    inside = Mount(P("/srv/root/shared"), P("/ctx"), False)
+    reason = target_problem(inside, P("/srv/root"), "coder")
+    assert reason.startswith(
+        "the mount at /ctx names /srv/root/shared, a directory inside this storage root "
+        "/srv/root, not the root itself"
+    ), reason
+    assert reason.endswith("set its source to /srv/root in agent/coder.d/mount"), reason
+    assert "another storage root" not in reason
