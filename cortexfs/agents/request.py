@@ -50,7 +50,7 @@ from cortexfs.errors import CtxError, too_big
 from cortexfs.names import MAX_ID, object_name_problem
 from cortexfs.policy import Policy
 from cortexfs.policy.grammar import check_subject_type, policy_object_name_problem
-from cortexfs.policy.mounts import parse_mount_entries, target_problem
+from cortexfs.policy.mounts import parse_mount_entries, target_problem, whole_root_problem
 from cortexfs.regular_file import read_regular_file
 from cortexfs.tools.ctxpath import CTX_MOUNT
 from cortexfs.tools.schemas import brief_message
@@ -376,10 +376,7 @@ def _mount_problems(mounts: list[list[str]], storage_root: Path) -> list[str]:
             # The whole root, raw: every agent's controls and sessions, past the filtered
             # view an agent is given of it (T-5).  (A directory above it, a home holding the
             # user's default root, is the administrator's choice.)
-            problems.append(
-                f"mount source {mount.source}: it is the storage root, which an agent sees "
-                f"only through its view at {CTX_MOUNT} (T-5); mount a directory of it instead"
-            )
+            problems.append(whole_root_problem(mount.source))
         problem = object_name_problem(mount.name)
         # No request mounts /ctx: the host adds the storage root's own mount there.
         target_refused = target_problem(mount, storage_root=PurePosixPath())

@@ -175,9 +175,21 @@ def mount_problem(mount: Mount, storage_root: PurePosixPath, agent: str = "") ->
     counts as usable, as :func:`target_problem` says (the sandbox, which binds the root at
     ``/ctx`` itself)."""
     problem = target_problem(mount, storage_root, agent)
-    if problem or mount.source == storage_root:
+    if problem or (mount.target == CTX_TARGET and mount.source == storage_root):
         return problem
+    if mount.target != CTX_TARGET and _same_root(mount.source, storage_root):
+        return whole_root_problem(mount.source)
     return source_problem(mount)
+
+
+def whole_root_problem(source: PurePosixPath | str) -> str:
+    """Why the storage root itself may be mounted nowhere but ``/ctx``: raw, it shows every
+    agent's controls and sessions and every space, past the filtered view an agent is given
+    of it (T-5) — and a terminal's sandbox would bind it as it is."""
+    return (
+        f"mount source {source}: it is the storage root, which an agent sees only through its "
+        f"view at {CTX_TARGET} (T-5); mount a directory of it instead"
+    )
 
 
 def granted_mounts(mounts: Sequence[Mount], allows: Callable[[str, str], bool]) -> list[Mount]:

@@ -61,6 +61,29 @@ def test_show_names_the_mounts_of_the_control_that_are_never_used(coder: World) 
     assert f"withheld mount: {coder.workspace} at /etc: " in text.stdout
 
 
+def test_a_hand_edited_mount_of_the_whole_root_elsewhere_than_ctx_is_withheld(
+    coder: World,
+) -> None:
+    """The storage root mounted raw at another target would show every space and every
+    agent's controls past the view (and a terminal's sandbox binds a mount as it is): the
+    reader of the control withholds it, with the reason agent create gives for one asked."""
+    root = os.path.realpath(coder.root)
+    control = coder.root / "agent" / "coder.d" / "mount"
+    table = json.loads(control.read_text())
+    control.write_text(json.dumps([*table, [root, "/raw", "rw"]]))
+
+    shown = ctx(coder.root, "agent", "show", "coder", "--json")
+
+    assert shown.returncode == 0, shown.stderr
+    facts = json.loads(shown.stdout)
+    (withheld,) = facts["withheld_mounts"]
+    assert withheld["mount"] == [root, "/raw", "rw"]
+    assert withheld["reason"].startswith(f"mount source {root}: it is the storage root, which")
+    assert [root, "/raw", "rw"] not in facts["mounts"]
+    view = AgentView.load(coder.root, "coder")
+    assert "/raw" not in [str(mount.target) for mount in view.visible_mounts()]
+
+
 def test_show_keeps_the_label_and_names_an_invalid_policy(coder: World) -> None:
     """An invalid policy grants nothing; show says so instead of showing no label at all."""
     with open(coder.root / "agent" / "coder.d" / "policy", "a") as policy:
