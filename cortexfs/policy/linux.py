@@ -88,6 +88,7 @@ def check_access(
     access: int,
     kind: Kind,
     entries: list[Entry] | None = None,
+    executable: str = "the tool",
 ) -> PathVerdict:
     """Could ``identity`` reach ``top/relative`` and use it with ``access`` (rwx bits)?
 
@@ -96,7 +97,8 @@ def check_access(
     well: a process of ``identity`` reaches ``top`` through them (a storage root made inside
     a private directory, mode 0700, is out of every agent's reach).  ``entries``: the
     :func:`~cortexfs.beneath.walk` to ``top/relative``, when the caller has made it
-    (and judges more on it).
+    (and judges more on it).  ``executable``: what the file to execute is ("the hook"), for
+    the remedy of one on a filesystem mounted ``noexec``, which is to put it elsewhere.
     """
     closed_above = unsearchable_above(top, identity)
     if closed_above:
@@ -128,7 +130,7 @@ def check_access(
             f"{last.shown} needs {rwx(access)} but {mode} grants {rwx(granted)} to {_who(identity)}"
         )
     if access & EXECUTE and kind is Kind.FILE and mounted_noexec(top / relative):
-        return _refused(executes_nothing(top / relative, last.shown, "the tool"))
+        return _refused(executes_nothing(top / relative, last.shown, executable))
     return PathVerdict(True, 0, f"{last.shown}: {rwx(access)} granted to {_who(identity)} ({mode})")
 
 

@@ -183,6 +183,12 @@ def _run_one(
             ) from None
         if isinstance(exc, InterpreterRefused):  # its errno's words alone name no culprit
             return HookRun(phase, name, 126, f"cannot be run: {exc.reason} ({exc.strerror})")
+        if exc.filename == spec.cwd:
+            # The start failed to enter the working directory, before any exec: the hook is
+            # there, the directory is not (removed while the tool ran), and its errno's words
+            # alone would read as the hook's own ("No such file or directory").
+            why = f"cannot start in its working directory {spec.cwd}: {exc.strerror}"
+            return HookRun(phase, name, 126, why)
         return HookRun(phase, name, 126, f"cannot be run: {exc.strerror}")
     if finished.timed_out:
         if call_timeout_left:
@@ -231,5 +237,7 @@ def _not_the_agents(tool: ToolObject, phase: str, name: str, identity: Identity)
     only root may execute would run as the agent all the same (the tool itself is judged so
     by step 2 of the chain)."""
     relative = tool.relative_control(_PHASE_DIRECTORIES[phase]) / name
-    verdict = check_access(tool.directory, relative, identity, EXECUTE, Kind.FILE)
+    verdict = check_access(
+        tool.directory, relative, identity, EXECUTE, Kind.FILE, executable="the hook"
+    )
     return "" if verdict.allowed else f"may not be executed by the agent: {verdict.detail}"

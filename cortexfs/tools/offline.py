@@ -160,6 +160,8 @@ def _unshare_network() -> None:
         else:
             check(libc().unshare(_CLONE_NEWNET), "unshare(CLONE_NEWNET)")
     except OSError as error:
+        if error.errno in (errno.EMFILE, errno.ENFILE):
+            raise  # a shortage (loading libc takes a descriptor), which is no verdict
         raise _cannot_isolate(f"unshare(CLONE_NEWNET): {error.strerror}") from None
 
 

@@ -297,16 +297,25 @@ def _open_log_if_appendable(
     ops: durable.FsOps, root: Path, relative: PurePosixPath
 ) -> tuple[EventLog | None, bool]:
     """The log, or None; and whether it was refused while a regular file: of two names (or
-    of one again since: a reinstall was ending), or one whose refusal :class:`EventLog` gave
-    for another reason (EAGAIN: a second name kept appearing and disappearing)."""
+    of one again since: a reinstall was ending).
+
+    Only what is at the name is left so (EINVAL: no plain file of one name).  A log that is
+    one but cannot take the call's line raises, naming it: one ending with a torn line it
+    may not cut (append-only, EPERM) or that another process keeps locked (EAGAIN), as any
+    refusal of its open does."""
     path = root / relative
     try:
         for _ in range(8):  # a control directory retired while we looked into it: once more
-            dir_fd = open_beneath(ops, root, relative.parent.parts)
+            try:
+                dir_fd = open_beneath(ops, root, relative.parent.parts)
+            except CtxError:
+                return None, False  # no directory this uid may open (or a link): no log
             try:
                 log = EventLog(path, mode=TOOL_LOG_MODE, ops=ops, dir_fd=dir_fd, create=False)
                 return log, False
-            except CtxError:
+            except CtxError as exc:
+                if exc.errno != errno.EINVAL:
+                    raise
                 if _retired(root / relative.parent, dir_fd):
                     # Refused for the second name a reinstall gave it, which has swapped the
                     # directories since (and may have removed the old name already): the log
@@ -321,8 +330,6 @@ def _open_log_if_appendable(
                     raise
             finally:
                 ops.close(dir_fd)
-        return None, False
-    except CtxError:
         return None, False
     except OSError as exc:
         if exc.errno == errno.ENOENT:

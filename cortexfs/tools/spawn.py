@@ -144,19 +144,33 @@ def run_captured(
     deadline = None if spec.timeout is None else started + spec.timeout
     _require_startable(spec)
     argv, options, network_namespace = _launch(spec._replace(leads_terminal=False))
-    with network_namespace:
-        process = subprocess.Popen(
-            argv,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=dict(spec.env),
-            cwd=spec.cwd,
-            start_new_session=True,
-            close_fds=True,
-            pass_fds=spec.pass_fds,
-            **options,
-        )
+    # Made before the offline namespace is entered: made on a root host's first call, it
+    # keeps a descriptor for the process's later calls, which a start refused for want of
+    # descriptors must not leave behind to crowd out the call's record.
+    theirs, ours = _pipes_for_a_process()
+    try:
+        with network_namespace:
+            process = subprocess.Popen(
+                argv,
+                stdin=theirs[0],
+                stdout=theirs[1],
+                stderr=theirs[2],
+                env=dict(spec.env),
+                cwd=spec.cwd,
+                start_new_session=True,
+                close_fds=True,
+                pass_fds=spec.pass_fds,
+                **options,
+            )
+    except BaseException:
+        _close_each(ours)
+        raise
+    finally:
+        _close_each(theirs)  # the process has them as its 0, 1 and 2, if it started
+    # As subprocess would have kept them: the pump, or the process's end, closes them.
+    process.stdin = os.fdopen(ours[0], "wb", buffering=0)
+    process.stdout = os.fdopen(ours[1], "rb", buffering=0)
+    process.stderr = os.fdopen(ours[2], "rb", buffering=0)
     with orphans.GUARD.watching(process.pid):
         pump: _Pump | None = None
         try:
@@ -185,6 +199,28 @@ def run_captured(
         launcher = "setpriv" if _SETPRIV in launchers else os.path.basename(launchers[0])
         _raise_launchers_exec_failure(launcher, spec.argv[0], exit_status, finished.stderr_tail)
     return finished
+
+
+def _pipes_for_a_process() -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """Three new pipes: the ends a process is given as its stdin, stdout and stderr, and the
+    ends the caller keeps.  None is left open when one cannot be made (EMFILE): subprocess,
+    making them itself, leaves those it made before the one that failed (CPython 3.11), and
+    a call refused because its hook or tool could not start still needs descriptors to
+    record that it was."""
+    made: list[int] = []
+    try:
+        for _ in range(3):
+            made.extend(os.pipe())
+    except BaseException:
+        _close_each(made)
+        raise
+    stdin_read, stdin_write, stdout_read, stdout_write, stderr_read, stderr_write = made
+    return (stdin_read, stdout_write, stderr_write), (stdin_write, stdout_read, stderr_read)
+
+
+def _close_each(fds: Sequence[int]) -> None:
+    for fd in fds:
+        os.close(fd)
 
 
 def _captured(
