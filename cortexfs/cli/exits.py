@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import os
+import select
 import signal
 import sys
 from collections.abc import Callable, Iterator
@@ -67,9 +69,37 @@ def interrupted(prog_name: str, as_json: bool, signum: int = signal.SIGINT) -> N
         "printed is done; check the rest and run it again if it is still wanted",
     )
     sys.stderr.write(f"{prog_name}: {printable(str(error))}\n")
-    if as_json:
-        sys.stdout.write(json.dumps(error.to_json()) + "\n")
+    _leave_output(json.dumps(error.to_json()) + "\n" if as_json else "")
     sys.exit(128 + signum)
+
+
+# How long the error object of an interrupted --json command waits for room in its standard
+# output: a reader that reads makes room at once, and one that stopped reading must not keep
+# the command from ending.
+_ANSWER_WAIT_SECONDS = 1.0
+
+
+def _leave_output(answer: str) -> None:
+    """Drop what standard output still holds, then write ``answer`` (the error object of
+    --json, or nothing) if the output takes it within :data:`_ANSWER_WAIT_SECONDS`.
+
+    Every line a command prints is flushed as it is printed (click.echo): what is still held
+    is what the write Ctrl-C interrupted had not got out, a reader that stopped reading
+    leaving the pipe full.  Written at the exit, it would keep the command there for as long
+    as nobody reads, Ctrl-C or not."""
+    try:
+        kept = os.dup(sys.stdout.fileno())
+    except (AttributeError, ValueError, OSError):  # a caller's own stream, with no descriptor
+        sys.stdout.write(answer)
+        return
+    try:
+        discard_output(sys.stdout)
+        # A second Ctrl-C ends the wait; an output that refuses the answer loses it alone.
+        with contextlib.suppress(OSError, KeyboardInterrupt):
+            if answer and select.select([], [kept], [], _ANSWER_WAIT_SECONDS)[1]:
+                os.write(kept, answer.encode())
+    finally:
+        os.close(kept)
 
 
 def ran_out_of_memory(prog_name: str, as_json: bool, *, queue_command: bool = False) -> NoReturn:

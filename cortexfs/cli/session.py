@@ -239,7 +239,7 @@ def repair(
     cannot be cut (EROFS, exit 1, nothing changed).  A repair refused (a hard-linked
     events.jsonl, EINVAL; an immutable one, EPERM naming the attribute and the chattr that
     lifts it) leaves the file as it is; the modes tightened before are kept, and the refusal
-    says so.
+    says so, as does the EINTR of a Ctrl-C while it waits for appends in flight.
     """
     ref = _session_ref(storage_dir, agent, session, project, uid)
     done = Tightening()
@@ -251,8 +251,11 @@ def repair(
                     # the agent's alone again (as 'ctx bootstrap' makes every one).
                     _tighten(directory, ref, done)
             finally:
-                # Said before the repair, which may still be refused, and also when the
-                # tightening itself was refused part-way: the modes changed either way.
+                # Said before the repair, which may still be refused or interrupted while it
+                # waits for the lock, and also when the tightening itself was refused
+                # part-way: the modes changed either way.
+                if done.tightened:
+                    changed(f"{ref.path} was made readable by the agent alone")
                 output_lost = _say_tightened(done, as_json)
             removed = events.repair(ref.events_path, dir_fd=directory)
         except (CtxError, OSError) as exc:
@@ -266,8 +269,6 @@ def repair(
             ) from None
     if removed:
         changed(f"a torn last line of {removed} bytes was truncated from {ref.events_path}")
-    if done.tightened:
-        changed(f"{ref.path} was made readable by the agent alone")
     if output_lost is not None:
         raise output_lost  # ends the command saying what it changed (exit 74, or 141)
     if as_json:
@@ -454,6 +455,11 @@ def _session_directory(ref: SessionRef, listing: str) -> Iterator[int]:
                 f"session {ref} has no events.jsonl: nothing was recorded in it yet, or the "
                 "file was removed (the next event recorded in the session makes it again)"
             ) from None
+        except PermissionError as exc:
+            # Refused at the directory's descriptor, the system names the last part alone
+            # ("events.jsonl"); the whole path lets the refusal name the directory closed
+            # to the caller, its owner, group and mode, and what opens it.
+            raise OSError(exc.errno, exc.strerror, str(ref.events_path)) from None
         yield directory
     finally:
         os.close(directory)

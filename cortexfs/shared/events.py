@@ -507,8 +507,8 @@ def _repair_unwritable(path: Path, dir_fd: int | None, refused: int) -> int:
         _lock(fd, fcntl.LOCK_EX, path)
         if not _ends_torn(fd):
             return 0
-        size = os.fstat(fd).st_size
-        torn = size - _end_of_last_line(fd, size)
+        status = os.fstat(fd)
+        torn = status.st_size - _end_of_last_line(fd, status.st_size)
         pinned = refusing_attribute(fd)
     finally:
         os.close(fd)
@@ -519,10 +519,15 @@ def _repair_unwritable(path: Path, dir_fd: int | None, refused: int) -> int:
         remedy = f"have root remove it with 'chattr -{pinned.letter} {path}' and repair again"
     else:
         why = "by a caller who may not write it"
-        remedy = (
-            capabilities.root_without(capabilities.CAP_DAC_OVERRIDE)
-            or "repair it as its owner or as root"
-        )
+        if status.st_uid == os.geteuid():
+            # Telling its owner to repair it as its owner would help nobody: the mode is what
+            # is missing, as the readers say to an owner its mode leaves out.
+            remedy = "you own it, but its mode leaves you out: 'chmod u+w' it and repair again"
+        else:
+            remedy = (
+                capabilities.root_without(capabilities.CAP_DAC_OVERRIDE)
+                or "repair it as its owner or as root"
+            )
     raise CtxError(
         refused,
         f"{path} ends with a torn line of {torn} bytes, which cannot be cut {why}; nothing "

@@ -30,7 +30,6 @@ from cortexfs.names import (
     MAX_ID,
     check_object_name,
     decimal_value,
-    is_decimal,
     is_id,
     is_object_name,
 )
@@ -317,11 +316,18 @@ def homes_with_sessions(root: Path, agent: str) -> list[int]:
         raise not_readable(
             root / "home", f"find the homes holding sessions of agent {agent!r}"
         ) from None
-    # Only names SessionRef takes for a uid: a home/4294967295 (or one of hundreds of digits)
-    # made by hand is no user's home, and must not end the listing of the others.
-    values = (decimal_value(name) for name in names if is_decimal(name))
-    uids = sorted(uid for uid in values if is_id(uid))
+    uids = sorted(int(name) for name in names if _is_home_name(name))
     return [uid for uid in uids if _is_dir(SessionRef.home(root, uid, agent).path.parent)]
+
+
+def _is_home_name(name: str) -> bool:
+    """Whether ``name`` is the one a uid's home has (SessionRef's ``home/<uid>``).
+
+    A home/4294967295 (or one of hundreds of digits) made by hand is no user's home, and must
+    not end the listing of the others; nor is a home/0999, which reads as uid 999 too and
+    would count the home of 999 twice."""
+    uid = decimal_value(name)
+    return is_id(uid) and str(uid) == name
 
 
 def list_sessions(parent: Path, *, root: Path) -> list[str]:

@@ -380,9 +380,9 @@ def test_session_repair_to_a_full_standard_output_still_cuts_and_says_what_it_di
 
     assert done.returncode == 74, done.stderr
     assert done.stderr == (
-        "ctx: ENOSPC: cannot write standard output (No space left on device); a torn last "
-        f"line of {len(torn)} bytes was truncated from {events}; {session} was made readable "
-        "by the agent alone\n"
+        f"ctx: ENOSPC: cannot write standard output (No space left on device); {session} was "
+        f"made readable by the agent alone; a torn last line of {len(torn)} bytes was "
+        f"truncated from {events}\n"
     )
     assert events.read_bytes() == whole
     assert (mode(session), mode(events)) == (0o700, 0o600)

@@ -141,3 +141,25 @@ def test_repair_by_a_reader_who_may_not_write_is_nothing_to_do_or_says_why(
         "may not write it; nothing was changed: repair it as its owner or as root\n"
     )
     assert log.read_bytes() == whole + b'{"ts":"to'
+
+
+def test_repair_by_the_owner_its_mode_leaves_out_names_the_chmod(
+    traversable_tmp: Path, unprivileged_user: UnprivilegedUser
+) -> None:
+    """S-5: the owner of a log it made read-only (0400) is told the chmod that lets it cut
+    the torn line, not to repair it as its owner, which it is."""
+    log = traversable_tmp / "events.jsonl"
+    whole = b'{"ts":"2026-06-22T12:00:00Z","type":"a"}\n'
+    log.write_bytes(whole + b'{"ts":"to')
+    os.chown(log, unprivileged_user.uid, unprivileged_user.gid)
+    log.chmod(0o400)
+
+    torn = run_as(unprivileged_user, [sys.executable, "-c", _REPAIR, str(log)])
+
+    assert torn.returncode == 0, torn.stderr
+    assert torn.stdout == (
+        f"EACCES: {log} ends with a torn line of 9 bytes, which cannot be cut by a caller who "
+        "may not write it; nothing was changed: you own it, but its mode leaves you out: "
+        "'chmod u+w' it and repair again\n"
+    )
+    assert log.read_bytes() == whole + b'{"ts":"to'
