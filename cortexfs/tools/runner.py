@@ -829,11 +829,13 @@ class _Call:
 
     def _require_working_directory(self, cwd: str) -> None:
         """ENOENT or ENOTDIR naming the agent's working directory, where the tool and its
-        hooks start, when it is not a directory: an exec failing on it reports ENOENT as if
-        the program were missing."""
+        hooks start, and the mount it comes from, when it is not a directory: an exec failing
+        on it reports ENOENT as if the program were missing."""
         if os.path.isdir(cwd):
             return
-        fix = f"fix the first mount in agent/{self.agent}.d/mount"
+        assert self.view is not None
+        target = self.view.working_directory()[0]
+        fix = f"fix the mount at {target} in agent/{self.agent}.d/mount"
         if os.path.exists(cwd):
             raise CtxError(
                 errno.ENOTDIR,

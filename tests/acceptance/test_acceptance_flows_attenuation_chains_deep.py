@@ -943,10 +943,10 @@ def test_an_ancestors_place_moved_away_stops_the_descendants_on_it_until_it_is_b
     chain.grant("b", "agent:c3 create")
     chain.grant("a", "agent:b2 create")
     before = chain.state()
-    for by, name in (("b", "c3"), ("c", "d")):
+    for by, name, at in (("b", "c3", "/w"), ("c", "d", "/x")):
         rc, frame = chain.create(by, {"name": name, "label": f"{name}_t"})
         assert (rc, frame["error"]["error"], frame["exit_status"]) == (1, "ENOENT", None), frame
-        assert f"fix the first mount in agent/{by}.d/mount" in message(frame), frame
+        assert f"fix the mount at {at} in agent/{by}.d/mount" in message(frame), frame
     assert chain.state() == before
     chain.made("a", {"name": "b2", "label": "b2_t", "mount": [["/workspace", "/w2", "ro"]]})
     moved.rename(chain.ws / "sub")

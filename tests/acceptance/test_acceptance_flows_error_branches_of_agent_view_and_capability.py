@@ -544,12 +544,6 @@ def test_the_root_named_through_a_bind_mount_at_ctx_is_this_root(site: Site) -> 
 # ------------------------------------------------------------- the working directory (A-1)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="DEFECT: a missing /workspace source that is the table's 2nd entry is reported "
-    "'fix the first mount in agent/coder.d/mount'; the first mount (/data) is fine: the "
-    "message should name the mount at /workspace",
-)
 def test_a_missing_working_directory_names_the_mount_it_comes_from(site: Site) -> None:
     """docs/tools.md (*Environment*: ``CTX_CWD`` is ``/workspace`` if visible, else the first
     visible mount other than ``/ctx``): a ``/workspace`` listed second in the table is the
@@ -581,7 +575,7 @@ def test_a_working_directory_that_is_a_file_is_enotdir_and_runs_nothing(site: Si
     refused(ran, "ENOTDIR", 126)
     assert ran.err == (
         f"ctx: ENOTDIR: agent coder's working directory {plain} is not a directory; fix the "
-        "first mount in agent/coder.d/mount\n"
+        "mount at /plain in agent/coder.d/mount\n"
     ), ran
     assert not (site.out / "ran").exists()
 

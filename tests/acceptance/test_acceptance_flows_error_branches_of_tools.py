@@ -612,8 +612,8 @@ def test_a_working_directory_that_is_gone_is_named_with_the_mount_to_fix(world, 
     )  # fmt: skip
     error = refused_before_start(world, world.native("t"), errno_word, "run")
     assert error["message"] == (
-        f"agent coder's working directory {world.ws} {state}; fix the first mount in "
-        "agent/coder.d/mount"
+        f"agent coder's working directory {world.ws} {state}; fix the mount at /workspace "
+        "in agent/coder.d/mount"
     ), error
     terminal = world.terminal("t")
     assert (terminal.rc, terminal.out) == (126, ""), terminal
