@@ -308,9 +308,15 @@ class HintFile:
         header = _Header(cursor, served, listed, start, stamp).encode()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(temp)  # left by a thread of a killed process that had our pid
-        with os.fdopen(create_private_file(temp), "wb") as stream:
-            stream.write(header + queue + b"".join(body))
-        os.replace(temp, self.path)
+        try:
+            with os.fdopen(create_private_file(temp), "wb") as stream:
+                stream.write(header + queue + b"".join(body))
+            os.replace(temp, self.path)
+        except BaseException:
+            # A cache that is full (or an interrupt) would otherwise keep one temp per claim.
+            with contextlib.suppress(OSError):
+                os.unlink(temp)
+            raise
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[int]:
@@ -367,7 +373,7 @@ class HintFile:
                     return None
                 if stamp != pending_stamp(pending_fd):
                     return None  # changed while we waited for the lock
-                return [name for name in self._rest(fd, header.cursor) if is_job_name(name)]
+                return [name for name in self._rest(fd, header) if is_job_name(name)]
         except (OSError, ValueError):
             return None
 
@@ -399,13 +405,20 @@ class HintFile:
         self._write(names, stamp, handed_out=first, served=first, listed=len(names))
         return names[0] if names else None
 
-    def _rest(self, fd: int, cursor: int) -> list[str]:
-        rest = os.pread(fd, os.fstat(fd).st_size - cursor, cursor)
+    def _rest(self, fd: int, header: _Header) -> list[str]:
+        """The lines after the cursor.  ValueError for a file longer than the names it
+        received since the last listing could make it, a line each no longer than a read
+        that hands one out: grown by a stray ``truncate`` or a corrupted length, it is
+        garbled, and read whole it could take all memory (a sparse terabyte)."""
+        size = os.fstat(fd).st_size - header.cursor
+        if size > header.listed * _READ:
+            raise ValueError("a claim-order hint longer than its names")
+        rest = os.pread(fd, size, header.cursor)
         return [line for line in rest.decode("ascii", "replace").splitlines() if line]
 
     def _compact(self, fd: int, header: _Header) -> None:
         """Drop the names already handed out, once they are most of the file."""
-        self._rewrite(self._rest(fd, header.cursor), header)
+        self._rewrite(self._rest(fd, header), header)
 
     def _rewrite(self, names: Sequence[str], header: _Header) -> None:
         """The file anew with ``names`` ahead; the stamp and the counts that pay for the next
@@ -431,7 +444,7 @@ class HintFile:
                 header.cursor -= len(data)  # into the room of names already handed out
                 os.pwrite(fd, data, header.cursor)
             else:
-                self._rewrite([*added, *self._rest(fd, header.cursor)], header)
+                self._rewrite([*added, *self._rest(fd, header)], header)
                 return
             os.pwrite(fd, header.encode(), 0)
 
@@ -470,8 +483,9 @@ def note_changed(
     queue_path: Path, before: str, after: str, added: Sequence[str], *, first: bool = False
 ) -> None:
     """Tell this user's hint (if any) about a change we made to pending/; a lost hint costs
-    nothing but a listing."""
-    with contextlib.suppress(OSError):
+    nothing but a listing.  Told after the change is made, so nothing wrong with the hint may
+    stop the step that made it: a garbled one is the next claim's to list anew."""
+    with contextlib.suppress(OSError, ValueError):
         HintFile.of(queue_path).changed(before, after, added, first=first)
 
 

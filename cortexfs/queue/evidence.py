@@ -150,6 +150,8 @@ class Scan:
 
 
 def _kind(entry: os.DirEntry[str]) -> str:
+    """What kind of entry a listing gave; FileNotFoundError for one removed since: the
+    readers list without the queue's locks, beside writers that move and unlink."""
     if entry.is_symlink():
         return "symlink"
     if entry.is_dir(follow_symlinks=False):
@@ -195,8 +197,12 @@ def _scan_pending(queue: Queue, result: Scan) -> None:
         if not is_job_name(entry.name):
             result.ignored.append(Ignored(f"pending/{entry.name}", _name_reason(entry.name)))
         elif not entry.is_file(follow_symlinks=False):
+            try:
+                kind = _kind(entry)
+            except FileNotFoundError:
+                continue  # removed since the listing: evidence of nothing
             path = f"pending/{entry.name}"
-            result.ignored.append(Ignored(path, f"a {_kind(entry)}, not a request file"))
+            result.ignored.append(Ignored(path, f"a {kind}, not a request file"))
             result.job(entry.name).bad.append(path)
         else:
             result.job(entry.name).pending = entry.inode()
@@ -211,9 +217,13 @@ def _scan_job_dirs(queue: Queue, result: Scan, state: str) -> None:
             continue
         evidence = result.job(entry.name)
         if not entry.is_dir(follow_symlinks=False):
+            try:
+                kind = _kind(entry)
+            except FileNotFoundError:
+                continue  # removed since the listing
             # Never followed; and J's other evidence cannot be judged without this piece, so
             # J is a conflict rather than a candidate for a repair (Q-6, Q-8).
-            result.ignored.append(Ignored(path, f"a {_kind(entry)}, not a {state} directory"))
+            result.ignored.append(Ignored(path, f"a {kind}, not a {state} directory"))
             evidence.bad.append(path)
             continue
         try:
@@ -297,7 +307,11 @@ def _scan_terminal(queue: Queue, result: Scan, state: str) -> None:
         if not is_job_name(job):
             result.ignored.append(Ignored(path, _name_reason(name)))
         elif not entry.is_file(follow_symlinks=False):
-            result.ignored.append(Ignored(path, f"a {_kind(entry)}, not a regular file"))
+            try:
+                kind = _kind(entry)
+            except FileNotFoundError:
+                continue  # removed since the listing
+            result.ignored.append(Ignored(path, f"a {kind}, not a regular file"))
             result.job(job).bad.append(path)
         elif is_result:
             evidence = result.job(job)
@@ -325,7 +339,10 @@ def _scan_inbox(queue: Queue, result: Scan) -> None:
     now = time.time()
     for entry in _entries(queue.inbox):
         path = f"inbox/{entry.name}"
-        kind = _kind(entry)
+        try:
+            kind = _kind(entry)
+        except FileNotFoundError:
+            continue  # published or removed since the listing
         # A symlink (or FIFO, socket...) at a staging name holds that name as a dead
         # publisher's temp file does (J.publish.tmp is created O_EXCL), so it is a stray
         # temp too: recover --reconcile removes it after the grace period, and unlinking a

@@ -355,6 +355,8 @@ def _read_document(queue: Queue, path: str, limit: int, read: Callable[[str], An
         return read(data.decode("utf-8"))
     except jsontext.DuplicateNames as exc:
         return {"unreadable": f"it {jsontext.duplicate_names_problem(exc.names)}"}
+    except jsontext.NotAJsonNumber as exc:  # its message is the bare spelling: NaN
+        return {"unreadable": f"it {jsontext.not_a_json_number_problem(exc)}"}
     except (CtxError, OSError) as exc:
         return {"unreadable": describe(exc)}
     except ValueError as exc:  # not JSON, or not the document its kind must be

@@ -165,6 +165,27 @@ def test_recover_gives_back_the_turn_of_a_job_whose_claim_was_killed(
     assert claims == [("oldest.req.json", 0), ("older.req.json", 0), ("newer.req.json", 0)]
 
 
+def test_a_hint_grown_to_a_terabyte_costs_a_listing_and_stops_no_requeue(
+    cache: Path, queue_dir: Path, me: Holder
+) -> None:
+    """A hint a stray ``truncate`` grew far past what its names could make (sparse) is
+    garbled, never read whole: the reader lists pending/ instead, and a requeue that tells
+    it of the job put back first is whole all the same (recover then lists the hint anew)."""
+    with Queue.open(queue_dir) as q:
+        publish(q, request(), name="again")
+        publish(q, request(), name="later")
+    with Queue.open(queue_dir) as q:  # an order of its own: the hint has no room before its cursor
+        won = claim(q, dataclasses.replace(me, pid=dead_pid()))
+        assert won is not None and won.job == "again.req.json"
+    os.truncate(hint_path(queue_dir), 1 << 40)
+    with Queue.open(queue_dir) as q:
+        assert claim_order.pending_in_claim_order(q) == ["later.req.json"]
+        assert [f.job for f in recover(q).requeued] == ["again.req.json"]
+    assert sorted(os.listdir(queue_dir / "pending")) == ["again.req.json", "later.req.json"]
+    assert os.listdir(queue_dir / "claimed") == os.listdir(queue_dir / "lease") == []
+    assert one_shot_claim(queue_dir, me) == ("again.req.json", 0)
+
+
 def test_a_dry_run_recover_and_a_user_without_a_hint_leave_the_cache_alone(
     cache: Path, queue_dir: Path
 ) -> None:
