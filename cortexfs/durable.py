@@ -308,7 +308,8 @@ def write_file_synced(
     exact_mode: bool = False,
     owner: int | None = None,
     owner_group: int = -1,
-) -> None:
+    keep_open: bool = False,
+) -> int | None:
     """Create ``name`` (which must not exist) holding ``data``, and fsync it.
 
     On return the file's data and size are durable; its *name* is not, until ``dir_fd`` is
@@ -316,7 +317,9 @@ def write_file_synced(
     (:func:`grant_group_access`).  ``exact_mode``: the file gets ``mode`` itself, not ``mode``
     less the umask (a replacement that keeps the bits of the file it replaces).  ``owner``
     and ``owner_group``: the uid and gid (-1: as created) the file is given (root only),
-    durable with it.  On failure the partial file is removed.
+    durable with it.  On failure the partial file is removed.  ``keep_open``: the descriptor
+    it was written through is returned, for the caller to close (a file whose mode lets its
+    writer neither read nor write it cannot be opened again).
     """
     fd = ops.create_file(name, dir_fd, mode)
     try:
@@ -331,7 +334,10 @@ def write_file_synced(
         ops.close(fd)
         _unlink_quietly(ops, dir_fd, name)
         raise
+    if keep_open:
+        return fd
     ops.close(fd)
+    return None
 
 
 def write_file_unsynced(
@@ -448,6 +454,39 @@ def replace_synced(ops: FsOps, src_dir: int, src: str, dst_dir: int, dst: str) -
     """
     ops.rename(src, src_dir, dst, dst_dir)
     sync_dirs(ops, [dst_dir, src_dir])
+
+
+def move_synced_through_filesystem(
+    ops: FsOps, dir_fd: int, src: str, dst: str, through: int, *, replace: bool
+) -> None:
+    """Move ``src`` to ``dst`` in ``dir_fd``, a directory this process may write and search
+    but not open to read, so not sync (an ``O_PATH`` descriptor), and make the move durable
+    by a sync of the whole filesystem through ``through``, a readable descriptor on it (the
+    moved file's own).  Only where that is a barrier (:func:`syncfs_is_a_barrier`): there it
+    covers the directory's new entry as syncing the directory would.  Without ``replace``,
+    ``dst`` is never replaced (EEXIST), as :func:`move_noreplace` moves: by
+    ``renameat2(RENAME_NOREPLACE)``, or a link made durable before the old name goes."""
+    if replace:
+        ops.rename(src, dir_fd, dst, dir_fd)
+    elif not (
+        move_strategy_for(ops, dir_fd) == MOVE_RENAME and _renamed_noreplace(ops, dir_fd, src, dst)
+    ):
+        ops.link(src, dir_fd, dst, dir_fd)
+        ops.syncfs(through)
+        ops.unlink(src, dir_fd)
+    ops.syncfs(through)
+
+
+def _renamed_noreplace(ops: FsOps, dir_fd: int, src: str, dst: str) -> bool:
+    """``renameat2(RENAME_NOREPLACE)`` of ``src`` to ``dst``; False where it is not supported
+    (an old kernel, a filesystem without it, a seccomp filter)."""
+    try:
+        ops.rename_noreplace(src, dir_fd, dst, dir_fd)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.ENOSYS):
+            raise
+        return False
+    return True
 
 
 def exchange_synced(ops: FsOps, dir_fd: int, first: str, second: str) -> None:

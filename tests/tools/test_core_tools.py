@@ -7,6 +7,7 @@ import errno
 import json
 import os
 import socket
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -174,6 +175,24 @@ def test_fs_write_into_a_drop_box_it_may_not_read(agent: World) -> None:
     assert kept.error is not None and kept.error.errno == errno.EEXIST, kept
     assert (drop / "n.txt").read_text() == "two"
     assert os.listdir(drop) == ["n.txt"]
+
+
+def test_fs_write_into_a_drop_box_replaces_a_file_its_owner_may_not_read(agent: World) -> None:
+    """The replacement keeps the replaced file's mode (here 0200, write only), which lets the
+    agent open the new file neither to read nor to sync: it is synced through the descriptor
+    it was written by, and the replacement stands."""
+    drop = agent.workspace / "drop"
+    drop.mkdir()
+    drop.chmod(0o1733)
+    assert agent.run("fs.write", {"path": "drop/w.txt", "content": "one"}).ok
+    (drop / "w.txt").chmod(0o200)
+
+    replaced = agent.run("fs.write", {"path": "drop/w.txt", "content": "two"})
+
+    assert replaced.ok and replaced.output["created"] is False, replaced
+    assert (drop / "w.txt").read_text() == "two"
+    assert stat.S_IMODE((drop / "w.txt").stat().st_mode) == 0o200
+    assert os.listdir(drop) == ["w.txt"]
 
 
 def test_fs_write_in_an_append_only_directory_is_refused_before_writing(agent: World) -> None:

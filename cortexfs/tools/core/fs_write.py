@@ -82,7 +82,8 @@ def write(request: dict[str, object], native: bool) -> Reply:
         owned_by = existing if existing is not None and os.geteuid() == 0 else None
         temporary = _temporary_name(place.name)
         with confine.reporting(place):
-            durable.write_file_synced(
+            # In a drop box, the new file's own descriptor is the way to sync its filesystem.
+            written = durable.write_file_synced(
                 ops,
                 parent,
                 temporary,
@@ -91,12 +92,15 @@ def write(request: dict[str, object], native: bool) -> Reply:
                 exact_mode=existing is not None,
                 owner=None if owned_by is None else owned_by.st_uid,
                 owner_group=-1 if owned_by is None else owned_by.st_gid,
+                keep_open=not directory_readable,
             )
             try:
                 # With overwrite, a file another writer made since the look above is replaced
                 # as one found there would be: the call asked for this content at the name.
-                if not directory_readable:
-                    _move_unlisted(ops, parent, temporary, place.name, overwrite)
+                if written is not None:
+                    durable.move_synced_through_filesystem(
+                        ops, parent, temporary, place.name, written, replace=overwrite
+                    )
                 elif overwrite:
                     durable.replace_synced(ops, parent, temporary, parent, place.name)
                 else:
@@ -104,6 +108,9 @@ def write(request: dict[str, object], native: bool) -> Reply:
             except BaseException:
                 durable.remove_entries(ops, [(parent, temporary, False)])
                 raise
+            finally:
+                if written is not None:
+                    os.close(written)
     finally:
         os.close(parent)
     # A name that is not UTF-8 (as fs.list gives it, "\udce9" for the byte 0xe9) is told
@@ -129,30 +136,6 @@ def _refuse_append_only(place: confine.Place, parent: int) -> None:
         f"nothing was written; have root lift it with 'chattr -{attribute.letter}' on that "
         "directory",
     )
-
-
-def _move_unlisted(
-    ops: durable.FsOps, parent: int, temporary: str, name: str, overwrite: bool
-) -> None:
-    """Move ``temporary`` to ``name`` in a directory the agent may write and search but not
-    read (``parent`` is ``O_PATH``), which the kernel lets no process of the agent's open to
-    sync.  The new name is made durable by a sync of the whole filesystem instead, through
-    the new file's own descriptor (opened before the move: what a failed open leaves is the
-    temporary file, which the caller removes); the caller asked before writing whether such
-    a sync is a barrier there."""
-    fd = os.open(temporary, _SYNC_THROUGH, dir_fd=parent)
-    try:
-        if overwrite:
-            ops.rename(temporary, parent, name, parent)
-        else:
-            ops.rename_noreplace(temporary, parent, name, parent)
-        durable.sync_filesystem(ops, fd)
-    finally:
-        os.close(fd)
-
-
-# The new file, opened only to reach its filesystem: never through a link, never waiting.
-_SYNC_THROUGH = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 # The longest name a directory entry may have (NAME_MAX of Linux's filesystems), in bytes.
