@@ -42,10 +42,17 @@ _NAMES = {
 }
 
 
-@functools.cache
 def _effective() -> int | None:
     """This process's effective set, from ``CapEff`` of /proc/self/status; None when it cannot
     be read (no /proc), when nothing is refused on its account."""
+    return _effective_as(os.geteuid())
+
+
+@functools.cache
+def _effective_as(euid: int) -> int | None:
+    """:func:`_effective`, read once for each effective uid: the kernel clears the effective
+    set when the effective uid leaves 0 and gives it back on the return (a process acting
+    for another uid for a while, ``seteuid``), so a set read under one uid is not another's."""
     field = _status_field("CapEff")
     try:
         return None if field is None else int(field, 16)

@@ -55,3 +55,20 @@ def test_a_process_that_is_not_root_is_never_refused_on_their_account() -> None:
         [*argv, sys.executable, "-c", ASK], capture_output=True, text=True, cwd=REPO, timeout=60
     )
     assert (asked.returncode, asked.stdout) == (0, "[]\n"), asked
+
+
+def test_root_acting_for_a_while_as_another_uid_holds_its_capabilities_again() -> None:
+    """The kernel clears the effective set when the effective uid leaves 0 and gives it back
+    on the return: a set first read while acting as another uid is not root's afterwards."""
+    acting = (
+        "import os\n"
+        "from cortexfs import capabilities as c\n"
+        "os.seteuid(65534)\n"
+        "print(c.lacking(c.CAP_CHOWN))\n"
+        "os.seteuid(0)\n"
+        "print(c.lacking(c.CAP_CHOWN))\n"
+    )
+    asked = subprocess.run(
+        [sys.executable, "-c", acting], capture_output=True, text=True, cwd=REPO, timeout=60
+    )
+    assert (asked.returncode, asked.stdout) == (0, "[]\n[]\n"), asked
