@@ -308,8 +308,10 @@ def _open_log_if_appendable(
         for _ in range(8):  # a control directory retired while we looked into it: once more
             try:
                 dir_fd = open_beneath(ops, root, relative.parent.parts)
-            except CtxError:
-                return None, False  # no directory this uid may open (or a link): no log
+            except CtxError as exc:
+                if exc.errno not in (errno.ENOENT, errno.ELOOP, errno.ENOTDIR):
+                    raise  # a directory the kernel refuses this uid: as any refusal, named
+                return None, False  # no control directory there (or a link): no log
             try:
                 log = EventLog(path, mode=TOOL_LOG_MODE, ops=ops, dir_fd=dir_fd, create=False)
                 return log, False

@@ -7,13 +7,16 @@ from __future__ import annotations
 import errno
 import subprocess
 import sys
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import pytest
 
+from cortexfs.errors import CtxError
 from cortexfs.shared.sessions import SessionRef
+from cortexfs.tools.record import _open_tool_log
 from tests.support.storage import attribute
-from tests.tools.support import World
+from tests.support.users import UnprivilegedUser
+from tests.tools.support import World, effective_user
 
 CTX = str(Path(sys.executable).with_name("ctx"))
 
@@ -77,3 +80,16 @@ def test_frames_lost_then_say_the_session_holds_the_call_and_the_log_does_not(
     )
     (result,) = [e for e in coder.events(session="imm") if e["type"] == "tool_result"]
     assert (result["errno"], result["stage"]) == ("ENOSPC", "output"), result
+
+
+def test_a_control_directory_the_host_may_not_open_is_a_refusal_naming_it(
+    coder: World, unprivileged_user: UnprivilegedUser
+) -> None:
+    """A tool whose control directory the recording process may not enter has a log all the
+    same: the kernel's refusal is named (the call cannot be logged, T-7), never read as a
+    tool without a log, whose calls would go unlogged without a word."""
+    (coder.root / "tool" / "say.d").chmod(0o700)
+    with effective_user(unprivileged_user), pytest.raises(CtxError) as refused:
+        _open_tool_log(coder.root, PurePosixPath("tool/say.d/log"))
+    assert refused.value.errno == errno.EACCES, refused.value
+    assert "say.d" in refused.value.message, refused.value
