@@ -61,7 +61,7 @@ class _Listing:
     until the first ``readdir``)."""
 
     inode: int
-    held: int
+    directory_fd: int
     names: list[str] | None = None
 
 
@@ -382,7 +382,7 @@ class StorageFS(pyfuse3.Operations):
             # how many are hidden, and where.  One hidden since is skipped below.
             shown = [name for name in on_disk if self.projection.visible((*parts, name))]
             listing.names = [".", "..", *shown]
-        elif _call(os.fstat, listing.held).st_nlink == 0:
+        elif _call(os.fstat, listing.directory_fd).st_nlink == 0:
             return  # removed: its listing ends here, as a removed directory's does on a disk
         # Once begun, a listing goes on in the directory it began in, reached through the
         # descriptor held since it was opened, not by its name: one moved or replaced on the
@@ -404,13 +404,13 @@ class StorageFS(pyfuse3.Operations):
             if not self.projection.visible(child):
                 continue
             try:
-                status, identity = _identified_in(listing.held, name)
+                status, identity = _identified_in(listing.directory_fd, name)
             except pyfuse3.FUSEError as failed:
-                if failed.errno not in _SHORT_OF_DESCRIPTORS:
+                if failed.errno == errno.ENOENT:
                     continue  # removed meanwhile
                 # Never skipped: a listing that quietly ended here would look complete.  The
                 # entries given so far stand (the kernel asks again from the last one), and
-                # EMFILE comes when the next request starts at this name.
+                # the error (EMFILE, EIO…) comes when the next request starts at this name.
                 if replied:
                     return
                 raise
@@ -425,7 +425,7 @@ class StorageFS(pyfuse3.Operations):
     async def releasedir(self, fh):  # type: ignore[no-untyped-def]
         listing = self._open_directories.pop(fh, None)
         if listing is not None:
-            os.close(listing.held)
+            os.close(listing.directory_fd)
 
     async def open(self, inode, flags, ctx):  # type: ignore[no-untyped-def]
         try:

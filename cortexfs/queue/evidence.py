@@ -149,16 +149,19 @@ class Scan:
         return evidence
 
 
-def _kind(entry: os.DirEntry[str]) -> str:
-    """What kind of entry a listing gave; FileNotFoundError for one removed since: the
-    readers list without the queue's locks, beside writers that move and unlink."""
+def _kind(entry: os.DirEntry[str]) -> str | None:
+    """What kind of entry a listing gave; None for one removed since: the readers list
+    without the queue's locks, beside writers that move and unlink."""
     if entry.is_symlink():
         return "symlink"
     if entry.is_dir(follow_symlinks=False):
         return "directory"
     if entry.is_file(follow_symlinks=False):
         return REGULAR_FILE
-    mode = entry.stat(follow_symlinks=False).st_mode
+    try:
+        mode = entry.stat(follow_symlinks=False).st_mode
+    except FileNotFoundError:
+        return None
     if stat.S_ISFIFO(mode):
         return "FIFO"
     if stat.S_ISSOCK(mode):
@@ -197,9 +200,8 @@ def _scan_pending(queue: Queue, result: Scan) -> None:
         if not is_job_name(entry.name):
             result.ignored.append(Ignored(f"pending/{entry.name}", _name_reason(entry.name)))
         elif not entry.is_file(follow_symlinks=False):
-            try:
-                kind = _kind(entry)
-            except FileNotFoundError:
+            kind = _kind(entry)
+            if kind is None:
                 continue  # removed since the listing: evidence of nothing
             path = f"pending/{entry.name}"
             result.ignored.append(Ignored(path, f"a {kind}, not a request file"))
@@ -217,9 +219,8 @@ def _scan_job_dirs(queue: Queue, result: Scan, state: str) -> None:
             continue
         evidence = result.job(entry.name)
         if not entry.is_dir(follow_symlinks=False):
-            try:
-                kind = _kind(entry)
-            except FileNotFoundError:
+            kind = _kind(entry)
+            if kind is None:
                 continue  # removed since the listing
             # Never followed; and J's other evidence cannot be judged without this piece, so
             # J is a conflict rather than a candidate for a repair (Q-6, Q-8).
@@ -278,10 +279,12 @@ def _take_job_dir(
     expected = LEASE_FILE if state == "lease" else evidence.job
     for entry in sorted(_entries(job_fd), key=lambda entry: entry.name):
         inner_path = f"{path}/{entry.name}"
+        kind = _kind(entry)
         try:
-            kind = _kind(entry)
             inode = inode_of(entry) if kind == REGULAR_FILE else None
         except FileNotFoundError:
+            kind = None
+        if kind is None:
             continue  # moved on since the listing (a finish, a requeue): no longer here
         if entry.name != expected:
             reason = f"unexpected entry in {path}/"
@@ -307,9 +310,8 @@ def _scan_terminal(queue: Queue, result: Scan, state: str) -> None:
         if not is_job_name(job):
             result.ignored.append(Ignored(path, _name_reason(name)))
         elif not entry.is_file(follow_symlinks=False):
-            try:
-                kind = _kind(entry)
-            except FileNotFoundError:
+            kind = _kind(entry)
+            if kind is None:
                 continue  # removed since the listing
             result.ignored.append(Ignored(path, f"a {kind}, not a regular file"))
             result.job(job).bad.append(path)
@@ -339,9 +341,8 @@ def _scan_inbox(queue: Queue, result: Scan) -> None:
     now = time.time()
     for entry in _entries(queue.inbox):
         path = f"inbox/{entry.name}"
-        try:
-            kind = _kind(entry)
-        except FileNotFoundError:
+        kind = _kind(entry)
+        if kind is None:
             continue  # published or removed since the listing
         # A symlink (or FIFO, socket...) at a staging name holds that name as a dead
         # publisher's temp file does (J.publish.tmp is created O_EXCL), so it is a stray

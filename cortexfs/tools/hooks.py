@@ -49,6 +49,8 @@ PRE, POST = "pre", "post"
 PHASES = (PRE, POST)
 _PHASE_DIRECTORIES = {PRE: PRE_HOOKS, POST: POST_HOOKS}
 _DIRECTORY_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# What a start that cannot enter its working directory fails with (chdir(2)).
+_NOT_ENTERED = (errno.ENOENT, errno.ENOTDIR, errno.EACCES, errno.ELOOP)
 
 
 class HookRun(NamedTuple):
@@ -183,10 +185,11 @@ def _run_one(
             ) from None
         if isinstance(exc, InterpreterRefused):  # its errno's words alone name no culprit
             return HookRun(phase, name, 126, f"cannot be run: {exc.reason} ({exc.strerror})")
-        if exc.filename == spec.cwd:
+        if exc.filename == spec.cwd and exc.errno in _NOT_ENTERED:
             # The start failed to enter the working directory, before any exec: the hook is
             # there, the directory is not (removed while the tool ran), and its errno's words
-            # alone would read as the hook's own ("No such file or directory").
+            # alone would read as the hook's own ("No such file or directory").  (subprocess
+            # names the directory for any failure before the exec: only these are chdir's.)
             why = f"cannot start in its working directory {spec.cwd}: {exc.strerror}"
             return HookRun(phase, name, 126, why)
         return HookRun(phase, name, 126, f"cannot be run: {exc.strerror}")

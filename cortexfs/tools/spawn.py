@@ -144,9 +144,9 @@ def run_captured(
     deadline = None if spec.timeout is None else started + spec.timeout
     _require_startable(spec)
     argv, options, network_namespace = _launch(spec._replace(leads_terminal=False))
-    # Made before the offline namespace is entered: made on a root host's first call, it
-    # keeps a descriptor for the process's later calls, which a start refused for want of
-    # descriptors must not leave behind to crowd out the call's record.
+    # The pipes are made before the offline namespace is first entered, which keeps a
+    # descriptor for the process's later calls: a start refused for want of descriptors must
+    # leave none behind, so that the call can still be recorded.
     theirs, ours = _pipes_for_a_process()
     try:
         with network_namespace:

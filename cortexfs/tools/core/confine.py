@@ -218,8 +218,9 @@ def reporting(place: Place) -> Iterator[None]:
 
 def open_regular_file(place: Place) -> tuple[int, os.stat_result]:
     """``place`` opened for reading, with its status: never through a link, and only a regular
-    file (EISDIR for a directory, EINVAL for anything else), judged before it is opened: a
-    FIFO, a socket or a device is never opened."""
+    file (EISDIR for a directory, EINVAL for anything else), judged before it is opened, so
+    that a FIFO, a socket or a device found at the name is never opened (one put there
+    between that look and the open is opened without waiting, and refused as opened)."""
     parent = open_parent(place)
     try:
         # A directory on the way the agent may not search refuses the look itself (EACCES):

@@ -288,9 +288,8 @@ def require(request: Mapping[str, Any], key: str, kind: type, default: Any = REQ
         # 1.0 is an integer as JSON Schema counts (the schema let it through): taken as 1.
         return int(value)
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise ToolFailure(
-            errno_names.EINVAL, f"{key!r} must be of type {_JSON_NAMES[kind]}", usage=True
-        )
+        named = _JSON_NAMES.get(kind, kind.__name__)
+        raise ToolFailure(errno_names.EINVAL, f"{key!r} must be of type {named}", usage=True)
     return value
 
 
