@@ -192,6 +192,12 @@ def too_big(message: str) -> CtxError:
     return CtxError(_errno.EFBIG, message)
 
 
+def owner_left_out(letter: str) -> str:
+    """The remedy for a caller refused by the mode of a file or directory it owns: telling
+    its owner to act as its owner would help nobody, the mode is what is missing."""
+    return f"you own it, but its mode leaves you out: 'chmod u+{letter}' it"
+
+
 def errno_named_in(message: str) -> int:
     """The errno whose text (``No such file or directory``) a program's error ``message``
     holds, as bubblewrap's "Can't find source path /x: No such file or directory" or libfuse's

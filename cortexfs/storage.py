@@ -37,6 +37,7 @@ from cortexfs.errors import (
     explain_host_trouble,
     invalid,
     not_found,
+    owner_left_out,
 )
 from cortexfs.file_attributes import attribute_refusal
 from cortexfs.names import check_object_name
@@ -357,7 +358,7 @@ def _refusal(
     if fix is None and st.st_uid == os.geteuid():
         # Telling its owner to run as its owner would help nobody: the mode is what is missing.
         letter = {stat.S_IWGRP: "w", stat.S_IRGRP: "r", stat.S_IXGRP: "x"}.get(group_bit, "rwx")
-        fix = f"you own it, but its mode leaves you out: 'chmod u+{letter}' it"
+        fix = owner_left_out(letter)
         if not _default_root_behind(path, group_bit):  # "a root of your own" is no way out
             fix += f", or {use_own_root()}"
     if fix is None and os.geteuid() == 0:

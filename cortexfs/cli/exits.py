@@ -15,6 +15,7 @@ import os
 import select
 import signal
 import sys
+import time
 from collections.abc import Callable, Iterator
 from typing import NoReturn
 
@@ -96,10 +97,19 @@ def _leave_output(answer: str) -> None:
         discard_output(sys.stdout)
         # A second Ctrl-C ends the wait; an output that refuses the answer loses it alone.
         with contextlib.suppress(OSError, KeyboardInterrupt):
-            if answer and select.select([], [kept], [], _ANSWER_WAIT_SECONDS)[1]:
-                os.write(kept, answer.encode())
+            _write_within(kept, answer.encode(), time.monotonic() + _ANSWER_WAIT_SECONDS)
     finally:
         os.close(kept)
+
+
+def _write_within(fd: int, data: bytes, deadline: float) -> None:
+    """``data`` written to ``fd`` as far as it takes it before ``deadline``: a pipe said to
+    have room takes at least ``PIPE_BUF`` bytes at once, so no write waits past it."""
+    while data:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([], [fd], [], left)[1]:
+            return
+        data = data[os.write(fd, data[: select.PIPE_BUF]) :]
 
 
 def ran_out_of_memory(prog_name: str, as_json: bool, *, queue_command: bool = False) -> NoReturn:

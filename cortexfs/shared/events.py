@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from cortexfs import capabilities, durable, jsontext
-from cortexfs.errors import CtxError, invalid, too_big
+from cortexfs.errors import CtxError, invalid, owner_left_out, too_big
 from cortexfs.file_attributes import refusing_attribute
 from cortexfs.locks import flock_within
 from cortexfs.shared.tree import Ownership
@@ -520,9 +520,7 @@ def _repair_unwritable(path: Path, dir_fd: int | None, refused: int) -> int:
     else:
         why = "by a caller who may not write it"
         if status.st_uid == os.geteuid():
-            # Telling its owner to repair it as its owner would help nobody: the mode is what
-            # is missing, as the readers say to an owner its mode leaves out.
-            remedy = "you own it, but its mode leaves you out: 'chmod u+w' it and repair again"
+            remedy = f"{owner_left_out('w')} and repair again"
         else:
             remedy = (
                 capabilities.root_without(capabilities.CAP_DAC_OVERRIDE)
