@@ -17,6 +17,7 @@ import os
 import re
 import stat
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -599,7 +600,11 @@ def open_dir_below(ops: durable.FsOps, top: Path, path: Path) -> int:
                     "refusing to use it: replace it with the directory itself",
                 ) from None
             if found is not None:
-                raise CtxError(errno.ENOTDIR, f"{reached} is not a directory") from None
+                raise CtxError(
+                    errno.ENOTDIR,
+                    f"{reached} is not a directory: it is in the way; move it aside, nothing "
+                    "was changed",
+                ) from None
             raise
         ops.close(fd)
         fd = inner
@@ -689,14 +694,25 @@ def _with_move_strategy(ops: durable.FsOps, strategy: str) -> durable.FsOps:
     return clone
 
 
-def init_queue(path: Path, ops: durable.FsOps | None = None) -> list[str]:
+def init_queue(
+    path: Path, ops: durable.FsOps | None = None, *, explain_refusals: bool = True
+) -> list[str]:
     """Create the queue directories (and missing parents) durably; return what was created.
 
     Idempotent.  A default ``config`` is written when none exists, so the knobs are
-    discoverable.
+    discoverable.  A step the kernel refuses is a :class:`CtxError` naming the directory that
+    refused and what to do (:func:`_init_refused_in`); with ``explain_refusals`` false, the
+    kernel's own error, for a caller that explains it as part of a larger whole (a shared
+    space being made).
     """
     path = as_path(path)
     ops = ops or durable.default_ops()
+
+    def refused_in(directory: Path) -> contextlib.AbstractContextManager[None]:
+        if explain_refusals:
+            return _init_refused_in(path, directory)
+        return contextlib.nullcontext()
+
     created: list[str] = []
     missing: list[Path] = []
     probe = path
@@ -704,41 +720,79 @@ def init_queue(path: Path, ops: durable.FsOps | None = None) -> list[str]:
         missing.append(probe)
         probe = probe.parent
     for directory in reversed(missing):
-        parent_fd = durable.open_dir_path(ops, str(directory.parent))
-        try:
-            if durable.make_dir_synced(ops, parent_fd, directory.name, 0o775):
-                created.append(str(directory))
-        finally:
-            ops.close(parent_fd)
-    root_fd = durable.open_dir_path(ops, str(path))
-    try:
-        for name in STATE_DIRS:
-            if durable.make_dir_synced(ops, root_fd, name, 0o775):
-                created.append(f"{path}/{name}")
-                _give_the_queue_group(ops, root_fd, name)
-                if name == "pending":
-                    start_hint(path)  # an empty pending/ is completely described by no names
-        _remove_stray_config_temps(ops, root_fd)
-        if lstat_at(root_fd, CONFIG_NAME) is None:
-            tmp = f".{CONFIG_NAME}.{os.urandom(6).hex()}{TEMP_SUFFIX}"
-            # Readable by everyone who may reach the queue whatever the creator's umask: every
-            # member of a shared space's group opens the queue through it (X-1).
-            config = QueueConfig().render().encode()
+        with refused_in(directory.parent):
+            parent_fd = durable.open_dir_path(ops, str(directory.parent))
             try:
-                durable.write_file_synced(ops, root_fd, tmp, config, CONFIG_MODE, exact_mode=True)
-                durable.move_noreplace(ops, root_fd, tmp, root_fd, CONFIG_NAME)
-                created.append(f"{path}/{CONFIG_NAME}")
-            except FileExistsError:
-                durable.remove_entries(ops, [(root_fd, tmp, False)])  # another init's won
-            except BaseException:
-                # Refused midway (a full disk, an I/O error): no temp of ours outlives it,
-                # where nothing would ever look for it.
-                with contextlib.suppress(OSError):
-                    durable.remove_entries(ops, [(root_fd, tmp, False)])
-                raise
+                if durable.make_dir_synced(ops, parent_fd, directory.name, 0o775):
+                    created.append(str(directory))
+            finally:
+                ops.close(parent_fd)
+    with refused_in(path):
+        root_fd = durable.open_dir_path(ops, str(path))
+    try:
+        with refused_in(path):
+            created += _make_queue_entries(ops, path, root_fd)
     finally:
         ops.close(root_fd)
     return created
+
+
+def _make_queue_entries(ops: durable.FsOps, path: Path, root_fd: int) -> list[str]:
+    """Make the state directories and the default ``config`` missing in the queue directory
+    ``path`` (open as ``root_fd``); return what was made."""
+    created: list[str] = []
+    for name in STATE_DIRS:
+        if durable.make_dir_synced(ops, root_fd, name, 0o775):
+            created.append(f"{path}/{name}")
+            _give_the_queue_group(ops, root_fd, name)
+            if name == "pending":
+                start_hint(path)  # an empty pending/ is completely described by no names
+    _remove_stray_config_temps(ops, root_fd)
+    if lstat_at(root_fd, CONFIG_NAME) is None:
+        tmp = f".{CONFIG_NAME}.{os.urandom(6).hex()}{TEMP_SUFFIX}"
+        # Readable by everyone who may reach the queue whatever the creator's umask: every
+        # member of a shared space's group opens the queue through it (X-1).
+        config = QueueConfig().render().encode()
+        try:
+            durable.write_file_synced(ops, root_fd, tmp, config, CONFIG_MODE, exact_mode=True)
+            durable.move_noreplace(ops, root_fd, tmp, root_fd, CONFIG_NAME)
+            created.append(f"{path}/{CONFIG_NAME}")
+        except FileExistsError:
+            durable.remove_entries(ops, [(root_fd, tmp, False)])  # another init's won
+        except BaseException:
+            # Refused midway (a full disk, an I/O error): no temp of ours outlives it,
+            # where nothing would ever look for it.
+            with contextlib.suppress(OSError):
+                durable.remove_entries(ops, [(root_fd, tmp, False)])
+            raise
+    return created
+
+
+@contextlib.contextmanager
+def _init_refused_in(queue: Path, directory: Path) -> Iterator[None]:
+    """Turn the kernel's refusal of what ``queue init`` makes in ``directory`` (the queue, or
+    the parent of a missing one) into an error naming that directory and what to do: who may
+    write there, the attribute and its ``chattr``, a read-only filesystem, or what ran short
+    and the bytes and inodes left.  Never the bare errno, which names a temp of the config
+    no listing shows, or a state directory without its queue."""
+    try:
+        yield
+    except OSError as exc:
+        action = f"init queue {queue}"
+        again = "then run 'ctx queue init' again (what it made is kept)"
+        if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            try:
+                require_writable(directory, action)
+            except CtxError as explained:
+                raise CtxError(explained.errno, f"{explained.message}; {again}") from None
+        trouble = explain_host_trouble(exc.errno, filesystem=str(directory), uid=os.geteuid())
+        if trouble is None and exc.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+            raise
+        aside, fix = (trouble.aside, trouble.remedy) if trouble else ("", "fix the cause")
+        raise CtxError(
+            exc.errno or errno.EIO,
+            f"cannot {action}: {directory} refused: {exc.strerror}{aside}: {fix}, {again}",
+        ) from None
 
 
 # A config temp younger than this may be another init's, still being written.

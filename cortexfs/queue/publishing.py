@@ -204,6 +204,9 @@ def publish_batch(
         try:
             encoded.append(requests.encode_request(request, limit, publisher, source))
         except CtxError as exc:
+            if len(problems) == requests.MAX_BAD_LINES_SAID:  # a message of a few lines
+                problems.append(f"and more from {label} {number} on")
+                break
             problems.append(f"{label} {number}: {exc.message}")
     if problems:
         raise CtxError(errno.EINVAL, "batch refused, nothing published: " + "; ".join(problems))

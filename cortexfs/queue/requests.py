@@ -65,7 +65,10 @@ def request_problems(request: object) -> list[str]:
         problems.append("field 'input' must be a JSON object (use {} for no input)")
     if "from" in request and not isinstance(request["from"], str):
         problems.append("field 'from' must be a string")
-    if "created" in request:
+    if "created" in request and not isinstance(request["created"], str):
+        what = jsontext.what_it_is(request["created"])
+        problems.append(f"field 'created' must be a string (an RFC 3339 timestamp), not {what}")
+    elif "created" in request:
         created = request["created"]
         try:
             parse_rfc3339(created)

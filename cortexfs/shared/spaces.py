@@ -168,7 +168,9 @@ def _create_or_complete(
             # directory in after the mkdir gets EEXIST, and theirs is left as it was.
             created += ensure_directories(ops, path.parent, list(parts), mode=mode, owner=owner)
         queue = path / QUEUE_DIR
-        created += init_queue(queue, ops)  # the config, and the claim hint of a new pending/
+        # The config, and the claim hint of a new pending/; a refusal is told by _completing,
+        # as the space's.
+        created += init_queue(queue, ops, explain_refusals=False)
         if str(queue / "pending") in created:
             start_hint(queue)
     report = SpaceReport(path, os.stat(path).st_gid, created)
