@@ -29,6 +29,7 @@ from cortexfs.queue.layout import (
 from cortexfs.queue.leasing import (
     NotHeld,
     claimed_without_lease,
+    lease_not_readable,
     not_a_lease,
     not_claimed,
     read_lease,
@@ -86,6 +87,8 @@ def finish(
             lease = read_lease(queue, job)
         except NotADirectoryOfTheJob:
             raise
+        except PermissionError:
+            raise lease_not_readable(queue, job, f"finish {job}") from None
         except CtxError as exc:
             lease = exc
         if holder is not None:

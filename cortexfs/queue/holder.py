@@ -146,6 +146,10 @@ class Holder:
     pid_ns: int
     pid: int
     start_time: float | None  # None: not known (a hand-written lease, a pid that had exited)
+    # The wall-clock time the boot began, as the start time was read: start_time less the
+    # time since boot the kernel counts the start at, which no step of the wall clock moves
+    # (see :meth:`started_apart_from`).  None: not known.
+    boot_time: float | None = None
 
     @classmethod
     def for_process(cls, pid: int | None = None, worker: str | None = None) -> Holder:
@@ -166,10 +170,13 @@ class Holder:
             check_worker_id(worker)
         here = LocalSystem.current()
         start_time: float | None = None
+        boot_time: float | None = None
         if here.own_proc:
             _require_not_a_thread(pid)
             with contextlib.suppress(psutil.Error):
                 start_time = psutil.Process(pid).create_time()
+                since_boot = started_since_boot(pid)
+                boot_time = None if since_boot is None else start_time - since_boot
         return cls(
             worker=worker or _default_worker_id(here.host, pid),
             host=here.host,
@@ -178,6 +185,7 @@ class Holder:
             pid_ns=here.pid_ns,
             pid=pid,
             start_time=start_time,
+            boot_time=boot_time,
         )
 
     def summary(self) -> dict[str, Any]:
@@ -191,13 +199,54 @@ class Holder:
         }
 
     def is_same_process(self, other: Holder) -> bool:
-        """Same boot, pid namespace and pid, and the same start time where both know it."""
+        """Same boot, pid namespace and pid, and the same start where both know it."""
         return (
             self.boot_id == other.boot_id
             and self.pid_ns == other.pid_ns
             and self.pid == other.pid
-            and not _started_apart(self.start_time, other.start_time)
+            and not self.started_apart_from(other.start_time, other.since_boot)
         )
+
+    @property
+    def since_boot(self) -> float | None:
+        """When the holder started, in seconds after its boot began; None when not known."""
+        if self.start_time is None or self.boot_time is None:
+            return None
+        return self.start_time - self.boot_time
+
+    def started_apart_from(self, start_time: float | None, since_boot: float | None) -> bool:
+        """Whether a process of this holder's boot and pid that started at ``start_time``,
+        ``since_boot`` seconds after the boot began, is provably another process: the start
+        times differ (:func:`_started_apart`), and so do the times since boot where both are
+        known.  Either alone moves for the same process: the start time with a step of the
+        wall clock (NTP after a resume, ``date -s``: psutil derives it from the boot's
+        wall-clock time), which would tell every live holder gone and run its job twice; the
+        time since boot between time namespaces (a boot-time offset), where the start time
+        stays.  A reused pid moves both."""
+        if not _started_apart(self.start_time, start_time):
+            return False
+        mine = self.since_boot
+        if mine is None or since_boot is None:
+            return True
+        coarse = isinstance(self.start_time, int) or isinstance(start_time, int)
+        return abs(mine - since_boot) >= (
+            _WHOLE_SECOND_TOLERANCE if coarse else _START_TIME_TOLERANCE
+        )
+
+
+def started_since_boot(pid: int) -> float | None:
+    """When process ``pid`` started, in seconds after the boot began (field 22 of
+    /proc/PID/stat, in clock ticks); None when /proc does not tell.  Read after the command
+    name's last ``)``: the name may hold blanks and parentheses."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat_file:
+            fields = stat_file.read(4096).rpartition(b")")[2].split()
+        return int(fields[19]) / _CLOCK_TICKS
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def calling_process(argv: Sequence[str]) -> int:
@@ -469,6 +518,7 @@ class Lease:
     def to_json(self) -> dict[str, Any]:
         doc: dict[str, Any] = {"job": self.job, **vars(self.holder)}  # flat: no asdict copy
         doc["create_time"] = doc.pop("start_time")  # Q-3 names it as psutil does
+        doc["boot_time"] = doc.pop("boot_time")  # after it: they are read together
         doc["claimed_at"] = rfc3339(self.claimed_at)
         doc["expires_at"] = rfc3339(self.expires_at)
         if self.renewed_at is not None:
@@ -503,7 +553,7 @@ class Lease:
         if not (named or job):
             raise invalid("lease has no valid field 'job'")
         start_key = "create_time" if "create_time" in doc else "start_time"
-        start = doc.get(start_key)
+        start, boot = doc.get(start_key), doc.get("boot_time")
         machine_id = doc.get("machine_id")
         holder = Holder(
             worker=_field(doc, "worker", str),
@@ -513,6 +563,7 @@ class Lease:
             pid_ns=_pid_ns(doc.get("pid_ns")),
             pid=_pid(doc.get("pid")),
             start_time=None if start is None else _start_time(start, start_key),
+            boot_time=None if boot is None else _time(boot, "boot_time"),
         )
         renewed = doc.get("renewed_at")
         return cls(
@@ -643,16 +694,20 @@ def judge(lease: Lease, here: LocalSystem | None = None, now: float | None = Non
         try:
             process = psutil.Process(holder.pid)
             start_time = process.create_time()
+            since_boot = started_since_boot(holder.pid)
             status = process.status()
+            # A process whose first thread has exited (pthread_exit) shows that thread as a
+            # zombie while its other threads work on: it is alive.
+            exited = status == psutil.STATUS_ZOMBIE and process.num_threads() <= 1
         except psutil.NoSuchProcess:
             if process_exists(holder.pid):  # hidden from this uid (hidepid=2)
                 return Verdict(ALIVE, f"{where} exists but /proc hides it from uid {os.geteuid()}")
             return Verdict(GONE, f"{where} has exited")
         except psutil.Error:
             return Verdict(ALIVE, f"{where} exists but cannot be inspected")
-        if _started_apart(start_time, holder.start_time):
+        if holder.started_apart_from(start_time, since_boot):
             return Verdict(GONE, f"{where} has exited; the pid now belongs to another process")
-        if status == psutil.STATUS_ZOMBIE:
+        if exited:
             return Verdict(GONE, f"{where} has exited (zombie)")
         if holder.start_time is None:
             return Verdict(

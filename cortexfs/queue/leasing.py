@@ -24,6 +24,7 @@ from cortexfs.queue.layout import (
     read_regular_file,
 )
 from cortexfs.queue.transition import discard_temp, locked_claim
+from cortexfs.storage import not_readable
 from cortexfs.timefmt import rfc3339
 
 
@@ -52,6 +53,15 @@ def read_lease(queue: Queue, job: str) -> Lease:
     finally:
         queue.ops.close(lease_fd)
     return Lease.decode(data, job)
+
+
+def lease_not_readable(queue: Queue, job: str, action: str) -> CtxError:
+    """EACCES for ``action`` (``renew a lease``) when this process may not read J's lease (a
+    member meeting root's ``lease/J`` in a shared queue): which entry refused, who owns it,
+    its mode and what to do, and that nothing was changed."""
+    lease_file = queue.path / "lease" / job / LEASE_FILE
+    refused = not_readable(lease_file, f"{action} in queue {queue.path}")
+    return CtxError(refused.errno, f"{refused.message}; nothing was changed")
 
 
 def lease_unreadable(job: str, exc: OSError | CtxError) -> str:
@@ -160,6 +170,8 @@ def renew(
             current = read_lease(queue, job)
         except NotADirectoryOfTheJob:
             raise
+        except PermissionError:
+            raise lease_not_readable(queue, job, "renew a lease") from None
         except CtxError as exc:
             if exc.errno == errno.ENOENT:
                 raise claimed_without_lease(job) from None

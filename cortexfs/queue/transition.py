@@ -32,6 +32,7 @@ from cortexfs.queue.layout import (
     lstat_at,
     take_dir_lock,
 )
+from cortexfs.storage import not_readable
 
 
 def moved_in(src_dir: int, src: str, dst_dir: int, dst: str) -> bool | OSError:
@@ -102,6 +103,11 @@ def locked_claim(
         claim_fd = queue.open_held_job_dir("claimed", job)
     except FileNotFoundError:
         raise not_claimed(queue, job) from None
+    except PermissionError:
+        # Root's claimed/J in a member's queue, say: who may open it, never the bare errno.
+        action = f"change job {job} in queue {queue.path}"
+        refused = not_readable(queue.path / "claimed" / job, action)
+        raise CtxError(refused.errno, f"{refused.message}; nothing was changed") from None
     except NotADirectoryOfTheJob:
         # A file or a link at claimed/J beside nothing of J's is no conflict but no job at
         # all (status lists it as ignored), which not_claimed says.

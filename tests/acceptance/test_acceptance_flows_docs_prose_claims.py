@@ -369,7 +369,8 @@ def test_renew_defaults_to_the_claims_own_lifetime_and_only_for_its_holder(
     """docs/queue.md: "renew extends the caller's own lease: to --ttl S seconds from now, by
     default for as long again as it was taken or last renewed for (claim --ttl 1000, then
     renew: 1000 s more, never the shorter lease_ttl)"; the lease names its holder with
-    ``worker, host, machine_id, boot_id, pid_ns, pid, create_time, claimed_at, expires_at``
+    ``worker, host, machine_id, boot_id, pid_ns, pid, create_time, boot_time, claimed_at,
+    expires_at``
     (and ``job``, and ``renewed_at`` after a renewal); "renew rewrites it … only for the
     process that holds it"."""
     job = queue.publish(json.loads(SIMPLE), name="long")
@@ -377,7 +378,8 @@ def test_renew_defaults_to_the_claims_own_lifetime_and_only_for_its_holder(
     assert queue.run("claim", "--pid", pid, "--ttl", "1000").rc == 0
     lease = queue.lease(job)
     assert set(lease) == {"job", "worker", "host", "machine_id", "boot_id", "pid_ns", "pid",
-                          "create_time", "claimed_at", "expires_at"}, lease  # fmt: skip
+                          "create_time", "boot_time", "claimed_at",
+                          "expires_at"}, lease  # fmt: skip
     assert (when(lease["expires_at"]) - when(lease["claimed_at"])).total_seconds() == 1000
 
     r = queue.run("renew", job)  # from this process, which does not hold it

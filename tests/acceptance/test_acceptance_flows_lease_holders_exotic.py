@@ -92,7 +92,7 @@ def assert_q3_lease(
     and ``expires_at`` exactly ``ttl`` apart (from ``renewed_at`` after a renewal)."""
     q3 = {"worker", "host", "boot_id", "pid_ns", "pid", "create_time", "claimed_at", "expires_at"}
     assert q3 <= set(lease), (q3 - set(lease), lease)
-    assert set(lease) - q3 <= {"job", "machine_id", "renewed_at"}, lease
+    assert set(lease) - q3 <= {"job", "machine_id", "boot_time", "renewed_at"}, lease
     assert lease.get("job", job) == job, lease
     host = socket.gethostname()
     assert lease["host"] == host, lease

@@ -68,7 +68,7 @@ BOOT_ID = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
 _MACHINE_FILE = Path("/etc/machine-id")
 MACHINE_ID = _MACHINE_FILE.read_text().strip() if _MACHINE_FILE.is_file() else ""
 LEASE_FIELDS = {"job", "worker", "host", "machine_id", "boot_id", "pid_ns", "pid",
-                "create_time", "claimed_at", "expires_at"}  # fmt: skip
+                "create_time", "boot_time", "claimed_at", "expires_at"}  # fmt: skip
 WAIT = 30.0
 INDIA = timezone(timedelta(hours=5, minutes=30))
 
