@@ -48,37 +48,26 @@ _TIMEOUT = click.option(
 )
 
 
-class _Stopped(BaseException):
-    """SIGTERM or SIGHUP arrived: unwound like ^C, so that the server's process group, a
-    session of its own that no signal of ours reaches, is killed on the way out."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
-
-
-def _stop(signum: int, _frame: object) -> None:
-    raise _Stopped(signum)
-
-
 def main(args: list[str] | None = None) -> None:
     """The ``ctxmcp`` console script."""
     from cortexfs.cli.usage import run_click
-    from cortexfs.interrupts import reset_inherited_signal_state
+    from cortexfs.interrupts import Stopped, reset_inherited_signal_state, stops_raise
     from cortexfs.standard_streams import prepare_standard_streams
 
     prepare_standard_streams()
     reset_inherited_signal_state()
-    for stop in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(stop, _stop)
     argv = sys.argv[1:] if args is None else list(args)
     try:
-        run_click(ctxmcp, argv, "ctxmcp")
+        # SIGTERM and SIGHUP unwind like ^C, so that the server's process group, a session of
+        # its own that no signal of ours reaches, is killed on the way out; one its caller
+        # ignores (nohup) stays ignored.
+        with stops_raise():
+            run_click(ctxmcp, argv, "ctxmcp")
     except MemoryError:
         from cortexfs.cli.exits import ran_out_of_memory
 
         ran_out_of_memory("ctxmcp", "--json" in argv)
-    except _Stopped as stopped:
+    except Stopped as stopped:
         # The server is gone; now end as the signal would have ended us.
         signal.signal(stopped.signum, signal.SIG_DFL)
         os.kill(os.getpid(), stopped.signum)

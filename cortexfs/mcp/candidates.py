@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 from cortexfs import durable
-from cortexfs.errors import CtxError, exists
+from cortexfs.errors import CtxError, exists, explain_host_trouble
+from cortexfs.file_attributes import entry_attribute_refusal
 from cortexfs.mcp.out_directory import check_out_directory, forbidden_directories, refuse_inside
 from cortexfs.mcp.project import Projection, candidate_bytes
 
@@ -49,7 +50,8 @@ def _make_out(out: Path) -> list[Path]:
             raise _cannot_write(out, os.strerror(errno.EEXIST), errno.EEXIST) from None
         except OSError as exc:
             _unmake(made)
-            raise _cannot_write(out, exc.strerror or str(exc), exc.errno or errno.EIO) from None
+            code = exc.errno or errno.EIO
+            raise _cannot_write(out, exc.strerror or str(exc), code, directory.parent) from None
         made.append(directory)
     return made
 
@@ -76,11 +78,16 @@ def _open_out(out: Path) -> int:
     raise _cannot_write(out, os.strerror(errno.EACCES), errno.EACCES)
 
 
-def _cannot_write(out: Path, reason: str, code: int) -> CtxError:
+def _cannot_write(out: Path, reason: str, code: int, place: Path | None = None) -> CtxError:
+    """``code`` writing into ``out`` (in ``place``, on the filesystem that refused): a host
+    short of room is told to make some, not to find a directory it may write."""
+    trouble = explain_host_trouble(code, filesystem=place, uid=os.geteuid())
+    mend = "give a directory you may write"
+    if trouble is not None:
+        reason += trouble.aside
+        mend = f"{trouble.remedy}, or give another --out, then project again"
     return CtxError(
-        code,
-        f"cannot write candidates in --out {out}: {reason}; give a directory you may write "
-        "(nothing was written)",
+        code, f"cannot write candidates in --out {out}: {reason}; {mend} (nothing was written)"
     )
 
 
@@ -256,10 +263,16 @@ def _replace_into_place(
             _remove(out_fd, [later.temporary for later in staged[index:]])
             done = ", ".join(str(w.path) for w in written) or "none"
             left = ", ".join(str(later.path) for later in staged[index:])
+            action = f"write the candidate {entry.path}"
+            # An earlier candidate made immutable or append-only refuses root too: say which
+            # attribute, and the chattr that lifts it, or --replace would only fail again.
+            refused = None
+            if exc.errno == errno.EPERM:
+                refused = entry_attribute_refusal(out_fd, entry.path.name, action, entry.path)
+            why = refused.message if refused else f"cannot {action}: {exc.strerror or exc}"
             raise CtxError(
                 exc.errno or errno.EIO,
-                f"cannot write the candidate {entry.path}: {exc.strerror or exc}; written: "
-                f"{done}; not written: {left}; project again with --replace",
+                f"{why}; written: {done}; not written: {left}; project again with --replace",
             ) from None
         written.append(Written(entry.path, replaced))
     return written

@@ -15,7 +15,8 @@ surrogate (no character, so no text output can hold it), a text item whose text 
 string, or nested deeper than a tool's output may be (:data:`cortexfs.jsontext.MAX_DEPTH`)
 breaks the protocol (``EPROTO``).
 A server that exits before it answers is ``EIO`` with how it ended, whether its output ends
-with it or a process it started (a launcher's helper) holds that output open.
+with it or a process it started (a launcher's helper) holds that output open; one that does
+not read a request, or answer it, within the timeout is ``ETIMEDOUT``.
 """
 
 from __future__ import annotations
@@ -117,6 +118,10 @@ class StdioClient:
                 f"cannot start server {self.spec.name!r} ({failed}): {exc.strerror}"
                 + (f"; {mend}, then try again" if mend else ""),
             ) from None
+        assert self._process.stdin is not None
+        # Written without blocking, so that a server that stops reading its input is cut off
+        # at the deadline of what is being sent (:meth:`_send`), not waited on for ever.
+        os.set_blocking(self._process.stdin.fileno(), False)
         if self.guard is not None:
             try:
                 self._guarded.enter_context(self.guard(self._process.pid))
@@ -258,22 +263,24 @@ class StdioClient:
         return result
 
     def notify(self, method: str, params: dict[str, Any] | None = None) -> None:
+        """Send a notification, read by the server within the client's timeout."""
         message: dict[str, Any] = {"jsonrpc": "2.0", "method": method}
         if params is not None:
             message["params"] = params
-        self._send(message)
+        self._send(message, time.monotonic() + self.timeout)
 
     def request(self, method: str, params: dict[str, Any], *, unbounded: bool = False) -> Any:
         """Send a request and wait for its response, answering the server meanwhile: for at
-        most the client's timeout, or as long as it takes when ``unbounded``."""
+        most the client's timeout, sending included, or as long as it takes when
+        ``unbounded``."""
         self._ids += 1
         ident = self._ids
-        self._send({"jsonrpc": "2.0", "id": ident, "method": method, "params": params})
         until = None if unbounded else time.monotonic() + self.timeout
+        self._send({"jsonrpc": "2.0", "id": ident, "method": method, "params": params}, until)
         while True:
             message = self._receive(method, until)
             if "method" in message:
-                self._answer(message)
+                self._answer(message, until)
                 continue
             # One request is in flight at a time: a response to any other id answers nothing
             # this client asked, and waiting on would only wait for the timeout, or forever.
@@ -296,25 +303,46 @@ class StdioClient:
                 raise McpError(errno.EREMOTEIO, f"{refused}: {text} (code {code})")
             return message.get("result")
 
-    def _answer(self, message: dict[str, Any]) -> None:
+    def _answer(self, message: dict[str, Any], until: float | None) -> None:
         if "id" not in message:
             return  # a notification: progress, logging, list_changed
         if message["method"] == "ping":
-            self._send({"jsonrpc": "2.0", "id": message["id"], "result": {}})
+            self._send({"jsonrpc": "2.0", "id": message["id"], "result": {}}, until)
         else:
             error = {"code": _METHOD_NOT_FOUND, "message": "not offered by ctxmcp"}
-            self._send({"jsonrpc": "2.0", "id": message["id"], "error": error})
+            self._send({"jsonrpc": "2.0", "id": message["id"], "error": error}, until)
 
     # ------------------------------------------------------------------ the wire
 
-    def _send(self, message: dict[str, Any]) -> None:
+    def _send(self, message: dict[str, Any], until: float | None) -> None:
+        """Write ``message`` whole by ``until``: a server that stops reading (its pipe full)
+        is ETIMEDOUT there, as one that stops answering is; one that exits meanwhile, EIO."""
         assert self._process is not None and self._process.stdin is not None
-        try:
-            self._process.stdin.write(json.dumps(message).encode() + b"\n")
-            self._process.stdin.flush()
-        except BrokenPipeError:
-            sent = str(message.get("method", "a response"))
-            raise self._exited(sent, sending=True) from None
+        sent = str(message.get("method", "a response"))
+        # A notification or a response: nothing answers it, so none is said to be owed.
+        awaited = "id" in message and "method" in message
+        stdin = self._process.stdin.fileno()
+        data = memoryview(json.dumps(message).encode() + b"\n")
+        while data:
+            remaining = None if until is None else until - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                raise McpError(
+                    errno.ETIMEDOUT,
+                    f"server {self.spec.name!r} did not read {sent} within {self.timeout:g} s"
+                    f"{self._stderr_tail()}",
+                )
+            wait = _EXIT_POLL if remaining is None else min(remaining, _EXIT_POLL)
+            try:
+                if not select.select([], [stdin], [], wait)[1]:
+                    # A process it started (a launcher's helper) may hold its input open.
+                    if self._process.poll() is not None:
+                        raise self._exited(sent, until, sending=True, awaited=awaited)
+                    continue
+                data = data[os.write(stdin, data) :]
+            except BlockingIOError:
+                continue
+            except BrokenPipeError:
+                raise self._exited(sent, until, sending=True, awaited=awaited) from None
 
     def _receive(self, method: str, until: float | None) -> dict[str, Any]:
         while b"\n" not in self._buffer:
@@ -355,10 +383,16 @@ class StdioClient:
         return message
 
     def _exited(
-        self, method: str, until: float | None = None, *, sending: bool = False
+        self,
+        method: str,
+        until: float | None = None,
+        *,
+        sending: bool = False,
+        awaited: bool = True,
     ) -> McpError:
         """EIO for a server whose output ended, or that exited, before it answered ``method``
-        (or, ``sending``, whose input was closed before ``method`` could be sent to it).
+        (or, ``sending``, whose input was closed before ``method`` could be sent to it; not
+        ``awaited``, ``method`` is a notification or a response, which nothing answers).
         It can answer nothing more, so it is given no longer than a moment (and never past
         ``until``) to exit, for its status: a server that closed its output and lives on is
         stopped by :meth:`__exit__`, not waited for."""
@@ -379,10 +413,10 @@ class StdioClient:
             )
         # Whether a server that exits at once was sent the request first is the scheduler's
         # choice: said alike either way.
+        before = f"before answering {method}" if awaited else f"before it could be sent {method}"
         return McpError(
             errno.EIO,
-            f"server {self.spec.name!r} {_how_it_ended(status)} before answering {method}"
-            f"{self._stderr_tail()}",
+            f"server {self.spec.name!r} {_how_it_ended(status)} {before}{self._stderr_tail()}",
         )
 
     def _broken(self, what: str) -> McpError:

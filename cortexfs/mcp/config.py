@@ -180,8 +180,8 @@ def _exec_string_problem(text: str) -> str | None:
     """Why ``text`` cannot reach a process (argv, environment, cwd), or None."""
     if "\0" in text:
         return "holds a NUL character"
-    try:
-        text.encode("utf-8", "surrogateescape")
-    except UnicodeEncodeError:
+    # Any lone surrogate, U+DC80..U+DCFF included: the filesystem's escape would hand one of
+    # those to the process as a byte (0xff) that no UTF-8 configuration holds.
+    if jsontext.lone_surrogate(text) is not None:
         return "holds a lone surrogate, not text"
     return None

@@ -22,7 +22,8 @@ import os
 import stat
 from pathlib import Path
 
-from cortexfs.errors import CtxError, invalid
+from cortexfs.errors import CtxError, invalid, remedy_for_host_trouble
+from cortexfs.file_attributes import attribute_refusal
 from cortexfs.fuse.mounts import cortexfs_mount_holding
 from cortexfs.storage import ROOT_ENTRIES
 
@@ -41,7 +42,9 @@ def check_out_directory(out: Path, root: Path | None) -> None:
     (:func:`refuse_by_name`), then on ``out`` or, when it is missing, the nearest directory
     above it that exists, by identity: that directory and each one above it, as the kernel
     walks up (``..``), against the device and inode of ``/ctx``, of ``root`` and of its tool
-    directories, so that no other name of them (a bind mount, a link) gets through.
+    directories, so that no other name of them (a bind mount, a link) gets through.  ENOTDIR
+    when something on the way is not a directory, and EROFS, EPERM or EACCES when ctxmcp may
+    not write there (:func:`_refuse_what_cannot_be_written`).
     :func:`write_candidates` checks again the directory it writes through."""
     mount = cortexfs_mount_holding(out)
     if mount is not None:
@@ -55,12 +58,7 @@ def check_out_directory(out: Path, root: Path | None) -> None:
     while not _is_directory(existing) and existing.parent != existing:
         _refuse_what_cannot_become_a_directory(existing, out)
         existing = existing.parent
-    if not os.access(existing, os.W_OK | os.X_OK, effective_ids=True):
-        raise CtxError(
-            errno.EACCES,
-            f"--out {out}: ctxmcp may not write into {existing}; give a directory you may "
-            "write (nothing was written)",
-        )
+    _refuse_what_cannot_be_written(existing, out)
     if existing == out and not os.access(out, os.R_OK, effective_ids=True):
         # The candidates are made durable through a descriptor of --out, which open(2) gives
         # only to a reader: refused here, before the server starts, not once it has run.
@@ -165,21 +163,60 @@ def _open_place(path: Path, out: Path) -> int:
         ) from None
 
 
+def _refuse_what_cannot_be_written(place: Path, out: Path) -> None:
+    """EROFS, EPERM or EACCES when ctxmcp may not write into ``place``, the nearest directory
+    of ``out`` that exists: a read-only filesystem or an attribute (``chattr``) refuses root
+    too, whatever the modes, so neither is blamed on a mode.  ``out`` itself append-only is
+    refused too: the candidates' temporaries could be made in it, but none could take its
+    name or be taken back."""
+    writable = os.access(place, os.W_OK | os.X_OK, effective_ids=True)
+    if writable and place != out:
+        return
+    try:
+        read_only = not writable and bool(os.statvfs(place).f_flag & os.ST_RDONLY)
+    except OSError:
+        read_only = False
+    if read_only:
+        raise CtxError(
+            errno.EROFS,
+            f"--out {out}: {place} is on a read-only filesystem; "
+            f"{remedy_for_host_trouble(errno.EROFS)}, or give another --out (nothing was "
+            "written)",
+        )
+    try:
+        fd = os.open(place, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        fd = None
+    refused = (
+        None if fd is None else attribute_refusal(fd, f"write candidates in --out {out}", place)
+    )
+    if refused is not None:
+        raise CtxError(refused.errno, f"{refused.message} (nothing was written)")
+    if not writable:
+        raise CtxError(
+            errno.EACCES,
+            f"--out {out}: ctxmcp may not write into {place}; give a directory you may "
+            "write (nothing was written)",
+        )
+
+
 def _refuse_what_cannot_become_a_directory(place: Path, out: Path) -> None:
     """ENOTDIR when ``place``, on the way to ``out``, is something other than a directory (a
     file, a FIFO, a device), which no mkdir makes one; the link's own errno when it is a
     symbolic link to nothing or a loop.  Said before the server starts, not after."""
     try:
         os.stat(place)
-    except FileNotFoundError:
-        if not os.path.islink(place):
-            return  # missing: made by the projection
-        raise CtxError(
-            errno.ENOENT,
-            f"--out {out}: {place} is a symbolic link to {os.readlink(place)}, which does not "
-            "exist; make that directory or give another --out (nothing was written)",
-        ) from None
     except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR) and not os.path.islink(place):
+            # Missing: made by the projection; or below something that is not a directory,
+            # which the walk up comes to and names.
+            return
+        if exc.errno == errno.ENOENT:
+            raise CtxError(
+                errno.ENOENT,
+                f"--out {out}: {place} is a symbolic link to {os.readlink(place)}, which does "
+                "not exist; make that directory or give another --out (nothing was written)",
+            ) from None
         raise CtxError(
             exc.errno or errno.EIO,
             f"--out {out}: {place} cannot be followed ({exc.strerror}); give another --out "
