@@ -12,14 +12,15 @@ from __future__ import annotations
 
 import errno
 import os
-import select
 import time
+
+from cortexfs.readiness import readable
 
 POLL_SECONDS = 0.01  # how often a caller without a pidfd asks whether the child has exited
 
 
 class ExitWatch:
-    """The exit of child ``pid``: :attr:`fd` to select on (None without a pidfd), and
+    """The exit of child ``pid``: :attr:`fd` to wait on (None without a pidfd), and
     :meth:`exited` to ask."""
 
     def __init__(self, pid: int) -> None:
@@ -34,8 +35,7 @@ class ExitWatch:
     def exited(self) -> bool:
         """Whether the process has exited (or been reaped already)."""
         if self.fd is not None:
-            readable, _, _ = select.select([self.fd], [], [], 0)
-            return bool(readable)
+            return bool(readable([self.fd], 0))
         try:
             flags = os.WEXITED | os.WNOHANG | os.WNOWAIT
             return os.waitid(os.P_PID, self.pid, flags) is not None
@@ -45,8 +45,7 @@ class ExitWatch:
     def wait(self, timeout: float | None) -> bool:
         """Wait until the process exits; False when ``timeout`` seconds pass first."""
         if self.fd is not None:
-            readable, _, _ = select.select([self.fd], [], [], timeout)
-            return bool(readable)
+            return bool(readable([self.fd], timeout))
         deadline = None if timeout is None else time.monotonic() + timeout
         while not self.exited():
             if deadline is not None and time.monotonic() >= deadline:

@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import errno
 import os
-import select
 import stat
+
+from cortexfs.readiness import readable
 
 MAX_POLICY_BYTES = 16 * 1024 * 1024
 MAX_CONTROL_BYTES = 1024 * 1024
@@ -99,7 +100,7 @@ def read_up_to(fd: int, limit: int) -> bytes:
         try:
             chunk = os.read(fd, min(remaining, _CHUNK))
         except BlockingIOError:  # a non-blocking pipe, empty for now: not its end
-            select.select([fd], [], [])
+            readable([fd], None)
             continue
         if not chunk:
             break

@@ -27,9 +27,10 @@ import codecs
 import fcntl
 import io
 import os
-import select
 import sys
 from typing import Any, BinaryIO, TextIO
+
+from cortexfs.readiness import readable, writable
 
 _STREAMS = ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w"))
 _closed_at_start: set[int] = set()
@@ -108,7 +109,7 @@ class _StandardError(io.FileIO):
                 return len(data)
             if written is not None:
                 return written
-            select.select([], [self], [])  # non-blocking and full: wait for room
+            writable([self], None)  # non-blocking and full: wait for room
 
 
 def _drop_what_standard_error_refuses() -> None:
@@ -154,7 +155,7 @@ class _StandardOutput(io.FileIO):
                 raise OutputError(exc.errno, exc.strerror) from None
             if written is not None:
                 return written
-            select.select([], [self], [])
+            writable([self], None)
 
 
 def write_some(fd: int, data: bytes | memoryview) -> int:
@@ -168,7 +169,7 @@ def write_some(fd: int, data: bytes | memoryview) -> int:
         try:
             return os.write(fd, data)
         except BlockingIOError:
-            select.select([], [fd], [])
+            writable([fd], None)
         except BrokenPipeError:
             raise
         except OSError as exc:
@@ -185,7 +186,7 @@ class _WaitingInput(io.FileIO):
             got = super().readinto(buffer)
             if got is not None:
                 return got
-            select.select([self], [], [])
+            readable([self], None)
 
 
 def standard_input() -> BinaryIO:

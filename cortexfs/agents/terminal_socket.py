@@ -43,6 +43,7 @@ from cortexfs.agents.terminal_runtime import (
 )
 from cortexfs.agents.view import AgentView
 from cortexfs.errors import CtxError, denied, not_found
+from cortexfs.readiness import readable
 from cortexfs.shared.sessions import SessionRef
 
 MODES = (b"watch", b"attach")
@@ -272,9 +273,9 @@ def relay(connection: socket.socket, *, write: bool) -> bool:
     first = True
     try:
         while True:
-            readable = [connection] + ([stdin] if reading else [])
+            waited = [connection] + ([stdin] if reading else [])
             timeout = QUIET_SECONDS if write and not reading else None
-            ready, _, _ = select.select(readable, [], [], timeout)
+            ready = readable(waited, timeout)
             if not ready:
                 return False  # quiet since the input ended
             if connection in ready:

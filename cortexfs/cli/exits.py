@@ -21,6 +21,7 @@ from typing import NoReturn
 
 from cortexfs.errors import CtxError, out_of_memory
 from cortexfs.printable import printable
+from cortexfs.readiness import writable
 from cortexfs.standard_streams import discard_output
 
 EXIT_OK = 0
@@ -107,7 +108,7 @@ def _write_within(fd: int, data: bytes, deadline: float) -> None:
     have room takes at least ``PIPE_BUF`` bytes at once, so no write waits past it."""
     while data:
         left = deadline - time.monotonic()
-        if left <= 0 or not select.select([], [fd], [], left)[1]:
+        if left <= 0 or not writable([fd], left):
             return
         data = data[os.write(fd, data[: select.PIPE_BUF]) :]
 

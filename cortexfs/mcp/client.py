@@ -25,7 +25,6 @@ import contextlib
 import errno
 import json
 import os
-import select
 import signal
 import subprocess
 import threading
@@ -39,6 +38,7 @@ from cortexfs.errors import CtxError, remedy_for_host_trouble
 from cortexfs.mcp import ACCEPTED_VERSIONS, ANNOUNCED_VERSION
 from cortexfs.mcp.config import ServerSpec
 from cortexfs.process_limits import no_process_could_be_made
+from cortexfs.readiness import readable, writable
 
 DEFAULT_TIMEOUT = 30.0
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
@@ -333,7 +333,7 @@ class StdioClient:
                 )
             wait = _EXIT_POLL if remaining is None else min(remaining, _EXIT_POLL)
             try:
-                if not select.select([], [stdin], [], wait)[1]:
+                if not writable([stdin], wait):
                     # A process it started (a launcher's helper) may hold its input open.
                     if self._process.poll() is not None:
                         raise self._exited(sent, until, sending=True, awaited=awaited)
@@ -356,9 +356,9 @@ class StdioClient:
             assert self._process is not None and self._process.stdout is not None
             stdout = self._process.stdout.fileno()
             wait = _EXIT_POLL if remaining is None else min(remaining, _EXIT_POLL)
-            if not select.select([stdout], [], [], wait)[0]:
+            if not readable([stdout], wait):
                 # Whatever it wrote before it exited is in the pipe by then: read it first.
-                if self._process.poll() is not None and not select.select([stdout], [], [], 0)[0]:
+                if self._process.poll() is not None and not readable([stdout], 0):
                     raise self._exited(method, until)
                 continue
             chunk = os.read(stdout, 65536)

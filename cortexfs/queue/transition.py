@@ -92,13 +92,25 @@ def discard_temps(queue: Queue, temps: Sequence[str]) -> None:
     durable.sync_dir(queue.ops, queue.inbox)
 
 
+# How long a transition waits for J's lock.  Its holders keep it for one transition of J (a
+# claimer until its lease is durable, a finisher, recover), a few fsyncs; but whoever may open
+# claimed/J may lock it, any member of the queue's group, so a hold far longer is a process
+# stuck or hostile: named in the error rather than waited for forever.
+LOCK_WAIT_SECONDS = 30.0
+
+
 @contextlib.contextmanager
 def locked_claim(
-    queue: Queue, job: str, not_claimed: Callable[[Queue, str], CtxError]
+    queue: Queue,
+    job: str,
+    not_claimed: Callable[[Queue, str], CtxError],
+    *,
+    lock_wait: float = LOCK_WAIT_SECONDS,
 ) -> Iterator[int]:
     """``claimed/J`` opened and locked (recover takes the same lock before it requeues J), J's
     request checked to be in it; ``not_claimed(queue, job)`` is the error when it is not, or
-    when the directory locked is no longer ``claimed/J`` (J requeued meanwhile)."""
+    when the directory locked is no longer ``claimed/J`` (J requeued meanwhile).  The lock is
+    waited for at most ``lock_wait`` seconds (:func:`lock_job`)."""
     try:
         claim_fd = queue.open_held_job_dir("claimed", job)
     except FileNotFoundError:
@@ -115,7 +127,7 @@ def locked_claim(
             raise not_claimed(queue, job) from None
         raise
     try:
-        lock_job(claim_fd, job)
+        lock_job(claim_fd, job, lock_wait)
         if not still_linked(queue.claimed, job, claim_fd):
             # Requeued while we waited for the lock (recover removes claimed/J under it), and
             # perhaps claimed anew: what we hold is no longer J's claim, whatever J is now.
@@ -130,19 +142,19 @@ def locked_claim(
         queue.ops.close(claim_fd)
 
 
-# How long a transition waits for J's lock.  Its holders keep it for one transition of J (a
-# claimer until its lease is durable, a finisher, recover), a few fsyncs; but whoever may open
-# claimed/J may lock it, any member of the queue's group, so a hold far longer is a process
-# stuck or hostile: named in the error rather than waited for forever.
-LOCK_WAIT_SECONDS = 30.0
-
-
-def lock_job(claim_fd: int, job: str) -> DirLock:
-    """J's lock (``claimed/J``), waited for at most :data:`LOCK_WAIT_SECONDS`; EAGAIN, naming
-    the processes that hold it, after that.  ``UNSUPPORTED`` where the filesystem has none."""
-    taken = take_dir_lock(claim_fd, within=LOCK_WAIT_SECONDS)
+def lock_job(claim_fd: int, job: str, within: float = LOCK_WAIT_SECONDS) -> DirLock:
+    """J's lock (``claimed/J``), waited for at most ``within`` seconds; EAGAIN, naming the
+    processes that hold it, after that.  ``UNSUPPORTED`` where the filesystem has none."""
+    taken = take_dir_lock(claim_fd, within=within)
     if taken is DirLock.BUSY:
         holders = ", ".join(str(pid) for pid in _flock_holders(claim_fd)) or "unknown"
+        if within < LOCK_WAIT_SECONDS:  # a caller with a deadline of its own: no verdict
+            raise CtxError(
+                errno.EAGAIN,
+                f"claimed/{job} is locked by another process (pid {holders}), still after "
+                f"{within:g} s: a claim, finish or recover at work on {job}, or a process "
+                "stuck holding it",
+            )
         raise CtxError(
             errno.EAGAIN,
             f"claimed/{job} has been locked by another process (pid {holders}) for "

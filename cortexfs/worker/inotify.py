@@ -20,8 +20,9 @@ import contextlib
 import ctypes
 import ctypes.util
 import os
-import select
 from pathlib import Path
+
+from cortexfs.readiness import readable
 
 _IN_NONBLOCK = os.O_NONBLOCK
 _IN_CLOEXEC = os.O_CLOEXEC
@@ -88,7 +89,7 @@ class PendingWatch:
         else:
             timeout = self._backoff
             self._backoff = min(self._backoff * 2, self.max_wait)
-        ready, _, _ = select.select(watched, [], [], timeout)
+        ready = readable(watched, timeout)
         if self.fd in ready:
             self._drain()
         return wakeup is None or wakeup.read_fd not in ready

@@ -30,6 +30,11 @@ class LeaseKeeper(threading.Thread):
     requeue its job while it still runs: it is tried once more, and if that fails too its
     job is given up (``on_lapsing``: its tool killed, the job left claimed) before it lapses.
     Both are called with the job, the refusal and when the lease expires.
+
+    A job's lock held by another process (a ``recover`` stopped with Ctrl-Z, a stuck script)
+    is such a refusal too, met within half a round for all the jobs of the round together:
+    waited for as long as a claim waits, one job's lock would hold up every other job's
+    renewal until their leases lapsed.
     """
 
     def __init__(
@@ -89,8 +94,9 @@ class LeaseKeeper(threading.Thread):
                     jobs = sorted(set(self.expires) - self.given_up)
                 else:  # a refused lease about to have less than a round left: a last try
                     jobs = sorted(j for j in self.refused if self._last_round(j, now))
+            round_ends = time.monotonic() + self.period / 2
             for job in jobs:
-                self._renew(job)
+                self._renew(job, lock_wait=max(0.0, round_ends - time.monotonic()))
             self._give_up_lapsing()
 
     def _last_round(self, job: str, now: float) -> bool:
@@ -101,13 +107,20 @@ class LeaseKeeper(threading.Thread):
         with self.lock:
             return min([due, *(self.expires[job] - self.period for job in self.refused)])
 
-    def _renew(self, job: str) -> None:
+    def _renew(self, job: str, lock_wait: float) -> None:
         with self.lock:
             claimed_at = self.claims.get(job)
         if claimed_at is None:
             return  # released meanwhile
         try:
-            lease = renew(self.queue, job, [self.holder], self.ttl, claimed_at=claimed_at)
+            lease = renew(
+                self.queue,
+                job,
+                [self.holder],
+                self.ttl,
+                claimed_at=claimed_at,
+                lock_wait=lock_wait,
+            )
         except NotHeld as exc:
             # Finished meanwhile, or the claim was lost (its lease expired and recover
             # requeued the job, Q-5; perhaps claimed again since): not ours to run on.

@@ -83,6 +83,7 @@ BUNDLED = (
     "cortexfs/libc.py",
     "cortexfs/printable.py",
     "cortexfs/process_limits.py",
+    "cortexfs/readiness.py",
     "cortexfs/mcp/__init__.py",
     "cortexfs/mcp/client.py",
     "cortexfs/mcp/config.py",
