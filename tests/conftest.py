@@ -8,7 +8,7 @@ of the acceptance flows the default suite runs.
 **The acceptance flows** (``tests/acceptance/test_acceptance_flows_*.py``) are whole
 scenarios, each a user's or an adversary's, of real processes, uids, mounts and namespaces:
 more than half of the suite's time.  A run that names no test (``./scripts/test``, CI) takes
-a fourteenth of them, a different fourteenth at each commit (by the number of commits, so one commit
+a twentieth of them, a different twentieth at each commit (by the number of commits, so one commit
 always runs the same tests), so that the default suite stays within about a quarter of an
 hour on two cores; ``--flows=all`` or ``make flows`` runs every one, as does naming their
 files.  ``--flows=K/N`` picks slice K of N."""
@@ -29,7 +29,7 @@ settings.register_profile("suite", deadline=None)
 settings.load_profile("suite")
 
 FLOWS_PREFIX = "test_acceptance_flows_"
-FLOW_SLICES = 14
+FLOW_SLICES = 20
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
