@@ -6,7 +6,10 @@ leaks them into its children) gets such numbers for everything it opens afterwar
 wait on a pipe, a socket or an inotify descriptor would fail.  poll(2) has no such bound.
 
 Like ``select.select``, a descriptor at its end (the other side gone: POLLHUP) or in error
-counts as ready, so that the read or write that follows meets the end or the error and says so.
+counts as ready, so that the read or write that follows meets the end or the error and says so;
+unlike it, so does a descriptor that is not open (POLLNVAL), where select raises EBADF: the read
+or write that follows raises it.  Urgent data (POLLPRI) is not asked for: select reports it
+apart from what is readable, and a wait woken by it alone would read nothing, and spin.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ Waited = TypeVar("Waited", bound="int | HasFileno")
 def readable(waited: Sequence[Waited], timeout: float | None) -> list[Waited]:
     """Those of ``waited`` (descriptors, or objects with ``fileno()``) ready to be read, once
     one is or ``timeout`` seconds have passed (None: however long it takes); empty then."""
-    return _ready(waited, select.POLLIN | select.POLLPRI, timeout)
+    return _ready(waited, select.POLLIN, timeout)
 
 
 def writable(waited: Sequence[Waited], timeout: float | None) -> list[Waited]:

@@ -25,7 +25,7 @@ from typing import Any
 
 from cortexfs import jsontext
 from cortexfs.cgroups import frozen_cgroup
-from cortexfs.errors import invalid
+from cortexfs.errors import CtxError, invalid
 from cortexfs.timefmt import EARLIEST, LATEST, parse_time, rfc3339
 
 # psutil derives create_time from boot time + clock ticks; two readings of the same process
@@ -228,7 +228,8 @@ class Holder:
         mine = self.since_boot
         if mine is None or since_boot is None:
             return True
-        coarse = isinstance(self.start_time, int) or isinstance(start_time, int)
+        given = (self.start_time, self.boot_time, start_time)
+        coarse = any(isinstance(seconds, int) for seconds in given)  # written to the second
         return abs(mine - since_boot) >= (
             _WHOLE_SECOND_TOLERANCE if coarse else _START_TIME_TOLERANCE
         )
@@ -518,7 +519,7 @@ class Lease:
     def to_json(self) -> dict[str, Any]:
         doc: dict[str, Any] = {"job": self.job, **vars(self.holder)}  # flat: no asdict copy
         doc["create_time"] = doc.pop("start_time")  # Q-3 names it as psutil does
-        doc["boot_time"] = doc.pop("boot_time")  # after it: they are read together
+        doc["boot_time"] = doc.pop("boot_time")  # beside it, for whoever reads the file
         doc["claimed_at"] = rfc3339(self.claimed_at)
         doc["expires_at"] = rfc3339(self.expires_at)
         if self.renewed_at is not None:
@@ -538,7 +539,7 @@ class Lease:
 
         * ``job`` may be absent (the lease's directory names it); present, it must be ``job``;
         * the start time is ``create_time`` (psutil's name, which we write) or ``start_time``, or
-          absent;
+          absent; ``boot_time`` may be absent, and one that is no time is taken as absent;
         * timestamps are RFC 3339, with or without a zone (none means UTC), or epoch seconds.
         """
         try:
@@ -563,7 +564,7 @@ class Lease:
             pid_ns=_pid_ns(doc.get("pid_ns")),
             pid=_pid(doc.get("pid")),
             start_time=None if start is None else _start_time(start, start_key),
-            boot_time=None if boot is None else _time(boot, "boot_time"),
+            boot_time=_boot_time(boot),
         )
         renewed = doc.get("renewed_at")
         return cls(
@@ -573,6 +574,18 @@ class Lease:
             expires_at=_time(doc.get("expires_at"), "expires_at"),
             renewed_at=None if renewed is None else _time(renewed, "renewed_at"),
         )
+
+
+def _boot_time(value: object) -> float | None:
+    """The lease's ``boot_time``, as :func:`_start_time` reads a start time (an int when it
+    was written to the second); None when it is absent or is no time: it only refines how a
+    start is compared, and a lease is read for what Q-3 asks of it, no more."""
+    if value is None:
+        return None
+    try:
+        return _start_time(value, "boot_time")
+    except CtxError:
+        return None
 
 
 def _field(doc: dict[str, Any], key: str, kind: type) -> Any:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cortexfs import durable, keyvalue
-from cortexfs.errors import CtxError, explain_host_trouble, invalid, not_found
+from cortexfs.errors import DISK_ERROR_REMEDY, CtxError, explain_host_trouble, invalid, not_found
 from cortexfs.file_attributes import attribute_refusal, entry_attribute_refusal
 from cortexfs.locks import flock_within
 from cortexfs.names import decimal_value, shown_number
@@ -779,16 +779,26 @@ def _init_refused_in(queue: Path, directory: Path) -> Iterator[None]:
         yield
     except OSError as exc:
         action = f"init queue {queue}"
-        again = "then run 'ctx queue init' again (what it made is kept)"
-        if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        again = "then run the same command again (what it made is kept)"
+        refused = exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS)
+        if refused:
             try:
                 require_writable(directory, action)
             except CtxError as explained:
                 raise CtxError(explained.errno, f"{explained.message}; {again}") from None
+            if exc.errno == errno.EACCES and not os.access(directory, os.R_OK | os.X_OK):
+                # Writable but not readable (mode 0300): what init opens, it must read.
+                explained = not_readable(directory, action)
+                raise CtxError(explained.errno, f"{explained.message}; {again}") from None
         trouble = explain_host_trouble(exc.errno, filesystem=str(directory), uid=os.geteuid())
-        if trouble is None and exc.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+        if trouble is None and not refused and exc.errno != errno.EIO:
             raise
-        aside, fix = (trouble.aside, trouble.remedy) if trouble else ("", "fix the cause")
+        if trouble is not None:
+            aside, fix = trouble.aside, trouble.remedy
+        elif exc.errno == errno.EIO:
+            aside, fix = "", DISK_ERROR_REMEDY
+        else:  # refused by no mode, attribute or read-only filesystem that shows now
+            aside, fix = "", "check its ACL and the security module's log"
         raise CtxError(
             exc.errno or errno.EIO,
             f"cannot {action}: {directory} refused: {exc.strerror}{aside}: {fix}, {again}",

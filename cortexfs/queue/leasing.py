@@ -6,6 +6,7 @@ before it moves anything (:mod:`cortexfs.queue.finishing`).
 from __future__ import annotations
 
 import errno
+import os
 import stat
 import time
 from collections.abc import Sequence
@@ -59,8 +60,13 @@ def lease_not_readable(queue: Queue, job: str, action: str) -> CtxError:
     """EACCES for ``action`` (``renew a lease``) when this process may not read J's lease (a
     member meeting root's ``lease/J`` in a shared queue): which entry refused, who owns it,
     its mode and what to do, and that nothing was changed."""
-    lease_file = queue.path / "lease" / job / LEASE_FILE
-    refused = not_readable(lease_file, f"{action} in queue {queue.path}")
+    lease_dir = queue.path / "lease" / job
+    # The directory is opened first: refused there (listable by nobody but its owner), the
+    # file's own owner and mode would explain nothing.
+    unreadable_dir = not os.access(lease_dir, os.R_OK | os.X_OK, effective_ids=True)
+    refused = not_readable(
+        lease_dir if unreadable_dir else lease_dir / LEASE_FILE, f"{action} in queue {queue.path}"
+    )
     return CtxError(refused.errno, f"{refused.message}; nothing was changed")
 
 

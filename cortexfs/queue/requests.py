@@ -65,23 +65,25 @@ def request_problems(request: object) -> list[str]:
         problems.append("field 'input' must be a JSON object (use {} for no input)")
     if "from" in request and not isinstance(request["from"], str):
         problems.append("field 'from' must be a string")
-    if "created" in request and not isinstance(request["created"], str):
-        what = jsontext.what_it_is(request["created"])
-        problems.append(f"field 'created' must be a string (an RFC 3339 timestamp), not {what}")
-    elif "created" in request:
-        created = request["created"]
-        try:
-            parse_rfc3339(created)
-        except CtxError as exc:
-            problems.append(f"field 'created': {exc.message}")
-        else:
-            if created != created.strip():
-                # Kept as written (Q-1): a stamp stored with a blank or a line break around
-                # it is no RFC 3339 timestamp to whoever reads it back.
-                problems.append(
-                    f"field 'created': {created!r} has blanks around the RFC 3339 timestamp"
-                )
+    if "created" in request:
+        problems += _created_problems(request["created"])
     return problems
+
+
+def _created_problems(created: object) -> list[str]:
+    """Why a given ``created`` is no RFC 3339 timestamp (empty when it is one)."""
+    if not isinstance(created, str):
+        what = jsontext.what_it_is(created)
+        return [f"field 'created' must be a string (an RFC 3339 timestamp), not {what}"]
+    try:
+        parse_rfc3339(created)
+    except CtxError as exc:
+        return [f"field 'created': {exc.message}"]
+    if created != created.strip():
+        # Kept as written (Q-1): a stamp stored with a blank or a line break around it is no
+        # RFC 3339 timestamp to whoever reads it back.
+        return [f"field 'created': {created!r} has blanks around the RFC 3339 timestamp"]
+    return []
 
 
 def complete_request(request: Mapping[str, Any], publisher: str | None = None) -> dict[str, Any]:

@@ -12,6 +12,11 @@ from collections.abc import Callable
 from cortexfs.errors import CtxError
 from cortexfs.queue import Holder, Lease, Queue, renew
 from cortexfs.queue.leasing import NotHeld
+from cortexfs.queue.transition import LOCK_WAIT_SECONDS
+
+# How long a round first waits for a job's lock (at most a quarter of a round): a claim,
+# finish or recover holds it for a few fsyncs.
+_BRIEF_LOCK_WAIT = 1.0
 
 RenewalRefused = Callable[[str, CtxError | OSError, float], None]
 
@@ -94,9 +99,16 @@ class LeaseKeeper(threading.Thread):
                     jobs = sorted(set(self.expires) - self.given_up)
                 else:  # a refused lease about to have less than a round left: a last try
                     jobs = sorted(j for j in self.refused if self._last_round(j, now))
+            # Each job first with a brief wait for its lock, which a claim, finish or recover
+            # holds for one transition; then those still locked, sharing what is left of half
+            # a round: one job's lock held by a stopped or stuck process holds up no other
+            # job's renewal, and a busy lock is a refusal only once that time has passed.
             round_ends = time.monotonic() + self.period / 2
-            for job in jobs:
-                self._renew(job, lock_wait=max(0.0, round_ends - time.monotonic()))
+            brief = min(_BRIEF_LOCK_WAIT, self.period / 4)
+            busy = [job for job in jobs if not self._renew(job, brief, last_try=False)]
+            for job in busy:
+                left = min(LOCK_WAIT_SECONDS, round_ends - time.monotonic())
+                self._renew(job, max(brief, left), last_try=True)
             self._give_up_lapsing()
 
     def _last_round(self, job: str, now: float) -> bool:
@@ -107,11 +119,14 @@ class LeaseKeeper(threading.Thread):
         with self.lock:
             return min([due, *(self.expires[job] - self.period for job in self.refused)])
 
-    def _renew(self, job: str, lock_wait: float) -> None:
+    def _renew(self, job: str, lock_wait: float, *, last_try: bool) -> bool:
+        """Renew ``job``'s lease, waiting ``lock_wait`` seconds at most for its lock; False
+        when the lock was still held and this was not the ``last_try`` of the round (nothing
+        said then), True otherwise, whatever came of it."""
         with self.lock:
             claimed_at = self.claims.get(job)
         if claimed_at is None:
-            return  # released meanwhile
+            return True  # released meanwhile
         try:
             lease = renew(
                 self.queue,
@@ -128,27 +143,37 @@ class LeaseKeeper(threading.Thread):
                 ours = self.claims.get(job) == claimed_at
             if ours:
                 self.on_taken(job, claimed_at, exc)
-            return
+            return True
+        except CtxError as exc:
+            if exc.errno == errno.EAGAIN and not last_try:
+                return False  # its lock is held: tried again once the other jobs are renewed
+            self._refused(job, exc)
+            return True
         except Exception as exc:
             # Whatever stops a renewal is refused like a full disk is: said, tried again, the
             # job given up before its lease lapses.  Never the end of this thread, which
             # renews every running job's lease: without it they would all lapse while their
             # tools run, and recover would hand them out a second time (I-4).
-            if not isinstance(exc, CtxError | OSError):
+            if not isinstance(exc, OSError):
                 exc = CtxError(errno.EIO, f"an unexpected error: {type(exc).__name__}: {exc}")
-            with self.lock:
-                if job not in self.expires or job in self.given_up:
-                    return
-                first = job not in self.refused
-                self.refused[job] = exc
-                expires = self.expires[job]
-            if first:
-                self.on_refused(job, exc, expires)
-            return
+            self._refused(job, exc)
+            return True
         with self.lock:
             if self.claims.get(job) == claimed_at:
                 self.expires[job] = lease.expires_at
                 self.refused.pop(job, None)
+        return True
+
+    def _refused(self, job: str, exc: CtxError | OSError) -> None:
+        """Note the refusal of ``job``'s renewal, said the first time (``on_refused``)."""
+        with self.lock:
+            if job not in self.expires or job in self.given_up:
+                return
+            first = job not in self.refused
+            self.refused[job] = exc
+            expires = self.expires[job]
+        if first:
+            self.on_refused(job, exc, expires)
 
     def _give_up_lapsing(self) -> None:
         now = time.time()
