@@ -24,7 +24,7 @@ from cortexfs.queue.layout import (
     lstat_at,
     read_regular_file,
 )
-from cortexfs.queue.transition import LOCK_WAIT_SECONDS, discard_temp, locked_claim
+from cortexfs.queue.transition import discard_temp, locked_claim
 from cortexfs.storage import not_readable
 from cortexfs.timefmt import rfc3339
 
@@ -153,7 +153,7 @@ def renew(
     ttl: float | None = None,
     *,
     claimed_at: float | None = None,
-    lock_wait: float = LOCK_WAIT_SECONDS,
+    lock_wait: float | None = None,
 ) -> Lease:
     """Extend the caller's own lease on J (Q-3) to ``ttl`` seconds from now; EACCES when
     someone else holds it.  ``callers`` are the processes the caller may be, the first named
@@ -168,7 +168,8 @@ def renew(
     is, and returned.  Done under ``claimed/J``'s lock, which recover takes before
     it requeues J: a renewal either lands before recover looks at the lease, or finds J no
     longer claimed (ENOENT) and never writes a lease for a job that went back to pending.
-    The lock is waited for at most ``lock_wait`` seconds (EAGAIN then).
+    The lock is waited for at most ``lock_wait`` seconds (EAGAIN then; None: as long as any
+    transition waits, :data:`~cortexfs.queue.transition.LOCK_WAIT_SECONDS`).
     """
     job = job_name(job)
     if ttl is not None:

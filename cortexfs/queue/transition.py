@@ -105,12 +105,12 @@ def locked_claim(
     job: str,
     not_claimed: Callable[[Queue, str], CtxError],
     *,
-    lock_wait: float = LOCK_WAIT_SECONDS,
+    lock_wait: float | None = None,
 ) -> Iterator[int]:
     """``claimed/J`` opened and locked (recover takes the same lock before it requeues J), J's
     request checked to be in it; ``not_claimed(queue, job)`` is the error when it is not, or
     when the directory locked is no longer ``claimed/J`` (J requeued meanwhile).  The lock is
-    waited for at most ``lock_wait`` seconds (:func:`lock_job`)."""
+    waited for at most ``lock_wait`` seconds (:func:`lock_job`; None: its default)."""
     try:
         claim_fd = queue.open_held_job_dir("claimed", job)
     except FileNotFoundError:
@@ -142,9 +142,11 @@ def locked_claim(
         queue.ops.close(claim_fd)
 
 
-def lock_job(claim_fd: int, job: str, within: float = LOCK_WAIT_SECONDS) -> DirLock:
-    """J's lock (``claimed/J``), waited for at most ``within`` seconds; EAGAIN, naming the
-    processes that hold it, after that.  ``UNSUPPORTED`` where the filesystem has none."""
+def lock_job(claim_fd: int, job: str, within: float | None = None) -> DirLock:
+    """J's lock (``claimed/J``), waited for at most ``within`` seconds (None:
+    :data:`LOCK_WAIT_SECONDS`); EAGAIN, naming the processes that hold it, after that.
+    ``UNSUPPORTED`` where the filesystem has none."""
+    within = LOCK_WAIT_SECONDS if within is None else within
     taken = take_dir_lock(claim_fd, within=within)
     if taken is DirLock.BUSY:
         holders = ", ".join(str(pid) for pid in _flock_holders(claim_fd)) or "unknown"
