@@ -30,6 +30,11 @@ class CtxError(Exception):
     def to_json(self) -> dict[str, object]:
         return {"error": self.code_name, "errno": self.errno, "message": self.message}
 
+    def then(self, said: str) -> CtxError:
+        """This refusal with ``said`` after it (``nothing was changed``, what to run once it
+        is mended): the same errno, where the step that met it says what became of its work."""
+        return CtxError(self.errno, f"{self.message}; {said}")
+
 
 # What the host ran short of: not the doing of a tool, its caller or a policy, and gone once
 # descriptors, memory or space are freed.  A step that meets one did not judge what it was

@@ -140,7 +140,7 @@ def finish(
             queue.require_changeable("finish", _moved_or_removed(job))
             _require_nothing_else(queue, job, claim_fd)
         except CtxError as exc:
-            raise CtxError(exc.errno, f"{exc.message}; {_still_claimed(job)[0]}") from None
+            raise exc.then(_still_claimed(job)[0]) from None
         temp = queue.temp_name(job, "result")
         ops.step("finish.write")
         try:

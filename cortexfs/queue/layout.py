@@ -383,7 +383,7 @@ class Queue:
         for place in places:
             refused = self._attribute_refusal(place, action)
             if refused is not None:
-                raise CtxError(refused.errno, f"{refused.message}; {done}")
+                raise refused.then(done)
 
     def require_changeable(self, action: str, entries: tuple[str, ...]) -> None:
         """EPERM, naming the attribute and the ``chattr`` that lifts it, when one of the files
@@ -785,11 +785,11 @@ def _init_refused_in(queue: Path, directory: Path) -> Iterator[None]:
             try:
                 require_writable(directory, action)
             except CtxError as explained:
-                raise CtxError(explained.errno, f"{explained.message}; {again}") from None
+                raise explained.then(again) from None
             if exc.errno == errno.EACCES and not os.access(directory, os.R_OK | os.X_OK):
                 # Writable but not readable (mode 0300): what init opens, it must read.
                 explained = not_readable(directory, action)
-                raise CtxError(explained.errno, f"{explained.message}; {again}") from None
+                raise explained.then(again) from None
         trouble = explain_host_trouble(exc.errno, filesystem=str(directory), uid=os.geteuid())
         if trouble is None and not refused and exc.errno != errno.EIO:
             raise

@@ -67,7 +67,7 @@ def lease_not_readable(queue: Queue, job: str, action: str) -> CtxError:
     refused = not_readable(
         lease_dir if unreadable_dir else lease_dir / LEASE_FILE, f"{action} in queue {queue.path}"
     )
-    return CtxError(refused.errno, f"{refused.message}; nothing was changed")
+    return refused.then("nothing was changed")
 
 
 def lease_unreadable(job: str, exc: OSError | CtxError) -> str:

@@ -119,7 +119,7 @@ def locked_claim(
         # Root's claimed/J in a member's queue, say: who may open it, never the bare errno.
         action = f"change job {job} in queue {queue.path}"
         refused = not_readable(queue.path / "claimed" / job, action)
-        raise CtxError(refused.errno, f"{refused.message}; nothing was changed") from None
+        raise refused.then("nothing was changed") from None
     except NotADirectoryOfTheJob:
         # A file or a link at claimed/J beside nothing of J's is no conflict but no job at
         # all (status lists it as ignored), which not_claimed says.

@@ -232,7 +232,7 @@ def install_pair(
                     dir_fd, [name, name + CONTROLS_SUFFIX], f"install {directory / name}", directory
                 )
                 if pinned is not None:
-                    raise CtxError(pinned.errno, f"{pinned.message}; nothing was changed")
+                    raise pinned.then("nothing was changed")
             staging = _Staging(name, os.urandom(6).hex())
             receiver = _receiver(host)
             marked = False  # the commit marker is durable: from then on the install completes

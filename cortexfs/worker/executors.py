@@ -44,7 +44,7 @@ DURABLE_TRANSITIONS = frozenset({"queue.claim", "queue.finish"})
 
 
 def _no_job_claimed(refused: CtxError) -> CtxError:
-    return CtxError(refused.errno, f"{refused.message}; no job was claimed")
+    return refused.then("no job was claimed")
 
 
 class ToolExecutor:
@@ -332,4 +332,4 @@ def _require_startable_tools(root: Path, agent: str) -> None:
         view.tool_environment(tool="", session="", call="", mode="native")
     )
     if too_big is not None:
-        raise CtxError(too_big.errno, f"{too_big.message}; the worker claimed no job")
+        raise too_big.then("the worker claimed no job")

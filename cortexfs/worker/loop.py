@@ -223,7 +223,7 @@ def check_workable(queue: Queue, options: WorkerOptions) -> None:
         queue.require_writable("work")
         lease_ttl_of(queue, options)
     except CtxError as exc:
-        raise CtxError(exc.errno, f"{exc.message}; no job was claimed") from None
+        raise exc.then("no job was claimed") from None
 
 
 def lease_ttl_of(queue: Queue, options: WorkerOptions) -> float:
