@@ -64,7 +64,6 @@ from __future__ import annotations
 import functools
 import os
 import stat
-import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import PurePosixPath
@@ -72,6 +71,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from cortexfs.cached import cached
 from cortexfs.errors import CtxError
+from cortexfs.forks import ProcessLock
 from cortexfs.names import is_object_name
 from cortexfs.policy import AuthorityRequest, check_authority, check_tool_execute
 from cortexfs.policy.linux import permits
@@ -134,7 +134,7 @@ class RecentDecisions:
     def __init__(self) -> None:
         self._answers: dict[Key, tuple[float, bool]] = {}
         self._tidy_at = self._TIDY_AT
-        self._keeping = threading.Lock()
+        self._keeping = ProcessLock()  # the runner is called from threads and forks (T-3)
 
     def may_run(self, view: AgentView, tool: str, read_at: float | None = None) -> bool:
         """:func:`may_run`, or its answer kept from less than :data:`FRESH_SECONDS` ago.

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cortexfs import jsontext
+from cortexfs.forks import ProcessLock
 from cortexfs.names import is_job_name
 from cortexfs.queue.hint_cache import (
     create_private_file,
@@ -105,7 +106,7 @@ class ClaimOrder:
         self._served = 0
         self._started = False  # until the first listing the order knows nothing to add to
         self._from_hint = False  # the last listing was read from the hint
-        self._lock = threading.Lock()
+        self._lock = ProcessLock()  # a Queue may be used on in a forked child
         self.scans = 0
 
     def take(self, pending_fd: int) -> Iterator[str]:

@@ -30,6 +30,7 @@ import threading
 from collections.abc import Callable, Iterator
 
 from cortexfs.errors import CtxError
+from cortexfs.forks import ProcessLock
 from cortexfs.libc import check, libc
 from cortexfs.tools.host_programs import find_program
 
@@ -38,18 +39,9 @@ _OWN_NAMESPACE = "/proc/thread-self/ns/net"
 _UNSHARE = find_program("unshare")
 
 _offline_namespace: int | None = None
-_creating = threading.Lock()
-
-
-def _unlocked_in_a_child() -> None:
-    """A child forked while another thread made the namespace inherits the lock held, by a
-    thread it does not have: its first call would wait forever.  The namespace, if made, is
-    inherited with its descriptor."""
-    global _creating
-    _creating = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_unlocked_in_a_child)
+# A child forked while another thread made the namespace gets it unheld; the namespace, if
+# made, is inherited with its descriptor.
+_creating = ProcessLock()
 
 
 def argv_prefix() -> list[str]:

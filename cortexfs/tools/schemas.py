@@ -14,14 +14,15 @@ import contextlib
 import copy
 import functools
 import json
+import os
 import re
 import sys
-import threading
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from cortexfs import jsontext
 from cortexfs.errors import invalid
+from cortexfs.forks import ProcessLock
 from cortexfs.tools import ecma_regex, schema_patterns, schema_subset
 from cortexfs.tools.schema_references import DATA_KEYWORDS, reference_problems
 
@@ -136,13 +137,21 @@ def instance_problems(
 
 class _RecursionHeadroom:
     """The interpreter's recursion limit raised to ``limit`` while any thread needs it, and
-    the caller's own limit back after the last one (a library caller's limit is its own)."""
+    the caller's own limit back after the last one (a library caller's limit is its own).
+    A child forked meanwhile has none of the threads that held it: its caller's limit is
+    back, and nobody holds it."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
-        self._lock = threading.Lock()
+        self._lock = ProcessLock()
         self._holders = 0
         self._callers_limit = 0
+        os.register_at_fork(after_in_child=self._held_by_nobody)
+
+    def _held_by_nobody(self) -> None:
+        if self._holders:
+            self._holders = 0
+            sys.setrecursionlimit(self._callers_limit)
 
     @contextlib.contextmanager
     def held(self) -> Iterator[None]:
