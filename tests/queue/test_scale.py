@@ -5,6 +5,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -184,6 +187,43 @@ def test_a_hint_grown_to_a_terabyte_costs_a_listing_and_stops_no_requeue(
     assert sorted(os.listdir(queue_dir / "pending")) == ["again.req.json", "later.req.json"]
     assert os.listdir(queue_dir / "claimed") == os.listdir(queue_dir / "lease") == []
     assert one_shot_claim(queue_dir, me) == ("again.req.json", 0)
+
+
+def test_a_hint_another_process_holds_holds_up_no_publish_nor_claim(
+    cache: Path, tmp_path: Path, me: Holder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process of the same user that keeps the hint's lock (stopped with Ctrl-Z in the
+    middle of a claim's listing): a publish and a claim wait for it HINT_LOCK_SECONDS at
+    most, then go on without the hint; the claim lists pending/ itself and finds the job."""
+    monkeypatch.setattr(claim_order, "HINT_LOCK_SECONDS", 0.3)
+    queue_dir = tmp_path / "q"
+    init_queue(queue_dir)
+    keeper = subprocess.Popen(
+        [sys.executable, "-c", HOLD_FOR_TEN_SECONDS, str(hint_path(queue_dir))],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert keeper.stdout is not None and keeper.stdout.readline() == "held\n"
+        began = time.monotonic()
+        with Queue.open(queue_dir) as q:
+            job = publish(q, request(), name="meanwhile")
+        won, scans = one_shot_claim(queue_dir, me)
+        took = time.monotonic() - began
+    finally:
+        keeper.kill()
+        keeper.wait()
+    assert took < 5, f"waited {took:.1f}s for a lock the hint's keeper would not let go"
+    assert (won, scans) == (job, 1)
+
+
+HOLD_FOR_TEN_SECONDS = """
+import fcntl, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("held", flush=True)
+time.sleep(10)
+"""
 
 
 def test_a_dry_run_recover_and_a_user_without_a_hint_leave_the_cache_alone(
