@@ -46,6 +46,7 @@ from cortexfs.cli.queue import (
 from cortexfs.errors import CtxError
 from cortexfs.printable import printable
 from cortexfs.queue.holder import MIN_WORKER_LEASE_TTL, check_worker_ttl
+from cortexfs.readiness import writable
 from cortexfs.worker.stop_signals import EarlyStop
 
 if TYPE_CHECKING:
@@ -100,10 +101,15 @@ class Progress:
         self.unshown: list[str] = []  # the finished jobs whose finish could not be shown
         # Reentrant: the main thread's signal handlers report too (an interrupt).
         self._lock = threading.RLock()
+        # The worker's abort (a second ^C), which waits for no reader: set, an event whose
+        # turn or stream does not come within a second is dropped (see _turn, _echo).
+        self.aborted = threading.Event()
 
     def __call__(self, event: str, fields: dict[str, Any]) -> None:
         # Called from every job slot's thread: one event's lines are written together.
-        with self._lock:
+        if not self._turn():
+            return
+        try:
             if event == "finish":
                 self.finished += 1
             if self.lost_output is None:
@@ -115,6 +121,16 @@ class Progress:
                     self.on_lost_output()
             if event == "finish":
                 self.unshown.append(f"{fields['job']} in {fields['state']}/")
+        finally:
+            self._lock.release()
+
+    def _turn(self) -> bool:
+        """Wait for the lock; False once the worker is aborted while another thread holds it
+        (a job slot whose line waits for a reader that stopped reading)."""
+        while not self._lock.acquire(timeout=0.1):
+            if self.aborted.is_set():
+                return False
+        return True
 
     def what_was_done(self) -> str:
         """What the worker did, for a command whose output was lost: it stopped claiming, and
@@ -127,12 +143,16 @@ class Progress:
 
     def _echo(self, text: str, *, err: bool = False, nl: bool = True, control: str = "") -> None:
         """``text`` escaped (:func:`printable`: a job's reason quotes what its tool, request
-        or publisher wrote), after the terminal ``control`` of a live line."""
+        or publisher wrote), after the terminal ``control`` of a live line.  Once the worker
+        is aborted, a stream that takes nothing within a second is not written: the line is
+        dropped."""
+        stream = sys.stderr if err else sys.stdout
+        if self.aborted.is_set() and not _takes_output(stream):
+            return
         try:
             click.echo(control + printable(text), nl=nl, err=err)
         except OSError:
             # What is still buffered for that stream can go nowhere either: drop it quietly.
-            stream = sys.stderr if err else sys.stdout
             with contextlib.suppress(OSError, ValueError):
                 discard_output(stream)
             raise
@@ -182,6 +202,16 @@ class Progress:
                     + f"{fields['rate']:.1f} jobs/s"
                     + (" (aborted)" if fields["aborted"] else "")
                 )
+
+
+def _takes_output(stream: Any) -> bool:
+    """Whether ``stream`` can be written within a second (a pipe with room, a terminal, a
+    file); True for one without a descriptor, whose write then says what it meets."""
+    try:
+        fd = stream.fileno()
+    except (OSError, ValueError, AttributeError):
+        return True
+    return bool(writable([fd], 1.0))
 
 
 def _columns_of(stream: Any) -> int:
@@ -385,6 +415,7 @@ def _run(
     worker = Worker(
         queue_dir, executor, options, progress, within=project_root(queue_dir), root=root
     )
+    progress.aborted = worker.abort
     worker.install_signal_handlers()
     # Read only now that the worker's handlers take the signals: none noted is lost between.
     if early_stop.stopped_by is not None:
@@ -397,6 +428,11 @@ def _run(
         executor.close()
     _end(progress, summary)
     if summary.aborted:
+        if worker.reports_abandoned:
+            # Job slots still wait for a reader to take their lines, holding stdout's buffer:
+            # the interpreter's exit would wait for them, and then for that buffer.
+            sys.stderr.flush()
+            os._exit(EXIT_ABORTED)
         sys.exit(EXIT_ABORTED)
 
 

@@ -62,6 +62,9 @@ from cortexfs.worker.outcome import (
 from cortexfs.worker.stop_signals import STOP_SIGNALS
 
 EXIT_ABORTED = 130
+# How long an abort waits for a job slot whose report waits for a reader (see
+# Worker._slots_left_telling): a report to a reader that reads is written in milliseconds.
+ABANDONED_REPORT_SECONDS = 1.0
 
 
 def _cause(exc: CtxError | OSError) -> str:
@@ -280,6 +283,11 @@ class Worker:
         self._claim_lock = threading.Lock()
         self._controls: dict[str, JobControl] = {}  # the running jobs' (under _count_lock)
         self._renewal_failure: str | None = None  # a failure that a job given up says better
+        # The threads telling the listener of an event, and since when (time.monotonic()).
+        self._telling: dict[int, float] = {}
+        # Set when an abort left job slots that waited for a reader to take their report: the
+        # command then ends without waiting for them (see _slots_left_telling).
+        self.reports_abandoned = False
 
     # ---------------------------------------------------------------- signals
 
@@ -359,8 +367,10 @@ class Worker:
                 # waits too: its tools are killed, so the slots end at once, but a claim or a
                 # finish under way completes first, on the queue's descriptors that are
                 # closed below, and a tool that had ended has its job finished.
-                while any(t.is_alive() for t in threads):
-                    for thread in threads:
+                while running := [t for t in threads if t.is_alive()]:
+                    if self._slots_left_telling(running):
+                        break
+                    for thread in running:
                         thread.join(0.1)
             except CtxError:
                 self.stop("a job slot could not start")  # the others finish the job they run
@@ -378,6 +388,36 @@ class Worker:
             self.summary.left_pending = still_pending(queue, self.summary.left_pending)
         self.listener("stop", self.summary.to_json())
         return self.summary
+
+    def _tell(self, event: str, fields: dict[str, Any]) -> None:
+        """The listener told of ``event`` by a job slot or the lease keeper, which meanwhile
+        counts as telling: its job is finished, or left claimed, before it tells."""
+        me = threading.get_ident()
+        self._telling[me] = time.monotonic()
+        try:
+            self.listener(event, fields)
+        finally:
+            del self._telling[me]
+
+    def _slots_left_telling(self, running: list[threading.Thread]) -> bool:
+        """Whether an abort stops waiting for the ``running`` slots: each has been telling
+        the listener for :data:`ABANDONED_REPORT_SECONDS`, its output waiting for a reader
+        that stopped reading (``ctx queue work | less``, its pager stopped).  An abort does
+        not wait for a reader: the jobs such slots still hold (a claim they were reporting)
+        are counted left claimed, and :attr:`reports_abandoned` tells the command to end
+        without them."""
+        if not self.abort.is_set():
+            return False
+        now = time.monotonic()
+        since = [self._telling.get(thread.ident or 0) for thread in running]
+        if any(t is None or now - t < ABANDONED_REPORT_SECONDS for t in since):
+            return False
+        with self._count_lock:
+            self.summary.left_claimed.extend(
+                job for job in self._controls if job not in self.summary.left_claimed
+            )
+        self.reports_abandoned = True
+        return True
 
     def _require_same_root(self) -> None:
         """Before each claim: the storage root's path still names the directory the worker
@@ -470,7 +510,7 @@ class Worker:
             "and tries again; unless a renewal succeeds, the job's tool is killed before its "
             f"lease expires at {rfc3339(expires)}, and the job is left claimed"
         )
-        self.listener(
+        self._tell(
             "renew_failed",
             {"job": job, "error": errno.errorcode.get(code), "errno": code, "reason": reason},
         )
@@ -612,7 +652,7 @@ class Worker:
                     self.summary.done += 1
                 else:
                     self.summary.failed += 1
-            self.listener("lost" if record.lost else "finish", record.to_json())
+            self._tell("lost" if record.lost else "finish", record.to_json())
 
     def _execute_and_finish(
         self, queue: Queue, holder: Holder, won: Claim, control: JobControl
@@ -630,7 +670,7 @@ class Worker:
             )
         except CtxError as exc:
             raise LeftClaimed(exc.errno, exc.message) from exc.__cause__
-        self.listener("claim", {"job": won.job, "tool": tool})
+        self._tell("claim", {"job": won.job, "tool": tool})
         if self.abort.is_set():
             return None  # the abort came while the claim was under way: the tool never starts
         started = time.time()

@@ -968,12 +968,6 @@ def test_an_interrupt_after_sighup_is_the_first_and_a_second_aborts_naming_the_j
     assert runs(outbox, "abort") == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="DEFECT: with stdout stalled (a reader that stopped reading) a job slot blocked "
-    "writing an event holds the worker: after ^C twice it does not exit until the reader "
-    "reads; it should abort and exit 130 at once",
-)
 def test_a_second_interrupt_aborts_even_with_standard_output_stalled(
     queue: QueueCLI, agent: str, workers: list[Worker]
 ) -> None:
