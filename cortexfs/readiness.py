@@ -38,12 +38,27 @@ def writable(waited: Sequence[Waited], timeout: float | None) -> list[Waited]:
     return _ready(waited, select.POLLOUT, timeout)
 
 
-def _ready(waited: Sequence[Waited], events: int, timeout: float | None) -> list[Waited]:
+def readable_or_writable(reading: int, writing: int, timeout: float | None) -> tuple[bool, bool]:
+    """Whether descriptor ``reading`` is ready to be read and ``writing`` to be written, once
+    either is or ``timeout`` seconds have passed: a wait for room to write that takes what
+    the other side writes meanwhile (two full pipes would otherwise wait on each other)."""
+    if reading == writing:
+        raise ValueError("one descriptor waited for twice")
+    ready = _ready([reading, writing], select.POLLIN, timeout, {writing: select.POLLOUT})
+    return reading in ready, writing in ready
+
+
+def _ready(
+    waited: Sequence[Waited],
+    events: int,
+    timeout: float | None,
+    other_events: dict[int, int] | None = None,
+) -> list[Waited]:
     poller = select.poll()
     by_descriptor: dict[int, Waited] = {}
     for item in waited:
         descriptor = item if isinstance(item, int) else item.fileno()
         by_descriptor[descriptor] = item
-        poller.register(descriptor, events)
+        poller.register(descriptor, (other_events or {}).get(descriptor, events))
     milliseconds = None if timeout is None else max(0, math.ceil(timeout * 1000))
     return [by_descriptor[descriptor] for descriptor, _ in poller.poll(milliseconds)]

@@ -38,7 +38,7 @@ from cortexfs.errors import CtxError, remedy_for_host_trouble
 from cortexfs.mcp import ACCEPTED_VERSIONS, ANNOUNCED_VERSION
 from cortexfs.mcp.config import ServerSpec
 from cortexfs.process_limits import no_process_could_be_made
-from cortexfs.readiness import readable, writable
+from cortexfs.readiness import readable, readable_or_writable, writable
 
 DEFAULT_TIMEOUT = 30.0
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
@@ -322,7 +322,10 @@ class StdioClient:
         # A notification or a response: nothing answers it, so none is said to be owed.
         awaited = "id" in message and "method" in message
         stdin = self._process.stdin.fileno()
+        assert self._process.stdout is not None
+        stdout = self._process.stdout.fileno()
         data = memoryview(json.dumps(message).encode() + b"\n")
+        watching_output = True
         while data:
             remaining = None if until is None else until - time.monotonic()
             if remaining is not None and remaining <= 0:
@@ -333,7 +336,20 @@ class StdioClient:
                 )
             wait = _EXIT_POLL if remaining is None else min(remaining, _EXIT_POLL)
             try:
-                if not writable([stdin], wait):
+                if watching_output:
+                    has_written, takes = readable_or_writable(stdout, stdin, wait)
+                else:
+                    has_written, takes = False, bool(writable([stdin], wait))
+                if has_written:
+                    # A server may write while it reads (log notifications, a ping): taken
+                    # now, for _receive, or a request larger than a pipe would have both wait
+                    # on full pipes until the deadline.  Its output ended, or more of it
+                    # unread than a message may hold, it is read no more while sending.
+                    chunk = os.read(stdout, 65536)
+                    self._buffer += chunk
+                    watching_output = bool(chunk) and len(self._buffer) < MAX_MESSAGE_BYTES
+                    continue
+                if not takes:
                     # A process it started (a launcher's helper) may hold its input open.
                     if self._process.poll() is not None:
                         raise self._exited(sent, until, sending=True, awaited=awaited)

@@ -8,7 +8,9 @@ Usage: python scripted_server.py SCRIPT.json — the script's keys:
   call_seconds  how long each tools/call takes before it is answered (default 0)
   behaviour  "normal", "exit" (exit 3 at once, after a line on stderr), "silent",
              "same-cursor" (every tools/list page names the first page as the next) or
-             "new-cursors" (every tools/list page names a new cursor, forever)
+             "new-cursors" (every tools/list page names a new cursor, forever), or
+             "chatty" (a log notification of 16 KiB written for each 64 KiB read, as the
+             input comes: a server that writes while it reads a long request)
   list_raw   a line to answer tools/list with, verbatim but for @ID@, the request's id
   call_raw   the same for tools/call
   call_text  the text a tools/call answers (instead of echoing its arguments)
@@ -39,7 +41,7 @@ def main() -> int:
     tools = script.get("tools", [])
     pages = 0
     page = script.get("page") or max(1, len(tools))
-    for line in sys.stdin:
+    for line in chatty_lines() if behaviour == "chatty" else sys.stdin:
         message = json.loads(line)
         if script.get("record"):
             with open(script["record"], "a") as record:
@@ -91,6 +93,20 @@ def main() -> int:
             continue
         print(json.dumps({"jsonrpc": "2.0", "id": message["id"], "result": result}), flush=True)
     return 0
+
+
+def chatty_lines():
+    """The lines of standard input, read 64 KiB at a time, each read followed by a log
+    notification of 16 KiB written whole before the next read."""
+    note = {"jsonrpc": "2.0", "method": "notifications/message", "params": {}}
+    note["params"] = {"level": "debug", "data": "x" * 16384}
+    pending = b""
+    while chunk := os.read(0, 65536):
+        sys.stdout.write(json.dumps(note) + "\n")
+        sys.stdout.flush()
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        yield from lines
 
 
 if __name__ == "__main__":

@@ -328,3 +328,18 @@ def test_a_configuration_the_agent_owns_is_refused(world: World) -> None:
 
     assert not result.ok and result.output["error"] == "EACCES", result.output
     assert f"but {world.workspace} belongs to uid {world.user.uid}" in result.output["message"]
+
+
+def test_a_request_larger_than_a_pipe_to_a_server_that_writes_as_it_reads_is_answered(
+    world: World,
+) -> None:
+    """A server that writes a log notification for each part of a request it reads (its
+    output fills while the client still writes a request larger than the pipes): the client
+    takes what it writes meanwhile, so neither waits on the other, and the call is answered.
+    Before, both waited on full pipes until the client's deadline (ETIMEDOUT)."""
+    ready(world, behaviour="chatty", call_text="read it all")
+
+    result = world.run("fake.echo", {"text": "y" * 400_000})
+
+    assert result.ok, result.output
+    assert "read it all" in json.dumps(result.output), result.output
