@@ -426,6 +426,8 @@ def _run(
         summary = worker.run()
     finally:
         executor.close()
+    if worker.reports_abandoned and not _takes_output(sys.stderr):
+        os._exit(EXIT_ABORTED)  # its jobs left claimed are named to nobody (2>&1 | less)
     _end(progress, summary)
     if summary.aborted:
         if worker.reports_abandoned:

@@ -397,7 +397,7 @@ class Worker:
         try:
             self.listener(event, fields)
         finally:
-            del self._telling[me]
+            self._telling.pop(me, None)
 
     def _slots_left_telling(self, running: list[threading.Thread]) -> bool:
         """Whether an abort stops waiting for the ``running`` slots: each has been telling
