@@ -491,6 +491,16 @@ def test_a_file_rewritten_in_place_with_size_and_mtime_kept_reads_new_bytes_in_t
     world.unmount_cleanly()
 
 
+def holds_open(pid: int, name: str) -> bool:
+    """Whether process ``pid`` has a descriptor open on a file called ``name``."""
+    with contextlib.suppress(OSError):
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/{pid}/fd/{fd}").endswith(f"/{name}"):
+                    return True
+    return False
+
+
 def test_appends_and_rewrites_on_the_root_show_in_the_view_and_its_sizes_match_reads(
     world: World,
 ):
@@ -536,7 +546,9 @@ def test_appends_and_rewrites_on_the_root_show_in_the_view_and_its_sizes_match_r
         start_new_session=True,
     )
     with running(follower):
-        time.sleep(0.3)  # let it take its first look (not asserted on)
+        # Its first look (``-n 0``: from the end it finds) holds the file open: what is
+        # appended before it would not be followed, however loaded the machine.
+        assert wait_for(lambda: holds_open(follower.pid, "events.jsonl"), SETTLE)
         for n in range(4, 9):
             append(n)
         # What a follower prints, line by line, until it has printed every appended event.
