@@ -163,3 +163,54 @@ def test_a_child_forked_while_a_schema_was_being_checked_has_its_callers_recursi
         """
     )
     assert got == [6000, 0, 1500]
+
+
+LOGGING_MODULE = """
+import logging, os, time
+os.write(int(os.environ["STARTED_FD"]), b"x")  # the import is under way
+time.sleep(0.5)
+logging.getLogger("slow")  # takes logging's lock, which logging's own fork hook holds
+VALUE = 42
+"""
+
+
+def test_an_import_that_waits_for_a_lock_the_fork_holds_delays_the_fork_not_for_ever(
+    tmp_path: Path,
+) -> None:
+    """logging, imported after cortexfs.forks, takes its lock in its own hook before ours
+    runs; a thread whose import then waits for that lock cannot end while the fork waits
+    for it: the fork goes on after IMPORT_WAIT_SECONDS."""
+    (tmp_path / "slow.py").write_text(LOGGING_MODULE)
+    sources = Path(__file__).resolve().parents[1]
+    got = run(
+        """
+        import cortexfs.forks
+        cortexfs.forks.IMPORT_WAIT_SECONDS = 0.5
+        import logging
+        started, says = os.pipe()
+        os.environ["STARTED_FD"] = str(says)
+        thread = threading.Thread(target=lambda: __import__("slow"))
+        thread.start()
+        os.read(started, 1)
+        began = time.monotonic()
+        status = forked(lambda: True)
+        took = time.monotonic() - began
+        thread.join()
+        print(json.dumps([status, took < 5, __import__("slow").VALUE]))
+        """,
+        path=f"{tmp_path}:{sources}",
+    )
+    assert got == [0, True, 42]
+
+
+def test_a_process_lock_the_forking_thread_holds_is_its_own_in_the_child() -> None:
+    got = run(
+        """
+        from cortexfs.forks import ProcessLock
+        lock = ProcessLock()
+        with lock:
+            status = forked(lambda: lock.__exit__(None, None, None) is None)
+        print(json.dumps({"child": status}))
+        """
+    )
+    assert got == {"child": 0}

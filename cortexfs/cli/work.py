@@ -28,6 +28,7 @@ from cortexfs.cli.common import (
     changed,
     discard_output,
     echo_printable,
+    fail,
     handles_errors,
     object_name_argument,
     suggestions_for_this_queue,
@@ -101,8 +102,9 @@ class Progress:
         self.unshown: list[str] = []  # the finished jobs whose finish could not be shown
         # Reentrant: the main thread's signal handlers report too (an interrupt).
         self._lock = threading.RLock()
-        # The worker's abort (a second ^C), which waits for no reader: set, an event whose
-        # turn or stream does not come within a second is dropped (see _turn, _echo).
+        # The worker's abort (a second ^C), which waits for no reader: set, an event is
+        # dropped when another thread holds the output, or its stream takes nothing within a
+        # second (see _turn, _echo).
         self.aborted = threading.Event()
 
     def __call__(self, event: str, fields: dict[str, Any]) -> None:
@@ -426,16 +428,33 @@ def _run(
         summary = worker.run()
     finally:
         executor.close()
-    if worker.reports_abandoned and not _takes_output(sys.stderr):
-        os._exit(EXIT_ABORTED)  # its jobs left claimed are named to nobody (2>&1 | less)
+    if worker.reports_abandoned:
+        _end_without_waiting(progress, summary, EXIT_ABORTED)
     _end(progress, summary)
     if summary.aborted:
-        if worker.reports_abandoned:
-            # Job slots still wait for a reader to take their lines, holding stdout's buffer:
-            # the interpreter's exit would wait for them, and then for that buffer.
-            sys.stderr.flush()
-            os._exit(EXIT_ABORTED)
         sys.exit(EXIT_ABORTED)
+
+
+def _end_without_waiting(progress: Progress, summary: WorkerSummary, aborted: int) -> NoReturn:
+    """End an aborted worker whose job slots still wait for a reader to take their lines:
+    they hold standard output's buffer, and the interpreter's exit would wait for them, then
+    for that buffer.  Standard error says what :func:`_end` says, unless it takes nothing
+    either (``2>&1 | less``); the exit is at once, with the status :func:`_end` gives (130,
+    or a failure's that stopped the worker first)."""
+    status = aborted
+    if _takes_output(sys.stderr):
+        try:
+            _end(progress, summary)
+        except CtxError as error:
+            try:
+                fail(error)  # its line on stderr only: stdout is what waits for a reader
+            except SystemExit as exit_:
+                status = exit_.code if isinstance(exit_.code, int) else 1
+        except OSError:
+            pass  # the output was lost before the abort: nothing more can be said on it
+        with contextlib.suppress(OSError, ValueError):
+            sys.stderr.flush()
+    os._exit(status)
 
 
 def _stopped_while_starting(signal_name: str, progress: Progress) -> None:

@@ -387,6 +387,8 @@ class StdioClient:
             if (len(self._buffer) if end < 0 else end) > MAX_MESSAGE_BYTES:
                 raise self._broken(f"a message is larger than {MAX_MESSAGE_BYTES} bytes")
         line, _, self._buffer = self._buffer.partition(b"\n")
+        if len(line) > MAX_MESSAGE_BYTES:  # read whole while a request was being sent
+            raise self._broken(f"a message is larger than {MAX_MESSAGE_BYTES} bytes")
         try:
             message = jsontext.loads_strict(line, unique_names=False, max_depth=MAX_MESSAGE_DEPTH)
         except json.JSONDecodeError as exc:

@@ -38,6 +38,7 @@ import json
 import os
 import re
 import threading
+import time
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -69,6 +70,13 @@ SCAN_BUDGET = 1000
 # claim lists pending/ itself and a publish leaves the hint untold, which the next claim's
 # listing makes up for: the hint is a hint, never state.
 HINT_LOCK_SECONDS = 2.0
+# After such a wait ran out, this process does not wait for that hint's lock again for this
+# long (it tries it once): a holder that stays stopped costs each process one wait, not one
+# per claim and publish.
+HINT_SKIPPED_SECONDS = 60.0
+
+# The hints whose lock a wait of this process last found held past HINT_LOCK_SECONDS, and when.
+_held_elsewhere: dict[Path, float] = {}
 
 
 def pending_stamp(pending_fd: int) -> str:
@@ -336,10 +344,16 @@ class HintFile:
         while True:
             fd = os.open(self.path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
             try:
-                if not flock_within(fd, fcntl.LOCK_EX, HINT_LOCK_SECONDS):
+                last_held = _held_elsewhere.get(self.path)
+                recently = last_held is not None and (
+                    time.monotonic() - last_held < HINT_SKIPPED_SECONDS
+                )
+                if not flock_within(fd, fcntl.LOCK_EX, 0 if recently else HINT_LOCK_SECONDS):
+                    _held_elsewhere[self.path] = time.monotonic()
                     raise BlockingIOError(
                         errno.EWOULDBLOCK, f"held by another process: {self.path}"
                     )
+                _held_elsewhere.pop(self.path, None)
                 try:
                     current = os.stat(self.path, follow_symlinks=False).st_ino
                 except FileNotFoundError:

@@ -391,7 +391,8 @@ class Worker:
 
     def _tell(self, event: str, fields: dict[str, Any]) -> None:
         """The listener told of ``event`` by a job slot or the lease keeper, which meanwhile
-        counts as telling: its job is finished, or left claimed, before it tells."""
+        counts as telling (see :meth:`_slots_left_telling`: a slot tells of a job once it is
+        finished, or claimed before its tool starts)."""
         me = threading.get_ident()
         self._telling[me] = time.monotonic()
         try:
@@ -643,7 +644,8 @@ class Worker:
                         del self._controls[won.job]
             if record is None:
                 with self._count_lock:
-                    self.summary.left_claimed.append(won.job)
+                    if won.job not in self.summary.left_claimed:  # counted if left behind
+                        self.summary.left_claimed.append(won.job)
                 return  # aborted: the job stays claimed for recover
             with self._count_lock:
                 if record.lost:

@@ -433,14 +433,18 @@ def test_the_callers_own_children_are_neither_reaped_nor_killed_by_calls(root: P
         """
         import subprocess
         quick = subprocess.Popen(["sh", "-c", "sleep 0.05; exit 7"])
+        told, tell = os.pipe()
         slow = os.fork()
         if slow == 0:
-            time.sleep(1.5)
+            os.close(tell)
+            os.read(told, 1)  # until the calls are over, however long they take
             os._exit(9)
+        os.close(told)
         results = [summary(call(f"sleep 0.05; echo r{i}")) for i in range(6)]
         with ThreadPoolExecutor(3) as pool:
             results += [summary(r) for r in pool.map(lambda i: call("true"), range(3))]
         slow_alive = os.waitpid(slow, os.WNOHANG) == (0, 0)
+        os.close(tell)
         done({"results": results, "quick": quick.wait(timeout=10), "slow_alive": slow_alive,
               "slow": os.waitstatus_to_exitcode(os.waitpid(slow, 0)[1])})
         """,
