@@ -344,9 +344,11 @@ class StdioClient:
                     # A server may write while it reads (log notifications, a ping): taken
                     # now, for _receive, or a request larger than a pipe would have both wait
                     # on full pipes until the deadline.  Its output ended, or more of it
-                    # unread than a message may hold, it is read no more while sending.
+                    # kept than a message may hold, it is read no more while sending.
                     chunk = os.read(stdout, 65536)
                     self._buffer += chunk
+                    if b"\n" in chunk:
+                        self._drop_notifications()
                     watching_output = bool(chunk) and len(self._buffer) < MAX_MESSAGE_BYTES
                     continue
                 if not takes:
@@ -359,6 +361,15 @@ class StdioClient:
                 continue
             except BrokenPipeError:
                 raise self._exited(sent, until, sending=True, awaited=awaited) from None
+
+    def _drop_notifications(self) -> None:
+        """Drop the notifications (progress, logging) among the whole lines read: nothing
+        answers them (:meth:`_answer`), and a server that logs as it reads a long request
+        would otherwise fill what is kept for :meth:`_receive`.  A line that is not a
+        well-formed JSON-RPC notification is kept, for :meth:`_receive` to say so."""
+        *lines, rest = self._buffer.split(b"\n")
+        kept = [line + b"\n" for line in lines if not _is_notification(line)]
+        self._buffer = b"".join(kept) + rest
 
     def _receive(self, method: str, until: float | None) -> dict[str, Any]:
         while b"\n" not in self._buffer:
@@ -446,6 +457,21 @@ class StdioClient:
         tail = self._stderr.tail(settle=_EXIT_GRACE if ended else 0.0)
         tail = tail.decode("utf-8", "replace").strip()
         return f"; its stderr ends: {tail}" if tail else ""
+
+
+def _is_notification(line: bytes) -> bool:
+    """Whether ``line`` is a JSON-RPC 2.0 notification, as :meth:`StdioClient._receive` would
+    read it: a message with a method and no id."""
+    try:
+        message = jsontext.loads_strict(line, unique_names=False, max_depth=MAX_MESSAGE_DEPTH)
+    except (ValueError, RecursionError):
+        return False
+    return (
+        isinstance(message, dict)
+        and message.get("jsonrpc") == "2.0"
+        and "method" in message
+        and "id" not in message
+    )
 
 
 def _how_it_ended(returncode: int) -> str:

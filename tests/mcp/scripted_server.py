@@ -9,8 +9,8 @@ Usage: python scripted_server.py SCRIPT.json — the script's keys:
   behaviour  "normal", "exit" (exit 3 at once, after a line on stderr), "silent",
              "same-cursor" (every tools/list page names the first page as the next) or
              "new-cursors" (every tools/list page names a new cursor, forever), or
-             "chatty" (a log notification of 16 KiB written for each 64 KiB read, as the
-             input comes: a server that writes while it reads a long request)
+             "chatty" (a log notification of ``chatty_bytes``, default 16 KiB, written for
+             each 64 KiB read, as the input comes: a server that logs as it reads a request)
   list_raw   a line to answer tools/list with, verbatim but for @ID@, the request's id
   call_raw   the same for tools/call
   call_text  the text a tools/call answers (instead of echoing its arguments)
@@ -41,7 +41,8 @@ def main() -> int:
     tools = script.get("tools", [])
     pages = 0
     page = script.get("page") or max(1, len(tools))
-    for line in chatty_lines() if behaviour == "chatty" else sys.stdin:
+    chatty = script.get("chatty_bytes", 16384)
+    for line in chatty_lines(chatty) if behaviour == "chatty" else sys.stdin:
         message = json.loads(line)
         if script.get("record"):
             with open(script["record"], "a") as record:
@@ -95,11 +96,11 @@ def main() -> int:
     return 0
 
 
-def chatty_lines():
+def chatty_lines(size: int):
     """The lines of standard input, read 64 KiB at a time, each read followed by a log
-    notification of 16 KiB written whole before the next read."""
+    notification of about ``size`` bytes written whole before the next read."""
     note = {"jsonrpc": "2.0", "method": "notifications/message", "params": {}}
-    note["params"] = {"level": "debug", "data": "x" * 16384}
+    note["params"] = {"level": "debug", "data": "x" * size}
     pending = b""
     while chunk := os.read(0, 65536):
         sys.stdout.write(json.dumps(note) + "\n")

@@ -343,3 +343,17 @@ def test_a_request_larger_than_a_pipe_to_a_server_that_writes_as_it_reads_is_ans
 
     assert result.ok, result.output
     assert "read it all" in json.dumps(result.output), result.output
+
+
+def test_a_server_that_logs_more_than_a_message_may_hold_while_it_reads_is_answered(
+    world: World,
+) -> None:
+    """The same server writing 3 MB of log notification for each 64 KiB it reads, some 21 MB
+    before it has read the request: nothing answers a notification, so the client drops them
+    as they come, and what it keeps never reaches the 16 MiB it keeps at most."""
+    ready(world, behaviour="chatty", chatty_bytes=3_000_000, call_text="read it all")
+
+    result = world.run("fake.echo", {"text": "y" * 400_000})
+
+    assert result.ok, result.output
+    assert "read it all" in json.dumps(result.output), result.output
