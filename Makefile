@@ -32,7 +32,7 @@ soak: install
 	$(PY) -m pytest -m slow -n 2 -p no:cacheprovider -q
 
 # Every acceptance flow (tests/acceptance/test_acceptance_flows_*.py): the default suite runs a
-# twentieth of them, a different twentieth at each commit (tests/conftest.py).
+# twentieth of their files, a different twentieth at each commit (tests/conftest.py).
 flows: install
 	$(PY) -m pytest tests/acceptance --flows=all -k test_acceptance_flows_ -n 2 -p no:cacheprovider -q
 

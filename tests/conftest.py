@@ -8,10 +8,13 @@ of the acceptance flows the default suite runs.
 **The acceptance flows** (``tests/acceptance/test_acceptance_flows_*.py``) are whole
 scenarios, each a user's or an adversary's, of real processes, uids, mounts and namespaces:
 more than half of the suite's time.  A run that names no test (``./scripts/test``, CI) takes
-a twentieth of them, a different twentieth at each commit (by the number of commits, so one commit
-always runs the same tests), so that the default suite stays within about a quarter of an
-hour on two cores; ``--flows=all`` or ``make flows`` runs every one, as does naming their
-files.  ``--flows=K/N`` picks slice K of N."""
+a twentieth of their files, a different twentieth at each commit (by the number of commits, so
+one commit always runs the same tests), so that the default suite stays within about a quarter
+of an hour on two cores; ``--flows=all`` or ``make flows`` runs every one, as does naming their
+files.  ``--flows=K/N`` picks slice K of N.  The files left out are not even imported: each
+test process would otherwise rewrite their 30 000 asserts (pytest's assertion rewriting) at
+every start, a minute and more, with no bytecode cache where ``PYTHONDONTWRITEBYTECODE`` is
+set."""
 
 from __future__ import annotations
 
@@ -36,8 +39,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--flows",
         metavar="all|K/N",
-        help="which acceptance flows to run: all, or slice K of N (default, when no test is "
-        f"named: a slice of {FLOW_SLICES} that turns with each commit)",
+        help="which acceptance flow files to run: all, or slice K of N (default, when no test "
+        f"is named: a slice of {FLOW_SLICES} that turns with each commit)",
     )
 
 
@@ -48,22 +51,25 @@ def pytest_report_header(config: pytest.Config) -> str:
     return f"acceptance flows: slice {chosen[0]} of {chosen[1]} (--flows=all runs every one)"
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """True for a flow file outside the slice this run takes; None leaves it to pytest."""
+    if not collection_path.name.startswith(FLOWS_PREFIX) or collection_path.suffix != ".py":
+        return None
     chosen = _flow_slice(config)
     if chosen is None:
-        return
+        return None
     number, slices = chosen
-    kept, left_out = [], []
-    for item in items:
-        in_slice = zlib.crc32(item.nodeid.encode()) % slices == number - 1
-        (kept if in_slice or not item.path.name.startswith(FLOWS_PREFIX) else left_out).append(item)
-    if left_out:
-        config.hook.pytest_deselected(items=left_out)
-        items[:] = kept
+    return None if zlib.crc32(collection_path.name.encode()) % slices == number - 1 else True
 
 
 def _flow_slice(config: pytest.Config) -> tuple[int, int] | None:
-    """(K, N) for slice K of N of the acceptance flows; None for all of them."""
+    """(K, N) for slice K of N of the acceptance flow files; None for all of them."""
+    if _SLICE not in config.stash:
+        config.stash[_SLICE] = _chosen_slice(config)
+    return config.stash[_SLICE]
+
+
+def _chosen_slice(config: pytest.Config) -> tuple[int, int] | None:
     chosen = config.getoption("--flows")
     if chosen == "all" or (chosen is None and config.option.file_or_dir):
         return None
@@ -103,6 +109,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 _CACHE = pytest.StashKey[str]()
+_SLICE = pytest.StashKey["tuple[int, int] | None"]()
 
 
 @pytest.fixture(scope="session")
