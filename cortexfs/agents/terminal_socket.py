@@ -58,6 +58,7 @@ MAX_CLIENTS = 64  # clients at once, besides root's: each holds one of ~1024 des
 MAX_BEHIND = 1024 * 1024  # bytes of output a client may have yet to take before it is dropped
 STALL_SECONDS = 2.0  # a client that takes none of its waiting output for this long is dropped
 CLOSING_SECONDS = 1.0  # for all clients together to take their last output as the terminal ends
+ANSWER_SECONDS = 5.0  # for a terminal to send a watcher its first bytes (still_serves)
 
 
 def socket_path(view: AgentView, session: str) -> Path:
@@ -176,6 +177,29 @@ def listening(path: Path) -> bool:
         except OSError:
             return False
     return True
+
+
+def still_serves(path: Path, seconds: float = ANSWER_SECONDS) -> bool:
+    """Whether a terminal still serves on ``path``, asked by a client it has just let go:
+    it takes a watcher and sends it something (its scrollback, or why it refuses).
+
+    A connection alone does not tell, then.  A killed terminal's descriptors are released one
+    by one as it dies, its clients' connections often before its listener, so the client that
+    sees its connection end can still connect for a moment: the connection waits in the dying
+    listener's queue, and is reset when the listener goes.  One that is taken but not answered
+    within ``seconds`` counts as served (a terminal too busy to answer is not one that ended).
+    """
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(seconds)
+        try:
+            with socket_address(path) as address:
+                probe.connect(address)
+            probe.sendall(b"watch\n")
+            return probe.recv(1) != b""
+        except TimeoutError:
+            return True
+        except OSError:
+            return False
 
 
 def answers_by_another_path(run: RunDirectory) -> bool:

@@ -552,7 +552,7 @@ def _say_the_terminal_closed(path: Path, agent: str, session: str) -> None:
     from cortexfs.agents import terminal_socket
 
     where = f"the terminal of {agent} in session {session}"
-    if terminal_socket.listening(path):
+    if terminal_socket.still_serves(path):
         click.echo(err=True)
         raise CtxError(
             errno.ECONNABORTED,
