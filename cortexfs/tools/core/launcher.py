@@ -41,6 +41,10 @@ import subprocess
 import sys
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import zipfile
 
 try:
     # hashlib's own blake2b, without the ~5 ms hashlib spends loading OpenSSL at each ctx run
@@ -168,13 +172,11 @@ def render_launcher(interpreter: str, modules: list[tuple[str, bytes]], module: 
     main = [("__main__.py", _main(module))]
     if with_bytecode:  # the interpreter would compile it at each call: over a millisecond
         main.append(("__main__.pyc", _unchecked_bytecode(main[0][1], "__main__.py")))
-    archive = io.BytesIO()
-    with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as bundle:
-        for name, data in [*main, *modules]:
-            info = zipfile.ZipInfo(name, date_time=_ZIP_EPOCH)
-            info.external_attr = 0o644 << 16
-            info.compress_type = zipfile.ZIP_DEFLATED
-            bundle.writestr(info, data)
+    # The __main__ appended to an archive of the modules alone, made once for all the
+    # launchers of the same modules: compressing them is most of a render (some 40 ms).
+    archive = io.BytesIO(_modules_archive(modules))
+    with zipfile.ZipFile(archive, "a") as bundle:
+        _add_entries(bundle, main)
     digest = stamp(interpreter, module, sources_digest(sources), with_bytecode)
     archive_bytes = archive.getvalue()
     return (
@@ -183,6 +185,35 @@ def render_launcher(interpreter: str, modules: list[tuple[str, bytes]], module: 
         + f" {digest} {len(archive_bytes)} {archive_digest(archive_bytes)}\n".encode()
         + archive_bytes
     )
+
+
+_archived: tuple[bytes, bytes] = (b"", b"")  # the digest of some modules, and their archive
+
+
+def _modules_archive(modules: list[tuple[str, bytes]]) -> bytes:
+    """A zip archive of ``modules`` alone, kept for the next launcher of the same modules
+    (``ctx bootstrap`` renders ten): its digest covers each name and every byte."""
+    global _archived
+    digest = sources_digest(modules)
+    if _archived[0] != digest:
+        import zipfile
+
+        archive = io.BytesIO()
+        with zipfile.ZipFile(archive, "w") as bundle:
+            _add_entries(bundle, modules)
+        _archived = (digest, archive.getvalue())
+    return _archived[1]
+
+
+def _add_entries(bundle: zipfile.ZipFile, entries: list[tuple[str, bytes]]) -> None:
+    """Each entry, deflated, with fixed times and modes: the same entries, the same bytes."""
+    import zipfile
+
+    for name, data in entries:
+        info = zipfile.ZipInfo(name, date_time=_ZIP_EPOCH)
+        info.external_attr = 0o644 << 16
+        info.compress_type = zipfile.ZIP_DEFLATED
+        bundle.writestr(info, data)
 
 
 def same_program(installed: bytes, rendered: bytes) -> bool:
