@@ -16,15 +16,16 @@ from __future__ import annotations
 
 import math
 import select
-from collections.abc import Sequence
-from typing import Protocol, TypeVar
+from typing import TYPE_CHECKING
 
+if TYPE_CHECKING:  # a Protocol class costs some 2 ms at import, in every ctx and core tool
+    from collections.abc import Sequence
+    from typing import Protocol, TypeVar
 
-class HasFileno(Protocol):
-    def fileno(self) -> int: ...
+    class HasFileno(Protocol):
+        def fileno(self) -> int: ...
 
-
-Waited = TypeVar("Waited", bound="int | HasFileno")
+    Waited = TypeVar("Waited", bound="int | HasFileno")
 
 
 def readable(waited: Sequence[Waited], timeout: float | None) -> list[Waited]:
