@@ -187,13 +187,27 @@ def still_serves(path: Path, seconds: float = ANSWER_SECONDS) -> bool:
     by one as it dies, its clients' connections often before its listener, so the client that
     sees its connection end can still connect for a moment: the connection waits in the dying
     listener's queue, and is reset when the listener goes.  One that is taken but not answered
-    within ``seconds`` counts as served (a terminal too busy to answer is not one that ended).
+    within ``seconds``, or kept waiting that long by a full queue of connections, counts as
+    served: a terminal too busy to answer is not one that ended.
     """
+    deadline = time.monotonic() + seconds
+
+    def wait_left() -> float:  # never 0, which would make the socket non-blocking
+        return max(0.001, deadline - time.monotonic())
+
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        probe.settimeout(seconds)
         try:
             with socket_address(path) as address:
-                probe.connect(address)
+                while True:
+                    probe.settimeout(wait_left())
+                    try:
+                        probe.connect(address)
+                        break
+                    except BlockingIOError:  # a full queue: a listener is there
+                        if time.monotonic() >= deadline:
+                            return True
+                        time.sleep(0.05)
+            probe.settimeout(wait_left())
             probe.sendall(b"watch\n")
             return probe.recv(1) != b""
         except TimeoutError:

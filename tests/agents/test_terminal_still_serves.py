@@ -16,14 +16,24 @@ import threading
 import time
 from pathlib import Path
 
-from cortexfs.agents.terminal_socket import still_serves
+from cortexfs.agents.terminal_socket import socket_address, still_serves
 
 
-def listener_at(path: Path) -> socket.socket:
+def listener_at(path: Path, backlog: int = 16) -> socket.socket:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(str(path))
-    listener.listen(16)
+    listener.listen(backlog)
     return listener
+
+
+def answer_once(listener: socket.socket) -> None:
+    """A terminal's answer to one watcher: its prompt, then whatever the watcher does."""
+    connection, _ = listener.accept()
+    with connection:
+        connection.recv(64)
+        connection.sendall(b"$")
+        with contextlib.suppress(OSError):
+            connection.recv(64)
 
 
 def serve_one_client(path: Path, ready: int) -> None:
@@ -34,6 +44,7 @@ def serve_one_client(path: Path, ready: int) -> None:
     client = listener.accept()[0]
     held.append(client)
     client.recv(64)  # its mode line: unread, it would reset the connection at the kill
+    os.write(ready, b"y")
     time.sleep(60)
 
 
@@ -58,7 +69,7 @@ def test_a_killed_terminal_does_not_serve_once_its_client_saw_the_end(tmp_path: 
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
                 client.connect(str(path))
                 client.sendall(b"watch\n")
-                time.sleep(0.01)  # taken
+                assert os.read(ready_read, 1) == b"y"  # taken, and its mode line read
                 os.kill(pid, signal.SIGKILL)
                 assert client.recv(64) == b""
                 served.append(still_serves(path, seconds=10))
@@ -135,6 +146,27 @@ def test_a_listener_that_neither_answers_nor_goes_counts_as_serving(tmp_path: Pa
         assert 0.3 <= time.monotonic() - began < 5
 
 
+def test_a_listener_whose_queue_stays_full_counts_as_serving(tmp_path: Path) -> None:
+    """A terminal out of descriptors rests, its connections queued: one that cannot even
+    queue the probe's connection within the wait has not ended either."""
+    path = tmp_path / "main.sock"
+    queued = []
+    with listener_at(path, backlog=1):
+        while True:  # fill its queue
+            waiting = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            waiting.setblocking(False)
+            queued.append(waiting)
+            try:
+                waiting.connect(str(path))
+            except BlockingIOError:
+                break
+        began = time.monotonic()
+        assert still_serves(path, seconds=0.3)
+        assert 0.3 <= time.monotonic() - began < 5
+    for waiting in queued:
+        waiting.close()
+
+
 def test_no_terminal_and_a_socket_left_by_a_crash_do_not_serve(tmp_path: Path) -> None:
     assert not still_serves(tmp_path / "main.sock")
     listener_at(tmp_path / "left.sock").close()
@@ -143,8 +175,15 @@ def test_no_terminal_and_a_socket_left_by_a_crash_do_not_serve(tmp_path: Path) -
 
 
 def test_a_long_path_is_asked_through_its_directory(tmp_path: Path) -> None:
+    """A socket's address holds 107 bytes; a terminal's path may be longer (R-3 names)."""
     deep = tmp_path / ("d" * 60) / ("e" * 60)
     deep.mkdir(parents=True)
     path = deep / "main.sock"
     assert len(os.fsencode(path)) > 107
     assert not still_serves(path)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    with listener, socket_address(path) as address:
+        listener.bind(address)
+        listener.listen(16)
+        threading.Thread(target=answer_once, args=(listener,), daemon=True).start()
+        assert still_serves(path)

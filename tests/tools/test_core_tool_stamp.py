@@ -7,9 +7,11 @@ compression module to judge it."""
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
+import zipfile
 from collections.abc import Callable
 from hashlib import blake2b
 from pathlib import Path
@@ -55,11 +57,16 @@ def without_stamp(program: bytes) -> bytes:
     return interpreter_line + b"\n" + archive
 
 
-def test_this_versions_launcher_carries_its_stamp_and_is_the_same_bytes_each_time() -> None:
+def test_this_versions_launcher_carries_its_stamp_and_is_the_same_bytes_each_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     interpreter, modules = this_versions_modules()
 
     program = launcher.render_launcher(interpreter, modules, "fs_stat")
 
+    assert program == launcher.render_launcher(interpreter, modules, "fs_stat")
+    # The same bytes from the modules archived afresh, not only from the archive kept.
+    monkeypatch.setattr(launcher, "_archived", (b"", b""))
     assert program == launcher.render_launcher(interpreter, modules, "fs_stat")
     first, second, archive = program.split(b"\n", 2)
     mark, digest, size, archive_digest = second.split(b" ")
@@ -90,6 +97,22 @@ def test_a_launcher_without_a_stamp_is_another_versions(
     report = storage.bootstrap(root)  # compares every byte, and so replaces it
     assert "tool/fs.stat" in report.repaired
     assert tools_of_another_version(root) == []
+
+
+def test_each_launcher_carries_the_modules_it_was_rendered_from() -> None:
+    """The archive of modules kept between renders is never another module list's."""
+    interpreter, modules = this_versions_modules()
+    changed = "cortexfs/tools/core/toolio.py"
+    other = [(name, data + b"# changed\n" if name == changed else data) for name, data in modules]
+
+    renders = [launcher.render_launcher(interpreter, each, "fs_stat") for each in (modules, other)]
+    renders.append(launcher.render_launcher(interpreter, modules, "fs_stat"))
+
+    carried = [
+        zipfile.ZipFile(io.BytesIO(program.split(b"\n", 2)[2])).read(changed) for program in renders
+    ]
+    assert carried == [dict(modules)[changed], dict(other)[changed], dict(modules)[changed]]
+    assert renders[0] == renders[2]
 
 
 @pytest.mark.parametrize(

@@ -187,7 +187,9 @@ def render_launcher(interpreter: str, modules: list[tuple[str, bytes]], module: 
     )
 
 
-_archived: tuple[bytes, bytes] = (b"", b"")  # the digest of some modules, and their archive
+# The digest of the modules last archived, and their archive: one is enough, as the launchers
+# a process renders (bootstrap's ten, an install's bridge) bundle the same modules.
+_archived: tuple[bytes, bytes] = (b"", b"")
 
 
 def _modules_archive(modules: list[tuple[str, bytes]]) -> bytes:
@@ -195,14 +197,15 @@ def _modules_archive(modules: list[tuple[str, bytes]]) -> bytes:
     (``ctx bootstrap`` renders ten): its digest covers each name and every byte."""
     global _archived
     digest = sources_digest(modules)
-    if _archived[0] != digest:
+    kept = _archived  # read once: another thread may archive other modules meanwhile
+    if kept[0] != digest:
         import zipfile
 
         archive = io.BytesIO()
         with zipfile.ZipFile(archive, "w") as bundle:
             _add_entries(bundle, modules)
-        _archived = (digest, archive.getvalue())
-    return _archived[1]
+        kept = _archived = (digest, archive.getvalue())
+    return kept[1]
 
 
 def _add_entries(bundle: zipfile.ZipFile, entries: list[tuple[str, bytes]]) -> None:
