@@ -75,6 +75,8 @@ def test_a_killed_terminal_does_not_serve_once_its_client_saw_the_end(tmp_path: 
                 served.append(still_serves(path, seconds=10))
         finally:
             os.close(ready_read)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)  # a round that failed before its kill
             os.waitpid(pid, 0)
     assert served == [False] * 40
 
