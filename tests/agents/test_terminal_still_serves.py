@@ -26,12 +26,16 @@ def listener_at(path: Path, backlog: int = 16) -> socket.socket:
     return listener
 
 
-def answer_once(listener: socket.socket) -> None:
-    """A terminal's answer to one watcher: its prompt, then whatever the watcher does."""
+def answer_once(listener: socket.socket, mode_lines: list[bytes] | None = None) -> None:
+    """A terminal's answer to one watcher: its mode line read (kept in ``mode_lines``), its
+    prompt sent, then the watcher's going waited for: the probe closes with some of the
+    prompt unread, a reset, which the terminal takes as any client's going."""
     connection, _ = listener.accept()
     with connection:
-        connection.recv(64)
-        connection.sendall(b"$")
+        line = connection.recv(64)
+        if mode_lines is not None:
+            mode_lines.append(line)
+        connection.sendall(b"$ ")
         with contextlib.suppress(OSError):
             connection.recv(64)
 
@@ -85,18 +89,7 @@ def test_a_terminal_that_answers_a_watcher_serves(tmp_path: Path) -> None:
     path = tmp_path / "main.sock"
     listener = listener_at(path)
     lines: list[bytes] = []
-
-    def terminal() -> None:
-        connection, _ = listener.accept()
-        with connection:
-            lines.append(connection.recv(64))
-            connection.sendall(b"$ ")
-            # Until the probe closes, with some of the prompt unread: a reset, which the
-            # terminal takes as any client's going.
-            with contextlib.suppress(ConnectionResetError):
-                connection.recv(64)
-
-    server = threading.Thread(target=terminal, daemon=True)
+    server = threading.Thread(target=answer_once, args=(listener, lines), daemon=True)
     server.start()
     try:
         assert still_serves(path)
