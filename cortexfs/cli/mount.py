@@ -38,7 +38,8 @@ def mount(mountpoint: Path, agent: str | None, storage_dir: Path | None) -> None
     the shared spaces its policy lets it read and its uid may enter (and the manual
     bundle), the models it may use, and nothing but bin/ and tool/tsh.d/ when its policy
     grants no mount of the storage root (mount:ctx read); writes only in its home and in
-    spaces it may write.  The kernel applies the mode bits to each calling process on top.
+    spaces it may write; it serves AGENT's uid and whoever mounted it, and refuses every
+    other uid (EACCES).  The kernel applies the mode bits to each calling process on top.
     fsync through the mount is fsync of the file behind it.  Needs the 'fuse' extra
     (pyfuse3) and /dev/fuse.
     """

@@ -105,7 +105,34 @@ def _every_request_answered(operations: _Operations) -> _Operations:
     return operations
 
 
+def _each_caller_served(operations: _Operations) -> _Operations:
+    """``operations`` with each request handler that is told its caller (``ctx``) answering
+    EACCES to a caller its projection does not serve: step 1 of the authority chain (P-5,
+    peer credentials), before any name is looked at.  The requests without a caller go on
+    with a handle one of these opened (a read, a listing, a release)."""
+    for name, handler in list(vars(operations).items()):
+        if not (hasattr(pyfuse3.Operations, name) and inspect.iscoroutinefunction(handler)):
+            continue
+        if "ctx" in inspect.signature(handler).parameters:
+            setattr(operations, name, _serving_its_viewer_only(handler))
+    return operations
+
+
+def _serving_its_viewer_only(handler: Callable[..., Any]) -> Callable[..., Any]:
+    position = list(inspect.signature(handler).parameters).index("ctx")  # self is 0
+
+    @functools.wraps(handler)
+    async def served(self: StorageFS, *args: Any, **kwargs: Any) -> Any:
+        ctx = kwargs.get("ctx", args[position - 1] if len(args) >= position else None)
+        if ctx is not None and not self.projection.serves(ctx.uid):
+            raise pyfuse3.FUSEError(errno.EACCES)
+        return await handler(self, *args, **kwargs)
+
+    return served
+
+
 @_every_request_answered
+@_each_caller_served
 class StorageFS(pyfuse3.Operations):
     """The storage root, as ``projection`` lets its viewer see it."""
 

@@ -36,6 +36,11 @@ class Projection:
 
     hides_entries = False  # whether a directory may hold names this viewer is not shown
 
+    def serves(self, uid: int) -> bool:
+        """Whether a process of ``uid`` may use the mount at all (P-5 step 1).  The host's
+        view is the storage root as it is, for every uid its mode bits let in."""
+        return True
+
     def visible(self, parts: Parts) -> bool:
         return in_root_abi(parts)
 
@@ -64,10 +69,21 @@ class AgentProjection(Projection):
         self._served = _directory_identity(root)
         # ENOENT or EACCES now, not at the first lookup: a mount starts from usable controls.
         self._view: AgentView | None = AgentView.load(root, agent)
+        # The agent's uid as its identity last said: its view, empty while the identity
+        # cannot be read, is still its own (an identity edited to another uid moves it).
+        self._agent_uid = self._view.identity.uid
         self._tools = RecentDecisions()
         for problem in self._view.control_problems():
             # The control counts as empty, and the view shows what an empty one grants.
             _say(f"warning: agent {agent}'s view grants as if this control were empty: {problem}")
+
+    def serves(self, uid: int) -> bool:
+        """The agent's own uid, and whoever serves its view (the host administrator who
+        mounted it, to see what the agent sees): a view decides for the agent, so a process
+        of another uid (given the way in by ``allow_other``, which a view mounted by root
+        for its agent needs) would be granted what was granted to the agent."""
+        view = self.view  # read again first when it is stale
+        return uid in (os.geteuid(), self._agent_uid if view is None else view.identity.uid)
 
     @property
     def view(self) -> AgentView | None:
@@ -87,6 +103,8 @@ class AgentProjection(Projection):
             if view is not None and self._view is None:
                 _say(f"note: agent {self.agent}'s view shows its entries again")
             self._view, self._loaded_at = view, read_at
+            if view is not None:
+                self._agent_uid = view.identity.uid
         return self._view
 
     def _require_served_root(self) -> None:

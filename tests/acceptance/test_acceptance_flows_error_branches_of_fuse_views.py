@@ -398,24 +398,20 @@ AS_THE_AGENT = {
     "rmdir bin/": "EACCES",
     "rename model/ into the home": "EACCES",
 }
-# A second user, outside the spaces' group, whom the agent's home (0755) lets read only.
-AS_AN_OUTSIDER = {
-    **AS_THE_AGENT,
-    "read a read-only space's file": "EACCES",
-    "create in its home": "EACCES",
-    "unlink in its home": "EACCES",
-    "chmod of its home itself": "EPERM",
-    "create in a writable space": "EACCES",
-    "append in a writable space": "EACCES",
-    "symlink in its home": "EACCES",
-    "mkfifo in its home": "EACCES",
-    "RENAME_WHITEOUT in its home": "EACCES",
-    "setxattr in its home": "EACCES",
+# A second user, whom the modes would let read the agent's home (0755): the view serves the
+# agent and whoever mounted it, nobody else (P-5 step 1, docs/mount.md), so each call the
+# kernel passes on is EACCES before any name is looked at.  But for what the kernel answers
+# itself: the root's extended attributes, which the daemon does not keep, and a chmod by a
+# uid that owns nothing, refused EPERM while the kernel keeps the home's entry from a caller
+# served (half a second).
+NOT_SERVED_BUT = {
+    "getxattr of the root": {EOPNOTSUPP},
+    "chmod of its home itself": {"EACCES", "EPERM"},
 }
 EXPECTED_IN_THE_AGENTS_VIEW = {
     "root": VIEW_ANSWERS,
     "agent": AS_THE_AGENT,
-    "outsider": AS_AN_OUTSIDER,
+    "outsider": {},
 }
 
 
@@ -438,7 +434,10 @@ def test_each_kind_of_entry_in_the_agents_view_answers_each_caller_as_the_docs_s
     before = snapshot(world.storage)
     seen = probe(caller, AGENT_VIEW_CALLS, world.view, world.user.uid, tag)
     after = snapshot(world.storage)
-    assert {k: seen[k] for k in SHOWN} == SHOWN, seen
+    if who == "outsider":
+        assert all(got in NOT_SERVED_BUT.get(k, {"EACCES"}) for k, got in seen.items()), seen
+    else:
+        assert {k: seen[k] for k in SHOWN} == SHOWN, seen
     expected = EXPECTED_IN_THE_AGENTS_VIEW[who]
     assert {k: seen[k] for k in expected} == expected, seen
     changed = {k for k in set(before) | set(after) if before.get(k) != after.get(k)}

@@ -682,7 +682,8 @@ def test_an_agents_view_follows_its_policy_removal_and_recreation(world: World):
     shows within a second (``session:review read`` shows ana's shared session, still not
     writable: ``EACCES``; revoking ``shared:proj read`` hides the space, ``ENOENT``); the
     agent removed empties the view, with a warning on the mount's stderr, and made again
-    under another uid the view shows that uid's home and not the old one, with a note."""
+    under another uid the view shows that uid's home and not the old one, with a note, and
+    serves the new uid, not the old one."""
     w = world
     assert (
         w.call("ana", "fs.list", {"path": "/ctx"}, project=SPACE, session="review")["status"]
@@ -728,7 +729,9 @@ def test_an_agents_view_follows_its_policy_removal_and_recreation(world: World):
         )
         assert wait_for(lambda: "view shows its entries again" in mine.said(), SETTLE)
         old_home = v / "home" / str(bob.uid)
-        assert probe(bob, [["list", old_home]]) == [{"err": "ENOENT"}]
+        assert probe(None, [["list", old_home]]) == [{"err": "ENOENT"}]
+        # The old uid is no longer the view's own (P-5 step 1): refused before any name.
+        assert probe(bob, [["list", v / "agent"]]) == [{"err": "EACCES"}]
         assert probe(outsider, [["list", v / "agent"]]) == [{"ok": ["bob", "bob.d"]}]
         # The new bob is outside the space's group: the space is not in its view.
         assert probe(outsider, [["list", v / "shared"]]) == [{"ok": ["cortexfs-docs"]}]

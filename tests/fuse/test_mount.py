@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.fuse.support import NEEDS_A_MOUNT, as_user, mounted
+from tests.support.users import users_named
 from tests.tools.support import World
 
 pytestmark = NEEDS_A_MOUNT
@@ -294,6 +295,47 @@ def test_an_agent_writes_only_where_its_policy_and_the_modes_allow(coder: World)
     assert (coder.root / "shared" / "team" / "b").read_text() == "ours\n"
     assert not (coder.root / "shared" / "audit" / "c").exists()
     assert not (coder.root / "tool" / "new-tool").exists()
+
+
+def test_an_agents_view_serves_the_agent_and_whoever_mounted_it_and_no_other_uid(
+    coder: World,
+) -> None:
+    """P-5 step 1, peer credentials (F-1: the view's reads, writes and executes are checked
+    with the chain): the view decides for its agent, so a process of another uid, which the
+    root's mount lets in (allow_other), would be granted what the agent was.  Refused with
+    EACCES before any name is looked at; the agent and root, who mounted it, are served."""
+    [outsider] = users_named("ctxview-o")
+    mountpoint = coder.scratch / "ctx"
+    drop = coder.root / "shared" / "team" / "from-outsider"
+    with mounted(coder.root, mountpoint, "--as", "coder"):
+        # What reaches the daemon whatever the kernel keeps: a listing, a create, an exec.
+        for script in (
+            f"ls {mountpoint}/tool",
+            f"echo x > {mountpoint}/shared/team/from-outsider",
+            f"{mountpoint}/tool/fs.stat /",
+            f"ls {mountpoint}/shared/team",
+        ):
+            refused = as_user(outsider, script)
+            assert refused.returncode != 0, script
+            assert "Permission denied" in refused.stderr, (script, refused.stderr)
+        listed = as_user(
+            coder.user, f"ls {mountpoint}/tool && echo mine > {mountpoint}/shared/team/a"
+        )
+        assert listed.returncode == 0, listed.stderr
+        assert listed.stdout.split() == ["fs.stat", "fs.stat.d", "tsh.d"]
+        assert sorted(os.listdir(mountpoint / "tool")) == ["fs.stat", "fs.stat.d", "tsh.d"]
+    assert not drop.exists()
+    assert (coder.root / "shared" / "team" / "a").read_text() == "mine\n"
+
+
+def test_the_host_view_serves_every_uid_by_its_mode_bits(coder: World) -> None:
+    """The host's view is the storage root as it is: a uid its mode bits let in is served."""
+    [outsider] = users_named("ctxview-o")
+    mountpoint = coder.scratch / "ctx"
+    with mounted(coder.root, mountpoint):
+        listed = as_user(outsider, f"ls {mountpoint}/shared")
+        assert listed.returncode == 0, listed.stderr
+        assert {"team", "audit", "secret"} <= set(listed.stdout.split())
 
 
 def test_an_unavailable_tool_is_not_listed(coder: World) -> None:

@@ -36,12 +36,12 @@ from cortexfs.fuse.mount import StorageFS
 from cortexfs.fuse.projection import AgentProjection, Projection
 
 root, home, agent = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
-most, team_gid = int(sys.argv[4]), int(sys.argv[5])
+most, team_gid, caller_uid = int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
 resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
 os.setgroups([team_gid])  # the caller below is this process, in the space's group
 
-class Caller:
-    uid, gid, pid, umask = 4321, 4321, os.getpid(), 0o022
+class Caller:  # an agent's view serves its agent's uid (P-5 step 1)
+    uid, gid, pid, umask = caller_uid, 4321, os.getpid(), 0o022
 
 class Mode:
     update_mode = True
@@ -128,7 +128,7 @@ def test_each_request_of_a_daemon_out_of_descriptors_is_emfile_with_nothing_left
 
     done = subprocess.run(
         [sys.executable, "-c", STARVED, str(world.root), home.name, agent, str(MOST_SPARE),
-         str(TEAM_GID)],
+         str(TEAM_GID), str(world.user.uid if agent else 4321)],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
 
