@@ -363,6 +363,8 @@ def _refusal(
             fix += f", or {use_own_root()}"
     if fix is None and os.geteuid() == 0:
         fix = unmapped_owner(st.st_uid)
+        if fix is not None:
+            fix += " (--storage DIR or CTX_STORAGE)"
     if fix is None:
         fix = capabilities.root_without(capabilities.CAP_DAC_OVERRIDE)
     if fix is None:

@@ -84,8 +84,7 @@ def unmapped_owner(owner: int) -> str | None:
     return (
         f"uid {owner} stands for an owner this user namespace does not map, and no capability "
         "held in the namespace applies to its files: run it outside the namespace (as that "
-        "owner, or as the host's root), or use a storage root of ids mapped here (--storage "
-        "DIR or CTX_STORAGE)"
+        "owner, or as the host's root), or use a storage root of ids mapped here"
     )
 
 

@@ -105,15 +105,22 @@ def _every_request_answered(operations: _Operations) -> _Operations:
     return operations
 
 
+# The requests that may act through a file already open, which decide their caller
+# themselves: an open descriptor goes on working for whoever holds it, as a local file's
+# does once its mode changed (a read past the kernel's half second asks getattr again, in
+# the reader's name; an ftruncate is a setattr with the descriptor's handle).
+_THROUGH_OPEN_FILES = frozenset({"getattr", "setattr"})
+
+
 def _each_caller_served(operations: _Operations) -> _Operations:
     """``operations`` with each request handler that is told its caller (``ctx``) answering
     EACCES to a caller its projection does not serve: step 1 of the authority chain (P-5,
     peer credentials), before any name is looked at.  The requests without a caller go on
-    with a handle one of these opened (a read, a listing, a release)."""
+    with a handle opened for one served (a read, a listing, a release)."""
     for name, handler in list(vars(operations).items()):
         if not (hasattr(pyfuse3.Operations, name) and inspect.iscoroutinefunction(handler)):
             continue
-        if "ctx" in inspect.signature(handler).parameters:
+        if "ctx" in inspect.signature(handler).parameters and name not in _THROUGH_OPEN_FILES:
             setattr(operations, name, _serving_its_viewer_only(handler))
     return operations
 
@@ -353,6 +360,8 @@ class StorageFS(pyfuse3.Operations):
         return self._entry(self._child(parent_inode, name))
 
     async def getattr(self, inode, ctx=None):  # type: ignore[no-untyped-def]
+        if ctx is not None and not self.projection.serves(ctx.uid) and not self._is_open(inode):
+            raise pyfuse3.FUSEError(errno.EACCES)  # P-5 step 1 (see _THROUGH_OPEN_FILES)
         try:
             parts, status = self._checked(inode)
             # Hidden since the kernel learned of it: described only while a descriptor of it
@@ -677,6 +686,8 @@ class StorageFS(pyfuse3.Operations):
         return self._entry(new)
 
     async def setattr(self, inode, attr, fields, fh, ctx):  # type: ignore[no-untyped-def]
+        if fh is None and not self.projection.serves(ctx.uid):
+            raise pyfuse3.FUSEError(errno.EACCES)  # P-5 step 1 (see _THROUGH_OPEN_FILES)
         try:
             parts = self._parts_of(inode)
         except pyfuse3.FUSEError:
