@@ -2,11 +2,12 @@
 
 Every operation is passed through to the storage root, never through a symbolic link of it,
 after the :class:`~cortexfs.fuse.projection.Projection` has said the name is visible (and, for
-a change, writable) to whoever the mount is for.  The kernel checks the mode bits against the
-calling process (``default_permissions``), so a file keeps the owner and mode it has on disk;
-what a caller creates is given the caller's uid and gid.  ``fsync`` on a file or a directory of
-the mount is ``fsync`` on the file or directory behind it: once it returns, a write through the
-mount is as durable as the same write made directly.
+a change, writable) to whoever the mount is for.  An agent's view serves that agent's uid
+and whoever runs the mount, nobody else (:meth:`Projection.serves`, P-5 step 1).  The kernel
+checks the mode bits against the calling process (``default_permissions``), so a file keeps
+the owner and mode it has on disk; what a caller creates is given the caller's uid and gid.
+``fsync`` on a file or a directory of the mount is ``fsync`` on the file or directory behind
+it: once it returns, a write through the mount is as durable as the same write made directly.
 
 Node ids are the storage root's own inode numbers (the root is :data:`pyfuse3.ROOT_INODE`),
 but for a file whose number the kernel still holds for another, removed file: each node is
