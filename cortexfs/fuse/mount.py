@@ -98,11 +98,19 @@ def _answering_eio_for_bugs(handler: Callable[..., Any]) -> Callable[..., Any]:
     return answering
 
 
+def _request_handlers(operations: _Operations) -> list[tuple[str, Callable[..., Any]]]:
+    """The request handlers ``operations`` defines itself, by name."""
+    return [
+        (name, handler)
+        for name, handler in vars(operations).items()
+        if hasattr(pyfuse3.Operations, name) and inspect.iscoroutinefunction(handler)
+    ]
+
+
 def _every_request_answered(operations: _Operations) -> _Operations:
     """``operations`` with each request handler it defines :func:`_answering_eio_for_bugs`."""
-    for name, handler in list(vars(operations).items()):
-        if hasattr(pyfuse3.Operations, name) and inspect.iscoroutinefunction(handler):
-            setattr(operations, name, _answering_eio_for_bugs(handler))
+    for name, handler in _request_handlers(operations):
+        setattr(operations, name, _answering_eio_for_bugs(handler))
     return operations
 
 
@@ -118,9 +126,7 @@ def _each_caller_served(operations: _Operations) -> _Operations:
     EACCES to a caller its projection does not serve: step 1 of the authority chain (P-5,
     peer credentials), before any name is looked at.  The requests without a caller go on
     with a handle opened for one served (a read, a listing, a release)."""
-    for name, handler in list(vars(operations).items()):
-        if not (hasattr(pyfuse3.Operations, name) and inspect.iscoroutinefunction(handler)):
-            continue
+    for name, handler in _request_handlers(operations):
         if "ctx" in inspect.signature(handler).parameters and name not in _THROUGH_OPEN_FILES:
             setattr(operations, name, _serving_its_viewer_only(handler))
     return operations
@@ -132,7 +138,7 @@ def _serving_its_viewer_only(handler: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(handler)
     async def served(self: StorageFS, *args: Any, **kwargs: Any) -> Any:
         ctx = kwargs.get("ctx", args[position - 1] if len(args) >= position else None)
-        if ctx is not None and not self.projection.serves(ctx.uid):
+        if not self._serves(ctx):
             raise pyfuse3.FUSEError(errno.EACCES)
         return await handler(self, *args, **kwargs)
 
@@ -319,6 +325,11 @@ class StorageFS(pyfuse3.Operations):
             attributes.st_nlink = 1
         return attributes
 
+    def _serves(self, ctx: pyfuse3.RequestContext | None) -> bool:
+        """Whether the projection serves the caller (P-5 step 1, peer credentials; see
+        :func:`_each_caller_served`); a request without one goes on."""
+        return ctx is None or self.projection.serves(ctx.uid)
+
     def _is_open(self, inode: int) -> bool:
         return any(held == inode for held, _ in self._open_files.values())
 
@@ -361,8 +372,8 @@ class StorageFS(pyfuse3.Operations):
         return self._entry(self._child(parent_inode, name))
 
     async def getattr(self, inode, ctx=None):  # type: ignore[no-untyped-def]
-        if ctx is not None and not self.projection.serves(ctx.uid) and not self._is_open(inode):
-            raise pyfuse3.FUSEError(errno.EACCES)  # P-5 step 1 (see _THROUGH_OPEN_FILES)
+        if not self._serves(ctx) and not self._is_open(inode):  # see _THROUGH_OPEN_FILES
+            raise pyfuse3.FUSEError(errno.EACCES)
         try:
             parts, status = self._checked(inode)
             # Hidden since the kernel learned of it: described only while a descriptor of it
@@ -687,8 +698,8 @@ class StorageFS(pyfuse3.Operations):
         return self._entry(new)
 
     async def setattr(self, inode, attr, fields, fh, ctx):  # type: ignore[no-untyped-def]
-        if fh is None and not self.projection.serves(ctx.uid):
-            raise pyfuse3.FUSEError(errno.EACCES)  # P-5 step 1 (see _THROUGH_OPEN_FILES)
+        if fh is None and not self._serves(ctx):  # see _THROUGH_OPEN_FILES
+            raise pyfuse3.FUSEError(errno.EACCES)
         try:
             parts = self._parts_of(inode)
         except pyfuse3.FUSEError:
