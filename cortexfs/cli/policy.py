@@ -201,7 +201,9 @@ def explain(
     Reads the storage root and prints each step and its result:
         1 peer credentials   the caller's uid/gid are the agent's identity
         2 mode bits          Linux owner/group/other bits of the object
-        3 mount visibility   the object lies under one of the agent's mounts
+        3 mount visibility   the object lies under one of the agent's mounts;
+                             through /ctx, not below another home or a space
+                             the policy does not let it read (shared:NAME read)
         4 agent label        the agent's subject type; its controls are host-owned
         5 object policy      agent/AGENT.d/policy allows the rule, and grants a
                              mount the object is seen through (mount:NAME read)

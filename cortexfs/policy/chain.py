@@ -9,9 +9,11 @@
 3. **mount visibility** — the object lies under one of the agent's mounts, read-write when the
    permission writes (:mod:`cortexfs.policy.mounts`).  The agent's mount of the storage root
    is the exception: its tools get the agent's view of the root instead (T-5,
-   :mod:`cortexfs.agents.projection`), writable below the agent's home and below the spaces
-   its policy lets it read and write (never a space's ``tool/``), whatever the mount's own
-   mode (:meth:`AgentFacts.writes_through`).
+   :mod:`cortexfs.agents.projection`), which shows, of the homes and spaces, only the agent's
+   own home and the spaces its policy lets it read (:meth:`AgentFacts.hidden_reason`), and is
+   writable below the agent's home and below the spaces its policy lets it read and write
+   (never a space's ``tool/``), whatever the mount's own mode
+   (:meth:`AgentFacts.writes_through`).
 4. **agent label** — the agent has a valid subject type, and none of the controls its grants
    come from (identity, mount, label, policy) is within its own reach to rewrite: like ssh's
    StrictModes, neither the control nor a directory above it (``agent/<name>.d``, ``agent``,
@@ -477,6 +479,42 @@ class AgentFacts:
         """
         return not self.read_only_reason(view)
 
+    def shows(self, view: View) -> bool:
+        """Whether the agent's tools see what lies at ``view`` (:meth:`hidden_reason`)."""
+        return not self.hidden_reason(view)
+
+    def hidden_reason(self, view: View) -> str:
+        """Why the agent's view of the storage root does not show what lies at ``view``, in
+        words an administrator can act on; "" when it does, or when ``view`` is through another
+        mount (its table decides).  Below a space, the view shows the space only when the
+        agent's policy allows ``shared:<s> read`` (X-1; the manual bundle is every agent's),
+        and of the homes only the agent's own (:class:`cortexfs.agents.projection.ViewRules`
+        shows the same).  A space itself is the object of its grant, asked at step 5."""
+        if PurePosixPath(view.mount.source) != PurePosixPath(self.root):
+            return ""
+        parts = view.path.relative_to(view.mount.target).parts
+        if len(parts) < 3 or parts[0] not in ("home", "shared"):
+            return ""
+        top, name = parts[:2]
+        if top == "home":
+            if name == str(self.identity.uid):
+                return ""
+            own = f"home/{self.identity.uid}"
+            return f"of the homes, its view of the storage root shows only its own ({own})"
+        if name == DOCS_BUNDLE:
+            return ""
+        try:
+            label = self.declared_label
+            policy = self.policy(controls.control_path(self.agent, "policy"))
+        except CtxError:
+            return ""  # controls that cannot be read or parsed are steps 4 and 5's to name
+        if Rule(label, "shared", name, "read") in policy:
+            return ""
+        return (
+            f"its view of the storage root shows a space only when its policy allows "
+            f"'shared:{name} read' (X-1)"
+        )
+
     def read_only_reason(self, view: View) -> str:
         """Why :meth:`writes_through` says no for ``view``, in words an administrator can act
         on; "" when it says yes.  One decision for both, so that the answer and its reason
@@ -747,6 +785,14 @@ class _Evaluation:
                 f"{self.site.path} is under none of the mounts of agent {self.agent!r}"
                 + (f": {withheld}" if withheld else "")
             )
+        shown = [view for view in views if self.facts.shows(view)]
+        if not shown:
+            withheld = self._withheld_showing(host_path, writes=False)
+            raise denied(
+                f"{self.site.path} is not in the view of agent {self.agent!r}: "
+                f"{self.facts.hidden_reason(views[0])}" + (f"; {withheld}" if withheld else "")
+            )
+        views = shown
         if self.access & WRITE:
             writable = [view for view in views if self.facts.writes_through(view)]
             if not writable:
@@ -801,14 +847,14 @@ class _Evaluation:
         assert self.site is not None
         host_path = PurePosixPath(self.root, self.site.path)
         writes = bool(self.access & WRITE)
-        views = views_of(self.facts.visible_mounts, host_path)
+        views = [v for v in views_of(self.facts.visible_mounts, host_path) if self.facts.shows(v)]
         if writes:
             views = [view for view in views if self.facts.writes_through(view)]
         if views:
             return f"its mount {views[0].mount.name!r} is granted"
         # The mounts step 3 found it through (writably, to write): what each lacks.  Any one
         # of them granted is enough, so their wants are alternatives.
-        found = views_of(self.mounts, host_path)
+        found = [view for view in views_of(self.mounts, host_path) if self.facts.shows(view)]
         if writes:
             found = [view for view in found if self.facts.writes_through(view)]
         policy = self.facts.policy(controls.control_path(self.agent, "policy"))

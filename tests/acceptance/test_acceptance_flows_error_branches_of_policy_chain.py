@@ -526,10 +526,10 @@ def _another_uids_home(world: World) -> tuple[tuple[str, ...], str]:
         os.chown(path, NOBODY, NOBODY)
     world.grant("session:s1 write")
     location = "home/1234/agent/coder/session"
-    why = f"of the homes, only its own (home/{NOBODY}) is writable in its view"
+    why = f"of the homes, its view of the storage root shows only its own (home/{NOBODY})"
     return (
         ("session:s1", "write", "--location", location),
-        f"{location}/s1 is visible to the agent only read-only: {why}",
+        f"{location}/s1 is not in the view of agent 'coder': {why}",
     )
 
 

@@ -835,7 +835,9 @@ def test_policy_explain_peer_and_location_change_the_steps_they_judge(
     assert here.rc == 1, here
     steps = here.json()["steps"]
     assert f"{user_tier}/hello" in steps[1]["detail"] and steps[1]["result"] == "pass", here
-    assert here.json()["step"] == 6, here  # only the tool's own policy is missing
+    # root's home: the agent's view shows no home but its own (X-1, docs/policy.md)
+    assert (here.json()["step"], here.json()["errno"]) == (3, "EACCES"), here
+    assert f"shows only its own (home/{NOBODY})" in here.json()["reason"], here
 
     # without --location: the agent's CTX_PATH (tool, home/65534/tool) finds none: tool/hello
     default = on(storage, "policy", "explain", "coder", "tool:hello", "execute", "--json")

@@ -34,6 +34,10 @@ def mount(controls: Path, *triples: list[str]) -> None:
     write(controls / "mount", json.dumps(list(triples)))
 
 
+# What the agent's view of the storage root needs to show what lies in space project-a (X-1).
+SPACE_READ = ("shared:project-a read",)
+
+
 def outcomes(decision: Decision) -> list[Outcome]:
     return [result.outcome for result in decision.steps]
 
@@ -120,6 +124,9 @@ def test_a_session_is_found_through_its_location(root: Path, coder: Path) -> Non
         directory.chmod(0o755)
     location = "shared/project-a/agent/reviewer/session"
     grant(coder, "session:design-review read", "session:design-review resume")
+    unseen = ask(root, "session:design-review", "read", location)
+    assert (unseen.step, unseen.errno) == (Step.VISIBILITY, errno.EACCES), unseen.reason
+    grant(coder, "session:design-review read", "session:design-review resume", *SPACE_READ)
     assert ask(root, "session:design-review", "read", location).allowed
     resume = ask(root, "session:design-review", "resume", location)
     assert (resume.step, resume.errno) == (Step.MODE_BITS, errno.EACCES)
@@ -167,7 +174,7 @@ def test_tools_in_other_tiers_are_judged_where_they_live(
 ) -> None:
     location = tier.format(uid=user.uid)
     add_tool(root, "lint", policy="allow coder_t tool:lint execute\n", location=location)
-    grant(coder, "tool:lint execute")
+    grant(coder, "tool:lint execute", *SPACE_READ)
     assert ask(root, "tool:lint", "execute").errno == errno.ENOENT
     decision = check_authority(
         AuthorityRequest(
@@ -182,6 +189,59 @@ def test_tools_in_other_tiers_are_judged_where_they_live(
     )
     assert decision.allowed, decision.reason
     assert f"{location}/lint.d/policy" in decision.steps[Step.OWN_POLICY - 1].detail
+
+
+@pytest.mark.parametrize(
+    ("location", "hidden"),
+    [
+        (
+            "shared/project-a/tool",
+            "its view of the storage root shows a space only when its policy allows "
+            "'shared:project-a read' (X-1)",
+        ),
+        (
+            "shared/project-a/agent/reviewer/session",
+            "its view of the storage root shows a space only when its policy allows "
+            "'shared:project-a read' (X-1)",
+        ),
+        (
+            "home/4242/tool",
+            "of the homes, its view of the storage root shows only its own (home/{uid})",
+        ),
+    ],
+    ids=["space-tool", "space-session", "other-home-tool"],
+)
+def test_step_3_denies_what_the_agents_view_of_the_root_does_not_show(
+    root: Path, coder: Path, user: UnprivilegedUser, location: str, hidden: str
+) -> None:
+    """The storage root's mount shows a space only with its read grant, and no home but the
+    agent's own (X-1, S-6, as a view mounted with ``--as`` shows them): a tool or session
+    there is denied at step 3, naming the grant, where it was seen through the mount and
+    allowed, or denied later by a step that had nothing to do with it."""
+    if location.endswith("session"):
+        (root / location / "design-review").mkdir(parents=True)
+        for directory in (root / location / "design-review", *(root / location).parents):
+            if directory == root:
+                break
+            directory.chmod(0o755)
+        object_ref, permission = "session:design-review", "read"
+    else:
+        add_tool(root, "lint", policy="allow coder_t tool:lint execute\n", location=location)
+        object_ref, permission = "tool:lint", "execute"
+    grant(coder, f"{object_ref} {permission}")
+    caller = Credentials(user.uid, user.gid)
+    object_class, _, name = object_ref.partition(":")
+    request = AuthorityRequest(root, "coder", object_class, name, permission, caller, location)
+
+    decision = check_authority(request)
+
+    assert (decision.step, decision.errno) == (Step.VISIBILITY, errno.EACCES), decision.reason
+    assert decision.reason == (
+        f"step 3 (mount visibility): {location}/{name} is not in the view of agent 'coder': "
+        + hidden.format(uid=user.uid)
+    )
+    grant(coder, f"{object_ref} {permission}", *SPACE_READ)
+    assert check_authority(request).allowed is location.startswith("shared/")
 
 
 @pytest.mark.parametrize("tier", ["home/{uid}/tool", "shared/project-a/tool"])
@@ -295,3 +355,51 @@ def test_an_agent_of_the_host_administrator_runs_the_tools_of_its_own_home(
     decision = check_authority(request)
 
     assert decision.allowed, decision.reason
+
+
+def test_a_space_hidden_in_the_roots_view_is_granted_only_through_a_mount_of_its_own(
+    root: Path, coder: Path, user: UnprivilegedUser
+) -> None:
+    """A space the storage root's view hides (no ``shared:project-a read``) but another mount
+    of the agent shows passes step 3 through that mount, and step 5 asks the policy for that
+    mount, not for ``/ctx``, which does not show it: allowed only with ``mount:sp read``."""
+    location = "shared/project-a/tool"
+    add_tool(root, "lint", policy="allow coder_t tool:lint execute\n", location=location)
+    mount(coder, [str(root), "/ctx", "ro"], [str(root / "shared" / "project-a"), "/sp", "ro"])
+    grant(coder, "tool:lint execute")
+    caller = Credentials(user.uid, user.gid)
+    request = AuthorityRequest(root, "coder", "tool", "lint", "execute", caller, location)
+
+    decision = check_authority(request)
+
+    assert (decision.step, decision.errno) == (Step.OBJECT_POLICY, errno.EACCES), decision.reason
+    assert decision.reason.endswith(
+        f"{location}/lint is seen only through mount sp, which agent/coder.d/policy does not "
+        "grant: it lacks 'allow coder_t mount:sp read'"
+    ), decision.reason
+    grant(coder, "tool:lint execute", "mount:sp read")
+    decision = check_authority(request)
+    assert decision.allowed, decision.reason
+    assert "its mount 'sp' is granted" in decision.steps[Step.OBJECT_POLICY - 1].detail
+
+
+def test_step_3_names_a_withheld_mount_that_would_show_a_hidden_space(
+    root: Path, coder: Path, user: UnprivilegedUser
+) -> None:
+    """Two mounts of the space named alike are withheld (P-5): a tool the root's view hides is
+    denied at step 3 with the view's reason and the table's, as ``ctx agent show`` says it."""
+    location = "shared/project-a/tool"
+    add_tool(root, "lint", policy="allow coder_t tool:lint execute\n", location=location)
+    space = str(root / "shared" / "project-a")
+    mount(coder, [str(root), "/ctx", "ro"], [space, "/a/sp", "ro"], [space, "/b/sp", "ro"])
+    grant(coder, "tool:lint execute", "mount:sp read")
+    caller = Credentials(user.uid, user.gid)
+    request = AuthorityRequest(root, "coder", "tool", "lint", "execute", caller, location)
+
+    decision = check_authority(request)
+
+    assert (decision.step, decision.errno) == (Step.VISIBILITY, errno.EACCES), decision.reason
+    assert "shows a space only when its policy allows 'shared:project-a read' (X-1); " in (
+        decision.reason
+    )
+    assert "2 mounts are named 'sp'" in decision.reason, decision.reason
