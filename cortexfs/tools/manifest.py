@@ -161,10 +161,11 @@ class _Origin:
 
 
 def names_a_directory(path: str) -> bool:
-    """Whether ``path`` ends in ``/`` or ``/.``: the kernel then takes the name before it for
-    a directory's, and answers ENOTDIR for a file there, where :class:`~pathlib.Path`, which
-    drops both, would name the file."""
-    return path.endswith(("/", "/."))
+    """Whether ``path`` is ``.`` or ends in ``/`` or ``/.``: the kernel then takes the name
+    before it for a directory's, and answers ENOTDIR for a file there, where
+    :class:`~pathlib.Path`, which drops both, would name the file (and ``.`` names no file at
+    all to it: its name is empty)."""
+    return path == "." or path.endswith(("/", "/."))
 
 
 def load_manifest(path: Path | str) -> Manifest:

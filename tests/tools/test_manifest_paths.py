@@ -92,3 +92,22 @@ def test_ctx_object_check_reads_its_argument_as_given(tmp_path: Path) -> None:
         f"{given}: ENOTDIR: cannot read {given}: Not a directory; nothing was checked or "
         "installed\n"
     ), done
+
+
+@pytest.mark.parametrize("given", [".", ".."])
+def test_the_current_and_parent_directory_are_no_manifest(tmp_path: Path, given: str) -> None:
+    """``.`` is a directory as ``./`` is: EINVAL, where pathlib reads it as no name at all
+    (it was ENOENT, "cannot read .")."""
+    (tmp_path / "here").mkdir()
+    done = subprocess.run(
+        [*CTX, "object", "check", given],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path / "here",
+    )
+    assert (done.returncode, done.stdout) == (1, ""), done
+    assert done.stderr == (
+        f"{given}: EINVAL: {given} is not a regular file (a FIFO, device or directory); give a "
+        "manifest file; nothing was read from it\n"
+    ), done
