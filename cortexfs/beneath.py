@@ -138,8 +138,8 @@ def _walk(
                 depth + 1 < len(parts) or at_directory is not None
             ):
                 inner = os.open(name, _PLACE_FLAGS, dir_fd=fd)
-                os.close(fd)
-                fd = inner
+                passed, fd = fd, inner  # rebound before the close: the cleanup after a Ctrl-C
+                os.close(passed)  # between the two must not close this one again
         reached = len(entries) == len(parts) + 1 and entries[-1].is_directory
         if at_directory is not None and reached:
             found = at_directory(fd, f"{relative}/" if parts else "")
@@ -200,8 +200,8 @@ def open_directory(top: Path, relative: PurePosixPath) -> int:
     try:
         for directory in relative.parts:
             inner = os.open(directory, _PLACE_FLAGS | os.O_DIRECTORY, dir_fd=fd)
-            os.close(fd)
-            fd = inner
+            passed, fd = fd, inner  # rebound before the close: the cleanup after a Ctrl-C
+            os.close(passed)  # between the two must not close this one again
     except BaseException:
         os.close(fd)
         raise

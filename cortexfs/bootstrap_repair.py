@@ -188,8 +188,8 @@ def status_beneath(top_fd: int, relative: str) -> os.stat_result | None:
                 if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
                     return None
                 raise
-            os.close(fd)
-            fd = inner
+            passed, fd = fd, inner  # rebound before the close: the cleanup after a Ctrl-C
+            os.close(passed)  # between the two must not close this one again
         return durable.lstat_at(fd, name)
     finally:
         os.close(fd)

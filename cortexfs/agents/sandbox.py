@@ -187,8 +187,8 @@ def _open_source(mount: Mount) -> int:
                 raise CtxError(
                     exc.errno or errno.EIO, f"{where} cannot be opened: {exc.strerror}"
                 ) from None
-            os.close(fd)
-            fd = inner
+            passed, fd = fd, inner  # rebound before the close: the cleanup after a Ctrl-C
+            os.close(passed)  # between the two must not close this one again
             if stat.S_ISLNK(os.fstat(fd).st_mode):
                 raise CtxError(
                     errno.ELOOP,

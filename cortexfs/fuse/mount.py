@@ -192,8 +192,8 @@ class StorageFS(pyfuse3.Operations):
         try:
             for name in parts[:-1]:
                 child = _call(os.open, name, _WALK | os.O_NOFOLLOW, dir_fd=fd)
-                os.close(fd)
-                fd = child
+                passed, fd = fd, child  # rebound before the close: the cleanup after a Ctrl-C
+                os.close(passed)  # between the two must not close this one again
             yield fd
         finally:
             os.close(fd)

@@ -126,8 +126,8 @@ def refuse_inside(fd: int, out: Path, forbidden: dict[tuple[int, int], Path]) ->
                     "directories you may search (nothing was written)",
                 ) from None
             above = os.fstat(parent)
-            os.close(fd)
-            fd = parent
+            passed, fd = fd, parent  # rebound before the close: the cleanup after a Ctrl-C
+            os.close(passed)  # between the two must not close this one again
             if (above.st_dev, above.st_ino) == (status.st_dev, status.st_ino):
                 return  # "/" is its own parent
     finally:

@@ -606,8 +606,8 @@ def open_dir_below(ops: durable.FsOps, top: Path, path: Path) -> int:
                     "was changed",
                 ) from None
             raise
-        ops.close(fd)
-        fd = inner
+        passed, fd = fd, inner  # rebound before the close: the cleanup after a Ctrl-C
+        ops.close(passed)  # between the two must not close this one again
     return fd
 
 

@@ -66,8 +66,8 @@ def ensure_directories(
                     created.append(str(top.joinpath(*parts[: depth + 1])))
                     _require_made_here(ops, inner, top.joinpath(*parts[: depth + 1]))
                     _apply(ops, inner, mode, owner)
-            ops.close(fd)
-            fd = inner
+            passed, fd = fd, inner  # rebound before the close: the cleanup after a Ctrl-C
+            ops.close(passed)  # between the two must not close this one again
     finally:
         ops.close(fd)
     return created
@@ -89,8 +89,8 @@ def open_beneath(ops: durable.FsOps, top: Path, parts: Sequence[str]) -> int:
     try:
         for depth in range(len(parts)):
             inner = _open_level(ops, fd, top, parts[: depth + 1])
-            ops.close(fd)
-            fd = inner
+            passed, fd = fd, inner  # rebound before the close: the cleanup after a Ctrl-C
+            ops.close(passed)  # between the two must not close this one again
     except BaseException:
         ops.close(fd)
         raise

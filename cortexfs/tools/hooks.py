@@ -116,8 +116,8 @@ def _open_hook_directory(tool: ToolObject, relative: str) -> int | None:
         fd = os.open(tool.directory, _DIRECTORY_FLAGS)
         for part in tool.relative_control(relative).parts:
             inner = os.open(part, _DIRECTORY_FLAGS, dir_fd=fd)
-            os.close(fd)
-            fd = inner
+            passed, fd = fd, inner  # rebound before the close: the cleanup after a Ctrl-C
+            os.close(passed)  # between the two must not close this one again
     except OSError as exc:
         if fd is not None:
             os.close(fd)

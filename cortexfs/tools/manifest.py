@@ -422,9 +422,10 @@ def _read_program(value: str, origin: _Origin) -> bytes | tuple[int, str]:
             except OSError as exc:
                 walked = "/".join(parts[: depth + 1])
                 return _refusal(exc, origin, shown, walked, _link_target(directory, part))
-            if owned:
-                os.close(directory)
-            directory, owned = inner, True
+            passed, passed_owned = directory, owned
+            directory, owned = inner, True  # before the close, as in the walks of beneath.py
+            if passed_owned:
+                os.close(passed)
         if names_a_directory(value):
             return _named_as_a_directory(directory, parts[-1], origin, shown, value)
         try:
@@ -550,8 +551,10 @@ def _closed_directory(uid: int, directory: int) -> str | None:
                 )
             parent = os.open("..", _PLACE | os.O_DIRECTORY, dir_fd=current)
             above = os.fstat(parent)
-            os.close(current)
-            current = parent
+            # Rebound before the close: the cleanup after a Ctrl-C between the two must not
+            # close this one again.
+            passed, current = current, parent
+            os.close(passed)
             if (above.st_dev, above.st_ino) == (status.st_dev, status.st_ino):
                 return None  # "/": its own parent
     finally:

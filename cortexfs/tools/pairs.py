@@ -694,8 +694,8 @@ def _make_dirs(ops: durable.FsOps, top_fd: int, relative: str) -> None:
                 # Exact, whatever the installer's umask: the agents a tool runs as list and
                 # run its hooks (hooks/pre.d, hooks/post.d).
                 _set_directory_mode(inner)
-            ops.close(fd)
-            fd = inner
+            passed, fd = fd, inner  # rebound before the close: the cleanup after a Ctrl-C
+            ops.close(passed)  # between the two must not close this one again
     finally:
         ops.close(fd)
 

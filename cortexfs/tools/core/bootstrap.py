@@ -416,8 +416,8 @@ def _hooks(tool_fd: int, relative: str) -> list[str]:
             inner = os.open(
                 part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd
             )
-            os.close(fd)
-            fd = inner
+            passed, fd = fd, inner  # rebound before the close: the cleanup after a Ctrl-C
+            os.close(passed)  # between the two must not close this one again
         return sorted(os.listdir(fd))
     except OSError:
         return []

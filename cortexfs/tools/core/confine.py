@@ -302,8 +302,8 @@ def _open_source(mount: Mount) -> int:
                     "links are never followed",
                 )
             inner = os.open(part, _PLACE, dir_fd=fd)  # O_NOFOLLOW: a link swapped in fails
-            os.close(fd)
-            fd = inner
+            passed, fd = fd, inner  # rebound before the close: the cleanup after a Ctrl-C
+            os.close(passed)  # between the two must not close this one again
     except OSError as exc:
         os.close(fd)
         raise _failure(exc, mount.target) from None
@@ -329,8 +329,8 @@ def _walk(place: Place, parts: Sequence[str]) -> int:
             if not stat.S_ISDIR(status.st_mode):
                 raise ToolFailure(errno.ENOTDIR, f"{shown} is not a directory")
             inner = os.open(part, _PLACE, dir_fd=fd)
-            os.close(fd)
-            fd = inner
+            passed, fd = fd, inner  # rebound before the close: the cleanup after a Ctrl-C
+            os.close(passed)  # between the two must not close this one again
     except OSError as exc:
         os.close(fd)
         raise _failure(exc, shown) from None

@@ -266,8 +266,8 @@ def _walk_statuses(host_path: PurePosixPath) -> list[os.stat_result | None]:
             if not stat.S_ISDIR(status.st_mode):
                 break
             inner = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
-            os.close(fd)
-            fd = inner
+            passed, fd = fd, inner  # rebound before the close: the cleanup after a Ctrl-C
+            os.close(passed)  # between the two must not close this one again
     finally:
         os.close(fd)
     return statuses
