@@ -15,8 +15,10 @@ and session names in two storage roots are two terminals in two directories.
 
 **The link and its alias.**  The session's ``terminal/main.sock`` in the storage root is a
 symlink (A-2), and A-2 names where it may lead: ``/run/cortexfs/terminal/<uid>/<agent>/
-<session>/main.sock``, a place that names no root.  So the terminal puts an *alias* there, a
-symlink of its own to ``main.sock`` above, and the session's link leads to the alias::
+<session>/main.sock``, a place that names no root.  (A-2's other place, under
+``/run/user/<uid>``, is the agent uid's to write: a socket of that uid's own could stand
+where root's ``attach`` looks.)  So the terminal puts an *alias* there, a symlink of its own
+to ``main.sock`` above, and the session's link leads to the alias::
 
     /run/cortexfs/terminal/<uid>/<agent>/<session>/   0711
         main.sock      -> /run/cortexfs/terminal/<root>/<uid>/<agent>/<session>/main.sock
