@@ -490,10 +490,8 @@ class AgentFacts:
         agent's policy allows ``shared:<s> read`` (X-1; the manual bundle is every agent's),
         and of the homes only the agent's own (:class:`cortexfs.agents.projection.ViewRules`
         shows the same).  A space itself is the object of its grant, asked at step 5."""
-        if PurePosixPath(view.mount.source) != PurePosixPath(self.root):
-            return ""
-        parts = view.path.relative_to(view.mount.target).parts
-        if len(parts) < 3 or parts[0] not in ("home", "shared"):
+        parts = self._parts_in_root_view(view)
+        if parts is None or len(parts) < 3 or parts[0] not in ("home", "shared"):
             return ""
         top, name = parts[:2]
         if top == "home":
@@ -515,13 +513,21 @@ class AgentFacts:
             f"'shared:{name} read' (X-1)"
         )
 
+    def _parts_in_root_view(self, view: View) -> tuple[str, ...] | None:
+        """Where ``view`` lies below the storage root, when it is through the agent's mount
+        of the root (which its tools get as the agent's view of it); None through any other
+        mount, whose table alone decides."""
+        if PurePosixPath(view.mount.source) != PurePosixPath(self.root):
+            return None
+        return view.path.relative_to(view.mount.target).parts
+
     def read_only_reason(self, view: View) -> str:
         """Why :meth:`writes_through` says no for ``view``, in words an administrator can act
         on; "" when it says yes.  One decision for both, so that the answer and its reason
         cannot drift apart."""
-        if PurePosixPath(view.mount.source) != PurePosixPath(self.root):
+        parts = self._parts_in_root_view(view)
+        if parts is None:
             return "" if view.mount.writable else f"its mount {view.mount} is read-only"
-        parts = view.path.relative_to(view.mount.target).parts
         if len(parts) < 2 or parts[0] not in ("home", "shared"):
             return "in its view of the storage root only its home and spaces are ever writable"
         top, name = parts[:2]

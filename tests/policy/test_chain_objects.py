@@ -38,6 +38,17 @@ def mount(controls: Path, *triples: list[str]) -> None:
 SPACE_READ = ("shared:project-a read",)
 
 
+def make_session(root: Path, location: str, name: str) -> None:
+    """Session directory ``location/name``, it and every directory above it up to the root
+    open to all (0755)."""
+    session = root / location / name
+    session.mkdir(parents=True)
+    for directory in (session, *session.parents):
+        if directory == root:
+            break
+        directory.chmod(0o755)
+
+
 def outcomes(decision: Decision) -> list[Outcome]:
     return [result.outcome for result in decision.steps]
 
@@ -116,13 +127,8 @@ def test_the_roots_mount_written_read_write_widens_no_view(
 
 
 def test_a_session_is_found_through_its_location(root: Path, coder: Path) -> None:
-    sessions = root / "shared" / "project-a" / "agent" / "reviewer" / "session"
-    (sessions / "design-review").mkdir(parents=True)
-    for directory in (sessions / "design-review", *sessions.parents):
-        if directory == root:
-            break
-        directory.chmod(0o755)
     location = "shared/project-a/agent/reviewer/session"
+    make_session(root, location, "design-review")
     grant(coder, "session:design-review read", "session:design-review resume")
     unseen = ask(root, "session:design-review", "read", location)
     assert (unseen.step, unseen.errno) == (Step.VISIBILITY, errno.EACCES), unseen.reason
@@ -219,11 +225,7 @@ def test_step_3_denies_what_the_agents_view_of_the_root_does_not_show(
     there is denied at step 3, naming the grant, where it was seen through the mount and
     allowed, or denied later by a step that had nothing to do with it."""
     if location.endswith("session"):
-        (root / location / "design-review").mkdir(parents=True)
-        for directory in (root / location / "design-review", *(root / location).parents):
-            if directory == root:
-                break
-            directory.chmod(0o755)
+        make_session(root, location, "design-review")
         object_ref, permission = "session:design-review", "read"
     else:
         add_tool(root, "lint", policy="allow coder_t tool:lint execute\n", location=location)
