@@ -68,7 +68,7 @@ from cortexfs.agents.terminal_socket import (
 )
 from cortexfs.agents.view import WORKSPACE, AgentView
 from cortexfs.errors import CtxError, errno_named_in, invalid, not_found
-from cortexfs.fuse.mounts import mounted_type, unmount
+from cortexfs.fuse.mounts import cortexfs_mount_holding, mounted_type, unmount
 from cortexfs.policy.mounts import Mount
 from cortexfs.shared.events import EVENTS_FILE
 from cortexfs.shared.sessions import SessionRef, open_session
@@ -152,19 +152,27 @@ class Terminal:
 
     def workspace_warning(self) -> str | None:
         """Why the default ``/workspace`` may grant more than its starter meant: a workspace
-        holding the storage root (started in ``/`` or in the root itself) shows the agent the
-        root past its filtered view (T-5) — the mode bits still apply to its uid.  None when
+        holding the storage root (started in ``/`` or in the root itself), lying inside it
+        (started in ``ROOT/shared``), or on a CortexFS mount shows the agent storage objects
+        past its filtered view (T-5, F-1) — the mode bits still apply to its uid.  None when
         it does not."""
         workspace = self.view.workspace
         if workspace is None:
             return None
+        source = Path(workspace.source)
         root = Path(os.path.realpath(self.root))
-        if not root.is_relative_to(workspace.source):
+        if root.is_relative_to(source):
+            where = f"which holds the storage root {root}"
+        elif Path(os.path.realpath(source)).is_relative_to(root):
+            where = f"inside the storage root {root}"
+        elif (mount := cortexfs_mount_holding(source)) is not None:
+            where = f"on the CortexFS mount {mount}"
+        else:
             return None
         return (
-            f"/workspace is {workspace.source}, which holds the storage root {root}: "
-            f"{self.view.name} reaches it there past its view of /ctx (as far as the mode "
-            "bits let its uid); give --workspace DIR or --no-workspace to grant less"
+            f"/workspace is {source}, {where}: {self.view.name} reaches the objects there "
+            "past its view of /ctx and its policy (as far as the mode bits let its uid); give "
+            "--workspace DIR or --no-workspace to grant less"
         )
 
     # ------------------------------------------------------------------- starting

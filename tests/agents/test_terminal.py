@@ -28,6 +28,7 @@ import pytest
 
 from cortexfs.agents.terminal_runtime import run_directory
 from cortexfs.shared.events import read_events
+from tests.fuse.support import mounted
 from tests.support.cli import ctx
 from tests.support.users import group_named
 from tests.tools.support import World
@@ -815,11 +816,14 @@ def test_workspace_option_no_workspace_and_the_agents_own_workspace(
         ctx(world.root, "agent", "stop", "mounted", "--session", own)
 
 
-def test_a_workspace_holding_the_storage_root_is_warned_of(world: World, project: Path) -> None:
-    """Started in the storage root (or above it), the default /workspace shows the agent the
-    root past its view of /ctx: the start says so, and how to grant less."""
+def test_a_workspace_with_storage_objects_past_the_view_is_warned_of(
+    world: World, project: Path
+) -> None:
+    """Started in the storage root (or above it), inside it, or on a CortexFS mount of it, the
+    default /workspace shows the agent storage objects past its view of /ctx and its policy:
+    the start says so, and how to grant less."""
     unmounted_agent(world)
-    above, narrow = fresh_session(), fresh_session()
+    sessions = [fresh_session() for _ in range(4)]
 
     def start(directory: Path, session: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -828,17 +832,26 @@ def test_a_workspace_holding_the_storage_root_is_warned_of(world: World, project
             env={**os.environ, "CTX_STORAGE": str(world.root)},
         )  # fmt: skip
 
+    served = world.scratch / "served"
     try:
-        warned = start(world.root, above)
-        quiet = start(project, narrow)
+        above = start(world.root, sessions[0])
+        inside = start(world.root / "shared", sessions[1])
+        with mounted(world.root, served):
+            on_mount = start(served / "shared", sessions[2])
+        quiet = start(project, sessions[3])
 
-        assert warned.returncode == 0, warned.stderr
-        assert warned.stderr.startswith("ctx: warning: /workspace is ")
-        assert "holds the storage root" in warned.stderr and "--no-workspace" in warned.stderr
+        for warned in (above, inside, on_mount):
+            assert warned.returncode == 0, warned.stderr
+            assert warned.stderr.startswith("ctx: warning: /workspace is "), warned.stderr
+            assert "past its view of /ctx and its policy" in warned.stderr
+            assert "--no-workspace" in warned.stderr
+        assert "which holds the storage root" in above.stderr
+        assert f"/shared, inside the storage root {world.root}" in inside.stderr
+        assert f"/shared, on the CortexFS mount {served}:" in on_mount.stderr
         assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr
     finally:
-        ctx(world.root, "agent", "stop", "coder", "--session", above)
-        ctx(world.root, "agent", "stop", "coder", "--session", narrow)
+        for session in sessions:
+            ctx(world.root, "agent", "stop", "coder", "--session", session)
 
 
 def test_workspace_and_no_workspace_exclude_each_other(world: World, project: Path) -> None:
